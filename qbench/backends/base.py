@@ -1,0 +1,52 @@
+"""The small contract every backend meets: check it can run here, load a variant, run, describe."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from qbench.variants.base import BuiltVariant
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How a backend should run a variant (from the recipe's `latency` section)."""
+
+    threads: int | None = None
+
+
+@runtime_checkable
+class Runner(Protocol):
+    """A loaded variant, ready to run. One runner is alive at a time while timing."""
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        """Run one batch; returns the model outputs in the model's output order."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """What actually runs: runtime version, provider/device, threads, optimisation level."""
+        ...
+
+    def close(self) -> None:
+        """Release the session (threads, memory)."""
+        ...
+
+
+@runtime_checkable
+class Backend(Protocol):
+    name: str
+
+    def check_available(self) -> None:
+        """Raise MissingExtraError (naming the extra) if this backend's SDK or device is absent."""
+        ...
+
+    def supports(self, variant: BuiltVariant) -> str | None:
+        """None if this backend can run `variant`, else the reason it cannot."""
+        ...
+
+    def load(self, variant: BuiltVariant, options: RunOptions) -> Runner:
+        """Create a runner for the variant's model."""
+        ...

@@ -1,0 +1,70 @@
+"""Facts about the machine that change measured results: recorded with every sweep.
+
+INT8 accuracy on x86 depends on the CPU: without VNNI, ORT's u8s8 kernels can
+saturate (vpmaddubsw), so reduce_range='auto' turns on 7-bit weights there.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+from importlib import metadata
+from typing import Any
+
+_CPU_FLAGS_OF_INTEREST = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8", "fma", "f16c")
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def cpu_has_vnni() -> bool:
+    return bool({"avx512_vnni", "avx_vnni"} & cpu_flags())
+
+
+def needs_reduce_range() -> bool:
+    """True on x86 CPUs whose int8 dot products can saturate (no VNNI)."""
+    return platform.machine().lower() in ("x86_64", "amd64", "i686") and not cpu_has_vnni()
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def describe_environment() -> dict[str, Any]:
+    return {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "cpu_flags": sorted(f for f in _CPU_FLAGS_OF_INTEREST if f in cpu_flags()),
+        "packages": {
+            p: _version(p)
+            for p in ("qbench", "onnx", "onnxruntime", "onnxruntime-gpu", "numpy", "mlflow", "torch", "nvidia-modelopt")
+            if _version(p)
+        },
+    }

@@ -1,0 +1,398 @@
+"""The recipe: a YAML file that names the model, the data, the variants, the backends and the gate.
+
+Every default lives on these models. `load_recipe` parses and checks the schema
+and the files the recipe names; checks that need the data or the model opened
+(columns, filters, input names) are in `qbench.preflight`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from qbench.errors import RecipeError, did_you_mean, expected_one_of
+
+Scalar = Union[str, int, float, bool, None]
+
+FILTER_OPS = ("eq", "ne", "in", "not_in", "lt", "le", "gt", "ge")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8")
+QUANTIZED_PRECISIONS = ("int8", "fp8")
+TASKS = ("classification", "embedding")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_filter(value: Any) -> dict[str, Any]:
+    """A filter maps a column to a value (equality) or to {op: value} with ops from FILTER_OPS."""
+    if not isinstance(value, dict) or not value:
+        raise ValueError("expected a mapping of column -> value or {op: value}")
+    for column, condition in value.items():
+        if isinstance(condition, dict):
+            for op, operand in condition.items():
+                if op not in FILTER_OPS:
+                    raise ValueError(f"column {column!r}: operator {expected_one_of(op, FILTER_OPS)}")
+                if op in ("in", "not_in") and not isinstance(operand, list):
+                    raise ValueError(f"column {column!r}: {op!r} expects a list, got {operand!r}")
+                if op in ("lt", "le", "gt", "ge") and not isinstance(operand, (int, float)):
+                    raise ValueError(f"column {column!r}: {op!r} expects a number, got {operand!r}")
+        elif isinstance(condition, list):
+            raise ValueError(f"column {column!r}: use {{in: [...]}} to match a list of values")
+    return value
+
+
+Filter = Annotated[dict[str, Any], Field(description="column -> value, or column -> {op: value}")]
+
+
+class ModelSpec(_Strict):
+    path: Path = Field(description="ONNX model, relative to the recipe file")
+    output: str | None = Field(None, description="model output to evaluate; default: the first output")
+
+
+class CalibrationSpec(_Strict):
+    filter: Filter | None = None
+    samples: int = Field(256, gt=0, description="rows drawn for calibration (fewer if fewer rows match)")
+    seed: int = 0
+    stratify_by: str | None = Field(None, description="column whose values are sampled in proportion")
+    batch_size: int = Field(16, gt=0, description="rows per calibration batch")
+
+    _check = field_validator("filter")(lambda v: None if v is None else _check_filter(v))
+
+
+class EvaluationSpec(_Strict):
+    filter: Filter | None = None
+    limit: int | None = Field(None, gt=0, description="evaluate at most this many rows (first rows after filtering)")
+    batch_size: int = Field(64, gt=0, description="rows per inference batch during evaluation")
+
+    _check = field_validator("filter")(lambda v: None if v is None else _check_filter(v))
+
+
+class SliceSpec(_Strict):
+    """Either `by: column` (one slice per distinct value) or `name` + `filter`."""
+
+    by: str | None = None
+    name: str | None = None
+    filter: Filter | None = None
+
+    _check = field_validator("filter")(lambda v: None if v is None else _check_filter(v))
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> SliceSpec:
+        if self.by is not None and (self.name is not None or self.filter is not None):
+            raise ValueError("a slice has either `by` or `name` + `filter`, not both")
+        if self.by is None and (self.name is None or self.filter is None):
+            raise ValueError("a slice needs `by: <column>`, or both `name` and `filter`")
+        return self
+
+
+class DataSpec(_Strict):
+    path: Path = Field(description=".parquet, .csv, .jsonl, or a `datasets` save_to_disk folder; relative to the recipe")
+    inputs: dict[str, str] = Field(description="data column -> model input name")
+    label: str | None = Field(None, description="label column; without it accuracy is agreement with FP32")
+    calibration: CalibrationSpec = CalibrationSpec()
+    evaluation: EvaluationSpec = EvaluationSpec()
+    slices: list[SliceSpec] = []
+
+    @field_validator("inputs")
+    @classmethod
+    def _inputs_nonempty(cls, v: dict[str, str]) -> dict[str, str]:
+        if not v:
+            raise ValueError("expected at least one `column: input_name` pair")
+        return v
+
+
+class VariantSpec(_Strict):
+    name: str
+    precision: Literal["fp32", "fp16", "bf16", "int8", "fp8"]
+    calibrator: str | None = Field(
+        None, description="int8: minmax | entropy | percentile | dynamic; fp8: minmax | entropy | percentile"
+    )
+    percentile: float | None = Field(None, gt=0, le=100, description="percentile calibrator; default 99.999")
+    num_bins: int | None = Field(None, gt=0, description="histogram bins (entropy, percentile); default 2048")
+    num_quantized_bins: int | None = Field(None, gt=0, description="entropy target bins; default 128")
+    per_channel: bool = Field(False, description="per-channel weight scales")
+    reduce_range: bool | Literal["auto"] = Field(
+        "auto", description="7-bit weights; auto = on for x86 CPUs without VNNI (avoids u8s8 saturation)"
+    )
+    activation_type: Literal["uint8", "int8"] = "uint8"
+    weight_type: Literal["int8", "uint8"] = "int8"
+    symmetric_activations: bool = False
+    op_types: list[str] | None = Field(None, description="op types to quantize; default: the quantizer's")
+    exclude_nodes: list[str] = Field([], description="node names kept in floating point")
+
+    @field_validator("name")
+    @classmethod
+    def _name_ok(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError(f"got {v!r}, expected letters, digits and _ . + - (starting with a letter or digit)")
+        return v
+
+    @model_validator(mode="after")
+    def _options_fit_precision(self) -> VariantSpec:
+        from qbench.variants import calibrator_names
+
+        quantized = self.precision in QUANTIZED_PRECISIONS
+        if not quantized:
+            given = [f for f in _QUANT_ONLY_FIELDS if f in self.model_fields_set]
+            if given:
+                raise ValueError(f"{given[0]!r} applies only to int8/fp8 variants, not {self.precision}")
+            return self
+        if self.calibrator is None:
+            raise ValueError(f"{self.precision} needs a calibrator: one of {', '.join(calibrator_names(self.precision))}")
+        allowed = calibrator_names(self.precision)
+        if self.calibrator not in allowed:
+            raise ValueError(f"calibrator {expected_one_of(self.calibrator, allowed)}")
+        for option, calibrators in _CALIBRATOR_OPTIONS.items():
+            if option in self.model_fields_set and self.calibrator not in calibrators:
+                raise ValueError(f"{option!r} applies to calibrator {' / '.join(calibrators)}, not {self.calibrator!r}")
+        return self
+
+
+_QUANT_ONLY_FIELDS = (
+    "calibrator", "percentile", "num_bins", "num_quantized_bins", "per_channel", "reduce_range",
+    "activation_type", "weight_type", "symmetric_activations", "op_types", "exclude_nodes",
+)  # fmt: skip
+_CALIBRATOR_OPTIONS = {
+    "percentile": ("percentile",),
+    "num_bins": ("entropy", "percentile"),
+    "num_quantized_bins": ("entropy",),
+}
+
+
+class LatencySpec(_Strict):
+    batch_sizes: list[Annotated[int, Field(gt=0)]] = [1, 32]
+    warmup: int = Field(20, ge=0, description="untimed runs before timing, per batch size")
+    iterations: int = Field(200, gt=0, description="timed runs per batch size")
+    threads: int | None = Field(None, gt=0, description="intra-op threads; default: the runtime's choice")
+
+    @field_validator("batch_sizes")
+    @classmethod
+    def _nonempty(cls, v: list[int]) -> list[int]:
+        if not v:
+            raise ValueError("expected at least one batch size")
+        return sorted(set(v))
+
+
+class GateSpec(_Strict):
+    metric: str = Field("accuracy", description="metric whose drop vs FP32 is gated")
+    max_drop: float = Field(0.01, ge=0, description="largest allowed drop vs FP32, overall")
+    max_slice_drop: float = Field(0.02, ge=0, description="largest allowed drop vs FP32, on every slice")
+    applies_to: list[str] = Field(["*"], description="globs over variant names")
+    min_slice_size: int = Field(1, ge=1, description="slices with fewer rows are reported but not judged")
+
+    def applies(self, variant_name: str) -> bool:
+        return any(fnmatch.fnmatchcase(variant_name, pattern) for pattern in self.applies_to)
+
+
+class TrackingSpec(_Strict):
+    uri: str | None = Field(None, description="MLflow tracking URI; default sqlite:///mlflow.db in the working directory")
+    experiment: str | None = Field(None, description="MLflow experiment; default: the recipe name")
+
+
+class Recipe(_Strict):
+    name: str
+    task: Literal["classification", "embedding"] = "classification"
+    model: ModelSpec
+    data: DataSpec
+    variants: list[VariantSpec] = []
+    backends: list[str] = ["onnxruntime-cpu"]
+    latency: LatencySpec = LatencySpec()
+    gate: GateSpec = GateSpec()
+    tracking: TrackingSpec = TrackingSpec()
+    output_dir: Path = Field(Path("reports"), description="results go to <output_dir>/<name>/<timestamp>/")
+
+    _source: Path = PrivateAttr(default=Path("recipe.yaml"))
+    _sha256: str = PrivateAttr(default="")
+
+    @field_validator("name")
+    @classmethod
+    def _name_ok(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError(f"got {v!r}, expected letters, digits and _ . + - (starting with a letter or digit)")
+        return v
+
+    @field_validator("backends")
+    @classmethod
+    def _backends_known(cls, v: list[str]) -> list[str]:
+        from qbench.backends import BACKENDS
+
+        if not v:
+            raise ValueError("expected at least one backend")
+        for name in v:
+            if name not in BACKENDS:
+                raise ValueError(expected_one_of(name, BACKENDS.names()))
+        return list(dict.fromkeys(v))
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> Recipe:
+        from qbench.validate.metrics import gate_metric_names
+
+        names = [v.name for v in self.variants]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"variants: duplicate variant name {duplicates[0]!r}")
+        for v in self.variants:
+            if v.name == "fp32" and v.precision != "fp32":
+                raise ValueError("variants: the name 'fp32' is reserved for the FP32 reference")
+        allowed = gate_metric_names(self.task)
+        if self.gate.metric not in allowed:
+            raise ValueError(f"gate.metric: {expected_one_of(self.gate.metric, allowed)} for task {self.task!r}")
+        return self
+
+    # -- derived views -------------------------------------------------------------------------
+
+    @property
+    def source(self) -> Path:
+        """The recipe file this was loaded from."""
+        return self._source
+
+    @property
+    def sha256(self) -> str:
+        """Hash of the recipe file's bytes: results record it so the gate can tell stale results."""
+        return self._sha256
+
+    @property
+    def base_dir(self) -> Path:
+        return self._source.parent
+
+    def resolve(self, path: Path) -> Path:
+        """A path from the recipe, relative to the recipe file."""
+        return path if path.is_absolute() else (self.base_dir / path).resolve()
+
+    @property
+    def model_path(self) -> Path:
+        return self.resolve(self.model.path)
+
+    @property
+    def data_path(self) -> Path:
+        return self.resolve(self.data.path)
+
+    def all_variants(self) -> list[VariantSpec]:
+        """The FP32 reference first (always built), then the recipe's other variants in order."""
+        reference = next((v for v in self.variants if v.precision == "fp32"), None)
+        reference = reference or VariantSpec(name="fp32", precision="fp32")
+        return [reference] + [v for v in self.variants if v is not reference]
+
+
+# -- loading ------------------------------------------------------------------------------------
+
+
+def load_recipe(path: str | Path) -> Recipe:
+    """Parse, validate and resolve a recipe file. Raises RecipeError naming file, field and expectation."""
+    path = Path(path)
+    if not path.is_file():
+        raise RecipeError(path, "", "recipe file not found")
+    raw_bytes = path.read_bytes()
+    try:
+        raw = yaml.safe_load(raw_bytes)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else ""
+        raise RecipeError(path, where, f"invalid YAML: {getattr(exc, 'problem', exc)}") from None
+    if not isinstance(raw, dict):
+        raise RecipeError(path, "", f"expected a mapping at the top level, got {type(raw).__name__}")
+    try:
+        recipe = Recipe.model_validate(raw)
+    except ValidationError as exc:
+        raise _recipe_error(path, exc) from None
+    recipe._source = path.resolve()
+    recipe._sha256 = hashlib.sha256(raw_bytes).hexdigest()
+    _check_files(recipe)
+    return recipe
+
+
+def _check_files(recipe: Recipe) -> None:
+    if not recipe.model_path.is_file():
+        raise RecipeError(recipe.source, "model.path", f"file not found: {recipe.model_path}")
+    if not recipe.data_path.exists():
+        raise RecipeError(recipe.source, "data.path", f"file or folder not found: {recipe.data_path}")
+
+
+def _recipe_error(path: Path, exc: ValidationError) -> RecipeError:
+    """Turn pydantic's first error into 'file: field.path: expected …' (with a count of the rest)."""
+    errors = exc.errors(include_url=False)
+    first = errors[0]
+    loc = list(first["loc"])
+    field = _format_loc(loc)
+    kind = first["type"]
+    if kind == "extra_forbidden":
+        parent = _model_at(Recipe, loc[:-1])
+        known = list(parent.model_fields) if parent else []
+        message = f"unknown key {loc[-1]!r}{did_you_mean(str(loc[-1]), known)}"
+        if known:
+            message += f"; expected one of {', '.join(known)}"
+    elif kind == "missing":
+        message = "required field is missing"
+    elif kind == "literal_error":
+        expected = first.get("ctx", {}).get("expected", "")
+        choices = re.findall(r"'([^']*)'", expected)
+        message = expected_one_of(first["input"], choices)
+    elif kind == "value_error":
+        message = str(first.get("ctx", {}).get("error", first["msg"]))
+        message, field = _split_field_prefix(message, field)
+    else:
+        message = f"{first['msg'][0].lower()}{first['msg'][1:]}, got {first['input']!r}"
+    if len(errors) > 1:
+        message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
+    return RecipeError(path, field, message)
+
+
+def _split_field_prefix(message: str, field: str) -> tuple[str, str]:
+    """Model-level validators prefix their message with a field path ('gate.metric: …'); move it into the field."""
+    match = re.match(r"^([a-z_]+(?:\.[a-z_]+)*): (.*)$", message, flags=re.S)
+    if match:
+        sub, rest = match.groups()
+        return rest, f"{field}.{sub}" if field else sub
+    return message, field
+
+
+def _format_loc(loc: list[Any]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif str(part).startswith(("function-after", "function-before")):
+            continue
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _model_at(model: type[BaseModel], loc: list[Any]) -> type[BaseModel] | None:
+    """The pydantic model class that sits at `loc` inside `model` (for 'expected one of' key lists)."""
+    current: Any = model
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = current.model_fields.get(part) if isinstance(current, type) and issubclass(current, BaseModel) else None
+        if field is None:
+            return None
+        current = _inner_model(field.annotation)
+    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def _inner_model(annotation: Any) -> Any:
+    """Unwrap list[X] / X | None to the BaseModel X, if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = _inner_model(arg)
+        if found is not None:
+            return found
+    return None

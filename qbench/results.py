@@ -1,0 +1,252 @@
+"""Typed, frozen results of a sweep, and their JSON form (results.json).
+
+Schema (version 1), documented in reports/README.md:
+
+    SweepResults
+      schema_version, qbench_version, created_at, recipe {name, path, sha256, task},
+      environment {...}, calibration CalibrationRecord, evaluation_rows,
+      gate_metric, variants [VariantResult], frontier [FrontierPoint]
+    VariantResult
+      variant, backend, precision, status ok|failed, error, params {...},
+      model_path, model_bytes, build_seconds, notes [...],
+      accuracy AccuracyResult | null, latency LatencyResult | null
+    AccuracyResult: rows, nonfinite_outputs, overall SliceMetrics, slices [SliceMetrics]
+    SliceMetrics: name, size, metrics {m: value}, intervals {m: [lo, hi]}, drops {m: drop vs FP32}
+    LatencyResult: threads, session_create_ms, first_run_ms, points [LatencyPoint]
+    LatencyPoint: batch_size, warmup, iterations, p50_ms, p95_ms, p99_ms, mean_ms, items_per_s
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qbench.errors import QbenchError
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class SliceMetrics:
+    name: str
+    size: int
+    metrics: dict[str, float]
+    intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
+    drops: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AccuracyResult:
+    rows: int
+    nonfinite_outputs: int
+    overall: SliceMetrics
+    slices: tuple[SliceMetrics, ...] = ()
+
+    def slice(self, name: str) -> SliceMetrics | None:
+        return next((s for s in self.slices if s.name == name), None)
+
+
+@dataclass(frozen=True)
+class LatencyPoint:
+    batch_size: int
+    warmup: int
+    iterations: int
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    mean_ms: float
+    items_per_s: float
+
+
+@dataclass(frozen=True)
+class LatencyResult:
+    threads: int | None
+    session_create_ms: float
+    first_run_ms: float
+    points: tuple[LatencyPoint, ...]
+
+    def at(self, batch_size: int) -> LatencyPoint | None:
+        return next((p for p in self.points if p.batch_size == batch_size), None)
+
+
+@dataclass(frozen=True)
+class CalibrationRecord:
+    size: int
+    seed: int
+    stratify_by: str | None
+    row_ids_sha256: str
+    per_slice_counts: dict[str, int]
+
+
+@dataclass(frozen=True)
+class VariantResult:
+    variant: str
+    backend: str
+    precision: str
+    status: str  # "ok" | "failed"
+    params: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    model_path: str | None = None
+    model_bytes: int | None = None
+    build_seconds: float | None = None
+    notes: tuple[str, ...] = ()
+    accuracy: AccuracyResult | None = None
+    latency: LatencyResult | None = None
+
+    @property
+    def key(self) -> str:
+        """Unique within a sweep: '<variant>@<backend>'."""
+        return f"{self.variant}@{self.backend}"
+
+
+@dataclass(frozen=True)
+class FrontierPoint:
+    backend: str
+    batch_size: int
+    variant: str
+    p50_ms: float
+    metric: float
+
+
+@dataclass(frozen=True)
+class SweepResults:
+    qbench_version: str
+    created_at: str
+    recipe: dict[str, Any]
+    environment: dict[str, Any]
+    calibration: CalibrationRecord | None
+    evaluation_rows: int
+    gate_metric: str
+    reference: str
+    variants: tuple[VariantResult, ...]
+    frontier: tuple[FrontierPoint, ...] = ()
+    schema_version: int = SCHEMA_VERSION
+
+    def find(self, variant: str, backend: str) -> VariantResult | None:
+        return next((v for v in self.variants if v.variant == variant and v.backend == backend), None)
+
+    def backends(self) -> list[str]:
+        return list(dict.fromkeys(v.backend for v in self.variants))
+
+
+# -- JSON round trip ------------------------------------------------------------------------------
+
+
+def _jsonable(value: Any) -> Any:
+    """Dataclasses to dicts; NaN/inf become null so the file is strict JSON (and fails the gate)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Path):
+        return str(value)
+    if hasattr(value, "item") and callable(value.item):  # numpy scalars
+        return _jsonable(value.item())
+    return value
+
+
+def to_json(results: SweepResults) -> str:
+    return json.dumps(_jsonable(results), indent=2, allow_nan=False)
+
+
+def write_results(results: SweepResults, path: Path) -> Path:
+    """Write atomically: a crash mid-write never leaves a half file that looks like results."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(to_json(results))
+    tmp.replace(path)
+    return path
+
+
+def _metrics(raw: dict[str, Any] | None) -> dict[str, float]:
+    return {k: (math.nan if v is None else float(v)) for k, v in (raw or {}).items()}
+
+
+def _slice(raw: dict[str, Any]) -> SliceMetrics:
+    return SliceMetrics(
+        name=raw["name"],
+        size=int(raw["size"]),
+        metrics=_metrics(raw.get("metrics")),
+        intervals={k: (math.nan if v[0] is None else v[0], math.nan if v[1] is None else v[1])
+                   for k, v in (raw.get("intervals") or {}).items()},
+        drops=_metrics(raw.get("drops")),
+    )  # fmt: skip
+
+
+def _accuracy(raw: dict[str, Any] | None) -> AccuracyResult | None:
+    if raw is None:
+        return None
+    return AccuracyResult(
+        rows=int(raw["rows"]),
+        nonfinite_outputs=int(raw["nonfinite_outputs"]),
+        overall=_slice(raw["overall"]),
+        slices=tuple(_slice(s) for s in raw.get("slices", [])),
+    )
+
+
+def _latency(raw: dict[str, Any] | None) -> LatencyResult | None:
+    if raw is None:
+        return None
+    return LatencyResult(
+        threads=raw.get("threads"),
+        session_create_ms=raw["session_create_ms"],
+        first_run_ms=raw["first_run_ms"],
+        points=tuple(LatencyPoint(**p) for p in raw["points"]),
+    )
+
+
+def from_dict(raw: dict[str, Any]) -> SweepResults:
+    """Rebuild results from parsed JSON. Raises QbenchError if the schema version is not this one."""
+    version = raw.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise QbenchError(f"results schema_version {version!r} is not supported (expected {SCHEMA_VERSION})")
+    calibration = raw.get("calibration")
+    return SweepResults(
+        schema_version=version,
+        qbench_version=raw["qbench_version"],
+        created_at=raw["created_at"],
+        recipe=raw["recipe"],
+        environment=raw.get("environment", {}),
+        calibration=CalibrationRecord(**calibration) if calibration else None,
+        evaluation_rows=int(raw["evaluation_rows"]),
+        gate_metric=raw["gate_metric"],
+        reference=raw["reference"],
+        variants=tuple(
+            VariantResult(
+                variant=v["variant"],
+                backend=v["backend"],
+                precision=v["precision"],
+                status=v["status"],
+                params=v.get("params", {}),
+                error=v.get("error"),
+                model_path=v.get("model_path"),
+                model_bytes=v.get("model_bytes"),
+                build_seconds=v.get("build_seconds"),
+                notes=tuple(v.get("notes", [])),
+                accuracy=_accuracy(v.get("accuracy")),
+                latency=_latency(v.get("latency")),
+            )
+            for v in raw["variants"]
+        ),
+        frontier=tuple(FrontierPoint(**p) for p in raw.get("frontier", [])),
+    )
+
+
+def read_results(path: Path) -> SweepResults:
+    """Load results.json; any problem (missing, not JSON, wrong shape) is a QbenchError naming the file."""
+    if not path.is_file():
+        raise QbenchError(f"{path}: results file not found")
+    try:
+        return from_dict(json.loads(path.read_text()))
+    except QbenchError as exc:
+        raise QbenchError(f"{path}: {exc}") from None
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise QbenchError(f"{path}: not a valid qbench results file ({type(exc).__name__}: {exc})") from None

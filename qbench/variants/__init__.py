@@ -1,0 +1,38 @@
+"""Precision transforms: one module per technique, registered by precision name.
+
+`PRECISIONS` maps a precision (fp32, fp16, bf16, int8, fp8) to a builder;
+`CALIBRATORS` maps a calibrator name to the precisions it serves. Both hold
+"module:attr" targets, so importing this package imports no runtime.
+"""
+
+from __future__ import annotations
+
+from qbench.registry import Registry
+from qbench.variants.base import BuildContext, BuiltVariant, VariantBuilder
+
+PRECISIONS: Registry[VariantBuilder] = Registry("precision")
+PRECISIONS.register("fp32", "qbench.variants.fp32:build_fp32")
+PRECISIONS.register("fp16", "qbench.variants.fp16:build_fp16")
+PRECISIONS.register("bf16", "qbench.variants.fp16:build_bf16")
+PRECISIONS.register("int8", "qbench.variants.int8:build_int8")
+PRECISIONS.register("fp8", "qbench.variants.fp8:build_fp8")
+
+# calibrator name -> the precisions it can calibrate
+CALIBRATORS: dict[str, tuple[str, ...]] = {
+    "minmax": ("int8", "fp8"),
+    "entropy": ("int8", "fp8"),
+    "percentile": ("int8", "fp8"),
+    "dynamic": ("int8",),
+}
+
+
+def calibrator_names(precision: str) -> list[str]:
+    return sorted(name for name, precisions in CALIBRATORS.items() if precision in precisions)
+
+
+def build_variant(spec, ctx: BuildContext) -> BuiltVariant:  # noqa: ANN001 (VariantSpec; avoids import cycle)
+    """Build the variant described by `spec` (a recipe VariantSpec) into ctx.workdir."""
+    return PRECISIONS.get(spec.precision)(spec, ctx)
+
+
+__all__ = ["PRECISIONS", "CALIBRATORS", "BuildContext", "BuiltVariant", "VariantBuilder", "build_variant", "calibrator_names"]

@@ -1,0 +1,54 @@
+"""What a variant builder receives and returns."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    from qbench.recipe import VariantSpec
+
+Feeds = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """Everything a builder may use.
+
+    reference_path: the FP32 ONNX model (the recipe's model).
+    workdir: a folder the builder may write into (one per variant; it survives the sweep).
+    calibration: equal-sized batches of model feeds drawn from the calibration sample
+        (the last batch may be smaller; builders that need equal shapes drop or split it).
+    """
+
+    reference_path: Path
+    workdir: Path
+    calibration: Sequence[Feeds] = ()
+
+
+@dataclass(frozen=True)
+class BuiltVariant:
+    """A variant ready for a backend.
+
+    params: every option that shaped the model, as logged to MLflow and results.json
+        (calibrator and its parameters, reduce_range as resolved, excluded nodes...).
+    session_hints: what a backend must respect to run it correctly, e.g.
+        {"graph_optimization_level": "basic"} for float8 Q/DQ graphs on ORT CPU.
+    notes: human-readable caveats shown in the report ("FP8 is simulated on CPU").
+    """
+
+    name: str
+    precision: str
+    onnx_path: Path
+    params: dict[str, Any] = field(default_factory=dict)
+    build_seconds: float = 0.0
+    session_hints: dict[str, Any] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+
+class VariantBuilder(Protocol):
+    def __call__(self, spec: VariantSpec, ctx: BuildContext) -> BuiltVariant: ...
