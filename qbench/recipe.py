@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import json
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -57,6 +59,13 @@ def _check_filter(value: Any) -> dict[str, Any]:
     return value
 
 
+def _check_name(value: str) -> str:
+    if not _NAME.match(value):
+        raise ValueError(f"got {value!r}, expected letters, digits and _ . + - (starting with a letter or digit)")
+    return value
+
+
+Name = Annotated[str, AfterValidator(_check_name)]
 Filter = Annotated[dict[str, Any], Field(description="column -> value, or column -> {op: value}")]
 
 
@@ -118,7 +127,7 @@ class DataSpec(_Strict):
 
 
 class VariantSpec(_Strict):
-    name: str
+    name: Name
     precision: Literal["fp32", "fp16", "bf16", "int8", "fp8"]
     calibrator: str | None = Field(
         None, description="int8: minmax | entropy | percentile | dynamic; fp8: minmax | entropy | percentile"
@@ -136,13 +145,6 @@ class VariantSpec(_Strict):
     op_types: list[str] | None = Field(None, description="op types to quantize; default: the quantizer's")
     exclude_nodes: list[str] = Field([], description="node names kept in floating point")
 
-    @field_validator("name")
-    @classmethod
-    def _name_ok(cls, v: str) -> str:
-        if not _NAME.match(v):
-            raise ValueError(f"got {v!r}, expected letters, digits and _ . + - (starting with a letter or digit)")
-        return v
-
     @model_validator(mode="after")
     def _options_fit_precision(self) -> VariantSpec:
         from qbench.variants import calibrator_names
@@ -151,16 +153,20 @@ class VariantSpec(_Strict):
         if not quantized:
             given = [f for f in _QUANT_ONLY_FIELDS if f in self.model_fields_set]
             if given:
-                raise ValueError(f"{given[0]!r} applies only to int8/fp8 variants, not {self.precision}")
+                raise ValueError(f"{given[0]}: applies only to int8/fp8 variants, not {self.precision}")
             return self
         if self.calibrator is None:
-            raise ValueError(f"{self.precision} needs a calibrator: one of {', '.join(calibrator_names(self.precision))}")
+            raise ValueError(f"calibrator: {self.precision} needs one of {', '.join(calibrator_names(self.precision))}")
         allowed = calibrator_names(self.precision)
         if self.calibrator not in allowed:
-            raise ValueError(f"calibrator {expected_one_of(self.calibrator, allowed)}")
+            raise ValueError(f"calibrator: {expected_one_of(self.calibrator, allowed)} for {self.precision}")
         for option, calibrators in _CALIBRATOR_OPTIONS.items():
             if option in self.model_fields_set and self.calibrator not in calibrators:
-                raise ValueError(f"{option!r} applies to calibrator {' / '.join(calibrators)}, not {self.calibrator!r}")
+                raise ValueError(f"{option}: applies to calibrator {' / '.join(calibrators)}, not {self.calibrator!r}")
+        kind = "dynamic int8" if self.calibrator == "dynamic" else self.precision
+        for option in _NOT_FOR.get(kind, ()):
+            if option in self.model_fields_set:
+                raise ValueError(f"{option}: does not apply to {kind} variants")
         return self
 
 
@@ -168,6 +174,11 @@ _QUANT_ONLY_FIELDS = (
     "calibrator", "percentile", "num_bins", "num_quantized_bins", "per_channel", "reduce_range",
     "activation_type", "weight_type", "symmetric_activations", "op_types", "exclude_nodes",
 )  # fmt: skip
+# options that a quantized kind ignores: rejected rather than silently dropped
+_NOT_FOR = {
+    "fp8": ("reduce_range", "activation_type", "weight_type", "symmetric_activations"),
+    "dynamic int8": ("activation_type", "symmetric_activations"),
+}
 _CALIBRATOR_OPTIONS = {
     "percentile": ("percentile",),
     "num_bins": ("entropy", "percentile"),
@@ -206,7 +217,7 @@ class TrackingSpec(_Strict):
 
 
 class Recipe(_Strict):
-    name: str
+    name: Name
     task: Literal["classification", "embedding"] = "classification"
     model: ModelSpec
     data: DataSpec
@@ -219,13 +230,6 @@ class Recipe(_Strict):
 
     _source: Path = PrivateAttr(default=Path("recipe.yaml"))
     _sha256: str = PrivateAttr(default="")
-
-    @field_validator("name")
-    @classmethod
-    def _name_ok(cls, v: str) -> str:
-        if not _NAME.match(v):
-            raise ValueError(f"got {v!r}, expected letters, digits and _ . + - (starting with a letter or digit)")
-        return v
 
     @field_validator("backends")
     @classmethod
@@ -283,11 +287,33 @@ class Recipe(_Strict):
     def data_path(self) -> Path:
         return self.resolve(self.data.path)
 
+    def fingerprint(self) -> str:
+        """Hash of what decides the accuracy results: task, model and data (file contents),
+        variants and backends. Gate and tracking settings are left out, so tightening the
+        gate does not make earlier results stale, while a new model or data set does."""
+        payload = self.model_dump(mode="json", include={"name", "task", "model", "data", "variants", "backends"})
+        digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode())
+        for path in (self.model_path, self.data_path):
+            digest.update(file_sha256(path).encode())
+        return digest.hexdigest()
+
     def all_variants(self) -> list[VariantSpec]:
         """The FP32 reference first (always built), then the recipe's other variants in order."""
         reference = next((v for v in self.variants if v.precision == "fp32"), None)
         reference = reference or VariantSpec(name="fp32", precision="fp32")
         return [reference] + [v for v in self.variants if v is not reference]
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a file's bytes, or of every file under a folder (names and bytes, in sorted order)."""
+    digest = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for file in files:
+        digest.update(str(file.relative_to(path) if path.is_dir() else file.name).encode())
+        with open(file, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
 
 
 # -- loading ------------------------------------------------------------------------------------

@@ -5,7 +5,8 @@ Schema (version 1), documented in reports/README.md:
     SweepResults
       schema_version, qbench_version, created_at, recipe {name, path, sha256, task},
       environment {...}, calibration CalibrationRecord, evaluation_rows,
-      gate_metric, variants [VariantResult], frontier [FrontierPoint]
+      gate_metric, reference, variants [VariantResult], frontier [FrontierPoint],
+      timings {phase: seconds} (calibration, build, evaluate, latency, report, track, total)
     VariantResult
       variant, backend, precision, status ok|failed, error, params {...},
       model_path, model_bytes, build_seconds, notes [...],
@@ -124,6 +125,7 @@ class SweepResults:
     reference: str
     variants: tuple[VariantResult, ...]
     frontier: tuple[FrontierPoint, ...] = ()
+    timings: dict[str, float] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
 
     def find(self, variant: str, backend: str) -> VariantResult | None:
@@ -237,6 +239,7 @@ def from_dict(raw: dict[str, Any]) -> SweepResults:
             for v in raw["variants"]
         ),
         frontier=tuple(FrontierPoint(**p) for p in raw.get("frontier", [])),
+        timings=raw.get("timings", {}),
     )
 
 

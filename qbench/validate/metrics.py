@@ -6,7 +6,12 @@ Every function takes plain arrays and returns floats; empty input gives NaN
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+import numpy as np
+
+from qbench.errors import QbenchError
 
 
 @dataclass(frozen=True)
@@ -43,3 +48,205 @@ def drop(metric: str, reference: float, value: float) -> float:
     if METRICS[metric].higher_is_better:
         return reference - value
     return value - reference
+
+
+# -- pure functions over model outputs ------------------------------------------------------------
+#
+# Conventions: axis 0 is the row (batch) axis; classification outputs are (rows, classes) or
+# (rows,) / (rows, 1) for a single binary score. Arithmetic is done in float64 whatever the
+# model's output dtype, so FP16 outputs are compared exactly.
+
+INVALID_CLASS = -1
+"""The class of a row whose output holds NaN or inf: it never matches a label or another row."""
+
+_PROBABILITY_TOLERANCE = 1e-3
+_KL_EPS = 1e-12
+
+
+def _float_rows(values: np.ndarray) -> np.ndarray:
+    """`values` as float64, shaped (rows, features); a 1-D array is one feature per row."""
+    array = np.asarray(values, dtype=np.float64)
+    if array.ndim == 0:
+        raise QbenchError(f"expected an array with a row axis, got a scalar ({array!r})")
+    features = int(np.prod(array.shape[1:], dtype=np.int64))
+    return array.reshape(array.shape[0], features)
+
+
+def _same_shape(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Both as float64; a shape mismatch is an error (broadcasting would silently compare wrong rows)."""
+    a64, b64 = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if a64.shape != b64.shape:
+        raise QbenchError(f"outputs have different shapes: {a64.shape} vs {b64.shape}")
+    return a64, b64
+
+
+def _mean(values: np.ndarray) -> float:
+    """Mean; NaN for no values (without numpy's empty-slice warning); NaN propagates."""
+    return float(np.mean(values)) if np.size(values) else math.nan
+
+
+def nonfinite_rows(outputs: np.ndarray) -> np.ndarray:
+    """Boolean mask of the rows holding any NaN or inf."""
+    return ~np.isfinite(_float_rows(outputs)).all(axis=1)
+
+
+def _class_scores(outputs: np.ndarray) -> np.ndarray:
+    """(rows, classes) from (rows,), (rows, classes) or (rows, 1, ..., classes) with unit middle axes."""
+    array = np.asarray(outputs)
+    if array.ndim == 1:
+        return array.reshape(-1, 1)
+    if array.ndim > 2:
+        if any(size != 1 for size in array.shape[1:-1]):
+            raise QbenchError(f"classification outputs must be (rows, classes), got shape {array.shape}")
+        return array.reshape(array.shape[0], array.shape[-1])
+    return array
+
+
+def top1(outputs: np.ndarray) -> np.ndarray:
+    """The predicted class of every row (int64); INVALID_CLASS for rows with NaN/inf.
+
+    A single output column is a binary score: class 1 when score > 0.5 if every finite
+    score lies in [0, 1] (a probability), else when score > 0 (a logit).
+    """
+    scores = _class_scores(outputs).astype(np.float64)
+    bad = nonfinite_rows(scores)
+    if scores.shape[1] == 1:
+        finite = scores[~bad, 0]
+        threshold = 0.5 if finite.size and finite.min() >= 0.0 and finite.max() <= 1.0 else 0.0
+        classes = (scores[:, 0] > threshold).astype(np.int64)
+    else:
+        classes = np.argmax(np.where(bad[:, None], 0.0, scores), axis=1).astype(np.int64)
+    classes[bad] = INVALID_CLASS
+    return classes
+
+
+def _matches(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise equality in which INVALID_CLASS matches nothing, not even itself."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape:
+        raise QbenchError(f"cannot compare predictions of shape {a.shape} with {b.shape}")
+    return (a == b) & (a != INVALID_CLASS) & (b != INVALID_CLASS)
+
+
+def accuracy(predicted: np.ndarray, labels: np.ndarray) -> float:
+    """Fraction of rows whose predicted class equals the label; NaN for no rows."""
+    return _mean(_matches(predicted, labels))
+
+
+def agreement(pred_a: np.ndarray, pred_b: np.ndarray) -> float:
+    """Fraction of rows predicted the same by both; an INVALID_CLASS row never agrees."""
+    return _mean(_matches(pred_a, pred_b))
+
+
+def flip_rate(pred_a: np.ndarray, pred_b: np.ndarray) -> float:
+    """Fraction of rows predicted differently (1 - agreement); NaN for no rows."""
+    return _mean(~_matches(pred_a, pred_b))
+
+
+def softmax(logits: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Numerically stable softmax (the max is subtracted first); NaN/inf rows give NaN."""
+    values = np.asarray(logits, dtype=np.float64)
+    if values.size == 0:
+        return values.copy()
+    shifted = values - np.max(values, axis=axis, keepdims=True)
+    with np.errstate(invalid="ignore"):
+        exp = np.exp(shifted)
+        return exp / np.sum(exp, axis=axis, keepdims=True)
+
+
+def _sigmoid(logits: np.ndarray) -> np.ndarray:
+    """1 / (1 + e^-x), without overflow warnings for large |x|."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.where(logits >= 0, 1.0 / (1.0 + np.exp(-logits)), np.exp(logits) / (1.0 + np.exp(logits)))
+
+
+def looks_like_probabilities(outputs: np.ndarray) -> bool:
+    """True if every row is non-negative and sums to 1 (within 1e-3): a softmax output, not logits."""
+    scores = _class_scores(outputs).astype(np.float64)
+    if scores.size == 0 or not np.isfinite(scores).all():
+        return False
+    if scores.shape[1] == 1:
+        return bool(((scores >= 0.0) & (scores <= 1.0)).all())
+    sums = scores.sum(axis=1)
+    return bool((scores >= 0.0).all() and np.all(np.abs(sums - 1.0) <= _PROBABILITY_TOLERANCE))
+
+
+def to_probabilities(outputs: np.ndarray, already_probabilities: bool | None = None) -> np.ndarray:
+    """(rows, classes) probabilities: outputs that already are probabilities are used as they are
+    (negatives clipped, rows renormalised), anything else goes through softmax.
+
+    A single binary-score column becomes two columns [1 - p, p] (p = the score, or its sigmoid
+    for logits). `already_probabilities` overrides the detection, so that a variant is read the
+    same way as its reference even when quantisation moved its row sums off 1.
+    """
+    scores = _class_scores(outputs).astype(np.float64)
+    if already_probabilities is None:
+        already_probabilities = looks_like_probabilities(scores)
+    if scores.shape[1] == 1:
+        positive = np.clip(scores[:, 0], 0.0, 1.0) if already_probabilities else _sigmoid(scores[:, 0])
+        return np.stack([1.0 - positive, positive], axis=1)
+    if not already_probabilities:
+        return softmax(scores, axis=1)
+    clipped = np.clip(scores, 0.0, None)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return clipped / clipped.sum(axis=1, keepdims=True)
+
+
+def kl_rows(reference_outputs: np.ndarray, outputs: np.ndarray) -> np.ndarray:
+    """KL(P_ref || Q) of every row, in nats; both clipped to [1e-12, 1] so a zero in Q stays finite.
+
+    Whether the outputs are probabilities or logits is decided on the reference and applied to both.
+    """
+    reference_outputs, outputs = _same_shape(reference_outputs, outputs)
+    as_probabilities = looks_like_probabilities(reference_outputs)
+    p = np.clip(to_probabilities(reference_outputs, as_probabilities), _KL_EPS, 1.0)
+    q = np.clip(to_probabilities(outputs, as_probabilities), _KL_EPS, 1.0)
+    kl = np.sum(p * np.log(p / q), axis=1)
+    return np.maximum(kl, 0.0)  # clipping can leave -1e-17; NaN passes through np.maximum
+
+
+def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Cosine similarity of every row pair (non-batch axes flattened); two zero rows count as 1, one as 0."""
+    a, b = _same_shape(a, b)
+    a, b = _float_rows(a), _float_rows(b)
+    norm_a, norm_b = np.linalg.norm(a, axis=1), np.linalg.norm(b, axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cosine = np.sum(a * b, axis=1) / (norm_a * norm_b)
+    cosine = np.clip(cosine, -1.0, 1.0)  # np.clip keeps NaN
+    cosine[(norm_a == 0) & (norm_b == 0)] = 1.0
+    cosine[(norm_a == 0) ^ (norm_b == 0)] = 0.0
+    return cosine
+
+
+def max_abs_error(a: np.ndarray, b: np.ndarray) -> float:
+    """The largest |a - b| over all elements; NaN for no elements; NaN/inf propagate."""
+    a, b = _same_shape(a, b)
+    if a.size == 0:
+        return math.nan
+    with np.errstate(invalid="ignore"):
+        return float(np.max(np.abs(a - b)))
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval for a proportion (sound near 0 and 1, unlike the normal one)."""
+    if n == 0:
+        return (math.nan, math.nan)
+    if not 0 <= successes <= n:
+        raise ValueError(f"successes must lie in [0, {n}], got {successes}")
+    p = successes / n
+    z2 = z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def mean_interval(values: np.ndarray, z: float = 1.96) -> tuple[float, float]:
+    """Normal-approximation interval of a mean: mean ± z·s/√n; a point for one value, NaN for none."""
+    array = np.asarray(values, dtype=np.float64).ravel()
+    if array.size == 0:
+        return (math.nan, math.nan)
+    mean = float(np.mean(array))
+    if array.size < 2:
+        return (mean, mean)
+    half = z * float(np.std(array, ddof=1)) / math.sqrt(array.size)
+    return (mean - half, mean + half)

@@ -1,0 +1,30 @@
+# Set-up and entry points. Every target installs into .venv first; torch==2.13.0 goes in
+# before anything else so no dependency can pull a CUDA build of torch.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.qbench-installed
+
+.PHONY: install demo test bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: install
+	$(PY) -m qbench.demo.digits --out .
+	$(VENV)/bin/qbench sweep recipes/digits.yaml
+	$(VENV)/bin/qbench gate recipes/digits.yaml || echo "(gate exit code $$?: the table above says which variant breached)"
+
+test: install
+	$(PY) -m pytest -q -p no:cacheprovider
+
+bench: install
+	$(PY) bench/overhead.py
+
+clean:
+	rm -rf $(VENV) reports/*/ models data mlflow.db mlartifacts .qbench

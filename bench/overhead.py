@@ -1,0 +1,137 @@
+"""How much does qbench itself cost? Two measurements, side by side in one run.
+
+1. Timing fidelity: qbench's steady-state p50 (backend runner + measure_steady_state) against a
+   bare ONNX Runtime loop (InferenceSession.run under perf_counter_ns) on the same model, the same
+   threads and the same batch, interleaved over several rounds. A ratio near 1.0 means qbench's
+   latency figures are the runtime's, not qbench's.
+2. Sweep overhead: the share of a whole demo sweep spent outside variant building (calibration
+   included) and inference — data preparation, reporting, plotting, MLflow logging.
+
+    python bench/overhead.py [--rounds 5] [--iterations 300] [--threads 2] [--out bench/out/overhead.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+from rich.console import Console
+from rich.table import Table
+
+from qbench.backends import get_backend
+from qbench.backends.base import RunOptions
+from qbench.demo.digits import make_digits_demo
+from qbench.recipe import load_recipe
+from qbench.sweep import run_sweep
+from qbench.validate.latency import measure_steady_state
+from qbench.variants import BuiltVariant
+
+BATCH_SIZES = (1, 32)
+
+
+def bare_ort_p50_ms(model: Path, batch: np.ndarray, threads: int, warmup: int, iterations: int) -> float:
+    """The reference: nothing but InferenceSession.run in a timed loop."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    feeds = {session.get_inputs()[0].name: batch}
+    for _ in range(warmup):
+        session.run(None, feeds)
+    durations = np.empty(iterations, dtype=np.int64)
+    for i in range(iterations):
+        start = time.perf_counter_ns()
+        session.run(None, feeds)
+        durations[i] = time.perf_counter_ns() - start
+    del session
+    return float(np.percentile(durations, 50) / 1e6)
+
+
+def qbench_p50_ms(model: Path, batch: np.ndarray, threads: int, warmup: int, iterations: int) -> float:
+    """The same measurement through qbench's backend and latency loop."""
+    backend = get_backend("onnxruntime-cpu")
+    runner = backend.load(BuiltVariant("fp32", "fp32", model), RunOptions(threads=threads))
+    try:
+        [point] = measure_steady_state(runner, {"input": batch}, [len(batch)], warmup, iterations)
+    finally:
+        runner.close()
+    return point.p50_ms
+
+
+def timing_fidelity(model: Path, rounds: int, threads: int, warmup: int, iterations: int) -> list[dict]:
+    rng = np.random.default_rng(0)
+    rows = []
+    for batch_size in BATCH_SIZES:
+        batch = rng.random((batch_size, 1, 8, 8), dtype=np.float32)
+        bare, ours = [], []
+        for _ in range(rounds):  # interleaved, one session alive at a time
+            bare.append(bare_ort_p50_ms(model, batch, threads, warmup, iterations))
+            ours.append(qbench_p50_ms(model, batch, threads, warmup, iterations))
+        bare_p50, ours_p50 = statistics.median(bare), statistics.median(ours)
+        rows.append({
+            "batch_size": batch_size, "bare_ort_p50_ms": bare_p50, "qbench_p50_ms": ours_p50,
+            "ratio": ours_p50 / bare_p50, "rounds": rounds, "iterations": iterations, "threads": threads,
+        })  # fmt: skip
+    return rows
+
+
+def sweep_overhead(root: Path) -> dict:
+    """Run the demo recipe (with MLflow into a temporary sqlite store) and split its wall time."""
+    cwd = Path.cwd()
+    os.chdir(root)
+    try:
+        outcome = run_sweep(load_recipe(root / "recipes" / "digits.yaml"), track=True, show=False)
+    finally:
+        os.chdir(cwd)
+    t = outcome.results.timings
+    outside = t["total"] - t.get("build", 0.0) - t.get("inference", 0.0)
+    return {**t, "outside_build_and_inference_s": outside, "overhead_fraction": outside / t["total"]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--iterations", type=int, default=300)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=Path("bench/out/overhead.json"))
+    args = parser.parse_args()
+
+    console = Console()
+    with tempfile.TemporaryDirectory(prefix="qbench-bench-") as tmp:
+        root = Path(tmp)
+        make_digits_demo(root)
+        fidelity = timing_fidelity(root / "models" / "digits.onnx", args.rounds, args.threads, args.warmup,
+                                   args.iterations)  # fmt: skip
+        overhead = sweep_overhead(root)
+
+    table = Table(title="qbench p50 vs bare ONNX Runtime loop (digits CNN, medians of interleaved rounds)")
+    for column in ("batch", "bare ORT p50 ms", "qbench p50 ms", "ratio"):
+        table.add_column(column, justify="right")
+    for row in fidelity:
+        table.add_row(str(row["batch_size"]), f"{row['bare_ort_p50_ms']:.4f}", f"{row['qbench_p50_ms']:.4f}",
+                      f"{row['ratio']:.3f}")  # fmt: skip
+    console.print(table)
+    phases = Table(title="demo sweep wall time by phase")
+    phases.add_column("phase")
+    phases.add_column("seconds", justify="right")
+    for phase in ("prepare", "build", "inference", "report", "track", "total"):
+        phases.add_row(phase, f"{overhead.get(phase, 0.0):.2f}")
+    phases.add_row("outside build + inference", f"{overhead['outside_build_and_inference_s']:.2f} "
+                   f"({overhead['overhead_fraction']:.1%})")  # fmt: skip
+    console.print(phases)
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"timing_fidelity": fidelity, "sweep": overhead}, indent=2))
+    console.print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

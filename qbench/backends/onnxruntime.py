@@ -1,0 +1,135 @@
+"""ONNX Runtime as a qbench backend, for any execution provider.
+
+A concrete backend is a subclass that names itself, its provider list and the
+qbench extra that installs it (see onnxruntime_cpu.py). onnxruntime is imported
+on first use, so a missing install surfaces as MissingExtraError, not ImportError.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from qbench.backends.base import RunOptions
+from qbench.errors import MissingExtraError, QbenchError, expected_one_of
+from qbench.variants.base import BuiltVariant
+
+if TYPE_CHECKING:  # pragma: no cover
+    import onnxruntime
+
+_OPTIMIZATION_LEVELS = {
+    "disable": "ORT_DISABLE_ALL",
+    "basic": "ORT_ENABLE_BASIC",
+    "extended": "ORT_ENABLE_EXTENDED",
+    "all": "ORT_ENABLE_ALL",
+}
+DEFAULT_OPTIMIZATION_LEVEL = "all"
+
+
+def _import_onnxruntime(extra: str) -> ModuleType:
+    try:
+        return importlib.import_module("onnxruntime")
+    except ImportError:
+        raise MissingExtraError("onnxruntime", extra) from None
+
+
+def _load_errors() -> tuple[type[Exception], ...]:
+    """ONNX Runtime's own exception types (Fail, InvalidGraph, NoSuchFile...; they derive from Exception)."""
+    state = importlib.import_module("onnxruntime.capi.onnxruntime_pybind11_state")
+    return tuple(v for v in vars(state).values() if isinstance(v, type) and issubclass(v, Exception))
+
+
+class OnnxRuntimeRunner:
+    """One InferenceSession. describe() reads back what the session really uses, not what was asked."""
+
+    def __init__(self, session: onnxruntime.InferenceSession, version: str) -> None:
+        self._session: onnxruntime.InferenceSession | None = session
+        self._version = version
+
+    def _live(self) -> onnxruntime.InferenceSession:
+        if self._session is None:
+            raise RuntimeError("this runner was closed")
+        return self._session
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        return self._live().run(None, dict(feeds))
+
+    def describe(self) -> dict[str, Any]:
+        session = self._live()
+        options = session.get_session_options()
+        level = options.graph_optimization_level.name
+        return {
+            "runtime": "onnxruntime",
+            "version": self._version,
+            "providers": list(session.get_providers()),
+            "intra_op_threads": options.intra_op_num_threads or None,  # None: the runtime's default
+            "graph_optimization_level": next((k for k, v in _OPTIMIZATION_LEVELS.items() if v == level), level),
+        }
+
+    def close(self) -> None:
+        """Drop the session so its thread pool and memory go now, not at garbage collection."""
+        self._session = None
+
+
+class OnnxRuntimeBackend:
+    """Loads a variant's ONNX file into an InferenceSession on `providers` (first = the one required)."""
+
+    name: ClassVar[str]
+    providers: ClassVar[tuple[str, ...]]
+    extra: ClassVar[str]  # the qbench extra that installs an onnxruntime build with these providers
+
+    @property
+    def required_provider(self) -> str:
+        return self.providers[0]
+
+    def check_available(self) -> None:
+        ort = _import_onnxruntime(self.extra)
+        available = ort.get_available_providers()
+        if self.required_provider not in available:
+            raise MissingExtraError(
+                f"onnxruntime with {self.required_provider}",
+                self.extra,
+                hint=f"this onnxruntime {ort.__version__} has {', '.join(available)}",
+            )
+
+    def supports(self, variant: BuiltVariant) -> str | None:
+        if not variant.onnx_path.is_file():
+            return f"model file not found: {variant.onnx_path}"
+        return None
+
+    def session_options(self, variant: BuiltVariant, options: RunOptions) -> onnxruntime.SessionOptions:
+        """Threads from the recipe; the graph optimisation level from the variant's session hints."""
+        ort = _import_onnxruntime(self.extra)
+        level = variant.session_hints.get("graph_optimization_level", DEFAULT_OPTIMIZATION_LEVEL)
+        if level not in _OPTIMIZATION_LEVELS:
+            expected = expected_one_of(level, _OPTIMIZATION_LEVELS)
+            raise QbenchError(f"variant {variant.name}: session hint graph_optimization_level {expected}")
+        session_options = ort.SessionOptions()
+        session_options.intra_op_num_threads = options.threads or 0
+        session_options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _OPTIMIZATION_LEVELS[level])
+        session_options.log_severity_level = 3  # errors only: ORT's warnings would interleave with qbench's output
+        return session_options
+
+    def load(self, variant: BuiltVariant, options: RunOptions) -> OnnxRuntimeRunner:
+        """A runner for the variant; QbenchError if ORT rejects the model or runs it on another provider."""
+        ort = _import_onnxruntime(self.extra)
+        session_options = self.session_options(variant, options)
+        try:
+            session = ort.InferenceSession(
+                str(variant.onnx_path), sess_options=session_options, providers=list(self.providers)
+            )
+        except _load_errors() as exc:
+            raise QbenchError(f"variant {variant.name}: onnxruntime cannot load {variant.onnx_path}: {exc}") from None
+        runner = OnnxRuntimeRunner(session, ort.__version__)
+        in_use = session.get_providers()
+        if not in_use or in_use[0] != self.required_provider:
+            runner.close()
+            raise QbenchError(
+                f"{self.name}: onnxruntime fell back to {in_use[0] if in_use else 'no provider'} instead of "
+                f"{self.required_provider} for variant {variant.name}; its timings would not be {self.name} timings"
+            )
+        return runner

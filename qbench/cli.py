@@ -1,0 +1,142 @@
+"""`qbench` command line: a thin layer over the library (each command is a few calls into qbench.*).
+
+Exit codes: 0 success / gate passed, 1 gate breached, 2 bad input or unusable results.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from typer.exceptions import TyperException
+from rich.console import Console
+from rich.markup import escape
+
+from qbench.console import console as err_console
+from qbench.errors import QbenchError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Build FP16/BF16/FP8/INT8 variants of a model, validate them against FP32 "
+    "(latency and per-slice accuracy), log to MLflow, and gate them in CI.",
+)
+out = Console()
+
+RecipeArg = Annotated[Path, typer.Argument(help="recipe YAML file", show_default=False)]
+
+
+@app.command()
+def sweep(
+    recipe: RecipeArg,
+    gate: Annotated[bool, typer.Option("--gate", help="also run the gate; exit 1 if any variant breaches")] = False,
+    track: Annotated[bool, typer.Option("--track/--no-track", help="log to MLflow")] = True,
+) -> int:
+    """Build every variant, measure it against FP32, write reports/<name>/<time>/ and log to MLflow."""
+    from qbench.recipe import load_recipe
+    from qbench.report import gate_table
+    from qbench.sweep import run_sweep
+
+    outcome = run_sweep(load_recipe(recipe), track=track)
+    if outcome.mlflow_run_id:
+        err_console.print(f"MLflow run: {outcome.mlflow_run_id}  (open the UI with `qbench ui {recipe}`)")
+    if not gate:
+        return 0
+    out.print(gate_table(outcome.gate))
+    return _gate_verdict(outcome.gate)
+
+
+@app.command()
+def validate(recipe: RecipeArg) -> int:
+    """Check a recipe against its model, data and backends without building or running anything."""
+    from qbench.preflight import prepare
+    from qbench.recipe import load_recipe
+
+    loaded = load_recipe(recipe)
+    prepared = prepare(loaded)
+    out.print(
+        f"{escape(str(recipe))}: OK — {len(loaded.all_variants())} variants × {len(loaded.backends)} backends, "
+        f"{len(prepared.evaluation_rows)} evaluation rows, {prepared.calibration.size} calibration rows, "
+        f"{len(prepared.slices)} slices ({escape(', '.join(prepared.slices)) or 'none'})"
+    )
+    return 0
+
+
+@app.command()
+def gate(
+    recipe: Annotated[Optional[Path], typer.Argument(help="recipe YAML (uses its latest results)")] = None,
+    results: Annotated[Optional[Path], typer.Option("--results", help="a results.json to judge")] = None,
+) -> int:
+    """Judge results against the recipe's gate: exit 0 pass, 1 breach, 2 missing/partial/broken results."""
+    from qbench.gate import run_gate
+    from qbench.recipe import load_recipe
+    from qbench.report import gate_table
+
+    report, judged = run_gate(load_recipe(recipe) if recipe else None, results)
+    out.print(f"gate on {escape(judged.recipe.get('name', '?'))} ({judged.created_at}), metric {report.metric}")
+    out.print(gate_table(report))
+    return _gate_verdict(report)
+
+
+@app.command()
+def ui(
+    recipe: RecipeArg,
+    port: Annotated[int, typer.Option(help="port on 127.0.0.1")] = 5000,
+) -> int:
+    """Open the MLflow UI on 127.0.0.1 for the recipe's tracking store (Ctrl+C stops it)."""
+    from qbench.recipe import load_recipe
+    from qbench.track import resolve_tracking_uri, ui_command
+
+    command = ui_command(resolve_tracking_uri(load_recipe(recipe)), port=port)
+    err_console.print(f"MLflow UI: http://127.0.0.1:{port}  (Ctrl+C to stop)")
+    try:
+        return subprocess.call(command)
+    except KeyboardInterrupt:
+        return 0
+
+
+@app.command(name="list")
+def list_registered() -> int:
+    """What qbench can build and run here: precisions, calibrators, backends, gate metrics."""
+    from qbench.backends import BACKENDS
+    from qbench.validate.metrics import METRICS
+    from qbench.variants import CALIBRATORS, PRECISIONS
+
+    out.print(f"precisions:  {', '.join(PRECISIONS.names())}")
+    out.print("calibrators: " + ", ".join(f"{n} ({'/'.join(p)})" for n, p in sorted(CALIBRATORS.items())))
+    out.print(f"backends:    {', '.join(BACKENDS.names())}")
+    for name, info in METRICS.items():
+        direction = "higher is better" if info.higher_is_better else "lower is better"
+        out.print(f"metric {name:<14} {'/'.join(info.tasks):<28} {direction}: {info.description}")
+    return 0
+
+
+def _gate_verdict(report) -> int:  # noqa: ANN001 (GateReport; imported lazily)
+    code = report.exit_code
+    verdict = {0: "[green]PASS[/]", 1: "[red]FAIL: tolerance breached[/]", 2: "[red]FAIL: results unusable[/]"}[code]
+    out.print(f"gate: {verdict}")
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `qbench` script; returns the exit code instead of raising SystemExit."""
+    try:
+        result = app(args=argv if argv is not None else sys.argv[1:], prog_name="qbench", standalone_mode=False)
+    except QbenchError as exc:
+        err_console.print(f"[red]error:[/] {escape(str(exc))}")
+        return exc.exit_code
+    except typer.Exit as exc:
+        return exc.exit_code
+    except typer.Abort:
+        return 130
+    except TyperException as exc:  # usage errors (typer vendors click's exceptions under this base)
+        exc.show()
+        return getattr(exc, "exit_code", 2)
+    return int(result or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

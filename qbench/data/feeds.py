@@ -1,0 +1,194 @@
+"""Table rows -> model inputs: stack the cells, fit them to the input's shape, cast to its dtype.
+
+A column of single values becomes (N,) or (N, 1, ...) as the input's rank needs;
+a column of lists/arrays becomes (N, *cell_shape) and is then reshaped to the
+input's shape when the sizes agree (64 pixels -> (N, 1, 8, 8)). The first dim
+of every model input is the batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from qbench.data.filters import scalar_column
+from qbench.data.load import table_name
+from qbench.errors import RecipeError, did_you_mean
+from qbench.modelinfo import TensorMeta
+
+INPUTS_FIELD = "data.inputs"
+LABEL_FIELD = "data.label"
+_SHOWN_SHAPES = 5
+_CLASS_INDICES = "expected integer class indices"
+
+
+def build_feeds(
+    df: pd.DataFrame,
+    positions: np.ndarray,
+    inputs: dict[str, str],
+    model_inputs: dict[str, TensorMeta],
+    *,
+    recipe_file: Path,
+) -> dict[str, np.ndarray]:
+    """Model input name -> array of the rows at `positions` (at least one), for every `column -> input` pair."""
+    if len(positions) == 0:
+        raise ValueError("build_feeds needs at least one row position")
+    _check_mapping(df, inputs, model_inputs, recipe_file=recipe_file)
+    feeds: dict[str, np.ndarray] = {}
+    for column, input_name in inputs.items():
+        meta = model_inputs[input_name]
+        stacked = _stack_cells(df[column].iloc[positions], column, recipe_file=recipe_file)
+        shaped = _fit_shape(stacked, column, meta, recipe_file=recipe_file)
+        feeds[input_name] = _cast(shaped, column, meta, recipe_file=recipe_file)
+    return feeds
+
+
+def labels_array(df: pd.DataFrame, positions: np.ndarray, column: str, *, recipe_file: Path) -> np.ndarray:
+    """Integer class indices (int64) of the rows at `positions`; booleans count as 0/1."""
+    values = scalar_column(df, column, field=LABEL_FIELD, recipe_file=recipe_file).iloc[positions]
+    missing = np.flatnonzero(values.isna().to_numpy())
+    if missing.size:
+        first = positions[missing[0]]
+        message = f"column {column!r}: {missing.size} rows have no label (first at row {first}); {_CLASS_INDICES}"
+        raise RecipeError(recipe_file, LABEL_FIELD, message)
+    array = np.array(values.tolist())
+    if array.dtype.kind not in "biu":
+        not_integral = [v for v in array.tolist() if not _is_integral(v)]
+        if not_integral:
+            raise RecipeError(
+                recipe_file, LABEL_FIELD, f"column {column!r} holds {not_integral[0]!r}; {_CLASS_INDICES}"
+            )
+    labels = array.astype(np.int64)
+    if labels.size and labels.min() < 0:
+        message = f"column {column!r} holds {labels.min()}; expected class indices >= 0"
+        raise RecipeError(recipe_file, LABEL_FIELD, message)
+    return labels
+
+
+def iter_batches(feeds: dict[str, np.ndarray], batch_size: int) -> Iterator[dict[str, np.ndarray]]:
+    """Consecutive row batches of every feed (the last one may be shorter)."""
+    if batch_size <= 0:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    lengths = {len(array) for array in feeds.values()}
+    if len(lengths) > 1:
+        raise ValueError(f"feeds have different row counts: {sorted(lengths)}")
+    rows = lengths.pop() if lengths else 0
+    for start in range(0, rows, batch_size):
+        yield {name: array[start : start + batch_size] for name, array in feeds.items()}
+
+
+def _check_mapping(
+    df: pd.DataFrame, inputs: dict[str, str], model_inputs: dict[str, TensorMeta], *, recipe_file: Path
+) -> None:
+    """Every column exists, every input name is the model's, and each model input is fed exactly once."""
+    fed_by: dict[str, str] = {}
+    for column, input_name in inputs.items():
+        if column not in df.columns:
+            columns = [str(c) for c in df.columns]
+            message = f"column {column!r} is not in {table_name(df)}; {_expected(column, columns)}"
+            raise RecipeError(recipe_file, INPUTS_FIELD, message)
+        field = f"{INPUTS_FIELD}.{column}"
+        if input_name not in model_inputs:
+            message = f"{input_name!r} is not an input of the model; {_expected(input_name, model_inputs)}"
+            raise RecipeError(recipe_file, field, message)
+        if input_name in fed_by:
+            message = f"model input {input_name!r} is already fed by column {fed_by[input_name]!r}"
+            raise RecipeError(recipe_file, field, message)
+        fed_by[input_name] = column
+    unfed = [name for name in model_inputs if name not in fed_by]
+    if unfed:
+        message = f"model input {unfed[0]!r} is fed by no column; add `<column>: {unfed[0]}`"
+        raise RecipeError(recipe_file, INPUTS_FIELD, message)
+
+
+def _expected(got: str, choices: Iterable[str]) -> str:
+    options = sorted(str(choice) for choice in choices)
+    return f"expected one of {', '.join(options)}{did_you_mean(got, options)}"
+
+
+def _stack_cells(cells: pd.Series, column: str, *, recipe_file: Path) -> np.ndarray:
+    """(N,) for a column of single values, (N, *cell_shape) for a column of lists or arrays."""
+    if not pd.api.types.is_object_dtype(cells):
+        return cells.to_numpy()
+    missing = np.flatnonzero(cells.isna().to_numpy())
+    if missing.size:
+        message = f"column {column!r}: {missing.size} rows have no value (first at row {cells.index[missing[0]]})"
+        raise RecipeError(recipe_file, INPUTS_FIELD, message)
+    arrays = [_cell_array(cell) for cell in cells]
+    shapes = sorted({a.shape for a in arrays})
+    if len(shapes) > 1:
+        message = f"column {column!r} holds cells of different {_describe_shapes(shapes)}; pad them to one size"
+        raise RecipeError(recipe_file, INPUTS_FIELD, message)
+    return np.stack(arrays)
+
+
+def _cell_array(cell: object) -> np.ndarray:
+    """A cell as an ndarray; nested arrays from parquet/datasets (object arrays of arrays) become one block."""
+    if isinstance(cell, np.ndarray) and cell.dtype == object:
+        return np.array(cell.tolist())
+    return np.asarray(cell)
+
+
+def _describe_shapes(shapes: list[tuple[int, ...]]) -> str:
+    shown = shapes[:_SHOWN_SHAPES]
+    more = f", ... ({len(shapes)} in all)" if len(shapes) > _SHOWN_SHAPES else ""
+    if all(len(shape) == 1 for shape in shown):
+        return f"lengths (seen {', '.join(str(s[0]) for s in shown)}{more})"
+    return f"shapes (seen {', '.join(str(s) for s in shown)}{more})"
+
+
+def _fit_shape(stacked: np.ndarray, column: str, meta: TensorMeta, *, recipe_file: Path) -> np.ndarray:
+    """Reshape (N, *cell_shape) to the input's (N, *dims); a shapeless input takes the cells as they are."""
+    if not meta.shape:
+        return stacked
+    rows, cell_shape, dims = stacked.shape[0], stacked.shape[1:], meta.shape[1:]
+    cell_size = math.prod(cell_shape)
+    if len(cell_shape) == len(dims) and all(d is None or d == c for d, c in zip(dims, cell_shape, strict=True)):
+        return stacked
+    static_size = math.prod(d for d in dims if d is not None)
+    dynamic = sum(d is None for d in dims)
+    if (dynamic == 0 and static_size == cell_size) or (dynamic == 1 and static_size and cell_size % static_size == 0):
+        free = cell_size // static_size
+        return stacked.reshape((rows, *(free if d is None else d for d in dims)))
+    expected = ", ".join(["batch", *("?" if d is None else str(d) for d in dims)])
+    raise RecipeError(
+        recipe_file,
+        INPUTS_FIELD,
+        f"column {column!r} holds cells of {cell_size} value{'s' if cell_size != 1 else ''} (shape {cell_shape}), "
+        f"but model input {meta.name!r} expects shape ({expected})",
+    )
+
+
+def _cast(values: np.ndarray, column: str, meta: TensorMeta, *, recipe_file: Path) -> np.ndarray:
+    target = np.dtype(meta.dtype)
+    problem = _cast_problem(values, target)
+    if problem:
+        message = f"column {column!r} holds {problem}, but model input {meta.name!r} expects {target}"
+        raise RecipeError(recipe_file, INPUTS_FIELD, message)
+    return np.ascontiguousarray(values.astype(target, copy=False))
+
+
+def _cast_problem(values: np.ndarray, target: np.dtype) -> str | None:
+    """Why casting `values` to `target` would change them (text, fractions or overflow into integers), or None."""
+    if values.size == 0:
+        return None
+    if values.dtype.kind not in "biuf":
+        return f"non-numeric values such as {values.flat[0]!r}"
+    if target.kind not in "iu":
+        return None
+    if values.dtype.kind == "f" and not np.all(np.isfinite(values) & (values == np.round(values))):
+        return "non-integer values"
+    limits = np.iinfo(target)
+    if values.min() < limits.min or values.max() > limits.max:
+        return f"values outside the range of {target}"
+    return None
+
+
+def _is_integral(value: object) -> bool:
+    if isinstance(value, (bool, int, np.integer, np.bool_)):
+        return True
+    return isinstance(value, (float, np.floating)) and float(value).is_integer()

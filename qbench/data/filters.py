@@ -1,0 +1,145 @@
+"""Declarative row filters, evaluated with pandas and never as code.
+
+A filter maps a column to a value (equality) or to `{op: value}` with ops
+eq, ne, in, not_in, lt, le, gt, ge (the schema is checked by `qbench.recipe`).
+Several columns AND together; several ops on one column AND together.
+
+Missing cells (None / NaN) follow SQL: they match only a condition that names
+null (`eq: null`, `in: [..., null]`); `ne: x`, `not_in: [x]` and the comparisons
+never match them, while `ne: null` and `not_in: [..., null]` match every
+non-missing cell.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from qbench.data.load import table_name
+from qbench.errors import RecipeError, expected_one_of
+
+_COMPARISONS: dict[str, Callable[[pd.Series, Any], pd.Series]] = {
+    "lt": operator.lt,
+    "le": operator.le,
+    "gt": operator.gt,
+    "ge": operator.ge,
+}
+_HINT_MAX_VALUES = 20
+
+
+def filter_mask(df: pd.DataFrame, flt: dict[str, Any] | None, *, field: str, recipe_file: Path) -> np.ndarray:
+    """Boolean mask over all rows of `df`; no filter selects every row."""
+    mask = np.ones(len(df), dtype=bool)
+    for column, condition in (flt or {}).items():
+        column_field = f"{field}.{column}"
+        values = scalar_column(df, column, field=column_field, recipe_file=recipe_file)
+        operations = condition if isinstance(condition, dict) else {"eq": condition}
+        for op, operand in operations.items():
+            mask &= _condition_mask(values, op, operand, field=column_field, recipe_file=recipe_file)
+    return mask
+
+
+def select_rows(df: pd.DataFrame, flt: dict[str, Any] | None, *, field: str, recipe_file: Path) -> np.ndarray:
+    """Row positions (ascending int64) that pass the filter; a filter that selects nothing is an error."""
+    mask = filter_mask(df, flt, field=field, recipe_file=recipe_file)
+    if not mask.any():
+        raise empty_selection_error(df, flt or {}, field=field, recipe_file=recipe_file)
+    return np.flatnonzero(mask).astype(np.int64)
+
+
+def empty_selection_error(df: pd.DataFrame, flt: dict[str, Any], *, field: str, recipe_file: Path) -> RecipeError:
+    """'selects no rows (N rows in <file>; <what the filtered columns hold>)'."""
+    hints = [_column_hint(df[column], column) for column in flt]
+    details = "; ".join([f"{len(df)} rows in {table_name(df)}", *hints])
+    return RecipeError(recipe_file, field, f"selects no rows ({details})")
+
+
+def scalar_column(df: pd.DataFrame, column: str, *, field: str, recipe_file: Path) -> pd.Series:
+    """The column `column`, which must exist and hold scalars (filters, slices and strata compare values)."""
+    if column not in df.columns:
+        raise RecipeError(recipe_file, field, expected_one_of(column, [str(c) for c in df.columns]))
+    values = df[column]
+    if pd.api.types.is_object_dtype(values) and values.map(_is_array_like).any():
+        raise RecipeError(
+            recipe_file, field, f"column {column!r} holds lists or arrays; expected a column of single values"
+        )
+    return values
+
+
+def distinct_values(values: pd.Series) -> list[Any]:
+    """Distinct non-missing values: numbers in numeric order, then everything else in text order."""
+    return sorted(values.dropna().unique().tolist(), key=_sort_key)
+
+
+def format_value(value: Any) -> str:
+    """A cell value as people write it: 3 (not 3.0, even from a float column), 0.25, north, True."""
+    if isinstance(value, (bool, np.bool_)):
+        return str(bool(value))
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
+    if isinstance(value, (float, np.floating)):
+        number = float(value)
+        return str(int(number)) if number.is_integer() else repr(number)
+    return str(value)
+
+
+def _condition_mask(values: pd.Series, op: str, operand: Any, *, field: str, recipe_file: Path) -> np.ndarray:
+    if op in _COMPARISONS:
+        if not pd.api.types.is_numeric_dtype(values):
+            raise RecipeError(
+                recipe_file,
+                field,
+                f"{op!r} compares numbers, but column {values.name!r} holds {_kind_of(values)} values",
+            )
+        return _COMPARISONS[op](values, operand).to_numpy(dtype=bool, na_value=False)
+    operands: Sequence[Any] = operand if op in ("in", "not_in") else [operand]
+    matched = _matches_any(values, operands)
+    if op in ("eq", "in"):
+        return matched
+    if any(v is None for v in operands):
+        return ~matched
+    return ~matched & values.notna().to_numpy()
+
+
+def _matches_any(values: pd.Series, operands: Sequence[Any]) -> np.ndarray:
+    wanted = [v for v in operands if v is not None]
+    matched = values.isin(wanted).to_numpy(dtype=bool, na_value=False) & values.notna().to_numpy()
+    if len(wanted) < len(operands):
+        matched |= values.isna().to_numpy()
+    return matched
+
+
+def _column_hint(values: pd.Series, column: str) -> str:
+    distinct = distinct_values(values)
+    if not distinct:
+        return f"{column} is empty in every row"
+    if len(distinct) <= _HINT_MAX_VALUES:
+        return f"{column} has {', '.join(_show(v) for v in distinct)}"
+    if pd.api.types.is_numeric_dtype(values):
+        return f"{column} ranges {format_value(distinct[0])}..{format_value(distinct[-1])}"
+    return f"{column} has {len(distinct)} distinct values"
+
+
+def _show(value: Any) -> str:
+    return repr(value) if isinstance(value, str) else format_value(value)
+
+
+def _kind_of(values: pd.Series) -> str:
+    if pd.api.types.is_string_dtype(values):
+        return "text"
+    return str(values.dtype)
+
+
+def _is_array_like(cell: Any) -> bool:
+    return isinstance(cell, (list, tuple, dict, np.ndarray))
+
+
+def _sort_key(value: Any) -> tuple[int, Any]:
+    if isinstance(value, (int, float, np.integer, np.floating, np.bool_)):
+        return (0, float(value))
+    return (1, str(value))

@@ -1,0 +1,153 @@
+"""Read the recipe's data table into a pandas DataFrame.
+
+Formats: `.parquet` (pyarrow), `.csv`, `.jsonl` / `.ndjson` (one JSON object per
+line), or a folder written by `datasets`' `save_to_disk` (needs the `datasets`
+extra). Rows are addressed by position 0..N-1 everywhere in qbench, so the frame
+always comes back with a clean RangeIndex.
+
+CSV cannot hold arrays: a CSV column whose every non-empty cell is a JSON list
+(`"[0.1, 0.2]"`) is parsed into Python lists, so the same table works as CSV,
+JSON lines or parquet. A cell that looks like a list but is not valid JSON is an
+error rather than a silent string.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+
+from qbench.errors import MissingExtraError, RecipeError
+
+SOURCE_ATTR = "source"
+"""`DataFrame.attrs` key holding the data file's name, for messages like '120 rows in digits.parquet'."""
+
+SUPPORTED_FORMATS = ".parquet, .csv, .jsonl, .ndjson, or a folder written by `datasets` save_to_disk"
+
+
+def load_table(path: Path, *, recipe_file: Path, field: str = "data.path") -> pd.DataFrame:
+    """Read a data table; every problem is a RecipeError at `field` naming the file and the cause."""
+    path = Path(path)
+    if not path.exists():
+        raise RecipeError(recipe_file, field, f"file or folder not found: {path}")
+    read = _reader_for(path, recipe_file=recipe_file, field=field)
+    try:
+        df = read(path)
+    except (OSError, ValueError) as exc:
+        raise RecipeError(recipe_file, field, f"cannot read {path.name}: {_one_line(exc)}") from None
+    if df.empty:
+        raise RecipeError(recipe_file, field, f"{path.name} has no rows")
+    df = df.reset_index(drop=True)
+    df.attrs[SOURCE_ATTR] = path.name
+    return df
+
+
+def table_name(df: pd.DataFrame) -> str:
+    """The data file a table was loaded from (or 'the table' for a frame built in code)."""
+    return str(df.attrs.get(SOURCE_ATTR, "the table"))
+
+
+def _reader_for(path: Path, *, recipe_file: Path, field: str) -> Callable[[Path], pd.DataFrame]:
+    if path.is_dir():
+        _check_saved_dataset_folder(path, recipe_file=recipe_file, field=field)
+        return _read_saved_dataset
+    reader = _FILE_READERS.get(path.suffix.lower())
+    if reader is None:
+        shown = path.suffix or "no suffix"
+        raise RecipeError(
+            recipe_file, field, f"unsupported data format {shown!r} ({path.name}): expected {SUPPORTED_FORMATS}"
+        )
+    return reader
+
+
+def _read_parquet(path: Path) -> pd.DataFrame:
+    return pd.read_parquet(path, engine="pyarrow")
+
+
+def _read_csv(path: Path) -> pd.DataFrame:
+    df = pd.read_csv(path)
+    for column in df.columns:
+        if _is_json_list_column(df[column]):
+            df[column] = _parse_json_lists(df[column])
+    return df
+
+
+def _read_json_lines(path: Path) -> pd.DataFrame:
+    # dtype=False: keep strings such as "007" as strings instead of guessing numbers.
+    return pd.read_json(path, lines=True, dtype=False)
+
+
+_FILE_READERS: dict[str, Callable[[Path], pd.DataFrame]] = {
+    ".parquet": _read_parquet,
+    ".csv": _read_csv,
+    ".jsonl": _read_json_lines,
+    ".ndjson": _read_json_lines,
+}
+
+
+def _is_json_list_column(column: pd.Series) -> bool:
+    if not (pd.api.types.is_string_dtype(column) or pd.api.types.is_object_dtype(column)):
+        return False
+    cells = column.dropna()
+    if cells.empty:
+        return False
+    return bool(cells.map(lambda cell: isinstance(cell, str) and cell.startswith("[") and cell.endswith("]")).all())
+
+
+def _parse_json_lists(column: pd.Series) -> pd.Series:
+    def parse(cell: object) -> object:
+        if not isinstance(cell, str):
+            return cell  # a missing cell stays missing
+        try:
+            return json.loads(cell)
+        except json.JSONDecodeError as exc:
+            raise ValueError(
+                f"column {column.name!r}: cell {cell[:40]!r} looks like a JSON list but is not valid JSON ({exc})"
+            ) from None
+
+    return column.astype(object).map(parse)
+
+
+def _check_saved_dataset_folder(folder: Path, *, recipe_file: Path, field: str) -> None:
+    """A DatasetDict folder holds several splits: qbench evaluates one table, so ask for one split folder."""
+    dict_manifest = folder / "dataset_dict.json"
+    if dict_manifest.is_file():
+        splits = _dataset_dict_splits(dict_manifest)
+        example = f"{folder.name}/{splits[0]}" if splits else f"{folder.name}/<split>"
+        raise RecipeError(
+            recipe_file,
+            field,
+            f"{folder.name} is a DatasetDict folder with splits {', '.join(splits) or '(none)'}: "
+            f"point data.path at one split folder, e.g. {example}",
+        )
+    if not (folder / "state.json").is_file():
+        raise RecipeError(
+            recipe_file,
+            field,
+            f"{folder.name} is a folder without state.json, not a `datasets` save_to_disk folder; "
+            f"expected {SUPPORTED_FORMATS}",
+        )
+
+
+def _dataset_dict_splits(manifest: Path) -> list[str]:
+    try:
+        splits = json.loads(manifest.read_text()).get("splits", [])
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [str(split) for split in splits]
+
+
+def _read_saved_dataset(folder: Path) -> pd.DataFrame:
+    try:
+        import datasets
+    except ImportError:
+        raise MissingExtraError("the `datasets` package", "datasets") from None
+    return datasets.load_from_disk(str(folder)).to_pandas()
+
+
+def _one_line(exc: BaseException) -> str:
+    text = re.sub(r"\s+", " ", str(exc)).strip()
+    return text or type(exc).__name__

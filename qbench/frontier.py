@@ -1,0 +1,265 @@
+"""The latency–accuracy frontier: which variants no other variant beats on both speed and accuracy.
+
+A variant is on the frontier of its backend at a batch size when no other
+variant there is at least as fast *and* at least as accurate, and strictly
+better on one of the two. Identical points (same p50 and same metric) do not
+dominate each other: both stay, ordered by name, so the result is deterministic.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from qbench.errors import QbenchError, expected_one_of
+from qbench.results import FrontierPoint, SweepResults, VariantResult
+from qbench.validate.metrics import METRICS
+
+if TYPE_CHECKING:  # pragma: no cover
+    from matplotlib.axes import Axes
+    from matplotlib.lines import Line2D
+    from matplotlib.transforms import Bbox
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    point: FrontierPoint
+    score: float  # the metric, sign-flipped for lower-is-better metrics: higher score is better
+
+
+def _check_metric(metric: str) -> None:
+    if metric not in METRICS:
+        raise QbenchError(f"frontier metric {expected_one_of(metric, METRICS)}")
+
+
+def overall_metric(variant: VariantResult, metric: str) -> float:
+    """The variant's overall value of `metric`, NaN when it was not measured."""
+    if variant.accuracy is None:
+        return math.nan
+    return variant.accuracy.overall.metrics.get(metric, math.nan)
+
+
+def _candidates(variants: Sequence[VariantResult], metric: str) -> list[_Candidate]:
+    """Every (ok variant, batch size) with a finite p50 and a finite metric."""
+    sign = 1.0 if METRICS[metric].higher_is_better else -1.0
+    found = []
+    for variant in variants:
+        value = overall_metric(variant, metric)
+        if variant.status != "ok" or variant.latency is None or not math.isfinite(value):
+            continue
+        for timing in variant.latency.points:
+            if math.isfinite(timing.p50_ms):
+                point = FrontierPoint(variant.backend, timing.batch_size, variant.variant, timing.p50_ms, value)
+                found.append(_Candidate(point, sign * value))
+    return found
+
+
+def _dominates(a: _Candidate, b: _Candidate) -> bool:
+    faster_or_same = a.point.p50_ms <= b.point.p50_ms
+    better_or_same = a.score >= b.score
+    strictly = a.point.p50_ms < b.point.p50_ms or a.score > b.score
+    return faster_or_same and better_or_same and strictly
+
+
+def _sort_key(point: FrontierPoint) -> tuple[str, int, float, str]:
+    return point.backend, point.batch_size, point.p50_ms, point.variant
+
+
+def compute_frontier(variants: Sequence[VariantResult], metric: str) -> tuple[FrontierPoint, ...]:
+    """Pareto-optimal variants over (p50 latency, `metric`) per backend and batch size.
+
+    Only variants with status "ok" and finite values take part. The result is
+    sorted by backend, batch size, p50 latency, then variant name.
+    """
+    _check_metric(metric)
+    groups: dict[tuple[str, int], list[_Candidate]] = {}
+    for candidate in _candidates(variants, metric):
+        groups.setdefault((candidate.point.backend, candidate.point.batch_size), []).append(candidate)
+    frontier = [
+        candidate.point
+        for group in groups.values()
+        for candidate in group
+        if not any(_dominates(other, candidate) for other in group)
+    ]
+    return tuple(sorted(frontier, key=_sort_key))
+
+
+def frontier_of(results: SweepResults) -> tuple[FrontierPoint, ...]:
+    """The frontier stored in the results, or computed over the gate metric when none was stored."""
+    return results.frontier or compute_frontier(results.variants, results.gate_metric)
+
+
+def reference_value(results: SweepResults, backend: str, metric: str) -> float:
+    """The FP32 reference's overall `metric` on `backend` (NaN when the reference is missing or failed)."""
+    reference = results.find(results.reference, backend)
+    if reference is None or reference.status != "ok":
+        return math.nan
+    return overall_metric(reference, metric)
+
+
+def gate_threshold(results: SweepResults, max_drop: float) -> float | None:
+    """The gate metric's worst allowed value: the reference's value worsened by `max_drop`.
+
+    Taken on the first backend whose reference has a finite value; None when none has.
+    """
+    for backend in results.backends():
+        value = reference_value(results, backend, results.gate_metric)
+        if math.isfinite(value):
+            return value - max_drop if METRICS[results.gate_metric].higher_is_better else value + max_drop
+    return None
+
+
+def speedup(results: SweepResults, variant: VariantResult, batch_size: int) -> float:
+    """How many times faster than the FP32 reference on the same backend at `batch_size` (p50); NaN if unknown."""
+    reference = results.find(results.reference, variant.backend)
+    if reference is None or reference.latency is None or variant.latency is None:
+        return math.nan
+    ours, theirs = variant.latency.at(batch_size), reference.latency.at(batch_size)
+    if ours is None or theirs is None or ours.p50_ms <= 0:
+        return math.nan
+    return theirs.p50_ms / ours.p50_ms
+
+
+# -- plot ---------------------------------------------------------------------------------------
+
+
+def _batch_sizes(results: SweepResults) -> list[int]:
+    return sorted({p.batch_size for v in results.variants if v.status == "ok" and v.latency for p in v.latency.points})
+
+
+def _unplotted(results: SweepResults) -> list[str]:
+    """Variants that cannot appear on the plot, with the reason (shown under the figure)."""
+    missing = []
+    for v in results.variants:
+        if v.status != "ok":
+            missing.append(f"{v.key} (failed)")
+        elif not math.isfinite(overall_metric(v, results.gate_metric)):
+            missing.append(f"{v.key} (no {results.gate_metric})")
+        elif v.latency is None or not v.latency.points:
+            missing.append(f"{v.key} (no latency)")
+    return missing
+
+
+def _panel_points(results: SweepResults, batch_size: int) -> list[tuple[VariantResult, float, float]]:
+    """(variant, p50 ms, metric) for every ok variant with finite values at `batch_size`."""
+    found = []
+    for variant in results.variants:
+        value = overall_metric(variant, results.gate_metric)
+        timing = variant.latency.at(batch_size) if variant.status == "ok" and variant.latency else None
+        if timing is not None and math.isfinite(value) and math.isfinite(timing.p50_ms):
+            found.append((variant, timing.p50_ms, value))
+    return found
+
+
+def _draw_panel(ax: Axes, results: SweepResults, batch_size: int, colours: dict[str, str]) -> None:
+    """One batch size: every variant as a point (filled when on the frontier), each backend's frontier as steps."""
+    frontier = [p for p in frontier_of(results) if p.batch_size == batch_size]
+    on_frontier = {(p.backend, p.variant) for p in frontier}
+    for variant, p50_ms, value in _panel_points(results, batch_size):
+        colour = colours[variant.backend]
+        filled = (variant.backend, variant.variant) in on_frontier
+        ax.scatter(p50_ms, value, s=46, zorder=3, color=colour if filled else "white", edgecolors=colour, linewidths=1.5)
+    for backend, colour in colours.items():
+        steps = [p for p in frontier if p.backend == backend]
+        if steps:
+            ax.step([p.p50_ms for p in steps], [p.metric for p in steps], where="post", color=colour, linewidth=1.2)
+    ax.set_title(f"batch size {batch_size}", fontsize=10)
+    ax.set_xlabel("p50 latency per batch (ms)")
+    ax.grid(True, linestyle=":", linewidth=0.6, alpha=0.7)
+    ax.margins(x=0.12, y=0.12)
+
+
+def _set_x_scale(ax: Axes, results: SweepResults, batch_size: int) -> None:
+    """Log-scale x when latencies span more than 10x (FP8 simulation can be 6x slower than FP32), plain tick labels."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    values = [p50_ms for _, p50_ms, _ in _panel_points(results, batch_size) if p50_ms > 0]
+    if values and max(values) / min(values) > 10:
+        ax.set_xscale("log")
+        ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+# Where a point's label may go, in points from the point (dx, dy, alignment): tried in order.
+_LABEL_OFFSETS = ((6, 5, "left"), (6, -12, "left"), (-6, 5, "right"), (-6, -12, "right"), (6, 16, "left"), (6, -23, "left"))
+
+
+def _label_points(ax: Axes, results: SweepResults, batch_size: int) -> None:
+    """Name every point, moving a label to another side of its point when it would cover an earlier label."""
+    renderer = ax.figure.canvas.get_renderer()
+    axes_box = ax.get_window_extent(renderer)
+    placed: list[Bbox] = []
+    for variant, p50_ms, value in sorted(_panel_points(results, batch_size), key=lambda t: (t[1], -t[2])):
+        for dx, dy, align in _LABEL_OFFSETS:
+            label = ax.annotate(variant.variant, (p50_ms, value), xytext=(dx, dy), textcoords="offset points",
+                                fontsize=8, ha=align)  # fmt: skip
+            box = label.get_window_extent(renderer)
+            fits = axes_box.x0 <= box.x0 and box.x1 <= axes_box.x1
+            if fits and not any(box.padded(3).overlaps(other) for other in placed):
+                break
+            label.remove()
+        else:  # no free place: fall back to the first one
+            label = ax.annotate(variant.variant, (p50_ms, value), xytext=_LABEL_OFFSETS[0][:2],
+                                textcoords="offset points", fontsize=8)  # fmt: skip
+        placed.append(label.get_window_extent(renderer))
+
+
+def _legend_handles(colours: dict[str, str], threshold: float | None) -> list[Line2D]:
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], color=c, marker="o", label=b) for b, c in colours.items()]
+    handles.append(Line2D([], [], color="grey", marker="o", markerfacecolor="white", linestyle="", label="off the frontier"))
+    if threshold is not None:
+        handles.append(Line2D([], [], color="crimson", linestyle="--", label=f"gate ({threshold:.4g})"))
+    return handles
+
+
+def _direction(metric: str) -> str:
+    return "higher is better" if METRICS[metric].higher_is_better else "lower is better"
+
+
+def plot_frontier(results: SweepResults, path: Path, *, threshold: float | None = None) -> Path:
+    """Draw the latency–accuracy plane to a PNG: one panel per batch size, the gate as a dashed line.
+
+    Up and to the left is better on every panel: the y axis is inverted for lower-is-better metrics.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metric = results.gate_metric
+    batch_sizes = _batch_sizes(results)
+    palette = plt.get_cmap("tab10").colors
+    colours = {b: matplotlib.colors.to_hex(palette[i % len(palette)]) for i, b in enumerate(results.backends())}
+    panels = max(len(batch_sizes), 1)
+    fig, axes = plt.subplots(1, panels, figsize=(1.6 + 4.6 * panels, 4.8), squeeze=False, sharey=True)
+    axes_list = list(axes[0])
+    for ax, batch_size in zip(axes_list, batch_sizes):
+        _draw_panel(ax, results, batch_size, colours)
+        _set_x_scale(ax, results, batch_size)
+        if threshold is not None:
+            ax.axhline(threshold, color="crimson", linestyle="--", linewidth=1.0)
+    if not batch_sizes:
+        axes_list[0].text(0.5, 0.5, "no variant has both latency and accuracy", ha="center", va="center",
+                          transform=axes_list[0].transAxes)  # fmt: skip
+    if not METRICS[metric].higher_is_better:
+        axes_list[0].invert_yaxis()
+    axes_list[0].set_ylabel(f"{metric} ({_direction(metric)})")
+    name = results.recipe.get("name", "sweep")
+    fig.suptitle(f"{name}: p50 latency vs {metric}   (better: up and left; filled = on the frontier)")
+    fig.legend(handles=_legend_handles(colours, threshold), loc="upper right", fontsize=8, framealpha=0.9)
+    missing = _unplotted(results)
+    if missing:
+        fig.text(0.01, 0.01, "not plotted: " + ", ".join(missing), fontsize=8, color="dimgrey")
+    fig.tight_layout(rect=(0, 0.04 if missing else 0, 1 - 1.5 / fig.get_figwidth(), 0.95))
+    for ax, batch_size in zip(axes_list, batch_sizes):
+        _label_points(ax, results, batch_size)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,177 @@
+"""The gate: does each gated variant stay within the accuracy tolerance, overall and on every slice?
+
+`evaluate_gate` is pure (results + gate spec in, every check out). It fails
+closed: a missing reference, a failed variant, a missing or NaN metric, or a
+variant the recipe names but the results lack is a *problem* (exit 2), never a pass.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from qbench.errors import QbenchError
+from qbench.recipe import GateSpec, Recipe
+from qbench.results import SliceMetrics, SweepResults, read_results
+from qbench.validate.metrics import drop
+
+EXIT_PASS = 0
+EXIT_BREACH = 1
+EXIT_UNUSABLE = 2
+
+
+@dataclass(frozen=True)
+class GateCheck:
+    variant: str
+    backend: str
+    scope: str  # "overall" or a slice name
+    metric: str
+    reference: float
+    observed: float
+    drop: float
+    tolerance: float
+    size: int
+    status: str  # "pass" | "breach" | "skipped" (slice below min_slice_size)
+
+
+@dataclass(frozen=True)
+class GateReport:
+    metric: str
+    checks: tuple[GateCheck, ...] = ()
+    problems: tuple[str, ...] = ()  # why the results cannot be judged (fail closed)
+    gated: tuple[str, ...] = field(default=())  # variant@backend keys the gate applied to
+
+    @property
+    def breaches(self) -> tuple[GateCheck, ...]:
+        return tuple(c for c in self.checks if c.status == "breach")
+
+    @property
+    def exit_code(self) -> int:
+        if self.problems:
+            return EXIT_UNUSABLE
+        return EXIT_BREACH if self.breaches else EXIT_PASS
+
+    def status_of(self, variant: str, backend: str) -> str:
+        """'pass', 'fail' or 'not gated' for one variant on one backend."""
+        if f"{variant}@{backend}" not in self.gated:
+            return "not gated"
+        own = [c for c in self.checks if c.variant == variant and c.backend == backend]
+        unjudged = any(p.startswith(f"{variant}@{backend}:") for p in self.problems)
+        return "fail" if unjudged or any(c.status == "breach" for c in own) else "pass"
+
+
+def evaluate_gate(
+    results: SweepResults,
+    spec: GateSpec,
+    *,
+    expected: Sequence[tuple[str, str]] | None = None,
+    fingerprint: str | None = None,
+) -> GateReport:
+    """Judge every gated variant × backend in `results` against `spec`; collect every violation.
+
+    expected: (variant, backend) pairs the recipe asks for; any missing from the results is a problem.
+    fingerprint: the recipe's current fingerprint; results made from another model/data/variants
+        are a problem (stale results must not pass).
+    """
+    problems: list[str] = []
+    if fingerprint is not None and results.recipe.get("fingerprint") != fingerprint:
+        problems.append(
+            "results do not match the recipe (its model, data, variants or backends changed since the sweep): "
+            "re-run `qbench sweep`"
+        )
+    pairs = list(expected) if expected is not None else [(v.variant, v.backend) for v in results.variants]
+    gated = [(v, b) for v, b in pairs if v != results.reference and spec.applies(v)]
+    if not gated:
+        problems.append(f"the gate applies to no variant (applies_to: {', '.join(spec.applies_to)})")
+    checks: list[GateCheck] = []
+    for variant, backend in gated:
+        own_checks, own_problems = _judge(results, variant, backend, spec)
+        checks.extend(own_checks)
+        problems.extend(f"{variant}@{backend}: {p}" for p in own_problems)
+    return GateReport(
+        metric=spec.metric,
+        checks=tuple(checks),
+        problems=tuple(problems),
+        gated=tuple(f"{v}@{b}" for v, b in gated),
+    )
+
+
+def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec) -> tuple[list[GateCheck], list[str]]:
+    """Checks for one variant on one backend, and the reasons it cannot be judged (if any)."""
+    reference = results.find(results.reference, backend)
+    candidate = results.find(variant, backend)
+    if reference is None or reference.status != "ok" or reference.accuracy is None:
+        return [], [f"no usable FP32 reference on {backend}"]
+    if candidate is None:
+        return [], ["no results for this variant (partial or interrupted sweep?)"]
+    if candidate.status != "ok" or candidate.accuracy is None:
+        return [], [f"variant failed: {candidate.error or 'no accuracy results'}"]
+    checks: list[GateCheck] = []
+    problems: list[str] = []
+    if candidate.accuracy.nonfinite_outputs > 0:
+        checks.append(
+            GateCheck(variant, backend, "outputs", "nonfinite_outputs", 0.0,
+                      float(candidate.accuracy.nonfinite_outputs), float(candidate.accuracy.nonfinite_outputs),
+                      0.0, candidate.accuracy.rows, "breach")
+        )  # fmt: skip
+    scopes = [(reference.accuracy.overall, candidate.accuracy.overall, spec.max_drop)]
+    for ref_slice in reference.accuracy.slices:
+        own = candidate.accuracy.slice(ref_slice.name)
+        if own is None:
+            problems.append(f"slice {ref_slice.name!r} missing from the results")
+            continue
+        scopes.append((ref_slice, own, spec.max_slice_drop))
+    for ref_scope, own_scope, tolerance in scopes:
+        check = _check(variant, backend, spec, ref_scope, own_scope, tolerance)
+        if check is None:
+            problems.append(f"metric {spec.metric!r} is missing or NaN on {own_scope.name}")
+        else:
+            checks.append(check)
+    return checks, problems
+
+
+def _check(
+    variant: str, backend: str, spec: GateSpec, ref: SliceMetrics, own: SliceMetrics, tolerance: float
+) -> GateCheck | None:
+    ref_value = ref.metrics.get(spec.metric, math.nan)
+    value = own.metrics.get(spec.metric, math.nan)
+    if not (math.isfinite(ref_value) and math.isfinite(value)):
+        return None
+    observed_drop = drop(spec.metric, ref_value, value)
+    if own.name != "overall" and own.size < spec.min_slice_size:
+        status = "skipped"
+    else:
+        # a tiny epsilon keeps a drop that equals the tolerance (up to float rounding) a pass
+        status = "pass" if observed_drop <= tolerance + 1e-12 else "breach"
+    return GateCheck(variant, backend, own.name, spec.metric, ref_value, value, observed_drop, tolerance, own.size, status)
+
+
+def latest_results(recipe: Recipe) -> Path:
+    """The newest results.json of this recipe under <output_dir>/<name>/ (run folders sort by time)."""
+    root = recipe.output_dir / recipe.name
+    runs = sorted(p for p in root.glob("*/results.json")) if root.is_dir() else []
+    if not runs:
+        raise QbenchError(f"no results for recipe {recipe.name!r} under {root}: run `qbench sweep {recipe.source}` first")
+    return runs[-1]
+
+
+def run_gate(recipe: Recipe | None = None, results_path: Path | None = None) -> tuple[GateReport, SweepResults]:
+    """Library entry point of `qbench gate`: read results (latest of the recipe, or a file) and judge them.
+
+    With a recipe, its gate section and fingerprint are used; with only a results file, the gate
+    section recorded in the results is used.
+    """
+    if recipe is None and results_path is None:
+        raise QbenchError("qbench gate needs a recipe or --results FILE")
+    path = results_path if results_path is not None else latest_results(recipe)
+    results = read_results(path)
+    if recipe is not None:
+        spec = recipe.gate
+        expected = [(v.name, b) for v in recipe.all_variants() for b in recipe.backends]
+        return evaluate_gate(results, spec, expected=expected, fingerprint=recipe.fingerprint()), results
+    recorded = results.recipe.get("gate")
+    if not isinstance(recorded, dict):
+        raise QbenchError(f"{path}: results carry no gate settings; pass the recipe too")
+    return evaluate_gate(results, GateSpec.model_validate(recorded)), results

@@ -1,0 +1,148 @@
+"""Everything a sweep needs, checked before anything runs.
+
+`prepare` opens the data and the model, checks every name the recipe uses
+against them (columns, input and output names, filters that select rows,
+backends that can run here) and returns the arrays the sweep feeds to the
+variants. `qbench validate` is exactly this, with nothing built or timed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from qbench.backends import get_backend
+from qbench.data import (
+    build_feeds,
+    draw_calibration_sample,
+    iter_batches,
+    labels_array,
+    load_table,
+    per_slice_counts,
+    row_ids_sha256,
+    select_rows,
+    slice_masks,
+)
+from qbench.errors import QbenchError, RecipeError, expected_one_of
+from qbench.modelinfo import ModelInfo, read_model_info
+from qbench.recipe import Recipe
+from qbench.results import CalibrationRecord
+
+Feeds = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """The recipe's data, resolved into model feeds.
+
+    slices: slice name -> boolean mask over the evaluation rows (in evaluation order).
+    """
+
+    recipe: Recipe
+    model: ModelInfo
+    output_name: str
+    output_index: int
+    evaluation_rows: np.ndarray
+    evaluation_feeds: Feeds
+    labels: np.ndarray | None
+    slices: dict[str, np.ndarray]
+    calibration_batches: list[Feeds]
+    calibration: CalibrationRecord
+    calibration_overlap: int  # rows used both to calibrate and to evaluate (overlap flatters INT8)
+
+
+def prepare(recipe: Recipe) -> Prepared:
+    """Check the recipe against its model, data and backends; build evaluation and calibration feeds."""
+    model = _read_model(recipe)
+    output_name, output_index = _pick_output(recipe, model)
+    _check_inputs_cover_model(recipe, model)
+    table = load_table(recipe.data_path, recipe_file=recipe.source)
+    eval_rows = select_rows(table, recipe.data.evaluation.filter, field="data.evaluation.filter", recipe_file=recipe.source)
+    if recipe.data.evaluation.limit is not None:
+        eval_rows = eval_rows[: recipe.data.evaluation.limit]
+    masks = slice_masks(table, recipe.data.slices, recipe_file=recipe.source)
+    eval_slices = _evaluation_slices(recipe, masks, eval_rows)
+    labels = (
+        labels_array(table, eval_rows, recipe.data.label, recipe_file=recipe.source)
+        if recipe.data.label is not None
+        else None
+    )
+    eval_feeds = build_feeds(table, eval_rows, recipe.data.inputs, model.inputs, recipe_file=recipe.source)
+    calibration_rows, calibration_batches = _calibration(recipe, table, model)
+    check_backends(recipe)
+    return Prepared(
+        recipe=recipe,
+        model=model,
+        output_name=output_name,
+        output_index=output_index,
+        evaluation_rows=eval_rows,
+        evaluation_feeds=eval_feeds,
+        labels=labels,
+        slices=eval_slices,
+        calibration_batches=calibration_batches,
+        calibration=CalibrationRecord(
+            size=len(calibration_rows),
+            seed=recipe.data.calibration.seed,
+            stratify_by=recipe.data.calibration.stratify_by,
+            row_ids_sha256=row_ids_sha256(calibration_rows),
+            per_slice_counts=per_slice_counts(calibration_rows, masks),
+        ),
+        calibration_overlap=int(np.intersect1d(eval_rows, calibration_rows).size),
+    )
+
+
+def check_backends(recipe: Recipe) -> None:
+    """Every backend the recipe names must be usable here (SDK installed, device present)."""
+    for name in recipe.backends:
+        try:
+            get_backend(name).check_available()
+        except QbenchError as exc:
+            raise RecipeError(recipe.source, f"backends[{recipe.backends.index(name)}]", str(exc)) from None
+
+
+def _read_model(recipe: Recipe) -> ModelInfo:
+    try:
+        return read_model_info(recipe.model_path)
+    except Exception as exc:  # onnx raises several types for a file that is not a model
+        raise RecipeError(recipe.source, "model.path", f"cannot read ONNX model {recipe.model_path}: {exc}") from None
+
+
+def _pick_output(recipe: Recipe, model: ModelInfo) -> tuple[str, int]:
+    names = list(model.outputs)
+    wanted = recipe.model.output
+    if wanted is None:
+        return names[0], 0
+    if wanted not in model.outputs:
+        raise RecipeError(recipe.source, "model.output", f"model output {expected_one_of(wanted, names)}")
+    return wanted, names.index(wanted)
+
+
+def _check_inputs_cover_model(recipe: Recipe, model: ModelInfo) -> None:
+    fed = set(recipe.data.inputs.values())
+    for name in model.inputs:
+        if name not in fed:
+            raise RecipeError(
+                recipe.source,
+                "data.inputs",
+                f"model input {name!r} is fed by no column; map a column to each of {', '.join(model.inputs)}",
+            )
+
+
+def _evaluation_slices(recipe: Recipe, masks: dict[str, np.ndarray], eval_rows: np.ndarray) -> dict[str, np.ndarray]:
+    slices = {name: mask[eval_rows] for name, mask in masks.items()}
+    for index, spec in enumerate(recipe.data.slices):
+        if spec.name is not None and not slices[spec.name].any():
+            raise RecipeError(
+                recipe.source, f"data.slices[{index}].filter", f"slice {spec.name!r} selects no evaluation rows"
+            )
+    return slices
+
+
+def _calibration(recipe: Recipe, table: pd.DataFrame, model: ModelInfo) -> tuple[np.ndarray, list[Feeds]]:
+    spec = recipe.data.calibration
+    candidates = select_rows(table, spec.filter, field="data.calibration.filter", recipe_file=recipe.source)
+    rows = draw_calibration_sample(table, candidates, spec, recipe_file=recipe.source)
+    feeds = build_feeds(table, rows, recipe.data.inputs, model.inputs, recipe_file=recipe.source)
+    return rows, list(iter_batches(feeds, spec.batch_size))

@@ -1,0 +1,284 @@
+"""The sweep: build every variant, measure it on every backend against FP32, write and log the evidence.
+
+    outcome = run_sweep("recipes/digits.yaml")      # same as `qbench sweep recipes/digits.yaml`
+    outcome.results, outcome.gate, outcome.run_dir
+
+A variant that fails to build or run is recorded as failed (with its error)
+and the sweep goes on; the gate then fails closed on it.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+import qbench
+from qbench.backends import Backend, get_backend
+from qbench.backends.base import RunOptions
+from qbench.console import console
+from qbench.environment import describe_environment
+from qbench.errors import QbenchError
+from qbench.frontier import compute_frontier, plot_frontier
+from qbench.gate import GateReport, evaluate_gate
+from qbench.preflight import Prepared, prepare
+from qbench.recipe import Recipe, VariantSpec, load_recipe
+from qbench.report import print_summary, write_markdown_report
+from qbench.results import AccuracyResult, LatencyResult, SweepResults, VariantResult, write_results
+from qbench.validate.accuracy import evaluate_accuracy, run_batched, with_drops
+from qbench.validate.latency import measure_cold_start, measure_steady_state, take_batch
+from qbench.validate.metrics import METRICS
+from qbench.variants import BuildContext, BuiltVariant, build_variant
+
+
+@dataclass(frozen=True)
+class SweepOutcome:
+    results: SweepResults
+    gate: GateReport
+    run_dir: Path
+    results_path: Path
+    report_path: Path
+    plot_path: Path | None
+    mlflow_run_id: str | None
+
+
+@dataclass
+class _Clock:
+    """Seconds spent per phase, so the sweep's own overhead can be reported."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def add(self, phase: str, started: float) -> None:
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - started
+
+
+@dataclass(frozen=True)
+class _Measured:
+    result: VariantResult
+    outputs: np.ndarray | None
+
+
+def run_sweep(recipe: Recipe | str | Path, *, track: bool = True, show: bool = True) -> SweepOutcome:
+    """Run the recipe's sweep end to end; returns the results, the gate verdict and where they were written."""
+    started = time.perf_counter()
+    clock = _Clock()
+    recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
+    t = time.perf_counter()
+    prepared = prepare(recipe)
+    clock.add("prepare", t)
+    run_dir = _new_run_dir(recipe)
+    if prepared.calibration_overlap:
+        console.print(
+            f"[yellow]warning:[/] {prepared.calibration_overlap} calibration rows are also evaluation rows; "
+            "INT8 accuracy may look better than on unseen data"
+        )
+    variants = _measure_all(prepared, run_dir / "models", clock)
+    results = _assemble(prepared, variants, clock)
+    return _publish(recipe, results, run_dir, clock, started, track=track, show=show)
+
+
+def _measure_all(prepared: Prepared, models_dir: Path, clock: _Clock) -> list[VariantResult]:
+    """Build each variant once, then measure it on each backend; FP32 on the first backend is the reference."""
+    recipe = prepared.recipe
+    backends = [get_backend(name) for name in recipe.backends]
+    reference_outputs: np.ndarray | None = None
+    reference_accuracy: dict[str, AccuracyResult] = {}
+    measured: list[VariantResult] = []
+    for spec in recipe.all_variants():
+        console.print(f"[bold]{spec.name}[/] ({spec.precision})")
+        built, error = _build(spec, prepared, models_dir, clock)
+        for backend in backends:
+            if built is None:
+                measured.append(_failed(spec, backend.name, error or "build failed"))
+                continue
+            outcome = _measure(backend, built, prepared, reference_outputs, reference_accuracy.get(backend.name), clock)
+            if spec.precision == "fp32" and outcome.result.accuracy is not None:
+                reference_outputs = reference_outputs if reference_outputs is not None else outcome.outputs
+                reference_accuracy[backend.name] = outcome.result.accuracy
+            measured.append(outcome.result)
+    return measured
+
+
+def _build(spec: VariantSpec, prepared: Prepared, models_dir: Path, clock: _Clock) -> tuple[BuiltVariant | None, str | None]:
+    t = time.perf_counter()
+    ctx = BuildContext(
+        reference_path=prepared.recipe.model_path,
+        workdir=models_dir,
+        calibration=prepared.calibration_batches,
+    )
+    try:
+        return build_variant(spec, ctx), None
+    except Exception as exc:  # noqa: BLE001 - one variant's failure is recorded, the sweep goes on
+        console.print(f"  [red]build failed:[/] {exc}")
+        return None, _describe_error(exc)
+    finally:
+        clock.add("build", t)
+
+
+def _measure(
+    backend: Backend,
+    built: BuiltVariant,
+    prepared: Prepared,
+    reference_outputs: np.ndarray | None,
+    reference_accuracy: AccuracyResult | None,
+    clock: _Clock,
+) -> _Measured:
+    """Cold start, accuracy on every evaluation row, then steady-state latency: one session alive at a time."""
+    recipe = prepared.recipe
+    unsupported = backend.supports(built)
+    if unsupported:
+        return _Measured(_failed_built(built, backend.name, f"not supported: {unsupported}"), None)
+    feeds = prepared.evaluation_feeds
+    label = f"{built.name}@{backend.name}"
+    t = time.perf_counter()
+    try:
+        options = RunOptions(threads=recipe.latency.threads)
+        runner, create_ms, first_ms = measure_cold_start(lambda: backend.load(built, options), take_batch(feeds, 1))
+        try:
+            outputs = run_batched(
+                runner, feeds, recipe.data.evaluation.batch_size, prepared.output_index, description=f"{label} evaluate"
+            )
+            points = measure_steady_state(
+                runner, feeds, recipe.latency.batch_sizes, recipe.latency.warmup, recipe.latency.iterations,
+                description=f"{label} latency",
+            )  # fmt: skip
+            runtime = runner.describe()
+        finally:
+            runner.close()
+    except Exception as exc:  # noqa: BLE001
+        console.print(f"  [red]{backend.name} failed:[/] {exc}")
+        return _Measured(_failed_built(built, backend.name, _describe_error(exc)), None)
+    finally:
+        clock.add("inference", t)
+    reference = reference_outputs if reference_outputs is not None else outputs
+    accuracy = evaluate_accuracy(recipe.task, outputs, reference, prepared.labels, prepared.slices)
+    accuracy = with_drops(accuracy, reference_accuracy or accuracy)
+    latency = LatencyResult(
+        threads=recipe.latency.threads, session_create_ms=create_ms, first_run_ms=first_ms, points=tuple(points)
+    )
+    return _Measured(
+        VariantResult(
+            variant=built.name,
+            backend=backend.name,
+            precision=built.precision,
+            status="ok",
+            params={**built.params, **{f"runtime.{k}": v for k, v in runtime.items()}},
+            model_path=str(built.onnx_path),
+            model_bytes=built.onnx_path.stat().st_size,
+            build_seconds=built.build_seconds,
+            notes=built.notes,
+            accuracy=accuracy,
+            latency=latency,
+        ),
+        outputs,
+    )
+
+
+def _failed(spec: VariantSpec, backend: str, error: str) -> VariantResult:
+    return VariantResult(variant=spec.name, backend=backend, precision=spec.precision, status="failed", error=error)
+
+
+def _failed_built(built: BuiltVariant, backend: str, error: str) -> VariantResult:
+    return VariantResult(
+        variant=built.name, backend=backend, precision=built.precision, status="failed", error=error,
+        params=dict(built.params), model_path=str(built.onnx_path), build_seconds=built.build_seconds,
+        notes=built.notes,
+    )  # fmt: skip
+
+
+def _describe_error(exc: Exception) -> str:
+    """User errors keep their message; anything else gets its type and the innermost frame, for a bug report."""
+    if isinstance(exc, QbenchError):
+        return str(exc)
+    frame = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+    where = f" (at {Path(frame.filename).name}:{frame.lineno})" if frame else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+def _assemble(prepared: Prepared, variants: list[VariantResult], clock: _Clock) -> SweepResults:
+    recipe = prepared.recipe
+    return SweepResults(
+        qbench_version=qbench.__version__,
+        created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        recipe={
+            "name": recipe.name,
+            "path": str(recipe.source),
+            "sha256": recipe.sha256,
+            "fingerprint": recipe.fingerprint(),
+            "task": recipe.task,
+            "model_path": str(recipe.model_path),
+            "data_path": str(recipe.data_path),
+            "model_output": prepared.output_name,
+            "backends": list(recipe.backends),
+            "gate": recipe.gate.model_dump(mode="json"),
+            "latency": recipe.latency.model_dump(mode="json"),
+        },
+        environment={**describe_environment(), "calibration_overlap_rows": prepared.calibration_overlap},
+        calibration=prepared.calibration,
+        evaluation_rows=len(prepared.evaluation_rows),
+        gate_metric=recipe.gate.metric,
+        reference=recipe.all_variants()[0].name,
+        variants=tuple(variants),
+        frontier=compute_frontier(variants, recipe.gate.metric),
+        timings=dict(clock.seconds),
+    )
+
+
+def _publish(
+    recipe: Recipe, results: SweepResults, run_dir: Path, clock: _Clock, started: float, *, track: bool, show: bool
+) -> SweepOutcome:
+    """Write results.json first (so nothing measured is lost), then the plot, the report and MLflow."""
+    t = time.perf_counter()
+    gate = evaluate_gate(results, recipe.gate)
+    results_path = write_results(results, run_dir / "results.json")
+    plot_path = plot_frontier(results, run_dir / "frontier.png", threshold=_gate_threshold(results, recipe))
+    report_path = write_markdown_report(results, gate, plot_path, run_dir / "report.md")
+    clock.add("report", t)
+    run_id = None
+    if track:
+        t = time.perf_counter()
+        from qbench.track import log_sweep
+
+        try:
+            run_id = log_sweep(results, recipe, gate=gate, artifacts=[recipe.source, results_path, report_path, plot_path])
+        except Exception as exc:  # noqa: BLE001 - results are on disk; say where, then fail
+            raise QbenchError(f"logging to MLflow failed ({exc}); the results are saved in {run_dir}") from exc
+        clock.add("track", t)
+    timings = {**clock.seconds, "total": time.perf_counter() - started}
+    results = _with_timings(results, timings)
+    write_results(results, results_path)
+    if show:
+        print_summary(results, gate)
+        console.print(f"results: {results_path}\nreport:  {report_path}")
+    return SweepOutcome(results, gate, run_dir, results_path, report_path, plot_path, run_id)
+
+
+def _with_timings(results: SweepResults, timings: dict[str, float]) -> SweepResults:
+    return replace(results, timings={k: round(v, 4) for k, v in timings.items()})
+
+
+def _gate_threshold(results: SweepResults, recipe: Recipe) -> float | None:
+    """The gate line on the frontier plot: FP32's overall metric moved by max_drop (first backend)."""
+    reference = results.find(results.reference, recipe.backends[0])
+    if reference is None or reference.accuracy is None:
+        return None
+    value = reference.accuracy.overall.metrics.get(recipe.gate.metric)
+    if value is None or not np.isfinite(value):
+        return None
+    sign = -1 if METRICS[recipe.gate.metric].higher_is_better else 1
+    return value + sign * recipe.gate.max_drop
+
+
+def _new_run_dir(recipe: Recipe) -> Path:
+    """<output_dir>/<name>/<UTC timestamp>[-n]: a fresh folder per sweep, sortable by time."""
+    root = (recipe.output_dir / recipe.name).resolve()  # absolute: builders may change the working directory
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    candidate, n = root / stamp, 1
+    while candidate.exists():
+        candidate, n = root / f"{stamp}-{n}", n + 1
+    candidate.mkdir(parents=True)
+    return candidate

@@ -1,0 +1,193 @@
+"""Calibration shared by the static INT8 and FP8 builders: pre-process the graph, then compute tensor ranges.
+
+qbench calibrates with ORT's calibrators itself instead of letting
+`quantize_static` do it, because `quantize_static(calibrate_method=Entropy)`
+cannot pass `num_bins` and silently uses 128 bins, which makes entropy equal
+MinMax (trials pitfall 4). The ranges are saved as ORT's calibration cache
+(JSON) next to the variant, so the INT8 quantizer reuses exactly these ranges
+and a user can inspect them.
+
+Batches are fed one at a time: histogram calibrators stack a call's outputs and
+so need equal shapes (pitfall 5); one batch per call lets the short last batch
+in without dropping rows, merges histograms as it goes, and keeps only one
+batch's activations in memory (ORT issues #10503, #11020).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, quant_pre_process
+from onnxruntime.quantization.calibrate import TensorsData, create_calibrator
+
+from qbench.console import track
+from qbench.errors import QbenchError
+from qbench.recipe import VariantSpec
+from qbench.variants.base import Feeds
+from qbench.variants.onnx_utils import load_model, quiet_stdout, save_model
+
+METHODS: dict[str, CalibrationMethod] = {
+    "minmax": CalibrationMethod.MinMax,
+    "entropy": CalibrationMethod.Entropy,
+    "percentile": CalibrationMethod.Percentile,
+}
+DEFAULT_PERCENTILE = 99.999
+DEFAULT_NUM_BINS = 2048
+DEFAULT_NUM_QUANTIZED_BINS = 128
+FEEDING = "one batch per calibrator call (histograms merged; no rows dropped)"
+
+
+@dataclass(frozen=True)
+class CalibrationSettings:
+    """A calibrator and its parameters, defaults resolved."""
+
+    method: str
+    percentile: float = DEFAULT_PERCENTILE
+    num_bins: int = DEFAULT_NUM_BINS
+    num_quantized_bins: int = DEFAULT_NUM_QUANTIZED_BINS
+    symmetric: bool = False
+    op_types: tuple[str, ...] | None = None
+
+    @classmethod
+    def from_spec(cls, spec: VariantSpec, op_types: Sequence[str] | None) -> CalibrationSettings:
+        """Settings from a recipe VariantSpec; `op_types` are the op types whose tensors get ranges."""
+        if spec.calibrator not in METHODS:
+            raise QbenchError(f"variant {spec.name!r}: calibrator {spec.calibrator!r} does not compute ranges")
+        quantized_bins = spec.num_quantized_bins
+        return cls(
+            method=spec.calibrator,
+            percentile=spec.percentile if spec.percentile is not None else DEFAULT_PERCENTILE,
+            num_bins=spec.num_bins if spec.num_bins is not None else DEFAULT_NUM_BINS,
+            num_quantized_bins=quantized_bins if quantized_bins is not None else DEFAULT_NUM_QUANTIZED_BINS,
+            symmetric=spec.symmetric_activations,
+            op_types=tuple(op_types) if op_types is not None else None,
+        )
+
+    def params(self) -> dict[str, Any]:
+        """The parameters this calibrator actually used, for results and MLflow."""
+        params: dict[str, Any] = {"calibrator": self.method, "calibration_symmetric": self.symmetric}
+        if self.method in ("entropy", "percentile"):
+            params["num_bins"] = self.num_bins
+        if self.method == "entropy":
+            params["num_quantized_bins"] = self.num_quantized_bins
+        if self.method == "percentile":
+            params["percentile"] = self.percentile
+        return params
+
+
+class _FeedReader(CalibrationDataReader):
+    """ORT's reader protocol over a sequence of feed dicts."""
+
+    def __init__(self, feeds: Sequence[Feeds]) -> None:
+        self._feeds: Iterator[Feeds] = iter(feeds)
+
+    def get_next(self) -> Feeds | None:
+        return next(self._feeds, None)
+
+
+def require_calibration(variant: str, batches: Sequence[Feeds]) -> None:
+    """Raise a QbenchError when a calibrated variant gets no calibration data."""
+    if not batches or calibration_rows(batches) == 0:
+        raise QbenchError(f"variant {variant!r}: calibration needs data, but the calibration sample is empty")
+
+
+def calibration_rows(batches: Sequence[Feeds]) -> int:
+    """Rows across the batches (the leading dimension of each batch's first input)."""
+    return sum(int(next(iter(batch.values())).shape[0]) for batch in batches if batch)
+
+
+def compute_ranges(
+    model_path: Path,
+    batches: Sequence[Feeds],
+    method: str,
+    *,
+    percentile: float = DEFAULT_PERCENTILE,
+    num_bins: int = DEFAULT_NUM_BINS,
+    num_quantized_bins: int = DEFAULT_NUM_QUANTIZED_BINS,
+    symmetric: bool = False,
+    op_types: Sequence[str] | None = None,
+    workdir: Path,
+) -> TensorsData:
+    """Ranges of the float inputs/outputs of `op_types` nodes (all float tensors when None).
+
+    method: minmax | entropy | percentile. Intermediate models (a shape-inferred copy and
+    the augmented graph) live in a temporary folder under `workdir`, removed on return.
+    """
+    if method not in METHODS:
+        raise QbenchError(f"calibrator {method!r} does not compute ranges; expected one of {', '.join(METHODS)}")
+    if not batches:
+        raise QbenchError("calibration needs at least one batch of data; the calibration sample is empty")
+    options = {
+        "num_bins": num_bins,
+        "num_quantized_bins": num_quantized_bins,
+        "percentile": percentile,
+        "symmetric": symmetric,
+    }
+    workdir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="calibrate-", dir=workdir) as tmp:
+        staged = save_model(load_model(model_path), Path(tmp) / "model.onnx")
+        with quiet_stdout():
+            calibrator = create_calibrator(
+                staged,
+                list(op_types) if op_types is not None else None,
+                augmented_model_path=str(Path(tmp) / "augmented.onnx"),
+                calibrate_method=METHODS[method],
+                extra_options=options,
+            )
+            for batch in track(batches, f"calibrating ({method})", total=len(batches)):
+                calibrator.collect_data(_FeedReader([batch]))
+            ranges = calibrator.compute_data()
+        del calibrator  # closes its session before the folder goes
+    return ranges
+
+
+def compute_ranges_with(
+    settings: CalibrationSettings, model_path: Path, batches: Sequence[Feeds], workdir: Path
+) -> TensorsData:
+    """`compute_ranges` driven by resolved settings."""
+    return compute_ranges(
+        model_path,
+        batches,
+        settings.method,
+        percentile=settings.percentile,
+        num_bins=settings.num_bins,
+        num_quantized_bins=settings.num_quantized_bins,
+        symmetric=settings.symmetric,
+        op_types=settings.op_types,
+        workdir=workdir,
+    )
+
+
+def tensor_amax(ranges: TensorsData, name: str) -> float | None:
+    """Largest magnitude of a calibrated tensor's range; None when uncalibrated, not finite or zero (no scale)."""
+    if name not in ranges:
+        return None
+    lowest, highest = ranges[name].range_value  # scalars, or 1-element arrays from MinMax
+    amax = float(np.max(np.abs(np.concatenate([np.ravel(lowest), np.ravel(highest)]).astype(np.float64))))
+    return amax if np.isfinite(amax) and amax > 0 else None
+
+
+def preprocess_model(model: onnx.ModelProto, directory: Path) -> tuple[Path, str]:
+    """ORT's quantization pre-processing (shape inference) into `directory`; returns the path and what ran.
+
+    ORT's graph optimiser step is skipped on purpose: it fuses and renames nodes
+    (MatMul + Add -> Gemm), so `exclude_nodes` and `op_types` would no longer mean the
+    graph the user wrote them for; ORT applies its fusions when it loads the model anyway.
+    Symbolic shape inference fails on some graphs; ONNX shape inference still runs then.
+    Stale value_info (dynamo exports, pitfall 8) is dropped from `model` first (in place):
+    shape inference recomputes it.
+    """
+    del model.graph.value_info[:]
+    path = directory / "preprocessed.onnx"
+    try:
+        quant_pre_process(model, path, skip_optimization=True)
+        return path, "symbolic and ONNX shape inference (no graph optimisation)"
+    except Exception:  # noqa: BLE001 (symbolic shape inference raises assorted errors)
+        quant_pre_process(model, path, skip_optimization=True, skip_symbolic_shape=True)
+        return path, "ONNX shape inference (symbolic shape inference failed; no graph optimisation)"

@@ -1,0 +1,294 @@
+"""FP8 E4M3 variants as standard ONNX Q/DQ, with qbench's calibration.
+
+ORT's own FP8 path (`quantize_static` with QFLOAT8E4M3FN) accepts only the
+Distribution calibrator, whose std-based scales clip ReLU tails and lost more
+than 50 points of accuracy in our trial (pitfall 6). qbench instead computes
+minmax / entropy / percentile ranges (`calibrate.py`) and writes plain
+QuantizeLinear/DequantizeLinear pairs with float8e4m3fn zero points:
+
+- activations feeding the quantized op types: scale = amax / 448 (E4M3's largest
+  finite value), Q -> DQ inserted before the consumers;
+- their weights: stored as FLOAT8E4M3FN initializers + DequantizeLinear, per
+  tensor or per output channel; biases stay float; excluded nodes are untouched.
+
+ORT CPU has no FP8 kernels: the model is a simulation, and it must run at the
+BASIC optimisation level (QDQ fusion at EXTENDED builds invalid integer ops
+from float8 inputs, pitfall 7).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+from onnxruntime.quantization.calibrate import TensorsData, save_tensors_data
+
+from qbench.errors import QbenchError
+from qbench.recipe import VariantSpec
+from qbench.variants.base import BuildContext, BuiltVariant
+from qbench.variants.calibrate import (
+    FEEDING,
+    CalibrationSettings,
+    calibration_rows,
+    compute_ranges_with,
+    preprocess_model,
+    require_calibration,
+    tensor_amax,
+)
+from qbench.variants.onnx_utils import (
+    Stopwatch,
+    build_step,
+    check_node_names,
+    default_opset,
+    ensure_opset,
+    load_model,
+    output_path,
+    quantized_op_counts,
+    save_model,
+    scratch_dir,
+)
+
+FP8_MAX = 448.0  # largest finite float8e4m3fn value
+FP8_OPSET = 19  # first opset whose QuantizeLinear/DequantizeLinear take float8 types
+DEFAULT_OP_TYPES = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+# Inputs quantized per op type: the data input and the weight; biases (Conv 2, Gemm C) stay float.
+_QUANTIZED_INPUTS = {"Conv": (0, 1), "ConvTranspose": (0, 1), "Gemm": (0, 1), "MatMul": (0, 1)}
+NOTE = "FP8 E4M3 simulated with Q/DQ on CPU: accuracy is representative, latency is not"
+
+
+@dataclass
+class Fp8Insertion:
+    """What `insert_fp8_qdq` changed."""
+
+    activations: int = 0
+    weights: int = 0
+    skipped: list[str] = field(default_factory=list)  # tensors left float: no usable range
+
+
+def build_fp8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
+    """Build an FP8 E4M3 Q/DQ simulation of the reference model."""
+    clock = Stopwatch()
+    require_calibration(spec.name, ctx.calibration)
+    op_types = _op_types(spec)
+    settings = CalibrationSettings.from_spec(spec, op_types)
+    target = output_path(spec.name, ctx)
+    cache = target.with_name(f"{spec.name}.calibration.json")
+    reference = ctx.reference_path.resolve()
+    with scratch_dir("qbench-fp8-") as tmp:
+        with build_step(spec.name, "loading the FP32 model"):
+            model = load_model(reference)
+        check_node_names(model, spec.exclude_nodes, spec.name)
+        original_opset = default_opset(model)
+        with build_step(spec.name, f"upgrading opset {original_opset} to {FP8_OPSET}"):
+            model = ensure_opset(model, FP8_OPSET)
+        with build_step(spec.name, "pre-processing"):
+            prepared, preprocess = preprocess_model(model, tmp)
+        with build_step(spec.name, f"{spec.calibrator} calibration"):
+            ranges = compute_ranges_with(settings, prepared, ctx.calibration, tmp)
+            save_tensors_data(ranges, cache)
+        with build_step(spec.name, "inserting FP8 Q/DQ"):
+            model = load_model(prepared)
+            inserted = insert_fp8_qdq(model, ranges, op_types, set(spec.exclude_nodes), per_channel=spec.per_channel)
+            onnx.checker.check_model(model)
+            save_model(model, target)
+    counts = quantized_op_counts(model, op_types)
+    params: dict[str, Any] = {
+        **settings.params(),
+        "format": "QDQ float8e4m3fn (standard ONNX QuantizeLinear/DequantizeLinear)",
+        "scale_rule": f"amax / {FP8_MAX:g}",
+        "per_channel": spec.per_channel,
+        "op_types": list(op_types),
+        "exclude_nodes": list(spec.exclude_nodes),
+        "opset_original": original_opset,
+        "opset": default_opset(model),
+        "preprocess": preprocess,
+        "calibration_batches": len(ctx.calibration),
+        "calibration_rows": calibration_rows(ctx.calibration),
+        "calibration_feeding": FEEDING,
+        "calibrated_tensors": len(ranges.keys()),
+        "calibration_cache": cache.name,
+        "quantized_nodes": sum(counts.values()),
+        "quantized_op_types": counts,
+        "quantized_activations": inserted.activations,
+        "quantized_weights": inserted.weights,
+        "unquantized_inputs": inserted.skipped,
+    }
+    return BuiltVariant(
+        name=spec.name,
+        precision="fp8",
+        onnx_path=target,
+        params=params,
+        build_seconds=clock.seconds(),
+        session_hints={"graph_optimization_level": "basic", "simulated": True},
+        notes=tuple(_notes(spec, inserted, counts)),
+    )
+
+
+def _op_types(spec: VariantSpec) -> tuple[str, ...]:
+    if not spec.op_types:
+        return DEFAULT_OP_TYPES
+    unsupported = sorted(set(spec.op_types) - set(_QUANTIZED_INPUTS))
+    if unsupported:
+        raise QbenchError(
+            f"variant {spec.name!r}: op_types: fp8 cannot quantize {', '.join(unsupported)}; "
+            f"expected some of {', '.join(DEFAULT_OP_TYPES)}"
+        )
+    return tuple(spec.op_types)
+
+
+def _notes(spec: VariantSpec, inserted: Fp8Insertion, counts: dict[str, int]) -> list[str]:
+    notes = [NOTE]
+    if inserted.skipped:
+        skipped = ", ".join(inserted.skipped[:5])
+        notes.append(f"{len(inserted.skipped)} input(s) left in FP32 for lack of a usable range: {skipped}")
+    if not counts:
+        notes.append("no node was quantized: this variant computes in FP32 (check op_types and exclude_nodes)")
+    return notes
+
+
+# -- graph rewrite ----------------------------------------------------------------------------------
+
+
+def fp8_weight(weight: np.ndarray, axis: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """(float8e4m3fn values, float32 scales) with scale = amax / 448, per tensor or per slice along `axis`."""
+    if not np.all(np.isfinite(weight)):
+        raise ValueError("a weight holds NaN or infinity")
+    reduce_axes = None if axis is None else tuple(i for i in range(weight.ndim) if i != axis)
+    amax = np.abs(weight).max(axis=reduce_axes)
+    amax = np.where(amax > 0, amax, 1.0)  # an all-zero slice is exact at any scale
+    scale = (amax / FP8_MAX).astype(np.float32)
+    broadcast = scale if axis is None else scale.reshape([-1 if i == axis else 1 for i in range(weight.ndim)])
+    values = np.clip(weight / broadcast, -FP8_MAX, FP8_MAX).astype(ml_dtypes.float8_e4m3fn)
+    return values, scale
+
+
+def _weight_axis(node: onnx.NodeProto, input_index: int, rank: int) -> int | None:
+    """The output-channel axis of a weight input, or None where only a per-tensor scale fits."""
+    if input_index != 1:
+        return None
+    if node.op_type == "Conv":
+        return 0  # [M, C/group, k...]
+    if node.op_type == "ConvTranspose":
+        return 1  # [C, M/group, k...]
+    if node.op_type == "Gemm":
+        trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
+        return 0 if trans_b else 1
+    if node.op_type == "MatMul" and rank >= 2:
+        return rank - 1  # [..., K, N]
+    return None
+
+
+class _Rewriter:
+    """Collects the Q/DQ nodes and initializers for one graph; one DQ per tensor, shared by its consumers.
+
+    A weight shared by several nodes takes its per-channel axis from the first one.
+    """
+
+    def __init__(self, graph: onnx.GraphProto, ranges: TensorsData, per_channel: bool) -> None:
+        self.ranges = ranges
+        self.per_channel = per_channel
+        self.initializers = {t.name: t for t in graph.initializer}
+        self.dequantized: dict[str, str] = {}  # float tensor -> its DequantizeLinear output
+        self.new_initializers: list[onnx.TensorProto] = []
+        self.result = Fp8Insertion()
+
+    def _constant(self, name: str, value: np.ndarray) -> str:
+        self.new_initializers.append(numpy_helper.from_array(value, name))
+        return name
+
+    def weight(self, node: onnx.NodeProto, index: int) -> Iterator[onnx.NodeProto]:
+        """Yield the DequantizeLinear for a float weight input and point the node at its output."""
+        name = node.input[index]
+        if name not in self.dequantized:
+            array = numpy_helper.to_array(self.initializers[name])
+            axis = _weight_axis(node, index, array.ndim) if self.per_channel else None
+            values, scale = fp8_weight(array, axis)
+            zero = np.zeros(scale.shape, dtype=ml_dtypes.float8_e4m3fn)
+            inputs = [
+                self._constant(f"{name}_fp8", values),
+                self._constant(f"{name}_fp8_scale", scale),
+                self._constant(f"{name}_fp8_zero_point", zero),
+            ]
+            extra = {} if axis is None else {"axis": axis}
+            self.dequantized[name] = f"{name}_fp8_dequantized"
+            self.result.weights += 1
+            yield helper.make_node("DequantizeLinear", inputs, [self.dequantized[name]], name=f"{name}_fp8_dq", **extra)
+        node.input[index] = self.dequantized[name]
+
+    def activation(self, node: onnx.NodeProto, index: int) -> Iterator[onnx.NodeProto]:
+        """Yield Q -> DQ for an activation input with a usable range and point the node at the DQ output."""
+        name = node.input[index]
+        if name not in self.dequantized:
+            amax = tensor_amax(self.ranges, name)
+            if amax is None:
+                if name not in self.result.skipped:
+                    self.result.skipped.append(name)
+                return
+            scale = self._constant(f"{name}_fp8_scale", np.array(amax / FP8_MAX, dtype=np.float32))
+            zero = self._constant(f"{name}_fp8_zero_point", np.zeros((), dtype=ml_dtypes.float8_e4m3fn))
+            quantized, dequantized = f"{name}_fp8", f"{name}_fp8_dequantized"
+            self.dequantized[name] = dequantized
+            self.result.activations += 1
+            yield helper.make_node("QuantizeLinear", [name, scale, zero], [quantized], name=f"{name}_fp8_q")
+            yield helper.make_node("DequantizeLinear", [quantized, scale, zero], [dequantized], name=f"{name}_fp8_dq")
+        node.input[index] = self.dequantized[name]
+
+    def inputs(self, node: onnx.NodeProto) -> Iterator[onnx.NodeProto]:
+        for index in _QUANTIZED_INPUTS[node.op_type]:
+            if index >= len(node.input) or not node.input[index]:
+                continue
+            initializer = self.initializers.get(node.input[index])
+            if initializer is None:
+                yield from self.activation(node, index)
+            elif initializer.data_type == onnx.TensorProto.FLOAT:
+                yield from self.weight(node, index)
+
+
+def insert_fp8_qdq(
+    model: onnx.ModelProto,
+    ranges: TensorsData,
+    op_types: tuple[str, ...],
+    exclude: set[str],
+    *,
+    per_channel: bool,
+) -> Fp8Insertion:
+    """Rewrite `model` in place: FP8 Q/DQ on the inputs of `op_types` nodes not in `exclude`.
+
+    Q/DQ nodes go right before their first consumer, which keeps the node list
+    topologically sorted. Float weights that no node reads any more are dropped.
+    """
+    graph = model.graph
+    rewriter = _Rewriter(graph, ranges, per_channel)
+    nodes: list[onnx.NodeProto] = []
+    for node in graph.node:
+        if node.op_type in op_types and node.name not in exclude:
+            nodes.extend(rewriter.inputs(node))
+        nodes.append(node)
+    graph.ClearField("node")
+    graph.node.extend(nodes)
+    graph.initializer.extend(rewriter.new_initializers)
+    _drop_unused_initializers(graph)
+    return rewriter.result
+
+
+def _names_read(graph: onnx.GraphProto) -> set[str]:
+    """Every tensor name a node reads, in this graph and its subgraphs (which may read outer names)."""
+    names = {output.name for output in graph.output}
+    for node in graph.node:
+        names.update(node.input)
+        for attribute in node.attribute:
+            for subgraph in [attribute.g] if attribute.HasField("g") else list(attribute.graphs):
+                names |= _names_read(subgraph)
+    return names
+
+
+def _drop_unused_initializers(graph: onnx.GraphProto) -> None:
+    read = _names_read(graph) | {i.name for i in graph.input}
+    kept = [t for t in graph.initializer if t.name in read]
+    graph.ClearField("initializer")
+    graph.initializer.extend(kept)

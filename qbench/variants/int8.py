@@ -1,0 +1,173 @@
+"""INT8 variants with ONNX Runtime's quantizer: static QDQ (minmax / entropy / percentile) or dynamic.
+
+Static: pre-process, compute ranges with qbench's own calibration call (so
+`num_bins` and friends take effect, see `calibrate.py`), save them as ORT's
+calibration cache, then `quantize_static` reads that cache. Dynamic:
+`quantize_dynamic` (weights only; activations quantized at run time).
+
+`reduce_range="auto"` turns on 7-bit weights on x86 CPUs without VNNI, where
+ORT's u8s8 kernels can saturate (trials pitfall 2).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import onnx
+from onnxruntime.quantization import QuantFormat, QuantType, quantize_dynamic, quantize_static
+from onnxruntime.quantization.calibrate import save_tensors_data
+from onnxruntime.quantization.registry import IntegerOpsRegistry, QDQRegistry, QLinearOpsRegistry
+
+from qbench.environment import cpu_has_vnni, needs_reduce_range
+from qbench.recipe import VariantSpec
+from qbench.variants.base import BuildContext, BuiltVariant
+from qbench.variants.calibrate import (
+    FEEDING,
+    METHODS,
+    CalibrationSettings,
+    calibration_rows,
+    compute_ranges_with,
+    preprocess_model,
+    require_calibration,
+)
+from qbench.variants.onnx_utils import (
+    Stopwatch,
+    build_step,
+    check_node_names,
+    load_model,
+    output_path,
+    quantized_op_counts,
+    quiet_stdout,
+    scratch_dir,
+)
+
+_QUANT_TYPES = {"uint8": QuantType.QUInt8, "int8": QuantType.QInt8}
+# What quantize_static / quantize_dynamic quantize when op_types_to_quantize is empty.
+DEFAULT_STATIC_OP_TYPES = tuple(sorted(set(QLinearOpsRegistry) | set(QDQRegistry)))
+DEFAULT_DYNAMIC_OP_TYPES = tuple(sorted(IntegerOpsRegistry))
+
+
+def resolve_reduce_range(setting: bool | str) -> tuple[bool, str]:
+    """The reduce_range to use and where it came from ("recipe" or why "auto" chose it)."""
+    if setting != "auto":
+        return bool(setting), "recipe"
+    if needs_reduce_range():
+        return True, "auto (x86 CPU without VNNI)"
+    return False, "auto (CPU has VNNI)" if cpu_has_vnni() else "auto (not an x86 CPU)"
+
+
+def build_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
+    """Build an INT8 variant: QDQ static with qbench's calibration, or ORT dynamic quantization."""
+    clock = Stopwatch()
+    if spec.calibrator != "dynamic":
+        require_calibration(spec.name, ctx.calibration)
+    reduce_range, reduce_range_source = resolve_reduce_range(spec.reduce_range)
+    params: dict[str, Any] = {
+        "per_channel": spec.per_channel,
+        "reduce_range": reduce_range,
+        "reduce_range_source": reduce_range_source,
+        "weight_type": spec.weight_type,
+        "exclude_nodes": list(spec.exclude_nodes),
+    }
+    target = output_path(spec.name, ctx)
+    reference = ctx.reference_path.resolve()
+    with scratch_dir("qbench-int8-") as tmp:
+        with build_step(spec.name, "loading the FP32 model"):
+            model = load_model(reference)
+        check_node_names(model, spec.exclude_nodes, spec.name)
+        with build_step(spec.name, "pre-processing"):
+            prepared, params["preprocess"] = preprocess_model(model, tmp)
+        if spec.calibrator == "dynamic":
+            params.update(_quantize_dynamic(spec, prepared, target, reduce_range))
+        else:
+            params.update(_quantize_static(spec, ctx, prepared, target, reduce_range))
+    with build_step(spec.name, "reading the quantized model"):
+        counts = quantized_op_counts(onnx.load(str(target), load_external_data=False), params["op_types"])
+    params["quantized_nodes"] = sum(counts.values())
+    params["quantized_op_types"] = counts
+    return BuiltVariant(
+        name=spec.name,
+        precision="int8",
+        onnx_path=target,
+        params=params,
+        build_seconds=clock.seconds(),
+        notes=tuple(_notes(spec, reduce_range, counts)),
+    )
+
+
+def _quantize_static(
+    spec: VariantSpec, ctx: BuildContext, prepared: Path, target: Path, reduce_range: bool
+) -> dict[str, Any]:
+    """Calibrate, save the ranges beside the variant, and write the QDQ model; returns the params it used."""
+    op_types = tuple(spec.op_types) if spec.op_types else DEFAULT_STATIC_OP_TYPES
+    settings = CalibrationSettings.from_spec(spec, op_types)
+    cache = target.with_name(f"{spec.name}.calibration.json")
+    with build_step(spec.name, f"{spec.calibrator} calibration"):
+        ranges = compute_ranges_with(settings, prepared, ctx.calibration, prepared.parent)
+        save_tensors_data(ranges, cache)
+    with build_step(spec.name, "static quantization"), quiet_stdout():
+        quantize_static(
+            prepared,
+            target,
+            calibration_data_reader=None,
+            calibration_cache_path=cache,
+            calibrate_method=METHODS[spec.calibrator],
+            quant_format=QuantFormat.QDQ,
+            activation_type=_QUANT_TYPES[spec.activation_type],
+            weight_type=_QUANT_TYPES[spec.weight_type],
+            per_channel=spec.per_channel,
+            reduce_range=reduce_range,
+            op_types_to_quantize=list(op_types),
+            nodes_to_exclude=list(spec.exclude_nodes),
+            extra_options={"ActivationSymmetric": spec.symmetric_activations, "WeightSymmetric": True},
+        )
+    return {
+        **settings.params(),
+        "quant_format": "QDQ",
+        "activation_type": spec.activation_type,
+        "symmetric_activations": spec.symmetric_activations,
+        "weight_symmetric": True,
+        "op_types": list(op_types),
+        "calibration_batches": len(ctx.calibration),
+        "calibration_rows": calibration_rows(ctx.calibration),
+        "calibration_feeding": FEEDING,
+        "calibrated_tensors": len(ranges.keys()),
+        "calibration_cache": cache.name,
+    }
+
+
+def _quantize_dynamic(spec: VariantSpec, prepared: Path, target: Path, reduce_range: bool) -> dict[str, Any]:
+    """Write the dynamically quantized model; returns the params it used."""
+    op_types = tuple(spec.op_types) if spec.op_types else DEFAULT_DYNAMIC_OP_TYPES
+    with build_step(spec.name, "dynamic quantization"), quiet_stdout():
+        quantize_dynamic(
+            prepared,
+            target,
+            op_types_to_quantize=list(op_types),
+            per_channel=spec.per_channel,
+            reduce_range=reduce_range,
+            weight_type=_QUANT_TYPES[spec.weight_type],
+            nodes_to_exclude=list(spec.exclude_nodes),
+            # Fused graphs (Attention, SkipLayerNorm) lack some tensor types; float is right for them (pitfall 8).
+            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+        )
+    return {
+        "calibrator": "dynamic",
+        "quant_format": "IntegerOps (dynamic)",
+        "activation_type": "uint8 (computed per batch at run time)",
+        "op_types": list(op_types),
+        "calibration_batches": 0,
+        "calibration_rows": 0,
+    }
+
+
+def _notes(spec: VariantSpec, reduce_range: bool, counts: dict[str, int]) -> list[str]:
+    notes = []
+    if not counts:
+        notes.append("no node was quantized: this variant computes in FP32 (check op_types and exclude_nodes)")
+    if spec.calibrator == "dynamic" and "ConvInteger" in counts:
+        notes.append("dynamic INT8 runs Conv as ConvInteger, which is usually slower than FP32 on CPU; prefer static")
+    if needs_reduce_range() and not reduce_range and spec.weight_type == "int8":
+        notes.append("reduce_range is off on an x86 CPU without VNNI: int8-weight kernels may saturate and lose accuracy")
+    return notes

@@ -1,0 +1,150 @@
+"""Graph helpers shared by the variant builders: load/save, opset upgrades, scratch folders, failures.
+
+ORT's quantization tools write intermediate models (shape-inferred copies,
+augmented calibration graphs) next to their input and, when shape inference
+fails, into the working directory (trials pitfall 9: 90 MB left behind). Every
+builder therefore works on copies inside a `scratch_dir()`, which is also the
+working directory while it is open, and writes only its final model (and
+calibration cache) into the variant's workdir.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Collection, Iterator
+from pathlib import Path
+
+import onnx
+from onnx import helper
+
+from qbench.errors import QbenchError, did_you_mean
+from qbench.variants.base import BuildContext
+
+# Protobuf cannot serialise a model of 2 GiB or more; keep a margin for the graph itself.
+_EXTERNAL_DATA_THRESHOLD_BYTES = 1_800_000_000
+# Integer kernels that ORT's dynamic (IntegerOps) quantizer substitutes for float ops.
+_INTEGER_OPS = frozenset({"MatMulInteger", "ConvInteger", "DynamicQuantizeMatMul", "QAttention", "DynamicQuantizeLSTM"})
+
+
+@contextlib.contextmanager
+def build_step(variant: str, what: str) -> Iterator[None]:
+    """Turn an ORT/onnx failure inside the block into a QbenchError naming the variant and the step.
+
+    The sweep records a QbenchError as a failed variant and carries on; the original
+    exception stays chained for debugging.
+    """
+    try:
+        yield
+    except QbenchError:
+        raise
+    except Exception as exc:  # noqa: BLE001 (ORT and onnx raise many unrelated types)
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise QbenchError(f"variant {variant!r}: {what}: {message}") from exc
+
+
+@contextlib.contextmanager
+def scratch_dir(prefix: str = "qbench-") -> Iterator[Path]:
+    """A temporary folder that is also the working directory while open; removed afterwards.
+
+    Callers must hold absolute paths: relative ones would resolve inside the scratch folder.
+    """
+    previous = Path.cwd()
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        os.chdir(tmp)
+        try:
+            yield Path(tmp)
+        finally:
+            os.chdir(previous)
+
+
+@contextlib.contextmanager
+def quiet_stdout() -> Iterator[None]:
+    """Swallow the progress prints of ORT's calibrators, which would mix into qbench's stdout."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        yield
+
+
+def output_path(variant: str, ctx: BuildContext) -> Path:
+    """`<workdir>/<variant>.onnx` as an absolute path, creating the workdir."""
+    workdir = ctx.workdir.resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    return workdir / f"{variant}.onnx"
+
+
+def load_model(path: Path) -> onnx.ModelProto:
+    """The model with any external data loaded into memory."""
+    return onnx.load(str(path), load_external_data=True)
+
+
+def _initializer_bytes(model: onnx.ModelProto) -> int:
+    return sum(len(t.raw_data) for t in model.graph.initializer)
+
+
+def save_model(model: onnx.ModelProto, path: Path) -> Path:
+    """Save next to nothing else: weights go to `<name>.data` only when the model is too big for one file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    external = _initializer_bytes(model) > _EXTERNAL_DATA_THRESHOLD_BYTES
+    onnx.save_model(model, str(path), save_as_external_data=external, location=f"{path.name}.data")
+    return path
+
+
+def default_opset(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
+def ensure_opset(model: onnx.ModelProto, minimum: int) -> onnx.ModelProto:
+    """The model at opset >= `minimum`, converted and checked if it was lower.
+
+    onnx's version converter leaves the IR version as it was, which ORT rejects for
+    the new opset, so the IR version is raised to what the opset needs.
+    """
+    if default_opset(model) >= minimum:
+        return model
+    converted = onnx.version_converter.convert_version(model, minimum)
+    converted.ir_version = max(converted.ir_version, helper.find_min_ir_version_for(list(converted.opset_import)))
+    onnx.checker.check_model(converted)
+    return converted
+
+
+def check_node_names(model: onnx.ModelProto, names: list[str], variant: str) -> None:
+    """Raise a QbenchError for node names (e.g. exclude_nodes) that the model does not have."""
+    known = [node.name for node in model.graph.node]
+    missing = sorted(set(names) - set(known))
+    if missing:
+        hint = did_you_mean(missing[0], known)
+        raise QbenchError(f"variant {variant!r}: exclude_nodes: no node named {missing[0]!r} in the model{hint}")
+
+
+def quantized_op_counts(model: onnx.ModelProto, op_types: Collection[str]) -> dict[str, int]:
+    """Op type -> nodes of `op_types` that run on quantized data (fed by a DequantizeLinear), plus integer kernels.
+
+    Restricting to `op_types` keeps out float ops that merely read a dequantized tensor
+    (a Relu after a quantized MatMul whose output ORT also quantized).
+    """
+    dequantized = {out for node in model.graph.node if node.op_type == "DequantizeLinear" for out in node.output}
+    counts: Counter[str] = Counter()
+    for node in model.graph.node:
+        fed_dequantized = node.op_type in op_types and any(name in dequantized for name in node.input)
+        if fed_dequantized or node.op_type in _INTEGER_OPS:
+            counts[node.op_type] += 1
+    return dict(sorted(counts.items()))
+
+
+def custom_domains(model: onnx.ModelProto) -> set[str]:
+    """Operator domains other than the standard ONNX one used by the model's nodes."""
+    return {node.domain for node in model.graph.node if node.domain not in ("", "ai.onnx")}
+
+
+class Stopwatch:
+    """Seconds since creation: the build time every BuiltVariant records."""
+
+    def __init__(self) -> None:
+        self._start = time.perf_counter()
+
+    def seconds(self) -> float:
+        return time.perf_counter() - self._start

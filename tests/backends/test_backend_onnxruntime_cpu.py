@@ -1,0 +1,143 @@
+"""The ONNX Runtime CPU backend on a tiny MatMul + Add model built with onnx.helper."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from qbench.backends import get_backend
+from qbench.backends.base import Backend, RunOptions, Runner
+from qbench.backends.onnxruntime import OnnxRuntimeBackend
+from qbench.backends.onnxruntime_cpu import OnnxRuntimeCPU
+from qbench.errors import MissingExtraError, QbenchError
+from qbench.validate.accuracy import evaluate_accuracy, run_batched
+from qbench.validate.latency import measure_cold_start, measure_steady_state
+from qbench.variants.base import BuiltVariant
+
+WEIGHT = np.arange(6, dtype=np.float32).reshape(3, 2) / 4
+BIAS = np.array([0.5, -0.5], dtype=np.float32)
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """y = x @ WEIGHT + BIAS, x: (batch, 3) float32."""
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["y"])],
+        "matmul_add",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])],
+        [
+            helper.make_tensor("w", TensorProto.FLOAT, [3, 2], WEIGHT.ravel()),
+            helper.make_tensor("b", TensorProto.FLOAT, [2], BIAS),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    path = tmp_path_factory.mktemp("model") / "matmul_add.onnx"
+    onnx.save(model, str(path))
+    return path
+
+
+def _variant(path: Path, **hints: str) -> BuiltVariant:
+    return BuiltVariant(name="fp32", precision="fp32", onnx_path=path, session_hints=dict(hints))
+
+
+def test_registered_backend_meets_the_protocol() -> None:
+    backend = get_backend("onnxruntime-cpu")
+    assert isinstance(backend, OnnxRuntimeCPU) and isinstance(backend, Backend)
+    assert backend.name == "onnxruntime-cpu"
+    backend.check_available()  # CPU is always there
+
+
+def test_load_run_and_describe(model_path: Path) -> None:
+    runner = OnnxRuntimeCPU().load(_variant(model_path), RunOptions(threads=1))
+    assert isinstance(runner, Runner)
+    x = np.array([[1, 2, 3], [0, 0, 0]], dtype=np.float32)
+    (y,) = runner.run({"x": x})
+    np.testing.assert_allclose(y, x @ WEIGHT + BIAS, rtol=1e-6)
+    description = runner.describe()
+    assert description["runtime"] == "onnxruntime"
+    assert description["providers"][0] == "CPUExecutionProvider"
+    assert description["intra_op_threads"] == 1
+    assert description["graph_optimization_level"] == "all"
+    assert description["version"]
+    runner.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        runner.run({"x": x})
+
+
+def test_default_threads_are_reported_as_the_runtime_default(model_path: Path) -> None:
+    runner = OnnxRuntimeCPU().load(_variant(model_path), RunOptions())
+    assert runner.describe()["intra_op_threads"] is None
+    runner.close()
+
+
+@pytest.mark.parametrize("level", ["disable", "basic", "extended"])
+def test_graph_optimization_hint_is_honoured(model_path: Path, level: str) -> None:
+    runner = OnnxRuntimeCPU().load(_variant(model_path, graph_optimization_level=level), RunOptions(threads=1))
+    assert runner.describe()["graph_optimization_level"] == level
+    runner.close()
+
+
+def test_bad_hint_and_bad_model_are_user_errors(model_path: Path, tmp_path: Path) -> None:
+    with pytest.raises(QbenchError, match="did you mean 'basic'"):
+        OnnxRuntimeCPU().load(_variant(model_path, graph_optimization_level="basci"), RunOptions())
+    garbage = tmp_path / "garbage.onnx"
+    garbage.write_bytes(b"not a model")
+    with pytest.raises(QbenchError, match="cannot load"):
+        OnnxRuntimeCPU().load(_variant(garbage), RunOptions())
+
+
+def test_supports_needs_the_model_file(model_path: Path, tmp_path: Path) -> None:
+    assert OnnxRuntimeCPU().supports(_variant(model_path)) is None
+    assert "not found" in OnnxRuntimeCPU().supports(_variant(tmp_path / "missing.onnx"))
+
+
+class _AbsentProviderBackend(OnnxRuntimeBackend):
+    """A provider this CPU-only onnxruntime lacks: ORT falls back to CPU with only a warning."""
+
+    name = "onnxruntime-absent"
+    providers = ("NoSuchExecutionProvider", "CPUExecutionProvider")
+    extra = "gpu"
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_silent_provider_fallback_is_refused(model_path: Path) -> None:
+    with pytest.raises(QbenchError, match="fell back to CPUExecutionProvider"):
+        _AbsentProviderBackend().load(_variant(model_path), RunOptions())
+
+
+def test_missing_provider_or_runtime_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(MissingExtraError, match=r"qbench\[gpu\]") as caught:
+        _AbsentProviderBackend().check_available()
+    assert caught.value.extra == "gpu"
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # makes `import onnxruntime` fail
+    with pytest.raises(MissingExtraError, match="onnxruntime is not installed"):
+        OnnxRuntimeCPU().check_available()
+
+
+def test_accuracy_and_latency_end_to_end(model_path: Path) -> None:
+    backend = OnnxRuntimeCPU()
+    feeds = {"x": np.random.default_rng(0).normal(size=(10, 3)).astype(np.float32)}
+    runner, session_create_ms, first_run_ms = measure_cold_start(
+        lambda: backend.load(_variant(model_path), RunOptions(threads=1)), feeds
+    )
+    try:
+        assert session_create_ms > 0 and first_run_ms > 0
+        outputs = run_batched(runner, feeds, batch_size=4)
+        np.testing.assert_allclose(outputs, feeds["x"] @ WEIGHT + BIAS, rtol=1e-5, atol=1e-6)
+        result = evaluate_accuracy("classification", outputs, outputs, None, {})
+        assert result.overall.metrics["agreement"] == 1.0
+        points = measure_steady_state(runner, feeds, batch_sizes=[1, 16], warmup=2, iterations=20)
+    finally:
+        runner.close()
+    assert [p.batch_size for p in points] == [1, 16]
+    for point in points:
+        assert 0 < point.p50_ms <= point.p95_ms <= point.p99_ms
+        assert point.items_per_s > 0

@@ -1,0 +1,218 @@
+"""build_feeds / labels_array / iter_batches: table cells to the model's shapes and dtypes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from qbench.data.feeds import build_feeds, iter_batches, labels_array
+from qbench.data.load import load_table
+from qbench.errors import RecipeError
+from qbench.modelinfo import TensorMeta, read_model_info
+
+RECIPE = Path("recipe.yaml")
+
+
+def _meta(name: str, shape: tuple[int | None, ...], dtype: str = "float32") -> dict[str, TensorMeta]:
+    return {name: TensorMeta(name, np.dtype(dtype), shape)}
+
+
+def _digits(rows: int = 5) -> pd.DataFrame:
+    pixels = np.arange(rows * 64, dtype=np.float64).reshape(rows, 64) / 100
+    return pd.DataFrame({"pixels": list(pixels), "label": np.arange(rows) % 3, "ink": np.linspace(0, 1, rows)})
+
+
+def _feed(
+    table: pd.DataFrame, column: str, meta: dict[str, TensorMeta], positions: list[int] | None = None
+) -> np.ndarray:
+    rows = np.arange(len(table)) if positions is None else np.array(positions)
+    (array,) = build_feeds(table, rows, {column: next(iter(meta))}, meta, recipe_file=RECIPE).values()
+    return array
+
+
+def test_64_pixels_are_reshaped_to_an_image_input_in_row_order() -> None:
+    table = _digits()
+    image = _feed(table, "pixels", _meta("image", (None, 1, 8, 8)), positions=[4, 0])
+    assert image.shape == (2, 1, 8, 8) and image.dtype == np.float32
+    np.testing.assert_allclose(image[0].ravel(), np.asarray(table["pixels"][4]), rtol=1e-6)
+    np.testing.assert_allclose(image[1].ravel(), np.asarray(table["pixels"][0]), rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("shape", "expected"),
+    [((None,), (5,)), ((None, 1), (5, 1)), ((None, None), (5, 1)), ((), (5,))],
+)
+def test_scalar_column_takes_the_rank_the_model_needs(shape: tuple[int | None, ...], expected: tuple[int, ...]) -> None:
+    feed = _feed(_digits(), "ink", _meta("x", shape))
+    assert feed.shape == expected
+    np.testing.assert_allclose(feed.ravel(), np.linspace(0, 1, 5), rtol=1e-6)
+
+
+def test_one_dynamic_dim_takes_what_the_static_dims_leave() -> None:
+    assert _feed(_digits(), "pixels", _meta("x", (None, 4, None))).shape == (5, 4, 16)
+
+
+def test_nested_cells_from_parquet_stack_to_their_shape(tmp_path: Path) -> None:
+    path = tmp_path / "grids.parquet"
+    pd.DataFrame({"grid": [np.arange(6.0).reshape(2, 3).tolist()] * 3}).to_parquet(path)
+    table = load_table(path, recipe_file=RECIPE)
+    feed = _feed(table, "grid", _meta("g", (None, 2, 3)))
+    assert feed.shape == (3, 2, 3)
+    np.testing.assert_array_equal(feed[2], np.arange(6.0).reshape(2, 3))
+
+
+def test_ragged_lists_name_the_lengths_seen() -> None:
+    table = pd.DataFrame({"tokens": [[1, 2, 3], [1, 2], [4, 5, 6], [7]]})
+    with pytest.raises(RecipeError) as info:
+        _feed(table, "tokens", _meta("ids", (None, None), "int64"))
+    assert str(info.value) == (
+        "recipe.yaml: data.inputs: column 'tokens' holds cells of different lengths (seen 1, 2, 3); "
+        "pad them to one size"
+    )
+
+
+def test_cell_size_that_does_not_fit_the_input_shape() -> None:
+    with pytest.raises(RecipeError) as info:
+        _feed(_digits(), "pixels", _meta("image", (None, 1, 8, 9)))
+    assert str(info.value) == (
+        "recipe.yaml: data.inputs: column 'pixels' holds cells of 64 values (shape (64,)), "
+        "but model input 'image' expects shape (batch, 1, 8, 9)"
+    )
+
+
+def test_unknown_column_suggests_the_closest() -> None:
+    with pytest.raises(RecipeError) as info:
+        build_feeds(_digits(), np.arange(2), {"pixel": "image"}, _meta("image", (None, 64)), recipe_file=RECIPE)
+    assert str(info.value) == (
+        "recipe.yaml: data.inputs: column 'pixel' is not in the table; expected one of ink, label, pixels "
+        "(did you mean 'pixels'?)"
+    )
+
+
+def test_unknown_input_name_lists_the_models_inputs() -> None:
+    with pytest.raises(RecipeError) as info:
+        build_feeds(_digits(), np.arange(2), {"pixels": "imgae"}, _meta("image", (None, 64)), recipe_file=RECIPE)
+    assert str(info.value) == (
+        "recipe.yaml: data.inputs.pixels: 'imgae' is not an input of the model; expected one of image "
+        "(did you mean 'image'?)"
+    )
+
+
+def test_every_model_input_needs_exactly_one_column() -> None:
+    model_inputs = {**_meta("image", (None, 64)), **_meta("scale", (None, 1))}
+    with pytest.raises(RecipeError, match=r"^recipe.yaml: data.inputs: model input 'scale' is fed by no column"):
+        build_feeds(_digits(), np.arange(2), {"pixels": "image"}, model_inputs, recipe_file=RECIPE)
+    with pytest.raises(
+        RecipeError, match=r"^recipe.yaml: data.inputs.ink: model input 'scale' is already fed by column 'label'"
+    ):
+        build_feeds(_digits(), np.arange(2), {"label": "scale", "ink": "scale"}, model_inputs, recipe_file=RECIPE)
+
+
+def test_integral_floats_feed_an_integer_input_and_fractions_do_not() -> None:
+    table = pd.DataFrame({"ids": [[1.0, 2.0], [3.0, 4.0]], "soft": [[1.0, 2.5], [3.0, 4.0]]})
+    ids = _feed(table, "ids", _meta("input_ids", (None, 2), "int64"))
+    assert ids.dtype == np.int64 and ids.tolist() == [[1, 2], [3, 4]]
+    with pytest.raises(RecipeError) as info:
+        _feed(table, "soft", _meta("input_ids", (None, 2), "int64"))
+    assert str(info.value) == (
+        "recipe.yaml: data.inputs: column 'soft' holds non-integer values, but model input 'input_ids' expects int64"
+    )
+
+
+def test_values_outside_an_integer_inputs_range_are_rejected() -> None:
+    table = pd.DataFrame({"level": [3, 300]})
+    with pytest.raises(RecipeError, match=r"column 'level' holds values outside the range of uint8, but model input"):
+        _feed(table, "level", _meta("level", (None,), "uint8"))
+    assert _feed(table, "level", _meta("level", (None,), "int16")).tolist() == [3, 300]
+
+
+def test_text_cannot_feed_a_float_input() -> None:
+    table = pd.DataFrame({"caption": ["a cat", "a dog"]})
+    with pytest.raises(
+        RecipeError,
+        match=r"column 'caption' holds non-numeric values such as 'a cat', but model input 'x' expects float32",
+    ):
+        _feed(table, "caption", _meta("x", (None, 1)))
+
+
+def test_missing_list_cells_are_reported_with_their_row() -> None:
+    table = pd.DataFrame({"vec": [[1.0, 2.0], None, [3.0, 4.0]]})
+    with pytest.raises(RecipeError) as info:
+        _feed(table, "vec", _meta("x", (None, 2)))
+    assert str(info.value) == "recipe.yaml: data.inputs: column 'vec': 1 rows have no value (first at row 1)"
+
+
+def test_labels_are_int64_class_indices() -> None:
+    table = pd.DataFrame({"label": [2.0, 0.0, 1.0], "name": ["cat", "dog", "cat"], "gap": [1.0, np.nan, 0.0]})
+    labels = labels_array(table, np.array([2, 0]), "label", recipe_file=RECIPE)
+    assert labels.dtype == np.int64 and labels.tolist() == [1, 2]
+    with pytest.raises(RecipeError) as info:
+        labels_array(table, np.arange(3), "name", recipe_file=RECIPE)
+    assert str(info.value) == "recipe.yaml: data.label: column 'name' holds 'cat'; expected integer class indices"
+    with pytest.raises(RecipeError) as info:
+        labels_array(table, np.arange(3), "gap", recipe_file=RECIPE)
+    assert str(info.value) == (
+        "recipe.yaml: data.label: column 'gap': 1 rows have no label (first at row 1); expected integer class indices"
+    )
+
+
+def test_boolean_labels_count_as_zero_and_one() -> None:
+    table = pd.DataFrame({"is_cat": [True, False, True]})
+    assert labels_array(table, np.arange(3), "is_cat", recipe_file=RECIPE).tolist() == [1, 0, 1]
+
+
+def test_fractional_and_negative_labels_are_rejected() -> None:
+    table = pd.DataFrame({"soft": [0.0, 0.5], "neg": [1, -1]})
+    with pytest.raises(RecipeError, match=r"column 'soft' holds 0.5; expected integer class indices"):
+        labels_array(table, np.arange(2), "soft", recipe_file=RECIPE)
+    with pytest.raises(RecipeError, match=r"column 'neg' holds -1; expected class indices >= 0"):
+        labels_array(table, np.arange(2), "neg", recipe_file=RECIPE)
+
+
+def test_unknown_label_column() -> None:
+    with pytest.raises(RecipeError) as info:
+        labels_array(_digits(), np.arange(2), "lable", recipe_file=RECIPE)
+    assert (
+        str(info.value)
+        == "recipe.yaml: data.label: got 'lable', expected one of ink, label, pixels (did you mean 'label'?)"
+    )
+
+
+def test_iter_batches_covers_every_row_once() -> None:
+    feeds = {"a": np.arange(7), "b": np.arange(14).reshape(7, 2)}
+    batches = list(iter_batches(feeds, 3))
+    assert [len(batch["a"]) for batch in batches] == [3, 3, 1]
+    np.testing.assert_array_equal(np.concatenate([batch["b"] for batch in batches]), feeds["b"])
+    with pytest.raises(ValueError):
+        list(iter_batches(feeds, 0))
+    with pytest.raises(ValueError):
+        list(iter_batches({"a": np.arange(3), "b": np.arange(4)}, 2))
+
+
+def test_feeds_run_through_a_real_onnx_model(tmp_path: Path) -> None:
+    """Table -> feeds -> onnxruntime, against the same sum computed with numpy."""
+    onnx = pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("ReduceSum", ["image"], ["total"], keepdims=0, axes=[1, 2, 3])],
+        "sum_pixels",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["batch", 1, 8, 8])],
+        [helper.make_tensor_value_info("total", TensorProto.FLOAT, ["batch"])],
+    )
+    model_path = tmp_path / "sum.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)], ir_version=7), str(model_path))
+    data_path = tmp_path / "digits.parquet"
+    _digits(7).to_parquet(data_path)
+
+    table = load_table(data_path, recipe_file=RECIPE)
+    info = read_model_info(model_path)
+    feeds = build_feeds(table, np.arange(7), {"pixels": "image"}, info.inputs, recipe_file=RECIPE)
+    session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
+    totals = np.concatenate([session.run(None, batch)[0] for batch in iter_batches(feeds, 3)])
+    expected = np.stack(table["pixels"].to_numpy()).sum(axis=1)
+    np.testing.assert_allclose(totals, expected, rtol=1e-5)

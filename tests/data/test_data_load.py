@@ -1,0 +1,161 @@
+"""load_table: formats, CSV JSON-list columns, and the errors for files qbench cannot use."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from qbench.data.load import load_table, table_name
+from qbench.errors import MissingExtraError, RecipeError
+
+RECIPE = Path("recipe.yaml")
+
+
+def _frame() -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "pixels": [[0.0, 0.5, 1.0], [1.0, 0.5, 0.0], [0.25, 0.25, 0.25]],
+            "region": ["north", "south", "north"],
+            "label": [0, 1, 2],
+        }
+    )
+
+
+def test_parquet_array_cells_come_back_as_arrays_with_a_clean_index(tmp_path: Path) -> None:
+    path = tmp_path / "digits.parquet"
+    _frame().set_axis([10, 20, 30]).to_parquet(path)
+    table = load_table(path, recipe_file=RECIPE)
+    assert isinstance(table.index, pd.RangeIndex) and list(table.index) == [0, 1, 2]
+    np.testing.assert_allclose(np.asarray(table["pixels"][1]), [1.0, 0.5, 0.0])
+    assert table["region"].tolist() == ["north", "south", "north"]
+    assert table_name(table) == "digits.parquet"
+
+
+def test_csv_json_list_columns_are_parsed_and_other_text_is_not(tmp_path: Path) -> None:
+    path = tmp_path / "digits.csv"
+    frame = _frame().assign(pixels=lambda f: f["pixels"].map(json.dumps), note=["[draft", "ok", "x]"])
+    frame.to_csv(path, index=False)
+    table = load_table(path, recipe_file=RECIPE)
+    assert table["pixels"][0] == [0.0, 0.5, 1.0]
+    assert table["note"].tolist() == ["[draft", "ok", "x]"]
+    assert table["label"].dtype.kind == "i"
+
+
+def test_csv_list_column_keeps_missing_cells_missing(tmp_path: Path) -> None:
+    path = tmp_path / "gaps.csv"
+    path.write_text('vec,label\n"[1, 2]",0\n,1\n')
+    table = load_table(path, recipe_file=RECIPE)
+    assert table["vec"][0] == [1, 2]
+    assert pd.isna(table["vec"][1])
+
+
+def test_csv_list_cell_that_is_not_json_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "bad.csv"
+    path.write_text('vec,label\n"[1, 2]",0\n"[1, 2,]",1\n')
+    with pytest.raises(RecipeError) as info:
+        load_table(path, recipe_file=RECIPE)
+    message = str(info.value)
+    assert message.startswith(
+        "recipe.yaml: data.path: cannot read bad.csv: column 'vec': cell '[1, 2,]' looks like a JSON list"
+    )
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".ndjson"])
+def test_json_lines_keep_lists_and_leading_zero_strings(tmp_path: Path, suffix: str) -> None:
+    path = tmp_path / f"rows{suffix}"
+    rows = [{"code": "007", "vec": [1.5, 2.5], "label": 1}, {"code": "010", "vec": [0.5, 0.0], "label": 0}]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    table = load_table(path, recipe_file=RECIPE)
+    assert table["code"].tolist() == ["007", "010"]
+    assert list(table["vec"][0]) == [1.5, 2.5]
+    assert table["label"].tolist() == [1, 0]
+
+
+def test_unknown_suffix_lists_supported_formats(tmp_path: Path) -> None:
+    path = tmp_path / "rows.txt"
+    path.write_text("a\n1\n")
+    with pytest.raises(RecipeError) as info:
+        load_table(path, recipe_file=RECIPE, field="data.path")
+    assert str(info.value) == (
+        "recipe.yaml: data.path: unsupported data format '.txt' (rows.txt): expected .parquet, .csv, .jsonl, .ndjson, "
+        "or a folder written by `datasets` save_to_disk"
+    )
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(RecipeError, match=r"^recipe.yaml: data.path: file or folder not found: .*nope.parquet$"):
+        load_table(tmp_path / "nope.parquet", recipe_file=RECIPE)
+
+
+def test_corrupt_parquet_reports_the_readers_message(tmp_path: Path) -> None:
+    path = tmp_path / "broken.parquet"
+    path.write_bytes(b"this is not parquet at all")
+    with pytest.raises(RecipeError) as info:
+        load_table(path, recipe_file=RECIPE)
+    assert str(info.value).startswith("recipe.yaml: data.path: cannot read broken.parquet: ")
+    assert len(str(info.value)) > len("recipe.yaml: data.path: cannot read broken.parquet: ") + 5
+
+
+def test_header_only_csv_is_empty(tmp_path: Path) -> None:
+    path = tmp_path / "empty.csv"
+    path.write_text("pixels,label\n")
+    with pytest.raises(RecipeError) as info:
+        load_table(path, recipe_file=RECIPE)
+    assert str(info.value) == "recipe.yaml: data.path: empty.csv has no rows"
+
+
+def test_plain_folder_is_not_a_dataset(tmp_path: Path) -> None:
+    folder = tmp_path / "images"
+    folder.mkdir()
+    with pytest.raises(
+        RecipeError, match=r"data.path: images is a folder without state.json, not a `datasets` save_to_disk"
+    ):
+        load_table(folder, recipe_file=RECIPE)
+
+
+def test_dataset_dict_folder_asks_for_one_split(tmp_path: Path) -> None:
+    folder = tmp_path / "digits"
+    folder.mkdir()
+    (folder / "dataset_dict.json").write_text(json.dumps({"splits": ["train", "test"]}))
+    with pytest.raises(RecipeError) as info:
+        load_table(folder, recipe_file=RECIPE)
+    assert str(info.value) == (
+        "recipe.yaml: data.path: digits is a DatasetDict folder with splits train, test: "
+        "point data.path at one split folder, e.g. digits/train"
+    )
+
+
+def test_saved_dataset_without_the_datasets_package_names_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "split"
+    folder.mkdir()
+    (folder / "state.json").write_text("{}")
+    monkeypatch.setitem(sys.modules, "datasets", None)  # makes `import datasets` raise ImportError
+    with pytest.raises(MissingExtraError) as info:
+        load_table(folder, recipe_file=RECIPE)
+    assert "pip install 'qbench[datasets]'" in str(info.value)
+
+
+def test_saved_dataset_folder_loads(tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets")
+    frame = _frame()
+    dataset = datasets.Dataset.from_dict({column: frame[column].tolist() for column in frame.columns})
+    dataset.save_to_disk(str(tmp_path / "train"))
+    table = load_table(tmp_path / "train", recipe_file=RECIPE)
+    assert table["label"].tolist() == [0, 1, 2]
+    np.testing.assert_allclose(np.asarray(table["pixels"][2]), [0.25, 0.25, 0.25])
+    assert table_name(table) == "train"
+
+
+def test_importing_the_data_module_loads_no_heavy_sdk() -> None:
+    code = "import sys, qbench.data; print(sorted(m for m in ('torch', 'onnxruntime', 'mlflow') if m in sys.modules))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"

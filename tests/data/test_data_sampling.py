@@ -1,0 +1,106 @@
+"""Calibration sampling: reproducible draws, stratified proportions, and the row-id record."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from qbench.data.sampling import allocate_proportionally, draw_calibration_sample, per_slice_counts, row_ids_sha256
+from qbench.errors import RecipeError
+from qbench.recipe import CalibrationSpec
+
+RECIPE = Path("recipe.yaml")
+
+
+def _table(groups: dict[str, int]) -> pd.DataFrame:
+    """Rows of each group interleaved, so that strata are not contiguous blocks."""
+    values = [name for name, count in groups.items() for _ in range(count)]
+    order = np.random.default_rng(123).permutation(len(values))
+    return pd.DataFrame({"noise": np.array(values)[order], "row": np.arange(len(values))})
+
+
+def test_plain_draw_is_a_sorted_subset_without_repeats() -> None:
+    table = _table({"clean": 200})
+    candidates = np.arange(0, 200, 2)
+    drawn = draw_calibration_sample(table, candidates, CalibrationSpec(samples=30), recipe_file=RECIPE)
+    assert len(drawn) == 30 and len(set(drawn.tolist())) == 30
+    assert set(drawn.tolist()) <= set(candidates.tolist())
+    assert drawn.tolist() == sorted(drawn.tolist())
+
+
+def test_same_seed_same_rows_other_seed_other_rows() -> None:
+    table = _table({"clean": 500})
+    candidates = np.arange(500)
+    first = draw_calibration_sample(table, candidates, CalibrationSpec(samples=40, seed=7), recipe_file=RECIPE)
+    shuffled = np.random.default_rng(0).permutation(candidates)
+    again = draw_calibration_sample(table, shuffled, CalibrationSpec(samples=40, seed=7), recipe_file=RECIPE)
+    other = draw_calibration_sample(table, candidates, CalibrationSpec(samples=40, seed=8), recipe_file=RECIPE)
+    assert first.tolist() == again.tolist()
+    assert first.tolist() != other.tolist()
+
+
+def test_fewer_candidates_than_samples_takes_them_all() -> None:
+    table = _table({"clean": 10})
+    drawn = draw_calibration_sample(table, np.array([7, 3, 5]), CalibrationSpec(samples=256), recipe_file=RECIPE)
+    assert drawn.tolist() == [3, 5, 7]
+
+
+def test_stratified_sample_follows_the_candidates_proportions() -> None:
+    table = _table({"clean": 60, "noisy": 30, "faint": 10})
+    spec = CalibrationSpec(samples=20, stratify_by="noise")
+    drawn = draw_calibration_sample(table, np.arange(100), spec, recipe_file=RECIPE)
+    counts = table["noise"].iloc[drawn].value_counts().to_dict()
+    assert counts == {"clean": 12, "noisy": 6, "faint": 2}
+
+
+def test_stratified_proportions_are_of_the_candidates_not_the_table() -> None:
+    table = _table({"clean": 60, "noisy": 30, "faint": 10})
+    candidates = np.flatnonzero(table["noise"].ne("clean").to_numpy())
+    spec = CalibrationSpec(samples=8, stratify_by="noise", seed=3)
+    drawn = draw_calibration_sample(table, candidates, spec, recipe_file=RECIPE)
+    assert table["noise"].iloc[drawn].value_counts().to_dict() == {"noisy": 6, "faint": 2}
+
+
+def test_a_rare_stratum_still_gets_a_row() -> None:
+    table = _table({"clean": 97, "noisy": 2, "faint": 1})
+    spec = CalibrationSpec(samples=10, stratify_by="noise")
+    drawn = draw_calibration_sample(table, np.arange(100), spec, recipe_file=RECIPE)
+    assert table["noise"].iloc[drawn].value_counts().to_dict() == {"clean": 8, "noisy": 1, "faint": 1}
+
+
+def test_allocation_sums_to_total_and_never_exceeds_a_group() -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        counts = rng.integers(1, 40, size=rng.integers(1, 8))
+        total = int(rng.integers(1, counts.sum()))
+        quotas = allocate_proportionally(counts, total)
+        assert quotas.sum() == total
+        assert np.all(quotas <= counts) and np.all(quotas >= 0)
+        if total >= len(counts):
+            assert np.all(quotas >= 1)
+
+
+def test_unknown_stratify_column() -> None:
+    spec = CalibrationSpec(samples=5, stratify_by="nosie")
+    with pytest.raises(RecipeError) as info:
+        draw_calibration_sample(_table({"clean": 10}), np.arange(10), spec, recipe_file=RECIPE)
+    assert str(info.value) == (
+        "recipe.yaml: data.calibration.stratify_by: got 'nosie', expected one of noise, row (did you mean 'noise'?)"
+    )
+
+
+def test_row_ids_hash_ignores_order_and_tells_samples_apart() -> None:
+    positions = np.array([5, 1, 9], dtype=np.int32)
+    expected = hashlib.sha256(b"".join(int(p).to_bytes(8, "little", signed=True) for p in (1, 5, 9))).hexdigest()
+    assert row_ids_sha256(positions) == expected
+    assert row_ids_sha256(np.array([9, 5, 1])) == expected
+    assert row_ids_sha256(np.array([1, 5, 10])) != expected
+
+
+def test_per_slice_counts() -> None:
+    masks = {"a": np.array([True, True, False, False]), "b": np.array([False, True, True, True])}
+    assert per_slice_counts(np.array([1, 3]), masks) == {"a": 1, "b": 2}

@@ -1,0 +1,96 @@
+"""slice_masks: per-value slices, named filter slices, and the recipe errors around them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from qbench.data.slices import slice_masks
+from qbench.errors import RecipeError
+from qbench.recipe import SliceSpec
+
+RECIPE = Path("recipe.yaml")
+
+
+def _table() -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "region": ["south", "north", None, "north", "east", "south"],
+            "digit": [3.0, 1.0, 10.0, np.nan, 3.0, 1.0],
+            "ink": [0.1, 0.2, 0.3, 0.9, 0.8, 0.7],
+        }
+    )
+
+
+def _masks(*specs: SliceSpec) -> dict[str, list[int]]:
+    return {
+        name: np.flatnonzero(mask).tolist() for name, mask in slice_masks(_table(), specs, recipe_file=RECIPE).items()
+    }
+
+
+def test_by_column_makes_one_sorted_slice_per_value_without_missing() -> None:
+    masks = _masks(SliceSpec(by="region"))
+    assert list(masks) == ["region=east", "region=north", "region=south"]
+    assert masks == {"region=east": [4], "region=north": [1, 3], "region=south": [0, 5]}
+
+
+def test_integral_floats_are_named_like_ints_and_sorted_numerically() -> None:
+    masks = _masks(SliceSpec(by="digit"))
+    assert masks == {"digit=1": [1, 5], "digit=3": [0, 4], "digit=10": [2]}
+
+
+def test_named_filter_slices_follow_by_slices_in_recipe_order() -> None:
+    masks = _masks(SliceSpec(by="region"), SliceSpec(name="faint", filter={"ink": {"lt": 0.5}}))
+    assert list(masks)[-1] == "faint"
+    assert masks["faint"] == [0, 1, 2]
+
+
+def test_masks_cover_every_row_of_the_table() -> None:
+    masks = slice_masks(_table(), [SliceSpec(by="region")], recipe_file=RECIPE)
+    assert all(mask.dtype == bool and mask.shape == (6,) for mask in masks.values())
+
+
+def test_duplicate_slice_name() -> None:
+    specs = [SliceSpec(by="region"), SliceSpec(name="region=north", filter={"ink": {"gt": 0.5}})]
+    with pytest.raises(RecipeError) as info:
+        slice_masks(_table(), specs, recipe_file=RECIPE)
+    assert (
+        str(info.value)
+        == "recipe.yaml: data.slices[1]: duplicate slice name 'region=north' (also made by data.slices[0])"
+    )
+
+
+def test_unknown_by_column() -> None:
+    with pytest.raises(RecipeError) as info:
+        slice_masks(_table(), [SliceSpec(by="regoin")], recipe_file=RECIPE)
+    assert str(info.value) == (
+        "recipe.yaml: data.slices[0].by: got 'regoin', expected one of digit, ink, region (did you mean 'region'?)"
+    )
+
+
+def test_column_with_too_many_values_suggests_buckets() -> None:
+    table = pd.DataFrame({"length": np.arange(51)})
+    with pytest.raises(RecipeError) as info:
+        slice_masks(table, [SliceSpec(by="length")], recipe_file=RECIPE)
+    assert str(info.value) == (
+        "recipe.yaml: data.slices[0].by: column 'length' has 51 distinct values (at most 50 slices per column): "
+        "bucket it with named filters, e.g. {name: length-low, filter: {length: {lt: ...}}}"
+    )
+
+
+def test_named_filter_that_matches_no_row_is_an_error() -> None:
+    specs = [SliceSpec(name="west", filter={"region": "west"})]
+    with pytest.raises(RecipeError) as info:
+        slice_masks(_table(), specs, recipe_file=RECIPE)
+    assert str(info.value) == (
+        "recipe.yaml: data.slices[0].filter: selects no rows (6 rows in the table; region has 'east', 'north', 'south')"
+    )
+
+
+def test_filter_errors_carry_the_slice_field() -> None:
+    specs = [SliceSpec(by="digit"), SliceSpec(name="dark", filter={"inc": {"gt": 0.5}})]
+    with pytest.raises(RecipeError, match=r"^recipe.yaml: data.slices\[1\].filter.inc: got 'inc'.*did you mean 'ink'"):
+        slice_masks(_table(), specs, recipe_file=RECIPE)

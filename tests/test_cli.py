@@ -1,0 +1,47 @@
+"""CLI: exit codes and one-line errors (no traceback) for bad input."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import yaml
+
+from qbench.cli import main
+
+
+def test_list_shows_registries(capsys):
+    assert main(["list"]) == 0
+    shown = capsys.readouterr().out
+    assert "onnxruntime-cpu" in shown and "entropy" in shown and "fp8" in shown
+
+
+def test_bad_recipe_is_one_line_exit_2(tmp_path, capsys):
+    (tmp_path / "m.onnx").write_bytes(b"x")
+    (tmp_path / "d.csv").write_text("a\n1\n")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({
+        "name": "x", "model": {"path": "m.onnx"}, "data": {"path": "d.csv", "inputs": {"a": "in"}},
+        "variants": [{"name": "q", "precision": "int8", "calibrator": "entrpy"}],
+    }))  # fmt: skip
+    assert main(["validate", str(recipe)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert "r.yaml: variants[0].calibrator: got 'entrpy'" in " ".join(err.split())
+
+
+def test_gate_without_results_exits_2(tmp_path, capsys):
+    assert main(["gate", "--results", str(tmp_path / "none.json")]) == 2
+    assert "results file not found" in capsys.readouterr().err
+
+
+def test_usage_error_exits_2():
+    assert main(["sweep"]) == 2
+
+
+def test_console_script_returns_the_exit_code(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "qbench.cli", "gate", "--results", str(tmp_path / "none.json")],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr

@@ -1,0 +1,152 @@
+"""Gate logic: every violation reported, tolerances applied overall and per slice, fail closed."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from qbench.errors import QbenchError
+from qbench.gate import EXIT_BREACH, EXIT_PASS, EXIT_UNUSABLE, evaluate_gate, run_gate
+from qbench.recipe import GateSpec
+from qbench.results import AccuracyResult, SliceMetrics, SweepResults, VariantResult, to_json
+
+SPEC = GateSpec(metric="accuracy", max_drop=0.01, max_slice_drop=0.02, applies_to=["int8-*"])
+
+
+def variant(name: str, overall: float, slices: dict[str, float], *, status="ok", nonfinite=0, size=100):
+    accuracy = AccuracyResult(
+        rows=size * 2,
+        nonfinite_outputs=nonfinite,
+        overall=SliceMetrics("overall", size * 2, {"accuracy": overall}),
+        slices=tuple(SliceMetrics(n, size, {"accuracy": v}) for n, v in slices.items()),
+    )
+    return VariantResult(
+        variant=name, backend="onnxruntime-cpu", precision="fp32" if name == "fp32" else "int8", status=status,
+        error=None if status == "ok" else "boom", accuracy=accuracy if status == "ok" else None,
+    )  # fmt: skip
+
+
+def sweep(*variants: VariantResult, fingerprint="abc") -> SweepResults:
+    return SweepResults(
+        qbench_version="0", created_at="2026-01-01T00:00:00+00:00",
+        recipe={"name": "toy", "fingerprint": fingerprint, "gate": SPEC.model_dump(mode="json")},
+        environment={}, calibration=None, evaluation_rows=200, gate_metric="accuracy", reference="fp32",
+        variants=variants,
+    )  # fmt: skip
+
+
+REFERENCE = variant("fp32", 0.95, {"noisy": 0.90, "clean": 0.99})
+
+
+def test_all_within_tolerance_passes_and_reference_is_not_judged():
+    report = evaluate_gate(sweep(REFERENCE, variant("int8-a", 0.945, {"noisy": 0.885, "clean": 0.99})), SPEC)
+    assert report.exit_code == EXIT_PASS
+    assert {c.scope for c in report.checks} == {"overall", "noisy", "clean"}
+    assert all(c.variant == "int8-a" for c in report.checks)
+    assert report.status_of("int8-a", "onnxruntime-cpu") == "pass"
+    assert report.status_of("fp32", "onnxruntime-cpu") == "not gated"
+
+
+def test_a_slice_breach_fails_even_when_overall_passes():
+    report = evaluate_gate(sweep(REFERENCE, variant("int8-a", 0.945, {"noisy": 0.85, "clean": 0.99})), SPEC)
+    assert report.exit_code == EXIT_BREACH
+    [breach] = report.breaches
+    assert (breach.scope, breach.tolerance) == ("noisy", 0.02)
+    assert breach.drop == pytest.approx(0.05)
+
+
+def test_every_breach_is_reported_not_just_the_first():
+    results = sweep(
+        REFERENCE,
+        variant("int8-a", 0.90, {"noisy": 0.80, "clean": 0.99}),
+        variant("int8-b", 0.93, {"noisy": 0.90, "clean": 0.90}),
+    )
+    report = evaluate_gate(results, SPEC)
+    assert {(c.variant, c.scope) for c in report.breaches} == {
+        ("int8-a", "overall"), ("int8-a", "noisy"), ("int8-b", "overall"), ("int8-b", "clean"),
+    }  # fmt: skip
+
+
+def test_drop_equal_to_tolerance_passes():
+    report = evaluate_gate(sweep(REFERENCE, variant("int8-a", 0.94, {"noisy": 0.88, "clean": 0.97})), SPEC)
+    assert report.exit_code == EXIT_PASS
+
+
+def test_lower_is_better_metric_drop_is_an_increase():
+    spec = GateSpec(metric="kl_mean", max_drop=0.1, max_slice_drop=0.1)
+
+    def kl(name, value):
+        return VariantResult(
+            variant=name, backend="b", precision="int8", status="ok",
+            accuracy=AccuracyResult(10, 0, SliceMetrics("overall", 10, {"kl_mean": value})),
+        )  # fmt: skip
+
+    assert evaluate_gate(sweep(kl("fp32", 0.0), kl("int8", 0.05)), spec).exit_code == EXIT_PASS
+    report = evaluate_gate(sweep(kl("fp32", 0.0), kl("int8", 0.5)), spec)
+    assert report.exit_code == EXIT_BREACH and report.breaches[0].drop == pytest.approx(0.5)
+
+
+def test_small_slices_are_shown_but_skipped():
+    spec = SPEC.model_copy(update={"min_slice_size": 500})
+    report = evaluate_gate(sweep(REFERENCE, variant("int8-a", 0.95, {"noisy": 0.5, "clean": 0.99})), spec)
+    assert report.exit_code == EXIT_PASS
+    assert {c.status for c in report.checks if c.scope != "overall"} == {"skipped"}
+
+
+@pytest.mark.parametrize(
+    ("results", "problem"),
+    [
+        (sweep(REFERENCE, variant("int8-a", 0.95, {}, status="failed")), "variant failed: boom"),
+        (sweep(REFERENCE, variant("int8-a", math.nan, {"noisy": 0.9, "clean": 0.99})), "missing or NaN on overall"),
+        (sweep(REFERENCE, variant("int8-a", 0.95, {"clean": 0.99})), "slice 'noisy' missing"),
+        (sweep(variant("int8-a", 0.95, {})), "no usable FP32 reference"),
+        (sweep(REFERENCE, variant("fp16", 0.95, {})), "the gate applies to no variant"),
+    ],
+)
+def test_unusable_results_fail_closed(results, problem):
+    report = evaluate_gate(results, SPEC)
+    assert report.exit_code == EXIT_UNUSABLE
+    assert any(problem in p for p in report.problems), report.problems
+
+
+def test_expected_variant_missing_from_results_fails_closed():
+    expected = [("fp32", "onnxruntime-cpu"), ("int8-a", "onnxruntime-cpu"), ("int8-b", "onnxruntime-cpu")]
+    report = evaluate_gate(sweep(REFERENCE, variant("int8-a", 0.95, {"noisy": 0.9, "clean": 0.99})), SPEC,
+                           expected=expected)  # fmt: skip
+    assert report.exit_code == EXIT_UNUSABLE
+    assert report.problems == ("int8-b@onnxruntime-cpu: no results for this variant (partial or interrupted sweep?)",)
+    assert report.status_of("int8-b", "onnxruntime-cpu") == "fail"
+
+
+def test_stale_results_fail_closed():
+    results = sweep(REFERENCE, variant("int8-a", 0.95, {"noisy": 0.9, "clean": 0.99}), fingerprint="old")
+    report = evaluate_gate(results, SPEC, fingerprint="new")
+    assert report.exit_code == EXIT_UNUSABLE and "do not match the recipe" in report.problems[0]
+
+
+def test_nonfinite_outputs_are_a_breach():
+    report = evaluate_gate(sweep(REFERENCE, variant("int8-a", 0.95, {"noisy": 0.9, "clean": 0.99}, nonfinite=3)), SPEC)
+    assert report.exit_code == EXIT_BREACH
+    assert report.breaches[0].scope == "outputs" and report.breaches[0].observed == 3
+
+
+def test_run_gate_reads_a_results_file_with_its_recorded_gate(tmp_path):
+    path = tmp_path / "results.json"
+    path.write_text(to_json(sweep(REFERENCE, variant("int8-a", 0.90, {"noisy": 0.9, "clean": 0.99}))))
+    report, results = run_gate(results_path=path)
+    assert report.exit_code == EXIT_BREACH and results.recipe["name"] == "toy"
+
+
+@pytest.mark.parametrize("content", ["", "{not json", json.dumps({"schema_version": 99}), json.dumps({"schema_version": 1})])
+def test_broken_results_files_are_errors_naming_the_file(tmp_path, content):
+    path = tmp_path / "results.json"
+    path.write_text(content)
+    with pytest.raises(QbenchError, match="results.json"):
+        run_gate(results_path=path)
+
+
+def test_missing_results_file(tmp_path):
+    with pytest.raises(QbenchError, match="results file not found"):
+        run_gate(results_path=tmp_path / "nope.json")

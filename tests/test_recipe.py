@@ -1,0 +1,172 @@
+"""Recipe schema: defaults, resolution, and the one-line errors users see (golden messages)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from qbench.errors import RecipeError
+from qbench.recipe import load_recipe
+
+BASE = {
+    "name": "toy",
+    "model": {"path": "model.onnx"},
+    "data": {"path": "rows.parquet", "inputs": {"x": "input"}, "label": "y"},
+}
+
+
+def write_recipe(tmp_path: Path, body: dict | str) -> Path:
+    (tmp_path / "model.onnx").write_bytes(b"model")
+    (tmp_path / "rows.parquet").write_bytes(b"rows")
+    path = tmp_path / "recipe.yaml"
+    path.write_text(body if isinstance(body, str) else yaml.safe_dump(body))
+    return path
+
+
+def with_changes(**sections) -> dict:
+    recipe = {k: (dict(v) if isinstance(v, dict) else v) for k, v in BASE.items()}
+    recipe.update(sections)
+    return recipe
+
+
+def error_of(tmp_path: Path, body: dict | str) -> str:
+    path = write_recipe(tmp_path, body)
+    with pytest.raises(RecipeError) as caught:
+        load_recipe(path)
+    return str(caught.value).replace(str(path), "recipe.yaml")
+
+
+def test_defaults_and_paths_resolve_relative_to_the_recipe(tmp_path):
+    recipe = load_recipe(write_recipe(tmp_path, BASE))
+    assert recipe.model_path == (tmp_path / "model.onnx").resolve()
+    assert recipe.data_path == (tmp_path / "rows.parquet").resolve()
+    assert recipe.backends == ["onnxruntime-cpu"]
+    assert recipe.latency.batch_sizes == [1, 32]
+    assert recipe.gate.metric == "accuracy" and recipe.gate.max_drop == 0.01
+    assert [v.name for v in recipe.all_variants()] == ["fp32"]
+    assert len(recipe.sha256) == 64
+
+
+def test_fp32_is_always_first_and_variant_options_are_kept(tmp_path):
+    body = with_changes(variants=[
+        {"name": "q", "precision": "int8", "calibrator": "percentile", "percentile": 99.9},
+        {"name": "half", "precision": "fp16"},
+    ])  # fmt: skip
+    recipe = load_recipe(write_recipe(tmp_path, body))
+    assert [v.name for v in recipe.all_variants()] == ["fp32", "q", "half"]
+    assert recipe.variants[0].percentile == 99.9
+
+
+def test_fingerprint_ignores_the_gate_but_not_the_model(tmp_path):
+    path = write_recipe(tmp_path, BASE)
+    before = load_recipe(path).fingerprint()
+    path.write_text(yaml.safe_dump(with_changes(gate={"max_drop": 0.5})))
+    assert load_recipe(path).fingerprint() == before
+    (tmp_path / "model.onnx").write_bytes(b"another model")
+    assert load_recipe(path).fingerprint() != before
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        (
+            {"variants": [{"name": "a", "precision": "int8", "calibrator": "minmax"},
+                          {"name": "b", "precision": "int8", "calibrator": "entrpy"}]},
+            "recipe.yaml: variants[1].calibrator: got 'entrpy', expected one of dynamic, entropy, minmax, "
+            "percentile (did you mean 'entropy'?) for int8",
+        ),
+        (
+            {"variants": [{"name": "a", "precision": "int4"}]},
+            "recipe.yaml: variants[0].precision: got 'int4', expected one of bf16, fp16, fp32, fp8, int8 "
+            "(did you mean 'int8'?)",
+        ),
+        (
+            {"variants": [{"name": "a", "precision": "fp16", "calibrator": "minmax"}]},
+            "recipe.yaml: variants[0].calibrator: applies only to int8/fp8 variants, not fp16",
+        ),
+        (
+            {"variants": [{"name": "a", "precision": "int8", "calibrator": "minmax", "percentile": 99.0}]},
+            "recipe.yaml: variants[0].percentile: applies to calibrator percentile, not 'minmax'",
+        ),
+        (
+            {"variants": [{"name": "a", "precision": "fp8", "calibrator": "dynamic"}]},
+            "recipe.yaml: variants[0].calibrator: got 'dynamic', expected one of entropy, minmax, percentile for fp8",
+        ),
+        (
+            {"variants": [{"name": "a", "precision": "fp8", "calibrator": "minmax", "reduce_range": True}]},
+            "recipe.yaml: variants[0].reduce_range: does not apply to fp8 variants",
+        ),
+        (
+            {"variants": [{"name": "a", "precision": "int8", "calibrator": "dynamic", "activation_type": "int8"}]},
+            "recipe.yaml: variants[0].activation_type: does not apply to dynamic int8 variants",
+        ),
+        (
+            {"variants": [{"name": "a", "precision": "int8"}]},
+            "recipe.yaml: variants[0].calibrator: int8 needs one of dynamic, entropy, minmax, percentile",
+        ),
+        (
+            {"variants": [{"name": "a", "precision": "fp16"}, {"name": "a", "precision": "bf16"}]},
+            "recipe.yaml: variants: duplicate variant name 'a'",
+        ),
+        (
+            {"backends": ["onnxruntime-cpus"]},
+            "recipe.yaml: backends: got 'onnxruntime-cpus', expected one of onnxruntime-cpu "
+            "(did you mean 'onnxruntime-cpu'?)",
+        ),
+        (
+            {"gate": {"metric": "cosine"}},
+            "recipe.yaml: gate.metric: got 'cosine', expected one of accuracy, agreement, flip_rate, kl_mean, "
+            "max_abs_error for task 'classification'",
+        ),
+        (
+            {"latency": {"batch_sizes": [1, 0]}},
+            "recipe.yaml: latency.batch_sizes[1]: input should be greater than 0, got 0",
+        ),
+        (
+            {"task": "detection"},
+            "recipe.yaml: task: got 'detection', expected one of classification, embedding",
+        ),
+    ],
+)
+def test_schema_errors_name_file_field_and_expectation(tmp_path, changes, expected):
+    assert error_of(tmp_path, with_changes(**changes)) == expected
+
+
+def test_unknown_key_suggests_the_close_one(tmp_path):
+    body = with_changes(latency={"batch_size": [1]})
+    assert error_of(tmp_path, body) == (
+        "recipe.yaml: latency.batch_size: unknown key 'batch_size' (did you mean 'batch_sizes'?); "
+        "expected one of batch_sizes, warmup, iterations, threads"
+    )
+
+
+def test_filter_operators_are_checked_at_load_time(tmp_path):
+    data = dict(BASE["data"], evaluation={"filter": {"ink": {"lower": 0.3}}})
+    message = error_of(tmp_path, with_changes(data=data))
+    assert message.startswith("recipe.yaml: data.evaluation.filter: column 'ink': operator got 'lower'")
+    assert "expected one of eq, ge, gt, in, le, lt, ne, not_in" in message
+
+
+def test_slice_needs_by_or_name_and_filter(tmp_path):
+    data = dict(BASE["data"], slices=[{"name": "faint"}])
+    assert error_of(tmp_path, with_changes(data=data)) == (
+        "recipe.yaml: data.slices[0]: a slice needs `by: <column>`, or both `name` and `filter`"
+    )
+
+
+def test_missing_required_and_missing_files(tmp_path):
+    body = {k: v for k, v in BASE.items() if k != "model"}
+    assert error_of(tmp_path, body) == "recipe.yaml: model: required field is missing"
+    recipe = with_changes(model={"path": "nowhere.onnx"})
+    assert error_of(tmp_path, recipe).startswith("recipe.yaml: model.path: file not found: ")
+
+
+def test_invalid_yaml_names_the_line(tmp_path):
+    assert error_of(tmp_path, "name: x\nmodel: [unclosed\n").startswith("recipe.yaml: line 3: invalid YAML")
+
+
+def test_missing_recipe_file(tmp_path):
+    with pytest.raises(RecipeError, match="recipe file not found"):
+        load_recipe(tmp_path / "absent.yaml")

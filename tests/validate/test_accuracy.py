@@ -1,0 +1,169 @@
+"""evaluate_accuracy / with_drops / run_batched on hand-made arrays, with hand-computed expectations."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+import pytest
+
+from qbench.errors import QbenchError
+from qbench.validate import metrics
+from qbench.validate.accuracy import evaluate_accuracy, row_count, run_batched, with_drops
+
+NAN = float("nan")
+
+# FP32 reference logits -> top-1 [0, 1, 2, 0]
+REFERENCE = np.array([[2.0, 0.0, 0.0], [0.0, 2.0, 0.0], [0.0, 0.0, 2.0], [2.0, 0.0, 0.0]])
+# variant: row 0 same, row 1 flips to 0, row 2 same, row 3 holds NaN -> top-1 [0, 0, 2, -1]
+VARIANT = np.array([[2.0, 0.0, 0.0], [2.0, 0.0, 0.0], [0.0, 0.0, 2.0], [NAN, 0.0, 0.0]])
+LABELS = np.array([0, 1, 1, 0])
+SLICES = {"a": np.array([True, True, False, False]), "b": np.array([False, False, True, True])}
+# row 1: P = softmax[0, 2, 0] = (x, y, x), Q = softmax[2, 0, 0] = (y, x, x) with
+# x = 1 / (e^2 + 2), y = e^2 / (e^2 + 2): KL = x ln(x/y) + y ln(y/x) = (y - x) * 2
+KL_ROW_1 = 2 * (math.e**2 - 1) / (math.e**2 + 2)
+
+
+def test_classification_overall_and_slices_with_labels() -> None:
+    result = evaluate_accuracy("classification", VARIANT, REFERENCE, LABELS, SLICES)
+    assert result.rows == 4 and result.nonfinite_outputs == 1
+    overall = result.overall
+    assert overall.name == "overall" and overall.size == 4
+    # predictions [0, 0, 2, -1] vs labels [0, 1, 1, 0] -> 1/4; vs FP32 [0, 1, 2, 0] -> 2/4
+    assert overall.metrics["accuracy"] == pytest.approx(0.25)
+    assert overall.metrics["agreement"] == pytest.approx(0.5)
+    assert overall.metrics["flip_rate"] == pytest.approx(0.5)
+    assert math.isnan(overall.metrics["kl_mean"])  # the NaN row makes KL unknowable
+    assert math.isnan(overall.metrics["max_abs_error"])
+    assert overall.intervals["accuracy"] == pytest.approx(metrics.wilson_interval(1, 4))
+    assert overall.intervals["flip_rate"] == pytest.approx(metrics.wilson_interval(2, 4))
+
+    a, b = result.slices
+    assert (a.name, a.size, b.name, b.size) == ("a", 2, "b", 2)
+    # slice a: rows 0, 1 -> predictions [0, 0] vs labels [0, 1] and FP32 [0, 1]
+    assert a.metrics["accuracy"] == pytest.approx(0.5)
+    assert a.metrics["agreement"] == pytest.approx(0.5)
+    assert a.metrics["kl_mean"] == pytest.approx(KL_ROW_1 / 2)
+    assert a.metrics["max_abs_error"] == pytest.approx(2.0)  # row 1: |2 - 0|
+    assert a.intervals["kl_mean"] == pytest.approx(metrics.mean_interval(np.array([0.0, KL_ROW_1])))
+    # slice b: rows 2, 3 -> predictions [2, -1] vs labels [1, 0] -> 0; vs FP32 [2, 0] -> 1/2
+    assert b.metrics["accuracy"] == 0.0
+    assert b.metrics["agreement"] == pytest.approx(0.5)
+    assert result.slice("b") is b and result.slice("missing") is None
+
+
+def test_classification_without_labels_scores_accuracy_as_agreement() -> None:
+    result = evaluate_accuracy("classification", VARIANT, REFERENCE, None, SLICES)
+    for summary in (result.overall, *result.slices):
+        assert summary.metrics["accuracy"] == summary.metrics["agreement"]
+    assert result.overall.metrics["accuracy"] == pytest.approx(0.5)
+
+
+def test_reference_against_itself_is_perfect() -> None:
+    result = evaluate_accuracy("classification", REFERENCE, REFERENCE, LABELS, {})
+    assert result.slices == ()
+    assert result.overall.metrics["agreement"] == 1.0
+    assert result.overall.metrics["flip_rate"] == 0.0
+    assert result.overall.metrics["kl_mean"] == pytest.approx(0.0, abs=1e-12)
+    assert result.overall.metrics["accuracy"] == pytest.approx(0.75)  # [0, 1, 2, 0] vs [0, 1, 1, 0]
+
+
+def test_embedding_metrics_count_nonfinite_rows_as_cosine_zero() -> None:
+    reference = np.array([[1.0, 0.0], [3.0, 4.0], [1.0, 1.0]])
+    outputs = np.array([[2.0, 0.0], [4.0, 3.0], [NAN, 1.0]])
+    first_two = {"first_two": np.array([True, True, False])}
+    result = evaluate_accuracy("embedding", outputs, reference, None, first_two)
+    # cosines: parallel 1, (12 + 12) / 25 = 0.96, NaN row -> 0
+    assert result.nonfinite_outputs == 1
+    assert result.overall.metrics["cosine"] == pytest.approx(1.96 / 3)
+    assert result.overall.metrics["cosine_min"] == 0.0
+    assert math.isnan(result.overall.metrics["max_abs_error"])
+    assert result.overall.intervals["cosine"] == pytest.approx(metrics.mean_interval(np.array([1.0, 0.96, 0.0])))
+    (sliced,) = result.slices
+    assert sliced.metrics["cosine"] == pytest.approx(0.98)
+    assert sliced.metrics["cosine_min"] == pytest.approx(0.96)
+    assert sliced.metrics["max_abs_error"] == pytest.approx(1.0)  # |2-1|, |4-3|, |3-4|
+    assert set(sliced.metrics) == {"cosine", "cosine_min", "max_abs_error"}
+
+
+def test_empty_slice_gives_nan_not_an_error() -> None:
+    result = evaluate_accuracy("classification", VARIANT, REFERENCE, LABELS, {"none": np.zeros(4, dtype=bool)})
+    (empty,) = result.slices
+    assert empty.size == 0
+    assert all(math.isnan(v) for v in empty.metrics.values())
+    assert all(math.isnan(v) for pair in empty.intervals.values() for v in pair)
+
+
+def test_with_drops_signs_and_missing_slices() -> None:
+    reference = evaluate_accuracy("classification", REFERENCE, REFERENCE, LABELS, SLICES)
+    variant = evaluate_accuracy(
+        "classification", VARIANT, REFERENCE, LABELS, {**SLICES, "extra": np.array([True, False, False, False])}
+    )
+    dropped = with_drops(variant, reference)
+    # higher is better: accuracy 0.75 -> 0.25 is a drop of +0.5
+    assert dropped.overall.drops["accuracy"] == pytest.approx(0.5)
+    # lower is better: flip_rate 0 -> 0.5 and kl_mean 0 -> KL_ROW_1/2 on slice a are positive drops too
+    assert dropped.overall.drops["flip_rate"] == pytest.approx(0.5)
+    assert dropped.slice("a").drops["kl_mean"] == pytest.approx(KL_ROW_1 / 2)
+    assert set(dropped.slice("a").drops) == set(variant.slice("a").metrics)
+    assert dropped.slice("extra").drops == {}
+    assert variant.overall.drops == {}  # the input is not modified
+
+
+def test_with_drops_is_negative_for_an_improvement() -> None:
+    worse = evaluate_accuracy("classification", VARIANT, REFERENCE, LABELS, {})
+    better = evaluate_accuracy("classification", REFERENCE, REFERENCE, LABELS, {})
+    assert with_drops(better, worse).overall.drops["accuracy"] == pytest.approx(-0.5)
+    assert with_drops(better, worse).overall.drops["flip_rate"] == pytest.approx(-0.5)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"task": "detection"}, "expected one of"),
+        ({"outputs": VARIANT[:3]}, "must match"),
+        ({"labels": np.array([0, 1])}, "2 labels for 4"),
+        ({"labels": np.array(["a", "b", "c", "d"])}, "class indices"),
+        ({"slices": {"a": np.array([1, 0, 0, 1])}}, "boolean mask"),
+    ],
+)
+def test_bad_inputs_are_user_errors(kwargs: dict, message: str) -> None:
+    args = dict(task="classification", outputs=VARIANT, reference_outputs=REFERENCE, labels=LABELS, slices={})
+    with pytest.raises(QbenchError, match=message):
+        evaluate_accuracy(**{**args, **kwargs})
+
+
+class _RecordingRunner:
+    """Returns [x * 2, x + 1] and records the batch sizes it saw."""
+
+    def __init__(self) -> None:
+        self.batches: list[int] = []
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        x = feeds["x"]
+        self.batches.append(len(x))
+        return [x * 2, x + 1]
+
+    def describe(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+def test_run_batched_covers_every_row_in_order() -> None:
+    runner = _RecordingRunner()
+    x = np.arange(20, dtype=np.float32).reshape(10, 2)
+    out = run_batched(runner, {"x": x}, batch_size=4, output_index=1)
+    assert runner.batches == [4, 4, 2]
+    np.testing.assert_array_equal(out, x + 1)
+
+
+def test_run_batched_rejects_bad_feeds_and_output_index() -> None:
+    with pytest.raises(QbenchError, match="row counts"):
+        run_batched(_RecordingRunner(), {"x": np.zeros((3, 2)), "y": np.zeros((4, 2))}, batch_size=2)
+    with pytest.raises(QbenchError, match="output index"):
+        run_batched(_RecordingRunner(), {"x": np.zeros((3, 2))}, batch_size=2, output_index=2)
+    assert row_count({"x": np.zeros((0, 2))}) == 0
+    assert run_batched(_RecordingRunner(), {"x": np.zeros((0, 2))}, batch_size=2).shape[0] == 0

@@ -1,0 +1,101 @@
+"""Latency measurement with fake runners whose run time and call counts are known."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+import numpy as np
+import pytest
+
+from qbench.errors import QbenchError
+from qbench.validate.latency import measure_cold_start, measure_steady_state, take_batch
+
+
+class _SleepyRunner:
+    """Sleeps `run_s` per run and records the batch size of every call."""
+
+    def __init__(self, run_s: float = 0.0) -> None:
+        self.run_s = run_s
+        self.batch_sizes: list[int] = []
+        self.closed = False
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        self.batch_sizes.append(len(feeds["x"]))
+        if self.run_s:
+            time.sleep(self.run_s)
+        return [feeds["x"]]
+
+    def describe(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        self.closed = True
+
+
+FEEDS = {"x": np.arange(6, dtype=np.float32).reshape(3, 2), "mask": np.array([[1], [2], [3]])}
+
+
+def test_take_batch_truncates_and_tiles() -> None:
+    assert take_batch(FEEDS, 2)["x"].tolist() == [[0, 1], [2, 3]]
+    tiled = take_batch(FEEDS, 5)
+    # rows 0, 1, 2, 0, 1 for every input
+    assert tiled["mask"].ravel().tolist() == [1, 2, 3, 1, 2]
+    assert tiled["x"].shape == (5, 2) and tiled["x"].flags["C_CONTIGUOUS"]
+
+
+def test_take_batch_rejects_empty_feeds_and_bad_sizes() -> None:
+    with pytest.raises(QbenchError, match="no rows"):
+        take_batch({"x": np.zeros((0, 2))}, 1)
+    with pytest.raises(QbenchError, match="positive"):
+        take_batch(FEEDS, 0)
+
+
+def test_cold_start_times_load_and_first_run() -> None:
+    runner = _SleepyRunner(run_s=0.005)
+
+    def load() -> _SleepyRunner:
+        time.sleep(0.01)
+        return runner
+
+    live, session_create_ms, first_run_ms = measure_cold_start(load, FEEDS)
+    assert live is runner and not runner.closed
+    assert session_create_ms >= 10.0
+    assert first_run_ms >= 5.0
+    assert runner.batch_sizes == [1]
+
+
+def test_cold_start_closes_the_runner_when_the_first_run_fails() -> None:
+    class _Broken(_SleepyRunner):
+        def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+            raise RuntimeError("kernel failed")
+
+    broken = _Broken()
+    with pytest.raises(RuntimeError, match="kernel failed"):
+        measure_cold_start(lambda: broken, FEEDS)
+    assert broken.closed
+
+
+def test_steady_state_runs_warmup_then_iterations_per_batch_size() -> None:
+    runner = _SleepyRunner()
+    points = measure_steady_state(runner, FEEDS, batch_sizes=[1, 4], warmup=3, iterations=5)
+    assert [p.batch_size for p in points] == [1, 4]
+    assert runner.batch_sizes == [1] * 8 + [4] * 8
+    for point in points:
+        assert (point.warmup, point.iterations) == (3, 5)
+        assert 0 < point.p50_ms <= point.p95_ms <= point.p99_ms
+        assert point.items_per_s == pytest.approx(point.batch_size * 1000 / point.mean_ms)
+
+
+def test_steady_state_measures_the_run_call() -> None:
+    points = measure_steady_state(_SleepyRunner(run_s=0.002), FEEDS, batch_sizes=[2], warmup=0, iterations=5)
+    (point,) = points
+    assert point.p50_ms >= 2.0 and point.mean_ms >= 2.0
+    assert point.items_per_s <= 2 / 0.002
+
+
+def test_steady_state_rejects_bad_counts() -> None:
+    with pytest.raises(QbenchError, match="iterations"):
+        measure_steady_state(_SleepyRunner(), FEEDS, [1], warmup=0, iterations=0)
+    with pytest.raises(QbenchError, match="warmup"):
+        measure_steady_state(_SleepyRunner(), FEEDS, [1], warmup=-1, iterations=1)

@@ -1,0 +1,203 @@
+"""Metric functions against values worked out by hand in the comments."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from qbench.errors import QbenchError
+from qbench.validate import metrics
+
+NAN = float("nan")
+
+
+# -- top1 -----------------------------------------------------------------------------------------
+
+
+def test_top1_argmax_and_nonfinite_rows_get_invalid_class() -> None:
+    outputs = np.array([[0.1, 0.7, 0.2], [2.0, 1.0, 0.0], [NAN, 1.0, 0.0], [0.0, np.inf, 1.0]])
+    # argmax: row 0 -> 1, row 1 -> 0; rows 2 and 3 hold NaN / inf -> -1
+    assert metrics.top1(outputs).tolist() == [1, 0, -1, -1]
+
+
+def test_top1_single_probability_column_thresholds_at_half() -> None:
+    # every score in [0, 1] -> probabilities: 0.2 -> 0, 0.7 -> 1, 0.5 -> 0 (strictly greater)
+    assert metrics.top1(np.array([[0.2], [0.7], [0.5]])).tolist() == [0, 1, 0]
+
+
+def test_top1_single_logit_column_thresholds_at_zero() -> None:
+    # 2.0 is outside [0, 1] -> logits: -1 -> 0, 2 -> 1, 0.3 -> 1 (would be 0 as a probability)
+    assert metrics.top1(np.array([[-1.0], [2.0], [0.3]])).tolist() == [0, 1, 1]
+    assert metrics.top1(np.array([-1.0, 2.0, 0.3])).tolist() == [0, 1, 1]  # 1-D: one score per row
+
+
+def test_top1_squeezes_unit_middle_axes_and_rejects_others() -> None:
+    assert metrics.top1(np.array([[[0.0, 3.0]], [[5.0, 1.0]]])).tolist() == [1, 0]
+    with pytest.raises(QbenchError, match="rows, classes"):
+        metrics.top1(np.zeros((2, 3, 4)))
+
+
+# -- accuracy / agreement / flip rate -------------------------------------------------------------
+
+
+def test_accuracy_counts_invalid_rows_as_wrong_even_against_label_minus_one() -> None:
+    # row 0 right, row 1 wrong, row 2 invalid (-1 == label -1 must not count) -> 1/3
+    assert metrics.accuracy(np.array([1, 0, -1]), np.array([1, 1, -1])) == pytest.approx(1 / 3)
+
+
+def test_agreement_and_flip_rate() -> None:
+    a, b = np.array([1, 0, -1]), np.array([1, 0, -1])
+    # rows 0 and 1 agree; row 2 is -1 on both sides and never agrees -> 2/3, flips 1/3
+    assert metrics.agreement(a, b) == pytest.approx(2 / 3)
+    assert metrics.flip_rate(a, b) == pytest.approx(1 / 3)
+    assert metrics.agreement(np.array([0, 1, 2, 3]), np.array([0, 2, 2, 0])) == 0.5
+
+
+def test_prediction_length_mismatch_is_an_error() -> None:
+    with pytest.raises(QbenchError):
+        metrics.agreement(np.array([0, 1]), np.array([0, 1, 2]))
+
+
+# -- softmax / probabilities -----------------------------------------------------------------------
+
+
+def test_softmax_values_and_stability() -> None:
+    # exp(0), exp(ln 2), exp(ln 3) = 1, 2, 3 -> 1/6, 2/6, 3/6
+    got = metrics.softmax(np.array([[0.0, math.log(2), math.log(3)]]))
+    np.testing.assert_allclose(got, [[1 / 6, 2 / 6, 3 / 6]])
+    np.testing.assert_allclose(metrics.softmax(np.array([[1000.0, 1000.0]])), [[0.5, 0.5]])
+    assert np.isnan(metrics.softmax(np.array([[NAN, 1.0]]))).all()
+
+
+def test_to_probabilities_keeps_probabilities_and_softmaxes_logits() -> None:
+    np.testing.assert_allclose(metrics.to_probabilities(np.array([[0.25, 0.75]])), [[0.25, 0.75]])
+    # [0, 0] does not sum to 1 -> logits -> softmax [0.5, 0.5]
+    np.testing.assert_allclose(metrics.to_probabilities(np.array([[0.0, 0.0]])), [[0.5, 0.5]])
+    # one binary column: probability 0.8 -> [0.2, 0.8]; logit 0 -> sigmoid 0.5; logit -2 -> 1/(1+e^2)
+    np.testing.assert_allclose(metrics.to_probabilities(np.array([[0.8]])), [[0.2, 0.8]])
+    p = 1 / (1 + math.e**2)
+    np.testing.assert_allclose(metrics.to_probabilities(np.array([[0.0], [-2.0]])), [[0.5, 0.5], [1 - p, p]])
+
+
+# -- kl / cosine / max abs error ---------------------------------------------------------------------
+
+
+def test_kl_rows_on_probabilities() -> None:
+    reference = np.array([[0.5, 0.5], [0.2, 0.8]])
+    outputs = np.array([[0.25, 0.75], [0.2, 0.8]])
+    # row 0: 0.5 ln(0.5/0.25) + 0.5 ln(0.5/0.75) = 0.5 ln(4/3); row 1: identical -> 0
+    np.testing.assert_allclose(metrics.kl_rows(reference, outputs), [0.5 * math.log(4 / 3), 0.0], atol=1e-12)
+
+
+def test_kl_rows_on_logits_matches_the_same_distributions() -> None:
+    # softmax [0, 0] = [0.5, 0.5]; softmax [0, ln 3] = [0.25, 0.75] -> 0.5 ln(4/3) as above
+    got = metrics.kl_rows(np.array([[0.0, 0.0]]), np.array([[0.0, math.log(3)]]))
+    np.testing.assert_allclose(got, [0.5 * math.log(4 / 3)])
+
+
+def test_kl_reads_the_variant_as_the_reference_is_read() -> None:
+    # the variant's row sums to 0.9984 (off 1 by more than 1e-3): it is still read as probabilities
+    # because the reference is, and renormalised to [0.25, 0.75] -> 0.5 ln(4/3)
+    got = metrics.kl_rows(np.array([[0.5, 0.5]]), np.array([[0.2496, 0.7488]]))
+    np.testing.assert_allclose(got, [0.5 * math.log(4 / 3)])
+
+
+def test_kl_zero_in_variant_stays_finite() -> None:
+    # Q = [1, 0] clipped to [1, 1e-12]: 0.5 ln(0.5) + 0.5 ln(0.5 / 1e-12) = 0.5 ln(0.25e12)
+    got = metrics.kl_rows(np.array([[0.5, 0.5]]), np.array([[1.0, 0.0]]))
+    np.testing.assert_allclose(got, [0.5 * math.log(0.25e12)], rtol=1e-9)
+
+
+def test_cosine_rows_including_zero_vectors() -> None:
+    a = np.array([[1.0, 0.0], [1.0, 1.0], [0.0, 0.0], [0.0, 0.0], [3.0, 4.0]])
+    b = np.array([[0.0, 1.0], [2.0, 2.0], [0.0, 0.0], [1.0, 0.0], [4.0, 3.0]])
+    # orthogonal 0; parallel 1; both zero 1; one zero 0; (3*4 + 4*3) / (5*5) = 0.96
+    np.testing.assert_allclose(metrics.cosine_rows(a, b), [0.0, 1.0, 1.0, 0.0, 0.96])
+
+
+def test_cosine_rows_flattens_non_batch_axes() -> None:
+    a = np.array([[[3.0, 0.0], [0.0, 4.0]]])
+    b = np.array([[[4.0, 0.0], [0.0, 3.0]]])
+    np.testing.assert_allclose(metrics.cosine_rows(a, b), [0.96])
+
+
+def test_max_abs_error() -> None:
+    # |2 - 2.5| = 0.5, |3 - 2| = 1 -> 1
+    assert metrics.max_abs_error(np.array([[1.0, 2.0], [3.0, 4.0]]), np.array([[1.0, 2.5], [2.0, 4.0]])) == 1.0
+    with pytest.raises(QbenchError, match="shapes"):
+        metrics.max_abs_error(np.zeros((2, 2)), np.zeros((2, 3)))
+
+
+def test_float16_outputs_are_compared_in_float64() -> None:
+    a = np.array([[1.0, 2.0]], dtype=np.float16)
+    b = np.array([[1.0, 2.001953125]], dtype=np.float16)  # the next float16 after 2
+    assert metrics.max_abs_error(a, b) == 2**-9
+
+
+# -- intervals --------------------------------------------------------------------------------------
+
+
+def test_wilson_interval_hand_computed() -> None:
+    # p = 0.8, n = 10, z^2 = 3.8416, denominator 1.38416
+    # centre = (0.8 + 0.19208) / 1.38416 = 0.716738; half = 1.96 sqrt(0.016 + 0.009604) / 1.38416 = 0.226581
+    low, high = metrics.wilson_interval(8, 10)
+    assert low == pytest.approx(0.490157, abs=1e-5)
+    assert high == pytest.approx(0.943319, abs=1e-5)
+
+
+def test_wilson_interval_edges() -> None:
+    low, high = metrics.wilson_interval(0, 10)
+    assert low == 0.0 and 0.0 < high < 0.35
+    low, high = metrics.wilson_interval(10, 10)
+    assert high == 1.0 and 0.65 < low < 1.0
+    assert all(math.isnan(v) for v in metrics.wilson_interval(0, 0))
+    with pytest.raises(ValueError):
+        metrics.wilson_interval(11, 10)
+
+
+def test_mean_interval() -> None:
+    # mean 2, sample std 1, half width 1.96 / sqrt(3) = 1.131607
+    low, high = metrics.mean_interval(np.array([1.0, 2.0, 3.0]))
+    assert low == pytest.approx(2 - 1.131607, abs=1e-6)
+    assert high == pytest.approx(2 + 1.131607, abs=1e-6)
+    assert metrics.mean_interval(np.array([5.0])) == (5.0, 5.0)
+    assert all(math.isnan(v) for v in metrics.mean_interval(np.array([])))
+
+
+# -- empty input and NaN ----------------------------------------------------------------------------
+
+
+def test_empty_input_gives_nan_everywhere() -> None:
+    no_classes = np.zeros(0, dtype=np.int64)
+    no_rows = np.zeros((0, 3))
+    assert metrics.top1(no_rows).shape == (0,)
+    assert math.isnan(metrics.accuracy(no_classes, no_classes))
+    assert math.isnan(metrics.agreement(no_classes, no_classes))
+    assert math.isnan(metrics.flip_rate(no_classes, no_classes))
+    assert math.isnan(metrics.max_abs_error(no_rows, no_rows))
+    assert metrics.kl_rows(no_rows, no_rows).shape == (0,)
+    assert metrics.cosine_rows(no_rows, no_rows).shape == (0,)
+    assert metrics.cosine_rows(np.zeros(0), np.zeros(0)).shape == (0,)
+
+
+def test_nan_propagates() -> None:
+    reference = np.array([[1.0, 0.0], [0.0, 1.0]])
+    outputs = np.array([[1.0, 0.0], [NAN, 1.0]])
+    assert math.isnan(metrics.max_abs_error(reference, outputs))
+    kl = metrics.kl_rows(reference, outputs)
+    assert kl[0] == pytest.approx(0.0) and math.isnan(kl[1])
+    cosine = metrics.cosine_rows(reference, outputs)
+    assert cosine[0] == pytest.approx(1.0) and math.isnan(cosine[1])
+    assert math.isnan(metrics.mean_interval(np.array([1.0, NAN]))[0])
+
+
+def test_nonfinite_rows() -> None:
+    assert metrics.nonfinite_rows(np.array([[1.0, 2.0], [NAN, 0.0], [0.0, -np.inf]])).tolist() == [False, True, True]
+
+
+def test_catalogue_is_unchanged() -> None:
+    assert metrics.gate_metric_names("embedding") == ["cosine", "cosine_min", "max_abs_error"]
+    assert metrics.drop("flip_rate", 0.01, 0.03) == pytest.approx(0.02)
+    assert metrics.drop("accuracy", 0.9, 0.95) == pytest.approx(-0.05)

@@ -1,0 +1,101 @@
+"""compute_ranges: the three calibrators really differ, short batches are used, nothing is left behind."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import helper
+
+from qbench.errors import QbenchError
+from qbench.variants.calibrate import CalibrationSettings, calibration_rows, compute_ranges, tensor_amax
+
+
+@pytest.fixture(scope="module")
+def skewed(tmp_path_factory: pytest.TempPathFactory, graph) -> tuple[Path, list[dict[str, np.ndarray]]]:
+    """One MatMul whose input is mostly N(0, 1) with rare outliers of +-60; the last batch is short."""
+    rng = np.random.default_rng(1)
+    path = graph(
+        tmp_path_factory.mktemp("skewed") / "skewed.onnx",
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        {"w": rng.normal(size=(16, 4)).astype(np.float32)},
+        {"x": 16},
+        {"y": 4},
+    )
+    batches = []
+    for rows in (32, 32, 32, 7):
+        x = rng.normal(size=(rows, 16)).astype(np.float32)
+        x.flat[rng.choice(x.size, 2, replace=False)] = rng.choice([-60.0, 60.0], 2)
+        batches.append({"x": x})
+    return path, batches
+
+
+def _amax(path: Path, batches: list[dict[str, np.ndarray]], method: str, workdir: Path, **options: float) -> float:
+    ranges = compute_ranges(path, batches, method, op_types=["MatMul"], workdir=workdir, **options)
+    amax = tensor_amax(ranges, "x")
+    assert amax is not None
+    return amax
+
+
+def test_minmax_entropy_and_percentile_give_different_ranges_on_outliers(skewed, tmp_path):
+    path, batches = skewed
+    minmax = _amax(path, batches, "minmax", tmp_path)
+    entropy = _amax(path, batches, "entropy", tmp_path, num_bins=2048, num_quantized_bins=128)
+    percentile = _amax(path, batches, "percentile", tmp_path, percentile=99.0, num_bins=2048)
+    print(f"amax of x: minmax {minmax:.3f}, entropy {entropy:.3f}, percentile {percentile:.3f}")
+    assert minmax == pytest.approx(60.0)
+    assert entropy < 0.5 * minmax, "entropy should clip the rare outliers"
+    assert percentile < 0.5 * minmax, "the 99th percentile should clip the rare outliers"
+    assert abs(entropy - percentile) > 1e-3
+
+
+def test_entropy_bins_matter(skewed, tmp_path):
+    """Guards pitfall 4: with the histogram bins passed through, 2048 and 128 bins do not agree."""
+    path, batches = skewed
+    fine = _amax(path, batches, "entropy", tmp_path, num_bins=2048, num_quantized_bins=128)
+    coarse = _amax(path, batches, "entropy", tmp_path, num_bins=128, num_quantized_bins=128)
+    assert abs(fine - coarse) > 1e-3
+
+
+def test_histogram_calibration_uses_the_short_last_batch(skewed, tmp_path):
+    path, batches = skewed
+    with_short = _amax(path, batches, "percentile", tmp_path, percentile=100.0)
+    without_short = _amax(path, batches[:-1], "percentile", tmp_path, percentile=100.0)
+    assert calibration_rows(batches) == 32 * 3 + 7
+    assert with_short >= without_short
+    big = {"x": np.full((3, 16), 200.0, dtype=np.float32)}
+    assert _amax(path, [*batches, big], "percentile", tmp_path, percentile=100.0) == pytest.approx(200.0, rel=0.01)
+
+
+def test_calibration_leaves_no_files_in_the_working_directory_or_workdir(skewed, tmp_path, monkeypatch):
+    path, batches = skewed
+    cwd, workdir = tmp_path / "cwd", tmp_path / "work"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    compute_ranges(path, batches, "entropy", op_types=["MatMul"], workdir=workdir)
+    assert Path.cwd() == cwd
+    assert os.listdir(cwd) == []
+    assert os.listdir(workdir) == []
+
+
+def test_empty_calibration_and_unknown_method_are_user_errors(skewed, tmp_path):
+    path, batches = skewed
+    with pytest.raises(QbenchError, match="at least one batch"):
+        compute_ranges(path, [], "minmax", workdir=tmp_path)
+    with pytest.raises(QbenchError, match="distribution"):
+        compute_ranges(path, batches, "distribution", workdir=tmp_path)
+
+
+def test_settings_resolve_defaults_and_report_only_what_the_method_uses():
+    from qbench.recipe import VariantSpec
+
+    entropy = CalibrationSettings.from_spec(VariantSpec(name="e", precision="int8", calibrator="entropy"), ["MatMul"])
+    assert (entropy.num_bins, entropy.num_quantized_bins) == (2048, 128)
+    expected = {"calibrator": "entropy", "calibration_symmetric": False, "num_bins": 2048, "num_quantized_bins": 128}
+    assert entropy.params() == expected
+    spec = VariantSpec(name="p", precision="fp8", calibrator="percentile", percentile=99.9)
+    assert CalibrationSettings.from_spec(spec, None).params()["percentile"] == 99.9
+    minmax = CalibrationSettings.from_spec(VariantSpec(name="m", precision="int8", calibrator="minmax"), None)
+    assert set(minmax.params()) == {"calibrator", "calibration_symmetric"}

@@ -1,0 +1,112 @@
+"""FP32 reference, FP16 conversion and the BF16 simulation."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from qbench.errors import QbenchError
+from qbench.recipe import VariantSpec
+from qbench.variants.base import BuildContext
+from qbench.variants.fp16 import BF16_NOTE, build_bf16, build_fp16, round_to_bf16
+from qbench.variants.fp32 import build_fp32
+
+
+def _reference(mlp) -> np.ndarray:
+    session = ort.InferenceSession(str(mlp.path), providers=["CPUExecutionProvider"])
+    return session.run(None, mlp.held_out)[0]
+
+
+def test_fp32_is_the_reference_itself(mlp, tmp_path):
+    built = build_fp32(VariantSpec(name="fp32", precision="fp32"), mlp.context(tmp_path / "work"))
+    assert built.onnx_path == mlp.path.resolve()
+    assert built.precision == "fp32"
+    assert not (tmp_path / "work").exists(), "the reference needs no copy"
+
+
+def test_fp32_with_a_missing_model_is_a_user_error(mlp, tmp_path):
+    missing = BuildContext(reference_path=tmp_path / "nope.onnx", workdir=tmp_path)
+    with pytest.raises(QbenchError, match="does not exist"):
+        build_fp32(VariantSpec(name="fp32", precision="fp32"), missing)
+
+
+def test_fp16_keeps_fp32_io_and_stays_close(mlp, run, tmp_path):
+    built = build_fp16(VariantSpec(name="half", precision="fp16"), mlp.context(tmp_path))
+    model = onnx.load(str(built.onnx_path))
+    assert built.onnx_path == (tmp_path / "half.onnx").resolve()
+    assert {v.type.tensor_type.elem_type for v in [*model.graph.input, *model.graph.output]} == {TensorProto.FLOAT}
+    assert {t.data_type for t in model.graph.initializer} == {TensorProto.FLOAT16}
+    reference, output = _reference(mlp), run(built, mlp.held_out)
+    error = np.abs(output - reference).max()
+    print(f"fp16 max abs error {error:.5f}")
+    assert 0 < error < 0.05
+    assert built.params["keep_io_types"] is True and built.params["weights_clamped"] == 0
+
+
+def test_fp16_counts_weights_it_must_clamp(graph, tmp_path, run):
+    weights = {"w": np.array([[1e5, 1.0], [1e-9, 2.0]], dtype=np.float32)}
+    path = graph(tmp_path / "big.onnx", [helper.make_node("MatMul", ["x", "w"], ["y"])], weights, {"x": 2}, {"y": 2})
+    ctx = BuildContext(reference_path=path, workdir=tmp_path / "work")
+    built = build_fp16(VariantSpec(name="half", precision="fp16"), ctx)
+    assert built.params["weights_clamped"] == 2
+    assert any("clamped" in note for note in built.notes)
+
+
+def test_ort_cpu_cannot_run_real_bf16_compute(tmp_path):
+    """Why BF16 is simulated. If this fails, ORT CPU gained BF16 kernels and a real BF16 path is possible."""
+    nodes = [
+        helper.make_node("Cast", ["x"], ["xb"], to=TensorProto.BFLOAT16),
+        helper.make_node("MatMul", ["xb", "xb"], ["yb"]),
+        helper.make_node("Cast", ["yb"], ["y"], to=TensorProto.FLOAT),
+    ]
+    graph = helper.make_graph(
+        nodes, "bf16",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 2])],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    with pytest.raises(Exception, match="NOT_IMPLEMENTED|Could not find an implementation"):
+        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def test_bf16_simulation_rounds_weights_and_activations(mlp, run, tmp_path):
+    built = build_bf16(VariantSpec(name="brain", precision="bf16"), mlp.context(tmp_path))
+    assert built.session_hints == {"simulated": True}
+    assert BF16_NOTE in built.notes
+    model = onnx.load(str(built.onnx_path))
+    assert [o.name for o in model.graph.output] == ["y"] and [i.name for i in model.graph.input] == ["x"]
+    for tensor in model.graph.initializer:
+        values = onnx.numpy_helper.to_array(tensor)
+        np.testing.assert_array_equal(values, round_to_bf16(values))
+    assert built.params["rounded_weights"] == 3
+    assert built.params["rounded_activations"] == 5  # x, h, r, m, y
+
+    output = run(built, mlp.held_out)  # default ORT optimisation level: the casts must survive it
+    np.testing.assert_array_equal(output, round_to_bf16(output))
+    reference = _reference(mlp)
+    relative = np.abs(output - reference).max() / np.abs(reference).max()
+    print(f"bf16 max error relative to the largest output: {relative:.5f}")
+    assert 0 < relative < 0.03
+
+
+def test_bf16_matches_a_numpy_simulation(mlp, run, tmp_path):
+    built = build_bf16(VariantSpec(name="brain", precision="bf16"), mlp.context(tmp_path))
+    weights = {t.name: onnx.numpy_helper.to_array(t) for t in onnx.load(str(mlp.path)).graph.initializer}
+    x = round_to_bf16(mlp.held_out["x"])
+    hidden = round_to_bf16(np.maximum(round_to_bf16(x @ round_to_bf16(weights["w1"])), 0))
+    expected = round_to_bf16(round_to_bf16(hidden @ round_to_bf16(weights["w2"])) + round_to_bf16(weights["b2"]))
+    # Summation order may differ by one bfloat16 step (2**-8 relative) on a few values.
+    np.testing.assert_allclose(run(built, mlp.held_out), expected, rtol=2**-7, atol=1e-6)
+
+
+def test_a_broken_model_file_is_reported_as_a_variant_failure(tmp_path):
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(b"not an onnx model")
+    ctx = BuildContext(reference_path=broken, workdir=tmp_path / "work")
+    with pytest.raises(QbenchError, match=r"variant 'half': loading the FP32 model"):
+        build_fp16(VariantSpec(name="half", precision="fp16"), ctx)
+    with pytest.raises(QbenchError, match=r"variant 'brain': loading the FP32 model"):
+        build_bf16(VariantSpec(name="brain", precision="bf16"), ctx)

@@ -1,0 +1,146 @@
+"""INT8 static (QDQ, qbench's calibration) and dynamic builds with ONNX Runtime."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnxruntime.quantization.calibrate import load_tensors_data
+
+from qbench.errors import QbenchError
+from qbench.recipe import VariantSpec
+from qbench.variants import int8
+from qbench.variants.int8 import build_int8, resolve_reduce_range
+
+
+def _ops(path) -> list[str]:
+    return [node.op_type for node in onnx.load(str(path)).graph.node]
+
+
+def _dequantized_inputs(model: onnx.ModelProto, node_name: str) -> list[str]:
+    """The inputs of `node_name` that come straight from a DequantizeLinear."""
+    dequantized = {o for n in model.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    node = next(n for n in model.graph.node if n.name == node_name)
+    return [name for name in node.input if name in dequantized]
+
+
+@pytest.mark.parametrize("calibrator", ["minmax", "entropy", "percentile"])
+def test_static_qdq_builds_runs_and_records_its_calibration(calibrator, mlp, run, tmp_path):
+    spec = VariantSpec(name=f"int8-{calibrator}", precision="int8", calibrator=calibrator, op_types=["MatMul"])
+    built = build_int8(spec, mlp.context(tmp_path))
+    ops = _ops(built.onnx_path)
+    assert "QuantizeLinear" in ops and "DequantizeLinear" in ops
+    assert built.params["quantized_op_types"] == {"MatMul": 2}
+    assert built.params["calibration_rows"] == 16 * 3 + 5 and built.params["calibration_batches"] == 4
+    cache = tmp_path / f"int8-{calibrator}.calibration.json"
+    assert built.params["calibration_cache"] == cache.name
+    assert load_tensors_data(cache).calibration_method.name.lower() == calibrator
+
+    reference = ort.InferenceSession(str(mlp.path), providers=["CPUExecutionProvider"]).run(None, mlp.held_out)[0]
+    output = run(built, mlp.held_out)
+    relative = np.abs(output - reference).max() / np.abs(reference).max()
+    print(f"{calibrator}: max error relative to the largest output {relative:.4f}")
+    assert 0 < relative < 0.5
+
+
+def test_static_params_resolve_every_default(mlp, tmp_path):
+    spec = VariantSpec(name="e", precision="int8", calibrator="entropy", op_types=["MatMul"])
+    built = build_int8(spec, mlp.context(tmp_path))
+    params = built.params
+    assert (params["num_bins"], params["num_quantized_bins"]) == (2048, 128)
+    assert params["activation_type"] == "uint8" and params["weight_type"] == "int8"
+    assert params["quant_format"] == "QDQ" and params["op_types"] == ["MatMul"]
+    assert isinstance(params["reduce_range"], bool) and params["reduce_range_source"].startswith("auto")
+    assert built.build_seconds > 0
+
+
+def test_default_op_types_are_resolved_to_the_quantizers_list(mlp, tmp_path):
+    built = build_int8(VariantSpec(name="all", precision="int8", calibrator="minmax"), mlp.context(tmp_path))
+    assert {"MatMul", "Conv", "Gemm"} <= set(built.params["op_types"])
+    assert built.params["quantized_op_types"]["MatMul"] == 2
+
+
+@pytest.mark.parametrize(("vnni", "machine", "expected"), [
+    (False, "x86_64", (True, "auto (x86 CPU without VNNI)")),
+    (True, "x86_64", (False, "auto (CPU has VNNI)")),
+    (False, "aarch64", (False, "auto (not an x86 CPU)")),
+])  # fmt: skip
+def test_reduce_range_auto_follows_the_cpu(vnni, machine, expected, monkeypatch):
+    monkeypatch.setattr("qbench.environment.cpu_has_vnni", lambda: vnni)
+    monkeypatch.setattr(int8, "cpu_has_vnni", lambda: vnni)
+    monkeypatch.setattr("platform.machine", lambda: machine)
+    assert resolve_reduce_range("auto") == expected
+    assert resolve_reduce_range(False) == (False, "recipe")
+
+
+def test_reduce_range_auto_is_recorded_as_resolved(mlp, tmp_path, monkeypatch):
+    monkeypatch.setattr(int8, "needs_reduce_range", lambda: True)
+    built = build_int8(VariantSpec(name="rr", precision="int8", calibrator="minmax"), mlp.context(tmp_path / "a"))
+    assert (built.params["reduce_range"], built.params["reduce_range_source"]) == (True, "auto (x86 CPU without VNNI)")
+    forced = VariantSpec(name="rr", precision="int8", calibrator="minmax", reduce_range=False)
+    built = build_int8(forced, mlp.context(tmp_path / "b"))
+    assert (built.params["reduce_range"], built.params["reduce_range_source"]) == (False, "recipe")
+    assert any("saturate" in note for note in built.notes)
+
+
+def test_reduce_range_changes_the_weights(mlp, tmp_path):
+    """7-bit weights: the int8 weight initializers stay within [-64, 63]."""
+    def weight_extent(reduce_range: bool) -> int:
+        spec = VariantSpec(name="w", precision="int8", calibrator="minmax", reduce_range=reduce_range)
+        built = build_int8(spec, mlp.context(tmp_path / str(reduce_range)))
+        model = onnx.load(str(built.onnx_path))
+        weights = [t for t in model.graph.initializer if t.data_type == onnx.TensorProto.INT8 and t.dims]
+        return max(int(np.abs(onnx.numpy_helper.to_array(t).astype(np.int32)).max()) for t in weights)
+
+    assert weight_extent(True) <= 64 < weight_extent(False)
+
+
+def test_excluded_nodes_stay_float(mlp, tmp_path):
+    spec = VariantSpec(name="ex", precision="int8", calibrator="minmax", op_types=["MatMul"], exclude_nodes=["mm2"])
+    built = build_int8(spec, mlp.context(tmp_path))
+    model = onnx.load(str(built.onnx_path))
+    assert _dequantized_inputs(model, "mm2") == []
+    assert len(_dequantized_inputs(model, "mm1")) == 2
+    assert built.params["quantized_op_types"] == {"MatMul": 1}
+    assert built.params["exclude_nodes"] == ["mm2"]
+
+
+def test_unknown_excluded_node_is_a_user_error_with_a_suggestion(mlp, tmp_path):
+    spec = VariantSpec(name="ex", precision="int8", calibrator="minmax", exclude_nodes=["mm3"])
+    with pytest.raises(QbenchError, match=r"variant 'ex': exclude_nodes: no node named 'mm3'.*did you mean"):
+        build_int8(spec, mlp.context(tmp_path))
+
+
+def test_dynamic_int8_builds_for_a_matmul_model(mlp, run, tmp_path):
+    spec = VariantSpec(name="dyn", precision="int8", calibrator="dynamic", per_channel=True)
+    built = build_int8(spec, mlp.context(tmp_path))
+    ops = _ops(built.onnx_path)
+    assert ops.count("MatMulInteger") == 2 and "DynamicQuantizeLinear" in ops
+    assert built.params["calibrator"] == "dynamic" and built.params["calibration_rows"] == 0
+    assert built.params["per_channel"] is True
+    assert built.params["quantized_op_types"] == {"MatMulInteger": 2}
+    assert not list(tmp_path.glob("*.calibration.json"))
+    output = run(built, mlp.held_out)
+    assert output.shape == (64, 4) and np.isfinite(output).all()
+
+
+def test_static_without_calibration_data_is_a_user_error(mlp, tmp_path):
+    from qbench.variants.base import BuildContext
+
+    ctx = BuildContext(reference_path=mlp.path, workdir=tmp_path)
+    with pytest.raises(QbenchError, match="calibration sample is empty"):
+        build_int8(VariantSpec(name="s", precision="int8", calibrator="minmax"), ctx)
+
+
+def test_builds_leave_nothing_in_the_working_directory(mlp, tmp_path, monkeypatch):
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    for calibrator in ("percentile", "dynamic"):
+        spec = VariantSpec(name=calibrator, precision="int8", calibrator=calibrator)
+        build_int8(spec, mlp.context(tmp_path / "work"))
+    assert os.listdir(cwd) == []
+    assert sorted(os.listdir(tmp_path / "work")) == ["dynamic.onnx", "percentile.calibration.json", "percentile.onnx"]
