@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from qbench.console import console as err_console
+from qbench.console import print_wide
 from qbench.errors import QbenchError
 
 app = typer.Typer(
@@ -37,16 +38,12 @@ def sweep(
 ) -> int:
     """Build every variant, measure it against FP32, write reports/<name>/<time>/ and log to MLflow."""
     from qbench.recipe import load_recipe
-    from qbench.report import gate_table
     from qbench.sweep import run_sweep
 
     outcome = run_sweep(load_recipe(recipe), track=track)
     if outcome.mlflow_run_id:
         err_console.print(f"MLflow run: {outcome.mlflow_run_id}  (open the UI with `qbench ui {recipe}`)")
-    if not gate:
-        return 0
-    out.print(gate_table(outcome.gate))
-    return _gate_verdict(outcome.gate)
+    return _gate_verdict(outcome.gate) if gate else 0
 
 
 @app.command()
@@ -77,7 +74,7 @@ def gate(
 
     report, judged = run_gate(load_recipe(recipe) if recipe else None, results)
     out.print(f"gate on {escape(judged.recipe.get('name', '?'))} ({judged.created_at}), metric {report.metric}")
-    out.print(gate_table(report))
+    print_wide(gate_table(report), out)
     return _gate_verdict(report)
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import TypeVar
 
-from rich.console import Console
+from rich.console import Console, RenderableType
+from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 T = TypeVar("T")
@@ -18,3 +19,14 @@ def track(items: Iterable[T], description: str, total: int | None = None) -> Ite
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as progress:
         yield from progress.track(items, total=total, description=description)
+
+
+def print_wide(renderable: RenderableType, target: Console | None = None) -> None:
+    """Print on `target` (default: qbench's console); in logs (no terminal: 80 columns by default)
+    wide enough that tables do not fold."""
+    target = target or console
+    if target.is_terminal:
+        target.print(renderable)
+        return
+    natural = Measurement.get(target, target.options.update_width(10_000), renderable).maximum
+    Console(file=target.file, width=max(target.width, natural), color_system=target.color_system).print(renderable)

@@ -161,7 +161,8 @@ def _draw_panel(ax: Axes, results: SweepResults, batch_size: int, colours: dict[
     for variant, p50_ms, value in _panel_points(results, batch_size):
         colour = colours[variant.backend]
         filled = (variant.backend, variant.variant) in on_frontier
-        ax.scatter(p50_ms, value, s=46, zorder=3, color=colour if filled else "white", edgecolors=colour, linewidths=1.5)
+        face, zorder = (colour, 4) if filled else ("white", 3)  # frontier points on top of points they hide
+        ax.scatter(p50_ms, value, s=46, zorder=zorder, color=face, edgecolors=colour, linewidths=1.5)
     for backend, colour in colours.items():
         steps = [p for p in frontier if p.backend == backend]
         if steps:
@@ -185,7 +186,25 @@ def _set_x_scale(ax: Axes, results: SweepResults, batch_size: int) -> None:
 
 
 # Where a point's label may go, in points from the point (dx, dy, alignment): tried in order.
-_LABEL_OFFSETS = ((6, 5, "left"), (6, -12, "left"), (-6, 5, "right"), (-6, -12, "right"), (6, 16, "left"), (6, -23, "left"))
+_LABEL_OFFSETS = (
+    (6, 5, "left"), (6, -12, "left"), (-6, 5, "right"), (-6, -12, "right"), (6, 16, "left"), (6, -23, "left"),
+)  # fmt: skip
+
+
+_SAME_SPOT_PX = 8.0  # points closer than this on screen share one label
+
+
+def _label_groups(ax: Axes, results: SweepResults, batch_size: int) -> list[tuple[str, float, float]]:
+    """(text, x, y) per cluster of points that sit on the same spot, e.g. 'fp32, fp16' when FP16 changed nothing."""
+    groups: list[tuple[list[str], float, float, tuple[float, float]]] = []
+    for variant, p50_ms, value in sorted(_panel_points(results, batch_size), key=lambda t: (t[1], -t[2])):
+        screen = tuple(ax.transData.transform((p50_ms, value)))
+        near = next((g for g in groups if math.dist(g[3], screen) < _SAME_SPOT_PX), None)
+        if near is None:
+            groups.append(([variant.variant], p50_ms, value, screen))
+        elif variant.variant not in near[0]:
+            near[0].append(variant.variant)
+    return [(", ".join(names), x, y) for names, x, y, _ in groups]
 
 
 def _label_points(ax: Axes, results: SweepResults, batch_size: int) -> None:
@@ -193,18 +212,16 @@ def _label_points(ax: Axes, results: SweepResults, batch_size: int) -> None:
     renderer = ax.figure.canvas.get_renderer()
     axes_box = ax.get_window_extent(renderer)
     placed: list[Bbox] = []
-    for variant, p50_ms, value in sorted(_panel_points(results, batch_size), key=lambda t: (t[1], -t[2])):
+    for text, x, y in _label_groups(ax, results, batch_size):
         for dx, dy, align in _LABEL_OFFSETS:
-            label = ax.annotate(variant.variant, (p50_ms, value), xytext=(dx, dy), textcoords="offset points",
-                                fontsize=8, ha=align)  # fmt: skip
+            label = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", fontsize=8, ha=align)
             box = label.get_window_extent(renderer)
             fits = axes_box.x0 <= box.x0 and box.x1 <= axes_box.x1
             if fits and not any(box.padded(3).overlaps(other) for other in placed):
                 break
             label.remove()
         else:  # no free place: fall back to the first one
-            label = ax.annotate(variant.variant, (p50_ms, value), xytext=_LABEL_OFFSETS[0][:2],
-                                textcoords="offset points", fontsize=8)  # fmt: skip
+            label = ax.annotate(text, (x, y), xytext=_LABEL_OFFSETS[0][:2], textcoords="offset points", fontsize=8)
         placed.append(label.get_window_extent(renderer))
 
 
@@ -212,7 +229,9 @@ def _legend_handles(colours: dict[str, str], threshold: float | None) -> list[Li
     from matplotlib.lines import Line2D
 
     handles = [Line2D([], [], color=c, marker="o", label=b) for b, c in colours.items()]
-    handles.append(Line2D([], [], color="grey", marker="o", markerfacecolor="white", linestyle="", label="off the frontier"))
+    handles.append(
+        Line2D([], [], color="grey", marker="o", markerfacecolor="white", linestyle="", label="off the frontier")
+    )
     if threshold is not None:
         handles.append(Line2D([], [], color="crimson", linestyle="--", label=f"gate ({threshold:.4g})"))
     return handles

@@ -23,7 +23,7 @@ from qbench.backends.base import RunOptions
 from qbench.console import console
 from qbench.environment import describe_environment
 from qbench.errors import QbenchError
-from qbench.frontier import compute_frontier, plot_frontier
+from qbench.frontier import compute_frontier, gate_threshold, plot_frontier
 from qbench.gate import GateReport, evaluate_gate
 from qbench.preflight import Prepared, prepare
 from qbench.recipe import Recipe, VariantSpec, load_recipe
@@ -31,7 +31,6 @@ from qbench.report import print_summary, write_markdown_report
 from qbench.results import AccuracyResult, LatencyResult, SweepResults, VariantResult, write_results
 from qbench.validate.accuracy import evaluate_accuracy, run_batched, with_drops
 from qbench.validate.latency import measure_cold_start, measure_steady_state, take_batch
-from qbench.validate.metrics import METRICS
 from qbench.variants import BuildContext, BuiltVariant, build_variant
 
 
@@ -67,6 +66,10 @@ def run_sweep(recipe: Recipe | str | Path, *, track: bool = True, show: bool = T
     started = time.perf_counter()
     clock = _Clock()
     recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
+    if track:
+        from qbench.track import check_reachable, resolve_tracking_uri
+
+        check_reachable(resolve_tracking_uri(recipe))
     t = time.perf_counter()
     prepared = prepare(recipe)
     clock.add("prepare", t)
@@ -235,7 +238,7 @@ def _publish(
     t = time.perf_counter()
     gate = evaluate_gate(results, recipe.gate)
     results_path = write_results(results, run_dir / "results.json")
-    plot_path = plot_frontier(results, run_dir / "frontier.png", threshold=_gate_threshold(results, recipe))
+    plot_path = plot_frontier(results, run_dir / "frontier.png", threshold=gate_threshold(results, recipe.gate.max_drop))
     report_path = write_markdown_report(results, gate, plot_path, run_dir / "report.md")
     clock.add("report", t)
     run_id = None
@@ -259,18 +262,6 @@ def _publish(
 
 def _with_timings(results: SweepResults, timings: dict[str, float]) -> SweepResults:
     return replace(results, timings={k: round(v, 4) for k, v in timings.items()})
-
-
-def _gate_threshold(results: SweepResults, recipe: Recipe) -> float | None:
-    """The gate line on the frontier plot: FP32's overall metric moved by max_drop (first backend)."""
-    reference = results.find(results.reference, recipe.backends[0])
-    if reference is None or reference.accuracy is None:
-        return None
-    value = reference.accuracy.overall.metrics.get(recipe.gate.metric)
-    if value is None or not np.isfinite(value):
-        return None
-    sign = -1 if METRICS[recipe.gate.metric].higher_is_better else 1
-    return value + sign * recipe.gate.max_drop
 
 
 def _new_run_dir(recipe: Recipe) -> Path:

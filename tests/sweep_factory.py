@@ -22,6 +22,7 @@ from qbench.results import (
 
 REFERENCE_ACCURACY = {"overall": 0.95, "clean": 0.97, "noisy lighting=dark": 0.90}
 SLICE_SIZES = {"clean": 300, "noisy lighting=dark": 100}
+FP8_NOTE = "FP8 is simulated with Q/DQ on CPU: latency is not representative"
 
 
 def make_slice(name: str, size: int, accuracy: float, reference: float) -> SliceMetrics:
@@ -96,7 +97,7 @@ def default_variants(backend: str = "onnxruntime-cpu") -> list[VariantResult]:
                      params={"calibrator": "minmax", "reduce_range": True, "exclude_nodes": ["a", "b"]}),
         make_variant("fp8_e4m3", "fp8", backend=backend, p50_by_batch={1: 6.0, 32: 130.0},
                      accuracy={"overall": 0.949, "clean": 0.969, "noisy lighting=dark": 0.899},
-                     params={"calibrator": "minmax"}, notes=("FP8 is simulated with Q/DQ on CPU: latency is not representative",)),
+                     params={"calibrator": "minmax"}, notes=(FP8_NOTE,)),
         make_variant("int8_dynamic", "int8", backend=backend, params={"calibrator": "dynamic"},
                      error="RuntimeError: ConvInteger is not implemented"),
     ]  # fmt: skip

@@ -1,0 +1,407 @@
+"""Human-readable views of a sweep: rich tables for the console, and report.md.
+
+Each table is built once as a neutral `Grid` (headers, cells, footnotes) and
+rendered either as a rich Table or as a Markdown table, so the console and the
+report always show the same figures.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
+from qbench.console import print_wide
+from qbench.frontier import frontier_of, overall_metric, speedup
+from qbench.gate import GateCheck, GateReport
+from qbench.results import SliceMetrics, SweepResults, VariantResult
+from qbench.validate.metrics import METRICS
+
+Cell = str | tuple[str, str]  # text, or (text, rich style)
+_NONE = "—"
+_DROP_NOTE = "drop: how much worse than FP32 (positive = worse)"
+
+
+@dataclass
+class Footnotes:
+    """Long texts (variant notes, errors) shown as [n] markers in a table and listed below it."""
+
+    texts: list[str] = field(default_factory=list)
+
+    def mark(self, text: str) -> str:
+        if text not in self.texts:
+            self.texts.append(text)
+        return f"[{self.texts.index(text) + 1}]"
+
+    def lines(self) -> list[str]:
+        return [f"[{i}] {text}" for i, text in enumerate(self.texts, start=1)]
+
+
+@dataclass
+class Grid:
+    title: str
+    headers: list[str]
+    rows: list[list[Cell]]
+    right_aligned: frozenset[int] = frozenset()  # column indexes holding numbers
+    footer: list[str] = field(default_factory=list)  # lines shown under the table
+    footer_style: str = "dim"
+
+
+# -- formatting ---------------------------------------------------------------------------------
+
+
+def _finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+def _num(value: float | None, digits: int = 4) -> str:
+    return f"{value:.{digits}f}" if _finite(value) else _NONE
+
+
+def _signed(value: float | None) -> str:
+    return f"{value:+.4f}" if _finite(value) else _NONE
+
+
+def _short(value: float | None) -> str:
+    """About three significant digits: 0.027, 4.11, 45.0, 1,234."""
+    if not _finite(value):
+        return _NONE
+    decimals = 3 if value < 1 else 2 if value < 10 else 1 if value < 100 else 0
+    return f"{value:,.{decimals}f}"
+
+
+def _rate(value: float | None) -> str:
+    if not _finite(value):
+        return _NONE
+    return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
+
+
+def _text(cell: Cell) -> str:
+    return cell if isinstance(cell, str) else cell[0]
+
+
+# -- rendering ----------------------------------------------------------------------------------
+
+
+def to_rich(grid: Grid) -> Table:
+    table = Table(title=grid.title, title_justify="left", caption_justify="left", caption_style=grid.footer_style,
+                  box=box.SIMPLE_HEAD)  # fmt: skip
+    for index, header in enumerate(grid.headers):
+        table.add_column(header, justify="right" if index in grid.right_aligned else "left", overflow="fold")
+    for row in grid.rows:
+        table.add_row(*(Text(c) if isinstance(c, str) else Text(c[0], style=c[1]) for c in row))
+    if grid.footer:
+        table.caption = "\n".join(grid.footer)
+    return table
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _markdown_table(grid: Grid) -> list[str]:
+    lines = ["| " + " | ".join(_md_cell(h) for h in grid.headers) + " |"]
+    lines.append("|" + "|".join("---:" if i in grid.right_aligned else "---" for i in range(len(grid.headers))) + "|")
+    lines.extend("| " + " | ".join(_md_cell(_text(c)) for c in row) + " |" for row in grid.rows)
+    if grid.footer:
+        lines.append("")
+        lines.extend(f"- {_md_cell(line)}" for line in grid.footer)
+    return lines
+
+
+def to_markdown(grid: Grid) -> str:
+    return "\n".join([f"## {grid.title}", "", *_markdown_table(grid)]) + "\n"
+
+
+# -- summary ------------------------------------------------------------------------------------
+
+
+def _batch_sizes(results: SweepResults) -> list[int]:
+    return sorted({p.batch_size for v in results.variants if v.latency for p in v.latency.points})
+
+
+def _shown_batch_sizes(results: SweepResults) -> list[int]:
+    """Every batch size when there are at most two, else the smallest and the largest."""
+    sizes = _batch_sizes(results)
+    return sizes if len(sizes) <= 2 else [sizes[0], sizes[-1]]
+
+
+def _worst_slice(variant: VariantResult, metric: str) -> SliceMetrics | None:
+    """The slice that lost the most `metric` vs FP32, if any slice lost some."""
+    if variant.accuracy is None:
+        return None
+    judged = [s for s in variant.accuracy.slices if _finite(s.drops.get(metric)) and s.drops[metric] > 0]
+    return max(judged, key=lambda s: s.drops[metric], default=None)
+
+
+_GATE_STYLES = {"pass": "green", "fail": "bold red", "not gated": "dim"}
+
+
+def _latency_cells(variant: VariantResult, batch_sizes: Sequence[int]) -> list[Cell]:
+    cells: list[Cell] = []
+    for batch_size in batch_sizes:
+        point = variant.latency.at(batch_size) if variant.latency else None
+        if point is None:
+            cells += [_NONE, _NONE]
+        else:
+            cells += [f"{_short(point.p50_ms)} / {_short(point.p99_ms)}", _rate(point.items_per_s)]
+    return cells
+
+
+def _summary_row(results: SweepResults, variant: VariantResult, gate: GateReport | None, notes: Footnotes,
+                 show_nonfinite: bool) -> list[Cell]:  # fmt: skip
+    metric = results.gate_metric
+    sizes = _batch_sizes(results)
+    name = variant.variant + "".join(f" {notes.mark(n)}" for n in variant.notes)
+    status: Cell = "ok"
+    if variant.status != "ok":
+        status = (f"{variant.status} {notes.mark(variant.error or 'no error message')}", "red")
+    cold = variant.latency.session_create_ms + variant.latency.first_run_ms if variant.latency else None
+    factor = speedup(results, variant, sizes[-1]) if sizes else math.nan
+    overall = variant.accuracy.overall if variant.accuracy else None
+    worst = _worst_slice(variant, metric)
+    row: list[Cell] = [name, variant.backend, variant.precision, status,
+                       _short(variant.model_bytes / 1e6) if variant.model_bytes else _NONE, _short(cold)]  # fmt: skip
+    row += _latency_cells(variant, _shown_batch_sizes(results))
+    row += [f"{factor:.2f}×" if _finite(factor) else _NONE, _num(overall_metric(variant, metric)),
+            _signed(overall.drops.get(metric) if overall else None),
+            f"{worst.name}\n{_signed(worst.drops[metric])}" if worst else _NONE]  # fmt: skip
+    if show_nonfinite:
+        count = variant.accuracy.nonfinite_outputs if variant.accuracy else 0
+        row.append((str(count), "bold red") if count else "")
+    gate_status = gate.status_of(variant.variant, variant.backend) if gate else _NONE
+    row.append((gate_status, _GATE_STYLES.get(gate_status, "")))
+    return row
+
+
+def _summary_columns(results: SweepResults, show_nonfinite: bool) -> list[tuple[str, bool]]:
+    """(header, holds numbers) for each summary column, in the order `_summary_row` fills them."""
+    sizes = _batch_sizes(results)
+    columns = [("variant", False), ("backend", False), ("precision", False), ("status", False),
+               ("model MB", True), ("cold start ms", True)]  # fmt: skip
+    for bs in _shown_batch_sizes(results):
+        columns += [(f"p50 / p99 ms\nbatch {bs}", True), (f"items/s\nbatch {bs}", True)]
+    columns += [(f"speed-up\nbatch {sizes[-1]}" if sizes else "speed-up", True), (results.gate_metric, True),
+                ("drop", True), ("worst slice\n(drop)", False)]  # fmt: skip
+    columns += [("nonfinite", True)] if show_nonfinite else []
+    return columns + [("gate", False)]
+
+
+def _summary_grid(results: SweepResults, gate: GateReport | None) -> Grid:
+    show_nonfinite = any(v.accuracy and v.accuracy.nonfinite_outputs > 0 for v in results.variants)
+    columns = _summary_columns(results, show_nonfinite)
+    notes = Footnotes()
+    rows = [_summary_row(results, v, gate, notes, show_nonfinite) for v in results.variants]
+    footer = [f"speed-up: FP32 p50 / variant p50 on the same backend; {_DROP_NOTE}; cold start: session + first run"]
+    return Grid(f"Summary: {results.recipe.get('name', '')}", [h for h, _ in columns], rows,
+                frozenset(i for i, (_, numeric) in enumerate(columns) if numeric), footer + notes.lines())  # fmt: skip
+
+
+def summary_table(results: SweepResults, gate: GateReport | None) -> Table:
+    """One row per variant x backend: size, cold start, latency, speed-up, gate metric and drop, worst slice, gate."""
+    return to_rich(_summary_grid(results, gate))
+
+
+# -- slices ---------------------------------------------------------------------------------------
+
+
+def _column_name(results: SweepResults, variant: VariantResult) -> str:
+    return variant.variant if len(results.backends()) == 1 else variant.key
+
+
+def _slice_cell(metrics: SliceMetrics | None, metric: str) -> str:
+    if metrics is None or not _finite(metrics.metrics.get(metric)):
+        return _NONE
+    cell = f"{_num(metrics.metrics[metric])} ({_signed(metrics.drops.get(metric))})"
+    low, high = metrics.intervals.get(metric, (math.nan, math.nan))
+    return cell + (f"\n[{low:.3f}, {high:.3f}]" if _finite(low) and _finite(high) else "")
+
+
+def _slice_grid(results: SweepResults, metric: str) -> Grid:
+    measured = [v for v in results.variants if v.status == "ok" and v.accuracy is not None]
+    names = list(dict.fromkeys(s.name for v in measured for s in v.accuracy.slices))
+    headers = ["slice", "rows"] + [_column_name(results, v) for v in measured]
+    rows: list[list[Cell]] = []
+    for name in ["overall", *names]:
+        per_variant = [v.accuracy.overall if name == "overall" else v.accuracy.slice(name) for v in measured]
+        size = next((s.size for s in per_variant if s is not None), None)
+        rows.append([name, str(size) if size is not None else _NONE] + [_slice_cell(s, metric) for s in per_variant])
+    footer = [f"{metric} ({_DROP_NOTE}), then its 95 % interval"]
+    return Grid(f"Per slice: {metric}", headers, rows, frozenset(range(1, len(headers))), footer)
+
+
+def slice_table(results: SweepResults, metric: str) -> Table:
+    """Rows = overall + every slice (with its size), columns = variants: value (drop) and 95 % interval."""
+    return to_rich(_slice_grid(results, metric))
+
+
+# -- gate -----------------------------------------------------------------------------------------
+
+_CHECK_ORDER = {"breach": 0, "pass": 1, "skipped": 2}
+_CHECK_CELLS: dict[str, Cell] = {
+    "breach": ("BREACH", "bold red"),
+    "pass": ("PASS", "green"),
+    "skipped": ("skipped", "dim"),
+}
+
+
+def _check_row(check: GateCheck) -> list[Cell]:
+    cells = [check.variant, check.backend, check.scope, str(check.size), _num(check.reference), _num(check.observed),
+             _signed(check.drop), _num(check.tolerance), _CHECK_CELLS.get(check.status, check.status)]  # fmt: skip
+    if check.status != "breach":
+        return cells
+    return [c if isinstance(c, tuple) else (c, "red") for c in cells]
+
+
+def _verdict(gate: GateReport) -> str:
+    return {0: "PASS", 1: "BREACH"}.get(gate.exit_code, "UNUSABLE (fail closed)")
+
+
+def _gate_grid(gate: GateReport) -> Grid:
+    checks = sorted(gate.checks, key=lambda c: _CHECK_ORDER.get(c.status, 3))
+    headers = ["variant", "backend", "scope", "rows", "FP32", "observed", "drop", "tolerance", "result"]
+    footer = [f"cannot judge (fail closed): {problem}" for problem in gate.problems]
+    if not gate.checks and not gate.problems:
+        footer = ["no variant was gated"]
+    return Grid(f"Gate on {gate.metric}: {_verdict(gate)}", headers, [_check_row(c) for c in checks],
+                frozenset(range(3, 8)), footer, footer_style="red" if gate.problems else "dim")  # fmt: skip
+
+
+def gate_table(gate: GateReport) -> Table:
+    """Every gate check, breaches first and in red; fail-closed problems listed under the table."""
+    return to_rich(_gate_grid(gate))
+
+
+# -- latency --------------------------------------------------------------------------------------
+
+
+def _latency_rows(variant: VariantResult) -> list[list[Cell]]:
+    """One row per batch size; the cold start (session, first run, threads) only on the variant's first row."""
+    if variant.latency is None:
+        return []
+    latency = variant.latency
+    threads = str(latency.threads or "default")
+    cold: list[Cell] = [_short(latency.session_create_ms), _short(latency.first_run_ms), threads]
+    rows = []
+    for index, p in enumerate(latency.points):
+        timing: list[Cell] = [str(p.batch_size), *(_short(ms) for ms in (p.p50_ms, p.p95_ms, p.p99_ms, p.mean_ms)),
+                              _rate(p.items_per_s), f"{p.warmup}/{p.iterations}"]  # fmt: skip
+        rows.append([variant.variant, variant.backend, *timing, *(cold if index == 0 else ["", "", ""])])
+    return rows
+
+
+def _latency_grid(results: SweepResults) -> Grid:
+    headers = ["variant", "backend", "batch", "p50 ms", "p95 ms", "p99 ms", "mean ms", "items/s", "warm-up/runs",
+               "session ms", "first run ms", "threads"]  # fmt: skip
+    rows = [row for v in results.variants for row in _latency_rows(v)]
+    return Grid("Latency", headers, rows, frozenset(range(2, 11)), ["cold start = session ms + first run ms"])
+
+
+# -- frontier -------------------------------------------------------------------------------------
+
+
+def frontier_text(results: SweepResults) -> str:
+    """Per backend and batch size, the frontier variants from fastest to most accurate."""
+    metric = results.gate_metric
+    direction = "higher" if METRICS[metric].higher_is_better else "lower"
+    lines = [f"Frontier (p50 latency vs {metric}, {direction} is better):"]
+    groups: dict[tuple[str, int], list[str]] = {}
+    for p in frontier_of(results):
+        entry = f"{p.variant} ({_short(p.p50_ms)} ms, {_num(p.metric)})"
+        groups.setdefault((p.backend, p.batch_size), []).append(entry)
+    lines += [f"  {backend}, batch {bs}: " + " → ".join(names) for (backend, bs), names in groups.items()]
+    if not groups:
+        lines.append(f"  no variant has both a latency and a finite {metric}")
+    return "\n".join(lines)
+
+
+# -- markdown report ------------------------------------------------------------------------------
+
+
+def _header(results: SweepResults) -> str:
+    recipe, env = results.recipe, results.environment
+    packages = env.get("packages", {})
+    runtimes = ", ".join(f"{p} {packages[p]}" for p in ("onnxruntime", "onnxruntime-gpu", "torch") if p in packages)
+    threads = sorted({str(v.latency.threads or "runtime default") for v in results.variants if v.latency})
+    lines = [
+        f"# qbench report: {recipe.get('name', '')}",
+        "",
+        f"- **Recipe:** `{recipe.get('path', '')}` (sha256 `{str(recipe.get('sha256', ''))[:12]}`), "
+        f"task {recipe.get('task', '')}",
+        f"- **Created:** {results.created_at} with qbench {results.qbench_version}",
+        f"- **CPU:** {env.get('cpu', 'unknown')}, {env.get('cpu_count', '?')} logical cores, "
+        f"flags {' '.join(env.get('cpu_flags', [])) or 'none recorded'}",
+        f"- **Software:** Python {env.get('python', '?')}, {runtimes or 'no runtime recorded'}; "
+        f"{env.get('platform', '')}",
+        f"- **Threads (intra-op):** {', '.join(threads) or 'not measured'}",
+        f"- **Reference:** {results.reference}; **gate metric:** {results.gate_metric}; "
+        f"**evaluation rows:** {results.evaluation_rows}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _calibration_section(results: SweepResults) -> str:
+    record = results.calibration
+    if record is None:
+        return "## Calibration\n\nNo variant needed calibration.\n"
+    rows: list[list[Cell]] = [[name, str(count)] for name, count in record.per_slice_counts.items()]
+    facts = (f"{record.size} rows, seed {record.seed}, stratified by {record.stratify_by or 'nothing'}, "
+             f"row ids sha256 `{record.row_ids_sha256[:12]}`")  # fmt: skip
+    table = _markdown_table(Grid("Calibration", ["slice", "rows"], rows, frozenset({1})))
+    return "\n".join(["## Calibration", "", facts, "", *table]) + "\n"
+
+
+def _frontier_section(results: SweepResults, plot_path: Path | None, report_path: Path) -> str:
+    lines = ["## Frontier", "", "```", frontier_text(results), "```", ""]
+    if plot_path is not None:
+        relative = Path(os.path.relpath(plot_path.resolve(), report_path.resolve().parent)).as_posix()
+        lines += [f"![latency vs {results.gate_metric}]({relative})", ""]
+    return "\n".join(lines)
+
+
+def _notes_section(results: SweepResults) -> str:
+    lines = ["## Notes", ""]
+    for variant in results.variants:
+        lines += [f"- **{variant.key}**: {_md_cell(note)}" for note in variant.notes]
+        if variant.status != "ok":
+            lines.append(f"- **{variant.key}** {variant.status}: {_md_cell(variant.error or 'no error message')}")
+    if results.timings:
+        timings = ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in results.timings.items())
+        lines.append(f"- Sweep timings: {timings}")
+    return "\n".join(lines if len(lines) > 2 else lines + ["None."]) + "\n"
+
+
+def render_markdown(results: SweepResults, gate: GateReport | None, plot_path: Path | None, report_path: Path) -> str:
+    gate_part = to_markdown(_gate_grid(gate)) if gate else "## Gate\n\nNo gate was evaluated.\n"
+    sections = [
+        _header(results),
+        _calibration_section(results),
+        to_markdown(_summary_grid(results, gate)),
+        to_markdown(_slice_grid(results, results.gate_metric)),
+        to_markdown(_latency_grid(results)),
+        _frontier_section(results, plot_path, report_path),
+        gate_part,
+        _notes_section(results),
+    ]
+    return "\n".join(sections)
+
+
+def write_markdown_report(results: SweepResults, gate: GateReport | None, plot_path: Path | None, path: Path) -> Path:
+    """Write report.md (Markdown only, no HTML); the plot is linked by its path relative to the report."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_markdown(results, gate, plot_path, path), encoding="utf-8")
+    return path
+
+
+def print_summary(results: SweepResults, gate: GateReport | None) -> None:
+    """The summary table, the frontier and the gate table, on qbench's console."""
+    tables = [summary_table(results, gate), Text(frontier_text(results))]
+    tables += [gate_table(gate)] if gate is not None else []
+    for renderable in tables:
+        print_wide(renderable)

@@ -1,0 +1,134 @@
+"""The latency–accuracy frontier: Pareto sets on hand-built points, and the PNG plot."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+from sweep_factory import make_latency, make_sweep, make_variant
+
+from qbench.errors import QbenchError
+from qbench.frontier import compute_frontier, gate_threshold, plot_frontier, speedup
+from qbench.results import AccuracyResult, SliceMetrics, VariantResult
+
+
+def point(name: str, p50_ms: float, value: float, *, metric: str = "accuracy", backend: str = "cpu",
+          status: str = "ok", batch_sizes: tuple[int, ...] = (1,)) -> VariantResult:  # fmt: skip
+    """A variant with one overall metric and the same p50 (scaled by batch size) at each batch size."""
+    overall = SliceMetrics("overall", 100, {metric: value})
+    return VariantResult(
+        variant=name, backend=backend, precision="int8", status=status,
+        accuracy=AccuracyResult(rows=100, nonfinite_outputs=0, overall=overall),
+        latency=make_latency({bs: p50_ms * bs for bs in batch_sizes}),
+    )  # fmt: skip
+
+
+def names(frontier: tuple) -> list[str]:
+    return [p.variant for p in frontier]
+
+
+def test_dominated_point_is_left_out() -> None:
+    variants = [point("fast", 1.0, 0.90), point("accurate", 3.0, 0.97), point("dominated", 2.0, 0.89)]
+    assert names(compute_frontier(variants, "accuracy")) == ["fast", "accurate"]
+
+
+def test_identical_points_both_stay_in_name_order() -> None:
+    variants = [point("zeta", 1.0, 0.95), point("alpha", 1.0, 0.95), point("slow", 2.0, 0.95)]
+    assert names(compute_frontier(variants, "accuracy")) == ["alpha", "zeta"]
+
+
+def test_equal_latency_keeps_only_the_better_metric() -> None:
+    variants = [point("worse", 1.0, 0.90), point("better", 1.0, 0.93)]
+    assert names(compute_frontier(variants, "accuracy")) == ["better"]
+
+
+def test_failed_and_nan_variants_take_no_part() -> None:
+    variants = [
+        point("ok", 2.0, 0.90),
+        point("failed", 0.5, 0.99, status="failed"),  # would dominate if it counted
+        point("nan", 0.5, math.nan),
+    ]
+    assert names(compute_frontier(variants, "accuracy")) == ["ok"]
+
+
+def test_lower_is_better_metric_flips_the_direction() -> None:
+    metric = "max_abs_error"
+    variants = [point("fp32", 3.0, 0.0, metric=metric), point("int8", 1.0, 0.4, metric=metric),
+                point("bad_int8", 1.5, 0.9, metric=metric)]  # fmt: skip
+    frontier = compute_frontier(variants, metric)
+    assert names(frontier) == ["int8", "fp32"]
+    assert [p.metric for p in frontier] == [0.4, 0.0]
+
+
+def test_frontier_is_per_backend_and_batch_size_and_sorted() -> None:
+    variants = [
+        point("a", 1.0, 0.90, backend="gpu", batch_sizes=(1, 8)),
+        point("b", 2.0, 0.95, backend="gpu", batch_sizes=(1, 8)),
+        point("a", 5.0, 0.90, backend="cpu", batch_sizes=(1, 8)),  # slower on cpu, but alone there with b
+        point("b", 4.0, 0.95, backend="cpu", batch_sizes=(1, 8)),
+    ]
+    frontier = compute_frontier(variants, "accuracy")
+    keys = [(p.backend, p.batch_size, p.variant) for p in frontier]
+    assert keys == [
+        ("cpu", 1, "b"), ("cpu", 8, "b"), ("gpu", 1, "a"), ("gpu", 1, "b"), ("gpu", 8, "a"), ("gpu", 8, "b"),
+    ]  # fmt: skip
+    assert [p.p50_ms for p in frontier if p.backend == "gpu" and p.batch_size == 8] == [8.0, 16.0]
+
+
+def test_unknown_metric_is_a_user_error() -> None:
+    with pytest.raises(QbenchError, match="did you mean 'accuracy'"):
+        compute_frontier([point("a", 1.0, 0.9)], "acuracy")
+
+
+def test_gate_threshold_follows_the_metric_direction() -> None:
+    results = make_sweep()
+    reference = results.find("fp32", "onnxruntime-cpu").accuracy.overall.metrics["accuracy"]
+    assert gate_threshold(results, 0.01) == pytest.approx(reference - 0.01)
+    lower = make_sweep([point("fp32", 1.0, 0.2, metric="kl_mean"), point("int8", 0.5, 0.3, metric="kl_mean")],
+                       gate_metric="kl_mean")  # fmt: skip
+    assert gate_threshold(lower, 0.05) == pytest.approx(0.25)
+    no_reference = make_sweep([make_variant("fp32", "fp32", error="boom"), make_variant("int8", "int8")])
+    assert gate_threshold(no_reference, 0.01) is None
+
+
+def test_speedup_is_reference_p50_over_variant_p50() -> None:
+    results = make_sweep()
+    int8 = results.find("int8_minmax", "onnxruntime-cpu")
+    fp32 = results.find("fp32", "onnxruntime-cpu")
+    assert speedup(results, int8, 32) == pytest.approx(fp32.latency.at(32).p50_ms / int8.latency.at(32).p50_ms)
+    assert math.isnan(speedup(results, int8, 64))  # batch size not measured
+    assert math.isnan(speedup(results, results.find("int8_dynamic", "onnxruntime-cpu"), 1))
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    """Width and height from the PNG header."""
+    header = path.read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n"
+    return int.from_bytes(header[16:20], "big"), int.from_bytes(header[20:24], "big")
+
+
+def test_plot_has_one_panel_per_batch_size(tmp_path: Path) -> None:
+    two_sizes = make_sweep()
+    one_size = make_sweep([dataclasses.replace(v, latency=make_latency({1: 1.0})) if v.latency else v
+                           for v in two_sizes.variants])  # fmt: skip
+    wide = plot_frontier(two_sizes, tmp_path / "two.png", threshold=0.94)
+    narrow = plot_frontier(one_size, tmp_path / "one.png")
+    (wide_w, wide_h), (narrow_w, narrow_h) = _png_size(wide), _png_size(narrow)
+    assert wide_h == narrow_h
+    assert wide_w > narrow_w * 1.4
+
+
+def test_plot_without_any_usable_variant_still_writes_a_png(tmp_path: Path) -> None:
+    results = make_sweep([make_variant("fp32", "fp32", error="session failed")])
+    path = plot_frontier(results, tmp_path / "sub" / "frontier.png")
+    assert _png_size(path)[0] > 100
+
+
+def test_plot_with_a_lower_is_better_metric_and_two_backends(tmp_path: Path) -> None:
+    variants = [point(n, p, v, metric="flip_rate", backend=b, batch_sizes=(1, 16))
+                for b in ("cpu", "gpu") for n, p, v in (("fp32", 2.0, 0.0), ("int8", 1.0, 0.02))]  # fmt: skip
+    results = make_sweep(variants, gate_metric="flip_rate")
+    path = plot_frontier(results, tmp_path / "flip.png", threshold=gate_threshold(results, 0.01))
+    assert path.stat().st_size > 10_000

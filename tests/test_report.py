@@ -1,0 +1,169 @@
+"""Console tables, the frontier text and report.md, from synthetic sweeps."""
+
+from __future__ import annotations
+
+import qbench.console
+
+import dataclasses
+import io
+import re
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from rich.table import Table
+from sweep_factory import make_latency, make_sweep, make_variant
+
+from qbench.frontier import compute_frontier
+from qbench.gate import GateCheck, GateReport
+from qbench.report import frontier_text, gate_table, print_summary, slice_table, summary_table, write_markdown_report
+
+CPU = "onnxruntime-cpu"
+
+
+def render(table: Table) -> str:
+    console = Console(width=300, record=True, file=io.StringIO())
+    console.print(table)
+    return console.export_text()
+
+
+def column(table: Table, header: str) -> list:
+    found = next(c for c in table.columns if c.header == header)
+    return list(found.cells)
+
+
+@pytest.fixture
+def gate() -> GateReport:
+    checks = (
+        GateCheck("int8_minmax", CPU, "overall", "accuracy", 0.95, 0.94, 0.01, 0.01, 400, "pass"),
+        GateCheck("int8_minmax", CPU, "noisy lighting=dark", "accuracy", 0.90, 0.86, 0.04, 0.02, 100, "breach"),
+        GateCheck("int8_minmax", CPU, "tiny", "accuracy", 0.90, 0.50, 0.40, 0.02, 3, "skipped"),
+    )
+    problems = ("int8_dynamic@onnxruntime-cpu: variant failed: RuntimeError: ConvInteger is not implemented",)
+    gated = ("int8_minmax@onnxruntime-cpu", "int8_dynamic@onnxruntime-cpu")
+    return GateReport("accuracy", checks=checks, problems=problems, gated=gated)
+
+
+def test_summary_has_a_row_per_variant_with_speedup_drop_and_gate(gate: GateReport) -> None:
+    results = make_sweep()
+    table = summary_table(results, gate)
+    assert table.row_count == len(results.variants)
+    int8, fp32 = results.find("int8_minmax", CPU), results.find("fp32", CPU)
+    row = [v.variant for v in results.variants].index("int8_minmax")
+    expected_speedup = fp32.latency.at(32).p50_ms / int8.latency.at(32).p50_ms
+    assert str(column(table, "speed-up\nbatch 32")[row]) == f"{expected_speedup:.2f}×"
+    assert str(column(table, "drop")[row]) == f"{int8.accuracy.overall.drops['accuracy']:+.4f}"
+    worst = max(int8.accuracy.slices, key=lambda s: s.drops["accuracy"])
+    assert str(column(table, "worst slice\n(drop)")[row]) == f"{worst.name}\n{worst.drops['accuracy']:+.4f}"
+    assert [str(c) for c in column(table, "gate")] == [gate.status_of(v.variant, v.backend) for v in results.variants]
+    assert "nonfinite" not in [c.header for c in table.columns]
+
+
+def test_summary_footnotes_carry_errors_and_notes() -> None:
+    results = make_sweep()
+    text = render(summary_table(results, None))
+    failed = results.find("int8_dynamic", CPU)
+    fp8 = results.find("fp8_e4m3", CPU)
+    assert failed.error in text and fp8.notes[0] in text
+    statuses = [str(c) for c in column(summary_table(results, None), "status")]
+    assert statuses[[v.variant for v in results.variants].index("int8_dynamic")].startswith("failed [")
+
+
+def test_summary_shows_smallest_and_largest_batch_and_nonfinite_counts() -> None:
+    variants = [dataclasses.replace(v, latency=make_latency({1: 1.0, 8: 5.0, 64: 40.0})) for v in make_sweep().variants
+                if v.status == "ok"]  # fmt: skip
+    variants.append(make_variant("fp16_nan", "fp16", nonfinite_outputs=7))
+    table = summary_table(make_sweep(variants), None)
+    headers = [c.header for c in table.columns]
+    assert any("batch 1" in h for h in headers) and any("batch 64" in h for h in headers)
+    assert not any("batch 8" in h for h in headers)
+    assert [str(c) for c in column(table, "nonfinite")][-1] == "7"
+
+
+def test_slice_table_has_overall_and_every_slice_with_interval() -> None:
+    results = make_sweep()
+    table = slice_table(results, "accuracy")
+    int8 = results.find("int8_minmax", CPU)
+    assert [str(c) for c in column(table, "slice")] == ["overall"] + [s.name for s in int8.accuracy.slices]
+    noisy = int8.accuracy.slices[1]
+    low, high = noisy.intervals["accuracy"]
+    cell = str(column(table, "int8_minmax")[2])
+    assert cell == f"{noisy.metrics['accuracy']:.4f} ({noisy.drops['accuracy']:+.4f})\n[{low:.3f}, {high:.3f}]"
+    assert "int8_dynamic" not in [c.header for c in table.columns]  # failed: nothing to show
+
+
+def test_gate_table_lists_breaches_first_in_red_and_the_problems(gate: GateReport) -> None:
+    table = gate_table(gate)
+    results = [str(c) for c in column(table, "result")]
+    assert results == ["BREACH", "PASS", "skipped"]
+    first_row = [list(c.cells)[0] for c in table.columns]
+    assert all("red" in str(cell.style) for cell in first_row)
+    assert "UNUSABLE" in str(table.title)
+    assert gate.problems[0] in str(table.caption)
+
+
+def test_frontier_text_lists_each_backend_and_batch_in_latency_order() -> None:
+    results = make_sweep()
+    lines = frontier_text(results).splitlines()
+    frontier = compute_frontier(results.variants, "accuracy")
+    assert len(lines) == 1 + len({(p.backend, p.batch_size) for p in frontier})
+    batch_1 = next(line for line in lines if "batch 1:" in line)
+    order = [p.variant for p in frontier if p.batch_size == 1]
+    assert [batch_1.index(name) for name in order] == sorted(batch_1.index(name) for name in order)
+    empty = make_sweep([make_variant("fp32", "fp32", error="boom")])
+    assert "no variant" in frontier_text(empty)
+
+
+def _tables(markdown: str) -> list[list[str]]:
+    """Groups of consecutive table lines."""
+    groups, current = [], []
+    for line in markdown.splitlines() + [""]:
+        if line.startswith("|"):
+            current.append(line)
+        elif current:
+            groups.append(current)
+            current = []
+    return groups
+
+
+def test_markdown_report_has_every_section_and_well_formed_tables(tmp_path: Path, gate: GateReport) -> None:
+    results = make_sweep([*make_sweep().variants, make_variant("odd|name", "fp16", error="a | b\nsecond line")])
+    plot = tmp_path / "frontier.png"
+    plot.write_bytes(b"png")
+    path = write_markdown_report(results, gate, plot, tmp_path / "report.md")
+    text = path.read_text()
+    for heading in ("# qbench report: digits", "## Calibration", "## Summary", "## Per slice: accuracy", "## Latency",
+                    "## Frontier", "## Gate on accuracy", "## Notes"):  # fmt: skip
+        assert heading in text
+    assert "![latency vs accuracy](frontier.png)" in text
+    assert results.environment["cpu"] in text and "onnxruntime 1.31.0" in text
+    assert results.calibration.row_ids_sha256[:12] in text
+    assert not re.search(r"<\s*(br|table|div|img)", text)
+    for table in _tables(text):
+        widths = {len(re.findall(r"(?<!\\)\|", line)) for line in table}
+        assert len(widths) == 1, table
+    latency_rows = [line for line in text.splitlines() if line.startswith("| fp32 | onnxruntime-cpu | ")]
+    assert len(latency_rows) >= 1 + len(results.find("fp32", CPU).latency.points)
+
+
+def test_markdown_report_without_gate_or_plot(tmp_path: Path) -> None:
+    path = write_markdown_report(make_sweep(), None, None, tmp_path / "out" / "report.md")
+    text = path.read_text()
+    assert "No gate was evaluated." in text and "![" not in text
+
+
+def test_plot_link_is_relative_to_the_report(tmp_path: Path) -> None:
+    (tmp_path / "plots").mkdir()
+    path = write_markdown_report(make_sweep(), None, tmp_path / "plots" / "f.png", tmp_path / "md" / "report.md")
+    assert "](../plots/f.png)" in path.read_text()
+
+
+def test_print_summary_does_not_fold_tables_in_logs(monkeypatch: pytest.MonkeyPatch, gate: GateReport) -> None:
+    stream = io.StringIO()
+    monkeypatch.setattr(qbench.console, "console", Console(file=stream, width=80))
+    results = make_sweep()
+    print_summary(results, gate)
+    out = stream.getvalue()
+    assert all(v.variant in out for v in results.variants)
+    assert "Frontier" in out and "BREACH" in out
+    assert max(len(line) for line in out.splitlines()) > 80

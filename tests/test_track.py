@@ -1,0 +1,243 @@
+"""MLflow tracking: a sweep logged to a sqlite store and to a real `mlflow server`, read back with MlflowClient."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+from sweep_factory import default_variants, make_sweep
+
+from qbench.errors import QbenchError
+from qbench.gate import GateReport, evaluate_gate
+from qbench.recipe import Recipe, load_recipe
+from qbench.results import SweepResults, VariantResult
+from qbench.track import (
+    artifact_root,
+    log_sweep,
+    resolve_tracking_uri,
+    sanitise_name,
+    ui_command,
+    unique_names,
+)
+
+CPU = "onnxruntime-cpu"
+
+
+def write_recipe(folder: Path, tracking: dict[str, Any] | None = None) -> Recipe:
+    (folder / "model.onnx").write_bytes(b"model")
+    (folder / "rows.parquet").write_bytes(b"rows")
+    body: dict[str, Any] = {
+        "name": "digits",
+        "model": {"path": "model.onnx"},
+        "data": {"path": "rows.parquet", "inputs": {"x": "input"}, "label": "y"},
+        "gate": {"metric": "accuracy", "max_drop": 0.01, "max_slice_drop": 0.02},
+    }
+    if tracking:
+        body["tracking"] = tracking
+    path = folder / "recipe.yaml"
+    path.write_text(yaml.safe_dump(body))
+    return load_recipe(path)
+
+
+def small_sweep() -> SweepResults:
+    """FP32, INT8 (with a NaN metric) and a failed INT8 dynamic: 2 slices, 2 batch sizes."""
+    fp32, _, int8, _, failed = default_variants()
+    overall = dataclasses.replace(int8.accuracy.overall, metrics={**int8.accuracy.overall.metrics, "kl_mean": math.nan})
+    int8 = dataclasses.replace(int8, accuracy=dataclasses.replace(int8.accuracy, overall=overall))
+    return make_sweep([fp32, int8, failed])
+
+
+def artifacts_for(folder: Path) -> list[Path]:
+    paths = [folder / "results.json", folder / "report.md", folder / "frontier.png"]
+    for path in paths:
+        path.write_text(path.name)
+    return paths
+
+
+@dataclasses.dataclass
+class Logged:
+    client: MlflowClient
+    parent_id: str
+    results: SweepResults
+    gate: GateReport
+    folder: Path
+
+
+@pytest.fixture(scope="module")
+def logged_to_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Logged]:
+    """One sweep logged to the default store (sqlite in the working directory) of a fresh temp folder."""
+    folder = tmp_path_factory.mktemp("sqlite_store")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(folder)
+        recipe = write_recipe(folder)
+        results = small_sweep()
+        gate = evaluate_gate(results, recipe.gate)
+        parent_id = log_sweep(results, recipe, gate=gate, artifacts=artifacts_for(folder))
+        client = MlflowClient(tracking_uri=resolve_tracking_uri(recipe))
+        yield Logged(client, parent_id, results, gate, folder)
+
+
+def children(logged: Logged) -> dict[str, Any]:
+    parent = logged.client.get_run(logged.parent_id)
+    runs = logged.client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{logged.parent_id}'")
+    return {run.info.run_name: run for run in runs}
+
+
+def test_default_store_is_sqlite_in_the_working_directory(logged_to_sqlite: Logged) -> None:
+    folder = logged_to_sqlite.folder
+    assert (folder / "mlflow.db").is_file()
+    assert not (folder / "mlruns").exists()
+    parent = logged_to_sqlite.client.get_run(logged_to_sqlite.parent_id)
+    assert parent.info.artifact_uri.startswith((folder / "mlartifacts" / "digits").as_uri())
+    experiment = logged_to_sqlite.client.get_experiment(parent.info.experiment_id)
+    assert experiment.name == "digits"
+
+
+def test_parent_run_has_params_tags_and_artifacts(logged_to_sqlite: Logged) -> None:
+    client, results, gate = logged_to_sqlite.client, logged_to_sqlite.results, logged_to_sqlite.gate
+    parent = client.get_run(logged_to_sqlite.parent_id)
+    assert parent.info.run_name == f"digits sweep {results.created_at}"
+    assert parent.info.status == "FINISHED"
+    params = parent.data.params
+    assert params["recipe.sha256"] == results.recipe["sha256"]
+    assert params["gate.max_slice_drop"] == "0.02"
+    assert params["calibration.seed"] == str(results.calibration.seed)
+    assert params["evaluation.rows"] == str(results.evaluation_rows)
+    assert parent.data.tags["qbench.gate"] == {0: "pass", 1: "breach", 2: "unusable"}[gate.exit_code]
+    assert parent.data.tags["qbench.version"] == results.qbench_version
+    logged = {a.path for a in client.list_artifacts(logged_to_sqlite.parent_id)}
+    assert logged == {"recipe.yaml", "results.json", "report.md", "frontier.png"}
+    assert (logged_to_sqlite.folder / "mlartifacts").is_dir()
+
+
+def test_one_nested_child_per_variant_and_backend(logged_to_sqlite: Logged) -> None:
+    runs = children(logged_to_sqlite)
+    assert set(runs) == {v.key for v in logged_to_sqlite.results.variants}
+    for variant in logged_to_sqlite.results.variants:
+        run = runs[variant.key]
+        assert run.data.tags["mlflow.parentRunId"] == logged_to_sqlite.parent_id
+        assert run.data.tags["qbench.status"] == variant.status
+        assert run.data.tags["qbench.gate"] == logged_to_sqlite.gate.status_of(variant.variant, variant.backend)
+        assert run.data.params["precision"] == variant.precision
+        assert run.info.status == ("FINISHED" if variant.status == "ok" else "FAILED")
+
+
+def _expected_metrics(variant: VariantResult) -> dict[str, float]:
+    expected = {"model_mb": variant.model_bytes / 1e6, "build_seconds": variant.build_seconds,
+                "cold_start_ms": variant.latency.session_create_ms + variant.latency.first_run_ms}  # fmt: skip
+    for p in variant.latency.points:
+        expected |= {f"latency_p50_ms_b{p.batch_size}": p.p50_ms, f"latency_p99_ms_b{p.batch_size}": p.p99_ms,
+                     f"throughput_b{p.batch_size}": p.items_per_s}  # fmt: skip
+    expected |= {"accuracy": variant.accuracy.overall.metrics["accuracy"],
+                 "drop_accuracy": variant.accuracy.overall.drops["accuracy"]}  # fmt: skip
+    for s in variant.accuracy.slices:
+        segment = sanitise_name(s.name)
+        expected |= {
+            f"slice/{segment}/accuracy": s.metrics["accuracy"],
+            f"slice/{segment}/drop_agreement": s.drops["agreement"],
+            f"slice/{segment}/size": float(s.size),
+        }
+    return expected
+
+
+def test_child_metrics_equal_the_results(logged_to_sqlite: Logged) -> None:
+    runs = children(logged_to_sqlite)
+    int8 = logged_to_sqlite.results.find("int8_minmax", CPU)
+    metrics = runs[int8.key].data.metrics
+    assert "slice/noisy lighting_dark/accuracy" in metrics  # '=' is not allowed in MLflow keys
+    for key, value in _expected_metrics(int8).items():
+        assert metrics[key] == pytest.approx(value), key
+    params = runs[int8.key].data.params
+    assert params["calibrator"] == "minmax" and params["exclude_nodes"] == '["a", "b"]'
+    assert params["calibration.samples"] == str(logged_to_sqlite.results.calibration.size)
+
+
+def test_nan_metrics_are_skipped_and_named_in_a_tag(logged_to_sqlite: Logged) -> None:
+    run = children(logged_to_sqlite)["int8_minmax@onnxruntime-cpu"]
+    assert "kl_mean" not in run.data.metrics
+    assert "kl_mean" in run.data.tags["qbench.missing_metrics"].split(", ")
+
+
+def test_failed_variant_is_tagged_with_its_error(logged_to_sqlite: Logged) -> None:
+    failed = logged_to_sqlite.results.find("int8_dynamic", CPU)
+    run = children(logged_to_sqlite)[failed.key]
+    assert run.data.tags["qbench.error"] == failed.error
+    assert "calibration.seed" not in run.data.params  # dynamic quantization is not calibrated
+    assert not any(key.startswith("latency_") for key in run.data.metrics)
+
+
+def test_second_sweep_reuses_the_experiment(logged_to_sqlite: Logged, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(logged_to_sqlite.folder)
+    recipe = load_recipe(logged_to_sqlite.folder / "recipe.yaml")
+    parent_id = log_sweep(make_sweep(default_variants()[:1]), recipe, gate=None, artifacts=[])
+    first = logged_to_sqlite.client.get_run(logged_to_sqlite.parent_id)
+    second = logged_to_sqlite.client.get_run(parent_id)
+    assert second.info.experiment_id == first.info.experiment_id
+    assert second.data.tags["qbench.gate"] == "not evaluated"
+
+
+def test_missing_artifact_is_a_user_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    recipe = write_recipe(tmp_path)
+    with pytest.raises(QbenchError, match="no-such.png"):
+        log_sweep(small_sweep(), recipe, gate=None, artifacts=[tmp_path / "no-such.png"])
+    assert not (tmp_path / "mlflow.db").exists()  # nothing logged before the check
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [("slice/dark lighting=low", "slice/dark lighting_low"), ("a//b", "a/_/b"), ("../x", "_/x"), ("..a", "_..a"),
+     ("ok_name-1.0: x", "ok_name-1.0: x"), ("é/ü", "é/ü"), ("a/./b", "a/_/b")],
+)  # fmt: skip
+def test_sanitise_name_gives_keys_mlflow_accepts(name: str, expected: str) -> None:
+    from mlflow.utils.validation import _validate_metric_name
+
+    assert sanitise_name(name) == expected
+    _validate_metric_name(sanitise_name(name))  # raises MlflowException if MLflow would reject it
+
+
+def test_unique_names_keep_colliding_names_apart() -> None:
+    assert unique_names(["a=b", "a_b", "a?b"]) == {"a=b": "a_b", "a_b": "a_b_2", "a?b": "a_b_3"}
+
+
+def test_tracking_uri_and_ui_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    default = resolve_tracking_uri(write_recipe(tmp_path))
+    assert default == f"sqlite:///{(tmp_path / 'mlflow.db').as_posix()}"
+    command = ui_command(default, port=5123)
+    assert command[:4] == [sys.executable, "-m", "mlflow", "ui"]
+    assert command[command.index("--default-artifact-root") + 1] == (tmp_path / "mlartifacts").as_uri()
+    assert command[-4:] == ["--host", "127.0.0.1", "--port", "5123"]
+    relative = ui_command("sqlite:///sub/x.db")
+    assert relative[relative.index("--backend-store-uri") + 1] == f"sqlite:///{(tmp_path / 'sub' / 'x.db').as_posix()}"
+    assert artifact_root("http://127.0.0.1:5000") is None
+    with pytest.raises(QbenchError, match="browser"):
+        ui_command("http://127.0.0.1:5000")
+    custom = write_recipe(tmp_path, {"uri": "sqlite:///elsewhere.db", "experiment": "exp"})
+    assert resolve_tracking_uri(custom) == "sqlite:///elsewhere.db"
+
+
+def test_log_sweep_to_a_real_mlflow_server(mlflow_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    recipe = write_recipe(tmp_path, {"uri": mlflow_server, "experiment": "server-test"})
+    results = small_sweep()
+    gate = evaluate_gate(results, recipe.gate)
+    parent_id = log_sweep(results, recipe, gate=gate, artifacts=artifacts_for(tmp_path))
+    logged = Logged(MlflowClient(tracking_uri=mlflow_server), parent_id, results, gate, tmp_path)
+    runs = children(logged)
+    assert set(runs) == {v.key for v in results.variants}
+    int8 = results.find("int8_minmax", CPU)
+    for key, value in _expected_metrics(int8).items():
+        assert runs[int8.key].data.metrics[key] == pytest.approx(value), key
+    assert {a.path for a in logged.client.list_artifacts(parent_id)} == {"recipe.yaml", "results.json", "report.md",
+                                                                       "frontier.png"}  # fmt: skip
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "mlruns").exists()
+    assert gate.exit_code == 2  # the failed variant cannot be judged: fail closed
+    assert logged.client.get_run(parent_id).data.tags["qbench.gate"] == "unusable"
