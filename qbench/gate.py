@@ -74,6 +74,8 @@ def evaluate_gate(
     expected: (variant, backend) pairs the recipe asks for; any missing from the results is a problem.
     fingerprint: the recipe's current fingerprint; results made from another model/data/variants
         are a problem (stale results must not pass).
+    A variant a backend cannot run at all (status "skipped", e.g. an ONNX Runtime INT8 model on
+    a torch backend) is not judged there; the report lists it with the reason.
     """
     problems: list[str] = []
     if fingerprint is not None and results.recipe.get("fingerprint") != fingerprint:
@@ -82,7 +84,8 @@ def evaluate_gate(
             "re-run `qbench sweep`"
         )
     pairs = list(expected) if expected is not None else [(v.variant, v.backend) for v in results.variants]
-    gated = [(v, b) for v, b in pairs if v != results.reference and spec.applies(v)]
+    skipped = {(v.variant, v.backend) for v in results.variants if v.status == "skipped"}
+    gated = [(v, b) for v, b in pairs if v != results.reference and spec.applies(v) and (v, b) not in skipped]
     if not gated:
         problems.append(f"the gate applies to no variant (applies_to: {', '.join(spec.applies_to)})")
     checks: list[GateCheck] = []

@@ -9,6 +9,7 @@ variants. `qbench validate` is exactly this, with nothing built or timed.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -29,6 +30,8 @@ from qbench.errors import QbenchError, RecipeError, expected_one_of
 from qbench.modelinfo import ModelInfo, read_model_info
 from qbench.recipe import Recipe
 from qbench.results import CalibrationRecord
+from qbench.sources import ModelSource, resolve_model
+from qbench.variants.base import TrainingData
 
 Feeds = dict[str, np.ndarray]
 
@@ -41,6 +44,7 @@ class Prepared:
     """
 
     recipe: Recipe
+    source: ModelSource
     model: ModelInfo
     output_name: str
     output_index: int
@@ -51,13 +55,15 @@ class Prepared:
     calibration_batches: list[Feeds]
     calibration: CalibrationRecord
     calibration_overlap: int  # rows used both to calibrate and to evaluate (overlap flatters INT8)
+    training: dict[str, TrainingData]  # variant name -> rows it fine-tunes on (QAT variants only)
 
 
 def prepare(recipe: Recipe) -> Prepared:
-    """Check the recipe against its model, data and backends; build evaluation and calibration feeds."""
-    model = _read_model(recipe)
+    """Check the recipe against its model, data and backends; build evaluation, calibration and training feeds."""
+    check_backends(recipe)
+    source = resolve_model(recipe)
+    model = _read_model(recipe, source.onnx_path)
     output_name, output_index = _pick_output(recipe, model)
-    _check_inputs_cover_model(recipe, model)
     table = load_table(recipe.data_path, recipe_file=recipe.source)
     eval_rows = select_rows(table, recipe.data.evaluation.filter, field="data.evaluation.filter", recipe_file=recipe.source)
     if recipe.data.evaluation.limit is not None:
@@ -71,9 +77,9 @@ def prepare(recipe: Recipe) -> Prepared:
     )
     eval_feeds = build_feeds(table, eval_rows, recipe.data.inputs, model.inputs, recipe_file=recipe.source)
     calibration_rows, calibration_batches = _calibration(recipe, table, model)
-    check_backends(recipe)
     return Prepared(
         recipe=recipe,
+        source=source,
         model=model,
         output_name=output_name,
         output_index=output_index,
@@ -90,6 +96,7 @@ def prepare(recipe: Recipe) -> Prepared:
             per_slice_counts=per_slice_counts(calibration_rows, masks),
         ),
         calibration_overlap=int(np.intersect1d(eval_rows, calibration_rows).size),
+        training=_training(recipe, table, model),
     )
 
 
@@ -102,11 +109,12 @@ def check_backends(recipe: Recipe) -> None:
             raise RecipeError(recipe.source, f"backends[{recipe.backends.index(name)}]", str(exc)) from None
 
 
-def _read_model(recipe: Recipe) -> ModelInfo:
+def _read_model(recipe: Recipe, path: Path) -> ModelInfo:
     try:
-        return read_model_info(recipe.model_path)
+        return read_model_info(path)
     except Exception as exc:  # onnx raises several types for a file that is not a model
-        raise RecipeError(recipe.source, "model.path", f"cannot read ONNX model {recipe.model_path}: {exc}") from None
+        field = "model.path" if recipe.model.path is not None else "model.torch"
+        raise RecipeError(recipe.source, field, f"cannot read ONNX model {path}: {exc}") from None
 
 
 def _pick_output(recipe: Recipe, model: ModelInfo) -> tuple[str, int]:
@@ -117,17 +125,6 @@ def _pick_output(recipe: Recipe, model: ModelInfo) -> tuple[str, int]:
     if wanted not in model.outputs:
         raise RecipeError(recipe.source, "model.output", f"model output {expected_one_of(wanted, names)}")
     return wanted, names.index(wanted)
-
-
-def _check_inputs_cover_model(recipe: Recipe, model: ModelInfo) -> None:
-    fed = set(recipe.data.inputs.values())
-    for name in model.inputs:
-        if name not in fed:
-            raise RecipeError(
-                recipe.source,
-                "data.inputs",
-                f"model input {name!r} is fed by no column; map a column to each of {', '.join(model.inputs)}",
-            )
 
 
 def _evaluation_slices(recipe: Recipe, masks: dict[str, np.ndarray], eval_rows: np.ndarray) -> dict[str, np.ndarray]:
@@ -146,3 +143,22 @@ def _calibration(recipe: Recipe, table: pd.DataFrame, model: ModelInfo) -> tuple
     rows = draw_calibration_sample(table, candidates, spec, recipe_file=recipe.source)
     feeds = build_feeds(table, rows, recipe.data.inputs, model.inputs, recipe_file=recipe.source)
     return rows, list(iter_batches(feeds, spec.batch_size))
+
+
+def _training(recipe: Recipe, table: pd.DataFrame, model: ModelInfo) -> dict[str, TrainingData]:
+    """Feeds (and labels) for every QAT variant, from its `qat.train` filter."""
+    training = {}
+    for index, spec in enumerate(recipe.variants):
+        if spec.qat is None:
+            continue
+        field = f"variants[{index}].qat.train.filter"
+        rows = select_rows(table, spec.qat.train.filter, field=field, recipe_file=recipe.source)
+        rows = rows[: spec.qat.train.limit] if spec.qat.train.limit is not None else rows
+        labels = (
+            labels_array(table, rows, recipe.data.label, recipe_file=recipe.source)
+            if spec.qat.loss == "label" and recipe.data.label is not None
+            else None
+        )
+        feeds = build_feeds(table, rows, recipe.data.inputs, model.inputs, recipe_file=recipe.source)
+        training[spec.name] = TrainingData(feeds=feeds, labels=labels)
+    return training

@@ -69,9 +69,40 @@ Name = Annotated[str, AfterValidator(_check_name)]
 Filter = Annotated[dict[str, Any], Field(description="column -> value, or column -> {op: value}")]
 
 
+TorchDtype = Literal["float32", "float16", "bfloat16", "int64", "int32", "bool"]
+
+
 class ModelSpec(_Strict):
-    path: Path = Field(description="ONNX model, relative to the recipe file")
+    """Either an ONNX file (`path`) or a PyTorch module (`torch` factory + optional `weights`), exported once."""
+
+    path: Path | None = Field(None, description="ONNX model, relative to the recipe file")
+    torch: str | None = Field(None, description="'package.module:factory' returning an nn.Module (imported as Python code)")
+    weights: Path | None = Field(None, description="state_dict file, loaded with torch.load(weights_only=True)")
+    example_inputs: dict[str, list[Annotated[int, Field(gt=0)]]] | None = Field(
+        None, description="input name -> example shape (first dim is the batch, exported as dynamic)"
+    )
+    input_dtypes: dict[str, TorchDtype] = Field({}, description="input name -> dtype; default float32")
+    output_names: list[str] | None = Field(None, description="names given to the exported outputs")
+    opset: int = Field(17, ge=13, description="ONNX opset for the export")
     output: str | None = Field(None, description="model output to evaluate; default: the first output")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSpec:
+        if (self.path is None) == (self.torch is None):
+            raise ValueError("give either `path` (an ONNX file) or `torch` (a module factory), not both or neither")
+        if self.torch is not None:
+            if not re.match(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", self.torch):
+                raise ValueError(f"torch: got {self.torch!r}, expected 'package.module:factory'")
+            if not self.example_inputs:
+                raise ValueError("example_inputs: a PyTorch model needs the shape of each input, e.g. {input: [1, 3, 224, 224]}")
+            unknown = sorted(set(self.input_dtypes) - set(self.example_inputs))
+            if unknown:
+                raise ValueError(f"input_dtypes: {unknown[0]!r} is not in example_inputs")
+        else:
+            given = [f for f in ("weights", "example_inputs", "input_dtypes", "output_names") if f in self.model_fields_set]
+            if given:
+                raise ValueError(f"{given[0]}: applies only to a PyTorch model (`torch:`), not to an ONNX file")
+        return self
 
 
 class CalibrationSpec(_Strict):
@@ -93,26 +124,47 @@ class EvaluationSpec(_Strict):
 
 
 class SliceSpec(_Strict):
-    """Either `by: column` (one slice per distinct value) or `name` + `filter`."""
+    """`by: column` (one slice per distinct value), `name` + `filter`, or `by_length: text column` + `buckets`."""
 
     by: str | None = None
     name: str | None = None
     filter: Filter | None = None
+    by_length: str | None = Field(None, description="text column whose token count is bucketed")
+    buckets: list[Annotated[int, Field(gt=0)]] | None = Field(None, description="upper bounds of token-length buckets")
 
     _check = field_validator("filter")(lambda v: None if v is None else _check_filter(v))
 
     @model_validator(mode="after")
     def _one_kind(self) -> SliceSpec:
-        if self.by is not None and (self.name is not None or self.filter is not None):
-            raise ValueError("a slice has either `by` or `name` + `filter`, not both")
-        if self.by is None and (self.name is None or self.filter is None):
-            raise ValueError("a slice needs `by: <column>`, or both `name` and `filter`")
+        kinds = [self.by is not None, self.name is not None or self.filter is not None, self.by_length is not None]
+        if sum(kinds) > 1:
+            raise ValueError("a slice has one of `by`, `name` + `filter`, or `by_length` + `buckets`")
+        if self.by_length is not None and not self.buckets:
+            raise ValueError("buckets: `by_length` needs token-length bucket bounds, e.g. [16, 32, 64]")
+        if self.buckets is not None and self.by_length is None:
+            raise ValueError("buckets: applies only with `by_length`")
+        if not any(kinds) or (kinds[1] and (self.name is None or self.filter is None)):
+            raise ValueError("a slice needs `by: <column>`, or both `name` and `filter`, or `by_length` + `buckets`")
         return self
+
+
+class TokenizerSpec(_Strict):
+    path: str = Field(description="a local tokenizer folder (relative to the recipe) or an installed model's folder")
+    max_length: int = Field(128, gt=0)
+    padding: Literal["max_length", "longest"] = "max_length"
+
+
+class TextInputSpec(_Strict):
+    """A text column tokenized offline; the tokenizer's outputs feed the model inputs of the same names."""
+
+    tokenizer: TokenizerSpec
 
 
 class DataSpec(_Strict):
     path: Path = Field(description=".parquet, .csv, .jsonl, or a `datasets` save_to_disk folder; relative to the recipe")
-    inputs: dict[str, str] = Field(description="data column -> model input name")
+    inputs: dict[str, str | TextInputSpec] = Field(
+        description="data column -> model input name, or a text column -> {tokenizer: {...}}"
+    )
     label: str | None = Field(None, description="label column; without it accuracy is agreement with FP32")
     calibration: CalibrationSpec = CalibrationSpec()
     evaluation: EvaluationSpec = EvaluationSpec()
@@ -120,10 +172,35 @@ class DataSpec(_Strict):
 
     @field_validator("inputs")
     @classmethod
-    def _inputs_nonempty(cls, v: dict[str, str]) -> dict[str, str]:
+    def _inputs_nonempty(cls, v: dict[str, str | TextInputSpec]) -> dict[str, str | TextInputSpec]:
         if not v:
             raise ValueError("expected at least one `column: input_name` pair")
         return v
+
+
+class TrainSpec(_Strict):
+    filter: Filter | None = None
+    limit: int | None = Field(None, gt=0, description="train on at most this many rows")
+
+    _check = field_validator("filter")(lambda v: None if v is None else _check_filter(v))
+
+
+class QatSpec(_Strict):
+    epochs: int = Field(3, gt=0)
+    lr: float = Field(1.0e-4, gt=0)
+    batch_size: int = Field(64, gt=0)
+    train: TrainSpec = Field(TrainSpec(), description="rows to fine-tune on")
+    loss: Literal["label", "distill"] = Field(
+        "label", description="label: cross-entropy on data.label; distill: match the FP32 model's outputs"
+    )
+    seed: int = 0
+
+
+class FallbackSpec(_Strict):
+    until: Literal["gate"] = "gate"
+    max_excluded: int = Field(8, gt=0, description="most nodes kept in floating point before giving up")
+    step: int = Field(1, gt=0, description="nodes excluded per step")
+    keep: Literal["fp32"] = Field("fp32", description="precision the excluded nodes keep")
 
 
 class VariantSpec(_Strict):
@@ -144,6 +221,14 @@ class VariantSpec(_Strict):
     symmetric_activations: bool = False
     op_types: list[str] | None = Field(None, description="op types to quantize; default: the quantizer's")
     exclude_nodes: list[str] = Field([], description="node names kept in floating point")
+    fallback: FallbackSpec | None = Field(
+        None, description="int8: keep the costliest nodes in floating point until the gate holds"
+    )
+    quantizer: Literal["onnxruntime", "modelopt"] | None = Field(
+        None, description="who quantizes (int8/fp8): onnxruntime (default) or modelopt (needs a PyTorch model)"
+    )
+    qat: QatSpec | None = Field(None, description="int8 only: fine-tune with fake quantization (needs a PyTorch model)")
+    compile: bool = Field(False, description="torch backends: run the module through torch.compile")
 
     @model_validator(mode="after")
     def _options_fit_precision(self) -> VariantSpec:
@@ -172,12 +257,13 @@ class VariantSpec(_Strict):
 
 _QUANT_ONLY_FIELDS = (
     "calibrator", "percentile", "num_bins", "num_quantized_bins", "per_channel", "reduce_range",
-    "activation_type", "weight_type", "symmetric_activations", "op_types", "exclude_nodes",
+    "activation_type", "weight_type", "symmetric_activations", "op_types", "exclude_nodes", "quantizer", "qat",
+    "fallback",
 )  # fmt: skip
 # options that a quantized kind ignores: rejected rather than silently dropped
 _NOT_FOR = {
-    "fp8": ("reduce_range", "activation_type", "weight_type", "symmetric_activations"),
-    "dynamic int8": ("activation_type", "symmetric_activations"),
+    "fp8": ("reduce_range", "activation_type", "weight_type", "symmetric_activations", "qat", "fallback"),
+    "dynamic int8": ("activation_type", "symmetric_activations", "qat", "quantizer"),
 }
 _CALIBRATOR_OPTIONS = {
     "percentile": ("percentile",),
@@ -254,6 +340,20 @@ class Recipe(_Strict):
         for v in self.variants:
             if v.name == "fp32" and v.precision != "fp32":
                 raise ValueError("variants: the name 'fp32' is reserved for the FP32 reference")
+        for index, v in enumerate(self.variants):
+            if self.model.torch is None and (v.qat is not None or v.quantizer == "modelopt"):
+                what = "qat" if v.qat is not None else "quantizer"
+                raise ValueError(
+                    f"variants[{index}].{what}: needs a PyTorch model source (model.torch); "
+                    "this recipe's model is an ONNX file"
+                )
+            if v.compile and not any(b.startswith("torch-") for b in self.backends):
+                raise ValueError(f"variants[{index}].compile: applies only to torch-cpu / torch-cuda backends")
+            if v.qat is not None and v.qat.loss == "label" and self.data.label is None:
+                raise ValueError(f"variants[{index}].qat.loss: 'label' needs data.label; use 'distill' without labels")
+        for index, backend in enumerate(self.backends):
+            if backend.startswith("torch-") and self.model.torch is None:
+                raise ValueError(f"backends[{index}]: {backend} needs a PyTorch model source (model.torch)")
         allowed = gate_metric_names(self.task)
         if self.gate.metric not in allowed:
             raise ValueError(f"gate.metric: {expected_one_of(self.gate.metric, allowed)} for task {self.task!r}")
@@ -280,8 +380,13 @@ class Recipe(_Strict):
         return path if path.is_absolute() else (self.base_dir / path).resolve()
 
     @property
-    def model_path(self) -> Path:
-        return self.resolve(self.model.path)
+    def model_path(self) -> Path | None:
+        """The ONNX file of an ONNX-source recipe; None for a PyTorch source (see qbench.sources)."""
+        return self.resolve(self.model.path) if self.model.path is not None else None
+
+    @property
+    def weights_path(self) -> Path | None:
+        return self.resolve(self.model.weights) if self.model.weights is not None else None
 
     @property
     def data_path(self) -> Path:
@@ -293,8 +398,13 @@ class Recipe(_Strict):
         gate does not make earlier results stale, while a new model or data set does."""
         payload = self.model_dump(mode="json", include={"name", "task", "model", "data", "variants", "backends"})
         digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode())
-        for path in (self.model_path, self.data_path):
-            digest.update(file_sha256(path).encode())
+        for path in (self.model_path, self.weights_path, self.data_path):
+            if path is not None:
+                digest.update(file_sha256(path).encode())
+        if self.model.torch is not None:
+            from qbench.sources.torch_model import factory_source_sha256
+
+            digest.update(factory_source_sha256(self.model.torch, self.base_dir).encode())
         return digest.hexdigest()
 
     def all_variants(self) -> list[VariantSpec]:
@@ -344,8 +454,10 @@ def load_recipe(path: str | Path) -> Recipe:
 
 
 def _check_files(recipe: Recipe) -> None:
-    if not recipe.model_path.is_file():
+    if recipe.model_path is not None and not recipe.model_path.is_file():
         raise RecipeError(recipe.source, "model.path", f"file not found: {recipe.model_path}")
+    if recipe.weights_path is not None and not recipe.weights_path.is_file():
+        raise RecipeError(recipe.source, "model.weights", f"file not found: {recipe.weights_path}")
     if not recipe.data_path.exists():
         raise RecipeError(recipe.source, "data.path", f"file or folder not found: {recipe.data_path}")
 
@@ -381,7 +493,7 @@ def _recipe_error(path: Path, exc: ValidationError) -> RecipeError:
 
 def _split_field_prefix(message: str, field: str) -> tuple[str, str]:
     """Model-level validators prefix their message with a field path ('gate.metric: …'); move it into the field."""
-    match = re.match(r"^([a-z_]+(?:\.[a-z_]+)*): (.*)$", message, flags=re.S)
+    match = re.match(r"^([a-z_]+(?:\[\d+\])?(?:\.[a-z_]+(?:\[\d+\])?)*): (.*)$", message, flags=re.S)
     if match:
         sub, rest = match.groups()
         return rest, f"{field}.{sub}" if field else sub

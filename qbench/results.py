@@ -8,7 +8,7 @@ Schema (version 1), documented in reports/README.md:
       gate_metric, reference, variants [VariantResult], frontier [FrontierPoint],
       timings {phase: seconds} (calibration, build, evaluate, latency, report, track, total)
     VariantResult
-      variant, backend, precision, status ok|failed, error, params {...},
+      variant, backend, precision, status ok|failed|skipped, error (or skip reason), params {...},
       model_path, model_bytes, build_seconds, notes [...],
       accuracy AccuracyResult | null, latency LatencyResult | null
     AccuracyResult: rows, nonfinite_outputs, overall SliceMetrics, slices [SliceMetrics]
@@ -88,7 +88,7 @@ class VariantResult:
     variant: str
     backend: str
     precision: str
-    status: str  # "ok" | "failed"
+    status: str  # "ok" | "failed" | "skipped" (the backend cannot run this variant; `error` says why)
     params: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
     model_path: str | None = None

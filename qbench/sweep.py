@@ -109,12 +109,19 @@ def _measure_all(prepared: Prepared, models_dir: Path, clock: _Clock) -> list[Va
 def _build(spec: VariantSpec, prepared: Prepared, models_dir: Path, clock: _Clock) -> tuple[BuiltVariant | None, str | None]:
     t = time.perf_counter()
     ctx = BuildContext(
-        reference_path=prepared.recipe.model_path,
+        reference_path=prepared.source.onnx_path,
         workdir=models_dir,
         calibration=prepared.calibration_batches,
+        torch_model=prepared.source.torch,
+        training=prepared.training.get(spec.name),
     )
     try:
-        return build_variant(spec, ctx), None
+        built = build_variant(spec, ctx)
+        if prepared.source.torch is not None and built.torch_module is None:
+            from qbench.variants.torch_forms import attach_torch_form
+
+            built = attach_torch_form(built, spec, prepared.source.torch)
+        return built, None
     except Exception as exc:  # noqa: BLE001 - one variant's failure is recorded, the sweep goes on
         console.print(f"  [red]build failed:[/] {exc}")
         return None, _describe_error(exc)
@@ -134,7 +141,8 @@ def _measure(
     recipe = prepared.recipe
     unsupported = backend.supports(built)
     if unsupported:
-        return _Measured(_failed_built(built, backend.name, f"not supported: {unsupported}"), None)
+        console.print(f"  [dim]{backend.name}: skipped ({unsupported})[/]")
+        return _Measured(_failed_built(built, backend.name, unsupported, status="skipped"), None)
     feeds = prepared.evaluation_feeds
     label = f"{built.name}@{backend.name}"
     t = time.perf_counter()
@@ -185,9 +193,10 @@ def _failed(spec: VariantSpec, backend: str, error: str) -> VariantResult:
     return VariantResult(variant=spec.name, backend=backend, precision=spec.precision, status="failed", error=error)
 
 
-def _failed_built(built: BuiltVariant, backend: str, error: str) -> VariantResult:
+def _failed_built(built: BuiltVariant, backend: str, error: str, status: str = "failed") -> VariantResult:
+    """A built variant that did not run on `backend`: failed, or skipped (the backend cannot run it)."""
     return VariantResult(
-        variant=built.name, backend=backend, precision=built.precision, status="failed", error=error,
+        variant=built.name, backend=backend, precision=built.precision, status=status, error=error,
         params=dict(built.params), model_path=str(built.onnx_path), build_seconds=built.build_seconds,
         notes=built.notes,
     )  # fmt: skip
@@ -213,7 +222,8 @@ def _assemble(prepared: Prepared, variants: list[VariantResult], clock: _Clock) 
             "sha256": recipe.sha256,
             "fingerprint": recipe.fingerprint(),
             "task": recipe.task,
-            "model_path": str(recipe.model_path),
+            "model_path": str(prepared.source.onnx_path),
+            "model_source": recipe.model.torch or "onnx",
             "data_path": str(recipe.data_path),
             "model_output": prepared.output_name,
             "backends": list(recipe.backends),

@@ -112,8 +112,8 @@ def test_fingerprint_ignores_the_gate_but_not_the_model(tmp_path):
         ),
         (
             {"backends": ["onnxruntime-cpus"]},
-            "recipe.yaml: backends: got 'onnxruntime-cpus', expected one of onnxruntime-cpu "
-            "(did you mean 'onnxruntime-cpu'?)",
+            "recipe.yaml: backends: got 'onnxruntime-cpus', expected one of onnxruntime-cpu, onnxruntime-cuda, "
+            "onnxruntime-tensorrt, tensorrt, torch-cpu, torch-cuda (did you mean 'onnxruntime-cpu'?)",
         ),
         (
             {"gate": {"metric": "cosine"}},
@@ -123,6 +123,28 @@ def test_fingerprint_ignores_the_gate_but_not_the_model(tmp_path):
         (
             {"latency": {"batch_sizes": [1, 0]}},
             "recipe.yaml: latency.batch_sizes[1]: input should be greater than 0, got 0",
+        ),
+        (
+            {"variants": [{"name": "q", "precision": "int8", "calibrator": "minmax", "qat": {"epochs": 1}}]},
+            "recipe.yaml: variants[0].qat: needs a PyTorch model source (model.torch); "
+            "this recipe's model is an ONNX file",
+        ),
+        (
+            {"backends": ["onnxruntime-cpu", "torch-cpu"]},
+            "recipe.yaml: backends[1]: torch-cpu needs a PyTorch model source (model.torch)",
+        ),
+        (
+            {"model": {"path": "model.onnx", "weights": "w.pt"}},
+            "recipe.yaml: model.weights: applies only to a PyTorch model (`torch:`), not to an ONNX file",
+        ),
+        (
+            {"model": {"torch": "pkg.models:build"}},
+            "recipe.yaml: model.example_inputs: a PyTorch model needs the shape of each input, "
+            "e.g. {input: [1, 3, 224, 224]}",
+        ),
+        (
+            {"model": {"torch": "pkg.models.build", "example_inputs": {"x": [1, 4]}}},
+            "recipe.yaml: model.torch: got 'pkg.models.build', expected 'package.module:factory'",
         ),
         (
             {"task": "detection"},
@@ -152,7 +174,8 @@ def test_filter_operators_are_checked_at_load_time(tmp_path):
 def test_slice_needs_by_or_name_and_filter(tmp_path):
     data = dict(BASE["data"], slices=[{"name": "faint"}])
     assert error_of(tmp_path, with_changes(data=data)) == (
-        "recipe.yaml: data.slices[0]: a slice needs `by: <column>`, or both `name` and `filter`"
+        "recipe.yaml: data.slices[0]: a slice needs `by: <column>`, or both `name` and `filter`, "
+        "or `by_length` + `buckets`"
     )
 
 

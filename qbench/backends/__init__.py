@@ -11,6 +11,11 @@ from qbench.registry import Registry
 
 BACKENDS: Registry[type[Backend]] = Registry("backend")
 BACKENDS.register("onnxruntime-cpu", "qbench.backends.onnxruntime_cpu:OnnxRuntimeCPU")
+BACKENDS.register("onnxruntime-cuda", "qbench.backends.onnxruntime_gpu:OnnxRuntimeCUDA")
+BACKENDS.register("onnxruntime-tensorrt", "qbench.backends.onnxruntime_gpu:OnnxRuntimeTensorRT")
+BACKENDS.register("tensorrt", "qbench.backends.tensorrt:TensorRT")
+BACKENDS.register("torch-cpu", "qbench.backends.torch_backend:TorchCPU")
+BACKENDS.register("torch-cuda", "qbench.backends.torch_backend:TorchCUDA")
 
 
 def get_backend(name: str) -> Backend:

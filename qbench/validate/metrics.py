@@ -33,6 +33,7 @@ METRICS: dict[str, MetricInfo] = {
         MetricInfo("kl_mean", False, ("classification",), "mean KL(FP32 || variant) of the softmax outputs"),
         MetricInfo("cosine", True, ("embedding",), "mean cosine similarity with the FP32 output"),
         MetricInfo("cosine_min", True, ("embedding",), "lowest cosine similarity with the FP32 output"),
+        MetricInfo("nn_agreement", True, ("embedding",), "fraction of rows whose nearest neighbour matches FP32's"),
         MetricInfo("max_abs_error", False, _ALL, "largest absolute difference from the FP32 output"),
     )
 }

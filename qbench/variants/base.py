@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -16,18 +16,30 @@ Feeds = dict[str, np.ndarray]
 
 
 @dataclass(frozen=True)
+class TrainingData:
+    """Rows to fine-tune on (QAT): model feeds and, when the recipe has labels, integer labels."""
+
+    feeds: Feeds
+    labels: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
 class BuildContext:
     """Everything a builder may use.
 
-    reference_path: the FP32 ONNX model (the recipe's model).
+    reference_path: the FP32 ONNX model (the recipe's model, or the export of its PyTorch source).
     workdir: a folder the builder may write into (one per variant; it survives the sweep).
     calibration: equal-sized batches of model feeds drawn from the calibration sample
         (the last batch may be smaller; builders that need equal shapes drop or split it).
+    torch_model: the PyTorch source (qbench.sources.torch_model.TorchModel), when the recipe has one.
+    training: the rows a QAT variant fine-tunes on, when it has a `qat` section.
     """
 
     reference_path: Path
     workdir: Path
     calibration: Sequence[Feeds] = ()
+    torch_model: Any = None
+    training: TrainingData | None = None
 
 
 @dataclass(frozen=True)
@@ -39,6 +51,7 @@ class BuiltVariant:
     session_hints: what a backend must respect to run it correctly, e.g.
         {"graph_optimization_level": "basic"} for float8 Q/DQ graphs on ORT CPU.
     notes: human-readable caveats shown in the report ("FP8 is simulated on CPU").
+    torch_module: a factory of the variant as an nn.Module (None when it exists only as ONNX).
     """
 
     name: str
@@ -48,6 +61,7 @@ class BuiltVariant:
     build_seconds: float = 0.0
     session_hints: dict[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    torch_module: Callable[[], Any] | None = None  # the variant as a torch module, for torch backends
 
 
 class VariantBuilder(Protocol):

@@ -197,7 +197,7 @@ def test_nonfinite_rows() -> None:
     assert metrics.nonfinite_rows(np.array([[1.0, 2.0], [NAN, 0.0], [0.0, -np.inf]])).tolist() == [False, True, True]
 
 
-def test_catalogue_is_unchanged() -> None:
-    assert metrics.gate_metric_names("embedding") == ["cosine", "cosine_min", "max_abs_error"]
+def test_gate_metrics_per_task_and_drop_direction() -> None:
+    assert metrics.gate_metric_names("embedding") == ["cosine", "cosine_min", "nn_agreement", "max_abs_error"]
     assert metrics.drop("flip_rate", 0.01, 0.03) == pytest.approx(0.02)
     assert metrics.drop("accuracy", 0.9, 0.95) == pytest.approx(-0.05)
