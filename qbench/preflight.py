@@ -76,7 +76,12 @@ def prepare(recipe: Recipe) -> Prepared:
         else None
     )
     eval_feeds = build_feeds(table, eval_rows, recipe.data.inputs, model.inputs, recipe_file=recipe.source)
-    calibration_rows, calibration_batches = _calibration(recipe, table, model)
+    calibration_table = (
+        load_table(recipe.calibration_data_path, recipe_file=recipe.source, field="data.calibration.path")
+        if recipe.calibration_data_path is not None
+        else table
+    )
+    calibration_rows, calibration_batches = _calibration(recipe, calibration_table, model)
     return Prepared(
         recipe=recipe,
         source=source,
@@ -93,9 +98,12 @@ def prepare(recipe: Recipe) -> Prepared:
             seed=recipe.data.calibration.seed,
             stratify_by=recipe.data.calibration.stratify_by,
             row_ids_sha256=row_ids_sha256(calibration_rows),
-            per_slice_counts=per_slice_counts(calibration_rows, masks),
+            # slices are defined on data.path; a separate calibration file gets no per-slice counts
+            per_slice_counts=per_slice_counts(calibration_rows, masks) if calibration_table is table else {},
         ),
-        calibration_overlap=int(np.intersect1d(eval_rows, calibration_rows).size),
+        calibration_overlap=(
+            int(np.intersect1d(eval_rows, calibration_rows).size) if calibration_table is table else 0
+        ),
         training=_training(recipe, table, model),
     )
 

@@ -106,6 +106,7 @@ class ModelSpec(_Strict):
 
 
 class CalibrationSpec(_Strict):
+    path: Path | None = Field(None, description="draw calibration rows from this file instead of data.path")
     filter: Filter | None = None
     samples: int = Field(256, gt=0, description="rows drawn for calibration (fewer if fewer rows match)")
     seed: int = 0
@@ -392,13 +393,18 @@ class Recipe(_Strict):
     def data_path(self) -> Path:
         return self.resolve(self.data.path)
 
+    @property
+    def calibration_data_path(self) -> Path | None:
+        """A separate calibration file, when the recipe names one (else rows come from data.path)."""
+        return self.resolve(self.data.calibration.path) if self.data.calibration.path is not None else None
+
     def fingerprint(self) -> str:
         """Hash of what decides the accuracy results: task, model and data (file contents),
         variants and backends. Gate and tracking settings are left out, so tightening the
         gate does not make earlier results stale, while a new model or data set does."""
         payload = self.model_dump(mode="json", include={"name", "task", "model", "data", "variants", "backends"})
         digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode())
-        for path in (self.model_path, self.weights_path, self.data_path):
+        for path in (self.model_path, self.weights_path, self.data_path, self.calibration_data_path):
             if path is not None:
                 digest.update(file_sha256(path).encode())
         if self.model.torch is not None:
@@ -460,6 +466,9 @@ def _check_files(recipe: Recipe) -> None:
         raise RecipeError(recipe.source, "model.weights", f"file not found: {recipe.weights_path}")
     if not recipe.data_path.exists():
         raise RecipeError(recipe.source, "data.path", f"file or folder not found: {recipe.data_path}")
+    calibration = recipe.calibration_data_path
+    if calibration is not None and not calibration.exists():
+        raise RecipeError(recipe.source, "data.calibration.path", f"file or folder not found: {calibration}")
 
 
 def _recipe_error(path: Path, exc: ValidationError) -> RecipeError:

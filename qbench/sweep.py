@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -93,7 +94,8 @@ def _measure_all(prepared: Prepared, models_dir: Path, clock: _Clock) -> list[Va
     measured: list[VariantResult] = []
     for spec in recipe.all_variants():
         console.print(f"[bold]{spec.name}[/] ({spec.precision})")
-        built, error = _build(spec, prepared, models_dir, clock)
+        evaluate = _search_evaluator(backends[0], prepared, reference_outputs, reference_accuracy, clock)
+        built, error = _build(spec, prepared, models_dir, clock, evaluate)
         for backend in backends:
             if built is None:
                 measured.append(_failed(spec, backend.name, error or "build failed"))
@@ -106,7 +108,31 @@ def _measure_all(prepared: Prepared, models_dir: Path, clock: _Clock) -> list[Va
     return measured
 
 
-def _build(spec: VariantSpec, prepared: Prepared, models_dir: Path, clock: _Clock) -> tuple[BuiltVariant | None, str | None]:
+def _search_evaluator(
+    backend: Backend,
+    prepared: Prepared,
+    reference_outputs: np.ndarray | None,
+    reference_accuracy: dict[str, AccuracyResult],
+    clock: _Clock,
+) -> Callable[[BuiltVariant], VariantResult]:
+    """Measure a candidate variant on the first backend against FP32 (for fallback / calibrator search)."""
+
+    def evaluate(candidate: BuiltVariant) -> VariantResult:
+        return _measure(
+            backend, candidate, prepared, reference_outputs, reference_accuracy.get(backend.name), clock
+        ).result
+
+    return evaluate
+
+
+def _build(
+    spec: VariantSpec,
+    prepared: Prepared,
+    models_dir: Path,
+    clock: _Clock,
+    evaluate: Callable[[BuiltVariant], VariantResult],
+) -> tuple[BuiltVariant | None, str | None]:
+    """Build one variant; a variant with `fallback` or `calibrator: auto` is searched with `evaluate`."""
     t = time.perf_counter()
     ctx = BuildContext(
         reference_path=prepared.source.onnx_path,
@@ -116,7 +142,12 @@ def _build(spec: VariantSpec, prepared: Prepared, models_dir: Path, clock: _Cloc
         training=prepared.training.get(spec.name),
     )
     try:
-        built = build_variant(spec, ctx)
+        if spec.fallback is not None or spec.calibrator == "auto":
+            from qbench.fallback import build_with_search
+
+            built = build_with_search(spec, ctx, evaluate=evaluate, gate=prepared.recipe.gate)
+        else:
+            built = build_variant(spec, ctx)
         if prepared.source.torch is not None and built.torch_module is None:
             from qbench.variants.torch_forms import attach_torch_form
 

@@ -19,6 +19,7 @@ PRECISIONS.register("fp8", "qbench.variants.fp8:build_fp8")
 
 # calibrator name -> the precisions it can calibrate
 CALIBRATORS: dict[str, tuple[str, ...]] = {
+    "auto": ("int8",),  # try the static calibrators, keep the best by the gate metric (qbench.fallback)
     "minmax": ("int8", "fp8"),
     "entropy": ("int8", "fp8"),
     "percentile": ("int8", "fp8"),
@@ -30,9 +31,24 @@ def calibrator_names(precision: str) -> list[str]:
     return sorted(name for name, precisions in CALIBRATORS.items() if precision in precisions)
 
 
-def build_variant(spec, ctx: BuildContext) -> BuiltVariant:  # noqa: ANN001 (VariantSpec; avoids import cycle)
+# techniques that override the precision's default builder
+TECHNIQUES: Registry[VariantBuilder] = Registry("technique")
+TECHNIQUES.register("qat", "qbench.variants.qat:build_qat")
+TECHNIQUES.register("modelopt", "qbench.variants.modelopt_quant:build_modelopt")
+
+
+def builder_for(spec) -> VariantBuilder:  # noqa: ANN001 (VariantSpec; avoids import cycle)
+    """QAT and ModelOpt variants have their own builders; everything else is built by precision."""
+    if spec.qat is not None:
+        return TECHNIQUES.get("qat")
+    if spec.quantizer == "modelopt":
+        return TECHNIQUES.get("modelopt")
+    return PRECISIONS.get(spec.precision)
+
+
+def build_variant(spec, ctx: BuildContext) -> BuiltVariant:  # noqa: ANN001
     """Build the variant described by `spec` (a recipe VariantSpec) into ctx.workdir."""
-    return PRECISIONS.get(spec.precision)(spec, ctx)
+    return builder_for(spec)(spec, ctx)
 
 
-__all__ = ["PRECISIONS", "CALIBRATORS", "BuildContext", "BuiltVariant", "VariantBuilder", "build_variant", "calibrator_names"]
+__all__ = ["PRECISIONS", "TECHNIQUES", "CALIBRATORS", "builder_for", "BuildContext", "BuiltVariant", "VariantBuilder", "build_variant", "calibrator_names"]
