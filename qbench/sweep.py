@@ -142,22 +142,39 @@ def _build(
         training=prepared.training.get(spec.name),
     )
     try:
-        if spec.fallback is not None or spec.calibrator == "auto":
-            from qbench.fallback import build_with_search
-
-            built = build_with_search(spec, ctx, evaluate=evaluate, gate=prepared.recipe.gate)
-        else:
-            built = build_variant(spec, ctx)
-        if prepared.source.torch is not None and built.torch_module is None:
-            from qbench.variants.torch_forms import attach_torch_form
-
-            built = attach_torch_form(built, spec, prepared.source.torch)
-        return built, None
+        console.print(f"  building: {_technique(spec)}")
+        return _build_one(spec, ctx, evaluate, prepared), None
     except Exception as exc:  # noqa: BLE001 - one variant's failure is recorded, the sweep goes on
         console.print(f"  [red]build failed:[/] {exc}")
         return None, _describe_error(exc)
     finally:
         clock.add("build", t)
+
+
+def _technique(spec: VariantSpec) -> str:
+    """What building this variant involves, for the progress line."""
+    if spec.qat is not None:
+        return f"QAT, {spec.qat.epochs} epochs"
+    if spec.calibrator is None:
+        return spec.precision
+    return f"{spec.precision}, {spec.quantizer or 'onnxruntime'}, {spec.calibrator} calibration"
+
+
+def _build_one(
+    spec: VariantSpec, ctx: BuildContext, evaluate: Callable[[BuiltVariant], VariantResult], prepared: Prepared
+) -> BuiltVariant:
+    """The variant, searched when it asks for a fallback or calibrator auto, with its torch form attached."""
+    if spec.fallback is not None or spec.calibrator == "auto":
+        from qbench.fallback import build_with_search
+
+        built = build_with_search(spec, ctx, evaluate=evaluate, gate=prepared.recipe.gate)
+    else:
+        built = build_variant(spec, ctx)
+    if prepared.source.torch is not None and built.torch_module is None:
+        from qbench.variants.torch_forms import attach_torch_form
+
+        built = attach_torch_form(built, spec, prepared.source.torch)
+    return built
 
 
 def _measure(
