@@ -79,6 +79,28 @@ def gate(
 
 
 @app.command()
+def explain(
+    recipe: RecipeArg,
+    variant: Annotated[str, typer.Option("--variant", help="the INT8 variant to explain", show_default=False)],
+    method: Annotated[str, typer.Option(help="leave_one_out | one_at_a_time | sqnr")] = "leave_one_out",
+    group: Annotated[str, typer.Option(help="rank by node | op_type | layer | pattern (a role in every layer)")] = "node",
+    top: Annotated[int, typer.Option(min=1, help="rows shown and plotted")] = 20,
+    max_nodes: Annotated[Optional[int], typer.Option(min=1, help="measure only the N noisiest groups (by SQNR)")] = None,
+    track: Annotated[bool, typer.Option("--track/--no-track", help="log to MLflow")] = True,
+) -> int:
+    """Rank an INT8 variant's quantized nodes by what each costs the gate metric, overall and on the worst slice."""
+    from qbench.explain import run_explain
+    from qbench.recipe import load_recipe
+
+    outcome = run_explain(
+        load_recipe(recipe), variant, method=method, group_by=group, max_nodes=max_nodes, top=top, track=track
+    )
+    if outcome.mlflow_run_id:
+        err_console.print(f"MLflow run: {outcome.mlflow_run_id}")
+    return 0
+
+
+@app.command()
 def ui(
     recipe: RecipeArg,
     port: Annotated[int, typer.Option(help="port on 127.0.0.1")] = 5000,

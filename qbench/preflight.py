@@ -61,6 +61,7 @@ class Prepared:
 def prepare(recipe: Recipe) -> Prepared:
     """Check the recipe against its model, data and backends; build evaluation, calibration and training feeds."""
     check_backends(recipe)
+    _check_quantizer_options(recipe)
     source = resolve_model(recipe)
     model = _read_model(recipe, source.onnx_path)
     output_name, output_index = _pick_output(recipe, model)
@@ -115,6 +116,20 @@ def check_backends(recipe: Recipe) -> None:
             get_backend(name).check_available()
         except QbenchError as exc:
             raise RecipeError(recipe.source, f"backends[{recipe.backends.index(name)}]", str(exc)) from None
+
+
+def _check_quantizer_options(recipe: Recipe) -> None:
+    """Options ModelOpt cannot honour are recipe errors now, not build failures later."""
+    for index, spec in enumerate(recipe.variants):
+        if spec.quantizer != "modelopt":
+            continue
+        from qbench.variants.modelopt_quant import modelopt_settings
+
+        try:
+            modelopt_settings(spec)
+        except QbenchError as exc:
+            detail = str(exc).removeprefix(f"variant {spec.name!r}: ")
+            raise RecipeError(recipe.source, f"variants[{index}]", detail) from None
 
 
 def _read_model(recipe: Recipe, path: Path) -> ModelInfo:

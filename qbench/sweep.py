@@ -195,7 +195,8 @@ def _measure(
     label = f"{built.name}@{backend.name}"
     t = time.perf_counter()
     try:
-        options = RunOptions(threads=recipe.latency.threads)
+        batch_sizes = tuple(sorted({*recipe.latency.batch_sizes, recipe.data.evaluation.batch_size, 1}))
+        options = RunOptions(threads=recipe.latency.threads, batch_sizes=batch_sizes)
         runner, create_ms, first_ms = measure_cold_start(lambda: backend.load(built, options), take_batch(feeds, 1))
         try:
             outputs = run_batched(

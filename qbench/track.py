@@ -368,3 +368,21 @@ def log_sweep(results: SweepResults, recipe: Recipe, *, gate: GateReport | None,
         raise QbenchError(f"MLflow tracking at {uri} failed: {exc.message}") from exc
     client.set_terminated(parent_id, status="FINISHED")
     return parent_id
+
+
+def log_run(
+    recipe: Recipe, run_name: str, *, params: Mapping[str, Any], metrics: Mapping[str, float], artifacts: Sequence[Path]
+) -> str:
+    """One stand-alone run in the recipe's experiment (e.g. `explain <variant>`): params, metrics, the recipe
+    and `artifacts`; returns its id. MLflow problems become a QbenchError naming the store."""
+    uri = resolve_tracking_uri(recipe)
+    paths = _artifact_paths(recipe, artifacts)
+    try:
+        client = MlflowClient(tracking_uri=uri)
+        run_id = client.create_run(_experiment_id(client, experiment_name(recipe), uri), run_name=run_name).info.run_id
+        _log(client, run_id, metrics, {sanitise_name(k): _param_value(v) for k, v in params.items()}, {})
+        _log_artifacts(client, run_id, paths)
+        client.set_terminated(run_id, status="FINISHED")
+    except MlflowException as exc:
+        raise QbenchError(f"MLflow tracking at {uri} failed: {exc.message}") from exc
+    return run_id

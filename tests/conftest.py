@@ -120,3 +120,20 @@ def digits_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if paths.get("recipe") != root / RECIPE_FILE:
         pytest.fail(f"make_digits_demo did not copy {RECIPE_FILE} into {root}: {paths}")
     return root
+
+
+def _nvidia_gpu_visible() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip `@pytest.mark.gpu` tests, with the reason, where torch sees no NVIDIA GPU."""
+    gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if gpu_items and not _nvidia_gpu_visible():
+        skip = pytest.mark.skip(reason="needs an NVIDIA GPU (torch.cuda.is_available() is False)")
+        for item in gpu_items:
+            item.add_marker(skip)

@@ -74,7 +74,7 @@ def test_fingerprint_ignores_the_gate_but_not_the_model(tmp_path):
         (
             {"variants": [{"name": "a", "precision": "int8", "calibrator": "minmax"},
                           {"name": "b", "precision": "int8", "calibrator": "entrpy"}]},
-            "recipe.yaml: variants[1].calibrator: got 'entrpy', expected one of dynamic, entropy, minmax, "
+            "recipe.yaml: variants[1].calibrator: got 'entrpy', expected one of auto, dynamic, entropy, minmax, "
             "percentile (did you mean 'entropy'?) for int8",
         ),
         (
@@ -104,7 +104,7 @@ def test_fingerprint_ignores_the_gate_but_not_the_model(tmp_path):
         ),
         (
             {"variants": [{"name": "a", "precision": "int8"}]},
-            "recipe.yaml: variants[0].calibrator: int8 needs one of dynamic, entropy, minmax, percentile",
+            "recipe.yaml: variants[0].calibrator: int8 needs one of auto, dynamic, entropy, minmax, percentile",
         ),
         (
             {"variants": [{"name": "a", "precision": "fp16"}, {"name": "a", "precision": "bf16"}]},

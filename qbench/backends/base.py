@@ -16,6 +16,7 @@ class RunOptions:
     """How a backend should run a variant (from the recipe's `latency` section)."""
 
     threads: int | None = None
+    batch_sizes: tuple[int, ...] = ()  # every batch size the runner will see (engine profiles are built for them)
 
 
 @runtime_checkable

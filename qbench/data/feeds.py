@@ -3,13 +3,14 @@
 A column of single values becomes (N,) or (N, 1, ...) as the input's rank needs;
 a column of lists/arrays becomes (N, *cell_shape) and is then reshaped to the
 input's shape when the sizes agree (64 pixels -> (N, 1, 8, 8)). The first dim
-of every model input is the batch.
+of every model input is the batch. A text column with a tokenizer (`qbench.data.text`)
+feeds every model input named like one of the tokenizer's outputs (input_ids, ...).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -17,8 +18,12 @@ import pandas as pd
 
 from qbench.data.filters import scalar_column
 from qbench.data.load import table_name
+from qbench.data.text import text_cells, tokenize, tokenizer_field, tokenizer_input_names
 from qbench.errors import RecipeError, did_you_mean
 from qbench.modelinfo import TensorMeta
+from qbench.recipe import TextInputSpec
+
+InputTarget = str | TextInputSpec
 
 INPUTS_FIELD = "data.inputs"
 LABEL_FIELD = "data.label"
@@ -29,21 +34,30 @@ _CLASS_INDICES = "expected integer class indices"
 def build_feeds(
     df: pd.DataFrame,
     positions: np.ndarray,
-    inputs: dict[str, str],
+    inputs: Mapping[str, InputTarget],
     model_inputs: dict[str, TensorMeta],
     *,
     recipe_file: Path,
 ) -> dict[str, np.ndarray]:
-    """Model input name -> array of the rows at `positions` (at least one), for every `column -> input` pair."""
+    """Model input name -> array of the rows at `positions` (at least one), for every `column -> input` pair.
+
+    A text column (`column -> TextInputSpec`) is tokenized once over all `positions`, so
+    `padding: longest` gives every row of this set the same length.
+    """
     if len(positions) == 0:
         raise ValueError("build_feeds needs at least one row position")
-    _check_mapping(df, inputs, model_inputs, recipe_file=recipe_file)
+    fed = _check_mapping(df, inputs, model_inputs, recipe_file=recipe_file)
     feeds: dict[str, np.ndarray] = {}
-    for column, input_name in inputs.items():
-        meta = model_inputs[input_name]
-        stacked = _stack_cells(df[column].iloc[positions], column, recipe_file=recipe_file)
+    for column, target in inputs.items():
+        cells = df[column].iloc[positions]
+        if isinstance(target, TextInputSpec):
+            metas = [model_inputs[name] for name in fed[column]]
+            feeds.update(_text_feeds(cells, column, target, metas, recipe_file=recipe_file))
+            continue
+        meta = model_inputs[target]
+        stacked = _stack_cells(cells, column, recipe_file=recipe_file)
         shaped = _fit_shape(stacked, column, meta, recipe_file=recipe_file)
-        feeds[input_name] = _cast(shaped, column, meta, recipe_file=recipe_file)
+        feeds[target] = _cast(shaped, column, meta, recipe_file=recipe_file)
     return feeds
 
 
@@ -82,27 +96,86 @@ def iter_batches(feeds: dict[str, np.ndarray], batch_size: int) -> Iterator[dict
 
 
 def _check_mapping(
-    df: pd.DataFrame, inputs: dict[str, str], model_inputs: dict[str, TensorMeta], *, recipe_file: Path
-) -> None:
-    """Every column exists, every input name is the model's, and each model input is fed exactly once."""
+    df: pd.DataFrame, inputs: Mapping[str, InputTarget], model_inputs: dict[str, TensorMeta], *, recipe_file: Path
+) -> dict[str, list[str]]:
+    """Every column exists, every input name is the model's, and each model input is fed exactly once.
+
+    Returns column -> the model inputs it feeds (one name, or a text column's tokenizer outputs).
+    """
     fed_by: dict[str, str] = {}
-    for column, input_name in inputs.items():
+    fed: dict[str, list[str]] = {}
+    for column, target in inputs.items():
         if column not in df.columns:
             columns = [str(c) for c in df.columns]
             message = f"column {column!r} is not in {table_name(df)}; {_expected(column, columns)}"
             raise RecipeError(recipe_file, INPUTS_FIELD, message)
         field = f"{INPUTS_FIELD}.{column}"
-        if input_name not in model_inputs:
-            message = f"{input_name!r} is not an input of the model; {_expected(input_name, model_inputs)}"
+        if isinstance(target, TextInputSpec):
+            fed[column] = _tokenized_inputs(column, target, model_inputs, recipe_file=recipe_file)
+        elif target not in model_inputs:
+            message = f"{target!r} is not an input of the model; {_expected(target, model_inputs)}"
             raise RecipeError(recipe_file, field, message)
-        if input_name in fed_by:
-            message = f"model input {input_name!r} is already fed by column {fed_by[input_name]!r}"
-            raise RecipeError(recipe_file, field, message)
-        fed_by[input_name] = column
+        else:
+            fed[column] = [target]
+        for input_name in fed[column]:
+            if input_name in fed_by:
+                message = f"model input {input_name!r} is already fed by column {fed_by[input_name]!r}"
+                raise RecipeError(recipe_file, field, message)
+            fed_by[input_name] = column
     unfed = [name for name in model_inputs if name not in fed_by]
     if unfed:
         message = f"model input {unfed[0]!r} is fed by no column; add `<column>: {unfed[0]}`"
         raise RecipeError(recipe_file, INPUTS_FIELD, message)
+    return fed
+
+
+def _tokenized_inputs(
+    column: str, spec: TextInputSpec, model_inputs: dict[str, TensorMeta], *, recipe_file: Path
+) -> list[str]:
+    """The model inputs a text column feeds: the tokenizer's outputs that the model has (at least one)."""
+    produced = tokenizer_input_names(spec.tokenizer, recipe_file=recipe_file, column=column)
+    names = [name for name in produced if name in model_inputs]
+    if not names:
+        message = (
+            f"the tokenizer's outputs ({', '.join(produced)}) match no input of the model "
+            f"(its inputs: {', '.join(model_inputs)})"
+        )
+        raise RecipeError(recipe_file, f"{INPUTS_FIELD}.{column}", message)
+    return names
+
+
+def _text_feeds(
+    cells: pd.Series, column: str, spec: TextInputSpec, metas: list[TensorMeta], *, recipe_file: Path
+) -> dict[str, np.ndarray]:
+    """Tokenize a text column once; each model input gets the tokenizer output of its name, checked and cast."""
+    texts = text_cells(cells, column, recipe_file=recipe_file, field=f"{INPUTS_FIELD}.{column}")
+    encoded = tokenize(texts, spec.tokenizer, recipe_file=recipe_file, column=column)
+    feeds: dict[str, np.ndarray] = {}
+    for meta in metas:
+        array = encoded[meta.name]
+        _check_token_shape(array, column, spec, meta, recipe_file=recipe_file)
+        feeds[meta.name] = _cast(array, column, meta, recipe_file=recipe_file)
+    return feeds
+
+
+def _check_token_shape(
+    array: np.ndarray, column: str, spec: TextInputSpec, meta: TensorMeta, *, recipe_file: Path
+) -> None:
+    """A (rows, tokens) feed must fit the input: rank 2, and its static sequence length if it has one."""
+    if not meta.shape:
+        return
+    if len(meta.shape) != 2:
+        message = f"tokens are (batch, sequence), but model input {meta.name!r} has rank {len(meta.shape)}"
+        raise RecipeError(recipe_file, f"{INPUTS_FIELD}.{column}", message)
+    expected = meta.shape[1]
+    if expected is not None and expected != array.shape[1]:
+        tokenizer = spec.tokenizer
+        message = (
+            f"the tokenizer gives {array.shape[1]} tokens per row (padding: {tokenizer.padding}, "
+            f"max_length: {tokenizer.max_length}), but model input {meta.name!r} expects {expected}: "
+            f"use padding: max_length with max_length: {expected}"
+        )
+        raise RecipeError(recipe_file, tokenizer_field(column, "max_length"), message)
 
 
 def _expected(got: str, choices: Iterable[str]) -> str:

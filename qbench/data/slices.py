@@ -1,35 +1,53 @@
 """Slices: named subsets of rows on which accuracy is reported and gated separately.
 
 `by: column` makes one slice per distinct value, named `column=value`; a named
-filter makes one slice with its name. Masks cover every row of the table; the
+filter makes one slice with its name; `by_length: column` + `buckets: [16, 32, 64]`
+makes one slice per token-length bucket of a text input (`text_tokens<=16`,
+`text_tokens=17-32`, `text_tokens=33-64`, `text_tokens>64`), counting the tokens the
+column's tokenizer makes without padding. Masks cover every row of the table; the
 caller restricts them to the rows it evaluates.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from qbench.data.filters import distinct_values, empty_selection_error, filter_mask, format_value, scalar_column
+from qbench.data.text import text_cells, token_counts
 from qbench.errors import RecipeError
-from qbench.recipe import SliceSpec
+from qbench.recipe import SliceSpec, TextInputSpec, load_recipe
 
 MAX_SLICES_PER_COLUMN = 50
 
 
 def slice_masks(
-    df: pd.DataFrame, specs: Sequence[SliceSpec], *, recipe_file: Path, field: str = "data.slices"
+    df: pd.DataFrame,
+    specs: Sequence[SliceSpec],
+    *,
+    recipe_file: Path,
+    field: str = "data.slices",
+    inputs: Mapping[str, str | TextInputSpec] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Slice name -> boolean mask over all rows, in recipe order (values of a `by` column sorted)."""
+    """Slice name -> boolean mask over all rows, in recipe order (values of a `by` column sorted).
+
+    `inputs` (the recipe's data.inputs) names the tokenizer of each text column for `by_length`
+    slices; when not given, it is read from `recipe_file`.
+    """
     masks: dict[str, np.ndarray] = {}
     made_by: dict[str, str] = {}
     for index, spec in enumerate(specs):
         spec_field = f"{field}[{index}]"
         if spec.by is not None:
             new = _masks_by_column(df, spec.by, field=f"{spec_field}.by", recipe_file=recipe_file)
+        elif spec.by_length is not None:
+            if inputs is None:
+                inputs = load_recipe(recipe_file).data.inputs
+            new = _masks_by_length(df, spec, inputs, field=spec_field, recipe_file=recipe_file)
         else:
             new = {spec.name: _named_filter_mask(df, spec, field=f"{spec_field}.filter", recipe_file=recipe_file)}
         for name, mask in new.items():
@@ -70,3 +88,49 @@ def _named_filter_mask(df: pd.DataFrame, spec: SliceSpec, *, field: str, recipe_
     if not mask.any():
         raise empty_selection_error(df, spec.filter or {}, field=field, recipe_file=recipe_file)
     return mask
+
+
+def _masks_by_length(
+    df: pd.DataFrame,
+    spec: SliceSpec,
+    inputs: Mapping[str, str | TextInputSpec],
+    *,
+    field: str,
+    recipe_file: Path,
+) -> dict[str, np.ndarray]:
+    """One mask per token-length bucket that holds rows; rows without text fall in no bucket."""
+    column, bounds = str(spec.by_length), list(spec.buckets or [])
+    target = inputs.get(column)
+    if not isinstance(target, TextInputSpec):
+        text_columns = [name for name, value in inputs.items() if isinstance(value, TextInputSpec)]
+        shown = ", ".join(text_columns) or "none in this recipe"
+        message = (
+            f"column {column!r} is not a text input with a tokenizer in data.inputs "
+            f"(text inputs: {shown}); by_length counts the tokens of a text input"
+        )
+        raise RecipeError(recipe_file, f"{field}.by_length", message)
+    if any(lower >= upper for lower, upper in itertools.pairwise(bounds)):
+        raise RecipeError(recipe_file, f"{field}.buckets", f"got {bounds}, expected increasing token counts")
+    values = scalar_column(df, column, field=f"{field}.by_length", recipe_file=recipe_file)
+    present = values.notna().to_numpy()
+    texts = text_cells(values[present], column, recipe_file=recipe_file, field=f"{field}.by_length")
+    counts = np.full(len(df), -1, dtype=np.int64)
+    counts[present] = token_counts(texts, target.tokenizer, recipe_file=recipe_file, column=column)
+    masks: dict[str, np.ndarray] = {}
+    for name, lower, upper in length_buckets(column, bounds):
+        mask = present & (counts >= lower) & (counts <= upper)
+        if mask.any():
+            masks[name] = mask
+    return masks
+
+
+def length_buckets(column: str, bounds: Sequence[int]) -> list[tuple[str, int, float]]:
+    """(slice name, lowest, highest token count) per bucket: [16, 32] -> <=16, 17-32, >32."""
+    buckets: list[tuple[str, int, float]] = []
+    lower = 0
+    for upper in bounds:
+        span = f"<={upper}" if lower == 0 else (f"={upper}" if lower == upper else f"={lower}-{upper}")
+        buckets.append((f"{column}_tokens{span}", lower, upper))
+        lower = upper + 1
+    buckets.append((f"{column}_tokens>{bounds[-1]}", lower, np.inf))
+    return buckets

@@ -1,8 +1,9 @@
 """The offline demo: a small CNN on scikit-learn's digits, exported to ONNX, and a data table with slices.
 
-`make_digits_demo(out_dir)` writes what `recipes/digits.yaml` names:
+`make_digits_demo(out_dir)` writes what `recipes/digits.yaml` and `recipes/digits-torch.yaml` name:
 
 - `models/digits.onnx`: input `input` (batch, 1, 8, 8) float32 in 0..1, output `logits` (batch, 10);
+- `models/digits.pt`: the same model's state_dict, for `digits_cnn` (the PyTorch-source recipe);
 - `data/digits.parquet`: one row per source image, columns `pixels` (64 float32), `label`,
   `split` (train / calib / eval, disjoint by `source_index`), `condition` (clean / noisy),
   `contrast` (normal / low) and `ink` (mean pixel intensity of the row as stored).
@@ -36,10 +37,12 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 MODEL_FILE = Path("models/digits.onnx")
+WEIGHTS_FILE = Path("models/digits.pt")
 DATA_FILE = Path("data/digits.parquet")
 RECIPE_FILE = Path("recipes/digits.yaml")
-# The recipe ships in the source tree, next to the package, not inside it.
-_SOURCE_RECIPE = Path(__file__).resolve().parents[2] / RECIPE_FILE
+TORCH_RECIPE_FILE = Path("recipes/digits-torch.yaml")
+# The recipes ship in the source tree, next to the package, not inside it.
+_SOURCE_TREE = Path(__file__).resolve().parents[2]
 
 TRAIN_IMAGES = 900
 CALIB_IMAGES = 300  # the remaining 597 images are the eval split
@@ -59,9 +62,10 @@ OPSET = 17
 def make_digits_demo(out_dir: Path, seed: int = 0) -> dict[str, Path]:
     """Train, export and check the digits CNN; write the model and the data table under `out_dir`.
 
-    Returns the written paths: "model", "data", and "recipe" when the source tree's
-    `recipes/digits.yaml` was copied to `out_dir/recipes/` (it is not copied over an
-    existing file, and not at all when qbench is installed without its source tree).
+    Returns the written paths: "model", "weights" (the state_dict), "data", and "recipe" /
+    "torch_recipe" when the source tree's `recipes/digits.yaml` / `recipes/digits-torch.yaml`
+    were copied to `out_dir/recipes/` (not over an existing file, and not at all when qbench
+    is installed without its source tree).
     """
     _import_torch()  # before any work: a missing extra should fail fast
     out_dir = Path(out_dir)
@@ -72,11 +76,13 @@ def make_digits_demo(out_dir: Path, seed: int = 0) -> dict[str, Path]:
         model = train_digits_cnn(_stack_pixels(train), train["label"].to_numpy(), seed=seed)
         model_path = export_digits_onnx(model, out_dir / MODEL_FILE)
         check_onnx_matches_torch(model, model_path, _stack_pixels(evaluation))
+        weights_path = save_digits_weights(model, out_dir / WEIGHTS_FILE)
     data_path = write_digits_table(table, out_dir / DATA_FILE)
-    paths = {"model": model_path, "data": data_path}
-    recipe_path = _copy_source_recipe(out_dir)
-    if recipe_path is not None:
-        paths["recipe"] = recipe_path
+    paths = {"model": model_path, "weights": weights_path, "data": data_path}
+    for kind, recipe_file in (("recipe", RECIPE_FILE), ("torch_recipe", TORCH_RECIPE_FILE)):
+        recipe_path = _copy_source_recipe(recipe_file, out_dir)
+        if recipe_path is not None:
+            paths[kind] = recipe_path
     return paths
 
 
@@ -252,6 +258,14 @@ def export_digits_onnx(model: torch.nn.Module, path: Path) -> Path:
     return path
 
 
+def save_digits_weights(model: torch.nn.Module, path: Path) -> Path:
+    """Save a plain state_dict (tensors only), which qbench loads with torch.load(weights_only=True)."""
+    torch = _import_torch()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(model.state_dict(), path)
+    return path
+
+
 def check_onnx_matches_torch(model: torch.nn.Module, path: Path, images: np.ndarray) -> float:
     """Run `images` through torch and onnxruntime; return the largest logit difference.
 
@@ -271,14 +285,15 @@ def check_onnx_matches_torch(model: torch.nn.Module, path: Path, images: np.ndar
     return difference
 
 
-def _copy_source_recipe(out_dir: Path) -> Path | None:
-    target = out_dir / RECIPE_FILE
-    if not _SOURCE_RECIPE.is_file():
+def _copy_source_recipe(recipe_file: Path, out_dir: Path) -> Path | None:
+    """Copy `recipe_file` from the source tree to `out_dir` (never over an existing file)."""
+    source, target = _SOURCE_TREE / recipe_file, out_dir / recipe_file
+    if not source.is_file():
         return None
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(_SOURCE_RECIPE, target)
+    shutil.copyfile(source, target)
     return target
 
 
@@ -288,7 +303,7 @@ def _copy_source_recipe(out_dir: Path) -> Path | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m qbench.demo.digits",
-        description="Train the digits CNN and write models/digits.onnx and data/digits.parquet under --out.",
+        description="Train the digits CNN; write models/ (ONNX + state_dict) and data/digits.parquet under --out.",
     )
     parser.add_argument("--out", type=Path, default=Path("."), help="folder to write models/ and data/ into")
     parser.add_argument("--seed", type=int, default=0, help="seed for the splits, the noise and the training")
@@ -299,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return error.exit_code
     for kind, path in paths.items():
-        print(f"{kind:>6}: {path}")
+        print(f"{kind:>12}: {path}")
     if "recipe" in paths:
         print(f"next: qbench sweep {paths['recipe']}")
     return 0

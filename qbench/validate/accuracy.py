@@ -82,24 +82,34 @@ class _ClassificationRows:
 
 @dataclass(frozen=True)
 class _EmbeddingRows:
+    """Per-row cosine with FP32, and whether the row's nearest neighbour is FP32's.
+
+    Neighbours are searched among all evaluation rows, also when a slice is summarised.
+    """
+
     outputs: np.ndarray
     reference: np.ndarray
     cosine: np.ndarray
+    neighbour_matches: np.ndarray
 
     @classmethod
     def compute(cls, outputs: np.ndarray, reference: np.ndarray) -> _EmbeddingRows:
         cosine = metrics.cosine_rows(reference, outputs)
         cosine[metrics.nonfinite_rows(outputs)] = 0.0
-        return cls(outputs=outputs, reference=reference, cosine=cosine)
+        matches = metrics.nearest_neighbour_matches(reference, outputs)
+        return cls(outputs=outputs, reference=reference, cosine=cosine, neighbour_matches=matches)
 
     def summarise(self, name: str, mask: np.ndarray) -> SliceMetrics:
         cosine = self.cosine[mask]
+        matches = self.neighbour_matches[mask]
+        nn_agreement = float(np.mean(matches)) if matches.size else float("nan")
         values = {
             "cosine": float(np.mean(cosine)) if cosine.size else float("nan"),
             "cosine_min": float(np.min(cosine)) if cosine.size else float("nan"),
+            "nn_agreement": nn_agreement,
             "max_abs_error": metrics.max_abs_error(self.outputs[mask], self.reference[mask]),
         }
-        intervals = {"cosine": metrics.mean_interval(cosine)}
+        intervals = {"cosine": metrics.mean_interval(cosine), "nn_agreement": _wilson(nn_agreement, int(matches.size))}
         return SliceMetrics(name=name, size=int(cosine.size), metrics=values, intervals=intervals)
 
 
@@ -137,7 +147,8 @@ def evaluate_accuracy(
 
     classification: accuracy (agreement with FP32 when there are no labels), agreement,
     flip_rate, kl_mean, max_abs_error; 95 % intervals for the first four.
-    embedding: cosine (mean), cosine_min, max_abs_error; a 95 % interval for cosine.
+    embedding: cosine (mean), cosine_min, nn_agreement (nearest neighbour among all rows is
+    FP32's), max_abs_error; 95 % intervals for cosine and nn_agreement.
     `slices` maps a slice name to a boolean mask over the rows.
     """
     if task not in TASKS:

@@ -251,3 +251,57 @@ def mean_interval(values: np.ndarray, z: float = 1.96) -> tuple[float, float]:
         return (mean, mean)
     half = z * float(np.std(array, ddof=1)) / math.sqrt(array.size)
     return (mean - half, mean + half)
+
+
+# -- nearest neighbours (embeddings) --------------------------------------------------------------
+
+NO_NEIGHBOUR = -1
+"""The neighbour of a row whose embedding holds NaN or inf, or of a set with fewer than two rows."""
+
+_NEIGHBOUR_BLOCK_ROWS = 1024  # rows compared at once: bounds the similarity block to 1024 x rows floats
+
+
+def nearest_neighbours(embeddings: np.ndarray) -> np.ndarray:
+    """Index of every row's nearest other row by cosine similarity (int64; ties go to the lowest index).
+
+    A row is never its own neighbour; rows holding NaN/inf neither have a neighbour (NO_NEIGHBOUR)
+    nor are one. A zero row has similarity 0 with every row.
+    """
+    rows = _float_rows(embeddings)
+    count = rows.shape[0]
+    finite = np.isfinite(rows).all(axis=1)
+    norms = np.linalg.norm(np.where(finite[:, None], rows, 0.0), axis=1)
+    unit = np.divide(rows, norms[:, None], out=np.zeros_like(rows), where=(norms[:, None] > 0) & finite[:, None])
+    neighbours = np.full(count, NO_NEIGHBOUR, dtype=np.int64)
+    if count < 2:
+        return neighbours
+    for start in range(0, count, _NEIGHBOUR_BLOCK_ROWS):
+        stop = min(start + _NEIGHBOUR_BLOCK_ROWS, count)
+        similarity = unit[start:stop] @ unit.T
+        similarity[:, ~finite] = -np.inf
+        similarity[np.arange(stop - start), np.arange(start, stop)] = -np.inf
+        best = np.argmax(similarity, axis=1)
+        found = np.isfinite(similarity[np.arange(stop - start), best])  # all -inf: no finite other row
+        neighbours[start:stop] = np.where(found, best, NO_NEIGHBOUR)
+    neighbours[~finite] = NO_NEIGHBOUR
+    return neighbours
+
+
+def nearest_neighbour_matches(reference: np.ndarray, outputs: np.ndarray) -> np.ndarray:
+    """Per row: 1.0 if its nearest neighbour under `outputs` is the one under `reference`, else 0.0.
+
+    A row without a neighbour in either never matches; fewer than two rows give NaN (no neighbours exist).
+    """
+    reference, outputs = _same_shape(reference, outputs)
+    if reference.ndim == 0:
+        raise QbenchError(f"expected an array with a row axis, got a scalar ({reference!r})")
+    if reference.shape[0] < 2:
+        return np.full(reference.shape[0], math.nan)
+    expected, found = nearest_neighbours(reference), nearest_neighbours(outputs)
+    return ((expected == found) & (expected != NO_NEIGHBOUR)).astype(np.float64)
+
+
+def nearest_neighbour_agreement(reference: np.ndarray, outputs: np.ndarray) -> float:
+    """Fraction of rows whose nearest neighbour (cosine, itself excluded) is the same under `outputs` as
+    under `reference`; NaN for fewer than two rows."""
+    return _mean(nearest_neighbour_matches(reference, outputs))

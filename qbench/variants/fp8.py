@@ -45,6 +45,7 @@ from qbench.variants.onnx_utils import (
     build_step,
     check_node_names,
     default_opset,
+    drop_unused_initializers,
     ensure_opset,
     load_model,
     output_path,
@@ -272,23 +273,5 @@ def insert_fp8_qdq(
     graph.ClearField("node")
     graph.node.extend(nodes)
     graph.initializer.extend(rewriter.new_initializers)
-    _drop_unused_initializers(graph)
+    drop_unused_initializers(graph)
     return rewriter.result
-
-
-def _names_read(graph: onnx.GraphProto) -> set[str]:
-    """Every tensor name a node reads, in this graph and its subgraphs (which may read outer names)."""
-    names = {output.name for output in graph.output}
-    for node in graph.node:
-        names.update(node.input)
-        for attribute in node.attribute:
-            for subgraph in [attribute.g] if attribute.HasField("g") else list(attribute.graphs):
-                names |= _names_read(subgraph)
-    return names
-
-
-def _drop_unused_initializers(graph: onnx.GraphProto) -> None:
-    read = _names_read(graph) | {i.name for i in graph.input}
-    kept = [t for t in graph.initializer if t.name in read]
-    graph.ClearField("initializer")
-    graph.initializer.extend(kept)

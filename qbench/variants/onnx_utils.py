@@ -148,3 +148,22 @@ class Stopwatch:
 
     def seconds(self) -> float:
         return time.perf_counter() - self._start
+
+
+def names_read(graph: onnx.GraphProto) -> set[str]:
+    """Every tensor name a node reads, in this graph and its subgraphs (which may read outer names)."""
+    names = {output.name for output in graph.output}
+    for node in graph.node:
+        names.update(node.input)
+        for attribute in node.attribute:
+            for subgraph in [attribute.g] if attribute.HasField("g") else list(attribute.graphs):
+                names |= names_read(subgraph)
+    return names
+
+
+def drop_unused_initializers(graph: onnx.GraphProto) -> None:
+    """Remove initializers no node, subgraph or graph output reads (left behind by graph rewrites)."""
+    read = names_read(graph) | {i.name for i in graph.input}
+    kept = [t for t in graph.initializer if t.name in read]
+    graph.ClearField("initializer")
+    graph.initializer.extend(kept)

