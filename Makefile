@@ -17,6 +17,7 @@ $(STAMP): pyproject.toml
 
 demo: install
 	$(PY) -m qbench.demo.digits --out .
+	$(PY) -m qbench.demo.qat_case --out .
 	$(VENV)/bin/qbench sweep recipes/digits.yaml
 	$(VENV)/bin/qbench gate recipes/digits.yaml || echo "(gate exit code $$?: the table above says which variant breached)"
 

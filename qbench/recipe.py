@@ -249,10 +249,14 @@ class VariantSpec(_Strict):
         for option, calibrators in _CALIBRATOR_OPTIONS.items():
             if option in self.model_fields_set and self.calibrator not in calibrators:
                 raise ValueError(f"{option}: applies to calibrator {' / '.join(calibrators)}, not {self.calibrator!r}")
-        kind = "dynamic int8" if self.calibrator == "dynamic" else self.precision
-        for option in _NOT_FOR.get(kind, ()):
-            if option in self.model_fields_set:
-                raise ValueError(f"{option}: does not apply to {kind} variants")
+        kinds = [self.precision, *(["dynamic int8"] if self.calibrator == "dynamic" else [])]
+        kinds += ["QAT"] if self.qat is not None else []
+        for kind in kinds:
+            for option in _NOT_FOR.get(kind, ()):
+                if option in self.model_fields_set:
+                    raise ValueError(f"{option}: does not apply to {kind} variants")
+        if self.qat is not None and self.calibrator == "auto":
+            raise ValueError("calibrator: QAT starts from one calibration: choose minmax, entropy or percentile")
         return self
 
 
@@ -265,6 +269,7 @@ _QUANT_ONLY_FIELDS = (
 _NOT_FOR = {
     "fp8": ("reduce_range", "activation_type", "weight_type", "symmetric_activations", "qat", "fallback"),
     "dynamic int8": ("activation_type", "symmetric_activations", "qat", "quantizer"),
+    "QAT": ("op_types", "exclude_nodes", "fallback", "quantizer"),
 }
 _CALIBRATOR_OPTIONS = {
     "percentile": ("percentile",),

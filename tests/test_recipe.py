@@ -130,6 +130,10 @@ def test_fingerprint_ignores_the_gate_but_not_the_model(tmp_path):
             "this recipe's model is an ONNX file",
         ),
         (
+            {"variants": [{"name": "q", "precision": "int8", "calibrator": "minmax", "qat": {}, "exclude_nodes": ["n"]}]},
+            "recipe.yaml: variants[0].exclude_nodes: does not apply to QAT variants",
+        ),
+        (
             {"backends": ["onnxruntime-cpu", "torch-cpu"]},
             "recipe.yaml: backends[1]: torch-cpu needs a PyTorch model source (model.torch)",
         ),

@@ -9,7 +9,7 @@ activations of that tensor a handful of levels.
 
 `massive_activation_cnn()` is `qbench.demo.digits.digits_cnn` with one more channel in its last
 convolution: zero weights and a bias of MASSIVE_VALUE, so after the ReLU it is a constant
-MASSIVE_VALUE (about 80x the largest ordinary activation) at every position; the head gives it
+MASSIVE_VALUE (about 75x the largest ordinary activation) at every position; the head gives it
 zero weight. Built from the digits CNN's weights (`massive_activation_weights`), its FP32
 outputs are the digits CNN's: only the quantization grid of the head's input changes.
 

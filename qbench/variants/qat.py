@@ -1,0 +1,470 @@
+"""INT8 quantization-aware training: fine-tune the recipe's PyTorch model with fake quantization, export QDQ ONNX.
+
+Route: torchao PT2E (trials pitfall 11), whose Q/DQ pattern ONNX Runtime CPU fuses into
+QLinearConv (ModelOpt's QAT pattern ran 0.35x FP32 there; torch.ao eager QAT is deprecated).
+
+1. capture    `torch.export` with a dynamic batch; BatchNorm folded into its Conv / Linear with
+              its running statistics (torchao's own folds, as its PTQ `prepare_pt2e` does), so
+              fine-tuning trains the weights that get deployed and torchao's QAT Conv + BN
+              fusion, which traces ~100 patterns (30 s here), is not needed;
+2. prepare    `prepare_qat_pt2e`, X86InductorQuantizer, with a config mirroring the ONNX Runtime
+              PTQ variant of the same recipe options: activations uint8 (or int8) per tensor,
+              asymmetric unless `symmetric_activations`; weights int8 symmetric, per tensor
+              unless `per_channel`, 7-bit when `reduce_range` resolves on (pitfall 2);
+3. calibrate  fake quantization off, observers on: activation ranges start where PTQ with the
+              variant's calibrator puts them (OBSERVERS), then stay fixed while the weights adapt;
+4. fine-tune  Adam over seeded shuffles of the training rows, one torch thread (pitfall 1),
+              the graph in eval mode (dropout off); weight ranges follow the weights;
+5. convert    `convert_pt2e`, exported by the source's TorchScript exporter with symbolics for
+              torchao's quantized_decomposed ops (QuantizeLinear / DequantizeLinear).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+import torch.nn.functional as F
+from torch.onnx import symbolic_helper
+
+from qbench.console import console, track
+from qbench.errors import QbenchError
+from qbench.recipe import QatSpec, VariantSpec
+from qbench.sources.torch_model import flatten_outputs, single_torch_thread
+from qbench.variants.base import BuildContext, BuiltVariant, Feeds, TrainingData
+from qbench.variants.calibrate import DEFAULT_NUM_BINS, calibration_rows, require_calibration
+from qbench.variants.int8 import resolve_reduce_range
+from qbench.variants.onnx_utils import Stopwatch, build_step, default_opset, output_path, quantized_op_counts
+from qbench.variants.torch_forms import FAKE_QUANT, TORCH_COMPILE, TORCH_DEVICES, TORCH_FORM, import_torchao
+
+import_torchao()  # first: it silences torchao's import-time warnings about CUDA kernels this machine lacks
+from torchao.quantization.pt2e import (  # noqa: E402
+    FakeQuantize,
+    FusedMovingAvgObsFakeQuantize,
+    HistogramObserver,
+    MinMaxObserver,
+    MovingAverageMinMaxObserver,
+    MovingAveragePerChannelMinMaxObserver,
+    disable_fake_quant,
+    disable_observer,
+    enable_fake_quant,
+    enable_observer,
+)
+from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_qat_pt2e  # noqa: E402
+from torchao.quantization.pt2e.quantizer import QuantizationConfig, QuantizationSpec  # noqa: E402
+from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import X86InductorQuantizer  # noqa: E402
+from torchao.quantization.pt2e.utils import _fuse_conv_bn_, _fuse_linear_bn_  # noqa: E402
+
+ROUTE = "torchao PT2E: prepare_qat_pt2e (X86InductorQuantizer) -> convert_pt2e -> TorchScript ONNX export (QDQ)"
+# calibrator -> the torchao observer that sets the starting activation ranges. torchao has no entropy
+# or percentile observer; its histogram observer searches the range of least quantization error (L2),
+# which clips rare outliers as both of those do.
+OBSERVERS: dict[str, type] = {"minmax": MinMaxObserver, "entropy": HistogramObserver, "percentile": HistogramObserver}
+SCALE_EPS = 2**-12  # smallest scale, as in torchao's x86 config
+QDQ_MIN_OPSET = 13  # per-channel DequantizeLinear
+QUANTIZED_OP_TYPES = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+TORCH_FORM_NOTE = "torch form: the QAT model with Q/DQ computed in float (fake-quant): accuracy only, no INT8 kernels"
+
+
+@dataclass(frozen=True)
+class QatScheme:
+    """The fake-quantization scheme, every recipe option resolved."""
+
+    calibrator: str
+    num_bins: int
+    activation_type: str  # uint8 | int8
+    symmetric_activations: bool
+    per_channel: bool
+    reduce_range: bool
+    reduce_range_source: str
+
+    @classmethod
+    def from_spec(cls, spec: VariantSpec) -> QatScheme:
+        if spec.calibrator not in OBSERVERS:
+            raise QbenchError(
+                f"variant {spec.name!r}: QAT starts from a static calibration; "
+                f"calibrator {spec.calibrator!r} is not one of {', '.join(OBSERVERS)}"
+            )
+        if spec.weight_type != "int8":
+            raise QbenchError(f"variant {spec.name!r}: QAT builds int8 symmetric weights; weight_type must be int8")
+        for option in ("op_types", "exclude_nodes"):
+            if getattr(spec, option):
+                raise QbenchError(
+                    f"variant {spec.name!r}: {option} names ONNX nodes, which a QAT variant (built from the "
+                    "PyTorch model) does not have; remove it"
+                )
+        reduce_range, source = resolve_reduce_range(spec.reduce_range)
+        bins = spec.num_bins if spec.num_bins is not None else DEFAULT_NUM_BINS
+        return cls(spec.calibrator, bins, spec.activation_type, spec.symmetric_activations, spec.per_channel, reduce_range, source)
+
+    @property
+    def observer(self) -> type:
+        return OBSERVERS[self.calibrator]
+
+    @property
+    def weight_range(self) -> tuple[int, int]:
+        """7-bit weights with reduce_range: ORT's u8s8 kernels cannot saturate on CPUs without VNNI."""
+        return (-64, 63) if self.reduce_range else (-128, 127)
+
+    def quantization_config(self) -> QuantizationConfig:
+        """Activations: fake-quant with the calibrator's observer. Weights: fake-quant whose range is the current
+        weights' (averaging_constant=1), per tensor or per output channel."""
+        observer = self.observer.with_args(bins=self.num_bins) if self.observer is HistogramObserver else self.observer
+        unsigned = self.activation_type == "uint8"
+        activation = QuantizationSpec(
+            dtype=torch.uint8 if unsigned else torch.int8,
+            quant_min=0 if unsigned else -128,
+            quant_max=255 if unsigned else 127,
+            qscheme=torch.per_tensor_symmetric if self.symmetric_activations else torch.per_tensor_affine,
+            observer_or_fake_quant_ctr=FakeQuantize.with_args(observer=observer, eps=SCALE_EPS),
+        )
+        weight = QuantizationSpec(
+            dtype=torch.int8,
+            quant_min=self.weight_range[0],
+            quant_max=self.weight_range[1],
+            qscheme=torch.per_channel_symmetric if self.per_channel else torch.per_tensor_symmetric,
+            ch_axis=0,
+            observer_or_fake_quant_ctr=FusedMovingAvgObsFakeQuantize.with_args(
+                observer=MovingAveragePerChannelMinMaxObserver if self.per_channel else MovingAverageMinMaxObserver,
+                averaging_constant=1.0,
+                eps=SCALE_EPS,
+            ),
+        )
+        return QuantizationConfig(activation, activation, weight, None, is_qat=True)
+
+    def params(self) -> dict[str, Any]:
+        histogram = self.observer is HistogramObserver
+        return {
+            "calibrator": self.calibrator,
+            "observer": self.observer.__name__,
+            "observer_mapping": {name: observer.__name__ for name, observer in OBSERVERS.items()},
+            "observer_bins": self.num_bins if histogram else None,
+            "activation_type": self.activation_type,
+            "symmetric_activations": self.symmetric_activations,
+            "activation_ranges": "calibrated, then fixed during fine-tuning",
+            "weight_type": "int8",
+            "weight_range": list(self.weight_range),
+            "per_channel": self.per_channel,
+            "reduce_range": self.reduce_range,
+            "reduce_range_source": self.reduce_range_source,
+        }
+
+
+class InferenceModule(torch.nn.Module):
+    """The converted QAT graph for torch backends. train() / eval() do nothing: the graph is fixed in eval
+    mode, and torchao's own switch re-traces patterns for seconds on every call."""
+
+    def __init__(self, graph: torch.fx.GraphModule) -> None:
+        super().__init__()
+        self.graph = graph
+        self.training = False
+
+    def forward(self, *inputs: torch.Tensor) -> Any:
+        return self.graph(*inputs)
+
+    def train(self, mode: bool = True) -> InferenceModule:
+        return self
+
+
+@dataclass(frozen=True)
+class QatModuleFactory:
+    """The converted QAT module (Q/DQ ops computed in float), copied afresh for every caller."""
+
+    module: torch.fx.GraphModule  # from convert_pt2e, never handed out
+    compile: bool = False
+
+    def __call__(self) -> torch.nn.Module:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # torch's pytree internals, while copying the graph
+            module = InferenceModule(copy.deepcopy(self.module))
+        return torch.compile(module) if self.compile else module
+
+
+@dataclass(frozen=True)
+class TrainingSet:
+    """The training rows as tensors, and what the loss compares the student's first output with."""
+
+    inputs: tuple[torch.Tensor, ...]
+    targets: torch.Tensor  # class labels (loss "label") or the FP32 teacher's log-probabilities ("distill")
+    loss: str
+
+    @property
+    def rows(self) -> int:
+        return int(self.inputs[0].shape[0])
+
+    def loss_on(self, module: torch.nn.Module, rows: torch.Tensor) -> torch.Tensor:
+        output = first_output(module(*(tensor[rows] for tensor in self.inputs)))
+        if self.loss == "label":
+            return F.cross_entropy(output, self.targets[rows])
+        # KL(teacher || student) over the last dimension, averaged over rows
+        return F.kl_div(F.log_softmax(output, dim=-1), self.targets[rows], reduction="batchmean", log_target=True)
+
+
+def build_qat(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
+    """Fine-tune ctx.torch_model with INT8 fake quantization on ctx.training; write `<workdir>/<name>.onnx`."""
+    clock = Stopwatch()
+    qat = _require_inputs(spec, ctx)
+    scheme = QatScheme.from_spec(spec)
+    names = tuple(ctx.torch_model.input_names)
+    target = output_path(spec.name, ctx)
+    with single_torch_thread(), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(qat.seed)
+        with build_step(spec.name, "reading the training rows"):
+            training = _training_set(spec, ctx.torch_model, ctx.training, names)
+        with build_step(spec.name, "preparing the model for QAT (torch.export, prepare_qat_pt2e)"):
+            prepared = _prepare(ctx.torch_model, scheme)
+        with build_step(spec.name, f"{scheme.calibrator} calibration"):
+            calibrate(prepared, ctx.calibration, names, f"{spec.name}: calibrating ({scheme.calibrator})")
+        started = time.perf_counter()
+        with build_step(spec.name, "fine-tuning"):
+            losses = fine_tune(prepared, training, qat, spec.name)
+        train_seconds = time.perf_counter() - started
+        with build_step(spec.name, "converting (convert_pt2e)"):
+            converted = _convert(prepared, ctx.calibration[0], names)
+        with build_step(spec.name, "exporting to ONNX"):
+            export_onnx(converted, ctx.torch_model, target)
+    exported = onnx.load(str(target), load_external_data=False)
+    counts = quantized_op_counts(exported, QUANTIZED_OP_TYPES)
+    params: dict[str, Any] = {
+        "route": ROUTE,
+        **scheme.params(),
+        "qat.epochs": qat.epochs,
+        "qat.lr": qat.lr,
+        "qat.optimizer": "Adam",
+        "qat.batch_size": qat.batch_size,
+        "qat.loss": qat.loss,
+        "qat.seed": qat.seed,
+        "qat.train_rows": training.rows,
+        "qat.train_seconds": round(train_seconds, 3),
+        "qat.loss_per_epoch": [round(loss, 6) for loss in losses],
+        "calibration_batches": len(ctx.calibration),
+        "calibration_rows": calibration_rows(ctx.calibration),
+        "quant_format": "QDQ",
+        "opset": default_opset(exported),
+        "quantized_nodes": sum(counts.values()),
+        "quantized_op_types": counts,
+        FAKE_QUANT: True,
+        TORCH_FORM: "QAT module from convert_pt2e: int8 weights and Q/DQ ops, computed in float",
+        TORCH_DEVICES: ["cpu", "cuda"],
+        TORCH_COMPILE: spec.compile,
+    }
+    return BuiltVariant(
+        name=spec.name,
+        precision="int8",
+        onnx_path=target,
+        params=params,
+        build_seconds=clock.seconds(),
+        notes=tuple(_notes(scheme, qat, counts)),
+        torch_module=QatModuleFactory(converted, compile=spec.compile),
+    )
+
+
+def _require_inputs(spec: VariantSpec, ctx: BuildContext) -> QatSpec:
+    """The variant's QAT settings, once the context holds what QAT needs (else a QbenchError saying what is missing)."""
+    if spec.qat is None:
+        raise QbenchError(f"variant {spec.name!r}: has no `qat` section")
+    if ctx.torch_model is None:
+        raise QbenchError(f"variant {spec.name!r}: QAT needs a PyTorch model source (model.torch)")
+    if ctx.training is None or _rows(ctx.training.feeds) == 0:
+        raise QbenchError(f"variant {spec.name!r}: QAT has no training rows (check qat.train.filter)")
+    if spec.qat.loss == "label" and ctx.training.labels is None:
+        raise QbenchError(f"variant {spec.name!r}: qat.loss 'label' needs labels (data.label); use 'distill' without them")
+    require_calibration(spec.name, ctx.calibration)
+    return spec.qat
+
+
+def _rows(feeds: Feeds) -> int:
+    return int(next(iter(feeds.values())).shape[0]) if feeds else 0
+
+
+def _tensors(feeds: Feeds, input_names: Sequence[str]) -> tuple[torch.Tensor, ...]:
+    missing = [name for name in input_names if name not in feeds]
+    if missing:
+        raise QbenchError(f"QAT: the data has no feed for model input(s) {', '.join(missing)}")
+    return tuple(torch.as_tensor(np.array(feeds[name])) for name in input_names)  # a copy: feeds may be read-only
+
+
+def first_output(outputs: Any) -> torch.Tensor:
+    """The module's first output tensor: the one QAT's loss is computed on."""
+    return flatten_outputs(outputs)[0]
+
+
+def _training_set(spec: VariantSpec, torch_model: Any, data: TrainingData, input_names: Sequence[str]) -> TrainingSet:
+    """Training rows as tensors with their targets: labels, checked against the output, or the teacher's log-probs."""
+    inputs, step = _tensors(data.feeds, input_names), spec.qat.batch_size
+    teacher = torch_model.build()
+    with torch.no_grad():
+        if spec.qat.loss == "distill":
+            logits = [first_output(teacher(*(t[i : i + step] for t in inputs))) for i in range(0, len(inputs[0]), step)]
+            return TrainingSet(inputs, F.log_softmax(torch.cat(logits), dim=-1), "distill")
+        output = first_output(teacher(*(t[:2] for t in inputs)))
+    labels = torch.as_tensor(np.array(data.labels)).long()
+    if output.ndim != 2:
+        raise QbenchError(
+            f"variant {spec.name!r}: qat.loss 'label' needs class scores [batch, classes] as the model's first "
+            f"output; it returns shape {list(output.shape)} (use loss 'distill')"
+        )
+    if len(labels) != len(inputs[0]) or int(labels.min()) < 0 or int(labels.max()) >= output.shape[1]:
+        raise QbenchError(
+            f"variant {spec.name!r}: qat.loss 'label' needs one label in 0..{output.shape[1] - 1} per training row; "
+            f"got {len(labels)} labels in {int(labels.min())}..{int(labels.max())} for {len(inputs[0])} rows"
+        )
+    return TrainingSet(inputs, labels, "label")
+
+
+def _prepare(torch_model: Any, scheme: QatScheme) -> torch.fx.GraphModule:
+    """Capture the FP32 model with a dynamic batch, fold BatchNorm, insert fake quantization."""
+    example = torch_model.example_inputs()
+    batch = torch.export.Dim("batch")
+    graph = torch.export.export(torch_model.build(), example, dynamic_shapes=tuple({0: batch} for _ in example)).module()
+    _fuse_conv_bn_(graph)
+    _fuse_linear_bn_(graph)
+    quantizer = X86InductorQuantizer().set_global(scheme.quantization_config())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torchao's FutureWarnings about pytree internals
+        return prepare_qat_pt2e(graph, quantizer)
+
+
+def calibrate(prepared: torch.fx.GraphModule, batches: Sequence[Feeds], input_names: Sequence[str], label: str) -> None:
+    """PTQ calibration: with fake quantization off, observers see the float activations of every batch; then each
+    activation range is computed once and frozen, and fake quantization is switched on.
+
+    Activation observers are fed by a hook, not by their FakeQuantize, which would recompute the range
+    after every batch (seconds per batch for the histogram observer). Weights use the fused subclass.
+    """
+    activations = [m for m in prepared.modules() if type(m) is FakeQuantize]
+    prepared.apply(disable_fake_quant)
+    prepared.apply(enable_observer)  # weight ranges follow the weights from here on
+    for module in activations:
+        module.disable_observer()
+    hooks = [module.register_forward_pre_hook(_observe) for module in activations]
+    try:
+        with torch.no_grad():
+            for batch in track(batches, label, total=len(batches)):
+                prepared(*_tensors(batch, input_names))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    for module in activations:
+        scale, zero_point = module.calculate_qparams()
+        module.scale.resize_(scale.shape).copy_(scale)
+        module.zero_point.resize_(zero_point.shape).copy_(zero_point)
+    prepared.apply(enable_fake_quant)
+
+
+def _observe(module: FakeQuantize, args: tuple[torch.Tensor, ...]) -> None:
+    module.activation_post_process(args[0].detach())
+
+
+def fine_tune(prepared: torch.fx.GraphModule, training: TrainingSet, qat: QatSpec, label: str) -> list[float]:
+    """`qat.epochs` epochs of Adam over seeded shuffles of the rows; returns the mean loss per epoch."""
+    optimizer = torch.optim.Adam(prepared.parameters(), lr=qat.lr)
+    generator = torch.Generator().manual_seed(qat.seed)
+    batches_per_epoch = max(1, math.ceil(training.rows / qat.batch_size))
+    losses: list[float] = []
+    for epoch in range(1, qat.epochs + 1):
+        # near-equal batches: no trailing batch of one row
+        batches = torch.tensor_split(torch.randperm(training.rows, generator=generator), batches_per_epoch)
+        previous = f", loss {losses[-1]:.4f}" if losses else ""
+        total = 0.0
+        for rows in track(batches, f"{label}: QAT epoch {epoch}/{qat.epochs}{previous}", total=len(batches)):
+            optimizer.zero_grad()
+            loss = training.loss_on(prepared, rows)
+            loss.backward()
+            optimizer.step()
+            total += float(loss.detach()) * len(rows)
+        losses.append(total / training.rows)
+        console.print(f"  QAT epoch {epoch}/{qat.epochs}: {qat.loss} loss {losses[-1]:.4f}")
+    return losses
+
+
+def _convert(prepared: torch.fx.GraphModule, batch: Feeds, input_names: Sequence[str]) -> torch.fx.GraphModule:
+    """Q/DQ module with int8 weights. One forward first: the weight ranges become those of the final weights
+    (the last optimizer step came after the last observation)."""
+    with torch.no_grad():
+        prepared(*_tensors(batch, input_names))
+    prepared.apply(disable_observer)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return convert_pt2e(prepared)
+
+
+def export_onnx(module: torch.fx.GraphModule, torch_model: Any, path: Path) -> Path:
+    """Export with the source's own TorchScript exporter (the recipe's input/output names, opset, dynamic batch).
+
+    The dynamo exporter knows torchao's Q/DQ ops but took 5-9 s per model here (it rebuilds its op
+    registry on every call); the TorchScript exporter takes well under a second with these symbolics.
+    """
+    for name, symbolic in (
+        ("quantize_per_tensor", _quantize_per_tensor),
+        ("dequantize_per_tensor", _dequantize_per_tensor),
+        ("dequantize_per_channel", _dequantize_per_channel),
+    ):
+        torch.onnx.register_custom_op_symbolic(f"quantized_decomposed::{name}", symbolic, QDQ_MIN_OPSET)  # idempotent
+    with warnings.catch_warnings():
+        # the tracer runs torch.export's batch-size guard once and says it cannot record it: nothing is lost
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+        return torch_model.export(InferenceModule(module), path)
+
+
+# The TorchScript graph passes a dtype as its c10::ScalarType code (Byte = 0, Char = 1).
+_QUANTIZED_TYPES = {0: (torch.uint8, onnx.TensorProto.UINT8), 1: (torch.int8, onnx.TensorProto.INT8)}
+
+
+def _quantized_type(code: int) -> tuple[torch.dtype, int]:
+    if code not in _QUANTIZED_TYPES:
+        raise QbenchError(f"QAT export: torch scalar type {code} has no ONNX QuantizeLinear form (uint8 / int8 only)")
+    return _QUANTIZED_TYPES[code]
+
+
+def _constant_qparams(g: Any, scale: float, zero_point: int, code: int) -> tuple[Any, Any]:
+    """Scale as a float32 constant, zero point as a constant of the quantized type (which sets the output type)."""
+    return (
+        g.op("Constant", value_t=torch.tensor(scale, dtype=torch.float32)),
+        g.op("Constant", value_t=torch.tensor(zero_point, dtype=_quantized_type(code)[0])),
+    )
+
+
+@symbolic_helper.parse_args("v", "f", "i", "i", "i", "i")
+def _quantize_per_tensor(g: Any, x: Any, scale: float, zero_point: int, quant_min: int, quant_max: int, code: int) -> Any:
+    info = torch.iinfo(_quantized_type(code)[0])
+    if (quant_min, quant_max) != (info.min, info.max):  # QuantizeLinear clips to the type's full range
+        raise QbenchError(f"QAT export: activation range {quant_min}..{quant_max} is not the full {info.min}..{info.max}")
+    return g.op("QuantizeLinear", x, *_constant_qparams(g, scale, zero_point, code))
+
+
+@symbolic_helper.parse_args("v", "f", "i", "i", "i", "i", "none")
+def _dequantize_per_tensor(
+    g: Any, x: Any, scale: float, zero_point: int, quant_min: int, quant_max: int, code: int, out_dtype: Any
+) -> Any:
+    return g.op("DequantizeLinear", x, *_constant_qparams(g, scale, zero_point, code))
+
+
+@symbolic_helper.parse_args("v", "v", "v", "i", "i", "i", "i", "none")
+def _dequantize_per_channel(
+    g: Any, x: Any, scales: Any, zero_points: Any, axis: int, quant_min: int, quant_max: int, code: int, out_dtype: Any
+) -> Any:
+    """Weights: int8 constants with one scale per output channel (the zero points' cast is constant-folded)."""
+    return g.op("DequantizeLinear", x, scales, g.op("Cast", zero_points, to_i=_quantized_type(code)[1]), axis_i=axis)
+
+
+def _notes(scheme: QatScheme, qat: QatSpec, counts: dict[str, int]) -> list[str]:
+    trained = (
+        f"QAT: {qat.epochs} epoch(s) of {qat.loss} fine-tuning from {scheme.calibrator} calibration "
+        f"({scheme.observer.__name__}); activation ranges fixed after calibration"
+    )
+    notes = [trained, TORCH_FORM_NOTE]
+    if scheme.calibrator == "percentile":
+        notes.append("percentile maps to torchao's HistogramObserver (there is no percentile observer): the percentile value is not used")
+    if not counts:
+        notes.append("no layer was quantized: this variant computes in FP32 (torchao's x86 quantizer found no Conv/Linear)")
+    return notes
