@@ -69,7 +69,7 @@ def prepare(recipe: Recipe) -> Prepared:
     eval_rows = select_rows(table, recipe.data.evaluation.filter, field="data.evaluation.filter", recipe_file=recipe.source)
     if recipe.data.evaluation.limit is not None:
         eval_rows = eval_rows[: recipe.data.evaluation.limit]
-    masks = slice_masks(table, recipe.data.slices, recipe_file=recipe.source)
+    masks = slice_masks(table, recipe.data.slices, recipe_file=recipe.source, inputs=recipe.data.inputs)
     eval_slices = _evaluation_slices(recipe, masks, eval_rows)
     labels = (
         labels_array(table, eval_rows, recipe.data.label, recipe_file=recipe.source)

@@ -353,6 +353,8 @@ def _calibration_section(results: SweepResults) -> str:
     rows: list[list[Cell]] = [[name, str(count)] for name, count in record.per_slice_counts.items()]
     facts = (f"{record.size} rows, seed {record.seed}, stratified by {record.stratify_by or 'nothing'}, "
              f"row ids sha256 `{record.row_ids_sha256[:12]}`")  # fmt: skip
+    if not rows:  # no slices, or a separate calibration file (slices are defined on data.path only)
+        return "\n".join(["## Calibration", "", facts + "; no per-slice counts"]) + "\n"
     table = _markdown_table(Grid("Calibration", ["slice", "rows"], rows, frozenset({1})))
     return "\n".join(["## Calibration", "", facts, "", *table]) + "\n"
 

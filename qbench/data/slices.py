@@ -20,7 +20,7 @@ import pandas as pd
 from qbench.data.filters import distinct_values, empty_selection_error, filter_mask, format_value, scalar_column
 from qbench.data.text import text_cells, token_counts
 from qbench.errors import RecipeError
-from qbench.recipe import SliceSpec, TextInputSpec, load_recipe
+from qbench.recipe import SliceSpec, TextInputSpec
 
 MAX_SLICES_PER_COLUMN = 50
 
@@ -35,8 +35,7 @@ def slice_masks(
 ) -> dict[str, np.ndarray]:
     """Slice name -> boolean mask over all rows, in recipe order (values of a `by` column sorted).
 
-    `inputs` (the recipe's data.inputs) names the tokenizer of each text column for `by_length`
-    slices; when not given, it is read from `recipe_file`.
+    `inputs` (the recipe's data.inputs) names the tokenizer of each text column for `by_length` slices.
     """
     masks: dict[str, np.ndarray] = {}
     made_by: dict[str, str] = {}
@@ -45,9 +44,7 @@ def slice_masks(
         if spec.by is not None:
             new = _masks_by_column(df, spec.by, field=f"{spec_field}.by", recipe_file=recipe_file)
         elif spec.by_length is not None:
-            if inputs is None:
-                inputs = load_recipe(recipe_file).data.inputs
-            new = _masks_by_length(df, spec, inputs, field=spec_field, recipe_file=recipe_file)
+            new = _masks_by_length(df, spec, inputs or {}, field=spec_field, recipe_file=recipe_file)
         else:
             new = {spec.name: _named_filter_mask(df, spec, field=f"{spec_field}.filter", recipe_file=recipe_file)}
         for name, mask in new.items():

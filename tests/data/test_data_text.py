@@ -257,19 +257,13 @@ def test_by_length_problems_are_recipe_errors(spec: SliceSpec, inputs: dict, fie
     assert caught.value.field == field
 
 
-def test_by_length_reads_the_tokenizer_from_the_recipe_file_when_not_given(tmp_path: Path) -> None:
-    (tmp_path / "model.onnx").write_bytes(b"")  # load_recipe only checks that the files exist
-    (tmp_path / "rows.jsonl").write_text("")
-    recipe_file = tmp_path / "recipe.yaml"
-    recipe_file.write_text(
-        "name: t\ntask: embedding\nmodel: {path: model.onnx}\n"
-        "data:\n  path: rows.jsonl\n"
-        f"  inputs: {{text: {{tokenizer: {{path: 'package:{MINILM}'}}}}}}\n"
-        "  slices: [{by_length: text, buckets: [6]}]\n"
-        "gate: {metric: cosine}\n"
-    )
+def test_by_length_takes_the_tokenizer_from_the_recipe_inputs(tmp_path: Path) -> None:
+    inputs = {"text": TextInputSpec(tokenizer=TokenizerSpec(path=f"package:{MINILM}"))}
     masks = slice_masks(
-        pd.DataFrame({"text": TEXTS}), [SliceSpec(by_length="text", buckets=[6])], recipe_file=recipe_file
+        pd.DataFrame({"text": TEXTS}),
+        [SliceSpec(by_length="text", buckets=[6])],
+        recipe_file=tmp_path / "recipe.yaml",
+        inputs=inputs,
     )
     assert {name: np.flatnonzero(mask).tolist() for name, mask in masks.items()} == {
         "text_tokens<=6": [0, 2],
