@@ -55,7 +55,8 @@ def validate(recipe: RecipeArg) -> int:
     loaded = load_recipe(recipe)
     prepared = prepare(loaded)
     out.print(
-        f"{escape(str(recipe))}: OK — {len(loaded.all_variants())} variants × {len(loaded.backends)} backends, "
+        f"{escape(str(recipe))}: OK — {_count(len(loaded.all_variants()), 'variant')} × "
+        f"{_count(len(loaded.backends), 'backend')}, "
         f"{len(prepared.evaluation_rows)} evaluation rows, {prepared.calibration.size} calibration rows, "
         f"{len(prepared.slices)} slices ({escape(', '.join(prepared.slices)) or 'none'})"
     )
@@ -89,12 +90,16 @@ def explain(
     track: Annotated[bool, typer.Option("--track/--no-track", help="log to MLflow")] = True,
 ) -> int:
     """Rank an INT8 variant's quantized nodes by what each costs the gate metric, overall and on the worst slice."""
-    from qbench.explain import run_explain
+    from qbench.explain import explain_table, run_explain
     from qbench.recipe import load_recipe
 
     outcome = run_explain(
         load_recipe(recipe), variant, method=method, group_by=group, max_nodes=max_nodes, top=top, track=track
     )
+    print_wide(explain_table(outcome.result, top), out)
+    for note in outcome.result.notes:
+        out.print(f"note: {escape(note)}")
+    err_console.print(f"explain: {outcome.directory}")
     if outcome.mlflow_run_id:
         err_console.print(f"MLflow run: {outcome.mlflow_run_id}")
     return 0
@@ -131,6 +136,10 @@ def list_registered() -> int:
         direction = "higher is better" if info.higher_is_better else "lower is better"
         out.print(f"metric {name:<14} {'/'.join(info.tasks):<28} {direction}: {info.description}")
     return 0
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _gate_verdict(report) -> int:  # noqa: ANN001 (GateReport; imported lazily)

@@ -1,0 +1,302 @@
+"""Accuracy-aware search for an INT8 variant: `calibrator: auto` and `fallback: {until: gate, ...}`.
+
+    built = build_with_search(spec, ctx, evaluate=evaluate, gate=recipe.gate)   # called by the sweep
+
+Every candidate is measured with `evaluate` (accuracy per slice and latency on the sweep's first
+backend, against FP32) and judged by `qbench.gate.evaluate_gate`, so a candidate passes here
+exactly when the gate would pass it.
+
+- calibrator auto: minmax, entropy, percentile and dynamic are each built and measured.
+- fallback: for each try that fails the gate, fastest first, the quantized nodes are ranked
+  with `qbench.explain`'s leave-one-out (on calibration rows, by how far the outputs move
+  from FP32: the evaluation rows stay an independent check), and the costliest are kept in
+  FP32, `step` more at a time, up to `max_excluded`, until one passes.
+
+The result is the fastest passing candidate (p50 at the largest batch size); when none passes,
+the most accurate one, with a note saying the tolerance was unreachable (the gate then fails it).
+Every try is recorded in `params["search.steps"]` and summarised in `notes`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+import qbench
+from qbench.backends import get_backend
+from qbench.backends.base import RunOptions
+from qbench.console import console
+from qbench.errors import QbenchError
+from qbench.explain import (
+    Score,
+    float_keeper,
+    group_nodes,
+    output_nsr,
+    quantized_nodes,
+    rank_groups,
+    sqnr_costs,
+)
+from qbench.gate import GateReport, evaluate_gate
+from qbench.recipe import FallbackSpec, GateSpec, VariantSpec
+from qbench.results import SweepResults, VariantResult
+from qbench.variants import BuildContext, BuiltVariant, build_variant
+from qbench.variants.onnx_utils import load_model
+
+AUTO_CALIBRATORS = ("minmax", "entropy", "percentile", "dynamic")
+RANKING_ROWS = 64  # calibration rows the fallback ranking runs on
+RANKING_BACKEND = "onnxruntime-cpu"
+Evaluate = Callable[[BuiltVariant], VariantResult]
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One candidate (None when it failed to build), its measurement and the gate's verdict on it."""
+
+    calibrator: str
+    excluded: tuple[str, ...]
+    built: BuiltVariant | None
+    result: VariantResult
+    verdict: GateReport
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict.exit_code == 0
+
+    @property
+    def p50_ms(self) -> float:
+        return p50_at_largest_batch(self.result)
+
+    @property
+    def metric(self) -> float:
+        accuracy = self.result.accuracy
+        return accuracy.overall.metrics.get(self.verdict.metric, math.nan) if accuracy else math.nan
+
+    @property
+    def drop(self) -> float:
+        """The overall drop the gate measured (inf when it could not judge)."""
+        return next((c.drop for c in self.verdict.checks if c.scope == "overall"), math.inf)
+
+    def worst_slice(self) -> tuple[str | None, float]:
+        judged = [c for c in self.verdict.checks if c.scope not in ("overall", "outputs") and c.status != "skipped"]
+        worst = max(judged, key=lambda c: c.drop, default=None)
+        return (worst.scope, worst.drop) if worst else (None, math.nan)
+
+    def label(self, base_excluded: int) -> str:
+        extra = len(self.excluded) - base_excluded
+        return f"{self.calibrator}+{extra}" if extra else self.calibrator
+
+    def record(self) -> dict[str, Any]:
+        worst, worst_drop = self.worst_slice()
+        return {
+            "calibrator": self.calibrator, "excluded": list(self.excluded), "metric": _finite(self.metric),
+            "drop": _finite(self.drop), "worst_slice": worst, "worst_slice_drop": _finite(worst_drop),
+            "p50_ms": _finite(self.p50_ms), "passed": self.passed,
+        }  # fmt: skip
+
+    def breaches(self) -> list[str]:
+        found = [f"{c.scope} drop {c.drop:.4f} > {c.tolerance:g}" for c in self.verdict.breaches]
+        return found + list(self.verdict.problems)
+
+
+def p50_at_largest_batch(result: VariantResult) -> float:
+    """The p50 latency at the largest batch size measured (inf when not measured)."""
+    points = result.latency.points if result.latency else ()
+    return max(points, key=lambda p: p.batch_size).p50_ms if points else math.inf
+
+
+def build_with_search(spec: VariantSpec, ctx: BuildContext, *, evaluate: Evaluate, gate: GateSpec) -> BuiltVariant:
+    """The fastest candidate of `spec` that passes `gate` (see the module docstring); built into ctx.workdir."""
+    if spec.precision != "int8" or spec.qat is not None or spec.quantizer == "modelopt":
+        raise QbenchError(f"variant {spec.name!r}: fallback and calibrator auto apply to ONNX Runtime INT8 variants")
+    started = time.perf_counter()
+    reference = evaluate(BuiltVariant("fp32", "fp32", ctx.reference_path))
+    if reference.status != "ok" or reference.accuracy is None:
+        raise QbenchError(f"variant {spec.name!r}: the search needs FP32 measured first: {reference.error}")
+    console.print(f"  search against FP32 (p50 {p50_at_largest_batch(reference):.2f} ms), gate on {gate.metric}")
+    search = _Search(spec, ctx, evaluate, gate, reference)
+    try:
+        calibrators = AUTO_CALIBRATORS if spec.calibrator == "auto" else (spec.calibrator,)
+        tries = [search.attempt(calibrator, tuple(spec.exclude_nodes)) for calibrator in calibrators]
+        if spec.fallback is not None:
+            for base in sorted(tries, key=lambda t: (t.drop, t.p50_ms)):  # the closest to passing first
+                if base.built is not None and not base.passed and search.may_beat(base):
+                    search.fall_back(base, spec.fallback)
+        return search.finish(time.perf_counter() - started)
+    finally:
+        shutil.rmtree(search.root, ignore_errors=True)
+
+
+class _Search:
+    def __init__(self, spec: VariantSpec, ctx: BuildContext, evaluate: Evaluate, gate: GateSpec, reference: VariantResult) -> None:  # fmt: skip
+        self.spec, self.ctx, self.evaluate, self.gate, self.reference = spec, ctx, evaluate, gate, reference
+        self.root = ctx.workdir.resolve() / f"{spec.name}.search"
+        self.trials: list[Trial] = []
+        self.rankings: dict[str, list[str]] = {}
+        self.skipped: list[str] = []  # fallback paths the ranking ruled out, and why
+
+    def attempt(self, calibrator: str, excluded: tuple[str, ...]) -> Trial:
+        """Build, measure and judge one candidate (in a folder of its own, removed once it cannot win)."""
+        spec = self.spec.model_copy(update={"calibrator": calibrator, "exclude_nodes": list(excluded), "fallback": None})
+        workdir = self.root / str(len(self.trials))
+        try:
+            built: BuiltVariant | None = build_variant(spec, dataclasses.replace(self.ctx, workdir=workdir))
+            result = self.evaluate(built)
+        except Exception as exc:  # noqa: BLE001 - one calibrator failing (e.g. entropy on a BERT graph) is one failed try
+            error = f"{type(exc).__name__}: {exc}"
+            built, result = None, VariantResult(spec.name, self.reference.backend, "int8", "failed", error=error)
+        trial = Trial(calibrator, excluded, built, result, judge(self.reference, result, self.gate))
+        self.trials.append(trial)
+        verdict = "[green]pass[/]" if trial.passed else f"[red]fail[/] {'; '.join(trial.breaches())[:200]}"
+        console.print(f"  try {trial.label(len(self.spec.exclude_nodes))}: {self.gate.metric} {trial.metric:.4f}, "
+                      f"p50 {trial.p50_ms:.2f} ms, {verdict}")  # fmt: skip
+        self._discard_losers()
+        return trial
+
+    def _discard_losers(self) -> None:
+        """Remove the models of fallback steps that can no longer be chosen (tries without extra exclusions
+        stay: a later fallback ranks their nodes)."""
+        best = self.best()
+        for trial in self.trials:
+            if trial is not best and trial.built is not None and len(trial.excluded) > len(self.spec.exclude_nodes):
+                shutil.rmtree(trial.built.onnx_path.parent, ignore_errors=True)
+
+    def best(self) -> Trial:
+        """Fastest passing trial; without one, the one with the smallest overall drop."""
+        passing = [t for t in self.trials if t.passed]
+        if passing:
+            return min(passing, key=lambda t: (t.p50_ms, t.drop))
+        return min(self.trials, key=lambda t: (t.drop, t.p50_ms))
+
+    def may_beat(self, trial: Trial) -> bool:
+        """Keeping more nodes in FP32 only adds latency: a trial slower than the best passing one cannot win."""
+        best = self.best()
+        return not best.passed or trial.p50_ms < best.p50_ms
+
+    def fall_back(self, base: Trial, fallback: FallbackSpec) -> None:
+        """Keep the costliest nodes of `base` in FP32, `step` more at a time, until one passes or cannot win.
+
+        Skipped when the ranking says it cannot work: if the outputs' noise (on calibration rows) left
+        after keeping the top max_excluded nodes in FP32 is more than twice what would bring the gate
+        metric's drop down to max_drop (taking the drop as proportional to that noise), the error is
+        spread over too many nodes for a fallback (e.g. static activation ranges on a transformer)."""
+        ranking, residual = self.rank(base, pool=3 * fallback.max_excluded, keep=fallback.max_excluded)
+        self.rankings[base.calibrator] = ranking
+        needed = self.gate.max_drop / base.drop if base.drop > 0 else 1.0
+        if residual > 2 * needed:
+            self.skipped.append(f"{base.calibrator}: {residual:.0%} of its output noise would stay with "
+                                f"{fallback.max_excluded} nodes in FP32 (≤{needed:.0%} needed)")  # fmt: skip
+            console.print(f"  [dim]no fallback from {self.skipped[-1]}[/]")
+            return
+        limit = min(fallback.max_excluded, len(ranking))
+        for count in sorted({min(k, limit) for k in range(fallback.step, limit + fallback.step, fallback.step)}):
+            trial = self.attempt(base.calibrator, base.excluded + tuple(ranking[:count]))
+            if trial.passed or not self.may_beat(trial):
+                return
+
+    def rank(self, base: Trial, pool: int, keep: int) -> tuple[list[str], float]:
+        """Nodes of `base` whose float version brings the outputs closer to FP32, costliest first, and the
+        share of the output noise predicted to remain with the first `keep` of them in FP32 (recoveries
+        added up). Only the `pool` nodes adding the most noise (by SQNR) are measured."""
+        batches = _first_rows(self.ctx.calibration, RANKING_ROWS)
+        backend, options = get_backend(RANKING_BACKEND), RunOptions()
+        scratch = dataclasses.replace(self.ctx, workdir=self.root / "ranking")
+        scratch.workdir.mkdir(parents=True, exist_ok=True)
+        nodes = quantized_nodes(load_model(self.ctx.reference_path), base.built)
+        if len(nodes) > pool:
+            noise = sqnr_costs(self.ctx.reference_path, base.built, nodes, batches, backend, options, scratch.workdir)
+            nodes = sorted(nodes, key=lambda n: -np.nan_to_num(noise[n.name], nan=-1.0))[:pool]
+        reference = _outputs(backend, options, BuiltVariant("fp32", "fp32", self.ctx.reference_path), batches)
+
+        def score(candidate: BuiltVariant) -> Score:
+            nsr = output_nsr(reference, _outputs(backend, options, candidate, batches))
+            return Score(nsr, {}, nsr)
+
+        spec = self.spec.model_copy(update={"calibrator": base.calibrator, "exclude_nodes": list(base.excluded)})
+        baseline = score(base.built)
+        costs = rank_groups(float_keeper(spec, scratch, base.built), group_nodes(nodes, "node"), score, baseline, "leave_one_out")
+        useful = [cost for cost in costs if cost.overall > 0]
+        recovered = sum(cost.overall for cost in useful[:keep])
+        residual = max(baseline.overall - recovered, 0.0) / baseline.overall if baseline.overall > 0 else 0.0
+        return [cost.nodes[0] for cost in useful], residual
+
+    def finish(self, seconds: float) -> BuiltVariant:
+        """Move the chosen candidate to <workdir>/<name>.onnx and record the path that led to it."""
+        chosen = self.best()
+        if chosen.built is None:
+            raise QbenchError(f"variant {self.spec.name!r}: no candidate could be built: {chosen.result.error}")
+        target = self.ctx.workdir.resolve() / chosen.built.onnx_path.name
+        for path in chosen.built.onnx_path.parent.iterdir():
+            path.replace(target.parent / path.name)
+        params = {**chosen.built.params, **self._path_params(chosen)}
+        notes = (*chosen.built.notes, *self._notes(chosen))
+        return dataclasses.replace(chosen.built, onnx_path=target, params=params, notes=notes, build_seconds=seconds)
+
+    def _path_params(self, chosen: Trial) -> dict[str, Any]:
+        params: dict[str, Any] = {
+            "search.steps": [t.record() for t in self.trials],
+            "search.chosen": self.trials.index(chosen),
+            "search.outcome": "passed" if chosen.passed else "tolerance unreachable",
+        }
+        if self.spec.calibrator == "auto":
+            params["calibrator_requested"] = "auto"
+        if self.spec.fallback is not None:
+            params |= {"fallback.max_excluded": self.spec.fallback.max_excluded, "fallback.step": self.spec.fallback.step,
+                       "fallback.ranking": self.rankings, "fallback.skipped": self.skipped}  # fmt: skip
+        return params
+
+    def _notes(self, chosen: Trial) -> list[str]:
+        base = len(self.spec.exclude_nodes)
+        steps = " → ".join(f"{t.label(base)} {t.metric:.4f}{'✓' if t.passed else '✗'}" for t in self.trials)
+        speed = p50_at_largest_batch(self.reference) / chosen.p50_ms
+        shown = f" ({speed:.2f}× FP32 p50)" if math.isfinite(speed) else ""
+        notes = [f"search on {self.gate.metric}: {steps}; chosen {chosen.label(base)}{shown}"]
+        extra = chosen.excluded[base:]
+        if extra:
+            notes.append(f"kept in FP32 by the search: {', '.join(extra)}")
+        notes += [f"no fallback from {reason}" for reason in self.skipped]
+        if not chosen.passed:
+            notes.append(f"tolerance unreachable; best: {self.gate.metric} {chosen.metric:.4f} "
+                         f"({chosen.label(base)}), breaches: {'; '.join(chosen.breaches())}")  # fmt: skip
+        return notes
+
+
+def judge(reference: VariantResult, candidate: VariantResult, gate: GateSpec) -> GateReport:
+    """The gate's verdict on one candidate against FP32, as `qbench gate` would give it."""
+    results = SweepResults(
+        qbench_version=qbench.__version__, created_at="", recipe={}, environment={}, calibration=None,
+        evaluation_rows=candidate.accuracy.rows if candidate.accuracy else 0, gate_metric=gate.metric,
+        reference=reference.variant, variants=(reference, candidate),
+    )  # fmt: skip
+    return evaluate_gate(results, gate.model_copy(update={"applies_to": [candidate.variant]}))
+
+
+def _first_rows(batches: Sequence[dict[str, np.ndarray]], rows: int) -> list[dict[str, np.ndarray]]:
+    """The leading batches holding the first `rows` rows (the last one cut to fit)."""
+    taken: list[dict[str, np.ndarray]] = []
+    for batch in batches:
+        left = rows - sum(len(next(iter(b.values()))) for b in taken)
+        if left <= 0:
+            break
+        taken.append({name: array[:left] for name, array in batch.items()})
+    return taken
+
+
+def _outputs(backend: Any, options: RunOptions, built: BuiltVariant, batches: Sequence[dict[str, np.ndarray]]) -> list[np.ndarray]:  # fmt: skip
+    """Every output of `built` over `batches`, concatenated per output."""
+    runner = backend.load(built, options)
+    try:
+        runs = [runner.run(batch) for batch in batches]
+    finally:
+        runner.close()
+    return [np.concatenate([run[i] for run in runs]) for i in range(len(runs[0]))]
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None

@@ -1,0 +1,173 @@
+"""qbench explain: per-node sensitivity of an INT8 variant, measured on a tiny model with a deliberately fragile node.
+
+`write_fragile_project` is shared with test_fallback.py (tests/ is on sys.path: no __init__.py files).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pandas as pd
+import pytest
+import yaml
+from onnx import TensorProto, helper, numpy_helper
+
+from qbench.cli import main
+from qbench.explain import QuantizedNode, bypass_qdq, explain_variant, group_key, run_explain
+from qbench.recipe import VariantSpec, load_recipe
+from qbench.variants import BuildContext, build_variant
+
+WIDTH = 16
+OUTLIER = 1000.0  # one channel this much larger than the rest: per-tensor INT8 rounds the others to zero
+
+
+def fragile_model(path: Path, fragile: Sequence[str]) -> Path:
+    """x -> mm1 -> Relu -> two branches (scale_a -> branch_a, scale_b -> branch_b) -> Add -> head -> y[4].
+
+    A branch named in `fragile` multiplies one channel by OUTLIER before its MatMul (whose weights
+    undo it), so FP32 is unchanged while that MatMul's per-tensor INT8 input range is ruined."""
+    rng = np.random.default_rng(0)
+    weights: dict[str, np.ndarray] = {"w1": rng.normal(size=(WIDTH, WIDTH)) / 4, "w3": rng.normal(size=(WIDTH, 4)) / 4}
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h1"], name="mm1"), helper.make_node("Relu", ["h1"], ["r1"], name="relu")]
+    for branch in ("a", "b"):
+        scale, weight = np.ones(WIDTH), rng.normal(size=(WIDTH, WIDTH)) / 4
+        if branch in fragile:
+            scale[0], weight[0, :] = OUTLIER, weight[0, :] / OUTLIER
+        weights |= {f"s_{branch}": scale, f"w_{branch}": weight}
+        nodes += [helper.make_node("Mul", ["r1", f"s_{branch}"], [f"o_{branch}"], name=f"scale_{branch}"),
+                  helper.make_node("MatMul", [f"o_{branch}", f"w_{branch}"], [f"h_{branch}"], name=f"branch_{branch}")]  # fmt: skip
+    nodes += [helper.make_node("Add", ["h_a", "h_b"], ["h2"], name="join"), helper.make_node("MatMul", ["h2", "w3"], ["y"], name="head")]
+    graph = helper.make_graph(
+        nodes, "fragile",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", WIDTH])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+        initializer=[numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()],
+    )  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    return path
+
+
+def write_fragile_project(
+    root: Path, variants: list[dict[str, Any]], *, fragile: Sequence[str] = ("a",), gate: dict[str, Any] | None = None
+) -> Path:
+    """A recipe over `fragile_model`: 96 calibration rows, 200 evaluation rows in slices half=first/second."""
+    root.mkdir(parents=True, exist_ok=True)
+    fragile_model(root / "model.onnx", fragile)
+    rng = np.random.default_rng(1)
+    rows = 296
+    pd.DataFrame({
+        "x": list(rng.normal(size=(rows, WIDTH)).astype(np.float32)),
+        "split": ["calib"] * 96 + ["eval"] * 200,
+        "half": ["first"] * 196 + ["second"] * 100,
+    }).to_parquet(root / "data.parquet")  # fmt: skip
+    recipe = {
+        "name": "fragile", "task": "classification", "model": {"path": "model.onnx"},
+        "data": {"path": "data.parquet", "inputs": {"x": "x"},
+                 "calibration": {"filter": {"split": "calib"}, "samples": 96},
+                 "evaluation": {"filter": {"split": "eval"}, "batch_size": 50}, "slices": [{"by": "half"}]},
+        "variants": variants, "latency": {"batch_sizes": [1, 8], "warmup": 2, "iterations": 10, "threads": 1},
+        "gate": gate or {"metric": "agreement", "max_drop": 0.03, "max_slice_drop": 0.05},
+        "tracking": {"uri": f"sqlite:///{(root / 'mlflow.db').as_posix()}"}, "output_dir": "reports",
+    }  # fmt: skip
+    path = root / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return path
+
+
+INT8 = {"name": "int8", "precision": "int8", "calibrator": "minmax", "op_types": ["MatMul"]}
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_fragile_project(tmp_path_factory.mktemp("fragile"), [INT8])
+
+
+@pytest.mark.parametrize("method", ["leave_one_out", "one_at_a_time", "sqnr"])
+def test_every_method_ranks_the_fragile_node_first(project, method):
+    result = explain_variant(load_recipe(project), "int8", method=method)
+    ranked = [cost.group for cost in result.costs]
+    print(method, [(c.group, round(c.overall, 3), round(c.nsr, 4)) for c in result.costs])
+    assert ranked[0] == "branch_a"
+    assert sorted(ranked) == ["branch_a", "branch_b", "head", "mm1"]
+    assert result.drop > 0.1 and result.worst_slice in ("half=first", "half=second")
+    if method != "sqnr":
+        top = result.costs[0]
+        assert top.overall > 0.5 * result.drop and top.share > 0.5
+        assert all(c.overall < top.overall for c in result.costs[1:])
+
+
+def test_grouping_by_op_type_and_max_nodes_bound_the_work(project):
+    by_op = explain_variant(load_recipe(project), "int8", group_by="op_type")
+    assert [c.group for c in by_op.costs] == ["MatMul"] and len(by_op.costs[0].nodes) == 4
+    capped = explain_variant(load_recipe(project), "int8", max_nodes=1)
+    assert [c.group for c in capped.costs] == ["branch_a"]
+    assert any("1 noisiest of 4" in note for note in capped.notes)
+
+
+@pytest.mark.parametrize(("group_by", "expected"), [
+    ("node", "/encoder/layer.3/output/dense/MatMul"),
+    ("op_type", "MatMul"),
+    ("layer", "/encoder/layer.3"),
+    ("pattern", "/encoder/layer.#/output/dense/MatMul"),
+])  # fmt: skip
+def test_group_keys(group_by, expected):
+    assert group_key(QuantizedNode("/encoder/layer.3/output/dense/MatMul", "MatMul"), group_by) == expected
+
+
+def test_bypass_restores_a_relu_the_quantizer_folded_away(tmp_path):
+    """With default op types ORT folds mm1's Relu into its output Q; keeping every node float must put it
+    back, leaving only the rounding of the quantized graph output y (half a step at most)."""
+    path = fragile_model(tmp_path / "model.onnx", fragile=())
+    x = {"x": np.random.default_rng(2).normal(size=(64, WIDTH)).astype(np.float32)}
+    built = build_variant(VariantSpec(name="q", precision="int8", calibrator="minmax"), BuildContext(path, tmp_path, [x]))
+    quantized, reference = onnx.load(str(built.onnx_path)), onnx.load(str(path))
+    assert "Relu" not in [n.op_type for n in quantized.graph.node]
+    every = [n.name for n in quantized.graph.node if n.op_type not in ("QuantizeLinear", "DequantizeLinear")]
+    bypassed = bypass_qdq(quantized, reference, every)
+    assert "Relu" in [n.op_type for n in bypassed.graph.node]
+    onnx.checker.check_model(bypassed)
+
+    def run(model: onnx.ModelProto) -> np.ndarray:
+        return ort.InferenceSession(model.SerializeToString()).run(None, x)[0]
+
+    fp32, int8, kept_float = run(reference), run(quantized), run(bypassed)
+    y_step = float(numpy_helper.to_array(next(t for t in quantized.graph.initializer if t.name == "y_scale")))
+    error, int8_error = np.abs(kept_float - fp32).max(), np.abs(int8 - fp32).max()
+    print(f"max error: int8 {int8_error:.4f}, every node kept float {error:.4f}, half a y step {y_step / 2:.4f}")
+    assert error <= y_step / 2 + 1e-5 < int8_error
+
+
+def test_cli_explain_writes_table_plot_and_json(project, monkeypatch, capsys):
+    monkeypatch.chdir(project.parent)
+    code = main(["explain", str(project), "--variant", "int8", "--top", "3", "--no-track"])
+    assert code == 0
+    folders = list((project.parent / "reports" / "fragile").glob("explain-int8-*"))
+    assert len(folders) == 1
+    saved = json.loads((folders[0] / "explain.json").read_text())
+    assert saved["method"] == "leave_one_out" and saved["costs"][0]["group"] == "branch_a"
+    assert (folders[0] / "explain.png").stat().st_size > 1000
+    table = (folders[0] / "table.txt").read_text()
+    assert "branch_a" in table and "head" in table
+    assert "branch_a" in capsys.readouterr().out
+
+
+def test_cli_explain_refuses_a_variant_it_cannot_explain(project, capsys):
+    assert main(["explain", str(project), "--variant", "int9", "--no-track"]) == 2
+    assert "did you mean 'int8'" in capsys.readouterr().err
+
+
+def test_explain_is_logged_to_mlflow(project, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.chdir(project.parent)
+    outcome = run_explain(load_recipe(project), "int8", method="sqnr", track=True)
+    client = MlflowClient(tracking_uri=f"sqlite:///{(project.parent / 'mlflow.db').as_posix()}")
+    run = client.get_run(outcome.mlflow_run_id)
+    assert run.info.run_name == "explain int8" and run.data.params["method"] == "sqnr"
+    assert {"explain.json", "explain.png", "table.txt", "recipe.yaml"} <= {a.path for a in client.list_artifacts(run.info.run_id)}

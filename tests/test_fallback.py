@@ -1,0 +1,75 @@
+"""Accuracy-aware search through the sweep: fallback keeps the fragile nodes in FP32; calibrator auto tries them all."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from test_explain import INT8, write_fragile_project
+
+from qbench.gate import EXIT_BREACH, EXIT_PASS
+from qbench.recipe import load_recipe
+from qbench.results import read_results
+from qbench.sweep import run_sweep
+
+
+@pytest.fixture(autouse=True)
+def in_tmp(tmp_path, monkeypatch):
+    """The sweep writes <output_dir>/<name>/ under the working directory."""
+    monkeypatch.chdir(tmp_path)
+
+
+def _sweep(tmp_path, variant, **project):
+    recipe = load_recipe(write_fragile_project(tmp_path, [variant], **project))
+    outcome = run_sweep(recipe, track=False, show=False)
+    result = outcome.results.find(variant["name"], "onnxruntime-cpu")
+    assert result is not None and result.status == "ok", result
+    return outcome, result
+
+
+def test_fallback_keeps_the_fragile_nodes_in_fp32_until_the_gate_passes(tmp_path):
+    variant = {**INT8, "fallback": {"max_excluded": 3}}
+    outcome, result = _sweep(tmp_path, variant, fragile=("a", "b"))
+    steps = result.params["search.steps"]
+    print([(s["excluded"], s["metric"], s["passed"]) for s in steps])
+    assert sorted(result.params["exclude_nodes"]) == ["branch_a", "branch_b"]
+    assert result.params["fallback.ranking"]["minmax"][:2] in (["branch_a", "branch_b"], ["branch_b", "branch_a"])
+    assert [s["passed"] for s in steps] == [False, False, True]  # none kept float, then one, then both
+    assert [len(s["excluded"]) for s in steps] == [0, 1, 2]
+    assert result.params["search.outcome"] == "passed" and result.params["search.chosen"] == 2
+    assert outcome.gate.exit_code == EXIT_PASS
+    assert any("kept in FP32 by the search: branch_" in note for note in result.notes)
+    saved = read_results(outcome.results_path).find("int8", "onnxruntime-cpu")
+    assert saved.params["search.steps"] == steps
+    models = sorted(p.name for p in (outcome.run_dir / "models").iterdir())
+    assert models == ["int8.calibration.json", "int8.onnx"]  # the search's own folders are gone
+
+
+def test_tolerance_unreachable_when_max_excluded_is_too_small(tmp_path):
+    """Two fragile nodes, one allowed in FP32: the ranking shows one cannot be enough, so no step is spent."""
+    variant = {**INT8, "fallback": {"max_excluded": 1}}
+    outcome, result = _sweep(tmp_path, variant, fragile=("a", "b"))
+    steps = result.params["search.steps"]
+    assert [s["excluded"] for s in steps] == [[]] and not steps[0]["passed"]
+    assert result.params["fallback.ranking"]["minmax"][0] in ("branch_a", "branch_b")
+    assert result.params["fallback.skipped"][0].startswith("minmax: ")
+    assert result.params["search.outcome"] == "tolerance unreachable" and result.params["exclude_nodes"] == []
+    note = next(n for n in result.notes if n.startswith("tolerance unreachable"))
+    assert f"best: agreement {steps[0]['metric']:.4f}" in note and "breaches: overall drop" in note
+    assert outcome.gate.exit_code == EXIT_BREACH
+
+
+def test_calibrator_auto_records_every_try_then_falls_back_to_the_fastest_passing(tmp_path):
+    variant = {"name": "int8-auto", "precision": "int8", "calibrator": "auto", "op_types": ["MatMul"],
+               "fallback": {"max_excluded": 2}}  # fmt: skip
+    outcome, result = _sweep(tmp_path, variant, fragile=("a",))
+    steps = result.params["search.steps"]
+    assert [s["calibrator"] for s in steps[:4]] == ["minmax", "entropy", "percentile", "dynamic"]
+    assert all(s["excluded"] == [] and math.isfinite(s["p50_ms"]) and not s["passed"] for s in steps[:4])
+    assert all(s["excluded"] for s in steps[4:])  # then fallback steps, fastest calibrator first
+    chosen = steps[result.params["search.chosen"]]
+    assert chosen["passed"] and chosen["p50_ms"] == min(s["p50_ms"] for s in steps if s["passed"])
+    assert "branch_a" in result.params["exclude_nodes"] and result.params["search.outcome"] == "passed"
+    assert result.params["calibrator"] == chosen["calibrator"] and result.params["calibrator_requested"] == "auto"
+    assert outcome.gate.status_of("int8-auto", "onnxruntime-cpu") == "pass"
+    assert any(note.startswith("search on agreement: minmax ") for note in result.notes)
