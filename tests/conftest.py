@@ -137,3 +137,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         skip = pytest.mark.skip(reason="needs an NVIDIA GPU (torch.cuda.is_available() is False)")
         for item in gpu_items:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def isolated_qbench_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Exports and engines go to a temporary cache, never the user's ~/.cache/qbench."""
+    cache = tmp_path_factory.mktemp("qbench_cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("QBENCH_CACHE_DIR", str(cache))
+        yield cache

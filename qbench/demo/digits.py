@@ -20,11 +20,9 @@ Run it with ``python -m qbench.demo.digits --out .`` (needs the `demo` extra).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import shutil
 import sys
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from qbench.errors import MissingExtraError, QbenchError
+from qbench.sources.torch_model import single_torch_thread
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -72,7 +71,7 @@ def make_digits_demo(out_dir: Path, seed: int = 0) -> dict[str, Path]:
     table = build_digits_table(*load_digits_images(), seed=seed)
     train = table[table["split"] == "train"]
     evaluation = table[table["split"] == "eval"]
-    with _single_torch_thread():
+    with single_torch_thread():
         model = train_digits_cnn(_stack_pixels(train), train["label"].to_numpy(), seed=seed)
         model_path = export_digits_onnx(model, out_dir / MODEL_FILE)
         check_onnx_matches_torch(model, model_path, _stack_pixels(evaluation))
@@ -186,18 +185,6 @@ def _import_torch() -> Any:
     except ImportError:
         raise MissingExtraError("torch", "demo", "install torch first: pip install torch==2.13.0") from None
     return torch
-
-
-@contextlib.contextmanager
-def _single_torch_thread() -> Iterator[None]:
-    """torch on 2-core machines runs 5-15x slower with 2 OpenMP threads than with 1."""
-    torch = _import_torch()
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
 
 
 def digits_cnn() -> torch.nn.Module:
