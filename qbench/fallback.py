@@ -7,10 +7,13 @@ backend, against FP32) and judged by `qbench.gate.evaluate_gate`, so a candidate
 exactly when the gate would pass it.
 
 - calibrator auto: minmax, entropy, percentile and dynamic are each built and measured.
-- fallback: for each try that fails the gate, fastest first, the quantized nodes are ranked
-  with `qbench.explain`'s leave-one-out (on calibration rows, by how far the outputs move
-  from FP32: the evaluation rows stay an independent check), and the costliest are kept in
-  FP32, `step` more at a time, up to `max_excluded`, until one passes.
+- fallback: for each try that fails the gate, the closest to passing first, the quantized nodes
+  are ranked with `qbench.explain`'s leave-one-out (on calibration rows, by how much closer to
+  FP32 the outputs get: the evaluation rows stay an independent check), and those recovering the
+  most per weight (the latency a node in FP32 adds grows with its weights) are kept in FP32,
+  `step` more at a time, up to `max_excluded`, until one passes. A try whose
+  ranking shows that max_excluded nodes cannot remove enough of the error is not stepped through,
+  and a path stops once a step is slower than the fastest passing candidate.
 
 The result is the fastest passing candidate (p50 at the largest batch size); when none passes,
 the most accurate one, with a note saying the tolerance was unreachable (the gate then fails it).
@@ -28,9 +31,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import onnx
 
 import qbench
-from qbench.backends import get_backend
+from qbench.backends import Backend, get_backend
 from qbench.backends.base import RunOptions
 from qbench.console import console
 from qbench.errors import QbenchError
@@ -201,9 +205,10 @@ class _Search:
                 return
 
     def rank(self, base: Trial, pool: int, keep: int) -> tuple[list[str], float]:
-        """Nodes of `base` whose float version brings the outputs closer to FP32, costliest first, and the
-        share of the output noise predicted to remain with the first `keep` of them in FP32 (recoveries
-        added up). Only the `pool` nodes adding the most noise (by SQNR) are measured."""
+        """Nodes of `base` whose float version brings the outputs closer to FP32, the most recovered per
+        weight first (a node kept in FP32 costs time in proportion to its weights), and the share of the
+        output noise predicted to remain with the first `keep` of them in FP32 (recoveries added up).
+        Only the `pool` nodes adding the most noise (by SQNR) are measured."""
         batches = _first_rows(self.ctx.calibration, RANKING_ROWS)
         backend, options = get_backend(RANKING_BACKEND), RunOptions()
         scratch = dataclasses.replace(self.ctx, workdir=self.root / "ranking")
@@ -221,7 +226,10 @@ class _Search:
         spec = self.spec.model_copy(update={"calibrator": base.calibrator, "exclude_nodes": list(base.excluded)})
         baseline = score(base.built)
         costs = rank_groups(float_keeper(spec, scratch, base.built), group_nodes(nodes, "node"), score, baseline, "leave_one_out")
-        useful = [cost for cost in costs if cost.overall > 0]
+        weights = _weight_sizes(load_model(self.ctx.reference_path))
+        typical = float(np.median(list(weights.values()))) if weights else 1.0
+        # fastest passing is the goal: what a node recovers per weight kept in FP32 (its compute) orders them
+        useful = sorted((c for c in costs if c.overall > 0), key=lambda c: -c.overall / weights.get(c.nodes[0], typical))
         recovered = sum(cost.overall for cost in useful[:keep])
         residual = max(baseline.overall - recovered, 0.0) / baseline.overall if baseline.overall > 0 else 0.0
         return [cost.nodes[0] for cost in useful], residual
@@ -267,6 +275,13 @@ class _Search:
         return notes
 
 
+def _weight_sizes(model: onnx.ModelProto) -> dict[str, int]:
+    """Node name -> elements of its constant (initializer) inputs, for nodes that have some."""
+    sizes = {t.name: int(np.prod(t.dims)) for t in model.graph.initializer}
+    found = {n.name: sum(sizes.get(i, 0) for i in n.input) for n in model.graph.node}
+    return {name: size for name, size in found.items() if size > 0}
+
+
 def judge(reference: VariantResult, candidate: VariantResult, gate: GateSpec) -> GateReport:
     """The gate's verdict on one candidate against FP32, as `qbench gate` would give it."""
     results = SweepResults(
@@ -288,14 +303,13 @@ def _first_rows(batches: Sequence[dict[str, np.ndarray]], rows: int) -> list[dic
     return taken
 
 
-def _outputs(backend: Any, options: RunOptions, built: BuiltVariant, batches: Sequence[dict[str, np.ndarray]]) -> list[np.ndarray]:  # fmt: skip
-    """Every output of `built` over `batches`, concatenated per output."""
+def _outputs(backend: Backend, options: RunOptions, built: BuiltVariant, batches: Sequence[dict[str, np.ndarray]]) -> list[np.ndarray]:  # fmt: skip
+    """Every output of `built` for every batch, in one flat list (batches may differ in shape)."""
     runner = backend.load(built, options)
     try:
-        runs = [runner.run(batch) for batch in batches]
+        return [array for batch in batches for array in runner.run(batch)]
     finally:
         runner.close()
-    return [np.concatenate([run[i] for run in runs]) for i in range(len(runs[0]))]
 
 
 def _finite(value: float) -> float | None:

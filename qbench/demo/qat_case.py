@@ -25,7 +25,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from qbench.demo.digits import WEIGHTS_FILE, _import_torch, _single_torch_thread, digits_cnn
+from qbench.demo.digits import WEIGHTS_FILE, _import_torch, digits_cnn
+from qbench.sources.torch_model import single_torch_thread
 from qbench.errors import QbenchError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -72,7 +73,7 @@ def make_qat_case(out_dir: Path) -> Path:
     if not source.is_file():
         raise QbenchError(f"{source} not found: run `python -m qbench.demo.digits --out {out_dir}` first")
     digits_state = torch.load(source, map_location="cpu", weights_only=True)
-    with _single_torch_thread():
+    with single_torch_thread():
         digits = digits_cnn()
         digits.load_state_dict(digits_state)
         massive = massive_activation_cnn()
