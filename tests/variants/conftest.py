@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -102,9 +103,20 @@ class DigitsCnn:
         return BuildContext(reference_path=self.path, workdir=workdir, calibration=self.calibration)
 
 
+@dataclass(frozen=True)
+class DigitsNet:
+    """A trained torch CNN and the digits split it was trained on."""
+
+    net: Any
+    images: np.ndarray  # [N, 1, 8, 8] in [0, 1]
+    labels: np.ndarray
+    train: np.ndarray
+    held_out: np.ndarray
+
+
 @pytest.fixture(scope="session")
-def digits_cnn(tmp_path_factory: pytest.TempPathFactory) -> DigitsCnn:
-    """A 3-conv CNN trained for a few seconds on scikit-learn's digits, exported with the TorchScript exporter."""
+def digits_net() -> DigitsNet:
+    """A 3-conv CNN (modules 0, 2, 5 Conv; 4 MaxPool; 8 Linear) trained for a few seconds on scikit-learn's digits."""
     torch = pytest.importorskip("torch")
     datasets = pytest.importorskip("sklearn.datasets")
     torch.set_num_threads(1)
@@ -128,13 +140,20 @@ def digits_cnn(tmp_path_factory: pytest.TempPathFactory) -> DigitsCnn:
             optimizer.zero_grad()
             torch.nn.functional.cross_entropy(net(x_train[batch]), y_train[batch]).backward()
             optimizer.step()
-    net.eval()
+    return DigitsNet(net.eval(), images, labels, train, held_out)
+
+
+@pytest.fixture(scope="session")
+def digits_cnn(digits_net: DigitsNet, tmp_path_factory: pytest.TempPathFactory) -> DigitsCnn:
+    """`digits_net` exported with the TorchScript exporter."""
+    import torch
 
     path = tmp_path_factory.mktemp("digits") / "digits_cnn.onnx"
     torch.onnx.export(
-        net, (torch.zeros(2, 1, 8, 8),), str(path), dynamo=False,
+        digits_net.net, (torch.zeros(2, 1, 8, 8),), str(path), dynamo=False,
         input_names=["image"], output_names=["logits"],
         dynamic_axes={"image": {0: "batch"}, "logits": {0: "batch"}},
     )  # fmt: skip
+    images, train = digits_net.images, digits_net.train
     calibration = [{"image": images[train[i : i + 32]]} for i in range(0, 128, 32)]
-    return DigitsCnn(path, calibration, images[held_out])
+    return DigitsCnn(path, calibration, images[digits_net.held_out])

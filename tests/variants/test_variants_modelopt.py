@@ -55,32 +55,12 @@ class TrainedCnn:
 
 
 @pytest.fixture(scope="module")
-def cnn(tmp_path_factory: pytest.TempPathFactory) -> TrainedCnn:
-    """A 3-conv CNN (modules 0, 2, 5 Conv; 4 MaxPool; 8 Linear) trained for ~2 s on scikit-learn's digits."""
-    datasets = pytest.importorskip("sklearn.datasets")
+def cnn(digits_net, tmp_path_factory: pytest.TempPathFactory) -> TrainedCnn:
+    """The shared digits CNN (modules 0, 2, 5 Conv; 4 MaxPool; 8 Linear) as a TorchModel."""
     pytest.importorskip("modelopt.torch.quantization")
     torch.set_num_threads(1)
-    torch.manual_seed(0)
-    digits = datasets.load_digits()
-    images = (digits.images / 16.0).astype(np.float32)[:, None, :, :]
-    labels = digits.target.astype(np.int64)
-    order = np.random.default_rng(0).permutation(len(images))
-    train, held_out = order[:1200], order[1200:]
-    nn = torch.nn
-    net = nn.Sequential(
-        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(),
-        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(), nn.Flatten(),
-        nn.Linear(32 * 4 * 4, 10),
-    )  # fmt: skip
-    optimizer = torch.optim.Adam(net.parameters(), lr=3e-3)
-    x_train, y_train = torch.from_numpy(images[train]), torch.from_numpy(labels[train])
-    for _ in range(6):
-        for batch in torch.randperm(len(train)).split(32):
-            optimizer.zero_grad()
-            torch.nn.functional.cross_entropy(net(x_train[batch]), y_train[batch]).backward()
-            optimizer.step()
-    net.eval()
+    net, images, labels = digits_net.net, digits_net.images, digits_net.labels
+    train, held_out = digits_net.train, digits_net.held_out
     torch_model = TorchModel(
         factory="tests:digits_cnn", input_shapes={"image": (1, 1, 8, 8)}, input_dtypes={"image": "float32"},
         output_names=("logits",), opset=17, cache_key="test", _template=net,
