@@ -122,6 +122,50 @@ def ui(
         return 0
 
 
+export_app = typer.Typer(no_args_is_help=True, help="Hand a gated variant to a serving system.")
+app.add_typer(export_app, name="export")
+
+
+@export_app.command(name="triton")
+def export_triton(
+    recipe: RecipeArg,
+    variant: Annotated[str, typer.Option("--variant", help="the variant to export", show_default=False)],
+    backend: Annotated[str, typer.Option("--backend", help="the backend it was measured on", show_default=False)],
+    to: Annotated[Path, typer.Option("--to", help="model repository folder", show_default=False)],
+    force: Annotated[bool, typer.Option("--force", help="export even if the variant did not pass the gate")] = False,
+    name: Annotated[Optional[str], typer.Option("--name", help="Triton model name; default <recipe>-<variant>")] = None,
+    max_queue_delay_us: Annotated[int, typer.Option(help="dynamic batcher's max queue delay (µs)")] = 100,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="replace an existing model folder")] = False,
+) -> int:
+    """Write a Triton model repository (config.pbtxt, 1/model.onnx, README) for a variant that passed the gate."""
+    from qbench.export.triton import export_triton as export
+    from qbench.recipe import load_recipe
+
+    done = export(load_recipe(recipe), variant, backend, to, force=force, model_name=name,
+                  max_queue_delay_us=max_queue_delay_us, overwrite=overwrite)  # fmt: skip
+    if done.gate_status != "pass":
+        err_console.print(f"[yellow]warning:[/] exported with --force; gate status {escape(done.gate_status)}")
+    out.print(f"Triton model: {escape(str(done.model_dir))}  (perf_analyzer commands in {escape(done.readme_path.name)})")
+    return 0
+
+
+@app.command()
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="a sweep's run folder (holds results.json)", show_default=False)],
+    html: Annotated[bool, typer.Option("--html", help="also write report.html into the run folder")] = False,
+) -> int:
+    """Show a past sweep's summary and gate verdict (judged with the gate settings recorded in its results)."""
+    from qbench.gate import run_gate
+    from qbench.report import print_summary
+    from qbench.report_html import write_html_report
+
+    gate, results = run_gate(results_path=run_dir / "results.json")
+    print_summary(results, gate)
+    if html:
+        out.print(f"HTML report: {escape(str(write_html_report(results, gate, run_dir / 'report.html')))}")
+    return 0
+
+
 @app.command(name="list")
 def list_registered() -> int:
     """What qbench can build and run here: precisions, calibrators, backends, gate metrics."""

@@ -29,6 +29,7 @@ from qbench.gate import GateReport, evaluate_gate
 from qbench.preflight import Prepared, prepare
 from qbench.recipe import Recipe, VariantSpec, load_recipe
 from qbench.report import print_summary, write_markdown_report
+from qbench.report_html import write_html_report
 from qbench.results import AccuracyResult, LatencyResult, SweepResults, VariantResult, write_results
 from qbench.validate.accuracy import evaluate_accuracy, run_batched, with_drops
 from qbench.validate.latency import measure_cold_start, measure_steady_state, take_batch
@@ -299,6 +300,7 @@ def _publish(
     results_path = write_results(results, run_dir / "results.json")
     plot_path = plot_frontier(results, run_dir / "frontier.png", threshold=gate_threshold(results, recipe.gate.max_drop))
     report_path = write_markdown_report(results, gate, plot_path, run_dir / "report.md")
+    html_path = write_html_report(results, gate, run_dir / "report.html")
     clock.add("report", t)
     run_id = None
     if track:
@@ -306,7 +308,7 @@ def _publish(
         from qbench.track import log_sweep
 
         try:
-            run_id = log_sweep(results, recipe, gate=gate, artifacts=[recipe.source, results_path, report_path, plot_path])
+            run_id = log_sweep(results, recipe, gate=gate, artifacts=[recipe.source, results_path, report_path, html_path, plot_path])
         except Exception as exc:  # noqa: BLE001 - results are on disk; say where, then fail
             raise QbenchError(f"logging to MLflow failed ({exc}); the results are saved in {run_dir}") from exc
         clock.add("track", t)

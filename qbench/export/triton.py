@@ -1,0 +1,403 @@
+"""A Triton Inference Server model repository for one gated variant of a recipe's latest sweep.
+
+    from qbench.export.triton import export_triton
+    export = export_triton(load_recipe("recipes/digits.yaml"), "int8-entropy", "onnxruntime-cpu", Path("repo"))
+
+writes `repo/<name>/config.pbtxt`, `repo/<name>/1/model.onnx` (the very file qbench measured) and
+`repo/<name>/README.md` with the `perf_analyzer` commands that reproduce qbench's latency points.
+
+Every qbench backend that runs the ONNX file maps onto Triton's ONNX Runtime backend
+(platform `onnxruntime_onnx`). The `tensorrt` backend does too, with TensorRT as ONNX Runtime's
+GPU execution accelerator rather than a `tensorrt_plan`: a serialized engine only loads on the
+TensorRT version and GPU model that built it, while the ONNX file is what the sweep gated, and
+ONNX Runtime builds the engine on the serving machine (the same Q/DQ graph, the same FP16 flag).
+
+A variant is exported only when it passed the gate on results that match the recipe; anything
+else (a breach, a failed or unjudged variant, a variant the gate does not apply to, stale
+results) is refused unless `force=True`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import qbench
+from qbench.errors import QbenchError, expected_one_of
+from qbench.export.pbtxt import EnumValue, to_pbtxt
+from qbench.gate import GateReport, run_gate
+from qbench.modelinfo import ModelInfo, TensorMeta, read_model_info
+from qbench.recipe import Recipe, TextInputSpec
+from qbench.results import SweepResults, VariantResult
+
+if TYPE_CHECKING:  # pragma: no cover
+    import onnx
+
+DEFAULT_MAX_QUEUE_DELAY_US = 100
+MODEL_FILE = "model.onnx"
+VERSION = "1"
+GRPC_URL = "localhost:8001"
+
+
+@dataclass(frozen=True)
+class TritonTarget:
+    """How one qbench backend is served by Triton's ONNX Runtime backend."""
+
+    instance_kind: str  # KIND_CPU | KIND_GPU
+    tensorrt: bool  # TensorRT as ONNX Runtime's GPU execution accelerator
+
+
+TARGETS: dict[str, TritonTarget] = {
+    "onnxruntime-cpu": TritonTarget("KIND_CPU", tensorrt=False),
+    "onnxruntime-cuda": TritonTarget("KIND_GPU", tensorrt=False),
+    "onnxruntime-tensorrt": TritonTarget("KIND_GPU", tensorrt=True),
+    "tensorrt": TritonTarget("KIND_GPU", tensorrt=True),
+}
+
+# numpy dtype name (as qbench.modelinfo reads it from the ONNX graph) -> Triton data type
+TRITON_TYPES = {
+    "bool": "TYPE_BOOL", "uint8": "TYPE_UINT8", "uint16": "TYPE_UINT16", "uint32": "TYPE_UINT32",
+    "uint64": "TYPE_UINT64", "int8": "TYPE_INT8", "int16": "TYPE_INT16", "int32": "TYPE_INT32",
+    "int64": "TYPE_INT64", "float16": "TYPE_FP16", "float32": "TYPE_FP32", "float64": "TYPE_FP64",
+    "bfloat16": "TYPE_BF16", "object": "TYPE_STRING",
+}  # fmt: skip
+
+# qbench's ONNX Runtime graph optimisation level -> Triton's `optimization.graph.level`
+# (Triton: -1 basic, 1 extended, 2 disabled; no level = all optimisations, ONNX Runtime's default)
+GRAPH_LEVELS = {"basic": -1, "extended": 1, "disable": 2}
+
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+
+
+@dataclass(frozen=True)
+class TritonExport:
+    model_dir: Path
+    config_path: Path
+    model_path: Path
+    readme_path: Path
+    model_sha256: str
+    gate_status: str
+    forced: bool
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    status: str  # "pass" | "fail" | "not gated" | "unusable" (results cannot be judged)
+    reason: str
+
+
+# -- gate -----------------------------------------------------------------------------------------
+
+
+def gate_verdict(report: GateReport, variant: str, backend: str) -> _Verdict:
+    """Whether `variant` on `backend` passed the gate, and if not, why (for the refusal line)."""
+    key = f"{variant}@{backend}"
+    general = [p for p in report.problems if not any(p.startswith(f"{g}:") for g in report.gated)]
+    if general:
+        return _Verdict("unusable", general[0])
+    status = report.status_of(variant, backend)
+    if status == "not gated":
+        return _Verdict(status, "the recipe's gate.applies_to does not match it (or it is the FP32 reference)")
+    own_problems = [p.removeprefix(f"{key}: ") for p in report.problems if p.startswith(f"{key}:")]
+    breaches = [c for c in report.breaches if c.variant == variant and c.backend == backend]
+    if own_problems:
+        return _Verdict(status, own_problems[0])
+    if breaches:
+        worst = max(breaches, key=lambda c: c.drop - c.tolerance)
+        return _Verdict(status, f"{len(breaches)} breach(es), worst {worst.scope}: drop {worst.drop:.4f} > {worst.tolerance:.4f}")
+    return _Verdict(status, "")
+
+
+def _refusal(key: str, verdict: _Verdict) -> str:
+    why = f" ({verdict.reason})" if verdict.reason else ""
+    return f"{key}: gate status '{verdict.status}'{why}; only variants that passed the gate are exported (--force exports it anyway)"
+
+
+# -- config.pbtxt ---------------------------------------------------------------------------------
+
+
+def _triton_type(tensor: TensorMeta) -> EnumValue:
+    name = tensor.dtype.name
+    if name not in TRITON_TYPES:
+        raise QbenchError(f"tensor {tensor.name!r}: {expected_one_of(name, TRITON_TYPES)} (a type Triton can serve)")
+    return EnumValue(TRITON_TYPES[name])
+
+
+def _tensor(tensor: TensorMeta) -> dict[str, Any]:
+    """Name, type and dims without the batch dimension (-1 for a dynamic dimension)."""
+    if not tensor.shape or tensor.shape[0] is not None:
+        first = tensor.shape[0] if tensor.shape else "none (a scalar)"
+        raise QbenchError(
+            f"tensor {tensor.name!r}: Triton's batching needs a dynamic first (batch) dimension, the model has {first}"
+        )
+    return {"name": tensor.name, "data_type": _triton_type(tensor), "dims": [-1 if d is None else d for d in tensor.shape[1:]]}
+
+
+def _parameter(key: str, value: str) -> dict[str, Any]:
+    return {"key": key, "value": {"string_value": value}}
+
+
+def _optimization(measured: VariantResult, target: TritonTarget) -> dict[str, Any]:
+    optimization: dict[str, Any] = {}
+    level = GRAPH_LEVELS.get(str(measured.params.get("runtime.graph_optimization_level", "all")))
+    if level is not None:
+        optimization["graph"] = {"level": level}
+    if target.tensorrt:
+        # FP16 variants get TensorRT's FP16 flag, as on qbench's TensorRT backends; without a flag
+        # ONNX Runtime builds a strongly typed network, so Q/DQ graphs run with explicit quantization.
+        precision = "FP16" if measured.precision == "fp16" else "FP32"
+        accelerator = {"name": "tensorrt", "parameters": [{"key": "precision_mode", "value": precision},
+                                                          {"key": "trt_engine_cache_enable", "value": "1"}]}  # fmt: skip
+        optimization["execution_accelerators"] = {"gpu_execution_accelerator": [accelerator]}
+    return optimization
+
+
+def triton_config(
+    name: str, measured: VariantResult, info: ModelInfo, target: TritonTarget, *, max_queue_delay_us: int
+) -> dict[str, Any]:
+    """The model configuration as nested fields (see qbench.export.pbtxt), from what the sweep measured.
+
+    max_batch_size is the largest batch size timed, and every batch size timed is a preferred one: a
+    request of that size is dispatched at once instead of waiting up to max_queue_delay for company, so
+    at concurrency 1 Triton runs what qbench timed, while under load queued requests still batch up.
+    One instance (qbench times one session at a time) with the sweep's intra-op thread count
+    (0 = ONNX Runtime's default); inter-op threads 1, since sessions run in sequential execution mode.
+    """
+    if measured.latency is None or not measured.latency.points:
+        raise QbenchError(f"{measured.key}: no latency was measured, so there are no batch sizes to configure")
+    batch_sizes = sorted(p.batch_size for p in measured.latency.points)
+    config: dict[str, Any] = {
+        "name": name,
+        "platform": "onnxruntime_onnx",
+        "backend": "onnxruntime",
+        "max_batch_size": batch_sizes[-1],
+        "input": [_tensor(t) for t in info.inputs.values()],
+        "output": [_tensor(t) for t in info.outputs.values()],
+        "instance_group": [{"count": 1, "kind": EnumValue(target.instance_kind)}],
+        "dynamic_batching": {
+            "preferred_batch_size": batch_sizes,
+            "max_queue_delay_microseconds": max_queue_delay_us,
+        },
+        "parameters": [
+            _parameter("intra_op_thread_count", str(measured.latency.threads or 0)),
+            _parameter("inter_op_thread_count", "1"),
+        ],
+    }
+    optimization = _optimization(measured, target)
+    if optimization:
+        config["optimization"] = optimization
+    return config
+
+
+# -- model file -----------------------------------------------------------------------------------
+
+
+def _graph_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    yield from graph.initializer
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.HasField("t"):
+                yield attribute.t
+            yield from attribute.tensors
+            for subgraph in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+                yield from _graph_tensors(subgraph)
+
+
+def external_data_files(path: Path) -> list[str]:
+    """Relative locations of the files that hold the model's external tensors (big models), each once."""
+    import onnx
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    model = onnx.load(str(path), load_external_data=False)
+    locations = {ExternalDataInfo(t).location for t in _graph_tensors(model.graph) if uses_external_data(t)}
+    for location in locations:
+        if Path(location).is_absolute() or ".." in Path(location).parts:
+            raise QbenchError(f"{path}: external data location {location!r} is outside the model's folder")
+    return sorted(locations)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _measured_model(measured: VariantResult) -> Path:
+    """The ONNX file the sweep measured, checked to be there and of the size it had then."""
+    if measured.model_path is None:
+        raise QbenchError(f"{measured.key}: the results record no model file")
+    path = Path(measured.model_path)
+    if not path.is_file():
+        raise QbenchError(f"{measured.key}: model file {path} (recorded in the results) is missing")
+    if measured.model_bytes is not None and path.stat().st_size != measured.model_bytes:
+        raise QbenchError(
+            f"{measured.key}: model file {path} has {path.stat().st_size} bytes, the sweep measured "
+            f"{measured.model_bytes}: it changed since; re-run `qbench sweep`"
+        )
+    return path
+
+
+def _copy_model(source: Path, version_dir: Path) -> Path:
+    version_dir.mkdir(parents=True)
+    target = version_dir / MODEL_FILE
+    shutil.copyfile(source, target)
+    for location in external_data_files(source):
+        (version_dir / location).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source.parent / location, version_dir / location)
+    return target
+
+
+# -- README ---------------------------------------------------------------------------------------
+
+
+def _perf_shapes(info: ModelInfo, recipe: Recipe) -> dict[str, str]:
+    """`--shape` values for inputs with dynamic non-batch dims: the tokenizer's max_length for text
+    padded to max_length, else a placeholder the user fills in."""
+    lengths = {spec.tokenizer.max_length for spec in recipe.data.inputs.values()
+               if isinstance(spec, TextInputSpec) and spec.tokenizer.padding == "max_length"}  # fmt: skip
+    shapes = {}
+    for tensor in info.inputs.values():
+        rest = tensor.shape[1:]
+        if any(d is None for d in rest):
+            fill = str(next(iter(lengths))) if len(lengths) == 1 else "<dim>"
+            shapes[tensor.name] = ",".join(fill if d is None else str(d) for d in rest)
+    return shapes
+
+
+def perf_analyzer_commands(name: str, measured: VariantResult, shapes: Mapping[str, str]) -> list[str]:
+    """One perf_analyzer command per batch size qbench timed: concurrency 1, the same number of
+    timed requests per window as qbench's timed runs, stability judged on p50."""
+    if measured.latency is None:
+        return []
+    shape_flags = "".join(f" --shape {n}:{s}" for n, s in shapes.items())
+    return [
+        f"perf_analyzer -m {name} -i grpc -u {GRPC_URL} -b {p.batch_size} --concurrency-range 1:1 "
+        f"--measurement-mode count_windows --measurement-request-count {p.iterations} --percentile=50{shape_flags}"
+        for p in measured.latency.points
+    ]
+
+
+def _readme(name: str, recipe: Recipe, results: SweepResults, measured: VariantResult, info: ModelInfo,
+            verdict: _Verdict, forced: bool, sha256: str, target: TritonTarget) -> str:  # fmt: skip
+    latency = measured.latency
+    threads = latency.threads if latency and latency.threads else "ONNX Runtime's default"
+    lines = [
+        f"# {name}: {measured.variant} of {recipe.name} for Triton Inference Server",
+        "",
+        f"Exported by qbench {qbench.__version__} from the sweep of {results.created_at}: variant "
+        f"`{measured.variant}` ({measured.precision}) as measured on `{measured.backend}`.",
+        f"Gate on {results.gate_metric}: **{verdict.status}**" + (f" ({verdict.reason})" if verdict.reason else "") + ".",
+    ]
+    if forced and verdict.status != "pass":
+        lines += ["", "**Exported with --force: this variant did not pass the gate.**"]
+    lines += [
+        "",
+        f"`{VERSION}/{MODEL_FILE}` is the file qbench measured ({measured.model_bytes} bytes, sha256 `{sha256}`).",
+        f"Served by Triton's ONNX Runtime backend on {'a GPU' if target.instance_kind == 'KIND_GPU' else 'the CPU'}"
+        + (", with TensorRT as its execution accelerator (ONNX Runtime builds the engine on the serving GPU on "
+           "first load; a prebuilt plan would only load on the TensorRT version and GPU that built it)"
+           if target.tensorrt else "") + ".",  # fmt: skip
+        "",
+        "## Serve",
+        "",
+        "```",
+        "tritonserver --model-repository <this folder's parent>",
+        "```",
+        "",
+        "## Reproduce qbench's latency points",
+        "",
+        f"qbench timed one request at a time (concurrency 1); intra-op threads: {threads}.",
+        "",
+        "| batch | warm-up / timed runs | p50 ms | p99 ms | items/s |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    lines += [f"| {p.batch_size} | {p.warmup} / {p.iterations} | {p.p50_ms:.3f} | {p.p99_ms:.3f} | {p.items_per_s:,.1f} |"
+              for p in (latency.points if latency else ())]  # fmt: skip
+    shapes = _perf_shapes(info, recipe)
+    lines += ["", "With the server running (perf_analyzer ships in Triton's SDK image and the `perf-analyzer` package):", "", "```"]
+    lines += perf_analyzer_commands(name, measured, shapes)
+    lines += [
+        "```",
+        "",
+        "Each of these batch sizes is a preferred batch size in config.pbtxt, so at concurrency 1 no request waits "
+        "in the dynamic batcher's queue. perf_analyzer's latency also counts the request's trip through the server "
+        "(gRPC, copies); its server-side `compute infer` time is the figure to compare with qbench's p50.",
+    ]
+    if any("<dim>" in shape for shape in shapes.values()):
+        lines += ["", "Replace `<dim>` in `--shape` with the size of the input's dynamic dimension in your data."]
+    return "\n".join(lines) + "\n"
+
+
+# -- export ---------------------------------------------------------------------------------------
+
+
+def _check_model_name(name: str) -> str:
+    if not _MODEL_NAME.match(name):
+        raise QbenchError(f"Triton model name: got {name!r}, expected letters, digits and _ . + - (no slashes)")
+    return name
+
+
+def _find(results: SweepResults, variant: str, backend: str) -> VariantResult:
+    measured = results.find(variant, backend)
+    if measured is None:
+        raise QbenchError(f"variant {expected_one_of(f'{variant}@{backend}', [v.key for v in results.variants])}")
+    if measured.status != "ok":
+        raise QbenchError(f"{measured.key}: {measured.status} in the sweep ({measured.error}); there is nothing to export")
+    return measured
+
+
+def _model_dir(to: Path, name: str, overwrite: bool) -> Path:
+    model_dir = to / name
+    if model_dir.exists() and any(model_dir.iterdir()):
+        if not overwrite:
+            raise QbenchError(f"{model_dir} already exists and is not empty (--overwrite replaces it)")
+        shutil.rmtree(model_dir / VERSION, ignore_errors=True)
+    model_dir.mkdir(parents=True, exist_ok=True)
+    return model_dir
+
+
+def export_triton(
+    recipe: Recipe,
+    variant: str,
+    backend: str,
+    to: Path,
+    *,
+    force: bool = False,
+    model_name: str | None = None,
+    max_queue_delay_us: int = DEFAULT_MAX_QUEUE_DELAY_US,
+    overwrite: bool = False,
+    results_path: Path | None = None,
+) -> TritonExport:
+    """Write a Triton model repository entry for `variant` on `backend` from the recipe's latest results
+    (or `results_path`); QbenchError when the variant did not pass the gate and `force` is False."""
+    if backend not in TARGETS:
+        raise QbenchError(f"Triton export: backend {expected_one_of(backend, TARGETS)}")
+    if max_queue_delay_us < 0:
+        raise QbenchError(f"max queue delay: got {max_queue_delay_us} µs, expected 0 or more")
+    name = _check_model_name(model_name or f"{recipe.name}-{variant}")
+    report, results = run_gate(recipe, results_path)
+    measured = _find(results, variant, backend)
+    verdict = gate_verdict(report, variant, backend)
+    if verdict.status != "pass" and not force:
+        raise QbenchError(_refusal(measured.key, verdict))
+    source = _measured_model(measured)
+    info = read_model_info(source)
+    target = TARGETS[backend]
+    config = to_pbtxt(triton_config(name, measured, info, target, max_queue_delay_us=max_queue_delay_us))
+    model_dir = _model_dir(Path(to), name, overwrite)
+    model_path = _copy_model(source, model_dir / VERSION)
+    sha256 = _sha256(model_path)
+    config_path = model_dir / "config.pbtxt"
+    config_path.write_text(config, encoding="utf-8")
+    readme_path = model_dir / "README.md"
+    readme_path.write_text(
+        _readme(name, recipe, results, measured, info, verdict, force, sha256, target), encoding="utf-8"
+    )
+    return TritonExport(model_dir, config_path, model_path, readme_path, sha256, verdict.status, force)

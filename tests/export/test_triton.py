@@ -1,0 +1,263 @@
+"""Triton export: the config parsed with Triton's own model-config protobuf, the measured model file,
+the perf_analyzer README, and the gate as the gatekeeper (refused unless --force)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pandas as pd
+import pytest
+import yaml
+from onnx import TensorProto, helper, numpy_helper
+from sweep_factory import make_sweep, make_variant
+
+from qbench.cli import main
+from qbench.errors import QbenchError
+from qbench.export.pbtxt import EnumValue, to_pbtxt
+from qbench.export.triton import export_triton, external_data_files
+from qbench.gate import latest_results
+from qbench.recipe import load_recipe
+from qbench.results import read_results, write_results
+from qbench.sweep import run_sweep
+
+model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")
+text_format = pytest.importorskip("google.protobuf.text_format")
+
+CPU = "onnxruntime-cpu"
+BATCH_SIZES = [1, 4, 8]
+
+
+def tiny_model(path: Path) -> Path:
+    """features (batch, 2, 3) -> Flatten -> MatMul -> Add -> scores (batch, 3) -> Softmax -> probabilities."""
+    rng = np.random.default_rng(0)
+    nodes = [
+        helper.make_node("Flatten", ["features"], ["flat"], axis=1),
+        helper.make_node("MatMul", ["flat", "w"], ["mm"]),
+        helper.make_node("Add", ["mm", "b"], ["scores"]),
+        helper.make_node("Softmax", ["scores"], ["probabilities"], axis=1),
+    ]
+    graph = helper.make_graph(
+        nodes, "tiny",
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", 2, 3])],
+        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batch", 3]),
+         helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["batch", 3])],
+        initializer=[numpy_helper.from_array(rng.normal(size=(6, 3)).astype(np.float32), "w"),
+                     numpy_helper.from_array(rng.normal(size=(3,)).astype(np.float32), "b")],
+    )  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    return path
+
+
+def tiny_project(root: Path, gate: dict) -> Path:
+    """Model, 160 rows (64 calibration, 96 evaluation in groups a/b) and a recipe; returns the recipe path."""
+    root.mkdir(parents=True, exist_ok=True)
+    tiny_model(root / "model.onnx")
+    rng = np.random.default_rng(1)
+    features = rng.normal(size=(160, 6)).astype(np.float32)
+    pd.DataFrame({
+        "x": list(features), "y": rng.integers(0, 3, size=160),
+        "split": ["calib"] * 64 + ["eval"] * 96, "group": (["a", "b"] * 80),
+    }).to_parquet(root / "data.parquet")  # fmt: skip
+    recipe = {
+        "name": "tiny", "model": {"path": "model.onnx"},
+        "data": {"path": "data.parquet", "inputs": {"x": "features"}, "label": "y",
+                 "calibration": {"filter": {"split": "calib"}, "samples": 64},
+                 "evaluation": {"filter": {"split": "eval"}}, "slices": [{"by": "group"}]},
+        "variants": [{"name": "fp16", "precision": "fp16"}, {"name": "int8", "precision": "int8", "calibrator": "minmax"}],
+        "backends": [CPU],
+        "latency": {"batch_sizes": BATCH_SIZES, "warmup": 1, "iterations": 7, "threads": 1},
+        "gate": gate, "output_dir": str(root / "reports"),
+    }  # fmt: skip
+    path = root / "tiny.yaml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return path
+
+
+# fp16 of a linear model cannot lose half its agreement: it passes; int8 is outside applies_to
+PASSING_GATE = {"metric": "agreement", "max_drop": 0.5, "max_slice_drop": 0.5, "applies_to": ["fp16"]}
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny recipe swept for real (no MLflow); returns the recipe path."""
+    recipe = tiny_project(tmp_path_factory.mktemp("tiny"), PASSING_GATE)
+    run_sweep(recipe, track=False, show=False)
+    return recipe
+
+
+def parse_config(path: Path):
+    return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+
+
+def test_passing_variant_exports_a_config_triton_parses(swept: Path, tmp_path: Path) -> None:
+    recipe = load_recipe(swept)
+    export = export_triton(recipe, "fp16", CPU, tmp_path / "repo")
+    config = parse_config(export.config_path)
+    Config = model_config_pb2.ModelConfig
+
+    assert export.model_dir == tmp_path / "repo" / "tiny-fp16" and export.gate_status == "pass"
+    assert (config.name, config.platform, config.backend) == ("tiny-fp16", "onnxruntime_onnx", "onnxruntime")
+    assert config.max_batch_size == 8
+    assert list(config.dynamic_batching.preferred_batch_size) == BATCH_SIZES
+    assert config.dynamic_batching.max_queue_delay_microseconds == 100
+    [features] = config.input
+    assert (features.name, features.data_type, list(features.dims)) == ("features", model_config_pb2.TYPE_FP32, [2, 3])
+    assert [(o.name, o.data_type, list(o.dims)) for o in config.output] == [
+        ("scores", model_config_pb2.TYPE_FP32, [3]), ("probabilities", model_config_pb2.TYPE_FP32, [3]),
+    ]  # fmt: skip
+    [group] = config.instance_group
+    assert (group.count, group.kind) == (1, model_config_pb2.ModelInstanceGroup.KIND_CPU)
+    assert {k: v.string_value for k, v in config.parameters.items()} == {
+        "intra_op_thread_count": "1", "inter_op_thread_count": "1",
+    }  # fmt: skip
+    assert not config.HasField("optimization")  # ORT's default graph level (all), no accelerator on CPU
+    assert config.WhichOneof("scheduling_choice") == "dynamic_batching"
+    assert set(f.name for f, _ in config.ListFields()) == {
+        "name", "platform", "backend", "max_batch_size", "input", "output", "instance_group", "dynamic_batching",
+        "parameters",
+    }  # fmt: skip
+    assert Config.DESCRIPTOR.full_name == "inference.ModelConfig"
+
+
+def test_model_file_is_the_measured_artifact(swept: Path, tmp_path: Path) -> None:
+    recipe = load_recipe(swept)
+    measured = read_results(latest_results(recipe)).find("fp16", CPU)
+    export = export_triton(recipe, "fp16", CPU, tmp_path)
+    assert export.model_path == export.model_dir / "1" / "model.onnx"
+    assert export.model_path.read_bytes() == Path(measured.model_path).read_bytes()
+    assert export.model_sha256 == hashlib.sha256(Path(measured.model_path).read_bytes()).hexdigest()
+    assert onnx.load(str(export.model_path)).graph.input[0].type.tensor_type.elem_type == TensorProto.FLOAT
+
+
+def test_readme_reproduces_each_latency_point(swept: Path, tmp_path: Path) -> None:
+    export = export_triton(load_recipe(swept), "fp16", CPU, tmp_path)
+    readme = export.readme_path.read_text()
+    commands = [line for line in readme.splitlines() if line.startswith("perf_analyzer ")]
+    assert len(commands) == len(BATCH_SIZES)
+    for command, batch_size in zip(commands, BATCH_SIZES):
+        flags = command.split()
+        assert flags[flags.index("-m") + 1] == "tiny-fp16" and flags[flags.index("-b") + 1] == str(batch_size)
+        assert "--concurrency-range 1:1" in command and "--measurement-mode count_windows" in command
+        assert flags[flags.index("--measurement-request-count") + 1] == "7"
+        assert "--shape" not in command  # every non-batch dimension is static
+    assert export.model_sha256 in readme and "**pass**" in readme
+
+
+def test_not_gated_variant_is_refused_in_one_line_and_exported_with_force(swept: Path, tmp_path: Path, capsys) -> None:
+    repo = tmp_path / "repo"
+    args = ["export", "triton", str(swept), "--variant", "int8", "--backend", CPU, "--to", str(repo)]
+    assert main(args) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "int8@onnxruntime-cpu: gate status 'not gated'" in err and "--force" in err and "Traceback" not in err
+    assert not repo.exists()
+    assert main([*args, "--force"]) == 0
+    assert parse_config(repo / "tiny-int8" / "config.pbtxt").name == "tiny-int8"
+    assert "Exported with --force" in (repo / "tiny-int8" / "README.md").read_text()
+
+
+def test_stale_results_are_refused(swept: Path, tmp_path: Path) -> None:
+    """Results made from other data are not a pass, whatever their checks say (fail closed)."""
+    project = tmp_path / "copy"
+    recipe_path = tiny_project(project, PASSING_GATE)
+    results = latest_results(load_recipe(swept))
+    (project / "reports" / "tiny" / "run").mkdir(parents=True)
+    (project / "reports" / "tiny" / "run" / "results.json").write_bytes(results.read_bytes())
+    pd.read_parquet(project / "data.parquet").iloc[:-1].to_parquet(project / "data.parquet")  # the data changed
+    with pytest.raises(QbenchError, match=r"fp16@onnxruntime-cpu: gate status 'unusable' \(results do not match"):
+        export_triton(load_recipe(recipe_path), "fp16", CPU, tmp_path / "repo")
+    assert not (tmp_path / "repo").exists()
+
+
+# -- a breach, on synthetic results of the tiny recipe --------------------------------------------
+
+
+@pytest.fixture
+def breached(tmp_path: Path) -> Path:
+    """The tiny recipe with a strict gate, and results (fingerprinted for it) where int8 breaches a slice."""
+    gate = {"metric": "accuracy", "max_drop": 0.01, "max_slice_drop": 0.02, "applies_to": ["*"]}
+    recipe_path = tiny_project(tmp_path / "strict", gate)
+    recipe = load_recipe(recipe_path)
+    model = recipe.model_path
+    variants = [
+        make_variant("fp32", "fp32", p50_by_batch={1: 1.0, 4: 3.0}),
+        make_variant("fp16", "fp16", p50_by_batch={1: 1.0, 4: 3.0}),
+        make_variant("int8", "int8", p50_by_batch={1: 0.5, 4: 1.5},
+                     accuracy={"overall": 0.945, "clean": 0.97, "noisy lighting=dark": 0.85}),
+    ]  # fmt: skip
+    variants = [dataclasses.replace(v, model_path=str(model), model_bytes=model.stat().st_size) for v in variants]
+    results = make_sweep(variants, name="tiny")
+    results = dataclasses.replace(results, recipe={**results.recipe, "fingerprint": recipe.fingerprint()})
+    write_results(results, recipe.output_dir / "tiny" / "20260101-000000" / "results.json")
+    return recipe_path
+
+
+def test_breaching_variant_is_refused_naming_the_breach(breached: Path, tmp_path: Path, capsys) -> None:
+    args = ["export", "triton", str(breached), "--variant", "int8", "--backend", CPU, "--to", str(tmp_path / "repo")]
+    assert main(args) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "int8@onnxruntime-cpu: gate status 'fail' (1 breach(es), worst noisy lighting=dark: drop 0.0500 > 0.0200)" in err
+    assert main([*args, "--force"]) == 0
+    export_dir = tmp_path / "repo" / "tiny-int8"
+    assert parse_config(export_dir / "config.pbtxt").max_batch_size == 4
+    assert "**fail**" in (export_dir / "README.md").read_text()
+
+
+def test_passing_variant_of_the_same_results_exports(breached: Path, tmp_path: Path) -> None:
+    export = export_triton(load_recipe(breached), "fp16", CPU, tmp_path, model_name="digits_fp16")
+    assert export.gate_status == "pass" and parse_config(export.config_path).name == "digits_fp16"
+    with pytest.raises(QbenchError, match="already exists"):
+        export_triton(load_recipe(breached), "fp16", CPU, tmp_path, model_name="digits_fp16")
+    again = export_triton(load_recipe(breached), "fp16", CPU, tmp_path, model_name="digits_fp16", overwrite=True)
+    assert again.model_path.is_file()
+
+
+# -- GPU targets and the text format --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("backend", "precision", "mode"), [("tensorrt", "fp16", "FP16"), ("onnxruntime-tensorrt", "int8", "FP32")]
+)
+def test_tensorrt_backends_get_the_tensorrt_accelerator_on_gpu(tmp_path: Path, backend, precision, mode) -> None:
+    from qbench.export.triton import TARGETS, triton_config
+    from qbench.modelinfo import read_model_info
+
+    model = tiny_model(tmp_path / "m.onnx")
+    measured = make_variant("v", precision, backend=backend, p50_by_batch={1: 1.0, 16: 9.0})
+    fields = triton_config("m", measured, read_model_info(model), TARGETS[backend], max_queue_delay_us=250)
+    config = text_format.Parse(to_pbtxt(fields), model_config_pb2.ModelConfig())
+    assert config.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_GPU
+    [accelerator] = config.optimization.execution_accelerators.gpu_execution_accelerator
+    assert accelerator.name == "tensorrt"
+    assert dict(accelerator.parameters) == {"precision_mode": mode, "trt_engine_cache_enable": "1"}
+    assert config.platform == "onnxruntime_onnx" and config.dynamic_batching.max_queue_delay_microseconds == 250
+    assert list(config.dynamic_batching.preferred_batch_size) == [1, 16]
+
+
+def test_graph_level_and_unsupported_backend(tmp_path: Path, breached: Path) -> None:
+    from qbench.export.triton import TARGETS, triton_config
+    from qbench.modelinfo import read_model_info
+
+    measured = make_variant("v", "int8", params={"runtime.graph_optimization_level": "basic"})
+    fields = triton_config("m", measured, read_model_info(tiny_model(tmp_path / "m.onnx")), TARGETS[CPU],
+                           max_queue_delay_us=0)  # fmt: skip
+    assert text_format.Parse(to_pbtxt(fields), model_config_pb2.ModelConfig()).optimization.graph.level == -1
+    with pytest.raises(QbenchError, match="backend got 'torch-cpu', expected one of onnxruntime-cpu"):
+        export_triton(load_recipe(breached), "fp16", "torch-cpu", tmp_path)
+
+
+def test_pbtxt_quotes_strings_and_writes_enums_bare() -> None:
+    text = to_pbtxt({"name": 'a"b\\c', "max_batch_size": 2, "input": [{"data_type": EnumValue("TYPE_BF16"), "dims": [-1]}]})
+    config = text_format.Parse(text, model_config_pb2.ModelConfig())
+    assert config.name == 'a"b\\c' and config.input[0].data_type == model_config_pb2.TYPE_BF16
+    assert list(config.input[0].dims) == [-1]
+
+
+def test_external_data_files_are_listed(tmp_path: Path) -> None:
+    model = onnx.load(str(tiny_model(tmp_path / "m.onnx")))
+    onnx.save(model, str(tmp_path / "big.onnx"), save_as_external_data=True, location="big.data", size_threshold=0)
+    assert external_data_files(tmp_path / "big.onnx") == ["big.data"]
+    assert external_data_files(tmp_path / "m.onnx") == []

@@ -1,0 +1,162 @@
+"""report.html, parsed back with html.parser: frontier points with tooltips, slice cells coloured by
+the gate's judgement of their drop, the verdict, and nothing loaded from the network."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from sweep_factory import default_variants, make_sweep
+
+from qbench.cli import main
+from qbench.frontier import compute_frontier
+from qbench.gate import evaluate_gate
+from qbench.recipe import GateSpec
+from qbench.report_html import render_html, write_html_report
+from qbench.results import write_results
+
+CPU = "onnxruntime-cpu"
+SPEC = GateSpec(metric="accuracy", max_drop=0.01, max_slice_drop=0.02)
+
+
+@dataclass
+class Element:
+    tag: str
+    attrs: dict[str, str]
+    text: str = ""
+    children: list[Element] = field(default_factory=list)
+
+    @property
+    def classes(self) -> set[str]:
+        return set(self.attrs.get("class", "").split())
+
+
+class Tree(HTMLParser):
+    """Every element with its attributes and its own text (enough to find titles and cells)."""
+
+    VOID = {"meta", "br", "img", "input", "link", "line", "rect", "polyline", "hr"}
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.elements: list[Element] = []
+        self._open: list[Element] = []
+        self.feed(text)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        element = Element(tag, {k: v or "" for k, v in attrs})
+        if self._open:
+            self._open[-1].children.append(element)
+        self.elements.append(element)
+        if tag not in self.VOID:
+            self._open.append(element)
+
+    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        element = Element(tag, {k: v or "" for k, v in attrs})
+        if self._open:
+            self._open[-1].children.append(element)
+        self.elements.append(element)
+
+    def handle_endtag(self, tag: str) -> None:
+        while self._open:
+            if self._open.pop().tag == tag:
+                break
+
+    def handle_data(self, data: str) -> None:
+        if self._open:
+            self._open[-1].text += data
+
+    def find(self, tag: str, css: str | None = None) -> list[Element]:
+        return [e for e in self.elements if e.tag == tag and (css is None or css in e.classes)]
+
+
+def breach_sweep():
+    """FP32, FP16, INT8 (breaches the noisy slice, uses all of its overall tolerance), FP8 (within)."""
+    return make_sweep(default_variants()[:4])
+
+
+def test_one_frontier_point_per_variant_and_batch_with_a_tooltip_naming_it() -> None:
+    results = breach_sweep()
+    tree = Tree(render_html(results, evaluate_gate(results, SPEC)))
+    frontier = compute_frontier(results.variants, "accuracy")
+    points = tree.find("circle", "frontier")
+    assert sorted((p.attrs["data-variant"], int(p.attrs["data-batch"])) for p in points) == sorted(
+        (p.variant, p.batch_size) for p in frontier
+    )
+    for point in points:
+        [title] = [c for c in point.children if c.tag == "title"]
+        variant = results.find(point.attrs["data-variant"], CPU)
+        p50 = variant.latency.at(int(point.attrs["data-batch"])).p50_ms
+        assert title.text.startswith(f"{variant.variant} on {CPU}, on the frontier")
+        assert f"accuracy {variant.accuracy.overall.metrics['accuracy']:.4f}" in title.text
+        assert f"p50 {p50:.3f} ms" in title.text
+    # off-frontier points are drawn too (fp8 is slower and less accurate than fp32), unfilled
+    others = [p for p in tree.find("circle", "point") if "frontier" not in p.classes]
+    assert {p.attrs["data-variant"] for p in others} == {"fp8_e4m3", "fp16"} - {p.variant for p in frontier}
+    assert all(p.attrs["fill"] == "#ffffff" for p in others)
+
+
+def test_slice_cells_are_classed_by_drop_against_the_tolerance() -> None:
+    results = breach_sweep()
+    tree = Tree(render_html(results, evaluate_gate(results, SPEC)))
+    rows = {r.attrs["data-slice"]: r for r in tree.find("tr", "slice")}
+    assert list(rows) == ["overall", "clean", "noisy lighting=dark"]
+
+    def css(slice_name: str, variant: str) -> set[str]:
+        [cell] = [c for c in rows[slice_name].children if c.attrs.get("data-variant") == f"{variant}@{CPU}"]
+        return cell.classes - {"num"}
+
+    assert css("noisy lighting=dark", "int8_minmax") == {"breach"}  # drop 0.04 > 0.02
+    assert css("overall", "int8_minmax") == {"near"}  # drop 0.01: within 0.01, more than half of it
+    assert css("clean", "int8_minmax") == {"ok"}  # drop 0
+    assert css("noisy lighting=dark", "fp8_e4m3") == {"ok"}  # drop 0.001 of 0.02
+    assert css("overall", "fp32") == {"not-gated"}  # the reference is not judged
+    [cell] = [c for c in rows["noisy lighting=dark"].children if c.attrs.get("data-variant") == f"int8_minmax@{CPU}"]
+    assert cell.text == "0.8600 (+0.0400)" and "tolerance 0.0200: breach" in cell.attrs["title"]
+
+
+def test_small_slices_are_shown_unjudged() -> None:
+    results = breach_sweep()
+    tree = Tree(render_html(results, evaluate_gate(results, SPEC.model_copy(update={"min_slice_size": 200}))))
+    [row] = [r for r in tree.find("tr", "slice") if r.attrs["data-slice"] == "noisy lighting=dark"]  # 100 rows
+    assert {tuple(sorted(c.classes - {"num"})) for c in row.children if "data-variant" in c.attrs} == {
+        ("not-gated",), ("unjudged",),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("variants", "verdict"),
+    [(default_variants()[:2], "PASS"), (default_variants()[:4], "BREACH"), (default_variants(), "UNUSABLE")],
+)
+def test_verdict_is_the_gate_exit_code(variants, verdict) -> None:
+    results = make_sweep(variants)
+    gate = evaluate_gate(results, SPEC)
+    [section] = Tree(render_html(results, gate)).find("section", "verdict")
+    assert section.attrs["data-verdict"] == verdict and verdict.lower() in section.classes
+    [heading] = [c for c in section.children if c.tag == "h2"]
+    assert heading.text == f"Gate on accuracy: {verdict}"
+    items = [li.text for ul in section.children if ul.tag == "ul" for li in ul.children]
+    assert len(items) == len(gate.breaches) + len(gate.problems)
+
+
+def test_no_network_references(tmp_path: Path) -> None:
+    results = make_sweep()
+    path = write_html_report(results, evaluate_gate(results, SPEC), tmp_path / "report.html")
+    tree = Tree(path.read_text())
+    linked = [e.attrs[a] for e in tree.elements for a in ("src", "href") if a in e.attrs]
+    assert not [url for url in linked if url.startswith(("http://", "https://", "//"))]
+    assert not tree.find("script") and not tree.find("link")
+    assert "http://" not in path.read_text() and "https://" not in path.read_text()
+
+
+def test_report_command_writes_html_beside_the_results(tmp_path: Path, capsys) -> None:
+    results = make_sweep()
+    results = dataclasses.replace(results, recipe={**results.recipe, "gate": SPEC.model_dump(mode="json")})
+    write_results(results, tmp_path / "results.json")
+    assert main(["report", str(tmp_path), "--html"]) == 0
+    assert "report.html" in capsys.readouterr().out
+    [section] = Tree((tmp_path / "report.html").read_text()).find("section", "verdict")
+    assert section.attrs["data-verdict"] == "UNUSABLE"  # int8_dynamic failed: the gate fails closed
+    assert [e.attrs["class"] for e in Tree((tmp_path / "report.html").read_text()).find("line", "threshold")]
