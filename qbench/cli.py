@@ -145,7 +145,7 @@ def export_triton(
                   max_queue_delay_us=max_queue_delay_us, overwrite=overwrite)  # fmt: skip
     if done.gate_status != "pass":
         err_console.print(f"[yellow]warning:[/] exported with --force; gate status {escape(done.gate_status)}")
-    out.print(f"Triton model: {escape(str(done.model_dir))}  (perf_analyzer commands in {escape(done.readme_path.name)})")
+    out.print(f"Triton model: {escape(str(done.model_dir))}\nperf_analyzer commands: {escape(str(done.readme_path))}")
     return 0
 
 

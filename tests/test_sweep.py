@@ -78,6 +78,7 @@ def test_demo_sweep_writes_report_and_plot(demo_sweep):
     report = (run_dir / "report.md").read_text()
     assert "int8-entropy" in report and "condition=noisy" in report and "frontier.png" in report
     assert (run_dir / "frontier.png").stat().st_size > 10_000
+    assert 'data-verdict="' in (run_dir / "report.html").read_text()
     assert (run_dir / "models" / "int8-entropy.calibration.json").is_file()
 
 
@@ -96,7 +97,7 @@ def test_demo_sweep_is_in_mlflow(demo_sweep):
     assert int8.data.metrics["accuracy"] == pytest.approx(expected)
     assert int8.data.params["calibrator"] == "entropy"
     artifacts = {a.path for a in client.list_artifacts(parents[0].info.run_id)}
-    assert "results.json" in " ".join(artifacts)
+    assert "results.json" in " ".join(artifacts) and "report.html" in artifacts
 
 
 def test_gate_command_agrees_with_the_sweep(demo_sweep, monkeypatch, capsys):

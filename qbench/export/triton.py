@@ -86,7 +86,7 @@ class TritonExport:
 
 
 @dataclass(frozen=True)
-class _Verdict:
+class GateVerdict:
     status: str  # "pass" | "fail" | "not gated" | "unusable" (results cannot be judged)
     reason: str
 
@@ -94,28 +94,28 @@ class _Verdict:
 # -- gate -----------------------------------------------------------------------------------------
 
 
-def gate_verdict(report: GateReport, variant: str, backend: str) -> _Verdict:
+def gate_verdict(report: GateReport, variant: str, backend: str, *, reference: str) -> GateVerdict:
     """Whether `variant` on `backend` passed the gate, and if not, why (for the refusal line)."""
     key = f"{variant}@{backend}"
     general = [p for p in report.problems if not any(p.startswith(f"{g}:") for g in report.gated)]
     if general:
-        return _Verdict("unusable", general[0])
+        return GateVerdict("unusable", general[0])
     status = report.status_of(variant, backend)
     if status == "not gated":
-        return _Verdict(status, "the recipe's gate.applies_to does not match it (or it is the FP32 reference)")
+        return GateVerdict(status, "the FP32 reference" if variant == reference else "gate.applies_to does not match it")
     own_problems = [p.removeprefix(f"{key}: ") for p in report.problems if p.startswith(f"{key}:")]
     breaches = [c for c in report.breaches if c.variant == variant and c.backend == backend]
     if own_problems:
-        return _Verdict(status, own_problems[0])
+        return GateVerdict(status, own_problems[0])
     if breaches:
         worst = max(breaches, key=lambda c: c.drop - c.tolerance)
-        return _Verdict(status, f"{len(breaches)} breach(es), worst {worst.scope}: drop {worst.drop:.4f} > {worst.tolerance:.4f}")
-    return _Verdict(status, "")
+        return GateVerdict(status, f"{len(breaches)} breach(es), worst {worst.scope}: drop {worst.drop:.4f} > {worst.tolerance:.4f}")
+    return GateVerdict(status, "")
 
 
-def _refusal(key: str, verdict: _Verdict) -> str:
+def _refusal(key: str, verdict: GateVerdict) -> str:
     why = f" ({verdict.reason})" if verdict.reason else ""
-    return f"{key}: gate status '{verdict.status}'{why}; only variants that passed the gate are exported (--force exports it anyway)"
+    return f"{key}: gate status '{verdict.status}'{why}; not exported: only variants that passed the gate are (--force overrides)"
 
 
 # -- config.pbtxt ---------------------------------------------------------------------------------
@@ -285,7 +285,7 @@ def perf_analyzer_commands(name: str, measured: VariantResult, shapes: Mapping[s
 
 
 def _readme(name: str, recipe: Recipe, results: SweepResults, measured: VariantResult, info: ModelInfo,
-            verdict: _Verdict, forced: bool, sha256: str, target: TritonTarget) -> str:  # fmt: skip
+            verdict: GateVerdict, forced: bool, sha256: str, target: TritonTarget) -> str:  # fmt: skip
     latency = measured.latency
     threads = latency.threads if latency and latency.threads else "ONNX Runtime's default"
     lines = [
@@ -384,7 +384,7 @@ def export_triton(
     name = _check_model_name(model_name or f"{recipe.name}-{variant}")
     report, results = run_gate(recipe, results_path)
     measured = _find(results, variant, backend)
-    verdict = gate_verdict(report, variant, backend)
+    verdict = gate_verdict(report, variant, backend, reference=results.reference)
     if verdict.status != "pass" and not force:
         raise QbenchError(_refusal(measured.key, verdict))
     source = _measured_model(measured)
