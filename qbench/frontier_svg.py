@@ -167,7 +167,8 @@ def panel_svg(results: SweepResults, batch_size: int, threshold: float | None) -
     x, y = _axes(points, threshold, METRICS[metric].higher_is_better)
     colours = backend_colours(results)
     parts = [head, title, *_grid(x, y)]
-    parts.append(f'<rect class="frame" x="{LEFT}" y="{TOP}" width="{WIDTH - LEFT - RIGHT}" height="{HEIGHT - TOP - BOTTOM}"/>')
+    frame = f'x="{LEFT}" y="{TOP}" width="{WIDTH - LEFT - RIGHT}" height="{HEIGHT - TOP - BOTTOM}"'
+    parts.append(f'<rect class="frame" {frame}/>')
     if threshold is not None:
         py = _fmt(y(threshold))
         parts.append(f'<line class="threshold" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{py}" y2="{py}">'
@@ -181,7 +182,8 @@ def panel_svg(results: SweepResults, batch_size: int, threshold: float | None) -
         css = "point frontier" if point.on_frontier else "point"
         fill = colour if point.on_frontier else "#ffffff"
         parts.append(
-            f'<circle class="{css}" data-variant="{escape(point.variant.variant)}" data-backend="{escape(point.variant.backend)}" '
+            f'<circle class="{css}" data-variant="{escape(point.variant.variant)}" '
+            f'data-backend="{escape(point.variant.backend)}" '
             f'data-batch="{batch_size}" cx="{_fmt(x(point.p50_ms))}" cy="{_fmt(y(point.metric))}" r="5" '
             f'fill="{fill}" stroke="{colour}"><title>{escape(tooltip(point, metric))}</title></circle>'
         )

@@ -109,13 +109,15 @@ def gate_verdict(report: GateReport, variant: str, backend: str, *, reference: s
         return GateVerdict(status, own_problems[0])
     if breaches:
         worst = max(breaches, key=lambda c: c.drop - c.tolerance)
-        return GateVerdict(status, f"{len(breaches)} breach(es), worst {worst.scope}: drop {worst.drop:.4f} > {worst.tolerance:.4f}")
+        worst_text = f"worst {worst.scope}: drop {worst.drop:.4f} > {worst.tolerance:.4f}"
+        return GateVerdict(status, f"{len(breaches)} breach(es), {worst_text}")
     return GateVerdict(status, "")
 
 
 def _refusal(key: str, verdict: GateVerdict) -> str:
     why = f" ({verdict.reason})" if verdict.reason else ""
-    return f"{key}: gate status '{verdict.status}'{why}; not exported: only variants that passed the gate are (--force overrides)"
+    return (f"{key}: gate status '{verdict.status}'{why}; not exported: only variants that passed the gate are "
+            "(--force overrides)")
 
 
 # -- config.pbtxt ---------------------------------------------------------------------------------
@@ -135,7 +137,8 @@ def _tensor(tensor: TensorMeta) -> dict[str, Any]:
         raise QbenchError(
             f"tensor {tensor.name!r}: Triton's batching needs a dynamic first (batch) dimension, the model has {first}"
         )
-    return {"name": tensor.name, "data_type": _triton_type(tensor), "dims": [-1 if d is None else d for d in tensor.shape[1:]]}
+    dims = [-1 if d is None else d for d in tensor.shape[1:]]
+    return {"name": tensor.name, "data_type": _triton_type(tensor), "dims": dims}
 
 
 def _parameter(key: str, value: str) -> dict[str, Any]:
@@ -321,7 +324,8 @@ def _readme(name: str, recipe: Recipe, results: SweepResults, measured: VariantR
     lines += [f"| {p.batch_size} | {p.warmup} / {p.iterations} | {p.p50_ms:.3f} | {p.p99_ms:.3f} | {p.items_per_s:,.1f} |"
               for p in (latency.points if latency else ())]  # fmt: skip
     shapes = _perf_shapes(info, recipe)
-    lines += ["", "With the server running (perf_analyzer ships in Triton's SDK image and the `perf-analyzer` package):", "", "```"]
+    where = "perf_analyzer ships in Triton's SDK image and the `perf-analyzer` package"
+    lines += ["", f"With the server running ({where}):", "", "```"]
     lines += perf_analyzer_commands(name, measured, shapes)
     lines += [
         "```",
