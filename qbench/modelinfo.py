@@ -1,20 +1,50 @@
-"""What an ONNX model expects and returns, read with onnx (no runtime needed)."""
+"""What an ONNX model expects and returns, read with onnx (no runtime needed).
+
+Outputs need not be tensors: converters such as skl2onnx end classifiers with a ZipMap,
+a sequence of {class: probability} maps (kind "map"). Anything else that is not a tensor
+(a sequence of tensors, an optional) is kept with kind "other" so it can be named in
+messages; only choosing it for evaluation is an error.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    import onnx
+
+OutputKind = Literal["tensor", "map", "other"]
+_COPY_OPS = ("Identity", "Cast")
 
 
 @dataclass(frozen=True)
 class TensorMeta:
-    """One model input or output. shape entries are ints for static dims, None for dynamic ones."""
+    """One model input or output. shape entries are ints for static dims, None for dynamic ones.
+
+    kind "map": a sequence of per-row {class key: score} maps; dtype is the score type, shape
+    (rows, classes) and class_keys the keys when the graph states them (a ZipMap's attributes).
+    passthrough_of: the graph input this output merely copies (Identity/Cast chain), if any.
+    """
 
     name: str
     dtype: np.dtype
     shape: tuple[int | None, ...]
+    kind: OutputKind = "tensor"
+    type_name: str = "tensor"
+    class_keys: tuple[int | str, ...] | None = None
+    passthrough_of: str | None = None
+
+    def describe(self) -> str:
+        """'name (float32, [None, 3])' or 'name (seq(map(int64,float32)))'."""
+        if self.kind == "tensor":
+            dims = ", ".join("None" if d is None else str(d) for d in self.shape)
+            return f"{self.name} ({self.dtype}, [{dims}])"
+        return f"{self.name} ({self.type_name})"
 
 
 @dataclass(frozen=True)
@@ -27,19 +57,75 @@ class ModelInfo:
 def read_model_info(path: Path) -> ModelInfo:
     """Inputs (excluding initializers), outputs and the default-domain opset of an ONNX file."""
     import onnx
-    from onnx import helper
 
     model = onnx.load(str(path), load_external_data=False)
     initializers = {t.name for t in model.graph.initializer}
-
-    def meta(value_info: onnx.ValueInfoProto) -> TensorMeta:
-        tensor_type = value_info.type.tensor_type
-        dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim)
-        return TensorMeta(value_info.name, np.dtype(helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)), dims)
-
+    inputs = {v.name: _meta(v) for v in model.graph.input if v.name not in initializers}
+    producers = {out: node for node in model.graph.node for out in node.output}
+    outputs = {}
+    for value in model.graph.output:
+        meta = _meta(value, producers.get(value.name))
+        source = _copied_input(value.name, producers, set(inputs))
+        outputs[value.name] = dataclasses.replace(meta, passthrough_of=source) if source is not None else meta
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-    return ModelInfo(
-        inputs={v.name: meta(v) for v in model.graph.input if v.name not in initializers},
-        outputs={v.name: meta(v) for v in model.graph.output},
-        opset=opset,
-    )
+    return ModelInfo(inputs=inputs, outputs=outputs, opset=opset)
+
+
+def _elem_dtype(elem_type: int) -> np.dtype:
+    from onnx import helper
+
+    return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)) if elem_type else np.dtype(object)
+
+
+def _type_name(type_proto: onnx.TypeProto) -> str:
+    """ONNX's own spelling of a type: tensor(float), seq(map(int64,tensor(float)))."""
+    field = type_proto.WhichOneof("value")
+    if field == "tensor_type":
+        return f"tensor({_elem_dtype(type_proto.tensor_type.elem_type)})"
+    if field == "sequence_type":
+        return f"seq({_type_name(type_proto.sequence_type.elem_type)})"
+    if field == "map_type":
+        key = _elem_dtype(type_proto.map_type.key_type)
+        return f"map({key},{_type_name(type_proto.map_type.value_type)})"
+    return field or "unknown"
+
+
+def _meta(value_info: onnx.ValueInfoProto, producer: onnx.NodeProto | None = None) -> TensorMeta:
+    type_proto = value_info.type
+    if type_proto.WhichOneof("value") == "tensor_type":
+        tensor_type = type_proto.tensor_type
+        dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim)
+        return TensorMeta(value_info.name, _elem_dtype(tensor_type.elem_type), dims)
+    name = _type_name(type_proto)
+    element = type_proto.sequence_type.elem_type if type_proto.WhichOneof("value") == "sequence_type" else None
+    if element is not None and element.WhichOneof("value") == "map_type":
+        value_type = element.map_type.value_type
+        score = _elem_dtype(value_type.tensor_type.elem_type) if value_type.WhichOneof("value") == "tensor_type" else None
+        keys = _zipmap_keys(producer)
+        classes = len(keys) if keys is not None else None
+        return TensorMeta(value_info.name, score or np.dtype(object), (None, classes), "map", name, keys)
+    return TensorMeta(value_info.name, np.dtype(object), (), "other", name)
+
+
+def _zipmap_keys(node: onnx.NodeProto | None) -> tuple[int | str, ...] | None:
+    if node is None or node.op_type != "ZipMap":
+        return None
+    for attribute in node.attribute:
+        if attribute.name == "classlabels_int64s":
+            return tuple(int(k) for k in attribute.ints)
+        if attribute.name == "classlabels_strings":
+            return tuple(k.decode() for k in attribute.strings)
+    return None
+
+
+def _copied_input(name: str, producers: dict[str, onnx.NodeProto], inputs: set[str]) -> str | None:
+    """The graph input `name` is a plain copy of (through Identity/Cast nodes only), else None."""
+    current = name
+    for _ in range(len(producers) + 1):
+        if current in inputs:
+            return current
+        node = producers.get(current)
+        if node is None or node.op_type not in _COPY_OPS or not node.input:
+            return None
+        current = node.input[0]
+    return None

@@ -33,7 +33,6 @@ Scalar = Union[str, int, float, bool, None]
 FILTER_OPS = ("eq", "ne", "in", "not_in", "lt", "le", "gt", "ge")
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8")
 QUANTIZED_PRECISIONS = ("int8", "fp8")
-TASKS = ("classification", "embedding")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 
 
@@ -84,10 +83,17 @@ class ModelSpec(_Strict):
     input_dtypes: dict[str, TorchDtype] = Field({}, description="input name -> dtype; default float32")
     output_names: list[str] | None = Field(None, description="names given to the exported outputs")
     opset: int = Field(17, ge=13, description="ONNX opset for the export")
-    output: str | None = Field(None, description="model output to evaluate; default: the first output")
+    output: str | None = Field(None, description="model output to evaluate; default: the one the task's rules pick")
+    outputs: list[str] | None = Field(
+        None, description="several outputs to evaluate, each with its own metrics (named 'output/metric')"
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
+        if self.output is not None and self.outputs is not None:
+            raise ValueError("outputs: give `output` (one) or `outputs` (several), not both")
+        if self.outputs is not None and (not self.outputs or len(set(self.outputs)) != len(self.outputs)):
+            raise ValueError("outputs: expected a non-empty list of distinct output names")
         if (self.path is None) == (self.torch is None):
             raise ValueError("give either `path` (an ONNX file) or `torch` (a module factory), not both or neither")
         if self.torch is not None:
@@ -278,6 +284,21 @@ _CALIBRATOR_OPTIONS = {
 }
 
 
+class MetricSpec(_Strict):
+    """A recipe's own metric: `function(outputs, labels[, reference_outputs]) -> float`, per slice."""
+
+    name: Name
+    function: str = Field(description="'package.module:function', imported as Python code (recipe folder first)")
+    higher_is_better: bool = Field(description="the metric's direction, for drops and the gate")
+
+    @field_validator("function")
+    @classmethod
+    def _target(cls, v: str) -> str:
+        if not re.match(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", v):
+            raise ValueError(f"got {v!r}, expected 'package.module:function'")
+        return v
+
+
 class LatencySpec(_Strict):
     batch_sizes: list[Annotated[int, Field(gt=0)]] = [1, 32]
     warmup: int = Field(20, ge=0, description="untimed runs before timing, per batch size")
@@ -310,12 +331,13 @@ class TrackingSpec(_Strict):
 
 class Recipe(_Strict):
     name: Name
-    task: Literal["classification", "embedding"] = "classification"
+    task: str = Field("classification", description="how outputs are judged: a name registered in qbench.tasks")
     model: ModelSpec
     data: DataSpec
     variants: list[VariantSpec] = []
     backends: list[str] = ["onnxruntime-cpu"]
     latency: LatencySpec = LatencySpec()
+    metrics: list[MetricSpec] = Field([], description="custom metrics, reported beside the task's")
     gate: GateSpec = GateSpec()
     tracking: TrackingSpec = TrackingSpec()
     output_dir: Path = Field(Path("reports"), description="results go to <output_dir>/<name>/<timestamp>/")
@@ -335,9 +357,22 @@ class Recipe(_Strict):
                 raise ValueError(expected_one_of(name, BACKENDS.names()))
         return list(dict.fromkeys(v))
 
+    @field_validator("task")
+    @classmethod
+    def _task_known(cls, v: str) -> str:
+        from qbench.tasks import get_task
+
+        from qbench.errors import QbenchError
+
+        try:
+            get_task(v)
+        except QbenchError as exc:  # unknown (did you mean ...) or not supported
+            raise ValueError(str(exc).removeprefix("task: ")) from None
+        return v
+
     @model_validator(mode="after")
     def _cross_checks(self) -> Recipe:
-        from qbench.validate.metrics import gate_metric_names
+        from qbench.tasks import gate_metric_names
 
         names = [v.name for v in self.variants]
         duplicates = sorted({n for n in names if names.count(n) > 1})
@@ -360,10 +395,26 @@ class Recipe(_Strict):
         for index, backend in enumerate(self.backends):
             if backend.startswith("torch-") and self.model.torch is None:
                 raise ValueError(f"backends[{index}]: {backend} needs a PyTorch model source (model.torch)")
-        allowed = gate_metric_names(self.task)
+        allowed = self._metric_names()
         if self.gate.metric not in allowed:
             raise ValueError(f"gate.metric: {expected_one_of(self.gate.metric, allowed)} for task {self.task!r}")
         return self
+
+    def _metric_names(self) -> list[str]:
+        """Every metric name results will carry: the task's and the custom ones, 'output/'-prefixed
+        when several outputs are evaluated. Custom metrics' directions join the metric catalogue."""
+        from qbench.tasks import gate_metric_names
+        from qbench.validate.metrics import METRICS, MetricInfo
+
+        builtin = gate_metric_names(self.task)
+        names = list(builtin)
+        for index, spec in enumerate(self.metrics):
+            if (spec.name in METRICS and not METRICS[spec.name].custom) or spec.name in names:
+                raise ValueError(f"metrics[{index}].name: {spec.name!r} is taken by a built-in or earlier metric")
+            METRICS.add(MetricInfo(spec.name, spec.higher_is_better, spec.function, custom=True), replace=True)
+            names.append(spec.name)
+        outputs = self.model.outputs or []
+        return [f"{o}/{n}" for o in outputs for n in names] if len(outputs) > 1 else names
 
     # -- derived views -------------------------------------------------------------------------
 

@@ -151,8 +151,15 @@ def test_fingerprint_ignores_the_gate_but_not_the_model(tmp_path):
             "recipe.yaml: model.torch: got 'pkg.models.build', expected 'package.module:factory'",
         ),
         (
+            {"task": "regresion"},
+            "recipe.yaml: task: got 'regresion', expected one of classification, embedding, multilabel, "
+            "regression (did you mean 'regression'?)",
+        ),
+        (
             {"task": "detection"},
-            "recipe.yaml: task: got 'detection', expected one of classification, embedding",
+            "recipe.yaml: task: task 'detection' is not supported: qbench evaluates one score, id or vector per row "
+            "(classification, embedding, multilabel, regression); for structured outputs name a custom metric "
+            "(recipe `metrics:`)",
         ),
     ],
 )

@@ -1,4 +1,4 @@
-"""Metrics: a catalogue (direction, task) and pure functions over numpy arrays.
+"""Metrics: a catalogue of names and directions, and pure functions over numpy arrays.
 
 Every function takes plain arrays and returns floats; empty input gives NaN
 (never an exception and never a silent 0), and NaN propagates.
@@ -6,7 +6,9 @@ Every function takes plain arrays and returns floats; empty input gives NaN
 
 from __future__ import annotations
 
+import importlib
 import math
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,34 +20,74 @@ from qbench.errors import QbenchError
 class MetricInfo:
     name: str
     higher_is_better: bool
-    tasks: tuple[str, ...]
     description: str
+    custom: bool = False  # a recipe's own metric (its description is the function it calls)
 
 
-_ALL = ("classification", "embedding")
-
-METRICS: dict[str, MetricInfo] = {
-    m.name: m
-    for m in (
-        MetricInfo("accuracy", True, ("classification",), "top-1 accuracy vs labels (vs FP32 top-1 without labels)"),
-        MetricInfo("agreement", True, ("classification",), "fraction of rows whose top-1 matches FP32"),
-        MetricInfo("flip_rate", False, ("classification",), "fraction of rows whose top-1 differs from FP32"),
-        MetricInfo("kl_mean", False, ("classification",), "mean KL(FP32 || variant) of the softmax outputs"),
-        MetricInfo("cosine", True, ("embedding",), "mean cosine similarity with the FP32 output"),
-        MetricInfo("cosine_min", True, ("embedding",), "lowest cosine similarity with the FP32 output"),
-        MetricInfo("nn_agreement", True, ("embedding",), "fraction of rows whose nearest neighbour matches FP32's"),
-        MetricInfo("max_abs_error", False, _ALL, "largest absolute difference from the FP32 output"),
-    )
-}
+OUTPUT_SEPARATOR = "/"
+"""Metric names are prefixed with their output ('probabilities/accuracy') when several outputs are evaluated."""
 
 
-def gate_metric_names(task: str) -> list[str]:
-    """Metrics the gate can judge for `task`."""
-    return [name for name, info in METRICS.items() if task in info.tasks]
+class MetricCatalogue(Mapping[str, MetricInfo]):
+    """Every metric qbench can report, by name, with its direction.
+
+    The tasks' own metrics are loaded from the task registry on first use (`loader`, a module
+    that registers them when imported, so this low-level module imports no task); a recipe's
+    custom metrics are added when the recipe is loaded. A name 'output/metric' resolves to
+    `metric`'s entry.
+    """
+
+    def __init__(self, loader: str) -> None:
+        self._loader = loader
+        self._loaded = False
+        self._entries: dict[str, MetricInfo] = {}
+
+    def add(self, info: MetricInfo, *, replace: bool = False) -> None:
+        """Register `info`; the same name with another direction is an error unless `replace`."""
+        existing = self._entries.get(info.name)
+        if existing is not None and existing.higher_is_better != info.higher_is_better and not replace:
+            raise QbenchError(f"metric {info.name!r} is already registered with the opposite direction")
+        if existing is None or replace:
+            self._entries[info.name] = info
+
+    def _load(self) -> dict[str, MetricInfo]:
+        if not self._loaded:
+            self._loaded = True
+            importlib.import_module(self._loader)
+        return self._entries
+
+    def __getitem__(self, name: str) -> MetricInfo:
+        entries = self._load()
+        if name in entries:
+            return entries[name]
+        base = name.rpartition(OUTPUT_SEPARATOR)[2]
+        if base in entries:
+            return entries[base]
+        raise KeyError(name)
+
+    def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str):
+            return False
+        try:
+            self[name]
+        except KeyError:
+            return False
+        return True
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._load()))
+
+    def __len__(self) -> int:
+        return len(self._load())
+
+
+METRICS = MetricCatalogue("qbench.tasks")
 
 
 def drop(metric: str, reference: float, value: float) -> float:
     """How much worse `value` is than `reference` (positive = worse), whatever the metric's direction."""
+    if metric not in METRICS:
+        raise QbenchError(f"unknown metric {metric!r}: its direction (higher or lower is better) is not known")
     if METRICS[metric].higher_is_better:
         return reference - value
     return value - reference
@@ -305,3 +347,74 @@ def nearest_neighbour_agreement(reference: np.ndarray, outputs: np.ndarray) -> f
     """Fraction of rows whose nearest neighbour (cosine, itself excluded) is the same under `outputs` as
     under `reference`; NaN for fewer than two rows."""
     return _mean(nearest_neighbour_matches(reference, outputs))
+
+
+# -- regression ---------------------------------------------------------------------------------
+
+
+def mean_absolute_error(predicted: np.ndarray, target: np.ndarray) -> float:
+    """Mean |predicted - target| over all elements; NaN for none."""
+    predicted, target = _same_shape(predicted, target)
+    return _mean(np.abs(predicted - target))
+
+
+def root_mean_squared_error(predicted: np.ndarray, target: np.ndarray) -> float:
+    """sqrt(mean((predicted - target)^2)) over all elements; NaN for none."""
+    predicted, target = _same_shape(predicted, target)
+    return math.sqrt(_mean((predicted - target) ** 2)) if predicted.size else math.nan
+
+
+def r2_score(predicted: np.ndarray, target: np.ndarray) -> float:
+    """1 - SS_res / SS_tot, SS_tot around each target column's mean; NaN for no rows or a constant target."""
+    predicted, target = _same_shape(predicted, target)
+    if predicted.size == 0:
+        return math.nan
+    target_rows, predicted_rows = _float_rows(target), _float_rows(predicted)
+    total = float(np.sum((target_rows - target_rows.mean(axis=0)) ** 2))
+    residual = float(np.sum((target_rows - predicted_rows) ** 2))
+    return 1.0 - residual / total if total > 0 else math.nan
+
+
+# -- multilabel -------------------------------------------------------------------------------
+
+
+def multilabel_predictions(outputs: np.ndarray, as_probabilities: bool) -> np.ndarray:
+    """(rows, labels) 0/1 decisions: score > 0.5 for probabilities, > 0 for logits; NaN/inf count as 0."""
+    scores = _float_rows(outputs)
+    threshold = 0.5 if as_probabilities else 0.0
+    with np.errstate(invalid="ignore"):
+        return (np.isfinite(scores) & (scores > threshold)).astype(np.int64)
+
+
+def looks_like_sigmoid(outputs: np.ndarray) -> bool:
+    """True when every finite score lies in [0, 1] (sigmoid probabilities rather than logits)."""
+    scores = _float_rows(outputs)
+    finite = scores[np.isfinite(scores)]
+    return bool(finite.size and finite.min() >= 0.0 and finite.max() <= 1.0)
+
+
+def _f1(true_positive: np.ndarray, false_positive: np.ndarray, false_negative: np.ndarray) -> np.ndarray:
+    denominator = 2 * true_positive + false_positive + false_negative
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(denominator > 0, 2 * true_positive / np.maximum(denominator, 1), np.nan)
+
+
+def _confusion(predicted: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    predicted, target = _same_shape(predicted, target)
+    p, t = _float_rows(predicted) > 0.5, _float_rows(target) > 0.5
+    return (p & t).sum(axis=0), (p & ~t).sum(axis=0), (~p & t).sum(axis=0)
+
+
+def micro_f1(predicted: np.ndarray, target: np.ndarray) -> float:
+    """F1 over all (row, label) decisions pooled; NaN when neither side has a positive (or no rows)."""
+    tp, fp, fn = _confusion(predicted, target)
+    return float(_f1(np.array(tp.sum()), np.array(fp.sum()), np.array(fn.sum())))
+
+
+def macro_f1(predicted: np.ndarray, target: np.ndarray) -> float:
+    """Mean of the per-label F1 over labels positive in the prediction or the target (others have no F1);
+    NaN when no label is."""
+    tp, fp, fn = _confusion(predicted, target)
+    per_label = _f1(tp, fp, fn)
+    defined = per_label[~np.isnan(per_label)]
+    return _mean(defined)

@@ -121,7 +121,8 @@ def test_with_drops_is_negative_for_an_improvement() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"task": "detection"}, "expected one of"),
+        ({"task": "clasification"}, r"expected one of .* \(did you mean 'classification'"),
+        ({"task": "detection"}, "task 'detection' is not supported"),
         ({"outputs": VARIANT[:3]}, "must match"),
         ({"labels": np.array([0, 1])}, "2 labels for 4"),
         ({"labels": np.array(["a", "b", "c", "d"])}, "class indices"),

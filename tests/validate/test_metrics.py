@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from qbench.errors import QbenchError
+from qbench.tasks import gate_metric_names
 from qbench.validate import metrics
 
 NAN = float("nan")
@@ -198,7 +199,7 @@ def test_nonfinite_rows() -> None:
 
 
 def test_gate_metrics_per_task_and_drop_direction() -> None:
-    assert metrics.gate_metric_names("embedding") == ["cosine", "cosine_min", "nn_agreement", "max_abs_error"]
+    assert gate_metric_names("embedding") == ["cosine", "cosine_min", "nn_agreement", "max_abs_error"]
     assert metrics.drop("flip_rate", 0.01, 0.03) == pytest.approx(0.02)
     assert metrics.drop("accuracy", 0.9, 0.95) == pytest.approx(-0.05)
 

@@ -1,0 +1,50 @@
+"""Tasks: how a model's outputs are read and judged. One module per task, registered here by name.
+
+A new task is a module with a `qbench.tasks.base.Task` subclass and one `TASKS.register` line.
+Importing this package also puts every task's metrics (name, direction) in the metric catalogue
+(`qbench.validate.metrics.METRICS`) that the gate, the report and the frontier read.
+"""
+
+from __future__ import annotations
+
+from qbench.errors import QbenchError, expected_one_of
+from qbench.registry import Registry
+from qbench.tasks.base import CustomMetric, LabelError, Task
+from qbench.validate.metrics import METRICS
+
+TASKS: Registry[Task] = Registry("task")
+TASKS.register("classification", "qbench.tasks.classification:CLASSIFICATION")
+TASKS.register("embedding", "qbench.tasks.embedding:EMBEDDING")
+TASKS.register("regression", "qbench.tasks.regression:REGRESSION")
+TASKS.register("multilabel", "qbench.tasks.multilabel:MULTILABEL")
+
+UNSUPPORTED_TASKS = ("detection", "segmentation", "generation", "ranking")
+"""Structured-output tasks people ask for by name; they get 'not supported' rather than 'unknown'."""
+
+
+def get_task(name: str) -> Task:
+    """The task registered as `name`; a clear error for structured-output tasks and unknown names."""
+    if name in UNSUPPORTED_TASKS:
+        raise QbenchError(
+            f"task {name!r} is not supported: qbench evaluates one score, id or vector per row "
+            f"({', '.join(TASKS.names())}); for structured outputs name a custom metric (recipe `metrics:`)"
+        )
+    if name not in TASKS:
+        raise QbenchError(f"task: {expected_one_of(name, TASKS.names())}")
+    return TASKS.get(name)
+
+
+def gate_metric_names(task: str) -> list[str]:
+    """The metrics `task` reports (any of them can be gated)."""
+    return [info.name for info in get_task(task).metric_infos]
+
+
+def _register_metrics() -> None:
+    for name in TASKS.names():
+        for info in TASKS.get(name).metric_infos:
+            METRICS.add(info)
+
+
+_register_metrics()
+
+__all__ = ["TASKS", "CustomMetric", "LabelError", "Task", "gate_metric_names", "get_task"]

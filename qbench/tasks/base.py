@@ -1,0 +1,143 @@
+"""The contract of a task: how its labels are read, which outputs it evaluates, its metrics, its QAT loss.
+
+A task is one module holding one `Task` subclass, registered by name in `qbench.tasks`.
+Everything task-specific that the pipeline needs goes through this interface, so a new
+task never falls into another task's path.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+import numpy as np
+
+from qbench.errors import QbenchError
+from qbench.modelinfo import TensorMeta
+from qbench.results import SliceMetrics
+from qbench.validate import metrics
+from qbench.validate.metrics import MetricInfo
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+
+class LabelError(QbenchError):
+    """Labels that do not fit the task; the caller turns it into a RecipeError naming the label column."""
+
+
+class RowSummary(Protocol):
+    """Per-row quantities computed once over all evaluation rows; a slice is a boolean mask over them."""
+
+    def summarise(self, name: str, mask: np.ndarray) -> SliceMetrics: ...
+
+
+@dataclass(frozen=True)
+class CustomMetric:
+    """A recipe's own per-slice metric: `function(outputs, labels[, reference_outputs]) -> float`."""
+
+    name: str
+    function: Callable[..., float]
+    higher_is_better: bool
+    wants_reference: bool
+
+    def value(self, outputs: np.ndarray, labels: np.ndarray | None, reference: np.ndarray) -> float:
+        args: tuple[Any, ...] = (outputs, labels, reference) if self.wants_reference else (outputs, labels)
+        try:
+            return float(self.function(*args))
+        except Exception as exc:  # noqa: BLE001 - user code: report which metric failed and why
+            raise QbenchError(f"custom metric {self.name!r} failed: {type(exc).__name__}: {exc}") from exc
+
+
+def wilson(rate: float, n: int) -> tuple[float, float]:
+    """Wilson interval of a rate measured over `n` rows (the count is recovered from the rate)."""
+    if n == 0 or np.isnan(rate):
+        return metrics.wilson_interval(0, 0)
+    return metrics.wilson_interval(round(rate * n), n)
+
+
+def mean_or_nan(values: np.ndarray) -> float:
+    return float(np.mean(values)) if np.size(values) else float("nan")
+
+
+def example_rows(bad: np.ndarray, values: Sequence[Any], positions: np.ndarray | None = None) -> str:
+    """'3 rows, e.g. row 17: 2.5' for the rows flagged in `bad` (positions: the data-file row numbers)."""
+    where = np.flatnonzero(bad)
+    first = int(where[0])
+    row = int(positions[first]) if positions is not None else first
+    return f"{where.size} row{'s' if where.size != 1 else ''}, e.g. row {row}: {values[first]!r}"
+
+
+class Task(ABC):
+    """One kind of model output and how it is judged against labels and against FP32."""
+
+    name: ClassVar[str]
+    metric_infos: ClassVar[tuple[MetricInfo, ...]]
+    default_gate_metric: ClassVar[str]
+
+    # -- labels ----------------------------------------------------------------------------------
+
+    @abstractmethod
+    def labels_from_values(self, values: Sequence[Any], positions: np.ndarray) -> np.ndarray:
+        """The label column's values (one per evaluation row) as the array the metrics use.
+
+        Raises LabelError naming the bad count and an example row (positions: data-file row numbers).
+        """
+
+    def check_labels(self, labels: np.ndarray, output: TensorMeta, positions: np.ndarray) -> None:
+        """Labels against what the chosen output can express (class count, label width); LabelError if not."""
+
+    # -- outputs ---------------------------------------------------------------------------------
+
+    @abstractmethod
+    def output_rank(self, output: TensorMeta) -> int | None:
+        """How well `output` suits this task when the recipe names none (0 = best); None: not evaluable."""
+
+    @abstractmethod
+    def output_problem(self, output: TensorMeta) -> str | None:
+        """Why this task cannot evaluate `output` (None when it can); shown when the recipe names it."""
+
+    # -- evaluation ------------------------------------------------------------------------------
+
+    @abstractmethod
+    def rows(self, outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None) -> RowSummary:
+        """Per-row quantities of `outputs` vs `reference` (FP32) and `labels`, ready to summarise per slice."""
+
+    # -- QAT ---------------------------------------------------------------------------------------
+
+    def qat_label_targets(self, labels: np.ndarray, output: torch.Tensor) -> torch.Tensor:
+        """Labels as the targets of `qat_loss('label', ...)`, checked against a sample of the module's output."""
+        raise QbenchError(f"task {self.name!r} has no label loss for QAT; use qat.loss 'distill'")
+
+    def qat_distill_targets(self, teacher_output: torch.Tensor) -> torch.Tensor:
+        """The FP32 teacher's output as the targets of `qat_loss('distill', ...)`."""
+        return teacher_output.detach()
+
+    def qat_loss(self, kind: str, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The fine-tuning loss of `output` against targets from qat_label_targets / qat_distill_targets."""
+        import torch.nn.functional as F
+
+        if kind == "label":
+            raise QbenchError(f"task {self.name!r} has no label loss for QAT; use qat.loss 'distill'")
+        return F.mse_loss(output, targets)
+
+
+def is_float(output: TensorMeta) -> bool:
+    return output.kind == "tensor" and output.dtype.kind == "f"
+
+
+def is_integer(output: TensorMeta) -> bool:
+    return output.kind == "tensor" and output.dtype.kind in "iub"
+
+
+def float_output_problem(task: str, output: TensorMeta) -> str | None:
+    """The common refusal of tasks that read only float tensors (embedding, regression, multilabel)."""
+    if output.passthrough_of is not None:
+        return f"output {output.name!r} is a copy of the input {output.passthrough_of!r}, not a prediction"
+    if output.kind != "tensor":
+        return f"output {output.name!r} is a {output.type_name}, not a float tensor: task {task!r} cannot read it"
+    if not is_float(output):
+        return f"output {output.name!r} holds {output.dtype} values: task {task!r} reads float outputs only"
+    return None

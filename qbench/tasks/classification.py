@@ -1,0 +1,187 @@
+"""Classification: class scores (logits, probabilities, a {class: probability} map) or class ids.
+
+A float output of shape (rows, classes) — or a converter's ZipMap, read as such a matrix — gives
+accuracy, agreement and flip rate of the top-1 class, the KL divergence of the softmax and the
+largest score difference. A 1-D integer output is class ids and gives accuracy, agreement and
+flip rate only: an integer is never read as a score.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from qbench.modelinfo import TensorMeta
+from qbench.results import SliceMetrics
+from qbench.tasks.base import LabelError, RowSummary, Task, example_rows, is_float, is_integer, mean_or_nan, wilson
+from qbench.validate import metrics
+from qbench.validate.metrics import MetricInfo
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+_STRUCTURED = "structured outputs (detection boxes, masks, sequences) are not supported"
+
+
+def _integral(value: Any) -> bool:
+    if isinstance(value, (bool, np.bool_, int, np.integer)):
+        return True
+    return isinstance(value, (float, np.floating)) and float(value).is_integer()
+
+
+def class_count(output: TensorMeta) -> int | None:
+    """How many classes a score output has, when the graph says (a static last dim, or a ZipMap's keys)."""
+    if output.kind == "map":
+        return None if output.class_keys is None else len(output.class_keys)
+    if is_float(output) and output.shape and output.shape[-1] is not None:
+        return 2 if output.shape[-1] == 1 else output.shape[-1]
+    return None
+
+
+def _score_shape_problem(output: TensorMeta) -> str | None:
+    if len(output.shape) > 2 and any(d != 1 for d in output.shape[1:-1]):
+        return f"output {output.name!r} has shape {list(output.shape)}, not (rows, classes): {_STRUCTURED}"
+    return None
+
+
+@dataclass(frozen=True)
+class ClassificationRows:
+    outputs: np.ndarray
+    reference: np.ndarray
+    labels: np.ndarray | None
+    predicted: np.ndarray
+    reference_predicted: np.ndarray
+    kl: np.ndarray | None  # None for class-id outputs
+
+    def summarise(self, name: str, mask: np.ndarray) -> SliceMetrics:
+        size = int(np.count_nonzero(mask))
+        predicted, reference_predicted = self.predicted[mask], self.reference_predicted[mask]
+        agreement = metrics.agreement(predicted, reference_predicted)
+        flips = metrics.flip_rate(predicted, reference_predicted)
+        accuracy = agreement if self.labels is None else metrics.accuracy(predicted, self.labels[mask])
+        values = {"accuracy": accuracy, "agreement": agreement, "flip_rate": flips}
+        intervals = {name_: wilson(value, size) for name_, value in values.items()}
+        if self.kl is not None:
+            kl = self.kl[mask]
+            values["kl_mean"] = mean_or_nan(kl)
+            values["max_abs_error"] = metrics.max_abs_error(self.outputs[mask], self.reference[mask])
+            intervals["kl_mean"] = metrics.mean_interval(kl)
+        return SliceMetrics(name=name, size=size, metrics=values, intervals=intervals)
+
+
+def _class_ids(outputs: np.ndarray) -> np.ndarray:
+    return np.asarray(outputs).reshape(np.shape(outputs)[0]).astype(np.int64)
+
+
+class Classification(Task):
+    name = "classification"
+    metric_infos = (
+        MetricInfo("accuracy", True, "top-1 accuracy vs labels (vs FP32 top-1 without labels)"),
+        MetricInfo("agreement", True, "fraction of rows whose top-1 matches FP32"),
+        MetricInfo("flip_rate", False, "fraction of rows whose top-1 differs from FP32"),
+        MetricInfo("kl_mean", False, "mean KL(FP32 || variant) of the softmax outputs (score outputs only)"),
+        MetricInfo("max_abs_error", False, "largest absolute difference from the FP32 output"),
+    )
+    default_gate_metric = "accuracy"
+
+    def labels_from_values(self, values: Sequence[Any], positions: np.ndarray) -> np.ndarray:
+        missing = np.array([v is None or (isinstance(v, float) and np.isnan(v)) for v in values], dtype=bool)
+        if missing.any():
+            raise LabelError(f"{example_rows(missing, values, positions)} have no label; expected integer class ids")
+        not_ids = np.array([not _integral(v) for v in values], dtype=bool)
+        if not_ids.any():
+            raise LabelError(f"{example_rows(not_ids, values, positions)} are not integer class ids")
+        labels = np.array([int(v) for v in values], dtype=np.int64)
+        negative = labels < 0
+        if negative.any():
+            raise LabelError(f"{example_rows(negative, values, positions)} are negative; expected class ids >= 0")
+        return labels
+
+    def check_labels(self, labels: np.ndarray, output: TensorMeta, positions: np.ndarray) -> None:
+        if output.kind == "map" and output.class_keys is not None and all(isinstance(k, int) for k in output.class_keys):
+            outside = ~np.isin(labels, np.array(output.class_keys, dtype=np.int64))
+            if outside.any():
+                keys = ", ".join(str(k) for k in output.class_keys)
+                raise LabelError(
+                    f"{example_rows(outside, labels.tolist(), positions)} hold classes the output "
+                    f"{output.name!r} does not have (its classes: {keys})"
+                )
+            return
+        classes = class_count(output)
+        if classes is not None:
+            outside = labels >= classes
+            if outside.any():
+                raise LabelError(
+                    f"{example_rows(outside, labels.tolist(), positions)} hold class ids outside 0..{classes - 1} "
+                    f"(output {output.name!r} has {classes} classes)"
+                )
+
+    def output_rank(self, output: TensorMeta) -> int | None:
+        if self.output_problem(output) is not None:
+            return None
+        return 1 if is_integer(output) else 0  # scores say more than ids
+
+    def output_problem(self, output: TensorMeta) -> str | None:
+        if output.passthrough_of is not None:
+            return f"output {output.name!r} is a copy of the input {output.passthrough_of!r}, not a prediction"
+        if output.kind == "map":
+            return None if output.dtype.kind == "f" else f"output {output.name!r} ({output.type_name}) has no float scores"
+        if output.kind != "tensor":
+            return f"output {output.name!r} is a {output.type_name}: {_STRUCTURED}"
+        if is_integer(output):
+            if len(output.shape) > 2 or (len(output.shape) == 2 and output.shape[1] != 1):
+                return f"integer output {output.name!r} of shape {list(output.shape)} is neither class ids nor scores"
+            return None
+        if not is_float(output):
+            return f"output {output.name!r} holds {output.dtype} values, neither class ids nor scores"
+        return _score_shape_problem(output)
+
+    def rows(self, outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None) -> RowSummary:
+        outputs, reference = np.asarray(outputs), np.asarray(reference)
+        if labels is not None and np.asarray(labels).dtype.kind not in "biu":
+            raise LabelError(f"labels must be integer class indices, got {np.asarray(labels).dtype} values")
+        if outputs.dtype.kind in "iub":
+            return ClassificationRows(
+                outputs, reference, labels, _class_ids(outputs), _class_ids(reference), kl=None
+            )
+        columns = 1 if outputs.ndim == 1 else int(outputs.shape[-1])
+        if labels is not None and labels.size and columns > 1 and int(labels.max()) >= columns:
+            raise LabelError(f"labels go up to class {int(labels.max())} but the output has {columns} classes")
+        return ClassificationRows(
+            outputs, reference, labels, metrics.top1(outputs), metrics.top1(reference),
+            kl=metrics.kl_rows(reference, outputs),
+        )  # fmt: skip
+
+    def qat_label_targets(self, labels: np.ndarray, output: torch.Tensor) -> torch.Tensor:
+        import torch
+
+        if output.ndim != 2:
+            raise LabelError(
+                f"qat.loss 'label' needs class scores [batch, classes] as the model's first output; "
+                f"it returns shape {list(output.shape)} (use loss 'distill')"
+            )
+        targets = torch.as_tensor(np.array(labels)).long()
+        if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= output.shape[1]):
+            raise LabelError(
+                f"qat.loss 'label' needs labels in 0..{output.shape[1] - 1}; got {int(targets.min())}..{int(targets.max())}"
+            )
+        return targets
+
+    def qat_distill_targets(self, teacher_output: torch.Tensor) -> torch.Tensor:
+        import torch.nn.functional as F
+
+        return F.log_softmax(teacher_output.detach(), dim=-1)
+
+    def qat_loss(self, kind: str, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        import torch.nn.functional as F
+
+        if kind == "label":
+            return F.cross_entropy(output, targets)
+        # KL(teacher || student) over the last dimension, averaged over rows
+        return F.kl_div(F.log_softmax(output, dim=-1), targets, reduction="batchmean", log_target=True)
+
+
+CLASSIFICATION = Classification()

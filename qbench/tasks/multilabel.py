@@ -1,0 +1,124 @@
+"""Multilabel: an independent yes/no per label (sigmoid probabilities or logits), labels a 0/1 row each.
+
+Outputs whose every finite FP32 value lies in [0, 1] are read as probabilities (threshold 0.5),
+others as logits (threshold 0), and a variant is read the same way as FP32. Without labels,
+micro/macro F1 are measured against FP32's decisions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from qbench.modelinfo import TensorMeta
+from qbench.results import SliceMetrics
+from qbench.tasks.base import LabelError, RowSummary, Task, example_rows, float_output_problem, mean_or_nan, wilson
+from qbench.validate import metrics
+from qbench.validate.metrics import MetricInfo
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+
+def _zero_one_row(value: Any) -> bool:
+    try:
+        row = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        return False
+    return row.ndim == 1 and row.size > 0 and bool(np.isin(row, (0.0, 1.0)).all())
+
+
+@dataclass(frozen=True)
+class MultilabelRows:
+    outputs: np.ndarray
+    reference: np.ndarray
+    predicted: np.ndarray  # (rows, labels) 0/1
+    reference_predicted: np.ndarray
+    target: np.ndarray  # labels, or FP32's decisions without labels
+
+    def summarise(self, name: str, mask: np.ndarray) -> SliceMetrics:
+        size = int(np.count_nonzero(mask))
+        predicted, reference_predicted = self.predicted[mask], self.reference_predicted[mask]
+        same = predicted == reference_predicted
+        label_agreement = mean_or_nan(same)
+        row_agreement = mean_or_nan(same.all(axis=1))
+        values = {
+            "micro_f1": metrics.micro_f1(predicted, self.target[mask]),
+            "macro_f1": metrics.macro_f1(predicted, self.target[mask]),
+            "label_agreement": label_agreement,
+            "row_agreement": row_agreement,
+            "max_abs_error": metrics.max_abs_error(self.outputs[mask], self.reference[mask]),
+        }
+        intervals = {"row_agreement": wilson(row_agreement, size)}
+        return SliceMetrics(name=name, size=size, metrics=values, intervals=intervals)
+
+
+class Multilabel(Task):
+    name = "multilabel"
+    metric_infos = (
+        MetricInfo("micro_f1", True, "F1 over all (row, label) decisions vs labels (vs FP32 without labels)"),
+        MetricInfo("macro_f1", True, "mean per-label F1 vs labels (vs FP32 without labels)"),
+        MetricInfo("label_agreement", True, "fraction of (row, label) decisions equal to FP32's"),
+        MetricInfo("row_agreement", True, "fraction of rows whose every label decision equals FP32's"),
+        MetricInfo("max_abs_error", False, "largest absolute difference from the FP32 output"),
+    )
+    default_gate_metric = "micro_f1"
+
+    def labels_from_values(self, values: Sequence[Any], positions: np.ndarray) -> np.ndarray:
+        bad = np.array([not _zero_one_row(v) for v in values], dtype=bool)
+        if bad.any():
+            raise LabelError(f"{example_rows(bad, values, positions)} are not lists of 0/1 per label")
+        widths = np.array([len(v) for v in values])
+        uneven = widths != widths[0]
+        if uneven.any():
+            raise LabelError(
+                f"{example_rows(uneven, values, positions)} have another label count than the first row's {widths[0]}"
+            )
+        return np.array([np.asarray(v, dtype=np.int64) for v in values]).reshape(len(values), int(widths[0]))
+
+    def check_labels(self, labels: np.ndarray, output: TensorMeta, positions: np.ndarray) -> None:
+        width = output.shape[-1] if len(output.shape) == 2 else None
+        if width is not None and width != labels.shape[1]:
+            raise LabelError(f"rows have {labels.shape[1]} labels but output {output.name!r} scores {width}")
+
+    def output_rank(self, output: TensorMeta) -> int | None:
+        return None if self.output_problem(output) is not None else 0
+
+    def output_problem(self, output: TensorMeta) -> str | None:
+        problem = float_output_problem(self.name, output)
+        if problem is None and len(output.shape) != 2:
+            return f"output {output.name!r} has shape {list(output.shape)}, not (rows, labels)"
+        return problem
+
+    def rows(self, outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None) -> RowSummary:
+        outputs, reference = np.asarray(outputs), np.asarray(reference)
+        if outputs.dtype.kind != "f" or outputs.ndim != 2:
+            raise LabelError(f"task 'multilabel' reads (rows, labels) float outputs, got {outputs.dtype} {outputs.shape}")
+        if labels is not None and labels.shape != outputs.shape:
+            raise LabelError(f"labels have shape {labels.shape}, the output {outputs.shape}")
+        as_probabilities = metrics.looks_like_sigmoid(reference)
+        predicted = metrics.multilabel_predictions(outputs, as_probabilities)
+        reference_predicted = metrics.multilabel_predictions(reference, as_probabilities)
+        target = reference_predicted if labels is None else labels
+        return MultilabelRows(outputs, reference, predicted, reference_predicted, target)
+
+    def qat_label_targets(self, labels: np.ndarray, output: torch.Tensor) -> torch.Tensor:
+        import torch
+
+        if tuple(output.shape[1:]) != tuple(np.shape(labels)[1:]):
+            raise LabelError(f"qat.loss 'label': labels are {np.shape(labels)[1:]} per row, the output {list(output.shape)}")
+        return torch.as_tensor(np.array(labels), dtype=torch.float32)
+
+    def qat_distill_targets(self, teacher_output: torch.Tensor) -> torch.Tensor:
+        return teacher_output.detach().sigmoid()
+
+    def qat_loss(self, kind: str, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        import torch.nn.functional as F
+
+        return F.binary_cross_entropy_with_logits(output, targets)
+
+
+MULTILABEL = Multilabel()

@@ -1,0 +1,121 @@
+"""Regression: one or more float values per row, judged against float labels and against FP32.
+
+Without labels, mae / rmse / r2 / max_error are measured against the FP32 outputs instead.
+A row agrees with FP32 when every one of its values is within AGREEMENT_TOLERANCE x the
+standard deviation of the FP32 outputs (a scale-free tolerance: the model's units are unknown).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from qbench.modelinfo import TensorMeta
+from qbench.results import SliceMetrics
+from qbench.tasks.base import LabelError, RowSummary, Task, example_rows, float_output_problem, mean_or_nan, wilson
+from qbench.validate import metrics
+from qbench.validate.metrics import MetricInfo
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+AGREEMENT_TOLERANCE = 0.01
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
+def agreeing_rows(outputs: np.ndarray, reference: np.ndarray, tolerance: float) -> np.ndarray:
+    """1.0 for rows whose every |output - reference| <= tolerance, else 0.0 (NaN/inf never agree)."""
+    outputs, reference = np.asarray(outputs, dtype=np.float64), np.asarray(reference, dtype=np.float64)
+    difference = np.abs(outputs - reference).reshape(outputs.shape[0], -1)
+    with np.errstate(invalid="ignore"):
+        return (np.isfinite(difference) & (difference <= tolerance)).all(axis=1).astype(np.float64)
+
+
+@dataclass(frozen=True)
+class RegressionRows:
+    outputs: np.ndarray  # (rows, targets) float64
+    reference: np.ndarray
+    target: np.ndarray  # labels, or the FP32 outputs without labels
+    agrees: np.ndarray
+
+    def summarise(self, name: str, mask: np.ndarray) -> SliceMetrics:
+        size = int(np.count_nonzero(mask))
+        outputs, target = self.outputs[mask], self.target[mask]
+        agreement = mean_or_nan(self.agrees[mask])
+        errors = np.abs(outputs - target)
+        values = {
+            "mae": metrics.mean_absolute_error(outputs, target),
+            "rmse": metrics.root_mean_squared_error(outputs, target),
+            "r2": metrics.r2_score(outputs, target),
+            "max_error": float(np.max(errors)) if errors.size else math.nan,
+            "agreement": agreement,
+            "max_abs_error": metrics.max_abs_error(outputs, self.reference[mask]),
+        }
+        intervals = {"mae": metrics.mean_interval(errors.mean(axis=1)), "agreement": wilson(agreement, size)}
+        return SliceMetrics(name=name, size=size, metrics=values, intervals=intervals)
+
+
+class Regression(Task):
+    name = "regression"
+    metric_infos = (
+        MetricInfo("mae", False, "mean absolute error vs labels (vs FP32 without labels)"),
+        MetricInfo("rmse", False, "root mean squared error vs labels (vs FP32 without labels)"),
+        MetricInfo("r2", True, "coefficient of determination vs labels (vs FP32 without labels)"),
+        MetricInfo("max_error", False, "largest absolute error vs labels (vs FP32 without labels)"),
+        MetricInfo("agreement", True, "fraction of rows within 1% of the FP32 outputs' spread of FP32"),
+        MetricInfo("max_abs_error", False, "largest absolute difference from the FP32 output"),
+    )
+    default_gate_metric = "mae"
+
+    def labels_from_values(self, values: Sequence[Any], positions: np.ndarray) -> np.ndarray:
+        bad = np.array([not _is_number(v) or not math.isfinite(float(v)) for v in values], dtype=bool)
+        if bad.any():
+            raise LabelError(f"{example_rows(bad, values, positions)} are not finite numbers; expected float targets")
+        return np.array([float(v) for v in values], dtype=np.float64)
+
+    def check_labels(self, labels: np.ndarray, output: TensorMeta, positions: np.ndarray) -> None:
+        width = output.shape[-1] if len(output.shape) == 2 else 1 if len(output.shape) == 1 else None
+        if width is not None and width != 1 or len(output.shape) > 2:
+            raise LabelError(f"one target per row, but output {output.name!r} has shape {list(output.shape)}")
+
+    def output_rank(self, output: TensorMeta) -> int | None:
+        return None if self.output_problem(output) is not None else 0
+
+    def output_problem(self, output: TensorMeta) -> str | None:
+        return float_output_problem(self.name, output)
+
+    def rows(self, outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None) -> RowSummary:
+        if np.asarray(outputs).dtype.kind != "f":
+            raise LabelError(f"task 'regression' reads float outputs only, got {np.asarray(outputs).dtype} values")
+        rows = np.shape(outputs)[0]
+        out = np.asarray(outputs, dtype=np.float64).reshape(rows, -1)
+        ref = np.asarray(reference, dtype=np.float64).reshape(rows, -1)
+        if labels is not None and out.shape[1] != 1:
+            raise LabelError(f"one target per row, but the output has {out.shape[1]} values per row")
+        target = ref if labels is None else np.asarray(labels, dtype=np.float64).reshape(rows, 1)
+        finite = ref[np.isfinite(ref)]
+        tolerance = AGREEMENT_TOLERANCE * float(np.std(finite)) if finite.size else 0.0
+        return RegressionRows(out, ref, target, agreeing_rows(out, ref, tolerance))
+
+    def qat_label_targets(self, labels: np.ndarray, output: torch.Tensor) -> torch.Tensor:
+        import torch
+
+        targets = torch.as_tensor(np.array(labels), dtype=torch.float32)
+        if output.reshape(output.shape[0], -1).shape[1] != 1:
+            raise LabelError(f"qat.loss 'label' needs one value per row; the model returns {list(output.shape)}")
+        return targets
+
+    def qat_loss(self, kind: str, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        import torch.nn.functional as F
+
+        return F.mse_loss(output.reshape(targets.shape) if kind == "label" else output, targets)
+
+
+REGRESSION = Regression()

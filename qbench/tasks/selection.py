@@ -1,0 +1,68 @@
+"""Which model outputs a task evaluates: the recipe's choice, checked, or one picked by the task's rules."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from qbench.errors import QbenchError, expected_one_of
+from qbench.modelinfo import ModelInfo, TensorMeta
+from qbench.tasks.base import Task
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class OutputChoice:
+    """One evaluated output: its position in the model's outputs and what it is."""
+
+    index: int
+    meta: TensorMeta
+
+    @property
+    def name(self) -> str:
+        return self.meta.name
+
+
+def _listing(model: ModelInfo) -> str:
+    return "; ".join(meta.describe() for meta in model.outputs.values())
+
+
+def choose_outputs(task: Task, model: ModelInfo, wanted: Sequence[str] | None) -> list[OutputChoice]:
+    """The outputs to evaluate, in the order given. QbenchError naming the outputs when the choice is
+    impossible: a named output the task cannot read (an integer for embedding, a copy of an input, a
+    structured output), or no/several equally suitable outputs when the recipe names none."""
+    names = list(model.outputs)
+    if wanted:
+        return [_named(task, model, name, names) for name in wanted]
+    ranked = [(rank, i) for i, meta in enumerate(model.outputs.values()) if (rank := task.output_rank(meta)) is not None]
+    for meta in model.outputs.values():
+        if meta.passthrough_of is not None:
+            log.info("output %r skipped: it is a copy of the input %r", meta.name, meta.passthrough_of)
+    if not ranked:
+        reasons = "; ".join(str(task.output_problem(meta)) for meta in model.outputs.values())
+        raise QbenchError(f"no output task {task.name!r} can evaluate: {reasons}")
+    best = min(rank for rank, _ in ranked)
+    tied = [i for rank, i in ranked if rank == best]
+    if len(tied) > 1:
+        candidates = ", ".join(repr(names[i]) for i in tied)
+        raise QbenchError(
+            f"the model has several outputs task {task.name!r} could evaluate ({candidates}); name one in "
+            f"model.output (or several in model.outputs). Outputs: {_listing(model)}"
+        )
+    choice = OutputChoice(tied[0], model.outputs[names[tied[0]]])
+    log.info("evaluating output %s (task %s; model.output not set)", choice.meta.describe(), task.name)
+    return [choice]
+
+
+def _named(task: Task, model: ModelInfo, name: str, names: list[str]) -> OutputChoice:
+    if name not in model.outputs:
+        raise QbenchError(f"model output {expected_one_of(name, names)}")
+    meta = model.outputs[name]
+    problem = task.output_problem(meta)
+    if problem is not None:
+        usable = [m.describe() for m in model.outputs.values() if task.output_rank(m) is not None]
+        hint = f"; outputs it can read: {', '.join(usable)}" if usable else "; no output of this model is one"
+        raise QbenchError(f"{problem}{hint}")
+    return OutputChoice(names.index(name), meta)

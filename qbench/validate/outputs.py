@@ -1,0 +1,91 @@
+"""Model outputs as arrays: run every evaluation row in batches and keep the chosen outputs.
+
+A sequence of {class: score} maps (a converter's ZipMap) becomes a (rows, classes) matrix.
+Integer keys give the column: column k holds class k's score (absent classes score 0), so the
+argmax is the class id itself; other keys take their sorted position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from qbench.backends.base import Runner
+from qbench.console import track
+from qbench.errors import QbenchError
+
+
+def maps_to_matrix(rows: Sequence[Mapping[Any, float]]) -> np.ndarray:
+    """(rows, classes) float32 from per-row {class: score} maps (see the module docstring for columns)."""
+    keys = sorted({key for row in rows for key in row})
+    if keys and all(isinstance(k, (int, np.integer)) and not isinstance(k, bool) for k in keys):
+        if int(keys[0]) < 0:
+            raise QbenchError(f"the output maps classes to scores with a negative class key ({keys[0]})")
+        columns = {key: int(key) for key in keys}
+        width = int(keys[-1]) + 1
+    else:
+        columns = {key: position for position, key in enumerate(keys)}
+        width = len(keys)
+    matrix = np.zeros((len(rows), width), dtype=np.float32)
+    for row_index, row in enumerate(rows):
+        for key, score in row.items():
+            matrix[row_index, columns[key]] = score
+    return matrix
+
+
+def as_array(value: Any, name: str) -> np.ndarray:
+    """One batch of one output as an array; a list of maps becomes a score matrix."""
+    if isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, list) and all(isinstance(row, Mapping) for row in value):
+        return maps_to_matrix(value)
+    array = np.asarray(value)
+    if array.dtype == object:
+        raise QbenchError(f"output {name!r} is not a tensor or a sequence of maps ({type(value).__name__})")
+    return array
+
+
+def row_count(feeds: Mapping[str, np.ndarray]) -> int:
+    """The number of rows in `feeds`; every input must have the same number."""
+    if not feeds:
+        raise QbenchError("no model inputs to feed")
+    counts = {name: int(np.shape(array)[0]) if np.ndim(array) else 0 for name, array in feeds.items()}
+    if len(set(counts.values())) != 1:
+        raise QbenchError(f"model inputs have different row counts: {counts}")
+    return next(iter(counts.values()))
+
+
+def run_outputs(
+    runner: Runner,
+    feeds: Mapping[str, np.ndarray],
+    batch_size: int,
+    outputs: Mapping[str, int],
+    description: str = "evaluate",
+) -> dict[str, np.ndarray]:
+    """Every row through `runner` in batches of `batch_size`; output name -> its index's values, concatenated."""
+    if batch_size <= 0:
+        raise QbenchError(f"batch_size must be positive, got {batch_size}")
+    rows = row_count(feeds)
+    starts = range(0, rows, batch_size)
+    chunks: dict[str, list[np.ndarray]] = {name: [] for name in outputs}
+    for start in track(starts, description, total=len(starts)):
+        results = runner.run({name: array[start : start + batch_size] for name, array in feeds.items()})
+        for name, index in outputs.items():
+            if not -len(results) <= index < len(results):
+                raise QbenchError(f"output index {index} is out of range: the model has {len(results)} outputs")
+            chunks[name].append(as_array(results[index], name))
+    return {
+        name: _concatenate(parts) for name, parts in chunks.items()
+    }
+
+
+def _concatenate(parts: list[np.ndarray]) -> np.ndarray:
+    if not parts:
+        return np.empty((0,), dtype=np.float32)
+    widths = {part.shape[1:] for part in parts}
+    if len(widths) > 1 and all(part.ndim == 2 for part in parts):  # maps whose batches lack the top classes
+        width = max(part.shape[1] for part in parts)
+        parts = [np.pad(part, ((0, 0), (0, width - part.shape[1]))) for part in parts]
+    return np.concatenate(parts, axis=0)
