@@ -170,15 +170,17 @@ def report(
 def list_registered() -> int:
     """What qbench can build and run here: precisions, calibrators, backends, gate metrics."""
     from qbench.backends import BACKENDS
-    from qbench.validate.metrics import METRICS
+    from qbench.tasks import TASKS
     from qbench.variants import CALIBRATORS, PRECISIONS
 
     out.print(f"precisions:  {', '.join(PRECISIONS.names())}")
     out.print("calibrators: " + ", ".join(f"{n} ({'/'.join(p)})" for n, p in sorted(CALIBRATORS.items())))
     out.print(f"backends:    {', '.join(BACKENDS.names())}")
-    for name, info in METRICS.items():
-        direction = "higher is better" if info.higher_is_better else "lower is better"
-        out.print(f"metric {name:<14} {'/'.join(info.tasks):<28} {direction}: {info.description}")
+    out.print(f"tasks:       {', '.join(TASKS.names())}")
+    for task in TASKS.names():
+        for info in TASKS.get(task).metric_infos:
+            direction = "higher is better" if info.higher_is_better else "lower is better"
+            out.print(f"metric {info.name:<15} {task:<15} {direction}: {info.description}")
     return 0
 
 

@@ -19,7 +19,6 @@ from qbench.data import (
     build_feeds,
     draw_calibration_sample,
     iter_batches,
-    labels_array,
     load_table,
     per_slice_counts,
     row_ids_sha256,
@@ -31,6 +30,9 @@ from qbench.modelinfo import ModelInfo, read_model_info
 from qbench.recipe import Recipe
 from qbench.results import CalibrationRecord
 from qbench.sources import ModelSource, resolve_model
+from qbench.tasks import CustomMetric, LabelError, Task, get_task
+from qbench.tasks.custom import load_custom_metrics
+from qbench.tasks.selection import OutputChoice, choose_outputs
 from qbench.variants.base import TrainingData
 
 Feeds = dict[str, np.ndarray]
@@ -46,8 +48,7 @@ class Prepared:
     recipe: Recipe
     source: ModelSource
     model: ModelInfo
-    output_name: str
-    output_index: int
+    outputs: tuple[OutputChoice, ...]  # the evaluated outputs (one unless model.outputs names several)
     evaluation_rows: np.ndarray
     evaluation_feeds: Feeds
     labels: np.ndarray | None
@@ -56,6 +57,21 @@ class Prepared:
     calibration: CalibrationRecord
     calibration_overlap: int  # rows used both to calibrate and to evaluate (overlap flatters INT8)
     training: dict[str, TrainingData]  # variant name -> rows it fine-tunes on (QAT variants only)
+    custom_metrics: tuple[CustomMetric, ...] = ()
+
+    @property
+    def output_name(self) -> str:
+        """The first evaluated output (the only one for most recipes)."""
+        return self.outputs[0].name
+
+    @property
+    def output_index(self) -> int:
+        return self.outputs[0].index
+
+    @property
+    def output_indices(self) -> dict[str, int]:
+        """Evaluated output name -> its index in the model's outputs."""
+        return {choice.name: choice.index for choice in self.outputs}
 
 
 def prepare(recipe: Recipe) -> Prepared:
@@ -64,18 +80,16 @@ def prepare(recipe: Recipe) -> Prepared:
     _check_quantizer_options(recipe)
     source = resolve_model(recipe)
     model = _read_model(recipe, source.onnx_path)
-    output_name, output_index = _pick_output(recipe, model)
+    task = get_task(recipe.task)
+    outputs = _pick_outputs(recipe, task, model)
+    custom_metrics = load_custom_metrics(recipe)
     table = load_table(recipe.data_path, recipe_file=recipe.source)
     eval_rows = select_rows(table, recipe.data.evaluation.filter, field="data.evaluation.filter", recipe_file=recipe.source)
     if recipe.data.evaluation.limit is not None:
         eval_rows = eval_rows[: recipe.data.evaluation.limit]
     masks = slice_masks(table, recipe.data.slices, recipe_file=recipe.source, inputs=recipe.data.inputs)
     eval_slices = _evaluation_slices(recipe, masks, eval_rows)
-    labels = (
-        labels_array(table, eval_rows, recipe.data.label, recipe_file=recipe.source)
-        if recipe.data.label is not None
-        else None
-    )
+    labels = _labels(recipe, task, table, eval_rows, outputs)
     eval_feeds = build_feeds(table, eval_rows, recipe.data.inputs, model.inputs, recipe_file=recipe.source)
     calibration_table = (
         load_table(recipe.calibration_data_path, recipe_file=recipe.source, field="data.calibration.path")
@@ -87,8 +101,7 @@ def prepare(recipe: Recipe) -> Prepared:
         recipe=recipe,
         source=source,
         model=model,
-        output_name=output_name,
-        output_index=output_index,
+        outputs=tuple(outputs),
         evaluation_rows=eval_rows,
         evaluation_feeds=eval_feeds,
         labels=labels,
@@ -105,7 +118,8 @@ def prepare(recipe: Recipe) -> Prepared:
         calibration_overlap=(
             int(np.intersect1d(eval_rows, calibration_rows).size) if calibration_table is table else 0
         ),
-        training=_training(recipe, table, model),
+        training=_training(recipe, task, table, model, outputs),
+        custom_metrics=custom_metrics,
     )
 
 
@@ -140,14 +154,33 @@ def _read_model(recipe: Recipe, path: Path) -> ModelInfo:
         raise RecipeError(recipe.source, field, f"cannot read ONNX model {path}: {exc}") from None
 
 
-def _pick_output(recipe: Recipe, model: ModelInfo) -> tuple[str, int]:
-    names = list(model.outputs)
-    wanted = recipe.model.output
-    if wanted is None:
-        return names[0], 0
-    if wanted not in model.outputs:
-        raise RecipeError(recipe.source, "model.output", f"model output {expected_one_of(wanted, names)}")
-    return wanted, names.index(wanted)
+def _pick_outputs(recipe: Recipe, task: Task, model: ModelInfo) -> list[OutputChoice]:
+    """model.output / model.outputs, checked against what the task can read, or the task's own pick."""
+    wanted = recipe.model.outputs or ([recipe.model.output] if recipe.model.output is not None else None)
+    field = "model.outputs" if recipe.model.outputs is not None else "model.output"
+    try:
+        return choose_outputs(task, model, wanted)
+    except QbenchError as exc:
+        raise RecipeError(recipe.source, field, str(exc)) from None
+
+
+def _labels(
+    recipe: Recipe, task: Task, table: pd.DataFrame, rows: np.ndarray, outputs: list[OutputChoice]
+) -> np.ndarray | None:
+    """The label column read and checked by the task (type, then against every evaluated output)."""
+    column = recipe.data.label
+    if column is None:
+        return None
+    if column not in table.columns:
+        raise RecipeError(recipe.source, "data.label", expected_one_of(column, [str(c) for c in table.columns]))
+    positions = np.asarray(rows)
+    try:
+        labels = task.labels_from_values(table[column].iloc[positions].tolist(), positions)
+        for choice in outputs:
+            task.check_labels(labels, choice.meta, positions)
+    except LabelError as exc:
+        raise RecipeError(recipe.source, "data.label", f"column {column!r}: {exc}") from None
+    return labels
 
 
 def _evaluation_slices(recipe: Recipe, masks: dict[str, np.ndarray], eval_rows: np.ndarray) -> dict[str, np.ndarray]:
@@ -168,7 +201,9 @@ def _calibration(recipe: Recipe, table: pd.DataFrame, model: ModelInfo) -> tuple
     return rows, list(iter_batches(feeds, spec.batch_size))
 
 
-def _training(recipe: Recipe, table: pd.DataFrame, model: ModelInfo) -> dict[str, TrainingData]:
+def _training(
+    recipe: Recipe, task: Task, table: pd.DataFrame, model: ModelInfo, outputs: list[OutputChoice]
+) -> dict[str, TrainingData]:
     """Feeds (and labels) for every QAT variant, from its `qat.train` filter."""
     training = {}
     for index, spec in enumerate(recipe.variants):
@@ -178,10 +213,10 @@ def _training(recipe: Recipe, table: pd.DataFrame, model: ModelInfo) -> dict[str
         rows = select_rows(table, spec.qat.train.filter, field=field, recipe_file=recipe.source)
         rows = rows[: spec.qat.train.limit] if spec.qat.train.limit is not None else rows
         labels = (
-            labels_array(table, rows, recipe.data.label, recipe_file=recipe.source)
+            _labels(recipe, task, table, rows, outputs)
             if spec.qat.loss == "label" and recipe.data.label is not None
             else None
         )
         feeds = build_feeds(table, rows, recipe.data.inputs, model.inputs, recipe_file=recipe.source)
-        training[spec.name] = TrainingData(feeds=feeds, labels=labels)
+        training[spec.name] = TrainingData(feeds=feeds, labels=labels, task=recipe.task)
     return training

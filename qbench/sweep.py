@@ -31,7 +31,7 @@ from qbench.recipe import Recipe, VariantSpec, load_recipe
 from qbench.report import print_summary, write_markdown_report
 from qbench.report_html import write_html_report
 from qbench.results import AccuracyResult, LatencyResult, SweepResults, VariantResult, write_results
-from qbench.validate.accuracy import evaluate_accuracy, run_batched, with_drops
+from qbench.validate.accuracy import evaluate_accuracy, run_outputs, with_drops
 from qbench.validate.latency import measure_cold_start, measure_steady_state, take_batch
 from qbench.variants import BuildContext, BuiltVariant, build_variant
 
@@ -60,7 +60,7 @@ class _Clock:
 @dataclass(frozen=True)
 class _Measured:
     result: VariantResult
-    outputs: np.ndarray | None
+    outputs: dict[str, np.ndarray] | None  # evaluated output name -> values
 
 
 def run_sweep(recipe: Recipe | str | Path, *, track: bool = True, show: bool = True) -> SweepOutcome:
@@ -90,7 +90,7 @@ def _measure_all(prepared: Prepared, models_dir: Path, clock: _Clock) -> list[Va
     """Build each variant once, then measure it on each backend; FP32 on the first backend is the reference."""
     recipe = prepared.recipe
     backends = [get_backend(name) for name in recipe.backends]
-    reference_outputs: np.ndarray | None = None
+    reference_outputs: dict[str, np.ndarray] | None = None
     reference_accuracy: dict[str, AccuracyResult] = {}
     measured: list[VariantResult] = []
     for spec in recipe.all_variants():
@@ -112,7 +112,7 @@ def _measure_all(prepared: Prepared, models_dir: Path, clock: _Clock) -> list[Va
 def _search_evaluator(
     backend: Backend,
     prepared: Prepared,
-    reference_outputs: np.ndarray | None,
+    reference_outputs: dict[str, np.ndarray] | None,
     reference_accuracy: dict[str, AccuracyResult],
     clock: _Clock,
 ) -> Callable[[BuiltVariant], VariantResult]:
@@ -182,7 +182,7 @@ def _measure(
     backend: Backend,
     built: BuiltVariant,
     prepared: Prepared,
-    reference_outputs: np.ndarray | None,
+    reference_outputs: dict[str, np.ndarray] | None,
     reference_accuracy: AccuracyResult | None,
     clock: _Clock,
 ) -> _Measured:
@@ -200,8 +200,8 @@ def _measure(
         options = RunOptions(threads=recipe.latency.threads, batch_sizes=batch_sizes)
         runner, create_ms, first_ms = measure_cold_start(lambda: backend.load(built, options), take_batch(feeds, 1))
         try:
-            outputs = run_batched(
-                runner, feeds, recipe.data.evaluation.batch_size, prepared.output_index, description=f"{label} evaluate"
+            outputs = run_outputs(
+                runner, feeds, recipe.data.evaluation.batch_size, prepared.output_indices, description=f"{label} evaluate"
             )
             points = measure_steady_state(
                 runner, feeds, recipe.latency.batch_sizes, recipe.latency.warmup, recipe.latency.iterations,
@@ -216,7 +216,9 @@ def _measure(
     finally:
         clock.add("inference", t)
     reference = reference_outputs if reference_outputs is not None else outputs
-    accuracy = evaluate_accuracy(recipe.task, outputs, reference, prepared.labels, prepared.slices)
+    accuracy = evaluate_accuracy(
+        recipe.task, outputs, reference, prepared.labels, prepared.slices, prepared.custom_metrics
+    )
     accuracy = with_drops(accuracy, reference_accuracy or accuracy)
     latency = LatencyResult(
         threads=recipe.latency.threads, session_create_ms=create_ms, first_run_ms=first_ms, points=tuple(points)

@@ -14,6 +14,7 @@ def test_list_shows_registries(capsys):
     assert main(["list"]) == 0
     shown = capsys.readouterr().out
     assert "onnxruntime-cpu" in shown and "entropy" in shown and "fp8" in shown
+    assert "tasks:       classification, embedding, multilabel, regression" in shown
 
 
 def test_bad_recipe_is_one_line_exit_2(tmp_path, capsys):

@@ -21,6 +21,7 @@ class TrainingData:
 
     feeds: Feeds
     labels: np.ndarray | None = None
+    task: str = "classification"  # the recipe's task: it decides the QAT loss
 
 
 @dataclass(frozen=True)

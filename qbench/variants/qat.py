@@ -33,13 +33,13 @@ from typing import Any
 import numpy as np
 import onnx
 import torch
-import torch.nn.functional as F
 from torch.onnx import symbolic_helper
 
 from qbench.console import console, track
 from qbench.errors import QbenchError
 from qbench.recipe import QatSpec, VariantSpec
 from qbench.sources.torch_model import flatten_outputs, single_torch_thread
+from qbench.tasks import Task, get_task
 from qbench.variants.base import BuildContext, BuiltVariant, Feeds, TrainingData
 from qbench.variants.calibrate import DEFAULT_NUM_BINS, calibration_rows, require_calibration
 from qbench.variants.int8 import resolve_reduce_range
@@ -191,11 +191,12 @@ class QatModuleFactory:
 
 @dataclass(frozen=True)
 class TrainingSet:
-    """The training rows as tensors, and what the loss compares the student's first output with."""
+    """The training rows as tensors, and what the task's loss compares the student's first output with."""
 
     inputs: tuple[torch.Tensor, ...]
-    targets: torch.Tensor  # class labels (loss "label") or the FP32 teacher's log-probabilities ("distill")
+    targets: torch.Tensor  # from the task: labels (loss "label") or the FP32 teacher's outputs ("distill")
     loss: str
+    task: Task
 
     @property
     def rows(self) -> int:
@@ -203,10 +204,7 @@ class TrainingSet:
 
     def loss_on(self, module: torch.nn.Module, rows: torch.Tensor) -> torch.Tensor:
         output = first_output(module(*(tensor[rows] for tensor in self.inputs)))
-        if self.loss == "label":
-            return F.cross_entropy(output, self.targets[rows])
-        # KL(teacher || student) over the last dimension, averaged over rows
-        return F.kl_div(F.log_softmax(output, dim=-1), self.targets[rows], reduction="batchmean", log_target=True)
+        return self.task.qat_loss(self.loss, output, self.targets[rows])
 
 
 def build_qat(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
@@ -299,26 +297,23 @@ def first_output(outputs: Any) -> torch.Tensor:
 
 
 def _training_set(spec: VariantSpec, torch_model: Any, data: TrainingData, input_names: Sequence[str]) -> TrainingSet:
-    """Training rows as tensors with their targets: labels, checked against the output, or the teacher's log-probs."""
+    """Training rows as tensors with the task's targets: labels, checked against the output, or the teacher's."""
     inputs, step = _tensors(data.feeds, input_names), spec.qat.batch_size
+    task = get_task(data.task)
     teacher = torch_model.build()
     with torch.no_grad():
         if spec.qat.loss == "distill":
-            logits = [first_output(teacher(*(t[i : i + step] for t in inputs))) for i in range(0, len(inputs[0]), step)]
-            return TrainingSet(inputs, F.log_softmax(torch.cat(logits), dim=-1), "distill")
+            outputs = [first_output(teacher(*(t[i : i + step] for t in inputs))) for i in range(0, len(inputs[0]), step)]
+            return TrainingSet(inputs, task.qat_distill_targets(torch.cat(outputs)), "distill", task)
         output = first_output(teacher(*(t[:2] for t in inputs)))
-    labels = torch.as_tensor(np.array(data.labels)).long()
-    if output.ndim != 2:
-        raise QbenchError(
-            f"variant {spec.name!r}: qat.loss 'label' needs class scores [batch, classes] as the model's first "
-            f"output; it returns shape {list(output.shape)} (use loss 'distill')"
-        )
-    if len(labels) != len(inputs[0]) or int(labels.min()) < 0 or int(labels.max()) >= output.shape[1]:
-        raise QbenchError(
-            f"variant {spec.name!r}: qat.loss 'label' needs one label in 0..{output.shape[1] - 1} per training row; "
-            f"got {len(labels)} labels in {int(labels.min())}..{int(labels.max())} for {len(inputs[0])} rows"
-        )
-    return TrainingSet(inputs, labels, "label")
+    if data.labels is None or len(data.labels) != len(inputs[0]):
+        count = 0 if data.labels is None else len(data.labels)
+        raise QbenchError(f"variant {spec.name!r}: qat.loss 'label' got {count} labels for {len(inputs[0])} rows")
+    try:
+        targets = task.qat_label_targets(data.labels, output)
+    except QbenchError as exc:
+        raise QbenchError(f"variant {spec.name!r}: {exc}") from None
+    return TrainingSet(inputs, targets, "label", task)
 
 
 def _prepare(torch_model: Any, scheme: QatScheme) -> torch.fx.GraphModule:
