@@ -166,7 +166,8 @@ class Classification(Task):
         targets = torch.as_tensor(np.array(labels)).long()
         if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= output.shape[1]):
             raise LabelError(
-                f"qat.loss 'label' needs labels in 0..{output.shape[1] - 1}; got {int(targets.min())}..{int(targets.max())}"
+                f"qat.loss 'label' needs one label in 0..{output.shape[1] - 1} per training row; "
+                f"got labels in {int(targets.min())}..{int(targets.max())}"
             )
         return targets
 

@@ -258,3 +258,44 @@ def test_nearest_neighbours_in_blocks_equal_the_whole_matrix(monkeypatch: pytest
     similarity = embeddings @ embeddings.T / np.outer(*[np.linalg.norm(embeddings, axis=1)] * 2)
     np.fill_diagonal(similarity, -np.inf)
     assert blocked.tolist() == whole.tolist() == np.argmax(similarity, axis=1).tolist()
+
+
+# -- regression and multilabel (hand-computed) ----------------------------------------------------
+
+
+def test_regression_errors_by_hand() -> None:
+    predicted, target = np.array([1.0, 2.0, 4.0]), np.array([1.0, 3.0, 2.0])
+    # errors 0, 1, 2: MAE 1, RMSE sqrt(5/3); target mean 2, SS_tot 1+1+0 = 2, SS_res 5 -> R² = -1.5
+    assert metrics.mean_absolute_error(predicted, target) == pytest.approx(1.0)
+    assert metrics.root_mean_squared_error(predicted, target) == pytest.approx(math.sqrt(5 / 3))
+    assert metrics.r2_score(predicted, target) == pytest.approx(-1.5)
+    assert metrics.r2_score(target, target) == pytest.approx(1.0)
+    assert math.isnan(metrics.r2_score(np.array([1.0, 2.0]), np.array([3.0, 3.0])))  # constant target
+    assert math.isnan(metrics.mean_absolute_error(np.array([]), np.array([])))
+
+
+def test_f1_by_hand() -> None:
+    target = np.array([[1, 0, 0], [1, 1, 0], [0, 1, 0]])
+    predicted = np.array([[1, 1, 0], [0, 1, 0], [0, 1, 0]])
+    # pooled: tp 3 (r0l0, r1l1, r2l1), fp 1 (r0l1), fn 1 (r1l0) -> 6/8
+    assert metrics.micro_f1(predicted, target) == pytest.approx(0.75)
+    # label 0: tp 1 fn 1 -> 2/3; label 1: tp 2 fp 1 -> 4/5; label 2: no positives anywhere -> left out
+    assert metrics.macro_f1(predicted, target) == pytest.approx((2 / 3 + 4 / 5) / 2)
+    assert math.isnan(metrics.macro_f1(np.zeros((2, 2)), np.zeros((2, 2))))
+
+
+def test_multilabel_thresholds() -> None:
+    assert metrics.multilabel_predictions(np.array([[0.2, 0.7], [NAN, 0.5]]), True).tolist() == [[0, 1], [0, 0]]
+    assert metrics.multilabel_predictions(np.array([[-0.1, 0.3]]), False).tolist() == [[0, 1]]
+    assert metrics.looks_like_sigmoid(np.array([[0.0, 1.0], [NAN, 0.4]]))
+    assert not metrics.looks_like_sigmoid(np.array([[-2.0, 1.0]]))
+
+
+def test_catalogue_resolves_output_prefixes_and_refuses_unknown_directions() -> None:
+    assert metrics.METRICS["probabilities/kl_mean"].higher_is_better is False
+    assert metrics.drop("logits/accuracy", 0.9, 0.8) == pytest.approx(0.1)
+    assert metrics.drop("mae", 1.0, 1.5) == pytest.approx(0.5)
+    with pytest.raises(QbenchError, match="unknown metric 'no_such_metric'"):
+        metrics.drop("no_such_metric", 1.0, 1.0)
+    with pytest.raises(QbenchError, match="opposite direction"):
+        metrics.METRICS.add(metrics.MetricInfo("accuracy", False, "wrong way round"))

@@ -1,0 +1,57 @@
+"""Classification: label checks and class-id outputs, against hand-computed values."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from qbench.modelinfo import TensorMeta
+from qbench.tasks import LabelError, get_task
+from qbench.tasks.classification import class_count
+
+TASK = get_task("classification")
+POSITIONS = np.array([10, 11, 12, 13])
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ([0, 1.5, 2, 2.5], r"2 rows, e.g. row 11: 1.5 are not integer class ids"),
+        ([0, None, 1, 1], r"1 row, e.g. row 11: None have no label"),
+        ([0, -1, 1, 1], r"1 row, e.g. row 11: -1 are negative"),
+        ([0, "cat", 1, 1], r"1 row, e.g. row 11: 'cat' are not integer class ids"),
+    ],
+)
+def test_bad_labels_name_the_count_and_an_example_row(values: list, message: str) -> None:
+    with pytest.raises(LabelError, match=message):
+        TASK.labels_from_values(values, POSITIONS)
+
+
+def test_labels_accept_integral_floats_and_booleans() -> None:
+    assert TASK.labels_from_values([0, 1.0, True, 2], POSITIONS).tolist() == [0, 1, 1, 2]
+
+
+def test_labels_must_fit_the_output_classes() -> None:
+    scores = TensorMeta("scores", np.dtype("float32"), (None, 3))
+    with pytest.raises(LabelError, match=r"1 row, e.g. row 13: 3 hold class ids outside 0..2 \(output 'scores' has 3 classes\)"):  # noqa: E501
+        TASK.check_labels(np.array([0, 1, 2, 3]), scores, POSITIONS)
+    zipmap = TensorMeta("probs", np.dtype("float32"), (None, 3), "map", "seq(map(int64,tensor(float32)))", (1, 5, 7))
+    TASK.check_labels(np.array([1, 5, 7, 5]), zipmap, POSITIONS)
+    with pytest.raises(LabelError, match=r"e.g. row 10: 0 hold classes the output 'probs' does not have \(its classes: 1, 5, 7\)"):  # noqa: E501
+        TASK.check_labels(np.array([0, 5, 7, 5]), zipmap, POSITIONS)
+    TASK.check_labels(np.array([0, 9]), TensorMeta("ids", np.dtype("int64"), (None,)), POSITIONS)  # no class count
+    assert class_count(TensorMeta("p", np.dtype("float32"), (None, 1))) == 2  # one binary score
+
+
+def test_class_id_outputs_give_accuracy_and_agreement_but_no_score_metrics() -> None:
+    ids = np.array([0, 2, 1, 1], dtype=np.int64)
+    reference = np.array([0, 2, 2, 1], dtype=np.int64)
+    labels = np.array([0, 2, 2, 0])
+    summary = TASK.rows(ids, reference, labels).summarise("overall", np.ones(4, dtype=bool))
+    assert summary.metrics == {"accuracy": 0.5, "agreement": 0.75, "flip_rate": 0.25}
+
+
+def test_labels_beyond_the_score_columns_are_an_error_at_evaluation() -> None:
+    scores = np.eye(3, dtype=np.float32)
+    with pytest.raises(LabelError, match="labels go up to class 4 but the output has 3 classes"):
+        TASK.rows(scores, scores, np.array([0, 1, 4]))

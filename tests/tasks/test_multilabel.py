@@ -1,0 +1,40 @@
+"""Multilabel: 0/1 label rows, F1 and per-label agreement, against hand-computed values."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from qbench.modelinfo import TensorMeta
+from qbench.tasks import LabelError, get_task
+
+TASK = get_task("multilabel")
+
+
+def test_labels_are_zero_one_rows_of_one_width() -> None:
+    assert TASK.labels_from_values([[0, 1], [1, 1]], np.arange(2)).tolist() == [[0, 1], [1, 1]]
+    with pytest.raises(LabelError, match=r"1 row, e.g. row 8: \[0, 2\] are not lists of 0/1 per label"):
+        TASK.labels_from_values([[0, 1], [0, 2]], np.array([7, 8]))
+    with pytest.raises(LabelError, match=r"e.g. row 1: \[0, 1, 1\] have another label count than the first row's 2"):
+        TASK.labels_from_values([[0, 1], [0, 1, 1]], np.arange(2))
+    with pytest.raises(LabelError, match="rows have 2 labels but output 'p' scores 3"):
+        TASK.check_labels(np.zeros((2, 2)), TensorMeta("p", np.dtype("float32"), (None, 3)), np.arange(2))
+
+
+def test_metrics_by_hand() -> None:
+    reference = np.array([[0.9, 0.1, 0.2], [0.8, 0.7, 0.1], [0.2, 0.6, 0.3]], dtype=np.float32)
+    outputs = np.array([[0.9, 0.6, 0.2], [0.4, 0.7, 0.1], [0.2, 0.6, 0.3]], dtype=np.float32)
+    labels = np.array([[1, 0, 0], [1, 1, 0], [0, 1, 0]])
+    overall = TASK.rows(outputs, reference, labels).summarise("overall", np.ones(3, dtype=bool)).metrics
+    # decisions [[1,1,0],[0,1,0],[0,1,0]]: the F1 case of test_f1_by_hand
+    assert overall["micro_f1"] == pytest.approx(0.75)
+    assert overall["macro_f1"] == pytest.approx((2 / 3 + 4 / 5) / 2)
+    assert overall["label_agreement"] == pytest.approx(7 / 9)  # two of nine decisions moved
+    assert overall["row_agreement"] == pytest.approx(1 / 3)
+    assert overall["max_abs_error"] == pytest.approx(0.5, abs=1e-6)
+
+
+def test_logits_are_thresholded_at_zero_like_fp32() -> None:
+    reference = np.array([[-1.0, 2.0], [3.0, -2.0]])
+    overall = TASK.rows(reference, reference, None).summarise("overall", np.ones(2, dtype=bool)).metrics
+    assert overall["micro_f1"] == 1.0 and overall["row_agreement"] == 1.0

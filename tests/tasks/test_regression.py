@@ -1,0 +1,51 @@
+"""Regression: float labels, per-slice errors and agreement with FP32, against hand-computed values."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from qbench.modelinfo import TensorMeta
+from qbench.tasks import LabelError, get_task
+from qbench.tasks.regression import agreeing_rows
+
+TASK = get_task("regression")
+
+
+def test_labels_must_be_finite_numbers() -> None:
+    assert TASK.labels_from_values([1, 2.5, -3], np.arange(3)).tolist() == [1.0, 2.5, -3.0]
+    with pytest.raises(LabelError, match=r"2 rows, e.g. row 5: 'high' are not finite numbers"):
+        TASK.labels_from_values([1.0, "high", float("nan")], np.array([4, 5, 6]))
+    with pytest.raises(LabelError, match=r"one target per row, but output 'y' has shape \[None, 2\]"):
+        TASK.check_labels(np.zeros(3), TensorMeta("y", np.dtype("float32"), (None, 2)), np.arange(3))
+
+
+def test_metrics_per_slice_by_hand() -> None:
+    reference = np.array([[1.0], [2.0], [3.0], [4.0]], dtype=np.float32)
+    outputs = np.array([[1.0], [2.5], [3.0], [2.0]], dtype=np.float32)
+    labels = np.array([1.0, 2.0, 4.0, 4.0])
+    rows = TASK.rows(outputs, reference, labels)
+    overall = rows.summarise("overall", np.ones(4, dtype=bool)).metrics
+    # errors vs labels 0, 0.5, 1, 2: MAE 0.875, RMSE sqrt(5.25/4), max 2; labels' mean 2.75, SS_tot 6.75
+    assert overall["mae"] == pytest.approx(0.875)
+    assert overall["rmse"] == pytest.approx(math.sqrt(5.25 / 4))
+    assert overall["r2"] == pytest.approx(1 - 5.25 / 6.75)
+    assert overall["max_error"] == pytest.approx(2.0)
+    assert overall["max_abs_error"] == pytest.approx(2.0)  # vs FP32: row 3 moved 4 -> 2
+    # tolerance 1 % of std(1, 2, 3, 4) = 0.0112: rows 0 and 2 agree
+    assert overall["agreement"] == pytest.approx(0.5)
+    first_two = rows.summarise("first", np.array([True, True, False, False])).metrics
+    assert first_two["mae"] == pytest.approx(0.25) and first_two["agreement"] == pytest.approx(0.5)
+
+
+def test_without_labels_errors_are_against_fp32() -> None:
+    reference = np.array([1.0, 2.0, 3.0], dtype=np.float32)
+    overall = TASK.rows(reference + 1, reference, None).summarise("overall", np.ones(3, dtype=bool)).metrics
+    assert overall["mae"] == pytest.approx(1.0) and overall["agreement"] == 0.0
+
+
+def test_agreement_counts_nonfinite_rows_as_disagreeing() -> None:
+    outputs = np.array([[1.0, np.nan], [2.0, 2.0]])
+    assert agreeing_rows(outputs, np.array([[1.0, 1.0], [2.0, 2.05]]), 0.1).tolist() == [0.0, 1.0]

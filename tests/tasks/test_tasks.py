@@ -1,0 +1,59 @@
+"""The task registry: names, refusals, and every task's metrics in the catalogue the gate reads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from qbench.errors import QbenchError
+from qbench.modelinfo import TensorMeta
+from qbench.tasks import TASKS, Task, gate_metric_names, get_task
+from qbench.validate.metrics import METRICS
+
+FLOAT_SCORES = TensorMeta("scores", np.dtype("float32"), (None, 3))
+INT_IDS = TensorMeta("label", np.dtype("int64"), (None,))
+COPY = TensorMeta("ids_out", np.dtype("int64"), (None, 8), passthrough_of="input_ids")
+SEQUENCE = TensorMeta("boxes", np.dtype(object), (), "other", "seq(tensor(float))")
+
+
+def test_every_registered_task_is_a_task_with_its_metrics_in_the_catalogue() -> None:
+    assert TASKS.names() == ["classification", "embedding", "multilabel", "regression"]
+    for name in TASKS.names():
+        task = get_task(name)
+        assert isinstance(task, Task) and task.name == name
+        assert task.default_gate_metric in gate_metric_names(name)
+        for info in task.metric_infos:
+            assert METRICS[info.name].higher_is_better == info.higher_is_better
+
+
+def test_unknown_and_structured_tasks_are_refused_clearly() -> None:
+    with pytest.raises(QbenchError, match=r"expected one of classification, embedding, multilabel, regression \(did you mean 'multilabel'\?\)"):  # noqa: E501
+        get_task("multilable")
+    with pytest.raises(QbenchError, match="task 'detection' is not supported"):
+        get_task("detection")
+
+
+@pytest.mark.parametrize(
+    ("task", "output", "rank"),
+    [
+        ("classification", FLOAT_SCORES, 0),
+        ("classification", INT_IDS, 1),  # ids only when there are no scores
+        ("classification", COPY, None),
+        ("classification", SEQUENCE, None),
+        ("embedding", FLOAT_SCORES, 0),
+        ("embedding", INT_IDS, None),  # never a cosine over integers
+        ("regression", INT_IDS, None),
+        ("multilabel", FLOAT_SCORES, 0),
+        ("multilabel", TensorMeta("v", np.dtype("float32"), (None,)), None),
+    ],
+)
+def test_which_outputs_each_task_reads(task: str, output: TensorMeta, rank: int | None) -> None:
+    judge = get_task(task)
+    assert judge.output_rank(output) == rank
+    assert (judge.output_problem(output) is None) == (rank is not None)
+
+
+def test_structured_outputs_are_named_not_supported() -> None:
+    problem = get_task("classification").output_problem(TensorMeta("dets", np.dtype("float32"), (None, 100, 6)))
+    assert problem is not None and "not (rows, classes)" in problem and "not supported" in problem
+    assert "not supported" in str(get_task("classification").output_problem(SEQUENCE))
