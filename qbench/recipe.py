@@ -456,9 +456,10 @@ class Recipe(_Strict):
 
     def fingerprint(self) -> str:
         """Hash of what decides the accuracy results: task, model and data (file contents),
-        variants and backends. Gate and tracking settings are left out, so tightening the
+        variants, backends and custom metrics. Gate and tracking settings are left out, so tightening the
         gate does not make earlier results stale, while a new model or data set does."""
-        payload = self.model_dump(mode="json", include={"name", "task", "model", "data", "variants", "backends"})
+        included = {"name", "task", "model", "data", "variants", "backends", "metrics"}
+        payload = self.model_dump(mode="json", include=included)
         digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode())
         for path in (self.model_path, self.weights_path, self.data_path, self.calibration_data_path):
             if path is not None:

@@ -41,7 +41,10 @@ def as_array(value: Any, name: str) -> np.ndarray:
         return value
     if isinstance(value, list) and all(isinstance(row, Mapping) for row in value):
         return maps_to_matrix(value)
-    array = np.asarray(value)
+    try:
+        array = np.asarray(value)
+    except ValueError:  # ragged: a sequence of differently shaped tensors
+        array = np.empty(0, dtype=object)
     if array.dtype == object:
         raise QbenchError(f"output {name!r} is not a tensor or a sequence of maps ({type(value).__name__})")
     return array

@@ -8,118 +8,33 @@ read in the wrong column order or an integer read as a score shows up as a misma
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
-import onnxruntime as ort
-import pandas as pd
 import pytest
-import yaml
 from onnx import TensorProto, helper, numpy_helper
+from task_projects import (
+    INT8,
+    ROWS,
+    argmax_first_model,
+    fitted_linear,
+    graph_model,
+    iris,
+    linear,
+    overall,
+    plain_ort,
+    project,
+    run_all,
+    said,
+    table,
+)
 
 from qbench.cli import main
-from qbench.gate import latest_results
-from qbench.recipe import load_recipe
-from qbench.results import SweepResults, read_results
 
 pytestmark = pytest.mark.slow
 
 skl2onnx = pytest.importorskip("skl2onnx")
 sklearn_datasets = pytest.importorskip("sklearn.datasets")
-
-ROWS = 150
-INT8 = {"name": "int8", "precision": "int8", "calibrator": "minmax"}
-
-
-# -- building projects ----------------------------------------------------------------------------
-
-
-def _iris() -> tuple[np.ndarray, np.ndarray]:
-    features, labels = sklearn_datasets.load_iris(return_X_y=True)
-    return features.astype(np.float32), labels.astype(np.int64)
-
-
-def _table(features: np.ndarray, label: Any = None, **columns: Any) -> pd.DataFrame:
-    rows = len(features)
-    table = pd.DataFrame({"x": list(features), "half": np.where(np.arange(rows) % 2 == 0, "even", "odd"), **columns})
-    if label is not None:
-        table["y"] = list(label) if np.ndim(label) > 1 else label
-    return table
-
-
-def _project(root: Path, onnx_model: onnx.ModelProto, table: pd.DataFrame, **recipe: Any) -> Path:
-    """model.onnx + data.parquet + recipe.yaml (input column x; slices by `half`; fp32 + one int8)."""
-    root.mkdir(parents=True, exist_ok=True)
-    onnx.save(onnx_model, str(root / "model.onnx"))
-    table.to_parquet(root / "data.parquet")
-    body: dict[str, Any] = {
-        "name": "matrix",
-        "model": {"path": "model.onnx"},
-        "data": {
-            "path": "data.parquet",
-            "inputs": {"x": onnx_model.graph.input[0].name},
-            "calibration": {"samples": 32},
-            "slices": [{"by": "half"}],
-        },
-        "variants": [INT8],
-        "latency": {"batch_sizes": [1], "warmup": 1, "iterations": 3},
-        "output_dir": str(root / "reports"),
-    }
-    if "y" in table.columns:
-        body["data"]["label"] = "y"
-    for key, value in recipe.items():
-        if key in body and isinstance(value, dict):
-            body[key] = {**body[key], **value}
-        else:
-            body[key] = value
-    path = root / "recipe.yaml"
-    path.write_text(yaml.safe_dump(body))
-    return path
-
-
-def _run_all(recipe: Path, capsys: pytest.CaptureFixture[str]) -> tuple[SweepResults, str]:
-    """validate (must pass), sweep without tracking, gate (must agree with the sweep's verdict)."""
-    assert main(["validate", str(recipe)]) == 0, capsys.readouterr()
-    sweep_code = main(["sweep", str(recipe), "--no-track", "--gate"])
-    gate_code = main(["gate", str(recipe)])
-    shown = capsys.readouterr()
-    assert sweep_code in (0, 1) and gate_code == sweep_code, shown
-    results = read_results(latest_results(load_recipe(recipe)))
-    return results, _unwrapped(shown.out + shown.err)
-
-
-def _unwrapped(text: str) -> str:
-    """Console output without the line breaks rich inserts at the terminal width."""
-    return text.replace("\n", "")
-
-
-def _overall(results: SweepResults, variant: str = "fp32") -> dict[str, float]:
-    found = results.find(variant, "onnxruntime-cpu")
-    assert found is not None and found.status == "ok" and found.accuracy is not None, found
-    return dict(found.accuracy.overall.metrics)
-
-
-def _plain_ort(path: Path, feeds: dict[str, np.ndarray]) -> dict[str, Any]:
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    names = [o.name for o in session.get_outputs()]
-    return dict(zip(names, session.run(None, feeds), strict=True))
-
-
-def _linear(name: str, inputs: int, outputs: int, seed: int) -> list[TensorProto]:
-    rng = np.random.default_rng(seed)
-    weight = rng.normal(size=(inputs, outputs)).astype(np.float32)
-    bias = rng.normal(size=outputs).astype(np.float32)
-    return [numpy_helper.from_array(weight, f"{name}_w"), numpy_helper.from_array(bias, f"{name}_b")]
-
-
-def _graph_model(nodes: list[onnx.NodeProto], inputs: list, outputs: list, initializers: list) -> onnx.ModelProto:
-    graph = helper.make_graph(nodes, "matrix", inputs, outputs, initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model
-
 
 # -- the matrix -----------------------------------------------------------------------------------
 
@@ -128,7 +43,7 @@ def _graph_model(nodes: list[onnx.NodeProto], inputs: list, outputs: list, initi
 def test_skl2onnx_logistic_regression(tmp_path, monkeypatch, capsys, zipmap):
     from sklearn.linear_model import LogisticRegression
 
-    features, labels = _iris()
+    features, labels = iris()
     classifier = LogisticRegression(max_iter=500).fit(features, labels)
     options = None if zipmap else {id(classifier): {"zipmap": False}}
     model = skl2onnx.to_onnx(classifier, features[:1], options=options, target_opset={"": 17, "ai.onnx.ml": 3})
@@ -137,80 +52,56 @@ def test_skl2onnx_logistic_regression(tmp_path, monkeypatch, capsys, zipmap):
     # find proper ai.onnx domain"); int8 of such graphs is another change's work, so a second FP32 build
     # is the gated variant here.
     variants = [INT8] if zipmap else [{"name": "fp32", "precision": "fp32"}, {"name": "fp32-again", "precision": "fp32"}]
-    recipe = _project(tmp_path, model, _table(features, labels), variants=variants)
-    results, shown = _run_all(recipe, capsys)
+    recipe = project(tmp_path, model, table(features, labels), variants=variants)
+    results, shown = run_all(recipe, capsys)
     probabilities_name = "output_probability" if zipmap else "probabilities"
     assert results.recipe["model_output"] == probabilities_name  # scores chosen over the int64 label output
-    plain = _plain_ort(tmp_path / "model.onnx", {"X": features})[probabilities_name]
+    plain = plain_ort(tmp_path / "model.onnx", {"X": features})[probabilities_name]
     if zipmap:  # a list of {class: probability}: columns in class order
         plain = np.array([[row[k] for k in sorted(row)] for row in plain], dtype=np.float32)
     expected = float(np.mean(np.argmax(plain, axis=1) == labels))
-    assert _overall(results)["accuracy"] == pytest.approx(expected, abs=1e-12)
+    assert overall(results)["accuracy"] == pytest.approx(expected, abs=1e-12)
     assert expected > 0.9
-    assert _overall(results)["kl_mean"] == pytest.approx(0.0)
-
-
-def _argmax_first_model() -> onnx.ModelProto:
-    """A 4 -> 3 linear classifier whose first output is the int64 class id, the second the logits."""
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4])
-    label = helper.make_tensor_value_info("label", TensorProto.INT64, [None])
-    logits = helper.make_tensor_value_info("logits", TensorProto.FLOAT, [None, 3])
-    weights = _fitted_linear(*_iris())
-    nodes = [
-        helper.make_node("MatMul", ["x", "fc_w"], ["mm"]),
-        helper.make_node("Add", ["mm", "fc_b"], ["logits"]),
-        helper.make_node("ArgMax", ["logits"], ["label"], axis=1, keepdims=0),
-    ]
-    return _graph_model(nodes, [x], [label, logits], weights)
-
-
-def _fitted_linear(features: np.ndarray, labels: np.ndarray) -> list[TensorProto]:
-    from sklearn.linear_model import LogisticRegression
-
-    fitted = LogisticRegression(max_iter=500).fit(features, labels)
-    return [
-        numpy_helper.from_array(fitted.coef_.T.astype(np.float32), "fc_w"),
-        numpy_helper.from_array(fitted.intercept_.astype(np.float32), "fc_b"),
-    ]
+    assert overall(results)["kl_mean"] == pytest.approx(0.0)
 
 
 def test_int64_label_output_first_is_read_as_class_ids(tmp_path, monkeypatch, capsys):
-    features, labels = _iris()
+    features, labels = iris()
     monkeypatch.chdir(tmp_path)
-    recipe = _project(tmp_path, _argmax_first_model(), _table(features, labels), model={"path": "model.onnx", "output": "label"})
-    results, _ = _run_all(recipe, capsys)
-    ids = _plain_ort(tmp_path / "model.onnx", {"x": features})["label"]
-    fp32 = _overall(results)
+    recipe = project(tmp_path, argmax_first_model(), table(features, labels), model={"path": "model.onnx", "output": "label"})
+    results, _ = run_all(recipe, capsys)
+    ids = plain_ort(tmp_path / "model.onnx", {"x": features})["label"]
+    fp32 = overall(results)
     assert fp32["accuracy"] == pytest.approx(float(np.mean(ids == labels)), abs=1e-12)
     assert "kl_mean" not in fp32  # an integer is never read as a score
-    assert _overall(results, "int8")["agreement"] > 0.9  # int8 ids compared with FP32 ids
+    assert overall(results, "int8")["agreement"] > 0.9  # int8 ids compared with FP32 ids
 
 
 def test_unnamed_output_picks_the_logits_over_the_label(tmp_path, monkeypatch, capsys):
-    features, labels = _iris()
+    features, labels = iris()
     monkeypatch.chdir(tmp_path)
-    recipe = _project(tmp_path, _argmax_first_model(), _table(features, labels))
-    results, _ = _run_all(recipe, capsys)
+    recipe = project(tmp_path, argmax_first_model(), table(features, labels))
+    results, _ = run_all(recipe, capsys)
     assert results.recipe["model_output"] == "logits"
-    logits = _plain_ort(tmp_path / "model.onnx", {"x": features})["logits"]
-    assert _overall(results)["accuracy"] == pytest.approx(float(np.mean(logits.argmax(1) == labels)), abs=1e-12)
+    logits = plain_ort(tmp_path / "model.onnx", {"x": features})["logits"]
+    assert overall(results)["accuracy"] == pytest.approx(float(np.mean(logits.argmax(1) == labels)), abs=1e-12)
 
 
 def test_label_and_probabilities_evaluated_together_and_gated_by_output(tmp_path, monkeypatch, capsys):
-    features, labels = _iris()
+    features, labels = iris()
     monkeypatch.chdir(tmp_path)
-    recipe = _project(
-        tmp_path, _argmax_first_model(), _table(features, labels),
+    recipe = project(
+        tmp_path, argmax_first_model(), table(features, labels),
         model={"path": "model.onnx", "outputs": ["label", "logits"]},
         gate={"metric": "logits/accuracy", "max_drop": 0.05, "max_slice_drop": 0.1},
     )  # fmt: skip
-    results, shown = _run_all(recipe, capsys)
-    plain = _plain_ort(tmp_path / "model.onnx", {"x": features})
-    fp32 = _overall(results)
+    results, shown = run_all(recipe, capsys)
+    plain = plain_ort(tmp_path / "model.onnx", {"x": features})
+    fp32 = overall(results)
     assert fp32["label/accuracy"] == pytest.approx(float(np.mean(plain["label"] == labels)), abs=1e-12)
     assert fp32["logits/accuracy"] == pytest.approx(float(np.mean(plain["logits"].argmax(1) == labels)), abs=1e-12)
     assert "logits/kl_mean" in fp32 and "label/kl_mean" not in fp32
-    assert results.gate_metric == "logits/accuracy" and "logits/accuracy" in shown
+    assert results.gate_metric == "logits/accuracy" and said("logits/accuracy", shown)
 
 
 def _passthrough_encoder() -> onnx.ModelProto:
@@ -225,40 +116,40 @@ def _passthrough_encoder() -> onnx.ModelProto:
         helper.make_node("ReduceMean", ["tokens"], ["pooled"], axes=[1], keepdims=0),
         helper.make_node("MatMul", ["pooled", "proj_w"], ["embedding"]),
     ]
-    weights = [numpy_helper.from_array(table, "table"), _linear("proj", 16, 16, 4)[0]]
-    return _graph_model(nodes, [ids], [copy, embedding], weights)
+    weights = [numpy_helper.from_array(table, "table"), linear("proj", 16, 16, 4)[0]]
+    return graph_model(nodes, [ids], [copy, embedding], weights)
 
 
-def _token_table() -> tuple[np.ndarray, pd.DataFrame]:
+def _tokentable() -> tuple[np.ndarray, pd.DataFrame]:
     ids = np.random.default_rng(5).integers(0, 50, size=(ROWS, 8)).astype(np.int64)
-    return ids, _table(ids)
+    return ids, table(ids)
 
 
 def test_passthrough_output_of_an_encoder_is_skipped(tmp_path, monkeypatch, capsys, caplog):
-    ids, table = _token_table()
+    ids, table = _tokentable()
     monkeypatch.chdir(tmp_path)
-    recipe = _project(tmp_path, _passthrough_encoder(), table, task="embedding", gate={"metric": "cosine"})
+    recipe = project(tmp_path, _passthrough_encoder(), table, task="embedding", gate={"metric": "cosine"})
     caplog.set_level("INFO", logger="qbench.tasks.selection")
-    results, _ = _run_all(recipe, capsys)
+    results, _ = run_all(recipe, capsys)
     assert results.recipe["model_output"] == "embedding"
     assert "'ids_out' skipped: it is a copy of the input 'input_ids'" in caplog.text
-    plain = _plain_ort(tmp_path / "model.onnx", {"input_ids": ids})["embedding"]
-    assert _overall(results)["cosine"] == pytest.approx(1.0)  # FP32 against itself
+    plain = plain_ort(tmp_path / "model.onnx", {"input_ids": ids})["embedding"]
+    assert overall(results)["cosine"] == pytest.approx(1.0)  # FP32 against itself
     int8 = results.find("int8", "onnxruntime-cpu")
     assert int8 is not None and int8.accuracy is not None
-    own = _plain_ort(Path(int8.model_path), {"input_ids": ids})["embedding"]
+    own = plain_ort(Path(int8.model_path), {"input_ids": ids})["embedding"]
     cosine = np.sum(own * plain, 1) / (np.linalg.norm(own, axis=1) * np.linalg.norm(plain, axis=1))
     assert int8.accuracy.overall.metrics["cosine"] == pytest.approx(float(np.mean(cosine)), abs=1e-6)
 
 
 def test_embedding_on_an_integer_output_is_a_recipe_error_naming_the_float_outputs(tmp_path, capsys):
-    _, table = _token_table()
+    _, table = _tokentable()
     model = {"path": "model.onnx", "output": "ids_out"}
-    recipe = _project(tmp_path, _passthrough_encoder(), table, task="embedding", model=model, gate={"metric": "cosine"})
+    recipe = project(tmp_path, _passthrough_encoder(), table, task="embedding", model=model, gate={"metric": "cosine"})
     assert main(["validate", str(recipe)]) == 2
-    err = _unwrapped(capsys.readouterr().err)
-    assert "model.output: output 'ids_out' is a copy of the input 'input_ids'" in err
-    assert "outputs it can read: embedding (float32, [None, 16])" in err
+    err = capsys.readouterr().err
+    assert said("model.output: output 'ids_out' is a copy of the input 'input_ids'", err)
+    assert said("outputs it can read: embedding (float32, [None, 16])", err)
 
 
 def test_regression_mlp(tmp_path, monkeypatch, capsys):
@@ -269,10 +160,10 @@ def test_regression_mlp(tmp_path, monkeypatch, capsys):
     regressor = MLPRegressor(hidden_layer_sizes=(16,), max_iter=300, random_state=0).fit(features, targets)
     model = skl2onnx.to_onnx(regressor, features[:1], target_opset=17)
     monkeypatch.chdir(tmp_path)
-    recipe = _project(tmp_path, model, _table(features, targets), task="regression", gate={"metric": "mae", "max_drop": 5.0, "max_slice_drop": 10.0})
-    results, _ = _run_all(recipe, capsys)
-    predicted = _plain_ort(tmp_path / "model.onnx", {"X": features})["variable"].reshape(-1).astype(np.float64)
-    fp32 = _overall(results)
+    recipe = project(tmp_path, model, table(features, targets), task="regression", gate={"metric": "mae", "max_drop": 5.0, "max_slice_drop": 10.0})
+    results, _ = run_all(recipe, capsys)
+    predicted = plain_ort(tmp_path / "model.onnx", {"X": features})["variable"].reshape(-1).astype(np.float64)
+    fp32 = overall(results)
     assert fp32["mae"] == pytest.approx(float(np.mean(np.abs(predicted - targets))), rel=1e-9)
     assert fp32["rmse"] == pytest.approx(float(np.sqrt(np.mean((predicted - targets) ** 2))), rel=1e-9)
     r2 = 1 - np.sum((targets - predicted) ** 2) / np.sum((targets - targets.mean()) ** 2)
@@ -284,13 +175,13 @@ def _multilabel_model() -> tuple[onnx.ModelProto, np.ndarray]:
     """4 features -> sigmoid of 3 independent linear scores; returns the model and the true weights."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4])
     probabilities = helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, [None, 3])
-    weights = _linear("fc", 4, 3, 11)
+    weights = linear("fc", 4, 3, 11)
     nodes = [
         helper.make_node("MatMul", ["x", "fc_w"], ["mm"]),
         helper.make_node("Add", ["mm", "fc_b"], ["scores"]),
         helper.make_node("Sigmoid", ["scores"], ["probabilities"]),
     ]
-    return _graph_model(nodes, [x], [probabilities], weights), numpy_helper.to_array(weights[0])
+    return graph_model(nodes, [x], [probabilities], weights), numpy_helper.to_array(weights[0])
 
 
 def test_multilabel_model(tmp_path, monkeypatch, capsys):
@@ -299,9 +190,9 @@ def test_multilabel_model(tmp_path, monkeypatch, capsys):
     noise = np.random.default_rng(9).normal(scale=0.8, size=(ROWS, 3))
     labels = ((features @ weight) + noise > 0).astype(np.int64)
     monkeypatch.chdir(tmp_path)
-    recipe = _project(tmp_path, model, _table(features, labels), task="multilabel", gate={"metric": "micro_f1"})
-    results, _ = _run_all(recipe, capsys)
-    predicted = (_plain_ort(tmp_path / "model.onnx", {"x": features})["probabilities"] > 0.5).astype(np.int64)
+    recipe = project(tmp_path, model, table(features, labels), task="multilabel", gate={"metric": "micro_f1"})
+    results, _ = run_all(recipe, capsys)
+    predicted = (plain_ort(tmp_path / "model.onnx", {"x": features})["probabilities"] > 0.5).astype(np.int64)
     tp = np.sum(predicted & labels)
     micro = 2 * tp / (2 * tp + np.sum(predicted & (1 - labels)) + np.sum((1 - predicted) & labels))
     per_label = [
@@ -309,7 +200,7 @@ def test_multilabel_model(tmp_path, monkeypatch, capsys):
         / (2 * np.sum(predicted[:, j] & labels[:, j]) + np.sum(predicted[:, j] != labels[:, j]))
         for j in range(3)
     ]
-    fp32 = _overall(results)
+    fp32 = overall(results)
     assert fp32["micro_f1"] == pytest.approx(float(micro), abs=1e-12)
     assert fp32["macro_f1"] == pytest.approx(float(np.mean(per_label)), abs=1e-12)
     assert fp32["label_agreement"] == 1.0
@@ -325,19 +216,19 @@ def _two_float_outputs() -> onnx.ModelProto:
         helper.make_node("Add", ["mm", "fc_b"], ["logits"]),
         helper.make_node("Softmax", ["logits"], ["probabilities"], axis=1),
     ]
-    return _graph_model(nodes, [x], [logits, probabilities], _fitted_linear(*_iris()))
+    return graph_model(nodes, [x], [logits, probabilities], fitted_linear(*iris()))
 
 
 def test_several_float_outputs_are_refused_unless_named(tmp_path, monkeypatch, capsys):
-    features, labels = _iris()
-    recipe = _project(tmp_path / "unnamed", _two_float_outputs(), _table(features, labels))
+    features, labels = iris()
+    recipe = project(tmp_path / "unnamed", _two_float_outputs(), table(features, labels))
     assert main(["validate", str(recipe)]) == 2
-    err = _unwrapped(capsys.readouterr().err)
-    assert "several outputs task 'classification' could evaluate ('logits', 'probabilities')" in err
-    assert "logits (float32, [None, 3]); probabilities (float32, [None, 3])" in err
+    err = capsys.readouterr().err
+    assert said("several outputs task 'classification' could evaluate ('logits', 'probabilities')", err)
+    assert said("logits (float32, [None, 3]); probabilities (float32, [None, 3])", err)
 
     monkeypatch.chdir(tmp_path)
-    named = _project(tmp_path / "named", _two_float_outputs(), _table(features, labels), model={"path": "model.onnx", "output": "probabilities"})
-    results, _ = _run_all(named, capsys)
-    plain = _plain_ort(tmp_path / "named" / "model.onnx", {"x": features})["probabilities"]
-    assert _overall(results)["accuracy"] == pytest.approx(float(np.mean(plain.argmax(1) == labels)), abs=1e-12)
+    named = project(tmp_path / "named", _two_float_outputs(), table(features, labels), model={"path": "model.onnx", "output": "probabilities"})
+    results, _ = run_all(named, capsys)
+    plain = plain_ort(tmp_path / "named" / "model.onnx", {"x": features})["probabilities"]
+    assert overall(results)["accuracy"] == pytest.approx(float(np.mean(plain.argmax(1) == labels)), abs=1e-12)

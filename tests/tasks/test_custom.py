@@ -1,0 +1,94 @@
+"""A recipe's own metric (`metrics:` + `module:function`), written here next to the recipe, through
+validate, sweep and gate; and label checks that stop a recipe before anything runs."""
+
+from __future__ import annotations
+
+import textwrap
+
+import numpy as np
+import pytest
+from task_projects import argmax_first_model, iris, overall, plain_ort, project, run_all, said, table
+
+from qbench.cli import main
+
+METRIC_MODULE = textwrap.dedent(
+    """
+    import numpy as np
+
+    def top2_hit(outputs, labels):
+        top2 = np.argsort(outputs, axis=1)[:, -2:]
+        return float(np.mean([label in row for row, label in zip(top2, labels)]))
+
+    def logit_shift(outputs, labels, reference_outputs):
+        return float(np.mean(np.abs(outputs - reference_outputs)))
+    """
+)
+CUSTOM = [
+    {"name": "top2_hit", "function": "user_metrics:top2_hit", "higher_is_better": True},
+    {"name": "logit_shift", "function": "user_metrics:logit_shift", "higher_is_better": False},
+]
+
+
+def _custom_project(tmp_path, **changes):
+    features, labels = iris()
+    (tmp_path / "user_metrics.py").write_text(METRIC_MODULE)
+    recipe = {"model": {"path": "model.onnx", "output": "logits"}, "metrics": CUSTOM, **changes}
+    return project(tmp_path, argmax_first_model(), table(features, labels), **recipe), features, labels
+
+
+@pytest.mark.slow
+def test_a_custom_metric_is_reported_per_slice_and_gated(tmp_path, monkeypatch, capsys):
+    recipe, features, labels = _custom_project(tmp_path, gate={"metric": "top2_hit", "max_drop": 0.05})
+    monkeypatch.chdir(tmp_path)
+    results, shown = run_all(recipe, capsys)
+    logits = plain_ort(tmp_path / "model.onnx", {"x": features})["logits"]
+    top2 = np.argsort(logits, axis=1)[:, -2:]
+    hits = np.array([label in row for row, label in zip(top2, labels, strict=True)])
+    fp32 = overall(results)
+    assert fp32["top2_hit"] == pytest.approx(float(hits.mean()), abs=1e-12)
+    assert fp32["logit_shift"] == 0.0
+    even = results.find("fp32", "onnxruntime-cpu").accuracy.slice("half=even")
+    assert even.metrics["top2_hit"] == pytest.approx(float(hits[::2].mean()), abs=1e-12)
+    int8 = results.find("int8", "onnxruntime-cpu").accuracy
+    assert int8.overall.drops["logit_shift"] == pytest.approx(int8.overall.metrics["logit_shift"])  # lower is better
+    assert results.gate_metric == "top2_hit" and said("Gate on top2_hit", shown)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (
+            {"metrics": [{"name": "top2_hit", "function": "user_metrics:top_two", "higher_is_better": True}]},
+            "metrics[0].function: module 'user_metrics' has no function 'top_two' (did you mean 'top2_hit'?)",
+        ),
+        ({"gate": {"metric": "top3_hit"}}, "gate.metric: got 'top3_hit', expected one of"),
+        (
+            {"metrics": [{"name": "accuracy", "function": "user_metrics:top2_hit", "higher_is_better": True}]},
+            "metrics[0].name: 'accuracy' is taken by a built-in or earlier metric",
+        ),
+    ],
+)
+def test_unusable_custom_metrics_are_recipe_errors(tmp_path, capsys, changes, message):
+    recipe, _, _ = _custom_project(tmp_path, **changes)
+    assert main(["validate", str(recipe)]) == 2
+    assert said(message, capsys.readouterr().err)
+
+
+@pytest.mark.parametrize(
+    ("task", "labels", "message"),
+    [
+        ("classification", 7, "data.label: column 'y': 1 row, e.g. row 5: 7 hold class ids outside 0..2 "
+         "(output 'logits' has 3 classes)"),
+        ("classification", 1.5, "data.label: column 'y': 1 row, e.g. row 5: 1.5 are not integer class ids"),
+        ("regression", float("nan"), "data.label: column 'y': 1 row, e.g. row 5: nan are not finite numbers"),
+    ],
+)  # fmt: skip
+def test_labels_are_checked_before_anything_runs(tmp_path, capsys, task, labels, message):
+    features, good = iris()
+    values = list(good) if task == "classification" else [float(v) for v in good]
+    values[5] = labels
+    recipe = project(tmp_path, argmax_first_model(), table(features, None, y=values), task=task,
+                     model={"path": "model.onnx", "output": "logits"},
+                     gate={"metric": "accuracy" if task == "classification" else "mae"})  # fmt: skip
+    assert main(["validate", str(recipe)]) == 2
+    assert said(message, capsys.readouterr().err)

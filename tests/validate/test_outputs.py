@@ -1,0 +1,51 @@
+"""Outputs as arrays: class maps become score matrices, several outputs are collected per batch."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import pytest
+
+from qbench.errors import QbenchError
+from qbench.validate.outputs import as_array, maps_to_matrix, run_outputs
+
+
+def test_integer_class_keys_are_the_columns() -> None:
+    matrix = maps_to_matrix([{5: 0.25, 1: 0.75}, {1: 0.1, 5: 0.9}])
+    assert matrix.shape == (2, 6)
+    assert matrix[:, 1].tolist() == pytest.approx([0.75, 0.1]) and matrix[:, 5].tolist() == pytest.approx([0.25, 0.9])
+    assert matrix.argmax(axis=1).tolist() == [1, 5]  # the argmax is the class key itself
+
+
+def test_string_class_keys_take_their_sorted_position() -> None:
+    matrix = maps_to_matrix([{"dog": 0.3, "cat": 0.7}])
+    assert matrix.tolist() == [pytest.approx([0.7, 0.3])]  # cat, dog
+
+
+def test_structured_values_are_refused() -> None:
+    with pytest.raises(QbenchError, match="output 'boxes' is not a tensor or a sequence of maps"):
+        as_array([np.zeros(2), np.zeros(3)], "boxes")
+
+
+class _Runner:
+    """Returns [row ids as int64, a {class: score} map per row] for a batch of `x`."""
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> list:
+        x = feeds["x"]
+        return [x.astype(np.int64), [{0: 1.0 - float(v) / 10, 1: float(v) / 10} for v in x]]
+
+    def describe(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+def test_run_outputs_concatenates_each_chosen_output_over_batches() -> None:
+    feeds = {"x": np.arange(5, dtype=np.float32)}
+    outputs = run_outputs(_Runner(), feeds, 2, {"ids": 0, "probabilities": 1})
+    assert outputs["ids"].tolist() == [0, 1, 2, 3, 4]
+    assert outputs["probabilities"][:, 1].tolist() == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4])
+    with pytest.raises(QbenchError, match="output index 2 is out of range"):
+        run_outputs(_Runner(), feeds, 2, {"nope": 2})
