@@ -57,3 +57,30 @@ def test_structured_outputs_are_named_not_supported() -> None:
     problem = get_task("classification").output_problem(TensorMeta("dets", np.dtype("float32"), (None, 100, 6)))
     assert problem is not None and "not (rows, classes)" in problem and "not supported" in problem
     assert "not supported" in str(get_task("classification").output_problem(SEQUENCE))
+
+
+def test_each_task_owns_its_qat_loss() -> None:
+    torch = pytest.importorskip("torch")
+    logits = torch.tensor([[2.0, 0.0], [0.0, 1.0]])
+    classification = get_task("classification")
+    targets = classification.qat_label_targets(np.array([0, 1]), logits)
+    expected = torch.nn.functional.cross_entropy(logits, torch.tensor([0, 1]))
+    assert float(classification.qat_loss("label", logits, targets)) == pytest.approx(float(expected))
+    teacher = classification.qat_distill_targets(logits)
+    assert float(classification.qat_loss("distill", logits, teacher)) == pytest.approx(0.0, abs=1e-7)
+
+    regression = get_task("regression")
+    values = torch.tensor([[1.0], [3.0]])
+    targets = regression.qat_label_targets(np.array([2.0, 3.0]), values)
+    assert float(regression.qat_loss("label", values, targets)) == pytest.approx(0.5)  # (1 + 0) / 2
+
+    multilabel = get_task("multilabel")
+    zero = torch.zeros(1, 2)
+    targets = multilabel.qat_label_targets(np.array([[1, 0]]), zero)
+    assert float(multilabel.qat_loss("label", zero, targets)) == pytest.approx(float(np.log(2)))
+
+    embedding = get_task("embedding")
+    vectors = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
+    assert float(embedding.qat_loss("distill", vectors, torch.tensor([[0.0, 1.0], [0.0, 1.0]]))) == pytest.approx(0.5)
+    with pytest.raises(QbenchError, match="task 'embedding' has no label loss for QAT"):
+        embedding.qat_label_targets(np.array([0, 1]), vectors)

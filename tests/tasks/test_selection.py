@@ -1,0 +1,49 @@
+"""Choosing the evaluated outputs: the recipe's names, checked, or the task's pick, or a refusal."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from qbench.errors import QbenchError
+from qbench.modelinfo import ModelInfo, TensorMeta
+from qbench.tasks import get_task
+from qbench.tasks.selection import choose_outputs
+
+LABEL = TensorMeta("label", np.dtype("int64"), (None,))
+ZIPMAP = TensorMeta("probs", np.dtype("float32"), (None, 3), "map", "seq(map(int64,tensor(float32)))", (0, 1, 2))
+COPY = TensorMeta("ids_out", np.dtype("int64"), (None, 8), passthrough_of="input_ids")
+EMBEDDING = TensorMeta("embedding", np.dtype("float32"), (None, 16))
+HIDDEN = TensorMeta("hidden", np.dtype("float32"), (None, 8, 16))
+
+
+def _model(*outputs: TensorMeta) -> ModelInfo:
+    return ModelInfo(inputs={}, outputs={o.name: o for o in outputs}, opset=17)
+
+
+def test_a_classifier_is_judged_on_its_scores_not_its_label_ids(caplog) -> None:
+    caplog.set_level("INFO", logger="qbench.tasks.selection")
+    [choice] = choose_outputs(get_task("classification"), _model(LABEL, ZIPMAP), None)
+    assert (choice.name, choice.index) == ("probs", 1)
+    assert "evaluating output probs (seq(map(int64,tensor(float32))))" in caplog.text
+    [ids] = choose_outputs(get_task("classification"), _model(LABEL, COPY), None)
+    assert ids.name == "label"  # the only readable output: class ids
+
+
+def test_an_encoder_skips_its_input_copy() -> None:
+    [choice] = choose_outputs(get_task("embedding"), _model(COPY, EMBEDDING), None)
+    assert choice.name == "embedding"
+
+
+def test_ambiguity_and_impossibility_are_refused_with_the_outputs_listed() -> None:
+    with pytest.raises(QbenchError, match=r"several outputs .* \('embedding', 'hidden'\).*embedding \(float32, \[None, 16\]\)"):  # noqa: E501
+        choose_outputs(get_task("embedding"), _model(COPY, EMBEDDING, HIDDEN), None)
+    with pytest.raises(QbenchError, match="no output task 'embedding' can evaluate: output 'label' holds int64 values"):
+        choose_outputs(get_task("embedding"), _model(LABEL), None)
+    with pytest.raises(QbenchError, match=r"got 'prob', expected one of label, probs \(did you mean 'probs'\?\)"):
+        choose_outputs(get_task("classification"), _model(LABEL, ZIPMAP), ["prob"])
+
+
+def test_several_named_outputs_keep_their_order_and_indices() -> None:
+    choices = choose_outputs(get_task("classification"), _model(LABEL, ZIPMAP), ["probs", "label"])
+    assert [(c.name, c.index) for c in choices] == [("probs", 1), ("label", 0)]
