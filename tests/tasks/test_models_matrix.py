@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pandas as pd
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from task_projects import (
@@ -120,15 +121,15 @@ def _passthrough_encoder() -> onnx.ModelProto:
     return graph_model(nodes, [ids], [copy, embedding], weights)
 
 
-def _tokentable() -> tuple[np.ndarray, pd.DataFrame]:
+def _token_table() -> tuple[np.ndarray, pd.DataFrame]:
     ids = np.random.default_rng(5).integers(0, 50, size=(ROWS, 8)).astype(np.int64)
     return ids, table(ids)
 
 
 def test_passthrough_output_of_an_encoder_is_skipped(tmp_path, monkeypatch, capsys, caplog):
-    ids, table = _tokentable()
+    ids, token_rows = _token_table()
     monkeypatch.chdir(tmp_path)
-    recipe = project(tmp_path, _passthrough_encoder(), table, task="embedding", gate={"metric": "cosine"})
+    recipe = project(tmp_path, _passthrough_encoder(), token_rows, task="embedding", gate={"metric": "cosine"})
     caplog.set_level("INFO", logger="qbench.tasks.selection")
     results, _ = run_all(recipe, capsys)
     assert results.recipe["model_output"] == "embedding"
@@ -143,9 +144,9 @@ def test_passthrough_output_of_an_encoder_is_skipped(tmp_path, monkeypatch, caps
 
 
 def test_embedding_on_an_integer_output_is_a_recipe_error_naming_the_float_outputs(tmp_path, capsys):
-    _, table = _tokentable()
+    _, token_rows = _token_table()
     model = {"path": "model.onnx", "output": "ids_out"}
-    recipe = project(tmp_path, _passthrough_encoder(), table, task="embedding", model=model, gate={"metric": "cosine"})
+    recipe = project(tmp_path, _passthrough_encoder(), token_rows, task="embedding", model=model, gate={"metric": "cosine"})
     assert main(["validate", str(recipe)]) == 2
     err = capsys.readouterr().err
     assert said("model.output: output 'ids_out' is a copy of the input 'input_ids'", err)
