@@ -8,8 +8,18 @@ escapes is a bug in qbench and keeps its traceback.
 from __future__ import annotations
 
 import difflib
+import re
+import reprlib
 from collections.abc import Iterable
 from pathlib import Path
+
+MAX_MESSAGE_CHARS = 600
+"""A user-facing message is one line of at most this many characters (a pathological value never floods a log)."""
+MAX_VALUE_CHARS = 60
+"""Longest rendering of a user's value inside a message."""
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxdict, _SHORT.maxlist, _SHORT.maxtuple = 3, 4, 6, 6
+_SHORT.maxstring, _SHORT.maxother = MAX_VALUE_CHARS, 40
 
 
 class QbenchError(Exception):
@@ -26,9 +36,10 @@ class RecipeError(QbenchError):
 
     def __init__(self, file: str | Path, field: str, message: str) -> None:
         self.file = str(file)
-        self.field = field
-        self.detail = message
-        super().__init__(f"{self.file}: {field}: {message}" if field else f"{self.file}: {message}")
+        self.field = one_line(field, MAX_VALUE_CHARS * 2)
+        self.detail = one_line(message)
+        text = f"{self.file}: {self.field}: {self.detail}" if self.field else f"{self.file}: {self.detail}"
+        super().__init__(one_line(text))
 
 
 class MissingExtraError(QbenchError):
@@ -40,13 +51,28 @@ class MissingExtraError(QbenchError):
         self.extra = extra
 
 
+def one_line(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """`text` with every run of whitespace (newlines included) made one space, cut to `limit` characters."""
+    flat = re.sub(r"\s+", " ", str(text)).strip()
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def short_repr(value: object, limit: int = MAX_VALUE_CHARS) -> str:
+    """repr(value) for a message: long strings, lists and dicts abbreviated with '...', at most `limit` characters."""
+    text = _SHORT.repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def did_you_mean(got: str, choices: Iterable[str]) -> str:
     """Return ' (did you mean 'x'?)' when one of `choices` is close to `got`, else ''."""
-    close = difflib.get_close_matches(str(got), [str(c) for c in choices], n=1, cutoff=0.6)
+    got = str(got)
+    if len(got) > MAX_VALUE_CHARS:  # difflib is quadratic: a pathological value is not a typo
+        return ""
+    close = difflib.get_close_matches(got, [str(c) for c in choices], n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def expected_one_of(got: object, choices: Iterable[str]) -> str:
     """Message for a value outside a closed set: "got 'x', expected one of a, b (did you mean 'a'?)"."""
     options = sorted(str(c) for c in choices)
-    return f"got {got!r}, expected one of {', '.join(options)}{did_you_mean(str(got), options)}"
+    return f"got {short_repr(got)}, expected one of {', '.join(options)}{did_you_mean(str(got), options)}"

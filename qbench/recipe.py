@@ -10,11 +10,11 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -26,7 +26,9 @@ from pydantic import (
     model_validator,
 )
 
-from qbench.errors import RecipeError, did_you_mean, expected_one_of
+from qbench.errors import RecipeError, expected_one_of, short_repr
+from qbench.recipe_errors import recipe_error
+from qbench.recipe_yaml import read_recipe_yaml
 
 Scalar = Union[str, int, float, bool, None]
 
@@ -37,25 +39,58 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """Strict: `true` is not a number, "10" is not an int, 1.0 is not an int (only Path fields take strings)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+def _path_field(description: str, default: Any = None) -> Any:
+    """A path field: a string in the YAML, relative to the recipe file."""
+    return Field(default, description=description, strict=False)
 
 
 def _check_filter(value: Any) -> dict[str, Any]:
     """A filter maps a column to a value (equality) or to {op: value} with ops from FILTER_OPS."""
     if not isinstance(value, dict) or not value:
-        raise ValueError("expected a mapping of column -> value or {op: value}")
+        raise ValueError(f"expected a non-empty mapping of column -> value or {{op: value}}, got {short_repr(value)}")
     for column, condition in value.items():
+        if not isinstance(column, str):
+            raise ValueError(f"column names are strings, got {short_repr(column)}")
         if isinstance(condition, dict):
+            if not condition:
+                raise ValueError(f"column {short_repr(column)}: expected {{op: value}} with an op, got an empty mapping")
             for op, operand in condition.items():
-                if op not in FILTER_OPS:
-                    raise ValueError(f"column {column!r}: operator {expected_one_of(op, FILTER_OPS)}")
-                if op in ("in", "not_in") and not isinstance(operand, list):
-                    raise ValueError(f"column {column!r}: {op!r} expects a list, got {operand!r}")
-                if op in ("lt", "le", "gt", "ge") and not isinstance(operand, (int, float)):
-                    raise ValueError(f"column {column!r}: {op!r} expects a number, got {operand!r}")
+                _check_operand(column, op, operand)
         elif isinstance(condition, list):
-            raise ValueError(f"column {column!r}: use {{in: [...]}} to match a list of values")
+            raise ValueError(f"column {short_repr(column)}: use {{in: [...]}} to match a list of values")
+        else:
+            _check_operand(column, "eq", condition)
     return value
+
+
+def _check_operand(column: str, op: Any, operand: Any) -> None:
+    where = f"column {short_repr(column)}"
+    if op not in FILTER_OPS:
+        raise ValueError(f"{where}: operator {expected_one_of(op, FILTER_OPS)}")
+    if op in ("in", "not_in"):
+        if not isinstance(operand, list) or not operand:
+            raise ValueError(f"{where}: {op!r} expects a non-empty list of values, got {short_repr(operand)}")
+        for item in operand:
+            _check_scalar(where, op, item)
+    elif op in ("lt", "le", "gt", "ge"):
+        if isinstance(operand, bool) or not isinstance(operand, (int, float)) or not math.isfinite(operand):
+            raise ValueError(f"{where}: {op!r} expects a finite number, got {short_repr(operand)}")
+    else:
+        _check_scalar(where, op, operand)
+
+
+def _check_scalar(where: str, op: str, operand: Any) -> None:
+    """eq / ne / list items compare one cell value: a string, number, boolean or null (never NaN)."""
+    if operand is not None and not isinstance(operand, (str, int, float, bool)):
+        hint = " (use in / not_in for several values)" if isinstance(operand, list) and op in ("eq", "ne") else ""
+        raise ValueError(f"{where}: {op!r} expects a single value, got {short_repr(operand)}{hint}")
+    if isinstance(operand, float) and math.isnan(operand):
+        raise ValueError(f"{where}: {op!r} with NaN matches nothing; use null to match missing cells")
 
 
 def _check_name(value: str) -> str:
@@ -74,9 +109,9 @@ TorchDtype = Literal["float32", "float16", "bfloat16", "int64", "int32", "bool"]
 class ModelSpec(_Strict):
     """Either an ONNX file (`path`) or a PyTorch module (`torch` factory + optional `weights`), exported once."""
 
-    path: Path | None = Field(None, description="ONNX model, relative to the recipe file")
+    path: Path | None = _path_field("ONNX model, relative to the recipe file")
     torch: str | None = Field(None, description="'package.module:factory' returning an nn.Module (imported as Python code)")
-    weights: Path | None = Field(None, description="state_dict file, loaded with torch.load(weights_only=True)")
+    weights: Path | None = _path_field("state_dict file, loaded with torch.load(weights_only=True)")
     example_inputs: dict[str, list[Annotated[int, Field(gt=0)]]] | None = Field(
         None, description="input name -> example shape (first dim is the batch, exported as dynamic)"
     )
@@ -112,7 +147,7 @@ class ModelSpec(_Strict):
 
 
 class CalibrationSpec(_Strict):
-    path: Path | None = Field(None, description="draw calibration rows from this file instead of data.path")
+    path: Path | None = _path_field("draw calibration rows from this file instead of data.path")
     filter: Filter | None = None
     samples: int = Field(256, gt=0, description="rows drawn for calibration (fewer if fewer rows match)")
     seed: int = 0
@@ -168,7 +203,7 @@ class TextInputSpec(_Strict):
 
 
 class DataSpec(_Strict):
-    path: Path = Field(description=".parquet, .csv, .jsonl, or a `datasets` save_to_disk folder; relative to the recipe")
+    path: Path = _path_field(".parquet, .csv, .jsonl, or a `datasets` save_to_disk folder; relative to the recipe", ...)
     inputs: dict[str, str | TextInputSpec] = Field(
         description="data column -> model input name, or a text column -> {tokenizer: {...}}"
     )
@@ -176,6 +211,9 @@ class DataSpec(_Strict):
     calibration: CalibrationSpec = CalibrationSpec()
     evaluation: EvaluationSpec = EvaluationSpec()
     slices: list[SliceSpec] = []
+    nonfinite_inputs: Literal["error", "drop"] = Field(
+        "error", description="rows whose input columns hold NaN/inf: error (default) or drop them (counted in results)"
+    )
 
     @field_validator("inputs")
     @classmethod
@@ -324,9 +362,29 @@ class GateSpec(_Strict):
         return any(fnmatch.fnmatchcase(variant_name, pattern) for pattern in self.applies_to)
 
 
+TRACKING_SCHEMES = ("sqlite", "file", "http", "https", "postgresql", "mysql", "mssql", "databricks")
+
+
 class TrackingSpec(_Strict):
-    uri: str | None = Field(None, description="MLflow tracking URI; default sqlite:///mlflow.db in the working directory")
-    experiment: str | None = Field(None, description="MLflow experiment; default: the recipe name")
+    uri: str | None = Field(
+        None,
+        description="MLflow tracking URI (a relative sqlite:/// path is relative to the recipe); "
+        "default sqlite:///mlflow.db in the working directory",
+    )
+    experiment: str | None = Field(None, min_length=1, description="MLflow experiment; default: the recipe name")
+
+    @field_validator("uri")
+    @classmethod
+    def _known_scheme(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        scheme = v.split("://", 1)[0].split("+", 1)[0].lower() if "://" in v else ""
+        if scheme not in TRACKING_SCHEMES:
+            raise ValueError(
+                f"got {short_repr(v)}, expected a URI with a scheme {', '.join(TRACKING_SCHEMES)} "
+                "(e.g. sqlite:///mlflow.db or http://mlflow.internal:5000)"
+            )
+        return v
 
 
 class Recipe(_Strict):
@@ -340,7 +398,7 @@ class Recipe(_Strict):
     metrics: list[MetricSpec] = Field([], description="custom metrics, reported beside the task's")
     gate: GateSpec = GateSpec()
     tracking: TrackingSpec = TrackingSpec()
-    output_dir: Path = Field(Path("reports"), description="results go to <output_dir>/<name>/<timestamp>/")
+    output_dir: Path = _path_field("results go to <output_dir>/<name>/<timestamp>/ (relative to the recipe)", Path("reports"))
 
     _source: Path = PrivateAttr(default=Path("recipe.yaml"))
     _sha256: str = PrivateAttr(default="")
@@ -437,6 +495,22 @@ class Recipe(_Strict):
         return path if path.is_absolute() else (self.base_dir / path).resolve()
 
     @property
+    def output_path(self) -> Path:
+        """output_dir, relative to the recipe file: results land in one place whatever the working directory."""
+        return self.resolve(self.output_dir)
+
+    @property
+    def tracking_uri(self) -> str | None:
+        """tracking.uri with a relative sqlite database path made absolute against the recipe's folder."""
+        uri = self.tracking.uri
+        if uri is None or not uri.startswith("sqlite:///") or uri.startswith("sqlite:////"):
+            return uri
+        database, _, query = uri.removeprefix("sqlite:///").partition("?")
+        if database in ("", ":memory:"):
+            return uri
+        return "sqlite:///" + self.resolve(Path(database)).as_posix() + (f"?{query}" if query else "")
+
+    @property
     def model_path(self) -> Path | None:
         """The ONNX file of an ONNX-source recipe; None for a PyTorch source (see qbench.sources)."""
         return self.resolve(self.model.path) if self.model.path is not None else None
@@ -495,108 +569,33 @@ def file_sha256(path: Path) -> str:
 def load_recipe(path: str | Path) -> Recipe:
     """Parse, validate and resolve a recipe file. Raises RecipeError naming file, field and expectation."""
     path = Path(path)
-    if not path.is_file():
-        raise RecipeError(path, "", "recipe file not found")
-    raw_bytes = path.read_bytes()
-    try:
-        raw = yaml.safe_load(raw_bytes)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark is not None else ""
-        raise RecipeError(path, where, f"invalid YAML: {getattr(exc, 'problem', exc)}") from None
+    raw, raw_bytes = read_recipe_yaml(path)
     if not isinstance(raw, dict):
-        raise RecipeError(path, "", f"expected a mapping at the top level, got {type(raw).__name__}")
+        raise RecipeError(
+            path, "", f"expected a mapping (name: ..., model: ..., data: ...) at the top level, got {_yaml_kind(raw)}"
+        )
     try:
         recipe = Recipe.model_validate(raw)
     except ValidationError as exc:
-        raise _recipe_error(path, exc) from None
+        raise recipe_error(path, exc, Recipe) from None
     recipe._source = path.resolve()
     recipe._sha256 = hashlib.sha256(raw_bytes).hexdigest()
     _check_files(recipe)
     return recipe
 
 
+def _yaml_kind(value: Any) -> str:
+    return {list: "a list", str: "a string", type(None): "nothing"}.get(type(value), f"a {type(value).__name__}")
+
+
 def _check_files(recipe: Recipe) -> None:
-    if recipe.model_path is not None and not recipe.model_path.is_file():
-        raise RecipeError(recipe.source, "model.path", f"file not found: {recipe.model_path}")
-    if recipe.weights_path is not None and not recipe.weights_path.is_file():
-        raise RecipeError(recipe.source, "model.weights", f"file not found: {recipe.weights_path}")
-    if not recipe.data_path.exists():
-        raise RecipeError(recipe.source, "data.path", f"file or folder not found: {recipe.data_path}")
-    calibration = recipe.calibration_data_path
-    if calibration is not None and not calibration.exists():
-        raise RecipeError(recipe.source, "data.calibration.path", f"file or folder not found: {calibration}")
-
-
-def _recipe_error(path: Path, exc: ValidationError) -> RecipeError:
-    """Turn pydantic's first error into 'file: field.path: expected …' (with a count of the rest)."""
-    errors = exc.errors(include_url=False)
-    first = errors[0]
-    loc = list(first["loc"])
-    field = _format_loc(loc)
-    kind = first["type"]
-    if kind == "extra_forbidden":
-        parent = _model_at(Recipe, loc[:-1])
-        known = list(parent.model_fields) if parent else []
-        message = f"unknown key {loc[-1]!r}{did_you_mean(str(loc[-1]), known)}"
-        if known:
-            message += f"; expected one of {', '.join(known)}"
-    elif kind == "missing":
-        message = "required field is missing"
-    elif kind == "literal_error":
-        expected = first.get("ctx", {}).get("expected", "")
-        choices = re.findall(r"'([^']*)'", expected)
-        message = expected_one_of(first["input"], choices)
-    elif kind == "value_error":
-        message = str(first.get("ctx", {}).get("error", first["msg"]))
-        message, field = _split_field_prefix(message, field)
-    else:
-        message = f"{first['msg'][0].lower()}{first['msg'][1:]}, got {first['input']!r}"
-    if len(errors) > 1:
-        message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
-    return RecipeError(path, field, message)
-
-
-def _split_field_prefix(message: str, field: str) -> tuple[str, str]:
-    """Model-level validators prefix their message with a field path ('gate.metric: …'); move it into the field."""
-    match = re.match(r"^([a-z_]+(?:\[\d+\])?(?:\.[a-z_]+(?:\[\d+\])?)*): (.*)$", message, flags=re.S)
-    if match:
-        sub, rest = match.groups()
-        return rest, f"{field}.{sub}" if field else sub
-    return message, field
-
-
-def _format_loc(loc: list[Any]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif str(part).startswith(("function-after", "function-before")):
-            continue
-        else:
-            out += f".{part}" if out else str(part)
-    return out
-
-
-def _model_at(model: type[BaseModel], loc: list[Any]) -> type[BaseModel] | None:
-    """The pydantic model class that sits at `loc` inside `model` (for 'expected one of' key lists)."""
-    current: Any = model
-    for part in loc:
-        if isinstance(part, int):
-            continue
-        field = current.model_fields.get(part) if isinstance(current, type) and issubclass(current, BaseModel) else None
-        if field is None:
-            return None
-        current = _inner_model(field.annotation)
-    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
-
-
-def _inner_model(annotation: Any) -> Any:
-    """Unwrap list[X] / X | None to the BaseModel X, if any."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in getattr(annotation, "__args__", ()) or ():
-        found = _inner_model(arg)
-        if found is not None:
-            return found
-    return None
+    """Every file the recipe names exists and is a file (or, for data, a file or a folder)."""
+    files = {"model.path": recipe.model_path, "model.weights": recipe.weights_path}
+    for field, path in files.items():
+        if path is not None and not path.is_file():
+            problem = "is a folder, expected a file" if path.is_dir() else "file not found"
+            raise RecipeError(recipe.source, field, f"{problem}: {path}")
+    folders = {"data.path": recipe.data_path, "data.calibration.path": recipe.calibration_data_path}
+    for field, path in folders.items():
+        if path is not None and not path.exists():
+            raise RecipeError(recipe.source, field, f"file or folder not found: {path}")

@@ -1,0 +1,85 @@
+"""Turn a pydantic ValidationError on a recipe into one line: 'file: field.path: expected …'."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from qbench.errors import RecipeError, did_you_mean, expected_one_of, short_repr
+
+
+def recipe_error(path: Path, exc: ValidationError, root: type[BaseModel]) -> RecipeError:
+    """Turn pydantic's first error into 'file: field.path: expected …' (with a count of the rest)."""
+    errors = exc.errors(include_url=False)
+    first = errors[0]
+    loc = list(first["loc"])
+    field = _format_loc(loc)
+    kind = first["type"]
+    if kind == "extra_forbidden":
+        parent = _model_at(root, loc[:-1])
+        known = list(parent.model_fields) if parent else []
+        message = f"unknown key {short_repr(loc[-1])}{did_you_mean(str(loc[-1]), known)}"
+        if known:
+            message += f"; expected one of {', '.join(known)}"
+    elif kind == "missing":
+        message = "required field is missing"
+    elif kind == "literal_error":
+        expected = first.get("ctx", {}).get("expected", "")
+        choices = re.findall(r"'([^']*)'", expected)
+        message = expected_one_of(first["input"], choices)
+    elif kind == "value_error":
+        message = str(first.get("ctx", {}).get("error", first["msg"]))
+        message, field = _split_field_prefix(message, field)
+    else:
+        message = f"{first['msg'][0].lower()}{first['msg'][1:]}, got {short_repr(first['input'])}"
+    if len(errors) > 1:
+        message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
+    return RecipeError(path, field, message)
+
+
+def _split_field_prefix(message: str, field: str) -> tuple[str, str]:
+    """Model-level validators prefix their message with a field path ('gate.metric: …'); move it into the field."""
+    match = re.match(r"^([a-z_]+(?:\[\d+\])?(?:\.[a-z_]+(?:\[\d+\])?)*): (.*)$", message, flags=re.S)
+    if match:
+        sub, rest = match.groups()
+        return rest, f"{field}.{sub}" if field else sub
+    return message, field
+
+
+def _format_loc(loc: list[Any]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif str(part).startswith(("function-after", "function-before")):
+            continue
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _model_at(model: type[BaseModel], loc: list[Any]) -> type[BaseModel] | None:
+    """The pydantic model class that sits at `loc` inside `model` (for 'expected one of' key lists)."""
+    current: Any = model
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = current.model_fields.get(part) if isinstance(current, type) and issubclass(current, BaseModel) else None
+        if field is None:
+            return None
+        current = _inner_model(field.annotation)
+    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def _inner_model(annotation: Any) -> Any:
+    """Unwrap list[X] / X | None to the BaseModel X, if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = _inner_model(arg)
+        if found is not None:
+            return found
+    return None

@@ -1,0 +1,145 @@
+"""Read a recipe file's YAML strictly and within bounds, before the schema sees it.
+
+A recipe is a small hand-written file, so anything far outside that is an error,
+never a slow or memory-hungry load: the file size is capped, every string and
+list is bounded, anchors/aliases may not expand past a node budget (the
+"billion laughs" file), nesting is bounded, and a key given twice in one mapping
+is an error instead of the last one silently winning. Every problem is a
+`RecipeError` naming the file and, where known, the line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from yaml.nodes import MappingNode, Node, ScalarNode
+
+from qbench.errors import RecipeError, short_repr
+
+MAX_RECIPE_BYTES = 1 << 20
+"""Largest recipe file read (1 MiB); real recipes are a few KiB."""
+MAX_NODES = 100_000
+"""Most YAML values after expanding aliases (a billion-laughs file expands past it at once)."""
+MAX_DEPTH = 64
+"""Deepest nesting of mappings and lists."""
+MAX_SCALAR_CHARS = 10_000
+"""Longest single string value."""
+MAX_ITEMS = 10_000
+"""Most entries in one list or mapping."""
+
+
+def read_recipe_yaml(path: Path) -> tuple[Any, bytes]:
+    """The parsed YAML document of the recipe at `path` (a mapping, if the file is a recipe at all) and its bytes."""
+    raw = _read_bytes(path)
+    try:
+        root = yaml.compose(raw, Loader=_StrictLoader)
+    except yaml.YAMLError as exc:
+        raise _yaml_error(path, exc) from None
+    except RecursionError:
+        raise RecipeError(path, "", f"invalid YAML: nested more than {MAX_DEPTH} levels deep") from None
+    if root is None:
+        raise RecipeError(path, "", "the file is empty; expected a mapping with at least name, model and data")
+    _check_bounds(path, root)
+    try:
+        return _StrictLoader(raw).construct_document(root), raw
+    except yaml.YAMLError as exc:
+        raise _yaml_error(path, exc) from None
+
+
+def _read_bytes(path: Path) -> bytes:
+    if path.is_dir():
+        raise RecipeError(path, "", "is a folder; expected a recipe YAML file")
+    if not path.is_file():
+        raise RecipeError(path, "", "recipe file not found" if not path.exists() else "not a regular file")
+    try:
+        size = path.stat().st_size
+        if size > MAX_RECIPE_BYTES:
+            raise RecipeError(path, "", f"the file has {size} bytes; a recipe is at most {MAX_RECIPE_BYTES} bytes")
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise RecipeError(path, "", f"cannot read the recipe: {exc.strerror or exc}") from None
+    if b"\x00" in raw[:4096] and not raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise RecipeError(path, "", "the file holds binary data (NUL bytes); expected a YAML text file")
+    return raw
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (YAML 1.2 says keys are unique)."""
+
+    def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first_line: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == _MERGE_TAG:  # `<<: *defaults` may be overridden by explicit keys
+                continue
+            if not isinstance(key_node, ScalarNode):
+                raise yaml.constructor.ConstructorError(
+                    None, None, "a mapping key must be a single value, not a list or mapping", key_node.start_mark
+                )
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if key in first_line:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {short_repr(key)} (first at line {first_line[key]})", key_node.start_mark
+                )
+            first_line[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _check_bounds(path: Path, root: Node) -> None:
+    """Walk the node graph once per distinct node, counting what aliases would expand to."""
+    expanded: dict[int, int] = {}
+    active: set[int] = set()
+
+    def size(node: Node, depth: int) -> int:
+        key = id(node)
+        if key in expanded:
+            return expanded[key]
+        line = node.start_mark.line + 1
+        if key in active:
+            raise RecipeError(path, f"line {line}", "an alias refers to the mapping or list that contains it")
+        if depth > MAX_DEPTH:
+            raise RecipeError(path, f"line {line}", f"nested more than {MAX_DEPTH} levels deep")
+        if isinstance(node, ScalarNode):
+            if len(node.value) > MAX_SCALAR_CHARS:
+                shown = short_repr(node.value)
+                raise RecipeError(
+                    path, f"line {line}", f"a value of {len(node.value)} characters ({shown}); at most {MAX_SCALAR_CHARS}"
+                )
+            expanded[key] = 1
+            return 1
+        children: list[Node] = (
+            [n for pair in node.value for n in pair] if isinstance(node, MappingNode) else list(node.value)
+        )
+        if len(node.value) > MAX_ITEMS:
+            kind = "mapping" if isinstance(node, MappingNode) else "list"
+            raise RecipeError(path, f"line {line}", f"a {kind} of {len(node.value)} entries; at most {MAX_ITEMS}")
+        active.add(key)
+        total = 1
+        for child in children:
+            total += size(child, depth + 1)
+            if total > MAX_NODES:
+                raise RecipeError(
+                    path,
+                    f"line {line}",
+                    f"anchors and aliases expand to more than {MAX_NODES} values; a recipe is a small file",
+                )
+        active.discard(key)
+        expanded[key] = total
+        return total
+
+    size(root, 0)
+
+
+def _yaml_error(path: Path, exc: yaml.YAMLError) -> RecipeError:
+    mark = getattr(exc, "problem_mark", None)
+    where = f"line {mark.line + 1}" if mark is not None else ""
+    problem = getattr(exc, "problem", None) or str(exc)
+    context = getattr(exc, "context", None)
+    detail = f"{context}: {problem}" if context else problem
+    return RecipeError(path, where, f"invalid YAML: {detail}")
+
