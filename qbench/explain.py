@@ -577,7 +577,7 @@ def run_explain(
 
         check_reachable(resolve_tracking_uri(recipe))
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    directory = (recipe.output_dir / recipe.name / f"explain-{variant_name}-{stamp}").resolve()
+    directory = recipe.output_path / recipe.name / f"explain-{variant_name}-{stamp}"
     result = explain_variant(recipe, variant_name, method=method, group_by=group_by, max_nodes=max_nodes, workdir=directory)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "explain.json").write_text(json.dumps(result.to_dict(), indent=2, allow_nan=False))

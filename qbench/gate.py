@@ -140,10 +140,13 @@ def _check(
 ) -> GateCheck | None:
     ref_value = ref.metrics.get(spec.metric, math.nan)
     value = own.metrics.get(spec.metric, math.nan)
-    if not (math.isfinite(ref_value) and math.isfinite(value)):
+    finite = math.isfinite(ref_value) and math.isfinite(value)
+    # min_slice_size comes first: a slice too small to judge may have no metric value at all
+    too_small = own.name != "overall" and own.size < spec.min_slice_size
+    if not finite and not too_small:
         return None
-    observed_drop = drop(spec.metric, ref_value, value)
-    if own.name != "overall" and own.size < spec.min_slice_size:
+    observed_drop = drop(spec.metric, ref_value, value) if finite else math.nan
+    if too_small:
         status = "skipped"
     else:
         # a tiny epsilon keeps a drop that equals the tolerance (up to float rounding) a pass
@@ -153,7 +156,7 @@ def _check(
 
 def latest_results(recipe: Recipe) -> Path:
     """The newest results.json of this recipe under <output_dir>/<name>/ (run folders sort by time)."""
-    root = recipe.output_dir / recipe.name
+    root = recipe.output_path / recipe.name
     runs = sorted(p for p in root.glob("*/results.json")) if root.is_dir() else []
     if not runs:
         raise QbenchError(f"no results for recipe {recipe.name!r} under {root}: run `qbench sweep {recipe.source}` first")

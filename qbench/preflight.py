@@ -16,17 +16,23 @@ import pandas as pd
 
 from qbench.backends import get_backend
 from qbench.data import (
+    NonfiniteMasks,
     build_feeds,
+    check_finite,
+    drop_nonfinite,
     draw_calibration_sample,
     iter_batches,
     load_table,
+    nonfinite_masks,
     per_slice_counts,
     row_ids_sha256,
     select_rows,
     slice_masks,
 )
+from qbench.console import console
 from qbench.errors import QbenchError, RecipeError, expected_one_of
 from qbench.modelinfo import ModelInfo, read_model_info
+from qbench.preflight_checks import check_batch_memory, check_destinations, check_plan
 from qbench.recipe import Recipe
 from qbench.results import CalibrationRecord
 from qbench.sources import ModelSource, resolve_model
@@ -57,6 +63,8 @@ class Prepared:
     calibration: CalibrationRecord
     calibration_overlap: int  # rows used both to calibrate and to evaluate (overlap flatters INT8)
     training: dict[str, TrainingData]  # variant name -> rows it fine-tunes on (QAT variants only)
+    # data.nonfinite_inputs: drop -> {"evaluation" | "calibration": {input column: rows left out}}
+    dropped_nonfinite: dict[str, dict[str, int]]
     custom_metrics: tuple[CustomMetric, ...] = ()
 
     @property
@@ -74,8 +82,11 @@ class Prepared:
         return {choice.name: choice.index for choice in self.outputs}
 
 
-def prepare(recipe: Recipe) -> Prepared:
-    """Check the recipe against its model, data and backends; build evaluation, calibration and training feeds."""
+def prepare(recipe: Recipe, *, track: bool = True) -> Prepared:
+    """Check the recipe against its model, data, backends and destinations (the tracking store only when
+    `track`); build evaluation, calibration and training feeds."""
+    check_plan(recipe)
+    check_destinations(recipe, track=track)
     check_backends(recipe)
     _check_quantizer_options(recipe)
     source = resolve_model(recipe)
@@ -84,19 +95,29 @@ def prepare(recipe: Recipe) -> Prepared:
     outputs = _pick_outputs(recipe, task, model)
     custom_metrics = load_custom_metrics(recipe)
     table = load_table(recipe.data_path, recipe_file=recipe.source)
+    nonfinite = nonfinite_masks(table, recipe.data.inputs)
+    dropped: dict[str, dict[str, int]] = {}
     eval_rows = select_rows(table, recipe.data.evaluation.filter, field="data.evaluation.filter", recipe_file=recipe.source)
+    eval_rows = _finite_rows(recipe, eval_rows, nonfinite, dropped, "evaluation")
     if recipe.data.evaluation.limit is not None:
         eval_rows = eval_rows[: recipe.data.evaluation.limit]
-    masks = slice_masks(table, recipe.data.slices, recipe_file=recipe.source, inputs=recipe.data.inputs)
-    eval_slices = _evaluation_slices(recipe, masks, eval_rows)
+    masks = slice_masks(
+        table, recipe.data.slices, recipe_file=recipe.source, inputs=recipe.data.inputs, evaluation_rows=eval_rows
+    )
+    check_finite(table, eval_rows, nonfinite, masks, what="evaluation", recipe_file=recipe.source)
+    eval_slices = {name: mask[eval_rows] for name, mask in masks.items()}
     labels = _labels(recipe, task, table, eval_rows, outputs)
     eval_feeds = build_feeds(table, eval_rows, recipe.data.inputs, model.inputs, recipe_file=recipe.source)
+    check_batch_memory(recipe, eval_feeds)
     calibration_table = (
         load_table(recipe.calibration_data_path, recipe_file=recipe.source, field="data.calibration.path")
         if recipe.calibration_data_path is not None
         else table
     )
-    calibration_rows, calibration_batches = _calibration(recipe, calibration_table, model)
+    calibration_nonfinite = nonfinite if calibration_table is table else nonfinite_masks(calibration_table, recipe.data.inputs)
+    calibration_rows, calibration_batches = _calibration(
+        recipe, calibration_table, model, calibration_nonfinite, dropped, masks if calibration_table is table else {}
+    )
     return Prepared(
         recipe=recipe,
         source=source,
@@ -118,8 +139,9 @@ def prepare(recipe: Recipe) -> Prepared:
         calibration_overlap=(
             int(np.intersect1d(eval_rows, calibration_rows).size) if calibration_table is table else 0
         ),
-        training=_training(recipe, task, table, model, outputs),
+        training=_training(recipe, task, table, model, outputs, nonfinite, masks),
         custom_metrics=custom_metrics,
+        dropped_nonfinite=dropped,
     )
 
 
@@ -183,26 +205,50 @@ def _labels(
     return labels
 
 
-def _evaluation_slices(recipe: Recipe, masks: dict[str, np.ndarray], eval_rows: np.ndarray) -> dict[str, np.ndarray]:
-    slices = {name: mask[eval_rows] for name, mask in masks.items()}
-    for index, spec in enumerate(recipe.data.slices):
-        if spec.name is not None and not slices[spec.name].any():
-            raise RecipeError(
-                recipe.source, f"data.slices[{index}].filter", f"slice {spec.name!r} selects no evaluation rows"
-            )
-    return slices
+def _finite_rows(
+    recipe: Recipe, rows: np.ndarray, nonfinite: NonfiniteMasks, dropped: dict[str, dict[str, int]], what: str
+) -> np.ndarray:
+    """With `data.nonfinite_inputs: drop`, `rows` less those holding NaN/inf (counted in `dropped[what]`)."""
+    if recipe.data.nonfinite_inputs != "drop" or not nonfinite:
+        return rows
+    kept, counts = drop_nonfinite(rows, nonfinite)
+    if counts:
+        dropped[what] = counts
+        shown = ", ".join(f"{column}: {n}" for column, n in counts.items())
+        console.print(f"[yellow]warning:[/] {len(rows) - len(kept)} {what} rows dropped for NaN/inf inputs ({shown})")
+    if len(kept) == 0:
+        raise RecipeError(
+            recipe.source, "data.nonfinite_inputs", f"every {what} row holds NaN or inf in an input column ({shown})"
+        )
+    return kept
 
 
-def _calibration(recipe: Recipe, table: pd.DataFrame, model: ModelInfo) -> tuple[np.ndarray, list[Feeds]]:
+def _calibration(
+    recipe: Recipe,
+    table: pd.DataFrame,
+    model: ModelInfo,
+    nonfinite: NonfiniteMasks,
+    dropped: dict[str, dict[str, int]],
+    slices: dict[str, np.ndarray],
+) -> tuple[np.ndarray, list[Feeds]]:
     spec = recipe.data.calibration
     candidates = select_rows(table, spec.filter, field="data.calibration.filter", recipe_file=recipe.source)
+    candidates = _finite_rows(recipe, candidates, nonfinite, dropped, "calibration")
     rows = draw_calibration_sample(table, candidates, spec, recipe_file=recipe.source)
+    field_name = "data.inputs" if recipe.calibration_data_path is None else "data.calibration.path"
+    check_finite(table, rows, nonfinite, slices, what="calibration", recipe_file=recipe.source, field=field_name)
     feeds = build_feeds(table, rows, recipe.data.inputs, model.inputs, recipe_file=recipe.source)
     return rows, list(iter_batches(feeds, spec.batch_size))
 
 
 def _training(
-    recipe: Recipe, task: Task, table: pd.DataFrame, model: ModelInfo, outputs: list[OutputChoice]
+    recipe: Recipe,
+    task: Task,
+    table: pd.DataFrame,
+    model: ModelInfo,
+    outputs: list[OutputChoice],
+    nonfinite: NonfiniteMasks,
+    slices: dict[str, np.ndarray],
 ) -> dict[str, TrainingData]:
     """Feeds (and labels) for every QAT variant, from its `qat.train` filter."""
     training = {}
@@ -211,7 +257,9 @@ def _training(
             continue
         field = f"variants[{index}].qat.train.filter"
         rows = select_rows(table, spec.qat.train.filter, field=field, recipe_file=recipe.source)
+        rows = _finite_rows(recipe, rows, nonfinite, {}, f"{spec.name} training")
         rows = rows[: spec.qat.train.limit] if spec.qat.train.limit is not None else rows
+        check_finite(table, rows, nonfinite, slices, what=f"{spec.name} training", recipe_file=recipe.source)
         labels = (
             _labels(recipe, task, table, rows, outputs)
             if spec.qat.loss == "label" and recipe.data.label is not None

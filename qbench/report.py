@@ -343,6 +343,9 @@ def _header(results: SweepResults) -> str:
         f"- **Reference:** {results.reference}; **gate metric:** {results.gate_metric}; "
         f"**evaluation rows:** {results.evaluation_rows}",
     ]
+    for what, counts in results.dropped_nonfinite.items():
+        shown = ", ".join(f"{column} {rows}" for column, rows in counts.items())
+        lines.append(f"- **{what.capitalize()} rows dropped for NaN/inf inputs:** {shown} (data.nonfinite_inputs: drop)")
     return "\n".join(lines) + "\n"
 
 

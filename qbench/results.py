@@ -6,7 +6,8 @@ Schema (version 1), documented in reports/README.md:
       schema_version, qbench_version, created_at, recipe {name, path, sha256, task},
       environment {...}, calibration CalibrationRecord, evaluation_rows,
       gate_metric, reference, variants [VariantResult], frontier [FrontierPoint],
-      timings {phase: seconds} (calibration, build, evaluate, latency, report, track, total)
+      timings {phase: seconds} (calibration, build, evaluate, latency, report, track, total),
+      dropped_nonfinite {evaluation|calibration: {input column: rows left out for NaN/inf}}
     VariantResult
       variant, backend, precision, status ok|failed|skipped, error (or skip reason), params {...},
       model_path, model_bytes, build_seconds, notes [...],
@@ -126,6 +127,8 @@ class SweepResults:
     variants: tuple[VariantResult, ...]
     frontier: tuple[FrontierPoint, ...] = ()
     timings: dict[str, float] = field(default_factory=dict)
+    # rows left out for NaN/inf inputs (data.nonfinite_inputs: drop): {"evaluation"|"calibration": {column: rows}}
+    dropped_nonfinite: dict[str, dict[str, int]] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
 
     def find(self, variant: str, backend: str) -> VariantResult | None:
@@ -240,6 +243,7 @@ def from_dict(raw: dict[str, Any]) -> SweepResults:
         ),
         frontier=tuple(FrontierPoint(**p) for p in raw.get("frontier", [])),
         timings=raw.get("timings", {}),
+        dropped_nonfinite=raw.get("dropped_nonfinite", {}),
     )
 
 

@@ -73,7 +73,7 @@ def run_sweep(recipe: Recipe | str | Path, *, track: bool = True, show: bool = T
 
         check_reachable(resolve_tracking_uri(recipe))
     t = time.perf_counter()
-    prepared = prepare(recipe)
+    prepared = prepare(recipe, track=track)
     clock.add("prepare", t)
     run_dir = _new_run_dir(recipe)
     if prepared.calibration_overlap:
@@ -290,6 +290,7 @@ def _assemble(prepared: Prepared, variants: list[VariantResult], clock: _Clock) 
         variants=tuple(variants),
         frontier=compute_frontier(variants, recipe.gate.metric),
         timings=dict(clock.seconds),
+        dropped_nonfinite=prepared.dropped_nonfinite,
     )
 
 
@@ -329,7 +330,7 @@ def _with_timings(results: SweepResults, timings: dict[str, float]) -> SweepResu
 
 def _new_run_dir(recipe: Recipe) -> Path:
     """<output_dir>/<name>/<UTC timestamp>[-n]: a fresh folder per sweep, sortable by time."""
-    root = (recipe.output_dir / recipe.name).resolve()  # absolute: builders may change the working directory
+    root = recipe.output_path / recipe.name  # absolute: builders may change the working directory
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     candidate, n = root / stamp, 1
     while candidate.exists():

@@ -53,9 +53,10 @@ _DESCRIPTION_TAG = "mlflow.note.content"  # shown as the run's description in th
 
 
 def resolve_tracking_uri(recipe: Recipe) -> str:
-    """The recipe's tracking URI, else $MLFLOW_TRACKING_URI, else `sqlite:///<absolute cwd>/mlflow.db`."""
-    if recipe.tracking.uri:
-        return recipe.tracking.uri
+    """The recipe's tracking URI (a relative sqlite path is relative to the recipe), else $MLFLOW_TRACKING_URI,
+    else `sqlite:///<absolute cwd>/mlflow.db`."""
+    if recipe.tracking_uri:
+        return recipe.tracking_uri
     if os.environ.get("MLFLOW_TRACKING_URI"):
         return os.environ["MLFLOW_TRACKING_URI"]
     return "sqlite:///" + (Path.cwd() / "mlflow.db").as_posix()
@@ -289,6 +290,8 @@ def _sweep_metrics(results: SweepResults, gate: GateReport | None) -> dict[str, 
     metrics["variants_failed"] = float(sum(v.status != "ok" for v in results.variants))
     if gate is not None:
         metrics["gate_breaches"] = float(len(gate.breaches))
+    for what, counts in results.dropped_nonfinite.items():
+        metrics |= {f"dropped_nonfinite/{what}/{sanitise_name(column)}": float(n) for column, n in counts.items()}
     return metrics
 
 

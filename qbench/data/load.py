@@ -13,8 +13,10 @@ error rather than a silent string.
 
 from __future__ import annotations
 
+import csv
 import json
 import re
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -36,7 +38,7 @@ def load_table(path: Path, *, recipe_file: Path, field: str = "data.path") -> pd
     read = _reader_for(path, recipe_file=recipe_file, field=field)
     try:
         df = read(path)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, csv.Error) as exc:
         raise RecipeError(recipe_file, field, f"cannot read {path.name}: {_one_line(exc)}") from None
     if df.empty:
         raise RecipeError(recipe_file, field, f"{path.name} has no rows")
@@ -68,11 +70,30 @@ def _read_parquet(path: Path) -> pd.DataFrame:
 
 
 def _read_csv(path: Path) -> pd.DataFrame:
+    _check_csv_rows(path)
     df = pd.read_csv(path)
     for column in df.columns:
         if _is_json_list_column(df[column]):
             df[column] = _parse_json_lists(df[column])
     return df
+
+
+def _check_csv_rows(path: Path) -> None:
+    """Every record has as many fields as the header: pandas would pad a short row with NaN silently."""
+    limit = csv.field_size_limit(sys.maxsize)  # a cell may hold a whole image as a JSON list
+    try:
+        with open(path, newline="", encoding="utf-8", errors="replace") as handle:
+            reader = csv.reader(handle)
+            header = next(reader, None) or []
+            for record in reader:
+                if any(cell.strip() for cell in record) and len(record) != len(header):
+                    shown = ", ".join(header[:8]) + (", ..." if len(header) > 8 else "")
+                    raise ValueError(
+                        f"line {reader.line_num} has {len(record)} field{'s' if len(record) != 1 else ''}, "
+                        f"expected {len(header)} like the header ({shown})"
+                    )
+    finally:
+        csv.field_size_limit(limit)
 
 
 def _read_json_lines(path: Path) -> pd.DataFrame:

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from qbench.data.filters import distinct_values, empty_selection_error, filter_mask, format_value, scalar_column
+from qbench.data.load import table_name
 from qbench.data.text import text_cells, token_counts
 from qbench.errors import RecipeError
 from qbench.recipe import SliceSpec, TextInputSpec
@@ -32,10 +33,12 @@ def slice_masks(
     recipe_file: Path,
     field: str = "data.slices",
     inputs: Mapping[str, str | TextInputSpec] | None = None,
+    evaluation_rows: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """Slice name -> boolean mask over all rows, in recipe order (values of a `by` column sorted).
 
     `inputs` (the recipe's data.inputs) names the tokenizer of each text column for `by_length` slices.
+    With `evaluation_rows`, a slice holding none of them is an error: it would have no accuracy to gate.
     """
     masks: dict[str, np.ndarray] = {}
     made_by: dict[str, str] = {}
@@ -48,6 +51,14 @@ def slice_masks(
         else:
             new = {spec.name: _named_filter_mask(df, spec, field=f"{spec_field}.filter", recipe_file=recipe_file)}
         for name, mask in new.items():
+            if evaluation_rows is not None and not mask[evaluation_rows].any():
+                raise RecipeError(
+                    recipe_file,
+                    spec_field,
+                    f"slice {name!r} has {int(mask.sum())} rows in {table_name(df)} but none among the "
+                    f"{len(evaluation_rows)} evaluation rows; expected a slice of the evaluated rows "
+                    "(check data.evaluation.filter / limit)",
+                )
             if name in masks:
                 raise RecipeError(
                     recipe_file, spec_field, f"duplicate slice name {name!r} (also made by {made_by[name]})"

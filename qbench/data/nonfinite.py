@@ -1,0 +1,109 @@
+"""NaN / ±inf in the model's input columns: found per column and per slice, then an error or dropped rows.
+
+A non-finite input makes the FP32 reference and every variant produce garbage for
+that row, and a quantized variant may saturate where FP32 propagates NaN, so the
+accuracy comparison says nothing. By default such rows are a recipe error naming
+the column, the row count and the slices they fall in; `data.nonfinite_inputs: drop`
+removes them instead, and the sweep records how many rows each column cost.
+Text columns (tokenized) and missing cells (reported by `build_feeds`) are not counted here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from qbench.data.load import table_name
+from qbench.errors import RecipeError
+from qbench.recipe import TextInputSpec
+
+_SHOWN = 4  # columns / slices named in one message
+
+NonfiniteMasks = Mapping[str, np.ndarray]
+"""Input column -> boolean mask over all rows of a table whose cell holds NaN or ±inf."""
+
+
+def nonfinite_masks(df: pd.DataFrame, inputs: Mapping[str, str | TextInputSpec]) -> dict[str, np.ndarray]:
+    """Input column -> boolean mask over all rows whose cell holds NaN or ±inf (only columns that have some)."""
+    masks: dict[str, np.ndarray] = {}
+    for column, target in inputs.items():
+        if isinstance(target, TextInputSpec) or column not in df.columns:
+            continue
+        mask = _nonfinite_cells(df[column])
+        if mask.any():
+            masks[column] = mask
+    return masks
+
+
+def drop_nonfinite(rows: np.ndarray, masks: NonfiniteMasks) -> tuple[np.ndarray, dict[str, int]]:
+    """`rows` without those any mask marks, and how many of `rows` each column marked."""
+    counts = {column: int(mask[rows].sum()) for column, mask in masks.items()}
+    bad = np.zeros(len(rows), dtype=bool)
+    for mask in masks.values():
+        bad |= mask[rows]
+    return rows[~bad], {column: n for column, n in counts.items() if n}
+
+
+def check_finite(
+    df: pd.DataFrame,
+    rows: np.ndarray,
+    masks: NonfiniteMasks,
+    slices: Mapping[str, np.ndarray],
+    *,
+    what: str,
+    recipe_file: Path,
+    field: str = "data.inputs",
+) -> None:
+    """Raise a RecipeError when any of `rows` (the `what` rows) holds NaN/inf in an input column.
+
+    The message names each column with its row count and the slices those rows fall in.
+    """
+    _, counts = drop_nonfinite(rows, masks)
+    if not counts:
+        return
+    parts = []
+    for column, count in list(counts.items())[:_SHOWN]:
+        in_rows = masks[column] & np.isin(np.arange(len(df)), rows)
+        parts.append(f"column {column!r}: {count} row{'s' if count != 1 else ''}{_slice_note(in_rows, slices)}")
+    more = f"; and {len(counts) - _SHOWN} more columns" if len(counts) > _SHOWN else ""
+    first = next(iter(counts))
+    raise RecipeError(
+        recipe_file,
+        f"{field}.{first}" if field == "data.inputs" else field,
+        f"{what} rows of {table_name(df)} hold NaN or inf in input columns ({'; '.join(parts)}{more}); "
+        "expected finite numbers, or set data.nonfinite_inputs: drop to leave those rows out",
+    )
+
+
+def _slice_note(mask: np.ndarray, slices: Mapping[str, np.ndarray]) -> str:
+    hits = [(name, int((mask & slice_mask).sum())) for name, slice_mask in slices.items()]
+    hits = [(name, n) for name, n in hits if n]
+    if not hits:
+        return ""
+    shown = ", ".join(f"{name} {n}" for name, n in hits[:_SHOWN])
+    return f" (slices: {shown}{', ...' if len(hits) > _SHOWN else ''})"
+
+
+def _nonfinite_cells(values: pd.Series) -> np.ndarray:
+    if pd.api.types.is_bool_dtype(values) or pd.api.types.is_integer_dtype(values):
+        return np.zeros(len(values), dtype=bool)
+    if pd.api.types.is_numeric_dtype(values):
+        array = values.to_numpy(dtype=np.float64, na_value=np.nan)
+        return ~np.isfinite(array)
+    return np.fromiter((_cell_is_nonfinite(cell) for cell in values), dtype=bool, count=len(values))
+
+
+def _cell_is_nonfinite(cell: object) -> bool:
+    """A cell (a number, a list, an array, or an array of arrays) holding NaN or ±inf; text and None never do."""
+    if cell is None or isinstance(cell, (str, bytes)):
+        return False
+    try:
+        array = np.asarray(cell.tolist() if isinstance(cell, np.ndarray) and cell.dtype == object else cell)
+    except (ValueError, TypeError):  # ragged lists: build_feeds reports their shapes
+        return False
+    if array.dtype.kind not in "fc":
+        return False
+    return not bool(np.isfinite(array).all())

@@ -1,0 +1,133 @@
+"""Checks that would otherwise fail only after a whole sweep: run by `qbench validate` and at the start of a sweep.
+
+- the plan: at least one variant besides the FP32 reference, and every `gate.applies_to`
+  glob matches one of them (else the gate has nothing to judge);
+- the destinations: `output_dir` is (or can be made) a writable folder, and the tracking
+  store can be written (a sqlite file or a file: folder; servers are asked by `track`);
+- memory: the input of the largest batch fits in the memory available now.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+from qbench.errors import RecipeError
+from qbench.recipe import Recipe
+
+_GIB = 1 << 30
+
+
+def check_plan(recipe: Recipe) -> None:
+    """There is something to compare with FP32, and every gate glob picks at least one such variant."""
+    reference = recipe.all_variants()[0].name
+    candidates = [v.name for v in recipe.all_variants()[1:]]
+    if not candidates:
+        raise RecipeError(
+            recipe.source,
+            "variants",
+            "no variant to compare with the FP32 reference; add one, e.g. {name: int8, precision: int8, "
+            "calibrator: minmax}",
+        )
+    for index, pattern in enumerate(recipe.gate.applies_to):
+        if not any(fnmatch.fnmatchcase(name, pattern) for name in candidates):
+            shown = ", ".join(candidates)
+            note = f" (the reference {reference!r} is not gated)" if fnmatch.fnmatchcase(reference, pattern) else ""
+            raise RecipeError(
+                recipe.source, f"gate.applies_to[{index}]", f"{pattern!r} matches no variant{note}; variants: {shown}"
+            )
+
+
+def check_destinations(recipe: Recipe, *, track: bool) -> None:
+    """output_dir and, when tracking, a local tracking store must be writable folders (nothing is created)."""
+    _check_writable_folder(recipe, "output_dir", recipe.output_path)
+    if not track:
+        return
+    uri = recipe.tracking_uri
+    if uri is None:
+        return  # the default store ($MLFLOW_TRACKING_URI or ./mlflow.db) is checked by MLflow when logging
+    database = _local_store(uri)
+    if database is None:
+        return
+    path, is_folder = database
+    if is_folder:
+        _check_writable_folder(recipe, "tracking.uri", path)
+    elif path.exists() and (path.is_dir() or not os.access(path, os.W_OK)):
+        problem = "is a folder" if path.is_dir() else "is not writable"
+        raise RecipeError(recipe.source, "tracking.uri", f"the sqlite database {path} {problem}; expected a writable file")
+    else:
+        _check_writable_folder(recipe, "tracking.uri", path.parent, create=False)
+
+
+def check_batch_memory(recipe: Recipe, feeds: Mapping[str, np.ndarray], *, available: int | None = None) -> None:
+    """The model inputs of every batch size the recipe asks for fit in the memory available (bytes per row ×
+    batch, from the evaluation feeds, which carry the model's input shapes and dtypes)."""
+    rows = min((len(array) for array in feeds.values()), default=0)
+    if rows == 0:
+        return
+    per_row = sum(array.nbytes for array in feeds.values()) / rows
+    available = available_memory() if available is None else available
+    if available is None:
+        return
+    for field, batch in _batch_sizes(recipe):
+        needed = per_row * batch
+        if needed > available:
+            raise RecipeError(
+                recipe.source,
+                field,
+                f"a batch of {batch} rows needs {needed / _GIB:.1f} GiB of model input ({per_row:.0f} bytes per row), "
+                f"but {available / _GIB:.1f} GiB of memory is available; expected a smaller batch size",
+            )
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to a new allocation now (Linux MemAvailable, else free pages); None if unknown."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _batch_sizes(recipe: Recipe) -> list[tuple[str, int]]:
+    sizes = [(f"latency.batch_sizes[{i}]", b) for i, b in enumerate(recipe.latency.batch_sizes)]
+    sizes += [
+        ("data.evaluation.batch_size", recipe.data.evaluation.batch_size),
+        ("data.calibration.batch_size", recipe.data.calibration.batch_size),
+    ]
+    sizes += [(f"variants[{i}].qat.batch_size", v.qat.batch_size) for i, v in enumerate(recipe.variants) if v.qat]
+    return sizes
+
+
+def _local_store(uri: str) -> tuple[Path, bool] | None:
+    """(path, is_folder) of a sqlite database file or a file: store folder; None for servers and databases."""
+    if uri.startswith("sqlite:///"):
+        database = uri.removeprefix("sqlite:///").split("?", 1)[0]
+        return None if database in ("", ":memory:") else (Path(database), False)
+    if uri.startswith("file:"):
+        return Path(uri.removeprefix("file://").removeprefix("file:")), True
+    return None
+
+
+def _check_writable_folder(recipe: Recipe, field: str, folder: Path, *, create: bool = True) -> None:
+    """`folder` is a writable folder, or (with `create`) can be made inside its nearest existing, writable parent."""
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        if not create:
+            raise RecipeError(recipe.source, field, f"folder not found: {existing}; expected an existing folder")
+        existing = existing.parent
+    if not existing.is_dir():
+        what = f"{folder} is a file" if existing == folder else f"{existing} (in the path of {folder}) is a file"
+        raise RecipeError(recipe.source, field, f"{what}; expected a writable folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise RecipeError(recipe.source, field, f"folder {existing} is not writable; expected a writable folder")
