@@ -1,7 +1,7 @@
 """Checks that would otherwise fail only after a whole sweep: run by `qbench validate` and at the start of a sweep.
 
-- the plan: at least one variant besides the FP32 reference, and every `gate.applies_to`
-  glob matches one of them (else the gate has nothing to judge);
+- the plan: at least one variant besides the FP32 reference, and `gate.applies_to` matches
+  at least one of them (else the gate has nothing to judge; a glob that matches none is logged);
 - the destinations: `output_dir` is (or can be made) a writable folder, and the tracking
   store can be written (a sqlite file or a file: folder; servers are asked by `track`);
 - memory: the input of the largest batch fits in the memory available now.
@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from qbench.errors import RecipeError
+from qbench.console import console
+from qbench.errors import RecipeError, short_repr
 from qbench.recipe import Recipe
 
 _GIB = 1 << 30
@@ -33,13 +34,19 @@ def check_plan(recipe: Recipe) -> None:
             "no variant to compare with the FP32 reference; add one, e.g. {name: int8, precision: int8, "
             "calibrator: minmax}",
         )
-    for index, pattern in enumerate(recipe.gate.applies_to):
-        if not any(fnmatch.fnmatchcase(name, pattern) for name in candidates):
-            shown = ", ".join(candidates)
-            note = f" (the reference {reference!r} is not gated)" if fnmatch.fnmatchcase(reference, pattern) else ""
-            raise RecipeError(
-                recipe.source, f"gate.applies_to[{index}]", f"{pattern!r} matches no variant{note}; variants: {shown}"
-            )
+    patterns = recipe.gate.applies_to
+    matched = [p for p in patterns if any(fnmatch.fnmatchcase(name, p) for name in candidates)]
+    if not matched:
+        reference_only = any(fnmatch.fnmatchcase(reference, p) for p in patterns)
+        note = f" (the reference {reference!r} is not gated)" if reference_only else ""
+        raise RecipeError(
+            recipe.source,
+            "gate.applies_to",
+            f"{short_repr(patterns)} matches no variant{note}; expected globs over the variants {', '.join(candidates)}",
+        )
+    for pattern in patterns:
+        if pattern not in matched:
+            console.print(f"[yellow]warning:[/] gate.applies_to: {pattern!r} matches no variant")
 
 
 def check_destinations(recipe: Recipe, *, track: bool) -> None:

@@ -221,7 +221,7 @@ def test_tracking_uri_and_ui_command(tmp_path: Path, monkeypatch: pytest.MonkeyP
     with pytest.raises(QbenchError, match="browser"):
         ui_command("http://127.0.0.1:5000")
     custom = write_recipe(tmp_path, {"uri": "sqlite:///elsewhere.db", "experiment": "exp"})
-    assert resolve_tracking_uri(custom) == "sqlite:///elsewhere.db"
+    assert resolve_tracking_uri(custom) == f"sqlite:///{(tmp_path / 'elsewhere.db').as_posix()}"  # recipe-relative
 
 
 def test_log_sweep_to_a_real_mlflow_server(mlflow_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
