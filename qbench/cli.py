@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = app(args=argv if argv is not None else sys.argv[1:], prog_name="qbench", standalone_mode=False)
     except QbenchError as exc:
-        err_console.print(f"[red]error:[/] {escape(str(exc))}")
+        err_console.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)  # one line, unfolded, in CI logs
         return exc.exit_code
     except typer.Exit as exc:
         return exc.exit_code

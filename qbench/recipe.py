@@ -585,7 +585,8 @@ def load_recipe(path: str | Path) -> Recipe:
 
 
 def _yaml_kind(value: Any) -> str:
-    return {list: "a list", str: "a string", type(None): "nothing"}.get(type(value), f"a {type(value).__name__}")
+    kinds = {list: "a list", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
+    return kinds.get(type(value), f"a {type(value).__name__}")
 
 
 def _check_files(recipe: Recipe) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import re
 from pathlib import Path
 from typing import Any
@@ -15,10 +16,16 @@ def recipe_error(path: Path, exc: ValidationError, root: type[BaseModel]) -> Rec
     """Turn pydantic's first error into 'file: field.path: expected …' (with a count of the rest)."""
     errors = exc.errors(include_url=False)
     first = errors[0]
-    loc = list(first["loc"])
-    field = _format_loc(loc)
+    tags = _model_names(root)
+    loc = [part for part in first["loc"] if not _is_type_tag(part, tags)]
     kind = first["type"]
-    if kind == "extra_forbidden":
+    key_error = "[key]" in loc  # a mapping key of the wrong type: the loc ends with (key, "[key]")
+    if key_error:
+        loc = loc[: loc.index("[key]") - 1]
+    field = _format_loc(loc)
+    if key_error:
+        message = f"keys are text, got the key {short_repr(first['input'])}{_quote_hint(first['input'])}"
+    elif kind == "extra_forbidden":
         parent = _model_at(root, loc[:-1])
         known = list(parent.model_fields) if parent else []
         message = f"unknown key {short_repr(loc[-1])}{did_you_mean(str(loc[-1]), known)}"
@@ -33,11 +40,59 @@ def recipe_error(path: Path, exc: ValidationError, root: type[BaseModel]) -> Rec
     elif kind == "value_error":
         message = str(first.get("ctx", {}).get("error", first["msg"]))
         message, field = _split_field_prefix(message, field)
+    elif kind in _TYPE_MESSAGES:
+        message = f"{_TYPE_MESSAGES[kind]}, got {short_repr(first['input'])}{_quote_hint(first['input'])}"
     else:
         message = f"{first['msg'][0].lower()}{first['msg'][1:]}, got {short_repr(first['input'])}"
     if len(errors) > 1:
         message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
     return RecipeError(path, field, message)
+
+
+_MAPPING = "expected a mapping (key: value, ...)"
+_TYPE_MESSAGES = {
+    "dict_type": _MAPPING,
+    "model_type": _MAPPING,
+    "model_attributes_type": _MAPPING,
+    "list_type": "expected a list ([a, b, ...])",
+    "string_type": "expected a string",
+    "int_type": "expected a whole number",
+    "float_type": "expected a number",
+    "bool_type": "expected true or false",
+    "path_type": "expected a path (a string)",
+}
+_PLAIN_TYPES = {"str", "int", "float", "bool", "none"}
+
+
+def _quote_hint(value: Any) -> str:
+    """YAML reads 2024-01-01 as a date and 12:30 as a number: say how to keep it text."""
+    return " (quote it to keep it text)" if isinstance(value, (datetime.date, datetime.datetime)) else ""
+
+
+def _is_type_tag(part: Any, model_names: set[str]) -> bool:
+    """pydantic puts the tried union member into the loc ('str', 'TextInputSpec', 'list[int]'): not a field."""
+    if not isinstance(part, str):
+        return False
+    return part in _PLAIN_TYPES or part in model_names or part.endswith("]") and "[" in part and part != "[key]"
+
+
+def _model_names(root: type[BaseModel]) -> set[str]:
+    names: set[str] = set()
+    pending: list[type[BaseModel]] = [root]
+    while pending:
+        model = pending.pop()
+        if model.__name__ in names:
+            continue
+        names.add(model.__name__)
+        for field in model.model_fields.values():
+            pending += _all_models(field.annotation)
+    return names
+
+
+def _all_models(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in getattr(annotation, "__args__", ()) or () for m in _all_models(arg)]
 
 
 def _split_field_prefix(message: str, field: str) -> tuple[str, str]:

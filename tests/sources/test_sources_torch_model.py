@@ -397,7 +397,8 @@ def test_integer_inputs_and_several_outputs_export_with_their_dtypes(project: Pa
 
 
 def test_validate_accepts_a_torch_source_recipe(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["validate", str(project)]) == 0
+    recipe = _write_recipe(project.parent, variants=[{"name": "fp16", "precision": "fp16"}])
+    assert main(["validate", str(recipe)]) == 0
     assert "OK" in capsys.readouterr().out
 
 
