@@ -95,6 +95,17 @@ def test_small_slices_are_shown_but_skipped():
     assert {c.status for c in report.checks if c.scope != "overall"} == {"skipped"}
 
 
+def test_min_slice_size_applies_before_the_nan_check():
+    """A slice too small to judge may have no metric (NaN): it is skipped, not an unusable result."""
+    spec = SPEC.model_copy(update={"min_slice_size": 500})
+    report = evaluate_gate(sweep(REFERENCE, variant("int8-a", 0.95, {"noisy": math.nan, "clean": 0.99})), spec)
+    assert report.exit_code == EXIT_PASS and not report.problems
+    noisy = next(c for c in report.checks if c.scope == "noisy")
+    assert noisy.status == "skipped" and math.isnan(noisy.observed)
+    judged = evaluate_gate(sweep(REFERENCE, variant("int8-a", 0.95, {"noisy": math.nan, "clean": 0.99})), SPEC)
+    assert judged.exit_code == EXIT_UNUSABLE and "missing or NaN on noisy" in judged.problems[0]
+
+
 @pytest.mark.parametrize(
     ("results", "problem"),
     [

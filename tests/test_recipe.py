@@ -204,3 +204,31 @@ def test_invalid_yaml_names_the_line(tmp_path):
 def test_missing_recipe_file(tmp_path):
     with pytest.raises(RecipeError, match="recipe file not found"):
         load_recipe(tmp_path / "absent.yaml")
+
+
+def test_anchors_and_merge_keys_within_bounds_still_load(tmp_path):
+    text = (
+        "name: toy\nmodel: {path: model.onnx}\n"
+        "data: {path: rows.parquet, inputs: {x: input}, label: y}\n"
+        "variants:\n  - &int8 {name: a, precision: int8, calibrator: minmax}\n"
+        "  - {<<: *int8, name: b, calibrator: entropy}\n"
+    )
+    recipe = load_recipe(write_recipe(tmp_path, text))
+    assert [(v.name, v.calibrator) for v in recipe.variants] == [("a", "minmax"), ("b", "entropy")]
+
+
+def test_strict_types_keep_integers_as_numbers_and_strings_as_paths(tmp_path):
+    recipe = load_recipe(write_recipe(tmp_path, with_changes(gate={"max_drop": 0, "max_slice_drop": 1})))
+    assert recipe.gate.max_drop == 0.0 and isinstance(recipe.gate.max_slice_drop, float)
+    assert error_of(tmp_path, with_changes(gate={"max_drop": "0"})) == (
+        "recipe.yaml: gate.max_drop: expected a number, got '0'"
+    )
+
+
+def test_filters_accept_every_documented_form(tmp_path):
+    data = dict(BASE["data"], evaluation={"filter": {
+        "split": "eval", "ink": {"lt": 0.3, "ge": 0}, "region": {"in": ["n", None]}, "kind": {"ne": None},
+        "flag": True,
+    }})  # fmt: skip
+    recipe = load_recipe(write_recipe(tmp_path, with_changes(data=data)))
+    assert recipe.data.evaluation.filter["region"] == {"in": ["n", None]}

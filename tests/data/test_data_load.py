@@ -159,3 +159,20 @@ def test_importing_the_data_module_loads_no_heavy_sdk() -> None:
     code = "import sys, qbench.data; print(sorted(m for m in ('torch', 'onnxruntime', 'mlflow') if m in sys.modules))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_ragged_csv_row_is_an_error_naming_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "rows.csv"
+    path.write_text('a,b,c\n1,2,3\n\n"multi\nline",5,6\n7,8\n')
+    with pytest.raises(RecipeError) as caught:
+        load_table(path, recipe_file=RECIPE)
+    assert str(caught.value) == (
+        "recipe.yaml: data.path: cannot read rows.csv: line 6 has 2 fields, expected 3 like the header (a, b, c)"
+    )
+
+
+def test_csv_with_blank_lines_and_quoted_newlines_is_not_ragged(tmp_path: Path) -> None:
+    path = tmp_path / "rows.csv"
+    path.write_text('a,b,c\n1,2,3\n\n"multi\nline",5,6\n')
+    table = load_table(path, recipe_file=RECIPE)
+    assert table["b"].tolist() == [2, 5] and table["c"].tolist() == [3, 6]

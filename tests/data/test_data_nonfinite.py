@@ -1,0 +1,69 @@
+"""NaN/inf in input columns: which rows, per column and per slice; dropped rows are counted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from qbench.data.nonfinite import check_finite, drop_nonfinite, nonfinite_masks
+from qbench.errors import RecipeError
+from qbench.recipe import TextInputSpec, TokenizerSpec
+
+RECIPE = Path("recipe.yaml")
+
+
+def _table() -> pd.DataFrame:
+    table = pd.DataFrame(
+        {
+            "pixels": [[0.0, 1.0], [np.nan, 1.0], [0.5, np.inf], [1.0, 1.0], [-np.inf, 0.0]],
+            "scale": [1.0, 2.0, np.nan, 4.0, 5.0],
+            "count": [1, 2, 3, 4, 5],
+            "text": ["a", "nan", "inf", None, "b"],
+            "region": ["n", "s", "n", "s", "n"],
+        }
+    )
+    table.attrs["source"] = "rows.parquet"
+    return table
+
+
+INPUTS = {"pixels": "x", "scale": "s", "count": "c", "text": TextInputSpec(tokenizer=TokenizerSpec(path="tok"))}
+
+
+def test_masks_mark_nan_and_inf_per_column_and_skip_integers_and_text() -> None:
+    masks = nonfinite_masks(_table(), INPUTS)
+    assert set(masks) == {"pixels", "scale"}
+    assert masks["pixels"].tolist() == [False, True, True, False, True]
+    assert masks["scale"].tolist() == [False, False, True, False, False]
+
+
+def test_masks_read_arrays_of_arrays_from_parquet(tmp_path: Path) -> None:
+    images = [[[1.0, 1.0], [1.0, 1.0]], [[1.0, np.nan], [0.0, 0.0]]]  # parquet gives arrays of arrays back
+    pd.DataFrame({"img": images}).to_parquet(tmp_path / "t.parquet")
+    table = pd.read_parquet(tmp_path / "t.parquet")
+    assert nonfinite_masks(table, {"img": "x"})["img"].tolist() == [False, True]
+
+
+def test_drop_counts_each_column_over_the_given_rows_only() -> None:
+    masks = nonfinite_masks(_table(), INPUTS)
+    kept, counts = drop_nonfinite(np.array([0, 1, 2, 3]), masks)
+    assert kept.tolist() == [0, 3]
+    assert counts == {"pixels": 2, "scale": 1}  # row 2 holds both; row 4 is not among the rows
+    kept, counts = drop_nonfinite(np.array([3]), masks)
+    assert kept.tolist() == [3] and counts == {}
+
+
+def test_error_names_columns_counts_and_slices() -> None:
+    table = _table()
+    masks = nonfinite_masks(table, INPUTS)
+    slices = {"region=n": (table["region"] == "n").to_numpy(), "region=s": (table["region"] == "s").to_numpy()}
+    with pytest.raises(RecipeError) as caught:
+        check_finite(table, np.array([0, 1, 2, 3, 4]), masks, slices, what="evaluation", recipe_file=RECIPE)
+    assert str(caught.value) == (
+        "recipe.yaml: data.inputs.pixels: evaluation rows of rows.parquet hold NaN or inf in input columns "
+        "(column 'pixels': 3 rows (slices: region=n 2, region=s 1); column 'scale': 1 row (slices: region=n 1)); "
+        "expected finite numbers, or set data.nonfinite_inputs: drop to leave those rows out"
+    )
+    check_finite(table, np.array([0, 3]), masks, slices, what="evaluation", recipe_file=RECIPE)  # finite rows pass

@@ -1,0 +1,89 @@
+"""Preflight end to end: recipe paths resolve against the recipe's folder from any working directory, and
+`data.nonfinite_inputs: drop` leaves NaN/inf rows out and records the count in results.json, report.md and MLflow."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from qbench.cli import main
+from qbench.gate import latest_results
+from qbench.recipe import load_recipe
+from qbench.results import read_results
+
+pytest.importorskip("torch")
+pytest.importorskip("sklearn")
+from user_model import make_user_project  # noqa: E402  (tests/ is on sys.path through conftest.py)
+
+EVAL_NAN_ROWS = (0, 7)  # positions among the test rows
+CALIB_NAN_ROWS = (3,)  # positions among the calibration rows
+
+
+def _poison(table: pd.DataFrame, subset: str, positions: tuple[int, ...], value: float) -> None:
+    cells = [np.array(cell, dtype=np.float32) for cell in table["x"]]
+    for row in table.index[table["subset"] == subset][list(positions)]:
+        cells[row][0] = value
+    table["x"] = cells
+
+
+@pytest.fixture
+def relative_project(tmp_path: Path) -> Path:
+    """The user project with relative output_dir and sqlite store, NaN in two test rows and inf in one calib row."""
+    recipe_path = make_user_project(tmp_path / "project")
+    table = pd.read_parquet(tmp_path / "project" / "data" / "patients.parquet")
+    _poison(table, "test", EVAL_NAN_ROWS, np.nan)
+    _poison(table, "calib", CALIB_NAN_ROWS, np.inf)
+    table.to_parquet(tmp_path / "project" / "data" / "patients.parquet", index=False)
+    recipe = yaml.safe_load(recipe_path.read_text())
+    recipe["variants"] = [{"name": "int8-minmax", "precision": "int8", "calibrator": "minmax"}]
+    recipe["latency"] = {"batch_sizes": [1, 8], "warmup": 1, "iterations": 3}
+    recipe["tracking"] = {"uri": "sqlite:///store/mlflow.db", "experiment": "relative"}
+    recipe["output_dir"] = "reports"
+    (tmp_path / "project" / "store").mkdir()
+    recipe_path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return recipe_path
+
+
+@pytest.mark.slow
+def test_paths_resolve_against_the_recipe_and_nonfinite_rows_are_dropped(
+    relative_project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    project = relative_project.parent
+    elsewhere, ci_job = tmp_path / "elsewhere", tmp_path / "ci"
+    elsewhere.mkdir(), ci_job.mkdir()
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+
+    monkeypatch.chdir(elsewhere)
+    assert main(["validate", str(relative_project)]) == 2  # NaN inputs are an error by default
+    assert "data.inputs.x" in " ".join(capsys.readouterr().err.split())
+    recipe = yaml.safe_load(relative_project.read_text())
+    recipe["data"]["nonfinite_inputs"] = "drop"
+    relative_project.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    assert main(["sweep", str(relative_project)]) == 0
+    assert not any(elsewhere.iterdir())  # nothing written to the working directory
+
+    results_path = latest_results(load_recipe(relative_project))
+    assert results_path.parent.parent == project / "reports" / "tumour-mlp"
+    results = read_results(results_path)
+    assert results.dropped_nonfinite == {"evaluation": {"x": 2}, "calibration": {"x": 1}}
+    assert results.evaluation_rows == 169 - 2
+    assert all(v.accuracy.rows == 167 for v in results.variants)
+    report = (results_path.parent / "report.md").read_text()
+    assert "**Evaluation rows dropped for NaN/inf inputs:** x 2" in report
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{(project / 'store' / 'mlflow.db').as_posix()}")
+    experiment = client.get_experiment_by_name("relative")
+    (parent,) = client.search_runs([experiment.experiment_id], "tags.mlflow.parentRunId IS NULL")
+    assert parent.data.metrics["dropped_nonfinite/evaluation/x"] == 2.0
+    assert parent.data.metrics["dropped_nonfinite/calibration/x"] == 1.0
+
+    monkeypatch.chdir(ci_job)
+    capsys.readouterr()
+    assert main(["gate", str(relative_project)]) == 0
+    assert results.created_at in capsys.readouterr().out

@@ -1,0 +1,64 @@
+"""Checks run by validate and at the start of a sweep: plan, destinations, batch memory (hand-computed bytes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from qbench.errors import RecipeError
+from qbench.preflight_checks import check_batch_memory, check_destinations, check_plan
+from qbench.recipe import load_recipe
+
+
+def _recipe(tmp_path: Path, **changes: object):
+    (tmp_path / "model.onnx").write_bytes(b"model")
+    (tmp_path / "rows.parquet").write_bytes(b"rows")
+    body = {
+        "name": "toy",
+        "model": {"path": "model.onnx"},
+        "data": {"path": "rows.parquet", "inputs": {"x": "input"}},
+        "variants": [{"name": "half", "precision": "fp16"}],
+        "latency": {"batch_sizes": [1, 32]},
+        **changes,
+    }
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(body))
+    return load_recipe(tmp_path / "recipe.yaml")
+
+
+def test_batch_memory_compares_bytes_per_row_times_batch_with_what_is_available(tmp_path: Path) -> None:
+    recipe = _recipe(tmp_path, latency={"batch_sizes": [1, 32]})
+    feeds = {"input": np.zeros((10, 4, 4), np.float32), "mask": np.zeros((10, 16), np.int64)}  # 64 + 128 bytes/row
+    largest = 192 * 64  # the default evaluation batch size (64) is the largest batch here
+    check_batch_memory(recipe, feeds, available=largest)
+    with pytest.raises(RecipeError) as caught:
+        check_batch_memory(recipe, feeds, available=largest - 1)
+    assert "data.evaluation.batch_size: a batch of 64 rows needs" in str(caught.value)
+    assert "(192 bytes per row)" in str(caught.value)
+
+
+def test_destinations_accept_a_folder_still_to_be_made_and_resolve_against_the_recipe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recipe = _recipe(tmp_path, output_dir="out/deeper", tracking={"uri": "sqlite:///mlflow.db"})
+    monkeypatch.chdir(tmp_path.parent)
+    assert recipe.output_path == (tmp_path / "out" / "deeper").resolve()
+    assert recipe.tracking_uri == f"sqlite:///{(tmp_path / 'mlflow.db').resolve().as_posix()}"
+    check_destinations(recipe, track=True)
+    assert not (tmp_path / "out").exists()  # validate creates nothing
+
+
+def test_an_unwritable_store_is_ignored_without_tracking(tmp_path: Path) -> None:
+    (tmp_path / "db").mkdir()
+    recipe = _recipe(tmp_path, tracking={"uri": "sqlite:///db"})
+    check_destinations(recipe, track=False)
+    with pytest.raises(RecipeError, match=r"tracking\.uri: the sqlite database .*db is a folder"):
+        check_destinations(recipe, track=True)
+
+
+def test_a_glob_matching_one_variant_is_enough(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    recipe = _recipe(tmp_path, gate={"applies_to": ["half", "int8-*"]})
+    check_plan(recipe)
+    assert "'int8-*' matches no variant" in capsys.readouterr().err
