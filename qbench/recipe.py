@@ -10,7 +10,6 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
-import math
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -28,11 +27,11 @@ from pydantic import (
 
 from qbench.errors import RecipeError, expected_one_of, short_repr
 from qbench.recipe_errors import recipe_error
+from qbench.recipe_filters import check_filter
 from qbench.recipe_yaml import read_recipe_yaml
 
 Scalar = Union[str, int, float, bool, None]
 
-FILTER_OPS = ("eq", "ne", "in", "not_in", "lt", "le", "gt", "ge")
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8")
 QUANTIZED_PRECISIONS = ("int8", "fp8")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
@@ -47,50 +46,6 @@ class _Strict(BaseModel):
 def _path_field(description: str, default: Any = None) -> Any:
     """A path field: a string in the YAML, relative to the recipe file."""
     return Field(default, description=description, strict=False)
-
-
-def _check_filter(value: Any) -> dict[str, Any]:
-    """A filter maps a column to a value (equality) or to {op: value} with ops from FILTER_OPS."""
-    if not isinstance(value, dict) or not value:
-        raise ValueError(f"expected a non-empty mapping of column -> value or {{op: value}}, got {short_repr(value)}")
-    for column, condition in value.items():
-        if not isinstance(column, str):
-            raise ValueError(f"column names are strings, got {short_repr(column)}")
-        if isinstance(condition, dict):
-            if not condition:
-                raise ValueError(f"column {short_repr(column)}: expected {{op: value}} with an op, got an empty mapping")
-            for op, operand in condition.items():
-                _check_operand(column, op, operand)
-        elif isinstance(condition, list):
-            raise ValueError(f"column {short_repr(column)}: use {{in: [...]}} to match a list of values")
-        else:
-            _check_operand(column, "eq", condition)
-    return value
-
-
-def _check_operand(column: str, op: Any, operand: Any) -> None:
-    where = f"column {short_repr(column)}"
-    if op not in FILTER_OPS:
-        raise ValueError(f"{where}: operator {expected_one_of(op, FILTER_OPS)}")
-    if op in ("in", "not_in"):
-        if not isinstance(operand, list) or not operand:
-            raise ValueError(f"{where}: {op!r} expects a non-empty list of values, got {short_repr(operand)}")
-        for item in operand:
-            _check_scalar(where, op, item)
-    elif op in ("lt", "le", "gt", "ge"):
-        if isinstance(operand, bool) or not isinstance(operand, (int, float)) or not math.isfinite(operand):
-            raise ValueError(f"{where}: {op!r} expects a finite number, got {short_repr(operand)}")
-    else:
-        _check_scalar(where, op, operand)
-
-
-def _check_scalar(where: str, op: str, operand: Any) -> None:
-    """eq / ne / list items compare one cell value: a string, number, boolean or null (never NaN)."""
-    if operand is not None and not isinstance(operand, (str, int, float, bool)):
-        hint = " (use in / not_in for several values)" if isinstance(operand, list) and op in ("eq", "ne") else ""
-        raise ValueError(f"{where}: {op!r} expects a single value, got {short_repr(operand)}{hint}")
-    if isinstance(operand, float) and math.isnan(operand):
-        raise ValueError(f"{where}: {op!r} with NaN matches nothing; use null to match missing cells")
 
 
 def _check_name(value: str) -> str:
@@ -154,7 +109,7 @@ class CalibrationSpec(_Strict):
     stratify_by: str | None = Field(None, description="column whose values are sampled in proportion")
     batch_size: int = Field(16, gt=0, description="rows per calibration batch")
 
-    _check = field_validator("filter")(lambda v: None if v is None else _check_filter(v))
+    _check = field_validator("filter")(lambda v: None if v is None else check_filter(v))
 
 
 class EvaluationSpec(_Strict):
@@ -162,7 +117,7 @@ class EvaluationSpec(_Strict):
     limit: int | None = Field(None, gt=0, description="evaluate at most this many rows (first rows after filtering)")
     batch_size: int = Field(64, gt=0, description="rows per inference batch during evaluation")
 
-    _check = field_validator("filter")(lambda v: None if v is None else _check_filter(v))
+    _check = field_validator("filter")(lambda v: None if v is None else check_filter(v))
 
 
 class SliceSpec(_Strict):
@@ -174,7 +129,7 @@ class SliceSpec(_Strict):
     by_length: str | None = Field(None, description="text column whose token count is bucketed")
     buckets: list[Annotated[int, Field(gt=0)]] | None = Field(None, description="upper bounds of token-length buckets")
 
-    _check = field_validator("filter")(lambda v: None if v is None else _check_filter(v))
+    _check = field_validator("filter")(lambda v: None if v is None else check_filter(v))
 
     @model_validator(mode="after")
     def _one_kind(self) -> SliceSpec:
@@ -227,7 +182,7 @@ class TrainSpec(_Strict):
     filter: Filter | None = None
     limit: int | None = Field(None, gt=0, description="train on at most this many rows")
 
-    _check = field_validator("filter")(lambda v: None if v is None else _check_filter(v))
+    _check = field_validator("filter")(lambda v: None if v is None else check_filter(v))
 
 
 class QatSpec(_Strict):
