@@ -63,7 +63,7 @@ def tiny_project(root: Path, gate: dict) -> Path:
         "split": ["calib"] * 64 + ["eval"] * 96, "group": (["a", "b"] * 80),
     }).to_parquet(root / "data.parquet")  # fmt: skip
     recipe = {
-        "name": "tiny", "model": {"path": "model.onnx"},
+        "name": "tiny", "model": {"path": "model.onnx", "output": "scores"},
         "data": {"path": "data.parquet", "inputs": {"x": "features"}, "label": "y",
                  "calibration": {"filter": {"split": "calib"}, "samples": 64},
                  "evaluation": {"filter": {"split": "eval"}}, "slices": [{"by": "group"}]},
