@@ -342,6 +342,14 @@ class TrackingSpec(_Strict):
         return v
 
 
+class AnalysisSpec(_Strict):
+    ranges: bool = Field(
+        True,
+        description="one extra FP32 pass over the evaluation rows recording each float tensor's abs max per slice "
+        "(FP16/BF16/FP8 overflows) and the share of activations each INT8/FP8 variant clips at its calibrated range",
+    )
+
+
 class Recipe(_Strict):
     name: Name
     task: str = Field("classification", description="how outputs are judged: a name registered in qbench.tasks")
@@ -353,6 +361,7 @@ class Recipe(_Strict):
     metrics: list[MetricSpec] = Field([], description="custom metrics, reported beside the task's")
     gate: GateSpec = GateSpec()
     tracking: TrackingSpec = TrackingSpec()
+    analysis: AnalysisSpec = AnalysisSpec()
     output_dir: Path = _path_field("results go to <output_dir>/<name>/<timestamp>/ (relative to the recipe)", Path("reports"))
 
     _source: Path = PrivateAttr(default=Path("recipe.yaml"))

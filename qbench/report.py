@@ -20,7 +20,7 @@ from rich.text import Text
 from qbench.console import print_wide
 from qbench.frontier import frontier_of, overall_metric, speedup
 from qbench.gate import GateCheck, GateReport
-from qbench.results import SliceMetrics, SweepResults, VariantResult
+from qbench.results import LimitCheck, SliceMetrics, SweepResults, VariantResult
 from qbench.validate.metrics import METRICS
 
 Cell = str | tuple[str, str]  # text, or (text, rich style)
@@ -382,6 +382,52 @@ def _notes_section(results: SweepResults) -> str:
     return "\n".join(lines if len(lines) > 2 else lines + ["None."]) + "\n"
 
 
+_FORMAT_NAMES = {"fp16": "FP16", "bf16": "BF16", "fp8_e4m3": "FP8 E4M3"}
+_PEAKS_SHOWN = 5
+
+
+def _limit_line(check: LimitCheck, scopes: list[str]) -> list[str]:
+    """'- FP16 limit (65504):' then one sub-line per scope with tensors over it (tensor, node, abs max)."""
+    scale = f" × {check.scaled_by}'s per-tensor scale" if check.scaled_by else ""
+    lines = [f"- {_FORMAT_NAMES.get(check.format, check.format)} limit ({check.limit:g}{scale}):"]
+    for scope in scopes:
+        peaks = check.over.get(scope, ())
+        shown = ", ".join(f"`{p.tensor}` from node `{p.node}` ({p.abs_max:.4g} > {p.limit:.4g})"
+                          for p in peaks[:_PEAKS_SHOWN])  # fmt: skip
+        more = f", and {len(peaks) - _PEAKS_SHOWN} more" if len(peaks) > _PEAKS_SHOWN else ""
+        lines += [f"  - slice `{scope}`: {_md_cell(shown)}{more}"] if peaks else []
+    return lines if len(lines) > 1 else [lines[0] + " no tensor over it"]
+
+
+def _ranges_section(results: SweepResults) -> str:
+    """Why a slice breaks: tensors over FP16/BF16/FP8 limits and the share each calibrated variant clips."""
+    analysis = results.ranges
+    if analysis is None:
+        return ""
+    sweep_seconds = results.timings.get("total") or sum(results.timings.values())  # no total yet: phases so far
+    share = f" ({analysis.seconds / sweep_seconds:.1%} of the sweep's timed phases)" if sweep_seconds else ""
+    lines = ["## Activation ranges", "",
+             f"One FP32 pass over {analysis.rows} evaluation rows, {len(analysis.nodes)} float tensors: "
+             f"{_short(analysis.seconds)} s{share}.", "", "Tensors whose abs max exceeds a format's largest value:", ""]  # fmt: skip
+    scopes = [s for s in analysis.abs_max if s != "overall"] or ["overall"]
+    for check in analysis.limits:
+        lines += _limit_line(check, scopes)
+    if analysis.unattributed:
+        lines.append(f"- {len(analysis.unattributed)} tensor(s) have no batch-first dimension: counted in overall only")
+    counts = results.calibration.per_slice_counts if results.calibration else {}
+    rows: list[list[Cell]] = [
+        [r.variant, r.scope, str(counts.get(r.scope, _NONE)), f"{r.share:.3%}",
+         f"{r.worst_node} ({r.worst_tensor}, {r.worst_share:.1%})" if r.worst_node else _NONE]
+        for r in analysis.clipping
+    ]  # fmt: skip
+    if rows:
+        headers = ["variant", "slice", "calibration rows", "clipped", "worst node (tensor, clipped)"]
+        lines += ["", "Activations outside each variant's calibrated ranges:", ""]
+        lines += _markdown_table(Grid("Clipping", headers, rows, frozenset({2, 3})))
+    lines += [""] + [f"- **Calibration coverage warning:** {_md_cell(w.message)}" for w in analysis.warnings]
+    return "\n".join(lines) + "\n"
+
+
 def render_markdown(results: SweepResults, gate: GateReport | None, plot_path: Path | None, report_path: Path) -> str:
     gate_part = to_markdown(_gate_grid(gate)) if gate else "## Gate\n\nNo gate was evaluated.\n"
     sections = [
@@ -392,9 +438,10 @@ def render_markdown(results: SweepResults, gate: GateReport | None, plot_path: P
         to_markdown(_latency_grid(results)),
         _frontier_section(results, plot_path, report_path),
         gate_part,
+        _ranges_section(results),
         _notes_section(results),
     ]
-    return "\n".join(sections)
+    return "\n".join(section for section in sections if section)
 
 
 def write_markdown_report(results: SweepResults, gate: GateReport | None, plot_path: Path | None, path: Path) -> Path:

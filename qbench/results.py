@@ -6,8 +6,9 @@ Schema (version 1), documented in reports/README.md:
       schema_version, qbench_version, created_at, recipe {name, path, sha256, task},
       environment {...}, calibration CalibrationRecord, evaluation_rows,
       gate_metric, reference, variants [VariantResult], frontier [FrontierPoint],
-      timings {phase: seconds} (calibration, build, evaluate, latency, report, track, total),
-      dropped_nonfinite {evaluation|calibration: {input column: rows left out for NaN/inf}}
+      timings {phase: seconds} (calibration, build, evaluate, latency, ranges, report, track, total),
+      dropped_nonfinite {evaluation|calibration: {input column: rows left out for NaN/inf}},
+      ranges RangeAnalysis | null
     VariantResult
       variant, backend, precision, status ok|failed|skipped, error (or skip reason), params {...},
       model_path, model_bytes, build_seconds, notes [...],
@@ -16,6 +17,12 @@ Schema (version 1), documented in reports/README.md:
     SliceMetrics: name, size, metrics {m: value}, intervals {m: [lo, hi]}, drops {m: drop vs FP32}
     LatencyResult: threads, session_create_ms, first_run_ms, points [LatencyPoint]
     LatencyPoint: batch_size, warmup, iterations, p50_ms, p95_ms, p99_ms, mean_ms, items_per_s
+    RangeAnalysis: rows, seconds, nodes {tensor: node}, abs_max {scope: {tensor: value}},
+      limits [LimitCheck], clipping [ClipRecord], warnings [CoverageWarning], unattributed [tensor]
+    LimitCheck: format, limit, scaled_by, over {scope: [TensorPeak]}
+    TensorPeak: tensor, node, abs_max, limit
+    ClipRecord: variant, scope, clipped, values, share, worst_tensor, worst_node, worst_share
+    CoverageWarning: slice, variant, clipped_share, worst_node, worst_tensor, message
 """
 
 from __future__ import annotations
@@ -115,6 +122,73 @@ class FrontierPoint:
 
 
 @dataclass(frozen=True)
+class TensorPeak:
+    """A tensor whose largest magnitude on a slice is over a format's limit."""
+
+    tensor: str
+    node: str  # the node producing it ("<graph input>" for a model input)
+    abs_max: float
+    limit: float
+
+
+@dataclass(frozen=True)
+class LimitCheck:
+    """Tensors over one format's largest finite value, per scope (overall and each slice), worst first.
+
+    scaled_by: the FP8 variant whose per-tensor scales set each tensor's limit (448 x scale); None for a raw limit.
+    """
+
+    format: str
+    limit: float
+    scaled_by: str | None
+    over: dict[str, tuple[TensorPeak, ...]]
+
+
+@dataclass(frozen=True)
+class ClipRecord:
+    """Activations of one variant's quantized tensors outside their calibrated range, on one scope."""
+
+    variant: str
+    scope: str
+    clipped: int
+    values: int
+    share: float
+    worst_tensor: str | None = None
+    worst_node: str | None = None
+    worst_share: float = 0.0
+
+
+@dataclass(frozen=True)
+class CoverageWarning:
+    """A slice with no calibration rows on which a calibrated variant clips activations."""
+
+    slice: str
+    variant: str
+    clipped_share: float
+    worst_node: str
+    worst_tensor: str
+    message: str
+
+
+@dataclass(frozen=True)
+class RangeAnalysis:
+    """One FP32 pass over the evaluation rows recording every float tensor's abs max per scope.
+
+    abs_max: scope ("overall", then each slice) -> tensor -> largest |value|.
+    unattributed: tensors whose leading dimension is not the batch; they count in "overall" only.
+    """
+
+    rows: int
+    seconds: float
+    nodes: dict[str, str]
+    abs_max: dict[str, dict[str, float]]
+    limits: tuple[LimitCheck, ...] = ()
+    clipping: tuple[ClipRecord, ...] = ()
+    warnings: tuple[CoverageWarning, ...] = ()
+    unattributed: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class SweepResults:
     qbench_version: str
     created_at: str
@@ -129,6 +203,7 @@ class SweepResults:
     timings: dict[str, float] = field(default_factory=dict)
     # rows left out for NaN/inf inputs (data.nonfinite_inputs: drop): {"evaluation"|"calibration": {column: rows}}
     dropped_nonfinite: dict[str, dict[str, int]] = field(default_factory=dict)
+    ranges: RangeAnalysis | None = None
     schema_version: int = SCHEMA_VERSION
 
     def find(self, variant: str, backend: str) -> VariantResult | None:
@@ -158,7 +233,8 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def to_json(results: SweepResults) -> str:
+def to_json(results: SweepResults | RangeAnalysis) -> str:
+    """Strict JSON of the results (or of one of their sections)."""
     return json.dumps(_jsonable(results), indent=2, allow_nan=False)
 
 
@@ -208,6 +284,31 @@ def _latency(raw: dict[str, Any] | None) -> LatencyResult | None:
     )
 
 
+def _peak(raw: dict[str, Any]) -> TensorPeak:
+    """A non-finite abs max (an infinite activation) was written as null: it is over every limit."""
+    abs_max = math.inf if raw["abs_max"] is None else float(raw["abs_max"])
+    return TensorPeak(tensor=raw["tensor"], node=raw["node"], abs_max=abs_max, limit=float(raw["limit"]))
+
+
+def _ranges(raw: dict[str, Any] | None) -> RangeAnalysis | None:
+    if raw is None:
+        return None
+    return RangeAnalysis(
+        rows=int(raw["rows"]),
+        seconds=float(raw["seconds"]),
+        nodes=raw["nodes"],
+        abs_max={scope: _metrics(tensors) for scope, tensors in raw["abs_max"].items()},
+        limits=tuple(
+            LimitCheck(format=c["format"], limit=c["limit"], scaled_by=c.get("scaled_by"),
+                       over={scope: tuple(_peak(p) for p in peaks) for scope, peaks in c["over"].items()})
+            for c in raw.get("limits", [])
+        ),  # fmt: skip
+        clipping=tuple(ClipRecord(**c) for c in raw.get("clipping", [])),
+        warnings=tuple(CoverageWarning(**w) for w in raw.get("warnings", [])),
+        unattributed=tuple(raw.get("unattributed", [])),
+    )
+
+
 def from_dict(raw: dict[str, Any]) -> SweepResults:
     """Rebuild results from parsed JSON. Raises QbenchError if the schema version is not this one."""
     version = raw.get("schema_version")
@@ -244,6 +345,7 @@ def from_dict(raw: dict[str, Any]) -> SweepResults:
         frontier=tuple(FrontierPoint(**p) for p in raw.get("frontier", [])),
         timings=raw.get("timings", {}),
         dropped_nonfinite=raw.get("dropped_nonfinite", {}),
+        ranges=_ranges(raw.get("ranges")),
     )
 
 

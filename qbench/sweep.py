@@ -30,7 +30,7 @@ from qbench.preflight import Prepared, prepare
 from qbench.recipe import Recipe, VariantSpec, load_recipe
 from qbench.report import print_summary, write_markdown_report
 from qbench.report_html import write_html_report
-from qbench.results import AccuracyResult, LatencyResult, SweepResults, VariantResult, write_results
+from qbench.results import AccuracyResult, LatencyResult, RangeAnalysis, SweepResults, VariantResult, write_results
 from qbench.validate.accuracy import evaluate_accuracy, run_outputs, with_drops
 from qbench.validate.latency import measure_cold_start, measure_steady_state, take_batch
 from qbench.variants import BuildContext, BuiltVariant, build_variant
@@ -81,13 +81,19 @@ def run_sweep(recipe: Recipe | str | Path, *, track: bool = True, show: bool = T
             f"[yellow]warning:[/] {prepared.calibration_overlap} calibration rows are also evaluation rows; "
             "INT8 accuracy may look better than on unseen data"
         )
-    variants = _measure_all(prepared, run_dir / "models", clock)
-    results = _assemble(prepared, variants, clock)
+    calibrated: list[BuiltVariant] = []
+    variants = _measure_all(prepared, run_dir / "models", clock, calibrated)
+    ranges = _range_analysis(prepared, calibrated, run_dir, clock)
+    results = replace(_assemble(prepared, variants, clock), ranges=ranges)
     return _publish(recipe, results, run_dir, clock, started, track=track, show=show)
 
 
-def _measure_all(prepared: Prepared, models_dir: Path, clock: _Clock) -> list[VariantResult]:
-    """Build each variant once, then measure it on each backend; FP32 on the first backend is the reference."""
+def _measure_all(
+    prepared: Prepared, models_dir: Path, clock: _Clock, calibrated: list[BuiltVariant]
+) -> list[VariantResult]:
+    """Build each variant once, then measure it on each backend; FP32 on the first backend is the reference.
+
+    Built variants with calibrated activation ranges are appended to `calibrated` (for the range analysis)."""
     recipe = prepared.recipe
     backends = [get_backend(name) for name in recipe.backends]
     reference_outputs: dict[str, np.ndarray] | None = None
@@ -97,6 +103,8 @@ def _measure_all(prepared: Prepared, models_dir: Path, clock: _Clock) -> list[Va
         console.print(f"[bold]{spec.name}[/] ({spec.precision})")
         evaluate = _search_evaluator(backends[0], prepared, reference_outputs, reference_accuracy, clock)
         built, error = _build(spec, prepared, models_dir, clock, evaluate)
+        if built is not None and built.activation_ranges:
+            calibrated.append(built)
         for backend in backends:
             if built is None:
                 measured.append(_failed(spec, backend.name, error or "build failed"))
@@ -107,6 +115,34 @@ def _measure_all(prepared: Prepared, models_dir: Path, clock: _Clock) -> list[Va
                 reference_accuracy[backend.name] = outcome.result.accuracy
             measured.append(outcome.result)
     return measured
+
+
+def _range_analysis(
+    prepared: Prepared, calibrated: list[BuiltVariant], workdir: Path, clock: _Clock
+) -> RangeAnalysis | None:
+    """The FP32 range pass (recipe `analysis.ranges`); a failure is reported and the sweep goes on without it."""
+    recipe = prepared.recipe
+    if not recipe.analysis.ranges:
+        return None
+    from qbench.validate.ranges import CalibratedVariant, analyse_ranges
+
+    console.print("[bold]range analysis[/] (one FP32 pass)")
+    t = time.perf_counter()
+    try:
+        analysis = analyse_ranges(
+            prepared.source.onnx_path, prepared.evaluation_feeds, prepared.slices,
+            batch_size=recipe.data.evaluation.batch_size,
+            variants=[CalibratedVariant(b.name, b.precision, b.activation_ranges) for b in calibrated],
+            calibration_counts=prepared.calibration.per_slice_counts, threads=recipe.latency.threads, workdir=workdir,
+        )  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 - a diagnostic: its failure must not lose the measurements
+        console.print(f"  [red]range analysis failed:[/] {_describe_error(exc)}")
+        return None
+    finally:
+        clock.add("ranges", t)
+    for warning in analysis.warnings:
+        console.print(f"[yellow]warning:[/] calibration coverage: {warning.message}")
+    return analysis
 
 
 def _search_evaluator(

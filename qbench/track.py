@@ -39,7 +39,7 @@ from qbench.errors import QbenchError
 from qbench.frontier import speedup
 from qbench.gate import GateReport
 from qbench.recipe import Recipe
-from qbench.results import SliceMetrics, SweepResults, VariantResult
+from qbench.results import SliceMetrics, SweepResults, VariantResult, to_json
 
 T = TypeVar("T")
 
@@ -292,6 +292,18 @@ def _sweep_metrics(results: SweepResults, gate: GateReport | None) -> dict[str, 
         metrics["gate_breaches"] = float(len(gate.breaches))
     for what, counts in results.dropped_nonfinite.items():
         metrics |= {f"dropped_nonfinite/{what}/{sanitise_name(column)}": float(n) for column, n in counts.items()}
+    return metrics | _range_metrics(results)
+
+
+def _range_metrics(results: SweepResults) -> dict[str, float]:
+    """range.<slice>.<format>_overflow_tensors for raw format limits, range.<variant>.<slice>.clipped_share."""
+    analysis = results.ranges
+    if analysis is None:
+        return {}
+    segments = unique_names(analysis.abs_max, _slice_segment)
+    metrics = {f"range.{segments[scope]}.{check.format}_overflow_tensors": float(len(peaks))
+               for check in analysis.limits if check.scaled_by is None for scope, peaks in check.over.items()}  # fmt: skip
+    metrics |= {f"range.{sanitise_name(r.variant)}.{segments[r.scope]}.clipped_share": r.share for r in analysis.clipping}
     return metrics
 
 
@@ -365,6 +377,8 @@ def log_sweep(results: SweepResults, recipe: Recipe, *, gate: GateReport | None,
         for variant in results.variants:
             _log_variant(client, experiment_id, parent_id, results, variant, gate)
         _log_artifacts(client, parent_id, paths)
+        if results.ranges is not None:
+            client.log_text(parent_id, to_json(results.ranges), "ranges.json")
     except MlflowException as exc:
         with contextlib.suppress(MlflowException):  # the store may be the thing that failed
             client.set_terminated(parent_id, status="FAILED")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import sys
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ from sweep_factory import default_variants, make_sweep
 from qbench.errors import QbenchError
 from qbench.gate import GateReport, evaluate_gate
 from qbench.recipe import Recipe, load_recipe
-from qbench.results import SweepResults, VariantResult
+from qbench.results import ClipRecord, LimitCheck, RangeAnalysis, SweepResults, TensorPeak, VariantResult
 from qbench.track import (
     artifact_root,
     log_sweep,
@@ -51,7 +52,18 @@ def small_sweep() -> SweepResults:
     fp32, _, int8, _, failed = default_variants()
     overall = dataclasses.replace(int8.accuracy.overall, metrics={**int8.accuracy.overall.metrics, "kl_mean": math.nan})
     int8 = dataclasses.replace(int8, accuracy=dataclasses.replace(int8.accuracy, overall=overall))
-    return make_sweep([fp32, int8, failed])
+    return dataclasses.replace(make_sweep([fp32, int8, failed]), ranges=RANGES)
+
+
+# int8_minmax clips 2 of 8 values on the dark slice; one tensor there overflows FP16
+RANGES = RangeAnalysis(
+    rows=400, seconds=0.5, nodes={"x": "<graph input>", "conv": "Conv_0"},
+    abs_max={"overall": {"x": 1.0, "conv": 7e4}, "clean": {"x": 1.0, "conv": 10.0},
+             "noisy lighting=dark": {"x": 1.0, "conv": 7e4}},
+    limits=(LimitCheck("fp16", 65504.0, None, {"overall": (TensorPeak("conv", "Conv_0", 7e4, 65504.0),), "clean": (),
+                                              "noisy lighting=dark": (TensorPeak("conv", "Conv_0", 7e4, 65504.0),)}),),
+    clipping=(ClipRecord("int8_minmax", "noisy lighting=dark", 2, 8, 0.25, "conv", "Conv_0", 0.25),),
+)  # fmt: skip
 
 
 def artifacts_for(folder: Path) -> list[Path]:
@@ -113,8 +125,18 @@ def test_parent_run_has_params_tags_and_artifacts(logged_to_sqlite: Logged) -> N
     assert parent.data.tags["qbench.gate"] == {0: "pass", 1: "breach", 2: "unusable"}[gate.exit_code]
     assert parent.data.tags["qbench.version"] == results.qbench_version
     logged = {a.path for a in client.list_artifacts(logged_to_sqlite.parent_id)}
-    assert logged == {"recipe.yaml", "results.json", "report.md", "frontier.png"}
+    assert logged == {"recipe.yaml", "results.json", "report.md", "frontier.png", "ranges.json"}
     assert (logged_to_sqlite.folder / "mlartifacts").is_dir()
+
+
+def test_parent_run_has_range_metrics_and_json(logged_to_sqlite: Logged) -> None:
+    client, parent_id = logged_to_sqlite.client, logged_to_sqlite.parent_id
+    metrics = client.get_run(parent_id).data.metrics
+    assert metrics["range.noisy lighting_dark.fp16_overflow_tensors"] == 1.0
+    assert metrics["range.clean.fp16_overflow_tensors"] == 0.0
+    assert metrics["range.int8_minmax.noisy lighting_dark.clipped_share"] == 0.25
+    local = Path(client.download_artifacts(parent_id, "ranges.json", str(logged_to_sqlite.folder)))
+    assert json.loads(local.read_text())["clipping"][0]["worst_node"] == "Conv_0"
 
 
 def test_one_nested_child_per_variant_and_backend(logged_to_sqlite: Logged) -> None:

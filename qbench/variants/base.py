@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -53,6 +53,9 @@ class BuiltVariant:
         {"graph_optimization_level": "basic"} for float8 Q/DQ graphs on ORT CPU.
     notes: human-readable caveats shown in the report ("FP8 is simulated on CPU").
     torch_module: a factory of the variant as an nn.Module (None when it exists only as ONNX).
+    activation_ranges: float tensor name (as in the FP32 model) -> (low, high), the interval a
+        static INT8 / FP8 variant's activation quantizer represents; values outside are clipped.
+        Empty for variants that clip nothing at a calibrated bound (float casts, dynamic INT8).
     """
 
     name: str
@@ -63,6 +66,7 @@ class BuiltVariant:
     session_hints: dict[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     torch_module: Callable[[], Any] | None = None  # the variant as a torch module, for torch backends
+    activation_ranges: Mapping[str, tuple[float, float]] = field(default_factory=dict)
 
 
 class VariantBuilder(Protocol):

@@ -16,7 +16,7 @@ batch's activations in memory (ORT issues #10503, #11020).
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -171,6 +171,27 @@ def tensor_amax(ranges: TensorsData, name: str) -> float | None:
     lowest, highest = ranges[name].range_value  # scalars, or 1-element arrays from MinMax
     amax = float(np.max(np.abs(np.concatenate([np.ravel(lowest), np.ravel(highest)]).astype(np.float64))))
     return amax if np.isfinite(amax) and amax > 0 else None
+
+
+def clipping_ranges(ranges: TensorsData, tensors: Iterable[str], *, symmetric: bool) -> dict[str, tuple[float, float]]:
+    """The float interval each quantized tensor's quantizer represents, from its calibrated range.
+
+    The interval is widened to hold 0 (the quantizers make zero exactly representable);
+    `symmetric` makes it +-amax. Tensors without a finite, non-empty range are left out
+    (the builders do not quantize them).
+    """
+    clipping: dict[str, tuple[float, float]] = {}
+    for name in tensors:
+        if name not in ranges:
+            continue
+        lowest, highest = ranges[name].range_value
+        low = min(float(np.min(np.asarray(lowest, dtype=np.float64))), 0.0)
+        high = max(float(np.max(np.asarray(highest, dtype=np.float64))), 0.0)
+        if symmetric:
+            low, high = -max(-low, high), max(-low, high)
+        if np.isfinite(low) and np.isfinite(high) and high > low:
+            clipping[name] = (low, high)
+    return clipping
 
 
 def preprocess_model(model: onnx.ModelProto, directory: Path) -> tuple[Path, str]:

@@ -35,6 +35,7 @@ from qbench.variants.calibrate import (
     FEEDING,
     CalibrationSettings,
     calibration_rows,
+    clipping_ranges,
     compute_ranges_with,
     preprocess_model,
     require_calibration,
@@ -50,6 +51,7 @@ from qbench.variants.onnx_utils import (
     load_model,
     output_path,
     quantized_op_counts,
+    quantized_tensors,
     save_model,
     scratch_dir,
 )
@@ -127,6 +129,7 @@ def build_fp8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         build_seconds=clock.seconds(),
         session_hints={"graph_optimization_level": "basic", "simulated": True},
         notes=tuple(_notes(spec, inserted, counts)),
+        activation_ranges=clipping_ranges(ranges, quantized_tensors(model), symmetric=True),  # scale = amax / 448
     )
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import onnx
 from onnxruntime.quantization import QuantFormat, QuantType, quantize_dynamic, quantize_static
-from onnxruntime.quantization.calibrate import save_tensors_data
+from onnxruntime.quantization.calibrate import TensorsData, save_tensors_data
 from onnxruntime.quantization.registry import IntegerOpsRegistry, QDQRegistry, QLinearOpsRegistry
 
 from qbench.environment import cpu_has_vnni, needs_reduce_range
@@ -27,6 +27,7 @@ from qbench.variants.calibrate import (
     METHODS,
     CalibrationSettings,
     calibration_rows,
+    clipping_ranges,
     compute_ranges_with,
     preprocess_model,
     require_calibration,
@@ -38,6 +39,7 @@ from qbench.variants.onnx_utils import (
     load_model,
     output_path,
     quantized_op_counts,
+    quantized_tensors,
     quiet_stdout,
     scratch_dir,
 )
@@ -78,12 +80,17 @@ def build_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         check_node_names(model, spec.exclude_nodes, spec.name)
         with build_step(spec.name, "pre-processing"):
             prepared, params["preprocess"] = preprocess_model(model, tmp)
+        ranges: TensorsData | None = None
         if spec.calibrator == "dynamic":
             params.update(_quantize_dynamic(spec, prepared, target, reduce_range))
         else:
-            params.update(_quantize_static(spec, ctx, prepared, target, reduce_range))
+            static_params, ranges = _quantize_static(spec, ctx, prepared, target, reduce_range)
+            params.update(static_params)
     with build_step(spec.name, "reading the quantized model"):
-        counts = quantized_op_counts(onnx.load(str(target), load_external_data=False), params["op_types"])
+        quantized = onnx.load(str(target), load_external_data=False)
+        counts = quantized_op_counts(quantized, params["op_types"])
+    symmetric = spec.symmetric_activations
+    clipping = {} if ranges is None else clipping_ranges(ranges, quantized_tensors(quantized), symmetric=symmetric)
     params["quantized_nodes"] = sum(counts.values())
     params["quantized_op_types"] = counts
     return BuiltVariant(
@@ -93,13 +100,14 @@ def build_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         params=params,
         build_seconds=clock.seconds(),
         notes=tuple(_notes(spec, reduce_range, counts)),
+        activation_ranges=clipping,
     )
 
 
 def _quantize_static(
     spec: VariantSpec, ctx: BuildContext, prepared: Path, target: Path, reduce_range: bool
-) -> dict[str, Any]:
-    """Calibrate, save the ranges beside the variant, and write the QDQ model; returns the params it used."""
+) -> tuple[dict[str, Any], TensorsData]:
+    """Calibrate, save the ranges beside the variant, and write the QDQ model; returns the params and ranges used."""
     op_types = tuple(spec.op_types) if spec.op_types else DEFAULT_STATIC_OP_TYPES
     settings = CalibrationSettings.from_spec(spec, op_types)
     cache = target.with_name(f"{spec.name}.calibration.json")
@@ -134,7 +142,7 @@ def _quantize_static(
         "calibration_feeding": FEEDING,
         "calibrated_tensors": len(ranges.keys()),
         "calibration_cache": cache.name,
-    }
+    }, ranges
 
 
 def _quantize_dynamic(spec: VariantSpec, prepared: Path, target: Path, reduce_range: bool) -> dict[str, Any]:

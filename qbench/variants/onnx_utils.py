@@ -135,6 +135,11 @@ def quantized_op_counts(model: onnx.ModelProto, op_types: Collection[str]) -> di
     return dict(sorted(counts.items()))
 
 
+def quantized_tensors(model: onnx.ModelProto) -> list[str]:
+    """Float tensors that a QuantizeLinear node reads in the model's main graph, in graph order."""
+    return list(dict.fromkeys(node.input[0] for node in model.graph.node if node.op_type == "QuantizeLinear"))
+
+
 def custom_domains(model: onnx.ModelProto) -> set[str]:
     """Operator domains other than the standard ONNX one used by the model's nodes."""
     return {node.domain for node in model.graph.node if node.domain not in ("", "ai.onnx")}

@@ -1,0 +1,268 @@
+"""Range analysis: why a slice breaks in a lower precision, and whether calibration saw it.
+
+One extra FP32 pass over the evaluation rows: a temporary copy of the FP32 model
+exposes every float tensor as a graph output, runs batched, and each batch is
+reduced at once to per-slice figures (nothing but the running reductions is kept):
+
+- the largest |value| of every tensor, per scope ("overall" and each slice), checked
+  against FP16 / BF16 / FP8 E4M3 limits (FP8 relative to a variant's per-tensor scale
+  when it has them);
+- for every variant with calibrated activation ranges (`BuiltVariant.activation_ranges`),
+  how many values of its quantized tensors fall outside them (the values it clips).
+
+A slice with no calibration rows on which a variant clips is a calibration-coverage warning.
+
+A tensor is attributed to rows through its leading dimension: when it equals the batch's
+row count, row i of the tensor belongs to evaluation row i. Other tensors (a flattened
+batch x sequence, a shape-independent constant) count in "overall" only and are listed
+as unattributed.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import onnx
+
+from qbench.console import track
+from qbench.data import iter_batches
+from qbench.results import ClipRecord, CoverageWarning, LimitCheck, RangeAnalysis, TensorPeak
+from qbench.variants.fp8 import FP8_MAX
+from qbench.variants.onnx_utils import load_model, save_model
+
+OVERALL = "overall"
+GRAPH_INPUT = "<graph input>"
+FP16_MAX = float(np.finfo(np.float16).max)  # 65504
+BF16_MAX = float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)  # about 3.39e38
+RAW_LIMITS = {"fp16": FP16_MAX, "bf16": BF16_MAX}
+_FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
+                          onnx.TensorProto.DOUBLE})  # fmt: skip
+
+
+@dataclass(frozen=True)
+class CalibratedVariant:
+    """A built variant's name, precision and the activation ranges its quantizers clip at."""
+
+    name: str
+    precision: str
+    ranges: Mapping[str, tuple[float, float]]
+
+
+# -- pure reductions ----------------------------------------------------------------------------------
+
+
+def row_abs_max(values: np.ndarray, rows: int) -> np.ndarray | None:
+    """Largest |value| of each of the `rows` leading slices (NaN ignored); None if the leading dim is not `rows`."""
+    if values.ndim == 0 or values.shape[0] != rows:
+        return None
+    flat = np.abs(values.reshape(rows, -1))
+    if flat.shape[1] == 0:
+        return np.zeros(rows)
+    return np.fmax.reduce(flat, axis=1).astype(np.float64)
+
+
+def row_out_of_range(values: np.ndarray, rows: int, low: float, high: float) -> np.ndarray | None:
+    """How many values of each leading slice lie outside [low, high]; None if the leading dim is not `rows`."""
+    if values.ndim == 0 or values.shape[0] != rows:
+        return None
+    flat = values.reshape(rows, -1)
+    return np.count_nonzero((flat < low) | (flat > high), axis=1)
+
+
+def scope_max(per_row: np.ndarray, masks: np.ndarray) -> np.ndarray:
+    """Largest per-row value in each scope (masks: scopes x rows); 0 for a scope with no row here."""
+    return np.fmax.reduce(np.where(masks, per_row[np.newaxis, :], 0.0), axis=1, initial=0.0)
+
+
+def scope_sum(per_row: np.ndarray, masks: np.ndarray) -> np.ndarray:
+    """Sum of per-row counts in each scope (masks: scopes x rows)."""
+    return masks.astype(np.int64) @ per_row.astype(np.int64)
+
+
+def over_limit(abs_max: Mapping[str, float], limits: Mapping[str, float], nodes: Mapping[str, str]) -> tuple[TensorPeak, ...]:
+    """Tensors whose abs max exceeds their limit (inf counts, NaN does not), the largest ratio first."""
+    peaks = [TensorPeak(t, nodes.get(t, t), abs_max[t], limit) for t, limit in limits.items()
+             if t in abs_max and abs_max[t] > limit]  # fmt: skip
+    return tuple(sorted(peaks, key=lambda p: (-p.abs_max / p.limit, p.tensor)))
+
+
+def clip_record(variant: str, scope: str, clipped: Mapping[str, int], values: Mapping[str, int],
+                nodes: Mapping[str, str]) -> ClipRecord:  # fmt: skip
+    """Totals over the variant's tensors, and the tensor with the largest clipped share (ties: more values clipped)."""
+    total_clipped, total = sum(clipped.values()), sum(values[t] for t in clipped)
+    shares = {t: clipped[t] / values[t] for t in clipped if values[t] and clipped[t]}
+    worst = min(shares, key=lambda t: (-shares[t], -clipped[t], t), default=None)
+    return ClipRecord(
+        variant=variant, scope=scope, clipped=int(total_clipped), values=int(total),
+        share=total_clipped / total if total else 0.0,
+        worst_tensor=worst, worst_node=nodes.get(worst, worst) if worst else None,
+        worst_share=shares[worst] if worst else 0.0,
+    )  # fmt: skip
+
+
+def coverage_warnings(clipping: Sequence[ClipRecord], calibration_counts: Mapping[str, int]) -> tuple[CoverageWarning, ...]:
+    """One warning per slice with 0 calibration rows (per the recorded counts) and variant that clips on it."""
+    warnings = []
+    for record in clipping:
+        if record.scope == OVERALL or calibration_counts.get(record.scope, 1) != 0 or record.clipped == 0:
+            continue
+        message = (
+            f"slice {record.scope!r} has no calibration rows and {record.variant} clips {record.share:.2%} of its "
+            f"quantized activations; worst node {record.worst_node!r} (tensor {record.worst_tensor!r}, "
+            f"{record.worst_share:.2%} clipped)"
+        )
+        warnings.append(CoverageWarning(record.scope, record.variant, record.share, str(record.worst_node),
+                                        str(record.worst_tensor), message))  # fmt: skip
+    return tuple(warnings)
+
+
+def limit_checks(abs_max: Mapping[str, Mapping[str, float]], nodes: Mapping[str, str],
+                 variants: Sequence[CalibratedVariant]) -> tuple[LimitCheck, ...]:  # fmt: skip
+    """FP16 and BF16 against their raw limits; FP8 E4M3 per FP8 variant with scales (448 x scale = its range's
+    bound), or against the raw 448 when no FP8 variant has per-tensor scales."""
+    tensors = list(nodes)
+    plans: list[tuple[str, float, str | None, dict[str, float]]] = [
+        (fmt, limit, None, dict.fromkeys(tensors, limit)) for fmt, limit in RAW_LIMITS.items()
+    ]
+    scaled = [v for v in variants if v.precision == "fp8" and v.ranges]
+    plans += [("fp8_e4m3", FP8_MAX, v.name, {t: max(-low, high) for t, (low, high) in v.ranges.items()}) for v in scaled]
+    if not scaled:
+        plans.append(("fp8_e4m3", FP8_MAX, None, dict.fromkeys(tensors, FP8_MAX)))
+    return tuple(
+        LimitCheck(fmt, limit, scaled_by, {scope: over_limit(peaks, limits, nodes) for scope, peaks in abs_max.items()})
+        for fmt, limit, scaled_by, limits in plans
+    )
+
+
+# -- the pass -----------------------------------------------------------------------------------------
+
+
+def expose_float_tensors(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, str]]:
+    """A copy of `model` whose float node outputs are all graph outputs, and tensor -> producing node.
+
+    The tensors are the model's float inputs, then float node outputs in graph order. Types come
+    from ONNX shape inference; tensors whose type stays unknown, and outputs of Constant nodes
+    (weights, not activations), are left out.
+    """
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - custom ops or a >2 GiB model: use the types the model declares
+        inferred = model
+    graph = inferred.graph
+    infos = {v.name: v for v in [*graph.input, *graph.value_info, *graph.output]}
+    is_float = {name: info.type.tensor_type.elem_type in _FLOAT_TYPES for name, info in infos.items()}
+    weights = {t.name for t in graph.initializer}
+    nodes = {i.name: GRAPH_INPUT for i in graph.input if i.name not in weights and is_float.get(i.name)}
+    for index, node in enumerate(graph.node):
+        if node.op_type != "Constant":
+            nodes.update({out: node.name or f"{node.op_type}_{index}" for out in node.output
+                          if out and is_float.get(out) and out not in nodes})  # fmt: skip
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(model)
+    present = {o.name for o in exposed.graph.output} | {i.name for i in exposed.graph.input}
+    exposed.graph.output.extend(infos[name] for name in nodes if name not in present)
+    return exposed, nodes
+
+
+class _Accumulator:
+    """Running per-scope reductions over batches: abs max per tensor, and clipped / total values per variant."""
+
+    def __init__(self, scopes: list[str], tensors: list[str], variants: Sequence[CalibratedVariant]) -> None:
+        self.scopes, self.tensors, self.variants = scopes, tensors, variants
+        self.abs_max = np.zeros((len(scopes), len(tensors)))
+        self.values = np.zeros((len(scopes), len(tensors)), dtype=np.int64)
+        self.clipped = {v.name: np.zeros((len(scopes), len(tensors)), dtype=np.int64) for v in variants}
+        self.unattributed: set[str] = set()
+
+    def add(self, outputs: Sequence[np.ndarray], masks: np.ndarray) -> None:
+        """Fold one batch in; `masks` is scopes x rows, its first scope being all rows."""
+        rows = masks.shape[1]
+        for index, (name, values) in enumerate(zip(self.tensors, outputs, strict=True)):
+            per_row = row_abs_max(values, rows)
+            scopes = masks
+            if per_row is None:  # not row-aligned: count it in "overall" only, as if it were one row
+                self.unattributed.add(name)
+                values = values.reshape(1, -1)
+                per_row, scopes = row_abs_max(values, 1), np.zeros((len(self.scopes), 1), dtype=bool)
+                scopes[0] = True
+            self.abs_max[:, index] = np.fmax(self.abs_max[:, index], scope_max(per_row, scopes))
+            size = int(np.prod(values.shape[1:]))
+            self.values[:, index] += scopes.sum(axis=1) * size
+            for variant in self.variants:
+                if name in variant.ranges:
+                    low, high = variant.ranges[name]
+                    counts = row_out_of_range(values, scopes.shape[1], low, high)
+                    self.clipped[variant.name][:, index] += scope_sum(counts, scopes)
+
+    def finish(self, nodes: Mapping[str, str]) -> tuple[dict[str, dict[str, float]], tuple[ClipRecord, ...]]:
+        abs_max = {s: dict(zip(self.tensors, self.abs_max[i].tolist(), strict=True)) for i, s in enumerate(self.scopes)}
+        records = []
+        for variant in self.variants:
+            covered = [i for i, t in enumerate(self.tensors) if t in variant.ranges]
+            for s, scope in enumerate(self.scopes):
+                clipped = {self.tensors[i]: int(self.clipped[variant.name][s, i]) for i in covered}
+                values = {self.tensors[i]: int(self.values[s, i]) for i in covered}
+                records.append(clip_record(variant.name, scope, clipped, values, nodes))
+        return abs_max, tuple(records)
+
+
+def analyse_ranges(
+    model_path: Path,
+    feeds: Mapping[str, np.ndarray],
+    slices: Mapping[str, np.ndarray],
+    *,
+    batch_size: int,
+    variants: Sequence[CalibratedVariant] = (),
+    calibration_counts: Mapping[str, int] | None = None,
+    threads: int | None = None,
+    workdir: Path | None = None,
+) -> RangeAnalysis:
+    """Run the FP32 model once over `feeds` with every float tensor exposed; reduce per slice as it goes.
+
+    slices: slice name -> boolean mask over the rows of `feeds`. calibration_counts: calibration
+    rows per slice (empty when unknown, e.g. a separate calibration file): slices counted 0 on
+    which a variant clips become coverage warnings.
+    """
+    import onnxruntime as ort
+
+    started = time.perf_counter()
+    exposed, nodes = expose_float_tensors(load_model(model_path))
+    tensors = list(nodes)
+    fetched = [t for t in tensors if nodes[t] != GRAPH_INPUT]
+    scopes = [OVERALL, *slices]
+    accumulator = _Accumulator(scopes, tensors, variants)
+    rows = len(next(iter(feeds.values())))
+    all_masks = np.stack([np.ones(rows, dtype=bool), *(np.asarray(m, dtype=bool) for m in slices.values())])
+    with tempfile.TemporaryDirectory(prefix="qbench-ranges-", dir=workdir) as tmp:
+        path = save_model(exposed, Path(tmp) / "exposed.onnx")
+        del exposed
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        if threads is not None:
+            options.intra_op_num_threads = threads
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        start = 0
+        batches = iter_batches(dict(feeds), batch_size)
+        for batch in track(batches, "range analysis (FP32)", total=-(-rows // batch_size)):
+            count = len(next(iter(batch.values())))
+            outputs = dict(zip(fetched, session.run(fetched, batch), strict=True))
+            accumulator.add([batch[t] if t not in outputs else outputs[t] for t in tensors], all_masks[:, start : start + count])
+            start += count
+        del session
+    abs_max, clipping = accumulator.finish(nodes)
+    return RangeAnalysis(
+        rows=rows,
+        seconds=time.perf_counter() - started,
+        nodes=nodes,
+        abs_max=abs_max,
+        limits=limit_checks(abs_max, nodes, variants),
+        clipping=clipping,
+        warnings=coverage_warnings(clipping, calibration_counts or {}),
+        unattributed=tuple(t for t in tensors if t in accumulator.unattributed),
+    )

@@ -1,0 +1,233 @@
+"""Range analysis: the pure reductions against hand-computed values, then a sweep on a tiny model
+whose activations overflow FP16 on one slice only, a slice that calibration never saw."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pandas as pd
+import pytest
+import yaml
+from onnx import TensorProto, helper, numpy_helper
+
+from qbench.results import ClipRecord, from_dict, to_json
+from qbench.validate.ranges import (
+    FP16_MAX,
+    GRAPH_INPUT,
+    CalibratedVariant,
+    analyse_ranges,
+    clip_record,
+    coverage_warnings,
+    expose_float_tensors,
+    limit_checks,
+    over_limit,
+    row_abs_max,
+    row_out_of_range,
+    scope_max,
+    scope_sum,
+)
+
+# -- pure reductions ------------------------------------------------------------------------------------
+
+
+def test_row_abs_max_per_leading_row_ignoring_nan() -> None:
+    values = np.array([[[1.0, -5.0], [2.0, 0.5]], [[np.nan, -0.25], [0.0, 3.0]], [[-np.inf, 1.0], [0.0, 0.0]]])
+    assert row_abs_max(values, 3).tolist() == [5.0, 3.0, math.inf]
+    assert row_abs_max(values, 2) is None  # leading dimension is not the batch
+    assert row_abs_max(np.float32(4.0), 1) is None
+
+
+def test_row_out_of_range_counts_values_outside_the_interval() -> None:
+    values = np.array([[-2.0, -1.0, 0.0, 1.0], [1.5, 1.0, 3.0, -0.5]])
+    # interval [-1, 1]: row 0 -> -2 only; row 1 -> 1.5 and 3.0
+    assert row_out_of_range(values, 2, -1.0, 1.0).tolist() == [1, 2]
+    assert row_out_of_range(values, 4, -1.0, 1.0) is None
+
+
+def test_scope_reductions_over_masks() -> None:
+    per_row = np.array([3.0, 7.0, 1.0, np.nan])
+    masks = np.array([[True, True, True, True], [True, False, True, False], [False, False, False, True]])
+    # overall max 7 (NaN ignored); scope 1 rows 0, 2 -> 3; scope 2 only the NaN row -> 0
+    assert scope_max(per_row, masks).tolist() == [7.0, 3.0, 0.0]
+    assert scope_sum(np.array([2, 0, 5, 1]), masks).tolist() == [8, 7, 1]
+
+
+def test_over_limit_lists_tensors_by_ratio_with_their_nodes() -> None:
+    abs_max = {"a": 70000.0, "b": 100.0, "c": math.inf, "d": math.nan, "e": 200.0}
+    limits = {"a": FP16_MAX, "b": 448.0, "c": FP16_MAX, "d": 1.0, "e": 100.0}
+    peaks = over_limit(abs_max, limits, {"a": "node_a", "c": "node_c", "e": "node_e"})
+    # c is infinite; e is 2x its limit; a is 70000 / 65504 = 1.07x; b is under; NaN d is not "over"
+    assert [(p.tensor, p.node) for p in peaks] == [("c", "node_c"), ("e", "node_e"), ("a", "node_a")]
+    assert peaks[2].limit == 65504.0
+
+
+def test_clip_record_totals_and_worst_tensor() -> None:
+    clipped = {"t1": 3, "t2": 10, "t3": 0}
+    values = {"t1": 4, "t2": 100, "t3": 50}
+    record = clip_record("int8", "s", clipped, values, {"t1": "n1", "t2": "n2"})
+    # 13 of 154 values; t1 has the largest share (3/4) even though t2 clips more values
+    assert (record.clipped, record.values) == (13, 154)
+    assert record.share == pytest.approx(13 / 154)
+    assert (record.worst_tensor, record.worst_node, record.worst_share) == ("t1", "n1", 0.75)
+    nothing = clip_record("int8", "s", {"t3": 0}, values, {})
+    assert (nothing.share, nothing.worst_tensor, nothing.worst_share) == (0.0, None, 0.0)
+
+
+def test_coverage_warning_needs_zero_calibration_rows_and_clipping() -> None:
+    records = [
+        ClipRecord("int8", "overall", 5, 100, 0.05, "t", "n", 0.1),
+        ClipRecord("int8", "hot", 5, 10, 0.5, "t", "n", 1.0),  # 0 calibration rows, clips -> warning
+        ClipRecord("int8", "cold", 0, 10, 0.0),  # 0 calibration rows, clips nothing
+        ClipRecord("int8", "warm", 2, 10, 0.2, "t", "n", 0.2),  # calibrated on
+        ClipRecord("int8", "unknown", 2, 10, 0.2, "t", "n", 0.2),  # no recorded count
+    ]
+    warnings = coverage_warnings(records, {"hot": 0, "cold": 0, "warm": 3})
+    assert [(w.slice, w.variant, w.worst_node) for w in warnings] == [("hot", "int8", "n")]
+    assert "'hot'" in warnings[0].message and "50.00%" in warnings[0].message and "'n'" in warnings[0].message
+
+
+def test_limit_checks_scale_fp8_by_the_variant_ranges() -> None:
+    abs_max = {"overall": {"x": 500.0, "y": 3.0}}
+    nodes = {"x": GRAPH_INPUT, "y": "relu"}
+    raw = {c.format: c for c in limit_checks(abs_max, nodes, [])}
+    assert [p.tensor for p in raw["fp8_e4m3"].over["overall"]] == ["x"]  # 500 > 448
+    assert raw["fp16"].over["overall"] == ()
+    fp8 = CalibratedVariant("fp8", "fp8", {"y": (-2.0, 2.0)})  # scale 2 / 448: y's limit is 2
+    scaled = [c for c in limit_checks(abs_max, nodes, [fp8]) if c.format == "fp8_e4m3"]
+    assert len(scaled) == 1 and scaled[0].scaled_by == "fp8"
+    assert [(p.tensor, p.limit) for p in scaled[0].over["overall"]] == [("y", 2.0)]  # x has no FP8 scale
+
+
+# -- the pass on a tiny model ---------------------------------------------------------------------------
+
+GAIN = 1000.0  # amplify: x * 1000, so inputs of 70 or more overflow FP16 (65504)
+
+
+def tiny_model(path: Path) -> Path:
+    """x [N, 4] -> `amplify` (Mul by 1000) -> `amplified` -> `head` (MatMul, 4 x 3, weights 0.01) -> logits."""
+    weights = np.full((4, 3), 0.01, dtype=np.float32)
+    weights[:, 1] = -0.02
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "gain"], ["amplified"], name="amplify"),
+         helper.make_node("MatMul", ["amplified", "w"], ["logits"], name="head")],  # fmt: skip
+        "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 3])],
+        initializer=[numpy_helper.from_array(np.array(GAIN, dtype=np.float32), "gain"),
+                     numpy_helper.from_array(weights, "w")],  # fmt: skip
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+def tiny_rows() -> tuple[np.ndarray, np.ndarray]:
+    """40 normal rows (x in [0, 1)) then 8 hot rows (x in [70, 100)): only hot rows overflow FP16 after `amplify`."""
+    rng = np.random.default_rng(3)
+    normal = rng.uniform(0.0, 1.0, size=(40, 4))
+    hot = rng.uniform(70.0, 100.0, size=(8, 4))
+    return np.concatenate([normal, hot]).astype(np.float32), np.array(["normal"] * 40 + ["hot"] * 8)
+
+
+def test_expose_float_tensors_names_producing_nodes(tmp_path: Path) -> None:
+    exposed, nodes = expose_float_tensors(onnx.load(str(tiny_model(tmp_path / "tiny.onnx"))))
+    assert nodes == {"x": GRAPH_INPUT, "amplified": "amplify", "logits": "head"}
+    assert [o.name for o in exposed.graph.output] == ["logits", "amplified"]
+
+
+def test_analyse_ranges_on_hand_computed_activations(tmp_path: Path) -> None:
+    x, kind = tiny_rows()
+    slices = {"kind=hot": kind == "hot", "kind=normal": kind == "normal"}
+    # a variant whose range for `amplified` is [0, 500]: normal rows above 0.5 and every hot value clip
+    variant = CalibratedVariant("int8", "int8", {"amplified": (0.0, 500.0)})
+    analysis = analyse_ranges(tiny_model(tmp_path / "tiny.onnx"), {"x": x}, slices, batch_size=5,
+                              variants=[variant], calibration_counts={"kind=hot": 0, "kind=normal": 40})  # fmt: skip
+    amplified = x * np.float32(GAIN)
+    assert analysis.abs_max["kind=hot"]["amplified"] == pytest.approx(float(amplified[40:].max()))
+    assert analysis.abs_max["kind=normal"]["amplified"] == pytest.approx(float(amplified[:40].max()))
+    assert analysis.abs_max["overall"]["x"] == pytest.approx(float(x.max()))
+    fp16 = next(c for c in analysis.limits if c.format == "fp16")
+    assert [p.tensor for p in fp16.over["kind=hot"]] == ["amplified"] and fp16.over["kind=normal"] == ()
+    records = {r.scope: r for r in analysis.clipping}
+    assert (records["kind=hot"].clipped, records["kind=hot"].values) == (32, 32)
+    assert records["kind=normal"].clipped == int(np.count_nonzero(amplified[:40] > 500.0))
+    assert records["overall"].clipped == 32 + records["kind=normal"].clipped
+    assert [(w.slice, w.worst_node) for w in analysis.warnings] == [("kind=hot", "amplify")]
+    assert from_dict(json.loads(to_json_with(analysis))).ranges == analysis
+
+
+def to_json_with(analysis) -> str:
+    """A minimal results.json carrying `analysis`, to check the section's round trip."""
+    raw = json.loads(to_json(analysis))
+    return json.dumps({"schema_version": 1, "qbench_version": "0", "created_at": "", "recipe": {}, "calibration": None,
+                       "evaluation_rows": 48, "gate_metric": "agreement", "reference": "fp32", "variants": [],
+                       "ranges": raw})  # fmt: skip
+
+
+# -- a whole sweep ---------------------------------------------------------------------------------------
+
+
+def write_project(root: Path, **recipe_changes: object) -> Path:
+    x, kind = tiny_rows()
+    pd.DataFrame({"x": list(x), "kind": kind}).to_parquet(root / "rows.parquet")
+    tiny_model(root / "tiny.onnx")
+    recipe = {
+        "name": "tiny-ranges",
+        "model": {"path": "tiny.onnx"},
+        "data": {
+            "path": "rows.parquet",
+            "inputs": {"x": "x"},
+            "calibration": {"filter": {"kind": "normal"}, "samples": 16, "batch_size": 8},
+            "evaluation": {"batch_size": 16},
+            "slices": [{"by": "kind"}],
+        },
+        "variants": [{"name": "int8", "precision": "int8", "calibrator": "minmax", "op_types": ["MatMul"]}],
+        "latency": {"batch_sizes": [1], "warmup": 0, "iterations": 1, "threads": 1},
+        "gate": {"metric": "agreement"},
+        "output_dir": str(root / "reports"),
+        **recipe_changes,
+    }
+    path = root / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return path
+
+
+@pytest.mark.slow
+def test_sweep_reports_fp16_overflow_and_uncovered_slice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from qbench.results import read_results
+    from qbench.sweep import run_sweep
+
+    outcome = run_sweep(write_project(tmp_path), track=False, show=False)
+    printed = capsys.readouterr().err
+    assert "calibration coverage" in printed and "'kind=hot'" in printed and "'amplify'" in printed
+
+    results = read_results(outcome.results_path)
+    assert results.ranges is not None and results.ranges == outcome.results.ranges
+    built_ranges = results.ranges.clipping
+    hot = next(r for r in built_ranges if r.variant == "int8" and r.scope == "kind=hot")
+    assert hot.share == 1.0 and hot.worst_node == "amplify"  # calibration saw amplified values below 1000 only
+    assert [(w.slice, w.variant, w.worst_node) for w in results.ranges.warnings] == [("kind=hot", "int8", "amplify")]
+    assert results.timings["ranges"] > 0
+
+    report = outcome.report_path.read_text()
+    section = report[report.index("## Activation ranges") :]
+    fp16_line = next(line for line in section.splitlines() if line.startswith("- FP16"))
+    hot_line = section.splitlines()[section.splitlines().index(fp16_line) + 1]
+    assert "kind=hot" in hot_line and "`amplified`" in hot_line and "`amplify`" in hot_line
+    assert "kind=normal" not in section.split("- BF16")[0].split(fp16_line)[1]
+    assert "no calibration rows" in section
+
+
+@pytest.mark.slow
+def test_sweep_without_range_analysis(tmp_path: Path) -> None:
+    from qbench.sweep import run_sweep
+
+    outcome = run_sweep(write_project(tmp_path, analysis={"ranges": False}), track=False, show=False)
+    assert outcome.results.ranges is None and "ranges" not in outcome.results.timings
+    assert "## Activation ranges" not in outcome.report_path.read_text()
