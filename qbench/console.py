@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
 
 from rich.console import Console, RenderableType
@@ -14,11 +15,24 @@ T = TypeVar("T")
 console = Console(stderr=True)
 
 
+def _progress() -> Progress:
+    """A transient progress display, drawn only on a terminal."""
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    return Progress(*columns, console=console, transient=True, disable=not console.is_terminal)
+
+
 def track(items: Iterable[T], description: str, total: int | None = None) -> Iterator[T]:
     """Iterate with a transient progress bar (drawn only on a terminal)."""
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as progress:
+    with _progress() as progress:
         yield from progress.track(items, total=total, description=description)
+
+
+@contextlib.contextmanager
+def track_rows(total: int, description: str) -> Iterator[Callable[[int], None]]:
+    """A progress bar over `total` rows for loops whose steps vary in size; yields `advance(rows)`."""
+    with _progress() as progress:
+        task = progress.add_task(description, total=total)
+        yield lambda rows: progress.advance(task, rows)
 
 
 def print_wide(renderable: RenderableType, target: Console | None = None) -> None:

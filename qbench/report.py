@@ -415,9 +415,11 @@ def _ranges_section(results: SweepResults) -> str:
     if analysis.unattributed:
         lines.append(f"- {len(analysis.unattributed)} tensor(s) have no batch-first dimension: counted in overall only")
     counts = results.calibration.per_slice_counts if results.calibration else {}
+    if results.calibration:
+        counts = {"overall": results.calibration.size, **counts}
     rows: list[list[Cell]] = [
-        [r.variant, r.scope, str(counts.get(r.scope, _NONE)), f"{r.share:.3%}",
-         f"{r.worst_node} ({r.worst_tensor}, {r.worst_share:.1%})" if r.worst_node else _NONE]
+        [r.variant, r.scope, str(counts.get(r.scope, _NONE)), f"{r.share * 100:.3g}%",
+         f"{r.worst_node} ({r.worst_tensor}, {r.worst_share * 100:.3g}%)" if r.worst_node else _NONE]
         for r in analysis.clipping
     ]  # fmt: skip
     if rows:

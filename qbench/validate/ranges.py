@@ -13,9 +13,10 @@ reduced at once to per-slice figures (nothing but the running reductions is kept
 A slice with no calibration rows on which a variant clips is a calibration-coverage warning.
 
 A tensor is attributed to rows through its leading dimension: when it equals the batch's
-row count, row i of the tensor belongs to evaluation row i. Other tensors (a flattened
-batch x sequence, a shape-independent constant) count in "overall" only and are listed
-as unattributed.
+row count, row i of the tensor belongs to evaluation row i. The first batch has two rows,
+so a tensor whose leading dimension is a constant 1 is not mistaken for one row. Other
+tensors (a flattened batch x sequence, a shape-independent constant), and any tensor once
+it fails the check, count in "overall" only and are listed as unattributed.
 """
 
 from __future__ import annotations
@@ -30,8 +31,7 @@ import ml_dtypes
 import numpy as np
 import onnx
 
-from qbench.console import track
-from qbench.data import iter_batches
+from qbench.console import track_rows
 from qbench.results import ClipRecord, CoverageWarning, LimitCheck, RangeAnalysis, TensorPeak
 from qbench.variants.fp8 import FP8_MAX
 from qbench.variants.onnx_utils import load_model, save_model
@@ -41,6 +41,7 @@ GRAPH_INPUT = "<graph input>"
 FP16_MAX = float(np.finfo(np.float16).max)  # 65504
 BF16_MAX = float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)  # about 3.39e38
 RAW_LIMITS = {"fp16": FP16_MAX, "bf16": BF16_MAX}
+MEMORY_BUDGET_BYTES = 512 * 2**20  # every intermediate tensor of one batch is alive at once
 _FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
                           onnx.TensorProto.DOUBLE})  # fmt: skip
 
@@ -73,6 +74,11 @@ def row_out_of_range(values: np.ndarray, rows: int, low: float, high: float) -> 
         return None
     flat = values.reshape(rows, -1)
     return np.count_nonzero((flat < low) | (flat > high), axis=1)
+
+
+def rows_per_batch(bytes_per_row: int, batch_size: int, memory_budget: int) -> int:
+    """The most rows (1 to `batch_size`) whose exposed tensors fit in `memory_budget` bytes."""
+    return max(1, min(batch_size, memory_budget // max(bytes_per_row, 1)))
 
 
 def scope_max(per_row: np.ndarray, masks: np.ndarray) -> np.ndarray:
@@ -113,9 +119,9 @@ def coverage_warnings(clipping: Sequence[ClipRecord], calibration_counts: Mappin
         if record.scope == OVERALL or calibration_counts.get(record.scope, 1) != 0 or record.clipped == 0:
             continue
         message = (
-            f"slice {record.scope!r} has no calibration rows and {record.variant} clips {record.share:.2%} of its "
-            f"quantized activations; worst node {record.worst_node!r} (tensor {record.worst_tensor!r}, "
-            f"{record.worst_share:.2%} clipped)"
+            f"slice {record.scope!r} has no calibration rows and {record.variant} clips {record.share * 100:.3g}% "
+            f"of its quantized activations; worst node {record.worst_node!r} (tensor {record.worst_tensor!r}, "
+            f"{record.worst_share * 100:.3g}% clipped)"
         )
         warnings.append(CoverageWarning(record.scope, record.variant, record.share, str(record.worst_node),
                                         str(record.worst_tensor), message))  # fmt: skip
@@ -184,9 +190,9 @@ class _Accumulator:
         """Fold one batch in; `masks` is scopes x rows, its first scope being all rows."""
         rows = masks.shape[1]
         for index, (name, values) in enumerate(zip(self.tensors, outputs, strict=True)):
-            per_row = row_abs_max(values, rows)
+            per_row = None if name in self.unattributed else row_abs_max(values, rows)
             scopes = masks
-            if per_row is None:  # not row-aligned: count it in "overall" only, as if it were one row
+            if per_row is None:  # not row-aligned (once is enough): "overall" only, as if it were one row
                 self.unattributed.add(name)
                 values = values.reshape(1, -1)
                 per_row, scopes = row_abs_max(values, 1), np.zeros((len(self.scopes), 1), dtype=bool)
@@ -222,12 +228,14 @@ def analyse_ranges(
     calibration_counts: Mapping[str, int] | None = None,
     threads: int | None = None,
     workdir: Path | None = None,
+    memory_budget: int = MEMORY_BUDGET_BYTES,
 ) -> RangeAnalysis:
     """Run the FP32 model once over `feeds` with every float tensor exposed; reduce per slice as it goes.
 
     slices: slice name -> boolean mask over the rows of `feeds`. calibration_counts: calibration
     rows per slice (empty when unknown, e.g. a separate calibration file): slices counted 0 on
-    which a variant clips become coverage warnings.
+    which a variant clips become coverage warnings. Batches hold at most `batch_size` rows, fewer
+    when one batch's exposed tensors would take more than `memory_budget` bytes.
     """
     import onnxruntime as ort
 
@@ -247,13 +255,18 @@ def analyse_ranges(
         if threads is not None:
             options.intra_op_num_threads = threads
         session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        start = 0
-        batches = iter_batches(dict(feeds), batch_size)
-        for batch in track(batches, "range analysis (FP32)", total=-(-rows // batch_size)):
-            count = len(next(iter(batch.values())))
-            outputs = dict(zip(fetched, session.run(fetched, batch), strict=True))
-            accumulator.add([batch[t] if t not in outputs else outputs[t] for t in tensors], all_masks[:, start : start + count])
-            start += count
+        # two rows first: tells row-aligned tensors from others, and how many bytes a row's tensors take
+        start, size = 0, min(2, batch_size)
+        with track_rows(rows, "range analysis (FP32)") as advance:
+            while start < rows:
+                batch = {name: array[start : start + size] for name, array in feeds.items()}
+                count = len(next(iter(batch.values())))
+                outputs = dict(zip(fetched, session.run(fetched, batch), strict=True))
+                accumulator.add([outputs[t] if t in outputs else batch[t] for t in tensors], all_masks[:, start : start + count])
+                if start == 0:
+                    size = rows_per_batch(sum(a.nbytes for a in outputs.values()) // count, batch_size, memory_budget)
+                start += count
+                advance(count)
         del session
     abs_max, clipping = accumulator.finish(nodes)
     return RangeAnalysis(

@@ -27,6 +27,7 @@ from qbench.validate.ranges import (
     over_limit,
     row_abs_max,
     row_out_of_range,
+    rows_per_batch,
     scope_max,
     scope_sum,
 )
@@ -87,7 +88,7 @@ def test_coverage_warning_needs_zero_calibration_rows_and_clipping() -> None:
     ]
     warnings = coverage_warnings(records, {"hot": 0, "cold": 0, "warm": 3})
     assert [(w.slice, w.variant, w.worst_node) for w in warnings] == [("hot", "int8", "n")]
-    assert "'hot'" in warnings[0].message and "50.00%" in warnings[0].message and "'n'" in warnings[0].message
+    assert "'hot'" in warnings[0].message and "clips 50%" in warnings[0].message and "'n'" in warnings[0].message
 
 
 def test_limit_checks_scale_fp8_by_the_variant_ranges() -> None:
@@ -231,3 +232,44 @@ def test_sweep_without_range_analysis(tmp_path: Path) -> None:
     outcome = run_sweep(write_project(tmp_path, analysis={"ranges": False}), track=False, show=False)
     assert outcome.results.ranges is None and "ranges" not in outcome.results.timings
     assert "## Activation ranges" not in outcome.report_path.read_text()
+
+
+def test_rows_per_batch_fits_the_memory_budget() -> None:
+    assert rows_per_batch(bytes_per_row=100, batch_size=64, memory_budget=1000) == 10
+    assert rows_per_batch(bytes_per_row=10, batch_size=64, memory_budget=1000) == 64  # capped by the batch size
+    assert rows_per_batch(bytes_per_row=5000, batch_size=64, memory_budget=1000) == 1  # never fewer than one row
+    assert rows_per_batch(bytes_per_row=0, batch_size=8, memory_budget=1000) == 8
+
+
+def test_a_small_memory_budget_gives_the_same_analysis(tmp_path: Path) -> None:
+    x, kind = tiny_rows()
+    slices = {"kind=hot": kind == "hot"}
+    variant = CalibratedVariant("int8", "int8", {"amplified": (0.0, 500.0)})
+    model = tiny_model(tmp_path / "tiny.onnx")
+    whole = analyse_ranges(model, {"x": x}, slices, batch_size=48, variants=[variant])
+    # a row's exposed tensors take 4 + 3 floats (amplified, logits): 28 bytes; 60 bytes -> 2 rows per batch
+    split = analyse_ranges(model, {"x": x}, slices, batch_size=48, variants=[variant], memory_budget=60)
+    assert split.abs_max == whole.abs_max and split.clipping == whole.clipping
+
+
+def test_tensors_without_a_batch_dimension_count_in_overall_only(tmp_path: Path) -> None:
+    """`offset` is x's column sums reshaped to [1, 4]: no row of it belongs to one evaluation row."""
+    graph = helper.make_graph(
+        [helper.make_node("ReduceSum", ["x", "axes"], ["offset"], name="column_sums", keepdims=1),
+         helper.make_node("Add", ["x", "offset"], ["shifted"], name="shift")],  # fmt: skip
+        "batchless",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("shifted", TensorProto.FLOAT, ["batch", 4])],
+        initializer=[numpy_helper.from_array(np.array([0], dtype=np.int64), "axes")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "batchless.onnx"))
+    x = np.array([[1.0, 0, 0, 0], [0, 2.0, 0, 0], [0, 0, 3.0, 0]], dtype=np.float32)
+    slices = {"last": np.array([False, False, True])}
+    analysis = analyse_ranges(tmp_path / "batchless.onnx", {"x": x}, slices, batch_size=2)
+    assert analysis.unattributed == ("offset",)
+    # batches [rows 0-1] and [row 2]: offsets (1, 2, 0, 0) and (0, 0, 3, 0); the second one has a leading 1
+    # like a one-row batch, but `offset` was found batchless in the first batch and stays out of the slices
+    assert analysis.abs_max["overall"]["offset"] == 3.0 and analysis.abs_max["last"]["offset"] == 0.0
+    assert analysis.abs_max["last"]["shifted"] == 6.0  # row 2 + offset (0, 0, 3, 0) -> (0, 0, 6, 0)

@@ -111,3 +111,13 @@ def test_fp8_leaves_the_cwd_clean(mlp, tmp_path, monkeypatch):
     assert built.params["num_quantized_bins"] == 128
     assert os.listdir(cwd) == []
     assert sorted(os.listdir(tmp_path / "work")) == ["fp8.calibration.json", "fp8.onnx"]
+
+
+def test_fp8_exposes_symmetric_ranges_at_448_times_its_scales(mlp, tmp_path):
+    built = build_fp8(VariantSpec(name="fp8-ranges", precision="fp8", calibrator="minmax"), mlp.context(tmp_path))
+    x = np.concatenate([batch["x"] for batch in mlp.calibration])
+    amax = float(np.abs(x).max())
+    assert built.activation_ranges["x"] == pytest.approx((-amax, amax), rel=1e-6)
+    model = onnx.load(str(built.onnx_path))
+    scale = next(t for t in model.graph.initializer if t.name == "x_fp8_scale")
+    assert 448.0 * float(onnx.numpy_helper.to_array(scale)) == pytest.approx(amax, rel=1e-6)

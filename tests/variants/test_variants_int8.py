@@ -144,3 +144,28 @@ def test_builds_leave_nothing_in_the_working_directory(mlp, tmp_path, monkeypatc
         build_int8(spec, mlp.context(tmp_path / "work"))
     assert os.listdir(cwd) == []
     assert sorted(os.listdir(tmp_path / "work")) == ["dynamic.onnx", "percentile.calibration.json", "percentile.onnx"]
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_static_variant_exposes_the_ranges_its_quantizers_clip_at(mlp, tmp_path, symmetric):
+    spec = VariantSpec(name="int8-ranges", precision="int8", calibrator="minmax", op_types=["MatMul"],
+                       symmetric_activations=symmetric)  # fmt: skip
+    built = build_int8(spec, mlp.context(tmp_path))
+    x = np.concatenate([batch["x"] for batch in mlp.calibration])
+    weights = {t.name: onnx.numpy_helper.to_array(t) for t in onnx.load(str(mlp.path)).graph.initializer}
+    relu = np.maximum(x @ weights["w1"], 0.0)
+    # MatMul inputs x and r are quantized; minmax ranges widened to hold 0 (and to +-amax when symmetric)
+    expected_x = (min(float(x.min()), 0.0), max(float(x.max()), 0.0))
+    if symmetric:
+        amax = max(-expected_x[0], expected_x[1])
+        expected_x = (-amax, amax)
+    assert built.activation_ranges["x"] == pytest.approx(expected_x, rel=1e-6)
+    assert built.activation_ranges["r"][1] == pytest.approx(float(relu.max()), rel=1e-5)
+    assert built.activation_ranges["r"][0] == pytest.approx(-float(relu.max()) if symmetric else 0.0, rel=1e-5)
+    quantized = {n.input[0] for n in onnx.load(str(built.onnx_path)).graph.node if n.op_type == "QuantizeLinear"}
+    assert set(built.activation_ranges) <= quantized
+
+
+def test_dynamic_variant_has_no_calibrated_ranges(mlp, tmp_path):
+    built = build_int8(VariantSpec(name="d", precision="int8", calibrator="dynamic"), mlp.context(tmp_path))
+    assert built.activation_ranges == {}
