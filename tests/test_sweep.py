@@ -82,6 +82,18 @@ def test_demo_sweep_writes_report_and_plot(demo_sweep):
     assert (run_dir / "models" / "int8-entropy.calibration.json").is_file()
 
 
+def test_demo_sweep_records_the_range_analysis(demo_sweep):
+    workdir, _ = demo_sweep
+    results = read_results(latest_run_dir(workdir) / "results.json")
+    ranges = results.ranges
+    assert ranges is not None and ranges.rows == results.evaluation_rows
+    assert set(ranges.abs_max) == {"overall", "condition=clean", "condition=noisy", "contrast=low", "contrast=normal",
+                                   "faint"}  # fmt: skip
+    # static INT8 and FP8 variants clip at calibrated ranges; dynamic INT8 and FP16 have none
+    assert {r.variant for r in ranges.clipping} == {"int8-minmax", "int8-entropy", "int8-p99.9", "fp8"}
+    assert 0 < results.timings["ranges"] < 0.1 * results.timings["total"]  # one cheap FP32 pass
+
+
 def test_demo_sweep_is_in_mlflow(demo_sweep):
     workdir, _ = demo_sweep
     results = read_results(latest_run_dir(workdir) / "results.json")
