@@ -386,13 +386,18 @@ _FORMAT_NAMES = {"fp16": "FP16", "bf16": "BF16", "fp8_e4m3": "FP8 E4M3"}
 _PEAKS_SHOWN = 5
 
 
+def _magnitude(value: float) -> str:
+    """An activation magnitude: 98,941 or 999.8 or 3.403e+38."""
+    return f"{value:,.0f}" if 10_000 <= value < 1e9 else f"{value:.4g}"
+
+
 def _limit_line(check: LimitCheck, scopes: list[str]) -> list[str]:
     """'- FP16 limit (65504):' then one sub-line per scope with tensors over it (tensor, node, abs max)."""
     scale = f" × {check.scaled_by}'s per-tensor scale" if check.scaled_by else ""
     lines = [f"- {_FORMAT_NAMES.get(check.format, check.format)} limit ({check.limit:g}{scale}):"]
     for scope in scopes:
         peaks = check.over.get(scope, ())
-        shown = ", ".join(f"`{p.tensor}` from node `{p.node}` ({p.abs_max:.4g} > {p.limit:.4g})"
+        shown = ", ".join(f"`{p.tensor}` from node `{p.node}` ({_magnitude(p.abs_max)} > {_magnitude(p.limit)})"
                           for p in peaks[:_PEAKS_SHOWN])  # fmt: skip
         more = f", and {len(peaks) - _PEAKS_SHOWN} more" if len(peaks) > _PEAKS_SHOWN else ""
         lines += [f"  - slice `{scope}`: {_md_cell(shown)}{more}"] if peaks else []
