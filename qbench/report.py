@@ -20,7 +20,7 @@ from rich.text import Text
 from qbench.console import print_wide
 from qbench.frontier import frontier_of, overall_metric, speedup
 from qbench.gate import GateCheck, GateReport
-from qbench.results import LimitCheck, SliceMetrics, SweepResults, VariantResult
+from qbench.results import NATIVE, LimitCheck, SliceMetrics, SweepResults, VariantResult
 from qbench.validate.metrics import METRICS
 
 Cell = str | tuple[str, str]  # text, or (text, rich style)
@@ -154,6 +154,19 @@ def _latency_cells(variant: VariantResult, batch_sizes: Sequence[int]) -> list[C
     return cells
 
 
+def fidelity_text(variant: VariantResult) -> str:
+    """'native', 'emulated' (every figure), or which figures are emulated / unknown."""
+    fidelity = variant.fidelity
+    if fidelity.accuracy == fidelity.latency:
+        return fidelity.accuracy
+    return ", ".join(f"{what} {how}" for what, how in (("accuracy", fidelity.accuracy), ("latency", fidelity.latency)))
+
+
+def _fidelity_cell(variant: VariantResult) -> Cell:
+    text = fidelity_text(variant)
+    return text if text == NATIVE else (text, "yellow")
+
+
 def _summary_row(results: SweepResults, variant: VariantResult, gate: GateReport | None, notes: Footnotes,
                  show_nonfinite: bool) -> list[Cell]:  # fmt: skip
     metric = results.gate_metric
@@ -166,7 +179,7 @@ def _summary_row(results: SweepResults, variant: VariantResult, gate: GateReport
     factor = speedup(results, variant, sizes[-1]) if sizes else math.nan
     overall = variant.accuracy.overall if variant.accuracy else None
     worst = _worst_slice(variant, metric)
-    row: list[Cell] = [name, variant.backend, variant.precision, status,
+    row: list[Cell] = [name, variant.backend, variant.precision, _fidelity_cell(variant), status,
                        _short(variant.model_bytes / 1e6) if variant.model_bytes else _NONE, _short(cold)]  # fmt: skip
     row += _latency_cells(variant, _shown_batch_sizes(results))
     row += [f"{factor:.2f}×" if _finite(factor) else _NONE, _num(overall_metric(variant, metric)),
@@ -183,7 +196,7 @@ def _summary_row(results: SweepResults, variant: VariantResult, gate: GateReport
 def _summary_columns(results: SweepResults, show_nonfinite: bool) -> list[tuple[str, bool]]:
     """(header, holds numbers) for each summary column, in the order `_summary_row` fills them."""
     sizes = _batch_sizes(results)
-    columns = [("variant", False), ("backend", False), ("precision", False), ("status", False),
+    columns = [("variant", False), ("backend", False), ("precision", False), ("figures", False), ("status", False),
                ("model MB", True), ("cold start ms", True)]  # fmt: skip
     for bs in _shown_batch_sizes(results):
         columns += [(f"p50 / p99 ms\nbatch {bs}", True), (f"items/s\nbatch {bs}", True)]
@@ -198,7 +211,8 @@ def _summary_grid(results: SweepResults, gate: GateReport | None) -> Grid:
     columns = _summary_columns(results, show_nonfinite)
     notes = Footnotes()
     rows = [_summary_row(results, v, gate, notes, show_nonfinite) for v in results.variants]
-    footer = [f"speed-up: FP32 p50 / variant p50 on the same backend; {_DROP_NOTE}; cold start: session + first run"]
+    footer = [f"speed-up: FP32 p50 / variant p50 on the same backend; {_DROP_NOTE}; cold start: session + first run; "
+              "figures: native, or emulated where the backend cannot compute the precision (see Notes)"]
     return Grid(f"Summary: {results.recipe.get('name', '')}", [h for h, _ in columns], rows,
                 frozenset(i for i, (_, numeric) in enumerate(columns) if numeric), footer + notes.lines())  # fmt: skip
 
@@ -373,6 +387,10 @@ def _frontier_section(results: SweepResults, plot_path: Path | None, report_path
 def _notes_section(results: SweepResults) -> str:
     lines = ["## Notes", ""]
     for variant in results.variants:
+        if variant.fidelity.emulated:
+            scored = f" Scored model: `{variant.evaluated_model_path}`." if variant.evaluated_model_path else ""
+            lines.append(f"- **{variant.key}** figures {fidelity_text(variant)}, not native: "
+                         f"{_md_cell(variant.fidelity.method)}.{scored}")  # fmt: skip
         lines += [f"- **{variant.key}**: {_md_cell(note)}" for note in variant.notes]
         if variant.status != "ok":
             lines.append(f"- **{variant.key}** {variant.status}: {_md_cell(variant.error or 'no error message')}")

@@ -12,7 +12,9 @@ Schema (version 1), documented in reports/README.md:
     VariantResult
       variant, backend, precision, status ok|failed|skipped, error (or skip reason), params {...},
       model_path, model_bytes, build_seconds, notes [...],
+      fidelity Fidelity, evaluated_model_path (the model whose outputs were scored, when not model_path),
       accuracy AccuracyResult | null, latency LatencyResult | null
+    Fidelity: accuracy native|emulated|unknown, latency native|emulated|unknown, method (how it was emulated)
     AccuracyResult: rows, nonfinite_outputs, overall SliceMetrics, slices [SliceMetrics]
     SliceMetrics: name, size, metrics {m: value}, intervals {m: [lo, hi]}, drops {m: drop vs FP32}
     LatencyResult: threads, session_create_ms, first_run_ms, points [LatencyPoint]
@@ -91,6 +93,31 @@ class CalibrationRecord:
     per_slice_counts: dict[str, int]
 
 
+NATIVE = "native"
+EMULATED = "emulated"
+UNKNOWN = "unknown"  # results written before qbench recorded fidelity
+
+
+@dataclass(frozen=True)
+class Fidelity:
+    """Whether each figure comes from the precision running natively on the backend, or from an emulation.
+
+    accuracy: "emulated" when the backend cannot compute the format (FP16 on ONNX Runtime's CPU
+        provider, BF16 and FP8 anywhere they are simulated): the scored outputs come from a graph
+        that rounds every tensor to the format, faithful to its overflow and underflow.
+    latency: "emulated" when the timed model does not run the format's own kernels (FP16 on CPU
+        is upcast to FP32 by the runtime; BF16/FP8 simulations): not the figure of native hardware.
+    """
+
+    accuracy: str = NATIVE
+    latency: str = NATIVE
+    method: str = ""
+
+    @property
+    def emulated(self) -> bool:
+        return EMULATED in (self.accuracy, self.latency)
+
+
 @dataclass(frozen=True)
 class VariantResult:
     variant: str
@@ -105,6 +132,8 @@ class VariantResult:
     notes: tuple[str, ...] = ()
     accuracy: AccuracyResult | None = None
     latency: LatencyResult | None = None
+    fidelity: Fidelity = field(default_factory=Fidelity)
+    evaluated_model_path: str | None = None  # set when accuracy was scored on another graph (an emulation)
 
     @property
     def key(self) -> str:
@@ -339,6 +368,8 @@ def from_dict(raw: dict[str, Any]) -> SweepResults:
                 notes=tuple(v.get("notes", [])),
                 accuracy=_accuracy(v.get("accuracy")),
                 latency=_latency(v.get("latency")),
+                fidelity=Fidelity(**v["fidelity"]) if "fidelity" in v else Fidelity(UNKNOWN, UNKNOWN),
+                evaluated_model_path=v.get("evaluated_model_path"),
             )
             for v in raw["variants"]
         ),

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 import qbench
-from qbench.backends import Backend, get_backend
+from qbench.backends import Backend, Runner, get_backend
 from qbench.backends.base import RunOptions
 from qbench.console import console
 from qbench.environment import describe_environment
@@ -32,6 +32,7 @@ from qbench.report import print_summary, write_markdown_report
 from qbench.report_html import write_html_report
 from qbench.results import AccuracyResult, LatencyResult, RangeAnalysis, SweepResults, VariantResult, write_results
 from qbench.validate.accuracy import evaluate_accuracy, run_outputs, with_drops
+from qbench.validate.fidelity import plan_measurement
 from qbench.validate.latency import measure_cold_start, measure_steady_state, take_batch
 from qbench.variants import BuildContext, BuiltVariant, build_variant
 
@@ -222,7 +223,11 @@ def _measure(
     reference_accuracy: AccuracyResult | None,
     clock: _Clock,
 ) -> _Measured:
-    """Cold start, accuracy on every evaluation row, then steady-state latency: one session alive at a time."""
+    """Cold start, accuracy on every evaluation row, then steady-state latency: one session alive at a time.
+
+    The timed and the scored model differ when the backend cannot compute the variant's precision
+    (qbench.validate.fidelity): the scored emulation then runs first, in its own session.
+    """
     recipe = prepared.recipe
     unsupported = backend.supports(built)
     if unsupported:
@@ -234,11 +239,14 @@ def _measure(
     try:
         batch_sizes = tuple(sorted({*recipe.latency.batch_sizes, recipe.data.evaluation.batch_size, 1}))
         options = RunOptions(threads=recipe.latency.threads, batch_sizes=batch_sizes)
-        runner, create_ms, first_ms = measure_cold_start(lambda: backend.load(built, options), take_batch(feeds, 1))
+        plan = plan_measurement(backend, built)
+        outputs = None
+        if plan.separate:
+            outputs = _score(backend.load(plan.scored, options), prepared, f"{label} evaluate (emulated)")
+        runner, create_ms, first_ms = measure_cold_start(lambda: backend.load(plan.timed, options), take_batch(feeds, 1))
         try:
-            outputs = run_outputs(
-                runner, feeds, recipe.data.evaluation.batch_size, prepared.output_indices, description=f"{label} evaluate"
-            )
+            if outputs is None:
+                outputs = _score(runner, prepared, f"{label} evaluate", close=False)
             points = measure_steady_state(
                 runner, feeds, recipe.latency.batch_sizes, recipe.latency.warmup, recipe.latency.iterations,
                 description=f"{label} latency",
@@ -272,9 +280,22 @@ def _measure(
             notes=built.notes,
             accuracy=accuracy,
             latency=latency,
+            fidelity=plan.fidelity,
+            evaluated_model_path=str(plan.scored.onnx_path) if plan.separate else None,
         ),
         outputs,
     )
+
+
+def _score(runner: Runner, prepared: Prepared, description: str, *, close: bool = True) -> dict[str, np.ndarray]:
+    """The evaluation outputs of `runner` (closed afterwards unless the caller goes on timing it)."""
+    try:
+        batch_size = prepared.recipe.data.evaluation.batch_size
+        return run_outputs(runner, prepared.evaluation_feeds, batch_size, prepared.output_indices,
+                           description=description)  # fmt: skip
+    finally:
+        if close:
+            runner.close()
 
 
 def _failed(spec: VariantSpec, backend: str, error: str) -> VariantResult:

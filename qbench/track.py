@@ -215,7 +215,12 @@ def _uses_calibration(variant: VariantResult) -> bool:
 def _variant_params(results: SweepResults, variant: VariantResult) -> dict[str, str]:
     keys = unique_names(variant.params)
     params = {keys[k]: _param_value(v) for k, v in variant.params.items()}
-    params |= {"variant": variant.variant, "precision": variant.precision, "backend": variant.backend}
+    params |= {"variant": variant.variant, "precision": variant.precision, "backend": variant.backend,
+               "fidelity.accuracy": variant.fidelity.accuracy, "fidelity.latency": variant.fidelity.latency}  # fmt: skip
+    if variant.fidelity.method:
+        params["fidelity.method"] = _param_value(variant.fidelity.method)
+    if variant.evaluated_model_path:
+        params["evaluated_model_path"] = _param_value(variant.evaluated_model_path)
     calibration = results.calibration
     if calibration is not None and _uses_calibration(variant):
         params |= {"calibration.samples": str(calibration.size), "calibration.seed": str(calibration.seed),
@@ -230,6 +235,7 @@ def _variant_tags(variant: VariantResult, gate: GateReport | None) -> dict[str, 
         "qbench.variant": variant.variant,
         "qbench.backend": variant.backend,
         "qbench.precision": variant.precision,
+        "qbench.fidelity": "emulated" if variant.fidelity.emulated else variant.fidelity.accuracy,
     }
     if variant.status != "ok":
         tags["qbench.error"] = _tag_value(variant.error or "no error message")

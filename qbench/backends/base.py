@@ -38,6 +38,10 @@ class Runner(Protocol):
 
 @runtime_checkable
 class Backend(Protocol):
+    """A runtime. It may also declare `native_precisions` (a frozenset of precision names it computes
+    with their own kernels); without it, every precision it accepts counts as native
+    (see qbench.validate.fidelity)."""
+
     name: str
 
     def check_available(self) -> None:
@@ -51,3 +55,8 @@ class Backend(Protocol):
     def load(self, variant: BuiltVariant, options: RunOptions) -> Runner:
         """Create a runner for the variant's model."""
         ...
+
+
+def native_precisions(backend: Backend) -> frozenset[str] | None:
+    """The precisions `backend` computes natively; None when it declares none (all count as native)."""
+    return getattr(backend, "native_precisions", None)

@@ -81,6 +81,7 @@ class OnnxRuntimeBackend:
     name: ClassVar[str]
     providers: ClassVar[tuple[str, ...]]
     extra: ClassVar[str]  # the qbench extra that installs an onnxruntime build with these providers
+    native_precisions: ClassVar[frozenset[str] | None] = None  # None: every precision runs on its own kernels
 
     @property
     def required_provider(self) -> str:

@@ -7,8 +7,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 from qbench.registry import Registry
 from qbench.variants.base import BuildContext, BuiltVariant, VariantBuilder
+
+if TYPE_CHECKING:  # pragma: no cover
+    from qbench.variants.emulate import Emulation
 
 PRECISIONS: Registry[VariantBuilder] = Registry("precision")
 PRECISIONS.register("fp32", "qbench.variants.fp32:build_fp32")
@@ -16,6 +22,11 @@ PRECISIONS.register("fp16", "qbench.variants.fp16:build_fp16")
 PRECISIONS.register("bf16", "qbench.variants.fp16:build_bf16")
 PRECISIONS.register("int8", "qbench.variants.int8:build_int8")
 PRECISIONS.register("fp8", "qbench.variants.fp8:build_fp8")
+
+# precision -> the emulation scored on backends that cannot compute it (qbench.validate.fidelity)
+EMULATIONS: Registry[Callable[[BuiltVariant], Emulation]] = Registry("emulation")
+EMULATIONS.register("fp16", "qbench.variants.emulate:float16_emulation")
+EMULATIONS.register("fp8", "qbench.variants.emulate:qdq_emulation")
 
 # calibrator name -> the precisions it can calibrate
 CALIBRATORS: dict[str, tuple[str, ...]] = {
@@ -51,4 +62,4 @@ def build_variant(spec, ctx: BuildContext) -> BuiltVariant:  # noqa: ANN001
     return builder_for(spec)(spec, ctx)
 
 
-__all__ = ["PRECISIONS", "TECHNIQUES", "CALIBRATORS", "builder_for", "BuildContext", "BuiltVariant", "VariantBuilder", "build_variant", "calibrator_names"]
+__all__ = ["PRECISIONS", "EMULATIONS", "TECHNIQUES", "CALIBRATORS", "builder_for", "BuildContext", "BuiltVariant", "VariantBuilder", "build_variant", "calibrator_names"]

@@ -52,6 +52,9 @@ class BuiltVariant:
     session_hints: what a backend must respect to run it correctly, e.g.
         {"graph_optimization_level": "basic"} for float8 Q/DQ graphs on ORT CPU.
     notes: human-readable caveats shown in the report ("FP8 is simulated on CPU").
+    simulation: the model is an FP32 graph that imitates its precision by rounding (the BF16
+        variant): no backend runs the precision natively, so every figure of it is emulated
+        (qbench.validate.fidelity).
     torch_module: a factory of the variant as an nn.Module (None when it exists only as ONNX).
     activation_ranges: float tensor name (as in the FP32 model) -> (low, high), the interval a
         static INT8 / FP8 variant's activation quantizer represents; values outside are clipped.
@@ -65,6 +68,7 @@ class BuiltVariant:
     build_seconds: float = 0.0
     session_hints: dict[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    simulation: bool = False
     torch_module: Callable[[], Any] | None = None  # the variant as a torch module, for torch backends
     activation_ranges: Mapping[str, tuple[float, float]] = field(default_factory=dict)
 

@@ -249,7 +249,7 @@ def build_modelopt(spec: VariantSpec, ctx: BuildContext, *, smoothquant: bool = 
         onnx_path=target,
         params=params,
         build_seconds=clock.seconds(),
-        session_hints={"graph_optimization_level": "basic", "simulated": True} if spec.precision == "fp8" else {},
+        session_hints={"graph_optimization_level": "basic"} if spec.precision == "fp8" else {},
         notes=(FP8_NOTE if spec.precision == "fp8" else INT8_NOTE, *clipping_notes(settings, kept)),
         torch_module=lambda: copy.deepcopy(quantized),
     )

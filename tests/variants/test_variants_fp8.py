@@ -29,11 +29,14 @@ def _top1(path, images: np.ndarray, basic: bool = False) -> np.ndarray:
 def test_fp8_agrees_with_fp32_on_the_digits_cnn(digits_cnn, tmp_path, per_channel):
     spec = VariantSpec(name="fp8", precision="fp8", calibrator="minmax", per_channel=per_channel)
     built = build_fp8(spec, digits_cnn.context(tmp_path))
-    assert built.session_hints["graph_optimization_level"] == "basic"
+    assert built.session_hints == {}
     reference = _top1(digits_cnn.path, digits_cnn.held_out)
-    agreement = float(np.mean(_top1(built.onnx_path, digits_cnn.held_out, basic=True) == reference))
+    at_default = _top1(built.onnx_path, digits_cnn.held_out)
+    agreement = float(np.mean(at_default == reference))
     print(f"fp8 per_channel={per_channel}: top-1 agreement with FP32 {agreement:.4f} on {len(reference)} held-out rows")
     assert agreement >= 0.99
+    # ORT's default level once removed Relus before float8 QuantizeLinear nodes: the saved model must not depend on it
+    np.testing.assert_array_equal(at_default, _top1(built.onnx_path, digits_cnn.held_out, basic=True))
     assert built.params["quantized_op_types"] == {"Conv": 3, "Gemm": 1}
 
 
@@ -78,7 +81,7 @@ def test_fp8_per_channel_dequantize_uses_the_output_channel_axis(mlp, tmp_path):
     spec = VariantSpec(name="fp8", precision="fp8", calibrator="minmax", per_channel=True)
     built = build_fp8(spec, mlp.context(tmp_path))
     model = onnx.load(str(built.onnx_path))
-    assert (built.params["opset_original"], built.params["opset"]) == (17, 19), "the opset-17 graph was upgraded"
+    assert (built.params["opset_original"], built.params["opset"]) == (17, 21), "the opset-17 graph was upgraded"
     (node,) = [n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0] == "w1_fp8"]
     assert [a.i for a in node.attribute if a.name == "axis"] == [1]
     scale = numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == node.input[1]))

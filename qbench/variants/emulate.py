@@ -1,0 +1,228 @@
+"""Faithful emulation of narrow float formats on runtimes that compute them in FP32.
+
+ONNX Runtime's CPU provider has few float16 kernels: it inserts Casts around the
+ops it lacks, then removes the Cast pairs it considers redundant and fuses ops
+(MatMul + Mul, MatMul + Add -> Gemm), so an FP16 graph largely runs in FP32 on
+CPU. An activation of 3e5 then stays 3e5 where FP16 hardware gives inf, and a
+model that overflows on one slice passes on CPU and fails on a GPU.
+
+The emulation below restores the format's semantics at every tensor boundary:
+each op computes in FP32 (as hardware that accumulates in FP32 does), and each
+tensor the format stores is rounded to it by an explicit Cast to the format and
+back. ORT's Cast kernel rounds to nearest even with IEEE semantics: beyond
+65504 a float16 is inf, below 2**-24 it is 0, in between the subnormals are
+kept; bfloat16 has FP32's range and 8 bits of precision. ORT keeps these Cast
+pairs at every optimisation level (ORT_ENABLE_ALL included; tested), and the
+Casts also stop fusions that would skip a rounding.
+
+- `emulate_float16(model)`: an FP16 graph (as built by `fp16.build_fp16`, or any
+  graph with float16 tensors) rewritten as an FP32 graph in which every tensor
+  that was float16 is rounded to float16. Tensors the FP16 graph keeps in FP32
+  (ops on the converter's block list) stay FP32, as on hardware.
+- `round_float_tensors(model, to)`: every FLOAT tensor of an FP32 graph (node
+  outputs and graph inputs) rounded to `to`; the BF16 variant is built this way.
+
+FP8 needs no pass here: its Q/DQ graph already rounds (and saturates) exactly the
+tensors that are stored in FP8 (fp8.py).
+
+`EMULATIONS` (qbench.variants) maps a precision to the function that gives the
+model to score on a backend that cannot compute that precision
+(qbench.validate.fidelity decides when).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from qbench.errors import QbenchError
+from qbench.variants.base import BuiltVariant
+from qbench.variants.onnx_utils import load_model, save_model
+
+EMULATED_SUFFIX = ".emulated.onnx"
+_TYPE_ATTRIBUTES = ("to", "dtype", "output_dtype")
+
+
+def round_trip(source: str, target: str, to: int, *, back: bool = True) -> list[onnx.NodeProto]:
+    """Cast FLOAT `source` to the format `to` and (when `back`) to FLOAT again into `target`."""
+    label = TensorProto.DataType.Name(to).lower()
+    if not back:
+        return [helper.make_node("Cast", [source], [target], to=to, name=f"{target}_to_{label}")]
+    narrowed = f"{target}_{label}"
+    return [
+        helper.make_node("Cast", [source], [narrowed], to=to, name=f"{target}_to_{label}"),
+        helper.make_node("Cast", [narrowed], [target], to=TensorProto.FLOAT, name=f"{target}_from_{label}"),
+    ]
+
+
+def tensor_types(model: onnx.ModelProto) -> dict[str, int]:
+    """Element type of every tensor shape inference (or the model) knows; initializers included."""
+    graph = onnx.shape_inference.infer_shapes(model).graph
+    types = {info.name: info.type.tensor_type.elem_type for info in [*graph.value_info, *graph.input, *graph.output]}
+    types |= {t.name: t.data_type for t in graph.initializer}
+    return types
+
+
+def topologically_sorted(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
+    """`nodes` in an order where each reads only graph inputs, initializers or earlier outputs (converters may not sort)."""
+    producer = {name: index for index, node in enumerate(nodes) for name in node.output}
+    waiting = [{producer[name] for name in node.input if name in producer} for node in nodes]
+    readers: dict[int, list[int]] = {}
+    for index, needs in enumerate(waiting):
+        for need in needs:
+            readers.setdefault(need, []).append(index)
+    queue = deque(index for index, needs in enumerate(waiting) if not needs)
+    ordered: list[onnx.NodeProto] = []
+    while queue:
+        index = queue.popleft()
+        ordered.append(nodes[index])
+        for reader in readers.get(index, []):
+            waiting[reader].discard(index)
+            if not waiting[reader]:
+                queue.append(reader)
+    if len(ordered) != len(nodes):
+        raise QbenchError("the graph has a cycle: its nodes cannot be ordered")
+    return ordered
+
+
+def _has_subgraphs(graph: onnx.GraphProto) -> bool:
+    return any(a.HasField("g") or len(a.graphs) for node in graph.node for a in node.attribute)
+
+
+def _round_node_outputs(
+    graph: onnx.GraphProto, rounded: set[str], to: int, *, graph_output_type: int
+) -> tuple[list[onnx.NodeProto], int]:
+    """Nodes in order, each output in `rounded` renamed `<t>_fp32` and rounded into `<t>`.
+
+    A graph output keeps its declared type: when that is the format itself it gets
+    only the Cast to the format.
+    """
+    outputs = {o.name for o in graph.output}
+    nodes: list[onnx.NodeProto] = []
+    count = 0
+    for node in graph.node:
+        casts: list[onnx.NodeProto] = []
+        for index, name in enumerate(node.output):
+            if name not in rounded:
+                continue
+            node.output[index] = f"{name}_fp32"
+            casts.extend(round_trip(node.output[index], name, to, back=not (name in outputs and graph_output_type == to)))
+            count += 1
+        nodes.append(node)
+        nodes.extend(casts)
+    return nodes, count
+
+
+def round_float_tensors(model: onnx.ModelProto, to: int) -> int:
+    """Rewrite an FP32 `model` in place so every float node output and graph input is rounded to `to`.
+
+    Consumers and graph outputs keep their tensor names; a float graph input gets a
+    rounded copy that its consumers read instead. Returns how many tensors are rounded.
+    """
+    graph = model.graph
+    types = tensor_types(model)
+    initializers = {t.name for t in graph.initializer}
+    floats = {name for name, kind in types.items() if kind == TensorProto.FLOAT and name not in initializers}
+    rounded_inputs = {i.name: f"{i.name}_rounded" for i in graph.input if i.name in floats}
+    for node in graph.node:
+        for index, name in enumerate(node.input):
+            if name in rounded_inputs:
+                node.input[index] = rounded_inputs[name]
+    head = [cast for name, copy in rounded_inputs.items() for cast in round_trip(name, copy, to)]
+    produced = {name for node in graph.node for name in node.output} & floats
+    nodes, count = _round_node_outputs(graph, produced, to, graph_output_type=TensorProto.FLOAT)
+    graph.ClearField("node")
+    graph.node.extend(head + nodes)
+    return count + len(rounded_inputs)
+
+
+def _widen_attributes(node: onnx.NodeProto) -> None:
+    """float16 constants and dtype attributes of a node become float32 (exactly: every float16 is a float32)."""
+    for attribute in node.attribute:
+        if attribute.type == onnx.AttributeProto.TENSOR and attribute.t.data_type == TensorProto.FLOAT16:
+            widened = numpy_helper.to_array(attribute.t).astype(np.float32)
+            attribute.t.CopyFrom(numpy_helper.from_array(widened, attribute.t.name))
+        elif attribute.name in _TYPE_ATTRIBUTES and attribute.i == TensorProto.FLOAT16 and node.op_type != "Cast":
+            attribute.i = TensorProto.FLOAT
+
+
+def emulate_float16(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """An FP32 copy of the FP16 graph `model` that rounds every float16 tensor to float16 (module docstring).
+
+    Returns the model and the number of rounded tensors. Graph inputs and outputs keep
+    their declared types. Control-flow subgraphs with float16 tensors are refused: a
+    partial emulation would not be faithful.
+    """
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    graph = model.graph
+    if _has_subgraphs(graph):
+        raise QbenchError("FP16 emulation does not handle control-flow subgraphs (If, Loop, Scan)")
+    types = tensor_types(model)
+    half = {name for name, kind in types.items() if kind == TensorProto.FLOAT16}
+    for index, tensor in enumerate(graph.initializer):
+        if tensor.data_type == TensorProto.FLOAT16:
+            graph.initializer[index].CopyFrom(
+                numpy_helper.from_array(numpy_helper.to_array(tensor).astype(np.float32), tensor.name)
+            )
+    widened_inputs = {i.name: f"{i.name}_fp32" for i in graph.input if i.name in half}
+    head = [helper.make_node("Cast", [n], [w], to=TensorProto.FLOAT, name=f"{w}_cast") for n, w in widened_inputs.items()]
+    exact: set[str] = set()  # float16 outputs that are float16 constants: exact in float32
+    for node in graph.node:
+        for index, name in enumerate(node.input):
+            node.input[index] = widened_inputs.get(name, name)
+        if node.op_type == "Constant":
+            exact.update(node.output)
+        _widen_attributes(node)
+        if node.op_type == "Cast" and node.output[0] in half:
+            node.ClearField("attribute")
+            node.attribute.append(helper.make_attribute("to", TensorProto.FLOAT))  # the round trip below narrows it
+    nodes, count = _round_node_outputs(graph, half - exact, TensorProto.FLOAT16, graph_output_type=TensorProto.FLOAT16)
+    graph.ClearField("node")
+    graph.node.extend(topologically_sorted(head + nodes))
+    graph.ClearField("value_info")  # float16 annotations no longer hold
+    onnx.checker.check_model(model)
+    return model, count
+
+
+def emulated_model_path(artifact: Path) -> Path:
+    """Where the emulation of `artifact` is saved: next to it, `<name>.emulated.onnx`."""
+    return artifact.with_name(artifact.name.removesuffix(".onnx") + EMULATED_SUFFIX)
+
+
+def save_float16_emulation(artifact: Path) -> tuple[Path, int]:
+    """Build and save the FP16 emulation of the model file `artifact`; returns its path and the rounded tensors."""
+    model, count = emulate_float16(load_model(artifact))
+    return save_model(model, emulated_model_path(artifact)), count
+
+
+
+@dataclass(frozen=True)
+class Emulation:
+    """The model whose outputs stand for a variant's accuracy on a backend that cannot compute its format."""
+
+    scored: BuiltVariant
+    method: str
+
+
+def float16_emulation(built: BuiltVariant) -> Emulation:
+    """The FP16 artifact's emulation, saved next to it as `<name>.emulated.onnx`."""
+    try:
+        path, rounded = save_float16_emulation(built.onnx_path)
+    except QbenchError as exc:
+        raise QbenchError(f"variant {built.name!r}: {exc}") from None
+    scored = dataclasses.replace(built, onnx_path=path, session_hints={})
+    method = (f"FP16 emulated: FP32 compute, {rounded} float16 tensors rounded to float16 at every op boundary "
+              "(IEEE: inf beyond 65504, 0 below 2**-24)")  # fmt: skip
+    return Emulation(scored, method)
+
+
+def qdq_emulation(built: BuiltVariant) -> Emulation:
+    """A Q/DQ graph is its own emulation: every stored tensor is quantized, the compute is FP32."""
+    method = f"{built.precision.upper()} emulated by its Q/DQ graph: stored tensors rounded (saturating) to the format, FP32 compute"
+    return Emulation(built, method)
