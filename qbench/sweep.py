@@ -243,7 +243,9 @@ def _measure(
         outputs = None
         if plan.separate:
             outputs = _score(backend.load(plan.scored, options), prepared, f"{label} evaluate (emulated)")
-        runner, create_ms, first_ms = measure_cold_start(lambda: backend.load(plan.timed, options), take_batch(feeds, 1))
+        runner, create_ms, first_ms = measure_cold_start(
+            lambda: backend.load(plan.timed, options), take_batch(feeds, 1)
+        )
         try:
             if outputs is None:
                 outputs = _score(runner, prepared, f"{label} evaluate", close=False)

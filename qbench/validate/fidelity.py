@@ -52,7 +52,8 @@ class MeasurementPlan:
 def plan_measurement(backend: Backend, built: BuiltVariant) -> MeasurementPlan:
     """Decide (and build, for FP16 on CPU) the timed and the scored model of `built` on `backend`."""
     if built.simulation:
-        method = f"{built.precision.upper()} simulated by the model itself: {built.params.get('method', 'rounding graph')}"
+        how = built.params.get("method", "a rounding graph")
+        method = f"{built.precision.upper()} simulated by the model itself: {how}"
         return MeasurementPlan(built, built, Fidelity(EMULATED, EMULATED, method))
     native = native_precisions(backend)
     if native is None or built.precision in native:
@@ -60,5 +61,6 @@ def plan_measurement(backend: Backend, built: BuiltVariant) -> MeasurementPlan:
     if built.precision in EMULATIONS:
         emulation = EMULATIONS.get(built.precision)(built)
     else:
-        emulation = Emulation(built, f"{built.precision} has no faithful emulation: scored as {backend.name} computes it")
+        unfaithful = f"{built.precision} has no faithful emulation: scored as {backend.name} computes it"
+        emulation = Emulation(built, unfaithful)
     return MeasurementPlan(built, emulation.scored, Fidelity(EMULATED, EMULATED, emulation.method))
