@@ -20,7 +20,7 @@ from rich.text import Text
 from qbench.console import print_wide
 from qbench.frontier import frontier_of, overall_metric, speedup
 from qbench.gate import GateCheck, GateReport
-from qbench.results import NATIVE, LimitCheck, SliceMetrics, SweepResults, VariantResult
+from qbench.results import NATIVE, LimitCheck, SliceMetrics, SweepResults, VariantResult, non_default_session_options
 from qbench.validate.metrics import METRICS
 
 Cell = str | tuple[str, str]  # text, or (text, rich style)
@@ -391,6 +391,12 @@ def _notes_section(results: SweepResults) -> str:
             scored = f" Scored model: `{variant.evaluated_model_path}`." if variant.evaluated_model_path else ""
             lines.append(f"- **{variant.key}** figures {fidelity_text(variant)}, not native: "
                          f"{_md_cell(variant.fidelity.method)}.{scored}")  # fmt: skip
+        needed = non_default_session_options(variant.params)
+        if needed:
+            shown = ", ".join(f"{key}={value}" for key, value in needed.items())
+            lines.append(f"- **{variant.key}** ⚠ measured with non-default ONNX Runtime session options ({shown}), "
+                         "declared in the saved model's metadata_props: load it with the same options, the "
+                         "defaults give other outputs")  # fmt: skip
         lines += [f"- **{variant.key}**: {_md_cell(note)}" for note in variant.notes]
         if variant.status != "ok":
             lines.append(f"- **{variant.key}** {variant.status}: {_md_cell(variant.error or 'no error message')}")

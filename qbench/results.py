@@ -118,6 +118,19 @@ class Fidelity:
         return EMULATED in (self.accuracy, self.latency)
 
 
+_RUNTIME_DEFAULTS = {"graph_optimization_level": "all"}  # ONNX Runtime's defaults, as `runtime.*` params record them
+
+
+def non_default_session_options(params: dict[str, Any]) -> dict[str, str]:
+    """Session options a variant was measured with that differ from ONNX Runtime's defaults.
+
+    A user loading the saved model with default options would not get the measured outputs;
+    the model declares these in its metadata_props (qbench.variants.onnx_utils).
+    """
+    return {key: str(params[f"runtime.{key}"]) for key, default in _RUNTIME_DEFAULTS.items()
+            if params.get(f"runtime.{key}", default) != default}  # fmt: skip
+
+
 @dataclass(frozen=True)
 class VariantResult:
     variant: str

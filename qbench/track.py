@@ -39,7 +39,7 @@ from qbench.errors import QbenchError
 from qbench.frontier import speedup
 from qbench.gate import GateReport
 from qbench.recipe import Recipe
-from qbench.results import SliceMetrics, SweepResults, VariantResult, to_json
+from qbench.results import SliceMetrics, SweepResults, VariantResult, non_default_session_options, to_json
 
 T = TypeVar("T")
 
@@ -239,6 +239,9 @@ def _variant_tags(variant: VariantResult, gate: GateReport | None) -> dict[str, 
     }
     if variant.status != "ok":
         tags["qbench.error"] = _tag_value(variant.error or "no error message")
+    needed = non_default_session_options(variant.params)
+    if needed:
+        tags["qbench.session_options"] = ", ".join(f"{k}={v}" for k, v in needed.items()) + " (not ORT's defaults)"
     if variant.notes:
         tags["qbench.notes"] = _tag_value(" | ".join(variant.notes))
     return tags

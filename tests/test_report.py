@@ -167,3 +167,21 @@ def test_print_summary_does_not_fold_tables_in_logs(monkeypatch: pytest.MonkeyPa
     assert all(v.variant in out for v in results.variants)
     assert "Frontier" in out and "BREACH" in out
     assert max(len(line) for line in out.splitlines()) > 80
+
+
+def test_report_marks_emulated_figures_and_non_default_session_options(tmp_path: Path) -> None:
+    from qbench.results import EMULATED, Fidelity
+
+    half = dataclasses.replace(make_variant("fp16", "fp16"), fidelity=Fidelity(EMULATED, EMULATED, "FP16 rounding"),
+                               evaluated_model_path="/tmp/fp16.emulated.onnx")  # fmt: skip
+    basic = make_variant("fp8", "fp8", params={"runtime.graph_optimization_level": "basic"})
+    text = write_markdown_report(make_sweep([make_variant("fp32", "fp32"), half, basic]), None, None,
+                                 tmp_path / "report.md").read_text()  # fmt: skip
+    rows: dict[str, str] = {}
+    for line in text.splitlines():  # the summary table comes first
+        if line.startswith("| fp"):
+            rows.setdefault(line.split(" | ")[0], line)
+    assert "| emulated |" in rows["| fp16"] and "| native |" in rows["| fp32"]
+    assert "**fp16@onnxruntime-cpu** figures emulated, not native: FP16 rounding. Scored model: `/tmp/fp16.emulated.onnx`" in text
+    assert "**fp8@onnxruntime-cpu** ⚠ measured with non-default ONNX Runtime session options (graph_optimization_level=basic)" in text
+    assert "**fp32@onnxruntime-cpu** ⚠" not in text

@@ -263,3 +263,24 @@ def test_log_sweep_to_a_real_mlflow_server(mlflow_server: str, tmp_path: Path, m
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "mlruns").exists()
     assert gate.exit_code == 2  # the failed variant cannot be judged: fail closed
     assert logged.client.get_run(parent_id).data.tags["qbench.gate"] == "unusable"
+
+
+def test_fidelity_and_session_options_reach_the_child_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sweep_factory import make_variant
+
+    from qbench.results import EMULATED, Fidelity
+
+    monkeypatch.chdir(tmp_path)
+    recipe = write_recipe(tmp_path)
+    half = dataclasses.replace(make_variant("fp16", "fp16"), fidelity=Fidelity(EMULATED, EMULATED, "FP16 rounding"))
+    basic = make_variant("fp8", "fp8", params={"runtime.graph_optimization_level": "basic"})
+    results = make_sweep([make_variant("fp32", "fp32"), half, basic])
+    log_sweep(results, recipe, gate=None, artifacts=[])
+    client = MlflowClient(resolve_tracking_uri(recipe))
+    runs = client.search_runs([client.get_experiment_by_name("digits").experiment_id])
+    children = {r.data.params["variant"]: r.data for r in runs if "variant" in r.data.params}
+    assert children["fp16"].params["fidelity.accuracy"] == EMULATED == children["fp16"].params["fidelity.latency"]
+    assert children["fp16"].params["fidelity.method"] == "FP16 rounding" and children["fp16"].tags["qbench.fidelity"] == EMULATED
+    assert children["fp32"].params["fidelity.accuracy"] == "native" and children["fp32"].tags["qbench.fidelity"] == "native"
+    assert children["fp8"].tags["qbench.session_options"] == "graph_optimization_level=basic (not ORT's defaults)"
+    assert "qbench.session_options" not in children["fp32"].tags

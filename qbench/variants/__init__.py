@@ -58,8 +58,17 @@ def builder_for(spec) -> VariantBuilder:  # noqa: ANN001 (VariantSpec; avoids im
 
 
 def build_variant(spec, ctx: BuildContext) -> BuiltVariant:  # noqa: ANN001
-    """Build the variant described by `spec` (a recipe VariantSpec) into ctx.workdir."""
-    return builder_for(spec)(spec, ctx)
+    """Build the variant described by `spec` (a recipe VariantSpec) into ctx.workdir.
+
+    A variant that needs non-default session options gets them declared in its saved model
+    (onnx_utils.declare_session_options); the recipe's own model is never rewritten.
+    """
+    built = builder_for(spec)(spec, ctx)
+    if built.session_hints and built.onnx_path.resolve() != ctx.reference_path.resolve():
+        from qbench.variants.onnx_utils import declare_session_options
+
+        declare_session_options(built.onnx_path, built.session_hints)
+    return built
 
 
 __all__ = ["PRECISIONS", "EMULATIONS", "TECHNIQUES", "CALIBRATORS", "builder_for", "BuildContext", "BuiltVariant", "VariantBuilder", "build_variant", "calibrator_names"]

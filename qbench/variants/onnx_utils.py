@@ -18,6 +18,7 @@ import time
 from collections import Counter
 from collections.abc import Collection, Iterator
 from pathlib import Path
+from typing import Any
 
 import onnx
 from onnx import helper
@@ -27,6 +28,8 @@ from qbench.variants.base import BuildContext
 
 # Protobuf cannot serialise a model of 2 GiB or more; keep a margin for the graph itself.
 _EXTERNAL_DATA_THRESHOLD_BYTES = 1_800_000_000
+# metadata_props keys under which a saved variant declares the ONNX Runtime session options it needs
+SESSION_METADATA_PREFIX = "onnxruntime.session_options."
 # Integer kernels that ORT's dynamic (IntegerOps) quantizer substitutes for float ops.
 _INTEGER_OPS = frozenset({"MatMulInteger", "ConvInteger", "DynamicQuantizeMatMul", "QAttention", "DynamicQuantizeLSTM"})
 
@@ -172,3 +175,26 @@ def drop_unused_initializers(graph: onnx.GraphProto) -> None:
     kept = [t for t in graph.initializer if t.name in read]
     graph.ClearField("initializer")
     graph.initializer.extend(kept)
+
+
+def declare_session_options(path: Path, options: dict[str, Any]) -> None:
+    """Write `options` into the saved model's metadata_props, so a user loading the file knows what it needs.
+
+    Default ONNX Runtime options must reproduce qbench's figures; where a variant cannot
+    (e.g. graph_optimization_level basic for a Q/DQ pattern ORT mis-optimises), this is
+    where the file says so.
+    """
+    model = onnx.load(str(path), load_external_data=False)
+    kept = [p for p in model.metadata_props if not p.key.startswith(SESSION_METADATA_PREFIX)]
+    model.ClearField("metadata_props")
+    model.metadata_props.extend(kept)
+    for key, value in sorted(options.items()):
+        model.metadata_props.add(key=f"{SESSION_METADATA_PREFIX}{key}", value=str(value))
+    onnx.save_model(model, str(path))
+
+
+def declared_session_options(path: Path) -> dict[str, str]:
+    """The session options a saved model declares in its metadata_props (empty: ORT's defaults)."""
+    model = onnx.load(str(path), load_external_data=False)
+    prefix = SESSION_METADATA_PREFIX
+    return {p.key.removeprefix(prefix): p.value for p in model.metadata_props if p.key.startswith(prefix)}

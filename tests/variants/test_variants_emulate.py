@@ -138,3 +138,20 @@ def test_fp32_and_int8_are_native_on_cpu(graph, tmp_path):
     plan = plan_measurement(OnnxRuntimeCPU(), built)
     assert plan.scored is built and not plan.separate
     assert (plan.fidelity.accuracy, plan.fidelity.latency, plan.fidelity.method) == (NATIVE, NATIVE, "")
+
+
+def test_a_variant_declares_the_session_options_it_needs_in_its_file(mlp, tmp_path, monkeypatch):
+    from qbench.variants import PRECISIONS, build_variant
+    from qbench.variants.base import BuiltVariant
+    from qbench.variants.onnx_utils import declared_session_options
+
+    def build_basic(spec, ctx):
+        target = ctx.workdir / "basic.onnx"
+        target.write_bytes(mlp.path.read_bytes())
+        return BuiltVariant(spec.name, "fp8", target, session_hints={"graph_optimization_level": "basic"})
+
+    monkeypatch.setattr(PRECISIONS, "_entries", {**PRECISIONS._entries, "fp8": build_basic})
+    built = build_variant(VariantSpec(name="q", precision="fp8", calibrator="minmax"), mlp.context(tmp_path))
+    assert declared_session_options(built.onnx_path) == {"graph_optimization_level": "basic"}
+    assert declared_session_options(mlp.path) == {}, "the recipe's own model is never rewritten"
+    ort.InferenceSession(str(built.onnx_path), providers=["CPUExecutionProvider"])  # still a valid model
