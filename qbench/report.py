@@ -20,7 +20,7 @@ from rich.text import Text
 from qbench.console import print_wide
 from qbench.frontier import frontier_of, overall_metric, speedup
 from qbench.gate import GateCheck, GateReport
-from qbench.results import NATIVE, LimitCheck, SliceMetrics, SweepResults, VariantResult, non_default_session_options
+from qbench.results import EMULATED, NATIVE, LimitCheck, SliceMetrics, SweepResults, VariantResult, non_default_session_options
 from qbench.validate.metrics import METRICS
 
 Cell = str | tuple[str, str]  # text, or (text, rich style)
@@ -326,12 +326,18 @@ def frontier_text(results: SweepResults) -> str:
     direction = "higher" if METRICS[metric].higher_is_better else "lower"
     lines = [f"Frontier (p50 latency vs {metric}, {direction} is better):"]
     groups: dict[tuple[str, int], list[str]] = {}
+    emulated = False
     for p in frontier_of(results):
-        entry = f"{p.variant} ({_short(p.p50_ms)} ms, {_num(p.metric)})"
+        variant = results.find(p.variant, p.backend)
+        marker = "*" if variant is not None and variant.fidelity.latency == EMULATED else ""
+        emulated = emulated or bool(marker)
+        entry = f"{p.variant}{marker} ({_short(p.p50_ms)} ms, {_num(p.metric)})"
         groups.setdefault((p.backend, p.batch_size), []).append(entry)
     lines += [f"  {backend}, batch {bs}: " + " → ".join(names) for (backend, bs), names in groups.items()]
     if not groups:
         lines.append(f"  no variant has both a latency and a finite {metric}")
+    if emulated:
+        lines.append("  * emulated latency: this runtime does not compute that precision natively")
     return "\n".join(lines)
 
 

@@ -185,3 +185,16 @@ def test_report_marks_emulated_figures_and_non_default_session_options(tmp_path:
     assert "**fp16@onnxruntime-cpu** figures emulated, not native: FP16 rounding. Scored model: `/tmp/fp16.emulated.onnx`" in text
     assert "**fp8@onnxruntime-cpu** ⚠ measured with non-default ONNX Runtime session options (graph_optimization_level=basic)" in text
     assert "**fp32@onnxruntime-cpu** ⚠" not in text
+
+
+def test_frontier_marks_emulated_latency() -> None:
+    from qbench.results import EMULATED, Fidelity
+
+    worse = {"overall": 0.94, "clean": 0.96, "noisy lighting=dark": 0.89}
+    fast = dataclasses.replace(make_variant("fp16", "fp16", p50_by_batch={1: 0.5, 32: 10.0}, accuracy=worse),
+                               fidelity=Fidelity(EMULATED, EMULATED, "FP16 rounding"))  # fmt: skip
+    results = make_sweep([make_variant("fp32", "fp32"), fast])
+    results = dataclasses.replace(results, frontier=compute_frontier(results.variants, "accuracy"))
+    text = frontier_text(results)
+    assert "fp16* (0.500 ms" in text and "fp32 (" in text
+    assert text.endswith("* emulated latency: this runtime does not compute that precision natively")
