@@ -203,6 +203,15 @@ class FallbackSpec(_Strict):
     keep: Literal["fp32"] = Field("fp32", description="precision the excluded nodes keep")
 
 
+class SmoothQuantSpec(_Strict):
+    """SmoothQuant on the ONNX graph, then INT8 on the inputs and weights of every Linear (outputs float)."""
+
+    alpha: float = Field(0.5, ge=0, le=1, description="migration strength: 0 keeps activations, 1 moves all range to weights")
+    unfoldable: Literal["mul", "skip"] = Field(
+        "mul", description="when the smoothing cannot fold into the producer: insert one Mul, or leave that input unsmoothed"
+    )
+
+
 class VariantSpec(_Strict):
     name: Name
     precision: Literal["fp32", "fp16", "bf16", "int8", "fp8"]
@@ -228,6 +237,10 @@ class VariantSpec(_Strict):
         None, description="who quantizes (int8/fp8): onnxruntime (default) or modelopt (needs a PyTorch model)"
     )
     qat: QatSpec | None = Field(None, description="int8 only: fine-tune with fake quantization (needs a PyTorch model)")
+    smoothquant: SmoothQuantSpec | None = Field(
+        None, description="int8 with calibrator minmax (static) or dynamic: smooth, then quantize Linear inputs and "
+        "weights only (per_channel defaults to true here)"
+    )
     compile: bool = Field(False, description="torch backends: run the module through torch.compile")
 
     @model_validator(mode="after")
@@ -250,6 +263,11 @@ class VariantSpec(_Strict):
                 raise ValueError(f"{option}: applies to calibrator {' / '.join(calibrators)}, not {self.calibrator!r}")
         kinds = [self.precision, *(["dynamic int8"] if self.calibrator == "dynamic" else [])]
         kinds += ["QAT"] if self.qat is not None else []
+        kinds += ["SmoothQuant"] if self.smoothquant is not None else []
+        if self.smoothquant is not None and self.calibrator not in _SMOOTHQUANT_CALIBRATORS:
+            raise ValueError(f"calibrator: {expected_one_of(self.calibrator, _SMOOTHQUANT_CALIBRATORS)} with smoothquant")
+        if self.smoothquant is not None and self.weight_type != "int8":
+            raise ValueError("weight_type: smoothquant quantizes weights to int8 only")
         for kind in kinds:
             for option in _NOT_FOR.get(kind, ()):
                 if option in self.model_fields_set:
@@ -262,14 +280,16 @@ class VariantSpec(_Strict):
 _QUANT_ONLY_FIELDS = (
     "calibrator", "percentile", "num_bins", "num_quantized_bins", "per_channel", "reduce_range",
     "activation_type", "weight_type", "symmetric_activations", "op_types", "exclude_nodes", "quantizer", "qat",
-    "fallback",
+    "fallback", "smoothquant",
 )  # fmt: skip
 # options that a quantized kind ignores: rejected rather than silently dropped
 _NOT_FOR = {
-    "fp8": ("reduce_range", "activation_type", "weight_type", "symmetric_activations", "qat", "fallback"),
+    "fp8": ("reduce_range", "activation_type", "weight_type", "symmetric_activations", "qat", "fallback", "smoothquant"),
     "dynamic int8": ("activation_type", "symmetric_activations", "qat", "quantizer"),
     "QAT": ("op_types", "exclude_nodes", "fallback", "quantizer"),
+    "SmoothQuant": ("op_types", "fallback", "quantizer", "qat"),  # Linears are chosen by rule
 }
+_SMOOTHQUANT_CALIBRATORS = ("minmax", "dynamic")
 _CALIBRATOR_OPTIONS = {
     "percentile": ("percentile",),
     "num_bins": ("entropy", "percentile"),

@@ -46,12 +46,15 @@ def calibrator_names(precision: str) -> list[str]:
 TECHNIQUES: Registry[VariantBuilder] = Registry("technique")
 TECHNIQUES.register("qat", "qbench.variants.qat:build_qat")
 TECHNIQUES.register("modelopt", "qbench.variants.modelopt_quant:build_modelopt")
+TECHNIQUES.register("smoothquant", "qbench.variants.smoothquant:build_smoothquant")
 
 
 def builder_for(spec) -> VariantBuilder:  # noqa: ANN001 (VariantSpec; avoids import cycle)
-    """QAT and ModelOpt variants have their own builders; everything else is built by precision."""
+    """QAT, ModelOpt and SmoothQuant variants have their own builders; everything else is built by precision."""
     if spec.qat is not None:
         return TECHNIQUES.get("qat")
+    if spec.smoothquant is not None:
+        return TECHNIQUES.get("smoothquant")
     if spec.quantizer == "modelopt":
         return TECHNIQUES.get("modelopt")
     return PRECISIONS.get(spec.precision)

@@ -1,0 +1,167 @@
+"""INT8 on the inputs and weights of every Linear only; every output and every other op stays float.
+
+Static: each Linear input gets one QuantizeLinear (per-tensor scale from calibrated
+ranges, shared by every Linear that reads the tensor) and a DequantizeLinear per
+reader; each weight is stored as int8 with a DequantizeLinear (per output channel
+or per tensor, symmetric). ONNX Runtime's CPU provider fuses DQ -> MatMul with a
+float output into MatMulIntegerToFloat: integer GEMM, float output, no run-time
+activation quantization.
+
+Dynamic: each Linear input gets one DynamicQuantizeLinear (uint8, scale computed
+per batch at run time) and each Linear becomes MatMulInteger -> Cast -> Mul by the
+product of the scales, the pattern ORT fuses into DynamicQuantizeMatMul /
+MatMulIntegerToFloat.
+
+Which nodes are Linears is decided by rule in `qbench.variants.linear_graph`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from qbench.variants.linear_graph import GraphView, Linear, node_attribute
+
+ActivationType = Literal["uint8", "int8"]
+_QRANGE = {"uint8": (0, 255), "int8": (-128, 127)}
+_NUMPY = {"uint8": np.uint8, "int8": np.int8}
+
+
+@dataclass(frozen=True)
+class LinearQuantSettings:
+    """How Linear inputs and weights are quantized.
+
+    reduce_range: 7-bit weights (|q| <= 63), which keeps u8 x s8 pair sums inside int16 on
+        x86 CPUs without VNNI (trials pitfall 2).
+    """
+
+    activations: Literal["static", "dynamic"] = "static"
+    activation_type: ActivationType = "uint8"
+    symmetric_activations: bool = False
+    per_channel: bool = True
+    reduce_range: bool = False
+
+    @property
+    def weight_qmax(self) -> int:
+        return 63 if self.reduce_range else 127
+
+
+def activation_qparams(low: float, high: float, activation_type: ActivationType, symmetric: bool) -> tuple[float, int]:
+    """Scale and zero point of a per-tensor affine quantization covering [low, high] (and 0)."""
+    low, high = min(float(low), 0.0), max(float(high), 0.0)
+    qmin, qmax = _QRANGE[activation_type]
+    if symmetric:
+        absmax = max(-low, high)
+        scale = absmax / 127.0
+        zero_point = 0 if activation_type == "int8" else 128
+    else:
+        scale = (high - low) / (qmax - qmin)
+        zero_point = int(np.clip(round(qmin - low / scale), qmin, qmax)) if scale > 0 else 0
+    return (scale if scale > 0 else 1.0), zero_point
+
+
+def quantize_weight(weight: np.ndarray, output_axis: int, per_channel: bool, qmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8 weight and its scale (one per output channel, or one scalar)."""
+    absmax = np.abs(weight).max(axis=1 - output_axis) if per_channel else np.abs(weight).max()
+    scale = np.where(absmax > 0, absmax / qmax, 1.0).astype(np.float32)
+    broadcast = np.expand_dims(scale, 1 - output_axis) if per_channel else scale
+    quantized = np.clip(np.rint(weight / broadcast), -qmax, qmax).astype(np.int8)
+    return quantized, scale
+
+
+def quantize_linears(
+    view: GraphView,
+    linears: Sequence[Linear],
+    ranges: Mapping[str, tuple[float, float]],
+    settings: LinearQuantSettings,
+) -> int:
+    """Rewrite `linears` in `view` to INT8 inputs and weights; returns how many activation tensors were quantized.
+
+    `ranges` maps each Linear input tensor to its calibrated (min, max); static quantization needs one per input.
+    """
+    readers: dict[str, list[Linear]] = defaultdict(list)
+    for linear in linears:
+        readers[linear.node.input[0]].append(linear)
+    for tensor, group in readers.items():
+        first = min(linear.index for linear in group)
+        if settings.activations == "static":
+            if tensor not in ranges:
+                raise ValueError(f"no calibrated range for {tensor!r}, the input of {group[0].node.name or group[0].node.op_type!r}")
+            _static(view, tensor, group, first, ranges[tensor], settings)
+        else:
+            _dynamic(view, tensor, group, first, settings)
+    return len(readers)
+
+
+def _static(
+    view: GraphView, tensor: str, group: list[Linear], first: int, value_range: tuple[float, float], settings: LinearQuantSettings
+) -> None:
+    scale, zero_point = activation_qparams(*value_range, settings.activation_type, settings.symmetric_activations)
+    scale_name = view.add_constant(f"{tensor}_scale", np.array(scale, dtype=np.float32))
+    zero_name = view.add_constant(f"{tensor}_zero_point", np.array(zero_point, dtype=_NUMPY[settings.activation_type]))
+    quantized = view.fresh_name(f"{tensor}_quantized")
+    view.insert_before(first, [_node(view, "QuantizeLinear", [tensor, scale_name, zero_name], [quantized])])
+    for linear in group:
+        # one DequantizeLinear per reader: each MatMul then forms its own Q/DQ unit for ORT's fusion
+        dequantized = view.fresh_name(f"{tensor}_dequantized")
+        view.insert_before(linear.index, [_node(view, "DequantizeLinear", [quantized, scale_name, zero_name], [dequantized])])
+        linear.node.input[0] = dequantized
+        weight, weight_scale, weight_zero = _weight_constants(view, linear, settings, transpose=False)
+        axis = {"axis": linear.weight_output_axis} if settings.per_channel else {}
+        weight_dequantized = view.fresh_name(f"{linear.node.input[1]}_dequantized")
+        view.insert_before(
+            linear.index, [_node(view, "DequantizeLinear", [weight, weight_scale, weight_zero], [weight_dequantized], **axis)]
+        )
+        linear.node.input[1] = weight_dequantized
+
+
+def _dynamic(view: GraphView, tensor: str, group: list[Linear], first: int, settings: LinearQuantSettings) -> None:
+    quantized, scale, zero_point = (view.fresh_name(f"{tensor}_{part}") for part in ("quantized", "scale", "zero_point"))
+    view.insert_before(first, [_node(view, "DynamicQuantizeLinear", [tensor], [quantized, scale, zero_point])])
+    for linear in group:
+        node = linear.node
+        gemm_alpha = _float_attribute(node, "alpha") if node.op_type == "Gemm" else 1.0
+        weight, weight_scale, weight_zero = _weight_constants(view, linear, settings, transpose=True, scale_by=gemm_alpha)
+        integer, as_float, scales = (view.fresh_name(f"{node.output[0]}_{part}") for part in ("int32", "float", "scales"))
+        has_bias = node.op_type == "Gemm" and len(node.input) > 2 and bool(node.input[2])
+        product = view.fresh_name(f"{node.output[0]}_unbiased") if has_bias else node.output[0]
+        nodes = [
+            _node(view, "MatMulInteger", [quantized, weight, zero_point, weight_zero], [integer]),
+            _node(view, "Cast", [integer], [as_float], to=TensorProto.FLOAT),
+            _node(view, "Mul", [scale, weight_scale], [scales]),
+            _node(view, "Mul", [as_float, scales], [product]),
+        ]
+        if has_bias:
+            beta = _float_attribute(node, "beta")
+            bias = view.add_constant(f"{node.input[2]}_scaled", (view.constants[node.input[2]] * beta).astype(np.float32))
+            nodes.append(_node(view, "Add", [product, bias], [node.output[0]]))
+        view.replace(linear.index, nodes)
+
+
+def _weight_constants(
+    view: GraphView, linear: Linear, settings: LinearQuantSettings, transpose: bool, scale_by: float = 1.0
+) -> tuple[str, str, str]:
+    """Initializers of the int8 weight, its scale and zero point; `transpose` stores a Gemm transB weight as (in, out)."""
+    name = linear.node.input[1]
+    quantized, scale = quantize_weight(view.constants[name], linear.weight_output_axis, settings.per_channel, settings.weight_qmax)
+    if transpose and linear.weight_output_axis == 0:
+        quantized = np.ascontiguousarray(quantized.T)
+    return (
+        view.add_constant(f"{name}_quantized", quantized),
+        view.add_constant(f"{name}_scale", (scale * scale_by).astype(np.float32)),
+        view.add_constant(f"{name}_zero_point", np.zeros_like(scale, dtype=np.int8)),
+    )
+
+
+def _node(view: GraphView, op_type: str, inputs: list[str], outputs: list[str], **attributes: int) -> onnx.NodeProto:
+    return helper.make_node(op_type, inputs, outputs, name=view.fresh_name(f"{outputs[0]}_{op_type}"), **attributes)
+
+
+def _float_attribute(node: onnx.NodeProto, name: str) -> float:
+    return float(node_attribute(node, name, 1))

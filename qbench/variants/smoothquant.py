@@ -1,0 +1,325 @@
+"""SmoothQuant on ONNX graphs, then INT8 on the inputs and weights of every Linear (outputs float).
+
+Transformer activations have a few outlier channels that ruin a per-tensor INT8
+scale. SmoothQuant (Xiao et al., 2022) divides activation channel j by
+s_j = max|X_j|^alpha / max|W_j|^(1-alpha) and multiplies weight row j by s_j:
+the product is unchanged, the activation becomes easy to quantize per tensor and
+the weight absorbs the outlier (per-channel weight scales handle it).
+
+On the graph: the Linears (MatMul/Gemm with a constant weight, see
+`linear_graph`) are grouped by the tensor they read; Q/K/V share one vector (the
+max over their weights). The division by s is FOLDED into the tensor's producer
+when every reader of the tensor is in the group and the producer is a
+LayerNorm-like op (scale and bias), a Mul by a constant, an Add of a constant
+whose other input folds, or a Linear (its weight's output columns and bias);
+otherwise one Mul by 1/s is inserted before the group (or, with
+`unfoldable: skip`, the group is left unsmoothed). Per-channel activation ranges
+come from one ORT pass over the calibration batches; the per-tensor ranges after
+smoothing follow from them exactly (range_j / s_j), so no second pass is needed.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from qbench.recipe import VariantSpec
+from qbench.variants.base import BuildContext, BuiltVariant, Feeds
+from qbench.variants.calibrate import calibration_rows, require_calibration
+from qbench.variants.int8 import resolve_reduce_range
+from qbench.variants.linear_graph import GraphView, Linear, float_tensor, node_attribute
+from qbench.variants.linear_qdq import LinearQuantSettings, quantize_linears
+from qbench.variants.onnx_utils import (
+    Stopwatch,
+    build_step,
+    check_node_names,
+    ensure_opset,
+    load_model,
+    output_path,
+    save_model,
+    scratch_dir,
+)
+
+# LayerNorm-like ops, output 0 = normalized * scale (+ bias) over the last axis: op -> (scale input, bias input)
+_NORMS: dict[str, tuple[int, int | None]] = {
+    "LayerNormalization": (1, 2),
+    "RMSNormalization": (1, None),
+    "SimplifiedLayerNormalization": (1, None),
+    "SkipLayerNormalization": (2, 3),
+    "SkipSimplifiedLayerNormalization": (2, None),
+}
+_SCALE_LIMITS = (1e-5, 1e5)  # keeps s finite and nonzero for dead or extreme channels
+
+
+@dataclass(frozen=True)
+class SmoothQuantSettings:
+    alpha: float = 0.5
+    unfoldable: Literal["mul", "skip"] = "mul"
+    quantization: LinearQuantSettings = LinearQuantSettings()
+    exclude_nodes: tuple[str, ...] = ()
+
+
+@dataclass
+class ChannelRange:
+    """Per-channel (last axis) min and max of one tensor over the calibration batches."""
+
+    low: np.ndarray
+    high: np.ndarray
+
+    def update(self, values: np.ndarray) -> None:
+        flat = values.reshape(-1, values.shape[-1])
+        self.low = np.minimum(self.low, flat.min(axis=0))
+        self.high = np.maximum(self.high, flat.max(axis=0))
+
+    @property
+    def absmax(self) -> np.ndarray:
+        return np.maximum(np.abs(self.low), np.abs(self.high))
+
+
+@dataclass
+class SmoothingReport:
+    """What smoothing did: groups smoothed, folded into which producer op types, Muls inserted, groups skipped."""
+
+    groups: int = 0
+    folded_into: Counter[str] = field(default_factory=Counter)
+    inserted_muls: int = 0
+    skipped_groups: int = 0
+
+    def params(self) -> dict[str, Any]:
+        return {"smoothed_groups": self.groups, "folded_into": dict(sorted(self.folded_into.items())),
+                "inserted_muls": self.inserted_muls, "unsmoothed_groups": self.skipped_groups}  # fmt: skip
+
+
+def smoothing_scales(activation_absmax: np.ndarray, weight_absmax: np.ndarray, alpha: float) -> np.ndarray:
+    """s_j = max|X_j|^alpha / max|W_j|^(1-alpha), 1 where a channel is all zero, clamped to finite nonzero values."""
+    act = np.asarray(activation_absmax, dtype=np.float64)
+    weight = np.asarray(weight_absmax, dtype=np.float64)
+    live = (act > 0) & (weight > 0)
+    scales = np.ones_like(act)
+    scales[live] = act[live] ** alpha / weight[live] ** (1.0 - alpha)
+    return np.clip(scales, *_SCALE_LIMITS)
+
+
+def collect_channel_ranges(model: onnx.ModelProto, tensors: Sequence[str], batches: Sequence[Feeds], tmp: Path) -> dict[str, ChannelRange]:  # fmt: skip
+    """Per-channel ranges of `tensors`: one ORT session with those tensors exposed as outputs, fed batch by batch."""
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(model)
+    present = {value.name for value in exposed.graph.output}
+    exposed.graph.output.extend(float_tensor(name) for name in tensors if name not in present)
+    path = save_model(exposed, tmp / "smoothquant-calibration.onnx")
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.log_severity_level = 3
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    ranges: dict[str, ChannelRange] = {}
+    for batch in batches:
+        for name, values in zip(tensors, session.run(list(tensors), dict(batch))):
+            values = np.asarray(values, dtype=np.float32)
+            if name not in ranges:
+                ranges[name] = ChannelRange(np.full(values.shape[-1], np.inf, np.float32), np.full(values.shape[-1], -np.inf, np.float32))  # fmt: skip
+            ranges[name].update(values)
+    return ranges
+
+
+def smooth(view: GraphView, groups: dict[str, list[Linear]], ranges: dict[str, ChannelRange], settings: SmoothQuantSettings) -> tuple[dict[str, tuple[float, float]], SmoothingReport]:  # fmt: skip
+    """Smooth every group in place; returns each Linear input's per-tensor range after smoothing, and a report."""
+    report = SmoothingReport()
+    tensor_ranges: dict[str, tuple[float, float]] = {}
+    for tensor, group in groups.items():
+        channel = ranges[tensor]
+        weight_absmax = np.max([np.abs(view.constants[g.node.input[1]]).max(axis=g.weight_output_axis) for g in group], axis=0)
+        scales = smoothing_scales(channel.absmax, weight_absmax, settings.alpha)
+        readers = [linear.index for linear in group]
+        plan = _fold_plan(view, tensor, scales.size) if view.read_only_by(tensor, readers) else None
+        if plan is None and settings.unfoldable == "skip":
+            report.skipped_groups += 1
+            tensor_ranges[tensor] = (float(channel.low.min()), float(channel.high.max()))
+            continue
+        for linear in group:
+            name = view.own_constant(linear.index, 1)
+            shape = [-1, 1] if linear.weight_input_axis == 0 else [1, -1]
+            view.set_constant(name, (view.constants[name] * scales.reshape(shape)).astype(np.float32))
+        inverse = 1.0 / scales
+        if plan is not None:
+            for step, index in plan:
+                _fold_step(view, step, index, inverse)
+            report.folded_into[view.nodes[plan[-1][1]].op_type] += 1
+            smoothed = tensor
+        else:
+            smoothed = _insert_mul(view, tensor, group, inverse)
+            report.inserted_muls += 1
+        report.groups += 1
+        tensor_ranges[smoothed] = (float((channel.low * inverse).min()), float((channel.high * inverse).max()))
+    return tensor_ranges, report
+
+
+def _fold_plan(view: GraphView, tensor: str, width: int) -> list[tuple[str, int]] | None:
+    """The producer edits that divide `tensor` by s along its last axis, or None when the graph does not allow it.
+
+    Each step is (kind, node index); intermediate tensors must have a single reader.
+    """
+    index = view.producer.get(tensor)
+    if index is None:
+        return None
+    node = view.nodes[index]
+    if node.op_type in _NORMS and node.output[0] == tensor:
+        scale_at, bias_at = _NORMS[node.op_type]
+        constants = [i for i in (scale_at, bias_at) if i is not None and i < len(node.input) and node.input[i]]
+        if node_attribute(node, "axis", -1) != -1 or not all(_per_channel(view, node.input[i], width) for i in constants):
+            return None
+        return [("norm", index)]
+    if node.op_type in ("Mul", "Add") and len(node.input) == 2:
+        constant = [i for i, name in enumerate(node.input) if view.is_constant(name)]
+        if len(constant) != 1 or not _broadcasts_on_last_axis(view.constants[node.input[constant[0]]], width):
+            return None
+        if node.op_type == "Mul":
+            return [("mul", index)]
+        other = node.input[1 - constant[0]]
+        inner = _fold_plan(view, other, width) if view.read_only_by(other, [index]) else None
+        return None if inner is None else [("add", index), *inner]
+    if node.op_type == "Relu":  # relu(x) / s == relu(x / s) for s > 0: pass through to its input
+        inner = _fold_plan(view, node.input[0], width) if view.read_only_by(node.input[0], [index]) else None
+        return None if inner is None else [("relu", index), *inner]
+    if view.is_linear(node):
+        linear = Linear(index, node)
+        if view.constants[node.input[1]].shape[linear.weight_output_axis] != width:
+            return None
+        if len(node.input) > 2 and node.input[2] and not _broadcasts_on_last_axis(view.constants[node.input[2]], width):
+            return None
+        return [("linear", index)]
+    return None
+
+
+def _fold_step(view: GraphView, step: str, index: int, inverse: np.ndarray) -> None:
+    node = view.nodes[index]
+    if step == "relu":
+        return
+    if step == "norm":
+        scale_at, bias_at = _NORMS[node.op_type]
+        positions = [i for i in (scale_at, bias_at) if i is not None and i < len(node.input) and node.input[i]]
+    elif step == "linear":
+        positions = [2] if len(node.input) > 2 and node.input[2] else []
+        weight = view.own_constant(index, 1)
+        shape = [1, -1] if Linear(index, node).weight_output_axis == 1 else [-1, 1]
+        view.set_constant(weight, (view.constants[weight] * inverse.reshape(shape)).astype(np.float32))
+    else:  # "mul" / "add": the constant operand
+        positions = [i for i, name in enumerate(node.input) if view.is_constant(name)]
+    for position in positions:
+        name = view.own_constant(index, position)
+        view.set_constant(name, _scaled_on_last_axis(view.constants[name], inverse))
+
+
+def _insert_mul(view: GraphView, tensor: str, group: list[Linear], inverse: np.ndarray) -> str:
+    """Insert `tensor * (1/s)` before the group's first Linear and point the group at it; returns the new tensor."""
+    factor = view.add_constant(f"{tensor}_smoothing", inverse.astype(np.float32))
+    smoothed = view.fresh_name(f"{tensor}_smoothed")
+    mul = onnx.helper.make_node("Mul", [tensor, factor], [smoothed], name=view.fresh_name(f"{tensor}_SmoothQuant"))
+    view.insert_before(min(linear.index for linear in group), [mul])
+    for linear in group:
+        linear.node.input[0] = smoothed
+    return smoothed
+
+
+def _per_channel(view: GraphView, name: str, width: int) -> bool:
+    return view.is_constant(name) and view.constants[name].shape == (width,)
+
+
+def _broadcasts_on_last_axis(value: np.ndarray, width: int) -> bool:
+    """A constant whose last axis is 1 or `width` (a scalar counts): scaling its last axis scales the result's."""
+    return value.ndim == 0 or value.shape[-1] in (1, width)
+
+
+def _scaled_on_last_axis(value: np.ndarray, inverse: np.ndarray) -> np.ndarray:
+    shape = value.shape if value.ndim else (1,)
+    expanded = np.broadcast_to(value.reshape(shape), (*shape[:-1], inverse.size))
+    return (expanded * inverse).astype(value.dtype)
+
+
+@dataclass(frozen=True)
+class SmoothedModel:
+    """The smoothed FP32 model (equivalent to the input), each Linear input's range after smoothing, and a report."""
+
+    model: onnx.ModelProto
+    input_ranges: dict[str, tuple[float, float]]
+    report: SmoothingReport
+
+
+def smooth_model(model: onnx.ModelProto, batches: Sequence[Feeds], settings: SmoothQuantSettings, tmp: Path) -> SmoothedModel:  # fmt: skip
+    """Calibrate the Linear inputs of `model` on `batches` and smooth them (the model is edited in place)."""
+    view = GraphView(model)
+    groups: dict[str, list[Linear]] = defaultdict(list)
+    for linear in view.linears(settings.exclude_nodes):
+        groups[linear.node.input[0]].append(linear)
+    ranges = collect_channel_ranges(model, list(groups), batches, tmp)
+    input_ranges, report = smooth(view, dict(groups), ranges, settings)
+    return SmoothedModel(view.commit(), input_ranges, report)
+
+
+def smoothquant_int8(model: onnx.ModelProto, batches: Sequence[Feeds], settings: SmoothQuantSettings, tmp: Path) -> tuple[onnx.ModelProto, dict[str, Any]]:  # fmt: skip
+    """Smooth and quantize `model` in place; returns it and the parameters that describe what was done."""
+    smoothed = smooth_model(model, batches, settings, tmp)
+    view = GraphView(smoothed.model)
+    linears = view.linears(settings.exclude_nodes)
+    # MatMuls with two computed inputs (attention) stay float by rule
+    computed = sum(node.op_type in ("MatMul", "Gemm") and not view.is_linear(node) for node in view.nodes)
+    quantized_inputs = quantize_linears(view, linears, smoothed.input_ranges, settings.quantization)
+    return view.commit(), {
+        **smoothed.report.params(),
+        "quantized_linears": len(linears),
+        "quantized_inputs": quantized_inputs,
+        "float_matmuls": computed,
+    }
+
+
+def build_smoothquant(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
+    """The recipe's SmoothQuant INT8 variant: smoothing (calibrated) then Linear-only INT8 Q/DQ."""
+    if spec.smoothquant is None:
+        raise ValueError(f"variant {spec.name!r} has no smoothquant section")
+    clock = Stopwatch()
+    require_calibration(spec.name, ctx.calibration)
+    reduce_range, reduce_range_source = resolve_reduce_range(spec.reduce_range)
+    # SmoothQuant moves outliers into the weights, so per-channel weights are its default
+    per_channel = spec.per_channel if "per_channel" in spec.model_fields_set else True
+    quantization = LinearQuantSettings(
+        activations="dynamic" if spec.calibrator == "dynamic" else "static",
+        activation_type=spec.activation_type,
+        symmetric_activations=spec.symmetric_activations,
+        per_channel=per_channel,
+        reduce_range=reduce_range,
+    )
+    settings = SmoothQuantSettings(spec.smoothquant.alpha, spec.smoothquant.unfoldable, quantization, tuple(spec.exclude_nodes))
+    target = output_path(spec.name, ctx)
+    with scratch_dir("qbench-smoothquant-") as tmp:
+        with build_step(spec.name, "loading the FP32 model"):
+            model = ensure_opset(load_model(ctx.reference_path.resolve()), 13)
+        check_node_names(model, spec.exclude_nodes, spec.name)
+        with build_step(spec.name, "SmoothQuant calibration, smoothing and quantization"):
+            model, done = smoothquant_int8(model, ctx.calibration, settings, tmp)
+        with build_step(spec.name, "saving the quantized model"):
+            save_model(model, target)
+    params: dict[str, Any] = {
+        "technique": "smoothquant",
+        "alpha": settings.alpha,
+        "unfoldable": settings.unfoldable,
+        "activations": quantization.activations,
+        "activation_type": quantization.activation_type if quantization.activations == "static" else "uint8",
+        "symmetric_activations": quantization.symmetric_activations,
+        "per_channel": per_channel,
+        "weight_type": "int8",
+        "reduce_range": reduce_range,
+        "reduce_range_source": reduce_range_source,
+        "exclude_nodes": list(spec.exclude_nodes),
+        "calibration_batches": len(ctx.calibration),
+        "calibration_rows": calibration_rows(ctx.calibration),
+        **done,
+    }
+    notes = () if done["quantized_linears"] else ("no Linear (MatMul/Gemm with a constant weight) found: this variant computes in FP32",)
+    return BuiltVariant(name=spec.name, precision="int8", onnx_path=target, params=params,
+                        build_seconds=clock.seconds(), notes=notes)  # fmt: skip
