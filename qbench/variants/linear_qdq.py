@@ -92,7 +92,8 @@ def quantize_linears(
         first = min(linear.index for linear in group)
         if settings.activations == "static":
             if tensor not in ranges:
-                raise ValueError(f"no calibrated range for {tensor!r}, the input of {group[0].node.name or group[0].node.op_type!r}")
+                reader = group[0].node.name or group[0].node.op_type
+                raise ValueError(f"no calibrated range for {tensor!r}, the input of {reader!r}")
             _static(view, tensor, group, first, ranges[tensor], settings)
         else:
             _dynamic(view, tensor, group, first, settings)
@@ -149,7 +150,8 @@ def _weight_constants(
 ) -> tuple[str, str, str]:
     """Initializers of the int8 weight, its scale and zero point; `transpose` stores a Gemm transB weight as (in, out)."""
     name = linear.node.input[1]
-    quantized, scale = quantize_weight(view.constants[name], linear.weight_output_axis, settings.per_channel, settings.weight_qmax)
+    weight = view.constants[name]
+    quantized, scale = quantize_weight(weight, linear.weight_output_axis, settings.per_channel, settings.weight_qmax)
     if transpose and linear.weight_output_axis == 0:
         quantized = np.ascontiguousarray(quantized.T)
     return (

@@ -56,6 +56,7 @@ _NORMS: dict[str, tuple[int, int | None]] = {
     "SkipSimplifiedLayerNormalization": (2, None),
 }
 _SCALE_LIMITS = (1e-5, 1e5)  # keeps s finite and nonzero for dead or extreme channels
+_NO_LINEAR = "no Linear (MatMul/Gemm with a constant weight) found: this variant computes in FP32"
 
 
 @dataclass(frozen=True)
@@ -107,12 +108,19 @@ def smoothing_scales(activation_absmax: np.ndarray, weight_absmax: np.ndarray, a
     return np.clip(scales, *_SCALE_LIMITS)
 
 
-def collect_channel_ranges(model: onnx.ModelProto, tensors: Sequence[str], batches: Sequence[Feeds], tmp: Path) -> dict[str, ChannelRange]:  # fmt: skip
-    """Per-channel ranges of `tensors`: one ORT session with those tensors exposed as outputs, fed batch by batch."""
+def collect_channel_ranges(
+    model: onnx.ModelProto, tensors: Sequence[str], batches: Sequence[Feeds], tmp: Path
+) -> dict[str, ChannelRange]:
+    """Per-channel ranges of `tensors`: one ORT session with those tensors exposed as outputs, fed batch by batch.
+
+    Graph inputs among `tensors` are read from the feeds themselves.
+    """
+    graph_inputs = {value.name for value in model.graph.input}
+    computed = [name for name in tensors if name not in graph_inputs]
     exposed = onnx.ModelProto()
     exposed.CopyFrom(model)
     present = {value.name for value in exposed.graph.output}
-    exposed.graph.output.extend(float_tensor(name) for name in tensors if name not in present)
+    exposed.graph.output.extend(float_tensor(name) for name in computed if name not in present)
     path = save_model(exposed, tmp / "smoothquant-calibration.onnx")
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
@@ -120,15 +128,19 @@ def collect_channel_ranges(model: onnx.ModelProto, tensors: Sequence[str], batch
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     ranges: dict[str, ChannelRange] = {}
     for batch in batches:
-        for name, values in zip(tensors, session.run(list(tensors), dict(batch))):
-            values = np.asarray(values, dtype=np.float32)
+        found = dict(zip(computed, session.run(computed, dict(batch)) if computed else []))
+        for name in tensors:
+            values = np.asarray(found[name] if name in found else batch[name], dtype=np.float32)
             if name not in ranges:
-                ranges[name] = ChannelRange(np.full(values.shape[-1], np.inf, np.float32), np.full(values.shape[-1], -np.inf, np.float32))  # fmt: skip
+                width = values.shape[-1]
+                ranges[name] = ChannelRange(np.full(width, np.inf, np.float32), np.full(width, -np.inf, np.float32))
             ranges[name].update(values)
     return ranges
 
 
-def smooth(view: GraphView, groups: dict[str, list[Linear]], ranges: dict[str, ChannelRange], settings: SmoothQuantSettings) -> tuple[dict[str, tuple[float, float]], SmoothingReport]:  # fmt: skip
+def smooth(
+    view: GraphView, groups: dict[str, list[Linear]], ranges: dict[str, ChannelRange], settings: SmoothQuantSettings
+) -> tuple[dict[str, tuple[float, float]], SmoothingReport]:
     """Smooth every group in place; returns each Linear input's per-tensor range after smoothing, and a report."""
     report = SmoothingReport()
     tensor_ranges: dict[str, tuple[float, float]] = {}
@@ -251,7 +263,9 @@ class SmoothedModel:
     report: SmoothingReport
 
 
-def smooth_model(model: onnx.ModelProto, batches: Sequence[Feeds], settings: SmoothQuantSettings, tmp: Path) -> SmoothedModel:  # fmt: skip
+def smooth_model(
+    model: onnx.ModelProto, batches: Sequence[Feeds], settings: SmoothQuantSettings, tmp: Path
+) -> SmoothedModel:
     """Calibrate the Linear inputs of `model` on `batches` and smooth them (the model is edited in place)."""
     view = GraphView(model)
     groups: dict[str, list[Linear]] = defaultdict(list)
@@ -262,7 +276,9 @@ def smooth_model(model: onnx.ModelProto, batches: Sequence[Feeds], settings: Smo
     return SmoothedModel(view.commit(), input_ranges, report)
 
 
-def smoothquant_int8(model: onnx.ModelProto, batches: Sequence[Feeds], settings: SmoothQuantSettings, tmp: Path) -> tuple[onnx.ModelProto, dict[str, Any]]:  # fmt: skip
+def smoothquant_int8(
+    model: onnx.ModelProto, batches: Sequence[Feeds], settings: SmoothQuantSettings, tmp: Path
+) -> tuple[onnx.ModelProto, dict[str, Any]]:
     """Smooth and quantize `model` in place; returns it and the parameters that describe what was done."""
     smoothed = smooth_model(model, batches, settings, tmp)
     view = GraphView(smoothed.model)
@@ -320,6 +336,6 @@ def build_smoothquant(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         "calibration_rows": calibration_rows(ctx.calibration),
         **done,
     }
-    notes = () if done["quantized_linears"] else ("no Linear (MatMul/Gemm with a constant weight) found: this variant computes in FP32",)
+    notes = () if done["quantized_linears"] else (_NO_LINEAR,)
     return BuiltVariant(name=spec.name, precision="int8", onnx_path=target, params=params,
                         build_seconds=clock.seconds(), notes=notes)  # fmt: skip

@@ -94,7 +94,9 @@ def _batches(rng: np.random.Generator, count: int, rows: int = 8) -> list[Feeds]
     return [{"x": rng.normal(0, 1, (rows, SEQ, WIDTH)).astype(np.float32)} for _ in range(count)]
 
 
-def _run(model: onnx.ModelProto, feeds: Feeds, level: ort.GraphOptimizationLevel, optimized: Path | None = None) -> np.ndarray:  # fmt: skip
+def _run(
+    model: onnx.ModelProto, feeds: Feeds, level: ort.GraphOptimizationLevel, optimized: Path | None = None
+) -> np.ndarray:
     options = ort.SessionOptions()
     options.graph_optimization_level = level
     if optimized is not None:
@@ -223,6 +225,43 @@ def test_a_tensor_with_a_non_linear_reader_is_not_folded(tmp_path: Path) -> None
     smoothed = smooth_model(_copy(model), calibration, SmoothQuantSettings(), tmp_path)
     assert smoothed.report.inserted_muls == 1 and dict(smoothed.report.folded_into) == {"MatMul": 1}
     assert relative_error(_reference(model, held_out), _reference(smoothed.model, held_out)) < 1e-5
+
+
+def test_an_excluded_linear_keeps_its_weight_and_reads_the_unsmoothed_tensor(tmp_path: Path) -> None:
+    rng = np.random.default_rng(7)
+    model, calibration, held_out = attention_block(rng), _batches(rng, 2), _batches(rng, 1)[0]
+    settings = SmoothQuantSettings(exclude_nodes=("proj_k",))
+    smoothed = smooth_model(_copy(model), calibration, settings, tmp_path)
+    # proj_k still reads the LayerNorm output, so the LayerNorm cannot fold: Q/V get a Mul
+    assert smoothed.report.inserted_muls == 2 and not smoothed.report.folded_into
+    nodes = {node.name: node for node in smoothed.model.graph.node}
+    assert nodes["proj_k"].input[:] == ["h", "wk"] and nodes["proj_q"].input[0] != "h"
+    original = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    new = {t.name: numpy_helper.to_array(t) for t in smoothed.model.graph.initializer}
+    np.testing.assert_array_equal(new["wk"], original["wk"])
+    np.testing.assert_array_equal(new["gamma"], original["gamma"])
+    assert relative_error(_reference(model, held_out), _reference(smoothed.model, held_out)) < 1e-5
+    settings = SmoothQuantSettings(quantization=STATIC, exclude_nodes=("proj_k",))
+    quantized, params = smoothquant_int8(_copy(model), calibration, settings, tmp_path)
+    assert params["quantized_linears"] == 3
+    assert [n.op_type for n in quantized.graph.node if n.name == "proj_k"] == ["MatMul"]
+    assert next(n for n in quantized.graph.node if n.name == "proj_k").input[:] == ["h", "wk"]
+
+
+def test_a_linear_reading_a_graph_input_is_calibrated_from_the_feeds(tmp_path: Path) -> None:
+    rng = np.random.default_rng(6)
+    weight = rng.normal(0, 1, (WIDTH, WIDTH))
+    model = _model([helper.make_node("MatMul", ["x", "w"], ["y"], name="fc")], {"w": weight})
+    calibration = _batches(rng, 2)
+    calibration[0]["x"][0, 0, OUTLIER_CHANNEL] = -40.0
+    smoothed = smooth_model(_copy(model), calibration, SmoothQuantSettings(), tmp_path)
+    assert smoothed.report.inserted_muls == 1  # no producer to fold into
+    factor = next(numpy_helper.to_array(t) for t in smoothed.model.graph.initializer if t.name.endswith("_smoothing"))
+    absmax = np.max([np.abs(b["x"]).max(axis=(0, 1)) for b in calibration], axis=0)
+    np.testing.assert_allclose(1 / factor, smoothing_scales(absmax, np.abs(weight).max(axis=1), 0.5), rtol=1e-5)
+    low, high = smoothed.input_ranges[smoothed.model.graph.node[0].output[0]]
+    assert low == pytest.approx(min(float((b["x"] * factor).min()) for b in calibration), rel=1e-5)
+    assert high == pytest.approx(max(float((b["x"] * factor).max()) for b in calibration), rel=1e-5)
 
 
 # -- quantization: accuracy, rules, and what ORT fuses -----------------------------------------
