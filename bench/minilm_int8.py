@@ -205,17 +205,22 @@ def main() -> int:
     latency = interleaved_latency(models, prepared.evaluation_feeds, args)
     outcome = report(latency, cosines)
     profile = {n: op_profile(models[n], prepared.evaluation_feeds, args.threads) for n in ("fp32", "qbench")} if args.profile else None
+    write_record(args, started, {"goal": GOAL}, {**outcome, "latency": latency, "qbench_search": search, "profile": profile})
+    return 0
+
+
+def write_record(args: argparse.Namespace, started: float, settings: dict[str, Any], body: dict[str, Any]) -> None:
+    """Write the bench's JSON to args.out: settings, environment, load average, wall time, then `body`."""
     load = os.getloadavg()
     console.print(f"load average during the run: {load[0]:.1f} (a busy machine makes every latency figure noisy)")
     record = {
-        "settings": {**{k: str(v) for k, v in vars(args).items()}, "batch_sizes": list(BATCH_SIZES), "goal": GOAL},
+        "settings": {**{k: str(v) for k, v in vars(args).items()}, "batch_sizes": list(BATCH_SIZES), **settings},
         "environment": describe_environment(), "load_average": load, "seconds": time.perf_counter() - started,
-        **outcome, "latency": latency, "qbench_search": search, "profile": profile,
+        **body,
     }  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=2, default=str))
     console.print(f"wrote {args.out}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ Contenders, on recipes/minilm.yaml (seq 128; its calibration rows, evaluation se
   sq-a<alpha>           qbench `smoothquant: {alpha}` with calibrator minmax (static activations),
                         per-channel weights, reduce_range as the recipe default resolves it (auto);
                         alpha 0.5 plus a small sweep over 0.3-0.8 (same graph shape, other scales)
+  sq-auto               `alpha: auto`: per Linear input, the alpha (or none) with the least output error
   sq-a0.5-dynamic       alpha 0.5 with calibrator dynamic (activations quantized per batch)
 
 Latency: the interleaved loop of bench/minilm_int8.py (one session alive at a time; medians of each
@@ -20,18 +21,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import os
 import time
 from pathlib import Path
 from typing import Any
 
-from minilm_int8 import BATCH_SIZES, accuracy, console, interleaved_latency
+from minilm_int8 import accuracy, console, interleaved_latency, write_record
 from onnxruntime.quantization import quantize_dynamic
 from rich.console import Console
 from rich.table import Table
 
-from qbench.environment import describe_environment
 from qbench.preflight import Prepared, prepare
 from qbench.recipe import VariantSpec, load_recipe
 from qbench.variants import build_variant
@@ -62,6 +60,7 @@ def smoothquant_variants(
     specs = [
         VariantSpec(name=f"sq-a{a:g}", precision="int8", calibrator="minmax", smoothquant={"alpha": a}) for a in alphas
     ]
+    specs.append(VariantSpec(name="sq-auto", precision="int8", calibrator="minmax", smoothquant={"alpha": "auto"}))
     specs.append(VariantSpec(name="sq-a0.5-dynamic", precision="int8", calibrator="dynamic", smoothquant={}))
     ctx = BuildContext(reference_path=prepared.source.onnx_path, workdir=out, calibration=prepared.calibration_batches)
     paths, seconds, params = {}, {}, {}
@@ -73,7 +72,8 @@ def smoothquant_variants(
 
 
 def _describe(params: dict[str, Any]) -> str:
-    keys = ("smoothed_groups", "folded_into", "inserted_muls", "quantized_linears", "float_matmuls", "reduce_range")
+    keys = ("smoothed_groups", "alphas_chosen", "folded_into", "inserted_muls", "quantized_linears", "float_matmuls",
+            "reduce_range")
     return ", ".join(f"{k} {params[k]}" for k in keys)
 
 
@@ -120,16 +120,7 @@ def main() -> int:
     cosines = accuracy(models, topics, args.threads)
     latency = interleaved_latency(models, prepared.evaluation_feeds, args)
     summary = report(latency, cosines, {**seconds, **sq_seconds})
-    load = os.getloadavg()
-    console.print(f"load average during the run: {load[0]:.1f} (other jobs share this machine: every latency is noisy)")
-    record = {
-        "settings": {**{k: str(v) for k, v in vars(args).items()}, "batch_sizes": list(BATCH_SIZES), "gate": GATE},
-        "environment": describe_environment(), "load_average": load, "seconds": time.perf_counter() - started,
-        "summary": summary, "latency": latency, "smoothquant_params": sq_params,
-    }  # fmt: skip
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=2, default=str))
-    console.print(f"wrote {args.out}")
+    write_record(args, started, {"gate": GATE}, {"summary": summary, "latency": latency, "smoothquant_params": sq_params})
     return 0
 
 

@@ -206,7 +206,11 @@ class FallbackSpec(_Strict):
 class SmoothQuantSpec(_Strict):
     """SmoothQuant on the ONNX graph, then INT8 on the inputs and weights of every Linear (outputs float)."""
 
-    alpha: float = Field(0.5, ge=0, le=1, description="migration strength: 0 keeps activations, 1 moves all range to weights")
+    alpha: Annotated[float, Field(ge=0, le=1)] | Literal["auto"] = Field(
+        0.5,
+        description="migration strength: 0 keeps the activations' range, 1 moves it all into the weights; "
+        "auto: per Linear input, the alpha of 0.3-0.9 (or none) whose INT8 outputs are closest to FP32",
+    )
     unfoldable: Literal["mul", "skip"] = Field(
         "mul", description="when the smoothing cannot fold into the producer: insert one Mul, or leave that input unsmoothed"
     )

@@ -75,6 +75,19 @@ def quantize_weight(weight: np.ndarray, output_axis: int, per_channel: bool, qma
     return quantized, scale
 
 
+def fake_quantize_activation(values: np.ndarray, low: float, high: float, settings: LinearQuantSettings) -> np.ndarray:
+    """`values` quantized per tensor for the range [low, high] and dequantized again, as QuantizeLinear would."""
+    scale, zero_point = activation_qparams(low, high, settings.activation_type, settings.symmetric_activations)
+    qmin, qmax = _QRANGE[settings.activation_type]
+    return (np.clip(np.rint(values / scale) + zero_point, qmin, qmax) - zero_point) * scale
+
+
+def fake_quantize_weight(weight: np.ndarray, settings: LinearQuantSettings) -> np.ndarray:
+    """An (input, output) weight quantized as `quantize_linears` stores it, and dequantized again."""
+    quantized, scale = quantize_weight(weight, 1, settings.per_channel, settings.weight_qmax)
+    return quantized * (scale[None, :] if settings.per_channel else scale)
+
+
 def quantize_linears(
     view: GraphView,
     linears: Sequence[Linear],

@@ -16,6 +16,7 @@ otherwise one Mul by 1/s is inserted before the group (or, with
 `unfoldable: skip`, the group is left unsmoothed). Per-channel activation ranges
 come from one ORT pass over the calibration batches; the per-tensor ranges after
 smoothing follow from them exactly (range_j / s_j), so no second pass is needed.
+`alpha: "auto"` chooses alpha per group from the same pass (see `_best_alpha`).
 """
 
 from __future__ import annotations
@@ -35,7 +36,12 @@ from qbench.variants.base import BuildContext, BuiltVariant, Feeds
 from qbench.variants.calibrate import calibration_rows, require_calibration
 from qbench.variants.int8 import resolve_reduce_range
 from qbench.variants.linear_graph import GraphView, Linear, float_tensor, node_attribute
-from qbench.variants.linear_qdq import LinearQuantSettings, quantize_linears
+from qbench.variants.linear_qdq import (
+    LinearQuantSettings,
+    fake_quantize_activation,
+    fake_quantize_weight,
+    quantize_linears,
+)
 from qbench.variants.onnx_utils import (
     Stopwatch,
     build_step,
@@ -59,9 +65,17 @@ _SCALE_LIMITS = (1e-5, 1e5)  # keeps s finite and nonzero for dead or extreme ch
 _NO_LINEAR = "no Linear (MatMul/Gemm with a constant weight) found: this variant computes in FP32"
 
 
+# alpha: "auto" tries these per group (and leaving the group unsmoothed), on a sample of calibration rows
+AUTO_ALPHAS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+AUTO_SAMPLE_ROWS = 512
+
+
 @dataclass(frozen=True)
 class SmoothQuantSettings:
-    alpha: float = 0.5
+    """alpha: a number in [0, 1] for every group, or "auto": per group, the alpha of AUTO_ALPHAS (or no
+    smoothing) whose INT8 Linear outputs are closest to FP32 on sampled calibration rows."""
+
+    alpha: float | Literal["auto"] = 0.5
     unfoldable: Literal["mul", "skip"] = "mul"
     quantization: LinearQuantSettings = LinearQuantSettings()
     exclude_nodes: tuple[str, ...] = ()
@@ -73,11 +87,27 @@ class ChannelRange:
 
     low: np.ndarray
     high: np.ndarray
+    # for choosing alpha without seeing the rows it is judged on: ranges of the first half of each
+    # batch, and rows sampled from the second half (flattened over all but the last axis)
+    fit_low: np.ndarray
+    fit_high: np.ndarray
+    sample: np.ndarray
 
-    def update(self, values: np.ndarray) -> None:
+    @classmethod
+    def empty(cls, width: int) -> ChannelRange:
+        low, high = np.full(width, np.inf, np.float32), np.full(width, -np.inf, np.float32)
+        return cls(low, high, low.copy(), high.copy(), np.empty((0, width), np.float32))
+
+    def update(self, values: np.ndarray, sample_rows: int) -> None:
         flat = values.reshape(-1, values.shape[-1])
         self.low = np.minimum(self.low, flat.min(axis=0))
         self.high = np.maximum(self.high, flat.max(axis=0))
+        if sample_rows and len(flat) > 1:
+            fit, judged = flat[: len(flat) // 2], flat[len(flat) // 2 :]
+            self.fit_low = np.minimum(self.fit_low, fit.min(axis=0))
+            self.fit_high = np.maximum(self.fit_high, fit.max(axis=0))
+            picked = np.linspace(0, len(judged) - 1, num=min(sample_rows, len(judged))).astype(int)
+            self.sample = np.concatenate([self.sample, judged[picked]])
 
     @property
     def absmax(self) -> np.ndarray:
@@ -92,10 +122,12 @@ class SmoothingReport:
     folded_into: Counter[str] = field(default_factory=Counter)
     inserted_muls: int = 0
     skipped_groups: int = 0
+    alphas: Counter[str] = field(default_factory=Counter)  # alpha chosen -> groups ("none": left unsmoothed)
 
     def params(self) -> dict[str, Any]:
         return {"smoothed_groups": self.groups, "folded_into": dict(sorted(self.folded_into.items())),
-                "inserted_muls": self.inserted_muls, "unsmoothed_groups": self.skipped_groups}  # fmt: skip
+                "inserted_muls": self.inserted_muls, "unsmoothed_groups": self.skipped_groups,
+                "alphas_chosen": dict(sorted(self.alphas.items()))}  # fmt: skip
 
 
 def smoothing_scales(activation_absmax: np.ndarray, weight_absmax: np.ndarray, alpha: float) -> np.ndarray:
@@ -109,12 +141,14 @@ def smoothing_scales(activation_absmax: np.ndarray, weight_absmax: np.ndarray, a
 
 
 def collect_channel_ranges(
-    model: onnx.ModelProto, tensors: Sequence[str], batches: Sequence[Feeds], tmp: Path
+    model: onnx.ModelProto, tensors: Sequence[str], batches: Sequence[Feeds], tmp: Path, sample_rows: int = 0
 ) -> dict[str, ChannelRange]:
     """Per-channel ranges of `tensors`: one ORT session with those tensors exposed as outputs, fed batch by batch.
 
-    Graph inputs among `tensors` are read from the feeds themselves.
+    Graph inputs among `tensors` are read from the feeds themselves. With `sample_rows`, each range
+    also keeps about that many rows, spread evenly over the batches.
     """
+    per_batch = -(-sample_rows // max(len(batches), 1))
     graph_inputs = {value.name for value in model.graph.input}
     computed = [name for name in tensors if name not in graph_inputs]
     exposed = onnx.ModelProto()
@@ -132,9 +166,8 @@ def collect_channel_ranges(
         for name in tensors:
             values = np.asarray(found[name] if name in found else batch[name], dtype=np.float32)
             if name not in ranges:
-                width = values.shape[-1]
-                ranges[name] = ChannelRange(np.full(width, np.inf, np.float32), np.full(width, -np.inf, np.float32))
-            ranges[name].update(values)
+                ranges[name] = ChannelRange.empty(values.shape[-1])
+            ranges[name].update(values, per_batch)
     return ranges
 
 
@@ -146,11 +179,14 @@ def smooth(
     tensor_ranges: dict[str, tuple[float, float]] = {}
     for tensor, group in groups.items():
         channel = ranges[tensor]
-        weight_absmax = np.max([np.abs(view.constants[g.node.input[1]]).max(axis=g.weight_output_axis) for g in group], axis=0)
-        scales = smoothing_scales(channel.absmax, weight_absmax, settings.alpha)
+        weights = [_oriented_weight(view, linear) for linear in group]
+        weight_absmax = np.max([np.abs(weight).max(axis=1) for weight in weights], axis=0)
+        alpha = settings.alpha if settings.alpha != "auto" else _best_alpha(channel, weights, weight_absmax, settings)
+        report.alphas["none" if alpha is None else f"{alpha:g}"] += 1
+        scales = smoothing_scales(channel.absmax, weight_absmax, alpha) if alpha is not None else None
         readers = [linear.index for linear in group]
-        plan = _fold_plan(view, tensor, scales.size) if view.read_only_by(tensor, readers) else None
-        if plan is None and settings.unfoldable == "skip":
+        plan = _fold_plan(view, tensor, weight_absmax.size) if view.read_only_by(tensor, readers) else None
+        if scales is None or (plan is None and settings.unfoldable == "skip"):
             report.skipped_groups += 1
             tensor_ranges[tensor] = (float(channel.low.min()), float(channel.high.max()))
             continue
@@ -170,6 +206,38 @@ def smooth(
         report.groups += 1
         tensor_ranges[smoothed] = (float((channel.low * inverse).min()), float((channel.high * inverse).max()))
     return tensor_ranges, report
+
+
+def _oriented_weight(view: GraphView, linear: Linear) -> np.ndarray:
+    """The Linear's weight as (input channels, output channels)."""
+    weight = view.constants[linear.node.input[1]]
+    return weight if linear.weight_input_axis == 0 else weight.T
+
+
+def _best_alpha(
+    channel: ChannelRange, weights: list[np.ndarray], weight_absmax: np.ndarray, settings: SmoothQuantSettings
+) -> float | None:
+    """The alpha of AUTO_ALPHAS, or None for no smoothing, whose INT8 outputs of the group are closest to FP32.
+
+    Judged by the summed squared error on sampled rows that the activation range was NOT fitted on:
+    a high alpha flattens every channel to the edge of its calibrated range, so rows beyond it clip,
+    which rows of the fit itself would never show."""
+    quantization = settings.quantization
+    expected = [channel.sample @ weight for weight in weights]
+
+    def error(scales: np.ndarray) -> float:
+        low, high = float((channel.fit_low / scales).min()), float((channel.fit_high / scales).max())
+        inputs = fake_quantize_activation(channel.sample / scales, low, high, quantization)
+        total = 0.0
+        for weight, reference in zip(weights, expected):
+            dequantized = fake_quantize_weight(weight * scales[:, None], quantization)
+            total += float(np.sum((inputs @ dequantized - reference) ** 2))
+        return total
+
+    candidates: dict[float | None, float] = {None: error(np.ones_like(weight_absmax, dtype=np.float64))}
+    for alpha in AUTO_ALPHAS:
+        candidates[alpha] = error(smoothing_scales(channel.absmax, weight_absmax, alpha))
+    return min(candidates, key=lambda alpha: candidates[alpha])
 
 
 def _fold_plan(view: GraphView, tensor: str, width: int) -> list[tuple[str, int]] | None:
@@ -271,7 +339,8 @@ def smooth_model(
     groups: dict[str, list[Linear]] = defaultdict(list)
     for linear in view.linears(settings.exclude_nodes):
         groups[linear.node.input[0]].append(linear)
-    ranges = collect_channel_ranges(model, list(groups), batches, tmp)
+    sample_rows = AUTO_SAMPLE_ROWS if settings.alpha == "auto" else 0
+    ranges = collect_channel_ranges(model, list(groups), batches, tmp, sample_rows)
     input_ranges, report = smooth(view, dict(groups), ranges, settings)
     return SmoothedModel(view.commit(), input_ranges, report)
 
