@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     PrivateAttr,
@@ -203,10 +204,18 @@ class FallbackSpec(_Strict):
     keep: Literal["fp32"] = Field("fp32", description="precision the excluded nodes keep")
 
 
+def _check_alpha(value: Any) -> Any:
+    """One clear message for SmoothQuant's alpha, instead of one per branch of `float | "auto"`."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if value == "auto" or (number and 0 <= value <= 1):
+        return value
+    raise ValueError(f"expected a number from 0 to 1, or 'auto'; got {short_repr(value)}")
+
+
 class SmoothQuantSpec(_Strict):
     """SmoothQuant on the ONNX graph, then INT8 on the inputs and weights of every Linear (outputs float)."""
 
-    alpha: Annotated[float, Field(ge=0, le=1)] | Literal["auto"] = Field(
+    alpha: Annotated[float | Literal["auto"], BeforeValidator(_check_alpha)] = Field(
         0.5,
         description="migration strength: 0 keeps the activations' range, 1 moves it all into the weights; "
         "auto: per Linear input, the alpha of 0.3-0.9 (or none) whose INT8 outputs are closest to FP32",

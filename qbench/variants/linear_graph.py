@@ -76,6 +76,7 @@ class GraphView:
         self._changed: set[str] = set()
         self._inserted: dict[int, list[onnx.NodeProto]] = defaultdict(list)
         self._removed: set[int] = set()
+        self._ranks: dict[str, int] | None = None
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -108,6 +109,17 @@ class GraphView:
             has_bias = len(node.input) > 2 and node.input[2]
             return not node_attribute(node, "transA", 0) and (not has_bias or self.is_constant(node.input[2]))
         return True
+
+    def rank(self, tensor: str) -> int | None:
+        """The rank of `tensor` from ONNX shape inference on the graph as loaded, or None when unknown."""
+        if self._ranks is None:
+            try:
+                inferred = onnx.shape_inference.infer_shapes(self.model).graph
+            except Exception:  # noqa: BLE001 (inference fails on odd or >2 GB models: ranks stay unknown)
+                inferred = onnx.GraphProto()
+            values = [*inferred.value_info, *inferred.input, *inferred.output]
+            self._ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in values if v.type.tensor_type.HasField("shape")}
+        return self._ranks.get(tensor)
 
     # -- editing -------------------------------------------------------------------------------
 

@@ -328,6 +328,38 @@ def test_only_linears_are_quantized_and_ort_fuses_them(tmp_path: Path, activatio
     assert cosine > 0.99
 
 
+@pytest.mark.parametrize("activations", ["static", "dynamic"])
+@pytest.mark.parametrize("form", ["gemm", "gemm-transB", "matmul+add"])
+def test_2d_linears_with_bias_become_fused_integer_kernels(tmp_path: Path, activations: str, form: str) -> None:
+    """On 2-D inputs ORT turns MatMul + Add into Gemm, and fuses a dequantized Gemm only with an int32 bias."""
+    rng = np.random.default_rng(9)
+    weight = rng.normal(0, 1, (HIDDEN, WIDTH) if form == "gemm-transB" else (WIDTH, HIDDEN))
+    linear = [helper.make_node("MatMul", ["r", "w"], ["m"]), helper.make_node("Add", ["m", "c"], ["y"])]
+    if form != "matmul+add":
+        linear = [helper.make_node("Gemm", ["r", "w", "c"], ["y"], transB=int(form == "gemm-transB"), alpha=0.5, beta=2.0)]
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]), *linear], "linear",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", WIDTH])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", HIDDEN])],
+        initializer=[numpy_helper.from_array(weight.astype(np.float32), "w"),
+                     numpy_helper.from_array(rng.normal(0, 1, HIDDEN).astype(np.float32), "c")],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=ORT_IR_VERSION)
+    calibration = [{"x": rng.normal(0, 1, (64, WIDTH)).astype(np.float32)} for _ in range(2)]
+    held_out = {"x": rng.normal(0, 1, (64, WIDTH)).astype(np.float32)}
+    settings = SmoothQuantSettings(quantization=LinearQuantSettings(activations=activations))
+    quantized, params = smoothquant_int8(_copy(model), calibration, settings, tmp_path)
+    assert params["quantized_linears"] == 1
+    optimized_path = tmp_path / "optimized.onnx"
+    result = _run(quantized, held_out, ort.GraphOptimizationLevel.ORT_ENABLE_ALL, optimized_path)
+    optimized = _op_counts(onnx.load(str(optimized_path)))
+    fused = "QGemm" if activations == "static" else "DynamicQuantizeMatMul"
+    assert optimized[fused] == 1 and "Gemm" not in optimized and "DequantizeLinear" not in optimized, optimized
+    quality = sqnr_db(_reference(model, held_out), result)
+    print(f"{form} {activations}: {dict(sorted(optimized.items()))}, SQNR {quality:.1f} dB")
+    assert quality > 30.0
+
+
 # -- the recipe field and the registry ---------------------------------------------------------
 
 
@@ -343,8 +375,9 @@ def test_recipe_smoothquant_section_is_checked_at_load_time() -> None:
     with pytest.raises(ValidationError, match="smoothquant: does not apply to fp8"):
         VariantSpec(name="sq", precision="fp8", calibrator="minmax", smoothquant={})
     assert VariantSpec(name="sq", precision="int8", calibrator="minmax", smoothquant={"alpha": "auto"}).smoothquant.alpha == "auto"
-    with pytest.raises(ValidationError, match="less than or equal to 1"):
-        VariantSpec(name="sq", precision="int8", calibrator="minmax", smoothquant={"alpha": 1.5})
+    for wrong in (1.5, "0.5", "autoo", True):
+        with pytest.raises(ValidationError, match="expected a number from 0 to 1, or 'auto'"):
+            VariantSpec(name="sq", precision="int8", calibrator="minmax", smoothquant={"alpha": wrong})
 
 
 def test_built_through_the_registry_with_per_channel_by_default(tmp_path: Path) -> None:
