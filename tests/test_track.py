@@ -258,8 +258,9 @@ def test_log_sweep_to_a_real_mlflow_server(mlflow_server: str, tmp_path: Path, m
     int8 = results.find("int8_minmax", CPU)
     for key, value in _expected_metrics(int8).items():
         assert runs[int8.key].data.metrics[key] == pytest.approx(value), key
-    assert {a.path for a in logged.client.list_artifacts(parent_id)} == {"recipe.yaml", "results.json", "report.md",
-                                                                       "frontier.png"}  # fmt: skip
+    assert {a.path for a in logged.client.list_artifacts(parent_id)} == {
+        "recipe.yaml", "results.json", "report.md", "frontier.png", "ranges.json"
+    }  # fmt: skip
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "mlruns").exists()
     assert gate.exit_code == 2  # the failed variant cannot be judged: fail closed
     assert logged.client.get_run(parent_id).data.tags["qbench.gate"] == "unusable"
