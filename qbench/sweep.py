@@ -100,22 +100,50 @@ def _measure_all(
     reference_outputs: dict[str, np.ndarray] | None = None
     reference_accuracy: dict[str, AccuracyResult] = {}
     measured: list[VariantResult] = []
+    by_identity: dict[str, dict[str, VariantResult]] = {}  # identity -> backend -> the measured result
     for spec in recipe.all_variants():
         console.print(f"[bold]{spec.name}[/] ({spec.precision})")
         evaluate = _search_evaluator(backends[0], prepared, reference_outputs, reference_accuracy, clock)
         built, error = _build(spec, prepared, models_dir, clock, evaluate)
         if built is not None and built.activation_ranges:
             calibrated.append(built)
+        twins = by_identity.setdefault(_identity(built), {}) if built is not None else {}
         for backend in backends:
             if built is None:
                 measured.append(_failed(spec, backend.name, error or "build failed"))
+                continue
+            if backend.name in twins:
+                measured.append(_identical(built, twins[backend.name]))
                 continue
             outcome = _measure(backend, built, prepared, reference_outputs, reference_accuracy.get(backend.name), clock)
             if spec.precision == "fp32" and outcome.result.accuracy is not None:
                 reference_outputs = reference_outputs if reference_outputs is not None else outcome.outputs
                 reference_accuracy[backend.name] = outcome.result.accuracy
+            twins[backend.name] = outcome.result
             measured.append(outcome.result)
     return measured
+
+
+def _identity(built: BuiltVariant) -> str:
+    """What decides a variant's figures: its graph (digest), how backends must run it, and its torch form."""
+    from qbench.variants.onnx_utils import graph_digest
+    from qbench.variants.torch_forms import TORCH_FORM
+
+    try:
+        graph = graph_digest(built.onnx_path)
+    except Exception:  # noqa: BLE001 - an unreadable model is measured (and fails) on its own
+        graph = f"unread:{built.name}"
+    return f"{graph}|{sorted(built.session_hints.items())}|{built.params.get(TORCH_FORM)}"
+
+
+def _identical(built: BuiltVariant, twin: VariantResult) -> VariantResult:
+    """`built` computes exactly what `twin` measured: report `twin`'s figures under its name, saying so."""
+    note = f"identical to {twin.variant} (same graph and weights): not run again, the figures are {twin.variant}'s"
+    console.print(f"  {twin.backend}: {note}")
+    return replace(
+        twin, variant=built.name, precision=built.precision, params={**built.params, "identical_to": twin.variant},
+        model_path=str(built.onnx_path), build_seconds=built.build_seconds, notes=(*built.notes, note),
+    )  # fmt: skip
 
 
 def _range_analysis(

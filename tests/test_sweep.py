@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
@@ -168,3 +169,49 @@ def test_a_users_own_model_goes_through_validate_sweep_and_gate(tmp_path, monkey
     results = read_results(latest_results(load_recipe(recipe)))
     assert {v.variant for v in results.variants} == {"fp32", "fp16", "int8-minmax", "int8-pct"}
     assert all(v.status == "ok" for v in results.variants)
+
+
+def _forest_project(root: Path) -> Path:
+    """A skl2onnx random forest (TreeEnsembleClassifier: nothing to quantize), its table and a recipe."""
+    import onnx
+    import pandas as pd
+    from skl2onnx import to_onnx
+    from sklearn.datasets import make_classification
+    from sklearn.ensemble import RandomForestClassifier
+
+    x, y = make_classification(n_samples=200, n_features=5, n_informative=3, random_state=0)
+    x = x.astype(np.float32)
+    forest = RandomForestClassifier(n_estimators=4, max_depth=3, random_state=0).fit(x, y)
+    onnx.save(to_onnx(forest, x[:1], options={"zipmap": False}, target_opset={"": 17, "ai.onnx.ml": 3}), str(root / "forest.onnx"))
+    pd.DataFrame({"x": list(x), "y": y, "split": ["calib"] * 60 + ["eval"] * 140, "half": np.where(x[:, 0] > 0, "a", "b")}).to_parquet(root / "rows.parquet")
+    recipe = {
+        "name": "forest", "task": "classification", "model": {"path": "forest.onnx", "output": "probabilities"},
+        "data": {"path": "rows.parquet", "inputs": {"x": "X"}, "label": "y",
+                 "calibration": {"filter": {"split": "calib"}, "samples": 32},
+                 "evaluation": {"filter": {"split": "eval"}}, "slices": [{"by": "half"}]},
+        "variants": [{"name": "int8", "precision": "int8", "calibrator": "entropy"}, {"name": "fp16", "precision": "fp16"}],
+        "latency": {"batch_sizes": [1], "warmup": 1, "iterations": 3},
+        "gate": {"metric": "agreement", "max_drop": 0.01}, "output_dir": str(root / "reports"),
+    }  # fmt: skip
+    path = root / "forest.yaml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return path
+
+
+def test_variants_identical_to_fp32_are_reported_so_and_not_timed_again(tmp_path, monkeypatch):
+    import qbench.sweep as sweep
+
+    measured: list[str] = []
+    measure = sweep._measure
+    monkeypatch.setattr(sweep, "_measure", lambda backend, built, *a, **k: measured.append(built.name) or measure(backend, built, *a, **k))
+    outcome = sweep.run_sweep(_forest_project(tmp_path), track=False, show=False)
+    assert measured == ["fp32"]
+    fp32 = outcome.results.find("fp32", "onnxruntime-cpu")
+    for name in ("int8", "fp16"):
+        twin = outcome.results.find(name, "onnxruntime-cpu")
+        assert twin.status == "ok" and twin.params["identical_to"] == "fp32"
+        assert twin.latency == fp32.latency and twin.accuracy == fp32.accuracy
+        assert any(note.startswith("identical to fp32") for note in twin.notes)
+        assert any(note.startswith("nothing to") for note in twin.notes)
+    assert "identical to fp32" in outcome.report_path.read_text()
+    assert outcome.gate.exit_code == 0

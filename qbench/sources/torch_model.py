@@ -170,11 +170,11 @@ def load_torch_model(recipe: Recipe) -> TorchModel:
     source = _module_source(module_name, recipe.base_dir)
     if source is None:
         raise RecipeError(recipe.source, "model.torch", _not_found(module_name, recipe.base_dir))
-    shapes = {name: tuple(shape) for name, shape in spec.example_inputs.items()}
-    dtypes = {name: spec.input_dtypes.get(name, "float32") for name in shapes}
     with single_torch_thread():
         module = _build_template(recipe, source)
-        _check_forward_arguments(recipe, module, list(shapes))
+        order = _bind_forward_arguments(recipe, module, list(spec.example_inputs))
+        shapes = {name: tuple(spec.example_inputs[name]) for name in order}
+        dtypes = {name: spec.input_dtypes.get(name, "float32") for name in shapes}
         output_names = _output_names(recipe, module, _example_inputs(shapes, dtypes, EXAMPLE_BATCH))
     key = {
         "format": _EXPORT_FORMAT, "factory": spec.torch, "factory_source": file_sha256(source),
@@ -308,22 +308,34 @@ def _load_weights(recipe: Recipe, module: torch.nn.Module, state: Mapping[str, t
         raise RecipeError(recipe.source, "model.weights", f"the state_dict does not fit the module: {exc}") from None
 
 
-def _check_forward_arguments(recipe: Recipe, module: torch.nn.Module, names: list[str]) -> None:
-    """example_inputs must name forward()'s arguments in order, and cover every argument without a default."""
+def _bind_forward_arguments(recipe: Recipe, module: torch.nn.Module, names: list[str]) -> list[str]:
+    """example_inputs in the order forward() takes them: by name when every name is a parameter, else by position.
+
+    The names become the ONNX input names either way, so they need not be forward()'s
+    (an nn.Sequential takes `input`; its users call it `features`). Only a count that
+    cannot fit is refused: more inputs than positional parameters, or a parameter
+    without a default left uncovered.
+    """
     try:
         parameters = list(inspect.signature(module.forward).parameters.values())
     except (TypeError, ValueError):  # a compiled or scripted forward: nothing to compare with
-        return
+        return names
     if any(p.kind is p.VAR_POSITIONAL for p in parameters):
-        return  # forward(*args) accepts any names
+        return names  # forward(*args) accepts any number
     positional = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if names != positional[: len(names)]:
-        message = f"got inputs {names}, expected forward()'s arguments in order: {positional}"
+    if set(names) <= set(positional):
+        names = [name for name in positional if name in names]  # by name
+        covered = set(names)
+    elif len(names) > len(positional):
+        message = f"got {len(names)} inputs {names}, but forward() takes {len(positional)}: {positional}"
         raise RecipeError(recipe.source, "model.example_inputs", message)
-    uncovered = [p.name for p in parameters[len(names) :] if p.default is p.empty and p.kind is not p.VAR_KEYWORD]
+    else:
+        covered = set(positional[: len(names)])  # by position
+    uncovered = [p.name for p in parameters if p.name not in covered and p.default is p.empty and p.kind is not p.VAR_KEYWORD]
     if uncovered:
-        message = f"forward() argument {uncovered[0]!r} has no default: give its shape"
+        message = f"forward() argument {uncovered[0]!r} has no default and no example input: got {names}"
         raise RecipeError(recipe.source, "model.example_inputs", message)
+    return names
 
 
 def _output_names(recipe: Recipe, module: torch.nn.Module, inputs: tuple[Any, ...]) -> tuple[str, ...]:

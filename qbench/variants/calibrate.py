@@ -9,8 +9,10 @@ and a user can inspect them.
 
 Batches are fed one at a time: histogram calibrators stack a call's outputs and
 so need equal shapes (pitfall 5); one batch per call lets the short last batch
-in without dropping rows, merges histograms as it goes, and keeps only one
-batch's activations in memory (ORT issues #10503, #11020).
+in without dropping rows and keeps ORT from holding every batch's outputs (ORT
+issues #10503, #11020). qbench's histogram collector (`histograms.py`) buffers
+the flattened activations up to 64 MB and histograms them together, skipping
+tensors a histogram cannot hold.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from qbench.console import track
 from qbench.errors import QbenchError
 from qbench.recipe import VariantSpec
 from qbench.variants.base import Feeds
+from qbench.variants.histograms import GuardedHistogramCollector
 from qbench.variants.onnx_utils import load_model, quiet_stdout, save_model
 
 METHODS: dict[str, CalibrationMethod] = {
@@ -102,6 +105,22 @@ def calibration_rows(batches: Sequence[Feeds]) -> int:
     return sum(int(next(iter(batch.values())).shape[0]) for batch in batches if batch)
 
 
+@dataclass(frozen=True)
+class Calibrated:
+    """Ranges per tensor, and the tensors the histogram calibrators could not take (name -> what was done)."""
+
+    ranges: TensorsData
+    histogram_skipped: dict[str, str]
+
+    def notes(self) -> list[str]:
+        """One note naming the tensors that fell back, for the variant's report."""
+        if not self.histogram_skipped:
+            return []
+        listed = "; ".join(f"{name}: {why}" for name, why in list(self.histogram_skipped.items())[:5])
+        more = len(self.histogram_skipped) - 5
+        return [f"{len(self.histogram_skipped)} tensor(s) not histogram-calibrated: {listed}" + (f" (+{more} more)" if more > 0 else "")]
+
+
 def compute_ranges(
     model_path: Path,
     batches: Sequence[Feeds],
@@ -113,11 +132,14 @@ def compute_ranges(
     symmetric: bool = False,
     op_types: Sequence[str] | None = None,
     workdir: Path,
-) -> TensorsData:
+) -> Calibrated:
     """Ranges of the float inputs/outputs of `op_types` nodes (all float tensors when None).
 
     method: minmax | entropy | percentile. Intermediate models (a shape-inferred copy and
     the augmented graph) live in a temporary folder under `workdir`, removed on return.
+    A graph with no tensor to calibrate (nothing quantizable) gets empty ranges without
+    running anything. Histogram calibrators skip tensors a histogram cannot hold
+    (`histograms.GuardedHistogramCollector`) and say so in `histogram_skipped`.
     """
     if method not in METHODS:
         raise QbenchError(f"calibrator {method!r} does not compute ranges; expected one of {', '.join(METHODS)}")
@@ -130,6 +152,7 @@ def compute_ranges(
         "symmetric": symmetric,
     }
     workdir.mkdir(parents=True, exist_ok=True)
+    skipped: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="calibrate-", dir=workdir) as tmp:
         staged = save_model(load_model(model_path), Path(tmp) / "model.onnx")
         with quiet_stdout():
@@ -140,16 +163,23 @@ def compute_ranges(
                 calibrate_method=METHODS[method],
                 extra_options=options,
             )
-            for batch in track(batches, f"calibrating ({method})", total=len(batches)):
-                calibrator.collect_data(_FeedReader([batch]))
-            ranges = calibrator.compute_data()
+            if not calibrator.select_tensors_to_calibrate(calibrator.model)[0]:
+                ranges = TensorsData(METHODS[method], {})
+            else:
+                if method != "minmax":
+                    calibrator.collector = GuardedHistogramCollector(method, symmetric, num_bins, num_quantized_bins, percentile)
+                for batch in track(batches, f"calibrating ({method})", total=len(batches)):
+                    calibrator.collect_data(_FeedReader([batch]))
+                ranges = calibrator.compute_data()
+                if method != "minmax":
+                    skipped = dict(calibrator.collector.skipped)
         del calibrator  # closes its session before the folder goes
-    return ranges
+    return Calibrated(ranges, skipped)
 
 
 def compute_ranges_with(
     settings: CalibrationSettings, model_path: Path, batches: Sequence[Feeds], workdir: Path
-) -> TensorsData:
+) -> Calibrated:
     """`compute_ranges` driven by resolved settings."""
     return compute_ranges(
         model_path,

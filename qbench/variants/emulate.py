@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +44,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qbench.errors import QbenchError
 from qbench.variants.base import BuiltVariant
+from qbench.variants.float_support import tensor_types
 from qbench.variants.onnx_utils import load_model, save_model
 
 EMULATED_SUFFIX = ".emulated.onnx"
@@ -60,14 +62,6 @@ def round_trip(source: str, target: str, to: int, *, back: bool = True) -> list[
         helper.make_node("Cast", [source], [narrowed], to=to, name=f"{target}_to_{label}"),
         helper.make_node("Cast", [narrowed], [target], to=TensorProto.FLOAT, name=f"{target}_from_{label}"),
     ]
-
-
-def tensor_types(model: onnx.ModelProto) -> dict[str, int]:
-    """Element type of every tensor shape inference (or the model) knows; initializers included."""
-    graph = onnx.shape_inference.infer_shapes(model).graph
-    types = {info.name: info.type.tensor_type.elem_type for info in [*graph.value_info, *graph.input, *graph.output]}
-    types |= {t.name: t.data_type for t in graph.initializer}
-    return types
 
 
 def topologically_sorted(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
@@ -121,27 +115,41 @@ def _round_node_outputs(
     return nodes, count
 
 
-def round_float_tensors(model: onnx.ModelProto, to: int) -> int:
+def round_float_tensors(model: onnx.ModelProto, to: int, keep: Collection[str] = ()) -> int:
     """Rewrite an FP32 `model` in place so every float node output and graph input is rounded to `to`.
 
     Consumers and graph outputs keep their tensor names; a float graph input gets a
-    rounded copy that its consumers read instead. Returns how many tensors are rounded.
+    rounded copy that its consumers read instead. Nodes named in `keep` stay FP32
+    (ai.onnx.ml operators, float_support): their outputs are not rounded, and they read
+    the unrounded graph inputs; a node that is rounded reads a rounded copy of a kept
+    node's output. Returns how many tensors are rounded.
     """
     graph = model.graph
     types = tensor_types(model)
     initializers = {t.name for t in graph.initializer}
     floats = {name for name, kind in types.items() if kind == TensorProto.FLOAT and name not in initializers}
-    rounded_inputs = {i.name: f"{i.name}_rounded" for i in graph.input if i.name in floats}
-    for node in graph.node:
+    rounded_nodes = [node for node in graph.node if node.name not in keep]
+    produced = {name for node in rounded_nodes for name in node.output} & floats
+    copies = {
+        name: f"{name}_rounded"
+        for node in rounded_nodes
+        for name in node.input
+        if name in floats and name not in produced
+    }
+    for node in rounded_nodes:
         for index, name in enumerate(node.input):
-            if name in rounded_inputs:
-                node.input[index] = rounded_inputs[name]
-    head = [cast for name, copy in rounded_inputs.items() for cast in round_trip(name, copy, to)]
-    produced = {name for node in graph.node for name in node.output} & floats
+            if name in copies:
+                node.input[index] = copies[name]
+    inputs = {i.name for i in graph.input}
+    head = [cast for name, copy in copies.items() if name in inputs for cast in round_trip(name, copy, to)]
     nodes, count = _round_node_outputs(graph, produced, to, graph_output_type=TensorProto.FLOAT)
+    ordered: list[onnx.NodeProto] = []
+    for node in nodes:
+        ordered.append(node)
+        ordered.extend(cast for name in node.output if name in copies for cast in round_trip(name, copies[name], to))
     graph.ClearField("node")
-    graph.node.extend(head + nodes)
-    return count + len(rounded_inputs)
+    graph.node.extend(head + ordered)
+    return count + len(copies)
 
 
 def _widen_attributes(node: onnx.NodeProto) -> None:

@@ -20,6 +20,8 @@ ORT's CPU provider would otherwise hide (qbench.validate.fidelity).
 
 from __future__ import annotations
 
+from typing import Any
+
 import ml_dtypes
 import numpy as np
 import onnx
@@ -29,7 +31,24 @@ from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_floa
 from qbench.recipe import VariantSpec
 from qbench.variants.base import BuildContext, BuiltVariant
 from qbench.variants.emulate import round_float_tensors
-from qbench.variants.onnx_utils import Stopwatch, build_step, ensure_opset, load_model, output_path, save_model
+from qbench.variants.float_support import (
+    KeptNodes,
+    add_missing_float_value_info,
+    drop_float_round_trips,
+    kept_in_float32,
+    name_unnamed_nodes,
+    narrowed_nodes,
+    tensor_types,
+)
+from qbench.variants.onnx_utils import (
+    Stopwatch,
+    build_step,
+    ensure_opset,
+    load_model,
+    output_path,
+    save_model,
+    unchanged_variant,
+)
 
 FP16_MIN_POSITIVE = 5.96e-08  # smallest positive (subnormal) float16; the converter's default
 FP16_MAX_FINITE = 65504.0
@@ -38,38 +57,64 @@ BF16_NOTE = "BF16 emulated (FP32 graph rounding every tensor to bfloat16): accur
 
 
 def build_fp16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
-    """FP16 weights and compute, FP32 inputs and outputs."""
+    """FP16 weights and compute, FP32 inputs and outputs; nodes FP16 cannot serve stay FP32 (float_support)."""
     clock = Stopwatch()
     target = output_path(spec.name, ctx)
     with build_step(spec.name, "loading the FP32 model"):
         model = load_model(ctx.reference_path.resolve())
+    with build_step(spec.name, "choosing the nodes that stay FP32"):
+        name_unnamed_nodes(model)
+        types = tensor_types(model)
+        kept = _kept_for_fp16(model, types)
+    params: dict[str, Any] = {
+        "converter": "onnxruntime.transformers.float16",
+        "keep_io_types": True,
+        "min_positive_val": FP16_MIN_POSITIVE,
+        "max_finite_val": FP16_MAX_FINITE,
+        "blocked_op_types": kept.op_types(model),
+        "converted_nodes": len(narrowed_nodes(model, kept, types)),
+    }
+    if not params["converted_nodes"]:
+        why = f"nothing to convert to FP16 (every node stays FP32: {', '.join(kept.op_types(model))})"
+        return unchanged_variant(spec.name, "fp16", ctx, why, params, clock.seconds())
     clamped = _values_outside_fp16(model)
-    blocked = sorted({node.op_type for node in model.graph.node} & set(DEFAULT_OP_BLOCK_LIST))
     with build_step(spec.name, "FP16 conversion"):
+        add_missing_float_value_info(model, types)
         converted = convert_float_to_float16(
-            model, min_positive_val=FP16_MIN_POSITIVE, max_finite_val=FP16_MAX_FINITE, keep_io_types=True
+            model,
+            min_positive_val=FP16_MIN_POSITIVE,
+            max_finite_val=FP16_MAX_FINITE,
+            keep_io_types=True,
+            op_block_list=[],
+            node_block_list=kept.names,
         )
+        drop_float_round_trips(converted, TensorProto.FLOAT16)
         save_model(converted, target)
     notes = []
     if clamped:
         notes.append(f"{clamped} weight value(s) outside FP16's range were clamped to it")
-    if blocked:
-        notes.append(f"kept in FP32 by the converter: {', '.join(blocked)}")
+    if kept.reasons:
+        notes.append(f"kept in FP32: {', '.join(params['blocked_op_types'])} ({kept.why()})")
     return BuiltVariant(
         name=spec.name,
         precision="fp16",
         onnx_path=target,
-        params={
-            "converter": "onnxruntime.transformers.float16",
-            "keep_io_types": True,
-            "min_positive_val": FP16_MIN_POSITIVE,
-            "max_finite_val": FP16_MAX_FINITE,
-            "blocked_op_types": blocked,
-            "weights_clamped": clamped,
-        },
+        params={**params, "weights_clamped": clamped},
         build_seconds=clock.seconds(),
         notes=tuple(notes),
     )
+
+
+def _kept_for_fp16(model: onnx.ModelProto, types: dict[str, int]) -> KeptNodes:
+    """Nodes the schemas keep FP32, plus op types ORT has no FP16 CPU kernel for (the converter's own list)."""
+    kept = kept_in_float32(model, TensorProto.FLOAT16, types)
+    no_kernel = set(DEFAULT_OP_BLOCK_LIST)
+    extra = {
+        node.name: "no FP16 kernel in ONNX Runtime (the converter's block list)"
+        for node in model.graph.node
+        if node.op_type in no_kernel and node.name not in kept.reasons
+    }
+    return KeptNodes({**kept.reasons, **extra})
 
 
 def _values_outside_fp16(model: onnx.ModelProto) -> int:
@@ -84,30 +129,42 @@ def _values_outside_fp16(model: onnx.ModelProto) -> int:
 
 
 def build_bf16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
-    """A BF16 simulation: FP32 graph with weights and activations rounded to bfloat16 (see module docstring)."""
+    """A BF16 simulation: FP32 graph with weights and activations rounded to bfloat16 (see module docstring).
+
+    Nodes that stay FP32 (`float_support.kept_in_float32`: ai.onnx.ml operators, schemas
+    without bfloat16) read and write unrounded tensors.
+    """
     clock = Stopwatch()
     target = output_path(spec.name, ctx)
     with build_step(spec.name, "loading the FP32 model"):
         model = load_model(ctx.reference_path.resolve())
+    params: dict[str, Any] = {
+        "method": "simulated: FP32 graph, bfloat16-rounded weights, float activations cast to BFLOAT16 and back",
+        "rounding": "round to nearest even",
+    }
+    with build_step(spec.name, "choosing the nodes that stay FP32"):
+        name_unnamed_nodes(model)
+        types = tensor_types(model)
+        kept = kept_in_float32(model, TensorProto.BFLOAT16, types)
+        params["kept_fp32_op_types"] = kept.op_types(model)
+    if not narrowed_nodes(model, kept, types):
+        why = f"nothing to round to BF16 (every node stays FP32: {', '.join(params['kept_fp32_op_types'])})"
+        return unchanged_variant(spec.name, "bf16", ctx, why, params, clock.seconds())
     with build_step(spec.name, "BF16 simulation"):
         model = ensure_opset(model, BF16_CAST_OPSET)
-        weights = _round_weights_to_bf16(model)
-        activations = round_float_tensors(model, TensorProto.BFLOAT16)
+        weights = _round_weights_to_bf16(model, set(kept.names))
+        activations = round_float_tensors(model, TensorProto.BFLOAT16, keep=set(kept.names))
         onnx.checker.check_model(model)
         save_model(model, target)
+    kept_note = [f"kept in FP32: {', '.join(params['kept_fp32_op_types'])} ({kept.why()})"] if kept.reasons else []
     return BuiltVariant(
         name=spec.name,
         precision="bf16",
         onnx_path=target,
-        params={
-            "method": "simulated: FP32 graph, bfloat16-rounded weights, float activations cast to BFLOAT16 and back",
-            "rounding": "round to nearest even",
-            "rounded_weights": weights,
-            "rounded_activations": activations,
-        },
+        params={**params, "rounded_weights": weights, "rounded_activations": activations},
         build_seconds=clock.seconds(),
         simulation=True,
-        notes=(BF16_NOTE,),
+        notes=(BF16_NOTE, *kept_note),
     )
 
 
@@ -116,9 +173,10 @@ def round_to_bf16(values: np.ndarray) -> np.ndarray:
     return values.astype(ml_dtypes.bfloat16).astype(np.float32)
 
 
-def _round_weights_to_bf16(model: onnx.ModelProto) -> int:
-    """Round every float initializer to bfloat16 (kept as float32) in place; returns how many."""
-    weights = [t for t in model.graph.initializer if t.data_type == TensorProto.FLOAT]
+def _round_weights_to_bf16(model: onnx.ModelProto, keep: set[str]) -> int:
+    """Round the float initializers nodes outside `keep` read to bfloat16 (kept as float32), in place; how many."""
+    read = {name for node in model.graph.node if node.name not in keep for name in node.input}
+    weights = [t for t in model.graph.initializer if t.data_type == TensorProto.FLOAT and t.name in read]
     for tensor in weights:
         tensor.CopyFrom(numpy_helper.from_array(round_to_bf16(numpy_helper.to_array(tensor)), tensor.name))
     return len(weights)

@@ -58,11 +58,14 @@ from qbench.variants.onnx_utils import (
     drop_unused_initializers,
     ensure_opset,
     load_model,
+    nothing_to_quantize,
     output_path,
+    quantizable_nodes,
     quantized_op_counts,
     quantized_tensors,
     save_model,
     scratch_dir,
+    unchanged_variant,
 )
 
 FP8_MAX = 448.0  # largest finite float8e4m3fn value
@@ -91,17 +94,21 @@ def build_fp8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     target = output_path(spec.name, ctx)
     cache = target.with_name(f"{spec.name}.calibration.json")
     reference = ctx.reference_path.resolve()
+    with build_step(spec.name, "loading the FP32 model"):
+        model = load_model(reference)
+    check_node_names(model, spec.exclude_nodes, spec.name)
+    if not quantizable_nodes(model, op_types, spec.exclude_nodes):
+        params = {"calibrator": spec.calibrator, "op_types": list(op_types), "quantized_nodes": 0, "quantized_op_types": {}}
+        return unchanged_variant(spec.name, "fp8", ctx, nothing_to_quantize(op_types, model), params, clock.seconds())
     with scratch_dir("qbench-fp8-") as tmp:
-        with build_step(spec.name, "loading the FP32 model"):
-            model = load_model(reference)
-        check_node_names(model, spec.exclude_nodes, spec.name)
         original_opset = default_opset(model)
         with build_step(spec.name, f"upgrading opset {original_opset} to {FP8_OPSET}"):
             model = ensure_opset(model, FP8_OPSET)
         with build_step(spec.name, "pre-processing"):
             prepared, preprocess = preprocess_model(model, tmp)
         with build_step(spec.name, f"{spec.calibrator} calibration"):
-            ranges = compute_ranges_with(settings, prepared, ctx.calibration, tmp)
+            calibrated = compute_ranges_with(settings, prepared, ctx.calibration, tmp)
+            ranges = calibrated.ranges
             save_tensors_data(ranges, cache)
         with build_step(spec.name, "inserting FP8 Q/DQ"):
             model = load_model(prepared)
@@ -124,6 +131,7 @@ def build_fp8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         "calibration_rows": calibration_rows(ctx.calibration),
         "calibration_feeding": FEEDING,
         "calibrated_tensors": len(ranges.keys()),
+        "histogram_skipped": calibrated.histogram_skipped,
         "calibration_cache": cache.name,
         "quantized_nodes": sum(counts.values()),
         "quantized_op_types": counts,
@@ -137,7 +145,7 @@ def build_fp8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         onnx_path=target,
         params=params,
         build_seconds=clock.seconds(),
-        notes=tuple(_notes(spec, inserted, counts)),
+        notes=tuple(_notes(spec, inserted, counts) + calibrated.notes()),
         activation_ranges=clipping_ranges(ranges, quantized_tensors(model), symmetric=True),  # scale = amax / 448
     )
 
@@ -274,7 +282,7 @@ def insert_fp8_qdq(
     rewriter = _Rewriter(graph, ranges, per_channel)
     nodes: list[onnx.NodeProto] = []
     for node in graph.node:
-        if node.op_type in op_types and node.name not in exclude:
+        if node.op_type in op_types and node.domain in ("", "ai.onnx") and node.name not in exclude:
             nodes.extend(rewriter.inputs(node))
         nodes.append(node)
     graph.ClearField("node")

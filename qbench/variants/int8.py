@@ -37,11 +37,15 @@ from qbench.variants.onnx_utils import (
     build_step,
     check_node_names,
     load_model,
+    nothing_to_quantize,
+    other_domain_nodes,
     output_path,
+    quantizable_nodes,
     quantized_op_counts,
     quantized_tensors,
     quiet_stdout,
     scratch_dir,
+    unchanged_variant,
 )
 
 _QUANT_TYPES = {"uint8": QuantType.QUInt8, "int8": QuantType.QInt8}
@@ -74,17 +78,23 @@ def build_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     }
     target = output_path(spec.name, ctx)
     reference = ctx.reference_path.resolve()
+    op_types = _op_types(spec)
+    with build_step(spec.name, "loading the FP32 model"):
+        model = load_model(reference)
+    check_node_names(model, spec.exclude_nodes, spec.name)
+    if not quantizable_nodes(model, op_types, spec.exclude_nodes):
+        params.update(calibrator=spec.calibrator, op_types=list(op_types), quantized_nodes=0, quantized_op_types={})
+        return unchanged_variant(spec.name, "int8", ctx, nothing_to_quantize(op_types, model), params, clock.seconds())
+    exclude = [*spec.exclude_nodes, *other_domain_nodes(model)]
+    notes: list[str] = []
     with scratch_dir("qbench-int8-") as tmp:
-        with build_step(spec.name, "loading the FP32 model"):
-            model = load_model(reference)
-        check_node_names(model, spec.exclude_nodes, spec.name)
         with build_step(spec.name, "pre-processing"):
             prepared, params["preprocess"] = preprocess_model(model, tmp)
         ranges: TensorsData | None = None
         if spec.calibrator == "dynamic":
-            params.update(_quantize_dynamic(spec, prepared, target, reduce_range))
+            params.update(_quantize_dynamic(spec, prepared, target, reduce_range, op_types, exclude))
         else:
-            static_params, ranges = _quantize_static(spec, ctx, prepared, target, reduce_range)
+            static_params, ranges = _quantize_static(spec, ctx, prepared, target, reduce_range, op_types, exclude, notes)
             params.update(static_params)
     with build_step(spec.name, "reading the quantized model"):
         quantized = onnx.load(str(target), load_external_data=False)
@@ -99,21 +109,42 @@ def build_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         onnx_path=target,
         params=params,
         build_seconds=clock.seconds(),
-        notes=tuple(_notes(spec, reduce_range, counts)),
+        notes=tuple(notes + _notes(spec, reduce_range, counts)),
         activation_ranges=clipping,
     )
 
 
+def _op_types(spec: VariantSpec) -> tuple[str, ...]:
+    if spec.op_types:
+        return tuple(spec.op_types)
+    return DEFAULT_DYNAMIC_OP_TYPES if spec.calibrator == "dynamic" else DEFAULT_STATIC_OP_TYPES
+
+
 def _quantize_static(
-    spec: VariantSpec, ctx: BuildContext, prepared: Path, target: Path, reduce_range: bool
+    spec: VariantSpec,
+    ctx: BuildContext,
+    prepared: Path,
+    target: Path,
+    reduce_range: bool,
+    op_types: tuple[str, ...],
+    exclude: list[str],
+    notes: list[str],
 ) -> tuple[dict[str, Any], TensorsData]:
-    """Calibrate, save the ranges beside the variant, and write the QDQ model; returns the params and ranges used."""
-    op_types = tuple(spec.op_types) if spec.op_types else DEFAULT_STATIC_OP_TYPES
+    """Calibrate, save the ranges beside the variant, and write the QDQ model; returns the params and ranges used.
+
+    Tensors the histogram calibrators skipped are named in `notes` (appended to).
+    """
     settings = CalibrationSettings.from_spec(spec, op_types)
     cache = target.with_name(f"{spec.name}.calibration.json")
     with build_step(spec.name, f"{spec.calibrator} calibration"):
-        ranges = compute_ranges_with(settings, prepared, ctx.calibration, prepared.parent)
+        calibrated = compute_ranges_with(settings, prepared, ctx.calibration, prepared.parent)
+        ranges = calibrated.ranges
         save_tensors_data(ranges, cache)
+    notes.extend(calibrated.notes())
+    unranged = _nodes_touching(prepared, {name for name in calibrated.histogram_skipped if name not in ranges})
+    if unranged:
+        exclude = [*exclude, *unranged]
+        notes.append(f"{len(unranged)} node(s) left in FP32 around tensors without a range: {', '.join(unranged[:5])}")
     with build_step(spec.name, "static quantization"), quiet_stdout():
         quantize_static(
             prepared,
@@ -127,7 +158,7 @@ def _quantize_static(
             per_channel=spec.per_channel,
             reduce_range=reduce_range,
             op_types_to_quantize=list(op_types),
-            nodes_to_exclude=list(spec.exclude_nodes),
+            nodes_to_exclude=exclude,
             extra_options={"ActivationSymmetric": spec.symmetric_activations, "WeightSymmetric": True},
         )
     return {
@@ -141,13 +172,24 @@ def _quantize_static(
         "calibration_rows": calibration_rows(ctx.calibration),
         "calibration_feeding": FEEDING,
         "calibrated_tensors": len(ranges.keys()),
+        "histogram_skipped": calibrated.histogram_skipped,
+        "unranged_nodes_kept_fp32": unranged,
         "calibration_cache": cache.name,
     }, ranges
 
 
-def _quantize_dynamic(spec: VariantSpec, prepared: Path, target: Path, reduce_range: bool) -> dict[str, Any]:
+def _nodes_touching(model_path: Path, tensors: set[str]) -> list[str]:
+    """Named nodes that read or write any of `tensors` (ORT's QDQ quantizer needs a range for each of those)."""
+    if not tensors:
+        return []
+    graph = onnx.load(str(model_path), load_external_data=False).graph
+    return [n.name for n in graph.node if n.name and tensors.intersection([*n.input, *n.output])]
+
+
+def _quantize_dynamic(
+    spec: VariantSpec, prepared: Path, target: Path, reduce_range: bool, op_types: tuple[str, ...], exclude: list[str]
+) -> dict[str, Any]:
     """Write the dynamically quantized model; returns the params it used."""
-    op_types = tuple(spec.op_types) if spec.op_types else DEFAULT_DYNAMIC_OP_TYPES
     with build_step(spec.name, "dynamic quantization"), quiet_stdout():
         quantize_dynamic(
             prepared,
@@ -156,7 +198,7 @@ def _quantize_dynamic(spec: VariantSpec, prepared: Path, target: Path, reduce_ra
             per_channel=spec.per_channel,
             reduce_range=reduce_range,
             weight_type=_QUANT_TYPES[spec.weight_type],
-            nodes_to_exclude=list(spec.exclude_nodes),
+            nodes_to_exclude=exclude,
             # Fused graphs (Attention, SkipLayerNorm) lack some tensor types; float is right for them (pitfall 8).
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
         )

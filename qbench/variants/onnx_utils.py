@@ -11,6 +11,7 @@ calibration cache) into the variant's workdir.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import os
 import tempfile
@@ -21,10 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import onnx
+import onnx.numpy_helper
 from onnx import helper
 
 from qbench.errors import QbenchError, did_you_mean
-from qbench.variants.base import BuildContext
+from qbench.variants.base import BuildContext, BuiltVariant
 
 # Protobuf cannot serialise a model of 2 GiB or more; keep a margin for the graph itself.
 _EXTERNAL_DATA_THRESHOLD_BYTES = 1_800_000_000
@@ -198,3 +200,67 @@ def declared_session_options(path: Path) -> dict[str, str]:
     model = onnx.load(str(path), load_external_data=False)
     prefix = SESSION_METADATA_PREFIX
     return {p.key.removeprefix(prefix): p.value for p in model.metadata_props if p.key.startswith(prefix)}
+
+
+def unchanged_variant(
+    variant: str, precision: str, ctx: BuildContext, why: str, params: dict[str, Any], seconds: float
+) -> BuiltVariant:
+    """A variant with nothing to change: the FP32 model itself, saying why (the sweep then reuses FP32's figures)."""
+    return BuiltVariant(
+        name=variant,
+        precision=precision,
+        onnx_path=ctx.reference_path.resolve(),
+        params={**params, "unchanged": why},
+        build_seconds=seconds,
+        notes=(f"{why}: the variant is the FP32 model",),
+    )
+
+
+def quantizable_nodes(model: onnx.ModelProto, op_types: Collection[str], exclude: Collection[str]) -> list[str]:
+    """Names of the nodes a quantizer may change: standard-domain `op_types`, not excluded.
+
+    Nodes of other domains (ai.onnx.ml tree ensembles, scalers, ZipMap...) are never
+    quantized, whatever their op type is called.
+    """
+    return [
+        node.name
+        for node in model.graph.node
+        if node.domain in ("", "ai.onnx") and node.op_type in op_types and node.name not in exclude
+    ]
+
+
+def other_domain_nodes(model: onnx.ModelProto) -> list[str]:
+    """Names of the nodes outside the standard ONNX domain (kept out of quantization)."""
+    return [node.name for node in model.graph.node if node.domain not in ("", "ai.onnx") and node.name]
+
+
+def nothing_to_quantize(op_types: Collection[str], model: onnx.ModelProto) -> str:
+    """The 'nothing to quantize' reason for a graph without quantizable nodes."""
+    others = sorted({node.op_type for node in model.graph.node if node.domain not in ("", "ai.onnx")})
+    kept = f"; {', '.join(others)} stay FP32" if others else ""
+    named = ", ".join(sorted(op_types)) if len(op_types) <= 6 else "quantizable"
+    return f"nothing to quantize (no {named} node in the standard ONNX domain{kept})"
+
+
+def graph_digest(path: Path) -> str:
+    """A digest of what a model computes: nodes (op, domain, tensors, attributes), initializers, I/O, opsets.
+
+    Names of nodes, doc strings, value_info and metadata are left out, so two files that
+    compute the same graph get the same digest (the sweep then measures it once).
+    """
+    model = load_model(path)
+    digest = hashlib.sha256()
+    for opset in sorted((o.domain, o.version) for o in model.opset_import):
+        digest.update(repr(opset).encode())
+    graph = model.graph
+    for info in [*graph.input, *graph.output]:
+        digest.update(info.name.encode() + info.type.SerializeToString(deterministic=True))
+    for node in graph.node:
+        stripped = onnx.NodeProto()
+        stripped.CopyFrom(node)
+        stripped.name, stripped.doc_string = "", ""
+        digest.update(stripped.SerializeToString(deterministic=True))
+    for tensor in sorted(graph.initializer, key=lambda t: t.name):
+        array = onnx.numpy_helper.to_array(tensor)
+        digest.update(f"{tensor.name}:{array.dtype}:{array.shape}".encode() + array.tobytes())
+    return digest.hexdigest()

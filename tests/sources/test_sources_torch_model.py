@@ -64,6 +64,11 @@ def build_classifier():
     return Classifier()
 
 
+def build_sequential():
+    """forward(input): users call the input `features`."""
+    return nn.Sequential(nn.Linear({FEATURES}, 16), nn.ReLU(), nn.Linear(16, {CLASSES}))
+
+
 def build_tagger():
     return Tagger()
 
@@ -256,8 +261,8 @@ def test_a_bad_factory_is_a_recipe_error_naming_the_cause(project: Path, factory
 @pytest.mark.parametrize(
     ("model", "field", "expected"),
     [
-        ({"example_inputs": {"x": [1, FEATURES]}}, "model.example_inputs",
-         "expected forward()'s arguments in order: ['features']"),
+        ({"example_inputs": {"x": [1, FEATURES], "y": [1, FEATURES]}}, "model.example_inputs",
+         "got 2 inputs ['x', 'y'], but forward() takes 1: ['features']"),
         ({"example_inputs": {"features": [1, 7]}}, "model.example_inputs",
          "forward() failed on example inputs {'features': [2, 7]}"),
         ({"output_names": ["a", "b"]}, "model.output_names", "got 2 names, but forward() returns 1 tensors"),
@@ -271,14 +276,38 @@ def test_example_inputs_and_output_names_must_fit_forward(
     assert expected in error.detail
 
 
-def test_inputs_out_of_forward_order_are_refused(project: Path) -> None:
+def test_inputs_named_like_forwards_arguments_bind_by_name_in_any_order(project: Path) -> None:
     recipe = _write_recipe(
         project.parent,
         {"torch": "mypkg.models:build_tagger", "weights": None, "output_names": None,
-         "example_inputs": {"attention_mask": [1, 6], "input_ids": [1, 6]}},
+         "example_inputs": {"attention_mask": [1, 6], "input_ids": [1, 6]},
+         "input_dtypes": {"attention_mask": "int64", "input_ids": "int64"}},
+    )  # fmt: skip
+    model = load_torch_model(load_recipe(recipe))
+    assert model.input_names == ("input_ids", "attention_mask")
+
+
+def test_a_missing_argument_without_default_is_refused(project: Path) -> None:
+    recipe = _write_recipe(
+        project.parent,
+        {"torch": "mypkg.models:build_tagger", "weights": None, "output_names": None,
+         "example_inputs": {"ids": [1, 6]}, "input_dtypes": {"ids": "int64"}},
     )  # fmt: skip
     error = _load_error(recipe)
-    assert "expected forward()'s arguments in order: ['input_ids', 'attention_mask']" in error.detail
+    assert "forward() argument 'attention_mask' has no default and no example input: got ['ids']" in error.detail
+
+
+def test_an_nn_sequential_binds_its_input_by_position_under_the_users_name(project: Path) -> None:
+    """nn.Sequential.forward takes `input`; the recipe calls it `features`, which the ONNX input is named."""
+    recipe = _write_recipe(project.parent, {"torch": "mypkg.models:build_sequential", "weights": None})
+    model = load_torch_model(load_recipe(recipe))
+    path = export_reference(model)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert [i.name for i in session.get_inputs()] == ["features"]
+    x = np.random.default_rng(0).normal(size=(5, FEATURES)).astype(np.float32)
+    with torch.no_grad():
+        expected = model.build()(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(session.run(None, {"features": x})[0], expected, rtol=1e-5, atol=1e-6)
 
 
 def test_a_factory_edited_after_import_is_refused_in_the_same_process(project: Path) -> None:

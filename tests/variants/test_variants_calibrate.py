@@ -33,7 +33,7 @@ def skewed(tmp_path_factory: pytest.TempPathFactory, graph) -> tuple[Path, list[
 
 
 def _amax(path: Path, batches: list[dict[str, np.ndarray]], method: str, workdir: Path, **options: float) -> float:
-    ranges = compute_ranges(path, batches, method, op_types=["MatMul"], workdir=workdir, **options)
+    ranges = compute_ranges(path, batches, method, op_types=["MatMul"], workdir=workdir, **options).ranges
     amax = tensor_amax(ranges, "x")
     assert amax is not None
     return amax

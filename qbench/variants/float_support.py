@@ -1,0 +1,221 @@
+"""Which nodes can compute in a narrower float type, decided from the operators' own schemas.
+
+A node stays in float32 (with casts at its boundary) when it lies outside the default
+ONNX domain (ai.onnx.ml's tree ensembles, scalers, ZipMap, label encoders... and any
+custom domain), when its schema cannot be found, or when the schema does not accept the
+target type (float16, bfloat16) for one of its float inputs or outputs. The rule reads
+`onnx.defs.get_schema`, so it covers operators nobody listed here.
+
+ONNX shape inference does not type the outputs of ai.onnx.ml operators; `tensor_types`
+completes it from the schemas (a fixed output type, or a type variable bound by an
+input), which the converters need to place their casts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import onnx
+from onnx import TensorProto, helper
+
+from qbench.variants.onnx_utils import names_read
+
+DEFAULT_DOMAINS = ("", "ai.onnx")
+_TYPE_STRINGS = {TensorProto.FLOAT16: "tensor(float16)", TensorProto.BFLOAT16: "tensor(bfloat16)"}
+
+
+@dataclass(frozen=True)
+class KeptNodes:
+    """Nodes that stay float32 under a narrower float type, and why (node name -> reason)."""
+
+    reasons: dict[str, str]
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.reasons)
+
+    def why(self) -> str:
+        """The distinct reasons, shortest first, for a note."""
+        return "; ".join(sorted(set(self.reasons.values()), key=len))
+
+    def op_types(self, model: onnx.ModelProto) -> list[str]:
+        """The op types of the kept nodes, sorted, each once (for notes)."""
+        return sorted({node.op_type for node in model.graph.node if node.name in self.reasons})
+
+
+def name_unnamed_nodes(model: onnx.ModelProto) -> None:
+    """Give every unnamed node of the main graph a unique name (in place): block lists work by name."""
+    taken = {node.name for node in model.graph.node if node.name}
+    for index, node in enumerate(model.graph.node):
+        if not node.name:
+            candidate, n = f"{node.op_type}_{index}", 0
+            while candidate in taken:
+                n += 1
+                candidate = f"{node.op_type}_{index}_{n}"
+            node.name = candidate
+            taken.add(candidate)
+
+
+def _opset_versions(model: onnx.ModelProto) -> dict[str, int]:
+    versions = {o.domain: o.version for o in model.opset_import}
+    if "ai.onnx" in versions and "" not in versions:
+        versions[""] = versions["ai.onnx"]
+    return versions
+
+
+def _schema(node: onnx.NodeProto, versions: dict[str, int]) -> onnx.defs.OpSchema | None:
+    domain = "" if node.domain == "ai.onnx" else node.domain
+    try:
+        return onnx.defs.get_schema(node.op_type, versions.get(domain, onnx.defs.onnx_opset_version()), domain)
+    except onnx.defs.SchemaError:
+        return None
+
+
+def _formal(params: list[onnx.defs.OpSchema.FormalParameter], index: int) -> onnx.defs.OpSchema.FormalParameter | None:
+    """The formal parameter behind actual input/output `index` (the last one repeats when variadic)."""
+    if index < len(params):
+        return params[index]
+    if params and params[-1].option == onnx.defs.OpSchema.FormalParameterOption.Variadic:
+        return params[-1]
+    return None
+
+
+def _allowed(schema: onnx.defs.OpSchema, type_str: str) -> set[str]:
+    constraints = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
+    return constraints.get(type_str, {type_str})
+
+
+def tensor_types(model: onnx.ModelProto) -> dict[str, int]:
+    """Element type of every tensor ONNX shape inference or the operator schemas can tell (name -> TensorProto type)."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 (inference fails on some custom graphs; the schemas still help)
+        inferred = model
+    graph = inferred.graph
+    types = {t.name: t.data_type for t in graph.initializer}
+    for info in [*graph.input, *graph.value_info, *graph.output]:
+        if info.type.HasField("tensor_type") and info.type.tensor_type.elem_type:
+            types.setdefault(info.name, info.type.tensor_type.elem_type)
+    versions = _opset_versions(model)
+    for node in graph.node:
+        schema = _schema(node, versions)
+        if schema is None:
+            continue
+        bound: dict[str, int] = {}
+        for index, name in enumerate(node.input):
+            formal = _formal(list(schema.inputs), index)
+            if formal is not None and name in types:
+                bound.setdefault(formal.type_str, types[name])
+        for index, name in enumerate(node.output):
+            formal = _formal(list(schema.outputs), index)
+            if not name or name in types or formal is None:
+                continue
+            if formal.type_str in bound:
+                types[name] = bound[formal.type_str]
+                continue
+            allowed = _allowed(schema, formal.type_str)
+            if len(allowed) == 1:
+                fixed = next(iter(allowed))
+                elem = next((k for k, v in _STRING_TYPES.items() if v == fixed), None)
+                if elem is not None:
+                    types[name] = elem
+    return types
+
+
+_STRING_TYPES = {
+    elem: f"tensor({helper.tensor_dtype_to_string(elem).removeprefix('TensorProto.').lower()})"
+    for elem in (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.INT64, TensorProto.INT32, TensorProto.STRING)
+}
+
+
+def kept_in_float32(model: onnx.ModelProto, target: int, types: dict[str, int] | None = None) -> KeptNodes:
+    """Nodes that must stay float32 when the graph's float tensors become `target` (FLOAT16 or BFLOAT16).
+
+    Nodes are identified by name: call `name_unnamed_nodes` first.
+    """
+    wanted = _TYPE_STRINGS[target]
+    types = tensor_types(model) if types is None else types
+    versions = _opset_versions(model)
+    reasons: dict[str, str] = {}
+    for node in model.graph.node:
+        if node.domain not in DEFAULT_DOMAINS:
+            reasons[node.name] = f"operator domain {node.domain}"
+            continue
+        schema = _schema(node, versions)
+        if schema is None:
+            reasons[node.name] = "no ONNX schema for this operator"
+            continue
+        for kind, names, params in (("input", node.input, schema.inputs), ("output", node.output, schema.outputs)):
+            for index, name in enumerate(names):
+                formal = _formal(list(params), index)
+                if name and formal is not None and types.get(name) == TensorProto.FLOAT:
+                    if wanted not in _allowed(schema, formal.type_str):
+                        reasons[node.name] = f"its schema does not accept {wanted} for {kind} {formal.name!r}"
+                        break
+            if node.name in reasons:
+                break
+    return KeptNodes(reasons)
+
+
+def add_missing_float_value_info(model: onnx.ModelProto, types: dict[str, int]) -> None:
+    """Declare float tensors that shape inference left untyped (ai.onnx.ml outputs), in place.
+
+    Converters only cast tensors whose type they know; an untyped float output of a kept
+    node would otherwise reach a converted node without a cast.
+    """
+    graph = model.graph
+    declared = {i.name for i in [*graph.input, *graph.output, *graph.value_info]} | {t.name for t in graph.initializer}
+    for node in graph.node:
+        for name in node.output:
+            if name and name not in declared and types.get(name) == TensorProto.FLOAT:
+                graph.value_info.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
+                declared.add(name)
+
+
+def drop_float_round_trips(model: onnx.ModelProto, narrow: int) -> int:
+    """Let float32 readers read the float32 source instead of a float32 -> `narrow` -> float32 round trip.
+
+    Converters cast a float32 tensor to the narrow type and back when a node that stays in
+    float32 reads a graph input or another kept node's output; that rounds its input for
+    nothing. The outer Cast becomes an Identity of the source (ORT removes it at load),
+    and Casts nobody reads any more are dropped. Returns how many round trips went.
+    """
+    graph = model.graph
+    types = tensor_types(model)
+    producer = {out: node for node in graph.node for out in node.output}
+
+    def cast_to(node: onnx.NodeProto | None) -> int | None:
+        if node is None or node.op_type != "Cast" or node.domain not in DEFAULT_DOMAINS:
+            return None
+        return next((a.i for a in node.attribute if a.name == "to"), None)
+
+    dropped = 0
+    for node in graph.node:
+        if cast_to(node) != TensorProto.FLOAT:
+            continue
+        inner = producer.get(node.input[0])
+        if cast_to(inner) == narrow and types.get(inner.input[0]) == TensorProto.FLOAT:
+            node.op_type, node.input[0] = "Identity", inner.input[0]
+            del node.attribute[:]
+            dropped += 1
+    _drop_dead_casts(graph)
+    return dropped
+
+
+def _drop_dead_casts(graph: onnx.GraphProto) -> None:
+    while True:
+        read = names_read(graph)
+        dead = [n for n in graph.node if n.op_type == "Cast" and not any(out in read for out in n.output)]
+        if not dead:
+            return
+        for node in dead:
+            graph.node.remove(node)
+
+
+def narrowed_nodes(model: onnx.ModelProto, kept: KeptNodes, types: dict[str, int]) -> list[str]:
+    """Names of the nodes a conversion would change: not kept, and reading or writing a float32 tensor."""
+    return [
+        node.name
+        for node in model.graph.node
+        if node.name not in kept.reasons and any(types.get(n) == TensorProto.FLOAT for n in [*node.input, *node.output])
+    ]

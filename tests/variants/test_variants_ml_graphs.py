@@ -1,0 +1,121 @@
+"""Graphs that are not (only) neural networks: scikit-learn models converted with skl2onnx.
+
+Every variant must build and load in ONNX Runtime; ai.onnx.ml nodes stay FP32; a graph
+with nothing to quantize or convert is the FP32 model itself, saying so.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+skl2onnx = pytest.importorskip("skl2onnx")
+from sklearn.datasets import make_classification  # noqa: E402
+from sklearn.ensemble import RandomForestClassifier  # noqa: E402
+from sklearn.linear_model import LogisticRegression  # noqa: E402
+from sklearn.neural_network import MLPClassifier  # noqa: E402
+from sklearn.pipeline import make_pipeline  # noqa: E402
+from sklearn.preprocessing import StandardScaler  # noqa: E402
+
+from qbench.recipe import VariantSpec  # noqa: E402
+from qbench.variants import BuildContext, build_variant  # noqa: E402
+
+FEATURES = 6
+VARIANTS = [
+    {"name": "fp16", "precision": "fp16"},
+    {"name": "bf16", "precision": "bf16"},
+    *({"name": f"int8-{c}", "precision": "int8", "calibrator": c} for c in ("minmax", "entropy", "percentile", "dynamic")),
+    *({"name": f"fp8-{c}", "precision": "fp8", "calibrator": c} for c in ("minmax", "entropy", "percentile")),
+]
+MODELS = {
+    "forest": lambda: RandomForestClassifier(n_estimators=4, max_depth=4, random_state=0),
+    "scaler_logistic": lambda: make_pipeline(StandardScaler(), LogisticRegression(max_iter=300)),
+    "scaler_mlp": lambda: make_pipeline(StandardScaler(), MLPClassifier((16,), max_iter=300, random_state=0)),
+}
+
+
+@pytest.fixture(scope="module")
+def data() -> np.ndarray:
+    x, _ = make_classification(n_samples=240, n_features=FEATURES, n_informative=4, n_classes=3, random_state=0)
+    return x.astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def converted(data: np.ndarray, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Each scikit-learn model fitted and converted with skl2onnx (probabilities as a tensor, no ZipMap)."""
+    _, labels = make_classification(n_samples=240, n_features=FEATURES, n_informative=4, n_classes=3, random_state=0)
+    folder = tmp_path_factory.mktemp("sklearn")
+    paths = {}
+    for name, make in MODELS.items():
+        model = make().fit(data, labels)
+        onx = skl2onnx.to_onnx(model, data[:1], options={"zipmap": False}, target_opset={"": 17, "ai.onnx.ml": 3})
+        paths[name] = folder / f"{name}.onnx"
+        onnx.save(onx, str(paths[name]))
+    return paths
+
+
+def _run(path: Path, x: np.ndarray, hints: dict | None = None) -> list[np.ndarray]:
+    options = ort.SessionOptions()
+    if (hints or {}).get("graph_optimization_level") == "basic":
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]).run(None, {"X": x})
+
+
+def _build(path: Path, data: np.ndarray, workdir: Path, variant: dict):
+    calibration = [{"X": data[i : i + 32]} for i in range(0, 128, 32)]
+    ctx = BuildContext(reference_path=path, workdir=workdir, calibration=calibration)
+    return build_variant(VariantSpec(**variant), ctx)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=[v["name"] for v in VARIANTS])
+@pytest.mark.parametrize("model", ["forest", "scaler_logistic"])
+def test_a_pure_ml_graph_is_the_fp32_model_under_every_variant(converted, data, tmp_path, model, variant):
+    built = _build(converted[model], data, tmp_path, variant)
+    assert built.onnx_path == converted[model].resolve()
+    assert "nothing to" in built.params["unchanged"]
+    assert any("nothing to" in note and "the variant is the FP32 model" in note for note in built.notes)
+    for got, expected in zip(_run(built.onnx_path, data), _run(converted[model], data), strict=True):
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_notes_name_the_ml_operators_that_stay_fp32(converted, data, tmp_path):
+    built = _build(converted["forest"], data, tmp_path, {"name": "q", "precision": "int8", "calibrator": "minmax"})
+    assert built.notes[0].startswith("nothing to quantize")
+    assert "TreeEnsembleClassifier stay FP32" in built.notes[0]
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=[v["name"] for v in VARIANTS])
+def test_a_mixed_pipeline_builds_loads_and_keeps_the_scaler_fp32(converted, data, tmp_path, variant):
+    """StandardScaler (ai.onnx.ml Scaler) then an MLP (MatMul/Add): only standard-domain nodes change."""
+    built = _build(converted["scaler_mlp"], data, tmp_path, variant)
+    assert built.onnx_path != converted["scaler_mlp"].resolve()
+    model = onnx.load(str(built.onnx_path))
+    scaler = next(node for node in model.graph.node if node.op_type == "Scaler")
+    producer = {out: node for node in model.graph.node for out in node.output}
+    feeding = producer.get(scaler.input[0])
+    assert feeding is None or feeding.op_type == "Identity"  # the FP32 graph input, not a rounded copy
+    assert not any(node.domain == "ai.onnx.ml" and node.op_type.endswith("Linear") for node in model.graph.node)
+    label, probabilities = _run(built.onnx_path, data, built.session_hints)
+    _, reference = _run(converted["scaler_mlp"], data)
+    assert probabilities.dtype == np.float32 and np.all(np.isfinite(probabilities))
+    agreement = float(np.mean(probabilities.argmax(axis=1) == reference.argmax(axis=1)))
+    print(f"{variant['name']}: max |p - p_fp32| = {np.max(np.abs(probabilities - reference)):.4f}, agreement {agreement:.3f}")
+    assert agreement >= 0.9
+    if variant["precision"] in ("int8", "fp8"):
+        counts = built.params["quantized_op_types"]
+        assert counts.get("MatMul", 0) + counts.get("MatMulInteger", 0) == 2
+        assert "Scaler" not in counts
+
+
+def test_fp16_keeps_the_scaler_in_fp32_and_says_why(converted, data, tmp_path):
+    built = _build(converted["scaler_mlp"], data, tmp_path, {"name": "h", "precision": "fp16"})
+    assert "Scaler" in built.params["kept_fp32_op_types"]
+    assert any("kept in FP32" in note and "operator domain ai.onnx.ml" in note for note in built.notes)
+    model = onnx.load(str(built.onnx_path))
+    matmul_weights = {node.input[1] for node in model.graph.node if node.op_type == "MatMul"}
+    types = {t.name: t.data_type for t in model.graph.initializer}
+    assert {types[name] for name in matmul_weights} == {onnx.TensorProto.FLOAT16}
