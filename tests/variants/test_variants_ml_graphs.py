@@ -113,7 +113,7 @@ def test_a_mixed_pipeline_builds_loads_and_keeps_the_scaler_fp32(converted, data
 
 def test_fp16_keeps_the_scaler_in_fp32_and_says_why(converted, data, tmp_path):
     built = _build(converted["scaler_mlp"], data, tmp_path, {"name": "h", "precision": "fp16"})
-    assert "Scaler" in built.params["kept_fp32_op_types"]
+    assert "Scaler" in built.params["blocked_op_types"]
     assert any("kept in FP32" in note and "operator domain ai.onnx.ml" in note for note in built.notes)
     model = onnx.load(str(built.onnx_path))
     matmul_weights = {node.input[1] for node in model.graph.node if node.op_type == "MatMul"}
