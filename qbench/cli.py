@@ -67,13 +67,19 @@ def validate(recipe: RecipeArg) -> int:
 def gate(
     recipe: Annotated[Optional[Path], typer.Argument(help="recipe YAML (uses its latest results)")] = None,
     results: Annotated[Optional[Path], typer.Option("--results", help="a results.json to judge")] = None,
+    no_staleness_check: Annotated[
+        bool,
+        typer.Option("--no-staleness-check", help="judge results whose input files can no longer be read (noted)"),
+    ] = False,
 ) -> int:
-    """Judge results against the recipe's gate: exit 0 pass, 1 breach, 2 missing/partial/broken results."""
+    """Judge results against the recipe's gate: exit 0 pass, 1 breach, 2 missing/partial/stale/broken results."""
     from qbench.gate import run_gate
     from qbench.recipe import load_recipe
     from qbench.report import gate_table
 
-    report, judged = run_gate(load_recipe(recipe) if recipe else None, results)
+    report, judged = run_gate(
+        load_recipe(recipe) if recipe else None, results, check_staleness=not no_staleness_check
+    )
     out.print(f"gate on {escape(judged.recipe.get('name', '?'))} ({judged.created_at}), metric {report.metric}")
     print_wide(gate_table(report), out)
     return _gate_verdict(report)
@@ -117,9 +123,12 @@ def ui(
     command = ui_command(resolve_tracking_uri(load_recipe(recipe)), port=port)
     err_console.print(f"MLflow UI: http://127.0.0.1:{port}  (Ctrl+C to stop)")
     try:
-        return subprocess.call(command)
+        code = subprocess.call(command)
     except KeyboardInterrupt:
         return 0
+    if code != 0:  # exit 1 means a gate breach: any failure of the UI is an error (2)
+        raise QbenchError(f"the MLflow UI exited with status {code}")
+    return 0
 
 
 export_app = typer.Typer(no_args_is_help=True, help="Hand a gated variant to a serving system.")
@@ -159,7 +168,8 @@ def report(
     from qbench.report import print_summary
     from qbench.report_html import write_html_report
 
-    gate, results = run_gate(results_path=run_dir / "results.json")
+    # a past sweep: its verdict as recorded, whether or not its inputs still exist (the note says so)
+    gate, results = run_gate(results_path=run_dir / "results.json", check_staleness=False)
     print_summary(results, gate)
     if html:
         out.print(f"HTML report: {escape(str(write_html_report(results, gate, run_dir / 'report.html')))}")
@@ -189,27 +199,52 @@ def _count(n: int, noun: str) -> str:
 
 
 def _gate_verdict(report) -> int:  # noqa: ANN001 (GateReport; imported lazily)
+    for note in report.notes:
+        out.print(f"gate note: {escape(note)}")
     code = report.exit_code
     verdict = {0: "[green]PASS[/]", 1: "[red]FAIL: tolerance breached[/]", 2: "[red]FAIL: results unusable[/]"}[code]
     out.print(f"gate: {verdict}")
     return code
 
 
+EXIT_OK, EXIT_BREACH, EXIT_ERROR = 0, 1, 2
+DEBUG_FLAG = "--debug"
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `qbench` script; returns the exit code instead of raising SystemExit."""
+    """Entry point of the `qbench` script; returns the exit code instead of raising SystemExit.
+
+    The exit code is a contract: 0 success / gate passed, 1 gate breached (only `gate` and
+    `sweep --gate` return it), 2 anything else. A QbenchError prints its one-line message; any other
+    exception prints `qbench: error: <Type>: <message>` on one line, with the traceback only when
+    `--debug` is given (anywhere on the command line).
+    """
+    args = list(argv if argv is not None else sys.argv[1:])
+    debug = DEBUG_FLAG in args
+    args = [a for a in args if a != DEBUG_FLAG]
     try:
-        result = app(args=argv if argv is not None else sys.argv[1:], prog_name="qbench", standalone_mode=False)
+        result = app(args=args, prog_name="qbench", standalone_mode=False)
     except QbenchError as exc:
-        err_console.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)  # one line, unfolded, in CI logs
+        err_console.print(f"[red]error:[/] {escape(_one_line(exc))}", soft_wrap=True)  # one line, unfolded, in CI logs
         return exc.exit_code
-    except typer.Exit as exc:
-        return exc.exit_code
+    except typer.Exit as exc:  # --help and the like
+        return EXIT_OK if exc.exit_code == 0 else EXIT_ERROR
     except typer.Abort:
         return 130
     except TyperException as exc:  # usage errors (typer vendors click's exceptions under this base)
         exc.show()
-        return getattr(exc, "exit_code", 2)
-    return int(result or 0)
+        return EXIT_ERROR
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - a bug in qbench or a library: still exit 2
+        if debug:
+            err_console.print_exception()
+        err_console.print(f"qbench: error: {type(exc).__name__}: {_one_line(exc)}", soft_wrap=True, markup=False)
+        return EXIT_ERROR
+    result = EXIT_OK if result is None else result
+    return result if result in (EXIT_OK, EXIT_BREACH, EXIT_ERROR) else EXIT_ERROR
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
 
 
 if __name__ == "__main__":  # pragma: no cover

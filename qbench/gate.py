@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from qbench.errors import QbenchError
+from qbench.gate_checks import expected_pairs, result_problems, slice_sizes_from_data, stale_inputs, stale_sections
+from qbench.provenance import recorded_recipe
 from qbench.recipe import GateSpec, Recipe
 from qbench.results import SliceMetrics, SweepResults, read_results
 from qbench.validate.metrics import drop
@@ -42,6 +44,7 @@ class GateReport:
     checks: tuple[GateCheck, ...] = ()
     problems: tuple[str, ...] = ()  # why the results cannot be judged (fail closed)
     gated: tuple[str, ...] = field(default=())  # variant@backend keys the gate applied to
+    notes: tuple[str, ...] = ()  # what the gate did not check, at the user's request
 
     @property
     def breaches(self) -> tuple[GateCheck, ...]:
@@ -63,26 +66,16 @@ class GateReport:
 
 
 def evaluate_gate(
-    results: SweepResults,
-    spec: GateSpec,
-    *,
-    expected: Sequence[tuple[str, str]] | None = None,
-    fingerprint: str | None = None,
+    results: SweepResults, spec: GateSpec, *, expected: Sequence[tuple[str, str]] | None = None
 ) -> GateReport:
     """Judge every gated variant × backend in `results` against `spec`; collect every violation.
 
     expected: (variant, backend) pairs the recipe asks for; any missing from the results is a problem.
-    fingerprint: the recipe's current fingerprint; results made from another model/data/variants
-        are a problem (stale results must not pass).
     A variant a backend cannot run at all (status "skipped", e.g. an ONNX Runtime INT8 model on
-    a torch backend) is not judged there; the report lists it with the reason.
+    a torch backend) is not judged there; the report lists it with the reason. Whether results are
+    what the recipe asked for, and fresh, is checked by `run_gate` (qbench.gate_checks).
     """
     problems: list[str] = []
-    if fingerprint is not None and results.recipe.get("fingerprint") != fingerprint:
-        problems.append(
-            "results do not match the recipe (its model, data, variants or backends changed since the sweep): "
-            "re-run `qbench sweep`"
-        )
     pairs = list(expected) if expected is not None else [(v.variant, v.backend) for v in results.variants]
     skipped = {(v.variant, v.backend) for v in results.variants if v.status == "skipped"}
     gated = [(v, b) for v, b in pairs if v != results.reference and spec.applies(v) and (v, b) not in skipped]
@@ -113,12 +106,6 @@ def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec) ->
         return [], [f"variant failed: {candidate.error or 'no accuracy results'}"]
     checks: list[GateCheck] = []
     problems: list[str] = []
-    if candidate.accuracy.nonfinite_outputs > 0:
-        checks.append(
-            GateCheck(variant, backend, "outputs", "nonfinite_outputs", 0.0,
-                      float(candidate.accuracy.nonfinite_outputs), float(candidate.accuracy.nonfinite_outputs),
-                      0.0, candidate.accuracy.rows, "breach")
-        )  # fmt: skip
     scopes = [(reference.accuracy.overall, candidate.accuracy.overall, spec.max_drop)]
     for ref_slice in reference.accuracy.slices:
         own = candidate.accuracy.slice(ref_slice.name)
@@ -127,7 +114,13 @@ def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec) ->
             continue
         scopes.append((ref_slice, own, spec.max_slice_drop))
     for ref_scope, own_scope, tolerance in scopes:
-        check = _check(variant, backend, spec, ref_scope, own_scope, tolerance)
+        extra_nonfinite = own_scope.nonfinite_outputs - ref_scope.nonfinite_outputs
+        if extra_nonfinite > 0:  # more NaN/inf outputs than FP32 on this scope: a breach of its own
+            checks.append(
+                GateCheck(variant, backend, own_scope.name, "nonfinite_outputs", float(ref_scope.nonfinite_outputs),
+                          float(own_scope.nonfinite_outputs), float(extra_nonfinite), 0.0, own_scope.size, "breach")
+            )  # fmt: skip
+        check = _check(variant, backend, spec, ref_scope, own_scope, tolerance, explained=extra_nonfinite > 0)
         if check is None:
             problems.append(f"metric {spec.metric!r} is missing or NaN on {own_scope.name}")
         else:
@@ -136,16 +129,19 @@ def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec) ->
 
 
 def _check(
-    variant: str, backend: str, spec: GateSpec, ref: SliceMetrics, own: SliceMetrics, tolerance: float
+    variant: str, backend: str, spec: GateSpec, ref: SliceMetrics, own: SliceMetrics, tolerance: float,
+    *, explained: bool = False,
 ) -> GateCheck | None:
+    """One metric check; None when it cannot be judged. `explained`: the variant has more NaN/inf outputs
+    than FP32 here, so a NaN metric is the variant's own failure (a breach), not unusable results."""
     ref_value = ref.metrics.get(spec.metric, math.nan)
     value = own.metrics.get(spec.metric, math.nan)
     finite = math.isfinite(ref_value) and math.isfinite(value)
     # min_slice_size comes first: a slice too small to judge may have no metric value at all
     too_small = own.name != "overall" and own.size < spec.min_slice_size
-    if not finite and not too_small:
+    if not finite and not too_small and not (explained and math.isfinite(ref_value)):
         return None
-    observed_drop = drop(spec.metric, ref_value, value) if finite else math.nan
+    observed_drop = drop(spec.metric, ref_value, value) if finite else math.inf
     if too_small:
         status = "skipped"
     else:
@@ -163,21 +159,35 @@ def latest_results(recipe: Recipe) -> Path:
     return runs[-1]
 
 
-def run_gate(recipe: Recipe | None = None, results_path: Path | None = None) -> tuple[GateReport, SweepResults]:
+def run_gate(
+    recipe: Recipe | None = None, results_path: Path | None = None, *, check_staleness: bool = True
+) -> tuple[GateReport, SweepResults]:
     """Library entry point of `qbench gate`: read results (latest of the recipe, or a file) and judge them.
 
-    With a recipe, its gate section and fingerprint are used; with only a results file, the gate
-    section recorded in the results is used.
+    What was asked for (variants, backends, reference, slices) and the gate settings come from
+    `recipe`, or without one from the recipe embedded in the results (checked against its digest).
+    The results must be intact (their digest), complete, consistent with qbench's own rules and
+    fresh: every input (model, weights, factory source, data, tokenizer) hashed as at sweep time.
+    check_staleness=False judges results whose inputs can no longer be read; the report notes it.
     """
     if recipe is None and results_path is None:
         raise QbenchError("qbench gate needs a recipe or --results FILE")
     path = results_path if results_path is not None else latest_results(recipe)
     results = read_results(path)
-    if recipe is not None:
-        spec = recipe.gate
-        expected = [(v.name, b) for v in recipe.all_variants() for b in recipe.backends]
-        return evaluate_gate(results, spec, expected=expected, fingerprint=recipe.fingerprint()), results
-    recorded = results.recipe.get("gate")
-    if not isinstance(recorded, dict):
-        raise QbenchError(f"{path}: results carry no gate settings; pass the recipe too")
-    return evaluate_gate(results, GateSpec.model_validate(recorded)), results
+    recorded = recorded_recipe(results.recipe, path)
+    asked = recipe if recipe is not None else recorded
+    problems = stale_sections(recipe, recorded) if recipe is not None else []
+    notes: list[str] = []
+    if check_staleness:
+        stale, missing = stale_inputs(results, recipe)
+        problems += stale
+        problems += [f"cannot check the results for staleness: {m} is gone; pass --no-staleness-check "
+                     "to judge them anyway" for m in missing]  # fmt: skip
+    else:
+        notes.append("inputs not checked for staleness (--no-staleness-check)")
+    # slices the recipe makes of its data, when that data is the sweep's (else only its named slices)
+    derivable = check_staleness and not problems and not results.dropped_nonfinite.get("evaluation")
+    sizes = slice_sizes_from_data(asked) if derivable else None
+    problems += result_problems(results, asked, sizes)
+    report = evaluate_gate(results, asked.gate, expected=expected_pairs(asked))
+    return replace(report, problems=(*problems, *report.problems), notes=tuple(notes)), results

@@ -35,6 +35,8 @@ Scalar = Union[str, int, float, bool, None]
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8")
 QUANTIZED_PRECISIONS = ("int8", "fp8")
+# recipe sections that decide the results (the gate and tracking sections do not)
+RESULT_SECTIONS = ("name", "task", "model", "data", "variants", "backends", "metrics")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 
 
@@ -529,16 +531,12 @@ class Recipe(_Strict):
         """Hash of what decides the accuracy results: task, model and data (file contents),
         variants, backends and custom metrics. Gate and tracking settings are left out, so tightening the
         gate does not make earlier results stale, while a new model or data set does."""
-        included = {"name", "task", "model", "data", "variants", "backends", "metrics"}
-        payload = self.model_dump(mode="json", include=included)
-        digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode())
-        for path in (self.model_path, self.weights_path, self.data_path, self.calibration_data_path):
-            if path is not None:
-                digest.update(file_sha256(path).encode())
-        if self.model.torch is not None:
-            from qbench.sources.torch_model import factory_source_sha256
+        from qbench.provenance import input_digests  # per-input digests: the gate says which input changed
 
-            digest.update(factory_source_sha256(self.model.torch, self.base_dir).encode())
+        payload = self.model_dump(mode="json", include=set(RESULT_SECTIONS))
+        digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode())
+        for name, entry in sorted(input_digests(self).items()):
+            digest.update(f"{name}={entry.sha256}".encode())
         return digest.hexdigest()
 
     def all_variants(self) -> list[VariantSpec]:

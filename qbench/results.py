@@ -30,6 +30,7 @@ Schema (version 1), documented in reports/README.md:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from typing import Any
 from qbench.errors import QbenchError
 
 SCHEMA_VERSION = 1
+DIGEST_FIELD = "digest"
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,7 @@ class SliceMetrics:
     metrics: dict[str, float]
     intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
     drops: dict[str, float] = field(default_factory=dict)
+    nonfinite_outputs: int = 0  # rows of this scope whose output holds NaN or inf
 
 
 @dataclass(frozen=True)
@@ -246,6 +249,9 @@ class SweepResults:
     # rows left out for NaN/inf inputs (data.nonfinite_inputs: drop): {"evaluation"|"calibration": {column: rows}}
     dropped_nonfinite: dict[str, dict[str, int]] = field(default_factory=dict)
     ranges: RangeAnalysis | None = None
+    # input name -> {path, sha256} of every file the results were made from (see qbench.provenance)
+    inputs: dict[str, dict[str, str]] = field(default_factory=dict)
+    complete: bool = True  # False while a sweep is still writing (or was interrupted): never judged
     schema_version: int = SCHEMA_VERSION
 
     def find(self, variant: str, backend: str) -> VariantResult | None:
@@ -275,9 +281,22 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def canonical_sha256(value: Any) -> str:
+    """sha256 of the canonical JSON (sorted keys, no spaces) of a JSON value."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()).hexdigest()
+
+
+def content_digest(raw: dict[str, Any]) -> str:
+    """The digest results.json carries: over everything in it but the digest itself."""
+    return canonical_sha256({k: v for k, v in raw.items() if k != DIGEST_FIELD})
+
+
 def to_json(results: SweepResults | RangeAnalysis) -> str:
-    """Strict JSON of the results (or of one of their sections)."""
-    return json.dumps(_jsonable(results), indent=2, allow_nan=False)
+    """Strict JSON of the results (or of one of their sections); whole results carry their content digest."""
+    raw = _jsonable(results)
+    if isinstance(results, SweepResults):
+        raw[DIGEST_FIELD] = content_digest(raw)
+    return json.dumps(raw, indent=2, allow_nan=False)
 
 
 def write_results(results: SweepResults, path: Path) -> Path:
@@ -297,10 +316,11 @@ def _slice(raw: dict[str, Any]) -> SliceMetrics:
     return SliceMetrics(
         name=raw["name"],
         size=int(raw["size"]),
-        metrics=_metrics(raw.get("metrics")),
+        metrics=_metrics(raw["metrics"]),
         intervals={k: (math.nan if v[0] is None else v[0], math.nan if v[1] is None else v[1])
                    for k, v in (raw.get("intervals") or {}).items()},
         drops=_metrics(raw.get("drops")),
+        nonfinite_outputs=int(raw["nonfinite_outputs"]),
     )  # fmt: skip
 
 
@@ -390,16 +410,39 @@ def from_dict(raw: dict[str, Any]) -> SweepResults:
         timings=raw.get("timings", {}),
         dropped_nonfinite=raw.get("dropped_nonfinite", {}),
         ranges=_ranges(raw.get("ranges")),
+        inputs=raw["inputs"],
+        complete=raw["complete"],
     )
 
 
 def read_results(path: Path) -> SweepResults:
-    """Load results.json; any problem (missing, not JSON, wrong shape) is a QbenchError naming the file."""
+    """Load results.json; any problem is a QbenchError naming the file: missing, not JSON, wrong shape,
+    content that does not match its digest (edited or corrupted after the sweep), or an incomplete sweep."""
     if not path.is_file():
         raise QbenchError(f"{path}: results file not found")
     try:
-        return from_dict(json.loads(path.read_text()))
+        raw = json.loads(path.read_text(), parse_constant=_reject_constant)
+        if not isinstance(raw, dict):
+            raise QbenchError(f"expected a JSON object of results, got a {type(raw).__name__}")
+        _check_digest(raw)
+        if raw.get("complete") is not True:
+            raise QbenchError(f"complete: got {raw.get('complete')!r}, expected true (the sweep was interrupted "
+                              "or is still running): re-run `qbench sweep`")  # fmt: skip
+        return from_dict(raw)
     except QbenchError as exc:
         raise QbenchError(f"{path}: {exc}") from None
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
         raise QbenchError(f"{path}: not a valid qbench results file ({type(exc).__name__}: {exc})") from None
+
+
+def _reject_constant(name: str) -> float:
+    """qbench writes strict JSON (NaN/inf as null): a bare NaN or Infinity was not written by it."""
+    raise QbenchError(f"holds {name}, which qbench never writes (non-finite values are written as null)")
+
+
+def _check_digest(raw: dict[str, Any]) -> None:
+    recorded = raw.get(DIGEST_FIELD)
+    if not isinstance(recorded, str):
+        raise QbenchError(f"{DIGEST_FIELD}: missing: results without their content digest cannot be trusted")
+    if recorded != content_digest(raw):
+        raise QbenchError(f"{DIGEST_FIELD}: does not match the file's content (edited or corrupted after the sweep)")

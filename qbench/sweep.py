@@ -27,6 +27,7 @@ from qbench.errors import QbenchError
 from qbench.frontier import compute_frontier, gate_threshold, plot_frontier
 from qbench.gate import GateReport, evaluate_gate
 from qbench.preflight import Prepared, prepare
+from qbench.provenance import InputDigest, input_digests, recipe_record
 from qbench.recipe import Recipe, VariantSpec, load_recipe
 from qbench.report import print_summary, write_markdown_report
 from qbench.report_html import write_html_report
@@ -74,6 +75,7 @@ def run_sweep(recipe: Recipe | str | Path, *, track: bool = True, show: bool = T
 
         check_reachable(resolve_tracking_uri(recipe))
     t = time.perf_counter()
+    inputs = input_digests(recipe)  # before anything is read: what these results are made from
     prepared = prepare(recipe, track=track)
     clock.add("prepare", t)
     run_dir = _new_run_dir(recipe)
@@ -85,7 +87,7 @@ def run_sweep(recipe: Recipe | str | Path, *, track: bool = True, show: bool = T
     calibrated: list[BuiltVariant] = []
     variants = _measure_all(prepared, run_dir / "models", clock, calibrated)
     ranges = _range_analysis(prepared, calibrated, run_dir, clock)
-    results = replace(_assemble(prepared, variants, clock), ranges=ranges)
+    results = replace(_assemble(prepared, variants, clock, inputs), ranges=ranges)
     return _publish(recipe, results, run_dir, clock, started, track=track, show=show)
 
 
@@ -350,7 +352,10 @@ def _describe_error(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}{where}"
 
 
-def _assemble(prepared: Prepared, variants: list[VariantResult], clock: _Clock) -> SweepResults:
+def _assemble(
+    prepared: Prepared, variants: list[VariantResult], clock: _Clock, inputs: dict[str, InputDigest]
+) -> SweepResults:
+    """The results of a finished sweep, with the whole resolved recipe and a digest of every input."""
     recipe = prepared.recipe
     return SweepResults(
         qbench_version=qbench.__version__,
@@ -368,6 +373,7 @@ def _assemble(prepared: Prepared, variants: list[VariantResult], clock: _Clock) 
             "backends": list(recipe.backends),
             "gate": recipe.gate.model_dump(mode="json"),
             "latency": recipe.latency.model_dump(mode="json"),
+            **recipe_record(recipe),
         },
         environment={**describe_environment(), "calibration_overlap_rows": prepared.calibration_overlap},
         calibration=prepared.calibration,
@@ -378,6 +384,8 @@ def _assemble(prepared: Prepared, variants: list[VariantResult], clock: _Clock) 
         frontier=compute_frontier(variants, recipe.gate.metric),
         timings=dict(clock.seconds),
         dropped_nonfinite=prepared.dropped_nonfinite,
+        inputs={name: {"path": entry.path, "sha256": entry.sha256} for name, entry in inputs.items()},
+        complete=True,
     )
 
 

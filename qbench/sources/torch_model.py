@@ -110,14 +110,19 @@ class TorchModel:
 # -- the factory's source file (nothing imported) -------------------------------------------------
 
 
-def factory_source_sha256(spec: str, search_dir: Path) -> str:
-    """sha256 of the source file of `spec`'s module ('package.module:factory'), found as an import would
+def factory_source_path(spec: str, search_dir: Path) -> Path:
+    """The source file of `spec`'s module ('package.module:factory'), found as an import would
     find it with `search_dir` (the recipe's folder) first on sys.path; neither it nor torch is imported."""
     module_name = spec.partition(":")[0]
     source = _module_source(module_name, search_dir)
     if source is None:
         raise QbenchError(f"model.torch: {_not_found(module_name, search_dir)}")
-    return file_sha256(source)
+    return source
+
+
+def factory_source_sha256(spec: str, search_dir: Path) -> str:
+    """sha256 of the factory's source file (see `factory_source_path`)."""
+    return file_sha256(factory_source_path(spec, search_dir))
 
 
 def _module_source(module_name: str, search_dir: Path) -> Path | None:

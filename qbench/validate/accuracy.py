@@ -120,7 +120,8 @@ def evaluate_accuracy(
     masks = _checked_masks(slices, rows)
 
     def summarise(name: str, mask: np.ndarray) -> SliceMetrics:
-        return _merged(name, [part.summarise(name, mask, custom_metrics) for part in parts])
+        merged = _merged(name, [part.summarise(name, mask, custom_metrics) for part in parts])
+        return dataclasses.replace(merged, nonfinite_outputs=int(np.count_nonzero(nonfinite & mask)))
 
     return AccuracyResult(
         rows=rows,

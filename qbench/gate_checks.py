@@ -1,0 +1,225 @@
+"""What the gate checks before judging: are these results what qbench itself makes for the recipe?
+
+The gate never trusts what a results file claims about itself. What was asked for (variants,
+backends, reference, slices) comes from the recipe; a status is accepted only where qbench's own
+rules produce it; sizes, counts and metrics must be ones a sweep can write. Each function returns
+problems (one line each, naming the variant@backend, the field or the file); any problem makes the
+results unusable (exit 2).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from qbench.errors import expected_one_of
+from qbench.provenance import changed_inputs, input_digests
+from qbench.recipe import RESULT_SECTIONS, Recipe, VariantSpec
+from qbench.results import AccuracyResult, SliceMetrics, SweepResults, VariantResult
+
+STATUSES = ("ok", "failed", "skipped")
+
+
+def expected_pairs(recipe: Recipe) -> list[tuple[str, str]]:
+    """(variant, backend) for every variant the recipe builds on every backend it names."""
+    return [(v.name, b) for v in recipe.all_variants() for b in recipe.backends]
+
+
+# -- staleness -------------------------------------------------------------------------------------
+
+
+def stale_sections(current: Recipe, recorded: Recipe) -> list[str]:
+    """Sections of the recipe that decide the results and differ from the recipe the sweep ran."""
+    if current.name != recorded.name:
+        return [f"the results are from recipe {recorded.name!r}, not {current.name!r}"]
+    now = current.model_dump(mode="json", include=set(RESULT_SECTIONS))
+    then = recorded.model_dump(mode="json", include=set(RESULT_SECTIONS))
+    return [
+        f"stale results: recipe section {section!r} changed since the sweep: re-run `qbench sweep`"
+        for section in RESULT_SECTIONS
+        if now.get(section) != then.get(section)
+    ]
+
+
+def stale_inputs(results: SweepResults, current: Recipe | None) -> tuple[list[str], list[str]]:
+    """(problems, inputs that can no longer be read): inputs whose content changed since the sweep.
+
+    With `current`, its inputs now are compared with the recorded digests; without, the recorded
+    paths are hashed again.
+    """
+    if not results.inputs:
+        return ["inputs: the results record no input digests, so they cannot be checked for staleness"], []
+    check = changed_inputs(results.inputs, input_digests(current) if current is not None else None)
+    problems = [
+        f"stale results: {name} ({results.inputs[name]['path'] if name in results.inputs else 'new input'}) "
+        "changed since the sweep: re-run `qbench sweep`"
+        for name in check.changed
+    ]
+    return problems, list(check.missing)
+
+
+# -- what qbench's own rules allow -----------------------------------------------------------------
+
+
+def skip_possible(backend: str, spec: VariantSpec) -> bool:
+    """Whether `backend` can decline `spec` (Backend.supports), re-derived from the backend's rule.
+
+    ONNX Runtime backends run every ONNX variant; torch backends decline a variant that has no torch
+    form (qbench.variants.torch_forms: decided by the variant's kind, except the model-dependent
+    dynamic INT8 and FP8 forms); other backends (TensorRT) decide from the model's ops and the GPU.
+    """
+    from qbench.backends import BACKENDS
+    from qbench.backends.onnxruntime import OnnxRuntimeBackend
+    from qbench.backends.torch_backend import TorchBackend
+    from qbench.variants.torch_forms import torch_form_for
+
+    runtime = BACKENDS.get(backend)
+    if issubclass(runtime, OnnxRuntimeBackend):
+        return False
+    if issubclass(runtime, TorchBackend):
+        model_dependent = spec.qat is None and (
+            spec.precision == "fp8" or (spec.precision == "int8" and spec.calibrator == "dynamic")
+        )
+        return model_dependent or isinstance(torch_form_for(spec, None), str)
+    return True
+
+
+def result_problems(results: SweepResults, recipe: Recipe, slice_sizes: Mapping[str, int] | None) -> list[str]:
+    """Every way `results` differ from what a sweep of `recipe` writes.
+
+    slice_sizes: slice name -> evaluation rows in it, re-derived from the recipe and its data (None
+        when they cannot be: the recipe's named slices are then still required).
+    """
+    specs = {v.name: v for v in recipe.all_variants()}
+    reference = recipe.all_variants()[0].name
+    problems: list[str] = []
+    if results.reference != reference:
+        problems.append(f"reference: got {results.reference!r}, the recipe's FP32 reference is {reference!r}")
+    if results.evaluation_rows <= 0:
+        problems.append(f"evaluation_rows: got {results.evaluation_rows}, expected a positive count")
+    expected = set(expected_pairs(recipe))
+    seen: set[tuple[str, str]] = set()
+    for result in results.variants:
+        pair = (result.variant, result.backend)
+        if pair in seen:
+            problems.append(f"{result.key}: recorded more than once")
+        seen.add(pair)
+        if pair not in expected:
+            problems.append(f"{result.key}: in the results but not asked for by the recipe")
+            continue
+        problems.extend(f"{result.key}: {p}" for p in _variant_problems(result, specs[result.variant]))
+    ref_slices = _reference_slices(results, reference)
+    named = [s.name for s in recipe.data.slices if s.name is not None]
+    wanted = dict(slice_sizes) if slice_sizes is not None else None
+    for result in results.variants:
+        if (result.variant, result.backend) in expected and result.status == "ok" and result.accuracy is not None:
+            problems.extend(
+                f"{result.key}: {p}"
+                for p in _accuracy_problems(result.accuracy, results, recipe, wanted, named, ref_slices)
+            )
+    return problems
+
+
+def _variant_problems(result: VariantResult, spec: VariantSpec) -> list[str]:
+    if result.status not in STATUSES:
+        return [f"status {expected_one_of(result.status, STATUSES)}"]
+    problems: list[str] = []
+    if result.precision != spec.precision:
+        problems.append(f"precision: got {result.precision!r}, the recipe builds {spec.precision!r}")
+    if result.status == "skipped" and not skip_possible(result.backend, spec):
+        problems.append(
+            f"status 'skipped', but {result.backend} runs every {spec.precision} variant of this kind "
+            "(qbench never skips it there)"
+        )
+    if result.status != "ok":
+        if not result.error:
+            problems.append(f"status {result.status!r} without the reason (error)")
+        if result.accuracy is not None:
+            problems.append(f"status {result.status!r} but accuracy recorded")
+        return problems
+    if result.accuracy is None or result.latency is None:
+        problems.append(f"status 'ok' without {'accuracy' if result.accuracy is None else 'latency'}")
+    if result.error is not None:
+        problems.append("status 'ok' with an error recorded")
+    if result.model_bytes is None or result.model_bytes <= 0:
+        problems.append(f"model_bytes: got {result.model_bytes!r}, expected the model's positive size")
+    if result.latency is not None:
+        for point in result.latency.points:
+            figures = (point.p50_ms, point.p95_ms, point.p99_ms, point.mean_ms)
+            if not all(isinstance(f, (int, float)) and math.isfinite(f) and f >= 0 for f in figures):
+                problems.append(f"latency at batch {point.batch_size}: expected finite, non-negative times")
+    return problems
+
+
+def _reference_slices(results: SweepResults, reference: str) -> dict[str, int] | None:
+    """Slice sizes of the first usable FP32 result: every variant evaluates the same rows."""
+    for result in results.variants:
+        if result.variant == reference and result.status == "ok" and result.accuracy is not None:
+            return {s.name: s.size for s in result.accuracy.slices}
+    return None
+
+
+def _accuracy_problems(
+    accuracy: AccuracyResult,
+    results: SweepResults,
+    recipe: Recipe,
+    wanted: dict[str, int] | None,
+    named: Sequence[str],
+    ref_slices: dict[str, int] | None,
+) -> list[str]:
+    problems: list[str] = []
+    rows = accuracy.rows
+    if rows != results.evaluation_rows or accuracy.overall.size != rows:
+        problems.append(
+            f"accuracy.rows {rows} / overall size {accuracy.overall.size} differ from evaluation_rows "
+            f"{results.evaluation_rows}"
+        )
+    if not 0 <= accuracy.nonfinite_outputs <= rows or accuracy.overall.nonfinite_outputs != accuracy.nonfinite_outputs:
+        problems.append(f"nonfinite_outputs: got {accuracy.nonfinite_outputs}, expected 0..{rows} (= overall's)")
+    have = {s.name: s for s in accuracy.slices}
+    if len(have) != len(accuracy.slices):
+        problems.append("a slice is recorded more than once")
+    required = list(wanted) if wanted is not None else list(named)
+    problems.extend(f"slice {name!r} missing (the recipe defines it)" for name in required if name not in have)
+    if wanted is not None:
+        problems.extend(f"slice {name!r} is not one the recipe defines" for name in have if name not in wanted)
+    for scope in (accuracy.overall, *accuracy.slices):
+        problems.extend(_scope_problems(scope, rows, recipe.gate.metric, recipe.gate.min_slice_size))
+        if scope is accuracy.overall:
+            continue
+        if wanted is not None and scope.name in wanted and scope.size != wanted[scope.name]:
+            problems.append(f"slice {scope.name!r}: size {scope.size}, the data gives it {wanted[scope.name]} rows")
+        if ref_slices is not None and scope.name in ref_slices and ref_slices[scope.name] != scope.size:
+            problems.append(f"slice {scope.name!r}: size {scope.size}, FP32's is {ref_slices[scope.name]} (same rows)")
+    return problems
+
+
+def _scope_problems(scope: SliceMetrics, rows: int, metric: str, min_slice_size: int) -> list[str]:
+    """A NaN metric is explained by non-finite outputs, or by a slice too small to judge."""
+    where = "overall" if scope.name == "overall" else f"slice {scope.name!r}"
+    problems: list[str] = []
+    if not 0 < scope.size <= rows:
+        problems.append(f"{where}: size {scope.size}, expected 1..{rows}")
+    if not 0 <= scope.nonfinite_outputs <= max(scope.size, 0):
+        problems.append(f"{where}: nonfinite_outputs {scope.nonfinite_outputs}, expected 0..{scope.size}")
+    value = scope.metrics.get(metric)
+    if value is None:
+        problems.append(f"{where}: metric {metric!r} missing")
+    elif not math.isfinite(value) and scope.nonfinite_outputs == 0 and scope.size >= min_slice_size:
+        problems.append(f"{where}: metric {metric!r} is NaN/inf with no non-finite outputs to explain it")
+    return problems
+
+
+def slice_sizes_from_data(recipe: Recipe) -> dict[str, int]:
+    """Slice name -> evaluation rows in it, from the recipe's slices over its data (as the sweep selects
+    them: evaluation filter, then limit); only exact when no rows with NaN inputs were dropped."""
+    from qbench.data.filters import select_rows
+    from qbench.data.load import load_table
+    from qbench.data.slices import slice_masks
+
+    table = load_table(recipe.data_path, recipe_file=recipe.source)
+    evaluation = recipe.data.evaluation
+    rows = select_rows(table, evaluation.filter, field="data.evaluation.filter", recipe_file=recipe.source)
+    rows = rows[: evaluation.limit] if evaluation.limit is not None else rows
+    masks = slice_masks(table, recipe.data.slices, recipe_file=recipe.source, inputs=recipe.data.inputs)
+    return {name: int(mask[rows].sum()) for name, mask in masks.items() if mask[rows].any()}

@@ -1,0 +1,160 @@
+"""What a sweep's results were made from: a content digest of every input, so the gate can say what changed.
+
+The inputs of a recipe are the ONNX model and each of its external-data files, or the PyTorch
+factory's source file and its weights; the data file, a separate calibration file, and each text
+column's tokenizer folder. `input_digests` hashes each of them (the recipe's fingerprint is made
+from these digests); results.json records them as {input: {path, sha256}}; `changed_inputs`
+recomputes them from the recorded paths at gate time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from qbench.errors import QbenchError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import onnx
+
+    from qbench.recipe import Recipe
+
+
+@dataclass(frozen=True)
+class InputDigest:
+    path: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class InputCheck:
+    """Recorded inputs recomputed: which changed, and which can no longer be read."""
+
+    changed: tuple[str, ...] = ()
+    missing: tuple[str, ...] = ()
+
+
+def input_files(recipe: Recipe) -> dict[str, Path]:
+    """Input name -> the file or folder it is read from, for every input that decides the results."""
+    files: dict[str, Path] = {}
+    if recipe.model_path is not None:
+        files["model"] = recipe.model_path
+        for location in external_data_locations(recipe.model_path):
+            files[f"model external data {location}"] = recipe.model_path.parent / location
+    if recipe.model.torch is not None:
+        from qbench.sources.torch_model import factory_source_path
+
+        files["model.torch source"] = factory_source_path(recipe.model.torch, recipe.base_dir)
+    if recipe.weights_path is not None:
+        files["model.weights"] = recipe.weights_path
+    files["data"] = recipe.data_path
+    if recipe.calibration_data_path is not None:
+        files["data.calibration"] = recipe.calibration_data_path
+    for column, spec in recipe.data.inputs.items():
+        if isinstance(spec, str):
+            continue
+        from qbench.data.text import resolve_tokenizer_folder, tokenizer_field
+
+        field = tokenizer_field(column)
+        files[f"{field} folder"] = resolve_tokenizer_folder(spec.tokenizer.path, recipe_file=recipe.source, field=field)
+    return files
+
+
+def input_digests(recipe: Recipe) -> dict[str, InputDigest]:
+    """Input name -> its path and the sha256 of its content (a folder: every file's name and bytes)."""
+    from qbench.recipe import file_sha256
+
+    return {name: InputDigest(str(path), file_sha256(path)) for name, path in input_files(recipe).items()}
+
+
+def changed_inputs(recorded: Mapping[str, Any], current: Mapping[str, InputDigest] | None = None) -> InputCheck:
+    """Compare recorded digests with `current` ones (a recipe's), or with the recorded paths hashed again now.
+
+    An input recorded but absent from `current` (or whose recorded path is gone) is missing; one in
+    `current` but not recorded is changed (the recipe gained an input since the sweep).
+    """
+    from qbench.recipe import file_sha256
+
+    changed: list[str] = []
+    missing: list[str] = []
+    for name, entry in recorded.items():
+        if current is not None:
+            if name not in current:
+                changed.append(name)
+            elif current[name].sha256 != entry["sha256"]:
+                changed.append(name)
+            continue
+        path = Path(entry["path"])
+        if not path.exists():
+            missing.append(f"{name} ({path})")
+        elif file_sha256(path) != entry["sha256"]:
+            changed.append(name)
+    if current is not None:
+        changed.extend(name for name in current if name not in recorded)
+    return InputCheck(tuple(changed), tuple(missing))
+
+
+def external_data_locations(model_path: Path) -> list[str]:
+    """Files (relative to the model's folder) that hold tensors of this ONNX model outside the .onnx file."""
+    import onnx
+
+    try:
+        model = onnx.load(str(model_path), load_external_data=False)
+    except Exception as exc:  # noqa: BLE001 - onnx raises DecodeError, OSError...: say which file
+        raise QbenchError(f"{model_path}: cannot read the ONNX model ({type(exc).__name__}: {exc})") from None
+    locations: dict[str, None] = {}
+    for tensor in _tensors(model.graph):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            entries = {entry.key: entry.value for entry in tensor.external_data}
+            if "location" in entries:
+                locations[entries["location"]] = None
+    return list(locations)
+
+
+def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """Every tensor of a graph: initializers and tensor attributes, in subgraphs too."""
+    yield from graph.initializer
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.HasField("t"):
+                yield attribute.t
+            yield from attribute.tensors
+            if attribute.HasField("g"):
+                yield from _tensors(attribute.g)
+            for subgraph in attribute.graphs:
+                yield from _tensors(subgraph)
+
+
+def recipe_record(recipe: Recipe) -> dict[str, Any]:
+    """The recipe as results.json embeds it, with its digest: every field the recipe file set (parsing it
+    again gives this recipe, defaults filled in; a dump with the defaults would trip the checks that
+    reject options set for the wrong kind of model or variant)."""
+    from qbench.results import canonical_sha256
+
+    resolved = recipe.model_dump(mode="json", exclude_unset=True)
+    return {"resolved": resolved, "resolved_sha256": canonical_sha256(resolved)}
+
+
+def recorded_recipe(record: Mapping[str, Any], results_file: Path) -> Recipe:
+    """The recipe embedded in results (see `recipe_record`), checked against its digest; relative paths
+    resolve against the recipe file's folder recorded at sweep time."""
+    from pydantic import ValidationError
+
+    from qbench.recipe import Recipe
+    from qbench.results import canonical_sha256
+
+    resolved = record.get("resolved")
+    if not isinstance(resolved, dict):
+        raise QbenchError(f"{results_file}: recipe.resolved: missing: the results do not say what the recipe asked for")
+    if record.get("resolved_sha256") != canonical_sha256(resolved):
+        raise QbenchError(f"{results_file}: recipe.resolved: does not match recipe.resolved_sha256 (edited after the sweep)")
+    try:
+        recipe = Recipe.model_validate(resolved)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise QbenchError(f"{results_file}: recipe.resolved.{where}: {first['msg']}") from None
+    recipe._source = Path(str(record.get("path", results_file)))
+    return recipe
