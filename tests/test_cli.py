@@ -46,3 +46,36 @@ def test_console_script_returns_the_exit_code(tmp_path):
         capture_output=True, text=True,
     )  # fmt: skip
     assert done.returncode == 2 and "Traceback" not in done.stderr
+
+
+def test_an_unexpected_exception_is_one_line_exit_2(monkeypatch, capsys):
+    import qbench.variants
+
+    def broken() -> list[str]:
+        raise RuntimeError("calibrators\nregistry broken")
+
+    monkeypatch.setattr(qbench.variants.PRECISIONS, "names", broken)
+    assert main(["list"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == ["qbench: error: RuntimeError: calibrators registry broken"]
+
+
+def test_debug_shows_the_traceback_of_an_unexpected_exception(monkeypatch, capsys):
+    import qbench.variants
+
+    def broken() -> list[str]:
+        raise ZeroDivisionError("boom")
+
+    monkeypatch.setattr(qbench.variants.PRECISIONS, "names", broken)
+    assert main(["list", "--debug"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "broken" in err and "qbench: error: ZeroDivisionError: boom" in err
+
+
+def test_a_command_never_returns_an_exit_code_outside_the_contract(monkeypatch):
+    import qbench.cli
+
+    monkeypatch.setattr(qbench.cli.subprocess, "call", lambda command: 1)  # the MLflow UI failed
+    monkeypatch.setattr("qbench.recipe.load_recipe", lambda path: None)
+    monkeypatch.setattr("qbench.track.resolve_tracking_uri", lambda recipe: "sqlite:///x.db")
+    assert main(["ui", "recipe.yaml"]) == 2

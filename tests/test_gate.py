@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -15,10 +16,10 @@ from qbench.results import AccuracyResult, SliceMetrics, SweepResults, VariantRe
 SPEC = GateSpec(metric="accuracy", max_drop=0.01, max_slice_drop=0.02, applies_to=["int8-*"])
 
 
-def variant(name: str, overall: float, slices: dict[str, float], *, status="ok", nonfinite=0, size=100):
+def variant(name: str, overall: float, slices: dict[str, float], *, status="ok", size=100):
     accuracy = AccuracyResult(
         rows=size * 2,
-        nonfinite_outputs=nonfinite,
+        nonfinite_outputs=0,
         overall=SliceMetrics("overall", size * 2, {"accuracy": overall}),
         slices=tuple(SliceMetrics(n, size, {"accuracy": v}) for n, v in slices.items()),
     )
@@ -28,10 +29,10 @@ def variant(name: str, overall: float, slices: dict[str, float], *, status="ok",
     )  # fmt: skip
 
 
-def sweep(*variants: VariantResult, fingerprint="abc") -> SweepResults:
+def sweep(*variants: VariantResult) -> SweepResults:
     return SweepResults(
         qbench_version="0", created_at="2026-01-01T00:00:00+00:00",
-        recipe={"name": "toy", "fingerprint": fingerprint, "gate": SPEC.model_dump(mode="json")},
+        recipe={"name": "toy", "gate": SPEC.model_dump(mode="json")},
         environment={}, calibration=None, evaluation_rows=200, gate_metric="accuracy", reference="fp32",
         variants=variants,
     )  # fmt: skip
@@ -131,23 +132,41 @@ def test_expected_variant_missing_from_results_fails_closed():
     assert report.status_of("int8-b", "onnxruntime-cpu") == "fail"
 
 
-def test_stale_results_fail_closed():
-    results = sweep(REFERENCE, variant("int8-a", 0.95, {"noisy": 0.9, "clean": 0.99}), fingerprint="old")
-    report = evaluate_gate(results, SPEC, fingerprint="new")
-    assert report.exit_code == EXIT_UNUSABLE and "do not match the recipe" in report.problems[0]
+def test_more_nonfinite_outputs_than_fp32_on_a_slice_breach_that_slice():
+    def with_nonfinite(result: VariantResult, per_slice: dict[str, int]) -> VariantResult:
+        accuracy = result.accuracy
+        slices = tuple(replace(s, nonfinite_outputs=per_slice.get(s.name, 0)) for s in accuracy.slices)
+        total = sum(per_slice.values())
+        overall = replace(accuracy.overall, nonfinite_outputs=total)
+        return replace(result, accuracy=replace(accuracy, nonfinite_outputs=total, overall=overall, slices=slices))
 
-
-def test_nonfinite_outputs_are_a_breach():
-    report = evaluate_gate(sweep(REFERENCE, variant("int8-a", 0.95, {"noisy": 0.9, "clean": 0.99}, nonfinite=3)), SPEC)
+    reference = with_nonfinite(REFERENCE, {"noisy": 2})
+    candidate = with_nonfinite(variant("int8-a", 0.95, {"noisy": 0.9, "clean": 0.99}), {"noisy": 2, "clean": 1})
+    report = evaluate_gate(sweep(reference, candidate), SPEC)
     assert report.exit_code == EXIT_BREACH
-    assert report.breaches[0].scope == "outputs" and report.breaches[0].observed == 3
+    # 'noisy' has as many NaN/inf rows as FP32 (not a breach); 'clean' and overall have one more
+    assert sorted((c.scope, c.metric, c.observed, c.drop) for c in report.breaches) == [
+        ("clean", "nonfinite_outputs", 1.0, 1.0), ("overall", "nonfinite_outputs", 3.0, 1.0),
+    ]  # fmt: skip
 
 
-def test_run_gate_reads_a_results_file_with_its_recorded_gate(tmp_path):
+def test_a_nan_metric_explained_by_nonfinite_outputs_is_a_breach_not_unusable():
+    candidate = variant("int8-a", 0.95, {"noisy": math.nan, "clean": 0.99})
+    noisy = replace(candidate.accuracy.slices[0], nonfinite_outputs=4)
+    accuracy = replace(candidate.accuracy, nonfinite_outputs=4, slices=(noisy, candidate.accuracy.slices[1]),
+                       overall=replace(candidate.accuracy.overall, nonfinite_outputs=4))  # fmt: skip
+    report = evaluate_gate(sweep(REFERENCE, replace(candidate, accuracy=accuracy)), SPEC)
+    assert report.exit_code == EXIT_BREACH and not report.problems
+    assert {(c.scope, c.metric) for c in report.breaches} == {
+        ("noisy", "nonfinite_outputs"), ("noisy", "accuracy"), ("overall", "nonfinite_outputs"),
+    }  # fmt: skip
+
+
+def test_results_without_their_recipe_are_unusable(tmp_path):
     path = tmp_path / "results.json"
     path.write_text(to_json(sweep(REFERENCE, variant("int8-a", 0.90, {"noisy": 0.9, "clean": 0.99}))))
-    report, results = run_gate(results_path=path)
-    assert report.exit_code == EXIT_BREACH and results.recipe["name"] == "toy"
+    with pytest.raises(QbenchError, match=r"results.json: recipe.resolved: missing"):
+        run_gate(results_path=path)
 
 
 @pytest.mark.parametrize("content", ["", "{not json", json.dumps({"schema_version": 99}), json.dumps({"schema_version": 1})])

@@ -1,0 +1,79 @@
+"""Input digests: every file a sweep reads, external ONNX data included; what changed, what is gone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import yaml
+from onnx import TensorProto, helper, numpy_helper
+
+from qbench.provenance import changed_inputs, external_data_locations, input_digests, input_files
+from qbench.recipe import file_sha256, load_recipe
+
+
+def write_model_with_external_data(folder: Path) -> Path:
+    """y = x @ W with W (64 x 4) stored in weights.bin beside model.onnx."""
+    weight = numpy_helper.from_array(np.arange(256, dtype=np.float32).reshape(64, 4), name="W")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+        initializer=[weight],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path = folder / "model.onnx"
+    onnx.save_model(model, str(path), save_as_external_data=True, location="weights.bin", size_threshold=0)
+    return path
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    write_model_with_external_data(tmp_path)
+    (tmp_path / "data.csv").write_text("a,b\n1,2\n")
+    (tmp_path / "calib.csv").write_text("a,b\n3,4\n")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({
+        "name": "x", "model": {"path": "model.onnx"},
+        "data": {"path": "data.csv", "inputs": {"a": "x"}, "calibration": {"path": "calib.csv"}},
+    }))  # fmt: skip
+    return recipe
+
+
+def test_external_data_files_are_inputs_of_their_own(project: Path):
+    assert external_data_locations(project.parent / "model.onnx") == ["weights.bin"]
+    files = input_files(load_recipe(project))
+    assert files == {
+        "model": project.parent / "model.onnx",
+        "model external data weights.bin": project.parent / "weights.bin",
+        "data": project.parent / "data.csv",
+        "data.calibration": project.parent / "calib.csv",
+    }
+    digests = input_digests(load_recipe(project))
+    assert digests["model external data weights.bin"].sha256 == file_sha256(project.parent / "weights.bin")
+
+
+def test_a_change_to_external_weights_alone_is_named(project: Path):
+    recorded = {name: {"path": d.path, "sha256": d.sha256} for name, d in input_digests(load_recipe(project)).items()}
+    weights = project.parent / "weights.bin"
+    weights.write_bytes(weights.read_bytes()[:-4] + b"\x00\x00\x80\x7f")  # the last weight becomes inf
+    assert changed_inputs(recorded).changed == ("model external data weights.bin",)
+    current = input_digests(load_recipe(project))
+    assert changed_inputs(recorded, current).changed == ("model external data weights.bin",)
+    before = load_recipe(project).fingerprint()
+    (project.parent / "calib.csv").write_text("a,b\n5,6\n")
+    assert load_recipe(project).fingerprint() != before
+
+
+def test_gone_inputs_are_reported_missing_not_changed(project: Path):
+    recorded = {name: {"path": d.path, "sha256": d.sha256} for name, d in input_digests(load_recipe(project)).items()}
+    (project.parent / "calib.csv").unlink()
+    check = changed_inputs(recorded)
+    assert check.changed == () and check.missing == (f"data.calibration ({project.parent / 'calib.csv'})",)
+
+
+def test_an_unparsable_model_has_no_external_data(tmp_path: Path):
+    (tmp_path / "m.onnx").write_bytes(b"not onnx")
+    assert external_data_locations(tmp_path / "m.onnx") == []
