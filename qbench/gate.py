@@ -174,7 +174,10 @@ def run_gate(
         raise QbenchError("qbench gate needs a recipe or --results FILE")
     path = results_path if results_path is not None else latest_results(recipe)
     results = read_results(path)
-    recorded = recorded_recipe(results.recipe, path)
+    try:
+        recorded = recorded_recipe(results.recipe, path)
+    except QbenchError as exc:  # intact but unjudgeable results: `qbench report` still shows them
+        return GateReport(metric=results.gate_metric, problems=(str(exc),)), results
     asked = recipe if recipe is not None else recorded
     problems = stale_sections(recipe, recorded) if recipe is not None else []
     notes: list[str] = []

@@ -9,11 +9,14 @@ messages; only choosing it for evaluation is an error.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
+
+from qbench.errors import QbenchError
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -129,3 +132,27 @@ def _copied_input(name: str, producers: dict[str, onnx.NodeProto], inputs: set[s
             return None
         current = node.input[0]
     return None
+
+
+def _graph_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    yield from graph.initializer
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.HasField("t"):
+                yield attribute.t
+            yield from attribute.tensors
+            for subgraph in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+                yield from _graph_tensors(subgraph)
+
+
+def external_data_files(path: Path) -> list[str]:
+    """Relative locations of the files that hold the model's external tensors (big models), each once."""
+    import onnx
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    model = onnx.load(str(path), load_external_data=False)
+    locations = {ExternalDataInfo(t).location for t in _graph_tensors(model.graph) if uses_external_data(t)}
+    for location in locations:
+        if Path(location).is_absolute() or ".." in Path(location).parts:
+            raise QbenchError(f"{path}: external data location {location!r} is outside the model's folder")
+    return sorted(locations)

@@ -9,7 +9,7 @@ recomputes them from the recorded paths at gate time.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,8 +17,6 @@ from typing import TYPE_CHECKING, Any
 from qbench.errors import QbenchError
 
 if TYPE_CHECKING:  # pragma: no cover
-    import onnx
-
     from qbench.recipe import Recipe
 
 
@@ -41,7 +39,7 @@ def input_files(recipe: Recipe) -> dict[str, Path]:
     files: dict[str, Path] = {}
     if recipe.model_path is not None:
         files["model"] = recipe.model_path
-        for location in external_data_locations(recipe.model_path):
+        for location in _external_data(recipe.model_path):
             files[f"model external data {location}"] = recipe.model_path.parent / location
     if recipe.model.torch is not None:
         from qbench.sources.torch_model import factory_source_path
@@ -96,38 +94,17 @@ def changed_inputs(recorded: Mapping[str, Any], current: Mapping[str, InputDiges
     return InputCheck(tuple(changed), tuple(missing))
 
 
-def external_data_locations(model_path: Path) -> list[str]:
-    """Files (relative to the model's folder) that hold tensors of this ONNX model outside the .onnx file.
-
-    A file ONNX cannot parse has none: its own digest still counts, and preflight rejects it by name.
-    """
-    import onnx
+def _external_data(model_path: Path) -> list[str]:
+    """The model's external-data files; a file ONNX cannot parse has none (its own digest still counts,
+    and preflight rejects it by name)."""
+    from qbench.modelinfo import external_data_files
 
     try:
-        model = onnx.load(str(model_path), load_external_data=False)
+        return external_data_files(model_path)
+    except QbenchError:
+        raise
     except Exception:  # noqa: BLE001 - onnx raises DecodeError, OSError...
         return []
-    locations: dict[str, None] = {}
-    for tensor in _tensors(model.graph):
-        if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            entries = {entry.key: entry.value for entry in tensor.external_data}
-            if "location" in entries:
-                locations[entries["location"]] = None
-    return list(locations)
-
-
-def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
-    """Every tensor of a graph: initializers and tensor attributes, in subgraphs too."""
-    yield from graph.initializer
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.HasField("t"):
-                yield attribute.t
-            yield from attribute.tensors
-            if attribute.HasField("g"):
-                yield from _tensors(attribute.g)
-            for subgraph in attribute.graphs:
-                yield from _tensors(subgraph)
 
 
 def recipe_record(recipe: Recipe) -> dict[str, Any]:

@@ -410,8 +410,8 @@ def from_dict(raw: dict[str, Any]) -> SweepResults:
         timings=raw.get("timings", {}),
         dropped_nonfinite=raw.get("dropped_nonfinite", {}),
         ranges=_ranges(raw.get("ranges")),
-        inputs=raw["inputs"],
-        complete=raw["complete"],
+        inputs=raw.get("inputs", {}),
+        complete=raw.get("complete") is True,
     )
 
 

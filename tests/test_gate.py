@@ -165,8 +165,9 @@ def test_a_nan_metric_explained_by_nonfinite_outputs_is_a_breach_not_unusable():
 def test_results_without_their_recipe_are_unusable(tmp_path):
     path = tmp_path / "results.json"
     path.write_text(to_json(sweep(REFERENCE, variant("int8-a", 0.90, {"noisy": 0.9, "clean": 0.99}))))
-    with pytest.raises(QbenchError, match=r"results.json: recipe.resolved: missing"):
-        run_gate(results_path=path)
+    report, _ = run_gate(results_path=path)
+    assert report.exit_code == EXIT_UNUSABLE and not report.checks
+    assert report.problems == (f"{path}: recipe.resolved: missing: the results do not say what the recipe asked for",)
 
 
 @pytest.mark.parametrize("content", ["", "{not json", json.dumps({"schema_version": 99}), json.dumps({"schema_version": 1})])

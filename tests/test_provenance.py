@@ -10,7 +10,8 @@ import pytest
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 
-from qbench.provenance import changed_inputs, external_data_locations, input_digests, input_files
+from qbench.modelinfo import external_data_files
+from qbench.provenance import changed_inputs, input_digests, input_files
 from qbench.recipe import file_sha256, load_recipe
 
 
@@ -43,7 +44,7 @@ def project(tmp_path: Path) -> Path:
 
 
 def test_external_data_files_are_inputs_of_their_own(project: Path):
-    assert external_data_locations(project.parent / "model.onnx") == ["weights.bin"]
+    assert external_data_files(project.parent / "model.onnx") == ["weights.bin"]
     files = input_files(load_recipe(project))
     assert files == {
         "model": project.parent / "model.onnx",
@@ -74,6 +75,9 @@ def test_gone_inputs_are_reported_missing_not_changed(project: Path):
     assert check.changed == () and check.missing == (f"data.calibration ({project.parent / 'calib.csv'})",)
 
 
-def test_an_unparsable_model_has_no_external_data(tmp_path: Path):
+def test_an_unparsable_model_is_an_input_without_external_data(tmp_path: Path):
     (tmp_path / "m.onnx").write_bytes(b"not onnx")
-    assert external_data_locations(tmp_path / "m.onnx") == []
+    (tmp_path / "d.csv").write_text("a\n1\n")
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump({"name": "x", "model": {"path": "m.onnx"},
+                                                     "data": {"path": "d.csv", "inputs": {"a": "x"}}}))  # fmt: skip
+    assert set(input_files(load_recipe(tmp_path / "r.yaml"))) == {"model", "data"}

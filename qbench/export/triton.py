@@ -22,21 +22,18 @@ from __future__ import annotations
 import hashlib
 import re
 import shutil
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import qbench
 from qbench.errors import QbenchError, expected_one_of
 from qbench.export.pbtxt import EnumValue, to_pbtxt
 from qbench.gate import GateReport, run_gate
-from qbench.modelinfo import ModelInfo, TensorMeta, read_model_info
+from qbench.modelinfo import ModelInfo, TensorMeta, external_data_files, read_model_info
 from qbench.recipe import Recipe, TextInputSpec
 from qbench.results import SweepResults, VariantResult
-
-if TYPE_CHECKING:  # pragma: no cover
-    import onnx
 
 DEFAULT_MAX_QUEUE_DELAY_US = 100
 MODEL_FILE = "model.onnx"
@@ -198,30 +195,6 @@ def triton_config(
 
 
 # -- model file -----------------------------------------------------------------------------------
-
-
-def _graph_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
-    yield from graph.initializer
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.HasField("t"):
-                yield attribute.t
-            yield from attribute.tensors
-            for subgraph in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
-                yield from _graph_tensors(subgraph)
-
-
-def external_data_files(path: Path) -> list[str]:
-    """Relative locations of the files that hold the model's external tensors (big models), each once."""
-    import onnx
-    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
-
-    model = onnx.load(str(path), load_external_data=False)
-    locations = {ExternalDataInfo(t).location for t in _graph_tensors(model.graph) if uses_external_data(t)}
-    for location in locations:
-        if Path(location).is_absolute() or ".." in Path(location).parts:
-            raise QbenchError(f"{path}: external data location {location!r} is outside the model's folder")
-    return sorted(locations)
 
 
 def _sha256(path: Path) -> str:

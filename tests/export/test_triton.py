@@ -167,7 +167,7 @@ def test_stale_results_are_refused(swept: Path, tmp_path: Path) -> None:
     (project / "reports" / "tiny" / "run").mkdir(parents=True)
     (project / "reports" / "tiny" / "run" / "results.json").write_bytes(results.read_bytes())
     pd.read_parquet(project / "data.parquet").iloc[:-1].to_parquet(project / "data.parquet")  # the data changed
-    with pytest.raises(QbenchError, match=r"fp16@onnxruntime-cpu: gate status 'unusable' \(results do not match"):
+    with pytest.raises(QbenchError, match=r"fp16@onnxruntime-cpu: gate status 'unusable' \(stale results: data \("):
         export_triton(load_recipe(recipe_path), "fp16", CPU, tmp_path / "repo")
     assert not (tmp_path / "repo").exists()
 
@@ -176,33 +176,39 @@ def test_stale_results_are_refused(swept: Path, tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def breached(tmp_path: Path) -> Path:
-    """The tiny recipe with a strict gate, and results (fingerprinted for it) where int8 breaches a slice."""
+def breached(swept: Path, tmp_path: Path) -> Path:
+    """The tiny recipe with a strict gate, and its real results edited (and re-signed, consistently) so that
+    int8 breaches slice group=b by 0.05 while staying within the overall tolerance."""
     gate = {"metric": "accuracy", "max_drop": 0.01, "max_slice_drop": 0.02, "applies_to": ["*"]}
-    recipe_path = tiny_project(tmp_path / "strict", gate)
-    recipe = load_recipe(recipe_path)
-    model = recipe.model_path
-    variants = [
-        make_variant("fp32", "fp32", p50_by_batch={1: 1.0, 4: 3.0}),
-        make_variant("fp16", "fp16", p50_by_batch={1: 1.0, 4: 3.0}),
-        make_variant("int8", "int8", p50_by_batch={1: 0.5, 4: 1.5},
-                     accuracy={"overall": 0.945, "clean": 0.97, "noisy lighting=dark": 0.85}),
-    ]  # fmt: skip
-    variants = [dataclasses.replace(v, model_path=str(model), model_bytes=model.stat().st_size) for v in variants]
-    results = make_sweep(variants, name="tiny")
-    results = dataclasses.replace(results, recipe={**results.recipe, "fingerprint": recipe.fingerprint()})
-    write_results(results, recipe.output_dir / "tiny" / "20260101-000000" / "results.json")
-    return recipe_path
+    recipe = load_recipe(tiny_project(tmp_path / "strict", gate))
+    results = read_results(latest_results(load_recipe(swept)))
+    reference = results.find("fp32", CPU).accuracy
+
+    def lowered(scope, by: float):
+        value = reference.slice(scope.name) if scope.name != "overall" else reference.overall
+        return dataclasses.replace(scope, metrics={**scope.metrics, "accuracy": value.metrics["accuracy"] - by})
+
+    variants = []
+    for measured in results.variants:
+        if measured.variant == "int8":
+            accuracy = measured.accuracy
+            slices = tuple(lowered(s, 0.05 if s.name == "group=b" else 0.0) for s in accuracy.slices)
+            accuracy = dataclasses.replace(accuracy, overall=lowered(accuracy.overall, 0.005), slices=slices)
+            measured = dataclasses.replace(measured, accuracy=accuracy)
+        variants.append(measured)
+    write_results(dataclasses.replace(results, variants=tuple(variants)),
+                  recipe.output_dir / "tiny" / "20260101-000000" / "results.json")  # fmt: skip
+    return recipe.source
 
 
 def test_breaching_variant_is_refused_naming_the_breach(breached: Path, tmp_path: Path, capsys) -> None:
     args = ["export", "triton", str(breached), "--variant", "int8", "--backend", CPU, "--to", str(tmp_path / "repo")]
     assert main(args) == 2
     err = " ".join(capsys.readouterr().err.split())
-    assert "int8@onnxruntime-cpu: gate status 'fail' (1 breach(es), worst noisy lighting=dark: drop 0.0500 > 0.0200)" in err
+    assert "int8@onnxruntime-cpu: gate status 'fail' (1 breach(es), worst group=b: drop 0.0500 > 0.0200)" in err
     assert main([*args, "--force"]) == 0
     export_dir = tmp_path / "repo" / "tiny-int8"
-    assert parse_config(export_dir / "config.pbtxt").max_batch_size == 4
+    assert parse_config(export_dir / "config.pbtxt").max_batch_size == max(BATCH_SIZES)
     assert "**fail**" in (export_dir / "README.md").read_text()
 
 
