@@ -1,6 +1,6 @@
 """`qbench` command line: a thin layer over the library (each command is a few calls into qbench.*).
 
-Exit codes: 0 success / gate passed, 1 gate breached, 2 bad input or unusable results.
+Exit codes: 0 success / gate passed, 1 gate breached, 2 anything else (see `main`).
 """
 
 from __future__ import annotations
@@ -226,11 +226,12 @@ def main(argv: list[str] | None = None) -> int:
         result = app(args=args, prog_name="qbench", standalone_mode=False)
     except QbenchError as exc:
         err_console.print(f"[red]error:[/] {escape(_one_line(exc))}", soft_wrap=True)  # one line, unfolded, in CI logs
-        return exc.exit_code
+        return EXIT_ERROR
     except typer.Exit as exc:  # --help and the like
         return EXIT_OK if exc.exit_code == 0 else EXIT_ERROR
-    except typer.Abort:
-        return 130
+    except (typer.Abort, KeyboardInterrupt):  # Ctrl+C: not a verdict
+        err_console.print("qbench: error: interrupted", markup=False)
+        return EXIT_ERROR
     except TyperException as exc:  # usage errors (typer vendors click's exceptions under this base)
         exc.show()
         return EXIT_ERROR
@@ -240,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         err_console.print(f"qbench: error: {type(exc).__name__}: {_one_line(exc)}", soft_wrap=True, markup=False)
         return EXIT_ERROR
     result = EXIT_OK if result is None else result
-    return result if result in (EXIT_OK, EXIT_BREACH, EXIT_ERROR) else EXIT_ERROR
+    return result if type(result) is int and result in (EXIT_OK, EXIT_BREACH, EXIT_ERROR) else EXIT_ERROR
 
 
 def _one_line(exc: BaseException) -> str:

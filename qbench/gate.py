@@ -3,6 +3,8 @@
 `evaluate_gate` is pure (results + gate spec in, every check out). It fails
 closed: a missing reference, a failed variant, a missing or NaN metric, or a
 variant the recipe names but the results lack is a *problem* (exit 2), never a pass.
+`run_gate` first checks that the results are what the recipe asked for, intact and
+fresh (qbench.gate_checks, qbench.provenance), whatever the file claims.
 """
 
 from __future__ import annotations

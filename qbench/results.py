@@ -8,7 +8,8 @@ Schema (version 1), documented in reports/README.md:
       gate_metric, reference, variants [VariantResult], frontier [FrontierPoint],
       timings {phase: seconds} (calibration, build, evaluate, latency, ranges, report, track, total),
       dropped_nonfinite {evaluation|calibration: {input column: rows left out for NaN/inf}},
-      ranges RangeAnalysis | null
+      ranges RangeAnalysis | null, inputs {input: {path, sha256}}, complete,
+      digest (sha256 of the canonical JSON of everything else; checked on reading)
     VariantResult
       variant, backend, precision, status ok|failed|skipped, error (or skip reason), params {...},
       model_path, model_bytes, build_seconds, notes [...],
@@ -16,7 +17,8 @@ Schema (version 1), documented in reports/README.md:
       accuracy AccuracyResult | null, latency LatencyResult | null
     Fidelity: accuracy native|emulated|unknown, latency native|emulated|unknown, method (how it was emulated)
     AccuracyResult: rows, nonfinite_outputs, overall SliceMetrics, slices [SliceMetrics]
-    SliceMetrics: name, size, metrics {m: value}, intervals {m: [lo, hi]}, drops {m: drop vs FP32}
+    SliceMetrics: name, size, metrics {m: value}, intervals {m: [lo, hi]}, drops {m: drop vs FP32},
+      nonfinite_outputs
     LatencyResult: threads, session_create_ms, first_run_ms, points [LatencyPoint]
     LatencyPoint: batch_size, warmup, iterations, p50_ms, p95_ms, p99_ms, mean_ms, items_per_s
     RangeAnalysis: rows, seconds, nodes {tensor: node}, abs_max {scope: {tensor: value}},
