@@ -76,12 +76,15 @@ def gate(
     from qbench.gate import run_gate
     from qbench.recipe import load_recipe
     from qbench.report import gate_table
+    from qbench.report_serving import slo_lines
 
     report, judged = run_gate(
         load_recipe(recipe) if recipe else None, results, check_staleness=not no_staleness_check
     )
     out.print(f"gate on {escape(judged.recipe.get('name', '?'))} ({judged.created_at}), metric {report.metric}")
     print_wide(gate_table(report), out)
+    for line in slo_lines(judged, report):
+        out.print(escape(line), soft_wrap=True)
     return _gate_verdict(report)
 
 

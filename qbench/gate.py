@@ -18,7 +18,9 @@ from qbench.errors import QbenchError
 from qbench.gate_checks import expected_pairs, result_problems, slice_sizes_from_data, stale_inputs, stale_sections
 from qbench.provenance import recorded_recipe
 from qbench.recipe import GateSpec, Recipe
+from qbench.recipe_slo import SloSpec
 from qbench.results import SliceMetrics, SweepResults, read_results
+from qbench.slo import SLO_METRIC, SLO_SCOPE, SloJudgement, judge_slo
 from qbench.validate.metrics import drop
 
 EXIT_PASS = 0
@@ -68,11 +70,17 @@ class GateReport:
 
 
 def evaluate_gate(
-    results: SweepResults, spec: GateSpec, *, expected: Sequence[tuple[str, str]] | None = None
+    results: SweepResults,
+    spec: GateSpec,
+    *,
+    expected: Sequence[tuple[str, str]] | None = None,
+    slo: SloSpec | None = None,
 ) -> GateReport:
     """Judge every gated variant × backend in `results` against `spec`; collect every violation.
 
     expected: (variant, backend) pairs the recipe asks for; any missing from the results is a problem.
+    slo: a latency budget: every variant it applies to (the reference aside) gets a check with scope
+        "slo" and metric "latency.p99_ms" (reference = budget, observed = p99, drop = ms over budget).
     A variant a backend cannot run at all (status "skipped", e.g. an ONNX Runtime INT8 model on
     a torch backend) is not judged there; the report lists it with the reason. Whether results are
     what the recipe asked for, and fresh, is checked by `run_gate` (qbench.gate_checks).
@@ -88,6 +96,14 @@ def evaluate_gate(
         own_checks, own_problems = _judge(results, variant, backend, spec)
         checks.extend(own_checks)
         problems.extend(f"{variant}@{backend}: {p}" for p in own_problems)
+    if slo is not None:
+        slo_pairs = [(v, b) for v, b in pairs if v != results.reference and slo.applies(v, spec.applies_to)
+                     and (v, b) not in skipped]  # fmt: skip
+        batch_sizes = results.recipe.get("latency", {}).get("batch_sizes") or [1]
+        judgements, slo_problems = judge_slo(results, slo, slo_pairs, batch_sizes)
+        checks.extend(_slo_check(j) for j in judgements)
+        problems.extend(slo_problems)
+        gated += [pair for pair in slo_pairs if pair not in gated]
     return GateReport(
         metric=spec.metric,
         checks=tuple(checks),
@@ -152,6 +168,11 @@ def _check(
     return GateCheck(variant, backend, own.name, spec.metric, ref_value, value, observed_drop, tolerance, own.size, status)
 
 
+def _slo_check(judgement: SloJudgement) -> GateCheck:
+    return GateCheck(judgement.variant, judgement.backend, SLO_SCOPE, SLO_METRIC, judgement.budget_ms,
+                     judgement.observed_ms, judgement.over_ms, 0.0, judgement.samples, judgement.status)  # fmt: skip
+
+
 def latest_results(recipe: Recipe) -> Path:
     """The newest results.json of this recipe under <output_dir>/<name>/ (run folders sort by time)."""
     root = recipe.output_path / recipe.name
@@ -194,5 +215,5 @@ def run_gate(
     derivable = check_staleness and not problems and not results.dropped_nonfinite.get("evaluation")
     sizes = slice_sizes_from_data(asked) if derivable else None
     problems += result_problems(results, asked, sizes)
-    report = evaluate_gate(results, asked.gate, expected=expected_pairs(asked))
+    report = evaluate_gate(results, asked.gate, expected=expected_pairs(asked), slo=asked.slo)
     return replace(report, problems=(*problems, *report.problems), notes=tuple(notes)), results

@@ -8,6 +8,7 @@ variants. `qbench validate` is exactly this, with nothing built or timed.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,6 +67,7 @@ class Prepared:
     # data.nonfinite_inputs: drop -> {"evaluation" | "calibration": {input column: rows left out}}
     dropped_nonfinite: dict[str, dict[str, int]]
     custom_metrics: tuple[CustomMetric, ...] = ()
+    preprocess_ms_per_row: float = float("nan")  # building the evaluation feeds (tokenisation included), per row
 
     @property
     def output_name(self) -> str:
@@ -107,7 +109,9 @@ def prepare(recipe: Recipe, *, track: bool = True) -> Prepared:
     check_finite(table, eval_rows, nonfinite, masks, what="evaluation", recipe_file=recipe.source)
     eval_slices = {name: mask[eval_rows] for name, mask in masks.items()}
     labels = _labels(recipe, task, table, eval_rows, outputs)
+    started = time.perf_counter()
     eval_feeds = build_feeds(table, eval_rows, recipe.data.inputs, model.inputs, recipe_file=recipe.source)
+    preprocess_ms_per_row = (time.perf_counter() - started) * 1000 / max(len(eval_rows), 1)
     check_batch_memory(recipe, eval_feeds)
     calibration_table = (
         load_table(recipe.calibration_data_path, recipe_file=recipe.source, field="data.calibration.path")
@@ -142,6 +146,7 @@ def prepare(recipe: Recipe, *, track: bool = True) -> Prepared:
         training=_training(recipe, task, table, model, outputs, nonfinite, masks),
         custom_metrics=custom_metrics,
         dropped_nonfinite=dropped,
+        preprocess_ms_per_row=preprocess_ms_per_row,
     )
 
 

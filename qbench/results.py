@@ -14,7 +14,7 @@ Schema (version 1), documented in reports/README.md:
       variant, backend, precision, status ok|failed|skipped, error (or skip reason), params {...},
       model_path, model_bytes, build_seconds, notes [...],
       fidelity Fidelity, evaluated_model_path (the model whose outputs were scored, when not model_path),
-      accuracy AccuracyResult | null, latency LatencyResult | null
+      accuracy AccuracyResult | null, latency LatencyResult | null, serving ServingResult | null (results_serving.py)
     Fidelity: accuracy native|emulated|unknown, latency native|emulated|unknown, method (how it was emulated)
     AccuracyResult: rows, nonfinite_outputs, overall SliceMetrics, slices [SliceMetrics]
     SliceMetrics: name, size, metrics {m: value}, intervals {m: [lo, hi]}, drops {m: drop vs FP32},
@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from qbench.errors import QbenchError
+from qbench.results_serving import ServingResult, serving_from_dict
 
 SCHEMA_VERSION = 1
 DIGEST_FIELD = "digest"
@@ -152,6 +153,7 @@ class VariantResult:
     latency: LatencyResult | None = None
     fidelity: Fidelity = field(default_factory=Fidelity)
     evaluated_model_path: str | None = None  # set when accuracy was scored on another graph (an emulation)
+    serving: ServingResult | None = None  # pre-processing split, load, cost, bound (qbench.results_serving)
 
     @property
     def key(self) -> str:
@@ -405,6 +407,7 @@ def from_dict(raw: dict[str, Any]) -> SweepResults:
                 latency=_latency(v.get("latency")),
                 fidelity=Fidelity(**v["fidelity"]) if "fidelity" in v else Fidelity(UNKNOWN, UNKNOWN),
                 evaluated_model_path=v.get("evaluated_model_path"),
+                serving=serving_from_dict(v.get("serving")),
             )
             for v in raw["variants"]
         ),

@@ -31,10 +31,11 @@ from qbench.provenance import InputDigest, input_digests, recipe_record
 from qbench.recipe import Recipe, VariantSpec, load_recipe
 from qbench.report import print_summary, write_markdown_report
 from qbench.report_html import write_html_report
+from qbench.slo import serving_figures
 from qbench.results import AccuracyResult, LatencyResult, RangeAnalysis, SweepResults, VariantResult, write_results
 from qbench.validate.accuracy import evaluate_accuracy, run_outputs, with_drops
 from qbench.validate.fidelity import plan_measurement
-from qbench.validate.latency import measure_cold_start, measure_steady_state, take_batch
+from qbench.validate.latency import latency_points, measure_cold_start, measure_samples, take_batch
 from qbench.variants import BuildContext, BuiltVariant, build_variant
 
 
@@ -279,10 +280,11 @@ def _measure(
         try:
             if outputs is None:
                 outputs = _score(runner, prepared, f"{label} evaluate", close=False)
-            points = measure_steady_state(
+            samples = measure_samples(
                 runner, feeds, recipe.latency.batch_sizes, recipe.latency.warmup, recipe.latency.iterations,
                 description=f"{label} latency",
             )  # fmt: skip
+            points = latency_points(samples, recipe.latency.warmup)
             runtime = runner.describe()
         finally:
             runner.close()
@@ -299,6 +301,9 @@ def _measure(
     latency = LatencyResult(
         threads=recipe.latency.threads, session_create_ms=create_ms, first_run_ms=first_ms, points=tuple(points)
     )
+    model_bytes = built.onnx_path.stat().st_size
+    serving = serving_figures(recipe, backend.name, samples, points, model_bytes=model_bytes, runtime=runtime,
+                              preprocess_ms_per_row=prepared.preprocess_ms_per_row)  # fmt: skip
     return _Measured(
         VariantResult(
             variant=built.name,
@@ -307,13 +312,14 @@ def _measure(
             status="ok",
             params={**built.params, **{f"runtime.{k}": v for k, v in runtime.items()}},
             model_path=str(built.onnx_path),
-            model_bytes=built.onnx_path.stat().st_size,
+            model_bytes=model_bytes,
             build_seconds=built.build_seconds,
             notes=built.notes,
             accuracy=accuracy,
             latency=latency,
             fidelity=plan.fidelity,
             evaluated_model_path=str(plan.scored.onnx_path) if plan.separate else None,
+            serving=serving,
         ),
         outputs,
     )
@@ -374,6 +380,8 @@ def _assemble(
             "gate": recipe.gate.model_dump(mode="json"),
             "latency": recipe.latency.model_dump(mode="json"),
             **recipe_record(recipe),
+            "slo": recipe.slo.model_dump(mode="json") if recipe.slo is not None else None,
+            "cost": recipe.cost.model_dump(mode="json") if recipe.cost is not None else None,
         },
         environment={**describe_environment(), "calibration_overlap_rows": prepared.calibration_overlap},
         calibration=prepared.calibration,
@@ -394,7 +402,7 @@ def _publish(
 ) -> SweepOutcome:
     """Write results.json first (so nothing measured is lost), then the plot, the report and MLflow."""
     t = time.perf_counter()
-    gate = evaluate_gate(results, recipe.gate)
+    gate = evaluate_gate(results, recipe.gate, slo=recipe.slo)
     results_path = write_results(results, run_dir / "results.json")
     plot_path = plot_frontier(results, run_dir / "frontier.png", threshold=gate_threshold(results, recipe.gate.max_drop))
     report_path = write_markdown_report(results, gate, plot_path, run_dir / "report.md")

@@ -40,6 +40,7 @@ from qbench.frontier import speedup
 from qbench.gate import GateReport
 from qbench.recipe import Recipe
 from qbench.results import SliceMetrics, SweepResults, VariantResult, non_default_session_options, to_json
+from qbench.slo import serving_metrics
 
 T = TypeVar("T")
 
@@ -204,7 +205,7 @@ def _variant_metrics(results: SweepResults, variant: VariantResult) -> dict[str,
         metrics["model_mb"] = variant.model_bytes / 1e6
     if variant.build_seconds is not None:
         metrics["build_seconds"] = variant.build_seconds
-    return metrics | _latency_metrics(results, variant) | _accuracy_metrics(variant)
+    return metrics | _latency_metrics(results, variant) | _accuracy_metrics(variant) | serving_metrics(variant)
 
 
 def _uses_calibration(variant: VariantResult) -> bool:

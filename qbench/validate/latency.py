@@ -70,20 +70,49 @@ def _timed_runs_ns(runner: Runner, batch: dict[str, np.ndarray], iterations: int
     return durations
 
 
-def _latency_point(batch_size: int, warmup: int, durations_ns: np.ndarray) -> LatencyPoint:
-    durations_ms = durations_ns.astype(np.float64) / _NS_PER_MS
+def _latency_point(batch_size: int, warmup: int, durations_ms: np.ndarray) -> LatencyPoint:
     p50, p95, p99 = np.percentile(durations_ms, [50, 95, 99])
     mean_ms = float(np.mean(durations_ms))
     return LatencyPoint(
         batch_size=batch_size,
         warmup=warmup,
-        iterations=int(durations_ns.size),
+        iterations=int(durations_ms.size),
         p50_ms=float(p50),
         p95_ms=float(p95),
         p99_ms=float(p99),
         mean_ms=mean_ms,
         items_per_s=batch_size * 1000.0 / mean_ms if mean_ms > 0 else math.inf,
     )
+
+
+def measure_samples(
+    runner: Runner,
+    feeds: Mapping[str, np.ndarray],
+    batch_sizes: Sequence[int],
+    warmup: int,
+    iterations: int,
+    description: str = "latency",
+) -> dict[int, np.ndarray]:
+    """For each batch size: `warmup` untimed runs, then `iterations` timed runs of `runner.run`; batch size ->
+    every timed duration in ms (the load simulation replays them, `latency_points` summarises them)."""
+    if warmup < 0:
+        raise QbenchError(f"warmup must be zero or more, got {warmup}")
+    if iterations <= 0:
+        raise QbenchError(f"iterations must be positive, got {iterations}")
+    samples: dict[int, np.ndarray] = {}
+    for batch_size in batch_sizes:
+        batch = take_batch(feeds, batch_size)
+        for _ in range(warmup):
+            runner.run(batch)
+        durations = _timed_runs_ns(runner, batch, iterations, f"{description} (batch {batch_size})")
+        samples[batch_size] = durations.astype(np.float64) / _NS_PER_MS
+    return samples
+
+
+def latency_points(samples_ms: Mapping[int, np.ndarray], warmup: int) -> tuple[LatencyPoint, ...]:
+    """One LatencyPoint per batch size. Percentiles are numpy's (linear interpolation), so
+    p50 <= p95 <= p99; items_per_s is batch_size / mean seconds."""
+    return tuple(_latency_point(batch_size, warmup, durations) for batch_size, durations in samples_ms.items())
 
 
 def measure_steady_state(
@@ -94,20 +123,5 @@ def measure_steady_state(
     iterations: int,
     description: str = "latency",
 ) -> tuple[LatencyPoint, ...]:
-    """For each batch size: `warmup` untimed runs, then `iterations` timed runs of `runner.run`.
-
-    Percentiles are numpy's (linear interpolation), so p50 <= p95 <= p99; items_per_s is
-    batch_size / mean seconds.
-    """
-    if warmup < 0:
-        raise QbenchError(f"warmup must be zero or more, got {warmup}")
-    if iterations <= 0:
-        raise QbenchError(f"iterations must be positive, got {iterations}")
-    points: list[LatencyPoint] = []
-    for batch_size in batch_sizes:
-        batch = take_batch(feeds, batch_size)
-        for _ in range(warmup):
-            runner.run(batch)
-        durations = _timed_runs_ns(runner, batch, iterations, f"{description} (batch {batch_size})")
-        points.append(_latency_point(batch_size, warmup, durations))
-    return tuple(points)
+    """`measure_samples`, summarised per batch size."""
+    return latency_points(measure_samples(runner, feeds, batch_sizes, warmup, iterations, description), warmup)

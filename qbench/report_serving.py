@@ -1,0 +1,161 @@
+"""The serving view of a sweep: where the time goes, latency under load, cost, bound, and the SLO verdicts.
+
+Built as plain rows (report.py renders them in the console and in report.md), plus the SLO lines
+(`slo_lines`) and the cheapest variant that meets both accuracy and the SLO (`cheapest`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from qbench.gate import GateCheck, GateReport
+from qbench.results import SweepResults, VariantResult
+from qbench.slo import SLO_SCOPE
+
+_NONE = "—"
+
+
+@dataclass(frozen=True)
+class ServingTable:
+    title: str
+    headers: list[str]
+    rows: list[list[str]]
+    numeric: frozenset[int]
+    footer: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Choice:
+    variant: VariantResult
+    usd_per_million: float | None  # at the highest rate within the budget (None: no price)
+    max_rate_rps: float
+
+
+def _fmt(value: float | None, unit: str = "") -> str:
+    if value is None or not math.isfinite(value):
+        return _NONE
+    digits = 4 if abs(value) < 0.01 else 3
+    return f"{value:.{digits}g}{unit}"
+
+
+def _slo_checks(gate: GateReport | None, variant: VariantResult) -> list[GateCheck]:
+    if gate is None:
+        return []
+    return [c for c in gate.checks if c.scope == SLO_SCOPE and (c.variant, c.backend) == (variant.variant, variant.backend)]
+
+
+def accuracy_verdict(results: SweepResults, gate: GateReport | None, variant: VariantResult) -> str:
+    """'reference', 'pass', 'fail', 'not gated' on accuracy alone (the SLO checks left out)."""
+    if variant.variant == results.reference:
+        return "reference" if variant.status == "ok" else "fail"
+    if gate is None or f"{variant.key}" not in gate.gated:
+        return "not gated"
+    own = [c for c in gate.checks if c.scope != SLO_SCOPE and (c.variant, c.backend) == (variant.variant, variant.backend)]
+    unjudged = any(p.startswith(f"{variant.key}:") and ": SLO:" not in p for p in gate.problems)
+    if unjudged or any(c.status == "breach" for c in own) or not own:
+        return "fail"
+    return "pass"
+
+
+def slo_verdict(gate: GateReport | None, variant: VariantResult) -> str:
+    checks = _slo_checks(gate, variant)
+    if gate is not None and any(p.startswith(f"{variant.key}: SLO:") for p in gate.problems):
+        return "unjudged"
+    if not checks:
+        return "not budgeted"
+    return "breach" if any(c.status == "breach" for c in checks) else "pass"
+
+
+def _within_budget(variant: VariantResult) -> bool:
+    """The variant's own figure at the SLO is within budget (the reference is not gated, so judged here)."""
+    serving = variant.serving
+    if serving is None or serving.budget_ms is None:
+        return False
+    if serving.at_rate is not None:
+        return serving.at_rate.p99_ms <= serving.budget_ms
+    point = variant.latency.at(serving.batch_size) if variant.latency and serving.batch_size else None
+    return point is not None and point.p99_ms + serving.preprocess_ms_per_row * point.batch_size <= serving.budget_ms
+
+
+def cheapest(results: SweepResults, gate: GateReport | None) -> Choice | None:
+    """Among variants accurate enough (the reference, or passing the accuracy gate) and within the latency
+    budget, the one with the lowest cost per million at its highest rate within budget (by that rate
+    when no price is given)."""
+    candidates = []
+    for variant in results.variants:
+        if variant.status != "ok" or accuracy_verdict(results, gate, variant) not in ("reference", "pass"):
+            continue
+        if slo_verdict(gate, variant) in ("breach", "unjudged") or not _within_budget(variant):
+            continue
+        serving = variant.serving
+        if serving is None or serving.max_rate_rps is None:
+            continue
+        cost = serving.usd_per_million.get("max_rate")
+        candidates.append(Choice(variant, cost if cost is not None and math.isfinite(cost) else None, serving.max_rate_rps))
+    if not candidates:
+        return None
+    return min(candidates, key=lambda c: (c.usd_per_million if c.usd_per_million is not None else 0.0,
+                                          -c.max_rate_rps, c.variant.key))  # fmt: skip
+
+
+def slo_lines(results: SweepResults, gate: GateReport | None) -> list[str]:
+    """One line per SLO check, breaches first, then the cheapest variant meeting accuracy and the SLO."""
+    if gate is None:
+        return []
+    lines = []
+    checks = sorted((c for c in gate.checks if c.scope == SLO_SCOPE), key=lambda c: c.status != "breach")
+    for check in checks:
+        variant = results.find(check.variant, check.backend)
+        serving = variant.serving if variant else None
+        where = f"at {serving.rate_rps:g} req/s" if serving and serving.rate_rps else "at its budget batch size"
+        sign, verdict = (">", "BREACH") if check.status == "breach" else ("<=", "pass")
+        lines.append(f"SLO {verdict} {check.variant}@{check.backend}: p99 {check.observed:.4g} ms {where} {sign} "
+                     f"budget {check.reference:g} ms ({check.drop:+.3g} ms, {check.drop / check.reference:+.1%})")  # fmt: skip
+    lines += [f"SLO cannot judge (fail closed): {p}" for p in gate.problems if ": SLO:" in p]
+    if checks or any(v.serving and v.serving.budget_ms is not None for v in results.variants):
+        choice = cheapest(results, gate)
+        if choice is None:
+            lines.append("cheapest meeting accuracy and SLO: none")
+        else:
+            cost = f"${choice.usd_per_million:.4g} per million" if choice.usd_per_million is not None else "no price given"
+            lines.append(f"cheapest meeting accuracy and SLO: {choice.variant.key} "
+                         f"(up to {choice.max_rate_rps:,.0f} req/s within budget, {cost})")  # fmt: skip
+    return lines
+
+
+def _row(results: SweepResults, gate: GateReport | None, variant: VariantResult, sizes: list[int]) -> list[str]:
+    serving = variant.serving
+    b1 = variant.latency.at(1) if variant.latency else None
+    cells = [variant.variant, variant.backend, _fmt(serving.preprocess_ms_per_row if serving else None),
+             _fmt(b1.p50_ms if b1 else None), _fmt(serving.transfer_ms_b1 if serving else None)]  # fmt: skip
+    load = serving.at_rate if serving else None
+    cells += [_fmt(load.p99_ms) if load else _NONE, _fmt(load.mean_batch_size) if load else _NONE]
+    cells.append(_fmt(serving.max_rate_rps) if serving and serving.budget_ms is not None else _NONE)
+    costs = serving.usd_per_million if serving else {}
+    cells += [_fmt(costs.get(f"b{bs}")) for bs in sizes] + [_fmt(costs.get("max_rate"))]
+    bound = serving.bound.verdict if serving and serving.bound else _NONE
+    return cells + [bound, accuracy_verdict(results, gate, variant), slo_verdict(gate, variant)]
+
+
+def serving_table(results: SweepResults, gate: GateReport | None) -> ServingTable | None:
+    """One row per variant x backend with serving figures; None when no variant has any."""
+    measured = [v for v in results.variants if v.serving is not None]
+    if not measured:
+        return None
+    sizes = sorted({p.batch_size for v in measured if v.latency for p in v.latency.points})
+    rate = next((v.serving.rate_rps for v in measured if v.serving and v.serving.rate_rps), None)
+    headers = ["variant", "backend", "pre-proc ms/row", "model p50 ms b1", "copies ms b1",
+               f"p99 ms at {rate:g} req/s" if rate else "p99 ms under load", "mean batch",
+               "max req/s in budget"]  # fmt: skip
+    headers += [f"$/M b{bs}" for bs in sizes] + ["$/M at max req/s", "bound (estimate)", "accuracy", "SLO"]
+    rows = [_row(results, gate, v, sizes) for v in measured]
+    footer = [
+        "pre-proc: qbench's feed building (tokenisation included) per row; copies: host minus device time (GPU backends)",
+        "under load: Poisson arrivals, dynamic batcher, one model instance, simulated from the measured service times",
+        "$/M: USD per million inferences = price per hour / 3600 / throughput x 1e6",
+        "bound: model bytes x runs/s at batch 1 vs measured copy bandwidth; an estimate",
+    ]
+    footer += [f"{v.key}: {v.serving.bound.basis}" for v in measured if v.serving and v.serving.bound]
+    return ServingTable("Serving: where the time goes, load, cost", headers, rows,
+                        frozenset(range(2, len(headers) - 3)), footer + slo_lines(results, gate))  # fmt: skip

@@ -1,0 +1,100 @@
+"""Serving figures of one variant on one backend (results.json `variants[].serving`), and their JSON form.
+
+    ServingResult
+      preprocess_ms_per_row   qbench's own pre-processing (feed building, tokenisation) per evaluation row
+      transfer_ms_b1          GPU backends that time the device apart: host p50 - device p50 at batch 1 (copies)
+      budget_ms, rate_rps, batch_size, max_batch_size, max_queue_delay_ms, requests, seed
+                              the SLO and load settings the figures were simulated with (null without `slo:`)
+      at_rate LoadStats       the load scenario at the SLO's rate_rps (rate budgets only)
+      max_rate_rps, at_max_rate LoadStats, simulations
+                              the highest Poisson rate whose p99 met the budget (null: none did)
+      price_per_hour, usd_per_million {"b<batch>": ..., "max_rate": ...}
+      bound BoundEstimate     compute-, memory- or overhead-bound, an estimate with its basis
+    LoadStats: rate_rps, requests, p50_ms, p95_ms, p99_ms, mean_ms, mean_wait_ms, mean_batch_size, achieved_rps
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class LoadStats:
+    """End-to-end latency (pre-processing + queueing + service) of the simulated requests at one rate."""
+
+    rate_rps: float
+    requests: int
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    mean_ms: float
+    mean_wait_ms: float  # time in the queue before the request's batch starts
+    mean_batch_size: float
+    achieved_rps: float  # requests / (last completion - first arrival)
+
+
+@dataclass(frozen=True)
+class BoundEstimate:
+    verdict: str  # "memory-bound" | "compute-bound" | "overhead-bound" | "unknown"
+    basis: str  # the arithmetic behind the verdict, in words
+    weight_bytes_per_s: float | None = None  # model bytes x runs per second at batch 1
+    bandwidth_bytes_per_s: float | None = None  # the machine's copy bandwidth (numpy, measured once)
+    bandwidth_fraction: float | None = None
+    gpu_util_pct: float | None = None
+
+
+@dataclass(frozen=True)
+class ServingResult:
+    preprocess_ms_per_row: float
+    transfer_ms_b1: float | None = None
+    budget_ms: float | None = None
+    rate_rps: float | None = None
+    batch_size: int | None = None
+    max_batch_size: int | None = None
+    max_queue_delay_ms: float | None = None
+    requests: int | None = None
+    seed: int | None = None
+    at_rate: LoadStats | None = None
+    max_rate_rps: float | None = None
+    at_max_rate: LoadStats | None = None
+    simulations: int = 0
+    price_per_hour: float | None = None
+    usd_per_million: dict[str, float] = field(default_factory=dict)
+    bound: BoundEstimate | None = None
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _load(raw: dict[str, Any] | None) -> LoadStats | None:
+    if raw is None:
+        return None
+    return LoadStats(**{k: (math.nan if v is None else v) for k, v in raw.items()})
+
+
+def serving_from_dict(raw: dict[str, Any] | None) -> ServingResult | None:
+    """Rebuild from parsed JSON (NaN was written as null)."""
+    if raw is None:
+        return None
+    bound = raw.get("bound")
+    return ServingResult(
+        preprocess_ms_per_row=math.nan if raw.get("preprocess_ms_per_row") is None else raw["preprocess_ms_per_row"],
+        transfer_ms_b1=_float(raw.get("transfer_ms_b1")),
+        budget_ms=_float(raw.get("budget_ms")),
+        rate_rps=_float(raw.get("rate_rps")),
+        batch_size=raw.get("batch_size"),
+        max_batch_size=raw.get("max_batch_size"),
+        max_queue_delay_ms=_float(raw.get("max_queue_delay_ms")),
+        requests=raw.get("requests"),
+        seed=raw.get("seed"),
+        at_rate=_load(raw.get("at_rate")),
+        max_rate_rps=_float(raw.get("max_rate_rps")),
+        at_max_rate=_load(raw.get("at_max_rate")),
+        simulations=int(raw.get("simulations", 0)),
+        price_per_hour=_float(raw.get("price_per_hour")),
+        usd_per_million={k: (math.nan if v is None else float(v)) for k, v in raw.get("usd_per_million", {}).items()},
+        bound=BoundEstimate(**bound) if bound is not None else None,
+    )

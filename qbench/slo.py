@@ -1,0 +1,179 @@
+"""Serving questions per variant: where the time goes, batching under load, cost per inference, the bound,
+and the latency budget (`slo:`) judged as its own kind of gate check.
+
+`serving_figures` runs in the sweep, from the timed runs of the real runner; `judge_slo` is pure
+and fails closed (a budgeted variant without a latency figure is a problem, never a pass), and
+`qbench.gate` turns its judgements into gate checks with scope "slo" and metric "latency.p99_ms".
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from qbench.recipe import Recipe
+from qbench.recipe_slo import SloSpec
+from qbench.results import LatencyPoint, SweepResults, VariantResult
+from qbench.results_serving import ServingResult
+from qbench.validate.bound import estimate_bound, last_level_cache_bytes, memory_bandwidth_bytes_per_s
+from qbench.validate.cost import usd_per_million
+from qbench.validate.load import Batcher, Draws, MeasuredServiceTimes, search_max_rate, simulate
+
+SLO_SCOPE = "slo"
+SLO_METRIC = "latency.p99_ms"
+
+
+def serving_figures(
+    recipe: Recipe,
+    backend: str,
+    samples_ms: Mapping[int, np.ndarray],
+    points: Sequence[LatencyPoint],
+    *,
+    model_bytes: int | None,
+    runtime: Mapping[str, Any],
+    preprocess_ms_per_row: float,
+) -> ServingResult:
+    """Pre-processing split, load scenario (with `slo:`), cost (with a price) and bound of one variant on `backend`."""
+    by_batch = {p.batch_size: p for p in points}
+    b1 = by_batch.get(1)
+    largest = max(by_batch.values(), key=lambda p: p.batch_size, default=None)
+    gpu_util = runtime.get("gpu_util_mean_pct")
+    bound = estimate_bound(
+        model_bytes, b1.p50_ms if b1 else None, bandwidth_bytes_per_s=memory_bandwidth_bytes_per_s(),
+        batched=(largest.batch_size, largest.p50_ms) if largest else None,
+        gpu_util_pct=float(gpu_util) if gpu_util is not None else None, cache_bytes=last_level_cache_bytes(),
+    )  # fmt: skip
+    serving = ServingResult(preprocess_ms_per_row=preprocess_ms_per_row, transfer_ms_b1=_transfer_ms(b1, runtime), bound=bound)
+    if recipe.slo is not None:
+        serving = _with_load(serving, recipe.slo, backend, samples_ms, recipe.latency.batch_sizes)
+    price = recipe.cost.price_per_hour.get(backend) if recipe.cost is not None else None
+    if price is not None:
+        costs = {f"b{p.batch_size}": usd_per_million(price, p.items_per_s) for p in points}
+        if serving.max_rate_rps is not None:
+            costs["max_rate"] = usd_per_million(price, serving.max_rate_rps)
+        serving = replace(serving, price_per_hour=price, usd_per_million=costs)
+    return serving
+
+
+def _transfer_ms(b1: LatencyPoint | None, runtime: Mapping[str, Any]) -> float | None:
+    """Host p50 minus device p50 at batch 1, when the backend times the device apart (copies + launch)."""
+    device = runtime.get("gpu_compute_ms", {})
+    entry = device.get("1") if isinstance(device, Mapping) else None
+    if b1 is None or not isinstance(entry, Mapping) or "p50" not in entry:
+        return None
+    return max(b1.p50_ms - float(entry["p50"]), 0.0)
+
+
+def load_settings(slo: SloSpec, backend: str, batch_sizes: Sequence[int]) -> dict[str, Any]:
+    """What the load figures depend on; results simulated with other settings cannot be judged."""
+    budget = slo.budget(backend)
+    return {
+        "rate_rps": budget.rate_rps,
+        "max_batch_size": slo.load.max_batch_size or max(batch_sizes),
+        "max_queue_delay_ms": slo.queue_delay_ms(backend),
+        "requests": slo.load.requests,
+        "seed": slo.load.seed,
+    }
+
+
+def _with_load(
+    serving: ServingResult, slo: SloSpec, backend: str, samples_ms: Mapping[int, np.ndarray], batch_sizes: Sequence[int]
+) -> ServingResult:
+    settings = load_settings(slo, backend, batch_sizes)
+    budget = slo.budget(backend)
+    service = MeasuredServiceTimes(samples_ms)
+    batcher = Batcher(settings["max_batch_size"], settings["max_queue_delay_ms"])
+    draws = Draws.make(settings["requests"], settings["seed"])
+    overhead = serving.preprocess_ms_per_row if math.isfinite(serving.preprocess_ms_per_row) else 0.0
+    at_rate = simulate(service, batcher, budget.rate_rps, draws, overhead_ms=overhead) if budget.rate_rps else None
+    search = search_max_rate(service, batcher, budget.p99_ms, draws, overhead_ms=overhead)
+    return replace(
+        serving, budget_ms=budget.p99_ms, batch_size=budget.batch_size, at_rate=at_rate,
+        max_rate_rps=search.max_rate_rps, at_max_rate=search.at_max, simulations=search.simulations, **settings,
+    )  # fmt: skip
+
+
+# -- the budget check -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SloJudgement:
+    variant: str
+    backend: str
+    budget_ms: float
+    observed_ms: float
+    samples: int  # requests simulated, or timed runs
+    status: str  # "pass" | "breach"
+
+    @property
+    def over_ms(self) -> float:
+        return self.observed_ms - self.budget_ms
+
+
+def judge_slo(
+    results: SweepResults, slo: SloSpec, pairs: Sequence[tuple[str, str]], batch_sizes: Sequence[int]
+) -> tuple[list[SloJudgement], list[str]]:
+    """Judge every (variant, backend) in `pairs` against its budget; problems name what could not be judged."""
+    judgements: list[SloJudgement] = []
+    problems: list[str] = []
+    for variant, backend in pairs:
+        result = results.find(variant, backend)
+        judgement, problem = _judge_one(result, slo, backend, batch_sizes)
+        if problem is not None:
+            problems.append(f"{variant}@{backend}: SLO: {problem}")
+        if judgement is not None:
+            judgements.append(judgement)
+    return judgements, problems
+
+
+def _judge_one(
+    result: VariantResult | None, slo: SloSpec, backend: str, batch_sizes: Sequence[int]
+) -> tuple[SloJudgement | None, str | None]:
+    budget = slo.budget(backend)
+    if result is None or result.status != "ok":
+        return None, "no latency figure (the variant is missing or failed)"
+    serving = result.serving
+    if budget.rate_rps is not None:
+        if serving is None or serving.at_rate is None:
+            return None, "no load figure at the budget rate: re-run `qbench sweep` with this slo section"
+        recorded = {k: getattr(serving, k) for k in ("rate_rps", "max_batch_size", "max_queue_delay_ms", "requests", "seed")}
+        if recorded != load_settings(slo, backend, batch_sizes):
+            return None, f"results were simulated with other load settings ({recorded}): re-run `qbench sweep`"
+        observed, samples = serving.at_rate.p99_ms, serving.at_rate.requests
+    else:
+        point = result.latency.at(budget.batch_size) if result.latency else None
+        if point is None:
+            return None, f"no latency measured at batch size {budget.batch_size}"
+        preprocess = serving.preprocess_ms_per_row if serving is not None else math.nan
+        observed = point.p99_ms + preprocess * budget.batch_size
+        samples = point.iterations
+    if not math.isfinite(observed):
+        return None, "the p99 latency is missing or NaN"
+    status = "pass" if observed <= budget.p99_ms + 1e-12 else "breach"
+    return SloJudgement(result.variant, result.backend, budget.p99_ms, observed, samples, status), None
+
+
+# -- MLflow ---------------------------------------------------------------------------------------
+
+
+def serving_metrics(variant: VariantResult) -> dict[str, float]:
+    """Metric name -> value for the variant's MLflow run: cost.usd_per_million.b32, load.p99_ms, ..."""
+    serving = variant.serving
+    if serving is None:
+        return {}
+    metrics = {"time.preprocess_ms_per_row": serving.preprocess_ms_per_row}
+    metrics |= {f"cost.usd_per_million.{key}": value for key, value in serving.usd_per_million.items()}
+    if serving.transfer_ms_b1 is not None:
+        metrics["time.transfer_ms_b1"] = serving.transfer_ms_b1
+    if serving.at_rate is not None:
+        metrics |= {"load.p50_ms": serving.at_rate.p50_ms, "load.p95_ms": serving.at_rate.p95_ms,
+                    "load.p99_ms": serving.at_rate.p99_ms, "load.mean_batch_size": serving.at_rate.mean_batch_size}  # fmt: skip
+    if serving.budget_ms is not None:
+        metrics["load.max_rate_rps"] = serving.max_rate_rps if serving.max_rate_rps is not None else 0.0
+    if serving.bound is not None and serving.bound.bandwidth_fraction is not None:
+        metrics["bound.bandwidth_fraction"] = serving.bound.bandwidth_fraction
+    return metrics

@@ -1,0 +1,230 @@
+"""Batching under load: Poisson arrivals, a dynamic batcher, one model instance, simulated deterministically.
+
+In the spirit of MLPerf's server scenario and Triton's dynamic batcher: requests arrive at a
+target rate (exponential gaps), wait in one FIFO queue, and the batcher sends up to
+`max_batch_size` of them to the model as soon as the model is free and either the batch is
+full or the oldest request has waited `max_queue_delay_ms`.
+
+Why a simulation and not a real-time load test: on a small shared machine a threaded load
+generator measures its own scheduling noise. The sweep measures the model's service time per
+batch size on the real runner (many timed runs), and this module replays arrivals against
+that measured distribution (`MeasuredServiceTimes`), with a fixed seed, so the same recipe
+gives the same figures and the queueing arithmetic can be tested against a model with a known
+service time (`FixedServiceTime`: M/D/1 at batch size 1). What it leaves out: the request's
+own transport, and interference between requests running concurrently (one model instance).
+
+The search for the highest rate within a budget is geometric (doubling) and then bisection;
+the same unit arrival gaps and service draws are reused at every rate (common random numbers),
+so figures at neighbouring rates are comparable. With batching, p99 is not strictly monotone
+in the rate (a higher rate fills batches before the queue delay runs out), so the rate found
+is the edge of the first passing interval, to `rel_tol`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from qbench.errors import QbenchError
+from qbench.results_serving import LoadStats
+
+
+class ServiceTimes(Protocol):
+    """How long the model takes for a batch: `quantile` in [0, 1) picks a draw from its distribution."""
+
+    def service_ms(self, batch_size: int, quantile: float) -> float: ...
+
+    @property
+    def max_batch_size(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class FixedServiceTime:
+    """Every batch of `batch_size` rows takes `base_ms + per_item_ms * batch_size` (tests, and what-ifs)."""
+
+    base_ms: float
+    per_item_ms: float = 0.0
+    max_batch_size: int = 1
+
+    def service_ms(self, batch_size: int, quantile: float) -> float:
+        return self.base_ms + self.per_item_ms * batch_size
+
+
+class MeasuredServiceTimes:
+    """Service times from timed runs of the real runner at a few batch sizes.
+
+    A batch of a measured size draws from that size's timings (the `quantile`-th of them); a size
+    between two measured ones interpolates linearly between the same quantile of both (latency is
+    close to affine in batch size); a size below the smallest measured one is charged that size's
+    time (an upper bound). Sizes above the largest measured one are not served.
+    """
+
+    def __init__(self, samples_ms: Mapping[int, np.ndarray]) -> None:
+        usable = {int(bs): np.sort(np.asarray(v, dtype=np.float64)) for bs, v in samples_ms.items() if len(v)}
+        if not usable:
+            raise QbenchError("no service-time samples to simulate load with")
+        for bs, values in usable.items():
+            if bs <= 0 or not np.all(np.isfinite(values)) or values[0] < 0:
+                raise QbenchError(f"service times at batch size {bs} must be finite and non-negative")
+        self._sizes = sorted(usable)
+        self._samples = usable
+
+    @property
+    def max_batch_size(self) -> int:
+        return self._sizes[-1]
+
+    def _at(self, batch_size: int, quantile: float) -> float:
+        values = self._samples[batch_size]
+        return float(values[min(int(quantile * len(values)), len(values) - 1)])
+
+    def service_ms(self, batch_size: int, quantile: float) -> float:
+        if batch_size > self.max_batch_size:
+            raise QbenchError(f"batch size {batch_size} is above the largest measured one ({self.max_batch_size})")
+        above = next(bs for bs in self._sizes if bs >= batch_size)
+        below = max((bs for bs in self._sizes if bs <= batch_size), default=above)
+        if below == above:
+            return self._at(above, quantile)
+        weight = (batch_size - below) / (above - below)
+        return (1 - weight) * self._at(below, quantile) + weight * self._at(above, quantile)
+
+
+@dataclass(frozen=True)
+class Batcher:
+    max_batch_size: int
+    max_queue_delay_ms: float
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size <= 0:
+            raise QbenchError(f"max_batch_size must be positive, got {self.max_batch_size}")
+        if not (self.max_queue_delay_ms >= 0 and math.isfinite(self.max_queue_delay_ms)):
+            raise QbenchError(f"max_queue_delay_ms must be a finite number >= 0, got {self.max_queue_delay_ms}")
+
+
+@dataclass(frozen=True)
+class Draws:
+    """The random numbers a simulation uses: unit-rate exponential gaps and one service quantile per batch."""
+
+    unit_gaps: np.ndarray
+    quantiles: np.ndarray
+
+    @classmethod
+    def make(cls, requests: int, seed: int) -> Draws:
+        if requests <= 0:
+            raise QbenchError(f"requests must be positive, got {requests}")
+        rng = np.random.default_rng(seed)
+        return cls(rng.exponential(1.0, size=requests), rng.random(size=requests))
+
+
+def simulate(
+    service: ServiceTimes, batcher: Batcher, rate_rps: float, draws: Draws, *, overhead_ms: float = 0.0
+) -> LoadStats:
+    """Replay Poisson arrivals at `rate_rps` through `batcher` onto one model instance; every request is served.
+
+    overhead_ms: per-request time outside the model and the queue (pre-processing), added to each latency.
+    """
+    if not (rate_rps > 0 and math.isfinite(rate_rps)):
+        raise QbenchError(f"rate_rps must be a positive number, got {rate_rps}")
+    if batcher.max_batch_size > service.max_batch_size:
+        raise QbenchError(
+            f"max_batch_size {batcher.max_batch_size} is above the largest measured batch size {service.max_batch_size}"
+        )
+    arrivals = np.cumsum(draws.unit_gaps) * (1000.0 / rate_rps)  # ms
+    n = arrivals.size
+    done = np.empty(n)
+    starts = np.empty(n)
+    free, i, batches = 0.0, 0, 0
+    delay, size = batcher.max_queue_delay_ms, batcher.max_batch_size
+    while i < n:
+        earliest = max(free, arrivals[i])
+        deadline = max(earliest, arrivals[i] + delay)  # a busy model past the delay starts with what is queued
+        last = i + size - 1
+        start = max(earliest, arrivals[last]) if last < n and arrivals[last] <= deadline else deadline
+        count = min(size, int(np.searchsorted(arrivals, start, side="right")) - i)
+        free = start + service.service_ms(count, float(draws.quantiles[batches % n]))
+        starts[i : i + count] = start
+        done[i : i + count] = free
+        i, batches = i + count, batches + 1
+    latencies = done - arrivals + overhead_ms
+    p50, p95, p99 = np.percentile(latencies, [50, 95, 99])
+    span_ms = done[-1] - arrivals[0]
+    return LoadStats(
+        rate_rps=rate_rps,
+        requests=n,
+        p50_ms=float(p50),
+        p95_ms=float(p95),
+        p99_ms=float(p99),
+        mean_ms=float(latencies.mean()),
+        mean_wait_ms=float((starts - arrivals).mean()),
+        mean_batch_size=n / batches,
+        achieved_rps=n * 1000.0 / span_ms if span_ms > 0 else math.inf,
+    )
+
+
+@dataclass(frozen=True)
+class RateSearch:
+    """The highest rate whose p99 met the budget (None: not even a near-idle load did), with its figures."""
+
+    budget_ms: float
+    max_rate_rps: float | None
+    at_max: LoadStats | None
+    simulations: int
+
+
+_IDLE_STEPS = 2
+
+
+def capacity_rps(service: ServiceTimes, batch_size: int) -> float:
+    """Requests per second the model sustains at full `batch_size` batches (median service time)."""
+    return batch_size * 1000.0 / max(service.service_ms(batch_size, 0.5), 1e-9)
+
+
+def search_max_rate(
+    service: ServiceTimes,
+    batcher: Batcher,
+    budget_ms: float,
+    draws: Draws,
+    *,
+    overhead_ms: float = 0.0,
+    rel_tol: float = 0.01,
+    max_simulations: int = 60,
+) -> RateSearch:
+    """The highest Poisson rate whose simulated p99 stays within `budget_ms`: start at 1/64 of capacity
+    (then 1/512, 1/4096: none passing means no rate does), double a passing rate until one fails, then
+    bisect to `rel_tol`. Bounded: at most `max_simulations` simulations."""
+    if not budget_ms > 0:
+        raise QbenchError(f"budget_ms must be positive, got {budget_ms}")
+    runs = 0
+
+    def passes(rate: float) -> LoadStats | None:
+        nonlocal runs
+        runs += 1
+        stats = simulate(service, batcher, rate, draws, overhead_ms=overhead_ms)
+        return stats if stats.p99_ms <= budget_ms else None
+
+    low = capacity_rps(service, batcher.max_batch_size) / 64  # well under capacity: queueing is rare
+    best = passes(low)
+    for _ in range(_IDLE_STEPS):  # nearer idle: if this fails too, the service time alone breaks the budget
+        if best is not None:
+            break
+        low /= 8
+        best = passes(low)
+    if best is None:
+        return RateSearch(budget_ms, None, None, runs)
+    high = low * 2
+    while runs < max_simulations:
+        stats = passes(high)
+        if stats is None:
+            break
+        low, best, high = high, stats, high * 2
+    while runs < max_simulations and (high - low) > rel_tol * low:
+        middle = (low + high) / 2
+        stats = passes(middle)
+        if stats is None:
+            high = middle
+        else:
+            low, best = middle, stats
+    return RateSearch(budget_ms, low, best, runs)
