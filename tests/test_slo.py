@@ -1,0 +1,133 @@
+"""The latency budget as a gate check (fail closed), the cheapest variant meeting both, and MLflow figures;
+end to end through `qbench sweep` / `qbench gate` on a small user model."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+import yaml
+from sweep_factory import make_sweep, make_variant
+from user_model import make_user_project
+
+from qbench.cli import main
+from qbench.gate import EXIT_BREACH, EXIT_PASS, EXIT_UNUSABLE, GateSpec, evaluate_gate
+from qbench.recipe_slo import SloSpec
+from qbench.report_serving import cheapest, slo_lines
+from qbench.results_serving import LoadStats, ServingResult
+from qbench.slo import SLO_METRIC, SLO_SCOPE, serving_metrics
+
+SLO = SloSpec.model_validate({"p99_ms": 10.0, "rate_rps": 100.0, "load": {"max_queue_delay_ms": 1.0}})
+GATE = GateSpec(metric="accuracy", max_drop=0.05, max_slice_drop=0.1)
+BUDGET_SIZES = {"latency": {"batch_sizes": [1, 32]}}
+
+
+def _load(p99_ms: float, rate: float = 100.0) -> LoadStats:
+    return LoadStats(rate, 5000, p99_ms / 2, p99_ms * 0.9, p99_ms, p99_ms / 2, 0.1, 1.2, rate)
+
+
+def _serving(p99_ms: float | None, max_rate: float, cost: float) -> ServingResult:
+    return ServingResult(
+        preprocess_ms_per_row=0.01, budget_ms=10.0, rate_rps=100.0, max_batch_size=32, max_queue_delay_ms=1.0,
+        requests=5000, seed=0, at_rate=_load(p99_ms) if p99_ms is not None else None, max_rate_rps=max_rate,
+        price_per_hour=0.36, usd_per_million={"max_rate": cost},
+    )  # fmt: skip
+
+
+def _results(int8_p99: float | None = 14.5):
+    fp32 = replace(make_variant("fp32", "fp32"), serving=_serving(30.0, 50.0, 2.0))
+    fast = replace(make_variant("int8-fast", "int8"), serving=_serving(int8_p99, 400.0, 0.25))
+    ok = replace(make_variant("int8-ok", "int8"), serving=_serving(6.0, 200.0, 0.5))
+    results = make_sweep([fp32, fast, ok])
+    return replace(results, recipe={**results.recipe, **BUDGET_SIZES})
+
+
+def test_accurate_but_too_slow_breaches_with_a_line_naming_it():
+    gate = evaluate_gate(_results(), GATE, slo=SLO)
+    assert gate.exit_code == EXIT_BREACH
+    breach = next(c for c in gate.breaches)
+    assert (breach.variant, breach.scope, breach.metric) == ("int8-fast", SLO_SCOPE, SLO_METRIC)
+    assert (breach.reference, breach.observed, breach.drop) == (10.0, 14.5, pytest.approx(4.5))
+    assert gate.status_of("int8-fast", "onnxruntime-cpu") == "fail"
+    assert gate.status_of("int8-ok", "onnxruntime-cpu") == "pass"
+    assert not any(c.variant == "fp32" for c in gate.checks)  # the reference is never gated
+    lines = slo_lines(_results(), gate)
+    assert lines[0] == ("SLO BREACH int8-fast@onnxruntime-cpu: p99 14.5 ms at 100 req/s > budget 10 ms "
+                        "(+4.5 ms, +45.0%)")  # fmt: skip
+    assert lines[-1] == ("cheapest meeting accuracy and SLO: int8-ok@onnxruntime-cpu "
+                         "(up to 200 req/s within budget, $0.5 per million)")  # fmt: skip
+
+
+def test_within_budget_passes_and_is_the_cheapest():
+    results = _results(int8_p99=9.0)
+    gate = evaluate_gate(results, GATE, slo=SLO)
+    assert gate.exit_code == EXIT_PASS
+    assert cheapest(results, gate).variant.variant == "int8-fast"  # $0.25 beats $0.50; FP32 is over budget
+
+
+def test_a_missing_load_figure_or_other_settings_fail_closed():
+    gate = evaluate_gate(_results(int8_p99=None), GATE, slo=SLO)
+    assert gate.exit_code == EXIT_UNUSABLE
+    assert any(p.startswith("int8-fast@onnxruntime-cpu: SLO: no load figure") for p in gate.problems)
+    other_rate = SloSpec.model_validate({"p99_ms": 10.0, "rate_rps": 150.0, "load": {"max_queue_delay_ms": 1.0}})
+    gate = evaluate_gate(_results(int8_p99=9.0), GATE, slo=other_rate)
+    assert gate.exit_code == EXIT_UNUSABLE and "other load settings" in gate.problems[0]
+
+
+def test_a_fixed_batch_budget_adds_the_pre_processing():
+    # make_latency: p99 = 1.5 x p50 = 1.5 ms at batch 1; + 0.01 ms pre-processing per row = 1.51 ms
+    results = _results(int8_p99=9.0)
+    tight = SloSpec.model_validate({"p99_ms": 1.505, "batch_size": 1})
+    gate = evaluate_gate(results, GATE, slo=tight)
+    checks = [c for c in gate.checks if c.scope == SLO_SCOPE]
+    assert [c.observed for c in checks] == [pytest.approx(1.51)] * 2
+    assert gate.exit_code == EXIT_BREACH
+    loose = SloSpec.model_validate({"p99_ms": 1.515, "batch_size": 1})
+    assert evaluate_gate(results, GATE, slo=loose).exit_code == EXIT_PASS
+
+
+def test_mlflow_figures():
+    metrics = serving_metrics(_results().variants[1])
+    assert metrics["cost.usd_per_million.max_rate"] == 0.25
+    assert metrics["load.p99_ms"] == 14.5 and metrics["load.max_rate_rps"] == 400.0
+    assert metrics["time.preprocess_ms_per_row"] == 0.01
+
+
+def _user_recipe(tmp_path, p99_ms: float):
+    recipe = make_user_project(tmp_path) if not (tmp_path / "qbench.yaml").exists() else tmp_path / "qbench.yaml"
+    body = yaml.safe_load(recipe.read_text())
+    body["gate"] |= {"max_drop": 1.0, "max_slice_drop": 1.0}  # accuracy always passes: the SLO decides
+    body["slo"] = {"p99_ms": p99_ms, "rate_rps": 50.0, "load": {"max_queue_delay_ms": 0.5, "requests": 500}}
+    body["cost"] = {"price_per_hour": {"onnxruntime-cpu": 0.36}}
+    recipe.write_text(yaml.safe_dump(body, sort_keys=False))
+    return recipe
+
+
+@pytest.mark.slow
+def test_sweep_and_gate_exit_1_on_a_tight_budget_and_0_when_loosened(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    recipe = _user_recipe(tmp_path, p99_ms=0.0001)  # 100 ns: no model answers that fast
+    assert main(["sweep", str(recipe), "--gate", "--no-track"]) == EXIT_BREACH
+    assert main(["gate", str(recipe)]) == EXIT_BREACH
+    shown = "".join(capsys.readouterr())  # the sweep's tables on stderr, the gate's on stdout
+    assert "SLO BREACH int8-minmax@onnxruntime-cpu: p99 " in shown
+    assert "at 50 req/s > budget 0.0001 ms" in shown
+    assert "cheapest meeting accuracy and SLO: none" in shown
+    recipe = _user_recipe(tmp_path, p99_ms=10_000.0)
+    assert main(["sweep", str(recipe), "--gate", "--no-track"]) == EXIT_PASS
+    shown = "".join(capsys.readouterr())  # the sweep's tables on stderr, the gate's on stdout
+    assert "SLO pass int8-pct@onnxruntime-cpu" in shown and "SLO BREACH" not in shown
+    assert "cheapest meeting accuracy and SLO: " in shown and "per million" in shown
+    from qbench.gate import latest_results
+    from qbench.recipe import load_recipe
+    from qbench.results import read_results
+
+    results = read_results(latest_results(load_recipe(recipe)))
+    for variant in results.variants:
+        serving = variant.serving
+        assert serving.at_rate.requests == 500 and serving.max_rate_rps > 50.0
+        point = variant.latency.at(16)
+        assert serving.usd_per_million["b16"] == pytest.approx(0.36 / 3600 / point.items_per_s * 1e6)
+        assert serving.bound.verdict in ("memory-bound", "compute-bound", "overhead-bound")
+        assert math.isfinite(serving.preprocess_ms_per_row) and serving.preprocess_ms_per_row > 0

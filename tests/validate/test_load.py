@@ -1,0 +1,106 @@
+"""The load generator's arithmetic against queueing theory, with a model of known service time."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from qbench.errors import QbenchError
+from qbench.validate.load import (
+    Batcher,
+    Draws,
+    FixedServiceTime,
+    MeasuredServiceTimes,
+    capacity_rps,
+    search_max_rate,
+    simulate,
+)
+
+D_MS = 2.0  # fixed service time
+
+
+@pytest.mark.parametrize("rho", [0.3, 0.5, 0.8])
+def test_mean_wait_matches_md1(rho):
+    """Batch size 1, no queue delay, fixed service D: M/D/1, whose mean wait is W = rho D / (2 (1 - rho))."""
+    rate = rho / D_MS * 1000.0
+    stats = simulate(FixedServiceTime(D_MS), Batcher(1, 0.0), rate, Draws.make(200_000, seed=0))
+    expected = rho * D_MS / (2 * (1 - rho))  # 0.4286, 1.0, 4.0 ms
+    assert stats.mean_wait_ms == pytest.approx(expected, rel=0.05)
+    assert stats.mean_ms == pytest.approx(expected + D_MS, rel=0.03)
+    assert stats.mean_batch_size == 1.0
+    assert stats.achieved_rps == pytest.approx(rate, rel=0.02)
+
+
+def test_p99_at_low_load_is_the_service_time():
+    """At rho = 0.001 almost no request waits: p50 and p99 are D."""
+    stats = simulate(FixedServiceTime(D_MS), Batcher(1, 0.0), 0.5, Draws.make(5000, seed=1))
+    assert stats.p50_ms == pytest.approx(D_MS)
+    assert stats.p99_ms == pytest.approx(D_MS, abs=0.01)
+
+
+def test_overhead_is_added_to_every_request():
+    stats = simulate(FixedServiceTime(D_MS), Batcher(1, 0.0), 0.5, Draws.make(2000, seed=1), overhead_ms=0.25)
+    assert stats.p50_ms == pytest.approx(D_MS + 0.25)
+
+
+def test_batches_fill_up_at_high_load():
+    """Service 1 ms + 0.1 ms per row, up to 32 rows: capacity 32 / 4.2 ms = 7,619 req/s. At 95 % of it
+    (7.238 req/ms) a server keeping up needs batches of n with n / (1 + 0.1 n) >= 7.238, so n >= 26.2;
+    at 1 % of it requests wait the queue delay alone and go out in batches of about 1."""
+    service = FixedServiceTime(1.0, 0.1, max_batch_size=32)
+    batcher = Batcher(32, 2.0)
+    assert capacity_rps(service, 32) == pytest.approx(32 / 4.2 * 1000)
+    busy = simulate(service, batcher, 0.95 * 7619, Draws.make(20_000, seed=2))
+    idle = simulate(service, batcher, 0.01 * 7619, Draws.make(20_000, seed=2))
+    assert 26.2 <= busy.mean_batch_size <= 32
+    assert idle.mean_batch_size < 1.3
+    # an idle request waits up to the 2 ms delay for company, then 1.1 ms of service
+    assert idle.p50_ms == pytest.approx(2.0 + 1.1, abs=0.2)
+
+
+def test_overload_is_seen_in_the_tail():
+    service = FixedServiceTime(D_MS)
+    stable = simulate(service, Batcher(1, 0.0), 0.5 / D_MS * 1000, Draws.make(5000, seed=3))
+    overloaded = simulate(service, Batcher(1, 0.0), 1.5 / D_MS * 1000, Draws.make(5000, seed=3))
+    assert overloaded.p99_ms > 100 * stable.p99_ms
+    assert overloaded.achieved_rps == pytest.approx(1000 / D_MS, rel=0.01)  # the server's own rate
+
+
+def test_max_rate_search_finds_the_edge():
+    service, batcher, draws = FixedServiceTime(D_MS), Batcher(1, 0.0), Draws.make(5000, seed=4)
+    found = search_max_rate(service, batcher, 10.0, draws, rel_tol=0.01)
+    assert found.max_rate_rps is not None and found.at_max is not None
+    assert found.at_max.p99_ms <= 10.0
+    assert simulate(service, batcher, found.max_rate_rps * 1.02, draws).p99_ms > 10.0
+    # M/D/1 with p99 <= 5 D needs rho well under 1 but above one half
+    assert 0.5 * 500 < found.max_rate_rps < 500
+    assert found.simulations <= 60
+
+
+def test_no_rate_meets_a_budget_below_the_service_time():
+    found = search_max_rate(FixedServiceTime(D_MS), Batcher(1, 0.0), 1.0, Draws.make(2000, seed=0))
+    assert found.max_rate_rps is None and found.at_max is None
+
+
+def test_measured_service_times_interpolate_between_batch_sizes():
+    samples = {1: np.array([1.0, 2.0, 3.0, 4.0]), 9: np.array([9.0, 10.0, 11.0, 12.0])}
+    service = MeasuredServiceTimes(samples)
+    assert service.max_batch_size == 9
+    assert service.service_ms(1, 0.0) == 1.0
+    assert service.service_ms(1, 0.99) == 4.0
+    assert service.service_ms(5, 0.5) == pytest.approx((3.0 + 11.0) / 2)  # halfway, same quantile
+    with pytest.raises(QbenchError, match="above the largest measured"):
+        service.service_ms(10, 0.5)
+    with pytest.raises(QbenchError, match="above the largest measured"):
+        simulate(service, Batcher(16, 0.0), 10.0, Draws.make(100, seed=0))
+
+
+def test_bad_inputs_are_errors():
+    with pytest.raises(QbenchError):
+        Batcher(0, 1.0)
+    with pytest.raises(QbenchError):
+        Batcher(1, -1.0)
+    with pytest.raises(QbenchError):
+        simulate(FixedServiceTime(1.0), Batcher(1, 0.0), 0.0, Draws.make(10, seed=0))
+    with pytest.raises(QbenchError):
+        MeasuredServiceTimes({1: np.array([np.nan])})
