@@ -35,12 +35,16 @@ def sweep(
     recipe: RecipeArg,
     gate: Annotated[bool, typer.Option("--gate", help="also run the gate; exit 1 if any variant breaches")] = False,
     track: Annotated[bool, typer.Option("--track/--no-track", help="log to MLflow")] = True,
+    price: Annotated[
+        Optional[list[str]], typer.Option("--price", help="backend=USD per hour, for cost per inference (repeatable)")
+    ] = None,
 ) -> int:
     """Build every variant, measure it against FP32, write reports/<name>/<time>/ and log to MLflow."""
     from qbench.recipe import load_recipe
+    from qbench.slo import with_prices
     from qbench.sweep import run_sweep
 
-    outcome = run_sweep(load_recipe(recipe), track=track)
+    outcome = run_sweep(with_prices(load_recipe(recipe), price or []), track=track)
     if outcome.mlflow_run_id:
         err_console.print(f"MLflow run: {outcome.mlflow_run_id}  (open the UI with `qbench ui {recipe}`)")
     return _gate_verdict(outcome.gate) if gate else 0

@@ -225,6 +225,29 @@ def _label_points(ax: Axes, results: SweepResults, batch_size: int) -> None:
         placed.append(label.get_window_extent(renderer))
 
 
+def _cost_points(results: SweepResults) -> list[tuple[VariantResult, float, float]]:
+    """(variant, USD per million at its highest measured throughput, metric) for variants with a price."""
+    found = []
+    for variant in results.variants:
+        value = overall_metric(variant, results.gate_metric)
+        costs = variant.serving.usd_per_million if variant.status == "ok" and variant.serving else {}
+        batch_costs = [c for key, c in costs.items() if key.startswith("b") and math.isfinite(c)]
+        if batch_costs and math.isfinite(value):
+            found.append((variant, min(batch_costs), value))
+    return found
+
+
+def _draw_cost_panel(ax: Axes, results: SweepResults, colours: dict[str, str]) -> None:
+    """Cost per million inferences (at the best measured throughput) against the metric: a second view."""
+    for variant, cost, value in _cost_points(results):
+        ax.scatter(cost, value, s=46, zorder=3, color=colours[variant.backend])
+        ax.annotate(variant.variant, (cost, value), xytext=(6, 5), textcoords="offset points", fontsize=8)
+    ax.set_title("cost per inference", fontsize=10)
+    ax.set_xlabel("USD per million inferences (best measured throughput)")
+    ax.grid(True, linestyle=":", linewidth=0.6, alpha=0.7)
+    ax.margins(x=0.15, y=0.12)
+
+
 def _legend_handles(colours: dict[str, str], threshold: float | None) -> list[Line2D]:
     from matplotlib.lines import Line2D
 
@@ -242,7 +265,8 @@ def _direction(metric: str) -> str:
 
 
 def plot_frontier(results: SweepResults, path: Path, *, threshold: float | None = None) -> Path:
-    """Draw the latency–accuracy plane to a PNG: one panel per batch size, the gate as a dashed line.
+    """Draw the latency–accuracy plane to a PNG: one panel per batch size, the gate as a dashed line, and
+    with prices (`cost:`) a cost–accuracy panel beside them.
 
     Up and to the left is better on every panel: the y axis is inverted for lower-is-better metrics.
     """
@@ -255,7 +279,8 @@ def plot_frontier(results: SweepResults, path: Path, *, threshold: float | None 
     batch_sizes = _batch_sizes(results)
     palette = plt.get_cmap("tab10").colors
     colours = {b: matplotlib.colors.to_hex(palette[i % len(palette)]) for i, b in enumerate(results.backends())}
-    panels = max(len(batch_sizes), 1)
+    priced = bool(_cost_points(results))
+    panels = max(len(batch_sizes), 1) + (1 if priced else 0)
     fig, axes = plt.subplots(1, panels, figsize=(1.6 + 4.6 * panels, 4.8), squeeze=False, sharey=True)
     axes_list = list(axes[0])
     for ax, batch_size in zip(axes_list, batch_sizes):
@@ -263,6 +288,10 @@ def plot_frontier(results: SweepResults, path: Path, *, threshold: float | None 
         _set_x_scale(ax, results, batch_size)
         if threshold is not None:
             ax.axhline(threshold, color="crimson", linestyle="--", linewidth=1.0)
+    if priced:
+        _draw_cost_panel(axes_list[-1], results, colours)
+        if threshold is not None:
+            axes_list[-1].axhline(threshold, color="crimson", linestyle="--", linewidth=1.0)
     if not batch_sizes:
         axes_list[0].text(0.5, 0.5, "no variant has both latency and accuracy", ha="center", va="center",
                           transform=axes_list[0].transAxes)  # fmt: skip

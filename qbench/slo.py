@@ -15,8 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from qbench.errors import QbenchError, expected_one_of
 from qbench.recipe import Recipe
-from qbench.recipe_slo import SloSpec
+from qbench.recipe_slo import CostSpec, SloSpec
 from qbench.results import LatencyPoint, SweepResults, VariantResult
 from qbench.results_serving import ServingResult
 from qbench.validate.bound import estimate_bound, last_level_cache_bytes, memory_bandwidth_bytes_per_s
@@ -95,6 +96,23 @@ def _with_load(
         serving, budget_ms=budget.p99_ms, batch_size=budget.batch_size, at_rate=at_rate,
         max_rate_rps=search.max_rate_rps, at_max_rate=search.at_max, simulations=search.simulations, **settings,
     )  # fmt: skip
+
+
+def with_prices(recipe: Recipe, prices: Sequence[str]) -> Recipe:
+    """The recipe with `--price backend=USD` entries (USD per hour) over its cost.price_per_hour."""
+    merged = dict(recipe.cost.price_per_hour) if recipe.cost is not None else {}
+    for entry in prices:
+        backend, _, value = entry.partition("=")
+        if backend not in recipe.backends:
+            raise QbenchError(f"--price {entry}: backend {expected_one_of(backend, recipe.backends)}")
+        try:
+            price = float(value)
+        except ValueError:
+            price = math.nan
+        if not (price > 0 and math.isfinite(price)):
+            raise QbenchError(f"--price {entry}: expected backend=USD per hour, a positive number (e.g. {backend}=0.10)")
+        merged[backend] = price
+    return recipe.model_copy(update={"cost": CostSpec(price_per_hour=merged)}) if merged else recipe
 
 
 # -- the budget check -----------------------------------------------------------------------------

@@ -31,7 +31,7 @@ def _serving(p99_ms: float | None, max_rate: float, cost: float) -> ServingResul
     return ServingResult(
         preprocess_ms_per_row=0.01, budget_ms=10.0, rate_rps=100.0, max_batch_size=32, max_queue_delay_ms=1.0,
         requests=5000, seed=0, at_rate=_load(p99_ms) if p99_ms is not None else None, max_rate_rps=max_rate,
-        price_per_hour=0.36, usd_per_million={"max_rate": cost},
+        price_per_hour=0.36, usd_per_million={"b32": cost / 4, "max_rate": cost},
     )  # fmt: skip
 
 
@@ -99,7 +99,6 @@ def _user_recipe(tmp_path, p99_ms: float):
     body = yaml.safe_load(recipe.read_text())
     body["gate"] |= {"max_drop": 1.0, "max_slice_drop": 1.0}  # accuracy always passes: the SLO decides
     body["slo"] = {"p99_ms": p99_ms, "rate_rps": 50.0, "load": {"max_queue_delay_ms": 0.5, "requests": 500}}
-    body["cost"] = {"price_per_hour": {"onnxruntime-cpu": 0.36}}
     recipe.write_text(yaml.safe_dump(body, sort_keys=False))
     return recipe
 
@@ -115,7 +114,7 @@ def test_sweep_and_gate_exit_1_on_a_tight_budget_and_0_when_loosened(tmp_path, m
     assert "at 50 req/s > budget 0.0001 ms" in shown
     assert "cheapest meeting accuracy and SLO: none" in shown
     recipe = _user_recipe(tmp_path, p99_ms=10_000.0)
-    assert main(["sweep", str(recipe), "--gate", "--no-track"]) == EXIT_PASS
+    assert main(["sweep", str(recipe), "--gate", "--no-track", "--price", "onnxruntime-cpu=0.36"]) == EXIT_PASS
     shown = "".join(capsys.readouterr())  # the sweep's tables on stderr, the gate's on stdout
     assert "SLO pass int8-pct@onnxruntime-cpu" in shown and "SLO BREACH" not in shown
     assert "cheapest meeting accuracy and SLO: " in shown and "per million" in shown
@@ -131,3 +130,34 @@ def test_sweep_and_gate_exit_1_on_a_tight_budget_and_0_when_loosened(tmp_path, m
         assert serving.usd_per_million["b16"] == pytest.approx(0.36 / 3600 / point.items_per_s * 1e6)
         assert serving.bound.verdict in ("memory-bound", "compute-bound", "overhead-bound")
         assert math.isfinite(serving.preprocess_ms_per_row) and serving.preprocess_ms_per_row > 0
+
+
+def test_price_on_the_command_line(tmp_path):
+    from test_recipe import with_changes, write_recipe
+
+    from qbench.errors import QbenchError
+    from qbench.recipe import load_recipe
+    from qbench.slo import with_prices
+
+    recipe = load_recipe(write_recipe(tmp_path, with_changes(cost={"price_per_hour": {"onnxruntime-cpu": 0.1}})))
+    priced = with_prices(recipe, ["onnxruntime-cpu=0.25"])
+    assert priced.cost.price_per_hour == {"onnxruntime-cpu": 0.25}
+    assert priced.source == recipe.source and priced.fingerprint() == recipe.fingerprint()
+    with pytest.raises(QbenchError, match="--price tensorrt=1: backend got 'tensorrt'"):
+        with_prices(recipe, ["tensorrt=1"])
+    with pytest.raises(QbenchError, match="a positive number"):
+        with_prices(recipe, ["onnxruntime-cpu=-2"])
+
+
+def test_the_frontier_plot_gets_a_cost_panel(tmp_path):
+    import struct
+
+    from qbench.frontier import plot_frontier
+
+    def width(path):
+        return struct.unpack(">I", path.read_bytes()[16:20])[0]  # PNG IHDR width
+
+    priced, plain = _results(), make_sweep([make_variant("fp32", "fp32"), make_variant("int8-ok", "int8")])
+    wide = width(plot_frontier(priced, tmp_path / "priced.png"))
+    narrow = width(plot_frontier(plain, tmp_path / "plain.png"))
+    assert (wide, narrow) == (round((1.6 + 4.6 * 3) * 120), round((1.6 + 4.6 * 2) * 120))  # b1, b32 (+ cost), 120 dpi
