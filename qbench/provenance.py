@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qbench.errors import QbenchError
+from qbench.user_code import module_source, not_found
 
 if TYPE_CHECKING:  # pragma: no cover
     from qbench.recipe import Recipe
@@ -50,6 +51,12 @@ def input_files(recipe: Recipe) -> dict[str, Path]:
     files["data"] = recipe.data_path
     if recipe.calibration_data_path is not None:
         files["data.calibration"] = recipe.calibration_data_path
+    for index, metric in enumerate(recipe.metrics):
+        module_name = metric.function.partition(":")[0]
+        source = module_source(module_name, recipe.base_dir)
+        if source is None:
+            raise QbenchError(f"metrics[{index}].function: {not_found(module_name, recipe.base_dir)}")
+        files[f"metrics[{index}] source"] = source
     for column, spec in recipe.data.inputs.items():
         if isinstance(spec, str):
             continue

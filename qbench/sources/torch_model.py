@@ -25,7 +25,6 @@ import importlib.util
 import inspect
 import json
 import os
-import sys
 import tempfile
 import warnings
 import weakref
@@ -40,6 +39,7 @@ import numpy as np
 from qbench.console import console
 from qbench.errors import MissingExtraError, QbenchError, RecipeError, did_you_mean
 from qbench.recipe import Recipe, file_sha256
+from qbench.user_code import first_on_sys_path, module_source, not_found
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -114,46 +114,15 @@ def factory_source_path(spec: str, search_dir: Path) -> Path:
     """The source file of `spec`'s module ('package.module:factory'), found as an import would
     find it with `search_dir` (the recipe's folder) first on sys.path; neither it nor torch is imported."""
     module_name = spec.partition(":")[0]
-    source = _module_source(module_name, search_dir)
+    source = module_source(module_name, search_dir)
     if source is None:
-        raise QbenchError(f"model.torch: {_not_found(module_name, search_dir)}")
+        raise QbenchError(f"model.torch: {not_found(module_name, search_dir)}")
     return source
 
 
 def factory_source_sha256(spec: str, search_dir: Path) -> str:
     """sha256 of the factory's source file (see `factory_source_path`)."""
     return file_sha256(factory_source_path(spec, search_dir))
-
-
-def _module_source(module_name: str, search_dir: Path) -> Path | None:
-    """The file `import module_name` would load, looking in `search_dir` first; parents are not imported."""
-    top, *rest = module_name.split(".")
-    spec = importlib.machinery.PathFinder.find_spec(top, [str(search_dir)])
-    if spec is None:
-        with _first_on_sys_path(search_dir), contextlib.suppress(ValueError):  # ValueError: no __spec__
-            spec = importlib.util.find_spec(top)  # installed, editable installs, already imported
-    for depth in range(1, len(rest) + 1):
-        if spec is None or spec.submodule_search_locations is None:
-            return None
-        name = ".".join([top, *rest[:depth]])
-        spec = importlib.machinery.PathFinder.find_spec(name, list(spec.submodule_search_locations))
-    if spec is None or not spec.has_location or spec.origin is None:
-        return None
-    return Path(spec.origin).resolve()
-
-
-def _not_found(module_name: str, search_dir: Path) -> str:
-    return f"cannot find module {module_name!r} (with a source file) in {search_dir} or on sys.path"
-
-
-@contextlib.contextmanager
-def _first_on_sys_path(folder: Path) -> Iterator[None]:
-    entry = str(folder)
-    sys.path.insert(0, entry)
-    try:
-        yield
-    finally:
-        sys.path.remove(entry)
 
 
 # -- loading ------------------------------------------------------------------------------------
@@ -172,9 +141,9 @@ def load_torch_model(recipe: Recipe) -> TorchModel:
     if spec.torch is None or not spec.example_inputs:
         raise RecipeError(recipe.source, "model.torch", "this recipe's model is an ONNX file, not a PyTorch factory")
     module_name = spec.torch.partition(":")[0]
-    source = _module_source(module_name, recipe.base_dir)
+    source = module_source(module_name, recipe.base_dir)
     if source is None:
-        raise RecipeError(recipe.source, "model.torch", _not_found(module_name, recipe.base_dir))
+        raise RecipeError(recipe.source, "model.torch", not_found(module_name, recipe.base_dir))
     with single_torch_thread():
         module = _build_template(recipe, source)
         order = _bind_forward_arguments(recipe, module, list(spec.example_inputs))
@@ -219,7 +188,7 @@ def _build_template(recipe: Recipe, source: Path) -> torch.nn.Module:
     """Call the factory, make the module FP32, load the weights, switch to eval."""
     torch = _import_torch()
     factory_name = recipe.model.torch or ""
-    with _first_on_sys_path(recipe.base_dir):
+    with first_on_sys_path(recipe.base_dir):
         factory = _import_factory(recipe, factory_name, source)
         try:
             module = factory()

@@ -9,29 +9,16 @@ None without data.label. It returns one float.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import inspect
-import sys
-from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qbench.errors import RecipeError, did_you_mean
 from qbench.tasks.base import CustomMetric
+from qbench.user_code import first_on_sys_path
 
 if TYPE_CHECKING:  # pragma: no cover
     from qbench.recipe import Recipe
-
-
-@contextlib.contextmanager
-def _first_on_sys_path(folder: Path) -> Iterator[None]:
-    entry = str(folder)
-    sys.path.insert(0, entry)
-    try:
-        yield
-    finally:
-        sys.path.remove(entry)
 
 
 def load_custom_metrics(recipe: Recipe) -> tuple[CustomMetric, ...]:
@@ -41,7 +28,7 @@ def load_custom_metrics(recipe: Recipe) -> tuple[CustomMetric, ...]:
         field = f"metrics[{index}].function"
         module_name, _, attribute = spec.function.partition(":")
         importlib.invalidate_caches()  # the module may have been written a moment ago
-        with _first_on_sys_path(recipe.base_dir):
+        with first_on_sys_path(recipe.base_dir):
             try:
                 module = importlib.import_module(module_name)
             except Exception as exc:  # noqa: BLE001 - a broken user module is a recipe problem

@@ -52,6 +52,11 @@ def test_a_custom_metric_is_reported_per_slice_and_gated(tmp_path, monkeypatch, 
     int8 = results.find("int8", "onnxruntime-cpu").accuracy
     assert int8.overall.drops["logit_shift"] == pytest.approx(int8.overall.metrics["logit_shift"])  # lower is better
     assert results.gate_metric == "top2_hit" and said("Gate on top2_hit", shown)
+    # the metric's code decides the figures: editing it makes the results stale, as editing the model would
+    (tmp_path / "user_metrics.py").write_text(METRIC_MODULE + "\n# edited\n")
+    capsys.readouterr()
+    assert main(["gate", str(recipe)]) == 2
+    assert "metrics[0] source" in " ".join(capsys.readouterr().out.split())
 
 
 @pytest.mark.parametrize(
