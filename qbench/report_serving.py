@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 
 from qbench.gate import GateCheck, GateReport
-from qbench.results import SweepResults, VariantResult
+from qbench.results import EMULATED, SweepResults, VariantResult
 from qbench.slo import SLO_SCOPE
 
 _NONE = "—"
@@ -127,7 +127,8 @@ def slo_lines(results: SweepResults, gate: GateReport | None) -> list[str]:
 def _row(results: SweepResults, gate: GateReport | None, variant: VariantResult, sizes: list[int]) -> list[str]:
     serving = variant.serving
     b1 = variant.latency.at(1) if variant.latency else None
-    cells = [variant.variant, variant.backend, _fmt(serving.preprocess_ms_per_row if serving else None),
+    name = variant.variant + (" (emulated latency)" if variant.fidelity.latency == EMULATED else "")
+    cells = [name, variant.backend, _fmt(serving.preprocess_ms_per_row if serving else None),
              _fmt(b1.p50_ms if b1 else None), _fmt(serving.transfer_ms_b1 if serving else None)]  # fmt: skip
     load = serving.at_rate if serving else None
     cells += [_fmt(load.p99_ms) if load else _NONE, _fmt(load.mean_batch_size) if load else _NONE]
@@ -156,6 +157,9 @@ def serving_table(results: SweepResults, gate: GateReport | None) -> ServingTabl
         "$/M: USD per million inferences = price per hour / 3600 / throughput x 1e6",
         "bound: model bytes x runs/s at batch 1 vs measured copy bandwidth; an estimate",
     ]
+    if any(v.fidelity.latency == EMULATED for v in measured):
+        footer.append("emulated latency: the timed model does not run the format's own kernels; its load, cost "
+                      "and bound figures are not those of native hardware")
     footer += [f"{v.key}: {v.serving.bound.basis}" for v in measured if v.serving and v.serving.bound]
     return ServingTable("Serving: where the time goes, load, cost", headers, rows,
                         frozenset(range(2, len(headers) - 3)), footer + slo_lines(results, gate))  # fmt: skip

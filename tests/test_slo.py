@@ -161,3 +161,19 @@ def test_the_frontier_plot_gets_a_cost_panel(tmp_path):
     wide = width(plot_frontier(priced, tmp_path / "priced.png"))
     narrow = width(plot_frontier(plain, tmp_path / "plain.png"))
     assert (wide, narrow) == (round((1.6 + 4.6 * 3) * 120), round((1.6 + 4.6 * 2) * 120))  # b1, b32 (+ cost), 120 dpi
+
+
+def test_the_serving_table_marks_emulated_latency_and_names_the_columns():
+    from qbench.report_serving import serving_table
+    from qbench.results import EMULATED, NATIVE, Fidelity
+
+    results = _results(int8_p99=9.0)
+    emulated = replace(results.variants[2], fidelity=Fidelity(NATIVE, EMULATED))
+    results = replace(results, variants=(*results.variants[:2], emulated))
+    table = serving_table(results, evaluate_gate(results, GATE, slo=SLO))
+    assert table.headers[5] == "p99 ms at 100 req/s" and "$/M b32" in table.headers
+    by_name = {row[0]: row for row in table.rows}
+    assert by_name["int8-fast"][5] == "9" and by_name["int8-fast"][-2:] == ["pass", "pass"]
+    assert by_name["fp32"][-2:] == ["reference", "not budgeted"]
+    assert "int8-ok (emulated latency)" in by_name
+    assert any(line.startswith("emulated latency:") for line in table.footer)
