@@ -5,19 +5,22 @@ Exit codes: 0 success / gate passed, 1 gate breached, 2 anything else (see `main
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from typer.exceptions import TyperException
-from rich.console import Console
 from rich.markup import escape
 
 from qbench.console import console as err_console
-from qbench.console import print_wide
+from qbench.console import make_console, print_wide
 from qbench.errors import QbenchError
+
+if TYPE_CHECKING:
+    from qbench.gate import GateReport
 
 app = typer.Typer(
     add_completion=False,
@@ -25,7 +28,7 @@ app = typer.Typer(
     help="Build FP16/BF16/FP8/INT8 variants of a model, validate them against FP32 "
     "(latency and per-slice accuracy), log to MLflow, and gate them in CI.",
 )
-out = Console()
+out = make_console(stderr=False)
 
 RecipeArg = Annotated[Path, typer.Argument(help="recipe YAML file", show_default=False)]
 
@@ -75,21 +78,26 @@ def gate(
         bool,
         typer.Option("--no-staleness-check", help="judge results whose input files can no longer be read (noted)"),
     ] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="print every check, not only the breaches")] = False,
+    junit: Annotated[Optional[Path], typer.Option("--junit", help="write a JUnit XML report (one test per check)")] = None,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="write the machine-readable report")] = None,
 ) -> int:
-    """Judge results against the recipe's gate: exit 0 pass, 1 breach, 2 missing/partial/stale/broken results."""
+    """Judge results against the recipe's gate: exit 0 pass, 1 breach, 2 missing/partial/stale/broken results.
+
+    Prints the breaches and one summary line (every check with --verbose); with GITHUB_STEP_SUMMARY
+    set, also appends a Markdown table to that file.
+    """
     from qbench.gate import run_gate
     from qbench.recipe import load_recipe
-    from qbench.report import gate_table
     from qbench.report_serving import slo_lines
 
     report, judged = run_gate(
         load_recipe(recipe) if recipe else None, results, check_staleness=not no_staleness_check
     )
-    out.print(f"gate on {escape(judged.recipe.get('name', '?'))} ({judged.created_at}), metric {report.metric}")
-    print_wide(gate_table(report), out)
+    out.print(f"gate on {judged.recipe.get('name', '?')} ({judged.created_at}), metric {report.metric}", markup=False)
     for line in slo_lines(judged, report):
-        out.print(escape(line), soft_wrap=True)
-    return _gate_verdict(report)
+        out.print(line, markup=False)
+    return _gate_verdict(report, verbose=verbose, junit=junit, json_path=json_path)
 
 
 @app.command()
@@ -205,13 +213,32 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
-def _gate_verdict(report) -> int:  # noqa: ANN001 (GateReport; imported lazily)
+def _gate_verdict(
+    report: GateReport, *, verbose: bool = False, junit: Path | None = None, json_path: Path | None = None
+) -> int:
+    """Print the verdict (breaches and problems, or every check when verbose, then one summary line), write the
+    requested report files and the GitHub step summary; return the gate's exit code (2 if a file cannot be written)."""
+    from qbench import gate_report
+
     for note in report.notes:
-        out.print(f"gate note: {escape(note)}")
-    code = report.exit_code
-    verdict = {0: "[green]PASS[/]", 1: "[red]FAIL: tolerance breached[/]", 2: "[red]FAIL: results unusable[/]"}[code]
-    out.print(f"gate: {verdict}")
-    return code
+        out.print(f"gate note: {note}", markup=False)
+    if verbose:
+        from qbench.report import gate_table
+
+        print_wide(gate_table(report), out)
+    else:
+        for line in gate_report.console_lines(report):
+            out.print(line, style="red", markup=False, highlight=False)
+    out.print(gate_report.summary_line(report), style="green" if report.exit_code == 0 else "bold red",
+              markup=False, highlight=False)  # fmt: skip
+    written = [(junit, gate_report.junit_xml), (json_path, gate_report.report_json)]
+    for path, render in written:
+        if path is not None:
+            err_console.print(f"gate report: {gate_report.write_atomic(path, render(report))}", markup=False)
+    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if step_summary:
+        gate_report.append_text(Path(step_summary), gate_report.markdown_summary(report))
+    return report.exit_code
 
 
 EXIT_OK, EXIT_BREACH, EXIT_ERROR = 0, 1, 2

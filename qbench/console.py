@@ -12,7 +12,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 T = TypeVar("T")
 
-console = Console(stderr=True)
+
+
+def make_console(*, stderr: bool) -> Console:
+    """A console that never breaks a line itself (soft wrap): in a CI log (no terminal, 80 columns
+    by default) a path or a long message stays one unbroken line; a terminal folds it on screen only."""
+    return Console(stderr=stderr, soft_wrap=True)
+
+
+console = make_console(stderr=True)
 
 
 def _progress() -> Progress:

@@ -1,0 +1,265 @@
+"""How a gate verdict is presented: console lines, JUnit XML, a JSON document, a Markdown summary.
+
+Everything here except `write_atomic` and `append_text` is a pure function of a `GateReport`
+(qbench.gate decides; this module only says it), so `qbench gate`, `qbench sweep --gate` and
+any script that calls the library show the same figures in the same words.
+
+Each check and problem belongs to one variant on one backend (`variant@backend`); a problem
+whose text starts with such a key is that variant's, any other is about the results as a whole.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import xml.etree.ElementTree as ET
+from collections.abc import Mapping
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from qbench.errors import QbenchError
+from qbench.gate import EXIT_BREACH, EXIT_PASS, GateCheck, GateReport
+
+JSON_SCHEMA_VERSION = 1
+RESULTS_SUITE = "results"  # JUnit suite for problems that belong to no single variant
+_VERDICTS = {EXIT_PASS: "pass", EXIT_BREACH: "breach"}
+_HEADLINES = {EXIT_PASS: "PASS", EXIT_BREACH: "FAIL"}
+
+
+# -- words and numbers ----------------------------------------------------------------------------
+
+
+def verdict(report: GateReport) -> str:
+    """'pass', 'breach' or 'unusable' (the exit code in a word)."""
+    return _VERDICTS.get(report.exit_code, "unusable")
+
+
+def check_key(check: GateCheck) -> str:
+    return f"{check.variant}@{check.backend}"
+
+
+def _number(value: float) -> str:
+    """Four decimals; NaN and infinities spelled out (a variant's NaN metric is a breach, not a crash)."""
+    return f"{value:.4f}" if math.isfinite(value) else str(value)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _scope(check: GateCheck) -> str:
+    return check.scope if check.scope == "overall" else f"slice {check.scope}"
+
+
+def check_line(check: GateCheck) -> str:
+    """One check on one line: who, where, what, reference → observed, drop vs tolerance, result."""
+    comparison = ">" if check.status == "breach" else "≤"
+    result = {"breach": "BREACH", "pass": "pass"}.get(check.status, check.status)
+    line = (
+        f"{result} {check_key(check)} {_scope(check)} {check.metric}: "
+        f"{_number(check.reference)} → {_number(check.observed)}, "
+        f"drop {_number(check.drop)} {comparison} tolerance {_number(check.tolerance)}"
+    )
+    return f"{line} ({check.size} rows, under min_slice_size)" if check.status == "skipped" else line
+
+
+def problem_line(problem: str) -> str:
+    return f"UNUSABLE {problem} (fail closed)"
+
+
+def problem_owner(report: GateReport, problem: str) -> str | None:
+    """The variant@backend a problem is about, or None when it is about the results as a whole."""
+    return next((key for key in report.gated if problem.startswith(f"{key}: ")), None)
+
+
+def _breaching_scopes(report: GateReport) -> dict[str, list[str]]:
+    """variant@backend → the scopes it breaches on, in the order the gate checked them."""
+    scopes: dict[str, list[str]] = {}
+    for check in report.breaches:
+        own = scopes.setdefault(check_key(check), [])
+        if check.scope not in own:
+            own.append(check.scope)
+    return scopes
+
+
+def summary_line(report: GateReport) -> str:
+    """The verdict, naming every breaching variant with its scopes and every variant that cannot be judged.
+
+    e.g. `gate: FAIL — 2 of 5 variants breach: int8@ort (overall, lighting=dark), fp8@ort (faint); 30 checks`
+    """
+    gated = len(report.gated)
+    parts: list[str] = []
+    if report.problems:
+        unjudged = list(dict.fromkeys(o for p in report.problems if (o := problem_owner(report, p)) is not None))
+        general = sum(problem_owner(report, p) is None for p in report.problems)
+        if unjudged:
+            parts.append(f"{len(unjudged)} of {_count(gated, 'variant')} cannot be judged: {', '.join(unjudged)}")
+        if general:
+            parts.append(f"{_count(general, 'problem')} with the results")
+    breaching = _breaching_scopes(report)
+    if breaching:
+        named = ", ".join(f"{key} ({', '.join(scopes)})" for key, scopes in breaching.items())
+        parts.append(f"{len(breaching)} of {_count(gated, 'variant')} {'breaches' if len(breaching) == 1 else 'breach'}: {named}")
+    skipped = sum(c.status == "skipped" for c in report.checks)
+    tail = _count(len(report.checks), "check") + (f" ({skipped} skipped: slices under min_slice_size)" if skipped else "")
+    headline = _HEADLINES.get(report.exit_code, "FAIL (results unusable)")
+    if not parts:
+        scopes = len({c.scope for c in report.checks})
+        return f"gate: {headline} — {_count(gated, 'variant')} × {_count(scopes, 'scope')}, {tail}"
+    return f"gate: {headline} — {'; '.join(parts)}; {tail}"
+
+
+def console_lines(report: GateReport) -> list[str]:
+    """What `qbench gate` prints by default above the summary: each breach, then each problem."""
+    return [check_line(c) for c in report.breaches] + [problem_line(p) for p in report.problems]
+
+
+# -- JSON -----------------------------------------------------------------------------------------
+
+
+def _finite_or_text(value: Any) -> Any:
+    """JSON has no NaN/inf: such floats become the strings 'nan', 'inf', '-inf'."""
+    return value if not isinstance(value, float) or math.isfinite(value) else str(value)
+
+
+def report_dict(report: GateReport) -> dict[str, Any]:
+    """The machine-readable report: verdict, exit code, counts, every check, every problem, the notes."""
+    checks = [{k: _finite_or_text(v) for k, v in asdict(c).items()} for c in report.checks]
+    return {
+        "schema_version": JSON_SCHEMA_VERSION,
+        "verdict": verdict(report),
+        "exit_code": report.exit_code,
+        "summary": summary_line(report),
+        "metric": report.metric,
+        "gated": list(report.gated),
+        "counts": {
+            "checks": len(report.checks),
+            "breaches": len(report.breaches),
+            "skipped": sum(c.status == "skipped" for c in report.checks),
+            "problems": len(report.problems),
+        },
+        "checks": checks,
+        "problems": [{"variant": problem_owner(report, p), "message": p} for p in report.problems],
+        "notes": list(report.notes),
+    }
+
+
+def report_json(report: GateReport) -> str:
+    return json.dumps(report_dict(report), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+
+
+# -- JUnit XML ------------------------------------------------------------------------------------
+
+
+def _testcase(suite: ET.Element, classname: str, name: str) -> ET.Element:
+    return ET.SubElement(suite, "testcase", {"classname": classname, "name": name, "time": "0"})
+
+
+def _set_counts(element: ET.Element, counts: Mapping[str, int]) -> None:
+    for key in ("tests", "failures", "errors", "skipped"):
+        element.set(key, str(counts[key]))
+
+
+def _suite_counts(suite: ET.Element) -> dict[str, int]:
+    cases = suite.findall("testcase")
+    return {
+        "tests": len(cases),
+        "failures": sum(c.find("failure") is not None for c in cases),
+        "errors": sum(c.find("error") is not None for c in cases),
+        "skipped": sum(c.find("skipped") is not None for c in cases),
+    }
+
+
+def junit_xml(report: GateReport, name: str = "qbench gate") -> str:
+    """JUnit XML: a testsuite per variant@backend, a testcase `<scope>: <metric>` per check (a breach is a
+    <failure> carrying the numbers), each problem an <error> testcase; counts on every suite and the root."""
+    root = ET.Element("testsuites", {"name": name})
+    suites: dict[str, ET.Element] = {}
+
+    def suite_of(key: str) -> ET.Element:
+        if key not in suites:
+            suites[key] = ET.SubElement(root, "testsuite", {"name": key})
+        return suites[key]
+
+    for key in report.gated:
+        suite_of(key)
+    for check in report.checks:
+        case = _testcase(suite_of(check_key(check)), check_key(check), f"{check.scope}: {check.metric}")
+        if check.status == "breach":
+            message = f"drop {_number(check.drop)} > tolerance {_number(check.tolerance)}"
+            failure = ET.SubElement(case, "failure", {"type": "breach", "message": message})
+            failure.text = check_line(check)
+        elif check.status == "skipped":
+            ET.SubElement(case, "skipped", {"message": f"{check.size} rows, under min_slice_size"})
+    for problem in report.problems:
+        owner = problem_owner(report, problem)
+        case = _testcase(suite_of(owner or RESULTS_SUITE), owner or RESULTS_SUITE, "results: usable")
+        error = ET.SubElement(case, "error", {"type": "unusable", "message": problem})
+        error.text = problem_line(problem)
+    totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    for suite in suites.values():
+        counts = _suite_counts(suite)
+        _set_counts(suite, counts)
+        totals = {k: totals[k] + counts[k] for k in totals}
+    _set_counts(root, totals)
+    ET.indent(root)
+    return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
+
+
+# -- Markdown (GitHub step summary) ---------------------------------------------------------------
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_summary(report: GateReport, title: str = "qbench gate") -> str:
+    """A Markdown section: the summary line, then a table of every check (breaches first) and the problems."""
+    order = {"breach": 0, "pass": 1}
+    lines = [f"### {title}: {_HEADLINES.get(report.exit_code, 'FAIL (results unusable)')}", "",
+             _md(summary_line(report)), ""]  # fmt: skip
+    if report.checks:
+        lines += ["| variant@backend | scope | metric | FP32 | observed | drop | tolerance | result |",
+                  "|---|---|---|---:|---:|---:|---:|---|"]  # fmt: skip
+        for c in sorted(report.checks, key=lambda c: order.get(c.status, 2)):
+            result = "**BREACH**" if c.status == "breach" else c.status
+            cells = [check_key(c), c.scope, c.metric, _number(c.reference), _number(c.observed), _number(c.drop),
+                     _number(c.tolerance), result]  # fmt: skip
+            lines.append("| " + " | ".join(_md(cell) for cell in cells) + " |")
+        lines.append("")
+    lines += [f"- **cannot judge (fail closed):** {_md(p)}" for p in report.problems]
+    lines += [f"- note: {_md(n)}" for n in report.notes]
+    return "\n".join(lines).rstrip("\n") + "\n\n"
+
+
+# -- files ----------------------------------------------------------------------------------------
+
+
+def write_atomic(path: Path, text: str) -> Path:
+    """Write `text` to `path` through a temporary file in the same folder: never a half-written report."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(handle, "w", encoding="utf-8") as file:
+                file.write(text)
+            os.replace(temporary, path)
+        finally:
+            if os.path.exists(temporary):
+                os.unlink(temporary)
+    except OSError as exc:
+        raise QbenchError(f"{path}: cannot write the gate report: {exc.strerror or exc}") from exc
+    return path
+
+
+def append_text(path: Path, text: str) -> Path:
+    """Append `text` in one write (the GitHub step summary file is shared by every step of a job)."""
+    try:
+        with path.open("a", encoding="utf-8") as file:
+            file.write(text)
+    except OSError as exc:
+        raise QbenchError(f"{path}: cannot append the gate summary: {exc.strerror or exc}") from exc
+    return path
