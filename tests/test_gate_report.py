@@ -1,0 +1,190 @@
+"""Rendering a gate verdict: the summary line, the console lines, JUnit XML, JSON and Markdown, from hand-built reports."""
+
+from __future__ import annotations
+
+import json
+import math
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from qbench.errors import QbenchError
+from qbench.gate import GateCheck, GateReport
+from qbench.gate_report import (
+    append_text,
+    check_line,
+    console_lines,
+    junit_xml,
+    markdown_summary,
+    report_dict,
+    report_json,
+    summary_line,
+    write_atomic,
+)
+
+BACKEND = "onnxruntime-cpu"
+SCOPES = {"overall": 0.01, "condition=noisy": 0.02, "faint": 0.02}  # scope -> tolerance
+REFERENCE = {"overall": 0.95, "condition=noisy": 0.90, "faint": 0.93}
+
+
+def checks_for(variant: str, observed: dict[str, float], skipped: tuple[str, ...] = ()) -> list[GateCheck]:
+    """One accuracy check per scope; the status follows from drop vs tolerance, as the gate decides it."""
+    checks = []
+    for scope, tolerance in SCOPES.items():
+        drop = REFERENCE[scope] - observed[scope]
+        status = "skipped" if scope in skipped else ("breach" if drop > tolerance else "pass")
+        checks.append(GateCheck(variant, BACKEND, scope, "accuracy", REFERENCE[scope], observed[scope], drop,
+                                tolerance, 40 if scope in skipped else 200, status))  # fmt: skip
+    return checks
+
+
+GOOD = {"overall": 0.949, "condition=noisy": 0.895, "faint": 0.925}
+NAMES = ("fp16", "int8-minmax", "int8-entropy", "fp8", "bf16")
+
+
+def report_with(observed: dict[str, dict[str, float]], problems: tuple[str, ...] = ()) -> GateReport:
+    checks = [c for name in NAMES if name in observed for c in checks_for(name, observed[name])]
+    return GateReport("accuracy", tuple(checks), problems, gated=tuple(f"{n}@{BACKEND}" for n in NAMES))
+
+
+PASSING = report_with({name: GOOD for name in NAMES})
+BREACHING = report_with({
+    **{name: GOOD for name in NAMES},
+    "int8-minmax": {"overall": 0.93, "condition=noisy": 0.85, "faint": 0.93},  # overall and noisy breach
+    "fp8": {"overall": 0.945, "condition=noisy": 0.89, "faint": 0.90},  # only faint breaches (0.03 > 0.02)
+})  # fmt: skip
+UNUSABLE = report_with(
+    {name: GOOD for name in NAMES if name != "bf16"} | {"fp8": {"overall": 0.90, "condition=noisy": 0.9, "faint": 0.93}},
+    problems=(f"bf16@{BACKEND}: variant failed: out of memory", "results were modified after the sweep (digest)"),
+)
+
+
+def test_pass_summary_counts_variants_scopes_and_checks():
+    assert summary_line(PASSING) == "gate: PASS — 5 variants × 3 scopes, 15 checks"
+    assert console_lines(PASSING) == []
+
+
+def test_breach_summary_names_exactly_the_breaching_variants_and_their_slices():
+    line = summary_line(BREACHING)
+    assert line == (
+        "gate: FAIL — 2 of 5 variants breach: int8-minmax@onnxruntime-cpu (overall, condition=noisy), "
+        "fp8@onnxruntime-cpu (faint); 15 checks"
+    )
+
+
+def test_console_lines_are_the_breaches_with_their_numbers():
+    lines = console_lines(BREACHING)
+    assert lines == [
+        "BREACH int8-minmax@onnxruntime-cpu overall accuracy: 0.9500 → 0.9300, drop 0.0200 > tolerance 0.0100",
+        "BREACH int8-minmax@onnxruntime-cpu slice condition=noisy accuracy: 0.9000 → 0.8500, "
+        "drop 0.0500 > tolerance 0.0200",
+        "BREACH fp8@onnxruntime-cpu slice faint accuracy: 0.9300 → 0.9000, drop 0.0300 > tolerance 0.0200",
+    ]
+
+
+def test_unusable_summary_names_the_unjudged_variant_counts_other_problems_and_still_names_breaches():
+    line = summary_line(UNUSABLE)
+    assert line == (
+        "gate: FAIL (results unusable) — 1 of 5 variants cannot be judged: bf16@onnxruntime-cpu; "
+        "1 problem with the results; 1 of 5 variants breaches: fp8@onnxruntime-cpu (overall); 12 checks"
+    )
+    assert console_lines(UNUSABLE)[-2:] == [
+        "UNUSABLE bf16@onnxruntime-cpu: variant failed: out of memory (fail closed)",
+        "UNUSABLE results were modified after the sweep (digest) (fail closed)",
+    ]
+
+
+def test_skipped_slices_are_counted_in_the_summary_and_shown_as_skipped():
+    checks = checks_for("int8", {"overall": 0.95, "condition=noisy": 0.5, "faint": 0.93}, skipped=("condition=noisy",))
+    report = GateReport("accuracy", tuple(checks), gated=(f"int8@{BACKEND}",))
+    assert summary_line(report) == "gate: PASS — 1 variant × 3 scopes, 3 checks (1 skipped: slices under min_slice_size)"
+    assert check_line(checks[1]).endswith("(40 rows, under min_slice_size)")
+
+
+def test_nan_observed_value_is_spelled_out():
+    check = GateCheck("int8", BACKEND, "faint", "accuracy", 0.93, math.nan, math.inf, 0.02, 200, "breach")
+    assert check_line(check) == "BREACH int8@onnxruntime-cpu slice faint accuracy: 0.9300 → nan, drop inf > tolerance 0.0200"
+
+
+def junit(report: GateReport) -> ET.Element:
+    return ET.fromstring(junit_xml(report))
+
+
+def counts(element: ET.Element) -> tuple[int, int, int, int]:
+    return tuple(int(element.get(k)) for k in ("tests", "failures", "errors", "skipped"))
+
+
+def test_junit_has_a_suite_per_variant_and_a_case_per_check_with_correct_counts():
+    root = junit(BREACHING)
+    assert counts(root) == (15, 3, 0, 0)
+    suites = {s.get("name"): s for s in root.findall("testsuite")}
+    assert list(suites) == [f"{n}@{BACKEND}" for n in NAMES]
+    minmax = suites[f"int8-minmax@{BACKEND}"]
+    assert counts(minmax) == (3, 2, 0, 0)
+    assert [c.get("name") for c in minmax.findall("testcase")] == [
+        "overall: accuracy", "condition=noisy: accuracy", "faint: accuracy",
+    ]  # fmt: skip
+    failure = minmax.find("testcase[@name='condition=noisy: accuracy']/failure")
+    assert failure.get("message") == "drop 0.0500 > tolerance 0.0200"
+    assert "0.9000 → 0.8500" in failure.text
+    assert counts(suites[f"fp8@{BACKEND}"]) == (3, 1, 0, 0)
+
+
+def test_junit_problems_are_error_cases_in_their_variants_suite_or_a_results_suite():
+    root = junit(UNUSABLE)
+    assert counts(root) == (14, 1, 2, 0)  # 12 checks + 2 problems; fp8 overall breaches
+    suites = {s.get("name"): s for s in root.findall("testsuite")}
+    assert counts(suites[f"bf16@{BACKEND}"]) == (1, 0, 1, 0)
+    assert suites[f"bf16@{BACKEND}"].find("testcase/error").get("message").endswith("out of memory")
+    assert counts(suites["results"]) == (1, 0, 1, 0)
+
+
+def test_junit_skipped_checks_are_skipped_cases():
+    checks = checks_for("int8", {"overall": 0.95, "condition=noisy": 0.5, "faint": 0.93}, skipped=("condition=noisy",))
+    root = junit(GateReport("accuracy", tuple(checks), gated=(f"int8@{BACKEND}",)))
+    assert counts(root) == (3, 0, 0, 1)
+
+
+def test_json_round_trip_keeps_every_check_problem_and_the_verdict():
+    loaded = json.loads(report_json(UNUSABLE))
+    assert loaded == report_dict(UNUSABLE)
+    assert (loaded["verdict"], loaded["exit_code"]) == ("unusable", 2)
+    assert tuple(GateCheck(**c) for c in loaded["checks"]) == UNUSABLE.checks
+    assert [p["message"] for p in loaded["problems"]] == list(UNUSABLE.problems)
+    assert [p["variant"] for p in loaded["problems"]] == [f"bf16@{BACKEND}", None]
+    assert loaded["counts"] == {"checks": 12, "breaches": 1, "skipped": 0, "problems": 2}
+    assert loaded["summary"] == summary_line(UNUSABLE)
+
+
+def test_json_writes_non_finite_numbers_as_strings():
+    check = GateCheck("int8", BACKEND, "faint", "accuracy", 0.93, math.nan, math.inf, 0.02, 200, "breach")
+    loaded = json.loads(report_json(GateReport("accuracy", (check,), gated=(f"int8@{BACKEND}",))))
+    assert (loaded["checks"][0]["observed"], loaded["checks"][0]["drop"]) == ("nan", "inf")
+    assert loaded["verdict"] == "breach"
+
+
+def test_markdown_summary_lists_breaches_first_and_the_problems():
+    text = markdown_summary(UNUSABLE)
+    lines = text.splitlines()
+    assert lines[0] == "### qbench gate: FAIL (results unusable)"
+    table = [line for line in lines if line.startswith("| ")]
+    assert len(table) == 1 + 12  # header + one row per check
+    assert table[1].startswith("| fp8@onnxruntime-cpu | overall | accuracy | 0.9500 | 0.9000 | 0.0500 | 0.0100 | **BREACH** |")
+    assert "- **cannot judge (fail closed):** results were modified after the sweep (digest)" in lines
+
+
+def test_write_atomic_replaces_the_file_and_leaves_no_temporary(tmp_path):
+    target = tmp_path / "out" / "gate.xml"
+    write_atomic(target, "first")
+    write_atomic(target, "second")
+    assert target.read_text() == "second"
+    assert [p.name for p in target.parent.iterdir()] == ["gate.xml"]
+
+
+def test_unwritable_paths_are_one_line_errors(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(QbenchError, match="cannot write the gate report"):
+        write_atomic(blocker / "gate.xml", "x")
+    with pytest.raises(QbenchError, match="cannot append the gate summary"):
+        append_text(tmp_path / "missing-dir" / "summary.md", "x")
