@@ -356,7 +356,7 @@ CASES = [
     # genuine breaches on consistent results: exit 1, naming the slice
     pytest.param(edited(nonfinite_rows(INT8, "band=small", 3)), 1, "band=small", id="nonfinite-breach"),
     pytest.param(edited(nonfinite_rows(INT8, "band=small", 3, nan_metric=True)), 1, "band=small", id="nonfinite-nan-metric-breach"),
-    pytest.param(edited(metric(INT8, "band=large", 0.5)), 1, "FAIL: tolerance breached", id="accuracy-breach"),
+    pytest.param(edited(metric(INT8, "band=large", 0.5)), 1, "gate: FAIL — 1 of 2 variants breaches: int8-minmax@onnxruntime-cpu (band=large);", id="accuracy-breach"),
     # the embedded recipe
     pytest.param(edited(forget_int8_in_recipe, signed=False), 2, "digest: does not match", id="recipe-edited-unsigned"),
     pytest.param(edited(both(forget_int8_in_recipe, lambda raw: raw.__setitem__("digest", content_digest(raw))), signed=False), 2,

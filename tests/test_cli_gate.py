@@ -1,0 +1,163 @@
+"""`qbench gate` options: default and --verbose output, --junit, --json, GITHUB_STEP_SUMMARY, unwritable
+paths, and unbroken long paths in a CI log. One real sweep of a user's project is judged by recipes that
+differ only in their gate section (the gate is not a result section, so the results stay fresh)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+from sweep_factory import make_sweep
+from user_model import make_user_project
+
+from qbench.cli import main
+from qbench.gate import latest_results
+from qbench.recipe import load_recipe
+from qbench.results import read_results, to_json
+
+BACKEND = "onnxruntime-cpu"
+STRICT = {"metric": "max_abs_error", "max_drop": 0.0, "max_slice_drop": 0.0, "applies_to": ["int8-*"]}
+LENIENT = {"metric": "agreement", "max_drop": 1.0, "max_slice_drop": 1.0, "applies_to": ["*"]}
+
+
+@dataclass(frozen=True)
+class Project:
+    root: Path
+    sweep_output: str  # what `qbench sweep --gate` printed on stdout
+
+    def recipe(self, gate: dict) -> Path:
+        """The swept recipe with another gate section (same name, so it judges the same results)."""
+        raw = yaml.safe_load((self.root / "qbench.yaml").read_text())
+        raw["gate"] = gate
+        path = self.root / f"gate-{gate['metric']}-{gate['max_drop']}.yaml"
+        path.write_text(yaml.safe_dump(raw, sort_keys=False))
+        return path
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Project:
+    """The user project (FP32, FP16, INT8 on ONNX Runtime CPU, 3 band slices) swept once with the strict gate."""
+    root = tmp_path_factory.mktemp("cli_gate")
+    recipe = make_user_project(root)
+    raw = yaml.safe_load(recipe.read_text())
+    raw["variants"] = [{"name": "fp16", "precision": "fp16"}, {"name": "int8-minmax", "precision": "int8", "calibrator": "minmax"}]
+    raw["latency"] = {"batch_sizes": [1], "warmup": 1, "iterations": 3, "threads": 1}
+    raw["gate"] = STRICT
+    del raw["tracking"]
+    recipe.write_text(yaml.safe_dump(raw, sort_keys=False))
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        code = main(["sweep", str(recipe), "--no-track", "--gate"])
+    if code != 1:
+        pytest.fail(f"the strict gate (max_abs_error may not grow at all) should breach, got exit {code}")
+    return Project(root, stdout.getvalue())
+
+
+def strict_breach_scopes(project: Project) -> list[str]:
+    """Scopes where INT8's largest output error exceeds FP32's (zero): every one the strict gate must name."""
+    results = read_results(latest_results(load_recipe(project.root / "qbench.yaml")))
+    int8 = results.find("int8-minmax", BACKEND).accuracy
+    return [s.name for s in (int8.overall, *int8.slices) if s.metrics["max_abs_error"] > 0]
+
+
+def expected_strict_summary(project: Project) -> str:
+    scopes = strict_breach_scopes(project)
+    return f"gate: FAIL — 1 of 1 variant breaches: int8-minmax@{BACKEND} ({', '.join(scopes)}); 4 checks"
+
+
+def test_default_output_is_the_breaches_then_one_summary_line(project, capsys):
+    assert main(["gate", str(project.recipe(STRICT))]) == 1
+    lines = capsys.readouterr().out.strip().splitlines()
+    scopes = strict_breach_scopes(project)
+    assert lines[-1] == expected_strict_summary(project)
+    breaches = lines[1:-1]
+    assert len(breaches) == len(scopes) == 4
+    assert all(line.startswith(f"BREACH int8-minmax@{BACKEND} ") and "> tolerance 0.0000" in line for line in breaches)
+    assert lines[0].startswith("gate on tumour-mlp (")
+
+
+def test_sweep_gate_prints_the_same_summary_line(project):
+    assert project.sweep_output.strip().splitlines()[-1] == expected_strict_summary(project)
+
+
+def test_pass_prints_only_the_summary_and_verbose_prints_every_check(project, capsys):
+    recipe = project.recipe(LENIENT)
+    assert main(["gate", str(recipe)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[1:] == ["gate: PASS — 2 variants × 4 scopes, 8 checks"]
+    assert main(["gate", str(recipe), "--verbose"]) == 0
+    shown = capsys.readouterr().out
+    rows = [line.split() for line in shown.splitlines() if line.split()[:2] in (["fp16", BACKEND], ["int8-minmax", BACKEND])]
+    assert len(rows) == 8 and all(row[-1] == "PASS" for row in rows)
+    assert shown.strip().splitlines()[-1] == "gate: PASS — 2 variants × 4 scopes, 8 checks"
+
+
+def test_junit_and_json_are_written_on_a_breach_with_matching_counts(project, tmp_path, monkeypatch):
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    junit, report = tmp_path / "ci" / "gate.xml", tmp_path / "ci" / "gate.json"
+    assert main(["gate", str(project.recipe(STRICT)), "--junit", str(junit), "--json", str(report)]) == 1
+    root = ET.parse(junit).getroot()
+    assert [root.get(k) for k in ("tests", "failures", "errors", "skipped")] == ["4", "4", "0", "0"]
+    [suite] = root.findall("testsuite")
+    assert suite.get("name") == f"int8-minmax@{BACKEND}"
+    assert [c.get("name") for c in suite.findall("testcase")] == [f"{s}: max_abs_error" for s in strict_breach_scopes(project)]
+    loaded = json.loads(report.read_text())
+    assert (loaded["verdict"], loaded["exit_code"], loaded["summary"]) == ("breach", 1, expected_strict_summary(project))
+    assert loaded["counts"] == {"checks": 4, "breaches": 4, "skipped": 0, "problems": 0}
+
+
+def test_files_are_written_when_the_results_are_unusable(tmp_path):
+    results = tmp_path / "results.json"
+    results.write_text(to_json(make_sweep()))  # no embedded recipe: cannot be judged
+    junit, report = tmp_path / "gate.xml", tmp_path / "gate.json"
+    assert main(["gate", "--results", str(results), "--junit", str(junit), "--json", str(report)]) == 2
+    root = ET.parse(junit).getroot()
+    assert [root.get(k) for k in ("tests", "failures", "errors")] == ["1", "0", "1"]
+    assert root.find("testsuite").get("name") == "results"
+    loaded = json.loads(report.read_text())
+    assert (loaded["verdict"], loaded["exit_code"], loaded["checks"]) == ("unusable", 2, [])
+    assert "recipe.resolved" in loaded["problems"][0]["message"]
+
+
+def test_github_step_summary_is_appended(project, tmp_path, monkeypatch):
+    summary = tmp_path / "step_summary.md"
+    summary.write_text("## an earlier step\n")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    assert main(["gate", str(project.recipe(STRICT))]) == 1
+    text = summary.read_text()
+    assert text.startswith("## an earlier step\n### qbench gate: FAIL\n")
+    assert expected_strict_summary(project) in text
+    assert sum(line.endswith("| **BREACH** |") for line in text.splitlines()) == 4
+
+
+def test_an_unwritable_report_path_exits_2_with_one_line(project, tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert main(["gate", str(project.recipe(LENIENT)), "--junit", str(blocker / "gate.xml")]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"error: {blocker / 'gate.xml'}: cannot write the gate report")
+
+
+def test_long_paths_stay_on_one_line_in_a_non_terminal(tmp_path):
+    deep = tmp_path.joinpath(*[f"folder-{i:02d}-with-a-long-name" for i in range(8)])
+    results = deep / "results.json"
+    deep.mkdir(parents=True)
+    results.write_text(to_json(make_sweep()))
+    report = deep / "gate.json"
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "GITHUB_STEP_SUMMARY")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    done = subprocess.run([sys.executable, "-m", "qbench.cli", "gate", "--results", str(results), "--json", str(report)],
+                          capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+    assert done.returncode == 2
+    assert len(str(report)) > 200
+    assert f"gate report: {report}" in done.stderr.splitlines()
+    assert any(line.startswith("UNUSABLE ") and str(results) in line for line in done.stdout.splitlines())
