@@ -79,7 +79,7 @@ def gate(
         typer.Option("--no-staleness-check", help="judge results whose input files can no longer be read (noted)"),
     ] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="print every check, not only the breaches")] = False,
-    junit: Annotated[Optional[Path], typer.Option("--junit", help="write a JUnit XML report (one test per check)")] = None,
+    junit: Annotated[Optional[Path], typer.Option("--junit", help="write JUnit XML (a test case per check)")] = None,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="write the machine-readable report")] = None,
 ) -> int:
     """Judge results against the recipe's gate: exit 0 pass, 1 breach, 2 missing/partial/stale/broken results.
@@ -216,8 +216,9 @@ def _count(n: int, noun: str) -> str:
 def _gate_verdict(
     report: GateReport, *, verbose: bool = False, junit: Path | None = None, json_path: Path | None = None
 ) -> int:
-    """Print the verdict (breaches and problems, or every check when verbose, then one summary line), write the
-    requested report files and the GitHub step summary; return the gate's exit code (2 if a file cannot be written)."""
+    """Print the verdict (the breaches and problems, or every check when verbose; then one summary line),
+    write the requested report files and the GitHub step summary; return the gate's exit code.
+    A report file that cannot be written raises QbenchError (exit 2)."""
     from qbench import gate_report
 
     for note in report.notes:

@@ -102,9 +102,11 @@ def summary_line(report: GateReport) -> str:
     breaching = _breaching_scopes(report)
     if breaching:
         named = ", ".join(f"{key} ({', '.join(scopes)})" for key, scopes in breaching.items())
-        parts.append(f"{len(breaching)} of {_count(gated, 'variant')} {'breaches' if len(breaching) == 1 else 'breach'}: {named}")
+        verb = "breaches" if len(breaching) == 1 else "breach"
+        parts.append(f"{len(breaching)} of {_count(gated, 'variant')} {verb}: {named}")
     skipped = sum(c.status == "skipped" for c in report.checks)
-    tail = _count(len(report.checks), "check") + (f" ({skipped} skipped: slices under min_slice_size)" if skipped else "")
+    tail = _count(len(report.checks), "check")
+    tail += f" ({skipped} skipped: slices under min_slice_size)" if skipped else ""
     headline = _HEADLINES.get(report.exit_code, "FAIL (results unusable)")
     if not parts:
         scopes = len({c.scope for c in report.checks})

@@ -76,8 +76,10 @@ def test_console_lines_are_the_breaches_with_their_numbers():
     lines = console_lines(BREACHING)
     assert lines == [
         "BREACH int8-minmax@onnxruntime-cpu overall accuracy: 0.9500 → 0.9300, drop 0.0200 > tolerance 0.0100",
-        "BREACH int8-minmax@onnxruntime-cpu slice condition=noisy accuracy: 0.9000 → 0.8500, "
-        "drop 0.0500 > tolerance 0.0200",
+        (
+            "BREACH int8-minmax@onnxruntime-cpu slice condition=noisy accuracy: 0.9000 → 0.8500, "
+            "drop 0.0500 > tolerance 0.0200"
+        ),
         "BREACH fp8@onnxruntime-cpu slice faint accuracy: 0.9300 → 0.9000, drop 0.0300 > tolerance 0.0200",
     ]
 
