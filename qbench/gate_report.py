@@ -22,6 +22,7 @@ from typing import Any
 
 from qbench.errors import QbenchError
 from qbench.gate import EXIT_BREACH, EXIT_PASS, GateCheck, GateReport
+from qbench.slo import SLO_SCOPE
 
 JSON_SCHEMA_VERSION = 1
 RESULTS_SUITE = "results"  # JUnit suite for problems that belong to no single variant
@@ -51,7 +52,8 @@ def _count(n: int, noun: str) -> str:
 
 
 def _scope(check: GateCheck) -> str:
-    return check.scope if check.scope == "overall" else f"slice {check.scope}"
+    """'overall', 'slo' (the latency budget) or 'slice <name>'."""
+    return check.scope if check.scope in ("overall", SLO_SCOPE) else f"slice {check.scope}"
 
 
 def check_line(check: GateCheck) -> str:

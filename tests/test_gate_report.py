@@ -108,6 +108,15 @@ def test_nan_observed_value_is_spelled_out():
     assert check_line(check) == "BREACH int8@onnxruntime-cpu slice faint accuracy: 0.9300 → nan, drop inf > tolerance 0.0200"
 
 
+def test_an_slo_check_is_named_as_the_slo_not_a_slice():
+    check = GateCheck("int8", BACKEND, "slo", "latency.p99_ms", 5.0, 7.5, 2.5, 0.0, 200, "breach")
+    report = GateReport("accuracy", (check,), gated=(f"int8@{BACKEND}",))
+    assert console_lines(report) == [
+        "BREACH int8@onnxruntime-cpu slo latency.p99_ms: 5.0000 → 7.5000, drop 2.5000 > tolerance 0.0000"
+    ]
+    assert summary_line(report) == "gate: FAIL — 1 of 1 variant breaches: int8@onnxruntime-cpu (slo); 1 check"
+
+
 def junit(report: GateReport) -> ET.Element:
     return ET.fromstring(junit_xml(report))
 
