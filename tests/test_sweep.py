@@ -118,8 +118,10 @@ def test_demo_sweep_is_in_mlflow(demo_sweep):
 def test_gate_command_agrees_with_the_sweep(demo_sweep, monkeypatch, capsys):
     workdir, code = demo_sweep
     monkeypatch.chdir(workdir)
-    assert main(["gate", "digits.yaml"]) == code
-    assert "int8-minmax" in capsys.readouterr().out
+    assert main(["gate", "digits.yaml", "--verbose"]) == code  # --verbose: every check, as a table
+    shown = capsys.readouterr().out
+    assert "int8-minmax" in shown
+    assert shown.strip().splitlines()[-1].startswith("gate: PASS — " if code == 0 else "gate: FAIL — ")
 
 
 def test_gate_fails_closed_when_the_recipe_asks_for_more_than_was_swept(demo_sweep, monkeypatch, capsys):
