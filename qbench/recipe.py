@@ -328,11 +328,44 @@ class MetricSpec(_Strict):
         return v
 
 
+class StabilitySpec(_Strict):
+    """Adaptive timing: run windows of timed runs until the last `windows` windows' p50s agree."""
+
+    threshold: float = Field(0.05, gt=0, description="windows agree when (max - min) / median of their p50s is at most this")
+    windows: int = Field(3, ge=2, description="how many consecutive windows must agree")
+    window_runs: int | None = Field(
+        None, gt=0, description="runs per window; default: latency.iterations // windows (the minimum holds that many windows)"
+    )
+    window_seconds: float = Field(0.05, ge=0, description="a window also lasts at least this much summed run time")
+    max_iterations: int | None = Field(
+        None, gt=0, description="timed runs per batch size never exceed this; default: 10,000 or latency.iterations if more"
+    )
+    max_seconds: float = Field(
+        10.0, gt=0, description="stop timing a batch size after this long once latency.iterations runs are done "
+        "(the figure is then flagged unstable unless its windows already agreed)"
+    )  # fmt: skip
+
+
 class LatencySpec(_Strict):
     batch_sizes: list[Annotated[int, Field(gt=0)]] = [1, 32]
     warmup: int = Field(20, ge=0, description="untimed runs before timing, per batch size")
-    iterations: int = Field(200, gt=0, description="timed runs per batch size")
+    iterations: int = Field(
+        200, gt=0, description="timed runs per batch size: the minimum with `stability`, the exact count without"
+    )
     threads: int | None = Field(None, gt=0, description="intra-op threads; default: the runtime's choice")
+    stability: StabilitySpec | None = Field(
+        StabilitySpec(), description="adaptive timing until windows agree; null times exactly `iterations` runs"
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> LatencySpec:
+        cap = self.stability.max_iterations if self.stability is not None else None
+        if cap is not None and cap < self.iterations:
+            raise ValueError(
+                f"stability.max_iterations: got {cap}, expected at least "
+                f"iterations ({self.iterations})"
+            )
+        return self
 
     @field_validator("batch_sizes")
     @classmethod

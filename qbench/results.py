@@ -20,7 +20,8 @@ Schema (version 1), documented in reports/README.md:
     SliceMetrics: name, size, metrics {m: value}, intervals {m: [lo, hi]}, drops {m: drop vs FP32},
       nonfinite_outputs
     LatencyResult: threads, session_create_ms, first_run_ms, points [LatencyPoint]
-    LatencyPoint: batch_size, warmup, iterations, p50_ms, p95_ms, p99_ms, mean_ms, items_per_s
+    LatencyPoint: batch_size, warmup, iterations, p50_ms, p95_ms, p99_ms, mean_ms, items_per_s,
+      window_p50_ms [..], window_p99_ms [..], spread, iqr_ratio, stable true|false|null
     RangeAnalysis: rows, seconds, nodes {tensor: node}, abs_max {scope: {tensor: value}},
       limits [LimitCheck], clipping [ClipRecord], warnings [CoverageWarning], unattributed [tensor]
     LimitCheck: format, limit, scaled_by, over {scope: [TensorPeak]}
@@ -77,6 +78,12 @@ class LatencyPoint:
     p99_ms: float
     mean_ms: float
     items_per_s: float
+    # adaptive timing (latency.stability); defaults describe a fixed-count measurement
+    window_p50_ms: tuple[float, ...] = ()  # one p50 per closed window, in order
+    window_p99_ms: tuple[float, ...] = ()  # one p99 per closed window of at least 100 runs
+    spread: float = math.nan  # (max - min) / median of the last `windows` window p50s
+    iqr_ratio: float = math.nan  # interquartile range / median of every timed run
+    stable: bool | None = None  # the last windows agreed; None: not judged (stability: null)
 
 
 @dataclass(frozen=True)
@@ -346,8 +353,15 @@ def _latency(raw: dict[str, Any] | None) -> LatencyResult | None:
         threads=raw.get("threads"),
         session_create_ms=raw["session_create_ms"],
         first_run_ms=raw["first_run_ms"],
-        points=tuple(LatencyPoint(**p) for p in raw["points"]),
+        points=tuple(_latency_point(p) for p in raw["points"]),
     )
+
+
+def _latency_point(raw: dict[str, Any]) -> LatencyPoint:
+    """Files written before adaptive timing have no window fields: they read as not judged."""
+    nan_if_null = {k: math.nan for k in ("spread", "iqr_ratio") if k in raw and raw[k] is None}
+    windows = {k: tuple(raw[k]) for k in ("window_p50_ms", "window_p99_ms") if k in raw}
+    return LatencyPoint(**{**raw, **nan_if_null, **windows})
 
 
 def _peak(raw: dict[str, Any]) -> TensorPeak:

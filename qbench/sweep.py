@@ -35,7 +35,13 @@ from qbench.slo import serving_figures
 from qbench.results import AccuracyResult, LatencyResult, RangeAnalysis, SweepResults, VariantResult, write_results
 from qbench.validate.accuracy import evaluate_accuracy, run_outputs, with_drops
 from qbench.validate.fidelity import plan_measurement
-from qbench.validate.latency import latency_points, measure_cold_start, measure_samples, take_batch
+from qbench.validate.latency import (
+    latency_points,
+    measure_cold_start,
+    measure_samples,
+    stability_rule,
+    take_batch,
+)
 from qbench.variants import BuildContext, BuiltVariant, build_variant
 
 
@@ -282,9 +288,10 @@ def _measure(
                 outputs = _score(runner, prepared, f"{label} evaluate", close=False)
             samples = measure_samples(
                 runner, feeds, recipe.latency.batch_sizes, recipe.latency.warmup, recipe.latency.iterations,
-                description=f"{label} latency",
+                description=f"{label} latency", stability=recipe.latency.stability,
             )  # fmt: skip
-            points = latency_points(samples, recipe.latency.warmup)
+            rule = stability_rule(recipe.latency.stability, recipe.latency.iterations)
+            points = latency_points(samples, recipe.latency.warmup, rule)
             runtime = runner.describe()
         finally:
             runner.close()

@@ -14,16 +14,20 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from qbench.backends.base import Runner
 from qbench.console import track
 from qbench.errors import QbenchError
+from qbench.recipe import StabilitySpec
 from qbench.results import LatencyPoint
 from qbench.validate.accuracy import row_count
+from qbench.validate.stability import StabilityRule, WindowedStability, iqr_ratio, run_until_stable
 
 _NS_PER_MS = 1_000_000
+_DEFAULT_MAX_RUNS = 100_000  # latency.stability.max_iterations when not given
 
 
 def take_batch(feeds: Mapping[str, np.ndarray], batch_size: int) -> dict[str, np.ndarray]:
@@ -70,9 +74,47 @@ def _timed_runs_ns(runner: Runner, batch: dict[str, np.ndarray], iterations: int
     return durations
 
 
-def _latency_point(batch_size: int, warmup: int, durations_ms: np.ndarray) -> LatencyPoint:
+def stability_rule(spec: StabilitySpec | None, iterations: int) -> StabilityRule | None:
+    """The recipe's stability settings for a minimum of `iterations` timed runs (durations in ms);
+    None without them (fixed-count timing)."""
+    if spec is None:
+        return None
+    window_runs = spec.window_runs or max(1, iterations // spec.windows)
+    return StabilityRule(
+        min_runs=iterations,
+        max_runs=spec.max_iterations or max(_DEFAULT_MAX_RUNS, iterations),
+        windows=spec.windows,
+        threshold=spec.threshold,
+        window_runs=window_runs,
+        window_time=spec.window_seconds * 1000.0,
+        max_seconds=spec.max_seconds,
+    )
+
+
+def _timed_until_stable(runner: Runner, batch: dict[str, np.ndarray], rule: StabilityRule, description: str) -> np.ndarray:
+    """Timed runs (ms) until the rule stops them, or `rule.max_seconds` of wall time once the minimum is done."""
+    state = WindowedStability(rule)
+    deadline = time.perf_counter_ns() + rule.max_seconds * 1e9
+    for _ in track(range(rule.max_runs), description, total=rule.max_runs):
+        start = time.perf_counter_ns()
+        runner.run(batch)
+        end = time.perf_counter_ns()
+        if state.add((end - start) / _NS_PER_MS) or (end >= deadline and len(state.durations) >= rule.min_runs):
+            break
+    return np.asarray(state.durations, dtype=np.float64)
+
+
+def _latency_point(
+    batch_size: int, warmup: int, durations_ms: np.ndarray, rule: StabilityRule | None
+) -> LatencyPoint:
     p50, p95, p99 = np.percentile(durations_ms, [50, 95, 99])
     mean_ms = float(np.mean(durations_ms))
+    windows: dict[str, Any] = {}
+    if rule is not None:
+        # the same rule over the same durations: the windows the timing loop saw when it stopped
+        state = run_until_stable(durations_ms.tolist(), rule)
+        windows = {"window_p50_ms": tuple(state.window_p50s), "window_p99_ms": tuple(state.window_p99s),
+                   "spread": state.spread, "stable": state.stable}  # fmt: skip
     return LatencyPoint(
         batch_size=batch_size,
         warmup=warmup,
@@ -82,6 +124,8 @@ def _latency_point(batch_size: int, warmup: int, durations_ms: np.ndarray) -> La
         p99_ms=float(p99),
         mean_ms=mean_ms,
         items_per_s=batch_size * 1000.0 / mean_ms if mean_ms > 0 else math.inf,
+        iqr_ratio=iqr_ratio(durations_ms),
+        **windows,
     )
 
 
@@ -92,9 +136,15 @@ def measure_samples(
     warmup: int,
     iterations: int,
     description: str = "latency",
+    stability: StabilitySpec | None = None,
 ) -> dict[int, np.ndarray]:
-    """For each batch size: `warmup` untimed runs, then `iterations` timed runs of `runner.run`; batch size ->
-    every timed duration in ms (the load simulation replays them, `latency_points` summarises them)."""
+    """For each batch size: `warmup` untimed runs, then timed runs of `runner.run`; batch size ->
+    every timed duration in ms (the load simulation replays them, `latency_points` summarises them).
+
+    Without `stability`, exactly `iterations` timed runs. With it, at least `iterations`, then on
+    until the last windows' p50s agree (qbench.validate.stability), at most `max_iterations` runs
+    and, past the minimum, `max_seconds`.
+    """
     if warmup < 0:
         raise QbenchError(f"warmup must be zero or more, got {warmup}")
     if iterations <= 0:
@@ -104,15 +154,22 @@ def measure_samples(
         batch = take_batch(feeds, batch_size)
         for _ in range(warmup):
             runner.run(batch)
-        durations = _timed_runs_ns(runner, batch, iterations, f"{description} (batch {batch_size})")
-        samples[batch_size] = durations.astype(np.float64) / _NS_PER_MS
+        label = f"{description} (batch {batch_size})"
+        rule = stability_rule(stability, iterations)
+        if rule is None:
+            samples[batch_size] = _timed_runs_ns(runner, batch, iterations, label).astype(np.float64) / _NS_PER_MS
+        else:
+            samples[batch_size] = _timed_until_stable(runner, batch, rule, label)
     return samples
 
 
-def latency_points(samples_ms: Mapping[int, np.ndarray], warmup: int) -> tuple[LatencyPoint, ...]:
+def latency_points(
+    samples_ms: Mapping[int, np.ndarray], warmup: int, rule: StabilityRule | None = None
+) -> tuple[LatencyPoint, ...]:
     """One LatencyPoint per batch size. Percentiles are numpy's (linear interpolation), so
-    p50 <= p95 <= p99; items_per_s is batch_size / mean seconds."""
-    return tuple(_latency_point(batch_size, warmup, durations) for batch_size, durations in samples_ms.items())
+    p50 <= p95 <= p99; items_per_s is batch_size / mean seconds. With the `rule` the samples were
+    timed under (`stability_rule`), each point records its windows, their spread and `stable`."""
+    return tuple(_latency_point(bs, warmup, durations, rule) for bs, durations in samples_ms.items())
 
 
 def measure_steady_state(
@@ -122,6 +179,8 @@ def measure_steady_state(
     warmup: int,
     iterations: int,
     description: str = "latency",
+    stability: StabilitySpec | None = None,
 ) -> tuple[LatencyPoint, ...]:
     """`measure_samples`, summarised per batch size."""
-    return latency_points(measure_samples(runner, feeds, batch_sizes, warmup, iterations, description), warmup)
+    samples = measure_samples(runner, feeds, batch_sizes, warmup, iterations, description, stability)
+    return latency_points(samples, warmup, stability_rule(stability, iterations))

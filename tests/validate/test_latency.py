@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 from qbench.errors import QbenchError
+from qbench.recipe import StabilitySpec
 from qbench.validate.latency import measure_cold_start, measure_steady_state, take_batch
 
 
@@ -99,3 +101,54 @@ def test_steady_state_rejects_bad_counts() -> None:
         measure_steady_state(_SleepyRunner(), FEEDS, [1], warmup=0, iterations=0)
     with pytest.raises(QbenchError, match="warmup"):
         measure_steady_state(_SleepyRunner(), FEEDS, [1], warmup=-1, iterations=1)
+
+
+class _PhasedRunner(_SleepyRunner):
+    """Sleeps 1 ms for `phase_runs` calls, then 3 ms for as many, and so on: its windows never agree."""
+
+    def __init__(self, phase_runs: int) -> None:
+        super().__init__()
+        self.phase_runs = phase_runs
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        slow = (len(self.batch_sizes) // self.phase_runs) % 2 == 1
+        self.run_s = 0.003 if slow else 0.001
+        return super().run(feeds)
+
+
+def test_adaptive_timing_of_a_steady_runner_stops_early_and_is_stable() -> None:
+    stability = StabilitySpec(threshold=0.2, windows=3, window_seconds=0.0, max_iterations=300)
+    (point,) = measure_steady_state(_SleepyRunner(run_s=0.001), FEEDS, [1], warmup=2, iterations=30,
+                                    stability=stability)  # fmt: skip
+    assert 30 <= point.iterations < 300
+    assert point.stable is True
+    assert len(point.window_p50_ms) >= 3 and all(p >= 1.0 for p in point.window_p50_ms)  # windows of 30 // 3 runs
+    assert point.spread <= 0.2
+    assert point.iqr_ratio >= 0.0
+
+
+def test_adaptive_timing_that_never_agrees_hits_the_run_bound_and_is_flagged() -> None:
+    stability = StabilitySpec(threshold=0.05, windows=3, window_runs=5, window_seconds=0.0, max_iterations=40)
+    (point,) = measure_steady_state(_PhasedRunner(phase_runs=5), FEEDS, [1], warmup=0, iterations=10,
+                                    stability=stability)  # fmt: skip
+    assert point.iterations == 40
+    assert point.stable is False
+    assert len(point.window_p50_ms) == 8
+    # window p50s alternate ~1 ms and ~3 ms: the last three spread by about (3 - 1) / 3 or (3 - 1) / 1
+    assert point.spread > 0.5
+
+
+def test_adaptive_timing_stops_at_max_seconds_once_the_minimum_is_done() -> None:
+    stability = StabilitySpec(threshold=0.05, window_runs=5, window_seconds=0.0, max_seconds=0.1)
+    start = time.perf_counter()
+    (point,) = measure_steady_state(_PhasedRunner(phase_runs=5), FEEDS, [1], warmup=0, iterations=10,
+                                    stability=stability)  # fmt: skip
+    assert time.perf_counter() - start < 1.0
+    assert 10 <= point.iterations < 100  # 1-3 ms a run: about 0.1 s of runs, far below 10,000
+    assert point.stable is False
+
+
+def test_fixed_timing_is_not_judged_but_reports_the_sample_spread() -> None:
+    (point,) = measure_steady_state(_SleepyRunner(), FEEDS, [1], warmup=0, iterations=8)
+    assert point.iterations == 8 and point.stable is None and point.window_p50_ms == ()
+    assert math.isnan(point.spread) and point.iqr_ratio >= 0.0
