@@ -21,12 +21,23 @@ from qbench.console import print_wide
 from qbench.frontier import frontier_of, overall_metric, speedup
 from qbench.gate import GateCheck, GateReport
 from qbench.report_serving import serving_table
-from qbench.results import EMULATED, NATIVE, LimitCheck, SliceMetrics, SweepResults, VariantResult, non_default_session_options
+from qbench.results import (
+    EMULATED,
+    NATIVE,
+    LatencyPoint,
+    LimitCheck,
+    SliceMetrics,
+    SweepResults,
+    VariantResult,
+    non_default_session_options,
+)
 from qbench.validate.metrics import METRICS
 
 Cell = str | tuple[str, str]  # text, or (text, rich style)
 _NONE = "—"
 _DROP_NOTE = "drop: how much worse than FP32 (positive = worse)"
+_UNSTABLE_NOTE = ("unstable latency: timing reached its run or time bound (latency.stability) before the last "
+                  "windows' p50s agreed within the threshold; the figure may be off by more than that")  # fmt: skip
 
 
 @dataclass
@@ -144,14 +155,19 @@ def _worst_slice(variant: VariantResult, metric: str) -> SliceMetrics | None:
 _GATE_STYLES = {"pass": "green", "fail": "bold red", "not gated": "dim"}
 
 
-def _latency_cells(variant: VariantResult, batch_sizes: Sequence[int]) -> list[Cell]:
+def _p50(point: LatencyPoint, notes: Footnotes) -> str:
+    """The p50, marked when its timing windows never agreed."""
+    return _short(point.p50_ms) + (f" {notes.mark(_UNSTABLE_NOTE)}" if point.stable is False else "")
+
+
+def _latency_cells(variant: VariantResult, batch_sizes: Sequence[int], notes: Footnotes) -> list[Cell]:
     cells: list[Cell] = []
     for batch_size in batch_sizes:
         point = variant.latency.at(batch_size) if variant.latency else None
         if point is None:
             cells += [_NONE, _NONE]
         else:
-            cells += [f"{_short(point.p50_ms)} / {_short(point.p99_ms)}", _rate(point.items_per_s)]
+            cells += [f"{_p50(point, notes)} / {_short(point.p99_ms)}", _rate(point.items_per_s)]
     return cells
 
 
@@ -182,7 +198,7 @@ def _summary_row(results: SweepResults, variant: VariantResult, gate: GateReport
     worst = _worst_slice(variant, metric)
     row: list[Cell] = [name, variant.backend, variant.precision, _fidelity_cell(variant), status,
                        _short(variant.model_bytes / 1e6) if variant.model_bytes else _NONE, _short(cold)]  # fmt: skip
-    row += _latency_cells(variant, _shown_batch_sizes(results))
+    row += _latency_cells(variant, _shown_batch_sizes(results), notes)
     row += [f"{factor:.2f}×" if _finite(factor) else _NONE, _num(overall_metric(variant, metric)),
             _signed(overall.drops.get(metric) if overall else None),
             f"{worst.name}\n{_signed(worst.drops[metric])}" if worst else _NONE]  # fmt: skip
@@ -296,7 +312,12 @@ def gate_table(gate: GateReport) -> Table:
 # -- latency --------------------------------------------------------------------------------------
 
 
-def _latency_rows(variant: VariantResult) -> list[list[Cell]]:
+def _spread(point: LatencyPoint) -> str:
+    """Window p50 spread / IQR over median, in percent (— where not measured)."""
+    return " / ".join(f"{v:.1%}" if _finite(v) else _NONE for v in (point.spread, point.iqr_ratio))
+
+
+def _latency_rows(variant: VariantResult, notes: Footnotes) -> list[list[Cell]]:
     """One row per batch size; the cold start (session, first run, threads) only on the variant's first row."""
     if variant.latency is None:
         return []
@@ -305,17 +326,20 @@ def _latency_rows(variant: VariantResult) -> list[list[Cell]]:
     cold: list[Cell] = [_short(latency.session_create_ms), _short(latency.first_run_ms), threads]
     rows = []
     for index, p in enumerate(latency.points):
-        timing: list[Cell] = [str(p.batch_size), *(_short(ms) for ms in (p.p50_ms, p.p95_ms, p.p99_ms, p.mean_ms)),
-                              _rate(p.items_per_s), f"{p.warmup}/{p.iterations}"]  # fmt: skip
+        timing: list[Cell] = [str(p.batch_size), _p50(p, notes), *(_short(ms) for ms in (p.p95_ms, p.p99_ms, p.mean_ms)),
+                              _rate(p.items_per_s), f"{p.warmup}/{p.iterations}", _spread(p)]  # fmt: skip
         rows.append([variant.variant, variant.backend, *timing, *(cold if index == 0 else ["", "", ""])])
     return rows
 
 
 def _latency_grid(results: SweepResults) -> Grid:
     headers = ["variant", "backend", "batch", "p50 ms", "p95 ms", "p99 ms", "mean ms", "items/s", "warm-up/runs",
-               "session ms", "first run ms", "threads"]  # fmt: skip
-    rows = [row for v in results.variants for row in _latency_rows(v)]
-    return Grid("Latency", headers, rows, frozenset(range(2, 11)), ["cold start = session ms + first run ms"])
+               "spread windows / IQR", "session ms", "first run ms", "threads"]  # fmt: skip
+    notes = Footnotes()
+    rows = [row for v in results.variants for row in _latency_rows(v, notes)]
+    footer = ["cold start = session ms + first run ms; spread: (max - min) / median of the last windows' p50s, "
+              "then interquartile range / median of all timed runs"]  # fmt: skip
+    return Grid("Latency", headers, rows, frozenset(range(2, 12)), footer + notes.lines())
 
 
 # -- serving --------------------------------------------------------------------------------------

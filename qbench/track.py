@@ -38,7 +38,7 @@ from mlflow.utils.validation import (
 from qbench.errors import QbenchError
 from qbench.frontier import speedup
 from qbench.gate import GateReport
-from qbench.recipe import Recipe
+from qbench.recipe import Recipe, StabilitySpec
 from qbench.results import SliceMetrics, SweepResults, VariantResult, non_default_session_options, to_json
 from qbench.slo import serving_metrics
 
@@ -177,7 +177,10 @@ def _latency_metrics(results: SweepResults, variant: VariantResult) -> dict[str,
         bs = p.batch_size
         metrics |= {f"latency_p50_ms_b{bs}": p.p50_ms, f"latency_p95_ms_b{bs}": p.p95_ms,
                     f"latency_p99_ms_b{bs}": p.p99_ms, f"latency_mean_ms_b{bs}": p.mean_ms,
-                    f"throughput_b{bs}": p.items_per_s, f"speedup_b{bs}": speedup(results, variant, bs)}  # fmt: skip
+                    f"throughput_b{bs}": p.items_per_s, f"speedup_b{bs}": speedup(results, variant, bs),
+                    f"latency.b{bs}.spread": p.spread, f"latency.b{bs}.iqr_ratio": p.iqr_ratio}  # fmt: skip
+        if p.stable is not None:  # None: fixed-count timing, not judged
+            metrics[f"latency.b{bs}.stable"] = float(p.stable)
     return metrics
 
 
@@ -248,6 +251,13 @@ def _variant_tags(variant: VariantResult, gate: GateReport | None) -> dict[str, 
     return tags
 
 
+def _stability_param(stability: StabilitySpec | None) -> str:
+    """The adaptive-timing settings in one line ('off' for fixed-count timing)."""
+    if stability is None:
+        return "off"
+    return ",".join(f"{name}={value}" for name, value in stability.model_dump().items())
+
+
 def _sweep_params(results: SweepResults, recipe: Recipe) -> dict[str, str]:
     gate, latency, env = recipe.gate, recipe.latency, results.environment
     params = {
@@ -266,6 +276,7 @@ def _sweep_params(results: SweepResults, recipe: Recipe) -> dict[str, str]:
         "latency.warmup": str(latency.warmup),
         "latency.iterations": str(latency.iterations),
         "latency.threads": str(latency.threads or "default"),
+        "latency.stability": _stability_param(latency.stability),
         "env.cpu": str(env.get("cpu", "unknown")),
         "env.cpu_flags": ",".join(env.get("cpu_flags", [])),
     }

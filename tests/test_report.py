@@ -198,3 +198,21 @@ def test_frontier_marks_emulated_latency() -> None:
     text = frontier_text(results)
     assert "fp16* (0.500 ms" in text and "fp32 (" in text
     assert text.endswith("* emulated latency: this runtime does not compute that precision natively")
+
+
+def test_unstable_latency_is_marked_beside_the_figure_with_a_note(tmp_path: Path) -> None:
+    fp32, *others = make_sweep().variants
+    b1, b32 = fp32.latency.points
+    points = (dataclasses.replace(b1, window_p50_ms=(1.0, 1.01, 0.99), spread=0.02, iqr_ratio=0.125, stable=True),
+              dataclasses.replace(b32, window_p50_ms=(20.0, 26.0, 22.0), spread=6 / 22, iqr_ratio=0.5, stable=False))
+    unstable = dataclasses.replace(fp32, latency=dataclasses.replace(fp32.latency, points=points))  # fmt: skip
+    text = write_markdown_report(make_sweep([unstable, *others]), None, None, tmp_path / "report.md").read_text()
+    latency = text[text.index("## Latency") :]
+    rows = [line for line in latency.splitlines() if line.startswith("| fp32 | onnxruntime-cpu | ")]
+    # batch 1 agreed: no marker; batch 32 did not: "20.0 [1]", spread 6/22 = 27.3%, IQR 50.0%
+    assert "| 1 | 1.00 | " in rows[0] and "| 2.0% / 12.5% |" in rows[0]
+    assert "| 32 | 20.0 [1] | " in rows[1] and "| 27.3% / 50.0% |" in rows[1]
+    assert "- [1] unstable latency:" in latency
+    summary = text[text.index("## Summary") : text.index("## Latency")]
+    assert "20.0 [" in summary and "unstable latency:" in summary
+    assert "| — / — |" in latency  # fixed-count points of the other variants: no spread recorded

@@ -52,6 +52,10 @@ def small_sweep() -> SweepResults:
     fp32, _, int8, _, failed = default_variants()
     overall = dataclasses.replace(int8.accuracy.overall, metrics={**int8.accuracy.overall.metrics, "kl_mean": math.nan})
     int8 = dataclasses.replace(int8, accuracy=dataclasses.replace(int8.accuracy, overall=overall))
+    b1, b32 = int8.latency.points
+    points = (dataclasses.replace(b1, spread=0.01, iqr_ratio=0.03, stable=True),
+              dataclasses.replace(b32, spread=0.2, iqr_ratio=0.1, stable=False))  # fmt: skip
+    int8 = dataclasses.replace(int8, latency=dataclasses.replace(int8.latency, points=points))
     return dataclasses.replace(make_sweep([fp32, int8, failed]), ranges=RANGES)
 
 
@@ -179,6 +183,16 @@ def test_child_metrics_equal_the_results(logged_to_sqlite: Logged) -> None:
     params = runs[int8.key].data.params
     assert params["calibrator"] == "minmax" and params["exclude_nodes"] == '["a", "b"]'
     assert params["calibration.samples"] == str(logged_to_sqlite.results.calibration.size)
+
+
+def test_latency_stability_metrics(logged_to_sqlite: Logged) -> None:
+    runs = children(logged_to_sqlite)
+    int8 = runs["int8_minmax@onnxruntime-cpu"].data.metrics
+    assert (int8["latency.b1.stable"], int8["latency.b32.stable"]) == (1.0, 0.0)
+    assert int8["latency.b32.spread"] == pytest.approx(0.2) and int8["latency.b1.iqr_ratio"] == pytest.approx(0.03)
+    assert "latency.b1.stable" not in runs["fp32@onnxruntime-cpu"].data.metrics  # fixed-count timing: not judged
+    params = logged_to_sqlite.client.get_run(logged_to_sqlite.parent_id).data.params
+    assert "threshold=0.05" in params["latency.stability"] and "windows=3" in params["latency.stability"]
 
 
 def test_nan_metrics_are_skipped_and_named_in_a_tag(logged_to_sqlite: Logged) -> None:
