@@ -171,7 +171,7 @@ def test_unknown_key_suggests_the_close_one(tmp_path):
     body = with_changes(latency={"batch_size": [1]})
     assert error_of(tmp_path, body) == (
         "recipe.yaml: latency.batch_size: unknown key 'batch_size' (did you mean 'batch_sizes'?); "
-        "expected one of batch_sizes, warmup, iterations, threads"
+        "expected one of batch_sizes, warmup, iterations, threads, stability"
     )
 
 
@@ -232,3 +232,14 @@ def test_filters_accept_every_documented_form(tmp_path):
     }})  # fmt: skip
     recipe = load_recipe(write_recipe(tmp_path, with_changes(data=data)))
     assert recipe.data.evaluation.filter["region"] == {"in": ["n", None]}
+
+
+def test_latency_stability_defaults_null_and_bounds(tmp_path):
+    adaptive = load_recipe(write_recipe(tmp_path, BASE)).latency.stability
+    assert (adaptive.threshold, adaptive.windows, adaptive.window_runs, adaptive.max_seconds) == (0.05, 3, None, 10.0)
+    fixed = load_recipe(write_recipe(tmp_path, with_changes(latency={"stability": None})))
+    assert fixed.latency.stability is None
+    body = with_changes(latency={"iterations": 500, "stability": {"max_iterations": 100}})
+    message = error_of(tmp_path, body)
+    assert "stability.max_iterations: got 100, expected at least iterations (500)" in message
+    assert "latency.stability.windows" in error_of(tmp_path, with_changes(latency={"stability": {"windows": 1}}))
