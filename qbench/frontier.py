@@ -4,11 +4,16 @@ A variant is on the frontier of its backend at a batch size when no other
 variant there is at least as fast *and* at least as accurate, and strictly
 better on one of the two. Identical points (same p50 and same metric) do not
 dominate each other: both stay, ordered by name, so the result is deterministic.
+Variants whose measured models are identical (equal `model_sha256`) are one point: timing
+noise must not put one on the frontier and its twin off it, so on each backend and batch
+size they share the median of their p50s and the worst of their metrics.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover
 class _Candidate:
     point: FrontierPoint
     score: float  # the metric, sign-flipped for lower-is-better metrics: higher score is better
+    model_sha256: str | None = None
 
 
 def _check_metric(metric: str) -> None:
@@ -53,8 +59,23 @@ def _candidates(variants: Sequence[VariantResult], metric: str) -> list[_Candida
         for timing in variant.latency.points:
             if math.isfinite(timing.p50_ms):
                 point = FrontierPoint(variant.backend, timing.batch_size, variant.variant, timing.p50_ms, value)
-                found.append(_Candidate(point, sign * value))
-    return found
+                found.append(_Candidate(point, sign * value, variant.model_sha256))
+    return _identical_as_one(found)
+
+
+def _identical_as_one(candidates: list[_Candidate]) -> list[_Candidate]:
+    """Candidates of one model (same backend, batch size and digest) take the median p50 and the worst metric."""
+    same_model: dict[object, list[_Candidate]] = {}
+    for c in candidates:
+        key = (c.point.backend, c.point.batch_size, c.model_sha256) if c.model_sha256 else id(c)
+        same_model.setdefault(key, []).append(c)
+    shared = []
+    for members in same_model.values():
+        p50 = float(statistics.median(m.point.p50_ms for m in members))
+        worst = min(members, key=lambda m: m.score)
+        shared += [dataclasses.replace(m, point=dataclasses.replace(m.point, p50_ms=p50, metric=worst.point.metric),
+                                       score=worst.score) for m in members]  # fmt: skip
+    return shared
 
 
 def _dominates(a: _Candidate, b: _Candidate) -> bool:

@@ -114,6 +114,21 @@ def _external_data(model_path: Path) -> list[str]:
         return []
 
 
+def model_sha256(path: Path) -> str:
+    """sha256 identifying an ONNX model's content: the model file, then each external-data file (name and bytes).
+
+    Two variants with equal digests are the same graph with the same weights (the frontier treats them as one).
+    """
+    import hashlib
+
+    from qbench.recipe import file_sha256
+
+    digest = hashlib.sha256(file_sha256(path).encode())
+    for location in _external_data(path):
+        digest.update(f"{location}:{file_sha256(path.parent / location)}".encode())
+    return digest.hexdigest()
+
+
 def recipe_record(recipe: Recipe) -> dict[str, Any]:
     """The recipe as results.json embeds it, with its digest: every field the recipe file set (parsing it
     again gives this recipe, defaults filled in; a dump with the defaults would trip the checks that

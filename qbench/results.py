@@ -12,7 +12,7 @@ Schema (version 1), documented in reports/README.md:
       digest (sha256 of the canonical JSON of everything else; checked on reading)
     VariantResult
       variant, backend, precision, status ok|failed|skipped, error (or skip reason), params {...},
-      model_path, model_bytes, build_seconds, notes [...],
+      model_path, model_bytes, model_sha256, build_seconds, notes [...],
       fidelity Fidelity, evaluated_model_path (the model whose outputs were scored, when not model_path),
       accuracy AccuracyResult | null, latency LatencyResult | null, serving ServingResult | null (results_serving.py)
     Fidelity: accuracy native|emulated|unknown, latency native|emulated|unknown, method (how it was emulated)
@@ -154,6 +154,7 @@ class VariantResult:
     error: str | None = None
     model_path: str | None = None
     model_bytes: int | None = None
+    model_sha256: str | None = None  # content digest of the measured model (qbench.provenance.model_sha256)
     build_seconds: float | None = None
     notes: tuple[str, ...] = ()
     accuracy: AccuracyResult | None = None
@@ -415,6 +416,7 @@ def from_dict(raw: dict[str, Any]) -> SweepResults:
                 error=v.get("error"),
                 model_path=v.get("model_path"),
                 model_bytes=v.get("model_bytes"),
+                model_sha256=v.get("model_sha256"),
                 build_seconds=v.get("build_seconds"),
                 notes=tuple(v.get("notes", [])),
                 accuracy=_accuracy(v.get("accuracy")),

@@ -27,7 +27,7 @@ from qbench.errors import QbenchError
 from qbench.frontier import compute_frontier, gate_threshold, plot_frontier
 from qbench.gate import GateReport, evaluate_gate
 from qbench.preflight import Prepared, prepare
-from qbench.provenance import InputDigest, input_digests, recipe_record
+from qbench.provenance import InputDigest, input_digests, model_sha256, recipe_record
 from qbench.recipe import Recipe, VariantSpec, load_recipe
 from qbench.report import print_summary, write_markdown_report
 from qbench.report_html import write_html_report
@@ -320,6 +320,7 @@ def _measure(
             params={**built.params, **{f"runtime.{k}": v for k, v in runtime.items()}},
             model_path=str(built.onnx_path),
             model_bytes=model_bytes,
+            model_sha256=model_sha256(built.onnx_path),
             build_seconds=built.build_seconds,
             notes=built.notes,
             accuracy=accuracy,

@@ -39,6 +39,28 @@ def test_identical_points_both_stay_in_name_order() -> None:
     assert names(compute_frontier(variants, "accuracy")) == ["alpha", "zeta"]
 
 
+def test_identical_models_are_one_point_whatever_their_timing_noise() -> None:
+    same = "ab" * 32
+    twin_a = dataclasses.replace(point("twin-a", 1.0, 0.94), model_sha256=same)
+    twin_b = dataclasses.replace(point("twin-b", 0.5, 0.94), model_sha256=same)  # the same graph, timed luckier
+    other = dataclasses.replace(point("other", 0.8, 0.94), model_sha256="cd" * 32)
+    frontier = compute_frontier([twin_b, other, twin_a], "accuracy")
+    # alone, twin-b (0.5 ms) would beat other (0.8 ms) and twin-a (1.0 ms); as one model both twins
+    # sit at the median 0.75 ms, which beats other, and they are listed by name
+    assert names(frontier) == ["twin-a", "twin-b"]
+    assert [p.p50_ms for p in frontier] == [0.75, 0.75]
+
+
+def test_identical_models_share_the_worst_metric_and_unknown_digests_stay_apart() -> None:
+    same = "ef" * 32
+    lucky = dataclasses.replace(point("lucky", 1.0, 0.96), model_sha256=same)
+    plain = dataclasses.replace(point("plain", 1.0, 0.94), model_sha256=same)
+    rival = point("rival", 1.0, 0.95)  # no digest (an older results file): never merged
+    assert names(compute_frontier([lucky, plain, rival], "accuracy")) == ["rival"]
+    undigested = [point("a", 1.0, 0.95), point("b", 2.0, 0.95)]
+    assert names(compute_frontier(undigested, "accuracy")) == ["a"]
+
+
 def test_equal_latency_keeps_only_the_better_metric() -> None:
     variants = [point("worse", 1.0, 0.90), point("better", 1.0, 0.93)]
     assert names(compute_frontier(variants, "accuracy")) == ["better"]

@@ -33,7 +33,7 @@ from qbench.export.pbtxt import EnumValue, to_pbtxt
 from qbench.gate import GateReport, run_gate
 from qbench.modelinfo import ModelInfo, TensorMeta, external_data_files, read_model_info
 from qbench.recipe import Recipe, TextInputSpec
-from qbench.results import SweepResults, VariantResult
+from qbench.results import LatencyPoint, SweepResults, VariantResult
 
 DEFAULT_MAX_QUEUE_DELAY_US = 100
 MODEL_FILE = "model.onnx"
@@ -247,15 +247,21 @@ def _perf_shapes(info: ModelInfo, recipe: Recipe) -> dict[str, str]:
     return shapes
 
 
+def _runs_per_window(point: LatencyPoint) -> int:
+    """qbench's timed runs per closed timing window (all of them when it timed a fixed count)."""
+    return point.iterations // max(1, len(point.window_p50_ms))
+
+
 def perf_analyzer_commands(name: str, measured: VariantResult, shapes: Mapping[str, str]) -> list[str]:
-    """One perf_analyzer command per batch size qbench timed: concurrency 1, the same number of
-    timed requests per window as qbench's timed runs, stability judged on p50."""
+    """One perf_analyzer command per batch size qbench timed: concurrency 1, about as many timed
+    requests per window as qbench's timing windows held (all its timed runs when it timed a fixed
+    count), stability judged on p50."""
     if measured.latency is None:
         return []
     shape_flags = "".join(f" --shape {n}:{s}" for n, s in shapes.items())
     return [
         f"perf_analyzer -m {name} -i grpc -u {GRPC_URL} -b {p.batch_size} --concurrency-range 1:1 "
-        f"--measurement-mode count_windows --measurement-request-count {p.iterations} --percentile=50{shape_flags}"
+        f"--measurement-mode count_windows --measurement-request-count {_runs_per_window(p)} --percentile=50{shape_flags}"
         for p in measured.latency.points
     ]
 
