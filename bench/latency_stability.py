@@ -107,7 +107,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("bench/out/latency_stability.json"))
     args = parser.parse_args()
 
-    console = Console()
+    console = Console(width=140)  # no folding in logs
     with tempfile.TemporaryDirectory(prefix="qbench-bench-") as tmp:
         root = Path(tmp)
         make_digits_demo(root)

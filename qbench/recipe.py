@@ -338,7 +338,7 @@ class StabilitySpec(_Strict):
     )
     window_seconds: float = Field(0.05, ge=0, description="a window also lasts at least this much summed run time")
     max_iterations: int | None = Field(
-        None, gt=0, description="timed runs per batch size never exceed this; default: 10,000 or latency.iterations if more"
+        None, gt=0, description="timed runs per batch size never exceed this; default: 100,000 or latency.iterations if more"
     )
     max_seconds: float = Field(
         10.0, gt=0, description="stop timing a batch size after this long once latency.iterations runs are done "

@@ -144,7 +144,7 @@ def test_adaptive_timing_stops_at_max_seconds_once_the_minimum_is_done() -> None
     (point,) = measure_steady_state(_PhasedRunner(phase_runs=5), FEEDS, [1], warmup=0, iterations=10,
                                     stability=stability)  # fmt: skip
     assert time.perf_counter() - start < 1.0
-    assert 10 <= point.iterations < 100  # 1-3 ms a run: about 0.1 s of runs, far below 10,000
+    assert 10 <= point.iterations < 100  # 1-3 ms a run: about 0.1 s of runs, far below the 100,000 default cap
     assert point.stable is False
 
 
