@@ -91,7 +91,9 @@ def stability_rule(spec: StabilitySpec | None, iterations: int) -> StabilityRule
     )
 
 
-def _timed_until_stable(runner: Runner, batch: dict[str, np.ndarray], rule: StabilityRule, description: str) -> np.ndarray:
+def _timed_until_stable(
+    runner: Runner, batch: dict[str, np.ndarray], rule: StabilityRule, description: str
+) -> np.ndarray:
     """Timed runs (ms) until the rule stops them, or `rule.max_seconds` of wall time once the minimum is done."""
     state = WindowedStability(rule)
     deadline = time.perf_counter_ns() + rule.max_seconds * 1e9

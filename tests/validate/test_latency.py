@@ -11,7 +11,8 @@ import pytest
 
 from qbench.errors import QbenchError
 from qbench.recipe import StabilitySpec
-from qbench.validate.latency import measure_cold_start, measure_steady_state, take_batch
+from qbench.validate.latency import latency_points, measure_cold_start, measure_steady_state, take_batch
+from qbench.validate.stability import StabilityRule
 
 
 class _SleepyRunner:
@@ -152,3 +153,16 @@ def test_fixed_timing_is_not_judged_but_reports_the_sample_spread() -> None:
     (point,) = measure_steady_state(_SleepyRunner(), FEEDS, [1], warmup=0, iterations=8)
     assert point.iterations == 8 and point.stable is None and point.window_p50_ms == ()
     assert math.isnan(point.spread) and point.iqr_ratio >= 0.0
+
+
+def test_latency_points_record_the_windows_the_rule_saw() -> None:
+    rule = StabilityRule(min_runs=4, max_runs=100, windows=3, threshold=0.05, window_runs=2)
+    samples = np.array([100, 300, 150, 150, 100, 100, 101, 99, 102, 102], dtype=np.float64)
+    (point,) = latency_points({8: samples}, warmup=1, rule=rule)
+    assert point.window_p50_ms == (200, 150, 100, 100, 102)  # windows of 2 runs
+    assert point.stable is True and point.spread == pytest.approx(0.02)  # (102 - 100) / 100
+    assert point.iterations == 10 and point.p50_ms == 101.5
+    # sorted: 99 100 100 100 101 102 102 150 150 300; q25 at position 2.25 = 100, q75 at 6.75 = 102 + 0.75 * 48
+    assert point.iqr_ratio == pytest.approx((138 - 100) / 101.5)
+    (fixed,) = latency_points({8: samples}, warmup=1)
+    assert fixed.stable is None and fixed.window_p50_ms == ()
