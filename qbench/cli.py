@@ -6,7 +6,6 @@ Exit codes: 0 success / gate passed, 1 gate breached, 2 anything else (see `main
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
@@ -131,16 +130,14 @@ def ui(
     recipe: RecipeArg,
     port: Annotated[int, typer.Option(help="port on 127.0.0.1")] = 5000,
 ) -> int:
-    """Open the MLflow UI on 127.0.0.1 for the recipe's tracking store (Ctrl+C stops it)."""
+    """Open the MLflow UI on 127.0.0.1 for the recipe's tracking store (Ctrl+C stops it and all its workers)."""
+    from qbench.interrupt import run_process_group
     from qbench.recipe import load_recipe
     from qbench.track import resolve_tracking_uri, ui_command
 
     command = ui_command(resolve_tracking_uri(load_recipe(recipe)), port=port)
     err_console.print(f"MLflow UI: http://127.0.0.1:{port}  (Ctrl+C to stop)")
-    try:
-        code = subprocess.call(command)
-    except KeyboardInterrupt:
-        return 0
+    code = run_process_group(command)
     if code != 0:  # exit 1 means a gate breach: any failure of the UI is an error (2)
         raise QbenchError(f"the MLflow UI exited with status {code}")
     return 0

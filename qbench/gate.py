@@ -20,6 +20,7 @@ from qbench.provenance import recorded_recipe
 from qbench.recipe import GateSpec, Recipe
 from qbench.recipe_slo import SloSpec
 from qbench.results import SliceMetrics, SweepResults, read_results
+from qbench.runs import RESULTS_FILE, newest_run
 from qbench.slo import SLO_METRIC, SLO_SCOPE, SloJudgement, judge_slo
 from qbench.validate.metrics import drop
 
@@ -174,12 +175,21 @@ def _slo_check(judgement: SloJudgement) -> GateCheck:
 
 
 def latest_results(recipe: Recipe) -> Path:
-    """The newest results.json of this recipe under <output_dir>/<name>/ (run folders sort by time)."""
+    """The results.json of the recipe's newest run under <output_dir>/<name>/, by the times recorded in the runs.
+
+    Fails closed: when the newest run is incomplete (interrupted, crashed or still running), that is an
+    error naming it, never a silent fall back to an older complete run.
+    """
     root = recipe.output_path / recipe.name
-    runs = sorted(p for p in root.glob("*/results.json")) if root.is_dir() else []
-    if not runs:
+    run = newest_run(root)
+    if run is None:
         raise QbenchError(f"no results for recipe {recipe.name!r} under {root}: run `qbench sweep {recipe.source}` first")
-    return runs[-1]
+    if not run.complete:
+        raise QbenchError(
+            f"the newest run of recipe {recipe.name!r}, {run.path}, is incomplete ({run.state}): "
+            f"re-run `qbench sweep {recipe.source}`, or judge an older run with --results FILE"
+        )
+    return run.path / RESULTS_FILE
 
 
 def run_gate(

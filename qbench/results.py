@@ -264,6 +264,7 @@ class SweepResults:
     # input name -> {path, sha256} of every file the results were made from (see qbench.provenance)
     inputs: dict[str, dict[str, str]] = field(default_factory=dict)
     complete: bool = True  # False while a sweep is still writing (or was interrupted): never judged
+    finished_at: str | None = None  # UTC, microseconds: when the measurements ended (orders the runs)
     schema_version: int = SCHEMA_VERSION
 
     def find(self, variant: str, backend: str) -> VariantResult | None:
@@ -433,6 +434,7 @@ def from_dict(raw: dict[str, Any]) -> SweepResults:
         ranges=_ranges(raw.get("ranges")),
         inputs=raw.get("inputs", {}),
         complete=raw.get("complete") is True,
+        finished_at=raw.get("finished_at"),
     )
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -26,6 +27,7 @@ from qbench.environment import describe_environment
 from qbench.errors import QbenchError
 from qbench.frontier import compute_frontier, gate_threshold, plot_frontier
 from qbench.gate import GateReport, evaluate_gate
+from qbench.interrupt import Interrupted, SignalGuard
 from qbench.preflight import Prepared, prepare
 from qbench.provenance import InputDigest, input_digests, model_sha256, recipe_record
 from qbench.recipe import Recipe, VariantSpec, load_recipe
@@ -33,6 +35,7 @@ from qbench.report import print_summary, write_markdown_report
 from qbench.report_html import write_html_report
 from qbench.slo import serving_figures
 from qbench.results import AccuracyResult, LatencyResult, RangeAnalysis, SweepResults, VariantResult, write_results
+from qbench.runs import RESULTS_FILE, mark_complete, mark_incomplete, new_run_dir, utc_now
 from qbench.validate.accuracy import evaluate_accuracy, run_outputs, with_drops
 from qbench.validate.fidelity import plan_measurement
 from qbench.validate.latency import (
@@ -43,6 +46,9 @@ from qbench.validate.latency import (
     take_batch,
 )
 from qbench.variants import BuildContext, BuiltVariant, build_variant
+
+if TYPE_CHECKING:  # qbench.track imports MLflow: only a tracked sweep loads it
+    from qbench.track import SweepTracker
 
 
 @dataclass(frozen=True)
@@ -73,7 +79,12 @@ class _Measured:
 
 
 def run_sweep(recipe: Recipe | str | Path, *, track: bool = True, show: bool = True) -> SweepOutcome:
-    """Run the recipe's sweep end to end; returns the results, the gate verdict and where they were written."""
+    """Run the recipe's sweep end to end; returns the results, the gate verdict and where they were written.
+
+    SIGINT/SIGTERM or a crash leave the run folder marked INCOMPLETE with results.json (complete: false)
+    holding every variant finished so far, and the MLflow runs ended KILLED or FAILED; an interruption
+    is then a QbenchError (exit 2) saying where the partial results are.
+    """
     started = time.perf_counter()
     clock = _Clock()
     recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
@@ -81,25 +92,99 @@ def run_sweep(recipe: Recipe | str | Path, *, track: bool = True, show: bool = T
         from qbench.track import check_reachable, resolve_tracking_uri
 
         check_reachable(resolve_tracking_uri(recipe))
-    t = time.perf_counter()
-    inputs = input_digests(recipe)  # before anything is read: what these results are made from
-    prepared = prepare(recipe, track=track)
-    clock.add("prepare", t)
-    run_dir = _new_run_dir(recipe)
+    with SignalGuard() as guard:
+        try:
+            t = time.perf_counter()
+            inputs = input_digests(recipe)  # before anything is read: what these results are made from
+            prepared = prepare(recipe, track=track)
+            clock.add("prepare", t)
+            run_dir = new_run_dir(recipe.output_path / recipe.name)  # absolute: builders may change the cwd
+        except Interrupted as exc:
+            raise QbenchError(f"sweep {exc} before anything was measured; nothing was written") from None
+        progress = _Progress(prepared, inputs, run_dir, clock, guard)
+        try:
+            progress.open_tracker(track)
+            return _run(prepared, progress, started, show=show)
+        except BaseException as exc:
+            guard.ignore()  # the clean-up runs to its end
+            replacement = progress.stop(exc)
+            if replacement is exc:
+                raise
+            raise replacement from None
+
+
+def _run(prepared: Prepared, progress: _Progress, started: float, *, show: bool) -> SweepOutcome:
+    run_dir, clock = progress.run_dir, progress.clock
     if prepared.calibration_overlap:
         console.print(
             f"[yellow]warning:[/] {prepared.calibration_overlap} calibration rows are also evaluation rows; "
             "INT8 accuracy may look better than on unseen data"
         )
     calibrated: list[BuiltVariant] = []
-    variants = _measure_all(prepared, run_dir / "models", clock, calibrated)
+    variants = _measure_all(prepared, run_dir / "models", clock, calibrated, progress)
     ranges = _range_analysis(prepared, calibrated, run_dir, clock)
-    results = replace(_assemble(prepared, variants, clock, inputs), ranges=ranges)
-    return _publish(recipe, results, run_dir, clock, started, track=track, show=show)
+    results = replace(_assemble(prepared, variants, clock, progress.inputs), ranges=ranges)
+    return _publish(prepared.recipe, results, progress, started, show=show)
+
+
+@dataclass
+class _Progress:
+    """What a running sweep has finished, kept on disk (results.json, complete: false) and in MLflow as it goes."""
+
+    prepared: Prepared
+    inputs: dict[str, InputDigest]
+    run_dir: Path
+    clock: _Clock
+    guard: SignalGuard
+    tracker: SweepTracker | None = None
+    done: list[VariantResult] = field(default_factory=list)
+    results_complete: bool = False
+    _base: SweepResults | None = None
+
+    def open_tracker(self, track: bool) -> None:
+        if track:
+            from qbench.track import SweepTracker
+
+            with self.guard.shielded():
+                self.tracker = SweepTracker.open(self.prepared.recipe, f"{self.prepared.recipe.name} sweep {self.run_dir.name}")
+
+    def started(self, variant: str, backend: str) -> None:
+        if self.tracker is not None:
+            with self.guard.shielded():
+                self.tracker.variant_started(f"{variant}@{backend}")
+
+    def finished(self, result: VariantResult) -> None:
+        """Keep one finished variant x backend: rewrite the partial results.json, end its MLflow run."""
+        self.done.append(result)
+        if self._base is None:
+            self._base = replace(_assemble(self.prepared, [], self.clock, self.inputs), complete=False, finished_at=None)
+        partial = replace(self._base, variants=tuple(self.done), timings=dict(self.clock.seconds),
+                          frontier=compute_frontier(self.done, self._base.gate_metric))  # fmt: skip
+        with self.guard.shielded():
+            write_results(partial, self.run_dir / RESULTS_FILE)
+            if self.tracker is not None:
+                self.tracker.variant_finished(partial, result)
+        console.print(f"  done: {result.key} ({result.status})")
+
+    def stop(self, exc: BaseException) -> BaseException:
+        """After an interruption or a crash: mark the run folder and end the MLflow runs; returns what to raise."""
+        interrupted = isinstance(exc, Interrupted)
+        reason = str(exc) if interrupted else f"failed: {_describe_error(exc) if isinstance(exc, Exception) else exc!r}"
+        if not self.results_complete:
+            mark_incomplete(self.run_dir, reason)
+        if self.tracker is not None:
+            self.tracker.abort("KILLED" if interrupted else "FAILED", reason)
+        if not interrupted:
+            return exc
+        if self.results_complete:
+            where = f"the results are complete in {self.run_dir}"
+        else:
+            where = f"partial results ({len(self.done)} variant runs) in {self.run_dir / RESULTS_FILE}, marked incomplete"
+        return QbenchError(f"sweep {exc}: {where}")
 
 
 def _measure_all(
-    prepared: Prepared, models_dir: Path, clock: _Clock, calibrated: list[BuiltVariant]
+    prepared: Prepared, models_dir: Path, clock: _Clock, calibrated: list[BuiltVariant], progress: _Progress
 ) -> list[VariantResult]:
     """Build each variant once, then measure it on each backend; FP32 on the first backend is the reference.
 
@@ -112,17 +197,22 @@ def _measure_all(
     by_identity: dict[str, dict[str, VariantResult]] = {}  # identity -> backend -> the measured result
     for spec in recipe.all_variants():
         console.print(f"[bold]{spec.name}[/] ({spec.precision})")
+        progress.started(spec.name, backends[0].name)  # the first backend's run includes the build
         evaluate = _search_evaluator(backends[0], prepared, reference_outputs, reference_accuracy, clock)
         built, error = _build(spec, prepared, models_dir, clock, evaluate)
         if built is not None and built.activation_ranges:
             calibrated.append(built)
         twins = by_identity.setdefault(_identity(built), {}) if built is not None else {}
-        for backend in backends:
+        for index, backend in enumerate(backends):
+            if index:
+                progress.started(spec.name, backend.name)
             if built is None:
                 measured.append(_failed(spec, backend.name, error or "build failed"))
+                progress.finished(measured[-1])
                 continue
             if backend.name in twins:
                 measured.append(_identical(built, twins[backend.name]))
+                progress.finished(measured[-1])
                 continue
             outcome = _measure(backend, built, prepared, reference_outputs, reference_accuracy.get(backend.name), clock)
             if spec.precision == "fp32" and outcome.result.accuracy is not None:
@@ -130,6 +220,7 @@ def _measure_all(
                 reference_accuracy[backend.name] = outcome.result.accuracy
             twins[backend.name] = outcome.result
             measured.append(outcome.result)
+            progress.finished(outcome.result)
     return measured
 
 
@@ -402,28 +493,31 @@ def _assemble(
         dropped_nonfinite=prepared.dropped_nonfinite,
         inputs={name: {"path": entry.path, "sha256": entry.sha256} for name, entry in inputs.items()},
         complete=True,
+        finished_at=utc_now(),
     )
 
 
-def _publish(
-    recipe: Recipe, results: SweepResults, run_dir: Path, clock: _Clock, started: float, *, track: bool, show: bool
-) -> SweepOutcome:
-    """Write results.json first (so nothing measured is lost), then the plot, the report and MLflow."""
+def _publish(recipe: Recipe, results: SweepResults, progress: _Progress, started: float, *, show: bool) -> SweepOutcome:
+    """Write the complete results.json first (so nothing measured is lost), then the plot, the reports and MLflow."""
+    run_dir, clock = progress.run_dir, progress.clock
     t = time.perf_counter()
     gate = evaluate_gate(results, recipe.gate, slo=recipe.slo)
-    results_path = write_results(results, run_dir / "results.json")
+    with progress.guard.shielded():
+        results_path = write_results(results, run_dir / RESULTS_FILE)
+        mark_complete(run_dir)
+        progress.results_complete = True
     plot_path = plot_frontier(results, run_dir / "frontier.png", threshold=gate_threshold(results, recipe.gate.max_drop))
     report_path = write_markdown_report(results, gate, plot_path, run_dir / "report.md")
     html_path = write_html_report(results, gate, run_dir / "report.html")
     clock.add("report", t)
     run_id = None
-    if track:
+    if progress.tracker is not None:
         t = time.perf_counter()
-        from qbench.track import log_sweep
-
+        artifacts = [recipe.source, results_path, report_path, html_path, plot_path]
         try:
-            run_id = log_sweep(results, recipe, gate=gate, artifacts=[recipe.source, results_path, report_path, html_path, plot_path])
-        except Exception as exc:  # noqa: BLE001 - results are on disk; say where, then fail
+            with progress.guard.shielded():
+                run_id = progress.tracker.close(results, recipe, gate, [a for a in artifacts if a is not None])
+        except QbenchError as exc:  # results are on disk; say where, then fail
             raise QbenchError(f"logging to MLflow failed ({exc}); the results are saved in {run_dir}") from exc
         clock.add("track", t)
     timings = {**clock.seconds, "total": time.perf_counter() - started}
@@ -437,14 +531,3 @@ def _publish(
 
 def _with_timings(results: SweepResults, timings: dict[str, float]) -> SweepResults:
     return replace(results, timings={k: round(v, 4) for k, v in timings.items()})
-
-
-def _new_run_dir(recipe: Recipe) -> Path:
-    """<output_dir>/<name>/<UTC timestamp>[-n]: a fresh folder per sweep, sortable by time."""
-    root = recipe.output_path / recipe.name  # absolute: builders may change the working directory
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    candidate, n = root / stamp, 1
-    while candidate.exists():
-        candidate, n = root / f"{stamp}-{n}", n + 1
-    candidate.mkdir(parents=True)
-    return candidate

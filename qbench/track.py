@@ -1,4 +1,9 @@
-"""Log a sweep to MLflow: one parent run per sweep, one nested child run per variant x backend.
+"""Log a sweep to MLflow as it runs: one parent run per sweep, one nested child run per variant x backend.
+
+`SweepTracker` is driven by the sweep: the parent run opens when the sweep starts, each child run
+when work on its variant starts and ends when its result is in, so the MLflow UI shows progress and
+real durations; an interrupted sweep ends its runs KILLED, a crashed one FAILED (never left RUNNING,
+never tagged pass). What is logged (keys, metrics, params, tags) is in qbench.track_content.
 
 Stores: the recipe's `tracking.uri`, else a sqlite file in the working
 directory (MLflow 3's plain `file:` store refuses to run without an opt-in).
@@ -11,7 +16,6 @@ location next to the database (`<db folder>/mlartifacts/<experiment>`);
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import re
@@ -19,35 +23,44 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
 from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
-from mlflow.utils.validation import (
-    MAX_ENTITY_KEY_LENGTH,
-    MAX_METRICS_PER_BATCH,
-    MAX_PARAM_VAL_LENGTH,
-    MAX_PARAMS_TAGS_PER_BATCH,
-    MAX_TAG_VAL_LENGTH,
+from mlflow.utils.validation import MAX_METRICS_PER_BATCH, MAX_PARAMS_TAGS_PER_BATCH
+
+import qbench
+from qbench.errors import QbenchError
+from qbench.gate import GateReport
+from qbench.recipe import Recipe
+from qbench.results import SweepResults, VariantResult, to_json
+from qbench.track_content import (
+    GATE_TAG,
+    param_value,
+    sanitise_name,
+    sweep_metrics,
+    sweep_params,
+    sweep_tags,
+    tag_value,
+    variant_metrics,
+    variant_params,
+    variant_tags,
 )
 
-from qbench.errors import QbenchError
-from qbench.frontier import speedup
-from qbench.gate import GateReport
-from qbench.recipe import Recipe, StabilitySpec
-from qbench.results import SliceMetrics, SweepResults, VariantResult, non_default_session_options, to_json
-from qbench.slo import serving_metrics
+try:  # POSIX; elsewhere concurrent first use of one new sqlite store is not serialised
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None  # type: ignore[assignment]
 
 T = TypeVar("T")
 
 _ARTIFACT_FOLDER = "mlartifacts"
-_DISALLOWED = re.compile(r"[^\w\-. :/]")  # MLflow keys: alphanumerics, _ - . space : /
-_GATE_VERDICTS = {0: "pass", 1: "breach", 2: "unusable"}
-_DESCRIPTION_TAG = "mlflow.note.content"  # shown as the run's description in the MLflow UI
+_PENDING = "pending (sweep running)"
 
 
 # -- stores ---------------------------------------------------------------------------------------
@@ -100,13 +113,49 @@ def _experiment_id(client: MlflowClient, name: str, uri: str) -> str:
     if existing is None:
         root = artifact_root(uri)
         folder = re.sub(r"[^\w.-]", "_", name)
-        return client.create_experiment(name, artifact_location=f"{root}/{folder}" if root else None)
+        try:
+            return client.create_experiment(name, artifact_location=f"{root}/{folder}" if root else None)
+        except MlflowException as exc:  # another sweep created it just now (a server store is not locked)
+            existing = client.get_experiment_by_name(name)
+            if exc.error_code != ErrorCode.Name(RESOURCE_ALREADY_EXISTS) or existing is None:
+                raise
     if existing.lifecycle_stage == "deleted":
         raise QbenchError(
             f"MLflow experiment {name!r} in {uri} is deleted: restore it in the MLflow UI, "
             "or set tracking.experiment in the recipe to another name"
         )
     return existing.experiment_id
+
+
+@contextlib.contextmanager
+def _store_lock(uri: str) -> Iterator[None]:
+    """Serialise the first use of a sqlite store across processes (an exclusive lock on `<db>.lock`).
+
+    MLflow creates and migrates a new sqlite database on first use, and two processes doing that at
+    once fail; creating the experiment races the same way.
+    """
+    database = _sqlite_file(uri)
+    if database is None or fcntl is None:
+        yield
+        return
+    database.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{database}.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _open_experiment(recipe: Recipe) -> tuple[MlflowClient, str, str]:
+    """A client of the recipe's store, the store's URI and the recipe's experiment id (created when new)."""
+    uri = resolve_tracking_uri(recipe)
+    try:
+        with _store_lock(uri):
+            client = MlflowClient(tracking_uri=uri)
+            return client, uri, _experiment_id(client, experiment_name(recipe), uri)
+    except MlflowException as exc:
+        raise QbenchError(f"MLflow tracking at {uri} failed: {exc.message}") from exc
 
 
 def ui_command(uri: str, host: str = "127.0.0.1", port: int = 5000) -> list[str]:
@@ -122,212 +171,6 @@ def ui_command(uri: str, host: str = "127.0.0.1", port: int = 5000) -> list[str]
     return command + ["--host", host, "--port", str(port)]
 
 
-# -- names and values -----------------------------------------------------------------------------
-
-
-def sanitise_name(name: str) -> str:
-    """A metric/param key MLflow accepts: allowed characters only, and a path that normalises to itself."""
-    parts = [_DISALLOWED.sub("_", part) or "_" for part in name.split("/")]
-    key = "/".join("_" if set(part) <= {"."} else part for part in parts)
-    return ("_" + key if key.startswith("..") else key)[:MAX_ENTITY_KEY_LENGTH].rstrip("/")
-
-
-def unique_names(names: Iterable[str], clean: Callable[[str], str] = sanitise_name) -> dict[str, str]:
-    """Map each name to its cleaned form; names that clean to the same key get _2, _3... suffixes."""
-    mapping: dict[str, str] = {}
-    taken: set[str] = set()
-    for name in dict.fromkeys(names):
-        base = candidate = clean(name)
-        count = 1
-        while candidate in taken:
-            count += 1
-            candidate = f"{base}_{count}"
-        mapping[name] = candidate
-        taken.add(candidate)
-    return mapping
-
-
-def _slice_segment(name: str) -> str:
-    """A slice name as one path segment of a metric key (a '/' in the name would make a new level)."""
-    return sanitise_name(name.replace("/", "_"))[:120]
-
-
-def _param_value(value: Any) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
-    return text[:MAX_PARAM_VAL_LENGTH]
-
-
-def _tag_value(value: str) -> str:
-    return value[:MAX_TAG_VAL_LENGTH]
-
-
-# -- what gets logged -----------------------------------------------------------------------------
-
-
-def _latency_metrics(results: SweepResults, variant: VariantResult) -> dict[str, float]:
-    latency = variant.latency
-    if latency is None:
-        return {}
-    metrics = {
-        "cold_start_ms": latency.session_create_ms + latency.first_run_ms,
-        "session_create_ms": latency.session_create_ms,
-        "first_run_ms": latency.first_run_ms,
-    }
-    for p in latency.points:
-        bs = p.batch_size
-        metrics |= {f"latency_p50_ms_b{bs}": p.p50_ms, f"latency_p95_ms_b{bs}": p.p95_ms,
-                    f"latency_p99_ms_b{bs}": p.p99_ms, f"latency_mean_ms_b{bs}": p.mean_ms,
-                    f"throughput_b{bs}": p.items_per_s, f"speedup_b{bs}": speedup(results, variant, bs),
-                    f"latency.b{bs}.spread": p.spread, f"latency.b{bs}.iqr_ratio": p.iqr_ratio}  # fmt: skip
-        if p.stable is not None:  # None: fixed-count timing, not judged
-            metrics[f"latency.b{bs}.stable"] = float(p.stable)
-    return metrics
-
-
-def _scope_metrics(scope: SliceMetrics, prefix: str) -> dict[str, float]:
-    metrics = {f"{prefix}{name}": value for name, value in scope.metrics.items()}
-    return metrics | {f"{prefix}drop_{name}": value for name, value in scope.drops.items()}
-
-
-def _accuracy_metrics(variant: VariantResult) -> dict[str, float]:
-    accuracy = variant.accuracy
-    if accuracy is None:
-        return {}
-    metrics = {"eval_rows": float(accuracy.rows), "nonfinite_outputs": float(accuracy.nonfinite_outputs)}
-    metrics |= _scope_metrics(accuracy.overall, "")
-    segments = unique_names((s.name for s in accuracy.slices), _slice_segment)
-    for scope in accuracy.slices:
-        prefix = f"slice/{segments[scope.name]}/"
-        metrics |= _scope_metrics(scope, prefix) | {f"{prefix}size": float(scope.size)}
-    return metrics
-
-
-def _variant_metrics(results: SweepResults, variant: VariantResult) -> dict[str, float]:
-    metrics: dict[str, float] = {}
-    if variant.model_bytes is not None:
-        metrics["model_mb"] = variant.model_bytes / 1e6
-    if variant.build_seconds is not None:
-        metrics["build_seconds"] = variant.build_seconds
-    return metrics | _latency_metrics(results, variant) | _accuracy_metrics(variant) | serving_metrics(variant)
-
-
-def _uses_calibration(variant: VariantResult) -> bool:
-    """Static int8 and fp8 variants are calibrated; dynamic int8 and float casts are not."""
-    return variant.precision in ("int8", "fp8") and variant.params.get("calibrator") != "dynamic"
-
-
-def _variant_params(results: SweepResults, variant: VariantResult) -> dict[str, str]:
-    keys = unique_names(variant.params)
-    params = {keys[k]: _param_value(v) for k, v in variant.params.items()}
-    params |= {"variant": variant.variant, "precision": variant.precision, "backend": variant.backend,
-               "fidelity.accuracy": variant.fidelity.accuracy, "fidelity.latency": variant.fidelity.latency}  # fmt: skip
-    if variant.fidelity.method:
-        params["fidelity.method"] = _param_value(variant.fidelity.method)
-    if variant.evaluated_model_path:
-        params["evaluated_model_path"] = _param_value(variant.evaluated_model_path)
-    calibration = results.calibration
-    if calibration is not None and _uses_calibration(variant):
-        params |= {"calibration.samples": str(calibration.size), "calibration.seed": str(calibration.seed),
-                   "calibration.row_ids_sha256": calibration.row_ids_sha256}  # fmt: skip
-    return params
-
-
-def _variant_tags(variant: VariantResult, gate: GateReport | None) -> dict[str, str]:
-    tags = {
-        "qbench.status": variant.status,
-        "qbench.gate": gate.status_of(variant.variant, variant.backend) if gate else "not evaluated",
-        "qbench.variant": variant.variant,
-        "qbench.backend": variant.backend,
-        "qbench.precision": variant.precision,
-        "qbench.fidelity": "emulated" if variant.fidelity.emulated else variant.fidelity.accuracy,
-    }
-    if variant.status != "ok":
-        tags["qbench.error"] = _tag_value(variant.error or "no error message")
-    needed = non_default_session_options(variant.params)
-    if needed:
-        tags["qbench.session_options"] = ", ".join(f"{k}={v}" for k, v in needed.items()) + " (not ORT's defaults)"
-    if variant.notes:
-        tags["qbench.notes"] = _tag_value(" | ".join(variant.notes))
-    return tags
-
-
-def _stability_param(stability: StabilitySpec | None) -> str:
-    """The adaptive-timing settings in one line ('off' for fixed-count timing)."""
-    if stability is None:
-        return "off"
-    return ",".join(f"{name}={value}" for name, value in stability.model_dump().items())
-
-
-def _sweep_params(results: SweepResults, recipe: Recipe) -> dict[str, str]:
-    gate, latency, env = recipe.gate, recipe.latency, results.environment
-    params = {
-        "recipe.name": str(results.recipe.get("name", recipe.name)),
-        "recipe.sha256": str(results.recipe.get("sha256") or recipe.sha256),
-        "task": str(results.recipe.get("task", recipe.task)),
-        "reference": results.reference,
-        "backends": ",".join(results.backends()),
-        "gate.metric": gate.metric,
-        "gate.max_drop": str(gate.max_drop),
-        "gate.max_slice_drop": str(gate.max_slice_drop),
-        "gate.applies_to": ",".join(gate.applies_to),
-        "gate.min_slice_size": str(gate.min_slice_size),
-        "evaluation.rows": str(results.evaluation_rows),
-        "latency.batch_sizes": ",".join(str(b) for b in latency.batch_sizes),
-        "latency.warmup": str(latency.warmup),
-        "latency.iterations": str(latency.iterations),
-        "latency.threads": str(latency.threads or "default"),
-        "latency.stability": _stability_param(latency.stability),
-        "env.cpu": str(env.get("cpu", "unknown")),
-        "env.cpu_flags": ",".join(env.get("cpu_flags", [])),
-    }
-    params |= {f"env.{name}": str(version) for name, version in env.get("packages", {}).items()}
-    if results.calibration is not None:
-        c = results.calibration
-        params |= {
-            "calibration.size": str(c.size),
-            "calibration.seed": str(c.seed),
-            "calibration.stratify_by": str(c.stratify_by),
-            "calibration.row_ids_sha256": c.row_ids_sha256,
-        }
-    return {sanitise_name(k): _param_value(v) for k, v in params.items()}
-
-
-def _sweep_tags(results: SweepResults, gate: GateReport | None) -> dict[str, str]:
-    from qbench.report import frontier_text
-
-    verdict = _GATE_VERDICTS.get(gate.exit_code, "unusable") if gate else "not evaluated"
-    return {
-        "qbench.version": results.qbench_version,
-        "qbench.gate": verdict,
-        "qbench.recipe": str(results.recipe.get("name", "")),
-        "qbench.created_at": results.created_at,
-        _DESCRIPTION_TAG: _tag_value(frontier_text(results)),
-    }
-
-
-def _sweep_metrics(results: SweepResults, gate: GateReport | None) -> dict[str, float]:
-    metrics = {f"time/{sanitise_name(phase)}_s": seconds for phase, seconds in results.timings.items()}
-    metrics["variants_ok"] = float(sum(v.status == "ok" for v in results.variants))
-    metrics["variants_failed"] = float(sum(v.status != "ok" for v in results.variants))
-    if gate is not None:
-        metrics["gate_breaches"] = float(len(gate.breaches))
-    for what, counts in results.dropped_nonfinite.items():
-        metrics |= {f"dropped_nonfinite/{what}/{sanitise_name(column)}": float(n) for column, n in counts.items()}
-    return metrics | _range_metrics(results)
-
-
-def _range_metrics(results: SweepResults) -> dict[str, float]:
-    """range.<slice>.<format>_overflow_tensors for raw format limits, range.<variant>.<slice>.clipped_share."""
-    analysis = results.ranges
-    if analysis is None:
-        return {}
-    segments = unique_names(analysis.abs_max, _slice_segment)
-    metrics = {f"range.{segments[scope]}.{check.format}_overflow_tensors": float(len(peaks))
-               for check in analysis.limits if check.scaled_by is None for scope, peaks in check.over.items()}  # fmt: skip
-    metrics |= {f"range.{sanitise_name(r.variant)}.{segments[r.scope]}.clipped_share": r.share for r in analysis.clipping}
-    return metrics
-
-
 # -- logging --------------------------------------------------------------------------------------
 
 
@@ -341,7 +184,7 @@ def _log(client: MlflowClient, run_id: str, metrics: Mapping[str, float], params
     now = int(time.time() * 1000)
     finite = {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(v)}
     missing = sorted(k for k in metrics if k not in finite)
-    all_tags = dict(tags) | ({"qbench.missing_metrics": _tag_value(", ".join(missing))} if missing else {})
+    all_tags = dict(tags) | ({"qbench.missing_metrics": tag_value(", ".join(missing))} if missing else {})
     for chunk in _chunks([Metric(k, v, now, 0) for k, v in finite.items()], MAX_METRICS_PER_BATCH):
         client.log_batch(run_id, metrics=chunk)
     for chunk in _chunks([Param(k, v) for k, v in params.items()], MAX_PARAMS_TAGS_PER_BATCH):
@@ -368,44 +211,112 @@ def _log_artifacts(client: MlflowClient, run_id: str, paths: Sequence[Path]) -> 
             client.log_artifact(run_id, str(path))
 
 
-def _log_variant(client: MlflowClient, experiment_id: str, parent_id: str, results: SweepResults,
-                 variant: VariantResult, gate: GateReport | None) -> str:  # fmt: skip
-    run = client.create_run(experiment_id, run_name=variant.key, tags={MLFLOW_PARENT_RUN_ID: parent_id})
-    run_id = run.info.run_id
-    metrics, params = _variant_metrics(results, variant), _variant_params(results, variant)
-    _log(client, run_id, metrics, params, _variant_tags(variant, gate))
-    client.set_terminated(run_id, status="FINISHED" if variant.status == "ok" else "FAILED")
-    return run_id
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class SweepTracker:
+    """The MLflow runs of one sweep, driven while it runs (see the module docstring).
+
+    MLflow problems become a QbenchError naming the store; the runs are then ended FAILED.
+    """
+
+    def __init__(self, client: MlflowClient, uri: str, experiment_id: str, parent_id: str) -> None:
+        self._client = client
+        self._uri = uri
+        self._experiment_id = experiment_id
+        self.parent_id = parent_id
+        self._running: dict[str, str] = {}  # variant@backend -> run id of a child not ended yet
+        self._children: dict[str, str] = {}  # variant@backend -> run id, every child
+
+    @classmethod
+    def open(cls, recipe: Recipe, run_name: str) -> SweepTracker:
+        """Create the sweep's parent run (RUNNING from now) in the recipe's experiment."""
+        client, uri, experiment_id = _open_experiment(recipe)
+        tags = {"qbench.version": qbench.__version__, "qbench.recipe": recipe.name, GATE_TAG: _PENDING}
+        try:
+            parent = client.create_run(experiment_id, run_name=run_name, tags=tags)
+        except MlflowException as exc:
+            raise QbenchError(f"MLflow tracking at {uri} failed: {exc.message}") from exc
+        return cls(client, uri, experiment_id, parent.info.run_id)
+
+    def variant_started(self, key: str) -> None:
+        """Open the child run of one variant x backend (`variant@backend`)."""
+        self._mlflow(lambda: self._start_child(key))
+
+    def _start_child(self, key: str) -> str:
+        tags = {MLFLOW_PARENT_RUN_ID: self.parent_id, GATE_TAG: _PENDING}
+        run_id = self._client.create_run(self._experiment_id, run_name=key, tags=tags).info.run_id
+        self._running[key] = self._children[key] = run_id
+        return run_id
+
+    def variant_finished(self, results: SweepResults, variant: VariantResult) -> None:
+        """Log one variant's result into its child run (opened now if it was not) and end the run."""
+
+        def log() -> None:
+            run_id = self._running.pop(variant.key, None) or self._start_child(variant.key)
+            self._running.pop(variant.key, None)
+            _log(self._client, run_id, variant_metrics(results, variant), variant_params(results, variant),
+                 variant_tags(variant))  # fmt: skip
+            self._client.set_terminated(run_id, status="FINISHED" if variant.status == "ok" else "FAILED")
+
+        self._mlflow(log)
+
+    def close(self, results: SweepResults, recipe: Recipe, gate: GateReport | None, artifacts: Sequence[Path]) -> str:
+        """Log the sweep's params, metrics, gate verdicts and artifacts; end the parent FINISHED; returns its id."""
+        paths = _artifact_paths(recipe, artifacts)
+
+        def log() -> None:
+            for variant in results.variants:
+                if variant.key not in self._children:  # results logged after the fact (log_sweep)
+                    self.variant_finished(results, variant)
+            _log(self._client, self.parent_id, sweep_metrics(results, gate), sweep_params(results, recipe),
+                 sweep_tags(results, gate))  # fmt: skip
+            for variant in results.variants:
+                verdict = gate.status_of(variant.variant, variant.backend) if gate else "not evaluated"
+                self._client.set_tag(self._children[variant.key], GATE_TAG, verdict)
+            _log_artifacts(self._client, self.parent_id, paths)
+            if results.ranges is not None:
+                self._client.log_text(self.parent_id, to_json(results.ranges), "ranges.json")
+            self._client.set_terminated(self.parent_id, status="FINISHED")
+
+        self._mlflow(log)
+        return self.parent_id
+
+    def abort(self, status: str, reason: str) -> None:
+        """End the parent and every open child with `status` (KILLED or FAILED); no run keeps a gate verdict.
+
+        Best effort: the store may be what failed, so its errors are suppressed here.
+        """
+        verdict = tag_value(f"not evaluated (sweep {reason})")
+        calls: list[Callable[[], object]] = [
+            *(lambda r=run_id: self._client.set_terminated(r, status=status, end_time=_now_ms())
+              for run_id in self._running.values()),
+            *(lambda r=run_id: self._client.set_tag(r, GATE_TAG, verdict) for run_id in self._children.values()),
+            lambda: self._client.set_tag(self.parent_id, GATE_TAG, verdict),
+            lambda: self._client.set_terminated(self.parent_id, status=status, end_time=_now_ms()),
+        ]  # fmt: skip
+        self._running.clear()
+        for call in calls:
+            with contextlib.suppress(Exception):
+                call()
+
+    def _mlflow(self, call: Callable[[], T]) -> T:
+        try:
+            return call()
+        except MlflowException as exc:
+            self.abort("FAILED", "failed: MLflow error")
+            raise QbenchError(f"MLflow tracking at {self._uri} failed: {exc.message}") from exc
 
 
 def log_sweep(results: SweepResults, recipe: Recipe, *, gate: GateReport | None, artifacts: Sequence[Path]) -> str:
-    """Log the sweep as a parent run with one child run per variant x backend; returns the parent run id.
+    """Log saved results (a sweep run without tracking) as a parent run with one child per variant x backend.
 
-    MLflow problems (unreachable server, rejected value) become a QbenchError naming the store.
+    Returns the parent run id; nothing is logged when an artifact is missing.
     """
-    uri = resolve_tracking_uri(recipe)
-    paths = _artifact_paths(recipe, artifacts)
-    try:
-        client = MlflowClient(tracking_uri=uri)
-        experiment_id = _experiment_id(client, experiment_name(recipe), uri)
-        name = f"{results.recipe.get('name', recipe.name)} sweep {results.created_at}"
-        parent_id = client.create_run(experiment_id, run_name=name).info.run_id
-    except MlflowException as exc:
-        raise QbenchError(f"MLflow tracking at {uri} failed: {exc.message}") from exc
-    try:
-        metrics, params = _sweep_metrics(results, gate), _sweep_params(results, recipe)
-        _log(client, parent_id, metrics, params, _sweep_tags(results, gate))
-        for variant in results.variants:
-            _log_variant(client, experiment_id, parent_id, results, variant, gate)
-        _log_artifacts(client, parent_id, paths)
-        if results.ranges is not None:
-            client.log_text(parent_id, to_json(results.ranges), "ranges.json")
-    except MlflowException as exc:
-        with contextlib.suppress(MlflowException):  # the store may be the thing that failed
-            client.set_terminated(parent_id, status="FAILED")
-        raise QbenchError(f"MLflow tracking at {uri} failed: {exc.message}") from exc
-    client.set_terminated(parent_id, status="FINISHED")
-    return parent_id
+    _artifact_paths(recipe, artifacts)
+    tracker = SweepTracker.open(recipe, f"{results.recipe.get('name', recipe.name)} sweep {results.created_at}")
+    return tracker.close(results, recipe, gate, artifacts)
 
 
 def log_run(
@@ -413,12 +324,11 @@ def log_run(
 ) -> str:
     """One stand-alone run in the recipe's experiment (e.g. `explain <variant>`): params, metrics, the recipe
     and `artifacts`; returns its id. MLflow problems become a QbenchError naming the store."""
-    uri = resolve_tracking_uri(recipe)
     paths = _artifact_paths(recipe, artifacts)
+    client, uri, experiment_id = _open_experiment(recipe)
     try:
-        client = MlflowClient(tracking_uri=uri)
-        run_id = client.create_run(_experiment_id(client, experiment_name(recipe), uri), run_name=run_name).info.run_id
-        _log(client, run_id, metrics, {sanitise_name(k): _param_value(v) for k, v in params.items()}, {})
+        run_id = client.create_run(experiment_id, run_name=run_name).info.run_id
+        _log(client, run_id, metrics, {sanitise_name(k): param_value(v) for k, v in params.items()}, {})
         _log_artifacts(client, run_id, paths)
         client.set_terminated(run_id, status="FINISHED")
     except MlflowException as exc:

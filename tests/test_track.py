@@ -19,14 +19,8 @@ from qbench.errors import QbenchError
 from qbench.gate import GateReport, evaluate_gate
 from qbench.recipe import Recipe, load_recipe
 from qbench.results import ClipRecord, LimitCheck, RangeAnalysis, SweepResults, TensorPeak, VariantResult
-from qbench.track import (
-    artifact_root,
-    log_sweep,
-    resolve_tracking_uri,
-    sanitise_name,
-    ui_command,
-    unique_names,
-)
+from qbench.track import artifact_root, log_sweep, resolve_tracking_uri, ui_command
+from qbench.track_content import sanitise_name, unique_names
 
 CPU = "onnxruntime-cpu"
 

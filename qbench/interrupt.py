@@ -1,0 +1,134 @@
+"""SIGINT/SIGTERM: turned into an exception a long job cleans up after (at safe points only), or passed
+on to a child process group (`run_process_group`, for `qbench ui`).
+
+    with SignalGuard() as guard:
+        ...                          # a signal raises Interrupted here
+        with guard.shielded():
+            write_the_store()        # a signal waits until this block ends, then raises
+        ...
+    except Interrupted: guard.ignore(); clean up (no second signal cuts the clean-up short)
+
+`Interrupted` is a BaseException so that `except Exception` (one variant's failure is recorded and
+the sweep goes on) never swallows it. Outside the main thread no handler can be installed: the guard
+then does nothing and the process's default handling stays.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Interrupted(BaseException):
+    """The job got SIGINT or SIGTERM."""
+
+    def __init__(self, signum: int) -> None:
+        self.signal_name = signal.Signals(signum).name
+        super().__init__(f"interrupted by {self.signal_name}")
+
+
+class SignalGuard:
+    """Installs handlers for SIGINT and SIGTERM for the duration of a `with` block; restores the old ones after."""
+
+    def __init__(self) -> None:
+        self._previous: dict[int, Any] = {}
+        self._shield_depth = 0
+        self._pending: int | None = None
+
+    def __enter__(self) -> SignalGuard:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {signum: signal.signal(signum, self._handle) for signum in _SIGNALS}
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self._shield_depth:
+            self._pending = signum
+            return
+        raise Interrupted(signum)
+
+    @contextmanager
+    def shielded(self) -> Iterator[None]:
+        """A block a signal must not cut in two (a store write): the signal is raised when the block ends."""
+        self._shield_depth += 1
+        try:
+            yield
+        finally:
+            self._shield_depth -= 1
+            if not self._shield_depth and self._pending is not None:
+                signum, self._pending = self._pending, None
+                raise Interrupted(signum)
+
+    def ignore(self) -> None:
+        """From now until the guard ends, SIGINT and SIGTERM are ignored (the clean-up runs to its end)."""
+        for signum in self._previous:
+            signal.signal(signum, signal.SIG_IGN)
+
+
+def run_process_group(command: Sequence[str], stop_timeout_s: float = 10.0) -> int:
+    """Run `command` in a session (process group) of its own until it ends; returns its exit code.
+
+    SIGINT/SIGTERM sent to this process are passed on to the whole group (a server and every
+    worker it forked: workers outlive a signal to their parent alone); whatever is still alive
+    `stop_timeout_s` later is killed. Stopped that way, the exit code is 0.
+    """
+    process = subprocess.Popen(list(command), start_new_session=True)  # the group id is the leader's pid
+    received: list[int] = []
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        received.append(signum)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signum)
+
+    previous = {signum: signal.signal(signum, forward) for signum in _SIGNALS}
+    try:
+        while process.poll() is None and not received:
+            time.sleep(0.1)
+        deadline = time.monotonic() + stop_timeout_s
+        while received and _group_alive(process) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)  # workers left behind, whichever way it ended
+        process.wait()
+    return 0 if received else process.returncode
+
+
+def _group_alive(process: subprocess.Popen[bytes]) -> bool:
+    """Whether the leader or any process of its group still runs (reaps the leader once it has ended)."""
+    if process.poll() is None:
+        return True
+    proc = Path("/proc")
+    if not proc.is_dir():  # no /proc: a zombie left in the group counts as alive
+        try:
+            os.killpg(process.pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    return any(_in_group_and_running(entry, process.pid) for entry in proc.iterdir() if entry.name.isdigit())
+
+
+def _in_group_and_running(entry: Path, pgid: int) -> bool:
+    """Whether /proc/<pid> is a process of group `pgid` that is not a zombie (an ended worker not yet reaped)."""
+    try:
+        fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()  # after "(comm)": state, ppid, pgrp
+    except (OSError, IndexError):
+        return False
+    return int(fields[2]) == pgid and fields[0] != "Z"

@@ -1,0 +1,109 @@
+"""Run folders of a recipe: <output_dir>/<name>/<UTC time>-<suffix>/, each marked INCOMPLETE until its sweep ends.
+
+A sweep creates its folder with an `INCOMPLETE` marker (JSON: when it started, its state) and
+removes the marker only after the complete results.json is written. An interrupted or crashed
+sweep leaves the marker (state "interrupted by SIGTERM", "failed: ...") next to whatever it wrote.
+
+The newest run is chosen by the times recorded in the files, never by folder names: a complete
+run counts from its results' `finished_at`, an incomplete one from the marker's `started_at`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+INCOMPLETE_MARKER = "INCOMPLETE"
+RESULTS_FILE = "results.json"
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    path: Path
+    recorded_at: datetime  # complete: when its results were finished; incomplete: when its sweep started
+    complete: bool
+    state: str  # "complete", or the marker's state ("running", "interrupted by SIGINT", "failed: ...")
+
+
+def utc_now() -> str:
+    """The current UTC time as ISO 8601 with microseconds (sweeps started in the same second still order)."""
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
+def new_run_dir(root: Path) -> Path:
+    """A fresh folder <root>/<UTC time>-<random suffix>, created exclusively and marked INCOMPLETE (running)."""
+    root.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    folder = root / f"{stamp}-{secrets.token_hex(3)}"
+    folder.mkdir(exist_ok=False)  # a name collision is an error, never a shared folder
+    _write_marker(folder, {"started_at": utc_now(), "state": "running", "pid": os.getpid()})
+    return folder
+
+
+def mark_incomplete(folder: Path, state: str) -> None:
+    """Record why the sweep in `folder` did not finish (keeps the marker's start time)."""
+    _write_marker(folder, _read_marker(folder) | {"state": state, "ended_at": utc_now()})
+
+
+def mark_complete(folder: Path) -> None:
+    """The sweep's complete results are written: remove the marker."""
+    (folder / INCOMPLETE_MARKER).unlink(missing_ok=True)
+
+
+def _write_marker(folder: Path, content: dict[str, object]) -> None:
+    tmp = folder / f".{INCOMPLETE_MARKER}.tmp"
+    tmp.write_text(json.dumps(content, indent=2) + "\n")
+    tmp.replace(folder / INCOMPLETE_MARKER)
+
+
+def _read_marker(folder: Path) -> dict[str, object]:
+    try:
+        content = json.loads((folder / INCOMPLETE_MARKER).read_text())
+    except (OSError, ValueError):
+        return {}
+    return content if isinstance(content, dict) else {}
+
+
+def _parse_time(value: object) -> datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+
+
+def _file_time(path: Path) -> datetime:
+    return datetime.fromtimestamp(path.stat().st_mtime, timezone.utc)
+
+
+def describe_run(folder: Path) -> RunFolder | None:
+    """What `folder` holds: None when it is no run folder (neither marker nor results.json)."""
+    marker, results = folder / INCOMPLETE_MARKER, folder / RESULTS_FILE
+    if marker.is_file():
+        content = _read_marker(folder)
+        started = _parse_time(content.get("started_at")) or _file_time(marker)
+        return RunFolder(folder, started, complete=False, state=str(content.get("state", "unknown")))
+    if not results.is_file():
+        return None
+    try:
+        raw = json.loads(results.read_text())
+    except (OSError, ValueError):
+        raw = None
+    if not isinstance(raw, dict):  # unreadable: the gate will say so when it reads the file
+        return RunFolder(folder, _file_time(results), complete=True, state="complete")
+    recorded = _parse_time(raw.get("finished_at")) or _parse_time(raw.get("created_at")) or _file_time(results)
+    if raw.get("complete", True) is not True:
+        return RunFolder(folder, recorded, complete=False, state="incomplete results")
+    return RunFolder(folder, recorded, complete=True, state="complete")
+
+
+def newest_run(root: Path) -> RunFolder | None:
+    """The run folder under `root` with the latest recorded time, complete or not; None when there is none."""
+    runs = [run for folder in root.iterdir() if folder.is_dir() and (run := describe_run(folder))] if root.is_dir() else []
+    return max(runs, key=lambda run: (run.recorded_at, run.path.name), default=None)

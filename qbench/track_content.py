@@ -1,0 +1,227 @@
+"""What a sweep logs to MLflow: keys MLflow accepts, and the metrics, params and tags of a sweep and its variants."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from mlflow.utils.validation import MAX_ENTITY_KEY_LENGTH, MAX_PARAM_VAL_LENGTH, MAX_TAG_VAL_LENGTH
+
+from qbench.frontier import speedup
+from qbench.gate import GateReport
+from qbench.recipe import Recipe, StabilitySpec
+from qbench.results import SliceMetrics, SweepResults, VariantResult, non_default_session_options
+from qbench.slo import serving_metrics
+
+_DISALLOWED = re.compile(r"[^\w\-. :/]")  # MLflow keys: alphanumerics, _ - . space : /
+GATE_TAG = "qbench.gate"  # pass | breach | unusable on the sweep; pass | fail | not gated on a variant
+_GATE_VERDICTS = {0: "pass", 1: "breach", 2: "unusable"}
+_DESCRIPTION_TAG = "mlflow.note.content"  # shown as the run's description in the MLflow UI
+
+
+# -- names and values -----------------------------------------------------------------------------
+
+
+def sanitise_name(name: str) -> str:
+    """A metric/param key MLflow accepts: allowed characters only, and a path that normalises to itself."""
+    parts = [_DISALLOWED.sub("_", part) or "_" for part in name.split("/")]
+    key = "/".join("_" if set(part) <= {"."} else part for part in parts)
+    return ("_" + key if key.startswith("..") else key)[:MAX_ENTITY_KEY_LENGTH].rstrip("/")
+
+
+def unique_names(names: Iterable[str], clean: Callable[[str], str] = sanitise_name) -> dict[str, str]:
+    """Map each name to its cleaned form; names that clean to the same key get _2, _3... suffixes."""
+    mapping: dict[str, str] = {}
+    taken: set[str] = set()
+    for name in dict.fromkeys(names):
+        base = candidate = clean(name)
+        count = 1
+        while candidate in taken:
+            count += 1
+            candidate = f"{base}_{count}"
+        mapping[name] = candidate
+        taken.add(candidate)
+    return mapping
+
+
+def _slice_segment(name: str) -> str:
+    """A slice name as one path segment of a metric key (a '/' in the name would make a new level)."""
+    return sanitise_name(name.replace("/", "_"))[:120]
+
+
+def param_value(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+    return text[:MAX_PARAM_VAL_LENGTH]
+
+
+def tag_value(value: str) -> str:
+    return value[:MAX_TAG_VAL_LENGTH]
+
+
+# -- what gets logged -----------------------------------------------------------------------------
+
+
+def _latency_metrics(results: SweepResults, variant: VariantResult) -> dict[str, float]:
+    latency = variant.latency
+    if latency is None:
+        return {}
+    metrics = {
+        "cold_start_ms": latency.session_create_ms + latency.first_run_ms,
+        "session_create_ms": latency.session_create_ms,
+        "first_run_ms": latency.first_run_ms,
+    }
+    for p in latency.points:
+        bs = p.batch_size
+        metrics |= {f"latency_p50_ms_b{bs}": p.p50_ms, f"latency_p95_ms_b{bs}": p.p95_ms,
+                    f"latency_p99_ms_b{bs}": p.p99_ms, f"latency_mean_ms_b{bs}": p.mean_ms,
+                    f"throughput_b{bs}": p.items_per_s, f"speedup_b{bs}": speedup(results, variant, bs),
+                    f"latency.b{bs}.spread": p.spread, f"latency.b{bs}.iqr_ratio": p.iqr_ratio}  # fmt: skip
+        if p.stable is not None:  # None: fixed-count timing, not judged
+            metrics[f"latency.b{bs}.stable"] = float(p.stable)
+    return metrics
+
+
+def _scope_metrics(scope: SliceMetrics, prefix: str) -> dict[str, float]:
+    metrics = {f"{prefix}{name}": value for name, value in scope.metrics.items()}
+    return metrics | {f"{prefix}drop_{name}": value for name, value in scope.drops.items()}
+
+
+def _accuracy_metrics(variant: VariantResult) -> dict[str, float]:
+    accuracy = variant.accuracy
+    if accuracy is None:
+        return {}
+    metrics = {"eval_rows": float(accuracy.rows), "nonfinite_outputs": float(accuracy.nonfinite_outputs)}
+    metrics |= _scope_metrics(accuracy.overall, "")
+    segments = unique_names((s.name for s in accuracy.slices), _slice_segment)
+    for scope in accuracy.slices:
+        prefix = f"slice/{segments[scope.name]}/"
+        metrics |= _scope_metrics(scope, prefix) | {f"{prefix}size": float(scope.size)}
+    return metrics
+
+
+def variant_metrics(results: SweepResults, variant: VariantResult) -> dict[str, float]:
+    metrics: dict[str, float] = {}
+    if variant.model_bytes is not None:
+        metrics["model_mb"] = variant.model_bytes / 1e6
+    if variant.build_seconds is not None:
+        metrics["build_seconds"] = variant.build_seconds
+    return metrics | _latency_metrics(results, variant) | _accuracy_metrics(variant) | serving_metrics(variant)
+
+
+def _uses_calibration(variant: VariantResult) -> bool:
+    """Static int8 and fp8 variants are calibrated; dynamic int8 and float casts are not."""
+    return variant.precision in ("int8", "fp8") and variant.params.get("calibrator") != "dynamic"
+
+
+def variant_params(results: SweepResults, variant: VariantResult) -> dict[str, str]:
+    keys = unique_names(variant.params)
+    params = {keys[k]: param_value(v) for k, v in variant.params.items()}
+    params |= {"variant": variant.variant, "precision": variant.precision, "backend": variant.backend,
+               "fidelity.accuracy": variant.fidelity.accuracy, "fidelity.latency": variant.fidelity.latency}  # fmt: skip
+    if variant.fidelity.method:
+        params["fidelity.method"] = param_value(variant.fidelity.method)
+    if variant.evaluated_model_path:
+        params["evaluated_model_path"] = param_value(variant.evaluated_model_path)
+    calibration = results.calibration
+    if calibration is not None and _uses_calibration(variant):
+        params |= {"calibration.samples": str(calibration.size), "calibration.seed": str(calibration.seed),
+                   "calibration.row_ids_sha256": calibration.row_ids_sha256}  # fmt: skip
+    return params
+
+
+def variant_tags(variant: VariantResult) -> dict[str, str]:
+    """What a variant's run is tagged with when it finishes (its gate verdict comes when the sweep ends)."""
+    tags = {
+        "qbench.status": variant.status,
+        "qbench.variant": variant.variant,
+        "qbench.backend": variant.backend,
+        "qbench.precision": variant.precision,
+        "qbench.fidelity": "emulated" if variant.fidelity.emulated else variant.fidelity.accuracy,
+    }
+    if variant.status != "ok":
+        tags["qbench.error"] = tag_value(variant.error or "no error message")
+    needed = non_default_session_options(variant.params)
+    if needed:
+        tags["qbench.session_options"] = ", ".join(f"{k}={v}" for k, v in needed.items()) + " (not ORT's defaults)"
+    if variant.notes:
+        tags["qbench.notes"] = tag_value(" | ".join(variant.notes))
+    return tags
+
+
+def _stability_param(stability: StabilitySpec | None) -> str:
+    """The adaptive-timing settings in one line ('off' for fixed-count timing)."""
+    if stability is None:
+        return "off"
+    return ",".join(f"{name}={value}" for name, value in stability.model_dump().items())
+
+
+def sweep_params(results: SweepResults, recipe: Recipe) -> dict[str, str]:
+    gate, latency, env = recipe.gate, recipe.latency, results.environment
+    params = {
+        "recipe.name": str(results.recipe.get("name", recipe.name)),
+        "recipe.sha256": str(results.recipe.get("sha256") or recipe.sha256),
+        "task": str(results.recipe.get("task", recipe.task)),
+        "reference": results.reference,
+        "backends": ",".join(results.backends()),
+        "gate.metric": gate.metric,
+        "gate.max_drop": str(gate.max_drop),
+        "gate.max_slice_drop": str(gate.max_slice_drop),
+        "gate.applies_to": ",".join(gate.applies_to),
+        "gate.min_slice_size": str(gate.min_slice_size),
+        "evaluation.rows": str(results.evaluation_rows),
+        "latency.batch_sizes": ",".join(str(b) for b in latency.batch_sizes),
+        "latency.warmup": str(latency.warmup),
+        "latency.iterations": str(latency.iterations),
+        "latency.threads": str(latency.threads or "default"),
+        "latency.stability": _stability_param(latency.stability),
+        "env.cpu": str(env.get("cpu", "unknown")),
+        "env.cpu_flags": ",".join(env.get("cpu_flags", [])),
+    }
+    params |= {f"env.{name}": str(version) for name, version in env.get("packages", {}).items()}
+    if results.calibration is not None:
+        c = results.calibration
+        params |= {
+            "calibration.size": str(c.size),
+            "calibration.seed": str(c.seed),
+            "calibration.stratify_by": str(c.stratify_by),
+            "calibration.row_ids_sha256": c.row_ids_sha256,
+        }
+    return {sanitise_name(k): param_value(v) for k, v in params.items()}
+
+
+def sweep_tags(results: SweepResults, gate: GateReport | None) -> dict[str, str]:
+    from qbench.report import frontier_text
+
+    verdict = _GATE_VERDICTS.get(gate.exit_code, "unusable") if gate else "not evaluated"
+    return {
+        "qbench.version": results.qbench_version,
+        GATE_TAG: verdict,
+        "qbench.recipe": str(results.recipe.get("name", "")),
+        "qbench.created_at": results.created_at,
+        _DESCRIPTION_TAG: tag_value(frontier_text(results)),
+    }
+
+
+def sweep_metrics(results: SweepResults, gate: GateReport | None) -> dict[str, float]:
+    metrics = {f"time/{sanitise_name(phase)}_s": seconds for phase, seconds in results.timings.items()}
+    metrics["variants_ok"] = float(sum(v.status == "ok" for v in results.variants))
+    metrics["variants_failed"] = float(sum(v.status != "ok" for v in results.variants))
+    if gate is not None:
+        metrics["gate_breaches"] = float(len(gate.breaches))
+    for what, counts in results.dropped_nonfinite.items():
+        metrics |= {f"dropped_nonfinite/{what}/{sanitise_name(column)}": float(n) for column, n in counts.items()}
+    return metrics | _range_metrics(results)
+
+
+def _range_metrics(results: SweepResults) -> dict[str, float]:
+    """range.<slice>.<format>_overflow_tensors for raw format limits, range.<variant>.<slice>.clipped_share."""
+    analysis = results.ranges
+    if analysis is None:
+        return {}
+    segments = unique_names(analysis.abs_max, _slice_segment)
+    metrics = {f"range.{segments[scope]}.{check.format}_overflow_tensors": float(len(peaks))
+               for check in analysis.limits if check.scaled_by is None for scope, peaks in check.over.items()}  # fmt: skip
+    metrics |= {f"range.{sanitise_name(r.variant)}.{segments[r.scope]}.clipped_share": r.share for r in analysis.clipping}
+    return metrics

@@ -1,0 +1,243 @@
+"""Faults leave nothing half-done: real signals to a real `qbench sweep`, concurrent sweeps into one new
+sqlite store, and `qbench ui` stopping the MLflow server with all its workers.
+
+The sweeps run a user's own model (tests/user_model.py) in subprocesses, so the signal goes to a real
+process, and are read back from disk and with MlflowClient.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import group_members
+from mlflow.entities import ViewType
+from mlflow.tracking import MlflowClient
+from user_model import make_user_project
+
+from qbench.cli import main
+from qbench.runs import INCOMPLETE_MARKER, RESULTS_FILE
+
+REPO = Path(__file__).resolve().parents[1]
+WAIT_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def user_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The user's model and table, built once; each test writes its own recipe, store and reports next to it."""
+    return make_user_project(tmp_path_factory.mktemp("user_project")).parent
+
+
+def write_recipe(project: Path, target: Path, variants: list[str], iterations: int) -> Path:
+    """The user's recipe with absolute paths, only `variants`, `iterations` timed runs at batch 1, a store in `target`."""
+    recipe = yaml.safe_load((project / "qbench.yaml").read_text())
+    recipe["model"]["path"] = str(project / recipe["model"]["path"])
+    recipe["data"]["path"] = str(project / recipe["data"]["path"])
+    recipe["variants"] = [v for v in recipe["variants"] if v["name"] in variants]
+    recipe["latency"] = {"batch_sizes": [1], "warmup": 1, "iterations": iterations, "threads": 1}
+    recipe["tracking"]["uri"] = f"sqlite:///{target / 'mlflow.db'}"
+    recipe["output_dir"] = str(target / "reports")
+    path = target / "qbench.yaml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return path
+
+
+def qbench_process(*args: str, cwd: Path, **popen: Any) -> subprocess.Popen[str]:
+    """`python -m qbench.cli ARGS` with this checkout's qbench, wide output (no folded lines), merged streams."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "400"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return subprocess.Popen([sys.executable, "-m", "qbench.cli", *args], cwd=cwd, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **popen)  # fmt: skip
+
+
+class OutputReader:
+    """Collects a process's output on a thread, so the test can wait for a line without blocking on the pipe."""
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        self.lines: list[str] = []
+        self._changed = threading.Condition()
+        self._thread = threading.Thread(target=self._read, args=(process,), daemon=True)
+        self._thread.start()
+
+    def _read(self, process: subprocess.Popen[str]) -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            with self._changed:
+                self.lines.append(line)
+                self._changed.notify_all()
+
+    def wait_for(self, text: str, timeout_s: float = WAIT_S) -> None:
+        with self._changed:
+            if not self._changed.wait_for(lambda: any(text in line for line in self.lines), timeout=timeout_s):
+                raise AssertionError(f"no line with {text!r} within {timeout_s:.0f} s:\n{self.text()[-3000:]}")
+
+    def text(self) -> str:
+        self._thread.join(timeout=5)
+        return "".join(self.lines)
+
+
+def runs_of(store: Path, experiment: str = "tumour-mlp") -> list[Any]:
+    client = MlflowClient(f"sqlite:///{store}")
+    found = client.get_experiment_by_name(experiment)
+    assert found is not None, f"no experiment {experiment!r} in {store}"
+    return client.search_runs([found.experiment_id], run_view_type=ViewType.ALL)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_mid_sweep_ends_runs_killed_and_keeps_what_finished(
+    user_project: Path, tmp_path: Path, signum: signal.Signals, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # fp16's 200k timed runs take far longer than the test waits: the signal always lands inside fp16
+    recipe = write_recipe(user_project, tmp_path, ["fp16", "int8-minmax"], iterations=200_000)
+    process = qbench_process("sweep", str(recipe), cwd=tmp_path)
+    output = OutputReader(process)
+    output.wait_for("done: fp32@onnxruntime-cpu")
+    output.wait_for("building: fp16")  # fp16's run is open in MLflow now
+    sent = time.monotonic()
+    process.send_signal(signum)
+    code = process.wait(timeout=30)
+    stop_s = time.monotonic() - sent
+    print(f"{signum.name}: sweep exited {code} {stop_s:.2f} s after the signal")
+    shown = output.text()
+
+    assert code == 2
+    assert f"sweep interrupted by {signum.name}" in shown and "Traceback" not in shown
+    (run_dir,) = (tmp_path / "reports" / "tumour-mlp").iterdir()
+    assert str(run_dir / RESULTS_FILE) in shown
+    marker = json.loads((run_dir / INCOMPLETE_MARKER).read_text())
+    assert marker["state"] == f"interrupted by {signum.name}"
+    partial = json.loads((run_dir / RESULTS_FILE).read_text())
+    assert partial["complete"] is False and partial["finished_at"] is None
+    (fp32,) = partial["variants"]  # what finished is on disk, measured
+    assert fp32["variant"] == "fp32" and fp32["status"] == "ok" and fp32["accuracy"]["rows"] == 169
+
+    runs = {run.info.run_name: run for run in runs_of(tmp_path / "mlflow.db")}
+    parent = runs.pop(f"tumour-mlp sweep {run_dir.name}")
+    assert parent.info.status == "KILLED" and parent.info.end_time is not None
+    assert {name: run.info.status for name, run in runs.items()} == {
+        "fp32@onnxruntime-cpu": "FINISHED", "fp16@onnxruntime-cpu": "KILLED",
+    }  # fmt: skip
+    assert all(run.data.tags["mlflow.parentRunId"] == parent.info.run_id for run in runs.values())
+    assert runs["fp32@onnxruntime-cpu"].data.metrics["accuracy"] == pytest.approx(fp32["accuracy"]["overall"]["metrics"]["accuracy"])
+    verdicts = {run.data.tags.get("qbench.gate") for run in [parent, *runs.values()]}
+    assert verdicts == {f"not evaluated (sweep interrupted by {signum.name})"}
+
+    capsys.readouterr()
+    assert main(["gate", str(recipe)]) == 2  # the newest run is incomplete: the gate refuses it
+    refused = " ".join(capsys.readouterr().err.split())
+    assert str(run_dir) in refused and "incomplete" in refused
+
+
+@pytest.mark.slow
+def test_the_gate_prefers_the_newest_recorded_run_and_refuses_an_incomplete_one(
+    user_project: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    recipe = write_recipe(user_project, tmp_path, ["int8-minmax"], iterations=5)
+    first = qbench_process("sweep", str(recipe), "--no-track", cwd=tmp_path)
+    assert first.wait(timeout=WAIT_S) == 0, first.stdout.read() if first.stdout else ""
+    root = tmp_path / "reports" / "tumour-mlp"
+    (complete,) = root.iterdir()
+    # a folder whose name sorts last but whose results were finished earlier is not the latest
+    early = root / "99999999-999999-aaaaaa"
+    raw = json.loads((complete / RESULTS_FILE).read_text())
+    early.mkdir()
+    (early / RESULTS_FILE).write_text(json.dumps({**raw, "finished_at": "2001-01-01T00:00:00.000000+00:00"}))
+    assert main(["gate", str(recipe)]) in (0, 1)
+    assert raw["created_at"] in capsys.readouterr().out
+    # a sweep that started after the complete one finished and never ended: fail closed, naming it
+    late = root / "00000000-000000-bbbbbb"
+    late.mkdir()
+    (late / INCOMPLETE_MARKER).write_text(json.dumps({"started_at": "2999-01-01T00:00:00+00:00", "state": "running"}))
+    assert main(["gate", str(recipe)]) == 2
+    assert f"{late}, is incomplete (running)" in " ".join(capsys.readouterr().err.split())
+
+
+@pytest.mark.slow
+def test_concurrent_sweeps_into_one_new_sqlite_store(user_project: Path, tmp_path: Path) -> None:
+    recipe = write_recipe(user_project, tmp_path, ["int8-minmax"], iterations=5)
+    processes = [qbench_process("sweep", str(recipe), cwd=tmp_path) for _ in range(3)]
+    outputs = [OutputReader(p) for p in processes]
+    codes = [p.wait(timeout=120) for p in processes]
+    assert codes == [0, 0, 0], "\n".join(o.text()[-2000:] for o in outputs)
+    folders = sorted((tmp_path / "reports" / "tumour-mlp").iterdir())
+    assert len(folders) == 3 and not any((f / INCOMPLETE_MARKER).exists() for f in folders)
+    runs = runs_of(tmp_path / "mlflow.db")
+    parents = {r.info.run_name for r in runs if "mlflow.parentRunId" not in r.data.tags}
+    assert parents == {f"tumour-mlp sweep {f.name}" for f in folders}
+    assert len(runs) == 3 * 3 and {r.info.status for r in runs} == {"FINISHED"}  # parent, fp32, int8-minmax each
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _children_of(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.fixture
+def ui_process(user_project: Path, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    recipe = write_recipe(user_project, tmp_path, ["fp16"], iterations=5)
+    port = _free_port()
+    process = qbench_process("ui", str(recipe), "--port", str(port), cwd=tmp_path)
+    OutputReader(process)  # drains the server's log: a full pipe would stall it
+    try:
+        yield process, port
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads process groups from /proc")
+def test_ui_passes_sigterm_on_to_the_server_and_all_its_workers(ui_process: tuple[subprocess.Popen[str], int]) -> None:
+    process, port = ui_process
+    deadline = time.monotonic() + 2 * WAIT_S  # a loaded 2-core machine
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+                if response.status == 200:
+                    break
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(f"the MLflow UI did not answer within {WAIT_S:.0f} s (exit {process.poll()})")
+        time.sleep(0.5)
+    (server,) = _children_of(process.pid)
+    assert os.getpgid(server) == server != os.getpgid(process.pid)  # the server leads a group of its own
+    assert len(group_members(server)) > 1  # the server and its workers
+    sent = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=30) == 0
+    while group_members(server) and time.monotonic() - sent < 20:
+        time.sleep(0.1)
+    stop_s = time.monotonic() - sent
+    print(f"ui: the server's group was gone {stop_s:.2f} s after SIGTERM")
+    assert group_members(server) == []
+    assert stop_s < 20
