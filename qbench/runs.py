@@ -105,5 +105,6 @@ def describe_run(folder: Path) -> RunFolder | None:
 
 def newest_run(root: Path) -> RunFolder | None:
     """The run folder under `root` with the latest recorded time, complete or not; None when there is none."""
-    runs = [run for folder in root.iterdir() if folder.is_dir() and (run := describe_run(folder))] if root.is_dir() else []
+    folders = [folder for folder in root.iterdir() if folder.is_dir()] if root.is_dir() else []
+    runs = [run for run in map(describe_run, folders) if run is not None]
     return max(runs, key=lambda run: (run.recorded_at, run.path.name), default=None)

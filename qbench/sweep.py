@@ -146,7 +146,8 @@ class _Progress:
             from qbench.track import SweepTracker
 
             with self.guard.shielded():
-                self.tracker = SweepTracker.open(self.prepared.recipe, f"{self.prepared.recipe.name} sweep {self.run_dir.name}")
+                name = f"{self.prepared.recipe.name} sweep {self.run_dir.name}"
+                self.tracker = SweepTracker.open(self.prepared.recipe, name)
 
     def started(self, variant: str, backend: str) -> None:
         if self.tracker is not None:
@@ -157,7 +158,8 @@ class _Progress:
         """Keep one finished variant x backend: rewrite the partial results.json, end its MLflow run."""
         self.done.append(result)
         if self._base is None:
-            self._base = replace(_assemble(self.prepared, [], self.clock, self.inputs), complete=False, finished_at=None)
+            base = _assemble(self.prepared, [], self.clock, self.inputs)
+            self._base = replace(base, complete=False, finished_at=None)
         partial = replace(self._base, variants=tuple(self.done), timings=dict(self.clock.seconds),
                           frontier=compute_frontier(self.done, self._base.gate_metric))  # fmt: skip
         with self.guard.shielded():
@@ -169,7 +171,8 @@ class _Progress:
     def stop(self, exc: BaseException) -> BaseException:
         """After an interruption or a crash: mark the run folder and end the MLflow runs; returns what to raise."""
         interrupted = isinstance(exc, Interrupted)
-        reason = str(exc) if interrupted else f"failed: {_describe_error(exc) if isinstance(exc, Exception) else exc!r}"
+        crash = _describe_error(exc) if isinstance(exc, Exception) else repr(exc)
+        reason = str(exc) if interrupted else f"failed: {crash}"
         if not self.results_complete:
             mark_incomplete(self.run_dir, reason)
         if self.tracker is not None:
@@ -179,7 +182,8 @@ class _Progress:
         if self.results_complete:
             where = f"the results are complete in {self.run_dir}"
         else:
-            where = f"partial results ({len(self.done)} variant runs) in {self.run_dir / RESULTS_FILE}, marked incomplete"
+            kept = f"{len(self.done)} variant run{'' if len(self.done) == 1 else 's'}"
+            where = f"partial results ({kept}) in {self.run_dir / RESULTS_FILE}, marked incomplete"
         return QbenchError(f"sweep {exc}: {where}")
 
 
@@ -517,7 +521,7 @@ def _publish(recipe: Recipe, results: SweepResults, progress: _Progress, started
         try:
             with progress.guard.shielded():
                 run_id = progress.tracker.close(results, recipe, gate, [a for a in artifacts if a is not None])
-        except QbenchError as exc:  # results are on disk; say where, then fail
+        except Exception as exc:  # noqa: BLE001 - results are on disk; say where, then fail
             raise QbenchError(f"logging to MLflow failed ({exc}); the results are saved in {run_dir}") from exc
         clock.add("track", t)
     timings = {**clock.seconds, "total": time.perf_counter() - started}

@@ -42,7 +42,7 @@ def user_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def write_recipe(project: Path, target: Path, variants: list[str], iterations: int) -> Path:
-    """The user's recipe with absolute paths, only `variants`, `iterations` timed runs at batch 1, a store in `target`."""
+    """The user's recipe: absolute paths, only `variants`, `iterations` timed runs at batch 1, a store in `target`."""
     recipe = yaml.safe_load((project / "qbench.yaml").read_text())
     recipe["model"]["path"] = str(project / recipe["model"]["path"])
     recipe["data"]["path"] = str(project / recipe["data"]["path"])
@@ -131,7 +131,8 @@ def test_a_signal_mid_sweep_ends_runs_killed_and_keeps_what_finished(
         "fp32@onnxruntime-cpu": "FINISHED", "fp16@onnxruntime-cpu": "KILLED",
     }  # fmt: skip
     assert all(run.data.tags["mlflow.parentRunId"] == parent.info.run_id for run in runs.values())
-    assert runs["fp32@onnxruntime-cpu"].data.metrics["accuracy"] == pytest.approx(fp32["accuracy"]["overall"]["metrics"]["accuracy"])
+    logged_accuracy = runs["fp32@onnxruntime-cpu"].data.metrics["accuracy"]
+    assert logged_accuracy == pytest.approx(fp32["accuracy"]["overall"]["metrics"]["accuracy"])
     verdicts = {run.data.tags.get("qbench.gate") for run in [parent, *runs.values()]}
     assert verdicts == {f"not evaluated (sweep interrupted by {signum.name})"}
 
