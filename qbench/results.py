@@ -8,7 +8,7 @@ Schema (version 1), documented in reports/README.md:
       gate_metric, reference, variants [VariantResult], frontier [FrontierPoint],
       timings {phase: seconds} (calibration, build, evaluate, latency, ranges, report, track, total),
       dropped_nonfinite {evaluation|calibration: {input column: rows left out for NaN/inf}},
-      ranges RangeAnalysis | null, inputs {input: {path, sha256}}, complete,
+      ranges RangeAnalysis | null, inputs {input: {path, sha256}}, complete, finished_at,
       digest (sha256 of the canonical JSON of everything else; checked on reading)
     VariantResult
       variant, backend, precision, status ok|failed|skipped, error (or skip reason), params {...},

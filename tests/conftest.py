@@ -50,7 +50,7 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
-def _wait_healthy(url: str, process: subprocess.Popen, log: Path) -> None:
+def wait_healthy(url: str, process: subprocess.Popen, log: Path) -> None:
     deadline = time.monotonic() + _HEALTH_TIMEOUT_S
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -100,7 +100,7 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with log.open("w") as log_file:
         process = subprocess.Popen(command, cwd=root, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        _wait_healthy(url, process, log)
+        wait_healthy(url, process, log)
         yield url
     finally:
         leftover = stop_process_group(process)

@@ -73,9 +73,7 @@ def test_debug_shows_the_traceback_of_an_unexpected_exception(monkeypatch, capsy
 
 
 def test_a_command_never_returns_an_exit_code_outside_the_contract(monkeypatch):
-    import qbench.cli
-
-    monkeypatch.setattr(qbench.cli.subprocess, "call", lambda command: 1)  # the MLflow UI failed
+    monkeypatch.setattr("qbench.interrupt.run_process_group", lambda command: 1)  # the MLflow UI failed
     monkeypatch.setattr("qbench.recipe.load_recipe", lambda path: None)
     monkeypatch.setattr("qbench.track.resolve_tracking_uri", lambda recipe: "sqlite:///x.db")
     assert main(["ui", "recipe.yaml"]) == 2
