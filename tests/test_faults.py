@@ -142,6 +142,31 @@ def test_a_signal_mid_sweep_ends_runs_killed_and_keeps_what_finished(
 
 
 @pytest.mark.slow
+def test_a_crash_ends_the_runs_failed_and_keeps_every_measured_variant(
+    user_project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import qbench.sweep
+
+    def crash(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("simulated crash after the measurements")
+
+    monkeypatch.setattr(qbench.sweep, "evaluate_gate", crash)
+    recipe = write_recipe(user_project, tmp_path, ["int8-minmax"], iterations=5)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        qbench.sweep.run_sweep(recipe, show=False)
+    (run_dir,) = (tmp_path / "reports" / "tumour-mlp").iterdir()
+    state = json.loads((run_dir / INCOMPLETE_MARKER).read_text())["state"]
+    assert state.startswith("failed: RuntimeError: simulated crash after the measurements")
+    partial = json.loads((run_dir / RESULTS_FILE).read_text())
+    assert partial["complete"] is False
+    assert [(v["variant"], v["status"]) for v in partial["variants"]] == [("fp32", "ok"), ("int8-minmax", "ok")]
+    runs = runs_of(tmp_path / "mlflow.db")
+    assert sorted(run.info.status for run in runs) == ["FAILED", "FINISHED", "FINISHED"]  # the parent failed
+    (parent,) = [run for run in runs if "mlflow.parentRunId" not in run.data.tags]
+    assert parent.info.status == "FAILED" and parent.data.tags["qbench.gate"].startswith("not evaluated (sweep failed")
+
+
+@pytest.mark.slow
 def test_the_gate_prefers_the_newest_recorded_run_and_refuses_an_incomplete_one(
     user_project: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
