@@ -40,12 +40,13 @@ def user_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def write_recipe(project: Path, target: Path, variants: list[str], iterations: int) -> Path:
-    """The user's recipe: absolute paths, only `variants`, `iterations` timed runs at batch 1, a store in `target`."""
+    """The user's recipe: absolute paths, only `variants`, exactly `iterations` timed runs at batch 1, a store in
+    `target`."""
     recipe = yaml.safe_load((project / "qbench.yaml").read_text())
     recipe["model"]["path"] = str(project / recipe["model"]["path"])
     recipe["data"]["path"] = str(project / recipe["data"]["path"])
     recipe["variants"] = [v for v in recipe["variants"] if v["name"] in variants]
-    recipe["latency"] = {"batch_sizes": [1], "warmup": 1, "iterations": iterations, "threads": 1}
+    recipe["latency"] = {"batch_sizes": [1], "warmup": 1, "iterations": iterations, "threads": 1, "stability": None}
     recipe["tracking"]["uri"] = f"sqlite:///{target / 'mlflow.db'}"
     recipe["output_dir"] = str(target / "reports")
     path = target / "qbench.yaml"
