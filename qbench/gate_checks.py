@@ -13,7 +13,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 from qbench.errors import expected_one_of
-from qbench.provenance import changed_inputs, input_digests
+from qbench.provenance import changed_inputs, input_files
 from qbench.recipe import RESULT_SECTIONS, Recipe, VariantSpec
 from qbench.results import AccuracyResult, SliceMetrics, SweepResults, VariantResult
 
@@ -49,7 +49,7 @@ def stale_inputs(results: SweepResults, current: Recipe | None) -> tuple[list[st
     """
     if not results.inputs:
         return ["inputs: the results record no input digests, so they cannot be checked for staleness"], []
-    check = changed_inputs(results.inputs, input_digests(current) if current is not None else None)
+    check = changed_inputs(results.inputs, input_files(current) if current is not None else None)
     problems = [
         f"stale results: {name} ({results.inputs[name]['path'] if name in results.inputs else 'new input'}) "
         "changed since the sweep: re-run `qbench sweep`"

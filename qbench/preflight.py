@@ -32,7 +32,7 @@ from qbench.data import (
 )
 from qbench.console import console
 from qbench.errors import QbenchError, RecipeError, expected_one_of
-from qbench.modelinfo import ModelInfo, read_model_info
+from qbench.modelinfo import ModelInfo, external_data_files, read_model_info
 from qbench.preflight_checks import check_batch_memory, check_destinations, check_plan
 from qbench.recipe import Recipe
 from qbench.results import CalibrationRecord
@@ -174,11 +174,21 @@ def _check_quantizer_options(recipe: Recipe) -> None:
 
 
 def _read_model(recipe: Recipe, path: Path) -> ModelInfo:
+    """The model's inputs and outputs; its external-data files must exist (ONNX reads them only when run)."""
+    field = "model.path" if recipe.model.path is not None else "model.torch"
     try:
-        return read_model_info(path)
+        info = read_model_info(path)
+        locations = external_data_files(path)
+    except QbenchError as exc:
+        raise RecipeError(recipe.source, field, str(exc)) from None
     except Exception as exc:  # onnx raises several types for a file that is not a model
-        field = "model.path" if recipe.model.path is not None else "model.torch"
         raise RecipeError(recipe.source, field, f"cannot read ONNX model {path}: {exc}") from None
+    gone = [location for location in locations if not (path.parent / location).is_file()]
+    if gone:
+        raise RecipeError(
+            recipe.source, field, f"ONNX model {path} keeps its weights in {gone[0]!r}, not found in {path.parent}"
+        )
+    return info
 
 
 def _pick_outputs(recipe: Recipe, task: Task, model: ModelInfo) -> list[OutputChoice]:

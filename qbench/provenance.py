@@ -71,33 +71,35 @@ def input_digests(recipe: Recipe) -> dict[str, InputDigest]:
     """Input name -> its path and the sha256 of its content (a folder: every file's name and bytes)."""
     from qbench.recipe import file_sha256
 
-    return {name: InputDigest(str(path), file_sha256(path)) for name, path in input_files(recipe).items()}
+    files = input_files(recipe)
+    for name, path in files.items():
+        if not path.exists():
+            raise QbenchError(f"{recipe.source}: {name}: {path} not found")
+    return {name: InputDigest(str(path), file_sha256(path)) for name, path in files.items()}
 
 
-def changed_inputs(recorded: Mapping[str, Any], current: Mapping[str, InputDigest] | None = None) -> InputCheck:
-    """Compare recorded digests with `current` ones (a recipe's), or with the recorded paths hashed again now.
+def changed_inputs(recorded: Mapping[str, Any], current: Mapping[str, Path] | None = None) -> InputCheck:
+    """Compare recorded digests with the `current` input files (a recipe's `input_files`), or with the
+    recorded paths hashed again now.
 
-    An input recorded but absent from `current` (or whose recorded path is gone) is missing; one in
-    `current` but not recorded is changed (the recipe gained an input since the sweep).
+    An input whose file is gone is missing (not an error: the gate reports it by name); one recorded
+    but absent from `current`, or in `current` but not recorded (the recipe gained an input since the
+    sweep), is changed.
     """
     from qbench.recipe import file_sha256
 
+    paths = current if current is not None else {name: Path(entry["path"]) for name, entry in recorded.items()}
     changed: list[str] = []
     missing: list[str] = []
     for name, entry in recorded.items():
-        if current is not None:
-            if name not in current:
-                changed.append(name)
-            elif current[name].sha256 != entry["sha256"]:
-                changed.append(name)
-            continue
-        path = Path(entry["path"])
-        if not path.exists():
+        path = paths.get(name)
+        if path is None:
+            changed.append(name)
+        elif not path.exists():
             missing.append(f"{name} ({path})")
         elif file_sha256(path) != entry["sha256"]:
             changed.append(name)
-    if current is not None:
-        changed.extend(name for name in current if name not in recorded)
+    changed.extend(name for name in paths if name not in recorded)
     return InputCheck(tuple(changed), tuple(missing))
 
 

@@ -87,3 +87,19 @@ def test_paths_resolve_against_the_recipe_and_nonfinite_rows_are_dropped(
     capsys.readouterr()
     assert main(["gate", str(relative_project)]) == 0
     assert results.created_at in capsys.readouterr().out
+
+
+def test_a_model_whose_external_data_file_is_gone_is_a_recipe_error(tmp_path: Path):
+    from test_provenance import write_model_with_external_data
+
+    from qbench.errors import RecipeError
+    from qbench.preflight import prepare
+
+    write_model_with_external_data(tmp_path)
+    (tmp_path / "weights.bin").unlink()
+    (tmp_path / "data.csv").write_text("a\n1\n")
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump({"name": "x", "model": {"path": "model.onnx"},
+                                                     "data": {"path": "data.csv", "inputs": {"a": "x"}},
+                                                     "variants": [{"name": "h", "precision": "fp16"}]}))  # fmt: skip
+    with pytest.raises(RecipeError, match=r"r\.yaml: model\.path: .*keeps its weights in 'weights\.bin', not found"):
+        prepare(load_recipe(tmp_path / "r.yaml"), track=False)

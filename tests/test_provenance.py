@@ -10,6 +10,7 @@ import pytest
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 
+from qbench.errors import QbenchError
 from qbench.modelinfo import external_data_files
 from qbench.provenance import changed_inputs, input_digests, input_files
 from qbench.recipe import file_sha256, load_recipe
@@ -61,7 +62,7 @@ def test_a_change_to_external_weights_alone_is_named(project: Path):
     weights = project.parent / "weights.bin"
     weights.write_bytes(weights.read_bytes()[:-4] + b"\x00\x00\x80\x7f")  # the last weight becomes inf
     assert changed_inputs(recorded).changed == ("model external data weights.bin",)
-    current = input_digests(load_recipe(project))
+    current = input_files(load_recipe(project))
     assert changed_inputs(recorded, current).changed == ("model external data weights.bin",)
     before = load_recipe(project).fingerprint()
     (project.parent / "calib.csv").write_text("a,b\n5,6\n")
@@ -81,3 +82,15 @@ def test_an_unparsable_model_is_an_input_without_external_data(tmp_path: Path):
     (tmp_path / "r.yaml").write_text(yaml.safe_dump({"name": "x", "model": {"path": "m.onnx"},
                                                      "data": {"path": "d.csv", "inputs": {"a": "x"}}}))  # fmt: skip
     assert set(input_files(load_recipe(tmp_path / "r.yaml"))) == {"model", "data"}
+
+
+def test_gone_external_data_is_missing_against_the_current_recipe(project: Path):
+    """`qbench gate recipe.yaml` after the weights file moved: reported as gone, not a FileNotFoundError."""
+    recipe = load_recipe(project)
+    recorded = {name: {"path": d.path, "sha256": d.sha256} for name, d in input_digests(recipe).items()}
+    (project.parent / "weights.bin").rename(project.parent / "moved.bin")
+    check = changed_inputs(recorded, input_files(recipe))
+    assert check.changed == ()
+    assert check.missing == (f"model external data weights.bin ({project.parent / 'weights.bin'})",)
+    with pytest.raises(QbenchError, match=r"model external data weights\.bin: .*weights\.bin not found"):
+        input_digests(recipe)
