@@ -32,6 +32,7 @@ from qbench.variants.calibrate import (
     preprocess_model,
     require_calibration,
 )
+from qbench.variants.gemm_matmul import gemms_as_matmul
 from qbench.variants.onnx_utils import (
     Stopwatch,
     build_step,
@@ -82,6 +83,8 @@ def build_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     with build_step(spec.name, "loading the FP32 model"):
         model = load_model(reference)
     check_node_names(model, spec.exclude_nodes, spec.name)
+    if spec.calibrator == "dynamic" and "MatMul" in op_types:
+        params["gemms_as_matmul"] = len(gemms_as_matmul(model))  # the dynamic quantizer skips Gemm (a torch Linear)
     if not quantizable_nodes(model, op_types, spec.exclude_nodes):
         params.update(calibrator=spec.calibrator, op_types=list(op_types), quantized_nodes=0, quantized_op_types={})
         return unchanged_variant(spec.name, "int8", ctx, nothing_to_quantize(op_types, model), params, clock.seconds())
