@@ -128,12 +128,23 @@ def _triton_type(tensor: TensorMeta) -> EnumValue:
 
 
 def _tensor(tensor: TensorMeta) -> dict[str, Any]:
-    """Name, type and dims without the batch dimension (-1 for a dynamic dimension)."""
+    """Name, type and dims without the batch dimension (-1 for a dynamic dimension).
+
+    A tensor of the batch dimension alone (class ids, one score per row) is `dims: [ 1 ]` with
+    `reshape: { shape: [ ] }`, Triton's form for it (its dims may not be empty when batching).
+    """
+    if tensor.kind != "tensor":
+        raise QbenchError(
+            f"tensor {tensor.name!r} is a {tensor.type_name}, not a tensor: Triton's ONNX Runtime backend serves "
+            "tensors only (a converter's ZipMap: convert without it, e.g. skl2onnx options={'zipmap': False})"
+        )
     if not tensor.shape or tensor.shape[0] is not None:
         first = tensor.shape[0] if tensor.shape else "none (a scalar)"
         raise QbenchError(
             f"tensor {tensor.name!r}: Triton's batching needs a dynamic first (batch) dimension, the model has {first}"
         )
+    if len(tensor.shape) == 1:
+        return {"name": tensor.name, "data_type": _triton_type(tensor), "dims": [1], "reshape": {"shape": []}}
     dims = [-1 if d is None else d for d in tensor.shape[1:]]
     return {"name": tensor.name, "data_type": _triton_type(tensor), "dims": dims}
 

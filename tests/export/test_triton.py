@@ -272,3 +272,42 @@ def test_external_data_files_are_listed(tmp_path: Path) -> None:
     onnx.save(model, str(tmp_path / "big.onnx"), save_as_external_data=True, location="big.data", size_threshold=0)
     assert external_data_files(tmp_path / "big.onnx") == ["big.data"]
     assert external_data_files(tmp_path / "m.onnx") == []
+
+
+def _classifier_with(tmp_path: Path, probabilities: onnx.ValueInfoProto, last: onnx.NodeProto) -> Path:
+    """x (batch, 3) -> ArgMax -> label (batch,) int64, and x -> `last` -> `probabilities`."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])
+    label = helper.make_tensor_value_info("label", TensorProto.INT64, ["batch"])
+    nodes = [helper.make_node("ArgMax", ["x"], ["label"], axis=1, keepdims=0), last]
+    graph = helper.make_graph(nodes, "clf", [x], [label, probabilities])
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)]
+    path = tmp_path / "clf.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=opsets, ir_version=8), str(path))
+    return path
+
+
+def test_a_batch_only_output_is_dims_1_reshaped_to_a_scalar(tmp_path: Path) -> None:
+    from qbench.export.triton import TARGETS, triton_config
+    from qbench.modelinfo import read_model_info
+
+    probabilities = helper.make_tensor_value_info("p", TensorProto.FLOAT, ["batch", 3])
+    model = _classifier_with(tmp_path, probabilities, helper.make_node("Softmax", ["x"], ["p"], axis=1))
+    fields = triton_config("m", make_variant("v", "int8"), read_model_info(model), TARGETS[CPU], max_queue_delay_us=0)
+    config = text_format.Parse(to_pbtxt(fields), model_config_pb2.ModelConfig())
+    label, scores = config.output
+    assert (label.name, label.data_type, list(label.dims)) == ("label", model_config_pb2.TYPE_INT64, [1])
+    assert label.HasField("reshape") and list(label.reshape.shape) == []
+    assert list(scores.dims) == [3] and not scores.HasField("reshape")
+
+
+def test_a_zipmap_output_is_refused_naming_it(tmp_path: Path) -> None:
+    from qbench.export.triton import TARGETS, triton_config
+    from qbench.modelinfo import read_model_info
+
+    map_type = helper.make_sequence_type_proto(
+        helper.make_map_type_proto(TensorProto.INT64, helper.make_tensor_type_proto(TensorProto.FLOAT, []))
+    )
+    zipmap = helper.make_node("ZipMap", ["x"], ["p"], domain="ai.onnx.ml", classlabels_int64s=[0, 1, 2])
+    model = _classifier_with(tmp_path, helper.make_value_info("p", map_type), zipmap)
+    with pytest.raises(QbenchError, match=r"tensor 'p' is a seq\(map\(int64,tensor\(float32\)\)\), not a tensor.*zipmap"):
+        triton_config("m", make_variant("v", "int8"), read_model_info(model), TARGETS[CPU], max_queue_delay_us=0)
