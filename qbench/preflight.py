@@ -212,7 +212,8 @@ def _labels(
         raise RecipeError(recipe.source, "data.label", expected_one_of(column, [str(c) for c in table.columns]))
     positions = np.asarray(rows)
     try:
-        labels = task.labels_from_values(table[column].iloc[positions].tolist(), positions)
+        values = task.decode_label_names(table[column].iloc[positions].tolist(), [c.meta for c in outputs], positions)
+        labels = task.labels_from_values(values, positions)
         for choice in outputs:
             task.check_labels(labels, choice.meta, positions)
     except LabelError as exc:

@@ -103,3 +103,27 @@ def test_a_model_whose_external_data_file_is_gone_is_a_recipe_error(tmp_path: Pa
                                                      "variants": [{"name": "h", "precision": "fp16"}]}))  # fmt: skip
     with pytest.raises(RecipeError, match=r"r\.yaml: model\.path: .*keeps its weights in 'weights\.bin', not found"):
         prepare(load_recipe(tmp_path / "r.yaml"), track=False)
+
+
+def test_string_labels_of_a_string_class_zipmap_are_read_as_its_columns(tmp_path: Path):
+    """A scikit-learn style classifier with string classes: labels written as class names are accepted."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from qbench.preflight import prepare
+
+    map_type = helper.make_sequence_type_proto(
+        helper.make_map_type_proto(TensorProto.STRING, helper.make_tensor_type_proto(TensorProto.FLOAT, []))
+    )
+    nodes = [helper.make_node("Softmax", ["x"], ["p"], axis=1),
+             helper.make_node("ZipMap", ["p"], ["probs"], domain="ai.onnx.ml", classlabels_strings=["yes", "no"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 2])],
+                              [helper.make_value_info("probs", map_type)])
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)]
+    onnx.save(helper.make_model(graph, opset_imports=opsets, ir_version=8), str(tmp_path / "m.onnx"))
+    (tmp_path / "d.csv").write_text('x,y\n"[1, 0]",yes\n"[0, 1]",no\n"[2, 1]",no\n')
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump({"name": "x", "model": {"path": "m.onnx"},
+                                                     "data": {"path": "d.csv", "inputs": {"x": "x"}, "label": "y"},
+                                                     "variants": [{"name": "h", "precision": "fp16"}]}))  # fmt: skip
+    prepared = prepare(load_recipe(tmp_path / "r.yaml"), track=False)
+    assert prepared.labels.tolist() == [1, 0, 0]  # sorted classes: no = column 0, yes = column 1

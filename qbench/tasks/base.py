@@ -89,6 +89,13 @@ class Task(ABC):
     def check_labels(self, labels: np.ndarray, output: TensorMeta, positions: np.ndarray) -> None:
         """Labels against what the chosen output can express (class count, label width); LabelError if not."""
 
+    def decode_label_names(
+        self, values: Sequence[Any], outputs: Sequence[TensorMeta], positions: np.ndarray
+    ) -> Sequence[Any]:
+        """Label values written as names the outputs define (e.g. a ZipMap's class names) turned into what
+        `labels_from_values` reads; by default the values as they are."""
+        return values
+
     # -- outputs ---------------------------------------------------------------------------------
 
     @abstractmethod

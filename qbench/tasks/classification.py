@@ -100,6 +100,26 @@ class Classification(Task):
             raise LabelError(f"{example_rows(negative, values, positions)} are negative; expected class ids >= 0")
         return labels
 
+    def decode_label_names(
+        self, values: Sequence[Any], outputs: Sequence[TensorMeta], positions: np.ndarray
+    ) -> Sequence[Any]:
+        """String labels naming the classes of a ZipMap with string keys (scikit-learn's string classes)
+        become the class's column: its position among the sorted keys, as the map is read."""
+        named = [o for o in outputs if o.class_keys is not None and all(isinstance(k, str) for k in o.class_keys)]
+        if not named or not any(isinstance(v, str) for v in values):
+            return values
+        classes = sorted(str(k) for k in named[0].class_keys or ())
+        if any(sorted(str(k) for k in o.class_keys or ()) != classes for o in named):
+            return values  # outputs that disagree on the classes: the values are judged as ids
+        column = {name: index for index, name in enumerate(classes)}
+        unknown = np.array([isinstance(v, str) and v not in column for v in values], dtype=bool)
+        if unknown.any():
+            raise LabelError(
+                f"{example_rows(unknown, values, positions)} name classes the output {named[0].name!r} does not have "
+                f"(its classes: {', '.join(classes)})"
+            )
+        return [column[v] if isinstance(v, str) else v for v in values]
+
     def check_labels(self, labels: np.ndarray, output: TensorMeta, positions: np.ndarray) -> None:
         if output.kind == "map" and output.class_keys is not None and all(isinstance(k, int) for k in output.class_keys):
             outside = ~np.isin(labels, np.array(output.class_keys, dtype=np.int64))

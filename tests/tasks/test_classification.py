@@ -55,3 +55,30 @@ def test_labels_beyond_the_score_columns_are_an_error_at_evaluation() -> None:
     scores = np.eye(3, dtype=np.float32)
     with pytest.raises(LabelError, match="labels go up to class 4 but the output has 3 classes"):
         TASK.rows(scores, scores, np.array([0, 1, 4]))
+
+
+def _string_zipmap(name: str, keys: tuple[str, ...]) -> TensorMeta:
+    return TensorMeta(name, np.dtype("float32"), (None, len(keys)), "map", "seq(map(string,tensor(float32)))", keys)
+
+
+def test_string_labels_naming_a_zipmaps_classes_become_their_sorted_columns() -> None:
+    """scikit-learn with string classes: the label 'malignant' is the column the map reads it into."""
+    from qbench.validate.outputs import maps_to_matrix
+
+    probs = _string_zipmap("probs", ("malignant", "benign", "cyst"))  # ZipMap order need not be sorted
+    values = TASK.decode_label_names(["malignant", "benign", "cyst", "benign"], [probs], POSITIONS)
+    assert list(values) == [2, 0, 1, 0]
+    matrix = maps_to_matrix([{"malignant": 0.7, "benign": 0.2, "cyst": 0.1}])
+    assert int(np.argmax(matrix[0])) == values[0]  # the column of 'malignant' holds its score
+    with pytest.raises(LabelError, match=r"1 row, e.g. row 12: 'tumour' name classes the output 'probs' does not "
+                                         r"have \(its classes: benign, cyst, malignant\)"):  # fmt: skip
+        TASK.decode_label_names(["benign", "cyst", "tumour", "cyst"], [probs], POSITIONS)
+
+
+def test_label_names_are_left_alone_without_string_classes() -> None:
+    scores = TensorMeta("scores", np.dtype("float32"), (None, 3))
+    assert TASK.decode_label_names(["a", 1, 2, 0], [scores], POSITIONS) == ["a", 1, 2, 0]
+    other = _string_zipmap("other", ("a", "b"))
+    disagreeing = [_string_zipmap("probs", ("a", "c")), other]
+    assert TASK.decode_label_names(["a", "a", "a", "a"], disagreeing, POSITIONS) == ["a", "a", "a", "a"]
+    assert TASK.decode_label_names([0, 1, 1, 0], [other], POSITIONS) == [0, 1, 1, 0]
