@@ -196,6 +196,15 @@ def _stack_cells(cells: pd.Series, column: str, *, recipe_file: Path) -> np.ndar
     if len(shapes) > 1:
         message = f"column {column!r} holds cells of different {_describe_shapes(shapes)}; pad them to one size"
         raise RecipeError(recipe_file, INPUTS_FIELD, message)
+    text = [index for index, array in enumerate(arrays) if array.dtype.kind not in "biuf"]
+    if text and len(text) < len(arrays):  # stacked, one text cell would turn every number into text
+        first = text[0]
+        message = (
+            f"column {column!r}: {len(text)} {'rows' if len(text) > 1 else 'row'} among numeric ones "
+            f"{'hold' if len(text) > 1 else 'holds'} "
+            f"{_non_numeric(arrays[first])} (first at row {cells.index[first]})"
+        )
+        raise RecipeError(recipe_file, INPUTS_FIELD, message)
     return np.stack(arrays)
 
 
@@ -250,7 +259,7 @@ def _cast_problem(values: np.ndarray, target: np.dtype) -> str | None:
     if values.size == 0:
         return None
     if values.dtype.kind not in "biuf":
-        return f"non-numeric values such as {values.flat[0]!r}"
+        return _non_numeric(values)
     if target.kind not in "iu":
         return None
     if values.dtype.kind == "f" and not np.all(np.isfinite(values) & (values == np.round(values))):
@@ -259,6 +268,20 @@ def _cast_problem(values: np.ndarray, target: np.dtype) -> str | None:
     if values.min() < limits.min or values.max() > limits.max:
         return f"values outside the range of {target}"
     return None
+
+
+def _non_numeric(values: np.ndarray) -> str:
+    """The first value that is not a number, as the user wrote it (one text cell turns a whole list into text)."""
+    for value in values.flat:
+        if isinstance(value, (str, bytes)):
+            try:
+                float(value)
+            except ValueError:
+                return f"non-numeric values such as {str(value) if isinstance(value, str) else bytes(value)!r}"
+        elif not isinstance(value, (bool, int, float, np.bool_, np.integer, np.floating)):
+            return f"non-numeric values such as {value!r}"
+    first = values.flat[0]
+    return f"numbers written as text such as {str(first) if isinstance(first, str) else first!r}"
 
 
 def _is_integral(value: object) -> bool:

@@ -216,3 +216,15 @@ def test_feeds_run_through_a_real_onnx_model(tmp_path: Path) -> None:
     totals = np.concatenate([session.run(None, batch)[0] for batch in iter_batches(feeds, 3)])
     expected = np.stack(table["pixels"].to_numpy()).sum(axis=1)
     np.testing.assert_allclose(totals, expected, rtol=1e-5)
+
+
+def test_one_text_cell_among_number_lists_is_named_with_its_row() -> None:
+    """Stacked, one text cell would make every number text: the error names that cell, not row 0's numbers."""
+    table = pd.DataFrame({"x": [[0.5, 1.5], [1.0, "a"], [2.0, 3.0], ["4", "5"]]}, index=[10, 11, 12, 13])
+    with pytest.raises(
+        RecipeError, match=r"column 'x': 2 rows among numeric ones hold non-numeric values such as 'a' \(first at row 11\)"
+    ):
+        _feed(table, "x", _meta("x", (None, 2)))
+    quoted = pd.DataFrame({"x": [[0.5, 1.5], ["4", "5"]]}, index=[0, 7])
+    with pytest.raises(RecipeError, match=r"1 row among numeric ones holds numbers written as text such as '4' \(first at row 7\)"):  # noqa: E501
+        _feed(quoted, "x", _meta("x", (None, 2)))
