@@ -191,8 +191,8 @@ def softmax(logits: np.ndarray, axis: int = -1) -> np.ndarray:
     values = np.asarray(logits, dtype=np.float64)
     if values.size == 0:
         return values.copy()
-    shifted = values - np.max(values, axis=axis, keepdims=True)
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore"):  # inf - inf in a row holding inf: NaN, as documented
+        shifted = values - np.max(values, axis=axis, keepdims=True)
         exp = np.exp(shifted)
         return exp / np.sum(exp, axis=axis, keepdims=True)
 

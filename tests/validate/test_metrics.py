@@ -72,6 +72,17 @@ def test_softmax_values_and_stability() -> None:
     assert np.isnan(metrics.softmax(np.array([[NAN, 1.0]]))).all()
 
 
+def test_softmax_of_an_overflowed_row_is_nan_without_a_warning() -> None:
+    """FP16 overflow gives inf logits; the sweep log must not carry numpy's RuntimeWarning for it."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = metrics.softmax(np.array([[math.inf, 1.0], [0.0, 0.0]]))
+    assert np.isnan(got[0]).all()
+    np.testing.assert_allclose(got[1], [0.5, 0.5])
+
+
 def test_to_probabilities_keeps_probabilities_and_softmaxes_logits() -> None:
     np.testing.assert_allclose(metrics.to_probabilities(np.array([[0.25, 0.75]])), [[0.25, 0.75]])
     # [0, 0] does not sum to 1 -> logits -> softmax [0.5, 0.5]
