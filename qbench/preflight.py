@@ -16,12 +16,13 @@ import numpy as np
 import pandas as pd
 
 from qbench.backends import get_backend
+from qbench.console import console
 from qbench.data import (
     NonfiniteMasks,
     build_feeds,
     check_finite,
-    drop_nonfinite,
     draw_calibration_sample,
+    drop_nonfinite,
     iter_batches,
     load_table,
     nonfinite_masks,
@@ -30,7 +31,6 @@ from qbench.data import (
     select_rows,
     slice_masks,
 )
-from qbench.console import console
 from qbench.errors import QbenchError, RecipeError, expected_one_of
 from qbench.modelinfo import ModelInfo, external_data_files, read_model_info
 from qbench.preflight_checks import check_batch_memory, check_destinations, check_plan

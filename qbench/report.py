@@ -282,8 +282,9 @@ _CHECK_CELLS: dict[str, Cell] = {
 }
 
 
-def _check_row(check: GateCheck) -> list[Cell]:
-    cells = [check.variant, check.backend, check.scope, str(check.size), _num(check.reference), _num(check.observed),
+def _check_row(check: GateCheck, *, with_metric: bool = False) -> list[Cell]:
+    scope = [check.variant, check.backend, check.scope] + ([check.metric] if with_metric else [])
+    cells = [*scope, str(check.size), _num(check.reference), _num(check.observed),
              _signed(check.drop), _num(check.tolerance), _CHECK_CELLS.get(check.status, check.status)]  # fmt: skip
     if check.status != "breach":
         return cells
@@ -296,12 +297,16 @@ def _verdict(gate: GateReport) -> str:
 
 def _gate_grid(gate: GateReport) -> Grid:
     checks = sorted(gate.checks, key=lambda c: _CHECK_ORDER.get(c.status, 3))
-    headers = ["variant", "backend", "scope", "rows", "FP32", "observed", "drop", "tolerance", "result"]
+    # checks beside the gate metric (non-finite output counts, the SLO) name their metric in a column
+    with_metric = any(c.metric != gate.metric for c in checks)
+    headers = ["variant", "backend", "scope", *(["metric"] if with_metric else []), "rows", "FP32", "observed", "drop",
+               "tolerance", "result"]  # fmt: skip
+    numeric = frozenset(range(4, 9)) if with_metric else frozenset(range(3, 8))
     footer = [f"cannot judge (fail closed): {problem}" for problem in gate.problems]
     if not gate.checks and not gate.problems:
         footer = ["no variant was gated"]
-    return Grid(f"Gate on {gate.metric}: {_verdict(gate)}", headers, [_check_row(c) for c in checks],
-                frozenset(range(3, 8)), footer, footer_style="red" if gate.problems else "dim")  # fmt: skip
+    rows = [_check_row(c, with_metric=with_metric) for c in checks]
+    return Grid(f"Gate on {gate.metric}: {_verdict(gate)}", headers, rows, numeric, footer, footer_style="red" if gate.problems else "dim")  # fmt: skip
 
 
 def gate_table(gate: GateReport) -> Table:

@@ -17,7 +17,7 @@ from qbench.results import read_results
 
 pytest.importorskip("torch")
 pytest.importorskip("sklearn")
-from user_model import make_user_project  # noqa: E402  (tests/ is on sys.path through conftest.py)
+from user_model import make_user_project
 
 EVAL_NAN_ROWS = (0, 7)  # positions among the test rows
 CALIB_NAN_ROWS = (3,)  # positions among the calibration rows

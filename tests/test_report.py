@@ -216,3 +216,13 @@ def test_unstable_latency_is_marked_beside_the_figure_with_a_note(tmp_path: Path
     summary = text[text.index("## Summary") : text.index("## Latency")]
     assert "20.0 [" in summary and "unstable latency:" in summary
     assert "| — / — |" in latency  # fixed-count points of the other variants: no spread recorded
+
+
+def test_gate_table_names_the_metric_of_checks_beside_the_gate_metric(gate: GateReport) -> None:
+    """A non-finite output count next to accuracy checks of the same scope: each row says which it is."""
+    assert "metric" not in [c.header for c in gate_table(gate).columns]
+    nonfinite = GateCheck("int8_minmax", CPU, "overall", "nonfinite_outputs", 0.0, 12.0, 12.0, 0.0, 400, "breach")
+    table = gate_table(dataclasses.replace(gate, checks=(*gate.checks, nonfinite)))
+    metrics = [str(c) for c in column(table, "metric")]
+    assert metrics == ["accuracy", "nonfinite_outputs", "accuracy", "accuracy"]  # breaches first
+    assert [str(c) for c in column(table, "observed")][1] == "12.0000"

@@ -18,7 +18,12 @@ import pandas as pd
 
 from qbench.data.filters import scalar_column
 from qbench.data.load import table_name
-from qbench.data.text import text_cells, tokenize, tokenizer_field, tokenizer_input_names
+from qbench.data.text import (
+    text_cells,
+    tokenize,
+    tokenizer_field,
+    tokenizer_input_names,
+)
 from qbench.errors import RecipeError, did_you_mean
 from qbench.modelinfo import TensorMeta
 from qbench.recipe import TextInputSpec

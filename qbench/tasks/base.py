@@ -47,7 +47,7 @@ class CustomMetric:
         args: tuple[Any, ...] = (outputs, labels, reference) if self.wants_reference else (outputs, labels)
         try:
             return float(self.function(*args))
-        except Exception as exc:  # noqa: BLE001 - user code: report which metric failed and why
+        except Exception as exc:
             raise QbenchError(f"custom metric {self.name!r} failed: {type(exc).__name__}: {exc}") from exc
 
 

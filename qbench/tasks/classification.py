@@ -16,7 +16,16 @@ import numpy as np
 
 from qbench.modelinfo import TensorMeta
 from qbench.results import SliceMetrics
-from qbench.tasks.base import LabelError, RowSummary, Task, example_rows, is_float, is_integer, mean_or_nan, wilson
+from qbench.tasks.base import (
+    LabelError,
+    RowSummary,
+    Task,
+    example_rows,
+    is_float,
+    is_integer,
+    mean_or_nan,
+    wilson,
+)
 from qbench.validate import metrics
 from qbench.validate.metrics import MetricInfo
 

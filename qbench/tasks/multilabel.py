@@ -15,7 +15,15 @@ import numpy as np
 
 from qbench.modelinfo import TensorMeta
 from qbench.results import SliceMetrics
-from qbench.tasks.base import LabelError, RowSummary, Task, example_rows, float_output_problem, mean_or_nan, wilson
+from qbench.tasks.base import (
+    LabelError,
+    RowSummary,
+    Task,
+    example_rows,
+    float_output_problem,
+    mean_or_nan,
+    wilson,
+)
 from qbench.validate import metrics
 from qbench.validate.metrics import MetricInfo
 

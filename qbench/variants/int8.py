@@ -15,9 +15,18 @@ from pathlib import Path
 from typing import Any
 
 import onnx
-from onnxruntime.quantization import QuantFormat, QuantType, quantize_dynamic, quantize_static
+from onnxruntime.quantization import (
+    QuantFormat,
+    QuantType,
+    quantize_dynamic,
+    quantize_static,
+)
 from onnxruntime.quantization.calibrate import TensorsData, save_tensors_data
-from onnxruntime.quantization.registry import IntegerOpsRegistry, QDQRegistry, QLinearOpsRegistry
+from onnxruntime.quantization.registry import (
+    IntegerOpsRegistry,
+    QDQRegistry,
+    QLinearOpsRegistry,
+)
 
 from qbench.environment import cpu_has_vnni, needs_reduce_range
 from qbench.recipe import VariantSpec

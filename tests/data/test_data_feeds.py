@@ -226,5 +226,5 @@ def test_one_text_cell_among_number_lists_is_named_with_its_row() -> None:
     ):
         _feed(table, "x", _meta("x", (None, 2)))
     quoted = pd.DataFrame({"x": [[0.5, 1.5], ["4", "5"]]}, index=[0, 7])
-    with pytest.raises(RecipeError, match=r"1 row among numeric ones holds numbers written as text such as '4' \(first at row 7\)"):  # noqa: E501
+    with pytest.raises(RecipeError, match=r"1 row among numeric ones holds numbers written as text such as '4' \(first at row 7\)"):
         _feed(quoted, "x", _meta("x", (None, 2)))

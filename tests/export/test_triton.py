@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import yaml
 from onnx import TensorProto, helper, numpy_helper
-from sweep_factory import make_sweep, make_variant
+from sweep_factory import make_variant
 
 from qbench.cli import main
 from qbench.errors import QbenchError

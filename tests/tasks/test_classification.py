@@ -33,11 +33,11 @@ def test_labels_accept_integral_floats_and_booleans() -> None:
 
 def test_labels_must_fit_the_output_classes() -> None:
     scores = TensorMeta("scores", np.dtype("float32"), (None, 3))
-    with pytest.raises(LabelError, match=r"1 row, e.g. row 13: 3 hold class ids outside 0..2 \(output 'scores' has 3 classes\)"):  # noqa: E501
+    with pytest.raises(LabelError, match=r"1 row, e.g. row 13: 3 hold class ids outside 0..2 \(output 'scores' has 3 classes\)"):
         TASK.check_labels(np.array([0, 1, 2, 3]), scores, POSITIONS)
     zipmap = TensorMeta("probs", np.dtype("float32"), (None, 3), "map", "seq(map(int64,tensor(float32)))", (1, 5, 7))
     TASK.check_labels(np.array([1, 5, 7, 5]), zipmap, POSITIONS)
-    with pytest.raises(LabelError, match=r"e.g. row 10: 0 hold classes the output 'probs' does not have \(its classes: 1, 5, 7\)"):  # noqa: E501
+    with pytest.raises(LabelError, match=r"e.g. row 10: 0 hold classes the output 'probs' does not have \(its classes: 1, 5, 7\)"):
         TASK.check_labels(np.array([0, 5, 7, 5]), zipmap, POSITIONS)
     TASK.check_labels(np.array([0, 9]), TensorMeta("ids", np.dtype("int64"), (None,)), POSITIONS)  # no class count
     assert class_count(TensorMeta("p", np.dtype("float32"), (None, 1))) == 2  # one binary score

@@ -8,9 +8,9 @@ import onnxruntime as ort
 from onnx import helper
 
 from qbench.recipe import VariantSpec
+from qbench.variants.base import BuildContext
 from qbench.variants.gemm_matmul import gemms_as_matmul
 from qbench.variants.int8 import build_int8
-from qbench.variants.base import BuildContext
 
 RNG = np.random.default_rng(1)
 W1 = RNG.normal(size=(16, 8)).astype(np.float32)  # (out, in): transB=1, as torch exports nn.Linear
