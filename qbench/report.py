@@ -306,7 +306,8 @@ def _gate_grid(gate: GateReport) -> Grid:
     if not gate.checks and not gate.problems:
         footer = ["no variant was gated"]
     rows = [_check_row(c, with_metric=with_metric) for c in checks]
-    return Grid(f"Gate on {gate.metric}: {_verdict(gate)}", headers, rows, numeric, footer, footer_style="red" if gate.problems else "dim")  # fmt: skip
+    style = "red" if gate.problems else "dim"
+    return Grid(f"Gate on {gate.metric}: {_verdict(gate)}", headers, rows, numeric, footer, footer_style=style)
 
 
 def gate_table(gate: GateReport) -> Table:
