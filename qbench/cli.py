@@ -20,6 +20,7 @@ from qbench.errors import QbenchError
 
 if TYPE_CHECKING:
     from qbench.gate import GateReport
+    from qbench.results import SweepResults
 
 app = typer.Typer(
     add_completion=False,
@@ -80,11 +81,17 @@ def gate(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="print every check, not only the breaches")] = False,
     junit: Annotated[Optional[Path], typer.Option("--junit", help="write JUnit XML (a test case per check)")] = None,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="write the machine-readable report")] = None,
+    register: Annotated[
+        Optional[str], typer.Option("--register", help="on a pass, register each backend's fastest passing variant "
+                                    "as a version of this MLflow model", show_default=False)  # fmt: skip
+    ] = None,
+    alias: Annotated[str, typer.Option("--alias", help="alias pointed at the registered version")] = "candidate",
 ) -> int:
     """Judge results against the recipe's gate: exit 0 pass, 1 breach, 2 missing/partial/stale/broken results.
 
     Prints the breaches and one summary line (every check with --verbose); with GITHUB_STEP_SUMMARY
-    set, also appends a Markdown table to that file.
+    set, also appends a Markdown table to that file. With --register NAME, a passing gate registers
+    its winners in the MLflow Model Registry; a failing one registers nothing and moves no alias.
     """
     from qbench.gate import run_gate
     from qbench.recipe import load_recipe
@@ -96,7 +103,30 @@ def gate(
     out.print(f"gate on {judged.recipe.get('name', '?')} ({judged.created_at}), metric {report.metric}", markup=False)
     for line in slo_lines(judged, report):
         out.print(line, markup=False)
-    return _gate_verdict(report, verbose=verbose, junit=junit, json_path=json_path)
+    code = _gate_verdict(report, verbose=verbose, junit=junit, json_path=json_path)
+    if register is not None:
+        _register(register, alias, recipe, results, judged, report)
+    return code
+
+
+def _register(name: str, alias: str, recipe: Path | None, results: Path | None, judged: SweepResults,
+              report: GateReport) -> None:  # fmt: skip
+    """`gate --register`: on a pass, register the winners and print them; otherwise say that nothing moved."""
+    if report.exit_code != 0:
+        err_console.print(f"registry: gate did not pass, {name!r} not registered, alias {alias!r} not moved",
+                          markup=False)  # fmt: skip
+        return
+    from qbench.gate import latest_results
+    from qbench.provenance import recorded_recipe
+    from qbench.recipe import load_recipe
+    from qbench.track_registry import register_best
+
+    loaded = load_recipe(recipe) if recipe else None
+    path = results if results is not None else latest_results(loaded)  # type: ignore[arg-type]
+    asked = loaded if loaded is not None else recorded_recipe(judged.recipe, path)
+    for entry in register_best(asked, judged, report, path.parent, name=name, alias=alias):
+        out.print(f"registered {entry.variant}@{entry.backend} as {entry.name} version {entry.version} "
+                  f"(run {entry.run_id}); aliases: {', '.join(entry.aliases) or 'none'}", markup=False)  # fmt: skip
 
 
 @app.command()

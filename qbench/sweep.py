@@ -49,6 +49,7 @@ from qbench.variants import BuildContext, BuiltVariant, build_variant
 
 if TYPE_CHECKING:  # qbench.track imports MLflow: only a tracked sweep loads it
     from qbench.track import SweepTracker
+    from qbench.track_datasets import SweepData
 
 
 @dataclass(frozen=True)
@@ -147,12 +148,13 @@ class _Progress:
 
             with self.guard.shielded():
                 name = f"{self.prepared.recipe.name} sweep {self.run_dir.name}"
-                self.tracker = SweepTracker.open(self.prepared.recipe, name)
+                self.tracker = SweepTracker.open(self.prepared.recipe, name, run_dir=self.run_dir,
+                                                 data=_sweep_data(self.prepared))  # fmt: skip
 
     def started(self, variant: str, backend: str) -> None:
         if self.tracker is not None:
             with self.guard.shielded():
-                self.tracker.variant_started(f"{variant}@{backend}")
+                self.tracker.variant_started(variant, backend)
 
     def finished(self, result: VariantResult) -> None:
         """Keep one finished variant x backend: rewrite the partial results.json, end its MLflow run."""
@@ -185,6 +187,19 @@ class _Progress:
             kept = f"{len(self.done)} variant run{'' if len(self.done) == 1 else 's'}"
             where = f"partial results ({kept}) in {self.run_dir / RESULTS_FILE}, marked incomplete"
         return QbenchError(f"sweep {exc}: {where}")
+
+
+def _sweep_data(prepared: Prepared) -> SweepData:
+    """The evaluation and calibration rows the sweep measures on, for MLflow's dataset inputs."""
+    from qbench.track_datasets import SweepData, concatenated
+
+    recipe = prepared.recipe
+    return SweepData(
+        recipe_name=recipe.name, evaluation_source=recipe.data_path, evaluation=prepared.evaluation_feeds,
+        labels=prepared.labels, slices=prepared.slices,
+        calibration_source=recipe.calibration_data_path or recipe.data_path,
+        calibration=concatenated(prepared.calibration_batches),
+    )  # fmt: skip
 
 
 def _measure_all(

@@ -16,6 +16,7 @@ location next to the database (`<db folder>/mlartifacts/<experiment>`);
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import re
@@ -39,18 +40,23 @@ from qbench.errors import QbenchError
 from qbench.gate import GateReport
 from qbench.recipe import Recipe
 from qbench.results import SweepResults, VariantResult, to_json
+from qbench.runs import RESULTS_FILE
 from qbench.track_content import (
     GATE_TAG,
     param_value,
+    run_name,
     sanitise_name,
     sweep_metrics,
     sweep_params,
     sweep_tags,
     tag_value,
+    uses_calibration,
     variant_metrics,
     variant_params,
     variant_tags,
 )
+from qbench.track_datasets import DatasetInputs, SweepData, dataset_inputs
+from qbench.track_models import link_variant_model, log_variant_model
 
 try:  # POSIX; elsewhere concurrent first use of one new sqlite store is not serialised
     import fcntl
@@ -59,8 +65,16 @@ except ImportError:  # pragma: no cover
 
 T = TypeVar("T")
 
+logger = logging.getLogger(__name__)
+
 _ARTIFACT_FOLDER = "mlartifacts"
 _PENDING = "pending (sweep running)"
+# The MLflow 3 UI opens an experiment in its model-training view (runs, models, charts) when this tag
+# says so; without it, it infers the kind and may open the GenAI (traces) view.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+TRAINING_KIND = "custom_model_development"
+RUN_DIR_TAG = "qbench.run_dir"  # the sweep's run folder: `qbench gate --register` finds the runs by it
+SYSTEM_METRICS_INTERVAL_S = 1.0
 
 
 # -- stores ---------------------------------------------------------------------------------------
@@ -114,7 +128,9 @@ def _experiment_id(client: MlflowClient, name: str, uri: str) -> str:
         root = artifact_root(uri)
         folder = re.sub(r"[^\w.-]", "_", name)
         try:
-            return client.create_experiment(name, artifact_location=f"{root}/{folder}" if root else None)
+            return client.create_experiment(
+                name, artifact_location=f"{root}/{folder}" if root else None, tags={EXPERIMENT_KIND_TAG: TRAINING_KIND}
+            )
         except MlflowException as exc:  # another sweep created it just now (a server store is not locked)
             existing = client.get_experiment_by_name(name)
             if exc.error_code != ErrorCode.Name(RESOURCE_ALREADY_EXISTS) or existing is None:
@@ -124,6 +140,8 @@ def _experiment_id(client: MlflowClient, name: str, uri: str) -> str:
             f"MLflow experiment {name!r} in {uri} is deleted: restore it in the MLflow UI, "
             "or set tracking.experiment in the recipe to another name"
         )
+    if EXPERIMENT_KIND_TAG not in existing.tags:  # made before qbench set it; a kind set by the user is kept
+        client.set_experiment_tag(existing.experiment_id, EXPERIMENT_KIND_TAG, TRAINING_KIND)
     return existing.experiment_id
 
 
@@ -147,7 +165,7 @@ def _store_lock(uri: str) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _open_experiment(recipe: Recipe) -> tuple[MlflowClient, str, str]:
+def open_experiment(recipe: Recipe) -> tuple[MlflowClient, str, str]:
     """A client of the recipe's store, the store's URI and the recipe's experiment id (created when new)."""
     uri = resolve_tracking_uri(recipe)
     try:
@@ -179,13 +197,16 @@ def _chunks(items: Sequence[T], size: int) -> Iterable[Sequence[T]]:
 
 
 def _log(client: MlflowClient, run_id: str, metrics: Mapping[str, float], params: Mapping[str, str],
-         tags: Mapping[str, str]) -> None:  # fmt: skip
-    """log_batch within MLflow's per-request limits. NaN/inf metrics are not logged: a tag names them."""
+         tags: Mapping[str, str], model_id: str | None = None) -> None:  # fmt: skip
+    """log_batch within MLflow's per-request limits. NaN/inf metrics are not logged: a tag names them.
+
+    With `model_id`, the metrics are also the LoggedModel's (shown on its page in the UI)."""
     now = int(time.time() * 1000)
     finite = {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(v)}
     missing = sorted(k for k in metrics if k not in finite)
     all_tags = dict(tags) | ({"qbench.missing_metrics": tag_value(", ".join(missing))} if missing else {})
-    for chunk in _chunks([Metric(k, v, now, 0) for k, v in finite.items()], MAX_METRICS_PER_BATCH):
+    entries = [Metric(k, v, now, 0, model_id=model_id) for k, v in finite.items()]
+    for chunk in _chunks(entries, MAX_METRICS_PER_BATCH):
         client.log_batch(run_id, metrics=chunk)
     for chunk in _chunks([Param(k, v) for k, v in params.items()], MAX_PARAMS_TAGS_PER_BATCH):
         client.log_batch(run_id, params=chunk)
@@ -215,6 +236,19 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def _system_metrics(run_id: str, uri: str) -> Any | None:
+    """MLflow's system metrics monitor (CPU, memory, disk, network; GPU when NVML answers) sampling into `run_id`."""
+    try:
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        monitor = SystemMetricsMonitor(run_id, sampling_interval=SYSTEM_METRICS_INTERVAL_S, tracking_uri=uri)
+    except ImportError as exc:  # psutil missing
+        logger.warning("no system metrics for the sweep run: %s (pip install psutil)", exc)
+        return None
+    monitor.start()
+    return monitor
+
+
 class SweepTracker:
     """The MLflow runs of one sweep, driven while it runs (see the module docstring).
 
@@ -228,39 +262,80 @@ class SweepTracker:
         self.parent_id = parent_id
         self._running: dict[str, str] = {}  # variant@backend -> run id of a child not ended yet
         self._children: dict[str, str] = {}  # variant@backend -> run id, every child
+        self._models: dict[str, str] = {}  # variant -> LoggedModel id (logged once, linked from every backend)
+        self._datasets: DatasetInputs | None = None
+        self._monitor: Any | None = None
 
     @classmethod
-    def open(cls, recipe: Recipe, run_name: str) -> SweepTracker:
-        """Create the sweep's parent run (RUNNING from now) in the recipe's experiment."""
-        client, uri, experiment_id = _open_experiment(recipe)
+    def open(cls, recipe: Recipe, run_name: str, *, run_dir: Path | None = None,
+             data: SweepData | None = None) -> SweepTracker:  # fmt: skip
+        """Create the sweep's parent run (RUNNING from now, sampling system metrics) in the recipe's experiment.
+
+        `run_dir` tags the parent with the sweep's run folder; `data` logs what it measures on as datasets.
+        """
+        client, uri, experiment_id = open_experiment(recipe)
         tags = {"qbench.version": qbench.__version__, "qbench.recipe": recipe.name, GATE_TAG: _PENDING}
+        if run_dir is not None:
+            tags[RUN_DIR_TAG] = tag_value(str(run_dir.resolve()))
         try:
             parent = client.create_run(experiment_id, run_name=run_name, tags=tags)
         except MlflowException as exc:
             raise QbenchError(f"MLflow tracking at {uri} failed: {exc.message}") from exc
-        return cls(client, uri, experiment_id, parent.info.run_id)
+        tracker = cls(client, uri, experiment_id, parent.info.run_id)
+        tracker._monitor = _system_metrics(tracker.parent_id, uri)
+        if data is not None:
+            tracker._mlflow(lambda: tracker._log_datasets(data))
+        return tracker
 
-    def variant_started(self, key: str) -> None:
-        """Open the child run of one variant x backend (`variant@backend`)."""
-        self._mlflow(lambda: self._start_child(key))
+    def _log_datasets(self, data: SweepData) -> None:
+        self._datasets = dataset_inputs(data)
+        self._client.log_inputs(self.parent_id, datasets=self._datasets.sweep)
 
-    def _start_child(self, key: str) -> str:
-        tags = {MLFLOW_PARENT_RUN_ID: self.parent_id, GATE_TAG: _PENDING}
-        run_id = self._client.create_run(self._experiment_id, run_name=key, tags=tags).info.run_id
-        self._running[key] = self._children[key] = run_id
-        return run_id
+    def variant_started(self, variant: str, backend: str) -> None:
+        """Open the child run of one variant on one backend."""
+        self._mlflow(lambda: self._start_child(variant, backend))
+
+    def _start_child(self, variant: str, backend: str) -> str:
+        tags = {MLFLOW_PARENT_RUN_ID: self.parent_id, GATE_TAG: _PENDING, "qbench.variant": variant,
+                "qbench.backend": backend}  # fmt: skip
+        run = self._client.create_run(self._experiment_id, run_name=run_name(variant, backend), tags=tags)
+        key = f"{variant}@{backend}"
+        self._running[key] = self._children[key] = run.info.run_id
+        return run.info.run_id
 
     def variant_finished(self, results: SweepResults, variant: VariantResult) -> None:
-        """Log one variant's result into its child run (opened now if it was not) and end the run."""
+        """Log one variant's result, datasets and model into its child run (opened now if it was not); end the run."""
 
         def log() -> None:
-            run_id = self._running.pop(variant.key, None) or self._start_child(variant.key)
+            run_id = self._running.pop(variant.key, None) or self._start_child(variant.variant, variant.backend)
             self._running.pop(variant.key, None)
+            model_id = self._model_of(variant, run_id)
+            if self._datasets is not None:
+                self._client.log_inputs(run_id, datasets=self._datasets.variant(uses_calibration(variant)))
             _log(self._client, run_id, variant_metrics(results, variant), variant_params(results, variant),
-                 variant_tags(variant))  # fmt: skip
+                 variant_tags(variant), model_id=model_id)  # fmt: skip
             self._client.set_terminated(run_id, status="FINISHED" if variant.status == "ok" else "FAILED")
 
         self._mlflow(log)
+
+    def _model_of(self, variant: VariantResult, run_id: str) -> str | None:
+        """The variant's LoggedModel, logged from this run the first time, linked to it afterwards; None if unmeasured."""
+        if variant.status != "ok" or not variant.model_path or not Path(variant.model_path).is_file():
+            return None
+        model_id = self._models.get(variant.variant)
+        if model_id is not None:
+            link_variant_model(self._client, run_id, model_id)
+            return model_id
+        tags = {"qbench.variant": variant.variant, "qbench.precision": variant.precision}
+        model_id = log_variant_model(self._client, self._experiment_id, run_id, Path(variant.model_path),
+                                     name=sanitise_name(variant.variant), tags=tags)  # fmt: skip
+        self._models[variant.variant] = model_id
+        return model_id
+
+    def _stop_monitor(self) -> None:
+        if self._monitor is not None:
+            self._monitor.finish()
+            self._monitor = None
 
     def close(self, results: SweepResults, recipe: Recipe, gate: GateReport | None, artifacts: Sequence[Path]) -> str:
         """Log the sweep's params, metrics, gate verdicts and artifacts; end the parent FINISHED; returns its id."""
@@ -278,6 +353,7 @@ class SweepTracker:
             _log_artifacts(self._client, self.parent_id, paths)
             if results.ranges is not None:
                 self._client.log_text(self.parent_id, to_json(results.ranges), "ranges.json")
+            self._stop_monitor()
             self._client.set_terminated(self.parent_id, status="FINISHED")
 
         self._mlflow(log)
@@ -290,6 +366,7 @@ class SweepTracker:
         """
         verdict = tag_value(f"not evaluated (sweep {reason})")
         calls: list[Callable[[], object]] = [
+            self._stop_monitor,
             *(lambda r=run_id: self._client.set_terminated(r, status=status, end_time=_now_ms())
               for run_id in self._running.values()),
             *(lambda r=run_id: self._client.set_tag(r, GATE_TAG, verdict) for run_id in self._children.values()),
@@ -315,7 +392,9 @@ def log_sweep(results: SweepResults, recipe: Recipe, *, gate: GateReport | None,
     Returns the parent run id; nothing is logged when an artifact is missing.
     """
     _artifact_paths(recipe, artifacts)
-    tracker = SweepTracker.open(recipe, f"{results.recipe.get('name', recipe.name)} sweep {results.created_at}")
+    run_dirs = {Path(a).parent for a in artifacts if Path(a).name == RESULTS_FILE}
+    tracker = SweepTracker.open(recipe, f"{results.recipe.get('name', recipe.name)} sweep {results.created_at}",
+                                run_dir=run_dirs.pop() if len(run_dirs) == 1 else None)  # fmt: skip
     return tracker.close(results, recipe, gate, artifacts)
 
 
@@ -325,7 +404,7 @@ def log_run(
     """One stand-alone run in the recipe's experiment (e.g. `explain <variant>`): params, metrics, the recipe
     and `artifacts`; returns its id. MLflow problems become a QbenchError naming the store."""
     paths = _artifact_paths(recipe, artifacts)
-    client, uri, experiment_id = _open_experiment(recipe)
+    client, uri, experiment_id = open_experiment(recipe)
     try:
         run_id = client.create_run(experiment_id, run_name=run_name).info.run_id
         _log(client, run_id, metrics, {sanitise_name(k): param_value(v) for k, v in params.items()}, {})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -60,27 +61,63 @@ def tag_value(value: str) -> str:
     return value[:MAX_TAG_VAL_LENGTH]
 
 
+# Backend name prefixes shortened in run names; a backend not listed keeps its whole name.
+_BACKEND_ABBREVIATIONS = (("onnxruntime", "ort"), ("tensorrt", "trt"))
+
+
+def short_backend(backend: str) -> str:
+    """onnxruntime-cpu -> ort-cpu, onnxruntime-tensorrt -> ort-trt, tensorrt -> trt, torch-cpu -> torch-cpu."""
+    for long, short in _BACKEND_ABBREVIATIONS:
+        backend = backend.replace(long, short)
+    return backend
+
+
+def run_name(variant: str, backend: str) -> str:
+    """A child run's name in the MLflow UI: `int8_minmax · ort-cpu` (tags keep the full names)."""
+    return f"{variant} · {short_backend(backend)}"
+
+
 # -- what gets logged -----------------------------------------------------------------------------
 
 
 def _latency_metrics(results: SweepResults, variant: VariantResult) -> dict[str, float]:
+    """lat/<figure>/b<N> for every batch size, speedup/b<N>, throughput/b<N> and the cold start under lat/."""
     latency = variant.latency
     if latency is None:
         return {}
     metrics = {
-        "cold_start_ms": latency.session_create_ms + latency.first_run_ms,
-        "session_create_ms": latency.session_create_ms,
-        "first_run_ms": latency.first_run_ms,
+        "lat/cold_start_ms": latency.session_create_ms + latency.first_run_ms,
+        "lat/session_create_ms": latency.session_create_ms,
+        "lat/first_run_ms": latency.first_run_ms,
     }
     for p in latency.points:
-        bs = p.batch_size
-        metrics |= {f"latency_p50_ms_b{bs}": p.p50_ms, f"latency_p95_ms_b{bs}": p.p95_ms,
-                    f"latency_p99_ms_b{bs}": p.p99_ms, f"latency_mean_ms_b{bs}": p.mean_ms,
-                    f"throughput_b{bs}": p.items_per_s, f"speedup_b{bs}": speedup(results, variant, bs),
-                    f"latency.b{bs}.spread": p.spread, f"latency.b{bs}.iqr_ratio": p.iqr_ratio}  # fmt: skip
+        b = f"b{p.batch_size}"
+        metrics |= {f"lat/p50_ms/{b}": p.p50_ms, f"lat/p95_ms/{b}": p.p95_ms, f"lat/p99_ms/{b}": p.p99_ms,
+                    f"lat/mean_ms/{b}": p.mean_ms, f"throughput/{b}": p.items_per_s,
+                    f"speedup/{b}": speedup(results, variant, p.batch_size),
+                    f"lat/spread/{b}": p.spread, f"lat/iqr_ratio/{b}": p.iqr_ratio}  # fmt: skip
         if p.stable is not None:  # None: fixed-count timing, not judged
-            metrics[f"latency.b{bs}.stable"] = float(p.stable)
+            metrics[f"lat/stable/{b}"] = float(p.stable)
     return metrics
+
+
+def _headline_accuracy(results: SweepResults, variant: VariantResult) -> dict[str, float]:
+    """acc/overall, acc/drop and acc/worst_slice_drop: the gate metric (accuracy, cosine, ...) as the gate sees it.
+
+    The worst slice is the largest drop among slices the gate judges (at least gate.min_slice_size rows).
+    """
+    accuracy, metric = variant.accuracy, results.gate_metric
+    if accuracy is None or metric not in accuracy.overall.metrics:
+        return {}
+    headline = {"acc/overall": accuracy.overall.metrics[metric]}
+    if metric in accuracy.overall.drops:
+        headline["acc/drop"] = accuracy.overall.drops[metric]
+    min_size = int(results.recipe.get("gate", {}).get("min_slice_size", 0))
+    drops = [s.drops[metric] for s in accuracy.slices if s.size >= min_size and metric in s.drops]
+    finite = [d for d in drops if math.isfinite(d)]
+    if finite:
+        headline["acc/worst_slice_drop"] = max(finite)
+    return headline
 
 
 def _scope_metrics(scope: SliceMetrics, prefix: str) -> dict[str, float]:
@@ -107,10 +144,11 @@ def variant_metrics(results: SweepResults, variant: VariantResult) -> dict[str, 
         metrics["model_mb"] = variant.model_bytes / 1e6
     if variant.build_seconds is not None:
         metrics["build_seconds"] = variant.build_seconds
-    return metrics | _latency_metrics(results, variant) | _accuracy_metrics(variant) | serving_metrics(variant)
+    return (metrics | _headline_accuracy(results, variant) | _latency_metrics(results, variant)
+            | _accuracy_metrics(variant) | serving_metrics(variant))
 
 
-def _uses_calibration(variant: VariantResult) -> bool:
+def uses_calibration(variant: VariantResult) -> bool:
     """Static int8 and fp8 variants are calibrated; dynamic int8 and float casts are not."""
     return variant.precision in ("int8", "fp8") and variant.params.get("calibrator") != "dynamic"
 
@@ -125,7 +163,7 @@ def variant_params(results: SweepResults, variant: VariantResult) -> dict[str, s
     if variant.evaluated_model_path:
         params["evaluated_model_path"] = param_value(variant.evaluated_model_path)
     calibration = results.calibration
-    if calibration is not None and _uses_calibration(variant):
+    if calibration is not None and uses_calibration(variant):
         params |= {"calibration.samples": str(calibration.size), "calibration.seed": str(calibration.seed),
                    "calibration.row_ids_sha256": calibration.row_ids_sha256}  # fmt: skip
     return params

@@ -154,7 +154,7 @@ def test_sweep_logs_to_a_real_mlflow_server(digits_project, mlflow_server, tmp_p
     runs = client.search_runs([experiment.experiment_id])
     assert len(runs) == 3  # the sweep and its two children (fp32, int8-minmax)
     child = next(r for r in runs if r.data.params.get("precision") == "int8")
-    assert child.data.metrics["latency_p50_ms_b8"] > 0
+    assert child.data.metrics["lat/p50_ms/b8"] > 0
     assert child.data.tags["qbench.gate"] in ("pass", "fail")
 
 

@@ -97,7 +97,7 @@ def logged_to_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Logge
 def children(logged: Logged) -> dict[str, Any]:
     parent = logged.client.get_run(logged.parent_id)
     runs = logged.client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{logged.parent_id}'")
-    return {run.info.run_name: run for run in runs}
+    return {f"{run.data.tags['qbench.variant']}@{run.data.tags['qbench.backend']}": run for run in runs}
 
 
 def test_default_store_is_sqlite_in_the_working_directory(logged_to_sqlite: Logged) -> None:
@@ -142,6 +142,7 @@ def test_one_nested_child_per_variant_and_backend(logged_to_sqlite: Logged) -> N
     assert set(runs) == {v.key for v in logged_to_sqlite.results.variants}
     for variant in logged_to_sqlite.results.variants:
         run = runs[variant.key]
+        assert run.info.run_name == f"{variant.variant} · ort-cpu"
         assert run.data.tags["mlflow.parentRunId"] == logged_to_sqlite.parent_id
         assert run.data.tags["qbench.status"] == variant.status
         assert run.data.tags["qbench.gate"] == logged_to_sqlite.gate.status_of(variant.variant, variant.backend)
@@ -151,10 +152,10 @@ def test_one_nested_child_per_variant_and_backend(logged_to_sqlite: Logged) -> N
 
 def _expected_metrics(variant: VariantResult) -> dict[str, float]:
     expected = {"model_mb": variant.model_bytes / 1e6, "build_seconds": variant.build_seconds,
-                "cold_start_ms": variant.latency.session_create_ms + variant.latency.first_run_ms}  # fmt: skip
+                "lat/cold_start_ms": variant.latency.session_create_ms + variant.latency.first_run_ms}  # fmt: skip
     for p in variant.latency.points:
-        expected |= {f"latency_p50_ms_b{p.batch_size}": p.p50_ms, f"latency_p99_ms_b{p.batch_size}": p.p99_ms,
-                     f"throughput_b{p.batch_size}": p.items_per_s}  # fmt: skip
+        expected |= {f"lat/p50_ms/b{p.batch_size}": p.p50_ms, f"lat/p99_ms/b{p.batch_size}": p.p99_ms,
+                     f"throughput/b{p.batch_size}": p.items_per_s}  # fmt: skip
     expected |= {"accuracy": variant.accuracy.overall.metrics["accuracy"],
                  "drop_accuracy": variant.accuracy.overall.drops["accuracy"]}  # fmt: skip
     for s in variant.accuracy.slices:
@@ -182,9 +183,9 @@ def test_child_metrics_equal_the_results(logged_to_sqlite: Logged) -> None:
 def test_latency_stability_metrics(logged_to_sqlite: Logged) -> None:
     runs = children(logged_to_sqlite)
     int8 = runs["int8_minmax@onnxruntime-cpu"].data.metrics
-    assert (int8["latency.b1.stable"], int8["latency.b32.stable"]) == (1.0, 0.0)
-    assert int8["latency.b32.spread"] == pytest.approx(0.2) and int8["latency.b1.iqr_ratio"] == pytest.approx(0.03)
-    assert "latency.b1.stable" not in runs["fp32@onnxruntime-cpu"].data.metrics  # fixed-count timing: not judged
+    assert (int8["lat/stable/b1"], int8["lat/stable/b32"]) == (1.0, 0.0)
+    assert int8["lat/spread/b32"] == pytest.approx(0.2) and int8["lat/iqr_ratio/b1"] == pytest.approx(0.03)
+    assert "lat/stable/b1" not in runs["fp32@onnxruntime-cpu"].data.metrics  # fixed-count timing: not judged
     params = logged_to_sqlite.client.get_run(logged_to_sqlite.parent_id).data.params
     assert "threshold=0.05" in params["latency.stability"] and "windows=3" in params["latency.stability"]
 
@@ -200,7 +201,7 @@ def test_failed_variant_is_tagged_with_its_error(logged_to_sqlite: Logged) -> No
     run = children(logged_to_sqlite)[failed.key]
     assert run.data.tags["qbench.error"] == failed.error
     assert "calibration.seed" not in run.data.params  # dynamic quantization is not calibrated
-    assert not any(key.startswith("latency_") for key in run.data.metrics)
+    assert not any(key.startswith("lat/") for key in run.data.metrics)
 
 
 def test_second_sweep_reuses_the_experiment(logged_to_sqlite: Logged, monkeypatch: pytest.MonkeyPatch) -> None:

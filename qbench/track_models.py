@@ -1,0 +1,101 @@
+"""A variant's ONNX model as an MLflow 3 LoggedModel (ONNX flavour, with its signature), linked to its runs.
+
+The model is logged once per variant, from the child run of the first backend that measured it; the
+child runs of the other backends link to the same model as an output. The MLmodel folder is written
+by `mlflow.onnx.save_model` with explicit pip requirements (no dependency inference, no conda
+resolution), then uploaded to the LoggedModel's artifact location, so `models:/<model_id>` loads it.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from mlflow.entities import LoggedModelOutput, LoggedModelStatus
+from mlflow.exceptions import MlflowException
+from mlflow.models import Model, ModelSignature
+from mlflow.tracking import MlflowClient
+from mlflow.types import Schema, TensorSpec
+
+logger = logging.getLogger(__name__)
+
+MODEL_TYPE = "qbench-variant"
+
+
+def _tensor_spec(value: object) -> TensorSpec | None:
+    """The TensorSpec of one graph input/output (unknown dimensions -1); None for non-tensors or exotic dtypes."""
+    import onnx
+
+    if not value.type.HasField("tensor_type"):  # type: ignore[attr-defined]
+        return None
+    tensor_type = value.type.tensor_type  # type: ignore[attr-defined]
+    try:
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type))
+        if dtype.kind not in "biufc?":  # bfloat16 / float8 map to numpy-extension types MLflow cannot name
+            return None
+    except (KeyError, TypeError, ValueError):
+        return None
+    shape = None
+    if tensor_type.HasField("shape"):
+        shape = tuple(d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else -1 for d in tensor_type.shape.dim)
+    return TensorSpec(dtype, shape, value.name)  # type: ignore[attr-defined]
+
+
+def onnx_signature(model_path: Path) -> ModelSignature | None:
+    """Inputs (initializers excluded) and outputs of the ONNX graph as tensor specs; None when one is not a tensor."""
+    import onnx
+
+    graph = onnx.load(str(model_path), load_external_data=False).graph
+    initializers = {i.name for i in graph.initializer}
+    inputs = [_tensor_spec(v) for v in graph.input if v.name not in initializers]
+    outputs = [_tensor_spec(v) for v in graph.output]
+    if not inputs or any(spec is None for spec in (*inputs, *outputs)):
+        return None
+    return ModelSignature(inputs=Schema(inputs), outputs=Schema(outputs))  # type: ignore[arg-type]
+
+
+def _pip_requirements() -> list[str]:
+    import onnx
+    import onnxruntime
+
+    return [f"onnx=={onnx.__version__}", f"onnxruntime=={onnxruntime.__version__}"]
+
+
+def log_variant_model(
+    client: MlflowClient, experiment_id: str, run_id: str, model_path: Path, *, name: str, tags: dict[str, str]
+) -> str:
+    """Create the LoggedModel of one variant (source: `run_id`), link it as the run's output and upload it.
+
+    Returns the model id. A model file that cannot be saved leaves the LoggedModel FAILED (logged as a
+    warning) rather than failing the sweep; MLflow store errors propagate.
+    """
+    import mlflow.onnx
+    import onnx
+
+    model = client.create_logged_model(experiment_id, name=name, source_run_id=run_id, tags=tags, model_type=MODEL_TYPE)
+    client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step=0)])
+    try:
+        with tempfile.TemporaryDirectory(prefix="qbench-mlmodel-") as tmp:
+            local = Path(tmp) / "model"
+            mlflow_model = Model(artifact_path=model.artifact_location, model_uuid=model.model_id, run_id=run_id,
+                                 model_id=model.model_id)  # fmt: skip
+            mlflow.onnx.save_model(
+                onnx.load(str(model_path)), str(local), mlflow_model=mlflow_model,
+                signature=onnx_signature(model_path), pip_requirements=_pip_requirements(),
+            )  # fmt: skip
+            client.log_model_artifacts(model.model_id, str(local))
+    except MlflowException:
+        raise
+    except Exception as exc:  # noqa: BLE001 - an unreadable model file must not lose the sweep's measurements
+        logger.warning("could not log the model of %s to MLflow: %s", name, exc)
+        client.finalize_logged_model(model.model_id, LoggedModelStatus.FAILED)
+        return model.model_id
+    client.finalize_logged_model(model.model_id, LoggedModelStatus.READY)
+    return model.model_id
+
+
+def link_variant_model(client: MlflowClient, run_id: str, model_id: str) -> None:
+    """Mark an already logged variant model as an output of another backend's run."""
+    client.log_outputs(run_id, [LoggedModelOutput(model_id, step=0)])

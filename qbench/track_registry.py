@@ -1,0 +1,150 @@
+"""Hand the gate's winners to the MLflow Model Registry (`qbench gate --register NAME`).
+
+Per backend, the best passing variant is the fastest (p50) at the primary batch size (the recipe's
+first latency batch size) among the variants the gate judged and passed. Each becomes a version of
+registered model NAME, made from the LoggedModel of that variant's child run in the sweep's MLflow
+runs, and an alias points at it: `<alias>` at the primary backend's (the recipe's first backend with
+a winner), and with several backends also `<alias>-<backend>` at each backend's (e.g.
+`candidate-ort-cpu`). Only a passing gate (exit 0) registers anything; the sweep's runs are found by
+the run folder the tracker tagged its parent run with.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlflow.entities import Run
+from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
+from mlflow.tracking import MlflowClient
+
+from qbench.errors import QbenchError
+from qbench.gate import GateReport
+from qbench.recipe import Recipe
+from qbench.results import SweepResults, VariantResult
+from qbench.track import RUN_DIR_TAG, open_experiment
+from qbench.track_content import short_backend
+
+DEFAULT_ALIAS = "candidate"
+
+
+@dataclass(frozen=True)
+class Registration:
+    """One registered model version: which variant on which backend, from which run, under which aliases."""
+
+    name: str
+    version: str
+    variant: str
+    backend: str
+    run_id: str
+    model_id: str
+    aliases: tuple[str, ...]
+
+
+def best_passing(results: SweepResults, gate: GateReport, batch_size: int) -> dict[str, VariantResult]:
+    """Backend -> the variant that passed the gate with the lowest p50 at `batch_size` (backends in sweep order)."""
+    best: dict[str, VariantResult] = {}
+    for variant in results.variants:
+        point = variant.latency.at(batch_size) if variant.latency is not None else None
+        if point is None or gate.status_of(variant.variant, variant.backend) != "pass":
+            continue
+        current = best.get(variant.backend)
+        if current is None or point.p50_ms < current.latency.at(batch_size).p50_ms:  # type: ignore[union-attr]
+            best[variant.backend] = variant
+    return best
+
+
+def _quoted(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _sweep_children(client: MlflowClient, experiment_id: str, run_dir: Path, uri: str) -> dict[str, Run]:
+    """variant@backend -> child run of the newest finished MLflow sweep run tagged with `run_dir`."""
+    tag = f"tags.`{RUN_DIR_TAG}` = {_quoted(str(run_dir.resolve()))}"
+    parents = client.search_runs([experiment_id], f"{tag} and attributes.status = 'FINISHED'",
+                                 order_by=["attributes.start_time DESC"], max_results=1)  # fmt: skip
+    if not parents:
+        raise QbenchError(
+            f"no finished MLflow sweep run for {run_dir} in {uri}: the sweep was not tracked (--no-track) "
+            "or logged elsewhere; nothing registered"
+        )
+    parent_id = parents[0].info.run_id
+    children = client.search_runs([experiment_id], f"tags.mlflow.parentRunId = {_quoted(parent_id)}")
+    return {f"{r.data.tags.get('qbench.variant')}@{r.data.tags.get('qbench.backend')}": r for r in children}
+
+
+def _model_id(client: MlflowClient, run: Run, key: str) -> str:
+    """The LoggedModel the child run of `key` output (its variant's model)."""
+    outputs = client.get_run(run.info.run_id).outputs
+    models = outputs.model_outputs if outputs is not None else []
+    if not models:
+        raise QbenchError(f"the MLflow run of {key} ({run.info.run_id}) has no logged model; nothing registered")
+    return models[0].model_id
+
+
+def _ensure_registered_model(client: MlflowClient, name: str) -> None:
+    try:
+        client.create_registered_model(name, description="qbench: the best variant that passed the gate, per backend")
+    except MlflowException as exc:
+        if exc.error_code != ErrorCode.Name(RESOURCE_ALREADY_EXISTS):
+            raise
+
+
+def check_alias(alias: str) -> None:
+    """An alias MLflow accepts: letters, digits, _ and -, not `latest`, not a version name like v3."""
+    if not re.fullmatch(r"[\w-]+", alias) or alias.lower() == "latest" or re.fullmatch(r"[vV]\d+", alias):
+        raise QbenchError(
+            f"--alias {alias!r}: expected letters, digits, '_' or '-' (not 'latest' nor a version name like 'v3')"
+        )
+
+
+def _aliases(alias: str, backends: list[str]) -> dict[str, list[str]]:
+    """Backend -> its aliases: `alias` for the first, `alias-<short backend>` for each when there are several."""
+    named = {backend: [f"{alias}-{short_backend(backend)}"] if len(backends) > 1 else [] for backend in backends}
+    if backends:
+        named[backends[0]].insert(0, alias)
+    return named
+
+
+def register_best(
+    recipe: Recipe, results: SweepResults, gate: GateReport, run_dir: Path, *, name: str, alias: str = DEFAULT_ALIAS
+) -> list[Registration]:
+    """Register each backend's best passing variant as a version of `name` and point the aliases at them.
+
+    Raises QbenchError (and registers nothing) when the gate did not pass or the sweep's runs,
+    or one winner's logged model, cannot be found.
+    """
+    check_alias(alias)
+    if gate.exit_code != 0:
+        raise QbenchError(f"the gate did not pass (exit {gate.exit_code}): nothing registered, no alias moved")
+    batch_size = recipe.latency.batch_sizes[0]
+    winners = best_passing(results, gate, batch_size)
+    if not winners:
+        raise QbenchError(f"no variant passed the gate with a latency at batch size {batch_size}: nothing registered")
+    client, uri, experiment_id = open_experiment(recipe)
+    try:
+        children = _sweep_children(client, experiment_id, run_dir, uri)
+        sources = {}
+        for backend, variant in winners.items():  # every winner's model found before anything is registered
+            run = children.get(variant.key)
+            if run is None:
+                raise QbenchError(f"no MLflow run of {variant.key} under the sweep run of {run_dir}; nothing registered")
+            sources[backend] = (run.info.run_id, _model_id(client, run, variant.key))
+        _ensure_registered_model(client, name)
+        aliases = _aliases(alias, [b for b in results.backends() if b in winners])
+        registered = []
+        for backend, variant in winners.items():
+            run_id, model_id = sources[backend]
+            tags = {"qbench.variant": variant.variant, "qbench.backend": backend, "qbench.gate": "pass",
+                    f"qbench.p50_ms.b{batch_size}": f"{variant.latency.at(batch_size).p50_ms:.4g}"}  # type: ignore[union-attr] # fmt: skip
+            version = client.create_model_version(name, f"models:/{model_id}", run_id=run_id, tags=tags,
+                                                  model_id=model_id)  # fmt: skip
+            for each in aliases[backend]:
+                client.set_registered_model_alias(name, each, version.version)
+            registered.append(Registration(name, str(version.version), variant.variant, backend, run_id, model_id,
+                                           tuple(aliases[backend])))  # fmt: skip
+    except MlflowException as exc:
+        raise QbenchError(f"registering {name!r} in {uri} failed: {exc.message}") from exc
+    return registered
