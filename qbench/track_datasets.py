@@ -8,6 +8,7 @@ context ("evaluation", "evaluation slice", "calibration") says what each was for
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +47,9 @@ def _dataset(name: str, source: Path, features: Mapping[str, np.ndarray], target
 
     typed = {key: _typed(np.asarray(value)) for key, value in features.items()}
     labels = _typed(np.asarray(targets)) if targets is not None else None
-    return from_numpy(typed, source=str(source), targets=labels, name=name)._to_mlflow_entity()
+    with warnings.catch_warnings():  # MLflow registers its local-file source twice and warns that a path is ambiguous
+        warnings.filterwarnings("ignore", message="The specified dataset source can be interpreted in multiple ways")
+        return from_numpy(typed, source=str(source), targets=labels, name=name)._to_mlflow_entity()
 
 
 def _input(dataset: Dataset, context: str, **tags: str) -> DatasetInput:

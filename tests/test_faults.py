@@ -127,10 +127,10 @@ def test_a_signal_mid_sweep_ends_runs_killed_and_keeps_what_finished(
     parent = runs.pop(f"tumour-mlp sweep {run_dir.name}")
     assert parent.info.status == "KILLED" and parent.info.end_time is not None
     assert {name: run.info.status for name, run in runs.items()} == {
-        "fp32@onnxruntime-cpu": "FINISHED", "fp16@onnxruntime-cpu": "KILLED",
+        "fp32 · ort-cpu": "FINISHED", "fp16 · ort-cpu": "KILLED",
     }  # fmt: skip
     assert all(run.data.tags["mlflow.parentRunId"] == parent.info.run_id for run in runs.values())
-    logged_accuracy = runs["fp32@onnxruntime-cpu"].data.metrics["accuracy"]
+    logged_accuracy = runs["fp32 · ort-cpu"].data.metrics["accuracy"]
     assert logged_accuracy == pytest.approx(fp32["accuracy"]["overall"]["metrics"]["accuracy"])
     verdicts = {run.data.tags.get("qbench.gate") for run in [parent, *runs.values()]}
     assert verdicts == {f"not evaluated (sweep interrupted by {signum.name})"}

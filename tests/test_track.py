@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
@@ -294,3 +295,132 @@ def test_fidelity_and_session_options_reach_the_child_runs(tmp_path: Path, monke
     assert children["fp32"].params["fidelity.accuracy"] == "native" and children["fp32"].tags["qbench.fidelity"] == "native"
     assert children["fp8"].tags["qbench.session_options"] == "graph_optimization_level=basic (not ORT's defaults)"
     assert "qbench.session_options" not in children["fp32"].tags
+
+
+def test_headline_metrics_group_under_acc_lat_and_speedup(logged_to_sqlite: Logged) -> None:
+    metrics = children(logged_to_sqlite)["int8_minmax@onnxruntime-cpu"].data.metrics
+    # accuracy 0.94 vs FP32 0.95; slices: clean 0.97 vs 0.97, dark 0.86 vs 0.90 -> worst slice drop 0.04
+    assert metrics["acc/overall"] == pytest.approx(0.94)
+    assert metrics["acc/drop"] == pytest.approx(0.01)
+    assert metrics["acc/worst_slice_drop"] == pytest.approx(0.04)
+    assert metrics["speedup/b32"] == pytest.approx(20.0 / 12.0) and metrics["speedup/b1"] == pytest.approx(1.0 / 0.6)
+    assert metrics["lat/p99_ms/b32"] == pytest.approx(12.0 * 1.5)
+    assert not any(key.startswith("latency_") for key in metrics)  # one scheme: no old-style duplicates
+
+
+def test_experiment_opens_in_the_model_training_view(logged_to_sqlite: Logged, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    client = logged_to_sqlite.client
+    experiment = client.get_experiment(client.get_run(logged_to_sqlite.parent_id).info.experiment_id)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    # an experiment made before qbench tagged it gets the tag; a kind the user chose is kept
+    monkeypatch.chdir(tmp_path)
+    recipe = write_recipe(tmp_path, {"uri": f"sqlite:///{tmp_path / 'own.db'}", "experiment": "mine"})
+    own = MlflowClient(resolve_tracking_uri(recipe))
+    untagged = own.create_experiment("mine", artifact_location=(tmp_path / "art").as_uri())
+    log_sweep(make_sweep(default_variants()[:1]), recipe, gate=None, artifacts=[])
+    assert own.get_experiment(untagged).tags["mlflow.experimentKind"] == "custom_model_development"
+    own.set_experiment_tag(untagged, "mlflow.experimentKind", "genai_development")
+    log_sweep(make_sweep(default_variants()[:1]), recipe, gate=None, artifacts=[])
+    assert own.get_experiment(untagged).tags["mlflow.experimentKind"] == "genai_development"
+
+
+def test_onnx_signature_has_dynamic_batch_and_refuses_non_tensors(tmp_path: Path) -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    from qbench.track_models import onnx_signature
+
+    x = helper.make_tensor_value_info("x", TensorProto.INT64, ["batch", 7])
+    y = helper.make_tensor_value_info("y", TensorProto.INT64, ["batch", 7])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [x], [y])
+    onnx.save(helper.make_model(graph), str(tmp_path / "id.onnx"))
+    signature = onnx_signature(tmp_path / "id.onnx")
+    (spec,) = signature.inputs.inputs
+    assert (spec.name, spec.type, tuple(spec.shape)) == ("x", np.dtype("int64"), (-1, 7))
+    sequence = helper.make_tensor_sequence_value_info("s", TensorProto.FLOAT, None)
+    graph = helper.make_graph([helper.make_node("SequenceConstruct", ["x"], ["s"])], "g", [x], [sequence])
+    onnx.save(helper.make_model(graph), str(tmp_path / "seq.onnx"))
+    assert onnx_signature(tmp_path / "seq.onnx") is None
+
+
+@dataclasses.dataclass
+class TrackedSweep:
+    client: MlflowClient
+    results: SweepResults
+    parent: Any
+    runs: dict[str, Any]  # variant -> child run
+    data: Path
+
+
+@pytest.fixture(scope="module")
+def tracked_sweep(tmp_path_factory: pytest.TempPathFactory) -> TrackedSweep:
+    """The tiny linear project swept with tracking into sqlite, system metrics sampled every 0.2 s."""
+    from tiny_linear import make_linear_project
+
+    from qbench.sweep import run_sweep
+
+    root = tmp_path_factory.mktemp("tracked_sweep")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(root)
+        patch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.2")
+        outcome = run_sweep(make_linear_project(root, uri), show=False)
+    client = MlflowClient(uri)
+    parent = client.get_run(outcome.mlflow_run_id)
+    found = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    runs = {run.data.tags["qbench.variant"]: client.get_run(run.info.run_id) for run in found}
+    return TrackedSweep(client, outcome.results, parent, runs, root / "rows.parquet")
+
+
+def test_each_variant_is_a_logged_onnx_model_with_its_signature(tracked_sweep: TrackedSweep,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    import mlflow
+
+    client = tracked_sweep.client
+    assert {r.info.run_name for r in tracked_sweep.runs.values()} == {"fp32 · ort-cpu", "int8-minmax · ort-cpu",
+                                                                      "fp16 · ort-cpu"}  # fmt: skip
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)
+    for name, run in tracked_sweep.runs.items():
+        (output,) = run.outputs.model_outputs
+        model = client.get_logged_model(output.model_id)
+        assert (model.name, model.source_run_id, model.status.to_int()) == (name, run.info.run_id, 2)  # READY
+        variant = tracked_sweep.results.find(name, "onnxruntime-cpu")
+        model_metrics = {m.key: m.value for m in model.metrics}
+        assert model_metrics["acc/overall"] == pytest.approx(variant.accuracy.overall.metrics["accuracy"])
+        info = mlflow.models.get_model_info(f"models:/{output.model_id}")
+        assert "onnx" in info.flavors
+        (inputs,), (outputs,) = info.signature.inputs.inputs, info.signature.outputs.inputs
+        assert (inputs.name, inputs.type, tuple(inputs.shape)) == ("x", np.dtype("float32"), (-1, 4))
+        assert (outputs.name, outputs.type, tuple(outputs.shape)) == ("logits", np.dtype("float32"), (-1, 3))
+
+
+def test_runs_show_the_datasets_they_were_measured_on(tracked_sweep: TrackedSweep) -> None:
+    from tiny_linear import CALIBRATION_ROWS, ROWS
+
+    def inputs(run: Any) -> dict[str, tuple[Any, dict[str, str]]]:
+        return {i.dataset.name: (i.dataset, {t.key: t.value for t in i.tags}) for i in run.inputs.dataset_inputs}
+
+    parent = inputs(tracked_sweep.parent)
+    evaluation, tags = parent["linear-evaluation"]
+    assert tags["mlflow.data.context"] == "evaluation" and json.loads(evaluation.source)["uri"] == str(tracked_sweep.data)
+    assert json.loads(evaluation.profile)["features_shape"]["x"] == [ROWS, 4]
+    assert json.loads(evaluation.profile)["targets_shape"] == [ROWS]
+    # slices: every third row is group a
+    assert json.loads(parent["linear-evaluation[group=a]"][0].profile)["features_shape"]["x"] == [40, 4]
+    assert json.loads(parent["linear-evaluation[group=b]"][0].profile)["features_shape"]["x"] == [80, 4]
+    assert parent["linear-evaluation[group=b]"][1]["mlflow.data.context"] == "evaluation slice"
+    calibration, tags = parent["linear-calibration"]
+    assert tags["mlflow.data.context"] == "calibration"
+    assert json.loads(calibration.profile)["features_shape"]["x"] == [CALIBRATION_ROWS, 4]
+    assert set(inputs(tracked_sweep.runs["int8-minmax"])) == {"linear-evaluation", "linear-calibration"}
+    assert set(inputs(tracked_sweep.runs["fp16"])) == {"linear-evaluation"}  # FP16 is not calibrated
+    assert inputs(tracked_sweep.runs["fp16"])["linear-evaluation"][0].digest == evaluation.digest
+
+
+def test_the_sweep_run_records_system_metrics(tracked_sweep: TrackedSweep) -> None:
+    metrics = tracked_sweep.parent.data.metrics
+    assert 0 <= metrics["system/cpu_utilization_percentage"] <= 100
+    assert metrics["system/system_memory_usage_megabytes"] > 0
+    history = tracked_sweep.client.get_metric_history(tracked_sweep.parent.info.run_id, "system/cpu_utilization_percentage")
+    assert len(history) >= 2  # sampled through the sweep, not once
