@@ -56,7 +56,7 @@ from qbench.track_content import (
     variant_tags,
 )
 from qbench.track_datasets import DatasetInputs, SweepData, dataset_inputs
-from qbench.track_models import link_variant_model, log_variant_model
+from qbench.track_models import link_variant_model, log_variant_model, logged_model_name
 
 try:  # POSIX; elsewhere concurrent first use of one new sqlite store is not serialised
     import fcntl
@@ -328,7 +328,7 @@ class SweepTracker:
             return model_id
         tags = {"qbench.variant": variant.variant, "qbench.precision": variant.precision}
         model_id = log_variant_model(self._client, self._experiment_id, run_id, Path(variant.model_path),
-                                     name=sanitise_name(variant.variant), tags=tags)  # fmt: skip
+                                     name=logged_model_name(variant.variant), tags=tags)  # fmt: skip
         self._models[variant.variant] = model_id
         return model_id
 

@@ -9,6 +9,7 @@ resolution), then uploaded to the LoggedModel's artifact location, so `models:/<
 from __future__ import annotations
 
 import logging
+import re
 import tempfile
 from pathlib import Path
 
@@ -22,6 +23,12 @@ from mlflow.types import Schema, TensorSpec
 logger = logging.getLogger(__name__)
 
 MODEL_TYPE = "qbench-variant"
+_NOT_IN_MODEL_NAMES = re.compile(r"[/:.%\"']")  # characters MLflow refuses in a LoggedModel's name
+
+
+def logged_model_name(variant: str) -> str:
+    """The variant's name as a LoggedModel name: int8-p99.9 -> int8-p99_9 (its tags keep the exact name)."""
+    return _NOT_IN_MODEL_NAMES.sub("_", variant) or "_"
 
 
 def _tensor_spec(value: object) -> TensorSpec | None:

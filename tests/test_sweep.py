@@ -111,6 +111,11 @@ def test_demo_sweep_is_in_mlflow(demo_sweep):
     expected = results.find("int8-entropy", "onnxruntime-cpu").accuracy.overall.metrics["accuracy"]
     assert int8.data.metrics["accuracy"] == pytest.approx(expected)
     assert int8.data.params["calibrator"] == "entropy"
+    # every measured variant is a logged model (names such as int8-p99.9 included), each once
+    model_ids = [client.get_run(r.info.run_id).outputs.model_outputs[0].model_id for r in children
+                 if r.data.tags["qbench.status"] == "ok"]  # fmt: skip
+    variants_ok = {v.variant for v in results.variants if v.status == "ok"}
+    assert len(set(model_ids)) == len(variants_ok) >= 5
     artifacts = {a.path for a in client.list_artifacts(parents[0].info.run_id)}
     assert "results.json" in " ".join(artifacts) and "report.html" in artifacts
 

@@ -325,6 +325,17 @@ def test_experiment_opens_in_the_model_training_view(logged_to_sqlite: Logged, t
     assert own.get_experiment(untagged).tags["mlflow.experimentKind"] == "genai_development"
 
 
+@pytest.mark.parametrize(("variant", "expected"), [("int8-p99.9", "int8-p99_9"), ("a/b:c%d'e\"f", "a_b_c_d_e_f"),
+                                                   ("fp16", "fp16")])  # fmt: skip
+def test_logged_model_names_are_ones_mlflow_accepts(variant: str, expected: str) -> None:
+    from mlflow.utils.validation import _validate_logged_model_name
+
+    from qbench.track_models import logged_model_name
+
+    assert logged_model_name(variant) == expected
+    _validate_logged_model_name(logged_model_name(variant))  # raises MlflowException if MLflow would reject it
+
+
 def test_onnx_signature_has_dynamic_batch_and_refuses_non_tensors(tmp_path: Path) -> None:
     import onnx
     from onnx import TensorProto, helper
