@@ -95,6 +95,7 @@ def prepare(recipe: Recipe, *, track: bool = True) -> Prepared:
     model = _read_model(recipe, source.onnx_path)
     task = get_task(recipe.task)
     outputs = _pick_outputs(recipe, task, model)
+    _check_gate_metric(recipe, task, outputs)
     custom_metrics = load_custom_metrics(recipe)
     table = load_table(recipe.data_path, recipe_file=recipe.source)
     nonfinite = nonfinite_masks(table, recipe.data.inputs)
@@ -199,6 +200,19 @@ def _pick_outputs(recipe: Recipe, task: Task, model: ModelInfo) -> list[OutputCh
         return choose_outputs(task, model, wanted)
     except QbenchError as exc:
         raise RecipeError(recipe.source, field, str(exc)) from None
+
+
+def _check_gate_metric(recipe: Recipe, task: Task, outputs: list[OutputChoice]) -> None:
+    """The gate metric must be one the evaluated output gives (kl_mean needs scores, not class ids)."""
+    for choice in outputs:
+        prefix = f"{choice.name}/" if len(outputs) > 1 else ""
+        if not recipe.gate.metric.startswith(prefix):
+            continue
+        reason = task.metrics_not_computed(choice.meta).get(recipe.gate.metric.removeprefix(prefix))
+        if reason is not None:
+            raise RecipeError(
+                recipe.source, "gate.metric", f"{recipe.gate.metric!r} is not computed for output {choice.name!r}: {reason}"
+            )
 
 
 def _labels(

@@ -127,3 +127,36 @@ def test_string_labels_of_a_string_class_zipmap_are_read_as_its_columns(tmp_path
                                                      "variants": [{"name": "h", "precision": "fp16"}]}))  # fmt: skip
     prepared = prepare(load_recipe(tmp_path / "r.yaml"), track=False)
     assert prepared.labels.tolist() == [1, 0, 0]  # sorted classes: no = column 0, yes = column 1
+
+
+@pytest.mark.parametrize(
+    ("model", "metric", "error"),
+    [
+        ({"output": "cls"}, "kl_mean", r"gate\.metric: 'kl_mean' is not computed for output 'cls': it holds class ids"),
+        ({"outputs": ["probs", "cls"]}, "cls/kl_mean", r"'cls/kl_mean' is not computed for output 'cls'"),
+        ({"outputs": ["probs", "cls"]}, "probs/kl_mean", None),
+    ],
+)
+def test_a_gate_metric_the_evaluated_output_cannot_give_fails_before_the_sweep(tmp_path: Path, model, metric, error):
+    import onnx
+    from onnx import TensorProto, helper
+
+    from qbench.errors import RecipeError
+    from qbench.preflight import prepare
+
+    nodes = [helper.make_node("Softmax", ["x"], ["probs"], axis=1),
+             helper.make_node("ArgMax", ["x"], ["cls"], axis=1, keepdims=0)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 2])],
+                              [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["n", 2]),
+                               helper.make_tensor_value_info("cls", TensorProto.INT64, ["n"])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(tmp_path / "m.onnx"))
+    (tmp_path / "d.csv").write_text('x,y\n"[1, 0]",0\n"[0, 1]",1\n')
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump({"name": "x", "model": {"path": "m.onnx", **model},
+                                                     "data": {"path": "d.csv", "inputs": {"x": "x"}, "label": "y"},
+                                                     "variants": [{"name": "h", "precision": "fp16"}],
+                                                     "gate": {"metric": metric}}))  # fmt: skip
+    if error is None:
+        assert len(prepare(load_recipe(tmp_path / "r.yaml"), track=False).outputs) == 2
+    else:
+        with pytest.raises(RecipeError, match=error):
+            prepare(load_recipe(tmp_path / "r.yaml"), track=False)

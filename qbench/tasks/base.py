@@ -89,6 +89,10 @@ class Task(ABC):
     def check_labels(self, labels: np.ndarray, output: TensorMeta, positions: np.ndarray) -> None:
         """Labels against what the chosen output can express (class count, label width); LabelError if not."""
 
+    def metrics_not_computed(self, output: TensorMeta) -> dict[str, str]:
+        """The task's metrics this output cannot give, each with the reason (gating on one fails before the sweep)."""
+        return {}
+
     def decode_label_names(
         self, values: Sequence[Any], outputs: Sequence[TensorMeta], positions: np.ndarray
     ) -> Sequence[Any]:

@@ -109,6 +109,12 @@ class Classification(Task):
             raise LabelError(f"{example_rows(negative, values, positions)} are negative; expected class ids >= 0")
         return labels
 
+    def metrics_not_computed(self, output: TensorMeta) -> dict[str, str]:
+        if output.kind == "tensor" and is_integer(output):
+            reason = "it holds class ids, and the metric needs scores"
+            return {"kl_mean": reason, "max_abs_error": reason}
+        return {}
+
     def decode_label_names(
         self, values: Sequence[Any], outputs: Sequence[TensorMeta], positions: np.ndarray
     ) -> Sequence[Any]:

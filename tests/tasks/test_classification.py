@@ -82,3 +82,10 @@ def test_label_names_are_left_alone_without_string_classes() -> None:
     disagreeing = [_string_zipmap("probs", ("a", "c")), other]
     assert TASK.decode_label_names(["a", "a", "a", "a"], disagreeing, POSITIONS) == ["a", "a", "a", "a"]
     assert TASK.decode_label_names([0, 1, 1, 0], [other], POSITIONS) == [0, 1, 1, 0]
+
+
+def test_class_id_outputs_do_not_give_score_metrics() -> None:
+    ids = TensorMeta("cls", np.dtype("int64"), (None,))
+    assert set(TASK.metrics_not_computed(ids)) == {"kl_mean", "max_abs_error"}
+    assert TASK.metrics_not_computed(TensorMeta("scores", np.dtype("float32"), (None, 3))) == {}
+    assert TASK.metrics_not_computed(_string_zipmap("probs", ("a", "b"))) == {}
