@@ -185,8 +185,9 @@ class Classification(Task):
         columns = 1 if outputs.ndim == 1 else int(outputs.shape[-1])
         if labels is not None and labels.size and columns > 1 and int(labels.max()) >= columns:
             raise LabelError(f"labels go up to class {int(labels.max())} but the output has {columns} classes")
+        binary_probabilities = metrics.looks_like_sigmoid(reference)  # one column: the variant is read as FP32 is
         return ClassificationRows(
-            outputs, reference, labels, metrics.top1(outputs), metrics.top1(reference),
+            outputs, reference, labels, metrics.top1(outputs, binary_probabilities), metrics.top1(reference),
             kl=metrics.kl_rows(reference, outputs),
         )  # fmt: skip
 

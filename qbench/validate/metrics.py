@@ -145,17 +145,18 @@ def _class_scores(outputs: np.ndarray) -> np.ndarray:
     return array
 
 
-def top1(outputs: np.ndarray) -> np.ndarray:
+def top1(outputs: np.ndarray, binary_probabilities: bool | None = None) -> np.ndarray:
     """The predicted class of every row (int64); INVALID_CLASS for rows with NaN/inf.
 
     A single output column is a binary score: class 1 when score > 0.5 if every finite
     score lies in [0, 1] (a probability), else when score > 0 (a logit).
+    `binary_probabilities` overrides that detection, so that a variant is read as its reference is.
     """
     scores = _class_scores(outputs).astype(np.float64)
     bad = nonfinite_rows(scores)
     if scores.shape[1] == 1:
-        finite = scores[~bad, 0]
-        threshold = 0.5 if finite.size and finite.min() >= 0.0 and finite.max() <= 1.0 else 0.0
+        probabilities = looks_like_sigmoid(scores) if binary_probabilities is None else binary_probabilities
+        threshold = 0.5 if probabilities else 0.0
         classes = (scores[:, 0] > threshold).astype(np.int64)
     else:
         classes = np.argmax(np.where(bad[:, None], 0.0, scores), axis=1).astype(np.int64)

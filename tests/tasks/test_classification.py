@@ -89,3 +89,15 @@ def test_class_id_outputs_do_not_give_score_metrics() -> None:
     assert set(TASK.metrics_not_computed(ids)) == {"kl_mean", "max_abs_error"}
     assert TASK.metrics_not_computed(TensorMeta("scores", np.dtype("float32"), (None, 3))) == {}
     assert TASK.metrics_not_computed(_string_zipmap("probs", ("a", "b"))) == {}
+
+
+def test_a_binary_score_column_is_read_in_the_variant_as_in_fp32() -> None:
+    """FP32 gives probabilities (threshold 0.5); one variant score of 1.01 must not turn the variant into logits
+    (threshold 0, every row class 1): rows 0 and 3 stay class 0 and agree with FP32."""
+    reference = np.array([[0.3], [0.6], [0.9], [0.4]], dtype=np.float32)
+    variant = np.array([[0.3], [0.6], [1.01], [0.4]], dtype=np.float32)
+    summary = TASK.rows(variant, reference, np.array([0, 1, 1, 0])).summarise("overall", np.ones(4, dtype=bool))
+    assert summary.metrics["agreement"] == 1.0 and summary.metrics["accuracy"] == 1.0
+    logits = np.array([[-2.0], [0.5], [3.0], [-0.1]], dtype=np.float32)  # FP32 logits: threshold 0 for both
+    summary = TASK.rows(logits * 0.1 + 0.5, logits, None).summarise("overall", np.ones(4, dtype=bool))
+    assert summary.metrics["agreement"] == 0.5  # as logits every shifted score is > 0: class 1, FP32 has [0, 1, 1, 0]
