@@ -145,11 +145,23 @@ def _shown_batch_sizes(results: SweepResults) -> list[int]:
 
 
 def _worst_slice(variant: VariantResult, metric: str) -> SliceMetrics | None:
-    """The slice that lost the most `metric` vs FP32, if any slice lost some."""
+    """The slice that lost the most `metric` vs FP32, if any slice lost some; a slice whose metric non-finite
+    outputs made NaN (the gate breaches it) is worse than any number."""
     if variant.accuracy is None:
         return None
-    judged = [s for s in variant.accuracy.slices if _finite(s.drops.get(metric)) and s.drops[metric] > 0]
+    slices = variant.accuracy.slices
+    broken = [s for s in slices if s.nonfinite_outputs > 0 and not _finite(s.drops.get(metric))]
+    if broken:
+        return max(broken, key=lambda s: s.nonfinite_outputs)
+    judged = [s for s in slices if _finite(s.drops.get(metric)) and s.drops[metric] > 0]
     return max(judged, key=lambda s: s.drops[metric], default=None)
+
+
+def _worst_cell(worst: SliceMetrics | None, metric: str) -> str:
+    if worst is None:
+        return _NONE
+    drop = worst.drops.get(metric)
+    return f"{worst.name}\n{_signed(drop) if _finite(drop) else f'{worst.nonfinite_outputs} non-finite'}"
 
 
 _GATE_STYLES = {"pass": "green", "fail": "bold red", "not gated": "dim"}
@@ -201,7 +213,7 @@ def _summary_row(results: SweepResults, variant: VariantResult, gate: GateReport
     row += _latency_cells(variant, _shown_batch_sizes(results), notes)
     row += [f"{factor:.2f}×" if _finite(factor) else _NONE, _num(overall_metric(variant, metric)),
             _signed(overall.drops.get(metric) if overall else None),
-            f"{worst.name}\n{_signed(worst.drops[metric])}" if worst else _NONE]  # fmt: skip
+            _worst_cell(worst, metric)]  # fmt: skip
     if show_nonfinite:
         count = variant.accuracy.nonfinite_outputs if variant.accuracy else 0
         row.append((str(count), "bold red") if count else "")

@@ -6,6 +6,7 @@ import qbench.console
 
 import dataclasses
 import io
+import math
 import re
 from pathlib import Path
 
@@ -226,3 +227,19 @@ def test_gate_table_names_the_metric_of_checks_beside_the_gate_metric(gate: Gate
     metrics = [str(c) for c in column(table, "metric")]
     assert metrics == ["accuracy", "nonfinite_outputs", "accuracy", "accuracy"]  # breaches first
     assert [str(c) for c in column(table, "observed")][1] == "12.0000"
+
+
+def test_worst_slice_is_the_one_whose_metric_non_finite_outputs_made_nan(gate: GateReport) -> None:
+    """FP16 overflow on one slice: its mae/accuracy is NaN, and that slice, not a finite small drop, is the worst."""
+    results = make_sweep()
+    row = [v.variant for v in results.variants].index("int8_minmax")
+    variant = results.variants[row]
+    assert variant.accuracy is not None
+    clean, dark = variant.accuracy.slices
+    nan_metrics = {"accuracy": math.nan, "agreement": math.nan}
+    broken = dataclasses.replace(dark, metrics=nan_metrics, drops=dict(nan_metrics), nonfinite_outputs=7)
+    accuracy = dataclasses.replace(variant.accuracy, slices=(clean, broken))
+    variants = list(results.variants)
+    variants[row] = dataclasses.replace(variant, accuracy=accuracy)
+    table = summary_table(dataclasses.replace(results, variants=tuple(variants)), gate)
+    assert str(column(table, "worst slice\n(drop)")[row]) == "noisy lighting=dark\n7 non-finite"
