@@ -129,6 +129,8 @@ def quantized_nodes(reference: onnx.ModelProto, built: BuiltVariant) -> list[Qua
         return dynamic if own is None else any(i in dequantized for i in own.input)
 
     op_types = set(built.params.get("op_types", ()))
+    if built.params.get("gemms_as_matmul"):
+        op_types.add("Gemm")  # dynamic INT8 quantized them as MatMul, under their own names
     return [QuantizedNode(n.name, n.op_type) for n in reference.graph.node
             if n.op_type in op_types and n.name and quantized_here(n.name)]  # fmt: skip
 

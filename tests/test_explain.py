@@ -171,3 +171,24 @@ def test_explain_is_logged_to_mlflow(project, monkeypatch):
     run = client.get_run(outcome.mlflow_run_id)
     assert run.info.run_name == "explain int8" and run.data.params["method"] == "sqnr"
     assert {"explain.json", "explain.png", "table.txt", "recipe.yaml"} <= {a.path for a in client.list_artifacts(run.info.run_id)}
+
+
+def test_dynamic_int8_ranks_the_gemms_it_quantized_as_matmul(tmp_path: Path) -> None:
+    """A torch Linear exports as Gemm; dynamic INT8 quantizes it as MatMul under its name, so explain can rank it."""
+    from qbench.explain import quantized_nodes
+
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Gemm", ["x", "w1", "b1"], ["h"], name="fc1", transB=1),
+             helper.make_node("Relu", ["h"], ["r"], name="relu"),
+             helper.make_node("Gemm", ["r", "w2"], ["y"], name="fc2")]  # fmt: skip
+    weights = {"w1": rng.normal(size=(16, 8)), "b1": rng.normal(size=(16,)), "w2": rng.normal(size=(16, 4))}
+    graph = helper.make_graph(
+        nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])],
+        [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()],
+    )  # fmt: skip
+    reference = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.save(reference, str(tmp_path / "mlp.onnx"))
+    spec = VariantSpec(name="dyn", precision="int8", calibrator="dynamic")
+    built = build_variant(spec, BuildContext(reference_path=tmp_path / "mlp.onnx", workdir=tmp_path / "work"))
+    assert quantized_nodes(reference, built) == [QuantizedNode("fc1", "Gemm"), QuantizedNode("fc2", "Gemm")]
