@@ -139,7 +139,7 @@ def _recipe(tmp_path: Path, model_path: Path, backends: list[str]) -> Path:
     recipe.write_text(yaml.safe_dump({
         "name": "gpu-check", "model": {"path": str(model_path)},
         "data": {"path": "data.csv", "inputs": {"a": "x"}},
-        "backends": backends,
+        "variants": [{"name": "fp16", "precision": "fp16"}], "backends": backends,
     }))  # fmt: skip
     return recipe
 

@@ -124,7 +124,7 @@ def test_validate_names_the_backend_field_and_the_extra(
     recipe = tmp_path / "trt.yaml"
     recipe.write_text(yaml.safe_dump({
         "name": "trt-check", "model": {"path": str(model_path)}, "data": {"path": "data.csv", "inputs": {"a": "x"}},
-        "backends": ["onnxruntime-cpu", "tensorrt"],
+        "variants": [{"name": "fp16", "precision": "fp16"}], "backends": ["onnxruntime-cpu", "tensorrt"],
     }))  # fmt: skip
     assert main(["validate", str(recipe)]) == 2
     err = " ".join(capsys.readouterr().err.split())
