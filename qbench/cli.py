@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
-from typer.exceptions import TyperException
 from rich.markup import escape
+from typer.exceptions import TyperException
 
 from qbench.console import console as err_console
 from qbench.console import make_console, print_wide

@@ -453,9 +453,8 @@ class Recipe(_Strict):
     @field_validator("task")
     @classmethod
     def _task_known(cls, v: str) -> str:
-        from qbench.tasks import get_task
-
         from qbench.errors import QbenchError
+        from qbench.tasks import get_task
 
         try:
             get_task(v)
@@ -465,7 +464,6 @@ class Recipe(_Strict):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Recipe:
-        from qbench.tasks import gate_metric_names
 
         names = [v.name for v in self.variants]
         duplicates = sorted({n for n in names if names.count(n) > 1})

@@ -10,22 +10,35 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from rich import box
 from rich.table import Table
 from rich.text import Text
 
 from qbench.console import print_wide
 from qbench.frontier import frontier_of, overall_metric, speedup
 from qbench.gate import GateCheck, GateReport
+from qbench.report_grid import (
+    NONE,
+    Cell,
+    Footnotes,
+    Grid,
+    finite,
+    markdown_table,
+    md_cell,
+    num,
+    rate,
+    short,
+    signed,
+    to_markdown,
+    to_rich,
+)
+from qbench.report_ranges import ranges_section
 from qbench.report_serving import serving_table
 from qbench.results import (
     EMULATED,
     NATIVE,
     LatencyPoint,
-    LimitCheck,
     SliceMetrics,
     SweepResults,
     VariantResult,
@@ -33,102 +46,9 @@ from qbench.results import (
 )
 from qbench.validate.metrics import METRICS
 
-Cell = str | tuple[str, str]  # text, or (text, rich style)
-_NONE = "—"
 _DROP_NOTE = "drop: how much worse than FP32 (positive = worse)"
 _UNSTABLE_NOTE = ("unstable latency: timing reached its run or time bound (latency.stability) before the last "
                   "windows' p50s agreed within the threshold; the figure may be off by more than that")  # fmt: skip
-
-
-@dataclass
-class Footnotes:
-    """Long texts (variant notes, errors) shown as [n] markers in a table and listed below it."""
-
-    texts: list[str] = field(default_factory=list)
-
-    def mark(self, text: str) -> str:
-        if text not in self.texts:
-            self.texts.append(text)
-        return f"[{self.texts.index(text) + 1}]"
-
-    def lines(self) -> list[str]:
-        return [f"[{i}] {text}" for i, text in enumerate(self.texts, start=1)]
-
-
-@dataclass
-class Grid:
-    title: str
-    headers: list[str]
-    rows: list[list[Cell]]
-    right_aligned: frozenset[int] = frozenset()  # column indexes holding numbers
-    footer: list[str] = field(default_factory=list)  # lines shown under the table
-    footer_style: str = "dim"
-
-
-# -- formatting ---------------------------------------------------------------------------------
-
-
-def _finite(value: float | None) -> bool:
-    return value is not None and math.isfinite(value)
-
-
-def _num(value: float | None, digits: int = 4) -> str:
-    return f"{value:.{digits}f}" if _finite(value) else _NONE
-
-
-def _signed(value: float | None) -> str:
-    return f"{value:+.4f}" if _finite(value) else _NONE
-
-
-def _short(value: float | None) -> str:
-    """About three significant digits: 0.027, 4.11, 45.0, 1,234."""
-    if not _finite(value):
-        return _NONE
-    decimals = 3 if value < 1 else 2 if value < 10 else 1 if value < 100 else 0
-    return f"{value:,.{decimals}f}"
-
-
-def _rate(value: float | None) -> str:
-    if not _finite(value):
-        return _NONE
-    return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
-
-
-def _text(cell: Cell) -> str:
-    return cell if isinstance(cell, str) else cell[0]
-
-
-# -- rendering ----------------------------------------------------------------------------------
-
-
-def to_rich(grid: Grid) -> Table:
-    table = Table(title=grid.title, title_justify="left", caption_justify="left", caption_style=grid.footer_style,
-                  box=box.SIMPLE_HEAD)  # fmt: skip
-    for index, header in enumerate(grid.headers):
-        table.add_column(header, justify="right" if index in grid.right_aligned else "left", overflow="fold")
-    for row in grid.rows:
-        table.add_row(*(Text(c) if isinstance(c, str) else Text(c[0], style=c[1]) for c in row))
-    if grid.footer:
-        table.caption = "\n".join(grid.footer)
-    return table
-
-
-def _md_cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-def _markdown_table(grid: Grid) -> list[str]:
-    lines = ["| " + " | ".join(_md_cell(h) for h in grid.headers) + " |"]
-    lines.append("|" + "|".join("---:" if i in grid.right_aligned else "---" for i in range(len(grid.headers))) + "|")
-    lines.extend("| " + " | ".join(_md_cell(_text(c)) for c in row) + " |" for row in grid.rows)
-    if grid.footer:
-        lines.append("")
-        lines.extend(f"- {_md_cell(line)}" for line in grid.footer)
-    return lines
-
-
-def to_markdown(grid: Grid) -> str:
-    return "\n".join([f"## {grid.title}", "", *_markdown_table(grid)]) + "\n"
 
 
 # -- summary ------------------------------------------------------------------------------------
@@ -150,18 +70,18 @@ def _worst_slice(variant: VariantResult, metric: str) -> SliceMetrics | None:
     if variant.accuracy is None:
         return None
     slices = variant.accuracy.slices
-    broken = [s for s in slices if s.nonfinite_outputs > 0 and not _finite(s.drops.get(metric))]
+    broken = [s for s in slices if s.nonfinite_outputs > 0 and not finite(s.drops.get(metric))]
     if broken:
         return max(broken, key=lambda s: s.nonfinite_outputs)
-    judged = [s for s in slices if _finite(s.drops.get(metric)) and s.drops[metric] > 0]
+    judged = [s for s in slices if finite(s.drops.get(metric)) and s.drops[metric] > 0]
     return max(judged, key=lambda s: s.drops[metric], default=None)
 
 
 def _worst_cell(worst: SliceMetrics | None, metric: str) -> str:
     if worst is None:
-        return _NONE
+        return NONE
     drop = worst.drops.get(metric)
-    return f"{worst.name}\n{_signed(drop) if _finite(drop) else f'{worst.nonfinite_outputs} non-finite'}"
+    return f"{worst.name}\n{signed(drop) if finite(drop) else f'{worst.nonfinite_outputs} non-finite'}"
 
 
 _GATE_STYLES = {"pass": "green", "fail": "bold red", "not gated": "dim"}
@@ -169,7 +89,7 @@ _GATE_STYLES = {"pass": "green", "fail": "bold red", "not gated": "dim"}
 
 def _p50(point: LatencyPoint, notes: Footnotes) -> str:
     """The p50, marked when its timing windows never agreed."""
-    return _short(point.p50_ms) + (f" {notes.mark(_UNSTABLE_NOTE)}" if point.stable is False else "")
+    return short(point.p50_ms) + (f" {notes.mark(_UNSTABLE_NOTE)}" if point.stable is False else "")
 
 
 def _latency_cells(variant: VariantResult, batch_sizes: Sequence[int], notes: Footnotes) -> list[Cell]:
@@ -177,9 +97,9 @@ def _latency_cells(variant: VariantResult, batch_sizes: Sequence[int], notes: Fo
     for batch_size in batch_sizes:
         point = variant.latency.at(batch_size) if variant.latency else None
         if point is None:
-            cells += [_NONE, _NONE]
+            cells += [NONE, NONE]
         else:
-            cells += [f"{_p50(point, notes)} / {_short(point.p99_ms)}", _rate(point.items_per_s)]
+            cells += [f"{_p50(point, notes)} / {short(point.p99_ms)}", rate(point.items_per_s)]
     return cells
 
 
@@ -209,15 +129,15 @@ def _summary_row(results: SweepResults, variant: VariantResult, gate: GateReport
     overall = variant.accuracy.overall if variant.accuracy else None
     worst = _worst_slice(variant, metric)
     row: list[Cell] = [name, variant.backend, variant.precision, _fidelity_cell(variant), status,
-                       _short(variant.model_bytes / 1e6) if variant.model_bytes else _NONE, _short(cold)]  # fmt: skip
+                       short(variant.model_bytes / 1e6) if variant.model_bytes else NONE, short(cold)]  # fmt: skip
     row += _latency_cells(variant, _shown_batch_sizes(results), notes)
-    row += [f"{factor:.2f}×" if _finite(factor) else _NONE, _num(overall_metric(variant, metric)),
-            _signed(overall.drops.get(metric) if overall else None),
+    row += [f"{factor:.2f}×" if finite(factor) else NONE, num(overall_metric(variant, metric)),
+            signed(overall.drops.get(metric) if overall else None),
             _worst_cell(worst, metric)]  # fmt: skip
     if show_nonfinite:
         count = variant.accuracy.nonfinite_outputs if variant.accuracy else 0
         row.append((str(count), "bold red") if count else "")
-    gate_status = gate.status_of(variant.variant, variant.backend) if gate else _NONE
+    gate_status = gate.status_of(variant.variant, variant.backend) if gate else NONE
     row.append((gate_status, _GATE_STYLES.get(gate_status, "")))
     return row
 
@@ -259,11 +179,11 @@ def _column_name(results: SweepResults, variant: VariantResult) -> str:
 
 
 def _slice_cell(metrics: SliceMetrics | None, metric: str) -> str:
-    if metrics is None or not _finite(metrics.metrics.get(metric)):
-        return _NONE
-    cell = f"{_num(metrics.metrics[metric])} ({_signed(metrics.drops.get(metric))})"
+    if metrics is None or not finite(metrics.metrics.get(metric)):
+        return NONE
+    cell = f"{num(metrics.metrics[metric])} ({signed(metrics.drops.get(metric))})"
     low, high = metrics.intervals.get(metric, (math.nan, math.nan))
-    return cell + (f"\n[{low:.3f}, {high:.3f}]" if _finite(low) and _finite(high) else "")
+    return cell + (f"\n[{low:.3f}, {high:.3f}]" if finite(low) and finite(high) else "")
 
 
 def _slice_grid(results: SweepResults, metric: str) -> Grid:
@@ -274,7 +194,7 @@ def _slice_grid(results: SweepResults, metric: str) -> Grid:
     for name in ["overall", *names]:
         per_variant = [v.accuracy.overall if name == "overall" else v.accuracy.slice(name) for v in measured]
         size = next((s.size for s in per_variant if s is not None), None)
-        rows.append([name, str(size) if size is not None else _NONE] + [_slice_cell(s, metric) for s in per_variant])
+        rows.append([name, str(size) if size is not None else NONE] + [_slice_cell(s, metric) for s in per_variant])
     footer = [f"{metric} ({_DROP_NOTE}), then its 95 % interval"]
     return Grid(f"Per slice: {metric}", headers, rows, frozenset(range(1, len(headers))), footer)
 
@@ -296,8 +216,8 @@ _CHECK_CELLS: dict[str, Cell] = {
 
 def _check_row(check: GateCheck, *, with_metric: bool = False) -> list[Cell]:
     scope = [check.variant, check.backend, check.scope] + ([check.metric] if with_metric else [])
-    cells = [*scope, str(check.size), _num(check.reference), _num(check.observed),
-             _signed(check.drop), _num(check.tolerance), _CHECK_CELLS.get(check.status, check.status)]  # fmt: skip
+    cells = [*scope, str(check.size), num(check.reference), num(check.observed),
+             signed(check.drop), num(check.tolerance), _CHECK_CELLS.get(check.status, check.status)]  # fmt: skip
     if check.status != "breach":
         return cells
     return [c if isinstance(c, tuple) else (c, "red") for c in cells]
@@ -332,7 +252,7 @@ def gate_table(gate: GateReport) -> Table:
 
 def _spread(point: LatencyPoint) -> str:
     """Window p50 spread / IQR over median, in percent (— where not measured)."""
-    return " / ".join(f"{v:.1%}" if _finite(v) else _NONE for v in (point.spread, point.iqr_ratio))
+    return " / ".join(f"{v:.1%}" if finite(v) else NONE for v in (point.spread, point.iqr_ratio))
 
 
 def _latency_rows(variant: VariantResult, notes: Footnotes) -> list[list[Cell]]:
@@ -341,11 +261,11 @@ def _latency_rows(variant: VariantResult, notes: Footnotes) -> list[list[Cell]]:
         return []
     latency = variant.latency
     threads = str(latency.threads or "default")
-    cold: list[Cell] = [_short(latency.session_create_ms), _short(latency.first_run_ms), threads]
+    cold: list[Cell] = [short(latency.session_create_ms), short(latency.first_run_ms), threads]
     rows = []
     for index, p in enumerate(latency.points):
-        timing: list[Cell] = [str(p.batch_size), _p50(p, notes), *(_short(ms) for ms in (p.p95_ms, p.p99_ms, p.mean_ms)),
-                              _rate(p.items_per_s), f"{p.warmup}/{p.iterations}", _spread(p)]  # fmt: skip
+        timing: list[Cell] = [str(p.batch_size), _p50(p, notes), *(short(ms) for ms in (p.p95_ms, p.p99_ms, p.mean_ms)),
+                              rate(p.items_per_s), f"{p.warmup}/{p.iterations}", _spread(p)]  # fmt: skip
         rows.append([variant.variant, variant.backend, *timing, *(cold if index == 0 else ["", "", ""])])
     return rows
 
@@ -387,7 +307,7 @@ def frontier_text(results: SweepResults) -> str:
         variant = results.find(p.variant, p.backend)
         marker = "*" if variant is not None and variant.fidelity.latency == EMULATED else ""
         emulated = emulated or bool(marker)
-        entry = f"{p.variant}{marker} ({_short(p.p50_ms)} ms, {_num(p.metric)})"
+        entry = f"{p.variant}{marker} ({short(p.p50_ms)} ms, {num(p.metric)})"
         groups.setdefault((p.backend, p.batch_size), []).append(entry)
     lines += [f"  {backend}, batch {bs}: " + " → ".join(names) for (backend, bs), names in groups.items()]
     if not groups:
@@ -434,7 +354,7 @@ def _calibration_section(results: SweepResults) -> str:
              f"row ids sha256 `{record.row_ids_sha256[:12]}`")  # fmt: skip
     if not rows:  # no slices, or a separate calibration file (slices are defined on data.path only)
         return "\n".join(["## Calibration", "", facts + "; no per-slice counts"]) + "\n"
-    table = _markdown_table(Grid("Calibration", ["slice", "rows"], rows, frozenset({1})))
+    table = markdown_table(Grid("Calibration", ["slice", "rows"], rows, frozenset({1})))
     return "\n".join(["## Calibration", "", facts, "", *table]) + "\n"
 
 
@@ -452,73 +372,20 @@ def _notes_section(results: SweepResults) -> str:
         if variant.fidelity.emulated:
             scored = f" Scored model: `{variant.evaluated_model_path}`." if variant.evaluated_model_path else ""
             lines.append(f"- **{variant.key}** figures {fidelity_text(variant)}, not native: "
-                         f"{_md_cell(variant.fidelity.method)}.{scored}")  # fmt: skip
+                         f"{md_cell(variant.fidelity.method)}.{scored}")  # fmt: skip
         needed = non_default_session_options(variant.params)
         if needed:
             shown = ", ".join(f"{key}={value}" for key, value in needed.items())
             lines.append(f"- **{variant.key}** ⚠ measured with non-default ONNX Runtime session options ({shown}), "
                          "declared in the saved model's metadata_props: load it with the same options, the "
                          "defaults give other outputs")  # fmt: skip
-        lines += [f"- **{variant.key}**: {_md_cell(note)}" for note in variant.notes]
+        lines += [f"- **{variant.key}**: {md_cell(note)}" for note in variant.notes]
         if variant.status != "ok":
-            lines.append(f"- **{variant.key}** {variant.status}: {_md_cell(variant.error or 'no error message')}")
+            lines.append(f"- **{variant.key}** {variant.status}: {md_cell(variant.error or 'no error message')}")
     if results.timings:
         timings = ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in results.timings.items())
         lines.append(f"- Sweep timings: {timings}")
     return "\n".join(lines if len(lines) > 2 else lines + ["None."]) + "\n"
-
-
-_FORMAT_NAMES = {"fp16": "FP16", "bf16": "BF16", "fp8_e4m3": "FP8 E4M3"}
-_PEAKS_SHOWN = 5
-
-
-def _magnitude(value: float) -> str:
-    """An activation magnitude: 98,941 or 999.8 or 3.403e+38."""
-    return f"{value:,.0f}" if 10_000 <= value < 1e9 else f"{value:.4g}"
-
-
-def _limit_line(check: LimitCheck, scopes: list[str]) -> list[str]:
-    """'- FP16 limit (65504):' then one sub-line per scope with tensors over it (tensor, node, abs max)."""
-    scale = f" × {check.scaled_by}'s per-tensor scale" if check.scaled_by else ""
-    lines = [f"- {_FORMAT_NAMES.get(check.format, check.format)} limit ({check.limit:g}{scale}):"]
-    for scope in scopes:
-        peaks = check.over.get(scope, ())
-        shown = ", ".join(f"`{p.tensor}` from node `{p.node}` ({_magnitude(p.abs_max)} > {_magnitude(p.limit)})"
-                          for p in peaks[:_PEAKS_SHOWN])  # fmt: skip
-        more = f", and {len(peaks) - _PEAKS_SHOWN} more" if len(peaks) > _PEAKS_SHOWN else ""
-        lines += [f"  - slice `{scope}`: {_md_cell(shown)}{more}"] if peaks else []
-    return lines if len(lines) > 1 else [lines[0] + " no tensor over it"]
-
-
-def _ranges_section(results: SweepResults) -> str:
-    """Why a slice breaks: tensors over FP16/BF16/FP8 limits and the share each calibrated variant clips."""
-    analysis = results.ranges
-    if analysis is None:
-        return ""
-    sweep_seconds = results.timings.get("total") or sum(results.timings.values())  # no total yet: phases so far
-    share = f" ({analysis.seconds / sweep_seconds:.1%} of the sweep's timed phases)" if sweep_seconds else ""
-    lines = ["## Activation ranges", "",
-             f"One FP32 pass over {analysis.rows} evaluation rows, {len(analysis.nodes)} float tensors: "
-             f"{_short(analysis.seconds)} s{share}.", "", "Tensors whose abs max exceeds a format's largest value:", ""]  # fmt: skip
-    scopes = [s for s in analysis.abs_max if s != "overall"] or ["overall"]
-    for check in analysis.limits:
-        lines += _limit_line(check, scopes)
-    if analysis.unattributed:
-        lines.append(f"- {len(analysis.unattributed)} tensor(s) have no batch-first dimension: counted in overall only")
-    counts = results.calibration.per_slice_counts if results.calibration else {}
-    if results.calibration:
-        counts = {"overall": results.calibration.size, **counts}
-    rows: list[list[Cell]] = [
-        [r.variant, r.scope, str(counts.get(r.scope, _NONE)), f"{r.share * 100:.3g}%",
-         f"{r.worst_node} ({r.worst_tensor}, {r.worst_share * 100:.3g}%)" if r.worst_node else _NONE]
-        for r in analysis.clipping
-    ]  # fmt: skip
-    if rows:
-        headers = ["variant", "slice", "calibration rows", "clipped", "worst node (tensor, clipped)"]
-        lines += ["", "Activations outside each variant's calibrated ranges:", ""]
-        lines += _markdown_table(Grid("Clipping", headers, rows, frozenset({2, 3})))
-    lines += [""] + [f"- **Calibration coverage warning:** {_md_cell(w.message)}" for w in analysis.warnings]
-    return "\n".join(lines) + "\n"
 
 
 def render_markdown(results: SweepResults, gate: GateReport | None, plot_path: Path | None, report_path: Path) -> str:
@@ -532,7 +399,7 @@ def render_markdown(results: SweepResults, gate: GateReport | None, plot_path: P
         *([to_markdown(serving)] if (serving := _serving_grid(results, gate)) is not None else []),
         _frontier_section(results, plot_path, report_path),
         gate_part,
-        _ranges_section(results),
+        ranges_section(results),
         _notes_section(results),
     ]
     return "\n".join(section for section in sections if section)

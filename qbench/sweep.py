@@ -33,9 +33,9 @@ from qbench.provenance import InputDigest, input_digests, model_sha256, recipe_r
 from qbench.recipe import Recipe, VariantSpec, load_recipe
 from qbench.report import print_summary, write_markdown_report
 from qbench.report_html import write_html_report
-from qbench.slo import serving_figures
 from qbench.results import AccuracyResult, LatencyResult, RangeAnalysis, SweepResults, VariantResult, write_results
 from qbench.runs import RESULTS_FILE, mark_complete, mark_incomplete, new_run_dir, utc_now
+from qbench.slo import serving_figures
 from qbench.validate.accuracy import evaluate_accuracy, run_outputs, with_drops
 from qbench.validate.fidelity import plan_measurement
 from qbench.validate.latency import (

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import qbench.console
-
 import dataclasses
 import io
 import math
@@ -15,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 from sweep_factory import make_latency, make_sweep, make_variant
 
+import qbench.console
 from qbench.frontier import compute_frontier
 from qbench.gate import GateCheck, GateReport
 from qbench.report import frontier_text, gate_table, print_summary, slice_table, summary_table, write_markdown_report

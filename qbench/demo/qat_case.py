@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qbench.demo.digits import WEIGHTS_FILE, _import_torch, digits_cnn
-from qbench.sources.torch_model import single_torch_thread
 from qbench.errors import QbenchError
+from qbench.sources.torch_model import single_torch_thread
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch

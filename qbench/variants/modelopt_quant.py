@@ -45,13 +45,13 @@ from qbench.variants.calibrate import (
     require_calibration,
 )
 from qbench.variants.onnx_utils import (
-    drop_unused_initializers,
-    names_read,
     Stopwatch,
     build_step,
     custom_domains,
     default_opset,
+    drop_unused_initializers,
     load_model,
+    names_read,
     output_path,
     quantized_op_counts,
     quiet_stdout,

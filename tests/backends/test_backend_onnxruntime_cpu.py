@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from qbench.backends import get_backend
-from qbench.backends.base import Backend, RunOptions, Runner
+from qbench.backends.base import Backend, Runner, RunOptions
 from qbench.backends.onnxruntime import OnnxRuntimeBackend
 from qbench.backends.onnxruntime_cpu import OnnxRuntimeCPU
 from qbench.errors import MissingExtraError, QbenchError

@@ -294,7 +294,12 @@ def test_options_qat_cannot_honour_are_refused(task: dict[str, Any], tmp_path: P
 
 def test_massive_activation_cnn_has_the_digits_cnn_outputs() -> None:
     from qbench.demo.digits import digits_cnn
-    from qbench.demo.qat_case import MASSIVE_VALUE, check_same_outputs, massive_activation_cnn, massive_activation_weights
+    from qbench.demo.qat_case import (
+        MASSIVE_VALUE,
+        check_same_outputs,
+        massive_activation_cnn,
+        massive_activation_weights,
+    )
 
     torch.manual_seed(0)
     digits = digits_cnn().eval()

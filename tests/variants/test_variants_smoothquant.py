@@ -140,7 +140,7 @@ def _plain_int8(model: onnx.ModelProto, calibration: list[Feeds], tmp: Path) -> 
     """The same Linear-only INT8 Q/DQ without smoothing: per-tensor static activations straight from calibration."""
     view = GraphView(_copy(model))
     linears = view.linears()
-    channels = collect_channel_ranges(view.model, [l.node.input[0] for l in linears], calibration, tmp)
+    channels = collect_channel_ranges(view.model, [linear.node.input[0] for linear in linears], calibration, tmp)
     ranges = {name: (float(c.low.min()), float(c.high.max())) for name, c in channels.items()}
     quantize_linears(view, linears, ranges, STATIC)
     return view.commit()

@@ -1,0 +1,108 @@
+"""The neutral table every report view is built from, and its two renderings (rich, Markdown).
+
+A table is built once as a `Grid` (headers, cells, footnotes) and rendered either as a
+rich Table for the console or as a Markdown table, so both always show the same figures.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
+Cell = str | tuple[str, str]  # text, or (text, rich style)
+NONE = "—"
+
+
+@dataclass
+class Footnotes:
+    """Long texts (variant notes, errors) shown as [n] markers in a table and listed below it."""
+
+    texts: list[str] = field(default_factory=list)
+
+    def mark(self, text: str) -> str:
+        if text not in self.texts:
+            self.texts.append(text)
+        return f"[{self.texts.index(text) + 1}]"
+
+    def lines(self) -> list[str]:
+        return [f"[{i}] {text}" for i, text in enumerate(self.texts, start=1)]
+
+
+@dataclass
+class Grid:
+    title: str
+    headers: list[str]
+    rows: list[list[Cell]]
+    right_aligned: frozenset[int] = frozenset()  # column indexes holding numbers
+    footer: list[str] = field(default_factory=list)  # lines shown under the table
+    footer_style: str = "dim"
+
+
+# -- formatting ---------------------------------------------------------------------------------
+
+
+def finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+def num(value: float | None, digits: int = 4) -> str:
+    return f"{value:.{digits}f}" if finite(value) else NONE
+
+
+def signed(value: float | None) -> str:
+    return f"{value:+.4f}" if finite(value) else NONE
+
+
+def short(value: float | None) -> str:
+    """About three significant digits: 0.027, 4.11, 45.0, 1,234."""
+    if not finite(value):
+        return NONE
+    decimals = 3 if value < 1 else 2 if value < 10 else 1 if value < 100 else 0
+    return f"{value:,.{decimals}f}"
+
+
+def rate(value: float | None) -> str:
+    if not finite(value):
+        return NONE
+    return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
+
+
+def cell_text(cell: Cell) -> str:
+    return cell if isinstance(cell, str) else cell[0]
+
+
+# -- rendering ----------------------------------------------------------------------------------
+
+
+def to_rich(grid: Grid) -> Table:
+    table = Table(title=grid.title, title_justify="left", caption_justify="left", caption_style=grid.footer_style,
+                  box=box.SIMPLE_HEAD)  # fmt: skip
+    for index, header in enumerate(grid.headers):
+        table.add_column(header, justify="right" if index in grid.right_aligned else "left", overflow="fold")
+    for row in grid.rows:
+        table.add_row(*(Text(c) if isinstance(c, str) else Text(c[0], style=c[1]) for c in row))
+    if grid.footer:
+        table.caption = "\n".join(grid.footer)
+    return table
+
+
+def md_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(grid: Grid) -> list[str]:
+    lines = ["| " + " | ".join(md_cell(h) for h in grid.headers) + " |"]
+    lines.append("|" + "|".join("---:" if i in grid.right_aligned else "---" for i in range(len(grid.headers))) + "|")
+    lines.extend("| " + " | ".join(md_cell(cell_text(c)) for c in row) + " |" for row in grid.rows)
+    if grid.footer:
+        lines.append("")
+        lines.extend(f"- {md_cell(line)}" for line in grid.footer)
+    return lines
+
+
+def to_markdown(grid: Grid) -> str:
+    return "\n".join([f"## {grid.title}", "", *markdown_table(grid)]) + "\n"
