@@ -5,8 +5,10 @@ Exit codes: 0 success / gate passed, 1 gate breached, 2 anything else (see `main
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -20,6 +22,8 @@ from qbench.errors import QbenchError
 
 if TYPE_CHECKING:
     from qbench.gate import GateReport
+    from qbench.recipe import Recipe
+    from qbench.recipe_registry import RegistrySpec
     from qbench.results import SweepResults
 
 app = typer.Typer(
@@ -33,6 +37,38 @@ out = make_console(stderr=False)
 RecipeArg = Annotated[Path, typer.Argument(help="recipe YAML file", show_default=False)]
 
 
+VerboseOption = Annotated[bool, typer.Option("--verbose", "-v", help="print every check, not only the breaches")]
+JunitOption = Annotated[Optional[Path], typer.Option("--junit", help="write JUnit XML (a test case per check)")]
+JsonOption = Annotated[Optional[Path], typer.Option("--json", help="write the machine-readable gate report")]
+RegisterOption = Annotated[
+    Optional[str], typer.Option("--register", help="on a pass, register each backend's fastest passing variant as "
+                                "a version of this MLflow model (over the recipe's registry.model)", show_default=False)  # fmt: skip
+]
+AliasOption = Annotated[
+    Optional[str], typer.Option("--alias", help="alias pointed at the registered version (over registry.alias; "
+                                "default candidate)", show_default=False)  # fmt: skip
+]
+NoRegisterOption = Annotated[bool, typer.Option("--no-register", help="register nothing, whatever the recipe says")]
+
+
+@dataclass(frozen=True)
+class GateOutput:
+    """What `qbench gate` and `qbench sweep --gate` do with a verdict beside printing it."""
+
+    verbose: bool = False
+    junit: Path | None = None
+    json_path: Path | None = None
+    register: str | None = None
+    alias: str | None = None
+    no_register: bool = False
+
+    def registry(self, section: RegistrySpec | None) -> RegistrySpec | None:
+        """What to register: the recipe's registry section under --register / --alias / --no-register."""
+        from qbench.recipe_registry import requested_registry
+
+        return requested_registry(section, model=self.register, alias=self.alias, skip=self.no_register)
+
+
 @app.command()
 def sweep(
     recipe: RecipeArg,
@@ -41,29 +77,47 @@ def sweep(
     price: Annotated[
         Optional[list[str]], typer.Option("--price", help="backend=USD per hour, for cost per inference (repeatable)")
     ] = None,
+    verbose: VerboseOption = False,
+    junit: JunitOption = None,
+    json_path: JsonOption = None,
+    register: RegisterOption = None,
+    alias: AliasOption = None,
+    no_register: NoRegisterOption = False,
 ) -> int:
-    """Build every variant, measure it against FP32, write reports/<name>/<time>/ and log to MLflow."""
+    """Build every variant, measure it against FP32, write reports/<name>/<time>/ and log to MLflow.
+
+    With --gate, the verdict is reported as `qbench gate` reports it (the same options, the same
+    GITHUB_STEP_SUMMARY table) and the recipe's registry section (or --register) registers the winners.
+    """
     from qbench.recipe import load_recipe
     from qbench.slo import with_prices
     from qbench.sweep import run_sweep
 
-    outcome = run_sweep(with_prices(load_recipe(recipe), price or []), track=track)
+    output = GateOutput(verbose, junit, json_path, register, alias, no_register)
+    if not gate and output != GateOutput():
+        raise QbenchError("--verbose, --junit, --json, --register, --alias and --no-register apply with --gate")
+    loaded = with_prices(load_recipe(recipe), price or [])
+    registry = output.registry(loaded.registry) if gate else None  # before the sweep: a bad option costs no sweep
+    outcome = run_sweep(loaded, track=track)
     if outcome.mlflow_run_id:
         err_console.print(f"MLflow run: {outcome.mlflow_run_id}  (open the UI with `qbench ui {recipe}`)")
-    return _gate_verdict(outcome.gate) if gate else 0
+    if not gate:
+        return 0
+    return _report_gate(loaded, outcome.results, outcome.gate, outcome.results_path, output, registry, tracked=track)
 
 
 @app.command()
 def validate(recipe: RecipeArg) -> int:
     """Check a recipe against its model, data and backends without building or running anything."""
+    from qbench.gate_report import plural
     from qbench.preflight import prepare
     from qbench.recipe import load_recipe
 
     loaded = load_recipe(recipe)
     prepared = prepare(loaded)
     out.print(
-        f"{escape(str(recipe))}: OK — {_count(len(loaded.all_variants()), 'variant')} × "
-        f"{_count(len(loaded.backends), 'backend')}, "
+        f"{escape(str(recipe))}: OK — {plural(len(loaded.all_variants()), 'variant')} × "
+        f"{plural(len(loaded.backends), 'backend')}, "
         f"{len(prepared.evaluation_rows)} evaluation rows, {prepared.calibration.size} calibration rows, "
         f"{len(prepared.slices)} slices ({escape(', '.join(prepared.slices)) or 'none'})"
     )
@@ -78,53 +132,67 @@ def gate(
         bool,
         typer.Option("--no-staleness-check", help="judge results whose input files can no longer be read (noted)"),
     ] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="print every check, not only the breaches")] = False,
-    junit: Annotated[Optional[Path], typer.Option("--junit", help="write JUnit XML (a test case per check)")] = None,
-    json_path: Annotated[Optional[Path], typer.Option("--json", help="write the machine-readable report")] = None,
-    register: Annotated[
-        Optional[str], typer.Option("--register", help="on a pass, register each backend's fastest passing variant "
-                                    "as a version of this MLflow model", show_default=False)  # fmt: skip
-    ] = None,
-    alias: Annotated[str, typer.Option("--alias", help="alias pointed at the registered version")] = "candidate",
+    verbose: VerboseOption = False,
+    junit: JunitOption = None,
+    json_path: JsonOption = None,
+    register: RegisterOption = None,
+    alias: AliasOption = None,
+    no_register: NoRegisterOption = False,
 ) -> int:
     """Judge results against the recipe's gate: exit 0 pass, 1 breach, 2 missing/partial/stale/broken results.
 
     Prints the breaches and one summary line (every check with --verbose); with GITHUB_STEP_SUMMARY
-    set, also appends a Markdown table to that file. With --register NAME, a passing gate registers
-    its winners in the MLflow Model Registry; a failing one registers nothing and moves no alias.
+    set, also appends a Markdown table to that file. With a registry section in the recipe (or
+    --register NAME), a passing gate registers its winners in the MLflow Model Registry; a failing
+    one registers nothing and moves no alias.
     """
-    from qbench.gate import run_gate
+    from qbench.gate import latest_results, run_gate
+    from qbench.provenance import recorded_recipe
     from qbench.recipe import load_recipe
+
+    output = GateOutput(verbose, junit, json_path, register, alias, no_register)
+    loaded = load_recipe(recipe) if recipe else None
+    if loaded is None and results is None:
+        raise QbenchError("qbench gate needs a recipe or --results FILE")
+    path = results if results is not None else latest_results(loaded)  # type: ignore[arg-type]
+    report, judged = run_gate(loaded, path, check_staleness=not no_staleness_check)
+    asked = loaded
+    if asked is None:  # the recipe the results embed (when it cannot be read, the report says so and exits 2)
+        with contextlib.suppress(QbenchError):
+            asked = recorded_recipe(judged.recipe, path)
+    registry = output.registry(asked.registry if asked is not None else None)  # option errors before any output
+    return _report_gate(asked, judged, report, path, output, registry)
+
+
+def _report_gate(asked: Recipe | None, judged: SweepResults, report: GateReport, results_path: Path,
+                 output: GateOutput, registry: RegistrySpec | None, *, tracked: bool = True) -> int:  # fmt: skip
+    """The one way a verdict is reported (`gate` and `sweep --gate`): the header, the SLO lines, the breaches
+    and summary (every check with --verbose), the report files, GITHUB_STEP_SUMMARY, then the registry."""
     from qbench.report_serving import slo_lines
 
-    report, judged = run_gate(
-        load_recipe(recipe) if recipe else None, results, check_staleness=not no_staleness_check
-    )
     out.print(f"gate on {judged.recipe.get('name', '?')} ({judged.created_at}), metric {report.metric}", markup=False)
     for line in slo_lines(judged, report):
         out.print(line, markup=False)
-    code = _gate_verdict(report, verbose=verbose, junit=junit, json_path=json_path)
-    if register is not None:
-        _register(register, alias, recipe, results, judged, report)
+    code = _gate_verdict(report, verbose=output.verbose, junit=output.junit, json_path=output.json_path)
+    if registry is not None:
+        _register(asked, judged, report, results_path, registry, tracked=tracked)
     return code
 
 
-def _register(name: str, alias: str, recipe: Path | None, results: Path | None, judged: SweepResults,
-              report: GateReport) -> None:  # fmt: skip
-    """`gate --register`: on a pass, register the winners and print them; otherwise say that nothing moved."""
-    if report.exit_code != 0:
-        err_console.print(f"registry: gate did not pass, {name!r} not registered, alias {alias!r} not moved",
+def _register(asked: Recipe | None, judged: SweepResults, report: GateReport, results_path: Path,
+              spec: RegistrySpec, *, tracked: bool) -> None:  # fmt: skip
+    """On a pass, register the winners `spec` asks for and print them; otherwise say that nothing moved."""
+    if report.exit_code != 0 or asked is None:
+        err_console.print(f"registry: gate did not pass, {spec.model!r} not registered, alias {spec.alias!r} not moved",
                           markup=False)  # fmt: skip
         return
-    from qbench.gate import latest_results
-    from qbench.provenance import recorded_recipe
-    from qbench.recipe import load_recipe
+    if not tracked:
+        err_console.print(f"registry: {spec.model!r} not registered: the sweep was not tracked (--no-track)",
+                          markup=False)  # fmt: skip
+        return
     from qbench.track_registry import register_best
 
-    loaded = load_recipe(recipe) if recipe else None
-    path = results if results is not None else latest_results(loaded)  # type: ignore[arg-type]
-    asked = loaded if loaded is not None else recorded_recipe(judged.recipe, path)
-    for entry in register_best(asked, judged, report, path.parent, name=name, alias=alias):
+    for entry in register_best(asked, judged, report, results_path.parent, spec):
         out.print(f"registered {entry.variant}@{entry.backend} as {entry.name} version {entry.version} "
                   f"(run {entry.run_id}); aliases: {', '.join(entry.aliases) or 'none'}", markup=False)  # fmt: skip
 
@@ -234,10 +302,6 @@ def list_registered() -> int:
             direction = "higher is better" if info.higher_is_better else "lower is better"
             out.print(f"metric {info.name:<15} {task:<15} {direction}: {info.description}")
     return 0
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _gate_verdict(

@@ -47,7 +47,8 @@ def _number(value: float) -> str:
     return f"{value:.4f}" if math.isfinite(value) else str(value)
 
 
-def _count(n: int, noun: str) -> str:
+def plural(n: int, noun: str) -> str:
+    """'1 variant', '2 variants'."""
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
@@ -98,21 +99,21 @@ def summary_line(report: GateReport) -> str:
         unjudged = list(dict.fromkeys(o for p in report.problems if (o := problem_owner(report, p)) is not None))
         general = sum(problem_owner(report, p) is None for p in report.problems)
         if unjudged:
-            parts.append(f"{len(unjudged)} of {_count(gated, 'variant')} cannot be judged: {', '.join(unjudged)}")
+            parts.append(f"{len(unjudged)} of {plural(gated, 'variant')} cannot be judged: {', '.join(unjudged)}")
         if general:
-            parts.append(f"{_count(general, 'problem')} with the results")
+            parts.append(f"{plural(general, 'problem')} with the results")
     breaching = _breaching_scopes(report)
     if breaching:
         named = ", ".join(f"{key} ({', '.join(scopes)})" for key, scopes in breaching.items())
         verb = "breaches" if len(breaching) == 1 else "breach"
-        parts.append(f"{len(breaching)} of {_count(gated, 'variant')} {verb}: {named}")
+        parts.append(f"{len(breaching)} of {plural(gated, 'variant')} {verb}: {named}")
     skipped = sum(c.status == "skipped" for c in report.checks)
-    tail = _count(len(report.checks), "check")
+    tail = plural(len(report.checks), "check")
     tail += f" ({skipped} skipped: slices under min_slice_size)" if skipped else ""
     headline = _HEADLINES.get(report.exit_code, "FAIL (results unusable)")
     if not parts:
         scopes = len({c.scope for c in report.checks})
-        return f"gate: {headline} — {_count(gated, 'variant')} × {_count(scopes, 'scope')}, {tail}"
+        return f"gate: {headline} — {plural(gated, 'variant')} × {plural(scopes, 'scope')}, {tail}"
     return f"gate: {headline} — {'; '.join(parts)}; {tail}"
 
 

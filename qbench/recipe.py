@@ -29,6 +29,7 @@ from pydantic import (
 from qbench.errors import RecipeError, expected_one_of, short_repr
 from qbench.recipe_errors import recipe_error
 from qbench.recipe_filters import check_filter
+from qbench.recipe_registry import RegistrySpec, check_registry
 from qbench.recipe_slo import CostSpec, SloSpec, check_serving
 from qbench.recipe_yaml import read_recipe_yaml
 
@@ -433,6 +434,7 @@ class Recipe(_Strict):
     analysis: AnalysisSpec = AnalysisSpec()
     slo: SloSpec | None = Field(None, description="a p99 latency budget, at a fixed batch size or under load")
     cost: CostSpec | None = Field(None, description="price per hour per backend, for cost per inference")
+    registry: RegistrySpec | None = Field(None, description="register the gate's winners in the MLflow Model Registry")
     output_dir: Path = _path_field("results go to <output_dir>/<name>/<timestamp>/ (relative to the recipe)", Path("reports"))
 
     _source: Path = PrivateAttr(default=Path("recipe.yaml"))
@@ -490,6 +492,7 @@ class Recipe(_Strict):
         if self.gate.metric not in allowed:
             raise ValueError(f"gate.metric: {expected_one_of(self.gate.metric, allowed)} for task {self.task!r}")
         check_serving(self.slo, self.cost, self.backends, self.latency.batch_sizes)
+        check_registry(self.registry, self.backends, self.latency.batch_sizes)
         return self
 
     def _metric_names(self) -> list[str]:

@@ -1,17 +1,17 @@
-"""Hand the gate's winners to the MLflow Model Registry (`qbench gate --register NAME`).
+"""Hand the gate's winners to the MLflow Model Registry (the recipe's `registry:` section, or `--register NAME`).
 
-Per backend, the best passing variant is the fastest (p50) at the primary batch size (the recipe's
-first latency batch size) among the variants the gate judged and passed. Each becomes a version of
-registered model NAME, made from the LoggedModel of that variant's child run in the sweep's MLflow
-runs, and an alias points at it: `<alias>` at the primary backend's (the recipe's first backend with
-a winner), and with several backends also `<alias>-<backend>` at each backend's (e.g.
-`candidate-ort-cpu`). Only a passing gate (exit 0) registers anything; the sweep's runs are found by
-the run folder the tracker tagged its parent run with.
+Per backend (the section's `backends`, default all), the best passing variant is the fastest (p50)
+at the primary batch size (`registry.primary_batch_size`, default the smallest latency batch size)
+among the variants the gate judged and passed. Each becomes a version of the registered model,
+made from the LoggedModel of that variant's child run in the sweep's MLflow runs, and an alias
+points at it: `<alias>` at the primary backend's (the recipe's first backend with a winner), and
+with several backends also `<alias>-<backend>` at each backend's (e.g. `candidate-ort-cpu`). Only a
+passing gate (exit 0) registers anything; the sweep's runs are found by the run folder the tracker
+tagged its parent run with.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,11 +23,10 @@ from mlflow.tracking import MlflowClient
 from qbench.errors import QbenchError
 from qbench.gate import GateReport
 from qbench.recipe import Recipe
+from qbench.recipe_registry import RegistrySpec
 from qbench.results import SweepResults, VariantResult
 from qbench.track import RUN_DIR_TAG, open_experiment
 from qbench.track_content import short_backend
-
-DEFAULT_ALIAS = "candidate"
 
 
 @dataclass(frozen=True)
@@ -92,14 +91,6 @@ def _ensure_registered_model(client: MlflowClient, name: str) -> None:
             raise
 
 
-def check_alias(alias: str) -> None:
-    """An alias MLflow accepts: letters, digits, _ and -, not `latest`, not a version name like v3."""
-    if not re.fullmatch(r"[\w-]+", alias) or alias.lower() == "latest" or re.fullmatch(r"[vV]\d+", alias):
-        raise QbenchError(
-            f"--alias {alias!r}: expected letters, digits, '_' or '-' (not 'latest' nor a version name like 'v3')"
-        )
-
-
 def _aliases(alias: str, backends: list[str]) -> dict[str, list[str]]:
     """Backend -> its aliases: `alias` for the first, `alias-<short backend>` for each when there are several."""
     named = {backend: [f"{alias}-{short_backend(backend)}"] if len(backends) > 1 else [] for backend in backends}
@@ -109,20 +100,22 @@ def _aliases(alias: str, backends: list[str]) -> dict[str, list[str]]:
 
 
 def register_best(
-    recipe: Recipe, results: SweepResults, gate: GateReport, run_dir: Path, *, name: str, alias: str = DEFAULT_ALIAS
+    recipe: Recipe, results: SweepResults, gate: GateReport, run_dir: Path, spec: RegistrySpec
 ) -> list[Registration]:
-    """Register each backend's best passing variant as a version of `name` and point the aliases at them.
+    """Register each backend's best passing variant as a version of `spec.model` and point the aliases at them.
 
     Raises QbenchError (and registers nothing) when the gate did not pass or the sweep's runs,
     or one winner's logged model, cannot be found.
     """
-    check_alias(alias)
+    name, alias = spec.model, spec.alias
     if gate.exit_code != 0:
         raise QbenchError(f"the gate did not pass (exit {gate.exit_code}): nothing registered, no alias moved")
-    batch_size = recipe.latency.batch_sizes[0]
-    winners = best_passing(results, gate, batch_size)
+    batch_size = spec.batch_size(recipe.latency.batch_sizes)
+    wanted = spec.backends if spec.backends is not None else recipe.backends
+    winners = {b: v for b, v in best_passing(results, gate, batch_size).items() if b in wanted}
     if not winners:
-        raise QbenchError(f"no variant passed the gate with a latency at batch size {batch_size}: nothing registered")
+        raise QbenchError(f"no variant passed the gate with a latency at batch size {batch_size} on "
+                          f"{', '.join(wanted)}: nothing registered")  # fmt: skip
     client, uri, experiment_id = open_experiment(recipe)
     try:
         children = _sweep_children(client, experiment_id, run_dir, uri)

@@ -33,6 +33,7 @@ LENIENT = {"metric": "agreement", "max_drop": 1.0, "max_slice_drop": 1.0, "appli
 class Project:
     root: Path
     sweep_output: str  # what `qbench sweep --gate` printed on stdout
+    sweep_reports: Path  # the folder holding its --junit gate.xml, --json gate.json and GITHUB_STEP_SUMMARY summary.md
 
     def recipe(self, gate: dict) -> Path:
         """The swept recipe with another gate section (same name, so it judges the same results)."""
@@ -55,11 +56,15 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Project:
     del raw["tracking"]
     recipe.write_text(yaml.safe_dump(raw, sort_keys=False))
     stdout = io.StringIO()
-    with contextlib.redirect_stdout(stdout):
-        code = main(["sweep", str(recipe), "--no-track", "--gate"])
+    reports = root / "sweep-gate"
+    files = ["--junit", str(reports / "gate.xml"), "--json", str(reports / "gate.json")]
+    with contextlib.redirect_stdout(stdout), pytest.MonkeyPatch.context() as patch:
+        patch.setenv("GITHUB_STEP_SUMMARY", str(root / "summary.md"))
+        code = main(["sweep", str(recipe), "--no-track", "--gate", *files])
     if code != 1:
         pytest.fail(f"the strict gate (max_abs_error may not grow at all) should breach, got exit {code}")
-    return Project(root, stdout.getvalue())
+    (root / "summary.md").rename(reports / "summary.md")
+    return Project(root, stdout.getvalue(), reports)
 
 
 def strict_breach_scopes(project: Project) -> list[str]:
@@ -87,6 +92,35 @@ def test_default_output_is_the_breaches_then_one_summary_line(project, capsys):
 
 def test_sweep_gate_prints_the_same_summary_line(project):
     assert project.sweep_output.strip().splitlines()[-1] == expected_strict_summary(project)
+
+
+def test_sweep_gate_writes_the_same_reports_as_gate(project, tmp_path, monkeypatch):
+    summary = tmp_path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    junit, report = tmp_path / "gate.xml", tmp_path / "gate.json"
+    assert main(["gate", str(project.root / "qbench.yaml"), "--junit", str(junit), "--json", str(report)]) == 1
+    assert (project.sweep_reports / "gate.xml").read_text() == junit.read_text()
+    assert (project.sweep_reports / "gate.json").read_text() == report.read_text()
+    assert (project.sweep_reports / "summary.md").read_text() == summary.read_text()
+    assert ET.parse(junit).getroot().get("failures") == "4"
+
+
+def test_sweep_gate_verbose_prints_every_check(project, tmp_path, capsys):
+    recipe = project.recipe(LENIENT)
+    raw = yaml.safe_load(recipe.read_text())
+    raw["output_dir"] = str(tmp_path / "reports")  # the module's sweep stays the recipe's latest run
+    recipe.write_text(yaml.safe_dump(raw, sort_keys=False))
+    assert main(["sweep", str(recipe), "--no-track", "--gate", "--verbose"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    rows = [line.split() for line in lines if line.split()[:2] in (["fp16", BACKEND], ["int8-minmax", BACKEND])]
+    assert len(rows) == 8 and all(row[-1] == "PASS" for row in rows)
+    assert lines[-1] == "gate: PASS — 2 variants × 4 scopes, 8 checks"
+
+
+@pytest.mark.parametrize("flag", [["--verbose"], ["--junit", "gate.xml"], ["--register", "m"]])
+def test_gate_options_without_gate_are_refused_before_the_sweep(project, flag, capsys):
+    assert main(["sweep", str(project.root / "qbench.yaml"), "--no-track", *flag]) == 2
+    assert "apply with --gate" in capsys.readouterr().err
 
 
 def test_pass_prints_only_the_summary_and_verbose_prints_every_check(project, capsys):

@@ -1,4 +1,5 @@
-"""`qbench gate --register`: the gate's winners become model versions in a real MLflow server's registry.
+"""The recipe's `registry:` section and `qbench gate --register`: the gate's winners become model versions in a
+real MLflow server's registry.
 
 One tiny sweep is logged to the `mlflow_server` fixture (a real `mlflow server`, sqlite backend, on
 127.0.0.1); the gate then registers from its runs, and a failing gate must leave the registry alone.
@@ -7,10 +8,14 @@ One tiny sweep is logged to the `mlflow_server` fixture (a real `mlflow server`,
 from __future__ import annotations
 
 import dataclasses
+import json
+import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+import yaml
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from sweep_factory import default_variants, make_sweep, make_variant
@@ -20,8 +25,9 @@ from qbench.cli import main
 from qbench.errors import QbenchError
 from qbench.gate import evaluate_gate, latest_results
 from qbench.recipe import GateSpec, load_recipe
+from qbench.recipe_registry import RegistrySpec
 from qbench.results import SweepResults, read_results
-from qbench.track_registry import best_passing, check_alias, register_best
+from qbench.track_registry import best_passing, register_best
 
 MODEL = "linear-classifier"
 
@@ -97,7 +103,7 @@ def test_registering_a_run_folder_mlflow_never_saw_is_refused(swept: Swept, tmp_
     recipe = load_recipe(swept.recipe)
     gate = evaluate_gate(swept.results, recipe.gate)
     with pytest.raises(QbenchError, match="no finished MLflow sweep run"):
-        register_best(recipe, swept.results, gate, tmp_path, name="never-registered")
+        register_best(recipe, swept.results, gate, tmp_path, RegistrySpec(model="never-registered"))
     with pytest.raises(MlflowException):
         swept.client.get_registered_model("never-registered")
 
@@ -120,10 +126,114 @@ def test_a_failing_gate_is_refused_by_the_library_too(swept: Swept) -> None:
     gate = evaluate_gate(swept.results, recipe.gate)
     assert gate.exit_code == 1
     with pytest.raises(QbenchError, match="nothing registered, no alias moved"):
-        register_best(recipe, swept.results, gate, swept.run_dir, name=MODEL)
+        register_best(recipe, swept.results, gate, swept.run_dir, RegistrySpec(model=MODEL))
 
 
-@pytest.mark.parametrize("alias", ["latest", "v3", "has space", ""])
-def test_aliases_mlflow_would_reject_are_refused_up_front(alias: str) -> None:
-    with pytest.raises(QbenchError, match="--alias"):
-        check_alias(alias)
+@pytest.mark.parametrize("alias", ["latest", "v3", "has space"])
+def test_aliases_mlflow_would_reject_are_refused_before_the_gate(swept: Swept, alias: str, capsys) -> None:
+    assert main(["gate", str(swept.recipe), "--register", "refused-alias", "--alias", alias]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and f"--alias: got {alias!r}, expected letters" in captured.err
+    with pytest.raises(MlflowException):
+        swept.client.get_registered_model("refused-alias")
+
+
+def _with_registry(swept: Swept, name: str, registry: dict[str, Any]) -> Path:
+    """The swept recipe with a registry section (not a result section: the results stay fresh)."""
+    body = yaml.safe_load(swept.recipe.read_text())
+    body["registry"] = registry
+    path = swept.recipe.with_name(f"{name}.yaml")
+    path.write_text(yaml.safe_dump(body, sort_keys=False))
+    return path
+
+
+def test_the_recipe_registry_section_registers_without_flags_and_the_flags_override_it(
+    swept: Swept, capsys: pytest.CaptureFixture[str]
+) -> None:
+    client = swept.client
+    recipe = _with_registry(swept, "with-registry", {"model": "linear-from-recipe", "alias": "nightly"})
+    candidates = [v for v in swept.results.variants if v.variant != "fp32"]
+    winner = min(candidates, key=lambda v: v.latency.at(1).p50_ms)  # primary batch size: the smallest, 1
+
+    assert main(["gate", str(recipe), "--no-register"]) == 0
+    with pytest.raises(MlflowException):
+        client.get_registered_model("linear-from-recipe")
+    assert main(["gate", str(recipe)]) == 0
+    assert f"registered {winner.variant}@onnxruntime-cpu as linear-from-recipe version 1" in capsys.readouterr().out
+    version = client.get_model_version_by_alias("linear-from-recipe", "nightly")
+    assert (version.version, version.tags["qbench.variant"]) == ("1", winner.variant)
+    with pytest.raises(MlflowException):  # the section's alias replaces the default, it is not added to it
+        client.get_model_version_by_alias("linear-from-recipe", "candidate")
+
+    # --register and --alias override the section's model and alias
+    assert main(["gate", str(recipe), "--register", "linear-override", "--alias", "staging"]) == 0
+    assert client.get_model_version_by_alias("linear-override", "staging").version == "1"
+    assert [v.version for v in client.search_model_versions("name = 'linear-from-recipe'")] == ["1"]
+
+
+def _latency_swapped(results: SweepResults, fast_at_1: str, fast_at_4: str) -> SweepResults:
+    """The results with p50s set so that `fast_at_1` is the fastest at batch 1 and `fast_at_4` at batch 4."""
+    p50 = {(fast_at_1, 1): 0.01, (fast_at_1, 4): 9.0, (fast_at_4, 1): 9.0, (fast_at_4, 4): 0.01}
+    variants = []
+    for variant in results.variants:
+        points = tuple(dataclasses.replace(p, p50_ms=p50.get((variant.variant, p.batch_size), p.p50_ms))
+                       for p in variant.latency.points)  # fmt: skip
+        variants.append(dataclasses.replace(variant, latency=dataclasses.replace(variant.latency, points=points)))
+    return dataclasses.replace(results, variants=tuple(variants))
+
+
+@pytest.mark.parametrize(("primary", "expected"), [(None, "int8-minmax"), (4, "fp16")])
+def test_the_winner_is_the_fastest_at_the_primary_batch_size(swept: Swept, primary: int | None, expected: str) -> None:
+    recipe = load_recipe(swept.recipe)
+    results = _latency_swapped(swept.results, fast_at_1="int8-minmax", fast_at_4="fp16")
+    gate = evaluate_gate(results, recipe.gate)
+    spec = RegistrySpec(model=f"linear-primary-{primary}", primary_batch_size=primary)
+    (entry,) = register_best(recipe, results, gate, swept.run_dir, spec)
+    assert (entry.variant, entry.version, entry.aliases) == (expected, "1", ("candidate",))
+    version = swept.client.get_model_version_by_alias(spec.model, "candidate")
+    assert (version.tags["qbench.variant"], version.run_id) == (expected, _child_run(swept, expected))
+    assert version.tags[f"qbench.p50_ms.b{primary or 1}"] == "0.01"
+
+
+def test_registry_backends_leave_the_others_unregistered(swept: Swept) -> None:
+    recipe = load_recipe(swept.recipe)
+    gate = evaluate_gate(swept.results, recipe.gate)
+    spec = RegistrySpec(model="linear-other-backend", backends=["onnxruntime-cuda"])
+    with pytest.raises(QbenchError, match="on onnxruntime-cuda: nothing registered"):
+        register_best(recipe, swept.results, gate, swept.run_dir, spec)
+    with pytest.raises(MlflowException):
+        swept.client.get_registered_model("linear-other-backend")
+
+
+def test_sweep_gate_reports_like_gate_and_registers_what_the_recipe_asks(
+    swept: Swept, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    recipe = _with_registry(swept, "sweep-registry", {"model": "linear-from-sweep"})
+    body = yaml.safe_load(recipe.read_text())
+    body["tracking"]["experiment"] = "registry-sweep-test"  # its own experiment: the fixture's runs stay unique
+    recipe.write_text(yaml.safe_dump(body, sort_keys=False))
+    summary, junit, report = tmp_path / "summary.md", tmp_path / "gate.xml", tmp_path / "gate.json"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    monkeypatch.chdir(recipe.parent)
+    assert main(["sweep", str(recipe), "--gate", "--junit", str(junit), "--json", str(report)]) == 0
+    shown = capsys.readouterr().out.splitlines()
+    # 2 gated variants x (overall + 2 slices), all passing the loose gate
+    assert "gate: PASS — 2 variants × 3 scopes, 6 checks" in shown
+    root = ET.parse(junit).getroot()
+    assert [root.get(k) for k in ("tests", "failures", "errors", "skipped")] == ["6", "0", "0", "0"]
+    assert json.loads(report.read_text())["counts"] == {"checks": 6, "breaches": 0, "skipped": 0, "problems": 0}
+    assert summary.read_text().startswith("### qbench gate: PASS\n")
+
+    (line,) = [line for line in shown if line.startswith("registered ")]
+    assert " as linear-from-sweep version 1 " in line and line.endswith("aliases: candidate")
+    version = swept.client.get_model_version_by_alias("linear-from-sweep", "candidate")
+    experiment = swept.client.get_experiment_by_name("registry-sweep-test")
+    assert swept.client.get_run(version.run_id).info.experiment_id == experiment.experiment_id  # this sweep's run
+
+
+def test_sweep_gate_untracked_says_nothing_was_registered(swept: Swept, capsys: pytest.CaptureFixture[str]) -> None:
+    recipe = _with_registry(swept, "untracked-registry", {"model": "linear-untracked"})
+    assert main(["sweep", str(recipe), "--gate", "--no-track"]) == 0
+    assert "registry: 'linear-untracked' not registered: the sweep was not tracked (--no-track)" in capsys.readouterr().err
+    with pytest.raises(MlflowException):
+        swept.client.get_registered_model("linear-untracked")
