@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import yaml
 from test_recipe import error_of, with_changes, write_recipe
 
-from qbench.recipe import load_recipe
+from qbench.recipe import Recipe, load_recipe
 
 
 def test_slo_and_cost_load_with_their_defaults(tmp_path):
@@ -38,3 +41,15 @@ def test_slo_and_cost_load_with_their_defaults(tmp_path):
 def test_bad_serving_sections_are_one_line_errors(tmp_path, changes, expected):
     message = error_of(tmp_path, with_changes(**changes))
     assert expected in message and message.startswith("recipe.yaml")
+
+
+SHIPPED = sorted((Path(__file__).resolve().parents[1] / "recipes").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])
+def test_every_shipped_recipe_is_valid(path):
+    """The schema and cross-field checks of each recipe in recipes/ (its files are built by the demos)."""
+    recipe = Recipe.model_validate(yaml.safe_load(path.read_text()))
+    if path.name in ("digits.yaml", "minilm.yaml"):  # the demos answer the serving questions too
+        assert recipe.slo is not None and recipe.slo.rate_rps is not None and recipe.slo.p99_ms > 0
+        assert set(recipe.cost.price_per_hour) == set(recipe.backends)
