@@ -6,6 +6,7 @@ Exit codes: 0 success / gate passed, 1 gate breached, 2 anything else (see `main
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from rich.markup import escape
 from typer.exceptions import TyperException
 
 from qbench.console import console as err_console
-from qbench.console import make_console, print_wide
+from qbench.console import library_output_on_console, make_console, print_wide
 from qbench.errors import QbenchError
 
 if TYPE_CHECKING:
@@ -349,7 +350,8 @@ def main(argv: list[str] | None = None) -> int:
     debug = DEBUG_FLAG in args
     args = [a for a in args if a != DEBUG_FLAG]
     try:
-        result = app(args=args, prog_name="qbench", standalone_mode=False)
+        with library_output_on_console(logging.DEBUG if debug else logging.INFO):
+            result = app(args=args, prog_name="qbench", standalone_mode=False)
     except QbenchError as exc:
         err_console.print(f"[red]error:[/] {escape(_one_line(exc))}", soft_wrap=True)  # one line, unfolded, in CI logs
         return EXIT_ERROR

@@ -1,17 +1,17 @@
-"""One console for qbench's human output (stderr), and progress bars on long loops."""
+"""The CLI's rendering: one console for human output (stderr), the library's log records and progress on it."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator
-from typing import TypeVar
+import logging
+from collections.abc import Callable, Iterator
 
 from rich.console import Console, RenderableType
 from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
-T = TypeVar("T")
-
+from qbench.progress import reporting_progress
 
 
 def make_console(*, stderr: bool) -> Console:
@@ -23,24 +23,60 @@ def make_console(*, stderr: bool) -> Console:
 console = make_console(stderr=True)
 
 
-def _progress() -> Progress:
-    """A transient progress display, drawn only on a terminal."""
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    return Progress(*columns, console=console, transient=True, disable=not console.is_terminal)
+class RichProgress:
+    """Progress bars on qbench's console for the library's long loops (a qbench.progress reporter).
+
+    Drawn only on a terminal and removed when done: a CI log gets the log lines, not bar frames."""
+
+    def __init__(self, target: Console | None = None) -> None:
+        self.console = target or console
+
+    @contextlib.contextmanager
+    def steps(self, description: str, total: int | None) -> Iterator[Callable[[int], None]]:
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, console=self.console, transient=True, disable=not self.console.is_terminal) as bars:
+            task = bars.add_task(description, total=total)
+            yield lambda done: bars.advance(task, done)
 
 
-def track(items: Iterable[T], description: str, total: int | None = None) -> Iterator[T]:
-    """Iterate with a transient progress bar (drawn only on a terminal)."""
-    with _progress() as progress:
-        yield from progress.track(items, total=total, description=description)
+class ConsoleLogHandler(logging.Handler):
+    """Renders the library's log records on qbench's console: plain messages, warnings and errors
+    prefixed as such (no markup is read from a message, so paths and brackets print as they are)."""
+
+    _PREFIX = {logging.WARNING: ("warning: ", "yellow"), logging.ERROR: ("error: ", "red")}
+
+    def __init__(self, target: Console | None = None) -> None:
+        super().__init__(level=logging.INFO)
+        self.console = target or console
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = self.format(record)
+            level = max((lvl for lvl in self._PREFIX if record.levelno >= lvl), default=None)
+            text = Text()
+            if level is not None:
+                prefix, style = self._PREFIX[level]
+                text.append(prefix, style=style)
+            text.append(message)
+            self.console.print(text, soft_wrap=True)
+        except Exception:  # noqa: BLE001 - logging must never raise into the caller
+            self.handleError(record)
 
 
 @contextlib.contextmanager
-def track_rows(total: int, description: str) -> Iterator[Callable[[int], None]]:
-    """A progress bar over `total` rows for loops whose steps vary in size; yields `advance(rows)`."""
-    with _progress() as progress:
-        task = progress.add_task(description, total=total)
-        yield lambda rows: progress.advance(task, rows)
+def library_output_on_console(level: int = logging.INFO) -> Iterator[None]:
+    """While open: the `qbench` loggers print on the console at `level` and up, and long loops draw bars."""
+    logger = logging.getLogger("qbench")
+    handler = ConsoleLogHandler()
+    previous_level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(level)
+    try:
+        with reporting_progress(RichProgress()):
+            yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(previous_level)
 
 
 def print_wide(renderable: RenderableType, target: Console | None = None) -> None:

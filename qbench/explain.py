@@ -38,10 +38,11 @@ from rich.table import Table
 
 from qbench.backends import Backend, get_backend
 from qbench.backends.base import RunOptions
-from qbench.console import console, print_wide, track
+from qbench.console import console, print_wide
 from qbench.data import iter_batches
 from qbench.errors import QbenchError, expected_one_of
 from qbench.preflight import Prepared, prepare
+from qbench.progress import track
 from qbench.recipe import GateSpec, Recipe, VariantSpec
 from qbench.results import AccuracyResult
 from qbench.validate.accuracy import evaluate_accuracy, run_batched, with_drops

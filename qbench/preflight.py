@@ -8,6 +8,7 @@ variants. `qbench validate` is exactly this, with nothing built or timed.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,6 @@ import numpy as np
 import pandas as pd
 
 from qbench.backends import get_backend
-from qbench.console import console
 from qbench.data import (
     NonfiniteMasks,
     build_feeds,
@@ -41,6 +41,8 @@ from qbench.tasks import CustomMetric, LabelError, Task, get_task
 from qbench.tasks.custom import load_custom_metrics
 from qbench.tasks.selection import OutputChoice, choose_outputs
 from qbench.variants.base import TrainingData
+
+logger = logging.getLogger(__name__)
 
 Feeds = dict[str, np.ndarray]
 
@@ -245,7 +247,7 @@ def _finite_rows(
     if counts:
         dropped[what] = counts
         shown = ", ".join(f"{column}: {n}" for column, n in counts.items())
-        console.print(f"[yellow]warning:[/] {len(rows) - len(kept)} {what} rows dropped for NaN/inf inputs ({shown})")
+        logger.warning("%d %s rows dropped for NaN/inf inputs (%s)", len(rows) - len(kept), what, shown)
     if len(kept) == 0:
         raise RecipeError(
             recipe.source, "data.nonfinite_inputs", f"every {what} row holds NaN or inf in an input column ({shown})"

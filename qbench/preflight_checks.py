@@ -10,15 +10,17 @@
 from __future__ import annotations
 
 import fnmatch
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 
-from qbench.console import console
 from qbench.errors import RecipeError, short_repr
 from qbench.recipe import Recipe
+
+logger = logging.getLogger(__name__)
 
 _GIB = 1 << 30
 
@@ -46,7 +48,7 @@ def check_plan(recipe: Recipe) -> None:
         )
     for pattern in patterns:
         if pattern not in matched:
-            console.print(f"[yellow]warning:[/] gate.applies_to: {pattern!r} matches no variant")
+            logger.warning("gate.applies_to: %r matches no variant", pattern)
 
 
 def check_destinations(recipe: Recipe, *, track: bool) -> None:

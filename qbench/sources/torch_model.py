@@ -24,6 +24,7 @@ import importlib.machinery
 import importlib.util
 import inspect
 import json
+import logging
 import os
 import tempfile
 import warnings
@@ -36,10 +37,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from qbench.console import console
 from qbench.errors import MissingExtraError, QbenchError, RecipeError, did_you_mean
 from qbench.recipe import Recipe, file_sha256
 from qbench.user_code import first_on_sys_path, module_source, not_found
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -385,7 +387,7 @@ def export_reference(torch_model: TorchModel, cache_dir: Path | None = None) -> 
     handle, temporary = tempfile.mkstemp(dir=folder, prefix=".model.", suffix=".onnx.tmp")
     os.close(handle)
     try:
-        console.print(f"exporting {torch_model.factory} to ONNX (cached in {folder})")
+        logger.info("exporting %s to ONNX (cached in %s)", torch_model.factory, folder)
         torch_model.export(torch_model.build(), Path(temporary))
         _check_export(torch_model, Path(temporary))
         os.replace(temporary, target)

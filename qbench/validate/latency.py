@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from qbench.backends.base import Runner
-from qbench.console import track
 from qbench.errors import QbenchError
+from qbench.progress import track
 from qbench.recipe import StabilitySpec
 from qbench.results import LatencyPoint
 from qbench.validate.accuracy import row_count

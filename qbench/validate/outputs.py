@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from qbench.backends.base import Runner
-from qbench.console import track
 from qbench.errors import QbenchError
+from qbench.progress import track
 
 
 def maps_to_matrix(rows: Sequence[Mapping[Any, float]]) -> np.ndarray:

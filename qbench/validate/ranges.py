@@ -31,7 +31,7 @@ import ml_dtypes
 import numpy as np
 import onnx
 
-from qbench.console import track_rows
+from qbench.progress import track_rows
 from qbench.results import ClipRecord, CoverageWarning, LimitCheck, RangeAnalysis, TensorPeak
 from qbench.variants.fp8 import FP8_MAX
 from qbench.variants.onnx_utils import load_model, save_model

@@ -28,8 +28,8 @@ import onnx
 from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, quant_pre_process
 from onnxruntime.quantization.calibrate import TensorsData, create_calibrator
 
-from qbench.console import track
 from qbench.errors import QbenchError
+from qbench.progress import track
 from qbench.recipe import VariantSpec
 from qbench.variants.base import Feeds
 from qbench.variants.histograms import GuardedHistogramCollector

@@ -22,6 +22,7 @@ QLinearConv (ModelOpt's QAT pattern ran 0.35x FP32 there; torch.ao eager QAT is 
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import time
 import warnings
@@ -35,8 +36,8 @@ import onnx
 import torch
 from torch.onnx import symbolic_helper
 
-from qbench.console import console, track
 from qbench.errors import QbenchError
+from qbench.progress import track
 from qbench.recipe import QatSpec, VariantSpec
 from qbench.sources.torch_model import flatten_outputs, single_torch_thread
 from qbench.tasks import Task, get_task
@@ -63,6 +64,8 @@ from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_qat_pt
 from torchao.quantization.pt2e.quantizer import QuantizationConfig, QuantizationSpec  # noqa: E402
 from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import X86InductorQuantizer  # noqa: E402
 from torchao.quantization.pt2e.utils import _fuse_conv_bn_, _fuse_linear_bn_  # noqa: E402
+
+logger = logging.getLogger(__name__)
 
 ROUTE = "torchao PT2E: prepare_qat_pt2e (X86InductorQuantizer) -> convert_pt2e -> TorchScript ONNX export (QDQ)"
 # calibrator -> the torchao observer that sets the starting activation ranges. torchao has no entropy
@@ -378,7 +381,7 @@ def fine_tune(prepared: torch.fx.GraphModule, training: TrainingSet, qat: QatSpe
             optimizer.step()
             total += float(loss.detach()) * len(rows)
         losses.append(total / training.rows)
-        console.print(f"  QAT epoch {epoch}/{qat.epochs}: {qat.loss} loss {losses[-1]:.4f}")
+        logger.info("  QAT epoch %d/%d: %s loss %.4f", epoch, qat.epochs, qat.loss, losses[-1])
     return losses
 
 
