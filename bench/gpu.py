@@ -117,7 +117,7 @@ def measure(model: str, source: Path, assets: Path, backends: Sequence[str], set
 
     recipe_path = derived_recipe(source, assets, backends, settings, workdir)
     with _importable_from(source.parent):
-        outcome = run_sweep(load_recipe(recipe_path), track=False, show=False)
+        outcome = run_sweep(load_recipe(recipe_path), track=False)
     compiled = {spec["name"] for spec in variant_specs(compiled_twins=True) if spec.get("compile")}
     metric = outcome.results.gate_metric
     rows = []

@@ -70,7 +70,7 @@ def qbench_search(recipe: Recipe, out: Path, max_excluded: int) -> tuple[Path, d
     variant = VariantSpec(name="qbench-int8", precision="int8", calibrator="auto", per_channel=True,
                           op_types=["MatMul"], fallback=FallbackSpec(max_excluded=max_excluded))  # fmt: skip
     searched = recipe.model_copy(update={"variants": [variant], "output_dir": out})
-    outcome = run_sweep(searched, track=False, show=False)
+    outcome = run_sweep(searched, track=False)
     result = outcome.results.find("qbench-int8", recipe.backends[0])
     if result is None or result.status != "ok" or result.model_path is None:
         raise SystemExit(f"the qbench search failed: {result.error if result else 'no result'}")

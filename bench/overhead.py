@@ -86,7 +86,7 @@ def sweep_overhead(root: Path) -> dict:
     cwd = Path.cwd()
     os.chdir(root)
     try:
-        outcome = run_sweep(load_recipe(root / "recipes" / "digits.yaml"), track=True, show=False)
+        outcome = run_sweep(load_recipe(root / "recipes" / "digits.yaml"), track=True)
     finally:
         os.chdir(cwd)
     t = outcome.results.timings

@@ -91,6 +91,7 @@ def sweep(
     GITHUB_STEP_SUMMARY table) and the recipe's registry section (or --register) registers the winners.
     """
     from qbench.recipe import load_recipe
+    from qbench.report import print_summary
     from qbench.slo import with_prices
     from qbench.sweep import run_sweep
 
@@ -100,6 +101,8 @@ def sweep(
     loaded = with_prices(load_recipe(recipe), price or [])
     registry = output.registry(loaded.registry) if gate else None  # before the sweep: a bad option costs no sweep
     outcome = run_sweep(loaded, track=track)
+    print_summary(outcome.results, outcome.gate)
+    err_console.print(f"results: {outcome.results_path}\nreport:  {outcome.report_path}", markup=False)
     if outcome.mlflow_run_id:
         err_console.print(f"MLflow run: {outcome.mlflow_run_id}  (open the UI with `qbench ui {recipe}`)")
     if not gate:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import re
 import tempfile
@@ -38,7 +39,7 @@ from rich.table import Table
 
 from qbench.backends import Backend, get_backend
 from qbench.backends.base import RunOptions
-from qbench.console import console, print_wide
+from qbench.console import print_wide
 from qbench.data import iter_batches
 from qbench.errors import QbenchError, expected_one_of
 from qbench.preflight import Prepared, prepare
@@ -48,6 +49,8 @@ from qbench.results import AccuracyResult
 from qbench.validate.accuracy import evaluate_accuracy, run_batched, with_drops
 from qbench.variants import BuildContext, BuiltVariant, build_variant
 from qbench.variants.onnx_utils import load_model, save_model
+
+logger = logging.getLogger(__name__)
 
 METHODS = ("leave_one_out", "one_at_a_time", "sqnr")
 GROUPINGS = ("node", "op_type", "layer", "pattern")
@@ -473,7 +476,7 @@ def explain_variant(
     backend, options = get_backend(backend_name), RunOptions(threads=recipe.latency.threads)
     with tempfile.TemporaryDirectory(prefix="qbench-explain-") as tmp:
         ctx = BuildContext(prepared.source.onnx_path, (workdir or Path(tmp)) / "models", prepared.calibration_batches)
-        console.print(f"[bold]{spec.name}[/]: building, then measuring each candidate ({method}, by {group_by})")
+        logger.info("%s: building, then measuring each candidate (%s, by %s)", spec.name, method, group_by)
         built = build_variant(spec, ctx)
         evaluator = _Evaluator(prepared, backend, options)
         baseline = evaluator.score(built)

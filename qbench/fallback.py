@@ -23,6 +23,7 @@ Every try is recorded in `params["search.steps"]` and summarised in `notes`.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import shutil
 import time
@@ -36,7 +37,6 @@ import onnx
 import qbench
 from qbench.backends import Backend, get_backend
 from qbench.backends.base import RunOptions
-from qbench.console import console
 from qbench.errors import QbenchError
 from qbench.explain import (
     Score,
@@ -52,6 +52,8 @@ from qbench.recipe import FallbackSpec, GateSpec, VariantSpec
 from qbench.results import SweepResults, VariantResult
 from qbench.variants import BuildContext, BuiltVariant, build_variant
 from qbench.variants.onnx_utils import load_model
+
+logger = logging.getLogger(__name__)
 
 AUTO_CALIBRATORS = ("minmax", "entropy", "percentile", "dynamic")
 RANKING_ROWS = 64  # calibration rows the fallback ranking runs on
@@ -123,7 +125,7 @@ def build_with_search(spec: VariantSpec, ctx: BuildContext, *, evaluate: Evaluat
     reference = evaluate(BuiltVariant("fp32", "fp32", ctx.reference_path))
     if reference.status != "ok" or reference.accuracy is None:
         raise QbenchError(f"variant {spec.name!r}: the search needs FP32 measured first: {reference.error}")
-    console.print(f"  search against FP32 (p50 {p50_at_largest_batch(reference):.2f} ms), gate on {gate.metric}")
+    logger.info("  search against FP32 (p50 %.2f ms), gate on %s", p50_at_largest_batch(reference), gate.metric)
     search = _Search(spec, ctx, evaluate, gate, reference)
     try:
         calibrators = AUTO_CALIBRATORS if spec.calibrator == "auto" else (spec.calibrator,)
@@ -157,9 +159,9 @@ class _Search:
             built, result = None, VariantResult(spec.name, self.reference.backend, "int8", "failed", error=error)
         trial = Trial(calibrator, excluded, built, result, judge(self.reference, result, self.gate))
         self.trials.append(trial)
-        verdict = "[green]pass[/]" if trial.passed else f"[red]fail[/] {'; '.join(trial.breaches())[:200]}"
-        console.print(f"  try {trial.label(len(self.spec.exclude_nodes))}: {self.gate.metric} {trial.metric:.4f}, "
-                      f"p50 {trial.p50_ms:.2f} ms, {verdict}")  # fmt: skip
+        verdict = "pass" if trial.passed else f"fail {'; '.join(trial.breaches())[:200]}"
+        logger.info("  try %s: %s %.4f, p50 %.2f ms, %s", trial.label(len(self.spec.exclude_nodes)), self.gate.metric,
+                    trial.metric, trial.p50_ms, verdict)  # fmt: skip
         self._discard_losers()
         return trial
 
@@ -196,7 +198,7 @@ class _Search:
         if residual > 2 * needed:
             self.skipped.append(f"{base.calibrator}: {residual:.0%} of its output noise would stay with "
                                 f"{fallback.max_excluded} nodes in FP32 (≤{needed:.0%} needed)")  # fmt: skip
-            console.print(f"  [dim]no fallback from {self.skipped[-1]}[/]")
+            logger.info("  no fallback from %s", self.skipped[-1])
             return
         limit = min(fallback.max_excluded, len(ranking))
         for count in sorted({min(k, limit) for k in range(fallback.step, limit + fallback.step, fallback.step)}):

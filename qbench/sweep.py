@@ -9,6 +9,7 @@ and the sweep goes on; the gate then fails closed on it.
 
 from __future__ import annotations
 
+import logging
 import time
 import traceback
 from collections.abc import Callable
@@ -22,7 +23,6 @@ import numpy as np
 import qbench
 from qbench.backends import Backend, Runner, get_backend
 from qbench.backends.base import RunOptions
-from qbench.console import console
 from qbench.environment import describe_environment
 from qbench.errors import QbenchError
 from qbench.frontier import compute_frontier, gate_threshold, plot_frontier
@@ -31,7 +31,7 @@ from qbench.interrupt import Interrupted, SignalGuard
 from qbench.preflight import Prepared, prepare
 from qbench.provenance import InputDigest, input_digests, model_sha256, recipe_record
 from qbench.recipe import Recipe, VariantSpec, load_recipe
-from qbench.report import print_summary, write_markdown_report
+from qbench.report import write_markdown_report
 from qbench.report_html import write_html_report
 from qbench.results import AccuracyResult, LatencyResult, RangeAnalysis, SweepResults, VariantResult, write_results
 from qbench.runs import RESULTS_FILE, mark_complete, mark_incomplete, new_run_dir, utc_now
@@ -46,6 +46,8 @@ from qbench.validate.latency import (
     take_batch,
 )
 from qbench.variants import BuildContext, BuiltVariant, build_variant
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # qbench.track imports MLflow: only a tracked sweep loads it
     from qbench.track import SweepTracker
@@ -79,7 +81,7 @@ class _Measured:
     outputs: dict[str, np.ndarray] | None  # evaluated output name -> values
 
 
-def run_sweep(recipe: Recipe | str | Path, *, track: bool = True, show: bool = True) -> SweepOutcome:
+def run_sweep(recipe: Recipe | str | Path, *, track: bool = True) -> SweepOutcome:
     """Run the recipe's sweep end to end; returns the results, the gate verdict and where they were written.
 
     SIGINT/SIGTERM or a crash leave the run folder marked INCOMPLETE with results.json (complete: false)
@@ -105,7 +107,7 @@ def run_sweep(recipe: Recipe | str | Path, *, track: bool = True, show: bool = T
         progress = _Progress(prepared, inputs, run_dir, clock, guard)
         try:
             progress.open_tracker(track)
-            return _run(prepared, progress, started, show=show)
+            return _run(prepared, progress, started)
         except BaseException as exc:
             guard.ignore()  # the clean-up runs to its end
             replacement = progress.stop(exc)
@@ -114,18 +116,16 @@ def run_sweep(recipe: Recipe | str | Path, *, track: bool = True, show: bool = T
             raise replacement from None
 
 
-def _run(prepared: Prepared, progress: _Progress, started: float, *, show: bool) -> SweepOutcome:
+def _run(prepared: Prepared, progress: _Progress, started: float) -> SweepOutcome:
     run_dir, clock = progress.run_dir, progress.clock
     if prepared.calibration_overlap:
-        console.print(
-            f"[yellow]warning:[/] {prepared.calibration_overlap} calibration rows are also evaluation rows; "
-            "INT8 accuracy may look better than on unseen data"
-        )
+        logger.warning("%d calibration rows are also evaluation rows; INT8 accuracy may look better than on unseen "
+                       "data", prepared.calibration_overlap)  # fmt: skip
     calibrated: list[BuiltVariant] = []
     variants = _measure_all(prepared, run_dir / "models", clock, calibrated, progress)
     ranges = _range_analysis(prepared, calibrated, run_dir, clock)
     results = replace(_assemble(prepared, variants, clock, progress.inputs), ranges=ranges)
-    return _publish(prepared.recipe, results, progress, started, show=show)
+    return _publish(prepared.recipe, results, progress, started)
 
 
 @dataclass
@@ -168,7 +168,7 @@ class _Progress:
             write_results(partial, self.run_dir / RESULTS_FILE)
             if self.tracker is not None:
                 self.tracker.variant_finished(partial, result)
-        console.print(f"  done: {result.key} ({result.status})")
+        logger.info("  done: %s (%s)", result.key, result.status)
 
     def stop(self, exc: BaseException) -> BaseException:
         """After an interruption or a crash: mark the run folder and end the MLflow runs; returns what to raise."""
@@ -215,7 +215,7 @@ def _measure_all(
     measured: list[VariantResult] = []
     by_identity: dict[str, dict[str, VariantResult]] = {}  # identity -> backend -> the measured result
     for spec in recipe.all_variants():
-        console.print(f"[bold]{spec.name}[/] ({spec.precision})")
+        logger.info("%s (%s)", spec.name, spec.precision)
         progress.started(spec.name, backends[0].name)  # the first backend's run includes the build
         evaluate = _search_evaluator(backends[0], prepared, reference_outputs, reference_accuracy, clock)
         built, error = _build(spec, prepared, models_dir, clock, evaluate)
@@ -258,7 +258,7 @@ def _identity(built: BuiltVariant) -> str:
 def _identical(built: BuiltVariant, twin: VariantResult) -> VariantResult:
     """`built` computes exactly what `twin` measured: report `twin`'s figures under its name, saying so."""
     note = f"identical to {twin.variant} (same graph and weights): not run again, the figures are {twin.variant}'s"
-    console.print(f"  {twin.backend}: {note}")
+    logger.info("  %s: %s", twin.backend, note)
     return replace(
         twin, variant=built.name, precision=built.precision, params={**built.params, "identical_to": twin.variant},
         model_path=str(built.onnx_path), build_seconds=built.build_seconds, notes=(*built.notes, note),
@@ -274,7 +274,7 @@ def _range_analysis(
         return None
     from qbench.validate.ranges import CalibratedVariant, analyse_ranges
 
-    console.print("[bold]range analysis[/] (one FP32 pass)")
+    logger.info("range analysis (one FP32 pass)")
     t = time.perf_counter()
     try:
         analysis = analyse_ranges(
@@ -284,12 +284,12 @@ def _range_analysis(
             calibration_counts=prepared.calibration.per_slice_counts, threads=recipe.latency.threads, workdir=workdir,
         )  # fmt: skip
     except Exception as exc:  # noqa: BLE001 - a diagnostic: its failure must not lose the measurements
-        console.print(f"  [red]range analysis failed:[/] {_describe_error(exc)}")
+        logger.error("  range analysis failed: %s", _describe_error(exc))
         return None
     finally:
         clock.add("ranges", t)
     for warning in analysis.warnings:
-        console.print(f"[yellow]warning:[/] calibration coverage: {warning.message}")
+        logger.warning("calibration coverage: %s", warning.message)
     return analysis
 
 
@@ -327,10 +327,10 @@ def _build(
         training=prepared.training.get(spec.name),
     )
     try:
-        console.print(f"  building: {_technique(spec)}")
+        logger.info("  building: %s", _technique(spec))
         return _build_one(spec, ctx, evaluate, prepared), None
     except Exception as exc:  # noqa: BLE001 - one variant's failure is recorded, the sweep goes on
-        console.print(f"  [red]build failed:[/] {exc}")
+        logger.error("  build failed: %s", exc)
         return None, _describe_error(exc)
     finally:
         clock.add("build", t)
@@ -378,7 +378,7 @@ def _measure(
     recipe = prepared.recipe
     unsupported = backend.supports(built)
     if unsupported:
-        console.print(f"  [dim]{backend.name}: skipped ({unsupported})[/]")
+        logger.info("  %s: skipped (%s)", backend.name, unsupported)
         return _Measured(_failed_built(built, backend.name, unsupported, status="skipped"), None)
     feeds = prepared.evaluation_feeds
     label = f"{built.name}@{backend.name}"
@@ -406,7 +406,7 @@ def _measure(
         finally:
             runner.close()
     except Exception as exc:  # noqa: BLE001
-        console.print(f"  [red]{backend.name} failed:[/] {exc}")
+        logger.error("  %s failed: %s", backend.name, exc)
         return _Measured(_failed_built(built, backend.name, _describe_error(exc)), None)
     finally:
         clock.add("inference", t)
@@ -516,7 +516,7 @@ def _assemble(
     )
 
 
-def _publish(recipe: Recipe, results: SweepResults, progress: _Progress, started: float, *, show: bool) -> SweepOutcome:
+def _publish(recipe: Recipe, results: SweepResults, progress: _Progress, started: float) -> SweepOutcome:
     """Write the complete results.json first (so nothing measured is lost), then the plot, the reports and MLflow."""
     run_dir, clock = progress.run_dir, progress.clock
     t = time.perf_counter()
@@ -542,9 +542,6 @@ def _publish(recipe: Recipe, results: SweepResults, progress: _Progress, started
     timings = {**clock.seconds, "total": time.perf_counter() - started}
     results = _with_timings(results, timings)
     write_results(results, results_path)
-    if show:
-        print_summary(results, gate)
-        console.print(f"results: {results_path}\nreport:  {report_path}")
     return SweepOutcome(results, gate, run_dir, results_path, report_path, plot_path, run_id)
 
 

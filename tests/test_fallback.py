@@ -21,7 +21,7 @@ def in_tmp(tmp_path, monkeypatch):
 
 def _sweep(tmp_path, variant, **project):
     recipe = load_recipe(write_fragile_project(tmp_path, [variant], **project))
-    outcome = run_sweep(recipe, track=False, show=False)
+    outcome = run_sweep(recipe, track=False)
     result = outcome.results.find(variant["name"], "onnxruntime-cpu")
     assert result is not None and result.status == "ok", result
     return outcome, result

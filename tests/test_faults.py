@@ -154,7 +154,7 @@ def test_a_crash_ends_the_runs_failed_and_keeps_every_measured_variant(
     monkeypatch.setattr(qbench.sweep, "evaluate_gate", crash)
     recipe = write_recipe(user_project, tmp_path, ["int8-minmax"], iterations=5)
     with pytest.raises(RuntimeError, match="simulated crash"):
-        qbench.sweep.run_sweep(recipe, show=False)
+        qbench.sweep.run_sweep(recipe)
     (run_dir,) = (tmp_path / "reports" / "tumour-mlp").iterdir()
     state = json.loads((run_dir / INCOMPLETE_MARKER).read_text())["state"]
     assert state.startswith("failed: RuntimeError: simulated crash after the measurements")

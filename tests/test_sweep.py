@@ -211,7 +211,7 @@ def test_variants_identical_to_fp32_are_reported_so_and_not_timed_again(tmp_path
     measured: list[str] = []
     measure = sweep._measure
     monkeypatch.setattr(sweep, "_measure", lambda backend, built, *a, **k: measured.append(built.name) or measure(backend, built, *a, **k))
-    outcome = sweep.run_sweep(_forest_project(tmp_path), track=False, show=False)
+    outcome = sweep.run_sweep(_forest_project(tmp_path), track=False)
     assert measured == ["fp32"]
     fp32 = outcome.results.find("fp32", "onnxruntime-cpu")
     for name in ("int8", "fp16"):

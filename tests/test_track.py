@@ -376,7 +376,7 @@ def tracked_sweep(tmp_path_factory: pytest.TempPathFactory) -> TrackedSweep:
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(root)
         patch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.2")
-        outcome = run_sweep(make_linear_project(root, uri), show=False)
+        outcome = run_sweep(make_linear_project(root, uri))
     client = MlflowClient(uri)
     parent = client.get_run(outcome.mlflow_run_id)
     found = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")

@@ -146,7 +146,7 @@ def test_minilm_recipe_sweeps_end_to_end(tmp_path: Path, monkeypatch: pytest.Mon
     recipe_file = tmp_path / "minilm.yaml"
     recipe_file.write_text(yaml.safe_dump(raw, sort_keys=False))
 
-    outcome = run_sweep(load_recipe(recipe_file), track=False, show=False)
+    outcome = run_sweep(load_recipe(recipe_file), track=False)
 
     results = outcome.results
     assert results.evaluation_rows == 24

@@ -85,7 +85,7 @@ PASSING_GATE = {"metric": "agreement", "max_drop": 0.5, "max_slice_drop": 0.5, "
 def swept(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny recipe swept for real (no MLflow); returns the recipe path."""
     recipe = tiny_project(tmp_path_factory.mktemp("tiny"), PASSING_GATE)
-    run_sweep(recipe, track=False, show=False)
+    run_sweep(recipe, track=False)
     return recipe
 
 

@@ -76,7 +76,7 @@ def _write_project(root: Path) -> Path:
 def swept(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("fidelity")
     recipe = _write_project(root)
-    return recipe, run_sweep(recipe, show=False)
+    return recipe, run_sweep(recipe)
 
 
 def test_fp16_overflow_shows_on_its_slice_and_breaches_the_gate(swept):

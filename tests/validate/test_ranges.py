@@ -200,13 +200,13 @@ def write_project(root: Path, **recipe_changes: object) -> Path:
 
 
 @pytest.mark.slow
-def test_sweep_reports_fp16_overflow_and_uncovered_slice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_sweep_reports_fp16_overflow_and_uncovered_slice(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     from qbench.results import read_results
     from qbench.sweep import run_sweep
 
-    outcome = run_sweep(write_project(tmp_path), track=False, show=False)
-    printed = capsys.readouterr().err
-    assert "calibration coverage" in printed and "'kind=hot'" in printed and "'amplify'" in printed
+    outcome = run_sweep(write_project(tmp_path), track=False)
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and r.name == "qbench.sweep"]
+    assert any("calibration coverage" in w and "'kind=hot'" in w and "'amplify'" in w for w in warned), warned
 
     results = read_results(outcome.results_path)
     assert results.ranges is not None and results.ranges == outcome.results.ranges
@@ -229,7 +229,7 @@ def test_sweep_reports_fp16_overflow_and_uncovered_slice(tmp_path: Path, capsys:
 def test_sweep_without_range_analysis(tmp_path: Path) -> None:
     from qbench.sweep import run_sweep
 
-    outcome = run_sweep(write_project(tmp_path, analysis={"ranges": False}), track=False, show=False)
+    outcome = run_sweep(write_project(tmp_path, analysis={"ranges": False}), track=False)
     assert outcome.results.ranges is None and "ranges" not in outcome.results.timings
     assert "## Activation ranges" not in outcome.report_path.read_text()
 
