@@ -119,7 +119,7 @@ def run_one(path: Path, *, limit: int | None, variants: list[str] | None, prices
     recipe = with_prices(_reduced(recipe, limit, variants), prices)
     recipe = recipe.model_copy(update={"output_dir": scratch / "reports"})
     started = time.perf_counter()
-    outcome = run_sweep(recipe, track=False, show=False)
+    outcome = run_sweep(recipe, track=False)
     seconds = time.perf_counter() - started
     results, gate = outcome.results, outcome.gate
     rows = [_row(results, gate, v) for v in results.variants]
