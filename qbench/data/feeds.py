@@ -60,6 +60,9 @@ def build_feeds(
             feeds.update(_text_feeds(cells, column, target, metas, recipe_file=recipe_file))
             continue
         meta = model_inputs[target]
+        if meta.dtype == np.dtype(object):  # an ONNX string input (skl2onnx's categorical columns)
+            feeds[target] = _string_feed(cells, column, meta, recipe_file=recipe_file)
+            continue
         stacked = _stack_cells(cells, column, recipe_file=recipe_file)
         shaped = _fit_shape(stacked, column, meta, recipe_file=recipe_file)
         feeds[target] = _cast(shaped, column, meta, recipe_file=recipe_file)
@@ -147,6 +150,13 @@ def _tokenized_inputs(
         )
         raise RecipeError(recipe_file, f"{INPUTS_FIELD}.{column}", message)
     return names
+
+
+def _string_feed(cells: pd.Series, column: str, meta: TensorMeta, *, recipe_file: Path) -> np.ndarray:
+    """A text column for a tensor(string) input: one string per row, shaped like the input ((N,) or (N, 1))."""
+    purpose = f"for the string input {meta.name!r}"
+    texts = text_cells(cells, column, recipe_file=recipe_file, field=f"{INPUTS_FIELD}.{column}", purpose=purpose)
+    return _fit_shape(np.array(texts, dtype=object), column, meta, recipe_file=recipe_file)
 
 
 def _text_feeds(

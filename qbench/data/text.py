@@ -131,13 +131,15 @@ def tokenizer_input_names(spec: TokenizerSpec, *, recipe_file: Path, column: str
     return list(load_tokenizer(spec, recipe_file=recipe_file, column=column).model_input_names)
 
 
-def text_cells(cells: pd.Series, column: str, *, recipe_file: Path, field: str) -> list[str]:
+def text_cells(
+    cells: pd.Series, column: str, *, recipe_file: Path, field: str, purpose: str = "for the tokenizer"
+) -> list[str]:
     """The cells of a text column as strings; a missing or non-text cell is a RecipeError at `field`."""
     texts: list[str] = []
     for index, cell in cells.items():
         if not isinstance(cell, str):
             found = "no value" if _is_missing(cell) else repr(cell)
-            message = f"column {column!r} holds {found} at row {index}; expected text for the tokenizer"
+            message = f"column {column!r} holds {found} at row {index}; expected text {purpose}"
             raise RecipeError(recipe_file, field, message)
         texts.append(cell)
     return texts

@@ -228,3 +228,41 @@ def test_one_text_cell_among_number_lists_is_named_with_its_row() -> None:
     quoted = pd.DataFrame({"x": [[0.5, 1.5], ["4", "5"]]}, index=[0, 7])
     with pytest.raises(RecipeError, match=r"1 row among numeric ones holds numbers written as text such as '4' \(first at row 7\)"):
         _feed(quoted, "x", _meta("x", (None, 2)))
+
+
+def test_a_text_column_feeds_a_string_input_of_a_real_model(tmp_path: Path) -> None:
+    """skl2onnx pipelines take categorical columns as tensor(string) [N, 1]: the cells go in as text, in row order."""
+    onnx = pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper
+
+    encode = helper.make_node(
+        "LabelEncoder", ["city"], ["code"], domain="ai.onnx.ml", keys_strings=["lima", "paris", "tokyo"],
+        values_int64s=[0, 1, 2], default_int64=-1,
+    )  # fmt: skip
+    graph = helper.make_graph(
+        [encode],
+        "encode_city",
+        [helper.make_tensor_value_info("city", TensorProto.STRING, [None, 1])],
+        [helper.make_tensor_value_info("code", TensorProto.INT64, [None, 1])],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)]
+    model_path = tmp_path / "encode.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=opsets, ir_version=8), str(model_path))
+    table = pd.DataFrame({"town": ["tokyo", "lima", "paris", "rome"]})
+    table.to_parquet(tmp_path / "towns.parquet")
+    table = load_table(tmp_path / "towns.parquet", recipe_file=RECIPE)
+
+    info = read_model_info(model_path)
+    feeds = build_feeds(table, np.array([3, 0, 1, 2]), {"town": "city"}, info.inputs, recipe_file=RECIPE)
+    assert feeds["city"].shape == (4, 1) and feeds["city"].dtype == object
+    session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(session.run(None, feeds)[0].ravel(), [-1, 2, 0, 1])
+
+
+def test_a_missing_or_numeric_cell_for_a_string_input_is_named_with_its_row() -> None:
+    meta = _meta("city", (None, 1), "object")
+    with pytest.raises(RecipeError, match=r"column 'town' holds no value at row 1; expected text for the string input 'city'"):
+        _feed(pd.DataFrame({"town": ["lima", None]}), "town", meta)
+    with pytest.raises(RecipeError, match=r"column 'town' holds 3 at row 0; expected text for the string input 'city'"):
+        _feed(pd.DataFrame({"town": [3, 4]}), "town", meta)
