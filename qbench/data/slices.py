@@ -1,6 +1,7 @@
 """Slices: named subsets of rows on which accuracy is reported and gated separately.
 
-`by: column` makes one slice per distinct value, named `column=value`; a named
+`by: column` makes one slice per distinct value, named `column=value`, and one
+`column=<missing>` for the rows without a value (None/NaN), if any; a named
 filter makes one slice with its name; `by_length: column` + `buckets: [16, 32, 64]`
 makes one slice per token-length bucket of a text input (`text_tokens<=16`,
 `text_tokens=17-32`, `text_tokens=33-64`, `text_tokens>64`), counting the tokens the
@@ -24,6 +25,7 @@ from qbench.errors import RecipeError
 from qbench.recipe import SliceSpec, TextInputSpec
 
 MAX_SLICES_PER_COLUMN = 50
+MISSING_VALUE = "<missing>"  # the value in the name of a `by` slice holding the rows where the column is empty
 
 
 def slice_masks(
@@ -87,6 +89,9 @@ def _masks_by_column(df: pd.DataFrame, column: str, *, field: str, recipe_file: 
                 recipe_file, field, f"values of column {column!r} give the slice name {name!r} twice (mixed types?)"
             )
         masks[name] = (values == value).to_numpy(dtype=bool, na_value=False)
+    missing = values.isna().to_numpy(dtype=bool)
+    if missing.any():  # rows without a value are judged too: missing values often mark the unusual inputs
+        masks[f"{column}={MISSING_VALUE}"] = missing
     return masks
 
 

@@ -31,15 +31,20 @@ def _masks(*specs: SliceSpec) -> dict[str, list[int]]:
     }
 
 
-def test_by_column_makes_one_sorted_slice_per_value_without_missing() -> None:
+def test_by_column_makes_one_sorted_slice_per_value_and_one_for_missing_values() -> None:
+    """Rows without a value are a slice of their own (last): a variant that breaks only them must not go unjudged."""
     masks = _masks(SliceSpec(by="region"))
-    assert list(masks) == ["region=east", "region=north", "region=south"]
-    assert masks == {"region=east": [4], "region=north": [1, 3], "region=south": [0, 5]}
+    assert list(masks) == ["region=east", "region=north", "region=south", "region=<missing>"]
+    assert masks == {"region=east": [4], "region=north": [1, 3], "region=south": [0, 5], "region=<missing>": [2]}
 
 
 def test_integral_floats_are_named_like_ints_and_sorted_numerically() -> None:
     masks = _masks(SliceSpec(by="digit"))
-    assert masks == {"digit=1": [1, 5], "digit=3": [0, 4], "digit=10": [2]}
+    assert masks == {"digit=1": [1, 5], "digit=3": [0, 4], "digit=10": [2], "digit=<missing>": [3]}
+
+
+def test_a_column_without_missing_values_has_no_missing_slice() -> None:
+    assert list(_masks(SliceSpec(by="ink"))) == ["ink=0.1", "ink=0.2", "ink=0.3", "ink=0.7", "ink=0.8", "ink=0.9"]
 
 
 def test_named_filter_slices_follow_by_slices_in_recipe_order() -> None:
