@@ -86,8 +86,29 @@ def topologically_sorted(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
     return ordered
 
 
-def _has_subgraphs(graph: onnx.GraphProto) -> bool:
-    return any(a.HasField("g") or len(a.graphs) for node in graph.node for a in node.attribute)
+def _subgraphs(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
+    """Every graph nested in `graph`'s nodes, at any depth."""
+    found: list[onnx.GraphProto] = []
+    for node in graph.node:
+        for attribute in node.attribute:
+            for body in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+                found.extend([body, *_subgraphs(body)])
+    return found
+
+
+def _holds_float16(graph: onnx.GraphProto) -> bool:
+    """Whether a (sub)graph declares, stores or casts to a float16 tensor."""
+    declared = [*graph.input, *graph.output, *graph.value_info]
+    if any(info.type.tensor_type.elem_type == TensorProto.FLOAT16 for info in declared):
+        return True
+    if any(tensor.data_type == TensorProto.FLOAT16 for tensor in graph.initializer):
+        return True
+    return any(
+        (a.type == onnx.AttributeProto.TENSOR and a.t.data_type == TensorProto.FLOAT16)
+        or (a.name in _TYPE_ATTRIBUTES and a.i == TensorProto.FLOAT16)
+        for node in graph.node
+        for a in node.attribute
+    )
 
 
 def _round_node_outputs(
@@ -167,12 +188,12 @@ def emulate_float16(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
 
     Returns the model and the number of rounded tensors. Graph inputs and outputs keep
     their declared types. Control-flow subgraphs with float16 tensors are refused: a
-    partial emulation would not be faithful.
+    partial emulation would not be faithful (`build_fp16` keeps control-flow nodes FP32).
     """
     model = onnx.ModelProto.FromString(model.SerializeToString())
     graph = model.graph
-    if _has_subgraphs(graph):
-        raise QbenchError("FP16 emulation does not handle control-flow subgraphs (If, Loop, Scan)")
+    if any(_holds_float16(body) for body in _subgraphs(graph)):
+        raise QbenchError("FP16 emulation does not handle float16 tensors inside control-flow subgraphs (If, Loop, Scan)")
     types = tensor_types(model)
     half = {name for name, kind in types.items() if kind == TensorProto.FLOAT16}
     for index, tensor in enumerate(graph.initializer):

@@ -128,6 +128,11 @@ _STRING_TYPES = {
 }
 
 
+def has_subgraph(node: onnx.NodeProto) -> bool:
+    """Whether the node holds a graph (If's branches, Loop's and Scan's bodies)."""
+    return any(attribute.HasField("g") or len(attribute.graphs) for attribute in node.attribute)
+
+
 def kept_in_float32(model: onnx.ModelProto, target: int, types: dict[str, int] | None = None) -> KeptNodes:
     """Nodes that must stay float32 when the graph's float tensors become `target` (FLOAT16 or BFLOAT16).
 
@@ -140,6 +145,9 @@ def kept_in_float32(model: onnx.ModelProto, target: int, types: dict[str, int] |
     for node in model.graph.node:
         if node.domain not in DEFAULT_DOMAINS:
             reasons[node.name] = f"operator domain {node.domain}"
+            continue
+        if has_subgraph(node):  # the converters cannot narrow a body faithfully, nor emulate it: it stays whole
+            reasons[node.name] = "control flow (its subgraph stays FP32)"
             continue
         schema = _schema(node, versions)
         if schema is None:

@@ -155,3 +155,39 @@ def test_a_variant_declares_the_session_options_it_needs_in_its_file(mlp, tmp_pa
     assert declared_session_options(built.onnx_path) == {"graph_optimization_level": "basic"}
     assert declared_session_options(mlp.path) == {}, "the recipe's own model is never rewritten"
     ort.InferenceSession(str(built.onnx_path), providers=["CPUExecutionProvider"])  # still a valid model
+
+
+def test_fp16_keeps_a_control_flow_node_fp32_and_emulates_the_rest(tmp_path):
+    """An If whose branches compute in float stays whole in FP32; the nodes around it are FP16 and emulated."""
+
+    def branch(name: str, factor: float) -> onnx.GraphProto:
+        scale = helper.make_tensor(f"{name}_k", TensorProto.FLOAT, [], [factor])
+        return helper.make_graph([helper.make_node("Mul", ["h", f"{name}_k"], [f"{name}_out"])], name, [],
+                                 [helper.make_tensor_value_info(f"{name}_out", TensorProto.FLOAT, [None, 4])],
+                                 initializer=[scale])  # fmt: skip
+
+    nodes = [
+        helper.make_node("Relu", ["x"], ["h"], name="relu"),
+        helper.make_node("ReduceSum", ["h"], ["total"], name="sum", keepdims=0),
+        helper.make_node("Greater", ["total", "zero"], ["positive"], name="greater"),
+        helper.make_node("If", ["positive"], ["y"], name="choose", then_branch=branch("up", 2.0),
+                         else_branch=branch("down", 0.5)),
+    ]  # fmt: skip
+    model = helper.make_model(
+        helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 4])],
+                          initializer=[helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0])]),
+        opset_imports=[helper.make_opsetid("", 17)],
+    )  # fmt: skip
+    path = tmp_path / "branchy.onnx"
+    onnx.save(model, str(path))
+    built = build_fp16(VariantSpec(name="half", precision="fp16"), BuildContext(path, tmp_path))
+    half = onnx.load(str(built.onnx_path))
+    (choose,) = [node for node in half.graph.node if node.op_type == "If"]
+    bodies = [attribute.g for attribute in choose.attribute]
+    assert all(t.data_type == TensorProto.FLOAT for body in bodies for t in body.initializer)
+    emulated, rounded = emulate_float16(half)
+    assert rounded >= 1
+    x = np.array([[1.0, -2.0, 3.0, 0.25]], dtype=np.float32)
+    session = ort.InferenceSession(emulated.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(session.run(None, {"x": x})[0], 2.0 * np.maximum(x, 0), rtol=1e-3)
