@@ -280,19 +280,6 @@ def _latency_grid(results: SweepResults) -> Grid:
     return Grid("Latency", headers, rows, frozenset(range(2, 12)), footer + notes.lines())
 
 
-# -- serving --------------------------------------------------------------------------------------
-
-
-def _serving_grid(results: SweepResults, gate: GateReport | None) -> Grid | None:
-    """Where the time goes, latency under load, cost, bound and SLO verdicts (None without serving figures)."""
-    table = serving_table(results, gate)
-    if table is None:
-        return None
-    breached = any(line.startswith("SLO BREACH") for line in table.footer)
-    return Grid(table.title, table.headers, [list(row) for row in table.rows], table.numeric, table.footer,
-                footer_style="red" if breached else "dim")  # fmt: skip
-
-
 # -- frontier -------------------------------------------------------------------------------------
 
 
@@ -396,7 +383,7 @@ def render_markdown(results: SweepResults, gate: GateReport | None, plot_path: P
         to_markdown(_summary_grid(results, gate)),
         to_markdown(_slice_grid(results, results.gate_metric)),
         to_markdown(_latency_grid(results)),
-        *([to_markdown(serving)] if (serving := _serving_grid(results, gate)) is not None else []),
+        *([to_markdown(serving)] if (serving := serving_table(results, gate)) is not None else []),
         _frontier_section(results, plot_path, report_path),
         gate_part,
         ranges_section(results),
@@ -414,7 +401,7 @@ def write_markdown_report(results: SweepResults, gate: GateReport | None, plot_p
 
 def print_summary(results: SweepResults, gate: GateReport | None) -> None:
     """The summary table, the frontier and the gate table, on qbench's console."""
-    serving = _serving_grid(results, gate)
+    serving = serving_table(results, gate)
     tables = [summary_table(results, gate), *([to_rich(serving)] if serving else []), Text(frontier_text(results))]
     tables += [gate_table(gate)] if gate is not None else []
     for renderable in tables:

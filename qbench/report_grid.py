@@ -1,12 +1,15 @@
-"""The neutral table every report view is built from, and its two renderings (rich, Markdown).
+"""The neutral table every report view is built from, and its renderings (rich, Markdown, HTML).
 
-A table is built once as a `Grid` (headers, cells, footnotes) and rendered either as a
-rich Table for the console or as a Markdown table, so both always show the same figures.
+A table is built once as a `Grid` (headers, cells, footnotes) and rendered as a rich Table for
+the console, a Markdown table for report.md or an HTML table for report.html, so all show the
+same figures.
 """
 
 from __future__ import annotations
 
+import html
 import math
+import re
 from dataclasses import dataclass, field
 
 from rich import box
@@ -106,3 +109,24 @@ def markdown_table(grid: Grid) -> list[str]:
 
 def to_markdown(grid: Grid) -> str:
     return "\n".join([f"## {grid.title}", "", *markdown_table(grid)]) + "\n"
+
+
+def html_inline(text: str) -> str:
+    """Escaped text with Markdown's `code` spans as <code> (the report texts mark names that way)."""
+    return re.sub(r"`([^`]*)`", r"<code>\1</code>", html.escape(text))
+
+
+def to_html(grid: Grid, section_id: str, heading: str = "h2") -> str:
+    """A <section> with the grid's title (as `heading`), an HTML table (numbers right-aligned) and its footer
+    as a list."""
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in grid.headers)
+    rows = []
+    for row in grid.rows:
+        cells = "".join(f'<td class="num">{html_inline(cell_text(c))}</td>' if i in grid.right_aligned
+                        else f"<td>{html_inline(cell_text(c))}</td>" for i, c in enumerate(row))  # fmt: skip
+        rows.append(f"<tr>{cells}</tr>")
+    lines = [f'<section id="{section_id}">', f"<{heading}>{html.escape(grid.title)}</{heading}>",
+             f"<table><thead><tr>{head}</tr></thead>", "<tbody>", *rows, "</tbody></table>"]  # fmt: skip
+    if grid.footer:
+        lines += ['<ul class="meta">', *(f"<li>{html_inline(line)}</li>" for line in grid.footer), "</ul>"]
+    return "\n".join([*lines, "</section>"])

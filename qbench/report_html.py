@@ -1,9 +1,11 @@
 """report.html: one self-contained page per sweep (inline CSS and SVG; no script, no link to the network).
 
 It shows the gate verdict, the latency–accuracy frontier (qbench.frontier_svg: hover a point for
-its variant, metric and latency) and the per-slice table, each cell coloured by the gate's
+its variant, metric and latency), the per-slice table, each cell coloured by the gate's
 judgement of its drop: green within tolerance, amber near it (more than NEAR_FRACTION of the
-tolerance used), red a breach, grey not judged (slice below gate.min_slice_size) or not gated.
+tolerance used), red a breach, grey not judged (slice below gate.min_slice_size) or not gated;
+then the serving table (where the time goes, load, cost, bound, SLO) and the activation-range
+analysis (FP16/BF16/FP8 limits per slice, INT8 clipping, calibration coverage), as report.md has them.
 """
 
 from __future__ import annotations
@@ -15,7 +17,12 @@ from pathlib import Path
 from qbench.frontier import gate_threshold
 from qbench.frontier_svg import backend_colours, batch_sizes, panel_svg
 from qbench.gate import EXIT_BREACH, EXIT_PASS, GateCheck, GateReport
+from qbench.gate_report import check_line
+from qbench.report_grid import to_html
+from qbench.report_ranges import ranges_html
+from qbench.report_serving import serving_table
 from qbench.results import SliceMetrics, SweepResults, VariantResult
+from qbench.slo import SLO_SCOPE
 
 NEAR_FRACTION = 0.5
 
@@ -40,6 +47,7 @@ table { border-collapse: collapse; margin-top: 0.5em; } th, td { border: 1px sol
 th { background: #f5f5f5; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
 td.ok { background: #c8e6c9; } td.near { background: #ffe0b2; } td.breach { background: #ffcdd2; font-weight: 600; }
 td.unjudged, td.not-gated { background: #f2f2f2; color: #666; } td.missing { color: #999; }
+.warning { background: #fff4e5; padding: 0.4em 0.8em; border-left: 4px solid #b26a00; }
 """
 
 
@@ -62,8 +70,7 @@ def _verdict_section(gate: GateReport | None) -> str:
              f"{len(gate.breaches)} breaches, {len(gate.problems)} problems that make results unusable.</p>"]  # fmt: skip
     if gate.breaches:
         lines.append("<ul class=\"breaches\">")
-        lines += [f"<li>{escape(c.variant)}@{escape(c.backend)}, {escape(c.scope)}: drop {c.drop:+.4f} > tolerance "
-                  f"{c.tolerance:.4f} ({escape(c.metric)} {c.reference:.4f} → {c.observed:.4f}, {c.size} rows)</li>"
+        lines += [f"<li>{escape(check_line(c))}{'' if c.scope == SLO_SCOPE else f' ({c.size} rows)'}</li>"
                   for c in gate.breaches]  # fmt: skip
         lines.append("</ul>")
     if gate.problems:
@@ -158,7 +165,9 @@ def _header(results: SweepResults) -> str:
 
 def render_html(results: SweepResults, gate: GateReport | None) -> str:
     title = escape(f"qbench report: {results.recipe.get('name', '')}")
-    body = [_header(results), _verdict_section(gate), _frontier_section(results), _slice_section(results, gate)]
+    serving = serving_table(results, gate)
+    body = [_header(results), _verdict_section(gate), _frontier_section(results), _slice_section(results, gate),
+            to_html(serving, "serving") if serving is not None else "", ranges_html(results)]  # fmt: skip
     return "\n".join(["<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
                       f"<title>{title}</title>", f"<style>{_CSS}</style>", "</head>", "<body>", *body,
                       "</body>", "</html>"]) + "\n"  # fmt: skip

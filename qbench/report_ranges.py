@@ -1,12 +1,19 @@
-"""The report's activation-range section: tensors over a float format's limit, INT8 clipping, coverage."""
+"""The report's activation-range section: tensors over a float format's limit, INT8 clipping, coverage.
+
+Built once as a `RangeView` and rendered as Markdown (report.md) or HTML (report.html).
+"""
 
 from __future__ import annotations
 
-from qbench.report_grid import NONE, Cell, Grid, markdown_table, md_cell, short
+from dataclasses import dataclass, field
+from html import escape
+
+from qbench.report_grid import NONE, Cell, Grid, html_inline, markdown_table, md_cell, short, to_html
 from qbench.results import LimitCheck, SweepResults
 
 _FORMAT_NAMES = {"fp16": "FP16", "bf16": "BF16", "fp8_e4m3": "FP8 E4M3"}
 _PEAKS_SHOWN = 5
+TITLE = "Activation ranges"
 
 
 def _magnitude(value: float) -> str:
@@ -14,34 +21,47 @@ def _magnitude(value: float) -> str:
     return f"{value:,.0f}" if 10_000 <= value < 1e9 else f"{value:.4g}"
 
 
-def _limit_line(check: LimitCheck, scopes: list[str]) -> list[str]:
-    """'- FP16 limit (65504):' then one sub-line per scope with tensors over it (tensor, node, abs max)."""
+@dataclass(frozen=True)
+class LimitLines:
+    """One format's limit and, per slice with tensors over it, a line naming them (`code` marks names)."""
+
+    heading: str
+    slices: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class RangeView:
+    intro: str
+    limits: list[LimitLines]
+    unattributed: str | None
+    clipping: Grid | None
+    warnings: list[str]
+
+
+def _limit_lines(check: LimitCheck, scopes: list[str]) -> LimitLines:
     scale = f" × {check.scaled_by}'s per-tensor scale" if check.scaled_by else ""
-    lines = [f"- {_FORMAT_NAMES.get(check.format, check.format)} limit ({check.limit:g}{scale}):"]
+    lines = []
     for scope in scopes:
         peaks = check.over.get(scope, ())
         shown = ", ".join(f"`{p.tensor}` from node `{p.node}` ({_magnitude(p.abs_max)} > {_magnitude(p.limit)})"
                           for p in peaks[:_PEAKS_SHOWN])  # fmt: skip
         more = f", and {len(peaks) - _PEAKS_SHOWN} more" if len(peaks) > _PEAKS_SHOWN else ""
-        lines += [f"  - slice `{scope}`: {md_cell(shown)}{more}"] if peaks else []
-    return lines if len(lines) > 1 else [lines[0] + " no tensor over it"]
+        lines += [f"slice `{scope}`: {md_cell(shown)}{more}"] if peaks else []
+    return LimitLines(f"{_FORMAT_NAMES.get(check.format, check.format)} limit ({check.limit:g}{scale})", lines)
 
 
-def ranges_section(results: SweepResults) -> str:
+def range_view(results: SweepResults) -> RangeView | None:
     """Why a slice breaks: tensors over FP16/BF16/FP8 limits and the share each calibrated variant clips."""
     analysis = results.ranges
     if analysis is None:
-        return ""
+        return None
     sweep_seconds = results.timings.get("total") or sum(results.timings.values())  # no total yet: phases so far
     share = f" ({analysis.seconds / sweep_seconds:.1%} of the sweep's timed phases)" if sweep_seconds else ""
-    lines = ["## Activation ranges", "",
-             f"One FP32 pass over {analysis.rows} evaluation rows, {len(analysis.nodes)} float tensors: "
-             f"{short(analysis.seconds)} s{share}.", "", "Tensors whose abs max exceeds a format's largest value:", ""]  # fmt: skip
+    intro = (f"One FP32 pass over {analysis.rows} evaluation rows, {len(analysis.nodes)} float tensors: "
+             f"{short(analysis.seconds)} s{share}.")  # fmt: skip
     scopes = [s for s in analysis.abs_max if s != "overall"] or ["overall"]
-    for check in analysis.limits:
-        lines += _limit_line(check, scopes)
-    if analysis.unattributed:
-        lines.append(f"- {len(analysis.unattributed)} tensor(s) have no batch-first dimension: counted in overall only")
+    unattributed = (f"{len(analysis.unattributed)} tensor(s) have no batch-first dimension: counted in overall only"
+                    if analysis.unattributed else None)  # fmt: skip
     counts = results.calibration.per_slice_counts if results.calibration else {}
     if results.calibration:
         counts = {"overall": results.calibration.size, **counts}
@@ -50,9 +70,43 @@ def ranges_section(results: SweepResults) -> str:
          f"{r.worst_node} ({r.worst_tensor}, {r.worst_share * 100:.3g}%)" if r.worst_node else NONE]
         for r in analysis.clipping
     ]  # fmt: skip
-    if rows:
-        headers = ["variant", "slice", "calibration rows", "clipped", "worst node (tensor, clipped)"]
-        lines += ["", "Activations outside each variant's calibrated ranges:", ""]
-        lines += markdown_table(Grid("Clipping", headers, rows, frozenset({2, 3})))
-    lines += [""] + [f"- **Calibration coverage warning:** {md_cell(w.message)}" for w in analysis.warnings]
+    headers = ["variant", "slice", "calibration rows", "clipped", "worst node (tensor, clipped)"]
+    clipping = Grid("Activations outside each variant's calibrated ranges", headers, rows, frozenset({2, 3})) if rows else None
+    return RangeView(intro, [_limit_lines(c, scopes) for c in analysis.limits], unattributed, clipping,
+                     [w.message for w in analysis.warnings])  # fmt: skip
+
+
+def ranges_section(results: SweepResults) -> str:
+    """The Markdown section of report.md ('' without a range analysis)."""
+    view = range_view(results)
+    if view is None:
+        return ""
+    lines = [f"## {TITLE}", "", view.intro, "", "Tensors whose abs max exceeds a format's largest value:", ""]
+    for limit in view.limits:
+        lines += [f"- {limit.heading}:", *(f"  - {line}" for line in limit.slices)] if limit.slices else [
+            f"- {limit.heading}: no tensor over it"]  # fmt: skip
+    lines += [f"- {view.unattributed}"] if view.unattributed else []
+    if view.clipping is not None:
+        lines += ["", f"{view.clipping.title}:", ""]
+        lines += markdown_table(view.clipping)
+    lines += [""] + [f"- **Calibration coverage warning:** {md_cell(w)}" for w in view.warnings]
     return "\n".join(lines) + "\n"
+
+
+def ranges_html(results: SweepResults) -> str:
+    """The same section for report.html ('' without a range analysis)."""
+    view = range_view(results)
+    if view is None:
+        return ""
+    items = []
+    for limit in view.limits:
+        inner = "".join(f"<li>{html_inline(line)}</li>" for line in limit.slices)
+        items.append(f"<li>{escape(limit.heading)}: <ul>{inner}</ul></li>" if inner
+                     else f"<li>{escape(limit.heading)}: no tensor over it</li>")  # fmt: skip
+    items += [f"<li>{escape(view.unattributed)}</li>"] if view.unattributed else []
+    lines = ['<section id="ranges">', f"<h2>{TITLE}</h2>", f'<p class="meta">{escape(view.intro)}</p>',
+             "<p>Tensors whose abs max exceeds a format's largest value:</p>", f'<ul class="limits">{"".join(items)}</ul>']  # fmt: skip
+    if view.clipping is not None:
+        lines.append(to_html(view.clipping, "clipping", heading="h3"))
+    lines += [f'<p class="warning"><strong>Calibration coverage warning:</strong> {escape(w)}</p>' for w in view.warnings]
+    return "\n".join([*lines, "</section>"])

@@ -1,28 +1,20 @@
 """The serving view of a sweep: where the time goes, latency under load, cost, bound, and the SLO verdicts.
 
-Built as plain rows (report.py renders them in the console and in report.md), plus the SLO lines
-(`slo_lines`) and the cheapest variant that meets both accuracy and the SLO (`cheapest`).
+Built as a Grid (report.py renders it in the console and report.md, report_html in report.html), plus
+the SLO lines (`slo_lines`) and the cheapest variant that meets both accuracy and the SLO (`cheapest`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from qbench.gate import GateCheck, GateReport
+from qbench.report_grid import Grid
 from qbench.results import EMULATED, SweepResults, VariantResult
 from qbench.slo import SLO_SCOPE
 
 _NONE = "—"
-
-
-@dataclass(frozen=True)
-class ServingTable:
-    title: str
-    headers: list[str]
-    rows: list[list[str]]
-    numeric: frozenset[int]
-    footer: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -139,7 +131,7 @@ def _row(results: SweepResults, gate: GateReport | None, variant: VariantResult,
     return cells + [bound, accuracy_verdict(results, gate, variant), slo_verdict(gate, variant)]
 
 
-def serving_table(results: SweepResults, gate: GateReport | None) -> ServingTable | None:
+def serving_table(results: SweepResults, gate: GateReport | None) -> Grid | None:
     """One row per variant x backend with serving figures; None when no variant has any."""
     measured = [v for v in results.variants if v.serving is not None]
     if not measured:
@@ -161,5 +153,7 @@ def serving_table(results: SweepResults, gate: GateReport | None) -> ServingTabl
         footer.append("emulated latency: the timed model does not run the format's own kernels; its load, cost "
                       "and bound figures are not those of native hardware")
     footer += [f"{v.key}: {v.serving.bound.basis}" for v in measured if v.serving and v.serving.bound]
-    return ServingTable("Serving: where the time goes, load, cost", headers, rows,
-                        frozenset(range(2, len(headers) - 3)), footer + slo_lines(results, gate))  # fmt: skip
+    lines = slo_lines(results, gate)
+    breached = any(line.startswith("SLO BREACH") for line in lines)
+    return Grid("Serving: where the time goes, load, cost", headers, [list(row) for row in rows],
+                frozenset(range(2, len(headers) - 3)), footer + lines, footer_style="red" if breached else "dim")  # fmt: skip

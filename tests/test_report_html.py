@@ -16,7 +16,7 @@ from qbench.frontier import compute_frontier
 from qbench.gate import evaluate_gate
 from qbench.recipe import GateSpec
 from qbench.report_html import render_html, write_html_report
-from qbench.results import write_results
+from qbench.results import ClipRecord, CoverageWarning, LimitCheck, RangeAnalysis, TensorPeak, write_results
 
 CPU = "onnxruntime-cpu"
 SPEC = GateSpec(metric="accuracy", max_drop=0.01, max_slice_drop=0.02)
@@ -160,3 +160,57 @@ def test_report_command_writes_html_beside_the_results(tmp_path: Path, capsys) -
     [section] = Tree((tmp_path / "report.html").read_text()).find("section", "verdict")
     assert section.attrs["data-verdict"] == "UNUSABLE"  # int8_dynamic failed: the gate fails closed
     assert [e.attrs["class"] for e in Tree((tmp_path / "report.html").read_text()).find("line", "threshold")]
+
+
+# INT8 clips 2 of 8 values on the dark slice, which had no calibration rows; one tensor there overflows FP16
+RANGES = RangeAnalysis(
+    rows=400, seconds=0.5, nodes={"x": "<graph input>", "conv": "Conv_0"},
+    abs_max={"overall": {"x": 1.0, "conv": 7e4}, "clean": {"x": 1.0, "conv": 10.0}, "dark": {"x": 1.0, "conv": 7e4}},
+    limits=(LimitCheck("fp16", 65504.0, None, {"overall": (TensorPeak("conv", "Conv_0", 7e4, 65504.0),), "clean": (),
+                                              "dark": (TensorPeak("conv", "Conv_0", 7e4, 65504.0),)}),
+            LimitCheck("bf16", 3.39e38, None, {"overall": (), "clean": (), "dark": ()})),
+    clipping=(ClipRecord("int8_minmax", "dark", 2, 8, 0.25, "conv", "Conv_0", 0.25),),
+    warnings=(CoverageWarning("dark", "int8_minmax", 0.25, "Conv_0", "conv",
+                              "slice 'dark' has no calibration rows and int8_minmax clips 25% of it"),),
+)  # fmt: skip
+
+
+def test_the_range_analysis_is_in_the_html_report_as_in_report_md() -> None:
+    results = dataclasses.replace(breach_sweep(), ranges=RANGES)
+    tree = Tree(render_html(results, evaluate_gate(results, SPEC)))
+    (section,) = [e for e in tree.find("section") if e.attrs.get("id") == "ranges"]
+    limits = [li for li in tree.find("li") if li.text.startswith(("FP16 limit", "BF16 limit"))]
+    assert [li.text.strip() for li in limits] == ["FP16 limit (65504):", "BF16 limit (3.39e+38): no tensor over it"]
+    (fp16_slices,) = [child for child in limits[0].children if child.tag == "ul"]
+    (dark,) = fp16_slices.children  # only the slice over the limit is listed
+    assert [c.text for c in dark.children if c.tag == "code"] == ["dark", "conv", "Conv_0"]
+    assert "(70,000 > 65,504)" in dark.text
+    (clipping,) = [e for e in tree.find("section") if e.attrs.get("id") == "clipping"]
+    rows = [[td.text for td in tr.children] for tr in tree.find("tr") if tr.children and tr.children[0].tag == "td"
+            and tr.children[0].text == "int8_minmax"]  # fmt: skip
+    assert rows == [["int8_minmax", "dark", "—", "25%", "Conv_0 (conv, 25%)"]]
+    (warning,) = tree.find("p", "warning")
+    assert "slice 'dark' has no calibration rows and int8_minmax clips 25% of it" in warning.text
+    assert section.children and clipping in section.children
+
+
+def test_the_serving_table_and_slo_lines_are_in_the_html_report() -> None:
+    from test_slo import GATE, SLO, _results
+
+    results = _results()  # int8-fast breaches the 10 ms budget at 100 req/s
+    page = render_html(results, evaluate_gate(results, GATE, slo=SLO))
+    tree = Tree(page)
+    assert [e for e in tree.find("section") if e.attrs.get("id") == "serving"]
+    headers = [th.text for th in tree.find("th")]
+    assert "p99 ms at 100 req/s" in headers and "max req/s in budget" in headers and "$/M at max req/s" in headers
+    cells = {tr.children[0].text: [td.text for td in tr.children] for tr in tree.find("tr")
+             if tr.children and tr.children[0].tag == "td"}  # fmt: skip
+    assert cells["int8-fast"][headers.index("p99 ms at 100 req/s") - len(headers)] == "14.5"
+    footer = [li.text for li in tree.find("li") if li.text.startswith(("SLO ", "cheapest"))]
+    assert footer == ["SLO BREACH int8-fast@onnxruntime-cpu: p99 14.5 ms at 100 req/s > budget 10 ms (+4.5 ms, +45.0%)",
+                      "SLO pass int8-ok@onnxruntime-cpu: p99 6 ms at 100 req/s <= budget 10 ms (-4 ms, -40.0%)",
+                      "cheapest meeting accuracy and SLO: int8-ok@onnxruntime-cpu (up to 200 req/s within budget, "
+                      "$0.5 per million)"]  # fmt: skip
+    (breach,) = tree.find("ul", "breaches")[0].children
+    assert breach.text == ("BREACH int8-fast@onnxruntime-cpu slo latency.p99_ms: 10.0000 → 14.5000, "
+                           "drop 4.5000 > tolerance 0.0000")  # fmt: skip
