@@ -257,7 +257,10 @@ def export_triton(
     to: Annotated[Path, typer.Option("--to", help="model repository folder", show_default=False)],
     force: Annotated[bool, typer.Option("--force", help="export even if the variant did not pass the gate")] = False,
     name: Annotated[Optional[str], typer.Option("--name", help="Triton model name; default <recipe>-<variant>")] = None,
-    max_queue_delay_us: Annotated[int, typer.Option(help="dynamic batcher's max queue delay (µs)")] = 100,
+    max_queue_delay_us: Annotated[
+        Optional[int], typer.Option(help="dynamic batcher's max queue delay (µs); default: the one the sweep's "
+                                    "load scenario simulated (slo:), else 100", show_default=False)  # fmt: skip
+    ] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="replace an existing model folder")] = False,
 ) -> int:
     """Write a Triton model repository (config.pbtxt, 1/model.onnx, README) for a variant that passed the gate."""

@@ -263,6 +263,27 @@ def _runs_per_window(point: LatencyPoint) -> int:
     return point.iterations // max(1, len(point.window_p50_ms))
 
 
+def load_command(name: str, measured: VariantResult, shapes: Mapping[str, str]) -> str | None:
+    """The perf_analyzer command replaying qbench's load scenario at the SLO's rate (None without one): Poisson
+    arrivals of single requests at that rate, as many requests as were simulated, p99 reported."""
+    serving = measured.serving
+    if serving is None or serving.at_rate is None or serving.rate_rps is None:
+        return None
+    shape_flags = "".join(f" --shape {n}:{s}" for n, s in shapes.items())
+    rate = f"{serving.rate_rps:g}"
+    return (f"perf_analyzer -m {name} -i grpc -u {GRPC_URL} -b 1 --async --request-rate-range {rate}:{rate}:1 "
+            f"--request-distribution poisson --measurement-mode count_windows "
+            f"--measurement-request-count {serving.at_rate.requests} --percentile=99{shape_flags}")  # fmt: skip
+
+
+def queue_delay_us(measured: VariantResult) -> int:
+    """The dynamic batcher's max queue delay: the one qbench's load scenario simulated, else the default."""
+    serving = measured.serving
+    if serving is None or serving.max_queue_delay_ms is None:
+        return DEFAULT_MAX_QUEUE_DELAY_US
+    return round(serving.max_queue_delay_ms * 1000)
+
+
 def perf_analyzer_commands(name: str, measured: VariantResult, shapes: Mapping[str, str]) -> list[str]:
     """One perf_analyzer command per batch size qbench timed: concurrency 1, about as many timed
     requests per window as qbench's timing windows held (all its timed runs when it timed a fixed
@@ -324,6 +345,15 @@ def _readme(name: str, recipe: Recipe, results: SweepResults, measured: VariantR
         "in the dynamic batcher's queue. perf_analyzer's latency also counts the request's trip through the server "
         "(gRPC, copies); its server-side `compute infer` time is the figure to compare with qbench's p50.",
     ]
+    load, serving = load_command(name, measured, shapes), measured.serving
+    if load is not None and serving is not None and serving.at_rate is not None:
+        at_rate = serving.at_rate
+        lines += ["", "## Reproduce qbench's load point", "",
+                  f"qbench simulated Poisson arrivals at {serving.rate_rps:g} req/s through a dynamic batcher (max batch "
+                  f"{serving.max_batch_size}, max queue delay {serving.max_queue_delay_ms:g} ms, as in config.pbtxt "
+                  f"unless overridden) from the measured service times: p50 {at_rate.p50_ms:.3f} ms, p99 "
+                  f"{at_rate.p99_ms:.3f} ms, mean batch {at_rate.mean_batch_size:.2f} over {at_rate.requests} "
+                  "requests. The same load on the server:", "", "```", load, "```"]  # fmt: skip
     if any("<dim>" in shape for shape in shapes.values()):
         lines += ["", "Replace `<dim>` in `--shape` with the size of the input's dynamic dimension in your data."]
     return "\n".join(lines) + "\n"
@@ -365,15 +395,17 @@ def export_triton(
     *,
     force: bool = False,
     model_name: str | None = None,
-    max_queue_delay_us: int = DEFAULT_MAX_QUEUE_DELAY_US,
+    max_queue_delay_us: int | None = None,
     overwrite: bool = False,
     results_path: Path | None = None,
 ) -> TritonExport:
     """Write a Triton model repository entry for `variant` on `backend` from the recipe's latest results
-    (or `results_path`); QbenchError when the variant did not pass the gate and `force` is False."""
+    (or `results_path`); QbenchError when the variant did not pass the gate and `force` is False.
+    max_queue_delay_us: the dynamic batcher's; default the one the sweep's load scenario simulated (`slo:`),
+    else DEFAULT_MAX_QUEUE_DELAY_US."""
     if backend not in TARGETS:
         raise QbenchError(f"Triton export: backend {expected_one_of(backend, TARGETS)}")
-    if max_queue_delay_us < 0:
+    if max_queue_delay_us is not None and max_queue_delay_us < 0:
         raise QbenchError(f"max queue delay: got {max_queue_delay_us} µs, expected 0 or more")
     name = _check_model_name(model_name or f"{recipe.name}-{variant}")
     report, results = run_gate(recipe, results_path)
@@ -384,7 +416,8 @@ def export_triton(
     source = _measured_model(measured)
     info = read_model_info(source)
     target = TARGETS[backend]
-    config = to_pbtxt(triton_config(name, measured, info, target, max_queue_delay_us=max_queue_delay_us))
+    delay = max_queue_delay_us if max_queue_delay_us is not None else queue_delay_us(measured)
+    config = to_pbtxt(triton_config(name, measured, info, target, max_queue_delay_us=delay))
     model_dir = _model_dir(Path(to), name, overwrite)
     model_path = _copy_model(source, model_dir / VERSION)
     sha256 = _sha256(model_path)

@@ -22,6 +22,7 @@ from qbench.export.triton import export_triton, external_data_files
 from qbench.gate import latest_results
 from qbench.recipe import load_recipe
 from qbench.results import read_results, write_results
+from qbench.results_serving import LoadStats, ServingResult
 from qbench.sweep import run_sweep
 
 model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")
@@ -311,3 +312,32 @@ def test_a_zipmap_output_is_refused_naming_it(tmp_path: Path) -> None:
     model = _classifier_with(tmp_path, helper.make_value_info("p", map_type), zipmap)
     with pytest.raises(QbenchError, match=r"tensor 'p' is a seq\(map\(int64,tensor\(float32\)\)\), not a tensor.*zipmap"):
         triton_config("m", make_variant("v", "int8"), read_model_info(model), TARGETS[CPU], max_queue_delay_us=0)
+
+
+def test_the_load_scenario_sets_the_queue_delay_and_gets_its_own_command(swept: Path, tmp_path: Path) -> None:
+    """Results simulated under load (slo:) at 250 req/s with a 2.5 ms queue delay: config.pbtxt batches with that
+    delay and the README replays the same Poisson load; --max-queue-delay-us still overrides it."""
+    recipe = load_recipe(swept)
+    results = read_results(latest_results(recipe))
+    at_rate = LoadStats(250.0, 4000, 0.9, 1.8, 2.7, 1.0, 0.4, 1.3, 249.0)
+    serving = ServingResult(preprocess_ms_per_row=0.01, budget_ms=5.0, rate_rps=250.0, max_batch_size=8,
+                            max_queue_delay_ms=2.5, requests=4000, seed=0, at_rate=at_rate)  # fmt: skip
+    variants = tuple(dataclasses.replace(v, serving=serving) if v.variant == "fp16" else v for v in results.variants)
+    loaded = tmp_path / "loaded" / "results.json"
+    write_results(dataclasses.replace(results, variants=variants), loaded)
+
+    export = export_triton(recipe, "fp16", CPU, tmp_path / "repo", results_path=loaded)
+    assert parse_config(export.config_path).dynamic_batching.max_queue_delay_microseconds == 2500
+    readme = export.readme_path.read_text()
+    (command,) = [line for line in readme.splitlines() if "--request-rate-range" in line]
+    flags = command.split()
+    assert flags[flags.index("--request-rate-range") + 1] == "250:250:1" and flags[flags.index("-b") + 1] == "1"
+    assert "--request-distribution poisson" in command and "--percentile=99" in command
+    assert flags[flags.index("--measurement-request-count") + 1] == "4000"
+    assert "p99 2.700 ms, mean batch 1.30 over 4000 requests" in readme
+
+    again = export_triton(recipe, "fp16", CPU, tmp_path / "other", results_path=loaded, max_queue_delay_us=0)
+    assert parse_config(again.config_path).dynamic_batching.max_queue_delay_microseconds == 0
+    plain = export_triton(recipe, "fp16", CPU, tmp_path / "plain")  # no load scenario: the default, no command
+    assert parse_config(plain.config_path).dynamic_batching.max_queue_delay_microseconds == 100
+    assert "--request-rate-range" not in plain.readme_path.read_text()
