@@ -149,6 +149,34 @@ def test_price_on_the_command_line(tmp_path):
         with_prices(recipe, ["onnxruntime-cpu=-2"])
 
 
+def test_cost_figures_of_a_sweep_by_hand(tmp_path):
+    """A model taking exactly 1 ms at batch 1 and 2 ms at batch 4, on a $3.60/h machine: 1,000 and 2,000
+    inferences/s cost 3.60 / 3600 / 1000 x 1e6 = $1.00 and $0.50 per million; at the highest rate within the
+    10 ms budget, 1000 / that rate."""
+    import numpy as np
+    from test_recipe import with_changes, write_recipe
+
+    from qbench.recipe import load_recipe
+    from qbench.results import LatencyPoint
+    from qbench.slo import serving_figures
+
+    recipe = load_recipe(write_recipe(tmp_path, with_changes(
+        latency={"batch_sizes": [1, 4]}, cost={"price_per_hour": {"onnxruntime-cpu": 3.6}},
+        slo={"p99_ms": 10.0, "rate_rps": 100.0, "load": {"max_queue_delay_ms": 1.0, "requests": 2000}},
+    )))  # fmt: skip
+    samples = {1: np.full(200, 1.0), 4: np.full(200, 2.0)}
+    points = [LatencyPoint(1, 0, 200, 1.0, 1.0, 1.0, 1.0, 1000.0), LatencyPoint(4, 0, 200, 2.0, 2.0, 2.0, 2.0, 2000.0)]
+    serving = serving_figures(recipe, "onnxruntime-cpu", samples, points, model_bytes=4000, runtime={},
+                              preprocess_ms_per_row=0.0)  # fmt: skip
+    assert serving.price_per_hour == 3.6
+    assert serving.usd_per_million["b1"] == pytest.approx(1.0)
+    assert serving.usd_per_million["b4"] == pytest.approx(0.5)
+    assert 100.0 < serving.max_rate_rps < 2000.0  # the budget holds at 100 req/s; full batches of 4 cap the rate
+    assert serving.usd_per_million["max_rate"] == pytest.approx(1000.0 / serving.max_rate_rps)
+    # at 100 req/s a request waits the 1 ms queue delay for company, then 1 ms (alone) to 1.33 ms (with one more)
+    assert 2.0 <= serving.at_rate.p50_ms <= serving.at_rate.p99_ms <= 1.0 + 2.0
+
+
 def test_the_frontier_plot_gets_a_cost_panel(tmp_path):
     import struct
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from decimal import Decimal, localcontext
+
 import numpy as np
 import pytest
 
@@ -29,6 +32,44 @@ def test_mean_wait_matches_md1(rho):
     assert stats.mean_ms == pytest.approx(expected + D_MS, rel=0.03)
     assert stats.mean_batch_size == 1.0
     assert stats.achieved_rps == pytest.approx(rate, rel=0.02)
+
+
+def md1_wait_cdf(t_ms: float, rate_per_ms: float, service_ms: float) -> float:
+    """P(wait <= t) in M/D/1 (Erlang, Crommelin): (1 - rho) sum_{k=0}^{floor(t/D)} (lam (kD - t))^k / k! e^{-lam (kD - t)}.
+    The terms alternate in sign and grow large: summed in 80-digit decimals."""
+    with localcontext() as ctx:
+        ctx.prec = 80
+        lam, d, t = Decimal(rate_per_ms), Decimal(service_ms), Decimal(t_ms)
+        total = Decimal(0)
+        for k in range(int(t // d) + 1):
+            x = lam * (k * d - t)
+            total += (x**k if k else Decimal(1)) / math.factorial(k) * (-x).exp()  # Decimal refuses 0 ** 0
+        return float((1 - lam * d) * total)
+
+
+def md1_p99_response_ms(rate_per_ms: float, service_ms: float) -> float:
+    """The 99th percentile of wait + service, by bisection on the waiting-time distribution."""
+    low, high = 0.0, 200 * service_ms
+    for _ in range(60):
+        middle = (low + high) / 2
+        low, high = (middle, high) if md1_wait_cdf(middle, rate_per_ms, service_ms) < 0.99 else (low, middle)
+    return (low + high) / 2 + service_ms
+
+
+def test_md1_formula_by_hand():
+    # no wait with probability 1 - rho; at rho = 0.5, D = 2 ms: P(W <= 1 ms) = 0.5 e^{0.25} = 0.6420
+    assert md1_wait_cdf(0.0, 0.25, 2.0) == pytest.approx(0.5)
+    assert md1_wait_cdf(1.0, 0.25, 2.0) == pytest.approx(0.5 * math.exp(0.25))
+
+
+@pytest.mark.parametrize(("rho", "expected_p99_ms"), [(0.3, 5.782), (0.5, 8.672), (0.8, 22.71)])
+def test_p99_matches_md1(rho, expected_p99_ms):
+    """The measured p99 is the one the arrival rate implies: M/D/1's waiting-time distribution, 99th percentile,
+    plus the service time (the figures in the parameters are that formula's, to 4 digits)."""
+    rate_per_ms = rho / D_MS
+    assert md1_p99_response_ms(rate_per_ms, D_MS) == pytest.approx(expected_p99_ms, rel=1e-3)
+    stats = simulate(FixedServiceTime(D_MS), Batcher(1, 0.0), rate_per_ms * 1000.0, Draws.make(200_000, seed=0))
+    assert stats.p99_ms == pytest.approx(expected_p99_ms, rel=0.03)
 
 
 def test_p99_at_low_load_is_the_service_time():
