@@ -295,13 +295,14 @@ def report(
 
 @app.command(name="list")
 def list_registered() -> int:
-    """What qbench can build and run here: precisions, calibrators, backends, gate metrics."""
+    """What qbench can build and run here: techniques, calibrators, backends, gate metrics."""
     from qbench.backends import BACKENDS
     from qbench.tasks import TASKS
-    from qbench.variants import CALIBRATORS, PRECISIONS
+    from qbench.techniques import CALIBRATORS, TECHNIQUES
 
-    out.print(f"precisions:  {', '.join(PRECISIONS.names())}")
-    out.print("calibrators: " + ", ".join(f"{n} ({'/'.join(p)})" for n, p in sorted(CALIBRATORS.items())))
+    techniques = [(n, TECHNIQUES.get(n).config.precisions) for n in TECHNIQUES.names()]
+    out.print("techniques:  " + ", ".join(f"{n} ({'/'.join(p)})" for n, p in techniques))
+    out.print("calibrators: " + ", ".join(f"{n} ({'/'.join(CALIBRATORS.get(n).precisions)})" for n in CALIBRATORS.names()))
     out.print(f"backends:    {', '.join(BACKENDS.names())}")
     out.print(f"tasks:       {', '.join(TASKS.names())}")
     for task in TASKS.names():

@@ -119,7 +119,7 @@ def p50_at_largest_batch(result: VariantResult) -> float:
 
 def build_with_search(spec: VariantSpec, ctx: BuildContext, *, evaluate: Evaluate, gate: GateSpec) -> BuiltVariant:
     """The fastest candidate of `spec` that passes `gate` (see the module docstring); built into ctx.workdir."""
-    if spec.precision != "int8" or spec.qat is not None or spec.quantizer == "modelopt":
+    if spec.technique_name not in ("ort-static", "ort-dynamic"):
         raise QbenchError(f"variant {spec.name!r}: fallback and calibrator auto apply to ONNX Runtime INT8 variants")
     started = time.perf_counter()
     reference = evaluate(BuiltVariant("fp32", "fp32", ctx.reference_path))

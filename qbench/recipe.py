@@ -12,13 +12,9 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import (
-    AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
     Field,
     PrivateAttr,
     ValidationError,
@@ -31,21 +27,22 @@ from qbench.recipe_errors import recipe_error
 from qbench.recipe_filters import check_filter
 from qbench.recipe_registry import RegistrySpec, check_registry
 from qbench.recipe_slo import CostSpec, SloSpec, check_serving
+from qbench.recipe_variants import Name, VariantSpec, reference_variant
 from qbench.recipe_yaml import read_recipe_yaml
+from qbench.techniques.options import (
+    FallbackSpec,
+    Filter,
+    QatSpec,
+    SmoothQuantSpec,
+    TrainSpec,
+)
+from qbench.techniques.options import StrictConfig as _Strict
 
-Scalar = Union[str, int, float, bool, None]
+# the variant and technique option models, importable from here as before
+__all__ = ["FallbackSpec", "QatSpec", "Recipe", "SmoothQuantSpec", "TrainSpec", "VariantSpec", "load_recipe"]
 
-PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8")
-QUANTIZED_PRECISIONS = ("int8", "fp8")
 # recipe sections that decide the results (the gate and tracking sections do not)
 RESULT_SECTIONS = ("name", "task", "model", "data", "variants", "backends", "metrics")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
-
-
-class _Strict(BaseModel):
-    """Strict: `true` is not a number, "10" is not an int, 1.0 is not an int (only Path fields take strings)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 def _path_field(description: str, default: Any = None) -> Any:
@@ -53,14 +50,6 @@ def _path_field(description: str, default: Any = None) -> Any:
     return Field(default, description=description, strict=False)
 
 
-def _check_name(value: str) -> str:
-    if not _NAME.match(value):
-        raise ValueError(f"got {value!r}, expected letters, digits and _ . + - (starting with a letter or digit)")
-    return value
-
-
-Name = Annotated[str, AfterValidator(_check_name)]
-Filter = Annotated[dict[str, Any], Field(description="column -> value, or column -> {op: value}")]
 
 
 TorchDtype = Literal["float32", "float16", "bfloat16", "int64", "int32", "bool"]
@@ -181,137 +170,6 @@ class DataSpec(_Strict):
         if not v:
             raise ValueError("expected at least one `column: input_name` pair")
         return v
-
-
-class TrainSpec(_Strict):
-    filter: Filter | None = None
-    limit: int | None = Field(None, gt=0, description="train on at most this many rows")
-
-    _check = field_validator("filter")(lambda v: None if v is None else check_filter(v))
-
-
-class QatSpec(_Strict):
-    epochs: int = Field(3, gt=0)
-    lr: float = Field(1.0e-4, gt=0)
-    batch_size: int = Field(64, gt=0)
-    train: TrainSpec = Field(TrainSpec(), description="rows to fine-tune on")
-    loss: Literal["label", "distill"] = Field(
-        "label", description="label: cross-entropy on data.label; distill: match the FP32 model's outputs"
-    )
-    seed: int = 0
-
-
-class FallbackSpec(_Strict):
-    until: Literal["gate"] = "gate"
-    max_excluded: int = Field(8, gt=0, description="most nodes kept in floating point before giving up")
-    step: int = Field(1, gt=0, description="nodes excluded per step")
-    keep: Literal["fp32"] = Field("fp32", description="precision the excluded nodes keep")
-
-
-def _check_alpha(value: Any) -> Any:
-    """One clear message for SmoothQuant's alpha, instead of one per branch of `float | "auto"`."""
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if value == "auto" or (number and 0 <= value <= 1):
-        return value
-    raise ValueError(f"expected a number from 0 to 1, or 'auto'; got {short_repr(value)}")
-
-
-class SmoothQuantSpec(_Strict):
-    """SmoothQuant on the ONNX graph, then INT8 on the inputs and weights of every Linear (outputs float)."""
-
-    alpha: Annotated[float | Literal["auto"], BeforeValidator(_check_alpha)] = Field(
-        0.5,
-        description="migration strength: 0 keeps the activations' range, 1 moves it all into the weights; "
-        "auto: per Linear input, the alpha of 0.3-0.9 (or none) whose INT8 outputs are closest to FP32",
-    )
-    unfoldable: Literal["mul", "skip"] = Field(
-        "mul", description="when the smoothing cannot fold into the producer: insert one Mul, or leave that input unsmoothed"
-    )
-
-
-class VariantSpec(_Strict):
-    name: Name
-    precision: Literal["fp32", "fp16", "bf16", "int8", "fp8"]
-    calibrator: str | None = Field(
-        None, description="int8: minmax | entropy | percentile | dynamic; fp8: minmax | entropy | percentile"
-    )
-    percentile: float | None = Field(None, gt=0, le=100, description="percentile calibrator; default 99.999")
-    num_bins: int | None = Field(None, gt=0, description="histogram bins (entropy, percentile); default 2048")
-    num_quantized_bins: int | None = Field(None, gt=0, description="entropy target bins; default 128")
-    per_channel: bool = Field(False, description="per-channel weight scales")
-    reduce_range: bool | Literal["auto"] = Field(
-        "auto", description="7-bit weights; auto = on for x86 CPUs without VNNI (avoids u8s8 saturation)"
-    )
-    activation_type: Literal["uint8", "int8"] = "uint8"
-    weight_type: Literal["int8", "uint8"] = "int8"
-    symmetric_activations: bool = False
-    op_types: list[str] | None = Field(None, description="op types to quantize; default: the quantizer's")
-    exclude_nodes: list[str] = Field([], description="node names kept in floating point")
-    fallback: FallbackSpec | None = Field(
-        None, description="int8: keep the costliest nodes in floating point until the gate holds"
-    )
-    quantizer: Literal["onnxruntime", "modelopt"] | None = Field(
-        None, description="who quantizes (int8/fp8): onnxruntime (default) or modelopt (needs a PyTorch model)"
-    )
-    qat: QatSpec | None = Field(None, description="int8 only: fine-tune with fake quantization (needs a PyTorch model)")
-    smoothquant: SmoothQuantSpec | None = Field(
-        None, description="int8 with calibrator minmax (static) or dynamic: smooth, then quantize Linear inputs and "
-        "weights only (per_channel defaults to true here)"
-    )
-    compile: bool = Field(False, description="torch backends: run the module through torch.compile")
-
-    @model_validator(mode="after")
-    def _options_fit_precision(self) -> VariantSpec:
-        from qbench.variants import calibrator_names
-
-        quantized = self.precision in QUANTIZED_PRECISIONS
-        if not quantized:
-            given = [f for f in _QUANT_ONLY_FIELDS if f in self.model_fields_set]
-            if given:
-                raise ValueError(f"{given[0]}: applies only to int8/fp8 variants, not {self.precision}")
-            return self
-        if self.calibrator is None:
-            raise ValueError(f"calibrator: {self.precision} needs one of {', '.join(calibrator_names(self.precision))}")
-        allowed = calibrator_names(self.precision)
-        if self.calibrator not in allowed:
-            raise ValueError(f"calibrator: {expected_one_of(self.calibrator, allowed)} for {self.precision}")
-        for option, calibrators in _CALIBRATOR_OPTIONS.items():
-            if option in self.model_fields_set and self.calibrator not in calibrators:
-                raise ValueError(f"{option}: applies to calibrator {' / '.join(calibrators)}, not {self.calibrator!r}")
-        kinds = [self.precision, *(["dynamic int8"] if self.calibrator == "dynamic" else [])]
-        kinds += ["QAT"] if self.qat is not None else []
-        kinds += ["SmoothQuant"] if self.smoothquant is not None else []
-        if self.smoothquant is not None and self.calibrator not in _SMOOTHQUANT_CALIBRATORS:
-            raise ValueError(f"calibrator: {expected_one_of(self.calibrator, _SMOOTHQUANT_CALIBRATORS)} with smoothquant")
-        if self.smoothquant is not None and self.weight_type != "int8":
-            raise ValueError("weight_type: smoothquant quantizes weights to int8 only")
-        for kind in kinds:
-            for option in _NOT_FOR.get(kind, ()):
-                if option in self.model_fields_set:
-                    raise ValueError(f"{option}: does not apply to {kind} variants")
-        if self.qat is not None and self.calibrator == "auto":
-            raise ValueError("calibrator: QAT starts from one calibration: choose minmax, entropy or percentile")
-        return self
-
-
-_QUANT_ONLY_FIELDS = (
-    "calibrator", "percentile", "num_bins", "num_quantized_bins", "per_channel", "reduce_range",
-    "activation_type", "weight_type", "symmetric_activations", "op_types", "exclude_nodes", "quantizer", "qat",
-    "fallback", "smoothquant",
-)  # fmt: skip
-# options that a quantized kind ignores: rejected rather than silently dropped
-_NOT_FOR = {
-    "fp8": ("reduce_range", "activation_type", "weight_type", "symmetric_activations", "qat", "fallback", "smoothquant"),
-    "dynamic int8": ("activation_type", "symmetric_activations", "qat", "quantizer"),
-    "QAT": ("op_types", "exclude_nodes", "fallback", "quantizer"),
-    "SmoothQuant": ("op_types", "fallback", "quantizer", "qat"),  # Linears are chosen by rule
-}
-_SMOOTHQUANT_CALIBRATORS = ("minmax", "dynamic")
-_CALIBRATOR_OPTIONS = {
-    "percentile": ("percentile",),
-    "num_bins": ("entropy", "percentile"),
-    "num_quantized_bins": ("entropy",),
-}
 
 
 class MetricSpec(_Strict):
@@ -569,7 +427,9 @@ class Recipe(_Strict):
         """Hash of what decides the accuracy results: task, model and data (file contents),
         variants, backends and custom metrics. Gate and tracking settings are left out, so tightening the
         gate does not make earlier results stale, while a new model or data set does."""
-        from qbench.provenance import input_digests  # per-input digests: the gate says which input changed
+        from qbench.provenance import (
+            input_digests,  # per-input digests: the gate says which input changed
+        )
 
         payload = self.model_dump(mode="json", include=set(RESULT_SECTIONS))
         digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode())
@@ -580,7 +440,7 @@ class Recipe(_Strict):
     def all_variants(self) -> list[VariantSpec]:
         """The FP32 reference first (always built), then the recipe's other variants in order."""
         reference = next((v for v in self.variants if v.precision == "fp32"), None)
-        reference = reference or VariantSpec(name="fp32", precision="fp32")
+        reference = reference or reference_variant()
         return [reference] + [v for v in self.variants if v is not reference]
 
 

@@ -49,24 +49,24 @@ def test_console_script_returns_the_exit_code(tmp_path):
 
 
 def test_an_unexpected_exception_is_one_line_exit_2(monkeypatch, capsys):
-    import qbench.variants
+    import qbench.techniques
 
     def broken() -> list[str]:
         raise RuntimeError("calibrators\nregistry broken")
 
-    monkeypatch.setattr(qbench.variants.PRECISIONS, "names", broken)
+    monkeypatch.setattr(qbench.techniques.TECHNIQUES, "names", broken)
     assert main(["list"]) == 2
     err = capsys.readouterr().err
     assert err.strip().splitlines() == ["qbench: error: RuntimeError: calibrators registry broken"]
 
 
 def test_debug_shows_the_traceback_of_an_unexpected_exception(monkeypatch, capsys):
-    import qbench.variants
+    import qbench.techniques
 
     def broken() -> list[str]:
         raise ZeroDivisionError("boom")
 
-    monkeypatch.setattr(qbench.variants.PRECISIONS, "names", broken)
+    monkeypatch.setattr(qbench.techniques.TECHNIQUES, "names", broken)
     assert main(["list", "--debug"]) == 2
     err = capsys.readouterr().err
     assert "Traceback" in err and "broken" in err and "qbench: error: ZeroDivisionError: boom" in err

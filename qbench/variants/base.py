@@ -5,12 +5,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
 
+from qbench.errors import QbenchError
+
 if TYPE_CHECKING:  # pragma: no cover
     from qbench.recipe import VariantSpec
+    from qbench.techniques import TechniqueConfig
 
 Feeds = dict[str, np.ndarray]
 
@@ -75,3 +78,14 @@ class BuiltVariant:
 
 class VariantBuilder(Protocol):
     def __call__(self, spec: VariantSpec, ctx: BuildContext) -> BuiltVariant: ...
+
+
+Config = TypeVar("Config", bound="TechniqueConfig")
+
+
+def technique_of(spec: VariantSpec, kind: type[Config]) -> Config:
+    """The variant's technique config, which must be a `kind` (a handler's own config type)."""
+    config = spec.technique_config
+    if not isinstance(config, kind):
+        raise QbenchError(f"variant {spec.name!r}: technique {spec.technique_name!r} is not built by {kind.__name__}")
+    return config

@@ -25,24 +25,29 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, quant_pre_process
+from onnxruntime.quantization import (
+    CalibrationDataReader,
+    CalibrationMethod,
+    quant_pre_process,
+)
 from onnxruntime.quantization.calibrate import TensorsData, create_calibrator
 
 from qbench.errors import QbenchError
 from qbench.progress import track
-from qbench.recipe import VariantSpec
+from qbench.techniques.calibrators import (
+    CALIBRATORS,
+    DEFAULT_NUM_BINS,
+    DEFAULT_NUM_QUANTIZED_BINS,
+    DEFAULT_PERCENTILE,
+    Calibration,
+)
 from qbench.variants.base import Feeds
 from qbench.variants.histograms import GuardedHistogramCollector
 from qbench.variants.onnx_utils import load_model, quiet_stdout, save_model
 
 METHODS: dict[str, CalibrationMethod] = {
-    "minmax": CalibrationMethod.MinMax,
-    "entropy": CalibrationMethod.Entropy,
-    "percentile": CalibrationMethod.Percentile,
+    name: CalibrationMethod[CALIBRATORS.get(name).onnxruntime] for name in CALIBRATORS if CALIBRATORS.get(name).computes_ranges
 }
-DEFAULT_PERCENTILE = 99.999
-DEFAULT_NUM_BINS = 2048
-DEFAULT_NUM_QUANTIZED_BINS = 128
 FEEDING = "one batch per calibrator call (histograms merged; no rows dropped)"
 
 
@@ -58,17 +63,16 @@ class CalibrationSettings:
     op_types: tuple[str, ...] | None = None
 
     @classmethod
-    def from_spec(cls, spec: VariantSpec, op_types: Sequence[str] | None) -> CalibrationSettings:
-        """Settings from a recipe VariantSpec; `op_types` are the op types whose tensors get ranges."""
-        if spec.calibrator not in METHODS:
-            raise QbenchError(f"variant {spec.name!r}: calibrator {spec.calibrator!r} does not compute ranges")
-        quantized_bins = spec.num_quantized_bins
+    def of(cls, calibration: Calibration, symmetric: bool, op_types: Sequence[str] | None) -> CalibrationSettings:
+        """Settings from a technique's calibration; `op_types` are the op types whose tensors get ranges."""
+        if calibration.calibrator not in METHODS:
+            raise QbenchError(f"calibrator {calibration.calibrator!r} does not compute ranges")
         return cls(
-            method=spec.calibrator,
-            percentile=spec.percentile if spec.percentile is not None else DEFAULT_PERCENTILE,
-            num_bins=spec.num_bins if spec.num_bins is not None else DEFAULT_NUM_BINS,
-            num_quantized_bins=quantized_bins if quantized_bins is not None else DEFAULT_NUM_QUANTIZED_BINS,
-            symmetric=spec.symmetric_activations,
+            method=calibration.calibrator,
+            percentile=calibration.percentile,
+            num_bins=calibration.num_bins,
+            num_quantized_bins=calibration.num_quantized_bins,
+            symmetric=symmetric,
             op_types=tuple(op_types) if op_types is not None else None,
         )
 

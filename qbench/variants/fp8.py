@@ -39,7 +39,8 @@ from onnxruntime.quantization.calibrate import TensorsData, save_tensors_data
 
 from qbench.errors import QbenchError
 from qbench.recipe import VariantSpec
-from qbench.variants.base import BuildContext, BuiltVariant
+from qbench.techniques.fp8 import Fp8
+from qbench.variants.base import BuildContext, BuiltVariant, technique_of
 from qbench.variants.calibrate import (
     FEEDING,
     CalibrationSettings,
@@ -50,6 +51,7 @@ from qbench.variants.calibrate import (
     require_calibration,
     tensor_amax,
 )
+from qbench.variants.float_rules import kept_float_nodes, restore_float_inputs
 from qbench.variants.onnx_utils import (
     Stopwatch,
     build_step,
@@ -88,17 +90,21 @@ class Fp8Insertion:
 def build_fp8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     """Build an FP8 E4M3 Q/DQ simulation of the reference model."""
     clock = Stopwatch()
+    config = technique_of(spec, Fp8)
     require_calibration(spec.name, ctx.calibration)
-    op_types = _op_types(spec)
-    settings = CalibrationSettings.from_spec(spec, op_types)
+    op_types = _op_types(spec.name, config)
+    settings = CalibrationSettings.of(config.calibration, False, op_types)
     target = output_path(spec.name, ctx)
     cache = target.with_name(f"{spec.name}.calibration.json")
     reference = ctx.reference_path.resolve()
     with build_step(spec.name, "loading the FP32 model"):
         model = load_model(reference)
-    check_node_names(model, spec.exclude_nodes, spec.name)
-    if not quantizable_nodes(model, op_types, spec.exclude_nodes):
-        params = {"calibrator": spec.calibrator, "op_types": list(op_types), "quantized_nodes": 0, "quantized_op_types": {}}
+    check_node_names(model, config.exclude_nodes, spec.name)
+    kept_float = kept_float_nodes(model, config.keep_float)
+    excluded = {*config.exclude_nodes, *kept_float.names}
+    if not quantizable_nodes(model, op_types, excluded):
+        params = {"calibrator": settings.method, "op_types": list(op_types), "quantized_nodes": 0, "quantized_op_types": {}}
+        params.update(kept_float.params())
         return unchanged_variant(spec.name, "fp8", ctx, nothing_to_quantize(op_types, model), params, clock.seconds())
     with scratch_dir("qbench-fp8-") as tmp:
         original_opset = default_opset(model)
@@ -106,13 +112,14 @@ def build_fp8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
             model = ensure_opset(model, FP8_OPSET)
         with build_step(spec.name, "pre-processing"):
             prepared, preprocess = preprocess_model(model, tmp)
-        with build_step(spec.name, f"{spec.calibrator} calibration"):
+        with build_step(spec.name, f"{settings.method} calibration"):
             calibrated = compute_ranges_with(settings, prepared, ctx.calibration, tmp)
             ranges = calibrated.ranges
             save_tensors_data(ranges, cache)
         with build_step(spec.name, "inserting FP8 Q/DQ"):
             model = load_model(prepared)
-            inserted = insert_fp8_qdq(model, ranges, op_types, set(spec.exclude_nodes), per_channel=spec.per_channel)
+            inserted = insert_fp8_qdq(model, ranges, op_types, excluded, per_channel=config.per_channel)
+            restore_float_inputs(model, kept_float.names)
             onnx.checker.check_model(model)
             save_model(model, target)
     counts = quantized_op_counts(model, op_types)
@@ -121,9 +128,10 @@ def build_fp8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         "format": "QDQ float8e4m3fn (standard ONNX QuantizeLinear/DequantizeLinear)",
         "scale_rule": f"amax / {FP8_MAX:g}",
         "overflow": f"saturate to +-{FP8_MAX:g} x scale (E4M3FN has no inf)",
-        "per_channel": spec.per_channel,
+        "per_channel": config.per_channel,
         "op_types": list(op_types),
-        "exclude_nodes": list(spec.exclude_nodes),
+        "exclude_nodes": list(config.exclude_nodes),
+        **kept_float.params(),
         "opset_original": original_opset,
         "opset": default_opset(model),
         "preprocess": preprocess,
@@ -145,30 +153,30 @@ def build_fp8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         onnx_path=target,
         params=params,
         build_seconds=clock.seconds(),
-        notes=tuple(_notes(spec, inserted, counts) + calibrated.notes()),
+        notes=tuple(_notes(inserted, counts) + calibrated.notes()),
         activation_ranges=clipping_ranges(ranges, quantized_tensors(model), symmetric=True),  # scale = amax / 448
     )
 
 
-def _op_types(spec: VariantSpec) -> tuple[str, ...]:
-    if not spec.op_types:
+def _op_types(name: str, config: Fp8) -> tuple[str, ...]:
+    if not config.op_types:
         return DEFAULT_OP_TYPES
-    unsupported = sorted(set(spec.op_types) - set(_QUANTIZED_INPUTS))
+    unsupported = sorted(set(config.op_types) - set(_QUANTIZED_INPUTS))
     if unsupported:
         raise QbenchError(
-            f"variant {spec.name!r}: op_types: fp8 cannot quantize {', '.join(unsupported)}; "
+            f"variant {name!r}: op_types: fp8 cannot quantize {', '.join(unsupported)}; "
             f"expected some of {', '.join(DEFAULT_OP_TYPES)}"
         )
-    return tuple(spec.op_types)
+    return tuple(config.op_types)
 
 
-def _notes(spec: VariantSpec, inserted: Fp8Insertion, counts: dict[str, int]) -> list[str]:
+def _notes(inserted: Fp8Insertion, counts: dict[str, int]) -> list[str]:
     notes = [NOTE]
     if inserted.skipped:
         skipped = ", ".join(inserted.skipped[:5])
         notes.append(f"{len(inserted.skipped)} input(s) left in FP32 for lack of a usable range: {skipped}")
     if not counts:
-        notes.append("no node was quantized: this variant computes in FP32 (check op_types and exclude_nodes)")
+        notes.append("no node was quantized: this variant computes in FP32 (check op_types, exclude_nodes and keep_float)")
     return notes
 
 

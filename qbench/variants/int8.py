@@ -30,7 +30,8 @@ from onnxruntime.quantization.registry import (
 
 from qbench.environment import cpu_has_vnni, needs_reduce_range
 from qbench.recipe import VariantSpec
-from qbench.variants.base import BuildContext, BuiltVariant
+from qbench.techniques.onnxruntime import OrtDynamic, OrtInt8, OrtStatic
+from qbench.variants.base import BuildContext, BuiltVariant, technique_of
 from qbench.variants.calibrate import (
     FEEDING,
     METHODS,
@@ -41,6 +42,7 @@ from qbench.variants.calibrate import (
     preprocess_model,
     require_calibration,
 )
+from qbench.variants.float_rules import kept_float_nodes, restore_float_inputs
 from qbench.variants.gemm_matmul import gemms_as_matmul
 from qbench.variants.onnx_utils import (
     Stopwatch,
@@ -54,6 +56,7 @@ from qbench.variants.onnx_utils import (
     quantized_op_counts,
     quantized_tensors,
     quiet_stdout,
+    save_model,
     scratch_dir,
     unchanged_variant,
 )
@@ -76,42 +79,49 @@ def resolve_reduce_range(setting: bool | str) -> tuple[bool, str]:
 def build_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     """Build an INT8 variant: QDQ static with qbench's calibration, or ORT dynamic quantization."""
     clock = Stopwatch()
-    if spec.calibrator != "dynamic":
+    config = technique_of(spec, OrtInt8)
+    dynamic = isinstance(config, OrtDynamic)
+    if not dynamic:
         require_calibration(spec.name, ctx.calibration)
-    reduce_range, reduce_range_source = resolve_reduce_range(spec.reduce_range)
+    reduce_range, reduce_range_source = resolve_reduce_range(config.reduce_range)
     params: dict[str, Any] = {
-        "per_channel": spec.per_channel,
+        "per_channel": config.per_channel,
         "reduce_range": reduce_range,
         "reduce_range_source": reduce_range_source,
-        "weight_type": spec.weight_type,
-        "exclude_nodes": list(spec.exclude_nodes),
+        "weight_type": config.weight_type,
+        "exclude_nodes": list(config.exclude_nodes),
     }
     target = output_path(spec.name, ctx)
     reference = ctx.reference_path.resolve()
-    op_types = _op_types(spec)
+    op_types = _op_types(config)
     with build_step(spec.name, "loading the FP32 model"):
         model = load_model(reference)
-    check_node_names(model, spec.exclude_nodes, spec.name)
-    if spec.calibrator == "dynamic" and "MatMul" in op_types:
+    check_node_names(model, config.exclude_nodes, spec.name)
+    if dynamic and "MatMul" in op_types:
         params["gemms_as_matmul"] = len(gemms_as_matmul(model))  # the dynamic quantizer skips Gemm (a torch Linear)
-    if not quantizable_nodes(model, op_types, spec.exclude_nodes):
-        params.update(calibrator=spec.calibrator, op_types=list(op_types), quantized_nodes=0, quantized_op_types={})
+    kept_float = kept_float_nodes(model, config.keep_float)
+    params.update(kept_float.params())
+    excluded = [*config.exclude_nodes, *kept_float.names]
+    if not quantizable_nodes(model, op_types, excluded):
+        params.update(calibrator=config.calibration.calibrator, op_types=list(op_types), quantized_nodes=0, quantized_op_types={})
         return unchanged_variant(spec.name, "int8", ctx, nothing_to_quantize(op_types, model), params, clock.seconds())
-    exclude = [*spec.exclude_nodes, *other_domain_nodes(model)]
+    exclude = [*excluded, *other_domain_nodes(model)]
     notes: list[str] = []
     with scratch_dir("qbench-int8-") as tmp:
         with build_step(spec.name, "pre-processing"):
             prepared, params["preprocess"] = preprocess_model(model, tmp)
         ranges: TensorsData | None = None
-        if spec.calibrator == "dynamic":
-            params.update(_quantize_dynamic(spec, prepared, target, reduce_range, op_types, exclude))
-        else:
-            static_params, ranges = _quantize_static(spec, ctx, prepared, target, reduce_range, op_types, exclude, notes)
+        if isinstance(config, OrtStatic):
+            static_params, ranges = _quantize_static(spec.name, config, ctx, prepared, target, reduce_range, op_types, exclude, notes)
             params.update(static_params)
+        else:
+            params.update(_quantize_dynamic(spec.name, config, prepared, target, reduce_range, op_types, exclude))
     with build_step(spec.name, "reading the quantized model"):
         quantized = onnx.load(str(target), load_external_data=False)
+        if restore_float_inputs(quantized, kept_float.names):
+            save_model(quantized, target)
         counts = quantized_op_counts(quantized, params["op_types"])
-    symmetric = spec.symmetric_activations
+    symmetric = isinstance(config, OrtStatic) and config.symmetric_activations
     clipping = {} if ranges is None else clipping_ranges(ranges, quantized_tensors(quantized), symmetric=symmetric)
     params["quantized_nodes"] = sum(counts.values())
     params["quantized_op_types"] = counts
@@ -121,19 +131,20 @@ def build_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         onnx_path=target,
         params=params,
         build_seconds=clock.seconds(),
-        notes=tuple(notes + _notes(spec, reduce_range, counts)),
+        notes=tuple(notes + _notes(config, reduce_range, counts)),
         activation_ranges=clipping,
     )
 
 
-def _op_types(spec: VariantSpec) -> tuple[str, ...]:
-    if spec.op_types:
-        return tuple(spec.op_types)
-    return DEFAULT_DYNAMIC_OP_TYPES if spec.calibrator == "dynamic" else DEFAULT_STATIC_OP_TYPES
+def _op_types(config: OrtInt8) -> tuple[str, ...]:
+    if config.op_types:
+        return tuple(config.op_types)
+    return DEFAULT_DYNAMIC_OP_TYPES if isinstance(config, OrtDynamic) else DEFAULT_STATIC_OP_TYPES
 
 
 def _quantize_static(
-    spec: VariantSpec,
+    name: str,
+    config: OrtStatic,
     ctx: BuildContext,
     prepared: Path,
     target: Path,
@@ -146,9 +157,9 @@ def _quantize_static(
 
     Tensors the histogram calibrators skipped are named in `notes` (appended to).
     """
-    settings = CalibrationSettings.from_spec(spec, op_types)
-    cache = target.with_name(f"{spec.name}.calibration.json")
-    with build_step(spec.name, f"{spec.calibrator} calibration"):
+    settings = CalibrationSettings.of(config.calibration, config.symmetric_activations, op_types)
+    cache = target.with_name(f"{name}.calibration.json")
+    with build_step(name, f"{settings.method} calibration"):
         calibrated = compute_ranges_with(settings, prepared, ctx.calibration, prepared.parent)
         ranges = calibrated.ranges
         save_tensors_data(ranges, cache)
@@ -157,27 +168,27 @@ def _quantize_static(
     if unranged:
         exclude = [*exclude, *unranged]
         notes.append(f"{len(unranged)} node(s) left in FP32 around tensors without a range: {', '.join(unranged[:5])}")
-    with build_step(spec.name, "static quantization"), quiet_stdout():
+    with build_step(name, "static quantization"), quiet_stdout():
         quantize_static(
             prepared,
             target,
             calibration_data_reader=None,
             calibration_cache_path=cache,
-            calibrate_method=METHODS[spec.calibrator],
+            calibrate_method=METHODS[settings.method],
             quant_format=QuantFormat.QDQ,
-            activation_type=_QUANT_TYPES[spec.activation_type],
-            weight_type=_QUANT_TYPES[spec.weight_type],
-            per_channel=spec.per_channel,
+            activation_type=_QUANT_TYPES[config.activation_type],
+            weight_type=_QUANT_TYPES[config.weight_type],
+            per_channel=config.per_channel,
             reduce_range=reduce_range,
             op_types_to_quantize=list(op_types),
             nodes_to_exclude=exclude,
-            extra_options={"ActivationSymmetric": spec.symmetric_activations, "WeightSymmetric": True},
+            extra_options={"ActivationSymmetric": config.symmetric_activations, "WeightSymmetric": True},
         )
     return {
         **settings.params(),
         "quant_format": "QDQ",
-        "activation_type": spec.activation_type,
-        "symmetric_activations": spec.symmetric_activations,
+        "activation_type": config.activation_type,
+        "symmetric_activations": config.symmetric_activations,
         "weight_symmetric": True,
         "op_types": list(op_types),
         "calibration_batches": len(ctx.calibration),
@@ -199,17 +210,17 @@ def _nodes_touching(model_path: Path, tensors: set[str]) -> list[str]:
 
 
 def _quantize_dynamic(
-    spec: VariantSpec, prepared: Path, target: Path, reduce_range: bool, op_types: tuple[str, ...], exclude: list[str]
+    name: str, config: OrtInt8, prepared: Path, target: Path, reduce_range: bool, op_types: tuple[str, ...], exclude: list[str]
 ) -> dict[str, Any]:
     """Write the dynamically quantized model; returns the params it used."""
-    with build_step(spec.name, "dynamic quantization"), quiet_stdout():
+    with build_step(name, "dynamic quantization"), quiet_stdout():
         quantize_dynamic(
             prepared,
             target,
             op_types_to_quantize=list(op_types),
-            per_channel=spec.per_channel,
+            per_channel=config.per_channel,
             reduce_range=reduce_range,
-            weight_type=_QUANT_TYPES[spec.weight_type],
+            weight_type=_QUANT_TYPES[config.weight_type],
             nodes_to_exclude=exclude,
             # Fused graphs (Attention, SkipLayerNorm) lack some tensor types; float is right for them (pitfall 8).
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
@@ -224,12 +235,12 @@ def _quantize_dynamic(
     }
 
 
-def _notes(spec: VariantSpec, reduce_range: bool, counts: dict[str, int]) -> list[str]:
+def _notes(config: OrtInt8, reduce_range: bool, counts: dict[str, int]) -> list[str]:
     notes = []
     if not counts:
-        notes.append("no node was quantized: this variant computes in FP32 (check op_types and exclude_nodes)")
-    if spec.calibrator == "dynamic" and "ConvInteger" in counts:
+        notes.append("no node was quantized: this variant computes in FP32 (check op_types, exclude_nodes and keep_float)")
+    if isinstance(config, OrtDynamic) and "ConvInteger" in counts:
         notes.append("dynamic INT8 runs Conv as ConvInteger, which is usually slower than FP32 on CPU; prefer static")
-    if needs_reduce_range() and not reduce_range and spec.weight_type == "int8":
+    if needs_reduce_range() and not reduce_range and config.weight_type == "int8":
         notes.append("reduce_range is off on an x86 CPU without VNNI: int8-weight kernels may saturate and lose accuracy")
     return notes

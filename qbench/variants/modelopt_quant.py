@@ -1,8 +1,8 @@
 """NVIDIA ModelOpt as the quantizer of INT8 / FP8 variants (`quantizer: modelopt`).
 
 ModelOpt quantizes the recipe's PyTorch module, not the ONNX graph: `mtq.quantize` inserts
-fake quantizers from a preset (INT8_DEFAULT_CFG, FP8_DEFAULT_CFG; INT8_SMOOTHQUANT_CFG from
-Python), calibrates them on the calibration batches, and the TorchScript exporter writes ONNX.
+fake quantizers from a preset (INT8_DEFAULT_CFG, FP8_DEFAULT_CFG; INT8_SMOOTHQUANT_CFG with the
+alpha of the variant's `smoothquant:` block), calibrates them on the calibration batches, and the TorchScript exporter writes ONNX.
 
 Calibrators: `minmax` is ModelOpt's "max" algorithm; `entropy` / `percentile` use its histogram
 calibrator on activations (per tensor only, so weights keep max). Its entropy search needs an
@@ -37,13 +37,9 @@ from onnx import helper, numpy_helper
 from qbench.errors import MissingExtraError, QbenchError, did_you_mean
 from qbench.recipe import VariantSpec
 from qbench.sources.torch_model import single_torch_thread
-from qbench.variants.base import BuildContext, BuiltVariant, Feeds
-from qbench.variants.calibrate import (
-    DEFAULT_NUM_BINS,
-    DEFAULT_PERCENTILE,
-    calibration_rows,
-    require_calibration,
-)
+from qbench.techniques.modelopt import Modelopt
+from qbench.variants.base import BuildContext, BuiltVariant, Feeds, technique_of
+from qbench.variants.calibrate import calibration_rows, require_calibration
 from qbench.variants.onnx_utils import (
     Stopwatch,
     build_step,
@@ -60,7 +56,6 @@ from qbench.variants.onnx_utils import (
 
 PRESETS = {"int8": "INT8_DEFAULT_CFG", "fp8": "FP8_DEFAULT_CFG"}
 SMOOTHQUANT_PRESET = "INT8_SMOOTHQUANT_CFG"
-CALIBRATORS = ("minmax", "entropy", "percentile")
 FP8_OPSET = 19  # first opset whose QuantizeLinear/DequantizeLinear take float8
 FP8_MAX = 448.0  # largest finite float8e4m3fn value
 TRT_DOMAIN = "trt"
@@ -68,23 +63,14 @@ _TRT_FP8_OPS = {"TRT_FP8QuantizeLinear": "QuantizeLinear", "TRT_FP8DequantizeLin
 _FP8_ZERO_POINT = "qbench_fp8_zero_point"
 QUANTIZED_OP_TYPES = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 CLIPPING_WARN_BELOW = 0.25  # a histogram amax under this fraction of the largest value seen gets a note
-# Recipe options ModelOpt has no counterpart for: rejected rather than silently ignored.
-_UNSUPPORTED_OPTIONS = {
-    "reduce_range": "ModelOpt quantizes weights to the full 8 bits",
-    "activation_type": "ModelOpt's activations are signed int8",
-    "weight_type": "ModelOpt's weights are signed int8",
-    "symmetric_activations": "ModelOpt's quantization is always symmetric",
-    "op_types": "ModelOpt picks the layers by module type; keep layers in floating point with exclude_nodes",
-    "num_quantized_bins": "ModelOpt's entropy calibrator always targets 128 bins for int8",
-}
-
 FP8_NOTE = (
     "FP8 simulated with Q/DQ on CPU: accuracy is representative, latency is not "
     "(TensorRT runs the .trt.onnx file with FP8 kernels)"
 )
 INT8_NOTE = (
-    "ONNX Runtime CPU does not fuse ModelOpt's INT8 Q/DQ pattern (Q/DQ on layer inputs only, int8 activations): "
-    "it runs as float simulation, slower than FP32 (0.2-0.3x in our trials); the pattern is meant for TensorRT"
+    "ModelOpt's INT8 Q/DQ (on layer inputs and weights, int8 activations) is fused by ONNX Runtime CPU into integer "
+    "kernels for some graphs (transformer MatMuls) and not for others (it ran as float simulation, 0.2-0.3x FP32, "
+    "on a CNN in our trials): judge its speed by the measured latency, per model"
 )
 
 
@@ -98,6 +84,7 @@ class ModeloptSettings:
     percentile: float | None  # percentile calibrator only
     num_bins: int | None  # histogram calibrators only
     per_channel: bool | None  # None: the preset's choice
+    smoothquant_alpha: float | None = None  # INT8_SMOOTHQUANT_CFG's migration strength
 
     @property
     def histogram_method(self) -> str | None:
@@ -108,7 +95,7 @@ class ModeloptSettings:
     def algorithm(self) -> str:
         """ModelOpt's calibration algorithm as recorded in params."""
         if self.histogram_method is None:
-            return "smoothquant" if self.preset == SMOOTHQUANT_PRESET else "max"
+            return f"smoothquant (alpha {self.smoothquant_alpha:g})" if self.smoothquant_alpha is not None else "max"
         detail = f" {self.percentile:g}" if self.histogram_method == "percentile" else ""
         return f"histogram ({self.histogram_method}{detail}) on activations, max on weights"
 
@@ -132,6 +119,8 @@ class ModeloptSettings:
         config["quant_cfg"] += [{"quantizer_name": f"{name}.*", "enable": False} for name in excluded_modules]
         if self.histogram_method is not None:
             config["algorithm"] = None
+        elif self.smoothquant_alpha is not None:
+            config["algorithm"] = {"method": "smoothquant", "alpha": self.smoothquant_alpha}
         return config
 
     def params(self, mtq: Any) -> dict[str, Any]:
@@ -155,42 +144,24 @@ class ModeloptSettings:
         return params
 
 
-def modelopt_settings(spec: VariantSpec, *, smoothquant: bool = False) -> ModeloptSettings:
-    """Check that ModelOpt can honour `spec` and resolve its settings; raises QbenchError otherwise.
-
-    `smoothquant=True` (INT8, minmax only) picks INT8_SMOOTHQUANT_CFG; recipes have no field for it yet.
-    """
-    prefix = f"variant {spec.name!r}"
-    if spec.precision not in PRESETS:
-        raise QbenchError(f"{prefix}: quantizer modelopt builds int8 or fp8 variants, not {spec.precision}")
-    if spec.calibrator not in CALIBRATORS:
-        raise QbenchError(
-            f"{prefix}: calibrator: quantizer modelopt supports {', '.join(CALIBRATORS)}, not {spec.calibrator!r}"
-        )
-    for option, reason in _UNSUPPORTED_OPTIONS.items():
-        if option in spec.model_fields_set:
-            raise QbenchError(f"{prefix}: {option}: does not apply to quantizer modelopt ({reason})")
-    if spec.precision == "fp8" and spec.calibrator == "entropy":
-        raise QbenchError(
-            f"{prefix}: calibrator: ModelOpt's entropy calibrator works on integer formats only; "
-            "for fp8 it supports minmax (max) and percentile (histogram)"
-        )
-    if spec.precision == "fp8" and spec.per_channel:
-        raise QbenchError(f"{prefix}: per_channel: ModelOpt exports FP8 to ONNX with per-tensor scales only")
-    if smoothquant and (spec.precision != "int8" or spec.calibrator != "minmax"):
-        raise QbenchError(f"{prefix}: SmoothQuant applies to int8 with calibrator minmax (it calibrates with max)")
-    histogram = spec.calibrator != "minmax"
+def modelopt_settings(config: Modelopt) -> ModeloptSettings:
+    """ModelOpt's settings for a technique config (its checks already ran when the recipe loaded)."""
+    calibration = config.calibration
+    histogram = calibration.calibrator != "minmax"
+    smoothquant = config.smoothquant
+    alpha = smoothquant.alpha if smoothquant is not None and smoothquant.alpha != "auto" else None
     return ModeloptSettings(
-        precision=spec.precision,
-        preset=SMOOTHQUANT_PRESET if smoothquant else PRESETS[spec.precision],
-        calibrator=spec.calibrator,
-        percentile=(spec.percentile or DEFAULT_PERCENTILE) if spec.calibrator == "percentile" else None,
-        num_bins=(spec.num_bins or DEFAULT_NUM_BINS) if histogram else None,
-        per_channel=spec.per_channel if "per_channel" in spec.model_fields_set else None,
+        precision=config.precision,
+        preset=SMOOTHQUANT_PRESET if alpha is not None else PRESETS[config.precision],
+        calibrator=calibration.calibrator,
+        percentile=calibration.percentile if calibration.calibrator == "percentile" else None,
+        num_bins=calibration.num_bins if histogram else None,
+        per_channel=config.per_channel,
+        smoothquant_alpha=alpha,
     )
 
 
-def build_modelopt(spec: VariantSpec, ctx: BuildContext, *, smoothquant: bool = False) -> BuiltVariant:
+def build_modelopt(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     """Quantize the recipe's PyTorch model with ModelOpt, export it, and make an ONNX Runtime-ready file."""
     clock = Stopwatch()
     if ctx.torch_model is None:
@@ -199,7 +170,8 @@ def build_modelopt(spec: VariantSpec, ctx: BuildContext, *, smoothquant: bool = 
             "this sweep has only an ONNX model"
         )
     require_calibration(spec.name, ctx.calibration)
-    settings = modelopt_settings(spec, smoothquant=smoothquant)
+    config = technique_of(spec, Modelopt)
+    settings = modelopt_settings(config)
     mtq = import_modelopt()
     import torch  # present: ModelOpt imported
 
@@ -208,7 +180,7 @@ def build_modelopt(spec: VariantSpec, ctx: BuildContext, *, smoothquant: bool = 
     torch_model = ctx.torch_model
     with single_torch_thread():
         module = torch_model.build()
-        excluded = resolve_exclusions(module, spec.exclude_nodes, spec.name)
+        excluded = resolve_exclusions(module, config.exclude_nodes, spec.name)
         with build_step(spec.name, f"ModelOpt {settings.preset} quantization"):
             quantized, kept = quantize_module(module, settings, excluded, ctx.calibration, torch_model.input_names)
         _check_excluded_modules_had_quantizers(quantized, excluded, spec.name)
@@ -232,7 +204,7 @@ def build_modelopt(spec: VariantSpec, ctx: BuildContext, *, smoothquant: bool = 
         "modelopt_version": importlib.metadata.version("nvidia-modelopt"),
         "format": _FORMATS[spec.precision],
         "opset": default_opset(model),
-        "exclude_nodes": list(spec.exclude_nodes),
+        "exclude_nodes": list(config.exclude_nodes),
         "excluded_modules": sorted(set(excluded.values())),
         "calibration_batches": len(ctx.calibration),
         "calibration_rows": calibration_rows(ctx.calibration),

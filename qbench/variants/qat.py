@@ -38,11 +38,14 @@ from torch.onnx import symbolic_helper
 
 from qbench.errors import QbenchError
 from qbench.progress import track
-from qbench.recipe import QatSpec, VariantSpec
+from qbench.recipe import VariantSpec
 from qbench.sources.torch_model import flatten_outputs, single_torch_thread
 from qbench.tasks import Task, get_task
-from qbench.variants.base import BuildContext, BuiltVariant, Feeds, TrainingData
-from qbench.variants.calibrate import DEFAULT_NUM_BINS, calibration_rows, require_calibration
+from qbench.techniques.calibrators import CALIBRATORS
+from qbench.techniques.options import QatSpec
+from qbench.techniques.qat import Qat
+from qbench.variants.base import BuildContext, BuiltVariant, Feeds, TrainingData, technique_of
+from qbench.variants.calibrate import calibration_rows, require_calibration
 from qbench.variants.int8 import resolve_reduce_range
 from qbench.variants.onnx_utils import Stopwatch, build_step, default_opset, output_path, quantized_op_counts
 from qbench.variants.torch_forms import FAKE_QUANT, TORCH_COMPILE, TORCH_DEVICES, TORCH_FORM, import_torchao
@@ -71,7 +74,10 @@ ROUTE = "torchao PT2E: prepare_qat_pt2e (X86InductorQuantizer) -> convert_pt2e -
 # calibrator -> the torchao observer that sets the starting activation ranges. torchao has no entropy
 # or percentile observer; its histogram observer searches the range of least quantization error (L2),
 # which clips rare outliers as both of those do.
-OBSERVERS: dict[str, type] = {"minmax": MinMaxObserver, "entropy": HistogramObserver, "percentile": HistogramObserver}
+_OBSERVER_CLASSES = {cls.__name__: cls for cls in (MinMaxObserver, HistogramObserver)}
+OBSERVERS: dict[str, type] = {
+    name: _OBSERVER_CLASSES[CALIBRATORS.get(name).torchao_observer] for name in CALIBRATORS if CALIBRATORS.get(name).torchao_observer
+}
 SCALE_EPS = 2**-12  # smallest scale, as in torchao's x86 config
 QDQ_MIN_OPSET = 13  # per-channel DequantizeLinear
 QUANTIZED_OP_TYPES = ("Conv", "ConvTranspose", "Gemm", "MatMul")
@@ -91,23 +97,13 @@ class QatScheme:
     reduce_range_source: str
 
     @classmethod
-    def from_spec(cls, spec: VariantSpec) -> QatScheme:
-        if spec.calibrator not in OBSERVERS:
-            raise QbenchError(
-                f"variant {spec.name!r}: QAT starts from a static calibration; "
-                f"calibrator {spec.calibrator!r} is not one of {', '.join(OBSERVERS)}"
-            )
-        if spec.weight_type != "int8":
-            raise QbenchError(f"variant {spec.name!r}: QAT builds int8 symmetric weights; weight_type must be int8")
-        for option in ("op_types", "exclude_nodes"):
-            if getattr(spec, option):
-                raise QbenchError(
-                    f"variant {spec.name!r}: {option} names ONNX nodes, which a QAT variant (built from the "
-                    "PyTorch model) does not have; remove it"
-                )
-        reduce_range, source = resolve_reduce_range(spec.reduce_range)
-        bins = spec.num_bins if spec.num_bins is not None else DEFAULT_NUM_BINS
-        return cls(spec.calibrator, bins, spec.activation_type, spec.symmetric_activations, spec.per_channel, reduce_range, source)
+    def of(cls, config: Qat) -> QatScheme:
+        """The scheme of a QAT config (whose checks already ran when the recipe loaded)."""
+        reduce_range, source = resolve_reduce_range(config.reduce_range)
+        return cls(
+            config.calibration.calibrator, config.calibration.num_bins, config.activation_type,
+            config.symmetric_activations, config.per_channel, reduce_range, source,
+        )  # fmt: skip
 
     @property
     def observer(self) -> type:
@@ -213,14 +209,15 @@ class TrainingSet:
 def build_qat(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     """Fine-tune ctx.torch_model with INT8 fake quantization on ctx.training; write `<workdir>/<name>.onnx`."""
     clock = Stopwatch()
-    qat = _require_inputs(spec, ctx)
-    scheme = QatScheme.from_spec(spec)
+    config = technique_of(spec, Qat)
+    qat = _require_inputs(spec.name, config.qat, ctx)
+    scheme = QatScheme.of(config)
     names = tuple(ctx.torch_model.input_names)
     target = output_path(spec.name, ctx)
     with single_torch_thread(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(qat.seed)
         with build_step(spec.name, "reading the training rows"):
-            training = _training_set(spec, ctx.torch_model, ctx.training, names)
+            training = _training_set(spec.name, qat, ctx.torch_model, ctx.training, names)
         with build_step(spec.name, "preparing the model for QAT (torch.export, prepare_qat_pt2e)"):
             prepared = _prepare(ctx.torch_model, scheme)
         with build_step(spec.name, f"{scheme.calibrator} calibration"):
@@ -269,18 +266,16 @@ def build_qat(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     )
 
 
-def _require_inputs(spec: VariantSpec, ctx: BuildContext) -> QatSpec:
+def _require_inputs(name: str, qat: QatSpec, ctx: BuildContext) -> QatSpec:
     """The variant's QAT settings, once the context holds what QAT needs (else a QbenchError saying what is missing)."""
-    if spec.qat is None:
-        raise QbenchError(f"variant {spec.name!r}: has no `qat` section")
     if ctx.torch_model is None:
-        raise QbenchError(f"variant {spec.name!r}: QAT needs a PyTorch model source (model.torch)")
+        raise QbenchError(f"variant {name!r}: QAT needs a PyTorch model source (model.torch)")
     if ctx.training is None or _rows(ctx.training.feeds) == 0:
-        raise QbenchError(f"variant {spec.name!r}: QAT has no training rows (check qat.train.filter)")
-    if spec.qat.loss == "label" and ctx.training.labels is None:
-        raise QbenchError(f"variant {spec.name!r}: qat.loss 'label' needs labels (data.label); use 'distill' without them")
-    require_calibration(spec.name, ctx.calibration)
-    return spec.qat
+        raise QbenchError(f"variant {name!r}: QAT has no training rows (check qat.train.filter)")
+    if qat.loss == "label" and ctx.training.labels is None:
+        raise QbenchError(f"variant {name!r}: qat.loss 'label' needs labels (data.label); use 'distill' without them")
+    require_calibration(name, ctx.calibration)
+    return qat
 
 
 def _rows(feeds: Feeds) -> int:
@@ -299,23 +294,25 @@ def first_output(outputs: Any) -> torch.Tensor:
     return flatten_outputs(outputs)[0]
 
 
-def _training_set(spec: VariantSpec, torch_model: Any, data: TrainingData, input_names: Sequence[str]) -> TrainingSet:
+def _training_set(
+    name: str, qat: QatSpec, torch_model: Any, data: TrainingData, input_names: Sequence[str]
+) -> TrainingSet:
     """Training rows as tensors with the task's targets: labels, checked against the output, or the teacher's."""
-    inputs, step = _tensors(data.feeds, input_names), spec.qat.batch_size
+    inputs, step = _tensors(data.feeds, input_names), qat.batch_size
     task = get_task(data.task)
     teacher = torch_model.build()
     with torch.no_grad():
-        if spec.qat.loss == "distill":
+        if qat.loss == "distill":
             outputs = [first_output(teacher(*(t[i : i + step] for t in inputs))) for i in range(0, len(inputs[0]), step)]
             return TrainingSet(inputs, task.qat_distill_targets(torch.cat(outputs)), "distill", task)
         output = first_output(teacher(*(t[:2] for t in inputs)))
     if data.labels is None or len(data.labels) != len(inputs[0]):
         count = 0 if data.labels is None else len(data.labels)
-        raise QbenchError(f"variant {spec.name!r}: qat.loss 'label' got {count} labels for {len(inputs[0])} rows")
+        raise QbenchError(f"variant {name!r}: qat.loss 'label' got {count} labels for {len(inputs[0])} rows")
     try:
         targets = task.qat_label_targets(data.labels, output)
     except QbenchError as exc:
-        raise QbenchError(f"variant {spec.name!r}: {exc}") from None
+        raise QbenchError(f"variant {name!r}: {exc}") from None
     return TrainingSet(inputs, targets, "label", task)
 
 

@@ -1,4 +1,4 @@
-"""SmoothQuant on ONNX graphs, then INT8 on the inputs and weights of every Linear (outputs float).
+"""SmoothQuant on ONNX graphs (the INT8 quantization of the Linears after it is in `linear_int8`).
 
 Transformer activations have a few outlier channels that ruin a per-tensor INT8
 scale. SmoothQuant (Xiao et al., 2022) divides activation channel j by
@@ -13,7 +13,7 @@ when every reader of the tensor is in the group and the producer is a
 LayerNorm-like op (scale and bias), a Mul by a constant, an Add of a constant
 whose other input folds, or a Linear (its weight's output columns and bias);
 otherwise one Mul by 1/s is inserted before the group (or, with
-`unfoldable: skip`, the group is left unsmoothed). Per-channel activation ranges
+`unfoldable: skip`, the group is left unsmoothed; with `fold: false` a Mul is always inserted). Per-channel activation ranges
 come from one ORT pass over the calibration batches; the per-tensor ranges after
 smoothing follow from them exactly (range_j / s_j), so no second pass is needed.
 `alpha: "auto"` chooses alpha per group from the same pass (see `_best_alpha`).
@@ -31,27 +31,15 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from qbench.recipe import VariantSpec
-from qbench.variants.base import BuildContext, BuiltVariant, Feeds
-from qbench.variants.calibrate import calibration_rows, require_calibration
-from qbench.variants.int8 import resolve_reduce_range
+from qbench.techniques.options import AUTO_ALPHAS
+from qbench.variants.base import Feeds
 from qbench.variants.linear_graph import GraphView, Linear, float_tensor, node_attribute
 from qbench.variants.linear_qdq import (
     LinearQuantSettings,
     fake_quantize_activation,
     fake_quantize_weight,
-    quantize_linears,
 )
-from qbench.variants.onnx_utils import (
-    Stopwatch,
-    build_step,
-    check_node_names,
-    ensure_opset,
-    load_model,
-    output_path,
-    save_model,
-    scratch_dir,
-)
+from qbench.variants.onnx_utils import save_model
 
 # LayerNorm-like ops, output 0 = normalized * scale (+ bias) over the last axis: op -> (scale input, bias input)
 _NORMS: dict[str, tuple[int, int | None]] = {
@@ -62,23 +50,23 @@ _NORMS: dict[str, tuple[int, int | None]] = {
     "SkipSimplifiedLayerNormalization": (2, None),
 }
 _SCALE_LIMITS = (1e-5, 1e5)  # keeps s finite and nonzero for dead or extreme channels
-_NO_LINEAR = "no Linear (MatMul/Gemm with a constant weight) found: this variant computes in FP32"
 
 
-# alpha: "auto" tries these per group (and leaving the group unsmoothed), on a sample of calibration rows
-AUTO_ALPHAS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
-AUTO_SAMPLE_ROWS = 512
+AUTO_SAMPLE_ROWS = 512  # calibration rows `alpha: "auto"` judges its candidates on
 
 
 @dataclass(frozen=True)
 class SmoothQuantSettings:
-    """alpha: a number in [0, 1] for every group, or "auto": per group, the alpha of AUTO_ALPHAS (or no
-    smoothing) whose INT8 Linear outputs are closest to FP32 on sampled calibration rows."""
+    """alpha: a number in [0, 1] for every group, or "auto": per group, the alpha of `alphas` (or no
+    smoothing) whose INT8 Linear outputs are closest to FP32 on sampled calibration rows.
+    fold: divide by s in the producer where the graph allows (False: always insert a Mul)."""
 
     alpha: float | Literal["auto"] = 0.5
     unfoldable: Literal["mul", "skip"] = "mul"
     quantization: LinearQuantSettings = LinearQuantSettings()
     exclude_nodes: tuple[str, ...] = ()
+    fold: bool = True
+    alphas: tuple[float, ...] = AUTO_ALPHAS
 
 
 @dataclass
@@ -185,8 +173,9 @@ def smooth(
         report.alphas["none" if alpha is None else f"{alpha:g}"] += 1
         scales = smoothing_scales(channel.absmax, weight_absmax, alpha) if alpha is not None else None
         readers = [linear.index for linear in group]
-        plan = _fold_plan(view, tensor, weight_absmax.size) if view.read_only_by(tensor, readers) else None
-        if scales is None or (plan is None and settings.unfoldable == "skip"):
+        foldable = settings.fold and view.read_only_by(tensor, readers)
+        plan = _fold_plan(view, tensor, weight_absmax.size) if foldable else None
+        if scales is None or (plan is None and settings.fold and settings.unfoldable == "skip"):
             report.skipped_groups += 1
             tensor_ranges[tensor] = (float(channel.low.min()), float(channel.high.max()))
             continue
@@ -217,7 +206,7 @@ def _oriented_weight(view: GraphView, linear: Linear) -> np.ndarray:
 def _best_alpha(
     channel: ChannelRange, weights: list[np.ndarray], weight_absmax: np.ndarray, settings: SmoothQuantSettings
 ) -> float | None:
-    """The alpha of AUTO_ALPHAS, or None for no smoothing, whose INT8 outputs of the group are closest to FP32.
+    """The alpha of `settings.alphas`, or None for no smoothing, whose INT8 outputs of the group are closest to FP32.
 
     Judged by the summed squared error on sampled rows that the activation range was NOT fitted on:
     a high alpha flattens every channel to the edge of its calibrated range, so rows beyond it clip,
@@ -235,7 +224,7 @@ def _best_alpha(
         return total
 
     candidates: dict[float | None, float] = {None: error(np.ones_like(weight_absmax, dtype=np.float64))}
-    for alpha in AUTO_ALPHAS:
+    for alpha in settings.alphas:
         candidates[alpha] = error(smoothing_scales(channel.absmax, weight_absmax, alpha))
     return min(candidates, key=lambda alpha: candidates[alpha])
 
@@ -343,68 +332,3 @@ def smooth_model(
     ranges = collect_channel_ranges(model, list(groups), batches, tmp, sample_rows)
     input_ranges, report = smooth(view, dict(groups), ranges, settings)
     return SmoothedModel(view.commit(), input_ranges, report)
-
-
-def smoothquant_int8(
-    model: onnx.ModelProto, batches: Sequence[Feeds], settings: SmoothQuantSettings, tmp: Path
-) -> tuple[onnx.ModelProto, dict[str, Any]]:
-    """Smooth and quantize `model` in place; returns it and the parameters that describe what was done."""
-    smoothed = smooth_model(model, batches, settings, tmp)
-    view = GraphView(smoothed.model)
-    linears = view.linears(settings.exclude_nodes)
-    # MatMuls with two computed inputs (attention) stay float by rule
-    computed = sum(node.op_type in ("MatMul", "Gemm") and not view.is_linear(node) for node in view.nodes)
-    quantized_inputs = quantize_linears(view, linears, smoothed.input_ranges, settings.quantization)
-    return view.commit(), {
-        **smoothed.report.params(),
-        "quantized_linears": len(linears),
-        "quantized_inputs": quantized_inputs,
-        "float_matmuls": computed,
-    }
-
-
-def build_smoothquant(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
-    """The recipe's SmoothQuant INT8 variant: smoothing (calibrated) then Linear-only INT8 Q/DQ."""
-    if spec.smoothquant is None:
-        raise ValueError(f"variant {spec.name!r} has no smoothquant section")
-    clock = Stopwatch()
-    require_calibration(spec.name, ctx.calibration)
-    reduce_range, reduce_range_source = resolve_reduce_range(spec.reduce_range)
-    # SmoothQuant moves outliers into the weights, so per-channel weights are its default
-    per_channel = spec.per_channel if "per_channel" in spec.model_fields_set else True
-    quantization = LinearQuantSettings(
-        activations="dynamic" if spec.calibrator == "dynamic" else "static",
-        activation_type=spec.activation_type,
-        symmetric_activations=spec.symmetric_activations,
-        per_channel=per_channel,
-        reduce_range=reduce_range,
-    )
-    settings = SmoothQuantSettings(spec.smoothquant.alpha, spec.smoothquant.unfoldable, quantization, tuple(spec.exclude_nodes))
-    target = output_path(spec.name, ctx)
-    with scratch_dir("qbench-smoothquant-") as tmp:
-        with build_step(spec.name, "loading the FP32 model"):
-            model = ensure_opset(load_model(ctx.reference_path.resolve()), 13)
-        check_node_names(model, spec.exclude_nodes, spec.name)
-        with build_step(spec.name, "SmoothQuant calibration, smoothing and quantization"):
-            model, done = smoothquant_int8(model, ctx.calibration, settings, tmp)
-        with build_step(spec.name, "saving the quantized model"):
-            save_model(model, target)
-    params: dict[str, Any] = {
-        "technique": "smoothquant",
-        "alpha": settings.alpha,
-        "unfoldable": settings.unfoldable,
-        "activations": quantization.activations,
-        "activation_type": quantization.activation_type if quantization.activations == "static" else "uint8",
-        "symmetric_activations": quantization.symmetric_activations,
-        "per_channel": per_channel,
-        "weight_type": "int8",
-        "reduce_range": reduce_range,
-        "reduce_range_source": reduce_range_source,
-        "exclude_nodes": list(spec.exclude_nodes),
-        "calibration_batches": len(ctx.calibration),
-        "calibration_rows": calibration_rows(ctx.calibration),
-        **done,
-    }
-    notes = () if done["quantized_linears"] else (_NO_LINEAR,)
-    return BuiltVariant(name=spec.name, precision="int8", onnx_path=target, params=params,
-                        build_seconds=clock.seconds(), notes=notes)  # fmt: skip

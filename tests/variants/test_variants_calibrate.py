@@ -91,11 +91,14 @@ def test_empty_calibration_and_unknown_method_are_user_errors(skewed, tmp_path):
 def test_settings_resolve_defaults_and_report_only_what_the_method_uses():
     from qbench.recipe import VariantSpec
 
-    entropy = CalibrationSettings.from_spec(VariantSpec(name="e", precision="int8", calibrator="entropy"), ["MatMul"])
+    def settings(spec: VariantSpec, op_types: list[str] | None) -> CalibrationSettings:
+        return CalibrationSettings.of(spec.technique_config.calibration, False, op_types)
+
+    entropy = settings(VariantSpec(name="e", precision="int8", calibrator="entropy"), ["MatMul"])
     assert (entropy.num_bins, entropy.num_quantized_bins) == (2048, 128)
     expected = {"calibrator": "entropy", "calibration_symmetric": False, "num_bins": 2048, "num_quantized_bins": 128}
     assert entropy.params() == expected
     spec = VariantSpec(name="p", precision="fp8", calibrator="percentile", percentile=99.9)
-    assert CalibrationSettings.from_spec(spec, None).params()["percentile"] == 99.9
-    minmax = CalibrationSettings.from_spec(VariantSpec(name="m", precision="int8", calibrator="minmax"), None)
+    assert settings(spec, None).params()["percentile"] == 99.9
+    minmax = settings(VariantSpec(name="m", precision="int8", calibrator="minmax"), None)
     assert set(minmax.params()) == {"calibrator", "calibration_symmetric"}

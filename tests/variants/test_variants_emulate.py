@@ -141,7 +141,9 @@ def test_fp32_and_int8_are_native_on_cpu(graph, tmp_path):
 
 
 def test_a_variant_declares_the_session_options_it_needs_in_its_file(mlp, tmp_path, monkeypatch):
-    from qbench.variants import PRECISIONS, build_variant
+    from qbench.techniques import TECHNIQUES, Technique
+    from qbench.techniques.fp8 import Fp8
+    from qbench.variants import build_variant
     from qbench.variants.base import BuiltVariant
     from qbench.variants.onnx_utils import declared_session_options
 
@@ -150,7 +152,7 @@ def test_a_variant_declares_the_session_options_it_needs_in_its_file(mlp, tmp_pa
         target.write_bytes(mlp.path.read_bytes())
         return BuiltVariant(spec.name, "fp8", target, session_hints={"graph_optimization_level": "basic"})
 
-    monkeypatch.setattr(PRECISIONS, "_entries", {**PRECISIONS._entries, "fp8": build_basic})
+    monkeypatch.setattr(TECHNIQUES, "_entries", {**TECHNIQUES._entries, "fp8": Technique(Fp8, build_basic)})
     built = build_variant(VariantSpec(name="q", precision="fp8", calibrator="minmax"), mlp.context(tmp_path))
     assert declared_session_options(built.onnx_path) == {"graph_optimization_level": "basic"}
     assert declared_session_options(mlp.path) == {}, "the recipe's own model is never rewritten"

@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from pydantic import ValidationError
 from onnx import TensorProto, helper, numpy_helper
 
 from qbench.errors import MissingExtraError, QbenchError
@@ -164,7 +165,7 @@ def test_modelopt_int8_entropy_searches_from_bin_128(cnn, tmp_path):
 
 
 def test_modelopt_notes_name_the_clipped_activations():
-    settings = modelopt_settings(_spec("int8", "entropy"))
+    settings = modelopt_settings(_spec("int8", "entropy").technique_config)
     (note,) = clipping_notes(settings, {"0.input_quantizer": 0.0625, "2.input_quantizer": 0.9, "8.input_quantizer": 0.2})
     assert note.startswith("entropy calibration kept only part of the observed range of: 0.input_quantizer (6%), ")
     assert "8.input_quantizer (20%)" in note and "2.input_quantizer" not in note
@@ -182,9 +183,10 @@ def _activation_scales(path: Path) -> dict[str, float]:
     }
 
 
-def test_modelopt_int8_smoothquant_from_python(cnn, tmp_path):
-    built = build_modelopt(_spec("int8"), cnn.context(tmp_path), smoothquant=True)
-    assert (built.params["modelopt_config"], built.params["calibration_algorithm"]) == ("INT8_SMOOTHQUANT_CFG", "smoothquant")
+def test_modelopt_int8_smoothquant_is_a_recipe_option(cnn, tmp_path):
+    built = build_variant(_spec("int8", smoothquant={"alpha": 0.6}), cnn.context(tmp_path))
+    assert built.params["modelopt_config"] == "INT8_SMOOTHQUANT_CFG"
+    assert built.params["calibration_algorithm"] == "smoothquant (alpha 0.6)"
     assert _agreement(cnn, built) >= MIN_AGREEMENT
 
 
@@ -279,25 +281,33 @@ def test_modelopt_without_a_torch_model_is_a_clear_error(cnn, tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("spec", "message"),
+    ("precision", "calibrator", "options", "message"),
     [
-        (_spec("fp8", "entropy"), r"entropy calibrator works on integer formats only; for fp8 it supports minmax"),
-        (_spec("fp8", per_channel=True), r"per_channel: ModelOpt exports FP8 to ONNX with per-tensor scales only"),
-        (_spec("int8", op_types=["Conv"]), r"op_types: does not apply to quantizer modelopt"),
-        (_spec("int8", reduce_range=True), r"reduce_range: does not apply to quantizer modelopt"),
-        (_spec("int8", "entropy", num_quantized_bins=256), r"num_quantized_bins: does not apply"),
-        (_spec("int8", "auto"), r"calibrator: quantizer modelopt supports minmax, entropy, percentile, not 'auto'"),
+        ("fp8", "entropy", {}, r"entropy calibrator works on integer formats only; for fp8 it supports minmax"),
+        ("fp8", "minmax", {"per_channel": True}, r"per_channel: ModelOpt exports FP8 to ONNX with per-tensor scales only"),
+        ("int8", "minmax", {"op_types": ["Conv"]}, r"op_types: does not apply to quantizer modelopt"),
+        ("int8", "minmax", {"reduce_range": True}, r"reduce_range: does not apply to quantizer modelopt"),
+        ("int8", "entropy", {"num_quantized_bins": 256}, r"num_quantized_bins: does not apply"),
+        ("int8", "auto", {}, r"calibrator: quantizer modelopt supports entropy, minmax, percentile, not 'auto'"),
+        ("int8", "minmax", {"keep_float": ["Softmax"]}, r"keep_float: does not apply to quantizer modelopt"),
     ],
 )
-def test_modelopt_rejects_what_it_cannot_honour(spec, message):
-    with pytest.raises(QbenchError, match=message):
-        modelopt_settings(spec)
+def test_modelopt_rejects_what_it_cannot_honour_when_the_recipe_loads(precision, calibrator, options, message):
+    with pytest.raises(ValidationError, match=message):
+        _spec(precision, calibrator, **options)
 
 
-def test_modelopt_smoothquant_needs_int8_minmax():
-    with pytest.raises(QbenchError, match="SmoothQuant applies to int8 with calibrator minmax"):
-        modelopt_settings(_spec("int8", "percentile"), smoothquant=True)
-    assert modelopt_settings(_spec("int8"), smoothquant=True).preset == "INT8_SMOOTHQUANT_CFG"
+def test_modelopt_smoothquant_is_int8_minmax_with_one_alpha():
+    for calibrator, options, message in [
+        ("percentile", {}, "ModelOpt's SmoothQuant applies to int8 with calibrator minmax"),
+        ("minmax", {"alpha": "auto"}, "smoothquant.alpha: ModelOpt's SmoothQuant takes one alpha"),
+        ("minmax", {"fold": False}, r"smoothquant.fold: does not apply to quantizer modelopt \(it takes alpha only\)"),
+    ]:
+        with pytest.raises(ValidationError, match=message):
+            _spec("int8", calibrator, smoothquant=options)
+    settings = modelopt_settings(_spec("int8", smoothquant={"alpha": 0.8}).technique_config)
+    assert (settings.preset, settings.smoothquant_alpha) == ("INT8_SMOOTHQUANT_CFG", 0.8)
+    assert modelopt_settings(_spec("int8").technique_config).smoothquant_alpha is None
 
 
 def test_missing_modelopt_names_the_extra(monkeypatch):

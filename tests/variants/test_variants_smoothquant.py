@@ -18,12 +18,12 @@ from qbench.variants import build_variant
 from qbench.variants.base import BuildContext, Feeds
 from qbench.variants.linear_graph import GraphView
 from qbench.variants.linear_qdq import LinearQuantSettings, activation_qparams, quantize_linears, quantize_weight
+from qbench.variants.linear_int8 import smoothquant_int8
 from qbench.variants.smoothquant import (
     SmoothQuantSettings,
     collect_channel_ranges,
     smooth_model,
     smoothing_scales,
-    smoothquant_int8,
 )
 
 ORT_IR_VERSION = 8  # onnx 1.23 writes IR 14 by default; ORT reads up to 13

@@ -1,0 +1,164 @@
+"""`keep_float`: the nodes a variant keeps in floating point BY RULE, never by node name.
+
+A rule is an ONNX op type (every node of that type, e.g. Softmax) or a graph pattern:
+
+- `attention_matmuls`: a MatMul/Gemm whose two inputs are both computed (neither is a
+  constant, nor computed from constants only): attention scores (Q x K^T) and context
+  (probabilities x V), as opposed to a Linear with a weight.
+- `masks`: the float/bool tensors computed from non-float graph inputs (an attention mask:
+  Unsqueeze, Cast, Sub, Mul...) and the nodes that apply such a tensor to a computed one
+  (the Add or Where on the scores). Propagation stops at a lookup into a constant table
+  (an embedding Gather: its output is learned data, not a mask) and at Shape/Size.
+
+The rules run on the FP32 graph; builders add the matches to the nodes they leave unquantized
+(unnamed matches are named first, so an exclusion list can hold them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import onnx
+from onnx import TensorProto
+
+from qbench.variants.float_support import name_unnamed_nodes
+
+_FLOATS = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE, TensorProto.BOOL}
+_LOOKUPS = ("Gather", "GatherElements", "GatherND")
+_SHAPE_ONLY = ("Shape", "Size")
+
+
+@dataclass(frozen=True)
+class KeptFloat:
+    """The nodes the rules matched: names in graph order, and per rule the names it matched."""
+
+    names: tuple[str, ...] = ()
+    by_rule: dict[str, list[str]] | None = None
+
+    def params(self) -> dict[str, Any]:
+        """What results record (nothing when the variant has no rule)."""
+        if self.by_rule is None:
+            return {}
+        return {
+            "keep_float": {rule: len(names) for rule, names in self.by_rule.items()},
+            "kept_float_nodes": list(self.names),
+        }
+
+
+class _Graph:
+    def __init__(self, model: onnx.ModelProto) -> None:
+        graph = model.graph
+        self.nodes = list(graph.node)
+        overridable = {value.name for value in graph.input}
+        self.constants = {t.name for t in graph.initializer if t.name not in overridable}
+        for node in self.nodes:  # tensors computed from constants only
+            if all(not name or name in self.constants for name in node.input):
+                self.constants.update(node.output)
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model).graph
+        except Exception:  # noqa: BLE001 (inference fails on odd graphs: dtypes stay unknown)
+            inferred = onnx.GraphProto()
+        values = [*graph.input, *inferred.value_info, *inferred.input, *inferred.output, *graph.output]
+        self.dtypes = {v.name: v.type.tensor_type.elem_type for v in values if v.type.HasField("tensor_type")}
+        self.inputs = [value.name for value in graph.input if value.name not in self.constants]
+
+    def computed(self, name: str) -> bool:
+        return bool(name) and name not in self.constants
+
+
+def _attention_matmuls(graph: _Graph) -> list[int]:
+    return [
+        index
+        for index, node in enumerate(graph.nodes)
+        if node.op_type in ("MatMul", "Gemm")
+        and len(node.input) >= 2
+        and all(graph.computed(n) for n in node.input[:2])
+    ]
+
+
+def _masks(graph: _Graph) -> list[int]:
+    derived = {name for name in graph.inputs if graph.dtypes.get(name) not in _FLOATS}
+    matched: list[int] = []
+    for index, node in enumerate(graph.nodes):
+        computed = [name for name in node.input if graph.computed(name)]
+        from_mask = [name for name in computed if name in derived]
+        if not from_mask or node.op_type in _SHAPE_ONLY:
+            continue
+        lookup = node.op_type in _LOOKUPS and node.input[0] in graph.constants
+        if len(from_mask) == len(computed) and not lookup:
+            derived.update(node.output)
+            if any(graph.dtypes.get(name) in _FLOATS for name in node.output):
+                matched.append(index)
+        elif any(graph.dtypes.get(name) in _FLOATS for name in from_mask) and not lookup:
+            matched.append(index)  # applies a float/bool mask to a computed tensor
+    return matched
+
+
+# one entry per rule name of qbench.techniques.options.FLOAT_RULES (a test holds them equal)
+PATTERNS: dict[str, Callable[[_Graph], list[int]]] = {"attention_matmuls": _attention_matmuls, "masks": _masks}
+
+
+def kept_float_nodes(model: onnx.ModelProto, rules: Sequence[str]) -> KeptFloat:
+    """The nodes of `model`'s main graph that `rules` keep in floating point (unnamed matches get names, in place)."""
+    if not rules:
+        return KeptFloat()
+    graph = _Graph(model)
+    by_rule: dict[str, list[int]] = {}
+    for rule in rules:
+        if rule in PATTERNS:
+            by_rule[rule] = PATTERNS[rule](graph)
+        else:
+            by_rule[rule] = [i for i, node in enumerate(graph.nodes) if node.op_type == rule]
+    if any(not graph.nodes[i].name for indices in by_rule.values() for i in indices):
+        name_unnamed_nodes(model)
+    matched = sorted({i for indices in by_rule.values() for i in indices})
+    names = {rule: [graph.nodes[i].name for i in indices] for rule, indices in by_rule.items()}
+    return KeptFloat(tuple(graph.nodes[i].name for i in matched), names)
+
+
+def restore_float_inputs(model: onnx.ModelProto, names: Sequence[str]) -> int:
+    """Make the nodes `names` read their activations unquantized (in place); returns the inputs rewired.
+
+    A QDQ quantizer that leaves a node unquantized can still put a QuantizeLinear ->
+    DequantizeLinear pair on a tensor the node reads (ORT quantizes a quantized MatMul's output
+    for its next reader): the node then computes in float on rounded values. Each such input is
+    pointed back at the float tensor before the pair; pairs nobody reads any more are removed.
+    Weights (a pair whose input is a constant) are left as they are.
+    """
+    if not names:
+        return 0
+    graph = model.graph
+    producer = {output: node for node in graph.node for output in node.output}
+    constants = {t.name for t in graph.initializer}
+    kept, rewired = set(names), 0
+    for node in graph.node:
+        if node.name not in kept:
+            continue
+        for position, name in enumerate(node.input):
+            dequantize = producer.get(name)
+            quantize = (
+                producer.get(dequantize.input[0])
+                if dequantize is not None and dequantize.op_type == "DequantizeLinear"
+                else None
+            )
+            if quantize is not None and quantize.op_type == "QuantizeLinear" and quantize.input[0] not in constants:
+                node.input[position] = quantize.input[0]
+                rewired += 1
+    if rewired:
+        _drop_unread_qdq(graph)
+    return rewired
+
+
+def _drop_unread_qdq(graph: onnx.GraphProto) -> None:
+    """Remove QuantizeLinear/DequantizeLinear nodes whose outputs nothing reads (repeated: a Q feeds only its DQ)."""
+    while True:
+        read = {name for node in graph.node for name in node.input} | {value.name for value in graph.output}
+        unread = [
+            n for n in graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear") and not read & set(n.output)
+        ]
+        if not unread:
+            return
+        for node in unread:
+            graph.node.remove(node)

@@ -1,0 +1,135 @@
+"""The `linear` and `smoothquant` techniques: INT8 on the inputs and weights of Linears only, float outputs.
+
+`linear`: each Linear input gets a per-tensor range from one ORT pass over the calibration
+batches (static) or is quantized per batch at run time (dynamic); `smoothquant` smooths the
+graph first (`smoothquant.smooth_model`), which also yields the ranges after smoothing. Both
+then rewrite the Linears with `linear_qdq.quantize_linears`. Linears are chosen by rule
+(`linear_graph`); attention MatMuls, Softmax and masks are never Linears, and `keep_float`
+rules and `exclude_nodes` keep more nodes float.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from qbench.recipe import VariantSpec
+from qbench.techniques.linear import LinearInt8, SmoothQuant
+from qbench.variants.base import BuildContext, BuiltVariant, Feeds, technique_of
+from qbench.variants.calibrate import calibration_rows, require_calibration
+from qbench.variants.float_rules import kept_float_nodes
+from qbench.variants.int8 import resolve_reduce_range
+from qbench.variants.linear_graph import GraphView, Linear
+from qbench.variants.linear_qdq import LinearQuantSettings, quantize_linears
+from qbench.variants.onnx_utils import (
+    Stopwatch,
+    build_step,
+    check_node_names,
+    ensure_opset,
+    load_model,
+    output_path,
+    save_model,
+    scratch_dir,
+)
+from qbench.variants.smoothquant import SmoothQuantSettings, collect_channel_ranges, smooth_model
+
+_NO_LINEAR = "no Linear (MatMul/Gemm with a constant weight) found: this variant computes in FP32"
+
+
+def smoothquant_int8(
+    model: onnx.ModelProto, batches: Sequence[Feeds], settings: SmoothQuantSettings, tmp: Path
+) -> tuple[onnx.ModelProto, dict[str, Any]]:
+    """Smooth and quantize `model` in place; returns it and the parameters that describe what was done."""
+    smoothed = smooth_model(model, batches, settings, tmp)
+    view = GraphView(smoothed.model)
+    linears = view.linears(settings.exclude_nodes)
+    done = _quantize(view, linears, smoothed.input_ranges, settings.quantization)
+    return view.commit(), {**smoothed.report.params(), **done}
+
+
+def linear_int8(
+    model: onnx.ModelProto,
+    batches: Sequence[Feeds],
+    quantization: LinearQuantSettings,
+    exclude_nodes: Sequence[str],
+    tmp: Path,
+) -> tuple[onnx.ModelProto, dict[str, Any]]:
+    """Quantize the Linears of `model` (in place) without smoothing; returns it and what was done."""
+    view = GraphView(model)
+    linears = view.linears(exclude_nodes)
+    ranges: dict[str, tuple[float, float]] = {}
+    if quantization.activations == "static" and linears:
+        inputs = list(dict.fromkeys(linear.node.input[0] for linear in linears))
+        channels = collect_channel_ranges(model, inputs, batches, tmp)
+        ranges = {name: (float(channel.low.min()), float(channel.high.max())) for name, channel in channels.items()}
+    done = _quantize(view, linears, ranges, quantization)
+    return view.commit(), done
+
+
+def _quantize(
+    view: GraphView, linears: list[Linear], ranges: Mapping[str, tuple[float, float]], quantization: LinearQuantSettings
+) -> dict[str, Any]:
+    # MatMuls with two computed inputs (attention) stay float by rule
+    computed = sum(node.op_type in ("MatMul", "Gemm") and not view.is_linear(node) for node in view.nodes)
+    quantized_inputs = quantize_linears(view, linears, ranges, quantization)
+    return {"quantized_linears": len(linears), "quantized_inputs": quantized_inputs, "float_matmuls": computed}
+
+
+def build_linear_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
+    """The recipe's `linear` or `smoothquant` INT8 variant."""
+    clock = Stopwatch()
+    config = technique_of(spec, LinearInt8)
+    calibrated = isinstance(config, SmoothQuant) or not config.dynamic  # smoothing always calibrates
+    if calibrated:
+        require_calibration(spec.name, ctx.calibration)
+    reduce_range, reduce_range_source = resolve_reduce_range(config.reduce_range)
+    quantization = LinearQuantSettings(
+        activations="dynamic" if config.dynamic else "static",
+        activation_type=config.activation_type,
+        symmetric_activations=config.symmetric_activations,
+        per_channel=config.per_channel,
+        reduce_range=reduce_range,
+    )
+    target = output_path(spec.name, ctx)
+    params: dict[str, Any] = {"technique": spec.technique_name}
+    with scratch_dir("qbench-linear-int8-") as tmp:
+        with build_step(spec.name, "loading the FP32 model"):
+            model = ensure_opset(load_model(ctx.reference_path.resolve()), 13)
+        check_node_names(model, config.exclude_nodes, spec.name)
+        kept_float = kept_float_nodes(model, config.keep_float)
+        exclude = (*config.exclude_nodes, *kept_float.names)
+        if isinstance(config, SmoothQuant):
+            options = config.smoothquant
+            settings = SmoothQuantSettings(
+                options.alpha, options.unfoldable, quantization, exclude, options.fold, tuple(options.alphas)
+            )
+            params.update(alpha=options.alpha, unfoldable=options.unfoldable, fold=options.fold)
+            if options.alpha == "auto":
+                params["alphas"] = list(options.alphas)
+            with build_step(spec.name, "SmoothQuant calibration, smoothing and quantization"):
+                model, done = smoothquant_int8(model, ctx.calibration, settings, tmp)
+        else:
+            with build_step(spec.name, f"{quantization.activations} INT8 on the Linears"):
+                model, done = linear_int8(model, ctx.calibration, quantization, exclude, tmp)
+        with build_step(spec.name, "saving the quantized model"):
+            save_model(model, target)
+    params.update({
+        "activations": quantization.activations,
+        "activation_type": quantization.activation_type if quantization.activations == "static" else "uint8",
+        "symmetric_activations": quantization.symmetric_activations,
+        "per_channel": config.per_channel,
+        "weight_type": "int8",
+        "reduce_range": reduce_range,
+        "reduce_range_source": reduce_range_source,
+        "exclude_nodes": list(config.exclude_nodes),
+        **kept_float.params(),
+        "calibration_batches": len(ctx.calibration) if calibrated else 0,
+        "calibration_rows": calibration_rows(ctx.calibration) if calibrated else 0,
+        **done,
+    })  # fmt: skip
+    notes = () if done["quantized_linears"] else (_NO_LINEAR,)
+    return BuiltVariant(name=spec.name, precision="int8", onnx_path=target, params=params,
+                        build_seconds=clock.seconds(), notes=notes)  # fmt: skip

@@ -1,0 +1,139 @@
+"""The `linear` and `smoothquant` techniques on tiny graphs: folding vs an inserted Mul, static/dynamic
+Linear-only INT8, per-channel weights, symmetric/asymmetric activations, the alphas `auto` tries."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+from test_variants_smoothquant import (
+    STATIC,
+    _batches,
+    _copy,
+    _op_counts,
+    _reference,
+    _simulated,
+    attention_block,
+    ffn_block,
+    relative_error,
+    sqnr_db,
+)
+
+from qbench.recipe import VariantSpec
+from qbench.variants import build_variant
+from qbench.variants.base import BuildContext
+from qbench.variants.linear_int8 import linear_int8, smoothquant_int8
+from qbench.variants.linear_qdq import LinearQuantSettings
+from qbench.variants.smoothquant import SmoothQuantSettings, smooth_model
+
+
+@pytest.mark.parametrize("block", [ffn_block, attention_block])
+def test_folding_computes_what_the_inserted_mul_computes(block, tmp_path: Path) -> None:
+    rng = np.random.default_rng(11)
+    model, calibration, held_out = (block(rng), _batches(rng, 3), _batches(rng, 1, rows=16)[0])
+    folded = smooth_model(_copy(model), calibration, SmoothQuantSettings(alpha=0.5), tmp_path)
+    unfolded = smooth_model(_copy(model), calibration, SmoothQuantSettings(alpha=0.5, fold=False), tmp_path)
+    assert sum(folded.report.folded_into.values()) >= 1 and unfolded.report.folded_into == {}
+    assert unfolded.report.inserted_muls == unfolded.report.groups == folded.report.groups
+    assert _op_counts(unfolded.model)["Mul"] - _op_counts(folded.model)["Mul"] == sum(
+        folded.report.folded_into.values()
+    )
+    float_diff = np.abs(_reference(folded.model, held_out) - _reference(unfolded.model, held_out)).max()
+    scale = np.abs(_reference(model, held_out)).max()
+    # quantized: the same scales either way, so INT8 outputs differ only where float rounding flips an int8 step
+    settings = SmoothQuantSettings(alpha=0.5, quantization=STATIC)
+    int8_folded, _ = smoothquant_int8(_copy(model), calibration, settings, tmp_path)
+    int8_unfolded, _ = smoothquant_int8(
+        _copy(model), calibration, SmoothQuantSettings(0.5, quantization=STATIC, fold=False), tmp_path
+    )
+    int8_diff = relative_error(_simulated(int8_unfolded, held_out), _simulated(int8_folded, held_out))
+    print(
+        f"{block.__name__}: folded vs unfolded max |diff| float {float_diff:.2e} (of {scale:.2f}), INT8 {int8_diff:.2e} relative"
+    )
+    assert float_diff <= 1e-5 * scale
+    assert int8_diff < 2e-2
+
+
+def test_linear_technique_static_and_dynamic_keep_outputs_float(tmp_path: Path) -> None:
+    rng = np.random.default_rng(12)
+    path = tmp_path / "attention.onnx"
+    model = attention_block(rng)
+    onnx.save(model, str(path))
+    calibration, held_out = _batches(rng, 3), _batches(rng, 1, rows=16)[0]
+    quality: dict[str, float] = {}
+    for calibrator, kernel in (("minmax", "DequantizeLinear"), ("dynamic", "MatMulInteger")):
+        spec = VariantSpec(name=f"lin-{calibrator}", precision="int8", technique="linear", calibrator=calibrator)
+        built = build_variant(
+            spec, BuildContext(reference_path=path, workdir=tmp_path / calibrator, calibration=calibration)
+        )
+        quantized = onnx.load(str(built.onnx_path))
+        assert built.params["technique"] == "linear" and built.params["quantized_linears"] == 4
+        assert built.params["float_matmuls"] == 2 and built.params["per_channel"] is True
+        assert "alpha" not in built.params and built.params["calibration_batches"] == (
+            3 if calibrator == "minmax" else 0
+        )
+        assert _op_counts(quantized)[kernel] >= 4
+        # attention MatMuls still multiply two float tensors; every QuantizeLinear is on a Linear input
+        attention = {n.name: n for n in quantized.graph.node if n.name in ("attention_scores", "attention_context")}
+        assert [n.op_type for n in attention.values()] == ["MatMul", "MatMul"]
+        quality[calibrator] = sqnr_db(_reference(model, held_out), _simulated(quantized, held_out))
+    spec = VariantSpec(name="sq", precision="int8", calibrator="minmax", smoothquant={"alpha": 0.5})
+    built = build_variant(spec, BuildContext(reference_path=path, workdir=tmp_path / "sq", calibration=calibration))
+    quality["smoothquant"] = sqnr_db(_reference(model, held_out), _simulated(onnx.load(str(built.onnx_path)), held_out))
+    print(
+        "SQNR dB on the block with a x50 LayerNorm outlier channel: "
+        + ", ".join(f"{k} {v:.1f}" for k, v in quality.items())
+    )
+    # the outlier channel costs the per-tensor static scale; per-batch dynamic scales and smoothing recover it
+    assert quality["minmax"] > 10.0 and quality["smoothquant"] > quality["minmax"] + 6.0
+
+
+def test_per_channel_and_symmetric_options_reach_the_graph(tmp_path: Path) -> None:
+    rng = np.random.default_rng(13)
+    model, calibration = ffn_block(rng), _batches(rng, 2)
+
+    def initializers(settings: LinearQuantSettings) -> dict[str, np.ndarray]:
+        quantized, _ = linear_int8(_copy(model), calibration, settings, (), tmp_path)
+        return {t.name: numpy_helper.to_array(t) for t in quantized.graph.initializer}
+
+    per_channel = initializers(LinearQuantSettings(per_channel=True))
+    per_tensor = initializers(LinearQuantSettings(per_channel=False))
+    assert per_channel["w1_scale"].shape == (64,) and per_tensor["w1_scale"].shape == ()
+    asymmetric = initializers(LinearQuantSettings(activation_type="uint8", symmetric_activations=False))
+    symmetric_u8 = initializers(LinearQuantSettings(activation_type="uint8", symmetric_activations=True))
+    symmetric_s8 = initializers(LinearQuantSettings(activation_type="int8", symmetric_activations=True))
+    assert int(symmetric_u8["h_zero_point"]) == 128 and int(symmetric_s8["h_zero_point"]) == 0
+    assert symmetric_s8["h_zero_point"].dtype == np.int8 and asymmetric["h_zero_point"].dtype == np.uint8
+    # the LayerNorm output is not centred on zero here: the asymmetric zero point is not the midpoint
+    assert int(asymmetric["h_zero_point"]) != 128
+
+
+def test_alpha_auto_tries_only_the_given_alphas(tmp_path: Path) -> None:
+    rng = np.random.default_rng(14)
+    model, calibration = attention_block(rng), _batches(rng, 3)
+    settings = SmoothQuantSettings("auto", quantization=STATIC, alphas=(0.75,))
+    _, params = smoothquant_int8(_copy(model), calibration, settings, tmp_path)
+    assert set(params["alphas_chosen"]) <= {"0.75", "none"} and sum(params["alphas_chosen"].values()) == 2
+
+
+def test_smoothquant_options_are_checked_when_the_recipe_loads() -> None:
+    from pydantic import ValidationError
+
+    spec = VariantSpec(
+        name="sq", precision="int8", calibrator="minmax", smoothquant={"alpha": "auto", "alphas": [0.9, 0.5]}
+    )
+    assert spec.technique_config.smoothquant.alphas == [0.5, 0.9]
+    for options, message in [
+        ({"alphas": [0.5]}, "alphas: applies only with alpha: auto"),
+        ({"alpha": "auto", "alphas": [1.5]}, "expected a non-empty list of numbers from 0 to 1"),
+        ({"fold": False, "unfoldable": "skip"}, "unfoldable: 'skip' applies only with fold: true"),
+    ]:
+        with pytest.raises(ValidationError, match=message):
+            VariantSpec(name="sq", precision="int8", calibrator="minmax", smoothquant=options)
+    with pytest.raises(ValidationError, match="activation_type: does not apply to dynamic int8 variants"):
+        VariantSpec(name="l", precision="int8", technique="linear", calibrator="dynamic", activation_type="int8")
+    with pytest.raises(ValidationError, match="calibrator: got 'entropy', expected one of dynamic, minmax with linear"):
+        VariantSpec(name="l", precision="int8", technique="linear", calibrator="entropy")
