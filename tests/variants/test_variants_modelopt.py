@@ -10,8 +10,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from pydantic import ValidationError
 from onnx import TensorProto, helper, numpy_helper
+from pydantic import ValidationError
 
 from qbench.errors import MissingExtraError, QbenchError
 from qbench.recipe import VariantSpec

@@ -16,9 +16,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from pydantic import ValidationError
 import torch
 from onnx import numpy_helper
+from pydantic import ValidationError
 
 from qbench.errors import QbenchError
 from qbench.recipe import VariantSpec, load_recipe

@@ -17,8 +17,8 @@ from qbench.recipe import SmoothQuantSpec, VariantSpec
 from qbench.variants import build_variant
 from qbench.variants.base import BuildContext, Feeds
 from qbench.variants.linear_graph import GraphView
-from qbench.variants.linear_qdq import LinearQuantSettings, activation_qparams, quantize_linears, quantize_weight
 from qbench.variants.linear_int8 import smoothquant_int8
+from qbench.variants.linear_qdq import LinearQuantSettings, activation_qparams, quantize_linears, quantize_weight
 from qbench.variants.smoothquant import (
     SmoothQuantSettings,
     collect_channel_ranges,
