@@ -9,6 +9,8 @@ Contenders, on recipes/minilm.yaml (seq 128; its calibration rows, evaluation se
                         alpha 0.5 plus a small sweep over 0.3-0.8 (same graph shape, other scales)
   sq-auto               `alpha: auto`: per Linear input, the alpha (or none) with the least output error
   sq-a0.5-dynamic       alpha 0.5 with calibrator dynamic (activations quantized per batch)
+  sq-a0.5-unfolded      alpha 0.5 with `fold: false`: a Mul before every smoothed input (what folding saves)
+  linear-minmax         `technique: linear`: the same Linear-only static INT8 without smoothing
 
 Latency: the interleaved loop of bench/minilm_int8.py (one session alive at a time; medians of each
 round's p50). Accuracy: cosine vs FP32 per evaluation row, mean / min, the worst topic, and the
@@ -62,6 +64,11 @@ def smoothquant_variants(
     ]
     specs.append(VariantSpec(name="sq-auto", precision="int8", calibrator="minmax", smoothquant={"alpha": "auto"}))
     specs.append(VariantSpec(name="sq-a0.5-dynamic", precision="int8", calibrator="dynamic", smoothquant={}))
+    # the same smoothing with a Mul before every smoothed input instead of folding it into the producers
+    specs.append(
+        VariantSpec(name="sq-a0.5-unfolded", precision="int8", calibrator="minmax", smoothquant={"fold": False})
+    )
+    specs.append(VariantSpec(name="linear-minmax", precision="int8", technique="linear", calibrator="minmax"))
     ctx = BuildContext(reference_path=prepared.source.onnx_path, workdir=out, calibration=prepared.calibration_batches)
     paths, seconds, params = {}, {}, {}
     for spec in specs:

@@ -342,7 +342,7 @@ def _technique(spec: VariantSpec) -> str:
         return f"QAT, {spec.qat.epochs} epochs"
     if spec.calibrator is None:
         return spec.precision
-    return f"{spec.precision}, {spec.quantizer or 'onnxruntime'}, {spec.calibrator} calibration"
+    return f"{spec.precision}, {spec.technique_name}, {spec.calibrator} calibration"
 
 
 def _build_one(
