@@ -37,6 +37,7 @@ from onnx import helper, numpy_helper
 from qbench.errors import MissingExtraError, QbenchError, did_you_mean
 from qbench.recipe import VariantSpec
 from qbench.sources.torch_model import single_torch_thread
+from qbench.techniques.calibrators import CALIBRATORS
 from qbench.techniques.modelopt import Modelopt
 from qbench.variants.base import BuildContext, BuiltVariant, Feeds, technique_of
 from qbench.variants.calibrate import calibration_rows, require_calibration
@@ -89,7 +90,8 @@ class ModeloptSettings:
     @property
     def histogram_method(self) -> str | None:
         """ModelOpt's histogram method for the activation quantizers, None for max calibration."""
-        return None if self.calibrator == "minmax" else self.calibrator
+        method = CALIBRATORS.get(self.calibrator).modelopt
+        return None if method == "max" else method
 
     @property
     def algorithm(self) -> str:
@@ -147,14 +149,14 @@ class ModeloptSettings:
 def modelopt_settings(config: Modelopt) -> ModeloptSettings:
     """ModelOpt's settings for a technique config (its checks already ran when the recipe loaded)."""
     calibration = config.calibration
-    histogram = calibration.calibrator != "minmax"
+    histogram = calibration.method.modelopt != "max"
     smoothquant = config.smoothquant
     alpha = smoothquant.alpha if smoothquant is not None and smoothquant.alpha != "auto" else None
     return ModeloptSettings(
         precision=config.precision,
         preset=SMOOTHQUANT_PRESET if alpha is not None else PRESETS[config.precision],
         calibrator=calibration.calibrator,
-        percentile=calibration.percentile if calibration.calibrator == "percentile" else None,
+        percentile=calibration.percentile if "percentile" in calibration.method.options else None,
         num_bins=calibration.num_bins if histogram else None,
         per_channel=config.per_channel,
         smoothquant_alpha=alpha,
