@@ -84,6 +84,17 @@ def sweep(
     register: RegisterOption = None,
     alias: AliasOption = None,
     no_register: NoRegisterOption = False,
+    plan: Annotated[bool, typer.Option("--plan", help="print the jobs, where each would run and what is cached; "
+                                       "run nothing")] = False,  # fmt: skip
+    executor: Annotated[
+        Optional[str], typer.Option("--executor", help="local or ray (default: the recipe's executor.kind)")
+    ] = None,
+    address: Annotated[
+        Optional[str], typer.Option("--address", help="ray: the cluster to join (auto, ray://host:10001)")
+    ] = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="reuse stored builds and the finished jobs of the last interrupted run")
+    ] = False,
 ) -> int:
     """Build every variant, measure it against FP32, write reports/<name>/<time>/ and log to MLflow.
 
@@ -91,6 +102,7 @@ def sweep(
     GITHUB_STEP_SUMMARY table) and the recipe's registry section (or --register) registers the winners.
     """
     from qbench.recipe import load_recipe
+    from qbench.recipe_executor import with_executor
     from qbench.report import print_summary
     from qbench.slo import with_prices
     from qbench.sweep import run_sweep
@@ -98,9 +110,12 @@ def sweep(
     output = GateOutput(verbose, junit, json_path, register, alias, no_register)
     if not gate and output != GateOutput():
         raise QbenchError("--verbose, --junit, --json, --register, --alias and --no-register apply with --gate")
-    loaded = with_prices(load_recipe(recipe), price or [])
+    loaded = with_executor(with_prices(load_recipe(recipe), price or []), kind=executor, address=address)
+    if plan:
+        _print_plan(loaded)
+        return 0
     registry = output.registry(loaded.registry) if gate else None  # before the sweep: a bad option costs no sweep
-    outcome = run_sweep(loaded, track=track)
+    outcome = run_sweep(loaded, track=track, resume=resume)
     print_summary(outcome.results, outcome.gate)
     err_console.print(f"results: {outcome.results_path}\nreport:  {outcome.report_path}", markup=False)
     if outcome.mlflow_run_id:
@@ -108,6 +123,25 @@ def sweep(
     if not gate:
         return 0
     return _report_gate(loaded, outcome.results, outcome.gate, outcome.results_path, output, registry, tracked=track)
+
+
+def _print_plan(recipe: Recipe) -> None:
+    from rich.table import Table
+
+    from qbench.execute.overview import plan_overview
+    from qbench.sweep import build_store
+
+    overview = plan_overview(recipe, build_store(recipe))
+    table = Table(box=None, pad_edge=False)
+    for column in ("job", "needs", "after", "cached"):
+        table.add_column(column)
+    for row in overview.rows:
+        table.add_row(escape(row.job), row.needs, escape(row.after), escape(row.cached or "—"))
+    out.print(f"plan {overview.plan.fingerprint[:12]}: {len(overview.rows)} jobs on executor {escape(overview.executor)}, "
+              f"builds stored in {escape(overview.store)}")  # fmt: skip
+    print_wide(table, out)
+    resumable = f"; the last interrupted run is {overview.resumable}" if overview.resumable else ""
+    out.print(f"{overview.cached} of {len(overview.rows)} jobs cached (reused by `qbench sweep --resume`){resumable}")
 
 
 @app.command()

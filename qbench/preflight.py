@@ -86,12 +86,17 @@ class Prepared:
         return {choice.name: choice.index for choice in self.outputs}
 
 
-def prepare(recipe: Recipe, *, track: bool = True) -> Prepared:
+def prepare(recipe: Recipe, *, track: bool = True, destinations: bool = True, backends: bool = True) -> Prepared:
     """Check the recipe against its model, data, backends and destinations (the tracking store only when
-    `track`); build evaluation, calibration and training feeds."""
+    `track`); build evaluation, calibration and training feeds.
+
+    A cluster's driver leaves the backends to the nodes that run them (`backends=False`); a worker
+    leaves the destinations to the driver too (`destinations=False`)."""
     check_plan(recipe)
-    check_destinations(recipe, track=track)
-    check_backends(recipe)
+    if destinations:
+        check_destinations(recipe, track=track)
+    if backends:
+        check_backends(recipe)
     _check_quantizer_options(recipe)
     source = resolve_model(recipe)
     model = _read_model(recipe, source.onnx_path)

@@ -26,6 +26,7 @@ from qbench.errors import RecipeError, expected_one_of, short_repr
 from qbench.recipe_errors import recipe_error
 from qbench.recipe_filters import check_filter
 from qbench.recipe_registry import RegistrySpec, check_registry
+from qbench.recipe_executor import BackendResources, ExecutorSpec, check_backend_resources, split_backend_entries
 from qbench.recipe_slo import CostSpec, SloSpec, check_serving
 from qbench.recipe_variants import Name, VariantSpec, reference_variant
 from qbench.recipe_yaml import read_recipe_yaml
@@ -294,9 +295,13 @@ class Recipe(_Strict):
     cost: CostSpec | None = Field(None, description="price per hour per backend, for cost per inference")
     registry: RegistrySpec | None = Field(None, description="register the gate's winners in the MLflow Model Registry")
     output_dir: Path = _path_field("results go to <output_dir>/<name>/<timestamp>/ (relative to the recipe)", Path("reports"))
+    executor: ExecutorSpec = ExecutorSpec()
+    backend_resources: dict[str, BackendResources] = Field({}, description="backend -> accelerator pin (Ray)")
 
     _source: Path = PrivateAttr(default=Path("recipe.yaml"))
     _sha256: str = PrivateAttr(default="")
+
+    _backend_entries = model_validator(mode="before")(split_backend_entries)  # {name, accelerator} entries
 
     @field_validator("backends")
     @classmethod
@@ -351,6 +356,7 @@ class Recipe(_Strict):
             raise ValueError(f"gate.metric: {expected_one_of(self.gate.metric, allowed)} for task {self.task!r}")
         check_serving(self.slo, self.cost, self.backends, self.latency.batch_sizes)
         check_registry(self.registry, self.backends, self.latency.batch_sizes)
+        check_backend_resources(self.backend_resources, self.backends)
         return self
 
     def _metric_names(self) -> list[str]:

@@ -294,6 +294,11 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def to_jsonable(value: Any) -> Any:
+    """`value` (results, one of their parts) as strict-JSON-ready Python values."""
+    return _jsonable(value)
+
+
 def canonical_sha256(value: Any) -> str:
     """sha256 of the canonical JSON (sorted keys, no spaces) of a JSON value."""
     return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()).hexdigest()
@@ -407,27 +412,7 @@ def from_dict(raw: dict[str, Any]) -> SweepResults:
         evaluation_rows=int(raw["evaluation_rows"]),
         gate_metric=raw["gate_metric"],
         reference=raw["reference"],
-        variants=tuple(
-            VariantResult(
-                variant=v["variant"],
-                backend=v["backend"],
-                precision=v["precision"],
-                status=v["status"],
-                params=v.get("params", {}),
-                error=v.get("error"),
-                model_path=v.get("model_path"),
-                model_bytes=v.get("model_bytes"),
-                model_sha256=v.get("model_sha256"),
-                build_seconds=v.get("build_seconds"),
-                notes=tuple(v.get("notes", [])),
-                accuracy=_accuracy(v.get("accuracy")),
-                latency=_latency(v.get("latency")),
-                fidelity=Fidelity(**v["fidelity"]) if "fidelity" in v else Fidelity(UNKNOWN, UNKNOWN),
-                evaluated_model_path=v.get("evaluated_model_path"),
-                serving=serving_from_dict(v.get("serving")),
-            )
-            for v in raw["variants"]
-        ),
+        variants=tuple(variant_from_dict(v) for v in raw["variants"]),
         frontier=tuple(FrontierPoint(**p) for p in raw.get("frontier", [])),
         timings=raw.get("timings", {}),
         dropped_nonfinite=raw.get("dropped_nonfinite", {}),
@@ -435,6 +420,28 @@ def from_dict(raw: dict[str, Any]) -> SweepResults:
         inputs=raw.get("inputs", {}),
         complete=raw.get("complete") is True,
         finished_at=raw.get("finished_at"),
+    )
+
+
+def variant_from_dict(v: dict[str, Any]) -> VariantResult:
+    """One variant x backend result from its parsed JSON (as results.json and job records hold it)."""
+    return VariantResult(
+        variant=v["variant"],
+        backend=v["backend"],
+        precision=v["precision"],
+        status=v["status"],
+        params=v.get("params", {}),
+        error=v.get("error"),
+        model_path=v.get("model_path"),
+        model_bytes=v.get("model_bytes"),
+        model_sha256=v.get("model_sha256"),
+        build_seconds=v.get("build_seconds"),
+        notes=tuple(v.get("notes", [])),
+        accuracy=_accuracy(v.get("accuracy")),
+        latency=_latency(v.get("latency")),
+        fidelity=Fidelity(**v["fidelity"]) if "fidelity" in v else Fidelity(UNKNOWN, UNKNOWN),
+        evaluated_model_path=v.get("evaluated_model_path"),
+        serving=serving_from_dict(v.get("serving")),
     )
 
 

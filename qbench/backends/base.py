@@ -40,7 +40,8 @@ class Runner(Protocol):
 class Backend(Protocol):
     """A runtime. It may also declare `native_precisions` (a frozenset of precision names it computes
     with their own kernels); without it, every precision it accepts counts as native
-    (see qbench.validate.fidelity)."""
+    (see qbench.validate.fidelity). A backend whose jobs need a GPU declares `needs_gpu = True`
+    (qbench.execute asks the cluster for one)."""
 
     name: str
 
@@ -55,6 +56,11 @@ class Backend(Protocol):
     def load(self, variant: BuiltVariant, options: RunOptions) -> Runner:
         """Create a runner for the variant's model."""
         ...
+
+
+def needs_gpu(backend: Backend | type[Backend]) -> bool:
+    """Whether a job on `backend` (an instance or its class) must run where there is a GPU."""
+    return bool(getattr(backend, "needs_gpu", False))
 
 
 def native_precisions(backend: Backend) -> frozenset[str] | None:

@@ -208,6 +208,7 @@ class OnnxRuntimeGpuBackend(OnnxRuntimeBackend):
     """ONNX Runtime with a GPU provider first; subclasses give the provider entries (name and options)."""
 
     extra: ClassVar[str] = GPU_EXTRA
+    needs_gpu: ClassVar[bool] = True  # a job on this backend asks the cluster for a GPU
     # what usually makes ONNX Runtime drop this provider, for the fallback error
     fallback_hint: ClassVar[str] = (
         "check that the CUDA and cuDNN libraries this onnxruntime-gpu was built for are installed and loadable"

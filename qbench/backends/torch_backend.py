@@ -245,6 +245,7 @@ class TorchCPU(TorchBackend):
 class TorchCUDA(TorchBackend):
     name = "torch-cuda"
     device = "cuda"
+    needs_gpu = True  # a job on this backend asks the cluster for a GPU
 
     def check_available(self) -> None:
         torch = _import_torch()

@@ -1,0 +1,153 @@
+"""Executors run a plan's jobs; the scheduler (qbench.execute.scheduler) decides which job runs when.
+
+An executor is told to `start` a job with its `Work` (what to build or measure, and which earlier job's
+outputs are its reference) and hands back finished jobs one at a time (`next_done`). Both executors run
+the same job functions (qbench.execute.jobs):
+
+    local   in this process, one job at a time, in plan order (no Ray import)
+    ray     as Ray tasks on a cluster, as many at once as the cluster's resources allow
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Protocol
+
+from qbench.errors import MissingExtraError
+from qbench.execute.jobs import (
+    BuildOutput,
+    MeasureOutput,
+    Outputs,
+    Reference,
+    run_build,
+    run_measure,
+)
+from qbench.execute.plan import Job, JobNeeds
+from qbench.execute.store import BuildStore
+from qbench.preflight import Prepared
+from qbench.recipe import Recipe, VariantSpec
+from qbench.results import AccuracyResult
+from qbench.variants.base import BuiltVariant
+
+RAY_EXTRA = "ray"
+
+
+@dataclass(frozen=True)
+class BuildWork:
+    spec: VariantSpec
+    key: str
+    search: tuple[str, str | None] | None = None  # (first backend, the job whose outputs are the reference)
+    reference_accuracy: AccuracyResult | None = None
+
+
+@dataclass(frozen=True)
+class MeasureWork:
+    backend: str
+    built: BuiltVariant
+    key: str
+    reference_job: str | None  # the job whose outputs are the reference; None: compare with its own outputs
+    reference_accuracy: AccuracyResult | None
+    keep_outputs: bool  # hand the outputs back (the reference's, which later jobs and a resume need)
+
+
+Work = BuildWork | MeasureWork
+
+
+@dataclass(frozen=True)
+class JobDone:
+    """A job that ended: its output, or why the worker running it was lost (the job may run again)."""
+
+    job: str
+    output: BuildOutput | MeasureOutput | None
+    lost: str | None = None
+
+
+class Executor(Protocol):
+    name: str
+    capacity: int  # jobs it runs at once
+
+    def start(self, job: Job, work: Work) -> None: ...
+
+    def next_done(self) -> JobDone:
+        """Block until a started job ends."""
+        ...
+
+    def provide_outputs(self, job_id: str, outputs: Outputs) -> None:
+        """Outputs of a job finished in an earlier run (a resumed reference), for the jobs that compare with it."""
+        ...
+
+    def where(self) -> str:
+        """Where the jobs run, for the progress lines."""
+        ...
+
+    def check_needs(self, needs: set[JobNeeds]) -> None:
+        """Raise a QbenchError naming what is missing when some kind of job could never be placed."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class LocalExecutor:
+    """Runs each job in this process when it is its turn: the sweep as it always ran, one job at a time."""
+
+    name = "local"
+    capacity = 1
+
+    def __init__(self, prepared: Prepared, store: BuildStore) -> None:
+        self._prepared = prepared
+        self._store = store
+        self._queue: deque[tuple[Job, Work]] = deque()
+        self._outputs: dict[str, Outputs] = {}
+
+    def start(self, job: Job, work: Work) -> None:
+        self._queue.append((job, work))
+
+    def provide_outputs(self, job_id: str, outputs: Outputs) -> None:
+        self._outputs[job_id] = outputs
+
+    def next_done(self) -> JobDone:
+        job, work = self._queue.popleft()
+        if isinstance(work, BuildWork):
+            search = None
+            if work.search is not None:
+                backend, reference_job = work.search
+                outputs = self._outputs.get(reference_job) if reference_job else None
+                search = (backend, Reference(outputs, work.reference_accuracy))
+            return JobDone(
+                job.id,
+                run_build(work.spec, self._prepared, self._store, work.key, search),
+            )
+        outputs = self._outputs.get(work.reference_job) if work.reference_job else None
+        done = run_measure(work.backend, work.built, self._prepared, Reference(outputs, work.reference_accuracy),
+                           keep_outputs=work.keep_outputs)  # fmt: skip
+        if work.keep_outputs and done.outputs is not None:
+            self._outputs[job.id] = done.outputs
+        return JobDone(job.id, done)
+
+    def where(self) -> str:
+        return "this process"
+
+    def check_needs(self, needs: set[JobNeeds]) -> None:
+        """Nothing to place: every job runs here (the backends were checked when the recipe was prepared)."""
+
+    def close(self) -> None:
+        self._queue.clear()
+
+
+def make_executor(recipe: Recipe, prepared: Prepared, store: BuildStore) -> Executor:
+    """The recipe's executor (`executor.kind`); Ray is imported only for `ray`, with an error naming the extra."""
+    if recipe.executor.kind == "local":
+        return LocalExecutor(prepared, store)
+    from qbench.execute.ray_executor import RayExecutor
+
+    return RayExecutor(recipe, store)
+
+
+def import_ray() -> object:
+    """The `ray` module; without it, an error naming the extra (executor 'ray' is the only user)."""
+    try:
+        import ray
+    except ImportError:
+        raise MissingExtraError("Ray (for `executor: {kind: ray}`)", RAY_EXTRA) from None
+    return ray

@@ -1,0 +1,197 @@
+"""The Ray executor: each job is a Ray task placed by what it needs (qbench.execute.plan.JobNeeds).
+
+    build      num_cpus=1
+    measure    num_cpus=1, num_gpus=1 on GPU backends (accelerator_type when the recipe pins one),
+               and one unit of the `qbench_timing` custom resource: a node (or GPU) advertises as many
+               units as timings it can run without disturbing each other, usually one
+
+A measure task returns two objects: its result, fetched by the driver, and the evaluated outputs, which
+stay in Ray's object store and are handed to the jobs that compare with them (only FP32's, the
+reference, are fetched, to be recorded for a resume). Built models travel through the build store
+(qbench.execute.store); a torch form that exists only in memory (QAT, ModelOpt) travels pickled.
+
+Workers prepare the recipe's data themselves (once per worker process), from files they must reach:
+on a cluster, the model, data and build store belong on storage every node mounts (or an fsspec URI
+for the store). Tasks are not retried by Ray (max_retries=0): a lost worker is reported to the
+scheduler, which runs the job again within `executor.retries` and records the attempts.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import replace
+from typing import Any
+
+from qbench.errors import QbenchError
+from qbench.execute.executors import BuildWork, JobDone, MeasureWork, Work, import_ray
+from qbench.execute.jobs import (
+    BuildOutput,
+    MeasureOutput,
+    Outputs,
+    Reference,
+    run_build,
+    run_measure,
+)
+from qbench.execute.plan import TIMING_RESOURCE, Job, JobNeeds
+from qbench.execute.store import BuildStore
+from qbench.preflight import Prepared
+from qbench.recipe import Recipe, VariantSpec
+from qbench.results import AccuracyResult
+
+_PREPARED: dict[str, Prepared] = {}  # per worker process: recipe digest -> its prepared data
+
+
+def _worker_prepared(recipe: Recipe) -> Prepared:
+    """The recipe's data, prepared once per worker process (destinations and backends are the driver's)."""
+    from qbench.preflight import prepare
+    from qbench.results import canonical_sha256
+
+    key = canonical_sha256({"recipe": recipe.model_dump(mode="json"), "source": str(recipe.source)})
+    if key not in _PREPARED:
+        _PREPARED[key] = prepare(recipe, track=False, destinations=False, backends=False)
+    return _PREPARED[key]
+
+
+def _build_task(
+    recipe: Recipe, spec: VariantSpec, store: BuildStore, key: str, search_backend: str | None,
+    reference_outputs: Outputs | None, reference_accuracy: AccuracyResult | None,
+) -> BuildOutput:  # fmt: skip
+    prepared = _worker_prepared(recipe)
+    search = (search_backend, Reference(reference_outputs, reference_accuracy)) if search_backend else None
+    return run_build(spec, prepared, store, key, search)
+
+
+def _measure_task(
+    recipe: Recipe,
+    work_bytes: bytes,
+    store: BuildStore,
+    reference_outputs: Outputs | None,
+) -> tuple[MeasureOutput, Outputs | None]:
+    import cloudpickle
+
+    prepared = _worker_prepared(recipe)  # first: a pickled torch form may need the user's module imported
+    work: MeasureWork = cloudpickle.loads(work_bytes)
+    built = store.local_copy(work.built, work.key)
+    done = run_measure(work.backend, built, prepared, Reference(reference_outputs, work.reference_accuracy),
+                       keep_outputs=True)  # fmt: skip
+    return replace(done, outputs=None), done.outputs
+
+
+def task_options(needs: JobNeeds) -> dict[str, Any]:
+    """Ray's resource options for a job with `needs`."""
+    options: dict[str, Any] = {"num_cpus": 1, "max_retries": 0}
+    if needs.gpu:
+        options["num_gpus"] = 1
+        if needs.accelerator:
+            options["accelerator_type"] = needs.accelerator
+    if needs.timing:
+        options["resources"] = {TIMING_RESOURCE: 1}
+    return options
+
+
+class RayExecutor:
+    """Jobs as Ray tasks on the recipe's cluster (`executor.address`), or on a local one it starts and stops."""
+
+    name = "ray"
+
+    def __init__(self, recipe: Recipe, store: BuildStore) -> None:
+        self._ray: Any = import_ray()
+        self._store = store
+        self._owned = False
+        self._connect(recipe.executor.address)
+        self._recipe_ref = self._ray.put(recipe)
+        self._recipe = recipe
+        self._build = self._ray.remote(_build_task)
+        self._measure = self._ray.remote(_measure_task)
+        self._results: dict[Any, str] = {}  # result ObjectRef -> job id
+        self._outputs: dict[str, Any] = {}  # job id -> ObjectRef of its evaluated outputs
+        self._keep: set[str] = set()
+        cpus = int(self._ray.cluster_resources().get("CPU", 1))
+        self.capacity = max(cpus * 4, 8)  # queued beyond the CPUs, so a freed CPU never waits for the driver
+
+    def _connect(self, address: str | None) -> None:
+        ray = self._ray
+        if ray.is_initialized():
+            return
+        if address is None:  # a cluster of this machine alone, stopped when the sweep ends
+            ray.init(num_cpus=os.cpu_count() or 1, resources={TIMING_RESOURCE: 1}, include_dashboard=False,
+                     log_to_driver=False, configure_logging=False)  # fmt: skip
+            self._owned = True
+            return
+        try:
+            ray.init(address=address, log_to_driver=False, configure_logging=False)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise QbenchError(f"executor.address: cannot join the Ray cluster at {address!r}: {exc}") from None
+
+    def check_needs(self, needs: set[JobNeeds]) -> None:
+        """Every kind of job must fit some node of the cluster, else it would wait forever: say what is missing."""
+        have = self._ray.cluster_resources()
+        for need in sorted(needs, key=lambda n: n.describe()):
+            missing = []
+            if need.gpu and have.get("GPU", 0) < 1:
+                missing.append("a GPU")
+            if need.accelerator and have.get(f"accelerator_type:{need.accelerator}", 0) <= 0:
+                missing.append(f"a GPU of accelerator type {need.accelerator}")
+            if need.timing and have.get(TIMING_RESOURCE, 0) < 1:
+                missing.append(f"the custom resource {TIMING_RESOURCE!r} (start each node that may time models "
+                               f"with --resources='{{\"{TIMING_RESOURCE}\": 1}}')")  # fmt: skip
+            if missing:
+                raise QbenchError(f"the Ray cluster has no node for jobs needing {need.describe()}: "
+                                  f"it lacks {' and '.join(missing)}")  # fmt: skip
+
+    def start(self, job: Job, work: Work) -> None:
+        import cloudpickle
+
+        options = task_options(job.needs)
+        if isinstance(work, BuildWork):
+            backend, reference = work.search if work.search else (None, None)
+            ref = self._build.options(**options).remote(
+                self._recipe_ref, work.spec, self._store, work.key, backend,
+                self._outputs.get(reference) if reference else None, work.reference_accuracy,
+            )  # fmt: skip
+            self._results[ref] = job.id
+            return
+        reference = self._outputs.get(work.reference_job) if work.reference_job else None
+        result, outputs = self._measure.options(**options, num_returns=2).remote(
+            self._recipe_ref, cloudpickle.dumps(work), self._store, reference
+        )
+        self._results[result] = job.id
+        self._outputs[job.id] = outputs
+        if work.keep_outputs:
+            self._keep.add(job.id)
+
+    def provide_outputs(self, job_id: str, outputs: Outputs) -> None:
+        self._outputs[job_id] = self._ray.put(outputs)
+
+    def next_done(self) -> JobDone:
+        ray = self._ray
+        (ready,), _ = ray.wait(list(self._results), num_returns=1)
+        job_id = self._results.pop(ready)
+        try:
+            output = ray.get(ready)
+            if isinstance(output, MeasureOutput) and job_id in self._keep:
+                output = replace(output, outputs=ray.get(self._outputs[job_id]))
+        except ray.exceptions.RayTaskError as exc:  # the job itself raised past its own error handling
+            raise QbenchError(f"job {job_id} failed on the cluster: {exc}") from None
+        except ray.exceptions.RayError as exc:  # the worker or node died, the object was lost
+            self._outputs.pop(job_id, None)
+            return JobDone(job_id, None, lost=f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
+        return JobDone(job_id, output)
+
+    def where(self) -> str:
+        nodes = [n for n in self._ray.nodes() if n.get("Alive")]
+        cpus = self._ray.cluster_resources().get("CPU", 0)
+        owner = "local Ray cluster" if self._owned else "Ray cluster"
+        return f"{owner} of {len(nodes)} node{'s' if len(nodes) != 1 else ''}, {cpus:g} CPUs ({socket.gethostname()})"
+
+    def close(self) -> None:
+        for ref in list(self._results):
+            try:
+                self._ray.cancel(ref, force=True)
+            except Exception:  # noqa: BLE001 - best effort: the job may have ended meanwhile
+                pass
+        self._results.clear()
+        self._outputs.clear()
+        if self._owned:
+            self._ray.shutdown()

@@ -1,0 +1,134 @@
+"""What a run folder keeps of its jobs, so an interrupted sweep can be resumed.
+
+    <run>/plan.json                 the plan: its fingerprint and every job
+    <run>/jobs/<job>.json           one finished job (written atomically by the driver as it finishes)
+    <run>/jobs/<job>.outputs.npz    FP32's evaluated outputs on the first backend (the reference)
+
+`qbench sweep --resume` picks the newest incomplete run of the recipe whose plan has the same
+fingerprint (qbench.execute.plan.plan_fingerprint) and reuses its finished jobs (see
+qbench.execute.scheduler for which ones).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from qbench.execute.plan import SweepPlan
+from qbench.results import VariantResult, to_jsonable, variant_from_dict
+from qbench.runs import RunFolder, describe_run
+
+PLAN_FILE = "plan.json"
+JOBS_FOLDER = "jobs"
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """One finished job read back: a build's manifest (or error), or a measurement's result."""
+
+    job: str
+    attempts: int
+    manifest: dict[str, Any] | None = None
+    error: str | None = None
+    result: VariantResult | None = None
+    outputs: dict[str, np.ndarray] | None = None
+
+
+def _file_name(job_id: str) -> str:
+    return re.sub(r"[^\w.@+-]", "_", job_id)
+
+
+def _write_json(path: Path, content: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(content, indent=2, allow_nan=False))
+    os.replace(tmp, path)
+
+
+def write_plan(run_dir: Path, plan: SweepPlan) -> None:
+    jobs = [{"id": j.id, "kind": j.kind, "variant": j.variant, "backend": j.backend, "needs": j.needs.describe(),
+             "after": list(j.after), "build_key": j.build_key} for j in plan.jobs]  # fmt: skip
+    _write_json(
+        run_dir / PLAN_FILE,
+        {"fingerprint": plan.fingerprint, "reference": plan.reference, "jobs": jobs},
+    )
+
+
+def record_build(
+    run_dir: Path,
+    job_id: str,
+    attempts: int,
+    manifest: dict[str, Any] | None,
+    error: str | None,
+) -> None:
+    _write_json(run_dir / JOBS_FOLDER / f"{_file_name(job_id)}.json",
+                {"job": job_id, "attempts": attempts, "manifest": manifest, "error": error})  # fmt: skip
+
+
+def record_measure(
+    run_dir: Path,
+    job_id: str,
+    attempts: int,
+    result: VariantResult,
+    outputs: dict[str, np.ndarray] | None,
+) -> None:
+    """Write the outputs first (when kept), then the record that refers to them."""
+    name = _file_name(job_id)
+    content: dict[str, Any] = {
+        "job": job_id,
+        "attempts": attempts,
+        "result": to_jsonable(result),
+    }
+    if outputs is not None:
+        tmp = run_dir / JOBS_FOLDER / f".{name}.outputs.tmp.npz"
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(tmp, **outputs)
+        os.replace(tmp, run_dir / JOBS_FOLDER / f"{name}.outputs.npz")
+        content["outputs"] = f"{name}.outputs.npz"
+    _write_json(run_dir / JOBS_FOLDER / f"{name}.json", content)
+
+
+def read_records(run_dir: Path) -> dict[str, JobRecord]:
+    """Every readable job record of a run folder (a damaged one is left out: its job runs again)."""
+    records: dict[str, JobRecord] = {}
+    folder = run_dir / JOBS_FOLDER
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            raw = json.loads(path.read_text())
+            record = _record(raw, folder)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        records[record.job] = record
+    return records
+
+
+def _record(raw: dict[str, Any], folder: Path) -> JobRecord:
+    outputs = None
+    if raw.get("outputs"):
+        with np.load(folder / raw["outputs"], allow_pickle=False) as saved:
+            outputs = {name: saved[name] for name in saved.files}
+    result = variant_from_dict(raw["result"]) if raw.get("result") is not None else None
+    return JobRecord(job=str(raw["job"]), attempts=int(raw["attempts"]), manifest=raw.get("manifest"),
+                     error=raw.get("error"), result=result, outputs=outputs)  # fmt: skip
+
+
+def resumable_run(root: Path, fingerprint: str) -> RunFolder | None:
+    """The newest incomplete run folder under `root` whose plan has `fingerprint`; None when there is none."""
+    folders = [folder for folder in root.iterdir() if folder.is_dir()] if root.is_dir() else []
+    candidates = []
+    for run in filter(None, map(describe_run, folders)):
+        if run.complete:
+            continue
+        try:
+            plan = json.loads((run.path / PLAN_FILE).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(plan, dict) and plan.get("fingerprint") == fingerprint:
+            candidates.append(run)
+    return max(candidates, key=lambda run: (run.recorded_at, run.path.name), default=None)

@@ -1,0 +1,328 @@
+"""Run a plan on an executor: start each job once what it waits for has finished, record it when it ends.
+
+The driver (this module, in the sweep's process) is the only writer of the run folder and of MLflow:
+each finished job is recorded atomically (qbench.execute.records) and reported to the sweep's progress
+(partial results.json, the MLflow child run), whichever executor ran it. It also decides what needs no
+job at all: a variant whose build failed fails on every backend, and one identical to an earlier
+variant is reported from that variant's measurement.
+
+A job whose worker was lost (killed, out of memory, node gone) runs again, at most `retries` times; after
+that it is recorded failed, so the gate fails closed. Resuming (`resume_from`) reuses the finished jobs
+of an interrupted run of the same plan: a build whose files are in the store, unchanged, built in this
+environment, and the measurements of exactly that build (same model digest); everything else runs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from qbench.console import console
+from qbench.execute.executors import BuildWork, Executor, JobDone, MeasureWork, Work
+from qbench.execute.jobs import (
+    BuildOutput,
+    Clock,
+    MeasureOutput,
+    failed,
+    failed_built,
+    identical,
+    identity,
+    with_torch_form,
+)
+from qbench.execute.plan import Job, SweepPlan
+from qbench.execute.records import JobRecord, read_records, record_build, record_measure
+from qbench.execute.store import BuildStore, build_environment, built_from_manifest
+from qbench.preflight import Prepared
+from qbench.provenance import model_sha256
+from qbench.results import AccuracyResult, VariantResult
+from qbench.variants.base import BuiltVariant
+
+
+class SweepProgress(Protocol):
+    def started(self, variant: str, backend: str) -> None: ...
+
+    def finished(self, result: VariantResult) -> None: ...
+
+
+@dataclass
+class PlanRun:
+    """What running a plan gave: every measurement in plan order, and the builds with calibrated ranges."""
+
+    results: list[VariantResult]
+    calibrated: list[BuiltVariant]
+    reused: int = 0
+    retried: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class _State:
+    built: dict[str, BuiltVariant] = field(default_factory=dict)
+    build_errors: dict[str, str] = field(default_factory=dict)
+    identities: dict[str, str] = field(default_factory=dict)
+    measured: dict[str, VariantResult] = field(default_factory=dict)
+    reference_accuracy: dict[str, AccuracyResult] = field(default_factory=dict)
+    reference_ready: bool = False  # FP32 on the first backend gave outputs every measurement compares with
+    done: set[str] = field(default_factory=set)
+    running: dict[str, Work] = field(default_factory=dict)
+    attempts: Counter[str] = field(default_factory=Counter)
+    opened: set[str] = field(default_factory=set)  # variant@backend whose MLflow run is open
+
+
+class Scheduler:
+    def __init__(self, plan: SweepPlan, prepared: Prepared, executor: Executor, store: BuildStore,
+                 progress: SweepProgress, run_dir: Path, clock: Clock, *, retries: int) -> None:  # fmt: skip
+        self.plan = plan
+        self.prepared = prepared
+        self.executor = executor
+        self.store = store
+        self.progress = progress
+        self.run_dir = run_dir
+        self.models = run_dir / "models"
+        self.clock = clock
+        self.retries = retries
+        self.state = _State()
+        self.specs = {spec.name: spec for spec in prepared.recipe.all_variants()}
+        self.reference_job = f"measure:{plan.reference}@{plan.backends[0]}"
+
+    # -- the loop ----------------------------------------------------------------------------------
+
+    def run(self, *, resume: bool = False, resume_from: Path | None = None) -> PlanRun:
+        reused = self._resume(resume_from) if resume else 0
+        pending = [job for job in self.plan.jobs if job.id not in self.state.done]
+        console.print(f"[bold]{len(self.plan.jobs)} jobs[/] ({len(pending)} to run) on {self.executor.where()}")
+        try:
+            while pending or self.state.running:
+                pending = self._start_ready(pending)
+                if not self.state.running:
+                    if pending:  # cannot happen with a plan from make_plan: every job's dependencies come first
+                        raise RuntimeError(f"no job can start: {[job.id for job in pending]}")
+                    break
+                self._finish(self.executor.next_done())
+        finally:
+            self.executor.close()
+        results = [self.state.measured[job.id] for job in self.plan.jobs if job.kind == "measure"]
+        calibrated = [b for spec in self.specs if (b := self.state.built.get(spec)) and b.activation_ranges]
+        retried = {job: n for job, n in self.state.attempts.items() if n > 1}
+        return PlanRun(results, calibrated, reused, retried)
+
+    def _start_ready(self, pending: list[Job]) -> list[Job]:
+        """Start (or settle without running) every job whose dependencies are done, in plan order."""
+        left = []
+        for job in pending:
+            if len(self.state.running) >= self.executor.capacity or not self._ready(job):
+                left.append(job)
+                continue
+            settled = self._settle(job) if job.kind == "measure" else None
+            if settled is not None:
+                self._measured(job, settled, None)
+                continue
+            work = self._work(job)
+            self._open(job.variant, job.backend or self.plan.backends[0])
+            self.state.running[job.id] = work
+            self.state.attempts[job.id] += 1
+            self.executor.start(job, work)
+        return left
+
+    def _ready(self, job: Job) -> bool:
+        if not all(dep in self.state.done for dep in job.after):
+            return False
+        twin = self._twin(job)
+        return twin is None or twin in self.state.done
+
+    def _twin(self, job: Job) -> str | None:
+        """The measurement of an earlier variant identical to this one, on the same backend."""
+        if job.kind != "measure" or job.variant not in self.state.identities:
+            return None
+        mine = self.state.identities[job.variant]
+        for earlier in self.specs:
+            if earlier == job.variant:
+                return None
+            if self.state.identities.get(earlier) == mine:
+                return f"measure:{earlier}@{job.backend}"
+        return None
+
+    def _settle(self, job: Job) -> VariantResult | None:
+        """The result of a measure job that needs no run (failed build, identical twin); None if it must run."""
+        assert job.backend is not None
+        spec = self.specs[job.variant]
+        if job.variant in self.state.build_errors:
+            return failed(
+                spec.name,
+                spec.precision,
+                job.backend,
+                self.state.build_errors[job.variant],
+            )
+        twin = self._twin(job)
+        if twin is not None:
+            return identical(self.state.built[job.variant], self.state.measured[twin])
+        return None
+
+    def _work(self, job: Job) -> Work:
+        first = self.plan.backends[0]
+        reference = self.reference_job if self.state.reference_ready else None
+        if job.kind == "build":
+            search = (job.backend, reference) if job.backend is not None else None
+            return BuildWork(
+                self.specs[job.variant],
+                job.build_key,
+                search,
+                self.state.reference_accuracy.get(first),
+            )
+        assert job.backend is not None
+        is_reference = job.id == self.reference_job
+        return MeasureWork(
+            backend=job.backend, built=self.state.built[job.variant], key=job.build_key,
+            reference_job=None if is_reference else reference,
+            reference_accuracy=self.state.reference_accuracy.get(job.backend), keep_outputs=is_reference,
+        )  # fmt: skip
+
+    def _open(self, variant: str, backend: str) -> None:
+        key = f"{variant}@{backend}"
+        if key not in self.state.opened:
+            self.state.opened.add(key)
+            self.progress.started(variant, backend)
+
+    # -- finished jobs -----------------------------------------------------------------------------
+
+    def _finish(self, done: JobDone) -> None:
+        job = self.plan.job(done.job)
+        work = self.state.running.pop(job.id)
+        attempts = self.state.attempts[job.id]
+        if done.output is None:
+            if attempts <= self.retries:
+                console.print(f"  [yellow]worker lost[/] running {job.id} ({done.lost}): running it again "
+                              f"(attempt {attempts + 1} of {self.retries + 1})")  # fmt: skip
+                self.state.running[job.id] = work
+                self.state.attempts[job.id] += 1
+                self.executor.start(job, work)
+                return
+            error = f"worker lost {attempts} times, last: {done.lost}"
+            if job.kind == "build":
+                self._built(job, BuildOutput(job.variant, None, error))
+            else:
+                assert isinstance(work, MeasureWork)
+                self._measured(job, failed_built(work.built, work.backend, error), None)
+            return
+        self.clock.merge(done.output.seconds)
+        if isinstance(done.output, BuildOutput):
+            self._built(job, done.output)
+        else:
+            output: MeasureOutput = done.output
+            self._measured(job, output.result, output.outputs, where=output.where)
+
+    def _built(self, job: Job, output: BuildOutput, *, record: bool = True) -> None:
+        variant = job.variant
+        if record:
+            record_build(
+                self.run_dir,
+                job.id,
+                self.state.attempts[job.id],
+                output.manifest,
+                output.error,
+            )
+        if output.manifest is None:
+            self.state.build_errors[variant] = output.error or "build failed"
+        else:
+            self.store.materialise(job.build_key, output.manifest, self.models)
+            built = built_from_manifest(output.manifest, self.models)
+            built = with_torch_form(built, self.specs[variant], self.prepared, output.torch_module)
+            self.state.built[variant] = built
+            self.state.identities[variant] = identity(built)
+        self.state.done.add(job.id)
+        self._report(f"{job.id}: {'built' if output.manifest else 'failed'}", output.where)
+
+    def _measured(self, job: Job, result: VariantResult, outputs: object, *, where: str = "",
+                  record: bool = True) -> None:  # fmt: skip
+        assert job.backend is not None
+        result = self._local_paths(result)
+        if job.variant == self.plan.reference and result.accuracy is not None:
+            self.state.reference_accuracy.setdefault(job.backend, result.accuracy)
+            if job.id == self.reference_job and outputs is not None:
+                self.state.reference_ready = True
+        if record:
+            record_measure(
+                self.run_dir,
+                job.id,
+                max(self.state.attempts[job.id], 1),
+                result,
+                outputs if job.id == self.reference_job else None,
+            )  # type: ignore[arg-type]
+        self.state.measured[job.id] = result
+        self.state.done.add(job.id)
+        self._open(job.variant, job.backend)
+        self.progress.finished(result)
+        self._report(f"{job.id}: {result.status}", where)
+
+    def _local_paths(self, result: VariantResult) -> VariantResult:
+        """A result measured on another node names its model where that node had it: name the run folder's copy."""
+        paths = {
+            "model_path": result.model_path,
+            "evaluated_model_path": result.evaluated_model_path,
+        }
+        local = {k: str(self.models / Path(v).name) for k, v in paths.items() if v and not Path(v).is_file()}
+        return replace(result, **{k: v for k, v in local.items() if Path(v).is_file()})
+
+    def _report(self, what: str, where: str) -> None:
+        total = len(self.plan.jobs)
+        finished = len(self.state.done)
+        running = len(self.state.running)
+        place = f" on {where}" if where and self.executor.name != "local" else ""
+        console.print(f"  [dim]\\[{finished}/{total} jobs done · {running} running · {total - finished - running} left] "
+                      f"{what}{place}[/]")  # fmt: skip
+
+    # -- resume ------------------------------------------------------------------------------------
+
+    def _resume(self, folder: Path | None) -> int:
+        """Take over the builds in the store and the still-valid finished jobs of `folder`; returns how many."""
+        records = read_records(folder) if folder is not None else {}
+        environment = build_environment()
+        reused = 0
+        for job in self.plan.jobs:
+            record = records.get(job.id)
+            if job.kind == "build":
+                stored = self.store.manifest(job.build_key)
+                if self._reusable_build(stored, environment):
+                    self._built(job, BuildOutput(job.variant, stored, where="the build store"))
+                    reused += 1
+            elif record is not None and self._reusable_measure(job, record):
+                assert record.result is not None and folder is not None
+                note = f"resumed: measured by the interrupted run {folder.name}"
+                result = replace(record.result, notes=(*record.result.notes, note))
+                if record.outputs is not None:
+                    self.executor.provide_outputs(job.id, record.outputs)
+                self._measured(job, result, record.outputs, where="an earlier run")
+                reused += 1
+        source = f"the build store and {folder}" if folder is not None else "the build store"
+        console.print(f"resuming: {reused} of {len(self.plan.jobs)} jobs reused from {source}")
+        return reused
+
+    @staticmethod
+    def _reusable_build(manifest: dict[str, Any] | None, environment: dict[str, str]) -> bool:
+        """A complete build of the same key, made in this environment, whose torch form (if any) is rebuilt here."""
+        return manifest is not None and manifest.get("reusable") is True and manifest.get("environment") == environment
+
+    def _reusable_measure(self, job: Job, record: JobRecord) -> bool:
+        built = self.state.built.get(job.variant)
+        result = record.result
+        if built is None or result is None or result.status not in ("ok", "skipped"):
+            return False
+        if job.id == self.reference_job and record.outputs is None:
+            return False
+        return result.status == "skipped" or result.model_sha256 == model_sha256(built.onnx_path)
+
+
+def run_plan(plan: SweepPlan, prepared: Prepared, executor: Executor, store: BuildStore, progress: SweepProgress,
+             run_dir: Path, clock: Clock, *, retries: int, resume: bool = False,
+             resume_from: Path | None = None) -> PlanRun:  # fmt: skip
+    """Run every job of `plan` (see the module docstring); the executor is closed when this returns.
+
+    With `resume`, builds already in the store and the finished jobs of `resume_from` are reused."""
+    started = time.perf_counter()
+    try:
+        scheduler = Scheduler(plan, prepared, executor, store, progress, run_dir, clock, retries=retries)
+        return scheduler.run(resume=resume, resume_from=resume_from)
+    finally:
+        clock.add("jobs", started)

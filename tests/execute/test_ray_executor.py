@@ -1,0 +1,176 @@
+"""Sweeps through a real Ray cluster of this machine (2 CPUs, one timing slot), started once for the module
+and stopped after: the same figures as the local executor, an MLflow child per job, a worker killed
+mid-job and its job run again, a job whose workers keep dying recorded failed, an interrupted Ray
+sweep resumed. The tumour MLP and its table are built in the test; a probe metric (probe_project.py)
+sees each measure job's process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mlflow.entities import ViewType
+from mlflow.tracking import MlflowClient
+from probe_project import figures, probe_calls, write_probe_recipe
+from user_model import make_user_project
+
+from qbench.errors import QbenchError
+from qbench.execute.plan import TIMING_RESOURCE
+from qbench.execute.records import JOBS_FOLDER
+from qbench.sweep import run_sweep
+
+ray = pytest.importorskip("ray")
+psutil = pytest.importorskip("psutil")
+
+VARIANTS = ["fp16", "int8-minmax"]
+RAY = {"kind": "ray"}
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[list[int]]:
+    """A local Ray cluster (its GCS, raylet and workers are this process's children), stopped after the module;
+    teardown fails if any of its processes survives."""
+    ray.init(num_cpus=2, resources={TIMING_RESOURCE: 1}, include_dashboard=False, log_to_driver=False,
+             object_store_memory=100 * 1024 * 1024, configure_logging=False)  # fmt: skip
+    started = [p.pid for p in psutil.Process().children(recursive=True)]
+    try:
+        yield started
+    finally:
+        ray.shutdown()
+        deadline = time.monotonic() + 30
+        alive = started
+        while alive and time.monotonic() < deadline:
+            alive = [pid for pid in started if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+            time.sleep(0.2)
+        if alive:
+            pytest.fail(f"Ray processes survived the cluster's stop: {alive}")
+
+
+@pytest.fixture(scope="module")
+def user_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_user_project(tmp_path_factory.mktemp("user_project")).parent
+
+
+@pytest.fixture(scope="module")
+def local_figures(user_project: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, int]:
+    """The figures of the same sweep with the local executor, and the probe calls one measure job makes."""
+    target = tmp_path_factory.mktemp("local")
+    outcome = run_sweep(write_probe_recipe(user_project, target, variants=VARIANTS), track=False, show=False)
+    return figures(outcome.results), len(probe_calls(target)) // 3
+
+
+def _record(run_dir: Path, job: str) -> dict:
+    return json.loads((run_dir / JOBS_FOLDER / f"{job.replace(':', '_')}.json").read_text())
+
+
+def test_a_ray_sweep_gives_the_local_figures_and_an_mlflow_child_per_job(
+    ray_cluster: list[int], user_project: Path, tmp_path: Path, local_figures: tuple[dict, int],
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    expected, _ = local_figures
+    recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS, executor=RAY)
+    started = time.perf_counter()
+    outcome = run_sweep(recipe, show=False)
+    print(f"ray sweep: {time.perf_counter() - started:.1f} s")
+    assert figures(outcome.results) == expected
+    workers = set(probe_calls(tmp_path))
+    assert workers and os.getpid() not in workers  # every measurement ran in a Ray worker
+    shown = capsys.readouterr().err
+    assert "6 jobs (6 to run) on Ray cluster of 1 node, 2 CPUs" in shown
+    assert "[6/6 jobs done · 0 running · 0 left]" in shown
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("tumour-mlp")
+    runs = client.search_runs([experiment.experiment_id], run_view_type=ViewType.ALL)
+    (parent,) = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
+    assert parent.info.run_id == outcome.mlflow_run_id and parent.info.status == "FINISHED"
+    assert set(children) == {"fp32 · ort-cpu", "fp16 · ort-cpu", "int8-minmax · ort-cpu"}
+    assert {r.info.status for r in children.values()} == {"FINISHED"}
+    int8 = outcome.results.find("int8-minmax", "onnxruntime-cpu")
+    assert children["int8-minmax · ort-cpu"].data.metrics["probe"] == int8.accuracy.overall.metrics["probe"]
+
+
+def test_a_worker_killed_mid_job_is_replaced_and_the_job_runs_again(
+    ray_cluster: list[int], user_project: Path, tmp_path: Path, local_figures: tuple[dict, int],
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    expected, _ = local_figures
+    recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS, executor=RAY)
+    (tmp_path / "hang_once").write_text("")  # the first measure job (FP32's) stops in its worker until killed
+    killed: list[int] = []
+
+    def kill_the_worker() -> None:
+        pid_file = tmp_path / "worker.pid"
+        deadline = time.monotonic() + 120
+        while not pid_file.is_file() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.2)  # the pid is written before the job sleeps
+        pid = int(pid_file.read_text())
+        os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
+
+    killer = threading.Thread(target=kill_the_worker, daemon=True)
+    killer.start()
+    outcome = run_sweep(recipe, track=False, show=False)
+    killer.join(timeout=5)
+    assert killed and killed[0] != os.getpid()
+    assert figures(outcome.results) == expected
+    record = _record(outcome.run_dir, "measure:fp32@onnxruntime-cpu")
+    assert record["attempts"] == 2 and record["result"]["status"] == "ok"
+    assert _record(outcome.run_dir, "measure:fp16@onnxruntime-cpu")["attempts"] == 1
+    shown = " ".join(capsys.readouterr().err.split())
+    assert "worker lost running measure:fp32@onnxruntime-cpu" in shown and "(attempt 2 of 3)" in shown
+
+
+def test_a_job_whose_worker_keeps_dying_is_recorded_failed_and_the_gate_fails_closed(
+    ray_cluster: list[int], user_project: Path, tmp_path: Path
+) -> None:
+    recipe = write_probe_recipe(user_project, tmp_path, variants=["fp16"], executor={**RAY, "retries": 0})
+    (tmp_path / "hang_once").write_text("")
+
+    def kill_the_worker() -> None:
+        pid_file = tmp_path / "worker.pid"
+        while not pid_file.is_file():
+            time.sleep(0.1)
+        time.sleep(0.2)
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+    threading.Thread(target=kill_the_worker, daemon=True).start()
+    outcome = run_sweep(recipe, track=False, show=False)
+    fp32 = outcome.results.find("fp32", "onnxruntime-cpu")
+    assert fp32.status == "failed" and fp32.error.startswith("worker lost 1 times, last: WorkerCrashedError")
+    assert _record(outcome.run_dir, "measure:fp32@onnxruntime-cpu")["attempts"] == 1
+    assert outcome.gate.exit_code != 0
+
+
+def test_an_interrupted_ray_sweep_resumes_without_measuring_a_finished_job_twice(
+    ray_cluster: list[int], user_project: Path, tmp_path: Path, local_figures: tuple[dict, int]
+) -> None:
+    expected, per_job = local_figures
+    recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS, executor=RAY)
+
+    def interrupt_once_fp16_is_measured() -> None:
+        while len(probe_calls(tmp_path)) <= per_job:  # fp32's calls, then fp16's first
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)  # to the driver: raised in its main thread when a job returns
+
+    threading.Thread(target=interrupt_once_fp16_is_measured, daemon=True).start()
+    with pytest.raises(QbenchError, match="interrupted by SIGINT"):
+        run_sweep(recipe, track=False, show=False)
+    (interrupted,) = (tmp_path / "reports" / "tumour-mlp").glob("2*")
+    finished = [p for p in (interrupted / JOBS_FOLDER).glob("measure_*.json")]
+    assert 1 <= len(finished) < 3
+    before = len(probe_calls(tmp_path))
+
+    outcome = run_sweep(recipe, track=False, show=False, resume=True)
+    assert len(probe_calls(tmp_path)) - before == (3 - len(finished)) * per_job
+    assert figures(outcome.results) == expected
+    resumed = [v.key for v in outcome.results.variants if any(n.startswith("resumed") for n in v.notes)]
+    assert len(resumed) == len(finished)

@@ -1,0 +1,131 @@
+"""The driver with the local executor: job records, an interrupted sweep resumed without measuring twice,
+nothing stale reused, and `qbench sweep --plan`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from probe_project import figures, probe_calls, write_probe_recipe
+from user_model import make_user_project
+
+from qbench.cli import main
+from qbench.errors import QbenchError
+from qbench.execute.records import JOBS_FOLDER, PLAN_FILE
+from qbench.results import read_results
+from qbench.runs import INCOMPLETE_MARKER
+from qbench.sweep import run_sweep
+
+VARIANTS = ["fp16", "int8-minmax"]
+
+
+@pytest.fixture(scope="module")
+def user_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_user_project(tmp_path_factory.mktemp("user_project")).parent
+
+
+@pytest.fixture(scope="module")
+def fresh(user_project: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, int]:
+    """One uninterrupted local sweep: its figures and how many probe calls one measure job makes."""
+    target = tmp_path_factory.mktemp("fresh")
+    outcome = run_sweep(write_probe_recipe(user_project, target, variants=VARIANTS), track=False, show=False)
+    calls = len(probe_calls(target))
+    assert calls % 3 == 0  # fp32, fp16, int8-minmax: the same number of calls each
+    return figures(outcome.results), calls // 3
+
+
+def test_a_sweep_records_its_plan_and_every_finished_job(user_project: Path, tmp_path: Path) -> None:
+    outcome = run_sweep(write_probe_recipe(user_project, tmp_path, variants=["fp16"]), track=False, show=False)
+    plan = json.loads((outcome.run_dir / PLAN_FILE).read_text())
+    ids = [job["id"] for job in plan["jobs"]]
+    assert ids == ["build:fp32", "measure:fp32@onnxruntime-cpu", "build:fp16", "measure:fp16@onnxruntime-cpu"]
+    records = {p.name for p in (outcome.run_dir / JOBS_FOLDER).iterdir()}
+    assert records == {f"{i.replace(':', '_')}.json" for i in ids} | {"measure_fp32@onnxruntime-cpu.outputs.npz"}
+    fp16 = json.loads((outcome.run_dir / JOBS_FOLDER / "measure_fp16@onnxruntime-cpu.json").read_text())
+    assert fp16["attempts"] == 1 and fp16["result"]["status"] == "ok"
+    assert fp16["result"]["accuracy"] == json.loads(outcome.results_path.read_text())["variants"][1]["accuracy"]
+    # the build is kept by content; the run folder holds its files as before
+    assert (outcome.run_dir / "models" / "fp16.onnx").is_file()
+    key = plan["jobs"][2]["build_key"]
+    assert (tmp_path / "store" / key / "manifest.json").is_file()
+
+
+def test_an_interrupted_sweep_resumes_without_measuring_a_finished_job_twice(
+    user_project: Path, tmp_path: Path, fresh: tuple[dict, int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    expected, per_job = fresh
+    recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
+    (tmp_path / "interrupt_at").write_text(str(per_job + 1))  # the first call of fp16's measure job
+    with pytest.raises(QbenchError, match="interrupted by SIGINT"):
+        run_sweep(recipe, track=False, show=False)
+    (interrupted,) = (tmp_path / "reports" / "tumour-mlp").glob("2*")
+    assert (interrupted / INCOMPLETE_MARKER).is_file()
+    before = len(probe_calls(tmp_path))
+    capsys.readouterr()
+
+    outcome = run_sweep(recipe, track=False, show=False, resume=True)
+    shown = capsys.readouterr().err
+    resumed_calls = len(probe_calls(tmp_path)) - before
+    print(f"fresh: {3 * per_job} probe calls; interrupted: {before}; resumed: {resumed_calls}")
+    assert resumed_calls == 2 * per_job  # fp16 and int8-minmax only: fp32's measurement was reused
+    assert "resuming: 3 of 6 jobs reused" in " ".join(shown.split())  # fp32's and fp16's builds, fp32's measurement
+    assert figures(outcome.results) == expected  # the same figures as one uninterrupted sweep
+    fp32, fp16, _ = outcome.results.variants
+    assert any(note.startswith(f"resumed: measured by the interrupted run {interrupted.name}") for note in fp32.notes)
+    assert not any(note.startswith("resumed") for note in fp16.notes)
+    assert read_results(outcome.results_path).complete
+    assert main(["gate", str(recipe)]) in (0, 1)  # the resumed run is complete and judged
+
+
+def test_resume_reuses_nothing_stale(user_project: Path, tmp_path: Path, fresh: tuple[dict, int]) -> None:
+    """A build whose store entry was changed since is built again, and its measurements run again."""
+    _, per_job = fresh
+    recipe = write_probe_recipe(user_project, tmp_path, variants=["fp16"])
+    (tmp_path / "interrupt_at").write_text(str(per_job + 1))
+    with pytest.raises(QbenchError, match="interrupted"):
+        run_sweep(recipe, track=False, show=False)
+    store = tmp_path / "store"
+    for manifest in store.glob("*/manifest.json"):  # built by another qbench: not reusable here
+        content = json.loads(manifest.read_text())
+        content["environment"]["onnxruntime"] = "0.0.1"
+        manifest.write_text(json.dumps(content))
+    before = len(probe_calls(tmp_path))
+    outcome = run_sweep(recipe, track=False, show=False, resume=True)
+    assert len(probe_calls(tmp_path)) - before == 2 * per_job  # fp32 measured again: its build was not reused
+    assert all(not any(n.startswith("resumed") for n in v.notes) for v in outcome.results.variants)
+
+
+def test_resume_with_a_changed_recipe_starts_afresh(user_project: Path, tmp_path: Path, fresh: tuple[dict, int]) -> None:
+    _, per_job = fresh
+    recipe = write_probe_recipe(user_project, tmp_path, variants=["fp16"])
+    (tmp_path / "interrupt_at").write_text(str(per_job + 1))
+    with pytest.raises(QbenchError, match="interrupted"):
+        run_sweep(recipe, track=False, show=False)
+    text = recipe.read_text().replace("iterations: 5", "iterations: 6")  # other latency settings: another plan
+    recipe.write_text(text)
+    before = len(probe_calls(tmp_path))
+    run_sweep(recipe, track=False, show=False, resume=True)
+    assert len(probe_calls(tmp_path)) - before == 2 * per_job
+
+
+def test_plan_prints_jobs_needs_and_what_is_cached(
+    user_project: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    recipe = write_probe_recipe(user_project, tmp_path, variants=["fp16"])
+    assert main(["sweep", str(recipe), "--plan"]) == 0
+    shown = capsys.readouterr().out
+    assert "4 jobs on executor local" in shown and "0 of 4 jobs cached" in shown
+    assert "measure:fp16@onnxruntime-cpu  CPU + timing slot" in " ".join(shown.split("\n"))
+    assert not (tmp_path / "reports" / "tumour-mlp").exists() or not any((tmp_path / "reports" / "tumour-mlp").glob("2*"))
+    run_sweep(recipe, track=False, show=False)
+    assert main(["sweep", str(recipe), "--plan", "--executor", "ray"]) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "on executor ray" in shown and "2 of 4 jobs cached" in shown  # the builds, in the store
+
+
+def test_an_unknown_executor_is_one_clear_line(user_project: Path, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    recipe = write_probe_recipe(user_project, tmp_path, variants=["fp16"])
+    assert main(["sweep", str(recipe), "--executor", "dask"]) == 2
+    assert "--executor: got 'dask', expected one of local, ray" in capsys.readouterr().err
