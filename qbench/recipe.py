@@ -24,9 +24,9 @@ from pydantic import (
 
 from qbench.errors import RecipeError, expected_one_of, short_repr
 from qbench.recipe_errors import recipe_error
+from qbench.recipe_executor import BackendResources, ExecutorSpec, check_backend_resources, split_backend_entries
 from qbench.recipe_filters import check_filter
 from qbench.recipe_registry import RegistrySpec, check_registry
-from qbench.recipe_executor import BackendResources, ExecutorSpec, check_backend_resources, split_backend_entries
 from qbench.recipe_slo import CostSpec, SloSpec, check_serving
 from qbench.recipe_variants import Name, VariantSpec, reference_variant
 from qbench.recipe_yaml import read_recipe_yaml

@@ -8,6 +8,7 @@ records what finished. One variant's failure is a result with status "failed", n
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import socket
@@ -23,7 +24,6 @@ import numpy as np
 
 from qbench.backends import Backend, Runner, get_backend
 from qbench.backends.base import RunOptions
-from qbench.console import console
 from qbench.errors import QbenchError
 from qbench.execute.store import BuildStore, build_environment, manifest_of
 from qbench.preflight import Prepared
@@ -41,6 +41,8 @@ from qbench.validate.latency import (
     take_batch,
 )
 from qbench.variants import BuildContext, BuiltVariant, build_variant
+
+logger = logging.getLogger(__name__)
 
 Outputs = dict[str, np.ndarray]  # evaluated output name -> values over the evaluation rows
 
@@ -122,6 +124,7 @@ def run_build(
             store.publish(key, folder, manifest)
         except Exception as exc:  # noqa: BLE001 - a store that cannot be written fails this build, not the sweep
             error = f"publishing the build to {store.root} failed: {describe_error(exc)}"
+            logger.error("  build failed: %s", error)
             return BuildOutput(spec.name, None, error, seconds=clock.seconds, where=worker_name())
         finally:
             clock.add("store", t)
@@ -192,10 +195,10 @@ def _build(
         training=prepared.training.get(spec.name),
     )
     try:
-        console.print(f"  building: {_technique(spec)}")
+        logger.info("  building: %s", _technique(spec))
         return _build_one(spec, ctx, evaluate, prepared), None
     except Exception as exc:  # noqa: BLE001 - one variant's failure is recorded, the sweep goes on
-        console.print(f"  [red]build failed:[/] {exc}")
+        logger.error("  build failed: %s", exc)
         return None, describe_error(exc)
     finally:
         clock.add("build", t)
@@ -263,7 +266,7 @@ def _measure(
     recipe = prepared.recipe
     unsupported = backend.supports(built)
     if unsupported:
-        console.print(f"  [dim]{backend.name}: skipped ({unsupported})[/]")
+        logger.info("  %s: skipped (%s)", backend.name, unsupported)
         return failed_built(built, backend.name, unsupported, status="skipped"), None
     feeds = prepared.evaluation_feeds
     label = f"{built.name}@{backend.name}"
@@ -295,7 +298,7 @@ def _measure(
         finally:
             runner.close()
     except Exception as exc:  # noqa: BLE001
-        console.print(f"  [red]{backend.name} failed:[/] {exc}")
+        logger.error("  %s failed: %s", backend.name, exc)
         return failed_built(built, backend.name, describe_error(exc)), None
     finally:
         clock.add("inference", t)
@@ -374,7 +377,7 @@ def failed_built(built: BuiltVariant, backend: str, error: str, status: str = "f
 def identical(built: BuiltVariant, twin: VariantResult) -> VariantResult:
     """`built` computes exactly what `twin` measured: report `twin`'s figures under its name, saying so."""
     note = f"identical to {twin.variant} (same graph and weights): not run again, the figures are {twin.variant}'s"
-    console.print(f"  {twin.backend}: {note}")
+    logger.info("  %s: %s", twin.backend, note)
     return replace(
         twin, variant=built.name, precision=built.precision, params={**built.params, "identical_to": twin.variant},
         model_path=str(built.onnx_path), build_seconds=built.build_seconds, notes=(*built.notes, note),

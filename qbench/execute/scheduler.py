@@ -14,13 +14,13 @@ environment, and the measurements of exactly that build (same model digest); eve
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from qbench.console import console
 from qbench.execute.executors import BuildWork, Executor, JobDone, MeasureWork, Work
 from qbench.execute.jobs import (
     BuildOutput,
@@ -40,6 +40,7 @@ from qbench.provenance import model_sha256
 from qbench.results import AccuracyResult, VariantResult
 from qbench.variants.base import BuiltVariant
 
+logger = logging.getLogger(__name__)
 
 class SweepProgress(Protocol):
     def started(self, variant: str, backend: str) -> None: ...
@@ -92,7 +93,7 @@ class Scheduler:
     def run(self, *, resume: bool = False, resume_from: Path | None = None) -> PlanRun:
         reused = self._resume(resume_from) if resume else 0
         pending = [job for job in self.plan.jobs if job.id not in self.state.done]
-        console.print(f"[bold]{len(self.plan.jobs)} jobs[/] ({len(pending)} to run) on {self.executor.where()}")
+        logger.info("%d jobs (%d to run) on %s", len(self.plan.jobs), len(pending), self.executor.where())
         try:
             while pending or self.state.running:
                 pending = self._start_ready(pending)
@@ -193,8 +194,8 @@ class Scheduler:
         attempts = self.state.attempts[job.id]
         if done.output is None:
             if attempts <= self.retries:
-                console.print(f"  [yellow]worker lost[/] running {job.id} ({done.lost}): running it again "
-                              f"(attempt {attempts + 1} of {self.retries + 1})")  # fmt: skip
+                logger.warning("  worker lost running %s (%s): running it again (attempt %d of %d)", job.id, done.lost,
+                               attempts + 1, self.retries + 1)  # fmt: skip
                 self.state.running[job.id] = work
                 self.state.attempts[job.id] += 1
                 self.executor.start(job, work)
@@ -270,8 +271,8 @@ class Scheduler:
         finished = len(self.state.done)
         running = len(self.state.running)
         place = f" on {where}" if where and self.executor.name != "local" else ""
-        console.print(f"  [dim]\\[{finished}/{total} jobs done · {running} running · {total - finished - running} left] "
-                      f"{what}{place}[/]")  # fmt: skip
+        logger.info("  [%d/%d jobs done · %d running · %d left] %s%s", finished, total, running,
+                    total - finished - running, what, place)  # fmt: skip
 
     # -- resume ------------------------------------------------------------------------------------
 
@@ -296,7 +297,7 @@ class Scheduler:
                 self._measured(job, result, record.outputs, where="an earlier run")
                 reused += 1
         source = f"the build store and {folder}" if folder is not None else "the build store"
-        console.print(f"resuming: {reused} of {len(self.plan.jobs)} jobs reused from {source}")
+        logger.info("resuming: %d of %d jobs reused from %s", reused, len(self.plan.jobs), source)
         return reused
 
     @staticmethod
