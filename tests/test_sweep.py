@@ -210,15 +210,9 @@ def test_variants_identical_to_fp32_are_reported_so_and_not_timed_again(tmp_path
     from qbench.execute import jobs
 
     measured: list[str] = []
-<<<<<<< HEAD
-    measure = sweep._measure
-    monkeypatch.setattr(sweep, "_measure", lambda backend, built, *a, **k: measured.append(built.name) or measure(backend, built, *a, **k))
-    outcome = sweep.run_sweep(_forest_project(tmp_path), track=False)
-=======
     measure = jobs._measure
     monkeypatch.setattr(jobs, "_measure", lambda backend, built, *a, **k: measured.append(built.name) or measure(backend, built, *a, **k))
-    outcome = sweep.run_sweep(_forest_project(tmp_path), track=False, show=False)
->>>>>>> 6b8cc55 (Sweeps as a plan of jobs (build, measure) run by an executor: local (as before) or Ray; job records, build store, --plan, --resume)
+    outcome = sweep.run_sweep(_forest_project(tmp_path), track=False)
     assert measured == ["fp32"]
     fp32 = outcome.results.find("fp32", "onnxruntime-cpu")
     for name in ("int8", "fp16"):

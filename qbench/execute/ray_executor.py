@@ -24,6 +24,7 @@ from dataclasses import replace
 from typing import Any
 
 from qbench.errors import QbenchError
+from qbench.interrupt import Interrupted
 from qbench.execute.executors import BuildWork, JobDone, MeasureWork, Work, import_ray
 from qbench.execute.jobs import (
     BuildOutput,
@@ -166,7 +167,7 @@ class RayExecutor:
 
     def next_done(self) -> JobDone:
         ray = self._ray
-        (ready,), _ = ray.wait(list(self._results), num_returns=1)
+        ready = self._wait_one()
         job_id = self._results.pop(ready)
         try:
             output = ray.get(ready)
@@ -178,6 +179,20 @@ class RayExecutor:
             self._outputs.pop(job_id, None)
             return JobDone(job_id, None, lost=f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
         return JobDone(job_id, output)
+
+    def _wait_one(self) -> Any:
+        """The next finished job's reference. A signal handled while Ray waits (the sweep's SignalGuard
+        raising Interrupted) comes out of Ray's extension wrapped in a SystemError: raise it as itself."""
+        while True:
+            try:
+                ready, _ = self._ray.wait(list(self._results), num_returns=1, timeout=1.0)
+            except SystemError as exc:
+                cause = exc.__cause__ or exc.__context__
+                if isinstance(cause, Interrupted):
+                    raise cause from None
+                raise
+            if ready:
+                return ready[0]
 
     def where(self) -> str:
         nodes = [n for n in self._ray.nodes() if n.get("Alive")]

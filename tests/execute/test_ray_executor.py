@@ -7,6 +7,7 @@ sees each measure job's process."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import threading
@@ -61,7 +62,7 @@ def user_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def local_figures(user_project: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, int]:
     """The figures of the same sweep with the local executor, and the probe calls one measure job makes."""
     target = tmp_path_factory.mktemp("local")
-    outcome = run_sweep(write_probe_recipe(user_project, target, variants=VARIANTS), track=False, show=False)
+    outcome = run_sweep(write_probe_recipe(user_project, target, variants=VARIANTS), track=False)
     return figures(outcome.results), len(probe_calls(target)) // 3
 
 
@@ -71,17 +72,18 @@ def _record(run_dir: Path, job: str) -> dict:
 
 def test_a_ray_sweep_gives_the_local_figures_and_an_mlflow_child_per_job(
     ray_cluster: list[int], user_project: Path, tmp_path: Path, local_figures: tuple[dict, int],
-    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
+    caplog.set_level(logging.INFO, logger="qbench")
     expected, _ = local_figures
     recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS, executor=RAY)
     started = time.perf_counter()
-    outcome = run_sweep(recipe, show=False)
+    outcome = run_sweep(recipe)
     print(f"ray sweep: {time.perf_counter() - started:.1f} s")
     assert figures(outcome.results) == expected
     workers = set(probe_calls(tmp_path))
     assert workers and os.getpid() not in workers  # every measurement ran in a Ray worker
-    shown = capsys.readouterr().err
+    shown = caplog.text
     assert "6 jobs (6 to run) on Ray cluster of 1 node, 2 CPUs" in shown
     assert "[6/6 jobs done · 0 running · 0 left]" in shown
 
@@ -99,8 +101,9 @@ def test_a_ray_sweep_gives_the_local_figures_and_an_mlflow_child_per_job(
 
 def test_a_worker_killed_mid_job_is_replaced_and_the_job_runs_again(
     ray_cluster: list[int], user_project: Path, tmp_path: Path, local_figures: tuple[dict, int],
-    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
+    caplog.set_level(logging.INFO, logger="qbench")
     expected, _ = local_figures
     recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS, executor=RAY)
     (tmp_path / "hang_once").write_text("")  # the first measure job (FP32's) stops in its worker until killed
@@ -118,14 +121,14 @@ def test_a_worker_killed_mid_job_is_replaced_and_the_job_runs_again(
 
     killer = threading.Thread(target=kill_the_worker, daemon=True)
     killer.start()
-    outcome = run_sweep(recipe, track=False, show=False)
+    outcome = run_sweep(recipe, track=False)
     killer.join(timeout=5)
     assert killed and killed[0] != os.getpid()
     assert figures(outcome.results) == expected
     record = _record(outcome.run_dir, "measure:fp32@onnxruntime-cpu")
     assert record["attempts"] == 2 and record["result"]["status"] == "ok"
     assert _record(outcome.run_dir, "measure:fp16@onnxruntime-cpu")["attempts"] == 1
-    shown = " ".join(capsys.readouterr().err.split())
+    shown = " ".join(caplog.text.split())
     assert "worker lost running measure:fp32@onnxruntime-cpu" in shown and "(attempt 2 of 3)" in shown
 
 
@@ -143,7 +146,7 @@ def test_a_job_whose_worker_keeps_dying_is_recorded_failed_and_the_gate_fails_cl
         os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
     threading.Thread(target=kill_the_worker, daemon=True).start()
-    outcome = run_sweep(recipe, track=False, show=False)
+    outcome = run_sweep(recipe, track=False)
     fp32 = outcome.results.find("fp32", "onnxruntime-cpu")
     assert fp32.status == "failed" and fp32.error.startswith("worker lost 1 times, last: WorkerCrashedError")
     assert _record(outcome.run_dir, "measure:fp32@onnxruntime-cpu")["attempts"] == 1
@@ -163,13 +166,13 @@ def test_an_interrupted_ray_sweep_resumes_without_measuring_a_finished_job_twice
 
     threading.Thread(target=interrupt_once_fp16_is_measured, daemon=True).start()
     with pytest.raises(QbenchError, match="interrupted by SIGINT"):
-        run_sweep(recipe, track=False, show=False)
+        run_sweep(recipe, track=False)
     (interrupted,) = (tmp_path / "reports" / "tumour-mlp").glob("2*")
     finished = [p for p in (interrupted / JOBS_FOLDER).glob("measure_*.json")]
     assert 1 <= len(finished) < 3
     before = len(probe_calls(tmp_path))
 
-    outcome = run_sweep(recipe, track=False, show=False, resume=True)
+    outcome = run_sweep(recipe, track=False, resume=True)
     assert len(probe_calls(tmp_path)) - before == (3 - len(finished)) * per_job
     assert figures(outcome.results) == expected
     resumed = [v.key for v in outcome.results.variants if any(n.startswith("resumed") for n in v.notes)]

@@ -4,6 +4,7 @@ nothing stale reused, and `qbench sweep --plan`."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -29,14 +30,14 @@ def user_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def fresh(user_project: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, int]:
     """One uninterrupted local sweep: its figures and how many probe calls one measure job makes."""
     target = tmp_path_factory.mktemp("fresh")
-    outcome = run_sweep(write_probe_recipe(user_project, target, variants=VARIANTS), track=False, show=False)
+    outcome = run_sweep(write_probe_recipe(user_project, target, variants=VARIANTS), track=False)
     calls = len(probe_calls(target))
     assert calls % 3 == 0  # fp32, fp16, int8-minmax: the same number of calls each
     return figures(outcome.results), calls // 3
 
 
 def test_a_sweep_records_its_plan_and_every_finished_job(user_project: Path, tmp_path: Path) -> None:
-    outcome = run_sweep(write_probe_recipe(user_project, tmp_path, variants=["fp16"]), track=False, show=False)
+    outcome = run_sweep(write_probe_recipe(user_project, tmp_path, variants=["fp16"]), track=False)
     plan = json.loads((outcome.run_dir / PLAN_FILE).read_text())
     ids = [job["id"] for job in plan["jobs"]]
     assert ids == ["build:fp32", "measure:fp32@onnxruntime-cpu", "build:fp16", "measure:fp16@onnxruntime-cpu"]
@@ -52,20 +53,21 @@ def test_a_sweep_records_its_plan_and_every_finished_job(user_project: Path, tmp
 
 
 def test_an_interrupted_sweep_resumes_without_measuring_a_finished_job_twice(
-    user_project: Path, tmp_path: Path, fresh: tuple[dict, int], capsys: pytest.CaptureFixture[str]
+    user_project: Path, tmp_path: Path, fresh: tuple[dict, int], caplog: pytest.LogCaptureFixture
 ) -> None:
     expected, per_job = fresh
     recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
     (tmp_path / "interrupt_at").write_text(str(per_job + 1))  # the first call of fp16's measure job
     with pytest.raises(QbenchError, match="interrupted by SIGINT"):
-        run_sweep(recipe, track=False, show=False)
+        run_sweep(recipe, track=False)
     (interrupted,) = (tmp_path / "reports" / "tumour-mlp").glob("2*")
     assert (interrupted / INCOMPLETE_MARKER).is_file()
     before = len(probe_calls(tmp_path))
-    capsys.readouterr()
+    caplog.clear()
+    caplog.set_level(logging.INFO, logger="qbench")
 
-    outcome = run_sweep(recipe, track=False, show=False, resume=True)
-    shown = capsys.readouterr().err
+    outcome = run_sweep(recipe, track=False, resume=True)
+    shown = caplog.text
     resumed_calls = len(probe_calls(tmp_path)) - before
     print(f"fresh: {3 * per_job} probe calls; interrupted: {before}; resumed: {resumed_calls}")
     assert resumed_calls == 2 * per_job  # fp16 and int8-minmax only: fp32's measurement was reused
@@ -84,14 +86,14 @@ def test_resume_reuses_nothing_stale(user_project: Path, tmp_path: Path, fresh: 
     recipe = write_probe_recipe(user_project, tmp_path, variants=["fp16"])
     (tmp_path / "interrupt_at").write_text(str(per_job + 1))
     with pytest.raises(QbenchError, match="interrupted"):
-        run_sweep(recipe, track=False, show=False)
+        run_sweep(recipe, track=False)
     store = tmp_path / "store"
     for manifest in store.glob("*/manifest.json"):  # built by another qbench: not reusable here
         content = json.loads(manifest.read_text())
         content["environment"]["onnxruntime"] = "0.0.1"
         manifest.write_text(json.dumps(content))
     before = len(probe_calls(tmp_path))
-    outcome = run_sweep(recipe, track=False, show=False, resume=True)
+    outcome = run_sweep(recipe, track=False, resume=True)
     assert len(probe_calls(tmp_path)) - before == 2 * per_job  # fp32 measured again: its build was not reused
     assert all(not any(n.startswith("resumed") for n in v.notes) for v in outcome.results.variants)
 
@@ -101,11 +103,11 @@ def test_resume_with_a_changed_recipe_starts_afresh(user_project: Path, tmp_path
     recipe = write_probe_recipe(user_project, tmp_path, variants=["fp16"])
     (tmp_path / "interrupt_at").write_text(str(per_job + 1))
     with pytest.raises(QbenchError, match="interrupted"):
-        run_sweep(recipe, track=False, show=False)
+        run_sweep(recipe, track=False)
     text = recipe.read_text().replace("iterations: 5", "iterations: 6")  # other latency settings: another plan
     recipe.write_text(text)
     before = len(probe_calls(tmp_path))
-    run_sweep(recipe, track=False, show=False, resume=True)
+    run_sweep(recipe, track=False, resume=True)
     assert len(probe_calls(tmp_path)) - before == 2 * per_job
 
 
@@ -118,7 +120,7 @@ def test_plan_prints_jobs_needs_and_what_is_cached(
     assert "4 jobs on executor local" in shown and "0 of 4 jobs cached" in shown
     assert "measure:fp16@onnxruntime-cpu  CPU + timing slot" in " ".join(shown.split("\n"))
     assert not (tmp_path / "reports" / "tumour-mlp").exists() or not any((tmp_path / "reports" / "tumour-mlp").glob("2*"))
-    run_sweep(recipe, track=False, show=False)
+    run_sweep(recipe, track=False)
     assert main(["sweep", str(recipe), "--plan", "--executor", "ray"]) == 0
     shown = " ".join(capsys.readouterr().out.split())
     assert "on executor ray" in shown and "2 of 4 jobs cached" in shown  # the builds, in the store
