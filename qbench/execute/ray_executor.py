@@ -24,7 +24,6 @@ from dataclasses import replace
 from typing import Any
 
 from qbench.errors import QbenchError
-from qbench.interrupt import Interrupted
 from qbench.execute.executors import BuildWork, JobDone, MeasureWork, Work, import_ray
 from qbench.execute.jobs import (
     BuildOutput,
@@ -36,6 +35,7 @@ from qbench.execute.jobs import (
 )
 from qbench.execute.plan import TIMING_RESOURCE, Job, JobNeeds
 from qbench.execute.store import BuildStore
+from qbench.interrupt import Interrupted
 from qbench.preflight import Prepared
 from qbench.recipe import Recipe, VariantSpec
 from qbench.results import AccuracyResult
