@@ -46,7 +46,7 @@ from qbench.preflight import Prepared, prepare
 from qbench.progress import track
 from qbench.recipe import GateSpec, Recipe, VariantSpec
 from qbench.results import AccuracyResult
-from qbench.validate.accuracy import evaluate_accuracy, run_batched, with_drops
+from qbench.validate.measure import measure
 from qbench.variants import BuildContext, BuiltVariant, build_variant
 from qbench.variants.onnx_utils import load_model, save_model
 
@@ -407,15 +407,6 @@ def score_accuracy(accuracy: AccuracyResult, gate: GateSpec, nsr: float) -> Scor
     return Score(accuracy.overall.drops.get(gate.metric, math.nan), slices, nsr)
 
 
-def output_nsr(reference: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> float:
-    """Noise-to-signal ratio of `outputs` vs `reference` over every float array (inf when not finite)."""
-    pairs = [(np.asarray(r, np.float64), np.asarray(o, np.float64)) for r, o in zip(reference, outputs)
-             if np.asarray(r).dtype.kind == "f"]  # fmt: skip
-    signal = sum(float(np.sum(r * r)) for r, _ in pairs)
-    noise = sum(float(np.sum((o - r) ** 2)) if np.all(np.isfinite(o)) else math.inf for r, o in pairs)
-    return noise / signal if signal > 0 else (0.0 if noise == 0 else math.inf)
-
-
 def _json_ready(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _json_ready(v) for k, v in value.items()}
@@ -430,28 +421,17 @@ def _json_ready(value: Any) -> Any:
 class _Evaluator:
     """Runs variants on the recipe's evaluation rows and scores them against FP32 with the gate metric."""
 
-    def __init__(self, prepared: Prepared, backend: Backend, options: RunOptions) -> None:
-        self.prepared, self.backend, self.options = prepared, backend, options
-        self.reference = self.outputs(BuiltVariant("fp32", "fp32", prepared.source.onnx_path))
-        self.reference_accuracy = self._accuracy(self.reference)
-
-    def outputs(self, built: BuiltVariant) -> np.ndarray:
-        runner = self.backend.load(built, self.options)
-        try:
-            batch_size = self.prepared.recipe.data.evaluation.batch_size
-            feeds, index = self.prepared.evaluation_feeds, self.prepared.output_index
-            return run_batched(runner, feeds, batch_size, index, description=f"{built.name} evaluate")
-        finally:
-            runner.close()
-
-    def _accuracy(self, outputs: np.ndarray) -> AccuracyResult:
-        p = self.prepared
-        return evaluate_accuracy(p.recipe.task, outputs, self.reference, p.labels, p.slices)
+    def __init__(self, prepared: Prepared, backend: Backend) -> None:
+        self.prepared, self.backend = prepared, backend
+        self.reference = measure(backend, BuiltVariant("fp32", "fp32", prepared.source.onnx_path), prepared).reference
+        if self.reference is None:
+            raise QbenchError("explain: the FP32 model could not be run on the evaluation rows")
 
     def score(self, built: BuiltVariant) -> Score:
-        outputs = self.outputs(built)
-        accuracy = with_drops(self._accuracy(outputs), self.reference_accuracy)
-        return score_accuracy(accuracy, self.prepared.recipe.gate, output_nsr([self.reference], [outputs]))
+        measured = measure(self.backend, built, self.prepared, reference=self.reference, quiet=True)
+        if measured.result.accuracy is None:
+            raise QbenchError(f"explain: {built.name} could not be measured: {measured.result.error}")
+        return score_accuracy(measured.result.accuracy, self.prepared.recipe.gate, measured.nsr)
 
 
 def explain_variant(
@@ -478,7 +458,7 @@ def explain_variant(
         ctx = BuildContext(prepared.source.onnx_path, (workdir or Path(tmp)) / "models", prepared.calibration_batches)
         logger.info("%s: building, then measuring each candidate (%s, by %s)", spec.name, method, group_by)
         built = build_variant(spec, ctx)
-        evaluator = _Evaluator(prepared, backend, options)
+        evaluator = _Evaluator(prepared, backend)
         baseline = evaluator.score(built)
         nodes = quantized_nodes(load_model(ctx.reference_path), built)
         if not nodes:

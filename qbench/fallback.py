@@ -1,6 +1,6 @@
 """Accuracy-aware search for an INT8 variant: `calibrator: auto` and `fallback: {until: gate, ...}`.
 
-    built = build_with_search(spec, ctx, evaluate=evaluate, gate=recipe.gate)   # called by the sweep
+    built = build_with_search(spec, ctx, evaluate=evaluate, prepared=prepared)   # called by the sweep
 
 Every candidate is measured with `evaluate` (accuracy per slice and latency on the sweep's first
 backend, against FP32) and judged by `qbench.gate.evaluate_gate`, so a candidate passes here
@@ -27,7 +27,7 @@ import logging
 import math
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,21 +35,22 @@ import numpy as np
 import onnx
 
 import qbench
-from qbench.backends import Backend, get_backend
+from qbench.backends import get_backend
 from qbench.backends.base import RunOptions
 from qbench.errors import QbenchError
 from qbench.explain import (
     Score,
     float_keeper,
     group_nodes,
-    output_nsr,
     quantized_nodes,
     rank_groups,
     sqnr_costs,
 )
 from qbench.gate import GateReport, evaluate_gate
+from qbench.preflight import Prepared
 from qbench.recipe import FallbackSpec, GateSpec, VariantSpec
 from qbench.results import SweepResults, VariantResult
+from qbench.validate.measure import Rows, measure
 from qbench.variants import BuildContext, BuiltVariant, build_variant
 from qbench.variants.onnx_utils import load_model
 
@@ -117,8 +118,10 @@ def p50_at_largest_batch(result: VariantResult) -> float:
     return max(points, key=lambda p: p.batch_size).p50_ms if points else math.inf
 
 
-def build_with_search(spec: VariantSpec, ctx: BuildContext, *, evaluate: Evaluate, gate: GateSpec) -> BuiltVariant:
-    """The fastest candidate of `spec` that passes `gate` (see the module docstring); built into ctx.workdir."""
+def build_with_search(spec: VariantSpec, ctx: BuildContext, *, evaluate: Evaluate, prepared: Prepared) -> BuiltVariant:
+    """The fastest candidate of `spec` that passes the recipe's gate (see the module docstring); built into
+    ctx.workdir. Candidates are ranked with `qbench.validate.measure.measure` on calibration rows."""
+    gate = prepared.recipe.gate
     if spec.technique_name not in ("ort-static", "ort-dynamic"):
         raise QbenchError(f"variant {spec.name!r}: fallback and calibrator auto apply to ONNX Runtime INT8 variants")
     started = time.perf_counter()
@@ -126,7 +129,7 @@ def build_with_search(spec: VariantSpec, ctx: BuildContext, *, evaluate: Evaluat
     if reference.status != "ok" or reference.accuracy is None:
         raise QbenchError(f"variant {spec.name!r}: the search needs FP32 measured first: {reference.error}")
     logger.info("  search against FP32 (p50 %.2f ms), gate on %s", p50_at_largest_batch(reference), gate.metric)
-    search = _Search(spec, ctx, evaluate, gate, reference)
+    search = _Search(spec, ctx, evaluate, prepared, reference)
     try:
         calibrators = AUTO_CALIBRATORS if spec.calibrator == "auto" else (spec.calibrator,)
         tries = [search.attempt(calibrator, tuple(spec.exclude_nodes)) for calibrator in calibrators]
@@ -140,8 +143,9 @@ def build_with_search(spec: VariantSpec, ctx: BuildContext, *, evaluate: Evaluat
 
 
 class _Search:
-    def __init__(self, spec: VariantSpec, ctx: BuildContext, evaluate: Evaluate, gate: GateSpec, reference: VariantResult) -> None:  # fmt: skip
-        self.spec, self.ctx, self.evaluate, self.gate, self.reference = spec, ctx, evaluate, gate, reference
+    def __init__(self, spec: VariantSpec, ctx: BuildContext, evaluate: Evaluate, prepared: Prepared, reference: VariantResult) -> None:  # fmt: skip
+        self.spec, self.ctx, self.evaluate, self.reference = spec, ctx, evaluate, reference
+        self.prepared, self.gate = prepared, prepared.recipe.gate
         self.root = ctx.workdir.resolve() / f"{spec.name}.search"
         self.trials: list[Trial] = []
         self.rankings: dict[str, list[str]] = {}
@@ -211,18 +215,19 @@ class _Search:
         weight first (a node kept in FP32 costs time in proportion to its weights), and the share of the
         output noise predicted to remain with the first `keep` of them in FP32 (recoveries added up).
         Only the `pool` nodes adding the most noise (by SQNR) are measured."""
-        batches = _first_rows(self.ctx.calibration, RANKING_ROWS)
+        rows = Rows.from_batches(self.ctx.calibration, RANKING_ROWS)
         backend, options = get_backend(RANKING_BACKEND), RunOptions()
         scratch = dataclasses.replace(self.ctx, workdir=self.root / "ranking")
         scratch.workdir.mkdir(parents=True, exist_ok=True)
         nodes = quantized_nodes(load_model(self.ctx.reference_path), base.built)
         if len(nodes) > pool:
-            noise = sqnr_costs(self.ctx.reference_path, base.built, nodes, batches, backend, options, scratch.workdir)
+            noise = sqnr_costs(self.ctx.reference_path, base.built, nodes, [rows.feeds], backend, options, scratch.workdir)
             nodes = sorted(nodes, key=lambda n: -np.nan_to_num(noise[n.name], nan=-1.0))[:pool]
-        reference = _outputs(backend, options, BuiltVariant("fp32", "fp32", self.ctx.reference_path), batches)
+        fp32 = BuiltVariant("fp32", "fp32", self.ctx.reference_path)
+        reference = measure(backend, fp32, self.prepared, rows=rows, quiet=True).reference
 
         def score(candidate: BuiltVariant) -> Score:
-            nsr = output_nsr(reference, _outputs(backend, options, candidate, batches))
+            nsr = measure(backend, candidate, self.prepared, rows=rows, reference=reference, quiet=True).nsr
             return Score(nsr, {}, nsr)
 
         spec = self.spec.model_copy(update={"calibrator": base.calibrator, "exclude_nodes": list(base.excluded)})
@@ -292,26 +297,6 @@ def judge(reference: VariantResult, candidate: VariantResult, gate: GateSpec) ->
         reference=reference.variant, variants=(reference, candidate),
     )  # fmt: skip
     return evaluate_gate(results, gate.model_copy(update={"applies_to": [candidate.variant]}))
-
-
-def _first_rows(batches: Sequence[dict[str, np.ndarray]], rows: int) -> list[dict[str, np.ndarray]]:
-    """The leading batches holding the first `rows` rows (the last one cut to fit)."""
-    taken: list[dict[str, np.ndarray]] = []
-    for batch in batches:
-        left = rows - sum(len(next(iter(b.values()))) for b in taken)
-        if left <= 0:
-            break
-        taken.append({name: array[:left] for name, array in batch.items()})
-    return taken
-
-
-def _outputs(backend: Backend, options: RunOptions, built: BuiltVariant, batches: Sequence[dict[str, np.ndarray]]) -> list[np.ndarray]:  # fmt: skip
-    """Every output of `built` for every batch, in one flat list (batches may differ in shape)."""
-    runner = backend.load(built, options)
-    try:
-        return [array for batch in batches for array in runner.run(batch)]
-    finally:
-        runner.close()
 
 
 def _finite(value: float) -> float | None:

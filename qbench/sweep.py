@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import qbench
 from qbench.environment import describe_environment
 from qbench.errors import QbenchError
-from qbench.execute import BuildStore, Clock, SweepPlan, make_executor, make_plan, resumable_run, run_plan, write_plan
+from qbench.execute import BuildStore, SweepPlan, make_executor, make_plan, resumable_run, run_plan, write_plan
 from qbench.execute.jobs import describe_error
 from qbench.frontier import compute_frontier, gate_threshold, plot_frontier
 from qbench.gate import GateReport, evaluate_gate
@@ -31,6 +31,7 @@ from qbench.report import write_markdown_report
 from qbench.report_html import write_html_report
 from qbench.results import RangeAnalysis, SweepResults, VariantResult, write_results
 from qbench.runs import RESULTS_FILE, mark_complete, mark_incomplete, new_run_dir, utc_now
+from qbench.validate.measure import PhaseClock
 from qbench.variants import BuiltVariant
 
 logger = logging.getLogger(__name__)
@@ -62,7 +63,7 @@ def run_sweep(recipe: Recipe | str | Path, *, track: bool = True, resume: bool =
     KILLED or FAILED; an interruption is then a QbenchError (exit 2) saying where the partial results are.
     """
     started = time.perf_counter()
-    clock = Clock()
+    clock = PhaseClock()
     recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
     if track:
         from qbench.track import check_reachable, resolve_tracking_uri
@@ -139,7 +140,7 @@ class _Progress:
     prepared: Prepared
     inputs: dict[str, InputDigest]
     run_dir: Path
-    clock: Clock
+    clock: PhaseClock
     guard: SignalGuard
     tracker: SweepTracker | None = None
     done: list[VariantResult] = field(default_factory=list)
@@ -208,7 +209,7 @@ def _sweep_data(prepared: Prepared) -> SweepData:
 
 
 def _range_analysis(
-    prepared: Prepared, calibrated: list[BuiltVariant], workdir: Path, clock: Clock
+    prepared: Prepared, calibrated: list[BuiltVariant], workdir: Path, clock: PhaseClock
 ) -> RangeAnalysis | None:
     """The FP32 range pass (recipe `analysis.ranges`); a failure is reported and the sweep goes on without it."""
     recipe = prepared.recipe
@@ -236,7 +237,7 @@ def _range_analysis(
 
 
 def _assemble(
-    prepared: Prepared, variants: list[VariantResult], clock: Clock, inputs: dict[str, InputDigest]
+    prepared: Prepared, variants: list[VariantResult], clock: PhaseClock, inputs: dict[str, InputDigest]
 ) -> SweepResults:
     """The results of a finished sweep, with the whole resolved recipe and a digest of every input."""
     recipe = prepared.recipe

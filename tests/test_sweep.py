@@ -210,8 +210,8 @@ def test_variants_identical_to_fp32_are_reported_so_and_not_timed_again(tmp_path
     from qbench.execute import jobs
 
     measured: list[str] = []
-    measure = jobs._measure
-    monkeypatch.setattr(jobs, "_measure", lambda backend, built, *a, **k: measured.append(built.name) or measure(backend, built, *a, **k))
+    measure = jobs.measure
+    monkeypatch.setattr(jobs, "measure", lambda backend, built, *a, **k: measured.append(built.name) or measure(backend, built, *a, **k))
     outcome = sweep.run_sweep(_forest_project(tmp_path), track=False)
     assert measured == ["fp32"]
     fp32 = outcome.results.find("fp32", "onnxruntime-cpu")

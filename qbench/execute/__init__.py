@@ -11,7 +11,6 @@ overview.py       `qbench sweep --plan`: what would run where, and what is cache
 """
 
 from qbench.execute.executors import Executor, LocalExecutor, make_executor
-from qbench.execute.jobs import Clock
 from qbench.execute.plan import Job, JobNeeds, SweepPlan, make_plan
 from qbench.execute.records import resumable_run, write_plan
 from qbench.execute.scheduler import PlanRun, run_plan
@@ -19,7 +18,6 @@ from qbench.execute.store import BuildStore
 
 __all__ = [
     "BuildStore",
-    "Clock",
     "Executor",
     "Job",
     "JobNeeds",

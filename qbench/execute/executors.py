@@ -19,7 +19,7 @@ from qbench.execute.jobs import (
     BuildOutput,
     MeasureOutput,
     Outputs,
-    Reference,
+    fp32_reference,
     run_build,
     run_measure,
 )
@@ -113,13 +113,13 @@ class LocalExecutor:
             if work.search is not None:
                 backend, reference_job = work.search
                 outputs = self._outputs.get(reference_job) if reference_job else None
-                search = (backend, Reference(outputs, work.reference_accuracy))
+                search = (backend, fp32_reference(outputs, work.reference_accuracy))
             return JobDone(
                 job.id,
                 run_build(work.spec, self._prepared, self._store, work.key, search),
             )
         outputs = self._outputs.get(work.reference_job) if work.reference_job else None
-        done = run_measure(work.backend, work.built, self._prepared, Reference(outputs, work.reference_accuracy),
+        done = run_measure(work.backend, work.built, self._prepared, fp32_reference(outputs, work.reference_accuracy),
                            keep_outputs=work.keep_outputs)  # fmt: skip
         if work.keep_outputs and done.outputs is not None:
             self._outputs[job.id] = done.outputs

@@ -14,7 +14,6 @@ import shutil
 import socket
 import tempfile
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -22,24 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from qbench.backends import Backend, Runner, get_backend
-from qbench.backends.base import RunOptions
+from qbench.backends import get_backend
 from qbench.errors import QbenchError
 from qbench.execute.store import BuildStore, build_environment, manifest_of
 from qbench.preflight import Prepared
-from qbench.provenance import model_sha256
 from qbench.recipe import VariantSpec
-from qbench.results import AccuracyResult, LatencyResult, VariantResult
-from qbench.slo import serving_figures
-from qbench.validate.accuracy import evaluate_accuracy, run_outputs, with_drops
-from qbench.validate.fidelity import plan_measurement
-from qbench.validate.latency import (
-    latency_points,
-    measure_cold_start,
-    measure_samples,
-    stability_rule,
-    take_batch,
-)
+from qbench.results import AccuracyResult, VariantResult
+from qbench.validate.measure import PhaseClock, Reference, describe_error, measure
 from qbench.variants import BuildContext, BuiltVariant, build_variant
 
 logger = logging.getLogger(__name__)
@@ -47,26 +35,10 @@ logger = logging.getLogger(__name__)
 Outputs = dict[str, np.ndarray]  # evaluated output name -> values over the evaluation rows
 
 
-@dataclass
-class Clock:
-    """Seconds spent per phase, so the sweep's own overhead can be reported."""
-
-    seconds: dict[str, float] = field(default_factory=dict)
-
-    def add(self, phase: str, started: float) -> None:
-        self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - started
-
-    def merge(self, seconds: dict[str, float]) -> None:
-        for phase, value in seconds.items():
-            self.seconds[phase] = self.seconds.get(phase, 0.0) + value
-
-
-@dataclass(frozen=True)
-class Reference:
-    """FP32's figures a measurement is compared with: its outputs (first backend) and its accuracy (same backend)."""
-
-    outputs: Outputs | None = None
-    accuracy: AccuracyResult | None = None
+def fp32_reference(outputs: Outputs | None, accuracy: AccuracyResult | None) -> Reference | None:
+    """What a measurement is compared with: FP32's outputs (first backend) and its accuracy on the same
+    backend; None for FP32's first measurement, which is the reference."""
+    return None if outputs is None else Reference(outputs, accuracy)
 
 
 @dataclass(frozen=True)
@@ -104,13 +76,13 @@ def run_build(
     prepared: Prepared,
     store: BuildStore,
     key: str,
-    search: tuple[str, Reference] | None = None,
+    search: tuple[str, Reference | None] | None = None,
 ) -> BuildOutput:
     """Build `spec` in a private folder, publish its files to `store` under `key`, return their manifest.
 
     `search` (first backend, FP32 reference) serves variants with `fallback` or `calibrator: auto`, whose
     candidates are measured while building."""
-    clock = Clock()
+    clock = PhaseClock()
     folder = Path(tempfile.mkdtemp(prefix=f"qbench-build-{spec.name}-"))
     try:
         evaluate = _search_evaluator(search, prepared, clock) if search is not None else _no_search(spec)
@@ -166,14 +138,15 @@ def _no_search(spec: VariantSpec) -> Callable[[BuiltVariant], VariantResult]:
 
 
 def _search_evaluator(
-    search: tuple[str, Reference], prepared: Prepared, clock: Clock
+    search: tuple[str, Reference | None], prepared: Prepared, clock: PhaseClock
 ) -> Callable[[BuiltVariant], VariantResult]:
     """Measure a candidate variant on the first backend against FP32 (for fallback / calibrator search)."""
     backend_name, reference = search
     backend = get_backend(backend_name)
 
     def evaluate(candidate: BuiltVariant) -> VariantResult:
-        return _measure(backend, candidate, prepared, reference, clock)[0]
+        return measure(backend, candidate, prepared, reference=reference, timing=prepared.recipe.latency,
+                       clock=clock).result
 
     return evaluate
 
@@ -182,7 +155,7 @@ def _build(
     spec: VariantSpec,
     prepared: Prepared,
     folder: Path,
-    clock: Clock,
+    clock: PhaseClock,
     evaluate: Callable[[BuiltVariant], VariantResult],
 ) -> tuple[BuiltVariant | None, str | None]:
     """Build one variant; a variant with `fallback` or `calibrator: auto` is searched with `evaluate`."""
@@ -223,7 +196,7 @@ def _build_one(
     if spec.fallback is not None or spec.calibrator == "auto":
         from qbench.fallback import build_with_search
 
-        built = build_with_search(spec, ctx, evaluate=evaluate, gate=prepared.recipe.gate)
+        built = build_with_search(spec, ctx, evaluate=evaluate, prepared=prepared)
     else:
         built = build_variant(spec, ctx)
     if prepared.source.torch is not None and built.torch_module is None:
@@ -240,116 +213,16 @@ def run_measure(
     backend_name: str,
     built: BuiltVariant,
     prepared: Prepared,
-    reference: Reference,
+    reference: Reference | None,
     *,
     keep_outputs: bool = False,
 ) -> MeasureOutput:
-    """Measure `built` on one backend against the FP32 reference (see `_measure`)."""
-    clock = Clock()
-    result, outputs = _measure(get_backend(backend_name), built, prepared, reference, clock)
-    kept = outputs if keep_outputs else None
-    return MeasureOutput(result, kept, seconds=clock.seconds, where=worker_name())
-
-
-def _measure(
-    backend: Backend,
-    built: BuiltVariant,
-    prepared: Prepared,
-    reference: Reference,
-    clock: Clock,
-) -> tuple[VariantResult, Outputs | None]:
-    """Cold start, accuracy on every evaluation row, then steady-state latency: one session alive at a time.
-
-    The timed and the scored model differ when the backend cannot compute the variant's precision
-    (qbench.validate.fidelity): the scored emulation then runs first, in its own session.
-    """
-    recipe = prepared.recipe
-    unsupported = backend.supports(built)
-    if unsupported:
-        logger.info("  %s: skipped (%s)", backend.name, unsupported)
-        return failed_built(built, backend.name, unsupported, status="skipped"), None
-    feeds = prepared.evaluation_feeds
-    label = f"{built.name}@{backend.name}"
-    t = time.perf_counter()
-    try:
-        batch_sizes = tuple(sorted({*recipe.latency.batch_sizes, recipe.data.evaluation.batch_size, 1}))
-        options = RunOptions(threads=recipe.latency.threads, batch_sizes=batch_sizes)
-        plan = plan_measurement(backend, built)
-        outputs = None
-        if plan.separate:
-            outputs = _score(
-                backend.load(plan.scored, options),
-                prepared,
-                f"{label} evaluate (emulated)",
-            )
-        runner, create_ms, first_ms = measure_cold_start(
-            lambda: backend.load(plan.timed, options), take_batch(feeds, 1)
-        )
-        try:
-            if outputs is None:
-                outputs = _score(runner, prepared, f"{label} evaluate", close=False)
-            samples = measure_samples(
-                runner, feeds, recipe.latency.batch_sizes, recipe.latency.warmup, recipe.latency.iterations,
-                description=f"{label} latency", stability=recipe.latency.stability,
-            )  # fmt: skip
-            rule = stability_rule(recipe.latency.stability, recipe.latency.iterations)
-            points = latency_points(samples, recipe.latency.warmup, rule)
-            runtime = runner.describe()
-        finally:
-            runner.close()
-    except Exception as exc:  # noqa: BLE001
-        logger.error("  %s failed: %s", backend.name, exc)
-        return failed_built(built, backend.name, describe_error(exc)), None
-    finally:
-        clock.add("inference", t)
-    compared = reference.outputs if reference.outputs is not None else outputs
-    accuracy = evaluate_accuracy(
-        recipe.task,
-        outputs,
-        compared,
-        prepared.labels,
-        prepared.slices,
-        prepared.custom_metrics,
-    )
-    accuracy = with_drops(accuracy, reference.accuracy or accuracy)
-    latency = LatencyResult(
-        threads=recipe.latency.threads,
-        session_create_ms=create_ms,
-        first_run_ms=first_ms,
-        points=tuple(points),
-    )
-    model_bytes = built.onnx_path.stat().st_size
-    serving = serving_figures(recipe, backend.name, samples, points, model_bytes=model_bytes, runtime=runtime,
-                              preprocess_ms_per_row=prepared.preprocess_ms_per_row)  # fmt: skip
-    result = VariantResult(
-        variant=built.name,
-        backend=backend.name,
-        precision=built.precision,
-        status="ok",
-        params={**built.params, **{f"runtime.{k}": v for k, v in runtime.items()}},
-        model_path=str(built.onnx_path),
-        model_bytes=model_bytes,
-        model_sha256=model_sha256(built.onnx_path),
-        build_seconds=built.build_seconds,
-        notes=built.notes,
-        accuracy=accuracy,
-        latency=latency,
-        fidelity=plan.fidelity,
-        evaluated_model_path=str(plan.scored.onnx_path) if plan.separate else None,
-        serving=serving,
-    )
-    return result, outputs
-
-
-def _score(runner: Runner, prepared: Prepared, description: str, *, close: bool = True) -> Outputs:
-    """The evaluation outputs of `runner` (closed afterwards unless the caller goes on timing it)."""
-    try:
-        batch_size = prepared.recipe.data.evaluation.batch_size
-        return run_outputs(runner, prepared.evaluation_feeds, batch_size, prepared.output_indices,
-                           description=description)  # fmt: skip
-    finally:
-        if close:
-            runner.close()
+    """Measure `built` on one backend against the FP32 reference (qbench.validate.measure.measure)."""
+    clock = PhaseClock()
+    measured = measure(get_backend(backend_name), built, prepared, reference=reference,
+                       timing=prepared.recipe.latency, clock=clock)  # fmt: skip
+    kept = measured.outputs if keep_outputs else None
+    return MeasureOutput(measured.result, kept, seconds=clock.seconds, where=worker_name())
 
 
 # -- results of jobs that did not measure --------------------------------------------------------
@@ -363,15 +236,6 @@ def failed(spec_name: str, precision: str, backend: str, error: str) -> VariantR
         status="failed",
         error=error,
     )
-
-
-def failed_built(built: BuiltVariant, backend: str, error: str, status: str = "failed") -> VariantResult:
-    """A built variant that did not run on `backend`: failed, or skipped (the backend cannot run it)."""
-    return VariantResult(
-        variant=built.name, backend=backend, precision=built.precision, status=status, error=error,
-        params=dict(built.params), model_path=str(built.onnx_path), build_seconds=built.build_seconds,
-        notes=built.notes,
-    )  # fmt: skip
 
 
 def identical(built: BuiltVariant, twin: VariantResult) -> VariantResult:
@@ -395,11 +259,3 @@ def identity(built: BuiltVariant) -> str:
         graph = f"unread:{built.name}"
     return f"{graph}|{sorted(built.session_hints.items())}|{built.params.get(TORCH_FORM)}"
 
-
-def describe_error(exc: BaseException) -> str:
-    """User errors keep their message; anything else gets its type and the innermost frame, for a bug report."""
-    if isinstance(exc, QbenchError):
-        return str(exc)
-    frame = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
-    where = f" (at {Path(frame.filename).name}:{frame.lineno})" if frame else ""
-    return f"{type(exc).__name__}: {exc}{where}"

@@ -29,7 +29,7 @@ from qbench.execute.jobs import (
     BuildOutput,
     MeasureOutput,
     Outputs,
-    Reference,
+    fp32_reference,
     run_build,
     run_measure,
 )
@@ -59,7 +59,7 @@ def _build_task(
     reference_outputs: Outputs | None, reference_accuracy: AccuracyResult | None,
 ) -> BuildOutput:  # fmt: skip
     prepared = _worker_prepared(recipe)
-    search = (search_backend, Reference(reference_outputs, reference_accuracy)) if search_backend else None
+    search = (search_backend, fp32_reference(reference_outputs, reference_accuracy)) if search_backend else None
     return run_build(spec, prepared, store, key, search)
 
 
@@ -74,7 +74,7 @@ def _measure_task(
     prepared = _worker_prepared(recipe)  # first: a pickled torch form may need the user's module imported
     work: MeasureWork = cloudpickle.loads(work_bytes)
     built = store.local_copy(work.built, work.key)
-    done = run_measure(work.backend, built, prepared, Reference(reference_outputs, work.reference_accuracy),
+    done = run_measure(work.backend, built, prepared, fp32_reference(reference_outputs, work.reference_accuracy),
                        keep_outputs=True)  # fmt: skip
     return replace(done, outputs=None), done.outputs
 

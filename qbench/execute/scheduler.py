@@ -24,10 +24,8 @@ from typing import Any, Protocol
 from qbench.execute.executors import BuildWork, Executor, JobDone, MeasureWork, Work
 from qbench.execute.jobs import (
     BuildOutput,
-    Clock,
     MeasureOutput,
     failed,
-    failed_built,
     identical,
     identity,
     with_torch_form,
@@ -38,6 +36,7 @@ from qbench.execute.store import BuildStore, build_environment, built_from_manif
 from qbench.preflight import Prepared
 from qbench.provenance import model_sha256
 from qbench.results import AccuracyResult, VariantResult
+from qbench.validate.measure import PhaseClock, failed_result
 from qbench.variants.base import BuiltVariant
 
 logger = logging.getLogger(__name__)
@@ -74,7 +73,7 @@ class _State:
 
 class Scheduler:
     def __init__(self, plan: SweepPlan, prepared: Prepared, executor: Executor, store: BuildStore,
-                 progress: SweepProgress, run_dir: Path, clock: Clock, *, retries: int) -> None:  # fmt: skip
+                 progress: SweepProgress, run_dir: Path, clock: PhaseClock, *, retries: int) -> None:  # fmt: skip
         self.plan = plan
         self.prepared = prepared
         self.executor = executor
@@ -205,7 +204,7 @@ class Scheduler:
                 self._built(job, BuildOutput(job.variant, None, error))
             else:
                 assert isinstance(work, MeasureWork)
-                self._measured(job, failed_built(work.built, work.backend, error), None)
+                self._measured(job, failed_result(work.built, work.backend, error), None)
             return
         self.clock.merge(done.output.seconds)
         if isinstance(done.output, BuildOutput):
@@ -316,7 +315,7 @@ class Scheduler:
 
 
 def run_plan(plan: SweepPlan, prepared: Prepared, executor: Executor, store: BuildStore, progress: SweepProgress,
-             run_dir: Path, clock: Clock, *, retries: int, resume: bool = False,
+             run_dir: Path, clock: PhaseClock, *, retries: int, resume: bool = False,
              resume_from: Path | None = None) -> PlanRun:  # fmt: skip
     """Run every job of `plan` (see the module docstring); the executor is closed when this returns.
 

@@ -1,0 +1,237 @@
+"""One way to measure a built variant: load it, run rows through it, compare with FP32, time it, close it.
+
+    measured = measure(backend, built, prepared, reference=fp32, timing=recipe.latency)
+
+The sweep, `qbench explain`, the fallback and the INT8 search all call `measure`, so a candidate
+scored by a search is scored exactly as the sweep scores the variant it becomes. Exactly one
+runner is alive at a time (idle ONNX Runtime sessions distort timings); the scored model is run
+first in its own session when the backend cannot compute the variant's precision
+(qbench.validate.fidelity).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import traceback
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from qbench.backends import Backend, Runner
+from qbench.backends.base import RunOptions
+from qbench.errors import QbenchError
+from qbench.preflight import Prepared
+from qbench.provenance import model_sha256
+from qbench.recipe import LatencySpec
+from qbench.results import AccuracyResult, LatencyResult, VariantResult
+from qbench.slo import serving_figures
+from qbench.validate.accuracy import evaluate_accuracy, run_outputs, with_drops
+from qbench.validate.fidelity import plan_measurement
+from qbench.validate.latency import (
+    latency_points,
+    measure_cold_start,
+    measure_samples,
+    stability_rule,
+    take_batch,
+)
+from qbench.variants import BuiltVariant
+
+logger = logging.getLogger(__name__)
+
+Feeds = dict[str, np.ndarray]
+
+
+@dataclass
+class PhaseClock:
+    """Seconds spent per phase (build, inference, report...), so a sweep's own overhead can be reported."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def add(self, phase: str, started: float) -> None:
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - started
+
+    def merge(self, seconds: Mapping[str, float]) -> None:
+        """Add the phases another clock measured (a job run in a worker)."""
+        for phase, value in seconds.items():
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + value
+
+
+@dataclass(frozen=True)
+class Rows:
+    """The rows a measurement runs: feeds, labels and slice masks over them, and the batch size to run them in."""
+
+    feeds: Feeds
+    labels: np.ndarray | None
+    slices: dict[str, np.ndarray]
+    batch_size: int
+
+    @classmethod
+    def evaluation(cls, prepared: Prepared) -> Rows:
+        return cls(prepared.evaluation_feeds, prepared.labels, prepared.slices, prepared.recipe.data.evaluation.batch_size)
+
+    @classmethod
+    def from_batches(cls, batches: Sequence[Mapping[str, np.ndarray]], rows: int) -> Rows:
+        """Up to the first `rows` rows of `batches` (calibration batches), unlabelled and unsliced; batches
+        whose shapes differ beyond the rows (text padded per batch) are not joined: the first one is used."""
+        taken: list[Mapping[str, np.ndarray]] = []
+        for batch in batches:
+            if taken and any(batch[k].shape[1:] != taken[0][k].shape[1:] for k in batch):
+                break
+            taken.append(batch)
+            if sum(len(next(iter(b.values()))) for b in taken) >= rows:
+                break
+        if not taken:
+            raise QbenchError("no calibration rows to measure on")
+        feeds = {k: np.concatenate([b[k] for b in taken])[:rows] for k in taken[0]}
+        return cls(feeds, None, {}, len(next(iter(taken[0].values()))))
+
+    @property
+    def count(self) -> int:
+        return len(next(iter(self.feeds.values())))
+
+    def subset(self, indices: np.ndarray) -> Rows:
+        labels = None if self.labels is None else self.labels[indices]
+        return Rows({k: v[indices] for k, v in self.feeds.items()}, labels,
+                    {k: m[indices] for k, m in self.slices.items()}, self.batch_size)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Reference:
+    """FP32's outputs and accuracy on the same rows: what a variant is compared with (drops are taken
+    against `accuracy`, or against the variant itself, i.e. none, when FP32 has no accuracy on its backend)."""
+
+    outputs: dict[str, np.ndarray]
+    accuracy: AccuracyResult | None
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A measurement: the result (status ok, failed or skipped), the outputs scored and their noise vs FP32.
+
+    nsr: noise-to-signal ratio of the outputs vs the reference's over every float output (inf when not
+    finite, NaN when unscored or without a reference)."""
+
+    result: VariantResult
+    outputs: dict[str, np.ndarray] | None
+    nsr: float = math.nan
+
+    @property
+    def reference(self) -> Reference | None:
+        """This measurement as the reference of later ones (FP32 measured first)."""
+        if self.outputs is None or self.result.accuracy is None:
+            return None
+        return Reference(self.outputs, self.result.accuracy)
+
+
+def measure(
+    backend: Backend,
+    built: BuiltVariant,
+    prepared: Prepared,
+    *,
+    reference: Reference | None = None,
+    rows: Rows | None = None,
+    timing: LatencySpec | None = None,
+    score: bool = True,
+    clock: PhaseClock | None = None,
+    quiet: bool = False,
+) -> Measured:
+    """Measure `built` on `backend`: its outputs on `rows` (default: the evaluation rows) compared with
+    `reference` (without one, with themselves: the FP32 reference), then, with `timing`, cold start and
+    steady-state latency. `score=False` only times. A failure is returned as a failed result, never raised.
+    """
+    rows = rows or Rows.evaluation(prepared)
+    unsupported = backend.supports(built)
+    if unsupported:
+        if not quiet:
+            logger.info("  %s: skipped (%s)", backend.name, unsupported)
+        return Measured(failed_result(built, backend.name, unsupported, status="skipped"), None)
+    label = f"{built.name}@{backend.name}"
+    threads = timing.threads if timing is not None else prepared.recipe.latency.threads
+    batch_sizes = (*(timing.batch_sizes if timing is not None else ()), rows.batch_size, 1)
+    options = RunOptions(threads=threads, batch_sizes=tuple(sorted(set(batch_sizes))))
+    t = time.perf_counter()
+    try:
+        plan = plan_measurement(backend, built)
+        outputs = None
+        if score and plan.separate:
+            outputs = _run_rows(backend.load(plan.scored, options), prepared, rows, f"{label} evaluate (emulated)")
+        runner, create_ms, first_ms = measure_cold_start(lambda: backend.load(plan.timed, options), take_batch(rows.feeds, 1))
+        try:
+            if score and outputs is None:
+                outputs = _run_rows(runner, prepared, rows, f"{label} evaluate", close=False)
+            samples = {}
+            if timing is not None:
+                samples = measure_samples(runner, rows.feeds, timing.batch_sizes, timing.warmup, timing.iterations,
+                                          description=f"{label} latency", stability=timing.stability)  # fmt: skip
+            runtime = runner.describe()
+        finally:
+            runner.close()
+    except Exception as exc:  # noqa: BLE001 - one variant's failure is recorded, the caller goes on
+        if not quiet:
+            logger.error("  %s failed: %s", backend.name, exc)
+        return Measured(failed_result(built, backend.name, describe_error(exc)), None)
+    finally:
+        if clock is not None:
+            clock.add("inference", t)
+    accuracy, nsr = None, math.nan
+    if outputs is not None:
+        base = reference.outputs if reference is not None else outputs
+        recipe = prepared.recipe
+        accuracy = evaluate_accuracy(recipe.task, outputs, base, rows.labels, rows.slices, prepared.custom_metrics)
+        accuracy = with_drops(accuracy, reference.accuracy if reference is not None and reference.accuracy else accuracy)
+        nsr = output_nsr([base[k] for k in outputs], list(outputs.values()))
+    latency, serving, model_bytes = None, None, built.onnx_path.stat().st_size
+    if timing is not None:
+        points = latency_points(samples, timing.warmup, stability_rule(timing.stability, timing.iterations))
+        latency = LatencyResult(threads=timing.threads, session_create_ms=create_ms, first_run_ms=first_ms,
+                                points=tuple(points))  # fmt: skip
+        serving = serving_figures(prepared.recipe, backend.name, samples, points, model_bytes=model_bytes,
+                                  runtime=runtime, preprocess_ms_per_row=prepared.preprocess_ms_per_row)  # fmt: skip
+    result = VariantResult(
+        variant=built.name, backend=backend.name, precision=built.precision, status="ok",
+        params={**built.params, **{f"runtime.{k}": v for k, v in runtime.items()}}, model_path=str(built.onnx_path),
+        model_bytes=model_bytes, model_sha256=model_sha256(built.onnx_path), build_seconds=built.build_seconds,
+        notes=built.notes, accuracy=accuracy, latency=latency, fidelity=plan.fidelity,
+        evaluated_model_path=str(plan.scored.onnx_path) if plan.separate else None, serving=serving,
+    )  # fmt: skip
+    return Measured(result, outputs, nsr)
+
+
+def _run_rows(runner: Runner, prepared: Prepared, rows: Rows, description: str, *, close: bool = True) -> Feeds:
+    """The evaluated outputs of `runner` on `rows` (closed afterwards unless the caller goes on timing it)."""
+    try:
+        return run_outputs(runner, rows.feeds, rows.batch_size, prepared.output_indices, description=description)
+    finally:
+        if close:
+            runner.close()
+
+
+def output_nsr(reference: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> float:
+    """Noise-to-signal ratio of `outputs` vs `reference` over every float array (inf when not finite)."""
+    pairs = [(np.asarray(r, np.float64), np.asarray(o, np.float64)) for r, o in zip(reference, outputs)
+             if np.asarray(r).dtype.kind == "f"]  # fmt: skip
+    signal = sum(float(np.sum(r * r)) for r, _ in pairs)
+    noise = sum(float(np.sum((o - r) ** 2)) if np.all(np.isfinite(o)) else math.inf for r, o in pairs)
+    return noise / signal if signal > 0 else (0.0 if noise == 0 else math.inf)
+
+
+def failed_result(built: BuiltVariant, backend: str, error: str, status: str = "failed") -> VariantResult:
+    """A built variant that did not run on `backend`: failed, or skipped (the backend cannot run it)."""
+    return VariantResult(
+        variant=built.name, backend=backend, precision=built.precision, status=status, error=error,
+        params=dict(built.params), model_path=str(built.onnx_path), build_seconds=built.build_seconds,
+        notes=built.notes,
+    )  # fmt: skip
+
+
+def describe_error(exc: Exception) -> str:
+    """User errors keep their message; anything else gets its type and the innermost frame, for a bug report."""
+    if isinstance(exc, QbenchError):
+        return str(exc)
+    frame = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+    where = f" (at {Path(frame.filename).name}:{frame.lineno})" if frame else ""
+    return f"{type(exc).__name__}: {exc}{where}"
