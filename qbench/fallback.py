@@ -34,7 +34,6 @@ from typing import Any
 import numpy as np
 import onnx
 
-import qbench
 from qbench.backends import get_backend
 from qbench.backends.base import RunOptions
 from qbench.errors import QbenchError
@@ -46,10 +45,10 @@ from qbench.explain import (
     rank_groups,
     sqnr_costs,
 )
-from qbench.gate import GateReport, evaluate_gate
+from qbench.gate import GateReport, judge
 from qbench.preflight import Prepared
-from qbench.recipe import FallbackSpec, GateSpec, VariantSpec
-from qbench.results import SweepResults, VariantResult
+from qbench.recipe import FallbackSpec, VariantSpec
+from qbench.results import VariantResult
 from qbench.validate.measure import Rows, measure
 from qbench.variants import BuildContext, BuiltVariant, build_variant
 from qbench.variants.onnx_utils import load_model
@@ -287,16 +286,6 @@ def _weight_sizes(model: onnx.ModelProto) -> dict[str, int]:
     sizes = {t.name: int(np.prod(t.dims)) for t in model.graph.initializer}
     found = {n.name: sum(sizes.get(i, 0) for i in n.input) for n in model.graph.node}
     return {name: size for name, size in found.items() if size > 0}
-
-
-def judge(reference: VariantResult, candidate: VariantResult, gate: GateSpec) -> GateReport:
-    """The gate's verdict on one candidate against FP32, as `qbench gate` would give it."""
-    results = SweepResults(
-        qbench_version=qbench.__version__, created_at="", recipe={}, environment={}, calibration=None,
-        evaluation_rows=candidate.accuracy.rows if candidate.accuracy else 0, gate_metric=gate.metric,
-        reference=reference.variant, variants=(reference, candidate),
-    )  # fmt: skip
-    return evaluate_gate(results, gate.model_copy(update={"applies_to": [candidate.variant]}))
 
 
 def _finite(value: float) -> float | None:

@@ -14,12 +14,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import qbench
 from qbench.errors import QbenchError
-from qbench.gate_checks import expected_pairs, result_problems, slice_sizes_from_data, stale_inputs, stale_sections
+from qbench.gate_checks import (
+    expected_pairs,
+    result_problems,
+    slice_sizes_from_data,
+    stale_inputs,
+    stale_sections,
+)
 from qbench.provenance import recorded_recipe
 from qbench.recipe import GateSpec, Recipe
 from qbench.recipe_slo import SloSpec
-from qbench.results import SliceMetrics, SweepResults, read_results
+from qbench.results import SliceMetrics, SweepResults, VariantResult, read_results
 from qbench.runs import RESULTS_FILE, newest_run
 from qbench.slo import SLO_METRIC, SLO_SCOPE, SloJudgement, judge_slo
 from qbench.validate.metrics import drop
@@ -68,6 +75,16 @@ class GateReport:
         own = [c for c in self.checks if c.variant == variant and c.backend == backend]
         unjudged = any(p.startswith(f"{variant}@{backend}:") for p in self.problems)
         return "fail" if unjudged or any(c.status == "breach" for c in own) else "pass"
+
+
+def judge(reference: VariantResult, candidate: VariantResult, gate: GateSpec) -> GateReport:
+    """The gate's verdict on one candidate against FP32, as `qbench gate` would give it (for searches)."""
+    results = SweepResults(
+        qbench_version=qbench.__version__, created_at="", recipe={}, environment={}, calibration=None,
+        evaluation_rows=candidate.accuracy.rows if candidate.accuracy else 0, gate_metric=gate.metric,
+        reference=reference.variant, variants=(reference, candidate),
+    )  # fmt: skip
+    return evaluate_gate(results, gate.model_copy(update={"applies_to": [candidate.variant]}))
 
 
 def evaluate_gate(

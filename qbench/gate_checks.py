@@ -21,8 +21,13 @@ STATUSES = ("ok", "failed", "skipped")
 
 
 def expected_pairs(recipe: Recipe) -> list[tuple[str, str]]:
-    """(variant, backend) for every variant the recipe builds on every backend it names."""
-    return [(v.name, b) for v in recipe.all_variants() for b in recipe.backends]
+    """(variant, backend) for every variant the recipe builds (its INT8 search's last) on every backend it names."""
+    return [(name, b) for name in _built_specs(recipe) for b in recipe.backends]
+
+
+def _built_specs(recipe: Recipe) -> dict[str, VariantSpec]:
+    """Variant name -> its spec; the searched variant's stands for any INT8 candidate (only its kind is checked)."""
+    return {v.name: v for v in recipe.planned_variants()}
 
 
 # -- staleness -------------------------------------------------------------------------------------
@@ -90,7 +95,7 @@ def result_problems(results: SweepResults, recipe: Recipe, slice_sizes: Mapping[
     slice_sizes: slice name -> evaluation rows in it, re-derived from the recipe and its data (None
         when they cannot be: the recipe's named slices are then still required).
     """
-    specs = {v.name: v for v in recipe.all_variants()}
+    specs = _built_specs(recipe)
     reference = recipe.all_variants()[0].name
     problems: list[str] = []
     if results.reference != reference:

@@ -27,6 +27,7 @@ from qbench.recipe_errors import recipe_error
 from qbench.recipe_executor import BackendResources, ExecutorSpec, check_backend_resources, split_backend_entries
 from qbench.recipe_filters import check_filter
 from qbench.recipe_registry import RegistrySpec, check_registry
+from qbench.recipe_search import SearchSpec, check_search
 from qbench.recipe_slo import CostSpec, SloSpec, check_serving
 from qbench.recipe_variants import Name, VariantSpec, reference_variant
 from qbench.recipe_yaml import read_recipe_yaml
@@ -43,7 +44,7 @@ from qbench.techniques.options import StrictConfig as _Strict
 __all__ = ["FallbackSpec", "QatSpec", "Recipe", "SmoothQuantSpec", "TrainSpec", "VariantSpec", "load_recipe"]
 
 # recipe sections that decide the results (the gate and tracking sections do not)
-RESULT_SECTIONS = ("name", "task", "model", "data", "variants", "backends", "metrics")
+RESULT_SECTIONS = ("name", "task", "model", "data", "variants", "search", "backends", "metrics")
 
 
 def _path_field(description: str, default: Any = None) -> Any:
@@ -294,6 +295,7 @@ class Recipe(_Strict):
     slo: SloSpec | None = Field(None, description="a p99 latency budget, at a fixed batch size or under load")
     cost: CostSpec | None = Field(None, description="price per hour per backend, for cost per inference")
     registry: RegistrySpec | None = Field(None, description="register the gate's winners in the MLflow Model Registry")
+    search: SearchSpec | None = Field(None, description="find the fastest INT8 variant passing the gate (qbench.search)")
     output_dir: Path = _path_field("results go to <output_dir>/<name>/<timestamp>/ (relative to the recipe)", Path("reports"))
     executor: ExecutorSpec = ExecutorSpec()
     backend_resources: dict[str, BackendResources] = Field({}, description="backend -> accelerator pin (Ray)")
@@ -357,6 +359,7 @@ class Recipe(_Strict):
         check_serving(self.slo, self.cost, self.backends, self.latency.batch_sizes)
         check_registry(self.registry, self.backends, self.latency.batch_sizes)
         check_backend_resources(self.backend_resources, self.backends)
+        check_search(self.search, names)
         return self
 
     def _metric_names(self) -> list[str]:
@@ -448,6 +451,12 @@ class Recipe(_Strict):
         reference = next((v for v in self.variants if v.precision == "fp32"), None)
         reference = reference or reference_variant()
         return [reference] + [v for v in self.variants if v is not reference]
+
+    def planned_variants(self) -> list[VariantSpec]:
+        """`all_variants()`, then the INT8 search's variant when the recipe has `search:` (the search decides
+        what that variant is; its spec only names it in the plan)."""
+        searched = [VariantSpec(name=self.search.name, precision="int8", calibrator="dynamic")] if self.search is not None else []
+        return self.all_variants() + searched
 
 
 def file_sha256(path: Path) -> str:

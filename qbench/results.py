@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from qbench.errors import QbenchError
+from qbench.results_search import SearchReport, search_from_dict
 from qbench.results_serving import ServingResult, serving_from_dict
 
 SCHEMA_VERSION = 1
@@ -265,6 +266,7 @@ class SweepResults:
     inputs: dict[str, dict[str, str]] = field(default_factory=dict)
     complete: bool = True  # False while a sweep is still writing (or was interrupted): never judged
     finished_at: str | None = None  # UTC, microseconds: when the measurements ended (orders the runs)
+    search: SearchReport | None = None  # the recipe's INT8 search: every candidate and its verdict
     schema_version: int = SCHEMA_VERSION
 
     def find(self, variant: str, backend: str) -> VariantResult | None:
@@ -420,6 +422,7 @@ def from_dict(raw: dict[str, Any]) -> SweepResults:
         inputs=raw.get("inputs", {}),
         complete=raw.get("complete") is True,
         finished_at=raw.get("finished_at"),
+        search=search_from_dict(raw.get("search")),
     )
 
 

@@ -129,7 +129,7 @@ def _run(prepared: Prepared, plan: SweepPlan, progress: _Progress, started: floa
     run = run_plan(plan, prepared, executor, store, progress, run_dir, clock, retries=recipe.executor.retries,
                    resume=resume, resume_from=resume_from)  # fmt: skip
     ranges = _range_analysis(prepared, run.calibrated, run_dir, clock)
-    results = replace(_assemble(prepared, run.results, clock, progress.inputs), ranges=ranges)
+    results = replace(_assemble(prepared, run.results, clock, progress.inputs), ranges=ranges, search=run.search)
     return _publish(recipe, results, progress, started)
 
 

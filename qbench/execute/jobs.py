@@ -27,7 +27,7 @@ from qbench.execute.store import BuildStore, build_environment, manifest_of
 from qbench.preflight import Prepared
 from qbench.recipe import VariantSpec
 from qbench.results import AccuracyResult, VariantResult
-from qbench.validate.measure import PhaseClock, Reference, describe_error, measure
+from qbench.validate.measure import Measured, PhaseClock, Reference, describe_error, measure
 from qbench.variants import BuildContext, BuiltVariant, build_variant
 
 logger = logging.getLogger(__name__)
@@ -51,6 +51,7 @@ class BuildOutput:
     torch_module: Any = None  # an in-memory torch form (QAT, ModelOpt), which the store cannot hold
     seconds: dict[str, float] = field(default_factory=dict)
     where: str = ""
+    search: dict[str, Any] | None = None  # the INT8 search's report (JSON form), when this build was the search
 
 
 @dataclass(frozen=True)
@@ -80,24 +81,30 @@ def run_build(
 ) -> BuildOutput:
     """Build `spec` in a private folder, publish its files to `store` under `key`, return their manifest.
 
-    `search` (first backend, FP32 reference) serves variants with `fallback` or `calibrator: auto`, whose
-    candidates are measured while building."""
+    `search` (first backend, FP32 reference) serves variants whose candidates are measured while building:
+    `fallback`, `calibrator: auto`, and the recipe's INT8 search (whose report rides in the manifest)."""
     clock = PhaseClock()
     folder = Path(tempfile.mkdtemp(prefix=f"qbench-build-{spec.name}-"))
     try:
-        evaluate = _search_evaluator(search, prepared, clock) if search is not None else _no_search(spec)
-        built, error = _build(spec, prepared, folder, clock, evaluate)
+        report = None
+        if is_int8_search(spec, prepared):
+            built, error, report = _int8_search(search, prepared, folder, clock)
+        else:
+            evaluate = _search_evaluator(search, prepared, clock) if search is not None else _no_search(spec)
+            built, error = _build(spec, prepared, folder, clock, evaluate)
         if built is None:
-            return BuildOutput(spec.name, None, error, seconds=clock.seconds, where=worker_name())
+            return BuildOutput(spec.name, None, error, seconds=clock.seconds, where=worker_name(), search=report)
         own_torch = built.torch_module is not None and not _torch_form_from_source(built, prepared)
         t = time.perf_counter()
         try:
             manifest = manifest_of(built, folder, build_environment(), reusable=not own_torch)
+            if report is not None:
+                manifest["search"] = report
             store.publish(key, folder, manifest)
         except Exception as exc:  # noqa: BLE001 - a store that cannot be written fails this build, not the sweep
             error = f"publishing the build to {store.root} failed: {describe_error(exc)}"
             logger.error("  build failed: %s", error)
-            return BuildOutput(spec.name, None, error, seconds=clock.seconds, where=worker_name())
+            return BuildOutput(spec.name, None, error, seconds=clock.seconds, where=worker_name(), search=report)
         finally:
             clock.add("store", t)
         module = built.torch_module if own_torch else None
@@ -110,6 +117,35 @@ def run_build(
         )
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def is_int8_search(spec: VariantSpec, prepared: Prepared) -> bool:
+    """Whether `spec` names the variant of the recipe's INT8 search (`search:`)."""
+    return prepared.recipe.search is not None and spec.name == prepared.recipe.search.name
+
+
+def _int8_search(
+    search: tuple[str, Reference | None] | None, prepared: Prepared, folder: Path, clock: PhaseClock
+) -> tuple[BuiltVariant | None, str | None, dict[str, Any] | None]:
+    """Run the recipe's INT8 search into `folder`: its pick, why there is none, and its report (JSON form).
+    Its failure is the searched variant's failure; the sweep goes on."""
+    from qbench.results import to_jsonable
+    from qbench.search.run import run_search
+
+    reference = search[1] if search is not None else None
+    if search is None or reference is None or reference.accuracy is None:
+        return None, "the INT8 search needs FP32 measured first on the first backend", None
+    backend = search[0]
+    fp32 = Measured(VariantResult("fp32", backend, "fp32", "ok", accuracy=reference.accuracy), reference.outputs)
+    try:
+        outcome = run_search(prepared, get_backend(backend), fp32, prepared.recipe.search, folder, clock=clock)
+    except Exception as exc:  # noqa: BLE001 - recorded as the searched variant's failure
+        logger.error("  search failed: %s", describe_error(exc))
+        return None, f"search failed: {describe_error(exc)}", None
+    report = to_jsonable(outcome.report)
+    if outcome.built is None:
+        return None, "the INT8 search could not build any candidate", report
+    return outcome.built, None, report
 
 
 def _torch_form_from_source(built: BuiltVariant, prepared: Prepared) -> bool:

@@ -7,8 +7,9 @@ FP32 is built and measured first: `measure:fp32@<first backend>` gives the refer
 other measurement is compared with, and `measure:fp32@<backend>` the reference accuracy of that
 backend. A variant is measured once every variant before it is built, so one whose graph is identical
 to an earlier variant's is reported from it rather than measured twice (as the local sweep always did).
-A variant with `fallback` or `calibrator: auto` measures candidates while it builds: its build needs
-the reference and the first backend's device.
+A variant with `fallback` or `calibrator: auto`, and the recipe's INT8 search (`search:`, planned after
+every variant), measure candidates while they build: their build needs the reference and the first
+backend's device.
 
 What a job needs (`JobNeeds`) comes from its backend: a GPU (optionally of one accelerator type) for
 GPU backends, and the timing slot for every job that times a model, so no two timings share a node
@@ -91,9 +92,10 @@ def plan_fingerprint(recipe: Recipe, inputs: Mapping[str, InputDigest]) -> str:
     return digest.hexdigest()
 
 
-def searches(spec: VariantSpec) -> bool:
-    """Whether building `spec` measures candidates (fallback, calibrator auto)."""
-    return spec.fallback is not None or spec.calibrator == "auto"
+def searches(recipe: Recipe, spec: VariantSpec) -> bool:
+    """Whether building `spec` measures candidates (fallback, calibrator auto, the recipe's INT8 search)."""
+    searched = recipe.search is not None and spec.name == recipe.search.name
+    return searched or spec.fallback is not None or spec.calibrator == "auto"
 
 
 def build_key(
@@ -111,7 +113,7 @@ def build_key(
         "model": recipe.model.model_dump(mode="json"),
         "data": recipe.data.model_dump(mode="json"),
         "inputs": {name: entry.sha256 for name, entry in sorted(inputs.items())},
-        "search": fingerprint if searches(spec) else None,
+        "search": fingerprint if searches(recipe, spec) else None,
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:32]
 
@@ -130,7 +132,7 @@ def backend_needs(recipe: Recipe, backend: str, *, timing: bool) -> JobNeeds:
 def make_plan(recipe: Recipe, inputs: Mapping[str, InputDigest]) -> SweepPlan:
     """Every job of the recipe's sweep, in the order the local executor runs them."""
     fingerprint = plan_fingerprint(recipe, inputs)
-    specs = recipe.all_variants()
+    specs = recipe.planned_variants()
     backends = tuple(recipe.backends)
     first = backends[0]
     reference = specs[0].name
@@ -139,7 +141,7 @@ def make_plan(recipe: Recipe, inputs: Mapping[str, InputDigest]) -> SweepPlan:
     for spec in specs:
         key = build_key(recipe, spec, inputs, fingerprint)
         is_reference = spec.name == reference
-        if searches(spec) and not is_reference:
+        if searches(recipe, spec) and not is_reference:
             needs = backend_needs(recipe, first, timing=True)
             jobs.append(
                 Job(

@@ -28,6 +28,7 @@ from qbench.execute.jobs import (
     failed,
     identical,
     identity,
+    is_int8_search,
     with_torch_form,
 )
 from qbench.execute.plan import Job, SweepPlan
@@ -36,6 +37,7 @@ from qbench.execute.store import BuildStore, build_environment, built_from_manif
 from qbench.preflight import Prepared
 from qbench.provenance import model_sha256
 from qbench.results import AccuracyResult, VariantResult
+from qbench.results_search import SearchReport, search_from_dict
 from qbench.validate.measure import PhaseClock, failed_result
 from qbench.variants.base import BuiltVariant
 
@@ -55,6 +57,7 @@ class PlanRun:
     calibrated: list[BuiltVariant]
     reused: int = 0
     retried: dict[str, int] = field(default_factory=dict)
+    search: SearchReport | None = None  # the recipe's INT8 search, when it has one
 
 
 @dataclass
@@ -69,6 +72,7 @@ class _State:
     running: dict[str, Work] = field(default_factory=dict)
     attempts: Counter[str] = field(default_factory=Counter)
     opened: set[str] = field(default_factory=set)  # variant@backend whose MLflow run is open
+    search: SearchReport | None = None
 
 
 class Scheduler:
@@ -84,7 +88,7 @@ class Scheduler:
         self.clock = clock
         self.retries = retries
         self.state = _State()
-        self.specs = {spec.name: spec for spec in prepared.recipe.all_variants()}
+        self.specs = {spec.name: spec for spec in prepared.recipe.planned_variants()}
         self.reference_job = f"measure:{plan.reference}@{plan.backends[0]}"
 
     # -- the loop ----------------------------------------------------------------------------------
@@ -106,7 +110,7 @@ class Scheduler:
         results = [self.state.measured[job.id] for job in self.plan.jobs if job.kind == "measure"]
         calibrated = [b for spec in self.specs if (b := self.state.built.get(spec)) and b.activation_ranges]
         retried = {job: n for job, n in self.state.attempts.items() if n > 1}
-        return PlanRun(results, calibrated, reused, retried)
+        return PlanRun(results, calibrated, reused, retried, self.state.search)
 
     def _start_ready(self, pending: list[Job]) -> list[Job]:
         """Start (or settle without running) every job whose dependencies are done, in plan order."""
@@ -223,12 +227,16 @@ class Scheduler:
                 output.manifest,
                 output.error,
             )
+        report = output.search if output.manifest is None else output.manifest.get("search")
+        if report is not None:
+            self.state.search = search_from_dict(report)
         if output.manifest is None:
             self.state.build_errors[variant] = output.error or "build failed"
         else:
             self.store.materialise(job.build_key, output.manifest, self.models)
             built = built_from_manifest(output.manifest, self.models)
-            built = with_torch_form(built, self.specs[variant], self.prepared, output.torch_module)
+            if not is_int8_search(self.specs[variant], self.prepared):  # the search's pick runs as built (ONNX)
+                built = with_torch_form(built, self.specs[variant], self.prepared, output.torch_module)
             self.state.built[variant] = built
             self.state.identities[variant] = identity(built)
         self.state.done.add(job.id)

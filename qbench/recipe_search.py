@@ -1,0 +1,61 @@
+"""The recipe's `search:` section: find the fastest INT8 variant that passes the gate, within a time budget.
+
+    search:
+      name: int8-search          # the variant the search's choice becomes (gated like any variant)
+      time_budget_s: 120         # no new candidate is started after this (the chosen one is then measured)
+      techniques: null           # which families to try; default: all (see qbench.search.candidates)
+      alphas: [auto]             # SmoothQuant migration strengths tried (a number in [0, 1] or auto)
+      max_keep_float: 8          # most nodes a keep-float candidate leaves in floating point
+      screen_rows: 64            # evaluation rows of the cheap first pass (every slice represented)
+      timing_runs: 10            # timed runs per batch size when a candidate's speed is estimated
+      finalists: 3               # passing candidates re-timed side by side with FP32 before choosing
+
+How the search works is in qbench.search.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from qbench.errors import short_repr
+
+TECHNIQUES = ("ort-dynamic", "ort-static", "smoothquant-static", "smoothquant-dynamic")
+
+
+def _check_alpha(value: Any) -> Any:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if value == "auto" or (number and 0 <= value <= 1):
+        return value
+    raise ValueError(f"expected a number from 0 to 1, or 'auto'; got {short_repr(value)}")
+
+
+Alpha = Annotated[float | Literal["auto"], BeforeValidator(_check_alpha)]
+
+
+class SearchSpec(BaseModel):
+    """An automatic INT8 search: candidates screened cheaply, the promising ones evaluated in full, the fastest passing kept."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    name: str = Field("int8-search", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$", description="the searched variant's name")
+    time_budget_s: float = Field(120.0, gt=0, allow_inf_nan=False, description="seconds after which no new candidate starts")
+    techniques: list[Literal["ort-dynamic", "ort-static", "smoothquant-static", "smoothquant-dynamic"]] | None = Field(
+        None, min_length=1, description="families of candidates to try; default: all"
+    )
+    alphas: list[Alpha] = Field(["auto"], min_length=1, description="SmoothQuant alphas tried (auto: chosen per Linear input)")
+    max_keep_float: int = Field(8, ge=0, description="most nodes a keep-float candidate leaves in floating point (0: none)")
+    screen_rows: int = Field(64, gt=0, description="evaluation rows of the cheap first pass")
+    timing_runs: int = Field(10, gt=0, description="timed runs per batch size for a candidate's speed estimate")
+    finalists: int = Field(3, ge=1, description="passing candidates re-timed side by side with FP32")
+
+    @property
+    def families(self) -> tuple[str, ...]:
+        return tuple(self.techniques) if self.techniques is not None else TECHNIQUES
+
+
+def check_search(search: SearchSpec | None, variant_names: list[str]) -> None:
+    """The searched variant's name must be free (a recipe-level check, raised as the recipe's error)."""
+    if search is not None and (search.name in variant_names or search.name == "fp32"):
+        raise ValueError(f"search.name: {search.name!r} is already a variant's name")

@@ -1,0 +1,85 @@
+"""The INT8 search's report (results.json `search`): every candidate with its figures and verdict.
+
+    SearchReport
+      variant, metric, max_drop, max_slice_drop   the searched variant and the gate it was searched against
+      time_budget_s, seconds, budget_exhausted    the recipe's budget, the time spent, whether candidates were left
+      outcome                                     "passed" | "unreachable"
+      chosen                                      index of the candidate the variant is (None: nothing could be built)
+      closest, needed                             unreachable: the closest candidate and what it would take
+      fp32_p50_ms                                 FP32's p50 per batch size under the search's quick timing
+      candidates                                  CandidateRecord, in the order they were tried
+    CandidateRecord
+      label, technique, options, keep_float       what was built (keep_float: node names left in floating point)
+      stage                                       how far it got: "skipped" | "failed" | "not applicable" | "screened"
+                                                  | "evaluated"
+      speedup, speedups                           FP32 p50 / its p50: geometric mean over batch sizes, and per batch
+      screen_*                                    the cheap pass: gate metric, drop and excess on the screening rows
+      nsr                                         output noise-to-signal vs FP32 on the screening rows
+      metric, drop, worst_slice, worst_slice_drop, excess   the full evaluation (None when not evaluated)
+      passed, verdict                             the gate's verdict on the full evaluation; a one-line verdict
+
+excess = the largest drop / tolerance over the overall and judged slice checks: at most 1 passes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class CandidateRecord:
+    label: str
+    technique: str
+    options: dict[str, Any] = field(default_factory=dict)
+    keep_float: tuple[str, ...] = ()
+    stage: str = "skipped"
+    verdict: str = ""
+    build_seconds: float | None = None
+    speedup: float | None = None
+    speedups: dict[str, float] = field(default_factory=dict)  # "b<batch>" -> FP32 p50 / candidate p50
+    screen_metric: float | None = None
+    screen_drop: float | None = None
+    screen_excess: float | None = None
+    nsr: float | None = None
+    metric: float | None = None
+    drop: float | None = None
+    worst_slice: str | None = None
+    worst_slice_drop: float | None = None
+    excess: float | None = None
+    passed: bool | None = None
+
+    @property
+    def evaluated(self) -> bool:
+        return self.passed is not None
+
+    def with_(self, **changes: Any) -> CandidateRecord:
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class SearchReport:
+    variant: str
+    metric: str
+    max_drop: float
+    max_slice_drop: float
+    time_budget_s: float
+    seconds: float
+    outcome: str
+    candidates: tuple[CandidateRecord, ...]
+    chosen: int | None = None
+    closest: int | None = None
+    needed: str | None = None
+    budget_exhausted: bool = False
+    fp32_p50_ms: dict[str, float] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+
+def search_from_dict(raw: dict[str, Any] | None) -> SearchReport | None:
+    if raw is None:
+        return None
+    candidates = tuple(
+        CandidateRecord(**{**c, "keep_float": tuple(c.get("keep_float", ()))}) for c in raw.get("candidates", [])
+    )
+    return SearchReport(**{**raw, "candidates": candidates, "notes": tuple(raw.get("notes", ()))})

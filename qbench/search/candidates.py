@@ -1,0 +1,67 @@
+"""The search's candidates: technique families and their options, each built through the recipe's variant handlers.
+
+    ort-dynamic          ONNX Runtime dynamic INT8, per-channel weights, with and without reduce_range
+    ort-static           ONNX Runtime static Q/DQ (minmax), per-channel weights, compute ops only
+                         (Conv, MatMul, Gemm), with and without reduce_range
+    smoothquant-static   SmoothQuant, then static INT8 on Linear inputs and weights, one per alpha
+    smoothquant-dynamic  the same with dynamic (per-batch) activation scales
+
+A keep-float candidate is any of these with nodes named by the sensitivity ranking left in
+floating point (`exclude_nodes`). reduce_range (7-bit weights) is a separate candidate rather than
+decided by the CPU: on CPUs without VNNI it avoids u8s8 saturation but costs a bit of accuracy,
+and which wins is what the search measures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from qbench.recipe import SmoothQuantSpec, VariantSpec
+from qbench.recipe_search import SearchSpec
+
+STATIC_OP_TYPES = ("Conv", "MatMul", "Gemm")  # where INT8 kernels save time; the rest stays float
+
+
+@dataclass(frozen=True)
+class Candidate:
+    technique: str
+    options: dict[str, Any] = field(default_factory=dict)
+    keep_float: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        """A short name: technique and its options, then how many nodes stay float."""
+        parts = [self.technique]
+        if "alpha" in self.options:
+            parts.append(f"a={self.options['alpha']}")
+        if self.options.get("reduce_range"):
+            parts.append("rr")
+        label = " ".join(parts)
+        return f"{label} +{len(self.keep_float)} float" if self.keep_float else label
+
+    def keeping(self, nodes: Sequence[str]) -> Candidate:
+        return Candidate(self.technique, self.options, tuple(nodes))
+
+    def spec(self, name: str) -> VariantSpec:
+        """The variant spec that builds this candidate (through qbench.variants.build_variant)."""
+        common: dict[str, Any] = {"name": name, "precision": "int8", "exclude_nodes": list(self.keep_float),
+                                  "reduce_range": bool(self.options.get("reduce_range", False))}  # fmt: skip
+        if self.technique == "ort-dynamic":
+            return VariantSpec(**common, calibrator="dynamic", per_channel=True)
+        if self.technique == "ort-static":
+            return VariantSpec(**common, calibrator="minmax", per_channel=True, op_types=list(STATIC_OP_TYPES))
+        calibrator = "dynamic" if self.technique == "smoothquant-dynamic" else "minmax"
+        return VariantSpec(**common, calibrator=calibrator, smoothquant=SmoothQuantSpec(alpha=self.options["alpha"]))
+
+
+def catalogue(spec: SearchSpec) -> list[Candidate]:
+    """Every base candidate of the recipe's search, in the order they are tried."""
+    found: list[Candidate] = []
+    for technique in spec.families:
+        if technique.startswith("ort-"):
+            found += [Candidate(technique, {"reduce_range": rr}) for rr in (False, True)]
+        else:
+            found += [Candidate(technique, {"alpha": alpha, "reduce_range": False}) for alpha in spec.alphas]
+    return found

@@ -1,0 +1,355 @@
+"""The INT8 search: the fastest candidate that passes the gate, overall and on every slice, within a time budget.
+
+    outcome = run_search(prepared, backend, fp32, recipe.search, models_dir)   # called by the sweep
+
+1. Screen: each base candidate (qbench.search.candidates) is built and measured once on a few
+   screening rows (every slice represented) with a quick timing at the recipe's batch sizes:
+   its gate excess there and its speed-up over FP32 (timed the same way).
+2. Evaluate: candidates whose screening excess is within `SCREEN_SLACK` are run on every evaluation
+   row and judged by the gate, fastest first; once one passes, only candidates that could still be
+   faster are evaluated.
+3. Keep float: when none passes, the quantized nodes are ranked by the noise each adds (per-layer
+   SQNR, one pass of a static Q/DQ build on the screening rows) and the fastest failing candidates
+   are rebuilt with the top 1, 2, 4, ... nodes in floating point (up to `max_keep_float`), until one
+   passes or could no longer be the fastest.
+4. Choose: the passing candidates are re-timed side by side with FP32 (interleaved rounds) and the
+   fastest is kept; when none passes, the closest is kept (the gate then fails it) and the report
+   says what it would need.
+
+No new step starts once `time_budget_s` is spent. Every candidate's figures and verdict are in the
+returned `SearchReport` (results.json `search`, the report and MLflow).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import shutil
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from qbench.backends import Backend
+from qbench.backends.base import RunOptions
+from qbench.gate import GateReport, judge
+from qbench.preflight import Prepared
+from qbench.recipe import LatencySpec
+from qbench.recipe_search import SearchSpec
+from qbench.results import VariantResult
+from qbench.results_search import CandidateRecord, SearchReport
+from qbench.search import select
+from qbench.search.candidates import Candidate, catalogue
+from qbench.validate.measure import Measured, PhaseClock, Rows, describe_error, measure
+from qbench.variants import BuildContext, BuiltVariant, build_variant
+from qbench.variants.onnx_utils import graph_digest
+
+KEEP_FLOAT_BASES = 2  # near misses that get keep-float candidates
+RETIME_ROUNDS = 3
+MIN_SLICE_ROWS = 4  # screening rows taken from every slice (when it has them)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SearchOutcome:
+    built: BuiltVariant | None  # the chosen candidate (the closest when none passed), as <workdir>/<name>.onnx
+    report: SearchReport
+
+
+def screening_indices(slices: Mapping[str, np.ndarray], rows: int, wanted: int, per_slice: int = MIN_SLICE_ROWS) -> np.ndarray:
+    """About `wanted` row indices spread evenly over `rows`, plus at least `per_slice` rows of every slice
+    (all of a smaller one), sorted."""
+    picked = set(np.linspace(0, rows - 1, num=min(wanted, rows)).round().astype(int).tolist())
+    for mask in slices.values():
+        members = np.flatnonzero(mask)
+        if len(members):
+            picked |= set(members[np.linspace(0, len(members) - 1, num=min(per_slice, len(members))).round().astype(int)].tolist())
+    return np.asarray(sorted(picked), dtype=int)
+
+
+def gate_excess(verdict: GateReport) -> float:
+    """The gate's verdict as one number: largest drop / tolerance over its judged accuracy checks."""
+    if verdict.problems:
+        return math.inf
+    return select.excess([(c.drop, c.tolerance) for c in verdict.checks if c.status != "skipped" and c.scope != "slo"])
+
+
+def worst_slice(verdict: GateReport) -> tuple[str | None, float | None]:
+    judged = [c for c in verdict.checks if c.scope not in ("overall", "slo") and c.status != "skipped"]
+    worst = max(judged, key=lambda c: c.drop / c.tolerance if c.tolerance > 0 else c.drop, default=None)
+    return (worst.scope, worst.drop) if worst else (None, None)
+
+
+def _p50s(result: VariantResult) -> dict[int, float]:
+    return {p.batch_size: p.p50_ms for p in result.latency.points} if result.latency else {}
+
+
+def _overall(verdict: GateReport) -> float | None:
+    return next((c.drop for c in verdict.checks if c.scope == "overall"), None)
+
+
+def _metric(result: VariantResult, metric: str) -> float | None:
+    return result.accuracy.overall.metrics.get(metric) if result.accuracy else None
+
+
+class _Search:
+    def __init__(self, prepared: Prepared, backend: Backend, fp32: Measured, spec: SearchSpec, workdir: Path,
+                 clock: PhaseClock | None, now: Callable[[], float]) -> None:  # fmt: skip
+        self.prepared, self.backend, self.fp32, self.spec, self.clock, self.now = prepared, backend, fp32, spec, clock, now
+        self.started = now()
+        self.gate = prepared.recipe.gate
+        self.root = workdir.resolve() / f"{spec.name}.search"
+        self.ctx = BuildContext(prepared.source.onnx_path, self.root, prepared.calibration_batches)
+        everything = Rows.evaluation(prepared)
+        self.screen = everything.subset(screening_indices(prepared.slices, everything.count, spec.screen_rows))
+        latency = prepared.recipe.latency
+        self.timing = LatencySpec(batch_sizes=latency.batch_sizes, warmup=2, iterations=spec.timing_runs,
+                                  threads=latency.threads, stability=None)  # fmt: skip
+        self.records: list[CandidateRecord] = []
+        self.candidates: list[Candidate] = []
+        self.built: dict[int, BuiltVariant] = {}
+        self.reference_digest = graph_digest(prepared.source.onnx_path)
+        self.budget_exhausted = False
+        self.keep_float_exhausted = False
+        fp32_built = BuiltVariant("fp32", "fp32", prepared.source.onnx_path)
+        self.fp32_screen = measure(backend, fp32_built, prepared, rows=self.screen, timing=self.timing, quiet=True, clock=clock)
+        self.fp32_p50 = _p50s(self.fp32_screen.result)
+
+    # -- budget -----------------------------------------------------------------------------------
+
+    def within_budget(self, what: str) -> bool:
+        if self.now() - self.started < self.spec.time_budget_s:
+            return True
+        if not self.budget_exhausted:
+            logger.warning(f"  time budget of {self.spec.time_budget_s:g} s spent: {what} and later steps skipped")
+        self.budget_exhausted = True
+        return False
+
+    # -- one candidate: build, screen, evaluate -----------------------------------------------------
+
+    def screen_candidate(self, candidate: Candidate) -> int:
+        """Build `candidate` and measure it on the screening rows; returns its index."""
+        index = len(self.records)
+        self.candidates.append(candidate)
+        record = CandidateRecord(candidate.label, candidate.technique, dict(candidate.options), candidate.keep_float)
+        self.records.append(record)
+        if not self.within_budget(f"{candidate.label}"):
+            self.records[index] = record.with_(stage="skipped", verdict="not tried: time budget spent")
+            return index
+        t = time.perf_counter()
+        try:
+            ctx = dataclasses.replace(self.ctx, workdir=self.root / str(index))
+            built = build_variant(candidate.spec(f"{self.spec.name}-{index}"), ctx)
+        except Exception as exc:  # noqa: BLE001 - one candidate failing to build is one failed candidate
+            self.records[index] = record.with_(stage="failed", verdict=f"build failed: {describe_error(exc)}"[:300])
+            logger.warning(f"  {candidate.label}: build failed: {exc}")
+            return index
+        finally:
+            if self.clock is not None:
+                self.clock.add("build", t)
+        record = record.with_(build_seconds=round(built.build_seconds, 3))
+        if graph_digest(built.onnx_path) == self.reference_digest:
+            self.records[index] = record.with_(stage="not applicable", verdict="nothing to quantize: the graph is FP32's")
+            logger.info(f"  {candidate.label}: not applicable (nothing to quantize)")
+            return index
+        self.built[index] = built
+        measured = measure(self.backend, built, self.prepared, rows=self.screen, reference=self.fp32_screen.reference,
+                           timing=self.timing, quiet=True, clock=self.clock)  # fmt: skip
+        if measured.result.status != "ok":
+            self.records[index] = record.with_(stage="failed", verdict=f"failed to run: {measured.result.error}"[:300])
+            return index
+        verdict = judge(self.fp32_screen.result, measured.result, self.gate)
+        p50 = _p50s(measured.result)
+        self.records[index] = record.with_(
+            stage="screened", speedup=select.speedup(self.fp32_p50, p50), nsr=measured.nsr,
+            speedups={f"b{b}": self.fp32_p50[b] / p for b, p in p50.items() if b in self.fp32_p50 and p > 0},
+            screen_metric=_metric(measured.result, self.gate.metric), screen_drop=_overall(verdict),
+            screen_excess=gate_excess(verdict),
+            verdict="screened: " + ("promising" if gate_excess(verdict) <= select.SCREEN_SLACK else "not promising"),
+        )  # fmt: skip
+        self._say(index, "screen")
+        return index
+
+    def evaluate(self, index: int) -> None:
+        """Run candidate `index` on every evaluation row and judge it as the gate would."""
+        record = self.records[index]
+        measured = measure(self.backend, self.built[index], self.prepared, reference=self.fp32.reference, quiet=True,
+                           clock=self.clock)  # fmt: skip
+        if measured.result.status != "ok":
+            self.records[index] = record.with_(stage="failed", verdict=f"failed to run: {measured.result.error}"[:300])
+            return
+        verdict = judge(self.fp32.result, measured.result, self.gate)
+        slice_name, slice_drop = worst_slice(verdict)
+        passed = verdict.exit_code == 0
+        breaches = "; ".join(f"{c.scope} {c.drop:.4f} > {c.tolerance:g}" for c in verdict.breaches) or "; ".join(verdict.problems)
+        self.records[index] = record.with_(
+            stage="evaluated", metric=_metric(measured.result, self.gate.metric), drop=_overall(verdict),
+            worst_slice=slice_name, worst_slice_drop=slice_drop, excess=gate_excess(verdict), passed=passed,
+            verdict="pass" if passed else f"fail: {breaches}"[:300],
+        )  # fmt: skip
+        self._say(index, "evaluate")
+
+    def _say(self, index: int, stage: str) -> None:
+        r = self.records[index]
+        speed = f"{r.speedup:.2f}× FP32" if r.speedup is not None and math.isfinite(r.speedup) else "speed n/a"
+        if stage == "screen":
+            logger.info(f"  screen {r.label}: {self.gate.metric} {r.screen_metric:.4f} on {self.screen.count} rows "
+                          f"(excess {r.screen_excess:.2f}), {speed}")  # fmt: skip
+        else:
+            logger.info(f"  evaluate {r.label}: {self.gate.metric} {r.metric:.4f}, {r.verdict}")
+
+    # -- the stages -------------------------------------------------------------------------------
+
+    def evaluate_promising(self) -> None:
+        """Full evaluation of the promising screened candidates, fastest first, while they may still win."""
+        for index in select.evaluation_order(self.records):
+            best = select.choose(self.records)
+            if not select.may_win(self.records[index], self.records[best] if best is not None else None):
+                self.records[index] = self.records[index].with_(verdict="not evaluated: a faster candidate passed")
+                continue
+            if self.within_budget(f"evaluating {self.records[index].label}"):
+                self.evaluate(index)
+
+    def keep_float(self) -> None:
+        """Near misses rebuilt with the noisiest nodes in floating point, 1, 2, 4, ... of them."""
+        bases = select.keep_float_bases(self.records, KEEP_FLOAT_BASES)
+        if not bases or self.spec.max_keep_float == 0 or not self.within_budget("keep-float candidates"):
+            return
+        ranking = self.sensitivity_ranking()
+        if not ranking:
+            return
+        sizes = sorted({min(2**k, self.spec.max_keep_float, len(ranking)) for k in range(16)})
+        for base in bases:
+            for size in sizes:
+                index = self.screen_candidate(self.candidates[base].keeping(ranking[:size]))
+                record = self.records[index]
+                if record.stage != "screened":
+                    return
+                best = select.choose(self.records)
+                if not select.may_win(record, self.records[best] if best is not None else None):
+                    break  # more float nodes only make it slower
+                if record.screen_excess is not None and record.screen_excess <= select.SCREEN_SLACK:
+                    self.evaluate(index)
+                    if self.records[index].passed:
+                        break
+            else:
+                self.keep_float_exhausted = True
+
+    def sensitivity_ranking(self) -> list[str]:
+        """Quantized nodes, the most noise added first (per-layer SQNR of a static Q/DQ build on the screening rows)."""
+        from qbench.explain import quantized_nodes, sqnr_costs
+        from qbench.variants.onnx_utils import load_model
+
+        static = next((self.built[i] for i, c in enumerate(self.candidates) if i in self.built
+                       and c.technique == "ort-static" and not c.keep_float), None)  # fmt: skip
+        try:
+            if static is None:
+                ctx = dataclasses.replace(self.ctx, workdir=self.root / "ranking")
+                static = build_variant(Candidate("ort-static").spec(f"{self.spec.name}-ranking"), ctx)
+            nodes = quantized_nodes(load_model(self.ctx.reference_path), static)
+            options = RunOptions(threads=self.prepared.recipe.latency.threads)
+            work = self.root / "ranking-work"
+            work.mkdir(parents=True, exist_ok=True)
+            noise = sqnr_costs(self.ctx.reference_path, static, nodes, [self.screen.feeds], self.backend, options, work)
+        except Exception as exc:  # noqa: BLE001 - without a ranking there are no keep-float candidates
+            logger.warning(f"  no sensitivity ranking: {describe_error(exc)}")
+            return []
+        ranked = sorted((n for n in nodes if math.isfinite(noise.get(n.name, math.nan))), key=lambda n: -noise[n.name])
+        logger.info(f"  sensitivity (added noise, SQNR): {', '.join(n.name for n in ranked[:4])}{' ...' if len(ranked) > 4 else ''}")
+        return [n.name for n in ranked]
+
+    def retime_finalists(self) -> None:
+        """Re-time the fastest passing candidates and FP32 in interleaved rounds; medians replace the estimates."""
+        passing = sorted((i for i, r in enumerate(self.records) if r.passed), key=lambda i: -(self.records[i].speedup or 0))
+        finalists = passing[: self.spec.finalists]
+        if len(finalists) < 2 or not self.within_budget("re-timing the finalists"):
+            return
+        fp32 = BuiltVariant("fp32", "fp32", self.prepared.source.onnx_path)
+        timed: dict[int | None, list[dict[int, float]]] = {i: [] for i in [None, *finalists]}
+        for _ in range(RETIME_ROUNDS):
+            for index, rounds in timed.items():
+                built = fp32 if index is None else self.built[index]
+                result = measure(self.backend, built, self.prepared, rows=self.screen, timing=self.timing, score=False,
+                                 quiet=True, clock=self.clock).result  # fmt: skip
+                rounds.append(_p50s(result))
+        median = {i: {b: statistics.median(r[b] for r in rounds) for b in rounds[0]} for i, rounds in timed.items()}
+        for index in finalists:
+            p50 = median[index]
+            self.records[index] = self.records[index].with_(
+                speedup=select.speedup(median[None], p50),
+                speedups={f"b{b}": median[None][b] / p for b, p in p50.items() if p > 0},
+            )  # fmt: skip
+
+    def finish(self) -> SearchOutcome:
+        chosen = select.choose(self.records)
+        pick = chosen if chosen is not None else select.closest(self.records)
+        needed = None
+        if chosen is None and pick is not None:
+            needed = select.needed(self.records[pick], self.gate.max_drop, self.gate.max_slice_drop,
+                                   budget_exhausted=self.budget_exhausted,
+                                   keep_float_exhausted=self.keep_float_exhausted)  # fmt: skip
+        for index, record in enumerate(self.records):
+            if index == pick:
+                verdict = "chosen" if chosen is not None else f"closest (unreachable): {record.verdict}"
+                self.records[index] = record.with_(verdict=verdict)
+        report = SearchReport(
+            variant=self.spec.name, metric=self.gate.metric, max_drop=self.gate.max_drop,
+            max_slice_drop=self.gate.max_slice_drop, time_budget_s=self.spec.time_budget_s,
+            seconds=round(self.now() - self.started, 3), outcome="passed" if chosen is not None else "unreachable",
+            candidates=tuple(self.records), chosen=chosen, closest=pick if chosen is None else None, needed=needed,
+            budget_exhausted=self.budget_exhausted, fp32_p50_ms={f"b{b}": p for b, p in self.fp32_p50.items()},
+            notes=(self._method_note(),),
+        )  # fmt: skip
+        built = self._keep(pick) if pick is not None and pick in self.built else None
+        shutil.rmtree(self.root, ignore_errors=True)
+        return SearchOutcome(built, report)
+
+    def _method_note(self) -> str:
+        return (f"screening on {self.screen.count} of {len(self.prepared.evaluation_rows)} evaluation rows; speed-ups "
+                f"from {self.spec.timing_runs} timed runs per batch size (finalists: medians of {RETIME_ROUNDS} "
+                "interleaved rounds), noisy on a shared machine")  # fmt: skip
+
+    def _keep(self, index: int) -> BuiltVariant:
+        """Move the picked candidate's files to <workdir>/<name>.* and name it after the search."""
+        built = self.built[index]
+        target = self.root.parent / f"{self.spec.name}.onnx"
+        for path in built.onnx_path.parent.iterdir():
+            path.replace(target.parent / path.name.replace(built.onnx_path.stem, self.spec.name, 1))
+        record = self.records[index]
+        params = {**built.params, "search.technique": record.technique, "search.candidate": record.label,
+                  "search.outcome": "passed" if record.passed else "tolerance unreachable"}  # fmt: skip
+        note = (f"found by the INT8 search: {record.label}" if record.passed else
+                f"INT8 search: no candidate passed; closest: {record.label}")  # fmt: skip
+        return dataclasses.replace(built, name=self.spec.name, onnx_path=target, params=params,
+                                   notes=(*built.notes, note), build_seconds=self.now() - self.started)  # fmt: skip
+
+
+def run_search(
+    prepared: Prepared, backend: Backend, fp32: Measured, spec: SearchSpec, workdir: Path, *,
+    clock: PhaseClock | None = None, now: Callable[[], float] = time.perf_counter,
+) -> SearchOutcome:  # fmt: skip
+    """Search the fastest INT8 candidate passing the recipe's gate (see the module docstring).
+
+    fp32: FP32 measured on every evaluation row (the sweep's reference). Candidates are built under
+    `workdir`; the pick is kept as <workdir>/<spec.name>.onnx, everything else is removed."""
+    if fp32.reference is None:
+        raise ValueError("the INT8 search needs FP32 measured on the evaluation rows first")
+    logger.info(f"  search: budget {spec.time_budget_s:g} s, gate on {prepared.recipe.gate.metric}, "
+                  f"techniques {', '.join(spec.families)}")  # fmt: skip
+    search = _Search(prepared, backend, fp32, spec, workdir, clock, now)
+    try:
+        for candidate in catalogue(spec):
+            search.screen_candidate(candidate)
+        search.evaluate_promising()
+        if select.choose(search.records) is None:
+            search.keep_float()
+        search.retime_finalists()
+        return search.finish()
+    except BaseException:
+        shutil.rmtree(search.root, ignore_errors=True)
+        raise

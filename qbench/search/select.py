@@ -1,0 +1,114 @@
+"""The search's decisions, as pure functions over measured figures (no model is run here).
+
+- `excess`: how far a candidate is from the gate: the largest drop / tolerance over the gate's
+  checks, overall and on every judged slice (at most 1 passes, inf when a drop is unknown).
+- `speedup`: FP32 p50 / candidate p50, geometric mean over the timed batch sizes.
+- `evaluation_order`: which screened candidates deserve a full evaluation, fastest first.
+- `may_win`: whether a candidate can still beat the fastest passing one (timings within
+  `TIE` of each other are treated as equal: the machine is noisy).
+- `choose`: the fastest candidate whose full evaluation passed the gate.
+- `keep_float_bases`: which failing candidates get nodes kept in floating point.
+- `closest` / `needed`: when none passed, the candidate nearest to passing and what it would take.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from qbench.results_search import CandidateRecord
+
+SCREEN_SLACK = 1.5  # a candidate whose screening excess is at most this is evaluated in full
+TIE = 0.05  # speed-ups this close (relative) are a tie on a shared machine
+
+
+def excess(checks: Sequence[tuple[float, float]]) -> float:
+    """Largest drop / tolerance over (drop, tolerance) checks (a zero tolerance allows no drop; inf: no check
+    or an unknown drop)."""
+
+    def ratio(drop: float, tolerance: float) -> float:
+        if not math.isfinite(drop):
+            return math.inf
+        if tolerance > 0:
+            return max(drop, 0.0) / tolerance
+        return 0.0 if drop <= 0 else math.inf
+
+    return max((ratio(d, t) for d, t in checks), default=math.inf)
+
+
+def speedup(reference_p50: Mapping[int, float], candidate_p50: Mapping[int, float]) -> float:
+    """Geometric mean over the batch sizes both were timed at of reference p50 / candidate p50 (NaN: none)."""
+    ratios = [reference_p50[b] / candidate_p50[b] for b in reference_p50
+              if b in candidate_p50 and candidate_p50[b] > 0 and math.isfinite(candidate_p50[b])]  # fmt: skip
+    return math.exp(sum(math.log(r) for r in ratios) / len(ratios)) if ratios else math.nan
+
+
+def _speed(record: CandidateRecord) -> float:
+    return record.speedup if record.speedup is not None and math.isfinite(record.speedup) else -math.inf
+
+
+def evaluation_order(records: Sequence[CandidateRecord], slack: float = SCREEN_SLACK) -> list[int]:
+    """Indices of screened, not yet evaluated candidates within `slack` of the gate, fastest first."""
+    screened = [i for i, r in enumerate(records)
+                if r.stage == "screened" and r.screen_excess is not None and r.screen_excess <= slack]  # fmt: skip
+    return sorted(screened, key=lambda i: (-_speed(records[i]), records[i].screen_excess))
+
+
+def may_win(candidate: CandidateRecord, best: CandidateRecord | None, tie: float = TIE) -> bool:
+    """Whether `candidate` could still be chosen over `best` (the fastest passing so far): it is not slower
+    beyond the tie margin. Without a passing candidate, anything may win."""
+    return best is None or _speed(candidate) >= _speed(best) * (1.0 - tie)
+
+
+def choose(records: Sequence[CandidateRecord]) -> int | None:
+    """The fastest candidate whose full evaluation passed (ties: the smaller excess); None if none passed."""
+    passing = [i for i, r in enumerate(records) if r.passed]
+    if not passing:
+        return None
+    return max(passing, key=lambda i: (_speed(records[i]), -(records[i].excess or 0.0)))
+
+
+def _nearness(record: CandidateRecord) -> float:
+    """The excess a candidate is judged by: its full evaluation's, else its screening's (inf: unmeasured)."""
+    value = record.excess if record.excess is not None else record.screen_excess
+    return value if value is not None else math.inf
+
+
+def closest(records: Sequence[CandidateRecord]) -> int | None:
+    """The measured candidate nearest to passing (smallest excess; ties: the faster); None if none was measured."""
+    measured = [i for i, r in enumerate(records) if math.isfinite(_nearness(r))]
+    if not measured:
+        return None
+    return min(measured, key=lambda i: (_nearness(records[i]), -_speed(records[i])))
+
+
+def keep_float_bases(records: Sequence[CandidateRecord], limit: int) -> list[int]:
+    """Bases for keep-float candidates: measured candidates without float nodes that failed, fastest first (at
+    most `limit`): keeping nodes float only slows a candidate down, so the fastest failing ones have the most
+    room to pass and still win."""
+    bases = [i for i, r in enumerate(records) if not r.keep_float and not r.passed and math.isfinite(_nearness(r))]
+    return sorted(bases, key=lambda i: (-_speed(records[i]), _nearness(records[i])))[:limit]
+
+
+def needed(record: CandidateRecord, max_drop: float, max_slice_drop: float, *, budget_exhausted: bool,
+           keep_float_exhausted: bool) -> str:  # fmt: skip
+    """What the closest candidate lacks, in words: the drops over tolerance and what could close the gap."""
+    gaps = []
+    drop = record.drop if record.drop is not None else record.screen_drop
+    if drop is not None and drop > max_drop:
+        gaps.append(f"overall drop {drop:.4f} > {max_drop:g} (cut it by {1 - max_drop / drop:.0%})")
+    if record.worst_slice is not None and record.worst_slice_drop is not None and record.worst_slice_drop > max_slice_drop:
+        cut = 1 - max_slice_drop / record.worst_slice_drop
+        gaps.append(f"{record.worst_slice} drop {record.worst_slice_drop:.4f} > {max_slice_drop:g} (cut it by {cut:.0%})")
+    ways = []
+    if keep_float_exhausted:
+        ways.append("more nodes in floating point than search.max_keep_float allows")
+    if budget_exhausted:
+        ways.append("a larger search.time_budget_s (candidates were left untried)")
+    loosened = [f"max_drop ≥ {drop:.4f}"] if drop is not None and drop > max_drop else []
+    if record.worst_slice_drop is not None and record.worst_slice_drop > max_slice_drop:
+        loosened.append(f"max_slice_drop ≥ {record.worst_slice_drop:.4f}")
+    if loosened:
+        ways.append("a looser gate (" + ", ".join(loosened) + ")")
+    ways.append("a technique the search does not try (e.g. QAT)")
+    return f"{'; '.join(gaps) or 'no measured gap'}; would need {' or '.join(ways)}"
