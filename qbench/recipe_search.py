@@ -6,8 +6,8 @@
       techniques: null           # which families to try; default: all (see qbench.search.candidates)
       alphas: [auto]             # SmoothQuant migration strengths tried (a number in [0, 1] or auto)
       max_keep_float: 8          # most nodes a keep-float candidate leaves in floating point
-      screen_rows: 64            # evaluation rows of the cheap first pass (every slice represented)
-      timing_runs: 10            # timed runs per batch size when a candidate's speed is estimated
+      screen_rows: 48            # evaluation rows of the cheap first pass (every slice represented)
+      timing_runs: 5             # timed runs per batch size when a candidate's speed is estimated
       finalists: 3               # passing candidates re-timed side by side with FP32 before choosing
 
 How the search works is in qbench.search.
@@ -46,8 +46,8 @@ class SearchSpec(BaseModel):
     )
     alphas: list[Alpha] = Field(["auto"], min_length=1, description="SmoothQuant alphas tried (auto: chosen per Linear input)")
     max_keep_float: int = Field(8, ge=0, description="most nodes a keep-float candidate leaves in floating point (0: none)")
-    screen_rows: int = Field(64, gt=0, description="evaluation rows of the cheap first pass")
-    timing_runs: int = Field(10, gt=0, description="timed runs per batch size for a candidate's speed estimate")
+    screen_rows: int = Field(48, gt=0, description="evaluation rows of the cheap first pass")
+    timing_runs: int = Field(5, gt=0, description="timed runs per batch size for a candidate's speed estimate")
     finalists: int = Field(3, ge=1, description="passing candidates re-timed side by side with FP32")
 
     @property

@@ -34,6 +34,7 @@ from qbench.report_grid import (
     to_rich,
 )
 from qbench.report_ranges import ranges_section
+from qbench.report_search import search_markdown
 from qbench.report_serving import serving_table
 from qbench.results import (
     EMULATED,
@@ -386,6 +387,7 @@ def render_markdown(results: SweepResults, gate: GateReport | None, plot_path: P
         *([to_markdown(serving)] if (serving := serving_table(results, gate)) is not None else []),
         _frontier_section(results, plot_path, report_path),
         gate_part,
+        search_markdown(results.search),
         ranges_section(results),
         _notes_section(results),
     ]

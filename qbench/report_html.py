@@ -20,6 +20,7 @@ from qbench.gate import EXIT_BREACH, EXIT_PASS, GateCheck, GateReport
 from qbench.gate_report import check_line
 from qbench.report_grid import to_html
 from qbench.report_ranges import ranges_html
+from qbench.report_search import search_html
 from qbench.report_serving import serving_table
 from qbench.results import SliceMetrics, SweepResults, VariantResult
 from qbench.slo import SLO_SCOPE
@@ -167,7 +168,8 @@ def render_html(results: SweepResults, gate: GateReport | None) -> str:
     title = escape(f"qbench report: {results.recipe.get('name', '')}")
     serving = serving_table(results, gate)
     body = [_header(results), _verdict_section(gate), _frontier_section(results), _slice_section(results, gate),
-            to_html(serving, "serving") if serving is not None else "", ranges_html(results)]  # fmt: skip
+            to_html(serving, "serving") if serving is not None else "", ranges_html(results),
+            search_html(results.search)]  # fmt: skip
     return "\n".join(["<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
                       f"<title>{title}</title>", f"<style>{_CSS}</style>", "</head>", "<body>", *body,
                       "</body>", "</html>"]) + "\n"  # fmt: skip

@@ -16,7 +16,7 @@
    fastest is kept; when none passes, the closest is kept (the gate then fails it) and the report
    says what it would need.
 
-No new step starts once `time_budget_s` is spent. Every candidate's figures and verdict are in the
+No new step starts once `time_budget_s` is spent (the first candidate always runs). Every candidate's figures and verdict are in the
 returned `SearchReport` (results.json `search`, the report and MLflow).
 """
 
@@ -50,7 +50,7 @@ from qbench.variants.onnx_utils import graph_digest
 
 KEEP_FLOAT_BASES = 2  # near misses that get keep-float candidates
 RETIME_ROUNDS = 3
-MIN_SLICE_ROWS = 4  # screening rows taken from every slice (when it has them)
+MIN_SLICE_ROWS = 3  # screening rows taken from every slice (when it has them)
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ class _Search:
         everything = Rows.evaluation(prepared)
         self.screen = everything.subset(screening_indices(prepared.slices, everything.count, spec.screen_rows))
         latency = prepared.recipe.latency
-        self.timing = LatencySpec(batch_sizes=latency.batch_sizes, warmup=2, iterations=spec.timing_runs,
+        self.timing = LatencySpec(batch_sizes=latency.batch_sizes, warmup=1, iterations=spec.timing_runs,
                                   threads=latency.threads, stability=None)  # fmt: skip
         self.records: list[CandidateRecord] = []
         self.candidates: list[Candidate] = []
@@ -116,6 +116,7 @@ class _Search:
         self.reference_digest = graph_digest(prepared.source.onnx_path)
         self.budget_exhausted = False
         self.keep_float_exhausted = False
+        self.tried = 0  # candidates started
         fp32_built = BuiltVariant("fp32", "fp32", prepared.source.onnx_path)
         self.fp32_screen = measure(backend, fp32_built, prepared, rows=self.screen, timing=self.timing, quiet=True, clock=clock)
         self.fp32_p50 = _p50s(self.fp32_screen.result)
@@ -123,7 +124,9 @@ class _Search:
     # -- budget -----------------------------------------------------------------------------------
 
     def within_budget(self, what: str) -> bool:
-        if self.now() - self.started < self.spec.time_budget_s:
+        """Whether a new step may start: the budget is not spent, or nothing was measured yet (the first
+        candidate always runs, so even a tiny budget yields a variant)."""
+        if self.now() - self.started < self.spec.time_budget_s or not self.tried:
             return True
         if not self.budget_exhausted:
             logger.warning(f"  time budget of {self.spec.time_budget_s:g} s spent: {what} and later steps skipped")
@@ -141,6 +144,7 @@ class _Search:
         if not self.within_budget(f"{candidate.label}"):
             self.records[index] = record.with_(stage="skipped", verdict="not tried: time budget spent")
             return index
+        self.tried += 1
         t = time.perf_counter()
         try:
             ctx = dataclasses.replace(self.ctx, workdir=self.root / str(index))
@@ -232,6 +236,7 @@ class _Search:
                     return
                 best = select.choose(self.records)
                 if not select.may_win(record, self.records[best] if best is not None else None):
+                    self.records[index] = record.with_(verdict="not evaluated: slower than a passing candidate")
                     break  # more float nodes only make it slower
                 if record.screen_excess is not None and record.screen_excess <= select.SCREEN_SLACK:
                     self.evaluate(index)

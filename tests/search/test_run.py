@@ -1,0 +1,100 @@
+"""The INT8 search end to end, through the sweep, on a tiny model with a deliberately fragile node (test_explain.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import yaml
+from test_explain import write_fragile_project
+
+from qbench.gate import EXIT_BREACH, EXIT_PASS, run_gate
+from qbench.recipe import load_recipe
+from qbench.results import read_results
+from qbench.sweep import run_sweep
+
+
+@pytest.fixture(autouse=True)
+def in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+
+
+def _searched(tmp_path, search, *, fragile=("a",), gate=None):
+    path = write_fragile_project(tmp_path, [], fragile=fragile, gate=gate)
+    raw = yaml.safe_load(path.read_text())
+    raw["search"] = search
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    recipe = load_recipe(path)
+    return recipe, run_sweep(recipe, track=False, show=False)
+
+
+def test_the_search_finds_a_passing_candidate_and_records_every_candidate(tmp_path):
+    """Every base candidate fails on the fragile node; keeping it in float passes: that candidate is chosen."""
+    recipe, outcome = _searched(tmp_path, {"time_budget_s": 60, "finalists": 2})
+    report = outcome.results.search
+    labels = [c.label for c in report.candidates]
+    print([(c.label, c.stage, c.screen_excess, c.speedup, c.verdict) for c in report.candidates])
+    assert labels[:6] == ["ort-dynamic", "ort-dynamic rr", "ort-static", "ort-static rr", "smoothquant-static a=auto",
+                          "smoothquant-dynamic a=auto"]  # fmt: skip
+    assert report.outcome == "passed" and report.chosen is not None and report.closest is None
+    chosen = report.candidates[report.chosen]
+    assert chosen.passed and chosen.verdict == "chosen" and "branch_a" in chosen.keep_float
+    assert all(not c.passed for c in report.candidates[:6])  # no base candidate could pass
+    assert all(c.speedup is not None and math.isfinite(c.speedup) for c in report.candidates if c.stage == "screened")
+    passing_speeds = [c.speedup for c in report.candidates if c.passed]
+    assert chosen.speedup == max(passing_speeds)
+    variant = outcome.results.find("int8-search", "onnxruntime-cpu")
+    assert variant.status == "ok" and variant.params["search.candidate"] == chosen.label
+    assert variant.params["exclude_nodes"] == list(chosen.keep_float)
+    assert outcome.gate.exit_code == EXIT_PASS
+    assert read_results(outcome.results_path).search == report  # round trip through results.json
+    assert sorted(p.name for p in (outcome.run_dir / "models").iterdir() if "search" in p.name) == ["int8-search.onnx"]
+    markdown = outcome.report_path.read_text()
+    assert "## INT8 search" in markdown and chosen.label in markdown and "branch_a" in markdown
+    assert "INT8 search" in (outcome.run_dir / "report.html").read_text()
+    assert run_gate(recipe)[0].exit_code == EXIT_PASS  # `qbench gate` expects the searched variant
+
+
+def test_unreachable_names_the_closest_candidate_and_what_it_would_need(tmp_path):
+    """Two fragile nodes, nothing kept in float, a tight gate: no candidate passes."""
+    recipe, outcome = _searched(
+        tmp_path, {"time_budget_s": 60, "techniques": ["ort-static"], "max_keep_float": 0}, fragile=("a", "b"),
+        gate={"metric": "agreement", "max_drop": 0.01, "max_slice_drop": 0.01},
+    )  # fmt: skip
+    report = outcome.results.search
+    assert report.outcome == "unreachable" and report.chosen is None
+    closest = report.candidates[report.closest]
+    nearness = [c.excess if c.excess is not None else c.screen_excess for c in report.candidates]
+    assert closest.verdict.startswith("closest (unreachable)")
+    assert (closest.excess or closest.screen_excess) == min(n for n in nearness if n is not None)
+    assert "overall drop" in report.needed and "max_drop ≥" in report.needed
+    variant = outcome.results.find("int8-search", "onnxruntime-cpu")
+    assert any(f"closest: {closest.label}" in note for note in variant.notes)
+    assert outcome.gate.exit_code == EXIT_BREACH
+    assert f"closest: {closest.label}" in outcome.report_path.read_text()
+
+
+def test_the_time_budget_stops_new_candidates(tmp_path):
+    """A budget smaller than one candidate: the first runs, every later one is recorded as not tried."""
+    recipe, outcome = _searched(tmp_path, {"time_budget_s": 0.001}, fragile=())
+    report = outcome.results.search
+    stages = [c.stage for c in report.candidates]
+    assert stages[0] == "screened" and set(stages[1:]) == {"skipped"} and len(stages) == 6
+    assert all(c.verdict == "not tried: time budget spent" for c in report.candidates[1:])
+    assert report.budget_exhausted
+    first = report.candidates[0]
+    assert first.passed is True or "search.time_budget_s" in (report.needed or "")
+    saved = json.loads(outcome.results_path.read_text())["search"]
+    assert saved["time_budget_s"] == 0.001 and saved["budget_exhausted"] is True
+
+
+def test_a_searched_variant_name_must_be_free(tmp_path):
+    from qbench.errors import RecipeError
+
+    path = write_fragile_project(tmp_path, [{"name": "int8-search", "precision": "int8", "calibrator": "minmax"}])
+    raw = yaml.safe_load(path.read_text())
+    raw["search"] = {}
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    with pytest.raises(RecipeError, match="search.name: 'int8-search' is already a variant's name"):
+        load_recipe(path)

@@ -1,0 +1,99 @@
+"""The search's decisions on hand-made figures: excess, speed-up, evaluation order, choice, closest, what is needed."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from qbench.results_search import CandidateRecord
+from qbench.search import select
+
+
+def _record(label: str, *, speedup: float | None = None, screen: float | None = None, excess: float | None = None,
+            passed: bool | None = None, stage: str = "screened", keep_float: tuple[str, ...] = (), **more) -> CandidateRecord:  # fmt: skip
+    return CandidateRecord(label, "ort-dynamic", speedup=speedup, screen_excess=screen, excess=excess, passed=passed,
+                           stage=stage, keep_float=keep_float, **more)  # fmt: skip
+
+
+def test_excess_is_the_largest_drop_over_tolerance():
+    assert select.excess([(0.004, 0.005), (0.012, 0.01), (0.002, 0.01)]) == pytest.approx(1.2)
+    assert select.excess([(-0.003, 0.005)]) == 0.0  # better than FP32
+    assert select.excess([(0.0, 0.0)]) == 0.0 and select.excess([(0.001, 0.0)]) == math.inf
+    assert select.excess([(math.nan, 0.01)]) == math.inf
+    assert select.excess([]) == math.inf
+
+
+def test_speedup_is_the_geometric_mean_over_shared_batch_sizes():
+    # 10/5 = 2 at batch 1, 100/80 = 1.25 at batch 16: sqrt(2.5)
+    assert select.speedup({1: 10.0, 16: 100.0}, {1: 5.0, 16: 80.0}) == pytest.approx(math.sqrt(2.5))
+    assert select.speedup({1: 10.0, 16: 100.0}, {16: 50.0}) == pytest.approx(2.0)
+    assert math.isnan(select.speedup({1: 10.0}, {}))
+
+
+def test_evaluation_order_takes_promising_candidates_fastest_first():
+    records = [
+        _record("slow-good", speedup=1.2, screen=0.3),
+        _record("fast-bad", speedup=1.9, screen=3.0),  # beyond the screening slack
+        _record("fast-near", speedup=1.6, screen=1.4),
+        _record("fastest", speedup=1.7, screen=0.9),
+        _record("done", speedup=2.0, screen=0.1, stage="evaluated", passed=True),  # already evaluated
+        _record("failed", stage="failed"),
+    ]
+    assert select.evaluation_order(records) == [3, 2, 0]
+    assert select.evaluation_order(records, slack=1.0) == [3, 0]
+
+
+def test_may_win_allows_ties_within_the_noise_margin():
+    best = _record("best", speedup=1.60, passed=True)
+    assert select.may_win(_record("a", speedup=1.55), best)  # within 5 %
+    assert not select.may_win(_record("b", speedup=1.50), best)
+    assert select.may_win(_record("c", speedup=0.5), None)
+
+
+def test_choose_is_the_fastest_passing_candidate():
+    records = [
+        _record("accurate-slow", speedup=1.2, excess=0.2, passed=True),
+        _record("fast-fail", speedup=1.9, excess=1.3, passed=False),
+        _record("fast-pass", speedup=1.6, excess=0.9, passed=True),
+        _record("unevaluated", speedup=2.5, screen=0.5),
+    ]
+    assert select.choose(records) == 2
+    assert select.choose(records[:2] + records[3:]) == 0
+    assert select.choose([records[1], records[3]]) is None
+
+
+def test_closest_prefers_full_evaluation_figures_then_speed():
+    records = [
+        _record("screen-only", speedup=1.5, screen=1.1),
+        _record("evaluated", speedup=1.3, screen=0.8, excess=1.3, passed=False),
+        _record("tie-slow", speedup=1.1, excess=1.1, passed=False),
+        _record("unmeasured", stage="skipped"),
+    ]
+    assert select.closest(records) == 0  # 1.1 (screen) ties 1.1 (full): the faster wins
+    assert select.closest(records[1:]) == 1  # 1.1 < 1.3
+    assert select.closest([records[3]]) is None
+
+
+def test_keep_float_bases_are_the_fastest_failing_candidates_without_float_nodes():
+    records = [
+        _record("a", speedup=1.4, screen=2.0),
+        _record("b", speedup=1.8, screen=9.0),
+        _record("passed", speedup=2.0, excess=0.5, passed=True),
+        _record("kept", speedup=1.9, screen=1.2, keep_float=("n1",)),
+        _record("c", speedup=1.1, screen=1.5),
+        _record("skipped", stage="skipped"),
+    ]
+    assert select.keep_float_bases(records, 2) == [1, 0]
+
+
+def test_needed_names_the_gaps_and_what_would_close_them():
+    record = _record("sq", speedup=1.6, excess=1.24, passed=False, drop=0.0062, worst_slice="topic=law",
+                     worst_slice_drop=0.012)  # fmt: skip
+    text = select.needed(record, 0.005, 0.01, budget_exhausted=True, keep_float_exhausted=True)
+    assert "overall drop 0.0062 > 0.005 (cut it by 19%)" in text
+    assert "topic=law drop 0.0120 > 0.01 (cut it by 17%)" in text
+    assert "search.max_keep_float" in text and "search.time_budget_s" in text
+    assert "max_drop ≥ 0.0062" in text and "max_slice_drop ≥ 0.0120" in text
+    quiet = select.needed(record, 0.005, 0.02, budget_exhausted=False, keep_float_exhausted=False)
+    assert "topic=law" not in quiet and "time_budget" not in quiet and "max_keep_float" not in quiet
