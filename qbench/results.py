@@ -311,7 +311,7 @@ def content_digest(raw: dict[str, Any]) -> str:
     return canonical_sha256({k: v for k, v in raw.items() if k != DIGEST_FIELD})
 
 
-def to_json(results: SweepResults | RangeAnalysis) -> str:
+def to_json(results: SweepResults | RangeAnalysis | SearchReport) -> str:
     """Strict JSON of the results (or of one of their sections); whole results carry their content digest."""
     raw = _jsonable(results)
     if isinstance(results, SweepResults):

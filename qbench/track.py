@@ -353,6 +353,8 @@ class SweepTracker:
             _log_artifacts(self._client, self.parent_id, paths)
             if results.ranges is not None:
                 self._client.log_text(self.parent_id, to_json(results.ranges), "ranges.json")
+            if results.search is not None:
+                self._client.log_text(self.parent_id, to_json(results.search), "search.json")
             self._stop_monitor()
             self._client.set_terminated(self.parent_id, status="FINISHED")
 

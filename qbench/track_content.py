@@ -8,12 +8,21 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from mlflow.utils.validation import MAX_ENTITY_KEY_LENGTH, MAX_PARAM_VAL_LENGTH, MAX_TAG_VAL_LENGTH
+from mlflow.utils.validation import (
+    MAX_ENTITY_KEY_LENGTH,
+    MAX_PARAM_VAL_LENGTH,
+    MAX_TAG_VAL_LENGTH,
+)
 
 from qbench.frontier import speedup
 from qbench.gate import GateReport
 from qbench.recipe import Recipe, StabilitySpec
-from qbench.results import SliceMetrics, SweepResults, VariantResult, non_default_session_options
+from qbench.results import (
+    SliceMetrics,
+    SweepResults,
+    VariantResult,
+    non_default_session_options,
+)
 from qbench.slo import serving_metrics
 
 _DISALLOWED = re.compile(r"[^\w\-. :/]")  # MLflow keys: alphanumerics, _ - . space : /
@@ -250,7 +259,23 @@ def sweep_metrics(results: SweepResults, gate: GateReport | None) -> dict[str, f
         metrics["gate_breaches"] = float(len(gate.breaches))
     for what, counts in results.dropped_nonfinite.items():
         metrics |= {f"dropped_nonfinite/{what}/{sanitise_name(column)}": float(n) for column, n in counts.items()}
-    return metrics | _range_metrics(results)
+    return metrics | _range_metrics(results) | _search_metrics(results)
+
+
+def _search_metrics(results: SweepResults) -> dict[str, float]:
+    """search/seconds, search/candidates, search/passed (1 or 0) and, per candidate i, search/<i>/speedup,
+    search/<i>/drop (NaN-free only: MLflow refuses nothing, but the UI plots finite values)."""
+    search = results.search
+    if search is None:
+        return {}
+    metrics = {"search/seconds": search.seconds, "search/candidates": float(len(search.candidates)),
+               "search/passed": float(search.outcome == "passed")}  # fmt: skip
+    for index, candidate in enumerate(search.candidates):
+        for name in ("speedup", "screen_drop", "drop"):
+            value = getattr(candidate, name)
+            if value is not None and math.isfinite(value):
+                metrics[f"search/{index}/{name}"] = float(value)
+    return metrics
 
 
 def _range_metrics(results: SweepResults) -> dict[str, float]:

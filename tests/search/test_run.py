@@ -58,7 +58,7 @@ def test_the_search_finds_a_passing_candidate_and_records_every_candidate(tmp_pa
 
 def test_unreachable_names_the_closest_candidate_and_what_it_would_need(tmp_path):
     """Two fragile nodes, nothing kept in float, a tight gate: no candidate passes."""
-    recipe, outcome = _searched(
+    _, outcome = _searched(
         tmp_path, {"time_budget_s": 60, "techniques": ["ort-static"], "max_keep_float": 0}, fragile=("a", "b"),
         gate={"metric": "agreement", "max_drop": 0.01, "max_slice_drop": 0.01},
     )  # fmt: skip
@@ -77,7 +77,7 @@ def test_unreachable_names_the_closest_candidate_and_what_it_would_need(tmp_path
 
 def test_the_time_budget_stops_new_candidates(tmp_path):
     """A budget smaller than one candidate: the first runs, every later one is recorded as not tried."""
-    recipe, outcome = _searched(tmp_path, {"time_budget_s": 0.001}, fragile=())
+    _, outcome = _searched(tmp_path, {"time_budget_s": 0.001}, fragile=())
     report = outcome.results.search
     stages = [c.stage for c in report.candidates]
     assert stages[0] == "screened" and set(stages[1:]) == {"skipped"} and len(stages) == 6

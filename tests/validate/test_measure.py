@@ -1,0 +1,103 @@
+"""measure(): load, run, compare with FP32, time, close, on a tiny linear model; and every caller goes through it."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from test_explain import INT8, write_fragile_project
+
+from qbench.backends import get_backend
+from qbench.preflight import prepare
+from qbench.recipe import LatencySpec, load_recipe
+from qbench.recipe_search import SearchSpec
+from qbench.validate.measure import Rows, measure, output_nsr
+from qbench.variants import BuildContext, BuiltVariant, build_variant
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    return prepare(load_recipe(write_fragile_project(tmp_path_factory.mktemp("measure"), [INT8])), track=False)
+
+
+def _fp32(prepared) -> BuiltVariant:
+    return BuiltVariant("fp32", "fp32", prepared.source.onnx_path)
+
+
+def test_output_nsr_by_hand():
+    reference, outputs = [np.array([3.0, 4.0])], [np.array([3.0, 5.0])]
+    assert output_nsr(reference, outputs) == pytest.approx(1.0 / 25.0)
+    assert output_nsr(reference, [np.array([np.inf, 4.0])]) == math.inf
+    assert output_nsr([np.zeros(2)], [np.zeros(2)]) == 0.0
+
+
+def test_rows_subset_and_from_batches():
+    rows = Rows({"x": np.arange(10)[:, None]}, np.arange(10), {"even": np.arange(10) % 2 == 0}, 4)
+    sub = rows.subset(np.array([0, 3, 4]))
+    assert sub.count == 3 and sub.labels.tolist() == [0, 3, 4] and sub.slices["even"].tolist() == [True, False, True]
+    batches = [{"x": np.ones((4, 2))}, {"x": np.zeros((4, 2))}, {"x": np.ones((4, 3))}]
+    joined = Rows.from_batches(batches, 6)
+    assert joined.count == 6 and joined.batch_size == 4 and joined.labels is None and joined.slices == {}
+    assert Rows.from_batches(batches[1:], 100).count == 4  # the third batch's shape differs: not joined
+
+
+def test_fp32_against_itself_then_a_variant_against_fp32(prepared, tmp_path):
+    backend = get_backend("onnxruntime-cpu")
+    timing = LatencySpec(batch_sizes=[1, 8], warmup=1, iterations=3, stability=None)
+    fp32 = measure(backend, _fp32(prepared), prepared, timing=timing)
+    assert fp32.result.status == "ok" and fp32.nsr == 0.0
+    assert fp32.result.accuracy.overall.drops["agreement"] == 0.0
+    assert [p.batch_size for p in fp32.result.latency.points] == [1, 8]
+    assert all(p.iterations == 3 for p in fp32.result.latency.points)
+    int8 = build_variant(load_recipe(prepared.recipe.source).variants[0], BuildContext(prepared.source.onnx_path, tmp_path,
+                                                                                        prepared.calibration_batches))  # fmt: skip
+    measured = measure(backend, int8, prepared, reference=fp32.reference)
+    assert measured.result.latency is None  # not timed
+    assert measured.nsr > 0.01  # the fragile node's channel is rounded away
+    drop = measured.result.accuracy.overall.drops["agreement"]
+    assert drop == pytest.approx(1.0 - measured.result.accuracy.overall.metrics["agreement"]) and drop > 0.05
+    screen = Rows.evaluation(prepared).subset(np.arange(0, 200, 10))
+    on_rows = measure(backend, int8, prepared, rows=screen, reference=measure(backend, _fp32(prepared), prepared,
+                                                                             rows=screen).reference)  # fmt: skip
+    assert on_rows.result.accuracy.rows == 20
+    timed_only = measure(backend, int8, prepared, timing=timing, score=False)
+    assert timed_only.result.accuracy is None and timed_only.outputs is None and timed_only.result.latency is not None
+
+
+def test_a_model_that_cannot_run_is_a_failed_result_not_an_exception(prepared, tmp_path):
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(b"not a model")
+    measured = measure(get_backend("onnxruntime-cpu"), BuiltVariant("broken", "fp32", broken), prepared, quiet=True)
+    assert measured.result.status == "failed" and measured.result.error and measured.outputs is None
+
+
+@pytest.mark.parametrize("module", ["qbench.sweep", "qbench.explain", "qbench.fallback", "qbench.search.run"])
+def test_sweep_explain_fallback_and_search_measure_through_it(module, tmp_path, monkeypatch):
+    """Each caller's measurements go through measure(): replaced in the caller, it sees every model run."""
+    import importlib
+
+    from qbench.explain import explain_variant
+    from qbench.sweep import run_sweep
+
+    caller = importlib.import_module(module)
+    seen: list[str] = []
+    original = caller.measure
+    monkeypatch.setattr(caller, "measure", lambda backend, built, *a, **k: seen.append(built.name) or original(backend, built, *a, **k))
+    monkeypatch.chdir(tmp_path)
+    if module == "qbench.explain":
+        explain_variant(load_recipe(write_fragile_project(tmp_path, [INT8])), "int8", method="leave_one_out")
+        assert seen[:2] == ["fp32", "int8"] and len(seen) == 2 + 4  # reference, the variant, one per node
+        return
+    variant = {**INT8, "fallback": {"max_excluded": 1}} if module == "qbench.fallback" else INT8
+    recipe = load_recipe(write_fragile_project(tmp_path, [variant]))
+    if module == "qbench.search.run":
+        recipe = recipe.model_copy(update={"search": SearchSpec(time_budget_s=0.001)})
+    run_sweep(recipe, track=False, show=False)
+    assert seen, f"{module} measured nothing through measure()"
+    if module == "qbench.sweep":
+        assert seen == ["fp32", "int8"]
+    elif module == "qbench.fallback":  # the ranking's reference and candidates, on calibration rows
+        assert seen[0] == "fp32" and any(name.startswith("candidate-") for name in seen)
+    else:
+        assert seen[0] == "fp32" and any(name.startswith("int8-search-") for name in seen)
