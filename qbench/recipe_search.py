@@ -21,7 +21,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from qbench.errors import short_repr
 
-TECHNIQUES = ("ort-dynamic", "ort-static", "smoothquant-static", "smoothquant-dynamic")
+TECHNIQUES = ("ort-dynamic", "smoothquant-dynamic", "smoothquant-static", "ort-static")  # uncalibrated first
 
 
 def _check_alpha(value: Any) -> Any:
@@ -41,7 +41,7 @@ class SearchSpec(BaseModel):
 
     name: str = Field("int8-search", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$", description="the searched variant's name")
     time_budget_s: float = Field(120.0, gt=0, allow_inf_nan=False, description="seconds after which no new candidate starts")
-    techniques: list[Literal["ort-dynamic", "ort-static", "smoothquant-static", "smoothquant-dynamic"]] | None = Field(
+    techniques: list[Literal["ort-dynamic", "smoothquant-dynamic", "smoothquant-static", "ort-static"]] | None = Field(
         None, min_length=1, description="families of candidates to try; default: all"
     )
     alphas: list[Alpha] = Field(["auto"], min_length=1, description="SmoothQuant alphas tried (auto: chosen per Linear input)")

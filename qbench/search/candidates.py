@@ -1,15 +1,16 @@
 """The search's candidates: technique families and their options, each built through the recipe's variant handlers.
 
-    ort-dynamic          ONNX Runtime dynamic INT8, per-channel weights, with and without reduce_range
+    ort-dynamic          ONNX Runtime dynamic INT8, per-channel weights
+    smoothquant-dynamic  SmoothQuant, then INT8 Linear inputs (scales per batch) and weights, one per alpha
+    smoothquant-static   the same with calibrated (static) activation scales
     ort-static           ONNX Runtime static Q/DQ (minmax), per-channel weights, compute ops only
-                         (Conv, MatMul, Gemm), with and without reduce_range
-    smoothquant-static   SmoothQuant, then static INT8 on Linear inputs and weights, one per alpha
-    smoothquant-dynamic  the same with dynamic (per-batch) activation scales
+                         (Conv, MatMul, Gemm)
 
-A keep-float candidate is any of these with nodes named by the sensitivity ranking left in
-floating point (`exclude_nodes`). reduce_range (7-bit weights) is a separate candidate rather than
-decided by the CPU: on CPUs without VNNI it avoids u8s8 saturation but costs a bit of accuracy,
-and which wins is what the search measures.
+Families without activation calibration come first (cheapest to build). Each base candidate has a
+reduce_range twin (7-bit weights: on CPUs without VNNI it avoids u8s8 saturation but costs a bit of
+accuracy); it runs the same kernels, so it is only tried when its base did not pass. A keep-float
+candidate is any of these with nodes named by the sensitivity ranking left in floating point
+(`exclude_nodes`).
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ class Candidate:
     def keeping(self, nodes: Sequence[str]) -> Candidate:
         return Candidate(self.technique, self.options, tuple(nodes))
 
+    def reduced_range(self) -> Candidate:
+        """The same candidate with 7-bit weights (same kernels, so the same speed)."""
+        return Candidate(self.technique, {**self.options, "reduce_range": True}, self.keep_float)
+
     def spec(self, name: str) -> VariantSpec:
         """The variant spec that builds this candidate (through qbench.variants.build_variant)."""
         common: dict[str, Any] = {"name": name, "precision": "int8", "exclude_nodes": list(self.keep_float),
@@ -57,11 +62,11 @@ class Candidate:
 
 
 def catalogue(spec: SearchSpec) -> list[Candidate]:
-    """Every base candidate of the recipe's search, in the order they are tried."""
+    """Every base candidate of the recipe's search (full 8-bit weights), in the order they are tried."""
     found: list[Candidate] = []
     for technique in spec.families:
         if technique.startswith("ort-"):
-            found += [Candidate(technique, {"reduce_range": rr}) for rr in (False, True)]
+            found.append(Candidate(technique, {"reduce_range": False}))
         else:
             found += [Candidate(technique, {"alpha": alpha, "reduce_range": False}) for alpha in spec.alphas]
     return found

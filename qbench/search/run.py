@@ -7,7 +7,7 @@
    its gate excess there and its speed-up over FP32 (timed the same way).
 2. Evaluate: candidates whose screening excess is within `SCREEN_SLACK` are run on every evaluation
    row and judged by the gate, fastest first; once one passes, only candidates that could still be
-   faster are evaluated.
+   faster are evaluated. Then the reduce_range twins of the bases that did not pass, the same way.
 3. Keep float: when none passes, the quantized nodes are ranked by the noise each adds (per-layer
    SQNR, one pass of a static Q/DQ build on the screening rows) and the fastest failing candidates
    are rebuilt with the top 1, 2, 4, ... nodes in floating point (up to `max_keep_float`), until one
@@ -219,6 +219,15 @@ class _Search:
             if self.within_budget(f"evaluating {self.records[index].label}"):
                 self.evaluate(index)
 
+    def reduced_range_twins(self) -> None:
+        """The 7-bit-weight twin of each base candidate that ran and did not pass (a passing base is as fast)."""
+        bases = [i for i, r in enumerate(self.records) if r.stage in ("screened", "evaluated") and not r.passed]
+        for base in bases:
+            best = select.choose(self.records)
+            if select.may_win(self.records[base], self.records[best] if best is not None else None):
+                self.screen_candidate(self.candidates[base].reduced_range())
+        self.evaluate_promising()
+
     def keep_float(self) -> None:
         """Near misses rebuilt with the noisiest nodes in floating point, 1, 2, 4, ... of them."""
         bases = select.keep_float_bases(self.records, KEEP_FLOAT_BASES)
@@ -351,6 +360,7 @@ def run_search(
         for candidate in catalogue(spec):
             search.screen_candidate(candidate)
         search.evaluate_promising()
+        search.reduced_range_twins()
         if select.choose(search.records) is None:
             search.keep_float()
         search.retime_finalists()

@@ -30,17 +30,17 @@ def _searched(tmp_path, search, *, fragile=("a",), gate=None):
 
 
 def test_the_search_finds_a_passing_candidate_and_records_every_candidate(tmp_path):
-    """Every base candidate fails on the fragile node; keeping it in float passes: that candidate is chosen."""
-    recipe, outcome = _searched(tmp_path, {"time_budget_s": 60, "finalists": 2})
+    """ORT's candidates all fail on the fragile node (SmoothQuant, left out here, would smooth it away);
+    keeping it in float passes: that candidate is chosen."""
+    recipe, outcome = _searched(tmp_path, {"time_budget_s": 60, "finalists": 2, "techniques": ["ort-dynamic", "ort-static"]})
     report = outcome.results.search
     labels = [c.label for c in report.candidates]
     print([(c.label, c.stage, c.screen_excess, c.speedup, c.verdict) for c in report.candidates])
-    assert labels[:6] == ["ort-dynamic", "ort-dynamic rr", "ort-static", "ort-static rr", "smoothquant-static a=auto",
-                          "smoothquant-dynamic a=auto"]  # fmt: skip
+    assert labels[:4] == ["ort-dynamic", "ort-static", "ort-dynamic rr", "ort-static rr"]  # every base failed: twins ran
     assert report.outcome == "passed" and report.chosen is not None and report.closest is None
     chosen = report.candidates[report.chosen]
     assert chosen.passed and chosen.verdict == "chosen" and "branch_a" in chosen.keep_float
-    assert all(not c.passed for c in report.candidates[:6])  # no base candidate could pass
+    assert all(not c.passed for c in report.candidates[:4])  # no candidate without float nodes could pass
     assert all(c.speedup is not None and math.isfinite(c.speedup) for c in report.candidates if c.stage == "screened")
     passing_speeds = [c.speedup for c in report.candidates if c.passed]
     assert chosen.speedup == max(passing_speeds)
@@ -80,7 +80,7 @@ def test_the_time_budget_stops_new_candidates(tmp_path):
     _, outcome = _searched(tmp_path, {"time_budget_s": 0.001}, fragile=())
     report = outcome.results.search
     stages = [c.stage for c in report.candidates]
-    assert stages[0] == "screened" and set(stages[1:]) == {"skipped"} and len(stages) == 6
+    assert stages[0] == "screened" and set(stages[1:]) == {"skipped"} and len(stages) >= 4
     assert all(c.verdict == "not tried: time budget spent" for c in report.candidates[1:])
     assert report.budget_exhausted
     first = report.candidates[0]
