@@ -132,7 +132,7 @@ def _spread_subset(rows: list[dict[str, str]], count: int, path: Path) -> Path:
 
 @pytest.mark.slow
 def test_minilm_recipe_sweeps_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """recipes/minilm.yaml on 24 rows with one INT8 variant: export, tokenize, slice, measure, gate."""
+    """recipes/minilm.yaml on 24 rows, its search kept to ORT dynamic: export, tokenize, slice, search, measure, gate."""
     from qbench.recipe import load_recipe
     from qbench.sweep import run_sweep
 
@@ -140,7 +140,7 @@ def test_minilm_recipe_sweeps_end_to_end(tmp_path: Path, monkeypatch: pytest.Mon
     raw = yaml.safe_load(RECIPE.read_text())
     raw["data"]["path"] = str(_spread_subset(_rows(minilm.EVALUATION_FILE), 24, tmp_path / "evaluation.jsonl"))
     raw["data"]["calibration"]["path"] = str(TEXT_SETS / minilm.CALIBRATION_FILE)
-    raw["variants"] = [v for v in raw["variants"] if v["name"] == "int8-dynamic-per-channel"]
+    raw["search"] |= {"techniques": ["ort-dynamic"], "finalists": 1}
     raw["latency"] = {"batch_sizes": [1], "warmup": 1, "iterations": 5, "threads": 1}
     raw["output_dir"] = str(tmp_path / "reports")
     recipe_file = tmp_path / "minilm.yaml"
@@ -151,8 +151,9 @@ def test_minilm_recipe_sweeps_end_to_end(tmp_path: Path, monkeypatch: pytest.Mon
     results = outcome.results
     assert results.evaluation_rows == 24
     by_name = {v.variant: v for v in results.variants}
-    assert {name: v.status for name, v in by_name.items()} == {"fp32": "ok", "int8-dynamic-per-channel": "ok"}
-    reference, int8 = by_name["fp32"].accuracy, by_name["int8-dynamic-per-channel"].accuracy
+    assert {name: v.status for name, v in by_name.items()} == {"fp32": "ok", "int8-search": "ok"}
+    reference, int8 = by_name["fp32"].accuracy, by_name["int8-search"].accuracy
+    assert results.search.candidates[0].label == "ort-dynamic" and results.search.candidates[0].stage != "skipped"
     assert reference.overall.metrics["cosine"] == pytest.approx(1.0)
     assert reference.overall.metrics["nn_agreement"] == 1.0
     assert 0.9 < int8.overall.metrics["cosine"] < 1.0
@@ -162,7 +163,7 @@ def test_minilm_recipe_sweeps_end_to_end(tmp_path: Path, monkeypatch: pytest.Mon
     assert sum(s.size for s in length_slices) == 24 and len(length_slices) >= 3
     assert sum(s.size for s in topic_slices) == 24
     assert all("cosine" in s.drops for s in int8.slices)
-    assert outcome.gate.gated == ("int8-dynamic-per-channel@onnxruntime-cpu",)
+    assert outcome.gate.gated == ("int8-search@onnxruntime-cpu",)
     assert all(s.size for s in int8.slices)  # the subset holds rows of every slice
     checked = {check.scope for check in outcome.gate.checks if check.metric == "cosine"}
     assert checked == {"overall", *(s.name for s in int8.slices)}

@@ -26,7 +26,7 @@ def _searched(tmp_path, search, *, fragile=("a",), gate=None):
     raw["search"] = search
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     recipe = load_recipe(path)
-    return recipe, run_sweep(recipe, track=False, show=False)
+    return recipe, run_sweep(recipe, track=False)
 
 
 def test_the_search_finds_a_passing_candidate_and_records_every_candidate(tmp_path):

@@ -72,7 +72,7 @@ def test_a_model_that_cannot_run_is_a_failed_result_not_an_exception(prepared, t
     assert measured.result.status == "failed" and measured.result.error and measured.outputs is None
 
 
-@pytest.mark.parametrize("module", ["qbench.sweep", "qbench.explain", "qbench.fallback", "qbench.search.run"])
+@pytest.mark.parametrize("module", ["qbench.execute.jobs", "qbench.explain", "qbench.fallback", "qbench.search.run"])
 def test_sweep_explain_fallback_and_search_measure_through_it(module, tmp_path, monkeypatch):
     """Each caller's measurements go through measure(): replaced in the caller, it sees every model run."""
     import importlib
@@ -93,9 +93,9 @@ def test_sweep_explain_fallback_and_search_measure_through_it(module, tmp_path, 
     recipe = load_recipe(write_fragile_project(tmp_path, [variant]))
     if module == "qbench.search.run":
         recipe = recipe.model_copy(update={"search": SearchSpec(time_budget_s=0.001)})
-    run_sweep(recipe, track=False, show=False)
+    run_sweep(recipe, track=False)
     assert seen, f"{module} measured nothing through measure()"
-    if module == "qbench.sweep":
+    if module == "qbench.execute.jobs":  # the sweep's jobs
         assert seen == ["fp32", "int8"]
     elif module == "qbench.fallback":  # the ranking's reference and candidates, on calibration rows
         assert seen[0] == "fp32" and any(name.startswith("candidate-") for name in seen)
