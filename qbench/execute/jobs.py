@@ -52,6 +52,7 @@ class BuildOutput:
     seconds: dict[str, float] = field(default_factory=dict)
     where: str = ""
     search: dict[str, Any] | None = None  # the INT8 search's report (JSON form), when this build was the search
+    span: tuple[float, float] | None = None  # when the job started and ended where it ran (epoch seconds)
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ class MeasureOutput:
     outputs: Outputs | None = None
     seconds: dict[str, float] = field(default_factory=dict)
     where: str = ""
+    span: tuple[float, float] | None = None  # when the job started and ended where it ran (epoch seconds)
 
 
 def worker_name() -> str:
@@ -83,6 +85,18 @@ def run_build(
 
     `search` (first backend, FP32 reference) serves variants whose candidates are measured while building:
     `fallback`, `calibrator: auto`, and the recipe's INT8 search (whose report rides in the manifest)."""
+    started = time.time()
+    output = _build_and_publish(spec, prepared, store, key, search)
+    return replace(output, span=(started, time.time()))
+
+
+def _build_and_publish(
+    spec: VariantSpec,
+    prepared: Prepared,
+    store: BuildStore,
+    key: str,
+    search: tuple[str, Reference | None] | None,
+) -> BuildOutput:
     clock = PhaseClock()
     folder = Path(tempfile.mkdtemp(prefix=f"qbench-build-{spec.name}-"))
     try:
@@ -254,11 +268,13 @@ def run_measure(
     keep_outputs: bool = False,
 ) -> MeasureOutput:
     """Measure `built` on one backend against the FP32 reference (qbench.validate.measure.measure)."""
+    started = time.time()
     clock = PhaseClock()
     measured = measure(get_backend(backend_name), built, prepared, reference=reference,
                        timing=prepared.recipe.latency, clock=clock)  # fmt: skip
     kept = measured.outputs if keep_outputs else None
-    return MeasureOutput(measured.result, kept, seconds=clock.seconds, where=worker_name())
+    return MeasureOutput(measured.result, kept, seconds=clock.seconds, where=worker_name(),
+                         span=(started, time.time()))  # fmt: skip
 
 
 # -- results of jobs that did not measure --------------------------------------------------------
@@ -294,4 +310,3 @@ def identity(built: BuiltVariant) -> str:
     except Exception:  # noqa: BLE001 - an unreadable model is measured (and fails) on its own
         graph = f"unread:{built.name}"
     return f"{graph}|{sorted(built.session_hints.items())}|{built.params.get(TORCH_FORM)}"
-

@@ -4,6 +4,9 @@
     <run>/jobs/<job>.json           one finished job (written atomically by the driver as it finishes)
     <run>/jobs/<job>.outputs.npz    FP32's evaluated outputs on the first backend (the reference)
 
+A record of a job that ran also keeps when (`times`, epoch seconds): `submitted` to the executor and
+`recorded` by the driver (the driver's clock), `started` and `ended` where it ran (that node's clock).
+
 `qbench sweep --resume` picks the newest incomplete run of the recipe whose plan has the same
 fingerprint (qbench.execute.plan.plan_fingerprint) and reuses its finished jobs (see
 qbench.execute.scheduler for which ones).
@@ -38,6 +41,7 @@ class JobRecord:
     error: str | None = None
     result: VariantResult | None = None
     outputs: dict[str, np.ndarray] | None = None
+    times: dict[str, float] | None = None  # submitted, started, ended, recorded (see the module docstring)
 
 
 def _file_name(job_id: str) -> str:
@@ -66,9 +70,10 @@ def record_build(
     attempts: int,
     manifest: dict[str, Any] | None,
     error: str | None,
+    times: dict[str, float] | None = None,
 ) -> None:
     _write_json(run_dir / JOBS_FOLDER / f"{_file_name(job_id)}.json",
-                {"job": job_id, "attempts": attempts, "manifest": manifest, "error": error})  # fmt: skip
+                {"job": job_id, "attempts": attempts, "manifest": manifest, "error": error, "times": times})  # fmt: skip
 
 
 def record_measure(
@@ -77,6 +82,7 @@ def record_measure(
     attempts: int,
     result: VariantResult,
     outputs: dict[str, np.ndarray] | None,
+    times: dict[str, float] | None = None,
 ) -> None:
     """Write the outputs first (when kept), then the record that refers to them."""
     name = _file_name(job_id)
@@ -84,6 +90,7 @@ def record_measure(
         "job": job_id,
         "attempts": attempts,
         "result": to_jsonable(result),
+        "times": times,
     }
     if outputs is not None:
         tmp = run_dir / JOBS_FOLDER / f".{name}.outputs.tmp.npz"
@@ -114,8 +121,9 @@ def _record(raw: dict[str, Any], folder: Path) -> JobRecord:
         with np.load(folder / raw["outputs"], allow_pickle=False) as saved:
             outputs = {name: saved[name] for name in saved.files}
     result = variant_from_dict(raw["result"]) if raw.get("result") is not None else None
+    times = {str(k): float(v) for k, v in raw["times"].items()} if raw.get("times") else None
     return JobRecord(job=str(raw["job"]), attempts=int(raw["attempts"]), manifest=raw.get("manifest"),
-                     error=raw.get("error"), result=result, outputs=outputs)  # fmt: skip
+                     error=raw.get("error"), result=result, outputs=outputs, times=times)  # fmt: skip
 
 
 def resumable_run(root: Path, fingerprint: str) -> RunFolder | None:

@@ -43,6 +43,7 @@ from qbench.variants.base import BuiltVariant
 
 logger = logging.getLogger(__name__)
 
+
 class SweepProgress(Protocol):
     def started(self, variant: str, backend: str) -> None: ...
 
@@ -72,6 +73,7 @@ class _State:
     running: dict[str, Work] = field(default_factory=dict)
     attempts: Counter[str] = field(default_factory=Counter)
     opened: set[str] = field(default_factory=set)  # variant@backend whose MLflow run is open
+    times: dict[str, dict[str, float]] = field(default_factory=dict)  # job -> when it was submitted, ran
     search: SearchReport | None = None
 
 
@@ -125,10 +127,14 @@ class Scheduler:
                 continue
             work = self._work(job)
             self._open(job.variant, job.backend or self.plan.backends[0])
-            self.state.running[job.id] = work
-            self.state.attempts[job.id] += 1
-            self.executor.start(job, work)
+            self._submit(job, work)
         return left
+
+    def _submit(self, job: Job, work: Work) -> None:
+        self.state.running[job.id] = work
+        self.state.attempts[job.id] += 1
+        self.state.times[job.id] = {"submitted": time.time()}
+        self.executor.start(job, work)
 
     def _ready(self, job: Job) -> bool:
         if not all(dep in self.state.done for dep in job.after):
@@ -199,9 +205,7 @@ class Scheduler:
             if attempts <= self.retries:
                 logger.warning("  worker lost running %s (%s): running it again (attempt %d of %d)", job.id, done.lost,
                                attempts + 1, self.retries + 1)  # fmt: skip
-                self.state.running[job.id] = work
-                self.state.attempts[job.id] += 1
-                self.executor.start(job, work)
+                self._submit(job, work)
                 return
             error = f"worker lost {attempts} times, last: {done.lost}"
             if job.kind == "build":
@@ -211,6 +215,8 @@ class Scheduler:
                 self._measured(job, failed_result(work.built, work.backend, error), None)
             return
         self.clock.merge(done.output.seconds)
+        if done.output.span is not None:
+            self.state.times[job.id].update(zip(("started", "ended"), done.output.span, strict=True))
         if isinstance(done.output, BuildOutput):
             self._built(job, done.output)
         else:
@@ -226,6 +232,7 @@ class Scheduler:
                 self.state.attempts[job.id],
                 output.manifest,
                 output.error,
+                self._times(job.id),
             )
         report = output.search if output.manifest is None else output.manifest.get("search")
         if report is not None:
@@ -256,13 +263,19 @@ class Scheduler:
                 job.id,
                 max(self.state.attempts[job.id], 1),
                 result,
-                outputs if job.id == self.reference_job else None,
-            )  # type: ignore[arg-type]
+                outputs if job.id == self.reference_job else None,  # type: ignore[arg-type]
+                self._times(job.id),
+            )
         self.state.measured[job.id] = result
         self.state.done.add(job.id)
         self._open(job.variant, job.backend)
         self.progress.finished(result)
         self._report(f"{job.id}: {result.status}", where)
+
+    def _times(self, job_id: str) -> dict[str, float] | None:
+        """When a job that ran was submitted, started, ended and (now) recorded; None for a job settled here."""
+        times = self.state.times.get(job_id)
+        return {**times, "recorded": time.time()} if times is not None else None
 
     def _local_paths(self, result: VariantResult) -> VariantResult:
         """A result measured on another node names its model where that node had it: name the run folder's copy."""

@@ -45,6 +45,8 @@ def test_a_sweep_records_its_plan_and_every_finished_job(user_project: Path, tmp
     assert records == {f"{i.replace(':', '_')}.json" for i in ids} | {"measure_fp32@onnxruntime-cpu.outputs.npz"}
     fp16 = json.loads((outcome.run_dir / JOBS_FOLDER / "measure_fp16@onnxruntime-cpu.json").read_text())
     assert fp16["attempts"] == 1 and fp16["result"]["status"] == "ok"
+    times = fp16["times"]  # when it was handed to the executor, ran, and was recorded
+    assert times["submitted"] <= times["started"] < times["ended"] <= times["recorded"]
     assert fp16["result"]["accuracy"] == json.loads(outcome.results_path.read_text())["variants"][1]["accuracy"]
     # the build is kept by content; the run folder holds its files as before
     assert (outcome.run_dir / "models" / "fp16.onnx").is_file()
