@@ -26,6 +26,9 @@ from qbench.execute.plan import TIMING_RESOURCE
 from qbench.execute.records import JOBS_FOLDER
 from qbench.sweep import run_sweep
 
+# Ray on Linux turns `_node_ip_address="127.0.0.1"` into the machine's routable address and listens on every
+# interface; with this variable (read when ray is imported) it runs as a one-node cluster bound to 127.0.0.1.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 ray = pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")
 
@@ -35,11 +38,12 @@ RAY = {"kind": "ray"}
 
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[list[int]]:
-    """A local Ray cluster (its GCS, raylet and workers are this process's children), stopped after the module;
-    teardown fails if any of its processes survives."""
-    ray.init(num_cpus=2, resources={TIMING_RESOURCE: 1}, include_dashboard=False, log_to_driver=False,
-             object_store_memory=100 * 1024 * 1024, configure_logging=False)  # fmt: skip
+    """A local Ray cluster bound to 127.0.0.1 (its GCS, raylet and workers are this process's children), stopped
+    after the module; teardown fails if any of its processes survives."""
+    ray.init(num_cpus=2, resources={TIMING_RESOURCE: 1}, _node_ip_address="127.0.0.1", include_dashboard=False,
+             log_to_driver=False, object_store_memory=100 * 1024 * 1024, configure_logging=False)  # fmt: skip
     started = [p.pid for p in psutil.Process().children(recursive=True)]
+    assert {node["NodeManagerAddress"] for node in ray.nodes()} == {"127.0.0.1"}
     try:
         yield started
     finally:
@@ -86,6 +90,8 @@ def test_a_ray_sweep_gives_the_local_figures_and_an_mlflow_child_per_job(
     shown = caplog.text
     assert "6 jobs (6 to run) on Ray cluster of 1 node, 2 CPUs" in shown
     assert "[6/6 jobs done · 0 running · 0 left]" in shown
+    times = _record(outcome.run_dir, "measure:int8-minmax@onnxruntime-cpu")["times"]  # the worker's start and end
+    assert times["submitted"] < times["started"] < times["ended"] < times["recorded"]
 
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("tumour-mlp")
