@@ -65,18 +65,22 @@ class ConsoleLogHandler(logging.Handler):
 
 @contextlib.contextmanager
 def library_output_on_console(level: int = logging.INFO) -> Iterator[None]:
-    """While open: the `qbench` loggers print on the console at `level` and up, and long loops draw bars."""
+    """While open: the `qbench` loggers print on the console at `level` and up, and long loops draw bars.
+    They stop propagating meanwhile: a third-party import that calls `logging.basicConfig` (some of ONNX
+    Runtime's quantization modules do) would otherwise print every line a second time."""
     logger = logging.getLogger("qbench")
     handler = ConsoleLogHandler()
-    previous_level = logger.level
+    previous_level, previous_propagate = logger.level, logger.propagate
     logger.addHandler(handler)
     logger.setLevel(level)
+    logger.propagate = False
     try:
         with reporting_progress(RichProgress()):
             yield
     finally:
         logger.removeHandler(handler)
         logger.setLevel(previous_level)
+        logger.propagate = previous_propagate
 
 
 def print_wide(renderable: RenderableType, target: Console | None = None) -> None:

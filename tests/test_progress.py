@@ -74,3 +74,25 @@ def test_cli_shows_library_warnings(capsys: pytest.CaptureFixture[str]) -> None:
     finally:
         cli.app.registered_commands.pop()
     assert "warning: seen on the console" in capsys.readouterr().err
+
+
+def test_cli_prints_each_library_line_once_when_a_third_party_configured_the_root_logger(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Some imports call logging.basicConfig (a root handler): the console handler alone must print qbench's lines."""
+    import io
+
+    from qbench.console import library_output_on_console
+
+    root = logging.getLogger()
+    root_stream = io.StringIO()
+    root_handler = logging.StreamHandler(root_stream)
+    root.addHandler(root_handler)
+    try:
+        with library_output_on_console():
+            logging.getLogger("qbench.search.run").info("screen candidate: cosine 0.998")
+    finally:
+        root.removeHandler(root_handler)
+    assert capsys.readouterr().err.count("screen candidate: cosine 0.998") == 1
+    assert root_stream.getvalue() == ""
+    assert logging.getLogger("qbench").propagate  # restored for callers that collect records at the root
