@@ -102,9 +102,11 @@ class Task(ABC):
 
     # -- outputs ---------------------------------------------------------------------------------
 
-    @abstractmethod
     def output_rank(self, output: TensorMeta) -> int | None:
-        """How well `output` suits this task when the recipe names none (0 = best); None: not evaluable."""
+        """How well `output` suits this task when the recipe names none (0 = best); None: not evaluable.
+
+        By default every output the task can evaluate ranks 0."""
+        return None if self.output_problem(output) is not None else 0
 
     @abstractmethod
     def output_problem(self, output: TensorMeta) -> str | None:

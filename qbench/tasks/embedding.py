@@ -64,9 +64,6 @@ class Embedding(Task):
     def labels_from_values(self, values: Sequence[Any], positions: np.ndarray) -> np.ndarray:
         raise LabelError("task 'embedding' is judged against FP32 only; remove data.label")
 
-    def output_rank(self, output: TensorMeta) -> int | None:
-        return None if self.output_problem(output) is not None else 0
-
     def output_problem(self, output: TensorMeta) -> str | None:
         return float_output_problem(self.name, output)
 

@@ -92,9 +92,6 @@ class Multilabel(Task):
         if width is not None and width != labels.shape[1]:
             raise LabelError(f"rows have {labels.shape[1]} labels but output {output.name!r} scores {width}")
 
-    def output_rank(self, output: TensorMeta) -> int | None:
-        return None if self.output_problem(output) is not None else 0
-
     def output_problem(self, output: TensorMeta) -> str | None:
         problem = float_output_problem(self.name, output)
         if problem is None and len(output.shape) != 2:

@@ -93,9 +93,6 @@ class Regression(Task):
         if width is not None and width != 1 or len(output.shape) > 2:
             raise LabelError(f"one target per row, but output {output.name!r} has shape {list(output.shape)}")
 
-    def output_rank(self, output: TensorMeta) -> int | None:
-        return None if self.output_problem(output) is not None else 0
-
     def output_problem(self, output: TensorMeta) -> str | None:
         return float_output_problem(self.name, output)
 
