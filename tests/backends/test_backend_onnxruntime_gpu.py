@@ -7,11 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 import onnxruntime
 import pytest
 import yaml
-from onnx import TensorProto, helper
+from matmul_model import WEIGHT, save_matmul_model
 
 from qbench.backends import get_backend
 from qbench.backends import onnxruntime_gpu as gpu_module
@@ -30,24 +29,11 @@ from qbench.cli import main
 from qbench.errors import MissingExtraError, QbenchError
 from qbench.variants.base import BuiltVariant
 
-WEIGHT = np.arange(6, dtype=np.float32).reshape(3, 2) / 4
-
 
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """y = x @ WEIGHT, x: (batch, 3) float32."""
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"])],
-        "matmul",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])],
-        [helper.make_tensor("w", TensorProto.FLOAT, [3, 2], WEIGHT.ravel())],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    path = tmp_path_factory.mktemp("model") / "matmul.onnx"
-    onnx.save(model, str(path))
-    return path
+    return save_matmul_model(tmp_path_factory.mktemp("model") / "matmul.onnx")
 
 
 def _variant(path: Path, precision: str = "fp32") -> BuiltVariant:

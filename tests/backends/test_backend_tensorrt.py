@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 import pytest
 import yaml
+from matmul_model import WEIGHT, save_matmul_model, save_onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from qbench.backends import get_backend
@@ -42,28 +43,11 @@ from qbench.errors import MissingExtraError, QbenchError
 from qbench.modelinfo import read_model_info
 from qbench.variants.base import BuiltVariant
 
-WEIGHT = np.arange(6, dtype=np.float32).reshape(3, 2) / 4
-
-
-def _save(graph: onnx.GraphProto, path: Path, opset: int = 17) -> Path:
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    onnx.save(model, str(path))
-    return path
-
 
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """y = x @ WEIGHT, x: (batch, 3) float32."""
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"])],
-        "matmul",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])],
-        [helper.make_tensor("w", TensorProto.FLOAT, [3, 2], WEIGHT.ravel())],
-    )
-    return _save(graph, tmp_path_factory.mktemp("model") / "matmul.onnx")
+    return save_matmul_model(tmp_path_factory.mktemp("model") / "matmul.onnx")
 
 
 def _qdq_model(path: Path, zero_point_type: int, zero_point: int) -> Path:
@@ -83,7 +67,7 @@ def _qdq_model(path: Path, zero_point_type: int, zero_point: int) -> Path:
             helper.make_tensor("w", TensorProto.FLOAT, [3, 2], WEIGHT.ravel()),
         ],
     )
-    return _save(graph, path)
+    return save_onnx(graph, path)
 
 
 def _variant(path: Path, precision: str = "fp32", **params: str) -> BuiltVariant:
@@ -216,7 +200,7 @@ def test_what_tensorrt_cannot_run_is_named(tmp_path: Path, model_path: Path) -> 
         [helper.make_tensor_value_info("y", TensorProto.INT32, ["batch", 2])],
         [helper.make_tensor("w", TensorProto.UINT8, [3, 2], [1, 2, 3, 4, 5, 6])],
     )  # fmt: skip
-    reason = unsupported_by_tensorrt(_save(dynamic, tmp_path / "dyn.onnx"))
+    reason = unsupported_by_tensorrt(save_onnx(dynamic, tmp_path / "dyn.onnx"))
     assert reason is not None and "DynamicQuantizeLinear, MatMulInteger" in reason
 
 
@@ -409,7 +393,7 @@ def test_runner_defers_the_build_when_a_dimension_needs_a_batch(
         [helper.make_tensor_value_info("ids", TensorProto.FLOAT, ["batch", "sequence"])],
         [helper.make_tensor_value_info("total", TensorProto.FLOAT, [])],
     )
-    path = _save(graph, tmp_path / "seq.onnx")
+    path = save_onnx(graph, tmp_path / "seq.onnx")
     monkeypatch.setattr(trt_module, "LoadedEngine", _FakeEngine)
     source = _FakeSource()
     fake_trt = types.SimpleNamespace(__version__="10.99")

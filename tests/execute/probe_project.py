@@ -18,6 +18,8 @@ from typing import Any
 
 import yaml
 
+VARIANTS = ["fp16", "int8-minmax"]  # the sweep the executor tests run (with FP32: three measure jobs)
+
 PROBE_SOURCE = '''\
 import os
 import signal

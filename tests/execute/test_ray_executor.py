@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
-from probe_project import figures, probe_calls, write_probe_recipe
-from user_model import make_user_project
+from probe_project import VARIANTS, figures, probe_calls, write_probe_recipe
 
 from qbench.errors import QbenchError
 from qbench.execute.plan import TIMING_RESOURCE
@@ -32,7 +31,6 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 ray = pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")
 
-VARIANTS = ["fp16", "int8-minmax"]
 RAY = {"kind": "ray"}
 
 
@@ -57,32 +55,44 @@ def ray_cluster() -> Iterator[list[int]]:
             pytest.fail(f"Ray processes survived the cluster's stop: {alive}")
 
 
-@pytest.fixture(scope="module")
-def user_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_user_project(tmp_path_factory.mktemp("user_project")).parent
-
-
-@pytest.fixture(scope="module")
-def local_figures(user_project: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, int]:
-    """The figures of the same sweep with the local executor, and the probe calls one measure job makes."""
-    target = tmp_path_factory.mktemp("local")
-    outcome = run_sweep(write_probe_recipe(user_project, target, variants=VARIANTS), track=False)
-    return figures(outcome.results), len(probe_calls(target)) // 3
+@pytest.fixture
+def ray_recipe(ray_cluster: list[int], user_project: Path, tmp_path: Path) -> Path:
+    """The VARIANTS sweep on the Ray cluster, written in the test's tmp_path (where the probe's files go)."""
+    return write_probe_recipe(user_project, tmp_path, variants=VARIANTS, executor=RAY)
 
 
 def _record(run_dir: Path, job: str) -> dict:
     return json.loads((run_dir / JOBS_FOLDER / f"{job.replace(':', '_')}.json").read_text())
 
 
+def _kill_the_hung_worker(target: Path) -> tuple[threading.Thread, list[int]]:
+    """Makes the first measure job (FP32's) stop in its worker (probe_project's `hang_once`) and starts a thread
+    that SIGKILLs that worker; the thread, and the list it appends the killed pid to."""
+    (target / "hang_once").write_text("")
+    killed: list[int] = []
+
+    def kill_the_worker() -> None:
+        pid_file = target / "worker.pid"
+        deadline = time.monotonic() + 120
+        while not pid_file.is_file() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.2)  # the pid is written before the job sleeps
+        pid = int(pid_file.read_text())
+        os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
+
+    killer = threading.Thread(target=kill_the_worker, daemon=True)
+    killer.start()
+    return killer, killed
+
+
 def test_a_ray_sweep_gives_the_local_figures_and_an_mlflow_child_per_job(
-    ray_cluster: list[int], user_project: Path, tmp_path: Path, local_figures: tuple[dict, int],
-    caplog: pytest.LogCaptureFixture,
-) -> None:  # fmt: skip
+    ray_recipe: Path, tmp_path: Path, local_figures: tuple[dict, int], caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO, logger="qbench")
     expected, _ = local_figures
-    recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS, executor=RAY)
     started = time.perf_counter()
-    outcome = run_sweep(recipe)
+    outcome = run_sweep(ray_recipe)
     print(f"ray sweep: {time.perf_counter() - started:.1f} s")
     assert figures(outcome.results) == expected
     workers = set(probe_calls(tmp_path))
@@ -106,28 +116,12 @@ def test_a_ray_sweep_gives_the_local_figures_and_an_mlflow_child_per_job(
 
 
 def test_a_worker_killed_mid_job_is_replaced_and_the_job_runs_again(
-    ray_cluster: list[int], user_project: Path, tmp_path: Path, local_figures: tuple[dict, int],
-    caplog: pytest.LogCaptureFixture,
-) -> None:  # fmt: skip
+    ray_recipe: Path, tmp_path: Path, local_figures: tuple[dict, int], caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO, logger="qbench")
     expected, _ = local_figures
-    recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS, executor=RAY)
-    (tmp_path / "hang_once").write_text("")  # the first measure job (FP32's) stops in its worker until killed
-    killed: list[int] = []
-
-    def kill_the_worker() -> None:
-        pid_file = tmp_path / "worker.pid"
-        deadline = time.monotonic() + 120
-        while not pid_file.is_file() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        time.sleep(0.2)  # the pid is written before the job sleeps
-        pid = int(pid_file.read_text())
-        os.kill(pid, signal.SIGKILL)
-        killed.append(pid)
-
-    killer = threading.Thread(target=kill_the_worker, daemon=True)
-    killer.start()
-    outcome = run_sweep(recipe, track=False)
+    killer, killed = _kill_the_hung_worker(tmp_path)
+    outcome = run_sweep(ray_recipe, track=False)
     killer.join(timeout=5)
     assert killed and killed[0] != os.getpid()
     assert figures(outcome.results) == expected
@@ -142,17 +136,10 @@ def test_a_job_whose_worker_keeps_dying_is_recorded_failed_and_the_gate_fails_cl
     ray_cluster: list[int], user_project: Path, tmp_path: Path
 ) -> None:
     recipe = write_probe_recipe(user_project, tmp_path, variants=["fp16"], executor={**RAY, "retries": 0})
-    (tmp_path / "hang_once").write_text("")
-
-    def kill_the_worker() -> None:
-        pid_file = tmp_path / "worker.pid"
-        while not pid_file.is_file():
-            time.sleep(0.1)
-        time.sleep(0.2)
-        os.kill(int(pid_file.read_text()), signal.SIGKILL)
-
-    threading.Thread(target=kill_the_worker, daemon=True).start()
+    killer, killed = _kill_the_hung_worker(tmp_path)
     outcome = run_sweep(recipe, track=False)
+    killer.join(timeout=5)
+    assert killed and killed[0] != os.getpid()
     fp32 = outcome.results.find("fp32", "onnxruntime-cpu")
     assert fp32.status == "failed" and fp32.error.startswith("worker lost 1 times, last: WorkerCrashedError")
     assert _record(outcome.run_dir, "measure:fp32@onnxruntime-cpu")["attempts"] == 1
@@ -160,10 +147,9 @@ def test_a_job_whose_worker_keeps_dying_is_recorded_failed_and_the_gate_fails_cl
 
 
 def test_an_interrupted_ray_sweep_resumes_without_measuring_a_finished_job_twice(
-    ray_cluster: list[int], user_project: Path, tmp_path: Path, local_figures: tuple[dict, int]
+    ray_recipe: Path, tmp_path: Path, local_figures: tuple[dict, int]
 ) -> None:
     expected, per_job = local_figures
-    recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS, executor=RAY)
 
     def interrupt_once_fp16_is_measured() -> None:
         while len(probe_calls(tmp_path)) <= per_job:  # fp32's calls, then fp16's first
@@ -172,13 +158,13 @@ def test_an_interrupted_ray_sweep_resumes_without_measuring_a_finished_job_twice
 
     threading.Thread(target=interrupt_once_fp16_is_measured, daemon=True).start()
     with pytest.raises(QbenchError, match="interrupted by SIGINT"):
-        run_sweep(recipe, track=False)
+        run_sweep(ray_recipe, track=False)
     (interrupted,) = (tmp_path / "reports" / "tumour-mlp").glob("2*")
     finished = [p for p in (interrupted / JOBS_FOLDER).glob("measure_*.json")]
     assert 1 <= len(finished) < 3
     before = len(probe_calls(tmp_path))
 
-    outcome = run_sweep(recipe, track=False, resume=True)
+    outcome = run_sweep(ray_recipe, track=False, resume=True)
     assert len(probe_calls(tmp_path)) - before == (3 - len(finished)) * per_job
     assert figures(outcome.results) == expected
     resumed = [v.key for v in outcome.results.variants if any(n.startswith("resumed") for n in v.notes)]

@@ -8,8 +8,7 @@ import logging
 from pathlib import Path
 
 import pytest
-from probe_project import figures, probe_calls, write_probe_recipe
-from user_model import make_user_project
+from probe_project import VARIANTS, figures, probe_calls, write_probe_recipe
 
 from qbench.cli import main
 from qbench.errors import QbenchError
@@ -17,23 +16,6 @@ from qbench.execute.records import JOBS_FOLDER, PLAN_FILE
 from qbench.results import read_results
 from qbench.runs import INCOMPLETE_MARKER
 from qbench.sweep import run_sweep
-
-VARIANTS = ["fp16", "int8-minmax"]
-
-
-@pytest.fixture(scope="module")
-def user_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_user_project(tmp_path_factory.mktemp("user_project")).parent
-
-
-@pytest.fixture(scope="module")
-def fresh(user_project: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, int]:
-    """One uninterrupted local sweep: its figures and how many probe calls one measure job makes."""
-    target = tmp_path_factory.mktemp("fresh")
-    outcome = run_sweep(write_probe_recipe(user_project, target, variants=VARIANTS), track=False)
-    calls = len(probe_calls(target))
-    assert calls % 3 == 0  # fp32, fp16, int8-minmax: the same number of calls each
-    return figures(outcome.results), calls // 3
 
 
 def test_a_sweep_records_its_plan_and_every_finished_job(user_project: Path, tmp_path: Path) -> None:
@@ -55,9 +37,9 @@ def test_a_sweep_records_its_plan_and_every_finished_job(user_project: Path, tmp
 
 
 def test_an_interrupted_sweep_resumes_without_measuring_a_finished_job_twice(
-    user_project: Path, tmp_path: Path, fresh: tuple[dict, int], caplog: pytest.LogCaptureFixture
+    user_project: Path, tmp_path: Path, local_figures: tuple[dict, int], caplog: pytest.LogCaptureFixture
 ) -> None:
-    expected, per_job = fresh
+    expected, per_job = local_figures
     recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
     (tmp_path / "interrupt_at").write_text(str(per_job + 1))  # the first call of fp16's measure job
     with pytest.raises(QbenchError, match="interrupted by SIGINT"):
@@ -82,9 +64,9 @@ def test_an_interrupted_sweep_resumes_without_measuring_a_finished_job_twice(
     assert main(["gate", str(recipe)]) in (0, 1)  # the resumed run is complete and judged
 
 
-def test_resume_reuses_nothing_stale(user_project: Path, tmp_path: Path, fresh: tuple[dict, int]) -> None:
+def test_resume_reuses_nothing_stale(user_project: Path, tmp_path: Path, local_figures: tuple[dict, int]) -> None:
     """A build whose store entry was changed since is built again, and its measurements run again."""
-    _, per_job = fresh
+    _, per_job = local_figures
     recipe = write_probe_recipe(user_project, tmp_path, variants=["fp16"])
     (tmp_path / "interrupt_at").write_text(str(per_job + 1))
     with pytest.raises(QbenchError, match="interrupted"):
@@ -100,8 +82,10 @@ def test_resume_reuses_nothing_stale(user_project: Path, tmp_path: Path, fresh: 
     assert all(not any(n.startswith("resumed") for n in v.notes) for v in outcome.results.variants)
 
 
-def test_resume_with_a_changed_recipe_starts_afresh(user_project: Path, tmp_path: Path, fresh: tuple[dict, int]) -> None:
-    _, per_job = fresh
+def test_resume_with_a_changed_recipe_starts_afresh(
+    user_project: Path, tmp_path: Path, local_figures: tuple[dict, int]
+) -> None:
+    _, per_job = local_figures
     recipe = write_probe_recipe(user_project, tmp_path, variants=["fp16"])
     (tmp_path / "interrupt_at").write_text(str(per_job + 1))
     with pytest.raises(QbenchError, match="interrupted"):
