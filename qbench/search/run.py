@@ -317,11 +317,18 @@ class _Search:
             seconds=round(self.now() - self.started, 3), outcome="passed" if chosen is not None else "unreachable",
             candidates=tuple(self.records), chosen=chosen, closest=pick if chosen is None else None, needed=needed,
             budget_exhausted=self.budget_exhausted, fp32_p50_ms={f"b{b}": p for b, p in self.fp32_p50.items()},
-            notes=(self._method_note(),),
+            notes=(self._method_note(), *self._slower_note(chosen)),
         )  # fmt: skip
         built = self._keep(pick) if pick is not None and pick in self.built else None
         shutil.rmtree(self.root, ignore_errors=True)
         return SearchOutcome(built, report)
+
+    def _slower_note(self, chosen: int | None) -> tuple[str, ...]:
+        slower = select.slower_than_reference(self.records[chosen]) if chosen is not None else None
+        if slower is None:
+            return ()
+        logger.warning(f"INT8 search: {slower}")
+        return (slower,)
 
     def _method_note(self) -> str:
         return (f"screening on {self.screen.count} of {len(self.prepared.evaluation_rows)} evaluation rows; speed-ups "
@@ -339,6 +346,8 @@ class _Search:
                   "search.outcome": "passed" if record.passed else "tolerance unreachable"}  # fmt: skip
         note = (f"found by the INT8 search: {record.label}" if record.passed else
                 f"INT8 search: no candidate passed; closest: {record.label}")  # fmt: skip
+        slower = select.slower_than_reference(record) if record.passed else None
+        note = f"{note}; {slower}" if slower else note
         return dataclasses.replace(built, name=self.spec.name, onnx_path=target, params=params,
                                    notes=(*built.notes, note), build_seconds=self.now() - self.started)  # fmt: skip
 

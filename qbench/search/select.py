@@ -9,6 +9,7 @@
 - `choose`: the fastest candidate whose full evaluation passed the gate.
 - `keep_float_bases`: which failing candidates get nodes kept in floating point.
 - `closest` / `needed`: when none passed, the candidate nearest to passing and what it would take.
+- `slower_than_reference`: the chosen candidate does not beat FP32 (INT8 may not pay off on a backend).
 """
 
 from __future__ import annotations
@@ -66,6 +67,16 @@ def choose(records: Sequence[CandidateRecord]) -> int | None:
     if not passing:
         return None
     return max(passing, key=lambda i: (_speed(records[i]), -(records[i].excess or 0.0)))
+
+
+def slower_than_reference(record: CandidateRecord, tie: float = TIE) -> str | None:
+    """Why shipping this candidate for speed would be a mistake, or None: its speed-up is below 1 beyond the tie
+    margin (INT8 kernels on some backends and models, e.g. small convolutions on CPU, run slower than FP32)."""
+    speed = _speed(record)
+    if not math.isfinite(speed) or speed >= 1.0 - tie:
+        return None
+    return (f"the fastest passing candidate runs at {speed:.2f}× FP32: no INT8 candidate beat FP32 on this backend, "
+            "so FP32 (or FP16) is the faster choice here")  # fmt: skip
 
 
 def _nearness(record: CandidateRecord) -> float:

@@ -98,3 +98,18 @@ def test_a_searched_variant_name_must_be_free(tmp_path):
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     with pytest.raises(RecipeError, match="search.name: 'int8-search' is already a variant's name"):
         load_recipe(path)
+
+
+def test_a_chosen_candidate_slower_than_fp32_is_said_so_in_the_report_and_the_variant_notes(tmp_path, monkeypatch):
+    """Every candidate timed at half FP32's speed (INT8 kernels that do not pay off on the backend): the search still
+    picks the fastest passing one, and says that FP32 is the faster choice."""
+    from qbench.search import select
+
+    monkeypatch.setattr(select, "speedup", lambda reference, candidate: 0.5)
+    _, outcome = _searched(tmp_path, {"time_budget_s": 60, "techniques": ["ort-dynamic"]}, fragile=())
+    report = outcome.results.search
+    assert report.outcome == "passed"
+    assert any("0.50× FP32" in note and "FP32 (or FP16) is the faster choice" in note for note in report.notes)
+    variant = outcome.results.find("int8-search", "onnxruntime-cpu")
+    assert any("0.50× FP32" in note for note in variant.notes)
+    assert "0.50× FP32" in outcome.report_path.read_text()

@@ -97,3 +97,10 @@ def test_needed_names_the_gaps_and_what_would_close_them():
     assert "max_drop ≥ 0.0062" in text and "max_slice_drop ≥ 0.0120" in text
     quiet = select.needed(record, 0.005, 0.02, budget_exhausted=False, keep_float_exhausted=False)
     assert "topic=law" not in quiet and "time_budget" not in quiet and "max_keep_float" not in quiet
+
+
+def test_slower_than_reference_flags_a_choice_that_does_not_beat_fp32():
+    assert "0.62× FP32" in select.slower_than_reference(_record("conv-int8", speedup=0.62, passed=True))
+    assert select.slower_than_reference(_record("tie", speedup=0.97, passed=True)) is None  # within the noise margin
+    assert select.slower_than_reference(_record("fast", speedup=1.4, passed=True)) is None
+    assert select.slower_than_reference(_record("untimed", speedup=None, passed=True)) is None
