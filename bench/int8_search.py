@@ -41,6 +41,7 @@ from minilm_int8 import BATCH_SIZES, accuracy, console, interleaved_latency, wri
 from onnxruntime.quantization import quantize_dynamic
 from rich.table import Table
 
+from qbench.console import print_wide
 from qbench.preflight import Prepared, prepare
 from qbench.recipe import Recipe, load_recipe
 from qbench.sweep import run_sweep
@@ -172,7 +173,7 @@ def _print(result: dict[str, Any], others: dict[str, dict[str, Any]]) -> None:
         table.add_row(name, row["tool"], f"{row['speedup_b1']:.2f}", f"{row['speedup_b16']:.2f}", f"{row['mean_cosine']:.4f}",
                       f"{row['min_cosine']:.4f}", f"{row['worst_slice']} ({row['worst_slice_cosine']:.4f})", row["gate"],
                       f"{row['seconds_to_produce']:.1f}")  # fmt: skip
-    console.print(table)
+    print_wide(table, console)
     same = Table(title="the same search, unchanged, on other models (speed-ups as each sweep measured them)")
     for column in ("model", "outcome", "chosen (or closest)", "speed-ups", "drop", "worst slice (drop)", "gate", "search s", "sweep s"):
         same.add_column(column)
@@ -181,7 +182,7 @@ def _print(result: dict[str, Any], others: dict[str, dict[str, Any]]) -> None:
         worst = f"{r['worst_slice']} ({r['worst_slice_drop']:+.4f})" if r["worst_slice"] else "—"
         same.add_row(name, r["outcome"], r["chosen"] or r["closest"] or "—", speed, f"{r['drop']:+.4f}" if r["drop"] is not None else "—",
                      worst, r["gate"], f"{r['search_seconds']:.0f}", f"{r['sweep_seconds']:.0f}")  # fmt: skip
-    console.print(same)
+    print_wide(same, console)
 
 
 def main() -> int:
