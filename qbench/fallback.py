@@ -37,14 +37,8 @@ import onnx
 from qbench.backends import get_backend
 from qbench.backends.base import RunOptions
 from qbench.errors import QbenchError
-from qbench.explain import (
-    Score,
-    float_keeper,
-    group_nodes,
-    quantized_nodes,
-    rank_groups,
-    sqnr_costs,
-)
+from qbench.explain import Score, group_nodes, rank_groups
+from qbench.explain_graph import float_keeper, quantized_nodes, sqnr_costs
 from qbench.gate import GateReport, judge
 from qbench.preflight import Prepared
 from qbench.recipe import FallbackSpec, VariantSpec

@@ -19,7 +19,8 @@ import yaml
 from onnx import TensorProto, helper, numpy_helper
 
 from qbench.cli import main
-from qbench.explain import QuantizedNode, bypass_qdq, explain_variant, group_key, run_explain
+from qbench.explain import explain_variant, group_key, run_explain
+from qbench.explain_graph import QuantizedNode, bypass_qdq
 from qbench.recipe import VariantSpec, load_recipe
 from qbench.variants import BuildContext, build_variant
 
@@ -175,7 +176,7 @@ def test_explain_is_logged_to_mlflow(project, monkeypatch):
 
 def test_dynamic_int8_ranks_the_gemms_it_quantized_as_matmul(tmp_path: Path) -> None:
     """A torch Linear exports as Gemm; dynamic INT8 quantizes it as MatMul under its name, so explain can rank it."""
-    from qbench.explain import quantized_nodes
+    from qbench.explain_graph import quantized_nodes
 
     rng = np.random.default_rng(0)
     nodes = [helper.make_node("Gemm", ["x", "w1", "b1"], ["h"], name="fc1", transB=1),

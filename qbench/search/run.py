@@ -256,7 +256,7 @@ class _Search:
 
     def sensitivity_ranking(self) -> list[str]:
         """Quantized nodes, the most noise added first (per-layer SQNR of a static Q/DQ build on the screening rows)."""
-        from qbench.explain import quantized_nodes, sqnr_costs
+        from qbench.explain_graph import quantized_nodes, sqnr_costs
         from qbench.variants.onnx_utils import load_model
 
         static = next((self.built[i] for i, c in enumerate(self.candidates) if i in self.built

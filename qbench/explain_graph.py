@@ -1,0 +1,257 @@
+"""The ONNX graph side of `qbench explain`: which nodes a variant quantized, candidates that keep some
+of them float, and the noise each node adds (SQNR from the intermediate tensors of both models).
+
+A candidate of a static (QDQ) variant is the built graph with the Q/DQ on the chosen nodes' inputs
+bypassed: the same calibration ranges, no rebuild (ORT's quantizer folds a Relu/Clip into the
+preceding Q; a bypass restores it). A dynamic variant is rebuilt with `exclude_nodes`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from qbench.backends import Backend
+from qbench.backends.base import RunOptions
+from qbench.data import iter_batches
+from qbench.recipe import VariantSpec
+from qbench.variants import BuildContext, BuiltVariant, build_variant
+from qbench.variants.onnx_utils import load_model, save_model
+
+SQNR_BATCH_ROWS = 4  # the intermediate tensors of every quantized node are held for this many rows at a time
+Feeds = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class QuantizedNode:
+    name: str
+    op_type: str
+
+
+# -- quantized nodes, and candidates that keep some of them float -----------------------------------------
+
+
+def quantized_nodes(reference: onnx.ModelProto, built: BuiltVariant) -> list[QuantizedNode]:
+    """Nodes of the variant's op types computing on quantized data: fed by a DequantizeLinear (static QDQ),
+    or replaced by integer kernels (dynamic: their name is gone from the quantized graph)."""
+    quantized = load_model(built.onnx_path)
+    dynamic = built.params.get("calibrator") == "dynamic"
+    dequantized = {o for n in quantized.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    present = {n.name: n for n in quantized.graph.node}
+
+    def quantized_here(name: str) -> bool:
+        own = present.get(name)
+        return dynamic if own is None else any(i in dequantized for i in own.input)
+
+    op_types = set(built.params.get("op_types", ()))
+    if built.params.get("gemms_as_matmul"):
+        op_types.add("Gemm")  # dynamic INT8 quantized them as MatMul, under their own names
+    return [QuantizedNode(n.name, n.op_type) for n in reference.graph.node
+            if n.op_type in op_types and n.name and quantized_here(n.name)]  # fmt: skip
+
+
+class QdqBypass:
+    """Candidates of a static QDQ variant: the built graph with the named nodes' input Q/DQ bypassed."""
+
+    def __init__(self, built: BuiltVariant, reference: onnx.ModelProto, workdir: Path) -> None:
+        self._built, self._reference, self._workdir = built, reference, workdir
+        self._quantized = load_model(built.onnx_path)
+
+    def keep_float(self, names: Collection[str], label: str) -> BuiltVariant:
+        path = save_model(bypass_qdq(self._quantized, self._reference, names), self._workdir / f"{label}.onnx")
+        return dataclasses.replace(self._built, name=label, onnx_path=path)
+
+
+class Rebuild:
+    """Candidates of a variant with no Q/DQ to bypass (dynamic INT8): rebuilt with `exclude_nodes`."""
+
+    def __init__(self, spec: VariantSpec, ctx: BuildContext) -> None:
+        self._spec, self._ctx = spec, ctx
+
+    def keep_float(self, names: Collection[str], label: str) -> BuiltVariant:
+        excluded = list(dict.fromkeys([*self._spec.exclude_nodes, *sorted(names)]))
+        return build_variant(self._spec.model_copy(update={"name": label, "exclude_nodes": excluded}), self._ctx)
+
+
+def float_keeper(spec: VariantSpec, ctx: BuildContext, built: BuiltVariant) -> QdqBypass | Rebuild:
+    """How candidates of `built` are made (into ctx.workdir): Q/DQ bypass if static, rebuild if dynamic."""
+    if built.params.get("calibrator") == "dynamic":
+        return Rebuild(spec, ctx)
+    return QdqBypass(built, load_model(ctx.reference_path), ctx.workdir)
+
+
+def bypass_qdq(quantized: onnx.ModelProto, reference: onnx.ModelProto, names: Collection[str]) -> onnx.ModelProto:
+    """A copy of `quantized` whose nodes in `names` read float inputs: activations from before their
+    QuantizeLinear (re-applying a Relu/Clip the quantizer folded into it), weights from `reference`."""
+    model = onnx.ModelProto()
+    model.CopyFrom(quantized)
+    producers = {o: n for n in model.graph.node for o in n.output}
+    originals = {n.name: n for n in reference.graph.node}
+    reference_producers = {o: n for n in reference.graph.node for o in n.output}
+    weights = {t.name: t for t in reference.graph.initializer}
+    nodes: list[onnx.NodeProto] = []
+    restored: dict[str, str] = {}
+    for node in model.graph.node:
+        for index, name in enumerate(node.input if node.name in names else ()):
+            dequantized, source = _dequantized_from(name, producers)
+            if source is not None:  # an activation: read it before its QuantizeLinear
+                folded, here = reference_producers.get(source), producers.get(source)
+                if (
+                    folded is not None
+                    and here is not None
+                    and folded.name != here.name
+                    and folded.op_type in ("Relu", "Clip")
+                ):
+                    if source not in restored:
+                        restored[source] = _restore_activation(model, folded, source, weights, nodes)
+                    source = restored[source]
+                node.input[index] = source
+            elif dequantized and node.name in originals:  # a weight: the reference's float initializer
+                weight = originals[node.name].input[index] if index < len(originals[node.name].input) else ""
+                if weight in weights:
+                    node.input[index] = _add_initializer(model, weights[weight])
+        nodes.append(node)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    _prune(model.graph)
+    return model
+
+
+def _dequantized_from(tensor: str, producers: Mapping[str, onnx.NodeProto]) -> tuple[bool, str | None]:
+    """Whether `tensor` comes out of a DequantizeLinear, and the float tensor its QuantizeLinear
+    quantized (None for a quantized initializer, i.e. a weight or bias)."""
+    dq = producers.get(tensor)
+    if dq is None or dq.op_type != "DequantizeLinear":
+        return False, None
+    q = producers.get(dq.input[0])
+    return True, q.input[0] if q is not None and q.op_type == "QuantizeLinear" else None
+
+
+def _restore_activation(
+    model: onnx.ModelProto, original: onnx.NodeProto, tensor: str, weights: Mapping[str, onnx.TensorProto],
+    nodes: list[onnx.NodeProto],
+) -> str:  # fmt: skip
+    """Append (after `tensor`'s producer, already in `nodes`) a copy of `original` reading `tensor`."""
+    extra = [_add_initializer(model, weights[i]) if i in weights else i for i in original.input[1:]]
+    node = helper.make_node(original.op_type, [tensor, *extra], [f"{tensor}/float"], name=f"{original.name}/float")
+    node.attribute.extend(original.attribute)
+    nodes.append(node)
+    return node.output[0]
+
+
+def _add_initializer(model: onnx.ModelProto, tensor: onnx.TensorProto) -> str:
+    """A copy of a reference weight under a name of its own ("<name>/float"); returns that name."""
+    name = f"{tensor.name}/float"
+    if not any(t.name == name for t in model.graph.initializer):
+        copy = model.graph.initializer.add()
+        copy.CopyFrom(tensor)
+        copy.name = name
+    return name
+
+
+def _prune(graph: onnx.GraphProto) -> None:
+    """Drop nodes whose outputs nobody reads (the bypassed Q/DQ), then initializers nobody reads."""
+    outputs = {o.name for o in graph.output}
+    while dead := [n for n in graph.node if not set(n.output) & ({i for m in graph.node for i in m.input} | outputs)]:
+        for node in dead:
+            graph.node.remove(node)
+    read = {i for n in graph.node for i in n.input} | outputs
+    for tensor in [t for t in graph.initializer if t.name not in read]:
+        graph.initializer.remove(tensor)
+
+
+# -- SQNR: the noise each node adds ------------------------------------------------------------------------
+
+
+def _tensor_pairs(name: str, reference: onnx.ModelProto, quantized: onnx.ModelProto) -> list[tuple[str, str]]:
+    """(quantized-graph tensor, reference tensor) for a node's activation inputs, its output last.
+
+    A static node's tensors are read where its consumers read them (after the Q/DQ); a dynamic
+    node's integer kernels read and write the original tensor names."""
+    own = next((n for n in quantized.graph.node if n.name == name), None)
+    if own is None:
+        original = next(n for n in reference.graph.node if n.name == name)
+        weights = {t.name for t in reference.graph.initializer}
+        return [(i, i) for i in original.input if i and i not in weights] + [(original.output[0],) * 2]
+    producers = {o: n for n in quantized.graph.node for o in n.output}
+    readers = {
+        i: n for n in quantized.graph.node for i in n.input if n.op_type in ("QuantizeLinear", "DequantizeLinear")
+    }
+    sources = {tensor: _dequantized_from(tensor, producers)[1] for tensor in own.input}
+    pairs = [(tensor, source) for tensor, source in sources.items() if source is not None]
+    out = own.output[0]
+    q = readers.get(out)
+    dq = readers.get(q.output[0]) if q is not None else None
+    if dq is None:
+        return pairs + [(out, out)]
+    known = {o for n in reference.graph.node for o in n.output}
+    return pairs + [(dq.output[0], out if out in known else dq.output[0])]
+
+
+def sqnr_costs(
+    reference_path: Path, built: BuiltVariant, nodes: Sequence[QuantizedNode], batches: Iterable[Feeds],
+    backend: Backend, options: RunOptions, workdir: Path,
+) -> dict[str, float]:  # fmt: skip
+    """Node name -> the noise it adds: the noise-to-signal ratio (vs FP32) of its output, as its consumers
+    read it, minus the largest of its activation inputs', over `batches` (NaN when not measurable).
+
+    Both models run side by side a few rows at a time; only running sums are kept."""
+    reference, quantized = load_model(reference_path), load_model(built.onnx_path)
+    pairs = {n.name: _tensor_pairs(n.name, reference, quantized) for n in nodes}
+    q_known, r_known = _tensor_names(quantized), _tensor_names(reference)
+    wanted = sorted({p for tensors in pairs.values() for p in tensors if p[0] in q_known and p[1] in r_known})
+    signal, noise = dict.fromkeys(wanted, 0.0), dict.fromkeys(wanted, 0.0)
+    run_reference = _Exposed(backend, options, built, reference, [r for _, r in wanted], workdir / "sqnr-fp32.onnx")
+    try:
+        run_quantized = _Exposed(backend, options, built, quantized, [q for q, _ in wanted], workdir / "sqnr-int8.onnx")
+        try:
+            for batch in (rows for b in batches for rows in iter_batches(b, SQNR_BATCH_ROWS)):
+                r_values, q_values = run_reference(batch), run_quantized(batch)
+                for q, r in wanted:
+                    values = r_values[r].astype(np.float64)
+                    signal[(q, r)] += float(np.sum(values * values))
+                    noise[(q, r)] += float(np.sum((q_values[q] - values) ** 2))
+        finally:
+            run_quantized.close()
+    finally:
+        run_reference.close()
+    nsr = {p: noise[p] / signal[p] if signal[p] > 0 else math.nan for p in wanted}
+    costs = {}
+    for name, tensors in pairs.items():
+        out = nsr.get(tensors[-1], math.nan)
+        before = max((nsr[p] for p in tensors[:-1] if math.isfinite(nsr.get(p, math.nan))), default=0.0)
+        costs[name] = max(out - before, 0.0) if math.isfinite(out) else math.nan
+    return costs
+
+
+def _tensor_names(model: onnx.ModelProto) -> set[str]:
+    return {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
+
+
+class _Exposed:
+    """A runner of `model` with `names` added as outputs; calling it returns those tensors (and the feeds)."""
+
+    def __init__(self, backend: Backend, options: RunOptions, built: BuiltVariant, model: onnx.ModelProto,
+                 names: Sequence[str], path: Path) -> None:  # fmt: skip
+        exposed = onnx.ModelProto()
+        exposed.CopyFrom(model)
+        have = {o.name for o in exposed.graph.output} | {i.name for i in exposed.graph.input}
+        added = [n for n in dict.fromkeys(names) if n not in have]
+        exposed.graph.output.extend(helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in added)
+        self._order = [o.name for o in exposed.graph.output]
+        self._path = save_model(exposed, path)
+        self._runner = backend.load(dataclasses.replace(built, onnx_path=path), options)
+
+    def __call__(self, feeds: Feeds) -> dict[str, np.ndarray]:
+        return dict(feeds) | dict(zip(self._order, self._runner.run(feeds)))
+
+    def close(self) -> None:
+        self._runner.close()
+        self._path.unlink(missing_ok=True)
