@@ -1,5 +1,5 @@
 """The TensorRT backend: clear errors without TensorRT or a GPU, the pure parts of engine building
-(network mode, profile, cache key, model hash, what TensorRT cannot run), the runner's engine
+(tensorrt_spec: network mode, profile, cache key, model hash, what TensorRT cannot run), the runner's engine
 switching on stand-in engines (all run everywhere), and a real engine against ORT CPU (marked gpu)."""
 
 from __future__ import annotations
@@ -22,13 +22,11 @@ from qbench.backends import tensorrt as trt_module
 from qbench.backends.base import Backend, Runner, RunOptions
 from qbench.backends.onnxruntime_cpu import OnnxRuntimeCPU
 from qbench.backends.onnxruntime_gpu import GpuProbe
-from qbench.backends.tensorrt import (
+from qbench.backends.tensorrt import EnginePlan, TensorRT, TensorRTRunner
+from qbench.backends.tensorrt_spec import (
     DEFAULT_MAX_BATCH,
     ENGINE_SETTINGS,
-    EnginePlan,
     InputRange,
-    TensorRT,
-    TensorRTRunner,
     engine_cache_key,
     engine_profile,
     engine_settings,
