@@ -23,9 +23,9 @@ from pydantic import (
 )
 
 from qbench.errors import RecipeError, expected_one_of, short_repr
+from qbench.recipe_data import DataSpec, path_field
 from qbench.recipe_errors import recipe_error
 from qbench.recipe_executor import BackendResources, ExecutorSpec, check_backend_resources, split_backend_entries
-from qbench.recipe_filters import check_filter
 from qbench.recipe_registry import RegistrySpec, check_registry
 from qbench.recipe_search import SearchSpec, check_search
 from qbench.recipe_slo import CostSpec, SloSpec, check_serving
@@ -33,7 +33,6 @@ from qbench.recipe_variants import Name, VariantSpec, reference_variant
 from qbench.recipe_yaml import read_recipe_yaml
 from qbench.techniques.options import (
     FallbackSpec,
-    Filter,
     QatSpec,
     SmoothQuantSpec,
     TrainSpec,
@@ -47,22 +46,15 @@ __all__ = ["FallbackSpec", "QatSpec", "Recipe", "SmoothQuantSpec", "TrainSpec", 
 RESULT_SECTIONS = ("name", "task", "model", "data", "variants", "search", "backends", "metrics")
 
 
-def _path_field(description: str, default: Any = None) -> Any:
-    """A path field: a string in the YAML, relative to the recipe file."""
-    return Field(default, description=description, strict=False)
-
-
-
-
 TorchDtype = Literal["float32", "float16", "bfloat16", "int64", "int32", "bool"]
 
 
 class ModelSpec(_Strict):
     """Either an ONNX file (`path`) or a PyTorch module (`torch` factory + optional `weights`), exported once."""
 
-    path: Path | None = _path_field("ONNX model, relative to the recipe file")
+    path: Path | None = path_field("ONNX model, relative to the recipe file")
     torch: str | None = Field(None, description="'package.module:factory' returning an nn.Module (imported as Python code)")
-    weights: Path | None = _path_field("state_dict file, loaded with torch.load(weights_only=True)")
+    weights: Path | None = path_field("state_dict file, loaded with torch.load(weights_only=True)")
     example_inputs: dict[str, list[Annotated[int, Field(gt=0)]]] | None = Field(
         None, description="input name -> example shape (first dim is the batch, exported as dynamic)"
     )
@@ -95,83 +87,6 @@ class ModelSpec(_Strict):
             if given:
                 raise ValueError(f"{given[0]}: applies only to a PyTorch model (`torch:`), not to an ONNX file")
         return self
-
-
-class CalibrationSpec(_Strict):
-    path: Path | None = _path_field("draw calibration rows from this file instead of data.path")
-    filter: Filter | None = None
-    samples: int = Field(256, gt=0, description="rows drawn for calibration (fewer if fewer rows match)")
-    seed: int = 0
-    stratify_by: str | None = Field(None, description="column whose values are sampled in proportion")
-    batch_size: int = Field(16, gt=0, description="rows per calibration batch")
-
-    _check = field_validator("filter")(lambda v: None if v is None else check_filter(v))
-
-
-class EvaluationSpec(_Strict):
-    filter: Filter | None = None
-    limit: int | None = Field(None, gt=0, description="evaluate at most this many rows (first rows after filtering)")
-    batch_size: int = Field(64, gt=0, description="rows per inference batch during evaluation")
-
-    _check = field_validator("filter")(lambda v: None if v is None else check_filter(v))
-
-
-class SliceSpec(_Strict):
-    """`by: column` (one slice per distinct value), `name` + `filter`, or `by_length: text column` + `buckets`."""
-
-    by: str | None = None
-    name: str | None = None
-    filter: Filter | None = None
-    by_length: str | None = Field(None, description="text column whose token count is bucketed")
-    buckets: list[Annotated[int, Field(gt=0)]] | None = Field(None, description="upper bounds of token-length buckets")
-
-    _check = field_validator("filter")(lambda v: None if v is None else check_filter(v))
-
-    @model_validator(mode="after")
-    def _one_kind(self) -> SliceSpec:
-        kinds = [self.by is not None, self.name is not None or self.filter is not None, self.by_length is not None]
-        if sum(kinds) > 1:
-            raise ValueError("a slice has one of `by`, `name` + `filter`, or `by_length` + `buckets`")
-        if self.by_length is not None and not self.buckets:
-            raise ValueError("buckets: `by_length` needs token-length bucket bounds, e.g. [16, 32, 64]")
-        if self.buckets is not None and self.by_length is None:
-            raise ValueError("buckets: applies only with `by_length`")
-        if not any(kinds) or (kinds[1] and (self.name is None or self.filter is None)):
-            raise ValueError("a slice needs `by: <column>`, or both `name` and `filter`, or `by_length` + `buckets`")
-        return self
-
-
-class TokenizerSpec(_Strict):
-    path: str = Field(description="a local tokenizer folder (relative to the recipe) or an installed model's folder")
-    max_length: int = Field(128, gt=0)
-    padding: Literal["max_length", "longest"] = "max_length"
-
-
-class TextInputSpec(_Strict):
-    """A text column tokenized offline; the tokenizer's outputs feed the model inputs of the same names."""
-
-    tokenizer: TokenizerSpec
-
-
-class DataSpec(_Strict):
-    path: Path = _path_field(".parquet, .csv, .jsonl, or a `datasets` save_to_disk folder; relative to the recipe", ...)
-    inputs: dict[str, str | TextInputSpec] = Field(
-        description="data column -> model input name, or a text column -> {tokenizer: {...}}"
-    )
-    label: str | None = Field(None, description="label column; without it accuracy is agreement with FP32")
-    calibration: CalibrationSpec = CalibrationSpec()
-    evaluation: EvaluationSpec = EvaluationSpec()
-    slices: list[SliceSpec] = []
-    nonfinite_inputs: Literal["error", "drop"] = Field(
-        "error", description="rows whose input columns hold NaN/inf: error (default) or drop them (counted in results)"
-    )
-
-    @field_validator("inputs")
-    @classmethod
-    def _inputs_nonempty(cls, v: dict[str, str | TextInputSpec]) -> dict[str, str | TextInputSpec]:
-        if not v:
-            raise ValueError("expected at least one `column: input_name` pair")
-        return v
 
 
 class MetricSpec(_Strict):
@@ -296,7 +211,7 @@ class Recipe(_Strict):
     cost: CostSpec | None = Field(None, description="price per hour per backend, for cost per inference")
     registry: RegistrySpec | None = Field(None, description="register the gate's winners in the MLflow Model Registry")
     search: SearchSpec | None = Field(None, description="find the fastest INT8 variant passing the gate (qbench.search)")
-    output_dir: Path = _path_field("results go to <output_dir>/<name>/<timestamp>/ (relative to the recipe)", Path("reports"))
+    output_dir: Path = path_field("results go to <output_dir>/<name>/<timestamp>/ (relative to the recipe)", Path("reports"))
     executor: ExecutorSpec = ExecutorSpec()
     backend_resources: dict[str, BackendResources] = Field({}, description="backend -> accelerator pin (Ray)")
 

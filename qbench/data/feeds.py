@@ -26,7 +26,7 @@ from qbench.data.text import (
 )
 from qbench.errors import RecipeError, did_you_mean
 from qbench.modelinfo import TensorMeta
-from qbench.recipe import TextInputSpec
+from qbench.recipe_data import TextInputSpec
 
 InputTarget = str | TextInputSpec
 

@@ -18,7 +18,7 @@ import pandas as pd
 
 from qbench.data.load import table_name
 from qbench.errors import RecipeError
-from qbench.recipe import TextInputSpec
+from qbench.recipe_data import TextInputSpec
 
 _SHOWN = 4  # columns / slices named in one message
 

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from qbench.data.filters import scalar_column
-from qbench.recipe import CalibrationSpec
+from qbench.recipe_data import CalibrationSpec
 
 STRATIFY_FIELD = "data.calibration.stratify_by"
 

@@ -22,7 +22,7 @@ from qbench.data.filters import distinct_values, empty_selection_error, filter_m
 from qbench.data.load import table_name
 from qbench.data.text import text_cells, token_counts
 from qbench.errors import RecipeError
-from qbench.recipe import SliceSpec, TextInputSpec
+from qbench.recipe_data import SliceSpec, TextInputSpec
 
 MAX_SLICES_PER_COLUMN = 50
 MISSING_VALUE = "<missing>"  # the value in the name of a `by` slice holding the rows where the column is empty

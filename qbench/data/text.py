@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from qbench.errors import MissingExtraError, RecipeError
-from qbench.recipe import TokenizerSpec
+from qbench.recipe_data import TokenizerSpec
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedTokenizerBase

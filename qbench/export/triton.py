@@ -32,7 +32,8 @@ from qbench.errors import QbenchError, expected_one_of
 from qbench.export.pbtxt import EnumValue, to_pbtxt
 from qbench.gate import GateReport, run_gate
 from qbench.modelinfo import ModelInfo, TensorMeta, external_data_files, read_model_info
-from qbench.recipe import Recipe, TextInputSpec
+from qbench.recipe import Recipe
+from qbench.recipe_data import TextInputSpec
 from qbench.results import LatencyPoint, SweepResults, VariantResult
 
 DEFAULT_MAX_QUEUE_DELAY_US = 100

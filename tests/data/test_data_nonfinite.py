@@ -10,7 +10,7 @@ import pytest
 
 from qbench.data.nonfinite import check_finite, drop_nonfinite, nonfinite_masks
 from qbench.errors import RecipeError
-from qbench.recipe import TextInputSpec, TokenizerSpec
+from qbench.recipe_data import TextInputSpec, TokenizerSpec
 
 RECIPE = Path("recipe.yaml")
 

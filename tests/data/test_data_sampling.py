@@ -11,7 +11,7 @@ import pytest
 
 from qbench.data.sampling import allocate_proportionally, draw_calibration_sample, per_slice_counts, row_ids_sha256
 from qbench.errors import RecipeError
-from qbench.recipe import CalibrationSpec
+from qbench.recipe_data import CalibrationSpec
 
 RECIPE = Path("recipe.yaml")
 

