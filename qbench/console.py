@@ -63,24 +63,38 @@ class ConsoleLogHandler(logging.Handler):
             self.handleError(record)
 
 
+class OtherLibrariesWarnings(logging.StreamHandler):
+    """The root logger's handler while the CLI runs: other libraries' warnings and errors on stderr, as Python
+    prints them when nothing is configured; qbench's own records are left to the console handler. Being there,
+    it also turns a third-party `logging.basicConfig` (some ONNX Runtime quantization modules call it on import)
+    into a no-op, which would otherwise print every qbench line a second time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setLevel(logging.WARNING)
+        self.addFilter(lambda record: not record.name.startswith("qbench"))
+
+
 @contextlib.contextmanager
 def library_output_on_console(level: int = logging.INFO) -> Iterator[None]:
-    """While open: the `qbench` loggers print on the console at `level` and up, and long loops draw bars.
-    They stop propagating meanwhile: a third-party import that calls `logging.basicConfig` (some of ONNX
-    Runtime's quantization modules do) would otherwise print every line a second time."""
+    """While open: the `qbench` loggers print on the console at `level` and up, and long loops draw bars."""
     logger = logging.getLogger("qbench")
     handler = ConsoleLogHandler()
-    previous_level, previous_propagate = logger.level, logger.propagate
+    previous_level = logger.level
     logger.addHandler(handler)
     logger.setLevel(level)
-    logger.propagate = False
+    root = logging.getLogger()
+    others = OtherLibrariesWarnings() if not root.handlers else None
+    if others is not None:
+        root.addHandler(others)
     try:
         with reporting_progress(RichProgress()):
             yield
     finally:
         logger.removeHandler(handler)
         logger.setLevel(previous_level)
-        logger.propagate = previous_propagate
+        if others is not None:
+            root.removeHandler(others)
 
 
 def print_wide(renderable: RenderableType, target: Console | None = None) -> None:
