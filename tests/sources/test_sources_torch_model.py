@@ -437,7 +437,7 @@ def test_sweep_builds_every_variant_from_the_exported_reference(project: Path) -
         {"name": "int8-minmax", "precision": "int8", "calibrator": "minmax"},
     ]
     recipe = _write_recipe(project.parent, variants=variants)
-    assert main(["sweep", str(recipe), "--no-track"]) in (0, 1)
+    assert main(["sweep", str(recipe), "--no-track"]) == 0
     (results_file,) = (project.parent / "reports" / "tiny-torch").glob("*/results.json")
     results = json.loads(results_file.read_text())
     statuses = {(v["variant"], v["backend"]): (v["status"], v.get("error")) for v in results["variants"]}

@@ -15,7 +15,7 @@ import yaml
 from onnx import TensorProto, helper, numpy_helper
 
 from qbench.cli import main
-from qbench.gate import latest_results
+from qbench.gate import EXIT_BREACH, EXIT_PASS, evaluate_gate, latest_results
 from qbench.recipe import load_recipe
 from qbench.results import SweepResults, read_results
 
@@ -77,8 +77,10 @@ def run_all(recipe: Path, capsys: pytest.CaptureFixture[str]) -> tuple[SweepResu
     sweep_code = main(["sweep", str(recipe), "--no-track", "--gate"])
     gate_code = main(["gate", str(recipe)])
     shown = capsys.readouterr()
-    assert sweep_code in (0, 1) and gate_code == sweep_code, shown
     results = read_results(latest_results(load_recipe(recipe)))
+    loaded = load_recipe(recipe)
+    verdict = evaluate_gate(results, loaded.gate, slo=loaded.slo)  # complete results: judged, never unusable
+    assert not verdict.problems and sweep_code == gate_code == (EXIT_BREACH if verdict.breaches else EXIT_PASS), shown
     return results, shown.out + shown.err
 
 
