@@ -85,7 +85,7 @@ def attach_torch_form(built: BuiltVariant, spec: VariantSpec, torch_model: Any) 
         TORCH_DEVICES: list(form.devices),
         TORCH_COMPILE: spec.compile,
     }
-    notes = (*built.notes, form.note) if form.note else built.notes
+    notes = (*built.notes, form.note) if form.note and form.note not in built.notes else built.notes  # idempotent
     return replace(built, torch_module=TorchFormFactory(torch_model, form, spec.compile), params=params, notes=notes)
 
 

@@ -191,6 +191,9 @@ def test_int8_dynamic_form_is_noted(exported: Exported) -> None:
     variant = _torch_variant(exported, _spec("int8", calibrator="dynamic"))
     assert "torchao" in variant.params[TORCH_FORM]
     assert any("torchao int8" in note for note in variant.notes)
+    spec = _spec("int8", calibrator="dynamic")
+    again = attach_torch_form(variant, spec, exported.torch_model)  # a build read back from the store gets it again
+    assert sum("torchao int8" in note for note in again.notes) == 1
 
 
 def test_new_feeds_are_not_served_from_the_previous_batch(exported: Exported) -> None:
