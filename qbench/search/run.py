@@ -117,8 +117,9 @@ class _Search:
         self.budget_exhausted = False
         self.keep_float_exhausted = False
         self.tried = 0  # candidates started
-        fp32_built = BuiltVariant("fp32", "fp32", prepared.source.onnx_path)
-        self.fp32_screen = measure(backend, fp32_built, prepared, rows=self.screen, timing=self.timing, quiet=True, clock=clock)
+        self.fp32_built = BuiltVariant("fp32", "fp32", prepared.source.onnx_path)
+        self.fp32_screen = measure(backend, self.fp32_built, prepared, rows=self.screen, timing=self.timing, quiet=True,
+                                   clock=clock)  # fmt: skip
         self.fp32_p50 = _p50s(self.fp32_screen.result)
 
     # -- budget -----------------------------------------------------------------------------------
@@ -168,16 +169,23 @@ class _Search:
             self.records[index] = record.with_(stage="failed", verdict=f"failed to run: {measured.result.error}"[:300])
             return index
         verdict = judge(self.fp32_screen.result, measured.result, self.gate)
-        p50 = _p50s(measured.result)
+        p50, fp32_p50 = _p50s(measured.result), self._fp32_p50_now()
         self.records[index] = record.with_(
-            stage="screened", speedup=select.speedup(self.fp32_p50, p50), nsr=measured.nsr,
-            speedups={f"b{b}": self.fp32_p50[b] / p for b, p in p50.items() if b in self.fp32_p50 and p > 0},
+            stage="screened", speedup=select.speedup(fp32_p50, p50), nsr=measured.nsr,
+            speedups={f"b{b}": fp32_p50[b] / p for b, p in p50.items() if b in fp32_p50 and p > 0},
             screen_metric=_metric(measured.result, self.gate.metric), screen_drop=_overall(verdict),
             screen_excess=gate_excess(verdict),
             verdict="screened: " + ("promising" if gate_excess(verdict) <= select.SCREEN_SLACK else "not promising"),
         )  # fmt: skip
         self._say(index, "screen")
         return index
+
+    def _fp32_p50_now(self) -> dict[int, float]:
+        """FP32 timed again right after a candidate, so that each speed-up pairs timings taken under the same machine
+        load (on a shared machine, load drifts over a search: one FP32 timing at the start misranked candidates 2×)."""
+        again = measure(self.backend, self.fp32_built, self.prepared, rows=self.screen, timing=self.timing, score=False,
+                        quiet=True, clock=self.clock).result  # fmt: skip
+        return _p50s(again) or self.fp32_p50
 
     def evaluate(self, index: int) -> None:
         """Run candidate `index` on every evaluation row and judge it as the gate would."""
@@ -283,11 +291,10 @@ class _Search:
         finalists = passing[: self.spec.finalists]
         if len(finalists) < 2 or not self.within_budget("re-timing the finalists"):
             return
-        fp32 = BuiltVariant("fp32", "fp32", self.prepared.source.onnx_path)
         timed: dict[int | None, list[dict[int, float]]] = {i: [] for i in [None, *finalists]}
         for _ in range(RETIME_ROUNDS):
             for index, rounds in timed.items():
-                built = fp32 if index is None else self.built[index]
+                built = self.fp32_built if index is None else self.built[index]
                 result = measure(self.backend, built, self.prepared, rows=self.screen, timing=self.timing, score=False,
                                  quiet=True, clock=self.clock).result  # fmt: skip
                 rounds.append(_p50s(result))
@@ -332,8 +339,8 @@ class _Search:
 
     def _method_note(self) -> str:
         return (f"screening on {self.screen.count} of {len(self.prepared.evaluation_rows)} evaluation rows; speed-ups "
-                f"from {self.spec.timing_runs} timed runs per batch size (finalists: medians of {RETIME_ROUNDS} "
-                "interleaved rounds), noisy on a shared machine")  # fmt: skip
+                f"from {self.spec.timing_runs} timed runs per batch size, each candidate against FP32 timed right after it "
+                f"(finalists: medians of {RETIME_ROUNDS} interleaved rounds), noisy on a shared machine")  # fmt: skip
 
     def _keep(self, index: int) -> BuiltVariant:
         """Move the picked candidate's files to <workdir>/<name>.* and name it after the search."""

@@ -113,3 +113,26 @@ def test_a_chosen_candidate_slower_than_fp32_is_said_so_in_the_report_and_the_va
     variant = outcome.results.find("int8-search", "onnxruntime-cpu")
     assert any("0.50× FP32" in note for note in variant.notes)
     assert "0.50× FP32" in outcome.report_path.read_text()
+
+
+def test_each_screened_candidate_is_timed_beside_fp32(tmp_path, monkeypatch):
+    """A candidate's speed-up pairs its timing with FP32 timed right after it (the same machine load), not with
+    one FP32 timing from the search's start."""
+    from qbench.search import run as search_run
+
+    timed = []
+    real_measure = search_run.measure
+
+    def recording(backend, built, prepared, **options):
+        if options.get("timing") is not None:
+            timed.append(built.name)
+        return real_measure(backend, built, prepared, **options)
+
+    monkeypatch.setattr(search_run, "measure", recording)
+    _, outcome = _searched(tmp_path, {"time_budget_s": 60, "techniques": ["ort-dynamic", "ort-static"]}, fragile=())
+    screened = [i for i, c in enumerate(outcome.results.search.candidates) if c.stage != "not applicable"]
+    assert len(screened) >= 2
+    candidates = [name for name in timed if name != "fp32"]
+    for name in candidates[: len(screened)]:
+        position = timed.index(name)
+        assert timed[position + 1] == "fp32", timed  # FP32 timed right after each screened candidate
