@@ -101,6 +101,12 @@ def slo_lines(results: SweepResults, gate: GateReport | None) -> list[str]:
         variant = results.find(check.variant, check.backend)
         serving = variant.serving if variant else None
         where = f"at {serving.rate_rps:g} req/s" if serving and serving.rate_rps else "at its budget batch size"
+        if serving is not None and serving.at_rate is not None and serving.at_rate.overloaded:
+            lines.append(f"SLO BREACH {check.variant}@{check.backend}: overloaded {where}: above what one instance "
+                         f"sustains (max {serving.max_rate_rps or 0:,.0f} req/s within budget), so its queue grows "
+                         f"without bound (p99 {check.observed:.4g} ms over the {serving.at_rate.requests} simulated "
+                         "requests only)")  # fmt: skip
+            continue
         sign, verdict = (">", "BREACH") if check.status == "breach" else ("<=", "pass")
         lines.append(f"SLO {verdict} {check.variant}@{check.backend}: p99 {check.observed:.4g} ms {where} {sign} "
                      f"budget {check.reference:g} ms ({check.drop:+.3g} ms, {check.drop / check.reference:+.1%})")  # fmt: skip

@@ -10,7 +10,8 @@
                               the highest Poisson rate whose p99 met the budget (null: none did)
       price_per_hour, usd_per_million {"b<batch>": ..., "max_rate": ...}
       bound BoundEstimate     compute-, memory- or overhead-bound, an estimate with its basis
-    LoadStats: rate_rps, requests, p50_ms, p95_ms, p99_ms, mean_ms, mean_wait_ms, mean_batch_size, achieved_rps
+    LoadStats: rate_rps, requests, p50_ms, p95_ms, p99_ms, mean_ms, mean_wait_ms, mean_batch_size, achieved_rps,
+              overloaded
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ class LoadStats:
     mean_wait_ms: float  # time in the queue before the request's batch starts
     mean_batch_size: float
     achieved_rps: float  # requests / (last completion - first arrival)
+    # the rate is at or above what one instance sustains (full batches at the median service time): under sustained
+    # traffic its queue grows without bound, however short the finite simulation's tail looks
+    overloaded: bool = False
 
 
 @dataclass(frozen=True)

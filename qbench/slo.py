@@ -171,7 +171,8 @@ def _judge_one(
         samples = point.iterations
     if not math.isfinite(observed):
         return None, "the p99 latency is missing or NaN"
-    status = "pass" if observed <= budget.p99_ms + 1e-12 else "breach"
+    overloaded = budget.rate_rps is not None and serving.at_rate.overloaded
+    status = "pass" if observed <= budget.p99_ms + 1e-12 and not overloaded else "breach"
     return SloJudgement(result.variant, result.backend, budget.p99_ms, observed, samples, status), None
 
 

@@ -66,6 +66,20 @@ def test_within_budget_passes_and_is_the_cheapest():
     assert cheapest(results, gate).variant.variant == "int8-fast"  # $0.25 beats $0.50; FP32 is over budget
 
 
+def test_an_overloaded_budget_rate_breaches_whatever_its_simulated_p99():
+    """A p99 within budget over a finite simulation, at a rate the instance cannot sustain: a breach, said so."""
+    results = _results(int8_p99=9.0)
+    fast = results.find("int8-fast", "onnxruntime-cpu")
+    overloaded = replace(fast.serving, at_rate=replace(fast.serving.at_rate, overloaded=True), max_rate_rps=80.0)
+    results = replace(results, variants=tuple(replace(v, serving=overloaded) if v is fast else v for v in results.variants))
+    gate = evaluate_gate(results, GATE, slo=SLO)
+    assert gate.exit_code == EXIT_BREACH and gate.status_of("int8-fast", "onnxruntime-cpu") == "fail"
+    assert gate.status_of("int8-ok", "onnxruntime-cpu") == "pass"
+    line = slo_lines(results, gate)[0]
+    assert line.startswith("SLO BREACH int8-fast@onnxruntime-cpu: overloaded at 100 req/s") and "max 80 req/s" in line
+    assert cheapest(results, gate).variant.variant == "int8-ok"
+
+
 def test_a_missing_load_figure_or_other_settings_fail_closed():
     gate = evaluate_gate(_results(int8_p99=None), GATE, slo=SLO)
     assert gate.exit_code == EXIT_UNUSABLE

@@ -161,6 +161,7 @@ def simulate(
         mean_wait_ms=float((starts - arrivals).mean()),
         mean_batch_size=n / batches,
         achieved_rps=n * 1000.0 / span_ms if span_ms > 0 else math.inf,
+        overloaded=rate_rps >= capacity_rps(service, batcher.max_batch_size),
     )
 
 
@@ -194,7 +195,8 @@ def search_max_rate(
 ) -> RateSearch:
     """The highest Poisson rate whose simulated p99 stays within `budget_ms`: start at 1/64 of capacity
     (then 1/512, 1/4096: none passing means no rate does), double a passing rate until one fails, then
-    bisect to `rel_tol`. Bounded: at most `max_simulations` simulations."""
+    bisect to `rel_tol`. A rate at or above capacity fails whatever its simulated p99 (a fast model drains a
+    finite simulation within the budget at any rate). Bounded: at most `max_simulations` simulations."""
     if not budget_ms > 0:
         raise QbenchError(f"budget_ms must be positive, got {budget_ms}")
     runs = 0
@@ -203,7 +205,7 @@ def search_max_rate(
         nonlocal runs
         runs += 1
         stats = simulate(service, batcher, rate, draws, overhead_ms=overhead_ms)
-        return stats if stats.p99_ms <= budget_ms else None
+        return stats if stats.p99_ms <= budget_ms and not stats.overloaded else None
 
     low = capacity_rps(service, batcher.max_batch_size) / 64  # well under capacity: queueing is rare
     best = passes(low)

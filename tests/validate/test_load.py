@@ -118,6 +118,18 @@ def test_max_rate_search_finds_the_edge():
     assert found.simulations <= 60
 
 
+def test_a_fast_model_is_never_credited_with_a_rate_above_its_capacity():
+    """0.01 ms per request, 5000 requests: even all at once they drain in 50 ms, within a 100 ms budget at any rate.
+    The search must stop at capacity (100,000 req/s), not double for ever; the rate itself is flagged overloaded."""
+    service, batcher, draws = FixedServiceTime(0.01), Batcher(1, 0.0), Draws.make(5000, seed=5)
+    assert simulate(service, batcher, 1e9, draws).p99_ms < 100.0  # the finite simulation alone would pass it
+    assert simulate(service, batcher, 1e9, draws).overloaded
+    assert not simulate(service, batcher, 0.5 * capacity_rps(service, 1), draws).overloaded
+    found = search_max_rate(service, batcher, 100.0, draws)
+    assert found.max_rate_rps is not None and found.max_rate_rps < capacity_rps(service, 1) == pytest.approx(100_000)
+    assert found.max_rate_rps > 0.95 * capacity_rps(service, 1)  # the edge is capacity itself here
+
+
 def test_no_rate_meets_a_budget_below_the_service_time():
     found = search_max_rate(FixedServiceTime(D_MS), Batcher(1, 0.0), 1.0, Draws.make(2000, seed=0))
     assert found.max_rate_rps is None and found.at_max is None
