@@ -65,7 +65,7 @@ def _within_budget(variant: VariantResult) -> bool:
     if serving is None or serving.budget_ms is None:
         return False
     if serving.at_rate is not None:
-        return serving.at_rate.p99_ms <= serving.budget_ms
+        return serving.at_rate.p99_ms <= serving.budget_ms and not serving.at_rate.overloaded
     point = variant.latency.at(serving.batch_size) if variant.latency and serving.batch_size else None
     return point is not None and point.p99_ms + serving.preprocess_ms_per_row * point.batch_size <= serving.budget_ms
 

@@ -78,6 +78,10 @@ def test_an_overloaded_budget_rate_breaches_whatever_its_simulated_p99():
     line = slo_lines(results, gate)[0]
     assert line.startswith("SLO BREACH int8-fast@onnxruntime-cpu: overloaded at 100 req/s") and "max 80 req/s" in line
     assert cheapest(results, gate).variant.variant == "int8-ok"
+    fp32 = results.find("fp32", "onnxruntime-cpu")  # the reference is not gated: judged by cheapest() itself
+    cheap_fp32 = replace(fp32.serving, at_rate=replace(_load(5.0), overloaded=True), usd_per_million={"max_rate": 0.01})
+    results = replace(results, variants=tuple(replace(v, serving=cheap_fp32) if v is fp32 else v for v in results.variants))
+    assert cheapest(results, gate).variant.variant == "int8-ok"
 
 
 def test_a_missing_load_figure_or_other_settings_fail_closed():
