@@ -105,4 +105,7 @@ def print_wide(renderable: RenderableType, target: Console | None = None) -> Non
         target.print(renderable)
         return
     natural = Measurement.get(target, target.options.update_width(10_000), renderable).maximum
+    caption = getattr(renderable, "caption", None)  # a table's notes under it: measured apart from its columns
+    if caption is not None:
+        natural = max(natural, *(len(line) for line in str(caption).splitlines()))
     Console(file=target.file, width=max(target.width, natural), color_system=target.color_system).print(renderable)

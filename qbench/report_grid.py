@@ -88,8 +88,8 @@ def to_rich(grid: Grid) -> Table:
         table.add_column(header, justify="right" if index in grid.right_aligned else "left", overflow="fold")
     for row in grid.rows:
         table.add_row(*(Text(c) if isinstance(c, str) else Text(c[0], style=c[1]) for c in row))
-    if grid.footer:
-        table.caption = "\n".join(grid.footer)
+    if grid.footer:  # one line each, never folded at the table's width (a CI log keeps a message or path whole)
+        table.caption = Text("\n".join(grid.footer), style=grid.footer_style, no_wrap=True, overflow="ignore")
     return table
 
 

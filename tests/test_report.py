@@ -6,6 +6,7 @@ import dataclasses
 import io
 import math
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -167,6 +168,17 @@ def test_print_summary_does_not_fold_tables_in_logs(monkeypatch: pytest.MonkeyPa
     assert all(v.variant in out for v in results.variants)
     assert "Frontier" in out and "BREACH" in out
     assert max(len(line) for line in out.splitlines()) > 80
+    for problem in gate.problems:  # a fail-closed message under the gate table stays on one line
+        assert any(f"cannot judge (fail closed): {problem}" in line for line in out.splitlines()), problem
+
+
+def test_a_long_problem_under_the_gate_table_is_not_folded_at_the_table_width(monkeypatch: pytest.MonkeyPatch,
+                                                                              gate: GateReport) -> None:  # fmt: skip
+    long = "int8-search@onnxruntime-cpu: variant failed: " + "a message that runs well past the table " * 4
+    stream = io.StringIO()
+    monkeypatch.setattr(qbench.console, "console", Console(file=stream, width=80))
+    print_summary(make_sweep(), replace(gate, problems=(long,)))
+    assert any(f"cannot judge (fail closed): {long}" in line for line in stream.getvalue().splitlines())
 
 
 def test_report_marks_emulated_figures_and_non_default_session_options(tmp_path: Path) -> None:

@@ -158,7 +158,9 @@ def _int8_search(
         return None, f"search failed: {describe_error(exc)}", None
     report = to_jsonable(outcome.report)
     if outcome.built is None:
-        return None, "the INT8 search could not build any candidate", report
+        from qbench.search.select import why_none
+
+        return None, why_none(outcome.report.candidates), report
     return outcome.built, None, report
 
 

@@ -10,6 +10,7 @@
 - `keep_float_bases`: which failing candidates get nodes kept in floating point.
 - `closest` / `needed`: when none passed, the candidate nearest to passing and what it would take.
 - `slower_than_reference`: the chosen candidate does not beat FP32 (INT8 may not pay off on a backend).
+- `why_none`: why a search kept no candidate at all, in words.
 """
 
 from __future__ import annotations
@@ -77,6 +78,16 @@ def slower_than_reference(record: CandidateRecord, tie: float = TIE) -> str | No
         return None
     return (f"the fastest passing candidate runs at {speed:.2f}× FP32: no INT8 candidate beat FP32 on this backend, "
             "so FP32 (or FP16) is the faster choice here")  # fmt: skip
+
+
+def why_none(records: Sequence[CandidateRecord]) -> str:
+    """Why no candidate could be kept: nothing to quantize in the graph, or what each candidate ran into."""
+    tried = [r for r in records if r.stage != "skipped"]
+    if tried and all(r.stage == "not applicable" for r in tried):
+        return ("the INT8 search found nothing to quantize: every candidate left the graph as FP32's (no MatMul, "
+                "Gemm or Conv with constant weights, e.g. a tree ensemble); there is no INT8 variant of this model")  # fmt: skip
+    reasons = "; ".join(f"{r.label}: {r.verdict}" for r in tried if r.stage != "not applicable")
+    return f"the INT8 search could not build and run any candidate ({reasons or 'none was tried'})"
 
 
 def _nearness(record: CandidateRecord) -> float:

@@ -104,3 +104,12 @@ def test_slower_than_reference_flags_a_choice_that_does_not_beat_fp32():
     assert select.slower_than_reference(_record("tie", speedup=0.97, passed=True)) is None  # within the noise margin
     assert select.slower_than_reference(_record("fast", speedup=1.4, passed=True)) is None
     assert select.slower_than_reference(_record("untimed", speedup=None, passed=True)) is None
+
+
+def test_why_none_tells_nothing_to_quantize_from_candidates_that_failed():
+    na = _record("ort-dynamic", stage="not applicable", verdict="nothing to quantize: the graph is FP32's")
+    skipped = _record("ort-static", stage="skipped", verdict="not tried: time budget spent")
+    assert "found nothing to quantize" in select.why_none([na, skipped])
+    broken = _record("smoothquant-static a=auto", stage="failed", verdict="build failed: no calibration rows")
+    reason = select.why_none([na, broken])
+    assert "could not build and run any candidate" in reason and "smoothquant-static a=auto: build failed" in reason
