@@ -7,8 +7,12 @@
 2. Sweep overhead: the share of a whole demo sweep spent outside variant building (calibration
    included) and inference — data preparation, scoring, load simulation, reporting, plotting, MLflow
    logging — in a sweep whose tracking store already exists (its one-time creation is not counted).
+   Each demo is swept three ways: from the library with MLflow, from the library without it, and as a
+   `qbench sweep` process (whose wall time also holds the interpreter's start and the imports).
+   The digits CNN always; the MiniLM search demo with --minilm (about 5 minutes).
 
-    python bench/overhead.py [--rounds 5] [--iterations 300] [--threads 2] [--out bench/out/overhead.json]
+    python bench/overhead.py [--rounds 5] [--iterations 300] [--threads 2] [--minilm]
+                             [--out bench/out/overhead.json]
 """
 
 from __future__ import annotations
@@ -16,7 +20,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -29,12 +36,14 @@ from rich.table import Table
 from qbench.backends import get_backend
 from qbench.backends.base import RunOptions
 from qbench.demo.digits import make_digits_demo
+from qbench.demo.minilm import write_text_sets
 from qbench.recipe import load_recipe
 from qbench.sweep import run_sweep
 from qbench.validate.latency import measure_steady_state
 from qbench.variants import BuiltVariant
 
 BATCH_SIZES = (1, 32)
+REPO = Path(__file__).resolve().parents[1]
 
 
 def bare_ort_p50_ms(model: Path, batch: np.ndarray, threads: int, warmup: int, iterations: int) -> float:
@@ -82,20 +91,52 @@ def timing_fidelity(model: Path, rounds: int, threads: int, warmup: int, iterati
     return rows
 
 
-def sweep_overhead(root: Path) -> dict:
-    """Run the demo recipe (with MLflow into a temporary sqlite store) and split its wall time. The first sweep
-    creates the tracking store (seconds of schema migrations, once per store); the second one is measured."""
+def _split(timings: dict[str, float], wall_s: float) -> dict:
+    outside = wall_s - timings.get("build", 0.0) - timings.get("inference", 0.0)
+    return {**timings, "wall_s": wall_s, "outside_build_and_inference_s": outside, "overhead_fraction": outside / wall_s}
+
+
+def library_sweep(root: Path, recipe_name: str, *, track: bool) -> dict:
+    """run_sweep on the demo recipe; with `track`, a first sweep creates the tracking store and the second is
+    measured (the store's one-time creation is not counted)."""
     cwd = Path.cwd()
     os.chdir(root)
     try:
-        recipe = load_recipe(root / "recipes" / "digits.yaml")
-        run_sweep(recipe, track=True)
-        outcome = run_sweep(recipe, track=True)
+        recipe = load_recipe(root / "recipes" / f"{recipe_name}.yaml")
+        if track:
+            run_sweep(recipe, track=True)
+        timings = run_sweep(recipe, track=track).results.timings
     finally:
         os.chdir(cwd)
-    t = outcome.results.timings
-    outside = t["total"] - t.get("build", 0.0) - t.get("inference", 0.0)
-    return {**t, "outside_build_and_inference_s": outside, "overhead_fraction": outside / t["total"]}
+    return _split(timings, timings["total"])
+
+
+def cli_sweep(root: Path, recipe_name: str) -> dict:
+    """`qbench sweep` as a user runs it, into the store the library sweeps created: the process's wall time."""
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "qbench.cli", "sweep", f"recipes/{recipe_name}.yaml"], cwd=root, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    wall = time.perf_counter() - started
+    newest = max(root.glob("**/results.json"), key=lambda p: p.stat().st_mtime)
+    return _split(json.loads(newest.read_text())["timings"], wall)
+
+
+def prepare_demo(root: Path, name: str) -> None:
+    if name == "digits":
+        make_digits_demo(root)
+    else:
+        shutil.copytree(REPO / "recipes", root / "recipes", ignore=shutil.ignore_patterns("reports"), dirs_exist_ok=True)
+        write_text_sets(root / "calibration" / "minilm")
+
+
+def sweep_overheads(root: Path, demos: list[str]) -> list[dict]:
+    rows = []
+    for name in demos:
+        prepare_demo(root, name)
+        rows.append({"demo": name, "how": "library, MLflow", **library_sweep(root, name, track=True)})
+        rows.append({"demo": name, "how": "library, no MLflow", **library_sweep(root, name, track=False)})
+        rows.append({"demo": name, "how": "qbench sweep process", **cli_sweep(root, name)})
+    return rows
 
 
 def main() -> int:
@@ -104,16 +145,17 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--iterations", type=int, default=300)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--minilm", action="store_true", help="also the MiniLM search demo (about 5 minutes)")
     parser.add_argument("--out", type=Path, default=Path("bench/out/overhead.json"))
     args = parser.parse_args()
 
-    console = Console()
+    console = Console(width=150)
     with tempfile.TemporaryDirectory(prefix="qbench-bench-") as tmp:
         root = Path(tmp)
         make_digits_demo(root)
         fidelity = timing_fidelity(root / "models" / "digits.onnx", args.rounds, args.threads, args.warmup,
                                    args.iterations)  # fmt: skip
-        overhead = sweep_overhead(root)
+        overheads = sweep_overheads(root, ["digits", "minilm"] if args.minilm else ["digits"])
 
     table = Table(title="qbench p50 vs bare ONNX Runtime loop (digits CNN, medians of interleaved rounds)")
     for column in ("batch", "bare ORT p50 ms", "qbench p50 ms", "ratio"):
@@ -122,17 +164,18 @@ def main() -> int:
         table.add_row(str(row["batch_size"]), f"{row['bare_ort_p50_ms']:.4f}", f"{row['qbench_p50_ms']:.4f}",
                       f"{row['ratio']:.3f}")  # fmt: skip
     console.print(table)
-    phases = Table(title="demo sweep wall time by phase")
-    phases.add_column("phase")
-    phases.add_column("seconds", justify="right")
-    for phase in ("prepare", "build", "inference", "jobs", "ranges", "report", "track", "total"):
-        phases.add_row(phase, f"{overhead.get(phase, 0.0):.2f}")
-    phases.add_row("outside build + inference", f"{overhead['outside_build_and_inference_s']:.2f} "
-                   f"({overhead['overhead_fraction']:.1%})")  # fmt: skip
+    phases = Table(title="demo sweeps: wall time by phase, s (tracking store already created)")
+    columns = ("prepare", "build", "inference", "ranges", "report", "track")
+    for column in ("demo", "how", *columns, "wall", "outside build + inference"):
+        phases.add_column(column, justify="left" if column in ("demo", "how") else "right")
+    for row in overheads:
+        outside = f"{row['outside_build_and_inference_s']:.2f} ({row['overhead_fraction']:.1%})"
+        phases.add_row(row["demo"], row["how"], *(f"{row.get(c, 0.0):.2f}" for c in columns), f"{row['wall_s']:.2f}",
+                       outside)  # fmt: skip
     console.print(phases)
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"timing_fidelity": fidelity, "sweep": overhead}, indent=2))
+    args.out.write_text(json.dumps({"timing_fidelity": fidelity, "sweeps": overheads}, indent=2))
     console.print(f"wrote {args.out}")
     return 0
 

@@ -25,6 +25,7 @@ from qbench.validate.metrics import METRICS
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
     from matplotlib.transforms import Bbox
 
@@ -215,25 +216,27 @@ _LABEL_OFFSETS = (
 _SAME_SPOT_PX = 8.0  # points closer than this on screen share one label
 
 
-def _label_groups(ax: Axes, results: SweepResults, batch_size: int) -> list[tuple[str, float, float]]:
-    """(text, x, y) per cluster of points that sit on the same spot, e.g. 'fp32, fp16' when FP16 changed nothing."""
+def _label_groups(ax: Axes, points: Sequence[tuple[str, float, float]]) -> list[tuple[str, float, float]]:
+    """(text, x, y) per cluster of (name, x, y) points that sit on the same spot, e.g. 'fp32, fp16' when FP16
+    changed nothing."""
     groups: list[tuple[list[str], float, float, tuple[float, float]]] = []
-    for variant, p50_ms, value in sorted(_panel_points(results, batch_size), key=lambda t: (t[1], -t[2])):
-        screen = tuple(ax.transData.transform((p50_ms, value)))
+    for name, x, y in sorted(points, key=lambda t: (t[1], -t[2])):
+        screen = tuple(ax.transData.transform((x, y)))
         near = next((g for g in groups if math.dist(g[3], screen) < _SAME_SPOT_PX), None)
         if near is None:
-            groups.append(([variant.variant], p50_ms, value, screen))
-        elif variant.variant not in near[0]:
-            near[0].append(variant.variant)
+            groups.append(([name], x, y, screen))
+        elif name not in near[0]:
+            near[0].append(name)
     return [(", ".join(names), x, y) for names, x, y, _ in groups]
 
 
-def _label_points(ax: Axes, results: SweepResults, batch_size: int) -> None:
-    """Name every point, moving a label to another side of its point when it would cover an earlier label."""
+def _label_points(ax: Axes, points: Sequence[tuple[str, float, float]]) -> None:
+    """Name every (name, x, y) point, moving a label to another side of its point when it would cover an earlier
+    label. Called once the layout is final: placement is decided in screen space."""
     renderer = ax.figure.canvas.get_renderer()
     axes_box = ax.get_window_extent(renderer)
     placed: list[Bbox] = []
-    for text, x, y in _label_groups(ax, results, batch_size):
+    for text, x, y in _label_groups(ax, points):
         for dx, dy, align in _LABEL_OFFSETS:
             label = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", fontsize=8, ha=align)
             box = label.get_window_extent(renderer)
@@ -262,7 +265,6 @@ def _draw_cost_panel(ax: Axes, results: SweepResults, colours: dict[str, str]) -
     """Cost per million inferences (at the best measured throughput) against the metric: a second view."""
     for variant, cost, value in _cost_points(results):
         ax.scatter(cost, value, s=46, zorder=3, color=colours[variant.backend])
-        ax.annotate(variant.variant, (cost, value), xytext=(6, 5), textcoords="offset points", fontsize=8)
     ax.set_title("cost per inference", fontsize=10)
     ax.set_xlabel("USD per million inferences (best measured throughput)")
     ax.grid(True, linestyle=":", linewidth=0.6, alpha=0.7)
@@ -279,6 +281,19 @@ def _legend_handles(colours: dict[str, str], threshold: float | None) -> list[Li
     if threshold is not None:
         handles.append(Line2D([], [], color="crimson", linestyle="--", label=f"gate ({threshold:.4g})"))
     return handles
+
+
+_MARGIN_IN = {"left": 0.9, "right": 1.7, "top": 0.75, "bottom": 0.6, "note": 0.25, "gap": 0.35}
+
+
+def _fixed_margins(fig: Figure, panels: int, *, note: bool) -> None:
+    """Margins in inches for what sits outside the panels (tick labels, axis labels, title, legend, note).
+    Fixed, not measured: fitting them to the drawn text (tight_layout) took half of the plot's time."""
+    width, height = fig.get_size_inches()
+    m = _MARGIN_IN
+    axes_width = (width - m["left"] - m["right"] - m["gap"] * (panels - 1)) / panels
+    fig.subplots_adjust(left=m["left"] / width, right=1 - m["right"] / width, top=1 - m["top"] / height,
+                        bottom=(m["bottom"] + (m["note"] if note else 0.0)) / height, wspace=m["gap"] / axes_width)  # fmt: skip
 
 
 def _direction(metric: str) -> str:
@@ -325,9 +340,11 @@ def plot_frontier(results: SweepResults, path: Path, *, threshold: float | None 
     missing = _unplotted(results)
     if missing:
         fig.text(0.01, 0.01, "not plotted: " + ", ".join(missing), fontsize=8, color="dimgrey")
-    fig.tight_layout(rect=(0, 0.04 if missing else 0, 1 - 1.5 / fig.get_figwidth(), 0.95))
+    _fixed_margins(fig, panels, note=bool(missing))
     for ax, batch_size in zip(axes_list, batch_sizes):
-        _label_points(ax, results, batch_size)
+        _label_points(ax, [(v.variant, p50_ms, value) for v, p50_ms, value in _panel_points(results, batch_size)])
+    if priced:
+        _label_points(axes_list[-1], [(v.variant, cost, value) for v, cost, value in _cost_points(results)])
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)

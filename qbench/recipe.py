@@ -11,6 +11,7 @@ import fnmatch
 import hashlib
 import json
 import re
+import time
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -375,9 +376,33 @@ class Recipe(_Strict):
 
 
 def file_sha256(path: Path) -> str:
-    """sha256 of a file's bytes, or of every file under a folder (names and bytes, in sorted order)."""
+    """sha256 of a file's bytes, or of every file under a folder (names and bytes, in sorted order).
+
+    A file's digest is remembered while its identity, size and modification time stay the same (a sweep digests
+    the same model at each measurement), but only for a file last modified well before it was read: file
+    times are coarse, so a rewrite moments after a read could keep the old time (git's "racily clean" case).
+    """
+    if path.is_dir():
+        return _tree_sha256(path, sorted(p for p in path.rglob("*") if p.is_file()))
+    read_at = time.time_ns()
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    digest = _DIGESTS.get(key)
+    if digest is None:
+        digest = _tree_sha256(path, [path])
+        if stat.st_mtime_ns < read_at - _SETTLED_NS:
+            if len(_DIGESTS) >= 256:
+                _DIGESTS.clear()
+            _DIGESTS[key] = digest
+    return digest
+
+
+_DIGESTS: dict[tuple[str, int, int, int, int], str] = {}
+_SETTLED_NS = 2_000_000_000  # coarser than any file system's time stamps (FAT: 2 s)
+
+
+def _tree_sha256(path: Path, files: list[Path]) -> str:
     digest = hashlib.sha256()
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     for file in files:
         digest.update(str(file.relative_to(path) if path.is_dir() else file.name).encode())
         with open(file, "rb") as f:

@@ -22,7 +22,7 @@ from qbench.results import LatencyPoint, SweepResults, VariantResult
 from qbench.results_serving import ServingResult
 from qbench.validate.bound import estimate_bound, last_level_cache_bytes, memory_bandwidth_bytes_per_s
 from qbench.validate.cost import usd_per_million
-from qbench.validate.load import Batcher, Draws, MeasuredServiceTimes, search_max_rate, simulate
+from qbench.validate.load import Batcher, Draws, LoadReplay, MeasuredServiceTimes, search_max_rate
 
 SLO_SCOPE = "slo"
 SLO_METRIC = "latency.p99_ms"
@@ -86,12 +86,11 @@ def _with_load(
 ) -> ServingResult:
     settings = load_settings(slo, backend, batch_sizes)
     budget = slo.budget(backend)
-    service = MeasuredServiceTimes(samples_ms)
     batcher = Batcher(settings["max_batch_size"], settings["max_queue_delay_ms"])
-    draws = Draws.make(settings["requests"], settings["seed"])
+    replay = LoadReplay(MeasuredServiceTimes(samples_ms), batcher, Draws.make(settings["requests"], settings["seed"]))
     overhead = serving.preprocess_ms_per_row if math.isfinite(serving.preprocess_ms_per_row) else 0.0
-    at_rate = simulate(service, batcher, budget.rate_rps, draws, overhead_ms=overhead) if budget.rate_rps else None
-    search = search_max_rate(service, batcher, budget.p99_ms, draws, overhead_ms=overhead)
+    at_rate = replay.at(budget.rate_rps, overhead_ms=overhead) if budget.rate_rps else None
+    search = search_max_rate(replay, budget.p99_ms, overhead_ms=overhead)
     return replace(
         serving, budget_ms=budget.p99_ms, batch_size=budget.batch_size, at_rate=at_rate,
         max_rate_rps=search.max_rate_rps, at_max_rate=search.at_max, simulations=search.simulations, **settings,

@@ -24,7 +24,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -33,7 +33,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
 from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
-from mlflow.utils.validation import MAX_METRICS_PER_BATCH, MAX_PARAMS_TAGS_PER_BATCH
+from mlflow.utils.validation import MAX_ENTITIES_PER_BATCH, MAX_METRICS_PER_BATCH, MAX_PARAMS_TAGS_PER_BATCH
 
 import qbench
 from qbench.errors import QbenchError
@@ -192,8 +192,18 @@ def ui_command(uri: str, host: str = "127.0.0.1", port: int = 5000) -> list[str]
 # -- logging --------------------------------------------------------------------------------------
 
 
-def _chunks(items: Sequence[T], size: int) -> Iterable[Sequence[T]]:
-    return (items[i : i + size] for i in range(0, len(items), size))
+def _batches(metrics: Sequence[Metric], params: Sequence[Param], tags: Sequence[RunTag]) -> Iterator[dict[str, list]]:
+    """Metrics, params and tags packed into as few log_batch requests as MLflow's per-request limits allow
+    (each request is a store transaction: on a sqlite store, the bulk of a variant's logging time)."""
+    queues = {"metrics": list(metrics), "params": list(params), "tags": list(tags)}
+    limits = {"metrics": MAX_METRICS_PER_BATCH, "params": MAX_PARAMS_TAGS_PER_BATCH, "tags": MAX_PARAMS_TAGS_PER_BATCH}
+    while any(queues.values()):
+        room, request = MAX_ENTITIES_PER_BATCH, {}
+        for kind, queue in queues.items():
+            take = min(limits[kind], room, len(queue))
+            request[kind], queues[kind] = queue[:take], queue[take:]
+            room -= take
+        yield request
 
 
 def _log(client: MlflowClient, run_id: str, metrics: Mapping[str, float], params: Mapping[str, str],
@@ -206,12 +216,9 @@ def _log(client: MlflowClient, run_id: str, metrics: Mapping[str, float], params
     missing = sorted(k for k in metrics if k not in finite)
     all_tags = dict(tags) | ({"qbench.missing_metrics": tag_value(", ".join(missing))} if missing else {})
     entries = [Metric(k, v, now, 0, model_id=model_id) for k, v in finite.items()]
-    for chunk in _chunks(entries, MAX_METRICS_PER_BATCH):
-        client.log_batch(run_id, metrics=chunk)
-    for chunk in _chunks([Param(k, v) for k, v in params.items()], MAX_PARAMS_TAGS_PER_BATCH):
-        client.log_batch(run_id, params=chunk)
-    for chunk in _chunks([RunTag(k, v) for k, v in all_tags.items()], MAX_PARAMS_TAGS_PER_BATCH):
-        client.log_batch(run_id, tags=chunk)
+    for request in _batches(entries, [Param(k, v) for k, v in params.items()],
+                            [RunTag(k, v) for k, v in all_tags.items()]):  # fmt: skip
+        client.log_batch(run_id, **request)
 
 
 def _artifact_paths(recipe: Recipe, artifacts: Sequence[Path]) -> list[Path]:

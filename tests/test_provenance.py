@@ -94,3 +94,30 @@ def test_gone_external_data_is_missing_against_the_current_recipe(project: Path)
     assert check.missing == (f"model external data weights.bin ({project.parent / 'weights.bin'})",)
     with pytest.raises(QbenchError, match=r"model external data weights\.bin: .*weights\.bin not found"):
         input_digests(recipe)
+
+
+def test_a_settled_file_is_digested_once_and_a_fresh_one_every_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file last modified long before it is read is digested once while its size and time stay the same; a file
+    written moments ago is read again each time (its time stamp may not move on a same-size rewrite)."""
+    import os
+
+    import qbench.recipe as recipe_module
+
+    reads: list[Path] = []
+    real = recipe_module._tree_sha256
+    monkeypatch.setattr(recipe_module, "_tree_sha256", lambda path, files: reads.append(path) or real(path, files))
+    settled, fresh = tmp_path / "settled.bin", tmp_path / "fresh.bin"
+    settled.write_bytes(b"a" * 64)
+    old = settled.stat().st_mtime_ns - 60_000_000_000
+    os.utime(settled, ns=(old, old))
+    first = file_sha256(settled)
+    assert file_sha256(settled) == first and reads.count(settled) == 1
+    settled.write_bytes(b"b" * 64)  # a rewrite moves the time: digested again
+    assert file_sha256(settled) != first and reads.count(settled) == 2
+
+    fresh.write_bytes(b"a" * 64)
+    before = fresh.stat().st_mtime_ns
+    digest = file_sha256(fresh)
+    fresh.write_bytes(b"b" * 64)
+    os.utime(fresh, ns=(before, before))  # the same size and time stamp, as a coarse clock would leave them
+    assert file_sha256(fresh) != digest and reads.count(fresh) == 2

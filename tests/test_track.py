@@ -20,7 +20,7 @@ from qbench.errors import QbenchError
 from qbench.gate import GateReport, evaluate_gate
 from qbench.recipe import Recipe, load_recipe
 from qbench.results import ClipRecord, LimitCheck, RangeAnalysis, SweepResults, TensorPeak, VariantResult
-from qbench.track import artifact_root, log_sweep, resolve_tracking_uri, ui_command
+from qbench.track import _batches, artifact_root, log_sweep, resolve_tracking_uri, ui_command
 from qbench.track_content import sanitise_name, unique_names
 
 CPU = "onnxruntime-cpu"
@@ -237,6 +237,22 @@ def test_sanitise_name_gives_keys_mlflow_accepts(name: str, expected: str) -> No
 
 def test_unique_names_keep_colliding_names_apart() -> None:
     assert unique_names(["a=b", "a_b", "a?b"]) == {"a=b": "a_b", "a_b": "a_b_2", "a?b": "a_b_3"}
+
+
+def test_batches_pack_metrics_params_and_tags_within_mlflow_limits() -> None:
+    """1,500 metrics, 150 params and 30 tags: three requests (each at most 1,000 entities, 1,000 metrics and 100 params
+    or tags), every entry once and in order."""
+    from mlflow.entities import Metric, Param, RunTag
+
+    metrics = [Metric(f"m{i}", float(i), 0, 0) for i in range(1500)]
+    params = [Param(f"p{i}", str(i)) for i in range(150)]
+    tags = [RunTag(f"t{i}", str(i)) for i in range(30)]
+    requests = list(_batches(metrics, params, tags))
+    assert [(len(r["metrics"]), len(r["params"]), len(r["tags"])) for r in requests] == [(1000, 0, 0), (500, 100, 30),
+                                                                                        (0, 50, 0)]  # fmt: skip
+    assert [m for r in requests for m in r["metrics"]] == metrics
+    assert [p for r in requests for p in r["params"]] == params and [t for r in requests for t in r["tags"]] == tags
+    assert [len(r["metrics"]) for r in _batches(metrics[:100], params[:10], tags[:5])] == [100]
 
 
 def test_tracking_uri_and_ui_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -273,7 +273,7 @@ def run_measure(
     started = time.time()
     clock = PhaseClock()
     measured = measure(get_backend(backend_name), built, prepared, reference=reference,
-                       timing=prepared.recipe.latency, clock=clock)  # fmt: skip
+                       timing=prepared.recipe.latency, clock=clock, serving=True)  # fmt: skip
     kept = measured.outputs if keep_outputs else None
     return MeasureOutput(measured.result, kept, seconds=clock.seconds, where=worker_name(),
                          span=(started, time.time()))  # fmt: skip

@@ -23,20 +23,22 @@ is the edge of the first passing interval, to `rel_tol`.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from qbench.errors import QbenchError
 from qbench.results_serving import LoadStats
 
 
 class ServiceTimes(Protocol):
-    """How long the model takes for a batch: `quantile` in [0, 1) picks a draw from its distribution."""
+    """How long the model takes for a batch: each of `quantiles` (in [0, 1)) picks a draw from its distribution."""
 
-    def service_ms(self, batch_size: int, quantile: float) -> float: ...
+    def service_ms(self, batch_size: int, quantiles: ArrayLike) -> np.ndarray: ...
 
     @property
     def max_batch_size(self) -> int: ...
@@ -50,8 +52,8 @@ class FixedServiceTime:
     per_item_ms: float = 0.0
     max_batch_size: int = 1
 
-    def service_ms(self, batch_size: int, quantile: float) -> float:
-        return self.base_ms + self.per_item_ms * batch_size
+    def service_ms(self, batch_size: int, quantiles: ArrayLike) -> np.ndarray:
+        return np.full(np.shape(quantiles), self.base_ms + self.per_item_ms * batch_size)
 
 
 class MeasuredServiceTimes:
@@ -77,19 +79,20 @@ class MeasuredServiceTimes:
     def max_batch_size(self) -> int:
         return self._sizes[-1]
 
-    def _at(self, batch_size: int, quantile: float) -> float:
+    def _at(self, batch_size: int, quantiles: np.ndarray) -> np.ndarray:
         values = self._samples[batch_size]
-        return float(values[min(int(quantile * len(values)), len(values) - 1)])
+        return values[np.minimum((quantiles * len(values)).astype(np.int64), len(values) - 1)]
 
-    def service_ms(self, batch_size: int, quantile: float) -> float:
+    def service_ms(self, batch_size: int, quantiles: ArrayLike) -> np.ndarray:
         if batch_size > self.max_batch_size:
             raise QbenchError(f"batch size {batch_size} is above the largest measured one ({self.max_batch_size})")
+        q = np.asarray(quantiles, dtype=np.float64)
         above = next(bs for bs in self._sizes if bs >= batch_size)
         below = max((bs for bs in self._sizes if bs <= batch_size), default=above)
         if below == above:
-            return self._at(above, quantile)
+            return self._at(above, q)
         weight = (batch_size - below) / (above - below)
-        return (1 - weight) * self._at(below, quantile) + weight * self._at(above, quantile)
+        return (1 - weight) * self._at(below, q) + weight * self._at(above, q)
 
 
 @dataclass(frozen=True)
@@ -119,50 +122,86 @@ class Draws:
         return cls(rng.exponential(1.0, size=requests), rng.random(size=requests))
 
 
+class LoadReplay:
+    """One model instance behind `batcher`, replaying `draws` at any rate.
+
+    The service time of the k-th batch depends on its size and on the k-th quantile draw only, not on
+    the rate: each size's column is looked up once and reused by every rate a search tries.
+    """
+
+    def __init__(self, service: ServiceTimes, batcher: Batcher, draws: Draws) -> None:
+        if batcher.max_batch_size > service.max_batch_size:
+            raise QbenchError(
+                f"max_batch_size {batcher.max_batch_size} is above the largest measured batch size "
+                f"{service.max_batch_size}"
+            )
+        self.service, self.batcher, self.draws = service, batcher, draws
+        self.capacity_rps = capacity_rps(service, batcher.max_batch_size)
+        self._columns: dict[int, list[float]] = {}
+
+    def _column(self, batch_size: int) -> list[float]:
+        column = self._columns.get(batch_size)
+        if column is None:
+            column = self._columns[batch_size] = self.service.service_ms(batch_size, self.draws.quantiles).tolist()
+        return column
+
+    def at(self, rate_rps: float, *, overhead_ms: float = 0.0) -> LoadStats:
+        """Poisson arrivals at `rate_rps`, every request served; `overhead_ms` (per-request time outside the model
+        and the queue: pre-processing) is added to each latency."""
+        if not (rate_rps > 0 and math.isfinite(rate_rps)):
+            raise QbenchError(f"rate_rps must be a positive number, got {rate_rps}")
+        arrivals_ms = np.cumsum(self.draws.unit_gaps) * (1000.0 / rate_rps)
+        starts, counts, ends = self._batches(arrivals_ms.tolist())
+        n = arrivals_ms.size
+        sizes = np.asarray(counts)
+        latencies = np.repeat(ends, sizes) - arrivals_ms + overhead_ms
+        p50, p95, p99 = np.percentile(latencies, [50, 95, 99])
+        span_ms = ends[-1] - arrivals_ms[0]
+        return LoadStats(
+            rate_rps=rate_rps,
+            requests=n,
+            p50_ms=float(p50),
+            p95_ms=float(p95),
+            p99_ms=float(p99),
+            mean_ms=float(latencies.mean()),
+            mean_wait_ms=float((np.repeat(starts, sizes) - arrivals_ms).mean()),
+            mean_batch_size=n / len(counts),
+            achieved_rps=n * 1000.0 / span_ms if span_ms > 0 else math.inf,
+            overloaded=rate_rps >= self.capacity_rps,
+        )
+
+    def _batches(self, arrivals: list[float]) -> tuple[list[float], list[int], list[float]]:
+        """Each batch's start, size and end. The batcher waits for the model to be free, then until the batch is full
+        or the oldest queued request has waited the queue delay (a busy model past the delay starts with what is
+        queued). Plain floats and a bounded bisection: this loop runs once per batch, for every rate tried."""
+        n, size, delay = len(arrivals), self.batcher.max_batch_size, self.batcher.max_queue_delay_ms
+        starts: list[float] = []
+        counts: list[int] = []
+        ends: list[float] = []
+        free, i = 0.0, 0
+        while i < n:
+            first = arrivals[i]
+            earliest = free if free > first else first
+            deadline = max(earliest, first + delay)
+            last = i + size - 1
+            if last < n and arrivals[last] <= deadline:
+                start = arrivals[last] if arrivals[last] > earliest else earliest
+            else:
+                start = deadline
+            count = bisect_right(arrivals, start, i, min(i + size, n)) - i
+            free = start + self._column(count)[len(counts)]
+            starts.append(start)
+            counts.append(count)
+            ends.append(free)
+            i += count
+        return starts, counts, ends
+
+
 def simulate(
     service: ServiceTimes, batcher: Batcher, rate_rps: float, draws: Draws, *, overhead_ms: float = 0.0
 ) -> LoadStats:
-    """Replay Poisson arrivals at `rate_rps` through `batcher` onto one model instance; every request is served.
-
-    overhead_ms: per-request time outside the model and the queue (pre-processing), added to each latency.
-    """
-    if not (rate_rps > 0 and math.isfinite(rate_rps)):
-        raise QbenchError(f"rate_rps must be a positive number, got {rate_rps}")
-    if batcher.max_batch_size > service.max_batch_size:
-        raise QbenchError(
-            f"max_batch_size {batcher.max_batch_size} is above the largest measured batch size {service.max_batch_size}"
-        )
-    arrivals = np.cumsum(draws.unit_gaps) * (1000.0 / rate_rps)  # ms
-    n = arrivals.size
-    done = np.empty(n)
-    starts = np.empty(n)
-    free, i, batches = 0.0, 0, 0
-    delay, size = batcher.max_queue_delay_ms, batcher.max_batch_size
-    while i < n:
-        earliest = max(free, arrivals[i])
-        deadline = max(earliest, arrivals[i] + delay)  # a busy model past the delay starts with what is queued
-        last = i + size - 1
-        start = max(earliest, arrivals[last]) if last < n and arrivals[last] <= deadline else deadline
-        count = min(size, int(np.searchsorted(arrivals, start, side="right")) - i)
-        free = start + service.service_ms(count, float(draws.quantiles[batches % n]))
-        starts[i : i + count] = start
-        done[i : i + count] = free
-        i, batches = i + count, batches + 1
-    latencies = done - arrivals + overhead_ms
-    p50, p95, p99 = np.percentile(latencies, [50, 95, 99])
-    span_ms = done[-1] - arrivals[0]
-    return LoadStats(
-        rate_rps=rate_rps,
-        requests=n,
-        p50_ms=float(p50),
-        p95_ms=float(p95),
-        p99_ms=float(p99),
-        mean_ms=float(latencies.mean()),
-        mean_wait_ms=float((starts - arrivals).mean()),
-        mean_batch_size=n / batches,
-        achieved_rps=n * 1000.0 / span_ms if span_ms > 0 else math.inf,
-        overloaded=rate_rps >= capacity_rps(service, batcher.max_batch_size),
-    )
+    """Replay Poisson arrivals at `rate_rps` through `batcher` onto one model instance (see `LoadReplay.at`)."""
+    return LoadReplay(service, batcher, draws).at(rate_rps, overhead_ms=overhead_ms)
 
 
 @dataclass(frozen=True)
@@ -180,14 +219,12 @@ _IDLE_STEPS = 2
 
 def capacity_rps(service: ServiceTimes, batch_size: int) -> float:
     """Requests per second the model sustains at full `batch_size` batches (median service time)."""
-    return batch_size * 1000.0 / max(service.service_ms(batch_size, 0.5), 1e-9)
+    return batch_size * 1000.0 / max(float(service.service_ms(batch_size, 0.5)), 1e-9)
 
 
 def search_max_rate(
-    service: ServiceTimes,
-    batcher: Batcher,
+    replay: LoadReplay,
     budget_ms: float,
-    draws: Draws,
     *,
     overhead_ms: float = 0.0,
     rel_tol: float = 0.01,
@@ -204,10 +241,10 @@ def search_max_rate(
     def passes(rate: float) -> LoadStats | None:
         nonlocal runs
         runs += 1
-        stats = simulate(service, batcher, rate, draws, overhead_ms=overhead_ms)
+        stats = replay.at(rate, overhead_ms=overhead_ms)
         return stats if stats.p99_ms <= budget_ms and not stats.overloaded else None
 
-    low = capacity_rps(service, batcher.max_batch_size) / 64  # well under capacity: queueing is rare
+    low = replay.capacity_rps / 64  # well under capacity: queueing is rare
     best = passes(low)
     for _ in range(_IDLE_STEPS):  # nearer idle: if this fails too, the service time alone breaks the budget
         if best is not None:

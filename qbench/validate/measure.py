@@ -138,10 +138,12 @@ def measure(
     score: bool = True,
     clock: PhaseClock | None = None,
     quiet: bool = False,
+    serving: bool = False,
 ) -> Measured:
     """Measure `built` on `backend`: its outputs on `rows` (default: the evaluation rows) compared with
     `reference` (without one, with themselves: the FP32 reference), then, with `timing`, cold start and
-    steady-state latency. `score=False` only times. A failure is returned as a failed result, never raised.
+    steady-state latency, and with `serving` too the figures a sweep reports from those timings (load
+    simulation, cost, bound). `score=False` only times. A failure is returned as a failed result, never raised.
     """
     rows = rows or Rows.evaluation(prepared)
     unsupported = backend.supports(built)
@@ -184,19 +186,20 @@ def measure(
         accuracy = evaluate_accuracy(recipe.task, outputs, base, rows.labels, rows.slices, prepared.custom_metrics)
         accuracy = with_drops(accuracy, reference.accuracy if reference is not None and reference.accuracy else accuracy)
         nsr = output_nsr([base[k] for k in outputs], list(outputs.values()))
-    latency, serving, model_bytes = None, None, built.onnx_path.stat().st_size
+    latency, serving_result, model_bytes = None, None, built.onnx_path.stat().st_size
     if timing is not None:
         points = latency_points(samples, timing.warmup, stability_rule(timing.stability, timing.iterations))
         latency = LatencyResult(threads=timing.threads, session_create_ms=create_ms, first_run_ms=first_ms,
                                 points=tuple(points))  # fmt: skip
-        serving = serving_figures(prepared.recipe, backend.name, samples, points, model_bytes=model_bytes,
-                                  runtime=runtime, preprocess_ms_per_row=prepared.preprocess_ms_per_row)  # fmt: skip
+        if serving:
+            serving_result = serving_figures(prepared.recipe, backend.name, samples, points, model_bytes=model_bytes,
+                                             runtime=runtime, preprocess_ms_per_row=prepared.preprocess_ms_per_row)  # fmt: skip
     result = VariantResult(
         variant=built.name, backend=backend.name, precision=built.precision, status="ok",
         params={**built.params, **{f"runtime.{k}": v for k, v in runtime.items()}}, model_path=str(built.onnx_path),
         model_bytes=model_bytes, model_sha256=model_sha256(built.onnx_path), build_seconds=built.build_seconds,
         notes=built.notes, accuracy=accuracy, latency=latency, fidelity=plan.fidelity,
-        evaluated_model_path=str(plan.scored.onnx_path) if plan.separate else None, serving=serving,
+        evaluated_model_path=str(plan.scored.onnx_path) if plan.separate else None, serving=serving_result,
     )  # fmt: skip
     return Measured(result, outputs, nsr)
 

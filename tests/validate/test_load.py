@@ -13,6 +13,7 @@ from qbench.validate.load import (
     Batcher,
     Draws,
     FixedServiceTime,
+    LoadReplay,
     MeasuredServiceTimes,
     capacity_rps,
     search_max_rate,
@@ -109,7 +110,7 @@ def test_overload_is_seen_in_the_tail():
 
 def test_max_rate_search_finds_the_edge():
     service, batcher, draws = FixedServiceTime(D_MS), Batcher(1, 0.0), Draws.make(5000, seed=4)
-    found = search_max_rate(service, batcher, 10.0, draws, rel_tol=0.01)
+    found = search_max_rate(LoadReplay(service, batcher, draws), 10.0, rel_tol=0.01)
     assert found.max_rate_rps is not None and found.at_max is not None
     assert found.at_max.p99_ms <= 10.0
     assert simulate(service, batcher, found.max_rate_rps * 1.02, draws).p99_ms > 10.0
@@ -125,13 +126,13 @@ def test_a_fast_model_is_never_credited_with_a_rate_above_its_capacity():
     assert simulate(service, batcher, 1e9, draws).p99_ms < 100.0  # the finite simulation alone would pass it
     assert simulate(service, batcher, 1e9, draws).overloaded
     assert not simulate(service, batcher, 0.5 * capacity_rps(service, 1), draws).overloaded
-    found = search_max_rate(service, batcher, 100.0, draws)
+    found = search_max_rate(LoadReplay(service, batcher, draws), 100.0)
     assert found.max_rate_rps is not None and found.max_rate_rps < capacity_rps(service, 1) == pytest.approx(100_000)
     assert found.max_rate_rps > 0.95 * capacity_rps(service, 1)  # the edge is capacity itself here
 
 
 def test_no_rate_meets_a_budget_below_the_service_time():
-    found = search_max_rate(FixedServiceTime(D_MS), Batcher(1, 0.0), 1.0, Draws.make(2000, seed=0))
+    found = search_max_rate(LoadReplay(FixedServiceTime(D_MS), Batcher(1, 0.0), Draws.make(2000, seed=0)), 1.0)
     assert found.max_rate_rps is None and found.at_max is None
 
 
@@ -157,3 +158,21 @@ def test_bad_inputs_are_errors():
         simulate(FixedServiceTime(1.0), Batcher(1, 0.0), 0.0, Draws.make(10, seed=0))
     with pytest.raises(QbenchError):
         MeasuredServiceTimes({1: np.array([np.nan])})
+
+
+def test_a_search_looks_up_each_batch_size_once_whatever_the_rates_tried():
+    """The k-th batch's service time depends on its size and the k-th draw, not on the rate: a search over many
+    rates asks the service model once per batch size it meets, and gives what fresh simulations give."""
+
+    class Counting(FixedServiceTime):
+        def service_ms(self, batch_size, quantiles):
+            if np.ndim(quantiles):  # a column of draws (a scalar quantile is the capacity's median)
+                calls.append(batch_size)
+            return super().service_ms(batch_size, quantiles)
+
+    calls: list[int] = []
+    service, batcher, draws = Counting(1.0, 0.1, max_batch_size=8), Batcher(8, 2.0), Draws.make(3000, seed=6)
+    replay = LoadReplay(service, batcher, draws)
+    found = search_max_rate(replay, 6.0)
+    assert found.simulations > 8 and len(calls) == len(set(calls)) <= 8
+    assert found.at_max == simulate(FixedServiceTime(1.0, 0.1, max_batch_size=8), batcher, found.max_rate_rps, draws)

@@ -63,6 +63,9 @@ def test_fp32_against_itself_then_a_variant_against_fp32(prepared, tmp_path):
     assert on_rows.result.accuracy.rows == 20
     timed_only = measure(backend, int8, prepared, timing=timing, score=False)
     assert timed_only.result.accuracy is None and timed_only.outputs is None and timed_only.result.latency is not None
+    assert fp32.result.serving is None  # a search's ranking needs no load simulation: only the sweep asks for it
+    served = measure(backend, _fp32(prepared), prepared, timing=timing, serving=True).result.serving
+    assert served is not None and served.bound is not None
 
 
 def test_a_model_that_cannot_run_is_a_failed_result_not_an_exception(prepared, tmp_path):
