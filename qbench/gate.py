@@ -127,7 +127,22 @@ def evaluate_gate(
         checks=tuple(checks),
         problems=tuple(problems),
         gated=tuple(f"{v}@{b}" for v, b in gated),
+        notes=tuple(_unlowered(results, gated)),
     )
+
+
+def _unlowered(results: SweepResults, pairs: Sequence[tuple[str, str]]) -> list[str]:
+    """A note per gated variant whose model is the reference's own graph (nothing in it could be lowered, e.g. a
+    tree ensemble asked for INT8): it passes, but its pass says nothing about the precision it is named for."""
+    reference = results.find(results.reference, pairs[0][1]) if pairs else None
+    notes = []
+    for variant, backend in pairs:
+        found = results.find(variant, backend)
+        same = found is not None and found.params.get("identical_to") == results.reference
+        if same and reference is not None and found.precision != reference.precision:
+            notes.append(f"{variant}@{backend} is the {results.reference} model itself (nothing in the graph was "
+                         f"lowered to {found.precision}): its pass says nothing about {found.precision}")  # fmt: skip
+    return notes
 
 
 def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec) -> tuple[list[GateCheck], list[str]]:
@@ -243,4 +258,4 @@ def run_gate(
     sizes = slice_sizes_from_data(asked) if derivable else None
     problems += result_problems(results, asked, sizes)
     report = evaluate_gate(results, asked.gate, expected=expected_pairs(asked), slo=asked.slo)
-    return replace(report, problems=(*problems, *report.problems), notes=tuple(notes)), results
+    return replace(report, problems=(*problems, *report.problems), notes=(*notes, *report.notes)), results
