@@ -132,16 +132,18 @@ def evaluate_gate(
 
 
 def _unlowered(results: SweepResults, pairs: Sequence[tuple[str, str]]) -> list[str]:
-    """A note per gated variant whose model is the reference's own graph (nothing in it could be lowered, e.g. a
-    tree ensemble asked for INT8): it passes, but its pass says nothing about the precision it is named for."""
-    reference = results.find(results.reference, pairs[0][1]) if pairs else None
+    """A note per gated variant that computes as the reference does: its graph is the reference's own, or no node in
+    it was quantized (e.g. a tree ensemble, or a float64 graph, asked for INT8). It passes, but its pass says nothing
+    about the precision it is named for."""
     notes = []
     for variant, backend in pairs:
-        found = results.find(variant, backend)
-        same = found is not None and found.params.get("identical_to") == results.reference
-        if same and reference is not None and found.precision != reference.precision:
-            notes.append(f"{variant}@{backend} is the {results.reference} model itself (nothing in the graph was "
-                         f"lowered to {found.precision}): its pass says nothing about {found.precision}")  # fmt: skip
+        found, reference = results.find(variant, backend), results.find(results.reference, backend)
+        if found is None or reference is None or found.precision == reference.precision:
+            continue
+        same = found.params.get("identical_to") == results.reference or found.params.get("quantized_nodes") == 0
+        if same:
+            notes.append(f"{variant}@{backend} computes in {reference.precision} (nothing in the graph was lowered to "
+                         f"{found.precision}): its pass says nothing about {found.precision}")  # fmt: skip
     return notes
 
 

@@ -33,7 +33,13 @@ from qbench.data import (
 )
 from qbench.errors import QbenchError, RecipeError, expected_one_of
 from qbench.modelinfo import ModelInfo, external_data_files, read_model_info
-from qbench.preflight_checks import check_batch_memory, check_destinations, check_plan
+from qbench.preflight_checks import (
+    check_batch_memory,
+    check_destinations,
+    check_plan,
+    check_whole_batches,
+    fixed_batch,
+)
 from qbench.recipe import Recipe
 from qbench.results import CalibrationRecord
 from qbench.sources import ModelSource, resolve_model
@@ -100,6 +106,7 @@ def prepare(recipe: Recipe, *, track: bool = True, destinations: bool = True, ba
     _check_quantizer_options(recipe)
     source = resolve_model(recipe)
     model = _read_model(recipe, source.onnx_path)
+    batch = fixed_batch(recipe, model.inputs)
     task = get_task(recipe.task)
     outputs = _pick_outputs(recipe, task, model)
     _check_gate_metric(recipe, task, outputs)
@@ -111,6 +118,7 @@ def prepare(recipe: Recipe, *, track: bool = True, destinations: bool = True, ba
     eval_rows = _finite_rows(recipe, eval_rows, nonfinite, dropped, "evaluation")
     if recipe.data.evaluation.limit is not None:
         eval_rows = eval_rows[: recipe.data.evaluation.limit]
+    check_whole_batches(recipe, "data.evaluation.limit", len(eval_rows), batch)
     masks = slice_masks(
         table, recipe.data.slices, recipe_file=recipe.source, inputs=recipe.data.inputs, evaluation_rows=eval_rows
     )
@@ -130,6 +138,7 @@ def prepare(recipe: Recipe, *, track: bool = True, destinations: bool = True, ba
     calibration_rows, calibration_batches = _calibration(
         recipe, calibration_table, model, calibration_nonfinite, dropped, masks if calibration_table is table else {}
     )
+    check_whole_batches(recipe, "data.calibration.samples", len(calibration_rows), batch)
     return Prepared(
         recipe=recipe,
         source=source,

@@ -4,7 +4,9 @@
   at least one of them (else the gate has nothing to judge; a glob that matches none is logged);
 - the destinations: `output_dir` is (or can be made) a writable folder, and the tracking
   store can be written (a sqlite file or a file: folder; servers are asked by `track`);
-- memory: the input of the largest batch fits in the memory available now.
+- memory: the input of the largest batch fits in the memory available now;
+- a fixed batch: a model whose inputs only take batches of one size (an export without a dynamic
+  batch axis) gets batches of that size only, and whole ones.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from qbench.errors import RecipeError, short_repr
+from qbench.modelinfo import TensorMeta
 from qbench.recipe import Recipe
 
 logger = logging.getLogger(__name__)
@@ -91,6 +94,35 @@ def check_batch_memory(recipe: Recipe, feeds: Mapping[str, np.ndarray], *, avail
                 f"a batch of {batch} rows needs {needed / _GIB:.1f} GiB of model input ({per_row:.0f} bytes per row), "
                 f"but {available / _GIB:.1f} GiB of memory is available; expected a smaller batch size",
             )
+
+
+def fixed_batch(recipe: Recipe, inputs: Mapping[str, TensorMeta]) -> int | None:
+    """The batch size the model's inputs are fixed to (a static first dimension), None when it is dynamic.
+    Every batch size in the recipe must be that one: a session refuses any other, after the sweep has started."""
+    fixed = {name: meta.shape[0] for name, meta in inputs.items() if meta.shape and meta.shape[0] is not None}
+    if not fixed:
+        return None
+    sizes = set(fixed.values())
+    name, size = next(iter(fixed.items()))
+    where = f"model input {name!r} has a fixed batch dimension of {size} (shape {list(inputs[name].shape)})"
+    if len(sizes) > 1:
+        shapes = ", ".join(f"{n} {list(inputs[n].shape)}" for n in fixed)
+        raise RecipeError(recipe.source, "model", f"the model's inputs fix different batch sizes ({shapes}); "
+                          "expected one batch dimension shared by every input")  # fmt: skip
+    wrong = [(field, batch) for field, batch in _batch_sizes(recipe) if batch != size]
+    if wrong:
+        listed = ", ".join(f"{field} (now {batch})" for field, batch in wrong)
+        raise RecipeError(recipe.source, wrong[0][0], f"{where}, so every batch must have {size} row{'s' if size != 1 else ''}; expected {size} "
+                          f"in {listed}, or a model exported with a dynamic batch axis")  # fmt: skip
+    return size
+
+
+def check_whole_batches(recipe: Recipe, field: str, rows: int, batch: int | None) -> None:
+    """`rows` split into whole batches of a fixed `batch` (a model with a fixed batch takes no shorter last one)."""
+    if batch is not None and batch > 1 and rows % batch:
+        raise RecipeError(recipe.source, field, f"{rows} rows do not split into whole batches of {batch}, the model's "
+                          f"fixed batch size; expected a multiple of {batch} rows (set {field} to "
+                          f"{rows - rows % batch or batch})")  # fmt: skip
 
 
 def available_memory() -> int | None:

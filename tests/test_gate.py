@@ -50,16 +50,19 @@ def test_all_within_tolerance_passes_and_reference_is_not_judged():
     assert report.status_of("fp32", "onnxruntime-cpu") == "not gated"
 
 
-def test_a_variant_that_is_the_reference_model_passes_with_a_note_saying_so():
-    """A tree ensemble asked for INT8 comes back as the FP32 graph: the gate passes it (nothing changed) but says
-    its pass is no evidence about INT8. A quantized variant, even one no worse than FP32, gets no such note."""
+def test_a_variant_that_computes_as_the_reference_passes_with_a_note_saying_so():
+    """A tree ensemble asked for INT8 comes back as the FP32 graph, a float64 graph with no node quantized: the gate
+    passes them (nothing changed) but says their pass is no evidence about INT8. A quantized variant, even one no
+    worse than FP32, gets no such note."""
     same = replace(variant("int8-tree", 0.95, {"noisy": 0.90, "clean": 0.99}), params={"identical_to": "fp32"})
     quantized = variant("int8-a", 0.95, {"noisy": 0.90, "clean": 0.99})
     twin_of_other = replace(variant("int8-b", 0.95, {"noisy": 0.90, "clean": 0.99}), params={"identical_to": "int8-a"})
-    report = evaluate_gate(sweep(REFERENCE, same, quantized, twin_of_other), SPEC)
+    none_quantized = replace(variant("int8-c", 0.95, {"noisy": 0.90, "clean": 0.99}), params={"quantized_nodes": 0})
+    some_quantized = replace(variant("int8-d", 0.95, {"noisy": 0.90, "clean": 0.99}), params={"quantized_nodes": 3})
+    report = evaluate_gate(sweep(REFERENCE, same, quantized, twin_of_other, none_quantized, some_quantized), SPEC)
     assert report.exit_code == EXIT_PASS
-    assert report.notes == ("int8-tree@onnxruntime-cpu is the fp32 model itself (nothing in the graph was lowered to "
-                            "int8): its pass says nothing about int8",)  # fmt: skip
+    assert report.notes == tuple(f"int8-{name}@onnxruntime-cpu computes in fp32 (nothing in the graph was lowered to "
+                                 "int8): its pass says nothing about int8" for name in ("tree", "c"))  # fmt: skip
 
 
 def test_a_slice_breach_fails_even_when_overall_passes():

@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from qbench.errors import RecipeError
-from qbench.preflight_checks import check_batch_memory, check_destinations, check_plan
+from qbench.modelinfo import TensorMeta
+from qbench.preflight_checks import check_batch_memory, check_destinations, check_plan, check_whole_batches, fixed_batch
 from qbench.recipe import load_recipe
 
 
@@ -64,3 +65,34 @@ def test_a_glob_matching_one_variant_is_enough(tmp_path: Path, caplog: pytest.Lo
     assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
         ("WARNING", "gate.applies_to: 'int8-*' matches no variant")
     ]
+
+
+def _inputs(**shapes: tuple[int | None, ...]) -> dict[str, TensorMeta]:
+    return {name: TensorMeta(name, np.dtype(np.float32), shape) for name, shape in shapes.items()}
+
+
+def test_a_fixed_batch_model_takes_that_batch_size_everywhere(tmp_path: Path) -> None:
+    """An export without a dynamic batch axis: every batch-size field of the recipe is named in one message."""
+    assert fixed_batch(_recipe(tmp_path), _inputs(input=(None, 4), mask=(None, 16))) is None
+    ones = {"batch_size": 1}
+    fitting = _recipe(tmp_path, latency={"batch_sizes": [1]},
+                      data={"path": "rows.parquet", "inputs": {"x": "input"}, "evaluation": ones, "calibration": ones})  # fmt: skip
+    assert fixed_batch(fitting, _inputs(input=(1, 4))) == 1
+    with pytest.raises(RecipeError) as caught:
+        fixed_batch(_recipe(tmp_path), _inputs(input=(1, 4)))
+    message = str(caught.value)
+    assert "latency.batch_sizes[1]: model input 'input' has a fixed batch dimension of 1 (shape [1, 4])" in message
+    assert "latency.batch_sizes[1] (now 32), data.evaluation.batch_size (now 64), data.calibration.batch_size (now 16)" in message
+    assert "latency.batch_sizes[0]" not in message  # 1 already fits
+    with pytest.raises(RecipeError, match="fix different batch sizes"):
+        fixed_batch(fitting, _inputs(input=(1, 4), mask=(2, 16)))
+
+
+def test_a_fixed_batch_above_one_needs_whole_batches(tmp_path: Path) -> None:
+    recipe = _recipe(tmp_path)
+    check_whole_batches(recipe, "data.evaluation.limit", 12, 4)
+    check_whole_batches(recipe, "data.evaluation.limit", 13, None)
+    with pytest.raises(RecipeError) as caught:
+        check_whole_batches(recipe, "data.evaluation.limit", 13, 4)
+    assert "data.evaluation.limit: 13 rows do not split into whole batches of 4" in str(caught.value)
+    assert "(set data.evaluation.limit to 12)" in str(caught.value)

@@ -50,7 +50,6 @@ from qbench.variants.onnx_utils import (
     check_node_names,
     load_model,
     nothing_to_quantize,
-    other_domain_nodes,
     output_path,
     quantizable_nodes,
     quantized_op_counts,
@@ -59,6 +58,7 @@ from qbench.variants.onnx_utils import (
     save_model,
     scratch_dir,
     unchanged_variant,
+    unquantizable_nodes,
 )
 
 _QUANT_TYPES = {"uint8": QuantType.QUInt8, "int8": QuantType.QInt8}
@@ -105,7 +105,7 @@ def build_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     if not quantizable_nodes(model, op_types, excluded):
         params.update(calibrator=config.calibration.calibrator, op_types=list(op_types), quantized_nodes=0, quantized_op_types={})
         return unchanged_variant(spec.name, "int8", ctx, nothing_to_quantize(op_types, model), params, clock.seconds())
-    exclude = [*excluded, *other_domain_nodes(model)]
+    exclude = [*excluded, *unquantizable_nodes(model)]
     notes: list[str] = []
     with scratch_dir("qbench-int8-") as tmp:
         with build_step(spec.name, "pre-processing"):

@@ -217,21 +217,43 @@ def unchanged_variant(
 
 
 def quantizable_nodes(model: onnx.ModelProto, op_types: Collection[str], exclude: Collection[str]) -> list[str]:
-    """Names of the nodes a quantizer may change: standard-domain `op_types`, not excluded.
+    """Names of the nodes a quantizer may change: standard-domain `op_types` on float32/float16 tensors, not excluded.
 
     Nodes of other domains (ai.onnx.ml tree ensembles, scalers, ZipMap...) are never
-    quantized, whatever their op type is called.
+    quantized, whatever their op type is called; nor are nodes computing in float64.
     """
+    doubles = set(float64_nodes(model))
     return [
         node.name
         for node in model.graph.node
         if node.domain in ("", "ai.onnx") and node.op_type in op_types and node.name not in exclude
-    ]
+        and node.name not in doubles
+    ]  # fmt: skip
 
 
-def other_domain_nodes(model: onnx.ModelProto) -> list[str]:
-    """Names of the nodes outside the standard ONNX domain (kept out of quantization)."""
-    return [node.name for node in model.graph.node if node.domain not in ("", "ai.onnx") and node.name]
+def unquantizable_nodes(model: onnx.ModelProto) -> list[str]:
+    """Names of the nodes kept out of quantization whatever the recipe asks: those outside the standard ONNX domain,
+    and those computing in float64 (ONNX Runtime's quantizers handle float32 and float16 tensors only)."""
+    others = [node.name for node in model.graph.node if node.domain not in ("", "ai.onnx") and node.name]
+    return others + [name for name in float64_nodes(model) if name not in others]
+
+
+def float64_nodes(model: onnx.ModelProto) -> list[str]:
+    """Names of the nodes with a float64 input or output (a scikit-learn model converted with double inputs)."""
+    graph = model.graph
+    declared = [*graph.input, *graph.output, *graph.value_info]
+    casts = any(a.name == "to" and a.i == onnx.TensorProto.DOUBLE for n in graph.node for a in n.attribute)
+    if not casts and all(t.data_type != onnx.TensorProto.DOUBLE for t in graph.initializer) and all(
+        v.type.tensor_type.elem_type != onnx.TensorProto.DOUBLE for v in declared
+    ):
+        return []  # no float64 anywhere: the common case costs no shape inference
+    try:
+        declared = [*declared, *onnx.shape_inference.infer_shapes(model).graph.value_info]
+    except Exception:  # noqa: BLE001 - inference is a refinement; the declared types still count
+        pass
+    types = {v.name: v.type.tensor_type.elem_type for v in declared} | {t.name: t.data_type for t in graph.initializer}
+    return [node.name for node in graph.node
+            if node.name and any(types.get(t) == onnx.TensorProto.DOUBLE for t in (*node.input, *node.output))]  # fmt: skip
 
 
 def nothing_to_quantize(op_types: Collection[str], model: onnx.ModelProto) -> str:
@@ -239,7 +261,8 @@ def nothing_to_quantize(op_types: Collection[str], model: onnx.ModelProto) -> st
     others = sorted({node.op_type for node in model.graph.node if node.domain not in ("", "ai.onnx")})
     kept = f"; {', '.join(others)} stay FP32" if others else ""
     named = ", ".join(sorted(op_types)) if len(op_types) <= 6 else "quantizable"
-    return f"nothing to quantize (no {named} node in the standard ONNX domain{kept})"
+    doubles = "; the graph computes in float64, which ONNX Runtime's quantizers leave as it is" if float64_nodes(model) else ""
+    return f"nothing to quantize (no {named} node in the standard ONNX domain{kept}{doubles})"
 
 
 def graph_digest(path: Path) -> str:

@@ -233,3 +233,25 @@ def test_several_float_outputs_are_refused_unless_named(tmp_path, monkeypatch, c
     results, _ = run_all(named, capsys)
     plain = plain_ort(tmp_path / "named" / "model.onnx", {"x": features})["probabilities"]
     assert overall(results)["accuracy"] == pytest.approx(float(np.mean(plain.argmax(1) == labels)), abs=1e-12)
+
+
+def test_a_model_with_a_fixed_batch_of_one(tmp_path, monkeypatch, capsys):
+    """An export without a dynamic batch axis (input [1, 4]): with the default batch sizes `validate` names every
+    field to set, before anything runs; with batches of 1 the whole path runs and FP32 matches a plain session."""
+    features, labels = iris()
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    logits = helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 3])
+    nodes = [helper.make_node("MatMul", ["x", "fc_w"], ["mm"]), helper.make_node("Add", ["mm", "fc_b"], ["logits"])]
+    model = graph_model(nodes, [x], [logits], fitted_linear(features, labels))
+    monkeypatch.chdir(tmp_path)
+    defaults = project(tmp_path / "defaults", model, table(features, labels))
+    assert main(["validate", str(defaults)]) == 2
+    assert said("model input 'x' has a fixed batch dimension of 1 (shape [1, 4]), so every batch must have 1 row; "
+                "expected 1 in data.evaluation.batch_size (now 64), data.calibration.batch_size (now 16)",
+                capsys.readouterr().err)  # fmt: skip
+    ones = {"batch_size": 1}
+    fitting = project(tmp_path / "ones", model, table(features, labels), data={"evaluation": ones, "calibration": {"samples": 32, **ones}})
+    results, _ = run_all(fitting, capsys)
+    plain = np.concatenate([plain_ort(tmp_path / "ones" / "model.onnx", {"x": row[None]})["logits"] for row in features])
+    assert overall(results)["accuracy"] == pytest.approx(float(np.mean(plain.argmax(1) == labels)), abs=1e-12)
+    assert results.find("int8", "onnxruntime-cpu").status == "ok"

@@ -119,3 +119,48 @@ def test_fp16_keeps_the_scaler_in_fp32_and_says_why(converted, data, tmp_path):
     matmul_weights = {node.input[1] for node in model.graph.node if node.op_type == "MatMul"}
     types = {t.name: t.data_type for t in model.graph.initializer}
     assert {types[name] for name in matmul_weights} == {onnx.TensorProto.FLOAT16}
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=[v["name"] for v in VARIANTS])
+def test_a_float64_mlp_builds_under_every_variant_and_quantizes_nothing(data, tmp_path, variant):
+    """skl2onnx with double inputs: MatMul/Add on float64, which ONNX Runtime's quantizers cannot take (the static one
+    failed on it with "Only an existing tensor can be modified"). Every variant builds, runs as FP32 does, and says
+    that nothing was quantized."""
+    from skl2onnx.common.data_types import DoubleTensorType
+
+    from qbench.variants.onnx_utils import float64_nodes
+
+    _, labels = make_classification(n_samples=240, n_features=FEATURES, n_informative=4, n_classes=3, random_state=0)
+    mlp = MLPClassifier((16,), max_iter=300, random_state=0).fit(data, labels)
+    onx = skl2onnx.to_onnx(mlp, initial_types=[("X", DoubleTensorType([None, FEATURES]))], options={"zipmap": False},
+                           target_opset={"": 17, "ai.onnx.ml": 3})  # fmt: skip
+    path = tmp_path / "double.onnx"
+    onnx.save(onx, str(path))
+    assert {n.op_type for n in onx.graph.node if n.name in float64_nodes(onx)} >= {"MatMul", "Add"}
+    doubles = data.astype(np.float64)
+    calibration = [{"X": doubles[i : i + 32]} for i in range(0, 128, 32)]
+    built = build_variant(VariantSpec(**variant), BuildContext(reference_path=path, workdir=tmp_path / "w",
+                                                                calibration=calibration))  # fmt: skip
+    ran = ort.InferenceSession(str(built.onnx_path), providers=["CPUExecutionProvider"]).run(None, {"X": doubles})
+    expected = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"X": doubles})
+    np.testing.assert_allclose(ran[1], expected[1], rtol=1e-6)
+    unchanged = built.onnx_path == path.resolve() or built.params.get("quantized_nodes") == 0
+    assert unchanged and any("nothing to" in note or "no node was quantized" in note for note in built.notes)
+
+
+def test_float64_nodes_are_found_only_where_float64_is():
+    from onnx import TensorProto, helper
+
+    from qbench.variants.onnx_utils import float64_nodes
+
+    nodes = [helper.make_node("Cast", ["x"], ["d"], name="to_double", to=TensorProto.DOUBLE),
+             helper.make_node("Relu", ["d"], ["r"], name="relu_double"),
+             helper.make_node("Cast", ["r"], ["f"], name="to_float", to=TensorProto.FLOAT),
+             helper.make_node("Relu", ["f"], ["y"], name="relu_float")]  # fmt: skip
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 2])])  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    assert float64_nodes(model) == ["to_double", "relu_double", "to_float"]
+    del model.graph.node[:3]
+    model.graph.node[0].input[0] = "x"
+    assert float64_nodes(model) == []
