@@ -44,6 +44,7 @@ from qbench.recipe import Recipe
 from qbench.results import CalibrationRecord
 from qbench.sources import ModelSource, resolve_model
 from qbench.tasks import CustomMetric, LabelError, Task, get_task
+from qbench.tasks.base import example_rows
 from qbench.tasks.custom import load_custom_metrics
 from qbench.tasks.selection import OutputChoice, choose_outputs
 from qbench.variants.base import TrainingData
@@ -241,14 +242,45 @@ def _labels(
     if column not in table.columns:
         raise RecipeError(recipe.source, "data.label", expected_one_of(column, [str(c) for c in table.columns]))
     positions = np.asarray(rows)
+    values = table[column].iloc[positions].tolist()
     try:
-        values = task.decode_label_names(table[column].iloc[positions].tolist(), [c.meta for c in outputs], positions)
+        if recipe.data.classes is not None:
+            values = _named_classes(recipe, task, values, outputs, positions)
+        else:
+            values = task.decode_label_names(values, [c.meta for c in outputs], positions)
         labels = task.labels_from_values(values, positions)
         for choice in outputs:
             task.check_labels(labels, choice.meta, positions)
     except LabelError as exc:
         raise RecipeError(recipe.source, "data.label", f"column {column!r}: {exc}") from None
     return labels
+
+
+def _named_classes(
+    recipe: Recipe, task: Task, values: list, outputs: list[OutputChoice], positions: np.ndarray
+) -> list[int]:
+    """Label values read through `data.classes`: each names a score column, by its position in the list."""
+    classes = recipe.data.classes or []
+    if task.name != "classification":
+        raise RecipeError(recipe.source, "data.classes", f"task {task.name!r} does not read class names; "
+                          "expected it only with task: classification")  # fmt: skip
+    mapped = [o.name for o in outputs if o.meta.kind == "map"]
+    if mapped:
+        raise RecipeError(recipe.source, "data.classes", f"output {mapped[0]!r} names its own classes (a map); expected "
+                          "no data.classes with it")  # fmt: skip
+    column = {_class_key(name): index for index, name in enumerate(classes)}
+    unknown = np.array([_class_key(v) not in column for v in values], dtype=bool)
+    if unknown.any():
+        raise LabelError(f"{example_rows(unknown, values, positions)} are none of data.classes "
+                         f"({', '.join(str(c) for c in classes)})")  # fmt: skip
+    return [column[_class_key(v)] for v in values]
+
+
+def _class_key(value: object) -> str:
+    """A label value as data.classes names it: 3, 3.0 (a column with gaps reads as float) and '3' are one class."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
 
 
 def _finite_rows(

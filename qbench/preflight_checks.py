@@ -98,8 +98,9 @@ def check_batch_memory(recipe: Recipe, feeds: Mapping[str, np.ndarray], *, avail
 
 def fixed_batch(recipe: Recipe, inputs: Mapping[str, TensorMeta]) -> int | None:
     """The batch size the model's inputs are fixed to (a static first dimension), None when it is dynamic.
-    Every batch size in the recipe must be that one: a session refuses any other, after the sweep has started."""
-    fixed = {name: meta.shape[0] for name, meta in inputs.items() if meta.shape and meta.shape[0] is not None}
+    Every batch size in the recipe must be that one: a session refuses any other, after the sweep has started.
+    A rank-1 input is left to the feed checks: its one dimension may be a batch of scalars or a row without a batch."""
+    fixed = {name: meta.shape[0] for name, meta in inputs.items() if len(meta.shape) > 1 and meta.shape[0] is not None}
     if not fixed:
         return None
     sizes = set(fixed.values())

@@ -90,12 +90,22 @@ class DataSpec(_Strict):
         description="data column -> model input name, or a text column -> {tokenizer: {...}}"
     )
     label: str | None = Field(None, description="label column; without it accuracy is agreement with FP32")
+    classes: list[str | int] | None = Field(
+        None, description="classification: the label values naming the model's score columns, in column order"
+    )
     calibration: CalibrationSpec = CalibrationSpec()
     evaluation: EvaluationSpec = EvaluationSpec()
     slices: list[SliceSpec] = []
     nonfinite_inputs: Literal["error", "drop"] = Field(
         "error", description="rows whose input columns hold NaN/inf: error (default) or drop them (counted in results)"
     )
+
+    @field_validator("classes")
+    @classmethod
+    def _classes_distinct(cls, v: list[str | int] | None) -> list[str | int] | None:
+        if v is not None and (not v or len({str(c) for c in v}) != len(v)):
+            raise ValueError("expected the distinct class names in the order of the model's score columns")
+        return v
 
     @field_validator("inputs")
     @classmethod

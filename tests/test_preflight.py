@@ -110,6 +110,7 @@ def test_string_labels_of_a_string_class_zipmap_are_read_as_its_columns(tmp_path
     import onnx
     from onnx import TensorProto, helper
 
+    from qbench.errors import RecipeError
     from qbench.preflight import prepare
 
     map_type = helper.make_sequence_type_proto(
@@ -127,6 +128,16 @@ def test_string_labels_of_a_string_class_zipmap_are_read_as_its_columns(tmp_path
                                                      "variants": [{"name": "h", "precision": "fp16"}]}))  # fmt: skip
     prepared = prepare(load_recipe(tmp_path / "r.yaml"), track=False)
     assert prepared.labels.tolist() == [1, 0, 0]  # sorted classes: no = column 0, yes = column 1
+    # the map names its own classes: data.classes (which could order them otherwise) is refused with it
+    body = yaml.safe_load((tmp_path / "r.yaml").read_text())
+    body["data"]["classes"] = ["yes", "no"]
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(body))
+    with pytest.raises(RecipeError, match=r"data\.classes: output 'probs' names its own classes \(a map\)"):
+        prepare(load_recipe(tmp_path / "r.yaml"), track=False)
+    body["data"]["classes"] = ["yes", "yes"]
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(body))
+    with pytest.raises(RecipeError, match=r"data\.classes: expected the distinct class names"):
+        load_recipe(tmp_path / "r.yaml")
 
 
 @pytest.mark.parametrize(

@@ -102,7 +102,8 @@ class Classification(Task):
             raise LabelError(f"{example_rows(missing, values, positions)} have no label; expected integer class ids")
         not_ids = np.array([not _integral(v) for v in values], dtype=bool)
         if not_ids.any():
-            raise LabelError(f"{example_rows(not_ids, values, positions)} are not integer class ids")
+            raise LabelError(f"{example_rows(not_ids, values, positions)} are not integer class ids (for class names, "
+                             "list them in the order of the model's score columns in data.classes)")  # fmt: skip
         labels = np.array([int(v) for v in values], dtype=np.int64)
         negative = labels < 0
         if negative.any():

@@ -255,3 +255,28 @@ def test_a_model_with_a_fixed_batch_of_one(tmp_path, monkeypatch, capsys):
     plain = np.concatenate([plain_ort(tmp_path / "ones" / "model.onnx", {"x": row[None]})["logits"] for row in features])
     assert overall(results)["accuracy"] == pytest.approx(float(np.mean(plain.argmax(1) == labels)), abs=1e-12)
     assert results.find("int8", "onnxruntime-cpu").status == "ok"
+
+
+def test_string_labels_name_score_columns_through_data_classes(tmp_path, monkeypatch, capsys):
+    """Class names as labels on a plain score tensor: refused with a hint, then read through data.classes in column
+    order (given out of alphabetical order here, so a sorted reading would score wrongly)."""
+    features, labels = iris()
+    order = np.array(["virginica", "setosa", "versicolor"])  # column 0 is class 0 of the fitted weights
+    names = order[labels]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4])
+    logits = helper.make_tensor_value_info("logits", TensorProto.FLOAT, [None, 3])
+    nodes = [helper.make_node("MatMul", ["x", "fc_w"], ["mm"]), helper.make_node("Add", ["mm", "fc_b"], ["logits"])]
+    model = graph_model(nodes, [x], [logits], fitted_linear(features, labels))
+    monkeypatch.chdir(tmp_path)
+    unnamed = project(tmp_path / "unnamed", model, table(features, names))
+    assert main(["validate", str(unnamed)]) == 2
+    assert said("'virginica' are not integer class ids (for class names, list them in the order of the model's score "
+                "columns in data.classes)", capsys.readouterr().err)  # fmt: skip
+    wrong = project(tmp_path / "wrong", model, table(features, names), data={"classes": ["virginica", "setosa"]})
+    assert main(["validate", str(wrong)]) == 2
+    assert said("'versicolor' are none of data.classes (virginica, setosa)", capsys.readouterr().err)
+    named = project(tmp_path / "named", model, table(features, names), data={"classes": order.tolist()})
+    results, _ = run_all(named, capsys)
+    plain = plain_ort(tmp_path / "named" / "model.onnx", {"x": features})["logits"]
+    assert overall(results)["accuracy"] == pytest.approx(float(np.mean(plain.argmax(1) == labels)), abs=1e-12)
+    assert overall(results)["accuracy"] > 0.9
