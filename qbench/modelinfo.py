@@ -31,6 +31,8 @@ class TensorMeta:
 
     kind "map": a sequence of per-row {class key: score} maps; dtype is the score type, shape
     (rows, classes) and class_keys the keys when the graph states them (a ZipMap's attributes).
+    A score tensor's class_keys are its columns' classes in column order, when the graph states them
+    (qbench.modelinfo_classes).
     passthrough_of: the graph input this output merely copies (Identity/Cast chain), if any.
     """
 
@@ -61,13 +63,18 @@ def read_model_info(path: Path) -> ModelInfo:
     """Inputs (excluding initializers), outputs and the default-domain opset of an ONNX file."""
     import onnx
 
+    from qbench.modelinfo_classes import score_class_tables
+
     model = onnx.load(str(path), load_external_data=False)
     initializers = {t.name for t in model.graph.initializer}
     inputs = {v.name: _meta(v) for v in model.graph.input if v.name not in initializers}
     producers = {out: node for node in model.graph.node for out in node.output}
+    tables = score_class_tables(model)
     outputs = {}
     for value in model.graph.output:
         meta = _meta(value, producers.get(value.name))
+        if meta.kind == "tensor" and value.name in tables:
+            meta = dataclasses.replace(meta, class_keys=tables[value.name])
         source = _copied_input(value.name, producers, set(inputs))
         outputs[value.name] = dataclasses.replace(meta, passthrough_of=source) if source is not None else meta
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)

@@ -44,7 +44,7 @@ from qbench.recipe import Recipe
 from qbench.results import CalibrationRecord
 from qbench.sources import ModelSource, resolve_model
 from qbench.tasks import CustomMetric, LabelError, Task, get_task
-from qbench.tasks.base import example_rows
+from qbench.tasks.base import class_key, example_rows
 from qbench.tasks.custom import load_custom_metrics
 from qbench.tasks.selection import OutputChoice, choose_outputs
 from qbench.variants.base import TrainingData
@@ -268,19 +268,12 @@ def _named_classes(
     if mapped:
         raise RecipeError(recipe.source, "data.classes", f"output {mapped[0]!r} names its own classes (a map); expected "
                           "no data.classes with it")  # fmt: skip
-    column = {_class_key(name): index for index, name in enumerate(classes)}
-    unknown = np.array([_class_key(v) not in column for v in values], dtype=bool)
+    column = {class_key(name): index for index, name in enumerate(classes)}
+    unknown = np.array([class_key(v) not in column for v in values], dtype=bool)
     if unknown.any():
         raise LabelError(f"{example_rows(unknown, values, positions)} are none of data.classes "
                          f"({', '.join(str(c) for c in classes)})")  # fmt: skip
-    return [column[_class_key(v)] for v in values]
-
-
-def _class_key(value: object) -> str:
-    """A label value as data.classes names it: 3, 3.0 (a column with gaps reads as float) and '3' are one class."""
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
+    return [column[class_key(v)] for v in values]
 
 
 def _finite_rows(

@@ -165,6 +165,8 @@ class _Progress:
     def finished(self, result: VariantResult) -> None:
         """Keep one finished variant x backend: rewrite the partial results.json, end its MLflow run."""
         self.done.append(result)
+        if result.variant == self.prepared.recipe.all_variants()[0].name:
+            _check_reference_accuracy(self.prepared, result)
         if self._base is None:
             base = _assemble(self.prepared, [], self.clock, self.inputs)
             self._base = replace(base, complete=False, finished_at=None)
@@ -193,6 +195,20 @@ class _Progress:
             kept = f"{len(self.done)} variant run{'' if len(self.done) == 1 else 's'}"
             where = f"partial results ({kept}) in {self.run_dir / RESULTS_FILE}, marked incomplete"
         return QbenchError(f"sweep {exc}: {where}")
+
+
+def _check_reference_accuracy(prepared: Prepared, reference: VariantResult) -> None:
+    """Warn when FP32 itself scores below chance against the labels (labels misread, most likely)."""
+    if prepared.recipe.task != "classification" or prepared.labels is None or reference.accuracy is None:
+        return
+    from qbench.tasks.classification import below_chance
+
+    for choice in prepared.outputs:
+        key = "accuracy" if len(prepared.outputs) == 1 else f"{choice.name}/accuracy"
+        value = reference.accuracy.overall.metrics.get(key)
+        why = below_chance(value, choice.meta, prepared.labels) if value is not None else None
+        if why is not None:
+            logger.warning("%s: %s", reference.key, why)
 
 
 def _sweep_data(prepared: Prepared) -> SweepData:

@@ -52,3 +52,44 @@ def test_outputs_copying_an_input_are_marked(tmp_path: Path) -> None:
     outputs = read_model_info(_save(tmp_path, nodes, [ids], [copy, real])).outputs
     assert outputs["ids_copy"].passthrough_of == "input_ids"
     assert outputs["doubled"].passthrough_of is None
+
+
+def _model(nodes: list, outputs: list, initializers: list | None = None) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4])],
+                              outputs, initializers or [])  # fmt: skip
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=8)
+
+
+def test_a_classifiers_class_labels_name_its_score_columns(tmp_path: Path) -> None:
+    """An ONNX-ML LinearClassifier scores its classes in classlabels order; a Normalizer keeps the columns."""
+    scores = helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, [None, 3])
+    label = helper.make_tensor_value_info("label", TensorProto.INT64, [None])
+    nodes = [helper.make_node("LinearClassifier", ["x"], ["label", "raw"], domain="ai.onnx.ml", classlabels_ints=[1, 2, 5],
+                              coefficients=[0.0] * 12, intercepts=[0.0] * 3),
+             helper.make_node("Normalizer", ["raw"], ["probabilities"], domain="ai.onnx.ml", norm="L1")]  # fmt: skip
+    onnx.save(_model(nodes, [label, scores]), str(tmp_path / "m.onnx"))
+    outputs = read_model_info(tmp_path / "m.onnx").outputs
+    assert outputs["probabilities"].class_keys == (1, 2, 5)
+    assert outputs["label"].class_keys is None
+
+
+def test_a_constant_table_indexed_by_the_argmax_names_the_columns(tmp_path: Path) -> None:
+    """label = classes[ArgMax(scores, axis=1)] through a Reshape, the table a Constant node; an arg-max over the rows
+    (axis 0) is no class lookup."""
+    scores = helper.make_tensor_value_info("scores", TensorProto.FLOAT, [None, 4])
+    label = helper.make_tensor_value_info("label", TensorProto.STRING, [None])
+    table = helper.make_tensor("t", TensorProto.STRING, [3], [b"cat", b"dog", b"owl"])
+
+    def nodes(axis: int) -> list:
+        return [helper.make_node("Softmax", ["x"], ["p"], axis=1), helper.make_node("Identity", ["p"], ["scores"]),
+                helper.make_node("ArgMax", ["p"], ["i"], axis=axis, keepdims=1),
+                helper.make_node("Reshape", ["i", "flat"], ["i1"]),
+                helper.make_node("Constant", [], ["classes"], value=table),
+                helper.make_node("Gather", ["classes", "i1"], ["label"], axis=0)]  # fmt: skip
+
+    flat = onnx.numpy_helper.from_array(np.array([-1], np.int64), "flat")
+    onnx.save(_model(nodes(1), [scores, label], [flat]), str(tmp_path / "by_class.onnx"))
+    assert read_model_info(tmp_path / "by_class.onnx").outputs["scores"].class_keys == ("cat", "dog", "owl")
+    onnx.save(_model(nodes(0), [scores, label], [flat]), str(tmp_path / "by_row.onnx"))
+    assert read_model_info(tmp_path / "by_row.onnx").outputs["scores"].class_keys is None

@@ -20,6 +20,7 @@ from qbench.tasks.base import (
     LabelError,
     RowSummary,
     Task,
+    class_key,
     example_rows,
     is_float,
     is_integer,
@@ -48,6 +49,32 @@ def class_count(output: TensorMeta) -> int | None:
     if is_float(output) and output.shape and output.shape[-1] is not None:
         return 2 if output.shape[-1] == 1 else output.shape[-1]
     return None
+
+
+def below_chance(accuracy: float, output: TensorMeta, labels: np.ndarray) -> str | None:
+    """Why an FP32 accuracy below a uniform guess (1 / classes) is suspect, else None: a model that bad is more often
+    a label column read against the wrong score columns than a model anyone would ship."""
+    classes = class_count(output) or len(np.unique(labels))
+    if classes < 2 or not accuracy < 1.0 / classes:
+        return None
+    return (f"FP32 accuracy {accuracy:.4f} on output {output.name!r} is below a uniform guess over {classes} classes "
+            f"({1.0 / classes:.4f}): if the labels are not the score columns' numbers, name each column's class with "
+            "data.classes")  # fmt: skip
+
+
+def _column_classes(output: TensorMeta) -> tuple[int | str, ...] | None:
+    """The class each score column stands for, when that is not simply the column's number: a string ZipMap's keys
+    (read in sorted order), a score tensor's class table (in column order). None: labels are column ids."""
+    keys = output.class_keys
+    if keys is None:
+        return None
+    if output.kind == "map":  # integer keys are the matrix's columns already (qbench.validate.outputs)
+        return tuple(sorted(str(k) for k in keys)) if all(isinstance(k, str) for k in keys) else None
+    return None if tuple(keys) == tuple(range(len(keys))) else tuple(keys)
+
+
+def _listed(classes: Sequence[Any]) -> str:
+    return ", ".join(str(c) for c in classes[:12]) + (", ..." if len(classes) > 12 else "")
 
 
 def _score_shape_problem(output: TensorMeta) -> str | None:
@@ -119,22 +146,28 @@ class Classification(Task):
     def decode_label_names(
         self, values: Sequence[Any], outputs: Sequence[TensorMeta], positions: np.ndarray
     ) -> Sequence[Any]:
-        """String labels naming the classes of a ZipMap with string keys (scikit-learn's string classes)
-        become the class's column: its position among the sorted keys, as the map is read."""
-        named = [o for o in outputs if o.class_keys is not None and all(isinstance(k, str) for k in o.class_keys)]
-        if not named or not any(isinstance(v, str) for v in values):
-            return values
-        classes = sorted(str(k) for k in named[0].class_keys or ())
-        if any(sorted(str(k) for k in o.class_keys or ()) != classes for o in named):
-            return values  # outputs that disagree on the classes: the values are judged as ids
-        column = {name: index for index, name in enumerate(classes)}
-        unknown = np.array([isinstance(v, str) and v not in column for v in values], dtype=bool)
+        """Labels naming classes become the column the evaluated scores give that class: its position among a string
+        ZipMap's sorted keys (as the map is read), or in a score tensor's class table (qbench.modelinfo_classes).
+        Labels that are no class of such an output are an error; without one, labels are column ids."""
+        tables = [table for table in map(_column_classes, outputs) if table is not None]
+        if not tables or any(table != tables[0] for table in tables):
+            return values  # no stated classes, or outputs that disagree on them: the values are judged as ids
+        classes = tables[0]
+        if all(isinstance(k, str) for k in classes) and not any(isinstance(v, str) for v in values):
+            return values  # ids given for named classes: read as columns, as before
+        named = next(o for o in outputs if _column_classes(o) is not None)
+        ids = [o.name for o in outputs if o.kind == "tensor" and is_integer(o)]
+        if ids:
+            raise LabelError(f"output {named.name!r} scores the classes {_listed(classes)} by column, while output "
+                             f"{ids[0]!r} gives class values: expected one of them in model.outputs")  # fmt: skip
+        column = {class_key(k): index for index, k in enumerate(classes)}
+        unknown = np.array([class_key(v) not in column for v in values], dtype=bool)
         if unknown.any():
             raise LabelError(
-                f"{example_rows(unknown, values, positions)} name classes the output {named[0].name!r} does not have "
-                f"(its classes: {', '.join(classes)})"
+                f"{example_rows(unknown, values, positions)} name classes the output {named.name!r} does not have "
+                f"(its classes: {_listed(classes)})"
             )
-        return [column[v] if isinstance(v, str) else v for v in values]
+        return [column[class_key(v)] for v in values]
 
     def check_labels(self, labels: np.ndarray, output: TensorMeta, positions: np.ndarray) -> None:
         if output.kind == "map" and output.class_keys is not None and all(isinstance(k, int) for k in output.class_keys):

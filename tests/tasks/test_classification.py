@@ -84,6 +84,21 @@ def test_label_names_are_left_alone_without_string_classes() -> None:
     assert TASK.decode_label_names([0, 1, 1, 0], [other], POSITIONS) == [0, 1, 1, 0]
 
 
+def test_labels_naming_a_score_tensors_class_table_become_its_columns() -> None:
+    """A table in column order (not sorted): class values and names both map to their column; [0, 1, 2] is the
+    identity; a class-id output evaluated beside the table's scores is refused (it gives values, not columns)."""
+    scores = TensorMeta("probabilities", np.dtype("float32"), (None, 3), class_keys=(5, 1, 2))
+    assert list(TASK.decode_label_names([1, 2.0, "5", 1], [scores], POSITIONS)) == [1, 2, 0, 1]
+    with pytest.raises(LabelError, match=r"row 11: 3 name classes the output 'probabilities' does not have \(its "
+                                         r"classes: 5, 1, 2\)"):  # fmt: skip
+        TASK.decode_label_names([1, 3, 5, 5], [scores], POSITIONS)
+    identity = TensorMeta("probabilities", np.dtype("float32"), (None, 3), class_keys=(0, 1, 2))
+    assert TASK.decode_label_names([2, 0, 1, 1], [identity], POSITIONS) == [2, 0, 1, 1]
+    label = TensorMeta("label", np.dtype("int64"), (None,))
+    with pytest.raises(LabelError, match="output 'label' gives class values: expected one of them in model.outputs"):
+        TASK.decode_label_names([1, 2, 5, 5], [scores, label], POSITIONS)
+
+
 def test_class_id_outputs_do_not_give_score_metrics() -> None:
     ids = TensorMeta("cls", np.dtype("int64"), (None,))
     assert set(TASK.metrics_not_computed(ids)) == {"kl_mean", "max_abs_error"}
@@ -101,3 +116,15 @@ def test_a_binary_score_column_is_read_in_the_variant_as_in_fp32() -> None:
     logits = np.array([[-2.0], [0.5], [3.0], [-0.1]], dtype=np.float32)  # FP32 logits: threshold 0 for both
     summary = TASK.rows(logits * 0.1 + 0.5, logits, None).summarise("overall", np.ones(4, dtype=bool))
     assert summary.metrics["agreement"] == 0.5  # as logits every shifted score is > 0: class 1, FP32 has [0, 1, 1, 0]
+
+
+def test_an_fp32_accuracy_below_a_uniform_guess_is_suspect() -> None:
+    from qbench.tasks.classification import below_chance
+
+    scores = TensorMeta("logits", np.dtype("float32"), (None, 4))
+    labels = np.array([0, 1, 1, 2])
+    assert below_chance(0.2499, scores, labels).startswith("FP32 accuracy 0.2499 on output 'logits' is below a "
+                                                           "uniform guess over 4 classes (0.2500)")  # fmt: skip
+    assert below_chance(0.25, scores, labels) is None
+    ids = TensorMeta("label", np.dtype("int64"), (None,))  # no stated width: the labels' distinct classes (3)
+    assert below_chance(0.3, ids, labels) is not None and below_chance(0.34, ids, labels) is None

@@ -280,3 +280,28 @@ def test_string_labels_name_score_columns_through_data_classes(tmp_path, monkeyp
     plain = plain_ort(tmp_path / "named" / "model.onnx", {"x": features})["logits"]
     assert overall(results)["accuracy"] == pytest.approx(float(np.mean(plain.argmax(1) == labels)), abs=1e-12)
     assert overall(results)["accuracy"] > 0.9
+
+
+@pytest.mark.parametrize("estimator", ["logistic", "mlp"])
+def test_classes_that_are_not_column_numbers_are_read_through_the_graphs_class_table(tmp_path, monkeypatch, capsys,
+                                                                                     estimator):  # fmt: skip
+    """scikit-learn classes [1, 2, 5] without a ZipMap, evaluated on rows of classes 1 and 2 only. Read as column ids
+    the labels scored FP32 at 0.03 and the gate judged drops against that, silently. The graph states the classes
+    (LinearClassifier's classlabels; the MLP's classes[ArgMax]): FP32 accuracy must be scikit-learn's."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.neural_network import MLPClassifier
+
+    features, ids = iris()
+    labels = np.array([1, 2, 5])[ids]
+    make = {"logistic": lambda: LogisticRegression(max_iter=500),
+            "mlp": lambda: MLPClassifier((16,), max_iter=2000, random_state=0)}[estimator]  # fmt: skip
+    classifier = make().fit(features, labels)
+    model = skl2onnx.to_onnx(classifier, features[:1], options={id(classifier): {"zipmap": False}},
+                             target_opset={"": 17, "ai.onnx.ml": 3})  # fmt: skip
+    keep = labels != 5
+    monkeypatch.chdir(tmp_path)
+    recipe = project(tmp_path, model, table(features[keep], labels[keep]))
+    results, _ = run_all(recipe, capsys)
+    expected = float(np.mean(classifier.predict(features[keep]) == labels[keep]))
+    assert expected > 0.9
+    assert overall(results)["accuracy"] == pytest.approx(expected, abs=1e-12)

@@ -1,0 +1,112 @@
+"""Which class each column of a score output stands for, when the graph says so.
+
+Converters state it in two ways, both facts of the graph rather than guesses:
+
+- an ONNX-ML classifier (LinearClassifier, TreeEnsembleClassifier, SVMClassifier) scores its
+  classes in the order of its `classlabels_ints` / `classlabels_strings` attribute;
+- a network picks its label as `classes[ArgMax(scores)]`: an ArrayFeatureExtractor or Gather
+  on a constant table, indexed by the arg-max over the scores' last axis.
+
+A score output may reach the graph output through Identity, Cast or Normalizer (which keep the
+columns). scikit-learn's classes [1, 2, 5] then read column 2 as class 5, where reading the
+labels as column ids would score class 1 as column 1 and fail silently on data lacking class 5.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    import onnx
+
+ClassTable = tuple[int | str, ...]
+
+_COLUMN_KEEPING_OPS = ("Identity", "Cast", "Normalizer")
+_INDEX_OPS = ("Identity", "Cast", "Reshape", "Squeeze", "Unsqueeze", "Flatten")
+_LABEL_ATTRIBUTES = ("classlabels_ints", "classlabels_int64s", "classlabels_strings")
+
+
+def score_class_tables(model: onnx.ModelProto) -> dict[str, ClassTable]:
+    """Graph output name -> its columns' classes, for every tensor output whose graph states them."""
+    graph = model.graph
+    producers = {out: node for node in graph.node for out in node.output}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    constants = _constant_tables(model)
+    tables = {}
+    for output in graph.output:
+        chain = _score_chain(output.name, producers)
+        table = _classifier_labels(chain[-1], producers) or _argmax_lookup(chain, consumers, constants)
+        if table:
+            tables[output.name] = table
+    return tables
+
+
+def _score_chain(name: str, producers: dict[str, onnx.NodeProto]) -> list[str]:
+    """`name` and the tensors it copies column for column, back to where the scores are made."""
+    chain = [name]
+    while (node := producers.get(chain[-1])) is not None and node.op_type in _COLUMN_KEEPING_OPS and node.input:
+        if node.input[0] in chain:
+            break
+        chain.append(node.input[0])
+    return chain
+
+
+def _classifier_labels(scores: str, producers: dict[str, onnx.NodeProto]) -> ClassTable | None:
+    """The class labels of the ONNX-ML classifier whose second output (the scores) is `scores`."""
+    node = producers.get(scores)
+    if node is None or node.domain != "ai.onnx.ml" or len(node.output) < 2 or node.output[1] != scores:
+        return None
+    for attribute in node.attribute:
+        if attribute.name in _LABEL_ATTRIBUTES and (attribute.ints or attribute.strings):
+            return tuple(int(k) for k in attribute.ints) or tuple(k.decode() for k in attribute.strings)
+    return None
+
+
+def _argmax_lookup(
+    chain: list[str], consumers: dict[str, list[onnx.NodeProto]], constants: dict[str, ClassTable]
+) -> ClassTable | None:
+    """The constant table indexed by ArgMax over the last axis of any tensor in `chain`."""
+    for scores in chain:
+        for argmax in consumers.get(scores, []):
+            if argmax.op_type != "ArgMax" or _axis(argmax) not in (1, -1):
+                continue
+            index = argmax.output[0]
+            for _ in range(len(_INDEX_OPS) * 4):  # a short chain of reshapes and casts at most
+                users = consumers.get(index, [])
+                lookup = next((u for u in users if u.op_type in ("ArrayFeatureExtractor", "Gather")
+                               and len(u.input) == 2 and u.input[1] == index and u.input[0] in constants), None)  # fmt: skip
+                if lookup is not None:
+                    return constants[lookup.input[0]]
+                passing = [u for u in users if u.op_type in _INDEX_OPS]
+                if len(passing) != 1:
+                    break
+                index = passing[0].output[0]
+    return None
+
+
+def _axis(node: onnx.NodeProto) -> int:
+    return next((a.i for a in node.attribute if a.name == "axis"), 0)
+
+
+def _constant_tables(model: onnx.ModelProto) -> dict[str, ClassTable]:
+    """1-D integer or string constants (initializers and Constant nodes): candidate class tables."""
+    from onnx import TensorProto, numpy_helper
+
+    tensors = {t.name: t for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.output:
+            value = next((a.t for a in node.attribute if a.name == "value"), None)
+            if value is not None:
+                tensors[node.output[0]] = value
+    tables: dict[str, ClassTable] = {}
+    for name, tensor in tensors.items():
+        if len(tensor.dims) != 1 or tensor.data_location == TensorProto.EXTERNAL:
+            continue
+        if tensor.data_type == TensorProto.STRING:
+            tables[name] = tuple(s.decode() for s in tensor.string_data)
+        elif tensor.data_type in (TensorProto.INT64, TensorProto.INT32):
+            tables[name] = tuple(int(v) for v in numpy_helper.to_array(tensor))
+    return tables
