@@ -180,7 +180,8 @@ def _suite_counts(suite: ET.Element) -> dict[str, int]:
 
 def junit_xml(report: GateReport, name: str = "qbench gate") -> str:
     """JUnit XML: a testsuite per variant@backend, a testcase `<scope>: <metric>` per check (a breach is a
-    <failure> carrying the numbers), each problem an <error> testcase; counts on every suite and the root."""
+    <failure> carrying the numbers), each problem an <error> testcase, notes as the suite's <system-out>;
+    counts on every suite and the root."""
     root = ET.Element("testsuites", {"name": name})
     suites: dict[str, ET.Element] = {}
 
@@ -204,6 +205,12 @@ def junit_xml(report: GateReport, name: str = "qbench gate") -> str:
         case = _testcase(suite_of(owner or RESULTS_SUITE), owner or RESULTS_SUITE, "results: usable")
         error = ET.SubElement(case, "error", {"type": "unusable", "message": problem})
         error.text = problem_line(problem)
+    notes: dict[str, list[str]] = {}
+    for note in report.notes:  # what a check cannot say, e.g. a variant that computes in FP32
+        owner = note.split(" ", 1)[0]
+        notes.setdefault(owner if owner in report.gated else RESULTS_SUITE, []).append(f"note: {note}")
+    for key, lines in notes.items():
+        ET.SubElement(suite_of(key), "system-out").text = "\n".join(lines)
     totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
     for suite in suites.values():
         counts = _suite_counts(suite)

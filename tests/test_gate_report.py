@@ -150,6 +150,18 @@ def test_junit_problems_are_error_cases_in_their_variants_suite_or_a_results_sui
     assert counts(suites["results"]) == (1, 0, 1, 0)
 
 
+def test_junit_notes_are_the_system_out_of_their_variants_suite_or_the_results_suite():
+    own = f"int8@{BACKEND} computes in fp32 (nothing in the graph was lowered to int8): its pass says nothing about int8"
+    checks = checks_for("int8", {"overall": 0.95, "condition=noisy": 0.9, "faint": 0.93})
+    report = GateReport("accuracy", tuple(checks), gated=(f"int8@{BACKEND}",),
+                        notes=("inputs not checked for staleness (--no-staleness-check)", own))  # fmt: skip
+    root = junit(report)
+    suites = {s.get("name"): s for s in root.findall("testsuite")}
+    assert suites[f"int8@{BACKEND}"].find("system-out").text == f"note: {own}"
+    assert suites["results"].find("system-out").text == "note: inputs not checked for staleness (--no-staleness-check)"
+    assert counts(root) == (3, 0, 0, 0) and counts(suites["results"]) == (0, 0, 0, 0)
+
+
 def test_junit_skipped_checks_are_skipped_cases():
     checks = checks_for("int8", {"overall": 0.95, "condition=noisy": 0.5, "faint": 0.93}, skipped=("condition=noisy",))
     root = junit(GateReport("accuracy", tuple(checks), gated=(f"int8@{BACKEND}",)))
