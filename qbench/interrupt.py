@@ -11,6 +11,12 @@ on to a child process group (`run_process_group`, for `qbench ui`).
 `Interrupted` is a BaseException so that `except Exception` (one variant's failure is recorded and
 the sweep goes on) never swallows it. Outside the main thread no handler can be installed: the guard
 then does nothing and the process's default handling stays.
+
+A signal that lands inside the runtime's own locking code (the import system taking a module lock,
+threading, queue, logging handlers) is not raised there: an exception between a lock's acquire and
+the code that releases it leaves the lock held, and the clean-up then waits for ever on a thread
+that needs it (seen: MLflow's system-metrics thread importing while the main thread was stopped
+inside an import). It is raised again 50 ms later (SIGALRM), once the main thread is elsewhere.
 """
 
 from __future__ import annotations
@@ -28,6 +34,14 @@ from types import FrameType, TracebackType
 from typing import Any
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_RETRY_S = 0.05
+_LOCKING_CODE = ("<frozen importlib._bootstrap>", f"{os.sep}threading.py", f"{os.sep}queue.py",
+                 os.path.join("logging", "__init__.py"))  # fmt: skip
+
+
+def _in_locking_code(frame: FrameType | None) -> bool:
+    """Whether the interrupted frame is the runtime's lock handling, where an exception would leak a lock."""
+    return frame is not None and frame.f_code.co_filename.endswith(_LOCKING_CODE)
 
 
 class Interrupted(BaseException):
@@ -49,9 +63,12 @@ class SignalGuard:
     def __enter__(self) -> SignalGuard:
         if threading.current_thread() is threading.main_thread():
             self._previous = {signum: signal.signal(signum, self._handle) for signum in _SIGNALS}
+            self._previous[signal.SIGALRM] = signal.signal(signal.SIGALRM, self._retry)
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if self._previous:
+            signal.setitimer(signal.ITIMER_REAL, 0)
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous = {}
@@ -60,7 +77,17 @@ class SignalGuard:
         if self._shield_depth:
             self._pending = signum
             return
+        if _in_locking_code(frame):
+            self._pending = signum
+            signal.setitimer(signal.ITIMER_REAL, _RETRY_S)
+            return
         raise Interrupted(signum)
+
+    def _retry(self, signum: int, frame: FrameType | None) -> None:
+        """SIGALRM: raise the signal held back from locking code, unless a shielded block will raise it at its end."""
+        if self._pending is not None and not self._shield_depth:
+            pending, self._pending = self._pending, None
+            self._handle(pending, frame)
 
     @contextmanager
     def shielded(self) -> Iterator[None]:
@@ -76,6 +103,9 @@ class SignalGuard:
 
     def ignore(self) -> None:
         """From now until the guard ends, SIGINT and SIGTERM are ignored (the clean-up runs to its end)."""
+        if self._previous:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        self._pending = None
         for signum in self._previous:
             signal.signal(signum, signal.SIG_IGN)
 
