@@ -38,6 +38,18 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
 
 
+def _targets(value: Any) -> list[float] | None:
+    """A label cell as its targets: [x] for a number, the numbers of a list or array; None if any is not finite."""
+    items = list(np.asarray(value).reshape(-1)) if isinstance(value, (list, tuple, np.ndarray)) else [value]
+    if not items or not all(_is_number(v) and math.isfinite(float(v)) for v in items):
+        return None
+    return [float(v) for v in items]
+
+
+def _listed(values: Sequence[Any]) -> bool:
+    return any(isinstance(v, (list, tuple, np.ndarray)) for v in values)
+
+
 def agreeing_rows(outputs: np.ndarray, reference: np.ndarray, tolerance: float) -> np.ndarray:
     """1.0 for rows whose every |output - reference| <= tolerance, else 0.0 (NaN/inf never agree)."""
     outputs, reference = np.asarray(outputs, dtype=np.float64), np.asarray(reference, dtype=np.float64)
@@ -83,15 +95,27 @@ class Regression(Task):
     default_gate_metric = "mae"
 
     def labels_from_values(self, values: Sequence[Any], positions: np.ndarray) -> np.ndarray:
-        bad = np.array([not _is_number(v) or not math.isfinite(float(v)) for v in values], dtype=bool)
+        """One finite number per row, or (several targets) a list of as many finite numbers in every row."""
+        targets = [_targets(v) for v in values]
+        bad = np.array([t is None for t in targets], dtype=bool)
         if bad.any():
-            raise LabelError(f"{example_rows(bad, values, positions)} are not finite numbers; expected float targets")
-        return np.array([float(v) for v in values], dtype=np.float64)
+            raise LabelError(f"{example_rows(bad, values, positions)} are not finite numbers; expected float targets "
+                             "(a number per row, or a list of numbers for several targets)")  # fmt: skip
+        widths = {len(t) for t in targets if t is not None}
+        if len(widths) > 1:
+            first = len(targets[0] or ())
+            uneven = np.array([len(t or ()) != first for t in targets], dtype=bool)
+            raise LabelError(f"{example_rows(uneven, values, positions)} hold a different number of targets than "
+                             f"the first row ({first})")  # fmt: skip
+        labels = np.array(targets, dtype=np.float64)
+        return labels[:, 0] if labels.ndim == 2 and labels.shape[1] == 1 and not _listed(values) else labels
 
     def check_labels(self, labels: np.ndarray, output: TensorMeta, positions: np.ndarray) -> None:
+        targets = 1 if labels.ndim == 1 else labels.shape[1]
         width = output.shape[-1] if len(output.shape) == 2 else 1 if len(output.shape) == 1 else None
-        if width is not None and width != 1 or len(output.shape) > 2:
-            raise LabelError(f"one target per row, but output {output.name!r} has shape {list(output.shape)}")
+        if len(output.shape) > 2 or (width is not None and width != targets):
+            raise LabelError(f"{targets} target{'s' if targets != 1 else ''} per row, but output {output.name!r} has "
+                             f"shape {list(output.shape)}")  # fmt: skip
 
     def output_problem(self, output: TensorMeta) -> str | None:
         return float_output_problem(self.name, output)
@@ -102,9 +126,9 @@ class Regression(Task):
         rows = np.shape(outputs)[0]
         out = np.asarray(outputs, dtype=np.float64).reshape(rows, -1)
         ref = np.asarray(reference, dtype=np.float64).reshape(rows, -1)
-        if labels is not None and out.shape[1] != 1:
-            raise LabelError(f"one target per row, but the output has {out.shape[1]} values per row")
-        target = ref if labels is None else np.asarray(labels, dtype=np.float64).reshape(rows, 1)
+        target = ref if labels is None else np.asarray(labels, dtype=np.float64).reshape(rows, -1)
+        if target.shape[1] != out.shape[1]:
+            raise LabelError(f"{target.shape[1]} target(s) per row, but the output has {out.shape[1]} values per row")
         finite = ref[np.isfinite(ref)]
         tolerance = AGREEMENT_TOLERANCE * float(np.std(finite)) if finite.size else 0.0
         return RegressionRows(out, ref, target, agreeing_rows(out, ref, tolerance))
@@ -113,8 +137,9 @@ class Regression(Task):
         import torch
 
         targets = torch.as_tensor(np.array(labels), dtype=torch.float32)
-        if output.reshape(output.shape[0], -1).shape[1] != 1:
-            raise LabelError(f"qat.loss 'label' needs one value per row; the model returns {list(output.shape)}")
+        width = 1 if targets.ndim == 1 else targets.shape[1]
+        if output.reshape(output.shape[0], -1).shape[1] != width:
+            raise LabelError(f"qat.loss 'label' needs {width} value(s) per row; the model returns {list(output.shape)}")
         return targets
 
     def qat_loss(self, kind: str, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

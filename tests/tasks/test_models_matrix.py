@@ -305,3 +305,21 @@ def test_classes_that_are_not_column_numbers_are_read_through_the_graphs_class_t
     expected = float(np.mean(classifier.predict(features[keep]) == labels[keep]))
     assert expected > 0.9
     assert overall(results)["accuracy"] == pytest.approx(expected, abs=1e-12)
+
+
+def test_a_regression_with_three_targets_per_row(tmp_path, monkeypatch, capsys):
+    """Labels as a list of 3 numbers per row (a parquet list column), scored against all 3 outputs per row."""
+    rng = np.random.default_rng(3)
+    features = rng.normal(size=(ROWS, 6)).astype(np.float32)
+    weight = rng.normal(size=(6, 3)).astype(np.float32)
+    targets = features @ weight + 0.1 * rng.normal(size=(ROWS, 3))
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 6])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 3])
+    model = graph_model([helper.make_node("MatMul", ["x", "w"], ["y"])], [x], [y], [numpy_helper.from_array(weight, "w")])
+    monkeypatch.chdir(tmp_path)
+    recipe = project(tmp_path, model, table(features, targets), task="regression",
+                     gate={"metric": "mae", "max_drop": 0.05, "max_slice_drop": 0.1})  # fmt: skip
+    results, _ = run_all(recipe, capsys)
+    predicted = plain_ort(tmp_path / "model.onnx", {"x": features})["y"].astype(np.float64)
+    assert overall(results)["mae"] == pytest.approx(float(np.mean(np.abs(predicted - targets))), rel=1e-9)
+    assert overall(results)["rmse"] == pytest.approx(float(np.sqrt(np.mean((predicted - targets) ** 2))), rel=1e-9)

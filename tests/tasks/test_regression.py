@@ -18,8 +18,27 @@ def test_labels_must_be_finite_numbers() -> None:
     assert TASK.labels_from_values([1, 2.5, -3], np.arange(3)).tolist() == [1.0, 2.5, -3.0]
     with pytest.raises(LabelError, match=r"2 rows, e.g. row 5: 'high' are not finite numbers"):
         TASK.labels_from_values([1.0, "high", float("nan")], np.array([4, 5, 6]))
-    with pytest.raises(LabelError, match=r"one target per row, but output 'y' has shape \[None, 2\]"):
+    with pytest.raises(LabelError, match=r"1 target per row, but output 'y' has shape \[None, 2\]"):
         TASK.check_labels(np.zeros(3), TensorMeta("y", np.dtype("float32"), (None, 2)), np.arange(3))
+
+
+def test_several_targets_per_row_are_a_list_per_row_and_metrics_pool_them() -> None:
+    """Two targets per row: mae and rmse over every value, r2 against each target column's own mean."""
+    labels = TASK.labels_from_values([[1.0, 10.0], np.array([2.0, 20.0]), (3.0, 30.0)], np.arange(3))
+    assert labels.tolist() == [[1.0, 10.0], [2.0, 20.0], [3.0, 30.0]]
+    TASK.check_labels(labels, TensorMeta("y", np.dtype("float32"), (None, 2)), np.arange(3))
+    with pytest.raises(LabelError, match=r"2 targets per row, but output 'y' has shape \[None, 3\]"):
+        TASK.check_labels(labels, TensorMeta("y", np.dtype("float32"), (None, 3)), np.arange(3))
+    with pytest.raises(LabelError, match=r"1 row, e.g. row 8: \[3.0\] hold a different number of targets than the "
+                                         r"first row \(2\)"):  # fmt: skip
+        TASK.labels_from_values([[1.0, 10.0], [2.0, 20.0], [3.0]], np.array([6, 7, 8]))
+    with pytest.raises(LabelError, match=r"1 row, e.g. row 1: \[2.0, nan\] are not finite numbers"):
+        TASK.labels_from_values([[1.0, 10.0], [2.0, float("nan")]], np.arange(2))
+    outputs = np.array([[1.5, 10.0], [2.0, 22.0], [3.0, 30.0]])
+    overall = TASK.rows(outputs, outputs, labels).summarise("overall", np.ones(3, dtype=bool)).metrics
+    assert overall["mae"] == pytest.approx((0.5 + 2.0) / 6)
+    assert overall["rmse"] == pytest.approx(math.sqrt((0.25 + 4.0) / 6))
+    assert overall["r2"] == pytest.approx(1 - (0.25 + 4.0) / (2.0 + 200.0))  # SS_tot: (1+0+1) + (100+0+100)
 
 
 def test_metrics_per_slice_by_hand() -> None:
