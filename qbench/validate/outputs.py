@@ -75,10 +75,16 @@ def run_outputs(
     chunks: dict[str, list[np.ndarray]] = {name: [] for name in outputs}
     for start in track(starts, description, total=len(starts)):
         results = runner.run({name: array[start : start + batch_size] for name, array in feeds.items()})
+        count = min(batch_size, rows - start)
         for name, index in outputs.items():
             if not -len(results) <= index < len(results):
                 raise QbenchError(f"output index {index} is out of range: the model has {len(results)} outputs")
-            chunks[name].append(as_array(results[index], name))
+            value = as_array(results[index], name)
+            if value.ndim == 0 or value.shape[0] != count:
+                got = f"{value.shape[0]} row{'s' if value.shape[0] != 1 else ''}" if value.ndim else "a scalar"
+                raise QbenchError(f"output {name!r} gave {got} for a batch of {count} input rows: qbench reads one "
+                                  "output row per input row (the first axis is the batch)")  # fmt: skip
+            chunks[name].append(value)
     return {
         name: _concatenate(parts) for name, parts in chunks.items()
     }

@@ -49,3 +49,21 @@ def test_run_outputs_concatenates_each_chosen_output_over_batches() -> None:
     assert outputs["probabilities"][:, 1].tolist() == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4])
     with pytest.raises(QbenchError, match="output index 2 is out of range"):
         run_outputs(_Runner(), feeds, 2, {"nope": 2})
+
+
+class _Aggregating(_Runner):
+    """One output row per batch (a mean over the batch), or a scalar: not one row per input row."""
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> list:
+        x = feeds["x"]
+        return [x.mean(keepdims=True), np.float32(x.sum())]
+
+
+def test_an_output_that_is_not_one_row_per_input_row_is_refused_by_name() -> None:
+    feeds = {"x": np.arange(5, dtype=np.float32)}
+    with pytest.raises(QbenchError, match=r"output 'mean' gave 1 row for a batch of 2 input rows: qbench reads one "
+                                          r"output row per input row \(the first axis is the batch\)"):  # fmt: skip
+        run_outputs(_Aggregating(), feeds, 2, {"mean": 0})
+    with pytest.raises(QbenchError, match="output 'total' gave a scalar for a batch of 2 input rows"):
+        run_outputs(_Aggregating(), feeds, 2, {"total": 1})
+    assert run_outputs(_Aggregating(), {"x": np.ones(1, dtype=np.float32)}, 4, {"mean": 0})["mean"].tolist() == [1.0]
