@@ -74,8 +74,9 @@ def problem_line(problem: str) -> str:
 
 
 def problem_owner(report: GateReport, problem: str) -> str | None:
-    """The variant@backend a problem is about, or None when it is about the results as a whole."""
-    return next((key for key in report.gated if problem.startswith(f"{key}: ")), None)
+    """The variant@backend a problem ('int8@cpu: ...') or a note ('int8@cpu computes ...') is about, or None when
+    it is about the results as a whole."""
+    return next((key for key in report.gated if problem.startswith((f"{key}: ", f"{key} "))), None)
 
 
 def _breaching_scopes(report: GateReport) -> dict[str, list[str]]:
@@ -207,8 +208,7 @@ def junit_xml(report: GateReport, name: str = "qbench gate") -> str:
         error.text = problem_line(problem)
     notes: dict[str, list[str]] = {}
     for note in report.notes:  # what a check cannot say, e.g. a variant that computes in FP32
-        owner = note.split(" ", 1)[0]
-        notes.setdefault(owner if owner in report.gated else RESULTS_SUITE, []).append(f"note: {note}")
+        notes.setdefault(problem_owner(report, note) or RESULTS_SUITE, []).append(f"note: {note}")
     for key, lines in notes.items():
         ET.SubElement(suite_of(key), "system-out").text = "\n".join(lines)
     totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}

@@ -44,7 +44,7 @@ from qbench.recipe import Recipe
 from qbench.results import CalibrationRecord
 from qbench.sources import ModelSource, resolve_model
 from qbench.tasks import CustomMetric, LabelError, Task, get_task
-from qbench.tasks.base import class_key, example_rows
+from qbench.tasks.classification import label_columns
 from qbench.tasks.custom import load_custom_metrics
 from qbench.tasks.selection import OutputChoice, choose_outputs
 from qbench.variants.base import TrainingData
@@ -268,12 +268,7 @@ def _named_classes(
     if mapped:
         raise RecipeError(recipe.source, "data.classes", f"output {mapped[0]!r} names its own classes (a map); expected "
                           "no data.classes with it")  # fmt: skip
-    column = {class_key(name): index for index, name in enumerate(classes)}
-    unknown = np.array([class_key(v) not in column for v in values], dtype=bool)
-    if unknown.any():
-        raise LabelError(f"{example_rows(unknown, values, positions)} are none of data.classes "
-                         f"({', '.join(str(c) for c in classes)})")  # fmt: skip
-    return [column[class_key(v)] for v in values]
+    return label_columns(values, classes, positions, unknown=f"are none of data.classes ({', '.join(map(str, classes))})")
 
 
 def _finite_rows(

@@ -113,8 +113,9 @@ def fixed_batch(recipe: Recipe, inputs: Mapping[str, TensorMeta]) -> int | None:
     wrong = [(field, batch) for field, batch in _batch_sizes(recipe) if batch != size]
     if wrong:
         listed = ", ".join(f"{field} (now {batch})" for field, batch in wrong)
-        raise RecipeError(recipe.source, wrong[0][0], f"{where}, so every batch must have {size} row{'s' if size != 1 else ''}; expected {size} "
-                          f"in {listed}, or a model exported with a dynamic batch axis")  # fmt: skip
+        rows = f"{size} row{'s' if size != 1 else ''}"
+        raise RecipeError(recipe.source, wrong[0][0], f"{where}, so every batch must have {rows}; expected {size} in "
+                          f"{listed}, or a model exported with a dynamic batch axis")  # fmt: skip
     return size
 
 

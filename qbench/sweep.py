@@ -202,9 +202,10 @@ def _check_reference_accuracy(prepared: Prepared, reference: VariantResult) -> N
     if prepared.recipe.task != "classification" or prepared.labels is None or reference.accuracy is None:
         return
     from qbench.tasks.classification import below_chance
+    from qbench.validate.metrics import OUTPUT_SEPARATOR
 
     for choice in prepared.outputs:
-        key = "accuracy" if len(prepared.outputs) == 1 else f"{choice.name}/accuracy"
+        key = "accuracy" if len(prepared.outputs) == 1 else f"{choice.name}{OUTPUT_SEPARATOR}accuracy"
         value = reference.accuracy.overall.metrics.get(key)
         why = below_chance(value, choice.meta, prepared.labels) if value is not None else None
         if why is not None:

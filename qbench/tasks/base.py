@@ -62,13 +62,6 @@ def mean_or_nan(values: np.ndarray) -> float:
     return float(np.mean(values)) if np.size(values) else float("nan")
 
 
-def class_key(value: object) -> str:
-    """A class as labels and class tables name it: 3, 3.0 (a label column with gaps reads as float) and '3' are one."""
-    if isinstance(value, (float, np.floating)) and float(value).is_integer():
-        return str(int(value))
-    return str(value)
-
-
 def example_rows(bad: np.ndarray, values: Sequence[Any], positions: np.ndarray | None = None) -> str:
     """'3 rows, e.g. row 17: 2.5' for the rows flagged in `bad` (positions: the data-file row numbers)."""
     where = np.flatnonzero(bad)

@@ -20,7 +20,6 @@ from qbench.tasks.base import (
     LabelError,
     RowSummary,
     Task,
-    class_key,
     example_rows,
     is_float,
     is_integer,
@@ -60,6 +59,23 @@ def below_chance(accuracy: float, output: TensorMeta, labels: np.ndarray) -> str
     return (f"FP32 accuracy {accuracy:.4f} on output {output.name!r} is below a uniform guess over {classes} classes "
             f"({1.0 / classes:.4f}): if the labels are not the score columns' numbers, name each column's class with "
             "data.classes")  # fmt: skip
+
+
+def label_columns(values: Sequence[Any], classes: Sequence[Any], positions: np.ndarray, *, unknown: str) -> list[int]:
+    """Each label value's score column: its position in `classes` (3, 3.0 and '3' are one class). Values that are
+    none of them are a LabelError whose example rows `unknown` describes."""
+    column = {_class_key(name): index for index, name in enumerate(classes)}
+    missing = np.array([_class_key(v) not in column for v in values], dtype=bool)
+    if missing.any():
+        raise LabelError(f"{example_rows(missing, values, positions)} {unknown}")
+    return [column[_class_key(v)] for v in values]
+
+
+def _class_key(value: object) -> str:
+    """A class as labels and class tables name it: a label column with gaps reads 3 as 3.0."""
+    if isinstance(value, (float, np.floating)) and float(value).is_integer():
+        return str(int(value))
+    return str(value)
 
 
 def _column_classes(output: TensorMeta) -> tuple[int | str, ...] | None:
@@ -160,14 +176,8 @@ class Classification(Task):
         if ids:
             raise LabelError(f"output {named.name!r} scores the classes {_listed(classes)} by column, while output "
                              f"{ids[0]!r} gives class values: expected one of them in model.outputs")  # fmt: skip
-        column = {class_key(k): index for index, k in enumerate(classes)}
-        unknown = np.array([class_key(v) not in column for v in values], dtype=bool)
-        if unknown.any():
-            raise LabelError(
-                f"{example_rows(unknown, values, positions)} name classes the output {named.name!r} does not have "
-                f"(its classes: {_listed(classes)})"
-            )
-        return [column[class_key(v)] for v in values]
+        unknown = f"name classes the output {named.name!r} does not have (its classes: {_listed(classes)})"
+        return label_columns(values, classes, positions, unknown=unknown)
 
     def check_labels(self, labels: np.ndarray, output: TensorMeta, positions: np.ndarray) -> None:
         if output.kind == "map" and output.class_keys is not None and all(isinstance(k, int) for k in output.class_keys):

@@ -46,7 +46,7 @@ def _targets(value: Any) -> list[float] | None:
     return [float(v) for v in items]
 
 
-def _listed(values: Sequence[Any]) -> bool:
+def _any_list(values: Sequence[Any]) -> bool:
     return any(isinstance(v, (list, tuple, np.ndarray)) for v in values)
 
 
@@ -108,7 +108,7 @@ class Regression(Task):
             raise LabelError(f"{example_rows(uneven, values, positions)} hold a different number of targets than "
                              f"the first row ({first})")  # fmt: skip
         labels = np.array(targets, dtype=np.float64)
-        return labels[:, 0] if labels.ndim == 2 and labels.shape[1] == 1 and not _listed(values) else labels
+        return labels[:, 0] if labels.ndim == 2 and labels.shape[1] == 1 and not _any_list(values) else labels
 
     def check_labels(self, labels: np.ndarray, output: TensorMeta, positions: np.ndarray) -> None:
         targets = 1 if labels.ndim == 1 else labels.shape[1]

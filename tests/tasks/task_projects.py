@@ -130,6 +130,15 @@ def argmax_first_model() -> onnx.ModelProto:
     return graph_model(nodes, [x], [label, logits], weights)
 
 
+def iris_logits_model(batch: int | None = None) -> onnx.ModelProto:
+    """The iris-fitted 4 -> 3 linear classifier: input x [batch, 4], output logits [batch, 3] (None: a dynamic batch)."""
+    features, labels = iris()
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 4])
+    logits = helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, 3])
+    nodes = [helper.make_node("MatMul", ["x", "fc_w"], ["mm"]), helper.make_node("Add", ["mm", "fc_b"], ["logits"])]
+    return graph_model(nodes, [x], [logits], fitted_linear(features, labels))
+
+
 def fitted_linear(features: np.ndarray, labels: np.ndarray) -> list[TensorProto]:
     from sklearn.linear_model import LogisticRegression
 

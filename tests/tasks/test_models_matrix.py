@@ -21,6 +21,7 @@ from task_projects import (
     fitted_linear,
     graph_model,
     iris,
+    iris_logits_model,
     linear,
     overall,
     plain_ort,
@@ -239,10 +240,7 @@ def test_a_model_with_a_fixed_batch_of_one(tmp_path, monkeypatch, capsys):
     """An export without a dynamic batch axis (input [1, 4]): with the default batch sizes `validate` names every
     field to set, before anything runs; with batches of 1 the whole path runs and FP32 matches a plain session."""
     features, labels = iris()
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
-    logits = helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 3])
-    nodes = [helper.make_node("MatMul", ["x", "fc_w"], ["mm"]), helper.make_node("Add", ["mm", "fc_b"], ["logits"])]
-    model = graph_model(nodes, [x], [logits], fitted_linear(features, labels))
+    model = iris_logits_model(batch=1)
     monkeypatch.chdir(tmp_path)
     defaults = project(tmp_path / "defaults", model, table(features, labels))
     assert main(["validate", str(defaults)]) == 2
@@ -263,10 +261,7 @@ def test_string_labels_name_score_columns_through_data_classes(tmp_path, monkeyp
     features, labels = iris()
     order = np.array(["virginica", "setosa", "versicolor"])  # column 0 is class 0 of the fitted weights
     names = order[labels]
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4])
-    logits = helper.make_tensor_value_info("logits", TensorProto.FLOAT, [None, 3])
-    nodes = [helper.make_node("MatMul", ["x", "fc_w"], ["mm"]), helper.make_node("Add", ["mm", "fc_b"], ["logits"])]
-    model = graph_model(nodes, [x], [logits], fitted_linear(features, labels))
+    model = iris_logits_model()
     monkeypatch.chdir(tmp_path)
     unnamed = project(tmp_path / "unnamed", model, table(features, names))
     assert main(["validate", str(unnamed)]) == 2
