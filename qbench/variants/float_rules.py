@@ -23,7 +23,7 @@ from typing import Any
 import onnx
 from onnx import TensorProto
 
-from qbench.variants.float_support import name_unnamed_nodes
+from qbench.variants.onnx_utils import name_unnamed_nodes
 
 _FLOATS = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE, TensorProto.BOOL}
 _LOOKUPS = ("Gather", "GatherElements", "GatherND")

@@ -43,19 +43,6 @@ class KeptNodes:
         return sorted({node.op_type for node in model.graph.node if node.name in self.reasons})
 
 
-def name_unnamed_nodes(model: onnx.ModelProto) -> None:
-    """Give every unnamed node of the main graph a unique name (in place): block lists work by name."""
-    taken = {node.name for node in model.graph.node if node.name}
-    for index, node in enumerate(model.graph.node):
-        if not node.name:
-            candidate, n = f"{node.op_type}_{index}", 0
-            while candidate in taken:
-                n += 1
-                candidate = f"{node.op_type}_{index}_{n}"
-            node.name = candidate
-            taken.add(candidate)
-
-
 def _opset_versions(model: onnx.ModelProto) -> dict[str, int]:
     versions = {o.domain: o.version for o in model.opset_import}
     if "ai.onnx" in versions and "" not in versions:
@@ -136,7 +123,7 @@ def has_subgraph(node: onnx.NodeProto) -> bool:
 def kept_in_float32(model: onnx.ModelProto, target: int, types: dict[str, int] | None = None) -> KeptNodes:
     """Nodes that must stay float32 when the graph's float tensors become `target` (FLOAT16 or BFLOAT16).
 
-    Nodes are identified by name: call `name_unnamed_nodes` first.
+    Nodes are identified by name: load the model with `load_model`, which names them.
     """
     wanted = _TYPE_STRINGS[target]
     types = tensor_types(model) if types is None else types

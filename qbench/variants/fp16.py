@@ -36,7 +36,6 @@ from qbench.variants.float_support import (
     add_missing_float_value_info,
     drop_float_round_trips,
     kept_in_float32,
-    name_unnamed_nodes,
     narrowed_nodes,
     tensor_types,
 )
@@ -63,7 +62,6 @@ def build_fp16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     with build_step(spec.name, "loading the FP32 model"):
         model = load_model(ctx.reference_path.resolve())
     with build_step(spec.name, "choosing the nodes that stay FP32"):
-        name_unnamed_nodes(model)
         types = tensor_types(model)
         kept = _kept_for_fp16(model, types)
     params: dict[str, Any] = {
@@ -143,7 +141,6 @@ def build_bf16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         "rounding": "round to nearest even",
     }
     with build_step(spec.name, "choosing the nodes that stay FP32"):
-        name_unnamed_nodes(model)
         types = tensor_types(model)
         kept = kept_in_float32(model, TensorProto.BFLOAT16, types)
         params["kept_fp32_op_types"] = kept.op_types(model)

@@ -68,6 +68,7 @@ from qbench.variants.onnx_utils import (
     save_model,
     scratch_dir,
     unchanged_variant,
+    unquantizable_nodes,
 )
 
 FP8_MAX = 448.0  # largest finite float8e4m3fn value
@@ -118,7 +119,8 @@ def build_fp8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
             save_tensors_data(ranges, cache)
         with build_step(spec.name, "inserting FP8 Q/DQ"):
             model = load_model(prepared)
-            inserted = insert_fp8_qdq(model, ranges, op_types, excluded, per_channel=config.per_channel)
+            never = {*excluded, *unquantizable_nodes(model)}
+            inserted = insert_fp8_qdq(model, ranges, op_types, never, per_channel=config.per_channel)
             restore_float_inputs(model, kept_float.names)
             onnx.checker.check_model(model)
             save_model(model, target)

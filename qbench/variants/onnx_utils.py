@@ -82,8 +82,28 @@ def output_path(variant: str, ctx: BuildContext) -> Path:
 
 
 def load_model(path: Path) -> onnx.ModelProto:
-    """The model with any external data loaded into memory."""
-    return onnx.load(str(path), load_external_data=True)
+    """The model with any external data loaded into memory, every node of its main graph named.
+
+    Builders exclude and keep nodes by name, and explain/fallback match a variant's nodes to the reference's by
+    name; converters and hand-built graphs often leave names empty. The names given are a function of the graph
+    alone, so every load of the same file names its nodes alike.
+    """
+    model = onnx.load(str(path), load_external_data=True)
+    name_unnamed_nodes(model)
+    return model
+
+
+def name_unnamed_nodes(model: onnx.ModelProto) -> None:
+    """Give every unnamed node of the main graph a unique name (in place): block lists work by name."""
+    taken = {node.name for node in model.graph.node if node.name}
+    for index, node in enumerate(model.graph.node):
+        if not node.name:
+            candidate, n = f"{node.op_type}_{index}", 0
+            while candidate in taken:
+                n += 1
+                candidate = f"{node.op_type}_{index}_{n}"
+            node.name = candidate
+            taken.add(candidate)
 
 
 def _initializer_bytes(model: onnx.ModelProto) -> int:
