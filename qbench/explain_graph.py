@@ -23,7 +23,7 @@ from qbench.backends.base import RunOptions
 from qbench.data import iter_batches
 from qbench.recipe import VariantSpec
 from qbench.variants import BuildContext, BuiltVariant, build_variant
-from qbench.variants.onnx_utils import load_model, save_model
+from qbench.variants.onnx_utils import drop_unused_initializers, load_model, names_read, save_model
 
 SQNR_BATCH_ROWS = 4  # the intermediate tensors of every quantized node are held for this many rows at a time
 Feeds = dict[str, np.ndarray]
@@ -157,14 +157,11 @@ def _add_initializer(model: onnx.ModelProto, tensor: onnx.TensorProto) -> str:
 
 
 def _prune(graph: onnx.GraphProto) -> None:
-    """Drop nodes whose outputs nobody reads (the bypassed Q/DQ), then initializers nobody reads."""
-    outputs = {o.name for o in graph.output}
-    while dead := [n for n in graph.node if not set(n.output) & ({i for m in graph.node for i in m.input} | outputs)]:
+    """Drop nodes whose outputs nobody reads (the bypassed Q/DQ), then initializers nobody reads (subgraphs included)."""
+    while dead := [n for n in graph.node if not set(n.output) & names_read(graph)]:
         for node in dead:
             graph.node.remove(node)
-    read = {i for n in graph.node for i in n.input} | outputs
-    for tensor in [t for t in graph.initializer if t.name not in read]:
-        graph.initializer.remove(tensor)
+    drop_unused_initializers(graph)
 
 
 # -- SQNR: the noise each node adds ------------------------------------------------------------------------

@@ -45,7 +45,7 @@ from onnx import TensorProto, helper, numpy_helper
 from qbench.errors import QbenchError
 from qbench.variants.base import BuiltVariant
 from qbench.variants.float_support import tensor_types
-from qbench.variants.onnx_utils import load_model, save_model
+from qbench.variants.onnx_utils import load_model, outer_scope_reads, save_model
 
 EMULATED_SUFFIX = ".emulated.onnx"
 _TYPE_ATTRIBUTES = ("to", "dtype", "output_dtype")
@@ -65,9 +65,10 @@ def round_trip(source: str, target: str, to: int, *, back: bool = True) -> list[
 
 
 def topologically_sorted(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
-    """`nodes` ordered so each reads only graph inputs, initializers or earlier outputs (converters may not sort)."""
+    """`nodes` ordered so each reads only graph inputs, initializers or earlier outputs (converters may not sort); what a
+    node's subgraphs read from this graph counts as read by the node."""
     producer = {name: index for index, node in enumerate(nodes) for name in node.output}
-    waiting = [{producer[name] for name in node.input if name in producer} for node in nodes]
+    waiting = [{producer[name] for name in (*node.input, *outer_scope_reads(node)) if name in producer} for node in nodes]
     readers: dict[int, list[int]] = {}
     for index, needs in enumerate(waiting):
         for need in needs:

@@ -18,9 +18,10 @@ from dataclasses import dataclass
 import onnx
 from onnx import TensorProto, helper
 
-from qbench.variants.onnx_utils import names_read
+from qbench.variants.onnx_utils import names_read, outer_scope_reads, subgraphs_of
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
+SHAPE_ONLY_OPS = ("Shape", "Size")  # read a tensor's shape, never its values
 _TYPE_STRINGS = {TensorProto.FLOAT16: "tensor(float16)", TensorProto.BFLOAT16: "tensor(bfloat16)"}
 
 
@@ -106,11 +107,47 @@ def tensor_types(model: onnx.ModelProto) -> dict[str, int]:
                 elem = next((k for k, v in _STRING_TYPES.items() if v == fixed), None)
                 if elem is not None:
                     types[name] = elem
+    untyped = [name for node in graph.node for name in node.output if name and name not in types]
+    if untyped:
+        types.update(_runtime_types(model, untyped))
     return types
 
 
-_STRING_TYPES = {
+def _runtime_types(model: onnx.ModelProto, names: list[str]) -> dict[str, int]:
+    """Element types ONNX Runtime gives `names` when it loads the model, for tensors neither ONNX shape inference
+    nor the ONNX schemas can type: outputs of its contrib operators (com.microsoft Attention, SkipLayerNormalization,
+    FastGelu... in graphs its transformer optimiser wrote) and what they feed. Empty if the model does not load."""
+    import onnxruntime as ort
+
+    graph = model.graph
+    declared = list(graph.output)
+    graph.ClearField("output")
+    graph.output.extend(onnx.ValueInfoProto(name=name) for name in names)
+    try:
+        serialized = model.SerializeToString()
+    except ValueError:  # over protobuf's 2 GB: no answer
+        return {}
+    finally:
+        graph.ClearField("output")
+        graph.output.extend(declared)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    try:
+        session = ort.InferenceSession(serialized, options, providers=["CPUExecutionProvider"])
+    except Exception:  # noqa: BLE001 - a graph ORT cannot load has no runtime types to offer
+        return {}
+    elements = {string: elem for elem, string in _TENSOR_TYPE_STRINGS.items()}
+    return {out.name: elements[out.type] for out in session.get_outputs() if out.type in elements}
+
+
+_TENSOR_TYPE_STRINGS = {  # TensorProto element type -> "tensor(float)", as schemas and ONNX Runtime spell them
     elem: f"tensor({helper.tensor_dtype_to_string(elem).removeprefix('TensorProto.').lower()})"
+    for elem in TensorProto.DataType.values()
+    if elem != TensorProto.UNDEFINED
+}
+_STRING_TYPES = {
+    elem: _TENSOR_TYPE_STRINGS[elem]
     for elem in (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.INT64, TensorProto.INT32, TensorProto.STRING)
 }
 
@@ -150,6 +187,64 @@ def kept_in_float32(model: onnx.ModelProto, target: int, types: dict[str, int] |
             if node.name in reasons:
                 break
     return KeptNodes(reasons)
+
+
+def kept_in_rounding_simulation(model: onnx.ModelProto) -> KeptNodes:
+    """Nodes a rounding simulation leaves unrounded: ai.onnx.ml operators (tree ensembles, scalers, encoders: no
+    deployment runs them in a narrow float) and control flow (its subgraph is not rewritten).
+
+    Unlike `kept_in_float32`, the operators' schemas do not matter: the simulated graph still computes in float32,
+    which every operator accepts (Conv before opset 22 has no bfloat16, ORT's contrib operators have no ONNX
+    schema, yet a BF16 engine computes them in BF16).
+    """
+    reasons = {}
+    for node in model.graph.node:
+        if node.domain == "ai.onnx.ml":
+            reasons[node.name] = "operator domain ai.onnx.ml"
+        elif has_subgraph(node):
+            reasons[node.name] = "control flow (its subgraph stays FP32)"
+    return KeptNodes(reasons)
+
+
+def cast_subgraph_reads_to_float32(model: onnx.ModelProto, kept: KeptNodes, before: dict[str, int]) -> int:
+    """After a conversion, let each kept control-flow node's subgraphs read float32 again, in place; how many casts.
+
+    A subgraph reads tensors of the main graph by name, not through its node's inputs, so a converter casting a
+    kept node's inputs back to float32 misses them: the subgraph (left float32) would read a tensor converted to the
+    narrow type. Such a tensor (float32 in `before`, the types ahead of the conversion) is read through a Cast to
+    float32 placed right after its producer (`<name>/float32`).
+    """
+    graph = model.graph
+    now = tensor_types(model)
+    renamed: dict[str, str] = {}
+    for node in graph.node:
+        if node.name in kept.reasons:
+            reads = [name for name in outer_scope_reads(node) if before.get(name) == TensorProto.FLOAT]
+            narrowed = {name: f"{name}/float32" for name in reads if now.get(name) != TensorProto.FLOAT}
+            for body in subgraphs_of(node):
+                _rename_reads(body, narrowed)
+            renamed |= narrowed
+    if not renamed:
+        return 0
+    casts = {name: helper.make_node("Cast", [name], [cast], name=f"{cast}_cast", to=TensorProto.FLOAT)
+             for name, cast in renamed.items()}  # fmt: skip
+    produced = {out for node in graph.node for out in node.output}
+    nodes = [casts[name] for name in renamed if name not in produced]
+    for node in graph.node:
+        nodes += [node, *(casts[out] for out in node.output if out in casts)]
+    graph.ClearField("node")
+    graph.node.extend(nodes)
+    return len(casts)
+
+
+def _rename_reads(graph: onnx.GraphProto, renamed: dict[str, str]) -> None:
+    """Let `graph` and the graphs nested in it read the new names (outer tensors are never redefined inside)."""
+    for node in graph.node:
+        node.input[:] = [renamed.get(name, name) for name in node.input]
+        for body in subgraphs_of(node):
+            _rename_reads(body, renamed)
+    for output in graph.output:
+        output.name = renamed.get(output.name, output.name)
 
 
 def add_missing_float_value_info(model: onnx.ModelProto, types: dict[str, int]) -> None:
@@ -208,9 +303,11 @@ def _drop_dead_casts(graph: onnx.GraphProto) -> None:
 
 
 def narrowed_nodes(model: onnx.ModelProto, kept: KeptNodes, types: dict[str, int]) -> list[str]:
-    """Names of the nodes a conversion would change: not kept, and reading or writing a float32 tensor."""
+    """Names of the nodes a conversion would change: not kept, reading or writing a float32 tensor, and computing on
+    its values (Shape and Size read only a tensor's shape: a graph whose only such nodes are these computes as FP32)."""
     return [
         node.name
         for node in model.graph.node
-        if node.name not in kept.reasons and any(types.get(n) == TensorProto.FLOAT for n in [*node.input, *node.output])
-    ]
+        if node.name not in kept.reasons and node.op_type not in SHAPE_ONLY_OPS
+        and any(types.get(n) == TensorProto.FLOAT for n in [*node.input, *node.output])
+    ]  # fmt: skip

@@ -34,8 +34,10 @@ from qbench.variants.emulate import round_float_tensors
 from qbench.variants.float_support import (
     KeptNodes,
     add_missing_float_value_info,
+    cast_subgraph_reads_to_float32,
     drop_float_round_trips,
     kept_in_float32,
+    kept_in_rounding_simulation,
     narrowed_nodes,
     tensor_types,
 )
@@ -86,6 +88,7 @@ def build_fp16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
             op_block_list=[],
             node_block_list=kept.names,
         )
+        cast_subgraph_reads_to_float32(converted, kept, types)
         drop_float_round_trips(converted, TensorProto.FLOAT16)
         save_model(converted, target)
     notes = []
@@ -129,8 +132,8 @@ def _values_outside_fp16(model: onnx.ModelProto) -> int:
 def build_bf16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     """A BF16 simulation: FP32 graph with weights and activations rounded to bfloat16 (see module docstring).
 
-    Nodes that stay FP32 (`float_support.kept_in_float32`: ai.onnx.ml operators, schemas
-    without bfloat16) read and write unrounded tensors.
+    Nodes that stay FP32 (`float_support.kept_in_rounding_simulation`: ai.onnx.ml operators, control flow) read
+    and write unrounded tensors.
     """
     clock = Stopwatch()
     target = output_path(spec.name, ctx)
@@ -142,7 +145,7 @@ def build_bf16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     }
     with build_step(spec.name, "choosing the nodes that stay FP32"):
         types = tensor_types(model)
-        kept = kept_in_float32(model, TensorProto.BFLOAT16, types)
+        kept = kept_in_rounding_simulation(model)
         params["kept_fp32_op_types"] = kept.op_types(model)
     if not narrowed_nodes(model, kept, types):
         why = f"nothing to round to BF16 (every node stays FP32: {', '.join(params['kept_fp32_op_types'])})"

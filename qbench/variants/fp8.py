@@ -60,6 +60,7 @@ from qbench.variants.onnx_utils import (
     drop_unused_initializers,
     ensure_opset,
     load_model,
+    nested_nodes_note,
     nothing_to_quantize,
     output_path,
     quantizable_nodes,
@@ -155,7 +156,7 @@ def build_fp8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         onnx_path=target,
         params=params,
         build_seconds=clock.seconds(),
-        notes=tuple(_notes(inserted, counts) + calibrated.notes()),
+        notes=tuple(_notes(inserted, counts) + calibrated.notes() + nested_nodes_note(model, op_types)),
         activation_ranges=clipping_ranges(ranges, quantized_tensors(model), symmetric=True),  # scale = amax / 448
     )
 

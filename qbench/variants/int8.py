@@ -49,6 +49,7 @@ from qbench.variants.onnx_utils import (
     build_step,
     check_node_names,
     load_model,
+    nested_nodes_note,
     nothing_to_quantize,
     output_path,
     quantizable_nodes,
@@ -131,7 +132,7 @@ def build_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         onnx_path=target,
         params=params,
         build_seconds=clock.seconds(),
-        notes=tuple(notes + _notes(config, reduce_range, counts)),
+        notes=tuple(notes + _notes(config, reduce_range, counts) + nested_nodes_note(model, op_types)),
         activation_ranges=clipping,
     )
 

@@ -30,6 +30,7 @@ from qbench.variants.onnx_utils import (
     check_node_names,
     ensure_opset,
     load_model,
+    nested_nodes_note,
     output_path,
     save_model,
     scratch_dir,
@@ -130,6 +131,6 @@ def build_linear_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         "calibration_rows": calibration_rows(ctx.calibration) if calibrated else 0,
         **done,
     })  # fmt: skip
-    notes = () if done["quantized_linears"] else (_NO_LINEAR,)
+    notes = (*(() if done["quantized_linears"] else (_NO_LINEAR,)), *nested_nodes_note(model, ("MatMul", "Gemm")))
     return BuiltVariant(name=spec.name, precision="int8", onnx_path=target, params=params,
                         build_seconds=clock.seconds(), notes=notes)  # fmt: skip

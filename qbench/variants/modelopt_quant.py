@@ -412,7 +412,8 @@ def standard_fp8_model(model: onnx.ModelProto) -> onnx.ModelProto:
     kept_opsets = [o for o in model.opset_import if o.domain != TRT_DOMAIN]
     model.ClearField("opset_import")
     model.opset_import.extend(kept_opsets)
-    model.ir_version = max(model.ir_version, helper.find_min_ir_version_for(list(model.opset_import)))
+    needed = helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)  # com.microsoft etc.
+    model.ir_version = max(model.ir_version, needed)
     return model
 
 

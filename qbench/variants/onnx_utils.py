@@ -17,7 +17,7 @@ import os
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -131,7 +131,8 @@ def ensure_opset(model: onnx.ModelProto, minimum: int) -> onnx.ModelProto:
     if default_opset(model) >= minimum:
         return model
     converted = onnx.version_converter.convert_version(model, minimum)
-    converted.ir_version = max(converted.ir_version, helper.find_min_ir_version_for(list(converted.opset_import)))
+    needed = helper.find_min_ir_version_for(list(converted.opset_import), ignore_unknown=True)  # com.microsoft etc.
+    converted.ir_version = max(converted.ir_version, needed)
     onnx.checker.check_model(converted)
     return converted
 
@@ -189,6 +190,26 @@ def names_read(graph: onnx.GraphProto) -> set[str]:
             for subgraph in [attribute.g] if attribute.HasField("g") else list(attribute.graphs):
                 names |= names_read(subgraph)
     return names
+
+
+def subgraphs_of(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The graphs a node holds (If's branches, Loop's and Scan's bodies), not those nested deeper."""
+    return [g for a in node.attribute for g in ([a.g] if a.HasField("g") else list(a.graphs))]
+
+
+def outer_scope_reads(node: onnx.NodeProto) -> list[str]:
+    """Tensors of the enclosing graph that the node's subgraphs read by name (not through the node's inputs), each once.
+
+    A torch-scripted `if` or loop reads activations and weights this way; graph tools that look only at
+    `node.input` would take those producers for dead code, or convert a tensor a subgraph still reads as float32.
+    """
+    found: dict[str, None] = {}
+    for body in subgraphs_of(node):
+        defined = {i.name for i in body.input} | {t.name for t in body.initializer}
+        defined |= {o for n in body.node for o in n.output}
+        reads = [name for n in body.node for name in (*n.input, *outer_scope_reads(n))]
+        found.update(dict.fromkeys(n for n in [*reads, *(o.name for o in body.output)] if n and n not in defined))
+    return list(found)
 
 
 def drop_unused_initializers(graph: onnx.GraphProto) -> None:
@@ -253,9 +274,37 @@ def quantizable_nodes(model: onnx.ModelProto, op_types: Collection[str], exclude
 
 def unquantizable_nodes(model: onnx.ModelProto) -> list[str]:
     """Names of the nodes kept out of quantization whatever the recipe asks: those outside the standard ONNX domain,
-    and those computing in float64 (ONNX Runtime's quantizers handle float32 and float16 tensors only)."""
-    others = [node.name for node in model.graph.node if node.domain not in ("", "ai.onnx") and node.name]
-    return others + [name for name in float64_nodes(model) if name not in others]
+    those computing in float64 (ONNX Runtime's quantizers handle float32 and float16 tensors only), and those whose
+    output a subgraph reads by name (the quantizers do not see that reader: ORT's folds a Relu into the next
+    quantization when it thinks a QuantizeLinear is its only reader, and the subgraph then reads the Relu's input)."""
+    captured = {name for node in model.graph.node for name in outer_scope_reads(node)}
+    names = [node.name for node in model.graph.node if node.domain not in ("", "ai.onnx") and node.name]
+    names += [node.name for node in model.graph.node if captured.intersection(node.output)]
+    return list(dict.fromkeys([*names, *float64_nodes(model)]))
+
+
+def nested_nodes(model: onnx.ModelProto, op_types: Collection[str]) -> Counter[str]:
+    """`op_types` nodes inside subgraphs, by op type: the quantizers rewrite the main graph only, so these stay float."""
+    found: Counter[str] = Counter()
+
+    def visit(nodes: Iterable[onnx.NodeProto], nested: bool) -> None:
+        for node in nodes:
+            if nested and node.op_type in op_types and node.domain in ("", "ai.onnx"):
+                found[node.op_type] += 1
+            for body in subgraphs_of(node):
+                visit(body.node, True)
+
+    visit(model.graph.node, False)
+    return found
+
+
+def nested_nodes_note(model: onnx.ModelProto, op_types: Collection[str]) -> list[str]:
+    """A note naming the `op_types` nodes left float inside subgraphs, if any."""
+    found = nested_nodes(model, op_types)
+    if not found:
+        return []
+    listed = ", ".join(f"{count} {op}" for op, count in sorted(found.items()))
+    return [f"{listed} inside control-flow subgraphs (If/Loop/Scan) stay float: quantization rewrites the main graph only"]
 
 
 def float64_nodes(model: onnx.ModelProto) -> list[str]:

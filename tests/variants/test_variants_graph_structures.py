@@ -1,0 +1,179 @@
+"""Graph structures converters and optimisers ship: control flow whose subgraphs read outer tensors by name (torch
+scripted `if` and loops), and ONNX Runtime contrib operators (graphs its transformer optimiser wrote)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from qbench.recipe import VariantSpec
+from qbench.variants import BuildContext, build_variant
+from qbench.variants.onnx_utils import outer_scope_reads
+
+FEATURES, HIDDEN, CLASSES = 8, 16, 3
+RNG = np.random.default_rng(0)
+WEIGHTS = {
+    "w_in": RNG.normal(size=(FEATURES, HIDDEN)).astype(np.float32) * 0.5,
+    "w_then": RNG.normal(size=(HIDDEN, CLASSES)).astype(np.float32) * 0.5,
+    "w_else": RNG.normal(size=(HIDDEN, CLASSES)).astype(np.float32) * 0.5,
+}
+X = RNG.normal(size=(96, FEATURES)).astype(np.float32)
+
+
+def _save(graph: onnx.GraphProto, path: Path, *domains: tuple[str, int]) -> Path:
+    opsets = [helper.make_opsetid("", 17), *(helper.make_opsetid(d, v) for d, v in domains)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def _branch(name: str, weight: str, *, own_activation: bool = False) -> onnx.GraphProto:
+    """A branch computing `h @ weight`, reading the outer weight by name; the activation `h` is the outer one, or
+    with `own_activation` the branch computes it itself from the graph input (Relu(x @ w_in))."""
+    activation = f"{name}_h" if own_activation else "h"
+    nodes = [helper.make_node("MatMul", [activation, weight], [f"{name}_out"], name=f"{name}_matmul")]
+    if own_activation:
+        nodes[:0] = [helper.make_node("MatMul", ["x", "w_in"], [f"{name}_pre"], name=f"{name}_matmul_in"),
+                     helper.make_node("Relu", [f"{name}_pre"], [activation], name=f"{name}_relu")]  # fmt: skip
+    return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(f"{name}_out", TensorProto.FLOAT, None)])
+
+
+def if_model(path: Path, *, compute_outside: bool = True) -> Path:
+    """x -> MatMul -> Relu -> h; If(rows > 0) then h @ w_then else h @ w_else. With `compute_outside` False, the
+    MatMul and Relu are inside the branches too, so the main graph computes nothing but the condition."""
+    condition = [helper.make_node("Shape", ["x"], ["shape"], name="shape"),
+                 helper.make_node("ReduceSum", ["shape"], ["total"], name="total", keepdims=0),
+                 helper.make_node("Greater", ["total", "zero"], ["rows"], name="rows")]  # fmt: skip
+    head = [helper.make_node("MatMul", ["x", "w_in"], ["pre"], name="matmul_in"),
+            helper.make_node("Relu", ["pre"], ["h"], name="relu")] if compute_outside else []  # fmt: skip
+    inside = not compute_outside
+    branch = helper.make_node("If", ["rows"], ["y"], name="branch",
+                              then_branch=_branch("then", "w_then", own_activation=inside),
+                              else_branch=_branch("else", "w_else", own_activation=inside))  # fmt: skip
+    weights = [numpy_helper.from_array(v, k) for k, v in WEIGHTS.items()]
+    graph = helper.make_graph([*condition, *head, branch], "if_model",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", FEATURES])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", CLASSES])],
+                              [*weights, numpy_helper.from_array(np.array(0, np.int64), "zero")])  # fmt: skip
+    return _save(graph, path)
+
+
+def contrib_model(path: Path) -> Path:
+    """MatMul -> com.microsoft Gelu -> MatMul: an op with no ONNX schema between two convertible ones."""
+    nodes = [helper.make_node("MatMul", ["x", "w_in"], ["h"], name="matmul_in"),
+             helper.make_node("Gelu", ["h"], ["g"], name="gelu", domain="com.microsoft"),
+             helper.make_node("MatMul", ["g", "w_then"], ["y"], name="matmul_out")]  # fmt: skip
+    graph = helper.make_graph(nodes, "contrib", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", FEATURES])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", CLASSES])],
+                              [numpy_helper.from_array(WEIGHTS[k], k) for k in ("w_in", "w_then")])  # fmt: skip
+    return _save(graph, path, ("com.microsoft", 1))
+
+
+def _run(path: Path) -> np.ndarray:
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": X})[0]
+
+
+def _build(path: Path, workdir: Path, **variant) -> object:
+    calibration = [{"x": X[i : i + 32]} for i in range(0, len(X), 32)]
+    return build_variant(VariantSpec(**variant), BuildContext(reference_path=path, workdir=workdir, calibration=calibration))
+
+
+def test_outer_scope_reads_are_what_a_subgraph_reads_from_outside():
+    branch = helper.make_node("If", ["c"], ["y"], then_branch=_branch("then", "w_then"), else_branch=_branch("else", "w_else"))
+    assert sorted(outer_scope_reads(branch)) == ["h", "w_else", "w_then"]
+    assert outer_scope_reads(helper.make_node("Relu", ["h"], ["r"])) == []
+    inside = helper.make_node("If", ["c"], ["y"], then_branch=_branch("then", "w_then", own_activation=True),
+                              else_branch=_branch("else", "w_else", own_activation=True))  # fmt: skip
+    assert sorted(outer_scope_reads(inside)) == ["w_else", "w_in", "w_then", "x"]
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_half_precision_of_a_graph_whose_branches_read_outer_tensors_loads_and_stays_close(tmp_path, precision):
+    """The kept If's branches read `h`, which FP16 converts: they read a float32 cast of it (ORT refused the model)."""
+    path = if_model(tmp_path / "if.onnx")
+    built = _build(path, tmp_path / "w", name=precision, precision=precision)
+    expected, ran = _run(path), _run(built.onnx_path)
+    assert built.onnx_path != path.resolve()
+    assert 0 < np.abs(ran - expected).max() < 0.02 * np.abs(expected).max()
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_a_graph_computing_only_inside_control_flow_is_left_as_fp32_saying_so(tmp_path, precision):
+    """Shape reads a float tensor but never its values: it used to make the variant 'converted' (and gated silently)."""
+    path = if_model(tmp_path / "if.onnx", compute_outside=False)
+    built = _build(path, tmp_path / "w", name=precision, precision=precision)
+    assert built.onnx_path == path.resolve()
+    assert "nothing to" in built.notes[0]
+
+
+def test_static_int8_keeps_what_a_branch_reads_and_names_the_nodes_left_float(tmp_path):
+    """ORT's QDQ quantizer folded the Relu whose output the branches read (it saw no reader but the quantization):
+    the branches then read the pre-activation and agreement with FP32 fell to about 0.6."""
+    path = if_model(tmp_path / "if.onnx")
+    built = _build(path, tmp_path / "w", name="int8", precision="int8", calibrator="minmax")
+    expected, ran = _run(path), _run(built.onnx_path)
+    assert np.mean(ran.argmax(1) == expected.argmax(1)) > 0.9
+    assert any("2 MatMul inside control-flow subgraphs" in note for note in built.notes)
+
+
+def test_fp16_casts_a_contrib_operator_output_before_converted_readers(tmp_path):
+    """Gelu (com.microsoft) has no ONNX schema: its output type comes from ONNX Runtime, so the converter casts it."""
+    path = contrib_model(tmp_path / "contrib.onnx")
+    built = _build(path, tmp_path / "w", name="fp16", precision="fp16")
+    expected, ran = _run(path), _run(built.onnx_path)
+    assert 0 < np.abs(ran - expected).max() < 0.02 * np.abs(expected).max()
+    assert any("com.microsoft" in note for note in built.notes)
+
+
+def test_fp8_upgrades_the_opset_of_a_graph_importing_a_contrib_domain(tmp_path):
+    path = contrib_model(tmp_path / "contrib.onnx")
+    built = _build(path, tmp_path / "w", name="fp8", precision="fp8", calibrator="minmax")
+    assert built.params["quantized_nodes"] == 2
+    assert np.isfinite(_run(built.onnx_path)).all()
+
+
+def test_bf16_rounds_every_neural_operator_whatever_its_schema_accepts(tmp_path):
+    """BF16 is simulated in an FP32 graph: Conv (no bfloat16 in its opset-17 schema) and a contrib Gelu are rounded
+    too (they were kept unrounded, understating BF16's error)."""
+    path = contrib_model(tmp_path / "contrib.onnx")
+    built = _build(path, tmp_path / "w", name="bf16", precision="bf16")
+    model = onnx.load(str(built.onnx_path))
+    for tensor in model.graph.initializer:
+        values = numpy_helper.to_array(tensor)
+        np.testing.assert_array_equal(values, values.astype(ml_dtypes.bfloat16).astype(np.float32))
+    gelu = next(n for n in model.graph.node if n.op_type == "Gelu")
+    producers = {o: n for n in model.graph.node for o in n.output}
+    assert producers[gelu.input[0]].op_type == "Cast"
+    assert built.params["kept_fp32_op_types"] == []
+
+
+def test_the_fp16_emulation_orders_a_branch_after_what_it_reads(tmp_path):
+    """The emulation re-sorts the graph: the If must come after the Cast its branches read (it was placed before)."""
+    from qbench.variants.emulate import emulate_float16
+    from qbench.variants.onnx_utils import load_model
+
+    path = if_model(tmp_path / "if.onnx")
+    built = _build(path, tmp_path / "w", name="fp16", precision="fp16")
+    emulated, rounded = emulate_float16(load_model(built.onnx_path))
+    onnx.checker.check_model(emulated, full_check=True)
+    ran = ort.InferenceSession(emulated.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": X})[0]
+    assert rounded > 0
+    np.testing.assert_allclose(ran, _run(built.onnx_path), atol=0.02 * np.abs(ran).max())
+
+
+def test_explain_pruning_keeps_what_only_a_branch_reads(tmp_path):
+    from qbench.explain_graph import _prune
+    from qbench.variants.onnx_utils import load_model
+
+    graph = load_model(if_model(tmp_path / "if.onnx")).graph
+    graph.node.extend([helper.make_node("Relu", ["x"], ["unread"], name="dead")])
+    _prune(graph)
+    assert [n.name for n in graph.node] == ["shape", "total", "rows", "matmul_in", "relu", "branch"]
+    assert {t.name for t in graph.initializer} == {*WEIGHTS, "zero"}
