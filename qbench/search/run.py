@@ -286,10 +286,15 @@ class _Search:
         return [n.name for n in ranked]
 
     def retime_finalists(self) -> None:
-        """Re-time the fastest passing candidates and FP32 in interleaved rounds; medians replace the estimates."""
+        """Re-time the fastest passing candidates and FP32 in interleaved rounds; medians replace the estimates.
+
+        A single finalist is re-timed only when its estimate says it is slower than FP32: that claim becomes a note
+        and a warning, and a few timed runs of a sub-millisecond model are too noisy to make it."""
         passing = sorted((i for i, r in enumerate(self.records) if r.passed), key=lambda i: -(self.records[i].speedup or 0))
         finalists = passing[: self.spec.finalists]
-        if len(finalists) < 2 or not self.within_budget("re-timing the finalists"):
+        if not finalists or (len(finalists) == 1 and select.slower_than_reference(self.records[finalists[0]]) is None):
+            return
+        if not self.within_budget("re-timing the finalists"):
             return
         timed: dict[int | None, list[dict[int, float]]] = {i: [] for i in [None, *finalists]}
         for _ in range(RETIME_ROUNDS):

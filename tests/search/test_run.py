@@ -136,3 +136,35 @@ def test_each_screened_candidate_is_timed_beside_fp32(tmp_path, monkeypatch):
     for name in candidates[: len(screened)]:
         position = timed.index(name)
         assert timed[position + 1] == "fp32", timed  # FP32 timed right after each screened candidate
+
+
+@pytest.mark.parametrize(("estimate", "retimed"), [(0.7, True), (1.3, False)])
+def test_a_single_finalist_is_retimed_only_to_check_a_slower_than_fp32_claim(monkeypatch, estimate, retimed):
+    """A sub-millisecond model's few screening runs said 0.72x FP32 while the sweep measured 1.2-1.6x: before a note
+    says 'slower than FP32', interleaved rounds check it; a single finalist that is faster needs no ranking."""
+    from types import SimpleNamespace
+
+    from qbench.results import LatencyPoint, LatencyResult
+    from qbench.results_search import CandidateRecord
+    from qbench.search import run
+
+    timed = []
+
+    def fake_measure(backend, built, prepared, **kwargs):
+        timed.append(built)
+        p50 = 2.0 if built == "fp32" else 1.0  # interleaved rounds: the candidate is twice as fast
+        point = LatencyPoint(batch_size=1, warmup=1, iterations=5, p50_ms=p50, p95_ms=p50, p99_ms=p50, mean_ms=p50,
+                             items_per_s=1e3 / p50)  # fmt: skip
+        return SimpleNamespace(result=SimpleNamespace(latency=LatencyResult(threads=1, session_create_ms=1.0,
+                                                                            first_run_ms=1.0, points=(point,))))  # fmt: skip
+
+    monkeypatch.setattr(run, "measure", fake_measure)
+    search = object.__new__(run._Search)
+    search.records = [CandidateRecord("static", "ort-static", speedup=estimate, passed=True)]
+    search.spec = SimpleNamespace(finalists=2)
+    search.within_budget = lambda what: True
+    search.fp32_built, search.built = "fp32", {0: "static"}
+    search.backend = search.prepared = search.screen = search.timing = search.clock = None
+    search.retime_finalists()
+    assert bool(timed) is retimed
+    assert search.records[0].speedup == pytest.approx(2.0 if retimed else estimate)
