@@ -52,6 +52,7 @@ from qbench.variants.base import TrainingData
 logger = logging.getLogger(__name__)
 
 Feeds = dict[str, np.ndarray]
+EXPORT_CHECK_ROWS = 32  # evaluation rows a PyTorch source's export is checked on against forward()
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,8 @@ def prepare(recipe: Recipe, *, track: bool = True, destinations: bool = True, ba
     eval_feeds = build_feeds(table, eval_rows, recipe.data.inputs, model.inputs, recipe_file=recipe.source)
     preprocess_ms_per_row = (time.perf_counter() - started) * 1000 / max(len(eval_rows), 1)
     check_batch_memory(recipe, eval_feeds)
+    if source.torch is not None:
+        _check_export_on_rows(recipe, source, eval_feeds)
     calibration_table = (
         load_table(recipe.calibration_data_path, recipe_file=recipe.source, field="data.calibration.path")
         if recipe.calibration_data_path is not None
@@ -166,6 +169,28 @@ def prepare(recipe: Recipe, *, track: bool = True, destinations: bool = True, ba
         dropped_nonfinite=dropped,
         preprocess_ms_per_row=preprocess_ms_per_row,
     )
+
+
+def _check_export_on_rows(recipe: Recipe, source: ModelSource, feeds: Feeds) -> None:
+    """The exported reference must compute what forward() computes on the recipe's own rows, not only on the
+    export's random example: a branch on the data (`if (x < 0).any()`) is recorded as the example took it, and
+    every figure would then describe another model."""
+    from qbench.sources.torch_model import export_difference
+
+    torch_model = source.torch
+    if torch_model is None or any(name not in feeds for name in torch_model.input_names):
+        return
+    count = len(feeds[torch_model.input_names[0]])
+    rows = np.unique(np.linspace(0, count - 1, min(count, EXPORT_CHECK_ROWS)).astype(int))
+    try:
+        difference = export_difference(torch_model, source.onnx_path, [feeds[n][rows] for n in torch_model.input_names])
+    except Exception as exc:  # noqa: BLE001 - the user's forward() on real rows: any error is theirs to see
+        raise RecipeError(recipe.source, "model.torch", f"forward() failed on evaluation rows: {exc}") from exc
+    if difference is not None:
+        message = (f"on {len(rows)} evaluation rows the ONNX export's {difference}: forward() takes a path the "
+                   "export did not record (data-dependent control flow, e.g. `if x.sum() > 0`); write it with "
+                   "tensor operations (torch.where) or export the model yourself and set model.path")  # fmt: skip
+        raise RecipeError(recipe.source, "model.torch", message)
 
 
 def check_backends(recipe: Recipe) -> None:
@@ -332,5 +357,5 @@ def _training(
             else None
         )
         feeds = build_feeds(table, rows, recipe.data.inputs, model.inputs, recipe_file=recipe.source)
-        training[spec.name] = TrainingData(feeds=feeds, labels=labels, task=recipe.task)
+        training[spec.name] = TrainingData(feeds=feeds, labels=labels, task=recipe.task, output_index=outputs[0].index)
     return training

@@ -25,6 +25,7 @@ class TrainingData:
     feeds: Feeds
     labels: np.ndarray | None = None
     task: str = "classification"  # the recipe's task: it decides the QAT loss
+    output_index: int = 0  # the model output the loss is computed on: the recipe's (first) evaluated output
 
 
 @dataclass(frozen=True)

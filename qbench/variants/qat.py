@@ -80,6 +80,7 @@ OBSERVERS: dict[str, type] = {
 }
 SCALE_EPS = 2**-12  # smallest scale, as in torchao's x86 config
 QDQ_MIN_OPSET = 13  # per-channel DequantizeLinear
+CHECK_BATCH = 3  # the exported QAT graph is run at this batch, unlike the export example's
 QUANTIZED_OP_TYPES = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 TORCH_FORM_NOTE = "torch form: the QAT model with Q/DQ computed in float (fake-quant): accuracy only, no INT8 kernels"
 
@@ -196,13 +197,14 @@ class TrainingSet:
     targets: torch.Tensor  # from the task: labels (loss "label") or the FP32 teacher's outputs ("distill")
     loss: str
     task: Task
+    output_index: int = 0  # which of forward()'s outputs the loss is computed on
 
     @property
     def rows(self) -> int:
         return int(self.inputs[0].shape[0])
 
     def loss_on(self, module: torch.nn.Module, rows: torch.Tensor) -> torch.Tensor:
-        output = first_output(module(*(tensor[rows] for tensor in self.inputs)))
+        output = flatten_outputs(module(*(tensor[rows] for tensor in self.inputs)))[self.output_index]
         return self.task.qat_loss(self.loss, output, self.targets[rows])
 
 
@@ -289,23 +291,19 @@ def _tensors(feeds: Feeds, input_names: Sequence[str]) -> tuple[torch.Tensor, ..
     return tuple(torch.as_tensor(np.array(feeds[name])) for name in input_names)  # a copy: feeds may be read-only
 
 
-def first_output(outputs: Any) -> torch.Tensor:
-    """The module's first output tensor: the one QAT's loss is computed on."""
-    return flatten_outputs(outputs)[0]
-
-
 def _training_set(
     name: str, qat: QatSpec, torch_model: Any, data: TrainingData, input_names: Sequence[str]
 ) -> TrainingSet:
     """Training rows as tensors with the task's targets: labels, checked against the output, or the teacher's."""
-    inputs, step = _tensors(data.feeds, input_names), qat.batch_size
+    inputs, step, index = _tensors(data.feeds, input_names), qat.batch_size, data.output_index
     task = get_task(data.task)
     teacher = torch_model.build()
     with torch.no_grad():
         if qat.loss == "distill":
-            outputs = [first_output(teacher(*(t[i : i + step] for t in inputs))) for i in range(0, len(inputs[0]), step)]
-            return TrainingSet(inputs, task.qat_distill_targets(torch.cat(outputs)), "distill", task)
-        output = first_output(teacher(*(t[:2] for t in inputs)))
+            outputs = [flatten_outputs(teacher(*(t[i : i + step] for t in inputs)))[index]
+                       for i in range(0, len(inputs[0]), step)]  # fmt: skip
+            return TrainingSet(inputs, task.qat_distill_targets(torch.cat(outputs)), "distill", task, index)
+        output = flatten_outputs(teacher(*(t[:2] for t in inputs)))[index]
     if data.labels is None or len(data.labels) != len(inputs[0]):
         count = 0 if data.labels is None else len(data.labels)
         raise QbenchError(f"variant {name!r}: qat.loss 'label' got {count} labels for {len(inputs[0])} rows")
@@ -313,7 +311,7 @@ def _training_set(
         targets = task.qat_label_targets(data.labels, output)
     except QbenchError as exc:
         raise QbenchError(f"variant {name!r}: {exc}") from None
-    return TrainingSet(inputs, targets, "label", task)
+    return TrainingSet(inputs, targets, "label", task, index)
 
 
 def _prepare(torch_model: Any, scheme: QatScheme) -> torch.fx.GraphModule:
@@ -406,9 +404,37 @@ def export_onnx(module: torch.fx.GraphModule, torch_model: Any, path: Path) -> P
     ):
         torch.onnx.register_custom_op_symbolic(f"quantized_decomposed::{name}", symbolic, QDQ_MIN_OPSET)  # idempotent
     with warnings.catch_warnings():
-        # the tracer runs torch.export's batch-size guard once and says it cannot record it: nothing is lost
+        # the tracer warns about torch.export's batch-size guard and about sizes it records as constants; the
+        # batch check below finds the constants that matter
         warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
-        return torch_model.export(InferenceModule(module), path)
+        torch_model.export(InferenceModule(module), path)
+    wrong = _batch_mismatch(path, module, torch_model)
+    if wrong is not None:
+        raise RuntimeError(  # build_step names the variant and the step
+            f"the ONNX graph does not follow the batch size ({wrong}): the TorchScript exporter recorded "
+            "a size of the QAT graph as a constant (a reshape to the batch, an RNN's initial state); INT8 PTQ "
+            "variants of this model do not have this limit"
+        )
+    return path
+
+
+def _batch_mismatch(path: Path, module: torch.fx.GraphModule, torch_model: Any) -> str | None:
+    """How the exported graph's outputs at a batch other than the export example's differ in shape from the
+    module's (a size traced as a constant: `x.view(x.size(0), -1)`, an RNN's initial state), or None."""
+    import onnxruntime as ort
+
+    inputs = torch_model.example_inputs(CHECK_BATCH)
+    with torch.no_grad():
+        expected = [tuple(t.shape) for t in flatten_outputs(module(*inputs))]
+    try:
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        feeds = {name: t.numpy() for name, t in zip(torch_model.input_names, inputs, strict=True)}
+        got = [tuple(np.shape(o)) for o in session.run(None, feeds)]
+    except Exception as exc:  # noqa: BLE001 - a graph that cannot run at another batch is the finding
+        return f"at batch {CHECK_BATCH}: {str(exc).splitlines()[0][:200]}"
+    if got != expected:
+        return f"at batch {CHECK_BATCH} its outputs have shapes {got}, the module's {expected}"
+    return None
 
 
 # The TorchScript graph passes a dtype as its c10::ScalarType code (Byte = 0, Char = 1).

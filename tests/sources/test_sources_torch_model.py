@@ -60,8 +60,30 @@ class Tagger(nn.Module):
         return self.head(pooled), pooled
 
 
+class Branching(Classifier):
+    """Data-dependent control flow: the trace keeps the branch the export's example took."""
+
+    def forward(self, features):
+        if (features < 0).any():
+            return -self.head(torch.relu(self.hidden(features)))
+        return self.head(torch.relu(self.hidden(features)))
+
+
+class IgnoresMask(Classifier):
+    def forward(self, features, mask):
+        return self.head(torch.relu(self.hidden(features)))
+
+
 def build_classifier():
     return Classifier()
+
+
+def build_branching():
+    return Branching()
+
+
+def build_ignores_mask():
+    return IgnoresMask()
 
 
 def build_sequential():
@@ -394,7 +416,7 @@ def test_an_export_that_differs_from_torch_is_refused_and_not_cached(
 
     monkeypatch.setattr(TorchModel, "export", export_other_weights)
     torch_model = load_torch_model(load_recipe(project))
-    with pytest.raises(QbenchError, match="output 'scores' differs from torch"):
+    with pytest.raises(QbenchError, match="output 'scores' differs from forward"):
         export_reference(torch_model)
     assert list((Path(os.environ["QBENCH_CACHE_DIR"]) / "exports" / torch_model.cache_key).iterdir()) == []
 
@@ -420,6 +442,34 @@ def test_integer_inputs_and_several_outputs_export_with_their_dtypes(project: Pa
         expected_scores, _ = torch_model.build()(*(torch.from_numpy(a) for a in feeds.values()))
     assert scores.shape == (5, 2) and pooled.shape == (5, 8)
     np.testing.assert_allclose(scores, expected_scores.numpy(), atol=1e-4, rtol=1e-4)
+
+
+def test_an_export_that_took_another_branch_than_the_rows_take_is_refused(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The export's random example is non-negative, the evaluation rows are not: forward() negates its scores on
+    them and the exported graph does not. The reference would describe another model (FP32 accuracy 0.24 against
+    0.89 seen on such a model), so the recipe is refused, naming model.torch."""
+    recipe = _write_recipe(project.parent, {"torch": "mypkg.models:build_branching"},
+                           variants=[{"name": "fp16", "precision": "fp16"}])
+    assert main(["validate", str(recipe)]) == 2
+    error = capsys.readouterr().err
+    assert "model.torch: on 32 evaluation rows the ONNX export's output 'scores' differs from forward()'s" in error
+    assert "data-dependent control flow" in error
+
+
+def test_a_forward_argument_the_model_ignores_stays_an_input_of_the_export(project: Path) -> None:
+    """The TorchScript exporter drops an unused argument; feeding it then failed with ORT's 'Invalid input name'."""
+    model = {"torch": "mypkg.models:build_ignores_mask", "example_inputs": {"features": [1, FEATURES], "mask": [1, FEATURES]}}
+    recipe = _write_recipe(project.parent, model, variants=[{"name": "fp16", "precision": "fp16"}])
+    raw = yaml.safe_load(recipe.read_text())
+    raw["data"]["inputs"] = {"x": "features", "x_again": "mask"}
+    frame = pd.read_parquet(project.parent / "data.parquet")
+    frame.assign(x_again=frame["x"]).to_parquet(project.parent / "data.parquet")
+    recipe.write_text(yaml.safe_dump(raw, sort_keys=False))
+    session = ort.InferenceSession(str(export_reference(load_torch_model(load_recipe(recipe)))))
+    assert [(i.name, i.type) for i in session.get_inputs()] == [("features", "tensor(float)"), ("mask", "tensor(float)")]
+    assert main(["sweep", str(recipe), "--no-track"]) == 0
 
 
 # -- through the CLI -----------------------------------------------------------------------------------
