@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
+from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -42,17 +44,17 @@ def sanitise_name(name: str) -> str:
 
 
 def unique_names(names: Iterable[str], clean: Callable[[str], str] = sanitise_name) -> dict[str, str]:
-    """Map each name to its cleaned form; names that clean to the same key get _2, _3... suffixes."""
-    mapping: dict[str, str] = {}
-    taken: set[str] = set()
-    for name in dict.fromkeys(names):
-        base = candidate = clean(name)
-        count = 1
-        while candidate in taken:
-            count += 1
-            candidate = f"{base}_{count}"
-        mapping[name] = candidate
-        taken.add(candidate)
+    """Map each name to its cleaned form. Names that clean to the same key are told apart by a digest of the name
+    itself, not by their order (which changes with the data): a slice keeps its key from sweep to sweep, and a name
+    that is already clean keeps the bare key."""
+    cleaned = {name: clean(name) for name in dict.fromkeys(names)}
+    counts = Counter(cleaned.values())
+    mapping = {}
+    for name, key in cleaned.items():
+        if counts[key] > 1 and name != key:
+            digest = hashlib.sha256(name.encode()).hexdigest()[:6]
+            key = f"{key[: MAX_ENTITY_KEY_LENGTH - 8]}_{digest}"
+        mapping[name] = key
     return mapping
 
 

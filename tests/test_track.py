@@ -235,8 +235,16 @@ def test_sanitise_name_gives_keys_mlflow_accepts(name: str, expected: str) -> No
     _validate_metric_name(sanitise_name(name))  # raises MlflowException if MLflow would reject it
 
 
-def test_unique_names_keep_colliding_names_apart() -> None:
-    assert unique_names(["a=b", "a_b", "a?b"]) == {"a=b": "a_b", "a_b": "a_b_2", "a?b": "a_b_3"}
+def test_unique_names_keep_colliding_names_apart_whatever_their_order() -> None:
+    """The key of a name depends on the name, not on which colliding name came first: with suffixes by order,
+    next week's data without one value would give another slice's figures the same MLflow key."""
+    names = ["a=b", "a_b", "a?b"]
+    keys = unique_names(names)
+    assert keys["a_b"] == "a_b" and len(set(keys.values())) == 3
+    assert all(keys[n].startswith("a_b_") and len(keys[n]) == len("a_b_") + 6 for n in ("a=b", "a?b"))
+    assert unique_names(reversed(names)) == keys
+    assert unique_names(["a=b", "a?b"])["a?b"] == keys["a?b"]
+    assert unique_names(["a=b", "c"]) == {"a=b": "a_b", "c": "c"}
 
 
 def test_batches_pack_metrics_params_and_tags_within_mlflow_limits() -> None:
