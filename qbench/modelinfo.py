@@ -34,6 +34,7 @@ class TensorMeta:
     A score tensor's class_keys are its columns' classes in column order, when the graph states them
     (qbench.modelinfo_classes).
     passthrough_of: the graph input this output merely copies (Identity/Cast chain), if any.
+    off_label: set on a score tensor whose arg-max is not how the graph picks its label.
     """
 
     name: str
@@ -43,6 +44,7 @@ class TensorMeta:
     type_name: str = "tensor"
     class_keys: tuple[int | str, ...] | None = None
     passthrough_of: str | None = None
+    off_label: str | None = None  # why the highest of these scores is not the model's own label (modelinfo_classes)
 
     def describe(self) -> str:
         """'name (float32, [None, 3])' or 'name (seq(map(int64,float32)))'."""
@@ -63,18 +65,19 @@ def read_model_info(path: Path) -> ModelInfo:
     """Inputs (excluding initializers), outputs and the default-domain opset of an ONNX file."""
     import onnx
 
-    from qbench.modelinfo_classes import score_class_tables
+    from qbench.modelinfo_classes import score_facts
 
     model = onnx.load(str(path), load_external_data=False)
     initializers = {t.name for t in model.graph.initializer}
     inputs = {v.name: _meta(v) for v in model.graph.input if v.name not in initializers}
     producers = {out: node for node in model.graph.node for out in node.output}
-    tables = score_class_tables(model)
+    facts = score_facts(model)
     outputs = {}
     for value in model.graph.output:
         meta = _meta(value, producers.get(value.name))
-        if meta.kind == "tensor" and value.name in tables:
-            meta = dataclasses.replace(meta, class_keys=tables[value.name])
+        if meta.kind == "tensor":
+            off_label = facts.off_label.get(value.name) if meta.dtype.kind == "f" else None  # scores, not labels
+            meta = dataclasses.replace(meta, class_keys=facts.tables.get(value.name), off_label=off_label)
         source = _copied_input(value.name, producers, set(inputs))
         outputs[value.name] = dataclasses.replace(meta, passthrough_of=source) if source is not None else meta
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)

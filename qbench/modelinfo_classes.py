@@ -7,13 +7,14 @@ Converters state it in two ways, both facts of the graph rather than guesses:
 - a network picks its label as `classes[ArgMax(scores)]`: an ArrayFeatureExtractor or Gather
   on a constant table, indexed by the arg-max over the scores' last axis.
 
-A score output may reach the graph output through Identity, Cast or Normalizer (which keep the
-columns). scikit-learn's classes [1, 2, 5] then read column 2 as class 5, where reading the
+A score output may reach the graph output through maps that keep the columns and their order
+(Identity, Cast, Normalizer, Sqrt, Exp, Log, Sigmoid, Softmax). scikit-learn's classes [1, 2, 5] then read column 2 as class 5, where reading the
 labels as column ids would score class 1 as column 1 and fail silently on data lacking class 5.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -21,13 +22,26 @@ if TYPE_CHECKING:  # pragma: no cover
 
 ClassTable = tuple[int | str, ...]
 
-_COLUMN_KEEPING_OPS = ("Identity", "Cast", "Normalizer")
+# element-wise or row-wise maps that keep each column's class and the columns' order
+_COLUMN_KEEPING_OPS = ("Identity", "Cast", "Normalizer", "Sqrt", "Exp", "Log", "Sigmoid", "Softmax", "LogSoftmax")
 _INDEX_OPS = ("Identity", "Cast", "Reshape", "Squeeze", "Unsqueeze", "Flatten")
 _LABEL_ATTRIBUTES = ("classlabels_ints", "classlabels_int64s", "classlabels_strings")
 
 
-def score_class_tables(model: onnx.ModelProto) -> dict[str, ClassTable]:
-    """Graph output name -> its columns' classes, for every tensor output whose graph states them."""
+@dataclass(frozen=True)
+class ScoreFacts:
+    """What the graph states about its score outputs (graph output name -> ...).
+
+    tables: each column's class. off_label: why the graph's own label is not the highest score (its label is
+    the ArgMin of the scores, as KMeans' distances; or an SVMClassifier's one-vs-one vote), for scores whose
+    arg-max would misread the model's decision."""
+
+    tables: dict[str, ClassTable]
+    off_label: dict[str, str]
+
+
+def score_facts(model: onnx.ModelProto) -> ScoreFacts:
+    """The class tables and off-label scores of every tensor output whose graph states them."""
     graph = model.graph
     producers = {out: node for node in graph.node for out in node.output}
     consumers: dict[str, list[onnx.NodeProto]] = {}
@@ -35,13 +49,37 @@ def score_class_tables(model: onnx.ModelProto) -> dict[str, ClassTable]:
         for name in node.input:
             consumers.setdefault(name, []).append(node)
     constants = _constant_tables(model)
-    tables = {}
+    tables, off_label = {}, {}
     for output in graph.output:
         chain = _score_chain(output.name, producers)
         table = _classifier_labels(chain[-1], producers) or _argmax_lookup(chain, consumers, constants)
         if table:
             tables[output.name] = table
-    return tables
+        reason = _off_label(chain, producers, consumers)
+        if reason:
+            off_label[output.name] = reason
+    return ScoreFacts(tables, off_label)
+
+
+def _off_label(chain: list[str], producers: dict[str, onnx.NodeProto], consumers: dict[str, list[onnx.NodeProto]]) -> str | None:
+    """Why the model's label is not the arg-max of the scores in `chain`, or None."""
+    if any(user.op_type == "ArgMin" and _axis(user) in (1, -1) for name in chain for user in consumers.get(name, [])):
+        return "the graph's label is the ArgMin of these scores (lower is better, e.g. distances to cluster centres)"
+    if any(node.op_type == "SVMClassifier" and node.domain == "ai.onnx.ml" for node in _ancestors(chain[0], producers)):
+        return "they come from an SVMClassifier, whose label is a one-vs-one vote the highest score does not always match"
+    return None
+
+
+def _ancestors(name: str, producers: dict[str, onnx.NodeProto]) -> list[onnx.NodeProto]:
+    """Every node `name` is computed from."""
+    found: dict[int, onnx.NodeProto] = {}
+    waiting = [name]
+    while waiting:
+        node = producers.get(waiting.pop())
+        if node is not None and id(node) not in found:
+            found[id(node)] = node
+            waiting.extend(node.input)
+    return list(found.values())
 
 
 def _score_chain(name: str, producers: dict[str, onnx.NodeProto]) -> list[str]:

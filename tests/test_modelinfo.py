@@ -93,3 +93,38 @@ def test_a_constant_table_indexed_by_the_argmax_names_the_columns(tmp_path: Path
     assert read_model_info(tmp_path / "by_class.onnx").outputs["scores"].class_keys == ("cat", "dog", "owl")
     onnx.save(_model(nodes(0), [scores, label], [flat]), str(tmp_path / "by_row.onnx"))
     assert read_model_info(tmp_path / "by_row.onnx").outputs["scores"].class_keys is None
+
+
+def _sklearn_onnx(tmp_path: Path, estimator, name: str) -> Path:
+    skl2onnx = __import__("pytest").importorskip("skl2onnx")
+    from sklearn.datasets import load_iris
+
+    x, y = load_iris(return_X_y=True)
+    fitted = estimator.fit(x.astype(np.float32), y)
+    options = {} if name == "kmeans" else {"zipmap": False}  # a clusterer has no ZipMap to switch off
+    onx = skl2onnx.to_onnx(fitted, x[:1].astype(np.float32), options=options, target_opset={"": 17, "ai.onnx.ml": 3})
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(onx, str(path))
+    return path
+
+
+def test_scores_whose_argmax_is_not_the_graphs_label_are_marked_and_the_label_is_evaluated(tmp_path: Path) -> None:
+    """KMeans' label is ArgMin(distances) behind a Sqrt; an SVC without probabilities labels by one-vs-one votes.
+    Reading either score output by its arg-max scored KMeans 0.0 (the farthest cluster) for a model at 1.0."""
+    from sklearn.cluster import KMeans
+    from sklearn.svm import SVC
+
+    from qbench.tasks import get_task
+    from qbench.tasks.selection import choose_outputs
+
+    for estimator, name, scores in ((KMeans(3, n_init=3, random_state=0), "kmeans", "scores"),
+                                    (SVC(probability=False), "svc", "probabilities")):  # fmt: skip
+        info = read_model_info(_sklearn_onnx(tmp_path, estimator, name))
+        assert info.outputs[scores].off_label is not None and info.outputs["label"].off_label is None
+        [choice] = choose_outputs(get_task("classification"), info, None)
+        assert choice.name == "label"
+    from sklearn.linear_model import LogisticRegression
+
+    logistic = read_model_info(_sklearn_onnx(tmp_path, LogisticRegression(max_iter=300), "logistic"))
+    assert logistic.outputs["probabilities"].off_label is None
+    assert choose_outputs(get_task("classification"), logistic, None)[0].name == "probabilities"

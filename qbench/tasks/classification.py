@@ -201,7 +201,9 @@ class Classification(Task):
     def output_rank(self, output: TensorMeta) -> int | None:
         if self.output_problem(output) is not None:
             return None
-        return 1 if is_integer(output) else 0  # scores say more than ids
+        if is_integer(output):
+            return 1
+        return 2 if output.off_label else 0  # scores say more than ids, unless their arg-max is not the label
 
     def output_problem(self, output: TensorMeta) -> str | None:
         if output.passthrough_of is not None:

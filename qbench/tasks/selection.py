@@ -53,7 +53,14 @@ def choose_outputs(task: Task, model: ModelInfo, wanted: Sequence[str] | None) -
         )
     choice = OutputChoice(tied[0], model.outputs[names[tied[0]]])
     log.info("evaluating output %s (task %s; model.output not set)", choice.meta.describe(), task.name)
+    _warn_off_label(choice.meta)
     return [choice]
+
+
+def _warn_off_label(meta: TensorMeta) -> None:
+    if meta.off_label:
+        log.warning("output %r: %s; figures read from its highest score may not be the model's own label",
+                    meta.name, meta.off_label)  # fmt: skip
 
 
 def _named(task: Task, model: ModelInfo, name: str, names: list[str]) -> OutputChoice:
@@ -65,4 +72,5 @@ def _named(task: Task, model: ModelInfo, name: str, names: list[str]) -> OutputC
         usable = [m.describe() for m in model.outputs.values() if task.output_rank(m) is not None]
         hint = f"; outputs it can read: {', '.join(usable)}" if usable else "; no output of this model is one"
         raise QbenchError(f"{problem}{hint}")
+    _warn_off_label(meta)
     return OutputChoice(names.index(name), meta)
