@@ -47,6 +47,9 @@ class EvaluationSpec(_Strict):
     _check = field_validator("filter")(lambda v: None if v is None else check_filter(v))
 
 
+RESERVED_SCOPE_NAMES = ("overall", "outputs", "slo")  # scopes the gate judges besides slices: a slice so named reads as one
+
+
 class SliceSpec(_Strict):
     """`by: column` (one slice per distinct value), `name` + `filter`, or `by_length: text column` + `buckets`."""
 
@@ -69,6 +72,8 @@ class SliceSpec(_Strict):
             raise ValueError("buckets: applies only with `by_length`")
         if not any(kinds) or (kinds[1] and (self.name is None or self.filter is None)):
             raise ValueError("a slice needs `by: <column>`, or both `name` and `filter`, or `by_length` + `buckets`")
+        if self.name in RESERVED_SCOPE_NAMES:
+            raise ValueError(f"name: {self.name!r} is the gate's own scope; call the slice something else")
         return self
 
 

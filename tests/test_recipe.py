@@ -190,6 +190,16 @@ def test_slice_needs_by_or_name_and_filter(tmp_path):
     )
 
 
+@pytest.mark.parametrize("name", ["overall", "slo"])
+def test_a_slice_cannot_take_the_name_of_a_gate_scope(tmp_path, name):
+    """A 3-row slice named 'overall' escaped min_slice_size (only the real overall scope is exempt) and its breach
+    read as the overall figure."""
+    data = dict(BASE["data"], slices=[{"name": name, "filter": {"ink": {"lt": 0.3}}}])
+    assert error_of(tmp_path, with_changes(data=data)) == (
+        f"recipe.yaml: data.slices[0].name: {name!r} is the gate's own scope; call the slice something else"
+    )
+
+
 def test_missing_required_and_missing_files(tmp_path):
     body = {k: v for k, v in BASE.items() if k != "model"}
     assert error_of(tmp_path, body) == "recipe.yaml: model: required field is missing"
