@@ -47,7 +47,8 @@ def slice_masks(
     for index, spec in enumerate(specs):
         spec_field = f"{field}[{index}]"
         if spec.by is not None:
-            new = _masks_by_column(df, spec.by, field=f"{spec_field}.by", recipe_file=recipe_file)
+            new = _masks_by_column(df, spec.by, field=f"{spec_field}.by", recipe_file=recipe_file,
+                                   evaluation_rows=evaluation_rows)  # fmt: skip
         elif spec.by_length is not None:
             new = _masks_by_length(df, spec, inputs or {}, field=spec_field, recipe_file=recipe_file)
         else:
@@ -70,9 +71,15 @@ def slice_masks(
     return masks
 
 
-def _masks_by_column(df: pd.DataFrame, column: str, *, field: str, recipe_file: Path) -> dict[str, np.ndarray]:
+def _masks_by_column(
+    df: pd.DataFrame, column: str, *, field: str, recipe_file: Path, evaluation_rows: np.ndarray | None = None
+) -> dict[str, np.ndarray]:
+    """One slice per distinct value among the evaluated rows (all rows without `evaluation_rows`): a value only
+    calibration rows hold is no slice to judge. Masks cover every row of the table."""
     values = scalar_column(df, column, field=field, recipe_file=recipe_file)
-    distinct = distinct_values(values)
+    _check_one_kind(values, column, field=field, recipe_file=recipe_file)
+    judged = values if evaluation_rows is None else values.iloc[evaluation_rows]
+    distinct = distinct_values(judged)
     if len(distinct) > MAX_SLICES_PER_COLUMN:
         raise RecipeError(
             recipe_file,
@@ -90,9 +97,28 @@ def _masks_by_column(df: pd.DataFrame, column: str, *, field: str, recipe_file: 
             )
         masks[name] = (values == value).to_numpy(dtype=bool, na_value=False)
     missing = values.isna().to_numpy(dtype=bool)
-    if missing.any():  # rows without a value are judged too: missing values often mark the unusual inputs
-        masks[f"{column}={MISSING_VALUE}"] = missing
+    judged_missing = missing if evaluation_rows is None else missing[evaluation_rows]
+    if judged_missing.any():  # rows without a value are judged too: missing values often mark the unusual inputs
+        name = f"{column}={MISSING_VALUE}"
+        if name in masks:
+            message = f"column {column!r} holds the text {MISSING_VALUE!r} and empty cells: both would be slice {name!r}"
+            raise RecipeError(recipe_file, field, message)
+        masks[name] = missing
     return masks
+
+
+def _check_one_kind(values: pd.Series, column: str, *, field: str, recipe_file: Path) -> None:
+    """A column mixing true/false with numbers is refused: True equals 1 to pandas, so the two would be one slice."""
+    if not pd.api.types.is_object_dtype(values):
+        return
+    cells = values.dropna()
+    flags = cells.map(lambda v: isinstance(v, (bool, np.bool_)))
+    numbers = cells.map(lambda v: isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_)))
+    if flags.any() and numbers.any():
+        example = cells[numbers].iloc[0]
+        message = (f"column {column!r} mixes true/false with numbers (e.g. {format_value(example)}), which would "
+                   "share slices (True == 1); expected one kind of value")  # fmt: skip
+        raise RecipeError(recipe_file, field, message)
 
 
 def _named_filter_mask(df: pd.DataFrame, spec: SliceSpec, *, field: str, recipe_file: Path) -> np.ndarray:

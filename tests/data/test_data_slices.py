@@ -99,3 +99,34 @@ def test_filter_errors_carry_the_slice_field() -> None:
     specs = [SliceSpec(by="digit"), SliceSpec(name="dark", filter={"inc": {"gt": 0.5}})]
     with pytest.raises(RecipeError, match=r"^recipe.yaml: data.slices\[1\].filter.inc: got 'inc'.*did you mean 'ink'"):
         slice_masks(_table(), specs, recipe_file=RECIPE)
+
+
+def test_by_slices_are_the_values_of_the_evaluated_rows() -> None:
+    """A value held only by rows outside the evaluation (calibration, say) is no slice: it blocked the recipe
+    ("none among the evaluation rows") and the user could not leave one value of a `by` column out."""
+    evaluated = np.array([0, 1, 3, 5])  # east (row 4) and the missing region (row 2) are not evaluated
+    masks = slice_masks(_table(), [SliceSpec(by="region")], recipe_file=RECIPE, evaluation_rows=evaluated)
+    assert {name: np.flatnonzero(mask).tolist() for name, mask in masks.items()} == {
+        "region=north": [1, 3], "region=south": [0, 5]
+    }  # fmt: skip
+    with pytest.raises(RecipeError, match="slice 'east' has 1 rows in the table but none among the 4 evaluation"):
+        slice_masks(_table(), [SliceSpec(name="east", filter={"region": "east"})], recipe_file=RECIPE,
+                    evaluation_rows=evaluated)  # fmt: skip  (a named slice must still hold evaluated rows)
+
+
+def test_true_and_one_in_one_column_are_refused_not_merged() -> None:
+    """pandas hashes True and 1 alike: the rows holding 1 were counted under 'flag=True' without a word."""
+    table = pd.DataFrame({"flag": pd.Series([True, 1, 0, False, 1], dtype=object)})
+    with pytest.raises(RecipeError) as info:
+        slice_masks(table, [SliceSpec(by="flag")], recipe_file=RECIPE)
+    assert str(info.value) == ("recipe.yaml: data.slices[0].by: column 'flag' mixes true/false with numbers (e.g. 1), "
+                               "which would share slices (True == 1); expected one kind of value")  # fmt: skip
+    assert list(slice_masks(pd.DataFrame({"flag": [True, False, None]}), [SliceSpec(by="flag")], recipe_file=RECIPE)) == [
+        "flag=False", "flag=True", "flag=<missing>"
+    ]  # fmt: skip
+
+
+def test_the_text_missing_beside_empty_cells_is_refused_not_overwritten() -> None:
+    table = pd.DataFrame({"source": ["<missing>", "web", None]})
+    with pytest.raises(RecipeError, match="holds the text '<missing>' and empty cells: both would be slice"):
+        slice_masks(table, [SliceSpec(by="source")], recipe_file=RECIPE)
