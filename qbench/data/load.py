@@ -85,6 +85,10 @@ def _check_csv_rows(path: Path) -> None:
         with open(path, newline="", encoding="utf-8", errors="replace") as handle:
             reader = csv.reader(handle)
             header = next(reader, None) or []
+            repeated = sorted({name for name in header if header.count(name) > 1})
+            if repeated:  # pandas would rename the second 'y' to 'y.1' and read the first one silently
+                raise ValueError(f"the header names column {repeated[0]!r} {header.count(repeated[0])} times; "
+                                 "expected each column once")  # fmt: skip
             for record in reader:
                 if any(cell.strip() for cell in record) and len(record) != len(header):
                     shown = ", ".join(header[:8]) + (", ..." if len(header) > 8 else "")
@@ -119,17 +123,26 @@ def _is_json_list_column(column: pd.Series) -> bool:
 
 
 def _parse_json_lists(column: pd.Series) -> pd.Series:
+    """The column with its JSON list cells parsed. A column none of whose cells is JSON stays text (labels such as
+    '[en]'); one where some are and some are not holds a malformed list, which is an error."""
+    failures: list[tuple[str, json.JSONDecodeError]] = []
+
     def parse(cell: object) -> object:
         if not isinstance(cell, str):
             return cell  # a missing cell stays missing
         try:
             return json.loads(cell)
         except json.JSONDecodeError as exc:
-            raise ValueError(
-                f"column {column.name!r}: cell {cell[:40]!r} looks like a JSON list but is not valid JSON ({exc})"
-            ) from None
+            failures.append((cell, exc))
+            return cell
 
-    return column.astype(object).map(parse)
+    parsed = column.astype(object).map(parse)
+    if not failures:
+        return parsed
+    if len(failures) == int(column.notna().sum()):
+        return column
+    cell, exc = failures[0]
+    raise ValueError(f"column {column.name!r}: cell {cell[:40]!r} looks like a JSON list but is not valid JSON ({exc})")
 
 
 def _check_saved_dataset_folder(folder: Path, *, recipe_file: Path, field: str) -> None:

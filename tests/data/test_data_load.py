@@ -176,3 +176,22 @@ def test_csv_with_blank_lines_and_quoted_newlines_is_not_ragged(tmp_path: Path) 
     path.write_text('a,b,c\n1,2,3\n\n"multi\nline",5,6\n')
     table = load_table(path, recipe_file=RECIPE)
     assert table["b"].tolist() == [2, 5] and table["c"].tolist() == [3, 6]
+
+
+def test_a_csv_header_naming_a_column_twice_is_an_error(tmp_path: Path) -> None:
+    """pandas renamed the second 'y' to 'y.1' and qbench read the first, stale, one: FP32 accuracy 0.33, gate pass."""
+    path = tmp_path / "dup.csv"
+    path.write_text("x,y,half,y\n1,0,a,2\n2,0,b,1\n")
+    with pytest.raises(RecipeError) as caught:
+        load_table(path, recipe_file=RECIPE)
+    assert str(caught.value) == (
+        "recipe.yaml: data.path: cannot read dup.csv: the header names column 'y' 2 times; expected each column once"
+    )
+
+
+def test_bracketed_text_that_is_no_json_stays_text(tmp_path: Path) -> None:
+    """Labels such as '[en]' were refused as broken JSON lists."""
+    path = tmp_path / "lang.csv"
+    path.write_text("vec,lang\n\"[1, 2]\",[en]\n\"[3, 4]\",[fr]\n")
+    table = load_table(path, recipe_file=RECIPE)
+    assert table["lang"].tolist() == ["[en]", "[fr]"] and table["vec"].tolist() == [[1, 2], [3, 4]]
