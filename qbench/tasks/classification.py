@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pandas as pd
 
 from qbench.modelinfo import TensorMeta
 from qbench.results import SliceMetrics
@@ -36,9 +37,17 @@ _STRUCTURED = "structured outputs (detection boxes, masks, sequences) are not su
 
 
 def _integral(value: Any) -> bool:
-    if isinstance(value, (bool, np.bool_, int, np.integer)):
+    """Whether `value` is a whole number a class id can hold (int64: 1e20 is whole, but no class id)."""
+    if isinstance(value, (bool, np.bool_)):
         return True
-    return isinstance(value, (float, np.floating)) and float(value).is_integer()
+    if isinstance(value, (int, np.integer)):
+        return -(2**63) <= int(value) < 2**63
+    return isinstance(value, (float, np.floating)) and float(value).is_integer() and abs(float(value)) < 2**63
+
+
+def _no_label(value: Any) -> bool:
+    """None, NaN, or pandas' NA (a nullable integer column's empty cell)."""
+    return value is None or value is pd.NA or (isinstance(value, (float, np.floating)) and np.isnan(value))
 
 
 def class_count(output: TensorMeta) -> int | None:
@@ -140,7 +149,7 @@ class Classification(Task):
     default_gate_metric = "accuracy"
 
     def labels_from_values(self, values: Sequence[Any], positions: np.ndarray) -> np.ndarray:
-        missing = np.array([v is None or (isinstance(v, float) and np.isnan(v)) for v in values], dtype=bool)
+        missing = np.array([_no_label(v) for v in values], dtype=bool)
         if missing.any():
             raise LabelError(f"{example_rows(missing, values, positions)} have no label; expected integer class ids")
         not_ids = np.array([not _integral(v) for v in values], dtype=bool)

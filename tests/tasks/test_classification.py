@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from qbench.modelinfo import TensorMeta
@@ -20,6 +21,8 @@ POSITIONS = np.array([10, 11, 12, 13])
         ([0, None, 1, 1], r"1 row, e.g. row 11: None have no label"),
         ([0, -1, 1, 1], r"1 row, e.g. row 11: -1 are negative"),
         ([0, "cat", 1, 1], r"1 row, e.g. row 11: 'cat' are not integer class ids"),
+        ([0, 1e20, 1, 1], r"1 row, e.g. row 11: 1e\+20 are not integer class ids"),  # was an OverflowError
+        ([0, pd.NA, 1, 1], r"1 row, e.g. row 11: <NA> have no label"),  # a nullable Int64 column's empty cell
     ],
 )
 def test_bad_labels_name_the_count_and_an_example_row(values: list, message: str) -> None:
