@@ -18,6 +18,7 @@ import pandas as pd
 
 from qbench.data.filters import scalar_column
 from qbench.data.load import table_name
+from qbench.data.nonfinite import cell_array
 from qbench.data.text import (
     text_cells,
     tokenize,
@@ -206,7 +207,7 @@ def _stack_cells(cells: pd.Series, column: str, *, recipe_file: Path) -> np.ndar
     if missing.size:
         message = f"column {column!r}: {missing.size} rows have no value (first at row {cells.index[missing[0]]})"
         raise RecipeError(recipe_file, INPUTS_FIELD, message)
-    arrays = [_cell_array(cell) for cell in cells]
+    arrays = [cell_array(cell) for cell in cells]
     shapes = sorted({a.shape for a in arrays})
     if len(shapes) > 1:
         message = f"column {column!r} holds cells of different {_describe_shapes(shapes)}; pad them to one size"
@@ -221,13 +222,6 @@ def _stack_cells(cells: pd.Series, column: str, *, recipe_file: Path) -> np.ndar
         )
         raise RecipeError(recipe_file, INPUTS_FIELD, message)
     return np.stack(arrays)
-
-
-def _cell_array(cell: object) -> np.ndarray:
-    """A cell as an ndarray; nested arrays from parquet/datasets (object arrays of arrays) become one block."""
-    if isinstance(cell, np.ndarray) and cell.dtype == object:
-        return np.array(cell.tolist())
-    return np.asarray(cell)
 
 
 def _describe_shapes(shapes: list[tuple[int, ...]]) -> str:

@@ -101,9 +101,23 @@ def _cell_is_nonfinite(cell: object) -> bool:
     if cell is None or isinstance(cell, (str, bytes)):
         return False
     try:
-        array = np.asarray(cell.tolist() if isinstance(cell, np.ndarray) and cell.dtype == object else cell)
+        array = cell_array(cell)
     except (ValueError, TypeError):  # ragged lists: build_feeds reports their shapes
         return False
     if array.dtype.kind not in "fc":
         return False
     return not bool(np.isfinite(array).all())
+
+
+def cell_array(cell: object) -> np.ndarray:
+    """A cell as an ndarray. Nested arrays (parquet's object arrays of arrays) become one block, and numbers with
+    gaps (JSON null, or a NaN that pandas' JSON reader gives back as None) a float array with NaN in the gaps, so
+    `data.nonfinite_inputs` treats them as it treats NaN from any other format."""
+    array = np.asarray(cell.tolist() if isinstance(cell, np.ndarray) and cell.dtype == object else cell)
+    if array.dtype == object and array.size and all(_number_or_gap(v) for v in array.flat):
+        array = np.array([np.nan if v is None else v for v in array.flat], dtype=np.float64).reshape(array.shape)
+    return array
+
+
+def _number_or_gap(value: object) -> bool:
+    return value is None or (isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool))

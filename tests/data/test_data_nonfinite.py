@@ -8,8 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from qbench.data import build_feeds, load_table
 from qbench.data.nonfinite import check_finite, drop_nonfinite, nonfinite_masks
 from qbench.errors import RecipeError
+from qbench.modelinfo import TensorMeta
 from qbench.recipe_data import TextInputSpec, TokenizerSpec
 
 RECIPE = Path("recipe.yaml")
@@ -67,3 +69,15 @@ def test_error_names_columns_counts_and_slices() -> None:
         "expected finite numbers, or set data.nonfinite_inputs: drop to leave those rows out"
     )
     check_finite(table, np.array([0, 3]), masks, slices, what="evaluation", recipe_file=RECIPE)  # finite rows pass
+
+
+def test_json_lines_nan_inside_a_list_is_nonfinite_like_parquets(tmp_path: Path) -> None:
+    """Python's json writes NaN; pandas' JSON reader gives it back as None inside a list: `nonfinite_inputs: drop`
+    dropped those rows from Parquet but refused the same table as JSON lines ('non-numeric values such as None')."""
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"x": [1.0, 2.0]}\n{"x": [NaN, 2.0]}\n{"x": [3.0, null]}\n{"x": [4.0, 5.0]}\n')
+    table = load_table(path, recipe_file=Path("recipe.yaml"))
+    assert nonfinite_masks(table, {"x": "x"})["x"].tolist() == [False, True, True, False]
+    meta = TensorMeta("x", np.dtype("float32"), (None, 2))
+    feeds = build_feeds(table, np.array([0, 3]), {"x": "x"}, {"x": meta}, recipe_file=Path("recipe.yaml"))
+    np.testing.assert_array_equal(feeds["x"], [[1.0, 2.0], [4.0, 5.0]])
