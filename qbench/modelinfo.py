@@ -45,6 +45,7 @@ class TensorMeta:
     class_keys: tuple[int | str, ...] | None = None
     passthrough_of: str | None = None
     off_label: str | None = None  # why the highest of these scores is not the model's own label (modelinfo_classes)
+    probabilities: bool | None = None  # the graph makes these scores as probabilities / as logits; None: unstated
 
     def describe(self) -> str:
         """'name (float32, [None, 3])' or 'name (seq(map(int64,float32)))'."""
@@ -77,7 +78,8 @@ def read_model_info(path: Path) -> ModelInfo:
         meta = _meta(value, producers.get(value.name))
         if meta.kind == "tensor":
             off_label = facts.off_label.get(value.name) if meta.dtype.kind == "f" else None  # scores, not labels
-            meta = dataclasses.replace(meta, class_keys=facts.tables.get(value.name), off_label=off_label)
+            meta = dataclasses.replace(meta, class_keys=facts.tables.get(value.name), off_label=off_label,
+                                       probabilities=facts.probabilities.get(value.name))  # fmt: skip
         source = _copied_input(value.name, producers, set(inputs))
         outputs[value.name] = dataclasses.replace(meta, passthrough_of=source) if source is not None else meta
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)

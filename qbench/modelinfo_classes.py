@@ -38,6 +38,7 @@ class ScoreFacts:
 
     tables: dict[str, ClassTable]
     off_label: dict[str, str]
+    probabilities: dict[str, bool]  # True: a Sigmoid or Softmax made the scores; False: a linear layer (logits)
 
 
 def score_facts(model: onnx.ModelProto) -> ScoreFacts:
@@ -49,7 +50,7 @@ def score_facts(model: onnx.ModelProto) -> ScoreFacts:
         for name in node.input:
             consumers.setdefault(name, []).append(node)
     constants = _constant_tables(model)
-    tables, off_label = {}, {}
+    tables, off_label, probabilities = {}, {}, {}
     for output in graph.output:
         chain = _score_chain(output.name, producers)
         table = _classifier_labels(chain[-1], producers) or _argmax_lookup(chain, consumers, constants)
@@ -58,7 +59,32 @@ def score_facts(model: onnx.ModelProto) -> ScoreFacts:
         reason = _off_label(chain, producers, consumers)
         if reason:
             off_label[output.name] = reason
-    return ScoreFacts(tables, off_label)
+        scale = _scale(output.name, producers)
+        if scale is not None:
+            probabilities[output.name] = scale
+    return ScoreFacts(tables, off_label, probabilities)
+
+
+_PROBABILITY_OPS = ("Sigmoid", "Softmax")
+_LOGIT_OPS = ("MatMul", "Gemm", "Add", "Sub", "Conv", "ConvTranspose", "Einsum")  # a linear layer's raw output
+_RESHAPING_OPS = ("Identity", "Cast", "Reshape", "Squeeze", "Unsqueeze", "Flatten")
+
+
+def _scale(name: str, producers: dict[str, onnx.NodeProto]) -> bool | None:
+    """Whether the graph makes `name` as probabilities (True) or as logits (False), or None when it does not say:
+    a one-column binary score is then read from its values (all within [0, 1]: a probability)."""
+    for _ in range(16):
+        node = producers.get(name)
+        if node is None or node.domain not in ("", "ai.onnx"):
+            return None
+        if node.op_type in _PROBABILITY_OPS:
+            return True
+        if node.op_type in _LOGIT_OPS:
+            return False
+        if node.op_type not in _RESHAPING_OPS or not node.input:
+            return None
+        name = node.input[0]
+    return None
 
 
 def _off_label(chain: list[str], producers: dict[str, onnx.NodeProto], consumers: dict[str, list[onnx.NodeProto]]) -> str | None:

@@ -128,3 +128,18 @@ def test_scores_whose_argmax_is_not_the_graphs_label_are_marked_and_the_label_is
     logistic = read_model_info(_sklearn_onnx(tmp_path, LogisticRegression(max_iter=300), "logistic"))
     assert logistic.outputs["probabilities"].off_label is None
     assert choose_outputs(get_task("classification"), logistic, None)[0].name == "probabilities"
+
+
+def test_the_graph_says_whether_its_scores_are_probabilities_or_logits(tmp_path: Path) -> None:
+    """A one-column binary score was read as a probability whenever FP32's values fell within [0, 1], so logits of
+    0.38..0.74 were thresholded at 0.5 (accuracy 0.90 instead of the model's 0.67)."""
+    weight = onnx.numpy_helper.from_array(np.ones((4, 1), np.float32), "w")
+    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [None, 1]) for n in ("logit", "probability", "other")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["raw"]), helper.make_node("Flatten", ["raw"], ["logit"]),
+             helper.make_node("Sigmoid", ["raw"], ["p"]), helper.make_node("Identity", ["p"], ["probability"]),
+             helper.make_node("Abs", ["raw"], ["other"])]  # fmt: skip
+    onnx.save(_model(nodes, outputs, [weight]), str(tmp_path / "m.onnx"))
+    found = read_model_info(tmp_path / "m.onnx").outputs
+    assert (found["logit"].probabilities, found["probability"].probabilities, found["other"].probabilities) == (
+        False, True, None
+    )  # fmt: skip

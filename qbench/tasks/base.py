@@ -115,8 +115,13 @@ class Task(ABC):
     # -- evaluation ------------------------------------------------------------------------------
 
     @abstractmethod
-    def rows(self, outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None) -> RowSummary:
-        """Per-row quantities of `outputs` vs `reference` (FP32) and `labels`, ready to summarise per slice."""
+    def rows(
+        self, outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None, *, probabilities: bool | None = None
+    ) -> RowSummary:
+        """Per-row quantities of `outputs` vs `reference` (FP32) and `labels`, ready to summarise per slice.
+
+        `probabilities`: the graph makes these scores as probabilities (True) or logits (False); None when it does
+        not say (TensorMeta.probabilities). Tasks that threshold scores read it; others ignore it."""
 
     # -- QAT ---------------------------------------------------------------------------------------
 

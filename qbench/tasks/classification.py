@@ -229,7 +229,9 @@ class Classification(Task):
             return f"output {output.name!r} holds {output.dtype} values, neither class ids nor scores"
         return _score_shape_problem(output)
 
-    def rows(self, outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None) -> RowSummary:
+    def rows(
+        self, outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None, *, probabilities: bool | None = None
+    ) -> RowSummary:
         outputs, reference = np.asarray(outputs), np.asarray(reference)
         if labels is not None and np.asarray(labels).dtype.kind not in "biu":
             raise LabelError(f"labels must be integer class indices, got {np.asarray(labels).dtype} values")
@@ -240,9 +242,11 @@ class Classification(Task):
         columns = 1 if outputs.ndim == 1 else int(outputs.shape[-1])
         if labels is not None and labels.size and columns > 1 and int(labels.max()) >= columns:
             raise LabelError(f"labels go up to class {int(labels.max())} but the output has {columns} classes")
-        binary_probabilities = metrics.looks_like_sigmoid(reference)  # one column: the variant is read as FP32 is
+        binary_probabilities = metrics.looks_like_sigmoid(reference) if probabilities is None else probabilities
+        # one column: the graph's word, else FP32's values decide, and the variant is read as FP32 is
         return ClassificationRows(
-            outputs, reference, labels, metrics.top1(outputs, binary_probabilities), metrics.top1(reference),
+            outputs, reference, labels, metrics.top1(outputs, binary_probabilities),
+            metrics.top1(reference, binary_probabilities),
             kl=metrics.kl_rows(reference, outputs),
         )  # fmt: skip
 

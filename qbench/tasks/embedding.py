@@ -67,7 +67,9 @@ class Embedding(Task):
     def output_problem(self, output: TensorMeta) -> str | None:
         return float_output_problem(self.name, output)
 
-    def rows(self, outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None) -> RowSummary:
+    def rows(
+        self, outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None, *, probabilities: bool | None = None
+    ) -> RowSummary:
         if np.asarray(outputs).dtype.kind not in "fc":
             raise LabelError(f"task 'embedding' reads float outputs only, got {np.asarray(outputs).dtype} values")
         cosine = metrics.cosine_rows(reference, outputs)

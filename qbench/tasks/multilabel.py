@@ -98,13 +98,15 @@ class Multilabel(Task):
             return f"output {output.name!r} has shape {list(output.shape)}, not (rows, labels)"
         return problem
 
-    def rows(self, outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None) -> RowSummary:
+    def rows(
+        self, outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None, *, probabilities: bool | None = None
+    ) -> RowSummary:
         outputs, reference = np.asarray(outputs), np.asarray(reference)
         if outputs.dtype.kind != "f" or outputs.ndim != 2:
             raise LabelError(f"task 'multilabel' reads (rows, labels) float outputs, got {outputs.dtype} {outputs.shape}")
         if labels is not None and labels.shape != outputs.shape:
             raise LabelError(f"labels have shape {labels.shape}, the output {outputs.shape}")
-        as_probabilities = metrics.looks_like_sigmoid(reference)
+        as_probabilities = metrics.looks_like_sigmoid(reference) if probabilities is None else probabilities
         predicted = metrics.multilabel_predictions(outputs, as_probabilities)
         reference_predicted = metrics.multilabel_predictions(reference, as_probabilities)
         target = reference_predicted if labels is None else labels

@@ -120,7 +120,9 @@ class Regression(Task):
     def output_problem(self, output: TensorMeta) -> str | None:
         return float_output_problem(self.name, output)
 
-    def rows(self, outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None) -> RowSummary:
+    def rows(
+        self, outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None, *, probabilities: bool | None = None
+    ) -> RowSummary:
         if np.asarray(outputs).dtype.kind != "f":
             raise LabelError(f"task 'regression' reads float outputs only, got {np.asarray(outputs).dtype} values")
         rows = np.shape(outputs)[0]

@@ -86,8 +86,11 @@ def evaluate_accuracy(
     labels: np.ndarray | None,
     slices: Mapping[str, np.ndarray],
     custom_metrics: Sequence[CustomMetric] = (),
+    probabilities: Mapping[str, bool | None] | None = None,
 ) -> AccuracyResult:
     """Metrics of `outputs` against `reference_outputs` (FP32) and `labels`, overall and per slice.
+
+    `probabilities`: output name -> whether the graph makes it as probabilities (TensorMeta.probabilities).
 
     `outputs` is one array, or output name -> array (metrics then prefixed 'name/' when there are
     several). The metrics are the task's (see qbench.tasks), plus `custom_metrics` per output.
@@ -116,7 +119,8 @@ def evaluate_accuracy(
         row_bad = metrics.nonfinite_rows(values) if values.dtype.kind in "fc" else np.zeros(rows, dtype=bool)
         nonfinite = row_bad if nonfinite.size == 0 else nonfinite | row_bad
         prefix = f"{name}{OUTPUT_SEPARATOR}" if prefixed else ""
-        parts.append(_OutputRows(prefix, judge.rows(values, reference, own_labels), values, reference, own_labels))
+        summary = judge.rows(values, reference, own_labels, probabilities=(probabilities or {}).get(name))
+        parts.append(_OutputRows(prefix, summary, values, reference, own_labels))
     masks = _checked_masks(slices, rows)
 
     def summarise(name: str, mask: np.ndarray) -> SliceMetrics:

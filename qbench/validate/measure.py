@@ -183,7 +183,8 @@ def measure(
     if outputs is not None:
         base = reference.outputs if reference is not None else outputs
         recipe = prepared.recipe
-        accuracy = evaluate_accuracy(recipe.task, outputs, base, rows.labels, rows.slices, prepared.custom_metrics)
+        accuracy = evaluate_accuracy(recipe.task, outputs, base, rows.labels, rows.slices, prepared.custom_metrics,
+                                     probabilities={c.name: c.meta.probabilities for c in prepared.outputs})  # fmt: skip
         accuracy = with_drops(accuracy, reference.accuracy if reference is not None and reference.accuracy else accuracy)
         nsr = output_nsr([base[k] for k in outputs], list(outputs.values()))
     latency, serving_result, model_bytes = None, None, built.onnx_path.stat().st_size

@@ -131,3 +131,12 @@ def test_an_fp32_accuracy_below_a_uniform_guess_is_suspect() -> None:
     assert below_chance(0.25, scores, labels) is None
     ids = TensorMeta("label", np.dtype("int64"), (None,))  # no stated width: the labels' distinct classes (3)
     assert below_chance(0.3, ids, labels) is not None and below_chance(0.34, ids, labels) is None
+
+
+def test_a_one_column_score_follows_the_graphs_word_on_probabilities() -> None:
+    """Values within [0, 1] are read as probabilities only when the graph does not say they are logits."""
+    scores = np.array([[0.38], [0.45], [0.74], [0.6]], np.float32)
+    labels = np.array([1, 1, 1, 0])
+    guessed = TASK.rows(scores, scores, labels)
+    stated = TASK.rows(scores, scores, labels, probabilities=False)
+    assert guessed.predicted.tolist() == [0, 0, 1, 1] and stated.predicted.tolist() == [1, 1, 1, 1]
