@@ -138,8 +138,8 @@ def _unlowered(results: SweepResults, pairs: Sequence[tuple[str, str]]) -> list[
     notes = []
     for variant, backend in pairs:
         found, reference = results.find(variant, backend), results.find(results.reference, backend)
-        if found is None or reference is None or found.precision == reference.precision:
-            continue
+        if found is None or reference is None or found.status != "ok" or found.precision == reference.precision:
+            continue  # a variant that did not run computes in nothing: its failure is the finding
         same = found.params.get("identical_to") == results.reference or found.params.get("quantized_nodes") == 0
         if same:
             notes.append(f"{variant}@{backend} computes in {reference.precision} (nothing in the graph was lowered to "

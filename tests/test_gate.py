@@ -65,6 +65,14 @@ def test_a_variant_that_computes_as_the_reference_passes_with_a_note_saying_so()
                                  "int8): its pass says nothing about int8" for name in ("tree", "c"))  # fmt: skip
 
 
+def test_a_failed_variant_gets_no_computes_in_fp32_note():
+    """It ran nothing: the note claimed it computed in fp32 beside its failure."""
+    failed = replace(variant("int8-f", 0.95, {"noisy": 0.90, "clean": 0.99}), params={"quantized_nodes": 0},
+                     status="failed", error="cannot load", accuracy=None)  # fmt: skip
+    report = evaluate_gate(sweep(REFERENCE, failed), SPEC)
+    assert report.notes == () and report.exit_code == EXIT_UNUSABLE
+
+
 def test_a_slice_breach_fails_even_when_overall_passes():
     report = evaluate_gate(sweep(REFERENCE, variant("int8-a", 0.945, {"noisy": 0.85, "clean": 0.99})), SPEC)
     assert report.exit_code == EXIT_BREACH
