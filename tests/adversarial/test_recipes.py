@@ -321,8 +321,6 @@ PREFLIGHT = [
      ["tracking.uri", "folder"]),  # fmt: skip
     ("latency-batch-too-big", changed(("latency.batch_sizes", [1, 10**12])), ["latency.batch_sizes[1]", "GiB"]),
     ("eval-batch-too-big", changed(("data.evaluation.batch_size", 10**13)), ["data.evaluation.batch_size", "GiB"]),
-    ("slice-without-eval-rows", changed(("data.slices", [{"by": "subset"}])),
-     ["data.slices[0]", "subset=calib", "evaluation rows"]),  # fmt: skip
     ("named-slice-calib-only", changed(("data.slices", [{"name": "cal", "filter": {"subset": "calib"}}])),
      ["data.slices[0]", "'cal'", "evaluation rows"]),  # fmt: skip
     ("ragged-csv-long-row", with_table(_csv_text(['"[0.5]",1,test,small,EXTRA']), ".csv"),
