@@ -161,14 +161,21 @@ def test_importing_the_data_module_loads_no_heavy_sdk() -> None:
     assert result.stdout.strip() == "[]"
 
 
-def test_ragged_csv_row_is_an_error_naming_its_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ('a,b,c\n1,2,3\n\n"multi\nline",5,6\n7,8\n', "line 6 has 2 fields, expected 3 like the header (a, b, c)"),
+        # pandas renamed the second 'y' to 'y.1' and qbench read the first, stale, one: FP32 0.33, gate pass
+        ("x,y,half,y\n1,0,a,2\n2,0,b,1\n", "the header names column 'y' 2 times; expected each column once"),
+    ],
+    ids=["ragged-row", "repeated-header-name"],
+)
+def test_a_malformed_csv_is_an_error_naming_the_problem(tmp_path: Path, text: str, problem: str) -> None:
     path = tmp_path / "rows.csv"
-    path.write_text('a,b,c\n1,2,3\n\n"multi\nline",5,6\n7,8\n')
+    path.write_text(text)
     with pytest.raises(RecipeError) as caught:
         load_table(path, recipe_file=RECIPE)
-    assert str(caught.value) == (
-        "recipe.yaml: data.path: cannot read rows.csv: line 6 has 2 fields, expected 3 like the header (a, b, c)"
-    )
+    assert str(caught.value) == f"recipe.yaml: data.path: cannot read rows.csv: {problem}"
 
 
 def test_csv_with_blank_lines_and_quoted_newlines_is_not_ragged(tmp_path: Path) -> None:
@@ -176,17 +183,6 @@ def test_csv_with_blank_lines_and_quoted_newlines_is_not_ragged(tmp_path: Path) 
     path.write_text('a,b,c\n1,2,3\n\n"multi\nline",5,6\n')
     table = load_table(path, recipe_file=RECIPE)
     assert table["b"].tolist() == [2, 5] and table["c"].tolist() == [3, 6]
-
-
-def test_a_csv_header_naming_a_column_twice_is_an_error(tmp_path: Path) -> None:
-    """pandas renamed the second 'y' to 'y.1' and qbench read the first, stale, one: FP32 accuracy 0.33, gate pass."""
-    path = tmp_path / "dup.csv"
-    path.write_text("x,y,half,y\n1,0,a,2\n2,0,b,1\n")
-    with pytest.raises(RecipeError) as caught:
-        load_table(path, recipe_file=RECIPE)
-    assert str(caught.value) == (
-        "recipe.yaml: data.path: cannot read dup.csv: the header names column 'y' 2 times; expected each column once"
-    )
 
 
 def test_bracketed_text_that_is_no_json_stays_text(tmp_path: Path) -> None:
