@@ -325,7 +325,10 @@ def _output_names(recipe: Recipe, module: torch.nn.Module, inputs: tuple[Any, ..
         shapes = {name: [EXAMPLE_BATCH, *shape[1:]] for name, shape in (recipe.model.example_inputs or {}).items()}
         message = f"forward() failed on example inputs {shapes}: {_describe(exc)}"
         raise RecipeError(recipe.source, "model.example_inputs", message) from exc
-    count = len(flatten_outputs(outputs))
+    try:
+        count = len(flatten_outputs(outputs))
+    except QbenchError as exc:
+        raise RecipeError(recipe.source, "model.torch", str(exc).removeprefix("model.torch: ")) from None
     given = recipe.model.output_names
     if given is not None:
         if len(given) != count:
@@ -334,6 +337,9 @@ def _output_names(recipe: Recipe, module: torch.nn.Module, inputs: tuple[Any, ..
         return tuple(given)
     if isinstance(outputs, Mapping) and len(outputs) == count:
         return tuple(str(key) for key in outputs)
+    fields = getattr(outputs, "_fields", None)  # a namedtuple names its tensors
+    if isinstance(outputs, tuple) and fields is not None and len(fields) == count:
+        return tuple(str(field) for field in fields)
     return ("output",) if count == 1 else tuple(f"output_{index}" for index in range(count))
 
 
@@ -348,7 +354,8 @@ def flatten_outputs(outputs: Any) -> list[torch.Tensor]:
         return [t for value in outputs for t in flatten_outputs(value)]
     if outputs is None:
         return []
-    raise QbenchError(f"model.torch: forward() returned {type(outputs).__name__}; expected tensors")
+    raise QbenchError(f"model.torch: forward() returned a {type(outputs).__name__}; expected a tensor, or a tuple, "
+                      "list or dict of tensors (return dataclasses.astuple(...) or a dict)")
 
 
 def _state_sha256(module: torch.nn.Module) -> str:

@@ -32,6 +32,9 @@ from qbench.sources.torch_model import (  # noqa: E402
 FEATURES = 4
 CLASSES = 3
 MODELS_SOURCE = f'''
+from dataclasses import dataclass
+from typing import NamedTuple
+
 import torch
 from torch import nn
 
@@ -74,8 +77,37 @@ class IgnoresMask(Classifier):
         return self.head(torch.relu(self.hidden(features)))
 
 
+class Pair(NamedTuple):
+    scores: torch.Tensor
+    hidden: torch.Tensor
+
+
+@dataclass
+class Result:
+    scores: torch.Tensor
+
+
+class PairClassifier(Classifier):
+    def forward(self, features):
+        hidden = torch.relu(self.hidden(features))
+        return Pair(self.head(hidden), hidden)
+
+
+class DataclassClassifier(Classifier):
+    def forward(self, features):
+        return Result(self.head(torch.relu(self.hidden(features))))
+
+
 def build_classifier():
     return Classifier()
+
+
+def build_pair():
+    return PairClassifier()
+
+
+def build_dataclass():
+    return DataclassClassifier()
 
 
 def build_branching():
@@ -456,6 +488,15 @@ def test_an_export_that_took_another_branch_than_the_rows_take_is_refused(
     error = capsys.readouterr().err
     assert "model.torch: on 32 evaluation rows the ONNX export's output 'scores' differs from forward()'s" in error
     assert "data-dependent control flow" in error
+
+
+def test_namedtuple_outputs_are_named_by_their_fields_and_a_dataclass_is_refused_in_one_line(project: Path) -> None:
+    named = load_torch_model(load_recipe(_write_recipe(project.parent, {"torch": "mypkg.models:build_pair",
+                                                                       "output_names": None})))  # fmt: skip
+    assert named.output_names == ("scores", "hidden")
+    error = _load_error(_write_recipe(project.parent, {"torch": "mypkg.models:build_dataclass", "output_names": None}))
+    assert str(error).endswith("recipe.yaml: model.torch: forward() returned a Result; expected a tensor, or a tuple, "
+                               "list or dict of tensors (return dataclasses.astuple(...) or a dict)")
 
 
 def test_a_forward_argument_the_model_ignores_stays_an_input_of_the_export(project: Path) -> None:
