@@ -304,7 +304,10 @@ def _bind_forward_arguments(recipe: Recipe, module: torch.nn.Module, names: list
         names = [name for name in positional if name in names]  # by name
         covered = set(names)
     elif len(names) > len(positional):
+        keyword_only = [p.name for p in parameters if p.kind is p.KEYWORD_ONLY]
         message = f"got {len(names)} inputs {names}, but forward() takes {len(positional)}: {positional}"
+        if keyword_only:
+            message += f" ({', '.join(keyword_only)} keyword-only: the exporter passes inputs by position)"
         raise RecipeError(recipe.source, "model.example_inputs", message)
     else:
         covered = set(positional[: len(names)])  # by position

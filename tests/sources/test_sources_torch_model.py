@@ -98,8 +98,17 @@ class DataclassClassifier(Classifier):
         return Result(self.head(torch.relu(self.hidden(features))))
 
 
+class KeywordOnly(Classifier):
+    def forward(self, *, features):
+        return self.head(torch.relu(self.hidden(features)))
+
+
 def build_classifier():
     return Classifier()
+
+
+def build_keyword_only():
+    return KeywordOnly()
 
 
 def build_pair():
@@ -320,6 +329,8 @@ def test_a_bad_factory_is_a_recipe_error_naming_the_cause(project: Path, factory
         ({"example_inputs": {"features": [1, 7]}}, "model.example_inputs",
          "forward() failed on example inputs {'features': [2, 7]}"),
         ({"output_names": ["a", "b"]}, "model.output_names", "got 2 names, but forward() returns 1 tensors"),
+        ({"torch": "mypkg.models:build_keyword_only", "example_inputs": {"features": [1, FEATURES]}},
+         "model.example_inputs", "forward() takes 0: [] (features keyword-only: the exporter passes inputs by position)"),
     ],
 )  # fmt: skip
 def test_example_inputs_and_output_names_must_fit_forward(
