@@ -22,6 +22,7 @@ from typing import Any
 
 from qbench.errors import QbenchError
 from qbench.gate import EXIT_BREACH, EXIT_PASS, GateCheck, GateReport
+from qbench.report_grid import figure
 from qbench.slo import SLO_SCOPE
 
 JSON_SCHEMA_VERSION = 1
@@ -42,9 +43,6 @@ def check_key(check: GateCheck) -> str:
     return f"{check.variant}@{check.backend}"
 
 
-def _number(value: float) -> str:
-    """Four decimals; NaN and infinities spelled out (a variant's NaN metric is a breach, not a crash)."""
-    return f"{value:.4f}" if math.isfinite(value) else str(value)
 
 
 def plural(n: int, noun: str) -> str:
@@ -63,8 +61,8 @@ def check_line(check: GateCheck) -> str:
     result = {"breach": "BREACH", "pass": "pass"}.get(check.status, check.status)
     line = (
         f"{result} {check_key(check)} {_scope(check)} {check.metric}: "
-        f"{_number(check.reference)} → {_number(check.observed)}, "
-        f"drop {_number(check.drop)} {comparison} tolerance {_number(check.tolerance)}"
+        f"{figure(check.reference)} → {figure(check.observed)}, "
+        f"drop {figure(check.drop)} {comparison} tolerance {figure(check.tolerance)}"
     )
     return f"{line} ({check.size} rows, under min_slice_size)" if check.status == "skipped" else line
 
@@ -196,7 +194,7 @@ def junit_xml(report: GateReport, name: str = "qbench gate") -> str:
     for check in report.checks:
         case = _testcase(suite_of(check_key(check)), check_key(check), f"{check.scope}: {check.metric}")
         if check.status == "breach":
-            message = f"drop {_number(check.drop)} > tolerance {_number(check.tolerance)}"
+            message = f"drop {figure(check.drop)} > tolerance {figure(check.tolerance)}"
             failure = ET.SubElement(case, "failure", {"type": "breach", "message": message})
             failure.text = check_line(check)
         elif check.status == "skipped":
@@ -238,8 +236,8 @@ def markdown_summary(report: GateReport, title: str = "qbench gate") -> str:
                   "|---|---|---|---:|---:|---:|---:|---|"]  # fmt: skip
         for c in sorted(report.checks, key=lambda c: order.get(c.status, 2)):
             result = "**BREACH**" if c.status == "breach" else c.status
-            cells = [check_key(c), c.scope, c.metric, _number(c.reference), _number(c.observed), _number(c.drop),
-                     _number(c.tolerance), result]  # fmt: skip
+            cells = [check_key(c), c.scope, c.metric, figure(c.reference), figure(c.observed), figure(c.drop),
+                     figure(c.tolerance), result]  # fmt: skip
             lines.append("| " + " | ".join(_md(cell) for cell in cells) + " |")
         lines.append("")
     lines += [f"- **cannot judge (fail closed):** {_md(p)}" for p in report.problems]

@@ -52,6 +52,9 @@ def check_plan(recipe: Recipe) -> None:
     for pattern in patterns:
         if pattern not in matched:
             logger.warning("gate.applies_to: %r matches no variant", pattern)
+    if recipe.search is not None and not recipe.gate.applies(recipe.search.name):
+        logger.warning(f"gate.applies_to: {short_repr(patterns)} does not match the search's variant "
+                       f"{recipe.search.name!r}: the search meets the gate's tolerances but `qbench gate` will not judge its pick")  # fmt: skip
 
 
 def check_destinations(recipe: Recipe, *, track: bool) -> None:

@@ -52,12 +52,22 @@ def finite(value: float | None) -> bool:
     return value is not None and math.isfinite(value)
 
 
+def figure(value: float, digits: int = 4, sign: str = "") -> str:
+    """`digits` decimals, or scientific notation when those would print a non-zero value as zero (a drop of 3e-6
+    against a tolerance of 1e-6 must not read "0.0000 > 0.0000"); NaN and infinities spelled out."""
+    if not math.isfinite(value):
+        return str(value)
+    if value != 0 and abs(value) < 0.5 * 10**-digits:
+        return f"{value:{sign}.2e}"
+    return f"{value:{sign}.{digits}f}"
+
+
 def num(value: float | None, digits: int = 4) -> str:
-    return f"{value:.{digits}f}" if finite(value) else NONE
+    return figure(value, digits) if finite(value) else NONE
 
 
 def signed(value: float | None) -> str:
-    return f"{value:+.4f}" if finite(value) else NONE
+    return figure(value, sign="+") if finite(value) else NONE
 
 
 def short(value: float | None) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from html import escape
 
-from qbench.report_grid import Grid, to_markdown
+from qbench.report_grid import Grid, signed, to_markdown
 from qbench.results_search import CandidateRecord, SearchReport
 
 HEADERS = ["#", "candidate", "technique", "options", "kept float", "speed-up", "screen drop", "drop",
@@ -35,9 +35,9 @@ def search_rows(report: SearchReport) -> list[list[str]]:
     for index, r in enumerate(report.candidates):
         speed = _num(r.speedup, ".2f") + ("×" if r.speedup is not None and math.isfinite(r.speedup) else "")
         per_batch = " (" + ", ".join(f"{b} {v:.2f}" for b, v in r.speedups.items()) + ")" if r.speedups else ""
-        worst = f"{r.worst_slice} ({r.worst_slice_drop:+.4f})" if r.worst_slice and r.worst_slice_drop is not None else _NONE
+        worst = f"{r.worst_slice} ({signed(r.worst_slice_drop)})" if r.worst_slice and r.worst_slice_drop is not None else _NONE
         rows.append([str(index), r.label, r.technique, _options(r), _kept(r), speed + per_batch,
-                     _num(r.screen_drop, "+.4f"), _num(r.drop, "+.4f"), worst, r.verdict])  # fmt: skip
+                     signed(r.screen_drop), signed(r.drop), worst, " ".join(r.verdict.split())])  # fmt: skip
     return rows
 
 

@@ -3,15 +3,15 @@
     SearchReport
       variant, metric, max_drop, max_slice_drop   the searched variant and the gate it was searched against
       time_budget_s, seconds, budget_exhausted    the recipe's budget, the time spent, whether candidates were left
-      outcome                                     "passed" | "unreachable"
+      outcome                                     "passed" | "unreachable" | "nothing built" (no candidate ran)
       chosen                                      index of the candidate the variant is (None: nothing could be built)
       closest, needed                             unreachable: the closest candidate and what it would take
       fp32_p50_ms                                 FP32's p50 per batch size under the search's quick timing
       candidates                                  CandidateRecord, in the order they were tried
     CandidateRecord
       label, technique, options, keep_float       what was built (keep_float: node names left in floating point)
-      stage                                       how far it got: "skipped" | "failed" | "not applicable" | "screened"
-                                                  | "evaluated"
+      stage                                       how far it got: "skipped" | "failed" | "not applicable" | "duplicate"
+                                                  (the graph of an earlier candidate) | "screened" | "evaluated"
       speedup, speedups                           FP32 p50 / its p50: geometric mean over batch sizes, and per batch
       screen_*                                    the cheap pass: gate metric, drop and excess on the screening rows
       nsr                                         output noise-to-signal vs FP32 on the screening rows

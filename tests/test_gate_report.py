@@ -108,6 +108,12 @@ def test_nan_observed_value_is_spelled_out():
     assert check_line(check) == "BREACH int8@onnxruntime-cpu slice faint accuracy: 0.9300 → nan, drop inf > tolerance 0.0200"
 
 
+def test_a_tiny_drop_against_a_tiny_tolerance_is_not_printed_as_zeros():
+    check = GateCheck("fp16", BACKEND, "overall", "cosine", 1.0, 0.99997, 3e-05, 1e-05, 200, "breach")
+    assert check_line(check) == ("BREACH fp16@onnxruntime-cpu overall cosine: 1.0000 → 1.0000, drop 3.00e-05 > "
+                                 "tolerance 1.00e-05")  # fmt: skip
+
+
 def test_an_slo_check_is_named_as_the_slo_not_a_slice():
     check = GateCheck("int8", BACKEND, "slo", "latency.p99_ms", 5.0, 7.5, 2.5, 0.0, 200, "breach")
     report = GateReport("accuracy", (check,), gated=(f"int8@{BACKEND}",))

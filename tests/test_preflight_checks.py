@@ -67,6 +67,18 @@ def test_a_glob_matching_one_variant_is_enough(tmp_path: Path, caplog: pytest.Lo
     ]
 
 
+def test_a_search_variant_the_gate_does_not_judge_is_warned_about(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    recipe = _recipe(tmp_path, gate={"applies_to": ["half"]}, search={"name": "int8-auto"})
+    check_plan(recipe)
+    assert [r.getMessage() for r in caplog.records] == [
+        "gate.applies_to: ['half'] does not match the search's variant 'int8-auto': the search meets the gate's "
+        "tolerances but `qbench gate` will not judge its pick"
+    ]
+    caplog.clear()
+    check_plan(_recipe(tmp_path, gate={"applies_to": ["half", "int8-*"]}, search={"name": "int8-auto"}))
+    assert caplog.records == []
+
+
 def _inputs(**shapes: tuple[int | None, ...]) -> dict[str, TensorMeta]:
     return {name: TensorMeta(name, np.dtype(np.float32), shape) for name, shape in shapes.items()}
 

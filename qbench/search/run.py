@@ -40,6 +40,7 @@ from qbench.gate import GateReport, judge
 from qbench.preflight import Prepared
 from qbench.recipe import LatencySpec
 from qbench.recipe_search import SearchSpec
+from qbench.report_grid import figure
 from qbench.results import VariantResult
 from qbench.results_search import CandidateRecord, SearchReport
 from qbench.search import select
@@ -70,6 +71,11 @@ def screening_indices(slices: Mapping[str, np.ndarray], rows: int, wanted: int, 
         if len(members):
             picked |= set(members[np.linspace(0, len(members) - 1, num=min(per_slice, len(members))).round().astype(int)].tolist())
     return np.asarray(sorted(picked), dtype=int)
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """A verdict fit for a table cell: whitespace runs (an ORT error's newlines) collapsed, at most `limit` chars."""
+    return " ".join(text.split())[:limit]
 
 
 def gate_excess(verdict: GateReport) -> float:
@@ -114,6 +120,7 @@ class _Search:
         self.candidates: list[Candidate] = []
         self.built: dict[int, BuiltVariant] = {}
         self.reference_digest = graph_digest(prepared.source.onnx_path)
+        self.digests: dict[str, int] = {}  # built graph → the first candidate that built it
         self.budget_exhausted = False
         self.keep_float_exhausted = False
         self.tried = 0  # candidates started
@@ -151,22 +158,29 @@ class _Search:
             ctx = dataclasses.replace(self.ctx, workdir=self.root / str(index))
             built = build_variant(candidate.spec(f"{self.spec.name}-{index}"), ctx)
         except Exception as exc:  # noqa: BLE001 - one candidate failing to build is one failed candidate
-            self.records[index] = record.with_(stage="failed", verdict=f"build failed: {describe_error(exc)}"[:300])
+            self.records[index] = record.with_(stage="failed", verdict=one_line(f"build failed: {describe_error(exc)}"))
             logger.warning(f"  {candidate.label}: build failed: {exc}")
             return index
         finally:
             if self.clock is not None:
                 self.clock.add("build", t)
         record = record.with_(build_seconds=round(built.build_seconds, 3))
-        if graph_digest(built.onnx_path) == self.reference_digest:
+        digest = graph_digest(built.onnx_path)
+        if digest == self.reference_digest:
             self.records[index] = record.with_(stage="not applicable", verdict="nothing to quantize: the graph is FP32's")
             logger.info(f"  {candidate.label}: not applicable (nothing to quantize)")
             return index
+        if digest in self.digests:
+            twin = self.records[self.digests[digest]].label
+            self.records[index] = record.with_(stage="duplicate", verdict=f"same graph as {twin}: not measured again")
+            logger.info(f"  {candidate.label}: the same graph as {twin}")
+            return index
+        self.digests[digest] = index
         self.built[index] = built
         measured = measure(self.backend, built, self.prepared, rows=self.screen, reference=self.fp32_screen.reference,
                            timing=self.timing, quiet=True, clock=self.clock)  # fmt: skip
         if measured.result.status != "ok":
-            self.records[index] = record.with_(stage="failed", verdict=f"failed to run: {measured.result.error}"[:300])
+            self.records[index] = record.with_(stage="failed", verdict=one_line(f"failed to run: {measured.result.error}"))
             return index
         verdict = judge(self.fp32_screen.result, measured.result, self.gate)
         p50, fp32_p50 = _p50s(measured.result), self._fp32_p50_now()
@@ -193,16 +207,16 @@ class _Search:
         measured = measure(self.backend, self.built[index], self.prepared, reference=self.fp32.reference, quiet=True,
                            clock=self.clock)  # fmt: skip
         if measured.result.status != "ok":
-            self.records[index] = record.with_(stage="failed", verdict=f"failed to run: {measured.result.error}"[:300])
+            self.records[index] = record.with_(stage="failed", verdict=one_line(f"failed to run: {measured.result.error}"))
             return
         verdict = judge(self.fp32.result, measured.result, self.gate)
         slice_name, slice_drop = worst_slice(verdict)
         passed = verdict.exit_code == 0
-        breaches = "; ".join(f"{c.scope} {c.drop:.4f} > {c.tolerance:g}" for c in verdict.breaches) or "; ".join(verdict.problems)
+        breaches = "; ".join(f"{c.scope} {figure(c.drop)} > {c.tolerance:g}" for c in verdict.breaches) or "; ".join(verdict.problems)
         self.records[index] = record.with_(
             stage="evaluated", metric=_metric(measured.result, self.gate.metric), drop=_overall(verdict),
             worst_slice=slice_name, worst_slice_drop=slice_drop, excess=gate_excess(verdict), passed=passed,
-            verdict="pass" if passed else f"fail: {breaches}"[:300],
+            verdict="pass" if passed else one_line(f"fail: {breaches}"),
         )  # fmt: skip
         self._say(index, "evaluate")
 
@@ -220,7 +234,7 @@ class _Search:
     def evaluate_promising(self) -> None:
         """Full evaluation of the promising screened candidates, fastest first, while they may still win."""
         for index in select.evaluation_order(self.records):
-            best = select.choose(self.records)
+            best = select.fastest_passing(self.records)
             if not select.may_win(self.records[index], self.records[best] if best is not None else None):
                 self.records[index] = self.records[index].with_(verdict="not evaluated: a faster candidate passed")
                 continue
@@ -231,7 +245,7 @@ class _Search:
         """The 7-bit-weight twin of each base candidate that ran and did not pass (a passing base is as fast)."""
         bases = [i for i, r in enumerate(self.records) if r.stage in ("screened", "evaluated") and not r.passed]
         for base in bases:
-            best = select.choose(self.records)
+            best = select.fastest_passing(self.records)
             if select.may_win(self.records[base], self.records[best] if best is not None else None):
                 self.screen_candidate(self.candidates[base].reduced_range())
         self.evaluate_promising()
@@ -244,14 +258,19 @@ class _Search:
         ranking = self.sensitivity_ranking()
         if not ranking:
             return
-        sizes = sorted({min(2**k, self.spec.max_keep_float, len(ranking)) for k in range(16)})
         for base in bases:
-            for size in sizes:
-                index = self.screen_candidate(self.candidates[base].keeping(ranking[:size]))
+            own = self.base_ranking(base, ranking)
+            if not own:
+                logger.info(f"  {self.records[base].label}: none of the ranked nodes is quantized there; no keep-float candidate")
+                continue
+            for size in sorted({min(2**k, self.spec.max_keep_float, len(own)) for k in range(16)}):
+                index = self.screen_candidate(self.candidates[base].keeping(own[:size]))
                 record = self.records[index]
+                if record.stage == "skipped":
+                    return  # the budget is spent
                 if record.stage != "screened":
-                    return
-                best = select.choose(self.records)
+                    break  # this base cannot be rebuilt that way; the next base may
+                best = select.fastest_passing(self.records)
                 if not select.may_win(record, self.records[best] if best is not None else None):
                     self.records[index] = record.with_(verdict="not evaluated: slower than a passing candidate")
                     break  # more float nodes only make it slower
@@ -261,6 +280,15 @@ class _Search:
                         break
             else:
                 self.keep_float_exhausted = True
+
+    def base_ranking(self, base: int, ranking: list[str]) -> list[str]:
+        """The ranking restricted to the nodes `base` quantized: keeping float a node it left float anyway would
+        rebuild the same graph (a dynamic candidate quantizes MatMul/Gemm only; the ranking comes from a static build)."""
+        from qbench.explain_graph import quantized_nodes
+        from qbench.variants.onnx_utils import load_model
+
+        own = {n.name for n in quantized_nodes(load_model(self.ctx.reference_path), self.built[base])}
+        return [name for name in ranking if name in own]
 
     def sensitivity_ranking(self) -> list[str]:
         """Quantized nodes, the most noise added first (per-layer SQNR of a static Q/DQ build on the screening rows)."""
@@ -288,11 +316,11 @@ class _Search:
     def retime_finalists(self) -> None:
         """Re-time the fastest passing candidates and FP32 in interleaved rounds; medians replace the estimates.
 
-        A single finalist is re-timed only when its estimate says it is slower than FP32: that claim becomes a note
-        and a warning, and a few timed runs of a sub-millisecond model are too noisy to make it."""
+        A lone finalist is re-timed too: the speed-up the report and the variant carry must not be the one lucky
+        estimate that put it first."""
         passing = sorted((i for i, r in enumerate(self.records) if r.passed), key=lambda i: -(self.records[i].speedup or 0))
         finalists = passing[: self.spec.finalists]
-        if not finalists or (len(finalists) == 1 and select.slower_than_reference(self.records[finalists[0]]) is None):
+        if not finalists:
             return
         if not self.within_budget("re-timing the finalists"):
             return
@@ -326,7 +354,7 @@ class _Search:
         report = SearchReport(
             variant=self.spec.name, metric=self.gate.metric, max_drop=self.gate.max_drop,
             max_slice_drop=self.gate.max_slice_drop, time_budget_s=self.spec.time_budget_s,
-            seconds=round(self.now() - self.started, 3), outcome="passed" if chosen is not None else "unreachable",
+            seconds=round(self.now() - self.started, 3), outcome=_outcome(chosen, pick),
             candidates=tuple(self.records), chosen=chosen, closest=pick if chosen is None else None, needed=needed,
             budget_exhausted=self.budget_exhausted, fp32_p50_ms={f"b{b}": p for b, p in self.fp32_p50.items()},
             notes=(self._method_note(), *self._slower_note(chosen)),
@@ -362,6 +390,12 @@ class _Search:
         note = f"{note}; {slower}" if slower else note
         return dataclasses.replace(built, name=self.spec.name, onnx_path=target, params=params,
                                    notes=(*built.notes, note), build_seconds=self.now() - self.started)  # fmt: skip
+
+
+def _outcome(chosen: int | None, pick: int | None) -> str:
+    if chosen is not None:
+        return "passed"
+    return "unreachable" if pick is not None else "nothing built"
 
 
 def run_search(

@@ -6,7 +6,7 @@
 - `evaluation_order`: which screened candidates deserve a full evaluation, fastest first.
 - `may_win`: whether a candidate can still beat the fastest passing one (timings within
   `TIE` of each other are treated as equal: the machine is noisy).
-- `choose`: the fastest candidate whose full evaluation passed the gate.
+- `choose`: the fastest candidate whose full evaluation passed the gate (ties broken by accuracy, not noise).
 - `keep_float_bases`: which failing candidates get nodes kept in floating point.
 - `closest` / `needed`: when none passed, the candidate nearest to passing and what it would take.
 - `slower_than_reference`: the chosen candidate does not beat FP32 (INT8 may not pay off on a backend).
@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+from qbench.report_grid import figure
 from qbench.results_search import CandidateRecord
 
 SCREEN_SLACK = 1.5  # a candidate whose screening excess is at most this is evaluated in full
@@ -62,12 +63,26 @@ def may_win(candidate: CandidateRecord, best: CandidateRecord | None, tie: float
     return best is None or _speed(candidate) >= _speed(best) * (1.0 - tie)
 
 
-def choose(records: Sequence[CandidateRecord]) -> int | None:
-    """The fastest candidate whose full evaluation passed (ties: the smaller excess); None if none passed."""
+def fastest_passing(records: Sequence[CandidateRecord]) -> int | None:
+    """The passing candidate with the highest measured speed-up (None if none passed): the bar `may_win` measures
+    against."""
     passing = [i for i, r in enumerate(records) if r.passed]
-    if not passing:
+    return max(passing, key=lambda i: _speed(records[i]), default=None)
+
+
+def choose(records: Sequence[CandidateRecord], tie: float = TIE) -> int | None:
+    """The fastest candidate whose full evaluation passed; None if none passed.
+
+    Candidates within the tie margin of the fastest are equally fast on a noisy machine, so the pick among them
+    must not follow the noise: the one furthest inside the gate (smallest excess) wins, then the one with fewer
+    nodes kept in float, then the one tried first."""
+    best = fastest_passing(records)
+    if best is None:
         return None
-    return max(passing, key=lambda i: (_speed(records[i]), -(records[i].excess or 0.0)))
+    bar = _speed(records[best]) * (1.0 - tie) if math.isfinite(_speed(records[best])) else -math.inf
+    tied = [i for i, r in enumerate(records) if r.passed and _speed(r) >= bar]
+    return min(tied, key=lambda i: (records[i].excess if records[i].excess is not None else math.inf,
+                                    len(records[i].keep_float), i))  # fmt: skip
 
 
 def slower_than_reference(record: CandidateRecord, tie: float = TIE) -> str | None:
@@ -118,18 +133,18 @@ def needed(record: CandidateRecord, max_drop: float, max_slice_drop: float, *, b
     gaps = []
     drop = record.drop if record.drop is not None else record.screen_drop
     if drop is not None and drop > max_drop:
-        gaps.append(f"overall drop {drop:.4f} > {max_drop:g} (cut it by {1 - max_drop / drop:.0%})")
+        gaps.append(f"overall drop {figure(drop)} > {max_drop:g} (cut it by {1 - max_drop / drop:.0%})")
     if record.worst_slice is not None and record.worst_slice_drop is not None and record.worst_slice_drop > max_slice_drop:
         cut = 1 - max_slice_drop / record.worst_slice_drop
-        gaps.append(f"{record.worst_slice} drop {record.worst_slice_drop:.4f} > {max_slice_drop:g} (cut it by {cut:.0%})")
+        gaps.append(f"{record.worst_slice} drop {figure(record.worst_slice_drop)} > {max_slice_drop:g} (cut it by {cut:.0%})")
     ways = []
     if keep_float_exhausted:
         ways.append("more nodes in floating point than search.max_keep_float allows")
     if budget_exhausted:
         ways.append("a larger search.time_budget_s (candidates were left untried)")
-    loosened = [f"max_drop ≥ {drop:.4f}"] if drop is not None and drop > max_drop else []
+    loosened = [f"max_drop ≥ {figure(drop)}"] if drop is not None and drop > max_drop else []
     if record.worst_slice_drop is not None and record.worst_slice_drop > max_slice_drop:
-        loosened.append(f"max_slice_drop ≥ {record.worst_slice_drop:.4f}")
+        loosened.append(f"max_slice_drop ≥ {figure(record.worst_slice_drop)}")
     if loosened:
         ways.append("a looser gate (" + ", ".join(loosened) + ")")
     ways.append("a technique the search does not try (e.g. QAT)")

@@ -63,6 +63,24 @@ def test_choose_is_the_fastest_passing_candidate():
     assert select.choose([records[1], records[3]]) is None
 
 
+def test_choose_breaks_a_speed_tie_by_accuracy_then_float_nodes_then_order_not_by_noise():
+    records = [
+        _record("fastest-by-noise", speedup=1.60, excess=0.9, passed=True),
+        _record("tied-accurate", speedup=1.55, excess=0.3, passed=True),  # within 5 % of 1.60
+        _record("slower-most-accurate", speedup=1.40, excess=0.1, passed=True),  # beyond the margin
+    ]
+    assert select.choose(records) == 1
+    assert select.fastest_passing(records) == 0
+    # the same figures with the noise swapped between the tied two: the same pick
+    swapped = [records[0].with_(speedup=1.55), records[1].with_(speedup=1.60), records[2]]
+    assert select.choose(swapped) == 1
+    # equal excess: fewer float nodes, then the earlier candidate
+    even = [_record("kf", speedup=1.6, excess=0.5, passed=True, keep_float=("n1",)),
+            _record("plain", speedup=1.58, excess=0.5, passed=True), _record("later", speedup=1.59, excess=0.5, passed=True)]
+    assert select.choose(even) == 1
+    assert select.choose([_record("x", excess=0.5, passed=True), _record("y", excess=0.2, passed=True)]) == 1  # no speeds
+
+
 def test_closest_prefers_full_evaluation_figures_then_speed():
     records = [
         _record("screen-only", speedup=1.5, screen=1.1),
