@@ -19,7 +19,10 @@ scheduler, which runs the job again within `executor.retries` and records the at
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import threading
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -91,6 +94,20 @@ def task_options(needs: JobNeeds) -> dict[str, Any]:
     return options
 
 
+def init_keeping_signal_handlers(init: Callable[..., Any], **options: Any) -> Any:
+    """`ray.init(**options)` with the process's SIGINT/SIGTERM handlers put back after it: Ray installs its own
+    SIGTERM handler in the driver (sys.exit), which would turn a stopped sweep into a bare SystemExit instead of
+    the sweep's clean interruption (marker, partial results, --resume)."""
+    kept = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return init(**options)
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            for signum, handler in kept.items():
+                if handler is not None:
+                    signal.signal(signum, handler)
+
+
 class RayExecutor:
     """Jobs as Ray tasks on the recipe's cluster (`executor.address`), or on a local one it starts and stops."""
 
@@ -116,12 +133,12 @@ class RayExecutor:
         if ray.is_initialized():
             return
         if address is None:  # a cluster of this machine alone, stopped when the sweep ends
-            ray.init(num_cpus=os.cpu_count() or 1, resources={TIMING_RESOURCE: 1}, include_dashboard=False,
-                     log_to_driver=False, configure_logging=False)  # fmt: skip
+            init_keeping_signal_handlers(ray.init, num_cpus=os.cpu_count() or 1, resources={TIMING_RESOURCE: 1},
+                                         include_dashboard=False, log_to_driver=False, configure_logging=False)  # fmt: skip
             self._owned = True
             return
         try:
-            ray.init(address=address, log_to_driver=False, configure_logging=False)
+            init_keeping_signal_handlers(ray.init, address=address, log_to_driver=False, configure_logging=False)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise QbenchError(f"executor.address: cannot join the Ray cluster at {address!r}: {exc}") from None
 

@@ -10,6 +10,8 @@ import json
 import logging
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -181,3 +183,25 @@ def test_an_interrupted_ray_sweep_resumes_without_measuring_a_finished_job_twice
     assert figures(outcome.results) == expected
     resumed = [v.key for v in outcome.results.variants if any(n.startswith("resumed") for n in v.notes)]
     assert len(resumed) == len(finished)
+
+
+def test_starting_a_local_ray_cluster_keeps_the_sweeps_signal_handlers(tmp_path: Path) -> None:
+    """Ray's driver start-up installs its own SIGTERM handler (a bare sys.exit): qbench puts its own back, so a
+    stopped sweep is an interruption (marker, partial results, --resume), not a SystemExit."""
+    script = """
+import signal, sys
+import ray
+from qbench.execute.ray_executor import init_keeping_signal_handlers
+def mine(signum, frame): pass
+signal.signal(signal.SIGTERM, mine)
+init_keeping_signal_handlers(ray.init, num_cpus=1, _node_ip_address="127.0.0.1", include_dashboard=False,
+                             log_to_driver=False, object_store_memory=80 * 1024 * 1024, configure_logging=False)
+try:
+    print("kept" if signal.getsignal(signal.SIGTERM) is mine else f"replaced by {signal.getsignal(signal.SIGTERM)!r}")
+finally:
+    ray.shutdown()
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "kept"
