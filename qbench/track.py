@@ -165,11 +165,29 @@ def _store_lock(uri: str) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+# Opening the experiment is a sweep's first call to a tracking server: one that answers /health but fails
+# every call would otherwise hold the sweep in MLflow's default back-off (7 retries, about 4 minutes).
+FIRST_CALL_RETRIES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                      "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}  # fmt: skip
+
+
+@contextlib.contextmanager
+def _first_call_retries() -> Iterator[None]:
+    """MLflow's HTTP retries bounded by FIRST_CALL_RETRIES while the block runs; a variable the user set wins."""
+    added = {name: value for name, value in FIRST_CALL_RETRIES.items() if name not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
+
+
 def open_experiment(recipe: Recipe) -> tuple[MlflowClient, str, str]:
     """A client of the recipe's store, the store's URI and the recipe's experiment id (created when new)."""
     uri = resolve_tracking_uri(recipe)
     try:
-        with _store_lock(uri):
+        with _store_lock(uri), _first_call_retries():
             client = MlflowClient(tracking_uri=uri)
             return client, uri, _experiment_id(client, experiment_name(recipe), uri)
     except MlflowException as exc:

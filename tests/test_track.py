@@ -459,3 +459,43 @@ def test_the_sweep_run_records_system_metrics(tracked_sweep: TrackedSweep) -> No
     assert metrics["system/system_memory_usage_megabytes"] > 0
     history = tracked_sweep.client.get_metric_history(tracked_sweep.parent.info.run_id, "system/cpu_utilization_percentage")
     assert len(history) >= 2  # sampled through the sweep, not once
+
+
+def test_a_server_that_answers_health_but_fails_every_call_is_one_error_after_a_few_tries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MLflow's default back-off would retry a failing call 7 times (about 4 minutes) before the sweep heard of it."""
+    import http.server
+    import threading
+
+    from qbench.track import check_reachable, open_experiment
+
+    calls: list[str] = []
+
+    class Broken(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the http.server hook's name
+            calls.append(self.path)
+            self.send_response(200 if self.path == "/health" else 500)
+            self.end_headers()
+            self.wfile.write(b"OK" if self.path == "/health" else b'{"error_code": "INTERNAL_ERROR"}')
+
+        do_POST = do_GET  # noqa: N815
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Broken)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    for name in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
+        monkeypatch.delenv(name, raising=False)
+    try:
+        uri = f"http://127.0.0.1:{server.server_address[1]}"
+        check_reachable(uri)  # /health answers
+        with pytest.raises(QbenchError, match=rf"MLflow tracking at {uri} failed"):
+            open_experiment(write_recipe(tmp_path, {"uri": uri}))
+    finally:
+        server.shutdown()
+        server.server_close()
+    api_calls = [path for path in calls if path != "/health"]
+    assert 1 <= len(api_calls) <= 3  # the first call and at most 2 retries
+    assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in __import__("os").environ  # the bound ends with the call
