@@ -215,12 +215,15 @@ def cast_subgraph_reads_to_float32(model: onnx.ModelProto, kept: KeptNodes, befo
     float32 placed right after its producer (`<name>/float32`).
     """
     graph = model.graph
+    reads_of = {node.name: [name for name in outer_scope_reads(node) if before.get(name) == TensorProto.FLOAT]
+                for node in graph.node if node.name in kept.reasons}  # fmt: skip
+    if not any(reads_of.values()):
+        return 0  # nothing read by name: no need to type the converted graph (an ORT session on contrib-op graphs)
     now = tensor_types(model)
     renamed: dict[str, str] = {}
     for node in graph.node:
-        if node.name in kept.reasons:
-            reads = [name for name in outer_scope_reads(node) if before.get(name) == TensorProto.FLOAT]
-            narrowed = {name: f"{name}/float32" for name in reads if now.get(name) != TensorProto.FLOAT}
+        if reads_of.get(node.name):
+            narrowed = {name: f"{name}/float32" for name in reads_of[node.name] if now.get(name) != TensorProto.FLOAT}
             for body in subgraphs_of(node):
                 _rename_reads(body, narrowed)
             renamed |= narrowed
