@@ -37,7 +37,6 @@ from rich.table import Table
 from qbench.backends import Backend, get_backend
 from qbench.backends.base import RunOptions
 from qbench.console import print_wide
-from qbench.data import iter_batches
 from qbench.errors import QbenchError, expected_one_of
 from qbench.explain_graph import QdqBypass, QuantizedNode, Rebuild, float_keeper, quantized_nodes, sqnr_costs
 from qbench.preflight import Prepared, prepare
@@ -243,8 +242,8 @@ def explain_variant(
         scratch.workdir.mkdir(parents=True)
         capped = max_nodes is not None and len(groups) > max_nodes
         if method == "sqnr" or capped:
-            evaluation = list(iter_batches(prepared.evaluation_feeds, recipe.data.evaluation.batch_size))
-            noise = sqnr_costs(ctx.reference_path, built, nodes, evaluation, backend, options, scratch.workdir)
+            noise = sqnr_costs(ctx.reference_path, built, nodes, [prepared.evaluation_feeds], backend, options,
+                               scratch.workdir, prepared.batch)  # fmt: skip
             by_noise = rank_by_sqnr(groups, noise)
         if method == "sqnr":
             costs = by_noise

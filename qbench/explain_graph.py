@@ -194,12 +194,14 @@ def _tensor_pairs(name: str, reference: onnx.ModelProto, quantized: onnx.ModelPr
 
 def sqnr_costs(
     reference_path: Path, built: BuiltVariant, nodes: Sequence[QuantizedNode], batches: Iterable[Feeds],
-    backend: Backend, options: RunOptions, workdir: Path,
+    backend: Backend, options: RunOptions, workdir: Path, fixed_batch: int | None = None,
 ) -> dict[str, float]:  # fmt: skip
     """Node name -> the noise it adds: the noise-to-signal ratio (vs FP32) of its output, as its consumers
     read it, minus the largest of its activation inputs', over `batches` (NaN when not measurable).
 
-    Both models run side by side a few rows at a time; only running sums are kept."""
+    Both models run side by side a few rows at a time (a model with a `fixed_batch`: that many, a last
+    batch filled with repeats whose values are left out); only running sums are kept."""
+    size = fixed_batch or SQNR_BATCH_ROWS
     reference, quantized = load_model(reference_path), load_model(built.onnx_path)
     pairs = {n.name: _tensor_pairs(n.name, reference, quantized) for n in nodes}
     q_known, r_known = _tensor_names(quantized), _tensor_names(reference)
@@ -209,12 +211,14 @@ def sqnr_costs(
     try:
         run_quantized = _Exposed(backend, options, built, quantized, [q for q, _ in wanted], workdir / "sqnr-int8.onnx")
         try:
-            for batch in (rows for b in batches for rows in iter_batches(b, SQNR_BATCH_ROWS)):
-                r_values, q_values = run_reference(batch), run_quantized(batch)
-                for q, r in wanted:
-                    values = r_values[r].astype(np.float64)
-                    signal[(q, r)] += float(np.sum(values * values))
-                    noise[(q, r)] += float(np.sum((q_values[q] - values) ** 2))
+            for feeds in batches:
+                rows = len(next(iter(feeds.values())))
+                for start, batch in zip(range(0, rows, size), iter_batches(feeds, size, whole=fixed_batch is not None)):
+                    r_values, q_values = run_reference(batch), run_quantized(batch)
+                    for q, r in wanted:
+                        values = _real_rows(r_values[r], size, rows - start).astype(np.float64)
+                        signal[(q, r)] += float(np.sum(values * values))
+                        noise[(q, r)] += float(np.sum((_real_rows(q_values[q], size, rows - start) - values) ** 2))
         finally:
             run_quantized.close()
     finally:
@@ -226,6 +230,12 @@ def sqnr_costs(
         before = max((nsr[p] for p in tensors[:-1] if math.isfinite(nsr.get(p, math.nan))), default=0.0)
         costs[name] = max(out - before, 0.0) if math.isfinite(out) else math.nan
     return costs
+
+
+def _real_rows(values: np.ndarray, fed: int, real: int) -> np.ndarray:
+    """The first `real` rows of a tensor computed on a batch of `fed` rows, when it has one row per fed row
+    (the rest repeat rows to fill a fixed batch); any other tensor as it is."""
+    return values[:real] if real < fed and values.ndim and values.shape[0] == fed else values
 
 
 def _tensor_names(model: onnx.ModelProto) -> set[str]:

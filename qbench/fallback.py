@@ -214,7 +214,8 @@ class _Search:
         scratch.workdir.mkdir(parents=True, exist_ok=True)
         nodes = quantized_nodes(load_model(self.ctx.reference_path), base.built)
         if len(nodes) > pool:
-            noise = sqnr_costs(self.ctx.reference_path, base.built, nodes, [rows.feeds], backend, options, scratch.workdir)
+            noise = sqnr_costs(self.ctx.reference_path, base.built, nodes, [rows.feeds], backend, options, scratch.workdir,
+                               self.prepared.batch)  # fmt: skip
             nodes = sorted(nodes, key=lambda n: -np.nan_to_num(noise[n.name], nan=-1.0))[:pool]
         fp32 = BuiltVariant("fp32", "fp32", self.ctx.reference_path)
         reference = measure(backend, fp32, self.prepared, rows=rows, quiet=True).reference

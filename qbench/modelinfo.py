@@ -61,6 +61,13 @@ class ModelInfo:
     outputs: dict[str, TensorMeta]
     opset: int
 
+    @property
+    def batch_dims(self) -> dict[str, int]:
+        """Input name -> its static first dimension, for the inputs exported without a dynamic batch axis (a
+        fixed batch: a session takes batches of exactly that many rows). A rank-1 input is left out: its one
+        dimension may be a batch of scalars or a row without a batch."""
+        return {name: meta.shape[0] for name, meta in self.inputs.items() if len(meta.shape) > 1 and meta.shape[0] is not None}
+
 
 def read_model_info(path: Path) -> ModelInfo:
     """Inputs (excluding initializers), outputs and the default-domain opset of an ONNX file."""

@@ -37,8 +37,8 @@ from qbench.preflight_checks import (
     check_batch_memory,
     check_destinations,
     check_plan,
-    check_whole_batches,
     fixed_batch,
+    with_fixed_batch,
 )
 from qbench.recipe import Recipe
 from qbench.results import CalibrationRecord
@@ -78,6 +78,9 @@ class Prepared:
     dropped_nonfinite: dict[str, dict[str, int]]
     custom_metrics: tuple[CustomMetric, ...] = ()
     preprocess_ms_per_row: float = float("nan")  # building the evaluation feeds (tokenisation included), per row
+    # the model's fixed batch (None: dynamic): every run feeds exactly this many rows (the recipe's batch
+    # sizes are set to it; a last batch is filled with repeats of its rows, and what they give is dropped)
+    batch: int | None = None
 
     @property
     def output_name(self) -> str:
@@ -108,7 +111,11 @@ def prepare(recipe: Recipe, *, track: bool = True, destinations: bool = True, ba
     _check_quantizer_options(recipe)
     source = resolve_model(recipe)
     model = _read_model(recipe, source.onnx_path)
-    batch = fixed_batch(recipe, model.inputs)
+    batch = fixed_batch(recipe, model)
+    if batch is not None:
+        recipe = with_fixed_batch(recipe, batch)
+        logger.info("the model has a fixed batch of %d: timed at that batch only; every run feeds %d rows (a last, "
+                    "shorter batch is filled with repeats of its rows, whose outputs are dropped)", batch, batch)  # fmt: skip
     task = get_task(recipe.task)
     outputs = _pick_outputs(recipe, task, model)
     _check_gate_metric(recipe, task, outputs)
@@ -120,7 +127,6 @@ def prepare(recipe: Recipe, *, track: bool = True, destinations: bool = True, ba
     eval_rows = _finite_rows(recipe, eval_rows, nonfinite, dropped, "evaluation")
     if recipe.data.evaluation.limit is not None:
         eval_rows = eval_rows[: recipe.data.evaluation.limit]
-    check_whole_batches(recipe, "data.evaluation.limit", len(eval_rows), batch)
     masks = slice_masks(
         table, recipe.data.slices, recipe_file=recipe.source, inputs=recipe.data.inputs, evaluation_rows=eval_rows
     )
@@ -140,9 +146,9 @@ def prepare(recipe: Recipe, *, track: bool = True, destinations: bool = True, ba
     )
     calibration_nonfinite = nonfinite if calibration_table is table else nonfinite_masks(calibration_table, recipe.data.inputs)
     calibration_rows, calibration_batches = _calibration(
-        recipe, calibration_table, model, calibration_nonfinite, dropped, masks if calibration_table is table else {}
+        recipe, calibration_table, model, calibration_nonfinite, dropped, masks if calibration_table is table else {},
+        whole=batch is not None,
     )
-    check_whole_batches(recipe, "data.calibration.samples", len(calibration_rows), batch)
     return Prepared(
         recipe=recipe,
         source=source,
@@ -168,6 +174,7 @@ def prepare(recipe: Recipe, *, track: bool = True, destinations: bool = True, ba
         custom_metrics=custom_metrics,
         dropped_nonfinite=dropped,
         preprocess_ms_per_row=preprocess_ms_per_row,
+        batch=batch,
     )
 
 
@@ -321,7 +328,11 @@ def _calibration(
     nonfinite: NonfiniteMasks,
     dropped: dict[str, dict[str, int]],
     slices: dict[str, np.ndarray],
+    *,
+    whole: bool,
 ) -> tuple[np.ndarray, list[Feeds]]:
+    """The calibration rows and their batches (the last one filled up to the batch size when `whole`: a model
+    with a fixed batch)."""
     spec = recipe.data.calibration
     candidates = select_rows(table, spec.filter, field="data.calibration.filter", recipe_file=recipe.source)
     candidates = _finite_rows(recipe, candidates, nonfinite, dropped, "calibration")
@@ -329,7 +340,7 @@ def _calibration(
     field_name = "data.inputs" if recipe.calibration_data_path is None else "data.calibration.path"
     check_finite(table, rows, nonfinite, slices, what="calibration", recipe_file=recipe.source, field=field_name)
     feeds = build_feeds(table, rows, recipe.data.inputs, model.inputs, recipe_file=recipe.source)
-    return rows, list(iter_batches(feeds, spec.batch_size))
+    return rows, list(iter_batches(feeds, spec.batch_size, whole=whole))
 
 
 def _training(

@@ -6,7 +6,8 @@
   store can be written (a sqlite file or a file: folder; servers are asked by `track`);
 - memory: the input of the largest batch fits in the memory available now;
 - a fixed batch: a model whose inputs only take batches of one size (an export without a dynamic
-  batch axis) gets batches of that size only, and whole ones.
+  batch axis): the recipe's batch sizes are that one (those it leaves out are set to it); rows that do
+  not fill a last batch are padded where they are fed (`qbench.data.iter_batches`).
 """
 
 from __future__ import annotations
@@ -16,16 +17,21 @@ import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
+from pydantic import BaseModel
 
 from qbench.errors import RecipeError, short_repr
-from qbench.modelinfo import TensorMeta
+from qbench.modelinfo import ModelInfo
 from qbench.recipe import Recipe
+from qbench.recipe_registry import check_registry
+from qbench.recipe_slo import check_serving
 
 logger = logging.getLogger(__name__)
 
 _GIB = 1 << 30
+ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
 def check_plan(recipe: Recipe) -> None:
@@ -99,35 +105,42 @@ def check_batch_memory(recipe: Recipe, feeds: Mapping[str, np.ndarray], *, avail
             )
 
 
-def fixed_batch(recipe: Recipe, inputs: Mapping[str, TensorMeta]) -> int | None:
+def fixed_batch(recipe: Recipe, model: ModelInfo) -> int | None:
     """The batch size the model's inputs are fixed to (a static first dimension), None when it is dynamic.
-    Every batch size in the recipe must be that one: a session refuses any other, after the sweep has started.
-    A rank-1 input is left to the feed checks: its one dimension may be a batch of scalars or a row without a batch."""
-    fixed = {name: meta.shape[0] for name, meta in inputs.items() if len(meta.shape) > 1 and meta.shape[0] is not None}
-    if not fixed:
+    A session refuses any other size, after the sweep has started: a batch-size field the recipe sets must be
+    that one (one error names every one that is not); one it leaves out takes it (`with_fixed_batch`)."""
+    dims = model.batch_dims
+    if not dims:
         return None
-    sizes = set(fixed.values())
-    name, size = next(iter(fixed.items()))
-    where = f"model input {name!r} has a fixed batch dimension of {size} (shape {list(inputs[name].shape)})"
-    if len(sizes) > 1:
-        shapes = ", ".join(f"{n} {list(inputs[n].shape)}" for n in fixed)
+    name, size = next(iter(dims.items()))
+    if len(set(dims.values())) > 1:
+        shapes = ", ".join(f"{n} {list(model.inputs[n].shape)}" for n in dims)
         raise RecipeError(recipe.source, "model", f"the model's inputs fix different batch sizes ({shapes}); "
                           "expected one batch dimension shared by every input")  # fmt: skip
-    wrong = [(field, batch) for field, batch in _batch_sizes(recipe) if batch != size]
+    wrong = [(field, now, expected) for field, now, expected in _batch_fields(recipe, size) if now != expected]
     if wrong:
-        listed = ", ".join(f"{field} (now {batch})" for field, batch in wrong)
-        rows = f"{size} row{'s' if size != 1 else ''}"
-        raise RecipeError(recipe.source, wrong[0][0], f"{where}, so every batch must have {rows}; expected {size} in "
-                          f"{listed}, or a model exported with a dynamic batch axis")  # fmt: skip
+        listed = ", ".join(f"{field}: {expected} (now {now})" for field, now, expected in wrong)
+        where = f"model input {name!r} has a fixed batch dimension of {size} (shape {list(model.inputs[name].shape)})"
+        raise RecipeError(recipe.source, wrong[0][0], f"{where}, so it runs batches of {size} only; expected "
+                          f"{listed}, or leave {'it' if len(wrong) == 1 else 'them'} out to take the model's batch, "
+                          "or a model exported with a dynamic batch axis")  # fmt: skip
     return size
 
 
-def check_whole_batches(recipe: Recipe, field: str, rows: int, batch: int | None) -> None:
-    """`rows` split into whole batches of a fixed `batch` (a model with a fixed batch takes no shorter last one)."""
-    if batch is not None and batch > 1 and rows % batch:
-        raise RecipeError(recipe.source, field, f"{rows} rows do not split into whole batches of {batch}, the model's "
-                          f"fixed batch size; expected a multiple of {batch} rows (set {field} to "
-                          f"{rows - rows % batch or batch})")  # fmt: skip
+def with_fixed_batch(recipe: Recipe, size: int) -> Recipe:
+    """`recipe` with every batch-size field set to the model's fixed batch `size` (`fixed_batch` has checked
+    those the recipe sets): timed at that batch only, evaluated and calibrated in batches of it. A budget the
+    recipe sets at another latency batch size (slo.batch_size, registry.primary_batch_size) is an error."""
+    data = _unset(recipe.data, evaluation=_unset(recipe.data.evaluation, batch_size=size),
+                  calibration=_unset(recipe.data.calibration, batch_size=size))  # fmt: skip
+    latency = _unset(recipe.latency, batch_sizes=[size])
+    try:
+        check_serving(recipe.slo, recipe.cost, recipe.backends, latency.batch_sizes)
+        check_registry(recipe.registry, recipe.backends, latency.batch_sizes)
+    except ValueError as exc:
+        field, _, detail = str(exc).partition(": ")
+        raise RecipeError(recipe.source, field, f"{detail}: the model's fixed batch, the only one timed") from None
+    return recipe.model_copy(update={"data": data, "latency": latency})
 
 
 def available_memory() -> int | None:
@@ -153,6 +166,22 @@ def _batch_sizes(recipe: Recipe) -> list[tuple[str, int]]:
     ]
     sizes += [(f"variants[{i}].qat.batch_size", v.qat.batch_size) for i, v in enumerate(recipe.variants) if v.qat]
     return sizes
+
+
+def _batch_fields(recipe: Recipe, size: int) -> list[tuple[str, object, object]]:
+    """(field, value, the value a fixed batch of `size` needs) for each batch-size field the recipe sets."""
+    fields = [
+        ("latency.batch_sizes", recipe.latency, "batch_sizes", [size]),
+        ("data.evaluation.batch_size", recipe.data.evaluation, "batch_size", size),
+        ("data.calibration.batch_size", recipe.data.calibration, "batch_size", size),
+    ]
+    return [(field, getattr(spec, name), expected) for field, spec, name, expected in fields if name in spec.model_fields_set]
+
+
+def _unset(spec: ModelT, **values: object) -> ModelT:
+    """`spec` with `values`, still counted as fields the recipe leaves out: results record the recipe as written,
+    and the gate's staleness check parses that record again."""
+    return type(spec).model_construct(_fields_set=set(spec.model_fields_set), **{**dict(spec), **values})
 
 
 def _local_store(uri: str) -> tuple[Path, bool] | None:

@@ -221,7 +221,7 @@ def _sweep_data(prepared: Prepared) -> SweepData:
         recipe_name=recipe.name, evaluation_source=recipe.data_path, evaluation=prepared.evaluation_feeds,
         labels=prepared.labels, slices=prepared.slices,
         calibration_source=recipe.calibration_data_path or recipe.data_path,
-        calibration=concatenated(prepared.calibration_batches),
+        calibration=concatenated(prepared.calibration_batches, prepared.calibration.size),
     )  # fmt: skip
 
 
@@ -242,6 +242,7 @@ def _range_analysis(
             batch_size=recipe.data.evaluation.batch_size,
             variants=[CalibratedVariant(b.name, b.precision, b.activation_ranges) for b in calibrated],
             calibration_counts=prepared.calibration.per_slice_counts, threads=recipe.latency.threads, workdir=workdir,
+            whole=prepared.batch is not None,
         )  # fmt: skip
     except Exception as exc:  # noqa: BLE001 - a diagnostic: its failure must not lose the measurements
         logger.error("  range analysis failed: %s", describe_error(exc))

@@ -99,8 +99,9 @@ def dataset_inputs(data: SweepData) -> DatasetInputs:
     return DatasetInputs(_input(evaluation, EVALUATION, **slice_tags), slices, calibration)
 
 
-def concatenated(batches: list[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Calibration batches (feed dicts) as one feed dict of all their rows."""
+def concatenated(batches: list[Mapping[str, np.ndarray]], rows: int) -> dict[str, np.ndarray]:
+    """Calibration batches (feed dicts) as one feed dict of their first `rows` rows (the sample: a model with a
+    fixed batch gets a last batch filled with repeats)."""
     if not batches:
         return {}
-    return {name: np.concatenate([batch[name] for batch in batches]) for name in batches[0]}
+    return {name: np.concatenate([batch[name] for batch in batches])[:rows] for name in batches[0]}

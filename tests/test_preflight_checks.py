@@ -9,8 +9,14 @@ import pytest
 import yaml
 
 from qbench.errors import RecipeError
-from qbench.modelinfo import TensorMeta
-from qbench.preflight_checks import check_batch_memory, check_destinations, check_plan, check_whole_batches, fixed_batch
+from qbench.modelinfo import ModelInfo, TensorMeta
+from qbench.preflight_checks import (
+    check_batch_memory,
+    check_destinations,
+    check_plan,
+    fixed_batch,
+    with_fixed_batch,
+)
 from qbench.recipe import load_recipe
 
 
@@ -79,32 +85,40 @@ def test_a_search_variant_the_gate_does_not_judge_is_warned_about(tmp_path: Path
     assert caplog.records == []
 
 
-def _inputs(**shapes: tuple[int | None, ...]) -> dict[str, TensorMeta]:
-    return {name: TensorMeta(name, np.dtype(np.float32), shape) for name, shape in shapes.items()}
+def _model(**shapes: tuple[int | None, ...]) -> ModelInfo:
+    return ModelInfo({name: TensorMeta(name, np.dtype(np.float32), shape) for name, shape in shapes.items()}, {}, 17)
 
 
-def test_a_fixed_batch_model_takes_that_batch_size_everywhere(tmp_path: Path) -> None:
-    """An export without a dynamic batch axis: every batch-size field of the recipe is named in one message."""
-    assert fixed_batch(_recipe(tmp_path), _inputs(input=(None, 4), mask=(None, 16))) is None
-    ones = {"batch_size": 1}
-    fitting = _recipe(tmp_path, latency={"batch_sizes": [1]},
-                      data={"path": "rows.parquet", "inputs": {"x": "input"}, "evaluation": ones, "calibration": ones})  # fmt: skip
-    assert fixed_batch(fitting, _inputs(input=(1, 4))) == 1
+def test_a_fixed_batch_model_refuses_the_batch_sizes_a_recipe_sets_otherwise(tmp_path: Path) -> None:
+    """An export without a dynamic batch axis: every batch-size field the recipe sets to another size is named in
+    one line with the recipe file and the model's batch; a field set to that batch, or left out, is fine."""
+    assert fixed_batch(_recipe(tmp_path), _model(input=(None, 4), mask=(None, 16))) is None
+    assert fixed_batch(_recipe(tmp_path), _model(input=(8,))) is None  # rank 1: a batch of scalars or one row
     with pytest.raises(RecipeError) as caught:
-        fixed_batch(_recipe(tmp_path), _inputs(input=(1, 4)))
-    message = str(caught.value)
-    assert "latency.batch_sizes[1]: model input 'input' has a fixed batch dimension of 1 (shape [1, 4])" in message
-    assert "latency.batch_sizes[1] (now 32), data.evaluation.batch_size (now 64), data.calibration.batch_size (now 16)" in message
-    assert "latency.batch_sizes[0]" not in message  # 1 already fits
+        fixed_batch(_recipe(tmp_path, data={"path": "rows.parquet", "inputs": {"x": "input"}, "evaluation": {"batch_size": 64}}),
+                    _model(input=(8, 4)))  # fmt: skip
+    assert str(caught.value) == (
+        f"{tmp_path / 'recipe.yaml'}: latency.batch_sizes: model input 'input' has a fixed batch dimension of 8 "
+        "(shape [8, 4]), so it runs batches of 8 only; expected latency.batch_sizes: [8] (now [1, 32]), "
+        "data.evaluation.batch_size: 8 (now 64), or leave them out to take the model's batch, or a model exported "
+        "with a dynamic batch axis"
+    )
+    assert fixed_batch(_recipe(tmp_path, latency={"batch_sizes": [8]}), _model(input=(8, 4))) == 8
+    assert fixed_batch(_recipe(tmp_path, latency={"iterations": 5}), _model(input=(8, 4))) == 8
     with pytest.raises(RecipeError, match="fix different batch sizes"):
-        fixed_batch(fitting, _inputs(input=(1, 4), mask=(2, 16)))
+        fixed_batch(_recipe(tmp_path, latency={"batch_sizes": [1]}), _model(input=(1, 4), mask=(2, 16)))
 
 
-def test_a_fixed_batch_above_one_needs_whole_batches(tmp_path: Path) -> None:
-    recipe = _recipe(tmp_path)
-    check_whole_batches(recipe, "data.evaluation.limit", 12, 4)
-    check_whole_batches(recipe, "data.evaluation.limit", 13, None)
+def test_a_fixed_batch_is_every_batch_size_a_recipe_leaves_out(tmp_path: Path) -> None:
+    written = _recipe(tmp_path, latency={"iterations": 5})
+    recipe = with_fixed_batch(written, 8)
+    assert (recipe.latency.batch_sizes, recipe.latency.iterations) == ([8], 5)
+    # results record the recipe as written: the gate parses that record again to tell stale results
+    assert recipe.model_dump(mode="json", exclude_unset=True) == written.model_dump(mode="json", exclude_unset=True)
+    assert (recipe.data.evaluation.batch_size, recipe.data.calibration.batch_size) == (8, 8)
+    assert recipe.source == tmp_path / "recipe.yaml"
+    budget = _recipe(tmp_path, latency={"iterations": 5}, slo={"p99_ms": 5, "batch_size": 1})
     with pytest.raises(RecipeError) as caught:
-        check_whole_batches(recipe, "data.evaluation.limit", 13, 4)
-    assert "data.evaluation.limit: 13 rows do not split into whole batches of 4" in str(caught.value)
-    assert "(set data.evaluation.limit to 12)" in str(caught.value)
+        with_fixed_batch(budget, 8)
+    assert str(caught.value) == (f"{tmp_path / 'recipe.yaml'}: slo.batch_size: got 1, expected one of the latency "
+                                 "batch sizes 8: the model's fixed batch, the only one timed")  # fmt: skip

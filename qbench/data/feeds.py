@@ -25,7 +25,7 @@ from qbench.data.text import (
     tokenizer_field,
     tokenizer_input_names,
 )
-from qbench.errors import RecipeError, did_you_mean
+from qbench.errors import QbenchError, RecipeError, did_you_mean
 from qbench.modelinfo import TensorMeta
 from qbench.recipe_data import TextInputSpec
 
@@ -92,16 +92,36 @@ def labels_array(df: pd.DataFrame, positions: np.ndarray, column: str, *, recipe
     return labels
 
 
-def iter_batches(feeds: dict[str, np.ndarray], batch_size: int) -> Iterator[dict[str, np.ndarray]]:
-    """Consecutive row batches of every feed (the last one may be shorter)."""
+def iter_batches(
+    feeds: Mapping[str, np.ndarray], batch_size: int, *, whole: bool = False
+) -> Iterator[dict[str, np.ndarray]]:
+    """Consecutive row batches of every feed. The last one may be shorter, unless `whole` (a model with a
+    fixed batch takes no other size): it is then filled up to `batch_size` by repeating its own rows
+    (`take_batch`), which leaves per-batch statistics such as dynamic INT8's activation ranges unchanged.
+    The caller drops what the filler rows give: batch k holds rows k * batch_size onwards."""
+    rows = _rows(feeds, batch_size)
+    for start in range(0, rows, batch_size):
+        batch = {name: array[start : start + batch_size] for name, array in feeds.items()}
+        yield take_batch(batch, batch_size) if whole and rows - start < batch_size else batch
+
+
+def take_batch(feeds: Mapping[str, np.ndarray], batch_size: int) -> dict[str, np.ndarray]:
+    """The first `batch_size` rows of every input, repeating the rows from the top if there are fewer."""
+    rows = _rows(feeds, batch_size)
+    if rows == 0:
+        raise QbenchError("no rows to run: the evaluation set is empty")
+    picks = np.arange(batch_size) % rows
+    return {name: np.ascontiguousarray(np.take(array, picks, axis=0)) for name, array in feeds.items()}
+
+
+def _rows(feeds: Mapping[str, np.ndarray], batch_size: int) -> int:
+    """The row count shared by every feed (0 without feeds), for batches of a positive `batch_size`."""
     if batch_size <= 0:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
+        raise QbenchError(f"batch_size must be positive, got {batch_size}")
     lengths = {len(array) for array in feeds.values()}
     if len(lengths) > 1:
-        raise ValueError(f"feeds have different row counts: {sorted(lengths)}")
-    rows = lengths.pop() if lengths else 0
-    for start in range(0, rows, batch_size):
-        yield {name: array[start : start + batch_size] for name, array in feeds.items()}
+        raise QbenchError(f"feeds have different row counts: {sorted(lengths)}")
+    return lengths.pop() if lengths else 0
 
 
 def _check_mapping(

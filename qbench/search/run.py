@@ -305,7 +305,8 @@ class _Search:
             options = RunOptions(threads=self.prepared.recipe.latency.threads)
             work = self.root / "ranking-work"
             work.mkdir(parents=True, exist_ok=True)
-            noise = sqnr_costs(self.ctx.reference_path, static, nodes, [self.screen.feeds], self.backend, options, work)
+            noise = sqnr_costs(self.ctx.reference_path, static, nodes, [self.screen.feeds], self.backend, options, work,
+                               self.prepared.batch)  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - without a ranking there are no keep-float candidates
             logger.warning(f"  no sensitivity ranking: {describe_error(exc)}")
             return []

@@ -19,39 +19,31 @@ from typing import Any
 import numpy as np
 
 from qbench.backends.base import Runner
+from qbench.data.feeds import take_batch
 from qbench.errors import QbenchError
 from qbench.progress import track
 from qbench.recipe import StabilitySpec
 from qbench.results import LatencyPoint
-from qbench.validate.accuracy import row_count
 from qbench.validate.stability import StabilityRule, WindowedStability, iqr_ratio, run_until_stable
 
 _NS_PER_MS = 1_000_000
 _DEFAULT_MAX_RUNS = 100_000  # latency.stability.max_iterations when not given
 
 
-def take_batch(feeds: Mapping[str, np.ndarray], batch_size: int) -> dict[str, np.ndarray]:
-    """The first `batch_size` rows of every input, repeating the rows from the top if there are fewer."""
-    if batch_size <= 0:
-        raise QbenchError(f"batch_size must be positive, got {batch_size}")
-    rows = row_count(feeds)
-    if rows == 0:
-        raise QbenchError("no rows to time: the evaluation set is empty")
-    picks = np.arange(batch_size) % rows
-    return {name: np.ascontiguousarray(np.take(array, picks, axis=0)) for name, array in feeds.items()}
-
-
 def _elapsed_ms(start_ns: int) -> float:
     return (time.perf_counter_ns() - start_ns) / _NS_PER_MS
 
 
-def measure_cold_start(load: Callable[[], Runner], feeds: Mapping[str, np.ndarray]) -> tuple[Runner, float, float]:
-    """Time `load()` (session creation) and the first run on one row, in ms; return the live runner too.
+def measure_cold_start(
+    load: Callable[[], Runner], feeds: Mapping[str, np.ndarray], rows: int = 1
+) -> tuple[Runner, float, float]:
+    """Time `load()` (session creation) and the first run on `rows` rows (one, or the batch a model with a
+    fixed batch takes), in ms; return the live runner too.
 
     The first run pays for lazy initialisation (kernel selection, memory arenas), which is
     why it is reported apart from the steady state.
     """
-    batch = take_batch(feeds, 1)
+    batch = take_batch(feeds, rows)
     start = time.perf_counter_ns()
     runner = load()
     session_create_ms = _elapsed_ms(start)

@@ -36,7 +36,6 @@ from qbench.validate.latency import (
     measure_cold_start,
     measure_samples,
     stability_rule,
-    take_batch,
 )
 from qbench.variants import BuiltVariant
 
@@ -153,7 +152,8 @@ def measure(
         return Measured(failed_result(built, backend.name, unsupported, status="skipped"), None)
     label = f"{built.name}@{backend.name}"
     threads = timing.threads if timing is not None else prepared.recipe.latency.threads
-    batch_sizes = (*(timing.batch_sizes if timing is not None else ()), rows.batch_size, 1)
+    fixed = prepared.batch
+    batch_sizes = (fixed,) if fixed is not None else (*(timing.batch_sizes if timing is not None else ()), rows.batch_size, 1)
     options = RunOptions(threads=threads, batch_sizes=tuple(sorted(set(batch_sizes))))
     t = time.perf_counter()
     try:
@@ -161,7 +161,7 @@ def measure(
         outputs = None
         if score and plan.separate:
             outputs = _run_rows(backend.load(plan.scored, options), prepared, rows, f"{label} evaluate (emulated)")
-        runner, create_ms, first_ms = measure_cold_start(lambda: backend.load(plan.timed, options), take_batch(rows.feeds, 1))
+        runner, create_ms, first_ms = measure_cold_start(lambda: backend.load(plan.timed, options), rows.feeds, fixed or 1)
         try:
             if score and outputs is None:
                 outputs = _run_rows(runner, prepared, rows, f"{label} evaluate", close=False)
@@ -206,9 +206,11 @@ def measure(
 
 
 def _run_rows(runner: Runner, prepared: Prepared, rows: Rows, description: str, *, close: bool = True) -> Feeds:
-    """The evaluated outputs of `runner` on `rows` (closed afterwards unless the caller goes on timing it)."""
+    """The evaluated outputs of `runner` on `rows` (closed afterwards unless the caller goes on timing it); a model
+    with a fixed batch runs whole batches of it."""
     try:
-        return run_outputs(runner, rows.feeds, rows.batch_size, prepared.output_indices, description=description)
+        return run_outputs(runner, rows.feeds, prepared.batch or rows.batch_size, prepared.output_indices,
+                           description=description, whole=prepared.batch is not None)  # fmt: skip
     finally:
         if close:
             runner.close()

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from qbench.backends.base import Runner
+from qbench.data.feeds import iter_batches
 from qbench.errors import QbenchError
 from qbench.progress import track
 
@@ -66,25 +67,31 @@ def run_outputs(
     batch_size: int,
     outputs: Mapping[str, int],
     description: str = "evaluate",
+    *,
+    whole: bool = False,
 ) -> dict[str, np.ndarray]:
-    """Every row through `runner` in batches of `batch_size`; output name -> its index's values, concatenated."""
+    """Every row through `runner` in batches of `batch_size`; output name -> its index's values, concatenated.
+
+    whole: every batch must have `batch_size` rows (a model with a fixed batch): the last one is filled
+    with repeats of its own rows, and what those give is dropped, so the outputs hold exactly the rows fed."""
     if batch_size <= 0:
         raise QbenchError(f"batch_size must be positive, got {batch_size}")
     rows = row_count(feeds)
     starts = range(0, rows, batch_size)
     chunks: dict[str, list[np.ndarray]] = {name: [] for name in outputs}
-    for start in track(starts, description, total=len(starts)):
-        results = runner.run({name: array[start : start + batch_size] for name, array in feeds.items()})
-        count = min(batch_size, rows - start)
+    batches = iter_batches(feeds, batch_size, whole=whole)
+    for start, batch in track(zip(starts, batches), description, total=len(starts)):
+        results = runner.run(batch)
+        fed = row_count(batch)
         for name, index in outputs.items():
             if not -len(results) <= index < len(results):
                 raise QbenchError(f"output index {index} is out of range: the model has {len(results)} outputs")
             value = as_array(results[index], name)
-            if value.ndim == 0 or value.shape[0] != count:
+            if value.ndim == 0 or value.shape[0] != fed:
                 got = f"{value.shape[0]} row{'s' if value.shape[0] != 1 else ''}" if value.ndim else "a scalar"
-                raise QbenchError(f"output {name!r} gave {got} for a batch of {count} input rows: qbench reads one "
+                raise QbenchError(f"output {name!r} gave {got} for a batch of {fed} input rows: qbench reads one "
                                   "output row per input row (the first axis is the batch)")  # fmt: skip
-            chunks[name].append(value)
+            chunks[name].append(value[: rows - start])
     return {
         name: _concatenate(parts) for name, parts in chunks.items()
     }

@@ -14,7 +14,8 @@ A slice with no calibration rows on which a variant clips is a calibration-cover
 
 A tensor is attributed to rows through its leading dimension: when it equals the batch's
 row count, row i of the tensor belongs to evaluation row i. The first batch has two rows,
-so a tensor whose leading dimension is a constant 1 is not mistaken for one row. Other
+so a tensor whose leading dimension is a constant 1 is not mistaken for one row (a model with
+a fixed batch takes that batch only, so there every batch has that many rows). Other
 tensors (a flattened batch x sequence, a shape-independent constant), and any tensor once
 it fails the check, count in "overall" only and are listed as unattributed.
 """
@@ -31,6 +32,7 @@ import ml_dtypes
 import numpy as np
 import onnx
 
+from qbench.data.feeds import take_batch
 from qbench.progress import track_rows
 from qbench.results import ClipRecord, CoverageWarning, LimitCheck, RangeAnalysis, TensorPeak
 from qbench.variants.fp8 import FP8_MAX
@@ -229,13 +231,15 @@ def analyse_ranges(
     threads: int | None = None,
     workdir: Path | None = None,
     memory_budget: int = MEMORY_BUDGET_BYTES,
+    whole: bool = False,
 ) -> RangeAnalysis:
     """Run the FP32 model once over `feeds` with every float tensor exposed; reduce per slice as it goes.
 
     slices: slice name -> boolean mask over the rows of `feeds`. calibration_counts: calibration
     rows per slice (empty when unknown, e.g. a separate calibration file): slices counted 0 on
     which a variant clips become coverage warnings. Batches hold at most `batch_size` rows, fewer
-    when one batch's exposed tensors would take more than `memory_budget` bytes.
+    when one batch's exposed tensors would take more than `memory_budget` bytes; with `whole` (a model
+    with a fixed batch) exactly `batch_size`, the last one filled with repeats of its rows that count nowhere.
     """
     import onnxruntime as ort
 
@@ -256,14 +260,17 @@ def analyse_ranges(
             options.intra_op_num_threads = threads
         session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         # two rows first: tells row-aligned tensors from others, and how many bytes a row's tensors take
-        start, size = 0, min(2, batch_size)
+        start, size = 0, batch_size if whole else min(2, batch_size)
         with track_rows(rows, "range analysis (FP32)") as advance:
             while start < rows:
                 batch = {name: array[start : start + size] for name, array in feeds.items()}
                 count = len(next(iter(batch.values())))
+                masks = all_masks[:, start : start + count]
+                if whole and count < size:  # filled with repeats of its rows, which count in no scope
+                    batch, masks = take_batch(batch, size), np.pad(masks, ((0, 0), (0, size - count)))
                 outputs = dict(zip(fetched, session.run(fetched, batch), strict=True))
-                accumulator.add([outputs[t] if t in outputs else batch[t] for t in tensors], all_masks[:, start : start + count])
-                if start == 0:
+                accumulator.add([outputs[t] if t in outputs else batch[t] for t in tensors], masks)
+                if start == 0 and not whole:
                     size = rows_per_batch(sum(a.nbytes for a in outputs.values()) // count, batch_size, memory_budget)
                 start += count
                 advance(count)

@@ -10,7 +10,7 @@ import pytest
 
 from qbench.data.feeds import build_feeds, iter_batches, labels_array
 from qbench.data.load import load_table
-from qbench.errors import RecipeError
+from qbench.errors import QbenchError, RecipeError
 from qbench.modelinfo import TensorMeta, read_model_info
 
 RECIPE = Path("recipe.yaml")
@@ -186,10 +186,19 @@ def test_iter_batches_covers_every_row_once() -> None:
     batches = list(iter_batches(feeds, 3))
     assert [len(batch["a"]) for batch in batches] == [3, 3, 1]
     np.testing.assert_array_equal(np.concatenate([batch["b"] for batch in batches]), feeds["b"])
-    with pytest.raises(ValueError):
+    with pytest.raises(QbenchError, match="positive"):
         list(iter_batches(feeds, 0))
-    with pytest.raises(ValueError):
+    with pytest.raises(QbenchError, match="different row counts"):
         list(iter_batches({"a": np.arange(3), "b": np.arange(4)}, 2))
+
+
+def test_whole_batches_fill_the_last_one_with_its_own_rows() -> None:
+    """A model with a fixed batch: every batch has that many rows; the last repeats its own rows (rows 6, 7, 6, 7)."""
+    feeds = {"a": np.arange(8), "b": np.arange(16).reshape(8, 2)}
+    batches = list(iter_batches(feeds, 3, whole=True))
+    assert [batch["a"].tolist() for batch in batches] == [[0, 1, 2], [3, 4, 5], [6, 7, 6]]
+    assert batches[2]["b"].tolist() == [[12, 13], [14, 15], [12, 13]]
+    assert [batch["a"].tolist() for batch in iter_batches(feeds, 4, whole=True)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
 
 
 def test_feeds_run_through_a_real_onnx_model(tmp_path: Path) -> None:

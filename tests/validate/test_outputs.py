@@ -51,6 +51,28 @@ def test_run_outputs_concatenates_each_chosen_output_over_batches() -> None:
         run_outputs(_Runner(), feeds, 2, {"nope": 2})
 
 
+class _FixedBatch(_Runner):
+    """A model that takes batches of exactly 3 rows, and counts the rows it was fed."""
+
+    fed = 0
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> list:
+        assert len(feeds["x"]) == 3, f"a batch of {len(feeds['x'])} rows"
+        self.fed += 3
+        return super().run(feeds)
+
+
+def test_whole_batches_fill_the_last_one_and_keep_only_the_rows_fed() -> None:
+    """7 rows in batches of exactly 3: rows 6, 6, 6 make the last batch; only row 6's outputs are kept."""
+    runner = _FixedBatch()
+    outputs = run_outputs(runner, {"x": np.arange(7, dtype=np.float32)}, 3, {"ids": 0, "probabilities": 1}, whole=True)
+    assert runner.fed == 9
+    assert outputs["ids"].tolist() == [0, 1, 2, 3, 4, 5, 6]
+    assert outputs["probabilities"][:, 1].tolist() == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6])
+    with pytest.raises(AssertionError, match="a batch of 1 rows"):
+        run_outputs(_FixedBatch(), {"x": np.arange(7, dtype=np.float32)}, 3, {"ids": 0})
+
+
 class _Aggregating(_Runner):
     """One output row per batch (a mean over the batch), or a scalar: not one row per input row."""
 

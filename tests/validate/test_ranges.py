@@ -108,16 +108,17 @@ def test_limit_checks_scale_fp8_by_the_variant_ranges() -> None:
 GAIN = 1000.0  # amplify: x * 1000, so inputs of 70 or more overflow FP16 (65504)
 
 
-def tiny_model(path: Path) -> Path:
-    """x [N, 4] -> `amplify` (Mul by 1000) -> `amplified` -> `head` (MatMul, 4 x 3, weights 0.01) -> logits."""
+def tiny_model(path: Path, batch: int | str = "batch") -> Path:
+    """x [N, 4] -> `amplify` (Mul by 1000) -> `amplified` -> `head` (MatMul, 4 x 3, weights 0.01) -> logits;
+    N is `batch`, fixed (an int) or symbolic (a name)."""
     weights = np.full((4, 3), 0.01, dtype=np.float32)
     weights[:, 1] = -0.02
     graph = helper.make_graph(
         [helper.make_node("Mul", ["x", "gain"], ["amplified"], name="amplify"),
          helper.make_node("MatMul", ["amplified", "w"], ["logits"], name="head")],  # fmt: skip
         "tiny",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 3])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 4])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, 3])],
         initializer=[numpy_helper.from_array(np.array(GAIN, dtype=np.float32), "gain"),
                      numpy_helper.from_array(weights, "w")],  # fmt: skip
     )
@@ -250,6 +251,20 @@ def test_a_small_memory_budget_gives_the_same_analysis(tmp_path: Path) -> None:
     # a row's exposed tensors take 4 + 3 floats (amplified, logits): 28 bytes; 60 bytes -> 2 rows per batch
     split = analyse_ranges(model, {"x": x}, slices, batch_size=48, variants=[variant], memory_budget=60)
     assert split.abs_max == whole.abs_max and split.clipping == whole.clipping
+
+
+def test_a_fixed_batch_model_is_analysed_on_its_rows_only(tmp_path: Path) -> None:
+    """Input [5, 4]: 48 rows are 9 batches of 5 and one of 3 hot rows filled with 2 repeats, which count nowhere:
+    the figures are those of the same model with a symbolic batch."""
+    x, kind = tiny_rows()
+    slices = {"kind=hot": kind == "hot"}
+    variant = CalibratedVariant("int8", "int8", {"amplified": (0.0, 500.0)})
+    dynamic = analyse_ranges(tiny_model(tmp_path / "dynamic.onnx"), {"x": x}, slices, batch_size=5, variants=[variant])
+    fixed = analyse_ranges(tiny_model(tmp_path / "fixed.onnx", batch=5), {"x": x}, slices, batch_size=5,
+                           variants=[variant], whole=True)  # fmt: skip
+    assert fixed.abs_max == dynamic.abs_max and fixed.clipping == dynamic.clipping
+    hot = next(r for r in fixed.clipping if r.scope == "kind=hot")
+    assert (hot.clipped, hot.values) == (32, 32)
 
 
 def test_tensors_without_a_batch_dimension_count_in_overall_only(tmp_path: Path) -> None:
