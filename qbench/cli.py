@@ -121,8 +121,20 @@ def sweep(
     if outcome.mlflow_run_id:
         err_console.print(f"MLflow run: {outcome.mlflow_run_id}  (open the UI with `qbench ui {recipe}`)")
     if not gate:
-        return 0
+        return _measured_everything(outcome.results)
     return _report_gate(loaded, outcome.results, outcome.gate, outcome.results_path, output, registry, tracked=track)
+
+
+def _measured_everything(results: SweepResults) -> int:
+    """A sweep without --gate succeeds when every measurement it planned ran (a backend that cannot serve a
+    precision skips it, which is no failure); any failed one is exit 2, named, with the results kept."""
+    failed = [v for v in results.variants if v.status == "failed"]
+    if not failed:
+        return EXIT_OK
+    first = failed[0]
+    err_console.print(f"error: {len(failed)} of {len(results.variants)} measurements failed ({', '.join(v.key for v in failed)}); "
+                      f"{first.key}: {' '.join(str(first.error).split())}", soft_wrap=True, markup=False)  # fmt: skip
+    return EXIT_ERROR
 
 
 def _print_plan(recipe: Recipe) -> None:
@@ -147,17 +159,22 @@ def _print_plan(recipe: Recipe) -> None:
 @app.command()
 def validate(recipe: RecipeArg) -> int:
     """Check a recipe against its model, data and backends without building or running anything."""
+    from qbench.backends import get_backend
     from qbench.gate_report import plural
     from qbench.preflight import prepare
     from qbench.recipe import load_recipe
+    from qbench.validate.measure import dry_run
 
     loaded = load_recipe(recipe)
     prepared = prepare(loaded)
+    for name in loaded.backends:
+        dry_run(prepared, get_backend(name))
     out.print(
         f"{escape(str(recipe))}: OK — {plural(len(loaded.all_variants()), 'variant')} × "
         f"{plural(len(loaded.backends), 'backend')}, "
         f"{len(prepared.evaluation_rows)} evaluation rows, {prepared.calibration.size} calibration rows, "
-        f"{len(prepared.slices)} slices ({escape(', '.join(prepared.slices)) or 'none'})"
+        f"{len(prepared.slices)} slices ({escape(', '.join(prepared.slices)) or 'none'}); the FP32 reference runs on "
+        f"{escape(', '.join(loaded.backends))}"
     )
     return 0
 

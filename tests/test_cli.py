@@ -77,3 +77,44 @@ def test_a_command_never_returns_an_exit_code_outside_the_contract(monkeypatch):
     monkeypatch.setattr("qbench.recipe.load_recipe", lambda path: None)
     monkeypatch.setattr("qbench.track.resolve_tracking_uri", lambda recipe: "sqlite:///x.db")
     assert main(["ui", "recipe.yaml"]) == 2
+
+
+def _double_zipmap_project(tmp_path):
+    """skl2onnx's LogisticRegression with a double input: its ZipMap takes tensor(double), which ONNX Runtime
+    refuses at load; the recipe and data are valid."""
+    import numpy as np
+    import pandas as pd
+    from skl2onnx import convert_sklearn
+    from skl2onnx.common.data_types import DoubleTensorType
+    from sklearn.linear_model import LogisticRegression
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(60, 4)), np.arange(60) % 3
+    model = convert_sklearn(LogisticRegression(max_iter=300).fit(x, y), initial_types=[("x", DoubleTensorType([None, 4]))],
+                            target_opset=17)  # fmt: skip
+    (tmp_path / "m.onnx").write_bytes(model.SerializeToString())
+    pd.DataFrame({"x": list(x), "y": y}).to_parquet(tmp_path / "d.parquet")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({
+        "name": "double", "task": "classification", "model": {"path": "m.onnx"},
+        "data": {"path": "d.parquet", "inputs": {"x": "x"}, "label": "y"}, "variants": [{"name": "h", "precision": "fp16"}],
+        "latency": {"batch_sizes": [1], "iterations": 3, "warmup": 1},
+    }))  # fmt: skip
+    return recipe
+
+
+def test_validate_runs_the_reference_so_a_model_the_runtime_refuses_fails_before_the_sweep(tmp_path, capsys):
+    recipe = _double_zipmap_project(tmp_path)
+    assert main(["validate", str(recipe)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"{tmp_path / 'm.onnx'}: the FP32 reference does not run on onnxruntime-cpu:" in err
+    assert "ZipMap" in err and "Traceback" not in err
+
+
+def test_a_sweep_without_gate_whose_measurements_failed_exits_2_and_keeps_the_results(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    recipe = _double_zipmap_project(tmp_path)
+    assert main(["sweep", str(recipe), "--no-track"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "error: 2 of 2 measurements failed (fp32@onnxruntime-cpu, h@onnxruntime-cpu); fp32@onnxruntime-cpu:" in err
+    assert len(list((tmp_path / "reports" / "double").glob("*/results.json"))) == 1  # nothing written is lost

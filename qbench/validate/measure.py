@@ -205,6 +205,25 @@ def measure(
     return Measured(result, outputs, nsr)
 
 
+DRY_RUN_ROWS = 8
+
+
+def dry_run(prepared: Prepared, backend: Backend, rows: int = DRY_RUN_ROWS) -> None:
+    """Load the FP32 reference and score it on the first evaluation rows as the sweep will; raises a QbenchError
+    naming the model and the backend when it cannot (a graph ONNX Runtime refuses, outputs the task cannot score),
+    so `qbench validate` catches what would otherwise fail only once the sweep is under way."""
+    everything = Rows.evaluation(prepared)
+    first = everything.subset(np.arange(min(rows, everything.count)))
+    built = BuiltVariant("fp32", "fp32", prepared.source.onnx_path)
+    try:
+        result = measure(backend, built, prepared, rows=first, quiet=True).result
+    except QbenchError as exc:
+        raise QbenchError(f"{prepared.source.onnx_path}: the FP32 reference cannot be scored: {exc}") from None
+    if result.status == "failed":
+        raise QbenchError(f"{prepared.source.onnx_path}: the FP32 reference does not run on {backend.name}: "
+                          f"{' '.join(str(result.error).split())}")  # fmt: skip
+
+
 def _run_rows(runner: Runner, prepared: Prepared, rows: Rows, description: str, *, close: bool = True) -> Feeds:
     """The evaluated outputs of `runner` on `rows` (closed afterwards unless the caller goes on timing it); a model
     with a fixed batch runs whole batches of it."""
