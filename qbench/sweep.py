@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING
 import qbench
 from qbench.environment import describe_environment
 from qbench.errors import QbenchError
-from qbench.execute import BuildStore, SweepPlan, make_executor, make_plan, resumable_run, run_plan, write_plan
+from qbench.execute import SweepPlan, make_executor, make_plan, resumable_run, run_plan, write_plan
 from qbench.execute.jobs import describe_error
+from qbench.execute.store import build_store
 from qbench.frontier import compute_frontier, gate_threshold, plot_frontier
 from qbench.gate import GateReport, evaluate_gate
 from qbench.interrupt import Interrupted, SignalGuard
@@ -92,17 +93,6 @@ def run_sweep(recipe: Recipe | str | Path, *, track: bool = True, resume: bool =
             if replacement is exc:
                 raise
             raise replacement from None
-
-
-def build_store(recipe: Recipe) -> BuildStore:
-    """The recipe's build store: `executor.store` (a folder relative to the recipe, or a URI), else the
-    `builds` folder of qbench's cache on this machine (beside the cached exports)."""
-    root = recipe.executor.store
-    if root is None:
-        from qbench.sources.torch_model import export_cache_dir
-
-        return BuildStore(str(export_cache_dir() / "builds"))
-    return BuildStore(root if "://" in root else str(recipe.resolve(Path(root))))
 
 
 def _resumable(recipe: Recipe, plan: SweepPlan) -> Path | None:

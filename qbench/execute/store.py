@@ -25,9 +25,12 @@ import shutil
 import tempfile
 from importlib import metadata
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from qbench.variants.base import BuiltVariant
+
+if TYPE_CHECKING:
+    from qbench.recipe import Recipe
 
 logger = logging.getLogger(__name__)
 
@@ -190,6 +193,17 @@ class BuildStore:
         folder = export_cache_dir() / "fetched" / key
         self.materialise(key, manifest, folder)
         return replace(built, onnx_path=folder / manifest["onnx"])
+
+
+def build_store(recipe: Recipe) -> BuildStore:
+    """The recipe's build store: `executor.store` (a folder relative to the recipe, or a URI), else the
+    `builds` folder of qbench's cache on this machine (beside the cached exports)."""
+    root = recipe.executor.store
+    if root is None:
+        from qbench.sources.torch_model import export_cache_dir
+
+        return BuildStore(str(export_cache_dir() / "builds"))
+    return BuildStore(root if "://" in root else str(recipe.resolve(Path(root))))
 
 
 def _sha256(stream: IO[bytes]) -> str:

@@ -108,6 +108,18 @@ def test_resume_builds_again_a_stored_build_whose_model_changed_since(
     assert figures(outcome.results) == expected
 
 
+def test_a_build_store_that_cannot_be_written_stops_the_sweep_before_anything_runs(
+    user_project: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    recipe = write_probe_recipe(user_project, tmp_path, variants=["fp16"])
+    (tmp_path / "store").write_text("not a folder")
+    assert main(["sweep", str(recipe), "--no-track"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert f"executor.store: {tmp_path / 'store'} is a file; expected a writable folder for built variants" in err
+    assert probe_calls(tmp_path) == [] and not (tmp_path / "reports").exists()
+
+
 def test_resume_with_a_changed_recipe_starts_afresh(
     user_project: Path, tmp_path: Path, local_figures: tuple[dict, int]
 ) -> None:
