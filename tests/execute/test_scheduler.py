@@ -108,6 +108,21 @@ def test_resume_builds_again_a_stored_build_whose_model_changed_since(
     assert figures(outcome.results) == expected
 
 
+def test_resume_measures_the_reference_again_when_its_outputs_file_is_truncated(
+    user_project: Path, tmp_path: Path, local_figures: tuple[dict, int], caplog: pytest.LogCaptureFixture
+) -> None:
+    expected, per_job = local_figures
+    recipe, interrupted = _interrupted_at_fp16(user_project, tmp_path, per_job)
+    (outputs,) = (interrupted / JOBS_FOLDER).glob("*.outputs.npz")
+    outputs.write_bytes(outputs.read_bytes()[:100])
+    before = len(probe_calls(tmp_path))
+    with caplog.at_level(logging.WARNING, logger="qbench"):
+        outcome = run_sweep(recipe, track=False, resume=True)
+    assert str(outputs) in caplog.text and "its job runs again" in caplog.text
+    assert len(probe_calls(tmp_path)) - before == 3 * per_job  # FP32 measured again, then fp16 and int8-minmax
+    assert figures(outcome.results) == expected
+
+
 def test_a_build_store_that_cannot_be_written_stops_the_sweep_before_anything_runs(
     user_project: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
