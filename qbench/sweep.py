@@ -98,7 +98,8 @@ def run_sweep(recipe: Recipe | str | Path, *, track: bool = True, resume: bool =
 def _resumable(recipe: Recipe, plan: SweepPlan) -> Path | None:
     run = resumable_run(recipe.output_path / recipe.name, plan.fingerprint)
     if run is None:
-        logger.info("no interrupted run of this recipe has the same plan: only builds in the store are reused")
+        logger.info("no interrupted run of this recipe with the same plan finished a job: only builds in the store "
+                    "are reused")  # fmt: skip
         return None
     return run.path
 

@@ -8,8 +8,8 @@ A record of a job that ran also keeps when (`times`, epoch seconds): `submitted`
 `recorded` by the driver (the driver's clock), `started` and `ended` where it ran (that node's clock).
 
 `qbench sweep --resume` picks the newest incomplete run of the recipe whose plan has the same
-fingerprint (qbench.execute.plan.plan_fingerprint) and reuses its finished jobs (see
-qbench.execute.scheduler for which ones). A record that cannot be read back (a
+fingerprint (qbench.execute.plan.plan_fingerprint) and that recorded a finished job, and reuses its
+finished jobs (see qbench.execute.scheduler for which ones). A record that cannot be read back (a
 truncated JSON or .npz) is logged and left out: its job runs again.
 """
 
@@ -141,7 +141,9 @@ def _record(raw: dict[str, Any], folder: Path) -> JobRecord:
 
 
 def resumable_run(root: Path, fingerprint: str) -> RunFolder | None:
-    """The newest incomplete run folder under `root` whose plan has `fingerprint`; None when there is none."""
+    """The newest incomplete run folder under `root` whose plan has `fingerprint` and that recorded a finished
+    job; None when there is none. A run interrupted before any job finished has nothing to resume: an
+    earlier run of the same plan is taken over it."""
     folders = [folder for folder in root.iterdir() if folder.is_dir()] if root.is_dir() else []
     candidates = []
     for run in filter(None, map(describe_run, folders)):
@@ -151,6 +153,10 @@ def resumable_run(root: Path, fingerprint: str) -> RunFolder | None:
             plan = json.loads((run.path / PLAN_FILE).read_text())
         except (OSError, ValueError):
             continue
-        if isinstance(plan, dict) and plan.get("fingerprint") == fingerprint:
+        if not isinstance(plan, dict) or plan.get("fingerprint") != fingerprint:
+            continue
+        if _record_files(run.path):
             candidates.append(run)
+        else:
+            logger.info("interrupted run %s has the same plan but no finished job: nothing to resume there", run.path)
     return max(candidates, key=lambda run: (run.recorded_at, run.path.name), default=None)

@@ -1,4 +1,5 @@
-"""A run folder's job records read back for a resume: damaged ones left out (and named)."""
+"""A run folder's job records read back for a resume: damaged ones left out (and named), and which
+interrupted run a resume takes."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from qbench.execute.records import JOBS_FOLDER, PLAN_FILE, read_records, record_build, record_measure
+from qbench.execute.records import JOBS_FOLDER, PLAN_FILE, read_records, record_build, record_measure, resumable_run
 from qbench.results import VariantResult
 from qbench.runs import new_run_dir
 
@@ -57,3 +58,25 @@ def test_a_truncated_record_is_named_and_left_out(tmp_path: Path, caplog: pytest
     with caplog.at_level(logging.WARNING, logger="qbench"):
         assert read_records(run) == {}
     assert f"job record {record} cannot be read back" in caplog.text
+
+
+def test_resume_takes_the_newest_run_with_a_finished_job_over_a_newer_empty_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with_results = _run(tmp_path)
+    _reference(with_results)
+    empty = _run(tmp_path)  # interrupted (again) before any job finished
+    _run(tmp_path, fingerprint="plan-b")  # another plan, with a finished job: never taken
+    record_build(_run(tmp_path, fingerprint="plan-b"), "build:fp32", 1, {"files": {}}, None)
+    with caplog.at_level(logging.INFO, logger="qbench"):
+        run = resumable_run(tmp_path, "plan-a")
+    assert run is not None and run.path == with_results
+    assert f"interrupted run {empty} has the same plan but no finished job" in caplog.text
+    newer = _run(tmp_path)
+    record_build(newer, "build:fp32", 1, {"files": {}}, None)
+    assert resumable_run(tmp_path, "plan-a").path == newer  # type: ignore[union-attr]
+
+
+def test_no_run_with_a_finished_job_is_nothing_to_resume(tmp_path: Path) -> None:
+    _run(tmp_path)
+    assert resumable_run(tmp_path, "plan-a") is None
