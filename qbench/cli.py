@@ -141,7 +141,7 @@ def _print_plan(recipe: Recipe) -> None:
     from rich.table import Table
 
     from qbench.execute.overview import plan_overview
-    from qbench.sweep import build_store
+    from qbench.execute.store import build_store
 
     overview = plan_overview(recipe, build_store(recipe))
     table = Table(box=None, pad_edge=False)

@@ -2,8 +2,9 @@
 
 - the plan: at least one variant besides the FP32 reference, and `gate.applies_to` matches
   at least one of them (else the gate has nothing to judge; a glob that matches none is logged);
-- the destinations: `output_dir` is (or can be made) a writable folder, and the tracking
-  store can be written (a sqlite file or a file: folder; servers are asked by `track`);
+- the destinations: `output_dir` and a build store on this machine's file systems are (or can be
+  made) writable folders, and the tracking store can be written (a sqlite file or a file: folder;
+  servers are asked by `track`; an fsspec build store by the build that publishes to it);
 - memory: the input of the largest batch fits in the memory available now;
 - a fixed batch: a model whose inputs only take batches of one size (an export without a dynamic
   batch axis): the recipe's batch sizes are that one (those it leaves out are set to it); rows that do
@@ -64,8 +65,15 @@ def check_plan(recipe: Recipe) -> None:
 
 
 def check_destinations(recipe: Recipe, *, track: bool) -> None:
-    """output_dir and, when tracking, a local tracking store must be writable folders (nothing is created)."""
+    """output_dir, a local build store and, when tracking, a local tracking store must be writable folders
+    (nothing is created)."""
+    from qbench.execute.store import build_store  # qbench.execute imports this module
+
     _check_writable_folder(recipe, "output_dir", recipe.output_path)
+    store = build_store(recipe).local
+    if store is not None:
+        default = "" if recipe.executor.store else " (the default, in qbench's cache: set executor.store or $QBENCH_CACHE_DIR)"
+        _check_writable_folder(recipe, "executor.store", store, expected=f"a writable folder for built variants{default}")
     if not track:
         return
     uri = recipe.tracking_uri
@@ -194,7 +202,8 @@ def _local_store(uri: str) -> tuple[Path, bool] | None:
     return None
 
 
-def _check_writable_folder(recipe: Recipe, field: str, folder: Path, *, create: bool = True) -> None:
+def _check_writable_folder(recipe: Recipe, field: str, folder: Path, *, create: bool = True,
+                           expected: str = "a writable folder") -> None:  # fmt: skip
     """`folder` is a writable folder, or (with `create`) can be made inside its nearest existing, writable parent."""
     existing = folder
     while not existing.exists() and existing != existing.parent:
@@ -203,6 +212,6 @@ def _check_writable_folder(recipe: Recipe, field: str, folder: Path, *, create: 
         existing = existing.parent
     if not existing.is_dir():
         what = f"{folder} is a file" if existing == folder else f"{existing} (in the path of {folder}) is a file"
-        raise RecipeError(recipe.source, field, f"{what}; expected a writable folder")
+        raise RecipeError(recipe.source, field, f"{what}; expected {expected}")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise RecipeError(recipe.source, field, f"folder {existing} is not writable; expected a writable folder")
+        raise RecipeError(recipe.source, field, f"folder {existing} is not writable; expected {expected}")

@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING
 import qbench
 from qbench.environment import describe_environment
 from qbench.errors import QbenchError
-from qbench.execute import BuildStore, SweepPlan, make_executor, make_plan, resumable_run, run_plan, write_plan
+from qbench.execute import SweepPlan, make_executor, make_plan, resumable_run, run_plan, write_plan
 from qbench.execute.jobs import describe_error
+from qbench.execute.store import build_store
 from qbench.frontier import compute_frontier, gate_threshold, plot_frontier
 from qbench.gate import GateReport, evaluate_gate
 from qbench.interrupt import Interrupted, SignalGuard
@@ -94,21 +95,11 @@ def run_sweep(recipe: Recipe | str | Path, *, track: bool = True, resume: bool =
             raise replacement from None
 
 
-def build_store(recipe: Recipe) -> BuildStore:
-    """The recipe's build store: `executor.store` (a folder relative to the recipe, or a URI), else the
-    `builds` folder of qbench's cache on this machine (beside the cached exports)."""
-    root = recipe.executor.store
-    if root is None:
-        from qbench.sources.torch_model import export_cache_dir
-
-        return BuildStore(str(export_cache_dir() / "builds"))
-    return BuildStore(root if "://" in root else str(recipe.resolve(Path(root))))
-
-
 def _resumable(recipe: Recipe, plan: SweepPlan) -> Path | None:
     run = resumable_run(recipe.output_path / recipe.name, plan.fingerprint)
     if run is None:
-        logger.info("no interrupted run of this recipe has the same plan: only builds in the store are reused")
+        logger.info("no interrupted run of this recipe with the same plan finished a job: only builds in the store "
+                    "are reused")  # fmt: skip
         return None
     return run.path
 

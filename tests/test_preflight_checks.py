@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -122,3 +123,34 @@ def test_a_fixed_batch_is_every_batch_size_a_recipe_leaves_out(tmp_path: Path) -
         with_fixed_batch(budget, 8)
     assert str(caught.value) == (f"{tmp_path / 'recipe.yaml'}: slo.batch_size: got 1, expected one of the latency "
                                  "batch sizes 8: the model's fixed batch, the only one timed")  # fmt: skip
+
+
+@pytest.mark.parametrize("store", ["blocked/builds", "blocked"])
+def test_a_build_store_that_cannot_be_a_writable_folder_is_a_preflight_error(tmp_path: Path, store: str) -> None:
+    recipe = _recipe(tmp_path, executor={"store": store})
+    check_destinations(recipe, track=False)  # a folder still to be made is fine
+    (tmp_path / "blocked").write_text("a file")
+    with pytest.raises(RecipeError) as caught:
+        check_destinations(recipe, track=False)
+    assert f"executor.store: {tmp_path / 'blocked'}" in str(caught.value)
+    assert str(caught.value).endswith("expected a writable folder for built variants")
+
+
+def test_the_default_build_store_is_checked_and_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "cache").write_text("a file where qbench's cache should be")
+    monkeypatch.setenv("QBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(RecipeError, match=r"executor\.store: .*cache \(in the path of .*builds\) is a file; expected a writable folder for "
+                       r"built variants \(the default, in qbench's cache: set executor\.store or \$QBENCH_CACHE_DIR\)"):
+        check_destinations(_recipe(tmp_path), track=False)
+    check_destinations(_recipe(tmp_path, executor={"store": "s3://bucket/builds"}), track=False)  # checked when used
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="permissions do not bind root")
+def test_a_read_only_build_store_is_a_preflight_error(tmp_path: Path) -> None:
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store").chmod(0o555)
+    try:
+        with pytest.raises(RecipeError, match=r"executor\.store: folder .*store is not writable; expected a writable"):
+            check_destinations(_recipe(tmp_path, executor={"store": "store"}), track=False)
+    finally:
+        (tmp_path / "store").chmod(0o755)

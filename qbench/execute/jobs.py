@@ -114,7 +114,7 @@ def _build_and_publish(
             manifest = manifest_of(built, folder, build_environment(), reusable=not own_torch)
             if report is not None:
                 manifest["search"] = report
-            store.publish(key, folder, manifest)
+            manifest = store.publish(key, folder, manifest)  # another publisher's, when it got there first
         except Exception as exc:  # noqa: BLE001 - a store that cannot be written fails this build, not the sweep
             error = f"publishing the build to {store.root} failed: {describe_error(exc)}"
             logger.error("  build failed: %s", error)

@@ -48,8 +48,8 @@ def plan_overview(recipe: Recipe, store: BuildStore) -> PlanOverview:
         record = records.get(job.id)
         cached = ""
         if job.kind == "build":
-            stored = store.manifest(job.build_key)
-            if stored is not None and stored.get("reusable") and stored.get("environment") == environment:
+            stored = store.reusable(job.build_key, environment)
+            if stored is not None:
                 reusable_builds.add(job.variant)
                 cached = f"finished in {run.path.name}" if record and record.manifest == stored and run else "in store"
         elif record is not None and record.result is not None and record.result.status in ("ok", "skipped"):

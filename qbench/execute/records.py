@@ -8,15 +8,18 @@ A record of a job that ran also keeps when (`times`, epoch seconds): `submitted`
 `recorded` by the driver (the driver's clock), `started` and `ended` where it ran (that node's clock).
 
 `qbench sweep --resume` picks the newest incomplete run of the recipe whose plan has the same
-fingerprint (qbench.execute.plan.plan_fingerprint) and reuses its finished jobs (see
-qbench.execute.scheduler for which ones).
+fingerprint (qbench.execute.plan.plan_fingerprint) and that recorded a finished job, and reuses its
+finished jobs (see qbench.execute.scheduler for which ones). A record that cannot be read back (a
+truncated JSON or .npz) is logged and left out: its job runs again.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +29,8 @@ import numpy as np
 from qbench.execute.plan import SweepPlan
 from qbench.results import VariantResult, to_jsonable, variant_from_dict
 from qbench.runs import RunFolder, describe_run
+
+logger = logging.getLogger(__name__)
 
 PLAN_FILE = "plan.json"
 JOBS_FOLDER = "jobs"
@@ -102,24 +107,33 @@ def record_measure(
 
 
 def read_records(run_dir: Path) -> dict[str, JobRecord]:
-    """Every readable job record of a run folder (a damaged one is left out: its job runs again)."""
+    """Every readable job record of a run folder (a damaged one is logged and left out: its job runs again)."""
     records: dict[str, JobRecord] = {}
-    folder = run_dir / JOBS_FOLDER
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+    for path in _record_files(run_dir):
         try:
-            raw = json.loads(path.read_text())
-            record = _record(raw, folder)
-        except (OSError, ValueError, KeyError, TypeError):
+            record = _record(json.loads(path.read_text()), path.parent)
+        except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as exc:
+            logger.warning("job record %s cannot be read back (%s: %s): its job runs again", path,
+                           type(exc).__name__, exc)  # fmt: skip
             continue
         records[record.job] = record
     return records
 
 
+def _record_files(run_dir: Path) -> list[Path]:
+    folder = run_dir / JOBS_FOLDER
+    return sorted(folder.glob("*.json")) if folder.is_dir() else []
+
+
 def _record(raw: dict[str, Any], folder: Path) -> JobRecord:
     outputs = None
     if raw.get("outputs"):
-        with np.load(folder / raw["outputs"], allow_pickle=False) as saved:
-            outputs = {name: saved[name] for name in saved.files}
+        path = folder / raw["outputs"]
+        try:
+            with np.load(path, allow_pickle=False) as saved:
+                outputs = {name: saved[name] for name in saved.files}
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:  # truncated or gone since
+            raise ValueError(f"{path}: {type(exc).__name__}: {exc}") from exc
     result = variant_from_dict(raw["result"]) if raw.get("result") is not None else None
     times = {str(k): float(v) for k, v in raw["times"].items()} if raw.get("times") else None
     return JobRecord(job=str(raw["job"]), attempts=int(raw["attempts"]), manifest=raw.get("manifest"),
@@ -127,7 +141,9 @@ def _record(raw: dict[str, Any], folder: Path) -> JobRecord:
 
 
 def resumable_run(root: Path, fingerprint: str) -> RunFolder | None:
-    """The newest incomplete run folder under `root` whose plan has `fingerprint`; None when there is none."""
+    """The newest incomplete run folder under `root` whose plan has `fingerprint` and that recorded a finished
+    job; None when there is none. A run interrupted before any job finished has nothing to resume: an
+    earlier run of the same plan is taken over it."""
     folders = [folder for folder in root.iterdir() if folder.is_dir()] if root.is_dir() else []
     candidates = []
     for run in filter(None, map(describe_run, folders)):
@@ -137,6 +153,10 @@ def resumable_run(root: Path, fingerprint: str) -> RunFolder | None:
             plan = json.loads((run.path / PLAN_FILE).read_text())
         except (OSError, ValueError):
             continue
-        if isinstance(plan, dict) and plan.get("fingerprint") == fingerprint:
+        if not isinstance(plan, dict) or plan.get("fingerprint") != fingerprint:
+            continue
+        if _record_files(run.path):
             candidates.append(run)
+        else:
+            logger.info("interrupted run %s has the same plan but no finished job: nothing to resume there", run.path)
     return max(candidates, key=lambda run: (run.recorded_at, run.path.name), default=None)

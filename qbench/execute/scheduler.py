@@ -19,7 +19,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from qbench.execute.executors import BuildWork, Executor, JobDone, MeasureWork, Work
 from qbench.execute.jobs import (
@@ -304,8 +304,8 @@ class Scheduler:
         for job in self.plan.jobs:
             record = records.get(job.id)
             if job.kind == "build":
-                stored = self.store.manifest(job.build_key)
-                if self._reusable_build(stored, environment):
+                stored = self.store.reusable(job.build_key, environment)
+                if stored is not None:
                     self._built(job, BuildOutput(job.variant, stored, where="the build store"))
                     reused += 1
             elif record is not None and self._reusable_measure(job, record):
@@ -319,11 +319,6 @@ class Scheduler:
         source = f"the build store and {folder}" if folder is not None else "the build store"
         logger.info("resuming: %d of %d jobs reused from %s", reused, len(self.plan.jobs), source)
         return reused
-
-    @staticmethod
-    def _reusable_build(manifest: dict[str, Any] | None, environment: dict[str, str]) -> bool:
-        """A complete build of the same key, made in this environment, whose torch form (if any) is rebuilt here."""
-        return manifest is not None and manifest.get("reusable") is True and manifest.get("environment") == environment
 
     def _reusable_measure(self, job: Job, record: JobRecord) -> bool:
         built = self.state.built.get(job.variant)

@@ -1,26 +1,42 @@
 """Built variants kept by content: `<store>/<build key>/` holds a build's files and its manifest.
 
-A build job builds in a private folder and publishes every file it wrote, then `manifest.json` last,
-so a key with a manifest is a complete build. Any node reads a build back by its key: the store is a
-folder (on one machine, or a shared mount) or any fsspec URI (`s3://bucket/prefix`, `gs://...`).
+A build job builds in a private folder and publishes every file it wrote with a manifest that records
+each file's sha256, so a key with a manifest is a complete build. In a folder store, the files and the
+manifest go to a staging folder of a unique name, renamed to `<key>/` in one step: two publishers of one
+key (concurrent sweeps, Ray workers) never mix their files, and the later one keeps the entry already
+there when it is intact and reusable here (else it replaces it). An fsspec store (`s3://bucket/prefix`,
+`gs://...`) gets every file, then the manifest last. Any node reads a build back by its key.
 The key (qbench.execute.plan.build_key) hashes everything the build depends on; the manifest also
-records the environment it was built in, and a build from another environment is not reused.
+records the environment it was built in, and a build from another environment is not reused, nor one
+whose files no longer have their recorded digests (changed or truncated since: it is built again).
+A build is materialised by copying its files: a run folder's model never shares its bytes with the store.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
+import logging
 import os
 import platform
+import secrets
 import shutil
+import tempfile
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any
 
 from qbench.variants.base import BuiltVariant
 
+if TYPE_CHECKING:
+    from qbench.recipe import Recipe
+
+logger = logging.getLogger(__name__)
+
 MANIFEST = "manifest.json"
-_MANIFEST_FORMAT = 1
+_MANIFEST_FORMAT = 2  # 2: `files` maps each file to its sha256
+_CHUNK = 1 << 20  # bytes read at a time while hashing
 
 
 class BuildStore:
@@ -49,58 +65,114 @@ class BuildStore:
             self._fs = fsspec.core.url_to_fs(self.root)[0]
         return self._fs
 
+    def _open(self, key: str, name: str) -> IO[bytes]:
+        """The stored file `name` of build `key`, opened for reading (FileNotFoundError when absent)."""
+        if self.local is not None:
+            return open(self._path(key, name), "rb")  # noqa: SIM115 - the caller closes it
+        return self._filesystem().open(self._path(key, name), "rb")
+
     def manifest(self, key: str) -> dict[str, Any] | None:
         """The manifest of a complete build under `key`; None when there is none (or it is unreadable)."""
-        if self.local is not None:
-            path = Path(self._path(key, MANIFEST))
-            text = path.read_text() if path.is_file() else None
-        else:
-            fs = self._filesystem()
-            target = f"{self.root}/{key}/{MANIFEST}"
-            text = fs.cat_file(target).decode() if fs.exists(target) else None
         try:
-            content = json.loads(text) if text is not None else None
-        except ValueError:
+            with self._open(key, MANIFEST) as stream:
+                content = json.loads(stream.read())
+        except (OSError, ValueError):
             return None
-        return content if isinstance(content, dict) and content.get("format") == _MANIFEST_FORMAT else None
+        if not isinstance(content, dict) or content.get("format") != _MANIFEST_FORMAT:
+            return None
+        return content if isinstance(content.get("files"), dict) else None
 
-    def publish(self, key: str, folder: Path, manifest: dict[str, Any]) -> None:
-        """Copy every file of `folder` under `key`, then write the manifest (which makes the build visible)."""
-        text = json.dumps(manifest, indent=2, sort_keys=True)
+    def reusable(self, key: str, environment: dict[str, str]) -> dict[str, Any] | None:
+        """The manifest of the build under `key` when a sweep in `environment` may reuse it: complete, built
+        in that environment, its torch form (if any) rebuilt from the source, and every file as published.
+        A file changed, truncated or gone since is logged as a warning naming it; the build is then not reused."""
+        manifest = self.manifest(key)
+        if manifest is None or manifest.get("reusable") is not True or manifest.get("environment") != environment:
+            return None
+        return manifest if self._intact(key, manifest) else None
+
+    def _intact(self, key: str, manifest: dict[str, Any]) -> bool:
+        for name, expected in manifest["files"].items():
+            try:
+                with self._open(key, name) as stream:
+                    actual = _sha256(stream)
+            except FileNotFoundError:
+                actual = None
+            if actual != expected:
+                problem = "is missing" if actual is None else "no longer has the sha256 its manifest records"
+                logger.warning("build store: %s %s (changed since it was published): that build is not reused",
+                               self._path(key, name), problem)  # fmt: skip
+                return False
+        return True
+
+    def publish(self, key: str, folder: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+        """Put every file `manifest` lists, from `folder`, under `key` with the manifest (which makes the build
+        visible). Returns the manifest of the build now under `key`: this one, or an intact one of the same
+        environment that another publisher put there first and that is reusable or holds the same bytes."""
         local = self.local
-        if local is not None:
-            target = local / key
-            (target / MANIFEST).unlink(missing_ok=True)
-            target.mkdir(parents=True, exist_ok=True)
+        if local is None:
+            fs = self._filesystem()
+            if fs.exists(self._path(key, MANIFEST)):
+                fs.rm(self._path(key, MANIFEST))
             for name in manifest["files"]:
-                (target / name).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(folder / name, target / f"{name}.tmp")
-                os.replace(target / f"{name}.tmp", target / name)
-            (target / f"{MANIFEST}.tmp").write_text(text)
-            os.replace(target / f"{MANIFEST}.tmp", target / MANIFEST)
-            return
-        fs = self._filesystem()
-        if fs.exists(f"{self.root}/{key}/{MANIFEST}"):
-            fs.rm(f"{self.root}/{key}/{MANIFEST}")
-        for name in manifest["files"]:
-            fs.put_file(str(folder / name), f"{self.root}/{key}/{name}")
-        fs.pipe_file(f"{self.root}/{key}/{MANIFEST}", text.encode())
+                fs.put_file(str(folder / name), self._path(key, name))
+            fs.pipe_file(self._path(key, MANIFEST), _manifest_text(manifest).encode())
+            return manifest
+        local.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{key}.", suffix=".publishing", dir=local))
+        try:
+            for name in manifest["files"]:
+                (staging / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(folder / name, staging / name)
+            (staging / MANIFEST).write_text(_manifest_text(manifest))
+            return self._move_in(key, staging, manifest)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)  # gone already when it was moved in
+
+    def _move_in(self, key: str, staging: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+        """Rename `staging` to the entry of `key` in one step; an entry already there is kept (see `publish`)
+        or moved aside and deleted first."""
+        target = Path(self._path(key))
+        while True:
+            try:
+                os.rename(staging, target)  # refused when `target` holds anything: an entry is never mixed
+                return manifest
+            except OSError as exc:
+                if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR):
+                    raise
+            kept = self._kept(key, manifest)
+            if kept is not None:
+                return kept
+            discarded = target.with_name(f".{key}.{secrets.token_hex(4)}.discarded")
+            try:
+                os.rename(target, discarded)
+            except FileNotFoundError:  # another publisher moved it aside just now
+                continue
+            if discarded.is_dir():
+                shutil.rmtree(discarded, ignore_errors=True)
+            else:
+                discarded.unlink()
+
+    def _kept(self, key: str, manifest: dict[str, Any]) -> dict[str, Any] | None:
+        """The entry under `key`, when a publisher of `manifest` keeps it instead of its own (see `publish`)."""
+        existing = self.manifest(key)
+        if existing is None or existing.get("environment") != manifest["environment"]:
+            return None
+        if existing.get("reusable") is not True and existing["files"] != manifest["files"]:
+            return None
+        return existing if self._intact(key, existing) else None
 
     def materialise(self, key: str, manifest: dict[str, Any], folder: Path) -> None:
-        """The build's files in `folder` (hard links from a local store when it can, else copies)."""
+        """Copies of the build's files in `folder` (never links: editing one leaves the store's as it is)."""
         folder.mkdir(parents=True, exist_ok=True)
-        local = self.local
         for name in manifest["files"]:
             target = folder / name
             target.parent.mkdir(parents=True, exist_ok=True)
-            if local is None:
-                self._filesystem().get_file(f"{self.root}/{key}/{name}", str(target))
-                continue
-            target.unlink(missing_ok=True)
-            try:
-                os.link(local / key / name, target)
-            except OSError:  # another file system, or links not allowed
-                shutil.copyfile(local / key / name, target)
+            target.unlink(missing_ok=True)  # a link left by an older qbench is not written through
+            if self.local is None:
+                self._filesystem().get_file(self._path(key, name), str(target))
+            else:
+                shutil.copyfile(self._path(key, name), target)  # the kernel's copy (sendfile) where it can
 
     def local_copy(self, built: BuiltVariant, key: str) -> BuiltVariant:
         """`built` with its files on this node: as it is when its model is readable here, else fetched from
@@ -121,6 +193,33 @@ class BuildStore:
         folder = export_cache_dir() / "fetched" / key
         self.materialise(key, manifest, folder)
         return replace(built, onnx_path=folder / manifest["onnx"])
+
+
+def build_store(recipe: Recipe) -> BuildStore:
+    """The recipe's build store: `executor.store` (a folder relative to the recipe, or a URI), else the
+    `builds` folder of qbench's cache on this machine (beside the cached exports)."""
+    root = recipe.executor.store
+    if root is None:
+        from qbench.sources.torch_model import export_cache_dir
+
+        return BuildStore(str(export_cache_dir() / "builds"))
+    return BuildStore(root if "://" in root else str(recipe.resolve(Path(root))))
+
+
+def _sha256(stream: IO[bytes]) -> str:
+    digest = hashlib.sha256()
+    for chunk in iter(lambda: stream.read(_CHUNK), b""):
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _file_sha256(path: Path) -> str:
+    with path.open("rb") as stream:
+        return _sha256(stream)
+
+
+def _manifest_text(manifest: dict[str, Any]) -> str:
+    return json.dumps(manifest, indent=2, sort_keys=True)
 
 
 def build_environment() -> dict[str, str]:
@@ -148,7 +247,8 @@ def build_environment() -> dict[str, str]:
 
 
 def manifest_of(built: BuiltVariant, folder: Path, environment: dict[str, str], *, reusable: bool) -> dict[str, Any]:
-    """The manifest of `built`, whose files are in `folder`: everything to rebuild the BuiltVariant from them.
+    """The manifest of `built`, whose files are in `folder`: everything to rebuild the BuiltVariant from them,
+    and `files`, each file's name and sha256 (what `BuildStore.reusable` checks the stored files against).
 
     `reusable` is False when the build's torch form lives only in memory (QAT, ModelOpt): a resumed sweep
     builds such a variant again rather than measure it without that form."""
@@ -160,7 +260,7 @@ def manifest_of(built: BuiltVariant, folder: Path, environment: dict[str, str], 
         "name": built.name,
         "precision": built.precision,
         "onnx": _onnx_entry(built.onnx_path, folder),
-        "files": files,
+        "files": {name: _file_sha256(folder / name) for name in files},
         "params": to_jsonable(built.params),
         "build_seconds": built.build_seconds,
         "session_hints": to_jsonable(built.session_hints),

@@ -30,8 +30,8 @@ def test_a_sweep_records_its_plan_and_every_finished_job(user_project: Path, tmp
     times = fp16["times"]  # when it was handed to the executor, ran, and was recorded
     assert times["submitted"] <= times["started"] < times["ended"] <= times["recorded"]
     assert fp16["result"]["accuracy"] == json.loads(outcome.results_path.read_text())["variants"][1]["accuracy"]
-    # the build is kept by content; the run folder holds its files as before
-    assert (outcome.run_dir / "models" / "fp16.onnx").is_file()
+    # the build is kept by content; the run folder holds a copy of its files, not links into the store
+    assert (outcome.run_dir / "models" / "fp16.onnx").stat().st_nlink == 1
     key = plan["jobs"][2]["build_key"]
     assert (tmp_path / "store" / key / "manifest.json").is_file()
 
@@ -80,6 +80,59 @@ def test_resume_reuses_nothing_stale(user_project: Path, tmp_path: Path, local_f
     outcome = run_sweep(recipe, track=False, resume=True)
     assert len(probe_calls(tmp_path)) - before == 2 * per_job  # fp32 measured again: its build was not reused
     assert all(not any(n.startswith("resumed") for n in v.notes) for v in outcome.results.variants)
+
+
+def _interrupted_at_fp16(user_project: Path, target: Path, per_job: int) -> tuple[Path, Path]:
+    """The recipe of VARIANTS, interrupted at the first call of fp16's measure job, and its run folder."""
+    recipe = write_probe_recipe(user_project, target, variants=VARIANTS)
+    (target / "interrupt_at").write_text(str(per_job + 1))
+    with pytest.raises(QbenchError, match="interrupted by SIGINT"):
+        run_sweep(recipe, track=False)
+    (interrupted,) = (target / "reports" / "tumour-mlp").glob("2*")
+    return recipe, interrupted
+
+
+def test_resume_builds_again_a_stored_build_whose_model_changed_since(
+    user_project: Path, tmp_path: Path, local_figures: tuple[dict, int], caplog: pytest.LogCaptureFixture
+) -> None:
+    expected, per_job = local_figures
+    recipe, _ = _interrupted_at_fp16(user_project, tmp_path, per_job)
+    (fp16,) = [m.parent for m in (tmp_path / "store").glob("*/manifest.json") if json.loads(m.read_text())["name"] == "fp16"]
+    model = fp16 / "fp16.onnx"
+    model.write_bytes(model.read_bytes()[:-100])  # truncated after it was published
+    caplog.set_level(logging.INFO, logger="qbench")
+    outcome = run_sweep(recipe, track=False, resume=True)
+    shown = " ".join(caplog.text.split())
+    assert f"build store: {model} no longer has the sha256 its manifest records" in shown
+    assert "resuming: 2 of 6 jobs reused" in shown  # fp32's build and measurement; fp16 is built again
+    assert figures(outcome.results) == expected
+
+
+def test_resume_measures_the_reference_again_when_its_outputs_file_is_truncated(
+    user_project: Path, tmp_path: Path, local_figures: tuple[dict, int], caplog: pytest.LogCaptureFixture
+) -> None:
+    expected, per_job = local_figures
+    recipe, interrupted = _interrupted_at_fp16(user_project, tmp_path, per_job)
+    (outputs,) = (interrupted / JOBS_FOLDER).glob("*.outputs.npz")
+    outputs.write_bytes(outputs.read_bytes()[:100])
+    before = len(probe_calls(tmp_path))
+    with caplog.at_level(logging.WARNING, logger="qbench"):
+        outcome = run_sweep(recipe, track=False, resume=True)
+    assert str(outputs) in caplog.text and "its job runs again" in caplog.text
+    assert len(probe_calls(tmp_path)) - before == 3 * per_job  # FP32 measured again, then fp16 and int8-minmax
+    assert figures(outcome.results) == expected
+
+
+def test_a_build_store_that_cannot_be_written_stops_the_sweep_before_anything_runs(
+    user_project: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    recipe = write_probe_recipe(user_project, tmp_path, variants=["fp16"])
+    (tmp_path / "store").write_text("not a folder")
+    assert main(["sweep", str(recipe), "--no-track"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert f"executor.store: {tmp_path / 'store'} is a file; expected a writable folder for built variants" in err
+    assert probe_calls(tmp_path) == [] and not (tmp_path / "reports").exists()
 
 
 def test_resume_with_a_changed_recipe_starts_afresh(

@@ -1,0 +1,82 @@
+"""A run folder's job records read back for a resume: damaged ones left out (and named), and which
+interrupted run a resume takes."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from qbench.execute.records import JOBS_FOLDER, PLAN_FILE, read_records, record_build, record_measure, resumable_run
+from qbench.results import VariantResult
+from qbench.runs import new_run_dir
+
+REFERENCE = "measure:fp32@onnxruntime-cpu"
+
+
+def _run(root: Path, fingerprint: str = "plan-a") -> Path:
+    run = new_run_dir(root)
+    (run / PLAN_FILE).write_text(json.dumps({"fingerprint": fingerprint, "jobs": []}))
+    return run
+
+
+def _reference(run: Path) -> Path:
+    """Record FP32's measurement with its outputs; returns the outputs file."""
+    result = VariantResult("fp32", "onnxruntime-cpu", "fp32", "ok")
+    record_measure(run, REFERENCE, 1, result, {"logits": np.arange(12, dtype=np.float32).reshape(4, 3)})
+    (outputs,) = (run / JOBS_FOLDER).glob("*.npz")
+    return outputs
+
+
+@pytest.mark.parametrize("damage", ["truncated", "emptied", "deleted"])
+def test_a_damaged_reference_outputs_file_leaves_its_record_out_with_a_warning(
+    tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    run = _run(tmp_path)
+    record_build(run, "build:fp32", 1, {"files": {}}, None)
+    outputs = _reference(run)
+    assert read_records(run)[REFERENCE].outputs is not None
+    if damage == "deleted":
+        outputs.unlink()
+    else:
+        outputs.write_bytes(outputs.read_bytes()[: len(outputs.read_bytes()) // 2 if damage == "truncated" else 0])
+    with caplog.at_level(logging.WARNING, logger="qbench"):
+        records = read_records(run)
+    assert set(records) == {"build:fp32"}  # the reference is measured again; the build is still reused
+    assert f"job record {run / JOBS_FOLDER / (REFERENCE.replace(':', '_') + '.json')}" in caplog.text
+    assert str(outputs) in caplog.text and "its job runs again" in caplog.text
+
+
+def test_a_truncated_record_is_named_and_left_out(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    run = _run(tmp_path)
+    record_build(run, "build:fp32", 1, {"files": {}}, None)
+    record = run / JOBS_FOLDER / "build_fp32.json"
+    record.write_text(record.read_text()[:20])
+    with caplog.at_level(logging.WARNING, logger="qbench"):
+        assert read_records(run) == {}
+    assert f"job record {record} cannot be read back" in caplog.text
+
+
+def test_resume_takes_the_newest_run_with_a_finished_job_over_a_newer_empty_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with_results = _run(tmp_path)
+    _reference(with_results)
+    empty = _run(tmp_path)  # interrupted (again) before any job finished
+    _run(tmp_path, fingerprint="plan-b")  # another plan, with a finished job: never taken
+    record_build(_run(tmp_path, fingerprint="plan-b"), "build:fp32", 1, {"files": {}}, None)
+    with caplog.at_level(logging.INFO, logger="qbench"):
+        run = resumable_run(tmp_path, "plan-a")
+    assert run is not None and run.path == with_results
+    assert f"interrupted run {empty} has the same plan but no finished job" in caplog.text
+    newer = _run(tmp_path)
+    record_build(newer, "build:fp32", 1, {"files": {}}, None)
+    assert resumable_run(tmp_path, "plan-a").path == newer  # type: ignore[union-attr]
+
+
+def test_no_run_with_a_finished_job_is_nothing_to_resume(tmp_path: Path) -> None:
+    _run(tmp_path)
+    assert resumable_run(tmp_path, "plan-a") is None

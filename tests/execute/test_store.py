@@ -1,0 +1,125 @@
+"""The build store: digests recorded at publish and checked on reuse, copies (never links) into run folders,
+and publishing that two concurrent publishers of one key cannot mix (a tiny ONNX model with external data,
+built here)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from qbench.execute.store import BuildStore, build_environment, built_from_manifest, manifest_of
+from qbench.variants.base import BuiltVariant
+
+KEY = "k" * 16
+
+
+def _build(folder: Path, seed: int) -> dict[str, Any]:
+    """A linear 4 -> 3 model in `folder` (weights in model.onnx.data beside it) and its manifest."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    weights = np.random.default_rng(seed).normal(size=(4, 3)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["logits"])],
+        f"linear{seed}",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 3])],
+        [numpy_helper.from_array(weights, "w")],
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    onnx.save(helper.make_model(graph), folder / "model.onnx", save_as_external_data=True,
+              location="model.onnx.data", size_threshold=0)  # fmt: skip
+    built = BuiltVariant(name="int8", precision="int8", onnx_path=folder / "model.onnx")
+    return manifest_of(built, folder, build_environment(), reusable=True)
+
+
+@pytest.fixture
+def published(tmp_path: Path) -> tuple[BuildStore, dict[str, Any]]:
+    store = BuildStore(str(tmp_path / "store"))
+    return store, store.publish(KEY, tmp_path / "build", _build(tmp_path / "build", seed=0))
+
+
+def test_a_published_build_records_the_sha256_of_every_file(published: tuple[BuildStore, dict[str, Any]]) -> None:
+    store, manifest = published
+    assert set(manifest["files"]) == {"model.onnx", "model.onnx.data"}
+    assert all(len(digest) == 64 for digest in manifest["files"].values())
+    assert store.reusable(KEY, build_environment()) == manifest
+
+
+@pytest.mark.parametrize("name", ["model.onnx", "model.onnx.data"])
+@pytest.mark.parametrize("damage", ["truncated", "swapped", "deleted"])
+def test_a_stored_file_changed_since_publishing_is_never_reused(
+    published: tuple[BuildStore, dict[str, Any]], tmp_path: Path, name: str, damage: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    store, _ = published
+    path = tmp_path / "store" / KEY / name
+    if damage == "truncated":
+        path.write_bytes(path.read_bytes()[:-1])
+    elif damage == "swapped":  # another build's file of the same size, in its place
+        other = _build(tmp_path / "other", seed=1)
+        assert other["files"][name] != store.manifest(KEY)["files"][name]  # type: ignore[index]
+        path.write_bytes((tmp_path / "other" / name).read_bytes())
+    else:
+        path.unlink()
+    with caplog.at_level(logging.WARNING, logger="qbench"):
+        assert store.reusable(KEY, build_environment()) is None
+    assert f"build store: {path} " in caplog.text and "that build is not reused" in caplog.text
+
+
+def test_a_materialised_build_is_a_copy_independent_of_the_store(
+    published: tuple[BuildStore, dict[str, Any]], tmp_path: Path
+) -> None:
+    store, manifest = published
+    run_models = tmp_path / "run" / "models"
+    store.materialise(KEY, manifest, run_models)
+    built = built_from_manifest(manifest, run_models)
+    for name in manifest["files"]:
+        copy, stored = run_models / name, tmp_path / "store" / KEY / name
+        assert copy.read_bytes() == stored.read_bytes()
+        assert copy.stat().st_nlink == 1 and stored.stat().st_nlink == 1  # no hard link either way
+    with built.onnx_path.open("r+b") as model:  # a run's model edited in place
+        model.truncate(10)
+    with (run_models / "model.onnx.data").open("r+b") as data:
+        data.write(b"\xff" * 8)
+    assert store.reusable(KEY, build_environment()) == manifest  # the store's files are as published
+
+
+def test_concurrent_publishers_of_one_key_leave_one_complete_entry(tmp_path: Path) -> None:
+    """Eight builds of one key with different bytes (a build that is not bit-reproducible), published at once:
+    the first entry stays, every publisher gets its manifest back, and no staging folder is left."""
+    store = BuildStore(str(tmp_path / "store"))
+    builds = [(tmp_path / f"build{i}", _build(tmp_path / f"build{i}", seed=i)) for i in range(8)]
+    start = threading.Barrier(len(builds))
+
+    def publish(build: tuple[Path, dict[str, Any]]) -> dict[str, Any]:
+        start.wait()
+        return store.publish(KEY, *build)
+
+    with ThreadPoolExecutor(len(builds)) as pool:
+        returned = list(pool.map(publish, builds))
+    kept = store.reusable(KEY, build_environment())
+    assert kept is not None and kept in [manifest for _, manifest in builds]
+    assert all(manifest == kept for manifest in returned)
+    assert sorted(p.name for p in (tmp_path / "store").iterdir()) == [KEY]
+    assert sorted(p.name for p in (tmp_path / "store" / KEY).iterdir()) == ["manifest.json", "model.onnx",
+                                                                          "model.onnx.data"]  # fmt: skip
+
+
+def test_publishing_replaces_an_entry_that_is_damaged_or_from_another_environment(
+    published: tuple[BuildStore, dict[str, Any]], tmp_path: Path
+) -> None:
+    store, _ = published
+    (tmp_path / "store" / KEY / "model.onnx.data").write_bytes(b"")
+    fresh = _build(tmp_path / "again", seed=2)
+    assert store.publish(KEY, tmp_path / "again", fresh) == fresh
+    assert store.reusable(KEY, build_environment()) == fresh
+    elsewhere = {**fresh, "environment": {**fresh["environment"], "onnxruntime": "0.0.1"}}
+    assert store.publish(KEY, tmp_path / "again", elsewhere) == elsewhere  # the other environment's is not kept
+    assert store.manifest(KEY) == elsewhere
