@@ -106,25 +106,39 @@ def why_none(records: Sequence[CandidateRecord]) -> str:
 
 
 def _nearness(record: CandidateRecord) -> float:
-    """The excess a candidate is judged by: its full evaluation's, else its screening's (inf: unmeasured)."""
+    """The excess a candidate is judged by: its full evaluation's, else its screening's (inf: unmeasured, or any
+    drop against a zero tolerance)."""
     value = record.excess if record.excess is not None else record.screen_excess
     return value if value is not None else math.inf
 
 
+def _gap(record: CandidateRecord) -> float:
+    """The largest drop measured, overall or on the worst slice: what orders candidates whose excess is the same
+    (every drop against a zero tolerance is an infinite excess); inf when no finite drop was measured."""
+    drops = [record.drop, record.worst_slice_drop] if record.excess is not None else [record.screen_drop]
+    finite = [d for d in drops if d is not None and math.isfinite(d)]
+    return max(finite) if finite else math.inf
+
+
+def _measured(record: CandidateRecord) -> bool:
+    return math.isfinite(_nearness(record)) or math.isfinite(_gap(record))
+
+
 def closest(records: Sequence[CandidateRecord]) -> int | None:
-    """The measured candidate nearest to passing (smallest excess; ties: the faster); None if none was measured."""
-    measured = [i for i, r in enumerate(records) if math.isfinite(_nearness(r))]
+    """The measured candidate nearest to passing (smallest excess, then smallest drop; ties: the faster); None if
+    none was measured."""
+    measured = [i for i, r in enumerate(records) if _measured(r)]
     if not measured:
         return None
-    return min(measured, key=lambda i: (_nearness(records[i]), -_speed(records[i])))
+    return min(measured, key=lambda i: (_nearness(records[i]), _gap(records[i]), -_speed(records[i])))
 
 
 def keep_float_bases(records: Sequence[CandidateRecord], limit: int) -> list[int]:
     """Bases for keep-float candidates: measured candidates without float nodes that failed, fastest first (at
     most `limit`): keeping nodes float only slows a candidate down, so the fastest failing ones have the most
     room to pass and still win."""
-    bases = [i for i, r in enumerate(records) if not r.keep_float and not r.passed and math.isfinite(_nearness(r))]
-    return sorted(bases, key=lambda i: (-_speed(records[i]), _nearness(records[i])))[:limit]
+    bases = [i for i, r in enumerate(records) if not r.keep_float and not r.passed and _measured(r)]
+    return sorted(bases, key=lambda i: (-_speed(records[i]), _nearness(records[i]), _gap(records[i])))[:limit]
 
 
 def needed(record: CandidateRecord, max_drop: float, max_slice_drop: float, *, budget_exhausted: bool,

@@ -93,6 +93,20 @@ def test_closest_prefers_full_evaluation_figures_then_speed():
     assert select.closest([records[3]]) is None
 
 
+def test_against_a_zero_tolerance_the_smallest_drop_is_closest_and_every_measured_candidate_may_be_a_base():
+    """max_drop 0: every positive drop is an infinite excess, yet the candidates were measured and differ."""
+    inf = math.inf
+    records = [
+        _record("far", speedup=1.6, screen=inf, screen_drop=0.04),
+        _record("near", speedup=1.2, screen=inf, screen_drop=0.01),
+        _record("evaluated", speedup=1.3, excess=inf, passed=False, drop=0.02, worst_slice="s", worst_slice_drop=0.03),
+        _record("broken", speedup=1.9, screen=inf, screen_drop=math.nan),  # an unknown drop is no measurement
+    ]
+    assert select.closest(records) == 1
+    assert select.keep_float_bases(records, 3) == [0, 2, 1]
+    assert select.closest([records[3]]) is None and select.keep_float_bases([records[3]], 3) == []
+
+
 def test_keep_float_bases_are_the_fastest_failing_candidates_without_float_nodes():
     records = [
         _record("a", speedup=1.4, screen=2.0),
