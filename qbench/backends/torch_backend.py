@@ -4,7 +4,8 @@ A torch backend runs a variant's torch form (`BuiltVariant.torch_module`, a fact
 qbench/variants/torch_forms.py), not its ONNX file. Inputs are passed positionally in the
 order of the variant's ONNX inputs, which is the order of the module's arguments at export.
 
-What a timed `run` covers: the forward pass under `torch.inference_mode()`, on CUDA a
+What a timed `run` covers: the forward pass under `torch.inference_mode()` (FP16/BF16 modules also under
+`torch.autocast` of their dtype), on CUDA a
 `torch.cuda.synchronize()`, and the copy of the outputs to host numpy. Converting the inputs
 (dtype cast, host -> device copy) is done once per distinct batch: while the same, unchanged numpy
 arrays are fed again (as the latency loops do), the prepared tensors are reused, so H2D copies are
@@ -14,6 +15,7 @@ order from a tensor, a tuple/list, or a dict / Hugging Face ModelOutput.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import time
 from collections.abc import Mapping
@@ -90,7 +92,7 @@ class TorchRunner:
         signature = tuple((tuple(t.shape), t.dtype) for t in inputs)
         first_of_its_shape = self._compiled and signature not in self._seen_signatures
         started = time.perf_counter()
-        with torch.inference_mode():
+        with torch.inference_mode(), self._autocast():
             outputs = module(*inputs)
             if self._device == "cuda":
                 torch.cuda.synchronize()
@@ -99,6 +101,16 @@ class TorchRunner:
             self._seen_signatures.add(signature)
             self._compile_ms += (time.perf_counter() - started) * 1e3
         return arrays
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """FP16/BF16 modules run under torch.autocast of their dtype, as mixed-precision inference does: a forward()
+        that casts to float32 on its own (`mask.float()` in mean pooling) would otherwise feed float32 activations
+        to half-precision weights and fail; autocast computes those matmuls in the module's dtype."""
+        import torch
+
+        if self._float_dtype not in (torch.float16, torch.bfloat16):
+            return contextlib.nullcontext()
+        return torch.autocast(device_type="cuda" if self._device == "cuda" else "cpu", dtype=self._float_dtype)
 
     def _inputs(self, feeds: Mapping[str, np.ndarray]) -> list[torch.Tensor]:
         """The feeds as tensors on the device, in argument order; reused while the same arrays come again."""

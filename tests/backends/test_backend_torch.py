@@ -187,6 +187,31 @@ def test_half_precision_modules_get_float_inputs_in_their_dtype(
     assert (f"no native {precision} matmul" in description["kernels"]) is not probe[precision]()
 
 
+class CastsToFloat32(nn.Module):
+    """Mean pooling as sentence-transformers writes it: the mask is cast with .float(), so the pooled activations
+    are float32 whatever the weights' dtype, and a Linear follows."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner, self.after = inner, nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits, other = self.inner(x, ids)
+        pooled = logits * (ids[:, :1] >= 0).float()
+        return self.after(pooled), other
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_a_forward_that_casts_to_float32_runs_in_half_precision_under_autocast(exported: Exported, precision: str) -> None:
+    torch.manual_seed(1)
+    fp32 = CastsToFloat32(exported.torch_model.build()).eval()
+    variant = _torch_variant(exported, _spec(precision), FakeTorchModel(fp32))
+    outputs, _ = _run_all(TorchCPU(), variant, exported.feeds)
+    with torch.inference_mode():
+        expected = fp32(torch.from_numpy(exported.feeds["x"]), torch.from_numpy(exported.feeds["ids"]))[0].numpy()
+    assert sqnr_db(expected, outputs[0]) > {"fp16": 40.0, "bf16": 25.0}[precision]  # computed, in the narrow type
+
+
 def test_int8_dynamic_form_is_noted(exported: Exported) -> None:
     variant = _torch_variant(exported, _spec("int8", calibrator="dynamic"))
     assert "torchao" in variant.params[TORCH_FORM]
