@@ -219,9 +219,11 @@ def latest_results(recipe: Recipe) -> Path:
     if run is None:
         raise QbenchError(f"no results for recipe {recipe.name!r} under {root}: run `qbench sweep {recipe.source}` first")
     if not run.complete:
+        what = ("wait for it to finish" if run.state == "running" else
+                f"finish it with `qbench sweep {recipe.source} --resume` (or re-run without --resume)")  # fmt: skip
         raise QbenchError(
             f"the newest run of recipe {recipe.name!r}, {run.path}, is incomplete ({run.state}): "
-            f"re-run `qbench sweep {recipe.source}`, or judge an older run with --results FILE"
+            f"{what}, or judge an older run with --results FILE"
         )
     return run.path / RESULTS_FILE
 

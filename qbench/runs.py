@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import socket
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -40,7 +41,7 @@ def new_run_dir(root: Path) -> Path:
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     folder = root / f"{stamp}-{secrets.token_hex(3)}"
     folder.mkdir(exist_ok=False)  # a name collision is an error, never a shared folder
-    _write_marker(folder, {"started_at": utc_now(), "state": "running", "pid": os.getpid()})
+    _write_marker(folder, {"started_at": utc_now(), "state": "running", "pid": os.getpid(), "host": socket.gethostname()})
     return folder
 
 
@@ -68,6 +69,26 @@ def _read_marker(folder: Path) -> dict[str, object]:
     return content if isinstance(content, dict) else {}
 
 
+def _marker_state(content: dict[str, object]) -> str:
+    """The marker's state; a "running" sweep whose process is gone from this host was killed (SIGKILL, OOM, power)
+    without the chance to say so."""
+    state = str(content.get("state", "unknown"))
+    pid = content.get("pid")
+    if state == "running" and content.get("host") == socket.gethostname() and isinstance(pid, int) and not _alive(pid):
+        return f"killed: its sweep (pid {pid}) ended without finishing"
+    return state
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def _parse_time(value: object) -> datetime | None:
     if not isinstance(value, str) or not value:
         return None
@@ -88,7 +109,7 @@ def describe_run(folder: Path) -> RunFolder | None:
     if marker.is_file():
         content = _read_marker(folder)
         started = _parse_time(content.get("started_at")) or _file_time(marker)
-        return RunFolder(folder, started, complete=False, state=str(content.get("state", "unknown")))
+        return RunFolder(folder, started, complete=False, state=_marker_state(content))
     if not results.is_file():
         return None
     try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -191,7 +192,15 @@ def test_the_gate_prefers_the_newest_recorded_run_and_refuses_an_incomplete_one(
     late.mkdir()
     (late / INCOMPLETE_MARKER).write_text(json.dumps({"started_at": "2999-01-01T00:00:00+00:00", "state": "running"}))
     assert main(["gate", str(recipe)]) == 2
-    assert f"{late}, is incomplete (running)" in " ".join(capsys.readouterr().err.split())
+    said = " ".join(capsys.readouterr().err.split())
+    assert f"{late}, is incomplete (running): wait for it to finish, or judge an older run with --results FILE" in said
+    # the same run whose sweep process is gone from this machine: killed, and the way to finish it
+    marker = {"started_at": "2999-01-01T00:00:00+00:00", "state": "running", "pid": 2**22 + 1, "host": socket.gethostname()}
+    (late / INCOMPLETE_MARKER).write_text(json.dumps(marker))
+    assert main(["gate", str(recipe)]) == 2
+    said = " ".join(capsys.readouterr().err.split())
+    assert f"is incomplete (killed: its sweep (pid {2**22 + 1}) ended without finishing): finish it with `qbench sweep" in said
+    assert "--resume` (or re-run without --resume)" in said
 
 
 @pytest.mark.slow

@@ -1,0 +1,31 @@
+"""Run folders: the marker a sweep leaves while it runs, and what the gate makes of an unfinished run."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from qbench.runs import INCOMPLETE_MARKER, describe_run, new_run_dir
+
+
+def _ended_pid() -> int:
+    """The pid of a process that has already ended (and been reaped)."""
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return int(done.stdout)
+
+
+def test_a_running_marker_of_this_process_is_running_and_one_whose_process_is_gone_says_killed(tmp_path: Path) -> None:
+    folder = new_run_dir(tmp_path)
+    marker = json.loads((folder / INCOMPLETE_MARKER).read_text())
+    assert (marker["pid"], marker["host"], marker["state"]) == (os.getpid(), socket.gethostname(), "running")
+    assert describe_run(folder).state == "running"
+    pid = _ended_pid()
+    (folder / INCOMPLETE_MARKER).write_text(json.dumps({**marker, "pid": pid}))
+    assert describe_run(folder).state == f"killed: its sweep (pid {pid}) ended without finishing"
+    # another host's sweep cannot be checked from here: its marker is believed
+    (folder / INCOMPLETE_MARKER).write_text(json.dumps({**marker, "pid": pid, "host": "elsewhere.invalid"}))
+    assert describe_run(folder).state == "running"
