@@ -374,26 +374,28 @@ def root_mean_squared_error(predicted: np.ndarray, target: np.ndarray) -> float:
     return _mean(np.sqrt(np.mean((predicted_rows - target_rows) ** 2, axis=0)))
 
 
-def r2_per_target(predicted: np.ndarray, target: np.ndarray) -> np.ndarray:
-    """1 - SS_res / SS_tot of each target column (SS_tot around that column's mean); NaN for a column whose
-    target is constant (R² is undefined there); no columns for no rows."""
+def _r2_columns(predicted: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """1 - SS_res / SS_tot of each target column (SS_tot around that column's mean), and which columns' targets vary
+    (a constant one has no R²; a NaN from NaN outputs or targets is kept, so it propagates). No columns for no rows."""
     predicted_rows, target_rows = _target_columns(predicted, target)
     if predicted_rows.shape[0] == 0:
-        return np.zeros(0)
+        return np.zeros(0), np.zeros(0, dtype=bool)
+    varies = ~(np.ptp(target_rows, axis=0) == 0)
     total = np.sum((target_rows - target_rows.mean(axis=0)) ** 2, axis=0)
     residual = np.sum((target_rows - predicted_rows) ** 2, axis=0)
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(total == 0, math.nan, 1.0 - residual / np.where(total == 0, 1.0, total))
+        return np.where(varies, 1.0 - residual / np.where(varies, total, 1.0), math.nan), varies
+
+
+def r2_per_target(predicted: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """The R² of each target column; NaN for a column whose target is constant (R² is undefined there)."""
+    return _r2_columns(predicted, target)[0]
 
 
 def _defined_r2(predicted: np.ndarray, target: np.ndarray) -> np.ndarray:
-    """The R² of the target columns that are not constant (a NaN from NaN outputs is kept: it propagates)."""
-    _, target_rows = _target_columns(predicted, target)
-    per_target = r2_per_target(predicted, target)
-    if per_target.size == 0:
-        return per_target
-    constant = np.ptp(target_rows, axis=0) == 0
-    return per_target[~constant]
+    """The R² of the target columns whose target varies."""
+    per_target, varies = _r2_columns(predicted, target)
+    return per_target[varies]
 
 
 def r2_score(predicted: np.ndarray, target: np.ndarray) -> float:

@@ -307,6 +307,8 @@ def test_r2_leaves_out_constant_targets_and_propagates_nan() -> None:
     assert metrics.r2_score(predicted, target) == pytest.approx(0.5)
     assert metrics.r2_min(predicted, target) == pytest.approx(0.5)
     assert math.isnan(metrics.r2_score(np.full((3, 2), 5.0), np.full((3, 2), 5.0)))  # every target constant
+    # 0.1 three times: its float mean is not exactly 0.1, yet the column is constant and has no R²
+    assert math.isnan(metrics.r2_per_target(np.full((3, 1), 0.2), np.full((3, 1), 0.1))[0])
     predicted[1, 0] = NAN
     assert math.isnan(metrics.r2_score(predicted, target)) and math.isnan(metrics.r2_min(predicted, target))
     assert math.isnan(metrics.r2_min(np.zeros((0, 2)), np.zeros((0, 2))))
