@@ -240,6 +240,9 @@ def _range_analysis(
         return None
     finally:
         clock.add("ranges", t)
+    if analysis is None:
+        logger.info("  skipped: no node of the model makes a float tensor of known type (nothing to analyse)")
+        return None
     for warning in analysis.warnings:
         logger.warning("calibration coverage: %s", warning.message)
     return analysis

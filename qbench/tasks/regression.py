@@ -1,8 +1,12 @@
 """Regression: one or more float values per row, judged against float labels and against FP32.
 
-Without labels, mae / rmse / r2 / max_error are measured against the FP32 outputs instead.
-A row agrees with FP32 when every one of its values is within AGREEMENT_TOLERANCE x the
-standard deviation of the FP32 outputs (a scale-free tolerance: the model's units are unknown).
+Without labels, mae / rmse / r2 / r2_min / max_error are measured against the FP32 outputs instead.
+Several targets per row are judged one target at a time, then averaged uniformly (scikit-learn's
+default): rmse and r2 are the mean of each target's, mae the mean over all values (the same thing),
+r2_min the worst target's R²; a large-scale target cannot hide a small one. max_error is the largest
+error of any value, in the targets' units. A row agrees with FP32 when every one of its values is
+within AGREEMENT_TOLERANCE x the standard deviation of that target's FP32 outputs (a scale-free
+tolerance: the model's units are unknown). One target per row is the plain single-target case.
 """
 
 from __future__ import annotations
@@ -50,12 +54,19 @@ def _any_list(values: Sequence[Any]) -> bool:
     return any(isinstance(v, (list, tuple, np.ndarray)) for v in values)
 
 
-def agreeing_rows(outputs: np.ndarray, reference: np.ndarray, tolerance: float) -> np.ndarray:
-    """1.0 for rows whose every |output - reference| <= tolerance, else 0.0 (NaN/inf never agree)."""
+def agreeing_rows(outputs: np.ndarray, reference: np.ndarray, tolerance: float | np.ndarray) -> np.ndarray:
+    """1.0 for rows whose every |output - reference| <= tolerance (one, or one per target), else 0.0 (NaN/inf never
+    agree)."""
     outputs, reference = np.asarray(outputs, dtype=np.float64), np.asarray(reference, dtype=np.float64)
     difference = np.abs(outputs - reference).reshape(outputs.shape[0], -1)
     with np.errstate(invalid="ignore"):
         return (np.isfinite(difference) & (difference <= tolerance)).all(axis=1).astype(np.float64)
+
+
+def _finite_std(values: np.ndarray) -> float:
+    """Standard deviation of the finite values; 0 when there are none."""
+    finite = values[np.isfinite(values)]
+    return float(np.std(finite)) if finite.size else 0.0
 
 
 @dataclass(frozen=True)
@@ -74,6 +85,7 @@ class RegressionRows:
             "mae": metrics.mean_absolute_error(outputs, target),
             "rmse": metrics.root_mean_squared_error(outputs, target),
             "r2": metrics.r2_score(outputs, target),
+            "r2_min": metrics.r2_min(outputs, target),
             "max_error": float(np.max(errors)) if errors.size else math.nan,
             "agreement": agreement,
             "max_abs_error": metrics.max_abs_error(outputs, self.reference[mask]),
@@ -86,10 +98,12 @@ class Regression(Task):
     name = "regression"
     metric_infos = (
         MetricInfo("mae", False, "mean absolute error vs labels (vs FP32 without labels)"),
-        MetricInfo("rmse", False, "root mean squared error vs labels (vs FP32 without labels)"),
-        MetricInfo("r2", True, "coefficient of determination vs labels (vs FP32 without labels)"),
+        MetricInfo("rmse", False, "root mean squared error vs labels (vs FP32 without labels), averaged over targets"),
+        MetricInfo("r2", True, "coefficient of determination vs labels (vs FP32 without labels), "
+                   "averaged over targets"),
+        MetricInfo("r2_min", True, "the worst target's coefficient of determination (r2 with one target)"),
         MetricInfo("max_error", False, "largest absolute error vs labels (vs FP32 without labels)"),
-        MetricInfo("agreement", True, "fraction of rows within 1% of the FP32 outputs' spread of FP32"),
+        MetricInfo("agreement", True, "fraction of rows within 1% of each target's FP32 spread of FP32"),
         MetricInfo("max_abs_error", False, "largest absolute difference from the FP32 output"),
     )
     default_gate_metric = "mae"
@@ -131,8 +145,7 @@ class Regression(Task):
         target = ref if labels is None else np.asarray(labels, dtype=np.float64).reshape(rows, -1)
         if target.shape[1] != out.shape[1]:
             raise LabelError(f"{target.shape[1]} target(s) per row, but the output has {out.shape[1]} values per row")
-        finite = ref[np.isfinite(ref)]
-        tolerance = AGREEMENT_TOLERANCE * float(np.std(finite)) if finite.size else 0.0
+        tolerance = AGREEMENT_TOLERANCE * np.array([_finite_std(column) for column in ref.T])
         return RegressionRows(out, ref, target, agreeing_rows(out, ref, tolerance))
 
     def qat_label_targets(self, labels: np.ndarray, output: torch.Tensor) -> torch.Tensor:

@@ -232,7 +232,7 @@ def analyse_ranges(
     workdir: Path | None = None,
     memory_budget: int = MEMORY_BUDGET_BYTES,
     whole: bool = False,
-) -> RangeAnalysis:
+) -> RangeAnalysis | None:
     """Run the FP32 model once over `feeds` with every float tensor exposed; reduce per slice as it goes.
 
     slices: slice name -> boolean mask over the rows of `feeds`. calibration_counts: calibration
@@ -240,6 +240,7 @@ def analyse_ranges(
     which a variant clips become coverage warnings. Batches hold at most `batch_size` rows, fewer
     when one batch's exposed tensors would take more than `memory_budget` bytes; with `whole` (a model
     with a fixed batch) exactly `batch_size`, the last one filled with repeats of its rows that count nowhere.
+    None when no node makes a float tensor of known type (e.g. a tree ensemble feeding a ZipMap): nothing to analyse.
     """
     import onnxruntime as ort
 
@@ -247,6 +248,8 @@ def analyse_ranges(
     exposed, nodes = expose_float_tensors(load_model(model_path))
     tensors = list(nodes)
     fetched = [t for t in tensors if nodes[t] != GRAPH_INPUT]
+    if not fetched:
+        return None
     scopes = [OVERALL, *slices]
     accumulator = _Accumulator(scopes, tensors, variants)
     rows = len(next(iter(feeds.values())))

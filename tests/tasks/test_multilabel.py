@@ -38,3 +38,17 @@ def test_logits_are_thresholded_at_zero_like_fp32() -> None:
     reference = np.array([[-1.0, 2.0], [3.0, -2.0]])
     overall = TASK.rows(reference, reference, None).summarise("overall", np.ones(2, dtype=bool)).metrics
     assert overall["micro_f1"] == 1.0 and overall["row_agreement"] == 1.0
+
+
+def test_a_slice_without_positives_has_f1_one_and_a_spurious_positive_drops_it() -> None:
+    """Rows with no positive label, which FP32 predicts all negative: F1 1 (not NaN), so the gate can judge the
+    slice; a variant predicting one spurious positive there drops to 0."""
+    reference = np.array([[0.1, 0.2], [0.3, 0.1], [0.9, 0.8]], dtype=np.float32)
+    outputs = np.array([[0.1, 0.7], [0.3, 0.1], [0.9, 0.8]], dtype=np.float32)
+    labels = np.array([[0, 0], [0, 0], [1, 1]])
+    negatives = np.array([True, True, False])
+    fp32 = TASK.rows(reference, reference, labels).summarise("negatives", negatives).metrics
+    variant = TASK.rows(outputs, reference, labels).summarise("negatives", negatives).metrics
+    assert fp32["micro_f1"] == fp32["macro_f1"] == 1.0
+    assert variant["micro_f1"] == variant["macro_f1"] == 0.0
+    assert variant["row_agreement"] == 0.5

@@ -22,8 +22,8 @@ def test_labels_must_be_finite_numbers() -> None:
         TASK.check_labels(np.zeros(3), TensorMeta("y", np.dtype("float32"), (None, 2)), np.arange(3))
 
 
-def test_several_targets_per_row_are_a_list_per_row_and_metrics_pool_them() -> None:
-    """Two targets per row: mae and rmse over every value, r2 against each target column's own mean."""
+def test_several_targets_per_row_are_a_list_per_row_judged_per_target() -> None:
+    """Two targets per row: mae over every value, rmse and r2 per target averaged uniformly, r2_min the worst."""
     labels = TASK.labels_from_values([[1.0, 10.0], np.array([2.0, 20.0]), (3.0, 30.0)], np.arange(3))
     assert labels.tolist() == [[1.0, 10.0], [2.0, 20.0], [3.0, 30.0]]
     TASK.check_labels(labels, TensorMeta("y", np.dtype("float32"), (None, 2)), np.arange(3))
@@ -37,8 +37,24 @@ def test_several_targets_per_row_are_a_list_per_row_and_metrics_pool_them() -> N
     outputs = np.array([[1.5, 10.0], [2.0, 22.0], [3.0, 30.0]])
     overall = TASK.rows(outputs, outputs, labels).summarise("overall", np.ones(3, dtype=bool)).metrics
     assert overall["mae"] == pytest.approx((0.5 + 2.0) / 6)
-    assert overall["rmse"] == pytest.approx(math.sqrt((0.25 + 4.0) / 6))
-    assert overall["r2"] == pytest.approx(1 - (0.25 + 4.0) / (2.0 + 200.0))  # SS_tot: (1+0+1) + (100+0+100)
+    # target 0: SS_res 0.25, SS_tot 1+0+1 = 2; target 1: SS_res 4, SS_tot 100+0+100 = 200
+    assert overall["rmse"] == pytest.approx((math.sqrt(0.25 / 3) + math.sqrt(4.0 / 3)) / 2)
+    assert overall["r2"] == pytest.approx(((1 - 0.25 / 2) + (1 - 4.0 / 200)) / 2)
+    assert overall["r2_min"] == pytest.approx(1 - 0.25 / 2)
+
+
+def test_a_ruined_small_scale_target_is_not_hidden_by_a_large_one() -> None:
+    """Target 0 in units, target 1 in thousands: a variant ruining target 0 shows in r2, r2_min and agreement."""
+    reference = np.array([[1.0, 1000.0], [2.0, 2000.0], [3.0, 3000.0], [4.0, 4000.0]])
+    ruined = reference.copy()
+    ruined[:, 0] = [4.0, 3.0, 2.0, 1.0]  # R² of target 0 against FP32: 1 - 20/5 = -3
+    mask = np.ones(4, dtype=bool)
+    fp32 = TASK.rows(reference, reference, None).summarise("overall", mask).metrics
+    variant = TASK.rows(ruined, reference, None).summarise("overall", mask).metrics
+    assert fp32["r2"] == fp32["r2_min"] == 1.0
+    assert variant["r2"] == pytest.approx((-3.0 + 1.0) / 2) and variant["r2_min"] == pytest.approx(-3.0)
+    # tolerance per target: 1 % of std(1..4) = 0.0112 for target 0 (pooled, 14.8 let every row agree)
+    assert variant["agreement"] == 0.0
 
 
 def test_metrics_per_slice_by_hand() -> None:

@@ -283,6 +283,35 @@ def test_regression_errors_by_hand() -> None:
     assert metrics.r2_score(target, target) == pytest.approx(1.0)
     assert math.isnan(metrics.r2_score(np.array([1.0, 2.0]), np.array([3.0, 3.0])))  # constant target
     assert math.isnan(metrics.mean_absolute_error(np.array([]), np.array([])))
+    assert metrics.r2_min(predicted, target) == pytest.approx(-1.5)  # one target: the worst is the only one
+
+
+def test_several_targets_are_judged_one_by_one_and_averaged_uniformly() -> None:
+    """A small-scale target ruined beside a large-scale one that is kept: the average and the worst show it."""
+    target = np.array([[1.0, 10.0], [2.0, 20.0], [3.0, 30.0]])
+    predicted = np.array([[1.0, 10.0], [2.0, 22.0], [0.0, 30.0]])
+    # target 0: errors 0, 0, 3: SS_res 9, SS_tot 2 -> R² -3.5, RMSE sqrt(3)
+    # target 1: errors 0, 2, 0: SS_res 4, SS_tot 200 -> R² 0.98, RMSE sqrt(4/3)
+    # (pooled, the old figures: R² 1 - 13/202 = 0.936, RMSE sqrt(13/6): the large target hid the small one)
+    assert metrics.r2_per_target(predicted, target).tolist() == pytest.approx([-3.5, 0.98])
+    assert metrics.r2_score(predicted, target) == pytest.approx((-3.5 + 0.98) / 2)
+    assert metrics.r2_min(predicted, target) == pytest.approx(-3.5)
+    assert metrics.root_mean_squared_error(predicted, target) == pytest.approx((math.sqrt(3) + math.sqrt(4 / 3)) / 2)
+    assert metrics.mean_absolute_error(predicted, target) == pytest.approx(5 / 6)  # = (3/3 + 2/3) / 2
+
+
+def test_r2_leaves_out_constant_targets_and_propagates_nan() -> None:
+    target = np.array([[1.0, 5.0], [2.0, 5.0], [3.0, 5.0]])
+    predicted = np.array([[1.0, 5.0], [2.0, 6.0], [4.0, 5.0]])
+    # target 1 is constant (no R²): only target 0 counts, SS_res 1, SS_tot 2 -> 0.5
+    assert metrics.r2_score(predicted, target) == pytest.approx(0.5)
+    assert metrics.r2_min(predicted, target) == pytest.approx(0.5)
+    assert math.isnan(metrics.r2_score(np.full((3, 2), 5.0), np.full((3, 2), 5.0)))  # every target constant
+    # 0.1 three times: its float mean is not exactly 0.1, yet the column is constant and has no R²
+    assert math.isnan(metrics.r2_per_target(np.full((3, 1), 0.2), np.full((3, 1), 0.1))[0])
+    predicted[1, 0] = NAN
+    assert math.isnan(metrics.r2_score(predicted, target)) and math.isnan(metrics.r2_min(predicted, target))
+    assert math.isnan(metrics.r2_min(np.zeros((0, 2)), np.zeros((0, 2))))
 
 
 def test_f1_by_hand() -> None:
@@ -292,7 +321,19 @@ def test_f1_by_hand() -> None:
     assert metrics.micro_f1(predicted, target) == pytest.approx(0.75)
     # label 0: tp 1 fn 1 -> 2/3; label 1: tp 2 fp 1 -> 4/5; label 2: no positives anywhere -> left out
     assert metrics.macro_f1(predicted, target) == pytest.approx((2 / 3 + 4 / 5) / 2)
-    assert math.isnan(metrics.macro_f1(np.zeros((2, 2)), np.zeros((2, 2))))
+
+
+def test_f1_without_any_positive_is_perfect_and_a_spurious_positive_drops_it() -> None:
+    """A slice whose rows have no positive label, predicted all negative: every decision is right (F1 1, as
+    scikit-learn's zero_division=1), not NaN; one spurious positive makes both F1s 0 (tp 0, fp 1)."""
+    negatives, spurious = np.zeros((3, 2)), np.array([[0, 1], [0, 0], [0, 0]])
+    assert metrics.micro_f1(negatives, negatives) == metrics.NO_POSITIVES_F1 == 1.0
+    assert metrics.macro_f1(negatives, negatives) == 1.0
+    assert metrics.micro_f1(spurious, negatives) == 0.0
+    assert metrics.macro_f1(spurious, negatives) == 0.0  # label 0 has no positive anywhere: left out
+    assert metrics.drop("macro_f1", 1.0, metrics.macro_f1(spurious, negatives)) == 1.0
+    assert math.isnan(metrics.micro_f1(np.zeros((0, 2)), np.zeros((0, 2))))  # no rows
+    assert math.isnan(metrics.macro_f1(np.zeros((0, 2)), np.zeros((0, 2))))
 
 
 def test_multilabel_thresholds() -> None:

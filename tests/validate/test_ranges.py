@@ -4,6 +4,7 @@ whose activations overflow FP16 on one slice only, a slice that calibration neve
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 
@@ -232,6 +233,41 @@ def test_sweep_without_range_analysis(tmp_path: Path) -> None:
 
     outcome = run_sweep(write_project(tmp_path, analysis={"ranges": False}), track=False)
     assert outcome.results.ranges is None and "ranges" not in outcome.results.timings
+    assert "## Activation ranges" not in outcome.report_path.read_text()
+
+
+def argmax_model(path: Path) -> Path:
+    """x [N, 4] -> ArgMax -> label [N] (int64): no node makes a float tensor (like a tree ensemble before a ZipMap,
+    whose scores ONNX shape inference cannot type)."""
+    graph = helper.make_graph(
+        [helper.make_node("ArgMax", ["x"], ["label"], name="pick", axis=1, keepdims=0)],
+        "argmax",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("label", TensorProto.INT64, ["batch"])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def test_a_model_without_float_intermediate_tensors_has_nothing_to_analyse(tmp_path: Path) -> None:
+    x, kind = tiny_rows()
+    assert analyse_ranges(argmax_model(tmp_path / "argmax.onnx"), {"x": x}, {"hot": kind == "hot"}, batch_size=8) is None
+
+
+@pytest.mark.slow
+def test_sweep_of_such_a_model_says_so_without_an_error(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from qbench.sweep import run_sweep
+
+    caplog.set_level(logging.INFO, logger="qbench.sweep")
+    recipe = write_project(tmp_path, variants=[{"name": "fp16", "precision": "fp16"}])
+    argmax_model(tmp_path / "tiny.onnx")
+    outcome = run_sweep(recipe, track=False)
+    logged = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "qbench.sweep"]
+    assert not [m for level, m in logged if level == "ERROR"], logged
+    assert ("INFO", "  skipped: no node of the model makes a float tensor of known type (nothing to analyse)") in logged
+    assert outcome.results.ranges is None
     assert "## Activation ranges" not in outcome.report_path.read_text()
 
 
