@@ -6,6 +6,7 @@ it on every call, and obeys two control files there:
 
     interrupt_at   holds N: on the N-th call, SIGINT to its own process (the sweep's, with the local executor)
     hang_once      the first call that sees it writes `worker.pid` and sleeps, so the test can kill that process
+    hold_after     holds N: every call after the N-th waits while the file exists (a job held mid-measurement)
 
 It is a fixture builder, not a test module.
 """
@@ -41,6 +42,9 @@ def agreement_probe(outputs, labels):
         stop.unlink()
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(5)  # the handler raises in the main thread before this ends
+    hold = HERE / "hold_after"
+    while hold.is_file() and count > int(hold.read_text() or 0):
+        time.sleep(0.05)
     hang = HERE / "hang_once"
     if hang.is_file():
         hang.unlink()
