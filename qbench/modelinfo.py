@@ -31,8 +31,8 @@ class TensorMeta:
 
     kind "map": a sequence of per-row {class key: score} maps; dtype is the score type, shape
     (rows, classes) and class_keys the keys when the graph states them (a ZipMap's attributes).
-    A score tensor's class_keys are its columns' classes in column order, when the graph states them
-    (qbench.modelinfo_classes).
+    A score tensor's class_keys are its columns' classes in column order, a string label tensor's the classes its
+    values are one of, when the graph states them (qbench.modelinfo_classes).
     passthrough_of: the graph input this output merely copies (Identity/Cast chain), if any.
     off_label: set on a score tensor whose arg-max is not how the graph picks its label.
     """
@@ -83,10 +83,11 @@ def read_model_info(path: Path) -> ModelInfo:
     outputs = {}
     for value in model.graph.output:
         meta = _meta(value, producers.get(value.name))
+        if meta.kind == "map" or meta.dtype.kind == "f":  # scores, not labels
+            meta = dataclasses.replace(meta, off_label=facts.off_label.get(value.name))
         if meta.kind == "tensor":
-            off_label = facts.off_label.get(value.name) if meta.dtype.kind == "f" else None  # scores, not labels
-            meta = dataclasses.replace(meta, class_keys=facts.tables.get(value.name), off_label=off_label,
-                                       probabilities=facts.probabilities.get(value.name))  # fmt: skip
+            keys = facts.labels.get(value.name) if meta.dtype == object else facts.tables.get(value.name)
+            meta = dataclasses.replace(meta, class_keys=keys, probabilities=facts.probabilities.get(value.name))
         source = _copied_input(value.name, producers, set(inputs))
         outputs[value.name] = dataclasses.replace(meta, passthrough_of=source) if source is not None else meta
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)

@@ -8,8 +8,13 @@ Converters state it in two ways, both facts of the graph rather than guesses:
   on a constant table, indexed by the arg-max over the scores' last axis.
 
 A score output may reach the graph output through maps that keep the columns and their order
-(Identity, Cast, Normalizer, Sqrt, Exp, Log, Sigmoid, Softmax). scikit-learn's classes [1, 2, 5] then read column 2 as class 5, where reading the
-labels as column ids would score class 1 as column 1 and fail silently on data lacking class 5.
+(Identity, Cast, Normalizer, Sqrt, Exp, Log, Sigmoid, Softmax, and a row's shift or scale by a statistic
+of that row's scores: minus their log-sum-exp, over their sum). scikit-learn's classes [1, 2, 5] then
+read column 2 as class 5, where reading the labels as column ids would score class 1 as column 1 and
+fail silently on data lacking class 5.
+
+A string label output is read through the same tables: the classifier's, or the constant it is
+looked up in; each value stands for its position there.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ ClassTable = tuple[int | str, ...]
 
 # element-wise or row-wise maps that keep each column's class and the columns' order
 _COLUMN_KEEPING_OPS = ("Identity", "Cast", "Normalizer", "Sqrt", "Exp", "Log", "Sigmoid", "Softmax", "LogSoftmax")
+_ROW_NORMALISING_OPS = ("Sub", "Div")
 _INDEX_OPS = ("Identity", "Cast", "Reshape", "Squeeze", "Unsqueeze", "Flatten")
 _LABEL_ATTRIBUTES = ("classlabels_ints", "classlabels_int64s", "classlabels_strings")
 
@@ -32,11 +38,14 @@ _LABEL_ATTRIBUTES = ("classlabels_ints", "classlabels_int64s", "classlabels_stri
 class ScoreFacts:
     """What the graph states about its score outputs (graph output name -> ...).
 
-    tables: each column's class. off_label: why the graph's own label is not the highest score (its label is
+    tables: each column's class. labels: the class table a label output picks its values from (an ONNX-ML
+    classifier's first output, or a constant table indexed by the graph), so that a string label reads as its
+    position there. off_label: why the graph's own label is not the highest score (its label is
     the ArgMin of the scores, as KMeans' distances; or an SVMClassifier's one-vs-one vote), for scores whose
     arg-max would misread the model's decision."""
 
     tables: dict[str, ClassTable]
+    labels: dict[str, ClassTable]
     off_label: dict[str, str]
     probabilities: dict[str, bool]  # True: a Sigmoid or Softmax made the scores; False: a linear layer (logits)
 
@@ -50,8 +59,11 @@ def score_facts(model: onnx.ModelProto) -> ScoreFacts:
         for name in node.input:
             consumers.setdefault(name, []).append(node)
     constants = _constant_tables(model)
-    tables, off_label, probabilities = {}, {}, {}
+    tables, labels, off_label, probabilities = {}, {}, {}, {}
     for output in graph.output:
+        label_table = _label_table(output.name, producers, constants)
+        if label_table:
+            labels[output.name] = label_table
         chain = _score_chain(output.name, producers)
         table = _classifier_labels(chain[-1], producers) or _argmax_lookup(chain, consumers, constants)
         if table:
@@ -62,7 +74,7 @@ def score_facts(model: onnx.ModelProto) -> ScoreFacts:
         scale = _scale(output.name, producers)
         if scale is not None:
             probabilities[output.name] = scale
-    return ScoreFacts(tables, off_label, probabilities)
+    return ScoreFacts(tables, labels, off_label, probabilities)
 
 
 _PROBABILITY_OPS = ("Sigmoid", "Softmax")
@@ -111,11 +123,29 @@ def _ancestors(name: str, producers: dict[str, onnx.NodeProto]) -> list[onnx.Nod
 def _score_chain(name: str, producers: dict[str, onnx.NodeProto]) -> list[str]:
     """`name` and the tensors it copies column for column, back to where the scores are made."""
     chain = [name]
-    while (node := producers.get(chain[-1])) is not None and node.op_type in _COLUMN_KEEPING_OPS and node.input:
-        if node.input[0] in chain:
+    while (node := producers.get(chain[-1])) is not None and node.input and node.input[0] not in chain:
+        if node.op_type not in _COLUMN_KEEPING_OPS and not _row_normalised(node, producers):
             break
         chain.append(node.input[0])
     return chain
+
+
+def _row_normalised(node: onnx.NodeProto, producers: dict[str, onnx.NodeProto]) -> bool:
+    """Whether `node` shifts or scales each row of scores by a statistic of that row (scores - logsumexp(scores),
+    scores / sum(scores)): a Sub or Div whose second input is a Reduce over its first, through reshapes."""
+    if node.op_type not in _ROW_NORMALISING_OPS or len(node.input) != 2:
+        return False
+    name = node.input[1]
+    for _ in range(len(_RESHAPING_OPS)):
+        statistic = producers.get(name)
+        if statistic is None or not statistic.input:
+            return False
+        if statistic.op_type.startswith("Reduce"):
+            return statistic.input[0] == node.input[0]
+        if statistic.op_type not in _RESHAPING_OPS:
+            return False
+        name = statistic.input[0]
+    return False
 
 
 def _classifier_labels(scores: str, producers: dict[str, onnx.NodeProto]) -> ClassTable | None:
@@ -123,9 +153,30 @@ def _classifier_labels(scores: str, producers: dict[str, onnx.NodeProto]) -> Cla
     node = producers.get(scores)
     if node is None or node.domain != "ai.onnx.ml" or len(node.output) < 2 or node.output[1] != scores:
         return None
+    return _class_labels(node)
+
+
+def _class_labels(node: onnx.NodeProto) -> ClassTable | None:
     for attribute in node.attribute:
         if attribute.name in _LABEL_ATTRIBUTES and (attribute.ints or attribute.strings):
             return tuple(int(k) for k in attribute.ints) or tuple(k.decode() for k in attribute.strings)
+    return None
+
+
+def _label_table(name: str, producers: dict[str, onnx.NodeProto], constants: dict[str, ClassTable]) -> ClassTable | None:
+    """The classes the label output `name` is one of: the labels of the ONNX-ML classifier whose first output it
+    copies, or the constant table it is looked up in (through reshapes and casts)."""
+    for _ in range(len(_INDEX_OPS) * 4):
+        node = producers.get(name)
+        if node is None:
+            return None
+        if node.domain == "ai.onnx.ml" and node.output[0] == name and node.op_type.endswith("Classifier"):
+            return _class_labels(node)
+        if node.op_type in ("ArrayFeatureExtractor", "Gather") and len(node.input) == 2 and node.input[0] in constants:
+            return constants[node.input[0]]
+        if node.op_type not in _INDEX_OPS or not node.input:
+            return None
+        name = node.input[0]
     return None
 
 

@@ -44,7 +44,7 @@ from qbench.recipe import Recipe
 from qbench.results import CalibrationRecord
 from qbench.sources import ModelSource, resolve_model
 from qbench.tasks import CustomMetric, LabelError, Task, get_task
-from qbench.tasks.classification import label_columns
+from qbench.tasks.classification import class_count, column_classes, label_columns, named_labels
 from qbench.tasks.custom import load_custom_metrics
 from qbench.tasks.selection import OutputChoice, choose_outputs
 from qbench.variants.base import TrainingData
@@ -95,6 +95,11 @@ class Prepared:
     def output_indices(self) -> dict[str, int]:
         """Evaluated output name -> its index in the model's outputs."""
         return {choice.name: choice.index for choice in self.outputs}
+
+    @property
+    def label_tables(self) -> dict[str, tuple[int | str, ...]]:
+        """Evaluated string label output -> the class table its values are read as positions of."""
+        return {c.name: c.meta.class_keys for c in self.outputs if named_labels(c.meta) and c.meta.class_keys}
 
 
 def prepare(recipe: Recipe, *, track: bool = True, destinations: bool = True, backends: bool = True) -> Prepared:
@@ -300,6 +305,15 @@ def _named_classes(
     if mapped:
         raise RecipeError(recipe.source, "data.classes", f"output {mapped[0]!r} names its own classes (a map); expected "
                           "no data.classes with it")  # fmt: skip
+    for choice in outputs:
+        stated = column_classes(choice.meta)
+        if stated is not None and [str(c) for c in stated] != [str(c) for c in classes]:
+            raise RecipeError(recipe.source, "data.classes", f"output {choice.name!r} names its own classes in the graph "
+                              f"({', '.join(map(str, stated))}); expected data.classes left out, or equal to them")  # fmt: skip
+        count = class_count(choice.meta)
+        if count is not None and count != len(classes):
+            raise RecipeError(recipe.source, "data.classes", f"names {len(classes)} classes, output {choice.name!r} "
+                              f"has {count}; expected one name per class, in column order")  # fmt: skip
     return label_columns(values, classes, positions, unknown=f"are none of data.classes ({', '.join(map(str, classes))})")
 
 

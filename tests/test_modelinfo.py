@@ -143,3 +143,45 @@ def test_the_graph_says_whether_its_scores_are_probabilities_or_logits(tmp_path:
     assert (found["logit"].probabilities, found["probability"].probabilities, found["other"].probabilities) == (
         False, True, None
     )  # fmt: skip
+
+
+def _string_class_onnx(tmp_path: Path, estimator, name: str, zipmap: bool) -> Path:
+    """`estimator` fitted on iris with string classes 'no' / 'yes' (setosa or not), converted by skl2onnx."""
+    skl2onnx = __import__("pytest").importorskip("skl2onnx")
+    from sklearn.datasets import load_iris
+
+    x, y = load_iris(return_X_y=True)
+    fitted = estimator.fit(x.astype(np.float32), np.where(y == 0, "yes", "no"))
+    onx = skl2onnx.to_onnx(fitted, x[:1].astype(np.float32), options={} if zipmap else {"zipmap": False},
+                           target_opset={"": 17, "ai.onnx.ml": 3})  # fmt: skip
+    path = tmp_path / f"{name}-{'zipmap' if zipmap else 'tensor'}.onnx"
+    onnx.save(onx, str(path))
+    return path
+
+
+def test_a_string_label_output_carries_its_classifiers_class_table(tmp_path: Path) -> None:
+    """A binary SVC's string label was refused ('holds object values'), so its scores [-d, d] were evaluated and read
+    backwards. The label now carries the SVMClassifier's classes and is evaluated; its scores (tensor or ZipMap) are
+    marked off-label."""
+    from sklearn.svm import SVC
+
+    from qbench.tasks import get_task
+    from qbench.tasks.selection import choose_outputs
+
+    for zipmap, label, scores in ((False, "label", "probabilities"), (True, "output_label", "output_probability")):
+        info = read_model_info(_string_class_onnx(tmp_path, SVC(), "svc", zipmap))
+        assert info.outputs[label].dtype == object and info.outputs[label].class_keys == ("no", "yes")
+        assert info.outputs[scores].off_label is not None
+        assert [c.name for c in choose_outputs(get_task("classification"), info, None)] == [label]
+
+
+def test_scores_normalised_by_a_statistic_of_their_row_keep_the_class_table(tmp_path: Path) -> None:
+    """GaussianNB's probabilities are exp(scores - logsumexp(scores)), KNN's votes / their sum: the graph's
+    classes[ArgMax(scores)] still names the columns, so string labels read through it."""
+    from sklearn.naive_bayes import GaussianNB
+    from sklearn.neighbors import KNeighborsClassifier
+
+    for estimator, name in ((GaussianNB(), "gnb"), (KNeighborsClassifier(), "knn")):
+        info = read_model_info(_string_class_onnx(tmp_path, estimator, name, zipmap=False))
+        assert info.outputs["probabilities"].class_keys == ("no", "yes"), name
+        assert info.outputs["label"].class_keys == ("no", "yes"), name

@@ -3,7 +3,9 @@
 A float output of shape (rows, classes) — or a converter's ZipMap, read as such a matrix — gives
 accuracy, agreement and flip rate of the top-1 class, the KL divergence of the softmax and the
 largest score difference. A 1-D integer output is class ids and gives accuracy, agreement and
-flip rate only: an integer is never read as a score.
+flip rate only: an integer is never read as a score. A 1-D string output is read the same way when
+the graph states the classes it picks from (an ONNX-ML classifier's label): each value becomes its
+position in that table (qbench.validate.outputs), as string labels do.
 """
 
 from __future__ import annotations
@@ -50,9 +52,14 @@ def _no_label(value: Any) -> bool:
     return value is None or value is pd.NA or (isinstance(value, (float, np.floating)) and np.isnan(value))
 
 
+def named_labels(output: TensorMeta) -> bool:
+    """Whether `output` is a string label tensor whose class table the graph states (read as positions there)."""
+    return output.kind == "tensor" and output.dtype == object and output.class_keys is not None
+
+
 def class_count(output: TensorMeta) -> int | None:
-    """How many classes a score output has, when the graph says (a static last dim, or a ZipMap's keys)."""
-    if output.kind == "map":
+    """How many classes an output has, when the graph says (a static last dim, a ZipMap's keys, a label's table)."""
+    if output.kind == "map" or named_labels(output):
         return None if output.class_keys is None else len(output.class_keys)
     if is_float(output) and output.shape and output.shape[-1] is not None:
         return 2 if output.shape[-1] == 1 else output.shape[-1]
@@ -87,7 +94,7 @@ def _class_key(value: object) -> str:
     return str(value)
 
 
-def _column_classes(output: TensorMeta) -> tuple[int | str, ...] | None:
+def column_classes(output: TensorMeta) -> tuple[int | str, ...] | None:
     """The class each score column stands for, when that is not simply the column's number: a string ZipMap's keys
     (read in sorted order), a score tensor's class table (in column order). None: labels are column ids."""
     keys = output.class_keys
@@ -163,7 +170,7 @@ class Classification(Task):
         return labels
 
     def metrics_not_computed(self, output: TensorMeta) -> dict[str, str]:
-        if output.kind == "tensor" and is_integer(output):
+        if is_integer(output) or named_labels(output):
             reason = "it holds class ids, and the metric needs scores"
             return {"kl_mean": reason, "max_abs_error": reason}
         return {}
@@ -174,13 +181,13 @@ class Classification(Task):
         """Labels naming classes become the column the evaluated scores give that class: its position among a string
         ZipMap's sorted keys (as the map is read), or in a score tensor's class table (qbench.modelinfo_classes).
         Labels that are no class of such an output are an error; without one, labels are column ids."""
-        tables = [table for table in map(_column_classes, outputs) if table is not None]
+        tables = [table for table in map(column_classes, outputs) if table is not None]
         if not tables or any(table != tables[0] for table in tables):
             return values  # no stated classes, or outputs that disagree on them: the values are judged as ids
         classes = tables[0]
         if all(isinstance(k, str) for k in classes) and not any(isinstance(v, str) for v in values):
             return values  # ids given for named classes: read as columns, as before
-        named = next(o for o in outputs if _column_classes(o) is not None)
+        named = next(o for o in outputs if column_classes(o) is not None)
         ids = [o.name for o in outputs if o.kind == "tensor" and is_integer(o)]
         if ids:
             raise LabelError(f"output {named.name!r} scores the classes {_listed(classes)} by column, while output "
@@ -210,7 +217,7 @@ class Classification(Task):
     def output_rank(self, output: TensorMeta) -> int | None:
         if self.output_problem(output) is not None:
             return None
-        if is_integer(output):
+        if is_integer(output) or named_labels(output):
             return 1
         return 2 if output.off_label else 0  # scores say more than ids, unless their arg-max is not the label
 
@@ -221,10 +228,14 @@ class Classification(Task):
             return None if output.dtype.kind == "f" else f"output {output.name!r} ({output.type_name}) has no float scores"
         if output.kind != "tensor":
             return f"output {output.name!r} is a {output.type_name}: {_STRUCTURED}"
-        if is_integer(output):
+        if is_integer(output) or named_labels(output):
             if len(output.shape) > 2 or (len(output.shape) == 2 and output.shape[1] != 1):
-                return f"integer output {output.name!r} of shape {list(output.shape)} is neither class ids nor scores"
+                kind = "integer" if is_integer(output) else "string"
+                return f"{kind} output {output.name!r} of shape {list(output.shape)} is neither class ids nor scores"
             return None
+        if output.dtype == object:
+            return (f"output {output.name!r} holds strings the graph states no class table for (no ONNX-ML classifier's "
+                    "label nor a constant table it is looked up in): neither class ids nor scores")
         if not is_float(output):
             return f"output {output.name!r} holds {output.dtype} values, neither class ids nor scores"
         return _score_shape_problem(output)

@@ -229,7 +229,7 @@ def _run_rows(runner: Runner, prepared: Prepared, rows: Rows, description: str, 
     with a fixed batch runs whole batches of it."""
     try:
         return run_outputs(runner, rows.feeds, prepared.batch or rows.batch_size, prepared.output_indices,
-                           description=description, whole=prepared.batch is not None)  # fmt: skip
+                           description=description, whole=prepared.batch is not None, tables=prepared.label_tables)  # fmt: skip
     finally:
         if close:
             runner.close()

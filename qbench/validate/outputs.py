@@ -2,7 +2,8 @@
 
 A sequence of {class: score} maps (a converter's ZipMap) becomes a (rows, classes) matrix.
 Integer keys give the column: column k holds class k's score (absent classes score 0), so the
-argmax is the class id itself; other keys take their sorted position.
+argmax is the class id itself; other keys take their sorted position. A string label output
+becomes class ids too: each value's position in the class table the graph states for it.
 """
 
 from __future__ import annotations
@@ -51,6 +52,17 @@ def as_array(value: Any, name: str) -> np.ndarray:
     return array
 
 
+def table_positions(values: np.ndarray, table: Sequence[Any], name: str) -> np.ndarray:
+    """int64 (rows,): each string label's position in the output's class `table`; a value not in it is an error."""
+    column = {str(key): index for index, key in enumerate(table)}
+    flat = np.asarray(values).reshape(np.shape(values)[0] if np.ndim(values) else 0)
+    unknown = next((value for value in flat if str(value) not in column), None)
+    if unknown is not None:
+        raise QbenchError(f"output {name!r} gave {unknown!r}, none of the classes its graph states "
+                          f"({', '.join(map(str, table[:12]))}{', ...' if len(table) > 12 else ''})")  # fmt: skip
+    return np.array([column[str(value)] for value in flat], dtype=np.int64)
+
+
 def row_count(feeds: Mapping[str, np.ndarray]) -> int:
     """The number of rows in `feeds`; every input must have the same number."""
     if not feeds:
@@ -69,11 +81,13 @@ def run_outputs(
     description: str = "evaluate",
     *,
     whole: bool = False,
+    tables: Mapping[str, Sequence[Any]] | None = None,
 ) -> dict[str, np.ndarray]:
     """Every row through `runner` in batches of `batch_size`; output name -> its index's values, concatenated.
 
     whole: every batch must have `batch_size` rows (a model with a fixed batch): the last one is filled
-    with repeats of its own rows, and what those give is dropped, so the outputs hold exactly the rows fed."""
+    with repeats of its own rows, and what those give is dropped, so the outputs hold exactly the rows fed.
+    tables: output name -> the class table its string labels are read through (table_positions)."""
     if batch_size <= 0:
         raise QbenchError(f"batch_size must be positive, got {batch_size}")
     rows = row_count(feeds)
@@ -91,6 +105,8 @@ def run_outputs(
                 got = f"{value.shape[0]} row{'s' if value.shape[0] != 1 else ''}" if value.ndim else "a scalar"
                 raise QbenchError(f"output {name!r} gave {got} for a batch of {fed} input rows: qbench reads one "
                                   "output row per input row (the first axis is the batch)")  # fmt: skip
+            if tables and name in tables:
+                value = table_positions(value, tables[name], name)
             chunks[name].append(value[: rows - start])
     return {
         name: _concatenate(parts) for name, parts in chunks.items()

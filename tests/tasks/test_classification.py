@@ -109,6 +109,16 @@ def test_class_id_outputs_do_not_give_score_metrics() -> None:
     assert TASK.metrics_not_computed(_string_zipmap("probs", ("a", "b"))) == {}
 
 
+def test_a_string_label_output_is_read_only_through_a_class_table_the_graph_states() -> None:
+    named = TensorMeta("label", np.dtype(object), (None,), class_keys=("no", "yes"))
+    assert TASK.output_problem(named) is None and TASK.output_rank(named) == 1
+    assert set(TASK.metrics_not_computed(named)) == {"kl_mean", "max_abs_error"}
+    assert list(TASK.decode_label_names(["yes", "no", "yes"], [named], POSITIONS[:3])) == [1, 0, 1]
+    bare = TensorMeta("label", np.dtype(object), (None,))
+    assert "holds strings the graph states no class table for" in str(TASK.output_problem(bare))
+    assert TASK.output_rank(bare) is None
+
+
 def test_a_binary_score_column_is_read_in_the_variant_as_in_fp32() -> None:
     """FP32 gives probabilities (threshold 0.5); one variant score of 1.01 must not turn the variant into logits
     (threshold 0, every row class 1): rows 0 and 3 stay class 0 and agree with FP32."""

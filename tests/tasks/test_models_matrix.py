@@ -265,9 +265,13 @@ def test_string_labels_name_score_columns_through_data_classes(tmp_path, monkeyp
     assert main(["validate", str(unnamed)]) == 2
     assert said("'virginica' are not integer class ids (for class names, list them in the order of the model's score "
                 "columns in data.classes)", capsys.readouterr().err)  # fmt: skip
-    wrong = project(tmp_path / "wrong", model, table(features, names), data={"classes": ["virginica", "setosa"]})
+    short = project(tmp_path / "short", model, table(features, names), data={"classes": ["virginica", "setosa"]})
+    assert main(["validate", str(short)]) == 2
+    assert said("data.classes: names 2 classes, output 'logits' has 3; expected one name per class, in column order",
+                capsys.readouterr().err)  # fmt: skip
+    wrong = project(tmp_path / "wrong", model, table(features, names), data={"classes": ["virginica", "setosa", "iris"]})
     assert main(["validate", str(wrong)]) == 2
-    assert said("'versicolor' are none of data.classes (virginica, setosa)", capsys.readouterr().err)
+    assert said("'versicolor' are none of data.classes (virginica, setosa, iris)", capsys.readouterr().err)
     named = project(tmp_path / "named", model, table(features, names), data={"classes": order.tolist()})
     results, _ = run_all(named, capsys)
     plain = plain_ort(tmp_path / "named" / "model.onnx", {"x": features})["logits"]

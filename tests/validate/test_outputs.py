@@ -51,6 +51,21 @@ def test_run_outputs_concatenates_each_chosen_output_over_batches() -> None:
         run_outputs(_Runner(), feeds, 2, {"nope": 2})
 
 
+class _StringLabels(_Runner):
+    """Returns a string label per row, as an ONNX-ML classifier with classlabels_strings does: 'no' below 3."""
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> list:
+        return [np.array(["no" if v < 3 else "yes" if v < 6 else "maybe" for v in feeds["x"]], dtype=object)]
+
+
+def test_string_labels_become_their_position_in_the_outputs_class_table() -> None:
+    outputs = run_outputs(_StringLabels(), {"x": np.arange(5, dtype=np.float32)}, 2, {"label": 0},
+                          tables={"label": ("yes", "no")})  # fmt: skip
+    assert outputs["label"].dtype == np.int64 and outputs["label"].tolist() == [1, 1, 1, 0, 0]
+    with pytest.raises(QbenchError, match=r"output 'label' gave 'maybe', none of the classes its graph states \(yes, no\)"):
+        run_outputs(_StringLabels(), {"x": np.arange(7, dtype=np.float32)}, 4, {"label": 0}, tables={"label": ("yes", "no")})
+
+
 class _FixedBatch(_Runner):
     """A model that takes batches of exactly 3 rows, and counts the rows it was fed."""
 

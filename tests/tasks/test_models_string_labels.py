@@ -1,0 +1,93 @@
+"""scikit-learn classifiers with string classes, converted by skl2onnx, through `qbench validate`, `sweep` and `gate`.
+
+The graph states the classes (an ONNX-ML classifier's class labels, or the constant its label is looked up in):
+string labels in the data and a string label output are both read as positions in that table. Every figure is
+compared with scikit-learn's own predictions or a plain onnxruntime run of the label output.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from task_projects import iris, overall, plain_ort, project, run_all, said, table
+
+from qbench.cli import main
+
+pytestmark = pytest.mark.slow
+
+skl2onnx = pytest.importorskip("skl2onnx")
+FP32_TWICE = [{"name": "fp32", "precision": "fp32"}, {"name": "fp32-again", "precision": "fp32"}]  # graphs of ai.onnx.ml nodes only: no int8 to build
+
+
+def _convert(classifier, features: np.ndarray, zipmap: bool):
+    options = None if zipmap else {id(classifier): {"zipmap": False}}
+    return skl2onnx.to_onnx(classifier, features[:1], options=options, target_opset={"": 17, "ai.onnx.ml": 3})
+
+
+@pytest.mark.parametrize("zipmap", [True, False], ids=["zipmap", "no-zipmap"])
+def test_a_binary_svc_is_scored_by_its_own_label(tmp_path, monkeypatch, capsys, zipmap):
+    """skl2onnx scores a binary SVC as [-d, d], whose arg-max is always the other class than its label: qbench
+    reported 1 - accuracy, INT8 drops with their sign flipped and a gate PASS where INT8 lost 5 points."""
+    from sklearn.decomposition import PCA
+    from sklearn.pipeline import make_pipeline
+    from sklearn.svm import SVC
+
+    rng = np.random.default_rng(9)
+    features = (rng.normal(size=(400, 8)) * np.array([1, 1, 1, 1, 5, 5, 50, 50])).astype(np.float32)
+    signal = features[:, 0] + 0.5 * features[:, 1] + 0.02 * features[:, 6] + 0.3 * rng.normal(size=400)
+    labels = np.where(signal > 0, "yes", "no")
+    classifier = make_pipeline(PCA(n_components=8), SVC(kernel="linear")).fit(features[:100], labels[:100])
+    monkeypatch.chdir(tmp_path)
+    recipe = project(tmp_path, _convert(classifier, features, zipmap), table(features, labels))
+    results, _ = run_all(recipe, capsys)
+    label = "output_label" if zipmap else "label"
+    assert results.recipe["model_output"] == label
+    expected = float(np.mean(classifier.predict(features) == labels))
+    assert expected > 0.8
+    assert overall(results)["accuracy"] == pytest.approx(expected, abs=1e-12)
+    int8 = results.find("int8", "onnxruntime-cpu")
+    own = plain_ort(Path(int8.evaluated_model_path or int8.model_path), {"X": features})[label]
+    assert overall(results, "int8")["accuracy"] == pytest.approx(float(np.mean(own == labels)), abs=1e-12)
+    assert int8.accuracy.overall.drops["accuracy"] == pytest.approx(expected - float(np.mean(own == labels)))
+
+
+@pytest.mark.parametrize("estimator", ["gaussian-nb", "knn", "svc-3-classes"])
+def test_string_labels_read_through_the_graphs_classes_without_a_zipmap(tmp_path, monkeypatch, capsys, estimator):
+    """These were refused ('not integer class ids') without a ZipMap although the graph names the classes: GaussianNB's
+    and KNN's scores are normalised per row behind classes[ArgMax], a 3-class SVC is evaluated by its string label."""
+    from sklearn.naive_bayes import GaussianNB
+    from sklearn.neighbors import KNeighborsClassifier
+    from sklearn.svm import SVC
+
+    features, ids = iris()
+    labels = np.array(["setosa", "versicolor", "virginica"])[ids]
+    make = {"gaussian-nb": GaussianNB, "knn": KNeighborsClassifier, "svc-3-classes": lambda: SVC(C=0.05)}[estimator]
+    classifier = make().fit(features[::2], labels[::2])
+    monkeypatch.chdir(tmp_path)
+    recipe = project(tmp_path, _convert(classifier, features, zipmap=False), table(features, labels), variants=FP32_TWICE)
+    results, _ = run_all(recipe, capsys)
+    expected = float(np.mean(classifier.predict(features) == labels))
+    assert expected > 0.6
+    assert overall(results)["accuracy"] == pytest.approx(expected, abs=1e-12)
+
+
+def test_data_classes_must_agree_with_the_classes_the_graph_states(tmp_path, monkeypatch, capsys):
+    """data.classes silently reordered the columns of a LinearClassifier that names its own classes (FP32 accuracy
+    0.33 instead of 0.97); it is refused unless equal to the graph's classes."""
+    from sklearn.linear_model import LogisticRegression
+
+    features, ids = iris()
+    labels = np.array(["alpha", "mid", "zeta"])[ids]
+    classifier = LogisticRegression(max_iter=500).fit(features, labels)
+    model = _convert(classifier, features, zipmap=False)
+    monkeypatch.chdir(tmp_path)
+    reordered = project(tmp_path / "reordered", model, table(features, labels), data={"classes": ["zeta", "mid", "alpha"]})
+    assert main(["validate", str(reordered)]) == 2
+    assert said("reordered/recipe.yaml: data.classes: output 'probabilities' names its own classes in the graph "
+                "(alpha, mid, zeta); expected data.classes left out, or equal to them", capsys.readouterr().err)  # fmt: skip
+    same = project(tmp_path / "same", model, table(features, labels), data={"classes": ["alpha", "mid", "zeta"]},
+                   variants=FP32_TWICE)  # fmt: skip
+    results, _ = run_all(same, capsys)
+    assert overall(results)["accuracy"] == pytest.approx(float(np.mean(classifier.predict(features) == labels)))
