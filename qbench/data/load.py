@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from qbench.errors import MissingExtraError, RecipeError
+from qbench.errors import MissingExtraError, RecipeError, short_repr
 
 SOURCE_ATTR = "source"
 """`DataFrame.attrs` key holding the data file's name, for messages like '120 rows in digits.parquet'."""
@@ -69,6 +69,9 @@ def _read_parquet(path: Path) -> pd.DataFrame:
     return pd.read_parquet(path, engine="pyarrow")
 
 
+OTHER_SEPARATORS = (";", "\t", "|")  # what a CSV export from a spreadsheet in another locale may use
+
+
 def _read_csv(path: Path) -> pd.DataFrame:
     _check_csv_rows(path)
     df = pd.read_csv(path)
@@ -85,6 +88,10 @@ def _check_csv_rows(path: Path) -> None:
         with open(path, newline="", encoding="utf-8", errors="replace") as handle:
             reader = csv.reader(handle)
             header = next(reader, None) or []
+            other = next((sep for sep in OTHER_SEPARATORS if len(header) == 1 and sep in header[0]), None)
+            if other is not None:  # read as one column, every recipe column would be "missing"
+                raise ValueError(f"the header is one column {short_repr(header[0])}: the file looks separated by "
+                                 f"{other!r}; expected comma-separated values")  # fmt: skip
             repeated = sorted({name for name in header if header.count(name) > 1})
             if repeated:  # pandas would rename the second 'y' to 'y.1' and read the first one silently
                 raise ValueError(f"the header names column {repeated[0]!r} {header.count(repeated[0])} times; "

@@ -167,8 +167,11 @@ def test_importing_the_data_module_loads_no_heavy_sdk() -> None:
         ('a,b,c\n1,2,3\n\n"multi\nline",5,6\n7,8\n', "line 6 has 2 fields, expected 3 like the header (a, b, c)"),
         # pandas renamed the second 'y' to 'y.1' and qbench read the first, stale, one: FP32 0.33, gate pass
         ("x,y,half,y\n1,0,a,2\n2,0,b,1\n", "the header names column 'y' 2 times; expected each column once"),
+        # a spreadsheet export with ';': one column, and every recipe column would be reported missing
+        ("x;y;half\n1,5;0;a\n", "the header is one column 'x;y;half': the file looks separated by ';'; expected "
+                                 "comma-separated values"),
     ],
-    ids=["ragged-row", "repeated-header-name"],
+    ids=["ragged-row", "repeated-header-name", "semicolon-separated"],
 )
 def test_a_malformed_csv_is_an_error_naming_the_problem(tmp_path: Path, text: str, problem: str) -> None:
     path = tmp_path / "rows.csv"
