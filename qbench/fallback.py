@@ -167,8 +167,13 @@ class _Search:
         stay: a later fallback ranks their nodes)."""
         best = self.best()
         for trial in self.trials:
-            if trial is not best and trial.built is not None and len(trial.excluded) > len(self.spec.exclude_nodes):
+            if trial is not best and self._owns(trial.built) and len(trial.excluded) > len(self.spec.exclude_nodes):
                 shutil.rmtree(trial.built.onnx_path.parent, ignore_errors=True)
+
+    def _owns(self, built: BuiltVariant | None) -> bool:
+        """Whether `built` lives in this search's own folders: a try with nothing to quantize is the FP32 model
+        itself, in the user's folder, which is never moved or removed."""
+        return built is not None and built.onnx_path.resolve().is_relative_to(self.root)
 
     def best(self) -> Trial:
         """Fastest passing trial; without one, the one with the smallest overall drop."""
@@ -240,9 +245,11 @@ class _Search:
         chosen = self.best()
         if chosen.built is None:
             raise QbenchError(f"variant {self.spec.name!r}: no candidate could be built: {chosen.result.error}")
-        target = self.ctx.workdir.resolve() / chosen.built.onnx_path.name
-        for path in chosen.built.onnx_path.parent.iterdir():
-            path.replace(target.parent / path.name)
+        target = chosen.built.onnx_path
+        if self._owns(chosen.built):
+            target = self.ctx.workdir.resolve() / chosen.built.onnx_path.name
+            for path in chosen.built.onnx_path.parent.iterdir():
+                path.replace(target.parent / path.name)
         params = {**chosen.built.params, **self._path_params(chosen)}
         notes = (*chosen.built.notes, *self._notes(chosen))
         return dataclasses.replace(chosen.built, onnx_path=target, params=params, notes=notes, build_seconds=seconds)

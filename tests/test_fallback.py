@@ -73,3 +73,38 @@ def test_calibrator_auto_records_every_try_then_falls_back_to_the_fastest_passin
     assert result.params["calibrator"] == chosen["calibrator"] and result.params["calibrator_requested"] == "auto"
     assert outcome.gate.status_of("int8-auto", "onnxruntime-cpu") == "pass"
     assert any(note.startswith("search on agreement: minmax ") for note in result.notes)
+
+
+@pytest.mark.parametrize("variant", [{"calibrator": "auto"}, {"calibrator": "minmax", "fallback": {"until": "gate"}}],
+                         ids=["auto", "fallback"])  # fmt: skip
+def test_a_model_with_nothing_to_quantize_leaves_the_users_model_folder_untouched(tmp_path, variant):
+    """Every try is the FP32 model itself (no MatMul/Gemm/Conv): choosing or discarding a try must never move or
+    remove the files beside the user's model."""
+    import numpy as np
+    import onnx
+    import pandas as pd
+    import yaml
+    from onnx import TensorProto, helper
+
+    models = tmp_path / "models"
+    models.mkdir()
+    graph = helper.make_graph(
+        [helper.make_node("Abs", ["x"], ["a"]), helper.make_node("Neg", ["x"], ["n"]), helper.make_node("Sub", ["a", "n"], ["scores"])],
+        "nothing", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 3])],
+        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["b", 3])],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, models / "nothing.onnx")
+    (models / "notes.txt").write_text("the user's own file")
+    x = np.random.default_rng(0).normal(size=(120, 3)).astype(np.float32)
+    pd.DataFrame({"x": list(x), "label": (np.abs(x) + x).argmax(1)}).to_parquet(tmp_path / "d.parquet")
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump({
+        "name": "nothing", "task": "classification", "model": {"path": "models/nothing.onnx"},
+        "data": {"path": "d.parquet", "inputs": {"x": "x"}, "label": "label"},
+        "variants": [{"name": "int8", "precision": "int8", **variant}], "analysis": {"ranges": False},
+        "latency": {"batch_sizes": [1], "warmup": 1, "iterations": 5, "threads": 1}, "output_dir": "reports",
+    }))  # fmt: skip
+    outcome = run_sweep(load_recipe(tmp_path / "r.yaml"), track=False)
+    assert sorted(p.name for p in models.iterdir()) == ["notes.txt", "nothing.onnx"]
+    assert outcome.results.find("int8", "onnxruntime-cpu").status == "ok"
