@@ -193,3 +193,24 @@ def test_dynamic_int8_ranks_the_gemms_it_quantized_as_matmul(tmp_path: Path) -> 
     spec = VariantSpec(name="dyn", precision="int8", calibrator="dynamic")
     built = build_variant(spec, BuildContext(reference_path=tmp_path / "mlp.onnx", workdir=tmp_path / "work"))
     assert quantized_nodes(reference, built) == [QuantizedNode("fc1", "Gemm"), QuantizedNode("fc2", "Gemm")]
+
+
+@pytest.mark.parametrize("smoothquant", [True, False], ids=["smoothquant", "linear-dynamic"])
+def test_linear_and_smoothquant_builds_name_their_quantized_nodes_and_are_rebuilt_not_bypassed(project, tmp_path, smoothquant):
+    """SmoothQuant scales the weights (FP32's are no longer their source, so bypassing Q/DQ with them would rank
+    another model) and dynamic builds have no Q/DQ: both are ranked through rebuilds, over the Linears they quantized."""
+    from qbench.explain_graph import Rebuild, float_keeper, quantized_nodes
+    from qbench.preflight import prepare
+
+    recipe = load_recipe(project)
+    options = ({"calibrator": "minmax", "smoothquant": {"alpha": 0.5}} if smoothquant
+               else {"calibrator": "dynamic", "technique": "linear"})  # fmt: skip
+    spec = VariantSpec(name="lin", precision="int8", **options)
+    prepared = prepare(recipe, track=False)
+    ctx = BuildContext(prepared.source.onnx_path, tmp_path / "work", prepared.calibration_batches)
+    built = build_variant(spec, ctx)
+    reference = onnx.load(str(prepared.source.onnx_path))
+    assert {n.name for n in quantized_nodes(reference, built)} == {"branch_a", "branch_b", "head", "mm1"}
+    assert isinstance(float_keeper(spec, ctx, built), Rebuild)
+    result = explain_variant(recipe.model_copy(update={"variants": [*recipe.variants, spec]}), "lin", method="sqnr")
+    assert sorted(cost.group for cost in result.costs) == ["branch_a", "branch_b", "head", "mm1"]

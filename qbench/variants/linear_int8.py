@@ -39,6 +39,8 @@ from qbench.variants.smoothquant import SmoothQuantSettings, collect_channel_ran
 
 _NO_LINEAR = "no Linear (MatMul/Gemm with a constant weight) found: this variant computes in FP32"
 
+LINEAR_OP_TYPES = ("MatMul", "Gemm")  # the Linears these builds quantize
+
 
 def smoothquant_int8(
     model: onnx.ModelProto, batches: Sequence[Feeds], settings: SmoothQuantSettings, tmp: Path
@@ -74,7 +76,7 @@ def _quantize(
     view: GraphView, linears: list[Linear], ranges: Mapping[str, tuple[float, float]], quantization: LinearQuantSettings
 ) -> dict[str, Any]:
     # MatMuls with two computed inputs (attention) stay float by rule
-    computed = sum(node.op_type in ("MatMul", "Gemm") and not view.is_linear(node) for node in view.nodes)
+    computed = sum(node.op_type in LINEAR_OP_TYPES and not view.is_linear(node) for node in view.nodes)
     quantized_inputs = quantize_linears(view, linears, ranges, quantization)
     return {"quantized_linears": len(linears), "quantized_inputs": quantized_inputs, "float_matmuls": computed}
 
@@ -126,11 +128,13 @@ def build_linear_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         "reduce_range": reduce_range,
         "reduce_range_source": reduce_range_source,
         "exclude_nodes": list(config.exclude_nodes),
+        "op_types": list(LINEAR_OP_TYPES),  # what it quantizes: explain and the search rank these nodes
+        "weights_rewritten": isinstance(config, SmoothQuant),  # smoothing scaled them: FP32's are not their source
         **kept_float.params(),
         "calibration_batches": len(ctx.calibration) if calibrated else 0,
         "calibration_rows": calibration_rows(ctx.calibration) if calibrated else 0,
         **done,
     })  # fmt: skip
-    notes = (*(() if done["quantized_linears"] else (_NO_LINEAR,)), *nested_nodes_note(model, ("MatMul", "Gemm")))
+    notes = (*(() if done["quantized_linears"] else (_NO_LINEAR,)), *nested_nodes_note(model, LINEAR_OP_TYPES))
     return BuiltVariant(name=spec.name, precision="int8", onnx_path=target, params=params,
                         build_seconds=clock.seconds(), notes=notes)  # fmt: skip
