@@ -125,12 +125,13 @@ def _measured(record: CandidateRecord) -> bool:
 
 
 def closest(records: Sequence[CandidateRecord]) -> int | None:
-    """The measured candidate nearest to passing (smallest excess, then smallest drop; ties: the faster); None if
-    none was measured."""
+    """The measured candidate nearest to passing (smallest excess; then one judged on every row over one only
+    screened, the smallest drop, the faster); None if none was measured."""
     measured = [i for i, r in enumerate(records) if _measured(r)]
     if not measured:
         return None
-    return min(measured, key=lambda i: (_nearness(records[i]), _gap(records[i]), -_speed(records[i])))
+    return min(measured, key=lambda i: (_nearness(records[i]), not records[i].evaluated, _gap(records[i]),
+                                        -_speed(records[i])))  # fmt: skip
 
 
 def keep_float_bases(records: Sequence[CandidateRecord], limit: int) -> list[int]:

@@ -88,8 +88,9 @@ def test_closest_prefers_full_evaluation_figures_then_speed():
         _record("tie-slow", speedup=1.1, excess=1.1, passed=False),
         _record("unmeasured", stage="skipped"),
     ]
-    assert select.closest(records) == 0  # 1.1 (screen) ties 1.1 (full): the faster wins
+    assert select.closest(records) == 2  # 1.1 (screen) ties 1.1 (full): the one judged on every row wins
     assert select.closest(records[1:]) == 1  # 1.1 < 1.3
+    assert select.closest([records[0], records[1]]) == 0  # 1.1 < 1.3, screening figure or not
     assert select.closest([records[3]]) is None
 
 
@@ -102,7 +103,8 @@ def test_against_a_zero_tolerance_the_smallest_drop_is_closest_and_every_measure
         _record("evaluated", speedup=1.3, excess=inf, passed=False, drop=0.02, worst_slice="s", worst_slice_drop=0.03),
         _record("broken", speedup=1.9, screen=inf, screen_drop=math.nan),  # an unknown drop is no measurement
     ]
-    assert select.closest(records) == 1
+    assert select.closest(records) == 2  # judged on every row: its figures beat a screening estimate
+    assert select.closest(records[:2]) == 1  # between screenings, the smaller drop
     assert select.keep_float_bases(records, 3) == [0, 2, 1]
     assert select.closest([records[3]]) is None and select.keep_float_bases([records[3]], 3) == []
 
