@@ -20,12 +20,13 @@ ORT's CPU provider would otherwise hide (qbench.validate.fidelity).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 import onnx
-from onnx import TensorProto, numpy_helper
+from onnx import AttributeProto, TensorProto, numpy_helper
 from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
 
 from qbench.recipe import VariantSpec
@@ -77,7 +78,7 @@ def build_fp16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     if not params["converted_nodes"]:
         why = f"nothing to convert to FP16 (every node stays FP32: {', '.join(kept.op_types(model))})"
         return unchanged_variant(spec.name, "fp16", ctx, why, params, clock.seconds())
-    clamped = _values_outside_fp16(model)
+    clamped = _values_outside_fp16(model, set(kept.names))
     with build_step(spec.name, "FP16 conversion"):
         add_missing_float_value_info(model, types)
         converted = convert_float_to_float16(
@@ -118,10 +119,13 @@ def _kept_for_fp16(model: onnx.ModelProto, types: dict[str, int]) -> KeptNodes:
     return KeptNodes({**kept.reasons, **extra})
 
 
-def _values_outside_fp16(model: onnx.ModelProto) -> int:
-    """Float weight values the converter clamps: beyond FP16's largest finite value or below its smallest positive."""
+def _values_outside_fp16(model: onnx.ModelProto, kept: Collection[str]) -> int:
+    """Float constants the converter clamps: beyond FP16's largest finite value or below its smallest positive, in
+    initializers and in the tensors of converted Constant nodes (exporters write scalars such as a 1e5 mask fill
+    that way)."""
     count = 0
-    for tensor in model.graph.initializer:
+    constants = [a.t for n in model.graph.node if n.name not in kept for a in n.attribute if a.type == AttributeProto.TENSOR]
+    for tensor in [*model.graph.initializer, *constants]:
         if tensor.data_type == TensorProto.FLOAT:
             magnitude = np.abs(numpy_helper.to_array(tensor))
             too_small = (magnitude > 0) & (magnitude < FP16_MIN_POSITIVE)

@@ -6,7 +6,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from qbench.errors import QbenchError
 from qbench.recipe import VariantSpec
@@ -53,6 +53,16 @@ def test_fp16_counts_weights_it_must_clamp(graph, tmp_path, run):
     built = build_fp16(VariantSpec(name="half", precision="fp16"), ctx)
     assert built.params["weights_clamped"] == 2
     assert any("clamped" in note for note in built.notes)
+
+
+def test_fp16_counts_a_constant_nodes_values_it_must_clamp(graph, tmp_path, run):
+    """torch writes a scalar such as a mask fill as a Constant node, which the converter narrows as it does weights."""
+    fill = helper.make_node("Constant", [], ["big"], value=numpy_helper.from_array(np.array(1.5e5, dtype=np.float32)))
+    nodes = [fill, helper.make_node("Mul", ["x", "big"], ["y"])]
+    path = graph(tmp_path / "const.onnx", nodes, {}, {"x": 2}, {"y": 2})
+    built = build_fp16(VariantSpec(name="half", precision="fp16"), BuildContext(reference_path=path, workdir=tmp_path / "w"))
+    assert built.params["weights_clamped"] == 1
+    assert any("1 weight value(s) outside FP16's range were clamped" in note for note in built.notes)
 
 
 def test_ort_cpu_cannot_run_real_bf16_compute(tmp_path):
