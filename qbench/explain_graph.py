@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +23,8 @@ from qbench.backends.base import RunOptions
 from qbench.data import iter_batches
 from qbench.recipe import VariantSpec
 from qbench.variants import BuildContext, BuiltVariant, build_variant
-from qbench.variants.onnx_utils import drop_unused_initializers, load_model, names_read, save_model
+from qbench.variants.onnx_utils import load_model, save_model
+from qbench.variants.qdq_bypass import bypass_qdq, dequantized_from
 
 SQNR_BATCH_ROWS = 4  # the intermediate tensors of every quantized node are held for this many rows at a time
 Feeds = dict[str, np.ndarray]
@@ -93,83 +94,6 @@ def float_keeper(spec: VariantSpec, ctx: BuildContext, built: BuiltVariant) -> Q
     return QdqBypass(built, load_model(ctx.reference_path), ctx.workdir)
 
 
-def bypass_qdq(quantized: onnx.ModelProto, reference: onnx.ModelProto, names: Collection[str]) -> onnx.ModelProto:
-    """A copy of `quantized` whose nodes in `names` read float inputs: activations from before their
-    QuantizeLinear (re-applying a Relu/Clip the quantizer folded into it), weights from `reference`."""
-    model = onnx.ModelProto()
-    model.CopyFrom(quantized)
-    producers = {o: n for n in model.graph.node for o in n.output}
-    originals = {n.name: n for n in reference.graph.node}
-    reference_producers = {o: n for n in reference.graph.node for o in n.output}
-    weights = {t.name: t for t in reference.graph.initializer}
-    nodes: list[onnx.NodeProto] = []
-    restored: dict[str, str] = {}
-    for node in model.graph.node:
-        for index, name in enumerate(node.input if node.name in names else ()):
-            dequantized, source = _dequantized_from(name, producers)
-            if source is not None:  # an activation: read it before its QuantizeLinear
-                folded, here = reference_producers.get(source), producers.get(source)
-                if (
-                    folded is not None
-                    and here is not None
-                    and folded.name != here.name
-                    and folded.op_type in ("Relu", "Clip")
-                ):
-                    if source not in restored:
-                        restored[source] = _restore_activation(model, folded, source, weights, nodes)
-                    source = restored[source]
-                node.input[index] = source
-            elif dequantized and node.name in originals:  # a weight: the reference's float initializer
-                weight = originals[node.name].input[index] if index < len(originals[node.name].input) else ""
-                if weight in weights:
-                    node.input[index] = _add_initializer(model, weights[weight])
-        nodes.append(node)
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
-    _prune(model.graph)
-    return model
-
-
-def _dequantized_from(tensor: str, producers: Mapping[str, onnx.NodeProto]) -> tuple[bool, str | None]:
-    """Whether `tensor` comes out of a DequantizeLinear, and the float tensor its QuantizeLinear
-    quantized (None for a quantized initializer, i.e. a weight or bias)."""
-    dq = producers.get(tensor)
-    if dq is None or dq.op_type != "DequantizeLinear":
-        return False, None
-    q = producers.get(dq.input[0])
-    return True, q.input[0] if q is not None and q.op_type == "QuantizeLinear" else None
-
-
-def _restore_activation(
-    model: onnx.ModelProto, original: onnx.NodeProto, tensor: str, weights: Mapping[str, onnx.TensorProto],
-    nodes: list[onnx.NodeProto],
-) -> str:  # fmt: skip
-    """Append (after `tensor`'s producer, already in `nodes`) a copy of `original` reading `tensor`."""
-    extra = [_add_initializer(model, weights[i]) if i in weights else i for i in original.input[1:]]
-    node = helper.make_node(original.op_type, [tensor, *extra], [f"{tensor}/float"], name=f"{original.name}/float")
-    node.attribute.extend(original.attribute)
-    nodes.append(node)
-    return node.output[0]
-
-
-def _add_initializer(model: onnx.ModelProto, tensor: onnx.TensorProto) -> str:
-    """A copy of a reference weight under a name of its own ("<name>/float"); returns that name."""
-    name = f"{tensor.name}/float"
-    if not any(t.name == name for t in model.graph.initializer):
-        copy = model.graph.initializer.add()
-        copy.CopyFrom(tensor)
-        copy.name = name
-    return name
-
-
-def _prune(graph: onnx.GraphProto) -> None:
-    """Drop nodes whose outputs nobody reads (the bypassed Q/DQ), then initializers nobody reads (subgraphs included)."""
-    while dead := [n for n in graph.node if not set(n.output) & names_read(graph)]:
-        for node in dead:
-            graph.node.remove(node)
-    drop_unused_initializers(graph)
-
-
 # -- SQNR: the noise each node adds ------------------------------------------------------------------------
 
 
@@ -187,7 +111,7 @@ def _tensor_pairs(name: str, reference: onnx.ModelProto, quantized: onnx.ModelPr
     readers = {
         i: n for n in quantized.graph.node for i in n.input if n.op_type in ("QuantizeLinear", "DequantizeLinear")
     }
-    sources = {tensor: _dequantized_from(tensor, producers)[1] for tensor in own.input}
+    sources = {tensor: dequantized_from(tensor, producers)[1] for tensor in own.input}
     pairs = [(tensor, source) for tensor, source in sources.items() if source is not None]
     out = own.output[0]
     q = readers.get(out)

@@ -20,9 +20,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qbench.cli import main
 from qbench.explain import explain_variant, group_key, run_explain
-from qbench.explain_graph import QuantizedNode, bypass_qdq
+from qbench.explain_graph import QuantizedNode
 from qbench.recipe import VariantSpec, load_recipe
 from qbench.variants import BuildContext, build_variant
+from qbench.variants.qdq_bypass import bypass_qdq
 
 WIDTH = 16
 OUTLIER = 1000.0  # one channel this much larger than the rest: per-tensor INT8 rounds the others to zero

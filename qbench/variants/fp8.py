@@ -122,7 +122,7 @@ def build_fp8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
             model = load_model(prepared)
             never = {*excluded, *unquantizable_nodes(model)}
             inserted = insert_fp8_qdq(model, ranges, op_types, never, per_channel=config.per_channel)
-            restore_float_inputs(model, kept_float.names)
+            restore_float_inputs(model, sorted(excluded))  # left-out nodes read float, even where a tensor is quantized
             onnx.checker.check_model(model)
             save_model(model, target)
     counts = quantized_op_counts(model, op_types)

@@ -42,7 +42,7 @@ from qbench.variants.calibrate import (
     preprocess_model,
     require_calibration,
 )
-from qbench.variants.float_rules import kept_float_nodes, restore_float_inputs
+from qbench.variants.float_rules import kept_float_nodes
 from qbench.variants.gemm_matmul import gemms_as_matmul
 from qbench.variants.onnx_utils import (
     Stopwatch,
@@ -61,6 +61,7 @@ from qbench.variants.onnx_utils import (
     unchanged_variant,
     unquantizable_nodes,
 )
+from qbench.variants.qdq_bypass import bypass_qdq
 
 _QUANT_TYPES = {"uint8": QuantType.QUInt8, "int8": QuantType.QInt8}
 # What quantize_static / quantize_dynamic quantize when op_types_to_quantize is empty.
@@ -119,7 +120,8 @@ def build_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
             params.update(_quantize_dynamic(spec.name, config, prepared, target, reduce_range, op_types, exclude))
     with build_step(spec.name, "reading the quantized model"):
         quantized = onnx.load(str(target), load_external_data=False)
-        if restore_float_inputs(quantized, kept_float.names):
+        if excluded and isinstance(config, OrtStatic):  # left-out nodes may still read Q/DQ'd activations
+            quantized = bypass_qdq(quantized, model, excluded)
             save_model(quantized, target)
         counts = quantized_op_counts(quantized, params["op_types"])
     symmetric = isinstance(config, OrtStatic) and config.symmetric_activations

@@ -169,11 +169,11 @@ def test_the_fp16_emulation_orders_a_branch_after_what_it_reads(tmp_path):
 
 
 def test_explain_pruning_keeps_what_only_a_branch_reads(tmp_path):
-    from qbench.explain_graph import _prune
     from qbench.variants.onnx_utils import load_model
+    from qbench.variants.qdq_bypass import prune_unread
 
     graph = load_model(if_model(tmp_path / "if.onnx")).graph
     graph.node.extend([helper.make_node("Relu", ["x"], ["unread"], name="dead")])
-    _prune(graph)
+    prune_unread(graph)
     assert [n.name for n in graph.node] == ["shape", "total", "rows", "matmul_in", "relu", "branch"]
     assert {t.name for t in graph.initializer} == {*WEIGHTS, "zero"}

@@ -169,3 +169,26 @@ def test_static_variant_exposes_the_ranges_its_quantizers_clip_at(mlp, tmp_path,
 def test_dynamic_variant_has_no_calibrated_ranges(mlp, tmp_path):
     built = build_int8(VariantSpec(name="d", precision="int8", calibrator="dynamic"), mlp.context(tmp_path))
     assert built.activation_ranges == {}
+
+
+def test_an_excluded_node_reading_a_tensor_quantized_for_another_reader_computes_on_float(graph, tmp_path):
+    """x -> Relu -> r, read by `kept` (excluded) and by `quantized`: ORT quantizes r for `quantized` (folding the
+    Relu into that QuantizeLinear) and handed `kept` the dequantized r too. `kept` must compute in float: on r."""
+    from qbench.variants import BuildContext
+
+    rng = np.random.default_rng(3)
+    nodes = [onnx.helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             onnx.helper.make_node("MatMul", ["r", "wa"], ["a"], name="quantized"),
+             onnx.helper.make_node("MatMul", ["r", "wb"], ["b"], name="kept")]  # fmt: skip
+    weights = {"wa": rng.normal(size=(8, 4)).astype(np.float32), "wb": rng.normal(size=(8, 4)).astype(np.float32)}
+    path = graph(tmp_path / "shared.onnx", nodes, weights, {"x": 8}, {"a": 4, "b": 4})
+    calibration = [{"x": rng.normal(size=(32, 8)).astype(np.float32)}]
+    spec = VariantSpec(name="ex", precision="int8", calibrator="minmax", op_types=["MatMul"], exclude_nodes=["kept"])
+    built = build_int8(spec, BuildContext(reference_path=path, workdir=tmp_path / "w", calibration=calibration))
+    model = onnx.load(str(built.onnx_path))
+    assert _dequantized_inputs(model, "kept") == [] and len(_dequantized_inputs(model, "quantized")) == 2
+    assert built.params["quantized_op_types"] == {"MatMul": 1}
+    x = rng.normal(size=(16, 8)).astype(np.float32)
+    outputs = dict(zip(["a", "b"], ort.InferenceSession(str(built.onnx_path)).run(["a", "b"], {"x": x})))
+    np.testing.assert_allclose(outputs["b"], np.maximum(x, 0) @ weights["wb"], rtol=1e-5, atol=1e-5)  # float, Relu kept
+    assert np.abs(outputs["a"] - np.maximum(x, 0) @ weights["wa"]).max() > 1e-4  # the other reader is quantized
