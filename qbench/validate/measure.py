@@ -199,10 +199,21 @@ def measure(
         variant=built.name, backend=backend.name, precision=built.precision, status="ok",
         params={**built.params, **{f"runtime.{k}": v for k, v in runtime.items()}}, model_path=str(built.onnx_path),
         model_bytes=model_bytes, model_sha256=model_sha256(built.onnx_path), build_seconds=built.build_seconds,
-        notes=built.notes, accuracy=accuracy, latency=latency, fidelity=plan.fidelity,
+        notes=(*built.notes, *_batch_dependence(built, rows, timing)), accuracy=accuracy, latency=latency, fidelity=plan.fidelity,
         evaluated_model_path=str(plan.scored.onnx_path) if plan.separate else None, serving=serving_result,
     )  # fmt: skip
     return Measured(result, outputs, nsr)
+
+
+def _batch_dependence(built: BuiltVariant, rows: Rows, timing: LatencySpec | None) -> tuple[str, ...]:
+    """Dynamic INT8 computes each activation scale over the whole batch at run time, so its outputs depend on what is
+    batched together: say at which batch size its accuracy was measured when it is timed at others."""
+    dynamic = built.params.get("calibrator") == "dynamic" or built.params.get("activations") == "dynamic"
+    others = sorted(b for b in (timing.batch_sizes if timing is not None else ()) if b != rows.batch_size)
+    if not dynamic or not others:
+        return ()
+    return (f"dynamic INT8: activation scales are computed per batch, so accuracy depends on what is batched together; "
+            f"measured in batches of {rows.batch_size}, served at {', '.join(map(str, others))} it may differ",)  # fmt: skip
 
 
 DRY_RUN_ROWS = 8

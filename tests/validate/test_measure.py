@@ -104,3 +104,19 @@ def test_sweep_explain_fallback_and_search_measure_through_it(module, tmp_path, 
         assert seen[0] == "fp32" and any(name.startswith("candidate-") for name in seen)
     else:
         assert seen[0] == "fp32" and any(name.startswith("int8-search-") for name in seen)
+
+
+def test_a_dynamic_int8_variant_timed_at_other_batch_sizes_says_where_its_accuracy_was_measured(prepared, tmp_path):
+    from qbench.recipe import VariantSpec
+
+    backend = get_backend("onnxruntime-cpu")
+    ctx = BuildContext(prepared.source.onnx_path, tmp_path, prepared.calibration_batches)
+    dynamic = build_variant(VariantSpec(name="dyn", precision="int8", calibrator="dynamic"), ctx)
+    static = build_variant(load_recipe(prepared.recipe.source).variants[0], ctx)
+    timing = LatencySpec(batch_sizes=[1, 50], warmup=1, iterations=2, stability=None)
+    notes = measure(backend, dynamic, prepared, timing=timing).result.notes
+    assert ("dynamic INT8: activation scales are computed per batch, so accuracy depends on what is batched together; "
+            "measured in batches of 50, served at 1 it may differ") in notes  # fmt: skip
+    assert not any("per batch" in note for note in measure(backend, static, prepared, timing=timing).result.notes)
+    only_the_evaluation_batch = LatencySpec(batch_sizes=[50], warmup=1, iterations=2, stability=None)
+    assert not any("per batch" in note for note in measure(backend, dynamic, prepared, timing=only_the_evaluation_batch).result.notes)
