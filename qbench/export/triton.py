@@ -32,6 +32,7 @@ from qbench.errors import QbenchError, expected_one_of
 from qbench.export.pbtxt import EnumValue, to_pbtxt
 from qbench.gate import GateReport, run_gate
 from qbench.modelinfo import ModelInfo, TensorMeta, external_data_files, read_model_info
+from qbench.provenance import model_sha256
 from qbench.recipe import Recipe
 from qbench.recipe_data import TextInputSpec
 from qbench.results import LatencyPoint, SweepResults, VariantResult
@@ -229,6 +230,9 @@ def _measured_model(measured: VariantResult) -> Path:
             f"{measured.key}: model file {path} has {path.stat().st_size} bytes, the sweep measured "
             f"{measured.model_bytes}: it changed since; re-run `qbench sweep`"
         )
+    if measured.model_sha256 is not None and model_sha256(path) != measured.model_sha256:
+        raise QbenchError(f"{measured.key}: model file {path} is not the model the sweep measured (its sha256 "
+                          "differs from the results'): it changed since; re-run `qbench sweep`")  # fmt: skip
     return path
 
 

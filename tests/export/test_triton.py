@@ -134,6 +134,21 @@ def test_model_file_is_the_measured_artifact(swept: Path, tmp_path: Path) -> Non
     assert onnx.load(str(export.model_path)).graph.input[0].type.tensor_type.elem_type == TensorProto.FLOAT
 
 
+def test_a_model_edited_since_the_sweep_is_refused_even_at_the_same_size(swept: Path, tmp_path: Path) -> None:
+    recipe = load_recipe(swept)
+    path = Path(read_results(latest_results(recipe)).find("fp16", CPU).model_path)
+    original = path.read_bytes()
+    edited = bytearray(original)
+    edited[-8] ^= 0xFF  # a weight byte: same size, another model
+    try:
+        path.write_bytes(bytes(edited))
+        with pytest.raises(QbenchError, match=r"fp16@onnxruntime-cpu: model file .* is not the model the sweep measured"):
+            export_triton(recipe, "fp16", CPU, tmp_path / "repo")
+    finally:
+        path.write_bytes(original)
+    assert not (tmp_path / "repo").exists() or not any((tmp_path / "repo").rglob("model.onnx"))
+
+
 def test_readme_reproduces_each_latency_point(swept: Path, tmp_path: Path) -> None:
     recipe = load_recipe(swept)
     export = export_triton(recipe, "fp16", CPU, tmp_path)
