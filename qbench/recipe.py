@@ -43,8 +43,9 @@ from qbench.techniques.options import StrictConfig as _Strict
 # the variant and technique option models, importable from here as before
 __all__ = ["FallbackSpec", "QatSpec", "Recipe", "SmoothQuantSpec", "TrainSpec", "VariantSpec", "load_recipe"]
 
-# recipe sections that decide the results (the gate and tracking sections do not)
-RESULT_SECTIONS = ("name", "task", "model", "data", "variants", "search", "backends", "metrics")
+# recipe sections that decide the results (the gate and tracking sections do not; latency does: the SLO gate and
+# the serving figures are judged on what was timed)
+RESULT_SECTIONS = ("name", "task", "model", "data", "variants", "search", "backends", "metrics", "latency")
 
 
 TorchDtype = Literal["float32", "float16", "bfloat16", "int64", "int32", "bool"]

@@ -370,6 +370,8 @@ CASES = [
     pytest.param(recipe_changed(add_variant_to_recipe), 2, "recipe section 'variants' changed since the sweep", id="recipe-variants-changed"),
     pytest.param(recipe_changed(lambda raw: raw["data"].__setitem__("label", None)), 2,
                  "recipe section 'data' changed since the sweep", id="recipe-data-section-changed"),  # fmt: skip
+    pytest.param(recipe_changed(lambda raw: raw.setdefault("latency", {}).__setitem__("threads", 2)), 2,
+                 "recipe section 'latency' changed since the sweep", id="recipe-latency-changed"),  # fmt: skip
     # staleness: every input, by content
     pytest.param(input_changed("model/tumour_mlp.onnx", flip_byte, with_recipe=False), 2,
                  "stale results: model (", id="model-changed"),  # fmt: skip
