@@ -69,6 +69,14 @@ class GateOutput:
 
         return requested_registry(section, model=self.register, alias=self.alias, skip=self.no_register)
 
+    def refuse_overwriting(self, *inputs: Path | None) -> None:
+        """--junit / --json must not name a file the gate reads (the recipe, the results judged): writing the
+        report there would destroy what it judged, before anyone could see why it failed."""
+        protected = {p.resolve() for p in inputs if p is not None}
+        for option, path in (("--junit", self.junit), ("--json", self.json_path)):
+            if path is not None and path.resolve() in protected:
+                raise QbenchError(f"{option} {path}: that is a file the gate reads; expected another path for the report")
+
 
 @app.command()
 def sweep(
@@ -110,6 +118,7 @@ def sweep(
     output = GateOutput(verbose, junit, json_path, register, alias, no_register)
     if not gate and output != GateOutput():
         raise QbenchError("--verbose, --junit, --json, --register, --alias and --no-register apply with --gate")
+    output.refuse_overwriting(recipe)
     loaded = with_executor(with_prices(load_recipe(recipe), price or []), kind=executor, address=address)
     if plan:
         _print_plan(loaded)
@@ -201,16 +210,34 @@ def gate(
     --register NAME), a passing gate registers its winners in the MLflow Model Registry; a failing
     one registers nothing and moves no alias.
     """
-    from qbench.gate import latest_results, run_gate
+    from qbench.gate import GateReport, latest_results, run_gate
     from qbench.provenance import recorded_recipe
     from qbench.recipe import load_recipe
 
     output = GateOutput(verbose, junit, json_path, register, alias, no_register)
-    loaded = load_recipe(recipe) if recipe else None
-    if loaded is None and results is None:
-        raise QbenchError("qbench gate needs a recipe or --results FILE")
-    path = results if results is not None else latest_results(loaded)  # type: ignore[arg-type]
-    report, judged = run_gate(loaded, path, check_staleness=not no_staleness_check)
+    output.refuse_overwriting(recipe, results)
+
+    def unusable(exc: QbenchError) -> QbenchError:
+        """No results to judge: the report files and the step summary still say why (CI uploads them always)."""
+        try:
+            _write_reports(GateReport(metric="unknown", problems=(" ".join(str(exc).split()),)), output.junit,
+                           output.json_path)  # fmt: skip
+        except QbenchError as unwritten:
+            err_console.print(f"error: {unwritten}", soft_wrap=True, markup=False)
+        return exc
+
+    try:
+        loaded = load_recipe(recipe) if recipe else None
+        if loaded is None and results is None:
+            raise QbenchError("qbench gate needs a recipe or --results FILE")
+        path = results if results is not None else latest_results(loaded)  # type: ignore[arg-type]
+    except QbenchError as exc:
+        raise unusable(exc) from None
+    output.refuse_overwriting(path)
+    try:
+        report, judged = run_gate(loaded, path, check_staleness=not no_staleness_check)
+    except QbenchError as exc:
+        raise unusable(exc) from None
     asked = loaded
     if asked is None:  # the recipe the results embed (when it cannot be read, the report says so and exits 2)
         with contextlib.suppress(QbenchError):
@@ -382,14 +409,20 @@ def _gate_verdict(
             out.print(line, style="red", markup=False, highlight=False)
     out.print(gate_report.summary_line(report), style="green" if report.exit_code == 0 else "bold red",
               markup=False, highlight=False)  # fmt: skip
-    written = [(junit, gate_report.junit_xml), (json_path, gate_report.report_json)]
-    for path, render in written:
+    _write_reports(report, junit, json_path)
+    return report.exit_code
+
+
+def _write_reports(report: GateReport, junit: Path | None, json_path: Path | None) -> None:
+    """The requested report files and the GitHub step summary (a file that cannot be written: QbenchError)."""
+    from qbench import gate_report
+
+    for path, render in ((junit, gate_report.junit_xml), (json_path, gate_report.report_json)):
         if path is not None:
             err_console.print(f"gate report: {gate_report.write_atomic(path, render(report))}", markup=False)
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:
         gate_report.append_text(Path(step_summary), gate_report.markdown_summary(report))
-    return report.exit_code
 
 
 EXIT_OK, EXIT_BREACH, EXIT_ERROR = 0, 1, 2

@@ -162,6 +162,33 @@ def test_files_are_written_when_the_results_are_unusable(tmp_path):
     assert "recipe.resolved" in loaded["problems"][0]["message"]
 
 
+def test_files_are_written_when_there_are_no_results_to_read(tmp_path, monkeypatch):
+    """A run that never wrote results (or an incomplete one): CI uploads gate.xml 'if: always()', so it says why."""
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(tmp_path / "summary.md"))
+    junit, report = tmp_path / "gate.xml", tmp_path / "gate.json"
+    missing = tmp_path / "nowhere" / "results.json"
+    assert main(["gate", "--results", str(missing), "--junit", str(junit), "--json", str(report)]) == 2
+    root = ET.parse(junit).getroot()
+    assert [root.get(k) for k in ("tests", "failures", "errors")] == ["1", "0", "1"]
+    loaded = json.loads(report.read_text())
+    assert (loaded["verdict"], loaded["exit_code"]) == ("unusable", 2)
+    assert loaded["problems"][0]["message"] == f"{missing}: results file not found"
+    assert "results file not found" in (tmp_path / "summary.md").read_text()
+
+
+def test_a_report_path_naming_a_file_the_gate_reads_is_refused_and_the_file_kept(project, tmp_path, capsys):
+    recipe = project.recipe(LENIENT)
+    results = latest_results(load_recipe(recipe))
+    before = (recipe.read_bytes(), results.read_bytes())
+    assert main(["gate", str(recipe), "--json", str(results)]) == 2
+    assert main(["gate", str(recipe), "--junit", str(recipe)]) == 2
+    assert main(["sweep", str(recipe), "--gate", "--junit", str(recipe)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"--json {results}: that is a file the gate reads; expected another path for the report" in err
+    assert f"--junit {recipe}: that is a file the gate reads" in err
+    assert (recipe.read_bytes(), results.read_bytes()) == before
+
+
 def test_github_step_summary_is_appended(project, tmp_path, monkeypatch):
     summary = tmp_path / "step_summary.md"
     summary.write_text("## an earlier step\n")
