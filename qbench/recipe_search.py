@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from qbench.errors import short_repr
+from qbench.recipe_variants import Name
 
 TECHNIQUES = ("ort-dynamic", "smoothquant-dynamic", "smoothquant-static", "ort-static")  # uncalibrated first
 
@@ -39,7 +40,7 @@ class SearchSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    name: str = Field("int8-search", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$", description="the searched variant's name")
+    name: Name = Field("int8-search", description="the searched variant's name")
     time_budget_s: float = Field(120.0, gt=0, allow_inf_nan=False, description="seconds after which no new candidate starts")
     techniques: list[Literal["ort-dynamic", "smoothquant-dynamic", "smoothquant-static", "ort-static"]] | None = Field(
         None, min_length=1, description="families of candidates to try; default: all"

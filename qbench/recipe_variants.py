@@ -38,11 +38,14 @@ from qbench.techniques.options import (
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8")
 QUANTIZED_PRECISIONS = ("int8", "fp8")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+MAX_NAME_CHARS = 100  # names become file names with suffixes (<name>.calibration.json) and MLflow run names
 
 
 def _check_name(value: str) -> str:
     if not _NAME.match(value):
         raise ValueError(f"got {value!r}, expected letters, digits and _ . + - (starting with a letter or digit)")
+    if len(value) > MAX_NAME_CHARS:
+        raise ValueError(f"got a name of {len(value)} characters, expected at most {MAX_NAME_CHARS} (it names files)")
     return value
 
 

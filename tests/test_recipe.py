@@ -151,6 +151,14 @@ def test_fingerprint_ignores_the_gate_but_not_the_model(tmp_path):
             "recipe.yaml: model.torch: got 'pkg.models.build', expected 'package.module:factory'",
         ),
         (
+            {"variants": [{"name": "v" * 101, "precision": "fp16"}]},
+            "recipe.yaml: variants[0].name: got a name of 101 characters, expected at most 100 (it names files)",
+        ),
+        (
+            {"search": {"name": "s" * 101}},
+            "recipe.yaml: search.name: got a name of 101 characters, expected at most 100 (it names files)",
+        ),
+        (
             {"task": "regresion"},
             "recipe.yaml: task: got 'regresion', expected one of classification, embedding, multilabel, "
             "regression (did you mean 'regression'?)",
