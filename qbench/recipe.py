@@ -10,6 +10,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
+import os
 import re
 import time
 from pathlib import Path
@@ -186,6 +187,9 @@ class TrackingSpec(_Strict):
                 f"got {short_repr(v)}, expected a URI with a scheme {', '.join(TRACKING_SCHEMES)} "
                 "(e.g. sqlite:///mlflow.db or http://mlflow.internal:5000)"
             )
+        if scheme == "file" and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in ("true", "1"):
+            raise ValueError(f"got {short_repr(v)}: MLflow refuses its file store (maintenance mode); expected a "
+                             "database store such as sqlite:///mlflow.db, or set MLFLOW_ALLOW_FILE_STORE=true")  # fmt: skip
         return v
 
 

@@ -159,6 +159,11 @@ def test_fingerprint_ignores_the_gate_but_not_the_model(tmp_path):
             "recipe.yaml: search.name: got a name of 101 characters, expected at most 100 (it names files)",
         ),
         (
+            {"tracking": {"uri": "file:///tmp/mlruns"}},
+            "recipe.yaml: tracking.uri: got 'file:///tmp/mlruns': MLflow refuses its file store (maintenance mode); "
+            "expected a database store such as sqlite:///mlflow.db, or set MLFLOW_ALLOW_FILE_STORE=true",
+        ),
+        (
             {"task": "regresion"},
             "recipe.yaml: task: got 'regresion', expected one of classification, embedding, multilabel, "
             "regression (did you mean 'regression'?)",
