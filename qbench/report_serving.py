@@ -113,13 +113,22 @@ def slo_lines(results: SweepResults, gate: GateReport | None) -> list[str]:
     lines += [f"SLO cannot judge (fail closed): {p}" for p in gate.problems if ": SLO:" in p]
     if checks or any(v.serving and v.serving.budget_ms is not None for v in results.variants):
         choice = cheapest(results, gate)
-        if choice is None:
+        budgets = {c.reference for c in checks}
+        recorded = {v.serving.budget_ms for v in results.variants if v.serving and v.serving.budget_ms is not None}
+        if budgets and recorded and budgets != recorded:  # the sweep's rates within budget answer another budget
+            lines.append(f"cheapest meeting accuracy and SLO: cannot tell: the budget is {_ms(budgets)} now, the sweep "
+                         f"simulated {_ms(recorded)} (re-run `qbench sweep`)")  # fmt: skip
+        elif choice is None:
             lines.append("cheapest meeting accuracy and SLO: none")
         else:
             cost = f"${choice.usd_per_million:.4g} per million" if choice.usd_per_million is not None else "no price given"
             lines.append(f"cheapest meeting accuracy and SLO: {choice.variant.key} "
                          f"(up to {choice.max_rate_rps:,.0f} req/s within budget, {cost})")  # fmt: skip
     return lines
+
+
+def _ms(values: set[float]) -> str:
+    return ", ".join(f"{v:g} ms" for v in sorted(values))
 
 
 def _row(results: SweepResults, gate: GateReport | None, variant: VariantResult, sizes: list[int]) -> list[str]:

@@ -59,6 +59,15 @@ def test_accurate_but_too_slow_breaches_with_a_line_naming_it():
                          "(up to 200 req/s within budget, $0.5 per million)")  # fmt: skip
 
 
+def test_a_budget_tightened_since_the_sweep_names_no_cheapest_variant_from_the_old_rates():
+    """The rates within budget were simulated for 10 ms: under a 0.5 ms budget they answer another question."""
+    tight = SloSpec.model_validate({**SLO.model_dump(), "p99_ms": 0.5})
+    gate = evaluate_gate(_results(), GATE, slo=tight)
+    assert {c.status for c in gate.checks if c.scope == SLO_SCOPE} == {"breach"}
+    assert slo_lines(_results(), gate)[-1] == ("cheapest meeting accuracy and SLO: cannot tell: the budget is 0.5 ms "
+                                               "now, the sweep simulated 10 ms (re-run `qbench sweep`)")  # fmt: skip
+
+
 def test_within_budget_passes_and_is_the_cheapest():
     results = _results(int8_p99=9.0)
     gate = evaluate_gate(results, GATE, slo=SLO)
