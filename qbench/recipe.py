@@ -156,8 +156,8 @@ class LatencySpec(_Strict):
 
 class GateSpec(_Strict):
     metric: str = Field("accuracy", description="metric whose drop vs FP32 is gated")
-    max_drop: float = Field(0.01, ge=0, description="largest allowed drop vs FP32, overall")
-    max_slice_drop: float = Field(0.02, ge=0, description="largest allowed drop vs FP32, on every slice")
+    max_drop: float = Field(0.01, ge=0, allow_inf_nan=False, description="largest allowed drop vs FP32, overall")
+    max_slice_drop: float = Field(0.02, ge=0, allow_inf_nan=False, description="largest allowed drop vs FP32, on every slice")
     applies_to: list[str] = Field(["*"], description="globs over variant names")
     min_slice_size: int = Field(1, ge=1, description="slices with fewer rows are reported but not judged")
 

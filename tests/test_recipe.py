@@ -164,6 +164,10 @@ def test_fingerprint_ignores_the_gate_but_not_the_model(tmp_path):
             "expected a database store such as sqlite:///mlflow.db, or set MLFLOW_ALLOW_FILE_STORE=true",
         ),
         (
+            {"gate": {"max_drop": float("inf")}},
+            "recipe.yaml: gate.max_drop: input should be a finite number, got inf",
+        ),
+        (
             {"task": "regresion"},
             "recipe.yaml: task: got 'regresion', expected one of classification, embedding, multilabel, "
             "regression (did you mean 'regression'?)",
