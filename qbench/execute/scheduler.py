@@ -241,7 +241,7 @@ class Scheduler:
             self.state.build_errors[variant] = output.error or "build failed"
         else:
             self.store.materialise(job.build_key, output.manifest, self.models)
-            built = built_from_manifest(output.manifest, self.models)
+            built = built_from_manifest(output.manifest, self.models, self.prepared.source.onnx_path)
             if not is_int8_search(self.specs[variant], self.prepared):  # the search's pick runs as built (ONNX)
                 built = with_torch_form(built, self.specs[variant], self.prepared, output.torch_module)
             self.state.built[variant] = built

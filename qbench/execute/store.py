@@ -272,18 +272,25 @@ def manifest_of(built: BuiltVariant, folder: Path, environment: dict[str, str], 
     }
 
 
+# The onnx entry of a build that is the FP32 model itself (FP32, a variant with nothing to change): the recipe's
+# model, wherever the sweep reusing the build keeps it (two projects with the same model share the build).
+REFERENCE_MODEL = "<the recipe's FP32 model>"
+
+
 def _onnx_entry(onnx_path: Path, folder: Path) -> str:
-    """The model's name in the build folder, or its absolute path when the build reuses an input file (FP32)."""
+    """The model's name in the build folder, or REFERENCE_MODEL when the build is the input model (FP32)."""
     resolved = onnx_path.resolve()
-    return str(resolved.relative_to(folder.resolve())) if resolved.is_relative_to(folder.resolve()) else str(resolved)
+    return str(resolved.relative_to(folder.resolve())) if resolved.is_relative_to(folder.resolve()) else REFERENCE_MODEL
 
 
-def built_from_manifest(manifest: dict[str, Any], folder: Path) -> BuiltVariant:
-    """The BuiltVariant a manifest describes, its files in `folder` (no torch form: see jobs.with_torch_form)."""
+def built_from_manifest(manifest: dict[str, Any], folder: Path, reference: Path) -> BuiltVariant:
+    """The BuiltVariant a manifest describes, its files in `folder` (no torch form: see jobs.with_torch_form);
+    `reference` is the FP32 model of the sweep that reads it."""
+    entry = manifest["onnx"]
     return BuiltVariant(
         name=manifest["name"],
         precision=manifest["precision"],
-        onnx_path=folder / manifest["onnx"],  # an absolute entry (an input file) stays as it is
+        onnx_path=reference if entry == REFERENCE_MODEL else folder / entry,
         params=dict(manifest["params"]),
         build_seconds=float(manifest["build_seconds"]),
         session_hints=dict(manifest["session_hints"]),

@@ -79,7 +79,7 @@ def test_a_materialised_build_is_a_copy_independent_of_the_store(
     store, manifest = published
     run_models = tmp_path / "run" / "models"
     store.materialise(KEY, manifest, run_models)
-    built = built_from_manifest(manifest, run_models)
+    built = built_from_manifest(manifest, run_models, tmp_path / "fp32.onnx")
     for name in manifest["files"]:
         copy, stored = run_models / name, tmp_path / "store" / KEY / name
         assert copy.read_bytes() == stored.read_bytes()
@@ -123,3 +123,18 @@ def test_publishing_replaces_an_entry_that_is_damaged_or_from_another_environmen
     elsewhere = {**fresh, "environment": {**fresh["environment"], "onnxruntime": "0.0.1"}}
     assert store.publish(KEY, tmp_path / "again", elsewhere) == elsewhere  # the other environment's is not kept
     assert store.manifest(KEY) == elsewhere
+
+
+def test_a_build_that_is_the_fp32_model_names_the_reading_sweeps_own_model(tmp_path: Path) -> None:
+    """Two projects with the same model share FP32's build: each must read its own file, not the first one's."""
+    from qbench.variants import BuiltVariant
+
+    first, second = tmp_path / "a" / "model.onnx", tmp_path / "b" / "model.onnx"
+    for path in (first, second):
+        path.parent.mkdir(parents=True)
+        path.write_bytes(b"the same model")
+    folder = tmp_path / "build"
+    folder.mkdir()
+    manifest = manifest_of(BuiltVariant("fp32", "fp32", first), folder, build_environment(), reusable=True)
+    assert manifest["files"] == {} and str(first) not in str(manifest)
+    assert built_from_manifest(manifest, tmp_path / "run" / "models", second).onnx_path == second
