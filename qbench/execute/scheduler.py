@@ -15,6 +15,7 @@ environment, and the measurements of exactly that build (same model digest); eve
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -311,7 +312,9 @@ class Scheduler:
             elif record is not None and self._reusable_measure(job, record):
                 assert record.result is not None and folder is not None
                 note = f"resumed: measured by the interrupted run {folder.name}"
-                result = replace(record.result, notes=(*record.result.notes, note))
+                result = replace(record.result, notes=(*record.result.notes, note),
+                                 model_path=str(self.state.built[job.variant].onnx_path),
+                                 evaluated_model_path=self._carried(record.result.evaluated_model_path))  # fmt: skip
                 if record.outputs is not None:
                     self.executor.provide_outputs(job.id, record.outputs)
                 self._measured(job, result, record.outputs, where="an earlier run")
@@ -319,6 +322,16 @@ class Scheduler:
         source = f"the build store and {folder}" if folder is not None else "the build store"
         logger.info("resuming: %d of %d jobs reused from %s", reused, len(self.plan.jobs), source)
         return reused
+
+    def _carried(self, path: str | None) -> str | None:
+        """A file the interrupted run wrote while measuring (an emulation's scored model), copied into this run's
+        models folder: the results name this run's files, which outlive the interrupted run."""
+        if path is None:
+            return None
+        source, target = Path(path), self.models / Path(path).name
+        if not target.exists() and source.is_file():
+            shutil.copyfile(source, target)
+        return str(target) if target.exists() else path
 
     def _reusable_measure(self, job: Job, record: JobRecord) -> bool:
         built = self.state.built.get(job.variant)

@@ -64,6 +64,25 @@ def test_an_interrupted_sweep_resumes_without_measuring_a_finished_job_twice(
     assert main(["gate", str(recipe)]) == 0  # the resumed run is complete and judged
 
 
+def test_a_resumed_runs_results_name_its_own_model_files_not_the_interrupted_runs(
+    user_project: Path, tmp_path: Path, local_figures: tuple[dict, int]
+) -> None:
+    """The interrupted run may be deleted once resumed: the results (and a Triton export) must not need it."""
+    _, per_job = local_figures
+    recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
+    (tmp_path / "interrupt_at").write_text(str(2 * per_job + 1))  # fp32 and fp16 measured, int8-minmax not
+    with pytest.raises(QbenchError, match="interrupted by SIGINT"):
+        run_sweep(recipe, track=False)
+    (interrupted,) = (tmp_path / "reports" / "tumour-mlp").glob("2*")
+    outcome = run_sweep(recipe, track=False, resume=True)
+    fp16 = outcome.results.find("fp16", "onnxruntime-cpu")
+    assert any(note.startswith("resumed") for note in fp16.notes)
+    named = [p for v in outcome.results.variants for p in (v.model_path, v.evaluated_model_path) if p is not None]
+    assert fp16.evaluated_model_path is not None and Path(fp16.evaluated_model_path).parent == outcome.run_dir / "models"
+    assert not [p for p in named if Path(p).is_relative_to(interrupted)], named
+    assert all(Path(p).is_file() for p in named)
+
+
 def test_resume_reuses_nothing_stale(user_project: Path, tmp_path: Path, local_figures: tuple[dict, int]) -> None:
     """A build whose store entry was changed since is built again, and its measurements run again."""
     _, per_job = local_figures
