@@ -356,6 +356,8 @@ CASES = [
     # genuine breaches on consistent results: exit 1, naming the slice
     pytest.param(edited(nonfinite_rows(INT8, "band=small", 3)), 1, "band=small", id="nonfinite-breach"),
     pytest.param(edited(nonfinite_rows(INT8, "band=small", 3, nan_metric=True)), 1, "band=small", id="nonfinite-nan-metric-breach"),
+    pytest.param(edited(metric(INT8, "overall", "0.99")), 2, "metric 'agreement': got '0.99', expected a number or null", id="metric-as-text"),
+    pytest.param(edited(metric(INT8, "band=large", True)), 2, "metric 'agreement': got True, expected a number or null", id="metric-as-boolean"),
     pytest.param(edited(metric(INT8, "band=large", 0.5)), 1, "gate: FAIL — 1 of 2 variants breaches: int8-minmax@onnxruntime-cpu (band=large);", id="accuracy-breach"),
     # the embedded recipe
     pytest.param(edited(forget_int8_in_recipe, signed=False), 2, "digest: does not match", id="recipe-edited-unsigned"),
