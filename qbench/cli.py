@@ -142,7 +142,7 @@ def _measured_everything(results: SweepResults) -> int:
         return EXIT_OK
     first = failed[0]
     err_console.print(f"error: {len(failed)} of {len(results.variants)} measurements failed ({', '.join(v.key for v in failed)}); "
-                      f"{first.key}: {' '.join(str(first.error).split())}", soft_wrap=True, markup=False)  # fmt: skip
+                      f"{first.key}: {_one_line(first.error)}", soft_wrap=True, markup=False)  # fmt: skip
     return EXIT_ERROR
 
 
@@ -220,7 +220,7 @@ def gate(
     def unusable(exc: QbenchError) -> QbenchError:
         """No results to judge: the report files and the step summary still say why (CI uploads them always)."""
         try:
-            _write_reports(GateReport(metric="unknown", problems=(" ".join(str(exc).split()),)), output.junit,
+            _write_reports(GateReport(metric="unknown", problems=(_one_line(exc),)), output.junit,
                            output.json_path)  # fmt: skip
         except QbenchError as unwritten:
             err_console.print(f"error: {unwritten}", soft_wrap=True, markup=False)
@@ -463,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     return result if type(result) is int and result in (EXIT_OK, EXIT_BREACH, EXIT_ERROR) else EXIT_ERROR
 
 
-def _one_line(exc: BaseException) -> str:
+def _one_line(exc: object) -> str:
     return " ".join(str(exc).split())
 
 

@@ -39,16 +39,11 @@ class QuantizedNode:
 # -- quantized nodes, and candidates that keep some of them float -----------------------------------------
 
 
-def _dynamic(built: BuiltVariant) -> bool:
-    """Activations quantized per batch at run time (ORT's dynamic INT8, or a linear/SmoothQuant dynamic build)."""
-    return built.params.get("calibrator") == "dynamic" or built.params.get("activations") == "dynamic"
-
-
 def quantized_nodes(reference: onnx.ModelProto, built: BuiltVariant) -> list[QuantizedNode]:
     """Nodes of the variant's op types computing on quantized data: fed by a DequantizeLinear (static QDQ),
     or replaced by integer kernels (dynamic: their name is gone from the quantized graph)."""
     quantized = load_model(built.onnx_path)
-    dynamic = _dynamic(built)
+    dynamic = built.dynamic
     dequantized = {o for n in quantized.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
     present = {n.name: n for n in quantized.graph.node}
 
@@ -89,7 +84,7 @@ class Rebuild:
 def float_keeper(spec: VariantSpec, ctx: BuildContext, built: BuiltVariant) -> QdqBypass | Rebuild:
     """How candidates of `built` are made (into ctx.workdir): Q/DQ bypass if static, else a rebuild: dynamic builds
     have no Q/DQ to bypass, and smoothed ones (SmoothQuant) quantized weights that are no longer the FP32 ones."""
-    if _dynamic(built) or built.params.get("weights_rewritten"):
+    if built.dynamic or built.params.get("weights_rewritten"):
         return Rebuild(spec, ctx)
     return QdqBypass(built, load_model(ctx.reference_path), ctx.workdir)
 

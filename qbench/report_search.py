@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from html import escape
 
+from qbench.errors import one_line
 from qbench.report_grid import Grid, signed, to_markdown
 from qbench.results_search import CandidateRecord, SearchReport
 
@@ -37,7 +38,7 @@ def search_rows(report: SearchReport) -> list[list[str]]:
         per_batch = " (" + ", ".join(f"{b} {v:.2f}" for b, v in r.speedups.items()) + ")" if r.speedups else ""
         worst = f"{r.worst_slice} ({signed(r.worst_slice_drop)})" if r.worst_slice and r.worst_slice_drop is not None else _NONE
         rows.append([str(index), r.label, r.technique, _options(r), _kept(r), speed + per_batch,
-                     signed(r.screen_drop), signed(r.drop), worst, " ".join(r.verdict.split())])  # fmt: skip
+                     signed(r.screen_drop), signed(r.drop), worst, one_line(r.verdict)])  # fmt: skip
     return rows
 
 

@@ -36,6 +36,7 @@ import numpy as np
 
 from qbench.backends import Backend
 from qbench.backends.base import RunOptions
+from qbench.errors import one_line
 from qbench.gate import GateReport, judge
 from qbench.preflight import Prepared
 from qbench.recipe import LatencySpec
@@ -52,6 +53,7 @@ from qbench.variants.onnx_utils import graph_digest
 KEEP_FLOAT_BASES = 2  # near misses that get keep-float candidates
 RETIME_ROUNDS = 3
 CLOSEST_EVALUATIONS = 3  # unevaluated closest candidates evaluated in full when none passed
+VERDICT_CHARS = 300  # a verdict is a table cell: an ORT error's newlines collapsed, cut there
 MIN_SLICE_ROWS = 3  # screening rows taken from every slice (when it has them)
 
 logger = logging.getLogger(__name__)
@@ -72,11 +74,6 @@ def screening_indices(slices: Mapping[str, np.ndarray], rows: int, wanted: int, 
         if len(members):
             picked |= set(members[np.linspace(0, len(members) - 1, num=min(per_slice, len(members))).round().astype(int)].tolist())
     return np.asarray(sorted(picked), dtype=int)
-
-
-def one_line(text: str, limit: int = 300) -> str:
-    """A verdict fit for a table cell: whitespace runs (an ORT error's newlines) collapsed, at most `limit` chars."""
-    return " ".join(text.split())[:limit]
 
 
 def gate_excess(verdict: GateReport) -> float:
@@ -159,7 +156,7 @@ class _Search:
             ctx = dataclasses.replace(self.ctx, workdir=self.root / str(index))
             built = build_variant(candidate.spec(f"{self.spec.name}-{index}"), ctx)
         except Exception as exc:  # noqa: BLE001 - one candidate failing to build is one failed candidate
-            self.records[index] = record.with_(stage="failed", verdict=one_line(f"build failed: {describe_error(exc)}"))
+            self.records[index] = record.with_(stage="failed", verdict=one_line(f"build failed: {describe_error(exc)}", VERDICT_CHARS))
             logger.warning(f"  {candidate.label}: build failed: {exc}")
             return index
         finally:
@@ -181,7 +178,7 @@ class _Search:
         measured = measure(self.backend, built, self.prepared, rows=self.screen, reference=self.fp32_screen.reference,
                            timing=self.timing, quiet=True, clock=self.clock)  # fmt: skip
         if measured.result.status != "ok":
-            self.records[index] = record.with_(stage="failed", verdict=one_line(f"failed to run: {measured.result.error}"))
+            self.records[index] = record.with_(stage="failed", verdict=one_line(f"failed to run: {measured.result.error}", VERDICT_CHARS))
             return index
         verdict = judge(self.fp32_screen.result, measured.result, self.gate)
         p50, fp32_p50 = _p50s(measured.result), self._fp32_p50_now()
@@ -208,7 +205,7 @@ class _Search:
         measured = measure(self.backend, self.built[index], self.prepared, reference=self.fp32.reference, quiet=True,
                            clock=self.clock)  # fmt: skip
         if measured.result.status != "ok":
-            self.records[index] = record.with_(stage="failed", verdict=one_line(f"failed to run: {measured.result.error}"))
+            self.records[index] = record.with_(stage="failed", verdict=one_line(f"failed to run: {measured.result.error}", VERDICT_CHARS))
             return
         verdict = judge(self.fp32.result, measured.result, self.gate)
         slice_name, slice_drop = worst_slice(verdict)
@@ -217,7 +214,7 @@ class _Search:
         self.records[index] = record.with_(
             stage="evaluated", metric=_metric(measured.result, self.gate.metric), drop=_overall(verdict),
             worst_slice=slice_name, worst_slice_drop=slice_drop, excess=gate_excess(verdict), passed=passed,
-            verdict="pass" if passed else one_line(f"fail: {breaches}"),
+            verdict="pass" if passed else one_line(f"fail: {breaches}", VERDICT_CHARS),
         )  # fmt: skip
         self._say(index, "evaluate")
 

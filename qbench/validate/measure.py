@@ -208,9 +208,8 @@ def measure(
 def _batch_dependence(built: BuiltVariant, rows: Rows, timing: LatencySpec | None) -> tuple[str, ...]:
     """Dynamic INT8 computes each activation scale over the whole batch at run time, so its outputs depend on what is
     batched together: say at which batch size its accuracy was measured when it is timed at others."""
-    dynamic = built.params.get("calibrator") == "dynamic" or built.params.get("activations") == "dynamic"
     others = sorted(b for b in (timing.batch_sizes if timing is not None else ()) if b != rows.batch_size)
-    if not dynamic or not others:
+    if not built.dynamic or not others:
         return ()
     return (f"dynamic INT8: activation scales are computed per batch, so accuracy depends on what is batched together; "
             f"measured in batches of {rows.batch_size}, served at {', '.join(map(str, others))} it may differ",)  # fmt: skip

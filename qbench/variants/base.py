@@ -76,6 +76,11 @@ class BuiltVariant:
     torch_module: Callable[[], Any] | None = None  # the variant as a torch module, for torch backends
     activation_ranges: Mapping[str, tuple[float, float]] = field(default_factory=dict)
 
+    @property
+    def dynamic(self) -> bool:
+        """Activations quantized per batch at run time (ORT's dynamic INT8, or a linear/SmoothQuant dynamic build)."""
+        return self.params.get("calibrator") == "dynamic" or self.params.get("activations") == "dynamic"
+
 
 class VariantBuilder(Protocol):
     def __call__(self, spec: VariantSpec, ctx: BuildContext) -> BuiltVariant: ...
