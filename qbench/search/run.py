@@ -126,6 +126,7 @@ class _Search:
         self.fp32_screen = measure(backend, self.fp32_built, prepared, rows=self.screen, timing=self.timing, quiet=True,
                                    clock=clock)  # fmt: skip
         self.fp32_p50 = _p50s(self.fp32_screen.result)
+        self.fp32_timings = [self.fp32_p50]  # FP32's screening timings, the first and one beside each candidate
 
     # -- budget -----------------------------------------------------------------------------------
 
@@ -197,7 +198,20 @@ class _Search:
         load (on a shared machine, load drifts over a search: one FP32 timing at the start misranked candidates 2×)."""
         again = measure(self.backend, self.fp32_built, self.prepared, rows=self.screen, timing=self.timing, score=False,
                         quiet=True, clock=self.clock).result  # fmt: skip
-        return _p50s(again) or self.fp32_p50
+        p50 = _p50s(again)
+        if p50:
+            self.fp32_timings.append(p50)
+        return p50 or self.fp32_p50
+
+    def tie(self) -> float:
+        """The margin within which screening estimates cannot rank two candidates: TIE, or how much FP32's own
+        timings varied over the search when that is more."""
+        return max(select.TIE, select.timing_spread(self.fp32_timings))
+
+    def may_win(self, record: CandidateRecord) -> bool:
+        """Whether `record` may still beat the fastest passing candidate, within the search's measured noise."""
+        best = select.fastest_passing(self.records)
+        return select.may_win(record, self.records[best] if best is not None else None, tie=self.tie())
 
     def evaluate(self, index: int) -> None:
         """Run candidate `index` on every evaluation row and judge it as the gate would."""
@@ -232,8 +246,7 @@ class _Search:
     def evaluate_promising(self) -> None:
         """Full evaluation of the promising screened candidates, fastest first, while they may still win."""
         for index in select.evaluation_order(self.records):
-            best = select.fastest_passing(self.records)
-            if not select.may_win(self.records[index], self.records[best] if best is not None else None):
+            if not self.may_win(self.records[index]):
                 self.records[index] = self.records[index].with_(verdict="not evaluated: a faster candidate passed")
                 continue
             if self.within_budget(f"evaluating {self.records[index].label}"):
@@ -243,8 +256,7 @@ class _Search:
         """The 7-bit-weight twin of each base candidate that ran and did not pass (a passing base is as fast)."""
         bases = [i for i, r in enumerate(self.records) if r.stage in ("screened", "evaluated") and not r.passed]
         for base in bases:
-            best = select.fastest_passing(self.records)
-            if select.may_win(self.records[base], self.records[best] if best is not None else None):
+            if self.may_win(self.records[base]):
                 self.screen_candidate(self.candidates[base].reduced_range())
         self.evaluate_promising()
 
@@ -268,8 +280,7 @@ class _Search:
                     return  # the budget is spent
                 if record.stage != "screened":
                     break  # this base cannot be rebuilt that way; the next base may
-                best = select.fastest_passing(self.records)
-                if not select.may_win(record, self.records[best] if best is not None else None):
+                if not self.may_win(record):
                     self.records[index] = record.with_(verdict="not evaluated: slower than a passing candidate")
                     break  # more float nodes only make it slower
                 if record.screen_excess is not None and record.screen_excess <= select.SCREEN_SLACK:
@@ -381,9 +392,12 @@ class _Search:
         return (slower,)
 
     def _method_note(self) -> str:
+        spread = select.timing_spread(self.fp32_timings)
         return (f"screening on {self.screen.count} of {len(self.prepared.evaluation_rows)} evaluation rows; speed-ups "
                 f"from {self.spec.timing_runs} timed runs per batch size, each candidate against FP32 timed right after it "
-                f"(finalists: medians of {RETIME_ROUNDS} interleaved rounds), noisy on a shared machine")  # fmt: skip
+                f"(FP32's own timings varied {spread:.0%} over the search, so candidates screened within {self.tie():.0%} "
+                f"of a faster passing one were still evaluated; finalists: medians of {RETIME_ROUNDS} interleaved "
+                "rounds)")  # fmt: skip
 
     def _keep(self, index: int) -> BuiltVariant:
         """Move the picked candidate's files to <workdir>/<name>.* and name it after the search."""

@@ -219,3 +219,23 @@ def test_keep_float_candidates_keep_only_nodes_their_base_quantized(tmp_path):
     search = object.__new__(search_run._Search)
     search.ctx, search.built = SimpleNamespace(reference_path=tmp_path / "model.onnx"), {0: base}
     assert search.base_ranking(0, ["head", "branch_a", "mm1", "branch_b"]) == ["branch_a", "mm1", "branch_b"]
+
+
+@pytest.mark.parametrize(("fp32_timings", "evaluated"), [([{1: 10.0}, {1: 10.2}], False), ([{1: 10.0}, {1: 12.0}], True)])
+def test_a_candidate_screened_slower_is_still_evaluated_when_fp32s_own_timings_varied_as_much(fp32_timings, evaluated):
+    """Screened at 1.33x against a passing 1.46x: on a quiet machine (FP32 within 2 %) it cannot win and is not
+    evaluated; when FP32's own timings varied 20 % over the search, the two estimates cannot rank them and it is."""
+    from qbench.results_search import CandidateRecord
+    from qbench.search import run
+
+    search = object.__new__(run._Search)
+    search.records = [CandidateRecord("dynamic", "ort-dynamic", speedup=1.46, stage="evaluated", passed=True, excess=0.4),
+                      CandidateRecord("static", "ort-static", speedup=1.33, stage="screened", screen_excess=0.3)]  # fmt: skip
+    search.fp32_timings = fp32_timings
+    search.within_budget = lambda what: True
+    calls = []
+    search.evaluate = calls.append
+    search.evaluate_promising()
+    assert calls == ([1] if evaluated else [])
+    if not evaluated:
+        assert search.records[1].verdict == "not evaluated: a faster candidate passed"

@@ -147,3 +147,11 @@ def test_why_none_tells_nothing_to_quantize_from_candidates_that_failed():
     broken = _record("smoothquant-static a=auto", stage="failed", verdict="build failed: no calibration rows")
     reason = select.why_none([na, broken])
     assert "could not build and run any candidate" in reason and "smoothquant-static a=auto: build failed" in reason
+
+
+def test_timing_spread_is_the_range_of_geometric_means_over_shared_batch_sizes():
+    # geometric means over batch 1 and 16: sqrt(4 * 100) = 20, sqrt(4 * 144) = 24, sqrt(9 * 64) = 24
+    timings = [{1: 4.0, 16: 100.0}, {1: 4.0, 16: 144.0, 32: 1.0}, {1: 9.0, 16: 64.0}]
+    assert select.timing_spread(timings) == pytest.approx(24 / 20 - 1)
+    assert select.timing_spread(timings[:1]) == 0.0 and select.timing_spread([]) == 0.0
+    assert select.timing_spread([{1: 5.0}, {16: 5.0}]) == 0.0  # no batch size in common: nothing to compare
