@@ -129,9 +129,17 @@ def sweep(
     err_console.print(f"results: {outcome.results_path}\nreport:  {outcome.report_path}", markup=False)
     if outcome.mlflow_run_id:
         err_console.print(f"MLflow run: {outcome.mlflow_run_id}  (open the UI with `qbench ui {recipe}`)")
-    if not gate:
-        return _measured_everything(outcome.results)
-    return _report_gate(loaded, outcome.results, outcome.gate, outcome.results_path, output, registry, tracked=track)
+    untracked = None if track else "the sweep was not tracked (--no-track)"
+    if outcome.tracking_failure:
+        untracked = "MLflow tracking failed during the sweep"
+    code = (_measured_everything(outcome.results) if not gate else
+            _report_gate(loaded, outcome.results, outcome.gate, outcome.results_path, output, registry,
+                         untracked=untracked))  # fmt: skip
+    if outcome.tracking_failure:  # the results are complete on disk, MLflow lacks them: not a clean run
+        err_console.print(f"error: {outcome.tracking_failure}; the results are complete in {outcome.run_dir}, "
+                          "not in MLflow", markup=False)  # fmt: skip
+        return EXIT_ERROR
+    return code
 
 
 def _measured_everything(results: SweepResults) -> int:
@@ -247,7 +255,7 @@ def gate(
 
 
 def _report_gate(asked: Recipe | None, judged: SweepResults, report: GateReport, results_path: Path,
-                 output: GateOutput, registry: RegistrySpec | None, *, tracked: bool = True) -> int:  # fmt: skip
+                 output: GateOutput, registry: RegistrySpec | None, *, untracked: str | None = None) -> int:  # fmt: skip
     """The one way a verdict is reported (`gate` and `sweep --gate`): the header, the SLO lines, the breaches
     and summary (every check with --verbose), the report files, GITHUB_STEP_SUMMARY, then the registry."""
     from qbench.report_serving import slo_lines
@@ -257,20 +265,19 @@ def _report_gate(asked: Recipe | None, judged: SweepResults, report: GateReport,
         out.print(line, markup=False)
     code = _gate_verdict(report, verbose=output.verbose, junit=output.junit, json_path=output.json_path)
     if registry is not None:
-        _register(asked, judged, report, results_path, registry, tracked=tracked)
+        _register(asked, judged, report, results_path, registry, untracked=untracked)
     return code
 
 
 def _register(asked: Recipe | None, judged: SweepResults, report: GateReport, results_path: Path,
-              spec: RegistrySpec, *, tracked: bool) -> None:  # fmt: skip
+              spec: RegistrySpec, *, untracked: str | None) -> None:  # fmt: skip
     """On a pass, register the winners `spec` asks for and print them; otherwise say that nothing moved."""
     if report.exit_code != 0 or asked is None:
         err_console.print(f"registry: gate did not pass, {spec.model!r} not registered, alias {spec.alias!r} not moved",
                           markup=False)  # fmt: skip
         return
-    if not tracked:
-        err_console.print(f"registry: {spec.model!r} not registered: the sweep was not tracked (--no-track)",
-                          markup=False)  # fmt: skip
+    if untracked:
+        err_console.print(f"registry: {spec.model!r} not registered: {untracked}", markup=False)
         return
     from qbench.track_registry import register_best
 

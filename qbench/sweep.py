@@ -51,6 +51,7 @@ class SweepOutcome:
     report_path: Path
     plot_path: Path | None
     mlflow_run_id: str | None
+    tracking_failure: str | None = None  # the tracking store failed during the sweep: MLflow lacks some of it
 
 
 def run_sweep(recipe: Recipe | str | Path, *, track: bool = True, resume: bool = False) -> SweepOutcome:
@@ -62,6 +63,7 @@ def run_sweep(recipe: Recipe | str | Path, *, track: bool = True, resume: bool =
     SIGINT/SIGTERM or a crash leave the run folder marked INCOMPLETE with results.json (complete: false)
     holding every variant finished so far and a record per finished job, and the MLflow runs ended
     KILLED or FAILED; an interruption is then a QbenchError (exit 2) saying where the partial results are.
+    A tracking store that fails during the sweep does not stop it: `tracking_failure` of the outcome says what failed.
     """
     started = time.perf_counter()
     clock = PhaseClock()
@@ -301,7 +303,7 @@ def _publish(recipe: Recipe, results: SweepResults, progress: _Progress, started
     report_path = write_markdown_report(results, gate, plot_path, run_dir / "report.md")
     html_path = write_html_report(results, gate, run_dir / "report.html")
     clock.add("report", t)
-    run_id = None
+    run_id = failure = None
     if progress.tracker is not None:
         t = time.perf_counter()
         artifacts = [recipe.source, results_path, report_path, html_path, plot_path]
@@ -310,11 +312,12 @@ def _publish(recipe: Recipe, results: SweepResults, progress: _Progress, started
                 run_id = progress.tracker.close(results, recipe, gate, [a for a in artifacts if a is not None])
         except Exception as exc:  # noqa: BLE001 - results are on disk; say where, then fail
             raise QbenchError(f"logging to MLflow failed ({exc}); the results are saved in {run_dir}") from exc
+        failure = progress.tracker.failure
         clock.add("track", t)
     timings = {**clock.seconds, "total": time.perf_counter() - started}
     results = _with_timings(results, timings)
     write_results(results, results_path)
-    return SweepOutcome(results, gate, run_dir, results_path, report_path, plot_path, run_id)
+    return SweepOutcome(results, gate, run_dir, results_path, report_path, plot_path, run_id, failure)
 
 
 def _with_timings(results: SweepResults, timings: dict[str, float]) -> SweepResults:

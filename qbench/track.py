@@ -36,7 +36,7 @@ from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 from mlflow.utils.validation import MAX_ENTITIES_PER_BATCH, MAX_METRICS_PER_BATCH, MAX_PARAMS_TAGS_PER_BATCH
 
 import qbench
-from qbench.errors import QbenchError
+from qbench.errors import QbenchError, one_line
 from qbench.gate import GateReport
 from qbench.recipe import Recipe
 from qbench.results import SweepResults, VariantResult, to_json
@@ -75,6 +75,7 @@ EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 TRAINING_KIND = "custom_model_development"
 RUN_DIR_TAG = "qbench.run_dir"  # the sweep's run folder: `qbench gate --register` finds the runs by it
 SYSTEM_METRICS_INTERVAL_S = 1.0
+FAILURE_CHARS = 400  # a store's failure in one line: MLflow's connection errors run to several lines
 
 
 # -- stores ---------------------------------------------------------------------------------------
@@ -165,16 +166,16 @@ def _store_lock(uri: str) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-# Opening the experiment is a sweep's first call to a tracking server: one that answers /health but fails
-# every call would otherwise hold the sweep in MLflow's default back-off (7 retries, about 4 minutes).
-FIRST_CALL_RETRIES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-                      "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}  # fmt: skip
+# A tracking server that fails or stops answering must cost a sweep seconds, not MLflow's default back-off (7
+# retries, minutes per call; the system-metrics thread's calls too): while qbench talks to a store, retries are these.
+BOUNDED_RETRIES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                   "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}  # fmt: skip
 
 
 @contextlib.contextmanager
-def _first_call_retries() -> Iterator[None]:
-    """MLflow's HTTP retries bounded by FIRST_CALL_RETRIES while the block runs; a variable the user set wins."""
-    added = {name: value for name, value in FIRST_CALL_RETRIES.items() if name not in os.environ}
+def _bounded_retries() -> Iterator[None]:
+    """MLflow's HTTP retries bounded by BOUNDED_RETRIES while the block runs; a variable the user set wins."""
+    added = {name: value for name, value in BOUNDED_RETRIES.items() if name not in os.environ}
     os.environ.update(added)
     try:
         yield
@@ -187,11 +188,11 @@ def open_experiment(recipe: Recipe) -> tuple[MlflowClient, str, str]:
     """A client of the recipe's store, the store's URI and the recipe's experiment id (created when new)."""
     uri = resolve_tracking_uri(recipe)
     try:
-        with _store_lock(uri), _first_call_retries():
+        with _store_lock(uri), _bounded_retries():
             client = MlflowClient(tracking_uri=uri)
             return client, uri, _experiment_id(client, experiment_name(recipe), uri)
-    except MlflowException as exc:
-        raise QbenchError(f"MLflow tracking at {uri} failed: {exc.message}") from exc
+    except (MlflowException, OSError) as exc:
+        raise QbenchError(one_line(f"MLflow tracking at {uri} failed: {_message(exc)}", FAILURE_CHARS)) from exc
 
 
 def ui_command(uri: str, host: str = "127.0.0.1", port: int = 5000) -> list[str]:
@@ -277,7 +278,10 @@ def _system_metrics(run_id: str, uri: str) -> Any | None:
 class SweepTracker:
     """The MLflow runs of one sweep, driven while it runs (see the module docstring).
 
-    MLflow problems become a QbenchError naming the store; the runs are then ended FAILED.
+    A store that fails while the sweep runs does not stop it: the first failure is kept in `failure` (one line
+    naming the store), the runs are ended FAILED as far as the store still answers, and every later call is
+    skipped, so the sweep measures everything and writes its results; the caller says that MLflow has not got
+    them. Failing to open the parent run is a QbenchError (nothing was measured yet).
     """
 
     def __init__(self, client: MlflowClient, uri: str, experiment_id: str, parent_id: str) -> None:
@@ -290,6 +294,8 @@ class SweepTracker:
         self._models: dict[str, str] = {}  # variant -> LoggedModel id (logged once, linked from every backend)
         self._datasets: DatasetInputs | None = None
         self._monitor: Any | None = None
+        self._retries = contextlib.ExitStack()  # bounded HTTP retries while the sweep's runs are open
+        self.failure: str | None = None
 
     @classmethod
     def open(cls, recipe: Recipe, run_name: str, *, run_dir: Path | None = None,
@@ -298,15 +304,22 @@ class SweepTracker:
 
         `run_dir` tags the parent with the sweep's run folder; `data` logs what it measures on as datasets.
         """
-        client, uri, experiment_id = open_experiment(recipe)
-        tags = {"qbench.version": qbench.__version__, "qbench.recipe": recipe.name, GATE_TAG: _PENDING}
-        if run_dir is not None:
-            tags[RUN_DIR_TAG] = tag_value(str(run_dir.resolve()))
+        retries = contextlib.ExitStack()
+        retries.enter_context(_bounded_retries())
         try:
-            parent = client.create_run(experiment_id, run_name=run_name, tags=tags)
-        except MlflowException as exc:
-            raise QbenchError(f"MLflow tracking at {uri} failed: {exc.message}") from exc
+            client, uri, experiment_id = open_experiment(recipe)
+            tags = {"qbench.version": qbench.__version__, "qbench.recipe": recipe.name, GATE_TAG: _PENDING}
+            if run_dir is not None:
+                tags[RUN_DIR_TAG] = tag_value(str(run_dir.resolve()))
+            try:
+                parent = client.create_run(experiment_id, run_name=run_name, tags=tags)
+            except (MlflowException, OSError) as exc:
+                raise QbenchError(f"MLflow tracking at {uri} failed: {_message(exc)}") from exc
+        except BaseException:
+            retries.close()
+            raise
         tracker = cls(client, uri, experiment_id, parent.info.run_id)
+        tracker._retries = retries
         tracker._monitor = _system_metrics(tracker.parent_id, uri)
         if data is not None:
             tracker._mlflow(lambda: tracker._log_datasets(data))
@@ -362,8 +375,17 @@ class SweepTracker:
             self._monitor.finish()
             self._monitor = None
 
-    def close(self, results: SweepResults, recipe: Recipe, gate: GateReport | None, artifacts: Sequence[Path]) -> str:
-        """Log the sweep's params, metrics, gate verdicts and artifacts; end the parent FINISHED; returns its id."""
+    def _release(self) -> None:
+        """Stop sampling system metrics and lift the bounded retries: the sweep's runs are ended."""
+        try:
+            self._stop_monitor()
+        finally:
+            self._retries.close()
+
+    def close(self, results: SweepResults, recipe: Recipe, gate: GateReport | None,
+              artifacts: Sequence[Path]) -> str | None:  # fmt: skip
+        """Log the sweep's params, metrics, gate verdicts and artifacts; end the parent FINISHED; returns its id
+        (None when the store failed: see `failure`)."""
         paths = _artifact_paths(recipe, artifacts)
 
         def log() -> None:
@@ -384,12 +406,14 @@ class SweepTracker:
             self._client.set_terminated(self.parent_id, status="FINISHED")
 
         self._mlflow(log)
-        return self.parent_id
+        self._release()
+        return None if self.failure else self.parent_id
 
     def abort(self, status: str, reason: str) -> None:
         """End the parent and every open child with `status` (KILLED or FAILED); no run keeps a gate verdict.
 
-        Best effort: the store may be what failed, so its errors are suppressed here.
+        Best effort: the store may be what failed, so the first error ends the attempt (each further call would
+        wait for its own retries), and nothing is raised.
         """
         verdict = tag_value(f"not evaluated (sweep {reason})")
         calls: list[Callable[[], object]] = [
@@ -401,16 +425,30 @@ class SweepTracker:
             lambda: self._client.set_terminated(self.parent_id, status=status, end_time=_now_ms()),
         ]  # fmt: skip
         self._running.clear()
-        for call in calls:
-            with contextlib.suppress(Exception):
+        try:
+            for call in calls:
                 call()
+        except Exception as exc:  # noqa: BLE001 - best effort, see above
+            logger.debug("ending the MLflow runs stopped at: %s", exc)
+        finally:
+            self._release()
 
-    def _mlflow(self, call: Callable[[], T]) -> T:
+    def _mlflow(self, call: Callable[[], T]) -> T | None:
+        """Run one step of logging; after the store's first failure, none (see the class docstring)."""
+        if self.failure is not None:
+            return None
         try:
             return call()
-        except MlflowException as exc:
+        except (MlflowException, OSError) as exc:  # OSError: requests' connection errors, a full or read-only disk
+            self.failure = one_line(f"MLflow tracking at {self._uri} failed: {_message(exc)}", FAILURE_CHARS)
+            logger.warning("%s; the sweep goes on without MLflow (its runs are ended FAILED where the store answers)",
+                           self.failure)  # fmt: skip
             self.abort("FAILED", "failed: MLflow error")
-            raise QbenchError(f"MLflow tracking at {self._uri} failed: {exc.message}") from exc
+            return None
+
+
+def _message(exc: BaseException) -> str:
+    return exc.message if isinstance(exc, MlflowException) else str(exc)
 
 
 def log_sweep(results: SweepResults, recipe: Recipe, *, gate: GateReport | None, artifacts: Sequence[Path]) -> str:
@@ -422,7 +460,10 @@ def log_sweep(results: SweepResults, recipe: Recipe, *, gate: GateReport | None,
     run_dirs = {Path(a).parent for a in artifacts if Path(a).name == RESULTS_FILE}
     tracker = SweepTracker.open(recipe, f"{results.recipe.get('name', recipe.name)} sweep {results.created_at}",
                                 run_dir=run_dirs.pop() if len(run_dirs) == 1 else None)  # fmt: skip
-    return tracker.close(results, recipe, gate, artifacts)
+    run_id = tracker.close(results, recipe, gate, artifacts)
+    if run_id is None:
+        raise QbenchError(tracker.failure or "MLflow tracking failed")
+    return run_id
 
 
 def log_run(
@@ -431,12 +472,13 @@ def log_run(
     """One stand-alone run in the recipe's experiment (e.g. `explain <variant>`): params, metrics, the recipe
     and `artifacts`; returns its id. MLflow problems become a QbenchError naming the store."""
     paths = _artifact_paths(recipe, artifacts)
-    client, uri, experiment_id = open_experiment(recipe)
-    try:
-        run_id = client.create_run(experiment_id, run_name=run_name).info.run_id
-        _log(client, run_id, metrics, {sanitise_name(k): param_value(v) for k, v in params.items()}, {})
-        _log_artifacts(client, run_id, paths)
-        client.set_terminated(run_id, status="FINISHED")
-    except MlflowException as exc:
-        raise QbenchError(f"MLflow tracking at {uri} failed: {exc.message}") from exc
+    with _bounded_retries():
+        client, uri, experiment_id = open_experiment(recipe)
+        try:
+            run_id = client.create_run(experiment_id, run_name=run_name).info.run_id
+            _log(client, run_id, metrics, {sanitise_name(k): param_value(v) for k, v in params.items()}, {})
+            _log_artifacts(client, run_id, paths)
+            client.set_terminated(run_id, status="FINISHED")
+        except (MlflowException, OSError) as exc:
+            raise QbenchError(one_line(f"MLflow tracking at {uri} failed: {_message(exc)}", FAILURE_CHARS)) from exc
     return run_id

@@ -11,33 +11,20 @@ if any process of that group is still alive.
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from server_processes import free_port, stop_process_group, wait_healthy
+from server_processes import start_mlflow_server, stop_process_group
 
 
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if not sys.platform.startswith("linux"):
         pytest.skip("the mlflow_server fixture checks its processes through /proc (Linux only)")
-    root = tmp_path_factory.mktemp("mlflow_server")
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = root / "server.log"
-    command = [
-        sys.executable, "-m", "mlflow", "server",
-        "--backend-store-uri", f"sqlite:///{(root / 'server.db').as_posix()}",
-        "--artifacts-destination", str(root / "artifacts"),
-        "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-    ]  # fmt: skip
-    with log.open("w") as log_file:
-        process = subprocess.Popen(command, cwd=root, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+    url, process = start_mlflow_server(tmp_path_factory.mktemp("mlflow_server"))
     try:
-        wait_healthy(url, process, log)
         yield url
     finally:
         leftover = stop_process_group(process)

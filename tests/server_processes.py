@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -70,3 +71,25 @@ def stop_process_group(process: subprocess.Popen) -> list[int]:
             time.sleep(0.2)
     process.wait(timeout=5)
     return group_members(pgid)
+
+
+def start_mlflow_server(root: Path) -> tuple[str, subprocess.Popen]:
+    """A real `mlflow server` on a free port of 127.0.0.1 with its store and artifacts under `root`, in its own process
+    group (stop it with stop_process_group), answering /health; returns its URL and process."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = root / "server.log"
+    command = [
+        sys.executable, "-m", "mlflow", "server",
+        "--backend-store-uri", f"sqlite:///{(root / 'server.db').as_posix()}",
+        "--artifacts-destination", str(root / "artifacts"),
+        "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+    ]  # fmt: skip
+    with log.open("w") as log_file:
+        process = subprocess.Popen(command, cwd=root, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_healthy(url, process, log)
+    except BaseException:
+        stop_process_group(process)
+        raise
+    return url, process
