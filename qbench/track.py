@@ -75,6 +75,7 @@ EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 TRAINING_KIND = "custom_model_development"
 RUN_DIR_TAG = "qbench.run_dir"  # the sweep's run folder: `qbench gate --register` finds the runs by it
 SYSTEM_METRICS_INTERVAL_S = 1.0
+MODEL_METRIC_GROUPS = ("acc/", "lat/", "speedup/", "throughput/", "cost.", "model_mb")  # also on the LoggedModel
 FAILURE_CHARS = 400  # a store's failure in one line: MLflow's connection errors run to several lines
 
 
@@ -229,12 +230,14 @@ def _log(client: MlflowClient, run_id: str, metrics: Mapping[str, float], params
          tags: Mapping[str, str], model_id: str | None = None) -> None:  # fmt: skip
     """log_batch within MLflow's per-request limits. NaN/inf metrics are not logged: a tag names them.
 
-    With `model_id`, the metrics are also the LoggedModel's (shown on its page in the UI)."""
+    With `model_id`, the headline metrics (MODEL_METRIC_GROUPS) are also the LoggedModel's, shown on its page in
+    the UI; the rest (every slice's figures) stay on the run: the store writes each model metric a second time."""
     now = int(time.time() * 1000)
     finite = {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(v)}
     missing = sorted(k for k in metrics if k not in finite)
     all_tags = dict(tags) | ({"qbench.missing_metrics": tag_value(", ".join(missing))} if missing else {})
-    entries = [Metric(k, v, now, 0, model_id=model_id) for k, v in finite.items()]
+    entries = [Metric(k, v, now, 0, model_id=model_id if k.startswith(MODEL_METRIC_GROUPS) else None)
+               for k, v in finite.items()]  # fmt: skip
     for request in _batches(entries, [Param(k, v) for k, v in params.items()],
                             [RunTag(k, v) for k, v in all_tags.items()]):  # fmt: skip
         client.log_batch(run_id, **request)

@@ -423,6 +423,7 @@ def test_each_variant_is_a_logged_onnx_model_with_its_signature(tracked_sweep: T
         variant = tracked_sweep.results.find(name, "onnxruntime-cpu")
         model_metrics = {m.key: m.value for m in model.metrics}
         assert model_metrics["acc/overall"] == pytest.approx(variant.accuracy.overall.metrics["accuracy"])
+        assert "lat/p50_ms/b1" in model_metrics and not any(k.startswith("slice/") for k in model_metrics)
         info = mlflow.models.get_model_info(f"models:/{output.model_id}")
         assert "onnx" in info.flavors
         (inputs,), (outputs,) = info.signature.inputs.inputs, info.signature.outputs.inputs
