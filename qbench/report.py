@@ -387,7 +387,7 @@ def render_markdown(results: SweepResults, gate: GateReport | None, plot_path: P
         *([to_markdown(serving)] if (serving := serving_table(results, gate)) is not None else []),
         _frontier_section(results, plot_path, report_path),
         gate_part,
-        search_markdown(results.search),
+        search_markdown(results),
         ranges_section(results),
         _notes_section(results),
     ]

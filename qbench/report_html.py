@@ -169,7 +169,7 @@ def render_html(results: SweepResults, gate: GateReport | None) -> str:
     serving = serving_table(results, gate)
     body = [_header(results), _verdict_section(gate), _frontier_section(results), _slice_section(results, gate),
             to_html(serving, "serving") if serving is not None else "", ranges_html(results),
-            search_html(results.search)]  # fmt: skip
+            search_html(results)]  # fmt: skip
     return "\n".join(["<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
                       f"<title>{title}</title>", f"<style>{_CSS}</style>", "</head>", "<body>", *body,
                       "</body>", "</html>"]) + "\n"  # fmt: skip

@@ -7,7 +7,9 @@ import math
 from html import escape
 
 from qbench.errors import one_line
+from qbench.frontier import speedup
 from qbench.report_grid import Grid, signed, to_markdown
+from qbench.results import SweepResults
 from qbench.results_search import CandidateRecord, SearchReport
 
 HEADERS = ["#", "candidate", "technique", "options", "kept float", "speed-up", "screen drop", "drop",
@@ -48,8 +50,22 @@ def search_title(report: SearchReport) -> str:
             f"(max drop {report.max_drop:g}, per slice {report.max_slice_drop:g})")  # fmt: skip
 
 
-def search_summary(report: SearchReport) -> list[str]:
-    """The outcome in words: the chosen candidate, or the closest and what it would need; then the method."""
+def sweep_timing(results: SweepResults, report: SearchReport) -> list[str]:
+    """The searched variant's speed-ups as the sweep measured them afterwards (its full latency measurement), one
+    line per backend: the search's own figures are quick estimates, and the two can differ on a loaded machine."""
+    lines = []
+    for variant in results.variants:
+        if variant.variant != report.variant or variant.status != "ok" or variant.latency is None:
+            continue
+        figures = [f"b{p.batch_size} {speedup(results, variant, p.batch_size):.2f}×" for p in variant.latency.points]
+        lines.append(f"The sweep's own timing of {variant.key} afterwards: {', '.join(figures)} FP32 (the speed-ups "
+                     "above are the search's quick estimates).")  # fmt: skip
+    return lines
+
+
+def search_summary(report: SearchReport, results: SweepResults | None = None) -> list[str]:
+    """The outcome in words: the chosen candidate, or the closest and what it would need; the sweep's own timing of
+    it (given the results); then the method."""
     lines = []
     if report.chosen is not None:
         chosen = report.candidates[report.chosen]
@@ -62,20 +78,24 @@ def search_summary(report: SearchReport) -> list[str]:
         lines.append("No candidate could be built or measured.")
     if report.budget_exhausted:
         lines.append("The time budget was spent before every step ran (see the candidates not tried).")
+    lines += sweep_timing(results, report) if results is not None else []
     fp32 = ", ".join(f"{b} {v:.2f} ms" for b, v in report.fp32_p50_ms.items())
     lines += [f"FP32 p50 under the same quick timing: {fp32}." if fp32 else "", *report.notes]
     return [line for line in lines if line]
 
 
-def search_markdown(report: SearchReport | None) -> str:
+def search_markdown(results: SweepResults) -> str:
     """The search section of report.md ('' without a search)."""
+    report = results.search
     if report is None:
         return ""
-    return to_markdown(Grid(search_title(report), HEADERS, list(search_rows(report)), NUMERIC, search_summary(report)))
+    return to_markdown(Grid(search_title(report), HEADERS, list(search_rows(report)), NUMERIC,
+                            search_summary(report, results)))  # fmt: skip
 
 
-def search_html(report: SearchReport | None) -> str:
+def search_html(results: SweepResults) -> str:
     """The search section of report.html ('' without a search)."""
+    report = results.search
     if report is None:
         return ""
     head = "".join(f"<th>{escape(h)}</th>" for h in HEADERS)
@@ -85,6 +105,6 @@ def search_html(report: SearchReport | None) -> str:
         cells = "".join(f'<td class="num">{escape(c)}</td>' if i in NUMERIC else f"<td>{escape(c)}</td>"
                         for i, c in enumerate(row))  # fmt: skip
         body.append(f"<tr{mark}>{cells}</tr>")
-    notes = "".join(f'<p class="meta">{escape(line)}</p>' for line in search_summary(report))
+    notes = "".join(f'<p class="meta">{escape(line)}</p>' for line in search_summary(report, results))
     return "\n".join(['<section id="search">', f"<h2>{escape(search_title(report))}</h2>", notes,
                       f"<table><thead><tr>{head}</tr></thead><tbody>", *body, "</tbody></table>", "</section>"])  # fmt: skip

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+from sweep_factory import make_sweep, make_variant
+
 from qbench.report_search import search_markdown
 from qbench.results_search import CandidateRecord, SearchReport
 from qbench.search import select
@@ -12,10 +16,15 @@ def _report(outcome: str, candidates: tuple[CandidateRecord, ...], **more) -> Se
                         seconds=3.2, outcome=outcome, candidates=candidates, **more)  # fmt: skip
 
 
+def _searched(report: SearchReport, variants=()) -> object:
+    return dataclasses.replace(make_sweep([make_variant("fp32", "fp32", p50_by_batch={1: 1.0, 32: 20.0}), *variants]),
+                               search=report)  # fmt: skip
+
+
 def test_a_search_that_built_nothing_is_not_called_unreachable():
     failed = CandidateRecord("ort-static", "ort-static", stage="failed",
                              verdict="build failed: Fail: [ONNXRuntimeError] : 1 :\n  Load model failed\n  at line 3")  # fmt: skip
-    markdown = search_markdown(_report("nothing built", (failed,)))
+    markdown = search_markdown(_searched(_report("nothing built", (failed,))))
     assert "int8-search: nothing built, 1 candidates" in markdown and "unreachable" not in markdown
     assert "No candidate could be built or measured." in markdown
     row = next(line for line in markdown.splitlines() if line.startswith("| 0 "))
@@ -28,5 +37,17 @@ def test_tiny_drops_and_tolerances_are_printed_with_their_digits():
     needed = select.needed(near, 1e-5, 2e-5, budget_exhausted=False, keep_float_exhausted=False)
     assert needed.startswith("overall drop 3.00e-05 > 1e-05 (cut it by 67%); topic=a drop 4.00e-05 > 2e-05")
     assert "max_drop ≥ 3.00e-05, max_slice_drop ≥ 4.00e-05" in needed
-    markdown = search_markdown(_report("unreachable", (near,), closest=0, needed=needed))
+    markdown = search_markdown(_searched(_report("unreachable", (near,), closest=0, needed=needed)))
     assert "| +3.00e-05 | topic=a (+4.00e-05) |" in markdown
+
+
+def test_the_sweeps_own_timing_of_the_searched_variant_is_shown_beside_the_searchs_estimate():
+    """The search said 1.90x from its quick screening timing; the sweep's full measurement afterwards said 1.25x at
+    batch 1 and 1.60x at 32 (20 / 12.5): a reader sees both, and which is which."""
+    chosen = CandidateRecord("smoothquant-static", "smoothquant", stage="evaluated", speedup=1.9, passed=True,
+                             verdict="chosen", metric=0.999, excess=0.2)  # fmt: skip
+    searched = make_variant("int8-search", "int8", p50_by_batch={1: 0.8, 32: 12.5})
+    markdown = search_markdown(_searched(_report("passed", (chosen,), chosen=0), [searched]))
+    assert "Chosen: #0 smoothquant-static (1.90× FP32" in markdown
+    assert ("The sweep's own timing of int8-search@onnxruntime-cpu afterwards: b1 1.25×, b32 1.60× FP32 (the speed-ups "
+            "above are the search's quick estimates).") in markdown
