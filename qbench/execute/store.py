@@ -23,6 +23,7 @@ import platform
 import secrets
 import shutil
 import tempfile
+import time
 from importlib import metadata
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -37,6 +38,9 @@ logger = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
 _MANIFEST_FORMAT = 2  # 2: `files` maps each file to its sha256
 _CHUNK = 1 << 20  # bytes read at a time while hashing
+# A staging or discarded folder untouched this long was left by a publisher that was killed (a publish takes
+# seconds to minutes): the next publish removes it.
+ABANDONED_AFTER_S = 6 * 3600
 
 
 class BuildStore:
@@ -119,6 +123,7 @@ class BuildStore:
             fs.pipe_file(self._path(key, MANIFEST), _manifest_text(manifest).encode())
             return manifest
         local.mkdir(parents=True, exist_ok=True)
+        _remove_abandoned(local)
         staging = Path(tempfile.mkdtemp(prefix=f".{key}.", suffix=".publishing", dir=local))
         try:
             for name in manifest["files"]:
@@ -193,6 +198,20 @@ class BuildStore:
         folder = export_cache_dir() / "fetched" / key
         self.materialise(key, manifest, folder)
         return replace(built, onnx_path=folder / manifest["onnx"])
+
+
+def _remove_abandoned(local: Path) -> None:
+    """Remove the staging and discarded folders of publishers killed mid-publish (see ABANDONED_AFTER_S)."""
+    cutoff = time.time() - ABANDONED_AFTER_S
+    for entry in local.glob(".*"):
+        if not entry.name.endswith((".publishing", ".discarded")):
+            continue
+        try:
+            if entry.stat().st_mtime < cutoff:
+                logger.info("build store: removing %s, left by a publish that did not finish", entry)
+                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+        except OSError:  # another publisher removed it first
+            continue
 
 
 def build_store(recipe: Recipe) -> BuildStore:

@@ -138,3 +138,25 @@ def test_a_build_that_is_the_fp32_model_names_the_reading_sweeps_own_model(tmp_p
     manifest = manifest_of(BuiltVariant("fp32", "fp32", first), folder, build_environment(), reusable=True)
     assert manifest["files"] == {} and str(first) not in str(manifest)
     assert built_from_manifest(manifest, tmp_path / "run" / "models", second).onnx_path == second
+
+
+def test_a_publish_removes_what_killed_publishers_left_and_keeps_what_running_ones_write(tmp_path: Path) -> None:
+    import os
+    import time
+
+    from qbench.execute.store import ABANDONED_AFTER_S
+
+    store = BuildStore(str(tmp_path / "store"))
+    root = tmp_path / "store"
+    old_staging, old_discarded = root / f".{KEY}.ab12.publishing", root / f".{KEY}.cd34.discarded"
+    fresh = root / f".{KEY}.ef56.publishing"
+    for folder in (old_staging, old_discarded, fresh):
+        (folder / "model.onnx").parent.mkdir(parents=True)
+        (folder / "model.onnx").write_bytes(b"partial")
+    long_ago = time.time() - ABANDONED_AFTER_S - 60
+    for folder in (old_staging, old_discarded):
+        os.utime(folder, (long_ago, long_ago))
+    store.publish("other" + KEY, tmp_path / "build", _build(tmp_path / "build", seed=1))
+    assert not old_staging.exists() and not old_discarded.exists()
+    assert fresh.is_dir()  # another publisher may be writing it now
+    assert store.reusable("other" + KEY, build_environment()) is not None
