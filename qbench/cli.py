@@ -417,7 +417,7 @@ def _gate_verdict(
     out.print(gate_report.summary_line(report), style="green" if report.exit_code == 0 else "bold red",
               markup=False, highlight=False)  # fmt: skip
     _write_reports(report, junit, json_path)
-    return report.exit_code
+    return BREACH if report.exit_code == EXIT_BREACH else report.exit_code
 
 
 def _write_reports(report: GateReport, junit: Path | None, json_path: Path | None) -> None:
@@ -436,13 +436,22 @@ EXIT_OK, EXIT_BREACH, EXIT_ERROR = 0, 1, 2
 DEBUG_FLAG = "--debug"
 
 
+class _Breach(int):
+    """Exit code 1 as a gate verdict returns it (`BREACH`): a 1 from anywhere else (click's Exit(1), which typer
+    hands back as the command's result; a library's own exit code) is no verdict, and `main` makes it 2."""
+
+
+BREACH = _Breach(EXIT_BREACH)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `qbench` script; returns the exit code instead of raising SystemExit.
 
-    The exit code is a contract: 0 success / gate passed, 1 gate breached (only `gate` and
-    `sweep --gate` return it), 2 anything else. A QbenchError prints its one-line message; any other
-    exception prints `qbench: error: <Type>: <message>` on one line, with the traceback only when
-    `--debug` is given (anywhere on the command line).
+    The exit code is a contract: 0 success / gate passed, 1 gate breached (only the gate's verdict,
+    `BREACH`, returned by `gate` and `sweep --gate`), 2 anything else. A QbenchError prints its one-line
+    message; any other exception (SystemExit and other BaseExceptions included: a library's sys.exit, an
+    interruption that escaped its handling) prints `qbench: error: <Type>: <message>` on one line, with
+    the traceback only when `--debug` is given (anywhere on the command line).
     """
     args = list(argv if argv is not None else sys.argv[1:])
     debug = DEBUG_FLAG in args
@@ -461,13 +470,18 @@ def main(argv: list[str] | None = None) -> int:
     except TyperException as exc:  # usage errors (typer vendors click's exceptions under this base)
         exc.show()
         return EXIT_ERROR
-    except (Exception, SystemExit) as exc:  # noqa: BLE001 - a bug in qbench or a library: still exit 2
+    except BaseException as exc:  # noqa: BLE001 - a bug in qbench or a library, an exit from inside: still exit 2
         if debug:
             err_console.print_exception()
         err_console.print(f"qbench: error: {type(exc).__name__}: {_one_line(exc)}", soft_wrap=True, markup=False)
         return EXIT_ERROR
+    if result is BREACH:
+        return EXIT_BREACH
     result = EXIT_OK if result is None else result
-    return result if type(result) is int and result in (EXIT_OK, EXIT_BREACH, EXIT_ERROR) else EXIT_ERROR
+    if type(result) is int and result in (EXIT_OK, EXIT_ERROR):
+        return result
+    err_console.print(f"qbench: error: the command ended with status {result!r}, not a verdict", markup=False)
+    return EXIT_ERROR
 
 
 def _one_line(exc: object) -> str:

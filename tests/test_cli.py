@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 
+import pytest
+import typer
 import yaml
 
 from qbench.cli import main
+from qbench.interrupt import Interrupted
 
 
 def test_list_shows_registries(capsys):
@@ -77,6 +81,25 @@ def test_a_command_never_returns_an_exit_code_outside_the_contract(monkeypatch):
     monkeypatch.setattr("qbench.recipe.load_recipe", lambda path: None)
     monkeypatch.setattr("qbench.track.resolve_tracking_uri", lambda recipe: "sqlite:///x.db")
     assert main(["ui", "recipe.yaml"]) == 2
+
+
+@pytest.mark.parametrize(
+    "escape",
+    [typer.Exit(1), SystemExit(1), Interrupted(signal.SIGTERM)],
+    ids=["typer-exit-1", "system-exit-1", "interrupted"],
+)
+def test_only_the_gates_verdict_exits_1(monkeypatch, capsys, escape):
+    """1 is the breach code: an exit with status 1 from inside a command (typer hands an Exit's code back as the
+    command's result; a library's sys.exit(1), Ray's included) or an interruption that escaped the sweep's
+    handling (a BaseException, which Python itself would end with status 1) is an error, 2."""
+    import qbench.techniques
+
+    def escaping() -> list[str]:
+        raise escape
+
+    monkeypatch.setattr(qbench.techniques.TECHNIQUES, "names", escaping)
+    assert main(["list"]) == 2
+    assert "qbench: error:" in capsys.readouterr().err
 
 
 def _double_zipmap_project(tmp_path):

@@ -10,6 +10,7 @@ the same job functions (qbench.execute.jobs):
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
@@ -144,10 +145,25 @@ def make_executor(recipe: Recipe, prepared: Prepared, store: BuildStore) -> Exec
     return RayExecutor(recipe, store)
 
 
+RAY_NO_FAILURE_SIGNAL_HANDLER = "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"  # read when ray is imported
+
+
 def import_ray() -> object:
-    """The `ray` module; without it, an error naming the extra (executor 'ray' is the only user)."""
+    """The `ray` module; without it, an error naming the extra (executor 'ray' is the only user).
+
+    Imported first here, Ray leaves its C++ failure-signal handler out of this process (the driver; its workers,
+    started later, keep theirs): that handler also takes SIGTERM, which then never reaches the sweep's handler as
+    it should (a sweep stopped while Ray started crashed on exit, status -11), and Ray's stop sets SIGTERM's action
+    back to the default. RAY_DISABLE_FAILURE_SIGNAL_HANDLER=0 in the environment keeps it.
+    """
+    unset = RAY_NO_FAILURE_SIGNAL_HANDLER not in os.environ
+    if unset:
+        os.environ[RAY_NO_FAILURE_SIGNAL_HANDLER] = "1"
     try:
         import ray
     except ImportError:
         raise MissingExtraError("Ray (for `executor: {kind: ray}`)", RAY_EXTRA) from None
+    finally:
+        if unset:  # not inherited by the processes Ray starts
+            del os.environ[RAY_NO_FAILURE_SIGNAL_HANDLER]
     return ray

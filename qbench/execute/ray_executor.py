@@ -22,7 +22,8 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -94,18 +95,50 @@ def task_options(needs: JobNeeds) -> dict[str, Any]:
     return options
 
 
-def init_keeping_signal_handlers(init: Callable[..., Any], **options: Any) -> Any:
-    """`ray.init(**options)` with the process's SIGINT/SIGTERM handlers put back after it: Ray installs its own
-    SIGTERM handler in the driver (sys.exit), which would turn a stopped sweep into a bare SystemExit instead of
-    the sweep's clean interruption (marker, partial results, --resume)."""
-    kept = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextmanager
+def keeping_signal_handlers(*, hold: bool = False) -> Iterator[None]:
+    """A Ray start or stop (`ray.init`, `ray.shutdown`) that leaves the process's SIGINT/SIGTERM handling as it was.
+
+    Ray takes SIGTERM over twice: the driver's start-up installs its own handler (a bare sys.exit(SIGTERM)),
+    and its core worker, when it stops, sets SIGTERM's action back to the default behind Python's back
+    (signal.getsignal still names the sweep's handler, but a SIGTERM kills the process: no marker, no
+    partial results, no exit code 2). After the block the process's handlers are installed again, the
+    C-level action included. A SystemExit(SIGTERM) out of the block (Ray's handler took the signal) is
+    given back as the signal itself, to the process's handler (the sweep's SignalGuard: an interruption).
+
+    With `hold` (a stop), SIGINT and SIGTERM are blocked in this thread for the block, so one that comes
+    while the default action is set waits, and reaches the process's handler after it. Not for a start:
+    the processes Ray starts would inherit the block. Outside the main thread this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    kept = {signum: signal.getsignal(signum) for signum in _SIGNALS}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS) if hold else None
+    taken_by_ray = False
     try:
-        return init(**options)
+        yield
+    except SystemExit as exc:
+        taken_by_ray = exc.code == signal.SIGTERM
+        raise
     finally:
-        if threading.current_thread() is threading.main_thread():
-            for signum, handler in kept.items():
-                if handler is not None:
-                    signal.signal(signum, handler)
+        for signum, handler in kept.items():
+            if handler is not None:
+                signal.signal(signum, handler)
+        if mask is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a signal held meanwhile is handled here
+        if taken_by_ray:
+            signal.raise_signal(signal.SIGTERM)  # the process's handler decides (Interrupted under a SignalGuard)
+
+
+def _wrapped_interruption(exc: BaseException) -> Interrupted | None:
+    """The Interrupted `exc` wraps: a signal handled while Ray's extension runs (the sweep's SignalGuard raising
+    Interrupted) comes out of it as a SystemError."""
+    cause = exc.__cause__ or exc.__context__
+    return cause if isinstance(exc, SystemError) and isinstance(cause, Interrupted) else None
 
 
 class RayExecutor:
@@ -116,16 +149,21 @@ class RayExecutor:
     def __init__(self, recipe: Recipe, store: BuildStore) -> None:
         self._ray: Any = import_ray()
         self._store = store
-        self._owned = False
-        self._connect(recipe.executor.address)
-        self._recipe_ref = self._ray.put(recipe)
-        self._recipe = recipe
-        self._build = self._ray.remote(_build_task)
-        self._measure = self._ray.remote(_measure_task)
+        self._owned = False  # a local cluster this executor started
+        self._connected = False  # by this executor's ray.init: close() disconnects (and stops an owned cluster)
         self._results: dict[Any, str] = {}  # result ObjectRef -> job id
         self._outputs: dict[str, Any] = {}  # job id -> ObjectRef of its evaluated outputs
         self._keep: set[str] = set()
-        cpus = int(self._ray.cluster_resources().get("CPU", 1))
+        self._recipe = recipe
+        self._connect(recipe.executor.address)
+        try:
+            self._recipe_ref = self._ray.put(recipe)
+            self._build = self._ray.remote(_build_task)
+            self._measure = self._ray.remote(_measure_task)
+            cpus = int(self._ray.cluster_resources().get("CPU", 1))
+        except BaseException:
+            self.close()
+            raise
         self.capacity = max(cpus * 4, 8)  # queued beyond the CPUs, so a freed CPU never waits for the driver
 
     def _connect(self, address: str | None) -> None:
@@ -133,14 +171,26 @@ class RayExecutor:
         if ray.is_initialized():
             return
         if address is None:  # a cluster of this machine alone, stopped when the sweep ends
-            init_keeping_signal_handlers(ray.init, num_cpus=os.cpu_count() or 1, resources={TIMING_RESOURCE: 1},
-                                         include_dashboard=False, log_to_driver=False, configure_logging=False)  # fmt: skip
-            self._owned = True
-            return
+            options = {"num_cpus": os.cpu_count() or 1, "resources": {TIMING_RESOURCE: 1}, "include_dashboard": False}
+        else:
+            options = {"address": address}
         try:
-            init_keeping_signal_handlers(ray.init, address=address, log_to_driver=False, configure_logging=False)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
-            raise QbenchError(f"executor.address: cannot join the Ray cluster at {address!r}: {exc}") from None
+            with keeping_signal_handlers():
+                ray.init(**options, log_to_driver=False, configure_logging=False)
+        except BaseException as exc:
+            self._disconnect()  # no half-started Ray left for the interpreter's exit to stop (seen crashing there)
+            if address is not None and isinstance(exc, (ConnectionError, RuntimeError, ValueError)):
+                raise QbenchError(f"executor.address: cannot join the Ray cluster at {address!r}: {exc}") from None
+            if (interrupted := _wrapped_interruption(exc)) is None:
+                raise
+            raise interrupted from None
+        self._owned = address is None
+        self._connected = True
+
+    def _disconnect(self) -> None:
+        """ray.shutdown(), its signal handling kept (Ray's core resets SIGTERM to the default as it stops)."""
+        with keeping_signal_handlers(hold=True):
+            self._ray.shutdown()
 
     def check_needs(self, needs: set[JobNeeds]) -> None:
         """Every kind of job must fit some node of the cluster, else it would wait forever: say what is missing."""
@@ -198,16 +248,14 @@ class RayExecutor:
         return JobDone(job_id, output)
 
     def _wait_one(self) -> Any:
-        """The next finished job's reference. A signal handled while Ray waits (the sweep's SignalGuard
-        raising Interrupted) comes out of Ray's extension wrapped in a SystemError: raise it as itself."""
+        """The next finished job's reference (an interruption while Ray waits raised as itself)."""
         while True:
             try:
                 ready, _ = self._ray.wait(list(self._results), num_returns=1, timeout=1.0)
             except SystemError as exc:
-                cause = exc.__cause__ or exc.__context__
-                if isinstance(cause, Interrupted):
-                    raise cause from None
-                raise
+                if (interrupted := _wrapped_interruption(exc)) is None:
+                    raise
+                raise interrupted from None
             if ready:
                 return ready[0]
 
@@ -218,12 +266,15 @@ class RayExecutor:
         return f"{owner} of {len(nodes)} node{'s' if len(nodes) != 1 else ''}, {cpus:g} CPUs ({socket.gethostname()})"
 
     def close(self) -> None:
-        for ref in list(self._results):
-            try:
-                self._ray.cancel(ref, force=True)
-            except Exception:  # noqa: BLE001 - best effort: the job may have ended meanwhile
-                pass
-        self._results.clear()
-        self._outputs.clear()
-        if self._owned:
-            self._ray.shutdown()
+        try:
+            for ref in list(self._results):
+                try:
+                    self._ray.cancel(ref, force=True)
+                except Exception:  # noqa: BLE001 - best effort: the job may have ended meanwhile
+                    pass
+        finally:  # an interruption meanwhile still disconnects: no Ray left for the interpreter's exit to stop
+            self._results.clear()
+            self._outputs.clear()
+            if self._connected:  # a joined cluster runs on; only this driver's connection ends
+                self._connected = False
+                self._disconnect()

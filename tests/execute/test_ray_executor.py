@@ -25,6 +25,7 @@ from probe_project import VARIANTS, figures, probe_calls, write_probe_recipe
 from qbench.errors import QbenchError
 from qbench.execute.plan import TIMING_RESOURCE
 from qbench.execute.records import JOBS_FOLDER
+from qbench.runs import INCOMPLETE_MARKER
 from qbench.sweep import run_sweep
 
 # Ray on Linux turns `_node_ip_address="127.0.0.1"` into the machine's routable address and listens on every
@@ -190,23 +191,111 @@ def test_an_interrupted_ray_sweep_resumes_without_measuring_a_finished_job_twice
     assert len(resumed) == len(finished)
 
 
-def test_starting_a_local_ray_cluster_keeps_the_sweeps_signal_handlers(tmp_path: Path) -> None:
-    """Ray's driver start-up installs its own SIGTERM handler (a bare sys.exit): qbench puts its own back, so a
-    stopped sweep is an interruption (marker, partial results, --resume), not a SystemExit."""
+def test_starting_and_stopping_a_local_ray_cluster_keeps_the_sweeps_signal_handlers(tmp_path: Path) -> None:
+    """Ray's driver start-up installs its own SIGTERM handler (a bare sys.exit), and its core worker's stop sets
+    SIGTERM's action to the default behind Python's back (getsignal still names the old handler): qbench puts its
+    own back both times, so a stopped sweep is an interruption (marker, partial results, --resume), not a
+    SystemExit or a death by the signal."""
     script = """
-import signal, sys
+import os, signal, sys
 import ray
-from qbench.execute.ray_executor import init_keeping_signal_handlers
-def mine(signum, frame): pass
+from qbench.execute.ray_executor import keeping_signal_handlers
+got = []
+def mine(signum, frame): got.append(signum)
 signal.signal(signal.SIGTERM, mine)
-init_keeping_signal_handlers(ray.init, num_cpus=1, _node_ip_address="127.0.0.1", include_dashboard=False,
-                             log_to_driver=False, object_store_memory=80 * 1024 * 1024, configure_logging=False)
+with keeping_signal_handlers():
+    ray.init(num_cpus=1, _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False,
+             object_store_memory=80 * 1024 * 1024, configure_logging=False)
 try:
-    print("kept" if signal.getsignal(signal.SIGTERM) is mine else f"replaced by {signal.getsignal(signal.SIGTERM)!r}")
+    print("started: " + ("kept" if signal.getsignal(signal.SIGTERM) is mine else "replaced"), flush=True)
 finally:
-    ray.shutdown()
+    with keeping_signal_handlers(hold=True):
+        ray.shutdown()
+os.kill(os.getpid(), signal.SIGTERM)  # killed here if the default action was left behind
+print("stopped: " + ("kept" if got == [signal.SIGTERM] else f"handler got {got}"), flush=True)
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180, cwd=tmp_path,
                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})  # fmt: skip
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert done.stdout.strip().splitlines()[-2:] == ["started: kept", "stopped: kept"]
+
+
+SWEEP_SIGNALLED = """
+import functools, os, signal, sys
+import ray
+import ray._private.worker
+import qbench.sweep
+from qbench.cli import main
+
+ray.init = functools.partial(ray.init, _node_ip_address="127.0.0.1", object_store_memory=80 * 1024 * 1024)
+if sys.argv[1] == "starting":  # once Ray's start-up has put its own SIGTERM handler in
+    connect = ray._private.worker.connect
+    def signalled_connect(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return connect(*args, **kwargs)
+    ray._private.worker.connect = signalled_connect
+else:  # "stopped": every job done and the executor closed (its cluster stopped), the results not yet written
+    range_analysis = qbench.sweep._range_analysis
+    def signalled_range_analysis(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return range_analysis(*args, **kwargs)
+    qbench.sweep._range_analysis = signalled_range_analysis
+sys.exit(main(["sweep", sys.argv[2], "--no-track"]))
+"""
+
+
+def _session_processes(sid: int) -> list[int]:
+    """The live (not zombie) processes of session `sid`: what a sweep started as a session leader left running."""
+    alive = []
+    for pid in psutil.pids():
+        try:
+            if os.getsid(pid) == sid and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except (OSError, psutil.Error):
+            pass
+    return alive
+
+
+@pytest.mark.parametrize("moment", ["starting", "stopped"])
+def test_a_sigterm_while_ray_starts_or_after_it_stopped_is_an_interruption_exit_2(
+    moment: str, user_project: Path, tmp_path: Path
+) -> None:
+    """`qbench sweep` on a local Ray cluster it starts (on 127.0.0.1) gets SIGTERM at a set moment: while Ray
+    starts (Ray's own handler in place: it was a SystemExit(15), then a crash at the interpreter's exit) or after
+    the cluster stopped (Ray's core had set SIGTERM's action to the default: death by the signal). Either way the
+    contract holds: exit 2, the run folder marked interrupted, no Ray process left."""
+    recipe = write_probe_recipe(user_project, tmp_path, variants=["fp16"], executor=RAY)
+    process = subprocess.Popen([sys.executable, "-c", SWEEP_SIGNALLED, moment, str(recipe)], cwd=tmp_path,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                               env={**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},
+                                    "PYTHONPATH": str(Path(__file__).resolve().parents[2])})  # fmt: skip
+    try:
+        _, err = process.communicate(timeout=240)
+    finally:
+        deadline = time.monotonic() + 30
+        while (left := _session_processes(process.pid)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+    assert process.returncode == 2, (process.returncode, err[-3000:])
+    assert "interrupted by SIGTERM" in " ".join(err.split()), err[-3000:]
+    (run,) = (tmp_path / "reports" / "tumour-mlp").glob("2*")
+    assert json.loads((run / INCOMPLETE_MARKER).read_text())["state"] == "interrupted by SIGTERM"
+    assert not left, f"Ray processes outlived the sweep: {left}"
+
+
+def test_ray_imported_by_qbench_leaves_its_failure_signal_handler_out_of_the_driver_only(tmp_path: Path) -> None:
+    """That C++ handler takes SIGTERM while Ray starts (the sweep's handler never saw it; a crash followed on exit):
+    the driver goes without it, and the variable is not left for the processes Ray starts (their handlers stay)."""
+    script = """
+import os
+from qbench.execute.executors import import_ray
+ray = import_ray()
+from ray._private import ray_constants
+print(ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER, "RAY_DISABLE_FAILURE_SIGNAL_HANDLER" in os.environ)
+"""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env={**env, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip().splitlines()[-1] == "kept"
+    assert done.stdout.split() == ["True", "False"]
