@@ -22,6 +22,7 @@ from qbench.gate_checks import (
     slice_sizes_from_data,
     stale_inputs,
     stale_sections,
+    timed_batch_sizes,
 )
 from qbench.provenance import recorded_recipe
 from qbench.recipe import GateSpec, Recipe
@@ -257,9 +258,10 @@ def run_gate(
                      "to judge them anyway" for m in missing]  # fmt: skip
     else:
         notes.append("inputs not checked for staleness (--no-staleness-check)")
+    fresh = check_staleness and not problems  # the recipe's inputs are the sweep's: what it did can be re-derived
     # slices the recipe makes of its data, when that data is the sweep's (else only its named slices)
-    derivable = check_staleness and not problems and not results.dropped_nonfinite.get("evaluation")
-    sizes = slice_sizes_from_data(asked) if derivable else None
-    problems += result_problems(results, asked, sizes)
+    sizes = slice_sizes_from_data(asked) if fresh and not results.dropped_nonfinite.get("evaluation") else None
+    timed = timed_batch_sizes(asked) if fresh else None  # a model with a fixed batch is timed at it alone
+    problems += result_problems(results, asked, sizes, timed)
     report = evaluate_gate(results, asked.gate, expected=expected_pairs(asked), slo=asked.slo)
     return replace(report, problems=(*problems, *report.problems), notes=(*notes, *report.notes)), results

@@ -1,10 +1,10 @@
 """What the gate checks before judging: are these results what qbench itself makes for the recipe?
 
 The gate never trusts what a results file claims about itself. What was asked for (variants,
-backends, reference, slices) comes from the recipe; a status is accepted only where qbench's own
-rules produce it; sizes, counts and metrics must be ones a sweep can write. Each function returns
-problems (one line each, naming the variant@backend, the field or the file); any problem makes the
-results unusable (exit 2).
+backends, reference, slices, the batch sizes timed) comes from the recipe and its model; a status is
+accepted only where qbench's own rules produce it; sizes, counts, metrics and latency points (one per
+batch size timed) must be ones a sweep can write. Each function returns problems (one line each,
+naming the variant@backend, the field or the file); any problem makes the results unusable (exit 2).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from qbench.errors import expected_one_of
 from qbench.provenance import changed_inputs, input_files
 from qbench.recipe import RESULT_SECTIONS, Recipe, VariantSpec
-from qbench.results import AccuracyResult, SliceMetrics, SweepResults, VariantResult
+from qbench.results import AccuracyResult, LatencyResult, SliceMetrics, SweepResults, VariantResult
 
 STATUSES = ("ok", "failed", "skipped")
 
@@ -89,15 +89,23 @@ def skip_possible(backend: str, spec: VariantSpec) -> bool:
     return True
 
 
-def result_problems(results: SweepResults, recipe: Recipe, slice_sizes: Mapping[str, int] | None) -> list[str]:
+def result_problems(
+    results: SweepResults,
+    recipe: Recipe,
+    slice_sizes: Mapping[str, int] | None,
+    timed_sizes: Sequence[int] | None = None,
+) -> list[str]:
     """Every way `results` differ from what a sweep of `recipe` writes.
 
     slice_sizes: slice name -> evaluation rows in it, re-derived from the recipe and its data (None
         when they cannot be: the recipe's named slices are then still required).
+    timed_sizes: the batch sizes the sweep times every variant at, re-derived from the recipe and its
+        model (`timed_batch_sizes`; None when they cannot be: the results' record of them is then
+        taken where a sweep of the recipe could have written it).
     """
     specs = _built_specs(recipe)
     reference = recipe.all_variants()[0].name
-    problems: list[str] = []
+    timed, problems = _expected_batch_sizes(results, recipe, timed_sizes)
     if results.reference != reference:
         problems.append(f"reference: got {results.reference!r}, the recipe's FP32 reference is {reference!r}")
     if results.evaluation_rows <= 0:
@@ -112,7 +120,7 @@ def result_problems(results: SweepResults, recipe: Recipe, slice_sizes: Mapping[
         if pair not in expected:
             problems.append(f"{result.key}: in the results but not asked for by the recipe")
             continue
-        problems.extend(f"{result.key}: {p}" for p in _variant_problems(result, specs[result.variant]))
+        problems.extend(f"{result.key}: {p}" for p in _variant_problems(result, specs[result.variant], timed))
     ref_slices = _reference_slices(results, reference)
     named = [s.name for s in recipe.data.slices if s.name is not None]
     wanted = dict(slice_sizes) if slice_sizes is not None else None
@@ -125,7 +133,7 @@ def result_problems(results: SweepResults, recipe: Recipe, slice_sizes: Mapping[
     return problems
 
 
-def _variant_problems(result: VariantResult, spec: VariantSpec) -> list[str]:
+def _variant_problems(result: VariantResult, spec: VariantSpec, timed: Sequence[int]) -> list[str]:
     if result.status not in STATUSES:
         return [f"status {expected_one_of(result.status, STATUSES)}"]
     problems: list[str] = []
@@ -153,7 +161,77 @@ def _variant_problems(result: VariantResult, spec: VariantSpec) -> list[str]:
             figures = (point.p50_ms, point.p95_ms, point.p99_ms, point.mean_ms)
             if not all(isinstance(f, (int, float)) and math.isfinite(f) and f >= 0 for f in figures):
                 problems.append(f"latency at batch {point.batch_size}: expected finite, non-negative times")
+        problems.extend(_latency_point_problems(result.latency, timed))
     return problems
+
+
+# -- batch sizes timed ----------------------------------------------------------------------------
+
+
+def timed_batch_sizes(recipe: Recipe) -> list[int]:
+    """The batch sizes a sweep of `recipe` times every variant at, re-derived from the recipe and its model:
+    the recipe's latency.batch_sizes, or the model's batch alone when its inputs fix one (the sweep substitutes
+    it for those the recipe leaves out: qbench.preflight_checks.with_fixed_batch). A PyTorch source is
+    exported with a dynamic batch axis."""
+    from qbench.modelinfo import read_model_info
+    from qbench.preflight_checks import fixed_batch
+
+    path = recipe.model_path
+    batch = fixed_batch(recipe, read_model_info(path)) if path is not None else None
+    return [batch] if batch is not None else list(recipe.latency.batch_sizes)
+
+
+def _expected_batch_sizes(
+    results: SweepResults, recipe: Recipe, derived: Sequence[int] | None
+) -> tuple[list[int], list[str]]:
+    """(the batch sizes every usable variant has one latency point at, problems with the results' record of them).
+
+    The results record the batch sizes the sweep timed (recipe.latency.batch_sizes; the SLO gate judges by it).
+    `derived` (`timed_batch_sizes`) decides when given; without it, the record is taken where a sweep of the
+    recipe could have written it: the recipe's own batch sizes or, when the recipe leaves them out, one batch
+    (a model with a fixed batch)."""
+    latency = results.recipe.get("latency")
+    recorded = latency.get("batch_sizes") if isinstance(latency, Mapping) else None
+    asked = list(recipe.latency.batch_sizes)
+    if derived is not None:
+        expected, what = list(derived), _batch_sizes(derived)
+    elif "batch_sizes" in recipe.latency.model_fields_set:
+        expected, what = asked, _batch_sizes(asked)
+    elif _one_batch_size(recorded):
+        return list(recorded), []
+    else:
+        expected, what = asked, f"{_batch_sizes(asked)} (or, for a model with a fixed batch, that batch alone)"
+    if recorded == expected:
+        return expected, []
+    return expected, [f"recipe.latency.batch_sizes: the results record {recorded!r}, but a sweep of the recipe "
+                      f"times {what}"]  # fmt: skip
+
+
+def _one_batch_size(value: object) -> bool:
+    return isinstance(value, list) and len(value) == 1 and type(value[0]) is int and value[0] > 0
+
+
+def _latency_point_problems(latency: LatencyResult, timed: Sequence[int]) -> list[str]:
+    """One latency point per batch size the sweep times, and none at another."""
+    sizes = [point.batch_size for point in latency.points]
+    distinct = [size for i, size in enumerate(sizes) if size not in sizes[:i]]
+    problems = [f"latency: {sizes.count(size)} points at {_batch_sizes([size])}, expected one per batch size"
+                for size in distinct if sizes.count(size) > 1]  # fmt: skip
+    written = [size for size in sizes if type(size) is int]  # an edited "8" or 8.0 is no batch size qbench writes
+    missing = [size for size in timed if size not in written]
+    if missing:
+        problems.append(f"latency: no point at {_batch_sizes(missing)}; the sweep times {_batch_sizes(timed)}")
+    extra = [size for size in distinct if type(size) is not int or size not in timed]
+    if extra:
+        problems.append(f"latency: a point at {_batch_sizes(extra)}, which the sweep does not time "
+                        f"(it times {_batch_sizes(timed)})")  # fmt: skip
+    return problems
+
+
+def _batch_sizes(sizes: Sequence[object]) -> str:
+    """'batch size 8', 'batch sizes 1, 32' (a size qbench would not write shows as written: '8')."""
+    listed = ", ".join(str(size) if type(size) is int else repr(size) for size in sizes)
+    return f"batch size{'s' if len(sizes) > 1 else ''} {listed}"
 
 
 def _reference_slices(results: SweepResults, reference: str) -> dict[str, int] | None:

@@ -2,11 +2,14 @@
 
 Every run feeds exactly 8 rows: 101 evaluation rows and 30 calibration rows end in a partial batch, filled with
 repeats whose outputs are dropped, so accuracy is that of the 101 real rows; the batch sizes the recipe leaves out
-take the model's batch. The same MLP with a symbolic batch axis keeps the recipe's defaults.
+take the model's batch, and the gate expects a latency point at that batch alone. The same MLP with a symbolic
+batch axis keeps the recipe's defaults.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +24,7 @@ from onnx import TensorProto, helper, numpy_helper
 from qbench.cli import main
 from qbench.gate import latest_results
 from qbench.recipe import load_recipe
-from qbench.results import SweepResults, read_results
+from qbench.results import SweepResults, content_digest, read_results
 
 BATCH = 8
 ROWS = 101  # 12 batches of 8 and one of 5
@@ -118,6 +121,54 @@ def test_a_fixed_batch_model_is_swept_on_exactly_its_rows(tmp_path, monkeypatch,
     assert int8.accuracy.overall.metrics["accuracy"] == pytest.approx(float(np.mean(top1(twin) == truth)), abs=1e-12)
     assert results.search is not None and any(c.stage == "evaluated" for c in results.search.candidates)
     assert results.ranges is not None and results.ranges.rows == ROWS
+
+
+def edited_copy(results: Path, target: Path, edit: Callable[[dict[str, Any]], None]) -> Path:
+    """A copy of results.json changed by `edit` and signed again, as a careful editor would."""
+    raw = json.loads(results.read_text())
+    edit(raw)
+    raw["digest"] = content_digest(raw)
+    target.write_text(json.dumps(raw))
+    return target
+
+
+def gate(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    code = main(["gate", *argv])
+    captured = capsys.readouterr()
+    return code, " ".join((captured.out + captured.err).split())
+
+
+def test_the_gate_expects_a_fixed_batch_models_one_batch_and_no_other(tmp_path, monkeypatch, capsys):
+    """The recipe leaves latency.batch_sizes out (its default is 1, 32): the sweep times the model's batch alone, and
+    the gate, reading the model (or, with its inputs unchecked, the results' record of one batch), asks for exactly
+    that point: none missing, none at a batch size the model cannot take."""
+    monkeypatch.chdir(tmp_path)
+    int8 = {"name": "int8", "precision": "int8", "calibrator": "minmax"}
+    recipe = project(tmp_path / "fixed", BATCH, variants=[int8])
+    sweep(recipe, capsys)
+    results = latest_results(load_recipe(recipe))
+    assert gate(capsys, "--results", str(results))[0] == 0
+    assert gate(capsys, "--results", str(results), "--no-staleness-check")[0] == 0
+
+    def drop_int8_point(raw: dict[str, Any]) -> None:
+        result = next(v for v in raw["variants"] if v["variant"] == "int8")
+        result["latency"]["points"] = []
+
+    dropped = edited_copy(results, tmp_path / "dropped.json", drop_int8_point)
+    for flags in ((), ("--no-staleness-check",)):
+        code, shown = gate(capsys, "--results", str(dropped), *flags)
+        assert code == 2, shown
+        assert "int8@onnxruntime-cpu: latency: no point at batch size 8; the sweep times batch size 8" in shown
+
+    def relabel_as_batch_one(raw: dict[str, Any]) -> None:  # a batch of 1 the model cannot run, everywhere
+        raw["recipe"]["latency"]["batch_sizes"] = [1]
+        for result in raw["variants"]:
+            result["latency"]["points"][0]["batch_size"] = 1
+
+    code, shown = gate(capsys, "--results", str(edited_copy(results, tmp_path / "one.json", relabel_as_batch_one)))
+    assert code == 2, shown
+    assert "recipe.latency.batch_sizes: the results record [1], but a sweep of the recipe times batch size 8" in shown
+    assert "fp32@onnxruntime-cpu: latency: no point at batch size 8; the sweep times batch size 8" in shown
 
 
 def test_a_batch_size_the_recipe_sets_otherwise_is_one_line_naming_the_field(tmp_path, capsys):

@@ -51,7 +51,7 @@ def swept(tmp_path_factory: pytest.TempPathFactory) -> Swept:
         {"name": "fp16", "precision": "fp16"},
         {"name": INT8, "precision": "int8", "calibrator": "minmax"},
     ]
-    raw["latency"] = {"batch_sizes": [1], "warmup": 1, "iterations": 3, "threads": 1}
+    raw["latency"] = {"batch_sizes": [1, 4], "warmup": 1, "iterations": 3, "threads": 1}
     raw["data"]["slices"].append({"name": "large-radius", "filter": {"mean_radius": {"gt": 15.0}}})
     raw["gate"] = {"metric": "agreement", "max_drop": 0.2, "max_slice_drop": 0.3, "applies_to": ["*"]}
     raw["output_dir"] = "reports"  # relative: a copy of the project finds its own results
@@ -86,7 +86,7 @@ Edit = Callable[[dict[str, Any]], Any]
 Case = Callable[[Swept, Path], contextlib.AbstractContextManager[list[str]]]
 
 
-def edited(edit: Edit, *, signed: bool = True) -> Case:
+def edited(edit: Edit, *, signed: bool = True, flags: tuple[str, ...] = ()) -> Case:
     """A case that judges a copy of results.json changed by `edit` (re-signed unless `signed` is False)."""
 
     @contextlib.contextmanager
@@ -95,7 +95,7 @@ def edited(edit: Edit, *, signed: bool = True) -> Case:
         edit(raw)
         path = tmp / "results.json"
         path.write_text(json.dumps(resign(raw) if signed else raw, indent=2))
-        yield ["gate", "--results", str(path)]
+        yield ["gate", "--results", str(path), *flags]
 
     return case
 
@@ -275,6 +275,32 @@ def drop_key(*path: str) -> Edit:
     return edit
 
 
+def drop_point(batch_size: int, *names: str) -> Edit:
+    """The latency point at `batch_size` left out of each named variant (a batch size that went missing)."""
+
+    def edit(raw: dict[str, Any]) -> None:
+        for name in names:
+            latency = variant(raw, name)["latency"]
+            latency["points"] = [p for p in latency["points"] if p["batch_size"] != batch_size]
+
+    return edit
+
+
+def add_point(batch_size: Any, *, copy_of: int = 1) -> Edit:
+    """A second point of INT8's at `copy_of`, relabelled `batch_size` (the same size: a duplicate)."""
+
+    def edit(raw: dict[str, Any]) -> None:
+        points = variant(raw, INT8)["latency"]["points"]
+        extra = copy.deepcopy(next(p for p in points if p["batch_size"] == copy_of))
+        points.append({**extra, "batch_size": batch_size})
+
+    return edit
+
+
+EVERY_VARIANT = ("fp32", "fp16", INT8)
+UNCHECKED = ("--no-staleness-check",)  # the model is not read: the recipe and the results' record decide
+
+
 def forget_int8_in_recipe(raw: dict[str, Any]) -> None:
     resolved = raw["recipe"]["resolved"]
     resolved["variants"] = [v for v in resolved["variants"] if v["name"] != INT8]
@@ -323,6 +349,25 @@ CASES = [
     pytest.param(edited(on_variant(INT8, error="boom")), 2, "status 'ok' with an error recorded", id="ok-with-error"),
     pytest.param(edited(on_variant(INT8, model_bytes=-5)), 2, "model_bytes: got -5", id="negative-model-size"),
     pytest.param(edited(on_variant(INT8, precision="fp16")), 2, "precision: got 'fp16', the recipe builds 'int8'", id="wrong-precision"),
+    # latency: one point per batch size the recipe times, none twice, none it does not time
+    pytest.param(edited(drop_point(4, INT8)), 2, f"{INT8}@{BACKEND}: latency: no point at batch size 4; the sweep "
+                 "times batch sizes 1, 4", id="latency-point-missing"),  # fmt: skip
+    pytest.param(edited(drop_point(4, *EVERY_VARIANT)), 2, f"fp32@{BACKEND}: latency: no point at batch size 4",
+                 id="latency-point-missing-everywhere"),  # fmt: skip
+    pytest.param(edited(drop_point(4, INT8), flags=UNCHECKED), 2, f"{INT8}@{BACKEND}: latency: no point at batch size 4",
+                 id="latency-point-missing-inputs-unchecked"),  # fmt: skip
+    pytest.param(edited(both(drop_point(4, *EVERY_VARIANT), set_in(("recipe", "latency", "batch_sizes"), [1]))), 2,
+                 "recipe.latency.batch_sizes: the results record [1], but a sweep of the recipe times batch sizes 1, 4",
+                 id="latency-batch-size-cut-from-points-and-record"),  # fmt: skip
+    pytest.param(edited(both(drop_point(4, *EVERY_VARIANT), set_in(("recipe", "latency", "batch_sizes"), [1])),
+                        flags=UNCHECKED), 2, f"fp16@{BACKEND}: latency: no point at batch size 4",
+                 id="latency-batch-size-cut-inputs-unchecked"),  # fmt: skip
+    pytest.param(edited(add_point(1)), 2, f"{INT8}@{BACKEND}: latency: 2 points at batch size 1, expected one per "
+                 "batch size", id="latency-point-twice"),  # fmt: skip
+    pytest.param(edited(add_point(16)), 2, f"{INT8}@{BACKEND}: latency: a point at batch size 16, which the sweep "
+                 "does not time (it times batch sizes 1, 4)", id="latency-point-not-asked-for"),  # fmt: skip
+    pytest.param(edited(both(drop_point(4, INT8), add_point("4"))), 2, "latency: a point at batch size '4', which the "
+                 "sweep does not time", id="latency-batch-size-as-text"),  # fmt: skip
     # variants and backends: what the recipe asked for
     pytest.param(edited(remove_variant(INT8)), 2, f"{INT8}@{BACKEND}: no results for this variant", id="delete-variant"),
     pytest.param(edited(remove_variant("fp32")), 2, f"no usable FP32 reference on {BACKEND}", id="delete-reference"),
