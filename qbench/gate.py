@@ -128,8 +128,25 @@ def evaluate_gate(
         checks=tuple(checks),
         problems=tuple(problems),
         gated=tuple(f"{v}@{b}" for v, b in gated),
-        notes=tuple(_unlowered(results, gated)),
+        notes=(*_unlowered(results, gated), *_nonfinite_reference(results, gated)),
     )
+
+
+def _nonfinite_reference(results: SweepResults, pairs: Sequence[tuple[str, str]]) -> list[str]:
+    """A note per backend whose FP32 reference gives NaN/inf on some evaluation rows: there a variant is held only
+    to adding no NaN/inf of its own, and every variant's metrics (FP32's own agreement too) count those rows as
+    misses, so the drops are measured on the other rows."""
+    notes = []
+    for backend in dict.fromkeys(b for _, b in pairs):
+        reference = results.find(results.reference, backend)
+        if reference is None or reference.accuracy is None or not reference.accuracy.nonfinite_outputs:
+            continue
+        accuracy = reference.accuracy
+        where = ", ".join(f"{s.name} {s.nonfinite_outputs}" for s in accuracy.slices if s.nonfinite_outputs)
+        notes.append(f"{results.reference}@{backend} gives NaN/inf on {accuracy.nonfinite_outputs} of {accuracy.rows} "
+                     f"evaluation rows{f' ({where})' if where else ''}: on those rows variants are only checked not to "
+                     "add NaN/inf, and every variant's metrics count them as misses")  # fmt: skip
+    return notes
 
 
 def _unlowered(results: SweepResults, pairs: Sequence[tuple[str, str]]) -> list[str]:
@@ -168,15 +185,23 @@ def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec) ->
             continue
         scopes.append((ref_slice, own, spec.max_slice_drop))
     for ref_scope, own_scope, tolerance in scopes:
-        extra_nonfinite = own_scope.nonfinite_outputs - ref_scope.nonfinite_outputs
-        if extra_nonfinite > 0:  # more NaN/inf outputs than FP32 on this scope: a breach of its own
+        # NaN/inf on rows where FP32 is finite: a breach of its own, whatever FP32 does on other rows
+        extra_nonfinite = max(own_scope.nonfinite_outputs - ref_scope.nonfinite_outputs, own_scope.new_nonfinite_outputs)
+        if extra_nonfinite > 0:
             checks.append(
                 GateCheck(variant, backend, own_scope.name, "nonfinite_outputs", float(ref_scope.nonfinite_outputs),
                           float(own_scope.nonfinite_outputs), float(extra_nonfinite), 0.0, own_scope.size, "breach")
             )  # fmt: skip
+        judgeable = own_scope.name == "overall" or own_scope.size >= spec.min_slice_size
+        if judgeable and 0 < ref_scope.size <= ref_scope.nonfinite_outputs:
+            problems.append(f"FP32 gives NaN/inf on all {ref_scope.size} rows of {own_scope.name}: nothing to judge "
+                            "the variant against there")  # fmt: skip
+            continue
         check = _check(variant, backend, spec, ref_scope, own_scope, tolerance, explained=extra_nonfinite > 0)
         if check is None:
-            problems.append(f"metric {spec.metric!r} is missing or NaN on {own_scope.name}")
+            why = (f" (FP32 itself gives NaN/inf on {ref_scope.nonfinite_outputs} of its {ref_scope.size} rows: gate on "
+                   "a metric that counts such rows, e.g. agreement or accuracy)" if ref_scope.nonfinite_outputs else "")
+            problems.append(f"metric {spec.metric!r} is missing or NaN on {own_scope.name}{why}")
         else:
             checks.append(check)
     return checks, problems

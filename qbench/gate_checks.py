@@ -122,13 +122,14 @@ def result_problems(
             continue
         problems.extend(f"{result.key}: {p}" for p in _variant_problems(result, specs[result.variant], timed))
     ref_slices = _reference_slices(results, reference)
+    ref_nonfinite = _reference_nonfinite(results, reference)
     named = [s.name for s in recipe.data.slices if s.name is not None]
     wanted = dict(slice_sizes) if slice_sizes is not None else None
     for result in results.variants:
         if (result.variant, result.backend) in expected and result.status == "ok" and result.accuracy is not None:
             problems.extend(
                 f"{result.key}: {p}"
-                for p in _accuracy_problems(result.accuracy, results, recipe, wanted, named, ref_slices)
+                for p in _accuracy_problems(result.accuracy, results, recipe, wanted, named, ref_slices, ref_nonfinite)
             )
     return problems
 
@@ -242,6 +243,16 @@ def _reference_slices(results: SweepResults, reference: str) -> dict[str, int] |
     return None
 
 
+def _reference_nonfinite(results: SweepResults, reference: str) -> dict[str, int]:
+    """Scope name ("overall" and each slice) -> rows where FP32 gives NaN/inf, the most over its usable results."""
+    counts: dict[str, int] = {}
+    for result in results.variants:
+        if result.variant == reference and result.status == "ok" and result.accuracy is not None:
+            for scope in (result.accuracy.overall, *result.accuracy.slices):
+                counts[scope.name] = max(counts.get(scope.name, 0), scope.nonfinite_outputs)
+    return counts
+
+
 def _accuracy_problems(
     accuracy: AccuracyResult,
     results: SweepResults,
@@ -249,6 +260,7 @@ def _accuracy_problems(
     wanted: dict[str, int] | None,
     named: Sequence[str],
     ref_slices: dict[str, int] | None,
+    ref_nonfinite: Mapping[str, int],
 ) -> list[str]:
     problems: list[str] = []
     rows = accuracy.rows
@@ -267,7 +279,8 @@ def _accuracy_problems(
     if wanted is not None:
         problems.extend(f"slice {name!r} is not one the recipe defines" for name in have if name not in wanted)
     for scope in (accuracy.overall, *accuracy.slices):
-        problems.extend(_scope_problems(scope, rows, recipe.gate.metric, recipe.gate.min_slice_size))
+        problems.extend(_scope_problems(scope, rows, recipe.gate.metric, recipe.gate.min_slice_size,
+                                        ref_nonfinite.get(scope.name, 0)))  # fmt: skip
         if scope is accuracy.overall:
             continue
         if wanted is not None and scope.name in wanted and scope.size != wanted[scope.name]:
@@ -277,18 +290,24 @@ def _accuracy_problems(
     return problems
 
 
-def _scope_problems(scope: SliceMetrics, rows: int, metric: str, min_slice_size: int) -> list[str]:
-    """A NaN metric is explained by non-finite outputs, or by a slice too small to judge."""
+def _scope_problems(scope: SliceMetrics, rows: int, metric: str, min_slice_size: int,
+                    reference_nonfinite: int) -> list[str]:  # fmt: skip
+    """A NaN metric is explained by non-finite outputs (the variant's, or FP32's it is compared with), or by a slice
+    too small to judge."""
     where = "overall" if scope.name == "overall" else f"slice {scope.name!r}"
     problems: list[str] = []
     if not 0 < scope.size <= rows:
         problems.append(f"{where}: size {scope.size}, expected 1..{rows}")
     if not 0 <= scope.nonfinite_outputs <= max(scope.size, 0):
         problems.append(f"{where}: nonfinite_outputs {scope.nonfinite_outputs}, expected 0..{scope.size}")
+    if not 0 <= scope.new_nonfinite_outputs <= max(scope.nonfinite_outputs, 0):
+        problems.append(f"{where}: new_nonfinite_outputs {scope.new_nonfinite_outputs}, "
+                        f"expected 0..{scope.nonfinite_outputs}")  # fmt: skip
     value = scope.metrics.get(metric)
+    explained = scope.nonfinite_outputs > 0 or reference_nonfinite > 0
     if value is None:
         problems.append(f"{where}: metric {metric!r} missing")
-    elif not math.isfinite(value) and scope.nonfinite_outputs == 0 and scope.size >= min_slice_size:
+    elif not math.isfinite(value) and not explained and scope.size >= min_slice_size:
         problems.append(f"{where}: metric {metric!r} is NaN/inf with no non-finite outputs to explain it")
     return problems
 

@@ -59,6 +59,9 @@ def check_line(check: GateCheck) -> str:
     """One check on one line: who, where, what, reference → observed, drop vs tolerance, result."""
     comparison = ">" if check.status == "breach" else "≤"
     result = {"breach": "BREACH", "pass": "pass"}.get(check.status, check.status)
+    if check.metric == "nonfinite_outputs":
+        return (f"{result} {check_key(check)} {_scope(check)} nonfinite_outputs: NaN/inf on {check.observed:g} rows "
+                f"(FP32: {check.reference:g}), {check.drop:g} of them where FP32 is finite")  # fmt: skip
     line = (
         f"{result} {check_key(check)} {_scope(check)} {check.metric}: "
         f"{figure(check.reference)} → {figure(check.observed)}, "

@@ -56,6 +56,8 @@ class SliceMetrics:
     intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
     drops: dict[str, float] = field(default_factory=dict)
     nonfinite_outputs: int = 0  # rows of this scope whose output holds NaN or inf
+    # of those, rows where FP32's output is finite: NaN/inf the variant brought in (fewer elsewhere cannot offset them)
+    new_nonfinite_outputs: int = 0
 
 
 @dataclass(frozen=True)
@@ -345,6 +347,7 @@ def _slice(raw: dict[str, Any]) -> SliceMetrics:
                    for k, v in (raw.get("intervals") or {}).items()},
         drops=_metrics(raw.get("drops")),
         nonfinite_outputs=int(raw["nonfinite_outputs"]),
+        new_nonfinite_outputs=int(raw.get("new_nonfinite_outputs", 0)),
     )  # fmt: skip
 
 

@@ -191,7 +191,13 @@ class _Progress:
 
 
 def _check_reference_accuracy(prepared: Prepared, reference: VariantResult) -> None:
-    """Warn when FP32 itself scores below chance against the labels (labels misread, most likely)."""
+    """Warn when FP32 itself gives NaN/inf on some rows, or scores below chance against the labels (labels misread,
+    most likely)."""
+    if reference.accuracy is not None and reference.accuracy.nonfinite_outputs:
+        where = ", ".join(f"{s.name} {s.nonfinite_outputs}" for s in reference.accuracy.slices if s.nonfinite_outputs)
+        logger.warning("%s gives NaN/inf on %d of %d evaluation rows%s: variants are only checked not to add NaN/inf "
+                       "there", reference.key, reference.accuracy.nonfinite_outputs, reference.accuracy.rows,
+                       f" ({where})" if where else "")  # fmt: skip
     if prepared.recipe.task != "classification" or prepared.labels is None or reference.accuracy is None:
         return
     from qbench.tasks.classification import below_chance

@@ -173,6 +173,40 @@ def test_more_nonfinite_outputs_than_fp32_on_a_slice_breach_that_slice():
     ]  # fmt: skip
 
 
+def _nonfinite(result: VariantResult, per_slice: dict[str, tuple[int, int]]) -> VariantResult:
+    """`result` with (NaN/inf rows, of them rows where FP32 is finite) per slice, summed overall."""
+    accuracy = result.accuracy
+    slices = tuple(replace(s, nonfinite_outputs=per_slice.get(s.name, (0, 0))[0],
+                           new_nonfinite_outputs=per_slice.get(s.name, (0, 0))[1]) for s in accuracy.slices)  # fmt: skip
+    total, new = (sum(counts[i] for counts in per_slice.values()) for i in (0, 1))
+    overall = replace(accuracy.overall, nonfinite_outputs=total, new_nonfinite_outputs=new)
+    return replace(result, accuracy=replace(accuracy, nonfinite_outputs=total, overall=overall, slices=slices))
+
+
+def test_nan_rows_where_fp32_is_finite_breach_even_when_the_variant_has_fewer_nan_rows_than_fp32():
+    """FP32 NaN on 3 'noisy' rows; the variant is finite on those (clamped) but NaN on 2 others where FP32 is finite:
+    fewer NaN rows than FP32, two of them its own."""
+    reference = _nonfinite(REFERENCE, {"noisy": (3, 0)})
+    candidate = _nonfinite(variant("int8-a", 0.95, {"noisy": 0.9, "clean": 0.99}), {"noisy": (2, 2)})
+    report = evaluate_gate(sweep(reference, candidate), SPEC)
+    assert report.exit_code == EXIT_BREACH
+    assert sorted((c.scope, c.metric, c.drop) for c in report.breaches) == [
+        ("noisy", "nonfinite_outputs", 2.0), ("overall", "nonfinite_outputs", 2.0),
+    ]  # fmt: skip
+    assert any("fp32@onnxruntime-cpu gives NaN/inf on 3 of" in note for note in report.notes)
+
+
+def test_a_scope_where_fp32_is_nan_on_every_row_cannot_be_judged():
+    """Both FP32 and the variant NaN on every 'noisy' row: equal metrics there say nothing (a PASS was seen)."""
+    size = REFERENCE.accuracy.slice("noisy").size
+    reference = _nonfinite(REFERENCE, {"noisy": (size, 0)})
+    candidate = _nonfinite(variant("int8-a", 0.95, {"noisy": 0.9, "clean": 0.99}), {"noisy": (size, 0)})
+    report = evaluate_gate(sweep(reference, candidate), SPEC)
+    assert report.exit_code == EXIT_UNUSABLE
+    assert report.problems == (f"int8-a@onnxruntime-cpu: FP32 gives NaN/inf on all {size} rows of noisy: nothing to "
+                               "judge the variant against there",)  # fmt: skip
+
+
 def test_a_nan_metric_explained_by_nonfinite_outputs_is_a_breach_not_unusable():
     candidate = variant("int8-a", 0.95, {"noisy": math.nan, "clean": 0.99})
     noisy = replace(candidate.accuracy.slices[0], nonfinite_outputs=4)

@@ -104,7 +104,7 @@ def evaluate_accuracy(
     prefixed = len(named) > 1
     parts: list[_OutputRows] = []
     rows = -1
-    nonfinite = np.zeros(0, dtype=bool)
+    nonfinite = new_nonfinite = np.zeros(0, dtype=bool)
     for name, values in named.items():
         values, reference = np.asarray(values), np.asarray(references[name])
         if values.ndim == 0 or values.shape != reference.shape:
@@ -116,8 +116,10 @@ def evaluate_accuracy(
             raise QbenchError(f"output {name!r} has {values.shape[0]} rows, the others {rows}")
         rows = values.shape[0]
         own_labels = _checked_labels(labels, rows)
-        row_bad = metrics.nonfinite_rows(values) if values.dtype.kind in "fc" else np.zeros(rows, dtype=bool)
+        row_bad = _nonfinite_rows(values)
+        row_new = row_bad & ~_nonfinite_rows(reference)
         nonfinite = row_bad if nonfinite.size == 0 else nonfinite | row_bad
+        new_nonfinite = row_new if new_nonfinite.size == 0 else new_nonfinite | row_new
         prefix = f"{name}{OUTPUT_SEPARATOR}" if prefixed else ""
         summary = judge.rows(values, reference, own_labels, probabilities=(probabilities or {}).get(name))
         parts.append(_OutputRows(prefix, summary, values, reference, own_labels))
@@ -125,7 +127,8 @@ def evaluate_accuracy(
 
     def summarise(name: str, mask: np.ndarray) -> SliceMetrics:
         merged = _merged(name, [part.summarise(name, mask, custom_metrics) for part in parts])
-        return dataclasses.replace(merged, nonfinite_outputs=int(np.count_nonzero(nonfinite & mask)))
+        return dataclasses.replace(merged, nonfinite_outputs=int(np.count_nonzero(nonfinite & mask)),
+                                   new_nonfinite_outputs=int(np.count_nonzero(new_nonfinite & mask)))  # fmt: skip
 
     return AccuracyResult(
         rows=rows,
@@ -133,6 +136,11 @@ def evaluate_accuracy(
         overall=summarise(OVERALL, np.ones(rows, dtype=bool)),
         slices=tuple(summarise(name, mask) for name, mask in masks.items()),
     )
+
+
+def _nonfinite_rows(values: np.ndarray) -> np.ndarray:
+    """Rows holding NaN or inf (none for integer, boolean or string outputs)."""
+    return metrics.nonfinite_rows(values) if values.dtype.kind in "fc" else np.zeros(values.shape[0], dtype=bool)
 
 
 def _slice_with_drops(current: SliceMetrics, reference: SliceMetrics | None) -> SliceMetrics:

@@ -183,3 +183,17 @@ def test_embedding_nn_agreement_per_slice_searches_neighbours_among_all_rows() -
     assert result.slice("y_cluster").metrics["nn_agreement"] == 1.0
     drops = with_drops(result, evaluate_accuracy("embedding", reference, reference, None, slices))
     assert drops.slice("x_cluster").drops["nn_agreement"] == pytest.approx(0.5)
+
+
+def test_new_nonfinite_rows_are_those_where_fp32_is_finite() -> None:
+    """FP32 NaN on rows 0 and 1; the variant is finite there but NaN on rows 2 and 3: as many NaN rows as FP32
+    (2 = 2), yet both are new."""
+    reference = REFERENCE.copy()
+    reference[[0, 1], 0] = NAN
+    variant = REFERENCE.copy()
+    variant[[2, 3], 1] = NAN
+    result = evaluate_accuracy("classification", variant, reference, LABELS, SLICES)
+    assert (result.overall.nonfinite_outputs, result.overall.new_nonfinite_outputs) == (2, 2)
+    assert [(s.name, s.nonfinite_outputs, s.new_nonfinite_outputs) for s in result.slices] == [("a", 0, 0), ("b", 2, 2)]
+    own = evaluate_accuracy("classification", reference, reference, LABELS, SLICES)
+    assert (own.overall.nonfinite_outputs, own.overall.new_nonfinite_outputs) == (2, 0)  # FP32 against itself
