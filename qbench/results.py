@@ -18,7 +18,7 @@ Schema (version 1), documented in reports/README.md:
     Fidelity: accuracy native|emulated|unknown, latency native|emulated|unknown, method (how it was emulated)
     AccuracyResult: rows, nonfinite_outputs, overall SliceMetrics, slices [SliceMetrics]
     SliceMetrics: name, size, metrics {m: value}, intervals {m: [lo, hi]}, drops {m: drop vs FP32},
-      nonfinite_outputs
+      nonfinite_outputs, new_nonfinite_outputs
     LatencyResult: threads, session_create_ms, first_run_ms, points [LatencyPoint]
     LatencyPoint: batch_size, warmup, iterations, p50_ms, p95_ms, p99_ms, mean_ms, items_per_s,
       window_p50_ms [..], window_p99_ms [..], spread, iqr_ratio, stable true|false|null
