@@ -105,15 +105,28 @@ def changed_inputs(recorded: Mapping[str, Any], current: Mapping[str, Path] | No
 
 def _external_data(model_path: Path) -> list[str]:
     """The model's external-data files; a file ONNX cannot parse has none (its own digest still counts,
-    and preflight rejects it by name)."""
+    and preflight rejects it by name). Remembered while the file's identity, size and mtime stay the same:
+    finding them parses the whole graph (90 MB for a small transformer), and measuring asks at every run."""
     from qbench.modelinfo import external_data_files
+    from qbench.recipe import file_key
 
+    key, settled = file_key(model_path)
+    if key in _EXTERNAL_DATA:
+        return list(_EXTERNAL_DATA[key])
     try:
-        return external_data_files(model_path)
+        found = external_data_files(model_path)
     except QbenchError:
         raise
     except Exception:  # noqa: BLE001 - onnx raises DecodeError, OSError...
-        return []
+        found = []
+    if settled:
+        if len(_EXTERNAL_DATA) >= 256:
+            _EXTERNAL_DATA.clear()
+        _EXTERNAL_DATA[key] = tuple(found)
+    return found
+
+
+_EXTERNAL_DATA: dict[tuple[str, int, int, int, int], tuple[str, ...]] = {}
 
 
 def model_sha256(path: Path) -> str:
@@ -129,6 +142,12 @@ def model_sha256(path: Path) -> str:
     for location in _external_data(path):
         digest.update(f"{location}:{file_sha256(path.parent / location)}".encode())
     return digest.hexdigest()
+
+
+def model_bytes(path: Path) -> int:
+    """An ONNX model's size on disk: the model file and each of its external-data files (big models keep their
+    weights there: the .onnx alone can be a few KB)."""
+    return path.stat().st_size + sum((path.parent / location).stat().st_size for location in _external_data(path))
 
 
 def recipe_record(recipe: Recipe) -> dict[str, Any]:

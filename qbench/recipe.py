@@ -389,21 +389,28 @@ def file_sha256(path: Path) -> str:
     """
     if path.is_dir():
         return _tree_sha256(path, sorted(p for p in path.rglob("*") if p.is_file()))
-    read_at = time.time_ns()
-    stat = path.stat()
-    key = (str(path.resolve()), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    key, settled = file_key(path)
     digest = _DIGESTS.get(key)
     if digest is None:
         digest = _tree_sha256(path, [path])
-        if stat.st_mtime_ns < read_at - _SETTLED_NS:
+        if settled:
             if len(_DIGESTS) >= 256:
                 _DIGESTS.clear()
             _DIGESTS[key] = digest
     return digest
 
 
-_DIGESTS: dict[tuple[str, int, int, int, int], str] = {}
+FileKey = tuple[str, int, int, int, int]
+_DIGESTS: dict[FileKey, str] = {}
 _SETTLED_NS = 2_000_000_000  # coarser than any file system's time stamps (FAT: 2 s)
+
+
+def file_key(path: Path) -> tuple[FileKey, bool]:
+    """A file's identity, size and modification time (a key to remember what was read from it), and whether it is
+    settled: last modified well before now, so that a rewrite cannot keep the same key (see `file_sha256`)."""
+    read_at = time.time_ns()
+    stat = path.stat()
+    return (str(path.resolve()), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns), stat.st_mtime_ns < read_at - _SETTLED_NS
 
 
 def _tree_sha256(path: Path, files: list[Path]) -> str:

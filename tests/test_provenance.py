@@ -121,3 +121,20 @@ def test_a_settled_file_is_digested_once_and_a_fresh_one_every_time(tmp_path: Pa
     fresh.write_bytes(b"b" * 64)
     os.utime(fresh, ns=(before, before))  # the same size and time stamp, as a coarse clock would leave them
     assert file_sha256(fresh) != digest and reads.count(fresh) == 2
+
+
+def test_a_models_size_counts_its_external_data_files(tmp_path: Path) -> None:
+    """The FP32 MiniLM-sized case in small: model.onnx holds a few hundred bytes, weights.bin the 1 KB of weights."""
+    import os
+
+    from qbench.provenance import model_bytes
+
+    path = write_model_with_external_data(tmp_path)
+    weights = tmp_path / "weights.bin"
+    assert weights.stat().st_size == 64 * 4 * 4
+    assert model_bytes(path) == path.stat().st_size + weights.stat().st_size
+    old = path.stat().st_mtime_ns - 60_000_000_000
+    os.utime(path, ns=(old, old))  # settled: its external-data files are remembered
+    assert model_bytes(path) == path.stat().st_size + weights.stat().st_size
+    onnx.save_model(onnx.load(str(path)), str(path))  # the weights inside the model file now: found again
+    assert model_bytes(path) == path.stat().st_size > 64 * 4 * 4

@@ -32,7 +32,7 @@ from qbench.errors import QbenchError, expected_one_of
 from qbench.export.pbtxt import EnumValue, to_pbtxt
 from qbench.gate import GateReport, run_gate
 from qbench.modelinfo import ModelInfo, TensorMeta, external_data_files, read_model_info
-from qbench.provenance import model_sha256
+from qbench.provenance import model_bytes, model_sha256
 from qbench.recipe import Recipe
 from qbench.recipe_data import TextInputSpec
 from qbench.results import LatencyPoint, SweepResults, VariantResult
@@ -225,9 +225,9 @@ def _measured_model(measured: VariantResult) -> Path:
     path = Path(measured.model_path)
     if not path.is_file():
         raise QbenchError(f"{measured.key}: model file {path} (recorded in the results) is missing")
-    if measured.model_bytes is not None and path.stat().st_size != measured.model_bytes:
+    if measured.model_bytes is not None and model_bytes(path) != measured.model_bytes:
         raise QbenchError(
-            f"{measured.key}: model file {path} has {path.stat().st_size} bytes, the sweep measured "
+            f"{measured.key}: model file {path} has {model_bytes(path)} bytes, the sweep measured "
             f"{measured.model_bytes}: it changed since; re-run `qbench sweep`"
         )
     if measured.model_sha256 is not None and model_sha256(path) != measured.model_sha256:

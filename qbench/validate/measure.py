@@ -25,7 +25,7 @@ from qbench.backends import Backend, Runner
 from qbench.backends.base import RunOptions
 from qbench.errors import QbenchError
 from qbench.preflight import Prepared
-from qbench.provenance import model_sha256
+from qbench.provenance import model_bytes, model_sha256
 from qbench.recipe import LatencySpec
 from qbench.results import AccuracyResult, LatencyResult, VariantResult
 from qbench.slo import serving_figures
@@ -187,18 +187,18 @@ def measure(
                                      probabilities={c.name: c.meta.probabilities for c in prepared.outputs})  # fmt: skip
         accuracy = with_drops(accuracy, reference.accuracy if reference is not None and reference.accuracy else accuracy)
         nsr = output_nsr([base[k] for k in outputs], list(outputs.values()))
-    latency, serving_result, model_bytes = None, None, built.onnx_path.stat().st_size
+    latency, serving_result, size = None, None, model_bytes(built.onnx_path)
     if timing is not None:
         points = latency_points(samples, timing.warmup, stability_rule(timing.stability, timing.iterations))
         latency = LatencyResult(threads=timing.threads, session_create_ms=create_ms, first_run_ms=first_ms,
                                 points=tuple(points))  # fmt: skip
         if serving:
-            serving_result = serving_figures(prepared.recipe, backend.name, samples, points, model_bytes=model_bytes,
+            serving_result = serving_figures(prepared.recipe, backend.name, samples, points, model_bytes=size,
                                              runtime=runtime, preprocess_ms_per_row=prepared.preprocess_ms_per_row)  # fmt: skip
     result = VariantResult(
         variant=built.name, backend=backend.name, precision=built.precision, status="ok",
         params={**built.params, **{f"runtime.{k}": v for k, v in runtime.items()}}, model_path=str(built.onnx_path),
-        model_bytes=model_bytes, model_sha256=model_sha256(built.onnx_path), build_seconds=built.build_seconds,
+        model_bytes=size, model_sha256=model_sha256(built.onnx_path), build_seconds=built.build_seconds,
         notes=(*built.notes, *_batch_dependence(built, rows, timing)), accuracy=accuracy, latency=latency, fidelity=plan.fidelity,
         evaluated_model_path=str(plan.scored.onnx_path) if plan.separate else None, serving=serving_result,
     )  # fmt: skip
