@@ -18,10 +18,12 @@ GPU backends, and the timing slot for every job that times a model, so no two ti
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import qbench
@@ -104,10 +106,12 @@ def build_key(
     inputs: Mapping[str, InputDigest],
     fingerprint: str,
 ) -> str:
-    """The content key of a build: qbench, the variant's spec, the model and data sections and every input
-    file's digest; a searched build also depends on everything its search measures (the whole plan)."""
+    """The content key of a build: qbench (its version and its code), the variant's spec, the model and data sections
+    and every input file's digest; a searched build also depends on everything its search measures (the whole
+    plan)."""
     payload = {
         "qbench": qbench.__version__,
+        "qbench_code": qbench_code_digest(),
         "spec": spec.model_dump(mode="json"),
         "task": recipe.task,
         "model": recipe.model.model_dump(mode="json"),
@@ -116,6 +120,17 @@ def build_key(
         "search": fingerprint if searches(recipe, spec) else None,
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:32]
+
+
+@functools.cache
+def qbench_code_digest() -> str:
+    """sha256 over qbench's own source files: a build made by other code (an edited checkout, a patched install of
+    the same version) is never reused for this one."""
+    root = Path(qbench.__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 def backend_needs(recipe: Recipe, backend: str, *, timing: bool) -> JobNeeds:

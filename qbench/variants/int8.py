@@ -48,6 +48,8 @@ from qbench.variants.onnx_utils import (
     Stopwatch,
     build_step,
     check_node_names,
+    default_opset,
+    ensure_opset,
     load_model,
     nested_nodes_note,
     nothing_to_quantize,
@@ -78,6 +80,9 @@ def resolve_reduce_range(setting: bool | str) -> tuple[bool, str]:
     return False, "auto (CPU has VNNI)" if cpu_has_vnni() else "auto (not an x86 CPU)"
 
 
+PER_CHANNEL_OPSET = 13  # the first opset whose QuantizeLinear / DequantizeLinear take a per-channel axis
+
+
 def build_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     """Build an INT8 variant: QDQ static with qbench's calibration, or ORT dynamic quantization."""
     clock = Stopwatch()
@@ -98,6 +103,13 @@ def build_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     op_types = _op_types(config)
     with build_step(spec.name, "loading the FP32 model"):
         model = load_model(reference)
+    notes: list[str] = []
+    if isinstance(config, OrtStatic) and config.per_channel and default_opset(model) < PER_CHANNEL_OPSET:
+        original = default_opset(model)
+        with build_step(spec.name, f"upgrading opset {original} to {PER_CHANNEL_OPSET}"):
+            model = ensure_opset(model, PER_CHANNEL_OPSET)
+        params["opset_original"] = original
+        notes.append(f"opset {original} raised to {PER_CHANNEL_OPSET}: per-channel Q/DQ needs DequantizeLinear's axis")
     check_node_names(model, config.exclude_nodes, spec.name)
     if dynamic and "MatMul" in op_types:
         params["gemms_as_matmul"] = len(gemms_as_matmul(model))  # the dynamic quantizer skips Gemm (a torch Linear)
@@ -108,7 +120,6 @@ def build_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         params.update(calibrator=config.calibration.calibrator, op_types=list(op_types), quantized_nodes=0, quantized_op_types={})
         return unchanged_variant(spec.name, "int8", ctx, nothing_to_quantize(op_types, model), params, clock.seconds())
     exclude = [*excluded, *unquantizable_nodes(model)]
-    notes: list[str] = []
     with scratch_dir("qbench-int8-") as tmp:
         with build_step(spec.name, "pre-processing"):
             prepared, params["preprocess"] = preprocess_model(model, tmp)

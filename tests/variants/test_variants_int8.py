@@ -13,6 +13,7 @@ from onnxruntime.quantization.calibrate import load_tensors_data
 from qbench.errors import QbenchError
 from qbench.recipe import VariantSpec
 from qbench.variants import int8
+from qbench.variants.base import BuildContext
 from qbench.variants.int8 import build_int8, resolve_reduce_range
 
 
@@ -192,3 +193,20 @@ def test_an_excluded_node_reading_a_tensor_quantized_for_another_reader_computes
     outputs = dict(zip(["a", "b"], ort.InferenceSession(str(built.onnx_path)).run(["a", "b"], {"x": x})))
     np.testing.assert_allclose(outputs["b"], np.maximum(x, 0) @ weights["wb"], rtol=1e-5, atol=1e-5)  # float, Relu kept
     assert np.abs(outputs["a"] - np.maximum(x, 0) @ weights["wa"]).max() > 1e-4  # the other reader is quantized
+
+
+@pytest.mark.parametrize("opset", [9, 11])
+def test_static_per_channel_on_an_old_opset_raises_the_opset_and_runs(opset, graph, run, tmp_path):
+    """ORT's quantizer writes DequantizeLinear with a per-channel axis whatever the model's opset: an opset-11
+    graph then failed only when a session loaded it ('Unrecognized attribute: axis')."""
+    rng = np.random.default_rng(0)
+    nodes = [onnx.helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"), onnx.helper.make_node("Relu", ["h"], ["y"])]
+    path = graph(tmp_path / "old.onnx", nodes, {"w": rng.normal(size=(8, 4)).astype(np.float32)}, {"x": 8}, {"y": 4},
+                 opset=opset)  # fmt: skip
+    feeds = {"x": rng.normal(size=(32, 8)).astype(np.float32)}
+    spec = VariantSpec(name="int8-pc", precision="int8", calibrator="minmax", per_channel=True, op_types=["MatMul"])
+    built = build_int8(spec, BuildContext(reference_path=path, workdir=tmp_path / "out", calibration=[feeds]))
+    assert built.params["opset_original"] == opset and any("raised to 13" in note for note in built.notes)
+    reference = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    output = run(built, feeds)
+    assert np.abs(output - reference).max() < 0.1 * np.abs(reference).max()
