@@ -43,6 +43,10 @@ def test_labels_must_fit_the_output_classes() -> None:
     with pytest.raises(LabelError, match=r"e.g. row 10: 0 hold classes the output 'probs' does not have \(its classes: 1, 5, 7\)"):
         TASK.check_labels(np.array([0, 5, 7, 5]), zipmap, POSITIONS)
     TASK.check_labels(np.array([0, 9]), TensorMeta("ids", np.dtype("int64"), (None,)), POSITIONS)  # no class count
+    decision = TensorMeta("is_fraud", np.dtype("bool"), (None,))  # a boolean output decides between two classes
+    TASK.check_labels(np.array([0, 1, 1, 0]), decision, POSITIONS)
+    with pytest.raises(LabelError, match=r"e.g. row 11: 7 hold class ids outside 0..1 \(output 'is_fraud' has 2 classes\)"):
+        TASK.check_labels(np.array([0, 7, 1, 0]), decision, POSITIONS)
     assert class_count(TensorMeta("p", np.dtype("float32"), (None, 1))) == 2  # one binary score
 
 
