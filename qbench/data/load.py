@@ -17,7 +17,7 @@ import csv
 import json
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -66,7 +66,17 @@ def _reader_for(path: Path, *, recipe_file: Path, field: str) -> Callable[[Path]
 
 
 def _read_parquet(path: Path) -> pd.DataFrame:
+    import pyarrow.parquet as pq
+
+    _check_unique_columns(pq.read_schema(path).names, "the schema")  # else pyarrow's "Multiple matches for FieldRef"
     return pd.read_parquet(path, engine="pyarrow")
+
+
+def _check_unique_columns(names: Sequence[str], where: str) -> None:
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ValueError(f"{where} names column {repeated[0]!r} {names.count(repeated[0])} times; expected each "
+                         "column once")  # fmt: skip
 
 
 OTHER_SEPARATORS = (";", "\t", "|")  # what a CSV export from a spreadsheet in another locale may use
@@ -92,10 +102,8 @@ def _check_csv_rows(path: Path) -> None:
             if other is not None:  # read as one column, every recipe column would be "missing"
                 raise ValueError(f"the header is one column {short_repr(header[0])}: the file looks separated by "
                                  f"{other!r}; expected comma-separated values")  # fmt: skip
-            repeated = sorted({name for name in header if header.count(name) > 1})
-            if repeated:  # pandas would rename the second 'y' to 'y.1' and read the first one silently
-                raise ValueError(f"the header names column {repeated[0]!r} {header.count(repeated[0])} times; "
-                                 "expected each column once")  # fmt: skip
+            _check_unique_columns(header, "the header")  # pandas would read 'y' and rename the second to 'y.1'
+
             for record in reader:
                 if any(cell.strip() for cell in record) and len(record) != len(header):
                     shown = ", ".join(header[:8]) + (", ..." if len(header) > 8 else "")
@@ -108,8 +116,23 @@ def _check_csv_rows(path: Path) -> None:
 
 
 def _read_json_lines(path: Path) -> pd.DataFrame:
+    _check_unique_keys(path)
     # dtype=False: keep strings such as "007" as strings instead of guessing numbers.
     return pd.read_json(path, lines=True, dtype=False)
+
+
+def _check_unique_keys(path: Path) -> None:
+    """No object names a key twice: a JSON parser keeps the last value silently (a row's second "label" won)."""
+
+    def unique(pairs: list[tuple[str, object]]) -> dict[str, object]:
+        keys = [key for key, _ in pairs]
+        _check_unique_columns(keys, f"line {number}")
+        return dict(pairs)
+
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if line.strip():
+                json.loads(line, object_pairs_hook=unique)
 
 
 _FILE_READERS: dict[str, Callable[[Path], pd.DataFrame]] = {

@@ -194,3 +194,21 @@ def test_bracketed_text_that_is_no_json_stays_text(tmp_path: Path) -> None:
     path.write_text("vec,lang\n\"[1, 2]\",[en]\n\"[3, 4]\",[fr]\n")
     table = load_table(path, recipe_file=RECIPE)
     assert table["lang"].tolist() == ["[en]", "[fr]"] and table["vec"].tolist() == [[1, 2], [3, 4]]
+
+
+def test_a_json_line_naming_a_key_twice_is_refused(tmp_path: Path) -> None:
+    """JSON parsers keep the last value of a repeated key: every row's second "label" was read, FP32 scored 0.0."""
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"x": [1, 2], "label": 1}\n{"x": [3, 4], "label": 0, "label": 2}\n')
+    with pytest.raises(RecipeError, match=r"cannot read rows.jsonl: line 2 names column 'label' 2 times; expected"):
+        load_table(path, recipe_file=tmp_path / "recipe.yaml")
+
+
+def test_a_parquet_file_naming_a_column_twice_is_refused_in_one_line(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "rows.parquet"
+    pq.write_table(pa.table([[1, 2], [0, 1], [5, 6]], names=["grp", "label", "grp"]), path)
+    with pytest.raises(RecipeError, match=r"cannot read rows.parquet: the schema names column 'grp' 2 times; expected"):
+        load_table(path, recipe_file=tmp_path / "recipe.yaml")
