@@ -73,8 +73,8 @@ def check_finite(
     raise RecipeError(
         recipe_file,
         f"{field}.{first}" if field == "data.inputs" else field,
-        f"{what} rows of {table_name(df)} hold NaN or inf in input columns ({'; '.join(parts)}{more}); "
-        "expected finite numbers, or set data.nonfinite_inputs: drop to leave those rows out",
+        f"{what} rows of {table_name(df)} hold NaN, inf or an empty cell in input columns ({'; '.join(parts)}{more}); "
+        "expected a finite number or a text in every cell, or set data.nonfinite_inputs: drop to leave those rows out",
     )
 
 

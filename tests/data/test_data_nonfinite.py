@@ -64,9 +64,9 @@ def test_error_names_columns_counts_and_slices() -> None:
     with pytest.raises(RecipeError) as caught:
         check_finite(table, np.array([0, 1, 2, 3, 4]), masks, slices, what="evaluation", recipe_file=RECIPE)
     assert str(caught.value) == (
-        "recipe.yaml: data.inputs.pixels: evaluation rows of rows.parquet hold NaN or inf in input columns "
+        "recipe.yaml: data.inputs.pixels: evaluation rows of rows.parquet hold NaN, inf or an empty cell in input columns "
         "(column 'pixels': 3 rows (slices: region=n 2, region=s 1); column 'scale': 1 row (slices: region=n 1)); "
-        "expected finite numbers, or set data.nonfinite_inputs: drop to leave those rows out"
+        "expected a finite number or a text in every cell, or set data.nonfinite_inputs: drop to leave those rows out"
     )
     check_finite(table, np.array([0, 3]), masks, slices, what="evaluation", recipe_file=RECIPE)  # finite rows pass
 
