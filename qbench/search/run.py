@@ -179,7 +179,8 @@ class _Search:
         measured = measure(self.backend, built, self.prepared, rows=self.screen, reference=self.fp32_screen.reference,
                            timing=self.timing, quiet=True, clock=self.clock)  # fmt: skip
         if measured.result.status != "ok":
-            self.records[index] = record.with_(stage="failed", verdict=one_line(f"failed to run: {measured.result.error}", VERDICT_CHARS))
+            self.records[index] = record
+            self._failed_to_run(index, measured.result.error)
             return index
         verdict = judge(self.fp32_screen.result, measured.result, self.gate)
         p50, fp32_p50 = _p50s(measured.result), self._fp32_p50_now()
@@ -219,7 +220,7 @@ class _Search:
         measured = measure(self.backend, self.built[index], self.prepared, reference=self.fp32.reference, quiet=True,
                            clock=self.clock)  # fmt: skip
         if measured.result.status != "ok":
-            self.records[index] = record.with_(stage="failed", verdict=one_line(f"failed to run: {measured.result.error}", VERDICT_CHARS))
+            self._failed_to_run(index, measured.result.error)
             return
         verdict = judge(self.fp32.result, measured.result, self.gate)
         slice_name, slice_drop = worst_slice(verdict)
@@ -231,6 +232,11 @@ class _Search:
             verdict="pass" if passed else one_line(f"fail: {breaches}", VERDICT_CHARS),
         )  # fmt: skip
         self._say(index, "evaluate")
+
+    def _failed_to_run(self, index: int, error: str | None) -> None:
+        verdict = one_line(f"failed to run: {error}", VERDICT_CHARS)
+        self.records[index] = self.records[index].with_(stage="failed", verdict=verdict)
+        logger.warning(f"  {self.records[index].label}: {verdict}")
 
     def _say(self, index: int, stage: str) -> None:
         r = self.records[index]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -239,3 +240,25 @@ def test_a_candidate_screened_slower_is_still_evaluated_when_fp32s_own_timings_v
     assert calls == ([1] if evaluated else [])
     if not evaluated:
         assert search.records[1].verdict == "not evaluated: a faster candidate passed"
+
+
+def test_a_candidate_that_fails_to_run_is_said_on_the_console_not_only_in_the_report(tmp_path, monkeypatch, caplog):
+    import logging
+
+    from qbench.search import run as search_run
+
+    real_measure = search_run.measure
+
+    def static_fails(backend, built, prepared, **options):
+        measured = real_measure(backend, built, prepared, **options)
+        if built.params.get("quant_format") == "QDQ":
+            return dataclasses.replace(measured, result=dataclasses.replace(measured.result, status="failed",
+                                                                          error="INVALID_GRAPH"))
+        return measured
+
+    monkeypatch.setattr(search_run, "measure", static_fails)
+    caplog.set_level(logging.WARNING, logger="qbench")
+    _, outcome = _searched(tmp_path, {"time_budget_s": 60, "techniques": ["ort-static"], "max_keep_float": 0}, fragile=())
+    record = outcome.results.search.candidates[0]
+    assert record.stage == "failed" and record.verdict == "failed to run: INVALID_GRAPH" and record.build_seconds
+    assert "ort-static: failed to run: INVALID_GRAPH" in caplog.text
