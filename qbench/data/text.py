@@ -140,6 +140,9 @@ def text_cells(
         if not isinstance(cell, str):
             found = "no value" if _is_missing(cell) else repr(cell)
             message = f"column {column!r} holds {found} at row {index}; expected text {purpose}"
+            if isinstance(cell, (int, float, np.number)) and not _is_missing(cell):
+                message += (" (a CSV file reads cells of digits as numbers, '007' as 7: keep such codes in Parquet or "
+                            "JSONL as strings)")
             raise RecipeError(recipe_file, field, message)
         texts.append(cell)
     return texts
