@@ -205,9 +205,9 @@ class _Search:
         return p50 or self.fp32_p50
 
     def tie(self) -> float:
-        """The margin within which screening estimates cannot rank two candidates: TIE, or how much FP32's own
-        timings varied over the search when that is more."""
-        return max(select.TIE, select.timing_spread(self.fp32_timings))
+        """The margin within which screening estimates cannot rank two candidates: TIE, or the noise FP32's own
+        timings showed over the search when that is more (select.timing_noise)."""
+        return max(select.TIE, select.timing_noise(self.fp32_timings))
 
     def may_win(self, record: CandidateRecord) -> bool:
         """Whether `record` may still beat the fastest passing candidate, within the search's measured noise."""
@@ -398,12 +398,12 @@ class _Search:
         return (slower,)
 
     def _method_note(self) -> str:
-        spread = select.timing_spread(self.fp32_timings)
+        noise = select.timing_noise(self.fp32_timings)
         return (f"screening on {self.screen.count} of {len(self.prepared.evaluation_rows)} evaluation rows; speed-ups "
                 f"from {self.spec.timing_runs} timed runs per batch size, each candidate against FP32 timed right after it "
-                f"(FP32's own timings varied {spread:.0%} over the search, so candidates screened within {self.tie():.0%} "
-                f"of a faster passing one were still evaluated; finalists: medians of {RETIME_ROUNDS} interleaved "
-                "rounds)")  # fmt: skip
+                f"(FP32's own timings put the noise of an estimate at {noise:.0%}, so candidates screened within "
+                f"{self.tie():.0%} of a faster passing one were still evaluated; finalists: medians of {RETIME_ROUNDS} "
+                "interleaved rounds)")  # fmt: skip
 
     def _keep(self, index: int) -> BuiltVariant:
         """Move the picked candidate's files to <workdir>/<name>.* and name it after the search."""

@@ -6,8 +6,8 @@
 - `evaluation_order`: which screened candidates deserve a full evaluation, fastest first.
 - `may_win`: whether a candidate can still beat the fastest passing one (timings within
   `TIE` of each other are treated as equal: the machine is noisy).
-- `timing_spread`: how much one model's repeated timings varied over the search: screening
-  estimates that far apart may still rank either way, so `may_win` widens its margin to it.
+- `timing_noise`: how far a speed-up estimate may be off, from one model's repeated timings over the
+  search: estimates that close may still rank either way, so `may_win` widens its margin to it.
 - `choose`: the fastest candidate whose full evaluation passed the gate (ties broken by accuracy, not noise).
 - `keep_float_bases`: which failing candidates get nodes kept in floating point.
 - `closest` / `needed`: when none passed, the candidate nearest to passing and what it would take.
@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 
 from qbench.report_grid import figure
@@ -65,16 +66,21 @@ def may_win(candidate: CandidateRecord, best: CandidateRecord | None, tie: float
     return best is None or _speed(candidate) >= _speed(best) * (1.0 - tie)
 
 
-def timing_spread(timings: Sequence[Mapping[int, float]]) -> float:
-    """Relative spread (largest / smallest − 1) of repeated timings of one model, each taken as the geometric mean
-    of its p50s over the batch sizes every timing has; 0 with fewer than two usable timings.
+def timing_noise(timings: Sequence[Mapping[int, float]]) -> float:
+    """How far apart two speed-up estimates can be without saying which is faster, from repeated timings of one model:
+    twice the median relative deviation of the timings from their median (a speed-up divides two timings, each off
+    by about that much), each timing the geometric mean of its p50s over the batch sizes every timing has. 0 with
+    fewer than two usable timings.
 
-    The search times FP32 again beside every candidate: what FP32's own figures did under the machine's changing load
-    is how far apart two screening estimates can be without saying which candidate is faster."""
+    The search times FP32 again beside every candidate, so FP32's own figures show the machine's changing load. The
+    median keeps one outlier (a pause during one timing) from widening the margin to every candidate."""
     shared = set.intersection(*(set(t) for t in timings)) if timings else set()
     means = [math.exp(sum(math.log(t[b]) for b in shared) / len(shared)) for t in timings
              if shared and all(t[b] > 0 and math.isfinite(t[b]) for b in shared)]  # fmt: skip
-    return max(means) / min(means) - 1.0 if len(means) >= 2 else 0.0
+    if len(means) < 2:
+        return 0.0
+    middle = statistics.median(means)
+    return 2.0 * statistics.median(abs(m / middle - 1.0) for m in means)
 
 
 def fastest_passing(records: Sequence[CandidateRecord]) -> int | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 
 import pytest
 
@@ -149,9 +150,13 @@ def test_why_none_tells_nothing_to_quantize_from_candidates_that_failed():
     assert "could not build and run any candidate" in reason and "smoothquant-static a=auto: build failed" in reason
 
 
-def test_timing_spread_is_the_range_of_geometric_means_over_shared_batch_sizes():
-    # geometric means over batch 1 and 16: sqrt(4 * 100) = 20, sqrt(4 * 144) = 24, sqrt(9 * 64) = 24
-    timings = [{1: 4.0, 16: 100.0}, {1: 4.0, 16: 144.0, 32: 1.0}, {1: 9.0, 16: 64.0}]
-    assert select.timing_spread(timings) == pytest.approx(24 / 20 - 1)
-    assert select.timing_spread(timings[:1]) == 0.0 and select.timing_spread([]) == 0.0
-    assert select.timing_spread([{1: 5.0}, {16: 5.0}]) == 0.0  # no batch size in common: nothing to compare
+def test_timing_noise_is_twice_the_median_deviation_from_the_median_over_shared_batch_sizes():
+    # geometric means over batch 1 and 16: sqrt(4 * 100) = 20, sqrt(4 * 144) = 24, sqrt(9 * 64) = 24, 22 (4 * 121)
+    timings = [{1: 4.0, 16: 100.0}, {1: 4.0, 16: 144.0, 32: 1.0}, {1: 9.0, 16: 64.0}, {1: 4.0, 16: 121.0}]
+    # median 23; deviations 3/23, 1/23, 1/23, 1/23: median 1/23, twice that
+    assert select.timing_noise(timings) == pytest.approx(2 / 23)
+    # one outlier (a pause during one timing) does not widen it: 10, 10.2, 10.1, 30 -> median 10.15
+    outlier = [{1: 10.0}, {1: 10.2}, {1: 10.1}, {1: 30.0}]
+    assert select.timing_noise(outlier) == pytest.approx(2 * statistics.median([0.15, 0.05, 0.05, 19.85]) / 10.15)
+    assert select.timing_noise(timings[:1]) == 0.0 and select.timing_noise([]) == 0.0
+    assert select.timing_noise([{1: 5.0}, {16: 5.0}]) == 0.0  # no batch size in common: nothing to compare
