@@ -46,6 +46,7 @@ class TensorMeta:
     passthrough_of: str | None = None
     off_label: str | None = None  # why the highest of these scores is not the model's own label (modelinfo_classes)
     probabilities: bool | None = None  # the graph makes these scores as probabilities / as logits; None: unstated
+    class_count: int | None = None  # class ids an integer output can give, when the graph says (ArgMax over N scores)
 
     def describe(self) -> str:
         """'name (float32, [None, 3])' or 'name (seq(map(int64,float32)))'."""
@@ -87,7 +88,8 @@ def read_model_info(path: Path) -> ModelInfo:
             meta = dataclasses.replace(meta, off_label=facts.off_label.get(value.name))
         if meta.kind == "tensor":
             keys = facts.labels.get(value.name) if meta.dtype == object else facts.tables.get(value.name)
-            meta = dataclasses.replace(meta, class_keys=keys, probabilities=facts.probabilities.get(value.name))
+            meta = dataclasses.replace(meta, class_keys=keys, probabilities=facts.probabilities.get(value.name),
+                                       class_count=facts.id_counts.get(value.name))  # fmt: skip
         source = _copied_input(value.name, producers, set(inputs))
         outputs[value.name] = dataclasses.replace(meta, passthrough_of=source) if source is not None else meta
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)

@@ -48,6 +48,7 @@ class ScoreFacts:
     labels: dict[str, ClassTable]
     off_label: dict[str, str]
     probabilities: dict[str, bool]  # True: a Sigmoid or Softmax made the scores; False: a linear layer (logits)
+    id_counts: dict[str, int]  # an integer output made by ArgMax over an axis of static size: how many class ids
 
 
 def score_facts(model: onnx.ModelProto) -> ScoreFacts:
@@ -74,7 +75,7 @@ def score_facts(model: onnx.ModelProto) -> ScoreFacts:
         scale = _scale(output.name, producers)
         if scale is not None:
             probabilities[output.name] = scale
-    return ScoreFacts(tables, labels, off_label, probabilities)
+    return ScoreFacts(tables, labels, off_label, probabilities, _argmax_id_counts(model, producers))
 
 
 _PROBABILITY_OPS = ("Sigmoid", "Softmax")
@@ -200,6 +201,49 @@ def _argmax_lookup(
                     break
                 index = passing[0].output[0]
     return None
+
+
+def _argmax_id_counts(model: onnx.ModelProto, producers: dict[str, onnx.NodeProto]) -> dict[str, int]:
+    """Integer graph outputs that are ArgMax over an axis (through reshapes and casts) -> that axis's static size."""
+    from onnx import TensorProto
+
+    picks: dict[str, onnx.NodeProto] = {}
+    for output in model.graph.output:
+        if output.type.tensor_type.elem_type not in (TensorProto.INT64, TensorProto.INT32):
+            continue
+        node = producers.get(output.name)
+        while node is not None and node.op_type in _INDEX_OPS and node.input:
+            node = producers.get(node.input[0])
+        if node is not None and node.op_type == "ArgMax":
+            picks[output.name] = node
+    if not picks:
+        return {}
+    shapes = _static_shapes(model)
+    counts = {}
+    for name, argmax in picks.items():
+        shape = shapes.get(argmax.input[0])
+        if shape:
+            size = shape[_axis(argmax) % len(shape)]
+            if size is not None and size > 0:
+                counts[name] = size
+    return counts
+
+
+def _static_shapes(model: onnx.ModelProto) -> dict[str, tuple[int | None, ...]]:
+    """Every tensor's shape ONNX's shape inference can tell (None for a dynamic dimension); {} when it fails."""
+    import onnx
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - custom ops, a malformed graph: nothing known
+        return {}
+    graph = inferred.graph
+    shapes = {}
+    for value in [*graph.input, *graph.value_info, *graph.output]:
+        if value.type.WhichOneof("value") == "tensor_type" and value.type.tensor_type.HasField("shape"):
+            shapes[value.name] = tuple(d.dim_value if d.HasField("dim_value") else None
+                                       for d in value.type.tensor_type.shape.dim)  # fmt: skip
+    return shapes
 
 
 def _axis(node: onnx.NodeProto) -> int:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper
 
 from qbench.modelinfo import read_model_info
@@ -185,3 +186,25 @@ def test_scores_normalised_by_a_statistic_of_their_row_keep_the_class_table(tmp_
         info = read_model_info(_string_class_onnx(tmp_path, estimator, name, zipmap=False))
         assert info.outputs["probabilities"].class_keys == ("no", "yes"), name
         assert info.outputs["label"].class_keys == ("no", "yes"), name
+
+
+def test_an_argmax_output_knows_how_many_class_ids_it_can_give(tmp_path: Path) -> None:
+    """ids = Cast(ArgMax(x @ w, axis=-1)) with w (4, 10): ten classes, so a label 42 is no class of this model; an
+    arg-max over a dynamic axis says nothing."""
+    from qbench.tasks.base import LabelError
+    from qbench.tasks.classification import Classification
+
+    weights = onnx.numpy_helper.from_array(np.zeros((4, 10), np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["s"]), helper.make_node("ArgMax", ["s"], ["i"], axis=-1, keepdims=0),
+             helper.make_node("Cast", ["i"], ["ids"], to=TensorProto.INT32)]  # fmt: skip
+    ids = helper.make_tensor_value_info("ids", TensorProto.INT32, [None])
+    onnx.save(_model(nodes, [ids], [weights]), str(tmp_path / "ids.onnx"))
+    meta = read_model_info(tmp_path / "ids.onnx").outputs["ids"]
+    assert meta.class_count == 10
+    task = Classification()
+    task.check_labels(np.array([0, 9, 3]), meta, np.arange(3))
+    with pytest.raises(LabelError, match=r"42 hold class ids outside 0..9 \(output 'ids' has 10 classes\)"):
+        task.check_labels(np.array([0, 42, 3]), meta, np.arange(3))
+    by_rows = [helper.make_node("ArgMax", ["x"], ["ids"], axis=0, keepdims=0)]  # over the (dynamic) rows
+    onnx.save(_model(by_rows, [helper.make_tensor_value_info("ids", TensorProto.INT64, [4])]), str(tmp_path / "rows.onnx"))
+    assert read_model_info(tmp_path / "rows.onnx").outputs["ids"].class_count is None

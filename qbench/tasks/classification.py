@@ -59,9 +59,11 @@ def named_labels(output: TensorMeta) -> bool:
 
 def class_count(output: TensorMeta) -> int | None:
     """How many classes an output has, when the graph says (a static last dim, a ZipMap's keys, a label's table, a
-    boolean decision's two)."""
+    boolean decision's two, an ArgMax's scores)."""
     if output.kind == "tensor" and output.dtype.kind == "b":
         return 2
+    if output.class_count is not None:
+        return output.class_count
     if output.kind == "map" or named_labels(output):
         return None if output.class_keys is None else len(output.class_keys)
     if is_float(output) and output.shape and output.shape[-1] is not None:
