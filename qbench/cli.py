@@ -426,7 +426,7 @@ def _write_reports(report: GateReport, junit: Path | None, json_path: Path | Non
 
     for path, render in ((junit, gate_report.junit_xml), (json_path, gate_report.report_json)):
         if path is not None:
-            err_console.print(f"gate report: {gate_report.write_atomic(path, render(report))}", markup=False)
+            err_console.print(f"gate report: {gate_report.write_report(path, render(report))}", markup=False)
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:
         gate_report.append_text(Path(step_summary), gate_report.markdown_summary(report))

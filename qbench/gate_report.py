@@ -1,6 +1,6 @@
 """How a gate verdict is presented: console lines, JUnit XML, a JSON document, a Markdown summary.
 
-Everything here except `write_atomic` and `append_text` is a pure function of a `GateReport`
+Everything here except `write_report` and `append_text` is a pure function of a `GateReport`
 (qbench.gate decides; this module only says it), so `qbench gate`, `qbench sweep --gate` and
 any script that calls the library show the same figures in the same words.
 
@@ -251,21 +251,61 @@ def markdown_summary(report: GateReport, title: str = "qbench gate") -> str:
 # -- files ----------------------------------------------------------------------------------------
 
 
-def write_atomic(path: Path, text: str) -> Path:
-    """Write `text` to `path` through a temporary file in the same folder: never a half-written report."""
+def write_report(path: Path, text: str) -> Path:
+    """Write a report file. A new one (or an earlier gate report, or an empty file) is written through a temporary
+    file in the same folder and renamed into place, readable as the umask allows: never a half-written report. A
+    pipe or device (`/dev/stdout`, a shell's `>(jq .)`) is written through. Any other existing file is refused:
+    the path was meant for something else (a model, a data file, another run's results), which must not be lost."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        if path.exists() and not path.resolve().is_file():
+            with path.open("w", encoding="utf-8") as stream:
+                stream.write(text)
+            return path
+        target = path.resolve()
+        if target.is_file() and not _replaceable(target):
+            raise QbenchError(f"{path}: the file exists and is not a qbench gate report; expected a new path (or an "
+                              "earlier report) for the report, so that nothing else is overwritten")  # fmt: skip
+        target.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
         try:
             with os.fdopen(handle, "w", encoding="utf-8") as file:
                 file.write(text)
-            os.replace(temporary, path)
+            os.chmod(temporary, 0o666 & ~_umask())
+            os.replace(temporary, target)
         finally:
             if os.path.exists(temporary):
                 os.unlink(temporary)
     except OSError as exc:
         raise QbenchError(f"{path}: cannot write the gate report: {exc.strerror or exc}") from exc
     return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_REPORT_KEYS = frozenset({"schema_version", "verdict", "exit_code", "checks"})
+
+
+def _replaceable(path: Path) -> bool:
+    """An empty file, or a report this module wrote (the JSON document, the JUnit XML)."""
+    if path.stat().st_size == 0:
+        return True
+    if path.stat().st_size > 64 << 20:  # no gate report is this big
+        return False
+    text = path.read_text(encoding="utf-8", errors="replace")
+    try:
+        document = json.loads(text)
+        return isinstance(document, dict) and _REPORT_KEYS <= document.keys()
+    except ValueError:
+        pass
+    try:
+        root = ET.fromstring(text)
+    except ET.ParseError:
+        return False
+    return root.tag == "testsuites" and root.get("name", "").startswith("qbench")
 
 
 def append_text(path: Path, text: str) -> Path:

@@ -19,7 +19,7 @@ from qbench.gate_report import (
     report_dict,
     report_json,
     summary_line,
-    write_atomic,
+    write_report,
 )
 
 BACKEND = "onnxruntime-cpu"
@@ -202,18 +202,61 @@ def test_markdown_summary_lists_breaches_first_and_the_problems():
     assert "- **cannot judge (fail closed):** results were modified after the sweep (digest)" in lines
 
 
-def test_write_atomic_replaces_the_file_and_leaves_no_temporary(tmp_path):
+def test_a_report_replaces_an_earlier_report_and_leaves_no_temporary(tmp_path):
     target = tmp_path / "out" / "gate.xml"
-    write_atomic(target, "first")
-    write_atomic(target, "second")
-    assert target.read_text() == "second"
+    write_report(target, junit_xml(GateReport(metric="accuracy")))
+    write_report(target, "<testsuites name='qbench gate' tests='1'/>")
+    assert target.read_text() == "<testsuites name='qbench gate' tests='1'/>"
     assert [p.name for p in target.parent.iterdir()] == ["gate.xml"]
+    assert target.stat().st_mode & 0o777 == 0o666 & ~_current_umask()  # as readable as any file the sweep writes
+    json_path = tmp_path / "gate.json"
+    json_path.write_text("")  # an empty file (made by `mktemp` in a CI script) is a free slot
+    write_report(json_path, report_json(GateReport(metric="accuracy")))
+    write_report(json_path, report_json(GateReport(metric="cosine")))
+    assert '"metric": "cosine"' in json_path.read_text()
+
+
+def _current_umask() -> int:
+    import os
+
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+@pytest.mark.parametrize("content", [b"\x08\x07onnx-model-bytes", b'{"variants": []}', b"a,b\n1,2\n"])
+def test_a_report_never_overwrites_a_file_that_is_not_a_report(tmp_path, content):
+    """--json pointed at the recipe's model, its data or another run's results replaced them with the report."""
+    target = tmp_path / "model.onnx"
+    target.write_bytes(content)
+    with pytest.raises(QbenchError, match="the file exists and is not a qbench gate report"):
+        write_report(target, report_json(GateReport(metric="accuracy")))
+    assert target.read_bytes() == content
+    link = tmp_path / "link.json"
+    link.symlink_to(target)  # through a link to it: the same file
+    with pytest.raises(QbenchError, match="is not a qbench gate report"):
+        write_report(link, "{}")
+    assert target.read_bytes() == content and link.is_symlink()
+
+
+def test_a_report_to_a_pipe_is_written_through_it(tmp_path):
+    import os
+    import threading
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    received = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_text()))
+    reader.start()
+    write_report(fifo, "report\n")
+    reader.join(timeout=10)
+    assert received == ["report\n"] and fifo.exists() and not fifo.is_file()
 
 
 def test_unwritable_paths_are_one_line_errors(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
     with pytest.raises(QbenchError, match="cannot write the gate report"):
-        write_atomic(blocker / "gate.xml", "x")
+        write_report(blocker / "gate.xml", "x")
     with pytest.raises(QbenchError, match="cannot append the gate summary"):
         append_text(tmp_path / "missing-dir" / "summary.md", "x")
