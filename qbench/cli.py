@@ -72,10 +72,14 @@ class GateOutput:
     def refuse_overwriting(self, *inputs: Path | None) -> None:
         """--junit / --json must not name a file the gate reads (the recipe, the results judged): writing the
         report there would destroy what it judged, before anyone could see why it failed."""
+        from qbench.gate_report import check_report_path
+
         protected = {p.resolve() for p in inputs if p is not None}
         for option, path in (("--junit", self.junit), ("--json", self.json_path)):
             if path is not None and path.resolve() in protected:
                 raise QbenchError(f"{option} {path}: that is a file the gate reads; expected another path for the report")
+            if path is not None:
+                check_report_path(path)
 
 
 @app.command()

@@ -261,10 +261,8 @@ def write_report(path: Path, text: str) -> Path:
             with path.open("w", encoding="utf-8") as stream:
                 stream.write(text)
             return path
+        check_report_path(path)
         target = path.resolve()
-        if target.is_file() and not _replaceable(target):
-            raise QbenchError(f"{path}: the file exists and is not a qbench gate report; expected a new path (or an "
-                              "earlier report) for the report, so that nothing else is overwritten")  # fmt: skip
         target.parent.mkdir(parents=True, exist_ok=True)
         handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
         try:
@@ -278,6 +276,14 @@ def write_report(path: Path, text: str) -> Path:
     except OSError as exc:
         raise QbenchError(f"{path}: cannot write the gate report: {exc.strerror or exc}") from exc
     return path
+
+
+def check_report_path(path: Path) -> None:
+    """Refuse a report path holding a file that `write_report` would not replace (checked before a sweep, too)."""
+    target = path.resolve()
+    if target.is_file() and not _replaceable(target):
+        raise QbenchError(f"{path}: the file exists and is not a qbench gate report; expected a new path (or an "
+                          "earlier report) for the report, so that nothing else is overwritten")  # fmt: skip
 
 
 def _umask() -> int:

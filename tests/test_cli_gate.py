@@ -184,7 +184,7 @@ def test_a_report_path_naming_a_file_the_gate_reads_is_refused_and_the_file_kept
     assert main(["gate", str(recipe), "--junit", str(recipe)]) == 2
     assert main(["sweep", str(recipe), "--gate", "--junit", str(recipe)]) == 2
     err = " ".join(capsys.readouterr().err.split())
-    assert f"--json {results}: that is a file the gate reads; expected another path for the report" in err
+    assert f"{results}: the file exists and is not a qbench gate report" in err  # refused before it is judged
     assert f"--junit {recipe}: that is a file the gate reads" in err
     assert (recipe.read_bytes(), results.read_bytes()) == before
 
