@@ -82,13 +82,30 @@ def _check_unique_columns(names: Sequence[str], where: str) -> None:
 OTHER_SEPARATORS = (";", "\t", "|")  # what a CSV export from a spreadsheet in another locale may use
 
 
+# what spreadsheets, R and databases write for a missing number
+MISSING_NUMBER_TEXT = frozenset({"NA", "N/A", "n/a", "NaN", "nan", "-nan", "NULL", "null", "None", "<NA>", "#N/A", "#NA"})
+
+
 def _read_csv(path: Path) -> pd.DataFrame:
+    """Only an empty cell is missing in a text column ("NA" is Namibia, "None" a category); in a column of numbers,
+    an empty cell or a missing-number text (MISSING_NUMBER_TEXT) is NaN."""
     _check_csv_rows(path)
-    df = pd.read_csv(path)
+    df = pd.read_csv(path, keep_default_na=False, na_values=[""])
     for column in df.columns:
         if _is_json_list_column(df[column]):
             df[column] = _parse_json_lists(df[column])
+        elif not pd.api.types.is_numeric_dtype(df[column]) and not pd.api.types.is_bool_dtype(df[column]):
+            numbers = _numbers(df[column])
+            if numbers is not None:
+                df[column] = numbers
     return df
+
+
+def _numbers(column: pd.Series) -> pd.Series | None:
+    """A text column as numbers when every cell is a number, empty, or a missing-number text; else None."""
+    cells = column.where(~column.isin(MISSING_NUMBER_TEXT))
+    numbers = pd.to_numeric(cells, errors="coerce")
+    return numbers if numbers.notna().sum() == cells.notna().sum() else None
 
 
 def _check_csv_rows(path: Path) -> None:

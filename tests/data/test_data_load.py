@@ -212,3 +212,15 @@ def test_a_parquet_file_naming_a_column_twice_is_refused_in_one_line(tmp_path: P
     pq.write_table(pa.table([[1, 2], [0, 1], [5, 6]], names=["grp", "label", "grp"]), path)
     with pytest.raises(RecipeError, match=r"cannot read rows.parquet: the schema names column 'grp' 2 times; expected"):
         load_table(path, recipe_file=tmp_path / "recipe.yaml")
+
+
+def test_csv_text_cells_such_as_na_or_none_are_values_and_missing_numbers_are_nan(tmp_path: Path) -> None:
+    """pandas' defaults read the country code "NA" (Namibia) and the categories "None" and "null" as missing: three
+    slices merged into one '<missing>'. Only an empty cell is missing in a text column; in a column of numbers, R's
+    "NA" and numpy's "nan" still are."""
+    path = tmp_path / "rows.csv"
+    path.write_text("country,x,y\nNA,1.5,NA\nNone,nan,2\nnull,inf,\nDE,,4\n,2,5\n")
+    df = load_table(path, recipe_file=tmp_path / "recipe.yaml")
+    assert df["country"].tolist()[:4] == ["NA", "None", "null", "DE"] and pd.isna(df["country"][4])
+    assert df["x"].dtype == np.float64 and np.isnan(df["x"][1]) and np.isinf(df["x"][2]) and np.isnan(df["x"][3])
+    assert df["y"].dtype == np.float64 and np.isnan(df["y"][0]) and np.isnan(df["y"][2]) and df["y"][4] == 5.0
