@@ -333,17 +333,31 @@ def _output_names(recipe: Recipe, module: torch.nn.Module, inputs: tuple[Any, ..
     except QbenchError as exc:
         raise RecipeError(recipe.source, "model.torch", str(exc).removeprefix("model.torch: ")) from None
     given = recipe.model.output_names
+    own = _own_names(outputs, count)
     if given is not None:
         if len(given) != count:
             message = f"got {len(given)} names, but forward() returns {count} tensors"
             raise RecipeError(recipe.source, "model.output_names", message)
+        moved = [name for index, name in enumerate(given) if name in (own or ()) and own.index(name) != index]
+        if moved:  # names go by position: a key named at another position names another tensor
+            message = (f"{moved[0]!r} is forward()'s output #{own.index(moved[0]) + 1} ({', '.join(own)}, in that "
+                       f"order), named at position {list(given).index(moved[0]) + 1} here: names are given by "
+                       "position; expected them in forward()'s order, or output_names left out (its names are used)")
+            raise RecipeError(recipe.source, "model.output_names", message)
         return tuple(given)
+    if own is not None:
+        return own
+    return ("output",) if count == 1 else tuple(f"output_{index}" for index in range(count))
+
+
+def _own_names(outputs: Any, count: int) -> tuple[str, ...] | None:
+    """The names forward() gives its tensors (a dict's keys, a namedtuple's fields), in order; None when unnamed."""
     if isinstance(outputs, Mapping) and len(outputs) == count:
         return tuple(str(key) for key in outputs)
-    fields = getattr(outputs, "_fields", None)  # a namedtuple names its tensors
+    fields = getattr(outputs, "_fields", None)
     if isinstance(outputs, tuple) and fields is not None and len(fields) == count:
         return tuple(str(field) for field in fields)
-    return ("output",) if count == 1 else tuple(f"output_{index}" for index in range(count))
+    return None
 
 
 def flatten_outputs(outputs: Any) -> list[torch.Tensor]:

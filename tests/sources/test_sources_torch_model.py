@@ -329,6 +329,9 @@ def test_a_bad_factory_is_a_recipe_error_naming_the_cause(project: Path, factory
         ({"example_inputs": {"features": [1, 7]}}, "model.example_inputs",
          "forward() failed on example inputs {'features': [2, 7]}"),
         ({"output_names": ["a", "b"]}, "model.output_names", "got 2 names, but forward() returns 1 tensors"),
+        # names go by position: a namedtuple's (or dict's) own names in another order named the wrong tensors
+        ({"torch": "mypkg.models:build_pair", "output_names": ["hidden", "scores"]}, "model.output_names",
+         "'hidden' is forward()'s output #2 (scores, hidden, in that order), named at position 1 here"),
         ({"torch": "mypkg.models:build_keyword_only", "example_inputs": {"features": [1, FEATURES]}},
          "model.example_inputs", "forward() takes 0: [] (features keyword-only: the exporter passes inputs by position)"),
     ],
@@ -564,3 +567,9 @@ def test_demo_torch_recipe_rebuilds_the_demo_onnx_model(digits_project: Path) ->
     with torch.no_grad():
         expected = torch_model.build()(torch.from_numpy(images)).numpy()
     np.testing.assert_allclose(logits, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_output_names_may_rename_forwards_own_names_in_their_order(project: Path) -> None:
+    renamed = load_torch_model(load_recipe(_write_recipe(project.parent, {"torch": "mypkg.models:build_pair",
+                                                                         "output_names": ["logits", "embedding"]})))  # fmt: skip
+    assert renamed.output_names == ("logits", "embedding")
