@@ -62,7 +62,10 @@ class _OutputRows:
         values = dict(own.metrics)
         labels = None if self.labels is None else self.labels[mask]
         for metric in custom:
-            values[metric.name] = metric.value(self.outputs[mask], labels, self.reference[mask])
+            try:
+                values[metric.name] = metric.value(self.outputs[mask], labels, self.reference[mask])
+            except QbenchError as exc:
+                raise QbenchError(f"{exc} (on {name}, {int(mask.sum())} rows)") from exc
         return dataclasses.replace(
             own,
             metrics={f"{self.prefix}{k}": v for k, v in values.items()},

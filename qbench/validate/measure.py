@@ -183,8 +183,13 @@ def measure(
     if outputs is not None:
         base = reference.outputs if reference is not None else outputs
         recipe = prepared.recipe
-        accuracy = evaluate_accuracy(recipe.task, outputs, base, rows.labels, rows.slices, prepared.custom_metrics,
-                                     probabilities={c.name: c.meta.probabilities for c in prepared.outputs})  # fmt: skip
+        try:
+            accuracy = evaluate_accuracy(recipe.task, outputs, base, rows.labels, rows.slices, prepared.custom_metrics,
+                                         probabilities={c.name: c.meta.probabilities for c in prepared.outputs})  # fmt: skip
+        except QbenchError as exc:  # its outputs cannot be scored (a custom metric raised on them): this variant failed
+            if not quiet:
+                logger.error("  %s failed: %s", backend.name, exc)
+            return Measured(failed_result(built, backend.name, f"scoring failed: {exc}"), None)
         accuracy = with_drops(accuracy, reference.accuracy if reference is not None and reference.accuracy else accuracy)
         nsr = output_nsr([base[k] for k in outputs], list(outputs.values()))
     latency, serving_result, size = None, None, model_bytes(built.onnx_path)

@@ -97,3 +97,25 @@ def test_labels_are_checked_before_anything_runs(tmp_path, capsys, task, labels,
                      gate={"metric": "accuracy" if task == "classification" else "mae"})  # fmt: skip
     assert main(["validate", str(recipe)]) == 2
     assert said(message, capsys.readouterr().err)
+
+
+def test_a_custom_metric_raising_on_one_variant_fails_that_variant_not_the_sweep(tmp_path, monkeypatch, capsys):
+    """The metric raises only on outputs that differ from FP32's (the INT8 variant's): FP32 is measured, the INT8
+    variant is recorded failed with the metric, the scope and its rows, the results are complete, the gate exits 2."""
+    from qbench.gate import latest_results
+    from qbench.recipe import load_recipe
+    from qbench.results import read_results
+
+    recipe, _, _ = _custom_project(tmp_path, metrics=[{"name": "boom", "function": "fragile_metric:fragile",
+                                                       "higher_is_better": True}])  # fmt: skip
+    (tmp_path / "fragile_metric.py").write_text("import numpy as np\n\n\ndef fragile(outputs, labels, reference_outputs):\n"
+                                                "    if not np.array_equal(outputs, reference_outputs):\n"
+                                                "        raise RuntimeError('boom')\n"
+                                                "    return 1.0\n")  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    assert main(["sweep", str(recipe), "--no-track", "--gate"]) == 2
+    results = read_results(latest_results(load_recipe(recipe)))
+    assert results.complete and results.find("fp32", "onnxruntime-cpu").status == "ok"
+    int8 = results.find("int8", "onnxruntime-cpu")
+    assert int8.status == "failed"
+    assert int8.error.startswith("scoring failed: custom metric 'boom' failed: RuntimeError: boom (on overall, ")
