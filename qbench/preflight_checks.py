@@ -69,7 +69,7 @@ def check_destinations(recipe: Recipe, *, track: bool) -> None:
     (nothing is created)."""
     from qbench.execute.store import build_store  # qbench.execute imports this module
 
-    _check_writable_folder(recipe, "output_dir", recipe.output_path)
+    _check_writable_folder(recipe, "output_dir", recipe.output_path / recipe.name)  # where run folders are made
     store = build_store(recipe).local
     if store is not None:
         default = "" if recipe.executor.store else " (the default, in qbench's cache: set executor.store or $QBENCH_CACHE_DIR)"

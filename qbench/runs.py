@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from qbench.errors import QbenchError
+
 INCOMPLETE_MARKER = "INCOMPLETE"
 RESULTS_FILE = "results.json"
 
@@ -37,11 +39,16 @@ def utc_now() -> str:
 
 def new_run_dir(root: Path) -> Path:
     """A fresh folder <root>/<UTC time>-<random suffix>, created exclusively and marked INCOMPLETE (running)."""
-    root.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     folder = root / f"{stamp}-{secrets.token_hex(3)}"
-    folder.mkdir(exist_ok=False)  # a name collision is an error, never a shared folder
-    _write_marker(folder, {"started_at": utc_now(), "state": "running", "pid": os.getpid(), "host": socket.gethostname()})
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(exist_ok=False)  # a name collision is an error, never a shared folder
+        _write_marker(folder, {"started_at": utc_now(), "state": "running", "pid": os.getpid(),
+                               "host": socket.gethostname()})  # fmt: skip
+    except OSError as exc:
+        raise QbenchError(f"cannot create the run folder {folder}: {exc.strerror or exc}; expected output_dir and "
+                          f"{root.name}/ in it writable") from exc  # fmt: skip
     return folder
 
 

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from qbench.runs import INCOMPLETE_MARKER, describe_run, new_run_dir
 
 
@@ -29,3 +31,12 @@ def test_a_running_marker_of_this_process_is_running_and_one_whose_process_is_go
     # another host's sweep cannot be checked from here: its marker is believed
     (folder / INCOMPLETE_MARKER).write_text(json.dumps({**marker, "pid": pid, "host": "elsewhere.invalid"}))
     assert describe_run(folder).state == "running"
+
+
+def test_a_run_folder_that_cannot_be_made_is_one_clear_error(tmp_path: Path) -> None:
+    from qbench.errors import QbenchError
+
+    blocker = tmp_path / "reports"
+    blocker.write_text("a file where the recipe's output_dir should be")
+    with pytest.raises(QbenchError, match=r"cannot create the run folder .*reports/digits/.*; expected output_dir"):
+        new_run_dir(blocker / "digits")
