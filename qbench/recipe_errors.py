@@ -45,8 +45,14 @@ def recipe_error(path: Path, exc: ValidationError, root: type[BaseModel]) -> Rec
     else:
         message = f"{first['msg'][0].lower()}{first['msg'][1:]}, got {short_repr(first['input'])}"
     if len(errors) > 1:
-        message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
+        others = [_format_loc([p for p in error["loc"] if not _is_type_tag(p, tags) and p != "[key]"]) or "the recipe"
+                  for error in errors[1:]]  # fmt: skip
+        shown = ", ".join(dict.fromkeys(others[:_OTHERS_SHOWN])) + (", ..." if len(others) > _OTHERS_SHOWN else "")
+        message += f" (and {len(others)} more problem{'s' if len(others) > 1 else ''}: at {shown})"
     return RecipeError(path, field, message)
+
+
+_OTHERS_SHOWN = 4  # fields of further problems named in the one line (each fix otherwise needs another run)
 
 
 _MAPPING = "expected a mapping (key: value, ...)"

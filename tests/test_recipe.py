@@ -270,3 +270,13 @@ def test_latency_stability_defaults_null_and_bounds(tmp_path):
     message = error_of(tmp_path, body)
     assert "stability.max_iterations: got 100, expected at least iterations (500)" in message
     assert "latency.stability.windows" in error_of(tmp_path, with_changes(latency={"stability": {"windows": 1}}))
+
+
+def test_a_recipe_with_several_problems_names_where_the_others_are(tmp_path):
+    """Only the first problem is spelled out; the others' fields are named, so one edit can fix them all."""
+    body = with_changes(latency={"batch_size": [1], "warmup": "x", "threads": -1})
+    message = error_of(tmp_path, body)
+    assert message.count("(and 2 more problems: at ") == 1 and message.endswith(")")
+    others = message.split("(and 2 more problems: at ")[1].rstrip(")").split(", ")
+    first = message.split(": ")[1]
+    assert sorted([first, *others]) == ["latency.batch_size", "latency.threads", "latency.warmup"]
