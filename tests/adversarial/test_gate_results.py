@@ -454,3 +454,21 @@ def test_unusable_files_are_one_line_naming_the_file(swept: Swept, tmp_path: Pat
         assert main(argv) == 2
     [line] = capsys.readouterr().err.strip().splitlines()
     assert line == f"error: {tmp_path / 'results.json'}: digest: does not match the file's content (edited or corrupted after the sweep)"
+
+
+def test_another_recipes_results_are_said_to_be_so_and_nothing_else(swept: Swept, tmp_path: Path, capsys):
+    """Judged against another recipe (renamed here, its model moved), the results' own inputs were not called stale."""
+
+    def another_recipe(raw: dict[str, Any]) -> None:
+        raw["name"] = "other"
+        raw["model"]["path"] = "elsewhere.onnx"
+
+    with recipe_changed(another_recipe)(swept, tmp_path) as argv:
+        recipe = Path(argv[1])
+        model = recipe.parent / yaml.safe_load(swept.recipe.read_text())["model"]["path"]
+        shutil.copy(model, recipe.parent / "elsewhere.onnx")
+        flip_byte(recipe.parent / "elsewhere.onnx")  # the other recipe's own model: not the one these results measured
+        assert main(argv) == 2
+    captured = capsys.readouterr()
+    shown = " ".join((captured.out + captured.err).split())
+    assert "the results are from recipe 'tumour-mlp', not 'other'" in shown and "stale" not in shown
