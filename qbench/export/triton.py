@@ -361,6 +361,8 @@ def _readme(name: str, recipe: Recipe, results: SweepResults, measured: VariantR
                   "requests. The same load on the server:", "", "```", load, "```"]  # fmt: skip
     if any("<dim>" in shape for shape in shapes.values()):
         lines += ["", "Replace `<dim>` in `--shape` with the size of the input's dynamic dimension in your data."]
+    if measured.notes:  # e.g. a dynamic INT8 variant's accuracy depends on what the dynamic batcher puts together
+        lines += ["", "## Notes from the sweep", "", *(f"- {note}" for note in measured.notes)]
     return "\n".join(lines) + "\n"
 
 

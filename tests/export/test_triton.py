@@ -68,7 +68,8 @@ def tiny_project(root: Path, gate: dict) -> Path:
         "data": {"path": "data.parquet", "inputs": {"x": "features"}, "label": "y",
                  "calibration": {"filter": {"split": "calib"}, "samples": 64},
                  "evaluation": {"filter": {"split": "eval"}}, "slices": [{"by": "group"}]},
-        "variants": [{"name": "fp16", "precision": "fp16"}, {"name": "int8", "precision": "int8", "calibrator": "minmax"}],
+        "variants": [{"name": "fp16", "precision": "fp16"}, {"name": "int8", "precision": "int8", "calibrator": "minmax"},
+                     {"name": "int8-dyn", "precision": "int8", "calibrator": "dynamic"}],
         "backends": [CPU],
         "latency": {"batch_sizes": BATCH_SIZES, "warmup": 1, "iterations": 7, "threads": 1},
         "gate": gate, "output_dir": str(root / "reports"),
@@ -178,6 +179,15 @@ def test_not_gated_variant_is_refused_in_one_line_and_exported_with_force(swept:
     assert main([*args, "--force"]) == 0
     assert parse_config(repo / "tiny-int8" / "config.pbtxt").name == "tiny-int8"
     assert "Exported with --force" in (repo / "tiny-int8" / "README.md").read_text()
+
+
+def test_the_sweeps_notes_on_a_variant_travel_with_it(swept: Path, tmp_path: Path) -> None:
+    """Dynamic INT8's accuracy depends on what is batched together: under Triton's dynamic batcher that matters."""
+    export = export_triton(load_recipe(swept), "int8-dyn", CPU, tmp_path / "repo", force=True)
+    readme = (export.model_dir / "README.md").read_text()
+    notes = read_results(latest_results(load_recipe(swept))).find("int8-dyn", CPU).notes
+    assert any("activation scales are computed per batch" in note for note in notes)
+    assert "## Notes from the sweep" in readme and all(f"- {note}" in readme for note in notes)
 
 
 def test_stale_results_are_refused(swept: Path, tmp_path: Path) -> None:
