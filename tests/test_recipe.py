@@ -102,6 +102,12 @@ def test_fingerprint_ignores_the_gate_but_not_the_model(tmp_path):
             {"variants": [{"name": "a", "precision": "int8", "calibrator": "dynamic", "activation_type": "int8"}]},
             "recipe.yaml: variants[0].activation_type: does not apply to dynamic int8 variants",
         ),
+        (  # ORT's static quantizer refuses it mid-sweep: refused at load instead
+            {"variants": [{"name": "a", "precision": "int8", "calibrator": "minmax", "activation_type": "int8",
+                           "weight_type": "uint8"}]},
+            "recipe.yaml: variants[0].weight_type: uint8 weights with int8 activations are not a format ONNX Runtime "
+            "quantizes; expected weight_type: int8, or activation_type: uint8",
+        ),
         (
             {"variants": [{"name": "a", "precision": "int8"}]},
             "recipe.yaml: variants[0].calibrator: int8 needs one of auto, dynamic, entropy, minmax, percentile",

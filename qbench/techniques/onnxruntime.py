@@ -48,6 +48,9 @@ class OrtStatic(OrtInt8):
     def _static(self) -> OrtStatic:
         if not self.calibration.method.computes_ranges and self.calibration.calibrator != "auto":
             raise ValueError(f"calibrator: {self.calibration.calibrator!r} is not a static calibrator")
+        if self.activation_type == "int8" and self.weight_type == "uint8":  # ORT's static quantizer refuses S8U8
+            raise ValueError("weight_type: uint8 weights with int8 activations are not a format ONNX Runtime "
+                             "quantizes; expected weight_type: int8, or activation_type: uint8")  # fmt: skip
         return self
 
 
