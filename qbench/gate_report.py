@@ -263,6 +263,9 @@ def write_report(path: Path, text: str) -> Path:
             return path
         check_report_path(path)
         target = path.resolve()
+        blocking = next((folder for folder in target.parents if folder.exists() and not folder.is_dir()), None)
+        if blocking is not None:
+            raise QbenchError(f"{path}: cannot write the gate report: {blocking} is a file, not a folder")
         target.parent.mkdir(parents=True, exist_ok=True)
         handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
         try:
