@@ -455,9 +455,10 @@ def variant_from_dict(v: dict[str, Any]) -> VariantResult:
     )
 
 
-def read_results(path: Path) -> SweepResults:
+def read_results(path: Path, *, partial: bool = False) -> SweepResults:
     """Load results.json; any problem is a QbenchError naming the file: missing, not JSON, wrong shape,
-    content that does not match its digest (edited or corrupted after the sweep), or an incomplete sweep."""
+    content that does not match its digest (edited or corrupted after the sweep), or an incomplete sweep (unless
+    `partial`: an interrupted sweep's variants, to be shown, never judged)."""
     if not path.is_file():
         raise QbenchError(f"{path}: results file not found")
     try:
@@ -465,7 +466,7 @@ def read_results(path: Path) -> SweepResults:
         if not isinstance(raw, dict):
             raise QbenchError(f"expected a JSON object of results, got a {type(raw).__name__}")
         _check_digest(raw)
-        if raw.get("complete") is not True:
+        if raw.get("complete") is not True and not partial:
             raise QbenchError(f"complete: got {raw.get('complete')!r}, expected true (the sweep was interrupted "
                               "or is still running): re-run `qbench sweep`")  # fmt: skip
         return from_dict(raw)

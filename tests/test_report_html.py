@@ -4,6 +4,7 @@ the gate's judgement of their drop, the verdict, and nothing loaded from the net
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
@@ -214,3 +215,17 @@ def test_the_serving_table_and_slo_lines_are_in_the_html_report() -> None:
     (breach,) = tree.find("ul", "breaches")[0].children
     assert breach.text == ("BREACH int8-fast@onnxruntime-cpu slo latency.p99_ms: 10.0000 → 14.5000, "
                            "drop 4.5000 > tolerance 0.0000")  # fmt: skip
+
+
+def test_report_command_shows_an_interrupted_runs_finished_variants_and_exits_2(tmp_path: Path, capfd) -> None:
+    from qbench.runs import INCOMPLETE_MARKER
+
+    results = dataclasses.replace(make_sweep(), complete=False, finished_at=None)
+    write_results(results, tmp_path / "results.json")
+    (tmp_path / INCOMPLETE_MARKER).write_text(json.dumps({"started_at": "2026-11-25T10:00:00+00:00",
+                                                          "state": "interrupted by SIGINT"}))  # fmt: skip
+    assert main(["report", str(tmp_path)]) == 2
+    captured = capfd.readouterr()
+    shown = " ".join((captured.out + captured.err).split())
+    assert f"is an incomplete run (interrupted by SIGINT): the {len(results.variants)} variant runs it finished are shown" in shown
+    assert "Summary: digits" in shown and all(v.variant in shown for v in results.variants)  # the summary table
