@@ -371,17 +371,12 @@ def report(
 ) -> int:
     """Show a past sweep's summary and gate verdict (judged with the gate settings recorded in its results)."""
     from qbench.gate import run_gate
-    from qbench.report import print_summary
+    from qbench.report import print_partial_run, print_summary
     from qbench.report_html import write_html_report
-    from qbench.results import read_results
-    from qbench.runs import describe_run
 
-    run = describe_run(run_dir)
-    if run is not None and not run.complete:  # what the interrupted sweep finished, shown and never judged
-        partial = read_results(run_dir / "results.json", partial=True)
-        print_summary(partial, None)
-        raise QbenchError(f"{run_dir} is an incomplete run ({run.state}): the {len(partial.variants)} variant runs it "
-                          "finished are shown, not judged; finish it with `qbench sweep <recipe> --resume`")  # fmt: skip
+    unjudged = print_partial_run(run_dir)
+    if unjudged is not None:
+        raise QbenchError(unjudged)
     # a past sweep: its verdict as recorded, whether or not its inputs still exist (the note says so)
     gate, results = run_gate(results_path=run_dir / "results.json", check_staleness=False)
     print_summary(results, gate)

@@ -408,3 +408,18 @@ def print_summary(results: SweepResults, gate: GateReport | None) -> None:
     tables += [gate_table(gate)] if gate is not None else []
     for renderable in tables:
         print_wide(renderable)
+
+
+def print_partial_run(run_dir: Path) -> str | None:
+    """For an incomplete run (interrupted, crashed, running): print the variant runs it finished, which are never
+    judged, and return why in one line; None for a complete run (or no run folder)."""
+    from qbench.results import read_results
+    from qbench.runs import RESULTS_FILE, describe_run
+
+    run = describe_run(run_dir)
+    if run is None or run.complete:
+        return None
+    partial = read_results(run_dir / RESULTS_FILE, partial=True)
+    print_summary(partial, None)
+    return (f"{run_dir} is an incomplete run ({run.state}): the {len(partial.variants)} variant runs it finished are "
+            "shown, not judged; finish it with `qbench sweep <recipe> --resume`")

@@ -29,7 +29,7 @@ from qbench.backends.gpu_monitor import GpuMonitor
 from qbench.environment import cpu_has_vnni
 from qbench.errors import MissingExtraError, QbenchError
 from qbench.modelinfo import read_model_info
-from qbench.sources.torch_model import flatten_outputs
+from qbench.sources.torch_outputs import flatten_outputs
 from qbench.variants.base import BuiltVariant
 from qbench.variants.torch_forms import (
     FAKE_QUANT,

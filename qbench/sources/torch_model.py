@@ -39,6 +39,7 @@ import numpy as np
 
 from qbench.errors import MissingExtraError, QbenchError, RecipeError, did_you_mean
 from qbench.recipe import Recipe, file_sha256
+from qbench.sources.torch_outputs import flatten_outputs, own_names
 from qbench.user_code import first_on_sys_path, module_source, not_found
 
 logger = logging.getLogger(__name__)
@@ -333,7 +334,7 @@ def _output_names(recipe: Recipe, module: torch.nn.Module, inputs: tuple[Any, ..
     except QbenchError as exc:
         raise RecipeError(recipe.source, "model.torch", str(exc).removeprefix("model.torch: ")) from None
     given = recipe.model.output_names
-    own = _own_names(outputs, count)
+    own = own_names(outputs, count)
     if given is not None:
         if len(given) != count:
             message = f"got {len(given)} names, but forward() returns {count} tensors"
@@ -348,31 +349,6 @@ def _output_names(recipe: Recipe, module: torch.nn.Module, inputs: tuple[Any, ..
     if own is not None:
         return own
     return ("output",) if count == 1 else tuple(f"output_{index}" for index in range(count))
-
-
-def _own_names(outputs: Any, count: int) -> tuple[str, ...] | None:
-    """The names forward() gives its tensors (a dict's keys, a namedtuple's fields), in order; None when unnamed."""
-    if isinstance(outputs, Mapping) and len(outputs) == count:
-        return tuple(str(key) for key in outputs)
-    fields = getattr(outputs, "_fields", None)
-    if isinstance(outputs, tuple) and fields is not None and len(fields) == count:
-        return tuple(str(field) for field in fields)
-    return None
-
-
-def flatten_outputs(outputs: Any) -> list[torch.Tensor]:
-    """forward()'s result as a flat list of tensors, in the order of the exported outputs (`output_names`)."""
-    torch = _import_torch()
-    if isinstance(outputs, torch.Tensor):
-        return [outputs]
-    if isinstance(outputs, Mapping):
-        return [t for value in outputs.values() for t in flatten_outputs(value)]
-    if isinstance(outputs, (list, tuple)):
-        return [t for value in outputs for t in flatten_outputs(value)]
-    if outputs is None:
-        return []
-    raise QbenchError(f"model.torch: forward() returned a {type(outputs).__name__}; expected a tensor, or a tuple, "
-                      "list or dict of tensors (return dataclasses.astuple(...) or a dict)")
 
 
 def _state_sha256(module: torch.nn.Module) -> str:

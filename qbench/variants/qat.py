@@ -39,7 +39,8 @@ from torch.onnx import symbolic_helper
 from qbench.errors import QbenchError
 from qbench.progress import track
 from qbench.recipe import VariantSpec
-from qbench.sources.torch_model import flatten_outputs, single_torch_thread
+from qbench.sources.torch_model import single_torch_thread
+from qbench.sources.torch_outputs import flatten_outputs
 from qbench.tasks import Task, get_task
 from qbench.techniques.calibrators import CALIBRATORS
 from qbench.techniques.options import QatSpec
