@@ -9,8 +9,9 @@ A record of a job that ran also keeps when (`times`, epoch seconds): `submitted`
 
 `qbench sweep --resume` picks the newest incomplete run of the recipe whose plan has the same
 fingerprint (qbench.execute.plan.plan_fingerprint) and that recorded a finished job, and reuses its
-finished jobs (see qbench.execute.scheduler for which ones). A record that cannot be read back (a
-truncated JSON or .npz) is logged and left out: its job runs again.
+finished jobs (see qbench.execute.scheduler for which ones). Each record carries the digest of its
+content (and of its outputs file): one that cannot be read back (a truncated JSON or .npz) or that changed
+since it was written is logged and left out, and its job runs again.
 """
 
 from __future__ import annotations
@@ -27,13 +28,15 @@ from typing import Any
 import numpy as np
 
 from qbench.execute.plan import SweepPlan
-from qbench.results import VariantResult, to_jsonable, variant_from_dict
+from qbench.recipe import file_sha256
+from qbench.results import VariantResult, canonical_sha256, to_jsonable, variant_from_dict
 from qbench.runs import RunFolder, describe_run
 
 logger = logging.getLogger(__name__)
 
 PLAN_FILE = "plan.json"
 JOBS_FOLDER = "jobs"
+RECORD_DIGEST = "digest"  # sha256 of the record's canonical JSON without this field
 
 
 @dataclass(frozen=True)
@@ -77,8 +80,8 @@ def record_build(
     error: str | None,
     times: dict[str, float] | None = None,
 ) -> None:
-    _write_json(run_dir / JOBS_FOLDER / f"{_file_name(job_id)}.json",
-                {"job": job_id, "attempts": attempts, "manifest": manifest, "error": error, "times": times})  # fmt: skip
+    _write_record(run_dir / JOBS_FOLDER / f"{_file_name(job_id)}.json",
+                  {"job": job_id, "attempts": attempts, "manifest": manifest, "error": error, "times": times})  # fmt: skip
 
 
 def record_measure(
@@ -103,7 +106,12 @@ def record_measure(
         np.savez(tmp, **outputs)
         os.replace(tmp, run_dir / JOBS_FOLDER / f"{name}.outputs.npz")
         content["outputs"] = f"{name}.outputs.npz"
-    _write_json(run_dir / JOBS_FOLDER / f"{name}.json", content)
+        content["outputs_sha256"] = file_sha256(run_dir / JOBS_FOLDER / f"{name}.outputs.npz")
+    _write_record(run_dir / JOBS_FOLDER / f"{name}.json", content)
+
+
+def _write_record(path: Path, content: dict[str, Any]) -> None:
+    _write_json(path, {**content, RECORD_DIGEST: canonical_sha256(to_jsonable(content))})
 
 
 def read_records(run_dir: Path) -> dict[str, JobRecord]:
@@ -126,9 +134,15 @@ def _record_files(run_dir: Path) -> list[Path]:
 
 
 def _record(raw: dict[str, Any], folder: Path) -> JobRecord:
+    recorded = raw.pop(RECORD_DIGEST, None)
+    if recorded != canonical_sha256(raw):
+        raise ValueError("its content does not match its digest (changed after it was written, or written by an "
+                         "older qbench)")  # fmt: skip
     outputs = None
     if raw.get("outputs"):
         path = folder / raw["outputs"]
+        if file_sha256(path) != raw.get("outputs_sha256"):
+            raise ValueError(f"{path} changed after it was written")
         try:
             with np.load(path, allow_pickle=False) as saved:
                 outputs = {name: saved[name] for name in saved.files}

@@ -80,3 +80,21 @@ def test_resume_takes_the_newest_run_with_a_finished_job_over_a_newer_empty_one(
 def test_no_run_with_a_finished_job_is_nothing_to_resume(tmp_path: Path) -> None:
     _run(tmp_path)
     assert resumable_run(tmp_path, "plan-a") is None
+
+
+def test_a_record_edited_after_it_was_written_is_left_out_and_its_job_runs_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """--resume carried an edited measurement (a better accuracy typed in) into the resumed results; the same for
+    reference outputs swapped for other numbers of the same shape."""
+    run = _run(tmp_path)
+    outputs = _reference(run)
+    record_build(run, "build:fp16", 1, {"files": {}}, None)
+    record = run / JOBS_FOLDER / "build_fp16.json"
+    edited = json.loads(record.read_text())
+    edited["error"] = "a failure nobody saw"
+    record.write_text(json.dumps(edited))
+    np.savez(outputs, logits=np.zeros((4, 3), dtype=np.float32))
+    with caplog.at_level(logging.WARNING, logger="qbench"):
+        assert read_records(run) == {}
+    assert "does not match its digest" in caplog.text and f"{outputs} changed after it was written" in caplog.text
