@@ -12,6 +12,7 @@ tagged its parent run with.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
 from mlflow.tracking import MlflowClient
+from mlflow.tracking._tracking_service.utils import _use_tracking_uri
 
 from qbench.errors import QbenchError
 from qbench.gate import GateReport
@@ -83,12 +85,15 @@ def _model_id(client: MlflowClient, run: Run, key: str) -> str:
     return models[0].model_id
 
 
-def _ensure_registered_model(client: MlflowClient, name: str) -> None:
+def _ensure_registered_model(client: MlflowClient, name: str) -> bool:
+    """Create the registered model `name` unless it exists; whether it was created now."""
     try:
         client.create_registered_model(name, description="qbench: the best variant that passed the gate, per backend")
     except MlflowException as exc:
         if exc.error_code != ErrorCode.Name(RESOURCE_ALREADY_EXISTS):
             raise
+        return False
+    return True
 
 
 def _aliases(alias: str, backends: list[str]) -> dict[str, list[str]]:
@@ -117,6 +122,7 @@ def register_best(
         raise QbenchError(f"no variant passed the gate with a latency at batch size {batch_size} on "
                           f"{', '.join(wanted)}: nothing registered")  # fmt: skip
     client, uri, experiment_id = open_experiment(recipe)
+    created, registered = False, list[Registration]()
     try:
         children = _sweep_children(client, experiment_id, run_dir, uri)
         sources = {}
@@ -125,19 +131,24 @@ def register_best(
             if run is None:
                 raise QbenchError(f"no MLflow run of {variant.key} under the sweep run of {run_dir}; nothing registered")
             sources[backend] = (run.info.run_id, _model_id(client, run, variant.key))
-        _ensure_registered_model(client, name)
+        created = _ensure_registered_model(client, name)
         aliases = _aliases(alias, [b for b in results.backends() if b in winners])
-        registered = []
         for backend, variant in winners.items():
             run_id, model_id = sources[backend]
             tags = {"qbench.variant": variant.variant, "qbench.backend": backend, "qbench.gate": "pass",
                     f"qbench.p50_ms.b{batch_size}": f"{variant.latency.at(batch_size).p50_ms:.4g}"}  # type: ignore[union-attr] # fmt: skip
-            version = client.create_model_version(name, f"models:/{model_id}", run_id=run_id, tags=tags,
-                                                  model_id=model_id)  # fmt: skip
+            # a local registry store looks a `models:/` source up through MLflow's global tracking URI (its own
+            # TODO), not this client's: with the recipe's store elsewhere than the default, set it while registering
+            with _use_tracking_uri(uri):
+                version = client.create_model_version(name, f"models:/{model_id}", run_id=run_id, tags=tags,
+                                                      model_id=model_id)  # fmt: skip
             for each in aliases[backend]:
                 client.set_registered_model_alias(name, each, version.version)
             registered.append(Registration(name, str(version.version), variant.variant, backend, run_id, model_id,
                                            tuple(aliases[backend])))  # fmt: skip
     except MlflowException as exc:
+        if created and not registered:  # nothing registered means nothing left behind, not an empty model
+            with contextlib.suppress(MlflowException):
+                client.delete_registered_model(name)
         raise QbenchError(f"registering {name!r} in {uri} failed: {exc.message}") from exc
     return registered

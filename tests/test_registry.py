@@ -237,3 +237,22 @@ def test_sweep_gate_untracked_says_nothing_was_registered(swept: Swept, capsys: 
     assert "registry: 'linear-untracked' not registered: the sweep was not tracked (--no-track)" in capsys.readouterr().err
     with pytest.raises(MlflowException):
         swept.client.get_registered_model("linear-untracked")
+
+
+def test_registering_into_a_sqlite_store_that_is_not_mlflows_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """MLflow's local registry looked the `models:/<id>` source up in its default store (./mlflow.db of the working
+    directory), not the recipe's: a passing gate exited 2, left an empty registered model and a stray mlflow.db."""
+    store = tmp_path / "store" / "mlflow.db"
+    store.parent.mkdir()
+    (tmp_path / "project").mkdir()
+    recipe = make_linear_project(tmp_path / "project", f"sqlite:///{store}", experiment="elsewhere")
+    working = tmp_path / "cwd"
+    working.mkdir()
+    monkeypatch.chdir(working)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert main(["sweep", str(recipe)]) == 0
+    assert main(["gate", str(recipe), "--register", "elsewhere-model"]) == 0, capsys.readouterr().err
+    version = MlflowClient(f"sqlite:///{store}").get_model_version_by_alias("elsewhere-model", "candidate")
+    assert str(version.version) == "1" and version.source.startswith("models:/")
+    assert not (working / "mlflow.db").exists()
