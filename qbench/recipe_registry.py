@@ -31,6 +31,14 @@ def alias_problem(alias: str) -> str | None:
     return None
 
 
+def model_name_problem(name: str) -> str | None:
+    """Why `name` is no registered model name to use (None when it is fine): empty, surrounded by spaces (registered
+    as typed, then never found by the name people type), or holding '/' or ':' (MLflow refuses them, after the gate)."""
+    if not name.strip() or name != name.strip() or re.search(r"[/:]", name):
+        return f"got {name!r}, expected a registered model name without '/' or ':' nor spaces around it"
+    return None
+
+
 class RegistrySpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
@@ -40,6 +48,14 @@ class RegistrySpec(BaseModel):
     primary_batch_size: int | None = Field(
         None, gt=0, description="winners are the fastest at this latency batch size; default: the smallest"
     )
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, value: str) -> str:
+        problem = model_name_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
 
     @field_validator("alias")
     @classmethod
@@ -73,8 +89,8 @@ def check_registry_options(*, model: str | None, alias: str | None, skip: bool) 
     """The command line's `--register NAME`, `--alias A`, `--no-register`, checked before anything runs."""
     if alias is not None and (problem := alias_problem(alias)) is not None:
         raise QbenchError(f"--alias: {problem}")
-    if model is not None and not model.strip():
-        raise QbenchError("--register: expected a registered model name, got an empty one")
+    if model is not None and (problem := model_name_problem(model)) is not None:
+        raise QbenchError(f"--register: {problem}")
     if skip and (model is not None or alias is not None):
         raise QbenchError("--no-register: contradicts --register / --alias; give one or the other")
 

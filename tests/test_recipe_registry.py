@@ -31,6 +31,7 @@ def test_changing_the_registry_section_does_not_change_the_results_fingerprint(t
     [
         ({"alias": "x"}, "registry.model"),
         ({"model": ""}, "registry.model"),
+        ({"model": "a:b"}, "registry.model: got 'a:b', expected a registered model name without '/' or ':'"),
         ({"model": "m", "alias": "latest"}, "registry.alias: got 'latest', expected letters"),
         ({"model": "m", "alias": "v2"}, "registry.alias: got 'v2'"),
         ({"model": "m", "backends": ["tensorrt"]}, "registry.backends: got 'tensorrt'"),
@@ -69,7 +70,9 @@ def test_the_command_line_overrides_the_section(section, flags, expected):
     [
         (None, {"alias": "staging"}, "--alias: needs --register NAME or a registry: section"),
         (SECTION, {"alias": "latest"}, "--alias: got 'latest'"),
-        (SECTION, {"model": " "}, "--register: expected a registered model name"),
+        (SECTION, {"model": " "}, "--register: got ' ', expected a registered model name"),
+        (SECTION, {"model": " spaced "}, "--register: got ' spaced ', expected a registered model name without"),
+        (SECTION, {"model": "team/model"}, "--register: got 'team/model', expected a registered model name without '/'"),
         (SECTION, {"skip": True, "model": "m"}, "--no-register: contradicts"),
     ],
 )
