@@ -253,7 +253,7 @@ class _Search:
         """Full evaluation of the promising screened candidates, fastest first, while they may still win."""
         for index in select.evaluation_order(self.records):
             if not self.may_win(self.records[index]):
-                self.records[index] = self.records[index].with_(verdict="not evaluated: a faster candidate passed")
+                self.records[index] = self.records[index].with_(verdict="not evaluated: a candidate screened faster passed")
                 continue
             if self.within_budget(f"evaluating {self.records[index].label}"):
                 self.evaluate(index)

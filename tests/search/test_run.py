@@ -240,7 +240,7 @@ def test_a_candidate_screened_slower_is_still_evaluated_when_fp32s_own_timings_a
     search.evaluate_promising()
     assert calls == ([1] if evaluated else [])
     if not evaluated:
-        assert search.records[1].verdict == "not evaluated: a faster candidate passed"
+        assert search.records[1].verdict == "not evaluated: a candidate screened faster passed"
 
 
 def test_a_candidate_that_fails_to_run_is_said_on_the_console_not_only_in_the_report(tmp_path, monkeypatch, caplog):
