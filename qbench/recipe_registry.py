@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from qbench.errors import QbenchError, expected_one_of
 
@@ -49,18 +49,10 @@ class RegistrySpec(BaseModel):
         None, gt=0, description="winners are the fastest at this latency batch size; default: the smallest"
     )
 
-    @field_validator("model")
+    @field_validator("model", "alias")
     @classmethod
-    def _model(cls, value: str) -> str:
-        problem = model_name_problem(value)
-        if problem is not None:
-            raise ValueError(problem)
-        return value
-
-    @field_validator("alias")
-    @classmethod
-    def _alias(cls, value: str) -> str:
-        problem = alias_problem(value)
+    def _name(cls, value: str, info: ValidationInfo) -> str:
+        problem = (model_name_problem if info.field_name == "model" else alias_problem)(value)
         if problem is not None:
             raise ValueError(problem)
         return value
