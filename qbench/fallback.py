@@ -209,10 +209,11 @@ class _Search:
                 return
 
     def rank(self, base: Trial, pool: int, keep: int) -> tuple[list[str], float]:
-        """Nodes of `base` whose float version brings the outputs closer to FP32, the most recovered per
-        weight first (a node kept in FP32 costs time in proportion to its weights), and the share of the
-        output noise predicted to remain with the first `keep` of them in FP32 (recoveries added up).
-        Only the `pool` nodes adding the most noise (by SQNR) are measured."""
+        """Nodes of `base` in the order to keep them in FP32: those whose float version alone brings the outputs
+        closer to FP32, the most recovered per weight first (a node kept in FP32 costs time in proportion to its
+        weights), then the rest of the pool; and the share of the output noise that remains with the first `keep`
+        of them in FP32, measured on that candidate (recoveries one node at a time do not add up: nodes may matter
+        only together). Only the `pool` nodes adding the most noise (by SQNR) are considered."""
         rows = Rows.from_batches(self.ctx.calibration, RANKING_ROWS)
         backend, options = get_backend(RANKING_BACKEND), RunOptions()
         scratch = dataclasses.replace(self.ctx, workdir=self.root / "ranking")
@@ -231,14 +232,22 @@ class _Search:
 
         spec = self.spec.model_copy(update={"calibrator": base.calibrator, "exclude_nodes": list(base.excluded)})
         baseline = score(base.built)
-        costs = rank_groups(float_keeper(spec, scratch, base.built), group_nodes(nodes, "node"), score, baseline, "leave_one_out")
+        keeper = float_keeper(spec, scratch, base.built)
+        costs = rank_groups(keeper, group_nodes(nodes, "node"), score, baseline, "leave_one_out")
         weights = _weight_sizes(load_model(self.ctx.reference_path))
         typical = float(np.median(list(weights.values()))) if weights else 1.0
         # fastest passing is the goal: what a node recovers per weight kept in FP32 (its compute) orders them
         useful = sorted((c for c in costs if c.overall > 0), key=lambda c: -c.overall / weights.get(c.nodes[0], typical))
-        recovered = sum(cost.overall for cost in useful[:keep])
-        residual = max(baseline.overall - recovered, 0.0) / baseline.overall if baseline.overall > 0 else 0.0
-        return [cost.nodes[0] for cost in useful], residual
+        first = [cost.nodes[0] for cost in useful]
+        ordered = first + [n.name for n in nodes if n.name not in first]
+        if baseline.overall <= 0 or not ordered:
+            return ordered, 0.0
+        kept = keeper.keep_float(set(ordered[:keep]), "kept-float")
+        try:
+            remaining = score(kept).overall
+        finally:
+            kept.onnx_path.unlink(missing_ok=True)
+        return ordered, min(max(remaining / baseline.overall, 0.0), 1.0) if math.isfinite(remaining) else 1.0
 
     def finish(self, seconds: float) -> BuiltVariant:
         """Move the chosen candidate to <workdir>/<name>.onnx and record the path that led to it."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -108,3 +109,22 @@ def test_a_model_with_nothing_to_quantize_leaves_the_users_model_folder_untouche
     outcome = run_sweep(load_recipe(tmp_path / "r.yaml"), track=False)
     assert sorted(p.name for p in models.iterdir()) == ["notes.txt", "nothing.onnx"]
     assert outcome.results.find("int8", "onnxruntime-cpu").status == "ok"
+
+
+def test_nodes_that_matter_only_together_are_still_tried(tmp_path, monkeypatch):
+    """Every node's recovery measured alone made zero (as on a model whose nodes only help together): adding single
+    recoveries said 100 % of the noise would stay, and the fallback was skipped as 'unreachable'. The noise left
+    with max_excluded nodes in FP32 is measured on that candidate instead, and the fallback finds the pair."""
+    from qbench import fallback
+
+    real = fallback.rank_groups
+
+    def alone_recovers_nothing(*args, **kwargs):
+        return [dataclasses.replace(cost, overall=0.0) for cost in real(*args, **kwargs)]
+
+    monkeypatch.setattr(fallback, "rank_groups", alone_recovers_nothing)
+    variant = {**INT8, "fallback": {"max_excluded": 3}}
+    outcome, result = _sweep(tmp_path, variant, fragile=("a", "b"))
+    assert "fallback.skipped" not in result.params or not result.params["fallback.skipped"]
+    assert {"branch_a", "branch_b"} <= set(result.params["exclude_nodes"])
+    assert result.params["search.outcome"] == "passed" and outcome.gate.exit_code == EXIT_PASS
