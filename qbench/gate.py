@@ -27,7 +27,7 @@ from qbench.gate_checks import (
 from qbench.provenance import recorded_recipe
 from qbench.recipe import GateSpec, Recipe
 from qbench.recipe_slo import SloSpec
-from qbench.results import SliceMetrics, SweepResults, VariantResult, read_results
+from qbench.results import AccuracyResult, SliceMetrics, SweepResults, VariantResult, read_results
 from qbench.runs import RESULTS_FILE, newest_run
 from qbench.slo import SLO_METRIC, SLO_SCOPE, SloJudgement, judge_slo
 from qbench.validate.metrics import drop
@@ -139,14 +139,18 @@ def _nonfinite_reference(results: SweepResults, pairs: Sequence[tuple[str, str]]
     notes = []
     for backend in dict.fromkeys(b for _, b in pairs):
         reference = results.find(results.reference, backend)
-        if reference is None or reference.accuracy is None or not reference.accuracy.nonfinite_outputs:
-            continue
-        accuracy = reference.accuracy
-        where = ", ".join(f"{s.name} {s.nonfinite_outputs}" for s in accuracy.slices if s.nonfinite_outputs)
-        notes.append(f"{results.reference}@{backend} gives NaN/inf on {accuracy.nonfinite_outputs} of {accuracy.rows} "
-                     f"evaluation rows{f' ({where})' if where else ''}: on those rows variants are only checked not to "
-                     "add NaN/inf, and every variant's metrics count them as misses")  # fmt: skip
+        if reference is not None and reference.accuracy is not None and reference.accuracy.nonfinite_outputs:
+            notes.append(f"{nonfinite_reference_rows(reference.key, reference.accuracy)}: on those rows variants are only checked not to add "
+                         "NaN/inf, and every variant's metrics count them as misses")  # fmt: skip
     return notes
+
+
+def nonfinite_reference_rows(key: str, accuracy: AccuracyResult) -> str:
+    """'fp32@<backend> gives NaN/inf on 25 of 99 evaluation rows (kind=neg 9, kind=zero 16)' (the gate's note, the
+    sweep's warning)."""
+    where = ", ".join(f"{s.name} {s.nonfinite_outputs}" for s in accuracy.slices if s.nonfinite_outputs)
+    return (f"{key} gives NaN/inf on {accuracy.nonfinite_outputs} of {accuracy.rows} evaluation rows"
+            f"{f' ({where})' if where else ''}")
 
 
 def _unlowered(results: SweepResults, pairs: Sequence[tuple[str, str]]) -> list[str]:
@@ -192,8 +196,7 @@ def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec) ->
                 GateCheck(variant, backend, own_scope.name, "nonfinite_outputs", float(ref_scope.nonfinite_outputs),
                           float(own_scope.nonfinite_outputs), float(extra_nonfinite), 0.0, own_scope.size, "breach")
             )  # fmt: skip
-        judgeable = own_scope.name == "overall" or own_scope.size >= spec.min_slice_size
-        if judgeable and 0 < ref_scope.size <= ref_scope.nonfinite_outputs:
+        if not _too_small(own_scope, spec) and 0 < ref_scope.size <= ref_scope.nonfinite_outputs:
             problems.append(f"FP32 gives NaN/inf on all {ref_scope.size} rows of {own_scope.name}: nothing to judge "
                             "the variant against there")  # fmt: skip
             continue
@@ -207,6 +210,11 @@ def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec) ->
     return checks, problems
 
 
+def _too_small(scope: SliceMetrics, spec: GateSpec) -> bool:
+    """A slice with fewer rows than min_slice_size is reported, not judged (the overall scope always is)."""
+    return scope.name != "overall" and scope.size < spec.min_slice_size
+
+
 def _check(
     variant: str, backend: str, spec: GateSpec, ref: SliceMetrics, own: SliceMetrics, tolerance: float,
     *, explained: bool = False,
@@ -217,7 +225,7 @@ def _check(
     value = own.metrics.get(spec.metric, math.nan)
     finite = math.isfinite(ref_value) and math.isfinite(value)
     # min_slice_size comes first: a slice too small to judge may have no metric value at all
-    too_small = own.name != "overall" and own.size < spec.min_slice_size
+    too_small = _too_small(own, spec)
     if not finite and not too_small and not (explained and math.isfinite(ref_value)):
         return None
     observed_drop = drop(spec.metric, ref_value, value) if finite else math.inf

@@ -129,7 +129,8 @@ def result_problems(
         if (result.variant, result.backend) in expected and result.status == "ok" and result.accuracy is not None:
             problems.extend(
                 f"{result.key}: {p}"
-                for p in _accuracy_problems(result.accuracy, results, recipe, wanted, named, ref_slices, ref_nonfinite)
+                for p in _accuracy_problems(result.accuracy, results, recipe, wanted, named, ref_slices,
+                                            ref_nonfinite.get(result.backend, {}))  # fmt: skip
             )
     return problems
 
@@ -243,14 +244,12 @@ def _reference_slices(results: SweepResults, reference: str) -> dict[str, int] |
     return None
 
 
-def _reference_nonfinite(results: SweepResults, reference: str) -> dict[str, int]:
-    """Scope name ("overall" and each slice) -> rows where FP32 gives NaN/inf, the most over its usable results."""
-    counts: dict[str, int] = {}
-    for result in results.variants:
-        if result.variant == reference and result.status == "ok" and result.accuracy is not None:
-            for scope in (result.accuracy.overall, *result.accuracy.slices):
-                counts[scope.name] = max(counts.get(scope.name, 0), scope.nonfinite_outputs)
-    return counts
+def _reference_nonfinite(results: SweepResults, reference: str) -> dict[str, dict[str, int]]:
+    """Backend -> scope name ("overall" and each slice) -> rows where that backend's FP32 gives NaN/inf (the
+    reference each of its variants is compared with)."""
+    return {result.backend: {scope.name: scope.nonfinite_outputs for scope in (result.accuracy.overall, *result.accuracy.slices)}
+            for result in results.variants
+            if result.variant == reference and result.status == "ok" and result.accuracy is not None}  # fmt: skip
 
 
 def _accuracy_problems(

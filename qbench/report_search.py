@@ -63,9 +63,9 @@ def sweep_timing(results: SweepResults, report: SearchReport) -> list[str]:
     return lines
 
 
-def search_summary(report: SearchReport, results: SweepResults | None = None) -> list[str]:
+def search_summary(report: SearchReport, results: SweepResults) -> list[str]:
     """The outcome in words: the chosen candidate, or the closest and what it would need; the sweep's own timing of
-    it (given the results); then the method."""
+    it; then the method."""
     lines = []
     if report.chosen is not None:
         chosen = report.candidates[report.chosen]
@@ -78,7 +78,7 @@ def search_summary(report: SearchReport, results: SweepResults | None = None) ->
         lines.append("No candidate could be built or measured.")
     if report.budget_exhausted:
         lines.append("The time budget was spent before every step ran (see the candidates not tried).")
-    lines += sweep_timing(results, report) if results is not None else []
+    lines += sweep_timing(results, report)
     fp32 = ", ".join(f"{b} {v:.2f} ms" for b, v in report.fp32_p50_ms.items())
     lines += [f"FP32 p50 under the same quick timing: {fp32}." if fp32 else "", *report.notes]
     return [line for line in lines if line]

@@ -23,7 +23,7 @@ from qbench.execute import SweepPlan, make_executor, make_plan, resumable_run, r
 from qbench.execute.jobs import describe_error
 from qbench.execute.store import build_store
 from qbench.frontier import compute_frontier, gate_threshold, plot_frontier
-from qbench.gate import GateReport, evaluate_gate
+from qbench.gate import GateReport, evaluate_gate, nonfinite_reference_rows
 from qbench.interrupt import Interrupted, SignalGuard
 from qbench.preflight import Prepared, prepare
 from qbench.provenance import InputDigest, input_digests, recipe_record
@@ -194,10 +194,7 @@ def _check_reference_accuracy(prepared: Prepared, reference: VariantResult) -> N
     """Warn when FP32 itself gives NaN/inf on some rows, or scores below chance against the labels (labels misread,
     most likely)."""
     if reference.accuracy is not None and reference.accuracy.nonfinite_outputs:
-        where = ", ".join(f"{s.name} {s.nonfinite_outputs}" for s in reference.accuracy.slices if s.nonfinite_outputs)
-        logger.warning("%s gives NaN/inf on %d of %d evaluation rows%s: variants are only checked not to add NaN/inf "
-                       "there", reference.key, reference.accuracy.nonfinite_outputs, reference.accuracy.rows,
-                       f" ({where})" if where else "")  # fmt: skip
+        logger.warning("%s: variants are only checked not to add NaN/inf there", nonfinite_reference_rows(reference.key, reference.accuracy))
     if prepared.recipe.task != "classification" or prepared.labels is None or reference.accuracy is None:
         return
     from qbench.tasks.classification import below_chance

@@ -193,7 +193,7 @@ def open_experiment(recipe: Recipe) -> tuple[MlflowClient, str, str]:
             client = MlflowClient(tracking_uri=uri)
             return client, uri, _experiment_id(client, experiment_name(recipe), uri)
     except (MlflowException, OSError) as exc:
-        raise QbenchError(one_line(f"MLflow tracking at {uri} failed: {_message(exc)}", FAILURE_CHARS)) from exc
+        raise QbenchError(_store_failure(uri, exc)) from exc
 
 
 def ui_command(uri: str, host: str = "127.0.0.1", port: int = 5000) -> list[str]:
@@ -317,7 +317,7 @@ class SweepTracker:
             try:
                 parent = client.create_run(experiment_id, run_name=run_name, tags=tags)
             except (MlflowException, OSError) as exc:
-                raise QbenchError(f"MLflow tracking at {uri} failed: {_message(exc)}") from exc
+                raise QbenchError(_store_failure(uri, exc)) from exc
         except BaseException:
             retries.close()
             raise
@@ -443,15 +443,17 @@ class SweepTracker:
         try:
             return call()
         except (MlflowException, OSError) as exc:  # OSError: requests' connection errors, a full or read-only disk
-            self.failure = one_line(f"MLflow tracking at {self._uri} failed: {_message(exc)}", FAILURE_CHARS)
+            self.failure = _store_failure(self._uri, exc)
             logger.warning("%s; the sweep goes on without MLflow (its runs are ended FAILED where the store answers)",
                            self.failure)  # fmt: skip
             self.abort("FAILED", "failed: MLflow error")
             return None
 
 
-def _message(exc: BaseException) -> str:
-    return exc.message if isinstance(exc, MlflowException) else str(exc)
+def _store_failure(uri: str, exc: BaseException) -> str:
+    """What failed, in one line naming the store (MLflow's connection errors run to several lines)."""
+    message = exc.message if isinstance(exc, MlflowException) else str(exc)
+    return one_line(f"MLflow tracking at {uri} failed: {message}", FAILURE_CHARS)
 
 
 def log_sweep(results: SweepResults, recipe: Recipe, *, gate: GateReport | None, artifacts: Sequence[Path]) -> str:
@@ -483,5 +485,5 @@ def log_run(
             _log_artifacts(client, run_id, paths)
             client.set_terminated(run_id, status="FINISHED")
         except (MlflowException, OSError) as exc:
-            raise QbenchError(one_line(f"MLflow tracking at {uri} failed: {_message(exc)}", FAILURE_CHARS)) from exc
+            raise QbenchError(_store_failure(uri, exc)) from exc
     return run_id

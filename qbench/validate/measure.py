@@ -173,9 +173,7 @@ def measure(
         finally:
             runner.close()
     except Exception as exc:  # noqa: BLE001 - one variant's failure is recorded, the caller goes on
-        if not quiet:
-            logger.error("  %s failed: %s", backend.name, exc)
-        return Measured(failed_result(built, backend.name, describe_error(exc)), None)
+        return _failed(built, backend, describe_error(exc), quiet=quiet)
     finally:
         if clock is not None:
             clock.add("inference", t)
@@ -187,9 +185,7 @@ def measure(
             accuracy = evaluate_accuracy(recipe.task, outputs, base, rows.labels, rows.slices, prepared.custom_metrics,
                                          probabilities={c.name: c.meta.probabilities for c in prepared.outputs})  # fmt: skip
         except QbenchError as exc:  # its outputs cannot be scored (a custom metric raised on them): this variant failed
-            if not quiet:
-                logger.error("  %s failed: %s", backend.name, exc)
-            return Measured(failed_result(built, backend.name, f"scoring failed: {exc}"), None)
+            return _failed(built, backend, f"scoring failed: {exc}", quiet=quiet)
         accuracy = with_drops(accuracy, reference.accuracy if reference is not None and reference.accuracy else accuracy)
         nsr = output_nsr([base[k] for k in outputs], list(outputs.values()))
     latency, serving_result, size = None, None, model_bytes(built.onnx_path)
@@ -208,6 +204,13 @@ def measure(
         evaluated_model_path=str(plan.scored.onnx_path) if plan.separate else None, serving=serving_result,
     )  # fmt: skip
     return Measured(result, outputs, nsr)
+
+
+def _failed(built: BuiltVariant, backend: Backend, error: str, *, quiet: bool) -> Measured:
+    """`built` failed on `backend`: the failed result, said in the log unless `quiet`."""
+    if not quiet:
+        logger.error("  %s failed: %s", backend.name, error)
+    return Measured(failed_result(built, backend.name, error), None)
 
 
 def _batch_dependence(built: BuiltVariant, rows: Rows, timing: LatencySpec | None) -> tuple[str, ...]:
