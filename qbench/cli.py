@@ -286,7 +286,8 @@ def _register(asked: Recipe | None, judged: SweepResults, report: GateReport, re
     from qbench.track_registry import register_best
 
     for entry in register_best(asked, judged, report, results_path.parent, spec):
-        out.print(f"registered {entry.variant}@{entry.backend} as {entry.name} version {entry.version} "
+        done = "is already" if entry.existing else "registered as"
+        out.print(f"{entry.variant}@{entry.backend} {done} {entry.name} version {entry.version} "
                   f"(run {entry.run_id}); aliases: {', '.join(entry.aliases) or 'none'}", markup=False)  # fmt: skip
 
 

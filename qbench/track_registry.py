@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlflow.entities import Run
+from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
 from mlflow.tracking import MlflowClient
@@ -42,6 +43,7 @@ class Registration:
     run_id: str
     model_id: str
     aliases: tuple[str, ...]
+    existing: bool = False  # the model was this version already (registering the same results again)
 
 
 def best_passing(results: SweepResults, gate: GateReport, batch_size: int) -> dict[str, VariantResult]:
@@ -96,6 +98,18 @@ def _ensure_registered_model(client: MlflowClient, name: str) -> bool:
     return True
 
 
+def _source(model_id: str) -> str:
+    """A version's source for a LoggedModel (what the registry records: a version's model_id may read None)."""
+    return f"models:/{model_id}"
+
+
+def _version_of(client: MlflowClient, name: str, run_id: str, model_id: str) -> ModelVersion | None:
+    """The version of `name` that already holds this run's logged model, if any: registering the same results again
+    (a retried CI job) moves the aliases to it instead of adding a copy."""
+    found = client.search_model_versions(f"name = {_quoted(name)} and run_id = {_quoted(run_id)}")
+    return min((v for v in found if v.source == _source(model_id)), key=lambda v: int(v.version), default=None)
+
+
 def _aliases(alias: str, backends: list[str]) -> dict[str, list[str]]:
     """Backend -> its aliases: `alias` for the first, `alias-<short backend>` for each when there are several."""
     named = {backend: [f"{alias}-{short_backend(backend)}"] if len(backends) > 1 else [] for backend in backends}
@@ -139,13 +153,19 @@ def register_best(
                     f"qbench.p50_ms.b{batch_size}": f"{variant.latency.at(batch_size).p50_ms:.4g}"}  # type: ignore[union-attr] # fmt: skip
             # a local registry store looks a `models:/` source up through MLflow's global tracking URI (its own
             # TODO), not this client's: with the recipe's store elsewhere than the default, set it while registering
-            with _use_tracking_uri(uri):
-                version = client.create_model_version(name, f"models:/{model_id}", run_id=run_id, tags=tags,
-                                                      model_id=model_id)  # fmt: skip
+            version = None if created else _version_of(client, name, run_id, model_id)
+            existing = version is not None
+            if version is None:
+                with _use_tracking_uri(uri):
+                    version = client.create_model_version(name, _source(model_id), run_id=run_id, tags=tags,
+                                                          model_id=model_id)  # fmt: skip
+            else:  # the tags say what this registration judged (e.g. another primary batch size)
+                for key, value in tags.items():
+                    client.set_model_version_tag(name, version.version, key, value)
             for each in aliases[backend]:
                 client.set_registered_model_alias(name, each, version.version)
             registered.append(Registration(name, str(version.version), variant.variant, backend, run_id, model_id,
-                                           tuple(aliases[backend])))  # fmt: skip
+                                           tuple(aliases[backend]), existing))  # fmt: skip
     except MlflowException as exc:
         if created and not registered:  # nothing registered means nothing left behind, not an empty model
             with contextlib.suppress(MlflowException):

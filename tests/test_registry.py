@@ -66,7 +66,7 @@ def test_gate_registers_the_fastest_passing_variant_and_only_a_pass_moves_the_al
     candidates = [v for v in swept.results.variants if v.variant != "fp32"]
     winner = min(candidates, key=lambda v: v.latency.at(1).p50_ms)
     assert main(["gate", str(swept.recipe), "--register", MODEL]) == 0
-    assert f"registered {winner.variant}@onnxruntime-cpu as {MODEL} version 1" in capsys.readouterr().out
+    assert f"{winner.variant}@onnxruntime-cpu registered as {MODEL} version 1" in capsys.readouterr().out
 
     version = client.get_model_version_by_alias(MODEL, "candidate")
     winner_run = _child_run(swept, winner.variant)
@@ -93,10 +93,19 @@ def test_gate_registers_the_fastest_passing_variant_and_only_a_pass_moves_the_al
     assert client.get_model_version_by_alias(MODEL, "candidate").version == "1"
     assert [v.version for v in client.search_model_versions(f"name = '{MODEL}'")] == ["1"]
 
-    # the next passing gate adds version 2 and moves the alias; a custom alias points at it too
+    # the same results passing again (a retried CI job) add no copy: the alias moves to the version holding them
     assert main(["gate", str(swept.recipe), "--register", MODEL, "--alias", "staging"]) == 0
-    assert client.get_model_version_by_alias(MODEL, "staging").version == "2"
-    assert client.get_model_version_by_alias(MODEL, "candidate").version == "1"
+    assert f"{winner.variant}@onnxruntime-cpu is already {MODEL} version 1" in capsys.readouterr().out
+    assert client.get_model_version_by_alias(MODEL, "staging").version == "1"
+    assert [v.version for v in client.search_model_versions(f"name = '{MODEL}'")] == ["1"]
+
+    # another winner (here: the other variant made fastest at batch 1) is a new version, and the alias moves to it
+    other = next(v.variant for v in candidates if v.variant != winner.variant)
+    results = _latency_swapped(swept.results, fast_at_1=other, fast_at_4=winner.variant)
+    recipe = load_recipe(swept.recipe)
+    (entry,) = register_best(recipe, results, evaluate_gate(results, recipe.gate), swept.run_dir, RegistrySpec(model=MODEL))
+    assert (entry.variant, entry.version, entry.existing) == (other, "2", False)
+    assert client.get_model_version_by_alias(MODEL, "candidate").version == "2"
 
 
 def test_registering_a_run_folder_mlflow_never_saw_is_refused(swept: Swept, tmp_path: Path) -> None:
@@ -159,7 +168,7 @@ def test_the_recipe_registry_section_registers_without_flags_and_the_flags_overr
     with pytest.raises(MlflowException):
         client.get_registered_model("linear-from-recipe")
     assert main(["gate", str(recipe)]) == 0
-    assert f"registered {winner.variant}@onnxruntime-cpu as linear-from-recipe version 1" in capsys.readouterr().out
+    assert f"{winner.variant}@onnxruntime-cpu registered as linear-from-recipe version 1" in capsys.readouterr().out
     version = client.get_model_version_by_alias("linear-from-recipe", "nightly")
     assert (version.version, version.tags["qbench.variant"]) == ("1", winner.variant)
     with pytest.raises(MlflowException):  # the section's alias replaces the default, it is not added to it
@@ -224,7 +233,7 @@ def test_sweep_gate_reports_like_gate_and_registers_what_the_recipe_asks(
     assert json.loads(report.read_text())["counts"] == {"checks": 6, "breaches": 0, "skipped": 0, "problems": 0}
     assert summary.read_text().startswith("### qbench gate: PASS\n")
 
-    (line,) = [line for line in shown if line.startswith("registered ")]
+    (line,) = [line for line in shown if " registered as " in line]
     assert " as linear-from-sweep version 1 " in line and line.endswith("aliases: candidate")
     version = swept.client.get_model_version_by_alias("linear-from-sweep", "candidate")
     experiment = swept.client.get_experiment_by_name("registry-sweep-test")
