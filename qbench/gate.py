@@ -30,7 +30,7 @@ from qbench.recipe_slo import SloSpec
 from qbench.results import AccuracyResult, SliceMetrics, SweepResults, VariantResult, read_results
 from qbench.runs import RESULTS_FILE, newest_run
 from qbench.slo import SLO_METRIC, SLO_SCOPE, SloJudgement, judge_slo
-from qbench.validate.metrics import drop
+from qbench.validate.metrics import custom_metrics, drop, recorded_custom_metrics
 
 EXIT_PASS = 0
 EXIT_BREACH = 1
@@ -104,6 +104,12 @@ def evaluate_gate(
     a torch backend) is not judged there; the report lists it with the reason. Whether results are
     what the recipe asked for, and fresh, is checked by `run_gate` (qbench.gate_checks).
     """
+    with custom_metrics(recorded_custom_metrics(results.recipe.get("resolved", {}))):  # the results' own directions
+        return _evaluate(results, spec, expected, slo)
+
+
+def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[str, str]] | None,
+              slo: SloSpec | None) -> GateReport:  # fmt: skip
     problems: list[str] = []
     pairs = list(expected) if expected is not None else [(v.variant, v.backend) for v in results.variants]
     skipped = {(v.variant, v.backend) for v in results.variants if v.status == "skipped"}

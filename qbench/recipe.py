@@ -14,7 +14,7 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     Field,
@@ -40,6 +40,9 @@ from qbench.techniques.options import (
     TrainSpec,
 )
 from qbench.techniques.options import StrictConfig as _Strict
+
+if TYPE_CHECKING:
+    from qbench.validate.metrics import MetricInfo
 
 # the variant and technique option models, importable from here as before
 __all__ = ["FallbackSpec", "QatSpec", "Recipe", "SmoothQuantSpec", "TrainSpec", "VariantSpec", "load_recipe"]
@@ -287,17 +290,23 @@ class Recipe(_Strict):
         """Every metric name results will carry: the task's and the custom ones, 'output/'-prefixed
         when several outputs are evaluated. Custom metrics' directions join the metric catalogue."""
         from qbench.tasks import gate_metric_names
-        from qbench.validate.metrics import METRICS, MetricInfo
+        from qbench.validate.metrics import METRICS
 
         builtin = gate_metric_names(self.task)
         names = list(builtin)
-        for index, spec in enumerate(self.metrics):
-            if (spec.name in METRICS and not METRICS[spec.name].custom) or spec.name in names:
-                raise ValueError(f"metrics[{index}].name: {spec.name!r} is taken by a built-in or earlier metric")
-            METRICS.add(MetricInfo(spec.name, spec.higher_is_better, spec.function, custom=True), replace=True)
-            names.append(spec.name)
+        for index, info in enumerate(self.custom_metrics()):
+            if (info.name in METRICS and not METRICS[info.name].custom) or info.name in names:
+                raise ValueError(f"metrics[{index}].name: {info.name!r} is taken by a built-in or earlier metric")
+            METRICS.add(info, replace=True)
+            names.append(info.name)
         outputs = self.model.outputs or []
         return [f"{o}/{n}" for o in outputs for n in names] if len(outputs) > 1 else names
+
+    def custom_metrics(self) -> list[MetricInfo]:
+        """The recipe's own metrics with their directions (what `custom_metrics(...)` scopes a sweep to)."""
+        from qbench.validate.metrics import MetricInfo
+
+        return [MetricInfo(m.name, m.higher_is_better, m.function, custom=True) for m in self.metrics]
 
     # -- derived views -------------------------------------------------------------------------
 

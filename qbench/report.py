@@ -45,7 +45,7 @@ from qbench.results import (
     VariantResult,
     non_default_session_options,
 )
-from qbench.validate.metrics import METRICS
+from qbench.validate.metrics import METRICS, custom_metrics, recorded_custom_metrics
 
 _DROP_NOTE = "drop: how much worse than FP32 (positive = worse)"
 _UNSTABLE_NOTE = ("unstable latency: timing reached its run or time bound (latency.stability) before the last "
@@ -403,9 +403,10 @@ def write_markdown_report(results: SweepResults, gate: GateReport | None, plot_p
 
 def print_summary(results: SweepResults, gate: GateReport | None) -> None:
     """The summary table, the frontier and the gate table, on qbench's console."""
-    serving = serving_table(results, gate)
-    tables = [summary_table(results, gate), *([to_rich(serving)] if serving else []), Text(frontier_text(results))]
-    tables += [gate_table(gate)] if gate is not None else []
+    with custom_metrics(recorded_custom_metrics(results.recipe.get("resolved", {}))):
+        serving = serving_table(results, gate)
+        tables = [summary_table(results, gate), *([to_rich(serving)] if serving else []), Text(frontier_text(results))]
+        tables += [gate_table(gate)] if gate is not None else []
     for renderable in tables:
         print_wide(renderable)
 

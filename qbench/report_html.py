@@ -24,6 +24,7 @@ from qbench.report_search import search_html
 from qbench.report_serving import serving_table
 from qbench.results import SliceMetrics, SweepResults, VariantResult
 from qbench.slo import SLO_SCOPE
+from qbench.validate.metrics import custom_metrics, recorded_custom_metrics
 
 NEAR_FRACTION = 0.5
 
@@ -178,5 +179,6 @@ def render_html(results: SweepResults, gate: GateReport | None) -> str:
 def write_html_report(results: SweepResults, gate: GateReport | None, path: Path) -> Path:
     """Write report.html (one file, viewable offline)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_html(results, gate), encoding="utf-8")
+    with custom_metrics(recorded_custom_metrics(results.recipe.get("resolved", {}))):  # `qbench report --html`
+        path.write_text(render_html(results, gate), encoding="utf-8")
     return path

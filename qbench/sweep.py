@@ -33,6 +33,7 @@ from qbench.report_html import write_html_report
 from qbench.results import RangeAnalysis, SweepResults, VariantResult, write_results
 from qbench.runs import RESULTS_FILE, mark_complete, mark_incomplete, new_run_dir, utc_now
 from qbench.validate.measure import PhaseClock
+from qbench.validate.metrics import custom_metrics
 from qbench.variants import BuiltVariant
 
 logger = logging.getLogger(__name__)
@@ -68,6 +69,11 @@ def run_sweep(recipe: Recipe | str | Path, *, track: bool = True, resume: bool =
     started = time.perf_counter()
     clock = PhaseClock()
     recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
+    with custom_metrics(recipe.custom_metrics()):  # this recipe's directions, whatever else was loaded since
+        return _sweep(recipe, started, clock, track=track, resume=resume)
+
+
+def _sweep(recipe: Recipe, started: float, clock: PhaseClock, *, track: bool, resume: bool) -> SweepOutcome:
     if track:
         from qbench.track import check_reachable, resolve_tracking_uri
 

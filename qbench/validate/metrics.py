@@ -6,10 +6,13 @@ Every function takes plain arrays and returns floats; empty input gives NaN
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -57,12 +60,12 @@ class MetricCatalogue(Mapping[str, MetricInfo]):
         return self._entries
 
     def __getitem__(self, name: str) -> MetricInfo:
-        entries = self._load()
-        if name in entries:
-            return entries[name]
         base = name.rpartition(OUTPUT_SEPARATOR)[2]
-        if base in entries:
-            return entries[base]
+        for entries in (_SCOPED_CUSTOM.get(), self._load()):
+            if name in entries:
+                return entries[name]
+            if base in entries:
+                return entries[base]
         raise KeyError(name)
 
     def __contains__(self, name: object) -> bool:
@@ -82,6 +85,34 @@ class MetricCatalogue(Mapping[str, MetricInfo]):
 
 
 METRICS = MetricCatalogue("qbench.tasks")
+
+# The custom metrics of the recipe being swept or the results being judged. Loading a recipe also registers its
+# custom metrics in METRICS (last loaded wins), so two recipes with a metric of one name and opposite directions
+# in one process (a notebook) would judge each other's drops backwards: what runs a recipe or judges results
+# puts their own directions in front for that while (`custom_metrics`).
+_SCOPED_CUSTOM: ContextVar[Mapping[str, MetricInfo]] = ContextVar("qbench_custom_metrics", default={})
+
+
+@contextlib.contextmanager
+def custom_metrics(infos: Iterable[MetricInfo]) -> Iterator[None]:
+    """Within the block, these metrics' directions are the ones drops, the gate and the frontier use."""
+    token = _SCOPED_CUSTOM.set({**_SCOPED_CUSTOM.get(), **{info.name: info for info in infos}})
+    try:
+        yield
+    finally:
+        _SCOPED_CUSTOM.reset(token)
+
+
+def recorded_custom_metrics(resolved_recipe: Mapping[str, Any]) -> list[MetricInfo]:
+    """The custom metrics a recipe (as results record it: `recipe.resolved`) declares; malformed entries are
+    skipped (the gate's checks of the recorded recipe say what is wrong with them)."""
+    entries = resolved_recipe.get("metrics") if isinstance(resolved_recipe, Mapping) else None
+    return [
+        MetricInfo(entry["name"], entry["higher_is_better"], str(entry.get("function", "")), custom=True)
+        for entry in (entries if isinstance(entries, list) else [])
+        if isinstance(entry, Mapping) and isinstance(entry.get("name"), str)
+        and isinstance(entry.get("higher_is_better"), bool)
+    ]  # fmt: skip
 
 
 def drop(metric: str, reference: float, value: float) -> float:
@@ -217,7 +248,7 @@ def looks_like_probabilities(outputs: np.ndarray) -> bool:
 
 def to_probabilities(outputs: np.ndarray, already_probabilities: bool | None = None) -> np.ndarray:
     """(rows, classes) probabilities: outputs that already are probabilities are used as they are
-    (negatives clipped, rows renormalised), anything else goes through softmax.
+    (negatives clipped, rows renormalised; a row summing to 0 stays 0), anything else goes through softmax.
 
     A single binary-score column becomes two columns [1 - p, p] (p = the score, or its sigmoid
     for logits). `already_probabilities` overrides the detection, so that a variant is read the
@@ -232,8 +263,10 @@ def to_probabilities(outputs: np.ndarray, already_probabilities: bool | None = N
     if not already_probabilities:
         return softmax(scores, axis=1)
     clipped = np.clip(scores, 0.0, None)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return clipped / clipped.sum(axis=1, keepdims=True)
+    sums = clipped.sum(axis=1, keepdims=True)
+    # a row with no probability mass left (INT8 rounding every small probability to 0) stays all zeros: a broken
+    # distribution, far from any reference (KL clips it to 1e-12 per class), not 0/0 = NaN on finite outputs
+    return np.divide(clipped, sums, out=np.zeros_like(clipped), where=sums != 0)  # NaN rows stay NaN
 
 
 def kl_rows(reference_outputs: np.ndarray, outputs: np.ndarray) -> np.ndarray:

@@ -119,3 +119,29 @@ def test_a_custom_metric_raising_on_one_variant_fails_that_variant_not_the_sweep
     int8 = results.find("int8", "onnxruntime-cpu")
     assert int8.status == "failed"
     assert int8.error.startswith("scoring failed: custom metric 'boom' failed: RuntimeError: boom (on overall, ")
+
+
+def test_two_recipes_with_one_metric_name_and_opposite_directions_judge_each_by_its_own(tmp_path):
+    """A notebook loading recipe A, then B (a metric of the same name, the other direction), then sweeping A: A's
+    drops, gate and report keep A's direction (the catalogue of loaded metrics holds B's)."""
+    from qbench import load_recipe, run_sweep
+    from qbench.gate import evaluate_gate
+    from qbench.validate.metrics import METRICS
+
+    def shift_metric(higher_is_better: bool) -> dict:
+        return {"name": "shift", "function": "user_metrics:logit_shift", "higher_is_better": higher_is_better}
+
+    gate = {"metric": "shift", "max_drop": 1e-9, "max_slice_drop": 1e-9}
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    recipe_a, _, _ = _custom_project(tmp_path / "a", metrics=[shift_metric(False)], gate=gate)
+    recipe_b, _, _ = _custom_project(tmp_path / "b", metrics=[shift_metric(True)], gate=gate)
+    a = load_recipe(recipe_a)
+    load_recipe(recipe_b)
+    assert METRICS["shift"].higher_is_better  # B's, loaded last
+
+    outcome = run_sweep(a, track=False)
+    int8 = outcome.results.find("int8", "onnxruntime-cpu").accuracy.overall
+    assert int8.metrics["shift"] > 0 and int8.drops["shift"] == pytest.approx(int8.metrics["shift"])  # worse: positive
+    assert outcome.gate.exit_code == 1 and outcome.gate.breaches
+    assert evaluate_gate(outcome.results, a.gate).exit_code == 1  # judged after the sweep, B still loaded last

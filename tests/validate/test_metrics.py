@@ -122,6 +122,17 @@ def test_kl_zero_in_variant_stays_finite() -> None:
     np.testing.assert_allclose(got, [0.5 * math.log(0.25e12)], rtol=1e-9)
 
 
+def test_kl_of_a_variant_row_with_no_probability_mass_is_large_not_nan() -> None:
+    # the reference row [0.5, 0.3, 0.2] is probabilities, so the variant's [0, 0, 0] (INT8 rounding every
+    # probability to 0) is read as probabilities too: no mass anywhere, each class clipped to 1e-12, so
+    # KL = sum p ln(p / 1e-12); the other row is untouched
+    reference = np.array([[0.5, 0.3, 0.2], [0.5, 0.3, 0.2]])
+    got = metrics.kl_rows(reference, np.array([[0.0, 0.0, 0.0], [0.5, 0.3, 0.2]]))
+    expected = sum(p * math.log(p / 1e-12) for p in (0.5, 0.3, 0.2))
+    np.testing.assert_allclose(got, [expected, 0.0], rtol=1e-9, atol=1e-12)
+    np.testing.assert_array_equal(metrics.to_probabilities(np.array([[0.0, 0.0, 0.0]]), True), [[0.0, 0.0, 0.0]])
+
+
 def test_cosine_rows_including_zero_vectors() -> None:
     a = np.array([[1.0, 0.0], [1.0, 1.0], [0.0, 0.0], [0.0, 0.0], [3.0, 4.0]])
     b = np.array([[0.0, 1.0], [2.0, 2.0], [0.0, 0.0], [1.0, 0.0], [4.0, 3.0]])
