@@ -289,6 +289,8 @@ def _cast_problem(values: np.ndarray, target: np.dtype) -> str | None:
         return None
     if values.dtype.kind not in "biuf":
         return _non_numeric(values)
+    if target.kind == "f":
+        return _float_overflow(values, target)
     if target.kind not in "iu":
         return None
     if values.dtype.kind == "f" and not np.all(np.isfinite(values) & (values == np.round(values))):
@@ -297,6 +299,17 @@ def _cast_problem(values: np.ndarray, target: np.dtype) -> str | None:
     if values.min() < limits.min or values.max() > limits.max:
         return f"values outside the range of {target}"
     return None
+
+
+def _float_overflow(values: np.ndarray, target: np.dtype) -> str | None:
+    """Finite values too large for `target` (1e39 for float32): the cast would feed inf, past the NaN/inf check."""
+    if values.dtype.kind != "f" or np.finfo(values.dtype).max <= np.finfo(target).max:
+        return None
+    finite = np.abs(values[np.isfinite(values)])
+    if finite.size == 0 or finite.max() <= np.finfo(target).max:
+        return None
+    count = int((finite > np.finfo(target).max).sum())
+    return f"{count} value{'s' if count != 1 else ''} beyond {target}'s range (e.g. {finite.max():.3g}), which would become inf"
 
 
 def _non_numeric(values: np.ndarray) -> str:

@@ -85,7 +85,13 @@ def format_value(value: Any) -> str:
     if isinstance(value, (float, np.floating)):
         number = float(value)
         return str(int(number)) if number.is_integer() else repr(number)
-    return str(value)
+    return printable(str(value))
+
+
+def printable(text: str) -> str:
+    """`text` with each control or other non-printable character escaped ('a\\nb' for a newline): data values
+    become slice names printed in the gate's one-line-per-check output, where a raw newline could forge a line."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _condition_mask(values: pd.Series, op: str, operand: Any, *, field: str, recipe_file: Path) -> np.ndarray:

@@ -18,7 +18,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from qbench.data.filters import distinct_values, empty_selection_error, filter_mask, format_value, scalar_column
+from qbench.data.filters import (
+    distinct_values,
+    empty_selection_error,
+    filter_mask,
+    format_value,
+    printable,
+    scalar_column,
+)
 from qbench.data.load import table_name
 from qbench.data.text import text_cells, token_counts
 from qbench.errors import RecipeError
@@ -90,7 +97,7 @@ def _masks_by_column(
         )
     masks: dict[str, np.ndarray] = {}
     for value in distinct:
-        name = f"{column}={format_value(value)}"
+        name = f"{printable(str(column))}={format_value(value)}"
         if name in masks:
             raise RecipeError(
                 recipe_file, field, f"values of column {column!r} give the slice name {name!r} twice (mixed types?)"

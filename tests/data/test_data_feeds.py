@@ -129,6 +129,18 @@ def test_values_outside_an_integer_inputs_range_are_rejected() -> None:
     assert _feed(table, "level", _meta("level", (None,), "int16")).tolist() == [3, 300]
 
 
+def test_values_too_large_for_a_float_input_are_rejected_not_fed_as_inf() -> None:
+    """1e39 is finite in the float64 table (past the NaN/inf check) but inf as float32."""
+    table = pd.DataFrame({"reading": [1.5, 1e39, -2e39, np.inf]})
+    with pytest.raises(RecipeError) as info:
+        _feed(table, "reading", _meta("x", (None,)))
+    assert str(info.value) == ("recipe.yaml: data.inputs: column 'reading' holds 2 values beyond float32's range "
+                               "(e.g. 2e+39), which would become inf, but model input 'x' expects float32")  # fmt: skip
+    assert _feed(table.iloc[[0, 3]], "reading", _meta("x", (None,))).tolist() == [1.5, np.inf]  # inf: the NaN/inf check's
+    with pytest.raises(RecipeError, match=r"holds 1 value beyond float16's range \(e.g. 7e\+04\)"):
+        _feed(pd.DataFrame({"reading": [1.0, 70000.0]}), "reading", _meta("x", (None,), "float16"))
+
+
 def test_text_cannot_feed_a_float_input() -> None:
     table = pd.DataFrame({"caption": ["a cat", "a dog"]})
     with pytest.raises(

@@ -43,6 +43,15 @@ def test_integral_floats_are_named_like_ints_and_sorted_numerically() -> None:
     assert masks == {"digit=1": [1, 5], "digit=3": [0, 4], "digit=10": [2], "digit=<missing>": [3]}
 
 
+def test_control_characters_in_values_and_columns_are_escaped_in_slice_names() -> None:
+    """A slice name is printed on one line of the gate's output: a newline in the data must not start a new line."""
+    table = pd.DataFrame({"kind\r": ["hard\ngate: PASS", "naïve\tcase", "日本"]})
+    masks = slice_masks(table, [SliceSpec(by="kind\r")], recipe_file=RECIPE)
+    assert sorted(masks) == ["kind\\r=hard\\ngate: PASS", "kind\\r=naïve\\tcase", "kind\\r=日本"]
+    assert all(name.isprintable() for name in masks)
+    assert np.flatnonzero(masks["kind\\r=hard\\ngate: PASS"]).tolist() == [0]
+
+
 def test_a_column_without_missing_values_has_no_missing_slice() -> None:
     assert list(_masks(SliceSpec(by="ink"))) == ["ink=0.1", "ink=0.2", "ink=0.3", "ink=0.7", "ink=0.8", "ink=0.9"]
 
