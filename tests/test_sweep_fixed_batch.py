@@ -122,6 +122,13 @@ def test_a_fixed_batch_model_is_swept_on_exactly_its_rows(tmp_path, monkeypatch,
     assert results.search is not None and any(c.stage == "evaluated" for c in results.search.candidates)
     assert results.ranges is not None and results.ranges.rows == ROWS
 
+    # a passing variant exports to Triton unbatched: a request is one whole batch, as qbench timed it
+    recipe = tmp_path / "fixed" / "recipe.yaml"
+    assert main(["export", "triton", str(recipe), "--variant", "fp16", "--backend", "onnxruntime-cpu", "--to",
+                 str(tmp_path / "repository"), "--force"]) == 0, capsys.readouterr()  # fmt: skip
+    config = (tmp_path / "repository" / "mlp-fp16" / "config.pbtxt").read_text()
+    assert "max_batch_size: 0" in config and "dynamic_batching" not in config and f"dims: [ {BATCH}, " in config
+
 
 def edited_copy(results: Path, target: Path, edit: Callable[[dict[str, Any]], None]) -> Path:
     """A copy of results.json changed by `edit` and signed again, as a careful editor would."""

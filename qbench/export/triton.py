@@ -129,8 +129,16 @@ def _triton_type(tensor: TensorMeta) -> EnumValue:
     return EnumValue(TRITON_TYPES[name])
 
 
-def _tensor(tensor: TensorMeta) -> dict[str, Any]:
-    """Name, type and dims without the batch dimension (-1 for a dynamic dimension).
+def fixed_batch_of(info: ModelInfo) -> int | None:
+    """The batch every input of the model fixes (`x: [8, 64]`), None when the batch dimension is dynamic. Triton
+    cannot batch such a model: its config has max_batch_size 0 and full dims, each request a whole batch."""
+    firsts = {t.shape[0] if t.shape else None for t in info.inputs.values()}
+    return firsts.pop() if len(firsts) == 1 and None not in firsts else None
+
+
+def _tensor(tensor: TensorMeta, *, batching: bool = True) -> dict[str, Any]:
+    """Name, type and dims without the batch dimension (-1 for a dynamic dimension); without `batching` (a model
+    with a fixed batch), every dimension.
 
     A tensor of the batch dimension alone (class ids, one score per row) is `dims: [ 1 ]` with
     `reshape: { shape: [ ] }`, Triton's form for it (its dims may not be empty when batching).
@@ -140,6 +148,8 @@ def _tensor(tensor: TensorMeta) -> dict[str, Any]:
             f"tensor {tensor.name!r} is a {tensor.type_name}, not a tensor: Triton's ONNX Runtime backend serves "
             "tensors only (a converter's ZipMap: convert without it, e.g. skl2onnx options={'zipmap': False})"
         )
+    if not batching:
+        return {"name": tensor.name, "data_type": _triton_type(tensor), "dims": [-1 if d is None else d for d in tensor.shape]}
     if not tensor.shape or tensor.shape[0] is not None:
         first = tensor.shape[0] if tensor.shape else "none (a scalar)"
         raise QbenchError(
@@ -180,22 +190,28 @@ def triton_config(
     at concurrency 1 Triton runs what qbench timed, while under load queued requests still batch up.
     One instance (qbench times one session at a time) with the sweep's intra-op thread count
     (0 = ONNX Runtime's default); inter-op threads 1, since sessions run in sequential execution mode.
+    A model with a fixed batch (`fixed_batch_of`) is not batched by Triton: max_batch_size 0, full dims, no
+    dynamic batcher; each request is one whole batch, as qbench timed it.
     """
     if measured.latency is None or not measured.latency.points:
         raise QbenchError(f"{measured.key}: no latency was measured, so there are no batch sizes to configure")
     batch_sizes = sorted(p.batch_size for p in measured.latency.points)
+    batching = fixed_batch_of(info) is None
     config: dict[str, Any] = {
         "name": name,
         "platform": "onnxruntime_onnx",
         "backend": "onnxruntime",
-        "max_batch_size": batch_sizes[-1],
-        "input": [_tensor(t) for t in info.inputs.values()],
-        "output": [_tensor(t) for t in info.outputs.values()],
+        "max_batch_size": batch_sizes[-1] if batching else 0,
+        "input": [_tensor(t, batching=batching) for t in info.inputs.values()],
+        "output": [_tensor(t, batching=batching) for t in info.outputs.values()],
         "instance_group": [{"count": 1, "kind": EnumValue(target.instance_kind)}],
-        "dynamic_batching": {
+    }
+    if batching:
+        config["dynamic_batching"] = {
             "preferred_batch_size": batch_sizes,
             "max_queue_delay_microseconds": max_queue_delay_us,
-        },
+        }
+    config |= {
         "parameters": [
             _parameter("intra_op_thread_count", str(measured.latency.threads or 0)),
             _parameter("inter_op_thread_count", "1"),
@@ -256,7 +272,7 @@ def _perf_shapes(info: ModelInfo, recipe: Recipe) -> dict[str, str]:
                if isinstance(spec, TextInputSpec) and spec.tokenizer.padding == "max_length"}  # fmt: skip
     shapes = {}
     for tensor in info.inputs.values():
-        rest = tensor.shape[1:]
+        rest = tensor.shape if fixed_batch_of(info) is not None else tensor.shape[1:]  # dims a request states
         if any(d is None for d in rest):
             fill = str(next(iter(lengths))) if len(lengths) == 1 else "<dim>"
             shapes[tensor.name] = ",".join(fill if d is None else str(d) for d in rest)
@@ -289,15 +305,16 @@ def queue_delay_us(measured: VariantResult) -> int:
     return round(serving.max_queue_delay_ms * 1000)
 
 
-def perf_analyzer_commands(name: str, measured: VariantResult, shapes: Mapping[str, str]) -> list[str]:
+def perf_analyzer_commands(name: str, measured: VariantResult, shapes: Mapping[str, str], *,
+                           batched: bool = True) -> list[str]:  # fmt: skip
     """One perf_analyzer command per batch size qbench timed: concurrency 1, about as many timed
     requests per window as qbench's timing windows held (all its timed runs when it timed a fixed
-    count), stability judged on p50."""
+    count), stability judged on p50. Not `batched` (a fixed-batch model), a request holds the whole batch: -b 1."""
     if measured.latency is None:
         return []
     shape_flags = "".join(f" --shape {n}:{s}" for n, s in shapes.items())
     return [
-        f"perf_analyzer -m {name} -i grpc -u {GRPC_URL} -b {p.batch_size} --concurrency-range 1:1 "
+        f"perf_analyzer -m {name} -i grpc -u {GRPC_URL} -b {p.batch_size if batched else 1} --concurrency-range 1:1 "
         f"--measurement-mode count_windows --measurement-request-count {_runs_per_window(p)} --percentile=50{shape_flags}"
         for p in measured.latency.points
     ]
@@ -342,12 +359,16 @@ def _readme(name: str, recipe: Recipe, results: SweepResults, measured: VariantR
     shapes = _perf_shapes(info, recipe)
     where = "perf_analyzer ships in Triton's SDK image and the `perf-analyzer` package"
     lines += ["", f"With the server running ({where}):", "", "```"]
-    lines += perf_analyzer_commands(name, measured, shapes)
+    fixed = fixed_batch_of(info)
+    lines += perf_analyzer_commands(name, measured, shapes, batched=fixed is None)
+    batching = ("Each of these batch sizes is a preferred batch size in config.pbtxt, so at concurrency 1 no request "
+                "waits in the dynamic batcher's queue." if fixed is None else
+                f"The model has a fixed batch of {fixed} (its inputs' first dimension), so config.pbtxt does not "
+                f"batch (max_batch_size 0): each request carries a whole batch of {fixed} rows.")  # fmt: skip
     lines += [
         "```",
         "",
-        "Each of these batch sizes is a preferred batch size in config.pbtxt, so at concurrency 1 no request waits "
-        "in the dynamic batcher's queue. perf_analyzer's latency also counts the request's trip through the server "
+        f"{batching} perf_analyzer's latency also counts the request's trip through the server "
         "(gRPC, copies); its server-side `compute infer` time is the figure to compare with qbench's p50.",
     ]
     load, serving = load_command(name, measured, shapes), measured.serving

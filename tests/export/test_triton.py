@@ -366,3 +366,40 @@ def test_the_load_scenario_sets_the_queue_delay_and_gets_its_own_command(swept: 
     plain = export_triton(recipe, "fp16", CPU, tmp_path / "plain")  # no load scenario: the default, no command
     assert parse_config(plain.config_path).dynamic_batching.max_queue_delay_microseconds == 100
     assert "--request-rate-range" not in plain.readme_path.read_text()
+
+
+def test_a_model_with_a_fixed_batch_is_served_unbatched_with_whole_batch_requests(tmp_path: Path) -> None:
+    """x: [8, 3] (an export without a dynamic batch axis): Triton cannot batch it, so max_batch_size is 0, the dims
+    are the whole shapes, there is no dynamic batcher, and perf_analyzer sends one request of the whole batch."""
+    from qbench.export.triton import TARGETS, fixed_batch_of, perf_analyzer_commands, triton_config
+    from qbench.modelinfo import read_model_info
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 3])
+    label = helper.make_tensor_value_info("label", TensorProto.INT64, [8])
+    probabilities = helper.make_tensor_value_info("p", TensorProto.FLOAT, [8, 3])
+    nodes = [helper.make_node("ArgMax", ["x"], ["label"], axis=1, keepdims=0),
+             helper.make_node("Softmax", ["x"], ["p"], axis=1)]  # fmt: skip
+    path = tmp_path / "fixed.onnx"
+    graph = helper.make_graph(nodes, "fixed", [x], [label, probabilities])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    info = read_model_info(path)
+    assert fixed_batch_of(info) == 8
+
+    measured = make_variant("v", "int8", p50_by_batch={8: 2.0})
+    fields = triton_config("m", measured, info, TARGETS[CPU], max_queue_delay_us=100)
+    config = text_format.Parse(to_pbtxt(fields), model_config_pb2.ModelConfig())
+    assert config.max_batch_size == 0 and not config.HasField("dynamic_batching")
+    assert [list(t.dims) for t in (*config.input, *config.output)] == [[8, 3], [8], [8, 3]]
+    assert not any(t.HasField("reshape") for t in config.output)
+    (command,) = perf_analyzer_commands("m", measured, {}, batched=False)
+    assert " -b 1 " in command
+
+    # the same graph with a dynamic batch axis is batched as before
+    dynamic = tmp_path / "dynamic.onnx"
+    for value in (*graph.input, *graph.output):
+        value.type.tensor_type.shape.dim[0].dim_param = "batch"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(dynamic))
+    batched = text_format.Parse(to_pbtxt(triton_config("m", measured, read_model_info(dynamic), TARGETS[CPU],
+                                                       max_queue_delay_us=100)), model_config_pb2.ModelConfig())  # fmt: skip
+    assert batched.max_batch_size == 8 and list(batched.dynamic_batching.preferred_batch_size) == [8]
+    assert [list(t.dims) for t in batched.input] == [[3]]
