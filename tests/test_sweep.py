@@ -46,7 +46,10 @@ def latest_run_dir(workdir: Path) -> Path:
 def demo_sweep(digits_project: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
     """The demo recipe swept once (from a temporary working directory); returns (workdir, exit code)."""
     workdir = tmp_path_factory.mktemp("demo_sweep")
-    recipe = demo_recipe(digits_project, workdir)
+    # the demo's budget (p99 20 ms at 5000 req/s) is met on a quiet machine, not on a loaded one: here the verdict
+    # must rest on accuracy alone, so the load is one any machine serves (SLO verdicts are tested on set timings)
+    slo = {"p99_ms": 1000, "rate_rps": 20, "load": {"max_queue_delay_ms": 1, "requests": 200, "seed": 0}}
+    recipe = demo_recipe(digits_project, workdir, slo=slo)
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(workdir)
         patch.delenv("MLFLOW_TRACKING_URI", raising=False)
