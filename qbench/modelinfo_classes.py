@@ -51,6 +51,13 @@ class ScoreFacts:
     id_counts: dict[str, int]  # an integer output made by ArgMax over an axis of static size: how many class ids
 
 
+def keys_are_columns(keys: ClassTable) -> bool:
+    """Whether a {class: score} map's keys are its score matrix's column numbers: non-negative integers, so that the
+    arg-max is the class itself. Other keys (strings, or integers such as -1 / +1) take their sorted position, and
+    labels naming them are read through that table."""
+    return all(isinstance(k, int) and not isinstance(k, bool) and k >= 0 for k in keys)
+
+
 def score_facts(model: onnx.ModelProto) -> ScoreFacts:
     """The class tables and off-label scores of every tensor output whose graph states them."""
     graph = model.graph

@@ -279,6 +279,24 @@ def test_string_labels_name_score_columns_through_data_classes(tmp_path, monkeyp
     assert overall(results)["accuracy"] > 0.9
 
 
+def test_a_zipmap_of_minus_one_and_plus_one_is_read_through_its_keys(tmp_path, monkeypatch, capsys):
+    """A binary model trained on -1 / +1 (ZipMap keys [-1, 1]) could not be evaluated: the -1 labels were refused as
+    negative class ids (and the map's -1 key as a column). Its keys now take their sorted position, as string keys
+    do, and the labels are read through them: FP32 accuracy must be scikit-learn's."""
+    from sklearn.linear_model import LogisticRegression
+
+    features, ids = iris()
+    labels = np.where(ids == 1, 1, -1)  # versicolor or not: not linearly separable, so accuracy is no trivial 1.0
+    classifier = LogisticRegression(max_iter=500).fit(features, labels)
+    model = skl2onnx.to_onnx(classifier, features[:1], target_opset={"": 17, "ai.onnx.ml": 3})
+    monkeypatch.chdir(tmp_path)
+    recipe = project(tmp_path, model, table(features, labels), model={"path": "model.onnx", "output": "output_probability"})
+    results, _ = run_all(recipe, capsys)
+    expected = float(np.mean(classifier.predict(features) == labels))
+    assert 0.6 < expected < 1.0
+    assert overall(results)["accuracy"] == pytest.approx(expected, abs=1e-12)
+
+
 @pytest.mark.parametrize("estimator", ["logistic", "mlp"])
 def test_classes_that_are_not_column_numbers_are_read_through_the_graphs_class_table(tmp_path, monkeypatch, capsys,
                                                                                      estimator):  # fmt: skip
