@@ -270,6 +270,10 @@ class Classification(Task):
             kl=metrics.kl_rows(reference, outputs),
         )  # fmt: skip
 
+    def thresholds_by_scale(self, reference: np.ndarray) -> bool:
+        reference = np.asarray(reference)
+        return reference.dtype.kind == "f" and reference.ndim > 0 and int(np.prod(reference.shape[1:])) == 1
+
     def qat_label_targets(self, labels: np.ndarray, output: torch.Tensor) -> torch.Tensor:
         import torch
 

@@ -29,7 +29,7 @@ from qbench.provenance import model_bytes, model_sha256
 from qbench.recipe import LatencySpec
 from qbench.results import AccuracyResult, LatencyResult, VariantResult
 from qbench.slo import serving_figures
-from qbench.validate.accuracy import evaluate_accuracy, run_outputs, with_drops
+from qbench.validate.accuracy import evaluate_accuracy, run_outputs, scale_doubts, with_drops
 from qbench.validate.fidelity import plan_measurement
 from qbench.validate.latency import (
     latency_points,
@@ -181,9 +181,13 @@ def measure(
     if outputs is not None:
         base = reference.outputs if reference is not None else outputs
         recipe = prepared.recipe
+        scales = {c.name: c.meta.probabilities for c in prepared.outputs}
+        if reference is None and not quiet:  # FP32 itself: whether its values agree with the graph's reading
+            for doubt in scale_doubts(recipe.task, outputs, scales):
+                logger.warning("%s: %s", label, doubt)
         try:
             accuracy = evaluate_accuracy(recipe.task, outputs, base, rows.labels, rows.slices, prepared.custom_metrics,
-                                         probabilities={c.name: c.meta.probabilities for c in prepared.outputs})  # fmt: skip
+                                         probabilities=scales)  # fmt: skip
         except QbenchError as exc:  # its outputs cannot be scored (a custom metric raised on them): this variant failed
             return _failed(built, backend, f"scoring failed: {exc}", quiet=quiet)
         accuracy = with_drops(accuracy, reference.accuracy if reference is not None and reference.accuracy else accuracy)
