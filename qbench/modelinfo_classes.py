@@ -47,8 +47,15 @@ class ScoreFacts:
     tables: dict[str, ClassTable]
     labels: dict[str, ClassTable]
     off_label: dict[str, str]
-    probabilities: dict[str, bool]  # True: a Sigmoid or Softmax made the scores; False: a linear layer (logits)
+    probabilities: dict[str, bool]  # True: Sigmoid/Softmax made the scores; False: a linear layer (logits); see _scale
     id_counts: dict[str, int]  # an integer output made by ArgMax over an axis of static size: how many class ids
+
+
+def keys_are_columns(keys: ClassTable) -> bool:
+    """Whether a {class: score} map's keys are its score matrix's column numbers: non-negative integers, so that the
+    arg-max is the class itself. Other keys (strings, or integers such as -1 / +1) take their sorted position, and
+    labels naming them are read through that table."""
+    return all(isinstance(k, int) and not isinstance(k, bool) and k >= 0 for k in keys)
 
 
 def score_facts(model: onnx.ModelProto) -> ScoreFacts:
@@ -60,6 +67,7 @@ def score_facts(model: onnx.ModelProto) -> ScoreFacts:
         for name in node.input:
             consumers.setdefault(name, []).append(node)
     constants = _constant_tables(model)
+    fixed = _constant_tensors(model)
     tables, labels, off_label, probabilities = {}, {}, {}, {}
     for output in graph.output:
         label_table = _label_table(output.name, producers, constants)
@@ -72,32 +80,64 @@ def score_facts(model: onnx.ModelProto) -> ScoreFacts:
         reason = _off_label(chain, producers, consumers)
         if reason:
             off_label[output.name] = reason
-        scale = _scale(output.name, producers)
+        scale = _scale(output.name, producers, fixed)
         if scale is not None:
             probabilities[output.name] = scale
     return ScoreFacts(tables, labels, off_label, probabilities, _argmax_id_counts(model, producers))
 
 
 _PROBABILITY_OPS = ("Sigmoid", "Softmax")
-_LOGIT_OPS = ("MatMul", "Gemm", "Add", "Sub", "Conv", "ConvTranspose", "Einsum")  # a linear layer's raw output
+_LINEAR_OPS = ("MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum")  # a linear layer (a contraction): raw logits
 _RESHAPING_OPS = ("Identity", "Cast", "Reshape", "Squeeze", "Unsqueeze", "Flatten")
+# element-wise combinations traced through: a bias, a temperature, an average of several heads' scores
+_ELEMENTWISE_OPS = ("Add", "Sub", "Mul", "Div", "Sum", "Mean", "Max", "Min")
+_SCALE_STEPS = 64  # nodes looked at before the graph is taken to say nothing
 
 
-def _scale(name: str, producers: dict[str, onnx.NodeProto]) -> bool | None:
+def _scale(name: str, producers: dict[str, onnx.NodeProto], constants: set[str]) -> bool | None:
     """Whether the graph makes `name` as probabilities (True) or as logits (False), or None when it does not say:
-    a one-column binary score is then read from its values (all within [0, 1]: a probability)."""
-    for _ in range(16):
-        node = producers.get(name)
-        if node is None or node.domain not in ("", "ai.onnx"):
+    a one-column binary score is then read from its values (all within [0, 1]: a probability).
+
+    The walk goes back through reshapes and element-wise arithmetic (their constant operands left aside) to where
+    each score is made: a Sigmoid or Softmax (probabilities), a linear layer (logits), anything else (unknown). An
+    Add is thus a linear output only as a bias onto a linear layer, and an average of sigmoids is a probability.
+    Branches that disagree, or one that ends anywhere else, leave the scale unstated."""
+    found: set[bool | None] = set()
+    waiting, seen = [name], set()
+    while waiting:
+        tensor = waiting.pop()
+        if tensor in seen:
+            continue
+        seen.add(tensor)
+        node = producers.get(tensor)
+        if node is None or node.domain not in ("", "ai.onnx") or len(seen) > _SCALE_STEPS:
             return None
         if node.op_type in _PROBABILITY_OPS:
-            return True
-        if node.op_type in _LOGIT_OPS:
-            return False
-        if node.op_type not in _RESHAPING_OPS or not node.input:
+            found.add(True)
+        elif node.op_type in _LINEAR_OPS and (node.op_type != "Einsum" or len(node.input) > 1):
+            found.add(False)  # an Einsum of one operand sums or transposes it: no layer of its own
+        elif node.op_type in _RESHAPING_OPS and node.input:
+            waiting.append(node.input[0])
+        elif node.op_type in _ELEMENTWISE_OPS:
+            operands = [i for i in node.input if i and i not in constants]
+            if not operands:
+                return None  # a constant output: no scores
+            waiting.extend(operands)
+        else:
             return None
-        name = node.input[0]
-    return None
+        if len(found) > 1:
+            return None
+    return found.pop() if len(found) == 1 else None
+
+
+def _constant_tensors(model: onnx.ModelProto) -> set[str]:
+    """Tensors that hold the same value for every row: initializers, Constant nodes, and reshapes or casts of
+    them (a bias or a scale beside the scores)."""
+    names = {t.name for t in model.graph.initializer} - {i.name for i in model.graph.input}
+    for node in model.graph.node:
+        if node.op_type == "Constant" or (node.op_type in _RESHAPING_OPS and node.input and node.input[0] in names):
+            names.update(node.output)
+    return names
 
 
 def _off_label(chain: list[str], producers: dict[str, onnx.NodeProto], consumers: dict[str, list[onnx.NodeProto]]) -> str | None:

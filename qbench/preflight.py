@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -289,8 +290,30 @@ def _labels(
         for choice in outputs:
             task.check_labels(labels, choice.meta, positions)
     except LabelError as exc:
-        raise RecipeError(recipe.source, "data.label", f"column {column!r}: {exc}") from None
+        raise _label_error(recipe, exc) from None
     return labels
+
+
+def _label_error(recipe: Recipe, exc: LabelError) -> RecipeError:
+    return RecipeError(recipe.source, "data.label", f"column {recipe.data.label!r}: {exc}")
+
+
+def check_labels_fit_outputs(prepared: Prepared, outputs: Mapping[str, np.ndarray]) -> None:
+    """Every evaluation label against the width FP32's `outputs` show, for the outputs whose graph leaves a dimension
+    symbolic (`["batch", "classes"]`): `prepare` could not check those, and a label beyond the classes is then the
+    same data.label error as with a static width, not a scoring failure naming neither the column nor the row."""
+    if prepared.labels is None:
+        return
+    task = get_task(prepared.recipe.task)
+    for choice in prepared.outputs:
+        values = outputs.get(choice.name)
+        meta = choice.meta
+        if values is None or meta.kind != "tensor" or (None not in meta.shape[1:] and len(meta.shape) == np.ndim(values)):
+            continue
+        try:
+            task.check_labels(prepared.labels, replace(meta, shape=tuple(np.shape(values))), prepared.evaluation_rows)
+        except LabelError as exc:
+            raise _label_error(prepared.recipe, exc) from None
 
 
 def _named_classes(

@@ -208,3 +208,26 @@ def test_an_argmax_output_knows_how_many_class_ids_it_can_give(tmp_path: Path) -
     by_rows = [helper.make_node("ArgMax", ["x"], ["ids"], axis=0, keepdims=0)]  # over the (dynamic) rows
     onnx.save(_model(by_rows, [helper.make_tensor_value_info("ids", TensorProto.INT64, [4])]), str(tmp_path / "rows.onnx"))
     assert read_model_info(tmp_path / "rows.onnx").outputs["ids"].class_count is None
+
+
+def test_arithmetic_on_scores_is_traced_back_to_what_makes_them(tmp_path: Path) -> None:
+    """Any Add or Sub making the output was read as a linear layer's logits, so an average of two sigmoids (a
+    probability) was thresholded at 0 and every row became class 1. The walk now goes back through element-wise
+    arithmetic (constants aside) to a Sigmoid/Softmax or a linear layer; other ops, or branches that disagree, say
+    nothing (FP32's values then decide)."""
+    constants = [onnx.numpy_helper.from_array(np.array(v, np.float32), n)
+                 for n, v in (("w", np.ones((4, 1))), ("b", [0.5]), ("half", 0.5), ("k", 1.1), ("one", 1.0), ("t", 2.0))]  # fmt: skip
+    node = helper.make_node
+    nodes = [node("MatMul", ["x", "w"], ["z"]), node("Sigmoid", ["z"], ["p1"]), node("Mul", ["z", "k"], ["z2"]),
+             node("Sigmoid", ["z2"], ["p2"]), node("Mul", ["p1", "half"], ["a"]), node("Mul", ["p2", "half"], ["c"]),
+             node("Add", ["a", "c"], ["averaged"]), node("Mean", ["p1", "p2"], ["mean"]),
+             node("Sub", ["one", "p1"], ["complement"]), node("Add", ["z", "b"], ["biased"]),
+             node("Div", ["biased", "t"], ["tempered"]), node("Add", ["p1", "z"], ["mixed"]),
+             node("Relu", ["z"], ["r"]), node("Add", ["r", "b"], ["rectified"]),
+             node("Einsum", ["p1"], ["summed"], equation="bk->b")]  # fmt: skip
+    expected = {"averaged": True, "mean": True, "complement": True, "biased": False, "tempered": False,
+                "mixed": None, "rectified": None, "summed": None}  # fmt: skip
+    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in expected]
+    onnx.save(_model(nodes, outputs, constants), str(tmp_path / "m.onnx"))
+    found = read_model_info(tmp_path / "m.onnx").outputs
+    assert {name: found[name].probabilities for name in expected} == expected

@@ -171,3 +171,43 @@ def test_a_gate_metric_the_evaluated_output_cannot_give_fails_before_the_sweep(t
     else:
         with pytest.raises(RecipeError, match=error):
             prepare(load_recipe(tmp_path / "r.yaml"), track=False)
+
+
+def _symbolic_width_project(tmp_path: Path, task: str, metric: str, labels: list) -> Path:
+    """x [n, 4] -> MatMul by a 4 x 3 weight, output [n, 'classes']: the graph does not size the classes."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["scores"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+                              [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["n", "classes"])], [weight])  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(tmp_path / "m.onnx"))
+    features = np.random.default_rng(1).normal(size=(len(labels), 4)).astype(np.float32)
+    pd.DataFrame({"x": list(features), "y": labels}).to_parquet(tmp_path / "d.parquet")
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump({
+        "name": "symbolic", "task": task, "model": {"path": "m.onnx"}, "output_dir": str(tmp_path / "reports"),
+        "data": {"path": "d.parquet", "inputs": {"x": "x"}, "label": "y", "calibration": {"samples": 16}},
+        "variants": [{"name": "h", "precision": "fp16"}], "gate": {"metric": metric},
+        "latency": {"batch_sizes": [1], "warmup": 1, "iterations": 3}}))  # fmt: skip
+    return tmp_path / "r.yaml"
+
+
+def test_labels_beyond_a_symbolic_class_dimension_are_refused_as_with_a_static_one(tmp_path: Path, capsys):
+    """With an output of shape [n, 'classes'], label 3 of 3 classes passed `qbench validate`, and the sweep failed once
+    FP32 was scored ('labels go up to class 3 but the output has 3 classes': no column, no row). The width FP32's
+    outputs show now checks every evaluation label, with the error a static width gives, in validate and sweep."""
+    labels = [row % 3 for row in range(60)]
+    labels[50] = 3
+    recipe = _symbolic_width_project(tmp_path, "classification", "accuracy", labels)
+    error = "data.label: column 'y': 1 row, e.g. row 50: 3 hold class ids outside 0..2 (output 'scores' has 3 classes)"
+    assert main(["validate", str(recipe)]) == 2
+    assert error in capsys.readouterr().err
+    assert main(["sweep", str(recipe), "--no-track"]) == 2
+    assert error in capsys.readouterr().err
+
+
+def test_multilabel_rows_wider_or_narrower_than_a_symbolic_output_are_refused(tmp_path: Path, capsys):
+    recipe = _symbolic_width_project(tmp_path, "multilabel", "micro_f1", [[0, 1]] * 40)
+    assert main(["validate", str(recipe)]) == 2
+    assert "data.label: column 'y': rows have 2 labels but output 'scores' scores 3" in capsys.readouterr().err

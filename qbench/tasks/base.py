@@ -123,6 +123,11 @@ class Task(ABC):
         `probabilities`: the graph makes these scores as probabilities (True) or logits (False); None when it does
         not say (TensorMeta.probabilities). Tasks that threshold scores read it; others ignore it."""
 
+    def thresholds_by_scale(self, reference: np.ndarray) -> bool:
+        """Whether `rows` decides these (FP32) outputs at a threshold set by their scale (0.5 for probabilities, 0 for
+        logits), so that reading the scale wrong turns decisions. By default nothing is thresholded."""
+        return False
+
     # -- QAT ---------------------------------------------------------------------------------------
 
     def qat_label_targets(self, labels: np.ndarray, output: torch.Tensor) -> torch.Tensor:

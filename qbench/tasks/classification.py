@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from qbench.modelinfo import TensorMeta
+from qbench.modelinfo_classes import keys_are_columns
 from qbench.results import SliceMetrics
 from qbench.tasks.base import (
     LabelError,
@@ -100,13 +101,16 @@ def _class_key(value: object) -> str:
 
 
 def column_classes(output: TensorMeta) -> tuple[int | str, ...] | None:
-    """The class each score column stands for, when that is not simply the column's number: a string ZipMap's keys
-    (read in sorted order), a score tensor's class table (in column order). None: labels are column ids."""
+    """The class each score column stands for, when that is not simply the column's number: a ZipMap's string or
+    negative integer keys (read in sorted order), a score tensor's class table (in column order). None: labels are
+    column ids."""
     keys = output.class_keys
     if keys is None:
         return None
-    if output.kind == "map":  # integer keys are the matrix's columns already (qbench.validate.outputs)
-        return tuple(sorted(str(k) for k in keys)) if all(isinstance(k, str) for k in keys) else None
+    if output.kind == "map":  # non-negative integer keys are the matrix's columns already (qbench.validate.outputs)
+        if keys_are_columns(keys):
+            return None
+        return tuple(sorted(str(k) for k in keys)) if all(isinstance(k, str) for k in keys) else tuple(sorted(keys))
     return None if tuple(keys) == tuple(range(len(keys))) else tuple(keys)
 
 
@@ -201,7 +205,7 @@ class Classification(Task):
         return label_columns(values, classes, positions, unknown=unknown)
 
     def check_labels(self, labels: np.ndarray, output: TensorMeta, positions: np.ndarray) -> None:
-        if output.kind == "map" and output.class_keys is not None and all(isinstance(k, int) for k in output.class_keys):
+        if output.kind == "map" and output.class_keys is not None and keys_are_columns(output.class_keys):
             outside = ~np.isin(labels, np.array(output.class_keys, dtype=np.int64))
             if outside.any():
                 keys = ", ".join(str(k) for k in output.class_keys)
@@ -265,6 +269,10 @@ class Classification(Task):
             metrics.top1(reference, binary_probabilities),
             kl=metrics.kl_rows(reference, outputs),
         )  # fmt: skip
+
+    def thresholds_by_scale(self, reference: np.ndarray) -> bool:
+        reference = np.asarray(reference)
+        return reference.dtype.kind == "f" and reference.ndim > 0 and int(np.prod(reference.shape[1:])) == 1
 
     def qat_label_targets(self, labels: np.ndarray, output: torch.Tensor) -> torch.Tensor:
         import torch

@@ -92,6 +92,9 @@ class Multilabel(Task):
         if width is not None and width != labels.shape[1]:
             raise LabelError(f"rows have {labels.shape[1]} labels but output {output.name!r} scores {width}")
 
+    def thresholds_by_scale(self, reference: np.ndarray) -> bool:
+        return np.asarray(reference).dtype.kind == "f"
+
     def output_problem(self, output: TensorMeta) -> str | None:
         problem = float_output_problem(self.name, output)
         if problem is None and len(output.shape) != 2:

@@ -141,6 +141,30 @@ def evaluate_accuracy(
     )
 
 
+def scale_doubts(task: str, reference_outputs: Mapping[str, np.ndarray], probabilities: Mapping[str, bool | None]) -> list[str]:
+    """Why the graph's word on the scale of an FP32 output (TensorMeta.probabilities) is in doubt, one line per
+    output: logits whose every value lies in [0, 1] (as probabilities' do), or probabilities with values outside it,
+    when the task thresholds them by that scale and some decision lies between the thresholds (0 < value <= 0.5)."""
+    judge = get_task(task)
+    doubts = []
+    for name, values in reference_outputs.items():
+        stated = probabilities.get(name)
+        values = np.asarray(values)
+        if stated is None or not judge.thresholds_by_scale(values):
+            continue
+        finite = values[np.isfinite(values)].astype(np.float64)
+        between = int(np.count_nonzero((finite > 0.0) & (finite <= 0.5)))
+        if not finite.size or not between or metrics.looks_like_sigmoid(finite) == stated:
+            continue
+        if stated:
+            said, seen, other = "a Sigmoid or Softmax (probabilities, threshold 0.5)", "values outside [0, 1]", "logits (threshold 0)"
+        else:
+            said, seen, other = "a linear layer (logits, threshold 0)", "every value within [0, 1]", "probabilities (threshold 0.5)"
+        doubts.append(f"output {name!r}: the graph makes it with {said}, yet FP32 gives {seen}; read as {other}, "
+                      f"{between} of {finite.size} FP32 decisions would differ: check how the model's last nodes make it")  # fmt: skip
+    return doubts
+
+
 def _nonfinite_rows(values: np.ndarray) -> np.ndarray:
     """Rows holding NaN or inf (none for integer, boolean or string outputs)."""
     return metrics.nonfinite_rows(values) if values.dtype.kind in "fc" else np.zeros(values.shape[0], dtype=bool)
@@ -180,4 +204,4 @@ def run_batched(
     return run_outputs(runner, feeds, batch_size, {"": output_index}, description)[""]
 
 
-__all__ = ["OVERALL", "evaluate_accuracy", "row_count", "run_batched", "run_outputs", "with_drops"]
+__all__ = ["OVERALL", "evaluate_accuracy", "row_count", "run_batched", "run_outputs", "scale_doubts", "with_drops"]

@@ -23,13 +23,13 @@ import numpy as np
 
 from qbench.backends import Backend, Runner
 from qbench.backends.base import RunOptions
-from qbench.errors import QbenchError
-from qbench.preflight import Prepared
+from qbench.errors import QbenchError, RecipeError
+from qbench.preflight import Prepared, check_labels_fit_outputs
 from qbench.provenance import model_bytes, model_sha256
 from qbench.recipe import LatencySpec
 from qbench.results import AccuracyResult, LatencyResult, VariantResult
 from qbench.slo import serving_figures
-from qbench.validate.accuracy import evaluate_accuracy, run_outputs, with_drops
+from qbench.validate.accuracy import evaluate_accuracy, run_outputs, scale_doubts, with_drops
 from qbench.validate.fidelity import plan_measurement
 from qbench.validate.latency import (
     latency_points,
@@ -142,7 +142,8 @@ def measure(
     """Measure `built` on `backend`: its outputs on `rows` (default: the evaluation rows) compared with
     `reference` (without one, with themselves: the FP32 reference), then, with `timing`, cold start and
     steady-state latency, and with `serving` too the figures a sweep reports from those timings (load
-    simulation, cost, bound). `score=False` only times. A failure is returned as a failed result, never raised.
+    simulation, cost, bound). `score=False` only times. A failure is returned as a failed result, never raised;
+    labels FP32's outputs show to lie beyond the classes are the recipe's error, raised (a RecipeError).
     """
     rows = rows or Rows.evaluation(prepared)
     unsupported = backend.supports(built)
@@ -181,9 +182,12 @@ def measure(
     if outputs is not None:
         base = reference.outputs if reference is not None else outputs
         recipe = prepared.recipe
+        scales = {c.name: c.meta.probabilities for c in prepared.outputs}
+        if reference is None:  # FP32 itself: what its outputs show about the labels and the graph's reading
+            _check_reference_outputs(prepared, label, outputs, rows, scales, quiet=quiet)
         try:
             accuracy = evaluate_accuracy(recipe.task, outputs, base, rows.labels, rows.slices, prepared.custom_metrics,
-                                         probabilities={c.name: c.meta.probabilities for c in prepared.outputs})  # fmt: skip
+                                         probabilities=scales)  # fmt: skip
         except QbenchError as exc:  # its outputs cannot be scored (a custom metric raised on them): this variant failed
             return _failed(built, backend, f"scoring failed: {exc}", quiet=quiet)
         accuracy = with_drops(accuracy, reference.accuracy if reference is not None and reference.accuracy else accuracy)
@@ -204,6 +208,19 @@ def measure(
         evaluated_model_path=str(plan.scored.onnx_path) if plan.separate else None, serving=serving_result,
     )  # fmt: skip
     return Measured(result, outputs, nsr)
+
+
+def _check_reference_outputs(
+    prepared: Prepared, label: str, outputs: Feeds, rows: Rows, scales: Mapping[str, bool | None], *, quiet: bool
+) -> None:
+    """Labels beyond the classes FP32's outputs show (a symbolic class dimension) are a recipe error, raised: no
+    variant can be scored against them. A graph whose word on the scores' scale FP32's values contradict is
+    warned about (unless `quiet`: a screen on a few rows)."""
+    if rows.labels is not None:
+        check_labels_fit_outputs(prepared, outputs)
+    if not quiet:
+        for doubt in scale_doubts(prepared.recipe.task, outputs, scales):
+            logger.warning("%s: %s", label, doubt)
 
 
 def _failed(built: BuiltVariant, backend: Backend, error: str, *, quiet: bool) -> Measured:
@@ -229,12 +246,15 @@ DRY_RUN_ROWS = 8
 def dry_run(prepared: Prepared, backend: Backend, rows: int = DRY_RUN_ROWS) -> None:
     """Load the FP32 reference and score it on the first evaluation rows as the sweep will; raises a QbenchError
     naming the model and the backend when it cannot (a graph ONNX Runtime refuses, outputs the task cannot score),
-    so `qbench validate` catches what would otherwise fail only once the sweep is under way."""
+    so `qbench validate` catches what would otherwise fail only once the sweep is under way. Every evaluation label
+    is checked against the classes these outputs show where the graph does not size them (a RecipeError)."""
     everything = Rows.evaluation(prepared)
     first = everything.subset(np.arange(min(rows, everything.count)))
     built = BuiltVariant("fp32", "fp32", prepared.source.onnx_path)
     try:
         result = measure(backend, built, prepared, rows=first, quiet=True).result
+    except RecipeError:
+        raise
     except QbenchError as exc:
         raise QbenchError(f"{prepared.source.onnx_path}: the FP32 reference cannot be scored: {exc}") from None
     if result.status == "failed":

@@ -1,8 +1,8 @@
 """Model outputs as arrays: run every evaluation row in batches and keep the chosen outputs.
 
 A sequence of {class: score} maps (a converter's ZipMap) becomes a (rows, classes) matrix.
-Integer keys give the column: column k holds class k's score (absent classes score 0), so the
-argmax is the class id itself; other keys take their sorted position. A string label output
+Non-negative integer keys give the column: column k holds class k's score (absent classes score 0), so
+the argmax is the class id itself; other keys (strings, -1 / +1) take their sorted position. A string label output
 becomes class ids too: each value's position in the class table the graph states for it.
 """
 
@@ -16,15 +16,14 @@ import numpy as np
 from qbench.backends.base import Runner
 from qbench.data.feeds import iter_batches
 from qbench.errors import QbenchError
+from qbench.modelinfo_classes import keys_are_columns
 from qbench.progress import track
 
 
 def maps_to_matrix(rows: Sequence[Mapping[Any, float]]) -> np.ndarray:
     """(rows, classes) float32 from per-row {class: score} maps (see the module docstring for columns)."""
     keys = sorted({key for row in rows for key in row})
-    if keys and all(isinstance(k, (int, np.integer)) and not isinstance(k, bool) for k in keys):
-        if int(keys[0]) < 0:
-            raise QbenchError(f"the output maps classes to scores with a negative class key ({keys[0]})")
+    if keys and keys_are_columns(tuple(int(k) if isinstance(k, np.integer) else k for k in keys)):
         columns = {key: int(key) for key in keys}
         width = int(keys[-1]) + 1
     else:

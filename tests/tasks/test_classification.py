@@ -50,6 +50,17 @@ def test_labels_must_fit_the_output_classes() -> None:
     assert class_count(TensorMeta("p", np.dtype("float32"), (None, 1))) == 2  # one binary score
 
 
+def test_labels_of_a_map_with_negative_keys_are_read_through_its_keys() -> None:
+    """-1 / +1 labels of a ZipMap keyed [-1, 1] were refused as negative class ids before the map's keys were
+    consulted; they are now its sorted key positions, and a label that is none of its keys is named."""
+    zipmap = TensorMeta("probs", np.dtype("float32"), (None, 2), "map", "seq(map(int64,tensor(float32)))", (1, -1))
+    labels = TASK.labels_from_values(TASK.decode_label_names([-1, 1, 1.0, -1], [zipmap], POSITIONS), POSITIONS)
+    assert labels.tolist() == [0, 1, 1, 0]
+    TASK.check_labels(labels, zipmap, POSITIONS)
+    with pytest.raises(LabelError, match=r"1 row, e.g. row 12: 0 name classes the output 'probs' does not have \(its classes: -1, 1\)"):
+        TASK.decode_label_names([-1, 1, 0, -1], [zipmap], POSITIONS)
+
+
 def test_class_id_outputs_give_accuracy_and_agreement_but_no_score_metrics() -> None:
     ids = np.array([0, 2, 1, 1], dtype=np.int64)
     reference = np.array([0, 2, 2, 1], dtype=np.int64)

@@ -208,6 +208,44 @@ def test_multilabel_model(tmp_path, monkeypatch, capsys):
     assert fp32["label_agreement"] == 1.0
 
 
+def _averaged_sigmoids_model(width: int) -> onnx.ModelProto:
+    """x [None, 4] -> mean of sigmoid(z) and sigmoid(1.1 z), z = the first `width` features, written as
+    Add(Mul(p1, 0.5), Mul(p2, 0.5)): an ensemble's probabilities, made by an Add."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4])
+    probabilities = helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, [None, width])
+    constants = [numpy_helper.from_array(np.asarray(v, np.float32), n)
+                 for n, v in (("w", np.eye(4, width)), ("k", 1.1), ("half", 0.5))]  # fmt: skip
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["z"]), helper.make_node("Sigmoid", ["z"], ["p1"]),
+             helper.make_node("Mul", ["z", "k"], ["z2"]), helper.make_node("Sigmoid", ["z2"], ["p2"]),
+             helper.make_node("Mul", ["p1", "half"], ["a"]), helper.make_node("Mul", ["p2", "half"], ["b"]),
+             helper.make_node("Add", ["a", "b"], ["probabilities"])]  # fmt: skip
+    return graph_model(nodes, [x], [probabilities], constants)
+
+
+@pytest.mark.parametrize(("task", "width", "metric"), [("classification", 1, "accuracy"), ("multilabel", 3, "micro_f1")])
+def test_an_average_of_sigmoids_is_thresholded_as_probabilities(tmp_path, monkeypatch, capsys, task, width, metric):
+    """An output made by an Add was read as logits (threshold 0): every row of this average of sigmoids was class 1
+    (every label positive), FP32 scored the share of positives, and FP16, which rounds the 'near' rows' p = 0.5 + 2e-5
+    to 0.5, passed the gate. Read as probabilities, FP32 scores its own decisions perfectly and FP16 breaches."""
+    features = np.random.default_rng(12).normal(size=(ROWS, 4)).astype(np.float32)
+    near = np.arange(ROWS) % 4 == 0
+    features[near, :width] = np.random.default_rng(13).uniform(1e-4, 2e-4, size=(int(near.sum()), width))
+    model = _averaged_sigmoids_model(width)
+    onnx.save(model, str(tmp_path / "plain.onnx"))
+    decisions = (plain_ort(tmp_path / "plain.onnx", {"x": features})["probabilities"] > 0.5).astype(np.int64)
+    labels = decisions[:, 0] if width == 1 else decisions
+    assert 0.2 < labels.mean() < 0.8  # both decisions occur: threshold 0 would call every one positive
+    monkeypatch.chdir(tmp_path)
+    recipe = project(tmp_path, model, table(features, labels, kind=np.where(near, "near", "far")), task=task,
+                     data={"slices": [{"by": "kind"}]}, variants=[{"name": "fp16", "precision": "fp16"}],
+                     gate={"metric": metric, "max_drop": 0.01, "max_slice_drop": 0.02})  # fmt: skip
+    results, shown = run_all(recipe, capsys)
+    assert overall(results)[metric] == 1.0
+    near_fp16 = results.find("fp16", "onnxruntime-cpu").accuracy.slice("kind=near")
+    assert near_fp16.drops[metric] > 0.5, shown  # FP16's p = 0.5 is no longer a positive
+    assert said("gate: FAIL", shown)
+
+
 def _two_float_outputs() -> onnx.ModelProto:
     """Logits and their softmax: two outputs a classifier could be judged on."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4])
@@ -277,6 +315,24 @@ def test_string_labels_name_score_columns_through_data_classes(tmp_path, monkeyp
     plain = plain_ort(tmp_path / "named" / "model.onnx", {"x": features})["logits"]
     assert overall(results)["accuracy"] == pytest.approx(float(np.mean(plain.argmax(1) == labels)), abs=1e-12)
     assert overall(results)["accuracy"] > 0.9
+
+
+def test_a_zipmap_of_minus_one_and_plus_one_is_read_through_its_keys(tmp_path, monkeypatch, capsys):
+    """A binary model trained on -1 / +1 (ZipMap keys [-1, 1]) could not be evaluated: the -1 labels were refused as
+    negative class ids (and the map's -1 key as a column). Its keys now take their sorted position, as string keys
+    do, and the labels are read through them: FP32 accuracy must be scikit-learn's."""
+    from sklearn.linear_model import LogisticRegression
+
+    features, ids = iris()
+    labels = np.where(ids == 1, 1, -1)  # versicolor or not: not linearly separable, so accuracy is no trivial 1.0
+    classifier = LogisticRegression(max_iter=500).fit(features, labels)
+    model = skl2onnx.to_onnx(classifier, features[:1], target_opset={"": 17, "ai.onnx.ml": 3})
+    monkeypatch.chdir(tmp_path)
+    recipe = project(tmp_path, model, table(features, labels), model={"path": "model.onnx", "output": "output_probability"})
+    results, _ = run_all(recipe, capsys)
+    expected = float(np.mean(classifier.predict(features) == labels))
+    assert 0.6 < expected < 1.0
+    assert overall(results)["accuracy"] == pytest.approx(expected, abs=1e-12)
 
 
 @pytest.mark.parametrize("estimator", ["logistic", "mlp"])

@@ -10,7 +10,7 @@ import pytest
 
 from qbench.errors import QbenchError
 from qbench.validate import metrics
-from qbench.validate.accuracy import evaluate_accuracy, row_count, run_batched, with_drops
+from qbench.validate.accuracy import evaluate_accuracy, row_count, run_batched, scale_doubts, with_drops
 
 NAN = float("nan")
 
@@ -197,3 +197,21 @@ def test_new_nonfinite_rows_are_those_where_fp32_is_finite() -> None:
     assert [(s.name, s.nonfinite_outputs, s.new_nonfinite_outputs) for s in result.slices] == [("a", 0, 0), ("b", 2, 2)]
     own = evaluate_accuracy("classification", reference, reference, LABELS, SLICES)
     assert (own.overall.nonfinite_outputs, own.overall.new_nonfinite_outputs) == (2, 0)  # FP32 against itself
+
+
+def test_fp32_values_that_contradict_the_graphs_word_on_the_scale_are_named() -> None:
+    """Logits all within [0, 1] are thresholded at 0, which calls every row positive: worth a line naming the output
+    when the other reading would move some decision (values in (0, 0.5]), and only for thresholded outputs."""
+    within = np.array([[0.1], [0.7], [0.4], [0.9]])
+    [line] = scale_doubts("classification", {"p": within}, {"p": False})
+    assert line.startswith("output 'p': the graph makes it with a linear layer (logits, threshold 0), yet FP32 gives "
+                           "every value within [0, 1]; read as probabilities (threshold 0.5), 2 of 4 FP32 decisions "
+                           "would differ")  # fmt: skip
+    assert scale_doubts("multilabel", {"p": within.reshape(2, 2)}, {"p": False})  # every label decision is thresholded
+    [line] = scale_doubts("classification", {"p": within * 2 - 0.6}, {"p": True})  # probabilities outside [0, 1]
+    assert "a Sigmoid or Softmax (probabilities, threshold 0.5), yet FP32 gives values outside [0, 1]" in line
+    assert scale_doubts("classification", {"p": np.array([[0.0], [0.7], [0.9]])}, {"p": False}) == []  # same decisions
+    assert scale_doubts("classification", {"p": within}, {"p": None}) == []  # unstated: FP32's values decide anyway
+    assert scale_doubts("classification", {"p": within}, {"p": True}) == []  # agreed
+    assert scale_doubts("classification", {"p": np.hstack([within, within])}, {"p": False}) == []  # an arg-max
+    assert scale_doubts("regression", {"p": within}, {"p": False}) == []

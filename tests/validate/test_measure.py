@@ -120,3 +120,34 @@ def test_a_dynamic_int8_variant_timed_at_other_batch_sizes_says_where_its_accura
     assert not any("per batch" in note for note in measure(backend, static, prepared, timing=timing).result.notes)
     only_the_evaluation_batch = LatencySpec(batch_sizes=[50], warmup=1, iterations=2, stability=None)
     assert not any("per batch" in note for note in measure(backend, dynamic, prepared, timing=only_the_evaluation_batch).result.notes)
+
+
+def test_fp32_warns_when_its_values_contradict_the_graphs_word_on_the_scale(tmp_path, caplog):
+    """A MatMul (logits to the graph) whose one column happens to lie within [0, 1]: threshold 0 calls every row
+    class 1. FP32's own measurement says so, naming the output; screens (quiet) do not."""
+    import logging
+
+    import onnx
+    import pandas as pd
+    import yaml
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.full((4, 1), 0.25, np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["score"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+                              [helper.make_tensor_value_info("score", TensorProto.FLOAT, ["n", 1])], [weight])  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(tmp_path / "m.onnx"))
+    features = np.random.default_rng(2).uniform(size=(40, 4)).astype(np.float32)
+    pd.DataFrame({"x": list(features), "y": (features.mean(axis=1) > 0.5).astype(int)}).to_parquet(tmp_path / "d.parquet")
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump({
+        "name": "scale", "model": {"path": "m.onnx"}, "output_dir": str(tmp_path / "reports"),
+        "data": {"path": "d.parquet", "inputs": {"x": "x"}, "label": "y", "calibration": {"samples": 8}},
+        "variants": [{"name": "h", "precision": "fp16"}]}))  # fmt: skip
+    prepared = prepare(load_recipe(tmp_path / "r.yaml"), track=False)
+    backend = get_backend("onnxruntime-cpu")
+    with caplog.at_level(logging.WARNING, logger="qbench.validate.measure"):
+        measure(backend, _fp32(prepared), prepared, quiet=True)
+        assert not caplog.records
+        measure(backend, _fp32(prepared), prepared)
+    [record] = caplog.records
+    assert record.getMessage().startswith("fp32@onnxruntime-cpu: output 'score': the graph makes it with a linear layer")

@@ -18,6 +18,12 @@ def test_integer_class_keys_are_the_columns() -> None:
     assert matrix.argmax(axis=1).tolist() == [1, 5]  # the argmax is the class key itself
 
 
+def test_negative_integer_class_keys_take_their_sorted_position() -> None:
+    """A -1 / +1 model's map was refused ('a negative class key'); its keys are now columns in sorted order."""
+    matrix = maps_to_matrix([{1: 0.8, -1: 0.2}, {-1: 0.6, 1: 0.4}])
+    assert matrix.tolist() == [pytest.approx([0.2, 0.8]), pytest.approx([0.6, 0.4])]  # -1, 1
+
+
 def test_string_class_keys_take_their_sorted_position() -> None:
     matrix = maps_to_matrix([{"dog": 0.3, "cat": 0.7}])
     assert matrix.tolist() == [pytest.approx([0.7, 0.3])]  # cat, dog
