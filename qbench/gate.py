@@ -13,16 +13,18 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import qbench
 from qbench.errors import QbenchError
 from qbench.gate_checks import (
+    evaluation_from_data,
     expected_pairs,
     result_problems,
-    slice_sizes_from_data,
     stale_inputs,
     stale_sections,
     timed_batch_sizes,
+    unmatched_globs,
 )
 from qbench.provenance import recorded_recipe
 from qbench.recipe import GateSpec, Recipe
@@ -32,9 +34,13 @@ from qbench.runs import RESULTS_FILE, newest_run
 from qbench.slo import SLO_METRIC, SLO_SCOPE, SloJudgement, judge_slo
 from qbench.validate.metrics import custom_metrics, drop, recorded_custom_metrics
 
+if TYPE_CHECKING:
+    from qbench.data.evaluation import EvaluationRows
+
 EXIT_PASS = 0
 EXIT_BREACH = 1
 EXIT_UNUSABLE = 2
+UNDER_MIN_SIZE = "under min_slice_size"  # the reason a slice smaller than gate.min_slice_size is not judged
 
 
 @dataclass(frozen=True)
@@ -48,7 +54,8 @@ class GateCheck:
     drop: float
     tolerance: float
     size: int
-    status: str  # "pass" | "breach" | "skipped" (slice below min_slice_size)
+    status: str  # "pass" | "breach" | "skipped" (not judged: `reason` says why)
+    reason: str = ""  # why a skipped check was not judged (UNDER_MIN_SIZE, or the metric is undefined there)
 
 
 @dataclass(frozen=True)
@@ -114,6 +121,11 @@ def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[st
     pairs = list(expected) if expected is not None else [(v.variant, v.backend) for v in results.variants]
     skipped = {(v.variant, v.backend) for v in results.variants if v.status == "skipped"}
     gated = [(v, b) for v, b in pairs if v != results.reference and spec.applies(v) and (v, b) not in skipped]
+    # a glob that picks no variant (a typo) would leave the variant it meant unjudged: fail closed
+    names = list(dict.fromkeys(v for v, _ in pairs if v != results.reference))
+    globs = [("gate.applies_to", spec.applies_to)] + ([("slo.applies_to", slo.applies_to)] if slo and slo.applies_to is not None else [])
+    problems += [f"{field}: {why}" for name, patterns in globs
+                 for field, why in unmatched_globs(name, patterns, results.reference, names)]  # fmt: skip
     if not gated:
         problems.append(f"the gate applies to no variant (applies_to: {', '.join(spec.applies_to)})")
     checks: list[GateCheck] = []
@@ -207,13 +219,24 @@ def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec) ->
                             "the variant against there")  # fmt: skip
             continue
         check = _check(variant, backend, spec, ref_scope, own_scope, tolerance, explained=extra_nonfinite > 0)
-        if check is None:
+        if check is not None:
+            checks.append(check)
+        elif _undefined_for_fp32(spec.metric, ref_scope, own_scope):  # only overall: a slice is skipped instead
+            problems.append(f"metric {spec.metric!r} is undefined on {own_scope.name} for FP32 too (NaN without NaN/inf "
+                            "outputs, e.g. R² of a constant target): nothing can be judged; gate on a metric defined "
+                            "there")  # fmt: skip
+        else:
             why = (f" (FP32 itself gives NaN/inf on {ref_scope.nonfinite_outputs} of its {ref_scope.size} rows: gate on "
                    "a metric that counts such rows, e.g. agreement or accuracy)" if ref_scope.nonfinite_outputs else "")
             problems.append(f"metric {spec.metric!r} is missing or NaN on {own_scope.name}{why}")
-        else:
-            checks.append(check)
     return checks, problems
+
+
+def _undefined_for_fp32(metric: str, ref: SliceMetrics, own: SliceMetrics) -> bool:
+    """The metric is NaN/inf on this scope for FP32 and the variant alike, and FP32 gives no NaN/inf output there:
+    the data leaves it undefined (R² of a constant target, a one-row nn_agreement), so there is nothing to compare."""
+    return (ref.nonfinite_outputs == 0 and not math.isfinite(ref.metrics.get(metric, math.nan))
+            and metric in own.metrics and not math.isfinite(own.metrics[metric]))  # fmt: skip
 
 
 def _too_small(scope: SliceMetrics, spec: GateSpec) -> bool:
@@ -226,21 +249,26 @@ def _check(
     *, explained: bool = False,
 ) -> GateCheck | None:
     """One metric check; None when it cannot be judged. `explained`: the variant has more NaN/inf outputs
-    than FP32 here, so a NaN metric is the variant's own failure (a breach), not unusable results."""
+    than FP32 here, so a NaN metric is the variant's own failure (a breach), not unusable results. A slice too
+    small to judge, or one where the data leaves the metric undefined for FP32 too, is a skipped check saying why
+    (never a pass); on the overall scope an undefined metric leaves nothing to judge (None)."""
     ref_value = ref.metrics.get(spec.metric, math.nan)
     value = own.metrics.get(spec.metric, math.nan)
     finite = math.isfinite(ref_value) and math.isfinite(value)
-    # min_slice_size comes first: a slice too small to judge may have no metric value at all
-    too_small = _too_small(own, spec)
-    if not finite and not too_small and not (explained and math.isfinite(ref_value)):
-        return None
     observed_drop = drop(spec.metric, ref_value, value) if finite else math.inf
-    if too_small:
-        status = "skipped"
+    # min_slice_size comes first: a slice too small to judge may have no metric value at all
+    if _too_small(own, spec):
+        reason = UNDER_MIN_SIZE
+    elif own.name != "overall" and _undefined_for_fp32(spec.metric, ref, own):
+        reason = f"not judged: {spec.metric} is undefined on this scope for FP32 too"
+    elif not finite and not (explained and math.isfinite(ref_value)):
+        return None
     else:
         # a tiny epsilon keeps a drop that equals the tolerance (up to float rounding) a pass
         status = "pass" if observed_drop <= tolerance + 1e-12 else "breach"
-    return GateCheck(variant, backend, own.name, spec.metric, ref_value, value, observed_drop, tolerance, own.size, status)
+        return GateCheck(variant, backend, own.name, spec.metric, ref_value, value, observed_drop, tolerance, own.size, status)
+    return GateCheck(variant, backend, own.name, spec.metric, ref_value, value, observed_drop, tolerance, own.size,
+                     "skipped", reason)  # fmt: skip
 
 
 def _slo_check(judgement: SloJudgement) -> GateCheck:
@@ -277,7 +305,9 @@ def run_gate(
     `recipe`, or without one from the recipe embedded in the results (checked against its digest).
     The results must be intact (their digest), complete, consistent with qbench's own rules and
     fresh: every input (model, weights, factory source, data, tokenizer) hashed as at sweep time.
-    check_staleness=False judges results whose inputs can no longer be read; the report notes it.
+    check_staleness=False judges results whose inputs can no longer be read; the report notes it. Either way the
+    evaluation rows and slices are re-derived from the recipe's data whenever it can be read (a note says when
+    it cannot), so results can never drop a slice the data makes.
     """
     if recipe is None and results_path is None:
         raise QbenchError("qbench gate needs a recipe or --results FILE")
@@ -300,9 +330,26 @@ def run_gate(
     else:
         notes.append("inputs not checked for staleness (--no-staleness-check)")
     fresh = check_staleness and not problems  # the recipe's inputs are the sweep's: what it did can be re-derived
-    # slices the recipe makes of its data, when that data is the sweep's (else only its named slices)
-    sizes = slice_sizes_from_data(asked) if fresh and not results.dropped_nonfinite.get("evaluation") else None
+    evaluated = None
+    if not problems:  # stale results are unusable already: what changed data gives says nothing more
+        evaluated, cannot = _evaluation_from_data(asked)
+        problems += cannot
+        if evaluated is None and not cannot:
+            notes.append(f"slices not re-derived: the data file {asked.data_path} is gone (only the recipe's named "
+                         "slices are required, at the sizes the results record)")  # fmt: skip
     timed = timed_batch_sizes(asked) if fresh else None  # a model with a fixed batch is timed at it alone
-    problems += result_problems(results, asked, sizes, timed)
+    problems += result_problems(results, asked, evaluated, timed)
     report = evaluate_gate(results, asked.gate, expected=expected_pairs(asked), slo=asked.slo)
     return replace(report, problems=(*problems, *report.problems), notes=(*notes, *report.notes)), results
+
+
+def _evaluation_from_data(recipe: Recipe) -> tuple[EvaluationRows | None, list[str]]:
+    """The evaluation rows and slices the sweep derived, re-derived from the recipe's data (the same derivation,
+    so the gate requires exactly the slices a sweep writes), with the problem that stops it if any. None without
+    a problem: the data file is gone (only with --no-staleness-check does the gate get this far without it)."""
+    if not recipe.data_path.exists():
+        return None, []
+    try:
+        return evaluation_from_data(recipe), []
+    except QbenchError as exc:
+        return None, [f"the slices cannot be re-derived from the data: {exc}"]

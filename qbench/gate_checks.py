@@ -9,13 +9,18 @@ naming the variant@backend, the field or the file); any problem makes the result
 
 from __future__ import annotations
 
+import fnmatch
 import math
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
-from qbench.errors import expected_one_of
+from qbench.errors import did_you_mean, expected_one_of, short_repr
 from qbench.provenance import changed_inputs, input_files
 from qbench.recipe import RESULT_SECTIONS, Recipe, VariantSpec
 from qbench.results import AccuracyResult, LatencyResult, SliceMetrics, SweepResults, VariantResult
+
+if TYPE_CHECKING:
+    from qbench.data.evaluation import EvaluationRows
 
 STATUSES = ("ok", "failed", "skipped")
 
@@ -28,6 +33,21 @@ def expected_pairs(recipe: Recipe) -> list[tuple[str, str]]:
 def _built_specs(recipe: Recipe) -> dict[str, VariantSpec]:
     """Variant name -> its spec; the searched variant's stands for any INT8 candidate (only its kind is checked)."""
     return {v.name: v for v in recipe.planned_variants()}
+
+
+def unmatched_globs(field: str, patterns: Sequence[str], reference: str, candidates: Sequence[str]) -> list[tuple[str, str]]:
+    """(`field[i]`, why) for every glob of a variant list (gate.applies_to, slo.applies_to) that picks no variant
+    besides the reference: almost always a typo, and the variant it meant would go unjudged while the gate passes."""
+    if not patterns:
+        return [(field, f"got [], expected at least one glob over the variants {', '.join(candidates)}")]
+    unmatched = []
+    for index, pattern in enumerate(patterns):
+        if any(fnmatch.fnmatchcase(name, pattern) for name in candidates):
+            continue
+        note = f" (the reference {reference!r} is never gated)" if fnmatch.fnmatchcase(reference, pattern) else ""
+        unmatched.append((f"{field}[{index}]", f"{short_repr(pattern)} matches no variant{note}; expected a glob over "
+                          f"the variants {', '.join(candidates)}{did_you_mean(pattern, candidates)}"))  # fmt: skip
+    return unmatched
 
 
 # -- staleness -------------------------------------------------------------------------------------
@@ -92,13 +112,14 @@ def skip_possible(backend: str, spec: VariantSpec) -> bool:
 def result_problems(
     results: SweepResults,
     recipe: Recipe,
-    slice_sizes: Mapping[str, int] | None,
+    evaluated: EvaluationRows | None,
     timed_sizes: Sequence[int] | None = None,
 ) -> list[str]:
     """Every way `results` differ from what a sweep of `recipe` writes.
 
-    slice_sizes: slice name -> evaluation rows in it, re-derived from the recipe and its data (None
-        when they cannot be: the recipe's named slices are then still required).
+    evaluated: the evaluation rows and slices re-derived from the recipe and its data (`evaluation_from_data`;
+        None when they cannot be: the recipe's named slices are then still required). Their count, the rows
+        left out for NaN/inf inputs, and every slice with its size must be the results'.
     timed_sizes: the batch sizes the sweep times every variant at, re-derived from the recipe and its
         model (`timed_batch_sizes`; None when they cannot be: the results' record of them is then
         taken where a sweep of the recipe could have written it).
@@ -110,6 +131,8 @@ def result_problems(
         problems.append(f"reference: got {results.reference!r}, the recipe's FP32 reference is {reference!r}")
     if results.evaluation_rows <= 0:
         problems.append(f"evaluation_rows: got {results.evaluation_rows}, expected a positive count")
+    if evaluated is not None:
+        problems.extend(_evaluated_problems(results, evaluated))
     expected = set(expected_pairs(recipe))
     seen: set[tuple[str, str]] = set()
     for result in results.variants:
@@ -123,14 +146,15 @@ def result_problems(
         problems.extend(f"{result.key}: {p}" for p in _variant_problems(result, specs[result.variant], timed))
     ref_slices = _reference_slices(results, reference)
     ref_nonfinite = _reference_nonfinite(results, reference)
+    undefined = _undefined_scopes(results, reference, recipe.gate.metric)
     named = [s.name for s in recipe.data.slices if s.name is not None]
-    wanted = dict(slice_sizes) if slice_sizes is not None else None
+    wanted = evaluated.slice_sizes if evaluated is not None else None
     for result in results.variants:
         if (result.variant, result.backend) in expected and result.status == "ok" and result.accuracy is not None:
             problems.extend(
                 f"{result.key}: {p}"
                 for p in _accuracy_problems(result.accuracy, results, recipe, wanted, named, ref_slices,
-                                            ref_nonfinite.get(result.backend, {}))  # fmt: skip
+                                            ref_nonfinite.get(result.backend, {}), undefined.get(result.backend, set()))  # fmt: skip
             )
     return problems
 
@@ -252,6 +276,30 @@ def _reference_nonfinite(results: SweepResults, reference: str) -> dict[str, dic
             if result.variant == reference and result.status == "ok" and result.accuracy is not None}  # fmt: skip
 
 
+def _undefined_scopes(results: SweepResults, reference: str, metric: str) -> dict[str, set[str]]:
+    """Backend -> scopes where the metric is NaN/inf for every usable result on it, FP32 included, and FP32 gives no
+    NaN/inf output: the data leaves it undefined there (R² of a constant target, a one-row slice), which is no sign
+    of an edited file (the gate skips such a slice). A NaN only some results have stays unexplained."""
+    undefined: dict[str, set[str]] = {}
+    for fp32 in results.variants:
+        if fp32.variant != reference or fp32.status != "ok" or fp32.accuracy is None:
+            continue
+        usable = [r.accuracy for r in results.variants
+                  if r.backend == fp32.backend and r.status == "ok" and r.accuracy is not None]  # fmt: skip
+        undefined[fp32.backend] = {
+            scope.name for scope in (fp32.accuracy.overall, *fp32.accuracy.slices)
+            if scope.nonfinite_outputs == 0
+            and all(not math.isfinite(_metric_of(a, scope.name, metric)) for a in usable)
+        }  # fmt: skip
+    return undefined
+
+
+def _metric_of(accuracy: AccuracyResult, scope: str, metric: str) -> float:
+    found = accuracy.overall if scope == "overall" else accuracy.slice(scope)
+    value = found.metrics.get(metric) if found is not None else None
+    return value if isinstance(value, (int, float)) else math.nan
+
+
 def _accuracy_problems(
     accuracy: AccuracyResult,
     results: SweepResults,
@@ -260,6 +308,7 @@ def _accuracy_problems(
     named: Sequence[str],
     ref_slices: dict[str, int] | None,
     ref_nonfinite: Mapping[str, int],
+    undefined: set[str],
 ) -> list[str]:
     problems: list[str] = []
     rows = accuracy.rows
@@ -279,7 +328,7 @@ def _accuracy_problems(
         problems.extend(f"slice {name!r} is not one the recipe defines" for name in have if name not in wanted)
     for scope in (accuracy.overall, *accuracy.slices):
         problems.extend(_scope_problems(scope, rows, recipe.gate.metric, recipe.gate.min_slice_size,
-                                        ref_nonfinite.get(scope.name, 0)))  # fmt: skip
+                                        ref_nonfinite.get(scope.name, 0), scope.name in undefined))  # fmt: skip
         if scope is accuracy.overall:
             continue
         if wanted is not None and scope.name in wanted and scope.size != wanted[scope.name]:
@@ -290,9 +339,9 @@ def _accuracy_problems(
 
 
 def _scope_problems(scope: SliceMetrics, rows: int, metric: str, min_slice_size: int,
-                    reference_nonfinite: int) -> list[str]:  # fmt: skip
-    """A NaN metric is explained by non-finite outputs (the variant's, or FP32's it is compared with), or by a slice
-    too small to judge."""
+                    reference_nonfinite: int, undefined: bool) -> list[str]:  # fmt: skip
+    """A NaN metric is explained by non-finite outputs (the variant's, or FP32's it is compared with), by a slice
+    too small to judge, or by the data (`undefined`: NaN for every result on this scope, see _undefined_scopes)."""
     where = "overall" if scope.name == "overall" else f"slice {scope.name!r}"
     problems: list[str] = []
     if not 0 < scope.size <= rows:
@@ -303,7 +352,7 @@ def _scope_problems(scope: SliceMetrics, rows: int, metric: str, min_slice_size:
         problems.append(f"{where}: new_nonfinite_outputs {scope.new_nonfinite_outputs}, "
                         f"expected 0..{scope.nonfinite_outputs}")  # fmt: skip
     value = scope.metrics.get(metric)
-    explained = scope.nonfinite_outputs > 0 or reference_nonfinite > 0
+    explained = scope.nonfinite_outputs > 0 or reference_nonfinite > 0 or undefined
     if value is None:
         problems.append(f"{where}: metric {metric!r} missing")
     elif not math.isfinite(value) and not explained and scope.size >= min_slice_size:
@@ -311,16 +360,22 @@ def _scope_problems(scope: SliceMetrics, rows: int, metric: str, min_slice_size:
     return problems
 
 
-def slice_sizes_from_data(recipe: Recipe) -> dict[str, int]:
-    """Slice name -> evaluation rows in it, from the recipe's slices over its data (as the sweep selects
-    them: evaluation filter, then limit); only exact when no rows with NaN inputs were dropped."""
-    from qbench.data.filters import select_rows
-    from qbench.data.load import load_table
-    from qbench.data.slices import slice_masks
+def evaluation_from_data(recipe: Recipe) -> EvaluationRows:
+    """The evaluation rows and slices a sweep of `recipe` derives from its data (qbench.data.evaluation_rows,
+    the sweep's own derivation: evaluation filter, NaN/inf input policy, limit, slices over those rows)."""
+    from qbench.data import evaluation_rows, load_table
 
     table = load_table(recipe.data_path, recipe_file=recipe.source)
-    evaluation = recipe.data.evaluation
-    rows = select_rows(table, evaluation.filter, field="data.evaluation.filter", recipe_file=recipe.source)
-    rows = rows[: evaluation.limit] if evaluation.limit is not None else rows
-    masks = slice_masks(table, recipe.data.slices, recipe_file=recipe.source, inputs=recipe.data.inputs)
-    return {name: int(mask[rows].sum()) for name, mask in masks.items() if mask[rows].any()}
+    return evaluation_rows(table, recipe.data, recipe_file=recipe.source)
+
+
+def _evaluated_problems(results: SweepResults, evaluated: EvaluationRows) -> list[str]:
+    """The results' count of evaluation rows, and of those left out for NaN/inf inputs, against the data's."""
+    problems = []
+    if results.evaluation_rows != len(evaluated.rows):
+        problems.append(f"evaluation_rows: got {results.evaluation_rows}, the data gives {len(evaluated.rows)} rows")
+    recorded = results.dropped_nonfinite.get("evaluation", {}) if isinstance(results.dropped_nonfinite, Mapping) else None
+    if recorded != evaluated.dropped:
+        problems.append(f"dropped_nonfinite.evaluation: got {recorded!r}, the data gives {evaluated.dropped!r} "
+                        "(rows left out for NaN/inf inputs)")  # fmt: skip
+    return problems

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from qbench.errors import QbenchError
-from qbench.gate import EXIT_BREACH, EXIT_PASS, GateCheck, GateReport
+from qbench.gate import EXIT_BREACH, EXIT_PASS, UNDER_MIN_SIZE, GateCheck, GateReport
 from qbench.report_grid import figure
 from qbench.slo import SLO_SCOPE
 
@@ -67,7 +67,12 @@ def check_line(check: GateCheck) -> str:
         f"{figure(check.reference)} → {figure(check.observed)}, "
         f"drop {figure(check.drop)} {comparison} tolerance {figure(check.tolerance)}"
     )
-    return f"{line} ({check.size} rows, under min_slice_size)" if check.status == "skipped" else line
+    return f"{line} ({check.size} rows, {skip_reason(check)})" if check.status == "skipped" else line
+
+
+def skip_reason(check: GateCheck) -> str:
+    """Why a skipped check was not judged (results written before checks carried a reason: a small slice)."""
+    return check.reason or UNDER_MIN_SIZE
 
 
 def problem_line(problem: str) -> str:
@@ -109,14 +114,28 @@ def summary_line(report: GateReport) -> str:
         named = ", ".join(f"{key} ({', '.join(scopes)})" for key, scopes in breaching.items())
         verb = "breaches" if len(breaching) == 1 else "breach"
         parts.append(f"{len(breaching)} of {plural(gated, 'variant')} {verb}: {named}")
-    skipped = sum(c.status == "skipped" for c in report.checks)
-    tail = plural(len(report.checks), "check")
-    tail += f" ({skipped} skipped: slices under min_slice_size)" if skipped else ""
+    tail = plural(len(report.checks), "check") + _skipped_tail(report)
     headline = _HEADLINES.get(report.exit_code, "FAIL (results unusable)")
     if not parts:
         scopes = len({c.scope for c in report.checks})
         return f"gate: {headline} — {plural(gated, 'variant')} × {plural(scopes, 'scope')}, {tail}"
     return f"gate: {headline} — {'; '.join(parts)}; {tail}"
+
+
+def _skipped_tail(report: GateReport) -> str:
+    """' (1 skipped: slices under min_slice_size)'; a scope skipped for another reason is named with it."""
+    scopes: dict[str, list[str]] = {}
+    for check in report.checks:
+        if check.status == "skipped" and check.scope not in scopes.setdefault(skip_reason(check), []):
+            scopes[skip_reason(check)].append(check.scope)
+    count = sum(c.status == "skipped" for c in report.checks)
+    if not count:
+        return ""
+    if list(scopes) == [UNDER_MIN_SIZE]:
+        return f" ({count} skipped: slices {UNDER_MIN_SIZE})"
+    parts = [f"{UNDER_MIN_SIZE}: {', '.join(names)}" if reason == UNDER_MIN_SIZE else f"{', '.join(names)} {reason}"
+             for reason, names in scopes.items()]  # fmt: skip
+    return f" ({count} skipped: {'; '.join(parts)})"
 
 
 def console_lines(report: GateReport) -> list[str]:
@@ -201,7 +220,7 @@ def junit_xml(report: GateReport, name: str = "qbench gate") -> str:
             failure = ET.SubElement(case, "failure", {"type": "breach", "message": message})
             failure.text = check_line(check)
         elif check.status == "skipped":
-            ET.SubElement(case, "skipped", {"message": f"{check.size} rows, under min_slice_size"})
+            ET.SubElement(case, "skipped", {"message": f"{check.size} rows, {skip_reason(check)}"})
     for problem in report.problems:
         owner = problem_owner(report, problem)
         case = _testcase(suite_of(owner or RESULTS_SUITE), owner or RESULTS_SUITE, "results: usable")
@@ -238,7 +257,7 @@ def markdown_summary(report: GateReport, title: str = "qbench gate") -> str:
         lines += ["| variant@backend | scope | metric | FP32 | observed | drop | tolerance | result |",
                   "|---|---|---|---:|---:|---:|---:|---|"]  # fmt: skip
         for c in sorted(report.checks, key=lambda c: order.get(c.status, 2)):
-            result = "**BREACH**" if c.status == "breach" else c.status
+            result = {"breach": "**BREACH**", "skipped": f"skipped ({skip_reason(c)})"}.get(c.status, c.status)
             cells = [check_key(c), c.scope, c.metric, figure(c.reference), figure(c.observed), figure(c.drop),
                      figure(c.tolerance), result]  # fmt: skip
             lines.append("| " + " | ".join(_md(cell) for cell in cells) + " |")

@@ -23,14 +23,14 @@ from qbench.data import (
     build_feeds,
     check_finite,
     draw_calibration_sample,
-    drop_nonfinite,
+    evaluation_rows,
+    finite_rows,
     iter_batches,
     load_table,
     nonfinite_masks,
     per_slice_counts,
     row_ids_sha256,
     select_rows,
-    slice_masks,
 )
 from qbench.errors import QbenchError, RecipeError, expected_one_of
 from qbench.modelinfo import ModelInfo, external_data_files, read_model_info
@@ -127,17 +127,11 @@ def prepare(recipe: Recipe, *, track: bool = True, destinations: bool = True, ba
     _check_gate_metric(recipe, task, outputs)
     custom_metrics = load_custom_metrics(recipe)
     table = load_table(recipe.data_path, recipe_file=recipe.source)
-    nonfinite = nonfinite_masks(table, recipe.data.inputs)
+    evaluation = evaluation_rows(table, recipe.data, recipe_file=recipe.source)
+    eval_rows, masks, nonfinite = evaluation.rows, evaluation.masks, evaluation.nonfinite
     dropped: dict[str, dict[str, int]] = {}
-    eval_rows = select_rows(table, recipe.data.evaluation.filter, field="data.evaluation.filter", recipe_file=recipe.source)
-    eval_rows = _finite_rows(recipe, eval_rows, nonfinite, dropped, "evaluation")
-    if recipe.data.evaluation.limit is not None:
-        eval_rows = eval_rows[: recipe.data.evaluation.limit]
-    masks = slice_masks(
-        table, recipe.data.slices, recipe_file=recipe.source, inputs=recipe.data.inputs, evaluation_rows=eval_rows
-    )
-    check_finite(table, eval_rows, nonfinite, masks, what="evaluation", recipe_file=recipe.source)
-    eval_slices = {name: mask[eval_rows] for name, mask in masks.items()}
+    _record_dropped(dropped, "evaluation", evaluation.dropped, evaluation.left_out)
+    eval_slices = evaluation.slices
     labels = _labels(recipe, task, table, eval_rows, outputs)
     started = time.perf_counter()
     eval_feeds = build_feeds(table, eval_rows, recipe.data.inputs, model.inputs, recipe_file=recipe.source)
@@ -344,18 +338,18 @@ def _finite_rows(
     recipe: Recipe, rows: np.ndarray, nonfinite: NonfiniteMasks, dropped: dict[str, dict[str, int]], what: str
 ) -> np.ndarray:
     """With `data.nonfinite_inputs: drop`, `rows` less those holding NaN/inf (counted in `dropped[what]`)."""
-    if recipe.data.nonfinite_inputs != "drop" or not nonfinite:
-        return rows
-    kept, counts = drop_nonfinite(rows, nonfinite)
-    if counts:
-        dropped[what] = counts
-        shown = ", ".join(f"{column}: {n}" for column, n in counts.items())
-        logger.warning("%d %s rows dropped for NaN/inf inputs (%s)", len(rows) - len(kept), what, shown)
-    if len(kept) == 0:
-        raise RecipeError(
-            recipe.source, "data.nonfinite_inputs", f"every {what} row holds NaN or inf in an input column ({shown})"
-        )
+    kept, counts = finite_rows(rows, nonfinite, recipe.data, what=what, recipe_file=recipe.source)
+    _record_dropped(dropped, what, counts, len(rows) - len(kept))
     return kept
+
+
+def _record_dropped(dropped: dict[str, dict[str, int]], what: str, counts: dict[str, int], left_out: int) -> None:
+    """Count the `what` rows left out for NaN/inf inputs in `dropped[what]` and say so in the log."""
+    if not counts:
+        return
+    dropped[what] = counts
+    shown = ", ".join(f"{column}: {n}" for column, n in counts.items())
+    logger.warning("%d %s rows dropped for NaN/inf inputs (%s)", left_out, what, shown)
 
 
 def _calibration(

@@ -1,7 +1,8 @@
 """Checks that would otherwise fail only after a whole sweep: run by `qbench validate` and at the start of a sweep.
 
-- the plan: at least one variant besides the FP32 reference, and `gate.applies_to` matches
-  at least one of them (else the gate has nothing to judge; a glob that matches none is logged);
+- the plan: at least one variant besides the FP32 reference, and every glob of `gate.applies_to` (and
+  `slo.applies_to`) matches at least one of them (a glob that matches none is a typo that would leave the
+  variant it meant unjudged);
 - the destinations: `output_dir` and a build store on this machine's file systems are (or can be
   made) writable folders, and the tracking store can be written (a sqlite file or a file: folder;
   servers are asked by `track`; an fsspec build store by the build that publishes to it);
@@ -13,7 +14,6 @@
 
 from __future__ import annotations
 
-import fnmatch
 import logging
 import os
 from collections.abc import Mapping
@@ -24,6 +24,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from qbench.errors import RecipeError, short_repr
+from qbench.gate_checks import unmatched_globs
 from qbench.modelinfo import ModelInfo
 from qbench.recipe import Recipe
 from qbench.recipe_registry import check_registry
@@ -36,7 +37,7 @@ ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
 def check_plan(recipe: Recipe) -> None:
-    """There is something to compare with FP32, and every gate glob picks at least one such variant."""
+    """There is something to compare with FP32, and every gate (and SLO) glob picks at least one such variant."""
     reference = recipe.all_variants()[0].name
     candidates = [v.name for v in recipe.planned_variants()[1:]]
     if not candidates:
@@ -46,22 +47,18 @@ def check_plan(recipe: Recipe) -> None:
             "no variant to compare with the FP32 reference; add one, e.g. {name: int8, precision: int8, "
             "calibrator: minmax}",
         )
-    patterns = recipe.gate.applies_to
-    matched = [p for p in patterns if any(fnmatch.fnmatchcase(name, p) for name in candidates)]
-    if not matched:
-        reference_only = any(fnmatch.fnmatchcase(reference, p) for p in patterns)
-        note = f" (the reference {reference!r} is not gated)" if reference_only else ""
-        raise RecipeError(
-            recipe.source,
-            "gate.applies_to",
-            f"{short_repr(patterns)} matches no variant{note}; expected globs over the variants {', '.join(candidates)}",
-        )
-    for pattern in patterns:
-        if pattern not in matched:
-            logger.warning("gate.applies_to: %r matches no variant", pattern)
+    _check_globs(recipe, "gate.applies_to", recipe.gate.applies_to, reference, candidates)
+    if recipe.slo is not None and recipe.slo.applies_to is not None:
+        _check_globs(recipe, "slo.applies_to", recipe.slo.applies_to, reference, candidates)
     if recipe.search is not None and not recipe.gate.applies(recipe.search.name):
-        logger.warning(f"gate.applies_to: {short_repr(patterns)} does not match the search's variant "
+        logger.warning(f"gate.applies_to: {short_repr(recipe.gate.applies_to)} does not match the search's variant "
                        f"{recipe.search.name!r}: the search meets the gate's tolerances but `qbench gate` will not judge its pick")  # fmt: skip
+
+
+def _check_globs(recipe: Recipe, field: str, patterns: list[str], reference: str, candidates: list[str]) -> None:
+    unmatched = unmatched_globs(field, patterns, reference, candidates)
+    if unmatched:
+        raise RecipeError(recipe.source, *unmatched[0])
 
 
 def check_destinations(recipe: Recipe, *, track: bool) -> None:

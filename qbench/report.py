@@ -17,7 +17,7 @@ from rich.text import Text
 
 from qbench.console import print_wide
 from qbench.frontier import frontier_of, overall_metric, speedup
-from qbench.gate import GateCheck, GateReport
+from qbench.gate import UNDER_MIN_SIZE, GateCheck, GateReport
 from qbench.report_grid import (
     NONE,
     Cell,
@@ -236,6 +236,8 @@ def _gate_grid(gate: GateReport) -> Grid:
                "tolerance", "result"]  # fmt: skip
     numeric = frozenset(range(4, 9)) if with_metric else frozenset(range(3, 8))
     footer = [f"cannot judge (fail closed): {problem}" for problem in gate.problems]
+    footer += [f"skipped {c.variant}@{c.backend} {c.scope}: {c.reason}" for c in checks
+               if c.status == "skipped" and c.reason not in ("", UNDER_MIN_SIZE)]  # fmt: skip
     if not gate.checks and not gate.problems:
         footer = ["no variant was gated"]
     rows = [_check_row(c, with_metric=with_metric) for c in checks]

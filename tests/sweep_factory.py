@@ -1,4 +1,4 @@
-"""Build synthetic SweepResults for tests of the report, the frontier and tracking.
+"""Build synthetic SweepResults for tests of the report, the frontier and tracking (and re-sign edited ones).
 
 Importable from any test file (`from sweep_factory import make_sweep`): the
 tests/ folder is on sys.path because tests/conftest.py lives there.
@@ -18,6 +18,8 @@ from qbench.results import (
     SliceMetrics,
     SweepResults,
     VariantResult,
+    canonical_sha256,
+    content_digest,
 )
 
 REFERENCE_ACCURACY = {"overall": 0.95, "clean": 0.97, "noisy lighting=dark": 0.90}
@@ -129,3 +131,12 @@ def make_sweep(
         frontier=frontier,
         timings={"build": 3.0, "evaluate": 2.0, "total": 6.5},
     )
+
+
+def resign(raw: dict[str, Any]) -> dict[str, Any]:
+    """What a careful adversary does after editing a results.json: recompute the embedded recipe's and the file's
+    digests (the gate must then catch the edit by what the recipe and its data say, not by the digest)."""
+    if "resolved" in raw["recipe"]:
+        raw["recipe"]["resolved_sha256"] = canonical_sha256(raw["recipe"]["resolved"])
+    raw["digest"] = content_digest(raw)
+    return raw

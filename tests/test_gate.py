@@ -219,6 +219,25 @@ def test_a_nan_metric_explained_by_nonfinite_outputs_is_a_breach_not_unusable():
     }  # fmt: skip
 
 
+def test_a_metric_the_data_leaves_undefined_for_fp32_too_is_not_judged_on_that_slice():
+    """R² of a constant target is NaN for FP32 and the variant alike, with no NaN/inf output: that slice is a skipped
+    check saying why (never a pass); on the overall scope nothing can be judged. A NaN FP32 does not share (or FP32's
+    alone) is no such thing."""
+    both_nan = evaluate_gate(sweep(variant("fp32", 0.95, {"noisy": math.nan, "clean": 0.99}),
+                                   variant("int8-a", 0.95, {"noisy": math.nan, "clean": 0.99})), SPEC)  # fmt: skip
+    assert both_nan.exit_code == EXIT_PASS and not both_nan.problems
+    noisy = next(c for c in both_nan.checks if c.scope == "noisy")
+    assert (noisy.status, noisy.reason) == ("skipped", "not judged: accuracy is undefined on this scope for FP32 too")
+    overall = evaluate_gate(sweep(variant("fp32", math.nan, {"noisy": 0.9, "clean": 0.99}),
+                                  variant("int8-a", math.nan, {"noisy": 0.9, "clean": 0.99})), SPEC)  # fmt: skip
+    assert overall.exit_code == EXIT_UNUSABLE
+    assert overall.problems[0].startswith("int8-a@onnxruntime-cpu: metric 'accuracy' is undefined on overall for FP32 "
+                                          "too (NaN without NaN/inf outputs")  # fmt: skip
+    fp32_only = evaluate_gate(sweep(variant("fp32", 0.95, {"noisy": math.nan, "clean": 0.99}),
+                                    variant("int8-a", 0.95, {"noisy": 0.9, "clean": 0.99})), SPEC)  # fmt: skip
+    assert fp32_only.exit_code == EXIT_UNUSABLE and "missing or NaN on noisy" in fp32_only.problems[0]
+
+
 def test_results_without_their_recipe_are_unusable(tmp_path):
     path = tmp_path / "results.json"
     path.write_text(to_json(sweep(REFERENCE, variant("int8-a", 0.90, {"noisy": 0.9, "clean": 0.99}))))

@@ -103,6 +103,20 @@ def test_skipped_slices_are_counted_in_the_summary_and_shown_as_skipped():
     assert check_line(checks[1]).endswith("(40 rows, under min_slice_size)")
 
 
+def test_a_scope_skipped_for_another_reason_is_named_with_it_everywhere():
+    undefined = "not judged: r2 is undefined on this scope for FP32 too"
+    checks = (GateCheck("int8", BACKEND, "overall", "r2", 0.9, 0.9, 0.0, 0.01, 200, "pass"),
+              GateCheck("int8", BACKEND, "tiny", "r2", 0.9, 0.5, 0.4, 0.01, 3, "skipped", "under min_slice_size"),
+              GateCheck("int8", BACKEND, "offline", "r2", math.nan, math.nan, math.inf, 0.01, 40, "skipped", undefined))  # fmt: skip
+    report = GateReport("r2", checks, gated=(f"int8@{BACKEND}",))
+    assert summary_line(report).endswith(f"3 checks (2 skipped: under min_slice_size: tiny; offline {undefined})")
+    assert check_line(checks[2]).endswith(f"(40 rows, {undefined})")
+    skipped = [e.get("message") for e in ET.fromstring(junit_xml(report).split("?>", 1)[1]).iter("skipped")]
+    assert skipped == ["3 rows, under min_slice_size", f"40 rows, {undefined}"]
+    assert [c["reason"] for c in report_dict(report)["checks"]] == ["", "under min_slice_size", undefined]
+    assert f"skipped ({undefined})" in markdown_summary(report)
+
+
 def test_nan_observed_value_is_spelled_out():
     check = GateCheck("int8", BACKEND, "faint", "accuracy", 0.93, math.nan, math.inf, 0.02, 200, "breach")
     assert check_line(check) == "BREACH int8@onnxruntime-cpu slice faint accuracy: 0.9300 → nan, drop inf > tolerance 0.0200"

@@ -66,12 +66,20 @@ def test_an_unwritable_store_is_ignored_without_tracking(tmp_path: Path) -> None
         check_destinations(recipe, track=True)
 
 
-def test_a_glob_matching_one_variant_is_enough(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    recipe = _recipe(tmp_path, gate={"applies_to": ["half", "int8-*"]})
-    check_plan(recipe)
-    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
-        ("WARNING", "gate.applies_to: 'int8-*' matches no variant")
-    ]
+def test_one_glob_matching_no_variant_is_a_recipe_error_naming_it(tmp_path: Path) -> None:
+    """A typo in one glob would leave the variant it meant unjudged while the gate passes."""
+    variants = [{"name": "half", "precision": "fp16"}, {"name": "int8-minmax", "precision": "int8", "calibrator": "minmax"}]
+    check_plan(_recipe(tmp_path, variants=variants, gate={"applies_to": ["half", "int8-*"]}))
+    with pytest.raises(RecipeError) as caught:
+        check_plan(_recipe(tmp_path, variants=variants, gate={"applies_to": ["half", "int8-minmx"]}))
+    assert str(caught.value) == (
+        f"{tmp_path / 'recipe.yaml'}: gate.applies_to[1]: 'int8-minmx' matches no variant; expected a glob over the "
+        "variants half, int8-minmax (did you mean 'int8-minmax'?)"
+    )
+    with pytest.raises(RecipeError, match=r"slo\.applies_to\[0\]: 'int8' matches no variant"):
+        check_plan(_recipe(tmp_path, variants=variants, slo={"p99_ms": 5.0, "batch_size": 1, "applies_to": ["int8"]}))
+    with pytest.raises(RecipeError, match=r"gate\.applies_to: got \[\], expected at least one glob"):
+        check_plan(_recipe(tmp_path, variants=variants, gate={"applies_to": []}))
 
 
 def test_a_search_variant_the_gate_does_not_judge_is_warned_about(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

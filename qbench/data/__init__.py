@@ -2,6 +2,7 @@
 
 The usual order: `load_table` -> `select_rows` (calibration / evaluation
 filters) -> `nonfinite_masks` (NaN/inf inputs: error or drop) -> `slice_masks`
+(the evaluation part of this, as sweep and gate both do it: `evaluation_rows`)
 -> `draw_calibration_sample` -> `build_feeds` +
 `labels_array` -> `iter_batches`. Every problem with the user's data or recipe
 is a `RecipeError` naming the recipe file and the field.
@@ -9,6 +10,7 @@ is a `RecipeError` naming the recipe file and the field.
 
 from __future__ import annotations
 
+from qbench.data.evaluation import EvaluationRows, evaluation_rows, finite_rows
 from qbench.data.feeds import build_feeds, iter_batches, labels_array
 from qbench.data.filters import filter_mask, format_value, select_rows
 from qbench.data.load import SUPPORTED_FORMATS, load_table, table_name
@@ -18,12 +20,15 @@ from qbench.data.slices import slice_masks
 
 __all__ = [
     "SUPPORTED_FORMATS",
+    "EvaluationRows",
     "NonfiniteMasks",
     "build_feeds",
     "check_finite",
     "draw_calibration_sample",
     "drop_nonfinite",
+    "evaluation_rows",
     "filter_mask",
+    "finite_rows",
     "format_value",
     "iter_batches",
     "labels_array",

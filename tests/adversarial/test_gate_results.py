@@ -20,10 +20,11 @@ from typing import Any
 import pandas as pd
 import pytest
 import yaml
+from sweep_factory import resign
 from user_model import make_user_project
 
 from qbench.cli import main
-from qbench.results import canonical_sha256, content_digest
+from qbench.results import content_digest
 
 pytestmark = pytest.mark.slow
 
@@ -72,14 +73,6 @@ def variant(raw: dict[str, Any], name: str) -> dict[str, Any]:
 def scope(raw: dict[str, Any], name: str, slice_name: str) -> dict[str, Any]:
     accuracy = variant(raw, name)["accuracy"]
     return accuracy["overall"] if slice_name == "overall" else next(s for s in accuracy["slices"] if s["name"] == slice_name)
-
-
-def resign(raw: dict[str, Any]) -> dict[str, Any]:
-    """What a careful adversary does after an edit: recompute the embedded recipe's and the file's digests."""
-    if "resolved" in raw["recipe"]:
-        raw["recipe"]["resolved_sha256"] = canonical_sha256(raw["recipe"]["resolved"])
-    raw["digest"] = content_digest(raw)
-    return raw
 
 
 Edit = Callable[[dict[str, Any]], Any]

@@ -1,0 +1,75 @@
+"""The evaluation rows and the slices over them, selected exactly as every sweep selects them.
+
+One derivation for the sweep (qbench.preflight) and the gate, which re-derives the slices and their
+sizes to check results against: the evaluation filter, then the NaN/inf input policy (with
+`data.nonfinite_inputs: drop` such rows are left out), then the limit; `by` slices are made from the
+values those rows hold (a value only calibration rows hold is no slice). Any other derivation would
+let the two disagree on valid results.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from qbench.data.filters import select_rows
+from qbench.data.nonfinite import NonfiniteMasks, check_finite, drop_nonfinite, nonfinite_masks
+from qbench.data.slices import slice_masks
+from qbench.errors import RecipeError
+from qbench.recipe_data import DataSpec
+
+
+@dataclass(frozen=True)
+class EvaluationRows:
+    """rows: positions in the table, in evaluation order. masks: slice name -> mask over ALL rows of the table
+    (calibration counts per slice use them too). nonfinite: input column -> rows holding NaN/inf, over all rows.
+    dropped: input column -> evaluation rows left out for NaN/inf (only with `data.nonfinite_inputs: drop`);
+    left_out: how many rows that is (a row with NaN/inf in two columns counts once)."""
+
+    rows: np.ndarray
+    masks: dict[str, np.ndarray]
+    nonfinite: NonfiniteMasks
+    dropped: dict[str, int]
+    left_out: int
+
+    @property
+    def slices(self) -> dict[str, np.ndarray]:
+        """Slice name -> mask over the evaluation rows (in evaluation order)."""
+        return {name: mask[self.rows] for name, mask in self.masks.items()}
+
+    @property
+    def slice_sizes(self) -> dict[str, int]:
+        """Slice name -> evaluation rows in it."""
+        return {name: int(mask.sum()) for name, mask in self.slices.items()}
+
+
+def evaluation_rows(table: pd.DataFrame, data: DataSpec, *, recipe_file: Path) -> EvaluationRows:
+    """The rows a sweep of a recipe with `data` evaluates, and its slices over them (RecipeError when the recipe's
+    filters, slices or inputs do not fit the table)."""
+    nonfinite = nonfinite_masks(table, data.inputs)
+    rows = select_rows(table, data.evaluation.filter, field="data.evaluation.filter", recipe_file=recipe_file)
+    selected = len(rows)
+    rows, dropped = finite_rows(rows, nonfinite, data, what="evaluation", recipe_file=recipe_file)
+    left_out = selected - len(rows)
+    if data.evaluation.limit is not None:
+        rows = rows[: data.evaluation.limit]
+    masks = slice_masks(table, data.slices, recipe_file=recipe_file, inputs=data.inputs, evaluation_rows=rows)
+    check_finite(table, rows, nonfinite, masks, what="evaluation", recipe_file=recipe_file)
+    return EvaluationRows(rows=rows, masks=masks, nonfinite=nonfinite, dropped=dropped, left_out=left_out)
+
+
+def finite_rows(
+    rows: np.ndarray, nonfinite: NonfiniteMasks, data: DataSpec, *, what: str, recipe_file: Path
+) -> tuple[np.ndarray, dict[str, int]]:
+    """With `data.nonfinite_inputs: drop`, `rows` less those holding NaN/inf, and input column -> rows left out
+    (with `error`, `rows` as they are: check_finite refuses them). Leaving out every row is a RecipeError."""
+    if data.nonfinite_inputs != "drop" or not nonfinite:
+        return rows, {}
+    kept, counts = drop_nonfinite(rows, nonfinite)
+    if len(kept) == 0:
+        shown = ", ".join(f"{column}: {n}" for column, n in counts.items())
+        raise RecipeError(recipe_file, "data.nonfinite_inputs", f"every {what} row holds NaN or inf in an input column ({shown})")
+    return kept, counts
