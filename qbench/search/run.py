@@ -400,7 +400,7 @@ class _Search:
         return SearchOutcome(built, report)
 
     def _slower_note(self, chosen: int | None) -> tuple[str, ...]:
-        slower = select.slower_than_reference(self.records[chosen]) if chosen is not None else None
+        slower = select.slower_than_reference(self.records[chosen], self.tie()) if chosen is not None else None
         if slower is None:
             return ()
         logger.warning(f"INT8 search: {slower}")
@@ -428,7 +428,7 @@ class _Search:
                   "search.outcome": "passed" if record.passed else "tolerance unreachable"}  # fmt: skip
         note = (f"found by the INT8 search: {record.label}" if record.passed else
                 f"INT8 search: no candidate passed; closest: {record.label}")  # fmt: skip
-        slower = select.slower_than_reference(record) if record.passed else None
+        slower = select.slower_than_reference(record, self.tie()) if record.passed else None
         note = f"{note}; {slower}" if slower else note
         return dataclasses.replace(built, name=self.spec.name, onnx_path=target, params=params,
                                    notes=(*built.notes, note), build_seconds=self.now() - self.started)  # fmt: skip
