@@ -45,7 +45,7 @@ from qbench.recipe import GateSpec, Recipe, VariantSpec
 from qbench.results import AccuracyResult
 from qbench.validate.measure import measure
 from qbench.variants import BuildContext, BuiltVariant, build_variant
-from qbench.variants.onnx_utils import load_model
+from qbench.variants.onnx_utils import discard_built, load_model
 
 logger = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ def rank_groups(
         try:
             measured = score(candidate)
         finally:
-            candidate.onnx_path.unlink(missing_ok=True)
+            discard_built(candidate, keeper.workdir)  # never the user's model (a rebuild keeping every node float)
         if method == "leave_one_out":
             overall = baseline.overall - measured.overall
             on_worst = baseline.slices[worst] - measured.slices.get(worst, math.nan) if worst else math.nan

@@ -62,11 +62,11 @@ class QdqBypass:
     """Candidates of a static QDQ variant: the built graph with the named nodes' input Q/DQ bypassed."""
 
     def __init__(self, built: BuiltVariant, reference: onnx.ModelProto, workdir: Path) -> None:
-        self._built, self._reference, self._workdir = built, reference, workdir
+        self._built, self._reference, self.workdir = built, reference, workdir
         self._quantized = load_model(built.onnx_path)
 
     def keep_float(self, names: Collection[str], label: str) -> BuiltVariant:
-        path = save_model(bypass_qdq(self._quantized, self._reference, names), self._workdir / f"{label}.onnx")
+        path = save_model(bypass_qdq(self._quantized, self._reference, names), self.workdir / f"{label}.onnx")
         return dataclasses.replace(self._built, name=label, onnx_path=path)
 
 
@@ -75,6 +75,7 @@ class Rebuild:
 
     def __init__(self, spec: VariantSpec, ctx: BuildContext) -> None:
         self._spec, self._ctx = spec, ctx
+        self.workdir = ctx.workdir  # where candidates are built: the only files a caller may delete
 
     def keep_float(self, names: Collection[str], label: str) -> BuiltVariant:
         excluded = list(dict.fromkeys([*self._spec.exclude_nodes, *sorted(names)]))

@@ -11,12 +11,19 @@ exactly when the gate would pass it.
   are ranked with `qbench.explain`'s leave-one-out (on calibration rows, by how much closer to
   FP32 the outputs get: the evaluation rows stay an independent check), and those recovering the
   most per weight (the latency a node in FP32 adds grows with its weights) are kept in FP32,
-  `step` more at a time, up to `max_excluded`, until one passes. A try whose
-  ranking shows that max_excluded nodes cannot remove enough of the error is not stepped through,
-  and a path stops once a step is slower than the fastest passing candidate.
+  `step` more at a time, up to `max_excluded` and never all of them (a try with every node in FP32
+  is the FP32 model). A try whose ranking shows that max_excluded nodes cannot remove enough of the
+  error is not stepped through, and a path stops once a step is slower than the fastest passing candidate.
 
-The result is the fastest passing candidate (p50 at the largest batch size); when none passes,
-the most accurate one, with a note saying the tolerance was unreachable (the gate then fails it).
+A try in which no node computes in INT8 (BuiltVariant.lowered_nothing) is not applicable: it never
+passes, whatever it measures. The result is the fastest passing candidate (p50 at the largest batch
+size); when none passes, the most accurate one that quantizes something, with a note saying the
+tolerance was unreachable (the gate then fails it); when no try quantizes anything (the model has
+nothing to quantize), the first try, which is the FP32 model itself.
+
+Only files of the search's own folder are ever moved or deleted (onnx_utils.discard_built): a try with
+nothing to quantize is the user's FP32 model.
+
 Every try is recorded in `params["search.steps"]` and summarised in `notes`.
 """
 
@@ -38,14 +45,14 @@ from qbench.backends import get_backend
 from qbench.backends.base import RunOptions
 from qbench.errors import QbenchError
 from qbench.explain import Score, group_nodes, rank_groups
-from qbench.explain_graph import float_keeper, quantized_nodes, sqnr_costs
+from qbench.explain_graph import QuantizedNode, float_keeper, quantized_nodes, sqnr_costs
 from qbench.gate import GateReport, judge
 from qbench.preflight import Prepared
 from qbench.recipe import FallbackSpec, VariantSpec
 from qbench.results import VariantResult
 from qbench.validate.measure import Rows, measure
 from qbench.variants import BuildContext, BuiltVariant, build_variant
-from qbench.variants.onnx_utils import load_model
+from qbench.variants.onnx_utils import discard_built, load_model
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +60,7 @@ AUTO_CALIBRATORS = ("minmax", "entropy", "percentile", "dynamic")
 RANKING_ROWS = 64  # calibration rows the fallback ranking runs on
 RANKING_BACKEND = "onnxruntime-cpu"
 Evaluate = Callable[[BuiltVariant], VariantResult]
+NOT_APPLICABLE = "not applicable: no node computes in INT8 (the graph is FP32's)"
 
 
 @dataclass(frozen=True)
@@ -66,8 +74,14 @@ class Trial:
     verdict: GateReport
 
     @property
+    def lowered(self) -> bool:
+        """Whether some node of this try computes in INT8 (a try with every node in FP32 is the FP32 model)."""
+        return self.built is not None and not self.built.lowered_nothing
+
+    @property
     def passed(self) -> bool:
-        return self.verdict.exit_code == 0
+        """The gate passed it and it is an INT8 candidate: an FP32 graph passing says nothing about INT8."""
+        return self.lowered and self.verdict.exit_code == 0
 
     @property
     def p50_ms(self) -> float:
@@ -97,12 +111,13 @@ class Trial:
         return {
             "calibrator": self.calibrator, "excluded": list(self.excluded), "metric": _finite(self.metric),
             "drop": _finite(self.drop), "worst_slice": worst, "worst_slice_drop": _finite(worst_drop),
-            "p50_ms": _finite(self.p50_ms), "passed": self.passed,
+            "p50_ms": _finite(self.p50_ms), "passed": self.passed, "lowered": self.lowered,
         }  # fmt: skip
 
     def breaches(self) -> list[str]:
         found = [f"{c.scope} drop {c.drop:.4f} > {c.tolerance:g}" for c in self.verdict.breaches]
-        return found + list(self.verdict.problems)
+        unlowered = [NOT_APPLICABLE] if self.built is not None and not self.lowered else []
+        return unlowered + found + list(self.verdict.problems)
 
 
 def p50_at_largest_batch(result: VariantResult) -> float:
@@ -118,7 +133,7 @@ def build_with_search(spec: VariantSpec, ctx: BuildContext, *, evaluate: Evaluat
     if spec.technique_name not in ("ort-static", "ort-dynamic"):
         raise QbenchError(f"variant {spec.name!r}: fallback and calibrator auto apply to ONNX Runtime INT8 variants")
     started = time.perf_counter()
-    reference = evaluate(BuiltVariant("fp32", "fp32", ctx.reference_path))
+    reference = evaluate(BuiltVariant("fp32", "fp32", ctx.reference_path, borrowed=True))
     if reference.status != "ok" or reference.accuracy is None:
         raise QbenchError(f"variant {spec.name!r}: the search needs FP32 measured first: {reference.error}")
     logger.info("  search against FP32 (p50 %.2f ms), gate on %s", p50_at_largest_batch(reference), gate.metric)
@@ -128,7 +143,7 @@ def build_with_search(spec: VariantSpec, ctx: BuildContext, *, evaluate: Evaluat
         tries = [search.attempt(calibrator, tuple(spec.exclude_nodes)) for calibrator in calibrators]
         if spec.fallback is not None:
             for base in sorted(tries, key=lambda t: (t.drop, t.p50_ms)):  # the closest to passing first
-                if base.built is not None and not base.passed and search.may_beat(base):
+                if base.lowered and not base.passed and search.may_beat(base):
                     search.fall_back(base, spec.fallback)
         return search.finish(time.perf_counter() - started)
     finally:
@@ -167,20 +182,17 @@ class _Search:
         stay: a later fallback ranks their nodes)."""
         best = self.best()
         for trial in self.trials:
-            if trial is not best and self._owns(trial.built) and len(trial.excluded) > len(self.spec.exclude_nodes):
-                shutil.rmtree(trial.built.onnx_path.parent, ignore_errors=True)
-
-    def _owns(self, built: BuiltVariant | None) -> bool:
-        """Whether `built` lives in this search's own folders: a try with nothing to quantize is the FP32 model
-        itself, in the user's folder, which is never moved or removed."""
-        return built is not None and built.onnx_path.resolve().is_relative_to(self.root)
+            if trial is not best and trial.built is not None and len(trial.excluded) > len(self.spec.exclude_nodes):
+                discard_built(trial.built, self.root, with_folder=True)
 
     def best(self) -> Trial:
-        """Fastest passing trial; without one, the one with the smallest overall drop."""
+        """Fastest passing trial; without one, the INT8 try with the smallest overall drop; without any try that
+        quantizes something, the first (the model has nothing to quantize)."""
         passing = [t for t in self.trials if t.passed]
         if passing:
             return min(passing, key=lambda t: (t.p50_ms, t.drop))
-        return min(self.trials, key=lambda t: (t.drop, t.p50_ms))
+        lowered = [t for t in self.trials if t.lowered]
+        return min(lowered or self.trials[:1], key=lambda t: (t.drop, t.p50_ms))
 
     def may_beat(self, trial: Trial) -> bool:
         """Keeping more nodes in FP32 only adds latency: a trial slower than the best passing one cannot win."""
@@ -193,37 +205,46 @@ class _Search:
         Skipped when the ranking says it cannot work: if the outputs' noise (on calibration rows) left
         after keeping the top max_excluded nodes in FP32 is more than twice what would bring the gate
         metric's drop down to max_drop (taking the drop as proportional to that noise), the error is
-        spread over too many nodes for a fallback (e.g. static activation ranges on a transformer)."""
-        ranking, residual = self.rank(base, pool=3 * fallback.max_excluded, keep=fallback.max_excluded)
+        spread over too many nodes for a fallback (e.g. static activation ranges on a transformer).
+
+        A step keeps at most all but one of the nodes `base` quantized in FP32: with every one of them in FP32 the
+        step is the FP32 model, which is no INT8 candidate."""
+        quantized = quantized_nodes(load_model(self.ctx.reference_path), base.built)
+        most = min(fallback.max_excluded, len(quantized) - 1)
+        if most < 1:
+            self.skipped.append(f"{base.calibrator}: it quantizes {len(quantized)} node(s); keeping any in FP32 "
+                                "would leave nothing in INT8")  # fmt: skip
+            logger.info("  no fallback from %s", self.skipped[-1])
+            return
+        ranking, residual = self.rank(base, quantized, pool=3 * fallback.max_excluded, keep=most)
         self.rankings[base.calibrator] = ranking
         needed = self.gate.max_drop / base.drop if base.drop > 0 else 1.0
         if residual > 2 * needed:
             self.skipped.append(f"{base.calibrator}: {residual:.0%} of its output noise would stay with "
-                                f"{fallback.max_excluded} nodes in FP32 (≤{needed:.0%} needed)")  # fmt: skip
+                                f"{most} nodes in FP32 (≤{needed:.0%} needed)")  # fmt: skip
             logger.info("  no fallback from %s", self.skipped[-1])
             return
-        limit = min(fallback.max_excluded, len(ranking))
+        limit = min(most, len(ranking))
         for count in sorted({min(k, limit) for k in range(fallback.step, limit + fallback.step, fallback.step)}):
             trial = self.attempt(base.calibrator, base.excluded + tuple(ranking[:count]))
             if trial.passed or not self.may_beat(trial):
                 return
 
-    def rank(self, base: Trial, pool: int, keep: int) -> tuple[list[str], float]:
-        """Nodes of `base` in the order to keep them in FP32: those whose float version alone brings the outputs
-        closer to FP32, the most recovered per weight first (a node kept in FP32 costs time in proportion to its
-        weights), then the rest of the pool; and the share of the output noise that remains with the first `keep`
+    def rank(self, base: Trial, nodes: list[QuantizedNode], pool: int, keep: int) -> tuple[list[str], float]:
+        """`nodes` (those `base` quantized) in the order to keep them in FP32: those whose float version alone brings
+        the outputs closer to FP32, the most recovered per weight first (a node kept in FP32 costs time in proportion
+        to its weights), then the rest of the pool; and the share of the output noise that remains with the first `keep`
         of them in FP32, measured on that candidate (recoveries one node at a time do not add up: nodes may matter
         only together). Only the `pool` nodes adding the most noise (by SQNR) are considered."""
         rows = Rows.from_batches(self.ctx.calibration, RANKING_ROWS)
         backend, options = get_backend(RANKING_BACKEND), RunOptions()
         scratch = dataclasses.replace(self.ctx, workdir=self.root / "ranking")
         scratch.workdir.mkdir(parents=True, exist_ok=True)
-        nodes = quantized_nodes(load_model(self.ctx.reference_path), base.built)
         if len(nodes) > pool:
             noise = sqnr_costs(self.ctx.reference_path, base.built, nodes, [rows.feeds], backend, options, scratch.workdir,
                                self.prepared.batch)  # fmt: skip
             nodes = sorted(nodes, key=lambda n: -np.nan_to_num(noise[n.name], nan=-1.0))[:pool]
-        fp32 = BuiltVariant("fp32", "fp32", self.ctx.reference_path)
+        fp32 = BuiltVariant("fp32", "fp32", self.ctx.reference_path, borrowed=True)
         reference = measure(backend, fp32, self.prepared, rows=rows, quiet=True).reference
 
         def score(candidate: BuiltVariant) -> Score:
@@ -246,7 +267,7 @@ class _Search:
         try:
             remaining = score(kept).overall
         finally:
-            kept.onnx_path.unlink(missing_ok=True)
+            discard_built(kept, self.root)
         return ordered, min(max(remaining / baseline.overall, 0.0), 1.0) if math.isfinite(remaining) else 1.0
 
     def finish(self, seconds: float) -> BuiltVariant:
@@ -255,7 +276,7 @@ class _Search:
         if chosen.built is None:
             raise QbenchError(f"variant {self.spec.name!r}: no candidate could be built: {chosen.result.error}")
         target = chosen.built.onnx_path
-        if self._owns(chosen.built):
+        if chosen.built.owned_by(self.root):
             target = self.ctx.workdir.resolve() / chosen.built.onnx_path.name
             for path in chosen.built.onnx_path.parent.iterdir():
                 path.replace(target.parent / path.name)
@@ -267,7 +288,7 @@ class _Search:
         params: dict[str, Any] = {
             "search.steps": [t.record() for t in self.trials],
             "search.chosen": self.trials.index(chosen),
-            "search.outcome": "passed" if chosen.passed else "tolerance unreachable",
+            "search.outcome": _outcome(chosen),
         }
         if self.spec.calibrator == "auto":
             params["calibrator_requested"] = "auto"
@@ -286,10 +307,18 @@ class _Search:
         if extra:
             notes.append(f"kept in FP32 by the search: {', '.join(extra)}")
         notes += [f"no fallback from {reason}" for reason in self.skipped]
-        if not chosen.passed:
+        if not chosen.lowered:
+            notes.append("no try quantized any node: the variant is the FP32 model")
+        elif not chosen.passed:
             notes.append(f"tolerance unreachable; best: {self.gate.metric} {chosen.metric:.4f} "
                          f"({chosen.label(base)}), breaches: {'; '.join(chosen.breaches())}")  # fmt: skip
         return notes
+
+
+def _outcome(chosen: Trial) -> str:
+    if chosen.passed:
+        return "passed"
+    return "tolerance unreachable" if chosen.lowered else "nothing to quantize"
 
 
 def _weight_sizes(model: onnx.ModelProto) -> dict[str, int]:

@@ -33,6 +33,7 @@ from qbench.results import AccuracyResult, SliceMetrics, SweepResults, VariantRe
 from qbench.runs import RESULTS_FILE, newest_run
 from qbench.slo import SLO_METRIC, SLO_SCOPE, SloJudgement, judge_slo
 from qbench.validate.metrics import custom_metrics, drop, recorded_custom_metrics
+from qbench.variants.base import lowered_nothing
 
 if TYPE_CHECKING:
     from qbench.data.evaluation import EvaluationRows
@@ -180,7 +181,7 @@ def _unlowered(results: SweepResults, pairs: Sequence[tuple[str, str]]) -> list[
         found, reference = results.find(variant, backend), results.find(results.reference, backend)
         if found is None or reference is None or found.status != "ok" or found.precision == reference.precision:
             continue  # a variant that did not run computes in nothing: its failure is the finding
-        same = found.params.get("identical_to") == results.reference or found.params.get("quantized_nodes") == 0
+        same = found.params.get("identical_to") == results.reference or lowered_nothing(found.params)
         if same:
             notes.append(f"{variant}@{backend} computes in {reference.precision} (nothing in the graph was lowered to "
                          f"{found.precision}): its pass says nothing about {found.precision}")  # fmt: skip

@@ -82,6 +82,31 @@ def write_fragile_project(
     return path
 
 
+def one_gemm_model(path: Path) -> Path:
+    """x -> scale (channel 0 times OUTLIER) -> Gemm `fc` (its weights undo it) -> Relu -> Transpose -> MatMul
+    `weight_first` (W @ x) -> Transpose -> y[4]: the same inputs and outputs as `fragile_model`.
+
+    ORT's dynamic INT8 quantizes `fc` alone (a MatMul whose weight comes first stays float), and the outlier makes it
+    lose agreement; with `fc` kept float the graph is not FP32's bytes (the Gemm became MatMul + Add) but computes
+    in FP32."""
+    rng = np.random.default_rng(2)
+    scale, weight = np.ones(WIDTH), rng.normal(size=(WIDTH, WIDTH)) / 4
+    scale[0], weight[0, :] = OUTLIER, weight[0, :] / OUTLIER
+    weights = {"s": scale, "w": weight, "b": rng.normal(size=WIDTH) / 10, "w_out": rng.normal(size=(4, WIDTH)) / 4}
+    nodes = [helper.make_node("Mul", ["x", "s"], ["xs"], name="scale"), helper.make_node("Gemm", ["xs", "w", "b"], ["h"], name="fc"),
+             helper.make_node("Relu", ["h"], ["r"], name="relu"), helper.make_node("Transpose", ["r"], ["rt"], name="t1", perm=[1, 0]),
+             helper.make_node("MatMul", ["w_out", "rt"], ["yt"], name="weight_first"),
+             helper.make_node("Transpose", ["yt"], ["y"], name="t2", perm=[1, 0])]  # fmt: skip
+    graph = helper.make_graph(
+        nodes, "one_gemm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", WIDTH])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+        initializer=[numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()],
+    )  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    return path
+
+
 INT8 = {"name": "int8", "precision": "int8", "calibrator": "minmax", "op_types": ["MatMul"]}
 
 
@@ -215,3 +240,19 @@ def test_linear_and_smoothquant_builds_name_their_quantized_nodes_and_are_rebuil
     assert isinstance(float_keeper(spec, ctx, built), Rebuild)
     result = explain_variant(recipe.model_copy(update={"variants": [*recipe.variants, spec]}), "lin", method="sqnr")
     assert sorted(cost.group for cost in result.costs) == ["branch_a", "branch_b", "head", "mm1"]
+
+
+def test_keeping_a_dynamic_variants_only_node_float_leaves_the_users_model_in_place(tmp_path):
+    """Leave-one-out on a variant with one quantized node rebuilds it with that node float: the builder hands back
+    the recipe's model itself (nothing to quantize), which explain used to delete after measuring it."""
+    path = write_fragile_project(tmp_path, [{"name": "int8", "precision": "int8", "calibrator": "dynamic", "op_types": ["MatMul"]}])
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="only")], "one",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", WIDTH])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+        initializer=[numpy_helper.from_array(np.random.default_rng(0).normal(size=(WIDTH, 4)).astype(np.float32), "w")],
+    )  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(tmp_path / "model.onnx"))
+    result = explain_variant(load_recipe(path), "int8", method="leave_one_out", workdir=tmp_path / "explained")
+    assert [cost.group for cost in result.costs] == ["only"]
+    assert (tmp_path / "model.onnx").is_file()

@@ -6,7 +6,7 @@ import dataclasses
 import math
 
 import pytest
-from test_explain import INT8, write_fragile_project
+from test_explain import INT8, one_gemm_model, write_fragile_project
 
 from qbench.gate import EXIT_BREACH, EXIT_PASS
 from qbench.recipe import load_recipe
@@ -128,3 +128,32 @@ def test_nodes_that_matter_only_together_are_still_tried(tmp_path, monkeypatch):
     assert "fallback.skipped" not in result.params or not result.params["fallback.skipped"]
     assert {"branch_a", "branch_b"} <= set(result.params["exclude_nodes"])
     assert result.params["search.outcome"] == "passed" and outcome.gate.exit_code == EXIT_PASS
+
+
+def test_a_fallback_over_every_node_leaves_the_users_model_and_keeps_one_node_in_int8(tmp_path):
+    """Dynamic INT8 quantizes the 4 MatMuls, fewer than max_excluded (8): ranking with 8 nodes in FP32 rebuilt the
+    try with every node float, which is the recipe's own model, and deleted it afterwards. No step may keep every
+    node float (that is the FP32 model), and no file of the user's is touched."""
+    variant = {"name": "int8", "precision": "int8", "calibrator": "dynamic", "op_types": ["MatMul"], "fallback": {"until": "gate"}}
+    outcome, result = _sweep(tmp_path, variant, fragile=("a",))
+    assert (tmp_path / "model.onnx").is_file()
+    steps = result.params["search.steps"]
+    assert all(len(s["excluded"]) < 4 and s["lowered"] for s in steps)
+    assert "branch_a" in result.params["exclude_nodes"] and result.params["search.outcome"] == "passed"
+    assert outcome.gate.exit_code == EXIT_PASS
+
+
+def test_a_step_that_keeps_every_quantized_node_float_is_never_a_pass(tmp_path):
+    """A zero-tolerance gate only FP32 itself can meet: dynamic INT8 quantizes one node (the Gemm), and keeping it in
+    FP32 leaves an FP32 graph (its Gemm a MatMul + Add). That step 'passed' and the gate exited 0; the fallback now
+    stops one node short of all, so the tolerance is unreachable and the gate fails the INT8 try."""
+    variant = {"name": "int8", "precision": "int8", "calibrator": "dynamic", "fallback": {"until": "gate"}}
+    path = write_fragile_project(tmp_path, [variant], gate={"metric": "agreement", "max_drop": 0.0, "max_slice_drop": 0.0})
+    one_gemm_model(tmp_path / "model.onnx")
+    outcome = run_sweep(load_recipe(path), track=False)
+    result = outcome.results.find("int8", "onnxruntime-cpu")
+    assert result.status == "ok" and result.params["quantized_nodes"] >= 1
+    assert result.params["search.outcome"] == "tolerance unreachable" and result.params["exclude_nodes"] == []
+    assert not any(s["passed"] for s in result.params["search.steps"])
+    assert result.params["fallback.skipped"][0].startswith("dynamic: it quantizes 1 node(s)")
+    assert outcome.gate.exit_code == EXIT_BREACH

@@ -59,10 +59,12 @@ def test_a_variant_that_computes_as_the_reference_passes_with_a_note_saying_so()
     twin_of_other = replace(variant("int8-b", 0.95, {"noisy": 0.90, "clean": 0.99}), params={"identical_to": "int8-a"})
     none_quantized = replace(variant("int8-c", 0.95, {"noisy": 0.90, "clean": 0.99}), params={"quantized_nodes": 0})
     some_quantized = replace(variant("int8-d", 0.95, {"noisy": 0.90, "clean": 0.99}), params={"quantized_nodes": 3})
-    report = evaluate_gate(sweep(REFERENCE, same, quantized, twin_of_other, none_quantized, some_quantized), SPEC)
+    no_linear = replace(variant("int8-e", 0.95, {"noisy": 0.90, "clean": 0.99}), params={"quantized_linears": 0})
+    variants = (REFERENCE, same, quantized, twin_of_other, none_quantized, some_quantized, no_linear)
+    report = evaluate_gate(sweep(*variants), SPEC)
     assert report.exit_code == EXIT_PASS
     assert report.notes == tuple(f"int8-{name}@onnxruntime-cpu computes in fp32 (nothing in the graph was lowered to "
-                                 "int8): its pass says nothing about int8" for name in ("tree", "c"))  # fmt: skip
+                                 "int8): its pass says nothing about int8" for name in ("tree", "c", "e"))  # fmt: skip
 
 
 def test_a_failed_variant_gets_no_computes_in_fp32_note():

@@ -316,4 +316,5 @@ def built_from_manifest(manifest: dict[str, Any], folder: Path, reference: Path)
         notes=tuple(manifest["notes"]),
         simulation=bool(manifest["simulation"]),
         activation_ranges={name: (float(lo), float(hi)) for name, (lo, hi) in manifest["activation_ranges"].items()},
+        borrowed=entry == REFERENCE_MODEL,
     )

@@ -10,11 +10,16 @@
    faster are evaluated. Then the reduce_range twins of the bases that did not pass, the same way.
 3. Keep float: when none passes, the quantized nodes are ranked by the noise each adds (per-layer
    SQNR, one pass of a static Q/DQ build on the screening rows) and the fastest failing candidates
-   are rebuilt with the top 1, 2, 4, ... nodes in floating point (up to `max_keep_float`), until one
-   passes or could no longer be the fastest.
+   are rebuilt with the top 1, 2, 4, ... nodes in floating point (up to `max_keep_float`, and never
+   every node the candidate quantized: that would be the FP32 model), until one passes or could no
+   longer be the fastest.
 4. Choose: the passing candidates are re-timed side by side with FP32 (interleaved rounds) and the
    fastest is kept; when none passes, the closest is evaluated in full if it was only screened (it may
    pass after all), then kept (the gate then fails it) and the report says what it would need.
+
+A candidate in which no node computes in INT8 (BuiltVariant.lowered_nothing: nothing to quantize, or every
+quantized node kept float) is "not applicable": it is never measured, so it can neither pass nor be kept.
+Only files of the search's own folder are moved or removed.
 
 No new step starts once `time_budget_s` is spent (the first candidate always runs). Every candidate's figures and verdict are in the
 returned `SearchReport` (results.json `search`, the report and MLflow).
@@ -122,7 +127,7 @@ class _Search:
         self.budget_exhausted = False
         self.keep_float_exhausted = False
         self.tried = 0  # candidates started
-        self.fp32_built = BuiltVariant("fp32", "fp32", prepared.source.onnx_path)
+        self.fp32_built = BuiltVariant("fp32", "fp32", prepared.source.onnx_path, borrowed=True)
         self.fp32_screen = measure(backend, self.fp32_built, prepared, rows=self.screen, timing=self.timing, quiet=True,
                                    clock=clock)  # fmt: skip
         self.fp32_p50 = _p50s(self.fp32_screen.result)
@@ -165,9 +170,10 @@ class _Search:
                 self.clock.add("build", t)
         record = record.with_(build_seconds=round(built.build_seconds, 3))
         digest = graph_digest(built.onnx_path)
-        if digest == self.reference_digest:
-            self.records[index] = record.with_(stage="not applicable", verdict="nothing to quantize: the graph is FP32's")
-            logger.info(f"  {candidate.label}: not applicable (nothing to quantize)")
+        if built.lowered_nothing or digest == self.reference_digest:
+            what = "every quantized node kept float" if candidate.keep_float else "nothing to quantize"
+            self.records[index] = record.with_(stage="not applicable", verdict=f"{what}: no node computes in INT8")
+            logger.info(f"  {candidate.label}: not applicable ({what})")
             return index
         if digest in self.digests:
             twin = self.records[self.digests[digest]].label
@@ -275,11 +281,13 @@ class _Search:
         if not ranking:
             return
         for base in bases:
-            own = self.base_ranking(base, ranking)
-            if not own:
-                logger.info(f"  {self.records[base].label}: none of the ranked nodes is quantized there; no keep-float candidate")
+            own, quantized = self.base_ranking(base, ranking)
+            most = min(self.spec.max_keep_float, len(own), quantized - 1)  # all of them float: the FP32 model
+            if most < 1:
+                logger.info(f"  {self.records[base].label}: none of the ranked nodes can be kept float there (it "
+                            f"quantizes {quantized}); no keep-float candidate")  # fmt: skip
                 continue
-            for size in sorted({min(2**k, self.spec.max_keep_float, len(own)) for k in range(16)}):
+            for size in sorted({min(2**k, most) for k in range(16)}):
                 index = self.screen_candidate(self.candidates[base].keeping(own[:size]))
                 record = self.records[index]
                 if record.stage == "skipped":
@@ -293,17 +301,18 @@ class _Search:
                     self.evaluate(index)
                     if self.records[index].passed:
                         break
-            else:
-                self.keep_float_exhausted = True
+            else:  # every rung failed: more float nodes were what was left, if max_keep_float was the cap
+                self.keep_float_exhausted |= most == self.spec.max_keep_float
 
-    def base_ranking(self, base: int, ranking: list[str]) -> list[str]:
-        """The ranking restricted to the nodes `base` quantized: keeping float a node it left float anyway would
-        rebuild the same graph (a dynamic candidate quantizes MatMul/Gemm only; the ranking comes from a static build)."""
+    def base_ranking(self, base: int, ranking: list[str]) -> tuple[list[str], int]:
+        """The ranking restricted to the nodes `base` quantized (keeping float a node it left float anyway would
+        rebuild the same graph: a dynamic candidate quantizes MatMul/Gemm only; the ranking comes from a static build),
+        and how many nodes `base` quantized."""
         from qbench.explain_graph import quantized_nodes
         from qbench.variants.onnx_utils import load_model
 
         own = {n.name for n in quantized_nodes(load_model(self.ctx.reference_path), self.built[base])}
-        return [name for name in ranking if name in own]
+        return [name for name in ranking if name in own], len(own)
 
     def sensitivity_ranking(self) -> list[str]:
         """Quantized nodes, the most noise added first (per-layer SQNR of a static Q/DQ build on the screening rows)."""
@@ -391,7 +400,7 @@ class _Search:
         return SearchOutcome(built, report)
 
     def _slower_note(self, chosen: int | None) -> tuple[str, ...]:
-        slower = select.slower_than_reference(self.records[chosen]) if chosen is not None else None
+        slower = select.slower_than_reference(self.records[chosen], self.tie()) if chosen is not None else None
         if slower is None:
             return ()
         logger.warning(f"INT8 search: {slower}")
@@ -406,17 +415,20 @@ class _Search:
                 "interleaved rounds)")  # fmt: skip
 
     def _keep(self, index: int) -> BuiltVariant:
-        """Move the picked candidate's files to <workdir>/<name>.* and name it after the search."""
+        """Move the picked candidate's files to <workdir>/<name>.* and name it after the search (only files of the
+        search's own folder move: a candidate never measured is never picked, but a file of the user's stays put)."""
         built = self.built[index]
-        target = self.root.parent / f"{self.spec.name}.onnx"
-        for path in built.onnx_path.parent.iterdir():
-            path.replace(target.parent / path.name.replace(built.onnx_path.stem, self.spec.name, 1))
+        target = built.onnx_path
+        if built.owned_by(self.root):
+            target = self.root.parent / f"{self.spec.name}.onnx"
+            for path in built.onnx_path.parent.iterdir():
+                path.replace(target.parent / path.name.replace(built.onnx_path.stem, self.spec.name, 1))
         record = self.records[index]
         params = {**built.params, "search.technique": record.technique, "search.candidate": record.label,
                   "search.outcome": "passed" if record.passed else "tolerance unreachable"}  # fmt: skip
         note = (f"found by the INT8 search: {record.label}" if record.passed else
                 f"INT8 search: no candidate passed; closest: {record.label}")  # fmt: skip
-        slower = select.slower_than_reference(record) if record.passed else None
+        slower = select.slower_than_reference(record, self.tie()) if record.passed else None
         note = f"{note}; {slower}" if slower else note
         return dataclasses.replace(built, name=self.spec.name, onnx_path=target, params=params,
                                    notes=(*built.notes, note), build_seconds=self.now() - self.started)  # fmt: skip

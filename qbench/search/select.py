@@ -11,7 +11,8 @@
 - `choose`: the fastest candidate whose full evaluation passed the gate (ties broken by accuracy, not noise).
 - `keep_float_bases`: which failing candidates get nodes kept in floating point.
 - `closest` / `needed`: when none passed, the candidate nearest to passing and what it would take.
-- `slower_than_reference`: the chosen candidate does not beat FP32 (INT8 may not pay off on a backend).
+- `slower_than_reference`: the chosen candidate does not beat FP32 beyond the timing noise (INT8 may not pay off on
+  a backend).
 - `why_none`: why a search kept no candidate at all, in words.
 """
 
@@ -107,7 +108,9 @@ def choose(records: Sequence[CandidateRecord], tie: float = TIE) -> int | None:
 
 def slower_than_reference(record: CandidateRecord, tie: float = TIE) -> str | None:
     """Why shipping this candidate for speed would be a mistake, or None: its speed-up is below 1 beyond the tie
-    margin (INT8 kernels on some backends and models, e.g. small convolutions on CPU, run slower than FP32)."""
+    margin (INT8 kernels on some backends and models, e.g. small convolutions on CPU, run slower than FP32). The
+    search passes the margin its ranking uses (TIE, or the timing noise it measured when that is more): an estimate
+    within the noise of 1 does not say the candidate is slower."""
     speed = _speed(record)
     if not math.isfinite(speed) or speed >= 1.0 - tie:
         return None

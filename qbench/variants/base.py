@@ -63,6 +63,8 @@ class BuiltVariant:
     activation_ranges: float tensor name (as in the FP32 model) -> (low, high), the interval a
         static INT8 / FP8 variant's activation quantizer represents; values outside are clipped.
         Empty for variants that clip nothing at a calibrated bound (float casts, dynamic INT8).
+    borrowed: onnx_path is not the build's own file but one it reuses, the recipe's FP32 model (FP32 itself, a
+        variant with nothing to change): no search, fallback or explain step may ever move or delete it.
     """
 
     name: str
@@ -75,11 +77,29 @@ class BuiltVariant:
     simulation: bool = False
     torch_module: Callable[[], Any] | None = None  # the variant as a torch module, for torch backends
     activation_ranges: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    borrowed: bool = False
+
+    @property
+    def lowered_nothing(self) -> bool:
+        """No node of the graph computes in the variant's precision (see `lowered_nothing`)."""
+        return lowered_nothing(self.params)
+
+    def owned_by(self, folder: Path) -> bool:
+        """Whether this build's model is a file the caller created inside `folder`, its own work folder: the only
+        models a search may move or delete (a borrowed one is the user's, wherever it lies)."""
+        return not self.borrowed and self.onnx_path.resolve().is_relative_to(folder.resolve())
 
     @property
     def dynamic(self) -> bool:
         """Activations quantized per batch at run time (ORT's dynamic INT8, or a linear/SmoothQuant dynamic build)."""
         return self.params.get("calibrator") == "dynamic" or self.params.get("activations") == "dynamic"
+
+
+def lowered_nothing(params: Mapping[str, Any]) -> bool:
+    """Whether a variant with these params computes exactly as FP32 does: its builder changed nothing (`unchanged`),
+    or counted no node lowered (`quantized_nodes` of the ORT/FP8/QAT/ModelOpt builds, `quantized_linears` of the
+    linear/SmoothQuant builds, counted on the built graph). Such a variant's pass says nothing about its precision."""
+    return "unchanged" in params or params.get("quantized_nodes") == 0 or params.get("quantized_linears") == 0
 
 
 class VariantBuilder(Protocol):

@@ -17,4 +17,5 @@ def build_fp32(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         precision="fp32",
         onnx_path=reference,
         params={"source": "the recipe's model, unchanged"},
+        borrowed=True,
     )

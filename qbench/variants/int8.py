@@ -43,7 +43,7 @@ from qbench.variants.calibrate import (
     require_calibration,
 )
 from qbench.variants.float_rules import kept_float_nodes
-from qbench.variants.gemm_matmul import gemms_as_matmul
+from qbench.variants.gemm_matmul import gemms_as_matmul, plain_gemm_factors
 from qbench.variants.onnx_utils import (
     Stopwatch,
     build_step,
@@ -113,6 +113,8 @@ def build_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     check_node_names(model, config.exclude_nodes, spec.name)
     if dynamic and "MatMul" in op_types:
         params["gemms_as_matmul"] = len(gemms_as_matmul(model))  # the dynamic quantizer skips Gemm (a torch Linear)
+    if isinstance(config, OrtStatic) and "Gemm" in op_types:
+        params["gemms_made_plain"] = len(plain_gemm_factors(model))  # the static quantizer misreads alpha, beta, a 2-D C
     kept_float = kept_float_nodes(model, config.keep_float)
     params.update(kept_float.params())
     excluded = [*config.exclude_nodes, *kept_float.names]

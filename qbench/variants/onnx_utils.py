@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import io
 import os
+import shutil
 import tempfile
 import time
 from collections import Counter
@@ -254,7 +255,21 @@ def unchanged_variant(
         params={**params, "unchanged": why},
         build_seconds=seconds,
         notes=(f"{why}: the variant is the FP32 model",),
+        borrowed=True,
     )
+
+
+def discard_built(built: BuiltVariant, owner: Path, *, with_folder: bool = False) -> None:
+    """Delete a candidate's model file (`with_folder`: the folder holding it, when that lies below `owner`), only when
+    it is a file of `owner`, the caller's own work folder (BuiltVariant.owned_by). A candidate that reuses the user's
+    FP32 model (a rebuild with every node kept float comes back as that model) is left as it is."""
+    if not built.owned_by(owner):
+        return
+    path = built.onnx_path.resolve()
+    if with_folder and path.parent != owner.resolve():
+        shutil.rmtree(path.parent, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def quantizable_nodes(model: onnx.ModelProto, op_types: Collection[str], exclude: Collection[str]) -> list[str]:

@@ -5,7 +5,8 @@
 A quantizer that leaves a node out (`exclude_nodes`) can still hand it a Q/DQ'd activation (the tensor is
 quantized for another reader), and ONNX Runtime's QDQ quantizer folds a Relu/Clip into the QuantizeLinear
 that follows it. A bypassed node reads the activation from before its QuantizeLinear, with the folded
-Relu/Clip applied again, and its weights from the reference: what `exclude_nodes` promises, and what
+Relu/Clip applied again, and its weights and attributes from the reference (the builder may have
+rewritten them, e.g. a Gemm's alpha folded into its weight): what `exclude_nodes` promises, and what
 `qbench explain` measures when it ranks nodes.
 """
 
@@ -31,6 +32,8 @@ def bypass_qdq(quantized: onnx.ModelProto, reference: onnx.ModelProto, names: Co
     nodes: list[onnx.NodeProto] = []
     restored: dict[str, str] = {}
     for node in model.graph.node:
+        original = originals.get(node.name) if node.name in names else None
+        as_written = original is not None and original.op_type == node.op_type  # the reference's own node
         for index, name in enumerate(node.input if node.name in names else ()):
             dequantized, source = dequantized_from(name, producers)
             if source is not None:  # an activation: read it before its QuantizeLinear
@@ -45,10 +48,13 @@ def bypass_qdq(quantized: onnx.ModelProto, reference: onnx.ModelProto, names: Co
                         restored[source] = _restore_activation(model, folded, source, weights, nodes)
                     source = restored[source]
                 node.input[index] = source
-            elif dequantized and node.name in originals:  # a weight: the reference's float initializer
-                weight = originals[node.name].input[index] if index < len(originals[node.name].input) else ""
-                if weight in weights:
+            elif original is not None and (dequantized or as_written):  # a weight: the reference's float initializer
+                weight = original.input[index] if index < len(original.input) else ""
+                if weight in weights and (dequantized or weight != name):
                     node.input[index] = _add_initializer(model, weights[weight])
+        if as_written:  # with the reference's weights, its attributes (alpha, beta) too
+            del node.attribute[:]
+            node.attribute.extend(original.attribute)
         nodes.append(node)
     del model.graph.node[:]
     model.graph.node.extend(nodes)

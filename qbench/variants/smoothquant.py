@@ -21,6 +21,7 @@ smoothing follow from them exactly (range_j / s_j), so no second pass is needed.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -49,6 +50,7 @@ _NORMS: dict[str, tuple[int, int | None]] = {
     "SkipLayerNormalization": (2, 3),
     "SkipSimplifiedLayerNormalization": (2, None),
 }
+logger = logging.getLogger(__name__)
 _SCALE_LIMITS = (1e-5, 1e5)  # keeps s finite and nonzero for dead or extreme channels
 
 
@@ -75,25 +77,36 @@ class ChannelRange:
 
     low: np.ndarray
     high: np.ndarray
-    # for choosing alpha without seeing the rows it is judged on: ranges of the first half of each
-    # batch, and rows sampled from the second half (flattened over all but the last axis)
+    # for choosing alpha without seeing the rows it is judged on: ranges of the fit rows, and rows sampled from
+    # the rows held back (flattened over all but the last axis); see `held_back`
     fit_low: np.ndarray
     fit_high: np.ndarray
     sample: np.ndarray
+    judged_on_fit: bool = False  # no row could be held back (one calibration row): alpha is judged on the fit rows
 
     @classmethod
     def empty(cls, width: int) -> ChannelRange:
         low, high = np.full(width, np.inf, np.float32), np.full(width, -np.inf, np.float32)
         return cls(low, high, low.copy(), high.copy(), np.empty((0, width), np.float32))
 
-    def update(self, values: np.ndarray, sample_rows: int) -> None:
+    def update(self, values: np.ndarray, sample_rows: int, held_back: bool | None = None) -> None:
+        """Add one batch. With `sample_rows`, `held_back` says whether the whole batch is held back from the fit
+        (True) or fitted on (False); None (the only batch) splits its rows in half, or, with one row, fits and judges
+        on that row."""
         flat = values.reshape(-1, values.shape[-1])
         self.low = np.minimum(self.low, flat.min(axis=0))
         self.high = np.maximum(self.high, flat.max(axis=0))
-        if sample_rows and len(flat) > 1:
-            fit, judged = flat[: len(flat) // 2], flat[len(flat) // 2 :]
+        if not sample_rows:
+            return
+        if held_back is None:
+            self.judged_on_fit |= len(flat) < 2
+            fit, judged = (flat[: len(flat) // 2], flat[len(flat) // 2 :]) if len(flat) > 1 else (flat, flat)
+        else:
+            fit, judged = (flat[:0], flat) if held_back else (flat, flat[:0])
+        if len(fit):
             self.fit_low = np.minimum(self.fit_low, fit.min(axis=0))
             self.fit_high = np.maximum(self.fit_high, fit.max(axis=0))
+        if len(judged):
             picked = np.linspace(0, len(judged) - 1, num=min(sample_rows, len(judged))).astype(int)
             self.sample = np.concatenate([self.sample, judged[picked]])
 
@@ -111,11 +124,13 @@ class SmoothingReport:
     inserted_muls: int = 0
     skipped_groups: int = 0
     alphas: Counter[str] = field(default_factory=Counter)  # alpha chosen -> groups ("none": left unsmoothed)
+    judged_on_fit: int = 0  # groups whose alpha was judged on the rows it was fitted on (one calibration row)
 
     def params(self) -> dict[str, Any]:
+        judged = {"alpha_judged_on_fit_rows": self.judged_on_fit} if self.judged_on_fit else {}
         return {"smoothed_groups": self.groups, "folded_into": dict(sorted(self.folded_into.items())),
                 "inserted_muls": self.inserted_muls, "unsmoothed_groups": self.skipped_groups,
-                "alphas_chosen": dict(sorted(self.alphas.items()))}  # fmt: skip
+                "alphas_chosen": dict(sorted(self.alphas.items())), **judged}  # fmt: skip
 
 
 def smoothing_scales(activation_absmax: np.ndarray, weight_absmax: np.ndarray, alpha: float) -> np.ndarray:
@@ -128,15 +143,24 @@ def smoothing_scales(activation_absmax: np.ndarray, weight_absmax: np.ndarray, a
     return np.clip(scales, *_SCALE_LIMITS)
 
 
+def held_back(batch: int, batches: int) -> bool | None:
+    """Whether calibration batch `batch` of `batches` is held back from the range fit `alpha: auto` judges on: every
+    other batch, whole, so that batches of one row (a model exported with a fixed batch of 1) hold rows back too;
+    None when there is only one batch (its rows are split instead)."""
+    return None if batches < 2 else batch % 2 == 1
+
+
 def collect_channel_ranges(
     model: onnx.ModelProto, tensors: Sequence[str], batches: Sequence[Feeds], tmp: Path, sample_rows: int = 0
 ) -> dict[str, ChannelRange]:
     """Per-channel ranges of `tensors`: one ORT session with those tensors exposed as outputs, fed batch by batch.
 
-    Graph inputs among `tensors` are read from the feeds themselves. With `sample_rows`, each range
-    also keeps about that many rows, spread evenly over the batches.
+    Graph inputs among `tensors` are read from the feeds themselves. With `sample_rows`, each range also
+    keeps about that many rows, spread evenly over the batches held back (`held_back`), and the range of
+    the others.
     """
-    per_batch = -(-sample_rows // max(len(batches), 1))
+    judged_batches = sum(held_back(i, len(batches)) is not False for i in range(len(batches)))
+    per_batch = -(-sample_rows // max(judged_batches, 1))
     graph_inputs = {value.name for value in model.graph.input}
     computed = [name for name in tensors if name not in graph_inputs]
     exposed = onnx.ModelProto()
@@ -149,13 +173,13 @@ def collect_channel_ranges(
     options.log_severity_level = 3
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     ranges: dict[str, ChannelRange] = {}
-    for batch in batches:
+    for index, batch in enumerate(batches):
         found = dict(zip(computed, session.run(computed, dict(batch)) if computed else []))
         for name in tensors:
             values = np.asarray(found[name] if name in found else batch[name], dtype=np.float32)
             if name not in ranges:
                 ranges[name] = ChannelRange.empty(values.shape[-1])
-            ranges[name].update(values, per_batch)
+            ranges[name].update(values, per_batch, held_back(index, len(batches)))
     return ranges
 
 
@@ -170,6 +194,7 @@ def smooth(
         weights = [_oriented_weight(view, linear) for linear in group]
         weight_absmax = np.max([np.abs(weight).max(axis=1) for weight in weights], axis=0)
         alpha = settings.alpha if settings.alpha != "auto" else _best_alpha(channel, weights, weight_absmax, settings)
+        report.judged_on_fit += settings.alpha == "auto" and channel.judged_on_fit
         report.alphas["none" if alpha is None else f"{alpha:g}"] += 1
         scales = smoothing_scales(channel.absmax, weight_absmax, alpha) if alpha is not None else None
         readers = [linear.index for linear in group]
@@ -331,4 +356,7 @@ def smooth_model(
     sample_rows = AUTO_SAMPLE_ROWS if settings.alpha == "auto" else 0
     ranges = collect_channel_ranges(model, list(groups), batches, tmp, sample_rows)
     input_ranges, report = smooth(view, dict(groups), ranges, settings)
+    if report.judged_on_fit:
+        logger.warning("SmoothQuant alpha auto: calibration has one row, so none could be held back: alpha is judged on "
+                       "the row its range was fitted on (clipping beyond that range goes unseen); calibrate on more rows")
     return SmoothedModel(view.commit(), input_ranges, report)

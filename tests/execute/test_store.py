@@ -80,6 +80,7 @@ def test_a_materialised_build_is_a_copy_independent_of_the_store(
     run_models = tmp_path / "run" / "models"
     store.materialise(KEY, manifest, run_models)
     built = built_from_manifest(manifest, run_models, tmp_path / "fp32.onnx")
+    assert not built.borrowed  # the run's own copy
     for name in manifest["files"]:
         copy, stored = run_models / name, tmp_path / "store" / KEY / name
         assert copy.read_bytes() == stored.read_bytes()
@@ -137,7 +138,8 @@ def test_a_build_that_is_the_fp32_model_names_the_reading_sweeps_own_model(tmp_p
     folder.mkdir()
     manifest = manifest_of(BuiltVariant("fp32", "fp32", first), folder, build_environment(), reusable=True)
     assert manifest["files"] == {} and str(first) not in str(manifest)
-    assert built_from_manifest(manifest, tmp_path / "run" / "models", second).onnx_path == second
+    read_back = built_from_manifest(manifest, tmp_path / "run" / "models", second)
+    assert read_back.onnx_path == second and read_back.borrowed  # the user's file: no step may move or delete it
 
 
 def test_a_publish_removes_what_killed_publishers_left_and_keeps_what_running_ones_write(tmp_path: Path) -> None:

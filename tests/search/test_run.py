@@ -8,9 +8,9 @@ import math
 
 import pytest
 import yaml
-from test_explain import fragile_model, write_fragile_project
+from test_explain import fragile_model, one_gemm_model, write_fragile_project
 
-from qbench.gate import EXIT_BREACH, EXIT_PASS, run_gate
+from qbench.gate import EXIT_BREACH, EXIT_PASS, EXIT_UNUSABLE, run_gate
 from qbench.recipe import load_recipe
 from qbench.results import read_results
 from qbench.search import select
@@ -22,8 +22,10 @@ def in_tmp(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
 
-def _searched(tmp_path, search, *, fragile=("a",), gate=None):
+def _searched(tmp_path, search, *, fragile=("a",), gate=None, model=None):
     path = write_fragile_project(tmp_path, [], fragile=fragile, gate=gate)
+    if model is not None:
+        model(tmp_path / "model.onnx")
     raw = yaml.safe_load(path.read_text())
     raw["search"] = search
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
@@ -219,7 +221,7 @@ def test_keep_float_candidates_keep_only_nodes_their_base_quantized(tmp_path):
     base = build_variant(Candidate("ort-dynamic", keep_float=("head",)).spec("base"), ctx)
     search = object.__new__(search_run._Search)
     search.ctx, search.built = SimpleNamespace(reference_path=tmp_path / "model.onnx"), {0: base}
-    assert search.base_ranking(0, ["head", "branch_a", "mm1", "branch_b"]) == ["branch_a", "mm1", "branch_b"]
+    assert search.base_ranking(0, ["head", "branch_a", "mm1", "branch_b"]) == (["branch_a", "mm1", "branch_b"], 3)
 
 
 @pytest.mark.parametrize(("fp32_timings", "evaluated"), [([{1: 10.0}, {1: 10.2}], False), ([{1: 10.0}, {1: 12.0}], True)])
@@ -263,3 +265,54 @@ def test_a_candidate_that_fails_to_run_is_said_on_the_console_not_only_in_the_re
     record = outcome.results.search.candidates[0]
     assert record.stage == "failed" and record.verdict == "failed to run: INVALID_GRAPH" and record.build_seconds
     assert "ort-static: failed to run: INVALID_GRAPH" in caplog.text
+
+
+def test_a_candidate_with_every_quantized_node_float_is_never_chosen(tmp_path):
+    """ORT dynamic quantizes one node (the Gemm); keeping it float leaves a graph that is not FP32's bytes (the Gemm is
+    a MatMul + Add) but computes in FP32, so it met a zero-tolerance gate that no INT8 candidate can: the search said
+    'passed' and the gate exited 0. Now the ladder stops one node short of all, and the closest INT8 candidate is kept
+    as unreachable."""
+    _, outcome = _searched(tmp_path, {"time_budget_s": 60, "techniques": ["ort-dynamic"]}, model=one_gemm_model,
+                           gate={"metric": "agreement", "max_drop": 0.0, "max_slice_drop": 0.0})  # fmt: skip
+    report = outcome.results.search
+    assert report.outcome == "unreachable" and report.chosen is None and not any(c.passed for c in report.candidates)
+    assert not any(c.keep_float for c in report.candidates)  # one node quantized: none can be kept float
+    variant = outcome.results.find("int8-search", "onnxruntime-cpu")
+    assert variant.params["search.outcome"] == "tolerance unreachable" and variant.params["quantized_nodes"] == 1
+    assert outcome.gate.exit_code == EXIT_BREACH
+
+
+def test_a_candidate_in_which_no_node_computes_in_int8_is_not_applicable(tmp_path, monkeypatch):
+    """Whatever its bytes: every candidate here is built with the Gemm excluded, so ORT quantizes nothing, yet the graph
+    differs from FP32's (the Gemm became MatMul + Add). Such a candidate is never measured, so it can neither pass nor
+    be kept: the search keeps nothing, as for a model with nothing to quantize."""
+    from qbench.search import run as search_run
+
+    real = search_run.build_variant
+
+    def gemm_excluded(spec, ctx):
+        return real(spec.model_copy(update={"exclude_nodes": [*spec.exclude_nodes, "fc"]}), ctx)
+
+    monkeypatch.setattr(search_run, "build_variant", gemm_excluded)
+    _, outcome = _searched(tmp_path, {"time_budget_s": 60, "techniques": ["ort-dynamic"]}, model=one_gemm_model,
+                           gate={"metric": "agreement", "max_drop": 0.0, "max_slice_drop": 0.0})  # fmt: skip
+    report = outcome.results.search
+    assert [c.stage for c in report.candidates] == ["not applicable"]
+    assert report.candidates[0].verdict == "nothing to quantize: no node computes in INT8"
+    assert report.outcome == "nothing built" and report.chosen is None and report.closest is None
+    assert outcome.results.find("int8-search", "onnxruntime-cpu").status == "failed"
+    assert outcome.gate.exit_code == EXIT_UNUSABLE
+
+
+@pytest.mark.parametrize(("fp32_timings", "flagged"), [([{1: 10.0}, {1: 10.1}], True), ([{1: 10.0}, {1: 12.0}, {1: 8.0}], False)])
+def test_slower_than_fp32_is_flagged_only_beyond_the_timing_noise_the_search_measured(fp32_timings, flagged):
+    """A pick estimated at 0.85x FP32: on a quiet machine that is slower than FP32; when FP32's own timings were 8 to
+    12 ms (an estimate's noise: 40 %) the estimate cannot say so, as the search's ranking already knew (a fixed 5 %
+    margin flagged it, and the report then showed the sweep measuring the pick faster than FP32)."""
+    from qbench.results_search import CandidateRecord
+    from qbench.search import run
+
+    search = object.__new__(run._Search)
+    search.records = [CandidateRecord("dynamic", "ort-dynamic", speedup=0.85, stage="evaluated", passed=True, excess=0.4)]
+    search.fp32_timings = fp32_timings
+    assert bool(search._slower_note(0)) is flagged

@@ -210,3 +210,44 @@ def test_static_per_channel_on_an_old_opset_raises_the_opset_and_runs(opset, gra
     reference = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     output = run(built, feeds)
     assert np.abs(output - reference).max() < 0.1 * np.abs(reference).max()
+
+
+ROWS = 32  # a fixed batch: a Gemm's C may then be a whole (ROWS, N) matrix
+
+
+def _gemm_model(path, bias_shape, *, alpha=1.0, beta=1.0, trans_b=0):
+    rng = np.random.default_rng(4)
+    weight = rng.normal(size=(16, 8) if trans_b else (8, 16)).astype(np.float32)
+    bias = rng.normal(size=bias_shape).astype(np.float32)
+    node = onnx.helper.make_node("Gemm", ["x", "w", "c"], ["y"], name="fc", alpha=alpha, beta=beta, transB=trans_b)
+    graph = onnx.helper.make_graph([node], "gemm", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [ROWS, 8])],
+                                   [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [ROWS, 16])],
+                                   [onnx.numpy_helper.from_array(weight, "w"), onnx.numpy_helper.from_array(bias, "c")])  # fmt: skip
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.mark.parametrize(("bias_shape", "alpha", "beta", "trans_b"), [
+    ((1, 16), 1.0, 1.0, 0), ((1,), 1.0, 1.0, 1), ((ROWS, 16), 1.0, 1.0, 0),  # C broadcast: ORT's numpy error
+    ((16,), 1.0, 2.0, 0), ((16,), 0.5, 1.0, 1), ((1, 16), -0.5, 3.0, 0),  # beta != 1: ORT lost it (30 % error)
+])  # fmt: skip
+def test_static_int8_of_a_gemm_with_any_bias_shape_and_factors_stays_close_to_fp32(bias_shape, alpha, beta, trans_b, run, tmp_path):
+    """ORT's static quantizer failed on a Gemm whose C broadcasts ('The truth value of an array ... is ambiguous'), and
+    quantized C without beta. The build folds alpha and beta into the constants and hands it a 1-D C (a whole-matrix
+    C goes to an Add after the Gemm), which computes the same."""
+    path = _gemm_model(tmp_path / "gemm.onnx", bias_shape, alpha=alpha, beta=beta, trans_b=trans_b)
+    feeds = {"x": np.random.default_rng(5).normal(size=(ROWS, 8)).astype(np.float32)}
+    spec = VariantSpec(name="s", precision="int8", calibrator="minmax", per_channel=True)
+    built = build_int8(spec, BuildContext(reference_path=path, workdir=tmp_path / "out", calibration=[feeds]))
+    assert built.params["gemms_made_plain"] == 1 and built.params["quantized_op_types"].get("Gemm") == 1
+    reference = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    relative = np.abs(run(built, feeds) - reference).max() / np.abs(reference).max()
+    assert relative < 0.05, relative
+    # kept float by explain / the fallback (its input Q/DQ bypassed): the reference's own weights, alpha and beta
+    from qbench.explain_graph import QdqBypass
+
+    kept = QdqBypass(built, onnx.load(str(path)), tmp_path).keep_float({"fc"}, "kept")
+    kept_relative = np.abs(run(kept, feeds) - reference).max() / np.abs(reference).max()
+    assert kept_relative < 0.02, kept_relative  # only its output's Q/DQ is left (one 8-bit rounding)

@@ -300,6 +300,38 @@ def test_alpha_auto_leaves_an_input_unsmoothed_when_smoothing_would_hurt(tmp_pat
     assert smoothed.report.inserted_muls == 0 and _op_counts(smoothed.model) == _op_counts(model)
 
 
+def _outlier_rows(rng: np.random.Generator, rows: int) -> np.ndarray:
+    x = rng.normal(size=(rows, WIDTH))
+    x[:, OUTLIER_CHANNEL] *= OUTLIER_GAIN
+    return x.astype(np.float32)
+
+
+def test_alpha_auto_smooths_with_calibration_batches_of_one_row(tmp_path: Path) -> None:
+    """A model exported with a fixed batch of 1 is calibrated one row per batch: rows were held back inside each batch,
+    so none were, every alpha scored 0 and auto chose no smoothing. Whole batches are held back now: batches of one
+    row choose as batches of 16 do."""
+    rng = np.random.default_rng(5)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="fc")], "fc",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", WIDTH])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", WIDTH])],
+        [numpy_helper.from_array(rng.normal(0, WIDTH**-0.5, (WIDTH, WIDTH)).astype(np.float32), "w")],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=ORT_IR_VERSION)
+    rows = _outlier_rows(rng, 64)
+    chosen = {}
+    for size in (16, 1):
+        batches = [{"x": rows[i : i + size]} for i in range(0, len(rows), size)]
+        smoothed = smooth_model(_copy(model), batches, SmoothQuantSettings("auto", quantization=STATIC), tmp_path)
+        chosen[size] = dict(smoothed.report.alphas)
+        assert smoothed.report.groups == 1 and "alpha_judged_on_fit_rows" not in smoothed.report.params()
+    print(chosen)
+    assert "none" not in chosen[1] and chosen[1] == chosen[16], chosen
+    # one calibration row in all: nothing can be held back; auto judges on that row and says so
+    alone = smooth_model(_copy(model), [{"x": rows[:1]}], SmoothQuantSettings("auto", quantization=STATIC), tmp_path)
+    assert alone.report.params()["alpha_judged_on_fit_rows"] == 1
+
+
 @pytest.mark.parametrize("activations", ["static", "dynamic"])
 def test_only_linears_are_quantized_and_ort_fuses_them(tmp_path: Path, activations: str) -> None:
     rng = np.random.default_rng(4)
