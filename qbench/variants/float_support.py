@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import onnx
 from onnx import TensorProto, helper
 
-from qbench.variants.onnx_utils import names_read, outer_scope_reads, subgraphs_of
+from qbench.variants.onnx_utils import names_read, outer_scope_reads, rename_reads, subgraphs_of
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
 SHAPE_ONLY_OPS = ("Shape", "Size")  # read a tensor's shape, never its values
@@ -225,7 +225,7 @@ def cast_subgraph_reads_to_float32(model: onnx.ModelProto, kept: KeptNodes, befo
         if reads_of.get(node.name):
             narrowed = {name: f"{name}/float32" for name in reads_of[node.name] if now.get(name) != TensorProto.FLOAT}
             for body in subgraphs_of(node):
-                _rename_reads(body, narrowed)
+                rename_reads(body, narrowed)
             renamed |= narrowed
     if not renamed:
         return 0
@@ -238,16 +238,6 @@ def cast_subgraph_reads_to_float32(model: onnx.ModelProto, kept: KeptNodes, befo
     graph.ClearField("node")
     graph.node.extend(nodes)
     return len(casts)
-
-
-def _rename_reads(graph: onnx.GraphProto, renamed: dict[str, str]) -> None:
-    """Let `graph` and the graphs nested in it read the new names (outer tensors are never redefined inside)."""
-    for node in graph.node:
-        node.input[:] = [renamed.get(name, name) for name in node.input]
-        for body in subgraphs_of(node):
-            _rename_reads(body, renamed)
-    for output in graph.output:
-        output.name = renamed.get(output.name, output.name)
 
 
 def add_missing_float_value_info(model: onnx.ModelProto, types: dict[str, int]) -> None:

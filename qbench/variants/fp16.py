@@ -46,11 +46,11 @@ from qbench.variants.onnx_utils import (
     Stopwatch,
     build_step,
     ensure_opset,
-    load_model,
     output_path,
     save_model,
     unchanged_variant,
 )
+from qbench.variants.reference import load_reference
 
 FP16_MIN_POSITIVE = 5.96e-08  # smallest positive (subnormal) float16; the converter's default
 FP16_MAX_FINITE = 65504.0
@@ -63,7 +63,7 @@ def build_fp16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     clock = Stopwatch()
     target = output_path(spec.name, ctx)
     with build_step(spec.name, "loading the FP32 model"):
-        model = load_model(ctx.reference_path.resolve())
+        model = load_reference(ctx.reference_path.resolve())
     with build_step(spec.name, "choosing the nodes that stay FP32"):
         types = tensor_types(model)
         kept = _kept_for_fp16(model, types)
@@ -142,7 +142,7 @@ def build_bf16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     clock = Stopwatch()
     target = output_path(spec.name, ctx)
     with build_step(spec.name, "loading the FP32 model"):
-        model = load_model(ctx.reference_path.resolve())
+        model = load_reference(ctx.reference_path.resolve())
     params: dict[str, Any] = {
         "method": "simulated: FP32 graph, bfloat16-rounded weights, float activations cast to BFLOAT16 and back",
         "rounding": "round to nearest even",
