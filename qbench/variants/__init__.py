@@ -31,14 +31,20 @@ def builder_for(spec: VariantSpec) -> VariantBuilder:
 def build_variant(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     """Build the variant described by `spec` (a recipe VariantSpec) into ctx.workdir.
 
-    A variant that needs non-default session options gets them declared in its saved model
-    (onnx_utils.declare_session_options); the recipe's own model is never rewritten.
+    Builders build from the reference's normal form (qbench.variants.reference); the saved model is settled here
+    (outputs the normal form set aside come back, nodes sorted). A variant that needs non-default session options
+    gets them declared in its saved model (onnx_utils.declare_session_options); the recipe's own model is never
+    rewritten. A saved model the onnx checker refuses fails the build (a QbenchError): no invalid model is built.
     """
     built = builder_for(spec)(spec, ctx)
-    if built.session_hints and built.onnx_path.resolve() != ctx.reference_path.resolve():
+    if built.onnx_path.resolve() != ctx.reference_path.resolve():
         from qbench.variants.onnx_utils import declare_session_options
+        from qbench.variants.reference import check_built_model, settle_built_model
 
-        declare_session_options(built.onnx_path, built.session_hints)
+        settle_built_model(built.onnx_path, ctx.reference_path)
+        if built.session_hints:
+            declare_session_options(built.onnx_path, built.session_hints)
+        check_built_model(built)
     return built
 
 

@@ -33,7 +33,6 @@ model to score on a backend that cannot compute that precision
 from __future__ import annotations
 
 import dataclasses
-from collections import deque
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +44,7 @@ from onnx import TensorProto, helper, numpy_helper
 from qbench.errors import QbenchError
 from qbench.variants.base import BuiltVariant
 from qbench.variants.float_support import tensor_types
-from qbench.variants.onnx_utils import load_model, outer_scope_reads, save_model
+from qbench.variants.onnx_utils import load_model, save_model, topologically_sorted
 
 EMULATED_SUFFIX = ".emulated.onnx"
 _TYPE_ATTRIBUTES = ("to", "dtype", "output_dtype")
@@ -62,29 +61,6 @@ def round_trip(source: str, target: str, to: int, *, back: bool = True) -> list[
         helper.make_node("Cast", [source], [narrowed], to=to, name=f"{target}_to_{label}"),
         helper.make_node("Cast", [narrowed], [target], to=TensorProto.FLOAT, name=f"{target}_from_{label}"),
     ]
-
-
-def topologically_sorted(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
-    """`nodes` ordered so each reads only graph inputs, initializers or earlier outputs (converters may not sort); what a
-    node's subgraphs read from this graph counts as read by the node."""
-    producer = {name: index for index, node in enumerate(nodes) for name in node.output}
-    waiting = [{producer[name] for name in (*node.input, *outer_scope_reads(node)) if name in producer} for node in nodes]
-    readers: dict[int, list[int]] = {}
-    for index, needs in enumerate(waiting):
-        for need in needs:
-            readers.setdefault(need, []).append(index)
-    queue = deque(index for index, needs in enumerate(waiting) if not needs)
-    ordered: list[onnx.NodeProto] = []
-    while queue:
-        index = queue.popleft()
-        ordered.append(nodes[index])
-        for reader in readers.get(index, []):
-            waiting[reader].discard(index)
-            if not waiting[reader]:
-                queue.append(reader)
-    if len(ordered) != len(nodes):
-        raise QbenchError("the graph has a cycle: its nodes cannot be ordered")
-    return ordered
 
 
 def _subgraphs(graph: onnx.GraphProto) -> list[onnx.GraphProto]:

@@ -2,7 +2,8 @@
 
 A node stays in float32 (with casts at its boundary) when it lies outside the default
 ONNX domain (ai.onnx.ml's tree ensembles, scalers, ZipMap, label encoders... and any
-custom domain), when its schema cannot be found, or when the schema does not accept the
+custom domain), when its schema cannot be found, when it reads or writes a sequence, map
+or optional value (the converters type tensors only), or when the schema does not accept the
 target type (float16, bfloat16) for one of its float inputs or outputs. The rule reads
 `onnx.defs.get_schema`, so it covers operators nobody listed here.
 
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 import onnx
 from onnx import TensorProto, helper
 
-from qbench.variants.onnx_utils import names_read, outer_scope_reads, subgraphs_of
+from qbench.variants.onnx_utils import names_read, outer_scope_reads, rename_reads, subgraphs_of
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
 SHAPE_ONLY_OPS = ("Shape", "Size")  # read a tensor's shape, never its values
@@ -157,14 +158,54 @@ def has_subgraph(node: onnx.NodeProto) -> bool:
     return any(attribute.HasField("g") or len(attribute.graphs) for attribute in node.attribute)
 
 
-def kept_in_float32(model: onnx.ModelProto, target: int, types: dict[str, int] | None = None) -> KeptNodes:
+_NON_TENSOR_TYPES = ("sequence_type", "map_type", "optional_type")  # TypeProto kinds the converters cannot narrow
+_NON_TENSOR_PREFIXES = ("seq(", "map(", "optional(")  # the same kinds as schemas spell them
+NON_TENSOR_REASON = "reads or writes a sequence, map or optional value"
+
+
+def non_tensor_values(model: onnx.ModelProto) -> set[str]:
+    """Names of the main graph's values that are sequences, maps or optionals rather than tensors.
+
+    From ONNX shape inference (and the declared types where it fails), completed by the schemas: a formal
+    parameter that admits only such types, or a type variable an input of such a type binds.
+    """
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model).graph
+    except Exception:  # noqa: BLE001 (inference fails on some custom graphs; the declarations and schemas still help)
+        inferred = model.graph
+    declared = [*inferred.input, *inferred.value_info, *inferred.output]
+    found = {info.name for info in declared if info.type.WhichOneof("value") in _NON_TENSOR_TYPES}
+    versions = _opset_versions(model)
+    for node in model.graph.node:
+        schema = _schema(node, versions)
+        if schema is None:
+            continue
+        bound: set[str] = set()
+        for names, params in ((node.input, list(schema.inputs)), (node.output, list(schema.outputs))):
+            for index, name in enumerate(names):
+                formal = _formal(params, index)
+                if not name or formal is None:
+                    continue
+                allowed = _allowed(schema, formal.type_str)
+                if formal.type_str in bound or (allowed and all(t.startswith(_NON_TENSOR_PREFIXES) for t in allowed)):
+                    found.add(name)
+                if name in found:
+                    bound.add(formal.type_str)
+    return found
+
+
+def kept_in_float32(
+    model: onnx.ModelProto, target: int, types: dict[str, int] | None = None, non_tensor: set[str] | None = None
+) -> KeptNodes:
     """Nodes that must stay float32 when the graph's float tensors become `target` (FLOAT16 or BFLOAT16).
 
-    Nodes are identified by name: load the model with `load_model`, which names them.
+    Nodes are identified by name: load the model with `load_model`, which names them. `types` and `non_tensor`
+    (`tensor_types`, `non_tensor_values`) are worked out when not given.
     """
     wanted = _TYPE_STRINGS[target]
     types = tensor_types(model) if types is None else types
     versions = _opset_versions(model)
+    non_tensor = non_tensor_values(model) if non_tensor is None else non_tensor
     reasons: dict[str, str] = {}
     for node in model.graph.node:
         if node.domain not in DEFAULT_DOMAINS:
@@ -172,6 +213,9 @@ def kept_in_float32(model: onnx.ModelProto, target: int, types: dict[str, int] |
             continue
         if has_subgraph(node):  # the converters cannot narrow a body faithfully, nor emulate it: it stays whole
             reasons[node.name] = "control flow (its subgraph stays FP32)"
+            continue
+        if non_tensor.intersection([*node.input, *node.output]):  # the converters type tensors only
+            reasons[node.name] = NON_TENSOR_REASON
             continue
         schema = _schema(node, versions)
         if schema is None:
@@ -191,18 +235,22 @@ def kept_in_float32(model: onnx.ModelProto, target: int, types: dict[str, int] |
 
 def kept_in_rounding_simulation(model: onnx.ModelProto) -> KeptNodes:
     """Nodes a rounding simulation leaves unrounded: ai.onnx.ml operators (tree ensembles, scalers, encoders: no
-    deployment runs them in a narrow float) and control flow (its subgraph is not rewritten).
+    deployment runs them in a narrow float), control flow (its subgraph is not rewritten) and nodes reading or
+    writing sequences, maps or optionals (the simulation rounds tensors only).
 
     Unlike `kept_in_float32`, the operators' schemas do not matter: the simulated graph still computes in float32,
     which every operator accepts (Conv before opset 22 has no bfloat16, ORT's contrib operators have no ONNX
     schema, yet a BF16 engine computes them in BF16).
     """
+    non_tensor = non_tensor_values(model)
     reasons = {}
     for node in model.graph.node:
         if node.domain == "ai.onnx.ml":
             reasons[node.name] = "operator domain ai.onnx.ml"
         elif has_subgraph(node):
             reasons[node.name] = "control flow (its subgraph stays FP32)"
+        elif non_tensor.intersection([*node.input, *node.output]):
+            reasons[node.name] = NON_TENSOR_REASON
     return KeptNodes(reasons)
 
 
@@ -225,7 +273,7 @@ def cast_subgraph_reads_to_float32(model: onnx.ModelProto, kept: KeptNodes, befo
         if reads_of.get(node.name):
             narrowed = {name: f"{name}/float32" for name in reads_of[node.name] if now.get(name) != TensorProto.FLOAT}
             for body in subgraphs_of(node):
-                _rename_reads(body, narrowed)
+                rename_reads(body, narrowed)
             renamed |= narrowed
     if not renamed:
         return 0
@@ -240,14 +288,41 @@ def cast_subgraph_reads_to_float32(model: onnx.ModelProto, kept: KeptNodes, befo
     return len(casts)
 
 
-def _rename_reads(graph: onnx.GraphProto, renamed: dict[str, str]) -> None:
-    """Let `graph` and the graphs nested in it read the new names (outer tensors are never redefined inside)."""
+def restore_non_tensor_values(model: onnx.ModelProto, non_tensor: set[str], io_types: dict[str, onnx.TypeProto]) -> int:
+    """After ORT's FP16 conversion, give the sequence values back their float32 type and drop the Casts around them,
+    in place; how many Casts went.
+
+    The converter narrows every seq(tensor(float)) it sees declared, graph inputs and outputs included, and puts a
+    Cast on the boundary of each node it leaves float32, which is invalid on a sequence (Cast takes tensors only).
+    Nodes reading or writing such values stay float32 (`kept_in_float32`), so each of those Casts joins two names
+    of one float32 value: the original name (in `non_tensor`) is kept, and the graph's non-tensor inputs and
+    outputs get their declared types (`io_types`, read before the conversion) back.
+    """
+    graph = model.graph
+    merged: dict[str, str] = {}
+    nodes = []
     for node in graph.node:
-        node.input[:] = [renamed.get(name, name) for name in node.input]
-        for body in subgraphs_of(node):
-            _rename_reads(body, renamed)
-    for output in graph.output:
-        output.name = renamed.get(output.name, output.name)
+        ends = [node.input[0], node.output[0]] if node.op_type == "Cast" and node.domain in DEFAULT_DOMAINS else []
+        original = next((name for name in ends if name in non_tensor), None)
+        if original is None:
+            nodes.append(node)
+        else:
+            merged[next(name for name in ends if name != original)] = original
+    if merged:
+        for node in nodes:
+            node.input[:] = [merged.get(name, name) for name in node.input]
+            node.output[:] = [merged.get(name, name) for name in node.output]
+            for body in subgraphs_of(node):
+                rename_reads(body, merged)
+        graph.ClearField("node")
+        graph.node.extend(nodes)
+    stale = [info for info in graph.value_info if info.name in non_tensor or info.name in merged]
+    for info in stale:
+        graph.value_info.remove(info)
+    for info in [*graph.input, *graph.output]:
+        if info.name in io_types:
+            info.type.CopyFrom(io_types[info.name])
+    return len(merged)
 
 
 def add_missing_float_value_info(model: onnx.ModelProto, types: dict[str, int]) -> None:

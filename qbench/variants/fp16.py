@@ -40,17 +40,19 @@ from qbench.variants.float_support import (
     kept_in_float32,
     kept_in_rounding_simulation,
     narrowed_nodes,
+    non_tensor_values,
+    restore_non_tensor_values,
     tensor_types,
 )
 from qbench.variants.onnx_utils import (
     Stopwatch,
     build_step,
     ensure_opset,
-    load_model,
     output_path,
     save_model,
     unchanged_variant,
 )
+from qbench.variants.reference import load_reference
 
 FP16_MIN_POSITIVE = 5.96e-08  # smallest positive (subnormal) float16; the converter's default
 FP16_MAX_FINITE = 65504.0
@@ -63,10 +65,11 @@ def build_fp16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     clock = Stopwatch()
     target = output_path(spec.name, ctx)
     with build_step(spec.name, "loading the FP32 model"):
-        model = load_model(ctx.reference_path.resolve())
+        model = load_reference(ctx.reference_path.resolve())
     with build_step(spec.name, "choosing the nodes that stay FP32"):
         types = tensor_types(model)
-        kept = _kept_for_fp16(model, types)
+        non_tensor = non_tensor_values(model)
+        kept = _kept_for_fp16(model, types, non_tensor)
     params: dict[str, Any] = {
         "converter": "onnxruntime.transformers.float16",
         "keep_io_types": True,
@@ -79,6 +82,8 @@ def build_fp16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         why = f"nothing to convert to FP16 (every node stays FP32: {', '.join(kept.op_types(model))})"
         return unchanged_variant(spec.name, "fp16", ctx, why, params, clock.seconds())
     clamped = _values_outside_fp16(model, set(kept.names))
+    io_types = {info.name: onnx.TypeProto.FromString(info.type.SerializeToString())  # the converter rewrites them
+                for info in [*model.graph.input, *model.graph.output] if info.name in non_tensor}  # fmt: skip
     with build_step(spec.name, "FP16 conversion"):
         add_missing_float_value_info(model, types)
         converted = convert_float_to_float16(
@@ -90,6 +95,7 @@ def build_fp16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
             node_block_list=kept.names,
         )
         cast_subgraph_reads_to_float32(converted, kept, types)
+        restore_non_tensor_values(converted, non_tensor, io_types)
         drop_float_round_trips(converted, TensorProto.FLOAT16)
         save_model(converted, target)
     notes = []
@@ -107,9 +113,9 @@ def build_fp16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     )
 
 
-def _kept_for_fp16(model: onnx.ModelProto, types: dict[str, int]) -> KeptNodes:
+def _kept_for_fp16(model: onnx.ModelProto, types: dict[str, int], non_tensor: set[str]) -> KeptNodes:
     """Nodes the schemas keep FP32, plus op types ORT has no FP16 CPU kernel for (the converter's own list)."""
-    kept = kept_in_float32(model, TensorProto.FLOAT16, types)
+    kept = kept_in_float32(model, TensorProto.FLOAT16, types, non_tensor)
     no_kernel = set(DEFAULT_OP_BLOCK_LIST)
     extra = {
         node.name: "no FP16 kernel in ONNX Runtime (the converter's block list)"
@@ -142,7 +148,7 @@ def build_bf16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     clock = Stopwatch()
     target = output_path(spec.name, ctx)
     with build_step(spec.name, "loading the FP32 model"):
-        model = load_model(ctx.reference_path.resolve())
+        model = load_reference(ctx.reference_path.resolve())
     params: dict[str, Any] = {
         "method": "simulated: FP32 graph, bfloat16-rounded weights, float activations cast to BFLOAT16 and back",
         "rounding": "round to nearest even",

@@ -71,6 +71,7 @@ from qbench.variants.onnx_utils import (
     unchanged_variant,
     unquantizable_nodes,
 )
+from qbench.variants.reference import load_reference
 
 FP8_MAX = 448.0  # largest finite float8e4m3fn value
 FP8_OPSET = 21  # QuantizeLinear's output_dtype (19 took float8, but only through a zero point; see above)
@@ -100,7 +101,7 @@ def build_fp8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     cache = target.with_name(f"{spec.name}.calibration.json")
     reference = ctx.reference_path.resolve()
     with build_step(spec.name, "loading the FP32 model"):
-        model = load_model(reference)
+        model = load_reference(reference)
     check_node_names(model, config.exclude_nodes, spec.name)
     kept_float = kept_float_nodes(model, config.keep_float)
     excluded = {*config.exclude_nodes, *kept_float.names}

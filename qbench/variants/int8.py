@@ -50,7 +50,6 @@ from qbench.variants.onnx_utils import (
     check_node_names,
     default_opset,
     ensure_opset,
-    load_model,
     nested_nodes_note,
     nothing_to_quantize,
     output_path,
@@ -64,6 +63,7 @@ from qbench.variants.onnx_utils import (
     unquantizable_nodes,
 )
 from qbench.variants.qdq_bypass import bypass_qdq
+from qbench.variants.reference import load_reference
 
 _QUANT_TYPES = {"uint8": QuantType.QUInt8, "int8": QuantType.QInt8}
 # What quantize_static / quantize_dynamic quantize when op_types_to_quantize is empty.
@@ -102,7 +102,7 @@ def build_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     reference = ctx.reference_path.resolve()
     op_types = _op_types(config)
     with build_step(spec.name, "loading the FP32 model"):
-        model = load_model(reference)
+        model = load_reference(reference)
     notes: list[str] = []
     if isinstance(config, OrtStatic) and config.per_channel and default_opset(model) < PER_CHANNEL_OPSET:
         original = default_opset(model)

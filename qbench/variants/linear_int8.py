@@ -29,12 +29,12 @@ from qbench.variants.onnx_utils import (
     build_step,
     check_node_names,
     ensure_opset,
-    load_model,
     nested_nodes_note,
     output_path,
     save_model,
     scratch_dir,
 )
+from qbench.variants.reference import load_reference
 from qbench.variants.smoothquant import SmoothQuantSettings, collect_channel_ranges, smooth_model
 
 _NO_LINEAR = "no Linear (MatMul/Gemm with a constant weight) found: this variant computes in FP32"
@@ -100,7 +100,7 @@ def build_linear_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     params: dict[str, Any] = {"technique": spec.technique_name}
     with scratch_dir("qbench-linear-int8-") as tmp:
         with build_step(spec.name, "loading the FP32 model"):
-            model = ensure_opset(load_model(ctx.reference_path.resolve()), 13)
+            model = ensure_opset(load_reference(ctx.reference_path.resolve()), 13)
         check_node_names(model, config.exclude_nodes, spec.name)
         kept_float = kept_float_nodes(model, config.keep_float)
         exclude = (*config.exclude_nodes, *kept_float.names)

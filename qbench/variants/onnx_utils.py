@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import heapq
 import io
 import os
 import shutil
@@ -26,7 +27,7 @@ import onnx
 import onnx.numpy_helper
 from onnx import helper
 
-from qbench.errors import QbenchError, did_you_mean
+from qbench.errors import QbenchError, did_you_mean, one_line
 from qbench.variants.base import BuildContext, BuiltVariant
 
 # Protobuf cannot serialise a model of 2 GiB or more; keep a margin for the graph itself.
@@ -42,15 +43,16 @@ def build_step(variant: str, what: str) -> Iterator[None]:
     """Turn an ORT/onnx failure inside the block into a QbenchError naming the variant and the step.
 
     The sweep records a QbenchError as a failed variant and carries on; the original
-    exception stays chained for debugging.
+    exception stays chained for debugging. The whole message is kept, on one line: the onnx checker's first line
+    ends before the node it names.
     """
     try:
         yield
     except QbenchError:
         raise
     except Exception as exc:  # noqa: BLE001 (ORT and onnx raise many unrelated types)
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise QbenchError(f"variant {variant!r}: {what}: {message}") from exc
+        message = str(exc).strip() or type(exc).__name__
+        raise QbenchError(one_line(f"variant {variant!r}: {what}: {message}")) from exc
 
 
 @contextlib.contextmanager
@@ -211,6 +213,62 @@ def outer_scope_reads(node: onnx.NodeProto) -> list[str]:
         reads = [name for n in body.node for name in (*n.input, *outer_scope_reads(n))]
         found.update(dict.fromkeys(n for n in [*reads, *(o.name for o in body.output)] if n and n not in defined))
     return list(found)
+
+
+def topologically_sorted(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
+    """`nodes` ordered so each reads only graph inputs, initializers or earlier outputs (converters may not sort).
+
+    What a node's subgraphs read from this graph counts as read by the node. Among the nodes ready at each step the
+    earliest in `nodes` goes first, so a sorted list comes back in its own order.
+    """
+    producer = {name: index for index, node in enumerate(nodes) for name in node.output if name}
+    waiting = [{producer[name] for name in (*node.input, *outer_scope_reads(node)) if name in producer} for node in nodes]
+    readers: dict[int, list[int]] = {}
+    for index, needs in enumerate(waiting):
+        for need in needs:
+            readers.setdefault(need, []).append(index)
+    ready = [index for index, needs in enumerate(waiting) if not needs]
+    ordered: list[onnx.NodeProto] = []
+    while ready:
+        index = heapq.heappop(ready)
+        ordered.append(nodes[index])
+        for reader in readers.get(index, []):
+            waiting[reader].discard(index)
+            if not waiting[reader]:
+                heapq.heappush(ready, reader)
+    if len(ordered) != len(nodes):
+        raise QbenchError("the graph has a cycle: its nodes cannot be ordered")
+    return ordered
+
+
+def sort_nodes(graph: onnx.GraphProto) -> bool:
+    """Order `graph`'s nodes, and those of every graph nested in it, topologically (in place); whether any moved.
+
+    A graph already in order is left as it is.
+    """
+    moved = False
+    for node in graph.node:
+        for body in subgraphs_of(node):
+            moved = sort_nodes(body) or moved
+    producer = {name: index for index, node in enumerate(graph.node) for name in node.output if name}
+    if all(producer.get(name, -1) < index for index, node in enumerate(graph.node)
+           for name in (*node.input, *outer_scope_reads(node))):  # fmt: skip
+        return moved
+    ordered = topologically_sorted(list(graph.node))
+    graph.ClearField("node")
+    graph.node.extend(ordered)
+    return True
+
+
+def rename_reads(graph: onnx.GraphProto, renamed: dict[str, str]) -> None:
+    """Let `graph` and the graphs nested in it read the new names, outputs included (ONNX never redefines an outer
+    name inside a subgraph, so every read of a name is a read of the same value)."""
+    for node in graph.node:
+        node.input[:] = [renamed.get(name, name) for name in node.input]
+        for body in subgraphs_of(node):
+            rename_reads(body, renamed)
+    for output in graph.output:
+        output.name = renamed.get(output.name, output.name)
 
 
 def drop_unused_initializers(graph: onnx.GraphProto) -> None:

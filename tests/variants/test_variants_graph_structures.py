@@ -177,3 +177,45 @@ def test_explain_pruning_keeps_what_only_a_branch_reads(tmp_path):
     prune_unread(graph)
     assert [n.name for n in graph.node] == ["shape", "total", "rows", "matmul_in", "relu", "branch"]
     assert {t.name for t in graph.initializer} == {*WEIGHTS, "zero"}
+
+
+def sequence_model(path: Path) -> Path:
+    """x -> MatMul -> Relu -> MatMul -> logits; seq = SequenceConstruct(logits, softmax); second = SequenceAt(seq, 1).
+    Outputs: seq (a sequence), logits, second."""
+    nodes = [helper.make_node("MatMul", ["x", "w_in"], ["pre"], name="matmul_in"),
+             helper.make_node("Relu", ["pre"], ["h"], name="relu"),
+             helper.make_node("MatMul", ["h", "w_then"], ["logits"], name="matmul_out"),
+             helper.make_node("Softmax", ["logits"], ["probs"], name="softmax", axis=1),
+             helper.make_node("SequenceConstruct", ["logits", "probs"], ["seq"], name="pack"),
+             helper.make_node("SequenceAt", ["seq", "one"], ["second"], name="pick")]  # fmt: skip
+    outputs = [helper.make_tensor_sequence_value_info("seq", TensorProto.FLOAT, None),
+               helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", CLASSES]),
+               helper.make_tensor_value_info("second", TensorProto.FLOAT, ["N", CLASSES])]  # fmt: skip
+    weights = [numpy_helper.from_array(WEIGHTS[k], k) for k in ("w_in", "w_then")]
+    graph = helper.make_graph(nodes, "sequence", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", FEATURES])],
+                              outputs, [*weights, numpy_helper.from_array(np.array(1, np.int64), "one")])  # fmt: skip
+    return _save(graph, path)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_nodes_on_a_sequence_stay_fp32_and_the_sequence_keeps_its_type(tmp_path, precision):
+    """FP16's converter narrowed the sequence output to seq(tensor(float16)) and Cast it (invalid on a sequence):
+    the FP16 emulation was refused by ORT. Nodes reading or writing a sequence stay FP32, their tensor inputs cast."""
+    from qbench.variants.emulate import save_float16_emulation
+
+    path = sequence_model(tmp_path / "sequence.onnx")
+    built = _build(path, tmp_path / "w", name=precision, precision=precision)
+    session = ort.InferenceSession(str(built.onnx_path), providers=["CPUExecutionProvider"])
+    assert [(o.name, o.type) for o in session.get_outputs()] == [
+        ("seq", "seq(tensor(float))"), ("logits", "tensor(float)"), ("second", "tensor(float)")]
+    seq, logits, second = session.run(None, {"x": X})
+    expected = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": X})[1]
+    assert 0 < np.abs(logits - expected).max() < 0.02 * np.abs(expected).max()
+    np.testing.assert_array_equal(seq[0], logits)
+    np.testing.assert_array_equal(second, seq[1])
+    assert any("SequenceAt, SequenceConstruct (reads or writes a sequence" in note for note in built.notes)
+    if precision == "fp16":
+        emulated, rounded = save_float16_emulation(built.onnx_path)
+        ran = ort.InferenceSession(str(emulated), providers=["CPUExecutionProvider"]).run(None, {"x": X})
+        assert rounded > 0
+        np.testing.assert_allclose(ran[1], logits, atol=0.02 * np.abs(logits).max())

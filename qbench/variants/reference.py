@@ -1,0 +1,162 @@
+"""The FP32 graph every technique builds from, and the checks every built model passes before it counts as built.
+
+ONNX Runtime runs graphs that ONNX's own tools and ORT's converters do not expect: nodes out of topological order
+(ORT's FP16 converter writes such graphs), and graph outputs that no node produces (a graph input passed through under
+its own name, an initializer listed as an output). The onnx checker and version converter refuse an unsorted graph;
+ORT's FP16 converter and static quantizer assume every output has a producer. `load_reference` gives the builders one
+normal form of the recipe's model, computing the same outputs:
+
+- nodes sorted topologically, in every subgraph too (node names are given first, from the file's own order);
+- an initializer listed as an output is produced by an Identity under the output's name (the initializer takes a new
+  name, which its readers read), so outputs keep their names and order;
+- a graph input listed as an output is set aside: no node may produce a name a graph input holds, and the output
+  is the input whatever a variant computes. `settle_built_model` puts it back, in its place, in every built model.
+
+The FP32 reference that is measured stays the recipe's own file. Every built model is settled (set-aside outputs
+back, nodes sorted) and passes the onnx checker (`check_built_model`) before it counts as built.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import onnx
+from onnx import helper
+
+from qbench.errors import QbenchError, one_line
+from qbench.variants.base import BuiltVariant
+from qbench.variants.onnx_utils import load_model, rename_reads, sort_nodes, subgraphs_of
+
+
+def load_reference(path: Path) -> onnx.ModelProto:
+    """The model at `path` (loaded as `load_model` does) in the normal form the variants are built from."""
+    model = load_model(path)
+    try:
+        normalise(model)
+    except QbenchError as exc:
+        raise QbenchError(f"{path}: {exc}") from None
+    return model
+
+
+def normalise(model: onnx.ModelProto) -> None:
+    """Sort the nodes, give initializer outputs a producer and set graph-input outputs aside, in place."""
+    graph = model.graph
+    sort_nodes(graph)
+    _produce_initializer_outputs(graph)
+    inputs = {value.name for value in graph.input}
+    kept = [output for output in graph.output if output.name not in inputs]
+    if len(kept) < len(graph.output):
+        kept = [onnx.ValueInfoProto.FromString(output.SerializeToString()) for output in kept]
+        graph.ClearField("output")
+        graph.output.extend(kept)
+
+
+def _produce_initializer_outputs(graph: onnx.GraphProto) -> None:
+    """An Identity for each output that is an initializer (and no graph input): it reads the initializer, renamed."""
+    inputs = {value.name for value in graph.input}
+    produced = {name for node in graph.node for name in node.output}
+    initializers = {tensor.name for tensor in graph.initializer}
+    constant = list(dict.fromkeys(
+        output.name for output in graph.output
+        if output.name in initializers and output.name not in inputs and output.name not in produced
+    ))  # fmt: skip
+    if not constant:
+        return
+    taken = _names_in(graph)
+    renamed = {name: _fresh(f"{name}_value", taken) for name in constant}
+    for tensor in graph.initializer:
+        tensor.name = renamed.get(tensor.name, tensor.name)
+    for node in graph.node:
+        node.input[:] = [renamed.get(name, name) for name in node.input]
+        for body in subgraphs_of(node):
+            rename_reads(body, renamed)
+    identities = [
+        helper.make_node("Identity", [value], [name], name=_fresh(f"{name}_output", taken))
+        for name, value in renamed.items()
+    ]
+    nodes = [*identities, *graph.node]  # they read initializers only: first keeps the graph sorted
+    graph.ClearField("node")
+    graph.node.extend(nodes)
+
+
+def _names_in(graph: onnx.GraphProto) -> set[str]:
+    """Every value and node name `graph` and its subgraphs use (a new name must clash with none)."""
+    names = {value.name for value in [*graph.input, *graph.output, *graph.value_info]}
+    names |= {tensor.name for tensor in graph.initializer}
+    for node in graph.node:
+        names.update([node.name, *node.input, *node.output])
+        for body in subgraphs_of(node):
+            names |= _names_in(body)
+    return names
+
+
+def _fresh(base: str, taken: set[str]) -> str:
+    """`base`, or `base_<n>` for the first n that makes it unused; the name is then taken."""
+    name, n = base, 0
+    while name in taken:
+        n += 1
+        name = f"{base}_{n}"
+    taken.add(name)
+    return name
+
+
+@functools.lru_cache(maxsize=8)
+def _passthrough_outputs(path: str, stamp: tuple[int, int]) -> tuple[tuple[int, bytes, bytes], ...]:
+    """(index, output, input) of each output of the model at `path` that is one of its graph inputs (serialised).
+
+    `stamp` (modification time, size) keys the cache, so a rewritten file is read again.
+    """
+    del stamp
+    graph = onnx.load(path, load_external_data=False).graph
+    inputs = {value.name: value for value in graph.input}
+    return tuple(
+        (index, output.SerializeToString(), inputs[output.name].SerializeToString())
+        for index, output in enumerate(graph.output)
+        if output.name in inputs
+    )
+
+
+def settle_built_model(artifact: Path, reference: Path) -> bool:
+    """Make the built model at `artifact` whole, in place; whether it changed.
+
+    The reference's outputs that are graph inputs (set aside by `normalise`) come back, each at its index among the
+    outputs, with its input if the build dropped it. The nodes are sorted topologically: ORT's quantizers order
+    nodes without counting what a subgraph reads by name, and ORT's FP16 converter appends its Casts after their
+    readers (ONNX Runtime runs both; the onnx checker and other runtimes refuse them).
+    """
+    model = onnx.load(str(artifact), load_external_data=False)
+    changed = _restore_passthrough_outputs(model.graph, reference)
+    changed = sort_nodes(model.graph) or changed
+    if changed:
+        onnx.save_model(model, str(artifact))
+    return changed
+
+
+def _restore_passthrough_outputs(graph: onnx.GraphProto, reference: Path) -> bool:
+    stat = reference.stat()
+    set_aside = _passthrough_outputs(str(reference.resolve()), (stat.st_mtime_ns, stat.st_size))
+    present = {output.name for output in graph.output}
+    missing = [entry for entry in set_aside if onnx.ValueInfoProto.FromString(entry[1]).name not in present]
+    if not missing:
+        return False
+    outputs = [onnx.ValueInfoProto.FromString(output.SerializeToString()) for output in graph.output]
+    inputs = {value.name for value in graph.input}
+    for index, output_bytes, input_bytes in missing:
+        output = onnx.ValueInfoProto.FromString(output_bytes)
+        outputs.insert(index, output)
+        if output.name not in inputs:
+            graph.input.append(onnx.ValueInfoProto.FromString(input_bytes))
+    graph.ClearField("output")
+    graph.output.extend(outputs)
+    return True
+
+
+def check_built_model(built: BuiltVariant) -> None:
+    """Run the onnx checker on the saved variant (by path: external data and models over 2 GiB are handled)."""
+    try:
+        onnx.checker.check_model(str(built.onnx_path))
+    except Exception as exc:  # noqa: BLE001 - the checker raises ValidationError, protobuf and IO errors
+        raise QbenchError(
+            one_line(f"variant {built.name!r}: the built model {built.onnx_path.name} is not valid ONNX: {exc}")
+        ) from exc

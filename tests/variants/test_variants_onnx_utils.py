@@ -1,0 +1,42 @@
+"""Graph helpers shared by the builders (qbench.variants.onnx_utils): node ordering and build-step failures."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from qbench.errors import QbenchError
+from qbench.variants.onnx_utils import build_step, sort_nodes, topologically_sorted
+
+
+def test_a_sorted_node_list_comes_back_in_its_own_order():
+    """Independent nodes are not reordered: a sorted graph's nodes (and what is measured on them) stay as written."""
+    nodes = [helper.make_node("Relu", ["x"], ["p"], name="p"), helper.make_node("Neg", ["x"], ["q"], name="q"),
+             helper.make_node("Add", ["p", "q"], ["s"], name="s"), helper.make_node("Abs", ["x"], ["t"], name="t")]  # fmt: skip
+    assert [n.name for n in topologically_sorted(nodes)] == ["p", "q", "s", "t"]
+    assert [n.name for n in topologically_sorted(nodes[::-1])] == ["t", "q", "p", "s"]
+
+
+def test_sort_nodes_orders_subgraphs_too():
+    body = helper.make_graph([helper.make_node("Neg", ["inner"], ["out"], name="neg"),
+                              helper.make_node("Relu", ["x"], ["inner"], name="relu")],
+                             "then", [], [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)])  # fmt: skip
+    branch = helper.make_node("If", ["c"], ["y"], name="if", then_branch=body, else_branch=body)
+    graph = helper.make_graph([branch], "g", [], [])
+    assert sort_nodes(graph)
+    assert [n.name for n in graph.node[0].attribute[0].g.node] == ["relu", "neg"]
+    assert not sort_nodes(graph), "a sorted graph is left as it is"
+
+
+def test_a_build_step_failure_keeps_the_whole_message_on_one_line():
+    """The onnx checker's first line ends at "of node:": the node it names was cut off."""
+    nodes = [helper.make_node("Relu", ["r"], ["y"], name="late_reader"), helper.make_node("Relu", ["x"], ["r"], name="relu")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(QbenchError) as caught, build_step("bf16", "BF16 simulation"):
+        onnx.checker.check_model(model)
+    message = str(caught.value)
+    assert message.startswith("variant 'bf16': BF16 simulation: Nodes in a graph must be topologically sorted")
+    assert "late_reader" in message and "\n" not in message
