@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from qbench.errors import QbenchError, expected_one_of
 from qbench.results import FrontierPoint, SweepResults, VariantResult
-from qbench.validate.metrics import METRICS
+from qbench.validate.catalogue import METRICS
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.axes import Axes

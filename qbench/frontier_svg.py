@@ -14,7 +14,7 @@ from html import escape
 
 from qbench.frontier import frontier_of, overall_metric
 from qbench.results import SweepResults, VariantResult
-from qbench.validate.metrics import METRICS
+from qbench.validate.catalogue import METRICS
 
 WIDTH, HEIGHT = 440, 320
 LEFT, RIGHT, TOP, BOTTOM = 62, 14, 26, 44  # margins around the plotting area

@@ -32,7 +32,7 @@ from qbench.recipe_slo import SloSpec
 from qbench.results import AccuracyResult, SliceMetrics, SweepResults, VariantResult, read_results
 from qbench.runs import RESULTS_FILE, newest_run
 from qbench.slo import SLO_METRIC, SLO_SCOPE, SloJudgement, judge_slo
-from qbench.validate.metrics import custom_metrics, drop, recorded_custom_metrics
+from qbench.validate.catalogue import custom_metrics, drop, recorded_custom_metrics
 from qbench.variants.base import lowered_nothing
 
 if TYPE_CHECKING:

@@ -18,6 +18,7 @@ from qbench.errors import did_you_mean, expected_one_of, short_repr
 from qbench.provenance import changed_inputs, input_files
 from qbench.recipe import RESULT_SECTIONS, Recipe, VariantSpec
 from qbench.results import AccuracyResult, LatencyResult, SliceMetrics, SweepResults, VariantResult
+from qbench.validate.catalogue import METRICS, impossible_value
 
 if TYPE_CHECKING:
     from qbench.data.evaluation import EvaluationRows
@@ -351,6 +352,12 @@ def _scope_problems(scope: SliceMetrics, rows: int, metric: str, min_slice_size:
     if not 0 <= scope.new_nonfinite_outputs <= max(scope.nonfinite_outputs, 0):
         problems.append(f"{where}: new_nonfinite_outputs {scope.new_nonfinite_outputs}, "
                         f"expected 0..{scope.nonfinite_outputs}")  # fmt: skip
+    for name, each in scope.metrics.items():
+        info = METRICS.get(name)
+        numeric = isinstance(each, (int, float)) and not isinstance(each, bool)
+        why = impossible_value(info, each, scope.size) if numeric and info is not None and not info.custom else None
+        if why is not None:
+            problems.append(f"{where}: metric {name!r} is {each!r}, {why}")
     value = scope.metrics.get(metric)
     explained = scope.nonfinite_outputs > 0 or reference_nonfinite > 0 or undefined
     if value is None:

@@ -42,7 +42,7 @@ from qbench.techniques.options import (
 from qbench.techniques.options import StrictConfig as _Strict
 
 if TYPE_CHECKING:
-    from qbench.validate.metrics import MetricInfo
+    from qbench.validate.catalogue import MetricInfo
 
 # the variant and technique option models, importable from here as before
 __all__ = ["FallbackSpec", "QatSpec", "Recipe", "SmoothQuantSpec", "TrainSpec", "VariantSpec", "load_recipe"]
@@ -290,7 +290,7 @@ class Recipe(_Strict):
         """Every metric name results will carry: the task's and the custom ones, 'output/'-prefixed
         when several outputs are evaluated. Custom metrics' directions join the metric catalogue."""
         from qbench.tasks import gate_metric_names
-        from qbench.validate.metrics import METRICS
+        from qbench.validate.catalogue import METRICS
 
         builtin = gate_metric_names(self.task)
         names = list(builtin)
@@ -304,7 +304,7 @@ class Recipe(_Strict):
 
     def custom_metrics(self) -> list[MetricInfo]:
         """The recipe's own metrics with their directions (what `custom_metrics(...)` scopes a sweep to)."""
-        from qbench.validate.metrics import MetricInfo
+        from qbench.validate.catalogue import MetricInfo
 
         return [MetricInfo(m.name, m.higher_is_better, m.function, custom=True) for m in self.metrics]
 

@@ -45,7 +45,7 @@ from qbench.results import (
     VariantResult,
     non_default_session_options,
 )
-from qbench.validate.metrics import METRICS, custom_metrics, recorded_custom_metrics
+from qbench.validate.catalogue import METRICS, custom_metrics, recorded_custom_metrics
 
 _DROP_NOTE = "drop: how much worse than FP32 (positive = worse)"
 _UNSTABLE_NOTE = ("unstable latency: timing reached its run or time bound (latency.stability) before the last "

@@ -24,7 +24,7 @@ from qbench.report_search import search_html
 from qbench.report_serving import serving_table
 from qbench.results import SliceMetrics, SweepResults, VariantResult
 from qbench.slo import SLO_SCOPE
-from qbench.validate.metrics import custom_metrics, recorded_custom_metrics
+from qbench.validate.catalogue import custom_metrics, recorded_custom_metrics
 
 NEAR_FRACTION = 0.5
 

@@ -32,8 +32,8 @@ from qbench.report import write_markdown_report
 from qbench.report_html import write_html_report
 from qbench.results import RangeAnalysis, SweepResults, VariantResult, write_results
 from qbench.runs import RESULTS_FILE, mark_complete, mark_incomplete, new_run_dir, utc_now
+from qbench.validate.catalogue import custom_metrics
 from qbench.validate.measure import PhaseClock
-from qbench.validate.metrics import custom_metrics
 from qbench.variants import BuiltVariant
 
 logger = logging.getLogger(__name__)
@@ -204,7 +204,7 @@ def _check_reference_accuracy(prepared: Prepared, reference: VariantResult) -> N
     if prepared.recipe.task != "classification" or prepared.labels is None or reference.accuracy is None:
         return
     from qbench.tasks.classification import below_chance
-    from qbench.validate.metrics import OUTPUT_SEPARATOR
+    from qbench.validate.catalogue import OUTPUT_SEPARATOR
 
     for choice in prepared.outputs:
         key = "accuracy" if len(prepared.outputs) == 1 else f"{choice.name}{OUTPUT_SEPARATOR}accuracy"

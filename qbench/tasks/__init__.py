@@ -2,7 +2,7 @@
 
 A new task is a module with a `qbench.tasks.base.Task` subclass and one `TASKS.register` line.
 Importing this package also puts every task's metrics (name, direction) in the metric catalogue
-(`qbench.validate.metrics.METRICS`) that the gate, the report and the frontier read.
+(`qbench.validate.catalogue.METRICS`) that the gate, the report and the frontier read.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from qbench.errors import QbenchError, expected_one_of
 from qbench.registry import Registry
 from qbench.tasks.base import CustomMetric, LabelError, Task
-from qbench.validate.metrics import METRICS
+from qbench.validate.catalogue import METRICS
 
 TASKS: Registry[Task] = Registry("task")
 TASKS.register("classification", "qbench.tasks.classification:CLASSIFICATION")

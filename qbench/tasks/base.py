@@ -18,7 +18,7 @@ from qbench.errors import QbenchError
 from qbench.modelinfo import TensorMeta
 from qbench.results import SliceMetrics
 from qbench.validate import metrics
-from qbench.validate.metrics import MetricInfo
+from qbench.validate.catalogue import MetricInfo
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch

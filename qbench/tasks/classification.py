@@ -31,7 +31,7 @@ from qbench.tasks.base import (
     wilson,
 )
 from qbench.validate import metrics
-from qbench.validate.metrics import MetricInfo
+from qbench.validate.catalogue import MetricInfo, share_of_rows
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -156,11 +156,11 @@ def _class_ids(outputs: np.ndarray) -> np.ndarray:
 class Classification(Task):
     name = "classification"
     metric_infos = (
-        MetricInfo("accuracy", True, "top-1 accuracy vs labels (vs FP32 top-1 without labels)"),
-        MetricInfo("agreement", True, "fraction of rows whose top-1 matches FP32"),
-        MetricInfo("flip_rate", False, "fraction of rows whose top-1 differs from FP32"),
-        MetricInfo("kl_mean", False, "mean KL(FP32 || variant) of the softmax outputs (score outputs only)"),
-        MetricInfo("max_abs_error", False, "largest absolute difference from the FP32 output"),
+        share_of_rows("accuracy", True, "top-1 accuracy vs labels (vs FP32 top-1 without labels)"),
+        share_of_rows("agreement", True, "fraction of rows whose top-1 matches FP32"),
+        share_of_rows("flip_rate", False, "fraction of rows whose top-1 differs from FP32"),
+        MetricInfo("kl_mean", False, "mean KL(FP32 || variant) of the softmax outputs (score outputs only)", low=0.0),
+        MetricInfo("max_abs_error", False, "largest absolute difference from the FP32 output", low=0.0),
     )
     default_gate_metric = "accuracy"
 

@@ -19,7 +19,7 @@ from qbench.tasks.base import (
     wilson,
 )
 from qbench.validate import metrics
-from qbench.validate.metrics import MetricInfo
+from qbench.validate.catalogue import MetricInfo
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -54,10 +54,10 @@ class EmbeddingRows:
 class Embedding(Task):
     name = "embedding"
     metric_infos = (
-        MetricInfo("cosine", True, "mean cosine similarity with the FP32 output"),
-        MetricInfo("cosine_min", True, "lowest cosine similarity with the FP32 output"),
-        MetricInfo("nn_agreement", True, "fraction of rows whose nearest neighbour matches FP32's"),
-        MetricInfo("max_abs_error", False, "largest absolute difference from the FP32 output"),
+        MetricInfo("cosine", True, "mean cosine similarity with the FP32 output", low=-1.0, high=1.0),
+        MetricInfo("cosine_min", True, "lowest cosine similarity with the FP32 output", low=-1.0, high=1.0),
+        MetricInfo("nn_agreement", True, "fraction of rows whose nearest neighbour matches FP32's", low=0.0, high=1.0),
+        MetricInfo("max_abs_error", False, "largest absolute difference from the FP32 output", low=0.0),
     )
     default_gate_metric = "cosine"
 

@@ -25,7 +25,7 @@ from qbench.tasks.base import (
     wilson,
 )
 from qbench.validate import metrics
-from qbench.validate.metrics import MetricInfo
+from qbench.validate.catalogue import MetricInfo, share_of_rows
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -67,11 +67,11 @@ class MultilabelRows:
 class Multilabel(Task):
     name = "multilabel"
     metric_infos = (
-        MetricInfo("micro_f1", True, "F1 over all (row, label) decisions vs labels (vs FP32 without labels)"),
-        MetricInfo("macro_f1", True, "mean per-label F1 vs labels (vs FP32 without labels)"),
-        MetricInfo("label_agreement", True, "fraction of (row, label) decisions equal to FP32's"),
-        MetricInfo("row_agreement", True, "fraction of rows whose every label decision equals FP32's"),
-        MetricInfo("max_abs_error", False, "largest absolute difference from the FP32 output"),
+        MetricInfo("micro_f1", True, "F1 over all (row, label) decisions vs labels (vs FP32 without labels)", low=0.0, high=1.0),
+        MetricInfo("macro_f1", True, "mean per-label F1 vs labels (vs FP32 without labels)", low=0.0, high=1.0),
+        MetricInfo("label_agreement", True, "fraction of (row, label) decisions equal to FP32's", low=0.0, high=1.0),
+        share_of_rows("row_agreement", True, "fraction of rows whose every label decision equals FP32's"),
+        MetricInfo("max_abs_error", False, "largest absolute difference from the FP32 output", low=0.0),
     )
     default_gate_metric = "micro_f1"
 

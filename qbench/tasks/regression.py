@@ -30,7 +30,7 @@ from qbench.tasks.base import (
     wilson,
 )
 from qbench.validate import metrics
-from qbench.validate.metrics import MetricInfo
+from qbench.validate.catalogue import MetricInfo, share_of_rows
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -97,14 +97,15 @@ class RegressionRows:
 class Regression(Task):
     name = "regression"
     metric_infos = (
-        MetricInfo("mae", False, "mean absolute error vs labels (vs FP32 without labels)"),
-        MetricInfo("rmse", False, "root mean squared error vs labels (vs FP32 without labels), averaged over targets"),
+        MetricInfo("mae", False, "mean absolute error vs labels (vs FP32 without labels)", low=0.0),
+        MetricInfo("rmse", False, "root mean squared error vs labels (vs FP32 without labels), averaged over targets",
+                   low=0.0),
         MetricInfo("r2", True, "coefficient of determination vs labels (vs FP32 without labels), "
-                   "averaged over targets"),
-        MetricInfo("r2_min", True, "the worst target's coefficient of determination (r2 with one target)"),
-        MetricInfo("max_error", False, "largest absolute error vs labels (vs FP32 without labels)"),
-        MetricInfo("agreement", True, "fraction of rows within 1% of each target's FP32 spread of FP32"),
-        MetricInfo("max_abs_error", False, "largest absolute difference from the FP32 output"),
+                   "averaged over targets", high=1.0),
+        MetricInfo("r2_min", True, "the worst target's coefficient of determination (r2 with one target)", high=1.0),
+        MetricInfo("max_error", False, "largest absolute error vs labels (vs FP32 without labels)", low=0.0),
+        share_of_rows("agreement", True, "fraction of rows within 1% of each target's FP32 spread of FP32"),
+        MetricInfo("max_abs_error", False, "largest absolute difference from the FP32 output", low=0.0),
     )
     default_gate_metric = "mae"
 

@@ -18,8 +18,8 @@ from qbench.errors import QbenchError
 from qbench.results import AccuracyResult, SliceMetrics
 from qbench.tasks import CustomMetric, get_task
 from qbench.tasks.base import RowSummary
-from qbench.validate import metrics
-from qbench.validate.metrics import OUTPUT_SEPARATOR
+from qbench.validate import catalogue, metrics
+from qbench.validate.catalogue import OUTPUT_SEPARATOR
 from qbench.validate.outputs import row_count, run_outputs
 
 OVERALL = "overall"
@@ -174,9 +174,9 @@ def _slice_with_drops(current: SliceMetrics, reference: SliceMetrics | None) -> 
     if reference is None:
         return dataclasses.replace(current, drops={})
     drops = {
-        name: metrics.drop(name, reference.metrics[name], value)
+        name: catalogue.drop(name, reference.metrics[name], value)
         for name, value in current.metrics.items()
-        if name in metrics.METRICS and name in reference.metrics
+        if name in catalogue.METRICS and name in reference.metrics
     }
     return dataclasses.replace(current, drops=drops)
 

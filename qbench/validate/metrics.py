@@ -1,4 +1,4 @@
-"""Metrics: a catalogue of names and directions, and pure functions over numpy arrays.
+"""Metrics: pure functions over numpy arrays (their names, directions and ranges: qbench.validate.catalogue).
 
 Every function takes plain arrays and returns floats; empty input gives NaN
 (never an exception and never a silent 0), and NaN propagates.
@@ -6,123 +6,11 @@ Every function takes plain arrays and returns floats; empty input gives NaN
 
 from __future__ import annotations
 
-import contextlib
-import importlib
 import math
-from collections.abc import Iterable, Iterator, Mapping
-from contextvars import ContextVar
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from qbench.errors import QbenchError
-
-
-@dataclass(frozen=True)
-class MetricInfo:
-    name: str
-    higher_is_better: bool
-    description: str
-    custom: bool = False  # a recipe's own metric (its description is the function it calls)
-
-
-OUTPUT_SEPARATOR = "/"
-"""Metric names are prefixed with their output ('probabilities/accuracy') when several outputs are evaluated."""
-
-
-class MetricCatalogue(Mapping[str, MetricInfo]):
-    """Every metric qbench can report, by name, with its direction.
-
-    The tasks' own metrics are loaded from the task registry on first use (`loader`, a module
-    that registers them when imported, so this low-level module imports no task); a recipe's
-    custom metrics are added when the recipe is loaded. A name 'output/metric' resolves to
-    `metric`'s entry.
-    """
-
-    def __init__(self, loader: str) -> None:
-        self._loader = loader
-        self._loaded = False
-        self._entries: dict[str, MetricInfo] = {}
-
-    def add(self, info: MetricInfo, *, replace: bool = False) -> None:
-        """Register `info`; the same name with another direction is an error unless `replace`."""
-        existing = self._entries.get(info.name)
-        if existing is not None and existing.higher_is_better != info.higher_is_better and not replace:
-            raise QbenchError(f"metric {info.name!r} is already registered with the opposite direction")
-        if existing is None or replace:
-            self._entries[info.name] = info
-
-    def _load(self) -> dict[str, MetricInfo]:
-        if not self._loaded:
-            self._loaded = True
-            importlib.import_module(self._loader)
-        return self._entries
-
-    def __getitem__(self, name: str) -> MetricInfo:
-        base = name.rpartition(OUTPUT_SEPARATOR)[2]
-        for entries in (_SCOPED_CUSTOM.get(), self._load()):
-            if name in entries:
-                return entries[name]
-            if base in entries:
-                return entries[base]
-        raise KeyError(name)
-
-    def __contains__(self, name: object) -> bool:
-        if not isinstance(name, str):
-            return False
-        try:
-            self[name]
-        except KeyError:
-            return False
-        return True
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(sorted(self._load()))
-
-    def __len__(self) -> int:
-        return len(self._load())
-
-
-METRICS = MetricCatalogue("qbench.tasks")
-
-# The custom metrics of the recipe being swept or the results being judged. Loading a recipe also registers its
-# custom metrics in METRICS (last loaded wins), so two recipes with a metric of one name and opposite directions
-# in one process (a notebook) would judge each other's drops backwards: what runs a recipe or judges results
-# puts their own directions in front for that while (`custom_metrics`).
-_SCOPED_CUSTOM: ContextVar[Mapping[str, MetricInfo]] = ContextVar("qbench_custom_metrics", default={})
-
-
-@contextlib.contextmanager
-def custom_metrics(infos: Iterable[MetricInfo]) -> Iterator[None]:
-    """Within the block, these metrics' directions are the ones drops, the gate and the frontier use."""
-    token = _SCOPED_CUSTOM.set({**_SCOPED_CUSTOM.get(), **{info.name: info for info in infos}})
-    try:
-        yield
-    finally:
-        _SCOPED_CUSTOM.reset(token)
-
-
-def recorded_custom_metrics(resolved_recipe: Mapping[str, Any]) -> list[MetricInfo]:
-    """The custom metrics a recipe (as results record it: `recipe.resolved`) declares; malformed entries are
-    skipped (the gate's checks of the recorded recipe say what is wrong with them)."""
-    entries = resolved_recipe.get("metrics") if isinstance(resolved_recipe, Mapping) else None
-    return [
-        MetricInfo(entry["name"], entry["higher_is_better"], str(entry.get("function", "")), custom=True)
-        for entry in (entries if isinstance(entries, list) else [])
-        if isinstance(entry, Mapping) and isinstance(entry.get("name"), str)
-        and isinstance(entry.get("higher_is_better"), bool)
-    ]  # fmt: skip
-
-
-def drop(metric: str, reference: float, value: float) -> float:
-    """How much worse `value` is than `reference` (positive = worse), whatever the metric's direction."""
-    if metric not in METRICS:
-        raise QbenchError(f"unknown metric {metric!r}: its direction (higher or lower is better) is not known")
-    if METRICS[metric].higher_is_better:
-        return reference - value
-    return value - reference
-
 
 # -- pure functions over model outputs ------------------------------------------------------------
 #

@@ -396,6 +396,10 @@ CASES = [
     pytest.param(edited(nonfinite_rows(INT8, "band=small", 3, nan_metric=True)), 1, "band=small", id="nonfinite-nan-metric-breach"),
     pytest.param(edited(metric(INT8, "overall", "0.99")), 2, "metric 'agreement': got '0.99', expected a number or null", id="metric-as-text"),
     pytest.param(edited(metric(INT8, "band=large", True)), 2, "metric 'agreement': got True, expected a number or null", id="metric-as-boolean"),
+    # values no scope could hold: the metric's range, a share that is no whole number of the scope's rows
+    pytest.param(edited(metric(INT8, "overall", 1.5)), 2, "overall: metric 'agreement' is 1.5, outside its range 0..1", id="rate-above-1"),
+    pytest.param(edited(metric(INT8, "band=large", 0.987654321)), 2, "metric 'agreement' is 0.987654321, not a whole number of the scope's", id="rate-of-no-row-count"),
+    pytest.param(edited(metric(INT8, "overall", -0.25, key="max_abs_error")), 2, "metric 'max_abs_error' is -0.25, outside its range 0..inf", id="negative-error"),
     pytest.param(edited(metric(INT8, "band=large", 0.5)), 1, "gate: FAIL — 1 of 2 variants breaches: int8-minmax@onnxruntime-cpu (band=large);", id="accuracy-breach"),
     # the embedded recipe
     pytest.param(edited(forget_int8_in_recipe, signed=False), 2, "digest: does not match", id="recipe-edited-unsigned"),

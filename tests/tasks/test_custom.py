@@ -126,7 +126,7 @@ def test_two_recipes_with_one_metric_name_and_opposite_directions_judge_each_by_
     drops, gate and report keep A's direction (the catalogue of loaded metrics holds B's)."""
     from qbench import load_recipe, run_sweep
     from qbench.gate import evaluate_gate
-    from qbench.validate.metrics import METRICS
+    from qbench.validate.catalogue import METRICS
 
     def shift_metric(higher_is_better: bool) -> dict:
         return {"name": "shift", "function": "user_metrics:logit_shift", "higher_is_better": higher_is_better}

@@ -8,7 +8,7 @@ import pytest
 from qbench.errors import QbenchError
 from qbench.modelinfo import TensorMeta
 from qbench.tasks import TASKS, Task, gate_metric_names, get_task
-from qbench.validate.metrics import METRICS
+from qbench.validate.catalogue import METRICS
 
 FLOAT_SCORES = TensorMeta("scores", np.dtype("float32"), (None, 3))
 INT_IDS = TensorMeta("label", np.dtype("int64"), (None,))

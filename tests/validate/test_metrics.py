@@ -9,7 +9,7 @@ import pytest
 
 from qbench.errors import QbenchError
 from qbench.tasks import gate_metric_names
-from qbench.validate import metrics
+from qbench.validate import catalogue, metrics
 
 NAN = float("nan")
 
@@ -222,8 +222,8 @@ def test_nonfinite_rows() -> None:
 
 def test_gate_metrics_per_task_and_drop_direction() -> None:
     assert gate_metric_names("embedding") == ["cosine", "cosine_min", "nn_agreement", "max_abs_error"]
-    assert metrics.drop("flip_rate", 0.01, 0.03) == pytest.approx(0.02)
-    assert metrics.drop("accuracy", 0.9, 0.95) == pytest.approx(-0.05)
+    assert catalogue.drop("flip_rate", 0.01, 0.03) == pytest.approx(0.02)
+    assert catalogue.drop("accuracy", 0.9, 0.95) == pytest.approx(-0.05)
 
 
 # -- nearest-neighbour agreement (embeddings) ----------------------------------------------------
@@ -342,7 +342,7 @@ def test_f1_without_any_positive_is_perfect_and_a_spurious_positive_drops_it() -
     assert metrics.macro_f1(negatives, negatives) == 1.0
     assert metrics.micro_f1(spurious, negatives) == 0.0
     assert metrics.macro_f1(spurious, negatives) == 0.0  # label 0 has no positive anywhere: left out
-    assert metrics.drop("macro_f1", 1.0, metrics.macro_f1(spurious, negatives)) == 1.0
+    assert catalogue.drop("macro_f1", 1.0, metrics.macro_f1(spurious, negatives)) == 1.0
     assert math.isnan(metrics.micro_f1(np.zeros((0, 2)), np.zeros((0, 2))))  # no rows
     assert math.isnan(metrics.macro_f1(np.zeros((0, 2)), np.zeros((0, 2))))
 
@@ -355,10 +355,10 @@ def test_multilabel_thresholds() -> None:
 
 
 def test_catalogue_resolves_output_prefixes_and_refuses_unknown_directions() -> None:
-    assert metrics.METRICS["probabilities/kl_mean"].higher_is_better is False
-    assert metrics.drop("logits/accuracy", 0.9, 0.8) == pytest.approx(0.1)
-    assert metrics.drop("mae", 1.0, 1.5) == pytest.approx(0.5)
+    assert catalogue.METRICS["probabilities/kl_mean"].higher_is_better is False
+    assert catalogue.drop("logits/accuracy", 0.9, 0.8) == pytest.approx(0.1)
+    assert catalogue.drop("mae", 1.0, 1.5) == pytest.approx(0.5)
     with pytest.raises(QbenchError, match="unknown metric 'no_such_metric'"):
-        metrics.drop("no_such_metric", 1.0, 1.0)
-    with pytest.raises(QbenchError, match="opposite direction"):
-        metrics.METRICS.add(metrics.MetricInfo("accuracy", False, "wrong way round"))
+        catalogue.drop("no_such_metric", 1.0, 1.0)
+    with pytest.raises(QbenchError, match="another direction or range"):
+        catalogue.METRICS.add(catalogue.MetricInfo("accuracy", False, "wrong way round"))

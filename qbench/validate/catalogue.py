@@ -1,0 +1,148 @@
+"""The metric catalogue: every metric's name, direction and range, the custom metrics in force, and drops.
+
+Tasks register their metrics here when `qbench.tasks` is imported; a recipe's own metrics are added when it is
+loaded, and scoped to the sweep or results that use them (`custom_metrics`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import math
+from collections.abc import Iterable, Iterator, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+from qbench.errors import QbenchError
+
+
+@dataclass(frozen=True)
+class MetricInfo:
+    """A metric's name and direction, and what any value of it must satisfy (the gate refuses results that do not:
+    a share of rows of 1.5, or 0.987654321 of a 37-row slice, was not computed by qbench)."""
+
+    name: str
+    higher_is_better: bool
+    description: str
+    custom: bool = False  # a recipe's own metric (its description is the function it calls)
+    low: float = -math.inf
+    high: float = math.inf
+    share_of_rows: bool = False  # k / rows of its scope for a whole number k
+
+
+def share_of_rows(name: str, higher_is_better: bool, description: str) -> MetricInfo:
+    """A metric that counts rows of its scope: in [0, 1], a whole number of rows."""
+    return MetricInfo(name, higher_is_better, description, low=0.0, high=1.0, share_of_rows=True)
+
+
+def impossible_value(info: MetricInfo, value: float, rows: int) -> str | None:
+    """Why `value` cannot be `info`'s on a scope of `rows` rows, or None (NaN/inf are judged elsewhere)."""
+    if not math.isfinite(value):
+        return None
+    if not info.low - 1e-9 <= value <= info.high + 1e-9:
+        return f"outside its range {info.low:g}..{info.high:g}"
+    if info.share_of_rows and rows > 0 and abs(value * rows - round(value * rows)) > 1e-6:
+        return f"not a whole number of the scope's {rows} rows ({value * rows:.4f})"
+    return None
+
+
+OUTPUT_SEPARATOR = "/"
+"""Metric names are prefixed with their output ('probabilities/accuracy') when several outputs are evaluated."""
+
+
+class MetricCatalogue(Mapping[str, MetricInfo]):
+    """Every metric qbench can report, by name, with its direction.
+
+    The tasks' own metrics are loaded from the task registry on first use (`loader`, a module
+    that registers them when imported, so this low-level module imports no task); a recipe's
+    custom metrics are added when the recipe is loaded. A name 'output/metric' resolves to
+    `metric`'s entry.
+    """
+
+    def __init__(self, loader: str) -> None:
+        self._loader = loader
+        self._loaded = False
+        self._entries: dict[str, MetricInfo] = {}
+
+    def add(self, info: MetricInfo, *, replace: bool = False) -> None:
+        """Register `info`; the same name with another direction or range is an error unless `replace`."""
+        existing = self._entries.get(info.name)
+        if existing is not None and not replace and _definition(existing) != _definition(info):
+            raise QbenchError(f"metric {info.name!r} is already registered with another direction or range")
+        if existing is None or replace:
+            self._entries[info.name] = info
+
+    def _load(self) -> dict[str, MetricInfo]:
+        if not self._loaded:
+            self._loaded = True
+            importlib.import_module(self._loader)
+        return self._entries
+
+    def __getitem__(self, name: str) -> MetricInfo:
+        base = name.rpartition(OUTPUT_SEPARATOR)[2]
+        for entries in (_SCOPED_CUSTOM.get(), self._load()):
+            if name in entries:
+                return entries[name]
+            if base in entries:
+                return entries[base]
+        raise KeyError(name)
+
+    def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str):
+            return False
+        try:
+            self[name]
+        except KeyError:
+            return False
+        return True
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._load()))
+
+    def __len__(self) -> int:
+        return len(self._load())
+
+
+def _definition(info: MetricInfo) -> tuple[bool, float, float, bool]:
+    return info.higher_is_better, info.low, info.high, info.share_of_rows
+
+
+METRICS = MetricCatalogue("qbench.tasks")
+
+# The custom metrics of the recipe being swept or the results being judged. Loading a recipe also registers its
+# custom metrics in METRICS (last loaded wins), so two recipes with a metric of one name and opposite directions
+# in one process (a notebook) would judge each other's drops backwards: what runs a recipe or judges results
+# puts their own directions in front for that while (`custom_metrics`).
+_SCOPED_CUSTOM: ContextVar[Mapping[str, MetricInfo]] = ContextVar("qbench_custom_metrics", default={})
+
+
+@contextlib.contextmanager
+def custom_metrics(infos: Iterable[MetricInfo]) -> Iterator[None]:
+    """Within the block, these metrics' directions are the ones drops, the gate and the frontier use."""
+    token = _SCOPED_CUSTOM.set({**_SCOPED_CUSTOM.get(), **{info.name: info for info in infos}})
+    try:
+        yield
+    finally:
+        _SCOPED_CUSTOM.reset(token)
+
+
+def recorded_custom_metrics(resolved_recipe: Mapping[str, Any]) -> list[MetricInfo]:
+    """The custom metrics a recipe (as results record it: `recipe.resolved`) declares; malformed entries are
+    skipped (the gate's checks of the recorded recipe say what is wrong with them)."""
+    entries = resolved_recipe.get("metrics") if isinstance(resolved_recipe, Mapping) else None
+    return [
+        MetricInfo(entry["name"], entry["higher_is_better"], str(entry.get("function", "")), custom=True)
+        for entry in (entries if isinstance(entries, list) else [])
+        if isinstance(entry, Mapping) and isinstance(entry.get("name"), str)
+        and isinstance(entry.get("higher_is_better"), bool)
+    ]  # fmt: skip
+
+
+def drop(metric: str, reference: float, value: float) -> float:
+    """How much worse `value` is than `reference` (positive = worse), whatever the metric's direction."""
+    if metric not in METRICS:
+        raise QbenchError(f"unknown metric {metric!r}: its direction (higher or lower is better) is not known")
+    if METRICS[metric].higher_is_better:
+        return reference - value
+    return value - reference
