@@ -2,8 +2,9 @@
 
 `prepare` opens the data and the model, checks every name the recipe uses
 against them (columns, input and output names, filters that select rows,
-backends that can run here) and returns the arrays the sweep feeds to the
-variants. `qbench validate` is exactly this, with nothing built or timed.
+backends that can run here), that the model is an FP32 reference
+(`qbench.preflight_precision`), and returns the arrays the sweep feeds to the variants. `qbench validate` is
+exactly this, with nothing built or timed.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from qbench.preflight_checks import (
     fixed_batch,
     with_fixed_batch,
 )
+from qbench.preflight_precision import reduced_precision
 from qbench.recipe import Recipe
 from qbench.results import CalibrationRecord
 from qbench.sources import ModelSource, resolve_model
@@ -229,11 +231,15 @@ def _check_quantizer_options(recipe: Recipe) -> None:
 
 
 def _read_model(recipe: Recipe, path: Path) -> ModelInfo:
-    """The model's inputs and outputs; its external-data files must exist (ONNX reads them only when run)."""
+    """The model's inputs and outputs; its external-data files must exist (ONNX reads them only when run); it
+    must compute in FP32 (`reduced_precision`)."""
+    import onnx
+
     field = "model.path" if recipe.model.path is not None else "model.torch"
     try:
         info = read_model_info(path)
         locations = external_data_files(path)
+        not_fp32 = reduced_precision(onnx.load(str(path), load_external_data=False))
     except QbenchError as exc:
         raise RecipeError(recipe.source, field, str(exc)) from None
     except Exception as exc:  # onnx raises several types for a file that is not a model
@@ -243,6 +249,9 @@ def _read_model(recipe: Recipe, path: Path) -> ModelInfo:
         raise RecipeError(
             recipe.source, field, f"ONNX model {path} keeps its weights in {gone[0]!r}, not found in {path.parent}"
         )
+    if not_fp32 is not None:
+        raise RecipeError(recipe.source, field, f"{path}: {not_fp32}; expected the FP32 model that variants are built "
+                          "from (qbench makes the reduced-precision variants itself)")  # fmt: skip
     return info
 
 
