@@ -3,7 +3,8 @@
 `prepare` opens the data and the model, checks every name the recipe uses
 against them (columns, input and output names, filters that select rows,
 backends that can run here), that the model is an FP32 reference
-(`qbench.preflight_precision`), and returns the arrays the sweep feeds to the variants. `qbench validate` is
+(`qbench.preflight_precision`) whose rows are on axis 0 (`qbench.preflight_rows`),
+and returns the arrays the sweep feeds to the variants. `qbench validate` is
 exactly this, with nothing built or timed.
 """
 
@@ -42,6 +43,7 @@ from qbench.preflight_checks import (
     with_fixed_batch,
 )
 from qbench.preflight_precision import reduced_precision
+from qbench.preflight_rows import check_row_independence
 from qbench.recipe import Recipe
 from qbench.results import CalibrationRecord
 from qbench.sources import ModelSource, resolve_model
@@ -146,6 +148,7 @@ def prepare(recipe: Recipe, *, track: bool = True, destinations: bool = True, ba
     check_batch_memory(recipe, eval_feeds)
     if source.torch is not None:
         _check_export_on_rows(recipe, source, eval_feeds)
+    check_row_independence(recipe, source.onnx_path, model, eval_feeds, {c.name: c.index for c in outputs}, batch)
     calibration_table = (
         load_table(recipe.calibration_data_path, recipe_file=recipe.source, field="data.calibration.path")
         if recipe.calibration_data_path is not None
