@@ -47,6 +47,13 @@ class TensorMeta:
     off_label: str | None = None  # why the highest of these scores is not the model's own label (modelinfo_classes)
     probabilities: bool | None = None  # the graph makes these scores as probabilities / as logits; None: unstated
     class_count: int | None = None  # class ids an integer output can give, when the graph says (ArgMax over N scores)
+    dim_names: tuple[str | None, ...] = ()  # per dim: its dim_param, None when static or unnamed
+
+    def shape_text(self) -> str:
+        """The shape with dynamic dims by name where the graph names them: [8, 'batch', 6]."""
+        names = self.dim_names or (None,) * len(self.shape)
+        dims = [str(d) if d is not None else repr(n) if n else "None" for d, n in zip(self.shape, names)]
+        return f"[{', '.join(dims)}]"
 
     def describe(self) -> str:
         """'name (float32, [None, 3])' or 'name (seq(map(int64,float32)))'."""
@@ -120,7 +127,8 @@ def _meta(value_info: onnx.ValueInfoProto, producer: onnx.NodeProto | None = Non
     if type_proto.WhichOneof("value") == "tensor_type":
         tensor_type = type_proto.tensor_type
         dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim)
-        return TensorMeta(value_info.name, _elem_dtype(tensor_type.elem_type), dims)
+        names = tuple(d.dim_param or None if d.HasField("dim_param") else None for d in tensor_type.shape.dim)
+        return TensorMeta(value_info.name, _elem_dtype(tensor_type.elem_type), dims, dim_names=names)
     name = _type_name(type_proto)
     element = type_proto.sequence_type.elem_type if type_proto.WhichOneof("value") == "sequence_type" else None
     if element is not None and element.WhichOneof("value") == "map_type":

@@ -2,8 +2,10 @@
 
 `prepare` opens the data and the model, checks every name the recipe uses
 against them (columns, input and output names, filters that select rows,
-backends that can run here) and returns the arrays the sweep feeds to the
-variants. `qbench validate` is exactly this, with nothing built or timed.
+backends that can run here), that the model is an FP32 reference
+(`qbench.preflight_precision`) whose rows are on axis 0 (`qbench.preflight_rows`),
+and returns the arrays the sweep feeds to the variants. `qbench validate` is
+exactly this, with nothing built or timed.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ from qbench.preflight_checks import (
     fixed_batch,
     with_fixed_batch,
 )
+from qbench.preflight_precision import reduced_precision
+from qbench.preflight_rows import check_row_independence
 from qbench.recipe import Recipe
 from qbench.results import CalibrationRecord
 from qbench.sources import ModelSource, resolve_model
@@ -139,6 +143,7 @@ def prepare(recipe: Recipe, *, track: bool = True, destinations: bool = True, ba
     check_batch_memory(recipe, eval_feeds)
     if source.torch is not None:
         _check_export_on_rows(recipe, source, eval_feeds)
+    check_row_independence(recipe, source.onnx_path, model, eval_feeds, {c.name: c.index for c in outputs}, batch)
     calibration_table = (
         load_table(recipe.calibration_data_path, recipe_file=recipe.source, field="data.calibration.path")
         if recipe.calibration_data_path is not None
@@ -224,11 +229,15 @@ def _check_quantizer_options(recipe: Recipe) -> None:
 
 
 def _read_model(recipe: Recipe, path: Path) -> ModelInfo:
-    """The model's inputs and outputs; its external-data files must exist (ONNX reads them only when run)."""
+    """The model's inputs and outputs; its external-data files must exist (ONNX reads them only when run); it
+    must compute in FP32 (`reduced_precision`)."""
+    import onnx
+
     field = "model.path" if recipe.model.path is not None else "model.torch"
     try:
         info = read_model_info(path)
         locations = external_data_files(path)
+        not_fp32 = reduced_precision(onnx.load(str(path), load_external_data=False))
     except QbenchError as exc:
         raise RecipeError(recipe.source, field, str(exc)) from None
     except Exception as exc:  # onnx raises several types for a file that is not a model
@@ -238,6 +247,9 @@ def _read_model(recipe: Recipe, path: Path) -> ModelInfo:
         raise RecipeError(
             recipe.source, field, f"ONNX model {path} keeps its weights in {gone[0]!r}, not found in {path.parent}"
         )
+    if not_fp32 is not None:
+        raise RecipeError(recipe.source, field, f"{path}: {not_fp32}; expected the FP32 model that variants are built "
+                          "from (qbench makes the reduced-precision variants itself)")  # fmt: skip
     return info
 
 

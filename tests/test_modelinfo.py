@@ -20,6 +20,15 @@ def _save(tmp_path: Path, nodes: list, inputs: list, outputs: list, ml: bool = F
     return path
 
 
+def test_dynamic_dims_keep_their_names(tmp_path: Path) -> None:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, "batch", None, 6])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, "batch", None, 6])
+    meta = read_model_info(_save(tmp_path, [helper.make_node("Identity", ["x"], ["y"])], [x], [y])).inputs["x"]
+    assert meta.shape == (8, None, None, 6)
+    assert meta.dim_names == (None, "batch", None, None)
+    assert meta.shape_text() == "[8, 'batch', None, 6]"
+
+
 def test_a_zipmap_output_is_a_map_with_its_class_keys(tmp_path: Path) -> None:
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 3])
     map_type = helper.make_sequence_type_proto(

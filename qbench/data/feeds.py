@@ -3,8 +3,9 @@
 A column of single values becomes (N,) or (N, 1, ...) as the input's rank needs;
 a column of lists/arrays becomes (N, *cell_shape) and is then reshaped to the
 input's shape when the sizes agree (64 pixels -> (N, 1, 8, 8)). The first dim
-of every model input is the batch. A text column with a tokenizer (`qbench.data.text`)
-feeds every model input named like one of the tokenizer's outputs (input_ids, ...).
+of every model input is the batch (`qbench.preflight_rows` checks that each row's outputs
+follow it). A text column with a tokenizer (`qbench.data.text`) feeds every model input
+named like one of the tokenizer's outputs (input_ids, ...).
 """
 
 from __future__ import annotations

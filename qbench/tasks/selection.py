@@ -36,12 +36,12 @@ def choose_outputs(task: Task, model: ModelInfo, wanted: Sequence[str] | None) -
     names = list(model.outputs)
     if wanted:
         return [_named(task, model, name, names) for name in wanted]
-    ranked = [(rank, i) for i, meta in enumerate(model.outputs.values()) if (rank := task.output_rank(meta)) is not None]
+    ranked = [(rank, i) for i, meta in enumerate(model.outputs.values()) if (rank := _rank(task, meta)) is not None]
     for meta in model.outputs.values():
         if meta.passthrough_of is not None:
             log.info("output %r skipped: it is a copy of the input %r", meta.name, meta.passthrough_of)
     if not ranked:
-        reasons = "; ".join(str(task.output_problem(meta)) for meta in model.outputs.values())
+        reasons = "; ".join(str(_problem(task, meta)) for meta in model.outputs.values())
         raise QbenchError(f"no output task {task.name!r} can evaluate: {reasons}")
     best = min(rank for rank, _ in ranked)
     tied = [i for rank, i in ranked if rank == best]
@@ -67,10 +67,22 @@ def _named(task: Task, model: ModelInfo, name: str, names: list[str]) -> OutputC
     if name not in model.outputs:
         raise QbenchError(f"model output {expected_one_of(name, names)}")
     meta = model.outputs[name]
-    problem = task.output_problem(meta)
+    problem = _problem(task, meta)
     if problem is not None:
-        usable = [m.describe() for m in model.outputs.values() if task.output_rank(m) is not None]
+        usable = [m.describe() for m in model.outputs.values() if _rank(task, m) is not None]
         hint = f"; outputs it can read: {', '.join(usable)}" if usable else "; no output of this model is one"
         raise QbenchError(f"{problem}{hint}")
     _warn_off_label(meta)
     return OutputChoice(names.index(name), meta)
+
+
+def _problem(task: Task, meta: TensorMeta) -> str | None:
+    """Why `task` cannot evaluate `meta`: an output with a static 0 beside the batch axis holds nothing to judge,
+    whatever the task; otherwise the task's own reason."""
+    if meta.kind == "tensor" and 0 in meta.shape[1:]:
+        return f"output {meta.name!r} of shape {list(meta.shape)} holds no values (a dimension of 0)"
+    return task.output_problem(meta)
+
+
+def _rank(task: Task, meta: TensorMeta) -> int | None:
+    return None if _problem(task, meta) is not None else task.output_rank(meta)

@@ -47,3 +47,13 @@ def test_ambiguity_and_impossibility_are_refused_with_the_outputs_listed() -> No
 def test_several_named_outputs_keep_their_order_and_indices() -> None:
     choices = choose_outputs(get_task("classification"), _model(LABEL, ZIPMAP), ["probs", "label"])
     assert [(c.name, c.index) for c in choices] == [("probs", 1), ("label", 0)]
+
+
+@pytest.mark.parametrize("task", ["classification", "embedding", "regression", "multilabel"])
+def test_an_output_with_a_static_zero_beside_the_batch_is_never_a_candidate(task: str) -> None:
+    empty = TensorMeta("empty", np.dtype("float32"), (None, 0))
+    scores = TensorMeta("scores", np.dtype("float32"), (None, 5))
+    [choice] = choose_outputs(get_task(task), _model(empty, scores), None)
+    assert (choice.name, choice.index) == ("scores", 1)
+    with pytest.raises(QbenchError, match=r"output 'empty' of shape \[None, 0\] holds no values.*outputs it can read: scores"):
+        choose_outputs(get_task(task), _model(empty, scores), ["empty"])

@@ -1,0 +1,125 @@
+"""The reference must compute in FP32: every variant is built from it and judged against it.
+
+A model that is already INT8 (QOperator QLinear* nodes, MatMulInteger/ConvInteger, DynamicQuantizeLinear, or
+Quantize/DequantizeLinear on activations) or FP16/BF16 (nodes computing on such tensors, or such graph inputs and
+outputs) would be read as "FP32": variants would be "identical to FP32", some builders would write invalid graphs,
+and a gate could pass having compared the model with itself. What decides is what the graph computes in, so a
+FP32 graph storing weights in a smaller type (a bfloat16 initializer cast to float, an INT8 weight dequantized
+once) is an FP32 reference, and so is a float64 graph.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    import onnx
+
+# integer arithmetic ops of ONNX and of ONNX Runtime's com.microsoft domain (QLinear* are matched by prefix)
+_INTEGER_OPS = frozenset({
+    "MatMulInteger", "ConvInteger", "DynamicQuantizeLinear", "QGemm", "QAttention", "QEmbedLayerNormalization",
+    "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "DynamicQuantizeLSTM", "MatMulNBits", "MatMulBnb4",
+    "GatherBlockQuantized", "QuickGelu8Bit",
+})  # fmt: skip
+_QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
+# ops that move or re-type values without computing on them: a reduced float type there is storage, not compute
+_STORAGE_OPS = frozenset({
+    "Cast", "CastLike", "Identity", "Constant", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Shape",
+    "Size", "Gather", "Slice", "Concat", "Split", "Expand", "Tile",
+})  # fmt: skip
+_CONSTANT_FOLDING = _STORAGE_OPS | {"DequantizeLinear", "QuantizeLinear"}
+_REDUCED_FLOATS = {10: "float16", 16: "bfloat16", 17: "float8", 18: "float8", 19: "float8", 20: "float8", 23: "float4"}
+
+
+def reduced_precision(model: onnx.ModelProto) -> str | None:
+    """What makes `model` compute in something other than FP32 (float64 is fine), as 'already quantized: 12
+    QLinearMatMul, 3 DequantizeLinear nodes' or 'computes in float16: 8 MatMul, ...'; None for an FP32 model."""
+    types = _value_types(model)
+    constants = _constants(model.graph)
+    integer: Counter[str] = Counter()
+    reduced: Counter[str] = Counter()
+    reduced_types: set[str] = set()
+    for node, graph_constants in _nodes(model.graph, constants):
+        op = node.op_type
+        if op.startswith("QLinear") or op in _INTEGER_OPS:
+            integer[op] += 1
+        elif op in _QDQ_OPS and node.input and node.input[0] not in graph_constants:
+            integer[op] += 1  # on activations; a DequantizeLinear of a stored weight computes nothing at run time
+        elif op not in _STORAGE_OPS and op not in _QDQ_OPS:
+            found = {_REDUCED_FLOATS[types[name]] for name in (*node.input, *node.output) if types.get(name) in _REDUCED_FLOATS}
+            if found:
+                reduced[op] += 1
+                reduced_types |= found
+    io = {v.name: _REDUCED_FLOATS[v.type.tensor_type.elem_type] for v in (*model.graph.input, *model.graph.output)
+          if v.name not in constants and v.type.tensor_type.elem_type in _REDUCED_FLOATS}  # fmt: skip
+    if integer:
+        return f"the model is already quantized: {_counted(integer)}"
+    found = []
+    if reduced:
+        found.append(f"the model already computes in {'/'.join(sorted(reduced_types))}: {_counted(reduced)}")
+    if io:
+        names = ", ".join(list(io)[:4]) + (f" and {len(io) - 4} more" if len(io) > 4 else "")
+        found.append(f"its graph inputs/outputs {names} are {'/'.join(sorted(set(io.values())))}")
+    return "; ".join(found) or None
+
+
+def _counted(ops: Counter[str]) -> str:
+    """'12 QLinearMatMul, 3 DequantizeLinear nodes': at most five kinds, Quantize/DequantizeLinear after the ops
+    that compute, the most frequent first."""
+    ordered = sorted(ops.items(), key=lambda item: (item[0] in _QDQ_OPS, -item[1], item[0]))
+    shown = [f"{count} {op}" for op, count in ordered[:5]]
+    more = f" and {len(ops) - 5} more kinds" if len(ops) > 5 else ""
+    return f"{', '.join(shown)}{more} node{'s' if sum(ops.values()) != 1 else ''}"
+
+
+def _value_types(model: onnx.ModelProto) -> dict[str, int]:
+    """Value name -> ONNX element type, from the graph's declarations and ONNX shape inference (all subgraphs)."""
+    import onnx
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False)
+    except Exception:  # noqa: BLE001 - a graph inference cannot follow still declares its inputs and outputs
+        inferred = model
+    types: dict[str, int] = {}
+    for graph in _graphs(inferred.graph):
+        for value in (*graph.input, *graph.output, *graph.value_info):
+            if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type:
+                types[value.name] = value.type.tensor_type.elem_type
+        for tensor in graph.initializer:
+            types[tensor.name] = tensor.data_type
+    return types
+
+
+def _constants(graph: onnx.GraphProto) -> set[str]:
+    """Values known before the model runs: initializers and Constant outputs, and what Cast/Identity/Reshape
+    and the like make of them (a stored weight re-typed or re-shaped is still a stored weight)."""
+    constants = {t.name for t in graph.initializer}
+    while True:  # until nothing changes: the nodes need not be in topological order
+        known = len(constants)
+        for node in graph.node:
+            inputs = [name for name in node.input if name]
+            if node.op_type == "Constant" or (
+                node.op_type in _CONSTANT_FOLDING and inputs and all(name in constants for name in inputs)
+            ):
+                constants.update(node.output)
+        if len(constants) == known:
+            return constants
+
+
+def _nodes(graph: onnx.GraphProto, constants: set[str]) -> Iterator[tuple[onnx.NodeProto, set[str]]]:
+    """Every node of `graph` and its subgraphs, with the values constant where it runs."""
+    for node in graph.node:
+        yield node, constants
+        for attribute in node.attribute:
+            for subgraph in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+                yield from _nodes(subgraph, constants | _constants(subgraph))
+
+
+def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    yield graph
+    for node in graph.node:
+        for attribute in node.attribute:
+            for subgraph in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+                yield from _graphs(subgraph)

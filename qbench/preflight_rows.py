@@ -1,0 +1,170 @@
+"""Each data row's outputs must follow that row: the check that the model's axis 0 really is the batch.
+
+qbench feeds data rows along axis 0 of every model input and reads one output row per input row. A model whose
+batch is another axis (a sequence-first RNN or Transformer, `x: [seq, batch, feat]`) still runs when fed that
+way, but then each "row" it returns mixes several data rows, and every figure describes a computation the model
+never does in service. Shapes cannot tell the two apart (a static axis 0 may be a fixed batch or a sequence
+length), so the FP32 reference is run on a few evaluation rows, then on the same rows in another order and, with a
+dynamic batch, on fewer of them: each row's outputs must move with the row and keep their values (within kernel
+differences between batch sizes).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from qbench.data.feeds import take_batch
+from qbench.errors import QbenchError, RecipeError
+from qbench.modelinfo import ModelInfo, TensorMeta
+from qbench.recipe import Recipe
+from qbench.validate.outputs import as_array
+
+logger = logging.getLogger(__name__)
+
+Feeds = dict[str, np.ndarray]
+CHECKED_ROWS = 8  # evaluation rows the check runs (a fixed batch: exactly that batch)
+RELATIVE_TOLERANCE = 1e-3  # of the output's largest magnitude: batch sizes may take other kernels
+ABSOLUTE_TOLERANCE = 1e-5
+_EXPECTED = ("expected each row's outputs to depend on that row only: qbench feeds data rows along axis 0 of every "
+             "input, so export the model batch-first (e.g. batch_first=True, or transpose the inputs in the graph)")  # fmt: skip
+
+
+def check_row_independence(
+    recipe: Recipe, path: Path, model: ModelInfo, feeds: Mapping[str, np.ndarray], outputs: Mapping[str, int],
+    batch: int | None,
+) -> None:  # fmt: skip
+    """RecipeError (at model.path / model.torch) when the evaluated `outputs` (name -> index) of the model at
+    `path` do not follow the rows of `feeds`: fed in reverse order they must come back reversed, and (a dynamic
+    batch) fed every other row alone they must be those rows' outputs. `batch`: the model's fixed batch, if any."""
+    count = min((len(array) for array in feeds.values()), default=0)
+    size = batch if batch is not None else min(CHECKED_ROWS, count)
+    if count == 0 or size < 2:
+        return  # one row cannot be reordered
+    rows = take_batch({name: array[:size] for name, array in feeds.items()}, size)
+    session = _session(path)
+    if session is None:
+        return
+    try:
+        reference = {name: value for name, value in _run(session, rows, outputs).items() if len(value) == size}
+    except Exception as exc:  # noqa: BLE001 - the dry run and the sweep report a model that does not run
+        logger.info("row-independence check skipped: the FP32 reference did not run on the CPU: %s", exc)
+        return
+    if not reference:
+        return  # no evaluated output gives a row per row fed: the dry run and the sweep say so
+    trials = [(np.arange(size)[::-1], f"the same {size} rows were fed in another order")]
+    if batch is None:
+        subset = np.arange(1, size, 2)
+        trials.append((subset, f"{len(subset)} of the same {size} rows were fed on their own"))
+    for picks, how in trials:
+        try:
+            got = _run(session, {name: array[picks] for name, array in rows.items()}, outputs)
+        except Exception as exc:  # noqa: BLE001 - it ran on `size` rows: failing on fewer is the model's axis 0
+            raise RecipeError(recipe.source, _field(recipe), f"{_inputs(model, batch)}: the model ran on {size} rows but "
+                              f"failed when {how}: {' '.join(str(exc).split())}; {_EXPECTED}") from None  # fmt: skip
+        for name, values in reference.items():
+            seen = _moved(name, values, got.get(name), picks)
+            if seen is not None:
+                hint = _batch_axis_hint(model)
+                raise RecipeError(recipe.source, _field(recipe),
+                                  f"{_inputs(model, batch)}: {seen} when {how}; {_EXPECTED}{hint}")  # fmt: skip
+
+
+def _field(recipe: Recipe) -> str:
+    return "model.path" if recipe.model.path is not None else "model.torch"
+
+
+def _session(path: Path):  # noqa: ANN202 - onnxruntime is imported lazily
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.log_severity_level = 3
+    try:
+        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001 - a graph only another backend runs: its own checks apply
+        logger.info("row-independence check skipped: ONNX Runtime's CPU provider cannot load %s: %s", path, exc)
+        return None
+
+
+def _run(session, feeds: Mapping[str, np.ndarray], outputs: Mapping[str, int]) -> dict[str, np.ndarray]:  # noqa: ANN001
+    """The evaluated outputs that are arrays of at least one axis (others are judged elsewhere)."""
+    results = session.run(None, dict(feeds))
+    arrays = {}
+    for name, index in outputs.items():
+        try:
+            value = as_array(results[index], name)
+        except (QbenchError, IndexError):
+            continue
+        if value.ndim > 0:
+            arrays[name] = value
+    return arrays
+
+
+def _moved(name: str, reference: np.ndarray, got: np.ndarray | None, picks: np.ndarray) -> str | None:
+    """What was seen when `got` (the outputs of rows `picks`) is not `reference[picks]`; None when it is."""
+    expected = reference[picks]
+    if got is None or got.shape != expected.shape:
+        shape = "no array" if got is None else f"shape {list(got.shape)}"
+        return f"output {name!r} had {shape} where those rows' outputs have shape {list(expected.shape)}"
+    if expected.dtype.kind not in "fc":
+        unequal = np.flatnonzero([not np.array_equal(a, b) for a, b in zip(got, expected)])
+        if unequal.size == 0:
+            return None
+        row = int(unequal[0])
+        return f"row {int(picks[row])}'s output {name!r} changed from {_short(expected[row])} to {_short(got[row])}"
+    expected, got = expected.astype(np.float64), got.astype(np.float64)
+    finite = np.isfinite(reference)
+    scale = float(np.max(np.abs(reference[finite]))) if finite.any() else 0.0
+    tolerance = RELATIVE_TOLERANCE * scale + ABSOLUTE_TOLERANCE
+    both_finite = np.isfinite(got) & np.isfinite(expected)
+    same_special = (got == expected) | (np.isnan(got) & np.isnan(expected))  # inf where inf was, NaN where NaN was
+    with np.errstate(invalid="ignore"):
+        difference = np.where(both_finite, np.abs(got - expected), np.where(same_special, 0.0, np.inf))
+    per_row = difference.reshape(len(picks), -1).max(axis=1, initial=0.0)
+    row = int(np.argmax(per_row))
+    if per_row[row] <= tolerance:
+        return None
+    return (f"row {int(picks[row])}'s output {name!r} changed by {per_row[row]:.3g} (its values reach {scale:.3g}, "
+            f"tolerance {tolerance:.2g})")  # fmt: skip
+
+
+def _short(value: object) -> str:
+    text = np.array2string(np.asarray(value), threshold=6, precision=4) if np.ndim(value) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _inputs(model: ModelInfo, batch: int | None) -> str:
+    """'model input x [8, 'batch', 6] (axis 0 taken as a fixed batch of 8)'."""
+    shown = ", ".join(f"{meta.name} {meta.shape_text()}" for meta in model.inputs.values())
+    plural = "s" if len(model.inputs) > 1 else ""
+    taken = f" (axis 0 taken as a fixed batch of {batch})" if batch is not None else ""
+    return f"model input{plural} {shown}{taken}"
+
+
+def _batch_axis_hint(model: ModelInfo) -> str:
+    """'; axis 1 ('batch') of 'x' is dynamic and looks like the batch' when an input's axes say so, else ''."""
+    for meta in model.inputs.values():
+        axis = _likely_batch_axis(meta)
+        if axis is not None:
+            name = meta.dim_names[axis] if axis < len(meta.dim_names) else None
+            named = f" ({name!r})" if name else ""
+            return f"; axis {axis}{named} of {meta.name!r} is dynamic and looks like the batch"
+    return ""
+
+
+def _likely_batch_axis(meta: TensorMeta) -> int | None:
+    """A later axis that looks more like the batch than axis 0: a dynamic one when axis 0 is static, or one
+    named like a batch when axis 0 is named otherwise."""
+    shape: Sequence[int | None] = meta.shape
+    names = meta.dim_names or (None,) * len(shape)
+    if len(shape) < 2:
+        return None
+    if shape[0] is not None:
+        return next((axis for axis in range(1, len(shape)) if shape[axis] is None), None)
+    if names[0] and "batch" not in names[0].lower():
+        return next((axis for axis in range(1, len(shape)) if names[axis] and "batch" in names[axis].lower()), None)
+    return None

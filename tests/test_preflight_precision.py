@@ -1,0 +1,136 @@
+"""The reference must compute in FP32: an INT8 or FP16 model given as the reference is refused in one line, by what
+its graph computes in (a weight stored in a smaller type and widened once is still an FP32 model)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pandas as pd
+import pytest
+import yaml
+from onnx import TensorProto, helper, numpy_helper
+
+from qbench.cli import main
+from qbench.preflight_precision import reduced_precision
+
+ROWS = 64
+
+
+def _linear(elem: int = TensorProto.FLOAT, nodes: list | None = None, weights: list | None = None) -> onnx.ModelProto:
+    """x [batch, 4] -> logits [batch, 3] = x @ w + b, in `elem` (or the given nodes and weights)."""
+    rng = np.random.default_rng(0)
+    dtype = helper.tensor_dtype_to_np_dtype(elem)
+    weights = weights if weights is not None else [
+        numpy_helper.from_array(rng.normal(size=(4, 3)).astype(dtype), "w"),
+        numpy_helper.from_array(rng.normal(size=3).astype(dtype), "b"),
+    ]  # fmt: skip
+    nodes = nodes if nodes is not None else [
+        helper.make_node("MatMul", ["x", "w"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["logits"]),
+    ]  # fmt: skip
+    graph = helper.make_graph(nodes, "linear", [helper.make_tensor_value_info("x", elem, ["batch", 4])],
+                              [helper.make_tensor_value_info("logits", elem, ["batch", 3])], weights)  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _stored_weight(stored: int, widen: str) -> onnx.ModelProto:
+    """An FP32 linear model whose weight is stored as `stored` and widened to float once (`widen`: Cast or
+    DequantizeLinear)."""
+    w = np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32)
+    if widen == "Cast":
+        stored_w = helper.make_tensor("w_stored", stored, [4, 3], w.astype(np.float16).tobytes(), raw=True) \
+            if stored == TensorProto.FLOAT16 else helper.make_tensor("w_stored", stored, [4, 3], w.ravel().tolist())
+        first = helper.make_node("Cast", ["w_stored"], ["w"], to=TensorProto.FLOAT)
+        extra = []
+    else:
+        stored_w = numpy_helper.from_array(np.round(w * 40).astype(np.int8), "w_stored")
+        first = helper.make_node("DequantizeLinear", ["w_stored", "w_scale"], ["w"])
+        extra = [numpy_helper.from_array(np.array(1 / 40, np.float32), "w_scale")]
+    nodes = [first, helper.make_node("MatMul", ["x", "w"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["logits"])]
+    return _linear(nodes=nodes, weights=[stored_w, numpy_helper.from_array(np.zeros(3, np.float32), "b"), *extra])
+
+
+def _quantized(tmp_path: Path, kind: str) -> onnx.ModelProto:
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_dynamic, quantize_static
+
+    onnx.save(_linear(), str(tmp_path / "fp32.onnx"))
+    rows = np.random.default_rng(1).normal(size=(16, 4)).astype(np.float32)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.batches = iter([{"x": rows[i : i + 4]} for i in range(0, 16, 4)])
+
+        def get_next(self) -> dict | None:
+            return next(self.batches, None)
+
+    target = tmp_path / f"{kind}.onnx"
+    if kind == "dynamic":
+        quantize_dynamic(tmp_path / "fp32.onnx", target)
+    else:
+        formats = {"qoperator": QuantFormat.QOperator, "qdq": QuantFormat.QDQ}
+        quantize_static(tmp_path / "fp32.onnx", target, Reader(), quant_format=formats[kind])
+    return onnx.load(str(target))
+
+
+@pytest.mark.parametrize(
+    ("kind", "found"),
+    [
+        ("qoperator", r"already quantized: 1 QLinearAdd, 1 QLinearMatMul, 1 DequantizeLinear, 1 QuantizeLinear nodes$"),
+        ("qdq", r"already quantized: 3 DequantizeLinear, 3 QuantizeLinear nodes$"),
+        ("dynamic", r"already quantized: .*1 MatMulInteger.* nodes"),
+    ],
+)
+def test_an_int8_model_is_named_by_its_integer_nodes(tmp_path: Path, kind: str, found: str) -> None:
+    problem = reduced_precision(_quantized(tmp_path, kind))
+    assert problem is not None
+    assert re.search(found, problem), problem
+
+
+@pytest.mark.parametrize("elem", [TensorProto.FLOAT16, TensorProto.BFLOAT16])
+def test_a_half_precision_model_is_named_by_its_nodes_and_io(elem: int) -> None:
+    name = {TensorProto.FLOAT16: "float16", TensorProto.BFLOAT16: "bfloat16"}[elem]
+    assert reduced_precision(_linear(elem)) == (f"the model already computes in {name}: 1 Add, 1 MatMul nodes; its "
+                                                f"graph inputs/outputs x, logits are {name}")  # fmt: skip
+
+
+def test_float16_compute_between_float32_io_is_found() -> None:
+    """convert_float_to_float16(keep_io_types=True): float32 in and out, float16 inside."""
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    converted = convert_float_to_float16(_linear(), keep_io_types=True)
+    assert reduced_precision(converted) == "the model already computes in float16: 1 Add, 1 MatMul nodes"
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        pytest.param(lambda: _linear(), id="float32"),
+        pytest.param(lambda: _linear(TensorProto.DOUBLE), id="float64"),
+        pytest.param(lambda: _stored_weight(TensorProto.BFLOAT16, "Cast"), id="bfloat16-weight-cast-to-float"),
+        pytest.param(lambda: _stored_weight(TensorProto.FLOAT16, "Cast"), id="float16-weight-cast-to-float"),
+        pytest.param(lambda: _stored_weight(TensorProto.INT8, "DequantizeLinear"), id="int8-weight-dequantized"),
+    ],
+)
+def test_a_graph_computing_in_float32_or_float64_is_an_fp32_reference(model) -> None:
+    assert reduced_precision(model()) is None
+
+
+def test_validate_refuses_a_quantized_reference_in_one_line_naming_the_field(tmp_path: Path, capsys) -> None:
+    onnx.save(_quantized(tmp_path, "qoperator"), str(tmp_path / "model.onnx"))
+    rng = np.random.default_rng(2)
+    pd.DataFrame({"x": list(rng.normal(size=(ROWS, 4)).astype(np.float32))}).to_parquet(tmp_path / "rows.parquet")
+    recipe = {"name": "already-int8", "task": "embedding", "model": {"path": "model.onnx"},
+              "data": {"path": "rows.parquet", "inputs": {"x": "x"}, "calibration": {"samples": 16}},
+              "variants": [{"name": "fp16", "precision": "fp16"}], "gate": {"metric": "cosine"}}  # fmt: skip
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    assert main(["validate", str(tmp_path / "recipe.yaml")]) == 2
+    [line] = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert line.startswith(f"error: {tmp_path / 'recipe.yaml'}: model.path: {tmp_path / 'model.onnx'}: the model is "
+                           "already quantized: 1 QLinearAdd, 1 QLinearMatMul")  # fmt: skip
+    assert line.endswith("expected the FP32 model that variants are built from (qbench makes the reduced-precision "
+                         "variants itself)")  # fmt: skip

@@ -1,0 +1,141 @@
+"""Each data row's outputs must follow that row: a model whose batch is not axis 0 (a sequence-first export) is
+refused before anything is scored; models whose rows are independent (padding masks, fixed batches) pass."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pandas as pd
+import pytest
+import yaml
+from onnx import TensorProto, helper, numpy_helper
+
+from qbench.cli import main
+from qbench.errors import RecipeError
+from qbench.modelinfo import read_model_info
+from qbench.preflight_rows import check_row_independence
+from qbench.recipe import load_recipe
+
+STEPS, FEATURES, CLASSES = 4, 3, 2
+RNG = np.random.default_rng(0)
+WEIGHT = numpy_helper.from_array(RNG.normal(size=(FEATURES, CLASSES)).astype(np.float32), "w")
+
+
+def _save(path: Path, nodes: list, inputs: list, outputs: list, initializers: list | None = None) -> Path:
+    graph = helper.make_graph(nodes, "m", inputs, outputs, initializers or [WEIGHT])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, str(path))
+    return path
+
+
+def _sequence_first(path: Path, steps: int | str = STEPS) -> Path:
+    """x [seq, batch, feat] -> y [batch, classes]: the mean over the sequence axis, then a linear head."""
+    return _save(path, [helper.make_node("ReduceMean", ["x", "axes"], ["pooled"], keepdims=0),
+                        helper.make_node("MatMul", ["pooled", "w"], ["y"])],  # fmt: skip
+                 [helper.make_tensor_value_info("x", TensorProto.FLOAT, [steps, "batch", FEATURES])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", CLASSES])],
+                 [WEIGHT, numpy_helper.from_array(np.array([0], np.int64), "axes")])  # fmt: skip
+
+
+def _batch_centred(path: Path) -> Path:
+    """y = x - mean(x over the batch) @ w: reordering rows reorders outputs, but fewer rows change them."""
+    return _save(path, [helper.make_node("ReduceMean", ["x", "axes"], ["mean"], keepdims=1),
+                        helper.make_node("Sub", ["x", "mean"], ["centred"]),
+                        helper.make_node("MatMul", ["centred", "w"], ["y"])],  # fmt: skip
+                 [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", FEATURES])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", CLASSES])],
+                 [WEIGHT, numpy_helper.from_array(np.array([0], np.int64), "axes")])  # fmt: skip
+
+
+def _masked_mean(path: Path) -> Path:
+    """x [batch, tokens, feat], mask [batch, tokens] -> the mean of each row's unmasked tokens @ w."""
+    nodes = [
+        helper.make_node("Unsqueeze", ["mask", "last"], ["mask3"]),
+        helper.make_node("Mul", ["x", "mask3"], ["kept"]),
+        helper.make_node("ReduceSum", ["kept", "tokens"], ["total"], keepdims=0),
+        helper.make_node("ReduceSum", ["mask", "tokens"], ["count"], keepdims=1),
+        helper.make_node("Div", ["total", "count"], ["pooled"]),
+        helper.make_node("MatMul", ["pooled", "w"], ["y"]),
+    ]
+    axes = [numpy_helper.from_array(np.array([2], np.int64), "last"), numpy_helper.from_array(np.array([1], np.int64), "tokens")]
+    return _save(path, nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "tokens", FEATURES]),
+                               helper.make_tensor_value_info("mask", TensorProto.FLOAT, ["batch", "tokens"])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", CLASSES])], [WEIGHT, *axes])  # fmt: skip
+
+
+def _linear(path: Path, batch: int | str) -> Path:
+    return _save(path, [helper.make_node("MatMul", ["x", "w"], ["y"])],
+                 [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, FEATURES])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, CLASSES])])  # fmt: skip
+
+
+def _check(tmp_path: Path, model: Path, feeds: dict[str, np.ndarray], batch: int | None = None) -> None:
+    recipe_path = tmp_path / "recipe.yaml"
+    (tmp_path / "rows.parquet").write_bytes(b"")
+    recipe_path.write_text(yaml.safe_dump({"name": "rows", "model": {"path": model.name}, "variants": [
+        {"name": "fp16", "precision": "fp16"}], "data": {"path": "rows.parquet", "inputs": {"x": "x"}}}))  # fmt: skip
+    check_row_independence(load_recipe(recipe_path), model, read_model_info(model), feeds, {"y": 0}, batch)
+
+
+def test_a_sequence_first_model_read_as_a_fixed_batch_is_refused_naming_the_batch_axis(tmp_path: Path) -> None:
+    model = _sequence_first(tmp_path / "m.onnx")
+    feeds = {"x": RNG.normal(size=(STEPS, STEPS, FEATURES)).astype(np.float32)}  # rows on axis 0, as qbench feeds
+    with pytest.raises(RecipeError) as caught:
+        _check(tmp_path, model, feeds, batch=STEPS)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "model.path: model input x [4, 'batch', 3] (axis 0 taken as a fixed batch of 4): row " in message
+    assert "when the same 4 rows were fed in another order; expected each row's outputs to depend on that row only: " \
+           "qbench feeds data rows along axis 0 of every input, so export the model batch-first" in message
+    assert message.endswith("; axis 1 ('batch') of 'x' is dynamic and looks like the batch")
+
+
+def test_a_sequence_first_model_with_both_axes_dynamic_is_refused(tmp_path: Path) -> None:
+    """x [seq, batch, feat] -> y [seq, batch, classes], each step's output from the steps before it (as an RNN's):
+    fed rows on axis 0, every output row has a row count, but not its own row's outputs."""
+    model = _save(tmp_path / "m.onnx", [helper.make_node("CumSum", ["x", "axis"], ["running"]),
+                                        helper.make_node("MatMul", ["running", "w"], ["y"])],  # fmt: skip
+                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["seq", "batch", FEATURES])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["seq", "batch", CLASSES])],
+                  [WEIGHT, numpy_helper.from_array(np.array(0, np.int64), "axis")])  # fmt: skip
+    feeds = {"x": RNG.normal(size=(8, 1, FEATURES)).astype(np.float32)}
+    with pytest.raises(RecipeError, match=r"model input x \['seq', 'batch', 3\]: .* axis 1 \('batch'\) of 'x' is "
+                                          r"dynamic and looks like the batch$"):  # fmt: skip
+        _check(tmp_path, model, feeds)
+
+
+def test_outputs_that_depend_on_how_many_rows_are_fed_are_refused(tmp_path: Path) -> None:
+    """Centring over the batch follows a reordering; only running fewer rows shows the outputs are not per row."""
+    feeds = {"x": RNG.normal(size=(20, FEATURES)).astype(np.float32)}
+    with pytest.raises(RecipeError, match=r"model input x \['batch', 3\]: row \d's output 'y' changed by .* when 4 of "
+                                          r"the same 8 rows were fed on their own; expected each row"):  # fmt: skip
+        _check(tmp_path, _batch_centred(tmp_path / "m.onnx"), feeds)
+
+
+def test_rows_independent_with_padding_masks_or_a_fixed_batch_pass(tmp_path: Path) -> None:
+    lengths = RNG.integers(1, 7, size=12)
+    mask = (np.arange(6)[None, :] < lengths[:, None]).astype(np.float32)
+    _check(tmp_path, _masked_mean(tmp_path / "masked.onnx"),
+           {"x": RNG.normal(size=(12, 6, FEATURES)).astype(np.float32), "mask": mask})  # fmt: skip
+    rows = RNG.normal(size=(3, FEATURES)).astype(np.float32)  # fewer rows than the batch: repeated to fill it
+    _check(tmp_path, _linear(tmp_path / "fixed.onnx", 8), {"x": rows}, batch=8)
+    _check(tmp_path, _linear(tmp_path / "dynamic.onnx", "batch"), {"x": rows})
+
+
+def test_validate_refuses_a_sequence_first_model_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _sequence_first(tmp_path / "model.onnx")
+    sequences = RNG.normal(size=(40, STEPS * FEATURES)).astype(np.float32)
+    pd.DataFrame({"x": list(sequences)}).to_parquet(tmp_path / "rows.parquet")
+    recipe = {"name": "seq-first", "task": "embedding", "model": {"path": "model.onnx"},
+              "data": {"path": "rows.parquet", "inputs": {"x": "x"}, "calibration": {"samples": 16}},
+              "variants": [{"name": "fp16", "precision": "fp16"}], "gate": {"metric": "cosine"}}  # fmt: skip
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    assert main(["validate", str(tmp_path / "recipe.yaml")]) == 2
+    [line] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert line.startswith(f"error: {tmp_path / 'recipe.yaml'}: model.path: model input x [4, 'batch', 3] (axis 0 "
+                           "taken as a fixed batch of 4): row ")  # fmt: skip
+    assert line.endswith("axis 1 ('batch') of 'x' is dynamic and looks like the batch")
