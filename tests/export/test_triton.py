@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 from pathlib import Path
 
 import numpy as np
@@ -208,23 +209,26 @@ def test_stale_results_are_refused(swept: Path, tmp_path: Path) -> None:
 
 @pytest.fixture
 def breached(swept: Path, tmp_path: Path) -> Path:
-    """The tiny recipe with a strict gate, and its real results edited (and re-signed, consistently) so that
-    int8 breaches slice group=b by 0.05 while staying within the overall tolerance."""
-    gate = {"metric": "accuracy", "max_drop": 0.01, "max_slice_drop": 0.02, "applies_to": ["*"]}
+    """The tiny recipe with a strict slice gate, and its real results edited (and re-signed, consistently) so that
+    int8 gets 5 % of slice group=b's rows more wrong than FP32 (whole rows, as a real run would): a breach of that
+    slice while staying within the overall tolerance."""
+    gate = {"metric": "accuracy", "max_drop": 0.05, "max_slice_drop": 0.02, "applies_to": ["*"]}
     recipe = load_recipe(tiny_project(tmp_path / "strict", gate))
     results = read_results(latest_results(load_recipe(swept)))
     reference = results.find("fp32", CPU).accuracy
+    wrong = math.ceil(0.05 * reference.slice("group=b").size)
 
-    def lowered(scope, by: float):
+    def lowered(scope, rows: int):
         value = reference.slice(scope.name) if scope.name != "overall" else reference.overall
-        return dataclasses.replace(scope, metrics={**scope.metrics, "accuracy": value.metrics["accuracy"] - by})
+        return dataclasses.replace(scope, metrics={**scope.metrics,
+                                                   "accuracy": value.metrics["accuracy"] - rows / scope.size})  # fmt: skip
 
     variants = []
     for measured in results.variants:
         if measured.variant == "int8":
             accuracy = measured.accuracy
-            slices = tuple(lowered(s, 0.05 if s.name == "group=b" else 0.0) for s in accuracy.slices)
-            accuracy = dataclasses.replace(accuracy, overall=lowered(accuracy.overall, 0.005), slices=slices)
+            slices = tuple(lowered(s, wrong if s.name == "group=b" else 0) for s in accuracy.slices)
+            accuracy = dataclasses.replace(accuracy, overall=lowered(accuracy.overall, wrong), slices=slices)
             measured = dataclasses.replace(measured, accuracy=accuracy)
         variants.append(measured)
     write_results(dataclasses.replace(results, variants=tuple(variants)),
@@ -236,7 +240,9 @@ def test_breaching_variant_is_refused_naming_the_breach(breached: Path, tmp_path
     args = ["export", "triton", str(breached), "--variant", "int8", "--backend", CPU, "--to", str(tmp_path / "repo")]
     assert main(args) == 2
     err = " ".join(capsys.readouterr().err.split())
-    assert "int8@onnxruntime-cpu: gate status 'fail' (1 breach(es), worst group=b: drop 0.0500 > 0.0200)" in err
+    size = read_results(latest_results(load_recipe(breached))).find("fp32", CPU).accuracy.slice("group=b").size
+    drop = math.ceil(0.05 * size) / size  # the rows the fixture made wrong
+    assert f"int8@onnxruntime-cpu: gate status 'fail' (1 breach(es), worst group=b: drop {drop:.4f} > 0.0200)" in err
     assert main([*args, "--force"]) == 0
     export_dir = tmp_path / "repo" / "tiny-int8"
     assert parse_config(export_dir / "config.pbtxt").max_batch_size == max(BATCH_SIZES)
