@@ -225,7 +225,13 @@ def explain_variant(
     if max_nodes is not None and max_nodes <= 0:
         raise QbenchError(f"explain: max_nodes must be positive, got {max_nodes}")
     spec, notes = _explained_spec(recipe, variant_name)
-    prepared = prepare(recipe)
+    from qbench.execute.snapshot import take_snapshot
+    from qbench.execute.store import build_store
+    from qbench.provenance import input_digests
+
+    # builds and measures read one copy of the model: an edit during the ranking cannot mix two models
+    inputs, sources = input_digests(recipe), build_store(recipe).sources_root
+    prepared = prepare(recipe, snapshot=lambda: take_snapshot(inputs, sources))
     backend_name = next((b for b in recipe.backends if b.startswith("onnxruntime-")), "onnxruntime-cpu")
     backend, options = get_backend(backend_name), RunOptions(threads=recipe.latency.threads)
     with tempfile.TemporaryDirectory(prefix="qbench-explain-") as tmp:

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -54,6 +55,9 @@ from qbench.tasks.custom import load_custom_metrics
 from qbench.tasks.selection import OutputChoice, choose_outputs
 from qbench.variants.base import TrainingData
 
+if TYPE_CHECKING:  # pragma: no cover
+    from qbench.execute.snapshot import Snapshot
+
 logger = logging.getLogger(__name__)
 
 Feeds = dict[str, np.ndarray]
@@ -86,6 +90,7 @@ class Prepared:
     # the model's fixed batch (None: dynamic): every run feeds exactly this many rows (the recipe's batch
     # sizes are set to it; a last batch is filled with repeats of its rows, and what they give is dropped)
     batch: int | None = None
+    snapshot: Snapshot | None = None  # the sweep's copies of its input files, which everything here was read from
 
     @property
     def output_name(self) -> str:
@@ -107,19 +112,35 @@ class Prepared:
         return {c.name: c.meta.class_keys for c in self.outputs if named_labels(c.meta) and c.meta.class_keys}
 
 
-def prepare(recipe: Recipe, *, track: bool = True, destinations: bool = True, backends: bool = True) -> Prepared:
+def prepare(
+    recipe: Recipe, *, track: bool = True, destinations: bool = True, backends: bool = True,
+    snapshot: Callable[[], Snapshot] | None = None,
+) -> Prepared:  # fmt: skip
     """Check the recipe against its model, data, backends and destinations (the tracking store only when
     `track`); build evaluation, calibration and training feeds.
 
     A cluster's driver leaves the backends to the nodes that run them (`backends=False`); a worker
-    leaves the destinations to the driver too (`destinations=False`)."""
+    leaves the destinations to the driver too (`destinations=False`). A sweep passes `snapshot`, which
+    copies the inputs it hashed (qbench.execute.snapshot), called once the plan and the destinations are
+    checked: the model, weights and data are then read from those copies, never from the recipe's paths,
+    and a message about them names the user's files."""
     check_plan(recipe)
     if destinations:
         check_destinations(recipe, track=track)
     if backends:
         check_backends(recipe)
     _check_quantizer_options(recipe)
-    source = resolve_model(recipe)
+    taken = snapshot() if snapshot is not None else None
+    try:
+        return _prepare(recipe, taken)
+    except QbenchError as exc:
+        if taken is not None:
+            exc.args = (taken.shown(str(exc)),)
+        raise
+
+
+def _prepare(recipe: Recipe, snapshot: Snapshot | None) -> Prepared:
+    source = resolve_model(recipe, snapshot)
     model = _read_model(recipe, source.onnx_path)
     batch = fixed_batch(recipe, model)
     if batch is not None:
@@ -130,7 +151,7 @@ def prepare(recipe: Recipe, *, track: bool = True, destinations: bool = True, ba
     outputs = _pick_outputs(recipe, task, model)
     _check_gate_metric(recipe, task, outputs)
     custom_metrics = load_custom_metrics(recipe)
-    table = load_table(recipe.data_path, recipe_file=recipe.source)
+    table = load_table(_read_from(snapshot, "data", recipe.data_path), recipe_file=recipe.source)
     evaluation = evaluation_rows(table, recipe.data, recipe_file=recipe.source)
     eval_rows, masks, nonfinite = evaluation.rows, evaluation.masks, evaluation.nonfinite
     dropped: dict[str, dict[str, int]] = {}
@@ -145,7 +166,8 @@ def prepare(recipe: Recipe, *, track: bool = True, destinations: bool = True, ba
         _check_export_on_rows(recipe, source, eval_feeds)
     check_row_independence(recipe, source.onnx_path, model, eval_feeds, {c.name: c.index for c in outputs}, batch)
     calibration_table = (
-        load_table(recipe.calibration_data_path, recipe_file=recipe.source, field="data.calibration.path")
+        load_table(_read_from(snapshot, "data.calibration", recipe.calibration_data_path), recipe_file=recipe.source,
+                   field="data.calibration.path")  # fmt: skip
         if recipe.calibration_data_path is not None
         else table
     )
@@ -180,7 +202,13 @@ def prepare(recipe: Recipe, *, track: bool = True, destinations: bool = True, ba
         dropped_nonfinite=dropped,
         preprocess_ms_per_row=preprocess_ms_per_row,
         batch=batch,
+        snapshot=snapshot,
     )
+
+
+def _read_from(snapshot: Snapshot | None, name: str, path: Path) -> Path:
+    """Where input `name` (at `path` in the recipe) is read from: the sweep's copy of it, when there is one."""
+    return path if snapshot is None else snapshot.path(name, path)
 
 
 def _check_export_on_rows(recipe: Recipe, source: ModelSource, feeds: Feeds) -> None:

@@ -21,6 +21,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from qbench.recipe import Recipe
 
 
+EXTERNAL_DATA_INPUT = "model external data "  # + the file's location relative to the model's folder
+
+
 @dataclass(frozen=True)
 class InputDigest:
     path: str
@@ -41,7 +44,7 @@ def input_files(recipe: Recipe) -> dict[str, Path]:
     if recipe.model_path is not None:
         files["model"] = recipe.model_path
         for location in _external_data(recipe.model_path):
-            files[f"model external data {location}"] = recipe.model_path.parent / location
+            files[f"{EXTERNAL_DATA_INPUT}{location}"] = recipe.model_path.parent / location
     if recipe.model.torch is not None:
         from qbench.sources.torch_model import factory_source_path
 

@@ -21,6 +21,7 @@ from qbench.environment import describe_environment
 from qbench.errors import QbenchError
 from qbench.execute import SweepPlan, make_executor, make_plan, resumable_run, run_plan, write_plan
 from qbench.execute.jobs import describe_error
+from qbench.execute.snapshot import take_snapshot
 from qbench.execute.store import build_store
 from qbench.frontier import compute_frontier, gate_threshold, plot_frontier
 from qbench.gate import GateReport, evaluate_gate, nonfinite_reference_rows
@@ -84,8 +85,11 @@ def _sweep(recipe: Recipe, started: float, clock: PhaseClock, *, track: bool, re
             inputs = input_digests(recipe)  # before anything is read: what these results are made from
             plan = make_plan(recipe, inputs)
             resume_from = _resumable(recipe, plan) if resume else None
-            # on a cluster, each backend is checked where its jobs run
-            prepared = prepare(recipe, track=track, backends=recipe.executor.kind == "local")
+            sources = build_store(recipe).sources_root
+            # on a cluster, each backend is checked where its jobs run; the sweep reads only copies of the files
+            # it hashed (taken once the store is checked): a later edit to them cannot reach it
+            prepared = prepare(recipe, track=track, backends=recipe.executor.kind == "local",
+                               snapshot=lambda: take_snapshot(inputs, sources))  # fmt: skip
             clock.add("prepare", t)
             run_dir = new_run_dir(recipe.output_path / recipe.name)  # absolute: builders may change the cwd
             write_plan(run_dir, plan)

@@ -3,6 +3,7 @@
 plan.py           the jobs (build, measure), what each waits for and needs, content keys
 jobs.py           what a job does (build a variant, measure it on a backend), wherever it runs
 store.py          built variants by content, in a folder or behind an fsspec URI
+snapshot.py       the copies of the input files a sweep reads (hashed once, never read again by path)
 executors.py      the executor interface and the local executor
 ray_executor.py   the Ray executor (Ray imported only here)
 scheduler.py      the driver: starts ready jobs, records finished ones, retries, resumes

@@ -141,8 +141,11 @@ def make_executor(recipe: Recipe, prepared: Prepared, store: BuildStore) -> Exec
     if recipe.executor.kind == "local":
         return LocalExecutor(prepared, store)
     from qbench.execute.ray_executor import RayExecutor
+    from qbench.provenance import input_digests
 
-    return RayExecutor(recipe, store)
+    # the workers read the driver's snapshot (a sweep's), or one of the inputs as they are now
+    inputs = prepared.snapshot.inputs if prepared.snapshot is not None else input_digests(recipe)
+    return RayExecutor(recipe, store, inputs)
 
 
 RAY_NO_FAILURE_SIGNAL_HANDLER = "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"  # read when ray is imported

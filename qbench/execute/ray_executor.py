@@ -12,7 +12,8 @@ reference, are fetched, to be recorded for a resume). Built models travel throug
 
 Workers prepare the recipe's data themselves (once per worker process), from files they must reach:
 on a cluster, the model, data and build store belong on storage every node mounts (or an fsspec URI
-for the store). Tasks are not retried by Ray (max_retries=0): a lost worker is reported to the
+for the store). They read the sweep's snapshot of the inputs (qbench.execute.snapshot), never the
+user's files as they are by then. Tasks are not retried by Ray (max_retries=0): a lost worker is reported to the
 scheduler, which runs the job again within `executor.retries` and records the attempts.
 """
 
@@ -22,7 +23,7 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
@@ -41,43 +42,55 @@ from qbench.execute.plan import TIMING_RESOURCE, Job, JobNeeds
 from qbench.execute.store import BuildStore
 from qbench.interrupt import Interrupted
 from qbench.preflight import Prepared
+from qbench.provenance import InputDigest
 from qbench.recipe import Recipe, VariantSpec
 from qbench.results import AccuracyResult
+
+Inputs = Mapping[str, InputDigest]  # the input digests the driver recorded (qbench.provenance)
 
 _PREPARED: dict[str, Prepared] = {}  # per worker process: recipe digest -> its prepared data
 
 
-def _worker_prepared(recipe: Recipe) -> Prepared:
-    """The recipe's data, prepared once per worker process (destinations and backends are the driver's)."""
+def _worker_prepared(recipe: Recipe, inputs: Inputs, store: BuildStore) -> Prepared:
+    """The recipe's data, prepared once per worker process (destinations and backends are the driver's) from a
+    snapshot of the inputs the driver hashed (qbench.execute.snapshot): the driver's copies when the store is
+    a folder every node mounts, else this node's, checked against the same digests."""
+    from qbench.execute.snapshot import take_snapshot
     from qbench.preflight import prepare
     from qbench.results import canonical_sha256
 
-    key = canonical_sha256({"recipe": recipe.model_dump(mode="json"), "source": str(recipe.source)})
+    digests = {name: entry.sha256 for name, entry in inputs.items()}
+    key = canonical_sha256({"recipe": recipe.model_dump(mode="json"), "source": str(recipe.source), "inputs": digests})
     if key not in _PREPARED:
-        _PREPARED[key] = prepare(recipe, track=False, destinations=False, backends=False)
+        _PREPARED[key] = prepare(recipe, track=False, destinations=False, backends=False,
+                                 snapshot=lambda: take_snapshot(inputs, store.sources_root))  # fmt: skip
     return _PREPARED[key]
 
 
 def _build_task(
-    recipe: Recipe, spec: VariantSpec, store: BuildStore, key: str, search_backend: str | None,
+    recipe: Recipe, inputs: Inputs, spec: VariantSpec, store: BuildStore, key: str, search_backend: str | None,
     reference_outputs: Outputs | None, reference_accuracy: AccuracyResult | None,
 ) -> BuildOutput:  # fmt: skip
-    prepared = _worker_prepared(recipe)
+    prepared = _worker_prepared(recipe, inputs, store)
     search = (search_backend, fp32_reference(reference_outputs, reference_accuracy)) if search_backend else None
     return run_build(spec, prepared, store, key, search)
 
 
 def _measure_task(
     recipe: Recipe,
+    inputs: Inputs,
     work_bytes: bytes,
     store: BuildStore,
     reference_outputs: Outputs | None,
 ) -> tuple[MeasureOutput, Outputs | None]:
     import cloudpickle
 
-    prepared = _worker_prepared(recipe)  # first: a pickled torch form may need the user's module imported
+    prepared = _worker_prepared(recipe, inputs, store)  # first: a pickled torch form may need the user's module imported
     work: MeasureWork = cloudpickle.loads(work_bytes)
-    built = store.local_copy(work.built, work.key)
+    if work.built.borrowed:  # the FP32 model itself: this node's snapshot of it
+        built = replace(work.built, onnx_path=prepared.source.onnx_path)
+    else:
+        built = store.local_copy(work.built, work.key)
     done = run_measure(work.backend, built, prepared, fp32_reference(reference_outputs, work.reference_accuracy),
                        keep_outputs=True)  # fmt: skip
     return replace(done, outputs=None), done.outputs
@@ -146,7 +159,7 @@ class RayExecutor:
 
     name = "ray"
 
-    def __init__(self, recipe: Recipe, store: BuildStore) -> None:
+    def __init__(self, recipe: Recipe, store: BuildStore, inputs: Inputs) -> None:
         self._ray: Any = import_ray()
         self._store = store
         self._owned = False  # a local cluster this executor started
@@ -158,6 +171,7 @@ class RayExecutor:
         self._connect(recipe.executor.address)
         try:
             self._recipe_ref = self._ray.put(recipe)
+            self._inputs_ref = self._ray.put(dict(inputs))
             self._build = self._ray.remote(_build_task)
             self._measure = self._ray.remote(_measure_task)
             cpus = int(self._ray.cluster_resources().get("CPU", 1))
@@ -215,14 +229,14 @@ class RayExecutor:
         if isinstance(work, BuildWork):
             backend, reference = work.search if work.search else (None, None)
             ref = self._build.options(**options).remote(
-                self._recipe_ref, work.spec, self._store, work.key, backend,
+                self._recipe_ref, self._inputs_ref, work.spec, self._store, work.key, backend,
                 self._outputs.get(reference) if reference else None, work.reference_accuracy,
             )  # fmt: skip
             self._results[ref] = job.id
             return
         reference = self._outputs.get(work.reference_job) if work.reference_job else None
         result, outputs = self._measure.options(**options, num_returns=2).remote(
-            self._recipe_ref, cloudpickle.dumps(work), self._store, reference
+            self._recipe_ref, self._inputs_ref, cloudpickle.dumps(work), self._store, reference
         )
         self._results[result] = job.id
         self._outputs[job.id] = outputs

@@ -10,6 +10,7 @@ The key (qbench.execute.plan.build_key) hashes everything the build depends on; 
 records the environment it was built in, and a build from another environment is not reused, nor one
 whose files no longer have their recorded digests (changed or truncated since: it is built again).
 A build is materialised by copying its files: a run folder's model never shares its bytes with the store.
+`<store>/sources/` holds the sweeps' copies of their input files (qbench.execute.snapshot).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
+SOURCES = "sources"  # the folder of input copies (never a build key: those are hex digits)
 _MANIFEST_FORMAT = 2  # 2: `files` maps each file to its sha256
 _CHUNK = 1 << 20  # bytes read at a time while hashing
 # A staging or discarded folder untouched this long was left by a publisher that was killed (a publish takes
@@ -57,6 +59,17 @@ class BuildStore:
     def local(self) -> Path | None:
         """The store's folder when it is on a local (or mounted) file system."""
         return None if "://" in self.root and not self.root.startswith("file://") else Path(self._path(""))
+
+    @property
+    def sources_root(self) -> Path:
+        """Where sweeps keep the copies of their input files (qbench.execute.snapshot): the store's `sources/`
+        folder, or this node's cache (`$QBENCH_CACHE_DIR/sources/`) for a store behind a URI."""
+        local = self.local
+        if local is not None:
+            return local / SOURCES
+        from qbench.sources.torch_model import export_cache_dir
+
+        return export_cache_dir() / SOURCES
 
     def _path(self, *parts: str) -> str:
         base = self.root.removeprefix("file://")
@@ -123,7 +136,7 @@ class BuildStore:
             fs.pipe_file(self._path(key, MANIFEST), _manifest_text(manifest).encode())
             return manifest
         local.mkdir(parents=True, exist_ok=True)
-        _remove_abandoned(local)
+        remove_abandoned(local)
         staging = Path(tempfile.mkdtemp(prefix=f".{key}.", suffix=".publishing", dir=local))
         try:
             for name in manifest["files"]:
@@ -181,8 +194,8 @@ class BuildStore:
 
     def local_copy(self, built: BuiltVariant, key: str) -> BuiltVariant:
         """`built` with its files on this node: as it is when its model is readable here, else fetched from
-        the store into this node's cache (`$QBENCH_CACHE_DIR/fetched/<key>/`). A model that is an input
-        file (FP32's) is never in the store: every node reads the inputs."""
+        the store into this node's cache (`$QBENCH_CACHE_DIR/fetched/<key>/`). FP32's model (a borrowed
+        build) is never a build's file: each node reads its own snapshot of the inputs."""
         if built.onnx_path.is_file():
             return built
         from dataclasses import replace
@@ -200,7 +213,7 @@ class BuildStore:
         return replace(built, onnx_path=folder / manifest["onnx"])
 
 
-def _remove_abandoned(local: Path) -> None:
+def remove_abandoned(local: Path) -> None:
     """Remove the staging and discarded folders of publishers killed mid-publish (see ABANDONED_AFTER_S)."""
     cutoff = time.time() - ABANDONED_AFTER_S
     for entry in local.glob(".*"):

@@ -10,9 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from qbench.errors import QbenchError
 from qbench.recipe import Recipe
 
 if TYPE_CHECKING:  # pragma: no cover
+    from qbench.execute.snapshot import Snapshot
     from qbench.sources.torch_model import TorchModel
 
 
@@ -22,11 +24,19 @@ class ModelSource:
     torch: TorchModel | None = None
 
 
-def resolve_model(recipe: Recipe) -> ModelSource:
-    """The recipe's model as an ONNX file (exporting a PyTorch source, or reusing its cached export)."""
-    if recipe.model_path is not None:
-        return ModelSource(onnx_path=recipe.model_path)
-    from qbench.sources.torch_model import export_reference, load_torch_model
+def resolve_model(recipe: Recipe, snapshot: Snapshot | None = None) -> ModelSource:
+    """The recipe's model as an ONNX file (exporting a PyTorch source, or reusing its cached export).
 
-    torch_model = load_torch_model(recipe)
+    With a sweep's `snapshot`, the ONNX model and the PyTorch weights are its copies; the factory's module,
+    imported from the user's file, must be the source whose digest the sweep recorded."""
+    if recipe.model_path is not None:
+        return ModelSource(onnx_path=snapshot.path("model", recipe.model_path) if snapshot else recipe.model_path)
+    from qbench.sources.torch_model import export_reference, factory_source_path, load_torch_model
+
+    weights = recipe.weights_path
+    torch_model = load_torch_model(recipe, weights=snapshot.path("model.weights", weights) if snapshot and weights else weights)
+    recorded = snapshot.inputs.get("model.torch source") if snapshot else None
+    if recorded is not None and torch_model.factory_source_sha256 != recorded.sha256:
+        source = factory_source_path(torch_model.factory, recipe.base_dir)
+        raise QbenchError(f"{source} changed while the sweep read it; run again")
     return ModelSource(onnx_path=export_reference(torch_model), torch=torch_model)

@@ -72,6 +72,7 @@ class TorchModel:
     opset: int
     cache_key: str
     _template: Any = field(repr=False)  # torch.nn.Module, FP32, eval mode
+    factory_source_sha256: str = ""  # of the factory's module source as imported
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -132,13 +133,14 @@ def factory_source_sha256(spec: str, search_dir: Path) -> str:
 # -- loading ------------------------------------------------------------------------------------
 
 
-def load_torch_model(recipe: Recipe) -> TorchModel:
+def load_torch_model(recipe: Recipe, *, weights: Path | None = None) -> TorchModel:
     """Import the recipe's factory, build the module, load its weights, check it runs on the example inputs.
 
     The factory is imported like any Python code, with the recipe's folder put first on
     sys.path (so `mypkg/models.py` next to the recipe imports as `mypkg.models`); it is
     called with no arguments and must return an nn.Module. The weights, when given, are
-    a state_dict read with `torch.load(weights_only=True)` and loaded strictly.
+    a state_dict read with `torch.load(weights_only=True)` and loaded strictly, from
+    `weights` (a sweep's copy of them) or else the recipe's `model.weights`.
     """
     torch = _import_torch()
     spec = recipe.model
@@ -149,13 +151,14 @@ def load_torch_model(recipe: Recipe) -> TorchModel:
     if source is None:
         raise RecipeError(recipe.source, "model.torch", not_found(module_name, recipe.base_dir))
     with single_torch_thread():
-        module = _build_template(recipe, source)
+        module = _build_template(recipe, source, weights or recipe.weights_path)
         order = _bind_forward_arguments(recipe, module, list(spec.example_inputs))
         shapes = {name: tuple(spec.example_inputs[name]) for name in order}
         dtypes = {name: spec.input_dtypes.get(name, "float32") for name in shapes}
         output_names = _output_names(recipe, module, _example_inputs(shapes, dtypes, EXAMPLE_BATCH))
+    source_sha256 = file_sha256(source)
     key = {
-        "format": _EXPORT_FORMAT, "factory": spec.torch, "factory_source": file_sha256(source),
+        "format": _EXPORT_FORMAT, "factory": spec.torch, "factory_source": source_sha256,
         "state": _state_sha256(module), "example_inputs": shapes, "input_dtypes": dtypes,
         "output_names": output_names, "opset": spec.opset, "torch": torch.__version__,
     }  # fmt: skip
@@ -167,6 +170,7 @@ def load_torch_model(recipe: Recipe) -> TorchModel:
         opset=spec.opset,
         cache_key=hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest(),
         _template=module,
+        factory_source_sha256=source_sha256,
     )
 
 
@@ -188,7 +192,7 @@ def _example_inputs(shapes: Mapping[str, tuple[int, ...]], dtypes: Mapping[str, 
     return tuple(tensors)
 
 
-def _build_template(recipe: Recipe, source: Path) -> torch.nn.Module:
+def _build_template(recipe: Recipe, source: Path, weights: Path | None) -> torch.nn.Module:
     """Call the factory, make the module FP32, load the weights, switch to eval."""
     torch = _import_torch()
     factory_name = recipe.model.torch or ""
@@ -203,8 +207,8 @@ def _build_template(recipe: Recipe, source: Path) -> torch.nn.Module:
         returned = f"{factory_name}() returned {type(module).__name__}, expected a torch.nn.Module"
         raise RecipeError(recipe.source, "model.torch", returned)
     module = module.float()
-    if recipe.weights_path is not None:
-        _load_weights(recipe, module, _read_state_dict(recipe, recipe.weights_path))
+    if weights is not None:
+        _load_weights(recipe, module, _read_state_dict(recipe, weights))
     return module.eval()
 
 

@@ -573,3 +573,27 @@ def test_output_names_may_rename_forwards_own_names_in_their_order(project: Path
     renamed = load_torch_model(load_recipe(_write_recipe(project.parent, {"torch": "mypkg.models:build_pair",
                                                                          "output_names": ["logits", "embedding"]})))  # fmt: skip
     assert renamed.output_names == ("logits", "embedding")
+
+
+# -- a sweep's snapshot ---------------------------------------------------------------------------
+
+
+def test_with_a_snapshot_the_weights_are_its_copy_and_the_factory_the_recorded_source(project: Path, tmp_path: Path) -> None:
+    from qbench.execute.snapshot import take_snapshot
+    from qbench.provenance import input_digests
+
+    recipe = load_recipe(project)
+    inputs = input_digests(recipe)
+    snapshot = take_snapshot(inputs, tmp_path / "sources")
+    expected = resolve_model(recipe).torch.cache_key  # type: ignore[union-attr]
+    for name in [m for m in sys.modules if m == "mypkg" or m.startswith("mypkg.")]:
+        del sys.modules[name]
+    torch.save(_trained_classifier(seed=1).state_dict(), project.parent / "weights.pt")  # after the sweep hashed it
+    assert resolve_model(recipe, snapshot).torch.cache_key == expected  # type: ignore[union-attr]
+    assert resolve_model(recipe).torch.cache_key != expected  # type: ignore[union-attr]
+
+    for name in [m for m in sys.modules if m == "mypkg" or m.startswith("mypkg.")]:
+        del sys.modules[name]
+    (project.parent / "mypkg" / "models.py").write_text(MODELS_SOURCE + "\n# edited\n")
+    with pytest.raises(QbenchError, match=r"mypkg/models\.py changed while the sweep read it; run again$"):
+        resolve_model(recipe, snapshot)

@@ -1,0 +1,157 @@
+"""The sweep's own copy of the files it reads its model and data from, kept by content.
+
+A sweep hashes its inputs once, when it starts (qbench.provenance); its results, its build keys and a
+resume all stand on those digests. Reading the user's files again by path afterwards (each build, each
+measurement, the range pass, a Ray worker preparing its data) would read whatever they hold by then: a
+model overwritten during the sweep would be measured, and its builds stored, under the digest of the
+one it replaced. So the sweep first copies each file it reads (the ONNX model with its external data at
+their relative locations, the PyTorch weights, the data and the calibration data) to
+`<root>/<key>/`, key a digest of the files' names and recorded sha256s, checks that the copies have
+those digests, and from then on reads only the copies. A copy that does not (the file changed between
+being hashed and being copied) stops the sweep: "<file> changed while the sweep read it; run again".
+
+An entry appears by renaming a complete staging folder, and every sweep checks the entry it uses (one
+edited by hand, or left broken, is copied again), so concurrent sweeps and Ray workers share entries.
+The root is the build store's `sources/` folder (qbench.execute.store.BuildStore.sources_root). The
+gate still compares the user's files with the recorded digests (qbench.provenance.changed_inputs).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from qbench.errors import QbenchError
+from qbench.provenance import EXTERNAL_DATA_INPUT, InputDigest
+
+SNAPSHOT_INPUTS = ("model", "model.weights", "data", "data.calibration")  # the inputs read by path
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Input name -> the copy this process reads it from; `inputs` are the digests the copies were checked
+    against (what a Ray worker takes its own snapshot from)."""
+
+    copies: Mapping[str, Path]
+    inputs: Mapping[str, InputDigest] = field(default_factory=dict)
+
+    def path(self, name: str, default: Path) -> Path:
+        """The copy of input `name`, or `default` (the user's file) when it was not copied."""
+        return self.copies.get(name, default)
+
+    def shown(self, text: str) -> str:
+        """`text` naming the user's files where it names a copy (a message about the model names the user's)."""
+        for name, copy in self.copies.items():
+            text = text.replace(str(copy.parent), str(Path(self.inputs[name].path).parent))
+        return text
+
+
+@dataclass(frozen=True)
+class _Group:
+    """One input's files: the user's folder, the input's own name in it, and every file to copy (names
+    relative to that folder -> recorded sha256; the model's external data beside the model)."""
+
+    folder: Path
+    main: str
+    files: dict[str, str]
+
+    @property
+    def key(self) -> str:
+        return hashlib.sha256(json.dumps(sorted(self.files.items())).encode()).hexdigest()
+
+
+def take_snapshot(inputs: Mapping[str, InputDigest], root: Path) -> Snapshot:
+    """Copies of the inputs read by path (SNAPSHOT_INPUTS) under `root`, each checked against its recorded digest;
+    an entry already there and intact is used as it is."""
+    copies = {}
+    for name, group in _groups(inputs).items():
+        entry = root / group.key
+        if _mismatch(entry, group) is not None:
+            _publish(entry, group)
+        copies[name] = entry / group.main
+    return Snapshot(copies, dict(inputs))
+
+
+def _groups(inputs: Mapping[str, InputDigest]) -> dict[str, _Group]:
+    groups = {}
+    for name in SNAPSHOT_INPUTS:
+        if name not in inputs:
+            continue
+        path = Path(inputs[name].path)
+        files = {path.name: inputs[name].sha256}
+        if name == "model":
+            for input_name, entry in inputs.items():
+                if input_name.startswith(EXTERNAL_DATA_INPUT):
+                    files[input_name.removeprefix(EXTERNAL_DATA_INPUT)] = entry.sha256
+        groups[name] = _Group(path.parent, path.name, files)
+    return groups
+
+
+def _mismatch(entry: Path, group: _Group) -> str | None:
+    """The first file of `group` that `entry` lacks or holds with another digest; None when it is intact."""
+    from qbench.recipe import file_sha256
+
+    for name, sha256 in group.files.items():
+        try:
+            if file_sha256(entry / name) != sha256:
+                return name
+        except OSError:
+            return name
+    return None
+
+
+def _publish(entry: Path, group: _Group) -> None:
+    """Copy `group` from the user's folder to `entry` (a staging folder renamed into place), then check it."""
+    from qbench.execute.store import remove_abandoned
+
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    remove_abandoned(entry.parent)
+    staging = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", suffix=".publishing", dir=entry.parent))
+    try:
+        for name in group.files:
+            source, target = group.folder / name, staging / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if source.is_dir():  # a data folder (`datasets` save_to_disk)
+                shutil.copytree(source, target)
+            else:
+                shutil.copy2(source, target)  # its time kept: a settled copy's digest is remembered
+        _move_in(staging, entry, group)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # gone already when it was moved in
+    changed = _mismatch(entry, group)  # checked where it is read from: the digests remembered are the copy's
+    if changed is not None:
+        _discard(entry)
+        raise QbenchError(f"{group.folder / changed} changed while the sweep read it; run again")
+
+
+def _move_in(staging: Path, entry: Path, group: _Group) -> None:
+    """Rename `staging` to `entry`; an intact entry put there meanwhile (another sweep) is kept, a broken one
+    replaced."""
+    while True:
+        try:
+            os.rename(staging, entry)  # refused when `entry` holds anything: an entry is never mixed
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR):
+                raise
+        if _mismatch(entry, group) is None:
+            return
+        _discard(entry)
+
+
+def _discard(entry: Path) -> None:
+    """Move `entry` aside in one step (no reader sees it half deleted), then delete it."""
+    discarded = entry.with_name(f".{entry.name}.{secrets.token_hex(4)}.discarded")
+    try:
+        os.rename(entry, discarded)
+    except FileNotFoundError:  # another sweep moved it aside just now
+        return
+    shutil.rmtree(discarded, ignore_errors=True) if discarded.is_dir() else discarded.unlink()

@@ -1,0 +1,133 @@
+"""The sweep's snapshot of its inputs: it measures and stores what it hashed, whatever happens to the user's files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pandas as pd
+import pytest
+import yaml
+from onnx import numpy_helper
+from tiny_linear import make_linear_project
+
+import qbench.execute.jobs as jobs
+from qbench.errors import QbenchError
+from qbench.execute.snapshot import take_snapshot
+from qbench.execute.store import SOURCES
+from qbench.preflight import prepare
+from qbench.provenance import input_digests, model_sha256
+from qbench.recipe import load_recipe
+from qbench.sweep import run_sweep
+
+
+def _project(root: Path) -> Path:
+    """The tiny linear project (FP32 accuracy 1.0), untracked, with its build store in `root/store`."""
+    root.mkdir()
+    recipe = make_linear_project(root, f"sqlite:///{root / 'mlflow.db'}")
+    spec = yaml.safe_load(recipe.read_text())
+    spec.pop("tracking")
+    spec["executor"] = {"store": str(root / "store")}
+    recipe.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return recipe
+
+
+def _other_model(model: Path, target: Path) -> bytes:
+    """`model` with its weights negated (it scores far below 1.0 against the original's labels), as bytes."""
+    proto = onnx.load(str(model))
+    for tensor in proto.graph.initializer:
+        tensor.CopyFrom(numpy_helper.from_array(-numpy_helper.to_array(tensor), tensor.name))
+    onnx.save(proto, str(target))
+    return target.read_bytes()
+
+
+def _figures(results) -> dict[str, float]:
+    return {v.key: v.accuracy.overall.metrics["accuracy"] for v in results.variants}
+
+
+def _stored_builds(store: Path) -> dict[str, dict[str, str]]:
+    """Build key -> the sha256 of every file its manifest lists."""
+    return {m.parent.name: json.loads(m.read_text())["files"] for m in store.glob("*/manifest.json")}
+
+
+def test_a_model_overwritten_during_the_sweep_is_neither_measured_nor_stored(tmp_path, monkeypatch) -> None:
+    clean = run_sweep(_project(tmp_path / "clean"), track=False)
+    recipe = _project(tmp_path / "swapped")  # the same bytes in another folder: the same build keys
+    model = recipe.parent / "linear.onnx"
+    original = model.read_bytes()
+    other = _other_model(model, tmp_path / "other.onnx")
+    build_variant = jobs.build_variant
+
+    def build_after_a_swap(spec, ctx):  # another process rewrites the model as FP32 is built
+        model.write_bytes(other)
+        return build_variant(spec, ctx)
+
+    monkeypatch.setattr(jobs, "build_variant", build_after_a_swap)
+    swapped = run_sweep(recipe, track=False)
+    model.write_bytes(original)  # ... and puts it back
+
+    assert min(_figures(clean.results).values()) > 0.9
+    assert _figures(swapped.results) == _figures(clean.results)  # the original model's figures, every one
+    assert swapped.results.inputs == {
+        name: {**entry, "path": entry["path"].replace("clean", "swapped")} for name, entry in clean.results.inputs.items()
+    }
+    store = recipe.parent / "store"
+    assert _stored_builds(store) == _stored_builds(tmp_path / "clean" / "store")  # only builds of the original
+    copies = list((store / SOURCES).glob("*/linear.onnx"))
+    assert [c.read_bytes() == original for c in copies] == [True]
+    reference = next(v for v in swapped.results.variants if v.variant == "fp32")
+    assert Path(reference.model_path) == copies[0] and reference.model_sha256 == model_sha256(model)
+    assert swapped.results.recipe["model_path"] == str(copies[0])
+
+
+def test_a_file_changed_between_hashing_and_copying_stops_with_one_line_and_leaves_nothing(tmp_path) -> None:
+    recipe = load_recipe(_project(tmp_path / "p"))
+    inputs = input_digests(recipe)
+    _other_model(recipe.model_path, recipe.model_path)
+    with pytest.raises(QbenchError, match=r"^\S+/linear\.onnx changed while the sweep read it; run again$"):
+        take_snapshot(inputs, tmp_path / "sources")
+    assert list((tmp_path / "sources").iterdir()) == []  # no entry, no staging folder
+
+
+def test_an_intact_copy_is_shared_and_a_damaged_one_is_copied_again(tmp_path) -> None:
+    recipe = load_recipe(_project(tmp_path / "p"))
+    inputs = input_digests(recipe)
+    first = take_snapshot(inputs, tmp_path / "sources").copies["model"]
+    inode = first.stat().st_ino
+    assert take_snapshot(inputs, tmp_path / "sources").copies["model"].stat().st_ino == inode  # reused as it is
+    first.write_bytes(b"edited in the store")
+    again = take_snapshot(inputs, tmp_path / "sources").copies["model"]
+    assert again == first and again.read_bytes() == recipe.model_path.read_bytes()
+
+
+def test_prepare_reads_the_copies_of_the_model_its_external_data_and_the_data(tmp_path) -> None:
+    recipe_path = _project(tmp_path / "p")
+    root = recipe_path.parent
+    proto = onnx.load(str(root / "linear.onnx"))
+    (root / "weights").mkdir()
+    onnx.save_model(proto, str(root / "linear.onnx"), save_as_external_data=True, location="weights/linear.bin",
+                    size_threshold=0)  # fmt: skip
+    recipe = load_recipe(recipe_path)
+    snapshot = take_snapshot(input_digests(recipe), tmp_path / "sources")
+    expected_model = model_sha256(root / "linear.onnx")
+    expected_rows = np.stack(pd.read_parquet(root / "rows.parquet")["x"].to_list())
+
+    (root / "weights" / "linear.bin").write_bytes(b"\0" * (root / "weights" / "linear.bin").stat().st_size)
+    table = pd.read_parquet(root / "rows.parquet")
+    table["x"] = [row * 0 for row in table["x"]]
+    table.to_parquet(root / "rows.parquet")
+    prepared = prepare(recipe, track=False, snapshot=lambda: snapshot)
+
+    assert prepared.source.onnx_path == snapshot.copies["model"]
+    assert (prepared.source.onnx_path.parent / "weights" / "linear.bin").is_file()
+    assert model_sha256(prepared.source.onnx_path) == expected_model
+    np.testing.assert_array_equal(prepared.evaluation_feeds["x"], expected_rows[prepared.evaluation_rows])
+
+
+def test_a_message_about_a_copy_names_the_users_file(tmp_path) -> None:
+    recipe = load_recipe(_project(tmp_path / "p"))
+    snapshot = take_snapshot(input_digests(recipe), tmp_path / "sources")
+    message = f"cannot read ONNX model {snapshot.copies['model']}: broken"
+    assert snapshot.shown(message) == f"cannot read ONNX model {recipe.model_path}: broken"
