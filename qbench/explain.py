@@ -22,6 +22,7 @@ import json
 import logging
 import math
 import re
+import secrets
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -332,6 +333,18 @@ def plot_costs(result: ExplainResult, path: Path, top: int) -> Path:
     return path
 
 
+def _new_explain_dir(root: Path, variant_name: str) -> Path:
+    """explain-<variant>-<UTC time>-<random suffix>, created exclusively: two explains started in the same second
+    (a CI matrix) each write their own folder."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    directory = root / f"explain-{variant_name}-{stamp}-{secrets.token_hex(3)}"
+    try:
+        directory.mkdir(parents=True, exist_ok=False)
+    except OSError as exc:
+        raise QbenchError(f"cannot create the explain folder {directory}: {exc.strerror or exc}") from exc
+    return directory
+
+
 def run_explain(
     recipe: Recipe, variant_name: str, *, method: str = "leave_one_out", group_by: str = "node",
     max_nodes: int | None = None, top: int = 20, track: bool = True,
@@ -342,10 +355,8 @@ def run_explain(
         from qbench.track import check_reachable, resolve_tracking_uri
 
         check_reachable(resolve_tracking_uri(recipe))
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    directory = recipe.output_path / recipe.name / f"explain-{variant_name}-{stamp}"
+    directory = _new_explain_dir(recipe.output_path / recipe.name, variant_name)
     result = explain_variant(recipe, variant_name, method=method, group_by=group_by, max_nodes=max_nodes, workdir=directory)
-    directory.mkdir(parents=True, exist_ok=True)
     (directory / "explain.json").write_text(json.dumps(result.to_dict(), indent=2, allow_nan=False))
     plot_costs(result, directory / "explain.png", top)
     with (directory / "table.txt").open("w") as file:

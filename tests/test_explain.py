@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -182,6 +183,17 @@ def test_cli_explain_writes_table_plot_and_json(project, monkeypatch, capsys):
     table = (folders[0] / "table.txt").read_text()
     assert "branch_a" in table and "head" in table
     assert "branch_a" in capsys.readouterr().out
+
+
+def test_explains_started_in_the_same_second_write_their_own_folders(project, monkeypatch):
+    monkeypatch.chdir(project.parent)
+    frozen = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    monkeypatch.setattr("qbench.explain.datetime", type("Frozen", (), {"now": staticmethod(lambda tz=None: frozen)}))
+    first = run_explain(load_recipe(project), "int8", method="sqnr", track=False)
+    second = run_explain(load_recipe(project), "int8", method="sqnr", track=False)
+    assert first.directory != second.directory
+    assert first.directory.name.startswith("explain-int8-20260102-030405-")
+    assert (first.directory / "explain.json").is_file() and (second.directory / "explain.json").is_file()
 
 
 def test_cli_explain_refuses_a_variant_it_cannot_explain(project, capsys):

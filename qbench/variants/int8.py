@@ -63,6 +63,7 @@ from qbench.variants.onnx_utils import (
     unquantizable_nodes,
 )
 from qbench.variants.qdq_bypass import bypass_qdq
+from qbench.variants.quant_scope import preprocessing_nodes
 from qbench.variants.reference import load_reference
 
 _QUANT_TYPES = {"uint8": QuantType.QUInt8, "int8": QuantType.QInt8}
@@ -118,6 +119,10 @@ def build_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     kept_float = kept_float_nodes(model, config.keep_float)
     params.update(kept_float.params())
     excluded = [*config.exclude_nodes, *kept_float.names]
+    if isinstance(config, OrtStatic):
+        lowered = set(quantizable_nodes(model, op_types, excluded))
+        params["preprocessing_kept_float"] = [name for name in preprocessing_nodes(model) if name in lowered]
+        excluded += params["preprocessing_kept_float"]
     if not quantizable_nodes(model, op_types, excluded):
         params.update(calibrator=config.calibration.calibrator, op_types=list(op_types), quantized_nodes=0, quantized_op_types={})
         return unchanged_variant(spec.name, "int8", ctx, nothing_to_quantize(op_types, model), params, clock.seconds())

@@ -1,0 +1,65 @@
+"""Where static INT8 Q/DQ does not go: the preprocessing in front of a network.
+
+Preprocessing is what computes before any layer with weights, whatever the model is or where it
+came from: feature scaling, one-hot encoding and the concatenation of raw input columns in a
+converted scikit-learn pipeline, an input normalisation. No integer kernel runs there, so
+quantizing it saves nothing, and rounding raw features can erase one before the network sees
+it: a quantized Concat writes all its inputs on its output's one scale, and an age of 18..80
+beside incomes of 2e3..2e5 keeps none of the 256 levels. The network's first layers still
+quantize their own inputs, each on its own range.
+"""
+
+from __future__ import annotations
+
+import onnx
+
+from qbench.variants.onnx_utils import name_unnamed_nodes
+
+# Layers whose weight is a constant operand; Gather-like lookups count when their table is a constant.
+_WEIGHTED_OP_TYPES = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "Einsum", "LSTM", "GRU", "RNN"})
+_LOOKUP_OP_TYPES = frozenset({"Gather", "GatherElements", "GatherND", "Embedding"})
+
+
+def _constant_tensors(graph: onnx.GraphProto) -> set[str]:
+    """Initializers (graph inputs of the same name included: quantizers treat them as weights) and what is
+    computed from constants only (a Cast or Transpose of a weight)."""
+    constants = {t.name for t in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant" or (node.input and all(not n or n in constants for n in node.input)):
+            constants.update(node.output)
+    return constants
+
+
+def _has_weights(node: onnx.NodeProto, constants: set[str]) -> bool:
+    if node.domain not in ("", "ai.onnx"):
+        return False
+    if node.op_type in _LOOKUP_OP_TYPES:
+        return bool(node.input) and node.input[0] in constants
+    computed = [name for name in node.input if name and name not in constants]
+    return node.op_type in _WEIGHTED_OP_TYPES and bool(computed) and len(computed) < len([n for n in node.input if n])
+
+
+def preprocessing_nodes(model: onnx.ModelProto) -> list[str]:
+    """Names of the main graph's nodes that compute before any layer with weights (see the module docstring);
+    nodes computed from constants only are not counted. Unnamed matches are named first (in place)."""
+    graph = model.graph
+    constants = _constant_tensors(graph)
+    downstream: set[str] = set()  # tensors a layer with weights has contributed to
+    matched: list[int] = []
+    weighted = False
+    for index, node in enumerate(graph.node):
+        computed = [name for name in node.input if name and name not in constants]
+        if not computed:
+            continue
+        if _has_weights(node, constants):
+            weighted = True
+            downstream.update(node.output)
+        elif downstream.intersection(computed):
+            downstream.update(node.output)
+        else:
+            matched.append(index)
+    if not weighted:  # no layer with weights at all: nothing is "before" the network
+        return []
+    if any(not graph.node[i].name for i in matched):
+        name_unnamed_nodes(model)
+    return [graph.node[i].name for i in matched]
