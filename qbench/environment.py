@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import os
 import platform
+import socket
 from importlib import metadata
 from typing import Any
 
@@ -68,3 +69,23 @@ def describe_environment() -> dict[str, Any]:
             if _version(p)
         },
     }
+
+
+def timing_machine(device: str | None = None) -> dict[str, Any]:
+    """The machine a measurement's timings come from, recorded with them: its host name, and what makes two
+    machines time alike (`machine_kind`). On a cluster each measurement may run on another node."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    machine: dict[str, Any] = {"host": socket.gethostname(), "cpu": _cpu_model(), "cpus": cpus,
+                               "arch": platform.machine()}  # fmt: skip
+    if device:
+        machine["device"] = device
+    return machine
+
+
+def machine_kind(machine: dict[str, Any]) -> str:
+    """'<CPU model> x<usable CPUs> <arch>[ + <device>]': timings compare only between machines of one kind (the
+    host name does not matter); '' when not recorded (results written before qbench recorded it)."""
+    if not machine.get("cpu"):
+        return ""
+    kind = f"{machine['cpu']} x{machine.get('cpus')} {machine.get('arch', '')}".rstrip()
+    return f"{kind} + {machine['device']}" if machine.get("device") else kind

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from qbench.environment import machine_kind
 from qbench.errors import QbenchError, expected_one_of
 from qbench.results import FrontierPoint, SweepResults, VariantResult
 from qbench.validate.catalogue import METRICS
@@ -135,14 +136,37 @@ def gate_threshold(results: SweepResults, max_drop: float) -> float | None:
 
 
 def speedup(results: SweepResults, variant: VariantResult, batch_size: int) -> float:
-    """How many times faster than the FP32 reference on the same backend at `batch_size` (p50); NaN if unknown."""
+    """How many times faster than the FP32 reference on the same backend at `batch_size` (p50); NaN if unknown, and
+    when the two were timed on machines of different kinds (that ratio compares machines, not precisions)."""
     reference = results.find(results.reference, variant.backend)
     if reference is None or reference.latency is None or variant.latency is None:
+        return math.nan
+    kinds = {machine_kind(reference.latency.machine), machine_kind(variant.latency.machine)}
+    if len(kinds - {""}) > 1:
         return math.nan
     ours, theirs = variant.latency.at(batch_size), reference.latency.at(batch_size)
     if ours is None or theirs is None or ours.p50_ms <= 0:
         return math.nan
     return theirs.p50_ms / ours.p50_ms
+
+
+def mixed_timing_machines(results: SweepResults) -> list[str]:
+    """A note per backend whose measurements were timed on machines of more than one kind (a cluster's nodes):
+    their latencies cannot be compared with each other, so speed-ups across them are not computed."""
+    notes = []
+    for backend in results.backends():
+        by_kind: dict[str, list[str]] = {}
+        for variant in results.variants:
+            if variant.backend == backend and variant.status == "ok" and variant.latency is not None:
+                kind = machine_kind(variant.latency.machine)
+                if kind:
+                    by_kind.setdefault(kind, []).append(variant.variant)
+        if len(by_kind) > 1:
+            where = "; ".join(f"{', '.join(names)} on {kind}" for kind, names in by_kind.items())
+            notes.append(f"{backend} timed its variants on {len(by_kind)} kinds of machine ({where}): latencies across "
+                         "them compare machines, not precisions, and no speed-up is given between them; time every "
+                         "variant of a backend on one kind of node")  # fmt: skip
+    return notes
 
 
 # -- plot ---------------------------------------------------------------------------------------

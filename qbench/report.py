@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from qbench.console import print_wide
-from qbench.frontier import frontier_of, overall_metric, speedup
+from qbench.frontier import frontier_of, mixed_timing_machines, overall_metric, speedup
 from qbench.gate import UNDER_MIN_SIZE, GateCheck, GateReport
 from qbench.report_grid import (
     NONE,
@@ -164,7 +164,8 @@ def _summary_grid(results: SweepResults, gate: GateReport | None) -> Grid:
     footer = [f"speed-up: FP32 p50 / variant p50 on the same backend; {_DROP_NOTE}; cold start: session + first run; "
               "figures: native, or emulated where the backend cannot compute the precision (see Notes)"]
     return Grid(f"Summary: {results.recipe.get('name', '')}", [h for h, _ in columns], rows,
-                frozenset(i for i, (_, numeric) in enumerate(columns) if numeric), footer + notes.lines())  # fmt: skip
+                frozenset(i for i, (_, numeric) in enumerate(columns) if numeric),
+                footer + mixed_timing_machines(results) + notes.lines())  # fmt: skip
 
 
 def summary_table(results: SweepResults, gate: GateReport | None) -> Table:

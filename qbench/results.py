@@ -95,6 +95,7 @@ class LatencyResult:
     session_create_ms: float
     first_run_ms: float
     points: tuple[LatencyPoint, ...]
+    machine: dict[str, Any] = field(default_factory=dict)  # where the timings ran (qbench.environment.timing_machine)
 
     def at(self, batch_size: int) -> LatencyPoint | None:
         return next((p for p in self.points if p.batch_size == batch_size), None)
@@ -370,6 +371,7 @@ def _latency(raw: dict[str, Any] | None) -> LatencyResult | None:
         session_create_ms=raw["session_create_ms"],
         first_run_ms=raw["first_run_ms"],
         points=tuple(_latency_point(p) for p in raw["points"]),
+        machine=dict(raw.get("machine") or {}),
     )
 
 

@@ -23,7 +23,7 @@ from qbench.execute import SweepPlan, make_executor, make_plan, resumable_run, r
 from qbench.execute.jobs import describe_error
 from qbench.execute.snapshot import take_snapshot
 from qbench.execute.store import build_store
-from qbench.frontier import compute_frontier, gate_threshold, plot_frontier
+from qbench.frontier import compute_frontier, gate_threshold, mixed_timing_machines, plot_frontier
 from qbench.gate import GateReport, evaluate_gate, nonfinite_reference_rows
 from qbench.interrupt import Interrupted, SignalGuard
 from qbench.preflight import Prepared, prepare
@@ -308,6 +308,8 @@ def _publish(recipe: Recipe, results: SweepResults, progress: _Progress, started
     run_dir, clock = progress.run_dir, progress.clock
     t = time.perf_counter()
     gate = evaluate_gate(results, recipe.gate, slo=recipe.slo)
+    for note in mixed_timing_machines(results):
+        logger.warning(note)
     with progress.guard.shielded():
         results_path = write_results(results, run_dir / RESULTS_FILE)
         mark_complete(run_dir)

@@ -10,7 +10,7 @@ import pytest
 from sweep_factory import make_latency, make_sweep, make_variant
 
 from qbench.errors import QbenchError
-from qbench.frontier import compute_frontier, gate_threshold, plot_frontier, speedup
+from qbench.frontier import compute_frontier, gate_threshold, mixed_timing_machines, plot_frontier, speedup
 from qbench.results import AccuracyResult, SliceMetrics, VariantResult
 
 
@@ -122,6 +122,39 @@ def test_speedup_is_reference_p50_over_variant_p50() -> None:
     assert speedup(results, int8, 32) == pytest.approx(fp32.latency.at(32).p50_ms / int8.latency.at(32).p50_ms)
     assert math.isnan(speedup(results, int8, 64))  # batch size not measured
     assert math.isnan(speedup(results, results.find("int8_dynamic", "onnxruntime-cpu"), 1))
+
+
+def _timed_on(results, machines: dict[str, dict]):
+    """`results` with each named variant's latency recorded on the given machine."""
+    variants = [dataclasses.replace(v, latency=dataclasses.replace(v.latency, machine=machines[v.variant]))
+                if v.variant in machines and v.latency else v for v in results.variants]  # fmt: skip
+    return dataclasses.replace(results, variants=tuple(variants))
+
+
+XEON = {"host": "node-1", "cpu": "Intel Xeon 8375C", "cpus": 8, "arch": "x86_64"}
+EPYC = {"host": "node-2", "cpu": "AMD EPYC 7B13", "cpus": 8, "arch": "x86_64"}
+
+
+def test_no_speedup_between_timings_on_machines_of_different_kinds() -> None:
+    """On a cluster FP32 may be timed on one node and INT8 on another: that ratio compares machines."""
+    results = make_sweep()
+    twin_xeon = {**XEON, "host": "node-3"}  # another host of the same kind compares
+    mixed = _timed_on(results, {"fp32": XEON, "int8_minmax": EPYC, "fp16": twin_xeon})
+    assert math.isnan(speedup(mixed, mixed.find("int8_minmax", "onnxruntime-cpu"), 32))
+    fp16 = mixed.find("fp16", "onnxruntime-cpu")
+    assert speedup(mixed, fp16, 32) == pytest.approx(speedup(results, results.find("fp16", "onnxruntime-cpu"), 32))
+    fewer_cpus = _timed_on(results, {"fp32": XEON, "int8_minmax": {**XEON, "cpus": 2}})
+    assert math.isnan(speedup(fewer_cpus, fewer_cpus.find("int8_minmax", "onnxruntime-cpu"), 32))
+    unrecorded = _timed_on(results, {"fp32": XEON})  # results written before qbench recorded machines
+    assert math.isfinite(speedup(unrecorded, unrecorded.find("int8_minmax", "onnxruntime-cpu"), 32))
+
+
+def test_a_backend_timed_on_several_kinds_of_machine_is_named_with_its_variants() -> None:
+    results = make_sweep()
+    assert mixed_timing_machines(_timed_on(results, {"fp32": XEON, "int8_minmax": {**XEON, "host": "b"}})) == []
+    (note,) = mixed_timing_machines(_timed_on(results, {"fp32": XEON, "fp16": XEON, "int8_minmax": EPYC}))
+    assert note.startswith("onnxruntime-cpu timed its variants on 2 kinds of machine (fp32, fp16 on Intel Xeon 8375C "
+                           "x8 x86_64; int8_minmax on AMD EPYC 7B13 x8 x86_64): ")  # fmt: skip
 
 
 def _png_size(path: Path) -> tuple[int, int]:

@@ -7,6 +7,7 @@ import math
 from dataclasses import replace
 
 import pytest
+from sweep_factory import make_sweep
 
 from qbench.errors import QbenchError
 from qbench.gate import EXIT_BREACH, EXIT_PASS, EXIT_UNUSABLE, evaluate_gate, run_gate
@@ -65,6 +66,25 @@ def test_a_variant_that_computes_as_the_reference_passes_with_a_note_saying_so()
     assert report.exit_code == EXIT_PASS
     assert report.notes == tuple(f"int8-{name}@onnxruntime-cpu computes in fp32 (nothing in the graph was lowered to "
                                  "int8): its pass says nothing about int8" for name in ("tree", "c", "e"))  # fmt: skip
+
+
+def test_a_backend_timed_on_machines_of_several_kinds_is_a_note():
+    """A cluster timed FP32 on one kind of node and INT8 on another: accuracy is judged as ever, and the note says
+    their latencies cannot be compared."""
+    results = make_sweep()
+    machines = {"fp32": {"cpu": "Intel Xeon", "cpus": 8, "arch": "x86_64"},
+                "int8_minmax": {"cpu": "AMD EPYC", "cpus": 8, "arch": "x86_64"}}  # fmt: skip
+    variants = tuple(replace(v, latency=replace(v.latency, machine=machines[v.variant]))
+                     if v.variant in machines and v.latency else v for v in results.variants)  # fmt: skip
+    spec = SPEC.model_copy(update={"applies_to": ["int8_minmax"]})
+    report = evaluate_gate(replace(results, variants=variants), spec)
+    plain = evaluate_gate(results, spec)
+    assert report.checks == plain.checks and report.exit_code == plain.exit_code  # the verdict is unchanged
+    assert [n for n in report.notes if "kinds of machine" in n] == [
+        "onnxruntime-cpu timed its variants on 2 kinds of machine (fp32 on Intel Xeon x8 x86_64; int8_minmax on AMD "
+        "EPYC x8 x86_64): latencies across them compare machines, not precisions, and no speed-up is given between "
+        "them; time every variant of a backend on one kind of node"]
+    assert not [n for n in plain.notes if "kinds of machine" in n]
 
 
 def test_a_failed_variant_gets_no_computes_in_fp32_note():

@@ -23,6 +23,7 @@ import numpy as np
 
 from qbench.backends import Backend, Runner
 from qbench.backends.base import RunOptions
+from qbench.environment import timing_machine
 from qbench.errors import QbenchError, RecipeError
 from qbench.preflight import Prepared, check_labels_fit_outputs
 from qbench.provenance import model_bytes, model_sha256
@@ -196,7 +197,7 @@ def measure(
     if timing is not None:
         points = latency_points(samples, timing.warmup, stability_rule(timing.stability, timing.iterations))
         latency = LatencyResult(threads=timing.threads, session_create_ms=create_ms, first_run_ms=first_ms,
-                                points=tuple(points))  # fmt: skip
+                                points=tuple(points), machine=timing_machine(runtime.get("device")))  # fmt: skip
         if serving:
             serving_result = serving_figures(prepared.recipe, backend.name, samples, points, model_bytes=size,
                                              runtime=runtime, preprocess_ms_per_row=prepared.preprocess_ms_per_row)  # fmt: skip

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import os
+import platform
+import socket
 
 import numpy as np
 import pytest
@@ -50,6 +53,9 @@ def test_fp32_against_itself_then_a_variant_against_fp32(prepared, tmp_path):
     assert fp32.result.accuracy.overall.drops["agreement"] == 0.0
     assert [p.batch_size for p in fp32.result.latency.points] == [1, 8]
     assert all(p.iterations == 3 for p in fp32.result.latency.points)
+    machine = fp32.result.latency.machine  # the machine the timings ran on (each node of a cluster records its own)
+    assert machine["host"] == socket.gethostname() and machine["cpus"] == len(os.sched_getaffinity(0))
+    assert machine["cpu"] and machine["arch"] == platform.machine() and "device" not in machine
     int8 = build_variant(load_recipe(prepared.recipe.source).variants[0], BuildContext(prepared.source.onnx_path, tmp_path,
                                                                                         prepared.calibration_batches))  # fmt: skip
     measured = measure(backend, int8, prepared, reference=fp32.reference)
