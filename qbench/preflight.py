@@ -335,17 +335,21 @@ def _label_error(recipe: Recipe, exc: LabelError) -> RecipeError:
 def check_labels_fit_outputs(prepared: Prepared, outputs: Mapping[str, np.ndarray]) -> None:
     """Every evaluation label against the width FP32's `outputs` show, for the outputs whose graph leaves a dimension
     symbolic (`["batch", "classes"]`): `prepare` could not check those, and a label beyond the classes is then the
-    same data.label error as with a static width, not a scoring failure naming neither the column nor the row."""
+    same data.label error as with a static width, not a scoring failure naming neither the column nor the row. Then
+    the task's check of the labels against the values FP32 gave (Task.check_labels_against_reference)."""
     if prepared.labels is None:
         return
     task = get_task(prepared.recipe.task)
     for choice in prepared.outputs:
         values = outputs.get(choice.name)
         meta = choice.meta
-        if values is None or meta.kind != "tensor" or (None not in meta.shape[1:] and len(meta.shape) == np.ndim(values)):
+        if values is None or meta.kind != "tensor":
             continue
         try:
-            task.check_labels(prepared.labels, replace(meta, shape=tuple(np.shape(values))), prepared.evaluation_rows)
+            if None in meta.shape[1:] or len(meta.shape) != np.ndim(values):
+                shown = replace(meta, shape=tuple(np.shape(values)))
+                task.check_labels(prepared.labels, shown, prepared.evaluation_rows)
+            task.check_labels_against_reference(prepared.labels, meta, values)
         except LabelError as exc:
             raise _label_error(prepared.recipe, exc) from None
 

@@ -165,3 +165,20 @@ def test_a_one_column_score_follows_the_graphs_word_on_probabilities() -> None:
     guessed = TASK.rows(scores, scores, labels)
     stated = TASK.rows(scores, scores, labels, probabilities=False)
     assert guessed.predicted.tolist() == [0, 0, 1, 1] and stated.predicted.tolist() == [1, 1, 1, 1]
+
+
+def test_integer_labels_read_through_a_label_output_and_refused_beside_other_classes() -> None:
+    """A label output whose graph states classes -1 / +1 reads the labels as positions there (they were refused as
+    negative ids); beside scores stating other classes, the two codings cannot both hold and the labels are refused."""
+    label = TensorMeta("label", np.dtype("int64"), (None,), class_keys=(-1, 1))
+    assert list(TASK.decode_label_names([-1, 1, 1, -1], [label], POSITIONS)) == [0, 1, 1, 0]
+    scores = TensorMeta("scores", np.dtype("float32"), (None, 2), class_keys=(1, -1))
+    with pytest.raises(LabelError, match=r"outputs 'label' and 'scores' state different classes \(-1, 1; 1, -1\)"):
+        TASK.decode_label_names([-1, 1, 1, -1], [label, scores], POSITIONS)
+
+
+def test_an_integer_output_whose_values_no_label_takes_is_refused() -> None:
+    ids = TensorMeta("label", np.dtype("int64"), (None,))
+    with pytest.raises(LabelError, match=r"no label is a value FP32's output 'label' gives \(labels: 3, 7; output: 0, 1\)"):
+        TASK.check_labels_against_reference(np.array([3, 7, 7, 3]), ids, np.array([0, 1, 1, 0]))
+    TASK.check_labels_against_reference(np.array([1, 7, 7, 3]), ids, np.array([0, 1, 1, 0]))  # one shared value: judged
