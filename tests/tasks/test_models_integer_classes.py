@@ -24,7 +24,11 @@ def _expected_by_scope(classifier, features: np.ndarray, labels: np.ndarray) -> 
     """scikit-learn's accuracy overall and on each slice `table` makes (half=even / half=odd)."""
     right = classifier.predict(features) == labels
     even = np.arange(len(labels)) % 2 == 0
-    return {"overall": float(right.mean()), "half=even": float(right[even].mean()), "half=odd": float(right[~even].mean())}
+    return {
+        "overall": float(right.mean()),
+        "half=even": float(right[even].mean()),
+        "half=odd": float(right[~even].mean()),
+    }
 
 
 @pytest.mark.parametrize(
