@@ -34,6 +34,7 @@ from qbench.data import (
     per_slice_counts,
     row_ids_sha256,
     select_rows,
+    text_columns,
 )
 from qbench.errors import QbenchError, RecipeError, expected_one_of
 from qbench.modelinfo import ModelInfo, external_data_files, read_model_info
@@ -151,7 +152,8 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None) -> Prepared:
     outputs = _pick_outputs(recipe, task, model)
     _check_gate_metric(recipe, task, outputs)
     custom_metrics = load_custom_metrics(recipe)
-    table = load_table(_read_from(snapshot, "data", recipe.data_path), recipe_file=recipe.source)
+    text = text_columns(recipe.data, label_names=task.labels_name_classes)
+    table = load_table(_read_from(snapshot, "data", recipe.data_path), recipe_file=recipe.source, text_columns=text)
     evaluation = evaluation_rows(table, recipe.data, recipe_file=recipe.source)
     eval_rows, masks, nonfinite = evaluation.rows, evaluation.masks, evaluation.nonfinite
     dropped: dict[str, dict[str, int]] = {}
@@ -167,7 +169,7 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None) -> Prepared:
     check_row_independence(recipe, source.onnx_path, model, eval_feeds, {c.name: c.index for c in outputs}, batch)
     calibration_table = (
         load_table(_read_from(snapshot, "data.calibration", recipe.calibration_data_path), recipe_file=recipe.source,
-                   field="data.calibration.path")  # fmt: skip
+                   field="data.calibration.path", text_columns=text)  # fmt: skip
         if recipe.calibration_data_path is not None
         else table
     )

@@ -76,6 +76,7 @@ class Task(ABC):
     name: ClassVar[str]
     metric_infos: ClassVar[tuple[MetricInfo, ...]]
     default_gate_metric: ClassVar[str]
+    labels_name_classes: ClassVar[bool] = False  # label cells are names ("01" and "1" two classes), not numbers
 
     # -- labels ----------------------------------------------------------------------------------
 

@@ -10,6 +10,8 @@ table): each value becomes its position in that table (qbench.validate.outputs),
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -46,6 +48,21 @@ def _integral(value: Any) -> bool:
     if isinstance(value, (int, np.integer)):
         return -(2**63) <= int(value) < 2**63
     return isinstance(value, (float, np.floating)) and float(value).is_integer() and abs(float(value)) < 2**63
+
+
+def _as_number(value: Any) -> Any:
+    """A label cell that is the text of a number ("3", "-1", "3.0") as that number, anything else as it is: a CSV
+    label column keeps the text its file holds (qbench.data.load), so that "01" can name a class, while class ids
+    and integer classes are read as the numbers they write."""
+    if not isinstance(value, str):
+        return value
+    if re.fullmatch(r"\s*[+-]?\d+\s*", value):
+        return int(value)
+    try:
+        number = float(value)
+    except ValueError:
+        return value
+    return number if math.isfinite(number) else value
 
 
 def _no_label(value: Any) -> bool:
@@ -87,11 +104,12 @@ def below_chance(accuracy: float, output: TensorMeta, labels: np.ndarray) -> str
 def label_columns(values: Sequence[Any], classes: Sequence[Any], positions: np.ndarray, *, unknown: str) -> list[int]:
     """Each label value's score column: its position in `classes` (3, 3.0 and '3' are one class). Values that are
     none of them are a LabelError whose example rows `unknown` describes."""
-    column = {_class_key(name): index for index, name in enumerate(classes)}
-    missing = np.array([_class_key(v) not in column for v in values], dtype=bool)
+    key = _class_key if any(isinstance(name, str) for name in classes) else _number_key
+    column = {key(name): index for index, name in enumerate(classes)}
+    missing = np.array([key(v) not in column for v in values], dtype=bool)
     if missing.any():
         raise LabelError(f"{example_rows(missing, values, positions)} {unknown}")
-    return [column[_class_key(v)] for v in values]
+    return [column[key(v)] for v in values]
 
 
 def _class_key(value: object) -> str:
@@ -99,6 +117,11 @@ def _class_key(value: object) -> str:
     if isinstance(value, (float, np.floating)) and float(value).is_integer():
         return str(int(value))
     return str(value)
+
+
+def _number_key(value: object) -> str:
+    """A class of a table of integer classes: the text "07" of a CSV label names class 7."""
+    return _class_key(_as_number(value))
 
 
 def column_classes(output: TensorMeta) -> tuple[int | str, ...] | None:
@@ -164,8 +187,10 @@ class Classification(Task):
         MetricInfo("max_abs_error", False, "largest absolute difference from the FP32 output", low=0.0),
     )
     default_gate_metric = "accuracy"
+    labels_name_classes = True
 
     def labels_from_values(self, values: Sequence[Any], positions: np.ndarray) -> np.ndarray:
+        values = [_as_number(v) for v in values]
         missing = np.array([_no_label(v) for v in values], dtype=bool)
         if missing.any():
             raise LabelError(f"{example_rows(missing, values, positions)} have no label; expected integer class ids")
@@ -202,8 +227,9 @@ class Classification(Task):
                 return values  # score outputs that disagree on their classes: the values are judged as ids
             raise LabelError(f"outputs {named.name!r} and {other[0].name!r} state different classes ({_listed(classes)}"
                              f"; {_listed(other[1])}): expected one of them in model.outputs")  # fmt: skip
-        if all(isinstance(k, str) for k in classes) and not any(isinstance(v, str) for v in values):
-            return values  # ids given for named classes: read as columns, as before
+        names = {k for k in classes if isinstance(k, str)}
+        if len(names) == len(classes) and not any(isinstance(_as_number(v), str) or v in names for v in values):
+            return values  # ids (numbers, or a CSV's text of them) naming none of the named classes: read as columns
         ids = [o.name for o in outputs if o.kind == "tensor" and is_integer(o) and not named_labels(o)]
         if ids:
             raise LabelError(f"output {named.name!r} scores the classes {_listed(classes)} by column, while output "
