@@ -47,7 +47,9 @@ from qbench.preflight_checks import (
 )
 from qbench.preflight_precision import reduced_precision
 from qbench.preflight_rows import check_row_independence
+from qbench.provenance import metric_source_input
 from qbench.recipe import Recipe
+from qbench.recipe_data import TextInputSpec
 from qbench.results import CalibrationRecord
 from qbench.sources import ModelSource, resolve_model
 from qbench.tasks import CustomMetric, LabelError, Task, get_task
@@ -152,16 +154,20 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None) -> Prepared:
     outputs = _pick_outputs(recipe, task, model)
     _check_gate_metric(recipe, task, outputs)
     custom_metrics = load_custom_metrics(recipe)
-    text = text_columns(recipe.data, label_names=task.labels_name_classes)
+    if snapshot is not None:  # imported from the user's files: they must still be what the sweep hashed
+        for index in range(len(recipe.metrics)):
+            snapshot.check_read(metric_source_input(index))
+    data = snapshot.data(recipe.data) if snapshot is not None else recipe.data  # tokenizers read from their copies
+    text = text_columns(data, label_names=task.labels_name_classes)
     table = load_table(_read_from(snapshot, "data", recipe.data_path), recipe_file=recipe.source, text_columns=text)
-    evaluation = evaluation_rows(table, recipe.data, recipe_file=recipe.source)
+    evaluation = evaluation_rows(table, data, recipe_file=recipe.source)
     eval_rows, masks, nonfinite = evaluation.rows, evaluation.masks, evaluation.nonfinite
     dropped: dict[str, dict[str, int]] = {}
     _record_dropped(dropped, "evaluation", evaluation.dropped, evaluation.left_out)
     eval_slices = evaluation.slices
     labels = _labels(recipe, task, table, eval_rows, outputs)
     started = time.perf_counter()
-    eval_feeds = build_feeds(table, eval_rows, recipe.data.inputs, model.inputs, recipe_file=recipe.source)
+    eval_feeds = build_feeds(table, eval_rows, data.inputs, model.inputs, recipe_file=recipe.source)
     preprocess_ms_per_row = (time.perf_counter() - started) * 1000 / max(len(eval_rows), 1)
     check_batch_memory(recipe, eval_feeds)
     if source.torch is not None:
@@ -173,10 +179,10 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None) -> Prepared:
         if recipe.calibration_data_path is not None
         else table
     )
-    calibration_nonfinite = nonfinite if calibration_table is table else nonfinite_masks(calibration_table, recipe.data.inputs)
+    calibration_nonfinite = nonfinite if calibration_table is table else nonfinite_masks(calibration_table, data.inputs)
     calibration_rows, calibration_batches = _calibration(
         recipe, calibration_table, model, calibration_nonfinite, dropped, masks if calibration_table is table else {},
-        whole=batch is not None,
+        whole=batch is not None, inputs=data.inputs,
     )
     return Prepared(
         recipe=recipe,
@@ -199,7 +205,7 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None) -> Prepared:
         calibration_overlap=(
             int(np.intersect1d(eval_rows, calibration_rows).size) if calibration_table is table else 0
         ),
-        training=_training(recipe, task, table, model, outputs, nonfinite, masks),
+        training=_training(recipe, task, table, model, outputs, nonfinite, masks, inputs=data.inputs),
         custom_metrics=custom_metrics,
         dropped_nonfinite=dropped,
         preprocess_ms_per_row=preprocess_ms_per_row,
@@ -407,16 +413,17 @@ def _calibration(
     slices: dict[str, np.ndarray],
     *,
     whole: bool,
+    inputs: Mapping[str, str | TextInputSpec],
 ) -> tuple[np.ndarray, list[Feeds]]:
     """The calibration rows and their batches (the last one filled up to the batch size when `whole`: a model
-    with a fixed batch)."""
+    with a fixed batch), fed as `inputs` (data.inputs, tokenizers read from the sweep's copies)."""
     spec = recipe.data.calibration
     candidates = select_rows(table, spec.filter, field="data.calibration.filter", recipe_file=recipe.source)
     candidates = _finite_rows(recipe, candidates, nonfinite, dropped, "calibration")
     rows = draw_calibration_sample(table, candidates, spec, recipe_file=recipe.source)
     field_name = "data.inputs" if recipe.calibration_data_path is None else "data.calibration.path"
     check_finite(table, rows, nonfinite, slices, what="calibration", recipe_file=recipe.source, field=field_name)
-    feeds = build_feeds(table, rows, recipe.data.inputs, model.inputs, recipe_file=recipe.source)
+    feeds = build_feeds(table, rows, inputs, model.inputs, recipe_file=recipe.source)
     return rows, list(iter_batches(feeds, spec.batch_size, whole=whole))
 
 
@@ -428,8 +435,10 @@ def _training(
     outputs: list[OutputChoice],
     nonfinite: NonfiniteMasks,
     slices: dict[str, np.ndarray],
+    *,
+    inputs: Mapping[str, str | TextInputSpec],
 ) -> dict[str, TrainingData]:
-    """Feeds (and labels) for every QAT variant, from its `qat.train` filter."""
+    """Feeds (fed as `inputs`, as _calibration's) and labels for every QAT variant, from its `qat.train` filter."""
     training = {}
     for index, spec in enumerate(recipe.variants):
         if spec.qat is None:
@@ -444,6 +453,6 @@ def _training(
             if spec.qat.loss == "label" and recipe.data.label is not None
             else None
         )
-        feeds = build_feeds(table, rows, recipe.data.inputs, model.inputs, recipe_file=recipe.source)
+        feeds = build_feeds(table, rows, inputs, model.inputs, recipe_file=recipe.source)
         training[spec.name] = TrainingData(feeds=feeds, labels=labels, task=recipe.task, output_index=outputs[0].index)
     return training
