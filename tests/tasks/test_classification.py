@@ -189,6 +189,7 @@ def test_labels_as_a_csv_holds_them_text_of_numbers_or_names() -> None:
     """A CSV label column keeps its file's text (qbench.data.load): text of numbers is class ids or integer classes,
     text naming a string class is that class ("01" and "1" two of them)."""
     assert TASK.labels_from_values(["0", "2", " 1", "3.0"], POSITIONS).tolist() == [0, 2, 1, 3]
+    assert TASK.labels_from_values(["True", "false", "TRUE", "0"], POSITIONS).tolist() == [1, 0, 1, 0]
     with pytest.raises(LabelError, match=r"1 row, e.g. row 11: -1 are negative"):
         TASK.labels_from_values(["0", "-1", "1", "1"], POSITIONS)
     named = TensorMeta("label", np.dtype(object), (None,), class_keys=("01", "1", "2"))
