@@ -6,7 +6,7 @@ Several columns AND together; several ops on one column AND together.
 
 A column of text (a CSV column read as text, qbench.data.load) compares as numbers when every
 cell is one, and equals a number where its text is that number written plainly (7 matches "7",
-not "007").
+not "007"), and true or false as pandas would have read it ("True", "true", "TRUE").
 
 Missing cells (None / NaN) follow SQL: they match only a condition that names
 null (`eq: null`, `in: [..., null]`); `ne: x`, `not_in: [x]` and the comparisons
@@ -120,11 +120,19 @@ def _condition_mask(values: pd.Series, op: str, operand: Any, *, field: str, rec
 def _matches_any(values: pd.Series, operands: Sequence[Any]) -> np.ndarray:
     wanted = [v for v in operands if v is not None]
     if pd.api.types.is_object_dtype(values) or pd.api.types.is_string_dtype(values):
-        wanted += [format_value(v) for v in wanted if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        wanted += [text for v in wanted if isinstance(v, (int, float)) for text in _cell_texts(v)]
     matched = values.isin(wanted).to_numpy(dtype=bool, na_value=False) & values.notna().to_numpy()
     if len(wanted) < len(operands):
         matched |= values.isna().to_numpy()
     return matched
+
+
+def _cell_texts(value: float) -> tuple[str, ...]:
+    """The cells of a text column that write number or truth value `value`: 7 as "7"; true as "True", "true" or
+    "TRUE" (what pandas reads as a boolean)."""
+    if isinstance(value, bool):
+        return (str(value), str(value).lower(), str(value).upper())
+    return (format_value(value),)
 
 
 def _column_hint(values: pd.Series, column: str) -> str:

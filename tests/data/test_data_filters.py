@@ -149,3 +149,5 @@ def test_a_text_column_of_codes_compares_as_numbers_and_equals_the_number_it_wri
     assert rows({"code": "007"}) == [0]
     assert rows({"code": {"in": [12, "010"]}}) == [2, 4]
     assert rows({"code": {"ne": 7}}) == [0, 2, 4]
+    flags = pd.DataFrame({"flag": ["True", "false", "TRUE", None]})
+    assert np.flatnonzero(filter_mask(flags, {"flag": True}, field=FIELD, recipe_file=RECIPE)).tolist() == [0, 2]
