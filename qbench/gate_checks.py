@@ -370,9 +370,11 @@ def _scope_problems(scope: SliceMetrics, rows: int, metric: str, min_slice_size:
 def evaluation_from_data(recipe: Recipe) -> EvaluationRows:
     """The evaluation rows and slices a sweep of `recipe` derives from its data (qbench.data.evaluation_rows,
     the sweep's own derivation: evaluation filter, NaN/inf input policy, limit, slices over those rows)."""
-    from qbench.data import evaluation_rows, load_table
+    from qbench.data import evaluation_rows, load_table, text_columns
+    from qbench.tasks import get_task
 
-    table = load_table(recipe.data_path, recipe_file=recipe.source)
+    text = text_columns(recipe.data, label_names=get_task(recipe.task).labels_name_classes)
+    table = load_table(recipe.data_path, recipe_file=recipe.source, text_columns=text)
     return evaluation_rows(table, recipe.data, recipe_file=recipe.source)
 
 

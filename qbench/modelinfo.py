@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from qbench.errors import QbenchError
+from qbench.modelinfo_classes import keys_are_columns
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -31,8 +32,9 @@ class TensorMeta:
 
     kind "map": a sequence of per-row {class key: score} maps; dtype is the score type, shape
     (rows, classes) and class_keys the keys when the graph states them (a ZipMap's attributes).
-    A score tensor's class_keys are its columns' classes in column order, a string label tensor's the classes its
-    values are one of, when the graph states them (qbench.modelinfo_classes).
+    A score tensor's class_keys are its columns' classes in column order, a label tensor's (strings, or integers
+    such as -1 / +1 or 3, 7, 9) the classes its values are one of, when the graph states them
+    (qbench.modelinfo_classes).
     passthrough_of: the graph input this output merely copies (Identity/Cast chain), if any.
     off_label: set on a score tensor whose arg-max is not how the graph picks its label.
     """
@@ -94,13 +96,23 @@ def read_model_info(path: Path) -> ModelInfo:
         if meta.kind == "map" or meta.dtype.kind == "f":  # scores, not labels
             meta = dataclasses.replace(meta, off_label=facts.off_label.get(value.name))
         if meta.kind == "tensor":
-            keys = facts.labels.get(value.name) if meta.dtype == object else facts.tables.get(value.name)
+            label_table = facts.labels.get(value.name)
+            keys = label_table if _read_as_positions(meta, label_table) else facts.tables.get(value.name)
             meta = dataclasses.replace(meta, class_keys=keys, probabilities=facts.probabilities.get(value.name),
                                        class_count=facts.id_counts.get(value.name))  # fmt: skip
         source = _copied_input(value.name, producers, set(inputs))
         outputs[value.name] = dataclasses.replace(meta, passthrough_of=source) if source is not None else meta
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     return ModelInfo(inputs=inputs, outputs=outputs, opset=opset)
+
+
+def _read_as_positions(meta: TensorMeta, table: tuple[int | str, ...] | None) -> bool:
+    """Whether a label output's values are read as positions in the class table its graph states: string labels
+    always; integer ones when they are no column numbers (-1 / +1), as a ZipMap's keys are read. Labels 3, 7, 9
+    stay the values they are, as a ZipMap keyed 3, 7, 9 and the data's labels read them."""
+    if meta.dtype == object:
+        return True
+    return meta.dtype.kind in "iu" and table is not None and not keys_are_columns(table)
 
 
 def _elem_dtype(elem_type: int) -> np.dtype:

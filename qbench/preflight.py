@@ -34,6 +34,7 @@ from qbench.data import (
     per_slice_counts,
     row_ids_sha256,
     select_rows,
+    text_columns,
 )
 from qbench.errors import QbenchError, RecipeError, expected_one_of
 from qbench.modelinfo import ModelInfo, external_data_files, read_model_info
@@ -46,7 +47,9 @@ from qbench.preflight_checks import (
 )
 from qbench.preflight_precision import reduced_precision
 from qbench.preflight_rows import check_row_independence
+from qbench.provenance import metric_source_input
 from qbench.recipe import Recipe
+from qbench.recipe_data import TextInputSpec
 from qbench.results import CalibrationRecord
 from qbench.sources import ModelSource, resolve_model
 from qbench.tasks import CustomMetric, LabelError, Task, get_task
@@ -151,15 +154,20 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None) -> Prepared:
     outputs = _pick_outputs(recipe, task, model)
     _check_gate_metric(recipe, task, outputs)
     custom_metrics = load_custom_metrics(recipe)
-    table = load_table(_read_from(snapshot, "data", recipe.data_path), recipe_file=recipe.source)
-    evaluation = evaluation_rows(table, recipe.data, recipe_file=recipe.source)
+    if snapshot is not None:  # imported from the user's files: they must still be what the sweep hashed
+        for index in range(len(recipe.metrics)):
+            snapshot.check_read(metric_source_input(index))
+    data = snapshot.data(recipe.data) if snapshot is not None else recipe.data  # tokenizers read from their copies
+    text = text_columns(data, label_names=task.labels_name_classes)
+    table = load_table(_read_from(snapshot, "data", recipe.data_path), recipe_file=recipe.source, text_columns=text)
+    evaluation = evaluation_rows(table, data, recipe_file=recipe.source)
     eval_rows, masks, nonfinite = evaluation.rows, evaluation.masks, evaluation.nonfinite
     dropped: dict[str, dict[str, int]] = {}
     _record_dropped(dropped, "evaluation", evaluation.dropped, evaluation.left_out)
     eval_slices = evaluation.slices
     labels = _labels(recipe, task, table, eval_rows, outputs)
     started = time.perf_counter()
-    eval_feeds = build_feeds(table, eval_rows, recipe.data.inputs, model.inputs, recipe_file=recipe.source)
+    eval_feeds = build_feeds(table, eval_rows, data.inputs, model.inputs, recipe_file=recipe.source)
     preprocess_ms_per_row = (time.perf_counter() - started) * 1000 / max(len(eval_rows), 1)
     check_batch_memory(recipe, eval_feeds)
     if source.torch is not None:
@@ -167,14 +175,14 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None) -> Prepared:
     check_row_independence(recipe, source.onnx_path, model, eval_feeds, {c.name: c.index for c in outputs}, batch)
     calibration_table = (
         load_table(_read_from(snapshot, "data.calibration", recipe.calibration_data_path), recipe_file=recipe.source,
-                   field="data.calibration.path")  # fmt: skip
+                   field="data.calibration.path", text_columns=text)  # fmt: skip
         if recipe.calibration_data_path is not None
         else table
     )
-    calibration_nonfinite = nonfinite if calibration_table is table else nonfinite_masks(calibration_table, recipe.data.inputs)
+    calibration_nonfinite = nonfinite if calibration_table is table else nonfinite_masks(calibration_table, data.inputs)
     calibration_rows, calibration_batches = _calibration(
         recipe, calibration_table, model, calibration_nonfinite, dropped, masks if calibration_table is table else {},
-        whole=batch is not None,
+        whole=batch is not None, inputs=data.inputs,
     )
     return Prepared(
         recipe=recipe,
@@ -197,7 +205,7 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None) -> Prepared:
         calibration_overlap=(
             int(np.intersect1d(eval_rows, calibration_rows).size) if calibration_table is table else 0
         ),
-        training=_training(recipe, task, table, model, outputs, nonfinite, masks),
+        training=_training(recipe, task, table, model, outputs, nonfinite, masks, inputs=data.inputs),
         custom_metrics=custom_metrics,
         dropped_nonfinite=dropped,
         preprocess_ms_per_row=preprocess_ms_per_row,
@@ -335,17 +343,21 @@ def _label_error(recipe: Recipe, exc: LabelError) -> RecipeError:
 def check_labels_fit_outputs(prepared: Prepared, outputs: Mapping[str, np.ndarray]) -> None:
     """Every evaluation label against the width FP32's `outputs` show, for the outputs whose graph leaves a dimension
     symbolic (`["batch", "classes"]`): `prepare` could not check those, and a label beyond the classes is then the
-    same data.label error as with a static width, not a scoring failure naming neither the column nor the row."""
+    same data.label error as with a static width, not a scoring failure naming neither the column nor the row. Then
+    the task's check of the labels against the values FP32 gave (Task.check_labels_against_reference)."""
     if prepared.labels is None:
         return
     task = get_task(prepared.recipe.task)
     for choice in prepared.outputs:
         values = outputs.get(choice.name)
         meta = choice.meta
-        if values is None or meta.kind != "tensor" or (None not in meta.shape[1:] and len(meta.shape) == np.ndim(values)):
+        if values is None or meta.kind != "tensor":
             continue
         try:
-            task.check_labels(prepared.labels, replace(meta, shape=tuple(np.shape(values))), prepared.evaluation_rows)
+            if None in meta.shape[1:] or len(meta.shape) != np.ndim(values):
+                shown = replace(meta, shape=tuple(np.shape(values)))
+                task.check_labels(prepared.labels, shown, prepared.evaluation_rows)
+            task.check_labels_against_reference(prepared.labels, meta, values)
         except LabelError as exc:
             raise _label_error(prepared.recipe, exc) from None
 
@@ -401,16 +413,17 @@ def _calibration(
     slices: dict[str, np.ndarray],
     *,
     whole: bool,
+    inputs: Mapping[str, str | TextInputSpec],
 ) -> tuple[np.ndarray, list[Feeds]]:
     """The calibration rows and their batches (the last one filled up to the batch size when `whole`: a model
-    with a fixed batch)."""
+    with a fixed batch), fed as `inputs` (data.inputs, tokenizers read from the sweep's copies)."""
     spec = recipe.data.calibration
     candidates = select_rows(table, spec.filter, field="data.calibration.filter", recipe_file=recipe.source)
     candidates = _finite_rows(recipe, candidates, nonfinite, dropped, "calibration")
     rows = draw_calibration_sample(table, candidates, spec, recipe_file=recipe.source)
     field_name = "data.inputs" if recipe.calibration_data_path is None else "data.calibration.path"
     check_finite(table, rows, nonfinite, slices, what="calibration", recipe_file=recipe.source, field=field_name)
-    feeds = build_feeds(table, rows, recipe.data.inputs, model.inputs, recipe_file=recipe.source)
+    feeds = build_feeds(table, rows, inputs, model.inputs, recipe_file=recipe.source)
     return rows, list(iter_batches(feeds, spec.batch_size, whole=whole))
 
 
@@ -422,8 +435,10 @@ def _training(
     outputs: list[OutputChoice],
     nonfinite: NonfiniteMasks,
     slices: dict[str, np.ndarray],
+    *,
+    inputs: Mapping[str, str | TextInputSpec],
 ) -> dict[str, TrainingData]:
-    """Feeds (and labels) for every QAT variant, from its `qat.train` filter."""
+    """Feeds (fed as `inputs`, as _calibration's) and labels for every QAT variant, from its `qat.train` filter."""
     training = {}
     for index, spec in enumerate(recipe.variants):
         if spec.qat is None:
@@ -438,6 +453,6 @@ def _training(
             if spec.qat.loss == "label" and recipe.data.label is not None
             else None
         )
-        feeds = build_feeds(table, rows, recipe.data.inputs, model.inputs, recipe_file=recipe.source)
+        feeds = build_feeds(table, rows, inputs, model.inputs, recipe_file=recipe.source)
         training[spec.name] = TrainingData(feeds=feeds, labels=labels, task=recipe.task, output_index=outputs[0].index)
     return training

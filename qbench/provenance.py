@@ -22,6 +22,17 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 EXTERNAL_DATA_INPUT = "model external data "  # + the file's location relative to the model's folder
+TOKENIZER_INPUT_SUFFIX = ".tokenizer.path folder"  # data.inputs.<column> + this: a text column's tokenizer folder
+
+
+def tokenizer_input(column: str) -> str:
+    """The input name of text column `column`'s tokenizer folder."""
+    return f"data.inputs.{column}{TOKENIZER_INPUT_SUFFIX}"
+
+
+def metric_source_input(index: int) -> str:
+    """The input name of the source file of the recipe's metrics[index] function."""
+    return f"metrics[{index}] source"
 
 
 @dataclass(frozen=True)
@@ -59,14 +70,15 @@ def input_files(recipe: Recipe) -> dict[str, Path]:
         source = module_source(module_name, recipe.base_dir)
         if source is None:
             raise QbenchError(f"metrics[{index}].function: {not_found(module_name, recipe.base_dir)}")
-        files[f"metrics[{index}] source"] = source
+        files[metric_source_input(index)] = source
     for column, spec in recipe.data.inputs.items():
         if isinstance(spec, str):
             continue
         from qbench.data.text import resolve_tokenizer_folder, tokenizer_field
 
         field = tokenizer_field(column)
-        files[f"{field} folder"] = resolve_tokenizer_folder(spec.tokenizer.path, recipe_file=recipe.source, field=field)
+        folder = resolve_tokenizer_folder(spec.tokenizer.path, recipe_file=recipe.source, field=field)
+        files[tokenizer_input(column)] = folder
     return files
 
 

@@ -19,7 +19,7 @@ from qbench.data.filters import select_rows
 from qbench.data.nonfinite import NonfiniteMasks, check_finite, drop_nonfinite, nonfinite_masks
 from qbench.data.slices import slice_masks
 from qbench.errors import RecipeError
-from qbench.recipe_data import DataSpec
+from qbench.recipe_data import DataSpec, TextInputSpec
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,19 @@ class EvaluationRows:
     def slice_sizes(self) -> dict[str, int]:
         """Slice name -> evaluation rows in it."""
         return {name: int(mask.sum()) for name, mask in self.slices.items()}
+
+
+def text_columns(data: DataSpec, *, label_names: bool) -> tuple[str, ...]:
+    """The columns whose cells name things, read as the text a CSV file holds (qbench.data.load): slice `by` columns
+    and the calibration's stratify_by column ("007" and "7" are two codes, each named as written), text inputs, and
+    the label when it names classes (`label_names`: "01" and "1" are two classes of a model's string labels)."""
+    columns = [spec.by for spec in data.slices if spec.by is not None]
+    columns += [column for column, spec in data.inputs.items() if isinstance(spec, TextInputSpec)]
+    if data.calibration.stratify_by is not None:
+        columns.append(data.calibration.stratify_by)
+    if label_names and data.label is not None:
+        columns.append(data.label)
+    return tuple(dict.fromkeys(columns))
 
 
 def evaluation_rows(table: pd.DataFrame, data: DataSpec, *, recipe_file: Path) -> EvaluationRows:

@@ -4,6 +4,10 @@ A filter maps a column to a value (equality) or to `{op: value}` with ops
 eq, ne, in, not_in, lt, le, gt, ge (the schema is checked by `qbench.recipe`).
 Several columns AND together; several ops on one column AND together.
 
+A column of text (a CSV column read as text, qbench.data.load) compares as numbers when every
+cell is one, and equals a number where its text is that number written plainly (7 matches "7",
+not "007"), and true or false as pandas would have read it ("True", "true", "TRUE").
+
 Missing cells (None / NaN) follow SQL: they match only a condition that names
 null (`eq: null`, `in: [..., null]`); `ne: x`, `not_in: [x]` and the comparisons
 never match them, while `ne: null` and `not_in: [..., null]` match every
@@ -20,7 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from qbench.data.load import table_name
+from qbench.data.load import table_name, text_as_numbers
 from qbench.errors import RecipeError, expected_one_of
 
 _COMPARISONS: dict[str, Callable[[pd.Series, Any], pd.Series]] = {
@@ -96,13 +100,14 @@ def printable(text: str) -> str:
 
 def _condition_mask(values: pd.Series, op: str, operand: Any, *, field: str, recipe_file: Path) -> np.ndarray:
     if op in _COMPARISONS:
-        if not pd.api.types.is_numeric_dtype(values):
+        numbers = values if pd.api.types.is_numeric_dtype(values) else text_as_numbers(values)
+        if numbers is None:
             raise RecipeError(
                 recipe_file,
                 field,
                 f"{op!r} compares numbers, but column {values.name!r} holds {_kind_of(values)} values",
             )
-        return _COMPARISONS[op](values, operand).to_numpy(dtype=bool, na_value=False)
+        return _COMPARISONS[op](numbers, operand).to_numpy(dtype=bool, na_value=False)
     operands: Sequence[Any] = operand if op in ("in", "not_in") else [operand]
     matched = _matches_any(values, operands)
     if op in ("eq", "in"):
@@ -114,10 +119,20 @@ def _condition_mask(values: pd.Series, op: str, operand: Any, *, field: str, rec
 
 def _matches_any(values: pd.Series, operands: Sequence[Any]) -> np.ndarray:
     wanted = [v for v in operands if v is not None]
+    if pd.api.types.is_object_dtype(values) or pd.api.types.is_string_dtype(values):
+        wanted += [text for v in wanted if isinstance(v, (int, float)) for text in _cell_texts(v)]
     matched = values.isin(wanted).to_numpy(dtype=bool, na_value=False) & values.notna().to_numpy()
     if len(wanted) < len(operands):
         matched |= values.isna().to_numpy()
     return matched
+
+
+def _cell_texts(value: float) -> tuple[str, ...]:
+    """The cells of a text column that write number or truth value `value`: 7 as "7"; true as "True", "true" or
+    "TRUE" (what pandas reads as a boolean)."""
+    if isinstance(value, bool):
+        return (str(value), str(value).lower(), str(value).upper())
+    return (format_value(value),)
 
 
 def _column_hint(values: pd.Series, column: str) -> str:

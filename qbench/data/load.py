@@ -5,6 +5,11 @@ line), or a folder written by `datasets`' `save_to_disk` (needs the `datasets`
 extra). Rows are addressed by position 0..N-1 everywhere in qbench, so the frame
 always comes back with a clean RangeIndex.
 
+CSV states no types: a column whose every cell is a number is read as numbers, except
+the columns the caller names as text (`text_columns`: cells that name things, such as
+slice codes "007" and "7" or class labels "01" and "1"), which keep the text the file
+holds. Parquet, JSON lines and `datasets` folders keep the types they store.
+
 CSV cannot hold arrays: a CSV column whose every non-empty cell is a JSON list
 (`"[0.1, 0.2]"`) is parsed into Python lists, so the same table works as CSV,
 JSON lines or parquet. A cell that looks like a list but is not valid JSON is an
@@ -17,7 +22,8 @@ import csv
 import json
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -30,12 +36,17 @@ SOURCE_ATTR = "source"
 SUPPORTED_FORMATS = ".parquet, .csv, .jsonl, .ndjson, or a folder written by `datasets` save_to_disk"
 
 
-def load_table(path: Path, *, recipe_file: Path, field: str = "data.path") -> pd.DataFrame:
-    """Read a data table; every problem is a RecipeError at `field` naming the file and the cause."""
+def load_table(
+    path: Path, *, recipe_file: Path, field: str = "data.path", text_columns: Collection[str] = ()
+) -> pd.DataFrame:
+    """Read a data table; every problem is a RecipeError at `field` naming the file and the cause. A CSV file's
+    `text_columns` keep their cells' text (only an empty cell is missing there)."""
     path = Path(path)
     if not path.exists():
         raise RecipeError(recipe_file, field, f"file or folder not found: {path}")
     read = _reader_for(path, recipe_file=recipe_file, field=field)
+    if read is _read_csv:
+        read = partial(_read_csv, text_columns=text_columns)
     try:
         df = read(path)
     except (OSError, ValueError, csv.Error) as exc:
@@ -86,30 +97,35 @@ OTHER_SEPARATORS = (";", "\t", "|")  # what a CSV export from a spreadsheet in a
 MISSING_NUMBER_TEXT = frozenset({"NA", "N/A", "n/a", "NaN", "nan", "-nan", "NULL", "null", "None", "<NA>", "#N/A", "#NA"})
 
 
-def _read_csv(path: Path) -> pd.DataFrame:
+def _read_csv(path: Path, text_columns: Collection[str] = ()) -> pd.DataFrame:
     """Only an empty cell is missing in a text column ("NA" is Namibia, "None" a category); in a column of numbers,
-    an empty cell or a missing-number text (MISSING_NUMBER_TEXT) is NaN."""
-    _check_csv_rows(path)
-    df = pd.read_csv(path, keep_default_na=False, na_values=[""])
+    an empty cell or a missing-number text (MISSING_NUMBER_TEXT) is NaN. `text_columns` are read as text whatever
+    their cells look like: read as numbers, "007" and "7" would be one value, named 7."""
+    header = _check_csv_rows(path)
+    kept = [column for column in header if column in set(text_columns)]
+    df = pd.read_csv(path, keep_default_na=False, na_values=[""], dtype=dict.fromkeys(kept, str))
     for column in df.columns:
+        if column in kept:
+            continue
         if _is_json_list_column(df[column]):
             df[column] = _parse_json_lists(df[column])
         elif not pd.api.types.is_numeric_dtype(df[column]) and not pd.api.types.is_bool_dtype(df[column]):
-            numbers = _numbers(df[column])
+            numbers = text_as_numbers(df[column])
             if numbers is not None:
                 df[column] = numbers
     return df
 
 
-def _numbers(column: pd.Series) -> pd.Series | None:
+def text_as_numbers(column: pd.Series) -> pd.Series | None:
     """A text column as numbers when every cell is a number, empty, or a missing-number text; else None."""
     cells = column.where(~column.isin(MISSING_NUMBER_TEXT))
     numbers = pd.to_numeric(cells, errors="coerce")
     return numbers if numbers.notna().sum() == cells.notna().sum() else None
 
 
-def _check_csv_rows(path: Path) -> None:
-    """Every record has as many fields as the header: pandas would pad a short row with NaN silently."""
+def _check_csv_rows(path: Path) -> list[str]:
+    """Every record has as many fields as the header: pandas would pad a short row with NaN silently. Returns the
+    header."""
     limit = csv.field_size_limit(sys.maxsize)  # a cell may hold a whole image as a JSON list
     try:
         with open(path, newline="", encoding="utf-8", errors="replace") as handle:
@@ -130,6 +146,7 @@ def _check_csv_rows(path: Path) -> None:
                     )
     finally:
         csv.field_size_limit(limit)
+    return header
 
 
 def _read_json_lines(path: Path) -> pd.DataFrame:

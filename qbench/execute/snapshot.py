@@ -5,10 +5,15 @@ resume all stand on those digests. Reading the user's files again by path afterw
 measurement, the range pass, a Ray worker preparing its data) would read whatever they hold by then: a
 model overwritten during the sweep would be measured, and its builds stored, under the digest of the
 one it replaced. So the sweep first copies each file it reads (the ONNX model with its external data at
-their relative locations, the PyTorch weights, the data and the calibration data) to
-`<root>/<key>/`, key a digest of the files' names and recorded sha256s, checks that the copies have
-those digests, and from then on reads only the copies. A copy that does not (the file changed between
-being hashed and being copied) stops the sweep: "<file> changed while the sweep read it; run again".
+their relative locations, the PyTorch weights, the data, the calibration data, and each text input's
+tokenizer folder) to `<root>/<key>/`, key a digest of the files' names and recorded sha256s, checks that
+the copies have those digests, and from then on reads only the copies. A copy that does not (the file
+changed between being hashed and being copied) stops the sweep: "<file> changed while the sweep read it;
+run again".
+
+Python code the recipe names (the PyTorch factory's module, custom metric modules) is imported from the
+user's file instead: a copy elsewhere would change what its own imports find. Once imported, its digest
+must still be the recorded one (`Snapshot.check_read`), else the sweep stops the same way.
 
 An entry appears by renaming a complete staging folder, and every sweep checks the entry it uses (one
 edited by hand, or left broken, is copied again), so concurrent sweeps and Ray workers share entries.
@@ -30,9 +35,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from qbench.errors import QbenchError
-from qbench.provenance import EXTERNAL_DATA_INPUT, InputDigest
+from qbench.provenance import EXTERNAL_DATA_INPUT, TOKENIZER_INPUT_SUFFIX, InputDigest, tokenizer_input
+from qbench.recipe_data import DataSpec, TextInputSpec
 
-SNAPSHOT_INPUTS = ("model", "model.weights", "data", "data.calibration")  # the inputs read by path
+SNAPSHOT_INPUTS = ("model", "model.weights", "data", "data.calibration")  # the inputs read by path, and tokenizers
+
+
+def _copied(name: str) -> bool:
+    return name in SNAPSHOT_INPUTS or name.endswith(TOKENIZER_INPUT_SUFFIX)
+
+
+def changed_while_read(path: Path | str) -> QbenchError:
+    """The error that stops a sweep whose input `path` is no longer what the sweep hashed."""
+    return QbenchError(f"{path} changed while the sweep read it; run again")
 
 
 @dataclass(frozen=True)
@@ -46,6 +61,26 @@ class Snapshot:
     def path(self, name: str, default: Path) -> Path:
         """The copy of input `name`, or `default` (the user's file) when it was not copied."""
         return self.copies.get(name, default)
+
+    def data(self, data: DataSpec) -> DataSpec:
+        """`data` with each text input's tokenizer read from its copy."""
+        inputs = {}
+        for column, spec in data.inputs.items():
+            copy = self.copies.get(tokenizer_input(column)) if isinstance(spec, TextInputSpec) else None
+            if copy is not None:
+                spec = spec.model_copy(update={"tokenizer": spec.tokenizer.model_copy(update={"path": str(copy)})})
+            inputs[column] = spec
+        return data.model_copy(update={"inputs": inputs})
+
+    def check_read(self, name: str, sha256: str | None = None) -> None:
+        """Input `name`, read in place rather than from a copy (code imported from the user's file), must still be
+        what the sweep hashed now that it is read: its digest then (`sha256`, else its file hashed now) against
+        the recorded one; else the sweep stops (changed_while_read). An input not recorded is not checked."""
+        from qbench.recipe import file_sha256
+
+        recorded = self.inputs.get(name)
+        if recorded is not None and (sha256 or file_sha256(Path(recorded.path))) != recorded.sha256:
+            raise changed_while_read(recorded.path)
 
     def shown(self, text: str) -> str:
         """`text` naming the user's files where it names a copy (a message about the model names the user's)."""
@@ -82,9 +117,7 @@ def take_snapshot(inputs: Mapping[str, InputDigest], root: Path) -> Snapshot:
 
 def _groups(inputs: Mapping[str, InputDigest]) -> dict[str, _Group]:
     groups = {}
-    for name in SNAPSHOT_INPUTS:
-        if name not in inputs:
-            continue
+    for name in filter(_copied, inputs):
         path = Path(inputs[name].path)
         files = {path.name: inputs[name].sha256}
         if name == "model":
@@ -129,7 +162,7 @@ def _publish(entry: Path, group: _Group) -> None:
     changed = _mismatch(entry, group)  # checked where it is read from: the digests remembered are the copy's
     if changed is not None:
         _discard(entry)
-        raise QbenchError(f"{group.folder / changed} changed while the sweep read it; run again")
+        raise changed_while_read(group.folder / changed)
 
 
 def _move_in(staging: Path, entry: Path, group: _Group) -> None:

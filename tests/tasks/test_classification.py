@@ -165,3 +165,36 @@ def test_a_one_column_score_follows_the_graphs_word_on_probabilities() -> None:
     guessed = TASK.rows(scores, scores, labels)
     stated = TASK.rows(scores, scores, labels, probabilities=False)
     assert guessed.predicted.tolist() == [0, 0, 1, 1] and stated.predicted.tolist() == [1, 1, 1, 1]
+
+
+def test_integer_labels_read_through_a_label_output_and_refused_beside_other_classes() -> None:
+    """A label output whose graph states classes -1 / +1 reads the labels as positions there (they were refused as
+    negative ids); beside scores stating other classes, the two codings cannot both hold and the labels are refused."""
+    label = TensorMeta("label", np.dtype("int64"), (None,), class_keys=(-1, 1))
+    assert list(TASK.decode_label_names([-1, 1, 1, -1], [label], POSITIONS)) == [0, 1, 1, 0]
+    scores = TensorMeta("scores", np.dtype("float32"), (None, 2), class_keys=(1, -1))
+    with pytest.raises(LabelError, match=r"outputs 'label' and 'scores' state different classes \(-1, 1; 1, -1\)"):
+        TASK.decode_label_names([-1, 1, 1, -1], [label, scores], POSITIONS)
+
+
+def test_an_integer_output_whose_values_no_label_takes_is_refused() -> None:
+    ids = TensorMeta("label", np.dtype("int64"), (None,))
+    refused = r"no label is a value FP32's output 'label' gives \(labels: 3, 7; output: 0, 1\)"
+    with pytest.raises(LabelError, match=refused):
+        TASK.check_labels_against_reference(np.array([3, 7, 7, 3]), ids, np.array([0, 1, 1, 0]))
+    TASK.check_labels_against_reference(np.array([1, 7, 7, 3]), ids, np.array([0, 1, 1, 0]))  # one shared value: judged
+
+
+def test_labels_as_a_csv_holds_them_text_of_numbers_or_names() -> None:
+    """A CSV label column keeps its file's text (qbench.data.load): text of numbers is class ids or integer classes,
+    text naming a string class is that class ("01" and "1" two of them)."""
+    assert TASK.labels_from_values(["0", "2", " 1", "3.0"], POSITIONS).tolist() == [0, 2, 1, 3]
+    assert TASK.labels_from_values(["True", "false", "TRUE", "0"], POSITIONS).tolist() == [1, 0, 1, 0]
+    with pytest.raises(LabelError, match=r"1 row, e.g. row 11: -1 are negative"):
+        TASK.labels_from_values(["0", "-1", "1", "1"], POSITIONS)
+    named = TensorMeta("label", np.dtype(object), (None,), class_keys=("01", "1", "2"))
+    assert list(TASK.decode_label_names(["1", "01", "2", "01"], [named], POSITIONS)) == [1, 0, 2, 0]
+    pets = TensorMeta("label", np.dtype(object), (None,), class_keys=("cat", "dog"))
+    assert list(TASK.decode_label_names(["1", "0", "1", "0"], [pets], POSITIONS)) == ["1", "0", "1", "0"]  # ids
+    sevens = TensorMeta("scores", np.dtype("float32"), (None, 3), class_keys=(-7, 0, 7))
+    assert list(TASK.decode_label_names(["07", "-7", "0", "7"], [sevens], POSITIONS)) == [2, 0, 1, 2]

@@ -91,3 +91,39 @@ def test_data_classes_must_agree_with_the_classes_the_graph_states(tmp_path, mon
                    variants=FP32_TWICE)  # fmt: skip
     results, _ = run_all(same, capsys)
     assert overall(results)["accuracy"] == pytest.approx(float(np.mean(classifier.predict(features) == labels)))
+
+
+def test_csv_labels_and_slice_codes_keep_the_text_their_file_holds(tmp_path, monkeypatch, capsys):
+    """A CSV with string classes "01", "1", "2" and slice codes "007", "7", "010": pandas read "01" and "1" as 1
+    (FP32 accuracy 0.653 where scikit-learn's is 0.973) and "007" and "7" as one slice code=7. Labels and slice
+    columns now keep the file's text, and a number filter on another column still selects the rows."""
+    import json
+
+    import pandas as pd
+    import yaml
+    from sklearn.linear_model import LogisticRegression
+
+    features, ids = iris()
+    labels = np.array(["01", "1", "2"])[ids]
+    codes = np.array(["007", "7", "010"])[np.arange(len(ids)) % 3]
+    classifier = LogisticRegression(max_iter=500).fit(features, labels)
+    monkeypatch.chdir(tmp_path)
+    model = _convert(classifier, features, zipmap=False)
+    recipe = project(tmp_path, model, table(features, labels), variants=FP32_TWICE)
+    pd.DataFrame({"x": [json.dumps(row.tolist()) for row in features], "y": labels, "code": codes,
+                  "length": np.arange(len(ids))}).to_csv(tmp_path / "data.csv", index=False)  # fmt: skip
+    body = yaml.safe_load(recipe.read_text())
+    evaluated = {"filter": {"length": {"ge": 3}}}
+    body["data"].update({"path": "data.csv", "slices": [{"by": "code"}], "evaluation": evaluated})
+    recipe.write_text(yaml.safe_dump(body))
+    results, _ = run_all(recipe, capsys)
+    kept = np.arange(len(ids)) >= 3
+    right = classifier.predict(features) == labels
+    fp32 = results.find("fp32", "onnxruntime-cpu").accuracy
+    assert fp32.overall.size == int(kept.sum())
+    assert fp32.overall.metrics["accuracy"] == pytest.approx(float(right[kept].mean()), abs=1e-12)
+    assert [s.name for s in fp32.slices] == ["code=007", "code=010", "code=7"]
+    for code in ("007", "010", "7"):
+        rows = kept & (codes == code)
+        assert fp32.slice(f"code={code}").size == int(rows.sum())
+        assert fp32.slice(f"code={code}").metrics["accuracy"] == pytest.approx(float(right[rows].mean()), abs=1e-12)
