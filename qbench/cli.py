@@ -212,11 +212,11 @@ def gate(
     output.refuse_overwriting(path)
     with reported_when_unusable(output):
         report, judged = run_gate(loaded, path, check_staleness=not no_staleness_check)
-    asked = loaded
-    if asked is None:  # the recipe the results embed (when it cannot be read, the report says so and exits 2)
-        with contextlib.suppress(QbenchError):
-            asked = recorded_recipe(judged.recipe, path)
-    registry = output.registry(asked.registry if asked is not None else None)  # option errors before any output
+        asked = loaded
+        if asked is None:  # the recipe the results embed (when it cannot be read, the report says so and exits 2)
+            with contextlib.suppress(QbenchError):
+                asked = recorded_recipe(judged.recipe, path)
+        registry = output.registry(asked.registry if asked is not None else None)  # option errors before any output
     return report_gate(asked, judged, report, path, output, registry)
 
 
