@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -17,14 +15,23 @@ import typer
 from rich.markup import escape
 from typer.exceptions import TyperException
 
+from qbench.cli_gate import (
+    BREACH,
+    EXIT_BREACH,
+    EXIT_ERROR,
+    EXIT_OK,
+    GateOutput,
+    one_line,
+    report_gate,
+    reported_when_unusable,
+)
 from qbench.console import console as err_console
-from qbench.console import library_output_on_console, make_console, print_wide
+from qbench.console import forgiving_standard_streams, library_output_on_console, print_wide
+from qbench.console import stdout_console as out
 from qbench.errors import QbenchError
 
 if TYPE_CHECKING:
-    from qbench.gate import GateReport
     from qbench.recipe import Recipe
-    from qbench.recipe_registry import RegistrySpec
     from qbench.results import SweepResults
 
 app = typer.Typer(
@@ -33,7 +40,6 @@ app = typer.Typer(
     help="Build FP16/BF16/FP8/INT8 variants of a model, validate them against FP32 "
     "(latency and per-slice accuracy), log to MLflow, and gate them in CI.",
 )
-out = make_console(stderr=False)
 
 RecipeArg = Annotated[Path, typer.Argument(help="recipe YAML file", show_default=False)]
 
@@ -50,36 +56,6 @@ AliasOption = Annotated[
                                 "default candidate)", show_default=False)  # fmt: skip
 ]
 NoRegisterOption = Annotated[bool, typer.Option("--no-register", help="register nothing, whatever the recipe says")]
-
-
-@dataclass(frozen=True)
-class GateOutput:
-    """What `qbench gate` and `qbench sweep --gate` do with a verdict beside printing it."""
-
-    verbose: bool = False
-    junit: Path | None = None
-    json_path: Path | None = None
-    register: str | None = None
-    alias: str | None = None
-    no_register: bool = False
-
-    def registry(self, section: RegistrySpec | None) -> RegistrySpec | None:
-        """What to register: the recipe's registry section under --register / --alias / --no-register."""
-        from qbench.recipe_registry import requested_registry
-
-        return requested_registry(section, model=self.register, alias=self.alias, skip=self.no_register)
-
-    def refuse_overwriting(self, *inputs: Path | None) -> None:
-        """--junit / --json must not name a file the gate reads (the recipe, the results judged): writing the
-        report there would destroy what it judged, before anyone could see why it failed."""
-        from qbench.gate_report import check_report_path
-
-        protected = {p.resolve() for p in inputs if p is not None}
-        for option, path in (("--junit", self.junit), ("--json", self.json_path)):
-            if path is not None and path.resolve() in protected:
-                raise QbenchError(f"{option} {path}: that is a file the gate reads; expected another path for the report")
-            if path is not None:
-                check_report_path(path)
 
 
 @app.command()
@@ -137,7 +113,7 @@ def sweep(
     if outcome.tracking_failure:
         untracked = "MLflow tracking failed during the sweep"
     code = (_measured_everything(outcome.results) if not gate else
-            _report_gate(loaded, outcome.results, outcome.gate, outcome.results_path, output, registry,
+            report_gate(loaded, outcome.results, outcome.gate, outcome.results_path, output, registry,
                          untracked=untracked))  # fmt: skip
     if outcome.tracking_failure:  # the results are complete on disk, MLflow lacks them: not a clean run
         err_console.print(f"error: {outcome.tracking_failure}; the results are complete in {outcome.run_dir}, "
@@ -154,7 +130,7 @@ def _measured_everything(results: SweepResults) -> int:
         return EXIT_OK
     first = failed[0]
     err_console.print(f"error: {len(failed)} of {len(results.variants)} measurements failed ({', '.join(v.key for v in failed)}); "
-                      f"{first.key}: {_one_line(first.error)}", soft_wrap=True, markup=False)  # fmt: skip
+                      f"{first.key}: {one_line(first.error)}", soft_wrap=True, markup=False)  # fmt: skip
     return EXIT_ERROR
 
 
@@ -222,73 +198,26 @@ def gate(
     --register NAME), a passing gate registers its winners in the MLflow Model Registry; a failing
     one registers nothing and moves no alias.
     """
-    from qbench.gate import GateReport, latest_results, run_gate
+    from qbench.gate import latest_results, run_gate
     from qbench.provenance import recorded_recipe
     from qbench.recipe import load_recipe
 
     output = GateOutput(verbose, junit, json_path, register, alias, no_register)
     output.refuse_overwriting(recipe, results)
-
-    def unusable(exc: QbenchError) -> QbenchError:
-        """No results to judge: the report files and the step summary still say why (CI uploads them always)."""
-        try:
-            _write_reports(GateReport(metric="unknown", problems=(_one_line(exc),)), output.junit,
-                           output.json_path)  # fmt: skip
-        except QbenchError as unwritten:
-            err_console.print(f"error: {unwritten}", soft_wrap=True, markup=False)
-        return exc
-
-    try:
+    with reported_when_unusable(output):
         loaded = load_recipe(recipe) if recipe else None
         if loaded is None and results is None:
             raise QbenchError("qbench gate needs a recipe or --results FILE")
         path = results if results is not None else latest_results(loaded)  # type: ignore[arg-type]
-    except QbenchError as exc:
-        raise unusable(exc) from None
     output.refuse_overwriting(path)
-    try:
+    with reported_when_unusable(output):
         report, judged = run_gate(loaded, path, check_staleness=not no_staleness_check)
-    except QbenchError as exc:
-        raise unusable(exc) from None
-    asked = loaded
-    if asked is None:  # the recipe the results embed (when it cannot be read, the report says so and exits 2)
-        with contextlib.suppress(QbenchError):
-            asked = recorded_recipe(judged.recipe, path)
-    registry = output.registry(asked.registry if asked is not None else None)  # option errors before any output
-    return _report_gate(asked, judged, report, path, output, registry)
-
-
-def _report_gate(asked: Recipe | None, judged: SweepResults, report: GateReport, results_path: Path,
-                 output: GateOutput, registry: RegistrySpec | None, *, untracked: str | None = None) -> int:  # fmt: skip
-    """The one way a verdict is reported (`gate` and `sweep --gate`): the header, the SLO lines, the breaches
-    and summary (every check with --verbose), the report files, GITHUB_STEP_SUMMARY, then the registry."""
-    from qbench.report_serving import slo_lines
-
-    out.print(f"gate on {judged.recipe.get('name', '?')} ({judged.created_at}), metric {report.metric}", markup=False)
-    for line in slo_lines(judged, report):
-        out.print(line, markup=False)
-    code = _gate_verdict(report, verbose=output.verbose, junit=output.junit, json_path=output.json_path)
-    if registry is not None:
-        _register(asked, judged, report, results_path, registry, untracked=untracked)
-    return code
-
-
-def _register(asked: Recipe | None, judged: SweepResults, report: GateReport, results_path: Path,
-              spec: RegistrySpec, *, untracked: str | None) -> None:  # fmt: skip
-    """On a pass, register the winners `spec` asks for and print them; otherwise say that nothing moved."""
-    if report.exit_code != 0 or asked is None:
-        err_console.print(f"registry: gate did not pass, {spec.model!r} not registered, alias {spec.alias!r} not moved",
-                          markup=False)  # fmt: skip
-        return
-    if untracked:
-        err_console.print(f"registry: {spec.model!r} not registered: {untracked}", markup=False)
-        return
-    from qbench.track_registry import register_best
-
-    for entry in register_best(asked, judged, report, results_path.parent, spec):
-        done = "is already" if entry.existing else "registered as"
-        out.print(f"{entry.variant}@{entry.backend} {done} {entry.name} version {entry.version} "
-                  f"(run {entry.run_id}); aliases: {', '.join(entry.aliases) or 'none'}", markup=False)  # fmt: skip
+        asked = loaded
+        if asked is None:  # the recipe the results embed (when it cannot be read, the report says so and exits 2)
+            with contextlib.suppress(QbenchError):
+                asked = recorded_recipe(judged.recipe, path)
+        registry = output.registry(asked.registry if asked is not None else None)  # option errors before any output
+    return report_gate(asked, judged, report, path, output, registry)
 
 
 @app.command()
@@ -328,11 +257,25 @@ def ui(
     from qbench.track import resolve_tracking_uri, ui_command
 
     command = ui_command(resolve_tracking_uri(load_recipe(recipe)), port=port)
+    _check_port_free(port)
     err_console.print(f"MLflow UI: http://127.0.0.1:{port}  (Ctrl+C to stop)")
     code = run_process_group(command)
-    if code != 0:  # exit 1 means a gate breach: any failure of the UI is an error (2)
-        raise QbenchError(f"the MLflow UI exited with status {code}")
+    if code is not None:  # the UI runs until it is stopped: ending by itself, even with status 0, is a failure
+        raise QbenchError(f"the MLflow UI stopped by itself with status {code} (its messages are above); "
+                          "expected it to run until Ctrl+C")  # fmt: skip
     return 0
+
+
+def _check_port_free(port: int) -> None:
+    """Refuse a port something already listens on (the UI would only log the clash and end)."""
+    import socket
+
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise QbenchError(f"--port {port}: cannot listen on 127.0.0.1:{port}: {exc.strerror or exc}; "
+                              "expected a free port") from None  # fmt: skip
 
 
 export_app = typer.Typer(no_args_is_help=True, help="Hand a gated variant to a serving system.")
@@ -405,51 +348,7 @@ def list_registered() -> int:
     return 0
 
 
-def _gate_verdict(
-    report: GateReport, *, verbose: bool = False, junit: Path | None = None, json_path: Path | None = None
-) -> int:
-    """Print the verdict (the breaches and problems, or every check when verbose; then one summary line),
-    write the requested report files and the GitHub step summary; return the gate's exit code.
-    A report file that cannot be written raises QbenchError (exit 2)."""
-    from qbench import gate_report
-
-    for note in report.notes:
-        out.print(f"gate note: {note}", markup=False)
-    if verbose:
-        from qbench.report import gate_table
-
-        print_wide(gate_table(report), out)
-    else:
-        for line in gate_report.console_lines(report):
-            out.print(line, style="red", markup=False, highlight=False)
-    out.print(gate_report.summary_line(report), style="green" if report.exit_code == 0 else "bold red",
-              markup=False, highlight=False)  # fmt: skip
-    _write_reports(report, junit, json_path)
-    return BREACH if report.exit_code == EXIT_BREACH else report.exit_code
-
-
-def _write_reports(report: GateReport, junit: Path | None, json_path: Path | None) -> None:
-    """The requested report files and the GitHub step summary (a file that cannot be written: QbenchError)."""
-    from qbench import gate_report
-
-    for path, render in ((junit, gate_report.junit_xml), (json_path, gate_report.report_json)):
-        if path is not None:
-            err_console.print(f"gate report: {gate_report.write_report(path, render(report))}", markup=False)
-    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
-    if step_summary:
-        gate_report.append_text(Path(step_summary), gate_report.markdown_summary(report))
-
-
-EXIT_OK, EXIT_BREACH, EXIT_ERROR = 0, 1, 2
 DEBUG_FLAG = "--debug"
-
-
-class _Breach(int):
-    """Exit code 1 as a gate verdict returns it (`BREACH`): a 1 from anywhere else (click's Exit(1), which typer
-    hands back as the command's result; a library's own exit code) is no verdict, and `main` makes it 2."""
-
-
-BREACH = _Breach(EXIT_BREACH)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -464,15 +363,24 @@ def main(argv: list[str] | None = None) -> int:
     args = list(argv if argv is not None else sys.argv[1:])
     debug = DEBUG_FLAG in args
     args = [a for a in args if a != DEBUG_FLAG]
+    with forgiving_standard_streams():
+        return _run(args, debug=debug)
+
+
+def _run(args: list[str], *, debug: bool) -> int:
+    """The command, with SIGINT and SIGTERM raised as Interrupted wherever it is (files it writes are written whole
+    or not at all: qbench.files); `qbench sweep` and `qbench ui` handle them their own way inside."""
+    from qbench.interrupt import Interrupted, SignalGuard
+
     try:
-        with library_output_on_console(logging.DEBUG if debug else logging.INFO):
+        with library_output_on_console(logging.DEBUG if debug else logging.INFO), SignalGuard():
             result = app(args=args, prog_name="qbench", standalone_mode=False)
     except QbenchError as exc:
-        err_console.print(f"[red]error:[/] {escape(_one_line(exc))}", soft_wrap=True)  # one line, unfolded, in CI logs
+        err_console.print(f"[red]error:[/] {escape(one_line(exc))}", soft_wrap=True)  # one line, unfolded, in CI logs
         return EXIT_ERROR
     except typer.Exit as exc:  # --help and the like
         return EXIT_OK if exc.exit_code == 0 else EXIT_ERROR
-    except (typer.Abort, KeyboardInterrupt):  # Ctrl+C: not a verdict
+    except (typer.Abort, KeyboardInterrupt, Interrupted):  # Ctrl+C, a signal: not a verdict
         err_console.print("qbench: error: interrupted", markup=False)
         return EXIT_ERROR
     except TyperException as exc:  # usage errors (typer vendors click's exceptions under this base)
@@ -481,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as exc:  # noqa: BLE001 - a bug in qbench or a library, an exit from inside: still exit 2
         if debug:
             err_console.print_exception()
-        err_console.print(f"qbench: error: {type(exc).__name__}: {_one_line(exc)}", soft_wrap=True, markup=False)
+        err_console.print(f"qbench: error: {type(exc).__name__}: {one_line(exc)}", soft_wrap=True, markup=False)
         return EXIT_ERROR
     if result is BREACH:
         return EXIT_BREACH
@@ -490,10 +398,6 @@ def main(argv: list[str] | None = None) -> int:
         return result
     err_console.print(f"qbench: error: the command ended with status {result!r}, not a verdict", markup=False)
     return EXIT_ERROR
-
-
-def _one_line(exc: object) -> str:
-    return " ".join(str(exc).split())
 
 
 if __name__ == "__main__":  # pragma: no cover

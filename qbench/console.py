@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
+import os
+import sys
 from collections.abc import Callable, Iterator
+from typing import IO
 
 from rich.console import Console, RenderableType
 from rich.measure import Measurement
@@ -14,13 +18,61 @@ from rich.text import Text
 from qbench.progress import reporting_progress
 
 
+class CliConsole(Console):
+    """A rich console whose reader may go away (`qbench gate --verbose | head -1`): the rest of its output is
+    dropped and the command goes on to its end (its report files, its exit code). Rich's default ends the
+    program there (SystemExit(1)), which would turn any verdict into an error."""
+
+    def on_broken_pipe(self) -> None:
+        if not discard_output(self.file):
+            self.quiet = True
+
+
+def discard_output(stream: IO[str]) -> bool:
+    """Point `stream`'s file descriptor at the null device, as Python's documentation advises on a BrokenPipeError
+    (what is still buffered, and every later write, goes nowhere instead of raising again); False when the stream
+    has no file descriptor."""
+    try:
+        descriptor = stream.fileno()
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return False
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, descriptor)
+    finally:
+        os.close(devnull)
+    return True
+
+
 def make_console(*, stderr: bool) -> Console:
     """A console that never breaks a line itself (soft wrap): in a CI log (no terminal, 80 columns
     by default) a path or a long message stays one unbroken line; a terminal folds it on screen only."""
-    return Console(stderr=stderr, soft_wrap=True)
+    return CliConsole(stderr=stderr, soft_wrap=True)
 
 
 console = make_console(stderr=True)
+stdout_console = make_console(stderr=False)
+
+
+@contextlib.contextmanager
+def forgiving_standard_streams() -> Iterator[None]:
+    """While a command runs, printing never decides its exit code: a character that stdout or stderr cannot encode
+    (PYTHONIOENCODING=ascii, a latin-1 terminal) is printed as '?', and a stream whose reader went away
+    (BrokenPipeError) is pointed at the null device when the command ends, so that the final flush cannot fail."""
+    streams = [stream for stream in (sys.stdout, sys.stderr) if isinstance(stream, io.TextIOWrapper)]
+    previous = [stream.errors for stream in streams]
+    for stream in streams:
+        stream.reconfigure(errors="replace")
+    try:
+        yield
+    finally:
+        for stream, errors in zip(streams, previous):
+            try:
+                stream.flush()
+            except BrokenPipeError:
+                discard_output(stream)
+            with contextlib.suppress(OSError, ValueError):  # a stream closed or broken for good: nothing to restore
+                stream.reconfigure(errors=errors)
 
 
 class RichProgress:
@@ -33,10 +85,20 @@ class RichProgress:
 
     @contextlib.contextmanager
     def steps(self, description: str, total: int | None) -> Iterator[Callable[[int], None]]:
+        """The bars are removed when the block ends. Removing them writes too: after an error in the block (a
+        stream that could not be written), an error of that clean-up is dropped, so the first error is the one
+        reported."""
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        with Progress(*columns, console=self.console, transient=True, disable=not self.console.is_terminal) as bars:
+        bars = Progress(*columns, console=self.console, transient=True, disable=not self.console.is_terminal)
+        bars.start()
+        try:
             task = bars.add_task(description, total=total)
             yield lambda done: bars.advance(task, done)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                bars.stop()
+            raise
+        bars.stop()
 
 
 class ConsoleLogHandler(logging.Handler):
@@ -108,4 +170,5 @@ def print_wide(renderable: RenderableType, target: Console | None = None) -> Non
     caption = getattr(renderable, "caption", None)  # a table's notes under it: measured apart from its columns
     if caption is not None:
         natural = max(natural, *(len(line) for line in str(caption).splitlines()))
-    Console(file=target.file, width=max(target.width, natural), color_system=target.color_system).print(renderable)
+    wide = CliConsole(file=target.file, width=max(target.width, natural), color_system=target.color_system)
+    wide.print(renderable)

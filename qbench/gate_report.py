@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from dataclasses import asdict
@@ -21,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from qbench.errors import QbenchError
+from qbench.files import write_atomically
 from qbench.gate import EXIT_BREACH, EXIT_PASS, UNDER_MIN_SIZE, GateCheck, GateReport
 from qbench.report_grid import figure
 from qbench.slo import SLO_SCOPE
@@ -285,18 +284,9 @@ def write_report(path: Path, text: str) -> Path:
         blocking = next((folder for folder in target.parents if folder.exists() and not folder.is_dir()), None)
         if blocking is not None:
             raise QbenchError(f"{path}: cannot write the gate report: {blocking} is a file, not a folder")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(handle, "w", encoding="utf-8") as file:
-                file.write(text)
-            os.chmod(temporary, 0o666 & ~_umask())
-            os.replace(temporary, target)
-        finally:
-            if os.path.exists(temporary):
-                os.unlink(temporary)
     except OSError as exc:
         raise QbenchError(f"{path}: cannot write the gate report: {exc.strerror or exc}") from exc
+    write_atomically(target, text, what="the gate report")
     return path
 
 
@@ -306,12 +296,6 @@ def check_report_path(path: Path) -> None:
     if target.is_file() and not _replaceable(target):
         raise QbenchError(f"{path}: the file exists and is not a qbench gate report; expected a new path (or an "
                           "earlier report) for the report, so that nothing else is overwritten")  # fmt: skip
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 _REPORT_KEYS = frozenset({"schema_version", "verdict", "exit_code", "checks"})

@@ -110,12 +110,13 @@ class SignalGuard:
             signal.signal(signum, signal.SIG_IGN)
 
 
-def run_process_group(command: Sequence[str], stop_timeout_s: float = 10.0) -> int:
+def run_process_group(command: Sequence[str], stop_timeout_s: float = 10.0) -> int | None:
     """Run `command` in a session (process group) of its own until it ends; returns its exit code.
 
     SIGINT/SIGTERM sent to this process are passed on to the whole group (a server and every
     worker it forked: workers outlive a signal to their parent alone); whatever is still alive
-    `stop_timeout_s` later is killed. Stopped that way, the exit code is 0.
+    `stop_timeout_s` later is killed. Stopped that way, it returns None: a server that ends by itself
+    (whatever its status: MLflow's UI exits 0 when its port is taken) was not stopped by its user.
     """
     process = subprocess.Popen(list(command), start_new_session=True)  # the group id is the leader's pid
     received: list[int] = []
@@ -138,7 +139,7 @@ def run_process_group(command: Sequence[str], stop_timeout_s: float = 10.0) -> i
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)  # workers left behind, whichever way it ended
         process.wait()
-    return 0 if received else process.returncode
+    return None if received else process.returncode
 
 
 def _group_alive(process: subprocess.Popen[bytes]) -> bool:

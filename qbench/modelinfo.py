@@ -86,6 +86,8 @@ def read_model_info(path: Path) -> ModelInfo:
     from qbench.modelinfo_classes import score_facts
 
     model = onnx.load(str(path), load_external_data=False)
+    if not model.graph.output:  # protobuf reads an empty file, or a few stray bytes, as an empty model
+        raise QbenchError(f"{path} is not an ONNX model (its graph has no outputs); expected an ONNX file")
     initializers = {t.name for t in model.graph.initializer}
     inputs = {v.name: _meta(v) for v in model.graph.input if v.name not in initializers}
     producers = {out: node for node in model.graph.node for out in node.output}

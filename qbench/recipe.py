@@ -325,8 +325,14 @@ class Recipe(_Strict):
         return self._source.parent
 
     def resolve(self, path: Path) -> Path:
-        """A path from the recipe, relative to the recipe file."""
-        return path if path.is_absolute() else (self.base_dir / path).resolve()
+        """A path from the recipe, relative to the recipe file (symbolic links followed; a loop of them, which
+        `_check_files` reports, is left as written)."""
+        if path.is_absolute():
+            return path
+        try:
+            return (self.base_dir / path).resolve()
+        except (OSError, RuntimeError):  # a symlink loop: RuntimeError before Python 3.13, OSError since
+            return Path(os.path.abspath(self.base_dir / path))
 
     @property
     def output_path(self) -> Path:
@@ -463,9 +469,23 @@ def _check_files(recipe: Recipe) -> None:
     files = {"model.path": recipe.model_path, "model.weights": recipe.weights_path}
     for field, path in files.items():
         if path is not None and not path.is_file():
-            problem = "is a folder, expected a file" if path.is_dir() else "file not found"
+            problem = "is a folder, expected a file" if path.is_dir() else _unreadable(path, "file not found")
             raise RecipeError(recipe.source, field, f"{problem}: {path}")
+        if path is not None and path.stat().st_size == 0:
+            raise RecipeError(recipe.source, field, f"{path} is empty (0 bytes); expected the model file")
     folders = {"data.path": recipe.data_path, "data.calibration.path": recipe.calibration_data_path}
     for field, path in folders.items():
         if path is not None and not path.exists():
-            raise RecipeError(recipe.source, field, f"file or folder not found: {path}")
+            raise RecipeError(recipe.source, field, f"{_unreadable(path, 'file or folder not found')}: {path}")
+
+
+def _unreadable(path: Path, missing: str) -> str:
+    """Why `path` cannot be opened: `missing` when nothing is there, else the system's reason (a loop of symbolic
+    links, a folder that may not be searched)."""
+    try:
+        path.stat()
+    except FileNotFoundError:
+        return missing
+    except OSError as exc:
+        return f"cannot open ({exc.strerror or exc})"
+    return "not a regular file"

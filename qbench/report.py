@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from qbench.console import print_wide
+from qbench.files import write_atomically
 from qbench.frontier import frontier_of, mixed_timing_machines, overall_metric, speedup
 from qbench.gate import UNDER_MIN_SIZE, GateCheck, GateReport
 from qbench.report_grid import (
@@ -399,9 +400,7 @@ def render_markdown(results: SweepResults, gate: GateReport | None, plot_path: P
 
 def write_markdown_report(results: SweepResults, gate: GateReport | None, plot_path: Path | None, path: Path) -> Path:
     """Write report.md (Markdown only, no HTML); the plot is linked by its path relative to the report."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_markdown(results, gate, plot_path, path), encoding="utf-8")
-    return path
+    return write_atomically(path, render_markdown(results, gate, plot_path, path), what="the report")
 
 
 def print_summary(results: SweepResults, gate: GateReport | None) -> None:

@@ -14,6 +14,7 @@ import math
 from html import escape
 from pathlib import Path
 
+from qbench.files import write_atomically
 from qbench.frontier import gate_threshold
 from qbench.frontier_svg import backend_colours, batch_sizes, panel_svg
 from qbench.gate import EXIT_BREACH, EXIT_PASS, GateCheck, GateReport
@@ -178,7 +179,6 @@ def render_html(results: SweepResults, gate: GateReport | None) -> str:
 
 def write_html_report(results: SweepResults, gate: GateReport | None, path: Path) -> Path:
     """Write report.html (one file, viewable offline)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     with custom_metrics(recorded_custom_metrics(results.recipe.get("resolved", {}))):  # `qbench report --html`
-        path.write_text(render_html(results, gate), encoding="utf-8")
-    return path
+        text = render_html(results, gate)
+    return write_atomically(path, text, what="the HTML report")

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from qbench.errors import QbenchError
+from qbench.files import write_atomically
 from qbench.results_search import SearchReport, search_from_dict
 from qbench.results_serving import ServingResult, serving_from_dict
 
@@ -323,12 +324,9 @@ def to_json(results: SweepResults | RangeAnalysis | SearchReport) -> str:
 
 
 def write_results(results: SweepResults, path: Path) -> Path:
-    """Write atomically: a crash mid-write never leaves a half file that looks like results."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(to_json(results))
-    tmp.replace(path)
-    return path
+    """Write atomically (qbench.files): a crash or a full disk mid-write never leaves a half file that looks like
+    results, and an earlier results file stays as it was."""
+    return write_atomically(path, to_json(results), what="the results")
 
 
 def _metrics(raw: dict[str, Any] | None) -> dict[str, float]:

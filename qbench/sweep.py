@@ -182,12 +182,18 @@ class _Progress:
         logger.info("  done: %s (%s)", result.key, result.status)
 
     def stop(self, exc: BaseException) -> BaseException:
-        """After an interruption or a crash: mark the run folder and end the MLflow runs; returns what to raise."""
+        """After an interruption or a crash: mark the run folder and end the MLflow runs; returns what to raise.
+
+        The clean-up may fail for the reason the sweep did (a full disk): its error is logged, and `exc`, the
+        first error, is still the one reported."""
         interrupted = isinstance(exc, Interrupted)
         crash = describe_error(exc) if isinstance(exc, Exception) else repr(exc)
         reason = str(exc) if interrupted else f"failed: {crash}"
         if not self.results_complete:
-            mark_incomplete(self.run_dir, reason)
+            try:
+                mark_incomplete(self.run_dir, reason)
+            except Exception as unmarked:  # noqa: BLE001 - the first error is the one to report
+                logger.error("%s: cannot mark the run incomplete: %s", self.run_dir, describe_error(unmarked))
         if self.tracker is not None:
             self.tracker.abort("KILLED" if interrupted else "FAILED", reason)
         if not interrupted:

@@ -49,6 +49,9 @@ def load_table(
         read = partial(_read_csv, text_columns=text_columns)
     try:
         df = read(path)
+    except UnicodeDecodeError as exc:
+        raise RecipeError(recipe_file, field, f"cannot read {path.name}: it is not {exc.encoding} text; "
+                          "expected UTF-8 (or UTF-16 with a byte order mark)") from None  # fmt: skip
     except (OSError, ValueError, csv.Error) as exc:
         raise RecipeError(recipe_file, field, f"cannot read {path.name}: {_one_line(exc)}") from None
     if df.empty:
@@ -103,7 +106,8 @@ def _read_csv(path: Path, text_columns: Collection[str] = ()) -> pd.DataFrame:
     their cells look like: read as numbers, "007" and "7" would be one value, named 7."""
     header = _check_csv_rows(path)
     kept = [column for column in header if column in set(text_columns)]
-    df = pd.read_csv(path, keep_default_na=False, na_values=[""], dtype=dict.fromkeys(kept, str))
+    df = pd.read_csv(path, keep_default_na=False, na_values=[""], dtype=dict.fromkeys(kept, str),
+                     encoding=text_encoding(path))  # fmt: skip
     for column in df.columns:
         if column in kept:
             continue
@@ -128,7 +132,7 @@ def _check_csv_rows(path: Path) -> list[str]:
     header."""
     limit = csv.field_size_limit(sys.maxsize)  # a cell may hold a whole image as a JSON list
     try:
-        with open(path, newline="", encoding="utf-8", errors="replace") as handle:
+        with open(path, newline="", encoding=text_encoding(path), errors="replace") as handle:
             reader = csv.reader(handle)
             header = next(reader, None) or []
             other = next((sep for sep in OTHER_SEPARATORS if len(header) == 1 and sep in header[0]), None)
@@ -152,7 +156,18 @@ def _check_csv_rows(path: Path) -> list[str]:
 def _read_json_lines(path: Path) -> pd.DataFrame:
     _check_unique_keys(path)
     # dtype=False: keep strings such as "007" as strings instead of guessing numbers.
-    return pd.read_json(path, lines=True, dtype=False)
+    return pd.read_json(path, lines=True, dtype=False, encoding=text_encoding(path))
+
+
+_BYTE_ORDER_MARKS = ((b"\xef\xbb\xbf", "utf-8-sig"), (b"\xff\xfe", "utf-16"), (b"\xfe\xff", "utf-16"))
+
+
+def text_encoding(path: Path) -> str:
+    """How a text table is encoded: UTF-8, or what its byte order mark says (a spreadsheet's "Unicode text" export
+    is UTF-16 with one). Text in another encoding fails to decode, and the error names the file and UTF-8."""
+    with open(path, "rb") as handle:
+        start = handle.read(3)
+    return next((encoding for mark, encoding in _BYTE_ORDER_MARKS if start.startswith(mark)), "utf-8")
 
 
 def _check_unique_keys(path: Path) -> None:
@@ -163,10 +178,12 @@ def _check_unique_keys(path: Path) -> None:
         _check_unique_columns(keys, f"line {number}")
         return dict(pairs)
 
-    with open(path, encoding="utf-8") as handle:
+    with open(path, encoding=text_encoding(path)) as handle:
         for number, line in enumerate(handle, start=1):
-            if line.strip():
-                json.loads(line, object_pairs_hook=unique)
+            if line.strip() and not isinstance(json.loads(line, object_pairs_hook=unique), dict):
+                kind = "an array" if line.lstrip().startswith("[") else "not an object"
+                raise ValueError(f"line {number} is {kind}; expected one JSON object per line (JSON lines), "
+                                 "such as {\"x\": [0.1, 0.2], \"y\": 1}")  # fmt: skip
 
 
 _FILE_READERS: dict[str, Callable[[Path], pd.DataFrame]] = {

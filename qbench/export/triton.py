@@ -19,10 +19,12 @@ results) is refused unless `force=True`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 import shutil
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,7 @@ from typing import Any
 import qbench
 from qbench.errors import QbenchError, expected_one_of
 from qbench.export.pbtxt import EnumValue, to_pbtxt
+from qbench.files import current_umask
 from qbench.gate import GateReport, run_gate
 from qbench.modelinfo import ModelInfo, TensorMeta, external_data_files, read_model_info
 from qbench.provenance import model_bytes, model_sha256
@@ -39,6 +42,8 @@ from qbench.results import LatencyPoint, SweepResults, VariantResult
 
 DEFAULT_MAX_QUEUE_DELAY_US = 100
 MODEL_FILE = "model.onnx"
+CONFIG_FILE = "config.pbtxt"
+README_FILE = "README.md"
 VERSION = "1"
 GRPC_URL = "localhost:8001"
 
@@ -253,7 +258,7 @@ def _measured_model(measured: VariantResult) -> Path:
 
 
 def _copy_model(source: Path, version_dir: Path) -> Path:
-    version_dir.mkdir(parents=True)
+    version_dir.mkdir()
     target = version_dir / MODEL_FILE
     shutil.copyfile(source, target)
     for location in external_data_files(source):
@@ -405,14 +410,40 @@ def _find(results: SweepResults, variant: str, backend: str) -> VariantResult:
     return measured
 
 
-def _model_dir(to: Path, name: str, overwrite: bool) -> Path:
+def _check_destination(to: Path, name: str, overwrite: bool) -> None:
+    """`to` is (or can become) a folder, and `to/name` is new, empty, or to be replaced (--overwrite)."""
+    blocking = next((folder for folder in (to, *to.parents) if folder.exists() and not folder.is_dir()), None)
+    if blocking is not None:
+        raise QbenchError(f"--to {to}: {blocking} is not a folder; expected a folder for the Triton model repository")
     model_dir = to / name
-    if model_dir.exists() and any(model_dir.iterdir()):
-        if not overwrite:
-            raise QbenchError(f"{model_dir} already exists and is not empty (--overwrite replaces it)")
-        shutil.rmtree(model_dir / VERSION, ignore_errors=True)
-    model_dir.mkdir(parents=True, exist_ok=True)
-    return model_dir
+    if model_dir.exists() and any(model_dir.iterdir()) and not overwrite:
+        raise QbenchError(f"{model_dir} already exists and is not empty (--overwrite replaces it)")
+
+
+@contextlib.contextmanager
+def _staged_model_dir(to: Path, name: str) -> Iterator[Path]:
+    """A hidden folder beside `to/name` to write the export into; when the block ends without an error it becomes
+    `to/name` (an earlier folder there is replaced, and deleted only then). Otherwise it is removed: an
+    interrupted or failed export (a full disk, a signal) leaves no half-written model folder, and the earlier
+    one as it was."""
+    model_dir = to / name
+    try:
+        to.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=to, prefix=f".{name}.", suffix=".partial"))
+        staging.chmod(0o777 & ~current_umask())  # mkdtemp's folder is private; the model folder is for a server to read
+    except OSError as exc:
+        raise QbenchError(f"--to {to}: cannot write the Triton model repository: {exc.strerror or exc}") from exc
+    try:
+        yield staging
+        replaced = model_dir.with_name(f"{staging.name.removesuffix('.partial')}.replaced")
+        if model_dir.exists():
+            model_dir.rename(replaced)
+        staging.rename(model_dir)
+        shutil.rmtree(replaced, ignore_errors=True)
+    except OSError as exc:
+        raise QbenchError(f"{model_dir}: cannot write the Triton model: {exc.strerror or exc}") from exc
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def export_triton(
@@ -446,13 +477,12 @@ def export_triton(
     target = TARGETS[backend]
     delay = max_queue_delay_us if max_queue_delay_us is not None else queue_delay_us(measured)
     config = to_pbtxt(triton_config(name, measured, info, target, max_queue_delay_us=delay))
-    model_dir = _model_dir(Path(to), name, overwrite)
-    model_path = _copy_model(source, model_dir / VERSION)
-    sha256 = _sha256(model_path)
-    config_path = model_dir / "config.pbtxt"
-    config_path.write_text(config, encoding="utf-8")
-    readme_path = model_dir / "README.md"
-    readme_path.write_text(
-        _readme(name, recipe, results, measured, info, verdict, force, sha256, target), encoding="utf-8"
-    )
-    return TritonExport(model_dir, config_path, model_path, readme_path, sha256, verdict.status, force)
+    _check_destination(Path(to), name, overwrite)
+    with _staged_model_dir(Path(to), name) as staging:
+        sha256 = _sha256(_copy_model(source, staging / VERSION))
+        (staging / CONFIG_FILE).write_text(config, encoding="utf-8")
+        readme = _readme(name, recipe, results, measured, info, verdict, force, sha256, target)
+        (staging / README_FILE).write_text(readme, encoding="utf-8")
+    model_dir = Path(to) / name
+    return TritonExport(model_dir, model_dir / CONFIG_FILE, model_dir / VERSION / MODEL_FILE, model_dir / README_FILE,
+                        sha256, verdict.status, force)  # fmt: skip

@@ -1,0 +1,155 @@
+"""How the CLI reports a gate verdict (`qbench gate`, `qbench sweep --gate`): the console lines, the report files,
+GITHUB_STEP_SUMMARY and the registry; and, when there is no verdict, report files that say why."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from qbench.console import console as err_console
+from qbench.console import print_wide
+from qbench.console import stdout_console as out
+from qbench.errors import QbenchError
+
+if TYPE_CHECKING:
+    from qbench.gate import GateReport
+    from qbench.recipe import Recipe
+    from qbench.recipe_registry import RegistrySpec
+    from qbench.results import SweepResults
+
+EXIT_OK, EXIT_BREACH, EXIT_ERROR = 0, 1, 2
+
+
+class _Breach(int):
+    """Exit code 1 as a gate verdict returns it (`BREACH`): a 1 from anywhere else (click's Exit(1), which typer
+    hands back as the command's result; a library's own exit code) is no verdict, and `main` makes it 2."""
+
+
+BREACH = _Breach(EXIT_BREACH)
+
+
+@dataclass(frozen=True)
+class GateOutput:
+    """What `qbench gate` and `qbench sweep --gate` do with a verdict beside printing it."""
+
+    verbose: bool = False
+    junit: Path | None = None
+    json_path: Path | None = None
+    register: str | None = None
+    alias: str | None = None
+    no_register: bool = False
+
+    def registry(self, section: RegistrySpec | None) -> RegistrySpec | None:
+        """What to register: the recipe's registry section under --register / --alias / --no-register."""
+        from qbench.recipe_registry import requested_registry
+
+        return requested_registry(section, model=self.register, alias=self.alias, skip=self.no_register)
+
+    def refuse_overwriting(self, *inputs: Path | None) -> None:
+        """--junit / --json must not name a file the gate reads (the recipe, the results judged): writing the
+        report there would destroy what it judged, before anyone could see why it failed."""
+        from qbench.gate_report import check_report_path
+
+        protected = {p.resolve() for p in inputs if p is not None}
+        for option, path in (("--junit", self.junit), ("--json", self.json_path)):
+            if path is not None and path.resolve() in protected:
+                raise QbenchError(
+                    f"{option} {path}: that is a file the gate reads; expected another path for the report"
+                )
+            if path is not None:
+                check_report_path(path)
+
+
+def one_line(exc: object) -> str:
+    return " ".join(str(exc).split())
+
+
+def describe(exc: BaseException) -> str:
+    """A QbenchError's message; any other exception (a bug) with its type, as `main` prints it."""
+    return one_line(exc) if isinstance(exc, QbenchError) else f"{type(exc).__name__}: {one_line(exc)}"
+
+
+@contextlib.contextmanager
+def reported_when_unusable(output: GateOutput) -> Iterator[None]:
+    """No verdict comes out of the block (no results, unreadable or stale ones, a bug while judging or printing):
+    the report files and the step summary still say why, since CI uploads them whatever happened. The error
+    itself goes on to `main` (exit 2)."""
+    from qbench.gate import GateReport
+
+    try:
+        yield
+    except Exception as exc:
+        try:
+            write_reports(GateReport(metric="unknown", problems=(describe(exc),)), output)
+        except Exception as unwritten:  # noqa: BLE001 - the first error is the one to end with
+            err_console.print(f"error: {describe(unwritten)}", soft_wrap=True, markup=False)
+        raise
+
+
+def report_gate(asked: Recipe | None, judged: SweepResults, report: GateReport, results_path: Path,
+                output: GateOutput, registry: RegistrySpec | None, *, untracked: str | None = None) -> int:  # fmt: skip
+    """The one way a verdict is reported (`gate` and `sweep --gate`): the header, the SLO lines, the breaches
+    and summary (every check with --verbose), the report files, GITHUB_STEP_SUMMARY, then the registry."""
+    from qbench.report_serving import slo_lines
+
+    with reported_when_unusable(output):
+        out.print(f"gate on {judged.recipe.get('name', '?')} ({judged.created_at}), metric {report.metric}",
+                  markup=False)  # fmt: skip
+        for line in slo_lines(judged, report):
+            out.print(line, markup=False)
+        _print_verdict(report, verbose=output.verbose)
+    write_reports(report, output)
+    if registry is not None:
+        _register(asked, judged, report, results_path, registry, untracked=untracked)
+    return BREACH if report.exit_code == EXIT_BREACH else report.exit_code
+
+
+def _register(asked: Recipe | None, judged: SweepResults, report: GateReport, results_path: Path,
+              spec: RegistrySpec, *, untracked: str | None) -> None:  # fmt: skip
+    """On a pass, register the winners `spec` asks for and print them; otherwise say that nothing moved."""
+    if report.exit_code != 0 or asked is None:
+        err_console.print(f"registry: gate did not pass, {spec.model!r} not registered, alias {spec.alias!r} not moved",
+                          markup=False)  # fmt: skip
+        return
+    if untracked:
+        err_console.print(f"registry: {spec.model!r} not registered: {untracked}", markup=False)
+        return
+    from qbench.track_registry import register_best
+
+    for entry in register_best(asked, judged, report, results_path.parent, spec):
+        done = "is already" if entry.existing else "registered as"
+        out.print(f"{entry.variant}@{entry.backend} {done} {entry.name} version {entry.version} "
+                  f"(run {entry.run_id}); aliases: {', '.join(entry.aliases) or 'none'}", markup=False)  # fmt: skip
+
+
+def _print_verdict(report: GateReport, *, verbose: bool) -> None:
+    """The notes, the breaches and problems (every check when verbose), then one summary line."""
+    from qbench import gate_report
+
+    for note in report.notes:
+        out.print(f"gate note: {note}", markup=False)
+    if verbose:
+        from qbench.report import gate_table
+
+        print_wide(gate_table(report), out)
+    else:
+        for line in gate_report.console_lines(report):
+            out.print(line, style="red", markup=False, highlight=False)
+    out.print(gate_report.summary_line(report), style="green" if report.exit_code == 0 else "bold red",
+              markup=False, highlight=False)  # fmt: skip
+
+
+def write_reports(report: GateReport, output: GateOutput) -> None:
+    """The requested report files and the GitHub step summary (a file that cannot be written: QbenchError)."""
+    from qbench import gate_report
+
+    for path, render in ((output.junit, gate_report.junit_xml), (output.json_path, gate_report.report_json)):
+        if path is not None:
+            err_console.print(f"gate report: {gate_report.write_report(path, render(report))}", markup=False)
+    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if step_summary:
+        gate_report.append_text(Path(step_summary), gate_report.markdown_summary(report))
