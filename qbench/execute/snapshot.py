@@ -109,21 +109,24 @@ def _mismatch(entry: Path, group: _Group) -> str | None:
 
 
 def _publish(entry: Path, group: _Group) -> None:
-    """Copy `group` from the user's folder to `entry` (a staging folder renamed into place), then check it."""
-    from qbench.execute.store import remove_abandoned
+    """Copy `group` from the user's folder to `entry` (a staging folder renamed into place), then check it.
+    A root that cannot take the copies (full, read-only) raises StoreUnwritable naming it."""
+    from qbench.execute.store import remove_abandoned, store_writes
 
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    remove_abandoned(entry.parent)
-    staging = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", suffix=".publishing", dir=entry.parent))
+    with store_writes(entry.parent):
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        remove_abandoned(entry.parent)
+        staging = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", suffix=".publishing", dir=entry.parent))
     try:
-        for name in group.files:
-            source, target = group.folder / name, staging / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if source.is_dir():  # a data folder (`datasets` save_to_disk)
-                shutil.copytree(source, target)
-            else:
-                shutil.copy2(source, target)  # its time kept: a settled copy's digest is remembered
-        _move_in(staging, entry, group)
+        with store_writes(entry.parent):
+            for name in group.files:
+                source, target = group.folder / name, staging / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                if source.is_dir():  # a data folder (`datasets` save_to_disk)
+                    shutil.copytree(source, target)
+                else:
+                    shutil.copy2(source, target)  # its time kept: a settled copy's digest is remembered
+            _move_in(staging, entry, group)
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # gone already when it was moved in
     changed = _mismatch(entry, group)  # checked where it is read from: the digests remembered are the copy's

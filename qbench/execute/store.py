@@ -25,10 +25,13 @@ import secrets
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from qbench.errors import QbenchError
 from qbench.variants.base import BuiltVariant
 
 if TYPE_CHECKING:
@@ -43,6 +46,30 @@ _CHUNK = 1 << 20  # bytes read at a time while hashing
 # A staging or discarded folder untouched this long was left by a publisher that was killed (a publish takes
 # seconds to minutes): the next publish removes it.
 ABANDONED_AFTER_S = 6 * 3600
+_FULL_OR_READ_ONLY = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+
+
+class StoreUnwritable(QbenchError):
+    """The store cannot take a write (full, over quota, read-only, not permitted): every later write there would
+    fail the same way, so the sweep stops with one line rather than failing each build in turn."""
+
+    def __init__(self, root: str | Path, exc: OSError) -> None:
+        super().__init__(f"cannot write to the build store {root}: {exc.strerror or exc}; free space there or set "
+                         "executor.store (or $QBENCH_CACHE_DIR) to a writable folder")  # fmt: skip
+
+
+@contextmanager
+def store_writes(root: str | Path) -> Iterator[None]:
+    """Raise a fault of the store's file system met inside as StoreUnwritable naming `root`: no space, no quota
+    or a read-only file system, or a permission refused on a path in the store (a file read elsewhere is not)."""
+    try:
+        yield
+    except OSError as exc:
+        named = [str(name) for name in (exc.filename, exc.filename2) if name is not None]
+        refused = exc.errno in (errno.EACCES, errno.EPERM) and any(n.startswith(str(root)) for n in named)
+        if exc.errno not in _FULL_OR_READ_ONLY and not refused:
+            raise
+        raise StoreUnwritable(root, exc) from exc
 
 
 class BuildStore:
@@ -125,25 +152,29 @@ class BuildStore:
     def publish(self, key: str, folder: Path, manifest: dict[str, Any]) -> dict[str, Any]:
         """Put every file `manifest` lists, from `folder`, under `key` with the manifest (which makes the build
         visible). Returns the manifest of the build now under `key`: this one, or an intact one of the same
-        environment that another publisher put there first and that is reusable or holds the same bytes."""
+        environment that another publisher put there first and that is reusable or holds the same bytes.
+        A store that cannot take the files raises StoreUnwritable (see store_writes), leaving no part of them."""
         local = self.local
         if local is None:
             fs = self._filesystem()
-            if fs.exists(self._path(key, MANIFEST)):
-                fs.rm(self._path(key, MANIFEST))
-            for name in manifest["files"]:
-                fs.put_file(str(folder / name), self._path(key, name))
-            fs.pipe_file(self._path(key, MANIFEST), _manifest_text(manifest).encode())
+            with store_writes(self.root):
+                if fs.exists(self._path(key, MANIFEST)):
+                    fs.rm(self._path(key, MANIFEST))
+                for name in manifest["files"]:
+                    fs.put_file(str(folder / name), self._path(key, name))
+                fs.pipe_file(self._path(key, MANIFEST), _manifest_text(manifest).encode())
             return manifest
-        local.mkdir(parents=True, exist_ok=True)
-        remove_abandoned(local)
-        staging = Path(tempfile.mkdtemp(prefix=f".{key}.", suffix=".publishing", dir=local))
+        with store_writes(local):
+            local.mkdir(parents=True, exist_ok=True)
+            remove_abandoned(local)
+            staging = Path(tempfile.mkdtemp(prefix=f".{key}.", suffix=".publishing", dir=local))
         try:
-            for name in manifest["files"]:
-                (staging / name).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(folder / name, staging / name)
-            (staging / MANIFEST).write_text(_manifest_text(manifest))
-            return self._move_in(key, staging, manifest)
+            with store_writes(local):
+                for name in manifest["files"]:
+                    (staging / name).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(folder / name, staging / name)
+                (staging / MANIFEST).write_text(_manifest_text(manifest))
+                return self._move_in(key, staging, manifest)
         finally:
             shutil.rmtree(staging, ignore_errors=True)  # gone already when it was moved in
 

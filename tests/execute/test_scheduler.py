@@ -189,3 +189,32 @@ def test_an_unknown_executor_is_one_clear_line(user_project: Path, tmp_path: Pat
     recipe = write_probe_recipe(user_project, tmp_path, variants=["fp16"])
     assert main(["sweep", str(recipe), "--executor", "dask"]) == 2
     assert "--executor: got 'dask', expected one of local, ray" in capsys.readouterr().err
+
+
+def test_a_build_store_that_fills_up_mid_sweep_stops_it_with_one_line_keeping_what_was_measured(
+    user_project: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk under the store is full from fp16's publish on: one line naming the store, exit 2, the run folder
+    marked incomplete with FP32's measurement in it, the stored FP32 build and the input copies intact."""
+    import errno
+    import shutil
+
+    recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
+    store, copy = tmp_path / "store", shutil.copyfile
+
+    def full_disk(source: Path, target: Path, **kwargs: object) -> object:
+        if str(target).startswith(str(store)) and "fp16" in str(source):
+            raise OSError(errno.ENOSPC, "No space left on device", str(source), None, str(target))
+        return copy(source, target, **kwargs)
+
+    monkeypatch.setattr(shutil, "copyfile", full_disk)
+    assert main(["sweep", str(recipe), "--no-track"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("error") == 1 and err.splitlines()[-1] == (f"error: cannot write to the build store {store}: No space left on device; free space there or "
+                   "set executor.store (or $QBENCH_CACHE_DIR) to a writable folder")  # fmt: skip
+    (run,) = (tmp_path / "reports" / "tumour-mlp").glob("2*")
+    assert "No space left on device" in json.loads((run / INCOMPLETE_MARKER).read_text())["state"]
+    assert [v.variant for v in read_results(run / "results.json", partial=True).variants] == ["fp32"]
+    assert [p.name for p in store.glob(".*")] == []  # no staging folder left
+    names = [json.loads(m.read_text())["name"] for m in store.glob("*/manifest.json")]
+    assert names == ["fp32"]

@@ -162,3 +162,28 @@ def test_a_publish_removes_what_killed_publishers_left_and_keeps_what_running_on
     assert not old_staging.exists() and not old_discarded.exists()
     assert fresh.is_dir()  # another publisher may be writing it now
     assert store.reusable("other" + KEY, build_environment()) is not None
+
+
+def test_a_store_refusing_writes_is_store_unwritable_and_a_refusal_elsewhere_is_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+    import shutil
+
+    from qbench.execute.store import StoreUnwritable
+
+    store = BuildStore(str(tmp_path / "store"))
+    manifest = _build(tmp_path / "build", seed=0)
+    refused_at: list[Path] = []
+
+    def refuse(source: Path, target: Path, **kwargs: object) -> None:
+        raise PermissionError(errno.EACCES, "Permission denied", str(refused_at[0]))
+
+    monkeypatch.setattr(shutil, "copyfile", refuse)
+    refused_at.append(tmp_path / "store" / "entry")
+    with pytest.raises(StoreUnwritable, match=f"^cannot write to the build store {tmp_path / 'store'}: Permission denied;"):
+        store.publish(KEY, tmp_path / "build", manifest)
+    refused_at[0] = tmp_path / "build" / "model.onnx"  # the build's own file: not the store's fault
+    with pytest.raises(PermissionError):
+        store.publish(KEY, tmp_path / "build", manifest)
+    assert list((tmp_path / "store").iterdir()) == []
