@@ -17,6 +17,7 @@ import typer
 from rich.markup import escape
 from typer.exceptions import TyperException
 
+from qbench.cli_cache import cache_app
 from qbench.console import console as err_console
 from qbench.console import library_output_on_console, make_console, print_wide
 from qbench.errors import QbenchError
@@ -36,7 +37,6 @@ app = typer.Typer(
 out = make_console(stderr=False)
 
 RecipeArg = Annotated[Path, typer.Argument(help="recipe YAML file", show_default=False)]
-
 
 VerboseOption = Annotated[bool, typer.Option("--verbose", "-v", help="print every check, not only the breaches")]
 JunitOption = Annotated[Optional[Path], typer.Option("--junit", help="write JUnit XML (a test case per check)")]
@@ -337,6 +337,7 @@ def ui(
 
 export_app = typer.Typer(no_args_is_help=True, help="Hand a gated variant to a serving system.")
 app.add_typer(export_app, name="export")
+app.add_typer(cache_app, name="cache")
 
 
 @export_app.command(name="triton")

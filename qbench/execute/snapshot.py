@@ -71,13 +71,22 @@ class _Group:
 def take_snapshot(inputs: Mapping[str, InputDigest], root: Path) -> Snapshot:
     """Copies of the inputs read by path (SNAPSHOT_INPUTS) under `root`, each checked against its recorded digest;
     an entry already there and intact is used as it is."""
+    from qbench.execute.store import mark_used
+
     copies = {}
     for name, group in _groups(inputs).items():
         entry = root / group.key
-        if _mismatch(entry, group) is not None:
+        if _mismatch(entry, group) is None:
+            mark_used(entry)
+        else:
             _publish(entry, group)
         copies[name] = entry / group.main
     return Snapshot(copies, dict(inputs))
+
+
+def snapshot_keys(inputs: Mapping[str, InputDigest]) -> set[str]:
+    """The entries under the snapshot root that `take_snapshot(inputs, ...)` reads or writes."""
+    return {group.key for group in _groups(inputs).values()}
 
 
 def _groups(inputs: Mapping[str, InputDigest]) -> dict[str, _Group]:

@@ -26,7 +26,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from importlib import metadata
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -133,7 +133,15 @@ class BuildStore:
         manifest = self.manifest(key)
         if manifest is None or manifest.get("reusable") is not True or manifest.get("environment") != environment:
             return None
-        return manifest if self._intact(key, manifest) else None
+        if not self._intact(key, manifest):
+            return None
+        self._mark_used(key)
+        return manifest
+
+    def _mark_used(self, key: str) -> None:
+        """Record that the entry of `key` was used now (its folder's time: what `qbench cache prune` goes by)."""
+        if self.local is not None:
+            mark_used(Path(self._path(key)))
 
     def _intact(self, key: str, manifest: dict[str, Any]) -> bool:
         for name, expected in manifest["files"].items():
@@ -209,7 +217,10 @@ class BuildStore:
             return None
         if existing.get("reusable") is not True and existing["files"] != manifest["files"]:
             return None
-        return existing if self._intact(key, existing) else None
+        if not self._intact(key, existing):
+            return None
+        self._mark_used(key)
+        return existing
 
     def materialise(self, key: str, manifest: dict[str, Any], folder: Path) -> None:
         """Copies of the build's files in `folder` (never links: editing one leaves the store's as it is)."""
@@ -242,6 +253,13 @@ class BuildStore:
         folder = export_cache_dir() / "fetched" / key
         self.materialise(key, manifest, folder)
         return replace(built, onnx_path=folder / manifest["onnx"])
+
+
+def mark_used(entry: Path) -> None:
+    """Set the time of the entry folder `entry` to now: the least recently used go first when the store is pruned
+    (qbench.execute.cache). A store this process cannot write keeps the time it had."""
+    with suppress(OSError):
+        os.utime(entry)
 
 
 def remove_abandoned(local: Path) -> None:
