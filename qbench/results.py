@@ -323,10 +323,10 @@ def to_json(results: SweepResults | RangeAnalysis | SearchReport) -> str:
 
 def write_results(results: SweepResults, path: Path) -> Path:
     """Write atomically: a crash mid-write never leaves a half file that looks like results."""
+    from qbench.files import write_atomically
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(to_json(results))
-    tmp.replace(path)
+    write_atomically(path, to_json(results))
     return path
 
 

@@ -196,7 +196,10 @@ class _Progress:
         crash = describe_error(exc) if isinstance(exc, Exception) else repr(exc)
         reason = str(exc) if interrupted else f"failed: {crash}"
         if not self.results_complete:
-            mark_incomplete(self.run_dir, reason)
+            try:
+                mark_incomplete(self.run_dir, reason)
+            except (OSError, QbenchError) as marking:  # a full disk: the marker left says "running", read as killed
+                logger.warning("could not record in %s why the sweep stopped: %s", self.run_dir, marking)
         if self.tracker is not None:
             self.tracker.abort("KILLED" if interrupted else "FAILED", reason)
         if not interrupted:

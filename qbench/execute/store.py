@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from qbench.errors import QbenchError
+from qbench.files import FULL_OR_READ_ONLY
 from qbench.variants.base import BuiltVariant
 
 if TYPE_CHECKING:
@@ -46,7 +47,6 @@ _CHUNK = 1 << 20  # bytes read at a time while hashing
 # A staging or discarded folder untouched this long was left by a publisher that was killed (a publish takes
 # seconds to minutes): the next publish removes it.
 ABANDONED_AFTER_S = 6 * 3600
-_FULL_OR_READ_ONLY = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
 
 
 class StoreUnwritable(QbenchError):
@@ -67,7 +67,7 @@ def store_writes(root: str | Path) -> Iterator[None]:
     except OSError as exc:
         named = [str(name) for name in (exc.filename, exc.filename2) if name is not None]
         refused = exc.errno in (errno.EACCES, errno.EPERM) and any(n.startswith(str(root)) for n in named)
-        if exc.errno not in _FULL_OR_READ_ONLY and not refused:
+        if exc.errno not in FULL_OR_READ_ONLY and not refused:
             raise
         raise StoreUnwritable(root, exc) from exc
 
@@ -242,7 +242,6 @@ class BuildStore:
             return built
         from dataclasses import replace
 
-        from qbench.errors import QbenchError
         from qbench.sources.torch_model import export_cache_dir
 
         manifest = self.manifest(key)

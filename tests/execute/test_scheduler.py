@@ -218,3 +218,37 @@ def test_a_build_store_that_fills_up_mid_sweep_stops_it_with_one_line_keeping_wh
     assert list(store.glob(".*.publishing")) == []  # no staging folder left
     names = [json.loads(m.read_text())["name"] for m in store.glob("*/manifest.json")]
     assert names == ["fp32"]
+
+
+def test_a_run_folder_whose_disk_fills_up_mid_sweep_is_one_line_naming_the_file_keeping_what_was_written(
+    user_project: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From fp16's build record on, every write under output_dir fails with ENOSPC (its INCOMPLETE marker too): one
+    line naming the file, exit 2, FP32's results and records as they were, no temporary file, and the gate refuses
+    the run (its marker still says running)."""
+    import errno
+
+    recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
+    reports, write_text = tmp_path / "reports", Path.write_text
+    full: list[bool] = []
+
+    def full_disk(path: Path, *args: object, **kwargs: object) -> int:
+        if path.is_relative_to(reports) and (full or "build_fp16" in path.name):
+            full.append(True)
+            write_text(path, "{\"half\": ")  # what a write cut short leaves
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return write_text(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", full_disk)
+    assert main(["sweep", str(recipe), "--no-track"]) == 2
+    (run,) = (reports / "tumour-mlp").glob("2*")
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == f"error: cannot write {run / JOBS_FOLDER / 'build_fp16.json'}: No space left on device; free space there"
+    monkeypatch.undo()
+    assert [v.variant for v in read_results(run / "results.json", partial=True).variants] == ["fp32"]
+    assert sorted(p.name for p in (run / JOBS_FOLDER).iterdir()) == [
+        "build_fp32.json", "measure_fp32@onnxruntime-cpu.json", "measure_fp32@onnxruntime-cpu.outputs.npz"]  # fmt: skip
+    assert not [p for p in run.rglob(".*")]  # no temporary file left
+    assert json.loads((run / INCOMPLETE_MARKER).read_text())["state"] == "running"
+    assert main(["gate", str(recipe)]) == 2
+    assert f"{run}, is incomplete (running)" in capsys.readouterr().err  # this process ran it: killed, once it is gone
