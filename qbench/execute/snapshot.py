@@ -24,7 +24,6 @@ import json
 import os
 import secrets
 import shutil
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,12 +119,12 @@ def _mismatch(entry: Path, group: _Group) -> str | None:
 def _publish(entry: Path, group: _Group) -> None:
     """Copy `group` from the user's folder to `entry` (a staging folder renamed into place), then check it.
     A root that cannot take the copies (full, read-only) raises StoreUnwritable naming it."""
-    from qbench.execute.store import remove_abandoned, store_writes
+    from qbench.execute.store import new_staging, remove_abandoned, store_writes
 
     with store_writes(entry.parent):
         entry.parent.mkdir(parents=True, exist_ok=True)
         remove_abandoned(entry.parent)
-        staging = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", suffix=".publishing", dir=entry.parent))
+        staging = new_staging(entry.parent, entry.name)
     try:
         with store_writes(entry.parent):
             for name in group.files:

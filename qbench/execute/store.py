@@ -23,7 +23,6 @@ import os
 import platform
 import secrets
 import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -175,7 +174,7 @@ class BuildStore:
         with store_writes(local):
             local.mkdir(parents=True, exist_ok=True)
             remove_abandoned(local)
-            staging = Path(tempfile.mkdtemp(prefix=f".{key}.", suffix=".publishing", dir=local))
+            staging = new_staging(local, key)
         try:
             with store_writes(local):
                 for name in manifest["files"]:
@@ -252,6 +251,18 @@ class BuildStore:
         folder = export_cache_dir() / "fetched" / key
         self.materialise(key, manifest, folder)
         return replace(built, onnx_path=folder / manifest["onnx"])
+
+
+def new_staging(folder: Path, key: str) -> Path:
+    """A new, empty staging folder in `folder` for the entry `key`, of a name no other publisher has. Made with the
+    process's umask (not tempfile's 0700): renamed into place, it is an entry every user of a shared store reads."""
+    while True:
+        staging = folder / f".{key}.{secrets.token_hex(4)}.publishing"
+        try:
+            staging.mkdir()
+            return staging
+        except FileExistsError:
+            continue
 
 
 def mark_used(entry: Path) -> None:

@@ -187,3 +187,25 @@ def test_a_store_refusing_writes_is_store_unwritable_and_a_refusal_elsewhere_is_
     with pytest.raises(PermissionError):
         store.publish(KEY, tmp_path / "build", manifest)
     assert list((tmp_path / "store").iterdir()) == []
+
+
+def test_entries_are_readable_by_every_user_the_umask_allows(tmp_path: Path) -> None:
+    """A shared store (one folder for a team's CI runners): an entry made from tempfile's 0700 staging folder could be
+    read by its publisher alone; every other user's sweep rebuilt it and tried to replace it."""
+    import os
+
+    from qbench.execute.snapshot import take_snapshot
+    from qbench.provenance import InputDigest
+    from qbench.recipe import file_sha256
+
+    previous = os.umask(0o022)
+    try:
+        store = BuildStore(str(tmp_path / "store"))
+        store.publish(KEY, tmp_path / "build", _build(tmp_path / "build", seed=0))
+        data = tmp_path / "data.csv"
+        data.write_text("x\n1\n")
+        copy = take_snapshot({"data": InputDigest(str(data), file_sha256(data))}, store.sources_root).copies["data"]
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "store" / KEY).stat().st_mode & 0o777 == 0o755
+    assert copy.parent.stat().st_mode & 0o777 == 0o755
