@@ -15,6 +15,7 @@ import typer
 from rich.markup import escape
 from typer.exceptions import TyperException
 
+from qbench.cli_cache import cache_app
 from qbench.cli_gate import (
     BREACH,
     EXIT_BREACH,
@@ -42,7 +43,6 @@ app = typer.Typer(
 )
 
 RecipeArg = Annotated[Path, typer.Argument(help="recipe YAML file", show_default=False)]
-
 
 VerboseOption = Annotated[bool, typer.Option("--verbose", "-v", help="print every check, not only the breaches")]
 JunitOption = Annotated[Optional[Path], typer.Option("--junit", help="write JUnit XML (a test case per check)")]
@@ -280,6 +280,7 @@ def _check_port_free(port: int) -> None:
 
 export_app = typer.Typer(no_args_is_help=True, help="Hand a gated variant to a serving system.")
 app.add_typer(export_app, name="export")
+app.add_typer(cache_app, name="cache")
 
 
 @export_app.command(name="triton")

@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from qbench.errors import QbenchError
+from qbench.files import write_atomically
 
 INCOMPLETE_MARKER = "INCOMPLETE"
 RESULTS_FILE = "results.json"
@@ -63,9 +64,7 @@ def mark_complete(folder: Path) -> None:
 
 
 def _write_marker(folder: Path, content: dict[str, object]) -> None:
-    tmp = folder / f".{INCOMPLETE_MARKER}.tmp"
-    tmp.write_text(json.dumps(content, indent=2) + "\n")
-    tmp.replace(folder / INCOMPLETE_MARKER)
+    write_atomically(folder / INCOMPLETE_MARKER, json.dumps(content, indent=2) + "\n", what="the run's marker")
 
 
 def _read_marker(folder: Path) -> dict[str, object]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -20,8 +21,9 @@ import qbench
 from qbench.environment import describe_environment
 from qbench.errors import QbenchError
 from qbench.execute import SweepPlan, make_executor, make_plan, resumable_run, run_plan, write_plan
+from qbench.execute.cache import entries_in_use
 from qbench.execute.jobs import describe_error
-from qbench.execute.snapshot import take_snapshot
+from qbench.execute.snapshot import Snapshot, snapshot_keys, take_snapshot
 from qbench.execute.store import build_store
 from qbench.frontier import compute_frontier, gate_threshold, mixed_timing_machines, plot_frontier
 from qbench.gate import GateReport, evaluate_gate, nonfinite_reference_rows
@@ -79,17 +81,24 @@ def _sweep(recipe: Recipe, started: float, clock: PhaseClock, *, track: bool, re
         from qbench.track import check_reachable, resolve_tracking_uri
 
         check_reachable(resolve_tracking_uri(recipe))
-    with SignalGuard() as guard:
+    with SignalGuard() as guard, ExitStack() as held:
         try:
             t = time.perf_counter()
             inputs = input_digests(recipe)  # before anything is read: what these results are made from
             plan = make_plan(recipe, inputs)
             resume_from = _resumable(recipe, plan) if resume else None
-            sources = build_store(recipe).sources_root
+            store = build_store(recipe)
+
+            def snapshot() -> Snapshot:
+                """The inputs' copies, taken once the store is checked; every entry the sweep reads is first
+                registered as in use for its whole run (a `qbench cache prune` meanwhile leaves them)."""
+                keys = {job.build_key for job in plan.jobs} | snapshot_keys(inputs)
+                held.enter_context(entries_in_use(store.local, keys))
+                return take_snapshot(inputs, store.sources_root)
+
             # on a cluster, each backend is checked where its jobs run; the sweep reads only copies of the files
-            # it hashed (taken once the store is checked): a later edit to them cannot reach it
-            prepared = prepare(recipe, track=track, backends=recipe.executor.kind == "local",
-                               snapshot=lambda: take_snapshot(inputs, sources))  # fmt: skip
+            # it hashed: a later edit to them cannot reach it
+            prepared = prepare(recipe, track=track, backends=recipe.executor.kind == "local", snapshot=snapshot)
             clock.add("prepare", t)
             run_dir = new_run_dir(recipe.output_path / recipe.name)  # absolute: builders may change the cwd
             write_plan(run_dir, plan)
@@ -193,7 +202,8 @@ class _Progress:
             try:
                 mark_incomplete(self.run_dir, reason)
             except Exception as unmarked:  # noqa: BLE001 - the first error is the one to report
-                logger.error("%s: cannot mark the run incomplete: %s", self.run_dir, describe_error(unmarked))
+                # a full disk: the marker left says "running", which the gate reads as a killed sweep
+                logger.warning("%s: cannot mark the run incomplete: %s", self.run_dir, describe_error(unmarked))
         if self.tracker is not None:
             self.tracker.abort("KILLED" if interrupted else "FAILED", reason)
         if not interrupted:

@@ -23,7 +23,7 @@ import numpy as np
 
 from qbench.backends import get_backend
 from qbench.errors import QbenchError
-from qbench.execute.store import BuildStore, build_environment, manifest_of
+from qbench.execute.store import BuildStore, StoreUnwritable, build_environment, manifest_of
 from qbench.preflight import Prepared
 from qbench.recipe import VariantSpec
 from qbench.results import AccuracyResult, VariantResult
@@ -115,7 +115,9 @@ def _build_and_publish(
             if report is not None:
                 manifest["search"] = report
             manifest = store.publish(key, folder, manifest)  # another publisher's, when it got there first
-        except Exception as exc:  # noqa: BLE001 - a store that cannot be written fails this build, not the sweep
+        except StoreUnwritable:  # full or read-only: every build would fail the same way, so the sweep stops
+            raise
+        except Exception as exc:  # noqa: BLE001 - a store that failed otherwise fails this build, not the sweep
             error = f"publishing the build to {store.root} failed: {describe_error(exc)}"
             logger.error("  build failed: %s", error)
             return BuildOutput(spec.name, None, error, seconds=clock.seconds, where=worker_name(), search=report)

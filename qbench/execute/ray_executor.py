@@ -154,6 +154,13 @@ def _wrapped_interruption(exc: BaseException) -> Interrupted | None:
     return cause if isinstance(exc, SystemError) and isinstance(cause, Interrupted) else None
 
 
+def job_failed(job_id: str, exc: Exception) -> QbenchError:
+    """The error a job raised on a worker (a Ray task error) as one line: a QbenchError's own message (the store
+    full, say) rather than the worker's traceback."""
+    cause = getattr(exc, "cause", None)
+    return QbenchError(f"job {job_id} failed on the cluster: {cause if isinstance(cause, QbenchError) else exc}")
+
+
 class RayExecutor:
     """Jobs as Ray tasks on the recipe's cluster (`executor.address`), or on a local one it starts and stops."""
 
@@ -255,7 +262,7 @@ class RayExecutor:
             if isinstance(output, MeasureOutput) and job_id in self._keep:
                 output = replace(output, outputs=ray.get(self._outputs[job_id]))
         except ray.exceptions.RayTaskError as exc:  # the job itself raised past its own error handling
-            raise QbenchError(f"job {job_id} failed on the cluster: {exc}") from None
+            raise job_failed(job_id, exc) from None
         except ray.exceptions.RayError as exc:  # the worker or node died, the object was lost
             self._outputs.pop(job_id, None)
             return JobDone(job_id, None, lost=f"{type(exc).__name__}: {str(exc).splitlines()[0]}")

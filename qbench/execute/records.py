@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from qbench.execute.plan import SweepPlan
+from qbench.files import write_atomically, writing
 from qbench.recipe import file_sha256
 from qbench.results import VariantResult, canonical_sha256, to_jsonable, variant_from_dict
 from qbench.runs import RunFolder, describe_run
@@ -57,10 +58,7 @@ def _file_name(job_id: str) -> str:
 
 
 def _write_json(path: Path, content: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(content, indent=2, allow_nan=False))
-    os.replace(tmp, path)
+    write_atomically(path, json.dumps(content, indent=2, allow_nan=False), what="the job record")
 
 
 def write_plan(run_dir: Path, plan: SweepPlan) -> None:
@@ -102,9 +100,14 @@ def record_measure(
     }
     if outputs is not None:
         tmp = run_dir / JOBS_FOLDER / f".{name}.outputs.tmp.npz"
-        tmp.parent.mkdir(parents=True, exist_ok=True)
-        np.savez(tmp, **outputs)
-        os.replace(tmp, run_dir / JOBS_FOLDER / f"{name}.outputs.npz")
+        with writing(tmp.parent / f"{name}.outputs.npz", "the reference outputs"):
+            tmp.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                np.savez(tmp, **outputs)
+                os.replace(tmp, run_dir / JOBS_FOLDER / f"{name}.outputs.npz")
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
         content["outputs"] = f"{name}.outputs.npz"
         content["outputs_sha256"] = file_sha256(run_dir / JOBS_FOLDER / f"{name}.outputs.npz")
     _write_record(run_dir / JOBS_FOLDER / f"{name}.json", content)

@@ -29,7 +29,6 @@ import json
 import os
 import secrets
 import shutil
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,13 +105,22 @@ class _Group:
 def take_snapshot(inputs: Mapping[str, InputDigest], root: Path) -> Snapshot:
     """Copies of the inputs read by path (SNAPSHOT_INPUTS) under `root`, each checked against its recorded digest;
     an entry already there and intact is used as it is."""
+    from qbench.execute.store import mark_used
+
     copies = {}
     for name, group in _groups(inputs).items():
         entry = root / group.key
-        if _mismatch(entry, group) is not None:
+        if _mismatch(entry, group) is None:
+            mark_used(entry)
+        else:
             _publish(entry, group)
         copies[name] = entry / group.main
     return Snapshot(copies, dict(inputs))
+
+
+def snapshot_keys(inputs: Mapping[str, InputDigest]) -> set[str]:
+    """The entries under the snapshot root that `take_snapshot(inputs, ...)` reads or writes."""
+    return {group.key for group in _groups(inputs).values()}
 
 
 def _groups(inputs: Mapping[str, InputDigest]) -> dict[str, _Group]:
@@ -142,21 +150,24 @@ def _mismatch(entry: Path, group: _Group) -> str | None:
 
 
 def _publish(entry: Path, group: _Group) -> None:
-    """Copy `group` from the user's folder to `entry` (a staging folder renamed into place), then check it."""
-    from qbench.execute.store import remove_abandoned
+    """Copy `group` from the user's folder to `entry` (a staging folder renamed into place), then check it.
+    A root that cannot take the copies (full, read-only) raises StoreUnwritable naming it."""
+    from qbench.execute.store import new_staging, remove_abandoned, store_writes
 
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    remove_abandoned(entry.parent)
-    staging = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", suffix=".publishing", dir=entry.parent))
+    with store_writes(entry.parent):
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        remove_abandoned(entry.parent)
+        staging = new_staging(entry.parent, entry.name)
     try:
-        for name in group.files:
-            source, target = group.folder / name, staging / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if source.is_dir():  # a data folder (`datasets` save_to_disk)
-                shutil.copytree(source, target)
-            else:
-                shutil.copy2(source, target)  # its time kept: a settled copy's digest is remembered
-        _move_in(staging, entry, group)
+        with store_writes(entry.parent):
+            for name in group.files:
+                source, target = group.folder / name, staging / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                if source.is_dir():  # a data folder (`datasets` save_to_disk)
+                    shutil.copytree(source, target)
+                else:
+                    shutil.copy2(source, target)  # its time kept: a settled copy's digest is remembered
+            _move_in(staging, entry, group)
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # gone already when it was moved in
     changed = _mismatch(entry, group)  # checked where it is read from: the digests remembered are the copy's

@@ -23,12 +23,14 @@ import os
 import platform
 import secrets
 import shutil
-import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from importlib import metadata
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from qbench.errors import QbenchError
 from qbench.variants.base import BuiltVariant
 
 if TYPE_CHECKING:
@@ -43,6 +45,33 @@ _CHUNK = 1 << 20  # bytes read at a time while hashing
 # A staging or discarded folder untouched this long was left by a publisher that was killed (a publish takes
 # seconds to minutes): the next publish removes it.
 ABANDONED_AFTER_S = 6 * 3600
+
+
+class StoreUnwritable(QbenchError):
+    """The store cannot take a write (full, over quota, read-only, not permitted): every later write there would
+    fail the same way, so the sweep stops with one line rather than failing each build in turn."""
+
+    def __init__(self, root: str | Path, exc: OSError) -> None:
+        super().__init__(f"cannot write to the build store {root}: {exc.strerror or exc}; free space there or set "
+                         "executor.store (or $QBENCH_CACHE_DIR) to a writable folder")  # fmt: skip
+
+
+# Faults of the file system rather than of the file: no space, no quota left, mounted read-only.
+FULL_OR_READ_ONLY = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+
+
+@contextmanager
+def store_writes(root: str | Path) -> Iterator[None]:
+    """Raise a fault of the store's file system met inside as StoreUnwritable naming `root`: no space, no quota
+    or a read-only file system, or a permission refused on a path in the store (a file read elsewhere is not)."""
+    try:
+        yield
+    except OSError as exc:
+        named = [str(name) for name in (exc.filename, exc.filename2) if name is not None]
+        refused = exc.errno in (errno.EACCES, errno.EPERM) and any(n.startswith(str(root)) for n in named)
+        if exc.errno not in FULL_OR_READ_ONLY and not refused:
+            raise
+        raise StoreUnwritable(root, exc) from exc
 
 
 class BuildStore:
@@ -106,7 +135,15 @@ class BuildStore:
         manifest = self.manifest(key)
         if manifest is None or manifest.get("reusable") is not True or manifest.get("environment") != environment:
             return None
-        return manifest if self._intact(key, manifest) else None
+        if not self._intact(key, manifest):
+            return None
+        self._mark_used(key)
+        return manifest
+
+    def _mark_used(self, key: str) -> None:
+        """Record that the entry of `key` was used now (its folder's time: what `qbench cache prune` goes by)."""
+        if self.local is not None:
+            mark_used(Path(self._path(key)))
 
     def _intact(self, key: str, manifest: dict[str, Any]) -> bool:
         for name, expected in manifest["files"].items():
@@ -125,25 +162,29 @@ class BuildStore:
     def publish(self, key: str, folder: Path, manifest: dict[str, Any]) -> dict[str, Any]:
         """Put every file `manifest` lists, from `folder`, under `key` with the manifest (which makes the build
         visible). Returns the manifest of the build now under `key`: this one, or an intact one of the same
-        environment that another publisher put there first and that is reusable or holds the same bytes."""
+        environment that another publisher put there first and that is reusable or holds the same bytes.
+        A store that cannot take the files raises StoreUnwritable (see store_writes), leaving no part of them."""
         local = self.local
         if local is None:
             fs = self._filesystem()
-            if fs.exists(self._path(key, MANIFEST)):
-                fs.rm(self._path(key, MANIFEST))
-            for name in manifest["files"]:
-                fs.put_file(str(folder / name), self._path(key, name))
-            fs.pipe_file(self._path(key, MANIFEST), _manifest_text(manifest).encode())
+            with store_writes(self.root):
+                if fs.exists(self._path(key, MANIFEST)):
+                    fs.rm(self._path(key, MANIFEST))
+                for name in manifest["files"]:
+                    fs.put_file(str(folder / name), self._path(key, name))
+                fs.pipe_file(self._path(key, MANIFEST), _manifest_text(manifest).encode())
             return manifest
-        local.mkdir(parents=True, exist_ok=True)
-        remove_abandoned(local)
-        staging = Path(tempfile.mkdtemp(prefix=f".{key}.", suffix=".publishing", dir=local))
+        with store_writes(local):
+            local.mkdir(parents=True, exist_ok=True)
+            remove_abandoned(local)
+            staging = new_staging(local, key)
         try:
-            for name in manifest["files"]:
-                (staging / name).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(folder / name, staging / name)
-            (staging / MANIFEST).write_text(_manifest_text(manifest))
-            return self._move_in(key, staging, manifest)
+            with store_writes(local):
+                for name in manifest["files"]:
+                    (staging / name).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(folder / name, staging / name)
+                (staging / MANIFEST).write_text(_manifest_text(manifest))
+                return self._move_in(key, staging, manifest)
         finally:
             shutil.rmtree(staging, ignore_errors=True)  # gone already when it was moved in
 
@@ -178,7 +219,10 @@ class BuildStore:
             return None
         if existing.get("reusable") is not True and existing["files"] != manifest["files"]:
             return None
-        return existing if self._intact(key, existing) else None
+        if not self._intact(key, existing):
+            return None
+        self._mark_used(key)
+        return existing
 
     def materialise(self, key: str, manifest: dict[str, Any], folder: Path) -> None:
         """Copies of the build's files in `folder` (never links: editing one leaves the store's as it is)."""
@@ -200,7 +244,6 @@ class BuildStore:
             return built
         from dataclasses import replace
 
-        from qbench.errors import QbenchError
         from qbench.sources.torch_model import export_cache_dir
 
         manifest = self.manifest(key)
@@ -211,6 +254,25 @@ class BuildStore:
         folder = export_cache_dir() / "fetched" / key
         self.materialise(key, manifest, folder)
         return replace(built, onnx_path=folder / manifest["onnx"])
+
+
+def new_staging(folder: Path, key: str) -> Path:
+    """A new, empty staging folder in `folder` for the entry `key`, of a name no other publisher has. Made with the
+    process's umask (not tempfile's 0700): renamed into place, it is an entry every user of a shared store reads."""
+    while True:
+        staging = folder / f".{key}.{secrets.token_hex(4)}.publishing"
+        try:
+            staging.mkdir()
+            return staging
+        except FileExistsError:
+            continue
+
+
+def mark_used(entry: Path) -> None:
+    """Set the time of the entry folder `entry` to now: the least recently used go first when the store is pruned
+    (qbench.execute.cache). A store this process cannot write keeps the time it had."""
+    with suppress(OSError):
+        os.utime(entry)
 
 
 def remove_abandoned(local: Path) -> None:

@@ -299,3 +299,11 @@ print(ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER, "RAY_DISABLE_FAILURE_SIG
                           env={**env, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["True", "False"]
+
+
+def test_a_qbench_error_raised_on_a_worker_is_its_own_one_line_message() -> None:
+    from qbench.execute.ray_executor import job_failed
+
+    full = QbenchError("cannot write to the build store /mnt/builds: No space left on device; free space there")
+    raised = ray.exceptions.RayTaskError("_build_task", "Traceback (most recent call last):\n  File \"jobs.py\"", full)
+    assert str(job_failed("build:fp16", raised)) == f"job build:fp16 failed on the cluster: {full}"

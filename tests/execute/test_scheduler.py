@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -189,3 +190,65 @@ def test_an_unknown_executor_is_one_clear_line(user_project: Path, tmp_path: Pat
     recipe = write_probe_recipe(user_project, tmp_path, variants=["fp16"])
     assert main(["sweep", str(recipe), "--executor", "dask"]) == 2
     assert "--executor: got 'dask', expected one of local, ray" in capsys.readouterr().err
+
+
+def test_a_build_store_that_fills_up_mid_sweep_stops_it_with_one_line_keeping_what_was_measured(
+    user_project: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk under the store is full from fp16's publish on: one line naming the store, exit 2, the run folder
+    marked incomplete with FP32's measurement in it, the stored FP32 build and the input copies intact."""
+    import errno
+    import shutil
+
+    recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
+    store, copy = tmp_path / "store", shutil.copyfile
+
+    def full_disk(source: Path, target: Path, **kwargs: object) -> object:
+        if str(target).startswith(str(store)) and "fp16" in str(source):
+            raise OSError(errno.ENOSPC, "No space left on device", str(source), None, str(target))
+        return copy(source, target, **kwargs)
+
+    monkeypatch.setattr(shutil, "copyfile", full_disk)
+    assert main(["sweep", str(recipe), "--no-track"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("error") == 1 and err.splitlines()[-1] == (f"error: cannot write to the build store {store}: No space left on device; free space there or "
+                   "set executor.store (or $QBENCH_CACHE_DIR) to a writable folder")  # fmt: skip
+    (run,) = (tmp_path / "reports" / "tumour-mlp").glob("2*")
+    assert "No space left on device" in json.loads((run / INCOMPLETE_MARKER).read_text())["state"]
+    assert [v.variant for v in read_results(run / "results.json", partial=True).variants] == ["fp32"]
+    assert list(store.glob(".*.publishing")) == []  # no staging folder left
+    names = [json.loads(m.read_text())["name"] for m in store.glob("*/manifest.json")]
+    assert names == ["fp32"]
+
+
+def test_a_run_folder_whose_disk_fills_up_mid_sweep_is_one_line_naming_the_file_keeping_what_was_written(
+    user_project: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From fp16's build record on, every write under output_dir fails with ENOSPC (its INCOMPLETE marker too): one
+    line naming the file, exit 2, FP32's results and records as they were, no temporary file, and the gate refuses
+    the run (its marker still says running)."""
+    import errno
+
+    recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
+    reports, replace = tmp_path / "reports", os.replace
+    full: list[bool] = []
+
+    def full_disk(source: str, target: str) -> None:  # the temporary file is written; moving it in fails
+        if Path(target).is_relative_to(reports) and (full or "build_fp16" in Path(target).name):
+            full.append(True)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        replace(source, target)
+
+    monkeypatch.setattr(os, "replace", full_disk)
+    assert main(["sweep", str(recipe), "--no-track"]) == 2
+    (run,) = (reports / "tumour-mlp").glob("2*")
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == f"error: {run / JOBS_FOLDER / 'build_fp16.json'}: cannot write the job record: No space left on device"
+    monkeypatch.undo()
+    assert [v.variant for v in read_results(run / "results.json", partial=True).variants] == ["fp32"]
+    assert sorted(p.name for p in (run / JOBS_FOLDER).iterdir()) == [
+        "build_fp32.json", "measure_fp32@onnxruntime-cpu.json", "measure_fp32@onnxruntime-cpu.outputs.npz"]  # fmt: skip
+    assert not [p for p in run.rglob(".*")]  # no temporary file left
+    assert json.loads((run / INCOMPLETE_MARKER).read_text())["state"] == "running"
+    assert main(["gate", str(recipe)]) == 2
+    assert f"{run}, is incomplete (running)" in capsys.readouterr().err  # this process ran it: killed, once it is gone

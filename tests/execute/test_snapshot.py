@@ -216,3 +216,23 @@ def test_prepare_reads_each_tokenizer_from_its_copy(tmp_path) -> None:
     original, edited = token_ids(tmp_path / "pristine"), token_ids(root / "tokenizer")
     assert not np.array_equal(original, edited)
     np.testing.assert_array_equal(prepared.evaluation_feeds["input_ids"], original[prepared.evaluation_rows])
+
+
+def test_a_full_disk_while_copying_is_one_line_naming_the_store_and_leaves_nothing(tmp_path, monkeypatch) -> None:
+    import errno
+    import shutil
+
+    recipe = load_recipe(_project(tmp_path / "p"))
+    inputs = input_digests(recipe)
+    sources, copy = tmp_path / "store" / SOURCES, shutil.copy2
+
+    def full_disk(source, target, **kwargs):
+        open(target, "wb").write(b"partial")  # noqa: SIM115 - what a write cut short leaves
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(shutil, "copy2", full_disk)
+    with pytest.raises(QbenchError, match=rf"^cannot write to the build store {sources}: No space left on device;"):
+        take_snapshot(inputs, sources)
+    assert list(sources.iterdir()) == []  # no entry, no staging folder
+    monkeypatch.setattr(shutil, "copy2", copy)
+    assert take_snapshot(inputs, sources).copies["model"].read_bytes() == recipe.model_path.read_bytes()

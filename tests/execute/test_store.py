@@ -162,3 +162,50 @@ def test_a_publish_removes_what_killed_publishers_left_and_keeps_what_running_on
     assert not old_staging.exists() and not old_discarded.exists()
     assert fresh.is_dir()  # another publisher may be writing it now
     assert store.reusable("other" + KEY, build_environment()) is not None
+
+
+def test_a_store_refusing_writes_is_store_unwritable_and_a_refusal_elsewhere_is_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+    import shutil
+
+    from qbench.execute.store import StoreUnwritable
+
+    store = BuildStore(str(tmp_path / "store"))
+    manifest = _build(tmp_path / "build", seed=0)
+    refused_at: list[Path] = []
+
+    def refuse(source: Path, target: Path, **kwargs: object) -> None:
+        raise PermissionError(errno.EACCES, "Permission denied", str(refused_at[0]))
+
+    monkeypatch.setattr(shutil, "copyfile", refuse)
+    refused_at.append(tmp_path / "store" / "entry")
+    with pytest.raises(StoreUnwritable, match=f"^cannot write to the build store {tmp_path / 'store'}: Permission denied;"):
+        store.publish(KEY, tmp_path / "build", manifest)
+    refused_at[0] = tmp_path / "build" / "model.onnx"  # the build's own file: not the store's fault
+    with pytest.raises(PermissionError):
+        store.publish(KEY, tmp_path / "build", manifest)
+    assert list((tmp_path / "store").iterdir()) == []
+
+
+def test_entries_are_readable_by_every_user_the_umask_allows(tmp_path: Path) -> None:
+    """A shared store (one folder for a team's CI runners): an entry made from tempfile's 0700 staging folder could be
+    read by its publisher alone; every other user's sweep rebuilt it and tried to replace it."""
+    import os
+
+    from qbench.execute.snapshot import take_snapshot
+    from qbench.provenance import InputDigest
+    from qbench.recipe import file_sha256
+
+    previous = os.umask(0o022)
+    try:
+        store = BuildStore(str(tmp_path / "store"))
+        store.publish(KEY, tmp_path / "build", _build(tmp_path / "build", seed=0))
+        data = tmp_path / "data.csv"
+        data.write_text("x\n1\n")
+        copy = take_snapshot({"data": InputDigest(str(data), file_sha256(data))}, store.sources_root).copies["data"]
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "store" / KEY).stat().st_mode & 0o777 == 0o755
+    assert copy.parent.stat().st_mode & 0o777 == 0o755
