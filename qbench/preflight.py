@@ -53,7 +53,14 @@ from qbench.recipe_data import TextInputSpec
 from qbench.results import CalibrationRecord
 from qbench.sources import ModelSource, resolve_model
 from qbench.tasks import CustomMetric, LabelError, Task, get_task
-from qbench.tasks.classification import class_count, column_classes, label_columns, named_labels
+from qbench.tasks.classification import (
+    ONE_COLUMN_CLASSES,
+    class_count,
+    column_classes,
+    label_columns,
+    named_labels,
+    one_score_column,
+)
 from qbench.tasks.custom import load_custom_metrics
 from qbench.tasks.selection import OutputChoice, choose_outputs
 from qbench.variants.base import TrainingData
@@ -381,8 +388,9 @@ def _named_classes(
                               f"({', '.join(map(str, stated))}); expected data.classes left out, or equal to them")  # fmt: skip
         count = class_count(choice.meta)
         if count is not None and count != len(classes):
+            layout = f" ({ONE_COLUMN_CLASSES})" if one_score_column(choice.meta) else ""
             raise RecipeError(recipe.source, "data.classes", f"names {len(classes)} classes, output {choice.name!r} "
-                              f"has {count}; expected one name per class, in column order")  # fmt: skip
+                              f"has {count}{layout}; expected one name per class, in column order")  # fmt: skip
     return label_columns(values, classes, positions, unknown=f"are none of data.classes ({', '.join(map(str, classes))})")
 
 
