@@ -45,6 +45,7 @@ from qbench.preflight_checks import (
     fixed_batch,
     with_fixed_batch,
 )
+from qbench.preflight_lookups import Lookup, check_lookup_indices, constant_lookups
 from qbench.preflight_precision import reduced_precision
 from qbench.preflight_rows import check_row_independence
 from qbench.provenance import metric_source_input
@@ -177,6 +178,8 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None) -> Prepared:
     eval_feeds = build_feeds(table, eval_rows, data.inputs, model.inputs, recipe_file=recipe.source)
     preprocess_ms_per_row = (time.perf_counter() - started) * 1000 / max(len(eval_rows), 1)
     check_batch_memory(recipe, eval_feeds)
+    lookups = constant_lookups(source.onnx_path)
+    check_lookup_indices(recipe, lookups, eval_feeds, eval_rows, "evaluation")
     if source.torch is not None:
         _check_export_on_rows(recipe, source, eval_feeds)
     check_row_independence(recipe, source.onnx_path, model, eval_feeds, {c.name: c.index for c in outputs}, batch)
@@ -189,7 +192,7 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None) -> Prepared:
     calibration_nonfinite = nonfinite if calibration_table is table else nonfinite_masks(calibration_table, data.inputs)
     calibration_rows, calibration_batches = _calibration(
         recipe, calibration_table, model, calibration_nonfinite, dropped, masks if calibration_table is table else {},
-        whole=batch is not None, inputs=data.inputs,
+        lookups, whole=batch is not None, inputs=data.inputs,
     )
     return Prepared(
         recipe=recipe,
@@ -419,6 +422,7 @@ def _calibration(
     nonfinite: NonfiniteMasks,
     dropped: dict[str, dict[str, int]],
     slices: dict[str, np.ndarray],
+    lookups: Mapping[str, Lookup],
     *,
     whole: bool,
     inputs: Mapping[str, str | TextInputSpec],
@@ -432,6 +436,7 @@ def _calibration(
     field_name = "data.inputs" if recipe.calibration_data_path is None else "data.calibration.path"
     check_finite(table, rows, nonfinite, slices, what="calibration", recipe_file=recipe.source, field=field_name)
     feeds = build_feeds(table, rows, inputs, model.inputs, recipe_file=recipe.source)
+    check_lookup_indices(recipe, lookups, feeds, rows, "calibration")
     return rows, list(iter_batches(feeds, spec.batch_size, whole=whole))
 
 
