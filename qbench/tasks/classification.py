@@ -98,7 +98,7 @@ def one_score_column(output: TensorMeta) -> bool:
     return output.kind == "tensor" and is_float(output) and bool(output.shape) and output.shape[-1] == 1
 
 
-ONE_COLUMN_CLASSES = "a single score column stands for two classes, listed as [negative, positive], e.g. [no, yes]"
+ONE_COLUMN_CLASSES = "a single score column stands for two classes, listed as [negative, positive], e.g. ['no', 'yes']"
 
 
 def below_chance(

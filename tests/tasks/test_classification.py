@@ -165,7 +165,7 @@ def test_below_chance_with_data_classes_points_at_their_order() -> None:
     why = below_chance(0.14, column, np.array([0, 1, 1, 0]), ["yes", "no"])
     assert why == ("FP32 accuracy 0.1400 on output 'prob' is below a uniform guess over 2 classes (0.5000): check the "
                    "order of data.classes (yes, no): it names each score column's class in column order; a single "
-                   "score column stands for two classes, listed as [negative, positive], e.g. [no, yes]")  # fmt: skip
+                   "score column stands for two classes, listed as [negative, positive], e.g. ['no', 'yes']")  # fmt: skip
 
 
 def test_a_one_column_score_follows_the_graphs_word_on_probabilities() -> None:

@@ -256,7 +256,7 @@ def test_yes_no_labels_of_a_single_probability_column_are_named_negative_then_po
     positive = plain_ort(tmp_path / "plain.onnx", {"x": features})["probabilities"][:, 0] > 0.5
     labels = np.where(positive ^ (np.arange(ROWS) % 7 == 0), "yes", "no")  # every 7th row's label is wrong
     monkeypatch.chdir(tmp_path)
-    single = "a single score column stands for two classes, listed as [negative, positive], e.g. [no, yes]"
+    single = "a single score column stands for two classes, listed as [negative, positive], e.g. ['no', 'yes']"
     one = project(tmp_path / "one", model, table(features, labels), data={"classes": ["yes"]})
     assert main(["validate", str(one)]) == 2
     assert said(f"data.classes: names 1 classes, output 'probabilities' has 2 ({single})", capsys.readouterr().err)
