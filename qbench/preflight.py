@@ -45,6 +45,7 @@ from qbench.preflight_checks import (
     fixed_batch,
     with_fixed_batch,
 )
+from qbench.preflight_lookups import Lookup, check_lookup_indices, constant_lookups
 from qbench.preflight_precision import reduced_precision
 from qbench.preflight_rows import check_row_independence
 from qbench.provenance import metric_source_input
@@ -53,7 +54,14 @@ from qbench.recipe_data import TextInputSpec
 from qbench.results import CalibrationRecord
 from qbench.sources import ModelSource, resolve_model
 from qbench.tasks import CustomMetric, LabelError, Task, get_task
-from qbench.tasks.classification import class_count, column_classes, label_columns, named_labels
+from qbench.tasks.classification import (
+    ONE_COLUMN_CLASSES,
+    class_count,
+    column_classes,
+    label_columns,
+    named_labels,
+    one_score_column,
+)
 from qbench.tasks.custom import load_custom_metrics
 from qbench.tasks.selection import OutputChoice, choose_outputs
 from qbench.variants.base import TrainingData
@@ -170,6 +178,8 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None) -> Prepared:
     eval_feeds = build_feeds(table, eval_rows, data.inputs, model.inputs, recipe_file=recipe.source)
     preprocess_ms_per_row = (time.perf_counter() - started) * 1000 / max(len(eval_rows), 1)
     check_batch_memory(recipe, eval_feeds)
+    lookups = constant_lookups(source.onnx_path)
+    check_lookup_indices(recipe, lookups, eval_feeds, eval_rows, "evaluation")
     if source.torch is not None:
         _check_export_on_rows(recipe, source, eval_feeds)
     check_row_independence(recipe, source.onnx_path, model, eval_feeds, {c.name: c.index for c in outputs}, batch)
@@ -182,7 +192,7 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None) -> Prepared:
     calibration_nonfinite = nonfinite if calibration_table is table else nonfinite_masks(calibration_table, data.inputs)
     calibration_rows, calibration_batches = _calibration(
         recipe, calibration_table, model, calibration_nonfinite, dropped, masks if calibration_table is table else {},
-        whole=batch is not None, inputs=data.inputs,
+        lookups, whole=batch is not None, inputs=data.inputs,
     )
     return Prepared(
         recipe=recipe,
@@ -381,8 +391,9 @@ def _named_classes(
                               f"({', '.join(map(str, stated))}); expected data.classes left out, or equal to them")  # fmt: skip
         count = class_count(choice.meta)
         if count is not None and count != len(classes):
+            layout = f" ({ONE_COLUMN_CLASSES})" if one_score_column(choice.meta) else ""
             raise RecipeError(recipe.source, "data.classes", f"names {len(classes)} classes, output {choice.name!r} "
-                              f"has {count}; expected one name per class, in column order")  # fmt: skip
+                              f"has {count}{layout}; expected one name per class, in column order")  # fmt: skip
     return label_columns(values, classes, positions, unknown=f"are none of data.classes ({', '.join(map(str, classes))})")
 
 
@@ -411,6 +422,7 @@ def _calibration(
     nonfinite: NonfiniteMasks,
     dropped: dict[str, dict[str, int]],
     slices: dict[str, np.ndarray],
+    lookups: Mapping[str, Lookup],
     *,
     whole: bool,
     inputs: Mapping[str, str | TextInputSpec],
@@ -424,6 +436,7 @@ def _calibration(
     field_name = "data.inputs" if recipe.calibration_data_path is None else "data.calibration.path"
     check_finite(table, rows, nonfinite, slices, what="calibration", recipe_file=recipe.source, field=field_name)
     feeds = build_feeds(table, rows, inputs, model.inputs, recipe_file=recipe.source)
+    check_lookup_indices(recipe, lookups, feeds, rows, "calibration")
     return rows, list(iter_batches(feeds, spec.batch_size, whole=whole))
 
 

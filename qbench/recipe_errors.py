@@ -24,7 +24,8 @@ def recipe_error(path: Path, exc: ValidationError, root: type[BaseModel]) -> Rec
         loc = loc[: loc.index("[key]") - 1]
     field = _format_loc(loc)
     if key_error:
-        message = f"keys are text, got the key {short_repr(first['input'])}{_quote_hint(first['input'])}"
+        key = first["input"]
+        message = f"keys are text, got the key {short_repr(key)}{_quote_hint(key, ['string_type'])}"
     elif kind == "extra_forbidden":
         parent = _model_at(root, loc[:-1])
         known = list(parent.model_fields) if parent else []
@@ -41,15 +42,28 @@ def recipe_error(path: Path, exc: ValidationError, root: type[BaseModel]) -> Rec
         message = str(first.get("ctx", {}).get("error", first["msg"]))
         message, field = _split_field_prefix(message, field)
     elif kind in _TYPE_MESSAGES:
-        message = f"{_TYPE_MESSAGES[kind]}, got {short_repr(first['input'])}{_quote_hint(first['input'])}"
+        kinds = _union_kinds(errors, first, tags)
+        expected = " or ".join(dict.fromkeys(_TYPE_MESSAGES[k].removeprefix("expected ") for k in kinds))
+        message = f"expected {expected}, got {short_repr(first['input'])}{_quote_hint(first['input'], kinds)}"
     else:
         message = f"{first['msg'][0].lower()}{first['msg'][1:]}, got {short_repr(first['input'])}"
-    if len(errors) > 1:
-        others = [_format_loc([p for p in error["loc"] if not _is_type_tag(p, tags) and p != "[key]"]) or "the recipe"
-                  for error in errors[1:]]  # fmt: skip
-        shown = ", ".join(dict.fromkeys(others[:_OTHERS_SHOWN])) + (", ..." if len(others) > _OTHERS_SHOWN else "")
+    fields = [_field_of(error, tags) for error in errors]
+    others = [other for other in dict.fromkeys(fields) if other != fields[0]]  # a union's members share one field
+    if others:
+        shown = ", ".join(others[:_OTHERS_SHOWN]) + (", ..." if len(others) > _OTHERS_SHOWN else "")
         message += f" (and {len(others)} more problem{'s' if len(others) > 1 else ''}: at {shown})"
     return RecipeError(path, field, message)
+
+
+def _field_of(error: Any, tags: set[str]) -> str:
+    return _format_loc([p for p in error["loc"] if not _is_type_tag(p, tags) and p != "[key]"]) or "the recipe"
+
+
+def _union_kinds(errors: list[Any], first: Any, tags: set[str]) -> list[str]:
+    """The type errors pydantic gives for each member of a union (`str | int`) at the first error's field: together
+    they say what the field takes ('expected a string or a whole number'), not only the first member."""
+    field = _field_of(first, tags)
+    return [e["type"] for e in errors if e["type"] in _TYPE_MESSAGES and _field_of(e, tags) == field]
 
 
 _OTHERS_SHOWN = 4  # fields of further problems named in the one line (each fix otherwise needs another run)
@@ -70,9 +84,21 @@ _TYPE_MESSAGES = {
 _PLAIN_TYPES = {"str", "int", "float", "bool", "none"}
 
 
-def _quote_hint(value: Any) -> str:
-    """YAML reads 2024-01-01 as a date and 12:30 as a number: say how to keep it text."""
-    return " (quote it to keep it text)" if isinstance(value, (datetime.date, datetime.datetime)) else ""
+_TEXT_KINDS = {"string_type", "path_type"}
+
+
+def _quote_hint(value: Any, kinds: list[str]) -> str:
+    """YAML reads 2024-01-01 as a date, no/yes/off/on as false/true and 13 or 12:30 as numbers: a class named no
+    or an output named 13 (as PyTorch's exporter numbers them) arrives as another type; say how to keep it text."""
+    if isinstance(value, (datetime.date, datetime.datetime)):
+        return " (quote it to keep it text)"
+    if not _TEXT_KINDS & set(kinds):
+        return ""
+    if isinstance(value, bool):
+        return f" (YAML reads unquoted yes/no/on/off/true/false as true or false: quote text such as '{'yes' if value else 'no'}')"
+    if isinstance(value, (int, float)):
+        return f" (YAML reads it as a number: quote it, '{value}', to keep it text)"
+    return ""
 
 
 def _is_type_tag(part: Any, model_names: set[str]) -> bool:

@@ -229,7 +229,8 @@ def _check_reference_accuracy(prepared: Prepared, reference: VariantResult) -> N
     for choice in prepared.outputs:
         key = "accuracy" if len(prepared.outputs) == 1 else f"{choice.name}{OUTPUT_SEPARATOR}accuracy"
         value = reference.accuracy.overall.metrics.get(key)
-        why = below_chance(value, choice.meta, prepared.labels) if value is not None else None
+        named = prepared.recipe.data.classes
+        why = below_chance(value, choice.meta, prepared.labels, named) if value is not None else None
         if why is not None:
             logger.warning("%s: %s", reference.key, why)
 

@@ -286,3 +286,27 @@ def test_a_recipe_with_several_problems_names_where_the_others_are(tmp_path):
     others = message.split("(and 2 more problems: at ")[1].rstrip(")").split(", ")
     first = message.split(": ")[1]
     assert sorted([first, *others]) == ["latency.batch_size", "latency.threads", "latency.warmup"]
+
+
+UNQUOTED_NAMES = """\
+name: toy
+model: {path: model.onnx, output: 13}
+data: {path: rows.parquet, inputs: {x: input}, label: y}
+"""
+
+
+def test_a_name_yaml_reads_as_a_number_says_to_quote_it(tmp_path):
+    """PyTorch's exporter numbers unnamed outputs ('13'); unquoted, YAML hands the recipe the integer 13."""
+    assert error_of(tmp_path, UNQUOTED_NAMES) == (
+        "recipe.yaml: model.output: expected a string, got 13 (YAML reads it as a number: quote it, '13', to keep it text)"
+    )
+
+
+def test_class_names_yaml_reads_as_booleans_say_to_quote_them_and_count_each_field_once(tmp_path):
+    """`classes: [no, yes]` arrives as [False, True]; classes take text or whole numbers (pydantic reports each member
+    of that union at each entry: two fields, not four problems)."""
+    body = UNQUOTED_NAMES.replace("output: 13", "output: p").replace("label: y}", "label: y, classes: [no, yes]}")
+    assert error_of(tmp_path, body) == (
+        "recipe.yaml: data.classes[0]: expected a string or a whole number, got False (YAML reads unquoted "
+        "yes/no/on/off/true/false as true or false: quote text such as 'no') (and 1 more problem: at data.classes[1])"
+    )

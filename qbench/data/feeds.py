@@ -228,7 +228,7 @@ def _stack_cells(cells: pd.Series, column: str, *, recipe_file: Path) -> np.ndar
     if missing.size:
         message = f"column {column!r}: {missing.size} rows have no value (first at row {cells.index[missing[0]]})"
         raise RecipeError(recipe_file, INPUTS_FIELD, message)
-    arrays = [cell_array(cell) for cell in cells]
+    arrays = [_cell_block(cell, row, column, recipe_file=recipe_file) for row, cell in cells.items()]
     shapes = sorted({a.shape for a in arrays})
     if len(shapes) > 1:
         message = f"column {column!r} holds cells of different {_describe_shapes(shapes)}; pad them to one size"
@@ -243,6 +243,14 @@ def _stack_cells(cells: pd.Series, column: str, *, recipe_file: Path) -> np.ndar
         )
         raise RecipeError(recipe_file, INPUTS_FIELD, message)
     return np.stack(arrays)
+
+
+def _cell_block(cell: object, row: object, column: str, *, recipe_file: Path) -> np.ndarray:
+    try:
+        return cell_array(cell)
+    except ValueError:  # numpy refuses lists of different lengths inside one cell
+        message = f"column {column!r}: row {row} holds nested lists of different lengths; expected one block of values"
+        raise RecipeError(recipe_file, INPUTS_FIELD, message) from None
 
 
 def _describe_shapes(shapes: list[tuple[int, ...]]) -> str:

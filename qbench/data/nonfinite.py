@@ -113,10 +113,18 @@ def cell_array(cell: object) -> np.ndarray:
     """A cell as an ndarray. Nested arrays (parquet's object arrays of arrays) become one block, and numbers with
     gaps (JSON null, or a NaN that pandas' JSON reader gives back as None) a float array with NaN in the gaps, so
     `data.nonfinite_inputs` treats them as it treats NaN from any other format."""
-    array = np.asarray(cell.tolist() if isinstance(cell, np.ndarray) and cell.dtype == object else cell)
+    array = np.asarray(_unnested(cell) if isinstance(cell, np.ndarray) and cell.dtype == object else cell)
     if array.dtype == object and array.size and all(_number_or_gap(v) for v in array.flat):
         array = np.array([np.nan if v is None else v for v in array.flat], dtype=np.float64).reshape(array.shape)
     return array
+
+
+def _unnested(value: object) -> object:
+    """Parquet reads a list of lists of any depth (an image's rows of pixels of channels) as object arrays of object
+    arrays, one per level: plain nested lists, down to the numeric arrays, so np.asarray stacks every level."""
+    if isinstance(value, (list, tuple)) or (isinstance(value, np.ndarray) and value.dtype == object):
+        return [_unnested(v) for v in value]
+    return value
 
 
 def _number_or_gap(value: object) -> bool:

@@ -93,15 +93,31 @@ def class_count(output: TensorMeta) -> int | None:
     return None
 
 
-def below_chance(accuracy: float, output: TensorMeta, labels: np.ndarray) -> str | None:
+def one_score_column(output: TensorMeta) -> bool:
+    """A binary classifier's single column (rows, 1): the score of its second class, so it stands for two classes."""
+    return output.kind == "tensor" and is_float(output) and bool(output.shape) and output.shape[-1] == 1
+
+
+ONE_COLUMN_CLASSES = "a single score column stands for two classes, listed as [negative, positive], e.g. ['no', 'yes']"
+
+
+def below_chance(
+    accuracy: float, output: TensorMeta, labels: np.ndarray, named: Sequence[Any] | None = None
+) -> str | None:
     """Why an FP32 accuracy below a uniform guess (1 / classes) is suspect, else None: a model that bad is more often
-    a label column read against the wrong score columns than a model anyone would ship."""
+    a label column read against the wrong score columns than a model anyone would ship. `named`: data.classes, whose
+    order is then the likelier culprit."""
     classes = class_count(output) or len(np.unique(labels))
     if classes < 2 or not accuracy < 1.0 / classes:
         return None
+    if named:
+        hint = f"check the order of data.classes ({_listed(named)}): it names each score column's class in column order"
+        if one_score_column(output):
+            hint += f"; {ONE_COLUMN_CLASSES}"
+    else:
+        hint = "if the labels are not the score columns' numbers, name each column's class with data.classes"
     return (f"FP32 accuracy {accuracy:.4f} on output {output.name!r} is below a uniform guess over {classes} classes "
-            f"({1.0 / classes:.4f}): if the labels are not the score columns' numbers, name each column's class with "
-            "data.classes")  # fmt: skip
+            f"({1.0 / classes:.4f}): {hint}")  # fmt: skip
 
 
 def label_columns(values: Sequence[Any], classes: Sequence[Any], positions: np.ndarray, *, unknown: str) -> list[int]:
@@ -200,7 +216,8 @@ class Classification(Task):
         not_ids = np.array([not _integral(v) for v in values], dtype=bool)
         if not_ids.any():
             raise LabelError(f"{example_rows(not_ids, values, positions)} are not integer class ids (for class names, "
-                             "list them in the order of the model's score columns in data.classes)")  # fmt: skip
+                             "list them in the order of the model's score columns in data.classes; "
+                             f"{ONE_COLUMN_CLASSES})")  # fmt: skip
         labels = np.array([int(v) for v in values], dtype=np.int64)
         negative = labels < 0
         if negative.any():

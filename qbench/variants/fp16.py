@@ -48,6 +48,7 @@ from qbench.variants.onnx_utils import (
     Stopwatch,
     build_step,
     ensure_opset,
+    float64_nodes,
     output_path,
     save_model,
     unchanged_variant,
@@ -79,7 +80,7 @@ def build_fp16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         "converted_nodes": len(narrowed_nodes(model, kept, types)),
     }
     if not params["converted_nodes"]:
-        why = f"nothing to convert to FP16 (every node stays FP32: {', '.join(kept.op_types(model))})"
+        why = _nothing_to_lower("convert to FP16", kept.op_types(model), model)
         return unchanged_variant(spec.name, "fp16", ctx, why, params, clock.seconds())
     clamped = _values_outside_fp16(model, set(kept.names))
     io_types = {info.name: onnx.TypeProto.FromString(info.type.SerializeToString())  # the converter rewrites them
@@ -139,6 +140,15 @@ def _values_outside_fp16(model: onnx.ModelProto, kept: Collection[str]) -> int:
     return count
 
 
+def _nothing_to_lower(action: str, kept_op_types: Collection[str], model: onnx.ModelProto) -> str:
+    """Why a graph has no float32 node to lower: the op types kept FP32, and a graph computing in float64 (a
+    scikit-learn model converted with double inputs), which the conversions leave as it is."""
+    reasons = [f"every node stays FP32: {', '.join(kept_op_types)}"] if kept_op_types else []
+    if float64_nodes(model):
+        reasons.append("the graph computes in float64, which the conversion leaves as it is")
+    return f"nothing to {action} ({'; '.join(reasons) or 'no float32 computation in the graph'})"
+
+
 def build_bf16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     """A BF16 simulation: FP32 graph with weights and activations rounded to bfloat16 (see module docstring).
 
@@ -158,7 +168,7 @@ def build_bf16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         kept = kept_in_rounding_simulation(model)
         params["kept_fp32_op_types"] = kept.op_types(model)
     if not narrowed_nodes(model, kept, types):
-        why = f"nothing to round to BF16 (every node stays FP32: {', '.join(params['kept_fp32_op_types'])})"
+        why = _nothing_to_lower("round to BF16", params["kept_fp32_op_types"], model)
         return unchanged_variant(spec.name, "bf16", ctx, why, params, clock.seconds())
     with build_step(spec.name, "BF16 simulation"):
         model = ensure_opset(model, BF16_CAST_OPSET)

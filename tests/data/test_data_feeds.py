@@ -64,6 +64,30 @@ def test_nested_cells_from_parquet_stack_to_their_shape(tmp_path: Path) -> None:
     np.testing.assert_array_equal(feed[2], np.arange(6.0).reshape(2, 3))
 
 
+def test_images_stored_as_nested_lists_in_parquet_stack_at_every_level(tmp_path: Path) -> None:
+    """An HWC uint8 image per row, written as lists of rows of pixels of channels: parquet reads it back as object
+    arrays of object arrays of uint8 arrays, which must stack to (rows, H, W, C), not to (rows, H, W) of objects."""
+    path = tmp_path / "images.parquet"
+    images = np.arange(4 * 2 * 3 * 3, dtype=np.uint8).reshape(4, 2, 3, 3)
+    pd.DataFrame({"image": [image.tolist() for image in images]}).to_parquet(path)
+    table = load_table(path, recipe_file=RECIPE)
+    feed = _feed(table, "image", _meta("input_1:0", (None, 2, 3, 3), "uint8"))
+    assert feed.dtype == np.uint8
+    np.testing.assert_array_equal(feed, images)
+
+
+def test_ragged_lists_inside_a_cell_name_the_row(tmp_path: Path) -> None:
+    path = tmp_path / "ragged.parquet"
+    pd.DataFrame({"grid": [[[1, 2], [3, 4]], [[1, 2], [3, 4]], [[1, 2], [3]]]}).to_parquet(path)
+    table = load_table(path, recipe_file=RECIPE)
+    with pytest.raises(RecipeError) as info:
+        _feed(table, "grid", _meta("g", (None, 2, 2), "int64"))
+    assert str(info.value) == (
+        "recipe.yaml: data.inputs: column 'grid': row 2 holds nested lists of different lengths; "
+        "expected one block of values"
+    )
+
+
 def test_ragged_lists_name_the_lengths_seen() -> None:
     table = pd.DataFrame({"tokens": [[1, 2, 3], [1, 2], [4, 5, 6], [7]]})
     with pytest.raises(RecipeError) as info:

@@ -48,6 +48,16 @@ def test_masks_read_arrays_of_arrays_from_parquet(tmp_path: Path) -> None:
     assert nonfinite_masks(table, {"img": "x"})["img"].tolist() == [False, True]
 
 
+def test_masks_find_nan_three_levels_deep_in_parquet_cells(tmp_path: Path) -> None:
+    """An image of rows of pixels of channels: the NaN sits in the innermost arrays of parquet's object arrays."""
+    clean = np.zeros((2, 2, 3)).tolist()
+    dirty = np.zeros((2, 2, 3))
+    dirty[1, 0, 2] = np.nan
+    pd.DataFrame({"img": [clean, dirty.tolist(), clean]}).to_parquet(tmp_path / "t.parquet")
+    table = pd.read_parquet(tmp_path / "t.parquet")
+    assert nonfinite_masks(table, {"img": "x"})["img"].tolist() == [False, True, False]
+
+
 def test_drop_counts_each_column_over_the_given_rows_only() -> None:
     masks = nonfinite_masks(_table(), INPUTS)
     kept, counts = drop_nonfinite(np.array([0, 1, 2, 3]), masks)

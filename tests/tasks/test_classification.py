@@ -158,6 +158,16 @@ def test_an_fp32_accuracy_below_a_uniform_guess_is_suspect() -> None:
     assert below_chance(0.3, ids, labels) is not None and below_chance(0.34, ids, labels) is None
 
 
+def test_below_chance_with_data_classes_points_at_their_order() -> None:
+    from qbench.tasks.classification import below_chance
+
+    column = TensorMeta("prob", np.dtype("float32"), (None, 1))
+    why = below_chance(0.14, column, np.array([0, 1, 1, 0]), ["yes", "no"])
+    assert why == ("FP32 accuracy 0.1400 on output 'prob' is below a uniform guess over 2 classes (0.5000): check the "
+                   "order of data.classes (yes, no): it names each score column's class in column order; a single "
+                   "score column stands for two classes, listed as [negative, positive], e.g. ['no', 'yes']")  # fmt: skip
+
+
 def test_a_one_column_score_follows_the_graphs_word_on_probabilities() -> None:
     """Values within [0, 1] are read as probabilities only when the graph does not say they are logits."""
     scores = np.array([[0.38], [0.45], [0.74], [0.6]], np.float32)

@@ -246,6 +246,29 @@ def test_an_average_of_sigmoids_is_thresholded_as_probabilities(tmp_path, monkey
     assert said("gate: FAIL", shown)
 
 
+def test_yes_no_labels_of_a_single_probability_column_are_named_negative_then_positive(tmp_path, monkeypatch, capsys):
+    """A binary classifier's one sigmoid column (rows, 1) stands for two classes: data.classes lists [no, yes]. A list
+    of one class was refused as 'output has 2' with no word on which two; a list in the other order scored FP32 below
+    chance with a hint to set data.classes, which was set. Both now say how a single column's classes are listed."""
+    features = np.random.default_rng(21).normal(size=(ROWS, 4)).astype(np.float32)
+    model = _averaged_sigmoids_model(1)
+    onnx.save(model, str(tmp_path / "plain.onnx"))
+    positive = plain_ort(tmp_path / "plain.onnx", {"x": features})["probabilities"][:, 0] > 0.5
+    labels = np.where(positive ^ (np.arange(ROWS) % 7 == 0), "yes", "no")  # every 7th row's label is wrong
+    monkeypatch.chdir(tmp_path)
+    single = "a single score column stands for two classes, listed as [negative, positive], e.g. ['no', 'yes']"
+    one = project(tmp_path / "one", model, table(features, labels), data={"classes": ["yes"]})
+    assert main(["validate", str(one)]) == 2
+    assert said(f"data.classes: names 1 classes, output 'probabilities' has 2 ({single})", capsys.readouterr().err)
+    swapped = project(tmp_path / "swapped", model, table(features, labels), data={"classes": ["yes", "no"]})
+    main(["sweep", str(swapped), "--no-track"])
+    assert said(f"check the order of data.classes (yes, no): it names each score column's class in column order; "
+                f"{single}", "".join(capsys.readouterr()))  # fmt: skip
+    named = project(tmp_path / "named", model, table(features, labels), data={"classes": ["no", "yes"]})
+    results, _ = run_all(named, capsys)
+    assert overall(results)["accuracy"] == pytest.approx(float(np.mean(positive == (labels == "yes"))), abs=1e-12)
+
+
 def _two_float_outputs() -> onnx.ModelProto:
     """Logits and their softmax: two outputs a classifier could be judged on."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4])
@@ -302,7 +325,7 @@ def test_string_labels_name_score_columns_through_data_classes(tmp_path, monkeyp
     unnamed = project(tmp_path / "unnamed", model, table(features, names))
     assert main(["validate", str(unnamed)]) == 2
     assert said("'virginica' are not integer class ids (for class names, list them in the order of the model's score "
-                "columns in data.classes)", capsys.readouterr().err)  # fmt: skip
+                "columns in data.classes; a single score column stands for two classes", capsys.readouterr().err)  # fmt: skip
     short = project(tmp_path / "short", model, table(features, names), data={"classes": ["virginica", "setosa"]})
     assert main(["validate", str(short)]) == 2
     assert said("data.classes: names 2 classes, output 'logits' has 3; expected one name per class, in column order",

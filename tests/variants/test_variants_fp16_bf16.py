@@ -120,3 +120,28 @@ def test_a_broken_model_file_is_reported_as_a_variant_failure(tmp_path):
         build_fp16(VariantSpec(name="half", precision="fp16"), ctx)
     with pytest.raises(QbenchError, match=r"variant 'brain': loading the FP32 model"):
         build_bf16(VariantSpec(name="brain", precision="bf16"), ctx)
+
+
+def _float64_matmul() -> onnx.ModelProto:
+    """y = x @ w in float64, as skl2onnx writes an MLP converted with double inputs."""
+    w = numpy_helper.from_array(np.ones((3, 2), np.float64), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        "doubles",
+        [helper.make_tensor_value_info("x", TensorProto.DOUBLE, [None, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.DOUBLE, [None, 2])],
+        [w],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize(("build", "precision", "action"), [(build_fp16, "fp16", "convert to FP16"),
+                                                            (build_bf16, "bf16", "round to BF16")])  # fmt: skip
+def test_a_float64_graph_is_left_as_it_is_and_the_note_says_why(tmp_path, build, precision, action):
+    """The note read 'every node stays FP32: )': no op type was kept, the graph computes in float64."""
+    path = tmp_path / "doubles.onnx"
+    onnx.save(_float64_matmul(), str(path))
+    context = BuildContext(reference_path=path, workdir=tmp_path / "w")
+    built = build(VariantSpec(name="low", precision=precision), context)
+    why = f"nothing to {action} (the graph computes in float64, which the conversion leaves as it is)"
+    assert built.params["unchanged"] == why

@@ -1,0 +1,103 @@
+"""Integer inputs that index a constant table (token ids into an embedding) must stay within it.
+
+ONNX Runtime refuses an index past the table (`indices element out of data bounds, idx=150 must be within the
+inclusive range [-100,99]`) on the batch holding it: a row that `qbench validate`'s few FP32 rows did not reach
+would fail every variant of the sweep, with a message naming a node rather than the column and row. So the ids
+each input feeds into a `Gather` on a constant table (directly, or through casts and reshapes) are checked
+against the table's size on every evaluation and calibration row before anything runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from qbench.errors import RecipeError
+from qbench.recipe import Recipe
+
+_SHOWN_ROWS = 3
+# ops whose output holds the same integer values as their first input, rearranged or re-typed
+_VALUE_PRESERVING = {"Cast", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose", "Expand"}
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """A Gather node that reads a constant table of `size` entries along its axis at an input's values."""
+
+    node: str
+    size: int
+
+
+def constant_lookups(model_path: Path) -> dict[str, Lookup]:
+    """Graph input name -> the smallest constant table its integer values index (inputs that index none are absent)."""
+    import onnx
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    graph = model.graph
+    tables = {t.name: list(t.dims) for t in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            tables[node.output[0]] = list(node.attribute[0].t.dims)
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    found: dict[str, Lookup] = {}
+    for value in graph.input:
+        if value.name in tables or value.type.tensor_type.elem_type not in _INTEGER_TYPES:
+            continue
+        for lookup in _lookups_of(value.name, consumers, tables):
+            if value.name not in found or lookup.size < found[value.name].size:
+                found[value.name] = lookup
+    return found
+
+
+def _lookups_of(name: str, consumers: Mapping[str, list], tables: Mapping[str, list[int]]) -> list[Lookup]:
+    """The Gathers reading a constant table at `name`'s values, following value-preserving ops."""
+    lookups, pending, seen = [], [name], set()
+    while pending:
+        current = pending.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        for node in consumers.get(current, []):
+            if node.op_type in _VALUE_PRESERVING and node.input[0] == current:
+                pending += list(node.output)
+            elif node.op_type == "Gather" and len(node.input) > 1 and node.input[1] == current:
+                dims = tables.get(node.input[0])
+                axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+                if dims and -len(dims) <= axis < len(dims) and dims[axis] > 0:
+                    lookups.append(Lookup(node.name or node.output[0], int(dims[axis])))
+    return lookups
+
+
+def check_lookup_indices(
+    recipe: Recipe, lookups: Mapping[str, Lookup], feeds: Mapping[str, np.ndarray], rows: np.ndarray, what: str
+) -> None:
+    """Every row's values of an input that indexes a constant table lie within it (a RecipeError naming the column,
+    the rows and the table otherwise). `rows`: the table rows the feeds hold, in order; `what`: whose rows they are."""
+    columns = {name: column for column, name in recipe.data.inputs.items() if isinstance(name, str)}
+    for name, lookup in lookups.items():
+        values = feeds.get(name)
+        if values is None or values.dtype.kind not in "iu" or not values.size:
+            continue
+        flat = values.reshape(len(values), -1)
+        outside = np.flatnonzero(((flat < -lookup.size) | (flat >= lookup.size)).any(axis=1))
+        if not outside.size:
+            continue
+        examples = ", ".join(f"row {rows[i]}: {_first_outside(flat[i], lookup.size)}" for i in outside[:_SHOWN_ROWS])
+        source = f"column {columns[name]!r} (model input {name!r})" if name in columns else f"model input {name!r}"
+        count = f"{outside.size} {what} row{'s hold' if outside.size > 1 else ' holds'}"
+        message = (f"{source}: {count} ids outside the table node {lookup.node!r} looks them up in "
+                   f"({lookup.size} entries), e.g. {examples}; expected ids from 0 to {lookup.size - 1}")  # fmt: skip
+        raise RecipeError(recipe.source, "data.inputs", message)
+
+
+def _first_outside(values: np.ndarray, size: int) -> int:
+    return int(values[(values < -size) | (values >= size)][0])
+
+
+_INTEGER_TYPES = {2, 3, 4, 5, 6, 7, 12, 13}  # onnx.TensorProto: UINT8 INT8 UINT16 INT16 INT32 INT64 UINT32 UINT64

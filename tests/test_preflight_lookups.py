@@ -1,0 +1,91 @@
+"""Token ids past the embedding table they index: one line from `qbench validate`, before anything runs.
+
+They were found by ONNX Runtime on the batch holding them: a row past the 8 that validate runs passed validate, then
+failed FP32 and every variant of the sweep with "indices element out of data bounds" naming a Gather node."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pandas as pd
+import pytest
+import yaml
+from onnx import TensorProto, helper, numpy_helper
+
+from qbench.cli import main
+from qbench.preflight_lookups import Lookup, constant_lookups
+
+VOCABULARY = 10
+
+
+def _embedding_classifier() -> onnx.ModelProto:
+    """ids int64 [N, 3] -> Cast to int32 -> Gather rows of a [10, 4] table -> mean over tokens -> logits [N, 2]."""
+    rng = np.random.default_rng(0)
+    constants = [numpy_helper.from_array(rng.normal(size=(VOCABULARY, 4)).astype(np.float32), "table"),
+                 numpy_helper.from_array(rng.normal(size=(4, 2)).astype(np.float32), "w")]  # fmt: skip
+    nodes = [
+        helper.make_node("Cast", ["ids"], ["ids32"], to=TensorProto.INT32),
+        helper.make_node("Gather", ["table", "ids32"], ["vectors"], name="embedding"),
+        helper.make_node("ReduceMean", ["vectors"], ["pooled"], axes=[1], keepdims=0),
+        helper.make_node("MatMul", ["pooled", "w"], ["logits"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "embedding",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", 3])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 2])],
+        constants,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def _project(root: Path, ids: np.ndarray) -> Path:
+    onnx.save(_embedding_classifier(), str(root / "model.onnx"))
+    rows = len(ids)
+    split = np.where(np.arange(rows) < rows // 2, "calib", "eval")
+    pd.DataFrame({"tokens": list(ids), "y": np.arange(rows) % 2, "split": split}).to_parquet(root / "rows.parquet")
+    recipe = {
+        "name": "lookups",
+        "model": {"path": "model.onnx"},
+        "data": {"path": "rows.parquet", "inputs": {"tokens": "ids"}, "label": "y",
+                 "calibration": {"filter": {"split": "calib"}, "samples": 64},
+                 "evaluation": {"filter": {"split": "eval"}}},
+        "variants": [{"name": "int8", "precision": "int8", "calibrator": "dynamic"}],
+        "output_dir": "reports",
+    }  # fmt: skip
+    path = root / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return path
+
+
+def _ids(rows: int = 40) -> np.ndarray:
+    return np.random.default_rng(1).integers(0, VOCABULARY, size=(rows, 3))
+
+
+def test_the_table_an_input_indexes_is_found_through_casts(tmp_path: Path) -> None:
+    path = tmp_path / "m.onnx"
+    onnx.save(_embedding_classifier(), str(path))
+    assert constant_lookups(path) == {"ids": Lookup("embedding", VOCABULARY)}
+
+
+@pytest.mark.parametrize(("row", "what"), [(31, "evaluation"), (5, "calibration")])
+def test_an_id_past_the_table_is_named_with_its_column_and_row(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], row: int, what: str
+) -> None:
+    ids = _ids()
+    ids[row, 2] = VOCABULARY + 2  # evaluation row 31 is the 12th evaluation row: past the 8 that validate runs
+    code = main(["validate", str(_project(tmp_path, ids))])
+    assert code == 2
+    error = capsys.readouterr().err.strip()
+    assert error.endswith(
+        f"recipe.yaml: data.inputs: column 'tokens' (model input 'ids'): 1 {what} row holds ids outside the table "
+        f"node 'embedding' looks them up in (10 entries), e.g. row {row}: 12; expected ids from 0 to 9"
+    )
+
+
+def test_ids_within_the_table_pass(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", str(_project(tmp_path, _ids()))]) == 0, capsys.readouterr().err
