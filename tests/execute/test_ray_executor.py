@@ -21,6 +21,7 @@ import pytest
 from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
 from probe_project import VARIANTS, figures, probe_calls, write_probe_recipe
+from ray_processes import stopped_without_survivors
 
 from qbench.errors import QbenchError
 from qbench.execute.plan import TIMING_RESOURCE
@@ -43,19 +44,9 @@ def ray_cluster() -> Iterator[list[int]]:
     after the module; teardown fails if any of its processes survives."""
     ray.init(num_cpus=2, resources={TIMING_RESOURCE: 1}, _node_ip_address="127.0.0.1", include_dashboard=False,
              log_to_driver=False, object_store_memory=100 * 1024 * 1024, configure_logging=False)  # fmt: skip
-    started = [p.pid for p in psutil.Process().children(recursive=True)]
-    assert {node["NodeManagerAddress"] for node in ray.nodes()} == {"127.0.0.1"}
-    try:
+    with stopped_without_survivors(ray.shutdown) as started:
+        assert {node["NodeManagerAddress"] for node in ray.nodes()} == {"127.0.0.1"}
         yield started
-    finally:
-        ray.shutdown()
-        deadline = time.monotonic() + 30
-        alive = started
-        while alive and time.monotonic() < deadline:
-            alive = [pid for pid in started if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
-            time.sleep(0.2)
-        if alive:
-            pytest.fail(f"Ray processes survived the cluster's stop: {alive}")
 
 
 @pytest.fixture

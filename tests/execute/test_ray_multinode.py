@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from probe_project import VARIANTS, figures, probe_calls, write_probe_recipe
+from ray_processes import stopped_without_survivors
 
 from qbench.execute.plan import TIMING_RESOURCE
 from qbench.frontier import mixed_timing_machines, speedup
@@ -33,18 +34,8 @@ def two_nodes() -> Iterator[str]:
     cluster = Cluster(initialize_head=True, head_node_args={**NODE, "include_dashboard": False})
     cluster.add_node(**NODE)
     cluster.wait_for_nodes()
-    started = [p.pid for p in psutil.Process().children(recursive=True)]
-    try:
+    with stopped_without_survivors(cluster.shutdown):
         yield cluster.address
-    finally:
-        cluster.shutdown()
-        deadline = time.monotonic() + 30
-        alive = started
-        while alive and time.monotonic() < deadline:
-            alive = [pid for pid in started if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
-            time.sleep(0.2)
-        if alive:
-            pytest.fail(f"Ray processes survived the cluster's stop: {alive}")
 
 
 def _release_when_held(target: Path, held: int, seen: list[int]) -> threading.Thread:
