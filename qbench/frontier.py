@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -148,6 +148,42 @@ def speedup(results: SweepResults, variant: VariantResult, batch_size: int) -> f
     if ours is None or theirs is None or ours.p50_ms <= 0:
         return math.nan
     return theirs.p50_ms / ours.p50_ms
+
+
+SLOWER_MARGIN = 0.05  # a p50 this much (relative) above FP32's is within a shared machine's noise: no finding
+
+
+def slower_than_reference(results: SweepResults, variant: VariantResult) -> str | None:
+    """'0.85× at batch 1, 0.75× at batch 8' when `variant` ran slower than FP32 on its backend at every batch size
+    both timed, each beyond the timing noise (the larger of SLOWER_MARGIN and the two points' window spreads);
+    None when it is faster, or as fast within the noise, at some batch size, or no speed-up can be given."""
+    if variant.variant == results.reference or variant.status != "ok" or variant.latency is None:
+        return None
+    reference = results.find(results.reference, variant.backend)
+    if reference is None or reference.latency is None:
+        return None
+    slower = []
+    for point in variant.latency.points:
+        theirs, factor = reference.latency.at(point.batch_size), speedup(results, variant, point.batch_size)
+        if theirs is None or not math.isfinite(factor):
+            continue
+        margin = max([SLOWER_MARGIN, *(s for s in (point.spread, theirs.spread) if math.isfinite(s))])
+        if factor >= 1.0 - margin:
+            return None
+        slower.append(f"{factor:.2f}× at batch {point.batch_size}")
+    return ", ".join(slower) or None
+
+
+def slower_than_reference_notes(results: SweepResults, keys: Collection[str] | None = None) -> list[str]:
+    """A note per variant (of `keys`, variant@backend, when given) that runs slower than FP32 at every batch size
+    timed: a lower precision that pays off in no latency is no reason to ship it, whatever its accuracy."""
+    notes = []
+    for variant in results.variants:
+        slower = slower_than_reference(results, variant) if keys is None or variant.key in keys else None
+        if slower:
+            notes.append(f"{variant.key} runs slower than {results.reference} at every batch size timed ({slower}): "
+                         f"for speed, {results.reference} is the better choice on {variant.backend}")  # fmt: skip
+    return notes
 
 
 def mixed_timing_machines(results: SweepResults) -> list[str]:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import qbench
 from qbench.errors import QbenchError
-from qbench.frontier import mixed_timing_machines
+from qbench.frontier import mixed_timing_machines, slower_than_reference_notes
 from qbench.gate_checks import (
     evaluation_from_data,
     expected_pairs,
@@ -148,7 +148,8 @@ def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[st
         checks=tuple(checks),
         problems=tuple(problems),
         gated=tuple(f"{v}@{b}" for v, b in gated),
-        notes=(*_unlowered(results, gated), *_nonfinite_reference(results, gated), *mixed_timing_machines(results)),
+        notes=(*_unlowered(results, gated), *_nonfinite_reference(results, gated), *mixed_timing_machines(results),
+               *slower_than_reference_notes(results, {f"{v}@{b}" for v, b in gated})),
     )
 
 

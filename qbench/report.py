@@ -17,7 +17,7 @@ from rich.text import Text
 
 from qbench.console import print_wide
 from qbench.files import write_atomically
-from qbench.frontier import frontier_of, mixed_timing_machines, overall_metric, speedup
+from qbench.frontier import frontier_of, mixed_timing_machines, overall_metric, slower_than_reference_notes, speedup
 from qbench.gate import UNDER_MIN_SIZE, GateCheck, GateReport
 from qbench.report_grid import (
     NONE,
@@ -166,7 +166,7 @@ def _summary_grid(results: SweepResults, gate: GateReport | None) -> Grid:
               "figures: native, or emulated where the backend cannot compute the precision (see Notes)"]
     return Grid(f"Summary: {results.recipe.get('name', '')}", [h for h, _ in columns], rows,
                 frozenset(i for i, (_, numeric) in enumerate(columns) if numeric),
-                footer + mixed_timing_machines(results) + notes.lines())  # fmt: skip
+                footer + mixed_timing_machines(results) + slower_than_reference_notes(results) + notes.lines())  # fmt: skip
 
 
 def summary_table(results: SweepResults, gate: GateReport | None) -> Table:

@@ -79,9 +79,15 @@ def expected_strict_summary(project: Project) -> str:
     return f"gate: FAIL — 1 of 1 variant breaches: int8-minmax@{BACKEND} ({', '.join(scopes)}); 4 checks"
 
 
+def _without_timing_notes(out: str) -> list[str]:
+    """The gate's output lines less a note that a variant ran slower than FP32: that depends on this machine's
+    timings of the tiny MLP (INT8 is slower than FP32 there on some CPUs, not on others)."""
+    return [line for line in out.strip().splitlines() if not (line.startswith("gate note: ") and "runs slower" in line)]
+
+
 def test_default_output_is_the_breaches_then_one_summary_line(project, capsys):
     assert main(["gate", str(project.recipe(STRICT))]) == 1
-    lines = capsys.readouterr().out.strip().splitlines()
+    lines = _without_timing_notes(capsys.readouterr().out)
     scopes = strict_breach_scopes(project)
     assert lines[-1] == expected_strict_summary(project)
     breaches = lines[1:-1]
@@ -126,7 +132,7 @@ def test_gate_options_without_gate_are_refused_before_the_sweep(project, flag, c
 def test_pass_prints_only_the_summary_and_verbose_prints_every_check(project, capsys):
     recipe = project.recipe(LENIENT)
     assert main(["gate", str(recipe)]) == 0
-    lines = capsys.readouterr().out.strip().splitlines()
+    lines = _without_timing_notes(capsys.readouterr().out)
     assert lines[1:] == ["gate: PASS — 2 variants × 4 scopes, 8 checks"]
     assert main(["gate", str(recipe), "--verbose"]) == 0
     shown = capsys.readouterr().out

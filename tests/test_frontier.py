@@ -10,7 +10,15 @@ import pytest
 from sweep_factory import make_latency, make_sweep, make_variant
 
 from qbench.errors import QbenchError
-from qbench.frontier import compute_frontier, gate_threshold, mixed_timing_machines, plot_frontier, speedup
+from qbench.frontier import (
+    compute_frontier,
+    gate_threshold,
+    mixed_timing_machines,
+    plot_frontier,
+    slower_than_reference,
+    slower_than_reference_notes,
+    speedup,
+)
 from qbench.results import AccuracyResult, SliceMetrics, VariantResult
 
 
@@ -155,6 +163,28 @@ def test_a_backend_timed_on_several_kinds_of_machine_is_named_with_its_variants(
     (note,) = mixed_timing_machines(_timed_on(results, {"fp32": XEON, "fp16": XEON, "int8_minmax": EPYC}))
     assert note.startswith("onnxruntime-cpu timed its variants on 2 kinds of machine (fp32, fp16 on Intel Xeon 8375C "
                            "x8 x86_64; int8_minmax on AMD EPYC 7B13 x8 x86_64): ")  # fmt: skip
+
+
+def test_a_variant_slower_than_fp32_at_every_batch_size_beyond_the_noise_is_named() -> None:
+    """fp8 (6.0 / 130 ms vs FP32's 1.0 / 20 ms) is slower at both batch sizes; int8 is faster; a variant slower at
+    one batch size only, or by less than the noise, is no finding."""
+    results = make_sweep()
+    fp8 = results.find("fp8_e4m3", "onnxruntime-cpu")
+    assert slower_than_reference(results, fp8) == "0.17× at batch 1, 0.15× at batch 32"
+    assert slower_than_reference(results, results.find("int8_minmax", "onnxruntime-cpu")) is None
+    assert slower_than_reference(results, results.find("fp32", "onnxruntime-cpu")) is None
+    mixed = make_sweep([make_variant("fp32", "fp32", p50_by_batch={1: 1.0, 32: 20.0}),
+                        make_variant("a", "int8", p50_by_batch={1: 1.5, 32: 18.0}),  # faster at 32
+                        make_variant("b", "int8", p50_by_batch={1: 1.04, 32: 20.9}),  # within 5 %
+                        make_variant("c", "int8", p50_by_batch={1: 1.2, 32: 24.0})])  # fmt: skip
+    assert [slower_than_reference(mixed, v) for v in mixed.variants[1:]] == [None, None, "0.83× at batch 1, 0.83× at batch 32"]
+    noisy = dataclasses.replace(mixed.variants[3], latency=dataclasses.replace(
+        mixed.variants[3].latency, points=tuple(dataclasses.replace(p, spread=0.3) for p in mixed.variants[3].latency.points)))
+    assert slower_than_reference(mixed, noisy) is None  # its windows spread 30 %: 0.83x is within its noise
+    (note,) = slower_than_reference_notes(mixed)
+    assert note == ("c@onnxruntime-cpu runs slower than fp32 at every batch size timed (0.83× at batch 1, 0.83× at "
+                    "batch 32): for speed, fp32 is the better choice on onnxruntime-cpu")  # fmt: skip
+    assert slower_than_reference_notes(mixed, {"b@onnxruntime-cpu"}) == []
 
 
 def _png_size(path: Path) -> tuple[int, int]:

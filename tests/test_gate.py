@@ -87,6 +87,18 @@ def test_a_backend_timed_on_machines_of_several_kinds_is_a_note():
     assert not [n for n in plain.notes if "kinds of machine" in n]
 
 
+def test_a_gated_variant_slower_than_fp32_at_every_batch_size_is_a_note():
+    """fp8_e4m3 of the factory sweep runs at 0.17x / 0.15x FP32's speed: its verdict is its accuracy's, and a note
+    says FP32 is the faster choice; a variant the gate does not apply to gets no such note."""
+    results = make_sweep()
+    slower = [n for n in evaluate_gate(results, SPEC.model_copy(update={"applies_to": ["fp8_e4m3"]})).notes
+              if "runs slower" in n]  # fmt: skip
+    assert slower == ["fp8_e4m3@onnxruntime-cpu runs slower than fp32 at every batch size timed (0.17× at batch 1, "
+                      "0.15× at batch 32): for speed, fp32 is the better choice on onnxruntime-cpu"]  # fmt: skip
+    assert not [n for n in evaluate_gate(results, SPEC.model_copy(update={"applies_to": ["int8_minmax"]})).notes
+                if "runs slower" in n]  # fmt: skip
+
+
 def test_a_failed_variant_gets_no_computes_in_fp32_note():
     """It ran nothing: the note claimed it computed in fp32 beside its failure."""
     failed = replace(variant("int8-f", 0.95, {"noisy": 0.90, "clean": 0.99}), params={"quantized_nodes": 0},
