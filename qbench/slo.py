@@ -37,8 +37,10 @@ def serving_figures(
     model_bytes: int | None,
     runtime: Mapping[str, Any],
     preprocess_ms_per_row: float,
+    idle_samples_ms: Mapping[int, np.ndarray] | None = None,
 ) -> ServingResult:
-    """Pre-processing split, load scenario (with `slo:`), cost (with a price) and bound of one variant on `backend`."""
+    """Pre-processing split, load scenario (with `slo:`), cost (with a price) and bound of one variant on `backend`;
+    `idle_samples_ms` (`measure_idle_samples` at `idle_ms`) are what a batch starting on an idle model takes."""
     by_batch = {p.batch_size: p for p in points}
     b1 = by_batch.get(1)
     largest = max(by_batch.values(), key=lambda p: p.batch_size, default=None)
@@ -50,7 +52,7 @@ def serving_figures(
     )  # fmt: skip
     serving = ServingResult(preprocess_ms_per_row=preprocess_ms_per_row, transfer_ms_b1=_transfer_ms(b1, runtime), bound=bound)
     if recipe.slo is not None:
-        serving = _with_load(serving, recipe.slo, backend, samples_ms, recipe.latency.batch_sizes)
+        serving = _with_load(serving, recipe.slo, backend, samples_ms, idle_samples_ms, recipe.latency.batch_sizes)
     price = recipe.cost.price_per_hour.get(backend) if recipe.cost is not None else None
     if price is not None:
         costs = {f"b{p.batch_size}": usd_per_million(price, p.items_per_s) for p in points}
@@ -81,13 +83,22 @@ def load_settings(slo: SloSpec, backend: str, batch_sizes: Sequence[int]) -> dic
     }
 
 
+def idle_ms(slo: SloSpec, backend: str) -> float:
+    """How long the model idles before each idle-start batch is timed: the queue delay, within [1, 5] ms. A
+    batcher without a delay still idles between arrivals; on a 2-core CPU, 1 ms and 5 ms of idling cost a
+    batch the same (the runtime's threads have parked by then), so a longer wait would only lengthen the sweep."""
+    return min(max(slo.queue_delay_ms(backend), 1.0), 5.0)
+
+
 def _with_load(
-    serving: ServingResult, slo: SloSpec, backend: str, samples_ms: Mapping[int, np.ndarray], batch_sizes: Sequence[int]
-) -> ServingResult:
+    serving: ServingResult, slo: SloSpec, backend: str, samples_ms: Mapping[int, np.ndarray],
+    idle_samples_ms: Mapping[int, np.ndarray] | None, batch_sizes: Sequence[int],
+) -> ServingResult:  # fmt: skip
     settings = load_settings(slo, backend, batch_sizes)
     budget = slo.budget(backend)
     batcher = Batcher(settings["max_batch_size"], settings["max_queue_delay_ms"])
-    replay = LoadReplay(MeasuredServiceTimes(samples_ms), batcher, Draws.make(settings["requests"], settings["seed"]))
+    service = MeasuredServiceTimes(samples_ms, idle_samples_ms)
+    replay = LoadReplay(service, batcher, Draws.make(settings["requests"], settings["seed"]))
     overhead = serving.preprocess_ms_per_row if math.isfinite(serving.preprocess_ms_per_row) else 0.0
     at_rate = replay.at(budget.rate_rps, overhead_ms=overhead) if budget.rate_rps else None
     search = search_max_rate(replay, budget.p99_ms, overhead_ms=overhead)

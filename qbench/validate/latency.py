@@ -157,6 +157,33 @@ def measure_samples(
     return samples
 
 
+def measure_idle_samples(
+    runner: Runner, feeds: Mapping[str, np.ndarray], batch_sizes: Sequence[int], iterations: int, idle_ms: float
+) -> dict[int, np.ndarray]:
+    """For each batch size: `iterations` batches served as a dynamic batcher serves one on an idle model, in ms
+    from the moment its timer is due: sleep `idle_ms`, gather the batch from one-row requests, run it.
+
+    The runner must be warm (timed before). What this adds to a back-to-back run (`measure_samples`) is what
+    the load simulation charges a batch that starts on an idle model: the timer firing late, the gathering,
+    and the runtime's parked threads and cold caches (qbench.validate.load).
+    """
+    if iterations <= 0:
+        raise QbenchError(f"iterations must be positive, got {iterations}")
+    idle_ns = int(idle_ms * _NS_PER_MS)
+    samples: dict[int, np.ndarray] = {}
+    for batch_size in batch_sizes:
+        batch = take_batch(feeds, batch_size)
+        requests = [{name: array[i : i + 1] for name, array in batch.items()} for i in range(batch_size)]
+        durations = np.empty(iterations, dtype=np.int64)
+        for i in range(iterations):
+            due = time.perf_counter_ns() + idle_ns
+            time.sleep(idle_ms / 1000)
+            runner.run({name: np.concatenate([request[name] for request in requests]) for name in batch})
+            durations[i] = time.perf_counter_ns() - due
+        samples[batch_size] = durations.astype(np.float64) / _NS_PER_MS
+    return samples
+
+
 def latency_points(
     samples_ms: Mapping[int, np.ndarray], warmup: int, rule: StabilityRule | None = None
 ) -> tuple[LatencyPoint, ...]:
