@@ -4,8 +4,10 @@ For the digits CNN (FP32 and the variants a sweep of recipes/digits.yaml builds,
 default), per variant:
 
 1. Prediction: the runner is timed as the sweep times it (qbench.validate.latency.measure_samples with
-   the recipe's latency settings), then `serving_figures` gives the max rate within the budget and
-   `LoadReplay` the figures at each rate, with the recipe's batcher and draws, exactly as the sweep.
+   the recipe's latency settings, and measure_idle_samples as measure() does with `slo:`), then
+   `serving_figures` gives the max rate within the budget and `LoadReplay` the figures at each rate,
+   with the recipe's batcher and draws, exactly as the sweep. "b2b" columns: the same simulation with
+   back-to-back service times only (qbench before idle starts were charged).
 2. Reality: an open-loop server in this process on the same runner (ONNX Runtime, the recipe's
    threads): a client thread sends one-row requests at the Poisson arrival times of the same draws
    (scaled to the rate), a batcher thread takes the oldest request once the model is free, waits until
@@ -16,7 +18,7 @@ default), per variant:
    qbench's interpolation between the timed sizes, and the real server's per-batch time (assembly and
    run) per size.
 
-Rates: fractions of qbench's capacity (full batches at the median service time), the recipe's rate and
+Rates: fractions of qbench's capacity (full batches back to back at the mean service time), the recipe's rate and
 the same fractions of the real max rate within budget (where the server keeps up). Real max rate within budget: doubling then bisection
 over real runs, a rate failing when its p99 breaks the budget or the server falls behind (fewer than
 95 % of the rate served). The machine is shared: the load average before and after is recorded.
@@ -222,7 +224,11 @@ def validate_variant(recipe: Recipe, prepared: Any, built: BuiltVariant, fractio
         for rate in rates:
             predicted = replay.at(rate, overhead_ms=overhead)
             old = back_to_back.at(rate, overhead_ms=overhead)
-            real = real_figures(serve(runner, feeds, np.cumsum(draws.unit_gaps) * 1000 / rate, batcher), overhead, rate)
+            served = serve(runner, feeds, np.cumsum(draws.unit_gaps) * 1000 / rate, batcher)
+            real = real_figures(served, overhead, rate)
+            # the model's own runs inside the server against the back-to-back timings at the same batch sizes
+            timed = np.asarray([float(back_to_back.service.service_ms(int(b), 0.5)) for b in served.batch_sizes])
+            real["run_vs_timed"] = float(served.run_ms.sum() / timed.sum())
             rows.append({"rate_rps": rate, "of_capacity": rate / replay.capacity_rps,
                          "predicted": {"p50_ms": predicted.p50_ms, "p99_ms": predicted.p99_ms,
                                        "mean_batch_size": predicted.mean_batch_size, "overloaded": predicted.overloaded},
@@ -241,7 +247,18 @@ def validate_variant(recipe: Recipe, prepared: Any, built: BuiltVariant, fractio
             "back_to_back_max_rate_rps": old_max,
             "capacity_rps": replay.capacity_rps, "budget_ms": budget,
             "predicted_max_rate_rps": serving.max_rate_rps, "real_max_rate_rps": real_max, "real_search_runs": real_runs,
-            "rates": rows, "service_times": intermediate}  # fmt: skip
+            "rates": rows, "where_real_kept_up": summary(rows), "service_times": intermediate}  # fmt: skip
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median real/predicted ratios over the rates the real server kept up with (served >= 95 % of the rate)."""
+    kept = [row for row in rows if row["real"]["keeps_up"]]
+    if not kept:
+        return {"rates_kept_up": 0}
+    return {"rates_kept_up": len(kept), "up_to_rps": max(row["rate_rps"] for row in kept)} | {
+        key: float(np.median([row[key] for row in kept]))
+        for key in ("p50_ratio", "p99_ratio", "back_to_back_p50_ratio", "back_to_back_p99_ratio")
+    }
 
 
 def _table(figures: dict[str, Any], load: tuple[float, float]) -> Table:
@@ -251,7 +268,8 @@ def _table(figures: dict[str, Any], load: tuple[float, float]) -> Table:
              f"{figures['real_max_rate_rps'] or 0:,.0f} req/s; load average {load[0]:.2f} -> {load[1]:.2f}")  # fmt: skip
     table = Table(title=title)
     for header in ("req/s", "of capacity", "p50 b2b", "p50 pred", "p50 real", "ratio b2b/pred", "p99 b2b", "p99 pred",
-                   "p99 real", "ratio b2b/pred", "batch pred/real", "served req/s", "client lag p99"):  # fmt: skip
+                   "p99 real", "ratio b2b/pred", "batch pred/real", "served req/s", "run real/timed",
+                   "client lag p99"):  # fmt: skip
         table.add_column(header, justify="right")
     for row in figures["rates"]:
         p, r, b = row["predicted"], row["real"], row["back_to_back"]
@@ -260,6 +278,7 @@ def _table(figures: dict[str, Any], load: tuple[float, float]) -> Table:
                       f"{b['p99_ms']:.3f}", f"{p['p99_ms']:.3f}", f"{r['p99_ms']:.3f}",
                       f"{row['back_to_back_p99_ratio']:.2f} / {row['p99_ratio']:.2f}",
                       f"{p['mean_batch_size']:.1f} / {r['mean_batch_size']:.1f}", f"{r['achieved_rps']:,.0f}",
+                      f"{r['run_vs_timed']:.2f}",
                       f"{r['client_lag_p99_ms']:.3f}")  # fmt: skip
     return table
 
@@ -299,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
             figures |= {"load_average_1min": {"before": load[0], "after": load[1]}, "seconds": time.perf_counter() - started}
             report["variants"].append(figures)
             console.print(_table(figures, load))
+            console.print(f"{figures['variant']}: where the server kept up, median real/predicted "
+                          + ", ".join(f"{k} {v:,.2f}" for k, v in figures["where_real_kept_up"].items()))
             console.print(_service_table(figures))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2, default=str) + "\n")

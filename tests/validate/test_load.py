@@ -167,7 +167,7 @@ def test_a_search_looks_up_each_batch_size_once_whatever_the_rates_tried():
 
     class Counting(FixedServiceTime):
         def service_ms(self, batch_size, quantiles, idle=False):
-            if np.ndim(quantiles):  # a column of draws (a scalar quantile is the capacity's median)
+            if np.size(quantiles) == draws.quantiles.size:  # a column of draws (not the capacity's quantile grid)
                 calls.append((batch_size, idle))
             return super().service_ms(batch_size, quantiles, idle)
 
@@ -209,3 +209,14 @@ def test_measured_idle_service_times_are_drawn_for_idle_starts_only():
     assert MeasuredServiceTimes({1: np.array([1.0])}).service_ms(1, 0.5, idle=True) == 1.0  # none measured: back to back
     with pytest.raises(QbenchError, match=r"idle service times are for batch sizes \[1\], expected \[1, 4\]"):
         MeasuredServiceTimes({1: np.array([1.0]), 4: np.array([4.0])}, {1: np.array([3.0])})
+
+
+def test_capacity_is_the_batch_over_the_mean_service_time_not_the_median():
+    """Back to back at batch 2, three runs of 1 ms and one of 9 ms (a preempted run): median 1 ms, mean 3 ms. Full
+    batches sustain 2 / 3 ms = 666.7 req/s; at 1,000 req/s (half the median's 2,000) the queue grows without bound,
+    so the rate is overloaded and the highest rate within even a huge budget stays below 666.7 req/s."""
+    service = MeasuredServiceTimes({2: np.array([1.0, 1.0, 1.0, 9.0])})
+    assert capacity_rps(service, 2) == pytest.approx(2000 / 3)
+    replay = LoadReplay(service, Batcher(2, 0.0), Draws.make(1000, seed=0))
+    assert replay.at(1000.0).overloaded
+    assert search_max_rate(replay, 1e6).max_rate_rps < 2000 / 3
