@@ -204,7 +204,8 @@ class LoadReplay:
     def _batches(self, arrivals: list[float]) -> tuple[list[float], list[int], list[float]]:
         """Each batch's start, size and end. The batcher waits for the model to be free, then until the batch is full
         or the oldest queued request has waited the queue delay (a busy model past the delay starts with what is
-        queued). A batch starting after the model fell free starts on an idle model. Plain floats and a bounded bisection: this loop runs once per batch, for every rate tried."""
+        queued). A batch starting after the model fell free starts on an idle model. Plain floats and a bounded
+        bisection: this loop runs once per batch, for every rate tried."""
         n, size, delay = len(arrivals), self.batcher.max_batch_size, self.batcher.max_queue_delay_ms
         starts: list[float] = []
         counts: list[int] = []
@@ -246,8 +247,6 @@ class RateSearch:
 
 
 _IDLE_STEPS = 2
-
-
 _QUANTILE_GRID = (np.arange(4096) + 0.5) / 4096  # evenly spread: the mean of its draws is the distribution's mean
 
 
