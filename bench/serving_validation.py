@@ -4,10 +4,11 @@ For the digits CNN (FP32 and the variants a sweep of recipes/digits.yaml builds,
 default), per variant:
 
 1. Prediction: the runner is timed as the sweep times it (qbench.validate.latency.measure_samples with
-   the recipe's latency settings, and measure_idle_samples as measure() does with `slo:`), then
-   `serving_figures` gives the max rate within the budget and `LoadReplay` the figures at each rate,
-   with the recipe's batcher and draws, exactly as the sweep. "b2b" columns: the same simulation with
-   back-to-back service times only (qbench before idle starts were charged).
+   the recipe's latency settings, and measure_batcher_samples as measure() does with `slo:`), then
+   `serving_figures` gives the max rate within the budget and `LoadReplay` over `served_times` the
+   figures at each rate, with the recipe's batcher and draws, exactly as the sweep. "b2b" columns: the
+   same simulation from the timed back-to-back runs alone (qbench before gathering and idle starts
+   were charged).
 2. Reality: an open-loop server in this process on the same runner (ONNX Runtime, the recipe's
    threads): a client thread sends one-row requests at the Poisson arrival times of the same draws
    (scaled to the rate), a batcher thread takes the oldest request once the model is free, waits until
@@ -52,9 +53,9 @@ from qbench.demo.digits import make_digits_demo
 from qbench.environment import describe_environment
 from qbench.preflight import prepare
 from qbench.recipe import Recipe, load_recipe
-from qbench.slo import idle_ms, load_settings, serving_figures
+from qbench.slo import idle_ms, load_settings, served_times, serving_figures
 from qbench.sweep import run_sweep
-from qbench.validate.latency import latency_points, measure_idle_samples, measure_samples, stability_rule
+from qbench.validate.latency import latency_points, measure_batcher_samples, measure_samples, stability_rule
 from qbench.validate.load import Batcher, Draws, LoadReplay, MeasuredServiceTimes, search_max_rate
 from qbench.variants import BuiltVariant
 
@@ -213,12 +214,13 @@ def validate_variant(recipe: Recipe, prepared: Any, built: BuiltVariant, fractio
         runner.run({k: v[:1] for k, v in feeds.items()})
         samples = measure_samples(runner, feeds, timing.batch_sizes, timing.warmup, timing.iterations,
                                   description=f"{built.name} latency", stability=timing.stability)  # fmt: skip
-        idle_samples = measure_idle_samples(runner, feeds, timing.batch_sizes, timing.iterations, idle_ms(recipe.slo, backend.name))
+        batcher_samples = measure_batcher_samples(runner, feeds, timing.batch_sizes, timing.iterations,
+                                                  idle_ms(recipe.slo, backend.name))  # fmt: skip
         points = latency_points(samples, timing.warmup, stability_rule(timing.stability, timing.iterations))
         serving = serving_figures(recipe, backend.name, samples, points, model_bytes=None, runtime=runner.describe(),
-                                  preprocess_ms_per_row=overhead, idle_samples_ms=idle_samples)  # fmt: skip
-        replay = LoadReplay(MeasuredServiceTimes(samples, idle_samples), batcher, draws)
-        back_to_back = LoadReplay(MeasuredServiceTimes(samples), batcher, draws)  # the simulation before idle starts
+                                  preprocess_ms_per_row=overhead, batcher=batcher_samples)  # fmt: skip
+        replay = LoadReplay(served_times(samples, batcher_samples), batcher, draws)
+        back_to_back = LoadReplay(MeasuredServiceTimes(samples), batcher, draws)  # the simulation before the batcher
         old_max = search_max_rate(back_to_back, serving.budget_ms, overhead_ms=overhead).max_rate_rps
         budget = serving.budget_ms
         real_max, real_runs = real_max_rate(runner, feeds, draws, batcher, budget, overhead,
@@ -247,8 +249,9 @@ def validate_variant(recipe: Recipe, prepared: Any, built: BuiltVariant, fractio
     return {"variant": built.name, "backend": backend.name, "settings": settings, "preprocess_ms_per_row": overhead,
             "timed_p50_ms": {bs: float(np.median(v)) for bs, v in samples.items()},
             "timed_p99_ms": {bs: float(np.quantile(v, 0.99)) for bs, v in samples.items()},
-            "idle_p50_ms": {bs: float(np.median(v)) for bs, v in idle_samples.items()},
-            "idle_p99_ms": {bs: float(np.quantile(v, 0.99)) for bs, v in idle_samples.items()},
+            "gather_ms": batcher_samples.gather_ms,
+            "idle_p50_ms": {bs: float(np.median(v)) for bs, v in batcher_samples.idle_ms.items()},
+            "idle_p99_ms": {bs: float(np.quantile(v, 0.99)) for bs, v in batcher_samples.idle_ms.items()},
             "back_to_back_max_rate_rps": old_max,
             "capacity_rps": replay.capacity_rps, "budget_ms": budget,
             "predicted_max_rate_rps": serving.max_rate_rps, "real_max_rate_rps": real_max, "real_search_runs": real_runs,

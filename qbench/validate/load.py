@@ -11,7 +11,7 @@ its queue delay or for an arrival must first wake up (its timer fires late), gat
 and run on a runtime whose threads have parked. On a 2-core CPU that cost 0.1 to 0.15 ms per batch,
 several times a small model's back-to-back run (bench/serving_validation.py). A batch that starts the
 moment the previous one ends (the model was busy: the batcher never slept) is charged the back-to-back
-times.
+times (the sweep adds gathering the batch's rows to them: qbench.slo.served_times).
 
 Why a simulation and not a real-time load test: on a small shared machine a threaded load
 generator measures its own scheduling noise. The sweep measures the model's service time per
@@ -101,7 +101,7 @@ class MeasuredServiceTimes:
     close to affine in batch size); a size below the smallest measured one is charged that size's
     time (an upper bound). Sizes above the largest measured one are not served. `idle_samples_ms`:
     the same sizes timed from a batcher's wake-up on an idle model (qbench.validate.latency.
-    measure_idle_samples), drawn for batches that start on an idle model; without them every batch
+    measure_batcher_samples), drawn for batches that start on an idle model; without them every batch
     draws from the back-to-back timings.
     """
 

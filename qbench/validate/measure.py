@@ -34,8 +34,8 @@ from qbench.validate.accuracy import evaluate_accuracy, run_outputs, scale_doubt
 from qbench.validate.fidelity import plan_measurement
 from qbench.validate.latency import (
     latency_points,
+    measure_batcher_samples,
     measure_cold_start,
-    measure_idle_samples,
     measure_samples,
     stability_rule,
 )
@@ -168,14 +168,14 @@ def measure(
         try:
             if score and outputs is None:
                 outputs = _run_rows(runner, prepared, rows, f"{label} evaluate", close=False)
-            samples, idle_samples = {}, None
+            samples, batcher = {}, None
             if timing is not None:
                 samples = measure_samples(runner, rows.feeds, timing.batch_sizes, timing.warmup, timing.iterations,
                                           description=f"{label} latency", stability=timing.stability)  # fmt: skip
                 slo = prepared.recipe.slo
                 if serving and slo is not None:
-                    idle_samples = measure_idle_samples(runner, rows.feeds, timing.batch_sizes, timing.iterations,
-                                                        idle_ms(slo, backend.name))  # fmt: skip
+                    batcher = measure_batcher_samples(runner, rows.feeds, timing.batch_sizes, timing.iterations,
+                                                      idle_ms(slo, backend.name))  # fmt: skip
             runtime = runner.describe()
         finally:
             runner.close()
@@ -206,7 +206,7 @@ def measure(
         if serving:
             serving_result = serving_figures(prepared.recipe, backend.name, samples, points, model_bytes=size,
                                              runtime=runtime, preprocess_ms_per_row=prepared.preprocess_ms_per_row,
-                                             idle_samples_ms=idle_samples)  # fmt: skip
+                                             batcher=batcher)  # fmt: skip
     result = VariantResult(
         variant=built.name, backend=backend.name, precision=built.precision, status="ok",
         params={**built.params, **{f"runtime.{k}": v for k, v in runtime.items()}}, model_path=str(built.onnx_path),

@@ -167,14 +167,15 @@ def test_a_sweep_measurement_times_idle_starts_and_simulates_load_with_them(prep
 
     import qbench.validate.measure as measure_module
     from qbench.recipe_slo import LoadSpec, SloSpec
+    from qbench.validate.latency import BatcherSamples
 
     calls = []
 
-    def idle_samples(runner, feeds, batch_sizes, iterations, idle_ms):
+    def batcher_samples(runner, feeds, batch_sizes, iterations, idle_ms):
         calls.append((tuple(batch_sizes), iterations, idle_ms))
-        return {bs: np.full(iterations, 40.0) for bs in batch_sizes}
+        return BatcherSamples({bs: 0.0 for bs in batch_sizes}, {bs: np.full(iterations, 40.0) for bs in batch_sizes})
 
-    monkeypatch.setattr(measure_module, "measure_idle_samples", idle_samples)
+    monkeypatch.setattr(measure_module, "measure_batcher_samples", batcher_samples)
     slo = SloSpec(p99_ms=100.0, rate_rps=10.0, load=LoadSpec(max_queue_delay_ms=2.0, requests=200))
     with_slo = dataclasses.replace(prepared, recipe=prepared.recipe.model_copy(update={"slo": slo}))
     timing = LatencySpec(batch_sizes=[1, 8], warmup=1, iterations=3, stability=None)
