@@ -34,7 +34,7 @@ class LoadStats:
     mean_wait_ms: float  # time in the queue before the request's batch starts
     mean_batch_size: float
     achieved_rps: float  # requests / (last completion - first arrival)
-    # the rate is at or above what one instance sustains (full batches at the median service time): under sustained
+    # the rate is at or above what one instance sustains (full batches at the mean service time): under sustained
     # traffic its queue grows without bound, however short the finite simulation's tail looks
     overloaded: bool = False
 

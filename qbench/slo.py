@@ -22,6 +22,7 @@ from qbench.results import LatencyPoint, SweepResults, VariantResult
 from qbench.results_serving import ServingResult
 from qbench.validate.bound import estimate_bound, last_level_cache_bytes, memory_bandwidth_bytes_per_s
 from qbench.validate.cost import usd_per_million
+from qbench.validate.latency import BatcherSamples
 from qbench.validate.load import Batcher, Draws, LoadReplay, MeasuredServiceTimes, search_max_rate
 
 SLO_SCOPE = "slo"
@@ -37,8 +38,11 @@ def serving_figures(
     model_bytes: int | None,
     runtime: Mapping[str, Any],
     preprocess_ms_per_row: float,
+    batcher: BatcherSamples | None = None,
 ) -> ServingResult:
-    """Pre-processing split, load scenario (with `slo:`), cost (with a price) and bound of one variant on `backend`."""
+    """Pre-processing split, load scenario (with `slo:`), cost (with a price) and bound of one variant on `backend`;
+    `batcher` (`measure_batcher_samples` at `idle_ms`): what serving through a dynamic batcher adds to the timed
+    runs (without it the load is simulated from the timed runs alone)."""
     by_batch = {p.batch_size: p for p in points}
     b1 = by_batch.get(1)
     largest = max(by_batch.values(), key=lambda p: p.batch_size, default=None)
@@ -50,7 +54,7 @@ def serving_figures(
     )  # fmt: skip
     serving = ServingResult(preprocess_ms_per_row=preprocess_ms_per_row, transfer_ms_b1=_transfer_ms(b1, runtime), bound=bound)
     if recipe.slo is not None:
-        serving = _with_load(serving, recipe.slo, backend, samples_ms, recipe.latency.batch_sizes)
+        serving = _with_load(serving, recipe.slo, backend, samples_ms, batcher, recipe.latency.batch_sizes)
     price = recipe.cost.price_per_hour.get(backend) if recipe.cost is not None else None
     if price is not None:
         costs = {f"b{p.batch_size}": usd_per_million(price, p.items_per_s) for p in points}
@@ -81,13 +85,30 @@ def load_settings(slo: SloSpec, backend: str, batch_sizes: Sequence[int]) -> dic
     }
 
 
+def served_times(samples_ms: Mapping[int, np.ndarray], batcher: BatcherSamples | None) -> MeasuredServiceTimes:
+    """The service times of batches served through a dynamic batcher: the timed runs plus the gathering of their
+    rows when the model is busy (the batch starts as the previous one ends), the idle samples when it is idle."""
+    if batcher is None:
+        return MeasuredServiceTimes(samples_ms)
+    busy = {bs: np.asarray(values) + batcher.gather_ms.get(bs, 0.0) for bs, values in samples_ms.items()}
+    return MeasuredServiceTimes(busy, batcher.idle_ms)
+
+
+def idle_ms(slo: SloSpec, backend: str) -> float:
+    """How long the model idles before each idle-start batch is timed: the queue delay, within [1, 5] ms. A
+    batcher without a delay still idles between arrivals; on a 2-core CPU, 1 ms and 5 ms of idling cost a
+    batch the same (the runtime's threads have parked by then), so a longer wait would only lengthen the sweep."""
+    return min(max(slo.queue_delay_ms(backend), 1.0), 5.0)
+
+
 def _with_load(
-    serving: ServingResult, slo: SloSpec, backend: str, samples_ms: Mapping[int, np.ndarray], batch_sizes: Sequence[int]
-) -> ServingResult:
+    serving: ServingResult, slo: SloSpec, backend: str, samples_ms: Mapping[int, np.ndarray],
+    batcher_samples: BatcherSamples | None, batch_sizes: Sequence[int],
+) -> ServingResult:  # fmt: skip
     settings = load_settings(slo, backend, batch_sizes)
     budget = slo.budget(backend)
     batcher = Batcher(settings["max_batch_size"], settings["max_queue_delay_ms"])
-    replay = LoadReplay(MeasuredServiceTimes(samples_ms), batcher, Draws.make(settings["requests"], settings["seed"]))
+    replay = LoadReplay(served_times(samples_ms, batcher_samples), batcher, Draws.make(settings["requests"], settings["seed"]))
     overhead = serving.preprocess_ms_per_row if math.isfinite(serving.preprocess_ms_per_row) else 0.0
     at_rate = replay.at(budget.rate_rps, overhead_ms=overhead) if budget.rate_rps else None
     search = search_max_rate(replay, budget.p99_ms, overhead_ms=overhead)

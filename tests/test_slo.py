@@ -232,3 +232,22 @@ def test_the_serving_table_marks_emulated_latency_and_names_the_columns():
     assert by_name["fp32"][-2:] == ["reference", "not budgeted"]
     assert "int8-ok (emulated latency)" in by_name
     assert any(line.startswith("emulated latency:") for line in table.footer)
+
+
+def test_batches_served_through_a_batcher_pay_the_gathering_when_busy_and_the_idle_time_when_idle():
+    """Timed back to back: 1 ms at batch 1, 2 ms at batch 4; gathering 4 one-row requests takes 1 ms (1 alone: 0);
+    from idle: 5 ms and 6 ms. Busy batches of 4 take 2 + 1 = 3 ms, so full batches sustain 4 / 3 ms = 1,333 req/s
+    (2,000 from the timed runs alone); an idle batch of 1 takes 5 ms."""
+    import numpy as np
+
+    from qbench.slo import served_times
+    from qbench.validate.latency import BatcherSamples
+    from qbench.validate.load import capacity_rps
+
+    samples = {1: np.full(10, 1.0), 4: np.full(10, 2.0)}
+    served = served_times(samples, BatcherSamples({1: 0.0, 4: 1.0}, {1: np.full(10, 5.0), 4: np.full(10, 6.0)}))
+    assert served.service_ms(4, 0.5) == pytest.approx(3.0)
+    assert served.service_ms(1, 0.5, idle=True) == pytest.approx(5.0)
+    assert served.service_ms(2, 0.5) == pytest.approx(1.0 + (3.0 - 1.0) / 3)  # a third of the way from 1 to 4
+    assert capacity_rps(served, 4) == pytest.approx(4000 / 3)
+    assert capacity_rps(served_times(samples, None), 4) == pytest.approx(2000)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -155,6 +156,54 @@ def measure_samples(
         else:
             samples[batch_size] = _timed_until_stable(runner, batch, rule, label)
     return samples
+
+
+def _gather(requests: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """One batch from one-row requests, as a batcher joins them: one np.concatenate per input."""
+    return {name: np.concatenate([request[name] for request in requests]) for name in requests[0]}
+
+
+@dataclass(frozen=True)
+class BatcherSamples:
+    """What serving through a dynamic batcher adds to back-to-back runs of a ready batch, per batch size (ms)."""
+
+    gather_ms: dict[int, float]  # median time to gather one-row requests into the batch, paid before every run
+    idle_ms: dict[int, np.ndarray]  # batches served on an idle model, from when the batcher's timer was due
+
+
+def measure_batcher_samples(
+    runner: Runner, feeds: Mapping[str, np.ndarray], batch_sizes: Sequence[int], iterations: int, idle_ms: float
+) -> BatcherSamples:
+    """For each batch size: the median of `iterations` gatherings of the batch from one-row requests (one
+    np.concatenate per input, as a batcher joins its requests), and `iterations` batches served as a dynamic
+    batcher serves one on an idle model: sleep `idle_ms`, gather, run, timed from when the sleep was due.
+
+    The runner must be warm (timed before). The load simulation charges every batch its gathering and a batch
+    that starts on an idle model the idle time: the timer firing late, the gathering, and the runtime's parked
+    threads and cold caches (qbench.validate.load).
+    """
+    if iterations <= 0:
+        raise QbenchError(f"iterations must be positive, got {iterations}")
+    idle_ns = int(idle_ms * _NS_PER_MS)
+    gather: dict[int, float] = {}
+    idle: dict[int, np.ndarray] = {}
+    for batch_size in batch_sizes:
+        batch = take_batch(feeds, batch_size)
+        requests = [{name: array[i : i + 1] for name, array in batch.items()} for i in range(batch_size)]
+        gatherings = np.empty(iterations, dtype=np.int64)
+        for i in range(iterations):
+            start = time.perf_counter_ns()
+            _gather(requests)
+            gatherings[i] = time.perf_counter_ns() - start
+        gather[batch_size] = float(np.median(gatherings)) / _NS_PER_MS
+        durations = np.empty(iterations, dtype=np.int64)
+        for i in range(iterations):
+            due = time.perf_counter_ns() + idle_ns
+            time.sleep(idle_ms / 1000)
+            runner.run(_gather(requests))
+            durations[i] = time.perf_counter_ns() - due
+        idle[batch_size] = durations.astype(np.float64) / _NS_PER_MS
+    return BatcherSamples(gather, idle)
 
 
 def latency_points(

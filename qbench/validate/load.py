@@ -5,6 +5,14 @@ target rate (exponential gaps), wait in one FIFO queue, and the batcher sends up
 `max_batch_size` of them to the model as soon as the model is free and either the batch is
 full or the oldest request has waited `max_queue_delay_ms`.
 
+A batch that starts on an idle model is charged its own service times (`idle`): timed runs back to
+back leave the runtime's worker threads spinning and its caches hot, while a batcher that waited for
+its queue delay or for an arrival must first wake up (its timer fires late), gather the requests' rows
+and run on a runtime whose threads have parked. On a 2-core CPU that cost 0.1 to 0.15 ms per batch,
+several times a small model's back-to-back run (bench/serving_validation.py). A batch that starts the
+moment the previous one ends (the model was busy: the batcher never slept) is charged the back-to-back
+times (the sweep adds gathering the batch's rows to them: qbench.slo.served_times).
+
 Why a simulation and not a real-time load test: on a small shared machine a threaded load
 generator measures its own scheduling noise. The sweep measures the model's service time per
 batch size on the real runner (many timed runs), and this module replays arrivals against
@@ -36,9 +44,10 @@ from qbench.results_serving import LoadStats
 
 
 class ServiceTimes(Protocol):
-    """How long the model takes for a batch: each of `quantiles` (in [0, 1)) picks a draw from its distribution."""
+    """How long the model takes for a batch: each of `quantiles` (in [0, 1)) picks a draw from its distribution;
+    `idle`: the batch starts on an idle model (see the module's doc)."""
 
-    def service_ms(self, batch_size: int, quantiles: ArrayLike) -> np.ndarray: ...
+    def service_ms(self, batch_size: int, quantiles: ArrayLike, idle: bool = False) -> np.ndarray: ...
 
     @property
     def max_batch_size(self) -> int: ...
@@ -46,14 +55,42 @@ class ServiceTimes(Protocol):
 
 @dataclass(frozen=True)
 class FixedServiceTime:
-    """Every batch of `batch_size` rows takes `base_ms + per_item_ms * batch_size` (tests, and what-ifs)."""
+    """Every batch of `batch_size` rows takes `base_ms + per_item_ms * batch_size`, plus `idle_ms` when it starts on
+    an idle model (tests, and what-ifs)."""
 
     base_ms: float
     per_item_ms: float = 0.0
     max_batch_size: int = 1
+    idle_ms: float = 0.0
 
-    def service_ms(self, batch_size: int, quantiles: ArrayLike) -> np.ndarray:
-        return np.full(np.shape(quantiles), self.base_ms + self.per_item_ms * batch_size)
+    def service_ms(self, batch_size: int, quantiles: ArrayLike, idle: bool = False) -> np.ndarray:
+        return np.full(np.shape(quantiles), self.base_ms + self.per_item_ms * batch_size + (self.idle_ms if idle else 0.0))
+
+
+class _SampledSizes:
+    """Sorted timings per batch size, read at a quantile; sizes between two measured ones interpolate."""
+
+    def __init__(self, samples_ms: Mapping[int, np.ndarray], what: str) -> None:
+        usable = {int(bs): np.sort(np.asarray(v, dtype=np.float64)) for bs, v in samples_ms.items() if len(v)}
+        if not usable:
+            raise QbenchError(f"no {what} to simulate load with")
+        for bs, values in usable.items():
+            if bs <= 0 or not np.all(np.isfinite(values)) or values[0] < 0:
+                raise QbenchError(f"{what} at batch size {bs} must be finite and non-negative")
+        self.sizes = sorted(usable)
+        self._samples = usable
+
+    def _at(self, batch_size: int, quantiles: np.ndarray) -> np.ndarray:
+        values = self._samples[batch_size]
+        return values[np.minimum((quantiles * len(values)).astype(np.int64), len(values) - 1)]
+
+    def at(self, batch_size: int, quantiles: np.ndarray) -> np.ndarray:
+        above = next(bs for bs in self.sizes if bs >= batch_size)
+        below = max((bs for bs in self.sizes if bs <= batch_size), default=above)
+        if below == above:
+            return self._at(above, quantiles)
+        weight = (batch_size - below) / (above - below)
+        return (1 - weight) * self._at(below, quantiles) + weight * self._at(above, quantiles)
 
 
 class MeasuredServiceTimes:
@@ -62,37 +99,29 @@ class MeasuredServiceTimes:
     A batch of a measured size draws from that size's timings (the `quantile`-th of them); a size
     between two measured ones interpolates linearly between the same quantile of both (latency is
     close to affine in batch size); a size below the smallest measured one is charged that size's
-    time (an upper bound). Sizes above the largest measured one are not served.
+    time (an upper bound). Sizes above the largest measured one are not served. `idle_samples_ms`:
+    the same sizes timed from a batcher's wake-up on an idle model (qbench.validate.latency.
+    measure_batcher_samples), drawn for batches that start on an idle model; without them every batch
+    draws from the back-to-back timings.
     """
 
-    def __init__(self, samples_ms: Mapping[int, np.ndarray]) -> None:
-        usable = {int(bs): np.sort(np.asarray(v, dtype=np.float64)) for bs, v in samples_ms.items() if len(v)}
-        if not usable:
-            raise QbenchError("no service-time samples to simulate load with")
-        for bs, values in usable.items():
-            if bs <= 0 or not np.all(np.isfinite(values)) or values[0] < 0:
-                raise QbenchError(f"service times at batch size {bs} must be finite and non-negative")
-        self._sizes = sorted(usable)
-        self._samples = usable
+    def __init__(
+        self, samples_ms: Mapping[int, np.ndarray], idle_samples_ms: Mapping[int, np.ndarray] | None = None
+    ) -> None:
+        self._busy = _SampledSizes(samples_ms, "service times")
+        self._idle = None if idle_samples_ms is None else _SampledSizes(idle_samples_ms, "idle service times")
+        if self._idle is not None and self._idle.sizes != self._busy.sizes:
+            raise QbenchError(f"idle service times are for batch sizes {self._idle.sizes}, expected {self._busy.sizes}")
 
     @property
     def max_batch_size(self) -> int:
-        return self._sizes[-1]
+        return self._busy.sizes[-1]
 
-    def _at(self, batch_size: int, quantiles: np.ndarray) -> np.ndarray:
-        values = self._samples[batch_size]
-        return values[np.minimum((quantiles * len(values)).astype(np.int64), len(values) - 1)]
-
-    def service_ms(self, batch_size: int, quantiles: ArrayLike) -> np.ndarray:
+    def service_ms(self, batch_size: int, quantiles: ArrayLike, idle: bool = False) -> np.ndarray:
         if batch_size > self.max_batch_size:
             raise QbenchError(f"batch size {batch_size} is above the largest measured one ({self.max_batch_size})")
-        q = np.asarray(quantiles, dtype=np.float64)
-        above = next(bs for bs in self._sizes if bs >= batch_size)
-        below = max((bs for bs in self._sizes if bs <= batch_size), default=above)
-        if below == above:
-            return self._at(above, q)
-        weight = (batch_size - below) / (above - below)
-        return (1 - weight) * self._at(below, q) + weight * self._at(above, q)
+        sampled = self._idle if idle and self._idle is not None else self._busy
+        return sampled.at(batch_size, np.asarray(quantiles, dtype=np.float64))
 
 
 @dataclass(frozen=True)
@@ -125,8 +154,9 @@ class Draws:
 class LoadReplay:
     """One model instance behind `batcher`, replaying `draws` at any rate.
 
-    The service time of the k-th batch depends on its size and on the k-th quantile draw only, not on
-    the rate: each size's column is looked up once and reused by every rate a search tries.
+    The service time of the k-th batch depends on its size, on whether it starts on an idle model and
+    on the k-th quantile draw only, not on the rate: each (size, idle) column is looked up once and
+    reused by every rate a search tries.
     """
 
     def __init__(self, service: ServiceTimes, batcher: Batcher, draws: Draws) -> None:
@@ -137,12 +167,13 @@ class LoadReplay:
             )
         self.service, self.batcher, self.draws = service, batcher, draws
         self.capacity_rps = capacity_rps(service, batcher.max_batch_size)
-        self._columns: dict[int, list[float]] = {}
+        self._columns: dict[tuple[int, bool], list[float]] = {}
 
-    def _column(self, batch_size: int) -> list[float]:
-        column = self._columns.get(batch_size)
+    def _column(self, batch_size: int, idle: bool) -> list[float]:
+        column = self._columns.get((batch_size, idle))
         if column is None:
-            column = self._columns[batch_size] = self.service.service_ms(batch_size, self.draws.quantiles).tolist()
+            column = self.service.service_ms(batch_size, self.draws.quantiles, idle=idle).tolist()
+            self._columns[batch_size, idle] = column
         return column
 
     def at(self, rate_rps: float, *, overhead_ms: float = 0.0) -> LoadStats:
@@ -173,7 +204,8 @@ class LoadReplay:
     def _batches(self, arrivals: list[float]) -> tuple[list[float], list[int], list[float]]:
         """Each batch's start, size and end. The batcher waits for the model to be free, then until the batch is full
         or the oldest queued request has waited the queue delay (a busy model past the delay starts with what is
-        queued). Plain floats and a bounded bisection: this loop runs once per batch, for every rate tried."""
+        queued). A batch starting after the model fell free starts on an idle model. Plain floats and a bounded
+        bisection: this loop runs once per batch, for every rate tried."""
         n, size, delay = len(arrivals), self.batcher.max_batch_size, self.batcher.max_queue_delay_ms
         starts: list[float] = []
         counts: list[int] = []
@@ -189,7 +221,7 @@ class LoadReplay:
             else:
                 start = deadline
             count = bisect_right(arrivals, start, i, min(i + size, n)) - i
-            free = start + self._column(count)[len(counts)]
+            free = start + self._column(count, start > free)[len(counts)]
             starts.append(start)
             counts.append(count)
             ends.append(free)
@@ -215,11 +247,16 @@ class RateSearch:
 
 
 _IDLE_STEPS = 2
+_QUANTILE_GRID = (np.arange(4096) + 0.5) / 4096  # evenly spread: the mean of its draws is the distribution's mean
 
 
 def capacity_rps(service: ServiceTimes, batch_size: int) -> float:
-    """Requests per second the model sustains at full `batch_size` batches (median service time)."""
-    return batch_size * 1000.0 / max(float(service.service_ms(batch_size, 0.5)), 1e-9)
+    """Requests per second the model sustains at full `batch_size` batches back to back: the batch size over the
+    mean service time. The mean, not the median: a queue fed faster than that grows without bound, and timings with
+    a heavy tail (a shared CPU preempting the runtime for milliseconds) have a mean well above their median (2x for
+    the digits CNN at batch 32 on a busy 2-CPU machine)."""
+    mean_ms = float(np.mean(service.service_ms(batch_size, _QUANTILE_GRID)))
+    return batch_size * 1000.0 / max(mean_ms, 1e-9)
 
 
 def search_max_rate(

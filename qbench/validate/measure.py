@@ -29,11 +29,12 @@ from qbench.preflight import Prepared, check_labels_fit_outputs
 from qbench.provenance import model_bytes, model_sha256
 from qbench.recipe import LatencySpec
 from qbench.results import AccuracyResult, LatencyResult, VariantResult
-from qbench.slo import serving_figures
+from qbench.slo import idle_ms, serving_figures
 from qbench.validate.accuracy import evaluate_accuracy, run_outputs, scale_doubts, with_drops
 from qbench.validate.fidelity import plan_measurement
 from qbench.validate.latency import (
     latency_points,
+    measure_batcher_samples,
     measure_cold_start,
     measure_samples,
     stability_rule,
@@ -167,10 +168,14 @@ def measure(
         try:
             if score and outputs is None:
                 outputs = _run_rows(runner, prepared, rows, f"{label} evaluate", close=False)
-            samples = {}
+            samples, batcher = {}, None
             if timing is not None:
                 samples = measure_samples(runner, rows.feeds, timing.batch_sizes, timing.warmup, timing.iterations,
                                           description=f"{label} latency", stability=timing.stability)  # fmt: skip
+                slo = prepared.recipe.slo
+                if serving and slo is not None:
+                    batcher = measure_batcher_samples(runner, rows.feeds, timing.batch_sizes, timing.iterations,
+                                                      idle_ms(slo, backend.name))  # fmt: skip
             runtime = runner.describe()
         finally:
             runner.close()
@@ -200,7 +205,8 @@ def measure(
                                 points=tuple(points), machine=timing_machine(runtime.get("device")))  # fmt: skip
         if serving:
             serving_result = serving_figures(prepared.recipe, backend.name, samples, points, model_bytes=size,
-                                             runtime=runtime, preprocess_ms_per_row=prepared.preprocess_ms_per_row)  # fmt: skip
+                                             runtime=runtime, preprocess_ms_per_row=prepared.preprocess_ms_per_row,
+                                             batcher=batcher)  # fmt: skip
     result = VariantResult(
         variant=built.name, backend=backend.name, precision=built.precision, status="ok",
         params={**built.params, **{f"runtime.{k}": v for k, v in runtime.items()}}, model_path=str(built.onnx_path),

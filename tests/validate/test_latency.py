@@ -11,7 +11,13 @@ import pytest
 
 from qbench.errors import QbenchError
 from qbench.recipe import StabilitySpec
-from qbench.validate.latency import latency_points, measure_cold_start, measure_steady_state, take_batch
+from qbench.validate.latency import (
+    latency_points,
+    measure_batcher_samples,
+    measure_cold_start,
+    measure_steady_state,
+    take_batch,
+)
 from qbench.validate.stability import StabilityRule
 
 
@@ -95,6 +101,29 @@ def test_steady_state_measures_the_run_call() -> None:
     (point,) = points
     assert point.p50_ms >= 2.0 and point.mean_ms >= 2.0
     assert point.items_per_s <= 2 / 0.002
+
+
+def test_batcher_samples_gather_the_rows_and_time_idle_batches_from_when_the_timer_was_due() -> None:
+    """Per batch size, the gathering of one-row requests (a median, in ms) and each idle batch: the sleep's
+    lateness, the gathering and the run, at least the 1 ms run (a sleep never ends early); the batch run is the
+    rows take_batch gives, joined back."""
+    seen: list[dict[str, np.ndarray]] = []
+
+    class _Recording(_SleepyRunner):
+        def run(self, feeds):
+            seen.append({k: v.copy() for k, v in feeds.items()})
+            return super().run(feeds)
+
+    samples = measure_batcher_samples(_Recording(run_s=0.001), FEEDS, batch_sizes=[1, 4], iterations=3, idle_ms=2.0)
+    assert sorted(samples.idle_ms) == sorted(samples.gather_ms) == [1, 4]
+    assert [len(v) for v in samples.idle_ms.values()] == [3, 3]
+    assert all(value >= 0.0 for value in samples.gather_ms.values())
+    assert [len(feeds["x"]) for feeds in seen] == [1] * 3 + [4] * 3
+    for name, expected in take_batch(FEEDS, 4).items():
+        np.testing.assert_array_equal(seen[-1][name], expected)
+    assert all(value >= 1.0 for values in samples.idle_ms.values() for value in values)
+    with pytest.raises(QbenchError, match="iterations"):
+        measure_batcher_samples(_SleepyRunner(), FEEDS, [1], iterations=0, idle_ms=1.0)
 
 
 def test_steady_state_rejects_bad_counts() -> None:

@@ -161,18 +161,62 @@ def test_bad_inputs_are_errors():
 
 
 def test_a_search_looks_up_each_batch_size_once_whatever_the_rates_tried():
-    """The k-th batch's service time depends on its size and the k-th draw, not on the rate: a search over many
-    rates asks the service model once per batch size it meets, and gives what fresh simulations give."""
+    """The k-th batch's service time depends on its size, on an idle start and the k-th draw, not on the rate: a
+    search over many rates asks the service model once per (batch size, idle) it meets, and gives what fresh
+    simulations give."""
 
     class Counting(FixedServiceTime):
-        def service_ms(self, batch_size, quantiles):
-            if np.ndim(quantiles):  # a column of draws (a scalar quantile is the capacity's median)
-                calls.append(batch_size)
-            return super().service_ms(batch_size, quantiles)
+        def service_ms(self, batch_size, quantiles, idle=False):
+            if np.size(quantiles) == draws.quantiles.size:  # a column of draws (not the capacity's quantile grid)
+                calls.append((batch_size, idle))
+            return super().service_ms(batch_size, quantiles, idle)
 
-    calls: list[int] = []
+    calls: list[tuple[int, bool]] = []
     service, batcher, draws = Counting(1.0, 0.1, max_batch_size=8), Batcher(8, 2.0), Draws.make(3000, seed=6)
     replay = LoadReplay(service, batcher, draws)
     found = search_max_rate(replay, 6.0)
-    assert found.simulations > 8 and len(calls) == len(set(calls)) <= 8
+    assert found.simulations > 8 and len(calls) == len(set(calls)) <= 2 * 8
     assert found.at_max == simulate(FixedServiceTime(1.0, 0.1, max_batch_size=8), batcher, found.max_rate_rps, draws)
+
+
+def test_a_batch_starting_on_an_idle_model_pays_the_idle_service_time():
+    """Batch size 1, no queue delay, 1 ms back to back and 1.5 ms from idle; arrivals at 1, 1.5 and 5 ms:
+    the first starts on an idle model (1 -> 2.5), the second waits for it and starts the moment it ends (2.5 -> 3.5),
+    the third finds the model idle again (5 -> 6.5)."""
+    draws = Draws(unit_gaps=np.array([1.0, 0.5, 3.5]), quantiles=np.zeros(3))
+    stats = LoadReplay(FixedServiceTime(1.0, idle_ms=0.5), Batcher(1, 0.0), draws).at(1000.0)
+    assert stats.mean_ms == pytest.approx((1.5 + 2.0 + 1.5) / 3)
+    assert stats.mean_wait_ms == pytest.approx((0.0 + 1.0 + 0.0) / 3)
+    assert stats.p50_ms == pytest.approx(1.5)
+
+
+def test_a_batch_started_by_its_queue_delay_is_an_idle_start():
+    """Batches of up to 4 waiting 2 ms: two requests at 1 and 2 ms start at 3 ms (the first one's delay) on an idle
+    model and take 1 + 0.5 ms (idle): both end at 4.5 ms."""
+    draws = Draws(unit_gaps=np.array([1.0, 1.0]), quantiles=np.zeros(2))
+    stats = LoadReplay(FixedServiceTime(1.0, max_batch_size=4, idle_ms=0.5), Batcher(4, 2.0), draws).at(1000.0)
+    assert stats.mean_batch_size == 2.0
+    assert stats.mean_ms == pytest.approx((3.5 + 2.5) / 2)
+
+
+def test_measured_idle_service_times_are_drawn_for_idle_starts_only():
+    """Back to back: 1-2 ms at batch 1, 4-8 ms at batch 4; from idle: 3 ms and 6 ms. Batch 2 is a third of the way
+    from 1 to 4: busy 1 + (4 - 1) / 3 = 2 ms at the lowest quantile, idle 3 + (6 - 3) / 3 = 4 ms."""
+    service = MeasuredServiceTimes({1: np.array([1.0, 2.0]), 4: np.array([4.0, 8.0])}, {1: np.array([3.0]), 4: np.array([6.0])})
+    assert service.service_ms(2, 0.0) == pytest.approx(2.0)
+    assert service.service_ms(2, 0.0, idle=True) == pytest.approx(4.0)
+    assert service.service_ms(4, 0.9, idle=True) == 6.0
+    assert MeasuredServiceTimes({1: np.array([1.0])}).service_ms(1, 0.5, idle=True) == 1.0  # none measured: back to back
+    with pytest.raises(QbenchError, match=r"idle service times are for batch sizes \[1\], expected \[1, 4\]"):
+        MeasuredServiceTimes({1: np.array([1.0]), 4: np.array([4.0])}, {1: np.array([3.0])})
+
+
+def test_capacity_is_the_batch_over_the_mean_service_time_not_the_median():
+    """Back to back at batch 2, three runs of 1 ms and one of 9 ms (a preempted run): median 1 ms, mean 3 ms. Full
+    batches sustain 2 / 3 ms = 666.7 req/s; at 1,000 req/s (half the median's 2,000) the queue grows without bound,
+    so the rate is overloaded and the highest rate within even a huge budget stays below 666.7 req/s."""
+    service = MeasuredServiceTimes({2: np.array([1.0, 1.0, 1.0, 9.0])})
+    assert capacity_rps(service, 2) == pytest.approx(2000 / 3)
+    replay = LoadReplay(service, Batcher(2, 0.0), Draws.make(1000, seed=0))
+    assert replay.at(1000.0).overloaded
+    assert search_max_rate(replay, 1e6).max_rate_rps < 2000 / 3

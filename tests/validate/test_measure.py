@@ -157,3 +157,28 @@ def test_fp32_warns_when_its_values_contradict_the_graphs_word_on_the_scale(tmp_
         measure(backend, _fp32(prepared), prepared)
     [record] = caplog.records
     assert record.getMessage().startswith("fp32@onnxruntime-cpu: output 'score': the graph makes it with a linear layer")
+
+
+def test_a_sweep_measurement_times_idle_starts_and_simulates_load_with_them(prepared, monkeypatch):
+    """With `slo:` the sweep's measurement also times batches served from idle (at the queue delay, within [1, 5] ms)
+    and the load simulation charges them: at 10 req/s with a 2 ms queue delay nearly every request waits the delay
+    alone, then 40 ms from idle, so its latency is about 42 ms (back to back the model takes a fraction of a ms)."""
+    import dataclasses
+
+    import qbench.validate.measure as measure_module
+    from qbench.recipe_slo import LoadSpec, SloSpec
+    from qbench.validate.latency import BatcherSamples
+
+    calls = []
+
+    def batcher_samples(runner, feeds, batch_sizes, iterations, idle_ms):
+        calls.append((tuple(batch_sizes), iterations, idle_ms))
+        return BatcherSamples({bs: 0.0 for bs in batch_sizes}, {bs: np.full(iterations, 40.0) for bs in batch_sizes})
+
+    monkeypatch.setattr(measure_module, "measure_batcher_samples", batcher_samples)
+    slo = SloSpec(p99_ms=100.0, rate_rps=10.0, load=LoadSpec(max_queue_delay_ms=2.0, requests=200))
+    with_slo = dataclasses.replace(prepared, recipe=prepared.recipe.model_copy(update={"slo": slo}))
+    timing = LatencySpec(batch_sizes=[1, 8], warmup=1, iterations=3, stability=None)
+    served = measure(get_backend("onnxruntime-cpu"), _fp32(with_slo), with_slo, timing=timing, serving=True).result.serving
+    assert calls == [((1, 8), 3, 2.0)]
+    assert 42.0 <= served.at_rate.p50_ms < 43.0
