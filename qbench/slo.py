@@ -87,11 +87,17 @@ def load_settings(slo: SloSpec, backend: str, batch_sizes: Sequence[int]) -> dic
 
 def served_times(samples_ms: Mapping[int, np.ndarray], batcher: BatcherSamples | None) -> MeasuredServiceTimes:
     """The service times of batches served through a dynamic batcher: the timed runs plus the gathering of their
-    rows when the model is busy (the batch starts as the previous one ends), the idle samples when it is idle."""
+    rows when the model is busy (the batch starts as the previous one ends); when it is idle, the timed runs
+    shifted by how much longer an idle start took (its median over the runs' median, never negative). The many
+    timed runs give the distribution and its tail; the few idle starts only the shift, so a stall among them
+    does not become every idle batch's time."""
     if batcher is None:
         return MeasuredServiceTimes(samples_ms)
-    busy = {bs: np.asarray(values) + batcher.gather_ms.get(bs, 0.0) for bs, values in samples_ms.items()}
-    return MeasuredServiceTimes(busy, batcher.idle_ms)
+    runs = {bs: np.asarray(values, dtype=np.float64) for bs, values in samples_ms.items()}
+    busy = {bs: values + batcher.gather_ms.get(bs, 0.0) for bs, values in runs.items()}
+    idle = {bs: values + max(batcher.idle_ms.get(bs, 0.0) - float(np.median(values)), 0.0) if len(values) else values
+            for bs, values in runs.items()}  # fmt: skip
+    return MeasuredServiceTimes(busy, idle)
 
 
 def idle_ms(slo: SloSpec, backend: str) -> float:

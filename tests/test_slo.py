@@ -245,9 +245,26 @@ def test_batches_served_through_a_batcher_pay_the_gathering_when_busy_and_the_id
     from qbench.validate.load import capacity_rps
 
     samples = {1: np.full(10, 1.0), 4: np.full(10, 2.0)}
-    served = served_times(samples, BatcherSamples({1: 0.0, 4: 1.0}, {1: np.full(10, 5.0), 4: np.full(10, 6.0)}))
+    served = served_times(samples, BatcherSamples({1: 0.0, 4: 1.0}, {1: 5.0, 4: 6.0}))
     assert served.service_ms(4, 0.5) == pytest.approx(3.0)
     assert served.service_ms(1, 0.5, idle=True) == pytest.approx(5.0)
     assert served.service_ms(2, 0.5) == pytest.approx(1.0 + (3.0 - 1.0) / 3)  # a third of the way from 1 to 4
     assert capacity_rps(served, 4) == pytest.approx(4000 / 3)
     assert capacity_rps(served_times(samples, None), 4) == pytest.approx(2000)
+
+
+def test_idle_batches_are_the_timed_runs_shifted_by_the_idle_starts_median():
+    """Timed back to back at batch 1: 1 ms nine times and one 20 ms stall; idle starts' median 3 ms. An idle batch
+    is each timed run + (3 - 1) ms: the tail comes from the many timed runs, not from the few idle starts; an idle
+    median below the runs' median shifts nothing."""
+    import numpy as np
+
+    from qbench.slo import served_times
+    from qbench.validate.latency import BatcherSamples
+
+    runs = {1: np.array([1.0] * 9 + [20.0])}
+    served = served_times(runs, BatcherSamples({1: 0.0}, {1: 3.0}))
+    assert served.service_ms(1, 0.5, idle=True) == pytest.approx(3.0)
+    assert served.service_ms(1, 0.95, idle=True) == pytest.approx(22.0)
+    assert served.service_ms(1, 0.5) == pytest.approx(1.0)
+    assert served_times(runs, BatcherSamples({1: 0.0}, {1: 0.5})).service_ms(1, 0.5, idle=True) == pytest.approx(1.0)

@@ -168,25 +168,32 @@ class BatcherSamples:
     """What serving through a dynamic batcher adds to back-to-back runs of a ready batch, per batch size (ms)."""
 
     gather_ms: dict[int, float]  # median time to gather one-row requests into the batch, paid before every run
-    idle_ms: dict[int, np.ndarray]  # batches served on an idle model, from when the batcher's timer was due
+    idle_ms: dict[int, float]  # median time of a batch served on an idle model, from when the batcher's timer was due
+
+
+IDLE_RUNS = 30  # idle-start batches timed per batch size at most (their median is what the simulation uses)
+IDLE_MIN_RUNS = 5
+IDLE_BUDGET_S = 1.0  # per batch size: past it (and IDLE_MIN_RUNS), no more idle starts are timed
 
 
 def measure_batcher_samples(
     runner: Runner, feeds: Mapping[str, np.ndarray], batch_sizes: Sequence[int], iterations: int, idle_ms: float
 ) -> BatcherSamples:
     """For each batch size: the median of `iterations` gatherings of the batch from one-row requests (one
-    np.concatenate per input, as a batcher joins its requests), and `iterations` batches served as a dynamic
-    batcher serves one on an idle model: sleep `idle_ms`, gather, run, timed from when the sleep was due.
+    np.concatenate per input, as a batcher joins its requests), and the median of batches served as a dynamic
+    batcher serves one on an idle model: sleep `idle_ms`, gather, run, timed from when the sleep was due
+    (at most `iterations` and IDLE_RUNS of them, fewer past IDLE_BUDGET_S: a median needs few runs, and a large
+    model's idle start differs from its back-to-back run by a share too small to need more).
 
     The runner must be warm (timed before). The load simulation charges every batch its gathering and a batch
     that starts on an idle model the idle time: the timer firing late, the gathering, and the runtime's parked
-    threads and cold caches (qbench.validate.load).
+    threads and cold caches (qbench.validate.load, qbench.slo.served_times).
     """
     if iterations <= 0:
         raise QbenchError(f"iterations must be positive, got {iterations}")
     idle_ns = int(idle_ms * _NS_PER_MS)
     gather: dict[int, float] = {}
-    idle: dict[int, np.ndarray] = {}
+    idle: dict[int, float] = {}
     for batch_size in batch_sizes:
         batch = take_batch(feeds, batch_size)
         requests = [{name: array[i : i + 1] for name, array in batch.items()} for i in range(batch_size)]
@@ -196,13 +203,16 @@ def measure_batcher_samples(
             _gather(requests)
             gatherings[i] = time.perf_counter_ns() - start
         gather[batch_size] = float(np.median(gatherings)) / _NS_PER_MS
-        durations = np.empty(iterations, dtype=np.int64)
-        for i in range(iterations):
+        durations: list[int] = []
+        deadline = time.perf_counter_ns() + int(IDLE_BUDGET_S * 1e9)
+        while len(durations) < min(iterations, IDLE_RUNS) and (
+            len(durations) < IDLE_MIN_RUNS or time.perf_counter_ns() < deadline
+        ):
             due = time.perf_counter_ns() + idle_ns
             time.sleep(idle_ms / 1000)
             runner.run(_gather(requests))
-            durations[i] = time.perf_counter_ns() - due
-        idle[batch_size] = durations.astype(np.float64) / _NS_PER_MS
+            durations.append(time.perf_counter_ns() - due)
+        idle[batch_size] = float(np.median(durations)) / _NS_PER_MS
     return BatcherSamples(gather, idle)
 
 

@@ -173,7 +173,7 @@ def test_a_sweep_measurement_times_idle_starts_and_simulates_load_with_them(prep
 
     def batcher_samples(runner, feeds, batch_sizes, iterations, idle_ms):
         calls.append((tuple(batch_sizes), iterations, idle_ms))
-        return BatcherSamples({bs: 0.0 for bs in batch_sizes}, {bs: np.full(iterations, 40.0) for bs in batch_sizes})
+        return BatcherSamples({bs: 0.0 for bs in batch_sizes}, {bs: 40.0 for bs in batch_sizes})
 
     monkeypatch.setattr(measure_module, "measure_batcher_samples", batcher_samples)
     slo = SloSpec(p99_ms=100.0, rate_rps=10.0, load=LoadSpec(max_queue_delay_ms=2.0, requests=200))
