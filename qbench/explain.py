@@ -155,9 +155,11 @@ def rank_groups(
 
 
 def rank_by_sqnr(groups: Mapping[str, Sequence[QuantizedNode]], noise: Mapping[str, float]) -> list[NodeCost]:
-    """Groups by the noise their nodes add (see `sqnr_costs`), noisiest first."""
-    added = {g: float(np.nansum([noise[n.name] for n in members])) for g, members in groups.items()}
-    total = sum(added.values())
+    """Groups by the noise their nodes add (see `sqnr_costs`), noisiest first; a group none of whose nodes has a
+    measurable noise (an ArgMax writes class ids) is NaN, ranked last, not a noiseless 0."""
+    measured = {g: [noise[n.name] for n in members if math.isfinite(noise[n.name])] for g, members in groups.items()}
+    added = {g: float(sum(values)) if values else math.nan for g, values in measured.items()}
+    total = sum(v for v in added.values() if math.isfinite(v))
     costs = [
         NodeCost(g, tuple(sorted(n.name for n in members)), tuple(sorted({n.op_type for n in members})),
                  math.nan, math.nan, added[g] / total if total > 0 else math.nan, added[g])

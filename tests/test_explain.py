@@ -268,3 +268,22 @@ def test_keeping_a_dynamic_variants_only_node_float_leaves_the_users_model_in_pl
     result = explain_variant(load_recipe(path), "int8", method="leave_one_out", workdir=tmp_path / "explained")
     assert [cost.group for cost in result.costs] == ["only"]
     assert (tmp_path / "model.onnx").is_file()
+
+
+def test_sqnr_ranks_a_model_whose_quantized_nodes_include_one_with_an_integer_output(tmp_path):
+    """A classifier's ArgMax (skl2onnx writes one after the scores, its class ids read by later nodes) reads quantized
+    scores and writes int64: SQNR used to expose every node output as float, so ONNX Runtime refused the model (and
+    where the ids were a graph output, ranked their 'noise'); a class id has no noise ratio, so ArgMax is ranked as
+    not measurable and the float nodes as before."""
+    path = write_fragile_project(tmp_path, [{"name": "int8", "precision": "int8", "calibrator": "minmax"}])
+    model = onnx.load(str(tmp_path / "model.onnx"))
+    model.graph.node.extend([helper.make_node("ArgMax", ["y"], ["class_id"], name="argmax", axis=1, keepdims=0),
+                             helper.make_node("Identity", ["class_id"], ["label"], name="label")])
+    model.graph.output.append(helper.make_tensor_value_info("label", TensorProto.INT64, ["batch"]))
+    onnx.save(model, str(tmp_path / "model.onnx"))
+    recipe = load_recipe(path)
+    recipe = recipe.model_copy(update={"model": recipe.model.model_copy(update={"output": "y"})})
+    result = explain_variant(recipe, "int8", method="sqnr")
+    costs = {cost.group: cost.nsr for cost in result.costs}
+    assert "argmax" in costs and np.isnan(costs["argmax"])
+    assert result.costs[0].group == "branch_a" and np.isfinite(result.costs[0].nsr)
