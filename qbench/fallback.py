@@ -49,6 +49,7 @@ from qbench.explain_graph import QuantizedNode, float_keeper, quantized_nodes, s
 from qbench.gate import GateReport, judge
 from qbench.preflight import Prepared
 from qbench.recipe import FallbackSpec, VariantSpec
+from qbench.report_grid import compared
 from qbench.results import VariantResult
 from qbench.validate.measure import Rows, measure
 from qbench.variants import BuildContext, BuiltVariant, build_variant
@@ -115,7 +116,7 @@ class Trial:
         }  # fmt: skip
 
     def breaches(self) -> list[str]:
-        found = [f"{c.scope} drop {c.drop:.4f} > {c.tolerance:g}" for c in self.verdict.breaches]
+        found = [f"{c.scope} drop {compared(c.drop, c.tolerance)[0]} > {c.tolerance:g}" for c in self.verdict.breaches]
         unlowered = [NOT_APPLICABLE] if self.built is not None and not self.lowered else []
         return unlowered + found + list(self.verdict.problems)
 
