@@ -44,6 +44,7 @@ from qbench.preflight import Prepared, prepare
 from qbench.progress import track
 from qbench.recipe import GateSpec, Recipe, VariantSpec
 from qbench.results import AccuracyResult
+from qbench.techniques.calibrators import AUTO_CALIBRATORS
 from qbench.validate.measure import measure
 from qbench.variants import BuildContext, BuiltVariant, build_variant
 from qbench.variants.onnx_utils import discard_built, load_model
@@ -240,9 +241,13 @@ def explain_variant(
     with tempfile.TemporaryDirectory(prefix="qbench-explain-") as tmp:
         ctx = BuildContext(prepared.source.onnx_path, (workdir or Path(tmp)) / "models", prepared.calibration_batches)
         logger.info("%s: building, then measuring each candidate (%s, by %s)", spec.name, method, group_by)
-        built = build_variant(spec, ctx)
         evaluator = _Evaluator(prepared, backend)
-        baseline = evaluator.score(built)
+        if spec.calibrator == "auto":
+            spec, built, baseline, note = _auto_calibrated(spec, ctx, evaluator.score, recipe.gate)
+            notes.insert(0, note)
+        else:
+            built = build_variant(spec, ctx)
+            baseline = evaluator.score(built)
         nodes = quantized_nodes(load_model(ctx.reference_path), built)
         if not nodes:
             raise QbenchError(f"explain: variant {spec.name!r} has no quantized node to rank")
@@ -272,17 +277,35 @@ def explain_variant(
 
 
 def _explained_spec(recipe: Recipe, name: str) -> tuple[VariantSpec, list[str]]:
-    """The recipe's variant as explain builds it: no search, and minmax for `calibrator: auto`."""
+    """The recipe's variant as explain builds it: no search (`calibrator: auto` is chosen by `_auto_calibrated`)."""
     spec = next((v for v in recipe.variants if v.name == name), None)
     if spec is None:
         raise QbenchError(f"explain: variant {expected_one_of(name, [v.name for v in recipe.variants])}")
     if spec.precision != "int8" or spec.qat is not None or spec.quantizer == "modelopt":
         raise QbenchError(f"explain: {name!r} is not an ONNX Runtime INT8 variant (explain ranks the nodes INT8 quantizes)")
-    notes = ["calibrator auto: explained with minmax"] if spec.calibrator == "auto" else []
+    notes = []
     if spec.fallback is not None:
         notes.append("fallback ignored: explaining the variant before any node is kept in FP32")
-    calibrator = "minmax" if spec.calibrator == "auto" else spec.calibrator
-    return spec.model_copy(update={"calibrator": calibrator, "fallback": None}), notes
+    return spec.model_copy(update={"fallback": None}), notes
+
+
+def _auto_calibrated(
+    spec: VariantSpec, ctx: BuildContext, score: Scorer, gate: GateSpec
+) -> tuple[VariantSpec, BuiltVariant, Score, str]:
+    """`calibrator: auto` as the sweep keeps it when no try passes: each calibrator built and scored, the one with the
+    smallest overall drop kept (the sweep keeps the fastest of those that pass; explain does not time, so with
+    several passing it may explain another). The others' models are deleted."""
+    tried = []
+    for calibrator in AUTO_CALIBRATORS:
+        candidate = spec.model_copy(update={"calibrator": calibrator})
+        built = build_variant(candidate, dataclasses.replace(ctx, workdir=ctx.workdir / calibrator))
+        tried.append((candidate, built, score(built)))
+    chosen = min(tried, key=lambda t: t[2].overall if math.isfinite(t[2].overall) else math.inf)
+    for _, built, _ in tried:
+        if built is not chosen[1]:
+            discard_built(built, ctx.workdir, with_folder=True)
+    drops = ", ".join(f"{c.calibrator} {_fmt(s.overall)}" for c, _, s in tried)
+    return *chosen, f"calibrator auto: explained with {chosen[0].calibrator}, the smallest {gate.metric} drop ({drops})"
 
 
 def explain_table(result: ExplainResult, top: int) -> Table:

@@ -51,13 +51,13 @@ from qbench.preflight import Prepared
 from qbench.recipe import FallbackSpec, VariantSpec
 from qbench.report_grid import compared
 from qbench.results import VariantResult
+from qbench.techniques.calibrators import AUTO_CALIBRATORS
 from qbench.validate.measure import Rows, measure
 from qbench.variants import BuildContext, BuiltVariant, build_variant
 from qbench.variants.onnx_utils import discard_built, load_model
 
 logger = logging.getLogger(__name__)
 
-AUTO_CALIBRATORS = ("minmax", "entropy", "percentile", "dynamic")
 RANKING_ROWS = 64  # calibration rows the fallback ranking runs on
 RANKING_BACKEND = "onnxruntime-cpu"
 Evaluate = Callable[[BuiltVariant], VariantResult]

@@ -287,3 +287,20 @@ def test_sqnr_ranks_a_model_whose_quantized_nodes_include_one_with_an_integer_ou
     costs = {cost.group: cost.nsr for cost in result.costs}
     assert "argmax" in costs and np.isnan(costs["argmax"])
     assert result.costs[0].group == "branch_a" and np.isfinite(result.costs[0].nsr)
+
+
+def test_calibrator_auto_is_explained_with_the_calibrator_the_sweep_keeps(tmp_path, monkeypatch):
+    """`calibrator: auto` was explained with minmax whatever the sweep kept: on a model where dynamic INT8 is the
+    closest to FP32, explain reported minmax's drop, not the one the sweep measured for the variant."""
+    from qbench.sweep import run_sweep
+
+    monkeypatch.chdir(tmp_path)
+    variant = {"name": "int8", "precision": "int8", "calibrator": "auto", "op_types": ["MatMul"]}
+    recipe = load_recipe(write_fragile_project(tmp_path, [variant], gate={"metric": "agreement", "max_drop": 0.0}))
+    swept = run_sweep(recipe, track=False).results.find("int8", "onnxruntime-cpu")
+    kept = swept.params["calibrator"]
+    result = explain_variant(recipe, "int8")
+    print(kept, result.notes, result.drop, swept.accuracy.overall.drops["agreement"])
+    assert kept != "minmax"  # the case the old explain got wrong
+    assert result.calibrator == kept and result.notes[0].startswith(f"calibrator auto: explained with {kept}")
+    assert result.drop == pytest.approx(swept.accuracy.overall.drops["agreement"])
