@@ -43,6 +43,7 @@ from qbench.explain_graph import QdqBypass, QuantizedNode, Rebuild, float_keeper
 from qbench.preflight import Prepared, prepare
 from qbench.progress import track
 from qbench.recipe import GateSpec, Recipe, VariantSpec
+from qbench.report_grid import NONE, finite, signed
 from qbench.results import AccuracyResult
 from qbench.techniques.calibrators import AUTO_CALIBRATORS
 from qbench.validate.measure import measure
@@ -304,31 +305,27 @@ def _auto_calibrated(
     for _, built, _ in tried:
         if built is not chosen[1]:
             discard_built(built, ctx.workdir, with_folder=True)
-    drops = ", ".join(f"{c.calibrator} {_fmt(s.overall)}" for c, _, s in tried)
+    drops = ", ".join(f"{c.calibrator} {signed(s.overall)}" for c, _, s in tried)
     return *chosen, f"calibrator auto: explained with {chosen[0].calibrator}, the smallest {gate.metric} drop ({drops})"
 
 
 def explain_table(result: ExplainResult, top: int) -> Table:
     """Rank, group, op types, then the cost overall and on the variant's worst slice (sqnr: the added noise)."""
     what = {"leave_one_out": "recovered", "one_at_a_time": "drop", "sqnr": "added noise"}[result.method]
-    on_worst = f" and {_fmt(result.worst_slice_drop)} on {result.worst_slice}" if result.worst_slice else ""
+    on_worst = f" and {signed(result.worst_slice_drop)} on {result.worst_slice}" if result.worst_slice else ""
     table = Table(title=f"{result.variant}: {result.method} by {result.group_by}, {result.metric} "
-                        f"(the variant drops {_fmt(result.drop)} overall{on_worst})", title_justify="left")  # fmt: skip
+                        f"(the variant drops {signed(result.drop)} overall{on_worst})", title_justify="left")  # fmt: skip
     shown_worst = result.method != "sqnr" and result.worst_slice is not None
     columns = ["rank", result.group_by, "op type", f"{what} overall" if result.method != "sqnr" else what]
     columns += [f"{what} on {result.worst_slice}"] if shown_worst else []
     for column in [*columns, "share"]:
         table.add_column(column, justify="left" if column in (result.group_by, "op type") else "right")
     for rank, cost in enumerate(result.costs[:top], 1):
-        values = [f"{cost.nsr:.2e}"] if result.method == "sqnr" else [_fmt(cost.overall)]
-        values += [_fmt(cost.worst_slice)] if shown_worst else []
+        values = [f"{cost.nsr:.2e}" if finite(cost.nsr) else NONE] if result.method == "sqnr" else [signed(cost.overall)]
+        values += [signed(cost.worst_slice)] if shown_worst else []
         share = f"{cost.share:.0%}" if math.isfinite(cost.share) else "—"
         table.add_row(str(rank), cost.group, ",".join(cost.op_types), *values, share)
     return table
-
-
-def _fmt(value: float) -> str:
-    return f"{value:+.4f}" if math.isfinite(value) else "—"
 
 
 def plot_costs(result: ExplainResult, path: Path, top: int) -> Path:

@@ -77,6 +77,13 @@ def compared(value: float, limit: float, digits: int = 4) -> tuple[str, str]:
     return shown
 
 
+def percent(share: float) -> str:
+    """A share as a whole percentage, or with two significant digits under 1 % (0.067 %, not "0%")."""
+    if 0 < abs(share) < 0.01:
+        return f"{share * 100:.2g}%"
+    return f"{share:.0%}"
+
+
 def num(value: float | None, digits: int = 4) -> str:
     return figure(value, digits) if finite(value) else NONE
 

@@ -304,3 +304,25 @@ def test_calibrator_auto_is_explained_with_the_calibrator_the_sweep_keeps(tmp_pa
     assert kept != "minmax"  # the case the old explain got wrong
     assert result.calibrator == kept and result.notes[0].startswith(f"calibrator auto: explained with {kept}")
     assert result.drop == pytest.approx(swept.accuracy.overall.drops["agreement"])
+
+
+def test_explain_table_prints_small_costs_with_their_digits_and_unmeasurable_noise_as_a_dash():
+    """A kl_mean gate gives drops of 1e-5: the table read '+0.0000' for every node (and 'nan' for a node whose noise
+    is not measurable)."""
+    from rich.console import Console
+
+    from qbench.explain import ExplainResult, NodeCost, explain_table
+
+    def result(method: str) -> ExplainResult:
+        costs = (NodeCost("fc", ("fc",), ("MatMul",), 3.2e-5, 4.1e-5, 0.97, 2e-4),
+                 NodeCost("argmax", ("argmax",), ("ArgMax",), -1.5e-6, -2e-6, -0.03, float("nan")))  # fmt: skip
+        return ExplainResult("r", "int8", "minmax", method, "node", "kl_mean", "onnxruntime-cpu", 100,
+                             3.3e-5, "half=first", 4.6e-5, 2, costs)  # fmt: skip
+
+    console = Console(width=200, record=True)
+    console.print(explain_table(result("leave_one_out"), 10))
+    console.print(explain_table(result("sqnr"), 10))
+    text = " ".join(console.export_text().split())  # the title wraps to the table's width
+    assert "drops +3.30e-05 overall and +4.60e-05 on half=first" in text
+    assert "+3.20e-05" in text and "+4.10e-05" in text and "-1.50e-06" in text and "+0.0000" not in text
+    assert "nan" not in text
