@@ -257,6 +257,7 @@ def explain_variant(
         scratch.workdir.mkdir(parents=True)
         capped = max_nodes is not None and len(groups) > max_nodes
         if method == "sqnr" or capped:
+            _require_fp32_tensors(built, "--method sqnr" if method == "sqnr" else "--max-nodes")
             noise = sqnr_costs(ctx.reference_path, built, nodes, [prepared.evaluation_feeds], backend, options,
                                scratch.workdir, prepared.batch)  # fmt: skip
             by_noise = rank_by_sqnr(groups, noise)
@@ -307,6 +308,18 @@ def _auto_calibrated(
             discard_built(built, ctx.workdir, with_folder=True)
     drops = ", ".join(f"{c.calibrator} {signed(s.overall)}" for c, _, s in tried)
     return *chosen, f"calibrator auto: explained with {chosen[0].calibrator}, the smallest {gate.metric} drop ({drops})"
+
+
+def _require_fp32_tensors(built: BuiltVariant, option: str) -> None:
+    """SQNR compares the variant's intermediate tensors with FP32's: meaningless where the build rescaled them
+    (SmoothQuant divides a Linear's input per channel and folds that into its producer, so the tensors between
+    Linears are FP32's divided by the smoothing scales: a 'noise' of 24 % on a tensor computed exactly)."""
+    if built.params.get("weights_rewritten"):
+        raise QbenchError(
+            f"explain: {option} cannot rank {built.name!r}: its build rescaled the tensors between Linears "
+            "(SmoothQuant), so they cannot be compared with FP32's; use --method leave_one_out or one_at_a_time, "
+            "without --max-nodes"
+        )
 
 
 def explain_table(result: ExplainResult, top: int) -> Table:
