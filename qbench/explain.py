@@ -53,6 +53,8 @@ from qbench.variants.onnx_utils import discard_built, load_model
 logger = logging.getLogger(__name__)
 
 METHODS = ("leave_one_out", "one_at_a_time", "sqnr")
+# the techniques that quantize the FP32 graph node by node (a QAT or ModelOpt variant is a model exported anew)
+EXPLAINED_TECHNIQUES = ("ort-static", "ort-dynamic", "linear", "smoothquant")
 GROUPINGS = ("node", "op_type", "layer", "pattern")
 
 
@@ -283,8 +285,12 @@ def _explained_spec(recipe: Recipe, name: str) -> tuple[VariantSpec, list[str]]:
     spec = next((v for v in recipe.variants if v.name == name), None)
     if spec is None:
         raise QbenchError(f"explain: variant {expected_one_of(name, [v.name for v in recipe.variants])}")
-    if spec.precision != "int8" or spec.qat is not None or spec.quantizer == "modelopt":
-        raise QbenchError(f"explain: {name!r} is not an ONNX Runtime INT8 variant (explain ranks the nodes INT8 quantizes)")
+    if spec.technique_name not in EXPLAINED_TECHNIQUES:
+        explained = ", ".join(EXPLAINED_TECHNIQUES)
+        raise QbenchError(
+            f"explain: {name!r} is a {spec.technique_name} variant; explain ranks the nodes that an INT8 build of the"
+            f" FP32 graph quantizes ({explained}): explain a variant built by one of those"
+        )
     notes = []
     if spec.fallback is not None:
         notes.append("fallback ignored: explaining the variant before any node is kept in FP32")

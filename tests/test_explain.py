@@ -202,6 +202,18 @@ def test_cli_explain_refuses_a_variant_it_cannot_explain(project, capsys):
     assert "did you mean 'int8'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("options", "technique"), [({"precision": "fp16"}, "fp16"),
+                                                    ({"precision": "fp8", "calibrator": "minmax"}, "fp8")])  # fmt: skip
+def test_explain_names_the_technique_it_cannot_explain(project, options, technique):
+    """A QAT variant of a PyTorch model was refused as 'not an ONNX Runtime INT8 variant', though ONNX Runtime runs
+    its INT8 Q/DQ export: the refusal now names the variant's technique and those explain ranks."""
+    recipe = load_recipe(project)
+    recipe = recipe.model_copy(update={"variants": [*recipe.variants, VariantSpec(name="other", **options)]})
+    expected = rf"'other' is a {technique} variant; .* \(ort-static, ort-dynamic, linear, smoothquant\)"
+    with pytest.raises(QbenchError, match=expected):
+        explain_variant(recipe, "other")
+
+
 def test_explain_is_logged_to_mlflow(project, monkeypatch):
     from mlflow.tracking import MlflowClient
 
