@@ -66,7 +66,8 @@ class QdqBypass:
         self._quantized = load_model(built.onnx_path)
 
     def keep_float(self, names: Collection[str], label: str) -> BuiltVariant:
-        path = save_model(bypass_qdq(self._quantized, self._reference, names), self.workdir / f"{label}.onnx")
+        op_types = self._built.params.get("op_types")
+        path = save_model(bypass_qdq(self._quantized, self._reference, names, op_types), self.workdir / f"{label}.onnx")
         return dataclasses.replace(self._built, name=label, onnx_path=path)
 
 
