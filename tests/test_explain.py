@@ -172,6 +172,40 @@ def test_bypass_restores_a_relu_the_quantizer_folded_away(tmp_path):
     assert error <= y_step / 2 + 1e-5 < int8_error
 
 
+@pytest.mark.parametrize("kept", [["softmax"], ["softmax", "argmax"], ["argmax"]])
+def test_a_bypass_computes_what_a_rebuild_with_the_nodes_excluded_computes(tmp_path, kept):
+    """fc -> Softmax -> Identity -> scores (a graph output) -> ArgMax, as skl2onnx writes a classifier: static INT8
+    rounds the Softmax's output and, for the ArgMax, the Identity's. Kept float, a node leaves unrounded what only
+    it wanted rounded (also through the Identity, which computes in float): the bypass gives the rebuild's scores."""
+    w = np.random.default_rng(3).normal(size=(WIDTH, 4)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["logits"], name="fc"),
+         helper.make_node("Softmax", ["logits"], ["p"], name="softmax", axis=-1),
+         helper.make_node("Identity", ["p"], ["scores"], name="copy"),
+         helper.make_node("ArgMax", ["scores"], ["label"], name="argmax", axis=1)], "scores",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", WIDTH])],
+        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batch", 4]),
+         helper.make_tensor_value_info("label", TensorProto.INT64, ["batch", 1])],
+        initializer=[numpy_helper.from_array(w, "w")],
+    )  # fmt: skip
+    path = tmp_path / "model.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    x = {"x": np.random.default_rng(2).normal(size=(64, WIDTH)).astype(np.float32)}
+    spec = VariantSpec(name="q", precision="int8", calibrator="minmax")
+    built = build_variant(spec, BuildContext(path, tmp_path / "q", [x]))
+    rebuilt = build_variant(spec.model_copy(update={"exclude_nodes": kept}), BuildContext(path, tmp_path / "x", [x]))
+    quantized, reference = onnx.load(str(built.onnx_path)), onnx.load(str(path))
+    bypassed = bypass_qdq(quantized, reference, kept, built.params["op_types"])
+    onnx.checker.check_model(bypassed)
+
+    def scores(model: onnx.ModelProto) -> np.ndarray:
+        return ort.InferenceSession(model.SerializeToString()).run(["scores"], x)[0]
+
+    expected, fp32 = scores(onnx.load(str(rebuilt.onnx_path))), scores(reference)
+    print(kept, np.abs(scores(quantized) - fp32).max(), np.abs(expected - fp32).max())
+    np.testing.assert_allclose(scores(bypassed), expected, atol=1e-6)
+
+
 def test_cli_explain_writes_table_plot_and_json(project, monkeypatch, capsys):
     monkeypatch.chdir(project.parent)
     code = main(["explain", str(project), "--variant", "int8", "--top", "3", "--no-track"])

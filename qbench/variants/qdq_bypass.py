@@ -77,9 +77,9 @@ def _unneeded_dequantizations(
     model: onnx.ModelProto, producers: Mapping[str, onnx.NodeProto], names: Collection[str],
     quantized_op_types: Collection[str] | None,
 ) -> dict[str, str]:  # fmt: skip
-    """A DequantizeLinear's output -> the float tensor it stands for, where a node in `names` computes that tensor and no
-    node of `quantized_op_types` outside `names` reads the dequantized value (it is read by a node computing in
-    float anyway, or is a graph output)."""
+    """A DequantizeLinear's output -> the float tensor it stands for, where the Q/DQ pair is there for nodes in `names`
+    only: one of them computes or reads the tensor, and no other node of `quantized_op_types` does (the others
+    compute in float anyway, like an Identity, or it is a graph output)."""
     if quantized_op_types is None:
         return {}
     readers: dict[str, list[onnx.NodeProto]] = {}
@@ -92,10 +92,11 @@ def _unneeded_dequantizations(
             continue
         _, source = dequantized_from(node.output[0], producers)
         computed_by = producers.get(source) if source is not None else None
-        if computed_by is None or computed_by.name not in names:
+        if computed_by is None:
             continue
-        wanted = [r for r in readers.get(node.output[0], []) if r.op_type in quantized_op_types and r.name not in names]
-        if not wanted:
+        users = [computed_by, *readers.get(node.output[0], [])]
+        kept = any(user.name in names for user in users)
+        if kept and not any(user.op_type in quantized_op_types and user.name not in names for user in users):
             found[node.output[0]] = source
     return found
 
