@@ -43,7 +43,9 @@ from qbench.explain_graph import QdqBypass, QuantizedNode, Rebuild, float_keeper
 from qbench.preflight import Prepared, prepare
 from qbench.progress import track
 from qbench.recipe import GateSpec, Recipe, VariantSpec
+from qbench.report_grid import NONE, finite, signed
 from qbench.results import AccuracyResult
+from qbench.techniques.calibrators import AUTO_CALIBRATORS
 from qbench.validate.measure import measure
 from qbench.variants import BuildContext, BuiltVariant, build_variant
 from qbench.variants.onnx_utils import discard_built, load_model
@@ -51,6 +53,8 @@ from qbench.variants.onnx_utils import discard_built, load_model
 logger = logging.getLogger(__name__)
 
 METHODS = ("leave_one_out", "one_at_a_time", "sqnr")
+# the techniques that quantize the FP32 graph node by node (a QAT or ModelOpt variant is a model exported anew)
+EXPLAINED_TECHNIQUES = ("ort-static", "ort-dynamic", "linear", "smoothquant")
 GROUPINGS = ("node", "op_type", "layer", "pattern")
 
 
@@ -155,9 +159,11 @@ def rank_groups(
 
 
 def rank_by_sqnr(groups: Mapping[str, Sequence[QuantizedNode]], noise: Mapping[str, float]) -> list[NodeCost]:
-    """Groups by the noise their nodes add (see `sqnr_costs`), noisiest first."""
-    added = {g: float(np.nansum([noise[n.name] for n in members])) for g, members in groups.items()}
-    total = sum(added.values())
+    """Groups by the noise their nodes add (see `sqnr_costs`), noisiest first; a group none of whose nodes has a
+    measurable noise (an ArgMax writes class ids) is NaN, ranked last, not a noiseless 0."""
+    measured = {g: [noise[n.name] for n in members if math.isfinite(noise[n.name])] for g, members in groups.items()}
+    added = {g: float(sum(values)) if values else math.nan for g, values in measured.items()}
+    total = sum(v for v in added.values() if math.isfinite(v))
     costs = [
         NodeCost(g, tuple(sorted(n.name for n in members)), tuple(sorted({n.op_type for n in members})),
                  math.nan, math.nan, added[g] / total if total > 0 else math.nan, added[g])
@@ -238,9 +244,13 @@ def explain_variant(
     with tempfile.TemporaryDirectory(prefix="qbench-explain-") as tmp:
         ctx = BuildContext(prepared.source.onnx_path, (workdir or Path(tmp)) / "models", prepared.calibration_batches)
         logger.info("%s: building, then measuring each candidate (%s, by %s)", spec.name, method, group_by)
-        built = build_variant(spec, ctx)
         evaluator = _Evaluator(prepared, backend)
-        baseline = evaluator.score(built)
+        if spec.calibrator == "auto":
+            spec, built, baseline, note = _auto_calibrated(spec, ctx, evaluator.score, recipe.gate)
+            notes.insert(0, note)
+        else:
+            built = build_variant(spec, ctx)
+            baseline = evaluator.score(built)
         nodes = quantized_nodes(load_model(ctx.reference_path), built)
         if not nodes:
             raise QbenchError(f"explain: variant {spec.name!r} has no quantized node to rank")
@@ -249,6 +259,7 @@ def explain_variant(
         scratch.workdir.mkdir(parents=True)
         capped = max_nodes is not None and len(groups) > max_nodes
         if method == "sqnr" or capped:
+            _require_fp32_tensors(built, "--method sqnr" if method == "sqnr" else "--max-nodes")
             noise = sqnr_costs(ctx.reference_path, built, nodes, [prepared.evaluation_feeds], backend, options,
                                scratch.workdir, prepared.batch)  # fmt: skip
             by_noise = rank_by_sqnr(groups, noise)
@@ -270,40 +281,70 @@ def explain_variant(
 
 
 def _explained_spec(recipe: Recipe, name: str) -> tuple[VariantSpec, list[str]]:
-    """The recipe's variant as explain builds it: no search, and minmax for `calibrator: auto`."""
+    """The recipe's variant as explain builds it: no search (`calibrator: auto` is chosen by `_auto_calibrated`)."""
     spec = next((v for v in recipe.variants if v.name == name), None)
     if spec is None:
         raise QbenchError(f"explain: variant {expected_one_of(name, [v.name for v in recipe.variants])}")
-    if spec.precision != "int8" or spec.qat is not None or spec.quantizer == "modelopt":
-        raise QbenchError(f"explain: {name!r} is not an ONNX Runtime INT8 variant (explain ranks the nodes INT8 quantizes)")
-    notes = ["calibrator auto: explained with minmax"] if spec.calibrator == "auto" else []
+    if spec.technique_name not in EXPLAINED_TECHNIQUES:
+        explained = ", ".join(EXPLAINED_TECHNIQUES)
+        raise QbenchError(
+            f"explain: {name!r} is a {spec.technique_name} variant; explain ranks the nodes that an INT8 build of the"
+            f" FP32 graph quantizes ({explained}): explain a variant built by one of those"
+        )
+    notes = []
     if spec.fallback is not None:
         notes.append("fallback ignored: explaining the variant before any node is kept in FP32")
-    calibrator = "minmax" if spec.calibrator == "auto" else spec.calibrator
-    return spec.model_copy(update={"calibrator": calibrator, "fallback": None}), notes
+    return spec.model_copy(update={"fallback": None}), notes
+
+
+def _auto_calibrated(
+    spec: VariantSpec, ctx: BuildContext, score: Scorer, gate: GateSpec
+) -> tuple[VariantSpec, BuiltVariant, Score, str]:
+    """`calibrator: auto` as the sweep keeps it when no try passes: each calibrator built and scored, the one with the
+    smallest overall drop kept (the sweep keeps the fastest of those that pass; explain does not time, so with
+    several passing it may explain another). The others' models are deleted."""
+    tried = []
+    for calibrator in AUTO_CALIBRATORS:
+        candidate = spec.model_copy(update={"calibrator": calibrator})
+        built = build_variant(candidate, dataclasses.replace(ctx, workdir=ctx.workdir / calibrator))
+        tried.append((candidate, built, score(built)))
+    chosen = min(tried, key=lambda t: t[2].overall if math.isfinite(t[2].overall) else math.inf)
+    for _, built, _ in tried:
+        if built is not chosen[1]:
+            discard_built(built, ctx.workdir, with_folder=True)
+    drops = ", ".join(f"{c.calibrator} {signed(s.overall)}" for c, _, s in tried)
+    return *chosen, f"calibrator auto: explained with {chosen[0].calibrator}, the smallest {gate.metric} drop ({drops})"
+
+
+def _require_fp32_tensors(built: BuiltVariant, option: str) -> None:
+    """SQNR compares the variant's intermediate tensors with FP32's: meaningless where the build rescaled them
+    (SmoothQuant divides a Linear's input per channel and folds that into its producer, so the tensors between
+    Linears are FP32's divided by the smoothing scales: a 'noise' of 24 % on a tensor computed exactly)."""
+    if built.params.get("weights_rewritten"):
+        raise QbenchError(
+            f"explain: {option} cannot rank {built.name!r}: its build rescaled the tensors between Linears "
+            "(SmoothQuant), so they cannot be compared with FP32's; use --method leave_one_out or one_at_a_time, "
+            "without --max-nodes"
+        )
 
 
 def explain_table(result: ExplainResult, top: int) -> Table:
     """Rank, group, op types, then the cost overall and on the variant's worst slice (sqnr: the added noise)."""
     what = {"leave_one_out": "recovered", "one_at_a_time": "drop", "sqnr": "added noise"}[result.method]
-    on_worst = f" and {_fmt(result.worst_slice_drop)} on {result.worst_slice}" if result.worst_slice else ""
+    on_worst = f" and {signed(result.worst_slice_drop)} on {result.worst_slice}" if result.worst_slice else ""
     table = Table(title=f"{result.variant}: {result.method} by {result.group_by}, {result.metric} "
-                        f"(the variant drops {_fmt(result.drop)} overall{on_worst})", title_justify="left")  # fmt: skip
+                        f"(the variant drops {signed(result.drop)} overall{on_worst})", title_justify="left")  # fmt: skip
     shown_worst = result.method != "sqnr" and result.worst_slice is not None
     columns = ["rank", result.group_by, "op type", f"{what} overall" if result.method != "sqnr" else what]
     columns += [f"{what} on {result.worst_slice}"] if shown_worst else []
     for column in [*columns, "share"]:
         table.add_column(column, justify="left" if column in (result.group_by, "op type") else "right")
     for rank, cost in enumerate(result.costs[:top], 1):
-        values = [f"{cost.nsr:.2e}"] if result.method == "sqnr" else [_fmt(cost.overall)]
-        values += [_fmt(cost.worst_slice)] if shown_worst else []
+        values = [f"{cost.nsr:.2e}" if finite(cost.nsr) else NONE] if result.method == "sqnr" else [signed(cost.overall)]
+        values += [signed(cost.worst_slice)] if shown_worst else []
         share = f"{cost.share:.0%}" if math.isfinite(cost.share) else "—"
         table.add_row(str(rank), cost.group, ",".join(cost.op_types), *values, share)
     return table
-
-
-def _fmt(value: float) -> str:
-    return f"{value:+.4f}" if math.isfinite(value) else "—"
 
 
 def plot_costs(result: ExplainResult, path: Path, top: int) -> Path:

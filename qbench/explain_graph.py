@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,7 +66,8 @@ class QdqBypass:
         self._quantized = load_model(built.onnx_path)
 
     def keep_float(self, names: Collection[str], label: str) -> BuiltVariant:
-        path = save_model(bypass_qdq(self._quantized, self._reference, names), self.workdir / f"{label}.onnx")
+        op_types = self._built.params.get("op_types")
+        path = save_model(bypass_qdq(self._quantized, self._reference, names, op_types), self.workdir / f"{label}.onnx")
         return dataclasses.replace(self._built, name=label, onnx_path=path)
 
 
@@ -130,12 +131,13 @@ def sqnr_costs(
     size = fixed_batch or SQNR_BATCH_ROWS
     reference, quantized = load_model(reference_path), load_model(built.onnx_path)
     pairs = {n.name: _tensor_pairs(n.name, reference, quantized) for n in nodes}
-    q_known, r_known = _tensor_names(quantized), _tensor_names(reference)
-    wanted = sorted({p for tensors in pairs.values() for p in tensors if p[0] in q_known and p[1] in r_known})
+    q_types, r_types = _float_tensor_types(quantized), _float_tensor_types(reference)
+    wanted = sorted({p for tensors in pairs.values() for p in tensors if p[0] in q_types and p[1] in r_types})
     signal, noise = dict.fromkeys(wanted, 0.0), dict.fromkeys(wanted, 0.0)
-    run_reference = _Exposed(backend, options, built, reference, [r for _, r in wanted], workdir / "sqnr-fp32.onnx")
+    run_reference = _Exposed(backend, options, built, reference, {r: r_types[r] for _, r in wanted}, workdir / "sqnr-fp32.onnx")
     try:
-        run_quantized = _Exposed(backend, options, built, quantized, [q for q, _ in wanted], workdir / "sqnr-int8.onnx")
+        exposed = {q: q_types[q] for q, _ in wanted}
+        run_quantized = _Exposed(backend, options, built, quantized, exposed, workdir / "sqnr-int8.onnx")
         try:
             for feeds in batches:
                 rows = len(next(iter(feeds.values())))
@@ -164,20 +166,31 @@ def _real_rows(values: np.ndarray, fed: int, real: int) -> np.ndarray:
     return values[:real] if real < fed and values.ndim and values.shape[0] == fed else values
 
 
-def _tensor_names(model: onnx.ModelProto) -> set[str]:
-    return {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
+FLOAT_TYPES = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE)
+
+
+def _float_tensor_types(model: onnx.ModelProto) -> dict[str, int]:
+    """Floating-point tensor -> its element type, as ONNX shape inference states it (graph inputs and node outputs).
+
+    Only these have a noise-to-signal ratio: a class id (ArgMax), a mask or a shape has none, and exposing it as
+    float makes ONNX Runtime refuse the model; a tensor whose type inference cannot state is left out too."""
+    inferred = onnx.shape_inference.infer_shapes(model).graph
+    declared = {v.name: v.type.tensor_type.elem_type for v in [*inferred.input, *inferred.value_info, *inferred.output]}
+    computed = [o for n in model.graph.node for o in n.output] + [i.name for i in model.graph.input]
+    return {name: declared[name] for name in computed if declared.get(name) in FLOAT_TYPES}
 
 
 class _Exposed:
-    """A runner of `model` with `names` added as outputs; calling it returns those tensors (and the feeds)."""
+    """A runner of `model` with the tensors of `types` (name -> element type) added as outputs; calling it returns
+    those tensors (and the feeds)."""
 
     def __init__(self, backend: Backend, options: RunOptions, built: BuiltVariant, model: onnx.ModelProto,
-                 names: Sequence[str], path: Path) -> None:  # fmt: skip
+                 types: Mapping[str, int], path: Path) -> None:  # fmt: skip
         exposed = onnx.ModelProto()
         exposed.CopyFrom(model)
         have = {o.name for o in exposed.graph.output} | {i.name for i in exposed.graph.input}
-        added = [n for n in dict.fromkeys(names) if n not in have]
-        exposed.graph.output.extend(helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in added)
+        added = [n for n in types if n not in have]
+        exposed.graph.output.extend(helper.make_tensor_value_info(n, types[n], None) for n in added)
         self._order = [o.name for o in exposed.graph.output]
         self._path = save_model(exposed, path)
         self._runner = backend.load(dataclasses.replace(built, onnx_path=path), options)

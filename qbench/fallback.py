@@ -49,14 +49,15 @@ from qbench.explain_graph import QuantizedNode, float_keeper, quantized_nodes, s
 from qbench.gate import GateReport, judge
 from qbench.preflight import Prepared
 from qbench.recipe import FallbackSpec, VariantSpec
+from qbench.report_grid import compared, figure, percent
 from qbench.results import VariantResult
+from qbench.techniques.calibrators import AUTO_CALIBRATORS
 from qbench.validate.measure import Rows, measure
 from qbench.variants import BuildContext, BuiltVariant, build_variant
 from qbench.variants.onnx_utils import discard_built, load_model
 
 logger = logging.getLogger(__name__)
 
-AUTO_CALIBRATORS = ("minmax", "entropy", "percentile", "dynamic")
 RANKING_ROWS = 64  # calibration rows the fallback ranking runs on
 RANKING_BACKEND = "onnxruntime-cpu"
 Evaluate = Callable[[BuiltVariant], VariantResult]
@@ -115,7 +116,7 @@ class Trial:
         }  # fmt: skip
 
     def breaches(self) -> list[str]:
-        found = [f"{c.scope} drop {c.drop:.4f} > {c.tolerance:g}" for c in self.verdict.breaches]
+        found = [f"{c.scope} drop {compared(c.drop, c.tolerance)[0]} > {c.tolerance:g}" for c in self.verdict.breaches]
         unlowered = [NOT_APPLICABLE] if self.built is not None and not self.lowered else []
         return unlowered + found + list(self.verdict.problems)
 
@@ -172,8 +173,8 @@ class _Search:
         trial = Trial(calibrator, excluded, built, result, judge(self.reference, result, self.gate))
         self.trials.append(trial)
         verdict = "pass" if trial.passed else f"fail {'; '.join(trial.breaches())[:200]}"
-        logger.info("  try %s: %s %.4f, p50 %.2f ms, %s", trial.label(len(self.spec.exclude_nodes)), self.gate.metric,
-                    trial.metric, trial.p50_ms, verdict)  # fmt: skip
+        logger.info("  try %s: %s %s, p50 %.2f ms, %s", trial.label(len(self.spec.exclude_nodes)), self.gate.metric,
+                    figure(trial.metric), trial.p50_ms, verdict)  # fmt: skip
         self._discard_losers()
         return trial
 
@@ -220,8 +221,9 @@ class _Search:
         self.rankings[base.calibrator] = ranking
         needed = self.gate.max_drop / base.drop if base.drop > 0 else 1.0
         if residual > 2 * needed:
-            self.skipped.append(f"{base.calibrator}: {residual:.0%} of its output noise would stay with "
-                                f"{most} nodes in FP32 (≤{needed:.0%} needed)")  # fmt: skip
+            nodes = "node" if most == 1 else "nodes"
+            self.skipped.append(f"{base.calibrator}: {percent(residual)} of its output noise would stay with "
+                                f"{most} {nodes} in FP32 (≤{percent(needed)} needed)")  # fmt: skip
             logger.info("  no fallback from %s", self.skipped[-1])
             return
         limit = min(most, len(ranking))
@@ -299,7 +301,7 @@ class _Search:
 
     def _notes(self, chosen: Trial) -> list[str]:
         base = len(self.spec.exclude_nodes)
-        steps = " → ".join(f"{t.label(base)} {t.metric:.4f}{'✓' if t.passed else '✗'}" for t in self.trials)
+        steps = " → ".join(f"{t.label(base)} {figure(t.metric)}{'✓' if t.passed else '✗'}" for t in self.trials)
         speed = p50_at_largest_batch(self.reference) / chosen.p50_ms
         shown = f" ({speed:.2f}× FP32 p50)" if math.isfinite(speed) else ""
         notes = [f"search on {self.gate.metric}: {steps}; chosen {chosen.label(base)}{shown}"]
@@ -310,7 +312,7 @@ class _Search:
         if not chosen.lowered:
             notes.append("no try quantized any node: the variant is the FP32 model")
         elif not chosen.passed:
-            notes.append(f"tolerance unreachable; best: {self.gate.metric} {chosen.metric:.4f} "
+            notes.append(f"tolerance unreachable; best: {self.gate.metric} {figure(chosen.metric)} "
                          f"({chosen.label(base)}), breaches: {'; '.join(chosen.breaches())}")  # fmt: skip
         return notes
 

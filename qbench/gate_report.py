@@ -21,7 +21,7 @@ from typing import Any
 from qbench.errors import QbenchError
 from qbench.files import write_atomically
 from qbench.gate import EXIT_BREACH, EXIT_PASS, UNDER_MIN_SIZE, GateCheck, GateReport
-from qbench.report_grid import figure
+from qbench.report_grid import compared, figure
 from qbench.slo import SLO_SCOPE
 
 JSON_SCHEMA_VERSION = 1
@@ -61,10 +61,11 @@ def check_line(check: GateCheck) -> str:
     if check.metric == "nonfinite_outputs":
         return (f"{result} {check_key(check)} {_scope(check)} nonfinite_outputs: NaN/inf on {check.observed:g} rows "
                 f"(FP32: {check.reference:g}), {check.drop:g} of them where FP32 is finite")  # fmt: skip
+    drop, tolerance = compared(check.drop, check.tolerance)
     line = (
         f"{result} {check_key(check)} {_scope(check)} {check.metric}: "
         f"{figure(check.reference)} → {figure(check.observed)}, "
-        f"drop {figure(check.drop)} {comparison} tolerance {figure(check.tolerance)}"
+        f"drop {drop} {comparison} tolerance {tolerance}"
     )
     return f"{line} ({check.size} rows, {skip_reason(check)})" if check.status == "skipped" else line
 
@@ -215,7 +216,7 @@ def junit_xml(report: GateReport, name: str = "qbench gate") -> str:
     for check in report.checks:
         case = _testcase(suite_of(check_key(check)), check_key(check), f"{check.scope}: {check.metric}")
         if check.status == "breach":
-            message = f"drop {figure(check.drop)} > tolerance {figure(check.tolerance)}"
+            message = "drop {} > tolerance {}".format(*compared(check.drop, check.tolerance))
             failure = ET.SubElement(case, "failure", {"type": "breach", "message": message})
             failure.text = check_line(check)
         elif check.status == "skipped":
@@ -257,8 +258,8 @@ def markdown_summary(report: GateReport, title: str = "qbench gate") -> str:
                   "|---|---|---|---:|---:|---:|---:|---|"]  # fmt: skip
         for c in sorted(report.checks, key=lambda c: order.get(c.status, 2)):
             result = {"breach": "**BREACH**", "skipped": f"skipped ({skip_reason(c)})"}.get(c.status, c.status)
-            cells = [check_key(c), c.scope, c.metric, figure(c.reference), figure(c.observed), figure(c.drop),
-                     figure(c.tolerance), result]  # fmt: skip
+            cells = [check_key(c), c.scope, c.metric, figure(c.reference), figure(c.observed),
+                     *compared(c.drop, c.tolerance), result]  # fmt: skip
             lines.append("| " + " | ".join(_md(cell) for cell in cells) + " |")
         lines.append("")
     lines += [f"- **cannot judge (fail closed):** {_md(p)}" for p in report.problems]

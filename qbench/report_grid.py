@@ -62,6 +62,28 @@ def figure(value: float, digits: int = 4, sign: str = "") -> str:
     return f"{value:{sign}.{digits}f}"
 
 
+COMPARED_MAX_DIGITS = 10
+
+
+def compared(value: float, limit: float, digits: int = 4) -> tuple[str, str]:
+    """`value` and the `limit` it is judged against, as `figure` writes them, with as many more decimals as it
+    takes for the pair to read right: the limit as set (a tolerance of 5e-05 is not "0.0001") and two different
+    numbers as two figures (a drop of 0.00012 against 5e-05 must not read "0.0001 > 0.0001")."""
+    for places in range(digits, COMPARED_MAX_DIGITS + 1):
+        shown = figure(value, places), figure(limit, places)
+        as_set = not math.isfinite(limit) or math.isclose(float(shown[1]), limit, rel_tol=1e-9)
+        if as_set and (value == limit or shown[0] != shown[1]):
+            break
+    return shown
+
+
+def percent(share: float) -> str:
+    """A share as a whole percentage, or with two significant digits under 1 % (0.067 %, not "0%")."""
+    if 0 < abs(share) < 0.01:
+        return f"{share * 100:.2g}%"
+    return f"{share:.0%}"
+
+
 def num(value: float | None, digits: int = 4) -> str:
     return figure(value, digits) if finite(value) else NONE
 

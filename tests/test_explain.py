@@ -20,6 +20,7 @@ import yaml
 from onnx import TensorProto, helper, numpy_helper
 
 from qbench.cli import main
+from qbench.errors import QbenchError
 from qbench.explain import explain_variant, group_key, run_explain
 from qbench.explain_graph import QuantizedNode
 from qbench.recipe import VariantSpec, load_recipe
@@ -171,6 +172,40 @@ def test_bypass_restores_a_relu_the_quantizer_folded_away(tmp_path):
     assert error <= y_step / 2 + 1e-5 < int8_error
 
 
+@pytest.mark.parametrize("kept", [["softmax"], ["softmax", "argmax"], ["argmax"]])
+def test_a_bypass_computes_what_a_rebuild_with_the_nodes_excluded_computes(tmp_path, kept):
+    """fc -> Softmax -> Identity -> scores (a graph output) -> ArgMax, as skl2onnx writes a classifier: static INT8
+    rounds the Softmax's output and, for the ArgMax, the Identity's. Kept float, a node leaves unrounded what only
+    it wanted rounded (also through the Identity, which computes in float): the bypass gives the rebuild's scores."""
+    w = np.random.default_rng(3).normal(size=(WIDTH, 4)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["logits"], name="fc"),
+         helper.make_node("Softmax", ["logits"], ["p"], name="softmax", axis=-1),
+         helper.make_node("Identity", ["p"], ["scores"], name="copy"),
+         helper.make_node("ArgMax", ["scores"], ["label"], name="argmax", axis=1)], "scores",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", WIDTH])],
+        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batch", 4]),
+         helper.make_tensor_value_info("label", TensorProto.INT64, ["batch", 1])],
+        initializer=[numpy_helper.from_array(w, "w")],
+    )  # fmt: skip
+    path = tmp_path / "model.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    x = {"x": np.random.default_rng(2).normal(size=(64, WIDTH)).astype(np.float32)}
+    spec = VariantSpec(name="q", precision="int8", calibrator="minmax")
+    built = build_variant(spec, BuildContext(path, tmp_path / "q", [x]))
+    rebuilt = build_variant(spec.model_copy(update={"exclude_nodes": kept}), BuildContext(path, tmp_path / "x", [x]))
+    quantized, reference = onnx.load(str(built.onnx_path)), onnx.load(str(path))
+    bypassed = bypass_qdq(quantized, reference, kept, built.params["op_types"])
+    onnx.checker.check_model(bypassed)
+
+    def scores(model: onnx.ModelProto) -> np.ndarray:
+        return ort.InferenceSession(model.SerializeToString()).run(["scores"], x)[0]
+
+    expected, fp32 = scores(onnx.load(str(rebuilt.onnx_path))), scores(reference)
+    print(kept, np.abs(scores(quantized) - fp32).max(), np.abs(expected - fp32).max())
+    np.testing.assert_allclose(scores(bypassed), expected, atol=1e-6)
+
+
 def test_cli_explain_writes_table_plot_and_json(project, monkeypatch, capsys):
     monkeypatch.chdir(project.parent)
     code = main(["explain", str(project), "--variant", "int8", "--top", "3", "--no-track"])
@@ -199,6 +234,18 @@ def test_explains_started_in_the_same_second_write_their_own_folders(project, mo
 def test_cli_explain_refuses_a_variant_it_cannot_explain(project, capsys):
     assert main(["explain", str(project), "--variant", "int9", "--no-track"]) == 2
     assert "did you mean 'int8'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("options", "technique"), [({"precision": "fp16"}, "fp16"),
+                                                    ({"precision": "fp8", "calibrator": "minmax"}, "fp8")])  # fmt: skip
+def test_explain_names_the_technique_it_cannot_explain(project, options, technique):
+    """A QAT variant of a PyTorch model was refused as 'not an ONNX Runtime INT8 variant', though ONNX Runtime runs
+    its INT8 Q/DQ export: the refusal now names the variant's technique and those explain ranks."""
+    recipe = load_recipe(project)
+    recipe = recipe.model_copy(update={"variants": [*recipe.variants, VariantSpec(name="other", **options)]})
+    expected = rf"'other' is a {technique} variant; .* \(ort-static, ort-dynamic, linear, smoothquant\)"
+    with pytest.raises(QbenchError, match=expected):
+        explain_variant(recipe, "other")
 
 
 def test_explain_is_logged_to_mlflow(project, monkeypatch):
@@ -250,8 +297,21 @@ def test_linear_and_smoothquant_builds_name_their_quantized_nodes_and_are_rebuil
     reference = onnx.load(str(prepared.source.onnx_path))
     assert {n.name for n in quantized_nodes(reference, built)} == {"branch_a", "branch_b", "head", "mm1"}
     assert isinstance(float_keeper(spec, ctx, built), Rebuild)
-    result = explain_variant(recipe.model_copy(update={"variants": [*recipe.variants, spec]}), "lin", method="sqnr")
+    method = "leave_one_out" if smoothquant else "sqnr"  # SQNR cannot compare smoothed tensors with FP32's
+    result = explain_variant(recipe.model_copy(update={"variants": [*recipe.variants, spec]}), "lin", method=method)
     assert sorted(cost.group for cost in result.costs) == ["branch_a", "branch_b", "head", "mm1"]
+
+
+@pytest.mark.parametrize("options", [{"method": "sqnr"}, {"max_nodes": 2}], ids=["sqnr", "max-nodes"])
+def test_sqnr_refuses_a_smoothquant_variant_whose_tensors_are_not_fp32s(project, options):
+    """SmoothQuant folds each Linear's input scaling into the producer, so the tensors between Linears are FP32's
+    divided per channel: SQNR ranked a two-Linear PyTorch MLP's first Linear at 24 % noise, 100 % of the total,
+    and the noisiest one (by leave-one-out) at 0 %. It is now refused in one line naming what works."""
+    recipe = load_recipe(project)
+    spec = VariantSpec(name="sq", precision="int8", calibrator="minmax", smoothquant={"alpha": 0.5})
+    recipe = recipe.model_copy(update={"variants": [*recipe.variants, spec]})
+    with pytest.raises(QbenchError, match=r"cannot rank 'sq': its build rescaled the tensors .* leave_one_out"):
+        explain_variant(recipe, "sq", **options)
 
 
 def test_keeping_a_dynamic_variants_only_node_float_leaves_the_users_model_in_place(tmp_path):
@@ -268,3 +328,91 @@ def test_keeping_a_dynamic_variants_only_node_float_leaves_the_users_model_in_pl
     result = explain_variant(load_recipe(path), "int8", method="leave_one_out", workdir=tmp_path / "explained")
     assert [cost.group for cost in result.costs] == ["only"]
     assert (tmp_path / "model.onnx").is_file()
+
+
+def test_sqnr_ranks_a_model_whose_quantized_nodes_include_one_with_an_integer_output(tmp_path):
+    """A classifier's ArgMax (skl2onnx writes one after the scores, its class ids read by later nodes) reads quantized
+    scores and writes int64: SQNR used to expose every node output as float, so ONNX Runtime refused the model (and
+    where the ids were a graph output, ranked their 'noise'); a class id has no noise ratio, so ArgMax is ranked as
+    not measurable and the float nodes as before."""
+    path = write_fragile_project(tmp_path, [{"name": "int8", "precision": "int8", "calibrator": "minmax"}])
+    model = onnx.load(str(tmp_path / "model.onnx"))
+    model.graph.node.extend([helper.make_node("ArgMax", ["y"], ["class_id"], name="argmax", axis=1, keepdims=0),
+                             helper.make_node("Identity", ["class_id"], ["label"], name="label")])
+    model.graph.output.append(helper.make_tensor_value_info("label", TensorProto.INT64, ["batch"]))
+    onnx.save(model, str(tmp_path / "model.onnx"))
+    recipe = load_recipe(path)
+    recipe = recipe.model_copy(update={"model": recipe.model.model_copy(update={"output": "y"})})
+    result = explain_variant(recipe, "int8", method="sqnr")
+    costs = {cost.group: cost.nsr for cost in result.costs}
+    assert "argmax" in costs and np.isnan(costs["argmax"])
+    assert result.costs[0].group == "branch_a" and np.isfinite(result.costs[0].nsr)
+
+
+def test_calibrator_auto_is_explained_with_the_calibrator_the_sweep_keeps(tmp_path, monkeypatch):
+    """`calibrator: auto` was explained with minmax whatever the sweep kept: on a model where dynamic INT8 is the
+    closest to FP32, explain reported minmax's drop, not the one the sweep measured for the variant."""
+    from qbench.sweep import run_sweep
+
+    monkeypatch.chdir(tmp_path)
+    variant = {"name": "int8", "precision": "int8", "calibrator": "auto", "op_types": ["MatMul"]}
+    recipe = load_recipe(write_fragile_project(tmp_path, [variant], gate={"metric": "agreement", "max_drop": 0.0}))
+    swept = run_sweep(recipe, track=False).results.find("int8", "onnxruntime-cpu")
+    kept = swept.params["calibrator"]
+    result = explain_variant(recipe, "int8")
+    print(kept, result.notes, result.drop, swept.accuracy.overall.drops["agreement"])
+    assert kept != "minmax"  # the case the old explain got wrong
+    assert result.calibrator == kept and result.notes[0].startswith(f"calibrator auto: explained with {kept}")
+    assert result.drop == pytest.approx(swept.accuracy.overall.drops["agreement"])
+
+
+def test_explain_table_prints_small_costs_with_their_digits_and_unmeasurable_noise_as_a_dash():
+    """A kl_mean gate gives drops of 1e-5: the table read '+0.0000' for every node (and 'nan' for a node whose noise
+    is not measurable)."""
+    from rich.console import Console
+
+    from qbench.explain import ExplainResult, NodeCost, explain_table
+
+    def result(method: str) -> ExplainResult:
+        costs = (NodeCost("fc", ("fc",), ("MatMul",), 3.2e-5, 4.1e-5, 0.97, 2e-4),
+                 NodeCost("argmax", ("argmax",), ("ArgMax",), -1.5e-6, -2e-6, -0.03, float("nan")))  # fmt: skip
+        return ExplainResult("r", "int8", "minmax", method, "node", "kl_mean", "onnxruntime-cpu", 100,
+                             3.3e-5, "half=first", 4.6e-5, 2, costs)  # fmt: skip
+
+    console = Console(width=200, record=True)
+    console.print(explain_table(result("leave_one_out"), 10))
+    console.print(explain_table(result("sqnr"), 10))
+    text = " ".join(console.export_text().split())  # the title wraps to the table's width
+    assert "drops +3.30e-05 overall and +4.60e-05 on half=first" in text
+    assert "+3.20e-05" in text and "+4.10e-05" in text and "-1.50e-06" in text and "+0.0000" not in text
+    assert "nan" not in text
+
+
+def test_a_node_kept_float_by_explain_leaves_its_output_unrounded_as_a_rebuild_does(tmp_path, monkeypatch):
+    """x -> MatMul -> Softmax -> y: static INT8 rounds the Softmax's output (the graph's scores) for the Softmax's own
+    sake. Kept float by `exclude_nodes`, the output is not rounded; explain's candidate bypassed only the Softmax's
+    input, so on a tf2onnx CNN it measured keeping the Softmax float as making KL worse (-2.56e-07 recovered) where
+    the rebuild recovers 85 % of it. Explain's figure is now the rebuilt variant's."""
+    from qbench.sweep import run_sweep
+
+    monkeypatch.chdir(tmp_path)
+    gate = {"metric": "kl_mean", "max_drop": 1.0, "max_slice_drop": 1.0}
+    variants = [{"name": "int8", "precision": "int8", "calibrator": "minmax"},
+                {"name": "int8-x", "precision": "int8", "calibrator": "minmax", "exclude_nodes": ["softmax"]}]  # fmt: skip
+    path = write_fragile_project(tmp_path, variants, gate=gate)
+    w = np.random.default_rng(3).normal(size=(WIDTH, 4)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["logits"], name="fc"),
+         helper.make_node("Softmax", ["logits"], ["y"], name="softmax", axis=-1)], "scores",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", WIDTH])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+        initializer=[numpy_helper.from_array(w, "w")],
+    )  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(tmp_path / "model.onnx"))
+    results = run_sweep(load_recipe(path), track=False).results
+    quantized, rebuilt = (results.find(name, "onnxruntime-cpu").accuracy.overall.drops["kl_mean"] for name in ("int8", "int8-x"))
+    assert rebuilt < 0.5 * quantized  # the rounded scores are most of the error
+    result = explain_variant(load_recipe(path), "int8")
+    softmax = next(cost for cost in result.costs if cost.group == "softmax")
+    assert result.drop == pytest.approx(quantized)
+    assert result.drop - softmax.overall == pytest.approx(rebuilt, rel=1e-6, abs=1e-9)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import onnx
 import pytest
+from onnx import numpy_helper
 from test_explain import INT8, one_gemm_model, write_fragile_project
 
 from qbench.gate import EXIT_BREACH, EXIT_PASS
@@ -157,3 +159,27 @@ def test_a_step_that_keeps_every_quantized_node_float_is_never_a_pass(tmp_path):
     assert not any(s["passed"] for s in result.params["search.steps"])
     assert result.params["fallback.skipped"][0].startswith("dynamic: it quantizes 1 node(s)")
     assert outcome.gate.exit_code == EXIT_BREACH
+
+
+def test_search_notes_print_a_small_metric_with_its_digits(tmp_path):
+    """A kl_mean of 1e-5 (a well-quantized model gated tightly) was noted as 'minmax 0.0000✗', 'tolerance
+    unreachable; best: kl_mean 0.0000' and '... with 1 nodes in FP32 (≤0% needed)': figures now keep their digits,
+    as the gate's own lines do."""
+    gate = {"metric": "kl_mean", "max_drop": 1e-9, "max_slice_drop": 1e-9}
+    variant = {**INT8, "calibrator": "auto", "fallback": {"max_excluded": 1}}
+    path = write_fragile_project(tmp_path, [variant], fragile=(), gate=gate)
+    model = onnx.load(str(tmp_path / "model.onnx"))
+    head = next(t for t in model.graph.initializer if t.name == "w3")
+    head.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(head) / 10, "w3"))  # logits 10× smaller: KL ~100×
+    onnx.save(model, str(tmp_path / "model.onnx"))
+    result = run_sweep(load_recipe(path), track=False).results.find("int8", "onnxruntime-cpu")
+    metrics = [step["metric"] for step in result.params["search.steps"]]
+    print(metrics, result.notes)
+    assert 0 < min(metrics) < 5e-5  # what 4 decimals print as 0.0000
+    search_note = next(n for n in result.notes if n.startswith("search on kl_mean: "))
+    assert "0.0000" not in search_note and f"minmax {metrics[0]:.2e}" in search_note
+    unreachable = next(n for n in result.notes if n.startswith("tolerance unreachable"))
+    assert f"best: kl_mean {min(metrics):.2e}" in unreachable
+    needed = 1e-9 / metrics[0]  # the share of minmax's noise the gate allows: 0.029 %, which read "≤0% needed"
+    skipped = next(n for n in result.notes if n.startswith("no fallback from minmax: "))
+    assert skipped.endswith(f"with 1 node in FP32 (≤{needed * 100:.2g}% needed)")

@@ -274,3 +274,21 @@ def test_unwritable_paths_are_one_line_errors(tmp_path):
         write_report(blocker / "gate.xml", "x")
     with pytest.raises(QbenchError, match="cannot append the gate summary"):
         append_text(tmp_path / "missing-dir" / "summary.md", "x")
+
+
+@pytest.mark.parametrize(
+    ("drop", "tolerance", "expected"),
+    [
+        (0.00012, 0.00005, "drop 0.00012 > tolerance 0.00005"),  # 4 decimals read "0.0001 > 0.0001"
+        (0.0025, 0.00015, "drop 0.00250 > tolerance 0.00015"),  # 4 decimals rounded the tolerance set to 0.0002
+        (0.0025, 0.002, "drop 0.0025 > tolerance 0.0020"),  # enough as it is
+        (0.0025, 2e-05, "drop 0.0025 > tolerance 2.00e-05"),
+    ],
+)
+def test_a_breach_line_shows_the_tolerance_as_set_and_a_drop_distinct_from_it(drop, tolerance, expected):
+    """Tight tolerances (a kl_mean or mae gate) used to print rounded to 4 decimals: a slice tolerance of 5e-05 read
+    '0.0001', and a drop of 0.00012 above it read 'drop 0.0001 > tolerance 0.0001'."""
+    breach = GateCheck("int8", BACKEND, "overall", "kl_mean", 0.0, drop, drop, tolerance, 200, "breach")
+    assert check_line(breach).endswith(expected)
+    report = GateReport("kl_mean", (breach,), gated=(f"int8@{BACKEND}",))
+    assert expected.replace("drop ", "| ").replace(" > tolerance ", " | ") in markdown_summary(report)

@@ -22,7 +22,7 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 
-from qbench.report_grid import figure
+from qbench.report_grid import compared
 from qbench.results_search import CandidateRecord
 
 SCREEN_SLACK = 1.5  # a candidate whose screening excess is at most this is evaluated in full
@@ -171,18 +171,19 @@ def needed(record: CandidateRecord, max_drop: float, max_slice_drop: float, *, b
     gaps = []
     drop = record.drop if record.drop is not None else record.screen_drop
     if drop is not None and drop > max_drop:
-        gaps.append(f"overall drop {figure(drop)} > {max_drop:g} (cut it by {1 - max_drop / drop:.0%})")
+        gaps.append(f"overall drop {compared(drop, max_drop)[0]} > {max_drop:g} (cut it by {1 - max_drop / drop:.0%})")
     if record.worst_slice is not None and record.worst_slice_drop is not None and record.worst_slice_drop > max_slice_drop:
         cut = 1 - max_slice_drop / record.worst_slice_drop
-        gaps.append(f"{record.worst_slice} drop {figure(record.worst_slice_drop)} > {max_slice_drop:g} (cut it by {cut:.0%})")
+        shown = compared(record.worst_slice_drop, max_slice_drop)[0]
+        gaps.append(f"{record.worst_slice} drop {shown} > {max_slice_drop:g} (cut it by {cut:.0%})")
     ways = []
     if keep_float_exhausted:
         ways.append("more nodes in floating point than search.max_keep_float allows")
     if budget_exhausted:
         ways.append("a larger search.time_budget_s (candidates were left untried)")
-    loosened = [f"max_drop ≥ {figure(drop)}"] if drop is not None and drop > max_drop else []
+    loosened = [f"max_drop ≥ {compared(drop, max_drop)[0]}"] if drop is not None and drop > max_drop else []
     if record.worst_slice_drop is not None and record.worst_slice_drop > max_slice_drop:
-        loosened.append(f"max_slice_drop ≥ {figure(record.worst_slice_drop)}")
+        loosened.append(f"max_slice_drop ≥ {compared(record.worst_slice_drop, max_slice_drop)[0]}")
     if loosened:
         ways.append("a looser gate (" + ", ".join(loosened) + ")")
     ways.append("a technique the search does not try (e.g. QAT)")

@@ -52,6 +52,7 @@ CALIBRATORS.register("dynamic", Calibrator("dynamic", ("int8",)))  # activations
 CALIBRATORS.register("auto", Calibrator("auto", ("int8",)))  # the static calibrators tried, best kept (qbench.fallback)
 
 CALIBRATOR_OPTIONS = ("percentile", "num_bins", "num_quantized_bins")
+AUTO_CALIBRATORS = ("minmax", "entropy", "percentile", "dynamic")  # what `calibrator: auto` tries, in this order
 
 
 def calibrator_names(precision: str) -> list[str]:

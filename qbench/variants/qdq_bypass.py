@@ -20,9 +20,16 @@ from onnx import helper
 from qbench.variants.onnx_utils import drop_unused_initializers, names_read
 
 
-def bypass_qdq(quantized: onnx.ModelProto, reference: onnx.ModelProto, names: Collection[str]) -> onnx.ModelProto:
+def bypass_qdq(
+    quantized: onnx.ModelProto, reference: onnx.ModelProto, names: Collection[str],
+    quantized_op_types: Collection[str] | None = None,
+) -> onnx.ModelProto:  # fmt: skip
     """A copy of `quantized` whose nodes in `names` read float inputs: activations from before their
-    QuantizeLinear (re-applying a Relu/Clip the quantizer folded into it), weights from `reference`."""
+    QuantizeLinear (re-applying a Relu/Clip the quantizer folded into it), weights from `reference`.
+
+    With `quantized_op_types` (what the quantizer quantized), their outputs are left unrounded too where no
+    quantized node reads them (a graph output, an Identity): the quantizer rounds a node's output for its own
+    sake (a Softmax's, an ArgMax's input) and, the node left out, would not have (a classifier's scores)."""
     model = onnx.ModelProto()
     model.CopyFrom(quantized)
     producers = {o: n for n in model.graph.node for o in n.output}
@@ -31,23 +38,27 @@ def bypass_qdq(quantized: onnx.ModelProto, reference: onnx.ModelProto, names: Co
     weights = {t.name: t for t in reference.graph.initializer}
     nodes: list[onnx.NodeProto] = []
     restored: dict[str, str] = {}
+
+    def float_source(source: str) -> str:
+        """`source` as the reference computes it: with the Relu/Clip the quantizer folded into its Q applied again."""
+        folded, here = reference_producers.get(source), producers.get(source)
+        if folded is None or here is None or folded.name == here.name or folded.op_type not in ("Relu", "Clip"):
+            return source
+        if source not in restored:
+            restored[source] = _restore_activation(model, folded, source, weights, nodes)
+        return restored[source]
+
+    unrounded = _unneeded_dequantizations(model, producers, names, quantized_op_types)
     for node in model.graph.node:
+        if node.op_type == "DequantizeLinear" and node.output[0] in unrounded:  # the kept node's output unrounded
+            node = helper.make_node("Identity", [float_source(unrounded[node.output[0]])], [node.output[0]],
+                                    name=f"{node.name or node.output[0]}/float")  # fmt: skip
         original = originals.get(node.name) if node.name in names else None
         as_written = original is not None and original.op_type == node.op_type  # the reference's own node
         for index, name in enumerate(node.input if node.name in names else ()):
             dequantized, source = dequantized_from(name, producers)
             if source is not None:  # an activation: read it before its QuantizeLinear
-                folded, here = reference_producers.get(source), producers.get(source)
-                if (
-                    folded is not None
-                    and here is not None
-                    and folded.name != here.name
-                    and folded.op_type in ("Relu", "Clip")
-                ):
-                    if source not in restored:
-                        restored[source] = _restore_activation(model, folded, source, weights, nodes)
-                    source = restored[source]
-                node.input[index] = source
+                node.input[index] = float_source(source)
             elif original is not None and (dequantized or as_written):  # a weight: the reference's float initializer
                 weight = original.input[index] if index < len(original.input) else ""
                 if weight in weights and (dequantized or weight != name):
@@ -60,6 +71,34 @@ def bypass_qdq(quantized: onnx.ModelProto, reference: onnx.ModelProto, names: Co
     model.graph.node.extend(nodes)
     prune_unread(model.graph)
     return model
+
+
+def _unneeded_dequantizations(
+    model: onnx.ModelProto, producers: Mapping[str, onnx.NodeProto], names: Collection[str],
+    quantized_op_types: Collection[str] | None,
+) -> dict[str, str]:  # fmt: skip
+    """A DequantizeLinear's output -> the float tensor it stands for, where the Q/DQ pair is there for nodes in `names`
+    only: one of them computes or reads the tensor, and no other node of `quantized_op_types` does (the others
+    compute in float anyway, like an Identity, or it is a graph output)."""
+    if quantized_op_types is None:
+        return {}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    found = {}
+    for node in model.graph.node:
+        if node.op_type != "DequantizeLinear":
+            continue
+        _, source = dequantized_from(node.output[0], producers)
+        computed_by = producers.get(source) if source is not None else None
+        if computed_by is None:
+            continue
+        users = [computed_by, *readers.get(node.output[0], [])]
+        kept = any(user.name in names for user in users)
+        if kept and not any(user.op_type in quantized_op_types and user.name not in names for user in users):
+            found[node.output[0]] = source
+    return found
 
 
 def dequantized_from(tensor: str, producers: Mapping[str, onnx.NodeProto]) -> tuple[bool, str | None]:

@@ -134,6 +134,15 @@ def test_needed_names_the_gaps_and_what_would_close_them():
     assert "topic=law" not in quiet and "time_budget" not in quiet and "max_keep_float" not in quiet
 
 
+def test_needed_shows_a_drop_just_over_a_tight_tolerance_as_a_different_figure():
+    """A drop of 0.00012 against max_drop 5e-05 (a kl_mean gate) read 'overall drop 0.0001 > 5e-05' at 4 decimals."""
+    record = _record("sq", speedup=1.6, excess=1.4, passed=False, drop=0.00012, worst_slice="topic=law",
+                     worst_slice_drop=0.000104)  # fmt: skip
+    text = select.needed(record, 0.00005, 0.0001, budget_exhausted=False, keep_float_exhausted=False)
+    assert "overall drop 0.00012 > 5e-05" in text and "topic=law drop 0.000104 > 0.0001" in text
+    assert "max_drop ≥ 0.00012" in text and "max_slice_drop ≥ 0.000104" in text
+
+
 def test_slower_than_reference_flags_a_choice_that_does_not_beat_fp32():
     assert "0.62× FP32" in select.slower_than_reference(_record("conv-int8", speedup=0.62, passed=True))
     assert select.slower_than_reference(_record("tie", speedup=0.97, passed=True)) is None  # within the noise margin
