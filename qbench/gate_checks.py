@@ -145,7 +145,7 @@ def result_problems(
             problems.append(f"{result.key}: in the results but not asked for by the recipe")
             continue
         problems.extend(f"{result.key}: {p}" for p in _variant_problems(result, specs[result.variant], timed))
-    ref_slices = _reference_slices(results, reference)
+    ref_scopes = _reference_scopes(results, reference)
     ref_nonfinite = _reference_nonfinite(results, reference)
     undefined = _undefined_scopes(results, reference, recipe.gate.metric)
     named = [s.name for s in recipe.data.slices if s.name is not None]
@@ -154,7 +154,7 @@ def result_problems(
         if (result.variant, result.backend) in expected and result.status == "ok" and result.accuracy is not None:
             problems.extend(
                 f"{result.key}: {p}"
-                for p in _accuracy_problems(result.accuracy, results, recipe, wanted, named, ref_slices,
+                for p in _accuracy_problems(result.accuracy, results, recipe, wanted, named, ref_scopes,
                                             ref_nonfinite.get(result.backend, {}), undefined.get(result.backend, set()))  # fmt: skip
             )
     return problems
@@ -261,11 +261,11 @@ def _batch_sizes(sizes: Sequence[object]) -> str:
     return f"batch size{'s' if len(sizes) > 1 else ''} {listed}"
 
 
-def _reference_slices(results: SweepResults, reference: str) -> dict[str, int] | None:
-    """Slice sizes of the first usable FP32 result: every variant evaluates the same rows."""
+def _reference_scopes(results: SweepResults, reference: str) -> dict[str, SliceMetrics] | None:
+    """The scopes (overall, each slice) of the first usable FP32 result: every variant evaluates the same rows."""
     for result in results.variants:
         if result.variant == reference and result.status == "ok" and result.accuracy is not None:
-            return {s.name: s.size for s in result.accuracy.slices}
+            return {s.name: s for s in (result.accuracy.overall, *result.accuracy.slices)}
     return None
 
 
@@ -307,7 +307,7 @@ def _accuracy_problems(
     recipe: Recipe,
     wanted: dict[str, int] | None,
     named: Sequence[str],
-    ref_slices: dict[str, int] | None,
+    ref_scopes: dict[str, SliceMetrics] | None,
     ref_nonfinite: Mapping[str, int],
     undefined: set[str],
 ) -> list[str]:
@@ -330,12 +330,13 @@ def _accuracy_problems(
     for scope in (accuracy.overall, *accuracy.slices):
         problems.extend(_scope_problems(scope, rows, recipe.gate.metric, recipe.gate.min_slice_size,
                                         ref_nonfinite.get(scope.name, 0), scope.name in undefined))  # fmt: skip
+        problems.extend(_denominator_problems(scope, None if ref_scopes is None else ref_scopes.get(scope.name)))
         if scope is accuracy.overall:
             continue
         if wanted is not None and scope.name in wanted and scope.size != wanted[scope.name]:
             problems.append(f"slice {scope.name!r}: size {scope.size}, the data gives it {wanted[scope.name]} rows")
-        if ref_slices is not None and scope.name in ref_slices and ref_slices[scope.name] != scope.size:
-            problems.append(f"slice {scope.name!r}: size {scope.size}, FP32's is {ref_slices[scope.name]} (same rows)")
+        if ref_scopes is not None and scope.name in ref_scopes and ref_scopes[scope.name].size != scope.size:
+            problems.append(f"slice {scope.name!r}: size {scope.size}, FP32's is {ref_scopes[scope.name].size} (same rows)")
     return problems
 
 
@@ -355,7 +356,8 @@ def _scope_problems(scope: SliceMetrics, rows: int, metric: str, min_slice_size:
     for name, each in scope.metrics.items():
         info = METRICS.get(name)
         numeric = isinstance(each, (int, float)) and not isinstance(each, bool)
-        why = impossible_value(info, each, scope.size) if numeric and info is not None and not info.custom else None
+        count, unit = (scope.denominators[name], "scored items") if name in scope.denominators else (scope.size, "rows")
+        why = impossible_value(info, each, count, unit) if numeric and info is not None and not info.custom else None
         if why is not None:
             problems.append(f"{where}: metric {name!r} is {each!r}, {why}")
     value = scope.metrics.get(metric)
@@ -364,6 +366,24 @@ def _scope_problems(scope: SliceMetrics, rows: int, metric: str, min_slice_size:
         problems.append(f"{where}: metric {metric!r} missing")
     elif not math.isfinite(value) and not explained and scope.size >= min_slice_size:
         problems.append(f"{where}: metric {metric!r} is NaN/inf with no non-finite outputs to explain it")
+    return problems
+
+
+def _denominator_problems(scope: SliceMetrics, reference: SliceMetrics | None) -> list[str]:
+    """A rate counted over other units than the scope's rows (a token-classification output's scored tokens) names a
+    rate metric of the scope and a whole count; FP32's same scope counts over the same units (same rows, same
+    labels), so a count edited to let an impossible rate pass shows against it."""
+    where = "overall" if scope.name == "overall" else f"slice {scope.name!r}"
+    problems = []
+    for name, count in scope.denominators.items():
+        info = METRICS.get(name)
+        if name not in scope.metrics or info is None or not info.share_of_rows:
+            problems.append(f"{where}: denominators name {name!r}, not a rate metric of this scope")
+        elif isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            problems.append(f"{where}: denominator of {name!r} is {count!r}, expected a count >= 0")
+    if reference is not None and scope.denominators != reference.denominators:
+        problems.append(f"{where}: rates counted over {scope.denominators or 'its rows'}, FP32's over "
+                        f"{reference.denominators or 'its rows'} (same rows and labels)")  # fmt: skip
     return problems
 
 

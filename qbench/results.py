@@ -18,7 +18,7 @@ Schema (version 1), documented in reports/README.md:
     Fidelity: accuracy native|emulated|unknown, latency native|emulated|unknown, method (how it was emulated)
     AccuracyResult: rows, nonfinite_outputs, overall SliceMetrics, slices [SliceMetrics]
     SliceMetrics: name, size, metrics {m: value}, intervals {m: [lo, hi]}, drops {m: drop vs FP32},
-      nonfinite_outputs, new_nonfinite_outputs
+      nonfinite_outputs, new_nonfinite_outputs, denominators {m: count its rate is a share of, when not size}
     LatencyResult: threads, session_create_ms, first_run_ms, points [LatencyPoint]
     LatencyPoint: batch_size, warmup, iterations, p50_ms, p95_ms, p99_ms, mean_ms, items_per_s,
       window_p50_ms [..], window_p99_ms [..], spread, iqr_ratio, stable true|false|null
@@ -59,6 +59,9 @@ class SliceMetrics:
     nonfinite_outputs: int = 0  # rows of this scope whose output holds NaN or inf
     # of those, rows where FP32's output is finite: NaN/inf the variant brought in (fewer elsewhere cannot offset them)
     new_nonfinite_outputs: int = 0
+    # metric -> how many units its rate is a share of, where those are not the scope's rows (a token-classification
+    # output's accuracy is a share of the scope's scored tokens): the gate checks the rate against that count
+    denominators: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -337,6 +340,14 @@ def _metrics(raw: dict[str, Any] | None) -> dict[str, float]:
     return {k: (math.nan if v is None else float(v)) for k, v in (raw or {}).items()}
 
 
+def _counts(raw: dict[str, Any] | None) -> dict[str, int]:
+    """Counts as qbench writes them: whole numbers (1.5 tokens, or a string, is no count)."""
+    for name, value in (raw or {}).items():
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"count of {name!r}: got {value!r}, expected a whole number")
+    return dict(raw or {})
+
+
 def _slice(raw: dict[str, Any]) -> SliceMetrics:
     return SliceMetrics(
         name=raw["name"],
@@ -347,6 +358,7 @@ def _slice(raw: dict[str, Any]) -> SliceMetrics:
         drops=_metrics(raw.get("drops")),
         nonfinite_outputs=int(raw["nonfinite_outputs"]),
         new_nonfinite_outputs=int(raw.get("new_nonfinite_outputs", 0)),
+        denominators=_counts(raw.get("denominators")),
     )  # fmt: skip
 
 

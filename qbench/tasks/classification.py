@@ -6,6 +6,8 @@ largest score difference. A 1-D integer output is class ids and gives accuracy, 
 flip rate only: an integer is never read as a score. A 1-D string or integer label output is read the
 same way when the graph states the classes it picks from (an ONNX-ML classifier's label, a constant
 table): each value becomes its position in that table (qbench.validate.outputs), as the labels do.
+A float output (rows, tokens, classes) scores every token (token classification, qbench.tasks.tokens): its labels
+are a list of one class id per token, and its metrics are per scored token.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from qbench.tasks.base import (
     mean_or_nan,
     wilson,
 )
+from qbench.tasks.tokens import TokenRows, check_token_labels, is_token_list, labels_from_lists, token_axis
 from qbench.validate import metrics
 from qbench.validate.catalogue import MetricInfo, share_of_rows
 
@@ -162,8 +165,11 @@ def _listed(classes: Sequence[Any]) -> str:
 
 
 def _score_shape_problem(output: TensorMeta) -> str | None:
+    if token_axis(output):
+        return None
     if len(output.shape) > 2 and any(d != 1 for d in output.shape[1:-1]):
-        return f"output {output.name!r} has shape {list(output.shape)}, not (rows, classes): {_STRUCTURED}"
+        return (f"output {output.name!r} has shape {list(output.shape)}, neither (rows, classes) nor (rows, tokens, "
+                f"classes): {_STRUCTURED}")  # fmt: skip
     return None
 
 
@@ -199,9 +205,9 @@ def _class_ids(outputs: np.ndarray) -> np.ndarray:
 class Classification(Task):
     name = "classification"
     metric_infos = (
-        share_of_rows("accuracy", True, "top-1 accuracy vs labels (vs FP32 top-1 without labels)"),
-        share_of_rows("agreement", True, "fraction of rows whose top-1 matches FP32"),
-        share_of_rows("flip_rate", False, "fraction of rows whose top-1 differs from FP32"),
+        share_of_rows("accuracy", True, "top-1 accuracy vs labels (vs FP32 top-1 without labels), per row or scored token"),
+        share_of_rows("agreement", True, "fraction of rows (scored tokens) whose top-1 matches FP32"),
+        share_of_rows("flip_rate", False, "fraction of rows (scored tokens) whose top-1 differs from FP32"),
         MetricInfo("kl_mean", False, "mean KL(FP32 || variant) of the softmax outputs (score outputs only)", low=0.0),
         MetricInfo("max_abs_error", False, "largest absolute difference from the FP32 output", low=0.0),
     )
@@ -209,6 +215,8 @@ class Classification(Task):
     labels_name_classes = True
 
     def labels_from_values(self, values: Sequence[Any], positions: np.ndarray) -> np.ndarray:
+        if any(is_token_list(v) for v in values):
+            return labels_from_lists(values, positions, _integral)
         values = [_as_number(v) for v in values]
         missing = np.array([_no_label(v) for v in values], dtype=bool)
         if missing.any():
@@ -258,6 +266,9 @@ class Classification(Task):
         return label_columns(values, classes, positions, unknown=unknown)
 
     def check_labels(self, labels: np.ndarray, output: TensorMeta, positions: np.ndarray) -> None:
+        check_token_labels(labels, output, positions, class_count(output))
+        if labels.ndim == 2:
+            return
         if output.kind == "map" and output.class_keys is not None and keys_are_columns(output.class_keys):
             outside = ~np.isin(labels, np.array(output.class_keys, dtype=np.int64))
             if outside.any():
@@ -325,6 +336,8 @@ class Classification(Task):
             return ClassificationRows(
                 outputs, reference, labels, _class_ids(outputs), _class_ids(reference), kl=None
             )
+        if outputs.ndim == 3 and (outputs.shape[1] != 1 or (labels is not None and np.ndim(labels) == 2)):
+            return TokenRows.of(outputs, reference, labels)
         columns = 1 if outputs.ndim == 1 else int(outputs.shape[-1])
         if labels is not None and labels.size and columns > 1 and int(labels.max()) >= columns:
             raise LabelError(f"labels go up to class {int(labels.max())} but the output has {columns} classes")

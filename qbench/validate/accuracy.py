@@ -70,6 +70,7 @@ class _OutputRows:
             own,
             metrics={f"{self.prefix}{k}": v for k, v in values.items()},
             intervals={f"{self.prefix}{k}": v for k, v in own.intervals.items()},
+            denominators={f"{self.prefix}{k}": v for k, v in own.denominators.items()},
         )
 
 
@@ -79,6 +80,7 @@ def _merged(name: str, parts: list[SliceMetrics]) -> SliceMetrics:
         size=parts[0].size,
         metrics={k: v for part in parts for k, v in part.metrics.items()},
         intervals={k: v for part in parts for k, v in part.intervals.items()},
+        denominators={k: v for part in parts for k, v in part.denominators.items()},
     )
 
 

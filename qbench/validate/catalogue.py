@@ -36,14 +36,15 @@ def share_of_rows(name: str, higher_is_better: bool, description: str) -> Metric
     return MetricInfo(name, higher_is_better, description, low=0.0, high=1.0, share_of_rows=True)
 
 
-def impossible_value(info: MetricInfo, value: float, rows: int) -> str | None:
-    """Why `value` cannot be `info`'s on a scope of `rows` rows, or None (NaN/inf are judged elsewhere)."""
+def impossible_value(info: MetricInfo, value: float, count: int, unit: str = "rows") -> str | None:
+    """Why `value` cannot be `info`'s on a scope of `count` rows (or of `count` other units its rate is a share of,
+    such as scored tokens), or None (NaN/inf are judged elsewhere)."""
     if not math.isfinite(value):
         return None
     if not info.low - 1e-9 <= value <= info.high + 1e-9:
         return f"outside its range {info.low:g}..{info.high:g}"
-    if info.share_of_rows and rows > 0 and abs(value * rows - round(value * rows)) > 1e-6:
-        return f"not a whole number of the scope's {rows} rows ({value * rows:.4f})"
+    if info.share_of_rows and count > 0 and abs(value * count - round(value * count)) > 1e-6:
+        return f"not a whole number of the scope's {count} {unit} ({value * count:.4f})"
     return None
 
 

@@ -106,6 +106,24 @@ def flip_rate(pred_a: np.ndarray, pred_b: np.ndarray) -> float:
     return _mean(~_matches(pred_a, pred_b))
 
 
+IGNORE_LABEL = -100
+"""The label of a token not to score (padding, special tokens, a word's later sub-tokens): Hugging Face's convention."""
+
+
+def scored_tokens(labels: np.ndarray, ignore_label: int = IGNORE_LABEL) -> np.ndarray:
+    """(rows, tokens) boolean mask of the tokens whose label is not `ignore_label`."""
+    return np.asarray(labels) != ignore_label
+
+
+def token_scores(outputs: np.ndarray, scored: np.ndarray) -> np.ndarray:
+    """The class scores of the scored tokens of (rows, tokens, classes) outputs, as (scored tokens, classes) in row
+    order: each scored token becomes one row of the row-level metrics (top1, accuracy, kl_rows, max_abs_error)."""
+    array, mask = np.asarray(outputs), np.asarray(scored, dtype=bool)
+    if array.ndim != 3 or array.shape[:2] != mask.shape:
+        raise QbenchError(f"token outputs must be (rows, tokens, classes) over a {mask.shape} mask, got {array.shape}")
+    return array[mask]
+
+
 def softmax(logits: np.ndarray, axis: int = -1) -> np.ndarray:
     """Numerically stable softmax (the max is subtracted first); NaN/inf rows give NaN."""
     values = np.asarray(logits, dtype=np.float64)

@@ -1,0 +1,136 @@
+"""Token classification (NER, POS tagging): class scores per token, (rows, tokens, classes), judged per token.
+
+Labels are one list per row of one class id per token, as long as the output's token axis; a token labelled
+IGNORE_LABEL (-100, Hugging Face's convention for padding, special tokens and later sub-tokens) is not scored.
+Every metric is computed over the scored tokens of a scope's rows, so the rates (accuracy, agreement, flip_rate)
+are shares of tokens, not rows: each scope records how many tokens they count over (SliceMetrics.denominators),
+which is what the gate checks them against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from qbench.modelinfo import TensorMeta
+from qbench.results import SliceMetrics
+from qbench.tasks.base import LabelError, is_float, mean_or_nan, wilson
+from qbench.validate import metrics
+from qbench.validate.metrics import IGNORE_LABEL
+
+TOKEN_RATES = ("accuracy", "agreement", "flip_rate")
+"""The metrics that are shares of the scope's scored tokens."""
+
+
+def is_token_list(value: Any) -> bool:
+    """Whether a label cell is a list of labels (one per token) rather than one label."""
+    return isinstance(value, (list, tuple, np.ndarray))
+
+
+def token_axis(output: TensorMeta) -> bool:
+    """Whether `output` holds class scores per token: a float (rows, tokens, classes) whose token axis is not a
+    static 1 (a (rows, 1, classes) output is one score vector per row)."""
+    return is_float(output) and len(output.shape) == 3 and output.shape[1] != 1
+
+
+def labels_from_lists(values: Sequence[Any], positions: np.ndarray, integral: Any) -> np.ndarray:
+    """(rows, tokens) int64 labels from one list per row; LabelError naming the first bad row.
+
+    `integral`: whether a label value is a whole number a class id can hold."""
+
+    def row(index: int) -> int:
+        return int(positions[index])
+
+    not_lists = [i for i, v in enumerate(values) if not is_token_list(v)]
+    if not_lists:
+        first = not_lists[0]
+        raise LabelError(f"{len(not_lists)} rows, e.g. row {row(first)}: {values[first]!r}, are no list of token "
+                         "labels while other rows are: expected one list of class ids per row")  # fmt: skip
+    lengths = np.array([len(v) for v in values], dtype=np.int64)
+    if lengths.size and (lengths != lengths[0]).any():
+        first = int(np.flatnonzero(lengths != lengths[0])[0])
+        raise LabelError(f"row {row(first)} has {lengths[first]} token labels, row {row(0)} has {lengths[0]}: expected "
+                         "one class id per token of the output (-100 for a token not to score) in every row")  # fmt: skip
+    for index, cell in enumerate(values):
+        bad = [v for v in cell if not integral(v)]
+        if bad:
+            raise LabelError(f"row {row(index)} holds token label {bad[0]!r}: expected integer class ids "
+                             f"({IGNORE_LABEL} for a token not to score)")  # fmt: skip
+    labels = np.array([[int(v) for v in cell] for cell in values], dtype=np.int64).reshape(len(values), -1)
+    negative = (labels < 0) & (labels != IGNORE_LABEL)
+    if negative.any():
+        first = int(np.flatnonzero(negative.any(axis=1))[0])
+        raise LabelError(f"row {row(first)} holds token label {int(labels[first][negative[first]][0])}: expected class "
+                         f"ids >= 0, or {IGNORE_LABEL} for a token not to score")  # fmt: skip
+    return labels
+
+
+def check_token_labels(labels: np.ndarray, output: TensorMeta, positions: np.ndarray, classes: int | None) -> None:
+    """Token labels against a per-token output: as many per row as its token axis, class ids within its classes."""
+    if labels.ndim != 2:
+        if token_axis(output):
+            raise LabelError(f"hold one class id per row, but output {output.name!r} of shape {list(output.shape)} "
+                             "scores every token: expected a list of one class id per token in each row "
+                             f"({IGNORE_LABEL} for a token not to score)")  # fmt: skip
+        return
+    if not token_axis(output):
+        raise LabelError(f"hold a list per row (token labels), but output {output.name!r} of shape "
+                         f"{list(output.shape)} is not (rows, tokens, classes): expected one class id per row")  # fmt: skip
+    tokens = output.shape[1]
+    if tokens is not None and labels.shape[1] != tokens:
+        raise LabelError(f"row {int(positions[0]) if len(positions) else 0} has {labels.shape[1]} token labels, output "
+                         f"{output.name!r} has {tokens} tokens per row: expected one class id per token")  # fmt: skip
+    if classes is not None:
+        outside = labels >= classes
+        if outside.any():
+            first = int(np.flatnonzero(outside.any(axis=1))[0])
+            raise LabelError(f"row {int(positions[first])} holds token label {int(labels[first][outside[first]][0])}, "
+                             f"outside 0..{classes - 1} (output {output.name!r} has {classes} classes)")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TokenRows:
+    """Per-token quantities of (rows, tokens, classes) scores; a slice of rows scores the scored tokens of its rows."""
+
+    outputs: np.ndarray
+    reference: np.ndarray
+    labels: np.ndarray | None  # (rows, tokens); None: every token is scored, accuracy against FP32
+    scored: np.ndarray  # (rows, tokens) bool
+    predicted: np.ndarray  # (rows, tokens)
+    reference_predicted: np.ndarray
+    kl: np.ndarray  # (rows, tokens), KL(FP32 || variant) of each token
+
+    @classmethod
+    def of(cls, outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None) -> TokenRows:
+        if labels is not None and labels.shape != outputs.shape[:2]:
+            raise LabelError(f"got {labels.shape[1]} token labels per row for an output of {outputs.shape[1]} tokens")
+        everything = np.ones(outputs.shape[:2], dtype=bool)
+        scored = everything if labels is None else metrics.scored_tokens(labels)
+        shape = outputs.shape[:2]
+        return cls(
+            outputs, reference, labels, scored,
+            metrics.top1(metrics.token_scores(outputs, everything)).reshape(shape),
+            metrics.top1(metrics.token_scores(reference, everything)).reshape(shape),
+            metrics.kl_rows(metrics.token_scores(reference, everything), metrics.token_scores(outputs, everything)).reshape(shape),
+        )  # fmt: skip
+
+    def summarise(self, name: str, mask: np.ndarray) -> SliceMetrics:
+        tokens = self.scored & mask[:, None]
+        count = int(np.count_nonzero(tokens))
+        predicted, reference_predicted = self.predicted[tokens], self.reference_predicted[tokens]
+        agreement = metrics.agreement(predicted, reference_predicted)
+        accuracy = agreement if self.labels is None else metrics.accuracy(predicted, self.labels[tokens])
+        values = {"accuracy": accuracy, "agreement": agreement,
+                  "flip_rate": metrics.flip_rate(predicted, reference_predicted)}  # fmt: skip
+        intervals = {metric: wilson(value, count) for metric, value in values.items()}
+        kl = self.kl[tokens]
+        values["kl_mean"] = mean_or_nan(kl)
+        intervals["kl_mean"] = metrics.mean_interval(kl)
+        values["max_abs_error"] = metrics.max_abs_error(
+            metrics.token_scores(self.outputs, tokens), metrics.token_scores(self.reference, tokens)
+        )
+        return SliceMetrics(name=name, size=int(np.count_nonzero(mask)), metrics=values, intervals=intervals,
+                            denominators=dict.fromkeys(TOKEN_RATES, count))  # fmt: skip
