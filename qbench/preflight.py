@@ -328,6 +328,10 @@ def _labels(
     """The label column read and checked by the task (type, then against every evaluated output)."""
     column = recipe.data.label
     if column is None:
+        for choice in outputs:
+            reason = task.labels_needed(choice.meta)
+            if reason is not None:
+                raise RecipeError(recipe.source, "data.label", reason)
         return None
     if column not in table.columns:
         raise RecipeError(recipe.source, "data.label", expected_one_of(column, [str(c) for c in table.columns]))

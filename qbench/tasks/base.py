@@ -94,6 +94,10 @@ class Task(ABC):
         """Labels against the values FP32's `output` gave on the evaluation rows, for what the graph alone cannot
         tell (a label coding the output never uses); LabelError if they cannot be judged against each other."""
 
+    def labels_needed(self, output: TensorMeta) -> str | None:
+        """Why `output` cannot be judged without labels (a recipe without data.label is then refused), or None."""
+        return None
+
     def metrics_not_computed(self, output: TensorMeta) -> dict[str, str]:
         """The task's metrics this output cannot give, each with the reason (gating on one fails before the sweep)."""
         return {}

@@ -232,6 +232,15 @@ class Classification(Task):
             raise LabelError(f"{example_rows(negative, values, positions)} are negative; expected class ids >= 0")
         return labels
 
+    def labels_needed(self, output: TensorMeta) -> str | None:
+        """Scores per token are read as token classification only with token labels: they say which tokens to score
+        (-100: padding, special tokens), and a structured output of that shape (detection boxes) has none."""
+        if not token_axis(output):
+            return None
+        return (f"output {output.name!r} of shape {list(output.shape)} is read as class scores per token (token "
+                f"classification): expected data.label naming a list of one class id per token in each row "
+                f"({metrics.IGNORE_LABEL} for a token not to score); other {_STRUCTURED}")  # fmt: skip
+
     def metrics_not_computed(self, output: TensorMeta) -> dict[str, str]:
         if is_integer(output) or named_labels(output):
             reason = "it holds class ids, and the metric needs scores"

@@ -50,10 +50,12 @@ def labels_from_lists(values: Sequence[Any], positions: np.ndarray, integral: An
         raise LabelError(f"{len(not_lists)} rows, e.g. row {row(first)}: {values[first]!r}, are no list of token "
                          "labels while other rows are: expected one list of class ids per row")  # fmt: skip
     lengths = np.array([len(v) for v in values], dtype=np.int64)
-    if lengths.size and (lengths != lengths[0]).any():
-        first = int(np.flatnonzero(lengths != lengths[0])[0])
-        raise LabelError(f"row {row(first)} has {lengths[first]} token labels, row {row(0)} has {lengths[0]}: expected "
-                         "one class id per token of the output (-100 for a token not to score) in every row")  # fmt: skip
+    usual = int(np.bincount(lengths).argmax()) if lengths.size else 0
+    if (lengths != usual).any():
+        first = int(np.flatnonzero(lengths != usual)[0])
+        raise LabelError(f"row {row(first)} has {lengths[first]} token labels, the other rows mostly {usual}: expected "
+                         f"one class id per token of the output ({IGNORE_LABEL} for a token not to score) in every "
+                         "row")  # fmt: skip
     for index, cell in enumerate(values):
         bad = [v for v in cell if not integral(v)]
         if bad:

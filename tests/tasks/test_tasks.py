@@ -54,8 +54,11 @@ def test_which_outputs_each_task_reads(task: str, output: TensorMeta, rank: int 
 
 
 def test_structured_outputs_are_named_not_supported() -> None:
-    problem = get_task("classification").output_problem(TensorMeta("dets", np.dtype("float32"), (None, 100, 6)))
-    assert problem is not None and "not (rows, classes)" in problem and "not supported" in problem
+    problem = get_task("classification").output_problem(TensorMeta("masks", np.dtype("float32"), (None, 100, 4, 6)))
+    assert problem is not None and "neither (rows, classes) nor (rows, tokens, classes)" in problem and "not supported" in problem
+    # (rows, boxes, 6) has the shape of token scores: without token labels it is refused
+    needed = get_task("classification").labels_needed(TensorMeta("dets", np.dtype("float32"), (None, 100, 6)))
+    assert needed is not None and "not supported" in needed
     assert "not supported" in str(get_task("classification").output_problem(SEQUENCE))
 
 

@@ -1,0 +1,207 @@
+"""Token classification: (rows, tokens, classes) scores, one label per token (-100 not scored), metrics per token."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from qbench.cli import main
+from qbench.gate import evaluate_gate
+from qbench.modelinfo import TensorMeta
+from qbench.recipe import load_recipe
+from qbench.tasks import LabelError, get_task
+from qbench.validate import metrics
+from qbench.validate.accuracy import evaluate_accuracy
+from qbench.validate.catalogue import METRICS, impossible_value
+from tests.tasks.task_projects import graph_model, plain_ort, project, run_all, said
+
+TOKENS, CLASSES, VOCAB, ROWS = 6, 3, 20, 60
+LOGITS = TensorMeta("logits", np.dtype("float32"), (None, TOKENS, CLASSES))
+
+# two rows of three tokens, three classes; the last token of each row is not scored
+OUTPUTS = np.array([[[2.0, 1.0, 0.0], [0.0, 3.0, 1.0], [5.0, 0.0, 0.0]],
+                    [[0.0, 0.0, 1.0], [1.0, 0.0, 0.0], [0.0, 9.0, 0.0]]])  # fmt: skip
+REFERENCE = np.array([[[2.0, 1.0, 0.0], [0.0, 1.0, 3.0], [0.0, 5.0, 0.0]],
+                      [[0.0, 0.0, 1.0], [1.0, 0.0, 0.0], [0.0, 0.0, 9.0]]])  # fmt: skip
+LABELS = np.array([[0, 1, -100], [1, 0, -100]])
+
+
+def test_scored_token_scores_are_the_rows_of_the_row_level_metrics() -> None:
+    scored = metrics.scored_tokens(LABELS)
+    assert scored.tolist() == [[True, True, False], [True, True, False]]
+    assert metrics.token_scores(OUTPUTS, scored).tolist() == [[2, 1, 0], [0, 3, 1], [0, 0, 1], [1, 0, 0]]
+    with pytest.raises(Exception, match="rows, tokens, classes"):
+        metrics.token_scores(OUTPUTS[0], scored)
+
+
+def test_metrics_are_per_scored_token_by_hand() -> None:
+    summary = get_task("classification").rows(OUTPUTS, REFERENCE, LABELS)
+    # scored tokens, variant top-1: 0, 1 | 2, 0; FP32 top-1: 0, 2 | 2, 0; labels: 0, 1 | 1, 0
+    overall = summary.summarise("overall", np.array([True, True]))
+    assert overall.size == 2 and overall.denominators == {"accuracy": 4, "agreement": 4, "flip_rate": 4}
+    assert overall.metrics["accuracy"] == 3 / 4  # the unscored tokens (top-1 0 vs label -100 / FP32 1, 2) count nowhere
+    assert overall.metrics["agreement"] == 3 / 4 and overall.metrics["flip_rate"] == 1 / 4
+    # only the second token of row 0 differs: softmax([0, 1, 3]) vs softmax([0, 3, 1]); its KL over 4 tokens
+    p, q = metrics.softmax(np.array([0.0, 1.0, 3.0])), metrics.softmax(np.array([0.0, 3.0, 1.0]))
+    assert overall.metrics["kl_mean"] == pytest.approx(float(np.sum(p * np.log(p / q))) / 4)
+    assert overall.metrics["max_abs_error"] == 2.0  # the unscored tokens' difference of 5 and 9 is left out
+    second = summary.summarise("second", np.array([False, True]))
+    assert second.size == 1 and second.denominators["accuracy"] == 2
+    assert second.metrics["accuracy"] == 1 / 2 and second.metrics["agreement"] == 1.0
+    assert second.metrics["kl_mean"] == 0.0 and second.metrics["max_abs_error"] == 0.0
+
+
+def test_results_record_what_token_rates_count_over_and_a_rate_of_tokens_passes_the_row_check() -> None:
+    result = evaluate_accuracy("classification", {"logits": OUTPUTS, "other": OUTPUTS}, {"logits": REFERENCE,
+                               "other": REFERENCE}, LABELS, {"first": np.array([True, False])})  # fmt: skip
+    first = result.slice("first")
+    assert first is not None and first.size == 1 and first.denominators["logits/accuracy"] == 2
+    # 3/4 of a two-row scope is no whole number of rows, but is 3 of its 4 scored tokens
+    info = METRICS["accuracy"]
+    assert impossible_value(info, 0.75, 2) is not None
+    assert impossible_value(info, 0.75, 4, "scored items") is None
+    assert "of the scope's 4 scored items" in str(impossible_value(info, 0.7, 4, "scored items"))
+
+
+def test_token_labels_are_read_as_one_list_per_row() -> None:
+    task = get_task("classification")
+    rows = np.array([3, 8])
+    labels = task.labels_from_values([[0, 2, -100], np.array([1, 1, -100])], rows)
+    assert labels.tolist() == [[0, 2, -100], [1, 1, -100]]
+    three = np.array([3, 8, 9])
+    with pytest.raises(LabelError, match=r"row 3 has 2 token labels, the other rows mostly 3"):
+        task.labels_from_values([[0, 2], [0, 2, -100], [1, 1, -100]], three)
+    with pytest.raises(LabelError, match=r"row 8 holds token label -1: expected class ids >= 0, or -100"):
+        task.labels_from_values([[0, 2, -100], [1, -1, 0]], rows)
+    with pytest.raises(LabelError, match=r"row 8 holds token label 'B-PER'"):
+        task.labels_from_values([[0, 2, -100], [1, "B-PER", 0]], rows)
+
+
+def test_token_labels_are_checked_against_the_output() -> None:
+    task = get_task("classification")
+    rows = np.array([4, 9])
+    with pytest.raises(LabelError, match=r"row 4 has 5 token labels, output 'logits' has 6 tokens per row"):
+        task.check_labels(np.zeros((2, 5), dtype=np.int64), LOGITS, rows)
+    with pytest.raises(LabelError, match=r"row 9 holds token label 3, outside 0..2"):
+        task.check_labels(np.array([[0] * 6, [0, 3, 0, 0, 0, -100]]), LOGITS, rows)
+    with pytest.raises(LabelError, match="one class id per row, but output 'logits'"):
+        task.check_labels(np.array([0, 1]), LOGITS, rows)
+    scores = TensorMeta("scores", np.dtype("float32"), (None, CLASSES))
+    with pytest.raises(LabelError, match="not \\(rows, tokens, classes\\)"):
+        task.check_labels(np.zeros((2, 6), dtype=np.int64), scores, rows)
+
+
+def test_a_per_token_output_needs_token_labels() -> None:
+    task = get_task("classification")
+    assert task.output_problem(LOGITS) is None
+    assert "token classification" in str(task.labels_needed(LOGITS))
+    assert task.labels_needed(TensorMeta("scores", np.dtype("float32"), (None, 1, CLASSES))) is None
+    four = TensorMeta("masks", np.dtype("float32"), (None, 2, 4, 4))
+    assert "not supported" in str(task.output_problem(four))
+
+
+# -- end to end --------------------------------------------------------------------------------
+
+
+def _token_project(root: Path, **recipe: object) -> tuple[Path, np.ndarray, np.ndarray]:
+    """Gather(embedding, ids[batch, 6]) -> MatMul -> logits [batch, 6, 3]; classes 0 and 1 nearly tie, so INT8 turns
+    some tokens. Labels: FP32's top-1 with a fifth of the tokens moved to the next class, the last token -100."""
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    embedding = rng.normal(size=(VOCAB, 8)).astype(np.float32)
+    weights = rng.normal(size=(8, CLASSES)).astype(np.float32)
+    weights[:, 1] = weights[:, 0] + rng.normal(scale=0.02, size=8).astype(np.float32)
+    ids_info = helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", TOKENS])
+    logits_info = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", TOKENS, CLASSES])
+    model = graph_model(
+        [helper.make_node("Gather", ["emb", "ids"], ["h"]), helper.make_node("MatMul", ["h", "w"], ["logits"])],
+        [ids_info], [logits_info], [numpy_helper.from_array(embedding, "emb"), numpy_helper.from_array(weights, "w")],
+    )  # fmt: skip
+    ids = rng.integers(0, VOCAB, size=(ROWS, TOKENS))
+    labels = np.argmax(embedding[ids] @ weights, axis=-1)
+    moved = rng.random(labels.shape) < 0.2
+    labels[moved] = (labels[moved] + 1) % CLASSES
+    labels[:, -1] = -100
+    table = pd.DataFrame({"x": list(ids), "y": list(labels), "half": np.where(np.arange(ROWS) < 20, "few", "many")})
+    return project(root, model, table, task="classification", **recipe), ids, labels
+
+
+def test_token_classification_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    recipe, ids, labels = _token_project(tmp_path, gate={"metric": "accuracy", "max_drop": 0.5, "max_slice_drop": 0.5})
+    results, output = run_all(recipe, capsys)
+    assert said("gate: PASS", output)
+    scored = labels != -100
+    fp32 = plain_ort(tmp_path / "model.onnx", {"ids": ids})["logits"]
+    fp32_result = results.find("fp32", "onnxruntime-cpu")
+    int8_result = results.find("int8", "onnxruntime-cpu")
+    assert fp32_result is not None and fp32_result.accuracy is not None
+    assert int8_result is not None and int8_result.accuracy is not None and int8_result.model_path
+    assert fp32_result.accuracy.overall.metrics["accuracy"] == pytest.approx(np.mean(fp32.argmax(-1)[scored] == labels[scored]))
+    int8 = plain_ort(Path(int8_result.model_path), {"ids": ids})["logits"]
+    agree = int8.argmax(-1)[scored] == fp32.argmax(-1)[scored]
+    assert 0 < np.mean(agree) < 1  # the near-tie turns some tokens: the figure is not a default 1.0
+    assert int8_result.accuracy.overall.metrics["agreement"] == pytest.approx(np.mean(agree))
+    few = np.zeros(ROWS, dtype=bool)
+    few[:20] = True
+    few_scope = int8_result.accuracy.slice("half=few")
+    assert few_scope is not None and few_scope.size == 20 and few_scope.denominators["agreement"] == 20 * (TOKENS - 1)
+    few_agree = int8.argmax(-1)[few][scored[few]] == fp32.argmax(-1)[few][scored[few]]
+    assert few_scope.metrics["agreement"] == pytest.approx(np.mean(few_agree))
+
+    # a slice breach: allowed flip rate between the two slices' (overall loose)
+    slices = {s.name: s.drops["flip_rate"] for s in int8_result.accuracy.slices}
+    assert slices["half=few"] != slices["half=many"]
+    worse = max(slices, key=slices.__getitem__)
+    threshold = (slices["half=few"] + slices["half=many"]) / 2
+    spec = load_recipe(recipe).gate.model_copy(update={"metric": "flip_rate", "max_drop": 1.0, "max_slice_drop": threshold})
+    verdict = evaluate_gate(results, spec)
+    assert not verdict.problems
+    assert [(b.variant, b.scope) for b in verdict.breaches] == [("int8", worse)]
+
+
+def test_a_recipe_without_token_labels_is_refused_naming_data_label(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    recipe, _, _ = _token_project(tmp_path)
+    body = recipe.read_text().replace("  label: y\n", "")
+    assert body != recipe.read_text()
+    recipe.write_text(body)
+    assert main(["validate", str(recipe)]) == 2
+    err = capsys.readouterr().err
+    assert said("data.label: output 'logits' of shape [None, 6, 3] is read as class scores per token", err), err
+
+
+@pytest.mark.parametrize(
+    ("row_labels", "message"),
+    [([0, 1, 2, 0, -100], "row 7 has 5 token labels, the other rows mostly 6"),
+     ([0, 5, 1, 0, 0, -100], "row 7 holds token label 5, outside 0..2 (output 'logits' has 3 classes)")],
+)  # fmt: skip
+def test_a_bad_row_of_token_labels_is_one_data_label_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], row_labels: list[int], message: str
+) -> None:
+    import pandas as pd
+
+    recipe, _, _ = _token_project(tmp_path)
+    table = pd.read_parquet(tmp_path / "data.parquet")
+    table["y"] = [list(v) for v in table["y"]]
+    table.at[7, "y"] = row_labels
+    table.to_parquet(tmp_path / "data.parquet")
+    assert main(["validate", str(recipe)]) == 2
+    err = capsys.readouterr().err
+    assert said(f"data.label: column 'y': {message}", err), err
+    assert len([line for line in err.splitlines() if line.startswith("error")]) == 1, err
+
+
+def test_an_edited_token_count_is_caught_by_the_gate_against_fp32() -> None:
+    from qbench.gate_checks import _denominator_problems
+    from qbench.results import SliceMetrics
+
+    fp32 = SliceMetrics("overall", 2, {"accuracy": 0.75}, denominators={"accuracy": 4})
+    edited = dataclasses.replace(fp32, metrics={"accuracy": 0.7}, denominators={"accuracy": 10})
+    assert any("FP32's over" in p for p in _denominator_problems(edited, fp32))
+    assert _denominator_problems(fp32, fp32) == []
+    assert any("not a rate metric" in p for p in _denominator_problems(
+        dataclasses.replace(fp32, denominators={"kl_mean": 4}), None))  # fmt: skip
