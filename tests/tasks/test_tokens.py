@@ -53,6 +53,8 @@ def test_metrics_are_per_scored_token_by_hand() -> None:
     assert second.size == 1 and second.denominators["accuracy"] == 2
     assert second.metrics["accuracy"] == 1 / 2 and second.metrics["agreement"] == 1.0
     assert second.metrics["kl_mean"] == 0.0 and second.metrics["max_abs_error"] == 0.0
+    unscored = get_task("classification").rows(OUTPUTS, REFERENCE, np.full((2, 3), -100)).summarise("none", np.array([True, True]))
+    assert unscored.denominators["accuracy"] == 0 and all(np.isnan(v) for v in unscored.metrics.values())
 
 
 def test_results_record_what_token_rates_count_over_and_a_rate_of_tokens_passes_the_row_check() -> None:
