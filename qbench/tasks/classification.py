@@ -314,6 +314,8 @@ class Classification(Task):
             return None
         if is_integer(output) or named_labels(output):
             return 1
+        if token_axis(output):  # per-token scores beside a (rows, classes) output are its hidden states, mostly
+            return 3
         return 2 if output.off_label else 0  # scores say more than ids, unless their arg-max is not the label
 
     def output_problem(self, output: TensorMeta) -> str | None:

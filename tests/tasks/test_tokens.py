@@ -106,6 +106,23 @@ def test_a_per_token_output_needs_token_labels() -> None:
     assert "not supported" in str(task.output_problem(four))
 
 
+def test_scores_per_row_are_chosen_over_scores_per_token_beside_them() -> None:
+    """A sequence classifier exporting its logits (rows, classes) and its hidden states (rows, tokens, dim): the
+    task picks the logits (before, both ranked alike and the model was refused as ambiguous); per-token scores are
+    chosen on their own, or when named."""
+    from qbench.modelinfo import ModelInfo
+    from qbench.tasks.selection import choose_outputs
+
+    task = get_task("classification")
+    logits = TensorMeta("logits", np.dtype("float32"), (None, CLASSES))
+    hidden = TensorMeta("hidden", np.dtype("float32"), (None, TOKENS, 8))
+    both = ModelInfo(inputs={}, outputs={"hidden": hidden, "logits": logits}, opset=17)
+    assert [c.name for c in choose_outputs(task, both, None)] == ["logits"]
+    assert [c.name for c in choose_outputs(task, both, ["hidden"])] == ["hidden"]
+    alone = ModelInfo(inputs={}, outputs={"logits": LOGITS}, opset=17)
+    assert [c.name for c in choose_outputs(task, alone, None)] == ["logits"]
+
+
 # -- end to end --------------------------------------------------------------------------------
 
 
