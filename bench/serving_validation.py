@@ -32,7 +32,6 @@ over real runs, a rate failing when its p99 breaks the budget or the server fall
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -44,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from bench_output import write_json
 from rich.console import Console
 from rich.table import Table
 
@@ -328,10 +328,7 @@ def main(argv: list[str] | None = None) -> int:
             console.print(f"{figures['variant']}: where the server kept up, median real/predicted "
                           + ", ".join(f"{k} {v:,.2f}" for k, v in figures["where_real_kept_up"].items()))
             console.print(_service_table(figures))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2, default=str) + "\n")
-    console.print(f"written: {args.out}")
-    return 0
+    return write_json(args.out, report, console)
 
 
 if __name__ == "__main__":

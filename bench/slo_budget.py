@@ -24,7 +24,6 @@ a temporary folder when the repository has none (models/, data/ are not in git).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import tempfile
@@ -32,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench_output import write_json
 from rich.console import Console
 from rich.table import Table
 
@@ -166,10 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"sweep {figures['sweep_seconds']} s; chosen: "
                           + (f"{chosen['variant']}@{chosen['backend']} (up to {chosen['max_rate_rps']:,.0f} req/s, "
                              f"${chosen['usd_per_million']:.4g} per million)" if chosen else "none"))  # fmt: skip
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2, default=str) + "\n")
-    console.print(f"written: {args.out}")
-    return 0
+    return write_json(args.out, report, console)
 
 
 if __name__ == "__main__":

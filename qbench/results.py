@@ -377,12 +377,9 @@ def _latency(raw: dict[str, Any] | None) -> LatencyResult | None:
     if raw is None:
         return None
     return LatencyResult(
-        threads=raw.get("threads"),
-        session_create_ms=raw["session_create_ms"],
-        first_run_ms=raw["first_run_ms"],
-        points=tuple(_latency_point(p) for p in raw["points"]),
-        machine=dict(raw.get("machine") or {}),
-    )
+        threads=raw.get("threads"), session_create_ms=raw["session_create_ms"], first_run_ms=raw["first_run_ms"],
+        points=tuple(_latency_point(p) for p in raw["points"]), machine=dict(raw.get("machine") or {}),
+    )  # fmt: skip
 
 
 def _latency_point(raw: dict[str, Any]) -> LatencyPoint:
