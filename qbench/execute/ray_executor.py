@@ -191,8 +191,10 @@ class RayExecutor:
         ray = self._ray
         if ray.is_initialized():
             return
-        if address is None:  # a cluster of this machine alone, stopped when the sweep ends
-            options = {"num_cpus": os.cpu_count() or 1, "resources": {TIMING_RESOURCE: 1}, "include_dashboard": False}
+        if address is None:  # a cluster of this machine alone, stopped when the sweep ends; "local": a new one even
+            # where RAY_ADDRESS is set or another cluster runs here (ray.init would join it, and refuse num_cpus)
+            options = {"address": "local", "num_cpus": os.cpu_count() or 1, "resources": {TIMING_RESOURCE: 1},
+                       "include_dashboard": False}  # fmt: skip
         else:
             options = {"address": address}
         try:

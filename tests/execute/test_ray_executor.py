@@ -42,7 +42,7 @@ RAY = {"kind": "ray"}
 def ray_cluster() -> Iterator[list[int]]:
     """A local Ray cluster bound to 127.0.0.1 (its GCS, raylet and workers are this process's children), stopped
     after the module; teardown fails if any of its processes survives."""
-    ray.init(num_cpus=2, resources={TIMING_RESOURCE: 1}, _node_ip_address="127.0.0.1", include_dashboard=False,
+    ray.init(address="local", num_cpus=2, resources={TIMING_RESOURCE: 1}, _node_ip_address="127.0.0.1", include_dashboard=False,
              log_to_driver=False, object_store_memory=100 * 1024 * 1024, configure_logging=False)  # fmt: skip
     with stopped_without_survivors(ray.shutdown) as started:
         assert {node["NodeManagerAddress"] for node in ray.nodes()} == {"127.0.0.1"}
@@ -195,7 +195,7 @@ got = []
 def mine(signum, frame): got.append(signum)
 signal.signal(signal.SIGTERM, mine)
 with keeping_signal_handlers():
-    ray.init(num_cpus=1, _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=1, _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False,
              object_store_memory=80 * 1024 * 1024, configure_logging=False)
 try:
     print("started: " + ("kept" if signal.getsignal(signal.SIGTERM) is mine else "replaced"), flush=True)

@@ -77,3 +77,19 @@ def test_a_sweep_on_two_nodes_times_on_both_at_once_and_gives_the_local_figures(
     assert mixed_timing_machines(outcome.results) == []
     int8 = outcome.results.find("int8-minmax", "onnxruntime-cpu")
     assert math.isfinite(speedup(outcome.results, int8, 1))
+
+
+def test_a_sweep_without_an_address_starts_its_own_cluster_beside_a_running_one(
+    two_nodes: str, user_project: Path, tmp_path: Path, local_figures: tuple[dict, int],
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """Without executor.address the sweep runs on a cluster of this machine alone, even where another cluster runs
+    (ray.init without an address joins the latest one started here, and refused the sweep's own num_cpus:
+    'ValueError: When connecting to an existing cluster, num_cpus and num_gpus must not be provided')."""
+    expected, _ = local_figures
+    recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS, executor={"kind": "ray"})
+    caplog.set_level("INFO", logger="qbench")
+    outcome = run_sweep(recipe, track=False)
+    assert figures(outcome.results) == expected
+    assert "6 jobs (6 to run) on local Ray cluster of 1 node" in caplog.text  # not the two nodes running beside it
+    assert not ray.is_initialized()  # the sweep's own cluster stopped with it
