@@ -117,6 +117,11 @@ class Task(ABC):
         By default every output the task can evaluate ranks 0."""
         return None if self.output_problem(output) is not None else 0
 
+    def labels_fit(self, output: TensorMeta, values: Sequence[Any]) -> bool:
+        """Whether label cells of the form of `values` (the label column's) can be scored against `output`: among
+        the outputs the recipe does not name, those the labels cannot score are passed over. By default all can."""
+        return True
+
     @abstractmethod
     def output_problem(self, output: TensorMeta) -> str | None:
         """Why this task cannot evaluate `output` (None when it can); shown when the recipe names it."""

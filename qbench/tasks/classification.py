@@ -318,6 +318,10 @@ class Classification(Task):
             return 3
         return 2 if output.off_label else 0  # scores say more than ids, unless their arg-max is not the label
 
+    def labels_fit(self, output: TensorMeta, values: Sequence[Any]) -> bool:
+        """Token labels (a list per row) score a per-token output only, one label per row only an output per row."""
+        return any(is_token_list(v) for v in values) == token_axis(output)
+
     def output_problem(self, output: TensorMeta) -> str | None:
         if output.passthrough_of is not None:
             return f"output {output.name!r} is a copy of the input {output.passthrough_of!r}, not a prediction"
