@@ -29,6 +29,7 @@ from qbench.data import (
     evaluation_rows,
     finite_rows,
     iter_batches,
+    list_columns,
     load_table,
     nonfinite_masks,
     per_slice_counts,
@@ -165,7 +166,8 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None) -> Prepared:
             snapshot.check_read(metric_source_input(index))
     data = snapshot.data(recipe.data) if snapshot is not None else recipe.data  # tokenizers read from their copies
     text = text_columns(data, label_names=task.labels_name_classes)
-    table = load_table(_read_from(snapshot, "data", recipe.data_path), recipe_file=recipe.source, text_columns=text)
+    table = load_table(_read_from(snapshot, "data", recipe.data_path), recipe_file=recipe.source, text_columns=text,
+                       list_columns=list_columns(data))  # fmt: skip
     evaluation = evaluation_rows(table, data, recipe_file=recipe.source)
     eval_rows, masks, nonfinite = evaluation.rows, evaluation.masks, evaluation.nonfinite
     dropped: dict[str, dict[str, int]] = {}
@@ -185,7 +187,7 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None) -> Prepared:
     check_row_independence(recipe, source.onnx_path, model, eval_feeds, {c.name: c.index for c in outputs}, batch)
     calibration_table = (
         load_table(_read_from(snapshot, "data.calibration", recipe.calibration_data_path), recipe_file=recipe.source,
-                   field="data.calibration.path", text_columns=text)  # fmt: skip
+                   field="data.calibration.path", text_columns=text, list_columns=list_columns(data))  # fmt: skip
         if recipe.calibration_data_path is not None
         else table
     )

@@ -224,6 +224,30 @@ def test_token_labels_evaluate_the_per_token_output_beside_a_pooled_one(
     assert fp32_result.accuracy.overall.denominators["accuracy"] == ROWS * (TOKENS - 1)
 
 
+def test_token_labels_in_a_csv_file_are_json_lists_as_the_inputs_are(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A CSV label cell '[1, 0, 2, 1, 0, -100]' was kept as text (the label column may name classes) and refused as
+    'not integer class ids'; it is read as the list it writes, as the input column's cells are."""
+    import json
+
+    import pandas as pd
+
+    recipe, ids, labels = _token_project(tmp_path, gate={"metric": "accuracy", "max_drop": 0.5, "max_slice_drop": 0.5})
+    table = pd.read_parquet(tmp_path / "data.parquet")
+    for column in ("x", "y"):
+        table[column] = [json.dumps([int(v) for v in cell]) for cell in table[column]]
+    table.to_csv(tmp_path / "data.csv", index=False)
+    recipe.write_text(recipe.read_text().replace("data.parquet", "data.csv"))
+    results, _ = run_all(recipe, capsys)
+    fp32_result = results.find("fp32", "onnxruntime-cpu")
+    assert fp32_result is not None and fp32_result.accuracy is not None
+    fp32 = plain_ort(tmp_path / "model.onnx", {"ids": ids})["logits"]
+    scored = labels != -100
+    assert fp32_result.accuracy.overall.metrics["accuracy"] == pytest.approx(np.mean(fp32.argmax(-1)[scored] == labels[scored]))
+    assert fp32_result.accuracy.overall.denominators["accuracy"] == ROWS * (TOKENS - 1)
+
+
 def test_a_recipe_without_token_labels_is_refused_naming_data_label(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     recipe, _, _ = _token_project(tmp_path)
     body = recipe.read_text().replace("  label: y\n", "")
