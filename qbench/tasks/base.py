@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
+import pandas as pd
 
 from qbench.errors import QbenchError
 from qbench.modelinfo import TensorMeta
@@ -56,6 +57,11 @@ def wilson(rate: float, n: int) -> tuple[float, float]:
     if n == 0 or np.isnan(rate):
         return metrics.wilson_interval(0, 0)
     return metrics.wilson_interval(round(rate * n), n)
+
+
+def no_label(value: Any) -> bool:
+    """None, NaN, or pandas' NA (a nullable integer column's empty cell, a list column's null element)."""
+    return value is None or value is pd.NA or (isinstance(value, (float, np.floating)) and np.isnan(value))
 
 
 def mean_or_nan(values: np.ndarray) -> float:

@@ -81,6 +81,11 @@ def test_token_labels_are_read_as_one_list_per_row() -> None:
         task.labels_from_values([[0, 2, -100], [1, -1, 0]], rows)
     with pytest.raises(LabelError, match=r"row 8 holds token label 'B-PER'"):
         task.labels_from_values([[0, 2, -100], [1, "B-PER", 0]], rows)
+    # a parquet list column's null element reads as NaN in a float array: said as missing, numbers as written
+    with pytest.raises(LabelError, match=r"row 8 holds a missing token label: expected integer class ids"):
+        task.labels_from_values([np.array([0.0, 2.0, -100.0]), np.array([1.0, np.nan, 0.0])], rows)
+    with pytest.raises(LabelError, match=r"row 3 holds token label 2\.5: expected integer class ids"):
+        task.labels_from_values([np.array([0.0, 2.5, -100.0]), np.array([1.0, 1.0, 0.0])], rows)
 
 
 def test_token_labels_are_checked_against_the_output() -> None:
