@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -29,6 +29,7 @@ from qbench.data import (
     evaluation_rows,
     finite_rows,
     iter_batches,
+    list_columns,
     load_table,
     nonfinite_masks,
     per_slice_counts,
@@ -159,20 +160,21 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None) -> Prepared:
         logger.info("the model has a fixed batch of %d: timed at that batch only; every run feeds %d rows (a last, "
                     "shorter batch is filled with repeats of its rows, whose outputs are dropped)", batch, batch)  # fmt: skip
     task = get_task(recipe.task)
-    outputs = _pick_outputs(recipe, task, model)
-    _check_gate_metric(recipe, task, outputs)
     custom_metrics = load_custom_metrics(recipe)
     if snapshot is not None:  # imported from the user's files: they must still be what the sweep hashed
         for index in range(len(recipe.metrics)):
             snapshot.check_read(metric_source_input(index))
     data = snapshot.data(recipe.data) if snapshot is not None else recipe.data  # tokenizers read from their copies
     text = text_columns(data, label_names=task.labels_name_classes)
-    table = load_table(_read_from(snapshot, "data", recipe.data_path), recipe_file=recipe.source, text_columns=text)
+    table = load_table(_read_from(snapshot, "data", recipe.data_path), recipe_file=recipe.source, text_columns=text,
+                       list_columns=list_columns(data))  # fmt: skip
     evaluation = evaluation_rows(table, data, recipe_file=recipe.source)
     eval_rows, masks, nonfinite = evaluation.rows, evaluation.masks, evaluation.nonfinite
     dropped: dict[str, dict[str, int]] = {}
     _record_dropped(dropped, "evaluation", evaluation.dropped, evaluation.left_out)
     eval_slices = evaluation.slices
+    outputs = _pick_outputs(recipe, task, model, _label_values(recipe, table, eval_rows))
+    _check_gate_metric(recipe, task, outputs)
     labels = _labels(recipe, task, table, eval_rows, outputs)
     started = time.perf_counter()
     eval_feeds = build_feeds(table, eval_rows, data.inputs, model.inputs, recipe_file=recipe.source)
@@ -185,7 +187,7 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None) -> Prepared:
     check_row_independence(recipe, source.onnx_path, model, eval_feeds, {c.name: c.index for c in outputs}, batch)
     calibration_table = (
         load_table(_read_from(snapshot, "data.calibration", recipe.calibration_data_path), recipe_file=recipe.source,
-                   field="data.calibration.path", text_columns=text)  # fmt: skip
+                   field="data.calibration.path", text_columns=text, list_columns=list_columns(data))  # fmt: skip
         if recipe.calibration_data_path is not None
         else table
     )
@@ -299,12 +301,13 @@ def _read_model(recipe: Recipe, path: Path) -> ModelInfo:
     return info
 
 
-def _pick_outputs(recipe: Recipe, task: Task, model: ModelInfo) -> list[OutputChoice]:
-    """model.output / model.outputs, checked against what the task can read, or the task's own pick."""
+def _pick_outputs(recipe: Recipe, task: Task, model: ModelInfo, labels: list[Any] | None) -> list[OutputChoice]:
+    """model.output / model.outputs, checked against what the task can read, or the task's own pick among the
+    outputs the `labels` (the label column's values) can score."""
     wanted = recipe.model.outputs or ([recipe.model.output] if recipe.model.output is not None else None)
     field = "model.outputs" if recipe.model.outputs is not None else "model.output"
     try:
-        return choose_outputs(task, model, wanted)
+        return choose_outputs(task, model, wanted, labels)
     except QbenchError as exc:
         raise RecipeError(recipe.source, field, str(exc)) from None
 
@@ -336,7 +339,7 @@ def _labels(
     if column not in table.columns:
         raise RecipeError(recipe.source, "data.label", expected_one_of(column, [str(c) for c in table.columns]))
     positions = np.asarray(rows)
-    values = table[column].iloc[positions].tolist()
+    values = _label_values(recipe, table, positions)
     try:
         if recipe.data.classes is not None:
             values = _named_classes(recipe, task, values, outputs, positions)
@@ -348,6 +351,12 @@ def _labels(
     except LabelError as exc:
         raise _label_error(recipe, exc) from None
     return labels
+
+
+def _label_values(recipe: Recipe, table: pd.DataFrame, rows: np.ndarray) -> list[Any] | None:
+    """The label column's values on `rows`; None without one (a missing column is _labels' error)."""
+    column = recipe.data.label
+    return None if column is None or column not in table.columns else table[column].iloc[np.asarray(rows)].tolist()
 
 
 def _label_error(recipe: Recipe, exc: LabelError) -> RecipeError:

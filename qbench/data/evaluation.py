@@ -59,6 +59,12 @@ def text_columns(data: DataSpec, *, label_names: bool) -> tuple[str, ...]:
     return tuple(dict.fromkeys(columns))
 
 
+def list_columns(data: DataSpec) -> tuple[str, ...]:
+    """The columns a CSV file may hold JSON lists in even where text_columns keeps them as text: the label, whose
+    cells are class names or, for token classification, a list of class ids per row."""
+    return (data.label,) if data.label is not None else ()
+
+
 def evaluation_rows(table: pd.DataFrame, data: DataSpec, *, recipe_file: Path) -> EvaluationRows:
     """The rows a sweep of a recipe with `data` evaluates, and its slices over them (RecipeError when the recipe's
     filters, slices or inputs do not fit the table)."""

@@ -12,8 +12,9 @@ holds. Parquet, JSON lines and `datasets` folders keep the types they store.
 
 CSV cannot hold arrays: a CSV column whose every non-empty cell is a JSON list
 (`"[0.1, 0.2]"`) is parsed into Python lists, so the same table works as CSV,
-JSON lines or parquet. A cell that looks like a list but is not valid JSON is an
-error rather than a silent string.
+JSON lines or parquet; so is a label column read as text (class names) when every cell is
+one (token labels). A cell that looks like a list but is not valid JSON is an error rather
+than a silent string (text in a text column).
 """
 
 from __future__ import annotations
@@ -37,16 +38,18 @@ SUPPORTED_FORMATS = ".parquet, .csv, .jsonl, .ndjson, or a folder written by `da
 
 
 def load_table(
-    path: Path, *, recipe_file: Path, field: str = "data.path", text_columns: Collection[str] = ()
-) -> pd.DataFrame:
+    path: Path, *, recipe_file: Path, field: str = "data.path", text_columns: Collection[str] = (),
+    list_columns: Collection[str] = (),
+) -> pd.DataFrame:  # fmt: skip
     """Read a data table; every problem is a RecipeError at `field` naming the file and the cause. A CSV file's
-    `text_columns` keep their cells' text (only an empty cell is missing there)."""
+    `text_columns` keep their cells' text (only an empty cell is missing there), unless they are also among
+    `list_columns` and every cell is a JSON list (token labels in the label column that otherwise names classes)."""
     path = Path(path)
     if not path.exists():
         raise RecipeError(recipe_file, field, f"file or folder not found: {path}")
     read = _reader_for(path, recipe_file=recipe_file, field=field)
     if read is _read_csv:
-        read = partial(_read_csv, text_columns=text_columns)
+        read = partial(_read_csv, text_columns=text_columns, list_columns=list_columns)
     try:
         df = read(path)
     except UnicodeDecodeError as exc:
@@ -100,7 +103,7 @@ OTHER_SEPARATORS = (";", "\t", "|")  # what a CSV export from a spreadsheet in a
 MISSING_NUMBER_TEXT = frozenset({"NA", "N/A", "n/a", "NaN", "nan", "-nan", "NULL", "null", "None", "<NA>", "#N/A", "#NA"})
 
 
-def _read_csv(path: Path, text_columns: Collection[str] = ()) -> pd.DataFrame:
+def _read_csv(path: Path, text_columns: Collection[str] = (), list_columns: Collection[str] = ()) -> pd.DataFrame:
     """Only an empty cell is missing in a text column ("NA" is Namibia, "None" a category); in a column of numbers,
     an empty cell or a missing-number text (MISSING_NUMBER_TEXT) is NaN. `text_columns` are read as text whatever
     their cells look like: read as numbers, "007" and "7" would be one value, named 7."""
@@ -110,6 +113,8 @@ def _read_csv(path: Path, text_columns: Collection[str] = ()) -> pd.DataFrame:
                      encoding=text_encoding(path))  # fmt: skip
     for column in df.columns:
         if column in kept:
+            if column in list_columns and _is_json_list_column(df[column]):
+                df[column] = _parse_json_lists(df[column], names=True)
             continue
         if _is_json_list_column(df[column]):
             df[column] = _parse_json_lists(df[column])
@@ -203,9 +208,11 @@ def _is_json_list_column(column: pd.Series) -> bool:
     return bool(cells.map(lambda cell: isinstance(cell, str) and cell.startswith("[") and cell.endswith("]")).all())
 
 
-def _parse_json_lists(column: pd.Series) -> pd.Series:
+def _parse_json_lists(column: pd.Series, *, names: bool = False) -> pd.Series:
     """The column with its JSON list cells parsed. A column none of whose cells is JSON stays text (labels such as
-    '[en]'); one where some are and some are not holds a malformed list, which is an error."""
+    '[en]'); one where some are and some are not holds a malformed list, which is an error. A column of `names`
+    (a label column whose text may name classes) is parsed only when every cell is a JSON list, as token labels
+    are (one class id per token, as a parquet list column holds them); otherwise it keeps its text."""
     failures: list[tuple[str, json.JSONDecodeError]] = []
 
     def parse(cell: object) -> object:
@@ -220,7 +227,7 @@ def _parse_json_lists(column: pd.Series) -> pd.Series:
     parsed = column.astype(object).map(parse)
     if not failures:
         return parsed
-    if len(failures) == int(column.notna().sum()):
+    if names or len(failures) == int(column.notna().sum()):
         return column
     cell, exc = failures[0]
     raise ValueError(f"column {column.name!r}: cell {cell[:40]!r} looks like a JSON list but is not valid JSON ({exc})")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
+import pandas as pd
 
 from qbench.errors import QbenchError
 from qbench.modelinfo import TensorMeta
@@ -56,6 +57,11 @@ def wilson(rate: float, n: int) -> tuple[float, float]:
     if n == 0 or np.isnan(rate):
         return metrics.wilson_interval(0, 0)
     return metrics.wilson_interval(round(rate * n), n)
+
+
+def no_label(value: Any) -> bool:
+    """None, NaN, or pandas' NA (a nullable integer column's empty cell, a list column's null element)."""
+    return value is None or value is pd.NA or (isinstance(value, (float, np.floating)) and np.isnan(value))
 
 
 def mean_or_nan(values: np.ndarray) -> float:
@@ -116,6 +122,11 @@ class Task(ABC):
 
         By default every output the task can evaluate ranks 0."""
         return None if self.output_problem(output) is not None else 0
+
+    def labels_fit(self, output: TensorMeta, values: Sequence[Any]) -> bool:
+        """Whether label cells of the form of `values` (the label column's) can be scored against `output`: among
+        the outputs the recipe does not name, those the labels cannot score are passed over. By default all can."""
+        return True
 
     @abstractmethod
     def output_problem(self, output: TensorMeta) -> str | None:

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from qbench.modelinfo import TensorMeta
 from qbench.modelinfo_classes import keys_are_columns
@@ -32,6 +31,7 @@ from qbench.tasks.base import (
     is_float,
     is_integer,
     mean_or_nan,
+    no_label,
     wilson,
 )
 from qbench.tasks.tokens import TokenRows, check_token_labels, is_token_list, labels_from_lists, token_axis
@@ -69,11 +69,6 @@ def _as_number(value: Any) -> Any:
     except ValueError:
         return value
     return number if math.isfinite(number) else value
-
-
-def _no_label(value: Any) -> bool:
-    """None, NaN, or pandas' NA (a nullable integer column's empty cell)."""
-    return value is None or value is pd.NA or (isinstance(value, (float, np.floating)) and np.isnan(value))
 
 
 def named_labels(output: TensorMeta) -> bool:
@@ -218,7 +213,7 @@ class Classification(Task):
         if any(is_token_list(v) for v in values):
             return labels_from_lists(values, positions, _integral)
         values = [_as_number(v) for v in values]
-        missing = np.array([_no_label(v) for v in values], dtype=bool)
+        missing = np.array([no_label(v) for v in values], dtype=bool)
         if missing.any():
             raise LabelError(f"{example_rows(missing, values, positions)} have no label; expected integer class ids")
         not_ids = np.array([not _integral(v) for v in values], dtype=bool)
@@ -317,6 +312,10 @@ class Classification(Task):
         if token_axis(output):  # per-token scores beside a (rows, classes) output are its hidden states, mostly
             return 3
         return 2 if output.off_label else 0  # scores say more than ids, unless their arg-max is not the label
+
+    def labels_fit(self, output: TensorMeta, values: Sequence[Any]) -> bool:
+        """Token labels (a list per row) score a per-token output only, one label per row only an output per row."""
+        return any(is_token_list(v) for v in values) == token_axis(output)
 
     def output_problem(self, output: TensorMeta) -> str | None:
         if output.passthrough_of is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from qbench.errors import QbenchError, expected_one_of
 from qbench.modelinfo import ModelInfo, TensorMeta
@@ -29,14 +30,26 @@ def _listing(model: ModelInfo) -> str:
     return "; ".join(meta.describe() for meta in model.outputs.values())
 
 
-def choose_outputs(task: Task, model: ModelInfo, wanted: Sequence[str] | None) -> list[OutputChoice]:
+def choose_outputs(
+    task: Task, model: ModelInfo, wanted: Sequence[str] | None, labels: Sequence[Any] | None = None
+) -> list[OutputChoice]:
     """The outputs to evaluate, in the order given. QbenchError naming the outputs when the choice is
     impossible: a named output the task cannot read (an integer for embedding, a copy of an input, a
-    structured output), or no/several equally suitable outputs when the recipe names none."""
+    structured output), or no/several equally suitable outputs when the recipe names none.
+
+    `labels`: the label column's values, when the recipe has one. Unless the recipe names the outputs, those its
+    labels cannot score (Task.labels_fit: a CLS embedding beside the per-token logits that token labels score) are
+    passed over whatever their rank, when another output fits; when none does, the label check says why."""
     names = list(model.outputs)
     if wanted:
         return [_named(task, model, name, names) for name in wanted]
     ranked = [(rank, i) for i, meta in enumerate(model.outputs.values()) if (rank := _rank(task, meta)) is not None]
+    if labels is not None:
+        fitting = [(rank, i) for rank, i in ranked if task.labels_fit(model.outputs[names[i]], labels)]
+        if fitting:
+            for _, i in sorted(set(ranked) - set(fitting)):
+                log.info("output %r passed over: the labels cannot score it", names[i])
+            ranked = fitting
     for meta in model.outputs.values():
         if meta.passthrough_of is not None:
             log.info("output %r skipped: it is a copy of the input %r", meta.name, meta.passthrough_of)

@@ -17,7 +17,7 @@ import numpy as np
 
 from qbench.modelinfo import TensorMeta
 from qbench.results import SliceMetrics
-from qbench.tasks.base import LabelError, is_float, mean_or_nan, wilson
+from qbench.tasks.base import LabelError, is_float, mean_or_nan, no_label, wilson
 from qbench.validate import metrics
 from qbench.validate.metrics import IGNORE_LABEL
 
@@ -59,8 +59,10 @@ def labels_from_lists(values: Sequence[Any], positions: np.ndarray, integral: An
     for index, cell in enumerate(values):
         bad = [v for v in cell if not integral(v)]
         if bad:
-            raise LabelError(f"row {row(index)} holds token label {bad[0]!r}: expected integer class ids "
-                             f"({IGNORE_LABEL} for a token not to score)")  # fmt: skip
+            value = bad[0].item() if isinstance(bad[0], np.generic) else bad[0]  # 2.5, not np.float64(2.5)
+            shown = "a missing token label" if no_label(value) else f"token label {value!r}"
+            raise LabelError(f"row {row(index)} holds {shown}: expected integer class ids ({IGNORE_LABEL} for a "
+                             "token not to score)")  # fmt: skip
     labels = np.array([[int(v) for v in cell] for cell in values], dtype=np.int64).reshape(len(values), -1)
     negative = (labels < 0) & (labels != IGNORE_LABEL)
     if negative.any():

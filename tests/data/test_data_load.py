@@ -196,6 +196,16 @@ def test_bracketed_text_that_is_no_json_stays_text(tmp_path: Path) -> None:
     assert table["lang"].tolist() == ["[en]", "[fr]"] and table["vec"].tolist() == [[1, 2], [3, 4]]
 
 
+def test_json_lists_in_a_label_column_read_as_text_are_parsed_when_every_cell_is_one(tmp_path: Path) -> None:
+    """Token labels in a CSV label column (read as text: it may name classes) stayed text, '[0, 1, -100]'."""
+    path = tmp_path / "tokens.csv"
+    path.write_text('lab,tag,names\n"[0, 1, -100]","[1, 2]",[en]\n"[2, -100, -100]","[3]",[fr]\n')
+    table = load_table(path, recipe_file=RECIPE, text_columns=["lab", "tag", "names"], list_columns=["lab", "names"])
+    assert table["lab"].tolist() == [[0, 1, -100], [2, -100, -100]]
+    assert table["tag"].tolist() == ["[1, 2]", "[3]"]  # a slice code keeps the text the file holds
+    assert table["names"].tolist() == ["[en]", "[fr]"]  # class names that are no JSON stay names
+
+
 def test_a_json_line_naming_a_key_twice_is_refused(tmp_path: Path) -> None:
     """JSON parsers keep the last value of a repeated key: every row's second "label" was read, FP32 scored 0.0."""
     path = tmp_path / "rows.jsonl"

@@ -81,6 +81,11 @@ def test_token_labels_are_read_as_one_list_per_row() -> None:
         task.labels_from_values([[0, 2, -100], [1, -1, 0]], rows)
     with pytest.raises(LabelError, match=r"row 8 holds token label 'B-PER'"):
         task.labels_from_values([[0, 2, -100], [1, "B-PER", 0]], rows)
+    # a parquet list column's null element reads as NaN in a float array: said as missing, numbers as written
+    with pytest.raises(LabelError, match=r"row 8 holds a missing token label: expected integer class ids"):
+        task.labels_from_values([np.array([0.0, 2.0, -100.0]), np.array([1.0, np.nan, 0.0])], rows)
+    with pytest.raises(LabelError, match=r"row 3 holds token label 2\.5: expected integer class ids"):
+        task.labels_from_values([np.array([0.0, 2.5, -100.0]), np.array([1.0, 1.0, 0.0])], rows)
 
 
 def test_token_labels_are_checked_against_the_output() -> None:
@@ -123,12 +128,35 @@ def test_scores_per_row_are_chosen_over_scores_per_token_beside_them() -> None:
     assert [c.name for c in choose_outputs(task, alone, None)] == ["logits"]
 
 
+def test_the_labels_pass_over_the_outputs_they_cannot_score() -> None:
+    """Token labels pick the per-token logits over a (rows, dim) CLS embedding beside them, which ranks above them
+    without labels (before, the embedding was picked and the token labels refused for it); labels per row keep the
+    (rows, classes) logits even when their hidden states come first; labels no output fits leave the ranking alone."""
+    from qbench.modelinfo import ModelInfo
+    from qbench.tasks.selection import choose_outputs
+
+    task = get_task("classification")
+    cls = TensorMeta("cls", np.dtype("float32"), (None, 8))
+    token_model = ModelInfo(inputs={}, outputs={"cls": cls, "logits": LOGITS}, opset=17)
+    token_labels = [np.array([0, 1, 2, 0, 1, -100]), [1, 1, 0, 0, 2, -100]]
+    assert [c.name for c in choose_outputs(task, token_model, None)] == ["cls"]
+    assert [c.name for c in choose_outputs(task, token_model, None, token_labels)] == ["logits"]
+    assert [c.name for c in choose_outputs(task, token_model, ["cls"], token_labels)] == ["cls"]  # named: as named
+    assert [c.name for c in choose_outputs(task, token_model, None, [0, 2])] == ["cls"]
+    hidden = TensorMeta("hidden", np.dtype("float32"), (None, TOKENS, 8))
+    row_model = ModelInfo(inputs={}, outputs={"hidden": hidden, "cls": cls}, opset=17)
+    assert [c.name for c in choose_outputs(task, row_model, None, [0, 2])] == ["cls"]
+    alone = ModelInfo(inputs={}, outputs={"cls": cls}, opset=17)
+    assert [c.name for c in choose_outputs(task, alone, None, token_labels)] == ["cls"]
+
+
 # -- end to end --------------------------------------------------------------------------------
 
 
-def _token_project(root: Path, **recipe: object) -> tuple[Path, np.ndarray, np.ndarray]:
+def _token_project(root: Path, pooled: bool = False, **recipe: object) -> tuple[Path, np.ndarray, np.ndarray]:
     """Gather(embedding, ids[batch, 6]) -> MatMul -> logits [batch, 6, 3]; classes 0 and 1 nearly tie, so INT8 turns
-    some tokens. Labels: FP32's top-1 with a fifth of the tokens moved to the next class, the last token -100."""
+    some tokens. Labels: FP32's top-1 with a fifth of the tokens moved to the next class, the last token -100.
+    `pooled`: a first output `pooled` [batch, 8] too, the embeddings' mean over the tokens."""
     import pandas as pd
 
     rng = np.random.default_rng(0)
@@ -137,10 +165,14 @@ def _token_project(root: Path, **recipe: object) -> tuple[Path, np.ndarray, np.n
     weights[:, 1] = weights[:, 0] + rng.normal(scale=0.02, size=8).astype(np.float32)
     ids_info = helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", TOKENS])
     logits_info = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", TOKENS, CLASSES])
+    nodes = [helper.make_node("Gather", ["emb", "ids"], ["h"]), helper.make_node("MatMul", ["h", "w"], ["logits"])]
+    outputs = [logits_info]
+    if pooled:
+        nodes.append(helper.make_node("ReduceMean", ["h"], ["pooled"], axes=[1], keepdims=0))
+        outputs.insert(0, helper.make_tensor_value_info("pooled", TensorProto.FLOAT, ["batch", 8]))
     model = graph_model(
-        [helper.make_node("Gather", ["emb", "ids"], ["h"]), helper.make_node("MatMul", ["h", "w"], ["logits"])],
-        [ids_info], [logits_info], [numpy_helper.from_array(embedding, "emb"), numpy_helper.from_array(weights, "w")],
-    )  # fmt: skip
+        nodes, [ids_info], outputs, [numpy_helper.from_array(embedding, "emb"), numpy_helper.from_array(weights, "w")]
+    )
     ids = rng.integers(0, VOCAB, size=(ROWS, TOKENS))
     labels = np.argmax(embedding[ids] @ weights, axis=-1)
     moved = rng.random(labels.shape) < 0.2
@@ -181,6 +213,44 @@ def test_token_classification_end_to_end(tmp_path: Path, capsys: pytest.CaptureF
     verdict = evaluate_gate(results, spec)
     assert not verdict.problems
     assert [(b.variant, b.scope) for b in verdict.breaches] == [("int8", worse)]
+
+
+def test_token_labels_evaluate_the_per_token_output_beside_a_pooled_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    recipe, ids, labels = _token_project(tmp_path, pooled=True, gate={"metric": "accuracy", "max_drop": 0.5,
+                                         "max_slice_drop": 0.5})  # fmt: skip
+    results, _ = run_all(recipe, capsys)
+    fp32_result = results.find("fp32", "onnxruntime-cpu")
+    assert fp32_result is not None and fp32_result.accuracy is not None
+    fp32 = plain_ort(tmp_path / "model.onnx", {"ids": ids})["logits"]
+    scored = labels != -100
+    assert fp32_result.accuracy.overall.metrics["accuracy"] == pytest.approx(np.mean(fp32.argmax(-1)[scored] == labels[scored]))
+    assert fp32_result.accuracy.overall.denominators["accuracy"] == ROWS * (TOKENS - 1)
+
+
+def test_token_labels_in_a_csv_file_are_json_lists_as_the_inputs_are(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A CSV label cell '[1, 0, 2, 1, 0, -100]' was kept as text (the label column may name classes) and refused as
+    'not integer class ids'; it is read as the list it writes, as the input column's cells are."""
+    import json
+
+    import pandas as pd
+
+    recipe, ids, labels = _token_project(tmp_path, gate={"metric": "accuracy", "max_drop": 0.5, "max_slice_drop": 0.5})
+    table = pd.read_parquet(tmp_path / "data.parquet")
+    for column in ("x", "y"):
+        table[column] = [json.dumps([int(v) for v in cell]) for cell in table[column]]
+    table.to_csv(tmp_path / "data.csv", index=False)
+    recipe.write_text(recipe.read_text().replace("data.parquet", "data.csv"))
+    results, _ = run_all(recipe, capsys)
+    fp32_result = results.find("fp32", "onnxruntime-cpu")
+    assert fp32_result is not None and fp32_result.accuracy is not None
+    fp32 = plain_ort(tmp_path / "model.onnx", {"ids": ids})["logits"]
+    scored = labels != -100
+    assert fp32_result.accuracy.overall.metrics["accuracy"] == pytest.approx(np.mean(fp32.argmax(-1)[scored] == labels[scored]))
+    assert fp32_result.accuracy.overall.denominators["accuracy"] == ROWS * (TOKENS - 1)
 
 
 def test_a_recipe_without_token_labels_is_refused_naming_data_label(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
