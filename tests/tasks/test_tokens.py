@@ -215,18 +215,24 @@ def test_token_classification_end_to_end(tmp_path: Path, capsys: pytest.CaptureF
     assert [(b.variant, b.scope) for b in verdict.breaches] == [("int8", worse)]
 
 
+def _assert_fp32_token_accuracy(recipe: Path, root: Path, ids: np.ndarray, labels: np.ndarray,
+                                capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """Sweep and gate `recipe`; FP32's token accuracy is the model's own over the scored tokens, counted over them."""
+    results, _ = run_all(recipe, capsys)
+    fp32_result = results.find("fp32", "onnxruntime-cpu")
+    assert fp32_result is not None and fp32_result.accuracy is not None
+    fp32 = plain_ort(root / "model.onnx", {"ids": ids})["logits"]
+    scored = labels != -100
+    assert fp32_result.accuracy.overall.metrics["accuracy"] == pytest.approx(np.mean(fp32.argmax(-1)[scored] == labels[scored]))
+    assert fp32_result.accuracy.overall.denominators["accuracy"] == ROWS * (TOKENS - 1)
+
+
 def test_token_labels_evaluate_the_per_token_output_beside_a_pooled_one(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     recipe, ids, labels = _token_project(tmp_path, pooled=True, gate={"metric": "accuracy", "max_drop": 0.5,
                                          "max_slice_drop": 0.5})  # fmt: skip
-    results, _ = run_all(recipe, capsys)
-    fp32_result = results.find("fp32", "onnxruntime-cpu")
-    assert fp32_result is not None and fp32_result.accuracy is not None
-    fp32 = plain_ort(tmp_path / "model.onnx", {"ids": ids})["logits"]
-    scored = labels != -100
-    assert fp32_result.accuracy.overall.metrics["accuracy"] == pytest.approx(np.mean(fp32.argmax(-1)[scored] == labels[scored]))
-    assert fp32_result.accuracy.overall.denominators["accuracy"] == ROWS * (TOKENS - 1)
+    _assert_fp32_token_accuracy(recipe, tmp_path, ids, labels, capsys)
 
 
 def test_token_labels_in_a_csv_file_are_json_lists_as_the_inputs_are(
@@ -244,13 +250,7 @@ def test_token_labels_in_a_csv_file_are_json_lists_as_the_inputs_are(
         table[column] = [json.dumps([int(v) for v in cell]) for cell in table[column]]
     table.to_csv(tmp_path / "data.csv", index=False)
     recipe.write_text(recipe.read_text().replace("data.parquet", "data.csv"))
-    results, _ = run_all(recipe, capsys)
-    fp32_result = results.find("fp32", "onnxruntime-cpu")
-    assert fp32_result is not None and fp32_result.accuracy is not None
-    fp32 = plain_ort(tmp_path / "model.onnx", {"ids": ids})["logits"]
-    scored = labels != -100
-    assert fp32_result.accuracy.overall.metrics["accuracy"] == pytest.approx(np.mean(fp32.argmax(-1)[scored] == labels[scored]))
-    assert fp32_result.accuracy.overall.denominators["accuracy"] == ROWS * (TOKENS - 1)
+    _assert_fp32_token_accuracy(recipe, tmp_path, ids, labels, capsys)
 
 
 def test_a_recipe_without_token_labels_is_refused_naming_data_label(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
