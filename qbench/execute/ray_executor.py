@@ -289,10 +289,17 @@ class RayExecutor:
         return f"{owner} of {len(nodes)} node{'s' if len(nodes) != 1 else ''}, {cpus:g} CPUs ({socket.gethostname()})"
 
     def close(self) -> None:
+        """Cancel the jobs still out and disconnect (stopping an owned cluster, which ends its workers).
+
+        A running job is cancelled without force (a KeyboardInterrupt in its worker, the job's own handling ends
+        it): a forced cancel marks the task failed at once, and a worker's reply of completion arriving just after
+        made Ray's core abort the driver process ('Check failed: ... Tried to complete task that was not
+        pending', exit 1 with no message: a breach's exit code). A job busy in native code ends when it returns
+        to Python, or with the cluster."""
         try:
             for ref in list(self._results):
                 try:
-                    self._ray.cancel(ref, force=True)
+                    self._ray.cancel(ref, force=False)
                 except Exception:  # noqa: BLE001 - best effort: the job may have ended meanwhile
                     pass
         finally:  # an interruption meanwhile still disconnects: no Ray left for the interpreter's exit to stop

@@ -141,7 +141,7 @@ def test_a_job_whose_worker_keeps_dying_is_recorded_failed_and_the_gate_fails_cl
 
 
 def _settled_probe_count(folder: Path, quiet_s: float = 2.0, limit_s: float = 60.0) -> int:
-    """The probe-call count once no call has come for `quiet_s` (Ray's forced cancel ends a worker asynchronously)."""
+    """The probe-call count once no call has come for `quiet_s` (Ray ends a cancelled job's worker asynchronously)."""
     deadline = time.monotonic() + limit_s
     count, since = len(probe_calls(folder)), time.monotonic()
     while time.monotonic() - since < quiet_s and time.monotonic() < deadline:
