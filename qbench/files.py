@@ -8,8 +8,9 @@ error is a QbenchError of one line naming the file and the system's reason (`No 
 from __future__ import annotations
 
 import os
+import secrets
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from qbench.errors import QbenchError
 
 
 @contextmanager
-def writing(path: Path, what: str) -> Iterator[None]:
+def _writing(path: Path, what: str) -> Iterator[None]:
     """An OSError met inside is a QbenchError of one line naming `path` and `what` it is, not a crash."""
     try:
         yield
@@ -28,18 +29,43 @@ def writing(path: Path, what: str) -> Iterator[None]:
 def write_atomically(path: Path, text: str, *, what: str) -> Path:
     """Write `text` (UTF-8) to `path` in one step, as described above; `what` names the file in an error
     ("the results", "the HTML report"). The new file is readable as the umask allows."""
-    with writing(path, what):
+    return replace_atomically(path, lambda temporary: temporary.write_text(text, encoding="utf-8"), what=what)
+
+
+def replace_atomically(path: Path, write: Callable[[Path], object], *, what: str, suffix: str = ".tmp") -> Path:
+    """`write` fills a temporary file (named ...`suffix`, for writers that go by it: `np.savez` wants .npz) in
+    `path`'s folder, which then replaces `path` in one step, as described above."""
+    with _writing(path, what):
         path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        handle, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
+        os.close(handle)
+        temporary = Path(name)
         try:
-            with os.fdopen(handle, "w", encoding="utf-8") as file:
-                file.write(text)
+            write(temporary)
             os.chmod(temporary, 0o666 & ~current_umask())
             os.replace(temporary, path)
         finally:
-            if os.path.exists(temporary):
-                os.unlink(temporary)
+            temporary.unlink(missing_ok=True)
     return path
+
+
+def new_folder(parent: Path, stem: str, suffix: str) -> Path:
+    """A new, empty folder `.<stem>.<random>.<suffix>` in `parent`, of a name no other writer has, made with the
+    process's umask (not tempfile's private 0700): renamed into place, it is a folder other users and servers
+    read (a shared build store's entry, a Triton model)."""
+    while True:
+        folder = parent / f".{stem}.{secrets.token_hex(4)}.{suffix}"
+        try:
+            folder.mkdir()
+            return folder
+        except FileExistsError:
+            continue
+
+
+def file_in_the_way(folder: Path) -> Path | None:
+    """The first of `folder` and the folders above it that exists but is no folder (nothing can be written under
+    it), or None."""
+    return next((above for above in (folder, *folder.parents) if above.exists() and not above.is_dir()), None)
 
 
 def current_umask() -> int:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from qbench.environment import machine_kind
 from qbench.errors import QbenchError, expected_one_of
 from qbench.results import FrontierPoint, SweepResults, VariantResult
+from qbench.search.select import TIE
 from qbench.validate.catalogue import METRICS
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -150,13 +151,11 @@ def speedup(results: SweepResults, variant: VariantResult, batch_size: int) -> f
     return theirs.p50_ms / ours.p50_ms
 
 
-SLOWER_MARGIN = 0.05  # a p50 this much (relative) above FP32's is within a shared machine's noise: no finding
-
-
 def slower_than_reference(results: SweepResults, variant: VariantResult) -> str | None:
     """'0.85× at batch 1, 0.75× at batch 8' when `variant` ran slower than FP32 on its backend at every batch size
-    both timed, each beyond the timing noise (the larger of SLOWER_MARGIN and the two points' window spreads);
-    None when it is faster, or as fast within the noise, at some batch size, or no speed-up can be given."""
+    both timed, each beyond the timing noise (the larger of the search's tie margin, TIE, and the two points'
+    window spreads); None when it is faster, or as fast within the noise, at some batch size, or no speed-up can be
+    given."""
     if variant.variant == results.reference or variant.status != "ok" or variant.latency is None:
         return None
     reference = results.find(results.reference, variant.backend)
@@ -167,7 +166,7 @@ def slower_than_reference(results: SweepResults, variant: VariantResult) -> str 
         theirs, factor = reference.latency.at(point.batch_size), speedup(results, variant, point.batch_size)
         if theirs is None or not math.isfinite(factor):
             continue
-        margin = max([SLOWER_MARGIN, *(s for s in (point.spread, theirs.spread) if math.isfinite(s))])
+        margin = max([TIE, *(s for s in (point.spread, theirs.spread) if math.isfinite(s))])
         if factor >= 1.0 - margin:
             return None
         slower.append(f"{factor:.2f}× at batch {point.batch_size}")

@@ -390,12 +390,11 @@ def _denominator_problems(scope: SliceMetrics, reference: SliceMetrics | None) -
 def evaluation_from_data(recipe: Recipe) -> EvaluationRows:
     """The evaluation rows and slices a sweep of `recipe` derives from its data (qbench.data.evaluation_rows,
     the sweep's own derivation: evaluation filter, NaN/inf input policy, limit, slices over those rows)."""
-    from qbench.data import evaluation_rows, list_columns, load_table, text_columns
+    from qbench.data import evaluation_rows, load_data_table
     from qbench.tasks import get_task
 
-    text = text_columns(recipe.data, label_names=get_task(recipe.task).labels_name_classes)
-    table = load_table(recipe.data_path, recipe_file=recipe.source, text_columns=text,
-                       list_columns=list_columns(recipe.data))  # fmt: skip
+    table = load_data_table(recipe.data_path, recipe.data, label_names=get_task(recipe.task).labels_name_classes,
+                            recipe_file=recipe.source)  # fmt: skip
     return evaluation_rows(table, recipe.data, recipe_file=recipe.source)
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from qbench.errors import QbenchError
-from qbench.files import write_atomically
+from qbench.files import file_in_the_way, write_atomically
 from qbench.gate import EXIT_BREACH, EXIT_PASS, UNDER_MIN_SIZE, GateCheck, GateReport
 from qbench.report_grid import compared, figure
 from qbench.slo import SLO_SCOPE
@@ -282,7 +282,7 @@ def write_report(path: Path, text: str) -> Path:
             return path
         check_report_path(path)
         target = path.resolve()
-        blocking = next((folder for folder in target.parents if folder.exists() and not folder.is_dir()), None)
+        blocking = file_in_the_way(target.parent)
         if blocking is not None:
             raise QbenchError(f"{path}: cannot write the gate report: {blocking} is a file, not a folder")
     except OSError as exc:

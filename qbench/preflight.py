@@ -29,13 +29,11 @@ from qbench.data import (
     evaluation_rows,
     finite_rows,
     iter_batches,
-    list_columns,
-    load_table,
+    load_data_table,
     nonfinite_masks,
     per_slice_counts,
     row_ids_sha256,
     select_rows,
-    text_columns,
 )
 from qbench.errors import QbenchError, RecipeError, expected_one_of
 from qbench.modelinfo import ModelInfo, external_data_files, read_model_info
@@ -165,9 +163,8 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None) -> Prepared:
         for index in range(len(recipe.metrics)):
             snapshot.check_read(metric_source_input(index))
     data = snapshot.data(recipe.data) if snapshot is not None else recipe.data  # tokenizers read from their copies
-    text = text_columns(data, label_names=task.labels_name_classes)
-    table = load_table(_read_from(snapshot, "data", recipe.data_path), recipe_file=recipe.source, text_columns=text,
-                       list_columns=list_columns(data))  # fmt: skip
+    table = load_data_table(_read_from(snapshot, "data", recipe.data_path), data,
+                            label_names=task.labels_name_classes, recipe_file=recipe.source)  # fmt: skip
     evaluation = evaluation_rows(table, data, recipe_file=recipe.source)
     eval_rows, masks, nonfinite = evaluation.rows, evaluation.masks, evaluation.nonfinite
     dropped: dict[str, dict[str, int]] = {}
@@ -186,8 +183,8 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None) -> Prepared:
         _check_export_on_rows(recipe, source, eval_feeds)
     check_row_independence(recipe, source.onnx_path, model, eval_feeds, {c.name: c.index for c in outputs}, batch)
     calibration_table = (
-        load_table(_read_from(snapshot, "data.calibration", recipe.calibration_data_path), recipe_file=recipe.source,
-                   field="data.calibration.path", text_columns=text, list_columns=list_columns(data))  # fmt: skip
+        load_data_table(_read_from(snapshot, "data.calibration", recipe.calibration_data_path), data,
+                        label_names=task.labels_name_classes, recipe_file=recipe.source, field="data.calibration.path")  # fmt: skip
         if recipe.calibration_data_path is not None
         else table
     )

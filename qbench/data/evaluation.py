@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from qbench.data.filters import select_rows
+from qbench.data.load import load_table
 from qbench.data.nonfinite import NonfiniteMasks, check_finite, drop_nonfinite, nonfinite_masks
 from qbench.data.slices import slice_masks
 from qbench.errors import RecipeError
@@ -59,10 +60,19 @@ def text_columns(data: DataSpec, *, label_names: bool) -> tuple[str, ...]:
     return tuple(dict.fromkeys(columns))
 
 
-def list_columns(data: DataSpec) -> tuple[str, ...]:
+def _list_columns(data: DataSpec) -> tuple[str, ...]:
     """The columns a CSV file may hold JSON lists in even where text_columns keeps them as text: the label, whose
     cells are class names or, for token classification, a list of class ids per row."""
     return (data.label,) if data.label is not None else ()
+
+
+def load_data_table(
+    path: Path, data: DataSpec, *, label_names: bool, recipe_file: Path, field: str = "data.path"
+) -> pd.DataFrame:
+    """The table at `path` read for a recipe's `data` section, as the sweep and the gate both read it: the columns
+    that name things kept as a CSV's text (text_columns), a label column of JSON lists read as lists."""
+    return load_table(path, recipe_file=recipe_file, field=field,
+                      text_columns=text_columns(data, label_names=label_names), list_columns=_list_columns(data))  # fmt: skip
 
 
 def evaluation_rows(table: pd.DataFrame, data: DataSpec, *, recipe_file: Path) -> EvaluationRows:

@@ -107,10 +107,10 @@ def _read_csv(path: Path, text_columns: Collection[str] = (), list_columns: Coll
     """Only an empty cell is missing in a text column ("NA" is Namibia, "None" a category); in a column of numbers,
     an empty cell or a missing-number text (MISSING_NUMBER_TEXT) is NaN. `text_columns` are read as text whatever
     their cells look like: read as numbers, "007" and "7" would be one value, named 7."""
-    header = _check_csv_rows(path)
+    encoding = text_encoding(path)
+    header = _check_csv_rows(path, encoding)
     kept = [column for column in header if column in set(text_columns)]
-    df = pd.read_csv(path, keep_default_na=False, na_values=[""], dtype=dict.fromkeys(kept, str),
-                     encoding=text_encoding(path))  # fmt: skip
+    df = pd.read_csv(path, keep_default_na=False, na_values=[""], dtype=dict.fromkeys(kept, str), encoding=encoding)
     for column in df.columns:
         if column in kept:
             if column in list_columns and _is_json_list_column(df[column]):
@@ -132,12 +132,12 @@ def text_as_numbers(column: pd.Series) -> pd.Series | None:
     return numbers if numbers.notna().sum() == cells.notna().sum() else None
 
 
-def _check_csv_rows(path: Path) -> list[str]:
+def _check_csv_rows(path: Path, encoding: str) -> list[str]:
     """Every record has as many fields as the header: pandas would pad a short row with NaN silently. Returns the
     header."""
     limit = csv.field_size_limit(sys.maxsize)  # a cell may hold a whole image as a JSON list
     try:
-        with open(path, newline="", encoding=text_encoding(path), errors="replace") as handle:
+        with open(path, newline="", encoding=encoding, errors="replace") as handle:
             reader = csv.reader(handle)
             header = next(reader, None) or []
             other = next((sep for sep in OTHER_SEPARATORS if len(header) == 1 and sep in header[0]), None)
@@ -159,9 +159,10 @@ def _check_csv_rows(path: Path) -> list[str]:
 
 
 def _read_json_lines(path: Path) -> pd.DataFrame:
-    _check_unique_keys(path)
+    encoding = text_encoding(path)
+    _check_unique_keys(path, encoding)
     # dtype=False: keep strings such as "007" as strings instead of guessing numbers.
-    return pd.read_json(path, lines=True, dtype=False, encoding=text_encoding(path))
+    return pd.read_json(path, lines=True, dtype=False, encoding=encoding)
 
 
 _BYTE_ORDER_MARKS = ((b"\xef\xbb\xbf", "utf-8-sig"), (b"\xff\xfe", "utf-16"), (b"\xfe\xff", "utf-16"))
@@ -175,7 +176,7 @@ def text_encoding(path: Path) -> str:
     return next((encoding for mark, encoding in _BYTE_ORDER_MARKS if start.startswith(mark)), "utf-8")
 
 
-def _check_unique_keys(path: Path) -> None:
+def _check_unique_keys(path: Path, encoding: str) -> None:
     """No object names a key twice: a JSON parser keeps the last value silently (a row's second "label" won)."""
 
     def unique(pairs: list[tuple[str, object]]) -> dict[str, object]:
@@ -183,7 +184,7 @@ def _check_unique_keys(path: Path) -> None:
         _check_unique_columns(keys, f"line {number}")
         return dict(pairs)
 
-    with open(path, encoding=text_encoding(path)) as handle:
+    with open(path, encoding=encoding) as handle:
         for number, line in enumerate(handle, start=1):
             if line.strip() and not isinstance(json.loads(line, object_pairs_hook=unique), dict):
                 kind = "an array" if line.lstrip().startswith("[") else "not an object"

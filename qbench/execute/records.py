@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import zipfile
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from qbench.execute.plan import SweepPlan
-from qbench.files import write_atomically, writing
+from qbench.files import replace_atomically, write_atomically
 from qbench.recipe import file_sha256
 from qbench.results import VariantResult, canonical_sha256, to_jsonable, variant_from_dict
 from qbench.runs import RunFolder, describe_run
@@ -99,15 +98,8 @@ def record_measure(
         "times": times,
     }
     if outputs is not None:
-        tmp = run_dir / JOBS_FOLDER / f".{name}.outputs.tmp.npz"
-        with writing(tmp.parent / f"{name}.outputs.npz", "the reference outputs"):
-            tmp.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                np.savez(tmp, **outputs)
-                os.replace(tmp, run_dir / JOBS_FOLDER / f"{name}.outputs.npz")
-            except BaseException:
-                tmp.unlink(missing_ok=True)
-                raise
+        replace_atomically(run_dir / JOBS_FOLDER / f"{name}.outputs.npz", lambda temporary: np.savez(temporary, **outputs),
+                           what="the reference outputs", suffix=".npz")  # fmt: skip
         content["outputs"] = f"{name}.outputs.npz"
         content["outputs_sha256"] = file_sha256(run_dir / JOBS_FOLDER / f"{name}.outputs.npz")
     _write_record(run_dir / JOBS_FOLDER / f"{name}.json", content)

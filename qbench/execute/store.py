@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from qbench.errors import QbenchError
+from qbench.files import new_folder
 from qbench.variants.base import BuiltVariant
 
 if TYPE_CHECKING:
@@ -135,15 +136,16 @@ class BuildStore:
         manifest = self.manifest(key)
         if manifest is None or manifest.get("reusable") is not True or manifest.get("environment") != environment:
             return None
+        return self._used_if_intact(key, manifest)
+
+    def _used_if_intact(self, key: str, manifest: dict[str, Any]) -> dict[str, Any] | None:
+        """`manifest` when every file of the entry of `key` is as published, the entry then recorded as used now
+        (its folder's time: what `qbench cache prune` goes by); None otherwise."""
         if not self._intact(key, manifest):
             return None
-        self._mark_used(key)
-        return manifest
-
-    def _mark_used(self, key: str) -> None:
-        """Record that the entry of `key` was used now (its folder's time: what `qbench cache prune` goes by)."""
         if self.local is not None:
             mark_used(Path(self._path(key)))
+        return manifest
 
     def _intact(self, key: str, manifest: dict[str, Any]) -> bool:
         for name, expected in manifest["files"].items():
@@ -219,10 +221,7 @@ class BuildStore:
             return None
         if existing.get("reusable") is not True and existing["files"] != manifest["files"]:
             return None
-        if not self._intact(key, existing):
-            return None
-        self._mark_used(key)
-        return existing
+        return self._used_if_intact(key, existing)
 
     def materialise(self, key: str, manifest: dict[str, Any], folder: Path) -> None:
         """Copies of the build's files in `folder` (never links: editing one leaves the store's as it is)."""
@@ -257,15 +256,9 @@ class BuildStore:
 
 
 def new_staging(folder: Path, key: str) -> Path:
-    """A new, empty staging folder in `folder` for the entry `key`, of a name no other publisher has. Made with the
-    process's umask (not tempfile's 0700): renamed into place, it is an entry every user of a shared store reads."""
-    while True:
-        staging = folder / f".{key}.{secrets.token_hex(4)}.publishing"
-        try:
-            staging.mkdir()
-            return staging
-        except FileExistsError:
-            continue
+    """A new, empty staging folder in `folder` for the entry `key` (qbench.files.new_folder: renamed into place,
+    it is an entry every user of a shared store reads; remove_abandoned knows it by its suffix)."""
+    return new_folder(folder, key, "publishing")
 
 
 def mark_used(entry: Path) -> None:

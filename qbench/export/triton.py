@@ -23,7 +23,6 @@ import contextlib
 import hashlib
 import re
 import shutil
-import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,7 @@ from typing import Any
 import qbench
 from qbench.errors import QbenchError, expected_one_of
 from qbench.export.pbtxt import EnumValue, to_pbtxt
-from qbench.files import current_umask
+from qbench.files import file_in_the_way, new_folder
 from qbench.gate import GateReport, run_gate
 from qbench.modelinfo import ModelInfo, TensorMeta, external_data_files, read_model_info
 from qbench.provenance import model_bytes, model_sha256
@@ -412,7 +411,7 @@ def _find(results: SweepResults, variant: str, backend: str) -> VariantResult:
 
 def _check_destination(to: Path, name: str, overwrite: bool) -> None:
     """`to` is (or can become) a folder, and `to/name` is new, empty, or to be replaced (--overwrite)."""
-    blocking = next((folder for folder in (to, *to.parents) if folder.exists() and not folder.is_dir()), None)
+    blocking = file_in_the_way(to)
     if blocking is not None:
         raise QbenchError(f"--to {to}: {blocking} is not a folder; expected a folder for the Triton model repository")
     model_dir = to / name
@@ -429,8 +428,7 @@ def _staged_model_dir(to: Path, name: str) -> Iterator[Path]:
     model_dir = to / name
     try:
         to.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(dir=to, prefix=f".{name}.", suffix=".partial"))
-        staging.chmod(0o777 & ~current_umask())  # mkdtemp's folder is private; the model folder is for a server to read
+        staging = new_folder(to, name, "partial")  # readable as the umask allows: the model folder is a server's
     except OSError as exc:
         raise QbenchError(f"--to {to}: cannot write the Triton model repository: {exc.strerror or exc}") from exc
     try:
