@@ -19,6 +19,7 @@ scheduler, which runs the job again within `executor.retries` and records the at
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -47,6 +48,8 @@ from qbench.recipe import Recipe, VariantSpec
 from qbench.results import AccuracyResult
 
 Inputs = Mapping[str, InputDigest]  # the input digests the driver recorded (qbench.provenance)
+
+logger = logging.getLogger(__name__)
 
 _PREPARED: dict[str, Prepared] = {}  # per worker process: recipe digest -> its prepared data
 
@@ -289,22 +292,21 @@ class RayExecutor:
         return f"{owner} of {len(nodes)} node{'s' if len(nodes) != 1 else ''}, {cpus:g} CPUs ({socket.gethostname()})"
 
     def close(self) -> None:
-        """Cancel the jobs still out and disconnect (stopping an owned cluster, which ends its workers).
+        """End the jobs still out and disconnect (stopping an owned cluster).
 
-        A running job is cancelled without force (a KeyboardInterrupt in its worker, the job's own handling ends
-        it): a forced cancel marks the task failed at once, and a worker's reply of completion arriving just after
-        made Ray's core abort the driver process ('Check failed: ... Tried to complete task that was not
-        pending', exit 1 with no message: a breach's exit code). A job busy in native code ends when it returns
-        to Python, or with the cluster."""
-        try:
-            for ref in list(self._results):
-                try:
-                    self._ray.cancel(ref, force=False)
-                except Exception:  # noqa: BLE001 - best effort: the job may have ended meanwhile
-                    pass
-        finally:  # an interruption meanwhile still disconnects: no Ray left for the interpreter's exit to stop
-            self._results.clear()
-            self._outputs.clear()
-            if self._connected:  # a joined cluster runs on; only this driver's connection ends
-                self._connected = False
-                self._disconnect()
+        Jobs are never cancelled with ray.cancel: a cancel, forced or not, of a task whose worker is just
+        completing it marks the task failed at once, and the worker's reply arriving after makes Ray's core abort
+        the driver process ('Check failed: ... Tried to complete task that was not pending', exit 1 with no
+        message: a breach's exit code; seen in CI). Disconnecting ends them instead: an owned cluster stops with
+        its workers, and a joined cluster's raylets end the workers of a job whose driver has gone. A sweep that
+        found Ray already connected (a notebook's session) leaves its jobs to finish there, their results unused."""
+        left = len(self._results)
+        self._results.clear()
+        self._outputs.clear()
+        if not self._connected:
+            if left:
+                logger.info("%d job%s still out finish on the notebook's Ray session, their results unused",
+                         left, "s" if left != 1 else "")  # fmt: skip
+            return
+        self._connected = False  # a joined cluster runs on; only this driver's connection (and its jobs) end
+        self._disconnect()
