@@ -391,10 +391,15 @@ def evaluation_from_data(recipe: Recipe) -> EvaluationRows:
     """The evaluation rows and slices a sweep of `recipe` derives from its data (qbench.data.evaluation_rows,
     the sweep's own derivation: evaluation filter, NaN/inf input policy, limit, slices over those rows)."""
     from qbench.data import evaluation_rows, load_data_table
+    from qbench.modelinfo import read_model_info
     from qbench.tasks import get_task
 
+    # the model's string inputs keep a CSV's text as the sweep read it ("007" is no NaN/inf check's number); a
+    # PyTorch source's inputs are tensors of numbers, and a model gone (--no-staleness-check) states none
+    path = recipe.model_path
+    model_inputs = read_model_info(path).inputs if path is not None and path.is_file() else None
     table = load_data_table(recipe.data_path, recipe.data, label_names=get_task(recipe.task).labels_name_classes,
-                            recipe_file=recipe.source)  # fmt: skip
+                            recipe_file=recipe.source, model_inputs=model_inputs)  # fmt: skip
     return evaluation_rows(table, recipe.data, recipe_file=recipe.source)
 
 

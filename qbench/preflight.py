@@ -164,7 +164,7 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None) -> Prepared:
             snapshot.check_read(metric_source_input(index))
     data = snapshot.data(recipe.data) if snapshot is not None else recipe.data  # tokenizers read from their copies
     table = load_data_table(_read_from(snapshot, "data", recipe.data_path), data,
-                            label_names=task.labels_name_classes, recipe_file=recipe.source)  # fmt: skip
+                            label_names=task.labels_name_classes, recipe_file=recipe.source, model_inputs=model.inputs)  # fmt: skip
     evaluation = evaluation_rows(table, data, recipe_file=recipe.source)
     eval_rows, masks, nonfinite = evaluation.rows, evaluation.masks, evaluation.nonfinite
     dropped: dict[str, dict[str, int]] = {}
@@ -184,7 +184,8 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None) -> Prepared:
     check_row_independence(recipe, source.onnx_path, model, eval_feeds, {c.name: c.index for c in outputs}, batch)
     calibration_table = (
         load_data_table(_read_from(snapshot, "data.calibration", recipe.calibration_data_path), data,
-                        label_names=task.labels_name_classes, recipe_file=recipe.source, field="data.calibration.path")  # fmt: skip
+                        label_names=task.labels_name_classes, recipe_file=recipe.source, field="data.calibration.path",
+                        model_inputs=model.inputs)  # fmt: skip
         if recipe.calibration_data_path is not None
         else table
     )

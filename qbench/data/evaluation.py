@@ -9,6 +9,7 @@ let the two disagree on valid results.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from qbench.data.load import load_table
 from qbench.data.nonfinite import NonfiniteMasks, check_finite, drop_nonfinite, nonfinite_masks
 from qbench.data.slices import slice_masks
 from qbench.errors import RecipeError
+from qbench.modelinfo import TensorMeta
 from qbench.recipe_data import DataSpec, TextInputSpec
 
 
@@ -47,17 +49,28 @@ class EvaluationRows:
         return {name: int(mask.sum()) for name, mask in self.slices.items()}
 
 
-def text_columns(data: DataSpec, *, label_names: bool) -> tuple[str, ...]:
+def text_columns(
+    data: DataSpec, *, label_names: bool, model_inputs: Mapping[str, TensorMeta] | None = None
+) -> tuple[str, ...]:  # fmt: skip
     """The columns whose cells name things, read as the text a CSV file holds (qbench.data.load): slice `by` columns
-    and the calibration's stratify_by column ("007" and "7" are two codes, each named as written), text inputs, and
-    the label when it names classes (`label_names`: "01" and "1" are two classes of a model's string labels)."""
+    and the calibration's stratify_by column ("007" and "7" are two codes, each named as written), text inputs, the
+    columns feeding a string input of the model (`model_inputs`: a zip code "007" read as the number 7 would be
+    refused, or fed as "7"), and the label when it names classes (`label_names`: "01" and "1" are two classes of a
+    model's string labels)."""
     columns = [spec.by for spec in data.slices if spec.by is not None]
     columns += [column for column, spec in data.inputs.items() if isinstance(spec, TextInputSpec)]
+    columns += string_input_columns(data, model_inputs or {})
     if data.calibration.stratify_by is not None:
         columns.append(data.calibration.stratify_by)
     if label_names and data.label is not None:
         columns.append(data.label)
     return tuple(dict.fromkeys(columns))
+
+
+def string_input_columns(data: DataSpec, model_inputs: Mapping[str, TensorMeta]) -> list[str]:
+    """The data columns that feed a tensor(string) model input (skl2onnx's categorical columns)."""
+    return [column for column, target in data.inputs.items()
+            if isinstance(target, str) and target in model_inputs and model_inputs[target].dtype == object]  # fmt: skip
 
 
 def _list_columns(data: DataSpec) -> tuple[str, ...]:
@@ -67,12 +80,14 @@ def _list_columns(data: DataSpec) -> tuple[str, ...]:
 
 
 def load_data_table(
-    path: Path, data: DataSpec, *, label_names: bool, recipe_file: Path, field: str = "data.path"
-) -> pd.DataFrame:
+    path: Path, data: DataSpec, *, label_names: bool, recipe_file: Path, field: str = "data.path",
+    model_inputs: Mapping[str, TensorMeta] | None = None,
+) -> pd.DataFrame:  # fmt: skip
     """The table at `path` read for a recipe's `data` section, as the sweep and the gate both read it: the columns
-    that name things kept as a CSV's text (text_columns), a label column of JSON lists read as lists."""
-    return load_table(path, recipe_file=recipe_file, field=field,
-                      text_columns=text_columns(data, label_names=label_names), list_columns=_list_columns(data))  # fmt: skip
+    that name things (and those feeding the string inputs among `model_inputs`) kept as a CSV's text
+    (text_columns), a label column of JSON lists read as lists."""
+    kept = text_columns(data, label_names=label_names, model_inputs=model_inputs)
+    return load_table(path, recipe_file=recipe_file, field=field, text_columns=kept, list_columns=_list_columns(data))
 
 
 def evaluation_rows(table: pd.DataFrame, data: DataSpec, *, recipe_file: Path) -> EvaluationRows:

@@ -141,8 +141,7 @@ def text_cells(
             found = "no value" if _is_missing(cell) else repr(cell)
             message = f"column {column!r} holds {found} at row {index}; expected text {purpose}"
             if isinstance(cell, (int, float, np.number)) and not _is_missing(cell):
-                message += (" (a CSV file reads cells of digits as numbers, '007' as 7: keep such codes in Parquet or "
-                            "JSONL as strings)")
+                message += " (the file stores this column as numbers, '007' as 7: store such codes as strings)"
             raise RecipeError(recipe_file, field, message)
         texts.append(cell)
     return texts

@@ -310,5 +310,5 @@ def test_a_missing_or_numeric_cell_for_a_string_input_is_named_with_its_row() ->
     with pytest.raises(RecipeError, match=r"column 'town' holds no value at row 1; expected text for the string input 'city'"):
         _feed(pd.DataFrame({"town": ["lima", None]}), "town", meta)
     with pytest.raises(RecipeError, match=r"column 'town' holds 3 at row 0; expected text for the string input 'city' "
-                                          r"\(a CSV file reads cells of digits as numbers, '007' as 7: keep"):
+                                          r"\(the file stores this column as numbers, '007' as 7: store"):
         _feed(pd.DataFrame({"town": [3, 4]}), "town", meta)

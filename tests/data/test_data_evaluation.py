@@ -1,0 +1,64 @@
+"""The recipe's data table as the sweep (qbench.preflight.prepare) and the gate (evaluation_from_data) both read it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from qbench.recipe import load_recipe
+
+CODES = {"007": 3.0, "7": -3.0, "NA": 1.0}  # a zip code, the number it reads as, and Namibia's country code
+
+
+def _code_project(root: Path, codes: list[str]) -> Path:
+    """A model whose string input `code` (N, 1) picks a score through a LabelEncoder, beside a float input; a CSV
+    table whose `code` cells are digits, and a recipe feeding it."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [
+        helper.make_node("LabelEncoder", ["code"], ["score"], domain="ai.onnx.ml", keys_strings=list(CODES),
+                         values_floats=list(CODES.values()), default_float=0.0),
+        helper.make_node("Concat", ["score", "x"], ["h"], axis=1),
+        helper.make_node("MatMul", ["h", "w"], ["logits"]),
+    ]  # fmt: skip
+    weights = numpy_helper.from_array(np.array([[1, -1], [0.5, 0.2]], dtype=np.float32), "w")
+    graph = helper.make_graph(
+        nodes, "codes",
+        [helper.make_tensor_value_info("code", TensorProto.STRING, ["n", 1]),
+         helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 1])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["n", 2])], [weights],
+    )  # fmt: skip
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)]
+    onnx.save(helper.make_model(graph, opset_imports=opsets, ir_version=8), str(root / "codes.onnx"))
+    lines = ["code,x,y"] + [f"{code},{0.1 * i:.1f},{int(CODES[code] < 0)}" for i, code in enumerate(codes)]
+    (root / "rows.csv").write_text("\n".join(lines) + "\n")
+    recipe = {
+        "name": "codes", "model": {"path": "codes.onnx"},
+        "data": {"path": "rows.csv", "inputs": {"code": "code", "x": "x"}, "label": "y"},
+        "variants": [{"name": "fp16", "precision": "fp16"}], "output_dir": "reports",
+    }  # fmt: skip
+    (root / "r.yaml").write_text(yaml.safe_dump(recipe))
+    return root / "r.yaml"
+
+
+def test_a_csv_column_feeding_a_string_input_keeps_its_text(tmp_path: Path) -> None:
+    from qbench.preflight import prepare
+
+    codes = ["007", "7", "007", "NA", "7", "007", "NA", "7"]
+    prepared = prepare(load_recipe(_code_project(tmp_path, codes)), track=False, destinations=False)
+    # read as numbers, "007" and "7" were both 7 (refused as no text) and "NA" a NaN
+    assert prepared.evaluation_feeds["code"].ravel().tolist() == codes
+    assert prepared.labels.tolist() == [int(CODES[code] < 0) for code in codes]
+
+
+def test_the_gate_reads_a_string_input_column_as_the_sweep_does(tmp_path: Path) -> None:
+    from qbench.gate_checks import evaluation_from_data
+
+    codes = ["007", "NA", "7", "NA"]
+    evaluated = evaluation_from_data(load_recipe(_code_project(tmp_path, codes)))
+    # read as numbers, the "NA" codes were NaN inputs: a NaN/inf error, or rows left out the sweep evaluated
+    assert evaluated.rows.tolist() == [0, 1, 2, 3] and evaluated.dropped == {}
