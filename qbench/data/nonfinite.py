@@ -88,8 +88,11 @@ def _slice_note(mask: np.ndarray, slices: Mapping[str, np.ndarray]) -> str:
 
 
 def _nonfinite_cells(values: pd.Series) -> np.ndarray:
+    """A nullable integer or boolean column's missing cell (pandas' Int64 / boolean / int64[pyarrow] NA, as Parquet
+    reads a null) counts as NaN does in a float column: it reaches a float input as NaN, and an integer input
+    cannot hold it. NumPy integers and booleans have no missing cell."""
     if pd.api.types.is_bool_dtype(values) or pd.api.types.is_integer_dtype(values):
-        return np.zeros(len(values), dtype=bool)
+        return values.isna().to_numpy(dtype=bool)
     if pd.api.types.is_numeric_dtype(values):
         array = values.to_numpy(dtype=np.float64, na_value=np.nan)
         return ~np.isfinite(array)

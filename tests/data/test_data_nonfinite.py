@@ -91,3 +91,17 @@ def test_json_lines_nan_inside_a_list_is_nonfinite_like_parquets(tmp_path: Path)
     meta = TensorMeta("x", np.dtype("float32"), (None, 2))
     feeds = build_feeds(table, np.array([0, 3]), {"x": "x"}, {"x": meta}, recipe_file=Path("recipe.yaml"))
     np.testing.assert_array_equal(feeds["x"], [[1.0, 2.0], [4.0, 5.0]])
+
+
+@pytest.mark.parametrize("dtype", ["Int64", "boolean", "int64[pyarrow]"])
+def test_a_parquet_null_in_a_nullable_integer_or_boolean_column_counts_as_nan(tmp_path: Path, dtype: str) -> None:
+    """Parquet reads an integer column with nulls as Int64 (a float column's NaN, as a CSV's empty cell gives): the
+    null reached a float input as NaN, past `nonfinite_inputs` (neither refused nor dropped)."""
+    values = [1, None, 0, 1] if dtype != "boolean" else [True, None, False, True]
+    pd.DataFrame({"x": pd.array(values, dtype=dtype)}).to_parquet(tmp_path / "t.parquet")
+    table = load_table(tmp_path / "t.parquet", recipe_file=RECIPE)
+    masks = nonfinite_masks(table, {"x": "x"})
+    assert masks["x"].tolist() == [False, True, False, False]
+    assert drop_nonfinite(np.arange(4), masks) == (pytest.approx(np.array([0, 2, 3])), {"x": 1})
+    numpy_ints = pd.DataFrame({"x": np.array([1, 2], dtype=np.int64)})
+    assert nonfinite_masks(numpy_ints, {"x": "x"}) == {}
