@@ -10,6 +10,7 @@ named like one of the tokenizer's outputs (input_ids, ...).
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -29,6 +30,8 @@ from qbench.data.text import (
 from qbench.errors import QbenchError, RecipeError, did_you_mean
 from qbench.modelinfo import TensorMeta
 from qbench.recipe_data import TextInputSpec
+
+logger = logging.getLogger(__name__)
 
 InputTarget = str | TextInputSpec
 
@@ -289,6 +292,11 @@ def _cast(values: np.ndarray, column: str, meta: TensorMeta, *, recipe_file: Pat
     if problem:
         message = f"column {column!r} holds {problem}, but model input {meta.name!r} expects {target}"
         raise RecipeError(recipe_file, INPUTS_FIELD, message)
+    rounded = _inexact_integers(values, target) if target.kind == "f" else None
+    if rounded:
+        logger.warning("column %r: %s, so model input %r gets them rounded: distinct ids or codes may merge into one "
+                       "(the figures describe the rounded values, as a service casting them to %s would)", column,
+                       rounded, meta.name, target)  # fmt: skip
     return np.ascontiguousarray(values.astype(target, copy=False))
 
 
@@ -319,6 +327,21 @@ def _float_overflow(values: np.ndarray, target: np.dtype) -> str | None:
         return None
     count = int((finite > np.finfo(target).max).sum())
     return f"{count} value{'s' if count != 1 else ''} beyond {target}'s range (e.g. {finite.max():.3g}), which would become inf"
+
+
+def _inexact_integers(values: np.ndarray, target: np.dtype) -> str | None:
+    """Integers the float `target` cannot hold (float32 holds every integer up to 2**24 only), which reach the model
+    as their neighbours (16777217 as 16777216): a warning, not an error, since a service feeding the model casts
+    them alike (large counts and timestamps lose nothing that matters), but two ids become one."""
+    if values.dtype.kind not in "iu":
+        return None
+    exact = 2 ** (np.finfo(target).nmant + 1)
+    large = values[(values > exact) | (values < -exact)].ravel()
+    changed = [int(v) for v in large.tolist() if int(target.type(v)) != int(v)]
+    if not changed:
+        return None
+    example = f"{changed[0]} becomes {int(target.type(changed[0]))}"
+    return f"{len(changed)} of {values.size} values are integers beyond {target}'s exact range (e.g. {example})"
 
 
 def _non_numeric(values: np.ndarray) -> str:

@@ -165,6 +165,26 @@ def test_values_too_large_for_a_float_input_are_rejected_not_fed_as_inf() -> Non
         _feed(pd.DataFrame({"reading": [1.0, 70000.0]}), "reading", _meta("x", (None,), "float16"))
 
 
+def test_integers_a_float_input_cannot_hold_exactly_are_fed_rounded_with_a_warning(caplog) -> None:
+    """float32 holds every integer up to 2**24 only: ids 16777216 and 16777217 reach the model as one value. A
+    service casts them alike, so they are fed (what the figures describe), with a warning naming the column."""
+    table = pd.DataFrame({"item": np.array([16777216, 16777217, -16777219, 3], dtype=np.int64)})
+    with caplog.at_level("WARNING", logger="qbench"):
+        assert _feed(table, "item", _meta("x", (None,))).tolist() == [16777216.0, 16777216.0, -16777220.0, 3.0]
+    assert caplog.messages == ["column 'item': 2 of 4 values are integers beyond float32's exact range (e.g. 16777217 "
+                               "becomes 16777216), so model input 'x' gets them rounded: distinct ids or codes may "
+                               "merge into one (the figures describe the rounded values, as a service casting them to "
+                               "float32 would)"]  # fmt: skip
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="qbench"):  # exact: 2**24 itself, 2**25 (even), anything float64 holds
+        _feed(pd.DataFrame({"item": np.array([16777216, 2**25, -(2**24), 7], dtype=np.int64)}), "item", _meta("x", (None,)))
+        _feed(table, "item", _meta("x", (None,), "float64"))
+    assert caplog.messages == []
+    with caplog.at_level("WARNING", logger="qbench"):
+        _feed(pd.DataFrame({"item": np.array([2**53 + 1], dtype=np.uint64)}), "item", _meta("x", (None,), "float64"))
+    assert "1 of 1 values are integers beyond float64's exact range (e.g. 9007199254740993 becomes" in caplog.text
+
+
 def test_text_cannot_feed_a_float_input() -> None:
     table = pd.DataFrame({"caption": ["a cat", "a dog"]})
     with pytest.raises(
