@@ -139,7 +139,9 @@ def _check_csv_rows(path: Path, encoding: str) -> list[str]:
     try:
         with open(path, newline="", encoding=encoding, errors="replace") as handle:
             reader = csv.reader(handle)
-            header = next(reader, None) or []
+            header = next((record for record in reader if len(record) > 1 or (record and record[0].strip())), [])
+            if not header:  # pandas: "No columns to parse from file"
+                raise ValueError("the file holds no header line; expected a line naming the columns, then a line per row")
             other = next((sep for sep in OTHER_SEPARATORS if len(header) == 1 and sep in header[0]), None)
             if other is not None:  # read as one column, every recipe column would be "missing"
                 raise ValueError(f"the header is one column {short_repr(header[0])}: the file looks separated by "

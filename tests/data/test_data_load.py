@@ -111,6 +111,23 @@ def test_header_only_csv_is_empty(tmp_path: Path) -> None:
     assert str(info.value) == "recipe.yaml: data.path: empty.csv has no rows"
 
 
+@pytest.mark.parametrize("text", ["", "\ufeff", "\n\n", "  \n"])
+def test_a_csv_without_a_header_line_says_so(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "empty.csv"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(RecipeError) as info:
+        load_table(path, recipe_file=RECIPE)
+    assert str(info.value) == ("recipe.yaml: data.path: cannot read empty.csv: the file holds no header line; expected "
+                               "a line naming the columns, then a line per row")  # fmt: skip
+
+
+def test_blank_lines_before_a_csv_header_are_skipped_as_pandas_skips_them(tmp_path: Path) -> None:
+    """The field-count check took the blank first line for a header of no columns: 'line 3 has 2 fields, expected 0'."""
+    path = tmp_path / "rows.csv"
+    path.write_text("\n\nx,y\n1,2\n")
+    assert load_table(path, recipe_file=RECIPE).to_dict("list") == {"x": [1], "y": [2]}
+
+
 def test_plain_folder_is_not_a_dataset(tmp_path: Path) -> None:
     folder = tmp_path / "images"
     folder.mkdir()
