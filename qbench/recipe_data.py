@@ -90,7 +90,7 @@ class TextInputSpec(_Strict):
 
 
 class DataSpec(_Strict):
-    path: Path = path_field(".parquet, .csv, .jsonl, or a `datasets` save_to_disk folder; relative to the recipe", ...)
+    path: Path = path_field(".parquet, .csv, .jsonl, .npz, or a `datasets` save_to_disk folder; relative to the recipe", ...)
     inputs: dict[str, str | TextInputSpec] = Field(
         description="data column -> model input name, or a text column -> {tokenizer: {...}}"
     )

@@ -1,14 +1,14 @@
 """Read the recipe's data table into a pandas DataFrame.
 
 Formats: `.parquet` (pyarrow), `.csv`, `.jsonl` / `.ndjson` (one JSON object per
-line), or a folder written by `datasets`' `save_to_disk` (needs the `datasets`
-extra). Rows are addressed by position 0..N-1 everywhere in qbench, so the frame
+line), `.npz` (one column per array, rows along axis 0) or a structured `.npy`, or a
+folder written by `datasets`' `save_to_disk` (needs the `datasets` extra). Rows are addressed by position 0..N-1 everywhere in qbench, so the frame
 always comes back with a clean RangeIndex.
 
 CSV states no types: a column whose every cell is a number is read as numbers, except
 the columns the caller names as text (`text_columns`: cells that name things, such as
 slice codes "007" and "7" or class labels "01" and "1"), which keep the text the file
-holds. Parquet, JSON lines and `datasets` folders keep the types they store.
+holds. Parquet, JSON lines, NumPy files and `datasets` folders keep the types they store.
 
 CSV cannot hold arrays: a CSV column whose every non-empty cell is a JSON list
 (`"[0.1, 0.2]"`) is parsed into Python lists, so the same table works as CSV,
@@ -23,9 +23,11 @@ import csv
 import json
 import re
 import sys
+import zipfile
 from collections.abc import Callable, Collection, Sequence
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -34,7 +36,8 @@ from qbench.errors import MissingExtraError, RecipeError, short_repr
 SOURCE_ATTR = "source"
 """`DataFrame.attrs` key holding the data file's name, for messages like '120 rows in digits.parquet'."""
 
-SUPPORTED_FORMATS = ".parquet, .csv, .jsonl, .ndjson, or a folder written by `datasets` save_to_disk"
+SUPPORTED_FORMATS = (".parquet, .csv, .jsonl, .ndjson, .npz, .npy (a structured array), or a folder written by `datasets` "
+                     "save_to_disk")
 
 
 def load_table(
@@ -194,11 +197,50 @@ def _check_unique_keys(path: Path, encoding: str) -> None:
                                  "such as {\"x\": [0.1, 0.2], \"y\": 1}")  # fmt: skip
 
 
+def _read_npz(path: Path) -> pd.DataFrame:
+    """One column per array of `np.savez(path, x=..., y=...)`, rows along axis 0 of each."""
+    import numpy as np
+
+    try:
+        with np.load(path, allow_pickle=False) as arrays:  # a pickled object array could run code: refused
+            return _array_columns({name: arrays[name] for name in arrays.files})
+    except (zipfile.BadZipFile, EOFError) as exc:  # a truncated or damaged archive
+        raise ValueError(f"it is not a readable .npz archive ({exc or type(exc).__name__})") from None
+
+
+def _read_npy(path: Path) -> pd.DataFrame:
+    """One column per field of a structured array (`np.save` of a record array); a plain array names no column."""
+    import numpy as np
+
+    array = np.load(path, allow_pickle=False)
+    if array.dtype.names is None:
+        raise ValueError(f"it holds one {array.dtype} array of shape {list(array.shape)} that names no column; expected "
+                         "a structured array with named fields, or an .npz of named arrays: np.savez(path, x=..., y=...)")  # fmt: skip
+    return _array_columns({name: array[name] for name in array.dtype.names})
+
+
+def _array_columns(arrays: dict[str, Any]) -> pd.DataFrame:
+    """Arrays sharing their first axis (the rows) as columns: a 1-D array is a column of single values, an array of
+    more axes a column of one (axes after the first) array per row, as a Parquet list column gives them."""
+    if not arrays:
+        raise ValueError("it holds no arrays; expected one array per column, e.g. np.savez(path, x=..., y=...)")
+    scalar = [name for name, array in arrays.items() if array.ndim == 0]
+    if scalar:
+        raise ValueError(f"array {scalar[0]!r} is a single value; expected one entry per row along axis 0")
+    rows = {name: len(array) for name, array in arrays.items()}
+    if len(set(rows.values())) > 1:
+        shown = ", ".join(f"{name}: {count}" for name, count in rows.items())
+        raise ValueError(f"its arrays hold different numbers of rows ({shown}); expected the same length along axis 0")
+    return pd.DataFrame({name: array if array.ndim == 1 else list(array) for name, array in arrays.items()})
+
+
 _FILE_READERS: dict[str, Callable[[Path], pd.DataFrame]] = {
     ".parquet": _read_parquet,
     ".csv": _read_csv,
     ".jsonl": _read_json_lines,
     ".ndjson": _read_json_lines,
+    ".npz": _read_npz,
+    ".npy": _read_npy,
 }
 
 

@@ -85,8 +85,47 @@ def test_unknown_suffix_lists_supported_formats(tmp_path: Path) -> None:
         load_table(path, recipe_file=RECIPE, field="data.path")
     assert str(info.value) == (
         "recipe.yaml: data.path: unsupported data format '.txt' (rows.txt): expected .parquet, .csv, .jsonl, .ndjson, "
-        "or a folder written by `datasets` save_to_disk"
+        ".npz, .npy (a structured array), or a folder written by `datasets` save_to_disk"
     )
+
+
+def test_an_npz_file_gives_a_column_per_array_and_a_row_per_entry_of_axis_0(tmp_path: Path) -> None:
+    images = np.arange(3 * 2 * 2, dtype=np.float32).reshape(3, 2, 2)
+    np.savez(tmp_path / "rows.npz", image=images, label=np.array([2, 0, 1]), region=np.array(["n", "s", "n"]))
+    table = load_table(tmp_path / "rows.npz", recipe_file=RECIPE)
+    assert list(table.columns) == ["image", "label", "region"] and len(table) == 3
+    np.testing.assert_array_equal(table["image"][1], images[1])
+    assert table["label"].tolist() == [2, 0, 1] and table["region"].tolist() == ["n", "s", "n"]
+    records = np.zeros(3, dtype=[("image", "f4", (2, 2)), ("label", "i8")])
+    records["image"], records["label"] = images, [2, 0, 1]
+    np.save(tmp_path / "rows.npy", records)  # a structured .npy: one column per field
+    table = load_table(tmp_path / "rows.npy", recipe_file=RECIPE)
+    np.testing.assert_array_equal(table["image"][2], images[2])
+    assert table["label"].tolist() == [2, 0, 1]
+
+
+@pytest.mark.parametrize(
+    ("write", "error"),
+    [
+        (lambda p: np.savez(p, x=np.zeros((3, 2)), y=np.zeros(2)),
+         r"cannot read rows\.npz: its arrays hold different numbers of rows \(x: 3, y: 2\); expected the same length"),
+        (lambda p: np.savez(p, x=np.array([[1.0], [2.0, 3.0]], dtype=object)),
+         r"cannot read rows\.npz: Object arrays cannot be loaded when allow_pickle=False"),
+        (lambda p: np.savez(p, x=np.float32(1)), r"array 'x' is a single value; expected one entry per row along axis 0"),
+        (lambda p: p.write_bytes(b"PK\x03\x04 truncated"), r"cannot read rows\.npz: it is not a readable \.npz archive"),
+    ],
+)  # fmt: skip
+def test_an_npz_file_that_is_no_table_is_one_line(tmp_path: Path, write, error: str) -> None:
+    write(tmp_path / "rows.npz")
+    with pytest.raises(RecipeError, match=r"^recipe\.yaml: data\.path: .*" + error):
+        load_table(tmp_path / "rows.npz", recipe_file=RECIPE)
+
+
+def test_a_plain_npy_array_names_no_column(tmp_path: Path) -> None:
+    np.save(tmp_path / "rows.npy", np.zeros((4, 8), dtype=np.float32))
+    with pytest.raises(RecipeError, match=r"cannot read rows\.npy: it holds one float32 array of shape \[4, 8\] that "
+                                          r"names no column; expected a structured array"):
+        load_table(tmp_path / "rows.npy", recipe_file=RECIPE)
 
 
 def test_missing_file(tmp_path: Path) -> None:
