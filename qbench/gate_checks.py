@@ -10,6 +10,7 @@ naming the variant@backend, the field or the file); any problem makes the result
 from __future__ import annotations
 
 import fnmatch
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -19,6 +20,8 @@ from qbench.provenance import changed_inputs, input_files
 from qbench.recipe import RESULT_SECTIONS, Recipe, VariantSpec
 from qbench.results import AccuracyResult, LatencyResult, SliceMetrics, SweepResults, VariantResult
 from qbench.validate.catalogue import METRICS, impossible_value
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from qbench.data.evaluation import EvaluationRows
@@ -396,8 +399,12 @@ def evaluation_from_data(recipe: Recipe) -> EvaluationRows:
 
     # the model's string inputs keep a CSV's text as the sweep read it ("007" is no NaN/inf check's number); a
     # PyTorch source's inputs are tensors of numbers, and a model gone (--no-staleness-check) states none
-    path = recipe.model_path
-    model_inputs = read_model_info(path).inputs if path is not None and path.is_file() else None
+    path, model_inputs = recipe.model_path, None
+    if path is not None and path.is_file():
+        try:
+            model_inputs = read_model_info(path).inputs
+        except Exception:  # noqa: BLE001 - only with --no-staleness-check can it be other than the sweep's model
+            logger.info("slices re-derived without the model's input types: %s is not a readable ONNX model", path)
     table = load_data_table(recipe.data_path, recipe.data, label_names=get_task(recipe.task).labels_name_classes,
                             recipe_file=recipe.source, model_inputs=model_inputs)  # fmt: skip
     return evaluation_rows(table, recipe.data, recipe_file=recipe.source)

@@ -62,3 +62,13 @@ def test_the_gate_reads_a_string_input_column_as_the_sweep_does(tmp_path: Path) 
     evaluated = evaluation_from_data(load_recipe(_code_project(tmp_path, codes)))
     # read as numbers, the "NA" codes were NaN inputs: a NaN/inf error, or rows left out the sweep evaluated
     assert evaluated.rows.tolist() == [0, 1, 2, 3] and evaluated.dropped == {}
+
+
+def test_the_gate_re_derives_the_slices_when_the_model_is_no_longer_readable(tmp_path: Path) -> None:
+    """Only with --no-staleness-check can the model differ from the sweep's: unreadable, its input types are unknown
+    and the table is read as without them, rather than the gate failing on the model's bytes."""
+    from qbench.gate_checks import evaluation_from_data
+
+    recipe = _code_project(tmp_path, ["007", "7", "007"])
+    (tmp_path / "codes.onnx").write_bytes(b"\x08\x07 not a model")
+    assert evaluation_from_data(load_recipe(recipe)).rows.tolist() == [0, 1, 2]
