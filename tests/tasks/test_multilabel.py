@@ -7,6 +7,7 @@ import pytest
 
 from qbench.modelinfo import TensorMeta
 from qbench.tasks import LabelError, get_task
+from qbench.validate.accuracy import evaluate_accuracy
 from tests.tasks.test_classification import _judged
 
 TASK = get_task("multilabel")
@@ -76,3 +77,12 @@ def test_rows_fp32_gives_nan_on_count_for_no_result_in_f1_and_as_misses_in_agree
     assert variant["label_agreement"] == pytest.approx(1 - 35 / 300) and variant["row_agreement"] == pytest.approx(0.85)
     verdict = _judged("multilabel", reference, outputs, labels, "micro_f1")
     assert verdict.exit_code == 1 and verdict.breaches[0].drop == pytest.approx(1 - 170 / 175)
+
+
+def test_a_single_label_per_row_is_scored() -> None:
+    """Labels [[1], [0], [1]] for a (rows, 1) output reach the task as (rows,) (evaluate_accuracy flattens one value
+    per row), and were refused: 'labels have shape (3,), the output (3, 1)'."""
+    labels = TASK.labels_from_values([[1], [0], [1]], np.arange(3))
+    outputs = np.array([[0.9], [0.2], [0.4]])
+    overall = evaluate_accuracy("multilabel", outputs, outputs, labels, {}).overall.metrics
+    assert overall["micro_f1"] == pytest.approx(2 / 3)  # tp 1, fn 1: 2 / (2 + 1)
