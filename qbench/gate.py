@@ -33,7 +33,7 @@ from qbench.recipe_slo import SloSpec
 from qbench.results import AccuracyResult, SliceMetrics, SweepResults, VariantResult, read_results
 from qbench.runs import RESULTS_FILE, newest_run
 from qbench.slo import SLO_METRIC, SLO_SCOPE, SloJudgement, judge_slo
-from qbench.validate.catalogue import custom_metrics, drop, recorded_custom_metrics
+from qbench.validate.catalogue import custom_metrics, drop, recorded_custom_metrics, within
 from qbench.variants.base import lowered_nothing
 
 if TYPE_CHECKING:
@@ -267,8 +267,7 @@ def _check(
     elif not finite and not (explained and math.isfinite(ref_value)):
         return None
     else:
-        # a tiny epsilon keeps a drop that equals the tolerance (up to float rounding) a pass
-        status = "pass" if observed_drop <= tolerance + 1e-12 else "breach"
+        status = "pass" if within(observed_drop, tolerance, ref_value, value) else "breach"
         return GateCheck(variant, backend, own.name, spec.metric, ref_value, value, observed_drop, tolerance, own.size, status)
     return GateCheck(variant, backend, own.name, spec.metric, ref_value, value, observed_drop, tolerance, own.size,
                      "skipped", reason)  # fmt: skip

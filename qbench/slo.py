@@ -21,6 +21,7 @@ from qbench.recipe_slo import CostSpec, SloSpec
 from qbench.results import LatencyPoint, SweepResults, VariantResult
 from qbench.results_serving import ServingResult
 from qbench.validate.bound import estimate_bound, last_level_cache_bytes, memory_bandwidth_bytes_per_s
+from qbench.validate.catalogue import within
 from qbench.validate.cost import usd_per_million
 from qbench.validate.latency import BatcherSamples
 from qbench.validate.load import Batcher, Draws, LoadReplay, MeasuredServiceTimes, search_max_rate
@@ -198,7 +199,7 @@ def _judge_one(
     if not math.isfinite(observed):
         return None, "the p99 latency is missing or NaN"
     overloaded = budget.rate_rps is not None and serving.at_rate.overloaded
-    status = "pass" if observed <= budget.p99_ms + 1e-12 and not overloaded else "breach"
+    status = "pass" if within(observed, budget.p99_ms) and not overloaded else "breach"
     return SloJudgement(result.variant, result.backend, budget.p99_ms, observed, samples, status), None
 
 

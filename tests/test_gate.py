@@ -132,6 +132,25 @@ def test_drop_equal_to_tolerance_passes():
     assert report.exit_code == EXIT_PASS
 
 
+def test_a_drop_equal_to_the_tolerance_passes_whatever_the_metric_scale():
+    """The tolerance is the largest allowed drop. An MAE of 100000.0 against 100000.1 is a drop of 0.1 by hand, but
+    0.10000000000582077 in float64 (5.8e-12 over), which an absolute slack of 1e-12 called a breach; a drop clearly
+    over the tolerance at that scale still breaches."""
+
+    def mae(name, value):
+        return VariantResult(
+            variant=name, backend="b", precision="int8", status="ok",
+            accuracy=AccuracyResult(10, 0, SliceMetrics("overall", 10, {"mae": value})),
+        )  # fmt: skip
+
+    spec = GateSpec(metric="mae", max_drop=0.1, max_slice_drop=0.1)
+    for reference, observed in ((100000.0, 100000.1), (1e6, 1e6 + 0.1), (0.2, 0.1 + 0.2)):
+        report = evaluate_gate(sweep(mae("fp32", reference), mae("int8", observed)), spec)
+        assert report.exit_code == EXIT_PASS, (reference, observed, report.checks)
+    report = evaluate_gate(sweep(mae("fp32", 100000.0), mae("int8", 100000.1001)), spec)
+    assert report.exit_code == EXIT_BREACH and report.breaches[0].drop == pytest.approx(0.1001)
+
+
 def test_lower_is_better_metric_drop_is_an_increase():
     spec = GateSpec(metric="kl_mean", max_drop=0.1, max_slice_drop=0.1)
 

@@ -352,11 +352,12 @@ class Classification(Task):
         if labels is not None and labels.size and columns > 1 and int(labels.max()) >= columns:
             raise LabelError(f"labels go up to class {int(labels.max())} but the output has {columns} classes")
         binary_probabilities = metrics.looks_like_sigmoid(reference) if probabilities is None else probabilities
-        # one column: the graph's word, else FP32's values decide, and the variant is read as FP32 is
+        # one column: the graph's word, else FP32's values decide, and the variant is read as FP32 is (its KL too)
+        reference_predicted = metrics.top1(reference, binary_probabilities)
+        predicted = metrics.unscored_where_reference_is(metrics.top1(outputs, binary_probabilities), reference_predicted)
         return ClassificationRows(
-            outputs, reference, labels, metrics.top1(outputs, binary_probabilities),
-            metrics.top1(reference, binary_probabilities),
-            kl=metrics.kl_rows(reference, outputs),
+            outputs, reference, labels, predicted, reference_predicted,
+            kl=metrics.kl_rows(reference, outputs, binary_probabilities if columns == 1 else None),
         )  # fmt: skip
 
     def thresholds_by_scale(self, reference: np.ndarray) -> bool:

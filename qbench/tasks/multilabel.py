@@ -2,7 +2,8 @@
 
 Outputs whose every finite FP32 value lies in [0, 1] are read as probabilities (threshold 0.5),
 others as logits (threshold 0), and a variant is read the same way as FP32. Without labels,
-micro/macro F1 are measured against FP32's decisions.
+micro/macro F1 are measured against FP32's decisions. A row holding NaN/inf has no decisions (see
+MultilabelRows.summarise for rows where FP32's does).
 """
 
 from __future__ import annotations
@@ -43,19 +44,24 @@ def _zero_one_row(value: Any) -> bool:
 class MultilabelRows:
     outputs: np.ndarray
     reference: np.ndarray
-    predicted: np.ndarray  # (rows, labels) 0/1
+    predicted: np.ndarray  # (rows, labels) 0/1; INVALID_CLASS on rows with NaN/inf here or in FP32
     reference_predicted: np.ndarray
     target: np.ndarray  # labels, or FP32's decisions without labels
 
     def summarise(self, name: str, mask: np.ndarray) -> SliceMetrics:
+        """Agreement counts rows FP32 gives NaN/inf on as misses (for every result, FP32's own too); F1 leaves them
+        out for every result, so that a variant's F1 drop is measured on the rows FP32 decides: as misses they would
+        turn labels no row holds from undefined (left out of macro_f1) to 0 for FP32 and variant alike, diluting a
+        variant's drop on the other labels."""
         size = int(np.count_nonzero(mask))
         predicted, reference_predicted = self.predicted[mask], self.reference_predicted[mask]
-        same = predicted == reference_predicted
+        same = metrics.same_decisions(predicted, reference_predicted)
         label_agreement = mean_or_nan(same)
         row_agreement = mean_or_nan(same.all(axis=1))
+        decided = mask & (self.reference_predicted != metrics.INVALID_CLASS).all(axis=1)
         values = {
-            "micro_f1": metrics.micro_f1(predicted, self.target[mask]),
-            "macro_f1": metrics.macro_f1(predicted, self.target[mask]),
+            "micro_f1": metrics.micro_f1(self.predicted[decided], self.target[decided]),
+            "macro_f1": metrics.macro_f1(self.predicted[decided], self.target[decided]),
             "label_agreement": label_agreement,
             "row_agreement": row_agreement,
             "max_abs_error": metrics.max_abs_error(self.outputs[mask], self.reference[mask]),
@@ -107,11 +113,15 @@ class Multilabel(Task):
         outputs, reference = np.asarray(outputs), np.asarray(reference)
         if outputs.dtype.kind != "f" or outputs.ndim != 2:
             raise LabelError(f"task 'multilabel' reads (rows, labels) float outputs, got {outputs.dtype} {outputs.shape}")
+        if labels is not None and np.size(labels) == outputs.size:  # one label per row arrives as (rows,), see regression
+            labels = np.asarray(labels).reshape(outputs.shape)
         if labels is not None and labels.shape != outputs.shape:
             raise LabelError(f"labels have shape {labels.shape}, the output {outputs.shape}")
         as_probabilities = metrics.looks_like_sigmoid(reference) if probabilities is None else probabilities
-        predicted = metrics.multilabel_predictions(outputs, as_probabilities)
         reference_predicted = metrics.multilabel_predictions(reference, as_probabilities)
+        predicted = metrics.unscored_where_reference_is(
+            metrics.multilabel_predictions(outputs, as_probabilities), reference_predicted
+        )
         target = reference_predicted if labels is None else labels
         return MultilabelRows(outputs, reference, predicted, reference_predicted, target)
 

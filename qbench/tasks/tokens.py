@@ -114,10 +114,11 @@ class TokenRows:
         everything = np.ones(outputs.shape[:2], dtype=bool)
         scored = everything if labels is None else metrics.scored_tokens(labels)
         shape = outputs.shape[:2]
+        reference_predicted = metrics.top1(metrics.token_scores(reference, everything)).reshape(shape)
+        predicted = metrics.top1(metrics.token_scores(outputs, everything)).reshape(shape)
         return cls(
             outputs, reference, labels, scored,
-            metrics.top1(metrics.token_scores(outputs, everything)).reshape(shape),
-            metrics.top1(metrics.token_scores(reference, everything)).reshape(shape),
+            metrics.unscored_where_reference_is(predicted, reference_predicted), reference_predicted,
             metrics.kl_rows(metrics.token_scores(reference, everything), metrics.token_scores(outputs, everything)).reshape(shape),
         )  # fmt: skip
 

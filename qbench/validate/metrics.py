@@ -96,6 +96,24 @@ def accuracy(predicted: np.ndarray, labels: np.ndarray) -> float:
     return _mean(_matches(predicted, labels))
 
 
+def same_decisions(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Element-wise equality of two decision arrays (class ids, 0/1 label decisions) in which INVALID_CLASS
+    matches nothing, not even itself."""
+    return _matches(a, b)
+
+
+def unscored_where_reference_is(predicted: np.ndarray, reference_predicted: np.ndarray) -> np.ndarray:
+    """`predicted` with INVALID_CLASS wherever the reference's decision is INVALID_CLASS (FP32 gave NaN/inf there).
+
+    Such a row has nothing a variant can be compared with, so it is a miss for every result, FP32 included: against
+    the labels too, not only in agreement. Otherwise a variant finite where FP32 overflows (INT8 clamps) would be
+    credited with those rows against the labels, and that credit would hide what it lost on the rows FP32 scores.
+    """
+    predicted = np.array(predicted, copy=True)
+    predicted[np.asarray(reference_predicted) == INVALID_CLASS] = INVALID_CLASS
+    return predicted
+
+
 def agreement(pred_a: np.ndarray, pred_b: np.ndarray) -> float:
     """Fraction of rows predicted the same by both; an INVALID_CLASS row never agrees."""
     return _mean(_matches(pred_a, pred_b))
@@ -142,9 +160,14 @@ def _sigmoid(logits: np.ndarray) -> np.ndarray:
 
 
 def looks_like_probabilities(outputs: np.ndarray) -> bool:
-    """True if every row is non-negative and sums to 1 (within 1e-3): a softmax output, not logits."""
+    """True if every finite row is non-negative and sums to 1 (within 1e-3): a softmax output, not logits.
+
+    Rows holding NaN/inf are left out: they say nothing about the scale, and one of them must not turn the
+    reading of every other row (probabilities read as logits flatten through a second softmax: KL far too small).
+    False when no row is finite."""
     scores = _class_scores(outputs).astype(np.float64)
-    if scores.size == 0 or not np.isfinite(scores).all():
+    scores = scores[np.isfinite(scores).all(axis=1)]
+    if scores.size == 0:
         return False
     if scores.shape[1] == 1:
         return bool(((scores >= 0.0) & (scores <= 1.0)).all())
@@ -175,13 +198,17 @@ def to_probabilities(outputs: np.ndarray, already_probabilities: bool | None = N
     return np.divide(clipped, sums, out=np.zeros_like(clipped), where=sums != 0)  # NaN rows stay NaN
 
 
-def kl_rows(reference_outputs: np.ndarray, outputs: np.ndarray) -> np.ndarray:
+def kl_rows(
+    reference_outputs: np.ndarray, outputs: np.ndarray, as_probabilities: bool | None = None
+) -> np.ndarray:
     """KL(P_ref || Q) of every row, in nats; both clipped to [1e-12, 1] so a zero in Q stays finite.
 
-    Whether the outputs are probabilities or logits is decided on the reference and applied to both.
+    Whether the outputs are probabilities or logits is `as_probabilities` when the caller knows (a binary score
+    is read as its decisions are), else decided on the reference's finite rows; either way it applies to both.
     """
     reference_outputs, outputs = _same_shape(reference_outputs, outputs)
-    as_probabilities = looks_like_probabilities(reference_outputs)
+    if as_probabilities is None:
+        as_probabilities = looks_like_probabilities(reference_outputs)
     p = np.clip(to_probabilities(reference_outputs, as_probabilities), _KL_EPS, 1.0)
     q = np.clip(to_probabilities(outputs, as_probabilities), _KL_EPS, 1.0)
     kl = np.sum(p * np.log(p / q), axis=1)
@@ -355,11 +382,15 @@ def r2_min(predicted: np.ndarray, target: np.ndarray) -> float:
 
 
 def multilabel_predictions(outputs: np.ndarray, as_probabilities: bool) -> np.ndarray:
-    """(rows, labels) 0/1 decisions: score > 0.5 for probabilities, > 0 for logits; NaN/inf count as 0."""
+    """(rows, labels) 0/1 decisions: score > 0.5 for probabilities, > 0 for logits. A row holding NaN/inf has no
+    decision (INVALID_CLASS on every label, as top1 gives such a row no class): a miss against every label and
+    every other result, never a run of correct negatives."""
     scores = _float_rows(outputs)
     threshold = 0.5 if as_probabilities else 0.0
     with np.errstate(invalid="ignore"):
-        return (np.isfinite(scores) & (scores > threshold)).astype(np.int64)
+        decisions = (scores > threshold).astype(np.int64)
+    decisions[nonfinite_rows(scores)] = INVALID_CLASS
+    return decisions
 
 
 def looks_like_sigmoid(outputs: np.ndarray) -> bool:
@@ -377,9 +408,12 @@ def _f1(true_positive: np.ndarray, false_positive: np.ndarray, false_negative: n
 
 
 def _confusion(predicted: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per label (tp, fp, fn). A missing decision (INVALID_CLASS) is wrong whatever the truth: a false negative
+    on a positive, a false positive on a negative."""
     predicted, target = _same_shape(predicted, target)
-    p, t = _float_rows(predicted) > 0.5, _float_rows(target) > 0.5
-    return (p & t).sum(axis=0), (p & ~t).sum(axis=0), (~p & t).sum(axis=0)
+    decided = _float_rows(predicted)
+    p, t, missing = decided > 0.5, _float_rows(target) > 0.5, decided == INVALID_CLASS
+    return (p & t).sum(axis=0), ((p | missing) & ~t).sum(axis=0), (~p & t).sum(axis=0)
 
 
 NO_POSITIVES_F1 = 1.0

@@ -6,9 +6,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from qbench.gate import GateReport, judge
 from qbench.modelinfo import TensorMeta
+from qbench.recipe import GateSpec
+from qbench.results import VariantResult
 from qbench.tasks import LabelError, get_task
 from qbench.tasks.classification import class_count
+from qbench.validate.accuracy import evaluate_accuracy
 
 TASK = get_task("classification")
 POSITIONS = np.array([10, 11, 12, 13])
@@ -208,3 +212,43 @@ def test_labels_as_a_csv_holds_them_text_of_numbers_or_names() -> None:
     assert list(TASK.decode_label_names(["1", "0", "1", "0"], [pets], POSITIONS)) == ["1", "0", "1", "0"]  # ids
     sevens = TensorMeta("scores", np.dtype("float32"), (None, 3), class_keys=(-7, 0, 7))
     assert list(TASK.decode_label_names(["07", "-7", "0", "7"], [sevens], POSITIONS)) == [2, 0, 1, 2]
+
+
+def _judged(task: str, reference: np.ndarray, outputs: np.ndarray, labels: np.ndarray, metric: str) -> GateReport:
+    """The gate's verdict on `outputs` against FP32's `reference` (overall only), as `qbench gate` gives it."""
+
+    def result(name: str, values: np.ndarray) -> VariantResult:
+        accuracy = evaluate_accuracy(task, values, reference, labels, {})
+        return VariantResult(variant=name, backend="b", precision="fp32" if name == "fp32" else "int8", status="ok",
+                             accuracy=accuracy)  # fmt: skip
+
+    return judge(result("fp32", reference), result("int8", outputs), GateSpec(metric=metric, max_drop=0.01))
+
+
+def test_rows_fp32_gives_nan_on_are_misses_for_every_variant_against_the_labels_too() -> None:
+    """FP32 overflows on 10 of 100 rows (NaN there), an INT8 variant clamps and is finite and right on them, but
+    wrong on 5 rows FP32 gets right. Those 10 rows were credited to the variant against the labels: accuracy 0.95
+    vs FP32's 0.90, a drop of -0.05 and a pass, while on the rows FP32 scores it lost 5 of 90. Counted as misses
+    for every result (as agreement always did), the drop is 0.05 by hand and the gate breaches."""
+    labels = np.zeros(100, dtype=np.int64)
+    reference = np.tile([[5.0, 0.0]], (100, 1))
+    reference[:10] = np.nan
+    outputs = reference.copy()
+    outputs[:10] = [5.0, 0.0]
+    outputs[10:15] = [0.0, 5.0]
+    verdict = _judged("classification", reference, outputs, labels, "accuracy")
+    overall = next(c for c in verdict.checks if c.metric == "accuracy")
+    assert (overall.reference, overall.observed) == (pytest.approx(0.90), pytest.approx(0.85))
+    assert overall.status == "breach" and overall.drop == pytest.approx(0.05)
+    agreement = TASK.rows(outputs, reference, labels).summarise("overall", np.ones(100, dtype=bool)).metrics
+    assert agreement["agreement"] == pytest.approx(0.85) and agreement["flip_rate"] == pytest.approx(0.15)
+
+
+def test_kl_of_one_logit_column_reads_it_as_its_decisions_do() -> None:
+    """A linear layer's single logit whose FP32 values happen to lie in [0, 1]: decisions and KL both read it as a
+    logit (the graph's word), so KL compares sigmoid(0.4) with sigmoid(0.3), not 0.4 with 0.3 (0.0226, 19x more)."""
+    reference, outputs = np.array([[0.4], [0.6]]), np.array([[0.3], [0.6]])
+    summary = TASK.rows(outputs, reference, np.array([1, 1]), probabilities=False)
+    p, q = 1 / (1 + np.exp(-0.4)), 1 / (1 + np.exp(-0.3))
+    by_hand = p * np.log(p / q) + (1 - p) * np.log((1 - p) / (1 - q))
+    assert summary.summarise("overall", np.ones(2, dtype=bool)).metrics["kl_mean"] == pytest.approx(by_hand / 2, abs=1e-12)

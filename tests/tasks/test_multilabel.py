@@ -7,6 +7,8 @@ import pytest
 
 from qbench.modelinfo import TensorMeta
 from qbench.tasks import LabelError, get_task
+from qbench.validate.accuracy import evaluate_accuracy
+from tests.tasks.test_classification import _judged
 
 TASK = get_task("multilabel")
 
@@ -52,3 +54,35 @@ def test_a_slice_without_positives_has_f1_one_and_a_spurious_positive_drops_it()
     assert fp32["micro_f1"] == fp32["macro_f1"] == 1.0
     assert variant["micro_f1"] == variant["macro_f1"] == 0.0
     assert variant["row_agreement"] == 0.5
+
+
+def test_rows_fp32_gives_nan_on_count_for_no_result_in_f1_and_as_misses_in_agreement() -> None:
+    """FP32 NaN on 10 of 100 rows; an INT8 variant finite there (right on label 0), but missing label 0 on 5 rows
+    FP32 gets right. NaN counted as negative decisions credited the variant with those rows: micro F1 0.974 vs
+    FP32's 0.947, a pass. F1 now leaves FP32's NaN rows out for every result: FP32 1.0, variant 170/175 by hand
+    (tp 85, fn 5), a breach; agreement counts them as misses for every result, FP32's own too."""
+    labels = np.zeros((100, 3), dtype=np.int64)
+    labels[:, 0] = 1
+    reference = np.tile([[3.0, -3.0, -3.0]], (100, 1))
+    reference[:10] = np.nan
+    outputs = reference.copy()
+    outputs[:10] = [3.0, -3.0, -3.0]
+    outputs[10:15] = [-3.0, -3.0, -3.0]
+    everything = np.ones(100, dtype=bool)
+    fp32 = TASK.rows(reference, reference, labels).summarise("overall", everything).metrics
+    variant = TASK.rows(outputs, reference, labels).summarise("overall", everything).metrics
+    assert fp32["micro_f1"] == fp32["macro_f1"] == 1.0
+    assert variant["micro_f1"] == variant["macro_f1"] == pytest.approx(170 / 175)
+    assert fp32["label_agreement"] == fp32["row_agreement"] == pytest.approx(0.9)
+    assert variant["label_agreement"] == pytest.approx(1 - 35 / 300) and variant["row_agreement"] == pytest.approx(0.85)
+    verdict = _judged("multilabel", reference, outputs, labels, "micro_f1")
+    assert verdict.exit_code == 1 and verdict.breaches[0].drop == pytest.approx(1 - 170 / 175)
+
+
+def test_a_single_label_per_row_is_scored() -> None:
+    """Labels [[1], [0], [1]] for a (rows, 1) output reach the task as (rows,) (evaluate_accuracy flattens one value
+    per row), and were refused: 'labels have shape (3,), the output (3, 1)'."""
+    labels = TASK.labels_from_values([[1], [0], [1]], np.arange(3))
+    outputs = np.array([[0.9], [0.2], [0.4]])
+    overall = evaluate_accuracy("multilabel", outputs, outputs, labels, {}).overall.metrics
+    assert overall["micro_f1"] == pytest.approx(2 / 3)  # tp 1, fn 1: 2 / (2 + 1)

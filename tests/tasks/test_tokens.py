@@ -294,3 +294,12 @@ def test_an_edited_token_count_is_caught_by_the_gate_against_fp32() -> None:
     assert _denominator_problems(fp32, fp32) == []
     assert any("not a rate metric" in p for p in _denominator_problems(
         dataclasses.replace(fp32, denominators={"kl_mean": 4}), None))  # fmt: skip
+
+
+def test_tokens_fp32_gives_nan_on_are_misses_for_the_variant_against_the_labels_too() -> None:
+    """A token FP32 scores NaN: the variant's finite, correct top-1 there earned it accuracy FP32 cannot have."""
+    reference = np.array([[[3.0, 0.0], [np.nan, np.nan]]])
+    outputs = np.array([[[3.0, 0.0], [3.0, 0.0]]])
+    labels = np.array([[0, 0]])
+    overall = get_task("classification").rows(outputs, reference, labels).summarise("overall", np.array([True]))
+    assert overall.metrics["accuracy"] == 1 / 2 and overall.metrics["agreement"] == 1 / 2

@@ -347,8 +347,63 @@ def test_f1_without_any_positive_is_perfect_and_a_spurious_positive_drops_it() -
     assert math.isnan(metrics.macro_f1(np.zeros((0, 2)), np.zeros((0, 2))))
 
 
+def test_a_missing_multilabel_decision_is_wrong_whatever_the_truth() -> None:
+    """A row without decisions (NaN/inf outputs) counts as a false negative on each positive label and a false
+    positive on each negative one, and agrees with nothing, itself included."""
+    target = np.array([[1, 0], [1, 0]])
+    predicted = np.array([[1, 0], [-1, -1]])
+    # label 0: tp 1, fn 1 -> 2/3; label 1: fp 1 -> 0; pooled: tp 1, fp 1, fn 1 -> 2/4
+    assert metrics.micro_f1(predicted, target) == pytest.approx(0.5)
+    assert metrics.macro_f1(predicted, target) == pytest.approx((2 / 3 + 0.0) / 2)
+    assert metrics.micro_f1(np.array([[-1, -1]]), np.array([[0, 0]])) == 0.0  # not NO_POSITIVES_F1
+    assert metrics.same_decisions(predicted, predicted).tolist() == [[True, True], [False, False]]
+
+
+def test_unscored_where_reference_is_makes_fp32_nan_rows_misses_for_the_variant() -> None:
+    assert metrics.unscored_where_reference_is(np.array([0, 1, 2]), np.array([0, -1, 1])).tolist() == [0, -1, 2]
+    decisions = metrics.unscored_where_reference_is(np.array([[1, 0], [1, 1]]), np.array([[1, 0], [-1, -1]]))
+    assert decisions.tolist() == [[1, 0], [-1, -1]]
+
+
+def test_kl_reads_the_scale_from_fp32s_finite_rows() -> None:
+    """FP32 probabilities with one NaN row were read as logits (the NaN failed the 'every row sums to 1' test), so
+    every other row went through a second softmax: KL([0.99, 0.01] || [0.5, 0.5]) came out 0.107, not 0.637."""
+    reference = np.array([[0.99, 0.01], [NAN, NAN]])
+    outputs = np.array([[0.5, 0.5], [0.5, 0.5]])
+    by_hand = 0.99 * math.log(0.99 / 0.5) + 0.01 * math.log(0.01 / 0.5)
+    got = metrics.kl_rows(reference, outputs)
+    assert got[0] == pytest.approx(by_hand, abs=1e-12) and math.isnan(got[1])
+    assert metrics.looks_like_probabilities(reference)
+    assert not metrics.looks_like_probabilities(np.array([[NAN, NAN]]))
+
+
+def test_kl_of_one_score_column_follows_the_scale_it_is_given() -> None:
+    """A logit column whose FP32 values happen to lie in [0, 1]: read as logits (the graph's word), KL compares the
+    sigmoids; without the word, the values are read as probabilities."""
+
+    def bernoulli_kl(p: float, q: float) -> float:
+        return p * math.log(p / q) + (1 - p) * math.log((1 - p) / (1 - q))
+
+    def sigmoid(x: float) -> float:
+        return 1 / (1 + math.exp(-x))
+
+    reference, outputs = np.array([[0.4]]), np.array([[0.3]])
+    as_logits = metrics.kl_rows(reference, outputs, as_probabilities=False)
+    assert as_logits[0] == pytest.approx(bernoulli_kl(sigmoid(0.4), sigmoid(0.3)), abs=1e-12)  # 0.00121
+    assert metrics.kl_rows(reference, outputs)[0] == pytest.approx(bernoulli_kl(0.4, 0.3), abs=1e-12)  # 0.0226
+
+
+def test_within_allows_float_rounding_at_every_scale() -> None:
+    assert catalogue.within(100000.1 - 100000.0, 0.1, 100000.0, 100000.1)
+    assert catalogue.within((0.1 + 0.2) - 0.2, 0.1, 0.2, 0.1 + 0.2)
+    assert not catalogue.within(0.1001, 0.1, 100000.0, 100000.1001)
+    assert not catalogue.within(1e-11, 0.0, 0.5, 0.5)  # a zero tolerance allows rounding only
+    assert not catalogue.within(math.inf, 0.1, 0.5)
+
+
 def test_multilabel_thresholds() -> None:
-    assert metrics.multilabel_predictions(np.array([[0.2, 0.7], [NAN, 0.5]]), True).tolist() == [[0, 1], [0, 0]]
+    # a row holding NaN has no decision (as top1 gives it no class), not a run of negatives
+    assert metrics.multilabel_predictions(np.array([[0.2, 0.7], [NAN, 0.5]]), True).tolist() == [[0, 1], [-1, -1]]
     assert metrics.multilabel_predictions(np.array([[-0.1, 0.3]]), False).tolist() == [[0, 1]]
     assert metrics.looks_like_sigmoid(np.array([[0.0, 1.0], [NAN, 0.4]]))
     assert not metrics.looks_like_sigmoid(np.array([[-2.0, 1.0]]))
