@@ -264,3 +264,17 @@ def test_every_technique_lowers_the_nodes_inside_local_functions(tmp_path, varia
     assert not onnx.load(str(built.onnx_path)).functions
     expected, ran = _run(path), _run(built.onnx_path)
     assert np.mean(ran.argmax(1) == expected.argmax(1)) > 0.9
+
+
+def test_dynamic_int8_names_the_gemms_left_float_inside_control_flow(tmp_path):
+    """Dynamic INT8 quantizes a main-graph Gemm (a torch Linear) as a MatMul, but an If's branches stay float: the
+    note naming what stays FP32 there counted MatMul only, so a torch.cond export's branch Linears went unmentioned."""
+    model = onnx.load(str(if_model(tmp_path / "if.onnx")))
+    for node in model.graph.node:
+        for attribute in node.attribute:
+            for inner in attribute.g.node if attribute.HasField("g") else []:
+                inner.op_type = "Gemm" if inner.op_type == "MatMul" else inner.op_type
+    onnx.save(model, str(tmp_path / "if_gemm.onnx"))
+    built = _build(tmp_path / "if_gemm.onnx", tmp_path / "w", name="int8", precision="int8", calibrator="dynamic")
+    assert built.params["quantized_nodes"] == 1
+    assert any("2 Gemm inside control-flow subgraphs" in note for note in built.notes), built.notes
