@@ -81,11 +81,10 @@ class ModelInfo:
 
 def read_model_info(path: Path) -> ModelInfo:
     """Inputs (excluding initializers), outputs and the default-domain opset of an ONNX file."""
-    import onnx
-
     from qbench.modelinfo_classes import score_facts
+    from qbench.onnx_read import read_onnx
 
-    model = onnx.load(str(path), load_external_data=False)
+    model = read_onnx(path)  # local functions inlined: the producers read through are the ones computing
     if not model.graph.output:  # protobuf reads an empty file, or a few stray bytes, as an empty model
         raise QbenchError(f"{path} is not an ONNX model (its graph has no outputs); expected an ONNX file")
     initializers = {t.name for t in model.graph.initializer}

@@ -277,13 +277,13 @@ def _check_quantizer_options(recipe: Recipe) -> None:
 def _read_model(recipe: Recipe, path: Path) -> ModelInfo:
     """The model's inputs and outputs; its external-data files must exist (ONNX reads them only when run); it
     must compute in FP32 (`reduced_precision`)."""
-    import onnx
+    from qbench.onnx_read import read_onnx
 
     field = "model.path" if recipe.model.path is not None else "model.torch"
     try:
         info = read_model_info(path)
         locations = external_data_files(path)
-        not_fp32 = reduced_precision(onnx.load(str(path), load_external_data=False))
+        not_fp32 = reduced_precision(read_onnx(path))
     except QbenchError as exc:
         raise RecipeError(recipe.source, field, str(exc)) from None
     except Exception as exc:  # onnx raises several types for a file that is not a model

@@ -35,7 +35,9 @@ def constant_lookups(model_path: Path) -> dict[str, Lookup]:
     """Graph input name -> the smallest constant table its integer values index (inputs that index none are absent)."""
     import onnx
 
-    model = onnx.load(str(model_path), load_external_data=False)
+    from qbench.onnx_read import read_onnx
+
+    model = read_onnx(model_path)  # an embedding inside a local function indexes a table too
     graph = model.graph
     tables = {t.name: list(t.dims) for t in graph.initializer}
     for node in graph.node:

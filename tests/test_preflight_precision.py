@@ -134,3 +134,34 @@ def test_validate_refuses_a_quantized_reference_in_one_line_naming_the_field(tmp
                            "already quantized: 1 QLinearAdd, 1 QLinearMatMul")  # fmt: skip
     assert line.endswith("expected the FP32 model that variants are built from (qbench makes the reduced-precision "
                          "variants itself)")  # fmt: skip
+
+
+def _wrapped_in_a_function(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` with its whole graph moved into one model-local function that the main graph calls (the weights stay
+    initializers, passed in as the call's inputs, as the TorchScript exporter's `export_modules_as_functions` does)."""
+    graph = model.graph
+    weights = [t.name for t in graph.initializer]
+    inputs, outputs = [*[v.name for v in graph.input], *weights], [v.name for v in graph.output]
+    body = helper.make_function("local", "Body", inputs, outputs, list(graph.node), list(model.opset_import))
+    call = helper.make_node("Body", inputs, outputs, name="/body", domain="local")
+    wrapped = helper.make_graph([call], graph.name, list(graph.input), list(graph.output), list(graph.initializer))
+    opsets = [*model.opset_import, helper.make_opsetid("local", 1)]
+    result = helper.make_model(wrapped, opset_imports=opsets, functions=[body], ir_version=model.ir_version)
+    onnx.checker.check_model(result)
+    return result
+
+
+@pytest.mark.parametrize("kind", ["qdq", "dynamic"])
+def test_validate_refuses_a_quantized_reference_whose_nodes_sit_inside_a_local_function(tmp_path: Path, kind: str,
+                                                                                        capsys) -> None:  # fmt: skip
+    """The main graph held only the call node: the check saw no integer node and took an INT8 model for FP32 (every
+    variant's drop would then be measured against a quantized baseline)."""
+    onnx.save(_wrapped_in_a_function(_quantized(tmp_path, kind)), str(tmp_path / "model.onnx"))
+    rng = np.random.default_rng(2)
+    pd.DataFrame({"x": list(rng.normal(size=(ROWS, 4)).astype(np.float32))}).to_parquet(tmp_path / "rows.parquet")
+    recipe = {"name": "int8-in-functions", "task": "embedding", "model": {"path": "model.onnx"},
+              "data": {"path": "rows.parquet", "inputs": {"x": "x"}, "calibration": {"samples": 16}},
+              "variants": [{"name": "fp16", "precision": "fp16"}], "gate": {"metric": "cosine"}}  # fmt: skip
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    assert main(["validate", str(tmp_path / "recipe.yaml")]) == 2
+    assert "the model is already quantized: " in capsys.readouterr().err

@@ -135,17 +135,12 @@ def engine_cache_key(
 
 
 def model_sha256(path: Path) -> str:
-    """sha256 of an ONNX file's bytes and of the external data files it names (content only, not its name)."""
-    import onnx
-    from onnx.external_data_helper import uses_external_data
+    """sha256 of an ONNX file's bytes and of the external data files it names (content only, not its name): every
+    tensor's file, subgraphs' and Constant nodes' included (`external_data_files`), as onnx saves them all there."""
+    from qbench.modelinfo import external_data_files
 
-    model = onnx.load(str(path), load_external_data=False)
-    locations = sorted(
-        {entry.value for tensor in model.graph.initializer if uses_external_data(tensor)
-         for entry in tensor.external_data if entry.key == "location"}
-    )  # fmt: skip
     digest = hashlib.sha256()
-    for file in [path, *(path.parent / location for location in locations)]:
+    for file in [path, *(path.parent / location for location in external_data_files(path))]:
         with open(file, "rb") as f:
             for block in iter(lambda: f.read(_CHUNK), b""):
                 digest.update(block)

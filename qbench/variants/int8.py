@@ -152,9 +152,15 @@ def build_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         onnx_path=target,
         params=params,
         build_seconds=clock.seconds(),
-        notes=tuple(notes + _notes(config, reduce_range, counts) + nested_nodes_note(model, op_types)),
+        notes=tuple(notes + _notes(config, reduce_range, counts) + nested_nodes_note(model, _lowered_op_types(op_types, dynamic))),
         activation_ranges=clipping,
     )
+
+
+def _lowered_op_types(op_types: tuple[str, ...], dynamic: bool) -> tuple[str, ...]:
+    """The op types the build lowers: dynamic INT8 quantizes a Gemm as the MatMul it is rewritten to (`gemms_as_matmul`,
+    main graph only), so a Gemm left float inside a subgraph is as much a Linear left FP32 as a MatMul there."""
+    return (*op_types, "Gemm") if dynamic and "MatMul" in op_types and "Gemm" not in op_types else op_types
 
 
 def _op_types(config: OrtInt8) -> tuple[str, ...]:

@@ -28,6 +28,7 @@ import onnx.numpy_helper
 from onnx import helper
 
 from qbench.errors import QbenchError, did_you_mean, one_line
+from qbench.onnx_read import read_onnx
 from qbench.variants.base import BuildContext, BuiltVariant
 
 # Protobuf cannot serialise a model of 2 GiB or more; keep a margin for the graph itself.
@@ -85,13 +86,14 @@ def output_path(variant: str, ctx: BuildContext) -> Path:
 
 
 def load_model(path: Path) -> onnx.ModelProto:
-    """The model with any external data loaded into memory, every node of its main graph named.
+    """The model with its local functions inlined (`qbench.onnx_read`) and any external data loaded into memory,
+    every node of its main graph named.
 
     Builders exclude and keep nodes by name, and explain/fallback match a variant's nodes to the reference's by
     name; converters and hand-built graphs often leave names empty. The names given are a function of the graph
     alone, so every load of the same file names its nodes alike.
     """
-    model = onnx.load(str(path), load_external_data=True)
+    model = read_onnx(path, weights=True)
     name_unnamed_nodes(model)
     return model
 

@@ -184,6 +184,28 @@ def test_model_hash_is_by_content_and_includes_external_data(tmp_path: Path, mod
     assert model_sha256(tmp_path / "ext.onnx") != before
 
 
+def test_model_hash_includes_external_data_held_by_a_subgraph(tmp_path: Path) -> None:
+    """onnx's save_as_external_data moves every tensor out, an If branch's weights too: the engine cache key used to
+    hash only the main graph's initializers' files, so other weights in a branch reused the stale engine."""
+    weight = np.arange(12, dtype=np.float32).reshape(3, 4)
+    branch = helper.make_graph([helper.make_node("MatMul", ["x", "w_branch"], ["out"])], "then", [],
+                               [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)],
+                               [numpy_helper.from_array(weight, "w_branch")])  # fmt: skip
+    graph = helper.make_graph(
+        [helper.make_node("If", ["flag"], ["y"], then_branch=branch, else_branch=branch)], "if_weights",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3]),
+         helper.make_tensor_value_info("flag", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    path = tmp_path / "branch.onnx"
+    onnx.save(model, str(path), save_as_external_data=True, location="branch.onnx.data", size_threshold=0)
+    before = model_sha256(path)
+    data = tmp_path / "branch.onnx.data"
+    data.write_bytes(data.read_bytes()[:-4] + np.float32(-1.0).tobytes())  # same graph file, other branch weights
+    assert model_sha256(path) != before
+
+
 def test_what_tensorrt_cannot_run_is_named(tmp_path: Path, model_path: Path) -> None:
     assert unsupported_by_tensorrt(model_path) is None
     assert unsupported_by_tensorrt(_qdq_model(tmp_path / "sym.onnx", TensorProto.INT8, 0)) is None

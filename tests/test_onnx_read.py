@@ -1,0 +1,68 @@
+"""Reading an ONNX file as qbench inspects it: model-local functions inlined, external weights read on request."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from qbench.onnx_read import read_onnx
+
+RNG = np.random.default_rng(0)
+W = RNG.normal(size=(4, 4)).astype(np.float32)
+
+
+def _called_twice(path: Path, *, external: bool = False) -> Path:
+    """y = Block(Block(x, w), w), Block(a, w) = Relu(a @ w) * 2 (the 2 a Constant inside the function)."""
+    block = helper.make_function(
+        "local", "Block", ["a", "w"], ["out"],
+        [helper.make_node("MatMul", ["a", "w"], ["m"], name="matmul"), helper.make_node("Relu", ["m"], ["r"], name="relu"),
+         helper.make_node("Constant", [], ["two"], name="two", value=numpy_helper.from_array(np.array(2, np.float32))),
+         helper.make_node("Mul", ["r", "two"], ["out"], name="mul")],
+        [helper.make_opsetid("", 17)],
+    )  # fmt: skip
+    graph = helper.make_graph(
+        [helper.make_node("Block", ["x", "w"], ["h"], domain="local"),
+         helper.make_node("Block", ["h", "w"], ["y"], domain="local")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])], [numpy_helper.from_array(W, "w")],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("local", 1)],
+                              functions=[block], ir_version=8)  # fmt: skip
+    onnx.save_model(model, str(path), save_as_external_data=external, location="weights.data", size_threshold=0)
+    return path
+
+
+def _run(model: onnx.ModelProto | Path, x: np.ndarray) -> np.ndarray:
+    source = str(model) if isinstance(model, Path) else model.SerializeToString()
+    return ort.InferenceSession(source, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+
+def test_every_call_is_inlined_computing_the_same_and_named_alike_on_every_read(tmp_path):
+    path = _called_twice(tmp_path / "m.onnx")
+    model = read_onnx(path)
+    assert not model.functions
+    assert [n.op_type for n in model.graph.node].count("MatMul") == 2
+    assert "local" not in {o.domain for o in model.opset_import}  # no node of that domain is left
+    x = RNG.normal(size=(5, 4)).astype(np.float32)
+    np.testing.assert_array_equal(_run(model, x), _run(path, x))
+    names = [n.name for n in model.graph.node]
+    assert len(set(names)) == len(names) and names == [n.name for n in read_onnx(path).graph.node]
+
+
+def test_a_model_without_functions_is_read_as_it_is(tmp_path):
+    path = tmp_path / "plain.onnx"
+    onnx.save(read_onnx(_called_twice(tmp_path / "m.onnx")), str(path))
+    assert read_onnx(path).SerializeToString() == onnx.load(str(path)).SerializeToString()
+
+
+def test_external_weights_are_read_in_only_when_asked_and_after_inlining(tmp_path):
+    path = _called_twice(tmp_path / "m.onnx", external=True)
+    assert (tmp_path / "weights.data").is_file()
+    without = read_onnx(path)
+    assert not without.functions and without.graph.initializer[0].data_location == TensorProto.EXTERNAL
+    loaded = read_onnx(path, weights=True)
+    np.testing.assert_array_equal(numpy_helper.to_array(loaded.graph.initializer[0]), W)
