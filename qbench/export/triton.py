@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import re
+import shlex
 import shutil
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -184,35 +185,58 @@ def _optimization(measured: VariantResult, target: TritonTarget) -> dict[str, An
     return optimization
 
 
+def simulated_batcher(measured: VariantResult) -> int | None:
+    """The largest batch of the dynamic batcher the sweep's load scenario simulated (`slo:`), None without one."""
+    serving = measured.serving
+    return serving.max_batch_size if serving is not None and serving.max_queue_delay_ms is not None else None
+
+
+def batcher_sizes(measured: VariantResult) -> tuple[int, list[int]]:
+    """config.pbtxt's max_batch_size and preferred batch sizes.
+
+    Triton's dynamic batcher sends the largest preferred batch it can form at once, without waiting for
+    max_queue_delay, and past that delay the largest batch max_batch_size allows. With the load scenario's
+    batcher (wait until `max_batch_size` requests are queued or the oldest has waited the delay, send at most
+    `max_batch_size`), that is max_batch_size = preferred = the simulated largest batch: every timed size as a
+    preferred one (1 included) would send each request alone the moment the model is free, a batcher whose
+    latency under load the sweep never simulated. Without a load scenario: the largest timed size, and every
+    timed size preferred, so that at concurrency 1 each of qbench's latency points runs without queueing.
+    Not written explicitly, Triton fills in preferred sizes of its own (4 and 8 in older releases)."""
+    timed = sorted(p.batch_size for p in measured.latency.points) if measured.latency is not None else []
+    simulated = simulated_batcher(measured)
+    if simulated is not None:
+        return simulated, [simulated]
+    return timed[-1], timed
+
+
 def triton_config(
     name: str, measured: VariantResult, info: ModelInfo, target: TritonTarget, *, max_queue_delay_us: int
 ) -> dict[str, Any]:
     """The model configuration as nested fields (see qbench.export.pbtxt), from what the sweep measured.
 
-    max_batch_size is the largest batch size timed, and every batch size timed is a preferred one: a
-    request of that size is dispatched at once instead of waiting up to max_queue_delay for company, so
-    at concurrency 1 Triton runs what qbench timed, while under load queued requests still batch up.
-    One instance (qbench times one session at a time) with the sweep's intra-op thread count
+    The dynamic batcher is the one the sweep's load scenario simulated when it ran one (`slo:`, see
+    `batcher_sizes`); otherwise max_batch_size is the largest batch size timed and every batch size timed is a
+    preferred one. One instance (qbench times one session at a time) with the sweep's intra-op thread count
     (0 = ONNX Runtime's default); inter-op threads 1, since sessions run in sequential execution mode.
     A model with a fixed batch (`fixed_batch_of`) is not batched by Triton: max_batch_size 0, full dims, no
     dynamic batcher; each request is one whole batch, as qbench timed it.
     """
     if measured.latency is None or not measured.latency.points:
         raise QbenchError(f"{measured.key}: no latency was measured, so there are no batch sizes to configure")
-    batch_sizes = sorted(p.batch_size for p in measured.latency.points)
+    largest, preferred = batcher_sizes(measured)
     batching = fixed_batch_of(info) is None
     config: dict[str, Any] = {
         "name": name,
         "platform": "onnxruntime_onnx",
         "backend": "onnxruntime",
-        "max_batch_size": batch_sizes[-1] if batching else 0,
+        "max_batch_size": largest if batching else 0,
         "input": [_tensor(t, batching=batching) for t in info.inputs.values()],
         "output": [_tensor(t, batching=batching) for t in info.outputs.values()],
         "instance_group": [{"count": 1, "kind": EnumValue(target.instance_kind)}],
     }
     if batching:
         config["dynamic_batching"] = {
-            "preferred_batch_size": batch_sizes,
+            "preferred_batch_size": preferred,
             "max_queue_delay_microseconds": max_queue_delay_us,
         }
     config |= {
@@ -294,11 +318,10 @@ def load_command(name: str, measured: VariantResult, shapes: Mapping[str, str]) 
     serving = measured.serving
     if serving is None or serving.at_rate is None or serving.rate_rps is None:
         return None
-    shape_flags = "".join(f" --shape {n}:{s}" for n, s in shapes.items())
     rate = f"{serving.rate_rps:g}"
     return (f"perf_analyzer -m {name} -i grpc -u {GRPC_URL} -b 1 --async --request-rate-range {rate}:{rate}:1 "
             f"--request-distribution poisson --measurement-mode count_windows "
-            f"--measurement-request-count {serving.at_rate.requests} --percentile=99{shape_flags}")  # fmt: skip
+            f"--measurement-request-count {serving.at_rate.requests} --percentile=99{_shape_flags(shapes)}")  # fmt: skip
 
 
 def queue_delay_us(measured: VariantResult) -> int:
@@ -313,15 +336,39 @@ def perf_analyzer_commands(name: str, measured: VariantResult, shapes: Mapping[s
                            batched: bool = True) -> list[str]:  # fmt: skip
     """One perf_analyzer command per batch size qbench timed: concurrency 1, about as many timed
     requests per window as qbench's timing windows held (all its timed runs when it timed a fixed
-    count), stability judged on p50. Not `batched` (a fixed-batch model), a request holds the whole batch: -b 1."""
+    count), stability judged on p50. Not `batched` (a fixed-batch model), a request holds the whole batch: -b 1;
+    batched, only the sizes config.pbtxt's max_batch_size admits (`batcher_sizes`)."""
     if measured.latency is None:
         return []
-    shape_flags = "".join(f" --shape {n}:{s}" for n, s in shapes.items())
+    largest = batcher_sizes(measured)[0]
     return [
         f"perf_analyzer -m {name} -i grpc -u {GRPC_URL} -b {p.batch_size if batched else 1} --concurrency-range 1:1 "
-        f"--measurement-mode count_windows --measurement-request-count {_runs_per_window(p)} --percentile=50{shape_flags}"
-        for p in measured.latency.points
+        f"--measurement-mode count_windows --measurement-request-count {_runs_per_window(p)} --percentile=50"
+        f"{_shape_flags(shapes)}"
+        for p in measured.latency.points if not batched or p.batch_size <= largest
     ]
+
+
+def _shape_flags(shapes: Mapping[str, str]) -> str:
+    """` --shape name:dims` per input, quoted for the shell: an ONNX input may be named `input ids` or `x;y`."""
+    return "".join(f" --shape {shlex.quote(f'{n}:{s}')}" for n, s in shapes.items())
+
+
+def _batcher_text(measured: VariantResult) -> str:
+    """How config.pbtxt's dynamic batcher treats the requests of the commands above (see `batcher_sizes`)."""
+    largest = batcher_sizes(measured)[0]
+    if simulated_batcher(measured) is None:
+        return ("Each of these batch sizes is a preferred batch size in config.pbtxt, so at concurrency 1 no request "
+                "waits in the dynamic batcher's queue.")  # fmt: skip
+    timed = [p.batch_size for p in measured.latency.points] if measured.latency is not None else []
+    above = [str(bs) for bs in timed if bs > largest]
+    text = (f"config.pbtxt's dynamic batcher is the load scenario's (max batch {largest}, the only preferred size), so "
+            f"a request of fewer than {largest} rows waits the max queue delay for company before it runs: compare "
+            "`compute infer`, not the end-to-end latency.")  # fmt: skip
+    if above:
+        text += (f" Batch size {', '.join(above)} (timed by qbench) is above that max_batch_size and is not "
+                 "accepted by this configuration.")  # fmt: skip
+    return text
 
 
 def _readme(name: str, recipe: Recipe, results: SweepResults, measured: VariantResult, info: ModelInfo,
@@ -365,8 +412,7 @@ def _readme(name: str, recipe: Recipe, results: SweepResults, measured: VariantR
     lines += ["", f"With the server running ({where}):", "", "```"]
     fixed = fixed_batch_of(info)
     lines += perf_analyzer_commands(name, measured, shapes, batched=fixed is None)
-    batching = ("Each of these batch sizes is a preferred batch size in config.pbtxt, so at concurrency 1 no request "
-                "waits in the dynamic batcher's queue." if fixed is None else
+    batching = (_batcher_text(measured) if fixed is None else
                 f"The model has a fixed batch of {fixed} (its inputs' first dimension), so config.pbtxt does not "
                 f"batch (max_batch_size 0): each request carries a whole batch of {fixed} rows.")  # fmt: skip
     lines += [
