@@ -300,3 +300,23 @@ def test_idle_batches_are_the_timed_runs_shifted_by_the_idle_starts_median():
     assert served.service_ms(1, 0.95, idle=True) == pytest.approx(22.0)
     assert served.service_ms(1, 0.5) == pytest.approx(1.0)
     assert served_times(runs, BatcherSamples({1: 0.0}, {1: 0.5})).service_ms(1, 0.5, idle=True) == pytest.approx(1.0)
+
+
+def test_no_cheapest_variant_across_machine_kinds_under_one_price():
+    """int8-ok timed on a 96-CPU Xeon node, int8-fast and fp32 on a 2-CPU EPYC one, one $0.36/h price for
+    onnxruntime-cpu: int8-fast's $0.25 per million against int8-ok's $0.50 compares the nodes (a 96-CPU node does
+    not cost what a 2-CPU one does), so no cheapest variant is named, and the line says why."""
+    results = _results(int8_p99=9.0)
+    small = {"host": "a", "cpu": "AMD EPYC", "cpus": 2, "arch": "x86_64"}
+    large = {"host": "b", "cpu": "Intel Xeon", "cpus": 96, "arch": "x86_64"}
+    timed = tuple(replace(v, latency=replace(v.latency, machine=large if v.variant == "int8-ok" else small))
+                  for v in results.variants)  # fmt: skip
+    gate = evaluate_gate(results, GATE, slo=SLO)
+    assert cheapest(replace(results, variants=timed[:2]), gate).variant.variant == "int8-fast"  # one kind: ranked
+    mixed = replace(results, variants=timed)
+    assert cheapest(mixed, gate) is None
+    assert slo_lines(mixed, gate)[-1] == (
+        "cheapest meeting accuracy and SLO: cannot tell: onnxruntime-cpu timed its variants on 2 kinds of machine "
+        "(AMD EPYC x2 x86_64; Intel Xeon x96 x86_64): its price of $0.36/h is one machine's, and their rates compare "
+        "the machines; time every variant of a backend on one kind"
+    )  # fmt: skip
