@@ -464,3 +464,30 @@ def test_a_model_with_a_fixed_batch_is_served_unbatched_with_whole_batch_request
                                                        max_queue_delay_us=100)), model_config_pb2.ModelConfig())  # fmt: skip
     assert batched.max_batch_size == 8 and list(batched.dynamic_batching.preferred_batch_size) == [8]
     assert [list(t.dims) for t in batched.input] == [[3]]
+
+
+def test_an_output_whose_shape_the_file_leaves_out_gets_its_inferred_dims(tmp_path: Path) -> None:
+    """y = Relu(x) with y declared without a shape (not even a rank): config.pbtxt needs its dims, which ONNX shape
+    inference gives ([batch, 3] -> dims [3]); the output was refused as 'a scalar' before. An output whose shape
+    inference cannot find (a custom op's) is named in one line."""
+    from qbench.export.triton import TARGETS, triton_config
+    from qbench.export.triton_config import stated_shapes
+    from qbench.modelinfo import read_model_info
+
+    def model(name: str, node: onnx.NodeProto, opsets: list) -> Path:
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])
+        graph = helper.make_graph([node], name, [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+        path = tmp_path / f"{name}.onnx"
+        onnx.save(helper.make_model(graph, opset_imports=opsets, ir_version=8), str(path))
+        return path
+
+    path = model("relu", helper.make_node("Relu", ["x"], ["y"]), [helper.make_opsetid("", 17)])
+    info = stated_shapes(read_model_info(path), path)
+    fields = triton_config("m", make_variant("v", "int8"), info, TARGETS[CPU], max_queue_delay_us=0)
+    [y] = text_format.Parse(to_pbtxt(fields), model_config_pb2.ModelConfig()).output
+    assert (y.name, list(y.dims)) == ("y", [3])
+
+    custom = model("custom", helper.make_node("Foo", ["x"], ["y"], domain="com.example"),
+                   [helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])  # fmt: skip
+    with pytest.raises(QbenchError, match=r"output 'y': the model states no shape for it \(not even its rank\)"):
+        stated_shapes(read_model_info(custom), custom)
