@@ -222,8 +222,8 @@ def _batcher_text(measured: VariantResult) -> str:
             f"a request of fewer than {largest} rows waits the max queue delay for company before it runs: compare "
             "`compute infer`, not the end-to-end latency.")  # fmt: skip
     if above:
-        text += (f" Batch size {', '.join(above)} (timed by qbench) is above that max_batch_size and is not "
-                 "accepted by this configuration.")  # fmt: skip
+        sizes, are = (f"size {above[0]}", "is") if len(above) == 1 else (f"sizes {', '.join(above)}", "are")
+        text += f" Batch {sizes} (timed by qbench) {are} above that max_batch_size: this configuration refuses them."
     return text
 
 
