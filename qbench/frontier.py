@@ -185,17 +185,23 @@ def slower_than_reference_notes(results: SweepResults, keys: Collection[str] | N
     return notes
 
 
+def timing_kinds(results: SweepResults, backend: str) -> dict[str, list[str]]:
+    """Machine kind -> the variants of `backend` timed on it (measurements that recorded their machine)."""
+    by_kind: dict[str, list[str]] = {}
+    for variant in results.variants:
+        if variant.backend == backend and variant.status == "ok" and variant.latency is not None:
+            kind = machine_kind(variant.latency.machine)
+            if kind:
+                by_kind.setdefault(kind, []).append(variant.variant)
+    return by_kind
+
+
 def mixed_timing_machines(results: SweepResults) -> list[str]:
     """A note per backend whose measurements were timed on machines of more than one kind (a cluster's nodes):
     their latencies cannot be compared with each other, so speed-ups across them are not computed."""
     notes = []
     for backend in results.backends():
-        by_kind: dict[str, list[str]] = {}
-        for variant in results.variants:
-            if variant.backend == backend and variant.status == "ok" and variant.latency is not None:
-                kind = machine_kind(variant.latency.machine)
-                if kind:
-                    by_kind.setdefault(kind, []).append(variant.variant)
+        by_kind = timing_kinds(results, backend)
         if len(by_kind) > 1:
             where = "; ".join(f"{', '.join(names)} on {kind}" for kind, names in by_kind.items())
             notes.append(f"{backend} timed its variants on {len(by_kind)} kinds of machine ({where}): latencies across "

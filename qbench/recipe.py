@@ -280,7 +280,7 @@ class Recipe(_Strict):
         allowed = self._metric_names()
         if self.gate.metric not in allowed:
             raise ValueError(f"gate.metric: {expected_one_of(self.gate.metric, allowed)} for task {self.task!r}")
-        check_serving(self.slo, self.cost, self.backends, self.latency.batch_sizes)
+        check_serving(self.slo, self.cost, self.backends, self.latency.batch_sizes, self.latency.iterations)
         check_registry(self.registry, self.backends, self.latency.batch_sizes)
         check_backend_resources(self.backend_resources, self.backends)
         check_search(self.search, names)

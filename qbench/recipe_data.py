@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from qbench.recipe_filters import check_filter
-from qbench.techniques.options import Filter
+from qbench.techniques.options import Filter, Seed
 from qbench.techniques.options import StrictConfig as _Strict
 
 
@@ -32,7 +32,7 @@ class CalibrationSpec(_Strict):
     path: Path | None = path_field("draw calibration rows from this file instead of data.path")
     filter: Filter | None = None
     samples: int = Field(256, gt=0, description="rows drawn for calibration (fewer if fewer rows match)")
-    seed: int = 0
+    seed: Seed = 0
     stratify_by: str | None = Field(None, description="column whose values are sampled in proportion")
     batch_size: int = Field(16, gt=0, description="rows per calibration batch")
 

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Sequence
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from qbench.errors import expected_one_of
+from qbench.techniques.options import Seed
 
 
 class _Strict(BaseModel):
@@ -49,7 +51,7 @@ class LoadSpec(_Strict):
         None, ge=0, allow_inf_nan=False, description="longest a request waits for a batch to fill; default: a tenth of the budget"
     )
     requests: int = Field(5000, ge=100, le=1_000_000, description="simulated requests per rate")
-    seed: int = 0
+    seed: Seed = 0
 
 
 class SloSpec(SloBudget):
@@ -70,24 +72,30 @@ class SloSpec(SloBudget):
 
 
 class CostSpec(_Strict):
-    price_per_hour: dict[str, float] = Field(description="backend -> USD per hour of the machine it runs on")
-
-    @model_validator(mode="after")
-    def _positive(self) -> CostSpec:
-        for backend, price in self.price_per_hour.items():
-            if not price > 0 or price == float("inf"):
-                raise ValueError(f"price_per_hour.{backend}: got {price}, expected a positive number of USD")
-        return self
+    price_per_hour: dict[str, Annotated[float, Field(gt=0, allow_inf_nan=False)]] = Field(
+        description="backend -> USD per hour of the machine it runs on (a positive number)"
+    )
 
 
-def check_serving(slo: SloSpec | None, cost: CostSpec | None, backends: Sequence[str], batch_sizes: Sequence[int]) -> None:
-    """Cross-field checks; raises ValueError('field: problem') for the recipe's error formatter."""
+# Fewer samples than this hold none beyond their 99th percentile (qbench.slo judges no p99 resting on fewer).
+MIN_P99_SAMPLES = 100
+
+
+def check_serving(slo: SloSpec | None, cost: CostSpec | None, backends: Sequence[str], batch_sizes: Sequence[int],
+                  iterations: int | None = None) -> None:  # fmt: skip
+    """Cross-field checks; raises ValueError('field: problem') for the recipe's error formatter. `iterations`: the
+    recipe's latency.iterations, the fewest timed runs per batch size, which every p99 the SLO judges rests on."""
     if cost is not None:
         for backend in cost.price_per_hour:
             if backend not in backends:
                 raise ValueError(f"cost.price_per_hour: {expected_one_of(backend, backends)} (the recipe's backends)")
     if slo is None:
         return
+    if iterations is not None and iterations < MIN_P99_SAMPLES:
+        raise ValueError(
+            f"latency.iterations: got {iterations}, expected at least {MIN_P99_SAMPLES} with an `slo:` budget: its p99 "
+            f"is judged from the timed runs, and fewer than {MIN_P99_SAMPLES} hold none beyond their 99th percentile"
+        )
     for backend in slo.backends:
         if backend not in backends:
             raise ValueError(f"slo.backends: {expected_one_of(backend, backends)} (the recipe's backends)")

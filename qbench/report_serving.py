@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from qbench.frontier import timing_kinds
 from qbench.gate import GateCheck, GateReport
 from qbench.report_grid import Grid
 from qbench.results import EMULATED, SweepResults, VariantResult
@@ -70,10 +71,27 @@ def _within_budget(variant: VariantResult) -> bool:
     return point is not None and point.p99_ms + serving.preprocess_ms_per_row * point.batch_size <= serving.budget_ms
 
 
+def mixed_machine_costs(results: SweepResults) -> str | None:
+    """Why costs and rates within budget cannot be ranked across variants: a backend's variants were timed on
+    machines of more than one kind (a cluster's nodes), while its price per hour, and its throughput, are one
+    machine's. None when every backend timed its variants on one kind."""
+    for backend in results.backends():
+        kinds = timing_kinds(results, backend)
+        if len(kinds) > 1:
+            price = next((v.serving.price_per_hour for v in results.variants
+                          if v.backend == backend and v.serving and v.serving.price_per_hour), None)  # fmt: skip
+            priced = f"its price of ${price:g}/h is one machine's, " if price is not None else ""
+            return (f"{backend} timed its variants on {len(kinds)} kinds of machine ({'; '.join(kinds)}): {priced}"
+                    "and their rates compare the machines; time every variant of a backend on one kind")  # fmt: skip
+    return None
+
+
 def cheapest(results: SweepResults, gate: GateReport | None) -> Choice | None:
     """Among variants accurate enough (the reference, or passing the accuracy gate) and within the latency
     budget, the one with the lowest cost per million at its highest rate within budget (by that rate
-    when no price is given)."""
+    when no price is given). None also when the costs cannot be ranked (`mixed_machine_costs`)."""
+    if mixed_machine_costs(results) is not None:
+        return None
     candidates = []
     for variant in results.variants:
         if variant.status != "ok" or accuracy_verdict(results, gate, variant) not in ("reference", "pass"):
@@ -118,6 +136,8 @@ def slo_lines(results: SweepResults, gate: GateReport | None) -> list[str]:
         if budgets and recorded and budgets != recorded:  # the sweep's rates within budget answer another budget
             lines.append(f"cheapest meeting accuracy and SLO: cannot tell: the budget is {_ms(budgets)} now, the sweep "
                          f"simulated {_ms(recorded)} (re-run `qbench sweep`)")  # fmt: skip
+        elif (mixed := mixed_machine_costs(results)) is not None:
+            lines.append(f"cheapest meeting accuracy and SLO: cannot tell: {mixed}")
         elif choice is None:
             lines.append("cheapest meeting accuracy and SLO: none")
         else:

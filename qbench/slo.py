@@ -17,7 +17,7 @@ import numpy as np
 
 from qbench.errors import QbenchError, expected_one_of
 from qbench.recipe import Recipe
-from qbench.recipe_slo import CostSpec, SloSpec
+from qbench.recipe_slo import MIN_P99_SAMPLES, CostSpec, SloSpec
 from qbench.results import LatencyPoint, SweepResults, VariantResult
 from qbench.results_serving import ServingResult
 from qbench.validate.bound import estimate_bound, last_level_cache_bytes, memory_bandwidth_bytes_per_s
@@ -28,6 +28,9 @@ from qbench.validate.load import Batcher, Draws, LoadReplay, MeasuredServiceTime
 
 SLO_SCOPE = "slo"
 SLO_METRIC = "latency.p99_ms"
+# MIN_P99_SAMPLES: fewer samples hold none beyond their 99th percentile, so their "p99" is an interpolation between
+# the largest one or two, and with n iid samples none at all lands in the slowest 1 % with probability 0.99^n (82 %
+# for 20, 61 % for 50): such a figure cannot show that a budget holds.
 
 
 def serving_figures(
@@ -188,7 +191,7 @@ def _judge_one(
         recorded = {k: getattr(serving, k) for k in ("rate_rps", "max_batch_size", "max_queue_delay_ms", "requests", "seed")}
         if recorded != load_settings(slo, backend, batch_sizes):
             return None, f"results were simulated with other load settings ({recorded}): re-run `qbench sweep`"
-        observed, samples = serving.at_rate.p99_ms, serving.at_rate.requests
+        observed, samples = serving.at_rate.p99_ms, _load_samples(result, serving)
     else:
         point = result.latency.at(budget.batch_size) if result.latency else None
         if point is None:
@@ -198,9 +201,25 @@ def _judge_one(
         samples = point.iterations
     if not math.isfinite(observed):
         return None, "the p99 latency is missing or NaN"
+    if samples < MIN_P99_SAMPLES:
+        what = ("timed runs per batch size" if budget.rate_rps is None or samples < serving.at_rate.requests
+                else "simulated requests")  # fmt: skip
+        return None, (f"the p99 rests on {samples} {what}, expected at least {MIN_P99_SAMPLES} (fewer hold no sample "
+                      "beyond their 99th percentile): raise latency.iterations (or slo.load.requests)")  # fmt: skip
     overloaded = budget.rate_rps is not None and serving.at_rate.overloaded
     status = "pass" if within(observed, budget.p99_ms) and not overloaded else "breach"
     return SloJudgement(result.variant, result.backend, budget.p99_ms, observed, samples, status), None
+
+
+def _load_samples(result: VariantResult, serving: ServingResult) -> int:
+    """What a simulated p99 rests on: the simulated requests, but no more than the timed runs of any batch size the
+    simulation drew service times from (each simulated batch takes one of them, so the simulated tail is no finer
+    than theirs): the sizes up to its largest batch, and the next timed one that sizes between interpolate with."""
+    requests = serving.at_rate.requests if serving.at_rate is not None else 0
+    points = sorted(result.latency.points, key=lambda p: p.batch_size) if result.latency is not None else []
+    largest = serving.max_batch_size or 0
+    drawn = [p for p in points if p.batch_size <= largest] + [p for p in points if p.batch_size >= largest][:1]
+    return min([requests, *(p.iterations for p in drawn)])
 
 
 # -- MLflow ---------------------------------------------------------------------------------------

@@ -310,3 +310,11 @@ def test_class_names_yaml_reads_as_booleans_say_to_quote_them_and_count_each_fie
         "recipe.yaml: data.classes[0]: expected a string or a whole number, got False (YAML reads unquoted "
         "yes/no/on/off/true/false as true or false: quote text such as 'no') (and 1 more problem: at data.classes[1])"
     )
+
+
+@pytest.mark.parametrize("seed", [-1, 2**64])
+def test_a_seed_numpy_or_torch_would_refuse_is_a_one_line_error(tmp_path, seed):
+    """np.random.default_rng(-1) raises only when the sweep draws calibration rows, after the variants' set-up."""
+    data = {**BASE["data"], "calibration": {"seed": seed}}
+    message = error_of(tmp_path, with_changes(data=data))
+    assert message.startswith("recipe.yaml: data.calibration.seed: input should be")

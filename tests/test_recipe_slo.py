@@ -34,7 +34,13 @@ def test_slo_and_cost_load_with_their_defaults(tmp_path):
         ({"slo": {"p99_ms": 20, "rate_rps": 5, "backends": {"tensorrt": {"p99_ms": 1, "rate_rps": 9}}}},
          "slo.backends: got 'tensorrt'"),
         ({"slo": {"p99_ms": 20, "rate_rps": 5, "load": {"max_batch_size": 64}}}, "slo.load.max_batch_size: got 64"),
-        ({"cost": {"price_per_hour": {"onnxruntime-cpu": 0}}}, "positive number of USD"),
+        ({"cost": {"price_per_hour": {"onnxruntime-cpu": 0}}}, "cost.price_per_hour.onnxruntime-cpu: input should be greater than 0"),
+        ({"cost": {"price_per_hour": {"onnxruntime-cpu": float("inf")}}}, "cost.price_per_hour.onnxruntime-cpu: input should be a finite"),
+        # numpy's generator refuses a negative seed: found at the sweep's first draw, after building every variant
+        ({"slo": {"p99_ms": 20, "rate_rps": 5, "load": {"seed": -1}}}, "slo.load.seed: input should be greater than or equal to 0"),
+        # a p99 from 50 timed runs is an interpolation between the two slowest: no run stands for the slowest 1 %
+        ({"latency": {"batch_sizes": [1, 32], "iterations": 50}, "slo": {"p99_ms": 20, "batch_size": 1}},
+         "latency.iterations: got 50, expected at least 100 with an `slo:` budget"),
         ({"cost": {"price_per_hour": {"onnxruntime-gpu": 1.0}}}, "cost.price_per_hour: got 'onnxruntime-gpu'"),
     ],
 )  # fmt: skip

@@ -35,10 +35,16 @@ def _serving(p99_ms: float | None, max_rate: float, cost: float) -> ServingResul
     )  # fmt: skip
 
 
+def _timed(variant, runs: int = 200):
+    """`variant` with `runs` timed runs at every batch size (a p99 needs at least 100)."""
+    points = tuple(replace(p, iterations=runs) for p in variant.latency.points)
+    return replace(variant, latency=replace(variant.latency, points=points))
+
+
 def _results(int8_p99: float | None = 14.5):
-    fp32 = replace(make_variant("fp32", "fp32"), serving=_serving(30.0, 50.0, 2.0))
-    fast = replace(make_variant("int8-fast", "int8"), serving=_serving(int8_p99, 400.0, 0.25))
-    ok = replace(make_variant("int8-ok", "int8"), serving=_serving(6.0, 200.0, 0.5))
+    fp32 = replace(_timed(make_variant("fp32", "fp32")), serving=_serving(30.0, 50.0, 2.0))
+    fast = replace(_timed(make_variant("int8-fast", "int8")), serving=_serving(int8_p99, 400.0, 0.25))
+    ok = replace(_timed(make_variant("int8-ok", "int8")), serving=_serving(6.0, 200.0, 0.5))
     results = make_sweep([fp32, fast, ok])
     return replace(results, recipe={**results.recipe, **BUDGET_SIZES})
 
@@ -114,6 +120,31 @@ def test_a_fixed_batch_budget_adds_the_pre_processing():
     assert evaluate_gate(results, GATE, slo=loose).exit_code == EXIT_PASS
 
 
+def _with_runs(results, runs: int):
+    return replace(results, variants=tuple(_timed(v, runs) for v in results.variants))
+
+
+def test_a_p99_from_fewer_than_100_samples_cannot_pass():
+    """p99 1.5 ms within a 2 ms budget, but from 50 timed runs: their p99 lies between the two slowest, and with
+    probability 0.99^50 = 61 % no run at all was among the slowest 1 %. Fail closed (exit 2), naming the count;
+    the same figure from 100 runs is judged. Under load the simulated requests draw their service times from the
+    timed runs, so 5,000 of them drawn from 50 runs rest on 50."""
+    budget = SloSpec.model_validate({"p99_ms": 2.0, "batch_size": 1})
+    few = evaluate_gate(_with_runs(_results(int8_p99=9.0), 50), GATE, slo=budget)
+    assert few.exit_code == EXIT_UNUSABLE and not any(c.scope == SLO_SCOPE for c in few.checks)
+    assert ("int8-fast@onnxruntime-cpu: SLO: the p99 rests on 50 timed runs per batch size, expected at least 100 "
+            "(fewer hold no sample beyond their 99th percentile): raise latency.iterations (or slo.load.requests)"
+            ) in few.problems  # fmt: skip
+    enough = evaluate_gate(_with_runs(_results(int8_p99=9.0), 100), GATE, slo=budget)
+    assert enough.exit_code == EXIT_PASS and {c.size for c in enough.checks if c.scope == SLO_SCOPE} == {100}
+
+    under_load = evaluate_gate(_with_runs(_results(int8_p99=9.0), 50), GATE, slo=SLO)
+    assert under_load.exit_code == EXIT_UNUSABLE
+    assert any("SLO: the p99 rests on 50 timed runs per batch size" in p for p in under_load.problems)
+    loaded = evaluate_gate(_results(int8_p99=9.0), GATE, slo=SLO)  # 200 runs, 5,000 requests: 200
+    assert {c.size for c in loaded.checks if c.scope == SLO_SCOPE} == {200}
+
+
 def test_mlflow_figures():
     metrics = serving_metrics(_results().variants[1])
     assert metrics["cost.usd_per_million.max_rate"] == 0.25
@@ -126,6 +157,7 @@ def _user_recipe(tmp_path, p99_ms: float):
     body = yaml.safe_load(recipe.read_text())
     body["gate"] |= {"max_drop": 1.0, "max_slice_drop": 1.0}  # accuracy always passes: the SLO decides
     body["slo"] = {"p99_ms": p99_ms, "rate_rps": 50.0, "load": {"max_queue_delay_ms": 0.5, "requests": 500}}
+    body["latency"]["iterations"] = 100  # the fewest a p99 is judged from
     recipe.write_text(yaml.safe_dump(body, sort_keys=False))
     return recipe
 
@@ -268,3 +300,23 @@ def test_idle_batches_are_the_timed_runs_shifted_by_the_idle_starts_median():
     assert served.service_ms(1, 0.95, idle=True) == pytest.approx(22.0)
     assert served.service_ms(1, 0.5) == pytest.approx(1.0)
     assert served_times(runs, BatcherSamples({1: 0.0}, {1: 0.5})).service_ms(1, 0.5, idle=True) == pytest.approx(1.0)
+
+
+def test_no_cheapest_variant_across_machine_kinds_under_one_price():
+    """int8-ok timed on a 96-CPU Xeon node, int8-fast and fp32 on a 2-CPU EPYC one, one $0.36/h price for
+    onnxruntime-cpu: int8-fast's $0.25 per million against int8-ok's $0.50 compares the nodes (a 96-CPU node does
+    not cost what a 2-CPU one does), so no cheapest variant is named, and the line says why."""
+    results = _results(int8_p99=9.0)
+    small = {"host": "a", "cpu": "AMD EPYC", "cpus": 2, "arch": "x86_64"}
+    large = {"host": "b", "cpu": "Intel Xeon", "cpus": 96, "arch": "x86_64"}
+    timed = tuple(replace(v, latency=replace(v.latency, machine=large if v.variant == "int8-ok" else small))
+                  for v in results.variants)  # fmt: skip
+    gate = evaluate_gate(results, GATE, slo=SLO)
+    assert cheapest(replace(results, variants=timed[:2]), gate).variant.variant == "int8-fast"  # one kind: ranked
+    mixed = replace(results, variants=timed)
+    assert cheapest(mixed, gate) is None
+    assert slo_lines(mixed, gate)[-1] == (
+        "cheapest meeting accuracy and SLO: cannot tell: onnxruntime-cpu timed its variants on 2 kinds of machine "
+        "(AMD EPYC x2 x86_64; Intel Xeon x96 x86_64): its price of $0.36/h is one machine's, and their rates compare "
+        "the machines; time every variant of a backend on one kind"
+    )  # fmt: skip

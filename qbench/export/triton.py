@@ -22,18 +22,27 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import re
+import shlex
 import shutil
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import qbench
 from qbench.errors import QbenchError, expected_one_of
-from qbench.export.pbtxt import EnumValue, to_pbtxt
+from qbench.export.pbtxt import to_pbtxt
+from qbench.export.triton_config import (
+    TARGETS,
+    TritonTarget,
+    batcher_sizes,
+    fixed_batch_of,
+    simulated_batcher,
+    stated_shapes,
+    triton_config,
+)
 from qbench.files import file_in_the_way, new_folder
 from qbench.gate import GateReport, run_gate
-from qbench.modelinfo import ModelInfo, TensorMeta, external_data_files, read_model_info
+from qbench.modelinfo import ModelInfo, external_data_files, read_model_info
 from qbench.provenance import model_bytes, model_sha256
 from qbench.recipe import Recipe
 from qbench.recipe_data import TextInputSpec
@@ -45,34 +54,6 @@ CONFIG_FILE = "config.pbtxt"
 README_FILE = "README.md"
 VERSION = "1"
 GRPC_URL = "localhost:8001"
-
-
-@dataclass(frozen=True)
-class TritonTarget:
-    """How one qbench backend is served by Triton's ONNX Runtime backend."""
-
-    instance_kind: str  # KIND_CPU | KIND_GPU
-    tensorrt: bool  # TensorRT as ONNX Runtime's GPU execution accelerator
-
-
-TARGETS: dict[str, TritonTarget] = {
-    "onnxruntime-cpu": TritonTarget("KIND_CPU", tensorrt=False),
-    "onnxruntime-cuda": TritonTarget("KIND_GPU", tensorrt=False),
-    "onnxruntime-tensorrt": TritonTarget("KIND_GPU", tensorrt=True),
-    "tensorrt": TritonTarget("KIND_GPU", tensorrt=True),
-}
-
-# numpy dtype name (as qbench.modelinfo reads it from the ONNX graph) -> Triton data type
-TRITON_TYPES = {
-    "bool": "TYPE_BOOL", "uint8": "TYPE_UINT8", "uint16": "TYPE_UINT16", "uint32": "TYPE_UINT32",
-    "uint64": "TYPE_UINT64", "int8": "TYPE_INT8", "int16": "TYPE_INT16", "int32": "TYPE_INT32",
-    "int64": "TYPE_INT64", "float16": "TYPE_FP16", "float32": "TYPE_FP32", "float64": "TYPE_FP64",
-    "bfloat16": "TYPE_BF16", "object": "TYPE_STRING",
-}  # fmt: skip
-
-# qbench's ONNX Runtime graph optimisation level -> Triton's `optimization.graph.level`
-# (Triton: -1 basic, 1 extended, 2 disabled; no level = all optimisations, ONNX Runtime's default)
-GRAPH_LEVELS = {"basic": -1, "extended": 1, "disable": 2}
 
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 
@@ -124,107 +105,6 @@ def _refusal(key: str, verdict: GateVerdict) -> str:
 
 
 # -- config.pbtxt ---------------------------------------------------------------------------------
-
-
-def _triton_type(tensor: TensorMeta) -> EnumValue:
-    name = tensor.dtype.name
-    if name not in TRITON_TYPES:
-        raise QbenchError(f"tensor {tensor.name!r}: {expected_one_of(name, TRITON_TYPES)} (a type Triton can serve)")
-    return EnumValue(TRITON_TYPES[name])
-
-
-def fixed_batch_of(info: ModelInfo) -> int | None:
-    """The batch every input of the model fixes (`x: [8, 64]`), None when the batch dimension is dynamic. Triton
-    cannot batch such a model: its config has max_batch_size 0 and full dims, each request a whole batch."""
-    firsts = {t.shape[0] if t.shape else None for t in info.inputs.values()}
-    return firsts.pop() if len(firsts) == 1 and None not in firsts else None
-
-
-def _tensor(tensor: TensorMeta, *, batching: bool = True) -> dict[str, Any]:
-    """Name, type and dims without the batch dimension (-1 for a dynamic dimension); without `batching` (a model
-    with a fixed batch), every dimension.
-
-    A tensor of the batch dimension alone (class ids, one score per row) is `dims: [ 1 ]` with
-    `reshape: { shape: [ ] }`, Triton's form for it (its dims may not be empty when batching).
-    """
-    if tensor.kind != "tensor":
-        raise QbenchError(
-            f"tensor {tensor.name!r} is a {tensor.type_name}, not a tensor: Triton's ONNX Runtime backend serves "
-            "tensors only (a converter's ZipMap: convert without it, e.g. skl2onnx options={'zipmap': False})"
-        )
-    if not batching:
-        return {"name": tensor.name, "data_type": _triton_type(tensor), "dims": [-1 if d is None else d for d in tensor.shape]}
-    if not tensor.shape or tensor.shape[0] is not None:
-        first = tensor.shape[0] if tensor.shape else "none (a scalar)"
-        raise QbenchError(
-            f"tensor {tensor.name!r}: Triton's batching needs a dynamic first (batch) dimension, the model has {first}"
-        )
-    if len(tensor.shape) == 1:
-        return {"name": tensor.name, "data_type": _triton_type(tensor), "dims": [1], "reshape": {"shape": []}}
-    dims = [-1 if d is None else d for d in tensor.shape[1:]]
-    return {"name": tensor.name, "data_type": _triton_type(tensor), "dims": dims}
-
-
-def _parameter(key: str, value: str) -> dict[str, Any]:
-    return {"key": key, "value": {"string_value": value}}
-
-
-def _optimization(measured: VariantResult, target: TritonTarget) -> dict[str, Any]:
-    optimization: dict[str, Any] = {}
-    level = GRAPH_LEVELS.get(str(measured.params.get("runtime.graph_optimization_level", "all")))
-    if level is not None:
-        optimization["graph"] = {"level": level}
-    if target.tensorrt:
-        # FP16 variants get TensorRT's FP16 flag, as on qbench's TensorRT backends; without a flag
-        # ONNX Runtime builds a strongly typed network, so Q/DQ graphs run with explicit quantization.
-        precision = "FP16" if measured.precision == "fp16" else "FP32"
-        accelerator = {"name": "tensorrt", "parameters": [{"key": "precision_mode", "value": precision},
-                                                          {"key": "trt_engine_cache_enable", "value": "1"}]}  # fmt: skip
-        optimization["execution_accelerators"] = {"gpu_execution_accelerator": [accelerator]}
-    return optimization
-
-
-def triton_config(
-    name: str, measured: VariantResult, info: ModelInfo, target: TritonTarget, *, max_queue_delay_us: int
-) -> dict[str, Any]:
-    """The model configuration as nested fields (see qbench.export.pbtxt), from what the sweep measured.
-
-    max_batch_size is the largest batch size timed, and every batch size timed is a preferred one: a
-    request of that size is dispatched at once instead of waiting up to max_queue_delay for company, so
-    at concurrency 1 Triton runs what qbench timed, while under load queued requests still batch up.
-    One instance (qbench times one session at a time) with the sweep's intra-op thread count
-    (0 = ONNX Runtime's default); inter-op threads 1, since sessions run in sequential execution mode.
-    A model with a fixed batch (`fixed_batch_of`) is not batched by Triton: max_batch_size 0, full dims, no
-    dynamic batcher; each request is one whole batch, as qbench timed it.
-    """
-    if measured.latency is None or not measured.latency.points:
-        raise QbenchError(f"{measured.key}: no latency was measured, so there are no batch sizes to configure")
-    batch_sizes = sorted(p.batch_size for p in measured.latency.points)
-    batching = fixed_batch_of(info) is None
-    config: dict[str, Any] = {
-        "name": name,
-        "platform": "onnxruntime_onnx",
-        "backend": "onnxruntime",
-        "max_batch_size": batch_sizes[-1] if batching else 0,
-        "input": [_tensor(t, batching=batching) for t in info.inputs.values()],
-        "output": [_tensor(t, batching=batching) for t in info.outputs.values()],
-        "instance_group": [{"count": 1, "kind": EnumValue(target.instance_kind)}],
-    }
-    if batching:
-        config["dynamic_batching"] = {
-            "preferred_batch_size": batch_sizes,
-            "max_queue_delay_microseconds": max_queue_delay_us,
-        }
-    config |= {
-        "parameters": [
-            _parameter("intra_op_thread_count", str(measured.latency.threads or 0)),
-            _parameter("inter_op_thread_count", "1"),
-        ],
-    }
-    optimization = _optimization(measured, target)
-    if optimization:
-        config["optimization"] = optimization
-    return config
 
 
 # -- model file -----------------------------------------------------------------------------------
@@ -294,11 +174,10 @@ def load_command(name: str, measured: VariantResult, shapes: Mapping[str, str]) 
     serving = measured.serving
     if serving is None or serving.at_rate is None or serving.rate_rps is None:
         return None
-    shape_flags = "".join(f" --shape {n}:{s}" for n, s in shapes.items())
     rate = f"{serving.rate_rps:g}"
     return (f"perf_analyzer -m {name} -i grpc -u {GRPC_URL} -b 1 --async --request-rate-range {rate}:{rate}:1 "
             f"--request-distribution poisson --measurement-mode count_windows "
-            f"--measurement-request-count {serving.at_rate.requests} --percentile=99{shape_flags}")  # fmt: skip
+            f"--measurement-request-count {serving.at_rate.requests} --percentile=99{_shape_flags(shapes)}")  # fmt: skip
 
 
 def queue_delay_us(measured: VariantResult) -> int:
@@ -313,15 +192,39 @@ def perf_analyzer_commands(name: str, measured: VariantResult, shapes: Mapping[s
                            batched: bool = True) -> list[str]:  # fmt: skip
     """One perf_analyzer command per batch size qbench timed: concurrency 1, about as many timed
     requests per window as qbench's timing windows held (all its timed runs when it timed a fixed
-    count), stability judged on p50. Not `batched` (a fixed-batch model), a request holds the whole batch: -b 1."""
+    count), stability judged on p50. Not `batched` (a fixed-batch model), a request holds the whole batch: -b 1;
+    batched, only the sizes config.pbtxt's max_batch_size admits (`batcher_sizes`)."""
     if measured.latency is None:
         return []
-    shape_flags = "".join(f" --shape {n}:{s}" for n, s in shapes.items())
+    largest = batcher_sizes(measured)[0]
     return [
         f"perf_analyzer -m {name} -i grpc -u {GRPC_URL} -b {p.batch_size if batched else 1} --concurrency-range 1:1 "
-        f"--measurement-mode count_windows --measurement-request-count {_runs_per_window(p)} --percentile=50{shape_flags}"
-        for p in measured.latency.points
+        f"--measurement-mode count_windows --measurement-request-count {_runs_per_window(p)} --percentile=50"
+        f"{_shape_flags(shapes)}"
+        for p in measured.latency.points if not batched or p.batch_size <= largest
     ]
+
+
+def _shape_flags(shapes: Mapping[str, str]) -> str:
+    """` --shape name:dims` per input, quoted for the shell: an ONNX input may be named `input ids` or `x;y`."""
+    return "".join(f" --shape {shlex.quote(f'{n}:{s}')}" for n, s in shapes.items())
+
+
+def _batcher_text(measured: VariantResult) -> str:
+    """How config.pbtxt's dynamic batcher treats the requests of the commands above (see `batcher_sizes`)."""
+    largest = batcher_sizes(measured)[0]
+    if simulated_batcher(measured) is None:
+        return ("Each of these batch sizes is a preferred batch size in config.pbtxt, so at concurrency 1 no request "
+                "waits in the dynamic batcher's queue.")  # fmt: skip
+    timed = [p.batch_size for p in measured.latency.points] if measured.latency is not None else []
+    above = [str(bs) for bs in timed if bs > largest]
+    text = (f"config.pbtxt's dynamic batcher is the load scenario's (max batch {largest}, the only preferred size), so "
+            f"a request of fewer than {largest} rows waits the max queue delay for company before it runs: compare "
+            "`compute infer`, not the end-to-end latency.")  # fmt: skip
+    if above:
+        sizes, are = (f"size {above[0]}", "is") if len(above) == 1 else (f"sizes {', '.join(above)}", "are")
+        text += f" Batch {sizes} (timed by qbench) {are} above that max_batch_size: this configuration refuses them."
+    return text
 
 
 def _readme(name: str, recipe: Recipe, results: SweepResults, measured: VariantResult, info: ModelInfo,
@@ -365,8 +268,7 @@ def _readme(name: str, recipe: Recipe, results: SweepResults, measured: VariantR
     lines += ["", f"With the server running ({where}):", "", "```"]
     fixed = fixed_batch_of(info)
     lines += perf_analyzer_commands(name, measured, shapes, batched=fixed is None)
-    batching = ("Each of these batch sizes is a preferred batch size in config.pbtxt, so at concurrency 1 no request "
-                "waits in the dynamic batcher's queue." if fixed is None else
+    batching = (_batcher_text(measured) if fixed is None else
                 f"The model has a fixed batch of {fixed} (its inputs' first dimension), so config.pbtxt does not "
                 f"batch (max_batch_size 0): each request carries a whole batch of {fixed} rows.")  # fmt: skip
     lines += [
@@ -471,7 +373,7 @@ def export_triton(
     if verdict.status != "pass" and not force:
         raise QbenchError(_refusal(measured.key, verdict))
     source = _measured_model(measured)
-    info = read_model_info(source)
+    info = stated_shapes(read_model_info(source), source)
     target = TARGETS[backend]
     delay = max_queue_delay_us if max_queue_delay_us is not None else queue_delay_us(measured)
     config = to_pbtxt(triton_config(name, measured, info, target, max_queue_delay_us=delay))

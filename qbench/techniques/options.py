@@ -33,6 +33,8 @@ class StrictConfig(BaseModel):
 
 
 Filter = Annotated[dict[str, Any], Field(description="column -> value, or column -> {op: value}")]
+# numpy's generators take a non-negative seed (a negative one fails only when the sweep draws), torch's one below 2^64
+Seed = Annotated[int, Field(ge=0, le=2**63 - 1, description="random seed: a non-negative integer")]
 
 # -- the flat variant options ------------------------------------------------------------------
 
@@ -99,7 +101,7 @@ class QatSpec(StrictConfig):
     loss: Literal["label", "distill"] = Field(
         "label", description="label: cross-entropy on data.label; distill: match the FP32 model's outputs"
     )
-    seed: int = 0
+    seed: Seed = 0
 
 
 # -- SmoothQuant -------------------------------------------------------------------------------

@@ -358,7 +358,10 @@ def test_the_load_scenario_sets_the_queue_delay_and_gets_its_own_command(swept: 
     write_results(dataclasses.replace(results, variants=variants), loaded)
 
     export = export_triton(recipe, "fp16", CPU, tmp_path / "repo", results_path=loaded)
-    assert parse_config(export.config_path).dynamic_batching.max_queue_delay_microseconds == 2500
+    config = parse_config(export.config_path)
+    assert config.dynamic_batching.max_queue_delay_microseconds == 2500
+    # the simulated batcher: it waits for 8 requests or the delay; a preferred size of 1 would never wait
+    assert config.max_batch_size == 8 and list(config.dynamic_batching.preferred_batch_size) == [8]
     readme = export.readme_path.read_text()
     (command,) = [line for line in readme.splitlines() if "--request-rate-range" in line]
     flags = command.split()
@@ -372,6 +375,58 @@ def test_the_load_scenario_sets_the_queue_delay_and_gets_its_own_command(swept: 
     plain = export_triton(recipe, "fp16", CPU, tmp_path / "plain")  # no load scenario: the default, no command
     assert parse_config(plain.config_path).dynamic_batching.max_queue_delay_microseconds == 100
     assert "--request-rate-range" not in plain.readme_path.read_text()
+
+
+def _triton_batch(queued: int, waited_past_delay: bool, config) -> int:
+    """The batch Triton's dynamic batcher sends from `queued` one-row requests once a model instance is free (its
+    documented rule: the largest preferred size it can form, at once; past the max queue delay, the largest batch
+    max_batch_size allows; else it waits: 0)."""
+    preferred = [size for size in config.dynamic_batching.preferred_batch_size if size <= queued]
+    if preferred and not waited_past_delay:
+        return max(preferred)
+    if waited_past_delay or queued >= config.max_batch_size:
+        return min(queued, config.max_batch_size)
+    return 0
+
+
+def test_the_config_batches_as_the_load_scenario_simulated(tmp_path: Path) -> None:
+    """Timed at batch 1, 4 and 8; the load scenario simulated a batcher of at most 4 requests that waits up to 2 ms.
+    Triton's batcher must then do what the simulation's did: hold 1 to 3 requests until the delay, send 4 at once,
+    never more than 4. Written as before (every timed size preferred, max_batch_size 8), it sent a lone request at
+    once and 6 queued ones as a batch of 4 + 1 + 1: a batcher whose p99 the sweep never simulated."""
+    from qbench.export.triton import TARGETS, triton_config
+    from qbench.modelinfo import read_model_info
+
+    at_rate = LoadStats(250.0, 4000, 0.9, 1.8, 2.7, 1.0, 0.4, 1.3, 249.0)
+    serving = ServingResult(preprocess_ms_per_row=0.01, budget_ms=5.0, rate_rps=250.0, max_batch_size=4,
+                            max_queue_delay_ms=2.0, requests=4000, seed=0, at_rate=at_rate)  # fmt: skip
+    measured = dataclasses.replace(make_variant("v", "int8", p50_by_batch={1: 1.0, 4: 2.0, 8: 3.0}), serving=serving)
+    fields = triton_config("m", measured, read_model_info(tiny_model(tmp_path / "m.onnx")), TARGETS[CPU],
+                           max_queue_delay_us=2000)  # fmt: skip
+    config = text_format.Parse(to_pbtxt(fields), model_config_pb2.ModelConfig())
+    assert (config.max_batch_size, list(config.dynamic_batching.preferred_batch_size)) == (4, [4])
+    simulated = [min(q, 4) if q >= 4 or late else 0 for q in range(1, 10) for late in (False, True)]
+    assert [_triton_batch(q, late, config) for q in range(1, 10) for late in (False, True)] == simulated
+
+    from qbench.export.triton import perf_analyzer_commands
+
+    commands = perf_analyzer_commands("m", measured, {})  # batch 8 is more than this config admits
+    assert [c.split()[c.split().index("-b") + 1] for c in commands] == ["1", "4"]
+    plain = make_variant("v", "int8", p50_by_batch={1: 1.0, 4: 2.0, 8: 3.0})  # no load scenario: as before
+    fields = triton_config("m", plain, read_model_info(tmp_path / "m.onnx"), TARGETS[CPU], max_queue_delay_us=100)
+    config = text_format.Parse(to_pbtxt(fields), model_config_pb2.ModelConfig())
+    assert (config.max_batch_size, list(config.dynamic_batching.preferred_batch_size)) == (8, [1, 4, 8])
+    assert len(perf_analyzer_commands("m", plain, {})) == 3
+
+
+def test_perf_analyzer_shapes_are_quoted_for_the_shell() -> None:
+    import shlex
+
+    from qbench.export.triton import perf_analyzer_commands
+
+    (command,) = perf_analyzer_commands("m", make_variant("v", "int8", p50_by_batch={1: 1.0}), {"input ids;x": "128"})
+    words = shlex.split(command)
+    assert words[words.index("--shape") + 1] == "input ids;x:128"
 
 
 def test_a_model_with_a_fixed_batch_is_served_unbatched_with_whole_batch_requests(tmp_path: Path) -> None:
@@ -409,3 +464,30 @@ def test_a_model_with_a_fixed_batch_is_served_unbatched_with_whole_batch_request
                                                        max_queue_delay_us=100)), model_config_pb2.ModelConfig())  # fmt: skip
     assert batched.max_batch_size == 8 and list(batched.dynamic_batching.preferred_batch_size) == [8]
     assert [list(t.dims) for t in batched.input] == [[3]]
+
+
+def test_an_output_whose_shape_the_file_leaves_out_gets_its_inferred_dims(tmp_path: Path) -> None:
+    """y = Relu(x) with y declared without a shape (not even a rank): config.pbtxt needs its dims, which ONNX shape
+    inference gives ([batch, 3] -> dims [3]); the output was refused as 'a scalar' before. An output whose shape
+    inference cannot find (a custom op's) is named in one line."""
+    from qbench.export.triton import TARGETS, triton_config
+    from qbench.export.triton_config import stated_shapes
+    from qbench.modelinfo import read_model_info
+
+    def model(name: str, node: onnx.NodeProto, opsets: list) -> Path:
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])
+        graph = helper.make_graph([node], name, [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+        path = tmp_path / f"{name}.onnx"
+        onnx.save(helper.make_model(graph, opset_imports=opsets, ir_version=8), str(path))
+        return path
+
+    path = model("relu", helper.make_node("Relu", ["x"], ["y"]), [helper.make_opsetid("", 17)])
+    info = stated_shapes(read_model_info(path), path)
+    fields = triton_config("m", make_variant("v", "int8"), info, TARGETS[CPU], max_queue_delay_us=0)
+    [y] = text_format.Parse(to_pbtxt(fields), model_config_pb2.ModelConfig()).output
+    assert (y.name, list(y.dims)) == ("y", [3])
+
+    custom = model("custom", helper.make_node("Foo", ["x"], ["y"], domain="com.example"),
+                   [helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])  # fmt: skip
+    with pytest.raises(QbenchError, match=r"output 'y': the model states no shape for it \(not even its rank\)"):
+        stated_shapes(read_model_info(custom), custom)

@@ -1,0 +1,197 @@
+"""config.pbtxt for Triton's ONNX Runtime backend, from an ONNX model and what the sweep measured on it.
+
+The model's inputs and outputs give names, data types and dims (an output whose shape the file does not state
+is read from ONNX shape inference: `stated_shapes`); the measured variant gives the batch sizes, the dynamic
+batcher (the one its load scenario simulated, with `slo:`), the thread count and the graph optimisation level.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from qbench.errors import QbenchError, expected_one_of
+from qbench.export.pbtxt import EnumValue
+from qbench.modelinfo import ModelInfo, TensorMeta
+from qbench.results import VariantResult
+
+
+@dataclass(frozen=True)
+class TritonTarget:
+    """How one qbench backend is served by Triton's ONNX Runtime backend."""
+
+    instance_kind: str  # KIND_CPU | KIND_GPU
+    tensorrt: bool  # TensorRT as ONNX Runtime's GPU execution accelerator
+
+
+TARGETS: dict[str, TritonTarget] = {
+    "onnxruntime-cpu": TritonTarget("KIND_CPU", tensorrt=False),
+    "onnxruntime-cuda": TritonTarget("KIND_GPU", tensorrt=False),
+    "onnxruntime-tensorrt": TritonTarget("KIND_GPU", tensorrt=True),
+    "tensorrt": TritonTarget("KIND_GPU", tensorrt=True),
+}
+
+# numpy dtype name (as qbench.modelinfo reads it from the ONNX graph) -> Triton data type
+TRITON_TYPES = {
+    "bool": "TYPE_BOOL", "uint8": "TYPE_UINT8", "uint16": "TYPE_UINT16", "uint32": "TYPE_UINT32",
+    "uint64": "TYPE_UINT64", "int8": "TYPE_INT8", "int16": "TYPE_INT16", "int32": "TYPE_INT32",
+    "int64": "TYPE_INT64", "float16": "TYPE_FP16", "float32": "TYPE_FP32", "float64": "TYPE_FP64",
+    "bfloat16": "TYPE_BF16", "object": "TYPE_STRING",
+}  # fmt: skip
+
+# qbench's ONNX Runtime graph optimisation level -> Triton's `optimization.graph.level`
+# (Triton: -1 basic, 1 extended, 2 disabled; no level = all optimisations, ONNX Runtime's default)
+GRAPH_LEVELS = {"basic": -1, "extended": 1, "disable": 2}
+
+
+def _triton_type(tensor: TensorMeta) -> EnumValue:
+    name = tensor.dtype.name
+    if name not in TRITON_TYPES:
+        raise QbenchError(f"tensor {tensor.name!r}: {expected_one_of(name, TRITON_TYPES)} (a type Triton can serve)")
+    return EnumValue(TRITON_TYPES[name])
+
+
+def fixed_batch_of(info: ModelInfo) -> int | None:
+    """The batch every input of the model fixes (`x: [8, 64]`), None when the batch dimension is dynamic. Triton
+    cannot batch such a model: its config has max_batch_size 0 and full dims, each request a whole batch."""
+    firsts = {t.shape[0] if t.shape else None for t in info.inputs.values()}
+    return firsts.pop() if len(firsts) == 1 and None not in firsts else None
+
+
+def stated_shapes(info: ModelInfo, path: Path) -> ModelInfo:
+    """`info` with the shape of every tensor output whose file states none (not even its rank; a converter may
+    leave it out) taken from ONNX shape inference, which config.pbtxt's dims need. Where inference finds none
+    either, `_tensor` names the output."""
+    unstated = [name for name, meta in info.outputs.items() if meta.kind == "tensor" and not meta.shape]
+    if not unstated:
+        return info
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    if all(o.type.tensor_type.HasField("shape") for o in model.graph.output if o.name in unstated):
+        return info  # stated as scalars
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    outputs = dict(info.outputs)
+    for value in inferred.graph.output:
+        shape = value.type.tensor_type.shape
+        if value.name in unstated and value.type.tensor_type.HasField("shape"):
+            dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in shape.dim)
+            outputs[value.name] = dataclasses.replace(outputs[value.name], shape=dims, dim_names=(None,) * len(dims))
+    unknown = [o.name for o in inferred.graph.output if o.name in unstated and not o.type.tensor_type.HasField("shape")]
+    if unknown:
+        raise QbenchError(f"output {unknown[0]!r}: the model states no shape for it (not even its rank) and ONNX shape "
+                          "inference finds none; Triton's config.pbtxt needs its dims: export the model with output "
+                          "shapes (e.g. torch.onnx.export's dynamic_shapes, or onnx.shape_inference)")  # fmt: skip
+    return dataclasses.replace(info, outputs=outputs)
+
+
+def _tensor(tensor: TensorMeta, *, batching: bool = True) -> dict[str, Any]:
+    """Name, type and dims without the batch dimension (-1 for a dynamic dimension); without `batching` (a model
+    with a fixed batch), every dimension.
+
+    A tensor of the batch dimension alone (class ids, one score per row) is `dims: [ 1 ]` with
+    `reshape: { shape: [ ] }`, Triton's form for it (its dims may not be empty when batching).
+    """
+    if tensor.kind != "tensor":
+        raise QbenchError(
+            f"tensor {tensor.name!r} is a {tensor.type_name}, not a tensor: Triton's ONNX Runtime backend serves "
+            "tensors only (a converter's ZipMap: convert without it, e.g. skl2onnx options={'zipmap': False})"
+        )
+    if not batching:
+        return {"name": tensor.name, "data_type": _triton_type(tensor), "dims": [-1 if d is None else d for d in tensor.shape]}
+    if not tensor.shape or tensor.shape[0] is not None:
+        first = tensor.shape[0] if tensor.shape else "none (a scalar)"
+        raise QbenchError(
+            f"tensor {tensor.name!r}: Triton's batching needs a dynamic first (batch) dimension, the model has {first}"
+        )
+    if len(tensor.shape) == 1:
+        return {"name": tensor.name, "data_type": _triton_type(tensor), "dims": [1], "reshape": {"shape": []}}
+    dims = [-1 if d is None else d for d in tensor.shape[1:]]
+    return {"name": tensor.name, "data_type": _triton_type(tensor), "dims": dims}
+
+
+def _parameter(key: str, value: str) -> dict[str, Any]:
+    return {"key": key, "value": {"string_value": value}}
+
+
+def _optimization(measured: VariantResult, target: TritonTarget) -> dict[str, Any]:
+    optimization: dict[str, Any] = {}
+    level = GRAPH_LEVELS.get(str(measured.params.get("runtime.graph_optimization_level", "all")))
+    if level is not None:
+        optimization["graph"] = {"level": level}
+    if target.tensorrt:
+        # FP16 variants get TensorRT's FP16 flag, as on qbench's TensorRT backends; without a flag
+        # ONNX Runtime builds a strongly typed network, so Q/DQ graphs run with explicit quantization.
+        precision = "FP16" if measured.precision == "fp16" else "FP32"
+        accelerator = {"name": "tensorrt", "parameters": [{"key": "precision_mode", "value": precision},
+                                                          {"key": "trt_engine_cache_enable", "value": "1"}]}  # fmt: skip
+        optimization["execution_accelerators"] = {"gpu_execution_accelerator": [accelerator]}
+    return optimization
+
+
+def simulated_batcher(measured: VariantResult) -> int | None:
+    """The largest batch of the dynamic batcher the sweep's load scenario simulated (`slo:`), None without one."""
+    serving = measured.serving
+    return serving.max_batch_size if serving is not None and serving.max_queue_delay_ms is not None else None
+
+
+def batcher_sizes(measured: VariantResult) -> tuple[int, list[int]]:
+    """config.pbtxt's max_batch_size and preferred batch sizes.
+
+    Triton's dynamic batcher sends the largest preferred batch it can form at once, without waiting for
+    max_queue_delay, and past that delay the largest batch max_batch_size allows. With the load scenario's
+    batcher (wait until `max_batch_size` requests are queued or the oldest has waited the delay, send at most
+    `max_batch_size`), that is max_batch_size = preferred = the simulated largest batch: every timed size as a
+    preferred one (1 included) would send each request alone the moment the model is free, a batcher whose
+    latency under load the sweep never simulated. Without a load scenario: the largest timed size, and every
+    timed size preferred, so that at concurrency 1 each of qbench's latency points runs without queueing.
+    Not written explicitly, Triton fills in preferred sizes of its own (4 and 8 in older releases)."""
+    timed = sorted(p.batch_size for p in measured.latency.points) if measured.latency is not None else []
+    simulated = simulated_batcher(measured)
+    if simulated is not None:
+        return simulated, [simulated]
+    return timed[-1], timed
+
+
+def triton_config(
+    name: str, measured: VariantResult, info: ModelInfo, target: TritonTarget, *, max_queue_delay_us: int
+) -> dict[str, Any]:
+    """The model configuration as nested fields (see qbench.export.pbtxt), from what the sweep measured.
+
+    The dynamic batcher is the one the sweep's load scenario simulated when it ran one (`slo:`, see
+    `batcher_sizes`); otherwise max_batch_size is the largest batch size timed and every batch size timed is a
+    preferred one. One instance (qbench times one session at a time) with the sweep's intra-op thread count
+    (0 = ONNX Runtime's default); inter-op threads 1, since sessions run in sequential execution mode.
+    A model with a fixed batch (`fixed_batch_of`) is not batched by Triton: max_batch_size 0, full dims, no
+    dynamic batcher; each request is one whole batch, as qbench timed it.
+    """
+    if measured.latency is None or not measured.latency.points:
+        raise QbenchError(f"{measured.key}: no latency was measured, so there are no batch sizes to configure")
+    largest, preferred = batcher_sizes(measured)
+    batching = fixed_batch_of(info) is None
+    config: dict[str, Any] = {
+        "name": name,
+        "platform": "onnxruntime_onnx",
+        "backend": "onnxruntime",
+        "max_batch_size": largest if batching else 0,
+        "input": [_tensor(t, batching=batching) for t in info.inputs.values()],
+        "output": [_tensor(t, batching=batching) for t in info.outputs.values()],
+        "instance_group": [{"count": 1, "kind": EnumValue(target.instance_kind)}],
+    }
+    if batching:
+        config["dynamic_batching"] = {
+            "preferred_batch_size": preferred,
+            "max_queue_delay_microseconds": max_queue_delay_us,
+        }
+    config |= {
+        "parameters": [
+            _parameter("intra_op_thread_count", str(measured.latency.threads or 0)),
+            _parameter("inter_op_thread_count", "1"),
+        ],
+    }
+    optimization = _optimization(measured, target)
+    if optimization:
+        config["optimization"] = optimization
+    return config
