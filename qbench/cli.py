@@ -22,14 +22,14 @@ from qbench.cli_gate import (
     EXIT_ERROR,
     EXIT_OK,
     GateOutput,
-    one_line,
+    describe,
     report_gate,
     reported_when_unusable,
 )
 from qbench.console import console as err_console
 from qbench.console import forgiving_standard_streams, library_output_on_console, print_wide
 from qbench.console import stdout_console as out
-from qbench.errors import QbenchError
+from qbench.errors import QbenchError, one_line
 
 if TYPE_CHECKING:
     from qbench.recipe import Recipe
@@ -365,7 +365,10 @@ def main(argv: list[str] | None = None) -> int:
     debug = DEBUG_FLAG in args
     args = [a for a in args if a != DEBUG_FLAG]
     with forgiving_standard_streams():
-        return _run(args, debug=debug)
+        try:
+            return _run(args, debug=debug)
+        except BaseException:  # noqa: BLE001 - saying what went wrong failed too: Python's own exit would be 1, a breach
+            return EXIT_ERROR
 
 
 def _run(args: list[str], *, debug: bool) -> int:
@@ -390,7 +393,7 @@ def _run(args: list[str], *, debug: bool) -> int:
     except BaseException as exc:  # noqa: BLE001 - a bug in qbench or a library, an exit from inside: still exit 2
         if debug:
             err_console.print_exception()
-        err_console.print(f"qbench: error: {type(exc).__name__}: {one_line(exc)}", soft_wrap=True, markup=False)
+        err_console.print(f"qbench: error: {describe(exc)}", soft_wrap=True, markup=False)
         return EXIT_ERROR
     if result is BREACH:
         return EXIT_BREACH
