@@ -206,6 +206,30 @@ def test_github_step_summary_is_appended(project, tmp_path, monkeypatch):
     assert sum(line.endswith("| **BREACH** |") for line in text.splitlines()) == 4
 
 
+@pytest.mark.parametrize(("gate", "code"), [(LENIENT, 0), (STRICT, 1)], ids=["pass", "breach"])
+def test_a_step_summary_that_cannot_be_appended_is_a_warning_and_the_verdict_stands(project, tmp_path, monkeypatch,
+                                                                                     capsys, gate, code):  # fmt: skip
+    """GITHUB_STEP_SUMMARY naming a folder (or a full disk) made a pass or a breach exit 2: the summary is a courtesy
+    display, the exit code is the verdict's; the requested report still holds it."""
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(tmp_path))
+    report = tmp_path / "gate.json"
+    assert main(["gate", str(project.recipe(gate)), "--json", str(report)]) == code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"warning: GITHUB_STEP_SUMMARY {tmp_path}: cannot append the gate summary: ")
+    assert json.loads(report.read_text())["exit_code"] == code
+
+
+def test_a_report_file_that_cannot_be_written_leaves_the_others_written(project, tmp_path, monkeypatch, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    summary, report = tmp_path / "summary.md", tmp_path / "gate.json"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    assert main(["gate", str(project.recipe(STRICT)), "--junit", str(blocker / "gate.xml"), "--json", str(report)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(f"error: {blocker / 'gate.xml'}: cannot write")
+    assert json.loads(report.read_text())["exit_code"] == 1
+    assert summary.read_text().startswith("### qbench gate: FAIL\n")
+
+
 def test_an_unwritable_report_path_exits_2_with_one_line(project, tmp_path, capsys):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
