@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qbench.console import console as err_console
-from qbench.console import print_wide
+from qbench.console import names_stdout, print_wide, write_document
 from qbench.console import stdout_console as out
 from qbench.errors import QbenchError, one_line
 
@@ -49,6 +49,13 @@ class GateOutput:
 
         return requested_registry(section, model=self.register, alias=self.alias, skip=self.no_register)
 
+    def on_stdout(self) -> bool:
+        """Whether a report goes to stdout (`--json -`, `--junit /dev/stdout`); two there would be no document."""
+        if self.junit is not None and self.json_path is not None and names_stdout(self.junit) and names_stdout(self.json_path):  # fmt: skip
+            raise QbenchError(f"--junit {self.junit} and --json {self.json_path} both name stdout; expected at most "
+                              "one report there")  # fmt: skip
+        return any(path is not None and names_stdout(path) for path in (self.junit, self.json_path))
+
     def refuse_overwriting(self, *inputs: Path | None) -> None:
         """--junit / --json must not name a file the gate reads (the recipe, the results judged): writing the
         report there would destroy what it judged, before anyone could see why it failed."""
@@ -56,6 +63,8 @@ class GateOutput:
 
         protected = {p.resolve() for p in inputs if p is not None}
         for option, path in (("--junit", self.junit), ("--json", self.json_path)):
+            if path is not None and names_stdout(path):
+                continue
             if path is not None and path.resolve() in protected:
                 raise QbenchError(
                     f"{option} {path}: that is a file the gate reads; expected another path for the report"
@@ -150,7 +159,9 @@ def write_reports(report: GateReport, output: GateOutput) -> None:
 
     unwritten: list[QbenchError] = []
     for path, render in ((output.junit, gate_report.junit_xml), (output.json_path, gate_report.report_json)):
-        if path is not None:
+        if path is not None and names_stdout(path):
+            write_document(render(report))
+        elif path is not None:
             try:
                 err_console.print(f"gate report: {gate_report.write_report(path, render(report))}", markup=False)
             except QbenchError as exc:

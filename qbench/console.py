@@ -119,6 +119,43 @@ def forgiving_standard_streams() -> Iterator[None]:
                 stream.reconfigure(errors=errors)
 
 
+STDOUT_PATH = "-"
+_documents: list[IO[str]] = []
+
+
+def names_stdout(path: os.PathLike[str] | str) -> bool:
+    """Whether an output path is this process's stdout: `-`, or a name of the same file (`/dev/stdout`, the file
+    the shell redirected stdout to)."""
+    if os.fspath(path) == STDOUT_PATH:
+        return True
+    try:
+        return os.path.samestat(os.stat(path), os.fstat(1))
+    except (OSError, ValueError):
+        return False
+
+
+@contextlib.contextmanager
+def stdout_kept_for_a_document(keep: bool = True) -> Iterator[None]:
+    """While open (with `keep`), stdout is kept for one machine-readable document (`qbench gate --json - | jq`):
+    whatever else is printed to stdout goes to stderr, so that the reader gets the document alone, valid."""
+    if not keep:
+        yield
+        return
+    _documents.append(sys.stdout)
+    sys.stdout = sys.stderr
+    try:
+        yield
+    finally:
+        sys.stdout = _documents.pop()
+
+
+def write_document(text: str) -> None:
+    """Write a document to stdout (the one kept by stdout_kept_for_a_document, when open)."""
+    stream = _documents[-1] if _documents else sys.stdout
+    stream.write(text)
+    stream.flush()
+
+
 class RichProgress:
     """Progress bars on qbench's console for the library's long loops (a qbench.progress reporter).
 

@@ -230,6 +230,39 @@ def test_a_report_file_that_cannot_be_written_leaves_the_others_written(project,
     assert summary.read_text().startswith("### qbench gate: FAIL\n")
 
 
+@pytest.mark.parametrize("command", ["gate", "sweep"])
+def test_a_report_on_stdout_is_all_that_stdout_holds(project, capsys, command):
+    """`qbench gate r.yaml --json - | jq` wrote a file named '-'; `--json /dev/stdout` mixed the report with the
+    console lines, no JSON for the reader: the human output goes to stderr while a report takes stdout."""
+    args = [command, str(project.recipe(STRICT))] + (["--no-track", "--gate"] if command == "sweep" else [])
+    assert main([*args, "--json", "-", "--verbose"]) == 1
+    out, err = capsys.readouterr()
+    report = json.loads(out)
+    assert (report["verdict"], report["exit_code"]) == ("breach", 1)
+    assert expected_strict_summary(project) in err
+    assert not Path("-").exists()
+
+
+def test_a_report_on_stdout_is_valid_when_the_results_are_unusable(tmp_path, capsys):
+    assert main(["gate", "--results", str(tmp_path / "none.json"), "--junit", "-"]) == 2
+    out, err = capsys.readouterr()
+    assert ET.fromstring(out).get("errors") == "1"
+    assert err.strip() == f"error: {tmp_path / 'none.json'}: results file not found"
+
+
+def test_a_report_on_a_name_of_stdout_is_written_there_alone(project, tmp_path):
+    for target in ("/dev/stdout", "-"):
+        done = subprocess.run([sys.executable, "-m", "qbench.cli", "gate", str(project.recipe(STRICT)), "--json", target],
+                              capture_output=True, text=True, timeout=120, check=False,
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})  # fmt: skip
+        assert (done.returncode, json.loads(done.stdout)["verdict"]) == (1, "breach")
+    done = subprocess.run([sys.executable, "-m", "qbench.cli", "gate", str(project.recipe(STRICT)), "--json", "-",
+                           "--junit", "/dev/stdout"], capture_output=True, text=True, timeout=120, check=False,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})  # fmt: skip
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.strip() == "error: --junit /dev/stdout and --json - both name stdout; expected at most one report there"
+
+
 def test_an_unwritable_report_path_exits_2_with_one_line(project, tmp_path, capsys):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
