@@ -22,14 +22,14 @@ from qbench.cli_gate import (
     EXIT_ERROR,
     EXIT_OK,
     GateOutput,
-    one_line,
+    describe,
     report_gate,
     reported_when_unusable,
 )
 from qbench.console import console as err_console
-from qbench.console import forgiving_standard_streams, library_output_on_console, print_wide
+from qbench.console import forgiving_standard_streams, library_output_on_console, print_wide, stdout_kept_for_a_document
 from qbench.console import stdout_console as out
-from qbench.errors import QbenchError
+from qbench.errors import QbenchError, one_line
 
 if TYPE_CHECKING:
     from qbench.recipe import Recipe
@@ -45,8 +45,8 @@ app = typer.Typer(
 RecipeArg = Annotated[Path, typer.Argument(help="recipe YAML file", show_default=False)]
 
 VerboseOption = Annotated[bool, typer.Option("--verbose", "-v", help="print every check, not only the breaches")]
-JunitOption = Annotated[Optional[Path], typer.Option("--junit", help="write JUnit XML (a test case per check)")]
-JsonOption = Annotated[Optional[Path], typer.Option("--json", help="write the machine-readable gate report")]
+JunitOption = Annotated[Optional[Path], typer.Option("--junit", help="write JUnit XML (a test case per check; - for stdout)")]
+JsonOption = Annotated[Optional[Path], typer.Option("--json", help="write the machine-readable gate report (- for stdout)")]
 RegisterOption = Annotated[
     Optional[str], typer.Option("--register", help="on a pass, register each backend's fastest passing variant as "
                                 "a version of this MLflow model (over the recipe's registry.model)", show_default=False)  # fmt: skip
@@ -98,28 +98,29 @@ def sweep(
     output = GateOutput(verbose, junit, json_path, register, alias, no_register)
     if not gate and output != GateOutput():
         raise QbenchError("--verbose, --junit, --json, --register, --alias and --no-register apply with --gate")
-    output.refuse_overwriting(recipe)
-    loaded = with_executor(with_prices(load_recipe(recipe), price or []), kind=executor, address=address)
-    if plan:
-        _print_plan(loaded)
-        return 0
-    registry = output.registry(loaded.registry) if gate else None  # before the sweep: a bad option costs no sweep
-    outcome = run_sweep(loaded, track=track, resume=resume)
-    print_summary(outcome.results, outcome.gate)
-    err_console.print(f"results: {outcome.results_path}\nreport:  {outcome.report_path}", markup=False)
-    if outcome.mlflow_run_id:
-        err_console.print(f"MLflow run: {outcome.mlflow_run_id}  (open the UI with `qbench ui {recipe}`)")
-    untracked = None if track else "the sweep was not tracked (--no-track)"
-    if outcome.tracking_failure:
-        untracked = "MLflow tracking failed during the sweep"
-    code = (_measured_everything(outcome.results) if not gate else
-            report_gate(loaded, outcome.results, outcome.gate, outcome.results_path, output, registry,
-                         untracked=untracked))  # fmt: skip
-    if outcome.tracking_failure:  # the results are complete on disk, MLflow lacks them: not a clean run
-        err_console.print(f"error: {outcome.tracking_failure}; the results are complete in {outcome.run_dir}, "
-                          "not in MLflow", markup=False)  # fmt: skip
-        return EXIT_ERROR
-    return code
+    with stdout_kept_for_a_document(output.on_stdout()):  # `--json -`: the report alone there
+        output.refuse_overwriting(recipe)
+        loaded = with_executor(with_prices(load_recipe(recipe), price or []), kind=executor, address=address)
+        if plan:
+            _print_plan(loaded)
+            return 0
+        registry = output.registry(loaded.registry) if gate else None  # before the sweep: a bad option costs no sweep
+        outcome = run_sweep(loaded, track=track, resume=resume)
+        print_summary(outcome.results, outcome.gate)
+        err_console.print(f"results: {outcome.results_path}\nreport:  {outcome.report_path}", markup=False)
+        if outcome.mlflow_run_id:
+            err_console.print(f"MLflow run: {outcome.mlflow_run_id}  (open the UI with `qbench ui {recipe}`)")
+        untracked = None if track else "the sweep was not tracked (--no-track)"
+        if outcome.tracking_failure:
+            untracked = "MLflow tracking failed during the sweep"
+        code = (_measured_everything(outcome.results) if not gate else
+                report_gate(loaded, outcome.results, outcome.gate, outcome.results_path, output, registry,
+                             untracked=untracked))  # fmt: skip
+        if outcome.tracking_failure:  # the results are complete on disk, MLflow lacks them: not a clean run
+            err_console.print(f"error: {outcome.tracking_failure}; the results are complete in {outcome.run_dir}, "
+                              "not in MLflow", markup=False)  # fmt: skip
+            return EXIT_ERROR
+        return code
 
 
 def _measured_everything(results: SweepResults) -> int:
@@ -204,20 +205,21 @@ def gate(
 
     output = GateOutput(verbose, junit, json_path, register, alias, no_register)
     output.refuse_overwriting(recipe, results)
-    with reported_when_unusable(output):
-        loaded = load_recipe(recipe) if recipe else None
-        if loaded is None and results is None:
-            raise QbenchError("qbench gate needs a recipe or --results FILE")
-        path = results if results is not None else latest_results(loaded)  # type: ignore[arg-type]
-    output.refuse_overwriting(path)
-    with reported_when_unusable(output):
-        report, judged = run_gate(loaded, path, check_staleness=not no_staleness_check)
-        asked = loaded
-        if asked is None:  # the recipe the results embed (when it cannot be read, the report says so and exits 2)
-            with contextlib.suppress(QbenchError):
-                asked = recorded_recipe(judged.recipe, path)
-        registry = output.registry(asked.registry if asked is not None else None)  # option errors before any output
-    return report_gate(asked, judged, report, path, output, registry)
+    with stdout_kept_for_a_document(output.on_stdout()):  # `--json -`: the report alone there
+        with reported_when_unusable(output):
+            loaded = load_recipe(recipe) if recipe else None
+            if loaded is None and results is None:
+                raise QbenchError("qbench gate needs a recipe or --results FILE")
+            path = results if results is not None else latest_results(loaded)  # type: ignore[arg-type]
+        output.refuse_overwriting(path)
+        with reported_when_unusable(output):
+            report, judged = run_gate(loaded, path, check_staleness=not no_staleness_check)
+            asked = loaded
+            if asked is None:  # the recipe the results embed (when it cannot be read, the report says so and exits 2)
+                with contextlib.suppress(QbenchError):
+                    asked = recorded_recipe(judged.recipe, path)
+            registry = output.registry(asked.registry if asked is not None else None)  # option errors before any output
+        return report_gate(asked, judged, report, path, output, registry)
 
 
 @app.command()
@@ -365,7 +367,10 @@ def main(argv: list[str] | None = None) -> int:
     debug = DEBUG_FLAG in args
     args = [a for a in args if a != DEBUG_FLAG]
     with forgiving_standard_streams():
-        return _run(args, debug=debug)
+        try:
+            return _run(args, debug=debug)
+        except BaseException:  # noqa: BLE001 - saying what went wrong failed too: Python's own exit would be 1, a breach
+            return EXIT_ERROR
 
 
 def _run(args: list[str], *, debug: bool) -> int:
@@ -390,7 +395,7 @@ def _run(args: list[str], *, debug: bool) -> int:
     except BaseException as exc:  # noqa: BLE001 - a bug in qbench or a library, an exit from inside: still exit 2
         if debug:
             err_console.print_exception()
-        err_console.print(f"qbench: error: {type(exc).__name__}: {one_line(exc)}", soft_wrap=True, markup=False)
+        err_console.print(f"qbench: error: {describe(exc)}", soft_wrap=True, markup=False)
         return EXIT_ERROR
     if result is BREACH:
         return EXIT_BREACH

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qbench.console import console as err_console
-from qbench.console import print_wide
+from qbench.console import names_stdout, print_wide, write_document
 from qbench.console import stdout_console as out
-from qbench.errors import QbenchError
+from qbench.errors import QbenchError, one_line
 
 if TYPE_CHECKING:
     from qbench.gate import GateReport
@@ -49,6 +49,13 @@ class GateOutput:
 
         return requested_registry(section, model=self.register, alias=self.alias, skip=self.no_register)
 
+    def on_stdout(self) -> bool:
+        """Whether a report goes to stdout (`--json -`, `--junit /dev/stdout`); two there would be no document."""
+        if self.junit is not None and self.json_path is not None and names_stdout(self.junit) and names_stdout(self.json_path):  # fmt: skip
+            raise QbenchError(f"--junit {self.junit} and --json {self.json_path} both name stdout; expected at most "
+                              "one report there")  # fmt: skip
+        return any(path is not None and names_stdout(path) for path in (self.junit, self.json_path))
+
     def refuse_overwriting(self, *inputs: Path | None) -> None:
         """--junit / --json must not name a file the gate reads (the recipe, the results judged): writing the
         report there would destroy what it judged, before anyone could see why it failed."""
@@ -56,16 +63,14 @@ class GateOutput:
 
         protected = {p.resolve() for p in inputs if p is not None}
         for option, path in (("--junit", self.junit), ("--json", self.json_path)):
+            if path is not None and names_stdout(path):
+                continue
             if path is not None and path.resolve() in protected:
                 raise QbenchError(
                     f"{option} {path}: that is a file the gate reads; expected another path for the report"
                 )
             if path is not None:
                 check_report_path(path)
-
-
-def one_line(exc: object) -> str:
-    return " ".join(str(exc).split())
 
 
 def describe(exc: BaseException) -> str:
@@ -144,12 +149,31 @@ def _print_verdict(report: GateReport, *, verbose: bool) -> None:
 
 
 def write_reports(report: GateReport, output: GateOutput) -> None:
-    """The requested report files and the GitHub step summary (a file that cannot be written: QbenchError)."""
+    """The requested report files, then the GitHub step summary; each is tried whatever became of the others.
+
+    A report file that cannot be written is a QbenchError (raised once all were tried; CI uploads them, so a
+    missing one is no clean run). The step summary is a courtesy display in a file the job's other steps share,
+    which the gate was not asked for: one that cannot take the section is a warning, and the verdict's exit code
+    stands (a breach stays 1, a pass 0); the console and the report files still carry the verdict."""
     from qbench import gate_report
 
+    unwritten: list[QbenchError] = []
     for path, render in ((output.junit, gate_report.junit_xml), (output.json_path, gate_report.report_json)):
-        if path is not None:
-            err_console.print(f"gate report: {gate_report.write_report(path, render(report))}", markup=False)
+        if path is not None and names_stdout(path):
+            write_document(render(report))
+        elif path is not None:
+            try:
+                err_console.print(f"gate report: {gate_report.write_report(path, render(report))}", markup=False)
+            except QbenchError as exc:
+                unwritten.append(exc)
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:
-        gate_report.append_text(Path(step_summary), gate_report.markdown_summary(report))
+        try:
+            gate_report.append_step_summary(Path(step_summary), report)
+        except QbenchError as exc:
+            err_console.print(f"warning: GITHUB_STEP_SUMMARY {one_line(exc)}; the verdict stands", soft_wrap=True,
+                              markup=False)  # fmt: skip
+    for exc in unwritten[1:]:
+        err_console.print(f"error: {one_line(exc)}", soft_wrap=True, markup=False)
+    if unwritten:
+        raise unwritten[0]

@@ -7,8 +7,8 @@ import io
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterator
-from typing import IO
+from collections.abc import Callable, Iterable, Iterator
+from typing import IO, Any
 
 from rich.console import Console, RenderableType
 from rich.measure import Measurement
@@ -54,18 +54,62 @@ console = make_console(stderr=True)
 stdout_console = make_console(stderr=False)
 
 
+class ForgivingStream:
+    """A standard stream whose reader may go away (`qbench --help | head -1`, `qbench gate ... | head`): from the
+    first write that finds the pipe closed (BrokenPipeError), the stream is pointed at the null device and the rest
+    of the output is dropped quietly, wherever it is written from (rich, typer's help, click, print, logging). What
+    the reader does with the output is its own choice, not an error of the command: the command goes on to its own
+    end and exit code (a gate's verdict, its report files), as `git log | head` ends quietly."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.stream = stream
+        self.reader_gone = False
+
+    def write(self, text: str) -> int:
+        if not self.reader_gone:
+            try:
+                return self.stream.write(text)
+            except BrokenPipeError:
+                self._drop_the_rest()
+        return len(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        if not self.reader_gone:
+            try:
+                self.stream.flush()
+            except BrokenPipeError:
+                self._drop_the_rest()
+
+    def _drop_the_rest(self) -> None:
+        self.reader_gone = True
+        if discard_output(self.stream):  # what is still buffered goes to the null device now, not at exit
+            with contextlib.suppress(OSError, ValueError):
+                self.stream.flush()
+
+    def __getattr__(self, name: str) -> Any:  # encoding, isatty, fileno, buffer...: the stream's own
+        return getattr(self.stream, name)
+
+
 @contextlib.contextmanager
 def forgiving_standard_streams() -> Iterator[None]:
     """While a command runs, printing never decides its exit code: a character that stdout or stderr cannot encode
-    (PYTHONIOENCODING=ascii, a latin-1 terminal) is printed as '?', and a stream whose reader went away
-    (BrokenPipeError) is pointed at the null device when the command ends, so that the final flush cannot fail."""
+    (PYTHONIOENCODING=ascii, a latin-1 terminal, LANG=C) is printed as '?', and a stream whose reader went away is
+    dropped from then on (ForgivingStream); when the command ends, such a stream is pointed at the null device, so
+    that the final flush cannot fail."""
     streams = [stream for stream in (sys.stdout, sys.stderr) if isinstance(stream, io.TextIOWrapper)]
     previous = [stream.errors for stream in streams]
     for stream in streams:
         stream.reconfigure(errors="replace")
+    standard = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = (ForgivingStream(stream) for stream in standard)  # type: ignore[assignment]
     try:
         yield
     finally:
+        sys.stdout, sys.stderr = standard
         for stream, errors in zip(streams, previous):
             try:
                 stream.flush()
@@ -73,6 +117,43 @@ def forgiving_standard_streams() -> Iterator[None]:
                 discard_output(stream)
             with contextlib.suppress(OSError, ValueError):  # a stream closed or broken for good: nothing to restore
                 stream.reconfigure(errors=errors)
+
+
+STDOUT_PATH = "-"
+_documents: list[IO[str]] = []
+
+
+def names_stdout(path: os.PathLike[str] | str) -> bool:
+    """Whether an output path is this process's stdout: `-`, or a name of the same file (`/dev/stdout`, the file
+    the shell redirected stdout to)."""
+    if os.fspath(path) == STDOUT_PATH:
+        return True
+    try:
+        return os.path.samestat(os.stat(path), os.fstat(1))
+    except (OSError, ValueError):
+        return False
+
+
+@contextlib.contextmanager
+def stdout_kept_for_a_document(keep: bool = True) -> Iterator[None]:
+    """While open (with `keep`), stdout is kept for one machine-readable document (`qbench gate --json - | jq`):
+    whatever else is printed to stdout goes to stderr, so that the reader gets the document alone, valid."""
+    if not keep:
+        yield
+        return
+    _documents.append(sys.stdout)
+    sys.stdout = sys.stderr
+    try:
+        yield
+    finally:
+        sys.stdout = _documents.pop()
+
+
+def write_document(text: str) -> None:
+    """Write a document to stdout (the one kept by stdout_kept_for_a_document, when open)."""
+    stream = _documents[-1] if _documents else sys.stdout
+    stream.write(text)
+    stream.flush()
 
 
 class RichProgress:

@@ -51,8 +51,8 @@ class MissingExtraError(QbenchError):
         self.extra = extra
 
 
-def one_line(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
-    """`text` with every run of whitespace (newlines included) made one space, cut to `limit` characters."""
+def one_line(text: object, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """`text` (a message, an exception) with every run of whitespace (newlines included) made one space, cut to `limit` characters."""
     flat = re.sub(r"\s+", " ", str(text)).strip()
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 

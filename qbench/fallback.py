@@ -47,9 +47,10 @@ from qbench.errors import QbenchError
 from qbench.explain import Score, group_nodes, rank_groups
 from qbench.explain_graph import QuantizedNode, float_keeper, quantized_nodes, sqnr_costs
 from qbench.gate import GateReport, judge
+from qbench.gate_report import failure_reasons
 from qbench.preflight import Prepared
 from qbench.recipe import FallbackSpec, VariantSpec
-from qbench.report_grid import compared, figure, percent
+from qbench.report_grid import figure, percent
 from qbench.results import VariantResult
 from qbench.techniques.calibrators import AUTO_CALIBRATORS
 from qbench.validate.measure import Rows, measure
@@ -116,9 +117,8 @@ class Trial:
         }  # fmt: skip
 
     def breaches(self) -> list[str]:
-        found = [f"{c.scope} drop {compared(c.drop, c.tolerance)[0]} > {c.tolerance:g}" for c in self.verdict.breaches]
         unlowered = [NOT_APPLICABLE] if self.built is not None and not self.lowered else []
-        return unlowered + found + list(self.verdict.problems)
+        return unlowered + failure_reasons(self.verdict)
 
 
 def p50_at_largest_batch(result: VariantResult) -> float:

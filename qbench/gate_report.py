@@ -1,6 +1,6 @@
 """How a gate verdict is presented: console lines, JUnit XML, a JSON document, a Markdown summary.
 
-Everything here except `write_report` and `append_text` is a pure function of a `GateReport`
+Everything here except `write_report` and `append_step_summary` is a pure function of a `GateReport`
 (qbench.gate decides; this module only says it), so `qbench gate`, `qbench sweep --gate` and
 any script that calls the library show the same figures in the same words.
 
@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from dataclasses import asdict
@@ -73,6 +75,13 @@ def check_line(check: GateCheck) -> str:
 def skip_reason(check: GateCheck) -> str:
     """Why a skipped check was not judged (results written before checks carried a reason: a small slice)."""
     return check.reason or UNDER_MIN_SIZE
+
+
+def failure_reasons(report: GateReport) -> list[str]:
+    """Why a verdict is no pass, in short phrases ('overall drop 0.0312 > 0.01', then each problem): what the INT8
+    search and the fallback note against a candidate that failed."""
+    breaches = [f"{c.scope} drop {compared(c.drop, c.tolerance)[0]} > {c.tolerance:g}" for c in report.breaches]
+    return breaches + list(report.problems)
 
 
 def problem_line(problem: str) -> str:
@@ -248,20 +257,26 @@ def _md(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def markdown_summary(report: GateReport, title: str = "qbench gate") -> str:
-    """A Markdown section: the summary line, then a table of every check (breaches first) and the problems."""
+def markdown_summary(report: GateReport, title: str = "qbench gate", *, rows: int | None = None) -> str:
+    """A Markdown section: the summary line, then a table of every check (breaches first) and the problems; with
+    `rows`, the table's first `rows` checks only, and a line saying how many were left out."""
     order = {"breach": 0, "pass": 1}
     lines = [f"### {title}: {_HEADLINES.get(report.exit_code, 'FAIL (results unusable)')}", "",
              _md(summary_line(report)), ""]  # fmt: skip
-    if report.checks:
+    checks = sorted(report.checks, key=lambda c: order.get(c.status, 2))
+    shown = checks if rows is None else checks[:rows]
+    if shown:
         lines += ["| variant@backend | scope | metric | FP32 | observed | drop | tolerance | result |",
                   "|---|---|---|---:|---:|---:|---:|---|"]  # fmt: skip
-        for c in sorted(report.checks, key=lambda c: order.get(c.status, 2)):
+        for c in shown:
             result = {"breach": "**BREACH**", "skipped": f"skipped ({skip_reason(c)})"}.get(c.status, c.status)
             cells = [check_key(c), c.scope, c.metric, figure(c.reference), figure(c.observed),
                      *compared(c.drop, c.tolerance), result]  # fmt: skip
             lines.append("| " + " | ".join(_md(cell) for cell in cells) + " |")
         lines.append("")
+    if len(shown) < len(checks):
+        lines += [f"- {len(checks) - len(shown)} more checks left out (the step summary's size is limited); the "
+                  "--json and --junit reports hold every check", ""]  # fmt: skip
     lines += [f"- **cannot judge (fail closed):** {_md(p)}" for p in report.problems]
     lines += [f"- note: {_md(n)}" for n in report.notes]
     return "\n".join(lines).rstrip("\n") + "\n\n"
@@ -321,11 +336,57 @@ def _replaceable(path: Path) -> bool:
     return root.tag == "testsuites" and root.get("name", "").startswith("qbench")
 
 
-def append_text(path: Path, text: str) -> Path:
-    """Append `text` in one write (the GitHub step summary file is shared by every step of a job)."""
+STEP_SUMMARY_LIMIT = 1 << 20
+"""The most a step summary file may hold: GitHub's runner uploads none of a step's summary beyond it ('upload
+aborted, supports content up to a size of 1024k'), which would lose what the other tools of the step wrote too."""
+
+
+def append_step_summary(path: Path, report: GateReport, limit: int = STEP_SUMMARY_LIMIT) -> Path:
+    """Append the verdict's Markdown section to a step summary file, which the other steps and tools of the job
+    append to as well and the runner reads after the step: opened for appending only (what is there is never
+    truncated or replaced), on a line of its own, written in one write (two gates appending at once do not
+    interleave their lines) and cut down to the rows that keep the file within `limit` (breaches first)."""
     try:
-        with path.open("a", encoding="utf-8") as file:
-            file.write(text)
+        descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        try:
+            size = os.fstat(descriptor).st_size if stat.S_ISREG(os.fstat(descriptor).st_mode) else 0
+            separator = b"" if size == 0 or _last_byte(path, size) == b"\n" else b"\n"
+            section = _fitting_summary(report, limit - size - len(separator))
+            if section is None:
+                raise QbenchError(f"{path}: cannot append the gate summary: the file holds {size} bytes already, "
+                                  f"and the runner uploads no step summary over {limit} bytes")  # fmt: skip
+            data = separator + section
+            while data:
+                data = data[os.write(descriptor, data):]
+        finally:
+            os.close(descriptor)
     except OSError as exc:
         raise QbenchError(f"{path}: cannot append the gate summary: {exc.strerror or exc}") from exc
     return path
+
+
+def _last_byte(path: Path, size: int) -> bytes:
+    try:
+        with path.open("rb") as file:
+            file.seek(size - 1)
+            return file.read(1)
+    except OSError:  # write-only for us: a blank line more costs nothing
+        return b""
+
+
+def _fitting_summary(report: GateReport, budget: int) -> bytes | None:
+    """The Markdown section in UTF-8 with as many table rows as fit in `budget` bytes (None when not even the
+    summary line and the problems do)."""
+    whole = markdown_summary(report).encode("utf-8")
+    if len(whole) <= budget:
+        return whole
+    fewest, most = 0, len(report.checks)  # the most rows that fit lie in [fewest, most)
+    if len(markdown_summary(report, rows=0).encode("utf-8")) > budget:
+        return None
+    while most - fewest > 1:
+        middle = (fewest + most) // 2
+        if len(markdown_summary(report, rows=middle).encode("utf-8")) <= budget:
+            fewest = middle
+        else:
+            most = middle
+    return markdown_summary(report, rows=fewest).encode("utf-8")

@@ -40,7 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qbench.errors import QbenchError
+import qbench
+from qbench.errors import QbenchError, short_repr
 from qbench.files import write_atomically
 from qbench.results_search import SearchReport, search_from_dict
 from qbench.results_serving import ServingResult, serving_from_dict
@@ -470,6 +471,7 @@ def read_results(path: Path, *, partial: bool = False) -> SweepResults:
     `partial`: an interrupted sweep's variants, to be shown, never judged)."""
     if not path.is_file():
         raise QbenchError(f"{path}: results file not found")
+    raw: Any = None
     try:
         raw = json.loads(path.read_text(), parse_constant=_reject_constant)
         if not isinstance(raw, dict):
@@ -480,9 +482,20 @@ def read_results(path: Path, *, partial: bool = False) -> SweepResults:
                               "or is still running): re-run `qbench sweep`")  # fmt: skip
         return from_dict(raw)
     except QbenchError as exc:
-        raise QbenchError(f"{path}: {exc}") from None
+        raise QbenchError(f"{path}: {exc}{_written_by_another(raw)}") from None
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise QbenchError(f"{path}: not a valid qbench results file ({type(exc).__name__}: {exc})") from None
+        raise QbenchError(f"{path}: not a valid qbench results file ({type(exc).__name__}: {exc})"
+                          f"{_written_by_another(raw)}") from None  # fmt: skip
+
+
+def _written_by_another(raw: Any) -> str:
+    """Results an older or newer qbench wrote (CI judging a cached run after an upgrade): which one, the likeliest
+    reason they do not read here."""
+    version = raw.get("qbench_version") if isinstance(raw, dict) else None
+    if not isinstance(version, str) or version == qbench.__version__:
+        return ""
+    return (f"; written by qbench {short_repr(version)}, this is qbench {qbench.__version__}: judge them with that "
+            "version, or re-run `qbench sweep` with this one")  # fmt: skip
 
 
 def _reject_constant(name: str) -> float:

@@ -76,6 +76,21 @@ def test_debug_shows_the_traceback_of_an_unexpected_exception(monkeypatch, capsy
     assert "Traceback" in err and "broken" in err and "qbench: error: ZeroDivisionError: boom" in err
 
 
+@pytest.mark.parametrize("args", [["gate", "--results", "none.json"], ["sweep"]], ids=["error", "usage-error"])
+def test_an_error_that_cannot_be_printed_is_still_exit_2(monkeypatch, tmp_path, args):
+    """A usage error whose stderr was closed exited 1, a breach's code: printing it raised (rich's SystemExit(1) on a
+    broken pipe, here an I/O error of the terminal) from inside main's handler, and Python ended with status 1."""
+    from typer._click.exceptions import UsageError  # typer's own copy of click, which raises its usage errors
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("qbench.cli.err_console.print", broken)
+    monkeypatch.setattr(UsageError, "show", broken)
+    assert main(args) == 2
+
+
 def test_a_command_never_returns_an_exit_code_outside_the_contract(monkeypatch):
     monkeypatch.setattr("qbench.interrupt.run_process_group", lambda command: 1)  # the MLflow UI failed
     monkeypatch.setattr("qbench.recipe.load_recipe", lambda path: None)

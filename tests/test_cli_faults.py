@@ -213,6 +213,35 @@ def test_a_closed_stdout_keeps_the_verdict_and_writes_the_report(project, tmp_pa
     assert json.loads(report.read_text())["exit_code"] == code
 
 
+def closed_reader(*args: str, merged: bool = False) -> tuple[int, str]:
+    """Run qbench with its stdout (and with `merged`, its stderr: `2>&1 | head -0`) read by nobody: the pipe is
+    closed before the first line; returns the exit status and what came on stderr."""
+    process = subprocess.Popen([sys.executable, "-m", "qbench.cli", *args], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT if merged else subprocess.PIPE, text=True, env=qbench_env())  # fmt: skip
+    assert process.stdout is not None
+    process.stdout.close()
+    err = "" if merged or process.stderr is None else process.stderr.read()
+    return process.wait(timeout=120), err
+
+
+@pytest.mark.parametrize("args", [["--help"], ["sweep", "--help"], ["gate", "--help"], ["cache", "prune", "--help"],
+                                  ["list"]], ids=" ".join)  # fmt: skip
+def test_help_and_output_cut_by_a_closed_reader_keep_the_commands_status(args):
+    """`qbench --help | head -1` exited 2 ('qbench: error: SystemExit: 1': typer's own console ends the program on a
+    closed pipe): what the reader keeps is its choice, the command's status is its own, and nothing more is said."""
+    assert closed_reader(*args) == (0, "")
+    assert closed_reader(*args, merged=True)[0] == 0
+
+
+@pytest.mark.parametrize(("gate", "code"), [(LENIENT, 0), (STRICT, 1)], ids=["pass", "breach"])
+def test_a_verdict_stands_when_stdout_and_stderr_are_read_by_nobody(project, gate, code):
+    assert closed_reader("gate", str(gated(project, gate)), "--verbose", merged=True)[0] == code
+
+
+def test_a_usage_error_is_still_exit_2_when_nobody_reads_it():
+    assert closed_reader("gate", "--no-such-option", merged=True)[0] == 2
+
+
 # -- 6. a clean-up that fails after a first error ---------------------------------------------------
 
 

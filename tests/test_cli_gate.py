@@ -206,6 +206,63 @@ def test_github_step_summary_is_appended(project, tmp_path, monkeypatch):
     assert sum(line.endswith("| **BREACH** |") for line in text.splitlines()) == 4
 
 
+@pytest.mark.parametrize(("gate", "code"), [(LENIENT, 0), (STRICT, 1)], ids=["pass", "breach"])
+def test_a_step_summary_that_cannot_be_appended_is_a_warning_and_the_verdict_stands(project, tmp_path, monkeypatch,
+                                                                                     capsys, gate, code):  # fmt: skip
+    """GITHUB_STEP_SUMMARY naming a folder (or a full disk) made a pass or a breach exit 2: the summary is a courtesy
+    display, the exit code is the verdict's; the requested report still holds it."""
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(tmp_path))
+    report = tmp_path / "gate.json"
+    assert main(["gate", str(project.recipe(gate)), "--json", str(report)]) == code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"warning: GITHUB_STEP_SUMMARY {tmp_path}: cannot append the gate summary: ")
+    assert json.loads(report.read_text())["exit_code"] == code
+
+
+def test_a_report_file_that_cannot_be_written_leaves_the_others_written(project, tmp_path, monkeypatch, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    summary, report = tmp_path / "summary.md", tmp_path / "gate.json"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    assert main(["gate", str(project.recipe(STRICT)), "--junit", str(blocker / "gate.xml"), "--json", str(report)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(f"error: {blocker / 'gate.xml'}: cannot write")
+    assert json.loads(report.read_text())["exit_code"] == 1
+    assert summary.read_text().startswith("### qbench gate: FAIL\n")
+
+
+@pytest.mark.parametrize("command", ["gate", "sweep"])
+def test_a_report_on_stdout_is_all_that_stdout_holds(project, capsys, command):
+    """`qbench gate r.yaml --json - | jq` wrote a file named '-'; `--json /dev/stdout` mixed the report with the
+    console lines, no JSON for the reader: the human output goes to stderr while a report takes stdout."""
+    args = [command, str(project.recipe(STRICT))] + (["--no-track", "--gate"] if command == "sweep" else [])
+    assert main([*args, "--json", "-", "--verbose"]) == 1
+    out, err = capsys.readouterr()
+    report = json.loads(out)
+    assert (report["verdict"], report["exit_code"]) == ("breach", 1)
+    assert expected_strict_summary(project) in err
+    assert not Path("-").exists()
+
+
+def test_a_report_on_stdout_is_valid_when_the_results_are_unusable(tmp_path, capsys):
+    assert main(["gate", "--results", str(tmp_path / "none.json"), "--junit", "-"]) == 2
+    out, err = capsys.readouterr()
+    assert ET.fromstring(out).get("errors") == "1"
+    assert err.strip() == f"error: {tmp_path / 'none.json'}: results file not found"
+
+
+def test_a_report_on_a_name_of_stdout_is_written_there_alone(project, tmp_path):
+    for target in ("/dev/stdout", "-"):
+        done = subprocess.run([sys.executable, "-m", "qbench.cli", "gate", str(project.recipe(STRICT)), "--json", target],
+                              capture_output=True, text=True, timeout=120, check=False,
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})  # fmt: skip
+        assert (done.returncode, json.loads(done.stdout)["verdict"]) == (1, "breach")
+    done = subprocess.run([sys.executable, "-m", "qbench.cli", "gate", str(project.recipe(STRICT)), "--json", "-",
+                           "--junit", "/dev/stdout"], capture_output=True, text=True, timeout=120, check=False,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})  # fmt: skip
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.strip() == "error: --junit /dev/stdout and --json - both name stdout; expected at most one report there"
+
+
 def test_an_unwritable_report_path_exits_2_with_one_line(project, tmp_path, capsys):
     blocker = tmp_path / "a-file"
     blocker.write_text("")

@@ -11,9 +11,11 @@ import pytest
 from qbench.errors import QbenchError
 from qbench.gate import GateCheck, GateReport
 from qbench.gate_report import (
-    append_text,
+    STEP_SUMMARY_LIMIT,
+    append_step_summary,
     check_line,
     console_lines,
+    failure_reasons,
     junit_xml,
     markdown_summary,
     report_dict,
@@ -273,7 +275,7 @@ def test_unwritable_paths_are_one_line_errors(tmp_path):
     with pytest.raises(QbenchError, match=r"cannot write the gate report: .*file is a file, not a folder"):
         write_report(blocker / "gate.xml", "x")
     with pytest.raises(QbenchError, match="cannot append the gate summary"):
-        append_text(tmp_path / "missing-dir" / "summary.md", "x")
+        append_step_summary(tmp_path / "missing-dir" / "summary.md", UNUSABLE)
 
 
 @pytest.mark.parametrize(
@@ -292,3 +294,66 @@ def test_a_breach_line_shows_the_tolerance_as_set_and_a_drop_distinct_from_it(dr
     assert check_line(breach).endswith(expected)
     report = GateReport("kl_mean", (breach,), gated=(f"int8@{BACKEND}",))
     assert expected.replace("drop ", "| ").replace(" > tolerance ", " | ") in markdown_summary(report)
+
+
+# -- the GitHub step summary: a file the job's other steps and tools append to -----------------------
+
+
+def test_the_step_summary_section_starts_on_a_line_of_its_own(tmp_path):
+    """A step that wrote 'tests: 12 passed' without a newline had the gate's heading glued to its line."""
+    summary = tmp_path / "summary.md"
+    summary.write_bytes(b"tests: 12 passed")
+    append_step_summary(summary, UNUSABLE)
+    assert summary.read_text().startswith("tests: 12 passed\n### qbench gate: FAIL (results unusable)\n")
+
+
+def test_two_gates_appending_at_once_write_whole_sections(tmp_path):
+    """Each section is one write() on a file opened for appending: sections never interleave nor overwrite."""
+    import multiprocessing
+
+    summary = tmp_path / "summary.md"
+    summary.write_text("## an earlier step\n")
+    report = GateReport("accuracy", tuple(checks_for("int8", GOOD)) * 400, gated=(f"int8@{BACKEND}",))
+    section = markdown_summary(report)
+    assert len(section.encode()) > 64 << 10  # more than a pipe or a text stream's buffer takes in one write
+    context = multiprocessing.get_context("fork")
+    writers = [context.Process(target=append_step_summary, args=(summary, report)) for _ in range(4)]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join(timeout=60)
+    assert [writer.exitcode for writer in writers] == [0] * 4
+    assert summary.read_text() == "## an earlier step\n" + section * 4
+
+
+def test_a_step_summary_is_cut_to_the_runners_limit_keeping_the_breaches_and_what_others_wrote(tmp_path):
+    """The runner uploads no summary of a step over 1 MiB, other tools' sections included: the table is cut."""
+    summary = tmp_path / "summary.md"
+    earlier = "x" * (STEP_SUMMARY_LIMIT - 20_000) + "\n"
+    summary.write_text(earlier)
+    passing = tuple(checks_for("fp16", GOOD)) * 400
+    breach = GateCheck("int8", BACKEND, "overall", "accuracy", 0.95, 0.90, 0.05, 0.01, 200, "breach")
+    report = GateReport("accuracy", (*passing, breach), gated=(f"int8@{BACKEND}", f"fp16@{BACKEND}"))
+    assert len(markdown_summary(report).encode()) > 20_000
+    append_step_summary(summary, report)
+    text = summary.read_text()
+    assert text.startswith(earlier) and len(text.encode()) <= STEP_SUMMARY_LIMIT
+    section = text[len(earlier):]
+    assert section.startswith("### qbench gate: FAIL\n")
+    assert "| int8@onnxruntime-cpu | overall | accuracy | 0.9500 | 0.9000 | 0.0500 | 0.0100 | **BREACH** |" in section
+    assert "more checks left out (the step summary's size is limited)" in section
+
+
+def test_a_full_step_summary_is_left_as_it_was(tmp_path):
+    summary = tmp_path / "summary.md"
+    summary.write_text("x" * STEP_SUMMARY_LIMIT)
+    with pytest.raises(QbenchError, match=r"summary.md: cannot append the gate summary: the file holds 1048576 bytes"):
+        append_step_summary(summary, UNUSABLE)
+    assert summary.read_text() == "x" * STEP_SUMMARY_LIMIT
+
+
+def test_failure_reasons_name_each_breach_then_each_problem():
+    """The INT8 search and the fallback note these against a failing candidate (one wording for both)."""
+    breach = GateCheck("int8", BACKEND, "faint", "accuracy", 0.93, 0.90, 0.03, 0.02, 200, "breach")
+    report = GateReport("accuracy", (breach,), problems=("int8@onnxruntime-cpu: no accuracy measured",))
+    assert failure_reasons(report) == ["faint drop 0.0300 > 0.02", "int8@onnxruntime-cpu: no accuracy measured"]

@@ -6,9 +6,12 @@ import dataclasses
 import json
 import math
 
+import pytest
 from sweep_factory import make_sweep
 
-from qbench.results import from_dict, to_json
+import qbench
+from qbench.errors import QbenchError
+from qbench.results import DIGEST_FIELD, content_digest, from_dict, read_results, to_json
 
 
 def test_window_fields_round_trip_and_nan_spread_reads_back_as_nan() -> None:
@@ -33,3 +36,27 @@ def test_points_written_before_adaptive_timing_read_as_not_judged() -> None:
         del raw["variants"][0]["latency"]["points"][0][key]
     point = from_dict(raw).variants[0].latency.points[0]
     assert point.stable is None and point.window_p50_ms == () and math.isnan(point.spread)
+
+
+@pytest.mark.parametrize(("change", "problem"), [
+    ({"schema_version": 2}, "results schema_version 2 is not supported (expected 1)"),
+    ({"calibration": {"rows": 64, "a_field_of_tomorrow": 1}}, "not a valid qbench results file (TypeError: "),
+], ids=["newer-schema", "unknown-field"])  # fmt: skip
+def test_results_another_qbench_wrote_say_which_one(tmp_path, change, problem) -> None:
+    """CI judging a run cached before an upgrade read 'schema_version 2 is not supported', not why."""
+    raw = {**json.loads(to_json(make_sweep())), **change, "qbench_version": "9.9.9"}
+    raw[DIGEST_FIELD] = content_digest(raw)  # intact: the other version wrote it so
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(QbenchError) as caught:
+        read_results(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: {problem}")
+    assert message.endswith(f"; written by qbench '9.9.9', this is qbench {qbench.__version__}: judge them with that "
+                            "version, or re-run `qbench sweep` with this one")  # fmt: skip
+    raw["qbench_version"] = qbench.__version__  # the same version: nothing to say about it
+    raw[DIGEST_FIELD] = content_digest(raw)
+    path.write_text(json.dumps(raw))
+    with pytest.raises(QbenchError) as same:
+        read_results(path)
+    assert "written by qbench" not in str(same.value)

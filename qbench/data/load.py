@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import csv
 import json
-import re
 import sys
 import zipfile
 from collections.abc import Callable, Collection, Sequence
@@ -31,7 +30,7 @@ from typing import Any
 
 import pandas as pd
 
-from qbench.errors import MissingExtraError, RecipeError, short_repr
+from qbench.errors import MissingExtraError, RecipeError, one_line, short_repr
 
 SOURCE_ATTR = "source"
 """`DataFrame.attrs` key holding the data file's name, for messages like '120 rows in digits.parquet'."""
@@ -316,5 +315,4 @@ def _read_saved_dataset(folder: Path) -> pd.DataFrame:
 
 
 def _one_line(exc: BaseException) -> str:
-    text = re.sub(r"\s+", " ", str(exc)).strip()
-    return text or type(exc).__name__
+    return one_line(exc) or type(exc).__name__

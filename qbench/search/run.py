@@ -43,10 +43,10 @@ from qbench.backends import Backend
 from qbench.backends.base import RunOptions
 from qbench.errors import one_line
 from qbench.gate import GateReport, judge
+from qbench.gate_report import failure_reasons
 from qbench.preflight import Prepared
 from qbench.recipe import LatencySpec
 from qbench.recipe_search import SearchSpec
-from qbench.report_grid import compared
 from qbench.results import VariantResult
 from qbench.results_search import CandidateRecord, SearchReport
 from qbench.search import select
@@ -231,8 +231,7 @@ class _Search:
         verdict = judge(self.fp32.result, measured.result, self.gate)
         slice_name, slice_drop = worst_slice(verdict)
         passed = verdict.exit_code == 0
-        breaches = "; ".join(f"{c.scope} {compared(c.drop, c.tolerance)[0]} > {c.tolerance:g}" for c in verdict.breaches)
-        breaches = breaches or "; ".join(verdict.problems)
+        breaches = "; ".join(failure_reasons(verdict))
         self.records[index] = record.with_(
             stage="evaluated", metric=_metric(measured.result, self.gate.metric), drop=_overall(verdict),
             worst_slice=slice_name, worst_slice_drop=slice_drop, excess=gate_excess(verdict), passed=passed,
