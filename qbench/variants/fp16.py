@@ -51,7 +51,7 @@ from qbench.variants.float_support import (
     tensor_types,
     with_data_movement_between_kept,
 )
-from qbench.variants.fp16_range import FP16_MAX_FINITE, out_of_fp16_range
+from qbench.variants.fp16_range import FP16_MAX_FINITE, FP16_MIN_POSITIVE, out_of_fp16_range
 from qbench.variants.onnx_utils import (
     Stopwatch,
     build_step,
@@ -63,7 +63,6 @@ from qbench.variants.onnx_utils import (
 )
 from qbench.variants.reference import load_reference
 
-FP16_MIN_POSITIVE = 5.96e-08  # smallest positive (subnormal) float16; the converter's default
 BF16_CAST_OPSET = 13  # first opset whose Cast accepts bfloat16
 BF16_NOTE = "BF16 emulated (FP32 graph rounding every tensor to bfloat16): accuracy is faithful, latency is not BF16's"
 

@@ -163,3 +163,87 @@ def test_a_pipelines_concat_in_front_of_trees_is_not_rounded_to_fp16_or_bf16(tmp
         built = build(VariantSpec(name=precision, precision=precision), ctx)
         assert "unchanged" in built.params, built.notes  # before: the Concat was lowered, 1-4 % of the labels flipped
         assert built.onnx_path == path.resolve()
+
+
+FLOAT32_MIN = float(np.finfo(np.float32).min)  # -3.4e38: the mask fill of torch.finfo(float32).min
+
+
+def _attention_block(path, extra_nodes=(), extra_weights=None, output="y"):
+    """One attention head as transformer exports write it: the mask (1 keep, 0 pad) becomes (1 - mask) * float32's
+    minimum (a Constant node), added to the scaled scores before the softmax."""
+    d = 8
+    nodes = [
+        helper.make_node("MatMul", ["x", "wq"], ["q"], name="q"),
+        helper.make_node("MatMul", ["x", "wk"], ["k"], name="k"),
+        helper.make_node("MatMul", ["x", "wv"], ["v"], name="v"),
+        helper.make_node("Transpose", ["k"], ["kt"], name="kt", perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["q", "kt"], ["scores"], name="scores"),
+        helper.make_node("Mul", ["scores", "scale"], ["scaled"], name="scale"),
+        helper.make_node("Unsqueeze", ["mask", "axis1"], ["mask3"], name="unsqueeze"),
+        helper.make_node("Sub", ["one", "mask3"], ["padding"], name="invert"),
+        helper.make_node("Constant", [], ["fill"], name="fill", value=numpy_helper.from_array(np.array(FLOAT32_MIN, np.float32))),
+        helper.make_node("Mul", ["padding", "fill"], ["bias"], name="mask_bias"),
+        helper.make_node("Add", ["scaled", "bias"], ["masked"], name="mask_add"),
+        helper.make_node("Softmax", ["masked"], ["probs"], name="softmax", axis=-1),
+        helper.make_node("MatMul", ["probs", "v"], ["context"], name="context"),
+        helper.make_node("MatMul", ["context", "wo"], ["y"], name="out"),
+        *extra_nodes,
+    ]  # fmt: skip
+    weights = {name: RNG.normal(size=(d, d)).astype(np.float32) for name in ("wq", "wk", "wv", "wo")}
+    weights |= {"scale": np.array(d**-0.5, np.float32), "axis1": np.array([1], np.int64), "one": np.array(1, np.float32),
+                **(extra_weights or {})}  # fmt: skip
+    graph_ = helper.make_graph(
+        nodes, "attention",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", "t", d]),
+         helper.make_tensor_value_info("mask", TensorProto.FLOAT, ["n", "t"])],
+        [helper.make_tensor_value_info(output, TensorProto.FLOAT, ["n", "t", d])],
+        initializer=[numpy_helper.from_array(value, name) for name, value in weights.items()],
+    )  # fmt: skip
+    onnx.save(helper.make_model(graph_, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    return path
+
+
+def _sentences(rows: int, tokens: int = 12) -> dict[str, np.ndarray]:
+    """Token states and a padding mask: each row keeps its first 2..tokens positions."""
+    lengths = RNG.integers(2, tokens + 1, rows)
+    return {"x": RNG.normal(size=(rows, tokens, 8)).astype(np.float32),
+            "mask": (np.arange(tokens)[np.newaxis, :] < lengths[:, np.newaxis]).astype(np.float32)}  # fmt: skip
+
+
+def test_an_attention_mask_filled_from_float32s_minimum_is_left_to_fp16_clamped(tmp_path):
+    """The converter clamps -3.4e38 to -65504 and the softmax is exactly the same: no node of the block stays FP32
+    (before: the fill, the mask's Mul and Add and the Softmax did, casts around every softmax)."""
+    path = _attention_block(tmp_path / "attention.onnx")
+    calibration = [_sentences(16) for _ in range(2)]
+    built = build_fp16(VariantSpec(name="half", precision="fp16"), BuildContext(path, tmp_path / "w", calibration))
+    checked = built.params["fp16_range"]
+    print(checked)
+    assert checked["kept_nodes"] == [] and checked["tensors"] == {} and built.params["kept_fp32_nodes"] == 0
+    assert checked["harmless"]["fill"] == {"max_abs": 3.403e38, "output_change_fp16_spacings": 0.0}
+    assert built.params["weights_clamped"] == 1
+    model = onnx.load(str(built.onnx_path))
+    softmax = next(node for node in model.graph.node if node.op_type == "Softmax")
+    assert softmax.attribute[0].name == "axis" and not any(n.op_type == "Cast" and n.output[0] == softmax.input[0]
+                                                           for n in model.graph.node)  # fmt: skip
+    held_out = _sentences(64)
+    reference, got = _ort(path, held_out), _fp16_output(built, held_out)
+    cosine = np.sum(reference * got, -1) / np.linalg.norm(reference, axis=-1) / np.linalg.norm(got, axis=-1)
+    print(f"cosine fp16 vs fp32: min {cosine.min():.6f}")
+    assert np.all(np.isfinite(got)) and cosine.min() > 0.999
+    assert any("left to FP16 though out of its range" in note and "fill (max |x| 3.4e+38)" in note for note in built.notes)
+
+
+def test_a_harmful_constant_beside_a_harmless_mask_keeps_only_its_own_reader_fp32(tmp_path):
+    """y / 1e5: clamped to 65504, the constant scales the output by 1.5. The group's trial fails; one by one, only
+    the divisor keeps its reader FP32, and the mask fill is still clamped harmlessly."""
+    extra = [helper.make_node("Div", ["y", "big"], ["z"], name="shrink")]
+    path = _attention_block(tmp_path / "attention.onnx", extra, {"big": np.array(1e5, np.float32)}, output="z")
+    built = build_fp16(VariantSpec(name="half", precision="fp16"),
+                       BuildContext(path, tmp_path / "w", [_sentences(16) for _ in range(2)]))  # fmt: skip
+    checked = built.params["fp16_range"]
+    print(checked)
+    assert checked["kept_nodes"] == ["shrink"] and set(checked["tensors"]) == {"big"}
+    assert set(checked["harmless"]) == {"fill", "bias", "masked"}  # the fill; the mask made from it, then overflowed
+    assert checked["kept_because"]["big"].startswith("clamped as the converter clamps it, it moves the outputs by")
+    held_out = _sentences(64)
+    np.testing.assert_allclose(_fp16_output(built, held_out), _ort(path, held_out), rtol=0.02, atol=1e-6)
