@@ -5,11 +5,12 @@ Built once as a `RangeView` and rendered as Markdown (report.md) or HTML (report
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from html import escape
 
 from qbench.report_grid import NONE, Cell, Grid, html_inline, markdown_table, md_cell, short, to_html
-from qbench.results import LimitCheck, SweepResults
+from qbench.results import LimitCheck, SweepResults, TensorPeak
 
 _FORMAT_NAMES = {"fp16": "FP16", "bf16": "BF16", "fp8_e4m3": "FP8 E4M3"}
 _PEAKS_SHOWN = 5
@@ -38,15 +39,23 @@ class RangeView:
     warnings: list[str]
 
 
+def _peaks(peaks: Sequence[TensorPeak]) -> str:
+    shown = ", ".join(f"`{p.tensor}` from node `{p.node}` ({_magnitude(p.abs_max)} > {_magnitude(p.limit)}"
+                      f"{f': {p.handled}' if p.handled else ''})" for p in peaks[:_PEAKS_SHOWN])  # fmt: skip
+    return md_cell(shown) + (f", and {len(peaks) - _PEAKS_SHOWN} more" if len(peaks) > _PEAKS_SHOWN else "")
+
+
 def _limit_lines(check: LimitCheck, scopes: list[str]) -> LimitLines:
+    """Per slice, the tensors over the limit; those the sweep's FP16 variants keep in FP32 or clamp harmlessly
+    (TensorPeak.handled) are named apart: no variant of the sweep overflows there."""
     scale = f" × {check.scaled_by}'s per-tensor scale" if check.scaled_by else ""
     lines = []
     for scope in scopes:
-        peaks = check.over.get(scope, ())
-        shown = ", ".join(f"`{p.tensor}` from node `{p.node}` ({_magnitude(p.abs_max)} > {_magnitude(p.limit)})"
-                          for p in peaks[:_PEAKS_SHOWN])  # fmt: skip
-        more = f", and {len(peaks) - _PEAKS_SHOWN} more" if len(peaks) > _PEAKS_SHOWN else ""
-        lines += [f"slice `{scope}`: {md_cell(shown)}{more}"] if peaks else []
+        over = [p for p in check.over.get(scope, ()) if p.handled is None]
+        handled = [p for p in check.over.get(scope, ()) if p.handled is not None]
+        parts = [_peaks(over)] if over else []
+        parts += [f"no overflow in the sweep's FP16 variant(s): {_peaks(handled)}"] if handled else []
+        lines += [f"slice `{scope}`: {'; '.join(parts)}"] if parts else []
     return LimitLines(f"{_FORMAT_NAMES.get(check.format, check.format)} limit ({check.limit:g}{scale})", lines)
 
 

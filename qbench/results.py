@@ -25,7 +25,7 @@ Schema (version 1), documented in reports/README.md:
     RangeAnalysis: rows, seconds, nodes {tensor: node}, abs_max {scope: {tensor: value}},
       limits [LimitCheck], clipping [ClipRecord], warnings [CoverageWarning], unattributed [tensor]
     LimitCheck: format, limit, scaled_by, over {scope: [TensorPeak]}
-    TensorPeak: tensor, node, abs_max, limit
+    TensorPeak: tensor, node, abs_max, limit, handled
     ClipRecord: variant, scope, clipped, values, share, worst_tensor, worst_node, worst_share
     CoverageWarning: slice, variant, clipped_share, worst_node, worst_tensor, message
 """
@@ -195,6 +195,9 @@ class TensorPeak:
     node: str  # the node producing it ("<graph input>" for a model input)
     abs_max: float
     limit: float
+    # how every FP16 variant of the sweep avoids the overflow (kept in FP32, or its clamp or overflow changed no output
+    # on its calibration sample: fp16_range in its params); None: the FP16 variants overflow there, or there are none
+    handled: str | None = None
 
 
 @dataclass(frozen=True)
@@ -393,7 +396,8 @@ def _latency_point(raw: dict[str, Any]) -> LatencyPoint:
 def _peak(raw: dict[str, Any]) -> TensorPeak:
     """A non-finite abs max (an infinite activation) was written as null: it is over every limit."""
     abs_max = math.inf if raw["abs_max"] is None else float(raw["abs_max"])
-    return TensorPeak(tensor=raw["tensor"], node=raw["node"], abs_max=abs_max, limit=float(raw["limit"]))
+    return TensorPeak(tensor=raw["tensor"], node=raw["node"], abs_max=abs_max, limit=float(raw["limit"]),
+                      handled=raw.get("handled"))  # fmt: skip
 
 
 def _ranges(raw: dict[str, Any] | None) -> RangeAnalysis | None:

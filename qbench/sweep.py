@@ -140,7 +140,7 @@ def _run(prepared: Prepared, plan: SweepPlan, progress: _Progress, started: floa
         raise
     run = run_plan(plan, prepared, executor, store, progress, run_dir, clock, retries=recipe.executor.retries,
                    resume=resume, resume_from=resume_from)  # fmt: skip
-    ranges = _range_analysis(prepared, run.calibrated, run_dir, clock)
+    ranges = _range_analysis(prepared, run.calibrated, run.results, run_dir, clock)
     results = replace(_assemble(prepared, run.results, clock, progress.inputs), ranges=ranges, search=run.search)
     return _publish(recipe, results, progress, started)
 
@@ -249,13 +249,16 @@ def _sweep_data(prepared: Prepared) -> SweepData:
 
 
 def _range_analysis(
-    prepared: Prepared, calibrated: list[BuiltVariant], workdir: Path, clock: PhaseClock
+    prepared: Prepared, calibrated: list[BuiltVariant], measured: list[VariantResult], workdir: Path, clock: PhaseClock
 ) -> RangeAnalysis | None:
-    """The FP32 range pass (recipe `analysis.ranges`); a failure is reported and the sweep goes on without it."""
+    """The FP32 range pass (recipe `analysis.ranges`); a failure is reported and the sweep goes on without it.
+    Tensors over FP16's limit that every built FP16 variant keeps in FP32 or found harmless are marked so."""
     recipe = prepared.recipe
     if not recipe.analysis.ranges:
         return None
-    from qbench.validate.ranges import CalibratedVariant, analyse_ranges
+    from qbench.validate.ranges import CalibratedVariant, analyse_ranges, fp16_handled
+
+    fp16 = {r.variant: r.params for r in measured if r.precision == "fp16" and r.status == "ok"}
 
     logger.info("range analysis (one FP32 pass)")
     t = time.perf_counter()
@@ -265,7 +268,7 @@ def _range_analysis(
             batch_size=recipe.data.evaluation.batch_size,
             variants=[CalibratedVariant(b.name, b.precision, b.activation_ranges) for b in calibrated],
             calibration_counts=prepared.calibration.per_slice_counts, threads=recipe.latency.threads, workdir=workdir,
-            whole=prepared.batch is not None,
+            whole=prepared.batch is not None, fp16_handled=fp16_handled(list(fp16.items())),
         )  # fmt: skip
     except Exception as exc:  # noqa: BLE001 - a diagnostic: its failure must not lose the measurements
         logger.error("  range analysis failed: %s", describe_error(exc))

@@ -281,12 +281,13 @@ def _search_metrics(results: SweepResults) -> dict[str, float]:
 
 
 def _range_metrics(results: SweepResults) -> dict[str, float]:
-    """range.<slice>.<format>_overflow_tensors for raw format limits, range.<variant>.<slice>.clipped_share."""
+    """range.<slice>.<format>_overflow_tensors for raw format limits (tensors the sweep's FP16 variants keep in FP32
+    or found harmless to clamp or overflow are not FP16 overflows: not counted), range.<variant>.<slice>.clipped_share."""
     analysis = results.ranges
     if analysis is None:
         return {}
     segments = unique_names(analysis.abs_max, _slice_segment)
-    metrics = {f"range.{segments[scope]}.{check.format}_overflow_tensors": float(len(peaks))
+    metrics = {f"range.{segments[scope]}.{check.format}_overflow_tensors": float(sum(p.handled is None for p in peaks))
                for check in analysis.limits if check.scaled_by is None for scope, peaks in check.over.items()}  # fmt: skip
     metrics |= {f"range.{sanitise_name(r.variant)}.{segments[r.scope]}.clipped_share": r.share for r in analysis.clipping}
     return metrics

@@ -27,6 +27,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -93,9 +94,12 @@ def scope_sum(per_row: np.ndarray, masks: np.ndarray) -> np.ndarray:
     return masks.astype(np.int64) @ per_row.astype(np.int64)
 
 
-def over_limit(abs_max: Mapping[str, float], limits: Mapping[str, float], nodes: Mapping[str, str]) -> tuple[TensorPeak, ...]:
-    """Tensors whose abs max exceeds their limit (inf counts, NaN does not), the largest ratio first."""
-    peaks = [TensorPeak(t, nodes.get(t, t), abs_max[t], limit) for t, limit in limits.items()
+def over_limit(abs_max: Mapping[str, float], limits: Mapping[str, float], nodes: Mapping[str, str],
+               handled: Mapping[str, str] | None = None) -> tuple[TensorPeak, ...]:  # fmt: skip
+    """Tensors whose abs max exceeds their limit (inf counts, NaN does not), the largest ratio first; `handled`:
+    tensor -> how the variants of that format avoid its overflow (fp16_handled)."""
+    handled = handled or {}
+    peaks = [TensorPeak(t, nodes.get(t, t), abs_max[t], limit, handled.get(t)) for t, limit in limits.items()
              if t in abs_max and abs_max[t] > limit]  # fmt: skip
     return tuple(sorted(peaks, key=lambda p: (-p.abs_max / p.limit, p.tensor)))
 
@@ -130,10 +134,28 @@ def coverage_warnings(clipping: Sequence[ClipRecord], calibration_counts: Mappin
     return tuple(warnings)
 
 
+def fp16_handled(variants: Sequence[tuple[str, Mapping[str, Any]]]) -> dict[str, str]:
+    """Tensor -> how every FP16 variant (name, params) avoids its overflow, from the `fp16_range` its builder
+    recorded: kept in FP32 with its producer and readers, or left to FP16 because clamping or overflowing it changed
+    no output on the calibration sample. A tensor some FP16 variant leaves to overflow unchecked is not there (nor
+    is any tensor when a variant has no such record: an older build)."""
+    records = [(name, params.get("fp16_range")) for name, params in variants]
+    if not records or any(not isinstance(record, Mapping) for _, record in records):
+        return {}
+    found: dict[str, list[str]] = {}
+    for name, record in records:
+        for tensor in record.get("tensors", {}):
+            found.setdefault(tensor, []).append(f"{name} keeps it in FP32")
+        for tensor in record.get("harmless", {}):
+            found.setdefault(tensor, []).append(f"{name} clamps or overflows it harmlessly")
+    return {tensor: "; ".join(how) for tensor, how in found.items() if len(how) == len(records)}
+
+
 def limit_checks(abs_max: Mapping[str, Mapping[str, float]], nodes: Mapping[str, str],
-                 variants: Sequence[CalibratedVariant]) -> tuple[LimitCheck, ...]:  # fmt: skip
+                 variants: Sequence[CalibratedVariant], handled: Mapping[str, str] | None = None) -> tuple[LimitCheck, ...]:  # fmt: skip
     """FP16 and BF16 against their raw limits; FP8 E4M3 per FP8 variant with scales (448 x scale = its range's
-    bound), or against the raw 448 when no FP8 variant has per-tensor scales."""
+    bound), or against the raw 448 when no FP8 variant has per-tensor scales. `handled` (fp16_handled) marks the
+    tensors over FP16's limit that the sweep's FP16 variants keep in FP32 or found harmless."""
     tensors = list(nodes)
     plans: list[tuple[str, float, str | None, dict[str, float]]] = [
         (fmt, limit, None, dict.fromkeys(tensors, limit)) for fmt, limit in RAW_LIMITS.items()
@@ -143,7 +165,8 @@ def limit_checks(abs_max: Mapping[str, Mapping[str, float]], nodes: Mapping[str,
     if not scaled:
         plans.append(("fp8_e4m3", FP8_MAX, None, dict.fromkeys(tensors, FP8_MAX)))
     return tuple(
-        LimitCheck(fmt, limit, scaled_by, {scope: over_limit(peaks, limits, nodes) for scope, peaks in abs_max.items()})
+        LimitCheck(fmt, limit, scaled_by, {scope: over_limit(peaks, limits, nodes, handled if fmt == "fp16" else None)
+                                            for scope, peaks in abs_max.items()})  # fmt: skip
         for fmt, limit, scaled_by, limits in plans
     )
 
@@ -232,6 +255,7 @@ def analyse_ranges(
     workdir: Path | None = None,
     memory_budget: int = MEMORY_BUDGET_BYTES,
     whole: bool = False,
+    fp16_handled: Mapping[str, str] | None = None,
 ) -> RangeAnalysis | None:
     """Run the FP32 model once over `feeds` with every float tensor exposed; reduce per slice as it goes.
 
@@ -241,6 +265,8 @@ def analyse_ranges(
     when one batch's exposed tensors would take more than `memory_budget` bytes; with `whole` (a model
     with a fixed batch) exactly `batch_size`, the last one filled with repeats of its rows that count nowhere.
     None when no node makes a float tensor of known type (e.g. a tree ensemble feeding a ZipMap): nothing to analyse.
+    fp16_handled: tensor -> how the sweep's FP16 variants avoid its overflow (`fp16_handled`); such a tensor over
+    65504 is reported as handled, not as an FP16 overflow.
     """
     import onnxruntime as ort
 
@@ -284,7 +310,7 @@ def analyse_ranges(
         seconds=time.perf_counter() - started,
         nodes=nodes,
         abs_max=abs_max,
-        limits=limit_checks(abs_max, nodes, variants),
+        limits=limit_checks(abs_max, nodes, variants, fp16_handled),
         clipping=clipping,
         warnings=coverage_warnings(clipping, calibration_counts or {}),
         unattributed=tuple(t for t in tensors if t in accumulator.unattributed),

@@ -389,3 +389,48 @@ def narrowed_nodes(model: onnx.ModelProto, kept: KeptNodes, types: dict[str, int
         if node.name not in kept.reasons and node.op_type not in SHAPE_ONLY_OPS
         and any(types.get(n) == TensorProto.FLOAT for n in [*node.input, *node.output])
     ]  # fmt: skip
+
+
+# Operators that only move, select or reshape values: no arithmetic a narrower type would speed up.
+DATA_MOVEMENT_OPS = frozenset({
+    "Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Concat", "Split", "Slice", "Gather",
+    "GatherElements", "GatherND", "Expand", "Tile", "Cast", "CastLike", "Pad", "Compress", "DepthToSpace",
+    "SpaceToDepth",
+})  # fmt: skip
+BETWEEN_FP32_REASON = "only moves values between FP32 nodes (narrowing it would round them, nothing else)"
+
+
+def with_data_movement_between_kept(model: onnx.ModelProto, kept: KeptNodes, types: dict[str, int]) -> KeptNodes:
+    """`kept` plus the data-movement nodes (Concat, Reshape, Cast...) whose float values come only from float32
+    (graph inputs, constants, kept nodes) and go only to float32 (kept nodes, graph outputs, which stay float32).
+
+    Narrowed, such a node computes nothing in the narrow type: it only rounds what a float32 node reads next. A
+    scikit-learn pipeline's Concat of raw columns in front of a tree ensemble is one: rounded to FP16 (spacing 8
+    near 1e4), the features cross the trees' thresholds, though no deployment computes the trees in FP16. Chains of
+    such nodes (Concat -> Reshape) are found together: the largest set meeting the condition.
+    """
+    graph = model.graph
+    producer = {out: node.name for node in graph.node for out in node.output if out}
+    readers: dict[str, list[str]] = {}
+    for node in graph.node:
+        if node.op_type not in SHAPE_ONLY_OPS:
+            for name in {*node.input, *outer_scope_reads(node)}:
+                readers.setdefault(name, []).append(node.name)
+    candidates = {node.name: node for node in graph.node
+                  if node.name not in kept.reasons and node.op_type in DATA_MOVEMENT_OPS and node.domain in DEFAULT_DOMAINS
+                  and any(types.get(n) == TensorProto.FLOAT for n in [*node.input, *node.output])}  # fmt: skip
+
+    def fp32_side(name: str | None) -> bool:
+        return name is None or name in kept.reasons or name in candidates
+
+    changed = True
+    while changed:
+        changed = False
+        for name, node in list(candidates.items()):
+            floats_in = [n for n in node.input if n and types.get(n) == TensorProto.FLOAT]
+            floats_out = [n for n in node.output if n and types.get(n) == TensorProto.FLOAT]
+            if not (all(fp32_side(producer.get(n)) for n in floats_in)
+                    and all(fp32_side(r) for n in floats_out for r in readers.get(n, []))):  # fmt: skip
+                del candidates[name]
+                changed = True
+    return KeptNodes({**kept.reasons, **dict.fromkeys(candidates, BETWEEN_FP32_REASON)})

@@ -13,6 +13,11 @@ Arithmetic inside an op stays FP32, as on hardware that accumulates BF16 product
 in FP32. Its accuracy is faithful to BF16 (range up to 3.39e38, then inf; 8 bits
 of precision); its latency is that of the emulation, never a BF16 figure.
 
+Which nodes stay FP32 under FP16: those whose schema or ONNX Runtime lacks float16 (float_support), those
+that produce or read a tensor FP16 cannot hold on the calibration sample or in the weights (fp16_range), and
+the data movement between such nodes (float_support.with_data_movement_between_kept). BF16 keeps ai.onnx.ml
+operators, control flow and the data movement between them unrounded.
+
 FP16 on a backend without FP16 kernels (ONNX Runtime's CPU provider) is evaluated
 through `emulate.emulate_float16`, which restores FP16 overflow and underflow that
 ORT's CPU provider would otherwise hide (qbench.validate.fidelity).
@@ -20,6 +25,7 @@ ORT's CPU provider would otherwise hide (qbench.validate.fidelity).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection
 from typing import Any
 
@@ -43,7 +49,9 @@ from qbench.variants.float_support import (
     non_tensor_values,
     restore_non_tensor_values,
     tensor_types,
+    with_data_movement_between_kept,
 )
+from qbench.variants.fp16_range import FP16_MAX_FINITE, FP16_MIN_POSITIVE, out_of_fp16_range
 from qbench.variants.onnx_utils import (
     Stopwatch,
     build_step,
@@ -55,8 +63,6 @@ from qbench.variants.onnx_utils import (
 )
 from qbench.variants.reference import load_reference
 
-FP16_MIN_POSITIVE = 5.96e-08  # smallest positive (subnormal) float16; the converter's default
-FP16_MAX_FINITE = 65504.0
 BF16_CAST_OPSET = 13  # first opset whose Cast accepts bfloat16
 BF16_NOTE = "BF16 emulated (FP32 graph rounding every tensor to bfloat16): accuracy is faithful, latency is not BF16's"
 
@@ -71,17 +77,24 @@ def build_fp16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         types = tensor_types(model)
         non_tensor = non_tensor_values(model)
         kept = _kept_for_fp16(model, types, non_tensor)
+    with build_step(spec.name, "checking the FP32 model's values against FP16's range"):
+        in_range = out_of_fp16_range(model, types, ctx.calibration, skip=kept.names)
+        kept = with_data_movement_between_kept(model, KeptNodes({**kept.reasons, **in_range.nodes}), types)
     params: dict[str, Any] = {
         "converter": "onnxruntime.transformers.float16",
         "keep_io_types": True,
         "min_positive_val": FP16_MIN_POSITIVE,
         "max_finite_val": FP16_MAX_FINITE,
         "blocked_op_types": kept.op_types(model),
+        "kept_fp32_nodes": len(kept.reasons),
         "converted_nodes": len(narrowed_nodes(model, kept, types)),
+        **in_range.params(),
     }
+    range_note = [note] if (note := in_range.note()) else []
     if not params["converted_nodes"]:
         why = _nothing_to_lower("convert to FP16", kept.op_types(model), model)
-        return unchanged_variant(spec.name, "fp16", ctx, why, params, clock.seconds())
+        built = unchanged_variant(spec.name, "fp16", ctx, why, params, clock.seconds())
+        return dataclasses.replace(built, notes=(*built.notes, *range_note))
     clamped = _values_outside_fp16(model, set(kept.names))
     io_types = {info.name: onnx.TypeProto.FromString(info.type.SerializeToString())  # the converter rewrites them
                 for info in [*model.graph.input, *model.graph.output] if info.name in non_tensor}  # fmt: skip
@@ -104,6 +117,7 @@ def build_fp16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         notes.append(f"{clamped} weight value(s) outside FP16's range were clamped to it")
     if kept.reasons:
         notes.append(f"kept in FP32: {', '.join(params['blocked_op_types'])} ({kept.why()})")
+    notes += range_note
     return BuiltVariant(
         name=spec.name,
         precision="fp16",
@@ -128,11 +142,14 @@ def _kept_for_fp16(model: onnx.ModelProto, types: dict[str, int], non_tensor: se
 
 def _values_outside_fp16(model: onnx.ModelProto, kept: Collection[str]) -> int:
     """Float constants the converter clamps: beyond FP16's largest finite value or below its smallest positive, in
-    initializers and in the tensors of converted Constant nodes (exporters write scalars such as a 1e5 mask fill
-    that way)."""
+    the initializers converted nodes read and in the tensors of converted Constant nodes (exporters write scalars
+    such as a mask fill that way). A whole constant out of range keeps its readers FP32 (fp16_range): what is left
+    here are single values, tiny weights among normal ones."""
     count = 0
-    constants = [a.t for n in model.graph.node if n.name not in kept for a in n.attribute if a.type == AttributeProto.TENSOR]
-    for tensor in [*model.graph.initializer, *constants]:
+    converted = [node for node in model.graph.node if node.name not in kept]
+    constants = [a.t for n in converted for a in n.attribute if a.type == AttributeProto.TENSOR]
+    read = {name for node in converted for name in node.input}
+    for tensor in [*(t for t in model.graph.initializer if t.name in read), *constants]:
         if tensor.data_type == TensorProto.FLOAT:
             magnitude = np.abs(numpy_helper.to_array(tensor))
             too_small = (magnitude > 0) & (magnitude < FP16_MIN_POSITIVE)
@@ -165,7 +182,7 @@ def build_bf16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     }
     with build_step(spec.name, "choosing the nodes that stay FP32"):
         types = tensor_types(model)
-        kept = kept_in_rounding_simulation(model)
+        kept = with_data_movement_between_kept(model, kept_in_rounding_simulation(model), types)
         params["kept_fp32_op_types"] = kept.op_types(model)
     if not narrowed_nodes(model, kept, types):
         why = _nothing_to_lower("round to BF16", params["kept_fp32_op_types"], model)

@@ -50,13 +50,15 @@ def _write_project(root: Path) -> Path:
     band = np.array(["small"] * ROWS_PER_BAND + ["big"] * ROWS_PER_BAND, dtype=object)
     x[ROWS_PER_BAND:, 2] = BIG_INPUT  # the winning class of every big row is 2
     labels[ROWS_PER_BAND:] = 2
+    # calibration sees small rows only: FP16 keeps in FP32 what overflows on the calibration sample, so the
+    # overflow it cannot foresee is on rows beyond it
     subset = np.where(np.arange(len(x)) % 4 == 0, "calib", "eval")
     _write_model(root / "overflow.onnx")
     pd.DataFrame({"x": list(x), "label": labels, "band": band, "subset": subset}).to_parquet(root / "rows.parquet")
     recipe = {
         "name": "overflow", "task": "classification", "model": {"path": "overflow.onnx"},
         "data": {"path": "rows.parquet", "inputs": {"x": "x"}, "label": "label",
-                 "calibration": {"filter": {"subset": "calib"}, "samples": 20, "batch_size": 10},
+                 "calibration": {"filter": {"subset": "calib", "band": "small"}, "samples": 10, "batch_size": 10},
                  "evaluation": {"filter": {"subset": "eval"}, "batch_size": 16}, "slices": [{"by": "band"}]},
         "variants": [{"name": "fp16", "precision": "fp16"}, {"name": "bf16", "precision": "bf16"},
                      {"name": "fp8", "precision": "fp8", "calibrator": "minmax"},

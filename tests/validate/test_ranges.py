@@ -3,6 +3,7 @@ whose activations overflow FP16 on one slice only, a slice that calibration neve
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -24,6 +25,7 @@ from qbench.validate.ranges import (
     clip_record,
     coverage_warnings,
     expose_float_tensors,
+    fp16_handled,
     limit_checks,
     over_limit,
     row_abs_max,
@@ -324,3 +326,42 @@ def test_tensors_without_a_batch_dimension_count_in_overall_only(tmp_path: Path)
     # like a one-row batch, but `offset` was found batchless in the first batch and stays out of the slices
     assert analysis.abs_max["overall"]["offset"] == 3.0 and analysis.abs_max["last"]["offset"] == 0.0
     assert analysis.abs_max["last"]["shifted"] == 6.0  # row 2 + offset (0, 0, 3, 0) -> (0, 0, 6, 0)
+
+
+def test_tensors_the_fp16_variant_keeps_or_clamps_harmlessly_are_not_reported_as_its_overflows() -> None:
+    """A mask filled from float32's minimum (clamped harmlessly by the FP16 variant) and raw features it keeps in
+    FP32 are over 65504 in the FP32 model, but no FP16 overflow: the count leaves them out, the report says why."""
+    from sweep_factory import make_sweep
+
+    from qbench.report_ranges import ranges_section
+    from qbench.results import RangeAnalysis
+    from qbench.track_content import sweep_metrics
+
+    params = {"fp16_range": {"tensors": {"x": 1e7}, "harmless": {"mask": {"max_abs": 3.4e38, "output_change_fp16_spacings": 0.0}}}}
+    handled = fp16_handled([("half", params)])
+    assert handled == {"x": "half keeps it in FP32", "mask": "half clamps or overflows it harmlessly"}
+    assert fp16_handled([("half", params), ("half2", {"fp16_range": {"tensors": {"x": 1e7}}})]) == {
+        "x": "half keeps it in FP32; half2 keeps it in FP32"}  # fmt: skip  # mask: half2 overflows it unchecked
+    assert fp16_handled([("old", {})]) == {}  # a build without the record: nothing is known to be handled
+    abs_max = {"overall": {"x": 1e7, "mask": 3.4e38, "logits": 1e5}, "kind=hot": {"x": 1e7, "mask": 3.4e38, "logits": 1e5},
+               "kind=cold": {"x": 1.0, "mask": 3.4e38, "logits": 1.0}}  # fmt: skip
+    nodes = {"x": GRAPH_INPUT, "mask": "mask_add", "logits": "fc"}
+    checks = limit_checks(abs_max, nodes, [], handled)
+    fp16 = next(c for c in checks if c.format == "fp16")
+    assert [(p.tensor, p.handled) for p in fp16.over["kind=hot"]] == [
+        ("mask", "half clamps or overflows it harmlessly"), ("x", "half keeps it in FP32"), ("logits", None)]  # fmt: skip
+    bf16 = next(c for c in checks if c.format == "bf16")
+    assert all(p.handled is None for peaks in bf16.over.values() for p in peaks)
+    analysis = RangeAnalysis(rows=4, seconds=0.1, nodes=nodes, abs_max=abs_max, limits=checks)
+    results = dataclasses.replace(make_sweep(), ranges=analysis)
+    metrics = sweep_metrics(results, None)
+    assert metrics["range.kind_hot.fp16_overflow_tensors"] == 1.0  # logits only: the FP16 variant overflows there
+    assert metrics["range.kind_cold.fp16_overflow_tensors"] == 0.0  # before: 1 (the mask)
+    section = ranges_section(results)
+    print(section)
+    assert ("slice `kind=hot`: `logits` from node `fc` (100,000 > 65,504); no overflow in the sweep's FP16 variant(s): "
+            "`mask` from node `mask_add` (3.4e+38 > 65,504: half clamps or overflows it harmlessly), `x` from node "
+            "`<graph input>` (10,000,000 > 65,504: half keeps it in FP32)") in section
+    assert "slice `kind=cold`: no overflow in the sweep's FP16 variant(s): `mask` from node `mask_add`" in section
+    round_trip = from_dict(json.loads(to_json(results)))
+    assert round_trip.ranges.limits[0].over["kind=hot"] == fp16.over["kind=hot"]

@@ -46,23 +46,32 @@ def test_fp16_keeps_fp32_io_and_stays_close(mlp, run, tmp_path):
     assert built.params["keep_io_types"] is True and built.params["weights_clamped"] == 0
 
 
-def test_fp16_counts_weights_it_must_clamp(graph, tmp_path, run):
-    weights = {"w": np.array([[1e5, 1.0], [1e-9, 2.0]], dtype=np.float32)}
-    path = graph(tmp_path / "big.onnx", [helper.make_node("MatMul", ["x", "w"], ["y"])], weights, {"x": 2}, {"y": 2})
+def test_fp16_keeps_a_weight_beyond_its_range_fp32_and_clamps_only_stray_tiny_values(graph, tmp_path, run):
+    """A weight of 1e5 clamped to 65504 changes the model (a running variance of 1e10 divides by 256, not 1e5): its
+    reader stays FP32. A tiny value among normal ones is clamped up to FP16's smallest subnormal, and counted."""
+    weights = {"w_big": np.array([[1e5, 1.0], [3.0, 2.0]], dtype=np.float32),
+               "w": np.array([[0.5, 1.0], [1e-9, 2.0]], dtype=np.float32)}
+    nodes = [helper.make_node("MatMul", ["x", "w_big"], ["y"], name="big"),
+             helper.make_node("MatMul", ["x", "w"], ["z"], name="small")]  # fmt: skip
+    path = graph(tmp_path / "big.onnx", nodes, weights, {"x": 2}, {"y": 2, "z": 2})
     ctx = BuildContext(reference_path=path, workdir=tmp_path / "work")
     built = build_fp16(VariantSpec(name="half", precision="fp16"), ctx)
-    assert built.params["weights_clamped"] == 2
+    assert built.params["weights_clamped"] == 1 and built.params["fp16_range"]["kept_nodes"] == ["big"]
     assert any("clamped" in note for note in built.notes)
+    assert any("kept in FP32 for range" in note and "w_big (max |x| 1e+05)" in note for note in built.notes)
+    x = {"x": np.array([[1.0, 2.0]], dtype=np.float32)}
+    np.testing.assert_array_equal(run(built, x), [[1e5 + 6.0, 5.0]])
 
 
-def test_fp16_counts_a_constant_nodes_values_it_must_clamp(graph, tmp_path, run):
-    """torch writes a scalar such as a mask fill as a Constant node, which the converter narrows as it does weights."""
+def test_fp16_keeps_the_readers_of_a_constant_nodes_value_beyond_its_range_fp32(graph, tmp_path, run):
+    """torch writes a scalar such as a mask fill as a Constant node, which the converter would clamp as it does
+    weights."""
     fill = helper.make_node("Constant", [], ["big"], value=numpy_helper.from_array(np.array(1.5e5, dtype=np.float32)))
     nodes = [fill, helper.make_node("Mul", ["x", "big"], ["y"])]
     path = graph(tmp_path / "const.onnx", nodes, {}, {"x": 2}, {"y": 2})
     built = build_fp16(VariantSpec(name="half", precision="fp16"), BuildContext(reference_path=path, workdir=tmp_path / "w"))
-    assert built.params["weights_clamped"] == 1
-    assert any("1 weight value(s) outside FP16's range were clamped" in note for note in built.notes)
+    assert "unchanged" in built.params and built.params["fp16_range"]["tensors"] == {"big": 1.5e5}
+    assert any("big (max |x| 1.5e+05)" in note for note in built.notes)
 
 
 def test_ort_cpu_cannot_run_real_bf16_compute(tmp_path):

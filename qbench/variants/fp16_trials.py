@@ -1,0 +1,215 @@
+"""Whether FP16's range limit changes a model's outputs: the FP32 model run on the calibration sample with chosen
+tensors clamped or overflowed as FP16 would leave them, its outputs compared with the unchanged FP32 outputs.
+
+A tensor FP16 cannot hold is not always a tensor FP16 gets wrong. Transformer exports build the attention mask from
+float32's minimum (-3.4e38) or -1e9: every FP16 converter clamps that constant to -65504, and the softmax reading
+`scores + mask` computes exactly the same (exp(-65504 + s) is 0, as exp(-3.4e38) is). A BatchNormalization whose
+running variance of 1e10 is clamped to 65504 divides by 256 instead of 1e5. Only running the model tells them
+apart, and that is what this module does, with one ONNX Runtime session per stage: the tried constants become graph
+inputs (fed as they are or clamped), each tried activation gets a switch (a bool input) that overflows it.
+
+How close is unchanged (`HARMLESS_SPACINGS`): every output value is compared with the spacing FP16 has at that
+value (2**-10 of its binade, at least FP16's smallest subnormal 2**-24). An FP16 model's output differs from FP32's
+by at least the rounding that storing it in FP16 costs, up to half that spacing, plus every rounding before it; a
+trial that moves no output by more than an eighth of that spacing (a quarter of the storage rounding alone) changes
+nothing FP16's own rounding does not dwarf. Harmful clamps are orders of magnitude beyond it (the variance above
+moves outputs by thousands of spacings), harmless ones are 0 or nearly so, so the outcome does not hinge on the
+figure. Non-float outputs must be equal, and an output NaN or inf where FP32's is not (or the reverse) is a change.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from qbench.variants.base import Feeds
+from qbench.variants.onnx_utils import save_model
+
+logger = logging.getLogger(__name__)
+
+HARMLESS_SPACINGS = 0.125  # the most a harmless trial moves any output value, in FP16 spacings at that value
+MAX_SINGLE_TRIALS = 16  # tensors tried one by one after a failed group trial; the rest count as harmful, untried
+CACHED_OUTPUT_BYTES = 256 * 2**20  # reference outputs kept between trials; batches beyond it are recomputed
+_SWITCH = "qbench_fp16_trial/"
+
+
+def fp16_spacing(values: np.ndarray) -> np.ndarray:
+    """FP16's spacing at each |value| (2**-10 of its binade; 2**-24 below the normals), exponent unbounded above."""
+    _, exponent = np.frexp(np.abs(values.astype(np.float64)))
+    return np.where(values == 0, 2.0**-24, np.maximum(np.ldexp(1.0, exponent - 11), 2.0**-24))
+
+
+def output_change(reference: Sequence[np.ndarray], got: Sequence[np.ndarray]) -> float:
+    """The largest change of any output value, in FP16 spacings at the reference value (module docstring)."""
+    worst = 0.0
+    for want, have in zip(reference, got, strict=True):
+        want, have = np.asarray(want), np.asarray(have)
+        if want.shape != have.shape:
+            return float("inf")
+        if want.dtype.kind != "f":
+            if not np.array_equal(want, have):
+                return float("inf")
+            continue
+        same_special = (np.isnan(want) & np.isnan(have)) | (np.isinf(want) & (want == have))
+        finite = np.isfinite(want) & np.isfinite(have)
+        if np.any(~finite & ~same_special):
+            return float("inf")
+        if np.any(finite):
+            moved = np.abs(have[finite].astype(np.float64) - want[finite]) / fp16_spacing(want[finite])
+            worst = max(worst, float(moved.max()))
+    return worst
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The tried tensors found harmless and harmful, each with the output change measured (None: not tried)."""
+
+    harmless: dict[str, float]
+    harmful: dict[str, float | None]
+
+
+def harmless_subset(names: Sequence[str], change: Callable[[Sequence[str]], float]) -> Verdict:
+    """Which of `names` the model tolerates, `change(subset)` measuring the output change with that subset altered.
+
+    The whole group first (one run: the common case, every one harmless); when it is not, each alone, at most
+    `MAX_SINGLE_TRIALS` of them (the rest count as harmful, untried), then the harmless ones together again: two
+    harmless alone may not be together, and then none of them is taken.
+    """
+    if not names:
+        return Verdict({}, {})
+    group = change(names)
+    if group <= HARMLESS_SPACINGS:
+        return Verdict(dict.fromkeys(names, group), {})
+    if len(names) == 1:
+        return Verdict({}, {names[0]: group})
+    alone = {name: change([name]) for name in names[:MAX_SINGLE_TRIALS]}
+    harmful: dict[str, float | None] = {name: value for name, value in alone.items() if value > HARMLESS_SPACINGS}
+    harmful |= dict.fromkeys(names[MAX_SINGLE_TRIALS:])
+    harmless = {name: value for name, value in alone.items() if name not in harmful}
+    if len(harmless) > 1 and change(list(harmless)) > HARMLESS_SPACINGS:
+        harmful |= harmless
+        harmless = {}
+    return Verdict(harmless, harmful)
+
+
+def clamped_as_converted(values: np.ndarray, min_positive: float, max_finite: float) -> np.ndarray:
+    """`values` as the FP16 converters leave their range: beyond +-max_finite clamped to it, nonzero values below
+    min_positive raised to it, values below FP16's smallest normal rounded to FP16 (its subnormals keep fewer bits).
+    Normal values keep every float32 bit: their rounding is the precision every FP16 tensor has, not the range's."""
+    clamped = np.clip(values, -max_finite, max_finite)
+    tiny = (clamped != 0) & (np.abs(clamped) < min_positive)
+    clamped = np.where(tiny, np.copysign(min_positive, clamped), clamped)
+    subnormal = np.abs(clamped) < np.finfo(np.float16).tiny
+    return np.where(subnormal, clamped.astype(np.float16).astype(np.float32), clamped).astype(np.float32)
+
+
+class TrialSession:
+    """One ONNX Runtime session of the FP32 model in which `constants` are graph inputs and each of `overflowed`
+    (activation -> the magnitude beyond which it becomes inf) and `rounded` (activations rounded to FP16 through a
+    Cast pair) has a switch; `change(...)` runs the calibration sample and compares with the run that alters nothing.
+    """
+
+    def __init__(self, model: onnx.ModelProto, batches: Sequence[Feeds], constants: Iterable[str] = (),
+                 overflowed: Mapping[str, float] | None = None, rounded: Iterable[str] = ()) -> None:  # fmt: skip
+        self.batches = batches
+        trial, self.constants = _constants_as_inputs(model, set(constants))
+        self.switches = _add_switches(trial, dict(overflowed or {}), set(rounded))
+        self.outputs = [o.name for o in trial.graph.output]
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # the FP32 model as written
+        options.log_severity_level = 3
+        with tempfile.TemporaryDirectory(prefix="qbench-fp16-trial-") as tmp:
+            path = save_model(trial, Path(tmp) / "trial.onnx")
+            self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self._reference: dict[int, list[np.ndarray]] = {}
+        self._cached = 0
+
+    def run(self, feeds: Feeds, constants: Mapping[str, np.ndarray] | None = None,
+            switched: Iterable[str] = ()) -> list[np.ndarray]:  # fmt: skip
+        """The model's outputs on `feeds`, with `constants` replacing the tried constants' values and the
+        activations `switched` altered."""
+        on = set(switched)
+        values = self.constants | dict(constants or {})
+        flags = {flag: np.array(name in on) for name, flag in self.switches.items()}
+        return self.session.run(self.outputs, {**feeds, **values, **flags})
+
+    def change(self, constants: Mapping[str, np.ndarray] | None = None, switched: Iterable[str] = ()) -> float:
+        """The largest output change over the calibration sample (output_change), against the unaltered model."""
+        worst = 0.0
+        switched = list(switched)
+        for index, feeds in enumerate(self.batches):
+            worst = max(worst, output_change(self._reference_for(index, feeds), self.run(feeds, constants, switched)))
+            if worst == float("inf"):
+                break
+        return worst
+
+    def _reference_for(self, index: int, feeds: Feeds) -> list[np.ndarray]:
+        if index in self._reference:
+            return self._reference[index]
+        outputs = self.run(feeds)
+        size = sum(np.asarray(o).nbytes for o in outputs)
+        if self._cached + size <= CACHED_OUTPUT_BYTES:
+            self._reference[index], self._cached = outputs, self._cached + size
+        return outputs
+
+
+def _constants_as_inputs(model: onnx.ModelProto, names: set[str]) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A copy of `model` whose initializers and Constant nodes named `names` are graph inputs; their values."""
+    trial = onnx.ModelProto()
+    trial.CopyFrom(model)
+    graph = trial.graph
+    values: dict[str, np.ndarray] = {}
+    for tensor in [t for t in graph.initializer if t.name in names]:
+        values[tensor.name] = numpy_helper.to_array(tensor)
+        graph.initializer.remove(tensor)
+    for node in [n for n in graph.node if n.op_type == "Constant" and n.output[0] in names]:
+        values[node.output[0]] = next(numpy_helper.to_array(a.t) for a in node.attribute if a.name == "value")
+        graph.node.remove(node)
+    declared = {i.name for i in graph.input}
+    graph.input.extend(helper.make_tensor_value_info(name, TensorProto.FLOAT, value.shape)
+                       for name, value in values.items() if name not in declared)  # fmt: skip
+    return trial, values
+
+
+def _add_switches(model: onnx.ModelProto, overflowed: dict[str, float], rounded: set[str]) -> dict[str, str]:
+    """Put a switch on each tried activation of `model`, in place: its main-graph readers read
+    Where(switch, altered, original) instead. Returns activation -> the switch's bool input."""
+    graph = model.graph
+    tried = [*overflowed, *sorted(rounded - set(overflowed))]
+    if not tried:
+        return {}
+    switches = {name: f"{_SWITCH}{index}/on" for index, name in enumerate(tried)}
+    inserted: dict[str, list[onnx.NodeProto]] = {}
+    for index, name in enumerate(tried):
+        prefix, altered = f"{_SWITCH}{index}/", f"{_SWITCH}{index}/altered"
+        if name in overflowed:  # |x| beyond the limit -> x * inf: FP16 arithmetic overflows to inf, it does not clamp
+            graph.initializer.extend([numpy_helper.from_array(np.array(overflowed[name], np.float32), prefix + "limit"),
+                                      numpy_helper.from_array(np.array(np.inf, np.float32), prefix + "inf")])  # fmt: skip
+            nodes = [helper.make_node("Abs", [name], [prefix + "abs"], name=prefix + "abs"),
+                     helper.make_node("Greater", [prefix + "abs", prefix + "limit"], [prefix + "over"], name=prefix + "over"),
+                     helper.make_node("And", [prefix + "over", switches[name]], [prefix + "hit"], name=prefix + "hit"),
+                     helper.make_node("Mul", [name, prefix + "inf"], [prefix + "inf_x"], name=prefix + "inf_x"),
+                     helper.make_node("Where", [prefix + "hit", prefix + "inf_x", name], [altered], name=altered)]  # fmt: skip
+        else:  # every value below FP16's normals: FP16 holds it as a subnormal, or 0
+            nodes = [helper.make_node("Cast", [name], [prefix + "half"], name=prefix + "half", to=TensorProto.FLOAT16),
+                     helper.make_node("Cast", [prefix + "half"], [prefix + "back"], name=prefix + "back", to=TensorProto.FLOAT),
+                     helper.make_node("Where", [switches[name], prefix + "back", name], [altered], name=altered)]  # fmt: skip
+        inserted[name] = nodes
+        graph.input.append(helper.make_tensor_value_info(switches[name], TensorProto.BOOL, []))
+    renamed = {name: f"{_SWITCH}{index}/altered" for index, name in enumerate(tried)}
+    order = [n for name in tried if name in {i.name for i in graph.input} for n in inserted.pop(name)]
+    for node in graph.node:
+        node.input[:] = [renamed.get(n, n) for n in node.input]
+        order.append(node)
+        order += [n for out in node.output if out in inserted for n in inserted.pop(out)]
+    graph.ClearField("node")
+    graph.node.extend(order)
+    return switches
