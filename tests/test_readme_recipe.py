@@ -1,0 +1,190 @@
+"""The README's recipe reference matches the recipe schema: every key its YAML examples write is a field of the
+pydantic models (`qbench.recipe.Recipe` and the sections under it), and every field of those models is named
+somewhere in the README, in a YAML example or in the prose (a backticked `section.field`, or a field name no
+other field shares), so a field added, renamed or removed in the code cannot leave the README behind."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+import typing
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import BaseModel
+
+from qbench.recipe import Recipe
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+# `backends: [{name, accelerator}]` is how the README writes the pins that the schema keeps in `backend_resources`
+BACKEND_ENTRY = "backend_resources"
+
+
+def _models(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models an annotation can hold (through Optional, Union, list, dict, Annotated)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [model for arg in typing.get_args(annotation) for model in _models(arg)]
+
+
+def _is_mapping(annotation: Any) -> bool:
+    """Whether the annotation is (or may be) a dict keyed by user names (inputs, backends...), not by fields."""
+    if typing.get_origin(annotation) is dict:
+        return True
+    return any(_is_mapping(arg) for arg in typing.get_args(annotation))
+
+
+def schema_fields(model: type[BaseModel] = Recipe, prefix: str = "") -> dict[str, Any]:
+    """Every field path of the schema (`data.calibration.samples`; list and dict entries add no component)."""
+    paths: dict[str, Any] = {}
+    for name, field in model.model_fields.items():
+        path = prefix + name
+        paths[path] = field
+        for sub in _models(field.annotation):
+            paths.update(schema_fields(sub, path + "."))
+    return paths
+
+
+def _walk(model: type[BaseModel], value: Any, path: str, seen: set[str], unknown: list[str]) -> None:
+    """Record the schema fields a YAML fragment writes under `model`, and the keys that are no field."""
+    if not isinstance(value, dict):
+        return
+    for key, item in value.items():
+        field = model.model_fields.get(str(key))
+        if field is None:
+            unknown.append(f"{path}{key}")
+            continue
+        seen.add(f"{path}{key}")
+        if model is Recipe and key == "backends" and isinstance(item, list):
+            for entry in item:
+                if isinstance(entry, dict):
+                    seen.add(BACKEND_ENTRY)
+                    entry = {k: v for k, v in entry.items() if k != "name"}
+                    _walk(_models(Recipe.model_fields[BACKEND_ENTRY].annotation)[0], entry, BACKEND_ENTRY + ".",
+                          seen, unknown)  # fmt: skip
+            continue
+        subs = _models(field.annotation)
+        if not subs:
+            continue
+        if isinstance(item, list):
+            entries = item
+        elif isinstance(item, dict) and _is_mapping(field.annotation) and not set(item) <= set(subs[0].model_fields):
+            entries = list(item.values())  # keyed by user names: each value is an entry
+        else:
+            entries = [item]
+        for entry in entries:
+            _walk(subs[0], entry, f"{path}{key}.", seen, unknown)
+
+
+def readme_yaml_fragments() -> list[tuple[int, Any]]:
+    """The README's YAML code blocks that are recipes or parts of one, with their line numbers: a mapping whose
+    keys are at least half recipe sections, or a list of variant entries (mappings with a `precision`)."""
+    text = README.read_text()
+    fragments = []
+    for block in re.finditer(r"^( *)```yaml\n(.*?)^\1```", text, re.MULTILINE | re.DOTALL):
+        line = text[: block.start()].count("\n") + 1
+        data = yaml.safe_load(textwrap.dedent(block.group(2)))
+        if isinstance(data, list) and data and all(isinstance(d, dict) and "precision" in d for d in data):
+            fragments.append((line, {"variants": data}))
+        elif isinstance(data, dict) and 2 * sum(str(k) in Recipe.model_fields for k in data) >= len(data):
+            fragments.append((line, data))
+    return fragments
+
+
+def _model_at(path: str) -> type[BaseModel] | None:
+    """The schema model whose fields sit under `path` ('' for the recipe itself)."""
+    model: type[BaseModel] = Recipe
+    for part in filter(None, path.split(".")):
+        subs = _models(model.model_fields[part].annotation)
+        if not subs:
+            return None
+        model = subs[0]
+    return model
+
+
+def readme_inline() -> tuple[set[str], list[tuple[str, str, Any]]]:
+    """What the README's prose writes in backticks: the field-like names (`data.classes`, `fold: false` -> fold),
+    and the inline YAML mappings (`fallback: {until: gate, max_excluded: 8}`) with the schema path they sit under,
+    where their first key is a recipe section or a field name no other field has."""
+    fields = schema_fields()
+    leaf_paths: dict[str, list[str]] = {}
+    for path in fields:
+        leaf_paths.setdefault(path.rsplit(".", 1)[-1], []).append(path)
+    names, inline = set(), []
+    for code in re.findall(r"`([^`\n]+)`", README.read_text()):
+        found = re.match(r"\{?([A-Za-z_][\w.]*)\s*(:|$)", code.strip())
+        if not found:
+            continue
+        names.add(found.group(1))
+        if not re.match(r"[A-Za-z_]\w*: *[{\[]", code.strip()):
+            continue
+        try:
+            data = yaml.safe_load(code)
+        except yaml.YAMLError:
+            continue
+        first = found.group(1)
+        anchors = [first] if first in Recipe.model_fields else leaf_paths.get(first, [])
+        if isinstance(data, dict) and len(anchors) == 1:
+            inline.append((code, anchors[0].rpartition(".")[0], data))
+    return names, inline
+
+
+def _documented(path: str, seen: set[str], mentions: set[str], leaves: dict[str, int]) -> bool:
+    if path in seen:
+        return True
+    parts = path.split(".")
+    suffixes = {".".join(parts[i:]) for i in range(len(parts))}
+    if len(parts) > 1:  # a nested field: a dotted suffix names it, or its name alone where no other field has it
+        named = {s for s in suffixes if "." in s} | ({parts[-1]} if leaves[parts[-1]] == 1 else set())
+    else:
+        named = {path}
+    return bool(named & mentions)
+
+
+def test_the_readme_has_recipe_examples():
+    assert len(readme_yaml_fragments()) >= 5
+
+
+@pytest.mark.parametrize("line,fragment", readme_yaml_fragments(), ids=lambda v: str(v) if isinstance(v, int) else "")
+def test_every_key_of_a_readme_recipe_example_is_a_field(line: int, fragment: Any):
+    unknown: list[str] = []
+    _walk(Recipe, fragment, "", set(), unknown)
+    assert not unknown, f"README.md line {line}: {unknown} are not recipe fields"
+
+
+@pytest.mark.parametrize("code,parent,fragment", readme_inline()[1], ids=lambda v: v if isinstance(v, str) else "")
+def test_every_key_of_an_inline_readme_example_is_a_field(code: str, parent: str, fragment: Any):
+    unknown: list[str] = []
+    model = _model_at(parent)
+    assert model is not None
+    _walk(model, fragment, f"{parent}." if parent else "", set(), unknown)
+    assert not unknown, f"README.md `{code}`: {unknown} are not recipe fields"
+
+
+def test_every_recipe_field_is_named_in_the_readme():
+    seen: set[str] = set()
+    for _, fragment in readme_yaml_fragments():
+        _walk(Recipe, fragment, "", seen, [])
+    mentions, inline = readme_inline()
+    for _, parent, fragment in inline:
+        model = _model_at(parent)
+        if model is not None:
+            _walk(model, fragment, f"{parent}." if parent else "", seen, [])
+    fields = schema_fields()
+    leaves: dict[str, int] = {}
+    for path in fields:
+        leaves[path.rsplit(".", 1)[-1]] = leaves.get(path.rsplit(".", 1)[-1], 0) + 1
+    missing = [path for path in fields if not _documented(path, seen, mentions, leaves)]
+    assert not missing, f"recipe fields the README never names: {missing}"
+
+
+def test_the_check_sees_an_unknown_key_and_a_missing_field():
+    """The walk is not vacuous: a misspelt key is reported, and a field no fragment names is not seen."""
+    unknown: list[str] = []
+    seen: set[str] = set()
+    _walk(Recipe, {"data": {"calibration": {"sample": 3}}, "variants": [{"name": "a", "precison": "x"}],
+                   "backends": [{"name": "tensorrt", "acelerator": "H100"}]}, "", seen, unknown)  # fmt: skip
+    assert unknown == ["data.calibration.sample", "variants.precison", "backend_resources.acelerator"]
+    assert "data.calibration" in seen and "data.calibration.samples" not in seen
