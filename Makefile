@@ -28,4 +28,4 @@ bench: install
 	$(PY) bench/overhead.py
 
 clean:
-	rm -rf $(VENV) reports/*/ models data mlflow.db mlartifacts .qbench
+	rm -rf $(VENV) reports/*/ recipes/reports models data mlflow.db mlflow.db.lock mlartifacts .qbench
