@@ -1,7 +1,8 @@
 """The README's recipe reference matches the recipe schema: every key its YAML examples write is a field of the
 pydantic models (`qbench.recipe.Recipe` and the sections under it), and every field of those models is named
 somewhere in the README, in a YAML example or in the prose (a backticked `section.field`, or a field name no
-other field shares), so a field added, renamed or removed in the code cannot leave the README behind."""
+other field shares), so a field added, renamed or removed in the code cannot leave the README behind. Its
+layout section ("How it is built") names every module under qbench/, and only modules that exist."""
 
 from __future__ import annotations
 
@@ -188,3 +189,48 @@ def test_the_check_sees_an_unknown_key_and_a_missing_field():
                    "backends": [{"name": "tensorrt", "acelerator": "H100"}]}, "", seen, unknown)  # fmt: skip
     assert unknown == ["data.calibration.sample", "variants.precison", "backend_resources.acelerator"]
     assert "data.calibration" in seen and "data.calibration.samples" not in seen
+
+
+# -- the layout section ------------------------------------------------------------------------
+
+PACKAGE = README.parent / "qbench"
+
+
+def layout_entries() -> dict[str, str]:
+    """The README's "How it is built" tree: each entry (`recipe.py`, `data/`) with its text, continuation lines
+    included."""
+    section = re.search(r"^## How it is built\n.*?^```\nqbench/\n(.*?)^```", README.read_text(), re.MULTILINE | re.DOTALL)
+    if section is None:
+        pytest.fail('README.md has no "How it is built" section with a qbench/ tree')
+    entries: dict[str, str] = {}
+    name = ""
+    for line in section.group(1).splitlines():
+        entry = re.match(r"^  (\S+)\s*(.*)$", line)
+        if entry:
+            name = entry.group(1)
+            entries[name] = entry.group(2)
+        elif name:
+            entries[name] += " " + line.strip()
+    return entries
+
+
+def test_the_layout_names_every_module_and_only_modules_that_exist():
+    """A top-level module is an entry or named (`name.py`) in an entry; a subpackage's modules are named (as
+    words) in its entry; every `name.py` and `package/` the tree names exists."""
+    entries = layout_entries()
+    text = " ".join(entries.values())
+    missing = []
+    for path in sorted(PACKAGE.glob("*.py")):
+        if path.name not in entries and not re.search(rf"(?<![\w/]){re.escape(path.name)}\b", text):
+            missing.append(path.name)
+    for package in sorted(p for p in PACKAGE.iterdir() if (p / "__init__.py").exists()):
+        if f"{package.name}/" not in entries:
+            missing.append(f"{package.name}/")
+            continue
+        for path in sorted(package.glob("*.py")):
+            if path.stem != "__init__" and not re.search(rf"\b{path.stem}\b", entries[f"{package.name}/"]):
+                missing.append(f"{package.name}/{path.name}")
+    assert not missing, f"modules the README's layout does not name: {missing}"
+    named = set(entries) | set(re.findall(r"(?<![\w/.])(\w+\.py)\b", text))
+    stale = sorted(n for n in named if not (PACKAGE / n).exists())
+    assert not stale, f"the README's layout names modules that do not exist: {stale}"
