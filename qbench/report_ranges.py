@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from html import escape
 
 from qbench.report_grid import NONE, Cell, Grid, html_inline, markdown_table, md_cell, short, to_html
-from qbench.results import LimitCheck, SweepResults, TensorPeak
+from qbench.results import SweepResults
+from qbench.results_ranges import LimitCheck, TensorPeak
 
 _FORMAT_NAMES = {"fp16": "FP16", "bf16": "BF16", "fp8_e4m3": "FP8 E4M3"}
 _PEAKS_SHOWN = 5

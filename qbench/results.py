@@ -22,12 +22,7 @@ Schema (version 1), documented in reports/README.md:
     LatencyResult: threads, session_create_ms, first_run_ms, points [LatencyPoint]
     LatencyPoint: batch_size, warmup, iterations, p50_ms, p95_ms, p99_ms, mean_ms, items_per_s,
       window_p50_ms [..], window_p99_ms [..], spread, iqr_ratio, stable true|false|null
-    RangeAnalysis: rows, seconds, nodes {tensor: node}, abs_max {scope: {tensor: value}},
-      limits [LimitCheck], clipping [ClipRecord], warnings [CoverageWarning], unattributed [tensor]
-    LimitCheck: format, limit, scaled_by, over {scope: [TensorPeak]}
-    TensorPeak: tensor, node, abs_max, limit, handled
-    ClipRecord: variant, scope, clipped, values, share, worst_tensor, worst_node, worst_share
-    CoverageWarning: slice, variant, clipped_share, worst_node, worst_tensor, message
+    RangeAnalysis (results_ranges.py): rows, seconds, nodes, abs_max, limits, clipping, warnings, unattributed
 """
 
 from __future__ import annotations
@@ -43,6 +38,11 @@ from typing import Any
 import qbench
 from qbench.errors import QbenchError, short_repr
 from qbench.files import write_atomically
+from qbench.results_ranges import ClipRecord as ClipRecord
+from qbench.results_ranges import CoverageWarning as CoverageWarning
+from qbench.results_ranges import LimitCheck as LimitCheck
+from qbench.results_ranges import RangeAnalysis, figures, ranges_from_dict
+from qbench.results_ranges import TensorPeak as TensorPeak
 from qbench.results_search import SearchReport, search_from_dict
 from qbench.results_serving import ServingResult, serving_from_dict
 
@@ -188,76 +188,6 @@ class FrontierPoint:
 
 
 @dataclass(frozen=True)
-class TensorPeak:
-    """A tensor whose largest magnitude on a slice is over a format's limit."""
-
-    tensor: str
-    node: str  # the node producing it ("<graph input>" for a model input)
-    abs_max: float
-    limit: float
-    # how every FP16 variant of the sweep avoids the overflow (kept in FP32, or its clamp or overflow changed no output
-    # on its calibration sample: fp16_range in its params); None: the FP16 variants overflow there, or there are none
-    handled: str | None = None
-
-
-@dataclass(frozen=True)
-class LimitCheck:
-    """Tensors over one format's largest finite value, per scope (overall and each slice), worst first.
-
-    scaled_by: the FP8 variant whose per-tensor scales set each tensor's limit (448 x scale); None for a raw limit.
-    """
-
-    format: str
-    limit: float
-    scaled_by: str | None
-    over: dict[str, tuple[TensorPeak, ...]]
-
-
-@dataclass(frozen=True)
-class ClipRecord:
-    """Activations of one variant's quantized tensors outside their calibrated range, on one scope."""
-
-    variant: str
-    scope: str
-    clipped: int
-    values: int
-    share: float
-    worst_tensor: str | None = None
-    worst_node: str | None = None
-    worst_share: float = 0.0
-
-
-@dataclass(frozen=True)
-class CoverageWarning:
-    """A slice with no calibration rows on which a calibrated variant clips activations."""
-
-    slice: str
-    variant: str
-    clipped_share: float
-    worst_node: str
-    worst_tensor: str
-    message: str
-
-
-@dataclass(frozen=True)
-class RangeAnalysis:
-    """One FP32 pass over the evaluation rows recording every float tensor's abs max per scope.
-
-    abs_max: scope ("overall", then each slice) -> tensor -> largest |value|.
-    unattributed: tensors whose leading dimension is not the batch; they count in "overall" only.
-    """
-
-    rows: int
-    seconds: float
-    nodes: dict[str, str]
-    abs_max: dict[str, dict[str, float]]
-    limits: tuple[LimitCheck, ...] = ()
-    clipping: tuple[ClipRecord, ...] = ()
-    warnings: tuple[CoverageWarning, ...] = ()
-    unattributed: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
 class SweepResults:
     qbench_version: str
     created_at: str
@@ -336,14 +266,6 @@ def write_results(results: SweepResults, path: Path) -> Path:
     return write_atomically(path, to_json(results), what="the results")
 
 
-def _metrics(raw: dict[str, Any] | None) -> dict[str, float]:
-    """Metric values as qbench writes them: numbers, or null for NaN (a string or a boolean is no figure)."""
-    for name, value in (raw or {}).items():
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise TypeError(f"metric {name!r}: got {value!r}, expected a number or null")
-    return {k: (math.nan if v is None else float(v)) for k, v in (raw or {}).items()}
-
-
 def _counts(raw: dict[str, Any] | None) -> dict[str, int]:
     """Counts as qbench writes them: whole numbers (1.5 tokens, or a string, is no count)."""
     for name, value in (raw or {}).items():
@@ -356,10 +278,10 @@ def _slice(raw: dict[str, Any]) -> SliceMetrics:
     return SliceMetrics(
         name=raw["name"],
         size=int(raw["size"]),
-        metrics=_metrics(raw["metrics"]),
+        metrics=figures(raw["metrics"]),
         intervals={k: (math.nan if v[0] is None else v[0], math.nan if v[1] is None else v[1])
                    for k, v in (raw.get("intervals") or {}).items()},
-        drops=_metrics(raw.get("drops")),
+        drops=figures(raw.get("drops")),
         nonfinite_outputs=int(raw["nonfinite_outputs"]),
         new_nonfinite_outputs=int(raw.get("new_nonfinite_outputs", 0)),
         denominators=_counts(raw.get("denominators")),
@@ -393,32 +315,6 @@ def _latency_point(raw: dict[str, Any]) -> LatencyPoint:
     return LatencyPoint(**{**raw, **nan_if_null, **windows})
 
 
-def _peak(raw: dict[str, Any]) -> TensorPeak:
-    """A non-finite abs max (an infinite activation) was written as null: it is over every limit."""
-    abs_max = math.inf if raw["abs_max"] is None else float(raw["abs_max"])
-    return TensorPeak(tensor=raw["tensor"], node=raw["node"], abs_max=abs_max, limit=float(raw["limit"]),
-                      handled=raw.get("handled"))  # fmt: skip
-
-
-def _ranges(raw: dict[str, Any] | None) -> RangeAnalysis | None:
-    if raw is None:
-        return None
-    return RangeAnalysis(
-        rows=int(raw["rows"]),
-        seconds=float(raw["seconds"]),
-        nodes=raw["nodes"],
-        abs_max={scope: _metrics(tensors) for scope, tensors in raw["abs_max"].items()},
-        limits=tuple(
-            LimitCheck(format=c["format"], limit=c["limit"], scaled_by=c.get("scaled_by"),
-                       over={scope: tuple(_peak(p) for p in peaks) for scope, peaks in c["over"].items()})
-            for c in raw.get("limits", [])
-        ),  # fmt: skip
-        clipping=tuple(ClipRecord(**c) for c in raw.get("clipping", [])),
-        warnings=tuple(CoverageWarning(**w) for w in raw.get("warnings", [])),
-        unattributed=tuple(raw.get("unattributed", [])),
-    )
-
-
 def from_dict(raw: dict[str, Any]) -> SweepResults:
     """Rebuild results from parsed JSON. Raises QbenchError if the schema version is not this one."""
     version = raw.get("schema_version")
@@ -439,7 +335,7 @@ def from_dict(raw: dict[str, Any]) -> SweepResults:
         frontier=tuple(FrontierPoint(**p) for p in raw.get("frontier", [])),
         timings=raw.get("timings", {}),
         dropped_nonfinite=raw.get("dropped_nonfinite", {}),
-        ranges=_ranges(raw.get("ranges")),
+        ranges=ranges_from_dict(raw.get("ranges")),
         inputs=raw.get("inputs", {}),
         complete=raw.get("complete") is True,
         finished_at=raw.get("finished_at"),

@@ -35,7 +35,7 @@ import onnx
 
 from qbench.data.feeds import take_batch
 from qbench.progress import track_rows
-from qbench.results import ClipRecord, CoverageWarning, LimitCheck, RangeAnalysis, TensorPeak
+from qbench.results_ranges import ClipRecord, CoverageWarning, LimitCheck, RangeAnalysis, TensorPeak
 from qbench.variants.fp8 import FP8_MAX
 from qbench.variants.onnx_utils import load_model, save_model
 
