@@ -15,24 +15,14 @@ How the search works is in qbench.search.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 
-from qbench.errors import short_repr
 from qbench.recipe_variants import Name
+from qbench.techniques.options import Alpha
 
 TECHNIQUES = ("ort-dynamic", "smoothquant-dynamic", "smoothquant-static", "ort-static")  # uncalibrated first
-
-
-def _check_alpha(value: Any) -> Any:
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if value == "auto" or (number and 0 <= value <= 1):
-        return value
-    raise ValueError(f"expected a number from 0 to 1, or 'auto'; got {short_repr(value)}")
-
-
-Alpha = Annotated[float | Literal["auto"], BeforeValidator(_check_alpha)]
 
 
 class SearchSpec(BaseModel):

@@ -117,6 +117,10 @@ def _check_alpha(value: Any) -> Any:
     raise ValueError(f"expected a number from 0 to 1, or 'auto'; got {short_repr(value)}")
 
 
+# a SmoothQuant alpha: a number in [0, 1], or auto (chosen per Linear input); also the INT8 search's `alphas`
+Alpha = Annotated[float | Literal["auto"], BeforeValidator(_check_alpha)]
+
+
 def _check_alphas(values: list[float]) -> list[float]:
     if not values or any(not 0 <= value <= 1 for value in values):
         raise ValueError(f"expected a non-empty list of numbers from 0 to 1, got {short_repr(values)}")
@@ -126,7 +130,7 @@ def _check_alphas(values: list[float]) -> list[float]:
 class SmoothQuantSpec(StrictConfig):
     """SmoothQuant's own options (the `smoothquant:` block of a variant)."""
 
-    alpha: Annotated[float | Literal["auto"], BeforeValidator(_check_alpha)] = Field(
+    alpha: Alpha = Field(
         0.5,
         description="migration strength: 0 keeps the activations' range, 1 moves it all into the weights; "
         "auto: per Linear input, the alpha of `alphas` (or none) whose INT8 outputs are closest to FP32",
