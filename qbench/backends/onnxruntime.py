@@ -82,6 +82,9 @@ class OnnxRuntimeBackend:
     providers: ClassVar[tuple[str, ...]]
     extra: ClassVar[str]  # the qbench extra that installs an onnxruntime build with these providers
     native_precisions: ClassVar[frozenset[str] | None] = None  # None: every precision runs on its own kernels
+    # what a missing provider asks to install (default: "onnxruntime with <provider>"), and how
+    install_name: ClassVar[str | None] = None
+    install_hint: ClassVar[str | None] = None
 
     @property
     def required_provider(self) -> str:
@@ -91,10 +94,11 @@ class OnnxRuntimeBackend:
         ort = _import_onnxruntime(self.extra)
         available = ort.get_available_providers()
         if self.required_provider not in available:
+            found = f"this onnxruntime {ort.__version__} has {', '.join(available)}"
             raise MissingExtraError(
-                f"onnxruntime with {self.required_provider}",
+                self.install_name or f"onnxruntime with {self.required_provider}",
                 self.extra,
-                hint=f"this onnxruntime {ort.__version__} has {', '.join(available)}",
+                hint=f"{self.install_hint}; {found}" if self.install_hint else found,
             )
 
     def supports(self, variant: BuiltVariant) -> str | None:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from qbench.backends.base import RunOptions
 from qbench.backends.gpu_monitor import GpuMonitor
 from qbench.backends.onnxruntime import OnnxRuntimeBackend, OnnxRuntimeRunner, _import_onnxruntime, _load_errors
-from qbench.errors import MissingExtraError, QbenchError
+from qbench.errors import QbenchError
 from qbench.variants.base import BuiltVariant
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -214,15 +214,11 @@ class OnnxRuntimeGpuBackend(OnnxRuntimeBackend):
         "check that the CUDA and cuDNN libraries this onnxruntime-gpu was built for are installed and loadable"
     )
 
+    install_name: ClassVar[str | None] = "onnxruntime-gpu"
+    install_hint: ClassVar[str | None] = ONNXRUNTIME_GPU_HINT
+
     def check_available(self) -> None:
-        ort = _import_onnxruntime(self.extra)
-        available = ort.get_available_providers()
-        if self.required_provider not in available:
-            raise MissingExtraError(
-                "onnxruntime-gpu",
-                self.extra,
-                hint=f"{ONNXRUNTIME_GPU_HINT}; this onnxruntime {ort.__version__} has {', '.join(available)}",
-            )
+        super().check_available()
         require_gpu(self.name)
 
     def provider_entries(self, variant: BuiltVariant) -> list[ProviderEntry]:
