@@ -258,7 +258,8 @@ def explain_variant(
             baseline = evaluator.score(built)
         nodes = quantized_nodes(load_model(ctx.reference_path), built)
         if not nodes:
-            raise QbenchError(f"explain: variant {spec.name!r} has no quantized node to rank")
+            why = f": {built.params['unchanged']}" if built.params.get("unchanged") else ""
+            raise QbenchError(f"explain: variant {spec.name!r} quantizes no node, so nothing to explain{why}")
         groups = group_nodes(nodes, group_by)
         scratch = dataclasses.replace(ctx, workdir=Path(tmp) / "candidates")
         scratch.workdir.mkdir(parents=True)

@@ -78,3 +78,29 @@ def test_exclude_nodes_names_a_call_site_and_a_body_name_is_answered_with_the_ca
     spec = load_recipe(write_fragile_project(tmp_path / "p", [{**INT8, "exclude_nodes": [LAYERS[1]]}])).variants[0]
     built = build_variant(spec, BuildContext(tmp_path / "m.onnx", tmp_path / "out", batches))
     assert built.params["quantized_nodes"] == 3  # layer 0's two MatMuls and the head
+
+
+def test_explaining_a_variant_whose_only_layers_sit_in_an_if_branch_says_why_in_one_line(tmp_path, capsys):
+    """The MatMuls sit inside If branches, which the quantizers leave float: the INT8 variant is the FP32 model. The
+    sweep's note read 'no MatMul node in the standard ONNX domain' (there are two) and explain 'has no quantized node
+    to rank'; both now say where the MatMuls are and explain that there is nothing to explain (exit 2, one line)."""
+    from qbench.cli import main
+
+    path = write_fragile_project(tmp_path, [INT8])
+    rng = np.random.default_rng(0)
+    branches = [helper.make_graph([helper.make_node("MatMul", ["x", w], [w + "_out"], name=f"in_{w}")], w, [],
+                                  [helper.make_tensor_value_info(w + "_out", TensorProto.FLOAT, ["batch", 4])])
+                for w in ("w_then", "w_else")]  # fmt: skip
+    graph = helper.make_graph(
+        [helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(np.array(True))),
+         helper.make_node("If", ["c"], ["y"], then_branch=branches[0], else_branch=branches[1], name="cond")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", WIDTH])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+        [numpy_helper.from_array(rng.normal(size=(WIDTH, 4)).astype(np.float32), w) for w in ("w_then", "w_else")],
+    )  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(tmp_path / "model.onnx"))
+    assert main(["explain", str(path), "--variant", "int8", "--no-track"]) == 2
+    error = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert error == ["error: explain: variant 'int8' quantizes no node, so nothing to explain: nothing to quantize (no MatMul "
+                     "node in the standard ONNX domain; 2 MatMul only inside control-flow subgraphs (If/Loop/Scan), which "
+                     "quantization leaves float)"]  # fmt: skip

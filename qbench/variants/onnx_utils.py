@@ -173,9 +173,8 @@ def _all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
     """The graph's nodes and those of its subgraphs (If branches, Loop bodies)."""
     for node in graph.node:
         yield node
-        for attribute in node.attribute:
-            for body in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
-                yield from _all_nodes(body)
+        for body in subgraphs_of(node):
+            yield from _all_nodes(body)
 
 
 def quantized_op_counts(model: onnx.ModelProto, op_types: Collection[str]) -> dict[str, int]:
@@ -437,7 +436,10 @@ def nothing_to_quantize(op_types: Collection[str], model: onnx.ModelProto) -> st
     kept = f"; {', '.join(others)} stay FP32" if others else ""
     named = ", ".join(sorted(op_types)) if len(op_types) <= 6 else "quantizable"
     doubles = "; the graph computes in float64, which ONNX Runtime's quantizers leave as it is" if float64_nodes(model) else ""
-    return f"nothing to quantize (no {named} node in the standard ONNX domain{kept}{doubles})"
+    nested = nested_nodes(model, op_types)
+    inside = ", ".join(f"{count} {op}" for op, count in sorted(nested.items()))
+    inside = f"; {inside} only inside control-flow subgraphs (If/Loop/Scan), which quantization leaves float" if inside else ""
+    return f"nothing to quantize (no {named} node in the standard ONNX domain{kept}{doubles}{inside})"
 
 
 def graph_digest(path: Path) -> str:
