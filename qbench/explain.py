@@ -115,13 +115,14 @@ Scorer = Callable[[BuiltVariant], Score]
 
 
 def group_key(node: QuantizedNode, group_by: str) -> str:
-    """node: its name; op_type; layer: the name up to its first number (`/encoder/layer.3`);
-    pattern: the name with every number as # (the same role in every layer)."""
+    """node: its name; op_type; layer: the name up to its first number (`/encoder/layer.3`), a name without one
+    its scope (`attention/q` -> `attention`; an inlined local function's node is named after its call site,
+    `qbench.onnx_read`); pattern: the name with every number as # (the same role in every layer)."""
     if group_by == "op_type":
         return node.op_type
     if group_by == "layer":
         match = re.match(r"^(.*?\d+)", node.name)
-        return match.group(1) if match else node.name
+        return match.group(1) if match else node.name.rsplit("/", 1)[0] or node.name
     return re.sub(r"\d+", "#", node.name) if group_by == "pattern" else node.name
 
 
@@ -245,15 +246,20 @@ def explain_variant(
         ctx = BuildContext(prepared.source.onnx_path, (workdir or Path(tmp)) / "models", prepared.calibration_batches)
         logger.info("%s: building, then measuring each candidate (%s, by %s)", spec.name, method, group_by)
         evaluator = _Evaluator(prepared, backend)
+        swept, source = _swept_calibrator(recipe, spec.name) if spec.calibrator == "auto" else (None, "")
+        if swept is not None:
+            spec = spec.model_copy(update={"calibrator": swept})
+            notes.insert(0, f"calibrator auto: explained with {swept}, the calibrator the sweep kept ({source})")
         if spec.calibrator == "auto":
             spec, built, baseline, note = _auto_calibrated(spec, ctx, evaluator.score, recipe.gate)
-            notes.insert(0, note)
+            notes.insert(0, f"{note}; {source}")
         else:
             built = build_variant(spec, ctx)
             baseline = evaluator.score(built)
         nodes = quantized_nodes(load_model(ctx.reference_path), built)
         if not nodes:
-            raise QbenchError(f"explain: variant {spec.name!r} has no quantized node to rank")
+            why = f": {built.params['unchanged']}" if built.params.get("unchanged") else ""
+            raise QbenchError(f"explain: variant {spec.name!r} quantizes no node, so nothing to explain{why}")
         groups = group_nodes(nodes, group_by)
         scratch = dataclasses.replace(ctx, workdir=Path(tmp) / "candidates")
         scratch.workdir.mkdir(parents=True)
@@ -297,6 +303,29 @@ def _explained_spec(recipe: Recipe, name: str) -> tuple[VariantSpec, list[str]]:
     return spec.model_copy(update={"fallback": None}), notes
 
 
+def _swept_calibrator(recipe: Recipe, name: str) -> tuple[str | None, str]:
+    """The calibrator the recipe's newest sweep kept for `calibrator: auto` variant `name`, and where that was read;
+    (None, why not) without complete, fresh results that say. The sweep keeps the fastest candidate that passes the
+    gate, which explain (it does not time) cannot redo: explaining another calibrator explains a variant nobody ships."""
+    from qbench.gate import latest_results
+    from qbench.gate_checks import stale_inputs, stale_sections
+    from qbench.provenance import recorded_recipe
+    from qbench.results import read_results
+
+    try:
+        path = latest_results(recipe)
+        results = read_results(path)
+        stale = stale_sections(recipe, recorded_recipe(results.recipe, path)) + stale_inputs(results, recipe)[0]
+    except QbenchError:
+        return None, "no complete sweep results of the recipe to take the sweep's choice from"
+    if stale:
+        return None, f"the newest sweep's results ({path}) are stale, so its choice was not followed"
+    kept = {str(v.params.get("calibrator")) for v in results.variants if v.variant == name and v.status == "ok"}
+    if len(kept) != 1 or not kept <= set(AUTO_CALIBRATORS):
+        return None, f"the newest sweep ({path}) has no measured {name!r} to take the calibrator from"
+    return kept.pop(), str(path)
+
+
 def _auto_calibrated(
     spec: VariantSpec, ctx: BuildContext, score: Scorer, gate: GateSpec
 ) -> tuple[VariantSpec, BuiltVariant, Score, str]:
@@ -332,7 +361,8 @@ def explain_table(result: ExplainResult, top: int) -> Table:
     """Rank, group, op types, then the cost overall and on the variant's worst slice (sqnr: the added noise)."""
     what = {"leave_one_out": "recovered", "one_at_a_time": "drop", "sqnr": "added noise"}[result.method]
     on_worst = f" and {signed(result.worst_slice_drop)} on {result.worst_slice}" if result.worst_slice else ""
-    table = Table(title=f"{result.variant}: {result.method} by {result.group_by}, {result.metric} "
+    explained = f"{result.variant} ({result.calibrator})" if result.calibrator not in ("", "None") else result.variant
+    table = Table(title=f"{explained}: {result.method} by {result.group_by}, {result.metric} "
                         f"(the variant drops {signed(result.drop)} overall{on_worst})", title_justify="left")  # fmt: skip
     shown_worst = result.method != "sqnr" and result.worst_slice is not None
     columns = ["rank", result.group_by, "op type", f"{what} overall" if result.method != "sqnr" else what]

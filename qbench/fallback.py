@@ -30,11 +30,12 @@ Every try is recorded in `params["search.steps"]` and summarised in `notes`.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import math
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +62,7 @@ logger = logging.getLogger(__name__)
 
 RANKING_ROWS = 64  # calibration rows the fallback ranking runs on
 RANKING_BACKEND = "onnxruntime-cpu"
+PAIR_CANDIDATES = 6  # nodes the pair search draws from when singles stall: 15 pairs a round
 Evaluate = Callable[[BuiltVariant], VariantResult]
 NOT_APPLICABLE = "not applicable: no node computes in INT8 (the graph is FP32's)"
 
@@ -159,6 +161,7 @@ class _Search:
         self.trials: list[Trial] = []
         self.rankings: dict[str, list[str]] = {}
         self.skipped: list[str] = []  # fallback paths the ranking ruled out, and why
+        self.together: dict[str, list[str]] = {}  # calibrator -> nodes ranked first as pairs (`_pairs_first`)
 
     def attempt(self, calibrator: str, excluded: tuple[str, ...]) -> Trial:
         """Build, measure and judge one candidate (in a folder of its own, removed once it cannot win)."""
@@ -217,9 +220,9 @@ class _Search:
                                 "would leave nothing in INT8")  # fmt: skip
             logger.info("  no fallback from %s", self.skipped[-1])
             return
-        ranking, residual = self.rank(base, quantized, pool=3 * fallback.max_excluded, keep=most)
-        self.rankings[base.calibrator] = ranking
         needed = self.gate.max_drop / base.drop if base.drop > 0 else 1.0
+        ranking, residual = self.rank(base, quantized, pool=3 * fallback.max_excluded, keep=most, needed=needed)
+        self.rankings[base.calibrator] = ranking
         if residual > 2 * needed:
             nodes = "node" if most == 1 else "nodes"
             self.skipped.append(f"{base.calibrator}: {percent(residual)} of its output noise would stay with "
@@ -232,20 +235,28 @@ class _Search:
             if trial.passed or not self.may_beat(trial):
                 return
 
-    def rank(self, base: Trial, nodes: list[QuantizedNode], pool: int, keep: int) -> tuple[list[str], float]:
+    def rank(self, base: Trial, nodes: list[QuantizedNode], pool: int, keep: int, needed: float) -> tuple[list[str], float]:
         """`nodes` (those `base` quantized) in the order to keep them in FP32: those whose float version alone brings
         the outputs closer to FP32, the most recovered per weight first (a node kept in FP32 costs time in proportion
         to its weights), then the rest of the pool; and the share of the output noise that remains with the first `keep`
         of them in FP32, measured on that candidate (recoveries one node at a time do not add up: nodes may matter
-        only together). Only the `pool` nodes adding the most noise (by SQNR) are considered."""
+        only together). Only the `pool` nodes adding the most noise (by SQNR) are considered. When the first `keep`
+        leave more than `needed` of the noise, pairs are tried too (`_pairs_first`)."""
         rows = Rows.from_batches(self.ctx.calibration, RANKING_ROWS)
         backend, options = get_backend(RANKING_BACKEND), RunOptions()
         scratch = dataclasses.replace(self.ctx, workdir=self.root / "ranking")
         scratch.workdir.mkdir(parents=True, exist_ok=True)
+        noise: dict[str, float] = {}
+
+        def by_noise() -> list[str]:  # noisiest first (SQNR: the noise each node adds where it computes)
+            if not noise:
+                noise.update(sqnr_costs(self.ctx.reference_path, base.built, nodes, [rows.feeds], backend, options,
+                                        scratch.workdir, self.prepared.batch))  # fmt: skip
+            return [n.name for n in sorted(nodes, key=lambda n: -np.nan_to_num(noise[n.name], nan=-1.0))]
+
         if len(nodes) > pool:
-            noise = sqnr_costs(self.ctx.reference_path, base.built, nodes, [rows.feeds], backend, options, scratch.workdir,
-                               self.prepared.batch)  # fmt: skip
-            nodes = sorted(nodes, key=lambda n: -np.nan_to_num(noise[n.name], nan=-1.0))[:pool]
+            kept_names = set(by_noise()[:pool])
+            nodes = [n for n in nodes if n.name in kept_names]
         fp32 = BuiltVariant("fp32", "fp32", self.ctx.reference_path, borrowed=True)
         reference = measure(backend, fp32, self.prepared, rows=rows, quiet=True).reference
 
@@ -265,12 +276,52 @@ class _Search:
         ordered = first + [n.name for n in nodes if n.name not in first]
         if baseline.overall <= 0 or not ordered:
             return ordered, 0.0
-        kept = keeper.keep_float(set(ordered[:keep]), "kept-float")
-        try:
-            remaining = score(kept).overall
-        finally:
-            discard_built(kept, self.root)
-        return ordered, min(max(remaining / baseline.overall, 0.0), 1.0) if math.isfinite(remaining) else 1.0
+
+        def remaining(names: Collection[str], label: str) -> float:
+            """The share of the base's output noise left with `names` in FP32."""
+            kept = keeper.keep_float(set(names), label)
+            try:
+                left = score(kept).overall
+            finally:
+                discard_built(kept, self.root)
+            return min(max(left / baseline.overall, 0.0), 1.0) if math.isfinite(left) else 1.0
+
+        residual = remaining(ordered[:keep], "kept-float")
+        if residual > needed and keep >= 2 and len(ordered) > 2:
+            candidates = list(dict.fromkeys([*ordered[:PAIR_CANDIDATES // 2], *by_noise()]))[:PAIR_CANDIDATES]
+            together = self._pairs_first(candidates, keep, residual, remaining)
+            if together:
+                paired = together + [name for name in ordered if name not in together]
+                paired_residual = remaining(paired[:keep], "kept-float")
+                if paired_residual < residual:
+                    self.together[base.calibrator] = together
+                    logger.info("  %s: nodes that matter together first: %s (%s of the noise left with %d in FP32, "
+                                "%s by single recoveries)", base.calibrator, ", ".join(together), percent(paired_residual),
+                                keep, percent(residual))  # fmt: skip
+                    ordered, residual = paired, paired_residual
+        return ordered, residual
+
+    @staticmethod
+    def _pairs_first(
+        candidates: list[str], keep: int, residual: float, remaining: Callable[[Collection[str], str], float]
+    ) -> list[str]:  # fmt: skip
+        """Greedy over pairs, for nodes that matter only together (the two inputs of an Add or a Max, a residual
+        branch and its skip: keeping either alone in FP32 recovers nothing, so one-node recoveries never rank them):
+        with the pairs chosen so far in FP32, the pair of `candidates` leaving the least noise is added, while it
+        leaves less than the previous round and at most `keep` nodes are chosen. At most C(len(candidates), 2)
+        candidates a round and keep // 2 rounds. The chosen nodes, in order (empty when no pair helps)."""
+        chosen: list[str] = []
+        best = residual
+        while len(chosen) + 2 <= keep:
+            free = [name for name in candidates if name not in chosen]
+            tried = {pair: remaining([*chosen, *pair], f"pair-{index}") for index, pair in enumerate(itertools.combinations(free, 2))}
+            if not tried:
+                break
+            pair, left = min(tried.items(), key=lambda item: item[1])
+            if left >= best:
+                break
+            chosen, best = [*chosen, *pair], left
+        return chosen
 
     def finish(self, seconds: float) -> BuiltVariant:
         """Move the chosen candidate to <workdir>/<name>.onnx and record the path that led to it."""
@@ -297,6 +348,8 @@ class _Search:
         if self.spec.fallback is not None:
             params |= {"fallback.max_excluded": self.spec.fallback.max_excluded, "fallback.step": self.spec.fallback.step,
                        "fallback.ranking": self.rankings, "fallback.skipped": self.skipped}  # fmt: skip
+            if self.together:
+                params["fallback.together"] = self.together
         return params
 
     def _notes(self, chosen: Trial) -> list[str]:

@@ -7,12 +7,19 @@ the function's body. ONNX Runtime runs such a model, but every graph rewrite (OR
 qbench's own BF16, FP8, Linear and SmoothQuant passes, the range analysis, explain) walks the main graph only: a
 variant would quantize or convert the few nodes outside the functions and leave the rest FP32 while being reported
 as that precision (the FP8 calibrator even fails: ORT's augmented copy calls a function it no longer declares).
-Inlining once, where the model is read, gives every reader the graph that really computes. The names onnx's inliner
-gives (a function node's name with `__<call>`) are a function of the file alone, so every read names them alike.
+Inlining once, where the model is read, gives every reader the graph that really computes.
+
+An inlined node is named after its call site: `<call node's name>/<node's name in the function>`
+(`/encoder/layer.3/Block/matmul`; an unnamed call node `<function>_<index in its graph>`, a nested call adds a
+level), the path a user reads in the un-inlined model and the scope `explain --group layer` and `exclude_nodes`
+work with. onnx's inliner alone names them after the function body with a counter (`matmul__7`), which says
+nothing about the layer and changes when a call is added. The names are a function of the file alone, so every
+read names them alike.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import onnx
@@ -41,6 +48,7 @@ def inline_functions(model: onnx.ModelProto, path: Path | str = "model") -> onnx
     import onnx.inliner
 
     function_domains = {function.domain for function in model.functions}
+    model, scoped = _one_function_per_call(model)
     try:
         inlined = onnx.inliner.inline_local_functions(model, convert_version=True)
     except Exception as exc:  # noqa: BLE001 - the C++ inliner and the version converter raise several types
@@ -49,7 +57,57 @@ def inline_functions(model: onnx.ModelProto, path: Path | str = "model") -> onnx
     kept = [o for o in inlined.opset_import if o.domain not in function_domains or o.domain in used]
     inlined.ClearField("opset_import")
     inlined.opset_import.extend(kept)
+    _drop_inliner_suffixes(inlined.graph, scoped)
     return inlined
+
+
+FunctionKey = tuple[str, str, str]
+
+
+def _one_function_per_call(model: onnx.ModelProto) -> tuple[onnx.ModelProto, set[str]]:
+    """A copy of `model` in which every call of a local function calls a copy of its own whose nodes are named
+    `<call site>/<node>` (see the module docstring), and the set of names so given. Calls inside functions (nested
+    layers) and inside subgraphs (If/Loop bodies) are specialised alike."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    functions: dict[FunctionKey, onnx.FunctionProto] = {(f.domain, f.name, f.overload): f for f in model.functions}
+    specialised: list[onnx.FunctionProto] = []
+    scoped: set[str] = set()
+
+    def visit(nodes: list[onnx.NodeProto], prefix: str) -> None:
+        for index, node in enumerate(nodes):
+            node.name = f"{prefix}{node.name or f'{node.op_type}_{index}'}" if prefix or node.name else ""
+            key = (node.domain, node.op_type, node.overload)
+            if key in functions:
+                site = node.name or f"{node.op_type}_{index}"
+                body = onnx.FunctionProto()
+                body.CopyFrom(functions[key])
+                body.name = f"{body.name}__qbench_call{len(specialised)}"
+                specialised.append(body)
+                node.op_type = body.name
+                visit(list(body.node), f"{site}/")
+                scoped.update(n.name for n in body.node)
+            for attribute in node.attribute:
+                for graph in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+                    visit(list(graph.node), prefix)
+
+    visit(list(copy.graph.node), "")
+    del copy.functions[:]
+    copy.functions.extend(specialised)
+    return copy, scoped
+
+
+def _drop_inliner_suffixes(graph: onnx.GraphProto, scoped: set[str]) -> None:
+    """The inliner appends `__<n>` to every node it copies: a scoped name is unique already, so it goes again."""
+    taken = {n.name for n in graph.node}
+    for node in graph.node:
+        plain = re.sub(r"__\d+$", "", node.name)
+        if plain != node.name and plain in scoped and plain not in taken:
+            taken.add(plain)
+            node.name = plain
+        for attribute in node.attribute:
+            for body in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+                _drop_inliner_suffixes(body, scoped)
 
 
 def _domains_used(graph: onnx.GraphProto) -> set[str]:

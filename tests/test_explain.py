@@ -416,3 +416,31 @@ def test_a_node_kept_float_by_explain_leaves_its_output_unrounded_as_a_rebuild_d
     softmax = next(cost for cost in result.costs if cost.group == "softmax")
     assert result.drop == pytest.approx(quantized)
     assert result.drop - softmax.overall == pytest.approx(rebuilt, rel=1e-6, abs=1e-9)
+
+
+def test_calibrator_auto_explains_the_calibrator_the_sweep_kept_not_the_most_accurate(tmp_path, monkeypatch):
+    """With several calibrators passing, the sweep keeps the fastest; explain rebuilt them all and explained the one
+    with the smallest drop, another variant than the one the sweep reported, and said so only in a note. It now takes
+    the calibrator from the recipe's newest fresh results, and the table's title names it. Here the fastest try is
+    made the least accurate one, so the two choices differ."""
+    from rich.console import Console
+
+    from qbench import fallback
+    from qbench.explain import explain_table
+    from qbench.sweep import run_sweep
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(fallback.Trial, "p50_ms", property(lambda trial: -trial.drop))  # the worst passing is fastest
+    variant = {"name": "int8", "precision": "int8", "calibrator": "auto", "op_types": ["MatMul"]}
+    recipe = load_recipe(write_fragile_project(tmp_path, [variant], gate={"metric": "kl_mean", "max_drop": 10.0, "max_slice_drop": 10.0}))
+    swept = run_sweep(recipe, track=False).results.find("int8", "onnxruntime-cpu")
+    steps = swept.params["search.steps"]
+    print([(s["calibrator"], s["drop"], s["passed"]) for s in steps])
+    kept = swept.params["calibrator"]
+    assert kept == max(steps, key=lambda s: s["drop"])["calibrator"] != min(steps, key=lambda s: s["drop"])["calibrator"]
+    result = explain_variant(recipe, "int8")
+    assert result.calibrator == kept and result.notes[0].startswith(f"calibrator auto: explained with {kept}, the calibrator the sweep kept")
+    assert result.drop == pytest.approx(swept.accuracy.overall.drops["kl_mean"])
+    console = Console(width=200, record=True)
+    console.print(explain_table(result, 5))
+    assert console.export_text().startswith(f"int8 ({kept}): leave_one_out by node")

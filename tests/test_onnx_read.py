@@ -66,3 +66,40 @@ def test_external_weights_are_read_in_only_when_asked_and_after_inlining(tmp_pat
     assert not without.functions and without.graph.initializer[0].data_location == TensorProto.EXTERNAL
     loaded = read_onnx(path, weights=True)
     np.testing.assert_array_equal(numpy_helper.to_array(loaded.graph.initializer[0]), W)
+
+
+def test_inlined_nodes_are_named_after_their_call_site_nested_calls_and_subgraphs_included(tmp_path):
+    """onnx's inliner names a function's nodes after the body with a counter (`matmul__1`, `matmul__2`): the call
+    site `/encoder/layer.1/Block` a user reads in the model was gone, so `exclude_nodes` could not name a layer and
+    `explain --group layer` grouped nothing. Each inlined node is now `<call site>/<node>`, nested calls and calls
+    inside an If branch alike, and the model computes what it did."""
+    inner = helper.make_function("local", "Inner", ["a", "w"], ["out"], [helper.make_node("MatMul", ["a", "w"], ["out"], name="mm")],
+                                 [helper.make_opsetid("", 17)])  # fmt: skip
+    outer = helper.make_function(
+        "local", "Outer", ["a", "w"], ["out"],
+        [helper.make_node("Inner", ["a", "w"], ["m"], domain="local", name="inner"), helper.make_node("Relu", ["m"], ["out"])],
+        [helper.make_opsetid("", 17), helper.make_opsetid("local", 1)],
+    )  # fmt: skip
+    then = helper.make_graph([helper.make_node("Outer", ["h", "w"], ["t"], domain="local", name="/head")], "then", [],
+                             [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)])  # fmt: skip
+    otherwise = helper.make_graph([helper.make_node("Identity", ["h"], ["e"], name="id")], "else", [],
+                                  [helper.make_tensor_value_info("e", TensorProto.FLOAT, None)])  # fmt: skip
+    graph = helper.make_graph(
+        [helper.make_node("Outer", ["x", "w"], ["h0"], domain="local", name="/encoder/layer.0/Block"),
+         helper.make_node("Outer", ["h0", "w"], ["h"], domain="local", name="/encoder/layer.1/Block"),
+         helper.make_node("ReduceSum", ["h"], ["s"], keepdims=0), helper.make_node("Greater", ["s", "zero"], ["c"]),
+         helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=otherwise, name="cond")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(W, "w"), numpy_helper.from_array(np.array(0, np.float32), "zero")],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("local", 1)],
+                              functions=[inner, outer], ir_version=8)  # fmt: skip
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    inlined = read_onnx(tmp_path / "m.onnx")
+    names = [n.name for n in inlined.graph.node]
+    assert names[:4] == ["/encoder/layer.0/Block/inner/mm", "/encoder/layer.0/Block/Relu_1",
+                         "/encoder/layer.1/Block/inner/mm", "/encoder/layer.1/Block/Relu_1"]  # fmt: skip
+    branch = next(a.g for a in inlined.graph.node[-1].attribute if a.name == "then_branch")
+    assert [n.name for n in branch.node] == ["/head/inner/mm", "/head/Relu_1"]
+    x = np.abs(RNG.normal(size=(2, 4))).astype(np.float32)
+    np.testing.assert_array_equal(_run(inlined, x), _run(tmp_path / "m.onnx", x))

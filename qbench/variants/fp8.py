@@ -55,7 +55,6 @@ from qbench.variants.float_rules import kept_float_nodes, restore_float_inputs
 from qbench.variants.onnx_utils import (
     Stopwatch,
     build_step,
-    check_node_names,
     default_opset,
     drop_unused_initializers,
     ensure_opset,
@@ -66,6 +65,7 @@ from qbench.variants.onnx_utils import (
     quantizable_nodes,
     quantized_op_counts,
     quantized_tensors,
+    resolve_node_names,
     save_model,
     scratch_dir,
     unchanged_variant,
@@ -102,9 +102,9 @@ def build_fp8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     reference = ctx.reference_path.resolve()
     with build_step(spec.name, "loading the FP32 model"):
         model = load_reference(reference)
-    check_node_names(model, config.exclude_nodes, spec.name)
+    exclude_nodes = resolve_node_names(model, config.exclude_nodes, spec.name)
     kept_float = kept_float_nodes(model, config.keep_float)
-    excluded = {*config.exclude_nodes, *kept_float.names}
+    excluded = {*exclude_nodes, *kept_float.names}
     if not quantizable_nodes(model, op_types, excluded):
         params = {"calibrator": settings.method, "op_types": list(op_types), "quantized_nodes": 0, "quantized_op_types": {}}
         params.update(kept_float.params())

@@ -47,7 +47,6 @@ from qbench.variants.gemm_matmul import gemms_as_matmul, plain_gemm_factors
 from qbench.variants.onnx_utils import (
     Stopwatch,
     build_step,
-    check_node_names,
     default_opset,
     ensure_opset,
     nested_nodes_note,
@@ -57,6 +56,7 @@ from qbench.variants.onnx_utils import (
     quantized_op_counts,
     quantized_tensors,
     quiet_stdout,
+    resolve_node_names,
     save_model,
     scratch_dir,
     unchanged_variant,
@@ -111,14 +111,14 @@ def build_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
             model = ensure_opset(model, PER_CHANNEL_OPSET)
         params["opset_original"] = original
         notes.append(f"opset {original} raised to {PER_CHANNEL_OPSET}: per-channel Q/DQ needs DequantizeLinear's axis")
-    check_node_names(model, config.exclude_nodes, spec.name)
+    exclude_nodes = resolve_node_names(model, config.exclude_nodes, spec.name)
     if dynamic and "MatMul" in op_types:
         params["gemms_as_matmul"] = len(gemms_as_matmul(model))  # the dynamic quantizer skips Gemm (a torch Linear)
     if isinstance(config, OrtStatic) and "Gemm" in op_types:
         params["gemms_made_plain"] = len(plain_gemm_factors(model))  # the static quantizer misreads alpha, beta, a 2-D C
     kept_float = kept_float_nodes(model, config.keep_float)
     params.update(kept_float.params())
-    excluded = [*config.exclude_nodes, *kept_float.names]
+    excluded = [*exclude_nodes, *kept_float.names]
     if isinstance(config, OrtStatic):
         lowered = set(quantizable_nodes(model, op_types, excluded))
         params["preprocessing_kept_float"] = [name for name in preprocessing_nodes(model) if name in lowered]

@@ -27,10 +27,10 @@ from qbench.variants.linear_qdq import LinearQuantSettings, quantize_linears
 from qbench.variants.onnx_utils import (
     Stopwatch,
     build_step,
-    check_node_names,
     ensure_opset,
     nested_nodes_note,
     output_path,
+    resolve_node_names,
     save_model,
     scratch_dir,
 )
@@ -101,9 +101,9 @@ def build_linear_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     with scratch_dir("qbench-linear-int8-") as tmp:
         with build_step(spec.name, "loading the FP32 model"):
             model = ensure_opset(load_reference(ctx.reference_path.resolve()), 13)
-        check_node_names(model, config.exclude_nodes, spec.name)
+        exclude_nodes = resolve_node_names(model, config.exclude_nodes, spec.name)
         kept_float = kept_float_nodes(model, config.keep_float)
-        exclude = (*config.exclude_nodes, *kept_float.names)
+        exclude = (*exclude_nodes, *kept_float.names)
         if isinstance(config, SmoothQuant):
             options = config.smoothquant
             settings = SmoothQuantSettings(

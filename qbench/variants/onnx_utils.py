@@ -142,13 +142,39 @@ def ensure_opset(model: onnx.ModelProto, minimum: int) -> onnx.ModelProto:
     return converted
 
 
-def check_node_names(model: onnx.ModelProto, names: list[str], variant: str) -> None:
-    """Raise a QbenchError for node names (e.g. exclude_nodes) that the model does not have."""
-    known = [node.name for node in model.graph.node]
-    missing = sorted(set(names) - set(known))
-    if missing:
-        hint = did_you_mean(missing[0], known)
-        raise QbenchError(f"variant {variant!r}: exclude_nodes: no node named {missing[0]!r} in the model{hint}")
+def resolve_node_names(model: onnx.ModelProto, names: Iterable[str], variant: str) -> list[str]:
+    """The nodes `names` (e.g. exclude_nodes) stand for: a node's own name, or a scope (a name path such as the
+    call site of an inlined local function, `/encoder/layer.3/Block`, or an exporter's `/encoder/layer.3`) standing for
+    every node under it. A name that is neither is a QbenchError with the likeliest name meant."""
+    known = [node.name for node in _all_nodes(model.graph) if node.name]
+    present = set(known)
+    resolved: list[str] = []
+    for name in names:
+        under = [] if name in present else [k for k in known if k.startswith(f"{name.rstrip('/')}/")]
+        if name not in present and not under:
+            raise QbenchError(f"variant {variant!r}: exclude_nodes: no node named {name!r} in the model{_node_hint(name, known)}")
+        resolved += under or [name]
+    return list(dict.fromkeys(resolved))
+
+
+def _node_hint(name: str, known: list[str]) -> str:
+    """Did-you-mean for a node name: an inlined node's name in the function body (`matmul`, or onnx's `matmul__2`)
+    lists its call sites' names; otherwise the closest node or scope."""
+    plain = name.rsplit("/", 1)[-1].split("__")[0]
+    inlined = [k for k in known if "/" in k and k.rsplit("/", 1)[-1] == plain]
+    if inlined:
+        shown = ", ".join(repr(k) for k in inlined[:3]) + (f" and {len(inlined) - 3} more" if len(inlined) > 3 else "")
+        return f" (nodes of local functions are named after their call site: {shown})"
+    scopes = {k[:i] for k in known for i, c in enumerate(k) if c == "/" and i}
+    return did_you_mean(name, [*known, *sorted(scopes)])
+
+
+def _all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    """The graph's nodes and those of its subgraphs (If branches, Loop bodies)."""
+    for node in graph.node:
+        yield node
+        for body in subgraphs_of(node):
+            yield from _all_nodes(body)
 
 
 def quantized_op_counts(model: onnx.ModelProto, op_types: Collection[str]) -> dict[str, int]:
@@ -410,7 +436,10 @@ def nothing_to_quantize(op_types: Collection[str], model: onnx.ModelProto) -> st
     kept = f"; {', '.join(others)} stay FP32" if others else ""
     named = ", ".join(sorted(op_types)) if len(op_types) <= 6 else "quantizable"
     doubles = "; the graph computes in float64, which ONNX Runtime's quantizers leave as it is" if float64_nodes(model) else ""
-    return f"nothing to quantize (no {named} node in the standard ONNX domain{kept}{doubles})"
+    nested = nested_nodes(model, op_types)
+    inside = ", ".join(f"{count} {op}" for op, count in sorted(nested.items()))
+    inside = f"; {inside} only inside control-flow subgraphs (If/Loop/Scan), which quantization leaves float" if inside else ""
+    return f"nothing to quantize (no {named} node in the standard ONNX domain{kept}{doubles}{inside})"
 
 
 def graph_digest(path: Path) -> str:
