@@ -5,8 +5,8 @@
 1. Screen: each base candidate (qbench.search.candidates) is built and measured once on a few
    screening rows (every slice represented) with a quick timing at the recipe's batch sizes:
    its gate excess there and its speed-up over FP32 (timed the same way).
-2. Evaluate: candidates whose screening excess is within `SCREEN_SLACK` are run on every evaluation
-   row and judged by the gate, fastest first; once one passes, only candidates that could still be
+2. Evaluate: candidates whose screening excess (`screen_excess`: one row's change on the screen is not
+   counted) is within `SCREEN_SLACK` are run on every evaluation row and judged by the gate, fastest first; once one passes, only candidates that could still be
    faster are evaluated. Then the reduce_range twins of the bases that did not pass, the same way.
 3. Keep float: when none passes, the quantized nodes are ranked by the noise each adds (per-layer
    SQNR, one pass of a static Q/DQ build on the screening rows) and the fastest failing candidates
@@ -51,6 +51,7 @@ from qbench.results import VariantResult
 from qbench.results_search import CandidateRecord, SearchReport
 from qbench.search import select
 from qbench.search.candidates import Candidate, catalogue
+from qbench.validate.catalogue import METRICS
 from qbench.validate.measure import Measured, PhaseClock, Rows, describe_error, measure
 from qbench.variants import BuildContext, BuiltVariant, build_variant
 from qbench.variants.onnx_utils import graph_digest
@@ -86,6 +87,22 @@ def gate_excess(verdict: GateReport) -> float:
     if verdict.problems:
         return math.inf
     return select.excess([(c.drop, c.tolerance) for c in verdict.checks if c.status != "skipped" and c.scope != "slo"])
+
+
+def screen_excess(verdict: GateReport, result: VariantResult) -> float:
+    """`gate_excess` on the screening rows, each share-of-rows drop less one row of its scope there
+    (select.beyond_one_unit): how promising a screened candidate is, not whether it passes."""
+    if verdict.problems or result.accuracy is None:
+        return math.inf
+    share = (info := METRICS.get(verdict.metric)) is not None and info.share_of_rows
+    checks = []
+    for c in verdict.checks:
+        if c.status == "skipped" or c.scope == "slo":
+            continue
+        scope = result.accuracy.overall if c.scope == "overall" else result.accuracy.slice(c.scope)
+        count = scope.denominators.get(verdict.metric, scope.size) if share and scope is not None else 0
+        checks.append((select.beyond_one_unit(c.drop, count), c.tolerance))
+    return select.excess(checks)
 
 
 def worst_slice(verdict: GateReport) -> tuple[str | None, float | None]:
@@ -189,13 +206,14 @@ class _Search:
             self._failed_to_run(index, measured.result.error)
             return index
         verdict = judge(self.fp32_screen.result, measured.result, self.gate)
+        promise = screen_excess(verdict, measured.result)
         p50, fp32_p50 = _p50s(measured.result), self._fp32_p50_now()
         self.records[index] = record.with_(
             stage="screened", speedup=select.speedup(fp32_p50, p50), nsr=measured.nsr,
             speedups={f"b{b}": fp32_p50[b] / p for b, p in p50.items() if b in fp32_p50 and p > 0},
             screen_metric=_metric(measured.result, self.gate.metric), screen_drop=_overall(verdict),
-            screen_excess=gate_excess(verdict),
-            verdict="screened: " + ("promising" if gate_excess(verdict) <= select.SCREEN_SLACK else "not promising"),
+            screen_excess=promise,
+            verdict="screened: " + ("promising" if promise <= select.SCREEN_SLACK else "not promising"),
         )  # fmt: skip
         self._say(index, "screen")
         return index

@@ -2,6 +2,8 @@
 
 - `excess`: how far a candidate is from the gate: the largest drop / tolerance over the gate's
   checks, overall and on every judged slice (at most 1 passes, inf when a drop is unknown).
+- `beyond_one_unit`: a screening drop less the one row (or scored item) a share-of-rows metric can move by on
+  the few screening rows: the screen cannot tell one row's change from a drop the full evaluation would pass.
 - `speedup`: FP32 p50 / candidate p50, geometric mean over the timed batch sizes.
 - `evaluation_order`: which screened candidates deserve a full evaluation, fastest first.
 - `may_win`: whether a candidate can still beat the fastest passing one (timings within
@@ -41,6 +43,19 @@ def excess(checks: Sequence[tuple[float, float]]) -> float:
         return 0.0 if drop <= 0 else math.inf
 
     return max((ratio(d, t) for d, t in checks), default=math.inf)
+
+
+def beyond_one_unit(drop: float, count: int) -> float:
+    """A share-of-rows drop on a scope of `count` rows (or scored items) less one of them, never below 0 (a gain is
+    kept as it is).
+
+    A screen samples a few rows of each scope, so a single changed row is a large drop there (1 of 3 rows of a
+    small slice is 0.33) though the same row on the full scope may be far within the tolerance: judging the screen
+    at full strength dismissed candidates that pass. Two changed rows are still counted as one: evidence enough to
+    skip the full evaluation."""
+    if count <= 0 or not math.isfinite(drop) or drop <= 0:
+        return drop
+    return max(drop - 1.0 / count, 0.0)
 
 
 def speedup(reference_p50: Mapping[int, float], candidate_p50: Mapping[int, float]) -> float:
