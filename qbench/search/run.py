@@ -47,7 +47,7 @@ from qbench.gate_report import failure_reasons
 from qbench.preflight import Prepared
 from qbench.recipe import LatencySpec
 from qbench.recipe_search import SearchSpec
-from qbench.results import VariantResult
+from qbench.results import AccuracyResult, SliceMetrics, VariantResult
 from qbench.results_search import CandidateRecord, SearchReport
 from qbench.search import select
 from qbench.search.candidates import Candidate, catalogue
@@ -89,9 +89,11 @@ def gate_excess(verdict: GateReport) -> float:
     return select.excess([(c.drop, c.tolerance) for c in verdict.checks if c.status != "skipped" and c.scope != "slo"])
 
 
-def screen_excess(verdict: GateReport, result: VariantResult) -> float:
-    """`gate_excess` on the screening rows, each share-of-rows drop less one row of its scope there
-    (select.beyond_one_unit): how promising a screened candidate is, not whether it passes."""
+def screen_excess(verdict: GateReport, result: VariantResult, full: AccuracyResult | None) -> float:
+    """`gate_excess` on the screening rows, each share-of-rows drop less one row of its scope there when the screen
+    holds only some of the scope's rows in `full` (FP32 on every evaluation row; select.beyond_one_unit): how
+    promising a screened candidate is, not whether it passes. A scope the screen holds whole (a slice of 1 to 3
+    rows) is judged as the gate will judge it."""
     if verdict.problems or result.accuracy is None:
         return math.inf
     share = (info := METRICS.get(verdict.metric)) is not None and info.share_of_rows
@@ -99,10 +101,17 @@ def screen_excess(verdict: GateReport, result: VariantResult) -> float:
     for c in verdict.checks:
         if c.status == "skipped" or c.scope == "slo":
             continue
-        scope = result.accuracy.overall if c.scope == "overall" else result.accuracy.slice(c.scope)
-        count = scope.denominators.get(verdict.metric, scope.size) if share and scope is not None else 0
+        scope, whole = (_scope(accuracy, c.scope) for accuracy in (result.accuracy, full))
+        sampled = share and scope is not None and whole is not None and scope.size < whole.size
+        count = scope.denominators.get(verdict.metric, scope.size) if sampled and scope is not None else 0
         checks.append((select.beyond_one_unit(c.drop, count), c.tolerance))
     return select.excess(checks)
+
+
+def _scope(accuracy: AccuracyResult | None, name: str) -> SliceMetrics | None:
+    if accuracy is None:
+        return None
+    return accuracy.overall if name == "overall" else accuracy.slice(name)
 
 
 def worst_slice(verdict: GateReport) -> tuple[str | None, float | None]:
@@ -206,7 +215,7 @@ class _Search:
             self._failed_to_run(index, measured.result.error)
             return index
         verdict = judge(self.fp32_screen.result, measured.result, self.gate)
-        promise = screen_excess(verdict, measured.result)
+        promise = screen_excess(verdict, measured.result, self.fp32.result.accuracy)
         p50, fp32_p50 = _p50s(measured.result), self._fp32_p50_now()
         self.records[index] = record.with_(
             stage="screened", speedup=select.speedup(fp32_p50, p50), nsr=measured.nsr,

@@ -326,7 +326,7 @@ def test_slower_than_fp32_is_flagged_only_beyond_the_timing_noise_the_search_mea
     assert bool(search._slower_note(0)) is flagged
 
 
-def _one_tie_project(root, rows=400):
+def _one_tie_project(root, rows=400, *, lone_slice=False):
     """y = x @ W over two features, class by the sign of feature 0 (|x0| >= 1 on every row) except the first
     evaluation row, x = [0, 1e-3]: its classes are 0 and 1e-3 apart, and INT8 activations (a scale of ~0.04 for
     the batch's range) read 1e-3 as 0, so every INT8 candidate flips that one row and no other."""
@@ -342,12 +342,15 @@ def _one_tie_project(root, rows=400):
     rng = np.random.default_rng(0)
     x = np.stack([rng.choice([-1.0, 1.0], size=96 + rows) * rng.uniform(1, 5, size=96 + rows), np.zeros(96 + rows)], 1)
     x[96] = [0.0, 1e-3]
+    tie = ["calib"] * 96 + ["tie"] + ["rest"] * (rows - 1)
     pd.DataFrame({"x": list(x.astype(np.float32)), "split": ["calib"] * 96 + ["eval"] * rows,
-                  "half": ["calib"] * 96 + ["first"] * (rows // 2) + ["second"] * (rows - rows // 2)}).to_parquet(root / "data.parquet")  # fmt: skip
+                  "half": ["calib"] * 96 + ["first"] * (rows // 2) + ["second"] * (rows - rows // 2),
+                  "tie": tie}).to_parquet(root / "data.parquet")  # fmt: skip
     recipe = {
         "name": "one-tie", "task": "classification", "model": {"path": "model.onnx"},
         "data": {"path": "data.parquet", "inputs": {"x": "x"}, "calibration": {"filter": {"split": "calib"}, "samples": 96},
-                 "evaluation": {"filter": {"split": "eval"}, "batch_size": 50}, "slices": [{"by": "half"}]},
+                 "evaluation": {"filter": {"split": "eval"}, "batch_size": 50},
+                 "slices": [{"by": "half"}, *([{"by": "tie"}] if lone_slice else [])]},
         "variants": [], "latency": {"batch_sizes": [1, 8], "warmup": 2, "iterations": 10, "threads": 1},
         "gate": {"metric": "agreement", "max_drop": 0.01, "max_slice_drop": 0.02},
         "search": {"time_budget_s": 60, "techniques": ["ort-static"], "max_keep_float": 0},
@@ -376,3 +379,13 @@ def test_the_screen_discounts_one_row_of_a_share_metric_only():
     assert select.beyond_one_unit(1 / 3, 3) == 0.0 and select.beyond_one_unit(2 / 3, 3) == pytest.approx(1 / 3)
     assert select.beyond_one_unit(-0.1, 3) == -0.1 and math.isnan(select.beyond_one_unit(math.nan, 3))
     assert select.beyond_one_unit(0.2, 0) == 0.2  # not a share of rows: the drop as it is
+
+
+def test_a_slice_the_screen_holds_whole_is_judged_at_full_strength(tmp_path):
+    """The flipped row is a slice of its own: the screen holds all of it, so its drop of 1 there is the gate's
+    verdict, not sampling noise; no row is discounted and the candidate is not promising."""
+    _, outcome = _searched_recipe(_one_tie_project(tmp_path, lone_slice=True))
+    report = outcome.results.search
+    assert all(c.screen_excess == pytest.approx(1.0 / 0.02) for c in report.candidates)  # ort-static and its twin
+    assert report.outcome == "unreachable" and report.candidates[report.closest].worst_slice == "tie=tie"
+    assert outcome.gate.exit_code == EXIT_BREACH
