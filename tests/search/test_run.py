@@ -389,3 +389,25 @@ def test_a_slice_the_screen_holds_whole_is_judged_at_full_strength(tmp_path):
     assert all(c.screen_excess == pytest.approx(1.0 / 0.02) for c in report.candidates)  # ort-static and its twin
     assert report.outcome == "unreachable" and report.candidates[report.closest].worst_slice == "tie=tie"
     assert outcome.gate.exit_code == EXIT_BREACH
+
+
+def test_candidates_dismissed_against_a_lucky_screening_estimate_are_evaluated_after_the_retiming(tmp_path, monkeypatch):
+    """ort-dynamic screens at 2.0x (a lucky estimate), passes, and ort-static, screened at 1.0x, is dismissed as
+    slower; the re-timing puts ort-dynamic at 0.9x. ort-static was never evaluated and ort-dynamic was chosen at 0.9x:
+    now ort-static is evaluated, passes, and the faster of the two after re-timing is chosen."""
+    from qbench.search import run as search_run
+
+    screened = iter([2.0, 1.0])
+    monkeypatch.setattr(select, "speedup", lambda reference, candidate: next(screened, 1.0))
+    monkeypatch.setattr(select, "timing_noise", lambda timings: 0.0)
+    retimed = {"ort-dynamic": 0.9, "ort-static": 1.0}
+
+    def retime(self):
+        self.records = [r.with_(speedup=retimed[r.label]) if r.passed else r for r in self.records]
+
+    monkeypatch.setattr(search_run._Search, "retime_finalists", retime)
+    _, outcome = _searched(tmp_path, {"time_budget_s": 60, "techniques": ["ort-dynamic", "ort-static"]}, fragile=())
+    report = outcome.results.search
+    print([(c.label, c.stage, c.speedup, c.verdict) for c in report.candidates])
+    records = {c.label: c for c in report.candidates}
+    assert records["ort-static"].passed and report.candidates[report.chosen].label == "ort-static"
