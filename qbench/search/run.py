@@ -169,7 +169,7 @@ class _Search:
         p50, fp32_p50 = _p50s(measured.result), self._fp32_p50_now()
         self.records[index] = record.with_(
             stage="screened", speedup=select.speedup(fp32_p50, p50), nsr=measured.nsr,
-            speedups={f"b{b}": fp32_p50[b] / p for b, p in p50.items() if b in fp32_p50 and p > 0},
+            speedups=select.per_batch(fp32_p50, p50),
             screen_metric=_metric(measured.result, self.gate.metric), screen_drop=_overall(verdict),
             screen_excess=promise,
             verdict="screened: " + ("promising" if promise <= select.SCREEN_SLACK else "not promising"),
@@ -349,7 +349,7 @@ class _Search:
             p50 = median[index]
             self.records[index] = self.records[index].with_(
                 speedup=select.speedup(median[None], p50),
-                speedups={f"b{b}": median[None][b] / p for b, p in p50.items() if p > 0},
+                speedups=select.per_batch(median[None], p50),
             )  # fmt: skip
 
     def reconsider_outpaced(self) -> None:

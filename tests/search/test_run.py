@@ -398,7 +398,8 @@ def test_candidates_dismissed_against_a_lucky_screening_estimate_are_evaluated_a
     from qbench.search import run as search_run
 
     screened = iter([2.0, 1.0])
-    monkeypatch.setattr(select, "speedup", lambda reference, candidate: next(screened, 1.0))
+    # the estimate over both batch sizes (select.per_batch's one-batch ratios keep theirs)
+    monkeypatch.setattr(select, "speedup", lambda reference, candidate: next(screened, 1.0) if len(reference) > 1 else 1.0)
     monkeypatch.setattr(select, "timing_noise", lambda timings: 0.0)
     retimed = {"ort-dynamic": 0.9, "ort-static": 1.0}
 
@@ -406,7 +407,9 @@ def test_candidates_dismissed_against_a_lucky_screening_estimate_are_evaluated_a
         self.records = [r.with_(speedup=retimed[r.label]) if r.passed else r for r in self.records]
 
     monkeypatch.setattr(search_run._Search, "retime_finalists", retime)
-    _, outcome = _searched(tmp_path, {"time_budget_s": 60, "techniques": ["ort-dynamic", "ort-static"]}, fragile=())
+    # timing_runs: a search of its own (the build store would serve another test's search of the same recipe)
+    search = {"time_budget_s": 60, "techniques": ["ort-dynamic", "ort-static"], "timing_runs": 4}
+    _, outcome = _searched(tmp_path, search, fragile=())
     report = outcome.results.search
     print([(c.label, c.stage, c.speedup, c.verdict) for c in report.candidates])
     records = {c.label: c for c in report.candidates}
