@@ -5,8 +5,8 @@
 1. Screen: each base candidate (qbench.search.candidates) is built and measured once on a few
    screening rows (every slice represented) with a quick timing at the recipe's batch sizes:
    its gate excess there and its speed-up over FP32 (timed the same way).
-2. Evaluate: candidates whose screening excess is within `SCREEN_SLACK` are run on every evaluation
-   row and judged by the gate, fastest first; once one passes, only candidates that could still be
+2. Evaluate: candidates whose screening excess (`screen_excess`: one row's change on the screen is not
+   counted) is within `SCREEN_SLACK` are run on every evaluation row and judged by the gate, fastest first; once one passes, only candidates that could still be
    faster are evaluated. Then the reduce_range twins of the bases that did not pass, the same way.
 3. Keep float: when none passes, the quantized nodes are ranked by the noise each adds (per-layer
    SQNR, one pass of a static Q/DQ build on the screening rows) and the fastest failing candidates
@@ -14,7 +14,8 @@
    every node the candidate quantized: that would be the FP32 model), until one passes or could no
    longer be the fastest.
 4. Choose: the passing candidates are re-timed side by side with FP32 (interleaved rounds) and the
-   fastest is kept; when none passes, the closest is evaluated in full if it was only screened (it may
+   fastest is kept (candidates dismissed against a screening estimate the re-timing lowered are evaluated then,
+   and the finalists re-timed again); when none passes, the closest is evaluated in full if it was only screened (it may
    pass after all), then kept (the gate then fails it) and the report says what it would need.
 
 A candidate in which no node computes in INT8 (BuiltVariant.lowered_nothing: nothing to quantize, or every
@@ -33,11 +34,9 @@ import math
 import shutil
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
 
 from qbench.backends import Backend
 from qbench.backends.base import RunOptions
@@ -51,6 +50,7 @@ from qbench.results import VariantResult
 from qbench.results_search import CandidateRecord, SearchReport
 from qbench.search import select
 from qbench.search.candidates import Candidate, catalogue
+from qbench.search.screen import gate_excess, screen_excess, screening_indices, worst_slice
 from qbench.validate.measure import Measured, PhaseClock, Rows, describe_error, measure
 from qbench.variants import BuildContext, BuiltVariant, build_variant
 from qbench.variants.onnx_utils import graph_digest
@@ -59,7 +59,7 @@ KEEP_FLOAT_BASES = 2  # near misses that get keep-float candidates
 RETIME_ROUNDS = 3
 CLOSEST_EVALUATIONS = 3  # unevaluated closest candidates evaluated in full when none passed
 VERDICT_CHARS = 300  # a verdict is a table cell: an ORT error's newlines collapsed, cut there
-MIN_SLICE_ROWS = 3  # screening rows taken from every slice (when it has them)
+OUTPACED = "not evaluated: a candidate screened faster passed"  # dismissed on a passing candidate's speed-up
 
 logger = logging.getLogger(__name__)
 
@@ -68,30 +68,6 @@ logger = logging.getLogger(__name__)
 class SearchOutcome:
     built: BuiltVariant | None  # the chosen candidate (the closest when none passed), as <workdir>/<name>.onnx
     report: SearchReport
-
-
-def screening_indices(slices: Mapping[str, np.ndarray], rows: int, wanted: int, per_slice: int = MIN_SLICE_ROWS) -> np.ndarray:
-    """About `wanted` row indices spread evenly over `rows`, plus at least `per_slice` rows of every slice
-    (all of a smaller one), sorted."""
-    picked = set(np.linspace(0, rows - 1, num=min(wanted, rows)).round().astype(int).tolist())
-    for mask in slices.values():
-        members = np.flatnonzero(mask)
-        if len(members):
-            picked |= set(members[np.linspace(0, len(members) - 1, num=min(per_slice, len(members))).round().astype(int)].tolist())
-    return np.asarray(sorted(picked), dtype=int)
-
-
-def gate_excess(verdict: GateReport) -> float:
-    """The gate's verdict as one number: largest drop / tolerance over its judged accuracy checks."""
-    if verdict.problems:
-        return math.inf
-    return select.excess([(c.drop, c.tolerance) for c in verdict.checks if c.status != "skipped" and c.scope != "slo"])
-
-
-def worst_slice(verdict: GateReport) -> tuple[str | None, float | None]:
-    judged = [c for c in verdict.checks if c.scope not in ("overall", "slo") and c.status != "skipped"]
-    worst = max(judged, key=lambda c: c.drop / c.tolerance if c.tolerance > 0 else c.drop, default=None)
-    return (worst.scope, worst.drop) if worst else (None, None)
 
 
 def _p50s(result: VariantResult) -> dict[int, float]:
@@ -189,13 +165,14 @@ class _Search:
             self._failed_to_run(index, measured.result.error)
             return index
         verdict = judge(self.fp32_screen.result, measured.result, self.gate)
+        promise = screen_excess(verdict, measured.result, self.fp32.result.accuracy)
         p50, fp32_p50 = _p50s(measured.result), self._fp32_p50_now()
         self.records[index] = record.with_(
             stage="screened", speedup=select.speedup(fp32_p50, p50), nsr=measured.nsr,
-            speedups={f"b{b}": fp32_p50[b] / p for b, p in p50.items() if b in fp32_p50 and p > 0},
+            speedups=select.per_batch(fp32_p50, p50),
             screen_metric=_metric(measured.result, self.gate.metric), screen_drop=_overall(verdict),
-            screen_excess=gate_excess(verdict),
-            verdict="screened: " + ("promising" if gate_excess(verdict) <= select.SCREEN_SLACK else "not promising"),
+            screen_excess=promise,
+            verdict="screened: " + ("promising" if promise <= select.SCREEN_SLACK else "not promising"),
         )  # fmt: skip
         self._say(index, "screen")
         return index
@@ -259,7 +236,7 @@ class _Search:
         """Full evaluation of the promising screened candidates, fastest first, while they may still win."""
         for index in select.evaluation_order(self.records):
             if not self.may_win(self.records[index]):
-                self.records[index] = self.records[index].with_(verdict="not evaluated: a candidate screened faster passed")
+                self.records[index] = self.records[index].with_(verdict=OUTPACED)
                 continue
             if self.within_budget(f"evaluating {self.records[index].label}"):
                 self.evaluate(index)
@@ -372,8 +349,21 @@ class _Search:
             p50 = median[index]
             self.records[index] = self.records[index].with_(
                 speedup=select.speedup(median[None], p50),
-                speedups={f"b{b}": median[None][b] / p for b, p in p50.items() if p > 0},
+                speedups=select.per_batch(median[None], p50),
             )  # fmt: skip
+
+    def reconsider_outpaced(self) -> None:
+        """Evaluate the candidates dismissed because a faster-screened one passed, when the re-timing brought that one's
+        speed-up down to where they may win after all (its few screening runs were lucky: on a 2-core machine a
+        GRU model's pick screened fast, was re-timed at 0.95x, and three candidates screened at 0.89-0.93x had
+        been dismissed against the lucky figure), then re-time the finalists again."""
+        outpaced = [i for i, r in enumerate(self.records) if r.verdict == OUTPACED and r.stage == "screened"]
+        revived = [i for i in sorted(outpaced, key=lambda i: -(self.records[i].speedup or 0)) if self.may_win(self.records[i])]
+        for index in revived:
+            if self.may_win(self.records[index]) and self.within_budget(f"evaluating {self.records[index].label}"):
+                self.evaluate(index)
+        if any(self.records[i].passed for i in revived):
+            self.retime_finalists()
 
     def finish(self) -> SearchOutcome:
         chosen = select.choose(self.records)
@@ -462,6 +452,7 @@ def run_search(
             search.keep_float()
         search.judge_the_closest()
         search.retime_finalists()
+        search.reconsider_outpaced()
         return search.finish()
     except BaseException:
         shutil.rmtree(search.root, ignore_errors=True)

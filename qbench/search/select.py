@@ -2,6 +2,8 @@
 
 - `excess`: how far a candidate is from the gate: the largest drop / tolerance over the gate's
   checks, overall and on every judged slice (at most 1 passes, inf when a drop is unknown).
+- `beyond_one_unit`: a screening drop less the one row (or scored item) a share-of-rows metric can move by on
+  the few screening rows: the screen cannot tell one row's change from a drop the full evaluation would pass.
 - `speedup`: FP32 p50 / candidate p50, geometric mean over the timed batch sizes.
 - `evaluation_order`: which screened candidates deserve a full evaluation, fastest first.
 - `may_win`: whether a candidate can still beat the fastest passing one (timings within
@@ -11,8 +13,8 @@
 - `choose`: the fastest candidate whose full evaluation passed the gate (ties broken by accuracy, not noise).
 - `keep_float_bases`: which failing candidates get nodes kept in floating point.
 - `closest` / `needed`: when none passed, the candidate nearest to passing and what it would take.
-- `slower_than_reference`: the chosen candidate does not beat FP32 beyond the timing noise (INT8 may not pay off on
-  a backend).
+- `slower_than_reference`: the chosen candidate does not beat FP32 beyond the timing noise, at every batch size or
+  at some (INT8 may not pay off on a backend).
 - `why_none`: why a search kept no candidate at all, in words.
 """
 
@@ -43,11 +45,30 @@ def excess(checks: Sequence[tuple[float, float]]) -> float:
     return max((ratio(d, t) for d, t in checks), default=math.inf)
 
 
+def beyond_one_unit(drop: float, count: int) -> float:
+    """A share-of-rows drop on a scope of `count` rows (or scored items) less one of them, never below 0 (a gain is
+    kept as it is).
+
+    A screen samples a few rows of each scope, so a single changed row is a large drop there (1 of 3 rows of a
+    small slice is 0.33) though the same row on the full scope may be far within the tolerance: judging the screen
+    at full strength dismissed candidates that pass. Two changed rows are still counted as one: evidence enough to
+    skip the full evaluation."""
+    if count <= 0 or not math.isfinite(drop) or drop <= 0:
+        return drop
+    return max(drop - 1.0 / count, 0.0)
+
+
 def speedup(reference_p50: Mapping[int, float], candidate_p50: Mapping[int, float]) -> float:
     """Geometric mean over the batch sizes both were timed at of reference p50 / candidate p50 (NaN: none)."""
     ratios = [reference_p50[b] / candidate_p50[b] for b in reference_p50
               if b in candidate_p50 and candidate_p50[b] > 0 and math.isfinite(candidate_p50[b])]  # fmt: skip
     return math.exp(sum(math.log(r) for r in ratios) / len(ratios)) if ratios else math.nan
+
+
+def per_batch(reference_p50: Mapping[int, float], candidate_p50: Mapping[int, float]) -> dict[str, float]:
+    """`speedup` at each batch size both were timed at, keyed "b<batch>"."""
+    ratios = {f"b{b}": speedup({b: reference_p50[b]}, {b: p}) for b, p in candidate_p50.items() if b in reference_p50}
+    return {key: value for key, value in ratios.items() if math.isfinite(value)}
 
 
 def _speed(record: CandidateRecord) -> float:
@@ -107,15 +128,26 @@ def choose(records: Sequence[CandidateRecord], tie: float = TIE) -> int | None:
 
 
 def slower_than_reference(record: CandidateRecord, tie: float = TIE) -> str | None:
-    """Why shipping this candidate for speed would be a mistake, or None: its speed-up is below 1 beyond the tie
-    margin (INT8 kernels on some backends and models, e.g. small convolutions on CPU, run slower than FP32). The
-    search passes the margin its ranking uses (TIE, or the timing noise it measured when that is more): an estimate
-    within the noise of 1 does not say the candidate is slower."""
+    """Why shipping this candidate for speed would be a mistake, or None: it is slower than FP32 beyond the tie margin
+    (INT8 kernels on some backends and models, e.g. small convolutions on CPU, run slower than FP32). The search passes
+    the margin its ranking uses (TIE, or the timing noise it measured when that is more): an estimate within the noise
+    of 1 does not say the candidate is slower.
+
+    Judged per batch size where the record has them: a GRU model's pick ran at 0.72x FP32 at batch 1 and 1.02-1.13x
+    at batch 32, a geometric mean of 0.85x, and "FP32 is the faster choice" was wrong for batch 32. Slower at only
+    some batch sizes is said for those."""
     speed = _speed(record)
-    if not math.isfinite(speed) or speed >= 1.0 - tie:
+    batches = {key: value for key, value in record.speedups.items() if math.isfinite(value)}
+    if not batches:
+        batches = {"overall": speed} if math.isfinite(speed) else {}
+    slower = {key: value for key, value in batches.items() if value < 1.0 - tie}
+    if not slower:
         return None
-    return (f"the fastest passing candidate runs at {speed:.2f}× FP32: no INT8 candidate beat FP32 on this backend, "
-            "so FP32 (or FP16) is the faster choice here")  # fmt: skip
+    if len(slower) == len(batches):
+        return (f"the fastest passing candidate runs at {speed:.2f}× FP32: no INT8 candidate beat FP32 on this backend, "
+                "so FP32 (or FP16) is the faster choice here")  # fmt: skip
+    shown = ", ".join(f"batch {key[1:]} ({value:.2f}×)" for key, value in slower.items())
+    return f"the fastest passing candidate is slower than FP32 at {shown}: there FP32 (or FP16) is the faster choice"
 
 
 def why_none(records: Sequence[CandidateRecord]) -> str:

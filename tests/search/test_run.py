@@ -6,8 +6,12 @@ import dataclasses
 import json
 import math
 
+import numpy as np
+import onnx
+import pandas as pd
 import pytest
 import yaml
+from onnx import TensorProto, helper, numpy_helper
 from test_explain import fragile_model, one_gemm_model, write_fragile_project
 
 from qbench.gate import EXIT_BREACH, EXIT_PASS, EXIT_UNUSABLE, run_gate
@@ -22,6 +26,11 @@ def in_tmp(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
 
+def _searched_recipe(path):
+    recipe = load_recipe(path)
+    return recipe, run_sweep(recipe, track=False)
+
+
 def _searched(tmp_path, search, *, fragile=("a",), gate=None, model=None):
     path = write_fragile_project(tmp_path, [], fragile=fragile, gate=gate)
     if model is not None:
@@ -29,8 +38,7 @@ def _searched(tmp_path, search, *, fragile=("a",), gate=None, model=None):
     raw = yaml.safe_load(path.read_text())
     raw["search"] = search
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
-    recipe = load_recipe(path)
-    return recipe, run_sweep(recipe, track=False)
+    return _searched_recipe(path)
 
 
 def test_the_search_finds_a_passing_candidate_and_records_every_candidate(tmp_path):
@@ -316,3 +324,93 @@ def test_slower_than_fp32_is_flagged_only_beyond_the_timing_noise_the_search_mea
     search.records = [CandidateRecord("dynamic", "ort-dynamic", speedup=0.85, stage="evaluated", passed=True, excess=0.4)]
     search.fp32_timings = fp32_timings
     assert bool(search._slower_note(0)) is flagged
+
+
+def _one_tie_project(root, rows=400, *, lone_slice=False):
+    """y = x @ W over two features, class by the sign of feature 0 (|x0| >= 1 on every row) except the first
+    evaluation row, x = [0, 1e-3]: its classes are 0 and 1e-3 apart, and INT8 activations (a scale of ~0.04 for
+    the batch's range) read 1e-3 as 0, so every INT8 candidate flips that one row and no other."""
+    root.mkdir(parents=True, exist_ok=True)
+    weight = np.array([[1.0, -1.0], [0.0, 1.0]], dtype=np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="fc")], "one_tie",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])],
+        initializer=[numpy_helper.from_array(weight, "w")],
+    )  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(root / "model.onnx"))
+    rng = np.random.default_rng(0)
+    x = np.stack([rng.choice([-1.0, 1.0], size=96 + rows) * rng.uniform(1, 5, size=96 + rows), np.zeros(96 + rows)], 1)
+    x[96] = [0.0, 1e-3]
+    tie = ["calib"] * 96 + ["tie"] + ["rest"] * (rows - 1)
+    pd.DataFrame({"x": list(x.astype(np.float32)), "split": ["calib"] * 96 + ["eval"] * rows,
+                  "half": ["calib"] * 96 + ["first"] * (rows // 2) + ["second"] * (rows - rows // 2),
+                  "tie": tie}).to_parquet(root / "data.parquet")  # fmt: skip
+    recipe = {
+        "name": "one-tie", "task": "classification", "model": {"path": "model.onnx"},
+        "data": {"path": "data.parquet", "inputs": {"x": "x"}, "calibration": {"filter": {"split": "calib"}, "samples": 96},
+                 "evaluation": {"filter": {"split": "eval"}, "batch_size": 50},
+                 "slices": [{"by": "half"}, *([{"by": "tie"}] if lone_slice else [])]},
+        "variants": [], "latency": {"batch_sizes": [1, 8], "warmup": 2, "iterations": 10, "threads": 1},
+        "gate": {"metric": "agreement", "max_drop": 0.01, "max_slice_drop": 0.02},
+        "search": {"time_budget_s": 60, "techniques": ["ort-static"], "max_keep_float": 0},
+        "tracking": {"uri": f"sqlite:///{(root / 'mlflow.db').as_posix()}"}, "output_dir": "reports",
+    }  # fmt: skip
+    (root / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return root / "recipe.yaml"
+
+
+def test_one_changed_row_on_the_screen_does_not_dismiss_a_candidate_that_passes(tmp_path):
+    """INT8 flips one row of 400 (drop 0.0025, tolerance 0.01; 0.005 on its slice, tolerance 0.02), and that row is
+    among the 48 screening rows, where it is a drop of 1/48 (0.021, and 1/24 on its slice): the screen judged at full
+    strength called the candidate not promising, skipped its full evaluation and went on to its 7-bit twin. One row
+    on the screen is not evidence: the candidate is evaluated, passes and no twin is tried."""
+    _, outcome = _searched_recipe(_one_tie_project(tmp_path))
+    report = outcome.results.search
+    first = report.candidates[0]
+    print([(c.label, c.stage, c.screen_drop, c.screen_excess, c.drop, c.verdict) for c in report.candidates])
+    assert first.screen_drop == pytest.approx(1 / 48, abs=0.005)  # the flipped row is on the screen
+    assert first.drop == pytest.approx(1 / 400) and first.passed and first.verdict == "chosen"
+    assert [c.label for c in report.candidates] == ["ort-static"]  # a passing base needs no 7-bit twin
+    assert outcome.gate.exit_code == EXIT_PASS
+
+
+def test_the_screen_discounts_one_row_of_a_share_metric_only():
+    assert select.beyond_one_unit(1 / 3, 3) == 0.0 and select.beyond_one_unit(2 / 3, 3) == pytest.approx(1 / 3)
+    assert select.beyond_one_unit(-0.1, 3) == -0.1 and math.isnan(select.beyond_one_unit(math.nan, 3))
+    assert select.beyond_one_unit(0.2, 0) == 0.2  # not a share of rows: the drop as it is
+
+
+def test_a_slice_the_screen_holds_whole_is_judged_at_full_strength(tmp_path):
+    """The flipped row is a slice of its own: the screen holds all of it, so its drop of 1 there is the gate's
+    verdict, not sampling noise; no row is discounted and the candidate is not promising."""
+    _, outcome = _searched_recipe(_one_tie_project(tmp_path, lone_slice=True))
+    report = outcome.results.search
+    assert all(c.screen_excess == pytest.approx(1.0 / 0.02) for c in report.candidates)  # ort-static and its twin
+    assert report.outcome == "unreachable" and report.candidates[report.closest].worst_slice == "tie=tie"
+    assert outcome.gate.exit_code == EXIT_BREACH
+
+
+def test_candidates_dismissed_against_a_lucky_screening_estimate_are_evaluated_after_the_retiming(tmp_path, monkeypatch):
+    """ort-dynamic screens at 2.0x (a lucky estimate), passes, and ort-static, screened at 1.0x, is dismissed as
+    slower; the re-timing puts ort-dynamic at 0.9x. ort-static was never evaluated and ort-dynamic was chosen at 0.9x:
+    now ort-static is evaluated, passes, and the faster of the two after re-timing is chosen."""
+    from qbench.search import run as search_run
+
+    screened = iter([2.0, 1.0])
+    # the estimate over both batch sizes (select.per_batch's one-batch ratios keep theirs)
+    monkeypatch.setattr(select, "speedup", lambda reference, candidate: next(screened, 1.0) if len(reference) > 1 else 1.0)
+    monkeypatch.setattr(select, "timing_noise", lambda timings: 0.0)
+    retimed = {"ort-dynamic": 0.9, "ort-static": 1.0}
+
+    def retime(self):
+        self.records = [r.with_(speedup=retimed[r.label]) if r.passed else r for r in self.records]
+
+    monkeypatch.setattr(search_run._Search, "retime_finalists", retime)
+    # timing_runs: a search of its own (the build store would serve another test's search of the same recipe)
+    search = {"time_budget_s": 60, "techniques": ["ort-dynamic", "ort-static"], "timing_runs": 4}
+    _, outcome = _searched(tmp_path, search, fragile=())
+    report = outcome.results.search
+    print([(c.label, c.stage, c.speedup, c.verdict) for c in report.candidates])
+    records = {c.label: c for c in report.candidates}
+    assert records["ort-static"].passed and report.candidates[report.chosen].label == "ort-static"

@@ -169,3 +169,15 @@ def test_timing_noise_is_twice_the_median_deviation_from_the_median_over_shared_
     assert select.timing_noise(outlier) == pytest.approx(2 * statistics.median([0.15, 0.05, 0.05, 19.85]) / 10.15)
     assert select.timing_noise(timings[:1]) == 0.0 and select.timing_noise([]) == 0.0
     assert select.timing_noise([{1: 5.0}, {16: 5.0}]) == 0.0  # no batch size in common: nothing to compare
+
+
+def test_slower_than_fp32_is_judged_per_batch_size():
+    """A GRU model's pick: 0.72x FP32 at batch 1, 1.05x at batch 32, 0.87x as a geometric mean. FP32 is the faster
+    choice at batch 1 only; the note said so for every batch size."""
+    mixed = CandidateRecord("d", "ort-dynamic", speedup=0.87, speedups={"b1": 0.72, "b32": 1.05}, passed=True)
+    note = select.slower_than_reference(mixed)
+    assert note is not None and "batch 1 (0.72×)" in note and "batch 32" not in note and "no INT8 candidate" not in note
+    slower = CandidateRecord("d", "ort-dynamic", speedup=0.7, speedups={"b1": 0.72, "b32": 0.68}, passed=True)
+    assert "no INT8 candidate beat FP32" in select.slower_than_reference(slower)
+    assert select.slower_than_reference(CandidateRecord("d", "ort-dynamic", speedup=1.2, speedups={"b1": 0.97})) is None
+    assert select.per_batch({1: 2.0, 8: 4.0}, {1: 1.0, 8: 0.0, 16: 1.0}) == {"b1": 2.0}

@@ -1,0 +1,70 @@
+"""How the search reads its rows and verdicts: which evaluation rows it screens on, and a gate verdict as one number.
+
+- `screening_indices`: the screening rows, spread over the evaluation rows, with a few of every slice.
+- `gate_excess`: a full evaluation's verdict, largest drop / tolerance (select.excess).
+- `screen_excess`: a screen's verdict, each share-of-rows drop less one row where the screen sampled its scope.
+- `worst_slice`: the judged slice furthest from its tolerance.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+
+from qbench.gate import GateReport
+from qbench.results import AccuracyResult, SliceMetrics, VariantResult
+from qbench.search import select
+from qbench.validate.catalogue import METRICS
+
+MIN_SLICE_ROWS = 3  # screening rows taken from every slice (when it has them)
+
+
+def screening_indices(slices: Mapping[str, np.ndarray], rows: int, wanted: int, per_slice: int = MIN_SLICE_ROWS) -> np.ndarray:
+    """About `wanted` row indices spread evenly over `rows`, plus at least `per_slice` rows of every slice
+    (all of a smaller one), sorted."""
+    picked = set(np.linspace(0, rows - 1, num=min(wanted, rows)).round().astype(int).tolist())
+    for mask in slices.values():
+        members = np.flatnonzero(mask)
+        if len(members):
+            picked |= set(members[np.linspace(0, len(members) - 1, num=min(per_slice, len(members))).round().astype(int)].tolist())
+    return np.asarray(sorted(picked), dtype=int)
+
+
+def gate_excess(verdict: GateReport) -> float:
+    """The gate's verdict as one number: largest drop / tolerance over its judged accuracy checks."""
+    if verdict.problems:
+        return math.inf
+    return select.excess([(c.drop, c.tolerance) for c in verdict.checks if c.status != "skipped" and c.scope != "slo"])
+
+
+def screen_excess(verdict: GateReport, result: VariantResult, full: AccuracyResult | None) -> float:
+    """`gate_excess` on the screening rows, each share-of-rows drop less one row of its scope there when the screen
+    holds only some of the scope's rows in `full` (FP32 on every evaluation row; select.beyond_one_unit): how
+    promising a screened candidate is, not whether it passes. A scope the screen holds whole (a slice of 1 to 3
+    rows) is judged as the gate will judge it."""
+    if verdict.problems or result.accuracy is None:
+        return math.inf
+    share = (info := METRICS.get(verdict.metric)) is not None and info.share_of_rows
+    checks = []
+    for c in verdict.checks:
+        if c.status == "skipped" or c.scope == "slo":
+            continue
+        scope, whole = (_scope(accuracy, c.scope) for accuracy in (result.accuracy, full))
+        sampled = share and scope is not None and whole is not None and scope.size < whole.size
+        count = scope.denominators.get(verdict.metric, scope.size) if sampled and scope is not None else 0
+        checks.append((select.beyond_one_unit(c.drop, count), c.tolerance))
+    return select.excess(checks)
+
+
+def _scope(accuracy: AccuracyResult | None, name: str) -> SliceMetrics | None:
+    if accuracy is None:
+        return None
+    return accuracy.overall if name == "overall" else accuracy.slice(name)
+
+
+def worst_slice(verdict: GateReport) -> tuple[str | None, float | None]:
+    judged = [c for c in verdict.checks if c.scope not in ("overall", "slo") and c.status != "skipped"]
+    worst = max(judged, key=lambda c: c.drop / c.tolerance if c.tolerance > 0 else c.drop, default=None)
+    return (worst.scope, worst.drop) if worst else (None, None)
