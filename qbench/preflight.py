@@ -265,10 +265,12 @@ def _check_quantizer_options(recipe: Recipe) -> None:
     for index, spec in enumerate(recipe.variants):
         if spec.quantizer != "modelopt":
             continue
+        from qbench.techniques.modelopt import Modelopt
+        from qbench.variants.base import technique_of
         from qbench.variants.modelopt_quant import modelopt_settings
 
         try:
-            modelopt_settings(spec)
+            modelopt_settings(technique_of(spec, Modelopt))  # the technique's config, not the variant's spec
         except QbenchError as exc:
             detail = str(exc).removeprefix(f"variant {spec.name!r}: ")
             raise RecipeError(recipe.source, f"variants[{index}]", detail) from None

@@ -536,6 +536,14 @@ def test_validate_accepts_a_torch_source_recipe(project: Path, capsys: pytest.Ca
     assert "OK" in capsys.readouterr().out
 
 
+def test_validate_accepts_a_modelopt_variant(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every `quantizer: modelopt` recipe failed at validate and sweep start: `qbench: error: AttributeError:
+    'VariantSpec' object has no attribute 'calibration'` (the check was handed the variant, not its config)."""
+    pytest.importorskip("modelopt.torch.quantization")
+    variants = [{"name": "int8-mo", "precision": "int8", "calibrator": "minmax", "quantizer": "modelopt"}]
+    assert main(["validate", str(_write_recipe(project.parent, variants=variants))]) == 0, capsys.readouterr().err
+
+
 def test_sweep_builds_every_variant_from_the_exported_reference(project: Path) -> None:
     variants = [
         {"name": "fp16", "precision": "fp16"},
