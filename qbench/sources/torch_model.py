@@ -282,12 +282,29 @@ def _load_weights(recipe: Recipe, module: torch.nn.Module, state: Mapping[str, t
     if missing or unexpected:
         listed = {"missing": missing, "unexpected": unexpected}
         parts = "; ".join(f"{label} {_first_few(keys)}" for label, keys in listed.items() if keys)
-        message = f"the state_dict does not match the module's keys: {parts}"
+        message = f"the state_dict does not match the module's keys: {parts}{_prefix_hint(expected, set(state))}"
         raise RecipeError(recipe.source, "model.weights", message)
     try:
         module.load_state_dict(state, strict=True)
     except RuntimeError as exc:  # shape mismatches
         raise RecipeError(recipe.source, "model.weights", f"the state_dict does not fit the module: {exc}") from None
+
+
+_EXTRA_PREFIX = ("every key in the file starts with {0!r} (a wrapper's state_dict: DataParallel's 'module.', "
+                 "torch.compile's '_orig_mod.'); save the wrapped module's own state_dict, or strip {0!r} from the keys")
+_MISSING_PREFIX = "the file's keys lack the module's prefix {0!r}: it holds that submodule's state_dict; save the whole module's"
+
+
+def _prefix_hint(expected: set[str], given: set[str]) -> str:
+    """Why the keys differ when they differ only by a prefix: the file's keys carry one (a wrapper's state_dict),
+    or lack the module's (the state_dict of a part of it)."""
+    for longer, shorter, cause in ((given, expected, _EXTRA_PREFIX), (expected, given, _MISSING_PREFIX)):
+        first = min(longer, default="")
+        for cut in (i + 1 for i, char in enumerate(first) if char == "."):
+            prefix = first[:cut]
+            if all(key.startswith(prefix) for key in longer) and {key[cut:] for key in longer} == shorter:
+                return f" ({cause.format(prefix)})"
+    return ""
 
 
 def _bind_forward_arguments(recipe: Recipe, module: torch.nn.Module, names: list[str]) -> list[str]:

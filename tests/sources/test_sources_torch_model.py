@@ -119,6 +119,41 @@ def build_dataclass():
     return DataclassClassifier()
 
 
+class WithNumber(Classifier):
+    def forward(self, features):
+        scores = super().forward(features)
+        return {{"scores": scores, "extra": (scores.sum(1), 0.5)}}
+
+
+class PairsRows(Classifier):
+    """Normalises the hidden units over groups of rows: the batch size is written as a number."""
+
+    def forward(self, features):
+        hidden = torch.relu(self.hidden(features)).view(2, -1)
+        return self.head((hidden / hidden.norm(dim=1, keepdim=True)).view(-1, 16))
+
+
+class Wrapped(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.model = Classifier()
+
+    def forward(self, features):
+        return self.model(features)
+
+
+def build_wrapped():
+    return Wrapped()
+
+
+def build_with_number():
+    return WithNumber()
+
+
+def build_pairs_rows():
+    return PairsRows()
+
+
 def build_branching():
     return Branching()
 
@@ -286,8 +321,13 @@ def test_whole_pickled_module_is_refused_without_running_its_code(project: Path)
          "missing 'hidden.weight'; unexpected 'renamed'"),
         (lambda s: {**s, "head.weight": torch.zeros(CLASSES, 7)}, "does not fit the module"),
         (lambda s: {"state_dict": s, "epoch": 3}, "entry 'state_dict' holds OrderedDict"),
+        # keys that differ only by a prefix: a wrapper's state_dict, or a part's
+        (lambda s: {f"module.{k}": v for k, v in s.items()}, "(every key in the file starts with 'module.' "
+         "(a wrapper's state_dict: DataParallel's 'module.', torch.compile's '_orig_mod.'); save the wrapped "
+         "module's own state_dict, or strip 'module.' from the keys)"),
+        (lambda s: {f"_orig_mod.{k}": v for k, v in s.items()}, "every key in the file starts with '_orig_mod.'"),
     ],
-    ids=["wrong-keys", "wrong-shape", "checkpoint"],
+    ids=["wrong-keys", "wrong-shape", "checkpoint", "dataparallel", "compiled"],
 )  # fmt: skip
 def test_a_state_dict_that_does_not_fit_is_a_recipe_error(project: Path, edit: Any, expected: str) -> None:
     state = torch.load(project.parent / "weights.pt", weights_only=True)
@@ -295,6 +335,13 @@ def test_a_state_dict_that_does_not_fit_is_a_recipe_error(project: Path, edit: A
     error = _load_error(project)
     assert error.field == "model.weights"
     assert expected in error.detail
+
+
+def test_the_state_dict_of_the_model_a_factory_wraps_is_refused_naming_the_prefix(project: Path) -> None:
+    error = _load_error(_write_recipe(project.parent, {"torch": "mypkg.models:build_wrapped"}))
+    assert error.field == "model.weights"
+    assert error.detail.endswith("(the file's keys lack the module's prefix 'model.': it holds that submodule's "
+                                 "state_dict; save the whole module's)")
 
 
 def test_unreadable_weights_file_is_a_recipe_error(project: Path) -> None:
