@@ -22,17 +22,20 @@ def own_names(outputs: Any, count: int) -> tuple[str, ...] | None:
     return None
 
 
-def flatten_outputs(outputs: Any) -> list[torch.Tensor]:
+def flatten_outputs(outputs: Any, _at: str = "") -> list[torch.Tensor]:
     """forward()'s result as a flat list of tensors, in the order of the exported outputs (`output_names`)."""
     import torch  # only called on what a module returned: torch is loaded
 
     if isinstance(outputs, torch.Tensor):
         return [outputs]
     if isinstance(outputs, Mapping):
-        return [t for value in outputs.values() for t in flatten_outputs(value)]
+        return [t for key, value in outputs.items() for t in flatten_outputs(value, f"{_at}[{key!r}]")]
     if isinstance(outputs, (list, tuple)):
-        return [t for value in outputs for t in flatten_outputs(value)]
+        return [t for index, value in enumerate(outputs) for t in flatten_outputs(value, f"{_at}[{index}]")]
     if outputs is None:
         return []
+    if _at:  # an item of what forward() returned
+        raise QbenchError(f"model.torch: forward()'s output{_at} is a {type(outputs).__name__}; expected every item "
+                          "it returns to be a tensor (or None): return a number as a tensor, or leave it out")
     raise QbenchError(f"model.torch: forward() returned a {type(outputs).__name__}; expected a tensor, or a tuple, "
                       "list or dict of tensors (return dataclasses.astuple(...) or a dict)")

@@ -551,6 +551,27 @@ def test_an_export_that_took_another_branch_than_the_rows_take_is_refused(
     assert "data-dependent control flow" in error
 
 
+def test_a_number_among_forwards_outputs_is_named_by_its_place(project: Path) -> None:
+    error = _load_error(_write_recipe(project.parent, {"torch": "mypkg.models:build_with_number", "output_names": None}))
+    assert error.field == "model.torch"
+    assert error.detail == ("forward()'s output['extra'][1] is a float; expected every item it returns to be a tensor "
+                            "(or None): return a number as a tensor, or leave it out")
+
+
+def test_a_forward_that_mixes_rows_is_refused_with_a_remedy_for_a_module(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """x.view(2, -1) in forward() itself: export and module agree at any batch, but rows are normalised in pairs
+    of whatever size the batch makes them. The remedy said to export batch-first, which a module's author cannot."""
+    recipe = _write_recipe(project.parent, {"torch": "mypkg.models:build_pairs_rows", "output_names": None},
+                           variants=[{"name": "fp16", "precision": "fp16"}])  # fmt: skip
+    assert main(["validate", str(recipe)]) == 2
+    error = capsys.readouterr().err
+    assert "recipe.yaml: model.torch: model input features ['batch', 4]: row " in error
+    assert "forward() combines rows: a batch size written as a number (x.view(2, -1), not x.view(x.size(0), -1))" in error
+    assert "batch-first (e.g." not in error
+
+
 def test_namedtuple_outputs_are_named_by_their_fields_and_a_dataclass_is_refused_in_one_line(project: Path) -> None:
     named = load_torch_model(load_recipe(_write_recipe(project.parent, {"torch": "mypkg.models:build_pair",
                                                                        "output_names": None})))  # fmt: skip
