@@ -233,7 +233,7 @@ def _check_export_on_rows(recipe: Recipe, source: ModelSource, feeds: Feeds) -> 
     """The exported reference must compute what forward() computes on the recipe's own rows, not only on the
     export's random example: a branch on the data (`if (x < 0).any()`) is recorded as the example took it, and
     every figure would then describe another model."""
-    from qbench.sources.torch_model import export_difference
+    from qbench.sources.torch_export import export_difference
 
     torch_model = source.torch
     if torch_model is None or any(name not in feeds for name in torch_model.input_names):

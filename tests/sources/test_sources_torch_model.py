@@ -22,9 +22,9 @@ from qbench.cli import main  # noqa: E402
 from qbench.errors import QbenchError, RecipeError  # noqa: E402
 from qbench.recipe import load_recipe  # noqa: E402
 from qbench.sources import resolve_model  # noqa: E402
+from qbench.sources.torch_export import export_reference  # noqa: E402
 from qbench.sources.torch_model import (  # noqa: E402
     TorchModel,
-    export_reference,
     factory_source_sha256,
     load_torch_model,
 )
