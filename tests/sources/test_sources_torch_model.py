@@ -146,6 +146,18 @@ def build_wrapped():
     return Wrapped()
 
 
+class NestedOutputs(Classifier):
+    """Shaped like a Hugging Face ModelOutput (a dict): the task's output beside a tuple of hidden states."""
+
+    def forward(self, features):
+        hidden = torch.relu(self.hidden(features))
+        return {{"logits": self.head(hidden), "hidden_states": (hidden, Pair(hidden * 2, hidden * 3))}}
+
+
+def build_nested():
+    return NestedOutputs()
+
+
 def build_with_number():
     return WithNumber()
 
@@ -643,6 +655,20 @@ def test_demo_torch_recipe_rebuilds_the_demo_onnx_model(digits_project: Path) ->
     with torch.no_grad():
         expected = torch_model.build()(torch.from_numpy(images)).numpy()
     np.testing.assert_allclose(logits, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_tensors_nested_in_named_outputs_are_named_by_their_path(project: Path) -> None:
+    """They were output_0..output_3, so `model.output: logits` (a ModelOutput's own name) named no output."""
+    recipe = _write_recipe(project.parent, {"torch": "mypkg.models:build_nested", "output_names": None, "output": "logits"},
+                           variants=[{"name": "fp16", "precision": "fp16"}])  # fmt: skip
+    torch_model = load_torch_model(load_recipe(recipe))
+    assert torch_model.output_names == ("logits", "hidden_states.0", "hidden_states.1.scores", "hidden_states.1.hidden")
+    session = ort.InferenceSession(str(export_reference(torch_model)), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(2).normal(size=(5, FEATURES)).astype(np.float32)
+    with torch.no_grad():
+        expected = torch_model.build()(torch.from_numpy(x))["logits"].numpy()
+    np.testing.assert_allclose(session.run(["logits"], {"features": x})[0], expected, rtol=1e-5, atol=1e-6)
+    assert main(["validate", str(recipe)]) == 0
 
 
 def test_output_names_may_rename_forwards_own_names_in_their_order(project: Path) -> None:
