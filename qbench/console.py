@@ -21,7 +21,14 @@ from qbench.progress import reporting_progress
 class CliConsole(Console):
     """A rich console whose reader may go away (`qbench gate --verbose | head -1`): the rest of its output is
     dropped and the command goes on to its end (its report files, its exit code). Rich's default ends the
-    program there (SystemExit(1)), which would turn any verdict into an error."""
+    program there (SystemExit(1)), which would turn any verdict into an error.
+
+    Emoji codes are off: a message quoting a factory `mypkg.models:loop:` or a path must print as it is, not
+    with `:loop:` drawn as an emoji (markup is escaped; emoji codes are not markup)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("emoji", False)
+        super().__init__(*args, **kwargs)
 
     def on_broken_pipe(self) -> None:
         if not discard_output(self.file):

@@ -233,7 +233,7 @@ def _check_export_on_rows(recipe: Recipe, source: ModelSource, feeds: Feeds) -> 
     """The exported reference must compute what forward() computes on the recipe's own rows, not only on the
     export's random example: a branch on the data (`if (x < 0).any()`) is recorded as the example took it, and
     every figure would then describe another model."""
-    from qbench.sources.torch_model import export_difference
+    from qbench.sources.torch_export import export_difference
 
     torch_model = source.torch
     if torch_model is None or any(name not in feeds for name in torch_model.input_names):
@@ -265,10 +265,12 @@ def _check_quantizer_options(recipe: Recipe) -> None:
     for index, spec in enumerate(recipe.variants):
         if spec.quantizer != "modelopt":
             continue
+        from qbench.techniques.modelopt import Modelopt
+        from qbench.variants.base import technique_of
         from qbench.variants.modelopt_quant import modelopt_settings
 
         try:
-            modelopt_settings(spec)
+            modelopt_settings(technique_of(spec, Modelopt))  # the technique's config, not the variant's spec
         except QbenchError as exc:
             detail = str(exc).removeprefix(f"variant {spec.name!r}: ")
             raise RecipeError(recipe.source, f"variants[{index}]", detail) from None

@@ -29,8 +29,12 @@ Feeds = dict[str, np.ndarray]
 CHECKED_ROWS = 8  # evaluation rows the check runs (a fixed batch: exactly that batch)
 RELATIVE_TOLERANCE = 1e-3  # of the output's largest magnitude: batch sizes may take other kernels
 ABSOLUTE_TOLERANCE = 1e-5
-_EXPECTED = ("expected each row's outputs to depend on that row only: qbench feeds data rows along axis 0 of every "
-             "input, so export the model batch-first (e.g. batch_first=True, or transpose the inputs in the graph)")  # fmt: skip
+_EXPECTED = "expected each row's outputs to depend on that row only: qbench feeds data rows along axis 0 of every input"
+_REMEDY = {  # by model source
+    "model.path": "so export the model batch-first (e.g. batch_first=True, or transpose the inputs in the graph)",
+    "model.torch": ("and forward() combines rows: a batch size written as a number (x.view(2, -1), not "
+                    "x.view(x.size(0), -1)), a reduction over dim 0, or a sequence-first layer (use batch_first=True)"),
+}  # fmt: skip
 
 
 def check_row_independence(
@@ -64,17 +68,21 @@ def check_row_independence(
             got = _run(session, {name: array[picks] for name, array in rows.items()}, outputs)
         except Exception as exc:  # noqa: BLE001 - it ran on `size` rows: failing on fewer is the model's axis 0
             raise RecipeError(recipe.source, _field(recipe), f"{_inputs(model, batch)}: the model ran on {size} rows but "
-                              f"failed when {how}: {' '.join(str(exc).split())}; {_EXPECTED}") from None  # fmt: skip
+                              f"failed when {how}: {' '.join(str(exc).split())}; {_expected(recipe)}") from None  # fmt: skip
         for name, values in reference.items():
             seen = _moved(name, values, got.get(name), picks)
             if seen is not None:
                 hint = _batch_axis_hint(model)
                 raise RecipeError(recipe.source, _field(recipe),
-                                  f"{_inputs(model, batch)}: {seen} when {how}; {_EXPECTED}{hint}")  # fmt: skip
+                                  f"{_inputs(model, batch)}: {seen} when {how}; {_expected(recipe)}{hint}")  # fmt: skip
 
 
 def _field(recipe: Recipe) -> str:
     return "model.path" if recipe.model.path is not None else "model.torch"
+
+
+def _expected(recipe: Recipe) -> str:
+    return f"{_EXPECTED}, {_REMEDY[_field(recipe)]}"
 
 
 def _session(path: Path):  # noqa: ANN202 - onnxruntime is imported lazily

@@ -7,11 +7,13 @@ chose to run, imported like any Python import with the recipe's folder first on
 (a whole `torch.save(model)`); only a plain state_dict loads.
 
 The FP32 reference is exported with the TorchScript exporter and cached in
-`$QBENCH_CACHE_DIR` (default `~/.cache/qbench`) as `exports/<key>/model.onnx`. The key
-hashes what the export depends on: the module's tensors after loading, the factory
-module's source file, the example shapes and dtypes, the output names, the opset and
-the torch version. Edits to *other* modules the factory imports do not change the key:
-edit the factory module too, or clear the cache.
+`$QBENCH_CACHE_DIR` (default `~/.cache/qbench`) as `exports/<key>/model.onnx`
+(`qbench.sources.torch_export`). The key hashes what the export depends on: the module's
+tensors after loading, the factory module's source file and the source files of every
+class in the module (its submodules' classes and their bases, wherever they are defined),
+the example shapes and dtypes, the output names, the opset and the torch version. A
+function forward() calls from another file is not in the key: a cached export is checked
+against forward() before it is reused, and exported again when it differs.
 """
 
 from __future__ import annotations
@@ -26,16 +28,13 @@ import inspect
 import json
 import logging
 import os
-import tempfile
 import warnings
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from qbench.errors import MissingExtraError, QbenchError, RecipeError, did_you_mean
 from qbench.recipe import Recipe, file_sha256
@@ -47,7 +46,6 @@ logger = logging.getLogger(__name__)
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-EXPORT_TOLERANCE = 1e-4  # largest |torch - onnxruntime| difference accepted (absolute, plus as much relative)
 EXAMPLE_BATCH = 2  # a batch of 1 can be special-cased by exporters
 _EXPORT_FORMAT = 1  # bump when the export settings change, so older cached exports are not reused
 _EXAMPLE_SEED = 0
@@ -159,7 +157,7 @@ def load_torch_model(recipe: Recipe, *, weights: Path | None = None) -> TorchMod
     source_sha256 = file_sha256(source)
     key = {
         "format": _EXPORT_FORMAT, "factory": spec.torch, "factory_source": source_sha256,
-        "state": _state_sha256(module), "example_inputs": shapes, "input_dtypes": dtypes,
+        "state": _state_sha256(module), "classes": _class_sources_sha256(module), "example_inputs": shapes, "input_dtypes": dtypes,
         "output_names": output_names, "opset": spec.opset, "torch": torch.__version__,
     }  # fmt: skip
     return TorchModel(
@@ -282,12 +280,29 @@ def _load_weights(recipe: Recipe, module: torch.nn.Module, state: Mapping[str, t
     if missing or unexpected:
         listed = {"missing": missing, "unexpected": unexpected}
         parts = "; ".join(f"{label} {_first_few(keys)}" for label, keys in listed.items() if keys)
-        message = f"the state_dict does not match the module's keys: {parts}"
+        message = f"the state_dict does not match the module's keys: {parts}{_prefix_hint(expected, set(state))}"
         raise RecipeError(recipe.source, "model.weights", message)
     try:
         module.load_state_dict(state, strict=True)
     except RuntimeError as exc:  # shape mismatches
         raise RecipeError(recipe.source, "model.weights", f"the state_dict does not fit the module: {exc}") from None
+
+
+_EXTRA_PREFIX = ("every key in the file starts with {0!r} (a wrapper's state_dict: DataParallel's 'module.', "
+                 "torch.compile's '_orig_mod.'); save the wrapped module's own state_dict, or strip {0!r} from the keys")
+_MISSING_PREFIX = "the file's keys lack the module's prefix {0!r}: it holds that submodule's state_dict; save the whole module's"
+
+
+def _prefix_hint(expected: set[str], given: set[str]) -> str:
+    """Why the keys differ when they differ only by a prefix: the file's keys carry one (a wrapper's state_dict),
+    or lack the module's (the state_dict of a part of it)."""
+    for longer, shorter, cause in ((given, expected, _EXTRA_PREFIX), (expected, given, _MISSING_PREFIX)):
+        first = min(longer, default="")
+        for cut in (i + 1 for i, char in enumerate(first) if char == "."):
+            prefix = first[:cut]
+            if all(key.startswith(prefix) for key in longer) and {key[cut:] for key in longer} == shorter:
+                return f" ({cause.format(prefix)})"
+    return ""
 
 
 def _bind_forward_arguments(recipe: Recipe, module: torch.nn.Module, names: list[str]) -> list[str]:
@@ -366,7 +381,22 @@ def _state_sha256(module: torch.nn.Module) -> str:
     return digest.hexdigest()
 
 
-# -- the cached FP32 export ---------------------------------------------------------------------
+def _class_sources_sha256(module: torch.nn.Module) -> dict[str, str]:
+    """Python module name -> sha256 of its source file, for every class in `module` (each submodule's class and
+    its bases): a model whose classes live beside the factory's module (`mypkg/layers.py`) is exported anew when
+    they are edited. Names, not paths: the same project in another folder reuses its exports."""
+    files: dict[str, str] = {}
+    for cls in {cls for submodule in module.modules() for cls in type(submodule).__mro__}:
+        try:
+            path = inspect.getsourcefile(cls)
+        except (TypeError, OSError):  # a built-in class (object), or one defined without a file
+            continue
+        if path is not None and cls.__module__ not in files and Path(path).is_file():
+            files[cls.__module__] = file_sha256(Path(path))
+    return dict(sorted(files.items()))
+
+
+# -- the cached FP32 export (qbench.sources.torch_export) ----------------------------------------
 
 
 def export_cache_dir() -> Path:
@@ -375,30 +405,6 @@ def export_cache_dir() -> Path:
     if explicit:
         return Path(explicit).expanduser()
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "qbench"
-
-
-def export_reference(torch_model: TorchModel, cache_dir: Path | None = None) -> Path:
-    """The FP32 ONNX export of `torch_model` (in `cache_dir`, default `export_cache_dir()`), reused when cached.
-
-    A new export goes to a temporary file, is checked against torch in ONNX Runtime,
-    and only then is renamed into place: the cache never holds a partial or wrong
-    file, and a concurrent sweep never reads half of one.
-    """
-    folder = (cache_dir or export_cache_dir()) / "exports" / torch_model.cache_key
-    target = folder / "model.onnx"
-    if target.is_file():
-        return target
-    folder.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=folder, prefix=".model.", suffix=".onnx.tmp")
-    os.close(handle)
-    try:
-        logger.info("exporting %s to ONNX (cached in %s)", torch_model.factory, folder)
-        torch_model.export(torch_model.build(), Path(temporary))
-        _check_export(torch_model, Path(temporary))
-        os.replace(temporary, target)
-    finally:
-        Path(temporary).unlink(missing_ok=True)
-    return target
 
 
 def _declare_unused_inputs(path: Path, examples: Mapping[str, torch.Tensor]) -> None:
@@ -416,40 +422,6 @@ def _declare_unused_inputs(path: Path, examples: Mapping[str, torch.Tensor]) -> 
         elem = onnx.helper.np_dtype_to_tensor_dtype(example.dtype)
         model.graph.input.append(onnx.helper.make_tensor_value_info(name, elem, ["batch", *example.shape[1:]]))
     onnx.save(model, str(path))
-
-
-def _check_export(torch_model: TorchModel, path: Path) -> None:
-    """Raise QbenchError when ONNX Runtime's outputs on the example batch differ from torch's by more than
-    EXPORT_TOLERANCE: the module does something the exporter cannot capture (data-dependent control flow,
-    say), and a reference that is not the model would mislead every result."""
-    difference = export_difference(torch_model, path, torch_model.example_inputs())
-    if difference is not None:
-        raise QbenchError(f"{torch_model.factory}: the ONNX export's {difference}")
-
-
-def export_difference(torch_model: TorchModel, path: Path, inputs: Sequence[Any]) -> str | None:
-    """How the exported graph's outputs on `inputs` (one per input, in order) differ from forward()'s beyond
-    EXPORT_TOLERANCE (relative to each output's largest magnitude), or None when they agree."""
-    import onnxruntime as ort
-
-    torch = _import_torch()
-    inputs = [torch.as_tensor(value) for value in inputs]
-    with single_torch_thread(), torch.no_grad():
-        expected = [t.float().numpy() for t in flatten_outputs(torch_model.build()(*inputs))]
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    actual = session.run(None, {name: t.numpy() for name, t in zip(torch_model.input_names, inputs, strict=True)})
-    if len(actual) != len(expected):
-        return f"{len(actual)} outputs are not forward()'s {len(expected)}"
-    for name, got, want in zip(torch_model.output_names, actual, expected, strict=True):
-        got = np.asarray(got, dtype=np.float32)
-        scale = max(1.0, float(np.max(np.abs(want)))) if want.size else 1.0
-        if got.shape != want.shape or not np.allclose(got, want, rtol=EXPORT_TOLERANCE, atol=EXPORT_TOLERANCE * scale):
-            difference = np.max(np.abs(got - want)) if got.shape == want.shape else np.inf
-            return (f"output {name!r} differs from forward()'s by {difference:.2e} (shapes {list(got.shape)} vs "
-                    f"{list(want.shape)}, tolerance {EXPORT_TOLERANCE} x {scale:.3g})")  # fmt: skip
-    return None
 
 
 # -- helpers ------------------------------------------------------------------------------------

@@ -22,9 +22,9 @@ from qbench.cli import main  # noqa: E402
 from qbench.errors import QbenchError, RecipeError  # noqa: E402
 from qbench.recipe import load_recipe  # noqa: E402
 from qbench.sources import resolve_model  # noqa: E402
+from qbench.sources.torch_export import export_reference  # noqa: E402
 from qbench.sources.torch_model import (  # noqa: E402
     TorchModel,
-    export_reference,
     factory_source_sha256,
     load_torch_model,
 )
@@ -117,6 +117,53 @@ def build_pair():
 
 def build_dataclass():
     return DataclassClassifier()
+
+
+class WithNumber(Classifier):
+    def forward(self, features):
+        scores = super().forward(features)
+        return {{"scores": scores, "extra": (scores.sum(1), 0.5)}}
+
+
+class PairsRows(Classifier):
+    """Normalises the hidden units over groups of rows: the batch size is written as a number."""
+
+    def forward(self, features):
+        hidden = torch.relu(self.hidden(features)).view(2, -1)
+        return self.head((hidden / hidden.norm(dim=1, keepdim=True)).view(-1, 16))
+
+
+class Wrapped(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.model = Classifier()
+
+    def forward(self, features):
+        return self.model(features)
+
+
+def build_wrapped():
+    return Wrapped()
+
+
+class NestedOutputs(Classifier):
+    """Shaped like a Hugging Face ModelOutput (a dict): the task's output beside a tuple of hidden states."""
+
+    def forward(self, features):
+        hidden = torch.relu(self.hidden(features))
+        return {{"logits": self.head(hidden), "hidden_states": (hidden, Pair(hidden * 2, hidden * 3))}}
+
+
+def build_nested():
+    return NestedOutputs()
+
+
+def build_with_number():
+    return WithNumber()
+
+
+def build_pairs_rows():
+    return PairsRows()
 
 
 def build_branching():
@@ -286,8 +333,13 @@ def test_whole_pickled_module_is_refused_without_running_its_code(project: Path)
          "missing 'hidden.weight'; unexpected 'renamed'"),
         (lambda s: {**s, "head.weight": torch.zeros(CLASSES, 7)}, "does not fit the module"),
         (lambda s: {"state_dict": s, "epoch": 3}, "entry 'state_dict' holds OrderedDict"),
+        # keys that differ only by a prefix: a wrapper's state_dict, or a part's
+        (lambda s: {f"module.{k}": v for k, v in s.items()}, "(every key in the file starts with 'module.' "
+         "(a wrapper's state_dict: DataParallel's 'module.', torch.compile's '_orig_mod.'); save the wrapped "
+         "module's own state_dict, or strip 'module.' from the keys)"),
+        (lambda s: {f"_orig_mod.{k}": v for k, v in s.items()}, "every key in the file starts with '_orig_mod.'"),
     ],
-    ids=["wrong-keys", "wrong-shape", "checkpoint"],
+    ids=["wrong-keys", "wrong-shape", "checkpoint", "dataparallel", "compiled"],
 )  # fmt: skip
 def test_a_state_dict_that_does_not_fit_is_a_recipe_error(project: Path, edit: Any, expected: str) -> None:
     state = torch.load(project.parent / "weights.pt", weights_only=True)
@@ -295,6 +347,13 @@ def test_a_state_dict_that_does_not_fit_is_a_recipe_error(project: Path, edit: A
     error = _load_error(project)
     assert error.field == "model.weights"
     assert expected in error.detail
+
+
+def test_the_state_dict_of_the_model_a_factory_wraps_is_refused_naming_the_prefix(project: Path) -> None:
+    error = _load_error(_write_recipe(project.parent, {"torch": "mypkg.models:build_wrapped"}))
+    assert error.field == "model.weights"
+    assert error.detail.endswith("(the file's keys lack the module's prefix 'model.': it holds that submodule's "
+                                 "state_dict; save the whole module's)")
 
 
 def test_unreadable_weights_file_is_a_recipe_error(project: Path) -> None:
@@ -504,6 +563,27 @@ def test_an_export_that_took_another_branch_than_the_rows_take_is_refused(
     assert "data-dependent control flow" in error
 
 
+def test_a_number_among_forwards_outputs_is_named_by_its_place(project: Path) -> None:
+    error = _load_error(_write_recipe(project.parent, {"torch": "mypkg.models:build_with_number", "output_names": None}))
+    assert error.field == "model.torch"
+    assert error.detail == ("forward()'s output['extra'][1] is a float; expected every item it returns to be a tensor "
+                            "(or None): return a number as a tensor, or leave it out")
+
+
+def test_a_forward_that_mixes_rows_is_refused_with_a_remedy_for_a_module(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """x.view(2, -1) in forward() itself: export and module agree at any batch, but rows are normalised in pairs
+    of whatever size the batch makes them. The remedy said to export batch-first, which a module's author cannot."""
+    recipe = _write_recipe(project.parent, {"torch": "mypkg.models:build_pairs_rows", "output_names": None},
+                           variants=[{"name": "fp16", "precision": "fp16"}])  # fmt: skip
+    assert main(["validate", str(recipe)]) == 2
+    error = capsys.readouterr().err
+    assert "recipe.yaml: model.torch: model input features ['batch', 4]: row " in error
+    assert "forward() combines rows: a batch size written as a number (x.view(2, -1), not x.view(x.size(0), -1))" in error
+    assert "batch-first (e.g." not in error
+
+
 def test_namedtuple_outputs_are_named_by_their_fields_and_a_dataclass_is_refused_in_one_line(project: Path) -> None:
     named = load_torch_model(load_recipe(_write_recipe(project.parent, {"torch": "mypkg.models:build_pair",
                                                                        "output_names": None})))  # fmt: skip
@@ -534,6 +614,14 @@ def test_validate_accepts_a_torch_source_recipe(project: Path, capsys: pytest.Ca
     recipe = _write_recipe(project.parent, variants=[{"name": "fp16", "precision": "fp16"}])
     assert main(["validate", str(recipe)]) == 0
     assert "OK" in capsys.readouterr().out
+
+
+def test_validate_accepts_a_modelopt_variant(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every `quantizer: modelopt` recipe failed at validate and sweep start: `qbench: error: AttributeError:
+    'VariantSpec' object has no attribute 'calibration'` (the check was handed the variant, not its config)."""
+    pytest.importorskip("modelopt.torch.quantization")
+    variants = [{"name": "int8-mo", "precision": "int8", "calibrator": "minmax", "quantizer": "modelopt"}]
+    assert main(["validate", str(_write_recipe(project.parent, variants=variants))]) == 0, capsys.readouterr().err
 
 
 def test_sweep_builds_every_variant_from_the_exported_reference(project: Path) -> None:
@@ -567,6 +655,20 @@ def test_demo_torch_recipe_rebuilds_the_demo_onnx_model(digits_project: Path) ->
     with torch.no_grad():
         expected = torch_model.build()(torch.from_numpy(images)).numpy()
     np.testing.assert_allclose(logits, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_tensors_nested_in_named_outputs_are_named_by_their_path(project: Path) -> None:
+    """They were output_0..output_3, so `model.output: logits` (a ModelOutput's own name) named no output."""
+    recipe = _write_recipe(project.parent, {"torch": "mypkg.models:build_nested", "output_names": None, "output": "logits"},
+                           variants=[{"name": "fp16", "precision": "fp16"}])  # fmt: skip
+    torch_model = load_torch_model(load_recipe(recipe))
+    assert torch_model.output_names == ("logits", "hidden_states.0", "hidden_states.1.scores", "hidden_states.1.hidden")
+    session = ort.InferenceSession(str(export_reference(torch_model)), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(2).normal(size=(5, FEATURES)).astype(np.float32)
+    with torch.no_grad():
+        expected = torch_model.build()(torch.from_numpy(x))["logits"].numpy()
+    np.testing.assert_allclose(session.run(["logits"], {"features": x})[0], expected, rtol=1e-5, atol=1e-6)
+    assert main(["validate", str(recipe)]) == 0
 
 
 def test_output_names_may_rename_forwards_own_names_in_their_order(project: Path) -> None:

@@ -1,0 +1,134 @@
+"""The cached FP32 ONNX export of a PyTorch source, and the checks that it computes what forward() computes.
+
+A new export is checked against torch on the example batch and on a batch of another size
+(the exporter traces: a size it read as a Python number is recorded as a constant). A cached
+export is checked the same way before it is reused: its key covers the weights and the source
+files of the module's classes, not every function forward() calls, and a stale reference
+would mislead every figure.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from qbench.errors import QbenchError
+from qbench.sources.torch_model import EXAMPLE_BATCH, TorchModel, export_cache_dir, single_torch_thread
+from qbench.sources.torch_outputs import flatten_outputs
+
+logger = logging.getLogger(__name__)
+
+EXPORT_TOLERANCE = 1e-4  # largest |torch - onnxruntime| difference accepted (absolute, plus as much relative)
+OTHER_BATCH = 3  # not the example's batch (2), nor a multiple of it: a traced `view(2, -1)` cannot fit by chance
+_ANY_BATCH = (f"write x.flatten(1) or x.view(x.size(0), -1) rather than x.view({EXAMPLE_BATCH}, -1), and no Python loop "
+              "over the rows (for i in range(x.shape[0]))")
+
+
+def export_reference(torch_model: TorchModel, cache_dir: Path | None = None) -> Path:
+    """The FP32 ONNX export of `torch_model` (in `cache_dir`, default `export_cache_dir()`), reused when cached
+    and still computing what forward() computes.
+
+    A new export goes to a temporary file, is checked against torch in ONNX Runtime,
+    and only then is renamed into place: the cache never holds a partial or wrong
+    file, and a concurrent sweep never reads half of one.
+    """
+    folder = (cache_dir or export_cache_dir()) / "exports" / torch_model.cache_key
+    target = folder / "model.onnx"
+    if target.is_file():
+        try:
+            stale = _export_problem(torch_model, target)
+        except Exception as exc:  # noqa: BLE001 - an unreadable cached file is replaced like a stale one
+            stale = f"cannot be run: {exc}"
+        if stale is None:
+            return target
+        logger.warning("the cached export %s is not what forward() computes now (%s): code forward() runs changed "
+                       "outside the files the cache key covers; exporting again", target, stale)  # fmt: skip
+    folder.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=folder, prefix=".model.", suffix=".onnx.tmp")
+    os.close(handle)
+    try:
+        logger.info("exporting %s to ONNX (cached in %s)", torch_model.factory, folder)
+        torch_model.export(torch_model.build(), Path(temporary))
+        problem = _export_problem(torch_model, Path(temporary))
+        if problem is not None:
+            raise QbenchError(f"the ONNX export of {torch_model.factory} {problem}")
+        os.replace(temporary, target)
+    finally:
+        Path(temporary).unlink(missing_ok=True)
+    return target
+
+
+def _export_problem(torch_model: TorchModel, path: Path) -> str | None:
+    """Why the export at `path` is not the module (ONNX Runtime's outputs differ from torch's by more than
+    EXPORT_TOLERANCE on the example batch, or on a batch of another size), or None.
+
+    On the example batch a difference means the module does something the exporter cannot capture
+    (data-dependent control flow, say). On another batch it means the trace recorded the example's
+    batch size as a constant: every batch of evaluation rows but the example's would then be computed
+    wrong, or rows mixed together, or fail."""
+    session = _session(path)
+    difference = export_difference(torch_model, path, torch_model.example_inputs(), session=session)
+    if difference is not None:
+        return f"on its example inputs: {difference}"
+    return _batch_problem(torch_model, path, session)
+
+
+def _batch_problem(torch_model: TorchModel, path: Path, session: Any) -> str | None:
+    """How the export at a batch of OTHER_BATCH rows differs from forward(), said with its likely cause."""
+    import torch  # a TorchModel exists: torch is installed and loaded
+
+    inputs = torch_model.example_inputs(OTHER_BATCH)
+    try:
+        with single_torch_thread(), torch.no_grad():
+            shapes = [list(t.shape) for t in flatten_outputs(torch_model.build()(*inputs))]
+    except Exception as exc:  # noqa: BLE001 - the user's forward(): what failed is the finding
+        return (f"cannot be checked at a batch of {OTHER_BATCH}: forward() itself fails on it ({type(exc).__name__}: "
+                f"{exc}); qbench feeds rows in batches of any size along axis 0: {_ANY_BATCH}")  # fmt: skip
+    try:
+        difference = export_difference(torch_model, path, inputs, session=session)
+        finding = None if difference is None else f"its {difference}"
+    except Exception as exc:  # noqa: BLE001 - ONNX Runtime refusing the other batch is the finding
+        finding = f"it fails in ONNX Runtime ({str(exc).splitlines()[0][:300]})"
+    if finding is None:
+        return None
+    own = [shape for shape in shapes if not shape or shape[0] != OTHER_BATCH]
+    culprit = (f"forward() itself returns {own[0]} for {OTHER_BATCH} rows: a size written as a number in the module"
+               if own else "the TorchScript exporter recorded a size of the example batch as a constant")
+    return (f"follows only the example's batch of {EXAMPLE_BATCH} rows: at a batch of {OTHER_BATCH} {finding}; "
+            f"{culprit}: {_ANY_BATCH}")  # fmt: skip
+
+
+def _session(path: Path) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def export_difference(torch_model: TorchModel, path: Path, inputs: Sequence[Any], *, session: Any = None) -> str | None:
+    """How the exported graph's outputs on `inputs` (one per input, in order) differ from forward()'s beyond
+    EXPORT_TOLERANCE (relative to each output's largest magnitude), or None when they agree."""
+    import torch  # a TorchModel exists: torch is installed and loaded
+
+    inputs = [torch.as_tensor(value) for value in inputs]
+    with single_torch_thread(), torch.no_grad():
+        expected = [t.float().numpy() for t in flatten_outputs(torch_model.build()(*inputs))]
+    session = session or _session(path)
+    actual = session.run(None, {name: t.numpy() for name, t in zip(torch_model.input_names, inputs, strict=True)})
+    if len(actual) != len(expected):
+        return f"{len(actual)} outputs are not forward()'s {len(expected)}"
+    for name, got, want in zip(torch_model.output_names, actual, expected, strict=True):
+        got = np.asarray(got, dtype=np.float32)
+        scale = max(1.0, float(np.max(np.abs(want)))) if want.size else 1.0
+        if got.shape != want.shape or not np.allclose(got, want, rtol=EXPORT_TOLERANCE, atol=EXPORT_TOLERANCE * scale):
+            difference = np.max(np.abs(got - want)) if got.shape == want.shape else np.inf
+            return (f"output {name!r} differs from forward()'s by {difference:.2e} (shapes {list(got.shape)} vs "
+                    f"{list(want.shape)}, tolerance {EXPORT_TOLERANCE} x {scale:.3g})")  # fmt: skip
+    return None

@@ -1,0 +1,163 @@
+"""The cached FP32 export of a PyTorch source: checked at a batch other than the example's, re-checked when reused,
+keyed by the source files of the module's classes."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+torch = pytest.importorskip("torch")
+ort = pytest.importorskip("onnxruntime")
+
+from qbench.errors import RecipeError  # noqa: E402
+from qbench.recipe import load_recipe  # noqa: E402
+from qbench.sources import resolve_model  # noqa: E402
+from qbench.sources.torch_export import export_reference  # noqa: E402
+from qbench.sources.torch_model import load_torch_model  # noqa: E402
+
+FEATURES = 4
+# forward() calls `ops.act`, a function in another file than the factory's and the classes'
+OPS_SOURCE = "import torch\n\n\ndef act(x):\n    return torch.relu(x)\n"
+LAYERS_SOURCE = '''
+import torch
+from torch import nn
+
+from mypkg import ops
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.hidden = nn.Linear(4, 16)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, features):
+        return self.head(ops.act(self.hidden(features)))
+
+
+class PerRowLoop(Net):
+    """A Python loop over the rows: the trace unrolls it for the example's 2 rows."""
+
+    def forward(self, features):
+        return torch.stack([super(PerRowLoop, self).forward(features[i]) for i in range(features.shape[0])])
+
+
+class NumberedBatch(Net):
+    """int() turns the traced batch size into a number: the export keeps the example's 2."""
+
+    def forward(self, features):
+        hidden = ops.act(self.hidden(features))
+        return self.head(hidden.reshape(int(hidden.shape[0]), -1))
+'''
+MODELS_SOURCE = '''
+import torch
+
+from mypkg.layers import Net, NumberedBatch, PerRowLoop
+
+
+def build():
+    torch.manual_seed(0)  # the same weights on every load, without a weights file
+    return Net()
+
+
+def build_loop():
+    return PerRowLoop()
+
+
+def build_numbered():
+    return NumberedBatch()
+'''
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("QBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    yield
+    _forget_mypkg()
+
+
+def _forget_mypkg() -> None:
+    """As a new process would: the next load imports mypkg from its files again."""
+    for name in [m for m in sys.modules if m == "mypkg" or m.startswith("mypkg.")]:
+        del sys.modules[name]
+
+
+def _project(root: Path, factory: str = "build") -> Path:
+    package = root / "mypkg"
+    package.mkdir(exist_ok=True)
+    for name, source in (("__init__", ""), ("ops", OPS_SOURCE), ("layers", LAYERS_SOURCE), ("models", MODELS_SOURCE)):
+        (package / f"{name}.py").write_text(source)
+    recipe = {
+        "name": "export-cache",
+        "model": {"torch": f"mypkg.models:{factory}", "example_inputs": {"features": [1, FEATURES]}},
+        "data": {"path": "data.csv", "inputs": {"x": "features"}},
+        "variants": [{"name": "fp16", "precision": "fp16"}],
+    }
+    (root / "data.csv").write_text("x\n1\n")  # the recipe loads; these tests never read the data
+    path = root / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return path
+
+
+def _onnx_vs_torch(path: Path, recipe: Path) -> float:
+    """Largest |ONNX Runtime - torch| on 5 rows (a batch size the export never saw)."""
+    x = np.random.default_rng(3).normal(size=(5, FEATURES)).astype(np.float32)
+    (got,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"features": x})
+    with torch.no_grad():
+        want = load_torch_model(load_recipe(recipe)).build()(torch.from_numpy(x)).numpy()
+    return float(np.max(np.abs(got - want)))
+
+
+@pytest.mark.parametrize("factory", ["build_loop", "build_numbered"])
+def test_an_export_that_recorded_the_example_batch_is_refused_naming_the_cause(tmp_path: Path, factory: str) -> None:
+    """Both exports agree with forward() on the example's batch of 2 and not on any other: the loop's returns 2 rows
+    for 5 (figures on 2 of every 64 rows), the reshape's fails. The old check ran on the example batch only, so the
+    export was cached and the recipe failed later, blamed on data-dependent control flow or a runtime error."""
+    recipe = _project(tmp_path, factory)
+    with pytest.raises(RecipeError) as caught:
+        resolve_model(load_recipe(recipe))
+    error = caught.value
+    assert error.field == "model.torch"
+    assert f"the ONNX export of mypkg.models:{factory} follows only the example's batch of 2 rows: at a batch of 3 " \
+           in error.detail
+    assert "the TorchScript exporter recorded a size of the example batch as a constant: write x.flatten(1)" \
+           in error.detail
+    assert not list((tmp_path / "cache" / "exports").glob("*/model.onnx"))  # nothing cached
+
+
+def test_a_module_whose_own_forward_fails_at_another_batch_is_refused(tmp_path: Path) -> None:
+    recipe = _project(tmp_path)
+    (tmp_path / "mypkg" / "layers.py").write_text(LAYERS_SOURCE.replace(
+        "return self.head(ops.act(self.hidden(features)))", "return self.head(ops.act(self.hidden(features)).view(2, -1, 16).mean(1))"))  # fmt: skip
+    with pytest.raises(RecipeError, match=r"at a batch of 3: forward\(\) itself fails on it \(RuntimeError: "):
+        resolve_model(load_recipe(recipe))
+
+
+def test_editing_a_class_in_another_file_than_the_factory_makes_a_new_export(tmp_path: Path) -> None:
+    recipe = _project(tmp_path)
+    first = load_torch_model(load_recipe(recipe)).cache_key
+    _forget_mypkg()
+    layers = tmp_path / "mypkg" / "layers.py"
+    layers.write_text(LAYERS_SOURCE.replace("self.head(ops.act(", "self.head(torch.tanh("))
+    assert load_torch_model(load_recipe(recipe)).cache_key != first
+
+
+def test_a_cached_export_that_forward_no_longer_computes_is_exported_again(tmp_path: Path) -> None:
+    """forward() calls a function from a file the key does not cover: edited from relu to tanh, the cached
+    export (relu) would have been reused, 0.5 off torch, and the recipe blamed on data-dependent control flow."""
+    recipe = _project(tmp_path)
+    relu = export_reference(load_torch_model(load_recipe(recipe)))
+    assert _onnx_vs_torch(relu, recipe) < 1e-5
+    _forget_mypkg()
+    (tmp_path / "mypkg" / "ops.py").write_text(OPS_SOURCE.replace("torch.relu", "torch.tanh"))
+    torch_model = load_torch_model(load_recipe(recipe))
+    tanh = export_reference(torch_model)
+    assert tanh == relu  # the same key, the file replaced
+    _forget_mypkg()
+    assert _onnx_vs_torch(tanh, recipe) < 1e-5
+    assert sorted(p.name for p in tanh.parent.iterdir()) == ["model.onnx"]  # no temp files left
