@@ -20,7 +20,7 @@ import pandas as pd
 
 from qbench.data.filters import scalar_column
 from qbench.data.load import table_name
-from qbench.data.nonfinite import cell_array
+from qbench.data.nonfinite import cell_array, stacked_numeric_cells
 from qbench.data.text import (
     text_cells,
     tokenize,
@@ -231,6 +231,9 @@ def _stack_cells(cells: pd.Series, column: str, *, recipe_file: Path) -> np.ndar
     if missing.size:
         message = f"column {column!r}: {missing.size} rows have no value (first at row {cells.index[missing[0]]})"
         raise RecipeError(recipe_file, INPUTS_FIELD, message)
+    stacked = stacked_numeric_cells(cells.to_numpy())
+    if stacked is not None:
+        return stacked
     arrays = [_cell_block(cell, row, column, recipe_file=recipe_file) for row, cell in cells.items()]
     shapes = sorted({a.shape for a in arrays})
     if len(shapes) > 1:
@@ -319,10 +322,14 @@ def _cast_problem(values: np.ndarray, target: np.dtype) -> str | None:
 
 
 def _float_overflow(values: np.ndarray, target: np.dtype) -> str | None:
-    """Finite values too large for `target` (1e39 for float32): the cast would feed inf, past the NaN/inf check."""
-    if values.dtype.kind != "f" or np.finfo(values.dtype).max <= np.finfo(target).max:
+    """Finite values too large for `target` (1e39 for float32, 70000 for float16): the cast would feed inf, past the
+    NaN/inf check."""
+    if values.dtype.kind in "iu":
+        finite = np.abs(values.astype(np.float64))
+    elif values.dtype.kind != "f" or np.finfo(values.dtype).max <= np.finfo(target).max:
         return None
-    finite = np.abs(values[np.isfinite(values)])
+    else:
+        finite = np.abs(values[np.isfinite(values)])
     if finite.size == 0 or finite.max() <= np.finfo(target).max:
         return None
     count = int((finite > np.finfo(target).max).sum())
@@ -337,11 +344,24 @@ def _inexact_integers(values: np.ndarray, target: np.dtype) -> str | None:
         return None
     exact = 2 ** (np.finfo(target).nmant + 1)
     large = values[(values > exact) | (values < -exact)].ravel()
-    changed = [int(v) for v in large.tolist() if int(target.type(v)) != int(v)]
-    if not changed:
+    changed = large[_changed_by_cast(large, target)]
+    if not changed.size:
         return None
-    example = f"{changed[0]} becomes {int(target.type(changed[0]))}"
-    return f"{len(changed)} of {values.size} values are integers beyond {target}'s exact range (e.g. {example})"
+    first = int(changed[0])
+    rounded = target.type(first)
+    example = f"{first} becomes {int(rounded) if np.isfinite(rounded) else rounded}"
+    return f"{changed.size} of {values.size} values are integers beyond {target}'s exact range (e.g. {example})"
+
+
+def _changed_by_cast(integers: np.ndarray, target: np.dtype) -> np.ndarray:
+    """Which `integers` the float `target` does not hold exactly, in one vectorized pass (a table of a million ids
+    has a million large integers). A float that an integer rounds to is itself an integer, so casting it back is exact
+    unless it left the integer type's range: rounded up to 2**63 (2**64 unsigned) or, for float16, to inf."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        rounded = integers.astype(target)
+        beyond = ~np.isfinite(rounded) | (rounded >= float(np.iinfo(integers.dtype).max) + 1.0)
+    back = np.where(beyond, 0, rounded).astype(integers.dtype)
+    return beyond | (back != integers)
 
 
 def _non_numeric(values: np.ndarray) -> str:

@@ -96,7 +96,22 @@ def _nonfinite_cells(values: pd.Series) -> np.ndarray:
     if pd.api.types.is_numeric_dtype(values):
         array = values.to_numpy(dtype=np.float64, na_value=np.nan)
         return ~np.isfinite(array)
+    stacked = stacked_numeric_cells(values.to_numpy())
+    if stacked is not None:
+        return ~np.isfinite(stacked).all(axis=tuple(range(1, stacked.ndim)))
     return np.fromiter((_cell_is_nonfinite(cell) for cell in values), dtype=bool, count=len(values))
+
+
+def stacked_numeric_cells(cells: np.ndarray) -> np.ndarray | None:
+    """(N, *cell_shape) when every cell is a numeric ndarray of one shape (a Parquet list column, one array per row),
+    stacked in one call; else None, and the caller reads the cells one by one. A table of a million rows has a
+    million cells: looking at each through cell_array costs seconds, their types and shapes alone milliseconds.
+    The result is what stacking cell_array(cell) of each cell gives, since cell_array returns such a cell as it is."""
+    if len(cells) == 0 or not all(type(cell) is np.ndarray for cell in cells):
+        return None
+    if {cell.dtype.kind for cell in cells} - set("biuf") or len({cell.shape for cell in cells}) != 1:
+        return None
+    return np.stack(cells)
 
 
 def _cell_is_nonfinite(cell: object) -> bool:

@@ -53,6 +53,18 @@ def _integral(value: Any) -> bool:
     return isinstance(value, (float, np.floating)) and float(value).is_integer() and abs(float(value)) < 2**63
 
 
+def _plain_class_ids(values: Sequence[Any]) -> np.ndarray | None:
+    """Labels that are all Python ints within int64 and >= 0, as a Parquet or NumPy integer column gives them, as one
+    int64 array in one pass (what the per-value checks of labels_from_values would conclude); else None, and those
+    checks run and explain what is wrong."""
+    if len(values) == 0 or not all(type(value) is int for value in values):
+        return None
+    labels = np.array(values)
+    if labels.dtype != np.int64 or labels.min() < 0:
+        return None
+    return labels
+
+
 def _as_number(value: Any) -> Any:
     """A label cell that is the text of a number ("3", "-1", "3.0") or of a truth value ("True", as pandas reads
     it) as that value, anything else as it is: a CSV label column keeps the text its file holds
@@ -210,6 +222,9 @@ class Classification(Task):
     labels_name_classes = True
 
     def labels_from_values(self, values: Sequence[Any], positions: np.ndarray) -> np.ndarray:
+        labels = _plain_class_ids(values)
+        if labels is not None:
+            return labels
         if any(is_token_list(v) for v in values):
             return labels_from_lists(values, positions, _integral)
         values = [_as_number(v) for v in values]

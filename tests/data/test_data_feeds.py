@@ -332,3 +332,47 @@ def test_a_missing_or_numeric_cell_for_a_string_input_is_named_with_its_row() ->
     with pytest.raises(RecipeError, match=r"column 'town' holds 3 at row 0; expected text for the string input 'city' "
                                           r"\(the file stores this column as numbers, '007' as 7: store"):
         _feed(pd.DataFrame({"town": [3, 4]}), "town", meta)
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64", "uint64"])
+@pytest.mark.parametrize("target", ["float16", "float32", "float64"])
+def test_integers_changed_by_a_float_cast_match_a_value_by_value_check(dtype: str, target: str) -> None:
+    """The vectorized check agrees with casting each integer alone, at the edges too: the type's extremes (int64's
+    largest rounds up to 2**63, outside int64) and odd values just past the float's exact range."""
+    from qbench.data.feeds import _changed_by_cast
+
+    info, dtype_, target_ = np.iinfo(dtype), np.dtype(dtype), np.dtype(target)
+    exact = 2 ** (np.finfo(target_).nmant + 1)
+    candidates = [info.max, info.max - 1, info.min, info.min + 1, exact + 1, exact + 2, exact * 4 + 3, -(exact + 1),
+                  2**31 - 1, 2**53 + 1, 2**62 + 1, 0]  # fmt: skip
+    integers = np.array([v for v in candidates if info.min <= v <= info.max and abs(v) > min(exact, 65504)], dtype_)
+    with np.errstate(over="ignore"):
+        expected = [not np.isfinite(target_.type(v)) or int(target_.type(v)) != v for v in integers.tolist()]
+    assert _changed_by_cast(integers, target_).tolist() == expected
+
+
+def test_integers_beyond_a_float16_inputs_range_are_rejected_not_fed_as_inf() -> None:
+    with pytest.raises(RecipeError, match=r"column 'reading' holds 1 value beyond float16's range \(e.g. 7e\+04\)"):
+        _feed(pd.DataFrame({"reading": np.array([1, 70000], dtype=np.int64)}), "reading", _meta("x", (None,), "float16"))
+
+
+def test_a_parquet_list_column_stacks_in_one_call_as_cell_by_cell(tmp_path: Path) -> None:
+    """Numeric arrays of one shape are stacked whole; anything else (ragged, text, lists) goes cell by cell."""
+    from qbench.data.nonfinite import cell_array, stacked_numeric_cells
+
+    rows = np.arange(12, dtype=np.float32).reshape(6, 2)
+    pd.DataFrame({"x": list(rows), "n": list(rows.astype(np.int64))}).to_parquet(tmp_path / "t.parquet")
+    table = load_table(tmp_path / "t.parquet", recipe_file=RECIPE)
+    for column in ("x", "n"):
+        stacked = stacked_numeric_cells(table[column].to_numpy())
+        expected = np.stack([cell_array(cell) for cell in table[column]])
+        assert stacked is not None and stacked.dtype == expected.dtype and np.array_equal(stacked, expected)
+    assert np.array_equal(_feed(table, "x", _meta("x", (None, 2))), rows)
+    ragged = np.empty(2, dtype=object)
+    ragged[:] = [np.zeros(2), np.zeros(3)]
+    text = np.empty(2, dtype=object)
+    text[:] = [np.array(["a"]), np.array(["b"])]
+    lists = np.empty(2, dtype=object)
+    lists[:] = [[1.0], [2.0]]
+    for cells in (ragged, text, lists, np.empty(0, dtype=object)):
+        assert stacked_numeric_cells(cells) is None

@@ -105,3 +105,16 @@ def test_a_parquet_null_in_a_nullable_integer_or_boolean_column_counts_as_nan(tm
     assert drop_nonfinite(np.arange(4), masks) == (pytest.approx(np.array([0, 2, 3])), {"x": 1})
     numpy_ints = pd.DataFrame({"x": np.array([1, 2], dtype=np.int64)})
     assert nonfinite_masks(numpy_ints, {"x": "x"}) == {}
+
+
+def test_nonfinite_cells_of_a_parquet_list_column_are_found_per_row(tmp_path) -> None:
+    """A list column of numeric arrays (checked stacked, in one pass) marks the rows a NaN or inf is in, as the
+    cell-by-cell reading of other columns (lists of numbers with gaps) does."""
+    cells = [np.array([0.0, 1.0]), np.array([np.nan, 1.0]), np.array([2.0, np.inf]), np.array([3.0, 4.0])]
+    pd.DataFrame({"x": cells, "n": [np.array([1, 2])] * 4, "l": [[1.0, None], [1.0, 2.0]] * 2}).to_parquet(
+        tmp_path / "t.parquet")  # fmt: skip
+    table = load_table(tmp_path / "t.parquet", recipe_file=tmp_path / "r.yaml")
+    masks = nonfinite_masks(table, {"x": "x", "n": "n"})
+    assert list(masks) == ["x"] and masks["x"].tolist() == [False, True, True, False]
+    lists = pd.DataFrame({"l": [[1.0, None], [1.0, 2.0], [np.array([np.inf])], "text"]})
+    assert nonfinite_masks(lists, {"l": "l"})["l"].tolist() == [True, False, True, False]

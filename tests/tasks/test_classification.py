@@ -34,6 +34,28 @@ def test_bad_labels_name_the_count_and_an_example_row(values: list, message: str
         TASK.labels_from_values(values, POSITIONS)
 
 
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ([0, 2**63, 1, 1], r"1 row, e.g. row 11: 9223372036854775808 are not integer class ids"),
+        ([0, -(2**70), 1, 1], r"1 row, e.g. row 11: -1180591620717411303424 are not integer class ids"),
+        ([0, -3, 1, 1], r"1 row, e.g. row 11: -3 are negative"),
+    ],
+)
+def test_integer_labels_read_in_one_pass_are_checked_as_any_others(values: list, message: str) -> None:
+    """Python ints (a Parquet integer column) are read whole into int64, except where the value-by-value checks
+    have something to say: beyond int64, or negative."""
+    from qbench.tasks.classification import _plain_class_ids
+
+    assert _plain_class_ids(values) is None
+    with pytest.raises(LabelError, match=message):
+        TASK.labels_from_values(values, POSITIONS)
+    plain = _plain_class_ids([3, 0, 2**62, 1])
+    assert plain is not None and plain.dtype == np.int64 and plain.tolist() == [3, 0, 2**62, 1]
+    assert TASK.labels_from_values([3, 0, 1, 1], POSITIONS).tolist() == [3, 0, 1, 1]
+    assert _plain_class_ids([]) is None and _plain_class_ids([1, True]) is None and _plain_class_ids([1, 2.0]) is None
+
+
 def test_labels_accept_integral_floats_and_booleans() -> None:
     assert TASK.labels_from_values([0, 1.0, True, 2], POSITIONS).tolist() == [0, 1, 1, 2]
 
