@@ -21,6 +21,7 @@ from qbench.errors import RecipeError
 from qbench.recipe_data import TextInputSpec
 
 _SHOWN = 4  # columns / slices named in one message
+_BLOCK_ROWS = 65_536  # rows of a list column checked at once
 
 NonfiniteMasks = Mapping[str, np.ndarray]
 """Input column -> boolean mask over all rows of a table whose cell holds NaN or ±inf."""
@@ -96,9 +97,10 @@ def _nonfinite_cells(values: pd.Series) -> np.ndarray:
     if pd.api.types.is_numeric_dtype(values):
         array = values.to_numpy(dtype=np.float64, na_value=np.nan)
         return ~np.isfinite(array)
-    stacked = stacked_numeric_cells(values.to_numpy())
-    if stacked is not None:
-        return ~np.isfinite(stacked).all(axis=tuple(range(1, stacked.ndim)))
+    cells = values.to_numpy()
+    if uniform_numeric_cells(cells):  # stacked a block of rows at a time: no copy of a whole column of images
+        blocks = (np.stack(cells[start : start + _BLOCK_ROWS]) for start in range(0, len(cells), _BLOCK_ROWS))
+        return np.concatenate([~np.isfinite(block).all(axis=tuple(range(1, block.ndim))) for block in blocks])
     return np.fromiter((_cell_is_nonfinite(cell) for cell in values), dtype=bool, count=len(values))
 
 
@@ -107,11 +109,14 @@ def stacked_numeric_cells(cells: np.ndarray) -> np.ndarray | None:
     stacked in one call; else None, and the caller reads the cells one by one. A table of a million rows has a
     million cells: looking at each through cell_array costs seconds, their types and shapes alone milliseconds.
     The result is what stacking cell_array(cell) of each cell gives, since cell_array returns such a cell as it is."""
+    return np.stack(cells) if uniform_numeric_cells(cells) else None
+
+
+def uniform_numeric_cells(cells: np.ndarray) -> bool:
+    """Whether every cell (at least one) is a numeric ndarray, all of one shape."""
     if len(cells) == 0 or not all(type(cell) is np.ndarray for cell in cells):
-        return None
-    if {cell.dtype.kind for cell in cells} - set("biuf") or len({cell.shape for cell in cells}) != 1:
-        return None
-    return np.stack(cells)
+        return False
+    return not ({cell.dtype.kind for cell in cells} - set("biuf")) and len({cell.shape for cell in cells}) == 1
 
 
 def _cell_is_nonfinite(cell: object) -> bool:

@@ -118,3 +118,12 @@ def test_nonfinite_cells_of_a_parquet_list_column_are_found_per_row(tmp_path) ->
     assert list(masks) == ["x"] and masks["x"].tolist() == [False, True, True, False]
     lists = pd.DataFrame({"l": [[1.0, None], [1.0, 2.0], [np.array([np.inf])], "text"]})
     assert nonfinite_masks(lists, {"l": "l"})["l"].tolist() == [True, False, True, False]
+
+
+def test_a_list_column_longer_than_one_block_is_checked_block_by_block(monkeypatch) -> None:
+    import qbench.data.nonfinite as nonfinite
+
+    monkeypatch.setattr(nonfinite, "_BLOCK_ROWS", 2)
+    cells = [np.array([1.0, 2.0])] * 5
+    cells[4] = np.array([np.nan, 0.0])
+    assert nonfinite_masks(pd.DataFrame({"x": cells}), {"x": "x"})["x"].tolist() == [False] * 4 + [True]
