@@ -117,7 +117,9 @@ def _masks_by_column(
     return masks
 
 
-def _check_categorical(judged: pd.Series, distinct: list[object], column: str, *, field: str, recipe_file: Path) -> None:
+def _check_categorical(
+    judged: pd.Series, distinct: list[object], column: str, *, field: str, recipe_file: Path
+) -> None:
     """Refuse a column of continuous numbers: one slice per value would make slices of a row or two, each judged
     (one changed row is a drop of 1.0). Continuous: numbers (or, in a CSV `by` column read as text, texts of
     numbers) that are not all whole, or more distinct numbers than a category plausibly has among the rows
@@ -131,11 +133,12 @@ def _check_categorical(judged: pd.Series, distinct: list[object], column: str, *
     crowded = len(distinct) > CONTINUOUS_MIN_VALUES and len(distinct) * CATEGORY_MIN_ROWS > rows
     if fractional is None and not crowded:
         return
-    why = f"e.g. {format_value(fractional)}, not a whole number" if fractional is not None else "one or two rows a value"
+    why = "one or two rows a value" if fractional is None else f"e.g. {format_value(fractional)}, not a whole number"
     message = (
-        f"column {column!r} holds continuous values ({len(distinct)} distinct among {rows} rows, {why}): `by` makes one "
-        "slice per distinct value; expected a column of categories: use named slices, e.g. "
-        f"{{name: {column}-low, filter: {{{column}: {{lt: ...}}}}}}, or bin the column beforehand (a column of bin labels)"
+        f"column {column!r} holds continuous values ({len(distinct)} distinct among {rows} rows, {why}): "
+        "`by` makes one slice per distinct value; expected a column of categories: use named slices, e.g. "
+        f"{{name: {column}-low, filter: {{{column}: {{lt: ...}}}}}}, "
+        "or bin the column beforehand (a column of bin labels)"
     )
     raise RecipeError(recipe_file, field, message)
 

@@ -359,7 +359,8 @@ def _refuse_a_mapping_forward(recipe: Recipe, module: torch.nn.Module, shapes: M
         return
     arguments = ", ".join(shapes)
     message = (
-        f"forward() takes one dict of tensors (it runs on {{{', '.join(f'{n!r}: <tensor>' for n in shapes)}}}), but qbench "
+        f"forward() takes one dict of tensors (it runs on {{{', '.join(f'{n!r}: <tensor>' for n in shapes)}}}), "
+        "but qbench "
         f"passes the inputs by position as tensors, forward({arguments}); make the factory return a wrapper "
         f"module whose forward({arguments}) calls the model with {{{', '.join(f'{n!r}: {n}' for n in shapes)}}}"
     )
@@ -373,8 +374,9 @@ def _output_names(recipe: Recipe, module: torch.nn.Module, inputs: tuple[Any, ..
         with torch.no_grad():
             outputs = module(*inputs)
     except Exception as exc:  # noqa: BLE001 - the shapes or dtypes do not fit the user's model
-        _refuse_a_mapping_forward(recipe, module, {name: tuple(shape) for name, shape in (recipe.model.example_inputs or {}).items()})
-        shapes = {name: [EXAMPLE_BATCH, *shape[1:]] for name, shape in (recipe.model.example_inputs or {}).items()}
+        examples = recipe.model.example_inputs or {}
+        _refuse_a_mapping_forward(recipe, module, {name: tuple(shape) for name, shape in examples.items()})
+        shapes = {name: [EXAMPLE_BATCH, *shape[1:]] for name, shape in examples.items()}
         message = f"forward() failed on example inputs {shapes}: {_describe(exc)}"
         raise RecipeError(recipe.source, "model.example_inputs", message) from exc
     try:
