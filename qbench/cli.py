@@ -316,17 +316,21 @@ def report(
     run_dir: Annotated[Path, typer.Argument(help="a sweep's run folder (holds results.json)", show_default=False)],
     html: Annotated[bool, typer.Option("--html", help="also write report.html into the run folder")] = False,
 ) -> int:
-    """Show a past sweep's summary and gate verdict (judged with the gate settings recorded in its results)."""
+    """Show a past sweep's summary and gate verdict (judged with the gate settings recorded in its results).
+
+    The summary is what this command is for, so it goes to stdout (`qbench report DIR | less`), as `list` and
+    `plan` print theirs; `sweep` and `gate` print it on stderr beside their progress, their stdout kept for `--json -`.
+    """
     from qbench.gate import run_gate
     from qbench.report import print_partial_run, print_summary
     from qbench.report_html import write_html_report
 
-    unjudged = print_partial_run(run_dir)
+    unjudged = print_partial_run(run_dir, out)
     if unjudged is not None:
         raise QbenchError(unjudged)
     # a past sweep: its verdict as recorded, whether or not its inputs still exist (the note says so)
     gate, results = run_gate(results_path=run_dir / "results.json", check_staleness=False)
-    print_summary(results, gate)
+    print_summary(results, gate, out)
     if html:
         out.print(f"HTML report: {escape(str(write_html_report(results, gate, run_dir / 'report.html')))}")
     return 0

@@ -43,7 +43,7 @@ from qbench.explain_graph import QdqBypass, QuantizedNode, Rebuild, float_keeper
 from qbench.preflight import Prepared, prepare
 from qbench.progress import track
 from qbench.recipe import GateSpec, Recipe, VariantSpec
-from qbench.report_grid import NONE, finite, signed
+from qbench.report_grid import NONE, finite, percent, signed
 from qbench.results import AccuracyResult
 from qbench.techniques.calibrators import AUTO_CALIBRATORS
 from qbench.validate.measure import measure
@@ -372,7 +372,7 @@ def explain_table(result: ExplainResult, top: int) -> Table:
     for rank, cost in enumerate(result.costs[:top], 1):
         values = [f"{cost.nsr:.2e}" if finite(cost.nsr) else NONE] if result.method == "sqnr" else [signed(cost.overall)]
         values += [signed(cost.worst_slice)] if shown_worst else []
-        share = f"{cost.share:.0%}" if math.isfinite(cost.share) else "—"
+        share = percent(cost.share) if math.isfinite(cost.share) else "—"
         table.add_row(str(rank), cost.group, ",".join(cost.op_types), *values, share)
     return table
 

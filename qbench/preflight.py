@@ -41,6 +41,7 @@ from qbench.preflight_checks import (
     check_batch_memory,
     check_destinations,
     check_plan,
+    example_inputs_mismatch,
     fixed_batch,
     with_fixed_batch,
 )
@@ -174,7 +175,14 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None) -> Prepared:
     _check_gate_metric(recipe, task, outputs)
     labels = _labels(recipe, task, table, eval_rows, outputs)
     started = time.perf_counter()
-    eval_feeds = build_feeds(table, eval_rows, data.inputs, model.inputs, recipe_file=recipe.source)
+    try:
+        eval_feeds = build_feeds(table, eval_rows, data.inputs, model.inputs, recipe_file=recipe.source)
+    except RecipeError as exc:
+        mismatch = (source.torch and exc.field == "data.inputs"
+                    and example_inputs_mismatch(recipe, source.torch.input_shapes, table, eval_rows))  # fmt: skip
+        if mismatch:
+            raise mismatch from None
+        raise
     preprocess_ms_per_row = (time.perf_counter() - started) * 1000 / max(len(eval_rows), 1)
     check_batch_memory(recipe, eval_feeds)
     lookups = constant_lookups(source.onnx_path)

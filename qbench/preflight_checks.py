@@ -15,12 +15,14 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
+import pandas as pd
 from pydantic import BaseModel
 
 from qbench.errors import RecipeError, short_repr
@@ -212,3 +214,26 @@ def _check_writable_folder(recipe: Recipe, field: str, folder: Path, *, create: 
         raise RecipeError(recipe.source, field, f"{what}; expected {expected}")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise RecipeError(recipe.source, field, f"folder {existing} is not writable; expected {expected}")
+
+
+def example_inputs_mismatch(
+    recipe: Recipe, input_shapes: Mapping[str, tuple[int, ...]], table: pd.DataFrame, rows: np.ndarray,
+) -> RecipeError | None:
+    """For a PyTorch source, the refusal naming `model.example_inputs` when a column's cells do not hold as many
+    values as the example shape of the input it feeds (after the batch axis), else None.
+
+    The exported reference takes the example's sizes on every axis but the batch: a data.inputs shape error
+    (cells of 8 tokens fed to an input exported at 16) is fixed in model.example_inputs, not in data.inputs."""
+    for column, target in recipe.data.inputs.items():
+        if not isinstance(target, str) or target not in input_shapes or column not in table or not len(rows):
+            continue
+        cell_shape = np.shape(table[column].iloc[rows[0]])
+        example = input_shapes[target]
+        if math.prod(cell_shape) != math.prod(example[1:]):
+            message = (
+                f"input {target!r} is exported with shape {list(example)} (batch first), but column {column!r} holds "
+                f"cells of shape {list(cell_shape)}: a PyTorch source's inputs keep the example's sizes after the "
+                f"batch axis; set {target}: {[1, *cell_shape]} (or give the column cells of shape {list(example[1:])})"
+            )
+            return RecipeError(recipe.source, "model.example_inputs", message)
+    return None

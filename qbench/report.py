@@ -12,6 +12,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
@@ -403,17 +404,17 @@ def write_markdown_report(results: SweepResults, gate: GateReport | None, plot_p
     return write_atomically(path, render_markdown(results, gate, plot_path, path), what="the report")
 
 
-def print_summary(results: SweepResults, gate: GateReport | None) -> None:
-    """The summary table, the frontier and the gate table, on qbench's console."""
+def print_summary(results: SweepResults, gate: GateReport | None, target: Console | None = None) -> None:
+    """The summary table, the frontier and the gate table, on `target` (default: qbench's console, stderr)."""
     with custom_metrics(recorded_custom_metrics(results.recipe.get("resolved", {}))):
         serving = serving_table(results, gate)
         tables = [summary_table(results, gate), *([to_rich(serving)] if serving else []), Text(frontier_text(results))]
         tables += [gate_table(gate)] if gate is not None else []
     for renderable in tables:
-        print_wide(renderable)
+        print_wide(renderable, target)
 
 
-def print_partial_run(run_dir: Path) -> str | None:
+def print_partial_run(run_dir: Path, target: Console | None = None) -> str | None:
     """For an incomplete run (interrupted, crashed, running): print the variant runs it finished, which are never
     judged, and return why in one line; None for a complete run (or no run folder)."""
     from qbench.results import read_results
@@ -423,6 +424,6 @@ def print_partial_run(run_dir: Path) -> str | None:
     if run is None or run.complete:
         return None
     partial = read_results(run_dir / RESULTS_FILE, partial=True)
-    print_summary(partial, None)
+    print_summary(partial, None, target)
     return (f"{run_dir} is an incomplete run ({run.state}): the {len(partial.variants)} variant runs it finished are "
             "shown, not judged; finish it with `qbench sweep <recipe> --resume`")

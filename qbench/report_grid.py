@@ -78,10 +78,16 @@ def compared(value: float, limit: float, digits: int = 4) -> tuple[str, str]:
 
 
 def percent(share: float) -> str:
-    """A share as a whole percentage, or with two significant digits under 1 % (0.067 %, not "0%")."""
+    """A share as a whole percentage, with two significant digits under 1 % (0.067 %, not "0%"), and with as
+    many decimals as it takes near 100 % for a share that is not 100 % not to read as it (99.85 %, not "100%")."""
     if 0 < abs(share) < 0.01:
         return f"{share * 100:.2g}%"
-    return f"{share:.0%}"
+    text = f"{share:.0%}"
+    for places in range(1, COMPARED_MAX_DIGITS):
+        if abs(share) == 1 or abs(float(text[:-1])) != 100:
+            break
+        text = f"{share * 100:.{places}f}%"
+    return text
 
 
 def num(value: float | None, digits: int = 4) -> str:

@@ -38,6 +38,7 @@ from typing import Any
 import qbench
 from qbench.errors import QbenchError, short_repr
 from qbench.files import write_atomically
+from qbench.results_fields import known_fields
 from qbench.results_ranges import ClipRecord as ClipRecord
 from qbench.results_ranges import CoverageWarning as CoverageWarning
 from qbench.results_ranges import LimitCheck as LimitCheck
@@ -274,7 +275,8 @@ def _counts(raw: dict[str, Any] | None) -> dict[str, int]:
     return dict(raw or {})
 
 
-def _slice(raw: dict[str, Any]) -> SliceMetrics:
+def _slice(raw: dict[str, Any], where: str) -> SliceMetrics:
+    raw = known_fields(raw, SliceMetrics, where)
     return SliceMetrics(
         name=raw["name"],
         size=int(raw["size"]),
@@ -288,28 +290,32 @@ def _slice(raw: dict[str, Any]) -> SliceMetrics:
     )  # fmt: skip
 
 
-def _accuracy(raw: dict[str, Any] | None) -> AccuracyResult | None:
+def _accuracy(raw: dict[str, Any] | None, where: str) -> AccuracyResult | None:
     if raw is None:
         return None
+    raw = known_fields(raw, AccuracyResult, where)
     return AccuracyResult(
         rows=int(raw["rows"]),
         nonfinite_outputs=int(raw["nonfinite_outputs"]),
-        overall=_slice(raw["overall"]),
-        slices=tuple(_slice(s) for s in raw.get("slices", [])),
+        overall=_slice(raw["overall"], f"{where}.overall"),
+        slices=tuple(_slice(s, f"{where}.slices[{i}]") for i, s in enumerate(raw.get("slices", []))),
     )
 
 
-def _latency(raw: dict[str, Any] | None) -> LatencyResult | None:
+def _latency(raw: dict[str, Any] | None, where: str) -> LatencyResult | None:
     if raw is None:
         return None
+    raw = known_fields(raw, LatencyResult, where)
     return LatencyResult(
         threads=raw.get("threads"), session_create_ms=raw["session_create_ms"], first_run_ms=raw["first_run_ms"],
-        points=tuple(_latency_point(p) for p in raw["points"]), machine=dict(raw.get("machine") or {}),
+        points=tuple(_latency_point(p, f"{where}.points[{i}]") for i, p in enumerate(raw["points"])),
+        machine=dict(raw.get("machine") or {}),
     )  # fmt: skip
 
 
-def _latency_point(raw: dict[str, Any]) -> LatencyPoint:
+def _latency_point(raw: dict[str, Any], where: str) -> LatencyPoint:
     """Files written before adaptive timing have no window fields: they read as not judged."""
+    raw = known_fields(raw, LatencyPoint, where)
     nan_if_null = {k: math.nan for k in ("spread", "iqr_ratio") if k in raw and raw[k] is None}
     windows = {k: tuple(raw[k]) for k in ("window_p50_ms", "window_p99_ms") if k in raw}
     return LatencyPoint(**{**raw, **nan_if_null, **windows})
@@ -320,6 +326,7 @@ def from_dict(raw: dict[str, Any]) -> SweepResults:
     version = raw.get("schema_version")
     if version != SCHEMA_VERSION:
         raise QbenchError(f"results schema_version {version!r} is not supported (expected {SCHEMA_VERSION})")
+    raw = known_fields(raw, SweepResults, "results", extra=(DIGEST_FIELD,))
     calibration = raw.get("calibration")
     return SweepResults(
         schema_version=version,
@@ -327,24 +334,27 @@ def from_dict(raw: dict[str, Any]) -> SweepResults:
         created_at=raw["created_at"],
         recipe=raw["recipe"],
         environment=raw.get("environment", {}),
-        calibration=CalibrationRecord(**calibration) if calibration else None,
+        calibration=(CalibrationRecord(**known_fields(calibration, CalibrationRecord, "calibration"))
+                     if calibration else None),  # fmt: skip
         evaluation_rows=int(raw["evaluation_rows"]),
         gate_metric=raw["gate_metric"],
         reference=raw["reference"],
-        variants=tuple(variant_from_dict(v) for v in raw["variants"]),
-        frontier=tuple(FrontierPoint(**p) for p in raw.get("frontier", [])),
+        variants=tuple(variant_from_dict(v, f"variants[{i}]") for i, v in enumerate(raw["variants"])),
+        frontier=tuple(FrontierPoint(**known_fields(p, FrontierPoint, f"frontier[{i}]"))
+                       for i, p in enumerate(raw.get("frontier", []))),  # fmt: skip
         timings=raw.get("timings", {}),
         dropped_nonfinite=raw.get("dropped_nonfinite", {}),
-        ranges=ranges_from_dict(raw.get("ranges")),
+        ranges=ranges_from_dict(raw.get("ranges"), "ranges"),
         inputs=raw.get("inputs", {}),
         complete=raw.get("complete") is True,
         finished_at=raw.get("finished_at"),
-        search=search_from_dict(raw.get("search")),
+        search=search_from_dict(raw.get("search"), "search"),
     )
 
 
-def variant_from_dict(v: dict[str, Any]) -> VariantResult:
+def variant_from_dict(v: dict[str, Any], where: str = "variant") -> VariantResult:
     """One variant x backend result from its parsed JSON (as results.json and job records hold it)."""
+    v = known_fields(v, VariantResult, where)
     return VariantResult(
         variant=v["variant"],
         backend=v["backend"],
@@ -357,11 +367,12 @@ def variant_from_dict(v: dict[str, Any]) -> VariantResult:
         model_sha256=v.get("model_sha256"),
         build_seconds=v.get("build_seconds"),
         notes=tuple(v.get("notes", [])),
-        accuracy=_accuracy(v.get("accuracy")),
-        latency=_latency(v.get("latency")),
-        fidelity=Fidelity(**v["fidelity"]) if "fidelity" in v else Fidelity(UNKNOWN, UNKNOWN),
+        accuracy=_accuracy(v.get("accuracy"), f"{where}.accuracy"),
+        latency=_latency(v.get("latency"), f"{where}.latency"),
+        fidelity=(Fidelity(**known_fields(v["fidelity"], Fidelity, f"{where}.fidelity")) if "fidelity" in v
+                  else Fidelity(UNKNOWN, UNKNOWN)),  # fmt: skip
         evaluated_model_path=v.get("evaluated_model_path"),
-        serving=serving_from_dict(v.get("serving")),
+        serving=serving_from_dict(v.get("serving"), f"{where}.serving"),
     )
 
 

@@ -16,6 +16,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from qbench.results_fields import known_fields
+
 
 @dataclass(frozen=True)
 class TensorPeak:
@@ -98,16 +100,19 @@ def figures(raw: dict[str, Any] | None) -> dict[str, float]:
     return {k: (math.nan if v is None else float(v)) for k, v in (raw or {}).items()}
 
 
-def _peak(raw: dict[str, Any]) -> TensorPeak:
+def _peak(raw: dict[str, Any], where: str) -> TensorPeak:
     """A non-finite abs max (an infinite activation) was written as null: it is over every limit."""
+    raw = known_fields(raw, TensorPeak, where)
     abs_max = math.inf if raw["abs_max"] is None else float(raw["abs_max"])
     return TensorPeak(tensor=raw["tensor"], node=raw["node"], abs_max=abs_max, limit=float(raw["limit"]),
                       handled=raw.get("handled"))  # fmt: skip
 
 
-def ranges_from_dict(raw: dict[str, Any] | None) -> RangeAnalysis | None:
+def ranges_from_dict(raw: dict[str, Any] | None, where: str = "ranges") -> RangeAnalysis | None:
     if raw is None:
         return None
+    raw = known_fields(raw, RangeAnalysis, where)
+    limits = [known_fields(c, LimitCheck, f"{where}.limits[{i}]") for i, c in enumerate(raw.get("limits", []))]
     return RangeAnalysis(
         rows=int(raw["rows"]),
         seconds=float(raw["seconds"]),
@@ -115,10 +120,13 @@ def ranges_from_dict(raw: dict[str, Any] | None) -> RangeAnalysis | None:
         abs_max={scope: figures(tensors) for scope, tensors in raw["abs_max"].items()},
         limits=tuple(
             LimitCheck(format=c["format"], limit=c["limit"], scaled_by=c.get("scaled_by"),
-                       over={scope: tuple(_peak(p) for p in peaks) for scope, peaks in c["over"].items()})
-            for c in raw.get("limits", [])
+                       over={scope: tuple(_peak(p, f"{where}.limits[{i}].over.{scope}") for p in peaks)
+                             for scope, peaks in c["over"].items()})
+            for i, c in enumerate(limits)
         ),  # fmt: skip
-        clipping=tuple(ClipRecord(**c) for c in raw.get("clipping", [])),
-        warnings=tuple(CoverageWarning(**w) for w in raw.get("warnings", [])),
+        clipping=tuple(ClipRecord(**known_fields(c, ClipRecord, f"{where}.clipping[{i}]"))
+                       for i, c in enumerate(raw.get("clipping", []))),
+        warnings=tuple(CoverageWarning(**known_fields(w, CoverageWarning, f"{where}.warnings[{i}]"))
+                       for i, w in enumerate(raw.get("warnings", []))),
         unattributed=tuple(raw.get("unattributed", [])),
     )

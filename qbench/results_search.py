@@ -27,6 +27,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from qbench.results_fields import known_fields
+
 
 @dataclass(frozen=True)
 class CandidateRecord:
@@ -76,10 +78,13 @@ class SearchReport:
     notes: tuple[str, ...] = ()
 
 
-def search_from_dict(raw: dict[str, Any] | None) -> SearchReport | None:
+def search_from_dict(raw: dict[str, Any] | None, where: str = "search") -> SearchReport | None:
     if raw is None:
         return None
+    raw = known_fields(raw, SearchReport, where)
     candidates = tuple(
-        CandidateRecord(**{**c, "keep_float": tuple(c.get("keep_float", ()))}) for c in raw.get("candidates", [])
+        CandidateRecord(**{**known_fields(c, CandidateRecord, f"{where}.candidates[{i}]"),
+                           "keep_float": tuple(c.get("keep_float", ()))})
+        for i, c in enumerate(raw.get("candidates", []))
     )
     return SearchReport(**{**raw, "candidates": candidates, "notes": tuple(raw.get("notes", ()))})

@@ -20,6 +20,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from qbench.results_fields import known_fields
+
 
 @dataclass(frozen=True)
 class LoadStats:
@@ -73,16 +75,18 @@ def _float(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
-def _load(raw: dict[str, Any] | None) -> LoadStats | None:
+def _load(raw: dict[str, Any] | None, where: str) -> LoadStats | None:
     if raw is None:
         return None
+    raw = known_fields(raw, LoadStats, where)
     return LoadStats(**{k: (math.nan if v is None else v) for k, v in raw.items()})
 
 
-def serving_from_dict(raw: dict[str, Any] | None) -> ServingResult | None:
+def serving_from_dict(raw: dict[str, Any] | None, where: str = "serving") -> ServingResult | None:
     """Rebuild from parsed JSON (NaN was written as null)."""
     if raw is None:
         return None
+    raw = known_fields(raw, ServingResult, where)
     bound = raw.get("bound")
     return ServingResult(
         preprocess_ms_per_row=math.nan if raw.get("preprocess_ms_per_row") is None else raw["preprocess_ms_per_row"],
@@ -94,11 +98,11 @@ def serving_from_dict(raw: dict[str, Any] | None) -> ServingResult | None:
         max_queue_delay_ms=_float(raw.get("max_queue_delay_ms")),
         requests=raw.get("requests"),
         seed=raw.get("seed"),
-        at_rate=_load(raw.get("at_rate")),
+        at_rate=_load(raw.get("at_rate"), f"{where}.at_rate"),
         max_rate_rps=_float(raw.get("max_rate_rps")),
-        at_max_rate=_load(raw.get("at_max_rate")),
+        at_max_rate=_load(raw.get("at_max_rate"), f"{where}.at_max_rate"),
         simulations=int(raw.get("simulations", 0)),
         price_per_hour=_float(raw.get("price_per_hour")),
         usd_per_million={k: (math.nan if v is None else float(v)) for k, v in raw.get("usd_per_million", {}).items()},
-        bound=BoundEstimate(**bound) if bound is not None else None,
+        bound=BoundEstimate(**known_fields(bound, BoundEstimate, f"{where}.bound")) if bound is not None else None,
     )

@@ -157,7 +157,11 @@ def test_report_command_writes_html_beside_the_results(tmp_path: Path, capsys) -
     results = dataclasses.replace(results, recipe={**results.recipe, "gate": SPEC.model_dump(mode="json")})
     write_results(results, tmp_path / "results.json")
     assert main(["report", str(tmp_path), "--html"]) == 0
-    assert "report.html" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "report.html" in captured.out
+    # the summary is the command's output: on stdout (`qbench report DIR | less` showed nothing), not stderr
+    assert "Summary: digits" in captured.out and "Summary: digits" not in captured.err
+    assert all(v.variant in captured.out for v in results.variants)
     [section] = Tree((tmp_path / "report.html").read_text()).find("section", "verdict")
     assert section.attrs["data-verdict"] == "UNUSABLE"  # int8_dynamic failed: the gate fails closed
     assert [e.attrs["class"] for e in Tree((tmp_path / "report.html").read_text()).find("line", "threshold")]

@@ -38,9 +38,33 @@ def test_points_written_before_adaptive_timing_read_as_not_judged() -> None:
     assert point.stable is None and point.window_p50_ms == () and math.isnan(point.spread)
 
 
+@pytest.mark.parametrize(("where", "edit"), [
+    ("results", lambda raw: raw),
+    ("calibration", lambda raw: raw["calibration"]),
+    ("variants[0]", lambda raw: raw["variants"][0]),
+    ("variants[0].accuracy", lambda raw: raw["variants"][0]["accuracy"]),
+    ("variants[0].accuracy.slices[0]", lambda raw: raw["variants"][0]["accuracy"]["slices"][0]),
+    ("variants[0].latency.points[0]", lambda raw: raw["variants"][0]["latency"]["points"][0]),
+    ("variants[0].fidelity", lambda raw: raw["variants"][0]["fidelity"]),
+])  # fmt: skip
+def test_a_field_this_qbench_does_not_know_is_refused_in_every_section(tmp_path, where, edit) -> None:
+    """An unknown key in `calibration` was refused while one in a variant (where a newer qbench could record what
+    changes the verdict) was dropped without a word: every section now reads as the gate fails, closed."""
+    raw = json.loads(to_json(make_sweep()))
+    assert raw["calibration"] and raw["variants"][0]["accuracy"]["slices"]
+    edit(raw)["tomorrows_verdict"] = "fail"
+    raw[DIGEST_FIELD] = content_digest(raw)
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(QbenchError) as caught:
+        read_results(path)
+    assert str(caught.value) == (f"{path}: {where}: unknown field 'tomorrows_verdict': this qbench does not know it, "
+                                 "and judges no results it would read without it")  # fmt: skip
+
+
 @pytest.mark.parametrize(("change", "problem"), [
     ({"schema_version": 2}, "results schema_version 2 is not supported (expected 1)"),
-    ({"calibration": {"rows": 64, "a_field_of_tomorrow": 1}}, "not a valid qbench results file (TypeError: "),
+    ({"calibration": {"rows": 64, "a_field_of_tomorrow": 1}}, "calibration: unknown field 'rows'"),
 ], ids=["newer-schema", "unknown-field"])  # fmt: skip
 def test_results_another_qbench_wrote_say_which_one(tmp_path, change, problem) -> None:
     """CI judging a run cached before an upgrade read 'schema_version 2 is not supported', not why."""

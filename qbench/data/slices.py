@@ -32,6 +32,8 @@ from qbench.errors import RecipeError
 from qbench.recipe_data import SliceSpec, TextInputSpec
 
 MAX_SLICES_PER_COLUMN = 50
+CONTINUOUS_MIN_VALUES = 10  # a `by` column of numbers with more distinct values than this ...
+CATEGORY_MIN_ROWS = 2  # ... and fewer rows than this per value on average is continuous, not categories
 MISSING_VALUE = "<missing>"  # the value in the name of a `by` slice holding the rows where the column is empty
 
 
@@ -87,6 +89,7 @@ def _masks_by_column(
     _check_one_kind(values, column, field=field, recipe_file=recipe_file)
     judged = values if evaluation_rows is None else values.iloc[evaluation_rows]
     distinct = distinct_values(judged)
+    _check_categorical(judged, distinct, column, field=field, recipe_file=recipe_file)
     if len(distinct) > MAX_SLICES_PER_COLUMN:
         raise RecipeError(
             recipe_file,
@@ -112,6 +115,50 @@ def _masks_by_column(
             raise RecipeError(recipe_file, field, message)
         masks[name] = missing
     return masks
+
+
+def _check_categorical(
+    judged: pd.Series, distinct: list[object], column: str, *, field: str, recipe_file: Path
+) -> None:
+    """Refuse a column of continuous numbers: one slice per value would make slices of a row or two, each judged
+    (one changed row is a drop of 1.0). Continuous: numbers (or, in a CSV `by` column read as text, texts of
+    numbers) that are not all whole, or more distinct numbers than a category plausibly has among the rows
+    (over CONTINUOUS_MIN_VALUES, and fewer than CATEGORY_MIN_ROWS rows per value on average). Integer codes
+    (`7`, `007`, `3.0`) and words pass."""
+    numbers = _as_numbers(distinct)
+    if numbers is None:
+        return
+    rows = int(judged.notna().sum())
+    fractional = next((value for value, number in zip(distinct, numbers, strict=True) if not number.is_integer()), None)
+    crowded = len(distinct) > CONTINUOUS_MIN_VALUES and len(distinct) * CATEGORY_MIN_ROWS > rows
+    if fractional is None and not crowded:
+        return
+    why = "one or two rows a value" if fractional is None else f"e.g. {format_value(fractional)}, not a whole number"
+    message = (
+        f"column {column!r} holds continuous values ({len(distinct)} distinct among {rows} rows, {why}): "
+        "`by` makes one slice per distinct value; expected a column of categories: use named slices, e.g. "
+        f"{{name: {column}-low, filter: {{{column}: {{lt: ...}}}}}}, "
+        "or bin the column beforehand (a column of bin labels)"
+    )
+    raise RecipeError(recipe_file, field, message)
+
+
+def _as_numbers(values: Sequence[object]) -> list[float] | None:
+    """`values` as numbers when every one is a number or the text of one (not a bool), else None."""
+    numbers: list[float] = []
+    for value in values:
+        if isinstance(value, (bool, np.bool_)):
+            return None
+        if isinstance(value, (int, float, np.integer, np.floating)):
+            numbers.append(float(value))
+            continue
+        try:
+            numbers.append(float(str(value)))
+        except ValueError:
+            return None
+    if not all(np.isfinite(numbers)):
+        return None  # 'inf' / 'nan' written as words: not a measurement scale to bin
+    return numbers
 
 
 def _check_one_kind(values: pd.Series, column: str, *, field: str, recipe_file: Path) -> None:

@@ -24,7 +24,7 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 
-from qbench.report_grid import compared
+from qbench.report_grid import compared, percent
 from qbench.results_search import CandidateRecord
 
 SCREEN_SLACK = 1.5  # a candidate whose screening excess is at most this is evaluated in full
@@ -203,11 +203,11 @@ def needed(record: CandidateRecord, max_drop: float, max_slice_drop: float, *, b
     gaps = []
     drop = record.drop if record.drop is not None else record.screen_drop
     if drop is not None and drop > max_drop:
-        gaps.append(f"overall drop {compared(drop, max_drop)[0]} > {max_drop:g} (cut it by {1 - max_drop / drop:.0%})")
+        gaps.append(f"overall drop {compared(drop, max_drop)[0]} > {max_drop:g} (cut it by {percent(1 - max_drop / drop)})")
     if record.worst_slice is not None and record.worst_slice_drop is not None and record.worst_slice_drop > max_slice_drop:
         cut = 1 - max_slice_drop / record.worst_slice_drop
         shown = compared(record.worst_slice_drop, max_slice_drop)[0]
-        gaps.append(f"{record.worst_slice} drop {shown} > {max_slice_drop:g} (cut it by {cut:.0%})")
+        gaps.append(f"{record.worst_slice} drop {shown} > {max_slice_drop:g} (cut it by {percent(cut)})")
     ways = []
     if keep_float_exhausted:
         ways.append("more nodes in floating point than search.max_keep_float allows")

@@ -274,18 +274,22 @@ def _holds_pickled_objects(exc: Exception) -> bool:
 
 
 def _load_weights(recipe: Recipe, module: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:
-    """Load `state` strictly: the same keys as the module, with the same shapes."""
+    """Load `state` strictly: exactly the keys torch's `load_state_dict(strict=True)` accepts, with the same shapes.
+
+    torch's own verdict, not a comparison with `module.state_dict()`'s keys: modules fill in some keys an
+    older state_dict lacks (BatchNorm's `num_batches_tracked`, added in torch 0.4.1, when the file records
+    no version or an older one), and a stricter check would refuse checkpoints torch loads."""
     expected = set(module.state_dict())
-    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+    try:
+        result = module.load_state_dict(state, strict=False)  # the module is dropped on any error below
+    except RuntimeError as exc:  # shape mismatches
+        raise RecipeError(recipe.source, "model.weights", f"the state_dict does not fit the module: {exc}") from None
+    missing, unexpected = sorted(result.missing_keys), sorted(result.unexpected_keys)
     if missing or unexpected:
         listed = {"missing": missing, "unexpected": unexpected}
         parts = "; ".join(f"{label} {_first_few(keys)}" for label, keys in listed.items() if keys)
         message = f"the state_dict does not match the module's keys: {parts}{_prefix_hint(expected, set(state))}"
         raise RecipeError(recipe.source, "model.weights", message)
-    try:
-        module.load_state_dict(state, strict=True)
-    except RuntimeError as exc:  # shape mismatches
-        raise RecipeError(recipe.source, "model.weights", f"the state_dict does not fit the module: {exc}") from None
 
 
 _EXTRA_PREFIX = ("every key in the file starts with {0!r} (a wrapper's state_dict: DataParallel's 'module.', "
@@ -324,6 +328,7 @@ def _bind_forward_arguments(recipe: Recipe, module: torch.nn.Module, names: list
         names = [name for name in positional if name in names]  # by name
         covered = set(names)
     elif len(names) > len(positional):
+        _refuse_a_mapping_forward(recipe, module, {name: tuple(recipe.model.example_inputs[name]) for name in names})
         keyword_only = [p.name for p in parameters if p.kind is p.KEYWORD_ONLY]
         message = f"got {len(names)} inputs {names}, but forward() takes {len(positional)}: {positional}"
         if keyword_only:
@@ -338,6 +343,30 @@ def _bind_forward_arguments(recipe: Recipe, module: torch.nn.Module, names: list
     return names
 
 
+def _refuse_a_mapping_forward(recipe: Recipe, module: torch.nn.Module, shapes: Mapping[str, tuple[int, ...]]) -> None:
+    """Refuse, in one line, a forward() that takes one dict of tensors (`batch["features"]`), which fails on the
+    positional tensors the exporter passes with an error from inside the user's code (an IndexError).
+
+    Found by calling forward() once with the example inputs as one dict: only called once forward() has failed."""
+    torch = _import_torch()
+    dtypes = {name: recipe.model.input_dtypes.get(name, "float32") for name in shapes}
+    batch = dict(zip(shapes, _example_inputs(shapes, dtypes, EXAMPLE_BATCH), strict=True))
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            module(batch)
+    except Exception:  # noqa: BLE001 - not a dict-taking forward(): the caller reports the original failure
+        return
+    arguments = ", ".join(shapes)
+    message = (
+        f"forward() takes one dict of tensors (it runs on {{{', '.join(f'{n!r}: <tensor>' for n in shapes)}}}), "
+        "but qbench "
+        f"passes the inputs by position as tensors, forward({arguments}); make the factory return a wrapper "
+        f"module whose forward({arguments}) calls the model with {{{', '.join(f'{n!r}: {n}' for n in shapes)}}}"
+    )
+    raise RecipeError(recipe.source, "model.torch", message)
+
+
 def _output_names(recipe: Recipe, module: torch.nn.Module, inputs: tuple[Any, ...]) -> tuple[str, ...]:
     """The recipe's output names (checked against what forward returns), else dict keys, 'output' or 'output_<i>'."""
     torch = _import_torch()
@@ -345,7 +374,9 @@ def _output_names(recipe: Recipe, module: torch.nn.Module, inputs: tuple[Any, ..
         with torch.no_grad():
             outputs = module(*inputs)
     except Exception as exc:  # noqa: BLE001 - the shapes or dtypes do not fit the user's model
-        shapes = {name: [EXAMPLE_BATCH, *shape[1:]] for name, shape in (recipe.model.example_inputs or {}).items()}
+        examples = recipe.model.example_inputs or {}
+        _refuse_a_mapping_forward(recipe, module, {name: tuple(shape) for name, shape in examples.items()})
+        shapes = {name: [EXAMPLE_BATCH, *shape[1:]] for name, shape in examples.items()}
         message = f"forward() failed on example inputs {shapes}: {_describe(exc)}"
         raise RecipeError(recipe.source, "model.example_inputs", message) from exc
     try:

@@ -53,7 +53,39 @@ def test_control_characters_in_values_and_columns_are_escaped_in_slice_names() -
 
 
 def test_a_column_without_missing_values_has_no_missing_slice() -> None:
-    assert list(_masks(SliceSpec(by="ink"))) == ["ink=0.1", "ink=0.2", "ink=0.3", "ink=0.7", "ink=0.8", "ink=0.9"]
+    table = pd.DataFrame({"level": ["hi", "lo", "hi"]})
+    assert list(slice_masks(table, [SliceSpec(by="level")], recipe_file=RECIPE)) == ["level=hi", "level=lo"]
+
+
+@pytest.mark.parametrize(
+    ("values", "why"),
+    [
+        ([0.1, 0.2, 0.3, 0.9, 0.8, 0.7], "6 distinct among 6 rows, e.g. 0.1, not a whole number"),
+        (["0.25", "1", "0.25", "1"], "2 distinct among 4 rows, e.g. 0.25, not a whole number"),  # a CSV column read as text
+        (list(range(11)) * 2 + [11], "12 distinct among 23 rows, one or two rows a value"),
+    ],
+    ids=["fractions", "fractions-as-csv-text", "integers-nearly-one-per-row"],
+)
+def test_a_continuous_column_is_refused_as_a_by_slice_in_one_line(values: list[object], why: str) -> None:
+    """`by: ink` on a column of measurements made one slice per value: 12 one-row slices, each judged, where a
+    single changed row is a drop of 1.0."""
+    with pytest.raises(RecipeError) as info:
+        slice_masks(pd.DataFrame({"ink": values}), [SliceSpec(by="ink")], recipe_file=RECIPE)
+    assert str(info.value) == (
+        f"recipe.yaml: data.slices[0].by: column 'ink' holds continuous values ({why}): `by` makes one slice per "
+        "distinct value; expected a column of categories: use named slices, e.g. "
+        "{name: ink-low, filter: {ink: {lt: ...}}}, or bin the column beforehand (a column of bin labels)"
+    )
+
+
+@pytest.mark.parametrize(
+    "values",
+    [[3.0, 1.0, 10.0, np.nan, 3.0, 1.0], ["007", "7", "010"], list(range(11)) * 2, ["a", "b", "c", "d"]],
+    ids=["whole-floats", "csv-codes", "integer-codes", "words"],
+)
+def test_integer_and_text_codes_stay_by_slices(values: list[object]) -> None:
+    masks = slice_masks(pd.DataFrame({"code": values}), [SliceSpec(by="code")], recipe_file=RECIPE)
+    assert sum(int(mask.sum()) for mask in masks.values()) == len(values)
 
 
 def test_named_filter_slices_follow_by_slices_in_recipe_order() -> None:
@@ -86,7 +118,7 @@ def test_unknown_by_column() -> None:
 
 
 def test_column_with_too_many_values_suggests_buckets() -> None:
-    table = pd.DataFrame({"length": np.arange(51)})
+    table = pd.DataFrame({"length": np.tile(np.arange(51), 2)})
     with pytest.raises(RecipeError) as info:
         slice_masks(table, [SliceSpec(by="length")], recipe_file=RECIPE)
     assert str(info.value) == (

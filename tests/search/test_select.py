@@ -143,6 +143,14 @@ def test_needed_shows_a_drop_just_over_a_tight_tolerance_as_a_different_figure()
     assert "max_drop ≥ 0.00012" in text and "max_slice_drop ≥ 0.000104" in text
 
 
+@pytest.mark.parametrize(("drop", "cut"), [(0.5, "99.8%"), (10.0, "99.99%"), (0.0050001, "0.002%")])
+def test_needed_never_reads_100_percent_for_less_or_0_percent_for_more(drop: float, cut: str) -> None:
+    """A drop of 0.5 against max_drop 0.001 needs a 99.8 % cut: the text read "cut it by 100%"."""
+    record = _record("sq", speedup=1.6, excess=1.4, passed=False, drop=drop)
+    assert f"(cut it by {cut})" in select.needed(record, 0.001 if drop != 0.0050001 else 0.005, 1.0,
+                                                 budget_exhausted=False, keep_float_exhausted=False)  # fmt: skip
+
+
 def test_slower_than_reference_flags_a_choice_that_does_not_beat_fp32():
     assert "0.62× FP32" in select.slower_than_reference(_record("conv-int8", speedup=0.62, passed=True))
     assert select.slower_than_reference(_record("tie", speedup=0.97, passed=True)) is None  # within the noise margin

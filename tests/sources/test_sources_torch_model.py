@@ -179,6 +179,41 @@ def build_sequential():
     return nn.Sequential(nn.Linear({FEATURES}, 16), nn.ReLU(), nn.Linear(16, {CLASSES}))
 
 
+class TakesADict(Classifier):
+    """A training loop's model: forward() reads its tensors from one batch dict."""
+
+    def forward(self, batch):
+        return self.head(torch.relu(self.hidden(batch["features"])))
+
+
+def build_takes_a_dict():
+    return TakesADict()
+
+
+class Normalised(Classifier):
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.BatchNorm1d({CLASSES})
+
+    def forward(self, features):
+        return self.norm(super().forward(features))
+
+
+def build_normalised():
+    return Normalised()
+
+
+class AnyWidth(Classifier):
+    """Runs on rows of any width of at least {FEATURES} (like a model over token sequences of any length)."""
+
+    def forward(self, features):
+        return self.head(torch.relu(self.hidden(features[:, :{FEATURES}])))
+
+
+def build_any_width():
+    return AnyWidth()
+
+
 def build_tagger():
     return Tagger()
 
@@ -356,6 +391,20 @@ def test_the_state_dict_of_the_model_a_factory_wraps_is_refused_naming_the_prefi
                                  "state_dict; save the whole module's)")
 
 
+def test_a_state_dict_torch_loads_is_accepted_as_torch_accepts_it(project: Path) -> None:
+    """An older checkpoint (or a converted one: a plain dict without torch's version metadata) lacks BatchNorm's
+    `num_batches_tracked`, which load_state_dict(strict=True) fills in; qbench must not be stricter than torch."""
+    torch.manual_seed(1)
+    module = _factory_namespace()["build_normalised"]()
+    state = {name: tensor for name, tensor in module.state_dict().items() if not name.endswith("num_batches_tracked")}
+    module.load_state_dict(state, strict=True)  # what torch accepts
+    torch.save(state, project.parent / "weights.pt")
+    loaded = load_torch_model(load_recipe(_write_recipe(project.parent, {"torch": "mypkg.models:build_normalised"})))
+    assert torch.equal(loaded.build().norm.running_var, module.norm.running_var)
+    torch.save({**state, "norm.extra": torch.zeros(1)}, project.parent / "weights.pt")  # what torch refuses
+    assert "unexpected 'norm.extra'" in _load_error(project).detail
+
+
 def test_unreadable_weights_file_is_a_recipe_error(project: Path) -> None:
     (project.parent / "weights.pt").write_bytes(b"not a checkpoint")
     error = _load_error(project)
@@ -401,6 +450,18 @@ def test_example_inputs_and_output_names_must_fit_forward(
     error = _load_error(_write_recipe(project.parent, model))
     assert error.field == field
     assert expected in error.detail
+
+
+@pytest.mark.parametrize("example_inputs", [{"features": [1, FEATURES]}, {"features": [1, FEATURES], "mask": [1, 2]}])
+def test_a_forward_that_takes_a_dict_is_refused_in_one_line_naming_the_remedy(
+    project: Path, example_inputs: dict[str, list[int]]
+) -> None:
+    recipe = _write_recipe(project.parent, {"torch": "mypkg.models:build_takes_a_dict", "example_inputs": example_inputs})
+    error = _load_error(recipe)
+    names = ", ".join(example_inputs)
+    assert error.field == "model.torch"
+    assert "forward() takes one dict of tensors" in error.detail
+    assert f"passes the inputs by position as tensors, forward({names}); make the factory return a wrapper" in error.detail
 
 
 def test_inputs_named_like_forwards_arguments_bind_by_name_in_any_order(project: Path) -> None:
@@ -614,6 +675,19 @@ def test_validate_accepts_a_torch_source_recipe(project: Path, capsys: pytest.Ca
     recipe = _write_recipe(project.parent, variants=[{"name": "fp16", "precision": "fp16"}])
     assert main(["validate", str(recipe)]) == 0
     assert "OK" in capsys.readouterr().out
+
+
+def test_cells_that_do_not_fit_the_example_shape_name_model_example_inputs(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The exported input keeps the example's width (6); the rows hold 4 values: the shape to change is the
+    example's, which data.inputs does not set."""
+    model = {"torch": "mypkg.models:build_any_width", "example_inputs": {"features": [1, 6]}}
+    recipe = _write_recipe(project.parent, model, variants=[{"name": "fp16", "precision": "fp16"}])
+    assert main(["validate", str(recipe)]) == 2
+    assert ("model.example_inputs: input 'features' is exported with shape [1, 6] (batch first), but column 'x' holds "
+            "cells of shape [4]: a PyTorch source's inputs keep the example's sizes after the batch axis; set "
+            "features: [1, 4]") in capsys.readouterr().err  # fmt: skip
 
 
 def test_validate_accepts_a_modelopt_variant(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
