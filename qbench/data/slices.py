@@ -121,21 +121,19 @@ def _check_categorical(
     judged: pd.Series, distinct: list[object], column: str, *, field: str, recipe_file: Path
 ) -> None:
     """Refuse a column of continuous numbers: one slice per value would make slices of a row or two, each judged
-    (one changed row is a drop of 1.0). Continuous: numbers (or, in a CSV `by` column read as text, texts of
-    numbers) that are not all whole, or more distinct numbers than a category plausibly has among the rows
-    (over CONTINUOUS_MIN_VALUES, and fewer than CATEGORY_MIN_ROWS rows per value on average). Integer codes
-    (`7`, `007`, `3.0`) and words pass."""
+    (one changed row is a drop of 1.0). Continuous: more distinct numbers (or, in a CSV `by` column read as text,
+    texts of numbers) than a category plausibly has among the rows: over CONTINUOUS_MIN_VALUES, and fewer than
+    CATEGORY_MIN_ROWS rows per value on average. A few levels that are not whole numbers (doses 0.5 / 2.5,
+    versions "2.1" / "2.10") are categories and pass, as do codes and words."""
     numbers = _as_numbers(distinct)
     if numbers is None:
         return
     rows = int(judged.notna().sum())
-    fractional = next((value for value, number in zip(distinct, numbers, strict=True) if not number.is_integer()), None)
-    crowded = len(distinct) > CONTINUOUS_MIN_VALUES and len(distinct) * CATEGORY_MIN_ROWS > rows
-    if fractional is None and not crowded:
+    if len(distinct) <= CONTINUOUS_MIN_VALUES or len(distinct) * CATEGORY_MIN_ROWS <= rows:
         return
-    why = "one or two rows a value" if fractional is None else f"e.g. {format_value(fractional)}, not a whole number"
     message = (
-        f"column {column!r} holds continuous values ({len(distinct)} distinct among {rows} rows, {why}): "
+        f"column {column!r} holds continuous values ({len(distinct)} distinct among {rows} rows, fewer than "
+        f"{CATEGORY_MIN_ROWS} rows a value): "
         "`by` makes one slice per distinct value; expected a column of categories: use named slices, e.g. "
         f"{{name: {column}-low, filter: {{{column}: {{lt: ...}}}}}}, "
         "or bin the column beforehand (a column of bin labels)"

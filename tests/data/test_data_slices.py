@@ -60,11 +60,11 @@ def test_a_column_without_missing_values_has_no_missing_slice() -> None:
 @pytest.mark.parametrize(
     ("values", "why"),
     [
-        ([0.1, 0.2, 0.3, 0.9, 0.8, 0.7], "6 distinct among 6 rows, e.g. 0.1, not a whole number"),
-        (["0.25", "1", "0.25", "1"], "2 distinct among 4 rows, e.g. 0.25, not a whole number"),  # a CSV column read as text
-        (list(range(11)) * 2 + [11], "12 distinct among 23 rows, one or two rows a value"),
+        ([0.1 * i + 0.05 for i in range(12)], "12 distinct among 12 rows"),
+        ([f"{0.1 * i + 0.05:.2f}" for i in range(12)], "12 distinct among 12 rows"),  # a CSV column read as text
+        (list(range(11)) * 2 + [11], "12 distinct among 23 rows"),
     ],
-    ids=["fractions", "fractions-as-csv-text", "integers-nearly-one-per-row"],
+    ids=["measurements", "measurements-as-csv-text", "integers-nearly-one-per-row"],
 )
 def test_a_continuous_column_is_refused_as_a_by_slice_in_one_line(values: list[object], why: str) -> None:
     """`by: ink` on a column of measurements made one slice per value: 12 one-row slices, each judged, where a
@@ -72,7 +72,8 @@ def test_a_continuous_column_is_refused_as_a_by_slice_in_one_line(values: list[o
     with pytest.raises(RecipeError) as info:
         slice_masks(pd.DataFrame({"ink": values}), [SliceSpec(by="ink")], recipe_file=RECIPE)
     assert str(info.value) == (
-        f"recipe.yaml: data.slices[0].by: column 'ink' holds continuous values ({why}): `by` makes one slice per "
+        f"recipe.yaml: data.slices[0].by: column 'ink' holds continuous values ({why}, fewer than 2 rows a value): "
+        "`by` makes one slice per "
         "distinct value; expected a column of categories: use named slices, e.g. "
         "{name: ink-low, filter: {ink: {lt: ...}}}, or bin the column beforehand (a column of bin labels)"
     )
@@ -80,8 +81,9 @@ def test_a_continuous_column_is_refused_as_a_by_slice_in_one_line(values: list[o
 
 @pytest.mark.parametrize(
     "values",
-    [[3.0, 1.0, 10.0, np.nan, 3.0, 1.0], ["007", "7", "010"], list(range(11)) * 2, ["a", "b", "c", "d"]],
-    ids=["whole-floats", "csv-codes", "integer-codes", "words"],
+    [[3.0, 1.0, 10.0, np.nan, 3.0, 1.0], ["007", "7", "010"], list(range(11)) * 2, ["a", "b", "c", "d"],
+     [0.5, 2.5, 0.5, 1.0, 2.5], ["2.1", "2.10", "2.1", "2.2"]],
+    ids=["whole-floats", "csv-codes", "integer-codes", "words", "fractional-levels", "version-texts"],
 )
 def test_integer_and_text_codes_stay_by_slices(values: list[object]) -> None:
     masks = slice_masks(pd.DataFrame({"code": values}), [SliceSpec(by="code")], recipe_file=RECIPE)
