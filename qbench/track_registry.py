@@ -28,7 +28,7 @@ from qbench.gate import GateReport
 from qbench.recipe import Recipe
 from qbench.recipe_registry import RegistrySpec
 from qbench.results import SweepResults, VariantResult
-from qbench.track import RUN_DIR_TAG, open_experiment
+from qbench.track import finished_sweep_run, open_experiment, search_literal
 from qbench.track_content import short_backend
 
 
@@ -59,22 +59,15 @@ def best_passing(results: SweepResults, gate: GateReport, batch_size: int) -> di
     return best
 
 
-def _quoted(value: str) -> str:
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
 def _sweep_children(client: MlflowClient, experiment_id: str, run_dir: Path, uri: str) -> dict[str, Run]:
     """variant@backend -> child run of the newest finished MLflow sweep run tagged with `run_dir`."""
-    tag = f"tags.`{RUN_DIR_TAG}` = {_quoted(str(run_dir.resolve()))}"
-    parents = client.search_runs([experiment_id], f"{tag} and attributes.status = 'FINISHED'",
-                                 order_by=["attributes.start_time DESC"], max_results=1)  # fmt: skip
-    if not parents:
+    parent = finished_sweep_run(client, experiment_id, run_dir)
+    if parent is None:
         raise QbenchError(
             f"no finished MLflow sweep run for {run_dir} in {uri}: the sweep was not tracked (--no-track) "
-            "or logged elsewhere; nothing registered"
+            "or logged elsewhere (log it with `qbench track <recipe> <run folder>`); nothing registered"
         )
-    parent_id = parents[0].info.run_id
-    children = client.search_runs([experiment_id], f"tags.mlflow.parentRunId = {_quoted(parent_id)}")
+    children = client.search_runs([experiment_id], f"tags.mlflow.parentRunId = {search_literal(parent.info.run_id)}")
     return {f"{r.data.tags.get('qbench.variant')}@{r.data.tags.get('qbench.backend')}": r for r in children}
 
 
@@ -106,7 +99,7 @@ def _source(model_id: str) -> str:
 def _version_of(client: MlflowClient, name: str, run_id: str, model_id: str) -> ModelVersion | None:
     """The version of `name` that already holds this run's logged model, if any: registering the same results again
     (a retried CI job) moves the aliases to it instead of adding a copy."""
-    found = client.search_model_versions(f"name = {_quoted(name)} and run_id = {_quoted(run_id)}")
+    found = client.search_model_versions(f"name = {search_literal(name)} and run_id = {search_literal(run_id)}")
     return min((v for v in found if v.source == _source(model_id)), key=lambda v: int(v.version), default=None)
 
 
