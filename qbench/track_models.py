@@ -32,7 +32,9 @@ def logged_model_name(variant: str) -> str:
 
 
 def _tensor_spec(value: object) -> TensorSpec | None:
-    """The TensorSpec of one graph input/output (unknown dimensions -1); None for non-tensors or exotic dtypes."""
+    """The TensorSpec of one graph input/output (unknown dimensions -1); None for non-tensors or exotic dtypes.
+
+    A string tensor is `object`, the dtype MLflow's tensor schemas give text (and pyfunc feeds it as such)."""
     import onnx
 
     if not value.type.HasField("tensor_type"):  # type: ignore[attr-defined]
@@ -40,7 +42,8 @@ def _tensor_spec(value: object) -> TensorSpec | None:
     tensor_type = value.type.tensor_type  # type: ignore[attr-defined]
     try:
         dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type))
-        if dtype.kind not in "biufc?":  # bfloat16 / float8 map to numpy-extension types MLflow cannot name
+        text = tensor_type.elem_type == onnx.TensorProto.STRING
+        if dtype.kind not in "biufc?" and not text:  # bfloat16 / float8 map to numpy-extension types MLflow cannot name
             return None
     except (KeyError, TypeError, ValueError):
         return None
@@ -51,16 +54,19 @@ def _tensor_spec(value: object) -> TensorSpec | None:
 
 
 def onnx_signature(model_path: Path) -> ModelSignature | None:
-    """Inputs (initializers excluded) and outputs of the ONNX graph as tensor specs; None when one is not a tensor."""
+    """Inputs (initializers excluded) and outputs of the ONNX graph as tensor specs; None when an input is not a
+    tensor. Outputs that are not all tensors (a classifier's ZipMap: a sequence of maps) are left out of the
+    signature rather than losing it: its inputs are what the UI shows and serving checks requests against."""
     import onnx
 
     graph = onnx.load(str(model_path), load_external_data=False).graph
     initializers = {i.name for i in graph.initializer}
     inputs = [_tensor_spec(v) for v in graph.input if v.name not in initializers]
     outputs = [_tensor_spec(v) for v in graph.output]
-    if not inputs or any(spec is None for spec in (*inputs, *outputs)):
+    if not inputs or any(spec is None for spec in inputs):
         return None
-    return ModelSignature(inputs=Schema(inputs), outputs=Schema(outputs))  # type: ignore[arg-type]
+    described = Schema(outputs) if all(spec is not None for spec in outputs) else None  # type: ignore[arg-type]
+    return ModelSignature(inputs=Schema(inputs), outputs=described)  # type: ignore[arg-type]
 
 
 def _pip_requirements() -> list[str]:
