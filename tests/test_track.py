@@ -407,7 +407,7 @@ def test_each_variant_is_a_logged_onnx_model_with_its_signature(tracked_sweep: T
         assert model_metrics["acc/overall"] == pytest.approx(variant.accuracy.overall.metrics["accuracy"])
         assert "lat/p50_ms/b1" in model_metrics and not any(k.startswith("slice/") for k in model_metrics)
         info = mlflow.models.get_model_info(f"models:/{output.model_id}")
-        assert "onnx" in info.flavors
+        assert info.flavors["onnx"]["providers"] == variant.params["runtime.providers"] == ["CPUExecutionProvider"]
         (inputs,), (outputs,) = info.signature.inputs.inputs, info.signature.outputs.inputs
         assert (inputs.name, inputs.type, tuple(inputs.shape)) == ("x", np.dtype("float32"), (-1, 4))
         assert (outputs.name, outputs.type, tuple(outputs.shape)) == ("logits", np.dtype("float32"), (-1, 3))

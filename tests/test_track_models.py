@@ -60,3 +60,35 @@ def test_a_model_with_string_inputs_is_logged_with_its_signature_and_serves_text
     predicted = loaded.predict(np.array([["b"], ["a"], ["unseen"]], dtype=object))
     assert predicted["label"].ravel().tolist() == [2, 1, 0]
 
+
+
+def test_the_logged_model_serves_with_the_providers_and_optimisation_level_it_was_measured_with(tmp_path: Path) -> None:
+    """MLflow's defaults declared CUDA before CPU and ORT's full optimisation, whatever the variant was validated with
+    (a ModelOpt FP8 Q/DQ graph is measured at `basic`: ORT mis-optimises its pattern at `all`)."""
+    import mlflow
+    import onnxruntime as ort
+    from mlflow.tracking import MlflowClient
+    from mlflow.tracking._tracking_service.utils import _use_tracking_uri
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])
+    model = _save(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]), tmp_path / "relu.onnx")
+    uri = f"sqlite:///{(tmp_path / 'mlflow.db').as_posix()}"
+    client = MlflowClient(uri)
+    experiment_id = client.create_experiment("relu", artifact_location=(tmp_path / "artifacts").as_uri())
+    measured = {"runtime.runtime": "onnxruntime", "runtime.providers": ["CPUExecutionProvider"],
+                "runtime.graph_optimization_level": "basic"}  # fmt: skip
+    model_id = log_variant_model(client, experiment_id, client.create_run(experiment_id).info.run_id, model,
+                                 name="relu", tags={}, measured=measured)  # fmt: skip
+    with _use_tracking_uri(uri):
+        loaded = mlflow.pyfunc.load_model(f"models:/{model_id}")
+    flavor = loaded.metadata.flavors["onnx"]
+    assert flavor["providers"] == ["CPUExecutionProvider"]
+    session = loaded.get_raw_model()
+    assert session.get_providers() == ["CPUExecutionProvider"]
+    assert session.get_session_options().graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    # a variant measured on another runtime (torch) declares nothing of ONNX Runtime's
+    torch_model = log_variant_model(client, experiment_id, client.create_run(experiment_id).info.run_id, model,
+                                    name="relu-torch", tags={}, measured={"runtime.runtime": "torch"})  # fmt: skip
+    with _use_tracking_uri(uri):
+        assert not mlflow.pyfunc.load_model(f"models:/{torch_model}").metadata.flavors["onnx"].get("onnx_session_options")
