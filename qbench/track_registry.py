@@ -23,12 +23,12 @@ from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
 from mlflow.tracking import MlflowClient
 from mlflow.tracking._tracking_service.utils import _use_tracking_uri
 
-from qbench.errors import QbenchError
+from qbench.errors import QbenchError, one_line
 from qbench.gate import GateReport
 from qbench.recipe import Recipe
 from qbench.recipe_registry import RegistrySpec
 from qbench.results import SweepResults, VariantResult
-from qbench.track import finished_sweep_run, open_experiment, search_literal
+from qbench.track import FAILURE_CHARS, bounded_retries, finished_sweep_run, open_experiment, search_literal
 from qbench.track_content import short_backend
 
 
@@ -130,38 +130,40 @@ def register_best(
                           f"{', '.join(wanted)}: nothing registered")  # fmt: skip
     client, uri, experiment_id = open_experiment(recipe)
     created, registered = False, list[Registration]()
-    try:
-        children = _sweep_children(client, experiment_id, run_dir, uri)
-        sources = {}
-        for backend, variant in winners.items():  # every winner's model found before anything is registered
-            run = children.get(variant.key)
-            if run is None:
-                raise QbenchError(f"no MLflow run of {variant.key} under the sweep run of {run_dir}; nothing registered")
-            sources[backend] = (run.info.run_id, _model_id(client, run, variant.key))
-        created = _ensure_registered_model(client, name)
-        aliases = _aliases(alias, [b for b in results.backends() if b in winners])
-        for backend, variant in winners.items():
-            run_id, model_id = sources[backend]
-            tags = {"qbench.variant": variant.variant, "qbench.backend": backend, "qbench.gate": "pass",
-                    f"qbench.p50_ms.b{batch_size}": f"{variant.latency.at(batch_size).p50_ms:.4g}"}  # type: ignore[union-attr] # fmt: skip
-            # a local registry store looks a `models:/` source up through MLflow's global tracking URI (its own
-            # TODO), not this client's: with the recipe's store elsewhere than the default, set it while registering
-            version = None if created else _version_of(client, name, run_id, model_id)
-            existing = version is not None
-            if version is None:
-                with _use_tracking_uri(uri):
-                    version = client.create_model_version(name, _source(model_id), run_id=run_id, tags=tags,
-                                                          model_id=model_id)  # fmt: skip
-            else:  # the tags say what this registration judged (e.g. another primary batch size)
-                for key, value in tags.items():
-                    client.set_model_version_tag(name, version.version, key, value)
-            for each in aliases[backend]:
-                client.set_registered_model_alias(name, each, version.version)
-            registered.append(Registration(name, str(version.version), variant.variant, backend, run_id, model_id,
-                                           tuple(aliases[backend]), existing))  # fmt: skip
-    except MlflowException as exc:
-        if created and not registered:  # nothing registered means nothing left behind, not an empty model
-            with contextlib.suppress(MlflowException):
-                client.delete_registered_model(name)
-        raise QbenchError(f"registering {name!r} in {uri} failed: {exc.message}") from exc
+    with bounded_retries():  # a failing registry costs seconds, not MLflow's minutes of back-off per call
+        try:
+            children = _sweep_children(client, experiment_id, run_dir, uri)
+            sources = {}
+            for backend, variant in winners.items():  # every winner's model found before anything is registered
+                run = children.get(variant.key)
+                if run is None:
+                    raise QbenchError(f"no MLflow run of {variant.key} under the sweep run of {run_dir}; nothing registered")
+                sources[backend] = (run.info.run_id, _model_id(client, run, variant.key))
+            created = _ensure_registered_model(client, name)
+            aliases = _aliases(alias, [b for b in results.backends() if b in winners])
+            for backend, variant in winners.items():
+                run_id, model_id = sources[backend]
+                tags = {"qbench.variant": variant.variant, "qbench.backend": backend, "qbench.gate": "pass",
+                        f"qbench.p50_ms.b{batch_size}": f"{variant.latency.at(batch_size).p50_ms:.4g}"}  # type: ignore[union-attr] # fmt: skip
+                # a local registry store looks a `models:/` source up through MLflow's global tracking URI (its own
+                # TODO), not this client's: with the recipe's store elsewhere than the default, set it while registering
+                version = None if created else _version_of(client, name, run_id, model_id)
+                existing = version is not None
+                if version is None:
+                    with _use_tracking_uri(uri):
+                        version = client.create_model_version(name, _source(model_id), run_id=run_id, tags=tags,
+                                                              model_id=model_id)  # fmt: skip
+                else:  # the tags say what this registration judged (e.g. another primary batch size)
+                    for key, value in tags.items():
+                        client.set_model_version_tag(name, version.version, key, value)
+                for each in aliases[backend]:
+                    client.set_registered_model_alias(name, each, version.version)
+                registered.append(Registration(name, str(version.version), variant.variant, backend, run_id, model_id,
+                                               tuple(aliases[backend]), existing))  # fmt: skip
+        except (MlflowException, OSError) as exc:  # OSError: requests' connection errors
+            if created and not registered:  # nothing registered means nothing left behind, not an empty model
+                with contextlib.suppress(MlflowException, OSError):
+                    client.delete_registered_model(name)
+            message = exc.message if isinstance(exc, MlflowException) else str(exc)
+            raise QbenchError(one_line(f"registering {name!r} in {uri} failed: {message}", FAILURE_CHARS)) from exc
     return registered
