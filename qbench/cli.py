@@ -118,7 +118,8 @@ def sweep(
                              untracked=untracked))  # fmt: skip
         if outcome.tracking_failure:  # the results are complete on disk, MLflow lacks them: not a clean run
             err_console.print(f"error: {outcome.tracking_failure}; the results are complete in {outcome.run_dir}, "
-                              "not in MLflow", markup=False)  # fmt: skip
+                              f"not in MLflow (log them there with `qbench track {recipe} {outcome.run_dir}`)",
+                              markup=False)  # fmt: skip
             return EXIT_ERROR
         return code
 
@@ -265,6 +266,24 @@ def ui(
     if code is not None:  # the UI runs until it is stopped: ending by itself, even with status 0, is a failure
         raise QbenchError(f"the MLflow UI stopped by itself with status {code} (its messages are above); "
                           "expected it to run until Ctrl+C")  # fmt: skip
+    return 0
+
+
+@app.command()
+def track(
+    recipe: RecipeArg,
+    run_dir: Annotated[Path, typer.Argument(help="the sweep's run folder (holds results.json)", show_default=False)],
+) -> int:
+    """Log a saved sweep to the recipe's MLflow store: one run with --no-track, or whose tracking failed while it ran.
+
+    The runs, models and reports are logged as a tracked sweep logs them, so `qbench gate --register` can register
+    its winners afterwards.
+    """
+    from qbench.recipe import load_recipe
+    from qbench.track_saved import track_run_folder
+
+    run_id = track_run_folder(load_recipe(recipe), run_dir)
+    err_console.print(f"MLflow run: {run_id}  (open the UI with `qbench ui {recipe}`)", markup=False)
     return 0
 
 

@@ -23,12 +23,13 @@ import re
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import Metric, Param, Run, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
 from mlflow.tracking import MlflowClient
@@ -40,7 +41,6 @@ from qbench.errors import QbenchError, one_line
 from qbench.gate import GateReport
 from qbench.recipe import Recipe
 from qbench.results import SweepResults, VariantResult, to_json
-from qbench.runs import RESULTS_FILE
 from qbench.track_content import (
     GATE_TAG,
     param_value,
@@ -120,6 +120,19 @@ def _is_server(uri: str) -> bool:
     return uri.startswith(("http://", "https://"))
 
 
+def search_literal(value: str) -> str:
+    """`value` as a quoted string in an MLflow search filter."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def finished_sweep_run(client: MlflowClient, experiment_id: str, run_dir: Path) -> Run | None:
+    """The newest FINISHED sweep run tagged with the run folder `run_dir`, if any (a sweep's runs are found by it)."""
+    tag = f"tags.`{RUN_DIR_TAG}` = {search_literal(str(run_dir.resolve()))}"
+    found = client.search_runs([experiment_id], f"{tag} and attributes.status = 'FINISHED'",
+                               order_by=["attributes.start_time DESC"], max_results=1)  # fmt: skip
+    return found[0] if found else None
+
+
 def experiment_name(recipe: Recipe) -> str:
     return recipe.tracking.experiment or recipe.name
 
@@ -174,7 +187,7 @@ BOUNDED_RETRIES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_
 
 
 @contextlib.contextmanager
-def _bounded_retries() -> Iterator[None]:
+def bounded_retries() -> Iterator[None]:
     """MLflow's HTTP retries bounded by BOUNDED_RETRIES while the block runs; a variable the user set wins."""
     added = {name: value for name, value in BOUNDED_RETRIES.items() if name not in os.environ}
     os.environ.update(added)
@@ -189,11 +202,11 @@ def open_experiment(recipe: Recipe) -> tuple[MlflowClient, str, str]:
     """A client of the recipe's store, the store's URI and the recipe's experiment id (created when new)."""
     uri = resolve_tracking_uri(recipe)
     try:
-        with _store_lock(uri), _bounded_retries():
+        with _store_lock(uri), bounded_retries():
             client = MlflowClient(tracking_uri=uri)
             return client, uri, _experiment_id(client, experiment_name(recipe), uri)
     except (MlflowException, OSError) as exc:
-        raise QbenchError(_store_failure(uri, exc)) from exc
+        raise QbenchError(store_failure(uri, exc)) from exc
 
 
 def ui_command(uri: str, host: str = "127.0.0.1", port: int = 5000) -> list[str]:
@@ -243,7 +256,7 @@ def _log(client: MlflowClient, run_id: str, metrics: Mapping[str, float], params
         client.log_batch(run_id, **request)
 
 
-def _artifact_paths(recipe: Recipe, artifacts: Sequence[Path]) -> list[Path]:
+def artifact_paths(recipe: Recipe, artifacts: Sequence[Path]) -> list[Path]:
     """The recipe file and the given artifacts, each once; a missing one is an error."""
     paths = ([recipe.source] if recipe.source.is_file() else []) + [Path(a) for a in artifacts]
     unique = list({p.resolve(): p for p in paths}.values())
@@ -259,6 +272,29 @@ def _log_artifacts(client: MlflowClient, run_id: str, paths: Sequence[Path]) -> 
             client.log_artifacts(run_id, str(path), artifact_path=path.name)
         else:
             client.log_artifact(run_id, str(path))
+
+
+def _check_artifact_store(client: MlflowClient, uri: str, run_id: str, artifact_uri: str, recipe: Recipe) -> None:
+    """Write the recipe into the new parent run before anything is measured: the client writes a server's artifacts
+    itself unless the server proxies them, so a store it cannot reach (the server's disk, s3:// without boto3) would
+    fail every model and report only after the whole sweep. A failure ends the run FAILED: a QbenchError."""
+    if _is_server(uri) and urllib.parse.urlparse(artifact_uri).scheme in ("", "file"):
+        logger.warning("MLflow at %s stores artifacts in %s, a folder this machine writes itself: the MLflow UI shows "
+                       "them only if the server reads the same folder (start it with --serve-artifacts to send "
+                       "artifacts through the server)", uri, artifact_uri)  # fmt: skip
+    try:
+        if recipe.source.is_file():
+            client.log_artifact(run_id, str(recipe.source))
+        else:  # a recipe made in memory: its settings
+            client.log_text(run_id, recipe.model_dump_json(indent=2), "recipe.json")
+    except Exception as exc:  # noqa: BLE001 - artifact stores raise their own types (ImportError, botocore's, ...)
+        with contextlib.suppress(Exception):
+            client.set_tag(run_id, GATE_TAG, "not evaluated (sweep failed: artifact store not writable)")
+            client.set_terminated(run_id, status="FAILED", end_time=_now_ms())
+        raise QbenchError(one_line(
+            f"MLflow at {uri} stores this sweep's artifacts in {artifact_uri}, which this machine cannot write "
+            f"({type(exc).__name__}: {exc}); start the server with --serve-artifacts, give this machine access to "
+            "that store, or use --no-track", FAILURE_CHARS * 2)) from exc  # fmt: skip
 
 
 def _now_ms() -> int:
@@ -308,7 +344,7 @@ class SweepTracker:
         `run_dir` tags the parent with the sweep's run folder; `data` logs what it measures on as datasets.
         """
         retries = contextlib.ExitStack()
-        retries.enter_context(_bounded_retries())
+        retries.enter_context(bounded_retries())
         try:
             client, uri, experiment_id = open_experiment(recipe)
             tags = {"qbench.version": qbench.__version__, "qbench.recipe": recipe.name, GATE_TAG: _PENDING}
@@ -317,7 +353,8 @@ class SweepTracker:
             try:
                 parent = client.create_run(experiment_id, run_name=run_name, tags=tags)
             except (MlflowException, OSError) as exc:
-                raise QbenchError(_store_failure(uri, exc)) from exc
+                raise QbenchError(store_failure(uri, exc)) from exc
+            _check_artifact_store(client, uri, parent.info.run_id, parent.info.artifact_uri, recipe)
         except BaseException:
             retries.close()
             raise
@@ -369,7 +406,7 @@ class SweepTracker:
             return model_id
         tags = {"qbench.variant": variant.variant, "qbench.precision": variant.precision}
         model_id = log_variant_model(self._client, self._experiment_id, run_id, Path(variant.model_path),
-                                     name=logged_model_name(variant.variant), tags=tags)  # fmt: skip
+                                     name=logged_model_name(variant.variant), tags=tags, measured=variant.params)  # fmt: skip
         self._models[variant.variant] = model_id
         return model_id
 
@@ -389,7 +426,8 @@ class SweepTracker:
               artifacts: Sequence[Path]) -> str | None:  # fmt: skip
         """Log the sweep's params, metrics, gate verdicts and artifacts; end the parent FINISHED; returns its id
         (None when the store failed: see `failure`)."""
-        paths = _artifact_paths(recipe, artifacts)
+        logged_at_open = recipe.source.resolve() if recipe.source.is_file() else None  # see _check_artifact_store
+        paths = [p for p in artifact_paths(recipe, artifacts) if p.resolve() != logged_at_open]
 
         def log() -> None:
             for variant in results.variants:
@@ -443,32 +481,17 @@ class SweepTracker:
         try:
             return call()
         except (MlflowException, OSError) as exc:  # OSError: requests' connection errors, a full or read-only disk
-            self.failure = _store_failure(self._uri, exc)
+            self.failure = store_failure(self._uri, exc)
             logger.warning("%s; the sweep goes on without MLflow (its runs are ended FAILED where the store answers)",
                            self.failure)  # fmt: skip
             self.abort("FAILED", "failed: MLflow error")
             return None
 
 
-def _store_failure(uri: str, exc: BaseException) -> str:
+def store_failure(uri: str, exc: BaseException) -> str:
     """What failed, in one line naming the store (MLflow's connection errors run to several lines)."""
     message = exc.message if isinstance(exc, MlflowException) else str(exc)
     return one_line(f"MLflow tracking at {uri} failed: {message}", FAILURE_CHARS)
-
-
-def log_sweep(results: SweepResults, recipe: Recipe, *, gate: GateReport | None, artifacts: Sequence[Path]) -> str:
-    """Log saved results (a sweep run without tracking) as a parent run with one child per variant x backend.
-
-    Returns the parent run id; nothing is logged when an artifact is missing.
-    """
-    _artifact_paths(recipe, artifacts)
-    run_dirs = {Path(a).parent for a in artifacts if Path(a).name == RESULTS_FILE}
-    tracker = SweepTracker.open(recipe, f"{results.recipe.get('name', recipe.name)} sweep {results.created_at}",
-                                run_dir=run_dirs.pop() if len(run_dirs) == 1 else None)  # fmt: skip
-    run_id = tracker.close(results, recipe, gate, artifacts)
-    if run_id is None:
-        raise QbenchError(tracker.failure or "MLflow tracking failed")
-    return run_id
 
 
 def log_run(
@@ -476,8 +499,8 @@ def log_run(
 ) -> str:
     """One stand-alone run in the recipe's experiment (e.g. `explain <variant>`): params, metrics, the recipe
     and `artifacts`; returns its id. MLflow problems become a QbenchError naming the store."""
-    paths = _artifact_paths(recipe, artifacts)
-    with _bounded_retries():
+    paths = artifact_paths(recipe, artifacts)
+    with bounded_retries():
         client, uri, experiment_id = open_experiment(recipe)
         try:
             run_id = client.create_run(experiment_id, run_name=run_name).info.run_id
@@ -485,5 +508,5 @@ def log_run(
             _log_artifacts(client, run_id, paths)
             client.set_terminated(run_id, status="FINISHED")
         except (MlflowException, OSError) as exc:
-            raise QbenchError(_store_failure(uri, exc)) from exc
+            raise QbenchError(store_failure(uri, exc)) from exc
     return run_id

@@ -63,13 +63,19 @@ def _slice_segment(name: str) -> str:
     return sanitise_name(name.replace("/", "_"))[:120]
 
 
+def fit_value(value: str, limit: int) -> str:
+    """`value` within MLflow's `limit` characters, an ellipsis marking a cut (a cut JSON list would otherwise read as
+    the whole of it in the UI)."""
+    return value if len(value) <= limit else value[: limit - 1] + "…"
+
+
 def param_value(value: Any) -> str:
     text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
-    return text[:MAX_PARAM_VAL_LENGTH]
+    return fit_value(text, MAX_PARAM_VAL_LENGTH)
 
 
 def tag_value(value: str) -> str:
-    return value[:MAX_TAG_VAL_LENGTH]
+    return fit_value(value, MAX_TAG_VAL_LENGTH)
 
 
 # Backend name prefixes shortened in run names; a backend not listed keeps its whole name.

@@ -18,6 +18,8 @@ from mlflow.entities import Dataset, DatasetInput, InputTag
 from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 from mlflow.utils.validation import MAX_DATASET_NAME_SIZE, MAX_INPUT_TAG_VALUE_SIZE
 
+from qbench.track_content import fit_value
+
 EVALUATION = "evaluation"
 EVALUATION_SLICE = "evaluation slice"
 CALIBRATION = "calibration"
@@ -41,11 +43,6 @@ def _typed(values: np.ndarray) -> np.ndarray:
     return values.astype(str) if values.dtype == object else values
 
 
-def _fit(value: str, limit: int) -> str:
-    """`value` within MLflow's `limit` characters, an ellipsis marking a cut (slice names can be long and many)."""
-    return value if len(value) <= limit else value[: limit - 1] + "…"
-
-
 def _dataset(name: str, source: Path, features: Mapping[str, np.ndarray], targets: np.ndarray | None) -> Dataset:
     from mlflow.data.numpy_dataset import from_numpy
 
@@ -53,11 +50,11 @@ def _dataset(name: str, source: Path, features: Mapping[str, np.ndarray], target
     labels = _typed(np.asarray(targets)) if targets is not None else None
     with warnings.catch_warnings():  # MLflow registers its local-file source twice and warns that a path is ambiguous
         warnings.filterwarnings("ignore", message="The specified dataset source can be interpreted in multiple ways")
-        return from_numpy(typed, source=str(source), targets=labels, name=_fit(name, MAX_DATASET_NAME_SIZE))._to_mlflow_entity()
+        return from_numpy(typed, source=str(source), targets=labels, name=fit_value(name, MAX_DATASET_NAME_SIZE))._to_mlflow_entity()
 
 
 def _input(dataset: Dataset, context: str, **tags: str) -> DatasetInput:
-    extra = [InputTag(key, _fit(value, MAX_INPUT_TAG_VALUE_SIZE)) for key, value in tags.items()]
+    extra = [InputTag(key, fit_value(value, MAX_INPUT_TAG_VALUE_SIZE)) for key, value in tags.items()]
     return DatasetInput(dataset, [InputTag(MLFLOW_DATASET_CONTEXT, context), *extra])
 
 

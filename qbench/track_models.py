@@ -11,7 +11,9 @@ from __future__ import annotations
 import logging
 import re
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from mlflow.entities import LoggedModelOutput, LoggedModelStatus
@@ -32,7 +34,9 @@ def logged_model_name(variant: str) -> str:
 
 
 def _tensor_spec(value: object) -> TensorSpec | None:
-    """The TensorSpec of one graph input/output (unknown dimensions -1); None for non-tensors or exotic dtypes."""
+    """The TensorSpec of one graph input/output (unknown dimensions -1); None for non-tensors or exotic dtypes.
+
+    A string tensor is `object`, the dtype MLflow's tensor schemas give text (and pyfunc feeds it as such)."""
     import onnx
 
     if not value.type.HasField("tensor_type"):  # type: ignore[attr-defined]
@@ -40,7 +44,8 @@ def _tensor_spec(value: object) -> TensorSpec | None:
     tensor_type = value.type.tensor_type  # type: ignore[attr-defined]
     try:
         dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type))
-        if dtype.kind not in "biufc?":  # bfloat16 / float8 map to numpy-extension types MLflow cannot name
+        text = tensor_type.elem_type == onnx.TensorProto.STRING
+        if dtype.kind not in "biufc?" and not text:  # bfloat16 / float8 map to numpy-extension types MLflow cannot name
             return None
     except (KeyError, TypeError, ValueError):
         return None
@@ -51,16 +56,19 @@ def _tensor_spec(value: object) -> TensorSpec | None:
 
 
 def onnx_signature(model_path: Path) -> ModelSignature | None:
-    """Inputs (initializers excluded) and outputs of the ONNX graph as tensor specs; None when one is not a tensor."""
+    """Inputs (initializers excluded) and outputs of the ONNX graph as tensor specs; None when an input is not a
+    tensor. Outputs that are not all tensors (a classifier's ZipMap: a sequence of maps) are left out of the
+    signature rather than losing it: its inputs are what the UI shows and serving checks requests against."""
     import onnx
 
     graph = onnx.load(str(model_path), load_external_data=False).graph
     initializers = {i.name for i in graph.initializer}
     inputs = [_tensor_spec(v) for v in graph.input if v.name not in initializers]
     outputs = [_tensor_spec(v) for v in graph.output]
-    if not inputs or any(spec is None for spec in (*inputs, *outputs)):
+    if not inputs or any(spec is None for spec in inputs):
         return None
-    return ModelSignature(inputs=Schema(inputs), outputs=Schema(outputs))  # type: ignore[arg-type]
+    described = Schema(outputs) if all(spec is not None for spec in outputs) else None  # type: ignore[arg-type]
+    return ModelSignature(inputs=Schema(inputs), outputs=described)  # type: ignore[arg-type]
 
 
 def _pip_requirements() -> list[str]:
@@ -70,10 +78,33 @@ def _pip_requirements() -> list[str]:
     return [f"onnx=={onnx.__version__}", f"onnxruntime=={onnxruntime.__version__}"]
 
 
+# ONNX Runtime's GraphOptimizationLevel values, by the names `runtime.graph_optimization_level` records
+_ORT_LEVELS = {"disable": 0, "basic": 1, "extended": 2, "all": 99}
+
+
+def onnx_flavor_options(measured: Mapping[str, Any]) -> dict[str, Any]:
+    """The ONNX flavour's execution providers and session options as the variant was measured (its `runtime.*`
+    params): `models:/` serves what was validated. Without them MLflow declares CUDA before CPU and default session
+    options, so a variant validated on the CPU provider, or needing a lower optimisation level (a Q/DQ pattern ORT
+    mis-optimises), would be served differently. Nothing for a variant measured on another runtime (torch, TensorRT)."""
+    if measured.get("runtime.runtime") != "onnxruntime":
+        return {}
+    options: dict[str, Any] = {}
+    providers = measured.get("runtime.providers")
+    if isinstance(providers, list) and providers and all(isinstance(p, str) for p in providers):
+        options["onnx_execution_providers"] = list(providers)
+    level = measured.get("runtime.graph_optimization_level")
+    if level in _ORT_LEVELS and level != "all":  # MLflow's loader skips a level of 0 (disable): the tag still says it
+        options["onnx_session_options"] = {"graph_optimization_level": _ORT_LEVELS[level]}
+    return options
+
+
 def log_variant_model(
-    client: MlflowClient, experiment_id: str, run_id: str, model_path: Path, *, name: str, tags: dict[str, str]
+    client: MlflowClient, experiment_id: str, run_id: str, model_path: Path, *, name: str, tags: dict[str, str],
+    measured: Mapping[str, Any] | None = None,
 ) -> str:
-    """Create the LoggedModel of one variant (source: `run_id`), link it as the run's output and upload it.
+    """Create the LoggedModel of one variant (source: `run_id`), link it as the run's output and upload it, with the
+    runtime settings it was `measured` with (its params, see onnx_flavor_options).
 
     Returns the model id. A model file that cannot be saved leaves the LoggedModel FAILED (logged as a
     warning) rather than failing the sweep; MLflow store errors propagate.
@@ -91,6 +122,7 @@ def log_variant_model(
             mlflow.onnx.save_model(
                 onnx.load(str(model_path)), str(local), mlflow_model=mlflow_model,
                 signature=onnx_signature(model_path), pip_requirements=_pip_requirements(),
+                **onnx_flavor_options(measured or {}),
             )  # fmt: skip
             client.log_model_artifacts(model.model_id, str(local))
     except MlflowException:

@@ -23,12 +23,12 @@ from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
 from mlflow.tracking import MlflowClient
 from mlflow.tracking._tracking_service.utils import _use_tracking_uri
 
-from qbench.errors import QbenchError
+from qbench.errors import QbenchError, one_line
 from qbench.gate import GateReport
 from qbench.recipe import Recipe
 from qbench.recipe_registry import RegistrySpec
 from qbench.results import SweepResults, VariantResult
-from qbench.track import RUN_DIR_TAG, open_experiment
+from qbench.track import FAILURE_CHARS, bounded_retries, finished_sweep_run, open_experiment, search_literal
 from qbench.track_content import short_backend
 
 
@@ -59,22 +59,15 @@ def best_passing(results: SweepResults, gate: GateReport, batch_size: int) -> di
     return best
 
 
-def _quoted(value: str) -> str:
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
 def _sweep_children(client: MlflowClient, experiment_id: str, run_dir: Path, uri: str) -> dict[str, Run]:
     """variant@backend -> child run of the newest finished MLflow sweep run tagged with `run_dir`."""
-    tag = f"tags.`{RUN_DIR_TAG}` = {_quoted(str(run_dir.resolve()))}"
-    parents = client.search_runs([experiment_id], f"{tag} and attributes.status = 'FINISHED'",
-                                 order_by=["attributes.start_time DESC"], max_results=1)  # fmt: skip
-    if not parents:
+    parent = finished_sweep_run(client, experiment_id, run_dir)
+    if parent is None:
         raise QbenchError(
             f"no finished MLflow sweep run for {run_dir} in {uri}: the sweep was not tracked (--no-track) "
-            "or logged elsewhere; nothing registered"
+            "or logged elsewhere (log it with `qbench track <recipe> <run folder>`); nothing registered"
         )
-    parent_id = parents[0].info.run_id
-    children = client.search_runs([experiment_id], f"tags.mlflow.parentRunId = {_quoted(parent_id)}")
+    children = client.search_runs([experiment_id], f"tags.mlflow.parentRunId = {search_literal(parent.info.run_id)}")
     return {f"{r.data.tags.get('qbench.variant')}@{r.data.tags.get('qbench.backend')}": r for r in children}
 
 
@@ -106,7 +99,7 @@ def _source(model_id: str) -> str:
 def _version_of(client: MlflowClient, name: str, run_id: str, model_id: str) -> ModelVersion | None:
     """The version of `name` that already holds this run's logged model, if any: registering the same results again
     (a retried CI job) moves the aliases to it instead of adding a copy."""
-    found = client.search_model_versions(f"name = {_quoted(name)} and run_id = {_quoted(run_id)}")
+    found = client.search_model_versions(f"name = {search_literal(name)} and run_id = {search_literal(run_id)}")
     return min((v for v in found if v.source == _source(model_id)), key=lambda v: int(v.version), default=None)
 
 
@@ -137,38 +130,40 @@ def register_best(
                           f"{', '.join(wanted)}: nothing registered")  # fmt: skip
     client, uri, experiment_id = open_experiment(recipe)
     created, registered = False, list[Registration]()
-    try:
-        children = _sweep_children(client, experiment_id, run_dir, uri)
-        sources = {}
-        for backend, variant in winners.items():  # every winner's model found before anything is registered
-            run = children.get(variant.key)
-            if run is None:
-                raise QbenchError(f"no MLflow run of {variant.key} under the sweep run of {run_dir}; nothing registered")
-            sources[backend] = (run.info.run_id, _model_id(client, run, variant.key))
-        created = _ensure_registered_model(client, name)
-        aliases = _aliases(alias, [b for b in results.backends() if b in winners])
-        for backend, variant in winners.items():
-            run_id, model_id = sources[backend]
-            tags = {"qbench.variant": variant.variant, "qbench.backend": backend, "qbench.gate": "pass",
-                    f"qbench.p50_ms.b{batch_size}": f"{variant.latency.at(batch_size).p50_ms:.4g}"}  # type: ignore[union-attr] # fmt: skip
-            # a local registry store looks a `models:/` source up through MLflow's global tracking URI (its own
-            # TODO), not this client's: with the recipe's store elsewhere than the default, set it while registering
-            version = None if created else _version_of(client, name, run_id, model_id)
-            existing = version is not None
-            if version is None:
-                with _use_tracking_uri(uri):
-                    version = client.create_model_version(name, _source(model_id), run_id=run_id, tags=tags,
-                                                          model_id=model_id)  # fmt: skip
-            else:  # the tags say what this registration judged (e.g. another primary batch size)
-                for key, value in tags.items():
-                    client.set_model_version_tag(name, version.version, key, value)
-            for each in aliases[backend]:
-                client.set_registered_model_alias(name, each, version.version)
-            registered.append(Registration(name, str(version.version), variant.variant, backend, run_id, model_id,
-                                           tuple(aliases[backend]), existing))  # fmt: skip
-    except MlflowException as exc:
-        if created and not registered:  # nothing registered means nothing left behind, not an empty model
-            with contextlib.suppress(MlflowException):
-                client.delete_registered_model(name)
-        raise QbenchError(f"registering {name!r} in {uri} failed: {exc.message}") from exc
+    with bounded_retries():  # a failing registry costs seconds, not MLflow's minutes of back-off per call
+        try:
+            children = _sweep_children(client, experiment_id, run_dir, uri)
+            sources = {}
+            for backend, variant in winners.items():  # every winner's model found before anything is registered
+                run = children.get(variant.key)
+                if run is None:
+                    raise QbenchError(f"no MLflow run of {variant.key} under the sweep run of {run_dir}; nothing registered")
+                sources[backend] = (run.info.run_id, _model_id(client, run, variant.key))
+            created = _ensure_registered_model(client, name)
+            aliases = _aliases(alias, [b for b in results.backends() if b in winners])
+            for backend, variant in winners.items():
+                run_id, model_id = sources[backend]
+                tags = {"qbench.variant": variant.variant, "qbench.backend": backend, "qbench.gate": "pass",
+                        f"qbench.p50_ms.b{batch_size}": f"{variant.latency.at(batch_size).p50_ms:.4g}"}  # type: ignore[union-attr] # fmt: skip
+                # a local registry store looks a `models:/` source up through MLflow's global tracking URI (its own
+                # TODO), not this client's: with the recipe's store elsewhere than the default, set it while registering
+                version = None if created else _version_of(client, name, run_id, model_id)
+                existing = version is not None
+                if version is None:
+                    with _use_tracking_uri(uri):
+                        version = client.create_model_version(name, _source(model_id), run_id=run_id, tags=tags,
+                                                              model_id=model_id)  # fmt: skip
+                else:  # the tags say what this registration judged (e.g. another primary batch size)
+                    for key, value in tags.items():
+                        client.set_model_version_tag(name, version.version, key, value)
+                for each in aliases[backend]:
+                    client.set_registered_model_alias(name, each, version.version)
+                registered.append(Registration(name, str(version.version), variant.variant, backend, run_id, model_id,
+                                               tuple(aliases[backend]), existing))  # fmt: skip
+        except (MlflowException, OSError) as exc:  # OSError: requests' connection errors
+            if created and not registered:  # nothing registered means nothing left behind, not an empty model
+                with contextlib.suppress(MlflowException, OSError):
+                    client.delete_registered_model(name)
+            message = exc.message if isinstance(exc, MlflowException) else str(exc)
+            raise QbenchError(one_line(f"registering {name!r} in {uri} failed: {message}", FAILURE_CHARS)) from exc
     return registered

@@ -73,16 +73,17 @@ def stop_process_group(process: subprocess.Popen) -> list[int]:
     return group_members(pgid)
 
 
-def start_mlflow_server(root: Path) -> tuple[str, subprocess.Popen]:
+def start_mlflow_server(root: Path, artifacts: list[str] | None = None) -> tuple[str, subprocess.Popen]:
     """A real `mlflow server` on a free port of 127.0.0.1 with its store and artifacts under `root`, in its own process
-    group (stop it with stop_process_group), answering /health; returns its URL and process."""
+    group (stop it with stop_process_group), answering /health; returns its URL and process. `artifacts`: the
+    server's artifact options instead of proxied artifacts in `root/artifacts`."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = root / "server.log"
     command = [
         sys.executable, "-m", "mlflow", "server",
         "--backend-store-uri", f"sqlite:///{(root / 'server.db').as_posix()}",
-        "--artifacts-destination", str(root / "artifacts"),
+        *(artifacts if artifacts is not None else ["--artifacts-destination", str(root / "artifacts")]),
         "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
     ]  # fmt: skip
     with log.open("w") as log_file:

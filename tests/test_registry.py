@@ -265,3 +265,65 @@ def test_registering_into_a_sqlite_store_that_is_not_mlflows_default(tmp_path: P
     version = MlflowClient(f"sqlite:///{store}").get_model_version_by_alias("elsewhere-model", "candidate")
     assert str(version.version) == "1" and version.source.startswith("models:/")
     assert not (working / "mlflow.db").exists()
+
+
+def test_a_registry_that_fails_is_one_error_after_a_few_tries_not_minutes_of_back_off(
+    swept: Swept, mlflow_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tracking calls answer, the registry's fail (a proxy in front of the real server answers 500 there, as a
+    registry store that is down does). MLflow's default back-off retried each call 7 times: 247 s before the error."""
+    import http.server
+    import os
+    import threading
+    import time
+    import urllib.error
+    import urllib.request
+
+    from qbench.track import BOUNDED_RETRIES
+
+    registry_calls: list[str] = []
+
+    class RegistryDown(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the http.server hook's name
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) or None
+            if "registered-models" in self.path or "model-versions" in self.path:
+                registry_calls.append(self.path)
+                status, data = 500, b'{"error_code": "INTERNAL_ERROR", "message": "registry store unavailable"}'
+            else:
+                request = urllib.request.Request(mlflow_server + self.path, data=body, method=self.command,
+                                                 headers={"Content-Type": "application/json"})  # fmt: skip
+                try:
+                    with urllib.request.urlopen(request, timeout=60) as response:
+                        status, data = response.status, response.read()
+                except urllib.error.HTTPError as exc:
+                    status, data = exc.code, exc.read()
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_POST = do_PATCH = do_DELETE = do_GET  # noqa: N815
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), RegistryDown)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    for name in BOUNDED_RETRIES:
+        monkeypatch.delenv(name, raising=False)
+    raw = yaml.safe_load(swept.recipe.read_text())
+    raw["tracking"]["uri"] = f"http://127.0.0.1:{proxy.server_address[1]}"
+    copy = swept.recipe.with_name("through-the-proxy.yaml")  # beside the model and data it names
+    copy.write_text(yaml.safe_dump(raw, sort_keys=False))
+    recipe = load_recipe(copy)
+    started = time.monotonic()
+    try:
+        with pytest.raises(QbenchError, match=r"registering 'registry-down' in http://127\.0\.0\.1:\d+ failed: .*"):
+            register_best(recipe, swept.results, evaluate_gate(swept.results, recipe.gate), swept.run_dir,
+                          RegistrySpec(model="registry-down"))  # fmt: skip
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
+    assert time.monotonic() - started < 60
+    assert 1 <= len(registry_calls) <= 3  # the first call and at most 2 retries
+    assert not set(BOUNDED_RETRIES) & set(os.environ)

@@ -20,8 +20,9 @@ from qbench.errors import QbenchError
 from qbench.gate import GateReport, evaluate_gate
 from qbench.recipe import Recipe, load_recipe
 from qbench.results import ClipRecord, LimitCheck, RangeAnalysis, SweepResults, TensorPeak, VariantResult
-from qbench.track import _batches, artifact_root, log_sweep, resolve_tracking_uri, ui_command
+from qbench.track import _batches, artifact_root, resolve_tracking_uri, ui_command
 from qbench.track_content import sanitise_name, unique_names
+from qbench.track_saved import log_sweep
 
 CPU = "onnxruntime-cpu"
 
@@ -360,25 +361,6 @@ def test_logged_model_names_are_ones_mlflow_accepts(variant: str, expected: str)
     _validate_logged_model_name(logged_model_name(variant))  # raises MlflowException if MLflow would reject it
 
 
-def test_onnx_signature_has_dynamic_batch_and_refuses_non_tensors(tmp_path: Path) -> None:
-    import onnx
-    from onnx import TensorProto, helper
-
-    from qbench.track_models import onnx_signature
-
-    x = helper.make_tensor_value_info("x", TensorProto.INT64, ["batch", 7])
-    y = helper.make_tensor_value_info("y", TensorProto.INT64, ["batch", 7])
-    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [x], [y])
-    onnx.save(helper.make_model(graph), str(tmp_path / "id.onnx"))
-    signature = onnx_signature(tmp_path / "id.onnx")
-    (spec,) = signature.inputs.inputs
-    assert (spec.name, spec.type, tuple(spec.shape)) == ("x", np.dtype("int64"), (-1, 7))
-    sequence = helper.make_tensor_sequence_value_info("s", TensorProto.FLOAT, None)
-    graph = helper.make_graph([helper.make_node("SequenceConstruct", ["x"], ["s"])], "g", [x], [sequence])
-    onnx.save(helper.make_model(graph), str(tmp_path / "seq.onnx"))
-    assert onnx_signature(tmp_path / "seq.onnx") is None
-
-
 @dataclasses.dataclass
 class TrackedSweep:
     client: MlflowClient
@@ -425,7 +407,7 @@ def test_each_variant_is_a_logged_onnx_model_with_its_signature(tracked_sweep: T
         assert model_metrics["acc/overall"] == pytest.approx(variant.accuracy.overall.metrics["accuracy"])
         assert "lat/p50_ms/b1" in model_metrics and not any(k.startswith("slice/") for k in model_metrics)
         info = mlflow.models.get_model_info(f"models:/{output.model_id}")
-        assert "onnx" in info.flavors
+        assert info.flavors["onnx"]["providers"] == variant.params["runtime.providers"] == ["CPUExecutionProvider"]
         (inputs,), (outputs,) = info.signature.inputs.inputs, info.signature.outputs.inputs
         assert (inputs.name, inputs.type, tuple(inputs.shape)) == ("x", np.dtype("float32"), (-1, 4))
         assert (outputs.name, outputs.type, tuple(outputs.shape)) == ("logits", np.dtype("float32"), (-1, 3))

@@ -1,6 +1,7 @@
-"""A tracking server that dies while a sweep runs (a real `mlflow server`, stopped after the first variant is logged):
-the sweep still measures every variant, writes complete results, does not sit in MLflow's back-off, and exits 2
-saying that MLflow lacks the results."""
+"""Tracking stores that fail a sweep, on real `mlflow server`s. One that dies while a sweep runs (stopped after the
+first variant is logged): the sweep still measures every variant, writes complete results, does not sit in MLflow's
+back-off, and exits 2 saying that MLflow lacks the results. One whose artifact store this machine cannot write: an
+error before anything is measured."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from mlflow.tracking import MlflowClient
 from server_processes import start_mlflow_server, stop_process_group
 from test_explain import INT8, write_fragile_project
 
@@ -60,3 +62,62 @@ def test_a_tracking_server_dying_mid_sweep_costs_mlflow_not_the_measurements(
     assert (results_path.parent / "report.md").is_file()
     assert after_death < 60, after_death  # MLflow's default back-off spends minutes on each call
     assert not set(BOUNDED_RETRIES) & set(os.environ)  # the bound ends with the sweep's runs
+    run_dir = results_path.parent
+    assert f"qbench track {recipe} {run_dir}" in err
+
+    # nothing is lost: with the server back (same store), the saved run goes to MLflow and its winner registers
+    url, server = start_mlflow_server(tmp_path / "server")
+    try:
+        raw["tracking"] = {"uri": url}
+        recipe.write_text(yaml.safe_dump(raw, sort_keys=False))
+        assert main(["track", str(recipe), str(run_dir)]) == 0
+        client = MlflowClient(url)
+        experiment_id = client.get_experiment_by_name("fragile").experiment_id
+        [parent] = client.search_runs([experiment_id], f"tags.`qbench.run_dir` = '{run_dir}' and "
+                                      "attributes.status = 'FINISHED'")  # fmt: skip
+        children = client.search_runs([experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+        by_key = {f"{c.data.tags['qbench.variant']}@{c.data.tags['qbench.backend']}": c for c in children}
+        assert sorted(by_key) == sorted(v.key for v in results.variants)
+        for variant in results.variants:
+            child = by_key[variant.key]
+            assert child.info.status == "FINISHED" and child.outputs.model_outputs
+            assert child.data.metrics["agreement"] == variant.accuracy.overall.metrics["agreement"]
+        assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {"recipe.yaml", "results.json", "report.md"}
+        assert main(["track", str(recipe), str(run_dir)]) == 2  # logged once
+        assert main(["gate", str(recipe), "--register", "fragile-model"]) == 0
+        assert client.get_model_version_by_alias("fragile-model", "candidate").run_id in {
+            c.info.run_id for c in children}  # fmt: skip
+    finally:
+        stop_process_group(server)
+    assert "is in MLflow already" in capsys.readouterr().err
+
+
+def test_an_artifact_store_the_client_cannot_write_is_an_error_before_anything_is_measured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A server that does not proxy artifacts hands out its own artifact root, which the client writes itself: here a
+    folder below a file (on a CI runner: the server's disk, an s3:// bucket without boto3). Before, every variant's
+    model failed with a warning and the sweep exited 2 only after measuring everything."""
+    (tmp_path / "server").mkdir()
+    (tmp_path / "not-a-folder").write_text("a file")
+    unwritable = tmp_path / "not-a-folder" / "artifacts"
+    url, server = start_mlflow_server(tmp_path / "server", ["--no-serve-artifacts", "--default-artifact-root",
+                                                             str(unwritable)])  # fmt: skip
+    try:
+        recipe = write_fragile_project(tmp_path / "project", [INT8], fragile=())
+        raw = yaml.safe_load(recipe.read_text())
+        raw["tracking"] = {"uri": url}
+        recipe.write_text(yaml.safe_dump(raw, sort_keys=False))
+        monkeypatch.chdir(tmp_path / "project")
+        measured: list[object] = []
+        monkeypatch.setattr(SweepTracker, "variant_started", lambda self, *args: measured.append(args))
+        code = main(["sweep", str(recipe)])
+        [parent] = MlflowClient(url).search_runs([MlflowClient(url).get_experiment_by_name("fragile").experiment_id])
+    finally:
+        stop_process_group(server)
+
+    err = capsys.readouterr().err
+    assert code == 2 and not measured
+    [line] = [line for line in err.splitlines() if line.startswith("error:")]
+    assert f"MLflow at {url} stores this sweep's artifacts in {unwritable}" in line and "--serve-artifacts" in line
+    assert parent.info.status == "FAILED" and parent.data.tags["qbench.gate"].startswith("not evaluated")

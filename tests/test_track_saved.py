@@ -1,0 +1,54 @@
+"""`qbench track RECIPE RUN_DIR`: a sweep run with --no-track is logged afterwards as a tracked sweep logs it (the
+store read back with MlflowClient matches results.json), once, and its winner can then be registered."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+from tiny_linear import make_linear_project
+
+from qbench.cli import main
+from qbench.runs import mark_incomplete
+
+
+def test_an_untracked_sweep_is_logged_afterwards_once_and_registers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    uri = f"sqlite:///{(tmp_path / 'mlflow.db').as_posix()}"
+    recipe = make_linear_project(tmp_path, uri)
+    monkeypatch.chdir(tmp_path)
+    assert main(["sweep", str(recipe), "--no-track"]) == 0
+    [results_path] = (tmp_path / "reports").glob("linear/*/results.json")
+    run_dir = results_path.parent
+    assert main(["gate", str(recipe), "--register", "linear-model"]) == 2  # not tracked: nothing to register from
+    assert main(["track", str(recipe), str(run_dir)]) == 0
+
+    client = MlflowClient(uri)
+    experiment_id = client.get_experiment_by_name("linear").experiment_id
+    [parent] = client.search_runs([experiment_id], f"tags.`qbench.run_dir` = '{run_dir}'")
+    assert parent.info.status == "FINISHED" and parent.data.tags["qbench.gate"] == "pass"
+    children = client.search_runs([experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    saved = json.loads(results_path.read_text())
+    logged = {(c.data.tags["qbench.variant"], c.data.tags["qbench.backend"]): c for c in children}
+    assert sorted(logged) == sorted((v["variant"], v["backend"]) for v in saved["variants"])
+    for variant in saved["variants"]:
+        child = logged[variant["variant"], variant["backend"]]
+        assert child.data.metrics["kl_mean"] == variant["accuracy"]["overall"]["metrics"]["kl_mean"]
+        assert child.data.metrics["lat/p50_ms/b4"] == variant["latency"]["points"][1]["p50_ms"]
+        assert child.outputs.model_outputs, variant["variant"]
+    assert {"linear.yaml", "results.json", "report.md", "frontier.png"} <= {
+        a.path for a in client.list_artifacts(parent.info.run_id)}  # fmt: skip
+
+    capsys.readouterr()
+    assert main(["track", str(recipe), str(run_dir)]) == 2
+    assert f"{run_dir} is in MLflow already (sweep run {parent.info.run_id})" in capsys.readouterr().err
+    assert main(["gate", str(recipe), "--register", "linear-model"]) == 0
+    version = client.get_model_version_by_alias("linear-model", "candidate")
+    assert version.run_id in {c.info.run_id for c in children}
+
+    mark_incomplete(run_dir, "interrupted by SIGINT")
+    assert main(["track", str(recipe), str(run_dir)]) == 2
+    assert "is an incomplete run (interrupted by SIGINT)" in capsys.readouterr().err
