@@ -257,7 +257,7 @@ def ui(
     """Open the MLflow UI on 127.0.0.1 for the recipe's tracking store (Ctrl+C stops it and all its workers)."""
     from qbench.interrupt import run_process_group
     from qbench.recipe import load_recipe
-    from qbench.track import resolve_tracking_uri, ui_command
+    from qbench.track_store import resolve_tracking_uri, ui_command
 
     command = ui_command(resolve_tracking_uri(load_recipe(recipe)), port=port)
     _check_port_free(port)

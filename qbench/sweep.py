@@ -78,7 +78,7 @@ def run_sweep(recipe: Recipe | str | Path, *, track: bool = True, resume: bool =
 
 def _sweep(recipe: Recipe, started: float, clock: PhaseClock, *, track: bool, resume: bool) -> SweepOutcome:
     if track:
-        from qbench.track import check_reachable, resolve_tracking_uri
+        from qbench.track_store import check_reachable, resolve_tracking_uri
 
         check_reachable(resolve_tracking_uri(recipe))
     with SignalGuard() as guard, ExitStack() as held:

@@ -28,8 +28,8 @@ from qbench.gate import GateReport
 from qbench.recipe import Recipe
 from qbench.recipe_registry import RegistrySpec
 from qbench.results import SweepResults, VariantResult
-from qbench.track import FAILURE_CHARS, bounded_retries, finished_sweep_run, open_experiment, search_literal
 from qbench.track_content import short_backend
+from qbench.track_store import FAILURE_CHARS, bounded_retries, finished_sweep_run, open_experiment, search_literal
 
 
 @dataclass(frozen=True)

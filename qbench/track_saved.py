@@ -19,14 +19,8 @@ from qbench.gate import GateReport
 from qbench.recipe import Recipe
 from qbench.results import SweepResults
 from qbench.runs import RESULTS_FILE, describe_run
-from qbench.track import (
-    SweepTracker,
-    artifact_paths,
-    bounded_retries,
-    finished_sweep_run,
-    open_experiment,
-    store_failure,
-)
+from qbench.track import SweepTracker, artifact_paths
+from qbench.track_store import bounded_retries, finished_sweep_run, open_experiment, store_failure
 
 REPORT_FILES = (RESULTS_FILE, "report.md", "report.html", "frontier.png")  # what a tracked sweep logs, if written
 

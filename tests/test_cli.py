@@ -94,7 +94,7 @@ def test_an_error_that_cannot_be_printed_is_still_exit_2(monkeypatch, tmp_path, 
 def test_a_command_never_returns_an_exit_code_outside_the_contract(monkeypatch):
     monkeypatch.setattr("qbench.interrupt.run_process_group", lambda command: 1)  # the MLflow UI failed
     monkeypatch.setattr("qbench.recipe.load_recipe", lambda path: None)
-    monkeypatch.setattr("qbench.track.resolve_tracking_uri", lambda recipe: "sqlite:///x.db")
+    monkeypatch.setattr("qbench.track_store.resolve_tracking_uri", lambda recipe: "sqlite:///x.db")
     assert main(["ui", "recipe.yaml"]) == 2
 
 

@@ -279,7 +279,7 @@ def test_a_registry_that_fails_is_one_error_after_a_few_tries_not_minutes_of_bac
     import urllib.error
     import urllib.request
 
-    from qbench.track import BOUNDED_RETRIES
+    from qbench.track_store import BOUNDED_RETRIES
 
     registry_calls: list[str] = []
 

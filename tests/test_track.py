@@ -20,9 +20,10 @@ from qbench.errors import QbenchError
 from qbench.gate import GateReport, evaluate_gate
 from qbench.recipe import Recipe, load_recipe
 from qbench.results import ClipRecord, LimitCheck, RangeAnalysis, SweepResults, TensorPeak, VariantResult
-from qbench.track import _batches, artifact_root, resolve_tracking_uri, ui_command
+from qbench.track import _batches
 from qbench.track_content import sanitise_name, unique_names
 from qbench.track_saved import log_sweep
+from qbench.track_store import artifact_root, resolve_tracking_uri, ui_command
 
 CPU = "onnxruntime-cpu"
 
@@ -451,7 +452,7 @@ def test_a_server_that_answers_health_but_fails_every_call_is_one_error_after_a_
     import http.server
     import threading
 
-    from qbench.track import check_reachable, open_experiment
+    from qbench.track_store import check_reachable, open_experiment
 
     calls: list[str] = []
 

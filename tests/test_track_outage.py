@@ -18,7 +18,8 @@ from test_explain import INT8, write_fragile_project
 
 from qbench.cli import main
 from qbench.results import read_results
-from qbench.track import BOUNDED_RETRIES, SweepTracker
+from qbench.track import SweepTracker
+from qbench.track_store import BOUNDED_RETRIES
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="stops the server's process group via /proc")
 

@@ -1,0 +1,188 @@
+"""The MLflow tracking store a recipe logs to, and its experiment. The runs themselves are qbench.track's.
+
+The store: the recipe's `tracking.uri`, else $MLFLOW_TRACKING_URI, else a sqlite file in the working directory
+(MLflow 3's plain `file:` store refuses to run without an opt-in). A sqlite store would put artifacts in ./mlruns
+of whatever directory the process runs in, so qbench creates its experiments with an explicit artifact location
+next to the database (`<db folder>/mlartifacts/<experiment>`), serialised when several sweeps create one at once;
+`ui_command` serves the same root. Tracking servers (http/https) choose their own. HTTP retries are bounded, and
+a store's failure is one line."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+from mlflow.entities import Run
+from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
+from mlflow.tracking import MlflowClient
+
+from qbench.errors import QbenchError, one_line
+from qbench.recipe import Recipe
+
+try:  # POSIX; elsewhere concurrent first use of one new sqlite store is not serialised
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None  # type: ignore[assignment]
+
+_ARTIFACT_FOLDER = "mlartifacts"
+# The MLflow 3 UI opens an experiment in its model-training view (runs, models, charts) when this tag
+# says so; without it, it infers the kind and may open the GenAI (traces) view.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+TRAINING_KIND = "custom_model_development"
+RUN_DIR_TAG = "qbench.run_dir"  # the sweep's run folder: `qbench gate --register` finds the runs by it
+FAILURE_CHARS = 400  # a store's failure in one line: MLflow's connection errors run to several lines
+
+
+
+def resolve_tracking_uri(recipe: Recipe) -> str:
+    """The recipe's tracking URI (a relative sqlite path is relative to the recipe), else $MLFLOW_TRACKING_URI,
+    else `sqlite:///<absolute cwd>/mlflow.db`."""
+    if recipe.tracking_uri:
+        return recipe.tracking_uri
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"]
+    return "sqlite:///" + (Path.cwd() / "mlflow.db").as_posix()
+
+
+def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
+    """Fail fast when a tracking server does not answer (MLflow's own retries take minutes)."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    try:
+        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout_s):
+            return
+    except (urllib.error.URLError, OSError) as exc:
+        raise QbenchError(f"MLflow tracking server {uri} does not answer ({exc}); start it or use --no-track") from None
+
+
+def _sqlite_file(uri: str) -> Path | None:
+    """The database file of a sqlite URI (relative paths resolved against the cwd); None for other stores."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return Path(uri.removeprefix("sqlite:///").split("?", 1)[0]).resolve()
+
+
+def artifact_root(uri: str) -> str | None:
+    """Where qbench puts artifacts for a sqlite store (a file URI next to the database); None for other stores."""
+    database = _sqlite_file(uri)
+    return (database.parent / _ARTIFACT_FOLDER).as_uri() if database else None
+
+
+def is_server(uri: str) -> bool:
+    return uri.startswith(("http://", "https://"))
+
+
+def search_literal(value: str) -> str:
+    """`value` as a quoted string in an MLflow search filter."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def finished_sweep_run(client: MlflowClient, experiment_id: str, run_dir: Path) -> Run | None:
+    """The newest FINISHED sweep run tagged with the run folder `run_dir`, if any (a sweep's runs are found by it)."""
+    tag = f"tags.`{RUN_DIR_TAG}` = {search_literal(str(run_dir.resolve()))}"
+    found = client.search_runs([experiment_id], f"{tag} and attributes.status = 'FINISHED'",
+                               order_by=["attributes.start_time DESC"], max_results=1)  # fmt: skip
+    return found[0] if found else None
+
+
+def experiment_name(recipe: Recipe) -> str:
+    return recipe.tracking.experiment or recipe.name
+
+
+def _experiment_id(client: MlflowClient, name: str, uri: str) -> str:
+    existing = client.get_experiment_by_name(name)
+    if existing is None:
+        root = artifact_root(uri)
+        folder = re.sub(r"[^\w.-]", "_", name)
+        try:
+            return client.create_experiment(
+                name, artifact_location=f"{root}/{folder}" if root else None, tags={EXPERIMENT_KIND_TAG: TRAINING_KIND}
+            )
+        except MlflowException as exc:  # another sweep created it just now (a server store is not locked)
+            existing = client.get_experiment_by_name(name)
+            if exc.error_code != ErrorCode.Name(RESOURCE_ALREADY_EXISTS) or existing is None:
+                raise
+    if existing.lifecycle_stage == "deleted":
+        raise QbenchError(
+            f"MLflow experiment {name!r} in {uri} is deleted: restore it in the MLflow UI, "
+            "or set tracking.experiment in the recipe to another name"
+        )
+    if EXPERIMENT_KIND_TAG not in existing.tags:  # made before qbench set it; a kind set by the user is kept
+        client.set_experiment_tag(existing.experiment_id, EXPERIMENT_KIND_TAG, TRAINING_KIND)
+    return existing.experiment_id
+
+
+@contextlib.contextmanager
+def _store_lock(uri: str) -> Iterator[None]:
+    """Serialise the first use of a sqlite store across processes (an exclusive lock on `<db>.lock`).
+
+    MLflow creates and migrates a new sqlite database on first use, and two processes doing that at
+    once fail; creating the experiment races the same way.
+    """
+    database = _sqlite_file(uri)
+    if database is None or fcntl is None:
+        yield
+        return
+    database.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{database}.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+# A tracking server that fails or stops answering must cost a sweep seconds, not MLflow's default back-off (7
+# retries, minutes per call; the system-metrics thread's calls too): while qbench talks to a store, retries are these.
+BOUNDED_RETRIES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                   "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}  # fmt: skip
+
+
+@contextlib.contextmanager
+def bounded_retries() -> Iterator[None]:
+    """MLflow's HTTP retries bounded by BOUNDED_RETRIES while the block runs; a variable the user set wins."""
+    added = {name: value for name, value in BOUNDED_RETRIES.items() if name not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
+
+
+def open_experiment(recipe: Recipe) -> tuple[MlflowClient, str, str]:
+    """A client of the recipe's store, the store's URI and the recipe's experiment id (created when new)."""
+    uri = resolve_tracking_uri(recipe)
+    try:
+        with _store_lock(uri), bounded_retries():
+            client = MlflowClient(tracking_uri=uri)
+            return client, uri, _experiment_id(client, experiment_name(recipe), uri)
+    except (MlflowException, OSError) as exc:
+        raise QbenchError(store_failure(uri, exc)) from exc
+
+
+def ui_command(uri: str, host: str = "127.0.0.1", port: int = 5000) -> list[str]:
+    """The `mlflow ui` command line that serves `uri`, with the artifact root qbench logs to for sqlite stores."""
+    if is_server(uri):
+        raise QbenchError(f"{uri} is a tracking server already: open it in a browser")
+    database = _sqlite_file(uri)
+    store = f"sqlite:///{database.as_posix()}" if database else uri
+    command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", store]
+    root = artifact_root(uri)
+    if root is not None:
+        command += ["--default-artifact-root", root]
+    return command + ["--host", host, "--port", str(port)]
+
+
+def store_failure(uri: str, exc: BaseException) -> str:
+    """What failed, in one line naming the store (MLflow's connection errors run to several lines)."""
+    message = exc.message if isinstance(exc, MlflowException) else str(exc)
+    return one_line(f"MLflow tracking at {uri} failed: {message}", FAILURE_CHARS)
