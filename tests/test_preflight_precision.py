@@ -120,15 +120,20 @@ def test_a_graph_computing_in_float32_or_float64_is_an_fp32_reference(model) -> 
     assert reduced_precision(model()) is None
 
 
-def test_validate_refuses_a_quantized_reference_in_one_line_naming_the_field(tmp_path: Path, capsys) -> None:
-    onnx.save(_quantized(tmp_path, "qoperator"), str(tmp_path / "model.onnx"))
+def _validate(folder: Path, model: onnx.ModelProto) -> int:
+    """`qbench validate` of an embedding recipe with an FP16 variant of `model`, on random rows."""
+    onnx.save(model, str(folder / "model.onnx"))
     rng = np.random.default_rng(2)
-    pd.DataFrame({"x": list(rng.normal(size=(ROWS, 4)).astype(np.float32))}).to_parquet(tmp_path / "rows.parquet")
+    pd.DataFrame({"x": list(rng.normal(size=(ROWS, 4)).astype(np.float32))}).to_parquet(folder / "rows.parquet")
     recipe = {"name": "already-int8", "task": "embedding", "model": {"path": "model.onnx"},
               "data": {"path": "rows.parquet", "inputs": {"x": "x"}, "calibration": {"samples": 16}},
               "variants": [{"name": "fp16", "precision": "fp16"}], "gate": {"metric": "cosine"}}  # fmt: skip
-    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
-    assert main(["validate", str(tmp_path / "recipe.yaml")]) == 2
+    (folder / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    return main(["validate", str(folder / "recipe.yaml")])
+
+
+def test_validate_refuses_a_quantized_reference_in_one_line_naming_the_field(tmp_path: Path, capsys) -> None:
+    assert _validate(tmp_path, _quantized(tmp_path, "qoperator")) == 2
     [line] = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert line.startswith(f"error: {tmp_path / 'recipe.yaml'}: model.path: {tmp_path / 'model.onnx'}: the model is "
                            "already quantized: 1 QLinearAdd, 1 QLinearMatMul")  # fmt: skip
@@ -156,12 +161,5 @@ def test_validate_refuses_a_quantized_reference_whose_nodes_sit_inside_a_local_f
                                                                                         capsys) -> None:  # fmt: skip
     """The main graph held only the call node: the check saw no integer node and took an INT8 model for FP32 (every
     variant's drop would then be measured against a quantized baseline)."""
-    onnx.save(_wrapped_in_a_function(_quantized(tmp_path, kind)), str(tmp_path / "model.onnx"))
-    rng = np.random.default_rng(2)
-    pd.DataFrame({"x": list(rng.normal(size=(ROWS, 4)).astype(np.float32))}).to_parquet(tmp_path / "rows.parquet")
-    recipe = {"name": "int8-in-functions", "task": "embedding", "model": {"path": "model.onnx"},
-              "data": {"path": "rows.parquet", "inputs": {"x": "x"}, "calibration": {"samples": 16}},
-              "variants": [{"name": "fp16", "precision": "fp16"}], "gate": {"metric": "cosine"}}  # fmt: skip
-    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
-    assert main(["validate", str(tmp_path / "recipe.yaml")]) == 2
+    assert _validate(tmp_path, _wrapped_in_a_function(_quantized(tmp_path, kind))) == 2
     assert "the model is already quantized: " in capsys.readouterr().err
