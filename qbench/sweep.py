@@ -106,7 +106,7 @@ def _sweep(recipe: Recipe, started: float, clock: PhaseClock, *, track: bool, re
             raise QbenchError(f"sweep {exc} before anything was measured; nothing was written") from None
         progress = _Progress(prepared, inputs, run_dir, clock, guard)
         try:
-            progress.open_tracker(track)
+            progress.open_tracker(track, resumes=resume_from)
             return _run(prepared, plan, progress, started, resume=resume, resume_from=resume_from)
         except BaseException as exc:
             guard.ignore()  # the clean-up runs to its end
@@ -159,14 +159,15 @@ class _Progress:
     results_complete: bool = False
     _base: SweepResults | None = None
 
-    def open_tracker(self, track: bool) -> None:
+    def open_tracker(self, track: bool, *, resumes: Path | None = None) -> None:
+        """Open the sweep's MLflow runs; a resumed sweep takes over those of the run folder it `resumes`."""
         if track:
             from qbench.track import SweepTracker
 
             with self.guard.shielded():
                 name = f"{self.prepared.recipe.name} sweep {self.run_dir.name}"
                 self.tracker = SweepTracker.open(self.prepared.recipe, name, run_dir=self.run_dir,
-                                                 data=_sweep_data(self.prepared))  # fmt: skip
+                                                 data=_sweep_data(self.prepared), resumes=resumes)  # fmt: skip
 
     def started(self, variant: str, backend: str) -> None:
         """Work on `variant` on `backend` has started (its MLflow run opens)."""
@@ -174,8 +175,9 @@ class _Progress:
             with self.guard.shielded():
                 self.tracker.variant_started(variant, backend)
 
-    def finished(self, result: VariantResult) -> None:
-        """Keep one finished variant x backend: rewrite the partial results.json, end its MLflow run."""
+    def finished(self, result: VariantResult, *, reused: bool = False) -> None:
+        """Keep one finished variant x backend: rewrite the partial results.json, end its MLflow run (one `reused`
+        from the interrupted run this sweep resumes is in MLflow already)."""
         self.done.append(result)
         if result.variant == self.prepared.recipe.all_variants()[0].name:
             _check_reference_accuracy(self.prepared, result)
@@ -187,7 +189,7 @@ class _Progress:
         with self.guard.shielded():
             write_results(partial, self.run_dir / RESULTS_FILE)
             if self.tracker is not None:
-                self.tracker.variant_finished(partial, result)
+                self.tracker.variant_finished(partial, result, reused=reused)
         logger.info("  done: %s (%s)", result.key, result.status)
 
     def stop(self, exc: BaseException) -> BaseException:

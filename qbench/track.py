@@ -3,7 +3,8 @@
 `SweepTracker` is driven by the sweep: the parent run opens when the sweep starts, each child run
 when work on its variant starts and ends when its result is in, so the MLflow UI shows progress and
 real durations; an interrupted sweep ends its runs KILLED, a crashed one FAILED (never left RUNNING,
-never tagged pass). What is logged (keys, metrics, params, tags) is in qbench.track_content.
+never tagged pass). A resumed sweep (`resumes`) takes over the interrupted sweep's parent run rather than opening a
+second one, so the experiment lists each variant x backend once: see SweepTracker.open. What is logged (keys, metrics, params, tags) is in qbench.track_content.
 
 Which store, its experiment and the UI command that serves it: qbench.track_store.
 """
@@ -21,7 +22,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import Metric, Param, Run, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
@@ -48,13 +49,22 @@ from qbench.track_content import (
 )
 from qbench.track_datasets import DatasetInputs, SweepData, dataset_inputs
 from qbench.track_models import link_variant_model, log_variant_model, logged_model_name
-from qbench.track_store import FAILURE_CHARS, RUN_DIR_TAG, bounded_retries, is_server, open_experiment, store_failure
+from qbench.track_store import (
+    FAILURE_CHARS,
+    RUN_DIR_TAG,
+    bounded_retries,
+    is_server,
+    open_experiment,
+    search_literal,
+    store_failure,
+)
 
 T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
 _PENDING = "pending (sweep running)"
+RESUMED_FROM_TAG = "qbench.resumed_from"  # on a parent run taken over by a resumed sweep: the interrupted run folder
 SYSTEM_METRICS_INTERVAL_S = 1.0
 MODEL_METRIC_GROUPS = ("acc/", "lat/", "speedup/", "throughput/", "cost.", "model_mb")  # also on the LoggedModel
 
@@ -168,17 +178,21 @@ class SweepTracker:
         self._running: dict[str, str] = {}  # variant@backend -> run id of a child not ended yet
         self._children: dict[str, str] = {}  # variant@backend -> run id, every child
         self._models: dict[str, str] = {}  # variant -> LoggedModel id (logged once, linked from every backend)
+        self._earlier: dict[str, Run] = {}  # variant@backend -> child run of the interrupted sweep this one resumes
         self._datasets: DatasetInputs | None = None
         self._monitor: Any | None = None
         self._retries = contextlib.ExitStack()  # bounded HTTP retries while the sweep's runs are open
         self.failure: str | None = None
 
     @classmethod
-    def open(cls, recipe: Recipe, run_name: str, *, run_dir: Path | None = None,
-             data: SweepData | None = None) -> SweepTracker:  # fmt: skip
+    def open(cls, recipe: Recipe, run_name: str, *, run_dir: Path | None = None, data: SweepData | None = None,
+             resumes: Path | None = None) -> SweepTracker:  # fmt: skip
         """Create the sweep's parent run (RUNNING from now, sampling system metrics) in the recipe's experiment.
 
         `run_dir` tags the parent with the sweep's run folder; `data` logs what it measures on as datasets.
+        `resumes`, the run folder of the interrupted sweep this one resumes: its parent run, if it has one not
+        FINISHED, is reopened instead (renamed, tagged with `run_dir`), keeping its children: a reused result's
+        child is kept as logged, a job measured again replaces its child (see variant_finished).
         """
         retries = contextlib.ExitStack()
         retries.enter_context(bounded_retries())
@@ -188,7 +202,14 @@ class SweepTracker:
             if run_dir is not None:
                 tags[RUN_DIR_TAG] = tag_value(str(run_dir.resolve()))
             try:
-                parent = client.create_run(experiment_id, run_name=run_name, tags=tags)
+                earlier = _interrupted_parent(client, experiment_id, resumes) if resumes is not None else None
+                if earlier is None:
+                    parent = client.create_run(experiment_id, run_name=run_name, tags=tags)
+                else:
+                    parent = earlier
+                    tags[RESUMED_FROM_TAG] = tag_value(str(resumes.resolve()))  # type: ignore[union-attr]
+                    client.update_run(parent.info.run_id, status="RUNNING", name=run_name)
+                    _log(client, parent.info.run_id, {}, {}, tags)
             except (MlflowException, OSError) as exc:
                 raise QbenchError(store_failure(uri, exc)) from exc
             _check_artifact_store(client, uri, parent.info.run_id, parent.info.artifact_uri, recipe)
@@ -197,6 +218,10 @@ class SweepTracker:
             raise
         tracker = cls(client, uri, experiment_id, parent.info.run_id)
         tracker._retries = retries
+        if earlier is not None:
+            tracker._earlier = tracker._mlflow(lambda: _children_of(client, experiment_id, tracker.parent_id)) or {}
+            logger.info("MLflow: resuming the interrupted sweep's run %s (%d variant runs logged there)",
+                        tracker.parent_id, len(tracker._earlier))  # fmt: skip
         tracker._monitor = _system_metrics(tracker.parent_id, uri)
         if data is not None:
             tracker._mlflow(lambda: tracker._log_datasets(data))
@@ -211,6 +236,9 @@ class SweepTracker:
         self._mlflow(lambda: self._start_child(variant, backend))
 
     def _start_child(self, variant: str, backend: str) -> str:
+        replaced = self._earlier.pop(f"{variant}@{backend}", None)
+        if replaced is not None:  # measured again: the interrupted sweep's run of it goes (the UI hides deleted runs)
+            self._client.delete_run(replaced.info.run_id)
         tags = {MLFLOW_PARENT_RUN_ID: self.parent_id, GATE_TAG: _PENDING, "qbench.variant": variant,
                 "qbench.backend": backend}  # fmt: skip
         run = self._client.create_run(self._experiment_id, run_name=run_name(variant, backend), tags=tags)
@@ -218,8 +246,18 @@ class SweepTracker:
         self._running[key] = self._children[key] = run.info.run_id
         return run.info.run_id
 
-    def variant_finished(self, results: SweepResults, variant: VariantResult) -> None:
-        """Log one variant's result, datasets and model into its child run (opened now if it was not); end the run."""
+    def variant_finished(self, results: SweepResults, variant: VariantResult, *, reused: bool = False) -> None:
+        """Log one variant's result, datasets and model into its child run (opened now if it was not); end the run.
+
+        A result `reused` from the interrupted sweep this one resumes is in its child run already: that run is kept
+        as it is (its model too, which the variant's other backends link to), nothing is logged twice."""
+        earlier = self._earlier.get(variant.key)
+        if reused and earlier is not None and earlier.info.status in ("FINISHED", "FAILED"):  # ended by this method
+            del self._earlier[variant.key]
+            self._children[variant.key] = earlier.info.run_id
+            if earlier.outputs is not None and earlier.outputs.model_outputs:
+                self._models.setdefault(variant.variant, earlier.outputs.model_outputs[0].model_id)
+            return
 
         def log() -> None:
             run_id = self._running.pop(variant.key, None) or self._start_child(variant.variant, variant.backend)
@@ -323,6 +361,22 @@ class SweepTracker:
                            self.failure)  # fmt: skip
             self.abort("FAILED", "failed: MLflow error")
             return None
+
+
+def _interrupted_parent(client: MlflowClient, experiment_id: str, run_dir: Path) -> Run | None:
+    """The newest parent run tagged with the run folder `run_dir`, unless it FINISHED (a complete sweep's)."""
+    tag = f"tags.`{RUN_DIR_TAG}` = {search_literal(tag_value(str(run_dir.resolve())))}"
+    found = client.search_runs([experiment_id], tag, order_by=["attributes.start_time DESC"], max_results=1)
+    if not found or MLFLOW_PARENT_RUN_ID in found[0].data.tags or found[0].info.status == "FINISHED":
+        return None
+    return found[0]
+
+
+def _children_of(client: MlflowClient, experiment_id: str, parent_id: str) -> dict[str, Run]:
+    """The child runs of `parent_id` by variant@backend (the newest where one has two)."""
+    runs = client.search_runs([experiment_id], f"tags.`{MLFLOW_PARENT_RUN_ID}` = {search_literal(parent_id)}",
+                              order_by=["attributes.start_time ASC"])  # fmt: skip
+    return {f"{r.data.tags.get('qbench.variant')}@{r.data.tags.get('qbench.backend')}": r for r in runs}
 
 
 def log_run(

@@ -41,8 +41,8 @@ def test_a_tracking_server_dying_mid_sweep_costs_mlflow_not_the_measurements(
         died_at: list[float] = []
         logged = SweepTracker.variant_finished
 
-        def logged_then_the_server_dies(self: SweepTracker, *args: object) -> None:
-            logged(self, *args)
+        def logged_then_the_server_dies(self: SweepTracker, *args: object, **kwargs: bool) -> None:
+            logged(self, *args, **kwargs)
             if not died_at:
                 assert not stop_process_group(server), "the mlflow server survived its stop"
                 died_at.append(time.monotonic())

@@ -48,7 +48,7 @@ logger = logging.getLogger(__name__)
 class SweepProgress(Protocol):
     def started(self, variant: str, backend: str) -> None: ...
 
-    def finished(self, result: VariantResult) -> None: ...
+    def finished(self, result: VariantResult, *, reused: bool = False) -> None: ...
 
 
 @dataclass
@@ -251,7 +251,8 @@ class Scheduler:
         self._report(f"{job.id}: {'built' if output.manifest else 'failed'}", output.where)
 
     def _measured(self, job: Job, result: VariantResult, outputs: object, *, where: str = "",
-                  record: bool = True) -> None:  # fmt: skip
+                  record: bool = True, reused: bool = False) -> None:  # fmt: skip
+        """Keep a measure job's result; `reused`: taken from an interrupted run, so no work on it is started."""
         assert job.backend is not None
         result = self._local_paths(result)
         if job.variant == self.plan.reference and result.accuracy is not None:
@@ -269,8 +270,9 @@ class Scheduler:
             )
         self.state.measured[job.id] = result
         self.state.done.add(job.id)
-        self._open(job.variant, job.backend)
-        self.progress.finished(result)
+        if not reused:
+            self._open(job.variant, job.backend)
+        self.progress.finished(result, reused=reused)
         self._report(f"{job.id}: {result.status}", where)
 
     def _times(self, job_id: str) -> dict[str, float] | None:
@@ -317,7 +319,7 @@ class Scheduler:
                                  evaluated_model_path=self._carried(record.result.evaluated_model_path))  # fmt: skip
                 if record.outputs is not None:
                     self.executor.provide_outputs(job.id, record.outputs)
-                self._measured(job, result, record.outputs, where="an earlier run")
+                self._measured(job, result, record.outputs, where="an earlier run", reused=True)
                 reused += 1
         source = f"the build store and {folder}" if folder is not None else "the build store"
         logger.info("resuming: %d of %d jobs reused from %s", reused, len(self.plan.jobs), source)

@@ -1,0 +1,54 @@
+"""A tracked sweep interrupted and resumed: MLflow shows one sweep, not the finished variants twice."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
+from probe_project import VARIANTS, write_probe_recipe
+
+from qbench.errors import QbenchError
+from qbench.recipe import load_recipe
+from qbench.sweep import run_sweep
+from qbench.track_content import variant_metrics
+from qbench.track_store import RUN_DIR_TAG, experiment_name
+
+
+def test_a_resumed_sweep_logs_into_the_interrupted_sweeps_run_each_variant_once(
+    user_project: Path, tmp_path: Path, local_figures: tuple[dict, int]
+) -> None:
+    """--resume opened a second parent run: the interrupted one stayed KILLED with its finished children, so the
+    experiment showed them twice and their models were logged twice."""
+    _, per_job = local_figures
+    recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
+    (tmp_path / "interrupt_at").write_text(str(per_job + 1))  # fp32 finished, fp16's measure job interrupted
+    with pytest.raises(QbenchError, match="interrupted by SIGINT"):
+        run_sweep(recipe)
+    (interrupted,) = (tmp_path / "reports" / "tumour-mlp").glob("2*")
+
+    outcome = run_sweep(recipe, resume=True)
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment_id = client.get_experiment_by_name(experiment_name(load_recipe(recipe))).experiment_id
+    runs = client.search_runs([experiment_id])  # the runs the UI lists (deleted ones are not)
+    [parent] = [run for run in runs if MLFLOW_PARENT_RUN_ID not in run.data.tags]
+    assert parent.info.run_id == outcome.mlflow_run_id and parent.info.status == "FINISHED"
+    assert parent.data.tags[RUN_DIR_TAG] == str(outcome.run_dir.resolve())  # `gate --register` finds it
+    assert parent.data.tags["qbench.resumed_from"] == str(interrupted.resolve())
+    children = {f"{r.data.tags['qbench.variant']}@{r.data.tags['qbench.backend']}": r for r in runs if r != parent}
+    assert len(children) == len(runs) - 1 == len(outcome.results.variants)
+    for variant in outcome.results.variants:
+        child = children[variant.key]
+        assert child.data.tags[MLFLOW_PARENT_RUN_ID] == parent.info.run_id
+        assert child.info.status == "FINISHED", variant.key
+        assert child.data.tags["qbench.gate"] in ("pass", "fail", "not gated"), variant.key  # not "not evaluated"
+        expected = {k: v for k, v in variant_metrics(outcome.results, variant).items() if v is not None and math.isfinite(v)}
+        assert set(child.data.metrics) == set(expected), (variant.key, set(child.data.metrics) ^ set(expected))
+        assert child.data.metrics == pytest.approx(expected), variant.key
+        assert len(client.get_metric_history(child.info.run_id, "model_mb")) == 1, variant.key  # logged once
+    resumed = [v.key for v in outcome.results.variants if any(n.startswith("resumed") for n in v.notes)]
+    assert resumed == ["fp32@onnxruntime-cpu"]
+    models = client.search_logged_models(experiment_ids=[experiment_id])
+    assert sorted(m.name for m in models) == sorted({v.variant for v in outcome.results.variants}), "one model each"
