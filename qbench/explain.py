@@ -6,6 +6,8 @@ The variant is built once; each candidate keeps some nodes in float and runs on 
 recipe's evaluation rows against FP32, scored with the gate metric overall and per slice:
 
 - leave_one_out: all quantized but one group; cost = the drop recovered when that group stays float.
+  Groups that only matter together (either one ruins the output) each recover little: when the recovered drops
+  sum to under half the variant's drop, the result says so (`explained_share`, a note, the table's title).
 - one_at_a_time: only that group quantized; cost = the drop it causes alone.
 - sqnr: one pass, no candidates; cost = the noise a node adds (noise-to-signal ratio of its
   output vs FP32 minus that of its inputs), from intermediate tensors of both models.
@@ -53,6 +55,7 @@ from qbench.variants.onnx_utils import discard_built, load_model
 logger = logging.getLogger(__name__)
 
 METHODS = ("leave_one_out", "one_at_a_time", "sqnr")
+EXPLAINED_FLOOR = 0.5  # leave-one-out recovering less of the drop than this: the groups interact
 # the techniques that quantize the FP32 graph node by node (a QAT or ModelOpt variant is a model exported anew)
 EXPLAINED_TECHNIQUES = ("ort-static", "ort-dynamic", "linear", "smoothquant")
 GROUPINGS = ("node", "op_type", "layer", "pattern")
@@ -96,9 +99,14 @@ class ExplainResult:
     costs: tuple[NodeCost, ...]  # costliest first
     notes: tuple[str, ...] = ()
     seconds: float = 0.0
+    explained_share: float = math.nan  # leave_one_out: the groups' recovered drops summed, of the whole drop
+
+    @property
+    def explains_little(self) -> bool:
+        return self.explained_share < EXPLAINED_FLOOR  # False when NaN (another method, or no drop)
 
     def to_dict(self) -> dict[str, Any]:
-        return _json_ready(dataclasses.asdict(self))
+        return _json_ready(dataclasses.asdict(self) | {"explains_little": self.explains_little})
 
 
 @dataclass(frozen=True)
@@ -278,12 +286,30 @@ def explain_variant(
                 groups = {c.group: groups[c.group] for c in by_noise[:max_nodes]}
             costs = rank_groups(float_keeper(spec, scratch, built), groups, evaluator.score, baseline, method)
     worst = max(baseline.slices, key=lambda s: baseline.slices[s], default=None)
+    explained = explained_share(costs, baseline.overall) if method == "leave_one_out" else math.nan
+    if explained < EXPLAINED_FLOOR:
+        notes.append(interaction_note(explained, group_by))
     return ExplainResult(
         recipe=recipe.name, variant=spec.name, calibrator=str(built.params.get("calibrator")), method=method,
         group_by=group_by, metric=recipe.gate.metric, backend=backend_name, rows=len(prepared.evaluation_rows),
         drop=baseline.overall, worst_slice=worst, worst_slice_drop=baseline.slices[worst] if worst else math.nan,
         quantized_nodes=len(nodes), costs=tuple(costs), notes=tuple(notes), seconds=time.perf_counter() - started,
+        explained_share=explained,
     )  # fmt: skip
+
+
+def explained_share(costs: Sequence[NodeCost], drop: float) -> float:
+    """How much of the variant's `drop` the leave-one-out groups recover, summed (1: they add up to it); NaN
+    without a drop to explain."""
+    recovered = [c.overall for c in costs if math.isfinite(c.overall)]
+    return sum(recovered) / drop if drop > 0 and math.isfinite(drop) and recovered else math.nan
+
+
+def interaction_note(share: float, group_by: str) -> str:
+    coarser = "|".join(g for g in ("layer", "pattern") if g != group_by)
+    return (f"leave_one_out explains only {percent(share)} of the drop (the groups' recovered drops summed): groups "
+            "that only matter together each recover little when kept float alone; try --method one_at_a_time"
+            + (f" or --group {coarser}" if coarser else ""))  # fmt: skip
 
 
 def _explained_spec(recipe: Recipe, name: str) -> tuple[VariantSpec, list[str]]:
@@ -362,8 +388,10 @@ def explain_table(result: ExplainResult, top: int) -> Table:
     what = {"leave_one_out": "recovered", "one_at_a_time": "drop", "sqnr": "added noise"}[result.method]
     on_worst = f" and {signed(result.worst_slice_drop)} on {result.worst_slice}" if result.worst_slice else ""
     explained = f"{result.variant} ({result.calibrator})" if result.calibrator not in ("", "None") else result.variant
+    caveat = f"; the ranking explains only {percent(result.explained_share)} of it: see the note"
+    caveat = caveat if result.explains_little else ""
     table = Table(title=f"{explained}: {result.method} by {result.group_by}, {result.metric} "
-                        f"(the variant drops {signed(result.drop)} overall{on_worst})", title_justify="left")  # fmt: skip
+                        f"(the variant drops {signed(result.drop)} overall{on_worst}{caveat})", title_justify="left")  # fmt: skip
     shown_worst = result.method != "sqnr" and result.worst_slice is not None
     columns = ["rank", result.group_by, "op type", f"{what} overall" if result.method != "sqnr" else what]
     columns += [f"{what} on {result.worst_slice}"] if shown_worst else []
