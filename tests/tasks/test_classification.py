@@ -288,8 +288,13 @@ def test_kl_of_one_logit_column_reads_it_as_its_decisions_do() -> None:
         ["1", "٣", "2", "0"],  # a digit that is not ASCII
         ["1", "", "2", "0"],
         ["1", "cat", "2", "0"],
+        ["+", "1", "2", "0"],
+        ["1", "++3", "3+", "0"],
+        ["-0", "1", "2", "+0"],
+        ["1", "2", "0", "\n"],
     ],
-    ids=["ids", "negative", "spaces", "float-and-bool", "overflow", "line-break", "arabic-digit", "empty", "name"],
+    ids=["ids", "negative", "spaces", "float-and-bool", "overflow", "line-break", "arabic-digit", "empty", "name",
+         "sign-alone", "signs-misplaced", "minus-zero", "only-a-line-break"],
 )
 def test_text_class_ids_read_at_once_as_label_by_label(values: list[str], monkeypatch) -> None:
     """A CSV label column read as text ran a regex per label; the one-pass reading gives the same ids or error."""
