@@ -130,6 +130,9 @@ def _read_csv(path: Path, text_columns: Collection[str] = (), list_columns: Coll
 def text_as_numbers(column: pd.Series) -> pd.Series | None:
     """A text column as numbers when every cell is a number, empty, or a missing-number text; else None."""
     cells = column.where(~column.isin(MISSING_NUMBER_TEXT))
+    present = cells.dropna()
+    if len(present) and pd.isna(pd.to_numeric(present.iloc[:1], errors="coerce").iloc[0]):
+        return None  # most text columns show it on their first cell: no pass over them all
     numbers = pd.to_numeric(cells, errors="coerce")
     return numbers if numbers.notna().sum() == cells.notna().sum() else None
 
@@ -139,27 +142,49 @@ def _check_csv_rows(path: Path, encoding: str) -> list[str]:
     header."""
     limit = csv.field_size_limit(sys.maxsize)  # a cell may hold a whole image as a JSON list
     try:
-        with open(path, newline="", encoding=encoding, errors="replace") as handle:
-            reader = csv.reader(handle)
-            header = next((record for record in reader if len(record) > 1 or (record and record[0].strip())), [])
-            if not header:  # pandas: "No columns to parse from file"
-                raise ValueError("the file holds no header line; expected a line naming the columns, then a line per row")
-            other = next((sep for sep in OTHER_SEPARATORS if len(header) == 1 and sep in header[0]), None)
-            if other is not None:  # read as one column, every recipe column would be "missing"
-                raise ValueError(f"the header is one column {short_repr(header[0])}: the file looks separated by "
-                                 f"{other!r}; expected comma-separated values")  # fmt: skip
-            _check_unique_columns(header, "the header")  # pandas would read 'y' and rename the second to 'y.1'
-
-            for record in reader:
-                if any(cell.strip() for cell in record) and len(record) != len(header):
-                    shown = ", ".join(header[:8]) + (", ..." if len(header) > 8 else "")
-                    raise ValueError(
-                        f"line {reader.line_num} has {len(record)} field{'s' if len(record) != 1 else ''}, "
-                        f"expected {len(header)} like the header ({shown})"
-                    )
+        header, counts = _csv_header(path, encoding, _field_counts)
+        if counts is None or (counts != len(header)).any():  # a ragged record, or a blank line (allowed), or a
+            # record csv cannot read: read again record by record, to tell which and report the first problem
+            _csv_header(path, encoding, partial(_check_field_counts, header=header))
     finally:
         csv.field_size_limit(limit)
     return header
+
+
+def _field_counts(reader: Any) -> Any:
+    """Every record's field count, counted in C (no Python code per record); None where csv fails on a record."""
+    import numpy as np
+
+    try:
+        return np.fromiter(map(len, reader), dtype=np.int64)
+    except csv.Error:
+        return None
+
+
+def _check_field_counts(reader: Any, header: list[str]) -> None:
+    """ValueError naming the first non-blank record whose field count is not the header's."""
+    for record in reader:
+        if any(cell.strip() for cell in record) and len(record) != len(header):
+            shown = ", ".join(header[:8]) + (", ..." if len(header) > 8 else "")
+            raise ValueError(
+                f"line {reader.line_num} has {len(record)} field{'s' if len(record) != 1 else ''}, "
+                f"expected {len(header)} like the header ({shown})"
+            )
+
+
+def _csv_header(path: Path, encoding: str, rest: Callable[[Any], Any]) -> tuple[list[str], Any]:
+    """The header of a CSV file (checked), and `rest` applied to a csv.reader over the records after it."""
+    with open(path, newline="", encoding=encoding, errors="replace") as handle:
+        reader = csv.reader(handle)
+        header = next((record for record in reader if len(record) > 1 or (record and record[0].strip())), [])
+        if not header:  # pandas: "No columns to parse from file"
+            raise ValueError("the file holds no header line; expected a line naming the columns, then a line per row")
+        other = next((sep for sep in OTHER_SEPARATORS if len(header) == 1 and sep in header[0]), None)
+        if other is not None:  # read as one column, every recipe column would be "missing"
+            raise ValueError(f"the header is one column {short_repr(header[0])}: the file looks separated by "
+                             f"{other!r}; expected comma-separated values")  # fmt: skip
+        _check_unique_columns(header, "the header")  # pandas would read 'y' and rename the second to 'y.1'
+        return header, rest(reader)
 
 
 def _read_json_lines(path: Path) -> pd.DataFrame:
@@ -244,12 +269,17 @@ _FILE_READERS: dict[str, Callable[[Path], pd.DataFrame]] = {
 
 
 def _is_json_list_column(column: pd.Series) -> bool:
+    """Whether every non-missing cell is text starting with '[' and ending with ']' (vectorised string ops)."""
     if not (pd.api.types.is_string_dtype(column) or pd.api.types.is_object_dtype(column)):
         return False
     cells = column.dropna()
-    if cells.empty:
+    if cells.empty or pd.api.types.infer_dtype(cells, skipna=False) != "string":
         return False
-    return bool(cells.map(lambda cell: isinstance(cell, str) and cell.startswith("[") and cell.endswith("]")).all())
+    first = cells.iloc[0]  # most text columns fail on their first cell
+    if not (first.startswith("[") and first.endswith("]")):
+        return False
+    text = cells.astype(str)
+    return bool((text.str.startswith("[") & text.str.endswith("]")).all())
 
 
 def _parse_json_lists(column: pd.Series, *, names: bool = False) -> pd.Series:
@@ -257,6 +287,9 @@ def _parse_json_lists(column: pd.Series, *, names: bool = False) -> pd.Series:
     '[en]'); one where some are and some are not holds a malformed list, which is an error. A column of `names`
     (a label column whose text may name classes) is parsed only when every cell is a JSON list, as token labels
     are (one class id per token, as a parquet list column holds them); otherwise it keeps its text."""
+    parsed = _parse_lists_at_once(column)
+    if parsed is not None:
+        return parsed
     failures: list[tuple[str, json.JSONDecodeError]] = []
 
     def parse(cell: object) -> object:
@@ -275,6 +308,57 @@ def _parse_json_lists(column: pd.Series, *, names: bool = False) -> pd.Series:
         return column
     cell, exc = failures[0]
     raise ValueError(f"column {column.name!r}: cell {cell[:40]!r} looks like a JSON list but is not valid JSON ({exc})")
+
+
+def _parse_lists_at_once(column: pd.Series) -> pd.Series | None:
+    """The column's list cells parsed by one json.loads per block of cells joined into one JSON array, when that is
+    sure to give what parsing each cell alone gives; else None (the caller parses cell by cell, and explains a bad
+    one). Blocks (LIST_BLOCK cells) bound the joined text's memory on a large table.
+
+    It is sure when the joined text holds no '"' (so every bracket is structure, none inside a string), every cell
+    opens as many brackets as it closes, and the array holds one element per cell: each cell is then exactly one
+    JSON value. A cell such as '[1],[2]' or a pair '[[1]', '[2]]' fails these checks and takes the slow path."""
+    import numpy as np
+
+    present = column.notna().to_numpy()
+    cells = column[present]
+    if cells.empty or pd.api.types.infer_dtype(cells, skipna=False) != "string":
+        return None
+    texts = cells.tolist()
+    parsed = np.empty(len(column), dtype=object)
+    parsed[~present] = column[~present].astype(object).to_numpy()  # missing cells as the per-cell path keeps them
+    where = np.flatnonzero(present)
+    for first in range(0, len(texts), LIST_BLOCK):
+        block = _parse_list_block(texts[first : first + LIST_BLOCK])
+        if block is None:
+            return None
+        parsed[where[first : first + LIST_BLOCK]] = np.fromiter(block, dtype=object, count=len(block))  # each a list
+    return pd.Series(parsed, index=column.index, name=column.name, dtype=object)
+
+
+LIST_BLOCK = 20_000
+
+
+def _parse_list_block(texts: list[str]) -> list[Any] | None:
+    """`texts` (each starting with '[' and ending with ']') parsed, when one json.loads of them joined is sure to
+    give what each alone gives (see _parse_lists_at_once); else None."""
+    import numpy as np
+
+    joined = "[" + ",".join(texts) + "]"
+    if '"' in joined or not joined.isascii():  # ASCII: a character is a byte, so offsets into the bytes are cells'
+        return None
+    codes = np.frombuffer(joined.encode("ascii"), dtype=np.uint8)[1:-1]  # the cells and the commas between them
+    opens = np.flatnonzero((codes == ord("[")) | (codes == ord("{")))
+    closes = np.flatnonzero((codes == ord("]")) | (codes == ord("}")))
+    ends = np.cumsum(np.fromiter(map(len, texts), dtype=np.int64, count=len(texts)) + 1)  # past each cell's comma
+    cell_of = partial(np.searchsorted, ends, side="right")
+    if (np.bincount(cell_of(opens), minlength=len(texts)) != np.bincount(cell_of(closes), minlength=len(texts))).any():
+        return None
+    try:
+        values = json.loads(joined)
+    except (ValueError, RecursionError):
+        return None
+    return values if len(values) == len(texts) else None
 
 
 def _check_saved_dataset_folder(folder: Path, *, recipe_file: Path, field: str) -> None:

@@ -34,7 +34,7 @@ from qbench.tasks.base import (
     no_label,
     wilson,
 )
-from qbench.tasks.tokens import TokenRows, check_token_labels, is_token_list, labels_from_lists, token_axis
+from qbench.tasks.tokens import TokenRows, any_token_list, check_token_labels, labels_from_lists, token_axis
 from qbench.validate import metrics
 from qbench.validate.catalogue import MetricInfo, share_of_rows
 
@@ -63,6 +63,26 @@ def _plain_class_ids(values: Sequence[Any]) -> np.ndarray | None:
     if labels.dtype != np.int64 or labels.min() < 0:
         return None
     return labels
+
+
+def _text_class_ids(values: Sequence[Any]) -> np.ndarray | None:
+    """Labels that are all the text of a non-negative int64 in ASCII digits ("3", "+3", "007"), as a CSV label column
+    read as text gives them, as one int64 array in one pass over them all joined, where _as_number runs a regex per
+    label; else None, and the per-value checks run and explain what is wrong."""
+    if len(values) == 0 or not all(type(value) is str for value in values):
+        return None
+    joined = "\n".join(values)
+    if joined.count("\n") != len(values) - 1:  # a label holding a line break
+        return None
+    lines = joined.removeprefix("+").replace("\n+", "\n")  # one leading '+' a line
+    digits = lines.replace("\n", "")
+    if "\n\n" in lines or lines.startswith("\n") or lines.endswith("\n") or not (digits.isascii() and digits.isdigit()):
+        return None  # an empty label, or one that is no ASCII digits (no regex: one per label, or 80 MB on 500k)
+    try:
+        labels = np.array(values, dtype=np.int64)
+    except (OverflowError, ValueError):
+        return None
+    return labels if labels.min() >= 0 else None
 
 
 def _as_number(value: Any) -> Any:
@@ -223,9 +243,11 @@ class Classification(Task):
 
     def labels_from_values(self, values: Sequence[Any], positions: np.ndarray) -> np.ndarray:
         labels = _plain_class_ids(values)
+        if labels is None:
+            labels = _text_class_ids(values)
         if labels is not None:
             return labels
-        if any(is_token_list(v) for v in values):
+        if any_token_list(values):
             return labels_from_lists(values, positions, _integral)
         values = [_as_number(v) for v in values]
         missing = np.array([no_label(v) for v in values], dtype=bool)
@@ -330,7 +352,7 @@ class Classification(Task):
 
     def labels_fit(self, output: TensorMeta, values: Sequence[Any]) -> bool:
         """Token labels (a list per row) score a per-token output only, one label per row only an output per row."""
-        return any(is_token_list(v) for v in values) == token_axis(output)
+        return any_token_list(values) == token_axis(output)
 
     def output_problem(self, output: TensorMeta) -> str | None:
         if output.passthrough_of is not None:

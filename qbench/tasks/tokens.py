@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from qbench.modelinfo import TensorMeta
 from qbench.results import SliceMetrics
@@ -28,6 +29,19 @@ TOKEN_RATES = ("accuracy", "agreement", "flip_rate")
 def is_token_list(value: Any) -> bool:
     """Whether a label cell is a list of labels (one per token) rather than one label."""
     return isinstance(value, (list, tuple, np.ndarray))
+
+
+_NO_LIST_KINDS = frozenset({"string", "integer", "floating", "mixed-integer-float", "boolean", "decimal", "empty"})
+
+
+def any_token_list(values: Sequence[Any]) -> bool:
+    """Whether any label cell is a list of labels: pandas' C type inference tells a column of plain numbers, text or
+    truth values at once; only a column of other kinds is looked at cell by cell."""
+    if isinstance(values, np.ndarray) and values.dtype != object:
+        return False
+    if pd.api.types.infer_dtype(values, skipna=True) in _NO_LIST_KINDS:
+        return False
+    return any(is_token_list(v) for v in values)
 
 
 def token_axis(output: TensorMeta) -> bool:

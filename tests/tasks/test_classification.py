@@ -274,3 +274,45 @@ def test_kl_of_one_logit_column_reads_it_as_its_decisions_do() -> None:
     p, q = 1 / (1 + np.exp(-0.4)), 1 / (1 + np.exp(-0.3))
     by_hand = p * np.log(p / q) + (1 - p) * np.log((1 - p) / (1 - q))
     assert summary.summarise("overall", np.ones(2, dtype=bool)).metrics["kl_mean"] == pytest.approx(by_hand / 2, abs=1e-12)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        ["1", "0", "007", "+3"],
+        ["1", "-1", "2", "0"],  # negative: the per-value checks name it
+        ["1", " 2", "3 ", "0"],  # spaces: read by the per-value path
+        ["1", "2.0", "true", "0"],
+        ["1", "99999999999999999999", "2", "0"],  # beyond int64
+        ["1", "2\n3", "4", "0"],  # a line break inside a label
+        ["1", "٣", "2", "0"],  # a digit that is not ASCII
+        ["1", "", "2", "0"],
+        ["1", "cat", "2", "0"],
+        ["+", "1", "2", "0"],
+        ["1", "++3", "3+", "0"],
+        ["-0", "1", "2", "+0"],
+        ["1", "2", "0", "\n"],
+    ],
+    ids=["ids", "negative", "spaces", "float-and-bool", "overflow", "line-break", "arabic-digit", "empty", "name",
+         "sign-alone", "signs-misplaced", "minus-zero", "only-a-line-break"],
+)
+def test_text_class_ids_read_at_once_as_label_by_label(values: list[str], monkeypatch) -> None:
+    """A CSV label column read as text ran a regex per label; the one-pass reading gives the same ids or error."""
+    import qbench.tasks.classification as classification
+
+    def read() -> object:
+        try:
+            return TASK.labels_from_values(values, POSITIONS).tolist()
+        except LabelError as exc:
+            return str(exc)
+
+    fast = read()
+    monkeypatch.setattr(classification, "_text_class_ids", lambda values: None)
+    assert fast == read()
+
+
+def test_text_class_ids_are_read_without_a_regex_per_label(monkeypatch) -> None:
+    import qbench.tasks.classification as classification
+
+    monkeypatch.setattr(classification, "_as_number", lambda value: pytest.fail("per-label path ran"))
+    assert TASK.labels_from_values(["1", "0", "007", "+3"], POSITIONS).tolist() == [1, 0, 7, 3]

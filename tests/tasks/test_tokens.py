@@ -303,3 +303,14 @@ def test_tokens_fp32_gives_nan_on_are_misses_for_the_variant_against_the_labels_
     labels = np.array([[0, 0]])
     overall = get_task("classification").rows(outputs, reference, labels).summarise("overall", np.array([True]))
     assert overall.metrics["accuracy"] == 1 / 2 and overall.metrics["agreement"] == 1 / 2
+
+
+@pytest.mark.parametrize(
+    "values",
+    [[1, 2], [1.0, float("nan")], ["a", None], [True, False], [], [None, None], [[1], 2], [1, (1,)], ["a", [1]],
+     [np.array([1]), 1], [1, "a", 2.5], np.array([1, 2]), np.array([[1], [2]], dtype=object)[:, 0]],
+)
+def test_any_token_list_answers_as_looking_at_every_cell(values) -> None:
+    from qbench.tasks.tokens import any_token_list, is_token_list
+
+    assert any_token_list(values) == any(is_token_list(v) for v in values)
