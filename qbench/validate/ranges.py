@@ -37,14 +37,13 @@ from qbench.data.feeds import take_batch
 from qbench.progress import track_rows
 from qbench.results_ranges import ClipRecord, CoverageWarning, LimitCheck, RangeAnalysis, TensorPeak
 from qbench.variants.fp8 import FP8_MAX
-from qbench.variants.onnx_utils import load_model, save_model
+from qbench.variants.onnx_utils import MEMORY_BUDGET_BYTES, load_model, rows_per_batch, save_model
 
 OVERALL = "overall"
 GRAPH_INPUT = "<graph input>"
 FP16_MAX = float(np.finfo(np.float16).max)  # 65504
 BF16_MAX = float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)  # about 3.39e38
 RAW_LIMITS = {"fp16": FP16_MAX, "bf16": BF16_MAX}
-MEMORY_BUDGET_BYTES = 512 * 2**20  # every intermediate tensor of one batch is alive at once
 _FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
                           onnx.TensorProto.DOUBLE})  # fmt: skip
 
@@ -77,11 +76,6 @@ def row_out_of_range(values: np.ndarray, rows: int, low: float, high: float) -> 
         return None
     flat = values.reshape(rows, -1)
     return np.count_nonzero((flat < low) | (flat > high), axis=1)
-
-
-def rows_per_batch(bytes_per_row: int, batch_size: int, memory_budget: int) -> int:
-    """The most rows (1 to `batch_size`) whose exposed tensors fit in `memory_budget` bytes."""
-    return max(1, min(batch_size, memory_budget // max(bytes_per_row, 1)))
 
 
 def scope_max(per_row: np.ndarray, masks: np.ndarray) -> np.ndarray:

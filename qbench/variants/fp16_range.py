@@ -54,7 +54,7 @@ from qbench.variants.fp16_trials import (
     clamped_as_converted,
     harmless_subset,
 )
-from qbench.variants.onnx_utils import save_model
+from qbench.variants.onnx_utils import MEMORY_BUDGET_BYTES, rows_per_batch, save_model
 
 logger = logging.getLogger(__name__)
 
@@ -130,11 +130,15 @@ def constant_magnitudes(model: onnx.ModelProto) -> dict[str, float]:
 
 
 def activation_magnitudes(
-    model: onnx.ModelProto, names: Sequence[str], batches: Iterable[Feeds]
+    model: onnx.ModelProto, names: Sequence[str], batches: Iterable[Feeds], memory_budget: int = MEMORY_BUDGET_BYTES
 ) -> dict[str, float] | None:
     """Largest finite magnitude of each float32 tensor `names` (graph inputs or node outputs) over `batches`, computed
     by the FP32 model on ONNX Runtime's CPU provider with those tensors added as outputs; None when ONNX Runtime
-    refuses the model with them (a tensor typed wrongly by inference): the activations are then left unchecked."""
+    refuses the model with them (a tensor typed wrongly by inference): the activations are then left unchecked.
+
+    Every exposed tensor of a run is alive at once (a vision model's activations of 16 rows run to gigabytes): a
+    batch is run in parts of as many rows as fit in `memory_budget`, learnt from a first run of two rows, unless
+    the model's batch dimension is fixed."""
     exposed = onnx.ModelProto()
     exposed.CopyFrom(model)
     present = {o.name for o in exposed.graph.output}
@@ -154,12 +158,31 @@ def activation_magnitudes(
         except Exception as exc:  # noqa: BLE001 - the variant still builds; its emulated figures show any overflow
             logger.warning("FP16 range: activations not checked, ONNX Runtime refused the exposed model: %s", exc)
             return None
+        rows = None if _fixed_batch(model) else 2  # rows per run, until the first run tells a row's bytes
         for feeds in batches:
-            values = dict(zip(order, session.run(order, dict(feeds)), strict=True)) | dict(feeds)
-            for name in names:
-                if name in values:
-                    found[name] = max(found[name], _largest(np.asarray(values[name], dtype=np.float64)))
+            size = len(next(iter(feeds.values())))
+            start = 0
+            while start < size:
+                part = {k: v[start : start + (rows or size)] for k, v in feeds.items()}
+                count = len(next(iter(part.values())))
+                outputs = session.run(order, part)
+                if rows is not None:
+                    rows = rows_per_batch(sum(a.nbytes for a in outputs) // count, max(size, 2), memory_budget)
+                values = dict(zip(order, outputs, strict=True)) | part
+                for name in names:
+                    if name in values:
+                        found[name] = max(found[name], _largest(np.asarray(values[name], dtype=np.float64)))
+                start += count
     return found
+
+
+def _fixed_batch(model: onnx.ModelProto) -> bool:
+    """Whether some graph input states a fixed size for its first (batch) dimension: its batches cannot be split."""
+    initializers = {t.name for t in model.graph.initializer}
+    return any(
+        i.type.tensor_type.shape.dim and i.type.tensor_type.shape.dim[0].HasField("dim_value")
+        for i in model.graph.input if i.name not in initializers and i.type.HasField("tensor_type")
+    )  # fmt: skip
 
 
 

@@ -85,6 +85,14 @@ def output_path(variant: str, ctx: BuildContext) -> Path:
     return workdir / f"{variant}.onnx"
 
 
+MEMORY_BUDGET_BYTES = 512 * 2**20  # a run with every intermediate tensor exposed holds them all at once
+
+
+def rows_per_batch(bytes_per_row: int, batch_size: int, memory_budget: int) -> int:
+    """The most rows (1 to `batch_size`) whose exposed tensors fit in `memory_budget` bytes."""
+    return max(1, min(batch_size, memory_budget // max(bytes_per_row, 1)))
+
+
 def load_model(path: Path) -> onnx.ModelProto:
     """The model with its local functions inlined (`qbench.onnx_read`) and any external data loaded into memory,
     every node of its main graph named.

@@ -247,3 +247,43 @@ def test_a_harmful_constant_beside_a_harmless_mask_keeps_only_its_own_reader_fp3
     assert checked["kept_because"]["big"].startswith("clamped as the converter clamps it, it moves the outputs by")
     held_out = _sentences(64)
     np.testing.assert_allclose(_fp16_output(built, held_out), _ort(path, held_out), rtol=0.02, atol=1e-6)
+
+
+def _rows_of_each_run(monkeypatch) -> list[int]:
+    """The rows of every ONNX Runtime run made from now on in the test, in order."""
+    run_rows: list[int] = []
+    real_session = ort.InferenceSession
+
+    class CountingSession(real_session):
+        def run(self, output_names, feeds, *args, **kwargs):
+            run_rows.append(len(next(iter(feeds.values()))))
+            return super().run(output_names, feeds, *args, **kwargs)
+
+    monkeypatch.setattr(ort, "InferenceSession", CountingSession)
+    return run_rows
+
+
+def test_activations_are_read_in_parts_of_a_batch_that_fit_the_memory_budget(graph, tmp_path, monkeypatch):
+    """Every exposed tensor of a run is alive at once: a vision model's activations of a 16-row calibration batch run
+    to gigabytes. The batch is run in parts sized by the bytes a row's tensors took, with the same magnitudes."""
+    from qbench.variants import fp16_range
+
+    model = load_model(_raw_feature_mlp(graph, tmp_path))
+    names = ["x", "centred", "z", "h", "r", "y"]
+    batches = [_features(16) for _ in range(2)]
+    whole = fp16_range.activation_magnitudes(model, names, batches)
+    run_rows = _rows_of_each_run(monkeypatch)
+    bytes_per_row = 4 * (6 + 6 + 16 + 16 + 3)  # the exposed outputs of one row: centred, z, h, r, y
+    parted = fp16_range.activation_magnitudes(model, names, batches, memory_budget=5 * bytes_per_row)
+    assert parted == whole
+    assert run_rows[0] == 2 and max(run_rows) == 5 and sum(run_rows) == 32
+
+
+def test_a_model_of_a_fixed_batch_is_read_in_whole_batches(graph, tmp_path, monkeypatch):
+    from qbench.variants import fp16_range
+
+    model = load_model(_raw_feature_mlp(graph, tmp_path))
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 16
+    run_rows = _rows_of_each_run(monkeypatch)
+    fp16_range.activation_magnitudes(model, ["h"], [_features(16)], memory_budget=1)
+    assert run_rows == [16]
