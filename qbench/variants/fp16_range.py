@@ -167,7 +167,8 @@ def activation_magnitudes(
                 count = len(next(iter(part.values())))
                 outputs = session.run(order, part)
                 if rows is not None:
-                    rows = rows_per_batch(sum(a.nbytes for a in outputs) // count, max(size, 2), memory_budget)
+                    tensor_bytes = sum(a.nbytes for a in outputs if isinstance(a, np.ndarray))  # not sequences, maps
+                    rows = rows_per_batch(tensor_bytes // count, max(size, 2), memory_budget)
                 values = dict(zip(order, outputs, strict=True)) | part
                 for name in names:
                     if name in values:
