@@ -251,7 +251,8 @@ def explain_variant(
     backend_name = next((b for b in recipe.backends if b.startswith("onnxruntime-")), "onnxruntime-cpu")
     backend, options = get_backend(backend_name), RunOptions(threads=recipe.latency.threads)
     with tempfile.TemporaryDirectory(prefix="qbench-explain-") as tmp:
-        ctx = BuildContext(prepared.source.onnx_path, (workdir or Path(tmp)) / "models", prepared.calibration_batches)
+        ctx = BuildContext(prepared.source.onnx_path, (workdir or Path(tmp)) / "models", prepared.calibration_batches,
+                           fixed_batch=prepared.batch)
         logger.info("%s: building, then measuring each candidate (%s, by %s)", spec.name, method, group_by)
         evaluator = _Evaluator(prepared, backend)
         swept, source = _swept_calibrator(recipe, spec.name) if spec.calibrator == "auto" else (None, "")

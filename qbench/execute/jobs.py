@@ -220,6 +220,7 @@ def _build(
         calibration=prepared.calibration_batches,
         torch_model=prepared.source.torch,
         training=prepared.training.get(spec.name),
+        fixed_batch=prepared.batch,
     )
     try:
         logger.info("  building: %s", _technique(spec))

@@ -89,7 +89,8 @@ class _Search:
         self.started = now()
         self.gate = prepared.recipe.gate
         self.root = workdir.resolve() / f"{spec.name}.search"
-        self.ctx = BuildContext(prepared.source.onnx_path, self.root, prepared.calibration_batches)
+        self.ctx = BuildContext(prepared.source.onnx_path, self.root, prepared.calibration_batches,
+                                fixed_batch=prepared.batch)
         everything = Rows.evaluation(prepared)
         self.screen = everything.subset(screening_indices(prepared.slices, everything.count, spec.screen_rows))
         latency = prepared.recipe.latency

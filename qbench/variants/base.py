@@ -38,6 +38,8 @@ class BuildContext:
         (the last batch may be smaller; builders that need equal shapes drop or split it).
     torch_model: the PyTorch source (qbench.sources.torch_model.TorchModel), when the recipe has one.
     training: the rows a QAT variant fine-tunes on, when it has a `qat` section.
+    fixed_batch: the batch size the model's inputs are fixed to (preflight's `fixed_batch`), None when dynamic:
+        a builder that runs parts of a calibration batch must run it whole then.
     """
 
     reference_path: Path
@@ -45,6 +47,7 @@ class BuildContext:
     calibration: Sequence[Feeds] = ()
     torch_model: Any = None
     training: TrainingData | None = None
+    fixed_batch: int | None = None
 
 
 @dataclass(frozen=True)

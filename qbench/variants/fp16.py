@@ -78,7 +78,7 @@ def build_fp16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         non_tensor = non_tensor_values(model)
         kept = _kept_for_fp16(model, types, non_tensor)
     with build_step(spec.name, "checking the FP32 model's values against FP16's range"):
-        in_range = out_of_fp16_range(model, types, ctx.calibration, skip=kept.names)
+        in_range = out_of_fp16_range(model, types, ctx.calibration, skip=kept.names, whole=ctx.fixed_batch is not None)
         kept = with_data_movement_between_kept(model, KeptNodes({**kept.reasons, **in_range.nodes}), types)
     params: dict[str, Any] = {
         "converter": "onnxruntime.transformers.float16",

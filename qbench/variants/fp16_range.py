@@ -130,15 +130,16 @@ def constant_magnitudes(model: onnx.ModelProto) -> dict[str, float]:
 
 
 def activation_magnitudes(
-    model: onnx.ModelProto, names: Sequence[str], batches: Iterable[Feeds], memory_budget: int = MEMORY_BUDGET_BYTES
+    model: onnx.ModelProto, names: Sequence[str], batches: Iterable[Feeds], *, whole: bool = False,
+    memory_budget: int = MEMORY_BUDGET_BYTES,
 ) -> dict[str, float] | None:
     """Largest finite magnitude of each float32 tensor `names` (graph inputs or node outputs) over `batches`, computed
     by the FP32 model on ONNX Runtime's CPU provider with those tensors added as outputs; None when ONNX Runtime
     refuses the model with them (a tensor typed wrongly by inference): the activations are then left unchecked.
 
     Every exposed tensor of a run is alive at once (a vision model's activations of 16 rows run to gigabytes): a
-    batch is run in parts of as many rows as fit in `memory_budget`, learnt from a first run of two rows, unless
-    the model's batch dimension is fixed."""
+    batch is run in parts of as many rows as fit in `memory_budget`, learnt from a first run of two rows; with `whole`
+    (a model of a fixed batch) each batch whole."""
     exposed = onnx.ModelProto()
     exposed.CopyFrom(model)
     present = {o.name for o in exposed.graph.output}
@@ -158,7 +159,7 @@ def activation_magnitudes(
         except Exception as exc:  # noqa: BLE001 - the variant still builds; its emulated figures show any overflow
             logger.warning("FP16 range: activations not checked, ONNX Runtime refused the exposed model: %s", exc)
             return None
-        rows = None if _fixed_batch(model) else 2  # rows per run, until the first run tells a row's bytes
+        rows = None if whole else 2  # rows per run, until the first run tells a row's bytes
         for feeds in batches:
             size = len(next(iter(feeds.values())))
             start = 0
@@ -177,28 +178,19 @@ def activation_magnitudes(
     return found
 
 
-def _fixed_batch(model: onnx.ModelProto) -> bool:
-    """Whether some graph input states a fixed size for its first (batch) dimension: its batches cannot be split."""
-    initializers = {t.name for t in model.graph.initializer}
-    return any(
-        i.type.tensor_type.shape.dim and i.type.tensor_type.shape.dim[0].HasField("dim_value")
-        for i in model.graph.input if i.name not in initializers and i.type.HasField("tensor_type")
-    )  # fmt: skip
-
-
-
-
 def out_of_fp16_range(
     model: onnx.ModelProto,
     types: Mapping[str, int],
     batches: Sequence[Feeds],
     skip: Iterable[str] = (),
+    whole: bool = False,
 ) -> RangeCheck:
     """The nodes that must stay float32 because a tensor they produce or read does not fit FP16 and changes the
     outputs when FP16 clamps or overflows it (module docstring).
 
     `types`: tensor element types (float_support.tensor_types); `skip`: nodes already kept (control flow, ai.onnx.ml
-    operators...), whose tensors are checked only where a converted node shares them.
+    operators...), whose tensors are checked only where a converted node shares them; `whole`: the model's batch is
+    fixed (activation_magnitudes).
     """
     graph = model.graph
     skipped = set(skip)
@@ -219,7 +211,7 @@ def out_of_fp16_range(
     computed = [i.name for i in graph.input if types.get(i.name) == TensorProto.FLOAT and i.name not in constants]
     computed += [name for node in graph.node if node.op_type != "Constant" for name in node.output
                  if name and types.get(name) == TensorProto.FLOAT]  # fmt: skip
-    activations = activation_magnitudes(clamped, computed, batches) if computed else None
+    activations = activation_magnitudes(clamped, computed, batches, whole=whole) if computed else None
     found = {name: value for name, value in (activations or {}).items() if name in touched and unrepresentable(value)}
     outputs = {o.name for o in graph.output}
     why |= dict.fromkeys(found.keys() & outputs, "a graph output out of range: FP16 would hand it out clamped or inf")
@@ -277,12 +269,12 @@ def _with_constants_clamped(model: onnx.ModelProto, names: Sequence[str]) -> onn
     """`model` itself when `names` is empty, else a copy whose constants `names` hold their clamped values."""
     if not names:
         return model
+    values = _clamped_values(model, names)
     clamped = onnx.ModelProto()
     clamped.CopyFrom(model)
     for name, tensor in _named_constants(clamped):
-        if name in names:
-            values = clamped_as_converted(numpy_helper.to_array(tensor), FP16_MIN_POSITIVE, FP16_MAX_FINITE)
-            tensor.CopyFrom(numpy_helper.from_array(values, tensor.name))
+        if name in values:
+            tensor.CopyFrom(numpy_helper.from_array(values[name], tensor.name))
     return clamped
 
 

@@ -279,11 +279,14 @@ def test_activations_are_read_in_parts_of_a_batch_that_fit_the_memory_budget(gra
     assert run_rows[0] == 2 and max(run_rows) == 5 and sum(run_rows) == 32
 
 
-def test_a_model_of_a_fixed_batch_is_read_in_whole_batches(graph, tmp_path, monkeypatch):
-    from qbench.variants import fp16_range
-
+def test_the_fp16_build_of_a_model_of_a_fixed_batch_reads_its_batches_whole(graph, tmp_path, monkeypatch):
+    """A session of a fixed-batch model refuses any other batch: the range check must not run it in parts."""
     model = load_model(_raw_feature_mlp(graph, tmp_path))
     model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 16
+    path = tmp_path / "fixed.onnx"
+    onnx.save(model, str(path))
     run_rows = _rows_of_each_run(monkeypatch)
-    fp16_range.activation_magnitudes(model, ["h"], [_features(16)], memory_budget=1)
-    assert run_rows == [16]
+    context = BuildContext(path, tmp_path / "w", [_features(16) for _ in range(2)], fixed_batch=16)
+    built = build_fp16(VariantSpec(name="half", precision="fp16"), context)
+    assert built.params["fp16_range"]["rows_checked"] == 32
+    assert run_rows and set(run_rows) == {16}
