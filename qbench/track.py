@@ -58,6 +58,7 @@ from qbench.track_store import (
     search_literal,
     store_failure,
 )
+from qbench.track_writer import BackgroundWriter
 
 T = TypeVar("T")
 
@@ -164,6 +165,10 @@ def _system_metrics(run_id: str, uri: str) -> Any | None:
 class SweepTracker:
     """The MLflow runs of one sweep, driven while it runs (see the module docstring).
 
+    The calls made while the sweep runs (`variant_started`, `variant_finished`) return at once: their writes run in
+    order on a background thread, between timed regions (qbench.track_writer), and carry the times of the calls, so
+    each child run shows when its variant's work started and ended. `close` and `abort` wait for them first.
+
     A store that fails while the sweep runs does not stop it: the first failure is kept in `failure` (one line
     naming the store), the runs are ended FAILED as far as the store still answers, and every later call is
     skipped, so the sweep measures everything and writes its results; the caller says that MLflow has not got
@@ -182,6 +187,7 @@ class SweepTracker:
         self._datasets: DatasetInputs | None = None
         self._monitor: Any | None = None
         self._retries = contextlib.ExitStack()  # bounded HTTP retries while the sweep's runs are open
+        self._writer = BackgroundWriter()
         self.failure: str | None = None
 
     @classmethod
@@ -232,44 +238,66 @@ class SweepTracker:
         self._client.log_inputs(self.parent_id, datasets=self._datasets.sweep)
 
     def variant_started(self, variant: str, backend: str) -> None:
-        """Open the child run of one variant on one backend."""
-        self._mlflow(lambda: self._start_child(variant, backend))
+        """Open the child run of one variant on one backend (started now)."""
+        started = _now_ms()
+        self._writer.submit(lambda: self._mlflow(lambda: self._start_child(variant, backend, started)))
 
-    def _start_child(self, variant: str, backend: str) -> str:
+    def _start_child(self, variant: str, backend: str, started: int | None = None) -> str:
         replaced = self._earlier.pop(f"{variant}@{backend}", None)
         if replaced is not None:  # measured again: the interrupted sweep's run of it goes (the UI hides deleted runs)
             self._client.delete_run(replaced.info.run_id)
         tags = {MLFLOW_PARENT_RUN_ID: self.parent_id, GATE_TAG: _PENDING, "qbench.variant": variant,
                 "qbench.backend": backend}  # fmt: skip
-        run = self._client.create_run(self._experiment_id, run_name=run_name(variant, backend), tags=tags)
+        run = self._client.create_run(self._experiment_id, start_time=started, run_name=run_name(variant, backend),
+                                      tags=tags)  # fmt: skip
         key = f"{variant}@{backend}"
         self._running[key] = self._children[key] = run.info.run_id
         return run.info.run_id
 
     def variant_finished(self, results: SweepResults, variant: VariantResult, *, reused: bool = False) -> None:
-        """Log one variant's result, datasets and model into its child run (opened now if it was not); end the run.
+        """Log one variant's result, datasets and model into its child run (opened if it was not); end the run (now).
 
         A result `reused` from the interrupted sweep this one resumes is in its child run already: that run is kept
         as it is (its model too, which the variant's other backends link to), nothing is logged twice."""
-        earlier = self._earlier.get(variant.key)
-        if reused and earlier is not None and earlier.info.status in ("FINISHED", "FAILED"):  # ended by this method
-            del self._earlier[variant.key]
-            self._children[variant.key] = earlier.info.run_id
-            if earlier.outputs is not None and earlier.outputs.model_outputs:
-                self._models.setdefault(variant.variant, earlier.outputs.model_outputs[0].model_id)
-            return
+        ended = _now_ms()
+        for step in self._finish_steps(results, variant, reused=reused, ended=ended):
+            self._writer.submit(lambda step=step: self._mlflow(step))  # type: ignore[misc]
 
-        def log() -> None:
-            run_id = self._running.pop(variant.key, None) or self._start_child(variant.variant, variant.backend)
+    def _finish_steps(self, results: SweepResults, variant: VariantResult, *, reused: bool,
+                      ended: int) -> list[Callable[[], None]]:  # fmt: skip
+        """variant_finished's writes as steps (run in order): a timed region waits for one step, not for them all."""
+        run: dict[str, str | None] = {}
+
+        def child() -> None:
+            earlier = self._earlier.get(variant.key)
+            if reused and earlier is not None and earlier.info.status in ("FINISHED", "FAILED"):  # ended by this method
+                del self._earlier[variant.key]
+                self._children[variant.key] = earlier.info.run_id
+                if earlier.outputs is not None and earlier.outputs.model_outputs:
+                    self._models.setdefault(variant.variant, earlier.outputs.model_outputs[0].model_id)
+                return
+            run["id"] = self._running.pop(variant.key, None) or self._start_child(variant.variant, variant.backend, ended)
             self._running.pop(variant.key, None)
-            model_id = self._model_of(variant, run_id)
-            if self._datasets is not None:
-                self._client.log_inputs(run_id, datasets=self._datasets.variant(uses_calibration(variant)))
-            _log(self._client, run_id, variant_metrics(results, variant), variant_params(results, variant),
-                 variant_tags(variant), model_id=model_id)  # fmt: skip
-            self._client.set_terminated(run_id, status="FINISHED" if variant.status == "ok" else "FAILED")
 
-        self._mlflow(log)
+        def model() -> None:
+            if "id" in run:
+                run["model"] = self._model_of(variant, run["id"])  # type: ignore[arg-type]
+
+        def inputs() -> None:
+            if "id" in run and self._datasets is not None:
+                self._client.log_inputs(run["id"], datasets=self._datasets.variant(uses_calibration(variant)))  # type: ignore[arg-type]
+
+        def figures() -> None:
+            if "id" in run:
+                _log(self._client, run["id"], variant_metrics(results, variant), variant_params(results, variant),  # type: ignore[arg-type]
+                     variant_tags(variant), model_id=run["model"])  # fmt: skip
+
+        def end() -> None:
+            if "id" in run:
+                self._client.set_terminated(run["id"], status="FINISHED" if variant.status == "ok" else "FAILED",  # type: ignore[arg-type]
+                                            end_time=ended)  # fmt: skip
+
+        return [child, model, inputs, figures, end]
 
     def _model_of(self, variant: VariantResult, run_id: str) -> str | None:
         """The variant's LoggedModel, logged from this run the first time, linked to it afterwards; None if unmeasured."""
@@ -303,11 +331,13 @@ class SweepTracker:
         (None when the store failed: see `failure`)."""
         logged_at_open = recipe.source.resolve() if recipe.source.is_file() else None  # see _check_artifact_store
         paths = [p for p in artifact_paths(recipe, artifacts) if p.resolve() != logged_at_open]
+        self._writer.close()
 
         def log() -> None:
             for variant in results.variants:
                 if variant.key not in self._children:  # results logged after the fact (log_sweep)
-                    self.variant_finished(results, variant)
+                    for step in self._finish_steps(results, variant, reused=False, ended=_now_ms()):
+                        step()
             _log(self._client, self.parent_id, sweep_metrics(results, gate), sweep_params(results, recipe),
                  sweep_tags(results, gate))  # fmt: skip
             for variant in results.variants:
@@ -329,8 +359,15 @@ class SweepTracker:
         """End the parent and every open child with `status` (KILLED or FAILED); no run keeps a gate verdict.
 
         Best effort: the store may be what failed, so the first error ends the attempt (each further call would
-        wait for its own retries), and nothing is raised.
+        wait for its own retries), and nothing is raised. The writes already handed to the background run first.
         """
+        try:
+            self._writer.close()
+        except Exception as exc:  # noqa: BLE001 - best effort, see above
+            logger.debug("the sweep's MLflow writes stopped at: %s", exc)
+        self._end_runs(status, reason)
+
+    def _end_runs(self, status: str, reason: str) -> None:
         verdict = tag_value(f"not evaluated (sweep {reason})")
         calls: list[Callable[[], object]] = [
             self._stop_monitor,
@@ -359,7 +396,7 @@ class SweepTracker:
             self.failure = store_failure(self._uri, exc)
             logger.warning("%s; the sweep goes on without MLflow (its runs are ended FAILED where the store answers)",
                            self.failure)  # fmt: skip
-            self.abort("FAILED", "failed: MLflow error")
+            self._end_runs("FAILED", "failed: MLflow error")  # on the writer's thread: abort would wait for itself
             return None
 
 

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,10 +21,11 @@ from qbench.errors import QbenchError
 from qbench.gate import GateReport, evaluate_gate
 from qbench.recipe import Recipe, load_recipe
 from qbench.results import ClipRecord, LimitCheck, RangeAnalysis, SweepResults, TensorPeak, VariantResult
-from qbench.track import _batches
+from qbench.track import SweepTracker, _batches
 from qbench.track_content import sanitise_name, unique_names
 from qbench.track_saved import log_sweep
 from qbench.track_store import artifact_root, resolve_tracking_uri, ui_command
+from qbench.validate.timed import timed_region
 
 CPU = "onnxruntime-cpu"
 
@@ -483,3 +485,33 @@ def test_a_server_that_answers_health_but_fails_every_call_is_one_error_after_a_
     api_calls = [path for path in calls if path != "/health"]
     assert 1 <= len(api_calls) <= 3  # the first call and at most 2 retries
     assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in __import__("os").environ  # the bound ends with the call
+
+
+def test_child_runs_keep_the_times_of_the_sweeps_calls_while_their_writes_wait_for_timing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sweep's calls return at once and their writes wait while latency is timed (qbench.track_writer); the child
+    run still starts and ends when the sweep said so, not when the store was written."""
+    monkeypatch.chdir(tmp_path)
+    recipe = write_recipe(tmp_path)
+    results = small_sweep()
+    fp32 = results.variants[0]
+    tracker = SweepTracker.open(recipe, "timed sweep")
+    client = MlflowClient(tracking_uri=resolve_tracking_uri(recipe))
+    experiment = client.get_run(tracker.parent_id).info.experiment_id
+    with timed_region():
+        started = time.time()
+        tracker.variant_started(fp32.variant, fp32.backend)
+        time.sleep(0.3)
+        tracker.variant_finished(results, fp32)
+        ended = time.time()
+        time.sleep(0.5)
+        assert not client.search_runs([experiment], f"tags.mlflow.parentRunId = '{tracker.parent_id}'")  # held back
+    gate = evaluate_gate(results, recipe.gate)
+    assert tracker.close(results, recipe, gate, artifacts_for(tmp_path)) == tracker.parent_id
+    runs = children(Logged(client, tracker.parent_id, results, gate, tmp_path))
+    assert set(runs) == {v.key for v in results.variants}
+    child = runs[fp32.key].info
+    assert child.status == "FINISHED"
+    assert child.start_time / 1000 == pytest.approx(started, abs=0.1)
+    assert child.end_time / 1000 == pytest.approx(ended, abs=0.1)

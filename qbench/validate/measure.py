@@ -39,6 +39,7 @@ from qbench.validate.latency import (
     measure_samples,
     stability_rule,
 )
+from qbench.validate.timed import background_wait_s
 from qbench.variants import BuiltVariant
 
 logger = logging.getLogger(__name__)
@@ -54,6 +55,12 @@ class PhaseClock:
 
     def add(self, phase: str, started: float) -> None:
         self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - started
+
+    def move(self, seconds: float, source: str, target: str) -> None:
+        """Count `seconds` of what was added to `source` as `target`'s."""
+        if seconds:
+            self.seconds[source] = self.seconds.get(source, 0.0) - seconds
+            self.seconds[target] = self.seconds.get(target, 0.0) + seconds
 
     def merge(self, seconds: Mapping[str, float]) -> None:
         """Add the phases another clock measured (a job run in a worker)."""
@@ -158,7 +165,7 @@ def measure(
     fixed = prepared.batch
     batch_sizes = (fixed,) if fixed is not None else (*(timing.batch_sizes if timing is not None else ()), rows.batch_size, 1)
     options = RunOptions(threads=threads, batch_sizes=tuple(sorted(set(batch_sizes))))
-    t = time.perf_counter()
+    t, waited = time.perf_counter(), background_wait_s()
     try:
         plan = plan_measurement(backend, built)
         outputs = None
@@ -182,8 +189,9 @@ def measure(
     except Exception as exc:  # noqa: BLE001 - one variant's failure is recorded, the caller goes on
         return _failed(built, backend, describe_error(exc), quiet=quiet)
     finally:
-        if clock is not None:
+        if clock is not None:  # waiting for the MLflow writes under way before timing is tracking's cost
             clock.add("inference", t)
+            clock.move(background_wait_s() - waited, "inference", "track")
     accuracy, nsr = None, math.nan
     if outputs is not None:
         base = reference.outputs if reference is not None else outputs

@@ -10,13 +10,20 @@ from contextlib import contextmanager
 import pytest
 
 
-@contextmanager
-def stopped_without_survivors(stop: Callable[[], object]) -> Iterator[list[int]]:
-    """Yields the pids of this process's children (the cluster just started); on exit calls `stop` and fails the
-    test if any of those processes is still alive 30 s later."""
+def child_pids() -> set[int]:
     import psutil
 
-    started = [p.pid for p in psutil.Process().children(recursive=True)]
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+@contextmanager
+def stopped_without_survivors(stop: Callable[[], object], before: set[int]) -> Iterator[list[int]]:
+    """Yields the pids of this process's children that are not in `before` (taken just before the cluster started:
+    other fixtures' servers are not the cluster's); on exit calls `stop` and fails the test if any of those processes
+    is still alive 30 s later."""
+    import psutil
+
+    started = sorted(child_pids() - before)
     try:
         yield started
     finally:

@@ -21,7 +21,7 @@ import pytest
 from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
 from probe_project import VARIANTS, figures, probe_calls, write_probe_recipe
-from ray_processes import stopped_without_survivors
+from ray_processes import child_pids, stopped_without_survivors
 
 from qbench.errors import QbenchError
 from qbench.execute.plan import TIMING_RESOURCE
@@ -42,9 +42,10 @@ RAY = {"kind": "ray"}
 def ray_cluster() -> Iterator[list[int]]:
     """A local Ray cluster bound to 127.0.0.1 (its GCS, raylet and workers are this process's children), stopped
     after the module; teardown fails if any of its processes survives."""
+    before = child_pids()
     ray.init(address="local", num_cpus=2, resources={TIMING_RESOURCE: 1}, _node_ip_address="127.0.0.1", include_dashboard=False,
              log_to_driver=False, object_store_memory=100 * 1024 * 1024, configure_logging=False)  # fmt: skip
-    with stopped_without_survivors(ray.shutdown) as started:
+    with stopped_without_survivors(ray.shutdown, before) as started:
         assert {node["NodeManagerAddress"] for node in ray.nodes()} == {"127.0.0.1"}
         yield started
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from probe_project import VARIANTS, figures, probe_calls, write_probe_recipe
-from ray_processes import stopped_without_survivors
+from ray_processes import child_pids, stopped_without_survivors
 
 from qbench.execute.plan import TIMING_RESOURCE
 from qbench.frontier import mixed_timing_machines, speedup
@@ -31,10 +31,11 @@ NODE = {"num_cpus": 1, "resources": {TIMING_RESOURCE: 1}, "node_ip_address": "12
 @pytest.fixture(scope="module")
 def two_nodes() -> Iterator[str]:
     """The cluster's address; teardown fails if any of its processes survives."""
+    before = child_pids()
     cluster = Cluster(initialize_head=True, head_node_args={**NODE, "include_dashboard": False})
     cluster.add_node(**NODE)
     cluster.wait_for_nodes()
-    with stopped_without_survivors(cluster.shutdown):
+    with stopped_without_survivors(cluster.shutdown, before):
         yield cluster.address
 
 
