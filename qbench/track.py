@@ -165,9 +165,10 @@ def _system_metrics(run_id: str, uri: str) -> Any | None:
 class SweepTracker:
     """The MLflow runs of one sweep, driven while it runs (see the module docstring).
 
-    The calls made while the sweep runs (`variant_started`, `variant_finished`) return at once: their writes run in
-    order on a background thread, between timed regions (qbench.track_writer), and carry the times of the calls, so
-    each child run shows when its variant's work started and ended. `close` and `abort` wait for them first.
+    With a tracking server, the calls made while the sweep runs (`variant_started`, `variant_finished`) return at
+    once: their writes run in order on a background thread, between timed regions (qbench.track_writer), and carry
+    the times of the calls, so each child run shows when its variant's work started and ended. `close` and `abort`
+    wait for them first. A local store is written in the sweep's thread.
 
     A store that fails while the sweep runs does not stop it: the first failure is kept in `failure` (one line
     naming the store), the runs are ended FAILED as far as the store still answers, and every later call is
@@ -187,7 +188,7 @@ class SweepTracker:
         self._datasets: DatasetInputs | None = None
         self._monitor: Any | None = None
         self._retries = contextlib.ExitStack()  # bounded HTTP retries while the sweep's runs are open
-        self._writer = BackgroundWriter()
+        self._writer = BackgroundWriter(inline=not is_server(uri))  # see qbench.track_writer
         self.failure: str | None = None
 
     @classmethod

@@ -488,16 +488,16 @@ def test_a_server_that_answers_health_but_fails_every_call_is_one_error_after_a_
 
 
 def test_child_runs_keep_the_times_of_the_sweeps_calls_while_their_writes_wait_for_timing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    mlflow_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The sweep's calls return at once and their writes wait while latency is timed (qbench.track_writer); the child
-    run still starts and ends when the sweep said so, not when the store was written."""
+    """With a tracking server, the sweep's calls return at once and their writes wait while latency is timed
+    (qbench.track_writer); the child run still starts and ends when the sweep said so, not when it was written."""
     monkeypatch.chdir(tmp_path)
-    recipe = write_recipe(tmp_path)
+    recipe = write_recipe(tmp_path, {"uri": mlflow_server, "experiment": "timed-writes"})
     results = small_sweep()
     fp32 = results.variants[0]
     tracker = SweepTracker.open(recipe, "timed sweep")
-    client = MlflowClient(tracking_uri=resolve_tracking_uri(recipe))
+    client = MlflowClient(tracking_uri=mlflow_server)
     experiment = client.get_run(tracker.parent_id).info.experiment_id
     with timed_region():
         started = time.time()
@@ -515,3 +515,20 @@ def test_child_runs_keep_the_times_of_the_sweeps_calls_while_their_writes_wait_f
     assert child.status == "FINISHED"
     assert child.start_time / 1000 == pytest.approx(started, abs=0.1)
     assert child.end_time / 1000 == pytest.approx(ended, abs=0.1)
+
+
+def test_a_local_store_is_written_in_the_sweeps_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sqlite store's writes are this process's Python work: done at once, not on a thread competing with the
+    sweep's (qbench.track_writer)."""
+    monkeypatch.chdir(tmp_path)
+    recipe = write_recipe(tmp_path)
+    results = small_sweep()
+    fp32 = results.variants[0]
+    tracker = SweepTracker.open(recipe, "local sweep")
+    tracker.variant_started(fp32.variant, fp32.backend)
+    tracker.variant_finished(results, fp32)
+    client = MlflowClient(tracking_uri=resolve_tracking_uri(recipe))
+    experiment = client.get_run(tracker.parent_id).info.experiment_id
+    [child] = client.search_runs([experiment], f"tags.mlflow.parentRunId = '{tracker.parent_id}'")
+    assert child.info.status == "FINISHED" and child.data.metrics
+    tracker.abort("KILLED", "test over")

@@ -48,3 +48,15 @@ def test_no_call_runs_inside_a_timed_region() -> None:
         assert not ran.is_set()
     writer.close()
     assert ran.is_set()
+
+
+def test_an_inline_writer_runs_each_call_at_once_in_the_callers_thread_and_raises_there() -> None:
+    writer = BackgroundWriter(inline=True)
+    seen: list[str] = []
+    writer.submit(lambda: seen.append(threading.current_thread().name))
+    assert seen == [threading.current_thread().name]
+    with pytest.raises(ZeroDivisionError):
+        writer.submit(lambda: 1 / 0)
+    writer.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        writer.submit(lambda: None)
