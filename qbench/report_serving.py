@@ -13,7 +13,7 @@ from qbench.frontier import timing_kinds
 from qbench.gate import GateCheck, GateReport
 from qbench.report_grid import Grid
 from qbench.results import EMULATED, SweepResults, VariantResult
-from qbench.slo import SLO_SCOPE
+from qbench.slo import SLO_SCOPE, p99_basis
 
 _NONE = "—"
 
@@ -126,8 +126,10 @@ def slo_lines(results: SweepResults, gate: GateReport | None) -> list[str]:
                          "requests only)")  # fmt: skip
             continue
         sign, verdict = (">", "BREACH") if check.status == "breach" else ("<=", "pass")
+        basis = p99_basis(check.size, serving if serving is not None and serving.rate_rps else None)
         lines.append(f"SLO {verdict} {check.variant}@{check.backend}: p99 {check.observed:.4g} ms {where} {sign} "
-                     f"budget {check.reference:g} ms ({check.drop:+.3g} ms, {check.drop / check.reference:+.1%})")  # fmt: skip
+                     f"budget {check.reference:g} ms ({check.drop:+.3g} ms, {check.drop / check.reference:+.1%}; "
+                     f"from {basis})")  # fmt: skip
     lines += [f"SLO cannot judge (fail closed): {p}" for p in gate.problems if ": SLO:" in p]
     if checks or any(v.serving and v.serving.budget_ms is not None for v in results.variants):
         choice = cheapest(results, gate)

@@ -202,13 +202,19 @@ def _judge_one(
     if not math.isfinite(observed):
         return None, "the p99 latency is missing or NaN"
     if samples < MIN_P99_SAMPLES:
-        what = ("timed runs per batch size" if budget.rate_rps is None or samples < serving.at_rate.requests
-                else "simulated requests")  # fmt: skip
-        return None, (f"the p99 rests on {samples} {what}, expected at least {MIN_P99_SAMPLES} (fewer hold no sample "
+        basis = p99_basis(samples, serving if budget.rate_rps is not None else None)
+        return None, (f"the p99 rests on {basis}, expected at least {MIN_P99_SAMPLES} (fewer hold no sample "
                       "beyond their 99th percentile): raise latency.iterations (or slo.load.requests)")  # fmt: skip
     overloaded = budget.rate_rps is not None and serving.at_rate.overloaded
     status = "pass" if within(observed, budget.p99_ms) and not overloaded else "breach"
     return SloJudgement(result.variant, result.backend, budget.p99_ms, observed, samples, status), None
+
+
+def p99_basis(samples: int, serving: ServingResult | None) -> str:
+    """What a judged p99 rests on, in words: `samples` simulated requests when `serving` (a p99 under load) simulated
+    no more than that, else timed runs (a fixed-batch p99, or a simulation that drew from fewer timed runs)."""
+    simulated = serving is not None and serving.at_rate is not None and samples >= serving.at_rate.requests
+    return f"{samples:,} simulated requests" if simulated else f"{samples:,} timed runs per batch size"
 
 
 def _load_samples(result: VariantResult, serving: ServingResult) -> int:

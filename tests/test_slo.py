@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -16,7 +17,7 @@ from qbench.gate import EXIT_BREACH, EXIT_PASS, EXIT_UNUSABLE, GateSpec, evaluat
 from qbench.recipe_slo import SloSpec
 from qbench.report_serving import cheapest, slo_lines
 from qbench.results_serving import LoadStats, ServingResult
-from qbench.slo import SLO_METRIC, SLO_SCOPE, serving_metrics
+from qbench.slo import SLO_METRIC, SLO_SCOPE, p99_basis, serving_metrics
 
 SLO = SloSpec.model_validate({"p99_ms": 10.0, "rate_rps": 100.0, "load": {"max_queue_delay_ms": 1.0}})
 GATE = GateSpec(metric="accuracy", max_drop=0.05, max_slice_drop=0.1)
@@ -60,9 +61,16 @@ def test_accurate_but_too_slow_breaches_with_a_line_naming_it():
     assert not any(c.variant == "fp32" for c in gate.checks)  # the reference is never gated
     lines = slo_lines(_results(), gate)
     assert lines[0] == ("SLO BREACH int8-fast@onnxruntime-cpu: p99 14.5 ms at 100 req/s > budget 10 ms "
-                        "(+4.5 ms, +45.0%)")  # fmt: skip
+                        "(+4.5 ms, +45.0%; from 200 timed runs per batch size)")  # fmt: skip
     assert lines[-1] == ("cheapest meeting accuracy and SLO: int8-ok@onnxruntime-cpu "
                          "(up to 200 req/s within budget, $0.5 per million)")  # fmt: skip
+
+
+def test_the_p99_basis_names_simulated_requests_only_when_the_timed_runs_were_not_fewer():
+    under_load = SimpleNamespace(at_rate=SimpleNamespace(requests=5000))
+    assert p99_basis(5000, under_load) == "5,000 simulated requests"  # type: ignore[arg-type]
+    assert p99_basis(200, under_load) == "200 timed runs per batch size"  # type: ignore[arg-type]
+    assert p99_basis(300, None) == "300 timed runs per batch size"
 
 
 def test_a_budget_tightened_since_the_sweep_names_no_cheapest_variant_from_the_old_rates():
