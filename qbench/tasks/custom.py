@@ -4,7 +4,8 @@ Trust model, as for a PyTorch factory: the function is code the user chose to ru
 like any Python import with the recipe's folder first on `sys.path`. It is called once per
 slice (and overall) and per evaluated output as `function(outputs, labels)`, or
 `function(outputs, labels, reference_outputs)` when it takes three parameters; labels are
-None without data.label. It returns one float.
+None without data.label. It returns one float. It sees only the rows where FP32's outputs are
+finite, for every result alike (qbench.validate.accuracy).
 """
 
 from __future__ import annotations

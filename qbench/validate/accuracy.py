@@ -9,6 +9,7 @@ are evaluated, every metric name is prefixed with its output: 'probabilities/acc
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -56,16 +57,23 @@ class _OutputRows:
     outputs: np.ndarray
     reference: np.ndarray
     labels: np.ndarray | None
+    reference_nonfinite: np.ndarray  # rows where FP32's output has NaN/inf
 
     def summarise(self, name: str, mask: np.ndarray, custom: Sequence[CustomMetric]) -> SliceMetrics:
         own = self.summary.summarise(name, mask)
         values = dict(own.metrics)
-        labels = None if self.labels is None else self.labels[mask]
+        # a custom metric cannot say what a row FP32 failed on is worth: it reads only rows FP32 scored, for every
+        # result alike (FP32's own figure too), so a variant is never credited for rows where FP32 gave NaN/inf
+        scored = mask & ~self.reference_nonfinite
+        labels = None if self.labels is None else self.labels[scored]
         for metric in custom:
+            if not scored.any() and mask.any():
+                values[metric.name] = math.nan  # FP32 failed on every row here: nothing to compare
+                continue
             try:
-                values[metric.name] = metric.value(self.outputs[mask], labels, self.reference[mask])
+                values[metric.name] = metric.value(self.outputs[scored], labels, self.reference[scored])
             except QbenchError as exc:
-                raise QbenchError(f"{exc} (on {name}, {int(mask.sum())} rows)") from exc
+                raise QbenchError(f"{exc} (on {name}, {int(scored.sum())} rows)") from exc
         return dataclasses.replace(
             own,
             metrics={f"{self.prefix}{k}": v for k, v in values.items()},
@@ -121,13 +129,13 @@ def evaluate_accuracy(
             raise QbenchError(f"output {name!r} has {values.shape[0]} rows, the others {rows}")
         rows = values.shape[0]
         own_labels = _checked_labels(labels, rows)
-        row_bad = _nonfinite_rows(values)
-        row_new = row_bad & ~_nonfinite_rows(reference)
+        row_bad, reference_bad = _nonfinite_rows(values), _nonfinite_rows(reference)
+        row_new = row_bad & ~reference_bad
         nonfinite = row_bad if nonfinite.size == 0 else nonfinite | row_bad
         new_nonfinite = row_new if new_nonfinite.size == 0 else new_nonfinite | row_new
         prefix = f"{name}{OUTPUT_SEPARATOR}" if prefixed else ""
         summary = judge.rows(values, reference, own_labels, probabilities=(probabilities or {}).get(name))
-        parts.append(_OutputRows(prefix, summary, values, reference, own_labels))
+        parts.append(_OutputRows(prefix, summary, values, reference, own_labels, reference_bad))
     masks = _checked_masks(slices, rows)
 
     def summarise(name: str, mask: np.ndarray) -> SliceMetrics:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from qbench.errors import QbenchError
+from qbench.tasks import CustomMetric
 from qbench.validate import metrics
 from qbench.validate.accuracy import evaluate_accuracy, row_count, run_batched, scale_doubts, with_drops
 
@@ -215,3 +216,28 @@ def test_fp32_values_that_contradict_the_graphs_word_on_the_scale_are_named() ->
     assert scale_doubts("classification", {"p": within}, {"p": True}) == []  # agreed
     assert scale_doubts("classification", {"p": np.hstack([within, within])}, {"p": False}) == []  # an arg-max
     assert scale_doubts("regression", {"p": within}, {"p": False}) == []
+
+
+def _within_half(outputs: np.ndarray, labels: np.ndarray | None) -> float:
+    """A user's metric: the share of rows predicted within 0.5 of the label (a NaN prediction is a miss)."""
+    return float(np.mean(np.abs(outputs[:, 0] - labels) < 0.5))
+
+
+def test_custom_metrics_read_only_rows_fp32_scored_for_every_result() -> None:
+    """FP32 gives NaN on rows 0-1, where the variant is right; elsewhere FP32 is right on all 8 rows and the variant
+    on 7. By hand, on the rows FP32 scored: FP32 1.0, the variant 7/8 (drop 0.125). Counting FP32's NaN rows as its
+    misses credited the variant: FP32 0.8, the variant 0.9, a drop of -0.1 that passes any tolerance."""
+    labels = np.arange(10, dtype=np.float64)
+    fp32 = labels[:, None].copy()
+    fp32[:2] = np.nan
+    variant = labels[:, None].copy()
+    variant[5] += 3.0
+    custom = [CustomMetric("within_half", _within_half, higher_is_better=True, wants_reference=False)]
+    slices = {"first": np.arange(10) < 2, "rest": np.arange(10) >= 2}
+    reference = evaluate_accuracy("regression", fp32, fp32, labels, slices, custom)
+    measured = evaluate_accuracy("regression", variant, fp32, labels, slices, custom)
+    assert reference.overall.metrics["within_half"] == 1.0
+    assert measured.overall.metrics["within_half"] == pytest.approx(7 / 8)
+    by_name = {s.name: s for s in measured.slices}
+    assert math.isnan(by_name["first"].metrics["within_half"])  # FP32 failed on every row there: no figure
+    assert by_name["rest"].metrics["within_half"] == pytest.approx(7 / 8)
