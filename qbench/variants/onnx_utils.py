@@ -370,24 +370,36 @@ def quantizable_nodes(model: onnx.ModelProto, op_types: Collection[str], exclude
     """Names of the nodes a quantizer may change: standard-domain `op_types` on float32/float16 tensors, not excluded.
 
     Nodes of other domains (ai.onnx.ml tree ensembles, scalers, ZipMap...) are never
-    quantized, whatever their op type is called; nor are nodes computing in float64.
+    quantized, whatever their op type is called; nor are nodes computing in float64, nor standard nodes that
+    ONNX Runtime's quantizers would take for one of its own operators (ORT_CONTRIB_QUANTIZERS).
     """
     doubles = set(float64_nodes(model))
     return [
         node.name
         for node in model.graph.node
         if node.domain in ("", "ai.onnx") and node.op_type in op_types and node.name not in exclude
-        and node.name not in doubles
+        and node.name not in doubles and node.op_type not in ORT_CONTRIB_QUANTIZERS
     ]  # fmt: skip
+
+
+# ONNX Runtime's quantizers choose a node's handler by op type alone, whatever its domain. These handlers are written
+# for ONNX Runtime's own com.microsoft operators of that name: given a standard-domain node of the same op type (ONNX's
+# Attention since opset 23, which torch.onnx's exporter writes for scaled_dot_product_attention) they rewrite it into
+# a contrib operator it does not fit (a QAttention that ONNX Runtime refuses to load: 'Unrecognized attribute:
+# is_causal'). Such standard nodes are never handed to the quantizers.
+ORT_CONTRIB_QUANTIZERS = frozenset({"Attention", "EmbedLayerNormalization"})
 
 
 def unquantizable_nodes(model: onnx.ModelProto) -> list[str]:
     """Names of the nodes kept out of quantization whatever the recipe asks: those outside the standard ONNX domain,
-    those computing in float64 (ONNX Runtime's quantizers handle float32 and float16 tensors only), and those whose
+    standard nodes whose op type ONNX Runtime's quantizers read as one of its own operators, those computing in float64 (ONNX Runtime's quantizers handle float32 and float16 tensors only), and those whose
     output a subgraph reads by name (the quantizers do not see that reader: ORT's folds a Relu into the next
     quantization when it thinks a QuantizeLinear is its only reader, and the subgraph then reads the Relu's input)."""
     captured = {name for node in model.graph.node for name in outer_scope_reads(node)}
-    names = [node.name for node in model.graph.node if node.domain not in ("", "ai.onnx") and node.name]
+    names = [
+        node.name for node in model.graph.node
+        if (node.domain not in ("", "ai.onnx") or node.op_type in ORT_CONTRIB_QUANTIZERS) and node.name
+    ]  # fmt: skip
     names += [node.name for node in model.graph.node if captured.intersection(node.output)]
     return list(dict.fromkeys([*names, *float64_nodes(model)]))
 

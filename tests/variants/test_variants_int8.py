@@ -251,3 +251,38 @@ def test_static_int8_of_a_gemm_with_any_bias_shape_and_factors_stays_close_to_fp
     kept = QdqBypass(built, onnx.load(str(path)), tmp_path).keep_float({"fc"}, "kept")
     kept_relative = np.abs(run(kept, feeds) - reference).max() / np.abs(reference).max()
     assert kept_relative < 0.02, kept_relative  # only its output's Q/DQ is left (one 8-bit rounding)
+
+
+def _attention_model(path):
+    """x[batch, 6, 8] -> q, k, v projections (MatMul by constants) -> ONNX's own Attention (opset 23) -> y, as
+    torch.onnx's exporter writes scaled_dot_product_attention at opset 23."""
+    rng = np.random.default_rng(5)
+    weights = {name: rng.normal(scale=0.5, size=(8, 16)).astype(np.float32) for name in ("wq", "wk", "wv")}
+    nodes = [onnx.helper.make_node("MatMul", ["x", f"w{name}"], [name], name=f"proj_{name}") for name in "qkv"]
+    nodes.append(onnx.helper.make_node("Attention", ["q", "k", "v"], ["y"], name="attention", q_num_heads=2, kv_num_heads=2))
+    float_value = onnx.helper.make_tensor_value_info
+    graph = onnx.helper.make_graph(nodes, "attention", [float_value("x", onnx.TensorProto.FLOAT, ["batch", 6, 8])],
+                                   [float_value("y", onnx.TensorProto.FLOAT, ["batch", 6, 16])],
+                                   [onnx.numpy_helper.from_array(value, name) for name, value in weights.items()])  # fmt: skip
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 23)], ir_version=10)
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.mark.parametrize("calibrator", ["dynamic", "minmax"])
+def test_onnx_attention_is_left_float_and_the_variant_loads(calibrator, run, tmp_path):
+    """ORT's dynamic quantizer took ONNX's standard Attention for its own com.microsoft Attention and wrote a
+    QAttention that ONNX Runtime refuses to load ('Unrecognized attribute: is_causal'): the variant was reported built
+    and failed when measured. The projections around it are still quantized."""
+    path = _attention_model(tmp_path / "attention.onnx")
+    rng = np.random.default_rng(6)
+    feeds = {"x": rng.normal(size=(16, 6, 8)).astype(np.float32)}
+    spec = VariantSpec(name=f"int8-{calibrator}", precision="int8", calibrator=calibrator)
+    built = build_int8(spec, BuildContext(reference_path=path, workdir=tmp_path / "out", calibration=[feeds]))
+    model = onnx.load(str(built.onnx_path))
+    assert [(node.domain, node.op_type) for node in model.graph.node if "Attention" in node.op_type] == [("", "Attention")]
+    assert built.params["quantized_nodes"] == 3  # the q, k, v projections
+    reference = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    output = run(built, feeds)
+    assert np.abs(output - reference).max() < 0.1 * np.abs(reference).max()
