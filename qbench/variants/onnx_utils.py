@@ -392,8 +392,9 @@ ORT_CONTRIB_QUANTIZERS = frozenset({"Attention", "EmbedLayerNormalization"})
 
 def unquantizable_nodes(model: onnx.ModelProto) -> list[str]:
     """Names of the nodes kept out of quantization whatever the recipe asks: those outside the standard ONNX domain,
-    standard nodes whose op type ONNX Runtime's quantizers read as one of its own operators, those computing in float64 (ONNX Runtime's quantizers handle float32 and float16 tensors only), and those whose
-    output a subgraph reads by name (the quantizers do not see that reader: ORT's folds a Relu into the next
+    standard nodes whose op type ONNX Runtime's quantizers read as one of its own operators, those computing in
+    float64 (ONNX Runtime's quantizers handle float32 and float16 tensors only), and those whose output a subgraph
+    reads by name (the quantizers do not see that reader: ORT's folds a Relu into the next
     quantization when it thinks a QuantizeLinear is its only reader, and the subgraph then reads the Relu's input)."""
     captured = {name for node in model.graph.node for name in outer_scope_reads(node)}
     names = [
