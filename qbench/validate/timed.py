@@ -36,10 +36,15 @@ class TimedRegions:
     def timed(self) -> Iterator[None]:
         with self._condition:
             self._timing += 1  # from now no background step starts
-            if self._background:
-                started = time.perf_counter()
-                self._condition.wait_for(lambda: self._background == 0)
-                self.waited_s += time.perf_counter() - started
+            try:
+                if self._background:
+                    started = time.perf_counter()
+                    self._condition.wait_for(lambda: self._background == 0)
+                    self.waited_s += time.perf_counter() - started
+            except BaseException:  # interrupted while waiting (Ctrl+C): background work must not stay held off
+                self._timing -= 1
+                self._condition.notify_all()
+                raise
         try:
             yield
         finally:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from qbench.validate.timed import TimedRegions
 
 SETTLE_S = 0.2  # long enough for a thread that could go on to have done so
@@ -69,3 +71,37 @@ def test_timed_regions_do_not_wait_for_each_other() -> None:
 
         _in_thread(nested_elsewhere).join(5)
         assert done.is_set()
+
+
+def test_a_timed_region_interrupted_while_waiting_does_not_hold_background_work_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ctrl+C while timing waits for a step: the sweep's clean-up then drains the writer, which must still run."""
+    regions = TimedRegions()
+    release, ran_after = threading.Event(), threading.Event()
+
+    def background() -> None:
+        with regions.background():
+            release.wait(5)
+
+    writer = _in_thread(background)
+    time.sleep(SETTLE_S)
+    waiting = regions._condition.wait_for
+
+    def interrupted(*args: object, **kwargs: object) -> bool:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(regions._condition, "wait_for", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        with regions.timed():
+            pass
+    monkeypatch.setattr(regions._condition, "wait_for", waiting)
+    release.set()
+    writer.join(5)
+
+    def later_step() -> None:
+        with regions.background():
+            ran_after.set()
+
+    _in_thread(later_step)
+    assert ran_after.wait(5)
