@@ -42,6 +42,7 @@ from qbench.backends.base import RunOptions
 from qbench.console import print_wide
 from qbench.errors import QbenchError, expected_one_of
 from qbench.explain_graph import QdqBypass, QuantizedNode, Rebuild, float_keeper, quantized_nodes, sqnr_costs
+from qbench.files import replace_atomically
 from qbench.preflight import Prepared, prepare
 from qbench.progress import track
 from qbench.recipe import GateSpec, Recipe, VariantSpec
@@ -428,9 +429,11 @@ def plot_costs(result: ExplainResult, path: Path, top: int) -> Path:
     ax.set_yticks(positions, [c.group[-60:] for c in shown], fontsize=8)
     ax.set_title(f"{result.recipe} / {result.variant}: {result.method}")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    try:
+        return replace_atomically(path, lambda temporary: fig.savefig(temporary, dpi=110, format="png"),
+                                  what="the sensitivity plot", suffix=".png")  # fmt: skip
+    finally:
+        plt.close(fig)
 
 
 def _new_explain_dir(root: Path, variant_name: str) -> Path:

@@ -7,6 +7,7 @@ error is a QbenchError of one line naming the file and the system's reason (`No 
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import tempfile
@@ -15,6 +16,24 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from qbench.errors import QbenchError
+
+# Faults of the file system rather than of the file: no space, no quota left, mounted read-only.
+FULL_OR_READ_ONLY = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+
+
+@contextmanager
+def folder_writes(root: str | Path, error: Callable[[OSError], QbenchError]) -> Iterator[None]:
+    """Raise a fault of `root`'s file system met inside as `error(exc)`: no space, no quota or a read-only file
+    system, or a permission refused on a path under `root` (a file read elsewhere is not). Any other OSError (a
+    source that is gone, say) is raised as it is: it is not the folder's fault."""
+    try:
+        yield
+    except OSError as exc:
+        named = [str(name) for name in (exc.filename, exc.filename2) if name is not None]
+        refused = exc.errno in (errno.EACCES, errno.EPERM) and any(n.startswith(str(root)) for n in named)
+        if exc.errno not in FULL_OR_READ_ONLY and not refused:
+            raise
+        raise error(exc) from exc
 
 
 @contextmanager

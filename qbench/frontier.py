@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from qbench.environment import machine_kind
 from qbench.errors import QbenchError, expected_one_of
+from qbench.files import replace_atomically
 from qbench.results import FrontierPoint, SweepResults, VariantResult
 from qbench.search.select import TIE
 from qbench.validate.catalogue import METRICS
@@ -410,7 +411,8 @@ def plot_frontier(results: SweepResults, path: Path, *, threshold: float | None 
         _label_points(ax, [(v.variant, p50_ms, value) for v, p50_ms, value in _panel_points(results, batch_size)])
     if priced:
         _label_points(axes_list[-1], [(v.variant, cost, value) for v, cost, value in _cost_points(results)])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    try:  # whole or not at all: a full disk leaves no truncated PNG, and is one line naming it
+        return replace_atomically(path, lambda temporary: fig.savefig(temporary, dpi=120, format="png"),
+                                  what="the frontier plot", suffix=".png")  # fmt: skip
+    finally:
+        plt.close(fig)

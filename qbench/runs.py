@@ -14,12 +14,13 @@ import json
 import os
 import secrets
 import socket
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 from qbench.errors import QbenchError
-from qbench.files import write_atomically
+from qbench.files import folder_writes, write_atomically
 
 INCOMPLETE_MARKER = "INCOMPLETE"
 RESULTS_FILE = "results.json"
@@ -51,6 +52,15 @@ def new_run_dir(root: Path) -> Path:
         raise QbenchError(f"cannot create the run folder {folder}: {exc.strerror or exc}; expected output_dir and "
                           f"{root.name}/ in it writable") from exc  # fmt: skip
     return folder
+
+
+def run_folder_writes(folder: Path) -> AbstractContextManager[None]:
+    """A full, read-only or refusing file system under the run `folder` met inside (copying a build's files in, say)
+    is one line naming the folder, not a crash (qbench.files.folder_writes); the sweep then marks the run
+    incomplete as it can."""
+    return folder_writes(folder, lambda exc: QbenchError(
+        f"cannot write to the run folder {folder}: {exc.strerror or exc}; free space there or set output_dir to a "
+        "writable folder"))  # fmt: skip
 
 
 def mark_incomplete(folder: Path, state: str) -> None:

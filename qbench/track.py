@@ -246,6 +246,8 @@ class SweepTracker:
     def _start_child(self, variant: str, backend: str, started: int | None = None) -> str:
         replaced = self._earlier.pop(f"{variant}@{backend}", None)
         if replaced is not None:  # measured again: the interrupted sweep's run of it goes (the UI hides deleted runs)
+            if replaced.info.status == "RUNNING":  # its sweep was killed (SIGKILL, out of memory) before it could end it
+                self._client.set_terminated(replaced.info.run_id, status="KILLED")
             self._client.delete_run(replaced.info.run_id)
         tags = {MLFLOW_PARENT_RUN_ID: self.parent_id, GATE_TAG: _PENDING, "qbench.variant": variant,
                 "qbench.backend": backend}  # fmt: skip

@@ -23,6 +23,7 @@ from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
 from mlflow.tracking import MlflowClient
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from qbench.errors import QbenchError, one_line
 from qbench.recipe import Recipe
@@ -165,7 +166,7 @@ def open_experiment(recipe: Recipe) -> tuple[MlflowClient, str, str]:
         with _store_lock(uri), bounded_retries():
             client = MlflowClient(tracking_uri=uri)
             return client, uri, _experiment_id(client, experiment_name(recipe), uri)
-    except (MlflowException, OSError) as exc:
+    except (MlflowException, OSError, SQLAlchemyError) as exc:  # a database store's creation is not MLflow-wrapped
         raise QbenchError(store_failure(uri, exc)) from exc
 
 
@@ -183,6 +184,23 @@ def ui_command(uri: str, host: str = "127.0.0.1", port: int = 5000) -> list[str]
 
 
 def store_failure(uri: str, exc: BaseException) -> str:
-    """What failed, in one line naming the store (MLflow's connection errors run to several lines)."""
-    message = exc.message if isinstance(exc, MlflowException) else str(exc)
+    """What failed, in one line naming the store (MLflow's connection errors run to several lines); a database's
+    error is its driver's reason ("database or disk is full"), not the SQL statement it failed in."""
+    database = _database_error(exc)
+    if database is not None:
+        message = str(database.orig)
+    else:
+        message = exc.message if isinstance(exc, MlflowException) else str(exc)
     return one_line(f"MLflow tracking at {uri} failed: {message}", FAILURE_CHARS)
+
+
+def _database_error(exc: BaseException) -> DBAPIError | None:
+    """The database driver's error behind `exc` (MLflow re-raises SQLAlchemy's as its own), if there is one."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, DBAPIError) and current.orig is not None:
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None

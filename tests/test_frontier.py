@@ -217,3 +217,26 @@ def test_plot_with_a_lower_is_better_metric_and_two_backends(tmp_path: Path) -> 
     results = make_sweep(variants, gate_metric="flip_rate")
     path = plot_frontier(results, tmp_path / "flip.png", threshold=gate_threshold(results, 0.01))
     assert path.stat().st_size > 10_000
+
+
+def test_a_plot_the_disk_cannot_take_is_one_line_and_leaves_the_earlier_plot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk mid-write: before, savefig's OSError crashed the sweep after the complete results were written, and
+    left a truncated frontier.png in place of the earlier one."""
+    import errno
+
+    from matplotlib.figure import Figure
+
+    path = plot_frontier(make_sweep(), tmp_path / "frontier.png")
+    earlier = path.read_bytes()
+
+    def full_disk(self: Figure, target: object, **kwargs: object) -> None:
+        Path(str(target)).write_bytes(b"\x89PNG half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Figure, "savefig", full_disk)
+    with pytest.raises(QbenchError) as raised:
+        plot_frontier(make_sweep(), path)
+    assert str(raised.value) == f"{path}: cannot write the frontier plot: No space left on device"
+    assert path.read_bytes() == earlier and sorted(tmp_path.iterdir()) == [path]

@@ -39,6 +39,7 @@ from qbench.preflight import Prepared
 from qbench.provenance import model_sha256
 from qbench.results import AccuracyResult, VariantResult
 from qbench.results_search import SearchReport, search_from_dict
+from qbench.runs import run_folder_writes
 from qbench.validate.measure import PhaseClock, failed_result
 from qbench.variants.base import BuiltVariant
 
@@ -241,7 +242,8 @@ class Scheduler:
         if output.manifest is None:
             self.state.build_errors[variant] = output.error or "build failed"
         else:
-            self.store.materialise(job.build_key, output.manifest, self.models)
+            with run_folder_writes(self.run_dir):
+                self.store.materialise(job.build_key, output.manifest, self.models)
             built = built_from_manifest(output.manifest, self.models, self.prepared.source.onnx_path)
             if not is_int8_search(self.specs[variant], self.prepared):  # the search's pick runs as built (ONNX)
                 built = with_torch_form(built, self.specs[variant], self.prepared, output.torch_module)
@@ -332,7 +334,8 @@ class Scheduler:
             return None
         source, target = Path(path), self.models / Path(path).name
         if not target.exists() and source.is_file():
-            shutil.copyfile(source, target)
+            with run_folder_writes(self.run_dir):
+                shutil.copyfile(source, target)
         return str(target) if target.exists() else path
 
     def _reusable_measure(self, job: Job, record: JobRecord) -> bool:

@@ -24,14 +24,13 @@ import platform
 import secrets
 import shutil
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, suppress
 from importlib import metadata
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from qbench.errors import QbenchError
-from qbench.files import new_folder
+from qbench.files import folder_writes, new_folder
 from qbench.variants.base import BuiltVariant
 
 if TYPE_CHECKING:
@@ -57,22 +56,9 @@ class StoreUnwritable(QbenchError):
                          "executor.store (or $QBENCH_CACHE_DIR) to a writable folder")  # fmt: skip
 
 
-# Faults of the file system rather than of the file: no space, no quota left, mounted read-only.
-FULL_OR_READ_ONLY = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
-
-
-@contextmanager
-def store_writes(root: str | Path) -> Iterator[None]:
-    """Raise a fault of the store's file system met inside as StoreUnwritable naming `root`: no space, no quota
-    or a read-only file system, or a permission refused on a path in the store (a file read elsewhere is not)."""
-    try:
-        yield
-    except OSError as exc:
-        named = [str(name) for name in (exc.filename, exc.filename2) if name is not None]
-        refused = exc.errno in (errno.EACCES, errno.EPERM) and any(n.startswith(str(root)) for n in named)
-        if exc.errno not in FULL_OR_READ_ONLY and not refused:
-            raise
-        raise StoreUnwritable(root, exc) from exc
+def store_writes(root: str | Path) -> AbstractContextManager[None]:
+    """Raise a fault of the store's file system met inside as StoreUnwritable naming `root` (qbench.files.folder_writes)."""
+    return folder_writes(root, lambda exc: StoreUnwritable(root, exc))
 
 
 class BuildStore:
@@ -230,10 +216,14 @@ class BuildStore:
             target = folder / name
             target.parent.mkdir(parents=True, exist_ok=True)
             target.unlink(missing_ok=True)  # a link left by an older qbench is not written through
-            if self.local is None:
-                self._filesystem().get_file(self._path(key, name), str(target))
-            else:
-                shutil.copyfile(self._path(key, name), target)  # the kernel's copy (sendfile) where it can
+            try:
+                if self.local is None:
+                    self._filesystem().get_file(self._path(key, name), str(target))
+                else:
+                    shutil.copyfile(self._path(key, name), target)  # the kernel's copy (sendfile) where it can
+            except BaseException:  # a full disk or a signal: no truncated model left to be mistaken for the build
+                target.unlink(missing_ok=True)
+                raise
 
     def local_copy(self, built: BuiltVariant, key: str) -> BuiltVariant:
         """`built` with its files on this node: as it is when its model is readable here, else fetched from

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
+from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
-from probe_project import VARIANTS, write_probe_recipe
+from probe_project import VARIANTS, probe_calls, write_probe_recipe
 
 from qbench.errors import QbenchError
 from qbench.recipe import load_recipe
@@ -52,3 +58,35 @@ def test_a_resumed_sweep_logs_into_the_interrupted_sweeps_run_each_variant_once(
     assert resumed == ["fp32@onnxruntime-cpu"]
     models = client.search_logged_models(experiment_ids=[experiment_id])
     assert sorted(m.name for m in models) == sorted({v.variant for v in outcome.results.variants}), "one model each"
+
+
+def test_a_sweep_killed_outright_leaves_no_run_running_once_resumed(
+    user_project: Path, tmp_path: Path, local_figures: tuple[dict, int]
+) -> None:
+    """SIGKILL (CI's timeout after its grace period, the OOM killer) ends no MLflow run: the resumed sweep takes over
+    the parent and measures fp16 again, but left the killed sweep's fp16 child RUNNING (deleted, so the UI hid it;
+    the store's queries and `mlflow gc` still saw a run in progress)."""
+    _, per_job = local_figures
+    recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
+    (tmp_path / "hold_after").write_text(str(per_job))  # fp32 measured; fp16's measurement waits while this exists
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])}
+    sweep = subprocess.Popen([sys.executable, "-m", "qbench.cli", "sweep", str(recipe)], cwd=tmp_path, env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while len(probe_calls(tmp_path)) <= per_job and sweep.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sweep.poll() is None, "the sweep ended before fp16's measurement"
+    finally:
+        sweep.send_signal(signal.SIGKILL)
+        sweep.wait(timeout=30)
+        (tmp_path / "hold_after").unlink()
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment_id = client.get_experiment_by_name(experiment_name(load_recipe(recipe))).experiment_id
+    killed = client.search_runs([experiment_id], run_view_type=ViewType.ALL)
+    assert sorted(r.info.status for r in killed) == ["FINISHED", "RUNNING", "RUNNING"]  # fp32; the sweep, fp16
+
+    outcome = run_sweep(recipe, resume=True)
+    runs = client.search_runs([experiment_id], run_view_type=ViewType.ALL)
+    assert [r.info.run_name for r in runs if r.info.status == "RUNNING"] == []
+    assert {r.info.run_id for r in runs if r.info.status == "FINISHED"} >= {outcome.mlflow_run_id}

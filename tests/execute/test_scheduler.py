@@ -252,3 +252,35 @@ def test_a_run_folder_whose_disk_fills_up_mid_sweep_is_one_line_naming_the_file_
     assert json.loads((run / INCOMPLETE_MARKER).read_text())["state"] == "running"
     assert main(["gate", str(recipe)]) == 2
     assert f"{run}, is incomplete (running)" in capsys.readouterr().err  # this process ran it: killed, once it is gone
+
+
+def test_a_run_folder_that_fills_up_while_a_build_is_copied_in_is_one_line_naming_it(
+    user_project: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk under output_dir fills up while fp16's model is copied from the store into the run folder: before, a
+    crash (`qbench: error: OSError: ...`) that left a truncated model there; now one line naming the run folder, exit
+    2, FP32's measurement kept, no part of fp16's model left, and the gate refuses the run."""
+    import errno
+    import shutil
+
+    recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
+    reports, copy = tmp_path / "reports", shutil.copyfile
+
+    def full_disk(source: Path, target: Path, **kwargs: object) -> object:
+        if Path(target).is_relative_to(reports) and "fp16" in Path(target).name:
+            Path(target).write_bytes(b"half a model")
+            raise OSError(errno.ENOSPC, "No space left on device", str(source), None, str(target))
+        return copy(source, target, **kwargs)
+
+    monkeypatch.setattr(shutil, "copyfile", full_disk)
+    assert main(["sweep", str(recipe), "--no-track"]) == 2
+    (run,) = (reports / "tumour-mlp").glob("2*")
+    err = capsys.readouterr().err.strip()
+    assert err.count("error") == 1 and err.splitlines()[-1] == (
+        f"error: cannot write to the run folder {run}: No space left on device; free space there or set output_dir "
+        "to a writable folder")  # fmt: skip
+    monkeypatch.undo()
+    assert [v.variant for v in read_results(run / "results.json", partial=True).variants] == ["fp32"]
+    assert not list((run / "models").glob("*fp16*"))
+    assert main(["gate", str(recipe)]) == 2
+    assert f"{run}, is incomplete (failed: cannot write to the run folder" in capsys.readouterr().err
