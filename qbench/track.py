@@ -33,6 +33,7 @@ from qbench.errors import QbenchError, one_line
 from qbench.gate import GateReport
 from qbench.recipe import Recipe
 from qbench.results import SweepResults, VariantResult, to_json
+from qbench.runs import describe_run
 from qbench.track_content import (
     GATE_TAG,
     param_value,
@@ -229,6 +230,7 @@ class SweepTracker:
             tracker._earlier = tracker._mlflow(lambda: _children_of(client, experiment_id, tracker.parent_id)) or {}
             logger.info("MLflow: resuming the interrupted sweep's run %s (%d variant runs logged there)",
                         tracker.parent_id, len(tracker._earlier))  # fmt: skip
+        tracker._mlflow(lambda: _end_killed_sweeps(client, experiment_id, tracker.parent_id))
         tracker._monitor = _system_metrics(tracker.parent_id, uri)
         if data is not None:
             tracker._mlflow(lambda: tracker._log_datasets(data))
@@ -410,6 +412,25 @@ def _interrupted_parent(client: MlflowClient, experiment_id: str, run_dir: Path)
     if not found or MLFLOW_PARENT_RUN_ID in found[0].data.tags or found[0].info.status == "FINISHED":
         return None
     return found[0]
+
+
+def _end_killed_sweeps(client: MlflowClient, experiment_id: str, keep: str) -> None:
+    """End KILLED the sweep runs (and their children) still RUNNING whose sweep was killed (SIGKILL, out of memory:
+    nothing could end them), as its run folder's marker tells (qbench.runs); `keep`, this sweep's own run."""
+    running = client.search_runs([experiment_id], "attributes.status = 'RUNNING'")
+    for run in running:
+        folder = run.data.tags.get(RUN_DIR_TAG)
+        if run.info.run_id == keep or MLFLOW_PARENT_RUN_ID in run.data.tags or not folder:
+            continue
+        described = describe_run(Path(folder))
+        if described is None or not described.state.startswith("killed"):
+            continue
+        verdict = tag_value(f"not evaluated (sweep {described.state})")
+        for ended in (*_children_of(client, experiment_id, run.info.run_id).values(), run):
+            client.set_tag(ended.info.run_id, GATE_TAG, verdict)
+            if ended.info.status == "RUNNING":
+                client.set_terminated(ended.info.run_id, status="KILLED", end_time=_now_ms())
+        logger.info("MLflow: ended the run %s of a killed sweep (%s) KILLED", run.info.run_id, folder)
 
 
 def _children_of(client: MlflowClient, experiment_id: str, parent_id: str) -> dict[str, Run]:

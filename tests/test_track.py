@@ -5,6 +5,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import socket
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -21,6 +24,7 @@ from qbench.errors import QbenchError
 from qbench.gate import GateReport, evaluate_gate
 from qbench.recipe import Recipe, load_recipe
 from qbench.results import ClipRecord, LimitCheck, RangeAnalysis, SweepResults, TensorPeak, VariantResult
+from qbench.runs import INCOMPLETE_MARKER
 from qbench.track import SweepTracker, _batches
 from qbench.track_content import sanitise_name, unique_names
 from qbench.track_saved import log_sweep
@@ -532,3 +536,34 @@ def test_a_local_store_is_written_in_the_sweeps_thread(tmp_path: Path, monkeypat
     [child] = client.search_runs([experiment], f"tags.mlflow.parentRunId = '{tracker.parent_id}'")
     assert child.info.status == "FINISHED" and child.data.metrics
     tracker.abort("KILLED", "test over")
+
+
+def test_a_new_sweep_ends_the_runs_a_killed_sweep_left_running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sweep killed outright (SIGKILL, out of memory) cannot end its runs; the next sweep of the experiment ends them
+    KILLED, as its run folder's marker shows the sweep gone. A running sweep's runs and finished ones are left."""
+    monkeypatch.chdir(tmp_path)
+    recipe = write_recipe(tmp_path)
+    client = MlflowClient(tracking_uri=resolve_tracking_uri(recipe))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+
+    def sweep_run(folder: Path, pid: int) -> tuple[str, str]:
+        folder.mkdir()
+        (folder / INCOMPLETE_MARKER).write_text(json.dumps({"started_at": "2026-11-27T00:00:00+00:00",
+                                                            "state": "running", "pid": pid,
+                                                            "host": socket.gethostname()}))  # fmt: skip
+        tracker = SweepTracker.open(recipe, folder.name, run_dir=folder)
+        tracker.variant_started("fp32", CPU)
+        tracker._writer.close()  # left as a killed sweep leaves them: no close, no abort
+        tracker._release()
+        return tracker.parent_id, tracker._children[f"fp32@{CPU}"]
+
+    killed = sweep_run(tmp_path / "killed", dead.pid)
+    alive = sweep_run(tmp_path / "alive", os.getpid())
+    newest = SweepTracker.open(recipe, "next sweep", run_dir=tmp_path / "next")
+    for run_id in killed:
+        run = client.get_run(run_id)
+        assert run.info.status == "KILLED" and run.data.tags["qbench.gate"].startswith("not evaluated (sweep killed")
+    assert all(client.get_run(run_id).info.status == "RUNNING" for run_id in alive)
+    assert client.get_run(newest.parent_id).info.status == "RUNNING"
+    newest.abort("KILLED", "test over")
