@@ -332,13 +332,14 @@ def _publish(recipe: Recipe, results: SweepResults, progress: _Progress, started
     gate = evaluate_gate(results, recipe.gate, slo=recipe.slo)
     for note in mixed_timing_machines(results):
         logger.warning(note)
-    with progress.guard.shielded():
+    with progress.guard.shielded():  # a signal now waits for the reports too (a second or so): complete, or not at all
         results_path = write_results(results, run_dir / RESULTS_FILE)
         mark_complete(run_dir)
         progress.results_complete = True
-    plot_path = plot_frontier(results, run_dir / "frontier.png", threshold=gate_threshold(results, recipe.gate.max_drop))
-    report_path = write_markdown_report(results, gate, plot_path, run_dir / "report.md")
-    html_path = write_html_report(results, gate, run_dir / "report.html")
+        threshold = gate_threshold(results, recipe.gate.max_drop)
+        plot_path = plot_frontier(results, run_dir / "frontier.png", threshold=threshold)
+        report_path = write_markdown_report(results, gate, plot_path, run_dir / "report.md")
+        html_path = write_html_report(results, gate, run_dir / "report.html")
     clock.add("report", t)
     run_id = failure = None
     if progress.tracker is not None:

@@ -434,3 +434,27 @@ def test_results_that_cannot_be_written_on_a_full_disk_leave_the_earlier_file(pr
     assert str(refused.value) == f"{target}: cannot write the results: No space left on device"
     assert target.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["results.json"]
+
+
+def test_a_signal_once_the_results_are_complete_still_leaves_the_reports(project, tmp_path, monkeypatch, capsys):
+    """A signal right after results.json is complete (Ctrl+C while the plot renders) used to leave complete results
+    without report.md, report.html and frontier.png: the reports are written before the signal is acted on."""
+    raw = yaml.safe_load((project / "qbench.yaml").read_text())
+    raw["output_dir"] = str(tmp_path / "reports")
+    recipe = tmp_path / "qbench.yaml"
+    recipe.write_text(yaml.safe_dump(raw, sort_keys=False))
+    recipe.with_name("model").symlink_to(project / "model")
+    recipe.with_name("data").symlink_to(project / "data")
+    from qbench import sweep
+
+    completed = sweep.mark_complete
+
+    def then_signalled(folder: Path) -> None:
+        completed(folder)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr("qbench.sweep.mark_complete", then_signalled)
+    assert main(["sweep", str(recipe), "--no-track"]) == 2
+    assert "the results are complete in" in capsys.readouterr().err
+    [run_dir] = [p.parent for p in (tmp_path / "reports").glob("*/*/results.json")]
+    assert {"report.md", "report.html", "frontier.png"} <= {p.name for p in run_dir.iterdir()}
