@@ -12,6 +12,7 @@ Which store, its experiment and the UI command that serves it: qbench.track_stor
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import time
@@ -19,6 +20,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -163,6 +165,14 @@ def _system_metrics(run_id: str, uri: str) -> Any | None:
     return monitor
 
 
+@dataclass
+class _ChildRun:
+    """What the logging steps of one variant share: its child run once opened (None: nothing to write), its model."""
+
+    run_id: str | None = None
+    model_id: str | None = None
+
+
 class SweepTracker:
     """The MLflow runs of one sweep, driven while it runs (see the module docstring).
 
@@ -266,12 +276,12 @@ class SweepTracker:
         as it is (its model too, which the variant's other backends link to), nothing is logged twice."""
         ended = _now_ms()
         for step in self._finish_steps(results, variant, reused=reused, ended=ended):
-            self._writer.submit(lambda step=step: self._mlflow(step))  # type: ignore[misc]
+            self._writer.submit(functools.partial(self._mlflow, step))
 
     def _finish_steps(self, results: SweepResults, variant: VariantResult, *, reused: bool,
                       ended: int) -> list[Callable[[], None]]:  # fmt: skip
         """variant_finished's writes as steps (run in order): a timed region waits for one step, not for them all."""
-        run: dict[str, str | None] = {}
+        opened = _ChildRun()
 
         def child() -> None:
             earlier = self._earlier.get(variant.key)
@@ -280,27 +290,28 @@ class SweepTracker:
                 self._children[variant.key] = earlier.info.run_id
                 if earlier.outputs is not None and earlier.outputs.model_outputs:
                     self._models.setdefault(variant.variant, earlier.outputs.model_outputs[0].model_id)
-                return
-            run["id"] = self._running.pop(variant.key, None) or self._start_child(variant.variant, variant.backend, ended)
+                return  # kept as logged: the steps below find no run to write
+            opened.run_id = self._running.pop(variant.key, None) or self._start_child(variant.variant, variant.backend,
+                                                                                       ended)  # fmt: skip
             self._running.pop(variant.key, None)
 
         def model() -> None:
-            if "id" in run:
-                run["model"] = self._model_of(variant, run["id"])  # type: ignore[arg-type]
+            if opened.run_id is not None:
+                opened.model_id = self._model_of(variant, opened.run_id)
 
         def inputs() -> None:
-            if "id" in run and self._datasets is not None:
-                self._client.log_inputs(run["id"], datasets=self._datasets.variant(uses_calibration(variant)))  # type: ignore[arg-type]
+            if opened.run_id is not None and self._datasets is not None:
+                self._client.log_inputs(opened.run_id, datasets=self._datasets.variant(uses_calibration(variant)))
 
         def figures() -> None:
-            if "id" in run:
-                _log(self._client, run["id"], variant_metrics(results, variant), variant_params(results, variant),  # type: ignore[arg-type]
-                     variant_tags(variant), model_id=run["model"])  # fmt: skip
+            if opened.run_id is not None:
+                _log(self._client, opened.run_id, variant_metrics(results, variant), variant_params(results, variant),
+                     variant_tags(variant), model_id=opened.model_id)  # fmt: skip
 
         def end() -> None:
-            if "id" in run:
-                self._client.set_terminated(run["id"], status="FINISHED" if variant.status == "ok" else "FAILED",  # type: ignore[arg-type]
-                                            end_time=ended)  # fmt: skip
+            if opened.run_id is not None:
+                status = "FINISHED" if variant.status == "ok" else "FAILED"
+                self._client.set_terminated(opened.run_id, status=status, end_time=ended)
 
         return [child, model, inputs, figures, end]
 
