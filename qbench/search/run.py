@@ -8,11 +8,11 @@
 2. Evaluate: candidates whose screening excess (`screen_excess`: one row's change on the screen is not
    counted) is within `SCREEN_SLACK` are run on every evaluation row and judged by the gate, fastest first; once one passes, only candidates that could still be
    faster are evaluated. Then the reduce_range twins of the bases that did not pass, the same way.
-3. Keep float: when none passes, the quantized nodes are ranked by the noise each adds (per-layer
-   SQNR, one pass of a static Q/DQ build on the screening rows) and the fastest failing candidates
-   are rebuilt with the top 1, 2, 4, ... nodes in floating point (up to `max_keep_float`, and never
-   every node the candidate quantized: that would be the FP32 model), until one passes or could no
-   longer be the fastest.
+3. Keep float: when a failing candidate may still beat every passing one (or none passes), the quantized nodes
+   are ranked by the noise each adds (per-layer SQNR, one pass of a static Q/DQ build on the screening rows) and
+   the fastest such failing candidates are rebuilt with the top 1, 2, 4, ... nodes in floating point (up to
+   `max_keep_float`, and never every node the candidate quantized: that would be the FP32 model), until one passes
+   or could no longer be the fastest.
 4. Choose: the passing candidates are re-timed side by side with FP32 (interleaved rounds) and the
    fastest is kept (candidates dismissed against a screening estimate the re-timing lowered are evaluated then,
    and the finalists re-timed again); when none passes, the closest is evaluated in full if it was only screened (it may
@@ -251,8 +251,9 @@ class _Search:
         self.evaluate_promising()
 
     def keep_float(self) -> None:
-        """Near misses rebuilt with the noisiest nodes in floating point, 1, 2, 4, ... of them."""
-        bases = select.keep_float_bases(self.records, KEEP_FLOAT_BASES)
+        """Failing candidates faster than any passing one rebuilt with the noisiest nodes in floating point, 1, 2,
+        4, ... of them."""
+        bases = select.keep_float_bases(self.records, KEEP_FLOAT_BASES, self.tie())
         if not bases or self.spec.max_keep_float == 0 or not self.within_budget("keep-float candidates"):
             return
         ranking = self.sensitivity_ranking()
@@ -449,8 +450,7 @@ def run_search(
             search.screen_candidate(candidate)
         search.evaluate_promising()
         search.reduced_range_twins()
-        if select.choose(search.records) is None:
-            search.keep_float()
+        search.keep_float()
         search.judge_the_closest()
         search.retime_finalists()
         search.reconsider_outpaced()

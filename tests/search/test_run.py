@@ -414,3 +414,35 @@ def test_candidates_dismissed_against_a_lucky_screening_estimate_are_evaluated_a
     print([(c.label, c.stage, c.speedup, c.verdict) for c in report.candidates])
     records = {c.label: c for c in report.candidates}
     assert records["ort-static"].passed and report.candidates[report.chosen].label == "ort-static"
+
+
+def test_a_slower_passing_candidate_does_not_stop_keep_float_on_a_faster_failing_one(tmp_path, monkeypatch):
+    """SmoothQuant passes (it smooths the fragile branch) but is timed at 1.0x; ORT dynamic fails at 2.0x. Keeping the
+    fragile node float makes ORT dynamic pass at 1.8x: the search must try it and choose it, not stop at SmoothQuant
+    (keep-float candidates were tried only when nothing passed)."""
+    from qbench.search import run as search_run
+
+    def speed(label: str) -> float:
+        return 1.0 if label.startswith("smoothquant") else 1.8 if "float" in label else 2.0
+
+    real_screen = search_run._Search.screen_candidate
+
+    def screen(self, candidate):
+        index = real_screen(self, candidate)
+        record = self.records[index]
+        if record.stage == "screened":
+            self.records[index] = record.with_(speedup=speed(record.label), speedups={})
+        return index
+
+    monkeypatch.setattr(search_run._Search, "screen_candidate", screen)
+    monkeypatch.setattr(search_run._Search, "retime_finalists", lambda self: None)
+    monkeypatch.setattr(select, "timing_noise", lambda timings: 0.0)
+    search = {"time_budget_s": 60, "techniques": ["ort-dynamic", "smoothquant-dynamic"], "timing_runs": 3}
+    _, outcome = _searched(tmp_path, search)
+    report = outcome.results.search
+    print([(c.label, c.stage, c.speedup, c.verdict) for c in report.candidates])
+    records = {c.label: c for c in report.candidates}
+    assert records["smoothquant-dynamic a=auto"].passed and not records["ort-dynamic"].passed
+    chosen = report.candidates[report.chosen]
+    assert chosen.technique == "ort-dynamic" and "branch_a" in chosen.keep_float and chosen.passed
+    assert outcome.gate.exit_code == EXIT_PASS

@@ -114,12 +114,25 @@ def test_keep_float_bases_are_the_fastest_failing_candidates_without_float_nodes
     records = [
         _record("a", speedup=1.4, screen=2.0),
         _record("b", speedup=1.8, screen=9.0),
-        _record("passed", speedup=2.0, excess=0.5, passed=True),
+        _record("passed", speedup=1.0, excess=0.5, passed=True),  # slower than the bases: they may still win
         _record("kept", speedup=1.9, screen=1.2, keep_float=("n1",)),
         _record("c", speedup=1.1, screen=1.5),
         _record("skipped", stage="skipped"),
     ]
     assert select.keep_float_bases(records, 2) == [1, 0]
+
+
+def test_a_slower_passing_candidate_leaves_keep_float_to_the_failing_ones_that_may_still_beat_it():
+    """A slow candidate passing must not end the search for a faster one: only failing candidates that cannot beat
+    the fastest passing one (within the tie margin) are no bases."""
+    records = [
+        _record("slow-pass", speedup=0.9, excess=0.1, passed=True),
+        _record("fast-fail", speedup=1.3, excess=1.2, passed=False),
+        _record("tied-fail", speedup=0.88, screen=2.0),  # within 5 % of the passing one: may still win
+        _record("slower-fail", speedup=0.8, screen=1.1),
+    ]
+    assert select.keep_float_bases(records, 3) == [1, 2]
+    assert select.keep_float_bases(records, 3, tie=0.2) == [1, 2, 3]  # a noisier machine widens the margin
 
 
 def test_needed_names_the_gaps_and_what_would_close_them():
