@@ -118,14 +118,19 @@ def class_count(output: TensorMeta) -> int | None:
         return output.class_count
     if output.kind == "map" or named_labels(output):
         return None if output.class_keys is None else len(output.class_keys)
+    if one_score_column(output):
+        return 2
     if is_float(output) and output.shape and output.shape[-1] is not None:
-        return 2 if output.shape[-1] == 1 else output.shape[-1]
+        return output.shape[-1]
     return None
 
 
 def one_score_column(output: TensorMeta) -> bool:
-    """A binary classifier's single column (rows, 1): the score of its second class, so it stands for two classes."""
-    return output.kind == "tensor" and is_float(output) and bool(output.shape) and output.shape[-1] == 1
+    """A binary classifier's single score per row, (rows, 1) or (rows,): the score of its second class, so it stands
+    for two classes (a rank-1 output's only dimension is its rows, whatever size it states)."""
+    if output.kind != "tensor" or not is_float(output):
+        return False
+    return len(output.shape) == 1 or (len(output.shape) > 1 and output.shape[-1] == 1)
 
 
 ONE_COLUMN_CLASSES = "a single score column stands for two classes, listed as [negative, positive], e.g. ['no', 'yes']"

@@ -74,6 +74,11 @@ def test_labels_must_fit_the_output_classes() -> None:
     with pytest.raises(LabelError, match=r"e.g. row 11: 7 hold class ids outside 0..1 \(output 'is_fraud' has 2 classes\)"):
         TASK.check_labels(np.array([0, 7, 1, 0]), decision, POSITIONS)
     assert class_count(TensorMeta("p", np.dtype("float32"), (None, 1))) == 2  # one binary score
+    for rows in (None, 8):  # one score per row: its only dimension is the rows, not the classes
+        score = TensorMeta("p", np.dtype("float32"), (rows,))
+        assert class_count(score) == 2
+        with pytest.raises(LabelError, match=r"e.g. row 12: 2 hold class ids outside 0..1 \(output 'p' has 2 classes\)"):
+            TASK.check_labels(np.array([0, 1, 2, 0]), score, POSITIONS)
 
 
 def test_labels_of_a_map_with_negative_keys_are_read_through_its_keys() -> None:
