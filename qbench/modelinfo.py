@@ -48,6 +48,7 @@ class TensorMeta:
     passthrough_of: str | None = None
     off_label: str | None = None  # why the highest of these scores is not the model's own label (modelinfo_classes)
     probabilities: bool | None = None  # the graph makes these scores as probabilities / as logits; None: unstated
+    log_probabilities: bool = False  # the graph makes these scores as the log of probabilities (modelinfo_classes)
     class_count: int | None = None  # class ids an integer output can give, when the graph says (ArgMax over N scores)
     dim_names: tuple[str | None, ...] = ()  # per dim: its dim_param, None when static or unnamed
 
@@ -100,6 +101,7 @@ def read_model_info(path: Path) -> ModelInfo:
             label_table = facts.labels.get(value.name)
             keys = label_table if _read_as_positions(meta, label_table) else facts.tables.get(value.name)
             meta = dataclasses.replace(meta, class_keys=keys, probabilities=facts.probabilities.get(value.name),
+                                       log_probabilities=value.name in facts.log_probabilities,
                                        class_count=facts.id_counts.get(value.name))  # fmt: skip
         source = _copied_input(value.name, producers, set(inputs))
         outputs[value.name] = dataclasses.replace(meta, passthrough_of=source) if source is not None else meta

@@ -48,6 +48,7 @@ class ScoreFacts:
     labels: dict[str, ClassTable]
     off_label: dict[str, str]
     probabilities: dict[str, bool]  # True: Sigmoid/Softmax made the scores; False: a linear layer (logits); see _scale
+    log_probabilities: set[str]  # scores that are the log of probabilities (Log of a Sigmoid, LogSoftmax)
     id_counts: dict[str, int]  # an integer output made by ArgMax over an axis of static size: how many class ids
 
 
@@ -68,7 +69,7 @@ def score_facts(model: onnx.ModelProto) -> ScoreFacts:
             consumers.setdefault(name, []).append(node)
     constants = _constant_tables(model)
     fixed = _constant_tensors(model)
-    tables, labels, off_label, probabilities = {}, {}, {}, {}
+    tables, labels, off_label, probabilities, logs = {}, {}, {}, {}, set()
     for output in graph.output:
         label_table = _label_table(output.name, producers, constants)
         if label_table:
@@ -83,7 +84,27 @@ def score_facts(model: onnx.ModelProto) -> ScoreFacts:
         scale = _scale(output.name, producers, fixed)
         if scale is not None:
             probabilities[output.name] = scale
-    return ScoreFacts(tables, labels, off_label, probabilities, _argmax_id_counts(model, producers))
+        if _log_of_probabilities(output.name, producers, fixed):
+            logs.add(output.name)
+    return ScoreFacts(tables, labels, off_label, probabilities, logs, _argmax_id_counts(model, producers))
+
+
+def _log_of_probabilities(name: str, producers: dict[str, onnx.NodeProto], constants: set[str]) -> bool:
+    """Whether `name` is made, through reshapes, as a LogSoftmax or as the Log of probabilities (a Log of a Sigmoid,
+    torch's logsigmoid; of a Softmax, or of either plus a small constant): scores on neither a probability's scale
+    nor a logit's."""
+    node = producers.get(name)
+    for _ in range(_SCALE_STEPS):
+        if node is None or node.domain not in ("", "ai.onnx"):
+            return False
+        if node.op_type == "LogSoftmax":
+            return True
+        if node.op_type == "Log":
+            return bool(node.input) and _scale(node.input[0], producers, constants) is True
+        if node.op_type not in _RESHAPING_OPS or not node.input:
+            return False
+        node = producers.get(node.input[0])
+    return False
 
 
 _PROBABILITY_OPS = ("Sigmoid", "Softmax")

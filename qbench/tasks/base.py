@@ -175,6 +175,16 @@ def is_integer(output: TensorMeta) -> bool:
     return output.kind == "tensor" and output.dtype.kind in "iub"
 
 
+def thresholded_log_problem(output: TensorMeta) -> str | None:
+    """Why scores cut at a threshold (one score column, multilabel) cannot be read when they are log-probabilities:
+    read as a probability (cut at 0.5) or a logit (cut at 0), every value of log(p) <= 0 is a 'no'."""
+    if not output.log_probabilities:
+        return None
+    return (f"output {output.name!r} is the log of a probability (a Log of a Sigmoid, or a LogSoftmax): each score is "
+            "cut at a probability's threshold (0.5) or a logit's (0), never at log(0.5), so every decision would be "
+            "wrong; name the output before the Log, or export the logits")
+
+
 def float_output_problem(task: str, output: TensorMeta) -> str | None:
     """The common refusal of tasks that read only float tensors (embedding, regression, multilabel)."""
     if output.passthrough_of is not None:

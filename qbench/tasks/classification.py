@@ -32,6 +32,7 @@ from qbench.tasks.base import (
     is_integer,
     mean_or_nan,
     no_label,
+    thresholded_log_problem,
     wilson,
 )
 from qbench.tasks.tokens import TokenRows, any_token_list, check_token_labels, labels_from_lists, token_axis
@@ -376,6 +377,10 @@ class Classification(Task):
                     "label nor a constant table it is looked up in): neither class ids nor scores")
         if not is_float(output):
             return f"output {output.name!r} holds {output.dtype} values, neither class ids nor scores"
+        if one_score_column(output):  # more columns are decided by their arg-max, whatever their scale
+            problem = thresholded_log_problem(output)
+            if problem is not None:
+                return problem
         return _score_shape_problem(output)
 
     def rows(

@@ -23,6 +23,7 @@ from qbench.tasks.base import (
     example_rows,
     float_output_problem,
     mean_or_nan,
+    thresholded_log_problem,
     wilson,
 )
 from qbench.validate import metrics
@@ -102,7 +103,7 @@ class Multilabel(Task):
         return np.asarray(reference).dtype.kind == "f"
 
     def output_problem(self, output: TensorMeta) -> str | None:
-        problem = float_output_problem(self.name, output)
+        problem = float_output_problem(self.name, output) or thresholded_log_problem(output)
         if problem is None and len(output.shape) != 2:
             return f"output {output.name!r} has shape {list(output.shape)}, not (rows, labels)"
         return problem

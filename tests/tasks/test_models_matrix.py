@@ -435,3 +435,45 @@ def test_a_regression_with_three_targets_per_row(tmp_path, monkeypatch, capsys):
     assert overall(results)["rmse"] == pytest.approx(float(np.mean(per_target_rmse)), rel=1e-9)
     assert overall(results)["r2"] == pytest.approx(float(np.mean(per_target_r2)), rel=1e-9)
     assert overall(results)["r2_min"] == pytest.approx(float(np.min(per_target_r2)), rel=1e-9)
+
+
+def _log_of_sigmoid_model(width: int, eps: float | None) -> onnx.ModelProto:
+    """x [None, 4] -> log(sigmoid(z)) (torch's logsigmoid), or log(sigmoid(z) + eps), over `width` columns."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4])
+    scores = helper.make_tensor_value_info("log_p", TensorProto.FLOAT, [None, width])
+    constants = [numpy_helper.from_array(np.eye(4, width, dtype=np.float32), "w")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["z"]), helper.make_node("Sigmoid", ["z"], ["p"])]
+    if eps is not None:
+        constants.append(numpy_helper.from_array(np.asarray(eps, np.float32), "eps"))
+        nodes.append(helper.make_node("Add", ["p", "eps"], ["p_safe"]))
+    nodes.append(helper.make_node("Log", ["p_safe" if eps is not None else "p"], ["log_p"]))
+    return graph_model(nodes, [x], [scores], constants)
+
+
+@pytest.mark.parametrize(("task", "width", "eps"), [("classification", 1, None), ("classification", 1, 1e-7),
+                                                    ("multilabel", 3, None)])  # fmt: skip
+def test_thresholded_log_probabilities_are_refused(tmp_path, monkeypatch, capsys, task, width, eps):
+    """log(sigmoid(z)) is <= 0 on every row: read as a logit (cut at 0) every decision was 'no', FP32 accuracy 0.55
+    where the model's own was 0.96, agreement 1.0 for every variant, and the gate passed. It is refused, naming why."""
+    features = np.random.default_rng(31).normal(size=(ROWS, 4)).astype(np.float32)
+    decisions = (features[:, :width] > 0).astype(np.int64)
+    labels = decisions[:, 0] if width == 1 else decisions
+    monkeypatch.chdir(tmp_path)
+    gate = {"metric": "accuracy" if task == "classification" else "micro_f1", "max_drop": 0.01}
+    recipe = project(tmp_path, _log_of_sigmoid_model(width, eps), table(features, labels), task=task, gate=gate)
+    assert main(["validate", str(recipe)]) == 2
+    assert said("output 'log_p' is the log of a probability", capsys.readouterr().err)
+
+
+def test_log_softmax_over_classes_is_read_by_its_arg_max(tmp_path, monkeypatch, capsys):
+    """Several columns are decided by their arg-max, which a log leaves as it is: a LogSoftmax output is scored."""
+    features = np.random.default_rng(32).normal(size=(ROWS, 4)).astype(np.float32)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4])
+    scores = helper.make_tensor_value_info("log_p", TensorProto.FLOAT, [None, 3])
+    model = graph_model([helper.make_node("MatMul", ["x", "w"], ["z"]),
+                         helper.make_node("LogSoftmax", ["z"], ["log_p"], axis=1)], [x], [scores],
+                        [numpy_helper.from_array(np.eye(4, 3, dtype=np.float32), "w")])  # fmt: skip
+    labels = np.argmax(features[:, :3], axis=1).astype(np.int64)
+    monkeypatch.chdir(tmp_path)
+    results, _ = run_all(project(tmp_path, model, table(features, labels)), capsys)
+    assert overall(results)["accuracy"] == 1.0
