@@ -5,6 +5,9 @@
 The variant is built once; each candidate keeps some nodes in float and runs on the
 recipe's evaluation rows against FP32, scored with the gate metric overall and per slice:
 
+Groups rank by the gate first (`Score.breach`: how far past its tolerances a group takes the variant, or keeps it),
+then by the overall drop: a node breaking one slice is the one to keep float, not one costing more overall within it.
+
 - leave_one_out: all quantized but one group; cost = the drop recovered when that group stays float.
   Groups that only matter together (either one ruins the output) each recover little: when the recovered drops
   sum to under half the variant's drop, the result says so (`explained_share`, a note, the table's title).
@@ -46,7 +49,7 @@ from qbench.files import replace_atomically
 from qbench.preflight import Prepared, prepare
 from qbench.progress import track
 from qbench.recipe import GateSpec, Recipe, VariantSpec
-from qbench.report_grid import NONE, finite, percent, signed
+from qbench.report_grid import NONE, figure, finite, percent, signed
 from qbench.results import AccuracyResult
 from qbench.techniques.calibrators import AUTO_CALIBRATORS
 from qbench.validate.measure import measure
@@ -71,6 +74,14 @@ class Score:
     slices: dict[str, float]
     nsr: float
 
+    def breach(self, gate: GateSpec | None) -> float:
+        """How far past the gate's tolerances the drops are, summed over overall and the judged slices (0 within
+        them all; NaN without a gate, or with a drop that is not a number)."""
+        if gate is None:
+            return math.nan
+        checks = [(self.overall, gate.max_drop), *((drop, gate.max_slice_drop) for drop in self.slices.values())]
+        return float(sum(max(drop - tolerance, 0.0) for drop, tolerance in checks))
+
 
 @dataclass(frozen=True)
 class NodeCost:
@@ -81,6 +92,7 @@ class NodeCost:
     worst_slice: float  # the same on the variant's worst slice (NaN without slices)
     share: float  # of the variant's whole drop (sqnr: of all the noise the nodes add)
     nsr: float  # the candidate's output noise-to-signal ratio (sqnr: the noise the group adds)
+    breach: float = math.nan  # the gate breach (Score.breach) recovered by the group (one_at_a_time: caused alone)
 
 
 @dataclass(frozen=True)
@@ -101,6 +113,7 @@ class ExplainResult:
     notes: tuple[str, ...] = ()
     seconds: float = 0.0
     explained_share: float = math.nan  # leave_one_out: the groups' recovered drops summed, of the whole drop
+    breach: float = math.nan  # the whole variant's gate breach (Score.breach): 0 when it passes
 
     @property
     def explains_little(self) -> bool:
@@ -144,9 +157,10 @@ def group_nodes(nodes: Sequence[QuantizedNode], group_by: str) -> dict[str, list
 
 def rank_groups(
     keeper: QdqBypass | Rebuild, groups: Mapping[str, Sequence[QuantizedNode]], score: Scorer, baseline: Score,
-    method: str,
+    method: str, gate: GateSpec | None = None,
 ) -> list[NodeCost]:  # fmt: skip
-    """The measured cost of each group (leave_one_out or one_at_a_time), costliest first."""
+    """The measured cost of each group (leave_one_out or one_at_a_time), costliest first: by the gate breach it
+    recovers (or causes alone) when a gate is given, then by the overall drop."""
     everything = {n.name for members in groups.values() for n in members}
     worst = max(baseline.slices, key=lambda s: baseline.slices[s], default=None)
     costs = []
@@ -160,11 +174,13 @@ def rank_groups(
         if method == "leave_one_out":
             overall = baseline.overall - measured.overall
             on_worst = baseline.slices[worst] - measured.slices.get(worst, math.nan) if worst else math.nan
+            breach = baseline.breach(gate) - measured.breach(gate)
         else:
             overall, on_worst = measured.overall, measured.slices.get(worst, math.nan) if worst else math.nan
+            breach = measured.breach(gate)
         share = overall / baseline.overall if baseline.overall > 0 else math.nan
         op_types = tuple(sorted({n.op_type for n in members}))
-        costs.append(NodeCost(group, tuple(sorted(names)), op_types, overall, on_worst, share, measured.nsr))
+        costs.append(NodeCost(group, tuple(sorted(names)), op_types, overall, on_worst, share, measured.nsr, breach))
     return sort_costs(costs, method)
 
 
@@ -183,11 +199,13 @@ def rank_by_sqnr(groups: Mapping[str, Sequence[QuantizedNode]], noise: Mapping[s
 
 
 def sort_costs(costs: Sequence[NodeCost], method: str) -> list[NodeCost]:
-    """Costliest first; ties broken by the candidate's distance from FP32 (nsr)."""
+    """Costliest first: by the gate breach (NaN: no gate, all alike), the overall drop, the worst slice's; ties broken
+    by the candidate's distance from FP32 (nsr)."""
 
     def key(cost: NodeCost) -> tuple[float, ...]:
         tie = -cost.nsr if method == "leave_one_out" else cost.nsr  # leave-one-out: closest to FP32 first
-        return tuple(-v if math.isfinite(v) else math.inf for v in (cost.overall, cost.worst_slice, tie))
+        breach = cost.breach if math.isfinite(cost.breach) else 0.0  # no gate (sqnr, the fallback's noise) ranks alike
+        return tuple(-v if math.isfinite(v) else math.inf for v in (breach, cost.overall, cost.worst_slice, tie))
 
     return sorted(costs, key=lambda c: (key(c), c.group))
 
@@ -286,7 +304,8 @@ def explain_variant(
             if capped:
                 notes.append(f"measured the {max_nodes} noisiest of {len(groups)} groups (by SQNR)")
                 groups = {c.group: groups[c.group] for c in by_noise[:max_nodes]}
-            costs = rank_groups(float_keeper(spec, scratch, built), groups, evaluator.score, baseline, method)
+            keeper = float_keeper(spec, scratch, built)
+            costs = rank_groups(keeper, groups, evaluator.score, baseline, method, recipe.gate)
     worst = max(baseline.slices, key=lambda s: baseline.slices[s], default=None)
     explained = explained_share(costs, baseline.overall) if method == "leave_one_out" else math.nan
     if explained < EXPLAINED_FLOOR:
@@ -296,7 +315,7 @@ def explain_variant(
         group_by=group_by, metric=recipe.gate.metric, backend=backend_name, rows=len(prepared.evaluation_rows),
         drop=baseline.overall, worst_slice=worst, worst_slice_drop=baseline.slices[worst] if worst else math.nan,
         quantized_nodes=len(nodes), costs=tuple(costs), notes=tuple(notes), seconds=time.perf_counter() - started,
-        explained_share=explained,
+        explained_share=explained, breach=baseline.breach(recipe.gate),
     )  # fmt: skip
 
 
@@ -386,21 +405,27 @@ def _require_fp32_tensors(built: BuiltVariant, option: str) -> None:
 
 
 def explain_table(result: ExplainResult, top: int) -> Table:
-    """Rank, group, op types, then the cost overall and on the variant's worst slice (sqnr: the added noise)."""
+    """Rank, group, op types, the gate breach (when the variant breaches the gate: what ranks first), then the cost
+    overall and on the variant's worst slice (sqnr: the added noise)."""
     what = {"leave_one_out": "recovered", "one_at_a_time": "drop", "sqnr": "added noise"}[result.method]
     on_worst = f" and {signed(result.worst_slice_drop)} on {result.worst_slice}" if result.worst_slice else ""
     explained = f"{result.variant} ({result.calibrator})" if result.calibrator not in ("", "None") else result.variant
     caveat = f"; the ranking explains only {percent(result.explained_share)} of it: see the note"
     caveat = caveat if result.explains_little else ""
+    shown_breach = result.method != "sqnr" and finite(result.breach) and result.breach > 0
+    past = f"; {figure(result.breach)} past the gate's tolerances, summed, ranked first" if shown_breach else ""
     table = Table(title=f"{explained}: {result.method} by {result.group_by}, {result.metric} "
-                        f"(the variant drops {signed(result.drop)} overall{on_worst}{caveat})", title_justify="left")  # fmt: skip
+                        f"(the variant drops {signed(result.drop)} overall{on_worst}{past}{caveat})", title_justify="left")  # fmt: skip
     shown_worst = result.method != "sqnr" and result.worst_slice is not None
-    columns = ["rank", result.group_by, "op type", f"{what} overall" if result.method != "sqnr" else what]
+    columns = ["rank", result.group_by, "op type"]
+    columns += [{"leave_one_out": "breach recovered", "one_at_a_time": "breach alone"}[result.method]] if shown_breach else []
+    columns += [f"{what} overall" if result.method != "sqnr" else what]
     columns += [f"{what} on {result.worst_slice}"] if shown_worst else []
     for column in [*columns, "share"]:
         table.add_column(column, justify="left" if column in (result.group_by, "op type") else "right")
     for rank, cost in enumerate(result.costs[:top], 1):
-        values = [f"{cost.nsr:.2e}" if finite(cost.nsr) else NONE] if result.method == "sqnr" else [signed(cost.overall)]
+        values = [signed(cost.breach)] if shown_breach else []
+        values += [f"{cost.nsr:.2e}" if finite(cost.nsr) else NONE] if result.method == "sqnr" else [signed(cost.overall)]
         values += [signed(cost.worst_slice)] if shown_worst else []
         share = percent(cost.share) if math.isfinite(cost.share) else "—"
         table.add_row(str(rank), cost.group, ",".join(cost.op_types), *values, share)
