@@ -18,6 +18,7 @@ non-missing cell.
 from __future__ import annotations
 
 import operator
+import unicodedata
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -82,7 +83,9 @@ def distinct_values(values: pd.Series) -> list[Any]:
 
 
 def format_value(value: Any) -> str:
-    """A cell value as people write it: 3 (not 3.0, even from a float column), 0.25, north, True."""
+    """A cell value as people write it: 3 (not 3.0, even from a float column), 0.25, north, True. Text that would
+    print like other text (empty, spaces around it, accents not composed as NFC) is quoted with escapes: ' a',
+    'e\\u0301'. Slice names are made of these, and two slices must never read alike in the gate's table."""
     if isinstance(value, (bool, np.bool_)):
         return str(bool(value))
     if isinstance(value, (int, np.integer)):
@@ -90,7 +93,10 @@ def format_value(value: Any) -> str:
     if isinstance(value, (float, np.floating)):
         number = float(value)
         return str(int(number)) if number.is_integer() else repr(number)
-    return printable(str(value))
+    text = str(value)
+    if not text or text != text.strip() or unicodedata.normalize("NFC", text) != text:
+        return ascii(text)  # ' a' and 'a', or é as one code point and as e + accent, would print alike
+    return printable(text)
 
 
 def printable(text: str) -> str:
