@@ -5,8 +5,9 @@ eq, ne, in, not_in, lt, le, gt, ge (the schema is checked by `qbench.recipe`).
 Several columns AND together; several ops on one column AND together.
 
 A column of text (a CSV column read as text, qbench.data.load) compares as numbers when every
-cell is one, and equals a number where its text is that number written plainly (7 matches "7",
-not "007"), and true or false as pandas would have read it ("True", "true", "TRUE").
+cell is one, and equals a number where its text is that number written plainly (7 matches "7"
+and "7.0", not "007"), and true or false as pandas would have read it ("True", "true", "TRUE").
+A column of dates or timestamps equals a text operand read as a date or time ('2024-01-31').
 
 Missing cells (None / NaN) follow SQL: they match only a condition that names
 null (`eq: null`, `in: [..., null]`); `ne: x`, `not_in: [x]` and the comparisons
@@ -17,6 +18,7 @@ non-missing cell.
 from __future__ import annotations
 
 import operator
+import unicodedata
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -81,7 +83,9 @@ def distinct_values(values: pd.Series) -> list[Any]:
 
 
 def format_value(value: Any) -> str:
-    """A cell value as people write it: 3 (not 3.0, even from a float column), 0.25, north, True."""
+    """A cell value as people write it: 3 (not 3.0, even from a float column), 0.25, north, True. Text that would
+    print like other text (empty, spaces around it, accents not composed as NFC) is quoted with escapes: ' a',
+    'e\\u0301'. Slice names are made of these, and two slices must never read alike in the gate's table."""
     if isinstance(value, (bool, np.bool_)):
         return str(bool(value))
     if isinstance(value, (int, np.integer)):
@@ -89,7 +93,10 @@ def format_value(value: Any) -> str:
     if isinstance(value, (float, np.floating)):
         number = float(value)
         return str(int(number)) if number.is_integer() else repr(number)
-    return printable(str(value))
+    text = str(value)
+    if not text or text != text.strip() or unicodedata.normalize("NFC", text) != text:
+        return ascii(text)  # ' a' and 'a', or é as one code point and as e + accent, would print alike
+    return printable(text)
 
 
 def printable(text: str) -> str:
@@ -109,7 +116,7 @@ def _condition_mask(values: pd.Series, op: str, operand: Any, *, field: str, rec
             )
         return _COMPARISONS[op](numbers, operand).to_numpy(dtype=bool, na_value=False)
     operands: Sequence[Any] = operand if op in ("in", "not_in") else [operand]
-    matched = _matches_any(values, operands)
+    matched = _matches_any(values, operands, field=field, recipe_file=recipe_file)
     if op in ("eq", "in"):
         return matched
     if any(v is None for v in operands):
@@ -117,14 +124,69 @@ def _condition_mask(values: pd.Series, op: str, operand: Any, *, field: str, rec
     return ~matched & values.notna().to_numpy()
 
 
-def _matches_any(values: pd.Series, operands: Sequence[Any]) -> np.ndarray:
+def _matches_any(values: pd.Series, operands: Sequence[Any], *, field: str, recipe_file: Path) -> np.ndarray:
     wanted = [v for v in operands if v is not None]
-    if pd.api.types.is_object_dtype(values) or pd.api.types.is_string_dtype(values):
+    dates = _date_kind(values)
+    numbers_as_text = np.zeros(len(values), dtype=bool)
+    if dates is not None:
+        wanted = [_as_date(values, v, dates, field=field, recipe_file=recipe_file) for v in wanted]
+    elif pd.api.types.is_object_dtype(values) or pd.api.types.is_string_dtype(values):
+        numbers = [v for v in wanted if isinstance(v, (int, float)) and not isinstance(v, bool)]
         wanted += [text for v in wanted if isinstance(v, (int, float)) for text in _cell_texts(v)]
+        numbers_as_text = _plain_numbers_in(values, numbers)
     matched = values.isin(wanted).to_numpy(dtype=bool, na_value=False) & values.notna().to_numpy()
+    matched |= numbers_as_text
     if len(wanted) < len(operands):
         matched |= values.isna().to_numpy()
     return matched
+
+
+PLAIN_NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?"
+"""A number as a table writes it plainly: no leading zero ('007' is a code), no '+', no exponent, no spaces."""
+
+
+def _plain_numbers_in(values: pd.Series, numbers: Sequence[float]) -> np.ndarray:
+    """Which text cells write one of `numbers` plainly: '1.0' and '1' both write 1. A CSV `by` column keeps its text,
+    and pandas writes a float column with gaps as '1.0', '2.0', '': matching only the text '1' left `ne: 1` keeping
+    every '1.0' row, and `eq: 1` selecting none, where the same table as Parquet selects by the number."""
+    if not numbers or pd.api.types.infer_dtype(values, skipna=True) not in ("string", "mixed", "mixed-integer"):
+        return np.zeros(len(values), dtype=bool)
+    plain = values.astype(object).str.fullmatch(PLAIN_NUMBER).to_numpy(dtype=bool, na_value=False)
+    written = pd.to_numeric(values.where(plain), errors="coerce")
+    return written.isin(numbers).to_numpy(dtype=bool, na_value=False) & plain
+
+
+def _date_kind(values: pd.Series) -> str | None:
+    """'datetime' for a column of timestamps (datetime64, with or without a time zone), 'date' for one of calendar
+    dates (Parquet's date32 reads as datetime.date cells), else None."""
+    if pd.api.types.is_datetime64_any_dtype(values):
+        return "datetime"
+    if pd.api.types.is_object_dtype(values) and pd.api.types.infer_dtype(values, skipna=True) == "date":
+        return "date"
+    return None
+
+
+def _as_date(values: pd.Series, operand: Any, kind: str, *, field: str, recipe_file: Path) -> Any:
+    """A filter's text operand as a value of a date or time column, so `eq: '2024-01-31'` selects that day's cells
+    (a text never equals a timestamp cell: every such filter selected nothing). Anything else is a RecipeError."""
+    example = "'2024-01-31'" if kind == "date" else "'2024-01-31' or '2024-01-31 12:30:00'"
+    expected = f"column {values.name!r} holds {kind}s; expected a {kind} written as text such as {example}"
+    if not isinstance(operand, str):
+        raise RecipeError(recipe_file, field, f"got {operand!r}: {expected}")
+    try:
+        parsed = pd.Timestamp(operand)
+    except ValueError:
+        raise RecipeError(recipe_file, field, f"got {operand!r}: {expected}") from None
+    if kind == "date":
+        if parsed != parsed.normalize() or parsed.tz is not None:
+            raise RecipeError(recipe_file, field, f"got {operand!r}: {expected}, without a time")
+        return parsed.date()
+    zone = values.dt.tz
+    if (zone is None) != (parsed.tz is None):
+        wanted = f"with its UTC offset, like '{parsed}+00:00' ({values.name!r} is in {zone})" if zone is not None \
+            else f"without a UTC offset ({values.name!r} holds times without a time zone)"
+        raise RecipeError(recipe_file, field, f"got {operand!r}: expected a time {wanted}")
+    return parsed
 
 
 def _cell_texts(value: float) -> tuple[str, ...]:

@@ -151,3 +151,57 @@ def test_a_text_column_of_codes_compares_as_numbers_and_equals_the_number_it_wri
     assert rows({"code": {"ne": 7}}) == [0, 2, 4]
     flags = pd.DataFrame({"flag": ["True", "false", "TRUE", None]})
     assert np.flatnonzero(filter_mask(flags, {"flag": True}, field=FIELD, recipe_file=RECIPE)).tolist() == [0, 2]
+
+
+def test_a_number_equals_the_text_cells_that_write_it_as_a_float_column_would(tmp_path: Path) -> None:
+    """pandas writes a float column with gaps as '1.0', '2.0', '' and a CSV `by` column keeps that text: `ne: 1` must
+    leave out the '1.0' rows (it kept them) and `eq: 1` select them (it selected none), as the same table read as
+    Parquet does. Leading zeros, signs and spaces still make a code, not the number."""
+    table = pd.DataFrame({"f": [1.0, 2.0, np.nan, 1.0, 2.0]})
+    table.to_csv(tmp_path / "t.csv", index=False)
+    as_text = load_table(tmp_path / "t.csv", recipe_file=RECIPE, text_columns=["f"])
+    assert as_text["f"].tolist()[:2] == ["1.0", "2.0"]
+    for frame in (table, as_text):
+        assert np.flatnonzero(filter_mask(frame, {"f": {"ne": 1}}, field=FIELD, recipe_file=RECIPE)).tolist() == [1, 4]
+        assert np.flatnonzero(filter_mask(frame, {"f": {"in": [1]}}, field=FIELD, recipe_file=RECIPE)).tolist() == [0, 3]
+    codes = pd.DataFrame({"c": ["01.0", "+1", " 1", "1.50", "1e0", "1.5"]})
+    assert np.flatnonzero(filter_mask(codes, {"c": 1.5}, field=FIELD, recipe_file=RECIPE)).tolist() == [3, 5]
+    assert not filter_mask(codes, {"c": 1}, field=FIELD, recipe_file=RECIPE).any()
+
+
+def _dates() -> pd.DataFrame:
+    times = pd.to_datetime(pd.Series(["2024-01-01 00:00", "2024-01-02 12:00", None, "2024-01-01 00:00"]))
+    return pd.DataFrame({"t": times, "utc": times.dt.tz_localize("UTC"),
+                         "day": [None if pd.isna(v) else v.date() for v in times]})  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("flt", "expected"),
+    [
+        ({"t": "2024-01-01"}, [0, 3]),
+        ({"t": {"ne": "2024-01-02 12:00:00"}}, [0, 3]),
+        ({"t": {"in": ["2024-01-02T12:00", None]}}, [1, 2]),
+        ({"utc": {"not_in": ["2024-01-01 00:00:00+00:00"]}}, [1]),
+        ({"day": "2024-01-02"}, [1]),
+    ],
+)
+def test_a_date_or_time_column_equals_the_text_of_a_date(flt: dict, expected: list[int]) -> None:
+    """A text never equals a timestamp cell, so every equality filter on a date column selected nothing, even the
+    value the 'selects no rows' hint listed."""
+    assert np.flatnonzero(filter_mask(_dates(), flt, field=FIELD, recipe_file=RECIPE)).tolist() == expected
+
+
+@pytest.mark.parametrize(
+    ("flt", "words"),
+    [
+        ({"t": 20240101}, "got 20240101: column 't' holds datetimes; expected a datetime written as text"),
+        ({"t": "yesterday"}, "got 'yesterday': column 't' holds datetimes"),
+        ({"utc": "2024-01-01"}, "expected a time with its UTC offset, like '2024-01-01 00:00:00+00:00'"),
+        ({"t": "2024-01-01 00:00+01:00"}, "expected a time without a UTC offset"),
+        ({"day": "2024-01-01 10:00"}, "column 'day' holds dates; expected a date written as text such as "),
+    ],
+)
+def test_a_date_column_refuses_what_is_not_a_date_naming_the_field(flt: dict, words: str) -> None:
+    with pytest.raises(RecipeError) as info:
+        filter_mask(_dates(), flt, field=FIELD, recipe_file=RECIPE)
+    assert f"{FIELD}.{next(iter(flt))}: " in str(info.value) and words in str(info.value)

@@ -189,3 +189,13 @@ def test_csv_codes_that_read_as_one_number_are_slices_of_their_own(tmp_path: Pat
     evaluated = evaluation_rows(table, data, recipe_file=RECIPE)
     assert evaluated.rows.tolist() == list(range(1, 9))  # a number filter on another column still works
     assert evaluated.slice_sizes == {"code=007": 2, "code=010": 3, "code=7": 3}
+
+
+def test_values_that_print_alike_give_slice_names_that_read_apart() -> None:
+    """' a', 'a' and 'a ' (a sloppy export), or é composed and as e + accent, are different values, so different
+    slices, but were named 'w= a', 'w=a', 'w=a ' and 'w=é' twice: which one breached could not be read off the
+    gate's table. Such text is quoted with escapes; plain text keeps its plain name."""
+    values = [" a", "a", "a ", "\u00e9", "e\u0301", "", "b c"]
+    masks = slice_masks(pd.DataFrame({"w": values}), [SliceSpec(by="w")], recipe_file=RECIPE)
+    names = {int(np.flatnonzero(mask)[0]): name for name, mask in masks.items()}
+    assert names == {0: "w=' a'", 1: "w=a", 2: "w='a '", 3: "w=\u00e9", 4: "w='e\\u0301'", 5: "w=''", 6: "w=b c"}
