@@ -205,3 +205,22 @@ def test_a_date_column_refuses_what_is_not_a_date_naming_the_field(flt: dict, wo
     with pytest.raises(RecipeError) as info:
         filter_mask(_dates(), flt, field=FIELD, recipe_file=RECIPE)
     assert f"{FIELD}.{next(iter(flt))}: " in str(info.value) and words in str(info.value)
+
+
+@pytest.mark.parametrize(("column", "values", "flt", "words"), [
+    ("flag", [True, False, True], {"flag": 1}, "got 1: column 'flag' holds true/false; expected true or false"),
+    ("flag", pd.array([True, None, False], dtype="boolean"), {"flag": {"ne": 0}}, "got 0: column 'flag' holds"),
+    ("count", [0, 1, 2], {"count": {"in": [True]}}, "got True: column 'count' holds numbers; expected a number"),
+])  # fmt: skip
+def test_true_or_false_against_numbers_is_refused_naming_the_field(column: str, values: object, flt: dict,
+                                                                   words: str) -> None:
+    """pandas compares them as Python does (True == 1): `flag: 1` selected the true rows, silently."""
+    with pytest.raises(RecipeError) as info:
+        filter_mask(pd.DataFrame({column: values}), flt, field=FIELD, recipe_file=RECIPE)
+    assert words in str(info.value) and FIELD in str(info.value)
+
+
+def test_true_or_false_filters_on_a_boolean_column() -> None:
+    table = pd.DataFrame({"flag": pd.array([True, None, False], dtype="boolean")})
+    assert np.flatnonzero(filter_mask(table, {"flag": True}, field=FIELD, recipe_file=RECIPE)).tolist() == [0]
+    assert np.flatnonzero(filter_mask(table, {"flag": {"ne": True}}, field=FIELD, recipe_file=RECIPE)).tolist() == [2]
