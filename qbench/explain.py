@@ -2,11 +2,10 @@
 
     outcome = run_explain(recipe, "int8-minmax", method="leave_one_out")   # `qbench explain`
 
-The variant is built once; each candidate keeps some nodes in float and runs on the
-recipe's evaluation rows against FP32, scored with the gate metric overall and per slice:
-
-Groups rank by the gate first (`Score.breach`: how far past its tolerances a group takes the variant, or keeps it),
-then by the overall drop: a node breaking one slice is the one to keep float, not one costing more overall within it.
+The variant is built once; each candidate keeps some nodes in float and runs on the recipe's evaluation rows
+against FP32, scored with the gate metric overall and per slice. Groups rank by the gate first (`Score.breach`: how
+far past its tolerances a group takes the variant, or keeps it), then by the overall drop: a node breaking one slice
+is the one to keep float, not one costing more overall within it.
 
 - leave_one_out: all quantized but one group; cost = the drop recovered when that group stays float.
   Groups that only matter together (either one ruins the output) each recover little: when the recovered drops
