@@ -245,13 +245,19 @@ def test_a_usage_error_is_still_exit_2_when_nobody_reads_it():
 # -- 6. a clean-up that fails after a first error ---------------------------------------------------
 
 
-def test_a_failing_clean_up_does_not_hide_the_error_that_stopped_the_sweep(project, tmp_path, monkeypatch, capsys):
+def reporting_to(project: Path, folder: Path) -> Path:
+    """The project's recipe in `folder`, writing its runs to folder/reports (its model and data linked there)."""
     raw = yaml.safe_load((project / "qbench.yaml").read_text())
-    raw["output_dir"] = str(tmp_path / "reports")
-    recipe = tmp_path / "qbench.yaml"
+    raw["output_dir"] = str(folder / "reports")
+    recipe = folder / "qbench.yaml"
     recipe.write_text(yaml.safe_dump(raw, sort_keys=False))
     recipe.with_name("model").symlink_to(project / "model")
     recipe.with_name("data").symlink_to(project / "data")
+    return recipe
+
+
+def test_a_failing_clean_up_does_not_hide_the_error_that_stopped_the_sweep(project, tmp_path, monkeypatch, capsys):
+    recipe = reporting_to(project, tmp_path)
 
     def disk_full(*args: Any) -> None:
         raise QbenchError("results.json: cannot write the results: No space left on device")
@@ -439,12 +445,7 @@ def test_results_that_cannot_be_written_on_a_full_disk_leave_the_earlier_file(pr
 def test_a_signal_once_the_results_are_complete_still_leaves_the_reports(project, tmp_path, monkeypatch, capsys):
     """A signal right after results.json is complete (Ctrl+C while the plot renders) used to leave complete results
     without report.md, report.html and frontier.png: the reports are written before the signal is acted on."""
-    raw = yaml.safe_load((project / "qbench.yaml").read_text())
-    raw["output_dir"] = str(tmp_path / "reports")
-    recipe = tmp_path / "qbench.yaml"
-    recipe.write_text(yaml.safe_dump(raw, sort_keys=False))
-    recipe.with_name("model").symlink_to(project / "model")
-    recipe.with_name("data").symlink_to(project / "data")
+    recipe = reporting_to(project, tmp_path)
     from qbench import sweep
 
     completed = sweep.mark_complete
