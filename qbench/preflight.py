@@ -34,6 +34,7 @@ from qbench.data import (
     per_slice_counts,
     row_ids_sha256,
     select_rows,
+    training_rows,
 )
 from qbench.errors import QbenchError, RecipeError, expected_one_of
 from qbench.modelinfo import ModelInfo, external_data_files, read_model_info
@@ -223,7 +224,7 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None) -> Prepared:
         calibration_overlap=(
             int(np.intersect1d(eval_rows, calibration_rows).size) if calibration_table is table else 0
         ),
-        training=_training(recipe, task, table, model, outputs, nonfinite, masks, inputs=data.inputs),
+        training=_training(recipe, task, table, model, outputs, nonfinite, masks, eval_rows, inputs=data.inputs),
         custom_metrics=custom_metrics,
         dropped_nonfinite=dropped,
         preprocess_ms_per_row=preprocess_ms_per_row,
@@ -469,16 +470,18 @@ def _training(
     outputs: list[OutputChoice],
     nonfinite: NonfiniteMasks,
     slices: dict[str, np.ndarray],
+    eval_rows: np.ndarray,
     *,
     inputs: Mapping[str, str | TextInputSpec],
 ) -> dict[str, TrainingData]:
-    """Feeds (fed as `inputs`, as _calibration's) and labels for every QAT variant, from its `qat.train` filter."""
+    """Feeds (fed as `inputs`, as _calibration's) and labels for every QAT variant, from its `qat.train` filter
+    (never an evaluation row: see training_rows)."""
     training = {}
     for index, spec in enumerate(recipe.variants):
         if spec.qat is None:
             continue
         field = f"variants[{index}].qat.train.filter"
-        rows = select_rows(table, spec.qat.train.filter, field=field, recipe_file=recipe.source)
+        rows = training_rows(table, spec.qat.train.filter, eval_rows, field=field, recipe_file=recipe.source)
         rows = _finite_rows(recipe, rows, nonfinite, {}, f"{spec.name} training")
         rows = rows[: spec.qat.train.limit] if spec.qat.train.limit is not None else rows
         check_finite(table, rows, nonfinite, slices, what=f"{spec.name} training", recipe_file=recipe.source)

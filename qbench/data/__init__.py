@@ -10,7 +10,14 @@ is a `RecipeError` naming the recipe file and the field.
 
 from __future__ import annotations
 
-from qbench.data.evaluation import EvaluationRows, evaluation_rows, finite_rows, load_data_table, text_columns
+from qbench.data.evaluation import (
+    EvaluationRows,
+    evaluation_rows,
+    finite_rows,
+    load_data_table,
+    text_columns,
+    training_rows,
+)
 from qbench.data.feeds import build_feeds, iter_batches, labels_array
 from qbench.data.filters import filter_mask, format_value, select_rows
 from qbench.data.load import SUPPORTED_FORMATS, load_table, table_name
@@ -41,4 +48,5 @@ __all__ = [
     "table_name",
     "load_data_table",
     "text_columns",
+    "training_rows",
 ]

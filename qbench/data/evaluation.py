@@ -12,12 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from qbench.data.filters import select_rows
-from qbench.data.load import load_table
+from qbench.data.load import load_table, table_name
 from qbench.data.nonfinite import NonfiniteMasks, check_finite, drop_nonfinite, nonfinite_masks
 from qbench.data.slices import slice_masks
 from qbench.errors import RecipeError
@@ -103,6 +104,36 @@ def evaluation_rows(table: pd.DataFrame, data: DataSpec, *, recipe_file: Path) -
     masks = slice_masks(table, data.slices, recipe_file=recipe_file, inputs=data.inputs, evaluation_rows=rows)
     check_finite(table, rows, nonfinite, masks, what="evaluation", recipe_file=recipe_file)
     return EvaluationRows(rows=rows, masks=masks, nonfinite=nonfinite, dropped=dropped, left_out=left_out)
+
+
+def training_rows(
+    table: pd.DataFrame, flt: dict[str, Any] | None, evaluation: np.ndarray, *, field: str, recipe_file: Path
+) -> np.ndarray:
+    """The rows a QAT variant may fine-tune on: its filter's (without one, every row not evaluated), never an
+    evaluation row.
+
+    A variant fine-tuned on the rows it is then scored on reports a flattering accuracy, and the gate
+    would pass it on that: so a filter that selects evaluation rows is refused, not narrowed silently
+    (the user meant those rows; which others to train on is theirs to say)."""
+    if flt is None:
+        rows = np.setdiff1d(np.arange(len(table), dtype=np.int64), evaluation)
+        if len(rows) == 0:
+            raise RecipeError(
+                recipe_file, field, f"every one of the {len(table)} rows in {table_name(table)} is an evaluation row; "
+                "expected rows apart from the evaluation rows to fine-tune on (narrow data.evaluation.filter or "
+                "set its limit)",
+            )  # fmt: skip
+        return rows
+    rows = select_rows(table, flt, field=field, recipe_file=recipe_file)
+    shared = np.intersect1d(rows, evaluation)
+    if shared.size:
+        raise RecipeError(
+            recipe_file, field, f"selects {shared.size} of the {len(evaluation)} evaluation rows (e.g. row "
+            f"{int(shared[0])} of {table_name(table)}); expected rows apart from the evaluation rows: a variant "
+            "fine-tuned on the rows it is scored on reports a flattering accuracy (leave the filter out to train "
+            "on every row that is not evaluated)",
+        )  # fmt: skip
+    return rows
 
 
 def finite_rows(

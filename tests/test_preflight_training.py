@@ -1,0 +1,110 @@
+"""The rows a QAT variant fine-tunes on (qbench.preflight, qbench.data.training_rows): never an evaluation row.
+
+A QAT variant that saw the evaluation rows reports a flattering accuracy, which the gate would pass:
+without `qat.train.filter` it trains on every row that is not evaluated, and a filter that selects
+evaluation rows is a recipe error naming the field.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from qbench.data import training_rows
+from qbench.errors import RecipeError
+from qbench.recipe import load_recipe
+
+torch = pytest.importorskip("torch")
+
+FEATURES = 4
+FACTORY = """
+from torch import nn
+
+def build():
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+"""
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny PyTorch MLP (its factory in the folder: one per process), 40 train / 20 calib / 30 eval rows."""
+    root = tmp_path_factory.mktemp("qat_rows")
+    (root / "tinymlp.py").write_text(FACTORY)
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    torch.save(module.state_dict(), root / "weights.pt")
+    x = np.random.default_rng(0).normal(size=(90, FEATURES)).astype(np.float32)
+    with torch.no_grad():
+        labels = module(torch.from_numpy(x)).argmax(dim=1).numpy()
+    split = ["train"] * 40 + ["calib"] * 20 + ["eval"] * 30
+    pd.DataFrame({"x": list(x), "label": labels, "split": split}).to_parquet(root / "data.parquet")
+    return root
+
+
+def _recipe(root: Path, name: str, qat: dict[str, Any], evaluation: dict[str, Any]) -> Path:
+    recipe = {
+        "name": "qat-rows",
+        "model": {"torch": "tinymlp:build", "weights": "weights.pt", "example_inputs": {"features": [1, FEATURES]},
+                  "output_names": ["scores"]},
+        "data": {"path": "data.parquet", "inputs": {"x": "features"}, "label": "label",
+                 "calibration": {"filter": {"split": "calib"}, "samples": 16}, "evaluation": evaluation},
+        "variants": [{"name": "int8-qat", "precision": "int8", "calibrator": "minmax", "qat": qat}],
+        "backends": ["onnxruntime-cpu"],
+        "output_dir": "reports",
+    }  # fmt: skip
+    path = root / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return path
+
+
+def _training_row_values(prepared: Any) -> set[tuple[float, ...]]:
+    return {tuple(row) for row in prepared.training["int8-qat"].feeds["features"].tolist()}
+
+
+def test_without_a_filter_qat_trains_on_every_row_not_evaluated(project: Path) -> None:
+    from qbench.preflight import prepare
+
+    recipe = _recipe(project, "default", {"loss": "label"}, {"filter": {"split": "eval"}, "limit": 20})
+    prepared = prepare(load_recipe(recipe), track=False, destinations=False)
+    evaluated = {tuple(row) for row in prepared.evaluation_feeds["features"].tolist()}
+    trained = _training_row_values(prepared)
+    assert len(evaluated) == 20 and not trained & evaluated
+    # every other row: 40 train + 20 calib + the 10 eval rows past the evaluation limit
+    assert len(trained) == 70
+    assert len(prepared.training["int8-qat"].labels) == 70
+
+
+def test_a_filter_selecting_evaluation_rows_is_refused_naming_the_field(project: Path) -> None:
+    from qbench.preflight import prepare
+
+    recipe = _recipe(project, "overlap", {"loss": "label", "train": {"filter": {"split": {"ne": "calib"}}}},
+                      {"filter": {"split": "eval"}})  # fmt: skip
+    with pytest.raises(RecipeError) as error:
+        prepare(load_recipe(recipe), track=False, destinations=False)
+    assert str(error.value).startswith(
+        f"{recipe}: variants[0].qat.train.filter: selects 30 of the 30 evaluation rows (e.g. row 60 of "
+    )
+    assert "\n" not in str(error.value)
+
+
+def test_a_filter_apart_from_the_evaluation_rows_is_kept_as_written(project: Path) -> None:
+    from qbench.preflight import prepare
+
+    recipe = _recipe(project, "apart", {"loss": "distill", "train": {"filter": {"split": "train"}, "limit": 25}},
+                      {"filter": {"split": "eval"}})  # fmt: skip
+    prepared = prepare(load_recipe(recipe), track=False, destinations=False)
+    table = pd.read_parquet(project / "data.parquet")
+    assert _training_row_values(prepared) == {tuple(row) for row in table["x"][:25].map(list)}
+
+
+def test_every_row_evaluated_leaves_nothing_to_train_on() -> None:
+    table = pd.DataFrame({"split": ["eval"] * 4})
+    with pytest.raises(RecipeError, match=r"r\.yaml: variants\[2\]\.qat\.train\.filter: every one of the 4 rows"):
+        training_rows(table, None, np.arange(4), field="variants[2].qat.train.filter", recipe_file=Path("r.yaml"))
+    kept = training_rows(table, None, np.array([0, 2]), field="f", recipe_file=Path("r.yaml"))
+    assert kept.tolist() == [1, 3]
