@@ -188,8 +188,8 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None) -> Prepared:
     check_batch_memory(recipe, eval_feeds)
     lookups = constant_lookups(source.onnx_path)
     check_lookup_indices(recipe, lookups, eval_feeds, eval_rows, "evaluation")
-    if source.torch is not None:
-        _check_export_on_rows(recipe, source, eval_feeds)
+    if source.torch is not None and _check_export_on_rows(recipe, source, eval_feeds):
+        return _prepare(recipe, snapshot)  # a stale cached export was replaced: read everything from the new one
     check_row_independence(recipe, source.onnx_path, model, eval_feeds, {c.name: c.index for c in outputs}, batch)
     calibration_table = (
         load_data_table(_read_from(snapshot, "data.calibration", recipe.calibration_data_path), data,
@@ -238,26 +238,31 @@ def _read_from(snapshot: Snapshot | None, name: str, path: Path) -> Path:
     return path if snapshot is None else snapshot.path(name, path)
 
 
-def _check_export_on_rows(recipe: Recipe, source: ModelSource, feeds: Feeds) -> None:
+def _check_export_on_rows(recipe: Recipe, source: ModelSource, feeds: Feeds) -> bool:
     """The exported reference must compute what forward() computes on the recipe's own rows, not only on the
     export's random example: a branch on the data (`if (x < 0).any()`) is recorded as the example took it, and
-    every figure would then describe another model."""
-    from qbench.sources.torch_export import export_difference
+    every figure would then describe another model. True when the export differed and a new export replaced it
+    (a cached export of code since edited): what was read from the old file must be read again."""
+    from qbench.sources.torch_export import export_difference, refresh_export
 
     torch_model = source.torch
     if torch_model is None or any(name not in feeds for name in torch_model.input_names):
-        return
+        return False
     count = len(feeds[torch_model.input_names[0]])
     rows = np.unique(np.linspace(0, count - 1, min(count, EXPORT_CHECK_ROWS)).astype(int))
+    inputs = [feeds[n][rows] for n in torch_model.input_names]
     try:
-        difference = export_difference(torch_model, source.onnx_path, [feeds[n][rows] for n in torch_model.input_names])
+        difference = export_difference(torch_model, source.onnx_path, inputs)
     except Exception as exc:  # noqa: BLE001 - the user's forward() on real rows: any error is theirs to see
         raise RecipeError(recipe.source, "model.torch", f"forward() failed on evaluation rows: {exc}") from exc
-    if difference is not None:
-        message = (f"on {len(rows)} evaluation rows the ONNX export's {difference}: forward() takes a path the "
-                   "export did not record (data-dependent control flow, e.g. `if x.sum() > 0`); write it with "
-                   "tensor operations (torch.where) or export the model yourself and set model.path")  # fmt: skip
-        raise RecipeError(recipe.source, "model.torch", message)
+    if difference is None:
+        return False
+    if refresh_export(torch_model, source.onnx_path, inputs):
+        return True
+    message = (f"on {len(rows)} evaluation rows the ONNX export's {difference}: forward() takes a path the "
+               "export did not record (data-dependent control flow, e.g. `if x.sum() > 0`); write it with "
+               "tensor operations (torch.where) or export the model yourself and set model.path")  # fmt: skip
+    raise RecipeError(recipe.source, "model.torch", message)
 
 
 def check_backends(recipe: Recipe) -> None:

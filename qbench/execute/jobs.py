@@ -25,6 +25,7 @@ from qbench.backends import get_backend
 from qbench.errors import QbenchError
 from qbench.execute.store import BuildStore, StoreUnwritable, build_environment, manifest_of
 from qbench.preflight import Prepared
+from qbench.provenance import model_sha256
 from qbench.recipe import VariantSpec
 from qbench.results import AccuracyResult, VariantResult
 from qbench.validate.measure import Measured, PhaseClock, Reference, describe_error, measure
@@ -111,7 +112,8 @@ def _build_and_publish(
         own_torch = built.torch_module is not None and not _torch_form_from_source(built, prepared)
         t = time.perf_counter()
         try:
-            manifest = manifest_of(built, folder, build_environment(), reusable=not own_torch)
+            manifest = manifest_of(built, folder, build_environment(), reusable=not own_torch,
+                                   reference=model_sha256(prepared.source.onnx_path))
             if report is not None:
                 manifest["search"] = report
             manifest = store.publish(key, folder, manifest)  # another publisher's, when it got there first

@@ -305,11 +305,12 @@ class Scheduler:
         """Take over the builds in the store and the still-valid finished jobs of `folder`; returns how many."""
         records = read_records(folder) if folder is not None else {}
         environment = build_environment()
+        reference = model_sha256(self.prepared.source.onnx_path)  # builds from another FP32 model are not reused
         reused = 0
         for job in self.plan.jobs:
             record = records.get(job.id)
             if job.kind == "build":
-                stored = self.store.reusable(job.build_key, environment)
+                stored = self.store.reusable(job.build_key, environment, reference)
                 if stored is not None:
                     self._built(job, BuildOutput(job.variant, stored, where="the build store"))
                     reused += 1

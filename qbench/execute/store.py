@@ -115,12 +115,18 @@ class BuildStore:
             return None
         return content if isinstance(content.get("files"), dict) else None
 
-    def reusable(self, key: str, environment: dict[str, str]) -> dict[str, Any] | None:
+    def reusable(self, key: str, environment: dict[str, str], reference: str | None = None) -> dict[str, Any] | None:
         """The manifest of the build under `key` when a sweep in `environment` may reuse it: complete, built
         in that environment, its torch form (if any) rebuilt from the source, and every file as published.
-        A file changed, truncated or gone since is logged as a warning naming it; the build is then not reused."""
+        A file changed, truncated or gone since is logged as a warning naming it; the build is then not reused.
+
+        Given `reference` (the sha256 of the FP32 ONNX model the sweep builds from), only a build made from that
+        model: a PyTorch source's export changes with code the key does not cover (a function in another file
+        than the factory's), and a variant built from the old export would be measured against the new one."""
         manifest = self.manifest(key)
         if manifest is None or manifest.get("reusable") is not True or manifest.get("environment") != environment:
+            return None
+        if reference is not None and manifest.get("reference") != reference:
             return None
         return self._used_if_intact(key, manifest)
 
@@ -150,7 +156,8 @@ class BuildStore:
     def publish(self, key: str, folder: Path, manifest: dict[str, Any]) -> dict[str, Any]:
         """Put every file `manifest` lists, from `folder`, under `key` with the manifest (which makes the build
         visible). Returns the manifest of the build now under `key`: this one, or an intact one of the same
-        environment that another publisher put there first and that is reusable or holds the same bytes.
+        environment and FP32 model that another publisher put there first and that is reusable or holds the same
+        bytes.
         A store that cannot take the files raises StoreUnwritable (see store_writes), leaving no part of them."""
         local = self.local
         if local is None:
@@ -201,9 +208,12 @@ class BuildStore:
                 discarded.unlink()
 
     def _kept(self, key: str, manifest: dict[str, Any]) -> dict[str, Any] | None:
-        """The entry under `key`, when a publisher of `manifest` keeps it instead of its own (see `publish`)."""
+        """The entry under `key`, when a publisher of `manifest` keeps it instead of its own (see `publish`): never
+        one built from another FP32 model (a PyTorch source's export of since-edited code, see `reusable`)."""
         existing = self.manifest(key)
         if existing is None or existing.get("environment") != manifest["environment"]:
+            return None
+        if existing.get("reference") != manifest.get("reference"):
             return None
         if existing.get("reusable") is not True and existing["files"] != manifest["files"]:
             return None
@@ -323,9 +333,11 @@ def build_environment() -> dict[str, str]:
     }
 
 
-def manifest_of(built: BuiltVariant, folder: Path, environment: dict[str, str], *, reusable: bool) -> dict[str, Any]:
+def manifest_of(built: BuiltVariant, folder: Path, environment: dict[str, str], *, reusable: bool,
+                reference: str | None = None) -> dict[str, Any]:  # fmt: skip
     """The manifest of `built`, whose files are in `folder`: everything to rebuild the BuiltVariant from them,
-    and `files`, each file's name and sha256 (what `BuildStore.reusable` checks the stored files against).
+    `files`, each file's name and sha256 (what `BuildStore.reusable` checks the stored files against), and
+    `reference`, the sha256 of the FP32 ONNX model it was built from.
 
     `reusable` is False when the build's torch form lives only in memory (QAT, ModelOpt): a resumed sweep
     builds such a variant again rather than measure it without that form."""
@@ -346,6 +358,7 @@ def manifest_of(built: BuiltVariant, folder: Path, environment: dict[str, str], 
         "activation_ranges": {name: list(bounds) for name, bounds in built.activation_ranges.items()},
         "environment": environment,
         "reusable": reusable,
+        "reference": reference,
     }
 
 

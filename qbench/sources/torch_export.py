@@ -32,11 +32,7 @@ _ANY_BATCH = (f"write x.flatten(1) or x.view(x.size(0), -1) rather than x.view({
 
 def export_reference(torch_model: TorchModel, cache_dir: Path | None = None) -> Path:
     """The FP32 ONNX export of `torch_model` (in `cache_dir`, default `export_cache_dir()`), reused when cached
-    and still computing what forward() computes.
-
-    A new export goes to a temporary file, is checked against torch in ONNX Runtime,
-    and only then is renamed into place: the cache never holds a partial or wrong
-    file, and a concurrent sweep never reads half of one.
+    and still computing what forward() computes (checked against torch in ONNX Runtime before it is cached).
     """
     folder = (cache_dir or export_cache_dir()) / "exports" / torch_model.cache_key
     target = folder / "model.onnx"
@@ -50,18 +46,44 @@ def export_reference(torch_model: TorchModel, cache_dir: Path | None = None) -> 
         logger.warning("the cached export %s is not what forward() computes now (%s): code forward() runs changed "
                        "outside the files the cache key covers; exporting again", target, stale)  # fmt: skip
     folder.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=folder, prefix=".model.", suffix=".onnx.tmp")
+    logger.info("exporting %s to ONNX (cached in %s)", torch_model.factory, folder)
+    problem = _export_into(torch_model, target)
+    if problem is not None:
+        raise QbenchError(f"the ONNX export of {torch_model.factory} {problem}")
+    return target
+
+
+def refresh_export(torch_model: TorchModel, path: Path, inputs: Sequence[Any]) -> bool:
+    """Replace the export at `path`, which differs from forward() on `inputs` (the recipe's rows), by a new export
+    when that one computes what forward() computes on them; True when replaced.
+
+    A cached export is checked before reuse on the example inputs only, and those can miss an edit to code the
+    cache key does not cover (a function in another file): token ids that are all 0 pool alike whether forward()
+    takes their mean or the first one. Without this the stale export stayed in the cache and the recipe was
+    refused as data-dependent control flow, on every run, for code that exports correctly."""
+    problem = _export_into(torch_model, path, inputs)
+    if problem is None:
+        logger.warning("the cached export %s was not what forward() computes now on the recipe's rows: code "
+                       "forward() runs changed outside the files the cache key covers; exported again", path)  # fmt: skip
+    return problem is None
+
+
+def _export_into(torch_model: TorchModel, target: Path, inputs: Sequence[Any] | None = None) -> str | None:
+    """Export forward() to a temporary file beside `target`; when it computes what forward() computes (on the
+    example, another batch size and `inputs`), rename it into place, else return why not and leave `target` as is:
+    the cache never holds a partial or wrong file, and a concurrent sweep never reads half of one."""
+    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=".model.", suffix=".onnx.tmp")
     os.close(handle)
     try:
-        logger.info("exporting %s to ONNX (cached in %s)", torch_model.factory, folder)
         torch_model.export(torch_model.build(), Path(temporary))
         problem = _export_problem(torch_model, Path(temporary))
-        if problem is not None:
-            raise QbenchError(f"the ONNX export of {torch_model.factory} {problem}")
-        os.replace(temporary, target)
+        if problem is None and inputs is not None:
+            problem = export_difference(torch_model, Path(temporary), inputs)
+        if problem is None:
+            os.replace(temporary, target)
+        return problem
     finally:
         Path(temporary).unlink(missing_ok=True)
-    return target
 
 
 def _export_problem(torch_model: TorchModel, path: Path) -> str | None:

@@ -209,3 +209,20 @@ def test_entries_are_readable_by_every_user_the_umask_allows(tmp_path: Path) -> 
         os.umask(previous)
     assert (tmp_path / "store" / KEY).stat().st_mode & 0o777 == 0o755
     assert copy.parent.stat().st_mode & 0o777 == 0o755
+
+
+def test_a_build_from_another_fp32_model_is_neither_kept_nor_reused(tmp_path: Path) -> None:
+    """A PyTorch source's export changes with code its build key does not cover (a function in another file than the
+    factory's): the key stays, the FP32 model differs. The store kept the first publisher's entry, so variants built
+    from the old export were measured against the new one (FP16 0.3286 against FP32 0.3643, the gate failing a
+    variant that matched FP32 exactly), and `--resume` reused them the same way."""
+    store = BuildStore(str(tmp_path / "store"))
+    old = _build(tmp_path / "old", seed=0) | {"reference": "a" * 64}
+    store.publish(KEY, tmp_path / "old", old)
+    assert store.reusable(KEY, build_environment(), "a" * 64) == old
+    assert store.reusable(KEY, build_environment(), "b" * 64) is None
+    new = _build(tmp_path / "new", seed=1) | {"reference": "b" * 64}
+    assert store.publish(KEY, tmp_path / "new", new) == new  # replaced, not the old entry handed back
+    assert store.reusable(KEY, build_environment(), "b" * 64) == new
+    same = _build(tmp_path / "same", seed=2) | {"reference": "b" * 64}
+    assert store.publish(KEY, tmp_path / "same", same) == new  # the same FP32 model: the first entry is kept
