@@ -151,7 +151,7 @@ def prepare(
         raise
 
 
-def _prepare(recipe: Recipe, snapshot: Snapshot | None) -> Prepared:
+def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, export_refreshed: bool = False) -> Prepared:
     source = resolve_model(recipe, snapshot)
     model = _read_model(recipe, source.onnx_path)
     batch = fixed_batch(recipe, model)
@@ -188,8 +188,8 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None) -> Prepared:
     check_batch_memory(recipe, eval_feeds)
     lookups = constant_lookups(source.onnx_path)
     check_lookup_indices(recipe, lookups, eval_feeds, eval_rows, "evaluation")
-    if source.torch is not None and _check_export_on_rows(recipe, source, eval_feeds):
-        return _prepare(recipe, snapshot)  # a stale cached export was replaced: read everything from the new one
+    if source.torch is not None and _check_export_on_rows(recipe, source, eval_feeds, refresh=not export_refreshed):
+        return _prepare(recipe, snapshot, export_refreshed=True)  # a stale export was replaced: read the new one
     check_row_independence(recipe, source.onnx_path, model, eval_feeds, {c.name: c.index for c in outputs}, batch)
     calibration_table = (
         load_data_table(_read_from(snapshot, "data.calibration", recipe.calibration_data_path), data,
@@ -238,7 +238,7 @@ def _read_from(snapshot: Snapshot | None, name: str, path: Path) -> Path:
     return path if snapshot is None else snapshot.path(name, path)
 
 
-def _check_export_on_rows(recipe: Recipe, source: ModelSource, feeds: Feeds) -> bool:
+def _check_export_on_rows(recipe: Recipe, source: ModelSource, feeds: Feeds, *, refresh: bool = True) -> bool:
     """The exported reference must compute what forward() computes on the recipe's own rows, not only on the
     export's random example: a branch on the data (`if (x < 0).any()`) is recorded as the example took it, and
     every figure would then describe another model. True when the export differed and a new export replaced it
@@ -257,7 +257,7 @@ def _check_export_on_rows(recipe: Recipe, source: ModelSource, feeds: Feeds) -> 
         raise RecipeError(recipe.source, "model.torch", f"forward() failed on evaluation rows: {exc}") from exc
     if difference is None:
         return False
-    if refresh_export(torch_model, source.onnx_path, inputs):
+    if refresh and refresh_export(torch_model, source.onnx_path, inputs):
         return True
     message = (f"on {len(rows)} evaluation rows the ONNX export's {difference}: forward() takes a path the "
                "export did not record (data-dependent control flow, e.g. `if x.sum() > 0`); write it with "
