@@ -2,6 +2,10 @@
 
 Trust model: such code is what the user chose to run, imported like any Python import with the
 recipe's folder first on `sys.path`. Finding its source file (for digests) imports nothing.
+
+`project_modules` lists the modules of the user's own project a process has imported (whatever forward() may
+call), for a cache key that follows every edit to them; `edited_since_seen` tells when the code in memory is
+no longer the file on disk, which such a key would then misdescribe.
 """
 
 from __future__ import annotations
@@ -9,9 +13,17 @@ from __future__ import annotations
 import contextlib
 import importlib.machinery
 import importlib.util
+import os
 import sys
-from collections.abc import Iterator
+import sysconfig
+import weakref
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from types import ModuleType
+
+# module -> sha256 of its file when qbench first hashed it in this process
+_SOURCE_AT_FIRST_SIGHT: weakref.WeakKeyDictionary[ModuleType, str] = weakref.WeakKeyDictionary()
+_INSTALLED = frozenset({"site-packages", "dist-packages"})
 
 
 def module_source(module_name: str, search_dir: Path) -> Path | None:
@@ -43,3 +55,29 @@ def first_on_sys_path(folder: Path) -> Iterator[None]:
         yield
     finally:
         sys.path.remove(entry)
+
+
+def project_modules(roots: Sequence[Path]) -> list[tuple[str, ModuleType, Path]]:
+    """(name, module, file) of every module in sys.modules loaded from a file under one of `roots` (the user's
+    project: the recipe's folder, the factory's), by name; installed packages (a `site-packages` or
+    `dist-packages` folder, a virtual environment inside the project included) and the standard library are left
+    out, which keeps hashing them cheap. A module of the project imported for another reason is listed too."""
+    folders = [Path(os.path.realpath(root)) for root in roots]
+    system = [Path(os.path.realpath(p)) for key, p in sysconfig.get_paths().items() if key.endswith(("stdlib", "lib"))]
+    found = []
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if not isinstance(module, ModuleType) or not isinstance(file, str):
+            continue  # built-in, frozen, a namespace package, or an object a library put in sys.modules
+        path = Path(os.path.realpath(file))
+        if (any(path.is_relative_to(folder) for folder in folders) and not _INSTALLED & set(path.parts)
+                and not any(path.is_relative_to(folder) for folder in system) and path.is_file()):
+            found.append((name, module, path))
+    return sorted(found, key=lambda entry: entry[0])
+
+
+def edited_since_seen(module: ModuleType, sha256: str) -> bool:
+    """Whether `module`'s file, whose digest is now `sha256`, had another when qbench first hashed it in this
+    process: the code running is then not the code on disk. A file edited after its import but before qbench
+    first hashed it cannot be told apart."""
+    return _SOURCE_AT_FIRST_SIGHT.setdefault(module, sha256) != sha256

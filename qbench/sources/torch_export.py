@@ -2,8 +2,8 @@
 
 A new export is checked against torch on the example batch and on a batch of another size
 (the exporter traces: a size it read as a Python number is recorded as a constant). A cached
-export is checked the same way before it is reused: its key covers the weights and the source
-files of the module's classes, not every function forward() calls, and a stale reference
+export is checked the same way before it is reused: its key covers the weights and the files of
+the user's project, not code installed elsewhere that forward() calls, and a stale reference
 would mislead every figure.
 """
 
@@ -58,7 +58,7 @@ def refresh_export(torch_model: TorchModel, path: Path, inputs: Sequence[Any]) -
     when that one computes what forward() computes on them; True when replaced.
 
     A cached export is checked before reuse on the example inputs only, and those can miss an edit to code the
-    cache key does not cover (a function in another file): token ids that are all 0 pool alike whether forward()
+    cache key does not cover (a function of a package installed outside the project): token ids that are all 0 pool alike whether forward()
     takes their mean or the first one. Without this the stale export stayed in the cache and the recipe was
     refused as data-dependent control flow, on every run, for code that exports correctly."""
     problem = _export_into(torch_model, path, inputs)

@@ -9,11 +9,13 @@ chose to run, imported like any Python import with the recipe's folder first on
 The FP32 reference is exported with the TorchScript exporter and cached in
 `$QBENCH_CACHE_DIR` (default `~/.cache/qbench`) as `exports/<key>/model.onnx`
 (`qbench.sources.torch_export`). The key hashes what the export depends on: the module's
-tensors after loading, the factory module's source file and the source files of every
-class in the module (its submodules' classes and their bases, wherever they are defined),
-the example shapes and dtypes, the output names, the opset and the torch version. A
-function forward() calls from another file is not in the key: a cached export is checked
-against forward() before it is reused, and exported again when it differs.
+tensors after loading, the source files of every class in the module (its submodules' classes
+and their bases, wherever they are defined), every file of the user's project the process has
+imported once the module is built and has run (modules under the recipe's folder or the factory
+module's, so a helper forward() calls from another file; installed packages and the standard
+library are left out), the example shapes and dtypes, the output names, the opset and the torch
+version. Code outside the project (an installed package) is not in the key: a cached export is
+checked against forward() before it is reused, and exported again when it differs.
 """
 
 from __future__ import annotations
@@ -29,17 +31,15 @@ import json
 import logging
 import os
 import warnings
-import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from qbench.errors import MissingExtraError, QbenchError, RecipeError, did_you_mean
 from qbench.recipe import Recipe, file_sha256
 from qbench.sources.torch_outputs import flatten_outputs, own_names
-from qbench.user_code import first_on_sys_path, module_source, not_found
+from qbench.user_code import edited_since_seen, first_on_sys_path, module_source, not_found, project_modules
 
 logger = logging.getLogger(__name__)
 
@@ -49,9 +49,6 @@ if TYPE_CHECKING:  # pragma: no cover
 EXAMPLE_BATCH = 2  # a batch of 1 can be special-cased by exporters
 _EXPORT_FORMAT = 1  # bump when the export settings change, so older cached exports are not reused
 _EXAMPLE_SEED = 0
-
-# factory module -> sha256 of its source file when qbench first used it in this process
-_SOURCE_AT_IMPORT: weakref.WeakKeyDictionary[ModuleType, str] = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True, eq=False)
@@ -157,7 +154,8 @@ def load_torch_model(recipe: Recipe, *, weights: Path | None = None) -> TorchMod
     source_sha256 = file_sha256(source)
     key = {
         "format": _EXPORT_FORMAT, "factory": spec.torch, "factory_source": source_sha256,
-        "state": _state_sha256(module), "classes": _class_sources_sha256(module), "example_inputs": shapes, "input_dtypes": dtypes,
+        "state": _state_sha256(module), "classes": _class_sources_sha256(module),
+        "project": _project_sources_sha256(recipe, source), "example_inputs": shapes, "input_dtypes": dtypes,
         "output_names": output_names, "opset": spec.opset, "torch": torch.__version__,
     }  # fmt: skip
     return TorchModel(
@@ -224,9 +222,8 @@ def _import_factory(recipe: Recipe, factory_name: str, source: Path) -> Any:
         message = f"{module_name!r} is already imported from {loaded_from}, not {source}; run qbench in a new process"
         raise RecipeError(recipe.source, "model.torch", message)
     sha = file_sha256(source)
-    if _SOURCE_AT_IMPORT.setdefault(module, sha) != sha:
-        message = f"{source} changed after this process imported it; run qbench in a new process to use the new code"
-        raise RecipeError(recipe.source, "model.torch", message)
+    if edited_since_seen(module, sha):
+        raise RecipeError(recipe.source, "model.torch", _changed_after_import(source))
     factory = getattr(module, attribute, None)
     if factory is None:
         hint = did_you_mean(attribute, [name for name in dir(module) if not name.startswith("_")])
@@ -425,6 +422,24 @@ def _class_sources_sha256(module: torch.nn.Module) -> dict[str, str]:
         if path is not None and cls.__module__ not in files and Path(path).is_file():
             files[cls.__module__] = file_sha256(Path(path))
     return dict(sorted(files.items()))
+
+
+def _project_sources_sha256(recipe: Recipe, source: Path) -> dict[str, str]:
+    """Python module name -> sha256 of its file, for every module of the user's project this process has imported
+    (under the recipe's folder or the factory module's), read after the factory built the module and forward()
+    ran: a helper forward() calls from another file is exported anew when edited. The checks of a cached export
+    run on a few inputs only, and can miss such an edit (all-0 token ids pool alike by mean or first token)."""
+    files: dict[str, str] = {}
+    for name, module, path in project_modules((recipe.base_dir, source.parent)):
+        sha = file_sha256(path)
+        if edited_since_seen(module, sha):  # the key would name code this process does not run
+            raise RecipeError(recipe.source, "model.torch", _changed_after_import(path))
+        files[name] = sha
+    return files
+
+
+def _changed_after_import(path: Path) -> str:
+    return f"{path} changed after this process imported it; run qbench in a new process to use the new code"
 
 
 # -- the cached FP32 export (qbench.sources.torch_export) ----------------------------------------

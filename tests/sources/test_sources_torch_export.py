@@ -1,8 +1,9 @@
 """The cached FP32 export of a PyTorch source: checked at a batch other than the example's, re-checked when reused,
-keyed by the source files of the module's classes."""
+keyed by the source files of the module's classes and of the user's project."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -82,15 +83,21 @@ def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]
 
 
 def _forget_mypkg() -> None:
-    """As a new process would: the next load imports mypkg from its files again."""
-    for name in [m for m in sys.modules if m == "mypkg" or m.startswith("mypkg.")]:
+    """As a new process would: the next load imports mypkg (and extops) from its files again."""
+    for name in [m for m in sys.modules if m in ("mypkg", "extops") or m.startswith("mypkg.")]:
         del sys.modules[name]
 
 
-def _project(root: Path, factory: str = "build") -> Path:
+def _project(root: Path, factory: str = "build", *, installed_ops: Path | None = None) -> Path:
+    """mypkg in `root` beside the recipe; with `installed_ops`, forward()'s helper is `extops` from that folder
+    (on sys.path, outside the project: a package installed elsewhere) rather than `mypkg.ops`."""
     package = root / "mypkg"
     package.mkdir(exist_ok=True)
-    for name, source in (("__init__", ""), ("ops", OPS_SOURCE), ("layers", LAYERS_SOURCE), ("models", MODELS_SOURCE)):
+    layers = LAYERS_SOURCE
+    if installed_ops is not None:
+        (installed_ops / "extops.py").write_text(OPS_SOURCE)
+        layers = LAYERS_SOURCE.replace("from mypkg import ops", "import extops as ops")
+    for name, source in (("__init__", ""), ("ops", OPS_SOURCE), ("layers", layers), ("models", MODELS_SOURCE)):
         (package / f"{name}.py").write_text(source)
     recipe = {
         "name": "export-cache",
@@ -147,17 +154,60 @@ def test_editing_a_class_in_another_file_than_the_factory_makes_a_new_export(tmp
     assert load_torch_model(load_recipe(recipe)).cache_key != first
 
 
-def test_a_cached_export_that_forward_no_longer_computes_is_exported_again(tmp_path: Path) -> None:
-    """forward() calls a function from a file the key does not cover: edited from relu to tanh, the cached
-    export (relu) would have been reused, 0.5 off torch, and the recipe blamed on data-dependent control flow."""
-    recipe = _project(tmp_path)
+def test_a_cached_export_that_forward_no_longer_computes_is_exported_again(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """forward() calls a function from a file the key does not cover (outside the project): edited from relu to
+    tanh, the cached export (relu) would have been reused, 0.5 off torch, and the recipe blamed on data-dependent
+    control flow."""
+    installed = tmp_path_factory.mktemp("installed")
+    monkeypatch.syspath_prepend(str(installed))
+    recipe = _project(tmp_path, installed_ops=installed)
     relu = export_reference(load_torch_model(load_recipe(recipe)))
     assert _onnx_vs_torch(relu, recipe) < 1e-5
     _forget_mypkg()
-    (tmp_path / "mypkg" / "ops.py").write_text(OPS_SOURCE.replace("torch.relu", "torch.tanh"))
+    (installed / "extops.py").write_text(OPS_SOURCE.replace("torch.relu", "torch.tanh"))
     torch_model = load_torch_model(load_recipe(recipe))
     tanh = export_reference(torch_model)
     assert tanh == relu  # the same key, the file replaced
     _forget_mypkg()
     assert _onnx_vs_torch(tanh, recipe) < 1e-5
     assert sorted(p.name for p in tanh.parent.iterdir()) == ["model.onnx"]  # no temp files left
+
+
+def test_editing_a_helper_forward_calls_from_another_file_makes_a_new_export(tmp_path: Path) -> None:
+    """ops.act is neither the factory's file nor a class's: the key left it out, so the edited code was served the
+    relu export's folder (replaced there only when the checks of a cached export saw the edit)."""
+    recipe = _project(tmp_path)
+    relu = export_reference(load_torch_model(load_recipe(recipe)))
+    _forget_mypkg()
+    (tmp_path / "mypkg" / "ops.py").write_text(OPS_SOURCE.replace("torch.relu", "torch.tanh"))
+    tanh = export_reference(load_torch_model(load_recipe(recipe)))
+    assert tanh.parent != relu.parent and relu.is_file()  # a new key: the relu export is left to the relu code
+    _forget_mypkg()
+    assert _onnx_vs_torch(tanh, recipe) < 1e-5
+
+
+def test_the_export_key_is_the_same_in_fresh_processes_when_nothing_changed(tmp_path: Path) -> None:
+    recipe = _project(tmp_path)
+    script = ("import sys\nfrom qbench.recipe import load_recipe\nfrom qbench.sources.torch_model import load_torch_model\n"
+              "print(load_torch_model(load_recipe(sys.argv[1])).cache_key)\n")  # fmt: skip
+    runs = [subprocess.Popen([sys.executable, "-c", script, str(recipe)], stdout=subprocess.PIPE, text=True)
+            for _ in range(2)]  # fmt: skip
+    keys = [run.communicate(timeout=120)[0].strip() for run in runs]
+    assert [run.returncode for run in runs] == [0, 0]
+    assert keys[0] == keys[1] == load_torch_model(load_recipe(recipe)).cache_key  # this process imported far more
+
+
+def test_a_helper_edited_after_this_process_imported_it_is_refused(tmp_path: Path) -> None:
+    """The key would hash the edited file while forward() runs the code imported before: an export of the old code
+    cached under the new code's key, reused by every later run."""
+    recipe = _project(tmp_path)
+    load_torch_model(load_recipe(recipe))
+    ops = tmp_path / "mypkg" / "ops.py"
+    ops.write_text(OPS_SOURCE.replace("torch.relu", "torch.tanh"))
+    with pytest.raises(RecipeError) as caught:
+        load_torch_model(load_recipe(recipe))
+    assert caught.value.field == "model.torch"
+    assert caught.value.detail == f"{ops.resolve()} changed after this process imported it; run qbench in a new process " \
+                                  "to use the new code"

@@ -1,5 +1,6 @@
-"""A cached export of code since edited outside the cache key, whose example inputs cannot tell the edit apart: it is
-exported again once the recipe's rows show it, not refused as data-dependent control flow."""
+"""A cached export of code since edited outside the cache key (a package installed outside the project), whose example
+inputs cannot tell the edit apart: it is exported again once the recipe's rows show it, not refused as data-dependent
+control flow."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ MODELS = '''
 import torch
 from torch import nn
 
-from mypkg import ops
+import extops as ops
 
 
 class Tokens(nn.Module):
@@ -50,14 +51,23 @@ def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]
     _forget_mypkg()
 
 
+@pytest.fixture
+def installed(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A folder on sys.path outside the project, holding forward()'s helper `extops` (a package installed elsewhere)."""
+    folder = tmp_path_factory.mktemp("installed")
+    monkeypatch.syspath_prepend(str(folder))
+    (folder / "extops.py").write_text(MEAN)
+    return folder
+
+
 def _forget_mypkg() -> None:
-    for name in [m for m in sys.modules if m == "mypkg" or m.startswith("mypkg.")]:
+    for name in [m for m in sys.modules if m in ("mypkg", "extops") or m.startswith("mypkg.")]:
         del sys.modules[name]
 
 
 def _project(root: Path) -> Path:
     (root / "mypkg").mkdir()
-    for name, source in (("__init__", ""), ("ops", MEAN), ("models", MODELS)):
+    for name, source in (("__init__", ""), ("models", MODELS)):
         (root / "mypkg" / f"{name}.py").write_text(source)
     rng = np.random.default_rng(0)
     ids = rng.integers(0, 20, size=(24, 5))
@@ -74,14 +84,14 @@ def _project(root: Path) -> Path:
     return path
 
 
-def test_a_cached_export_stale_only_on_the_recipe_rows_is_exported_again(tmp_path: Path) -> None:
-    """Mean pooling edited to first-token pooling in ops.py: the same cache key, and on the example's all-0 token ids
+def test_a_cached_export_stale_only_on_the_recipe_rows_is_exported_again(tmp_path: Path, installed: Path) -> None:
+    """Mean pooling edited to first-token pooling in extops.py: the same cache key, and on the example's all-0 token ids
     both pool alike, so the cached export passed its check. The rows differ: the recipe was refused, on every run,
     as 'forward() takes a path the export did not record (data-dependent control flow)'."""
     recipe = _project(tmp_path)
     first = prepare(load_recipe(recipe), track=False, destinations=False, backends=False).source
     _forget_mypkg()
-    (tmp_path / "mypkg" / "ops.py").write_text(FIRST)
+    (installed / "extops.py").write_text(FIRST)
     prepared = prepare(load_recipe(recipe), track=False, destinations=False, backends=False)
     assert prepared.source.onnx_path == first.onnx_path  # the same key, the file replaced
     feeds = {name: prepared.evaluation_feeds[name] for name in ("ids", "mask")}

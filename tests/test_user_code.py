@@ -1,0 +1,47 @@
+"""The user's project as a process imported it: which modules a cache key follows."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from qbench.user_code import project_modules
+
+NAMES = ("uc_helper", "uc_vendored", "uc_elsewhere", "uc_pkg", "uc_pkg.inner")
+
+
+@pytest.fixture(autouse=True)
+def _forget() -> Iterator[None]:
+    yield
+    for name in NAMES:
+        sys.modules.pop(name, None)
+
+
+def test_project_modules_are_those_under_the_roots_less_installed_packages(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    project = tmp_path / "project"
+    vendored = project / ".venv" / "lib" / "python3.11" / "site-packages"  # a virtual environment in the project
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    for folder, name in ((project, "uc_helper"), (vendored, "uc_vendored"), (elsewhere, "uc_elsewhere")):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{name}.py").write_text("VALUE = 1\n")
+        monkeypatch.syspath_prepend(str(folder))
+    (project / "uc_pkg").mkdir()
+    (project / "uc_pkg" / "__init__.py").write_text("")
+    (project / "uc_pkg" / "inner.py").write_text("VALUE = 2\n")
+    for name in NAMES:
+        importlib.import_module(name)
+    found = project_modules([project])
+    assert [(name, path) for name, _, path in found] == [
+        ("uc_helper", (project / "uc_helper.py").resolve()),
+        ("uc_pkg", (project / "uc_pkg" / "__init__.py").resolve()),
+        ("uc_pkg.inner", (project / "uc_pkg" / "inner.py").resolve()),
+    ]
+    assert [module for _, module, _ in found] == [sys.modules[n] for n in ("uc_helper", "uc_pkg", "uc_pkg.inner")]
+    assert [name for name, _, _ in project_modules([project, elsewhere])] == [
+        "uc_elsewhere", "uc_helper", "uc_pkg", "uc_pkg.inner"]  # fmt: skip
