@@ -7,15 +7,14 @@ chose to run, imported like any Python import with the recipe's folder first on
 (a whole `torch.save(model)`); only a plain state_dict loads.
 
 The FP32 reference is exported with the TorchScript exporter and cached in
-`$QBENCH_CACHE_DIR` (default `~/.cache/qbench`) as `exports/<key>/model.onnx`
-(`qbench.sources.torch_export`). The key hashes what the export depends on: the module's
-tensors after loading, the source files of every class in the module (its submodules' classes
-and their bases, wherever they are defined), every file of the user's project the process has
-imported once the module is built and has run (modules under the recipe's folder or the factory
-module's, so a helper forward() calls from another file; installed packages and the standard
-library are left out), the example shapes and dtypes, the output names, the opset and the torch
-version. Code outside the project (an installed package) is not in the key: a cached export is
-checked against forward() before it is reused, and exported again when it differs.
+`$QBENCH_CACHE_DIR` (default `~/.cache/qbench`) as `exports/<key>/model.onnx` (`qbench.sources.torch_export`).
+The key hashes what the export depends on: the module's tensors after loading, the source files of every class in
+the module (its submodules' classes and their bases, wherever they are defined), every file of the user's project
+the process has imported once the module is built and has run (modules under the recipe's folder or the factory
+module's, so a helper forward() calls from another file; installed packages and the standard library are left
+out), the example shapes and dtypes, the output names, the opset and the torch version. Code outside the project
+(an installed package) is not in the key: a cached export is checked against forward() before it is reused, and
+exported again when it differs.
 """
 
 from __future__ import annotations
