@@ -7,10 +7,9 @@
 2. Sweep overhead: the share of a whole demo sweep spent outside variant building (calibration
    included) and inference — data preparation, scoring, load simulation, reporting, plotting, MLflow
    logging — in a sweep whose tracking store already exists (its one-time creation is not counted).
-   Each demo is swept from the library without MLflow and with the recipe's sqlite store; the digits
-   demo also with a local `mlflow server`, its writes made on qbench's background writer and, for
-   comparison, inline in the sweep's thread; and as a `qbench sweep` process (whose wall time also
-   holds the interpreter's start and the imports).
+   Each demo is swept from the library without MLflow and with the recipe's sqlite store (interleaved
+   rounds; MLflow's cost is also given as the median paired difference of wall times), and as a
+   `qbench sweep` process (whose wall time also holds the interpreter's start and the imports).
    The digits CNN always; the MiniLM search demo with --minilm (about 5 minutes).
 
     python bench/overhead.py [--rounds 5] [--iterations 300] [--threads 2] [--minilm]
@@ -20,8 +19,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import functools
 import json
 import os
 import shutil
@@ -37,7 +34,6 @@ import onnxruntime as ort
 from rich.console import Console
 from rich.table import Table
 
-from qbench import track_writer
 from qbench.backends import get_backend
 from qbench.backends.base import RunOptions
 from qbench.demo.digits import make_digits_demo
@@ -49,8 +45,6 @@ from qbench.variants import BuiltVariant
 
 BATCH_SIZES = (1, 32)
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-from server_processes import start_mlflow_server, stop_process_group  # noqa: E402 - the tests' real-server helper
 
 
 def bare_ort_p50_ms(model: Path, batch: np.ndarray, threads: int, warmup: int, iterations: int) -> float:
@@ -103,22 +97,13 @@ def _split(timings: dict[str, float], wall_s: float) -> dict:
     return {**timings, "wall_s": wall_s, "outside_build_and_inference_s": outside, "overhead_fraction": outside / wall_s}
 
 
-def library_sweep(root: Path, recipe_name: str, *, track: bool, server: str | None = None, inline: bool = False) -> dict:
-    """run_sweep on the demo recipe (into the tracking store created beforehand, with `track`; the MLflow `server`
-    instead of the recipe's store, if given): its phases. `inline`: a server's writes made in the sweep's thread, as
-    a local store's are (what a server cost before qbench.track_writer)."""
+def library_sweep(root: Path, recipe_name: str, *, track: bool) -> dict:
+    """run_sweep on the demo recipe (into the tracking store created beforehand, with `track`): its phases."""
     cwd = Path.cwd()
     os.chdir(root)
-    recipe = load_recipe(root / "recipes" / f"{recipe_name}.yaml")
-    if server is not None:
-        recipe = recipe.model_copy(update={"tracking": recipe.tracking.model_copy(update={"uri": server})})
-    writer = track_writer.BackgroundWriter.__init__
-    if inline:
-        track_writer.BackgroundWriter.__init__ = functools.partialmethod(writer, inline=True)  # type: ignore[method-assign]
     try:
-        timings = run_sweep(recipe, track=track).results.timings
+        timings = run_sweep(load_recipe(root / "recipes" / f"{recipe_name}.yaml"), track=track).results.timings
     finally:
-        track_writer.BackgroundWriter.__init__ = writer  # type: ignore[method-assign]
         os.chdir(cwd)
     return _split(timings, timings["total"])
 
@@ -148,38 +133,26 @@ def prepare_demo(root: Path, name: str) -> None:
 
 
 def sweep_overheads(root: Path, demos: list[str], rounds: int) -> list[dict]:
-    """Per demo: library sweeps without MLflow, with the recipe's sqlite store and (digits) with a local `mlflow
-    server`, its writes on the sweep's background writer and made inline, interleaved over `rounds` (medians; each
-    store is created by a first sweep, not counted); then one `qbench sweep` process. A server's writes overlap with
-    the sweep's work, so their cost shows in the wall time rather than in the phases: each MLflow row also gives the
-    median paired difference of wall times with and without MLflow."""
+    """Per demo: library sweeps without MLflow and with the recipe's sqlite store, interleaved over `rounds` (the
+    digits demo; MiniLM once), medians (the store is created by a first sweep, not counted), the MLflow row with the
+    median paired difference of wall times; then one `qbench sweep` process."""
     rows = []
     for name in demos:
         prepare_demo(root, name)
-        kinds = {"library, no MLflow": {"track": False}, "library, MLflow sqlite": {"track": True}}
-        with contextlib.ExitStack() as stack:
-            if name == "digits":
-                (root / "server").mkdir(exist_ok=True)
-                url, process = start_mlflow_server(root / "server")
-                stack.callback(stop_process_group, process)
-                kinds["library, MLflow server"] = {"track": True, "server": url}
-                kinds["library, MLflow server, inline writes"] = {"track": True, "server": url, "inline": True}
-            for options in kinds.values():
-                if options["track"]:
-                    library_sweep(root, name, **options)
-            measured: dict[str, list[dict]] = {how: [] for how in kinds}
-            for _ in range(rounds if name == "digits" else 1):
-                for how, options in kinds.items():
-                    measured[how].append(library_sweep(root, name, **options))
+        library_sweep(root, name, track=True)
+        kinds = {"library, no MLflow": False, "library, MLflow": True}
+        measured: dict[str, list[dict]] = {how: [] for how in kinds}
+        for _ in range(rounds if name == "digits" else 1):
+            for how, track in kinds.items():
+                measured[how].append(library_sweep(root, name, track=track))
         untracked = _median_row(measured["library, no MLflow"])
-        for how, runs in measured.items():
-            row = {"demo": name, "how": how, **_median_row(runs)}
-            if how != "library, no MLflow":
-                added = statistics.median(a["wall_s"] - b["wall_s"]
-                                          for a, b in zip(runs, measured["library, no MLflow"], strict=True))  # fmt: skip
-                row |= {"mlflow_adds_s": added, "overhead_by_difference": (untracked["outside_build_and_inference_s"]
-                                                                          + added) / (untracked["wall_s"] + added)}  # fmt: skip
-            rows.append(row)
+        tracked = measured["library, MLflow"]
+        added = statistics.median(a["wall_s"] - b["wall_s"] for a, b in zip(tracked, measured["library, no MLflow"],
+                                                                          strict=True))  # fmt: skip
+        by_difference = (untracked["outside_build_and_inference_s"] + added) / (untracked["wall_s"] + added)
+        rows.append({"demo": name, "how": "library, no MLflow", **untracked})
+        rows.append({"demo": name, "how": "library, MLflow", **_median_row(tracked), "mlflow_adds_s": added,
+                     "overhead_by_difference": by_difference})  # fmt: skip
         rows.append({"demo": name, "how": "qbench sweep process", **cli_sweep(root, name)})
     return rows
 

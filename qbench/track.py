@@ -12,7 +12,6 @@ Which store, its experiment and the UI command that serves it: qbench.track_stor
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import math
 import time
@@ -61,7 +60,6 @@ from qbench.track_store import (
     search_literal,
     store_failure,
 )
-from qbench.track_writer import BackgroundWriter
 
 T = TypeVar("T")
 
@@ -176,11 +174,6 @@ class _ChildRun:
 class SweepTracker:
     """The MLflow runs of one sweep, driven while it runs (see the module docstring).
 
-    With a tracking server, the calls made while the sweep runs (`variant_started`, `variant_finished`) return at
-    once: their writes run in order on a background thread, between timed regions (qbench.track_writer), and carry
-    the times of the calls, so each child run shows when its variant's work started and ended. `close` and `abort`
-    wait for them first. A local store is written in the sweep's thread.
-
     A store that fails while the sweep runs does not stop it: the first failure is kept in `failure` (one line
     naming the store), the runs are ended FAILED as far as the store still answers, and every later call is
     skipped, so the sweep measures everything and writes its results; the caller says that MLflow has not got
@@ -199,7 +192,6 @@ class SweepTracker:
         self._datasets: DatasetInputs | None = None
         self._monitor: Any | None = None
         self._retries = contextlib.ExitStack()  # bounded HTTP retries while the sweep's runs are open
-        self._writer = BackgroundWriter(inline=not is_server(uri))  # see qbench.track_writer
         self.failure: str | None = None
 
     @classmethod
@@ -252,8 +244,7 @@ class SweepTracker:
 
     def variant_started(self, variant: str, backend: str) -> None:
         """Open the child run of one variant on one backend (started now)."""
-        started = _now_ms()
-        self._writer.submit(lambda: self._mlflow(lambda: self._start_child(variant, backend, started)))
+        self._mlflow(lambda: self._start_child(variant, backend, _now_ms()))
 
     def _start_child(self, variant: str, backend: str, started: int | None = None) -> str:
         replaced = self._earlier.pop(f"{variant}@{backend}", None)
@@ -274,13 +265,12 @@ class SweepTracker:
 
         A result `reused` from the interrupted sweep this one resumes is in its child run already: that run is kept
         as it is (its model too, which the variant's other backends link to), nothing is logged twice."""
-        ended = _now_ms()
-        for step in self._finish_steps(results, variant, reused=reused, ended=ended):
-            self._writer.submit(functools.partial(self._mlflow, step))
+        for step in self._finish_steps(results, variant, reused=reused, ended=_now_ms()):
+            self._mlflow(step)
 
     def _finish_steps(self, results: SweepResults, variant: VariantResult, *, reused: bool,
                       ended: int) -> list[Callable[[], None]]:  # fmt: skip
-        """variant_finished's writes as steps (run in order): a timed region waits for one step, not for them all."""
+        """variant_finished's writes, in order: after a step the store failed in, `_mlflow` skips the rest."""
         opened = _ChildRun()
 
         def child() -> None:
@@ -347,7 +337,6 @@ class SweepTracker:
         (None when the store failed: see `failure`)."""
         logged_at_open = recipe.source.resolve() if recipe.source.is_file() else None  # see _check_artifact_store
         paths = [p for p in artifact_paths(recipe, artifacts) if p.resolve() != logged_at_open]
-        self._writer.close()
 
         def log() -> None:
             for variant in results.variants:
@@ -375,15 +364,8 @@ class SweepTracker:
         """End the parent and every open child with `status` (KILLED or FAILED); no run keeps a gate verdict.
 
         Best effort: the store may be what failed, so the first error ends the attempt (each further call would
-        wait for its own retries), and nothing is raised. The writes already handed to the background run first.
+        wait for its own retries), and nothing is raised.
         """
-        try:
-            self._writer.close()
-        except Exception as exc:  # noqa: BLE001 - best effort, see above
-            logger.debug("the sweep's MLflow writes stopped at: %s", exc)
-        self._end_runs(status, reason)
-
-    def _end_runs(self, status: str, reason: str) -> None:
         verdict = tag_value(f"not evaluated (sweep {reason})")
         calls: list[Callable[[], object]] = [
             self._stop_monitor,
@@ -412,7 +394,7 @@ class SweepTracker:
             self.failure = store_failure(self._uri, exc)
             logger.warning("%s; the sweep goes on without MLflow (its runs are ended FAILED where the store answers)",
                            self.failure)  # fmt: skip
-            self._end_runs("FAILED", "failed: MLflow error")  # on the writer's thread: abort would wait for itself
+            self.abort("FAILED", "failed: MLflow error")
             return None
 
 

@@ -26,7 +26,6 @@ from qbench.progress import track
 from qbench.recipe import StabilitySpec
 from qbench.results import LatencyPoint
 from qbench.validate.stability import StabilityRule, WindowedStability, iqr_ratio, run_until_stable
-from qbench.validate.timed import timed_region
 
 _NS_PER_MS = 1_000_000
 _DEFAULT_MAX_RUNS = 100_000  # latency.stability.max_iterations when not given
@@ -46,17 +45,16 @@ def measure_cold_start(
     why it is reported apart from the steady state.
     """
     batch = take_batch(feeds, rows)
-    with timed_region():
+    start = time.perf_counter_ns()
+    runner = load()
+    session_create_ms = _elapsed_ms(start)
+    try:
         start = time.perf_counter_ns()
-        runner = load()
-        session_create_ms = _elapsed_ms(start)
-        try:
-            start = time.perf_counter_ns()
-            runner.run(batch)
-            first_run_ms = _elapsed_ms(start)
-        except BaseException:
-            runner.close()
-            raise
+        runner.run(batch)
+        first_run_ms = _elapsed_ms(start)
+    except BaseException:
+        runner.close()
+        raise
     return runner, session_create_ms, first_run_ms
 
 
@@ -147,17 +145,16 @@ def measure_samples(
     if iterations <= 0:
         raise QbenchError(f"iterations must be positive, got {iterations}")
     samples: dict[int, np.ndarray] = {}
-    with timed_region():
-        for batch_size in batch_sizes:
-            batch = take_batch(feeds, batch_size)
-            for _ in range(warmup):
-                runner.run(batch)
-            label = f"{description} (batch {batch_size})"
-            rule = stability_rule(stability, iterations)
-            if rule is None:
-                samples[batch_size] = _timed_runs_ns(runner, batch, iterations, label).astype(np.float64) / _NS_PER_MS
-            else:
-                samples[batch_size] = _timed_until_stable(runner, batch, rule, label)
+    for batch_size in batch_sizes:
+        batch = take_batch(feeds, batch_size)
+        for _ in range(warmup):
+            runner.run(batch)
+        label = f"{description} (batch {batch_size})"
+        rule = stability_rule(stability, iterations)
+        if rule is None:
+            samples[batch_size] = _timed_runs_ns(runner, batch, iterations, label).astype(np.float64) / _NS_PER_MS
+        else:
+            samples[batch_size] = _timed_until_stable(runner, batch, rule, label)
     return samples
 
 
@@ -194,43 +191,29 @@ def measure_batcher_samples(
     """
     if iterations <= 0:
         raise QbenchError(f"iterations must be positive, got {iterations}")
+    idle_ns = int(idle_ms * _NS_PER_MS)
     gather: dict[int, float] = {}
     idle: dict[int, float] = {}
-    with timed_region():
-        for batch_size in batch_sizes:
-            requests = _one_row_requests(take_batch(feeds, batch_size))
-            gather[batch_size] = _median_gathering_ms(requests, iterations)
-            idle[batch_size] = _median_idle_start_ms(runner, requests, iterations, idle_ms)
+    for batch_size in batch_sizes:
+        batch = take_batch(feeds, batch_size)
+        requests = [{name: array[i : i + 1] for name, array in batch.items()} for i in range(batch_size)]
+        gatherings = np.empty(iterations, dtype=np.int64)
+        for i in range(iterations):
+            start = time.perf_counter_ns()
+            _gather(requests)
+            gatherings[i] = time.perf_counter_ns() - start
+        gather[batch_size] = float(np.median(gatherings)) / _NS_PER_MS
+        durations: list[int] = []
+        deadline = time.perf_counter_ns() + int(IDLE_BUDGET_S * 1e9)
+        while len(durations) < min(iterations, IDLE_RUNS) and (
+            len(durations) < IDLE_MIN_RUNS or time.perf_counter_ns() < deadline
+        ):
+            due = time.perf_counter_ns() + idle_ns
+            time.sleep(idle_ms / 1000)
+            runner.run(_gather(requests))
+            durations.append(time.perf_counter_ns() - due)
+        idle[batch_size] = float(np.median(durations)) / _NS_PER_MS
     return BatcherSamples(gather, idle)
-
-
-def _one_row_requests(batch: Mapping[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
-    rows = len(next(iter(batch.values())))
-    return [{name: array[i : i + 1] for name, array in batch.items()} for i in range(rows)]
-
-
-def _median_gathering_ms(requests: Sequence[Mapping[str, np.ndarray]], iterations: int) -> float:
-    gatherings = np.empty(iterations, dtype=np.int64)
-    for i in range(iterations):
-        start = time.perf_counter_ns()
-        _gather(requests)
-        gatherings[i] = time.perf_counter_ns() - start
-    return float(np.median(gatherings)) / _NS_PER_MS
-
-
-def _median_idle_start_ms(runner: Runner, requests: Sequence[Mapping[str, np.ndarray]], iterations: int,
-                          idle_ms: float) -> float:  # fmt: skip
-    idle_ns = int(idle_ms * _NS_PER_MS)
-    durations: list[int] = []
-    deadline = time.perf_counter_ns() + int(IDLE_BUDGET_S * 1e9)
-    while len(durations) < min(iterations, IDLE_RUNS) and (
-        len(durations) < IDLE_MIN_RUNS or time.perf_counter_ns() < deadline
-    ):
-        due = time.perf_counter_ns() + idle_ns
-        time.sleep(idle_ms / 1000)
-        runner.run(_gather(requests))
-        durations.append(time.perf_counter_ns() - due)
-    return float(np.median(durations)) / _NS_PER_MS
 
 
 def latency_points(

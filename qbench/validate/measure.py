@@ -39,7 +39,6 @@ from qbench.validate.latency import (
     measure_samples,
     stability_rule,
 )
-from qbench.validate.timed import background_wait_s
 from qbench.variants import BuiltVariant
 
 logger = logging.getLogger(__name__)
@@ -55,12 +54,6 @@ class PhaseClock:
 
     def add(self, phase: str, started: float) -> None:
         self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - started
-
-    def move(self, seconds: float, source: str, target: str) -> None:
-        """Count `seconds` of what was added to `source` as `target`'s."""
-        if seconds:
-            self.seconds[source] = self.seconds.get(source, 0.0) - seconds
-            self.seconds[target] = self.seconds.get(target, 0.0) + seconds
 
     def merge(self, seconds: Mapping[str, float]) -> None:
         """Add the phases another clock measured (a job run in a worker)."""
@@ -165,7 +158,7 @@ def measure(
     fixed = prepared.batch
     batch_sizes = (fixed,) if fixed is not None else (*(timing.batch_sizes if timing is not None else ()), rows.batch_size, 1)
     options = RunOptions(threads=threads, batch_sizes=tuple(sorted(set(batch_sizes))))
-    t, waited = time.perf_counter(), background_wait_s()
+    t = time.perf_counter()
     try:
         plan = plan_measurement(backend, built)
         outputs = None
@@ -189,9 +182,8 @@ def measure(
     except Exception as exc:  # noqa: BLE001 - one variant's failure is recorded, the caller goes on
         return _failed(built, backend, describe_error(exc), quiet=quiet)
     finally:
-        if clock is not None:  # waiting for the MLflow writes under way before timing is tracking's cost
+        if clock is not None:
             clock.add("inference", t)
-            clock.move(background_wait_s() - waited, "inference", "track")
     accuracy, nsr = None, math.nan
     if outputs is not None:
         base = reference.outputs if reference is not None else outputs

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import threading
 import time
 from collections.abc import Mapping
 
@@ -20,7 +19,6 @@ from qbench.validate.latency import (
     take_batch,
 )
 from qbench.validate.stability import StabilityRule
-from qbench.validate.timed import background_step, background_wait_s
 
 
 class _SleepyRunner:
@@ -209,44 +207,3 @@ def test_latency_points_record_the_windows_the_rule_saw() -> None:
     assert point.iqr_ratio == pytest.approx((138 - 100) / 101.5)
     (fixed,) = latency_points({8: samples}, warmup=1)
     assert fixed.stable is None and fixed.window_p50_ms == ()
-
-
-class _ClockedRunner(_SleepyRunner):
-    """Records when each run started and whether a background step was running then."""
-
-    def __init__(self, busy: threading.Event) -> None:
-        super().__init__()
-        self.busy = busy
-        self.during_background: list[bool] = []
-
-    def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        self.during_background.append(self.busy.is_set())
-        return super().run(feeds)
-
-
-@pytest.mark.parametrize("timing", ["cold start", "steady state", "batcher"])
-def test_nothing_is_timed_while_a_background_step_runs(timing: str) -> None:
-    """A background step (an MLflow write) under way when timing starts finishes first; the wait is counted."""
-    busy, entered = threading.Event(), threading.Event()
-
-    def background_write() -> None:
-        with background_step():
-            busy.set()
-            entered.set()
-            time.sleep(0.3)
-            busy.clear()
-
-    runner = _ClockedRunner(busy)
-    waited = background_wait_s()
-    writer = threading.Thread(target=background_write, daemon=True)
-    writer.start()
-    assert entered.wait(5)
-    if timing == "cold start":
-        measure_cold_start(lambda: runner, FEEDS)
-    elif timing == "steady state":
-        measure_steady_state(runner, FEEDS, [1, 2], warmup=2, iterations=5)
-    else:
-        measure_batcher_samples(runner, FEEDS, [2], iterations=5, idle_ms=0.1)
-    writer.join(5)
-    assert runner.during_background and not any(runner.during_background)
-    assert background_wait_s() - waited >= 0.2

@@ -15,7 +15,7 @@ from qbench.backends import get_backend
 from qbench.preflight import prepare
 from qbench.recipe import LatencySpec, load_recipe
 from qbench.recipe_search import SearchSpec
-from qbench.validate.measure import PhaseClock, Rows, measure, output_nsr
+from qbench.validate.measure import Rows, measure, output_nsr
 from qbench.variants import BuildContext, BuiltVariant, build_variant
 
 
@@ -182,10 +182,3 @@ def test_a_sweep_measurement_times_idle_starts_and_simulates_load_with_them(prep
     served = measure(get_backend("onnxruntime-cpu"), _fp32(with_slo), with_slo, timing=timing, serving=True).result.serving
     assert calls == [((1, 8), 3, 2.0)]
     assert 42.0 <= served.at_rate.p50_ms < 43.0
-
-
-def test_phase_clock_moves_seconds_between_phases() -> None:
-    clock = PhaseClock({"inference": 3.0})
-    clock.move(0.5, "inference", "track")
-    clock.move(0.0, "inference", "other")
-    assert clock.seconds == {"inference": 2.5, "track": 0.5}
