@@ -75,4 +75,5 @@ def did_you_mean(got: str, choices: Iterable[str]) -> str:
 def expected_one_of(got: object, choices: Iterable[str]) -> str:
     """Message for a value outside a closed set: "got 'x', expected one of a, b (did you mean 'a'?)"."""
     options = sorted(str(c) for c in choices)
-    return f"got {short_repr(got)}, expected one of {', '.join(options)}{did_you_mean(str(got), options)}"
+    listed = ", ".join(repr(o) if not o or o != o.strip() or "," in o else o for o in options)  # ' s' reads as s
+    return f"got {short_repr(got)}, expected one of {listed}{did_you_mean(str(got), options)}"
