@@ -19,7 +19,6 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -163,14 +162,6 @@ def _system_metrics(run_id: str, uri: str) -> Any | None:
     return monitor
 
 
-@dataclass
-class _ChildRun:
-    """What the logging steps of one variant share: its child run once opened (None: nothing to write), its model."""
-
-    run_id: str | None = None
-    model_id: str | None = None
-
-
 class SweepTracker:
     """The MLflow runs of one sweep, driven while it runs (see the module docstring).
 
@@ -243,10 +234,10 @@ class SweepTracker:
         self._client.log_inputs(self.parent_id, datasets=self._datasets.sweep)
 
     def variant_started(self, variant: str, backend: str) -> None:
-        """Open the child run of one variant on one backend (started now)."""
-        self._mlflow(lambda: self._start_child(variant, backend, _now_ms()))
+        """Open the child run of one variant on one backend."""
+        self._mlflow(lambda: self._start_child(variant, backend))
 
-    def _start_child(self, variant: str, backend: str, started: int | None = None) -> str:
+    def _start_child(self, variant: str, backend: str) -> str:
         replaced = self._earlier.pop(f"{variant}@{backend}", None)
         if replaced is not None:  # measured again: the interrupted sweep's run of it goes (the UI hides deleted runs)
             if replaced.info.status == "RUNNING":  # its sweep was killed (SIGKILL, out of memory) before it could end it
@@ -254,56 +245,35 @@ class SweepTracker:
             self._client.delete_run(replaced.info.run_id)
         tags = {MLFLOW_PARENT_RUN_ID: self.parent_id, GATE_TAG: _PENDING, "qbench.variant": variant,
                 "qbench.backend": backend}  # fmt: skip
-        run = self._client.create_run(self._experiment_id, start_time=started, run_name=run_name(variant, backend),
-                                      tags=tags)  # fmt: skip
+        run = self._client.create_run(self._experiment_id, run_name=run_name(variant, backend), tags=tags)
         key = f"{variant}@{backend}"
         self._running[key] = self._children[key] = run.info.run_id
         return run.info.run_id
 
     def variant_finished(self, results: SweepResults, variant: VariantResult, *, reused: bool = False) -> None:
-        """Log one variant's result, datasets and model into its child run (opened if it was not); end the run (now).
+        """Log one variant's result, datasets and model into its child run (opened now if it was not); end the run.
 
         A result `reused` from the interrupted sweep this one resumes is in its child run already: that run is kept
         as it is (its model too, which the variant's other backends link to), nothing is logged twice."""
-        for step in self._finish_steps(results, variant, reused=reused, ended=_now_ms()):
-            self._mlflow(step)
+        earlier = self._earlier.get(variant.key)
+        if reused and earlier is not None and earlier.info.status in ("FINISHED", "FAILED"):  # ended by this method
+            del self._earlier[variant.key]
+            self._children[variant.key] = earlier.info.run_id
+            if earlier.outputs is not None and earlier.outputs.model_outputs:
+                self._models.setdefault(variant.variant, earlier.outputs.model_outputs[0].model_id)
+            return
 
-    def _finish_steps(self, results: SweepResults, variant: VariantResult, *, reused: bool,
-                      ended: int) -> list[Callable[[], None]]:  # fmt: skip
-        """variant_finished's writes, in order: after a step the store failed in, `_mlflow` skips the rest."""
-        opened = _ChildRun()
-
-        def child() -> None:
-            earlier = self._earlier.get(variant.key)
-            if reused and earlier is not None and earlier.info.status in ("FINISHED", "FAILED"):  # ended by this method
-                del self._earlier[variant.key]
-                self._children[variant.key] = earlier.info.run_id
-                if earlier.outputs is not None and earlier.outputs.model_outputs:
-                    self._models.setdefault(variant.variant, earlier.outputs.model_outputs[0].model_id)
-                return  # kept as logged: the steps below find no run to write
-            opened.run_id = self._running.pop(variant.key, None) or self._start_child(variant.variant, variant.backend,
-                                                                                       ended)  # fmt: skip
+        def log() -> None:
+            run_id = self._running.pop(variant.key, None) or self._start_child(variant.variant, variant.backend)
             self._running.pop(variant.key, None)
+            model_id = self._model_of(variant, run_id)
+            if self._datasets is not None:
+                self._client.log_inputs(run_id, datasets=self._datasets.variant(uses_calibration(variant)))
+            _log(self._client, run_id, variant_metrics(results, variant), variant_params(results, variant),
+                 variant_tags(variant), model_id=model_id)  # fmt: skip
+            self._client.set_terminated(run_id, status="FINISHED" if variant.status == "ok" else "FAILED")
 
-        def model() -> None:
-            if opened.run_id is not None:
-                opened.model_id = self._model_of(variant, opened.run_id)
-
-        def inputs() -> None:
-            if opened.run_id is not None and self._datasets is not None:
-                self._client.log_inputs(opened.run_id, datasets=self._datasets.variant(uses_calibration(variant)))
-
-        def figures() -> None:
-            if opened.run_id is not None:
-                _log(self._client, opened.run_id, variant_metrics(results, variant), variant_params(results, variant),
-                     variant_tags(variant), model_id=opened.model_id)  # fmt: skip
-
-        def end() -> None:
-            if opened.run_id is not None:
-                status = "FINISHED" if variant.status == "ok" else "FAILED"
-                self._client.set_terminated(opened.run_id, status=status, end_time=ended)
-
-        return [child, model, inputs, figures, end]
+        self._mlflow(log)
 
     def _model_of(self, variant: VariantResult, run_id: str) -> str | None:
         """The variant's LoggedModel, logged from this run the first time, linked to it afterwards; None if unmeasured."""
@@ -341,8 +311,7 @@ class SweepTracker:
         def log() -> None:
             for variant in results.variants:
                 if variant.key not in self._children:  # results logged after the fact (log_sweep)
-                    for step in self._finish_steps(results, variant, reused=False, ended=_now_ms()):
-                        step()
+                    self.variant_finished(results, variant)
             _log(self._client, self.parent_id, sweep_metrics(results, gate), sweep_params(results, recipe),
                  sweep_tags(results, gate))  # fmt: skip
             for variant in results.variants:
