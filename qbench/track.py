@@ -59,6 +59,8 @@ from qbench.track_store import (
     search_literal,
     store_failure,
 )
+from qbench.track_system import PREFIX as SYSTEM_PREFIX
+from qbench.track_system import SystemSampler
 
 T = TypeVar("T")
 
@@ -66,7 +68,6 @@ logger = logging.getLogger(__name__)
 
 _PENDING = "pending (sweep running)"
 RESUMED_FROM_TAG = "qbench.resumed_from"  # on a parent run taken over by a resumed sweep: the interrupted run folder
-SYSTEM_METRICS_INTERVAL_S = 1.0
 MODEL_METRIC_GROUPS = ("acc/", "lat/", "speedup/", "throughput/", "cost.", "model_mb")  # also on the LoggedModel
 
 
@@ -149,17 +150,21 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _system_metrics(run_id: str, uri: str) -> Any | None:
-    """MLflow's system metrics monitor (CPU, memory, disk, network; GPU when NVML answers) sampling into `run_id`."""
+def _system_sampler(first_step: int) -> SystemSampler | None:
+    """The sweep's system metrics sampler, started (see qbench.track_system); None without psutil."""
     try:
-        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
-
-        monitor = SystemMetricsMonitor(run_id, sampling_interval=SYSTEM_METRICS_INTERVAL_S, tracking_uri=uri)
+        sampler = SystemSampler(first_step=first_step)
     except ImportError as exc:  # psutil missing
         logger.warning("no system metrics for the sweep run: %s (pip install psutil)", exc)
         return None
-    monitor.start()
-    return monitor
+    sampler.start()
+    return sampler
+
+
+def _next_system_step(client: MlflowClient, run_id: str) -> int:
+    """The step after the last system metric sample of a run taken over from an interrupted sweep."""
+    history = client.get_metric_history(run_id, f"{SYSTEM_PREFIX}cpu_utilization_percentage")
+    return max((m.step for m in history), default=-1) + 1
 
 
 class SweepTracker:
@@ -181,7 +186,7 @@ class SweepTracker:
         self._models: dict[str, str] = {}  # variant -> LoggedModel id (logged once, linked from every backend)
         self._earlier: dict[str, Run] = {}  # variant@backend -> child run of the interrupted sweep this one resumes
         self._datasets: DatasetInputs | None = None
-        self._monitor: Any | None = None
+        self._sampler: SystemSampler | None = None
         self._retries = contextlib.ExitStack()  # bounded HTTP retries while the sweep's runs are open
         self.failure: str | None = None
 
@@ -224,7 +229,8 @@ class SweepTracker:
             logger.info("MLflow: resuming the interrupted sweep's run %s (%d variant runs logged there)",
                         tracker.parent_id, len(tracker._earlier))  # fmt: skip
         tracker._mlflow(lambda: _end_killed_sweeps(client, experiment_id, tracker.parent_id))
-        tracker._monitor = _system_metrics(tracker.parent_id, uri)
+        first_step = tracker._mlflow(lambda: _next_system_step(client, tracker.parent_id)) if earlier is not None else 0
+        tracker._sampler = _system_sampler(first_step or 0)
         if data is not None:
             tracker._mlflow(lambda: tracker._log_datasets(data))
         return tracker
@@ -289,15 +295,19 @@ class SweepTracker:
         self._models[variant.variant] = model_id
         return model_id
 
-    def _stop_monitor(self) -> None:
-        if self._monitor is not None:
-            self._monitor.finish()
-            self._monitor = None
+    def _log_system_metrics(self) -> None:
+        """Stop sampling system metrics and log the samples into the parent run (the only store write they make)."""
+        if self._sampler is not None:
+            samples, self._sampler = self._sampler.finish(), None
+            for request in _batches(samples, [], []):
+                self._client.log_batch(self.parent_id, **request)
 
     def _release(self) -> None:
-        """Stop sampling system metrics and lift the bounded retries: the sweep's runs are ended."""
+        """Stop sampling system metrics (if still sampling: a failed store) and lift the bounded retries."""
         try:
-            self._stop_monitor()
+            if self._sampler is not None:
+                self._sampler.finish()
+                self._sampler = None
         finally:
             self._retries.close()
 
@@ -322,7 +332,7 @@ class SweepTracker:
                 self._client.log_text(self.parent_id, to_json(results.ranges), "ranges.json")
             if results.search is not None:
                 self._client.log_text(self.parent_id, to_json(results.search), "search.json")
-            self._stop_monitor()
+            self._log_system_metrics()
             self._client.set_terminated(self.parent_id, status="FINISHED")
 
         self._mlflow(log)
@@ -337,12 +347,12 @@ class SweepTracker:
         """
         verdict = tag_value(f"not evaluated (sweep {reason})")
         calls: list[Callable[[], object]] = [
-            self._stop_monitor,
             *(lambda r=run_id: self._client.set_terminated(r, status=status, end_time=_now_ms())
               for run_id in self._running.values()),
             *(lambda r=run_id: self._client.set_tag(r, GATE_TAG, verdict) for run_id in self._children.values()),
             lambda: self._client.set_tag(self.parent_id, GATE_TAG, verdict),
             lambda: self._client.set_terminated(self.parent_id, status=status, end_time=_now_ms()),
+            self._log_system_metrics,  # last: the runs' ends matter more, and a failed store stops the attempt
         ]  # fmt: skip
         self._running.clear()
         try:

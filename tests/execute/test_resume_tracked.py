@@ -43,6 +43,8 @@ def test_a_resumed_sweep_logs_into_the_interrupted_sweeps_run_each_variant_once(
     assert parent.info.run_id == outcome.mlflow_run_id and parent.info.status == "FINISHED"
     assert parent.data.tags[RUN_DIR_TAG] == str(outcome.run_dir.resolve())  # `gate --register` finds it
     assert parent.data.tags["qbench.resumed_from"] == str(interrupted.resolve())
+    samples = client.get_metric_history(parent.info.run_id, "system/cpu_utilization_percentage")
+    assert len(samples) >= 2 and len({m.step for m in samples}) == len(samples)  # the resumed sweep's steps go on
     children = {f"{r.data.tags['qbench.variant']}@{r.data.tags['qbench.backend']}": r for r in runs if r != parent}
     assert len(children) == len(runs) - 1 == len(outcome.results.variants)
     for variant in outcome.results.variants:
