@@ -3,11 +3,13 @@
 A filter maps a column to a single value (equality) or to `{op: value}`; every
 mistake a type checker cannot see is caught here, at load time: a list where one
 value is meant, an empty filter or condition, `ne` / `eq` with a list, a
-comparison with text, a boolean or NaN, an empty `in` list.
+comparison with a boolean or NaN, an empty `in` list. A date YAML reads from an unquoted
+`2024-01-31` is taken as the text it was written as (a date column compares with it).
 """
 
 from __future__ import annotations
 
+import datetime
 import math
 from typing import Any
 
@@ -20,19 +22,33 @@ def check_filter(value: Any) -> dict[str, Any]:
     """A filter maps a column to a value (equality) or to {op: value} with ops from FILTER_OPS."""
     if not isinstance(value, dict) or not value:
         raise ValueError(f"expected a non-empty mapping of column -> value or {{op: value}}, got {short_repr(value)}")
+    checked: dict[str, Any] = {}
     for column, condition in value.items():
         if not isinstance(column, str):
             raise ValueError(f"column names are strings, got {short_repr(column)}")
         if isinstance(condition, dict):
             if not condition:
                 raise ValueError(f"column {short_repr(column)}: expected {{op: value}} with an op, got an empty mapping")
-            for op, operand in condition.items():
+            checked[column] = {op: _as_written(operand) for op, operand in condition.items()}
+            for op, operand in checked[column].items():
                 _check_operand(column, op, operand)
         elif isinstance(condition, list):
             raise ValueError(f"column {short_repr(column)}: use {{in: [...]}} to match a list of values")
         else:
-            _check_operand(column, "eq", condition)
-    return value
+            checked[column] = _as_written(condition)
+            _check_operand(column, "eq", checked[column])
+    return checked
+
+
+def _as_written(operand: Any) -> Any:
+    """YAML reads an unquoted 2024-01-31 (or 2024-01-31 12:30:00) as a date: the text it was written as."""
+    if isinstance(operand, list):
+        return [_as_written(item) for item in operand]
+    if isinstance(operand, datetime.datetime):
+        return operand.isoformat(sep=" ")
+    if isinstance(operand, datetime.date):
+        return operand.isoformat()
+    return operand
 
 
 def _check_operand(column: str, op: Any, operand: Any) -> None:
@@ -45,8 +61,10 @@ def _check_operand(column: str, op: Any, operand: Any) -> None:
         for item in operand:
             _check_scalar(where, op, item)
     elif op in ("lt", "le", "gt", "ge"):
-        if isinstance(operand, bool) or not isinstance(operand, (int, float)) or not math.isfinite(operand):
-            raise ValueError(f"{where}: {op!r} expects a finite number, got {short_repr(operand)}")
+        number = isinstance(operand, (int, float)) and not isinstance(operand, bool) and math.isfinite(operand)
+        if not number and not (isinstance(operand, str) and operand.strip()):
+            raise ValueError(f"{where}: {op!r} expects a finite number, or a date or time written as text "
+                             f"('2024-01-31'), got {short_repr(operand)}")  # fmt: skip
     else:
         _check_scalar(where, op, operand)
 

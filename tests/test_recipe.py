@@ -267,6 +267,18 @@ def test_filters_accept_every_documented_form(tmp_path):
     assert recipe.data.evaluation.filter["region"] == {"in": ["n", None]}
 
 
+def test_an_unquoted_date_in_a_filter_is_the_text_it_was_written_as(tmp_path):
+    """YAML reads `2024-01-31` as a date object: `eq` refused it as not a single value, `lt` as not a number."""
+    data = dict(BASE["data"], evaluation={"filter": {"day": "DAY", "seen": "SEEN"}})
+    text = yaml.safe_dump(with_changes(data=data))
+    dates = {"DAY": "{ge: 2024-01-01, lt: 2024-02-01 08:00:00}", "SEEN": "{in: [2024-01-05]}"}
+    recipe = load_recipe(write_recipe(tmp_path, text.replace("DAY", dates["DAY"]).replace("SEEN", dates["SEEN"])))
+    assert recipe.data.evaluation.filter == {"day": {"ge": "2024-01-01", "lt": "2024-02-01 08:00:00"},
+                                             "seen": {"in": ["2024-01-05"]}}  # fmt: skip
+    message = error_of(tmp_path, text.replace("DAY", "{lt: [1]}").replace("SEEN", "x"))
+    assert "data.evaluation.filter: column 'day': 'lt' expects a finite number, or a date or time written as text" in message
+
+
 def test_latency_stability_defaults_null_and_bounds(tmp_path):
     adaptive = load_recipe(write_recipe(tmp_path, BASE)).latency.stability
     assert (adaptive.threshold, adaptive.windows, adaptive.window_runs, adaptive.max_seconds) == (0.05, 3, None, 10.0)

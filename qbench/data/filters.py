@@ -7,7 +7,7 @@ Several columns AND together; several ops on one column AND together.
 A column of text (a CSV column read as text, qbench.data.load) compares as numbers when every
 cell is one, and equals a number where its text is that number written plainly (7 matches "7"
 and "7.0", not "007"), and true or false as pandas would have read it ("True", "true", "TRUE").
-A column of dates or timestamps equals a text operand read as a date or time ('2024-01-31').
+A column of dates or timestamps equals, and compares with, a text operand read as a date or time ('2024-01-31').
 
 Missing cells (None / NaN) follow SQL: they match only a condition that names
 null (`eq: null`, `in: [..., null]`); `ne: x`, `not_in: [x]` and the comparisons
@@ -17,6 +17,7 @@ non-missing cell.
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import unicodedata
 from collections.abc import Callable, Sequence
@@ -107,6 +108,13 @@ def printable(text: str) -> str:
 
 def _condition_mask(values: pd.Series, op: str, operand: Any, *, field: str, recipe_file: Path) -> np.ndarray:
     if op in _COMPARISONS:
+        dates = _date_kind(values)
+        if dates is None and isinstance(operand, str):  # a CSV keeps dates as text
+            values, dates = _text_as_times(values, op, field=field, recipe_file=recipe_file), "datetime"
+        if dates is not None:  # a date range: `day: {ge: '2024-01-01', lt: '2024-02-01'}`
+            bound = _as_date(values, operand, dates, field=field, recipe_file=recipe_file)
+            times = pd.to_datetime(values) if dates == "date" else values  # date cells as midnights, None as NaT
+            return _COMPARISONS[op](times, pd.Timestamp(bound)).to_numpy(dtype=bool, na_value=False)
         numbers = values if pd.api.types.is_numeric_dtype(values) else text_as_numbers(values)
         if numbers is None:
             raise RecipeError(
@@ -181,6 +189,19 @@ def _date_kind(values: pd.Series) -> str | None:
     if pd.api.types.is_object_dtype(values) and pd.api.types.infer_dtype(values, skipna=True) == "date":
         return "date"
     return None
+
+
+def _text_as_times(values: pd.Series, op: str, *, field: str, recipe_file: Path) -> pd.Series:
+    """A text column every cell of which is an ISO 8601 date or time ('2024-01-31', '2024-01-31 12:30:00'), as
+    timestamps; anything else is a RecipeError (a date compared with other text would compare letters)."""
+    times = None
+    if pd.api.types.is_object_dtype(values) or pd.api.types.is_string_dtype(values):
+        with contextlib.suppress(ValueError, TypeError):
+            times = pd.to_datetime(values, format="ISO8601", errors="coerce")
+    if times is None or not pd.api.types.is_datetime64_any_dtype(times) or times.notna().sum() != values.notna().sum():
+        raise RecipeError(recipe_file, field, f"{op!r} with a date or time compares dates, but column {values.name!r} "
+                                              f"holds {_kind_of(values)} values that are not all dates")  # fmt: skip
+    return times
 
 
 def _as_date(values: pd.Series, operand: Any, kind: str, *, field: str, recipe_file: Path) -> Any:

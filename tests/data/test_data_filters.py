@@ -207,6 +207,38 @@ def test_a_date_column_refuses_what_is_not_a_date_naming_the_field(flt: dict, wo
     assert f"{FIELD}.{next(iter(flt))}: " in str(info.value) and words in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("flt", "expected"),
+    [
+        ({"t": {"ge": "2024-01-02"}}, [1]),
+        ({"t": {"ge": "2024-01-01", "lt": "2024-01-02 12:00"}}, [0, 3]),
+        ({"utc": {"gt": "2024-01-01 06:00+00:00"}}, [1]),
+        ({"day": {"le": "2024-01-01"}}, [0, 3]),
+        ({"text": {"lt": "2024-01-02"}}, [0, 3]),  # a CSV keeps dates as text
+    ],
+)
+def test_a_date_range_selects_by_time_and_never_a_missing_cell(flt: dict, expected: list[int]) -> None:
+    """`lt`/`ge` compared numbers only: production rows could not be chosen by date (last week's traffic)."""
+    table = _dates().assign(text=["2024-01-01", "2024-01-02 12:00", None, "2024-01-01"])
+    assert np.flatnonzero(filter_mask(table, flt, field=FIELD, recipe_file=RECIPE)).tolist() == expected
+
+
+@pytest.mark.parametrize(
+    ("column", "values", "operand", "words"),
+    [
+        ("code", ["2024-01-01", "n/a"], "2024-01-01", "'ge' with a date or time compares dates, but column 'code'"),
+        ("score", [0.5, 0.7], "2024-01-01", "column 'score' holds float64 values that are not all dates"),
+        ("day", [pd.Timestamp("2024-01-01").date()], "2024-01-01 10:00", "holds dates; expected a date written"),
+        ("t", pd.to_datetime(["2024-01-01"]), 5, "got 5: column 't' holds datetimes"),
+    ],
+)
+def test_a_date_range_on_what_is_not_dates_is_refused_naming_the_field(column: str, values: object, operand: object,
+                                                                       words: str) -> None:  # fmt: skip
+    with pytest.raises(RecipeError) as info:
+        filter_mask(pd.DataFrame({column: values}), {column: {"ge": operand}}, field=FIELD, recipe_file=RECIPE)
+    assert f"{FIELD}.{column}: " in str(info.value) and words in str(info.value)
+
+
 @pytest.mark.parametrize(("column", "values", "flt", "words"), [
     ("flag", [True, False, True], {"flag": 1}, "got 1: column 'flag' holds true/false; expected true or false"),
     ("flag", pd.array([True, None, False], dtype="boolean"), {"flag": {"ne": 0}}, "got 0: column 'flag' holds"),
