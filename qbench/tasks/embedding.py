@@ -73,7 +73,10 @@ class Embedding(Task):
         if np.asarray(outputs).dtype.kind not in "fc":
             raise LabelError(f"task 'embedding' reads float outputs only, got {np.asarray(outputs).dtype} values")
         cosine = metrics.cosine_rows(reference, outputs)
-        cosine[metrics.nonfinite_rows(outputs)] = 0.0
+        cosine[metrics.nonfinite_rows(outputs)] = 0.0  # the variant's own NaN/inf row: nothing of FP32's direction
+        # FP32's NaN/inf row has no direction to compare with: NaN for every result (FP32's own too), never a 0 both
+        # share, which would dilute the mean and set a cosine_min no variant can fall below
+        cosine[metrics.nonfinite_rows(reference)] = np.nan
         matches = metrics.nearest_neighbour_matches(reference, outputs)
         return EmbeddingRows(np.asarray(outputs), np.asarray(reference), cosine, matches)
 

@@ -205,14 +205,18 @@ def kl_rows(
 
     Whether the outputs are probabilities or logits is `as_probabilities` when the caller knows (a binary score
     is read as its decisions are), else decided on the reference's finite rows; either way it applies to both.
+    A row holding NaN/inf on either side is NaN: a softmax of -inf logits or a sigmoid of a +inf score is a finite
+    distribution, but FP32's such row is no value to compare with (for FP32 itself too, a KL of 0 there would
+    dilute every result's mean, hiding what a variant lost on the rows FP32 scores), and a variant's is its failure.
     """
     reference_outputs, outputs = _same_shape(reference_outputs, outputs)
     if as_probabilities is None:
         as_probabilities = looks_like_probabilities(reference_outputs)
     p = np.clip(to_probabilities(reference_outputs, as_probabilities), _KL_EPS, 1.0)
     q = np.clip(to_probabilities(outputs, as_probabilities), _KL_EPS, 1.0)
-    kl = np.sum(p * np.log(p / q), axis=1)
-    return np.maximum(kl, 0.0)  # clipping can leave -1e-17; NaN passes through np.maximum
+    kl = np.maximum(np.sum(p * np.log(p / q), axis=1), 0.0)  # clipping can leave -1e-17; NaN passes through
+    kl[nonfinite_rows(reference_outputs) | nonfinite_rows(outputs)] = math.nan
+    return kl
 
 
 def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:

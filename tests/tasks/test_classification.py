@@ -6,12 +6,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from qbench.gate import GateReport, judge
+from qbench.gate import EXIT_UNUSABLE, GateReport, judge
 from qbench.modelinfo import TensorMeta
 from qbench.recipe import GateSpec
 from qbench.results import VariantResult
 from qbench.tasks import LabelError, get_task
 from qbench.tasks.classification import class_count
+from qbench.validate import metrics
 from qbench.validate.accuracy import evaluate_accuracy
 
 TASK = get_task("classification")
@@ -321,3 +322,17 @@ def test_text_class_ids_are_read_without_a_regex_per_label(monkeypatch) -> None:
 
     monkeypatch.setattr(classification, "_as_number", lambda value: pytest.fail("per-label path ran"))
     assert TASK.labels_from_values(["1", "0", "007", "+3"], POSITIONS).tolist() == [1, 0, 7, 3]
+
+
+def test_kl_mean_never_averages_in_rows_fp32_overflows_on() -> None:
+    """FP32's single logit overflows to +inf on 10 of 20 rows, where an INT8 variant clamps to 30: both sigmoids are
+    1, so those rows gave a KL of 0 for FP32 and the variant alike and halved the variant's mean KL over the rows
+    FP32 scores (0.0075 <= 0.01, a pass, where those rows alone give 0.015). FP32's NaN/inf rows leave kl_mean
+    undefined, as for NaN logits: the gate says so and asks for a metric that counts such rows."""
+    reference = np.array([[np.inf]] * 10 + [[2.0]] * 10)
+    outputs = np.array([[30.0]] * 10 + [[1.45]] * 10)
+    scored = metrics.kl_rows(reference[10:], outputs[10:], as_probabilities=False)
+    assert scored.mean() > 0.01 >= scored.mean() / 2  # what the dilution hid
+    verdict = _judged("classification", reference, outputs, np.ones(20, dtype=np.int64), "kl_mean")
+    assert verdict.exit_code == EXIT_UNUSABLE and not verdict.checks
+    assert "FP32 itself gives NaN/inf on 10 of its 20 rows" in verdict.problems[0]

@@ -417,3 +417,14 @@ def test_catalogue_resolves_output_prefixes_and_refuses_unknown_directions() -> 
         catalogue.drop("no_such_metric", 1.0, 1.0)
     with pytest.raises(QbenchError, match="another direction or range"):
         catalogue.METRICS.add(catalogue.MetricInfo("accuracy", False, "wrong way round"))
+
+
+def test_kl_of_a_row_holding_inf_is_nan_even_where_its_distribution_would_be_finite() -> None:
+    """-inf logits softmax to a finite distribution, and a +inf score's sigmoid is 1: such a row, FP32's or the
+    variant's, still holds no value to compare, so its KL is NaN (a 0 there would dilute every result's mean)."""
+    fp32_side = metrics.kl_rows(np.array([[-np.inf, 1.0], [0.0, 1.0]]), np.array([[0.0, 1.0], [0.0, 1.0]]))
+    assert math.isnan(fp32_side[0]) and fp32_side[1] == 0.0
+    variant_side = metrics.kl_rows(np.array([[0.0, 1.0]]), np.array([[-np.inf, 1.0]]))
+    assert math.isnan(variant_side[0])
+    score = metrics.kl_rows(np.array([[np.inf], [2.0]]), np.array([[30.0], [2.0]]), as_probabilities=False)
+    assert math.isnan(score[0]) and score[1] == 0.0
