@@ -125,7 +125,8 @@ def build_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         excluded += params["preprocessing_kept_float"]
     if not quantizable_nodes(model, op_types, excluded):
         params.update(calibrator=config.calibration.calibrator, op_types=list(op_types), quantized_nodes=0, quantized_op_types={})
-        return unchanged_variant(spec.name, "int8", ctx, nothing_to_quantize(op_types, model), params, clock.seconds())
+        why = _nothing_quantized(op_types, model, params.get("preprocessing_kept_float", []))
+        return unchanged_variant(spec.name, "int8", ctx, why, params, clock.seconds())
     exclude = [*excluded, *unquantizable_nodes(model)]
     with scratch_dir("qbench-int8-") as tmp:
         with build_step(spec.name, "pre-processing"):
@@ -155,6 +156,18 @@ def build_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         notes=tuple(notes + _notes(config, reduce_range, counts) + nested_nodes_note(model, _lowered_op_types(op_types, dynamic))),
         activation_ranges=clipping,
     )
+
+
+def _nothing_quantized(op_types: tuple[str, ...], model: onnx.ModelProto, preprocessing: list[str]) -> str:
+    """Why no node is quantized: none the quantizer takes, or every one it takes was kept float (a converted
+    pipeline's Concat of scaled and one-hot features in front of an ONNX-ML predictor is all preprocessing)."""
+    candidates = set(quantizable_nodes(model, op_types, []))
+    if not candidates:
+        return nothing_to_quantize(op_types, model)
+    kinds = ", ".join(sorted({node.op_type for node in model.graph.node if node.name in candidates}))
+    why = "preprocessing in front of every layer with weights" if candidates <= set(preprocessing) else (
+        "exclude_nodes, keep_float or preprocessing")
+    return f"nothing to quantize (every {kinds} node is kept float: {why})"
 
 
 def _lowered_op_types(op_types: tuple[str, ...], dynamic: bool) -> tuple[str, ...]:

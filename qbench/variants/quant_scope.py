@@ -2,7 +2,9 @@
 
 Preprocessing is what computes before any layer with weights, whatever the model is or where it
 came from: feature scaling, one-hot encoding and the concatenation of raw input columns in a
-converted scikit-learn pipeline, an input normalisation. No integer kernel runs there, so
+converted scikit-learn pipeline, an input normalisation. An ONNX-ML predictor (a linear model, an SVM,
+a tree ensemble) is such a layer too, though its weights are attributes: ONNX Runtime runs it in float
+whatever surrounds it, so Q/DQ on the features in front of it would only round them. No integer kernel runs there, so
 quantizing it saves nothing, and rounding raw features can erase one before the network sees
 it: a quantized Concat writes all its inputs on its output's one scale, and an age of 18..80
 beside incomes of 2e3..2e5 keeps none of the 256 levels. The network's first layers still
@@ -18,6 +20,11 @@ from qbench.variants.onnx_utils import name_unnamed_nodes
 # Layers whose weight is a constant operand; Gather-like lookups count when their table is a constant.
 _WEIGHTED_OP_TYPES = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "Einsum", "LSTM", "GRU", "RNN"})
 _LOOKUP_OP_TYPES = frozenset({"Gather", "GatherElements", "GatherND", "Embedding"})
+# ONNX-ML predictors: their weights (coefficients, support vectors, trees) are attributes, not inputs.
+_ML_PREDICTOR_OP_TYPES = frozenset({
+    "LinearClassifier", "LinearRegressor", "SVMClassifier", "SVMRegressor",
+    "TreeEnsemble", "TreeEnsembleClassifier", "TreeEnsembleRegressor",
+})  # fmt: skip
 
 
 def _constant_tensors(graph: onnx.GraphProto) -> set[str]:
@@ -31,6 +38,8 @@ def _constant_tensors(graph: onnx.GraphProto) -> set[str]:
 
 
 def _has_weights(node: onnx.NodeProto, constants: set[str]) -> bool:
+    if node.domain == "ai.onnx.ml":
+        return node.op_type in _ML_PREDICTOR_OP_TYPES
     if node.domain not in ("", "ai.onnx"):
         return False
     if node.op_type in _LOOKUP_OP_TYPES:

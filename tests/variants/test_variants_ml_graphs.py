@@ -211,3 +211,36 @@ def test_unnamed_nodes_are_told_apart_when_quantizing_and_explaining(data, tmp_p
     ran = ort.InferenceSession(str(built.onnx_path), providers=["CPUExecutionProvider"]).run(None, {"X": data})[0]
     expected = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"X": data})[0]
     assert np.abs(ran - expected).max() < 0.05 * np.abs(expected).max()
+
+
+@pytest.mark.parametrize("head", ["logistic", "forest"])
+@pytest.mark.parametrize("calibrator", ["minmax", "percentile"])
+def test_a_column_transformer_in_front_of_an_ml_predictor_is_not_quantized(data, tmp_path, head, calibrator):
+    """Scaled numbers and a one-hot string column joined by a Concat, then an ONNX-ML predictor (weights in
+    attributes): the Concat is preprocessing, which static INT8 leaves float. It was quantized (Q/DQ rounding the
+    features on one scale) and the variant was reported as computing in INT8, though no integer kernel ran."""
+    from skl2onnx.common.data_types import FloatTensorType, StringTensorType
+    from sklearn.compose import ColumnTransformer
+    from sklearn.preprocessing import OneHotEncoder
+
+    from qbench.variants.base import lowered_nothing
+    from qbench.variants.quant_scope import preprocessing_nodes
+
+    _, labels = make_classification(n_samples=240, n_features=FEATURES, n_informative=4, n_classes=3, random_state=0)
+    colours = np.array(["red", "green", "blue"])[np.arange(len(data)) % 3]
+    table = np.concatenate([data.astype(object), colours[:, None]], axis=1)
+    columns = ColumnTransformer([("num", StandardScaler(), list(range(FEATURES))), ("cat", OneHotEncoder(), [FEATURES])])
+    predictor = MODELS["forest"]() if head == "forest" else LogisticRegression(max_iter=300)
+    pipeline = make_pipeline(columns, predictor).fit(table, labels)
+    onx = skl2onnx.convert_sklearn(
+        pipeline, initial_types=[("num", FloatTensorType([None, FEATURES])), ("cat", StringTensorType([None, 1]))],
+        options={id(predictor): {"zipmap": False}}, target_opset={"": 17, "ai.onnx.ml": 3})  # fmt: skip
+    path = tmp_path / "pipeline.onnx"
+    onnx.save(onx, str(path))
+    assert "Concat" in {n.op_type for n in onx.graph.node if n.name in preprocessing_nodes(onx)}
+    calibration = [{"num": data[i : i + 32], "cat": colours[i : i + 32, None]} for i in range(0, 128, 32)]
+    built = build_variant(VariantSpec(name="int8", precision="int8", calibrator=calibrator),
+                          BuildContext(reference_path=path, workdir=tmp_path / "w", calibration=calibration))  # fmt: skip
+    assert built.onnx_path == path.resolve() and lowered_nothing(built.params)
+    assert built.notes == ("nothing to quantize (every Concat, Gather, Reshape node is kept float: preprocessing in "
+                           "front of every layer with weights): the variant is the FP32 model",)  # fmt: skip
