@@ -58,7 +58,7 @@ def check_row_independence(
         logger.info("row-independence check skipped: the FP32 reference did not run on the CPU: %s", exc)
         return
     for name, values in reference.items():
-        if len(values) != size:  # a batch on another axis: square batches would be read transposed
+        if values.ndim == 0 or len(values) != size:  # a batch on another axis: square batches would be read transposed
             raise RecipeError(recipe.source, _field(recipe), f"{_inputs(model, batch)}: output {name!r} had shape "
                               f"{list(values.shape)} for {size} rows fed; expected {size} on its axis 0, one output "
                               f"row per input row: qbench reads axis 0 of every output as the batch, so make the model "
@@ -103,7 +103,7 @@ def _session(path: Path):  # noqa: ANN202 - onnxruntime is imported lazily
 
 
 def _run(session, feeds: Mapping[str, np.ndarray], outputs: Mapping[str, int]) -> dict[str, np.ndarray]:  # noqa: ANN001
-    """The evaluated outputs that are arrays of at least one axis (others are judged elsewhere)."""
+    """The evaluated outputs that are arrays (a sequence of maps as its score matrix; others are judged elsewhere)."""
     results = session.run(None, dict(feeds))
     arrays = {}
     for name, index in outputs.items():
@@ -111,8 +111,7 @@ def _run(session, feeds: Mapping[str, np.ndarray], outputs: Mapping[str, int]) -
             value = as_array(results[index], name)
         except (QbenchError, IndexError):
             continue
-        if value.ndim > 0:
-            arrays[name] = value
+        arrays[name] = value
     return arrays
 
 

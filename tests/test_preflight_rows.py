@@ -163,3 +163,16 @@ def test_validate_refuses_an_output_with_the_batch_on_axis_1_even_where_batches_
                     "[2, 8] for 8 rows fed; expected 8 on its axis 0, one output row per input row: qbench reads axis 0 "
                     "of every output as the batch, so make the model return it batch-first; axis 1 of 'y' has 8 "
                     "entries, as many as the rows fed")  # fmt: skip
+
+
+def test_an_output_that_runs_as_a_scalar_is_refused_before_anything_is_built(tmp_path: Path) -> None:
+    """No shape stated in the graph, a scalar when run (a batch mean): once failed only at the first measurement."""
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["scores"]),
+                               helper.make_node("ReduceMean", ["scores"], ["y"], keepdims=0)], "m",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", FEATURES])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [WEIGHT])  # fmt: skip
+    model = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9), model)
+    with pytest.raises(RecipeError, match=r"model.path: model input x \['batch', 3\]: output 'y' had shape \[\] for 8 "
+                                          r"rows fed; expected 8 on its axis 0"):  # fmt: skip
+        _check(tmp_path, model, {"x": RNG.normal(size=(12, FEATURES)).astype(np.float32)})
