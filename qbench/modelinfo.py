@@ -51,6 +51,7 @@ class TensorMeta:
     log_probabilities: bool = False  # the graph makes these scores as the log of probabilities (modelinfo_classes)
     class_count: int | None = None  # class ids an integer output can give, when the graph says (ArgMax over N scores)
     dim_names: tuple[str | None, ...] = ()  # per dim: its dim_param, None when static or unnamed
+    scalar: bool = False  # the graph declares a shape of rank 0 (shape () alone may also mean no shape stated)
 
     def shape_text(self) -> str:
         """The shape with dynamic dims by name where the graph names them: [8, 'batch', 6]."""
@@ -143,7 +144,8 @@ def _meta(value_info: onnx.ValueInfoProto, producer: onnx.NodeProto | None = Non
         tensor_type = type_proto.tensor_type
         dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim)
         names = tuple(d.dim_param or None if d.HasField("dim_param") else None for d in tensor_type.shape.dim)
-        return TensorMeta(value_info.name, _elem_dtype(tensor_type.elem_type), dims, dim_names=names)
+        scalar = tensor_type.HasField("shape") and not dims
+        return TensorMeta(value_info.name, _elem_dtype(tensor_type.elem_type), dims, dim_names=names, scalar=scalar)
     name = _type_name(type_proto)
     element = type_proto.sequence_type.elem_type if type_proto.WhichOneof("value") == "sequence_type" else None
     if element is not None and element.WhichOneof("value") == "map_type":

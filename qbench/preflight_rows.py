@@ -53,12 +53,16 @@ def check_row_independence(
     if session is None:
         return
     try:
-        reference = {name: value for name, value in _run(session, rows, outputs).items() if len(value) == size}
+        reference = _run(session, rows, outputs)
     except Exception as exc:  # noqa: BLE001 - the dry run and the sweep report a model that does not run
         logger.info("row-independence check skipped: the FP32 reference did not run on the CPU: %s", exc)
         return
-    if not reference:
-        return  # no evaluated output gives a row per row fed: the dry run and the sweep say so
+    for name, values in reference.items():
+        if values.ndim == 0 or len(values) != size:  # a batch on another axis: square batches would be read transposed
+            raise RecipeError(recipe.source, _field(recipe), f"{_inputs(model, batch)}: output {name!r} had shape "
+                              f"{list(values.shape)} for {size} rows fed; expected {size} on its axis 0, one output "
+                              f"row per input row: qbench reads axis 0 of every output as the batch, so make the model "
+                              f"return it batch-first{_output_axis_hint(name, values, size)}")  # fmt: skip
     trials = [(np.arange(size)[::-1], f"the same {size} rows were fed in another order")]
     if batch is None:
         subset = np.arange(1, size, 2)
@@ -99,7 +103,7 @@ def _session(path: Path):  # noqa: ANN202 - onnxruntime is imported lazily
 
 
 def _run(session, feeds: Mapping[str, np.ndarray], outputs: Mapping[str, int]) -> dict[str, np.ndarray]:  # noqa: ANN001
-    """The evaluated outputs that are arrays of at least one axis (others are judged elsewhere)."""
+    """The evaluated outputs that are arrays (a sequence of maps as its score matrix; others are judged elsewhere)."""
     results = session.run(None, dict(feeds))
     arrays = {}
     for name, index in outputs.items():
@@ -107,8 +111,7 @@ def _run(session, feeds: Mapping[str, np.ndarray], outputs: Mapping[str, int]) -
             value = as_array(results[index], name)
         except (QbenchError, IndexError):
             continue
-        if value.ndim > 0:
-            arrays[name] = value
+        arrays[name] = value
     return arrays
 
 
@@ -151,6 +154,12 @@ def _inputs(model: ModelInfo, batch: int | None) -> str:
     plural = "s" if len(model.inputs) > 1 else ""
     taken = f" (axis 0 taken as a fixed batch of {batch})" if batch is not None else ""
     return f"model input{plural} {shown}{taken}"
+
+
+def _output_axis_hint(name: str, values: np.ndarray, size: int) -> str:
+    """'; axis 1 of 'y' has 8 entries, as many as the rows fed' when one later axis does, else ''."""
+    axes = [axis for axis in range(1, values.ndim) if values.shape[axis] == size]
+    return f"; axis {axes[0]} of {name!r} has {size} entries, as many as the rows fed" if len(axes) == 1 else ""
 
 
 def _batch_axis_hint(model: ModelInfo) -> str:

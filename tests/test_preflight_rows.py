@@ -139,3 +139,40 @@ def test_validate_refuses_a_sequence_first_model_in_one_line(tmp_path: Path, cap
     assert line.startswith(f"error: {tmp_path / 'recipe.yaml'}: model.path: model input x [4, 'batch', 3] (axis 0 "
                            "taken as a fixed batch of 4): row ")  # fmt: skip
     assert line.endswith("axis 1 ('batch') of 'x' is dynamic and looks like the batch")
+
+
+def test_validate_refuses_an_output_with_the_batch_on_axis_1_even_where_batches_are_square(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """y [classes, batch]: evaluated in batches of `classes` rows each batch's output is square, and was read
+    transposed (scores per class taken as rows); the check's 8 rows give 2 output rows and say so."""
+    _save(tmp_path / "model.onnx", [helper.make_node("MatMul", ["x", "w"], ["scores"]),
+                                    helper.make_node("Transpose", ["scores"], ["y"], perm=[1, 0])],
+          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", FEATURES])],
+          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [CLASSES, "batch"])])  # fmt: skip
+    rows = RNG.normal(size=(40, FEATURES)).astype(np.float32)
+    pd.DataFrame({"x": list(rows), "label": RNG.integers(0, CLASSES, size=40)}).to_parquet(tmp_path / "rows.parquet")
+    recipe = {"name": "classes-first", "model": {"path": "model.onnx"},
+              "data": {"path": "rows.parquet", "inputs": {"x": "x"}, "label": "label", "calibration": {"samples": 16},
+                       "evaluation": {"batch_size": CLASSES}},
+              "variants": [{"name": "fp16", "precision": "fp16"}]}  # fmt: skip
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    assert main(["validate", str(tmp_path / "recipe.yaml")]) == 2
+    [line] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert line == (f"error: {tmp_path / 'recipe.yaml'}: model.path: model input x ['batch', 3]: output 'y' had shape "
+                    "[2, 8] for 8 rows fed; expected 8 on its axis 0, one output row per input row: qbench reads axis 0 "
+                    "of every output as the batch, so make the model return it batch-first; axis 1 of 'y' has 8 "
+                    "entries, as many as the rows fed")  # fmt: skip
+
+
+def test_an_output_that_runs_as_a_scalar_is_refused_before_anything_is_built(tmp_path: Path) -> None:
+    """No shape stated in the graph, a scalar when run (a batch mean): once failed only at the first measurement."""
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["scores"]),
+                               helper.make_node("ReduceMean", ["scores"], ["y"], keepdims=0)], "m",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", FEATURES])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [WEIGHT])  # fmt: skip
+    model = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9), model)
+    with pytest.raises(RecipeError, match=r"model.path: model input x \['batch', 3\]: output 'y' had shape \[\] for 8 "
+                                          r"rows fed; expected 8 on its axis 0"):  # fmt: skip
+        _check(tmp_path, model, {"x": RNG.normal(size=(12, FEATURES)).astype(np.float32)})

@@ -91,9 +91,12 @@ def _named(task: Task, model: ModelInfo, name: str, names: list[str]) -> OutputC
 
 def _problem(task: Task, meta: TensorMeta) -> str | None:
     """Why `task` cannot evaluate `meta`: an output with a static 0 beside the batch axis holds nothing to judge,
-    whatever the task; otherwise the task's own reason."""
+    and a scalar no row per input row, whatever the task; otherwise the task's own reason."""
     if meta.kind == "tensor" and 0 in meta.shape[1:]:
         return f"output {meta.name!r} of shape {list(meta.shape)} holds no values (a dimension of 0)"
+    if meta.kind == "tensor" and meta.scalar:
+        return (f"output {meta.name!r} is a scalar (shape []): qbench reads one output row per input row, "
+                "along axis 0")  # fmt: skip
     return task.output_problem(meta)
 
 

@@ -10,7 +10,10 @@ normal form of the recipe's model, computing the same outputs:
 - an initializer listed as an output is produced by an Identity under the output's name (the initializer takes a new
   name, which its readers read), so outputs keep their names and order;
 - a graph input listed as an output is set aside: no node may produce a name a graph input holds, and the output
-  is the input whatever a variant computes. `settle_built_model` puts it back, in its place, in every built model.
+  is the input whatever a variant computes. `settle_built_model` puts it back, in its place, in every built model;
+- IR version 4 at least: before it (ONNX 1.3's IR 3, old exporters and model zoos) every initializer had to be listed
+  as a graph input too, so each scale, zero point or rewritten weight a builder adds would make the model invalid.
+  The initializers the file lists as inputs stay inputs (their values are defaults a caller may override).
 
 The FP32 reference that is measured stays the recipe's own file. Every built model is settled (set-aside outputs
 back, nodes sorted) and passes the onnx checker (`check_built_model`) before it counts as built.
@@ -28,6 +31,8 @@ from qbench.errors import QbenchError, one_line
 from qbench.variants.base import BuiltVariant
 from qbench.variants.onnx_utils import load_model, rename_reads, sort_nodes, subgraphs_of
 
+_INITIALIZERS_APART_IR = 4  # the first IR version whose initializers need not be listed as graph inputs
+
 
 def load_reference(path: Path) -> onnx.ModelProto:
     """The model at `path` (loaded as `load_model` does) in the normal form the variants are built from."""
@@ -40,7 +45,9 @@ def load_reference(path: Path) -> onnx.ModelProto:
 
 
 def normalise(model: onnx.ModelProto) -> None:
-    """Sort the nodes, give initializer outputs a producer and set graph-input outputs aside, in place."""
+    """Sort the nodes, give initializer outputs a producer, set graph-input outputs aside and raise the IR version to
+    one where initializers need not be graph inputs, in place."""
+    model.ir_version = max(model.ir_version, _INITIALIZERS_APART_IR)
     graph = model.graph
     sort_nodes(graph)
     _produce_initializer_outputs(graph)

@@ -57,3 +57,32 @@ def test_an_output_with_a_static_zero_beside_the_batch_is_never_a_candidate(task
     assert (choice.name, choice.index) == ("scores", 1)
     with pytest.raises(QbenchError, match=r"output 'empty' of shape \[None, 0\] holds no values.*outputs it can read: scores"):
         choose_outputs(get_task(task), _model(empty, scores), ["empty"])
+
+
+@pytest.mark.parametrize("task", ["classification", "embedding", "regression", "multilabel"])
+def test_a_declared_scalar_output_is_never_a_candidate(tmp_path, task: str) -> None:
+    """A batch statistic exported beside the scores (shape []) gives no row per input row: it was tied with the
+    scores, so a recipe naming no output was refused, and one naming it failed only once every variant was built."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from qbench.modelinfo import read_model_info
+
+    weight = numpy_helper.from_array(np.ones((3, 5), np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["scores"]), helper.make_node("ReduceMean", ["scores"], ["total"], keepdims=0)],
+        "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
+        [helper.make_tensor_value_info("total", TensorProto.FLOAT, []),
+         helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batch", 5])], [weight])  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), tmp_path / "m.onnx")
+    model = read_model_info(tmp_path / "m.onnx")
+    [choice] = choose_outputs(get_task(task), model, None)
+    assert (choice.name, choice.index) == ("scores", 1)
+    with pytest.raises(QbenchError, match=r"^output 'total' is a scalar \(shape \[\]\): qbench reads one output row per "
+                                          r"input row, along axis 0; outputs it can read: scores"):  # fmt: skip
+        choose_outputs(get_task(task), model, ["total"])
+
+
+def test_an_output_with_no_shape_stated_is_not_taken_for_a_scalar() -> None:
+    unshaped = TensorMeta("unshaped", np.dtype("float32"), ())  # what its runs give is checked then
+    assert choose_outputs(get_task("classification"), _model(unshaped), None)[0].name == "unshaped"

@@ -156,3 +156,24 @@ def test_a_built_model_the_checker_refuses_fails_the_build_in_one_line(tmp_path,
     message = str(caught.value)
     assert message.startswith("variant 'half': the built model half.onnx is not valid ONNX:")
     assert "nowhere" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_every_variant_builds_from_an_ir3_model_listing_its_initializers_as_inputs(tmp_path, name):
+    """IR 3 (ONNX 1.3, opset 8: old exporters, model zoos) requires every initializer to be a graph input too: the
+    scales and zero points static INT8 adds made the saved model invalid, and dynamic INT8's Gemm rewrite failed."""
+    weights = [numpy_helper.from_array(v, k) for k, v in WEIGHTS.items()]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", FEATURES]),
+              *(helper.make_tensor_value_info(w.name, TensorProto.FLOAT, list(w.dims)) for w in weights)]  # fmt: skip
+    nodes = [helper.make_node("Gemm", ["x", "w1", "b1"], ["a2"], name="gemm"), *NODES[2:]]
+    model = helper.make_model(helper.make_graph(nodes, "old", inputs, [LOGITS], weights),
+                              opset_imports=[helper.make_opsetid("", 8)], ir_version=3)  # fmt: skip
+    onnx.checker.check_model(model)
+    path = tmp_path / "old.onnx"
+    onnx.save(model, str(path))
+    built = _build(path, tmp_path / "w", name)
+    onnx.checker.check_model(str(built.onnx_path))
+    expected = _session(path).run(None, {"x": X})[0]
+    ran = _session(built.onnx_path).run(["logits"], {"x": X})[0]
+    assert np.mean(ran.argmax(1) == expected.argmax(1)) > 0.9
+    assert np.abs(ran - expected).max() < 0.1 * np.abs(expected).max()
