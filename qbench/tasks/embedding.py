@@ -56,7 +56,8 @@ class Embedding(Task):
     metric_infos = (
         MetricInfo("cosine", True, "mean cosine similarity with the FP32 output", low=-1.0, high=1.0),
         MetricInfo("cosine_min", True, "lowest cosine similarity with the FP32 output", low=-1.0, high=1.0),
-        MetricInfo("nn_agreement", True, "fraction of rows whose nearest neighbours are FP32's (ties within 1e-6 as a set)", low=0.0, high=1.0),
+        MetricInfo("nn_agreement", True, "fraction of rows whose nearest neighbours are FP32's (ties within 1e-6 as a set)",
+                   low=0.0, high=1.0, counts_nonfinite_rows=True),
         MetricInfo("max_abs_error", False, "largest absolute difference from the FP32 output", low=0.0),
     )
     default_gate_metric = "cosine"
