@@ -33,7 +33,14 @@ from qbench.recipe_slo import SloSpec
 from qbench.results import AccuracyResult, SliceMetrics, SweepResults, VariantResult, read_results
 from qbench.runs import RESULTS_FILE, newest_run
 from qbench.slo import SLO_METRIC, SLO_SCOPE, SloJudgement, judge_slo
-from qbench.validate.catalogue import custom_metrics, drop, recorded_custom_metrics, within
+from qbench.validate.catalogue import (
+    METRICS,
+    OUTPUT_SEPARATOR,
+    custom_metrics,
+    drop,
+    recorded_custom_metrics,
+    within,
+)
 from qbench.variants.base import lowered_nothing
 
 if TYPE_CHECKING:
@@ -229,10 +236,23 @@ def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec) ->
                             "outputs, e.g. R² of a constant target): nothing can be judged; gate on a metric defined "
                             "there")  # fmt: skip
         else:
-            why = (f" (FP32 itself gives NaN/inf on {ref_scope.nonfinite_outputs} of its {ref_scope.size} rows: gate on "
-                   "a metric that counts such rows, e.g. agreement or accuracy)" if ref_scope.nonfinite_outputs else "")
+            why = _nonfinite_reference_hint(spec.metric, ref_scope) if ref_scope.nonfinite_outputs else ""
             problems.append(f"metric {spec.metric!r} is missing or NaN on {own_scope.name}{why}")
     return checks, problems
+
+
+def _nonfinite_reference_hint(metric: str, ref: SliceMetrics) -> str:
+    """Why `metric` is NaN where FP32 gives NaN/inf on some rows, and the metrics of the same output FP32 reports on
+    this scope that count such rows (the catalogue says which) and are defined there: what to gate on instead."""
+    output = metric.rpartition(OUTPUT_SEPARATOR)[0]
+    counting = [name for name, value in ref.metrics.items()
+                if name.rpartition(OUTPUT_SEPARATOR)[0] == output and name in METRICS
+                and METRICS[name].counts_nonfinite_rows and math.isfinite(value)]  # fmt: skip
+    where = f" (FP32 itself gives NaN/inf on {ref.nonfinite_outputs} of its {ref.size} rows"
+    if counting:
+        return f"{where}: gate on a metric that counts such rows: {', '.join(counting)})"
+    return (f"{where}, and none of its metrics here counts such rows: make FP32 finite there, or leave those rows out "
+            "with data.evaluation.filter)")
 
 
 def _undefined_for_fp32(metric: str, ref: SliceMetrics, own: SliceMetrics) -> bool:

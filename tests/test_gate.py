@@ -6,14 +6,17 @@ import json
 import math
 from dataclasses import replace
 
+import numpy as np
 import pytest
 from sweep_factory import make_sweep
 
 from qbench.errors import QbenchError
-from qbench.gate import EXIT_BREACH, EXIT_PASS, EXIT_UNUSABLE, evaluate_gate, run_gate
+from qbench.gate import EXIT_BREACH, EXIT_PASS, EXIT_UNUSABLE, evaluate_gate, judge, run_gate
 from qbench.recipe import GateSpec
 from qbench.results import AccuracyResult, SliceMetrics, SweepResults, VariantResult, to_json
+from qbench.validate.accuracy import evaluate_accuracy
 
+NAN = math.nan
 SPEC = GateSpec(metric="accuracy", max_drop=0.01, max_slice_drop=0.02, applies_to=["int8-*"])
 
 
@@ -310,3 +313,52 @@ def test_broken_results_files_are_errors_naming_the_file(tmp_path, content):
 def test_missing_results_file(tmp_path):
     with pytest.raises(QbenchError, match="results file not found"):
         run_gate(results_path=tmp_path / "nope.json")
+
+
+def _nonfinite_fp32_problem(task: str, metric: str) -> str:
+    """The gate's problem for `metric` on 4 rows of `task` outputs where FP32 gives NaN on row 3."""
+    reference = np.array([[1.0, 0.2, 0.1], [0.1, 1.0, 0.3], [0.2, 0.1, 1.0], [math.nan, 0.5, 0.5]])
+    outputs = reference + 0.01
+
+    def result(name: str, values: np.ndarray) -> VariantResult:
+        return VariantResult(variant=name, backend="b", precision="fp32" if name == "fp32" else "int8", status="ok",
+                             accuracy=evaluate_accuracy(task, values, reference, None, {}))  # fmt: skip
+
+    verdict = judge(result("fp32", reference), result("int8", outputs), GateSpec(metric=metric, max_drop=0.01))
+    assert verdict.exit_code == EXIT_UNUSABLE
+    (problem,) = verdict.problems
+    return problem
+
+
+@pytest.mark.parametrize(
+    ("task", "metric", "suggested"),
+    [("embedding", "cosine", "nn_agreement"), ("classification", "kl_mean", "accuracy, agreement, flip_rate"),
+     ("multilabel", "max_abs_error", "label_agreement, row_agreement"),
+     ("regression", "mae", "agreement")],
+)  # fmt: skip
+def test_a_metric_fp32_s_nan_rows_leave_undefined_points_to_the_task_s_metrics_that_count_them(
+    task: str, metric: str, suggested: str
+) -> None:
+    """The hint said 'e.g. agreement or accuracy' for every task: an embedding recipe has neither. It names the
+    metrics of the results that the catalogue says count such rows (defined there, so the gate can judge them)."""
+    problem = _nonfinite_fp32_problem(task, metric)
+    assert problem.endswith(f"FP32 itself gives NaN/inf on 1 of its 4 rows: gate on a metric that counts such "
+                            f"rows: {suggested})")  # fmt: skip
+
+
+def _hint_for(metric: str, values: dict[str, float]) -> str:
+    """The gate's problem for `metric` where FP32 and the variant both report `values` on 4 rows, 1 of them NaN."""
+    scope = SliceMetrics("overall", 4, values, nonfinite_outputs=1)
+    results = [VariantResult(variant=name, backend="b", precision=precision, status="ok",
+                             accuracy=AccuracyResult(rows=4, nonfinite_outputs=1, overall=scope))
+               for name, precision in (("fp32", "fp32"), ("int8", "int8"))]  # fmt: skip
+    (problem,) = judge(*results, GateSpec(metric=metric, max_drop=0.01)).problems
+    return problem
+
+
+def test_the_hint_names_metrics_of_the_gated_output_defined_there_and_never_a_custom_one() -> None:
+    values = {"probabilities/kl_mean": NAN, "probabilities/agreement": 0.75, "probabilities/flip_rate": NAN,
+              "label/accuracy": 0.75, "mine": 0.5}  # fmt: skip
+    assert _hint_for("probabilities/kl_mean", values).endswith("counts such rows: probabilities/agreement)")
+    problem = _hint_for("cosine", {"cosine": NAN, "mine": 0.5})  # a custom metric: what it counts is not known
+    assert "FP32 itself gives NaN/inf on 1 of its 4 rows, and none of its metrics here counts such rows" in problem

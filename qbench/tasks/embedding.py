@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 @dataclass(frozen=True)
 class EmbeddingRows:
-    """Per-row cosine with FP32, and whether the row's nearest neighbour is FP32's.
+    """Per-row cosine with FP32, and whether the row's nearest neighbours are FP32's (ties as a set).
 
     Neighbours are searched among all evaluation rows, also when a slice is summarised.
     """
@@ -56,7 +56,8 @@ class Embedding(Task):
     metric_infos = (
         MetricInfo("cosine", True, "mean cosine similarity with the FP32 output", low=-1.0, high=1.0),
         MetricInfo("cosine_min", True, "lowest cosine similarity with the FP32 output", low=-1.0, high=1.0),
-        MetricInfo("nn_agreement", True, "fraction of rows whose nearest neighbour matches FP32's", low=0.0, high=1.0),
+        MetricInfo("nn_agreement", True, "fraction of rows whose nearest neighbours are FP32's (ties within 1e-6 as a set)",
+                   low=0.0, high=1.0, counts_nonfinite_rows=True),
         MetricInfo("max_abs_error", False, "largest absolute difference from the FP32 output", low=0.0),
     )
     default_gate_metric = "cosine"

@@ -29,11 +29,15 @@ class MetricInfo:
     low: float = -math.inf
     high: float = math.inf
     share_of_rows: bool = False  # k / rows of its scope for a whole number k
+    # a row FP32 gives NaN/inf on counts in it (a miss), so it stays defined on a scope holding such rows, where
+    # cosine, kl_mean or an error is NaN: what the gate suggests gating on there
+    counts_nonfinite_rows: bool = False
 
 
 def share_of_rows(name: str, higher_is_better: bool, description: str) -> MetricInfo:
-    """A metric that counts rows of its scope: in [0, 1], a whole number of rows."""
-    return MetricInfo(name, higher_is_better, description, low=0.0, high=1.0, share_of_rows=True)
+    """A metric that counts rows of its scope: in [0, 1], a whole number of rows (FP32's NaN/inf ones among them)."""
+    return MetricInfo(name, higher_is_better, description, low=0.0, high=1.0, share_of_rows=True,
+                      counts_nonfinite_rows=True)
 
 
 def impossible_value(info: MetricInfo, value: float, count: int, unit: str = "rows") -> str | None:

@@ -268,55 +268,68 @@ def mean_interval(values: np.ndarray, z: float = 1.96) -> tuple[float, float]:
 
 # -- nearest neighbours (embeddings) --------------------------------------------------------------
 
-NO_NEIGHBOUR = -1
-"""The neighbour of a row whose embedding holds NaN or inf, or of a set with fewer than two rows."""
+NEIGHBOUR_TIE = 1e-6
+"""Cosine similarities within this of a row's highest are ties: its nearest neighbours form a set. Cosine lies in
+[-1, 1] whatever the vectors' scale; a float32 embedding resolves about 1e-7 of it (the same input in another batch
+position can move by that much), a matrix product's rounding about 1e-16, while rows meant to differ do so by far more.
+So copies of a row (the same query twice) and rows equal up to rounding are tied, never ranked by noise."""
 
-_NEIGHBOUR_BLOCK_ROWS = 1024  # rows compared at once: bounds the similarity block to 1024 x rows floats
+_NEIGHBOUR_BLOCK_ROWS = 512  # rows compared at once: bounds each similarity block to 512 x rows floats
 
 
-def nearest_neighbours(embeddings: np.ndarray) -> np.ndarray:
-    """Index of every row's nearest other row by cosine similarity (int64; ties go to the lowest index).
-
-    A row is never its own neighbour; rows holding NaN/inf neither have a neighbour (NO_NEIGHBOUR)
-    nor are one. A zero row has similarity 0 with every row.
-    """
+def _unit_rows(embeddings: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row scaled to length 1 (a zero row, and a row holding NaN/inf, as zeros), and which rows are finite."""
     rows = _float_rows(embeddings)
-    count = rows.shape[0]
     finite = np.isfinite(rows).all(axis=1)
     norms = np.linalg.norm(np.where(finite[:, None], rows, 0.0), axis=1)
     unit = np.divide(rows, norms[:, None], out=np.zeros_like(rows), where=(norms[:, None] > 0) & finite[:, None])
-    neighbours = np.full(count, NO_NEIGHBOUR, dtype=np.int64)
-    if count < 2:
-        return neighbours
-    for start in range(0, count, _NEIGHBOUR_BLOCK_ROWS):
-        stop = min(start + _NEIGHBOUR_BLOCK_ROWS, count)
-        similarity = unit[start:stop] @ unit.T
-        similarity[:, ~finite] = -np.inf
-        similarity[np.arange(stop - start), np.arange(start, stop)] = -np.inf
-        best = np.argmax(similarity, axis=1)
-        found = np.isfinite(similarity[np.arange(stop - start), best])  # all -inf: no finite other row
-        neighbours[start:stop] = np.where(found, best, NO_NEIGHBOUR)
-    neighbours[~finite] = NO_NEIGHBOUR
-    return neighbours
+    return unit, finite
+
+
+def _similarities(unit: np.ndarray, finite: np.ndarray, start: int, stop: int) -> np.ndarray:
+    """Cosine similarity of rows start..stop with every row; -inf with themselves and with rows holding NaN/inf."""
+    similarity = unit[start:stop] @ unit.T
+    similarity[:, ~finite] = -np.inf
+    similarity[np.arange(stop - start), np.arange(start, stop)] = -np.inf
+    return similarity
 
 
 def nearest_neighbour_matches(reference: np.ndarray, outputs: np.ndarray) -> np.ndarray:
-    """Per row: 1.0 if its nearest neighbour under `outputs` is the one under `reference`, else 0.0.
+    """Per row: 1.0 if every row nearest to it under `outputs` is one of its nearest rows under `reference`, else 0.0.
 
-    A row without a neighbour in either never matches; fewer than two rows give NaN (no neighbours exist).
+    A row's nearest rows are the others whose cosine similarity with it is within NEIGHBOUR_TIE of the highest: tied
+    rows (copies of a row, rows equal up to rounding) form a set, so no verdict hangs on which of them rounding puts
+    first, and `reference` against itself is 1.0 on every row that has a neighbour. Where `outputs` ties a row that
+    `reference` ranks lower with its nearest, the row does not match: a search could return either. A row holding
+    NaN/inf is no one's neighbour and has none: it never matches (a miss for every result, the reference's own too),
+    nor does a row with no finite other row. Fewer than two rows give NaN (no neighbours exist). Costs two
+    rows x rows similarity products, computed in blocks of rows.
     """
     reference, outputs = _same_shape(reference, outputs)
     if reference.ndim == 0:
         raise QbenchError(f"expected an array with a row axis, got a scalar ({reference!r})")
-    if reference.shape[0] < 2:
-        return np.full(reference.shape[0], math.nan)
-    expected, found = nearest_neighbours(reference), nearest_neighbours(outputs)
-    return ((expected == found) & (expected != NO_NEIGHBOUR)).astype(np.float64)
+    count = reference.shape[0]
+    if count < 2:
+        return np.full(count, math.nan)
+    (ref_unit, ref_finite), (out_unit, out_finite) = _unit_rows(reference), _unit_rows(outputs)
+    matches = np.zeros(count, dtype=np.float64)
+    for start in range(0, count, _NEIGHBOUR_BLOCK_ROWS):
+        stop = min(start + _NEIGHBOUR_BLOCK_ROWS, count)
+        expected = _similarities(ref_unit, ref_finite, start, stop)
+        found = _similarities(out_unit, out_finite, start, stop)
+        best_expected, best_found = expected.max(axis=1), found.max(axis=1)
+        nearest_found = found >= (best_found - NEIGHBOUR_TIE)[:, None]
+        # the lowest reference similarity among the outputs' nearest rows: within the tie of the reference's best?
+        worst = np.where(nearest_found, expected, np.inf).min(axis=1)
+        agree = (worst >= best_expected - NEIGHBOUR_TIE) & np.isfinite(best_expected) & np.isfinite(best_found)
+        matches[start:stop] = agree
+    matches[~(ref_finite & out_finite)] = 0.0
+    return matches
 
 
 def nearest_neighbour_agreement(reference: np.ndarray, outputs: np.ndarray) -> float:
-    """Fraction of rows whose nearest neighbour (cosine, itself excluded) is the same under `outputs` as
-    under `reference`; NaN for fewer than two rows."""
+    """Fraction of rows whose nearest neighbours (cosine, itself excluded, ties as a set) under `outputs` are
+    nearest under `reference` too (`nearest_neighbour_matches`); NaN for fewer than two rows."""
     return _mean(nearest_neighbour_matches(reference, outputs))
 
 

@@ -87,3 +87,17 @@ def test_each_task_owns_its_qat_loss() -> None:
     assert float(embedding.qat_loss("distill", vectors, torch.tensor([[0.0, 1.0], [0.0, 1.0]]))) == pytest.approx(0.5)
     with pytest.raises(QbenchError, match="task 'embedding' has no label loss for QAT"):
         embedding.qat_label_targets(np.array([0, 1]), vectors)
+
+
+def test_every_metric_the_catalogue_says_counts_fp32_s_nan_rows_stays_defined_where_fp32_gives_nan() -> None:
+    """The gate suggests these metrics where FP32's NaN/inf rows leave the gated one undefined: each must be finite
+    there, for FP32 and a variant alike, and every task has one."""
+    from qbench.validate.accuracy import evaluate_accuracy
+
+    reference = np.array([[1.0, 0.2, 0.1], [0.1, 1.0, 0.3], [0.2, 0.1, 1.0], [np.nan, 0.5, 0.5]])
+    for name in TASKS.names():
+        counting = [info.name for info in get_task(name).metric_infos if info.counts_nonfinite_rows]
+        assert counting, name
+        for outputs in (reference, reference[::-1] + 0.3):
+            values = evaluate_accuracy(name, outputs, reference, None, {}).overall.metrics
+            assert all(np.isfinite(values[metric]) for metric in counting), (name, values)

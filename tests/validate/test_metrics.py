@@ -226,62 +226,6 @@ def test_gate_metrics_per_task_and_drop_direction() -> None:
     assert catalogue.drop("accuracy", 0.9, 0.95) == pytest.approx(-0.05)
 
 
-# -- nearest-neighbour agreement (embeddings) ----------------------------------------------------
-
-# Two clusters in 2-D: rows 0/1 near the x axis, rows 2/3 near the y axis.
-NN_REFERENCE = np.array([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.1, 0.9]])
-# Row 1 moves into the y cluster: cosines of [0.2, 0.8] with rows 0, 2, 3 are 0.243, 0.970, 0.991.
-NN_VARIANT = np.array([[1.0, 0.0], [0.2, 0.8], [0.0, 1.0], [0.1, 0.9]])
-
-
-def test_nearest_neighbours_exclude_the_row_itself() -> None:
-    # reference: 0 <-> 1 and 2 <-> 3; variant: row 1's nearest is now row 3 (0.991), row 0 keeps row 1
-    # (0.243 beats 0.110 for row 3 and 0 for row 2)
-    assert metrics.nearest_neighbours(NN_REFERENCE).tolist() == [1, 0, 3, 2]
-    assert metrics.nearest_neighbours(NN_VARIANT).tolist() == [1, 3, 3, 2]
-
-
-def test_nearest_neighbour_agreement_counts_rows_whose_neighbour_moved() -> None:
-    # only row 1 changed neighbour (0 -> 3): 3 of 4 rows agree
-    assert metrics.nearest_neighbour_matches(NN_REFERENCE, NN_VARIANT).tolist() == [1.0, 0.0, 1.0, 1.0]
-    assert metrics.nearest_neighbour_agreement(NN_REFERENCE, NN_VARIANT) == pytest.approx(0.75)
-
-
-def test_nearest_neighbour_agreement_is_scale_invariant_and_perfect_on_itself() -> None:
-    assert metrics.nearest_neighbour_agreement(NN_REFERENCE, NN_REFERENCE * 3.0) == 1.0
-
-
-def test_a_nonfinite_row_has_no_neighbour_and_is_nobody_s_neighbour() -> None:
-    variant = NN_VARIANT.copy()
-    variant[2] = [NAN, 1.0]
-    # row 2: no neighbour; row 3 cannot pick row 2 any more and takes row 1 (0.991); row 1 keeps row 3
-    assert metrics.nearest_neighbours(variant).tolist() == [1, 3, -1, 1]
-    # against the reference [1, 0, 3, 2]: only row 0 agrees
-    assert metrics.nearest_neighbour_agreement(NN_REFERENCE, variant) == pytest.approx(0.25)
-
-
-def test_duplicates_are_each_other_s_neighbour_and_ties_go_to_the_lowest_index() -> None:
-    # rows 0 and 1 are identical; row 2 is orthogonal to both (cosine 0 with each: a tie)
-    assert metrics.nearest_neighbours(np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])).tolist() == [1, 0, 0]
-
-
-def test_nearest_neighbour_agreement_needs_two_rows_and_equal_shapes() -> None:
-    assert math.isnan(metrics.nearest_neighbour_agreement(np.zeros((0, 3)), np.zeros((0, 3))))
-    assert math.isnan(metrics.nearest_neighbour_agreement(np.ones((1, 3)), np.ones((1, 3))))
-    with pytest.raises(QbenchError, match="different shapes"):
-        metrics.nearest_neighbour_agreement(np.ones((3, 2)), np.ones((3, 4)))
-
-
-def test_nearest_neighbours_in_blocks_equal_the_whole_matrix(monkeypatch: pytest.MonkeyPatch) -> None:
-    embeddings = np.random.default_rng(0).normal(size=(37, 8))
-    whole = metrics.nearest_neighbours(embeddings)
-    monkeypatch.setattr(metrics, "_NEIGHBOUR_BLOCK_ROWS", 5)
-    blocked = metrics.nearest_neighbours(embeddings)
-    similarity = embeddings @ embeddings.T / np.outer(*[np.linalg.norm(embeddings, axis=1)] * 2)
-    np.fill_diagonal(similarity, -np.inf)
-    assert blocked.tolist() == whole.tolist() == np.argmax(similarity, axis=1).tolist()
-
-
 # -- regression and multilabel (hand-computed) ----------------------------------------------------
 
 
