@@ -36,7 +36,8 @@ from qbench.data import (
     select_rows,
     training_rows,
 )
-from qbench.errors import QbenchError, RecipeError, expected_one_of
+from qbench.data.labels import label_cells
+from qbench.errors import QbenchError, RecipeError
 from qbench.modelinfo import ModelInfo, external_data_files, read_model_info
 from qbench.preflight_checks import (
     check_batch_memory,
@@ -342,18 +343,15 @@ def _check_gate_metric(recipe: Recipe, task: Task, outputs: list[OutputChoice]) 
 def _labels(
     recipe: Recipe, task: Task, table: pd.DataFrame, rows: np.ndarray, outputs: list[OutputChoice]
 ) -> np.ndarray | None:
-    """The label column read and checked by the task (type, then against every evaluated output)."""
-    column = recipe.data.label
-    if column is None:
+    """The label column(s) read and checked by the task (type, then against every evaluated output)."""
+    positions = np.asarray(rows)
+    values = _label_values(recipe, table, positions)
+    if values is None:
         for choice in outputs:
             reason = task.labels_needed(choice.meta)
             if reason is not None:
                 raise RecipeError(recipe.source, "data.label", reason)
         return None
-    if column not in table.columns:
-        raise RecipeError(recipe.source, "data.label", expected_one_of(column, [str(c) for c in table.columns]))
-    positions = np.asarray(rows)
-    values = _label_values(recipe, table, positions)
     try:
         if recipe.data.classes is not None:
             values = _named_classes(recipe, task, values, outputs, positions)
@@ -368,13 +366,14 @@ def _labels(
 
 
 def _label_values(recipe: Recipe, table: pd.DataFrame, rows: np.ndarray) -> list[Any] | None:
-    """The label column's values on `rows`; None without one (a missing column is _labels' error)."""
-    column = recipe.data.label
-    return None if column is None or column not in table.columns else table[column].iloc[np.asarray(rows)].tolist()
+    """The label of each of `rows` (qbench.data.labels: one column, or one 0/1 column per label); None without."""
+    return label_cells(table, recipe.data, rows, recipe_file=recipe.source)
 
 
 def _label_error(recipe: Recipe, exc: LabelError) -> RecipeError:
-    return RecipeError(recipe.source, "data.label", f"column {recipe.data.label!r}: {exc}")
+    columns = recipe.data.label_columns
+    named = f"column {columns[0]!r}" if isinstance(recipe.data.label, str) else f"columns {', '.join(columns)}"
+    return RecipeError(recipe.source, "data.label", f"{named}: {exc}")
 
 
 def check_labels_fit_outputs(prepared: Prepared, outputs: Mapping[str, np.ndarray]) -> None:

@@ -274,6 +274,9 @@ class Recipe(_Strict):
                 raise ValueError(f"variants[{index}].compile: applies only to torch-cpu / torch-cuda backends")
             if v.qat is not None and v.qat.loss == "label" and self.data.label is None:
                 raise ValueError(f"variants[{index}].qat.loss: 'label' needs data.label; use 'distill' without labels")
+        if isinstance(self.data.label, list) and self.task != "multilabel":
+            raise ValueError(f"data.label: a list of columns (one 0/1 column per label) is read by task multilabel "
+                             f"only; expected one label column for task {self.task!r}")  # fmt: skip
         for index, backend in enumerate(self.backends):
             if backend.startswith("torch-") and self.model.torch is None:
                 raise ValueError(f"backends[{index}]: {backend} needs a PyTorch model source (model.torch)")

@@ -94,7 +94,10 @@ class DataSpec(_Strict):
     inputs: dict[str, str | TextInputSpec] = Field(
         description="data column -> model input name, or a text column -> {tokenizer: {...}}"
     )
-    label: str | None = Field(None, description="label column; without it accuracy is agreement with FP32")
+    label: str | list[str] | None = Field(
+        None, description="label column (multilabel: or one 0/1 column per label, in the model's output column order); "
+        "without it accuracy is agreement with FP32",
+    )
     classes: list[str | int] | None = Field(
         None, description="classification: the label values naming the model's score columns, in column order"
     )
@@ -104,6 +107,24 @@ class DataSpec(_Strict):
     nonfinite_inputs: Literal["error", "drop"] = Field(
         "error", description="rows whose input columns hold NaN/inf: error (default) or drop them (counted in results)"
     )
+
+    @property
+    def label_columns(self) -> tuple[str, ...]:
+        """The columns `label` names: none, its one column, or (multilabel) one column per label."""
+        if self.label is None:
+            return ()
+        return (self.label,) if isinstance(self.label, str) else tuple(self.label)
+
+    @field_validator("label")
+    @classmethod
+    def _label_columns_distinct(cls, v: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(v, list):
+            repeated = sorted({c for c in v if v.count(c) > 1})
+            if not v or repeated:
+                got = f"column {repeated[0]!r} twice" if repeated else "an empty list"
+                raise ValueError(f"got {got}; expected one column name, or (task multilabel) the distinct 0/1 "
+                                 "columns of the labels in the order of the model's output columns")  # fmt: skip
+        return v
 
     @field_validator("classes")
     @classmethod

@@ -108,3 +108,26 @@ def test_every_row_evaluated_leaves_nothing_to_train_on() -> None:
         training_rows(table, None, np.arange(4), field="variants[2].qat.train.filter", recipe_file=Path("r.yaml"))
     kept = training_rows(table, None, np.array([0, 2]), field="f", recipe_file=Path("r.yaml"))
     assert kept.tolist() == [1, 3]
+
+
+def test_qat_label_loss_reads_one_zero_one_column_per_label(project: Path) -> None:
+    """A multilabel recipe naming one 0/1 column per label (qbench.data.labels) trains QAT on them as the rows'
+    label lists: the module's 3 outputs read as 3 labels, its arg-max one-hot spread over 3 boolean columns."""
+    from qbench.preflight import prepare
+    from qbench.tasks import get_task
+
+    table = pd.read_parquet(project / "data.parquet")
+    onehot = np.eye(3, dtype=np.int64)[table["label"].to_numpy()]
+    for index, name in enumerate(("a", "b", "c")):
+        table[name] = onehot[:, index].astype(bool)
+    table.to_parquet(project / "wide.parquet")
+    path = _recipe(project, "wide", {"loss": "label", "train": {"filter": {"split": "train"}}}, {"filter": {"split": "eval"}})
+    recipe = yaml.safe_load(path.read_text())
+    recipe.update(task="multilabel", gate={"metric": "micro_f1"})
+    recipe["data"].update(path="wide.parquet", label=["a", "b", "c"])
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    prepared = prepare(load_recipe(path), track=False, destinations=False)
+    trained = prepared.training["int8-qat"].labels
+    assert trained.tolist() == onehot[:40].tolist() and prepared.labels.tolist() == onehot[60:].tolist()
+    targets = get_task("multilabel").qat_label_targets(trained, torch.zeros(40, 3))
+    assert targets.tolist() == onehot[:40].astype(float).tolist()

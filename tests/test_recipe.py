@@ -330,3 +330,20 @@ def test_a_seed_numpy_or_torch_would_refuse_is_a_one_line_error(tmp_path, seed):
     data = {**BASE["data"], "calibration": {"seed": seed}}
     message = error_of(tmp_path, with_changes(data=data))
     assert message.startswith("recipe.yaml: data.calibration.seed: input should be")
+
+
+def test_a_list_label_names_the_distinct_label_columns_of_a_multilabel_recipe(tmp_path):
+    """A multilabel table with one 0/1 column per label: `data.label` lists them (qbench.data.labels reads them)."""
+    wide = ["toxic", "obscene", "insult"]
+    multilabel = {"task": "multilabel", "gate": {"metric": "micro_f1"}}
+    data = {**BASE["data"], "label": wide}
+    assert load_recipe(write_recipe(tmp_path, with_changes(**multilabel, data=data))).data.label_columns == tuple(wide)
+    assert load_recipe(write_recipe(tmp_path, with_changes(**multilabel))).data.label_columns == ("y",)
+    assert error_of(tmp_path, with_changes(data=data)) == (
+        "recipe.yaml: data.label: a list of columns (one 0/1 column per label) is read by task multilabel only; "
+        "expected one label column for task 'classification'"
+    )
+    expected = "expected one column name, or (task multilabel) the distinct 0/1 columns of the labels"
+    for label, got in (([], "an empty list"), (["toxic", "insult", "toxic"], "column 'toxic' twice")):
+        error = error_of(tmp_path, with_changes(**multilabel, data={**BASE["data"], "label": label}))
+        assert error.startswith(f"recipe.yaml: data.label: got {got}; {expected}")

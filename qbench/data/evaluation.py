@@ -63,8 +63,8 @@ def text_columns(
     columns += string_input_columns(data, model_inputs or {})
     if data.calibration.stratify_by is not None:
         columns.append(data.calibration.stratify_by)
-    if label_names and data.label is not None:
-        columns.append(data.label)
+    if label_names:
+        columns += data.label_columns
     return tuple(dict.fromkeys(columns))
 
 
@@ -76,8 +76,9 @@ def string_input_columns(data: DataSpec, model_inputs: Mapping[str, TensorMeta])
 
 def _list_columns(data: DataSpec) -> tuple[str, ...]:
     """The columns a CSV file may hold JSON lists in even where text_columns keeps them as text: the label, whose
-    cells are class names or, for token classification, a list of class ids per row."""
-    return (data.label,) if data.label is not None else ()
+    cells are class names or, for token classification, a list of class ids per row (not the columns of a
+    multilabel table with one 0/1 column per label)."""
+    return (data.label,) if isinstance(data.label, str) else ()
 
 
 def load_data_table(

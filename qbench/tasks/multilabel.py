@@ -98,7 +98,8 @@ class Multilabel(Task):
     def check_labels(self, labels: np.ndarray, output: TensorMeta, positions: np.ndarray) -> None:
         width = output.shape[-1] if len(output.shape) == 2 else None
         if width is not None and width != labels.shape[1]:
-            raise LabelError(f"rows have {labels.shape[1]} labels but output {output.name!r} scores {width}")
+            raise LabelError(f"rows have {labels.shape[1]} labels but output {output.name!r} scores {width}; expected "
+                             "one label per output column, in the output's column order")  # fmt: skip
 
     def thresholds_by_scale(self, reference: np.ndarray) -> bool:
         return np.asarray(reference).dtype.kind == "f"
