@@ -229,6 +229,20 @@ class Recipe(_Strict):
 
     _backend_entries = model_validator(mode="before")(split_backend_entries)  # {name, accelerator} entries
 
+    @model_validator(mode="before")
+    @classmethod
+    def _task_gate_metric(cls, data: Any) -> Any:
+        """A gate naming no metric gates the task's own headline one (accuracy, mae, micro_f1, cosine): a fixed
+        'accuracy' refused every recipe of a task without it whose gate left the metric out."""
+        from qbench.tasks import TASKS
+
+        if not isinstance(data, dict):
+            return data
+        task, gate = data.get("task", "classification"), data.get("gate", {})
+        if isinstance(task, str) and task in TASKS and isinstance(gate, dict) and "metric" not in gate:
+            return {**data, "gate": {**gate, "metric": TASKS.get(task).default_gate_metric}}
+        return data
+
     @field_validator("backends")
     @classmethod
     def _backends_known(cls, v: list[str]) -> list[str]:

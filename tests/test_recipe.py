@@ -347,3 +347,13 @@ def test_a_list_label_names_the_distinct_label_columns_of_a_multilabel_recipe(tm
     for label, got in (([], "an empty list"), (["toxic", "insult", "toxic"], "column 'toxic' twice")):
         error = error_of(tmp_path, with_changes(**multilabel, data={**BASE["data"], "label": label}))
         assert error.startswith(f"recipe.yaml: data.label: got {got}; {expected}")
+
+
+@pytest.mark.parametrize(("task", "metric"), [("classification", "accuracy"), ("regression", "mae"),
+                                              ("multilabel", "micro_f1"), ("embedding", "cosine")])  # fmt: skip
+def test_a_gate_naming_no_metric_gates_the_tasks_headline_one(tmp_path, task, metric):
+    """The gate's metric defaulted to 'accuracy' whatever the task: a regression recipe leaving it out was refused."""
+    data = {k: v for k, v in BASE["data"].items() if not (task == "embedding" and k == "label")}
+    assert load_recipe(write_recipe(tmp_path, with_changes(task=task, data=data))).gate.metric == metric
+    gated = load_recipe(write_recipe(tmp_path, with_changes(task=task, data=data, gate={"max_drop": 0.5})))
+    assert (gated.gate.metric, gated.gate.max_drop) == (metric, 0.5)
