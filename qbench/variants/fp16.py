@@ -64,6 +64,7 @@ from qbench.variants.onnx_utils import (
 from qbench.variants.reference import load_reference
 
 BF16_CAST_OPSET = 13  # first opset whose Cast accepts bfloat16
+BF16_MAX_FINITE = float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)
 BF16_NOTE = "BF16 emulated (FP32 graph rounding every tensor to bfloat16): accuracy is faithful, latency is not BF16's"
 
 
@@ -140,20 +141,46 @@ def _kept_for_fp16(model: onnx.ModelProto, types: dict[str, int], non_tensor: se
     return KeptNodes({**kept.reasons, **extra})
 
 
-def _values_outside_fp16(model: onnx.ModelProto, kept: Collection[str]) -> int:
-    """Float constants the converter clamps: beyond FP16's largest finite value or below its smallest positive, in
-    the initializers converted nodes read and in the tensors of converted Constant nodes (exporters write scalars
-    such as a mask fill that way). A whole constant out of range keeps its readers FP32 (fp16_range): what is left
-    here are single values, tiny weights among normal ones."""
-    count = 0
+def _float_constants(model: onnx.ModelProto, kept: Collection[str]) -> list[TensorProto]:
+    """The float32 constants a conversion stores in its format: the initializers converted nodes read and the
+    tensors of converted Constant (and ConstantOfShape) nodes, which exporters write scalars such as a mask fill
+    as."""
     converted = [node for node in model.graph.node if node.name not in kept]
     constants = [a.t for n in converted for a in n.attribute if a.type == AttributeProto.TENSOR]
     read = {name for node in converted for name in node.input}
-    for tensor in [*(t for t in model.graph.initializer if t.name in read), *constants]:
-        if tensor.data_type == TensorProto.FLOAT:
-            magnitude = np.abs(numpy_helper.to_array(tensor))
-            too_small = (magnitude > 0) & (magnitude < FP16_MIN_POSITIVE)
-            count += int(np.count_nonzero((magnitude > FP16_MAX_FINITE) | too_small))
+    tensors = [*(t for t in model.graph.initializer if t.name in read), *constants]
+    return [tensor for tensor in tensors if tensor.data_type == TensorProto.FLOAT]
+
+
+def _values_outside_fp16(model: onnx.ModelProto, kept: Collection[str]) -> int:
+    """Float constants the converter clamps: beyond FP16's largest finite value or below its smallest positive
+    (`_float_constants`). A whole constant out of range keeps its readers FP32 (fp16_range): what is left here are
+    single values, tiny weights among normal ones."""
+    count = 0
+    for tensor in _float_constants(model, kept):
+        magnitude = np.abs(numpy_helper.to_array(tensor))
+        too_small = (magnitude > 0) & (magnitude < FP16_MIN_POSITIVE)
+        count += int(np.count_nonzero((magnitude > FP16_MAX_FINITE) | too_small))
+    return count
+
+
+def _saturate_to_bf16(model: onnx.ModelProto, kept: Collection[str]) -> int:
+    """Clamp finite float constants beyond BF16's largest finite value (3.3895e38) to it, in place; how many values.
+
+    Rounding to nearest even takes float32's extremes (torch.finfo(torch.float32).min, the usual attention-mask
+    fill) to inf in bfloat16, and a row whose every score is masked then gets a softmax of NaN, which the next
+    attention spreads to every row (0 x NaN). The nearest finite bfloat16 is within BF16's own rounding error of
+    the value, as the FP16 converter clamps to 65504, and is what a model built in BF16 uses
+    (torch.finfo(torch.bfloat16).min). Arithmetic that overflows still gives inf: only stored constants saturate.
+    An infinity written in the graph stays one."""
+    count = 0
+    for tensor in _float_constants(model, kept):
+        values = numpy_helper.to_array(tensor)
+        beyond = np.isfinite(values) & (np.abs(values) > BF16_MAX_FINITE)
+        if beyond.any():
+            saturated = np.where(beyond, np.sign(values) * BF16_MAX_FINITE, values).astype(np.float32)
+            tensor.CopyFrom(numpy_helper.from_array(saturated, tensor.name))
+            count += int(np.count_nonzero(beyond))
     return count
 
 
@@ -189,16 +216,21 @@ def build_bf16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         return unchanged_variant(spec.name, "bf16", ctx, why, params, clock.seconds())
     with build_step(spec.name, "BF16 simulation"):
         model = ensure_opset(model, BF16_CAST_OPSET)
+        saturated = _saturate_to_bf16(model, set(kept.names))
         weights = _round_weights_to_bf16(model, set(kept.names))
         activations = round_float_tensors(model, TensorProto.BFLOAT16, keep=set(kept.names))
         onnx.checker.check_model(model)
         save_model(model, target)
     kept_note = [f"kept in FP32: {', '.join(params['kept_fp32_op_types'])} ({kept.why()})"] if kept.reasons else []
+    if saturated:
+        kept_note.append(f"{saturated} constant value(s) beyond BF16's range (float32's extremes, as a mask fill) "
+                         f"saturated to ±{BF16_MAX_FINITE:.4g}, not rounded to inf")
     return BuiltVariant(
         name=spec.name,
         precision="bf16",
         onnx_path=target,
-        params={**params, "rounded_weights": weights, "rounded_activations": activations},
+        params={**params, "rounded_weights": weights, "rounded_activations": activations,
+                "saturated_values": saturated},
         build_seconds=clock.seconds(),
         simulation=True,
         notes=(BF16_NOTE, *kept_note),

@@ -121,6 +121,44 @@ def test_bf16_matches_a_numpy_simulation(mlp, run, tmp_path):
     np.testing.assert_allclose(run(built, mlp.held_out), expected, rtol=2**-7, atol=1e-6)
 
 
+@pytest.mark.parametrize("stored_as", ["constant_node", "initializer"])
+def test_bf16_saturates_a_float32_extreme_mask_fill_instead_of_rounding_it_to_inf(graph, tmp_path, run, stored_as):
+    """torch.finfo(torch.float32).min, the attention-mask fill exporters write, rounds to -inf in bfloat16: a row
+    whose every score is masked (a left-padded row's padding positions) got a softmax of NaN, though FP32 and a
+    model built in BF16 give it a finite one. The fill saturates to BF16's largest finite value and is counted."""
+    fill = np.array(np.finfo(np.float32).min, dtype=np.float32)
+    weights = {"half": np.array(0.5, dtype=np.float32)}
+    nodes = [helper.make_node("Greater", ["keep", "half"], ["attend"], name="mask"),
+             helper.make_node("Where", ["attend", "x", "fill"], ["scores"], name="masked"),
+             helper.make_node("Softmax", ["scores"], ["y"], axis=-1, name="softmax")]  # fmt: skip
+    if stored_as == "initializer":
+        weights["fill"] = fill
+    else:
+        nodes.insert(0, helper.make_node("Constant", [], ["fill"], value=numpy_helper.from_array(fill), name="fill"))
+    path = graph(tmp_path / "mask.onnx", nodes, weights, {"x": 4, "keep": 4}, {"y": 4})
+    built = build_bf16(VariantSpec(name="brain", precision="bf16"), BuildContext(reference_path=path, workdir=tmp_path))
+    feeds = {"x": np.array([[1.0, 2.0, 0.5, -1.0]] * 2, dtype=np.float32),
+             "keep": np.array([[1, 1, 0, 0], [0, 0, 0, 0]], dtype=np.float32)}  # fmt: skip
+    output = run(built, feeds)
+    assert np.isfinite(output).all()
+    np.testing.assert_allclose(output[1], [0.25] * 4)  # FP32's: every score masked alike
+    np.testing.assert_allclose(output[0], [0.2689, 0.7311, 0, 0], atol=4e-3)
+    assert built.params["saturated_values"] == 1
+    assert any("1 constant value(s) beyond BF16's range" in note for note in built.notes)
+
+
+def test_bf16_keeps_an_overflow_computed_at_run_time_and_an_infinity_written_in_the_graph(graph, tmp_path, run):
+    """Only stored finite constants saturate: a product past BF16's range is inf as on BF16 hardware."""
+    weights = {"big": np.array([3e38], dtype=np.float32), "inf": np.array([-np.inf], dtype=np.float32)}
+    nodes = [helper.make_node("Mul", ["x", "big"], ["y"], name="scale"),
+             helper.make_node("Add", ["y", "inf"], ["z"], name="shift")]  # fmt: skip
+    path = graph(tmp_path / "overflow.onnx", nodes, weights, {"x": 1}, {"y": 1, "z": 1})
+    built = build_bf16(VariantSpec(name="brain", precision="bf16"), BuildContext(reference_path=path, workdir=tmp_path))
+    assert built.params["saturated_values"] == 0
+    output = run(built, {"x": np.array([[0.5], [2.0]], dtype=np.float32)})
+    np.testing.assert_array_equal(output, [[round_to_bf16(np.float32(1.5e38))], [np.inf]])
+
+
 def test_a_broken_model_file_is_reported_as_a_variant_failure(tmp_path):
     broken = tmp_path / "broken.onnx"
     broken.write_bytes(b"not an onnx model")
