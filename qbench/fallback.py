@@ -363,7 +363,7 @@ class _Search:
             notes.append(f"kept in FP32 by the search: {', '.join(extra)}")
         notes += [f"no fallback from {reason}" for reason in self.skipped]
         if not chosen.lowered:
-            notes.append("no try quantized any node: the variant is the FP32 model")
+            notes.append("no try computes any node in INT8: the variant computes in FP32")
         elif not chosen.passed:
             notes.append(f"tolerance unreachable; best: {self.gate.metric} {figure(chosen.metric)} "
                          f"({chosen.label(base)}), breaches: {'; '.join(chosen.breaches())}")  # fmt: skip

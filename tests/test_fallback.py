@@ -183,3 +183,32 @@ def test_search_notes_print_a_small_metric_with_its_digits(tmp_path):
     needed = 1e-9 / metrics[0]  # the share of minmax's noise the gate allows: 0.029 %, which read "≤0% needed"
     skipped = next(n for n in result.notes if n.startswith("no fallback from minmax: "))
     assert skipped.endswith(f"with 1 node in FP32 (≤{needed * 100:.2g}% needed)")
+
+
+def test_calibrator_auto_never_takes_rounded_data_movement_for_int8(tmp_path):
+    """Scores that are the input joined to itself by a Concat: static INT8 put Q/DQ on the Concat (no integer kernel),
+    the variant was reported as INT8 and calibrator auto kept a try. Every try now computes in FP32, and says so."""
+    import numpy as np
+    import pandas as pd
+    import yaml
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Concat", ["x", "x"], ["scores"], axis=1, name="join")], "join",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 3])],
+        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["b", 6])],
+    )  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), tmp_path / "m.onnx")
+    x = np.random.default_rng(0).normal(size=(120, 3)).astype(np.float32)
+    pd.DataFrame({"x": list(x), "label": x.argmax(1)}).to_parquet(tmp_path / "d.parquet")
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump({
+        "name": "join", "task": "classification", "model": {"path": "m.onnx"},
+        "data": {"path": "d.parquet", "inputs": {"x": "x"}, "label": "label"},
+        "variants": [{"name": "int8", "precision": "int8", "calibrator": "auto"}], "analysis": {"ranges": False},
+        "latency": {"batch_sizes": [1], "warmup": 1, "iterations": 5, "threads": 1}, "output_dir": "reports",
+    }))  # fmt: skip
+    outcome = run_sweep(load_recipe(tmp_path / "r.yaml"), track=False)
+    result = outcome.results.find("int8", "onnxruntime-cpu")
+    assert result.params["search.outcome"] == "nothing to quantize" and result.params["quantized_op_types"] == {}
+    assert "no try computes any node in INT8: the variant computes in FP32" in result.notes
+    assert any("int8@onnxruntime-cpu computes in fp32" in note for note in outcome.gate.notes)

@@ -44,6 +44,7 @@ from qbench.variants.calibrate import (
 )
 from qbench.variants.float_rules import kept_float_nodes
 from qbench.variants.gemm_matmul import gemms_as_matmul, plain_gemm_factors
+from qbench.variants.integer_kernels import computing_op_types, integer_kernel_counts, rounded_only
 from qbench.variants.onnx_utils import (
     Stopwatch,
     build_step,
@@ -53,7 +54,6 @@ from qbench.variants.onnx_utils import (
     nothing_to_quantize,
     output_path,
     quantizable_nodes,
-    quantized_op_counts,
     quantized_tensors,
     quiet_stdout,
     resolve_node_names,
@@ -123,7 +123,7 @@ def build_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         lowered = set(quantizable_nodes(model, op_types, excluded))
         params["preprocessing_kept_float"] = [name for name in preprocessing_nodes(model) if name in lowered]
         excluded += params["preprocessing_kept_float"]
-    if not quantizable_nodes(model, op_types, excluded):
+    if not quantizable_nodes(model, computing_op_types(op_types), excluded):
         params.update(calibrator=config.calibration.calibrator, op_types=list(op_types), quantized_nodes=0, quantized_op_types={})
         why = _nothing_quantized(op_types, model, params.get("preprocessing_kept_float", []))
         return unchanged_variant(spec.name, "int8", ctx, why, params, clock.seconds())
@@ -142,7 +142,9 @@ def build_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         if excluded and isinstance(config, OrtStatic):  # left-out nodes may still read Q/DQ'd activations
             quantized = bypass_qdq(quantized, model, excluded)
             save_model(quantized, target)
-        counts = quantized_op_counts(quantized, params["op_types"])
+        counts = integer_kernel_counts(quantized)
+        if not counts:
+            params["rounded_only"] = rounded_only(quantized)
     symmetric = isinstance(config, OrtStatic) and config.symmetric_activations
     clipping = {} if ranges is None else clipping_ranges(ranges, quantized_tensors(quantized), symmetric=symmetric)
     params["quantized_nodes"] = sum(counts.values())
@@ -153,21 +155,32 @@ def build_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         onnx_path=target,
         params=params,
         build_seconds=clock.seconds(),
-        notes=tuple(notes + _notes(config, reduce_range, counts) + nested_nodes_note(model, _lowered_op_types(op_types, dynamic))),
+        notes=tuple(notes + _notes(config, reduce_range, counts, params.get("rounded_only", {}))
+                    + nested_nodes_note(model, _lowered_op_types(op_types, dynamic))),
         activation_ranges=clipping,
     )
 
 
 def _nothing_quantized(op_types: tuple[str, ...], model: onnx.ModelProto, preprocessing: list[str]) -> str:
-    """Why no node is quantized: none the quantizer takes, or every one it takes was kept float (a converted
-    pipeline's Concat of scaled and one-hot features in front of an ONNX-ML predictor is all preprocessing)."""
-    candidates = set(quantizable_nodes(model, op_types, []))
-    if not candidates:
+    """Why no node computes in INT8: none the quantizer takes; every one it takes was kept float (a converted
+    pipeline's Concat of scaled and one-hot features in front of an ONNX-ML predictor is all preprocessing); or
+    those left only move or select data (a KNN's votes through Concat and ArgMax), which no integer kernel computes."""
+    quantizable = set(quantizable_nodes(model, op_types, []))
+    if not quantizable:
         return nothing_to_quantize(op_types, model)
-    kinds = ", ".join(sorted({node.op_type for node in model.graph.node if node.name in candidates}))
-    why = "preprocessing in front of every layer with weights" if candidates <= set(preprocessing) else (
-        "exclude_nodes, keep_float or preprocessing")
-    return f"nothing to quantize (every {kinds} node is kept float: {why})"
+    computing = set(quantizable_nodes(model, computing_op_types(op_types), []))
+    if quantizable <= set(preprocessing):
+        return (f"nothing to quantize (every {_kinds(model, quantizable)} node is kept float: preprocessing in front of "
+                "every layer with weights)")
+    if not computing:
+        return (f"nothing to quantize (Q/DQ on {_kinds(model, quantizable)} would only round data that ONNX Runtime "
+                "moves, selects or computes in float: no integer arithmetic)")
+    return (f"nothing to quantize (every {_kinds(model, computing)} node is kept float: exclude_nodes, keep_float or "
+            "preprocessing)")
+
+
+def _kinds(model: onnx.ModelProto, names: set[str]) -> str:
+    return ", ".join(sorted({node.op_type for node in model.graph.node if node.name in names}))
 
 
 def _lowered_op_types(op_types: tuple[str, ...], dynamic: bool) -> tuple[str, ...]:
@@ -275,9 +288,13 @@ def _quantize_dynamic(
     }
 
 
-def _notes(config: OrtInt8, reduce_range: bool, counts: dict[str, int]) -> list[str]:
+def _notes(config: OrtInt8, reduce_range: bool, counts: dict[str, int], rounded: dict[str, int]) -> list[str]:
     notes = []
-    if not counts:
+    if rounded and not counts:
+        kinds = ", ".join(rounded)
+        notes.append(f"no node computes in INT8: Q/DQ only round what {kinds} read, which ONNX Runtime moves, selects "
+                     "or computes in float: this variant computes in FP32")
+    elif not counts:
         notes.append("no node was quantized: this variant computes in FP32 (check op_types, exclude_nodes and keep_float)")
     if isinstance(config, OrtDynamic) and "ConvInteger" in counts:
         notes.append("dynamic INT8 runs Conv as ConvInteger, which is usually slower than FP32 on CPU; prefer static")

@@ -36,7 +36,7 @@ _EXTERNAL_DATA_THRESHOLD_BYTES = 1_800_000_000
 # metadata_props keys under which a saved variant declares the ONNX Runtime session options it needs
 SESSION_METADATA_PREFIX = "onnxruntime.session_options."
 # Integer kernels that ORT's dynamic (IntegerOps) quantizer substitutes for float ops.
-_INTEGER_OPS = frozenset({"MatMulInteger", "ConvInteger", "DynamicQuantizeMatMul", "QAttention", "DynamicQuantizeLSTM"})
+INTEGER_KERNELS = frozenset({"MatMulInteger", "ConvInteger", "DynamicQuantizeMatMul", "QAttention", "DynamicQuantizeLSTM"})
 
 
 @contextlib.contextmanager
@@ -195,7 +195,7 @@ def quantized_op_counts(model: onnx.ModelProto, op_types: Collection[str]) -> di
     counts: Counter[str] = Counter()
     for node in model.graph.node:
         fed_dequantized = node.op_type in op_types and any(name in dequantized for name in node.input)
-        if fed_dequantized or node.op_type in _INTEGER_OPS:
+        if fed_dequantized or node.op_type in INTEGER_KERNELS:
             counts[node.op_type] += 1
     return dict(sorted(counts.items()))
 

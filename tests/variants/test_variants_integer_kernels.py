@@ -1,0 +1,177 @@
+"""An INT8 variant is INT8 only where ONNX Runtime runs integer arithmetic, not wherever Q/DQ rounds data.
+
+Q/DQ around ops that only move or select values (Concat, ArgMax, Reshape, MaxPool...) rounds them but runs no
+integer arithmetic: such a variant computes in FP32 and must say so. The counts are checked against ONNX Runtime
+itself: the graph its CPU provider optimises (saved with `optimized_model_filepath`) names the integer kernels
+it runs.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from qbench.recipe import VariantSpec
+from qbench.variants import BuildContext, build_variant
+from qbench.variants.base import lowered_nothing
+from qbench.variants.integer_kernels import integer_kernel_counts, rounded_only
+from tests.variants.conftest import ORT_IR_VERSION
+
+# ORT kernels that hold INT8 data without computing on it: a QLinearConcat re-scales and copies.
+_MOVING_KERNELS = {"QLinearConcat", "QLinearWhere"}
+
+
+def _ort_integer_kernels(path: Path, tmp_path: Path) -> int:
+    """How many nodes of the graph ONNX Runtime's CPU provider runs are integer kernels that compute."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    ops = Counter(node.op_type for node in onnx.load(options.optimized_model_filepath).graph.node)
+    fused = {"QGemm", "DynamicQuantizeMatMul", "QAttention", "DynamicQuantizeLSTM"}
+    return sum(n for op, n in ops.items() if (op.startswith("QLinear") or "Integer" in op or op in fused)
+               and op not in _MOVING_KERNELS)  # fmt: skip
+
+
+def _qdq(name: str, out: str) -> list[onnx.NodeProto]:
+    return [helper.make_node("QuantizeLinear", [name, "s", "z"], [f"{name}_q"]),
+            helper.make_node("DequantizeLinear", [f"{name}_q", "s", "z"], [out])]  # fmt: skip
+
+
+def _weight(name: str) -> onnx.NodeProto:
+    return helper.make_node("DequantizeLinear", [f"{name}_i8", "ws", "wz"], [name])
+
+
+# Hand-written Q/DQ graphs over x [2, 1, 4, 4] -> y: (nodes, y's shape).
+QDQ_GRAPHS = {
+    "concat_argmax": ([*_qdq("x", "xd"), helper.make_node("Concat", ["xd", "xd"], ["c"], axis=1), *_qdq("c", "cd"),
+                       helper.make_node("ArgMax", ["cd"], ["y"], axis=1)], [2, 1, 4, 4]),
+    "reshape_maxpool": ([*_qdq("x", "xd"), helper.make_node("MaxPool", ["xd"], ["p"], kernel_shape=[2, 2]),
+                         *_qdq("p", "pd"), helper.make_node("Flatten", ["pd"], ["f"]), *_qdq("f", "y")], [2, 9]),
+    "conv_requantized": ([*_qdq("x", "xd"), _weight("cw"), helper.make_node("Conv", ["xd", "cw"], ["c"]),
+                          *_qdq("c", "y")], [2, 2, 2, 2]),
+    "conv_float_output": ([*_qdq("x", "xd"), _weight("cw"), helper.make_node("Conv", ["xd", "cw"], ["y"])],
+                          [2, 2, 2, 2]),
+    "matmul_float_output": ([*_qdq("x", "xd"), _weight("mw"), helper.make_node("MatMul", ["xd", "mw"], ["y"])],
+                            [2, 1, 4, 4]),
+    "matmul_float_operand": ([*_qdq("x", "xd"), helper.make_node("MatMul", ["xd", "x"], ["y"])], [2, 1, 4, 4]),
+    "layernorm_requantized": ([*_qdq("x", "xd"), helper.make_node("LayerNormalization", ["xd", "g", "b"], ["n"]),
+                               *_qdq("n", "y")], [2, 1, 4, 4]),
+    "add_requantized": ([*_qdq("x", "xd"), helper.make_node("Add", ["xd", "xd"], ["a"]), *_qdq("a", "y")],
+                        [2, 1, 4, 4]),
+}  # fmt: skip
+
+
+def _qdq_model(case: str) -> onnx.ModelProto:
+    nodes, shape = QDQ_GRAPHS[case]
+    rng = np.random.default_rng(0)
+    constants = {
+        "s": np.array(0.05, np.float32), "z": np.array(128, np.uint8), "ws": np.array(0.02, np.float32),
+        "wz": np.array(0, np.int8), "cw_i8": rng.integers(-50, 50, (2, 1, 3, 3)).astype(np.int8),
+        "mw_i8": rng.integers(-50, 50, (4, 4)).astype(np.int8), "g": np.ones(4, np.float32),
+        "b": np.zeros(4, np.float32),
+    }  # fmt: skip
+    used = {name for node in nodes for name in node.input}
+    graph = helper.make_graph(
+        nodes, case, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 1, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.INT64 if case == "concat_argmax" else TensorProto.FLOAT, shape)],
+        initializer=[numpy_helper.from_array(value, name) for name, value in constants.items() if name in used],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=ORT_IR_VERSION)
+
+
+@pytest.mark.parametrize("case", sorted(QDQ_GRAPHS))
+def test_integer_kernels_are_counted_as_onnx_runtime_runs_them(tmp_path, case):
+    model = _qdq_model(case)
+    path = tmp_path / "qdq.onnx"
+    onnx.save(model, str(path))
+    assert sum(integer_kernel_counts(model).values()) == _ort_integer_kernels(path, tmp_path)
+
+
+def test_what_a_graph_without_integer_kernels_rounds_is_named():
+    model = _qdq_model("concat_argmax")
+    assert integer_kernel_counts(model) == {} and rounded_only(model) == {"ArgMax": 1, "Concat": 1}
+
+
+def _concat_argmax(path: Path) -> Path:
+    """Two inputs joined and the larger column picked: scores through Concat and ArgMax, no arithmetic."""
+    graph = helper.make_graph(
+        [helper.make_node("Concat", ["a", "b"], ["scores"], axis=1, name="join"),
+         helper.make_node("ArgMax", ["scores"], ["label"], axis=1, keepdims=0, name="pick")],
+        "vote", [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", 2]) for n in "ab"],
+        [helper.make_tensor_value_info("label", TensorProto.INT64, ["batch"])],
+    )  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=ORT_IR_VERSION), str(path))
+    return path
+
+
+@pytest.mark.parametrize("calibrator", ["minmax", "entropy"])
+def test_a_graph_that_only_moves_and_selects_is_the_fp32_model(tmp_path, calibrator):
+    """Q/DQ was put on the Concat and the ArgMax and the variant reported as INT8 ({ArgMax: 1, Concat: 1}), though
+    ONNX Runtime runs no integer arithmetic there: now it is the FP32 model, and says why."""
+    path = _concat_argmax(tmp_path / "vote.onnx")
+    rng = np.random.default_rng(0)
+    calibration = [{"a": rng.normal(size=(16, 2)).astype(np.float32), "b": rng.normal(size=(16, 2)).astype(np.float32)}]
+    built = build_variant(VariantSpec(name="int8", precision="int8", calibrator=calibrator),
+                          BuildContext(reference_path=path, workdir=tmp_path / "w", calibration=calibration))  # fmt: skip
+    assert built.onnx_path == path.resolve() and lowered_nothing(built.params)
+    assert built.params["quantized_op_types"] == {}
+    assert built.notes == ("nothing to quantize (Q/DQ on ArgMax, Concat would only round data that ONNX Runtime moves, "
+                           "selects or computes in float: no integer arithmetic): the variant is the FP32 model",)  # fmt: skip
+
+
+def test_a_nearest_neighbours_classifier_is_the_fp32_model(tmp_path):
+    """skl2onnx's KNeighborsClassifier: distances inside a Scan, the neighbours' votes through Concat and ArgMax. Static
+    INT8 put Q/DQ on the votes only (outputs bit-identical to FP32) and reported the variant as INT8."""
+    skl2onnx = pytest.importorskip("skl2onnx")
+    from sklearn.datasets import make_classification
+    from sklearn.neighbors import KNeighborsClassifier
+
+    x, y = make_classification(n_samples=120, n_features=6, n_informative=4, n_classes=3, random_state=0)
+    x = x.astype(np.float32)
+    onx = skl2onnx.to_onnx(KNeighborsClassifier(3).fit(x, y), x[:1], options={"zipmap": False},
+                           target_opset={"": 17, "ai.onnx.ml": 3})  # fmt: skip
+    path = tmp_path / "knn.onnx"
+    onnx.save(onx, str(path))
+    calibration = [{"X": x[i : i + 32]} for i in range(0, 96, 32)]
+    built = build_variant(VariantSpec(name="int8", precision="int8", calibrator="minmax"),
+                          BuildContext(reference_path=path, workdir=tmp_path / "w", calibration=calibration))  # fmt: skip
+    assert built.onnx_path == path.resolve() and lowered_nothing(built.params)
+    assert "no integer arithmetic" in built.params["unchanged"] and "Concat" in built.params["unchanged"]
+
+
+@pytest.mark.parametrize("calibrator", ["minmax", "dynamic"])
+def test_a_cnn_is_int8_exactly_where_onnx_runtime_runs_integer_kernels(digits_cnn, tmp_path, calibrator):
+    """Its Flatten reads a dequantized tensor too, and was counted as quantized; it only moves the data."""
+    built = build_variant(VariantSpec(name="int8", precision="int8", calibrator=calibrator), digits_cnn.context(tmp_path))
+    assert not lowered_nothing(built.params) and "Flatten" not in built.params["quantized_op_types"]
+    assert built.params["quantized_nodes"] == _ort_integer_kernels(built.onnx_path, tmp_path)
+
+
+def test_an_attention_block_is_int8_where_onnx_runtime_runs_integer_kernels(graph, tmp_path):
+    """Projections, scores, Softmax and LayerNormalization: every quantized MatMul and the Softmax run as integer
+    kernels; LayerNormalization runs in float on its dequantized input and is not counted."""
+    rng = np.random.default_rng(0)
+    nodes = [
+        helper.make_node("MatMul", ["x", "wq"], ["q"], name="q"),
+        helper.make_node("MatMul", ["x", "wk"], ["k"], name="k"),
+        helper.make_node("Transpose", ["k"], ["kt"], name="kt"),
+        helper.make_node("MatMul", ["q", "kt"], ["s"], name="scores"),
+        helper.make_node("Softmax", ["s"], ["p"], name="softmax"),
+        helper.make_node("MatMul", ["p", "x"], ["o"], name="mix"),
+        helper.make_node("LayerNormalization", ["o", "g", "b"], ["y"], name="norm"),
+    ]
+    weights = {"wq": rng.normal(size=(8, 8)).astype(np.float32), "wk": rng.normal(size=(8, 8)).astype(np.float32),
+               "g": np.ones(8, np.float32), "b": np.zeros(8, np.float32)}  # fmt: skip
+    path = graph(tmp_path / "attention.onnx", nodes, weights, {"x": 8}, {"y": 8})
+    calibration = [{"x": rng.normal(size=(8, 8)).astype(np.float32)} for _ in range(4)]
+    built = build_variant(VariantSpec(name="int8", precision="int8", calibrator="minmax"),
+                          BuildContext(reference_path=path, workdir=tmp_path / "w", calibration=calibration))  # fmt: skip
+    assert not lowered_nothing(built.params) and "LayerNormalization" not in built.params["quantized_op_types"]
+    assert built.params["quantized_nodes"] == _ort_integer_kernels(built.onnx_path, tmp_path) > 0
