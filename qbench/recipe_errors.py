@@ -15,8 +15,8 @@ from qbench.errors import RecipeError, did_you_mean, expected_one_of, short_repr
 def recipe_error(path: Path, exc: ValidationError, root: type[BaseModel]) -> RecipeError:
     """Turn pydantic's first error into 'file: field.path: expected …' (with a count of the rest)."""
     errors = exc.errors(include_url=False)
-    first = errors[0]
     tags = _model_names(root)
+    first = _inside_the_value(errors, tags)
     loc = [part for part in first["loc"] if not _is_type_tag(part, tags)]
     kind = first["type"]
     key_error = "[key]" in loc  # a mapping key of the wrong type: the loc ends with (key, "[key]")
@@ -48,15 +48,35 @@ def recipe_error(path: Path, exc: ValidationError, root: type[BaseModel]) -> Rec
     else:
         message = f"{first['msg'][0].lower()}{first['msg'][1:]}, got {short_repr(first['input'])}"
     fields = [_field_of(error, tags) for error in errors]
-    others = [other for other in dict.fromkeys(fields) if other != fields[0]]  # a union's members share one field
+    # a union's members share one field, or (_inside_the_value) the other member's is the field around the one reported
+    reported = {_field_of(first, tags), fields[0]}
+    others = [other for other in dict.fromkeys(fields) if other not in reported]
     if others:
         shown = ", ".join(others[:_OTHERS_SHOWN]) + (", ..." if len(others) > _OTHERS_SHOWN else "")
         message += f" (and {len(others)} more problem{'s' if len(others) > 1 else ''}: at {shown})"
     return RecipeError(path, field, message)
 
 
+def _plain_loc(error: Any, tags: set[str]) -> list[Any]:
+    return [p for p in error["loc"] if not _is_type_tag(p, tags) and p != "[key]"]
+
+
 def _field_of(error: Any, tags: set[str]) -> str:
-    return _format_loc([p for p in error["loc"] if not _is_type_tag(p, tags) and p != "[key]"]) or "the recipe"
+    return _format_loc(_plain_loc(error, tags)) or "the recipe"
+
+
+def _inside_the_value(errors: list[Any], tags: set[str]) -> Any:
+    """The error to report. A value no member of a union (`str | list[str]`) takes gets one error per member, the
+    first member's first: a list of a name and a number given to `data.label` reads 'expected a string' at
+    data.label, while what is wrong lies inside the list, at data.label[1]. An error inside the value (its field
+    extends the first error's, a type error) comes from the member that takes the value's kind: it is the one
+    that says what to change."""
+    first = errors[0]
+    if first["type"] not in _TYPE_MESSAGES:
+        return first
+    outer = _plain_loc(first, tags)
+    inner = [e for e in errors if len(loc := _plain_loc(e, tags)) > len(outer) and loc[: len(outer)] == outer]
+    return inner[0] if inner else first
 
 
 def _union_kinds(errors: list[Any], first: Any, tags: set[str]) -> list[str]:

@@ -349,6 +349,26 @@ def test_a_list_label_names_the_distinct_label_columns_of_a_multilabel_recipe(tm
         assert error.startswith(f"recipe.yaml: data.label: got {got}; {expected}")
 
 
+def test_a_value_inside_a_list_or_mapping_of_a_union_field_is_named_where_it_lies(tmp_path):
+    """`data.label` is a name or a list of names: a list holding a number got pydantic's first member's error,
+    'data.label: expected a string, got ['toxic', 3]', as if the list itself were wrong. The member taking the
+    value's kind says where: data.label[1]; so for a text input's tokenizer inside `data.inputs`."""
+    multilabel = {"task": "multilabel", "gate": {"metric": "micro_f1"}}
+    error = error_of(tmp_path, with_changes(**multilabel, data={**BASE["data"], "label": ["toxic", 3]}))
+    assert error == ("recipe.yaml: data.label[1]: expected a string, got 3 (YAML reads it as a number: quote it, '3', "
+                     "to keep it text)")  # fmt: skip
+    error = error_of(tmp_path, with_changes(**multilabel, data={**BASE["data"], "label": [True, "toxic", 4]}))
+    assert error.startswith("recipe.yaml: data.label[0]: expected a string, got True (YAML reads unquoted")
+    assert error.endswith("(and 1 more problem: at data.label[2])")
+    inputs = {"text": {"tokenizer": {"path": 7}}}
+    assert error_of(tmp_path, with_changes(data={**BASE["data"], "inputs": inputs})).startswith(
+        "recipe.yaml: data.inputs.text.tokenizer.path: expected a string, got 7"
+    )
+    assert error_of(tmp_path, with_changes(data={**BASE["data"], "label": 3})).startswith(
+        "recipe.yaml: data.label: expected a string or a list ([a, b, ...]), got 3"
+    )
+
+
 @pytest.mark.parametrize(("task", "metric"), [("classification", "accuracy"), ("regression", "mae"),
                                               ("multilabel", "micro_f1"), ("embedding", "cosine")])  # fmt: skip
 def test_a_gate_naming_no_metric_gates_the_tasks_headline_one(tmp_path, task, metric):

@@ -19,7 +19,7 @@ from qbench.tasks.base import (
     wilson,
 )
 from qbench.validate import metrics
-from qbench.validate.catalogue import MetricInfo
+from qbench.validate.catalogue import MetricInfo, share_of_rows
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -56,8 +56,7 @@ class Embedding(Task):
     metric_infos = (
         MetricInfo("cosine", True, "mean cosine similarity with the FP32 output", low=-1.0, high=1.0),
         MetricInfo("cosine_min", True, "lowest cosine similarity with the FP32 output", low=-1.0, high=1.0),
-        MetricInfo("nn_agreement", True, "fraction of rows whose nearest neighbours are FP32's (ties within 1e-6 as a set)",
-                   low=0.0, high=1.0, counts_nonfinite_rows=True),
+        share_of_rows("nn_agreement", True, "fraction of rows whose nearest neighbours are FP32's (ties within 1e-6 as a set)"),
         MetricInfo("max_abs_error", False, "largest absolute difference from the FP32 output", low=0.0),
     )
     default_gate_metric = "cosine"

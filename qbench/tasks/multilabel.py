@@ -3,7 +3,7 @@
 Outputs whose every finite FP32 value lies in [0, 1] are read as probabilities (threshold 0.5),
 others as logits (threshold 0), and a variant is read the same way as FP32. Without labels,
 micro/macro F1 are measured against FP32's decisions. A row holding NaN/inf has no decisions (see
-MultilabelRows.summarise for rows where FP32's does).
+the F1s' entries in Multilabel.metric_infos for rows where FP32's does).
 """
 
 from __future__ import annotations
@@ -50,19 +50,14 @@ class MultilabelRows:
     target: np.ndarray  # labels, or FP32's decisions without labels
 
     def summarise(self, name: str, mask: np.ndarray) -> SliceMetrics:
-        """Agreement counts rows FP32 gives NaN/inf on as misses (for every result, FP32's own too); F1 leaves them
-        out for every result, so that a variant's F1 drop is measured on the rows FP32 decides: as misses they would
-        turn labels no row holds from undefined (left out of macro_f1) to 0 for FP32 and variant alike, diluting a
-        variant's drop on the other labels."""
         size = int(np.count_nonzero(mask))
         predicted, reference_predicted = self.predicted[mask], self.reference_predicted[mask]
         same = metrics.same_decisions(predicted, reference_predicted)
         label_agreement = mean_or_nan(same)
         row_agreement = mean_or_nan(same.all(axis=1))
-        decided = mask & (self.reference_predicted != metrics.INVALID_CLASS).all(axis=1)
         values = {
-            "micro_f1": metrics.micro_f1(self.predicted[decided], self.target[decided]),
-            "macro_f1": metrics.macro_f1(self.predicted[decided], self.target[decided]),
+            "micro_f1": metrics.micro_f1(predicted, self.target[mask]),
+            "macro_f1": metrics.macro_f1(predicted, self.target[mask]),
             "label_agreement": label_agreement,
             "row_agreement": row_agreement,
             "max_abs_error": metrics.max_abs_error(self.outputs[mask], self.reference[mask]),
@@ -74,6 +69,10 @@ class MultilabelRows:
 class Multilabel(Task):
     name = "multilabel"
     metric_infos = (
+        # F1 cannot count a row FP32 gives NaN/inf on, so it is NaN on a scope holding one (qbench.validate.accuracy):
+        # as a miss on every label for every result, it would make F1 0 for FP32 and every variant alike on a scope
+        # with no positive label, blind to the spurious positives a variant adds there, and would add to macro_f1
+        # labels only the miss holds, diluting a variant's drop on the others
         MetricInfo("micro_f1", True, "F1 over all (row, label) decisions vs labels (vs FP32 without labels)", low=0.0, high=1.0),
         MetricInfo("macro_f1", True, "mean per-label F1 vs labels (vs FP32 without labels)", low=0.0, high=1.0),
         MetricInfo("label_agreement", True, "fraction of (row, label) decisions equal to FP32's", low=0.0, high=1.0,

@@ -60,7 +60,7 @@ class _OutputRows:
     reference_nonfinite: np.ndarray  # rows where FP32's output has NaN/inf
 
     def summarise(self, name: str, mask: np.ndarray, custom: Sequence[CustomMetric]) -> SliceMetrics:
-        own = self.summary.summarise(name, mask)
+        own = _undefined_where_fp32_failed(self.summary.summarise(name, mask), bool((mask & self.reference_nonfinite).any()))
         values = dict(own.metrics)
         # a custom metric cannot say what a row FP32 failed on is worth: it reads only rows FP32 scored, for every
         # result alike (FP32's own figure too), so a variant is never credited for rows where FP32 gave NaN/inf
@@ -80,6 +80,23 @@ class _OutputRows:
             intervals={f"{self.prefix}{k}": v for k, v in own.intervals.items()},
             denominators={f"{self.prefix}{k}": v for k, v in own.denominators.items()},
         )
+
+
+def _undefined_where_fp32_failed(scope: SliceMetrics, holds_fp32_nonfinite: bool) -> SliceMetrics:
+    """`scope` with every task metric that does not count FP32's NaN/inf rows (the catalogue's
+    counts_nonfinite_rows) NaN, with its interval, where the scope holds such a row: for FP32 and every variant
+    alike. Such a row has no worth to compare with; a metric that counts it as a miss (accuracy, the agreements)
+    stays defined, one that cannot (an error, cosine, KL, F1) would otherwise be computed over rows that differ
+    from result to result, or credit a variant with rows FP32 could not score (a finite MAE against FP32's NaN)."""
+    if not holds_fp32_nonfinite:
+        return scope
+    undefined = {name for name in scope.metrics
+                 if name in catalogue.METRICS and not catalogue.METRICS[name].counts_nonfinite_rows}  # fmt: skip
+    return dataclasses.replace(
+        scope,
+        metrics={name: math.nan if name in undefined else value for name, value in scope.metrics.items()},
+        intervals={name: (math.nan, math.nan) if name in undefined else value for name, value in scope.intervals.items()},
+    )
 
 
 def _merged(name: str, parts: list[SliceMetrics]) -> SliceMetrics:

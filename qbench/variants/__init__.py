@@ -6,6 +6,7 @@ Entries are "module:attr" targets, so importing this package imports no runtime.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -32,19 +33,26 @@ def build_variant(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     """Build the variant described by `spec` (a recipe VariantSpec) into ctx.workdir.
 
     Builders build from the reference's normal form (qbench.variants.reference); the saved model is settled here
-    (outputs the normal form set aside come back, nodes sorted). A variant that needs non-default session options
+    (outputs the normal form set aside come back, fed inputs in the reference's order, nodes sorted) and takes the
+    reference's fed inputs; initializers the reference lists as inputs are constants in it (params and notes say so). A variant that needs non-default session options
     gets them declared in its saved model (onnx_utils.declare_session_options); the recipe's own model is never
     rewritten. A saved model the onnx checker refuses fails the build (a QbenchError): no invalid model is built.
     """
     built = builder_for(spec)(spec, ctx)
     if built.onnx_path.resolve() != ctx.reference_path.resolve():
         from qbench.variants.onnx_utils import declare_session_options
-        from qbench.variants.reference import check_built_model, settle_built_model
+        from qbench.variants.reference import check_built_model, constant_inputs, settle_built_model
 
         settle_built_model(built.onnx_path, ctx.reference_path)
         if built.session_hints:
             declare_session_options(built.onnx_path, built.session_hints)
-        check_built_model(built)
+        check_built_model(built, ctx.reference_path)
+        constant = constant_inputs(ctx.reference_path)
+        if constant:
+            built = dataclasses.replace(built, params={**built.params, "constant_inputs": list(constant)}, notes=(
+                *built.notes, f"the FP32 model lists {len(constant)} initializer(s) as graph inputs ({', '.join(constant[:5])}"
+                f"{', ...' if len(constant) > 5 else ''}): this variant holds them as constants at their FP32 values, "
+                "converted as its precision converts weights, so a caller cannot override them"))  # fmt: skip
     return built
 
 

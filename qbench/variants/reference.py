@@ -11,17 +11,25 @@ normal form of the recipe's model, computing the same outputs:
   name, which its readers read), so outputs keep their names and order;
 - a graph input listed as an output is set aside: no node may produce a name a graph input holds, and the output
   is the input whatever a variant computes. `settle_built_model` puts it back, in its place, in every built model;
-- IR version 4 at least: before it (ONNX 1.3's IR 3, old exporters and model zoos) every initializer had to be listed
-  as a graph input too, so each scale, zero point or rewritten weight a builder adds would make the model invalid.
-  The initializers the file lists as inputs stay inputs (their values are defaults a caller may override).
+- an initializer the file also lists as a graph input (every one in IR 3, ONNX 1.3's old exporters and model zoos;
+  PyTorch's `keep_initializers_as_inputs`) is a plain initializer: qbench never feeds it (the recipe's inputs, the
+  Triton config and the checks of the interface read the inputs without a default), so every variant holds it as
+  the constant it is in every measurement, converted as its precision converts weights. Kept an input, FP16 stored
+  the weights in float32 behind Casts, FP8 left them unquantized, and static INT8 dropped them while dynamic INT8
+  kept some: each variant had another interface and another share of the graph in its precision;
+- IR version 4 at least: before it every initializer had to be listed as a graph input too, so each scale, zero
+  point or rewritten weight a builder adds would make the model invalid.
 
 The FP32 reference that is measured stays the recipe's own file. Every built model is settled (set-aside outputs
-back, nodes sorted) and passes the onnx checker (`check_built_model`) before it counts as built.
+back, the fed inputs in the reference's order, nodes sorted) and passes the onnx checker and the check that its fed
+inputs are the reference's (`check_built_model`) before it counts as built; `constant_inputs` names the
+initializer-inputs a built variant holds as constants (its build notes say so).
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
@@ -50,6 +58,12 @@ def normalise(model: onnx.ModelProto) -> None:
     model.ir_version = max(model.ir_version, _INITIALIZERS_APART_IR)
     graph = model.graph
     sort_nodes(graph)
+    defaults = {tensor.name for tensor in graph.initializer}
+    if any(value.name in defaults for value in graph.input):
+        fed = [onnx.ValueInfoProto.FromString(value.SerializeToString()) for value in graph.input
+               if value.name not in defaults]  # fmt: skip
+        graph.ClearField("input")
+        graph.input.extend(fed)
     _produce_initializer_outputs(graph)
     inputs = {value.name for value in graph.input}
     kept = [output for output in graph.output if output.name not in inputs]
@@ -108,20 +122,40 @@ def _fresh(base: str, taken: set[str]) -> str:
     return name
 
 
-@functools.lru_cache(maxsize=8)
-def _passthrough_outputs(path: str, stamp: tuple[int, int]) -> tuple[tuple[int, bytes, bytes], ...]:
-    """(index, output, input) of each output of the model at `path` that is one of its graph inputs (serialised).
+@dataclass(frozen=True)
+class _Interface:
+    """What a built model must keep of the reference's interface."""
 
-    `stamp` (modification time, size) keys the cache, so a rewritten file is read again.
-    """
+    passthrough: tuple[tuple[int, bytes, bytes], ...]  # (index, output, input) of each output that is a fed input
+    fed: tuple[str, ...]  # the graph inputs without a default, in order: what a caller feeds
+    constant: tuple[str, ...]  # the graph inputs with an initializer default, which `normalise` makes constants
+
+
+@functools.lru_cache(maxsize=8)
+def _read_interface(path: str, stamp: tuple[int, int]) -> _Interface:
+    """The interface of the model at `path`; `stamp` (modification time, size) keys the cache, so a rewritten file
+    is read again."""
     del stamp
     graph = onnx.load(path, load_external_data=False).graph
-    inputs = {value.name: value for value in graph.input}
-    return tuple(
+    defaults = {tensor.name for tensor in graph.initializer}
+    inputs = {value.name: value for value in graph.input if value.name not in defaults}
+    passthrough = tuple(
         (index, output.SerializeToString(), inputs[output.name].SerializeToString())
         for index, output in enumerate(graph.output)
         if output.name in inputs
     )
+    constant = tuple(value.name for value in graph.input if value.name in defaults)
+    return _Interface(passthrough, tuple(inputs), constant)
+
+
+def _interface(reference: Path) -> _Interface:
+    stat = reference.stat()
+    return _read_interface(str(reference.resolve()), (stat.st_mtime_ns, stat.st_size))
+
+
+def constant_inputs(reference: Path) -> tuple[str, ...]:
+    """The reference's graph inputs that have an initializer default, which every built variant holds as constants."""
+    return _interface(reference).constant
 
 
 def settle_built_model(artifact: Path, reference: Path) -> bool:
@@ -134,15 +168,27 @@ def settle_built_model(artifact: Path, reference: Path) -> bool:
     """
     model = onnx.load(str(artifact), load_external_data=False)
     changed = _restore_passthrough_outputs(model.graph, reference)
+    changed = _order_fed_inputs(model.graph, _interface(reference).fed) or changed
     changed = sort_nodes(model.graph) or changed
     if changed:
         onnx.save_model(model, str(artifact))
     return changed
 
 
+def _order_fed_inputs(graph: onnx.GraphProto, fed: tuple[str, ...]) -> bool:
+    """The graph inputs the reference feeds first, in its order (a builder may reorder them); whether that moved any."""
+    rank = {name: index for index, name in enumerate(fed)}
+    ordered = sorted(graph.input, key=lambda value: rank.get(value.name, len(rank)))  # stable: the rest keep theirs
+    if [value.name for value in ordered] == [value.name for value in graph.input]:
+        return False
+    ordered = [onnx.ValueInfoProto.FromString(value.SerializeToString()) for value in ordered]
+    graph.ClearField("input")
+    graph.input.extend(ordered)
+    return True
+
+
 def _restore_passthrough_outputs(graph: onnx.GraphProto, reference: Path) -> bool:
-    stat = reference.stat()
-    set_aside = _passthrough_outputs(str(reference.resolve()), (stat.st_mtime_ns, stat.st_size))
+    set_aside = _interface(reference).passthrough
     present = {output.name for output in graph.output}
     missing = [entry for entry in set_aside if onnx.ValueInfoProto.FromString(entry[1]).name not in present]
     if not missing:
@@ -159,11 +205,19 @@ def _restore_passthrough_outputs(graph: onnx.GraphProto, reference: Path) -> boo
     return True
 
 
-def check_built_model(built: BuiltVariant) -> None:
-    """Run the onnx checker on the saved variant (by path: external data and models over 2 GiB are handled)."""
+def check_built_model(built: BuiltVariant, reference: Path) -> None:
+    """Run the onnx checker on the saved variant (by path: external data and models over 2 GiB are handled), and
+    check that a caller feeds it what it feeds the reference: the same inputs without a default, in the same order.
+    A variant that dropped one would be served (the Triton config writes the variant's inputs) and measured as if
+    the input did not matter; one that added one could not be fed at all."""
     try:
         onnx.checker.check_model(str(built.onnx_path))
     except Exception as exc:  # noqa: BLE001 - the checker raises ValidationError, protobuf and IO errors
         raise QbenchError(
             one_line(f"variant {built.name!r}: the built model {built.onnx_path.name} is not valid ONNX: {exc}")
         ) from exc
+    expected = _interface(reference).fed
+    got = _interface(built.onnx_path).fed
+    if got != expected:
+        raise QbenchError(f"variant {built.name!r}: the built model {built.onnx_path.name} takes the inputs "
+                          f"{', '.join(got) or 'none'}; expected the FP32 model's {', '.join(expected)}, in that order")  # fmt: skip

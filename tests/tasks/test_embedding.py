@@ -11,6 +11,7 @@ from qbench.gate import EXIT_BREACH, EXIT_UNUSABLE, judge
 from qbench.recipe import GateSpec
 from qbench.results import VariantResult
 from qbench.validate.accuracy import evaluate_accuracy
+from qbench.validate.catalogue import METRICS, impossible_value
 
 # FP32 overflows on row 3 (NaN), and so does the variant; on the other rows the variant points elsewhere
 REFERENCE = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [np.nan, 1.0]])
@@ -54,3 +55,15 @@ def test_the_variants_own_nan_row_still_counts_as_cosine_0_and_breaches() -> Non
                          accuracy=evaluate_accuracy("embedding", reference, reference, None, {}))
     own = VariantResult(variant="int8", backend="b", precision="int8", status="ok", accuracy=accuracy)
     assert judge(fp32, own, GateSpec(metric="cosine", max_drop=0.5)).exit_code == EXIT_BREACH
+
+
+def test_nn_agreement_is_a_share_of_rows_the_gate_holds_to_whole_rows() -> None:
+    """nn_agreement counts rows (FP32's NaN/inf ones as misses) but was not declared a share of rows, so results
+    holding 0.5 on a 3-row slice (no whole number of rows: no sweep wrote it) passed the gate's impossible-value
+    check. Every value a sweep writes is a whole number of its scope's rows."""
+    info = METRICS["nn_agreement"]
+    accuracy = evaluate_accuracy("embedding", VARIANT, REFERENCE, None, FINITE_ROWS)
+    for scope in (accuracy.overall, *accuracy.slices):
+        assert impossible_value(info, scope.metrics["nn_agreement"], scope.size) is None
+    assert impossible_value(info, 0.5, 3) == "not a whole number of the scope's 3 rows (1.5000)"
+    assert info.counts_nonfinite_rows

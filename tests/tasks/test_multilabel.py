@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -56,11 +58,12 @@ def test_a_slice_without_positives_has_f1_one_and_a_spurious_positive_drops_it()
     assert variant["row_agreement"] == 0.5
 
 
-def test_rows_fp32_gives_nan_on_count_for_no_result_in_f1_and_as_misses_in_agreement() -> None:
-    """FP32 NaN on 10 of 100 rows; an INT8 variant finite there (right on label 0), but missing label 0 on 5 rows
-    FP32 gets right. NaN counted as negative decisions credited the variant with those rows: micro F1 0.974 vs
-    FP32's 0.947, a pass. F1 now leaves FP32's NaN rows out for every result: FP32 1.0, variant 170/175 by hand
-    (tp 85, fn 5), a breach; agreement counts them as misses for every result, FP32's own too."""
+def test_f1_is_nan_on_scopes_holding_rows_fp32_gives_nan_on_and_agreement_counts_them_as_misses() -> None:
+    """FP32 NaN on 10 of 100 rows (slice 'hot'); an INT8 variant finite there, missing label 0 on 5 rows FP32 gets
+    right (slice 'cold'). F1 left FP32's NaN rows out, finite on 'hot' and overall though README's gate rule makes
+    such a row a miss or the metric NaN; as misses F1 would be 0 for every result on a scope without positives. Now
+    F1 is NaN on every scope holding such a row, for FP32 and the variant alike, and the gate says so, naming the
+    agreements; on 'cold' it is judged by hand: FP32 1.0, the variant 170/175 (tp 85, fn 5)."""
     labels = np.zeros((100, 3), dtype=np.int64)
     labels[:, 0] = 1
     reference = np.tile([[3.0, -3.0, -3.0]], (100, 1))
@@ -68,15 +71,21 @@ def test_rows_fp32_gives_nan_on_count_for_no_result_in_f1_and_as_misses_in_agree
     outputs = reference.copy()
     outputs[:10] = [3.0, -3.0, -3.0]
     outputs[10:15] = [-3.0, -3.0, -3.0]
-    everything = np.ones(100, dtype=bool)
-    fp32 = TASK.rows(reference, reference, labels).summarise("overall", everything).metrics
-    variant = TASK.rows(outputs, reference, labels).summarise("overall", everything).metrics
-    assert fp32["micro_f1"] == fp32["macro_f1"] == 1.0
-    assert variant["micro_f1"] == variant["macro_f1"] == pytest.approx(170 / 175)
-    assert fp32["label_agreement"] == fp32["row_agreement"] == pytest.approx(0.9)
-    assert variant["label_agreement"] == pytest.approx(1 - 35 / 300) and variant["row_agreement"] == pytest.approx(0.85)
+    slices = {"hot": np.arange(100) < 10, "cold": np.arange(100) >= 10}
+    fp32 = evaluate_accuracy("multilabel", reference, reference, labels, slices)
+    variant = evaluate_accuracy("multilabel", outputs, reference, labels, slices)
+    for result in (fp32, variant):
+        for scope in (result.overall, result.slice("hot")):
+            assert math.isnan(scope.metrics["micro_f1"]) and math.isnan(scope.metrics["macro_f1"])
+    assert fp32.slice("cold").metrics["micro_f1"] == fp32.slice("cold").metrics["macro_f1"] == 1.0
+    assert variant.slice("cold").metrics["micro_f1"] == pytest.approx(170 / 175)
+    assert variant.slice("cold").metrics["macro_f1"] == pytest.approx(170 / 175)
+    assert fp32.overall.metrics["label_agreement"] == fp32.overall.metrics["row_agreement"] == pytest.approx(0.9)
+    assert variant.overall.metrics["label_agreement"] == pytest.approx(1 - 35 / 300)
+    assert variant.overall.metrics["row_agreement"] == pytest.approx(0.85)
     verdict = _judged("multilabel", reference, outputs, labels, "micro_f1")
-    assert verdict.exit_code == 1 and verdict.breaches[0].drop == pytest.approx(1 - 170 / 175)
+    assert verdict.exit_code == 2
+    assert "gate on a metric that counts such rows: label_agreement, row_agreement" in verdict.problems[0]
 
 
 def test_a_single_label_per_row_is_scored() -> None:

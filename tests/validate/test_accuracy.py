@@ -241,3 +241,25 @@ def test_custom_metrics_read_only_rows_fp32_scored_for_every_result() -> None:
     by_name = {s.name: s for s in measured.slices}
     assert math.isnan(by_name["first"].metrics["within_half"])  # FP32 failed on every row there: no figure
     assert by_name["rest"].metrics["within_half"] == pytest.approx(7 / 8)
+
+
+def test_a_metric_that_cannot_count_fp32s_nan_rows_is_nan_for_every_result_on_a_scope_holding_one() -> None:
+    """FP32 NaN on row 0 (slice 'first'); the variant finite everywhere, 0.5 off on row 5. The variant's MAE was
+    0.05 overall against FP32's NaN: credited with the row FP32 could not score. Every task metric the catalogue
+    says does not count such rows (counts_nonfinite_rows) is now NaN there, interval too, for FP32 and the variant;
+    those that count them stay defined, and a scope without such a row is untouched: MAE 0.5 / 9 on 'rest'."""
+    labels = np.arange(10, dtype=np.float64)
+    fp32 = labels[:, None].copy()
+    fp32[0] = np.nan
+    variant = labels[:, None].copy()
+    variant[5] += 0.5
+    slices = {"first": np.arange(10) < 2, "rest": np.arange(10) >= 1}
+    for outputs in (fp32, variant):
+        result = evaluate_accuracy("regression", outputs, fp32, labels, slices)
+        for scope in (result.overall, result.slice("first")):
+            assert all(math.isnan(scope.metrics[name]) for name in ("mae", "rmse", "r2", "r2_min", "max_error"))
+            assert all(math.isnan(bound) for bound in scope.intervals["mae"])
+            assert math.isfinite(scope.metrics["agreement"])
+    rest = evaluate_accuracy("regression", variant, fp32, labels, slices).slice("rest")
+    assert rest.metrics["mae"] == pytest.approx(0.5 / 9) and rest.metrics["max_error"] == pytest.approx(0.5)
+    assert rest.metrics["agreement"] == pytest.approx(8 / 9)

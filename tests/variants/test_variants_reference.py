@@ -177,3 +177,65 @@ def test_every_variant_builds_from_an_ir3_model_listing_its_initializers_as_inpu
     ran = _session(built.onnx_path).run(["logits"], {"x": X})[0]
     assert np.mean(ran.argmax(1) == expected.argmax(1)) > 0.9
     assert np.abs(ran - expected).max() < 0.1 * np.abs(expected).max()
+
+
+def _with_initializer_inputs(path: Path, opset: int, ir_version: int) -> Path:
+    """The MLP times an optional input `scale` (an initializer default, 2.0) with every initializer listed as a graph
+    input, as IR 3 requires and old exporters (keep_initializers_as_inputs) write at any IR."""
+    weights = [numpy_helper.from_array(v, k) for k, v in WEIGHTS.items()]
+    weights.append(numpy_helper.from_array(np.array([2.0], dtype=np.float32), "scale"))
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", FEATURES]),
+              *(helper.make_tensor_value_info(w.name, TensorProto.FLOAT, list(w.dims)) for w in weights)]  # fmt: skip
+    nodes = [helper.make_node("Gemm", ["x", "w1", "b1"], ["a2"], name="gemm"), NODES[2],
+             helper.make_node("MatMul", ["r", "w2"], ["m"], name="mm2"),
+             helper.make_node("Mul", ["m", "scale"], ["logits"], name="scaled")]  # fmt: skip
+    model = helper.make_model(helper.make_graph(nodes, "old", inputs, [LOGITS], weights),
+                              opset_imports=[helper.make_opsetid("", opset)], ir_version=ir_version)  # fmt: skip
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.mark.parametrize(("opset", "ir_version"), [(9, 3), (13, 7)])
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_initializers_listed_as_inputs_are_constants_every_variant_converts_alike(tmp_path, name, opset, ir_version):
+    """Initializers listed as graph inputs (weights and an optional `scale`) stayed inputs in the normal form: static
+    INT8 dropped them all, dynamic INT8 the weights it quantized, FP16 kept the weights float32 behind Casts (a file
+    larger than FP32's) and FP8 left them unquantized. They are constants in every variant alike, which takes the
+    inputs a caller feeds FP32 (x), converts the weights as its precision does and says so in its params and notes."""
+    path = _with_initializer_inputs(tmp_path / "old.onnx", opset, ir_version)
+    built = _build(path, tmp_path / "w", name)
+    model = onnx.load(str(built.onnx_path))
+    assert [value.name for value in model.graph.input] == ["x"]
+    assert built.params["constant_inputs"] == ["w1", "b1", "w2", "scale"]
+    assert any("lists 4 initializer(s) as graph inputs (w1, b1, w2, scale)" in note for note in built.notes)
+    types = {tensor.name: tensor.data_type for tensor in model.graph.initializer}
+    if name == "fp16":
+        assert types["w1"] == types["w2"] == TensorProto.FLOAT16
+        assert built.onnx_path.stat().st_size < path.stat().st_size
+    elif name != "bf16":  # BF16 rounds float32 weights; INT8 and FP8 store the quantized weights instead
+        assert "w1" not in types and "w2" not in types
+    expected = _session(path).run(None, {"x": X})[0]
+    ran = _session(built.onnx_path).run(["logits"], {"x": X})[0]
+    assert np.mean(ran.argmax(1) == expected.argmax(1)) > 0.9
+    assert np.abs(ran - expected).max() < 0.1 * np.abs(expected).max()
+
+
+def test_a_built_model_that_does_not_take_the_fp32_models_inputs_fails_the_build(tmp_path, monkeypatch, mlp):
+    """A build that drops an input FP32 is fed would be measured and served as if the input did not matter."""
+    import qbench.variants
+
+    def forgetful(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
+        node = helper.make_node("Relu", ["z"], ["y"], name="other_input")
+        graph = helper.make_graph([node], "forgetful", [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["N", 4])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])])  # fmt: skip
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+        target = ctx.workdir / f"{spec.name}.onnx"
+        ctx.workdir.mkdir(parents=True, exist_ok=True)
+        onnx.save(model, str(target))
+        return BuiltVariant(spec.name, spec.precision, target)
+
+    monkeypatch.setattr(qbench.variants, "builder_for", lambda spec: forgetful)
+    with pytest.raises(QbenchError, match=r"^variant 'half': the built model half.onnx takes the inputs z; expected "
+                       r"the FP32 model's x, in that order$"):  # fmt: skip
+        build_variant(VariantSpec(name="half", precision="fp16"), mlp.context(tmp_path))
