@@ -1,14 +1,19 @@
 """Read the recipe's data table into a pandas DataFrame.
 
-Formats: `.parquet` (pyarrow), `.csv`, `.jsonl` / `.ndjson` (one JSON object per
-line), `.npz` (one column per array, rows along axis 0) or a structured `.npy`, or a
-folder written by `datasets`' `save_to_disk` (needs the `datasets` extra). Rows are addressed by position 0..N-1 everywhere in qbench, so the frame
+Formats: `.parquet` (pyarrow) or a folder of Parquet part files (Spark/Hive layouts,
+partition columns from `key=value` folder names: qbench.data.partitions), `.csv`,
+`.jsonl` / `.ndjson` (one JSON object per line), each of these three also compressed
+(`.csv.gz`, `.jsonl.bz2`, `.ndjson.xz`), `.npz` (one column per array, rows along axis 0)
+or a structured `.npy`, Feather / Arrow IPC files (`.feather`, `.arrow`), or a folder
+written by `datasets`' `save_to_disk` (needs the `datasets` extra). Rows are addressed by position 0..N-1 everywhere in qbench, so the frame
 always comes back with a clean RangeIndex.
 
 CSV states no types: a column whose every cell is a number is read as numbers, except
 the columns the caller names as text (`text_columns`: cells that name things, such as
 slice codes "007" and "7" or class labels "01" and "1"), which keep the text the file
-holds. Parquet, JSON lines, NumPy files and `datasets` folders keep the types they store.
+holds. Parquet, Feather, JSON lines, NumPy files and `datasets` folders keep the types they store, except Arrow's
+decimals: pandas would give Python Decimal objects, which are neither class ids nor numbers to NumPy, so a
+decimal column is read as integers where every value is whole (a decimal(5, 0) label), as floats otherwise.
 
 CSV cannot hold arrays: a CSV column whose every non-empty cell is a JSON list
 (`"[0.1, 0.2]"`) is parsed into Python lists, so the same table works as CSV,
@@ -19,24 +24,32 @@ than a silent string (text in a text column).
 
 from __future__ import annotations
 
+import bz2
 import csv
+import gzip
 import json
+import lzma
 import sys
 import zipfile
+import zlib
 from collections.abc import Callable, Collection, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pandas as pd
 
+from qbench.data.partitions import is_parquet_folder, read_parquet_folder
 from qbench.errors import MissingExtraError, RecipeError, one_line, short_repr
 
 SOURCE_ATTR = "source"
 """`DataFrame.attrs` key holding the data file's name, for messages like '120 rows in digits.parquet'."""
 
-SUPPORTED_FORMATS = (".parquet, .csv, .jsonl, .ndjson, .npz, .npy (a structured array), or a folder written by `datasets` "
-                     "save_to_disk")
+SUPPORTED_FORMATS = (".parquet, a folder of Parquet part files, .feather, .arrow (an Arrow IPC file), .csv, .jsonl, .ndjson (these three also as .gz, .bz2 "
+                     "or .xz), .npz, .npy (a structured array), or a folder written by `datasets` save_to_disk")
+
+_OPENERS: dict[str, Callable[..., IO[Any]]] = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
+"""Compressed text tables by their last suffix (`rows.csv.gz`); pandas infers the same compression from it."""
 
 
 def load_table(
@@ -52,11 +65,16 @@ def load_table(
     read = _reader_for(path, recipe_file=recipe_file, field=field)
     if read is _read_csv:
         read = partial(_read_csv, text_columns=text_columns, list_columns=list_columns)
+    elif read is _read_parquet_folder:
+        read = partial(_read_parquet_folder, text_columns=text_columns)
     try:
         df = read(path)
     except UnicodeDecodeError as exc:
         raise RecipeError(recipe_file, field, f"cannot read {path.name}: it is not {exc.encoding} text; "
                           "expected UTF-8 (or UTF-16 with a byte order mark)") from None  # fmt: skip
+    except (EOFError, zlib.error, lzma.LZMAError) as exc:  # a truncated or damaged compressed file
+        raise RecipeError(recipe_file, field, f"cannot read {path.name}: it is not a complete {path.suffix} "
+                          f"file ({_one_line(exc)})") from None  # fmt: skip
     except (OSError, ValueError, csv.Error) as exc:
         raise RecipeError(recipe_file, field, f"cannot read {path.name}: {_one_line(exc)}") from None
     if df.empty:
@@ -73,22 +91,68 @@ def table_name(df: pd.DataFrame) -> str:
 
 def _reader_for(path: Path, *, recipe_file: Path, field: str) -> Callable[[Path], pd.DataFrame]:
     if path.is_dir():
+        if not (path / "state.json").is_file() and is_parquet_folder(path):
+            return _read_parquet_folder
         _check_saved_dataset_folder(path, recipe_file=recipe_file, field=field)
         return _read_saved_dataset
-    reader = _FILE_READERS.get(path.suffix.lower())
-    if reader is None:
-        shown = path.suffix or "no suffix"
+    suffix = path.suffix.lower()
+    compressed = suffix in _OPENERS
+    if compressed:
+        suffix = Path(path.stem).suffix.lower()  # rows.csv.gz: .csv
+    reader = _FILE_READERS.get(suffix)
+    if reader is None or (compressed and reader not in (_read_csv, _read_json_lines)):
+        shown = suffix + path.suffix if compressed else path.suffix or "no suffix"
         raise RecipeError(
             recipe_file, field, f"unsupported data format {shown!r} ({path.name}): expected {SUPPORTED_FORMATS}"
         )
     return reader
 
 
+def _open_data(path: Path, mode: str = "rb", **text: Any) -> IO[Any]:
+    """Open a data file, decompressing it as its last suffix says (`rows.csv.gz`); `text` as for open()."""
+    return _OPENERS.get(path.suffix.lower(), open)(path, mode, **text)
+
+
 def _read_parquet(path: Path) -> pd.DataFrame:
     import pyarrow.parquet as pq
 
     _check_unique_columns(pq.read_schema(path).names, "the schema")  # else pyarrow's "Multiple matches for FieldRef"
-    return pd.read_parquet(path, engine="pyarrow")
+    return _decimals_as_numbers(pd.read_parquet(path, engine="pyarrow"))
+
+
+def _read_arrow(path: Path) -> pd.DataFrame:
+    """Feather (v1, or v2: the Arrow IPC file format, as `.arrow` files often hold)."""
+    import pyarrow as pa
+
+    try:
+        return _decimals_as_numbers(pd.read_feather(path))
+    except pa.ArrowInvalid as exc:
+        raise ValueError(f"{_one_line(exc)}; expected a Feather file or an Arrow IPC file (an Arrow IPC stream, as a "
+                         "`datasets` folder's .arrow files hold, is read through its save_to_disk folder)") from None  # fmt: skip
+
+
+def _decimals_as_numbers(df: pd.DataFrame) -> pd.DataFrame:
+    """Columns of Decimal cells (an Arrow decimal) as int64 where the type has no fractional digits (a decimal(5, 0)
+    label; float64 if some are missing, as pyarrow reads an integer column with nulls), as float64 otherwise: the
+    column's scale decides, not its values, so a price column is floats in every file however whole its prices."""
+    from decimal import Decimal
+
+    for name in df.columns:
+        present = df[name].dropna()
+        if not (pd.api.types.is_object_dtype(df[name]) and len(present) and isinstance(present.iloc[0], Decimal)):
+            continue
+        if pd.api.types.infer_dtype(present) != "decimal":
+            continue  # not every cell is a Decimal: left for the checks downstream to name
+        if all(cell.is_finite() and cell.as_tuple().exponent >= 0 and abs(cell) < 2**63 for cell in present):
+            whole = "int64" if len(present) == len(df) else "float64"
+            df[name] = df[name].map(int, na_action="ignore").astype(whole)
+        else:
+            df[name] = df[name].astype("float64")
+    return df
+
+
+def _read_parquet_folder(path: Path, text_columns: Collection[str] = ()) -> pd.DataFrame:
+    return read_parquet_folder(path, read_part=_read_parquet, text_as_numbers=text_as_numbers, text_columns=text_columns)
 
 
 def _check_unique_columns(names: Sequence[str], where: str) -> None:
@@ -174,7 +238,7 @@ def _check_field_counts(reader: Any, header: list[str]) -> None:
 
 def _csv_header(path: Path, encoding: str, rest: Callable[[Any], Any]) -> tuple[list[str], Any]:
     """The header of a CSV file (checked), and `rest` applied to a csv.reader over the records after it."""
-    with open(path, newline="", encoding=encoding, errors="replace") as handle:
+    with _open_data(path, "rt", newline="", encoding=encoding, errors="replace") as handle:
         reader = csv.reader(handle)
         header = next((record for record in reader if len(record) > 1 or (record and record[0].strip())), [])
         if not header:  # pandas: "No columns to parse from file"
@@ -200,7 +264,7 @@ _BYTE_ORDER_MARKS = ((b"\xef\xbb\xbf", "utf-8-sig"), (b"\xff\xfe", "utf-16"), (b
 def text_encoding(path: Path) -> str:
     """How a text table is encoded: UTF-8, or what its byte order mark says (a spreadsheet's "Unicode text" export
     is UTF-16 with one). Text in another encoding fails to decode, and the error names the file and UTF-8."""
-    with open(path, "rb") as handle:
+    with _open_data(path) as handle:
         start = handle.read(3)
     return next((encoding for mark, encoding in _BYTE_ORDER_MARKS if start.startswith(mark)), "utf-8")
 
@@ -213,7 +277,7 @@ def _check_unique_keys(path: Path, encoding: str) -> None:
         _check_unique_columns(keys, f"line {number}")
         return dict(pairs)
 
-    with open(path, encoding=encoding) as handle:
+    with _open_data(path, "rt", encoding=encoding) as handle:
         for number, line in enumerate(handle, start=1):
             if line.strip() and not isinstance(json.loads(line, object_pairs_hook=unique), dict):
                 kind = "an array" if line.lstrip().startswith("[") else "not an object"
@@ -260,6 +324,8 @@ def _array_columns(arrays: dict[str, Any]) -> pd.DataFrame:
 
 _FILE_READERS: dict[str, Callable[[Path], pd.DataFrame]] = {
     ".parquet": _read_parquet,
+    ".feather": _read_arrow,
+    ".arrow": _read_arrow,
     ".csv": _read_csv,
     ".jsonl": _read_json_lines,
     ".ndjson": _read_json_lines,
@@ -377,8 +443,8 @@ def _check_saved_dataset_folder(folder: Path, *, recipe_file: Path, field: str) 
         raise RecipeError(
             recipe_file,
             field,
-            f"{folder.name} is a folder without state.json, not a `datasets` save_to_disk folder; "
-            f"expected {SUPPORTED_FORMATS}",
+            f"{folder.name} is a folder without .parquet files or state.json (not Parquet parts nor a `datasets` "
+            f"save_to_disk folder); expected {SUPPORTED_FORMATS}",
         )
 
 

@@ -163,7 +163,7 @@ def _publish(entry: Path, group: _Group) -> None:
             for name in group.files:
                 source, target = group.folder / name, staging / name
                 target.parent.mkdir(parents=True, exist_ok=True)
-                if source.is_dir():  # a data folder (`datasets` save_to_disk)
+                if source.is_dir():  # a data folder (Parquet parts, `datasets` save_to_disk)
                     shutil.copytree(source, target)
                 else:
                     shutil.copy2(source, target)  # its time kept: a settled copy's digest is remembered

@@ -84,7 +84,8 @@ def test_unknown_suffix_lists_supported_formats(tmp_path: Path) -> None:
     with pytest.raises(RecipeError) as info:
         load_table(path, recipe_file=RECIPE, field="data.path")
     assert str(info.value) == (
-        "recipe.yaml: data.path: unsupported data format '.txt' (rows.txt): expected .parquet, .csv, .jsonl, .ndjson, "
+        "recipe.yaml: data.path: unsupported data format '.txt' (rows.txt): expected .parquet, a folder of Parquet part "
+        "files, .feather, .arrow (an Arrow IPC file), .csv, .jsonl, .ndjson (these three also as .gz, .bz2 or .xz), "
         ".npz, .npy (a structured array), or a folder written by `datasets` save_to_disk"
     )
 
@@ -171,7 +172,7 @@ def test_plain_folder_is_not_a_dataset(tmp_path: Path) -> None:
     folder = tmp_path / "images"
     folder.mkdir()
     with pytest.raises(
-        RecipeError, match=r"data.path: images is a folder without state.json, not a `datasets` save_to_disk"
+        RecipeError, match=r"data.path: images is a folder without .parquet files or state.json \(not Parquet parts nor a `datasets` save_to_disk folder\)"
     ):
         load_table(folder, recipe_file=RECIPE)
 
@@ -403,3 +404,73 @@ def test_csv_field_counts_are_checked_without_a_python_loop_over_well_formed_rec
     monkeypatch.setattr(load, "_check_field_counts", lambda *args, **kwargs: pytest.fail("per-record loop ran"))
     table = load_table(path, recipe_file=RECIPE)
     assert table["b"].tolist() == ["x, y", "5"] and table["c"].tolist() == [3, 6]
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".bz2", ".xz"])
+def test_compressed_csv_and_json_lines_read_as_the_plain_file(tmp_path: Path, suffix: str) -> None:
+    """Before, `rows.csv.gz` was refused as the unsupported format '.gz'."""
+    import bz2
+    import gzip
+    import lzma
+
+    compress = {".gz": gzip.compress, ".bz2": bz2.compress, ".xz": lzma.compress}[suffix]
+    frame = _frame().assign(pixels=lambda f: f["pixels"].map(json.dumps), code=["007", "7", "NA"])
+    frame.to_csv(tmp_path / "rows.csv", index=False, encoding="utf-8-sig", lineterminator="\r\n")
+    (tmp_path / f"rows.csv{suffix}").write_bytes(compress((tmp_path / "rows.csv").read_bytes()))
+    plain = load_table(tmp_path / "rows.csv", recipe_file=RECIPE, text_columns=["code"])
+    packed = load_table(tmp_path / f"rows.csv{suffix}", recipe_file=RECIPE, text_columns=["code"])
+    pd.testing.assert_frame_equal(packed, plain)
+    assert packed["code"].tolist() == ["007", "7", "NA"] and packed["pixels"][1] == [1.0, 0.5, 0.0]
+    lines = "".join(json.dumps(row) + "\n" for row in _frame().assign(pixels=_frame()["pixels"]).to_dict("records"))
+    (tmp_path / "rows.jsonl").write_text(lines)
+    (tmp_path / f"rows.jsonl{suffix}").write_bytes(compress(lines.encode()))
+    pd.testing.assert_frame_equal(load_table(tmp_path / f"rows.jsonl{suffix}", recipe_file=RECIPE),
+                                  load_table(tmp_path / "rows.jsonl", recipe_file=RECIPE))  # fmt: skip
+
+
+def test_a_truncated_or_unsupported_compressed_file_is_one_line(tmp_path: Path) -> None:
+    import gzip
+
+    packed = gzip.compress(b"x,y\n" + b"1,2\n" * 5000)
+    (tmp_path / "rows.csv.gz").write_bytes(packed[: len(packed) // 2])
+    with pytest.raises(RecipeError, match=r"data.path: cannot read rows.csv.gz: it is not a complete .gz file"):
+        load_table(tmp_path / "rows.csv.gz", recipe_file=RECIPE)
+    (tmp_path / "rows.parquet.gz").write_bytes(gzip.compress(b"x"))
+    with pytest.raises(RecipeError, match=r"data.path: unsupported data format '.parquet.gz' \(rows.parquet.gz\)"):
+        load_table(tmp_path / "rows.parquet.gz", recipe_file=RECIPE)
+
+
+def test_arrow_decimal_columns_are_numbers_by_their_scale(tmp_path: Path) -> None:
+    """Before, pandas' Decimal objects reached the label check ('Decimal('0') are not integer class ids')."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({
+        "label": pa.array([0, 2, 1], pa.decimal128(5, 0)),
+        "price": pa.array([1, 2, 3], pa.decimal128(6, 2)),
+        "gappy": pa.array([1, None, 3], pa.decimal128(5, 0)),
+    }), tmp_path / "rows.parquet")  # fmt: skip
+    table = load_table(tmp_path / "rows.parquet", recipe_file=RECIPE)
+    assert table["label"].dtype == np.int64 and table["label"].tolist() == [0, 2, 1]
+    assert table["price"].dtype == np.float64 and table["price"].tolist() == [1.0, 2.0, 3.0]
+    assert table["gappy"].dtype == np.float64 and table["gappy"].tolist()[::2] == [1.0, 3.0]
+
+
+def test_feather_and_arrow_ipc_files_read_as_parquet(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.feather as feather
+
+    _frame().to_parquet(tmp_path / "rows.parquet")
+    arrow = pa.Table.from_pandas(_frame(), preserve_index=False)
+    feather.write_feather(arrow, tmp_path / "rows.feather")
+    with pa.OSFile(str(tmp_path / "rows.arrow"), "wb") as sink, pa.ipc.new_file(sink, arrow.schema) as writer:
+        writer.write_table(arrow)
+    expected = load_table(tmp_path / "rows.parquet", recipe_file=RECIPE)
+    for name in ("rows.feather", "rows.arrow"):
+        table = load_table(tmp_path / name, recipe_file=RECIPE)
+        assert table["pixels"].map(list).tolist() == expected["pixels"].map(list).tolist()
+        pd.testing.assert_frame_equal(table.drop(columns="pixels"), expected.drop(columns="pixels"))
+    with pa.OSFile(str(tmp_path / "stream.arrow"), "wb") as sink, pa.ipc.new_stream(sink, arrow.schema) as writer:
+        writer.write_table(arrow)
+    with pytest.raises(RecipeError, match=r"cannot read stream.arrow: .*expected a Feather file or an Arrow IPC file"):
+        load_table(tmp_path / "stream.arrow", recipe_file=RECIPE)
