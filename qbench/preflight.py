@@ -37,6 +37,7 @@ from qbench.data import (
     training_rows,
 )
 from qbench.data.labels import label_cells
+from qbench.data.text_tables import decimal_comma_hint
 from qbench.errors import QbenchError, RecipeError
 from qbench.modelinfo import ModelInfo, external_data_files, read_model_info
 from qbench.preflight_checks import (
@@ -361,7 +362,8 @@ def _labels(
         for choice in outputs:
             task.check_labels(labels, choice.meta, positions)
     except LabelError as exc:
-        raise _label_error(recipe, exc) from None
+        single = isinstance(recipe.data.label, str)  # its '0,5' cells are text unless the file declares decimal commas
+        raise _label_error(recipe, exc, decimal_comma_hint(table[recipe.data.label]) if single else "") from None
     return labels
 
 
@@ -370,10 +372,10 @@ def _label_values(recipe: Recipe, table: pd.DataFrame, rows: np.ndarray) -> list
     return label_cells(table, recipe.data, rows, recipe_file=recipe.source)
 
 
-def _label_error(recipe: Recipe, exc: LabelError) -> RecipeError:
+def _label_error(recipe: Recipe, exc: LabelError, hint: str = "") -> RecipeError:
     columns = recipe.data.label_columns
     named = f"column {columns[0]!r}" if isinstance(recipe.data.label, str) else f"columns {', '.join(columns)}"
-    return RecipeError(recipe.source, "data.label", f"{named}: {exc}")
+    return RecipeError(recipe.source, "data.label", f"{named}: {exc}{hint}")
 
 
 def check_labels_fit_outputs(prepared: Prepared, outputs: Mapping[str, np.ndarray]) -> None:

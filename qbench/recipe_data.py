@@ -89,8 +89,18 @@ class TextInputSpec(_Strict):
     tokenizer: TokenizerSpec
 
 
+class CsvSpec(_Strict):
+    """How the CSV/TSV files of `data` write their cells. The decimal mark is declared, never guessed: '1,234' is
+    1234 in one locale and 1.234 in another."""
+
+    delimiter: Literal[",", ";", "\t", "|"] | None = Field(
+        None, description="between fields: ',' ';' '\\t' (tab) or '|'; default a tab for .tsv files, else ','"
+    )
+    decimal: Literal[".", ","] = Field(".", description="the decimal mark of the files' numbers")
+
+
 class DataSpec(_Strict):
-    path: Path = path_field(".parquet, .csv, .jsonl, .npz, or a `datasets` save_to_disk folder; relative to the recipe", ...)
+    path: Path = path_field(".parquet, .csv, .tsv, .jsonl, .npz, or a `datasets` save_to_disk folder; relative to the recipe", ...)
     inputs: dict[str, str | TextInputSpec] = Field(
         description="data column -> model input name, or a text column -> {tokenizer: {...}}"
     )
@@ -104,6 +114,7 @@ class DataSpec(_Strict):
     calibration: CalibrationSpec = CalibrationSpec()
     evaluation: EvaluationSpec = EvaluationSpec()
     slices: list[SliceSpec] = []
+    csv: CsvSpec = CsvSpec()
     nonfinite_inputs: Literal["error", "drop"] = Field(
         "error", description="rows whose input columns hold NaN/inf: error (default) or drop them (counted in results)"
     )

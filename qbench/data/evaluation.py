@@ -21,6 +21,7 @@ from qbench.data.filters import select_rows
 from qbench.data.load import load_table, table_name
 from qbench.data.nonfinite import NonfiniteMasks, check_finite, drop_nonfinite, nonfinite_masks
 from qbench.data.slices import slice_masks
+from qbench.data.text_tables import CsvDialect
 from qbench.errors import RecipeError
 from qbench.modelinfo import TensorMeta
 from qbench.recipe_data import DataSpec, TextInputSpec
@@ -53,7 +54,7 @@ class EvaluationRows:
 def text_columns(
     data: DataSpec, *, label_names: bool, model_inputs: Mapping[str, TensorMeta] | None = None
 ) -> tuple[str, ...]:  # fmt: skip
-    """The columns whose cells name things, read as the text a CSV file holds (qbench.data.load): slice `by` columns
+    """The columns whose cells name things, read as the text a CSV file holds (qbench.data.text_tables): slice `by` columns
     and the calibration's stratify_by column ("007" and "7" are two codes, each named as written), text inputs, the
     columns feeding a string input of the model (`model_inputs`: a zip code "007" read as the number 7 would be
     refused, or fed as "7"), and the label when it names classes (`label_names`: "01" and "1" are two classes of a
@@ -87,9 +88,13 @@ def load_data_table(
 ) -> pd.DataFrame:  # fmt: skip
     """The table at `path` read for a recipe's `data` section, as the sweep and the gate both read it: the columns
     that name things (and those feeding the string inputs among `model_inputs`) kept as a CSV's text
-    (text_columns), a label column of JSON lists read as lists."""
+    (text_columns), a label column of JSON lists read as lists, a CSV file in the dialect `data.csv` declares (in a
+    file with decimal commas the text columns' numbers are written with points, as other formats name them, except
+    in the columns feeding the model: their text is fed as written)."""
     kept = text_columns(data, label_names=label_names, model_inputs=model_inputs)
-    return load_table(path, recipe_file=recipe_file, field=field, text_columns=kept, list_columns=_list_columns(data))
+    dialect = CsvDialect(delimiter=data.csv.delimiter, decimal=data.csv.decimal)
+    return load_table(path, recipe_file=recipe_file, field=field, text_columns=kept, list_columns=_list_columns(data),
+                      verbatim_columns=tuple(data.inputs), csv_dialect=dialect)  # fmt: skip
 
 
 def evaluation_rows(table: pd.DataFrame, data: DataSpec, *, recipe_file: Path) -> EvaluationRows:

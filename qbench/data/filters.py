@@ -4,7 +4,7 @@ A filter maps a column to a value (equality) or to `{op: value}` with ops
 eq, ne, in, not_in, lt, le, gt, ge (the schema is checked by `qbench.recipe`).
 Several columns AND together; several ops on one column AND together.
 
-A column of text (a CSV column read as text, qbench.data.load) compares as numbers when every
+A column of text (a CSV column read as text, qbench.data.text_tables) compares as numbers when every
 cell is one, and equals a number where its text is that number written plainly (7 matches "7"
 and "7.0", not "007"), and true or false as pandas would have read it ("True", "true", "TRUE").
 A column of dates or timestamps equals, and compares with, a text operand read as a date or time ('2024-01-31').
@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from qbench.data.load import table_name, text_as_numbers
+from qbench.data.load import table_name
+from qbench.data.text_tables import decimal_comma_hint, text_as_numbers, text_decimal
 from qbench.errors import RecipeError, expected_one_of
 
 _COMPARISONS: dict[str, Callable[[pd.Series, Any], pd.Series]] = {
@@ -115,12 +116,13 @@ def _condition_mask(values: pd.Series, op: str, operand: Any, *, field: str, rec
             bound = _as_date(values, operand, dates, field=field, recipe_file=recipe_file)
             times = pd.to_datetime(values) if dates == "date" else values  # date cells as midnights, None as NaT
             return _COMPARISONS[op](times, pd.Timestamp(bound)).to_numpy(dtype=bool, na_value=False)
-        numbers = values if pd.api.types.is_numeric_dtype(values) else text_as_numbers(values)
+        numbers = values if pd.api.types.is_numeric_dtype(values) else text_as_numbers(values, text_decimal(values))
         if numbers is None:
             raise RecipeError(
                 recipe_file,
                 field,
-                f"{op!r} compares numbers, but column {values.name!r} holds {_kind_of(values)} values",
+                f"{op!r} compares numbers, but column {values.name!r} holds {_kind_of(values)} values"
+                f"{decimal_comma_hint(values)}",
             )
         return _COMPARISONS[op](numbers, operand).to_numpy(dtype=bool, na_value=False)
     operands: Sequence[Any] = operand if op in ("in", "not_in") else [operand]
@@ -141,6 +143,10 @@ def _matches_any(values: pd.Series, operands: Sequence[Any], *, field: str, reci
         wanted = [_as_date(values, v, dates, field=field, recipe_file=recipe_file) for v in wanted]
     elif pd.api.types.is_object_dtype(values) or pd.api.types.is_string_dtype(values):
         numbers = [v for v in wanted if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        hint = decimal_comma_hint(values) if numbers else ""
+        if hint:  # '0,5' is no number here: `ne: 0.5` kept every such row, `eq: 0.5` selected none of them
+            raise RecipeError(recipe_file, field, f"got {numbers[0]!r}: column {values.name!r} holds text, not numbers"
+                                                  f"{hint}, or compare the text as the file writes it")  # fmt: skip
         wanted += [text for v in wanted if isinstance(v, (int, float)) for text in _cell_texts(v)]
         numbers_as_text = _plain_numbers_in(values, numbers)
     matched = values.isin(wanted).to_numpy(dtype=bool, na_value=False) & values.notna().to_numpy()

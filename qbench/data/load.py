@@ -1,70 +1,68 @@
 """Read the recipe's data table into a pandas DataFrame.
 
 Formats: `.parquet` (pyarrow) or a folder of Parquet part files (Spark/Hive layouts,
-partition columns from `key=value` folder names: qbench.data.partitions), `.csv`,
-`.jsonl` / `.ndjson` (one JSON object per line), each of these three also compressed
+partition columns from `key=value` folder names: qbench.data.partitions), `.csv` / `.tsv`
+(qbench.data.text_tables: their dialect, text columns, numbers and JSON list cells),
+`.jsonl` / `.ndjson` (one JSON object per line), each of these also compressed
 (`.csv.gz`, `.jsonl.bz2`, `.ndjson.xz`), `.npz` (one column per array, rows along axis 0)
 or a structured `.npy`, Feather / Arrow IPC files (`.feather`, `.arrow`), or a folder
 written by `datasets`' `save_to_disk` (needs the `datasets` extra). Rows are addressed by position 0..N-1 everywhere in qbench, so the frame
 always comes back with a clean RangeIndex.
 
-CSV states no types: a column whose every cell is a number is read as numbers, except
-the columns the caller names as text (`text_columns`: cells that name things, such as
-slice codes "007" and "7" or class labels "01" and "1"), which keep the text the file
-holds. Parquet, Feather, JSON lines, NumPy files and `datasets` folders keep the types they store, except Arrow's
+Parquet, Feather, JSON lines, NumPy files and `datasets` folders keep the types they store, except Arrow's
 decimals: pandas would give Python Decimal objects, which are neither class ids nor numbers to NumPy, so a
 decimal column is read as integers where every value is whole (a decimal(5, 0) label), as floats otherwise.
-
-CSV cannot hold arrays: a CSV column whose every non-empty cell is a JSON list
-(`"[0.1, 0.2]"`) is parsed into Python lists, so the same table works as CSV,
-JSON lines or parquet; so is a label column read as text (class names) when every cell is
-one (token labels). A cell that looks like a list but is not valid JSON is an error rather
-than a silent string (text in a text column).
 """
 
 from __future__ import annotations
 
-import bz2
 import csv
-import gzip
 import json
 import lzma
-import sys
 import zipfile
 import zlib
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection
 from functools import partial
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import pandas as pd
 
 from qbench.data.partitions import is_parquet_folder, read_parquet_folder
-from qbench.errors import MissingExtraError, RecipeError, one_line, short_repr
+from qbench.data.text_tables import (
+    COMPRESSED_SUFFIXES,
+    CsvDialect,
+    check_unique_columns,
+    open_data,
+    read_csv,
+    text_as_numbers,
+    text_encoding,
+)
+from qbench.errors import MissingExtraError, RecipeError, one_line
 
 SOURCE_ATTR = "source"
 """`DataFrame.attrs` key holding the data file's name, for messages like '120 rows in digits.parquet'."""
 
-SUPPORTED_FORMATS = (".parquet, a folder of Parquet part files, .feather, .arrow (an Arrow IPC file), .csv, .jsonl, .ndjson (these three also as .gz, .bz2 "
-                     "or .xz), .npz, .npy (a structured array), or a folder written by `datasets` save_to_disk")
-
-_OPENERS: dict[str, Callable[..., IO[Any]]] = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
-"""Compressed text tables by their last suffix (`rows.csv.gz`); pandas infers the same compression from it."""
+SUPPORTED_FORMATS = (".parquet, a folder of Parquet part files, .feather, .arrow (an Arrow IPC file), .csv, .tsv, .jsonl, .ndjson "
+                     "(these four also as .gz, .bz2 or .xz), .npz, .npy (a structured array), or a folder written by "
+                     "`datasets` save_to_disk")
 
 
 def load_table(
     path: Path, *, recipe_file: Path, field: str = "data.path", text_columns: Collection[str] = (),
-    list_columns: Collection[str] = (),
+    list_columns: Collection[str] = (), verbatim_columns: Collection[str] = (), csv_dialect: CsvDialect = CsvDialect(),
 ) -> pd.DataFrame:  # fmt: skip
-    """Read a data table; every problem is a RecipeError at `field` naming the file and the cause. A CSV file's
-    `text_columns` keep their cells' text (only an empty cell is missing there), unless they are also among
-    `list_columns` and every cell is a JSON list (token labels in the label column that otherwise names classes)."""
+    """Read a data table; every problem is a RecipeError at `field` naming the file and the cause. A CSV file (read
+    as `csv_dialect` says) keeps its `text_columns`' text (only an empty cell is missing there), unless they are also
+    among `list_columns` and every cell is a JSON list (token labels in the label column that otherwise names
+    classes), or, in a file with decimal commas, a cell writes a number (not in `verbatim_columns`: see read_csv)."""
     path = Path(path)
     if not path.exists():
         raise RecipeError(recipe_file, field, f"file or folder not found: {path}")
     read = _reader_for(path, recipe_file=recipe_file, field=field)
-    if read is _read_csv:
-        read = partial(_read_csv, text_columns=text_columns, list_columns=list_columns)
+    if read is read_csv:
+        read = partial(read_csv, dialect=csv_dialect, text_columns=text_columns, list_columns=list_columns,
+                       verbatim_columns=verbatim_columns)  # fmt: skip
     elif read is _read_parquet_folder:
         read = partial(_read_parquet_folder, text_columns=text_columns)
     try:
@@ -96,11 +94,11 @@ def _reader_for(path: Path, *, recipe_file: Path, field: str) -> Callable[[Path]
         _check_saved_dataset_folder(path, recipe_file=recipe_file, field=field)
         return _read_saved_dataset
     suffix = path.suffix.lower()
-    compressed = suffix in _OPENERS
+    compressed = suffix in COMPRESSED_SUFFIXES
     if compressed:
         suffix = Path(path.stem).suffix.lower()  # rows.csv.gz: .csv
     reader = _FILE_READERS.get(suffix)
-    if reader is None or (compressed and reader not in (_read_csv, _read_json_lines)):
+    if reader is None or (compressed and reader not in (read_csv, _read_json_lines)):
         shown = suffix + path.suffix if compressed else path.suffix or "no suffix"
         raise RecipeError(
             recipe_file, field, f"unsupported data format {shown!r} ({path.name}): expected {SUPPORTED_FORMATS}"
@@ -108,15 +106,10 @@ def _reader_for(path: Path, *, recipe_file: Path, field: str) -> Callable[[Path]
     return reader
 
 
-def _open_data(path: Path, mode: str = "rb", **text: Any) -> IO[Any]:
-    """Open a data file, decompressing it as its last suffix says (`rows.csv.gz`); `text` as for open()."""
-    return _OPENERS.get(path.suffix.lower(), open)(path, mode, **text)
-
-
 def _read_parquet(path: Path) -> pd.DataFrame:
     import pyarrow.parquet as pq
 
-    _check_unique_columns(pq.read_schema(path).names, "the schema")  # else pyarrow's "Multiple matches for FieldRef"
+    check_unique_columns(pq.read_schema(path).names, "the schema")  # else pyarrow's "Multiple matches for FieldRef"
     return _decimals_as_numbers(pd.read_parquet(path, engine="pyarrow"))
 
 
@@ -155,102 +148,6 @@ def _read_parquet_folder(path: Path, text_columns: Collection[str] = ()) -> pd.D
     return read_parquet_folder(path, read_part=_read_parquet, text_as_numbers=text_as_numbers, text_columns=text_columns)
 
 
-def _check_unique_columns(names: Sequence[str], where: str) -> None:
-    repeated = sorted({name for name in names if names.count(name) > 1})
-    if repeated:
-        raise ValueError(f"{where} names column {repeated[0]!r} {names.count(repeated[0])} times; expected each "
-                         "column once")  # fmt: skip
-
-
-OTHER_SEPARATORS = (";", "\t", "|")  # what a CSV export from a spreadsheet in another locale may use
-
-
-# what spreadsheets, R and databases write for a missing number
-MISSING_NUMBER_TEXT = frozenset({"NA", "N/A", "n/a", "NaN", "nan", "-nan", "NULL", "null", "None", "<NA>", "#N/A", "#NA"})
-
-
-def _read_csv(path: Path, text_columns: Collection[str] = (), list_columns: Collection[str] = ()) -> pd.DataFrame:
-    """Only an empty cell is missing in a text column ("NA" is Namibia, "None" a category); in a column of numbers,
-    an empty cell or a missing-number text (MISSING_NUMBER_TEXT) is NaN. `text_columns` are read as text whatever
-    their cells look like: read as numbers, "007" and "7" would be one value, named 7."""
-    encoding = text_encoding(path)
-    header = _check_csv_rows(path, encoding)
-    kept = [column for column in header if column in set(text_columns)]
-    df = pd.read_csv(path, keep_default_na=False, na_values=[""], dtype=dict.fromkeys(kept, str), encoding=encoding)
-    for column in df.columns:
-        if column in kept:
-            if column in list_columns and _is_json_list_column(df[column]):
-                df[column] = _parse_json_lists(df[column], names=True)
-            continue
-        if _is_json_list_column(df[column]):
-            df[column] = _parse_json_lists(df[column])
-        elif not pd.api.types.is_numeric_dtype(df[column]) and not pd.api.types.is_bool_dtype(df[column]):
-            numbers = text_as_numbers(df[column])
-            if numbers is not None:
-                df[column] = numbers
-    return df
-
-
-def text_as_numbers(column: pd.Series) -> pd.Series | None:
-    """A text column as numbers when every cell is a number, empty, or a missing-number text; else None."""
-    cells = column.where(~column.isin(MISSING_NUMBER_TEXT))
-    present = cells.dropna()
-    if len(present) and pd.isna(pd.to_numeric(present.iloc[:1], errors="coerce").iloc[0]):
-        return None  # most text columns show it on their first cell: no pass over them all
-    numbers = pd.to_numeric(cells, errors="coerce")
-    return numbers if numbers.notna().sum() == cells.notna().sum() else None
-
-
-def _check_csv_rows(path: Path, encoding: str) -> list[str]:
-    """Every record has as many fields as the header: pandas would pad a short row with NaN silently. Returns the
-    header."""
-    limit = csv.field_size_limit(sys.maxsize)  # a cell may hold a whole image as a JSON list
-    try:
-        header, counts = _csv_header(path, encoding, _field_counts)
-        if counts is None or (counts != len(header)).any():  # a ragged record, or a blank line (allowed), or a
-            # record csv cannot read: read again record by record, to tell which and report the first problem
-            _csv_header(path, encoding, partial(_check_field_counts, header=header))
-    finally:
-        csv.field_size_limit(limit)
-    return header
-
-
-def _field_counts(reader: Any) -> Any:
-    """Every record's field count, counted in C (no Python code per record); None where csv fails on a record."""
-    import numpy as np
-
-    try:
-        return np.fromiter(map(len, reader), dtype=np.int64)
-    except csv.Error:
-        return None
-
-
-def _check_field_counts(reader: Any, header: list[str]) -> None:
-    """ValueError naming the first non-blank record whose field count is not the header's."""
-    for record in reader:
-        if any(cell.strip() for cell in record) and len(record) != len(header):
-            shown = ", ".join(header[:8]) + (", ..." if len(header) > 8 else "")
-            raise ValueError(
-                f"line {reader.line_num} has {len(record)} field{'s' if len(record) != 1 else ''}, "
-                f"expected {len(header)} like the header ({shown})"
-            )
-
-
-def _csv_header(path: Path, encoding: str, rest: Callable[[Any], Any]) -> tuple[list[str], Any]:
-    """The header of a CSV file (checked), and `rest` applied to a csv.reader over the records after it."""
-    with _open_data(path, "rt", newline="", encoding=encoding, errors="replace") as handle:
-        reader = csv.reader(handle)
-        header = next((record for record in reader if len(record) > 1 or (record and record[0].strip())), [])
-        if not header:  # pandas: "No columns to parse from file"
-            raise ValueError("the file holds no header line; expected a line naming the columns, then a line per row")
-        other = next((sep for sep in OTHER_SEPARATORS if len(header) == 1 and sep in header[0]), None)
-        if other is not None:  # read as one column, every recipe column would be "missing"
-            raise ValueError(f"the header is one column {short_repr(header[0])}: the file looks separated by "
-                             f"{other!r}; expected comma-separated values")  # fmt: skip
-        _check_unique_columns(header, "the header")  # pandas would read 'y' and rename the second to 'y.1'
-        return header, rest(reader)
-
-
 def _read_json_lines(path: Path) -> pd.DataFrame:
     encoding = text_encoding(path)
     _check_unique_keys(path, encoding)
@@ -258,26 +155,15 @@ def _read_json_lines(path: Path) -> pd.DataFrame:
     return pd.read_json(path, lines=True, dtype=False, encoding=encoding)
 
 
-_BYTE_ORDER_MARKS = ((b"\xef\xbb\xbf", "utf-8-sig"), (b"\xff\xfe", "utf-16"), (b"\xfe\xff", "utf-16"))
-
-
-def text_encoding(path: Path) -> str:
-    """How a text table is encoded: UTF-8, or what its byte order mark says (a spreadsheet's "Unicode text" export
-    is UTF-16 with one). Text in another encoding fails to decode, and the error names the file and UTF-8."""
-    with _open_data(path) as handle:
-        start = handle.read(3)
-    return next((encoding for mark, encoding in _BYTE_ORDER_MARKS if start.startswith(mark)), "utf-8")
-
-
 def _check_unique_keys(path: Path, encoding: str) -> None:
     """No object names a key twice: a JSON parser keeps the last value silently (a row's second "label" won)."""
 
     def unique(pairs: list[tuple[str, object]]) -> dict[str, object]:
         keys = [key for key, _ in pairs]
-        _check_unique_columns(keys, f"line {number}")
+        check_unique_columns(keys, f"line {number}")
         return dict(pairs)
 
-    with _open_data(path, "rt", encoding=encoding) as handle:
+    with open_data(path, "rt", encoding=encoding) as handle:
         for number, line in enumerate(handle, start=1):
             if line.strip() and not isinstance(json.loads(line, object_pairs_hook=unique), dict):
                 kind = "an array" if line.lstrip().startswith("[") else "not an object"
@@ -326,105 +212,13 @@ _FILE_READERS: dict[str, Callable[[Path], pd.DataFrame]] = {
     ".parquet": _read_parquet,
     ".feather": _read_arrow,
     ".arrow": _read_arrow,
-    ".csv": _read_csv,
+    ".csv": read_csv,
+    ".tsv": read_csv,
     ".jsonl": _read_json_lines,
     ".ndjson": _read_json_lines,
     ".npz": _read_npz,
     ".npy": _read_npy,
 }
-
-
-def _is_json_list_column(column: pd.Series) -> bool:
-    """Whether every non-missing cell is text starting with '[' and ending with ']' (vectorised string ops)."""
-    if not (pd.api.types.is_string_dtype(column) or pd.api.types.is_object_dtype(column)):
-        return False
-    cells = column.dropna()
-    if cells.empty or pd.api.types.infer_dtype(cells, skipna=False) != "string":
-        return False
-    first = cells.iloc[0]  # most text columns fail on their first cell
-    if not (first.startswith("[") and first.endswith("]")):
-        return False
-    text = cells.astype(str)
-    return bool((text.str.startswith("[") & text.str.endswith("]")).all())
-
-
-def _parse_json_lists(column: pd.Series, *, names: bool = False) -> pd.Series:
-    """The column with its JSON list cells parsed. A column none of whose cells is JSON stays text (labels such as
-    '[en]'); one where some are and some are not holds a malformed list, which is an error. A column of `names`
-    (a label column whose text may name classes) is parsed only when every cell is a JSON list, as token labels
-    are (one class id per token, as a parquet list column holds them); otherwise it keeps its text."""
-    parsed = _parse_lists_at_once(column)
-    if parsed is not None:
-        return parsed
-    failures: list[tuple[str, json.JSONDecodeError]] = []
-
-    def parse(cell: object) -> object:
-        if not isinstance(cell, str):
-            return cell  # a missing cell stays missing
-        try:
-            return json.loads(cell)
-        except json.JSONDecodeError as exc:
-            failures.append((cell, exc))
-            return cell
-
-    parsed = column.astype(object).map(parse)
-    if not failures:
-        return parsed
-    if names or len(failures) == int(column.notna().sum()):
-        return column
-    cell, exc = failures[0]
-    raise ValueError(f"column {column.name!r}: cell {cell[:40]!r} looks like a JSON list but is not valid JSON ({exc})")
-
-
-def _parse_lists_at_once(column: pd.Series) -> pd.Series | None:
-    """The column's list cells parsed by one json.loads per block of cells joined into one JSON array, when that is
-    sure to give what parsing each cell alone gives; else None (the caller parses cell by cell, and explains a bad
-    one). Blocks (LIST_BLOCK cells) bound the joined text's memory on a large table.
-
-    It is sure when the joined text holds no '"' (so every bracket is structure, none inside a string), every cell
-    opens as many brackets as it closes, and the array holds one element per cell: each cell is then exactly one
-    JSON value. A cell such as '[1],[2]' or a pair '[[1]', '[2]]' fails these checks and takes the slow path."""
-    import numpy as np
-
-    present = column.notna().to_numpy()
-    cells = column[present]
-    if cells.empty or pd.api.types.infer_dtype(cells, skipna=False) != "string":
-        return None
-    texts = cells.tolist()
-    parsed = np.empty(len(column), dtype=object)
-    parsed[~present] = column[~present].astype(object).to_numpy()  # missing cells as the per-cell path keeps them
-    where = np.flatnonzero(present)
-    for first in range(0, len(texts), LIST_BLOCK):
-        block = _parse_list_block(texts[first : first + LIST_BLOCK])
-        if block is None:
-            return None
-        parsed[where[first : first + LIST_BLOCK]] = np.fromiter(block, dtype=object, count=len(block))  # each a list
-    return pd.Series(parsed, index=column.index, name=column.name, dtype=object)
-
-
-LIST_BLOCK = 20_000
-
-
-def _parse_list_block(texts: list[str]) -> list[Any] | None:
-    """`texts` (each starting with '[' and ending with ']') parsed, when one json.loads of them joined is sure to
-    give what each alone gives (see _parse_lists_at_once); else None."""
-    import numpy as np
-
-    joined = "[" + ",".join(texts) + "]"
-    if '"' in joined or not joined.isascii():  # ASCII: a character is a byte, so offsets into the bytes are cells'
-        return None
-    codes = np.frombuffer(joined.encode("ascii"), dtype=np.uint8)[1:-1]  # the cells and the commas between them
-    opens = np.flatnonzero((codes == ord("[")) | (codes == ord("{")))
-    closes = np.flatnonzero((codes == ord("]")) | (codes == ord("}")))
-    ends = np.cumsum(np.fromiter(map(len, texts), dtype=np.int64, count=len(texts)) + 1)  # past each cell's comma
-    cell_of = partial(np.searchsorted, ends, side="right")
-    if (np.bincount(cell_of(opens), minlength=len(texts)) != np.bincount(cell_of(closes), minlength=len(texts))).any():
-        return None
-    try:
-        values = json.loads(joined)
-    except (ValueError, RecursionError):
-        return None
-    return values if len(values) == len(texts) else None
 
 
 def _check_saved_dataset_folder(folder: Path, *, recipe_file: Path, field: str) -> None:

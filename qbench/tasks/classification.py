@@ -89,7 +89,7 @@ def _text_class_ids(values: Sequence[Any]) -> np.ndarray | None:
 def _as_number(value: Any) -> Any:
     """A label cell that is the text of a number ("3", "-1", "3.0") or of a truth value ("True", as pandas reads
     it) as that value, anything else as it is: a CSV label column keeps the text its file holds
-    (qbench.data.load), so that "01" can name a class, while class ids and integer classes are read as the
+    (qbench.data.text_tables), so that "01" can name a class, while class ids and integer classes are read as the
     numbers they write."""
     if not isinstance(value, str):
         return value

@@ -85,8 +85,8 @@ def test_unknown_suffix_lists_supported_formats(tmp_path: Path) -> None:
         load_table(path, recipe_file=RECIPE, field="data.path")
     assert str(info.value) == (
         "recipe.yaml: data.path: unsupported data format '.txt' (rows.txt): expected .parquet, a folder of Parquet part "
-        "files, .feather, .arrow (an Arrow IPC file), .csv, .jsonl, .ndjson (these three also as .gz, .bz2 or .xz), "
-        ".npz, .npy (a structured array), or a folder written by `datasets` save_to_disk"
+        "files, .feather, .arrow (an Arrow IPC file), .csv, .tsv, .jsonl, .ndjson (these four also as .gz, .bz2 or "
+        ".xz), .npz, .npy (a structured array), or a folder written by `datasets` save_to_disk"
     )
 
 
@@ -226,7 +226,8 @@ def test_importing_the_data_module_loads_no_heavy_sdk() -> None:
         ("x,y,half,y\n1,0,a,2\n2,0,b,1\n", "the header names column 'y' 2 times; expected each column once"),
         # a spreadsheet export with ';': one column, and every recipe column would be reported missing
         ("x;y;half\n1,5;0;a\n", "the header is one column 'x;y;half': the file looks separated by ';'; expected "
-                                 "comma-separated values"),
+                                 "comma-separated values (a file separated otherwise is declared so: data.csv: "
+                                 "{delimiter: ';'})"),
     ],
     ids=["ragged-row", "repeated-header-name", "semicolon-separated"],
 )
@@ -355,10 +356,10 @@ def _csv_text(cells: list[str | None]) -> str:
 def test_a_csv_list_column_reads_as_parsing_each_cell_alone_would(
     tmp_path: Path, monkeypatch, name: str, encoding: str, block: int
 ) -> None:  # fmt: skip
-    """One json.loads over the joined cells (qbench.data.load._parse_lists_at_once) against per-cell json.loads:
+    """One json.loads over the joined cells (qbench.data.text_tables._parse_lists_at_once) against per-cell json.loads:
     the same lists, the same missing cells, the same text where no cell is JSON, the same error where some are,
     however the cells fall into blocks."""
-    import qbench.data.load as load
+    import qbench.data.text_tables as load
 
     monkeypatch.setattr(load, "LIST_BLOCK", block)
     cells = LIST_CELLS[name]
@@ -397,7 +398,7 @@ def test_csv_field_counts_are_checked_without_a_python_loop_over_well_formed_rec
 ) -> None:  # fmt: skip
     """Every record was checked in Python (0.9 s on 500k rows): now the per-record loop runs only for a file with a
     record whose field count differs from the header's (to tell a blank line from a ragged row, and name its line)."""
-    import qbench.data.load as load
+    import qbench.data.text_tables as load
 
     path = tmp_path / "rows.csv"
     path.write_text('a,b,c\n1,"x, y",3\n"multi\nline",5,6\n')

@@ -1,0 +1,344 @@
+"""CSV and TSV files as qbench reads them, and the opening of text tables (compression, encodings).
+
+CSV states no types: a column whose every cell is a number is read as numbers, except the columns the caller
+names as text (`text_columns`: cells that name things, such as slice codes "007" and "7" or class labels "01"
+and "1"), which keep the text the file holds. A file's dialect (CsvDialect, the recipe's `data.csv`) says how
+it writes cells: its delimiter (a comma; a tab for `.tsv`; a spreadsheet in a locale with decimal commas
+writes ';') and its decimal mark. The decimal mark is never guessed: '1,234' is 1234 in one locale and 1.234
+in another, so a cell such as '0,5' is a number only in a file declared to write decimal commas, and is text
+otherwise (and where a number is expected, the error says so: decimal_comma_hint).
+
+CSV cannot hold arrays: a CSV column whose every non-empty cell is a JSON list (`"[0.1, 0.2]"`) is parsed into
+Python lists, so the same table works as CSV, JSON lines or parquet; so is a label column read as text (class
+names) when every cell is one (token labels). A cell that looks like a list but is not valid JSON is an error
+rather than a silent string (text in a text column). JSON writes numbers with decimal points whatever the
+file's decimal mark; in a file with decimal commas a list cell writing ',' between two digits ('[0,5, 1,5]',
+valid JSON for four integers) is refused.
+"""
+
+from __future__ import annotations
+
+import bz2
+import csv
+import gzip
+import json
+import lzma
+import re
+import sys
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import IO, Any
+
+import pandas as pd
+
+from qbench.errors import short_repr
+
+DECIMAL_ATTR = "decimal"
+"""`DataFrame.attrs` key holding the decimal mark a CSV table's numbers were written with (',' or '.')."""
+
+_COMMA_TEXT_ATTR = "decimal_comma_text"
+"""`DataFrame.attrs` key: the text columns of a file with decimal commas kept as written (text_decimal)."""
+
+DELIMITERS = {",": "comma", ";": "semicolon", "\t": "tab", "|": "pipe"}
+"""The delimiters a CSV file may use (spreadsheets in locales with decimal commas write ';'), by name."""
+
+
+@dataclass(frozen=True)
+class CsvDialect:
+    """How a CSV file writes its cells: `delimiter` between fields (None: a tab for a `.tsv` file, else a comma)
+    and the `decimal` mark of its numbers."""
+
+    delimiter: str | None = None
+    decimal: str = "."
+
+    def delimiter_for(self, path: Path) -> str:
+        if self.delimiter is not None:
+            return self.delimiter
+        suffix = Path(path.stem).suffix if path.suffix.lower() in _OPENERS else path.suffix
+        return "\t" if suffix.lower() == ".tsv" else ","
+
+
+_OPENERS: dict[str, Callable[..., IO[Any]]] = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
+"""Compressed text tables by their last suffix (`rows.csv.gz`); pandas infers the same compression from it."""
+
+COMPRESSED_SUFFIXES = frozenset(_OPENERS)
+
+
+def open_data(path: Path, mode: str = "rb", **text: Any) -> IO[Any]:
+    """Open a data file, decompressing it as its last suffix says (`rows.csv.gz`); `text` as for open()."""
+    return _OPENERS.get(path.suffix.lower(), open)(path, mode, **text)
+
+
+def check_unique_columns(names: Sequence[str], where: str) -> None:
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ValueError(f"{where} names column {repeated[0]!r} {names.count(repeated[0])} times; expected each "
+                         "column once")  # fmt: skip
+
+
+# what spreadsheets, R and databases write for a missing number
+MISSING_NUMBER_TEXT = frozenset({"NA", "N/A", "n/a", "NaN", "nan", "-nan", "NULL", "null", "None", "<NA>", "#N/A", "#NA"})
+
+DECIMAL_COMMA_NUMBER = re.compile(r"-?[0-9]+,[0-9]+")
+"""A number written with a decimal comma, as a spreadsheet in such a locale exports it: '0,5', '-12,25'."""
+
+_POINT_NUMBER = re.compile(r"-?[0-9]+\.[0-9]+")
+
+
+def read_csv(
+    path: Path, dialect: CsvDialect = CsvDialect(), text_columns: Collection[str] = (),
+    list_columns: Collection[str] = (), verbatim_columns: Collection[str] = (),
+) -> pd.DataFrame:  # fmt: skip
+    """Only an empty cell is missing in a text column ("NA" is Namibia, "None" a category); in a column of numbers,
+    an empty cell or a missing-number text (MISSING_NUMBER_TEXT) is NaN. `text_columns` are read as text whatever
+    their cells look like: read as numbers, "007" and "7" would be one value, named 7. In a file with decimal
+    commas, a text column's cells that write a number ('0,5') read as that number written with a point ('0.5', as
+    the same table in Parquet names it: slice names and filters see one table whatever its format), except in
+    `verbatim_columns` (the text fed to the model, kept as written)."""
+    encoding = text_encoding(path)
+    delimiter = dialect.delimiter_for(path)
+    header = _check_csv_rows(path, encoding, delimiter)
+    kept = [column for column in header if column in set(text_columns)]
+    df = pd.read_csv(path, sep=delimiter, decimal=dialect.decimal, keep_default_na=False, na_values=[""],
+                     dtype=dict.fromkeys(kept, str), encoding=encoding)  # fmt: skip
+    for column in df.columns:
+        if column in kept:
+            if column in list_columns and _is_json_list_column(df[column]):
+                df[column] = _parse_json_lists(df[column], names=True, decimal=dialect.decimal)
+            elif dialect.decimal != "." and column not in verbatim_columns:
+                df[column] = _with_decimal_points(df[column])
+            continue
+        if _is_json_list_column(df[column]):
+            df[column] = _parse_json_lists(df[column], decimal=dialect.decimal)
+        elif not pd.api.types.is_numeric_dtype(df[column]) and not pd.api.types.is_bool_dtype(df[column]):
+            numbers = text_as_numbers(df[column], decimal=dialect.decimal)
+            if numbers is not None:
+                df[column] = numbers
+    df.attrs[DECIMAL_ATTR] = dialect.decimal
+    if dialect.decimal != ".":
+        df.attrs[_COMMA_TEXT_ATTR] = tuple(column for column in kept if column in verbatim_columns)
+    return df
+
+
+def text_decimal(values: pd.Series) -> str:
+    """The decimal mark of the numbers a text column of a loaded table writes: a comma in a column of a file with
+    decimal commas kept as written (fed to the model), a point otherwise (read_csv wrote the others' with points)."""
+    return "," if values.name in values.attrs.get(_COMMA_TEXT_ATTR, ()) else "."
+
+
+def text_as_numbers(column: pd.Series, decimal: str = ".") -> pd.Series | None:
+    """A text column as numbers when every cell is a number (written with `decimal` as its decimal mark), empty, or
+    a missing-number text; else None. With decimal commas a cell holding a point ('1.234': a thousands separator,
+    or a point) is no number: which it is cannot be told."""
+    cells = column.where(~column.isin(MISSING_NUMBER_TEXT))
+    if decimal != ".":
+        text = cells.dropna().astype(str)
+        if text.str.contains(".", regex=False).any():
+            return None
+        cells = cells.where(cells.isna(), cells.astype(str).str.replace(decimal, ".", regex=False))
+    present = cells.dropna()
+    if len(present) and pd.isna(pd.to_numeric(present.iloc[:1], errors="coerce").iloc[0]):
+        return None  # most text columns show it on their first cell: no pass over them all
+    numbers = pd.to_numeric(cells, errors="coerce")
+    return numbers if numbers.notna().sum() == cells.notna().sum() else None
+
+
+def _with_decimal_points(column: pd.Series) -> pd.Series:
+    """A text column of a file with decimal commas, its cells that write a number ('0,5') written with a point. A
+    column also holding numbers written with a point is an error: '1.5' would name the slice that '1,5' names."""
+    text = column.astype(object)
+    commas = text.str.fullmatch(DECIMAL_COMMA_NUMBER.pattern).fillna(False).astype(bool)
+    if not commas.any():
+        return column
+    points = text.str.fullmatch(_POINT_NUMBER.pattern).fillna(False).astype(bool)
+    if points.any():
+        raise ValueError(f"column {column.name!r} holds both {text[commas].iloc[0]!r} and {text[points].iloc[0]!r}; "
+                         "expected numbers written with one decimal mark, the comma the file declares (data.csv.decimal)")
+    return column.where(~commas, text.str.replace(",", ".", regex=False))
+
+
+def decimal_comma_hint(values: pd.Series) -> str:
+    """For an error about a text column where numbers are expected: '; cells such as '0,5' write numbers with a
+    decimal comma ...' when some do in a CSV file not declared to write them, else ''."""
+    if values.attrs.get(DECIMAL_ATTR) != "." or not (
+        pd.api.types.is_object_dtype(values) or pd.api.types.is_string_dtype(values)
+    ):
+        return ""
+    text = values.dropna()
+    text = text[text.map(lambda cell: isinstance(cell, str))].astype(str)
+    found = text[text.str.fullmatch(DECIMAL_COMMA_NUMBER.pattern)]
+    if found.empty:
+        return ""
+    return (f"; cells such as {found.iloc[0]!r} write numbers with a decimal comma, read as numbers only where "
+            "declared: data.csv: {decimal: ','}")
+
+
+def _check_csv_rows(path: Path, encoding: str, delimiter: str) -> list[str]:
+    """Every record has as many fields as the header: pandas would pad a short row with NaN silently. Returns the
+    header."""
+    limit = csv.field_size_limit(sys.maxsize)  # a cell may hold a whole image as a JSON list
+    try:
+        header, counts = _csv_header(path, encoding, delimiter, _field_counts)
+        if counts is None or (counts != len(header)).any():  # a ragged record, or a blank line (allowed), or a
+            # record csv cannot read: read again record by record, to tell which and report the first problem
+            _csv_header(path, encoding, delimiter, partial(_check_field_counts, header=header))
+    finally:
+        csv.field_size_limit(limit)
+    return header
+
+
+def _field_counts(reader: Any) -> Any:
+    """Every record's field count, counted in C (no Python code per record); None where csv fails on a record."""
+    import numpy as np
+
+    try:
+        return np.fromiter(map(len, reader), dtype=np.int64)
+    except csv.Error:
+        return None
+
+
+def _check_field_counts(reader: Any, header: list[str]) -> None:
+    """ValueError naming the first non-blank record whose field count is not the header's."""
+    for record in reader:
+        if any(cell.strip() for cell in record) and len(record) != len(header):
+            shown = ", ".join(header[:8]) + (", ..." if len(header) > 8 else "")
+            raise ValueError(
+                f"line {reader.line_num} has {len(record)} field{'s' if len(record) != 1 else ''}, "
+                f"expected {len(header)} like the header ({shown})"
+            )
+
+
+def _csv_header(path: Path, encoding: str, delimiter: str, rest: Callable[[Any], Any]) -> tuple[list[str], Any]:
+    """The header of a CSV file (checked), and `rest` applied to a csv.reader over the records after it. A header
+    read as one column that holds another delimiter is refused naming it: every recipe column would be missing."""
+    with open_data(path, "rt", newline="", encoding=encoding, errors="replace") as handle:
+        reader = csv.reader(handle, delimiter=delimiter)
+        header = next((record for record in reader if len(record) > 1 or (record and record[0].strip())), [])
+        if not header:  # pandas: "No columns to parse from file"
+            raise ValueError("the file holds no header line; expected a line naming the columns, then a line per row")
+        other = next((sep for sep in DELIMITERS if sep != delimiter and len(header) == 1 and sep in header[0]), None)
+        if other is not None:
+            raise ValueError(f"the header is one column {short_repr(header[0])}: the file looks separated by "
+                             f"{other!r}; expected {DELIMITERS[delimiter]}-separated values (a file separated "
+                             f"otherwise is declared so: data.csv: {{delimiter: {other!r}}})")  # fmt: skip
+        check_unique_columns(header, "the header")  # pandas would read 'y' and rename the second to 'y.1'
+        return header, rest(reader)
+
+
+_BYTE_ORDER_MARKS = ((b"\xef\xbb\xbf", "utf-8-sig"), (b"\xff\xfe", "utf-16"), (b"\xfe\xff", "utf-16"))
+
+
+def text_encoding(path: Path) -> str:
+    """How a text table is encoded: UTF-8, or what its byte order mark says (a spreadsheet's "Unicode text" export
+    is UTF-16 with one). Text in another encoding fails to decode, and the error names the file and UTF-8."""
+    with open_data(path) as handle:
+        start = handle.read(3)
+    return next((encoding for mark, encoding in _BYTE_ORDER_MARKS if start.startswith(mark)), "utf-8")
+
+
+def _is_json_list_column(column: pd.Series) -> bool:
+    """Whether every non-missing cell is text starting with '[' and ending with ']' (vectorised string ops)."""
+    if not (pd.api.types.is_string_dtype(column) or pd.api.types.is_object_dtype(column)):
+        return False
+    cells = column.dropna()
+    if cells.empty or pd.api.types.infer_dtype(cells, skipna=False) != "string":
+        return False
+    first = cells.iloc[0]  # most text columns fail on their first cell
+    if not (first.startswith("[") and first.endswith("]")):
+        return False
+    text = cells.astype(str)
+    return bool((text.str.startswith("[") & text.str.endswith("]")).all())
+
+
+def _parse_json_lists(column: pd.Series, *, names: bool = False, decimal: str = ".") -> pd.Series:
+    """The column with its JSON list cells parsed. A column none of whose cells is JSON stays text (labels such as
+    '[en]'); one where some are and some are not holds a malformed list, which is an error. A column of `names`
+    (a label column whose text may name classes) is parsed only when every cell is a JSON list, as token labels
+    are (one class id per token, as a parquet list column holds them); otherwise it keeps its text."""
+    if decimal != ".":
+        _check_list_numbers(column)
+    parsed = _parse_lists_at_once(column)
+    if parsed is not None:
+        return parsed
+    failures: list[tuple[str, json.JSONDecodeError]] = []
+
+    def parse(cell: object) -> object:
+        if not isinstance(cell, str):
+            return cell  # a missing cell stays missing
+        try:
+            return json.loads(cell)
+        except json.JSONDecodeError as exc:
+            failures.append((cell, exc))
+            return cell
+
+    parsed = column.astype(object).map(parse)
+    if not failures:
+        return parsed
+    if names or len(failures) == int(column.notna().sum()):
+        return column
+    cell, exc = failures[0]
+    raise ValueError(f"column {column.name!r}: cell {cell[:40]!r} looks like a JSON list but is not valid JSON ({exc})")
+
+
+def _check_list_numbers(column: pd.Series) -> None:
+    """In a file with decimal commas, no list cell writes ',' between two digits: '[0,5, 1,5]' is valid JSON for
+    four integers where the file meant two numbers; a JSON list writes its numbers with points ('[0.5, 1.5]')."""
+    text = column.dropna().astype(str)
+    found = text[text.str.contains(r"[0-9],[0-9]")]
+    if not found.empty:
+        raise ValueError(f"column {column.name!r}: cell {found.iloc[0][:40]!r} writes ',' between two digits in a "
+                         "file with decimal commas (data.csv.decimal), which a JSON list cannot tell from a decimal "
+                         "comma; expected a JSON list, its numbers written with points and ', ' between them")
+
+
+def _parse_lists_at_once(column: pd.Series) -> pd.Series | None:
+    """The column's list cells parsed by one json.loads per block of cells joined into one JSON array, when that is
+    sure to give what parsing each cell alone gives; else None (the caller parses cell by cell, and explains a bad
+    one). Blocks (LIST_BLOCK cells) bound the joined text's memory on a large table.
+
+    It is sure when the joined text holds no '"' (so every bracket is structure, none inside a string), every cell
+    opens as many brackets as it closes, and the array holds one element per cell: each cell is then exactly one
+    JSON value. A cell such as '[1],[2]' or a pair '[[1]', '[2]]' fails these checks and takes the slow path."""
+    import numpy as np
+
+    present = column.notna().to_numpy()
+    cells = column[present]
+    if cells.empty or pd.api.types.infer_dtype(cells, skipna=False) != "string":
+        return None
+    texts = cells.tolist()
+    parsed = np.empty(len(column), dtype=object)
+    parsed[~present] = column[~present].astype(object).to_numpy()  # missing cells as the per-cell path keeps them
+    where = np.flatnonzero(present)
+    for first in range(0, len(texts), LIST_BLOCK):
+        block = _parse_list_block(texts[first : first + LIST_BLOCK])
+        if block is None:
+            return None
+        parsed[where[first : first + LIST_BLOCK]] = np.fromiter(block, dtype=object, count=len(block))  # each a list
+    return pd.Series(parsed, index=column.index, name=column.name, dtype=object)
+
+
+LIST_BLOCK = 20_000
+
+
+def _parse_list_block(texts: list[str]) -> list[Any] | None:
+    """`texts` (each starting with '[' and ending with ']') parsed, when one json.loads of them joined is sure to
+    give what each alone gives (see _parse_lists_at_once); else None."""
+    import numpy as np
+
+    joined = "[" + ",".join(texts) + "]"
+    if '"' in joined or not joined.isascii():  # ASCII: a character is a byte, so offsets into the bytes are cells'
+        return None
+    codes = np.frombuffer(joined.encode("ascii"), dtype=np.uint8)[1:-1]  # the cells and the commas between them
+    opens = np.flatnonzero((codes == ord("[")) | (codes == ord("{")))
+    closes = np.flatnonzero((codes == ord("]")) | (codes == ord("}")))
+    ends = np.cumsum(np.fromiter(map(len, texts), dtype=np.int64, count=len(texts)) + 1)  # past each cell's comma
+    cell_of = partial(np.searchsorted, ends, side="right")
+    if (np.bincount(cell_of(opens), minlength=len(texts)) != np.bincount(cell_of(closes), minlength=len(texts))).any():
+        return None
+    try:
+        values = json.loads(joined)
+    except (ValueError, RecursionError):
+        return None
+    return values if len(values) == len(texts) else None
