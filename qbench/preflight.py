@@ -174,7 +174,7 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, export_refreshed: boo
     dropped: dict[str, dict[str, int]] = {}
     _record_dropped(dropped, "evaluation", evaluation.dropped, evaluation.left_out)
     eval_slices = evaluation.slices
-    outputs = _pick_outputs(recipe, task, model, _label_values(recipe, table, eval_rows))
+    outputs = _pick_outputs(recipe, task, model, label_cells(table, recipe.data, eval_rows, recipe_file=recipe.source))
     _check_gate_metric(recipe, task, outputs)
     labels = _labels(recipe, task, table, eval_rows, outputs)
     started = time.perf_counter()
@@ -346,7 +346,7 @@ def _labels(
 ) -> np.ndarray | None:
     """The label column(s) read and checked by the task (type, then against every evaluated output)."""
     positions = np.asarray(rows)
-    values = _label_values(recipe, table, positions)
+    values = label_cells(table, recipe.data, positions, recipe_file=recipe.source)  # None without labels
     if values is None:
         for choice in outputs:
             reason = task.labels_needed(choice.meta)
@@ -365,11 +365,6 @@ def _labels(
         single = isinstance(recipe.data.label, str)  # its '0,5' cells are text unless the file declares decimal commas
         raise _label_error(recipe, exc, decimal_comma_hint(table[recipe.data.label]) if single else "") from None
     return labels
-
-
-def _label_values(recipe: Recipe, table: pd.DataFrame, rows: np.ndarray) -> list[Any] | None:
-    """The label of each of `rows` (qbench.data.labels: one column, or one 0/1 column per label); None without."""
-    return label_cells(table, recipe.data, rows, recipe_file=recipe.source)
 
 
 def _label_error(recipe: Recipe, exc: LabelError, hint: str = "") -> RecipeError:

@@ -84,7 +84,7 @@ def input_files(recipe: Recipe) -> dict[str, Path]:
 
 def input_digests(recipe: Recipe) -> dict[str, InputDigest]:
     """Input name -> its path and the sha256 of its content (a folder: every file's name and bytes)."""
-    from qbench.recipe import file_sha256
+    from qbench.digests import file_sha256
 
     files = input_files(recipe)
     for name, path in files.items():
@@ -101,7 +101,7 @@ def changed_inputs(recorded: Mapping[str, Any], current: Mapping[str, Path] | No
     but absent from `current`, or in `current` but not recorded (the recipe gained an input since the
     sweep), is changed.
     """
-    from qbench.recipe import file_sha256
+    from qbench.digests import file_sha256
 
     paths = current if current is not None else {name: Path(entry["path"]) for name, entry in recorded.items()}
     changed: list[str] = []
@@ -122,8 +122,8 @@ def _external_data(model_path: Path) -> list[str]:
     """The model's external-data files; a file ONNX cannot parse has none (its own digest still counts,
     and preflight rejects it by name). Remembered while the file's identity, size and mtime stay the same:
     finding them parses the whole graph (90 MB for a small transformer), and measuring asks at every run."""
+    from qbench.digests import file_key
     from qbench.modelinfo import external_data_files
-    from qbench.recipe import file_key
 
     key, settled = file_key(model_path)
     if key in _EXTERNAL_DATA:
@@ -151,7 +151,7 @@ def model_sha256(path: Path) -> str:
     """
     import hashlib
 
-    from qbench.recipe import file_sha256
+    from qbench.digests import file_sha256
 
     digest = hashlib.sha256(file_sha256(path).encode())
     for location in _external_data(path):

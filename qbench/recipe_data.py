@@ -144,9 +144,25 @@ class DataSpec(_Strict):
             raise ValueError("expected the distinct class names in the order of the model's score columns")
         return v
 
+    @model_validator(mode="after")
+    def _csv_for_a_csv_file(self) -> DataSpec:
+        """`csv:` describes CSV/TSV files: set beside none (a Parquet path), it would be ignored silently."""
+        paths = [self.path, *([self.calibration.path] if self.calibration.path is not None else [])]
+        if "csv" in self.model_fields_set and not any(_is_text_table(p) for p in paths):
+            raise ValueError(f"csv: describes .csv/.tsv files, but data.path is {self.path.name}"
+                             f"{' and data.calibration.path ' + self.calibration.path.name if self.calibration.path else ''}; "
+                             "remove it")  # fmt: skip
+        return self
+
     @field_validator("inputs")
     @classmethod
     def _inputs_nonempty(cls, v: dict[str, str | TextInputSpec]) -> dict[str, str | TextInputSpec]:
         if not v:
             raise ValueError("expected at least one `column: input_name` pair")
         return v
+
+
+def _is_text_table(path: Path) -> bool:
+    """A CSV or TSV file, compressed or not (rows.csv.gz)."""
+    suffixes = [suffix.lower() for suffix in path.suffixes[-2:]]
+    return any(suffix in (".csv", ".tsv") for suffix in suffixes)

@@ -10,10 +10,11 @@ import pytest
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 
+from qbench.digests import file_sha256
 from qbench.errors import QbenchError
 from qbench.modelinfo import external_data_files
 from qbench.provenance import changed_inputs, input_digests, input_files
-from qbench.recipe import file_sha256, load_recipe
+from qbench.recipe import load_recipe
 
 
 def write_model_with_external_data(folder: Path) -> Path:
@@ -101,11 +102,11 @@ def test_a_settled_file_is_digested_once_and_a_fresh_one_every_time(tmp_path: Pa
     written moments ago is read again each time (its time stamp may not move on a same-size rewrite)."""
     import os
 
-    import qbench.recipe as recipe_module
+    import qbench.digests as digests_module
 
     reads: list[Path] = []
-    real = recipe_module._tree_sha256
-    monkeypatch.setattr(recipe_module, "_tree_sha256", lambda path, files: reads.append(path) or real(path, files))
+    real = digests_module._tree_sha256
+    monkeypatch.setattr(digests_module, "_tree_sha256", lambda path, files: reads.append(path) or real(path, files))
     settled, fresh = tmp_path / "settled.bin", tmp_path / "fresh.bin"
     settled.write_bytes(b"a" * 64)
     old = settled.stat().st_mtime_ns - 60_000_000_000

@@ -377,3 +377,14 @@ def test_a_gate_naming_no_metric_gates_the_tasks_headline_one(tmp_path, task, me
     assert load_recipe(write_recipe(tmp_path, with_changes(task=task, data=data))).gate.metric == metric
     gated = load_recipe(write_recipe(tmp_path, with_changes(task=task, data=data, gate={"max_drop": 0.5})))
     assert (gated.gate.metric, gated.gate.max_drop) == (metric, 0.5)
+
+
+def test_a_csv_dialect_beside_no_csv_file_is_refused(tmp_path):
+    """`data.csv` set for a Parquet table was ignored silently: the user believed the file was read as declared."""
+    data = dict(BASE["data"], csv={"delimiter": ";"})
+    assert error_of(tmp_path, with_changes(data=data)) == (
+        "recipe.yaml: data.csv: describes .csv/.tsv files, but data.path is rows.parquet; remove it"
+    )
+    (tmp_path / "extra.tsv.gz").write_bytes(b"")
+    calibrated = dict(data, calibration={"path": "extra.tsv.gz"})
+    assert load_recipe(write_recipe(tmp_path, with_changes(data=calibrated))).data.csv.delimiter == ";"

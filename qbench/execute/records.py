@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from qbench.digests import file_sha256
 from qbench.execute.plan import SweepPlan
 from qbench.files import replace_atomically, write_atomically
-from qbench.recipe import file_sha256
 from qbench.results import VariantResult, canonical_sha256, to_jsonable, variant_from_dict
 from qbench.runs import RunFolder, describe_run
 

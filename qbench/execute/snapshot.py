@@ -75,7 +75,7 @@ class Snapshot:
         """Input `name`, read in place rather than from a copy (code imported from the user's file), must still be
         what the sweep hashed now that it is read: its digest then (`sha256`, else its file hashed now) against
         the recorded one; else the sweep stops (changed_while_read). An input not recorded is not checked."""
-        from qbench.recipe import file_sha256
+        from qbench.digests import file_sha256
 
         recorded = self.inputs.get(name)
         if recorded is not None and (sha256 or file_sha256(Path(recorded.path))) != recorded.sha256:
@@ -138,7 +138,7 @@ def _groups(inputs: Mapping[str, InputDigest]) -> dict[str, _Group]:
 
 def _mismatch(entry: Path, group: _Group) -> str | None:
     """The first file of `group` that `entry` lacks or holds with another digest; None when it is intact."""
-    from qbench.recipe import file_sha256
+    from qbench.digests import file_sha256
 
     for name, sha256 in group.files.items():
         try:

@@ -35,8 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qbench.digests import file_sha256
 from qbench.errors import MissingExtraError, QbenchError, RecipeError, did_you_mean
-from qbench.recipe import Recipe, file_sha256
+from qbench.recipe import Recipe
 from qbench.sources.torch_outputs import flatten_outputs, own_names
 from qbench.user_code import edited_since_seen, first_on_sys_path, module_source, not_found, project_modules
 
@@ -117,11 +118,6 @@ def factory_source_path(spec: str, search_dir: Path) -> Path:
     if source is None:
         raise QbenchError(f"model.torch: {not_found(module_name, search_dir)}")
     return source
-
-
-def factory_source_sha256(spec: str, search_dir: Path) -> str:
-    """sha256 of the factory's source file (see `factory_source_path`)."""
-    return file_sha256(factory_source_path(spec, search_dir))
 
 
 # -- loading ------------------------------------------------------------------------------------

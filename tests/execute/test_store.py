@@ -194,9 +194,9 @@ def test_entries_are_readable_by_every_user_the_umask_allows(tmp_path: Path) -> 
     read by its publisher alone; every other user's sweep rebuilt it and tried to replace it."""
     import os
 
+    from qbench.digests import file_sha256
     from qbench.execute.snapshot import take_snapshot
     from qbench.provenance import InputDigest
-    from qbench.recipe import file_sha256
 
     previous = os.umask(0o022)
     try:

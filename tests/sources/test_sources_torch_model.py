@@ -19,13 +19,14 @@ torch = pytest.importorskip("torch")
 ort = pytest.importorskip("onnxruntime")
 
 from qbench.cli import main  # noqa: E402
+from qbench.digests import file_sha256  # noqa: E402
 from qbench.errors import QbenchError, RecipeError  # noqa: E402
 from qbench.recipe import load_recipe  # noqa: E402
 from qbench.sources import resolve_model  # noqa: E402
 from qbench.sources.torch_export import export_reference  # noqa: E402
 from qbench.sources.torch_model import (  # noqa: E402
     TorchModel,
-    factory_source_sha256,
+    factory_source_path,
     load_torch_model,
 )
 
@@ -520,16 +521,17 @@ def test_fingerprint_follows_the_factory_source(project: Path) -> None:
 def test_factory_source_hash_imports_neither_the_package_nor_torch(project: Path) -> None:
     code = (
         "import sys; from pathlib import Path\n"
-        "from qbench.sources.torch_model import factory_source_sha256\n"
-        f"print(factory_source_sha256('mypkg.models:build_classifier', Path({str(project.parent)!r})))\n"
+        "from qbench.digests import file_sha256\n"
+        "from qbench.sources.torch_model import factory_source_path\n"
+        f"print(file_sha256(factory_source_path('mypkg.models:build_classifier', Path({str(project.parent)!r}))))\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'mypkg')))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
     sha, imported = done.stdout.split()
     assert imported == "[]"
-    assert sha == factory_source_sha256("mypkg.models:build_classifier", project.parent)
+    assert sha == file_sha256(project.parent / "mypkg" / "models.py")
     with pytest.raises(QbenchError, match="cannot find module 'nosuchpkg.models'"):
-        factory_source_sha256("nosuchpkg.models:build", project.parent)
+        factory_source_path("nosuchpkg.models:build", project.parent)
 
 
 # -- export ---------------------------------------------------------------------------------------

@@ -1,0 +1,50 @@
+"""File digests (sha256) of what results depend on: the model, the data, the weights, the user's code."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a file's bytes, or of every file under a folder (names and bytes, in sorted order).
+
+    A file's digest is remembered while its identity, size and modification time stay the same (a sweep digests
+    the same model at each measurement), but only for a file last modified well before it was read: file
+    times are coarse, so a rewrite moments after a read could keep the old time (git's "racily clean" case).
+    """
+    if path.is_dir():
+        return _tree_sha256(path, sorted(p for p in path.rglob("*") if p.is_file()))
+    key, settled = file_key(path)
+    digest = _DIGESTS.get(key)
+    if digest is None:
+        digest = _tree_sha256(path, [path])
+        if settled:
+            if len(_DIGESTS) >= 256:
+                _DIGESTS.clear()
+            _DIGESTS[key] = digest
+    return digest
+
+
+FileKey = tuple[str, int, int, int, int]
+_DIGESTS: dict[FileKey, str] = {}
+_SETTLED_NS = 2_000_000_000  # coarser than any file system's time stamps (FAT: 2 s)
+
+
+def file_key(path: Path) -> tuple[FileKey, bool]:
+    """A file's identity, size and modification time (a key to remember what was read from it), and whether it is
+    settled: last modified well before now, so that a rewrite cannot keep the same key (see `file_sha256`)."""
+    read_at = time.time_ns()
+    stat = path.stat()
+    return (str(path.resolve()), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns), stat.st_mtime_ns < read_at - _SETTLED_NS
+
+
+def _tree_sha256(path: Path, files: list[Path]) -> str:
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(str(file.relative_to(path) if path.is_dir() else file.name).encode())
+        with open(file, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
