@@ -111,6 +111,9 @@ def _condition_mask(values: pd.Series, op: str, operand: Any, *, field: str, rec
     if op in _COMPARISONS:
         dates = _date_kind(values)
         if dates is None and isinstance(operand, str):  # a CSV keeps dates as text
+            if pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values):
+                raise RecipeError(recipe_file, field, f"{op!r} got {operand!r}, a text, but column {values.name!r} "
+                                                      "holds numbers; expected a number (unquoted)")  # fmt: skip
             values, dates = _text_as_times(values, op, field=field, recipe_file=recipe_file), "datetime"
         if dates is not None:  # a date range: `day: {ge: '2024-01-01', lt: '2024-02-01'}`
             bound = _as_date(values, operand, dates, field=field, recipe_file=recipe_file)

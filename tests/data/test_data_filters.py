@@ -227,7 +227,7 @@ def test_a_date_range_selects_by_time_and_never_a_missing_cell(flt: dict, expect
     ("column", "values", "operand", "words"),
     [
         ("code", ["2024-01-01", "n/a"], "2024-01-01", "'ge' with a date or time compares dates, but column 'code'"),
-        ("score", [0.5, 0.7], "2024-01-01", "column 'score' holds float64 values that are not all dates"),
+        ("score", [0.5, 0.7], "12", "'ge' got '12', a text, but column 'score' holds numbers; expected a number"),
         ("day", [pd.Timestamp("2024-01-01").date()], "2024-01-01 10:00", "holds dates; expected a date written"),
         ("t", pd.to_datetime(["2024-01-01"]), 5, "got 5: column 't' holds datetimes"),
     ],
