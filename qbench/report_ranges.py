@@ -47,17 +47,17 @@ def _peaks(peaks: Sequence[TensorPeak]) -> str:
 
 
 def _limit_lines(check: LimitCheck, scopes: list[str]) -> LimitLines:
-    """Per slice, the tensors over the limit; those the sweep's FP16 variants keep in FP32 or clamp harmlessly
-    (TensorPeak.handled) are named apart: no variant of the sweep overflows there."""
+    """Per slice, the tensors over the limit; those the sweep's FP16 variants keep in FP32 or clamp harmlessly, or its
+    BF16 variants saturate (TensorPeak.handled), are named apart: no variant of the sweep overflows there."""
     scale = f" × {check.scaled_by}'s per-tensor scale" if check.scaled_by else ""
-    lines = []
+    name, lines = _FORMAT_NAMES.get(check.format, check.format), []
     for scope in scopes:
         over = [p for p in check.over.get(scope, ()) if p.handled is None]
         handled = [p for p in check.over.get(scope, ()) if p.handled is not None]
         parts = [_peaks(over)] if over else []
-        parts += [f"no overflow in the sweep's FP16 variant(s): {_peaks(handled)}"] if handled else []
+        parts += [f"no overflow in the sweep's {name} variant(s): {_peaks(handled)}"] if handled else []
         lines += [f"slice `{scope}`: {'; '.join(parts)}"] if parts else []
-    return LimitLines(f"{_FORMAT_NAMES.get(check.format, check.format)} limit ({check.limit:g}{scale})", lines)
+    return LimitLines(f"{name} limit ({check.limit:g}{scale})", lines)
 
 
 def range_view(results: SweepResults) -> RangeView | None:

@@ -28,7 +28,8 @@ class TensorPeak:
     abs_max: float
     limit: float
     # how every FP16 variant of the sweep avoids the overflow (kept in FP32, or its clamp or overflow changed no output
-    # on its calibration sample: fp16_range in its params); None: the FP16 variants overflow there, or there are none
+    # on its calibration sample: fp16_range in its params), or every BF16 variant (computed from a constant it
+    # saturates: saturated_constants); None: the variants of the format overflow there, or there are none
     handled: str | None = None
 
 

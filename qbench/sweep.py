@@ -254,13 +254,15 @@ def _range_analysis(
     prepared: Prepared, calibrated: list[BuiltVariant], measured: list[VariantResult], workdir: Path, clock: PhaseClock
 ) -> RangeAnalysis | None:
     """The FP32 range pass (recipe `analysis.ranges`); a failure is reported and the sweep goes on without it.
-    Tensors over FP16's limit that every built FP16 variant keeps in FP32 or found harmless are marked so."""
+    Tensors over FP16's limit that every built FP16 variant keeps in FP32 or found harmless, and those over BF16's that
+    every BF16 variant saturates, are marked so."""
     recipe = prepared.recipe
     if not recipe.analysis.ranges:
         return None
-    from qbench.validate.ranges import CalibratedVariant, analyse_ranges, fp16_handled
+    from qbench.validate.ranges import CalibratedVariant, analyse_ranges, bf16_saturated, fp16_handled
 
     fp16 = {r.variant: r.params for r in measured if r.precision == "fp16" and r.status == "ok"}
+    bf16 = {r.variant: r.params for r in measured if r.precision == "bf16" and r.status == "ok"}
 
     logger.info("range analysis (one FP32 pass)")
     t = time.perf_counter()
@@ -271,6 +273,7 @@ def _range_analysis(
             variants=[CalibratedVariant(b.name, b.precision, b.activation_ranges) for b in calibrated],
             calibration_counts=prepared.calibration.per_slice_counts, threads=recipe.latency.threads, workdir=workdir,
             whole=prepared.batch is not None, fp16_handled=fp16_handled(list(fp16.items())),
+            bf16_saturated=bf16_saturated(list(bf16.items())),
         )  # fmt: skip
     except Exception as exc:  # noqa: BLE001 - a diagnostic: its failure must not lose the measurements
         logger.error("  range analysis failed: %s", describe_error(exc))

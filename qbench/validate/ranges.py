@@ -145,11 +145,61 @@ def fp16_handled(variants: Sequence[tuple[str, Mapping[str, Any]]]) -> dict[str,
     return {tensor: "; ".join(how) for tensor, how in found.items() if len(how) == len(records)}
 
 
+def bf16_saturated(variants: Sequence[tuple[str, Mapping[str, Any]]]) -> dict[str, float]:
+    """Constant -> its largest magnitude, for the constants beyond BF16's range that every BF16 variant (name, params)
+    saturates to BF16's largest finite value (`saturated_constants` in its params); empty without BF16 variants, or
+    when one has no such record (an older build)."""
+    records = [params.get("saturated_constants") for _, params in variants]
+    if not records or any(not isinstance(record, Mapping) for record in records):
+        return {}
+    common = set(records[0]).intersection(*records[1:])
+    return {name: float(records[0][name]) for name in sorted(common)}
+
+
+@dataclass(frozen=True)
+class Bf16Saturation:
+    """What the sweep's BF16 variants saturate, and the graph's nodes (inputs, outputs) in order, to follow it."""
+
+    saturated: Mapping[str, float]  # bf16_saturated
+    steps: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]
+
+    def handled(self, peaks: Mapping[str, float]) -> dict[str, str]:
+        """Tensor -> how the BF16 variants avoid its overflow, for the tensors over BF16's limit (by `peaks`, a
+        scope's abs max) computed from a saturated constant (a mask filled from float32's minimum, the scores it is
+        added to) by no more than the constant's own magnitude: in BF16 they hold the saturated, finite value, not
+        inf. A tensor that also takes another input over the limit, or grows past the constant, got there by
+        arithmetic, which overflows in BF16 as well: it is not marked."""
+        reached: dict[str, tuple[str, float]] = {name: (name, bound) for name, bound in self.saturated.items()}
+        for inputs, outputs in self.steps:
+            sources = [reached[name] for name in inputs if name in reached]
+            if sources and not any(name not in reached and peaks.get(name, 0.0) > BF16_MAX for name in inputs):
+                reached.update(dict.fromkeys(outputs, max(sources, key=lambda source: source[1])))
+        return {tensor: f"BF16 variant(s) saturate the constant `{constant}` it is computed from"
+                for tensor, (constant, bound) in reached.items()
+                if tensor not in self.saturated and BF16_MAX < peaks.get(tensor, 0.0) <= bound}  # fmt: skip
+
+
+def bf16_saturation(model: onnx.ModelProto, saturated: Mapping[str, float]) -> Bf16Saturation | None:
+    """The saturation to follow through `model` (its main graph), None when nothing is saturated."""
+    if not saturated:
+        return None
+    steps = tuple((tuple(node.input), tuple(node.output)) for node in model.graph.node)
+    return Bf16Saturation(dict(saturated), steps)
+
+
 def limit_checks(abs_max: Mapping[str, Mapping[str, float]], nodes: Mapping[str, str],
-                 variants: Sequence[CalibratedVariant], handled: Mapping[str, str] | None = None) -> tuple[LimitCheck, ...]:  # fmt: skip
+                 variants: Sequence[CalibratedVariant], handled: Mapping[str, str] | None = None,
+                 bf16: Bf16Saturation | None = None) -> tuple[LimitCheck, ...]:  # fmt: skip
     """FP16 and BF16 against their raw limits; FP8 E4M3 per FP8 variant with scales (448 x scale = its range's
     bound), or against the raw 448 when no FP8 variant has per-tensor scales. `handled` (fp16_handled) marks the
-    tensors over FP16's limit that the sweep's FP16 variants keep in FP32 or found harmless."""
+    tensors over FP16's limit that the sweep's FP16 variants keep in FP32 or found harmless; `bf16` those over BF16's
+    limit that hold a constant the BF16 variants saturate."""
+
+    def marked(fmt: str, peaks: Mapping[str, float]) -> Mapping[str, str] | None:
+        if fmt == "fp16":
+            return handled
+        return bf16.handled(peaks) if fmt == "bf16" and bf16 is not None else None
+
     tensors = list(nodes)
     plans: list[tuple[str, float, str | None, dict[str, float]]] = [
         (fmt, limit, None, dict.fromkeys(tensors, limit)) for fmt, limit in RAW_LIMITS.items()
@@ -159,7 +209,7 @@ def limit_checks(abs_max: Mapping[str, Mapping[str, float]], nodes: Mapping[str,
     if not scaled:
         plans.append(("fp8_e4m3", FP8_MAX, None, dict.fromkeys(tensors, FP8_MAX)))
     return tuple(
-        LimitCheck(fmt, limit, scaled_by, {scope: over_limit(peaks, limits, nodes, handled if fmt == "fp16" else None)
+        LimitCheck(fmt, limit, scaled_by, {scope: over_limit(peaks, limits, nodes, marked(fmt, peaks))
                                             for scope, peaks in abs_max.items()})  # fmt: skip
         for fmt, limit, scaled_by, limits in plans
     )
@@ -250,6 +300,7 @@ def analyse_ranges(
     memory_budget: int = MEMORY_BUDGET_BYTES,
     whole: bool = False,
     fp16_handled: Mapping[str, str] | None = None,
+    bf16_saturated: Mapping[str, float] | None = None,
 ) -> RangeAnalysis | None:
     """Run the FP32 model once over `feeds` with every float tensor exposed; reduce per slice as it goes.
 
@@ -260,12 +311,16 @@ def analyse_ranges(
     with a fixed batch) exactly `batch_size`, the last one filled with repeats of its rows that count nowhere.
     None when no node makes a float tensor of known type (e.g. a tree ensemble feeding a ZipMap): nothing to analyse.
     fp16_handled: tensor -> how the sweep's FP16 variants avoid its overflow (`fp16_handled`); such a tensor over
-    65504 is reported as handled, not as an FP16 overflow.
+    65504 is reported as handled, not as an FP16 overflow. bf16_saturated: the constants the sweep's BF16 variants
+    saturate (`bf16_saturated`); what is computed from them within their magnitude is reported as handled for BF16.
     """
     import onnxruntime as ort
 
     started = time.perf_counter()
-    exposed, nodes = expose_float_tensors(load_model(model_path))
+    model = load_model(model_path)
+    bf16 = bf16_saturation(model, bf16_saturated or {})
+    exposed, nodes = expose_float_tensors(model)
+    del model
     tensors = list(nodes)
     fetched = [t for t in tensors if nodes[t] != GRAPH_INPUT]
     if not fetched:
@@ -304,7 +359,7 @@ def analyse_ranges(
         seconds=time.perf_counter() - started,
         nodes=nodes,
         abs_max=abs_max,
-        limits=limit_checks(abs_max, nodes, variants, fp16_handled),
+        limits=limit_checks(abs_max, nodes, variants, fp16_handled, bf16),
         clipping=clipping,
         warnings=coverage_warnings(clipping, calibration_counts or {}),
         unattributed=tuple(t for t in tensors if t in accumulator.unattributed),

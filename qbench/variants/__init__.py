@@ -36,7 +36,9 @@ def build_variant(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     (outputs the normal form set aside come back, fed inputs in the reference's order, nodes sorted) and takes the
     reference's fed inputs; initializers the reference lists as inputs are constants in it (params and notes say so). A variant that needs non-default session options
     gets them declared in its saved model (onnx_utils.declare_session_options); the recipe's own model is never
-    rewritten. A saved model the onnx checker refuses fails the build (a QbenchError): no invalid model is built.
+    rewritten. A saved model the onnx checker refuses fails the build (a QbenchError): no invalid model is built. An
+    INT8 build's params count what ONNX Runtime runs as integer kernels in the saved model, whichever technique built it
+    (qbench.variants.integer_kernels): a graph that only rounds data is the FP32 model for the gate and the search.
     """
     built = builder_for(spec)(spec, ctx)
     if built.onnx_path.resolve() != ctx.reference_path.resolve():
@@ -47,6 +49,12 @@ def build_variant(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         if built.session_hints:
             declare_session_options(built.onnx_path, built.session_hints)
         check_built_model(built, ctx.reference_path)
+        if built.precision == "int8":
+            import onnx
+
+            from qbench.variants.integer_kernels import with_integer_kernels
+
+            built = with_integer_kernels(built, onnx.load(str(built.onnx_path), load_external_data=False))
         constant = constant_inputs(ctx.reference_path)
         if constant:
             built = dataclasses.replace(built, params={**built.params, "constant_inputs": list(constant)}, notes=(

@@ -100,8 +100,9 @@ class BuiltVariant:
 
 def lowered_nothing(params: Mapping[str, Any]) -> bool:
     """Whether a variant with these params computes exactly as FP32 does: its builder changed nothing (`unchanged`),
-    or counted no node lowered (`quantized_nodes` of the ORT/FP8/QAT/ModelOpt builds, `quantized_linears` of the
-    linear/SmoothQuant builds, counted on the built graph). Such a variant's pass says nothing about its precision."""
+    or counted no node lowered (`quantized_nodes`: the integer kernels of every INT8 build, the Q/DQ'd layers of an FP8
+    build; `quantized_linears` of the linear/SmoothQuant builds; counted on the built graph). Such a variant's pass says
+    nothing about its precision."""
     return "unchanged" in params or params.get("quantized_nodes") == 0 or params.get("quantized_linears") == 0
 
 

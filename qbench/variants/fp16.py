@@ -141,15 +141,15 @@ def _kept_for_fp16(model: onnx.ModelProto, types: dict[str, int], non_tensor: se
     return KeptNodes({**kept.reasons, **extra})
 
 
-def _float_constants(model: onnx.ModelProto, kept: Collection[str]) -> list[TensorProto]:
-    """The float32 constants a conversion stores in its format: the initializers converted nodes read and the
-    tensors of converted Constant (and ConstantOfShape) nodes, which exporters write scalars such as a mask fill
-    as."""
+def _float_constants(model: onnx.ModelProto, kept: Collection[str]) -> list[tuple[str, TensorProto]]:
+    """The float32 constants a conversion stores in its format, with their names: the initializers converted nodes
+    read and the tensors of converted Constant (and ConstantOfShape) nodes, named by the node's output, which
+    exporters write scalars such as a mask fill as."""
     converted = [node for node in model.graph.node if node.name not in kept]
-    constants = [a.t for n in converted for a in n.attribute if a.type == AttributeProto.TENSOR]
+    constants = [(n.output[0], a.t) for n in converted for a in n.attribute if a.type == AttributeProto.TENSOR]
     read = {name for node in converted for name in node.input}
-    tensors = [*(t for t in model.graph.initializer if t.name in read), *constants]
-    return [tensor for tensor in tensors if tensor.data_type == TensorProto.FLOAT]
+    tensors = [*((t.name, t) for t in model.graph.initializer if t.name in read), *constants]
+    return [(name, tensor) for name, tensor in tensors if tensor.data_type == TensorProto.FLOAT]
 
 
 def _values_outside_fp16(model: onnx.ModelProto, kept: Collection[str]) -> int:
@@ -157,31 +157,33 @@ def _values_outside_fp16(model: onnx.ModelProto, kept: Collection[str]) -> int:
     (`_float_constants`). A whole constant out of range keeps its readers FP32 (fp16_range): what is left here are
     single values, tiny weights among normal ones."""
     count = 0
-    for tensor in _float_constants(model, kept):
+    for _, tensor in _float_constants(model, kept):
         magnitude = np.abs(numpy_helper.to_array(tensor))
         too_small = (magnitude > 0) & (magnitude < FP16_MIN_POSITIVE)
         count += int(np.count_nonzero((magnitude > FP16_MAX_FINITE) | too_small))
     return count
 
 
-def _saturate_to_bf16(model: onnx.ModelProto, kept: Collection[str]) -> int:
-    """Clamp finite float constants beyond BF16's largest finite value (3.3895e38) to it, in place; how many values.
+def _saturate_to_bf16(model: onnx.ModelProto, kept: Collection[str]) -> tuple[int, dict[str, float]]:
+    """Clamp finite float constants beyond BF16's largest finite value (3.3895e38) to it, in place; how many values,
+    and constant (an initializer, or the Constant node's output) -> the largest magnitude it held.
 
     Rounding to nearest even takes float32's extremes (torch.finfo(torch.float32).min, the usual attention-mask
     fill) to inf in bfloat16, and a row whose every score is masked then gets a softmax of NaN, which the next
     attention spreads to every row (0 x NaN). The nearest finite bfloat16 is within BF16's own rounding error of
     the value, as the FP16 converter clamps to 65504, and is what a model built in BF16 uses
     (torch.finfo(torch.bfloat16).min). Arithmetic that overflows still gives inf: only stored constants saturate.
-    An infinity written in the graph stays one."""
-    count = 0
-    for tensor in _float_constants(model, kept):
+    An infinity written in the graph stays one. The range analysis reads the record (`saturated_constants`)."""
+    count, saturated = 0, {}
+    for name, tensor in _float_constants(model, kept):
         values = numpy_helper.to_array(tensor)
         beyond = np.isfinite(values) & (np.abs(values) > BF16_MAX_FINITE)
         if beyond.any():
-            saturated = np.where(beyond, np.sign(values) * BF16_MAX_FINITE, values).astype(np.float32)
-            tensor.CopyFrom(numpy_helper.from_array(saturated, tensor.name))
+            saturated[name] = float(np.abs(values[beyond]).max())
             count += int(np.count_nonzero(beyond))
-    return count
+            clamped = np.where(beyond, np.sign(values) * BF16_MAX_FINITE, values).astype(np.float32)
+            tensor.CopyFrom(numpy_helper.from_array(clamped, tensor.name))
+    return count, saturated
 
 
 def _nothing_to_lower(action: str, kept_op_types: Collection[str], model: onnx.ModelProto) -> str:
@@ -216,7 +218,7 @@ def build_bf16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         return unchanged_variant(spec.name, "bf16", ctx, why, params, clock.seconds())
     with build_step(spec.name, "BF16 simulation"):
         model = ensure_opset(model, BF16_CAST_OPSET)
-        saturated = _saturate_to_bf16(model, set(kept.names))
+        saturated, saturated_constants = _saturate_to_bf16(model, set(kept.names))
         weights = _round_weights_to_bf16(model, set(kept.names))
         activations = round_float_tensors(model, TensorProto.BFLOAT16, keep=set(kept.names))
         onnx.checker.check_model(model)
@@ -230,7 +232,7 @@ def build_bf16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         precision="bf16",
         onnx_path=target,
         params={**params, "rounded_weights": weights, "rounded_activations": activations,
-                "saturated_values": saturated},
+                "saturated_values": saturated, "saturated_constants": saturated_constants},
         build_seconds=clock.seconds(),
         simulation=True,
         notes=(BF16_NOTE, *kept_note),

@@ -44,7 +44,7 @@ from qbench.variants.calibrate import (
 )
 from qbench.variants.float_rules import kept_float_nodes
 from qbench.variants.gemm_matmul import gemms_as_matmul, plain_gemm_factors
-from qbench.variants.integer_kernels import computing_op_types, integer_kernel_counts, rounded_only
+from qbench.variants.integer_kernels import computing_op_types
 from qbench.variants.onnx_utils import (
     Stopwatch,
     build_step,
@@ -142,21 +142,15 @@ def build_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         if excluded and isinstance(config, OrtStatic):  # left-out nodes may still read Q/DQ'd activations
             quantized = bypass_qdq(quantized, model, excluded)
             save_model(quantized, target)
-        counts = integer_kernel_counts(quantized)
-        if not counts:
-            params["rounded_only"] = rounded_only(quantized)
     symmetric = isinstance(config, OrtStatic) and config.symmetric_activations
     clipping = {} if ranges is None else clipping_ranges(ranges, quantized_tensors(quantized), symmetric=symmetric)
-    params["quantized_nodes"] = sum(counts.values())
-    params["quantized_op_types"] = counts
     return BuiltVariant(
         name=spec.name,
         precision="int8",
         onnx_path=target,
         params=params,
         build_seconds=clock.seconds(),
-        notes=tuple(notes + _notes(config, reduce_range, counts, params.get("rounded_only", {}))
-                    + nested_nodes_note(model, _lowered_op_types(op_types, dynamic))),
+        notes=tuple(notes + _notes(config, reduce_range, quantized) + nested_nodes_note(model, _lowered_op_types(op_types, dynamic))),
         activation_ranges=clipping,
     )
 
@@ -288,15 +282,11 @@ def _quantize_dynamic(
     }
 
 
-def _notes(config: OrtInt8, reduce_range: bool, counts: dict[str, int], rounded: dict[str, int]) -> list[str]:
+def _notes(config: OrtInt8, reduce_range: bool, quantized: onnx.ModelProto) -> list[str]:
+    """Caveats of the settings; whether any node computes in INT8 is noted where every INT8 build is finalised
+    (`integer_kernels.with_integer_kernels`)."""
     notes = []
-    if rounded and not counts:
-        kinds = ", ".join(rounded)
-        notes.append(f"no node computes in INT8: Q/DQ only round what {kinds} read, which ONNX Runtime moves, selects "
-                     "or computes in float: this variant computes in FP32")
-    elif not counts:
-        notes.append("no node was quantized: this variant computes in FP32 (check op_types, exclude_nodes and keep_float)")
-    if isinstance(config, OrtDynamic) and "ConvInteger" in counts:
+    if isinstance(config, OrtDynamic) and any(node.op_type == "ConvInteger" for node in quantized.graph.node):
         notes.append("dynamic INT8 runs Conv as ConvInteger, which is usually slower than FP32 on CPU; prefer static")
     if needs_reduce_range() and not reduce_range and config.weight_type == "int8":
         notes.append("reduce_range is off on an x86 CPU without VNNI: int8-weight kernels may saturate and lose accuracy")

@@ -10,18 +10,32 @@ or runs in float on the dequantized values (LayerNormalization, ConvTranspose, S
 A graph whose Q/DQ pairs only sit around such ops rounds data and computes in FP32: it is counted here
 as quantizing nothing, so it is flagged as the FP32 model (its pass says nothing about INT8) and no
 search takes it for an INT8 win. Checked on the graph alone (no session), so it is cheap for any model.
+
+What decides a fusion (ONNX Runtime 1.32, checked against its optimized graph in the tests), beyond the op type:
+- re-quantized: every reader of the output is a QuantizeLinear. A Relu between the op and its QuantizeLinears is
+  removed first when it is redundant, every one of them having its zero point at the type's minimum (a Relu'd range
+  [0, max], as torchao's PT2E observers give it); a Relu that is not (ModelOpt's symmetric int8 ranges, zero point
+  0) is fused into the float op instead (FusedConv, FusedGemm), which then runs in float whatever follows;
+- a MatMul or Gemm left with a float output still fuses (MatMulIntegerToFloat, QGemm), unless such a Relu stops it,
+  and a Gemm then only when its bias is absent or dequantized: with a float bias (PyTorch's nn.Linear as torchao
+  and ModelOpt export it) it runs as a float Gemm. Re-quantized, ONNX Runtime quantizes a float bias itself.
+Every INT8 build is counted here, whoever built it (`with_integer_kernels`, called where a build is finalised).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Collection
 
+import numpy as np
 import onnx
+from onnx import numpy_helper
 
+from qbench.variants.base import BuiltVariant
 from qbench.variants.onnx_utils import INTEGER_KERNELS
 
-# Fused with both operands dequantized, whether the output is re-quantized or left float.
+# Fused with both operands dequantized, whether the output is re-quantized or left float (see the module docstring).
 _BOTH_OPERANDS = frozenset({"MatMul", "Gemm"})
 # Fused only when their data inputs are dequantized and every reader of the output re-quantizes it;
 # the number is how many leading inputs are data (Conv: X and W; a bias may stay float or int32).
@@ -39,32 +53,72 @@ def computing_op_types(op_types: Collection[str]) -> tuple[str, ...]:
 def integer_kernel_counts(model: onnx.ModelProto) -> dict[str, int]:
     """Op type -> main-graph nodes ONNX Runtime runs as integer kernels: Q/DQ patterns it fuses (see the module
     docstring) and the integer operators a dynamic quantizer writes (MatMulInteger, ConvInteger...)."""
-    graph = model.graph
-    dequantized = {node.output[0] for node in graph.node if node.op_type == "DequantizeLinear"}
-    readers: dict[str, list[str]] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node.op_type)
-    graph_outputs = {output.name for output in graph.output}
-
-    def requantized(tensor: str) -> bool:
-        ops = readers.get(tensor, [])
-        return bool(ops) and tensor not in graph_outputs and all(op == "QuantizeLinear" for op in ops)
-
+    graph = _Graph(model.graph)
     counts: Counter[str] = Counter()
-    for node in graph.node:
+    for node in model.graph.node:
         if node.domain not in ("", "ai.onnx", "com.microsoft"):
             continue
         if node.op_type in INTEGER_KERNELS:
             counts[node.op_type] += 1
-        elif node.op_type in _BOTH_OPERANDS:
-            if len(node.input) >= 2 and all(name in dequantized for name in node.input[:2]):
-                counts[node.op_type] += 1
-        elif node.op_type in _REQUANTIZED:
-            data = node.input[: _REQUANTIZED[node.op_type]]
-            if len(data) == _REQUANTIZED[node.op_type] and all(name in dequantized for name in data):
-                counts[node.op_type] += requantized(node.output[0])
+            continue
+        if node.op_type not in _BOTH_OPERANDS and node.op_type not in _REQUANTIZED:
+            continue
+        data = _REQUANTIZED.get(node.op_type, 2)
+        if len(node.input) < data:
+            continue
+        if not all(name in graph.dequantized for name in node.input[:data]):
+            continue
+        output = graph.output_form(node.output[0])
+        if output == "requantized":
+            counts[node.op_type] += 1
+        elif output == "float" and node.op_type in _BOTH_OPERANDS:
+            bias = node.input[2] if node.op_type == "Gemm" and len(node.input) > 2 else ""
+            counts[node.op_type] += not bias or bias in graph.dequantized
     return {op: count for op, count in sorted(counts.items()) if count}
+
+
+class _Graph:
+    """What the fusion rules read of a graph: dequantized tensors, readers, zero points."""
+
+    def __init__(self, graph: onnx.GraphProto) -> None:
+        self.dequantized = {node.output[0] for node in graph.node if node.op_type == "DequantizeLinear"}
+        self.readers: dict[str, list[onnx.NodeProto]] = {}
+        for node in graph.node:
+            for name in node.input:
+                self.readers.setdefault(name, []).append(node)
+        self.graph_outputs = {output.name for output in graph.output}
+        self.constants = {tensor.name: tensor for tensor in graph.initializer}
+        self.constants.update({node.output[0]: node.attribute[0].t for node in graph.node
+                               if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value"})  # fmt: skip
+
+    def _quantized_by(self, tensor: str) -> list[onnx.NodeProto] | None:
+        """The QuantizeLinear nodes reading `tensor` when they are all its readers (and it is no graph output)."""
+        readers = self.readers.get(tensor, [])
+        if tensor in self.graph_outputs or not readers or any(node.op_type != "QuantizeLinear" for node in readers):
+            return None
+        return readers
+
+    def output_form(self, tensor: str) -> str:
+        """"requantized", "float", or "blocked" (a Relu ONNX Runtime fuses into the float op sits before the Qs)."""
+        if self._quantized_by(tensor) is not None:
+            return "requantized"
+        readers = self.readers.get(tensor, [])
+        if tensor not in self.graph_outputs and len(readers) == 1 and readers[0].op_type == "Relu":
+            quantizers = self._quantized_by(readers[0].output[0])
+            if quantizers is not None:
+                return "requantized" if all(self._zero_point_at_minimum(q) for q in quantizers) else "blocked"
+        return "float"
+
+    def _zero_point_at_minimum(self, quantizer: onnx.NodeProto) -> bool:
+        """Whether the QuantizeLinear clamps at 0 (its zero point is its type's minimum), making a Relu before it
+        redundant. Without a zero point it quantizes to uint8 with zero point 0."""
+        if len(quantizer.input) < 3 or not quantizer.input[2]:
+            return True
+        tensor = self.constants.get(quantizer.input[2])
+        if tensor is None or tensor.data_location == onnx.TensorProto.EXTERNAL:
+            return False
+        values = numpy_helper.to_array(tensor)
+        return values.dtype.kind in "iu" and bool(np.all(values == np.iinfo(values.dtype).min))
 
 
 def rounded_only(model: onnx.ModelProto) -> dict[str, int]:
@@ -74,3 +128,21 @@ def rounded_only(model: onnx.ModelProto) -> dict[str, int]:
     counts = Counter(node.op_type for node in model.graph.node
                      if node.op_type not in ("QuantizeLinear", "DequantizeLinear") and dequantized.intersection(node.input))  # fmt: skip
     return dict(sorted(counts.items()))
+
+
+def with_integer_kernels(built: BuiltVariant, model: onnx.ModelProto) -> BuiltVariant:
+    """`built` (an INT8 build of `model`) with what ONNX Runtime runs as integer kernels in its params
+    (`quantized_nodes`, `quantized_op_types`): the one count every INT8 builder reports, so that a graph that only
+    rounds data is the FP32 model for the gate and the search, whoever built it. Without an integer kernel, the ops
+    it rounds are in `rounded_only` and a note says that the variant computes in FP32."""
+    counts = integer_kernel_counts(model)
+    params = {**built.params, "quantized_nodes": sum(counts.values()), "quantized_op_types": counts}
+    notes = built.notes
+    if not counts:
+        rounded = params["rounded_only"] = rounded_only(model)
+        if rounded:
+            notes += (f"no node computes in INT8: Q/DQ only round what {', '.join(rounded)} read, which ONNX Runtime "
+                      "moves, selects or computes in float: this variant computes in FP32",)  # fmt: skip
+        else:
+            notes += ("no node was quantized: this variant computes in FP32 (check op_types, exclude_nodes and keep_float)",)
+    return dataclasses.replace(built, params=params, notes=notes)

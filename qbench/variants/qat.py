@@ -48,7 +48,7 @@ from qbench.techniques.qat import Qat
 from qbench.variants.base import BuildContext, BuiltVariant, Feeds, TrainingData, technique_of
 from qbench.variants.calibrate import calibration_rows, require_calibration
 from qbench.variants.int8 import resolve_reduce_range
-from qbench.variants.onnx_utils import Stopwatch, build_step, default_opset, output_path, quantized_op_counts
+from qbench.variants.onnx_utils import Stopwatch, build_step, default_opset, output_path
 from qbench.variants.torch_forms import FAKE_QUANT, TORCH_COMPILE, TORCH_DEVICES, TORCH_FORM, import_torchao
 
 import_torchao()  # first: it silences torchao's import-time warnings about CUDA kernels this machine lacks
@@ -82,7 +82,6 @@ OBSERVERS: dict[str, type] = {
 SCALE_EPS = 2**-12  # smallest scale, as in torchao's x86 config
 QDQ_MIN_OPSET = 13  # per-channel DequantizeLinear
 CHECK_BATCH = 3  # the exported QAT graph is run at this batch, unlike the export example's
-QUANTIZED_OP_TYPES = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 TORCH_FORM_NOTE = "torch form: the QAT model with Q/DQ computed in float (fake-quant): accuracy only, no INT8 kernels"
 
 
@@ -234,7 +233,6 @@ def build_qat(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         with build_step(spec.name, "exporting to ONNX"):
             export_onnx(converted, ctx.torch_model, target)
     exported = onnx.load(str(target), load_external_data=False)
-    counts = quantized_op_counts(exported, QUANTIZED_OP_TYPES)
     params: dict[str, Any] = {
         "route": ROUTE,
         **scheme.params(),
@@ -251,8 +249,6 @@ def build_qat(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         "calibration_rows": calibration_rows(ctx.calibration),
         "quant_format": "QDQ",
         "opset": default_opset(exported),
-        "quantized_nodes": sum(counts.values()),
-        "quantized_op_types": counts,
         FAKE_QUANT: True,
         TORCH_FORM: "QAT module from convert_pt2e: int8 weights and Q/DQ ops, computed in float",
         TORCH_DEVICES: ["cpu", "cuda"],
@@ -264,7 +260,7 @@ def build_qat(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         onnx_path=target,
         params=params,
         build_seconds=clock.seconds(),
-        notes=tuple(_notes(scheme, qat, counts)),
+        notes=tuple(_notes(scheme, qat)),
         torch_module=QatModuleFactory(converted, compile=spec.compile),
     )
 
@@ -479,7 +475,7 @@ def _dequantize_per_channel(
     return g.op("DequantizeLinear", x, scales, g.op("Cast", zero_points, to_i=_quantized_type(code)[1]), axis_i=axis)
 
 
-def _notes(scheme: QatScheme, qat: QatSpec, counts: dict[str, int]) -> list[str]:
+def _notes(scheme: QatScheme, qat: QatSpec) -> list[str]:
     trained = (
         f"QAT: {qat.epochs} epoch(s) of {qat.loss} fine-tuning from {scheme.calibrator} calibration "
         f"({scheme.observer.__name__}); activation ranges fixed after calibration"
@@ -487,6 +483,4 @@ def _notes(scheme: QatScheme, qat: QatSpec, counts: dict[str, int]) -> list[str]
     notes = [trained, TORCH_FORM_NOTE]
     if scheme.calibrator == "percentile":
         notes.append("percentile maps to torchao's HistogramObserver (there is no percentile observer): the percentile value is not used")
-    if not counts:
-        notes.append("no layer was quantized: this variant computes in FP32 (torchao's x86 quantizer found no Conv/Linear)")
     return notes

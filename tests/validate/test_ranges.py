@@ -22,6 +22,7 @@ from qbench.validate.ranges import (
     GRAPH_INPUT,
     CalibratedVariant,
     analyse_ranges,
+    bf16_saturated,
     clip_record,
     coverage_warnings,
     expose_float_tensors,
@@ -365,3 +366,45 @@ def test_tensors_the_fp16_variant_keeps_or_clamps_harmlessly_are_not_reported_as
     assert "slice `kind=cold`: no overflow in the sweep's FP16 variant(s): `mask` from node `mask_add`" in section
     round_trip = from_dict(json.loads(to_json(results)))
     assert round_trip.ranges.limits[0].over["kind=hot"] == fp16.over["kind=hot"]
+
+
+def test_tensors_computed_from_a_constant_the_bf16_variant_saturates_are_not_reported_as_its_overflows(tmp_path) -> None:
+    """A mask filled from float32's minimum (-3.4028e38, beyond BF16's 3.3895e38) and the scores it is added to are
+    over BF16's limit in the FP32 model, but the BF16 variant saturates the fill, so they hold finite values there: the
+    BF16 list listed them as overflows. A tensor that passes the limit by arithmetic (x times 3e38, and what adds it)
+    still overflows in BF16 and stays listed."""
+    from qbench.recipe import VariantSpec
+    from qbench.variants.base import BuildContext
+    from qbench.variants.fp16 import build_bf16
+
+    nodes = [
+        helper.make_node("Constant", [], ["fill"], value=numpy_helper.from_array(np.array(np.finfo(np.float32).min, np.float32))),
+        helper.make_node("Mul", ["mask", "fill"], ["bias"], name="mask_fill"),
+        helper.make_node("Add", ["x", "bias"], ["scores"], name="mask_add"),
+        helper.make_node("Softmax", ["scores"], ["probs"], axis=-1, name="softmax"),
+        helper.make_node("Mul", ["x", "big"], ["huge"], name="scale"),
+        helper.make_node("Add", ["probs", "huge"], ["y"], name="out"),
+    ]  # fmt: skip
+    graph = helper.make_graph(
+        nodes, "masked", [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", 4]) for n in ("x", "mask")],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+        initializer=[numpy_helper.from_array(np.array(3e38, np.float32), "big")],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = tmp_path / "masked.onnx"
+    onnx.save(model, str(path))
+    feeds = {"x": np.array([[1.0, 1.13, 0.5, 0.2], [0.3, 0.1, 0.2, 0.4]], np.float32),
+             "mask": np.array([[0, 0, 1, 1], [0, 1, 1, 1]], np.float32)}  # fmt: skip
+    built = build_bf16(VariantSpec(name="brain", precision="bf16"), BuildContext(reference_path=path, workdir=tmp_path / "w"))
+    saturated = bf16_saturated([("brain", built.params)])
+    assert saturated == {"fill": float(np.abs(np.finfo(np.float32).min))}
+    assert bf16_saturated([("brain", built.params), ("old", {})]) == {}  # a build without the record: nothing known
+    analysis = analyse_ranges(path, feeds, {}, batch_size=2, bf16_saturated=saturated)
+    bf16 = next(c for c in analysis.limits if c.format == "bf16")
+    marked = {p.tensor: p.handled for p in bf16.over["overall"]}
+    assert set(marked) == {"bias", "scores", "huge", "y"}  # over 3.3895e38 in the FP32 model
+    assert "saturate the constant `fill`" in marked["bias"] and marked["scores"] == marked["bias"]
+    assert marked["huge"] is None and marked["y"] is None  # y adds the masked softmax to `huge`: its peak is huge's
+    fp16 = next(c for c in analysis.limits if c.format == "fp16")
+    assert all(p.handled is None for p in fp16.over["overall"])  # no FP16 variant in this sweep

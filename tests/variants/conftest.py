@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,3 +158,19 @@ def digits_cnn(digits_net: DigitsNet, tmp_path_factory: pytest.TempPathFactory) 
     images, train = digits_net.images, digits_net.train
     calibration = [{"image": images[train[i : i + 32]]} for i in range(0, 128, 32)]
     return DigitsCnn(path, calibration, images[digits_net.held_out])
+
+
+# ORT kernels that hold INT8 data without computing on it: a QLinearConcat re-scales and copies.
+MOVING_KERNELS = {"QLinearConcat", "QLinearWhere"}
+
+
+def ort_integer_kernels(path: Path, tmp_path: Path) -> int:
+    """How many nodes of the graph ONNX Runtime's CPU provider runs are integer kernels that compute."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    ops = Counter(node.op_type for node in onnx.load(options.optimized_model_filepath).graph.node)
+    fused = {"QGemm", "DynamicQuantizeMatMul", "QAttention", "DynamicQuantizeLSTM"}
+    return sum(n for op, n in ops.items() if (op.startswith("QLinear") or "Integer" in op or op in fused)
+               and op not in MOVING_KERNELS)  # fmt: skip

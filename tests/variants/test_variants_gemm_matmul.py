@@ -8,9 +8,9 @@ import onnxruntime as ort
 from onnx import helper
 
 from qbench.recipe import VariantSpec
+from qbench.variants import build_variant
 from qbench.variants.base import BuildContext
 from qbench.variants.gemm_matmul import gemms_as_matmul
-from qbench.variants.int8 import build_int8
 
 RNG = np.random.default_rng(1)
 W1 = RNG.normal(size=(16, 8)).astype(np.float32)  # (out, in): transB=1, as torch exports nn.Linear
@@ -58,7 +58,7 @@ def test_a_gemm_with_a_computed_weight_or_transposed_input_is_left_alone(graph, 
 def test_dynamic_int8_quantizes_a_gemm_mlp(graph, tmp_path):
     path = _gemm_mlp(graph, tmp_path)
     spec = VariantSpec(name="dyn", precision="int8", calibrator="dynamic")
-    built = build_int8(spec, BuildContext(reference_path=path, workdir=tmp_path / "work"))
+    built = build_variant(spec, BuildContext(reference_path=path, workdir=tmp_path / "work"))
     assert built.params["gemms_as_matmul"] == 2
     assert built.params["quantized_nodes"] == 2, built.params["quantized_op_types"]
     fp32 = _run(path, X)
@@ -70,7 +70,7 @@ def test_dynamic_int8_quantizes_a_gemm_mlp(graph, tmp_path):
 def test_excluding_a_gemm_by_name_still_keeps_it_float(graph, tmp_path):
     path = _gemm_mlp(graph, tmp_path)
     spec = VariantSpec(name="dyn", precision="int8", calibrator="dynamic", exclude_nodes=["fc2"])
-    built = build_int8(spec, BuildContext(reference_path=path, workdir=tmp_path / "work"))
+    built = build_variant(spec, BuildContext(reference_path=path, workdir=tmp_path / "work"))
     quantized = onnx.load(str(built.onnx_path))
     assert built.params["quantized_nodes"] == 1
     assert [n.name for n in quantized.graph.node if n.op_type == "MatMul"] == ["fc2"]

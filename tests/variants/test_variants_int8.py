@@ -12,9 +12,9 @@ from onnxruntime.quantization.calibrate import load_tensors_data
 
 from qbench.errors import QbenchError
 from qbench.recipe import VariantSpec
-from qbench.variants import int8
+from qbench.variants import build_variant, int8
 from qbench.variants.base import BuildContext
-from qbench.variants.int8 import build_int8, resolve_reduce_range
+from qbench.variants.int8 import resolve_reduce_range
 
 
 def _ops(path) -> list[str]:
@@ -31,7 +31,7 @@ def _dequantized_inputs(model: onnx.ModelProto, node_name: str) -> list[str]:
 @pytest.mark.parametrize("calibrator", ["minmax", "entropy", "percentile"])
 def test_static_qdq_builds_runs_and_records_its_calibration(calibrator, mlp, run, tmp_path):
     spec = VariantSpec(name=f"int8-{calibrator}", precision="int8", calibrator=calibrator, op_types=["MatMul"])
-    built = build_int8(spec, mlp.context(tmp_path))
+    built = build_variant(spec, mlp.context(tmp_path))
     ops = _ops(built.onnx_path)
     assert "QuantizeLinear" in ops and "DequantizeLinear" in ops
     assert built.params["quantized_op_types"] == {"MatMul": 2}
@@ -49,7 +49,7 @@ def test_static_qdq_builds_runs_and_records_its_calibration(calibrator, mlp, run
 
 def test_static_params_resolve_every_default(mlp, tmp_path):
     spec = VariantSpec(name="e", precision="int8", calibrator="entropy", op_types=["MatMul"])
-    built = build_int8(spec, mlp.context(tmp_path))
+    built = build_variant(spec, mlp.context(tmp_path))
     params = built.params
     assert (params["num_bins"], params["num_quantized_bins"]) == (2048, 128)
     assert params["activation_type"] == "uint8" and params["weight_type"] == "int8"
@@ -59,7 +59,7 @@ def test_static_params_resolve_every_default(mlp, tmp_path):
 
 
 def test_default_op_types_are_resolved_to_the_quantizers_list(mlp, tmp_path):
-    built = build_int8(VariantSpec(name="all", precision="int8", calibrator="minmax"), mlp.context(tmp_path))
+    built = build_variant(VariantSpec(name="all", precision="int8", calibrator="minmax"), mlp.context(tmp_path))
     assert {"MatMul", "Conv", "Gemm"} <= set(built.params["op_types"])
     assert built.params["quantized_op_types"]["MatMul"] == 2
 
@@ -79,10 +79,10 @@ def test_reduce_range_auto_follows_the_cpu(vnni, machine, expected, monkeypatch)
 
 def test_reduce_range_auto_is_recorded_as_resolved(mlp, tmp_path, monkeypatch):
     monkeypatch.setattr(int8, "needs_reduce_range", lambda: True)
-    built = build_int8(VariantSpec(name="rr", precision="int8", calibrator="minmax"), mlp.context(tmp_path / "a"))
+    built = build_variant(VariantSpec(name="rr", precision="int8", calibrator="minmax"), mlp.context(tmp_path / "a"))
     assert (built.params["reduce_range"], built.params["reduce_range_source"]) == (True, "auto (x86 CPU without VNNI)")
     forced = VariantSpec(name="rr", precision="int8", calibrator="minmax", reduce_range=False)
-    built = build_int8(forced, mlp.context(tmp_path / "b"))
+    built = build_variant(forced, mlp.context(tmp_path / "b"))
     assert (built.params["reduce_range"], built.params["reduce_range_source"]) == (False, "recipe")
     assert any("saturate" in note for note in built.notes)
 
@@ -91,7 +91,7 @@ def test_reduce_range_changes_the_weights(mlp, tmp_path):
     """7-bit weights: the int8 weight initializers stay within [-64, 63]."""
     def weight_extent(reduce_range: bool) -> int:
         spec = VariantSpec(name="w", precision="int8", calibrator="minmax", reduce_range=reduce_range)
-        built = build_int8(spec, mlp.context(tmp_path / str(reduce_range)))
+        built = build_variant(spec, mlp.context(tmp_path / str(reduce_range)))
         model = onnx.load(str(built.onnx_path))
         weights = [t for t in model.graph.initializer if t.data_type == onnx.TensorProto.INT8 and t.dims]
         return max(int(np.abs(onnx.numpy_helper.to_array(t).astype(np.int32)).max()) for t in weights)
@@ -101,7 +101,7 @@ def test_reduce_range_changes_the_weights(mlp, tmp_path):
 
 def test_excluded_nodes_stay_float(mlp, tmp_path):
     spec = VariantSpec(name="ex", precision="int8", calibrator="minmax", op_types=["MatMul"], exclude_nodes=["mm2"])
-    built = build_int8(spec, mlp.context(tmp_path))
+    built = build_variant(spec, mlp.context(tmp_path))
     model = onnx.load(str(built.onnx_path))
     assert _dequantized_inputs(model, "mm2") == []
     assert len(_dequantized_inputs(model, "mm1")) == 2
@@ -112,12 +112,12 @@ def test_excluded_nodes_stay_float(mlp, tmp_path):
 def test_unknown_excluded_node_is_a_user_error_with_a_suggestion(mlp, tmp_path):
     spec = VariantSpec(name="ex", precision="int8", calibrator="minmax", exclude_nodes=["mm3"])
     with pytest.raises(QbenchError, match=r"variant 'ex': exclude_nodes: no node named 'mm3'.*did you mean"):
-        build_int8(spec, mlp.context(tmp_path))
+        build_variant(spec, mlp.context(tmp_path))
 
 
 def test_dynamic_int8_builds_for_a_matmul_model(mlp, run, tmp_path):
     spec = VariantSpec(name="dyn", precision="int8", calibrator="dynamic", per_channel=True)
-    built = build_int8(spec, mlp.context(tmp_path))
+    built = build_variant(spec, mlp.context(tmp_path))
     ops = _ops(built.onnx_path)
     assert ops.count("MatMulInteger") == 2 and "DynamicQuantizeLinear" in ops
     assert built.params["calibrator"] == "dynamic" and built.params["calibration_rows"] == 0
@@ -133,7 +133,7 @@ def test_static_without_calibration_data_is_a_user_error(mlp, tmp_path):
 
     ctx = BuildContext(reference_path=mlp.path, workdir=tmp_path)
     with pytest.raises(QbenchError, match="calibration sample is empty"):
-        build_int8(VariantSpec(name="s", precision="int8", calibrator="minmax"), ctx)
+        build_variant(VariantSpec(name="s", precision="int8", calibrator="minmax"), ctx)
 
 
 def test_builds_leave_nothing_in_the_working_directory(mlp, tmp_path, monkeypatch):
@@ -142,7 +142,7 @@ def test_builds_leave_nothing_in_the_working_directory(mlp, tmp_path, monkeypatc
     monkeypatch.chdir(cwd)
     for calibrator in ("percentile", "dynamic"):
         spec = VariantSpec(name=calibrator, precision="int8", calibrator=calibrator)
-        build_int8(spec, mlp.context(tmp_path / "work"))
+        build_variant(spec, mlp.context(tmp_path / "work"))
     assert os.listdir(cwd) == []
     assert sorted(os.listdir(tmp_path / "work")) == ["dynamic.onnx", "percentile.calibration.json", "percentile.onnx"]
 
@@ -151,7 +151,7 @@ def test_builds_leave_nothing_in_the_working_directory(mlp, tmp_path, monkeypatc
 def test_static_variant_exposes_the_ranges_its_quantizers_clip_at(mlp, tmp_path, symmetric):
     spec = VariantSpec(name="int8-ranges", precision="int8", calibrator="minmax", op_types=["MatMul"],
                        symmetric_activations=symmetric)  # fmt: skip
-    built = build_int8(spec, mlp.context(tmp_path))
+    built = build_variant(spec, mlp.context(tmp_path))
     x = np.concatenate([batch["x"] for batch in mlp.calibration])
     weights = {t.name: onnx.numpy_helper.to_array(t) for t in onnx.load(str(mlp.path)).graph.initializer}
     relu = np.maximum(x @ weights["w1"], 0.0)
@@ -168,7 +168,7 @@ def test_static_variant_exposes_the_ranges_its_quantizers_clip_at(mlp, tmp_path,
 
 
 def test_dynamic_variant_has_no_calibrated_ranges(mlp, tmp_path):
-    built = build_int8(VariantSpec(name="d", precision="int8", calibrator="dynamic"), mlp.context(tmp_path))
+    built = build_variant(VariantSpec(name="d", precision="int8", calibrator="dynamic"), mlp.context(tmp_path))
     assert built.activation_ranges == {}
 
 
@@ -185,7 +185,7 @@ def test_an_excluded_node_reading_a_tensor_quantized_for_another_reader_computes
     path = graph(tmp_path / "shared.onnx", nodes, weights, {"x": 8}, {"a": 4, "b": 4})
     calibration = [{"x": rng.normal(size=(32, 8)).astype(np.float32)}]
     spec = VariantSpec(name="ex", precision="int8", calibrator="minmax", op_types=["MatMul"], exclude_nodes=["kept"])
-    built = build_int8(spec, BuildContext(reference_path=path, workdir=tmp_path / "w", calibration=calibration))
+    built = build_variant(spec, BuildContext(reference_path=path, workdir=tmp_path / "w", calibration=calibration))
     model = onnx.load(str(built.onnx_path))
     assert _dequantized_inputs(model, "kept") == [] and len(_dequantized_inputs(model, "quantized")) == 2
     assert built.params["quantized_op_types"] == {"MatMul": 1}
@@ -205,7 +205,7 @@ def test_static_per_channel_on_an_old_opset_raises_the_opset_and_runs(opset, gra
                  opset=opset)  # fmt: skip
     feeds = {"x": rng.normal(size=(32, 8)).astype(np.float32)}
     spec = VariantSpec(name="int8-pc", precision="int8", calibrator="minmax", per_channel=True, op_types=["MatMul"])
-    built = build_int8(spec, BuildContext(reference_path=path, workdir=tmp_path / "out", calibration=[feeds]))
+    built = build_variant(spec, BuildContext(reference_path=path, workdir=tmp_path / "out", calibration=[feeds]))
     assert built.params["opset_original"] == opset and any("raised to 13" in note for note in built.notes)
     reference = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     output = run(built, feeds)
@@ -240,7 +240,7 @@ def test_static_int8_of_a_gemm_with_any_bias_shape_and_factors_stays_close_to_fp
     path = _gemm_model(tmp_path / "gemm.onnx", bias_shape, alpha=alpha, beta=beta, trans_b=trans_b)
     feeds = {"x": np.random.default_rng(5).normal(size=(ROWS, 8)).astype(np.float32)}
     spec = VariantSpec(name="s", precision="int8", calibrator="minmax", per_channel=True)
-    built = build_int8(spec, BuildContext(reference_path=path, workdir=tmp_path / "out", calibration=[feeds]))
+    built = build_variant(spec, BuildContext(reference_path=path, workdir=tmp_path / "out", calibration=[feeds]))
     assert built.params["gemms_made_plain"] == 1 and built.params["quantized_op_types"].get("Gemm") == 1
     reference = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     relative = np.abs(run(built, feeds) - reference).max() / np.abs(reference).max()
@@ -279,7 +279,7 @@ def test_onnx_attention_is_left_float_and_the_variant_loads(calibrator, run, tmp
     rng = np.random.default_rng(6)
     feeds = {"x": rng.normal(size=(16, 6, 8)).astype(np.float32)}
     spec = VariantSpec(name=f"int8-{calibrator}", precision="int8", calibrator=calibrator)
-    built = build_int8(spec, BuildContext(reference_path=path, workdir=tmp_path / "out", calibration=[feeds]))
+    built = build_variant(spec, BuildContext(reference_path=path, workdir=tmp_path / "out", calibration=[feeds]))
     model = onnx.load(str(built.onnx_path))
     assert [(node.domain, node.op_type) for node in model.graph.node if "Attention" in node.op_type] == [("", "Attention")]
     assert built.params["quantized_nodes"] == 3  # the q, k, v projections

@@ -8,12 +8,10 @@ it runs.
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -21,27 +19,17 @@ from qbench.recipe import VariantSpec
 from qbench.variants import BuildContext, build_variant
 from qbench.variants.base import lowered_nothing
 from qbench.variants.integer_kernels import integer_kernel_counts, rounded_only
-from tests.variants.conftest import ORT_IR_VERSION
-
-# ORT kernels that hold INT8 data without computing on it: a QLinearConcat re-scales and copies.
-_MOVING_KERNELS = {"QLinearConcat", "QLinearWhere"}
+from tests.variants.conftest import ORT_IR_VERSION, ort_integer_kernels
 
 
-def _ort_integer_kernels(path: Path, tmp_path: Path) -> int:
-    """How many nodes of the graph ONNX Runtime's CPU provider runs are integer kernels that compute."""
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
-    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    ops = Counter(node.op_type for node in onnx.load(options.optimized_model_filepath).graph.node)
-    fused = {"QGemm", "DynamicQuantizeMatMul", "QAttention", "DynamicQuantizeLSTM"}
-    return sum(n for op, n in ops.items() if (op.startswith("QLinear") or "Integer" in op or op in fused)
-               and op not in _MOVING_KERNELS)  # fmt: skip
+def _qdq(name: str, out: str, zero_point: str = "z") -> list[onnx.NodeProto]:
+    return [helper.make_node("QuantizeLinear", [name, "s", zero_point], [f"{name}_q"]),
+            helper.make_node("DequantizeLinear", [f"{name}_q", "s", zero_point], [out])]  # fmt: skip
 
 
-def _qdq(name: str, out: str) -> list[onnx.NodeProto]:
-    return [helper.make_node("QuantizeLinear", [name, "s", "z"], [f"{name}_q"]),
-            helper.make_node("DequantizeLinear", [f"{name}_q", "s", "z"], [out])]  # fmt: skip
+def _flat_qdq() -> list[onnx.NodeProto]:
+    """x flattened to [2, 16] and rounded: a Gemm's input."""
+    return [helper.make_node("Flatten", ["x"], ["f"]), *_qdq("f", "fd")]
 
 
 def _weight(name: str) -> onnx.NodeProto:
@@ -65,6 +53,24 @@ QDQ_GRAPHS = {
                                *_qdq("n", "y")], [2, 1, 4, 4]),
     "add_requantized": ([*_qdq("x", "xd"), helper.make_node("Add", ["xd", "xd"], ["a"]), *_qdq("a", "y")],
                         [2, 1, 4, 4]),
+    # torchao's PT2E export: a Relu before a Q whose zero point is its type's minimum is redundant, and removed
+    "conv_relu_requantized_at_zero": ([*_qdq("x", "xd"), _weight("cw"), helper.make_node("Conv", ["xd", "cw", "cb"], ["c"]),
+                                       helper.make_node("Relu", ["c"], ["r"]), *_qdq("r", "y", "z0")], [2, 2, 2, 2]),
+    # ModelOpt's symmetric ranges: the Relu is not redundant, ORT fuses it into a float FusedConv / FusedGemm
+    "conv_relu_requantized": ([*_qdq("x", "xd"), _weight("cw"), helper.make_node("Conv", ["xd", "cw"], ["c"]),
+                               helper.make_node("Relu", ["c"], ["r"]), *_qdq("r", "y")], [2, 2, 2, 2]),
+    "gemm_relu_requantized": ([*_flat_qdq(), _weight("gw"), helper.make_node("Gemm", ["fd", "gw"], ["c"]),
+                               helper.make_node("Relu", ["c"], ["r"]), *_qdq("r", "y")], [2, 3]),
+    "gemm_relu_float_output": ([*_flat_qdq(), _weight("gw"), helper.make_node("Gemm", ["fd", "gw"], ["c"]),
+                                helper.make_node("Relu", ["c"], ["y"])], [2, 3]),
+    # nn.Linear as torchao and ModelOpt export it: a float bias, which ORT quantizes only for a re-quantized output
+    "gemm_float_bias_float_output": ([*_flat_qdq(), _weight("gw"), helper.make_node("Gemm", ["fd", "gw", "gb"], ["y"])],
+                                     [2, 3]),
+    "gemm_float_bias_requantized": ([*_flat_qdq(), _weight("gw"), helper.make_node("Gemm", ["fd", "gw", "gb"], ["c"]),
+                                     *_qdq("c", "y")], [2, 3]),
+    "matmul_dynamically_quantized": ([helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
+                                      helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]), _weight("mw"),
+                                      helper.make_node("MatMul", ["xd", "mw"], ["y"])], [2, 1, 4, 4]),
 }  # fmt: skip
 
 
@@ -72,10 +78,11 @@ def _qdq_model(case: str) -> onnx.ModelProto:
     nodes, shape = QDQ_GRAPHS[case]
     rng = np.random.default_rng(0)
     constants = {
-        "s": np.array(0.05, np.float32), "z": np.array(128, np.uint8), "ws": np.array(0.02, np.float32),
-        "wz": np.array(0, np.int8), "cw_i8": rng.integers(-50, 50, (2, 1, 3, 3)).astype(np.int8),
-        "mw_i8": rng.integers(-50, 50, (4, 4)).astype(np.int8), "g": np.ones(4, np.float32),
-        "b": np.zeros(4, np.float32),
+        "s": np.array(0.05, np.float32), "z": np.array(128, np.uint8), "z0": np.array(0, np.uint8),
+        "ws": np.array(0.02, np.float32), "wz": np.array(0, np.int8),
+        "cw_i8": rng.integers(-50, 50, (2, 1, 3, 3)).astype(np.int8), "cb": rng.normal(size=2).astype(np.float32),
+        "mw_i8": rng.integers(-50, 50, (4, 4)).astype(np.int8), "gw_i8": rng.integers(-50, 50, (16, 3)).astype(np.int8),
+        "gb": rng.normal(size=3).astype(np.float32), "g": np.ones(4, np.float32), "b": np.zeros(4, np.float32),
     }  # fmt: skip
     used = {name for node in nodes for name in node.input}
     graph = helper.make_graph(
@@ -91,7 +98,7 @@ def test_integer_kernels_are_counted_as_onnx_runtime_runs_them(tmp_path, case):
     model = _qdq_model(case)
     path = tmp_path / "qdq.onnx"
     onnx.save(model, str(path))
-    assert sum(integer_kernel_counts(model).values()) == _ort_integer_kernels(path, tmp_path)
+    assert sum(integer_kernel_counts(model).values()) == ort_integer_kernels(path, tmp_path)
 
 
 def test_what_a_graph_without_integer_kernels_rounds_is_named():
@@ -151,7 +158,7 @@ def test_a_cnn_is_int8_exactly_where_onnx_runtime_runs_integer_kernels(digits_cn
     """Its Flatten reads a dequantized tensor too, and was counted as quantized; it only moves the data."""
     built = build_variant(VariantSpec(name="int8", precision="int8", calibrator=calibrator), digits_cnn.context(tmp_path))
     assert not lowered_nothing(built.params) and "Flatten" not in built.params["quantized_op_types"]
-    assert built.params["quantized_nodes"] == _ort_integer_kernels(built.onnx_path, tmp_path)
+    assert built.params["quantized_nodes"] == ort_integer_kernels(built.onnx_path, tmp_path)
 
 
 def test_an_attention_block_is_int8_where_onnx_runtime_runs_integer_kernels(graph, tmp_path):
@@ -174,4 +181,57 @@ def test_an_attention_block_is_int8_where_onnx_runtime_runs_integer_kernels(grap
     built = build_variant(VariantSpec(name="int8", precision="int8", calibrator="minmax"),
                           BuildContext(reference_path=path, workdir=tmp_path / "w", calibration=calibration))  # fmt: skip
     assert not lowered_nothing(built.params) and "LayerNormalization" not in built.params["quantized_op_types"]
-    assert built.params["quantized_nodes"] == _ort_integer_kernels(built.onnx_path, tmp_path) > 0
+    assert built.params["quantized_nodes"] == ort_integer_kernels(built.onnx_path, tmp_path) > 0
+
+
+def _torch_model(kind: str, tmp_path: Path) -> tuple[BuildContext, np.ndarray]:
+    """A small CNN or MLP given as model.torch (untrained: only the graphs matter), its FP32 export as the reference,
+    and the context every INT8 technique builds from."""
+    torch = pytest.importorskip("torch")
+    from qbench.sources.torch_model import TorchModel
+    from qbench.variants.base import TrainingData
+
+    nn = torch.nn
+    torch.manual_seed(0)
+    if kind == "cnn":
+        module, shape = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 3, stride=2, padding=1),
+                                      nn.ReLU(), nn.Flatten(), nn.Linear(36, 3)), (1, 1, 6, 6)  # fmt: skip
+    else:
+        module, shape = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.GELU(), nn.Linear(16, 3)), (1, 8)
+    source = TorchModel(factory="tests:integer_kernels", input_shapes={"x": shape}, input_dtypes={"x": "float32"},
+                        output_names=("y",), opset=17, cache_key=kind, _template=module.eval())  # fmt: skip
+    reference = source.export(source.build(), tmp_path / f"{kind}.onnx")
+    rows = np.random.default_rng(0).random((64, *shape[1:]), dtype=np.float32)
+    training = TrainingData(feeds={"x": rows}, labels=np.arange(64) % 3)
+    calibration = [{"x": rows[i : i + 32]} for i in (0, 32)]
+    return BuildContext(reference_path=reference, workdir=tmp_path / "w", calibration=calibration, torch_model=source,
+                        training=training), rows  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["cnn", "mlp"])
+def test_a_qat_variant_counts_what_onnx_runtime_runs_as_integer_kernels(tmp_path, kind):
+    """torchao's export keeps nn.Linear's float bias: its last Gemm (and a Gemm before a GELU) runs as a float Gemm,
+    yet was counted as quantized; its Conv -> Relu -> Q runs as QLinearConv (the Relu is redundant) and was counted
+    from the Q/DQ, not from what ONNX Runtime fuses."""
+    pytest.importorskip("torchao")
+    ctx, _ = _torch_model(kind, tmp_path)
+    spec = VariantSpec.model_validate({"name": "qat", "precision": "int8", "calibrator": "minmax",
+                                       "qat": {"epochs": 1, "lr": 1e-3, "batch_size": 32}})  # fmt: skip
+    built = build_variant(spec, ctx)
+    assert built.params["quantized_nodes"] == ort_integer_kernels(built.onnx_path, tmp_path) > 0
+    assert "Gemm" not in built.params["quantized_op_types"] if kind == "cnn" else built.params["quantized_op_types"] == {"Gemm": 1}
+
+
+@pytest.mark.parametrize("kind", ["cnn", "mlp"])
+def test_a_modelopt_int8_variant_without_integer_kernels_is_the_fp32_model(tmp_path, kind):
+    """ModelOpt rounds each layer's inputs only, on symmetric ranges: ONNX Runtime fuses the Relus into float Convs and
+    Gemms and runs every layer in FP32. It was reported as INT8 ({Conv: 2, Gemm: 1} / {Gemm: 3}), its pass read as an
+    INT8 pass; now it is the FP32 model, and says so."""
+    pytest.importorskip("modelopt")
+    ctx, _ = _torch_model(kind, tmp_path)
+    spec = VariantSpec.model_validate({"name": "mo", "precision": "int8", "quantizer": "modelopt", "calibrator": "minmax"})
+    built = build_variant(spec, ctx)
+    assert ort_integer_kernels(built.onnx_path, tmp_path) == 0
+    assert lowered_nothing(built.params) and built.params["quantized_op_types"] == {}
+    assert "Gemm" in built.params["rounded_only"]
+    assert any(note.startswith("no node computes in INT8") and note.endswith("computes in FP32") for note in built.notes)

@@ -16,8 +16,9 @@ from pydantic import ValidationError
 from qbench.errors import MissingExtraError, QbenchError
 from qbench.recipe import VariantSpec
 from qbench.variants import build_variant
-from qbench.variants.base import BuildContext, BuiltVariant
+from qbench.variants.base import BuildContext, BuiltVariant, lowered_nothing
 from qbench.variants.onnx_utils import custom_domains
+from tests.variants.conftest import ort_integer_kernels
 
 torch = pytest.importorskip("torch")
 
@@ -101,14 +102,17 @@ def test_modelopt_int8_is_standard_qdq_and_agrees_with_fp32(cnn, tmp_path):
     model = onnx.load(str(built.onnx_path))
     assert custom_domains(model) == set()
     assert built.params["tensorrt_onnx"] == str(built.onnx_path), "standard INT8 Q/DQ serves TensorRT too"
-    assert built.params["quantized_op_types"] == {"Conv": 3, "Gemm": 1}
+    # Q/DQ on each layer's inputs only, on symmetric ranges: ONNX Runtime's CPU provider runs every layer in float
+    assert built.params["quantized_nodes"] == ort_integer_kernels(built.onnx_path, tmp_path) == 0
+    assert lowered_nothing(built.params) and set(built.params["rounded_only"]) >= {"Conv", "Gemm"}
     assert built.params["quantized_modules"] == 5  # the convs, the linear layer and the max-pool's input
     assert (built.params["quantizer"], built.params["modelopt_config"]) == ("modelopt", "INT8_DEFAULT_CFG")
     assert built.params["calibration_algorithm"] == "max"
     assert built.params["calibration_rows"] == 128
     assert built.params["per_channel"] is True and built.params["per_channel_source"] == "INT8_DEFAULT_CFG"
     assert built.params["modelopt_version"].count(".") >= 1
-    assert built.notes == (INT8_NOTE,) and built.session_hints == {}
+    assert built.notes[0] == INT8_NOTE and built.session_hints == {}
+    assert built.notes[1].startswith("no node computes in INT8") and built.notes[1].endswith("computes in FP32")
     zero_points = {
         numpy_helper.to_array(n.attribute[0].t).dtype.name
         for n in model.graph.node
@@ -258,10 +262,9 @@ def test_standard_fp8_model_rejects_other_trt_nodes():
 
 @pytest.mark.parametrize("name", ["/0/Conv", "0"])
 def test_modelopt_exclusion_by_export_node_or_module_name(cnn, tmp_path, name):
-    built = build_modelopt(_spec("int8", exclude_nodes=[name]), cnn.context(tmp_path))
+    built = build_variant(_spec("int8", exclude_nodes=[name]), cnn.context(tmp_path))
     assert built.params["excluded_modules"] == ["0"] and built.params["exclude_nodes"] == [name]
     assert built.params["quantized_modules"] == 4
-    assert built.params["quantized_op_types"] == {"Conv": 2, "Gemm": 1}
     model = onnx.load(str(built.onnx_path))
     first_conv = next(n for n in model.graph.node if n.op_type == "Conv")
     assert list(first_conv.input[:2]) == ["image", "0.weight"], "the excluded conv reads FP32 input and weight"
