@@ -190,7 +190,9 @@ def _unlowered(results: SweepResults, pairs: Sequence[tuple[str, str]]) -> list[
         found, reference = results.find(variant, backend), results.find(results.reference, backend)
         if found is None or reference is None or found.status != "ok" or found.precision == reference.precision:
             continue  # a variant that did not run computes in nothing: its failure is the finding
-        same = found.params.get("identical_to") == results.reference or lowered_nothing(found.params)
+        counted_for = found.params.get("integer_kernels_of", backend)  # INT8 kernels are counted for one runtime
+        same = found.params.get("identical_to") == results.reference or (
+            lowered_nothing(found.params) and counted_for == backend)
         if same:
             notes.append(f"{variant}@{backend} computes in {reference.precision} (nothing in the graph was lowered to "
                          f"{found.precision}): its pass says nothing about {found.precision}")  # fmt: skip

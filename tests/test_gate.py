@@ -102,6 +102,19 @@ def test_a_gated_variant_slower_than_fp32_at_every_batch_size_is_a_note():
                 if "runs slower" in n]  # fmt: skip
 
 
+def test_integer_kernels_counted_for_onnx_runtime_say_nothing_of_another_backend():
+    """A ModelOpt Q/DQ graph runs no integer kernel on ONNX Runtime's CPU provider, but TensorRT runs it in INT8: the
+    count is ONNX Runtime's, so its 'computes in fp32' note belongs to that backend's results only."""
+    counted = {"quantized_nodes": 0, "integer_kernels_of": "onnxruntime-cpu"}
+    on_ort = replace(variant("int8-q", 0.95, {"noisy": 0.90, "clean": 0.99}), params=counted)
+    on_trt = replace(on_ort, backend="tensorrt")
+    reference_trt = replace(REFERENCE, backend="tensorrt")
+    report = evaluate_gate(sweep(REFERENCE, reference_trt, on_ort, on_trt), SPEC)
+    assert [n for n in report.notes if "computes in fp32" in n] == [
+        "int8-q@onnxruntime-cpu computes in fp32 (nothing in the graph was lowered to int8): its pass says nothing "
+        "about int8"]
+
+
 def test_a_failed_variant_gets_no_computes_in_fp32_note():
     """It ran nothing: the note claimed it computed in fp32 beside its failure."""
     failed = replace(variant("int8-f", 0.95, {"noisy": 0.90, "clean": 0.99}), params={"quantized_nodes": 0},

@@ -35,6 +35,9 @@ from onnx import numpy_helper
 from qbench.variants.base import BuiltVariant
 from qbench.variants.onnx_utils import INTEGER_KERNELS
 
+KERNELS_COUNTED_FOR = "onnxruntime-cpu"
+"""The backend whose fusions the count follows: another runtime (TensorRT) may run in INT8 what this one runs in float."""
+
 # Fused with both operands dequantized, whether the output is re-quantized or left float (see the module docstring).
 _BOTH_OPERANDS = frozenset({"MatMul", "Gemm"})
 # Fused only when their data inputs are dequantized and every reader of the output re-quantizes it;
@@ -136,7 +139,8 @@ def with_integer_kernels(built: BuiltVariant, model: onnx.ModelProto) -> BuiltVa
     rounds data is the FP32 model for the gate and the search, whoever built it. Without an integer kernel, the ops
     it rounds are in `rounded_only` and a note says that the variant computes in FP32."""
     counts = integer_kernel_counts(model)
-    params = {**built.params, "quantized_nodes": sum(counts.values()), "quantized_op_types": counts}
+    params = {**built.params, "quantized_nodes": sum(counts.values()), "quantized_op_types": counts,
+              "integer_kernels_of": KERNELS_COUNTED_FOR}  # fmt: skip
     notes = built.notes
     if not counts:
         rounded = params["rounded_only"] = rounded_only(model)
