@@ -290,21 +290,32 @@ def _latency_grid(results: SweepResults) -> Grid:
 
 
 def frontier_text(results: SweepResults) -> str:
-    """Per backend and batch size, the frontier variants from fastest to most accurate."""
+    """Per backend and batch size, the frontier variants from fastest to most accurate. Neighbours with the same
+    metric are joined by '=': on a frontier they are as fast within the timing noise (either would otherwise leave
+    the other off it), so listing one first says nothing about its speed."""
     metric = results.gate_metric
     direction = "higher" if METRICS[metric].higher_is_better else "lower"
     lines = [f"Frontier (p50 latency vs {metric}, {direction} is better):"]
-    groups: dict[tuple[str, int], list[str]] = {}
-    emulated = False
+    groups: dict[tuple[str, int], str] = {}
+    last: dict[tuple[str, int], float] = {}
+    emulated = tied = False
     for p in frontier_of(results):
         variant = results.find(p.variant, p.backend)
         marker = "*" if variant is not None and variant.fidelity.latency == EMULATED else ""
         emulated = emulated or bool(marker)
         entry = f"{p.variant}{marker} ({short(p.p50_ms)} ms, {num(p.metric)})"
-        groups.setdefault((p.backend, p.batch_size), []).append(entry)
-    lines += [f"  {backend}, batch {bs}: " + " → ".join(names) for (backend, bs), names in groups.items()]
+        key = (p.backend, p.batch_size)
+        if key in groups:
+            same = last[key] == p.metric
+            tied = tied or same
+            entry = (" = " if same else " → ") + entry
+        groups[key] = groups.get(key, "") + entry
+        last[key] = p.metric
+    lines += [f"  {backend}, batch {bs}: {entries}" for (backend, bs), entries in groups.items()]
     if not groups:
         lines.append(f"  no variant has both a latency and a finite {metric}")
+    if tied:
+        lines.append("  =: the same metric, as fast within the timing noise")
     if emulated:
         lines.append("  * emulated latency: this runtime does not compute that precision natively")
     return "\n".join(lines)
