@@ -6,7 +6,8 @@ renames nodes, or copies the bytes, is detected as identical and never timed; it
 Three models of different cost (the digits demo CNN, an MLP of ~0.2 / 0.6 ms, an MLP of ~4 / 12 ms at batch 1 / 32)
 are swept `--rounds` times each, one sweep at a time, without MLflow. Per sweep, A-variant and batch size: its
 speed-up vs FP32 (FP32 p50 / its p50), the p99 ratio, the two points' window spreads, the noise margin the report
-judges "faster" by (`qbench.frontier.timing_margin`) and whether the A-variant sits on the frontier without FP32
+judges "faster" by (`qbench.frontier.timing_margin`), the CPUs other processes kept busy while each was timed
+(in the JSON) and whether the A-variant sits on the frontier without FP32
 (a false "faster"). A variant computing the same thing at the same cost should be as fast as FP32 within that
 margin, with no systematic direction (it is always timed after FP32).
 
@@ -122,6 +123,7 @@ def rows_of(name: str, results) -> list[dict]:
                 "model": name, "variant": variant.variant, "batch": point.batch_size,
                 "speedup": theirs.p50_ms / point.p50_ms, "p99_ratio": theirs.p99_ms / point.p99_ms,
                 "spread": point.spread, "fp32_spread": theirs.spread, "margin": timing_margin(point.spread, theirs.spread),
+                "others_cpus": point.others_cpus, "fp32_others_cpus": theirs.others_cpus,
                 "false_faster": (point.batch_size, variant.variant) in frontier
                 and (point.batch_size, results.reference) not in frontier,
             })  # fmt: skip

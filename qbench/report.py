@@ -48,6 +48,7 @@ from qbench.results import (
     non_default_session_options,
 )
 from qbench.validate.catalogue import METRICS, custom_metrics, recorded_custom_metrics
+from qbench.validate.contention import contention_notes
 
 _DROP_NOTE = "drop: how much worse than FP32 (positive = worse)"
 _UNSTABLE_NOTE = ("unstable latency: timing reached its run or time bound (latency.stability) before the last "
@@ -167,7 +168,8 @@ def _summary_grid(results: SweepResults, gate: GateReport | None) -> Grid:
               "figures: native, or emulated where the backend cannot compute the precision (see Notes)"]
     return Grid(f"Summary: {results.recipe.get('name', '')}", [h for h, _ in columns], rows,
                 frozenset(i for i, (_, numeric) in enumerate(columns) if numeric),
-                footer + mixed_timing_machines(results) + slower_than_reference_notes(results) + notes.lines())  # fmt: skip
+                footer + mixed_timing_machines(results) + contention_notes(results) + slower_than_reference_notes(results)
+                + notes.lines())  # fmt: skip
 
 
 def summary_table(results: SweepResults, gate: GateReport | None) -> Table:
