@@ -48,6 +48,7 @@ from qbench.results import (
     non_default_session_options,
 )
 from qbench.validate.catalogue import METRICS, custom_metrics, recorded_custom_metrics
+from qbench.validate.contention import contention_notes
 
 _DROP_NOTE = "drop: how much worse than FP32 (positive = worse)"
 _UNSTABLE_NOTE = ("unstable latency: timing reached its run or time bound (latency.stability) before the last "
@@ -167,7 +168,8 @@ def _summary_grid(results: SweepResults, gate: GateReport | None) -> Grid:
               "figures: native, or emulated where the backend cannot compute the precision (see Notes)"]
     return Grid(f"Summary: {results.recipe.get('name', '')}", [h for h, _ in columns], rows,
                 frozenset(i for i, (_, numeric) in enumerate(columns) if numeric),
-                footer + mixed_timing_machines(results) + slower_than_reference_notes(results) + notes.lines())  # fmt: skip
+                footer + mixed_timing_machines(results) + contention_notes(results) + slower_than_reference_notes(results)
+                + notes.lines())  # fmt: skip
 
 
 def summary_table(results: SweepResults, gate: GateReport | None) -> Table:
@@ -290,21 +292,32 @@ def _latency_grid(results: SweepResults) -> Grid:
 
 
 def frontier_text(results: SweepResults) -> str:
-    """Per backend and batch size, the frontier variants from fastest to most accurate."""
+    """Per backend and batch size, the frontier variants from fastest to most accurate. Neighbours with the same
+    metric are joined by '=': on a frontier they are as fast within the timing noise (either would otherwise leave
+    the other off it), so listing one first says nothing about its speed."""
     metric = results.gate_metric
     direction = "higher" if METRICS[metric].higher_is_better else "lower"
     lines = [f"Frontier (p50 latency vs {metric}, {direction} is better):"]
-    groups: dict[tuple[str, int], list[str]] = {}
-    emulated = False
+    groups: dict[tuple[str, int], str] = {}
+    last: dict[tuple[str, int], float] = {}
+    emulated = tied = False
     for p in frontier_of(results):
         variant = results.find(p.variant, p.backend)
         marker = "*" if variant is not None and variant.fidelity.latency == EMULATED else ""
         emulated = emulated or bool(marker)
         entry = f"{p.variant}{marker} ({short(p.p50_ms)} ms, {num(p.metric)})"
-        groups.setdefault((p.backend, p.batch_size), []).append(entry)
-    lines += [f"  {backend}, batch {bs}: " + " → ".join(names) for (backend, bs), names in groups.items()]
+        key = (p.backend, p.batch_size)
+        if key in groups:
+            same = last[key] == p.metric
+            tied = tied or same
+            entry = (" = " if same else " → ") + entry
+        groups[key] = groups.get(key, "") + entry
+        last[key] = p.metric
+    lines += [f"  {backend}, batch {bs}: {entries}" for (backend, bs), entries in groups.items()]
     if not groups:
         lines.append(f"  no variant has both a latency and a finite {metric}")
+    if tied:
+        lines.append("  =: the same metric, as fast within the timing noise")
     if emulated:
         lines.append("  * emulated latency: this runtime does not compute that precision natively")
     return "\n".join(lines)

@@ -93,6 +93,7 @@ class LatencyPoint:
     spread: float = math.nan  # (max - min) / median of the last `windows` window p50s
     iqr_ratio: float = math.nan  # interquartile range / median of every timed run
     stable: bool | None = None  # the last windows agreed; None: not judged (stability: null)
+    others_cpus: float = math.nan  # CPUs other processes kept busy while timed (qbench.validate.contention)
 
 
 @dataclass(frozen=True)
@@ -316,7 +317,7 @@ def _latency(raw: dict[str, Any] | None, where: str) -> LatencyResult | None:
 def _latency_point(raw: dict[str, Any], where: str) -> LatencyPoint:
     """Files written before adaptive timing have no window fields: they read as not judged."""
     raw = known_fields(raw, LatencyPoint, where)
-    nan_if_null = {k: math.nan for k in ("spread", "iqr_ratio") if k in raw and raw[k] is None}
+    nan_if_null = {k: math.nan for k in ("spread", "iqr_ratio", "others_cpus") if k in raw and raw[k] is None}
     windows = {k: tuple(raw[k]) for k in ("window_p50_ms", "window_p99_ms") if k in raw}
     return LatencyPoint(**{**raw, **nan_if_null, **windows})
 

@@ -36,6 +36,7 @@ from qbench.report_html import write_html_report
 from qbench.results import RangeAnalysis, SweepResults, VariantResult, write_results
 from qbench.runs import RESULTS_FILE, mark_complete, mark_incomplete, new_run_dir, utc_now
 from qbench.validate.catalogue import custom_metrics
+from qbench.validate.contention import contention_notes
 from qbench.validate.measure import PhaseClock
 from qbench.variants import BuiltVariant
 
@@ -333,7 +334,7 @@ def _publish(recipe: Recipe, results: SweepResults, progress: _Progress, started
     run_dir, clock = progress.run_dir, progress.clock
     t = time.perf_counter()
     gate = evaluate_gate(results, recipe.gate, slo=recipe.slo)
-    for note in mixed_timing_machines(results):
+    for note in (*mixed_timing_machines(results), *contention_notes(results)):
         logger.warning(note)
     with progress.guard.shielded():  # a signal now waits for the reports too (a second or so): complete, or not at all
         results_path = write_results(results, run_dir / RESULTS_FILE)

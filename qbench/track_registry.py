@@ -2,17 +2,19 @@
 
 Per backend (the section's `backends`, default all), the best passing variant is the fastest (p50)
 at the primary batch size (`registry.primary_batch_size`, default the smallest latency batch size)
-among the variants the gate judged and passed. Each becomes a version of the registered model,
-made from the LoggedModel of that variant's child run in the sweep's MLflow runs, and an alias
-points at it: `<alias>` at the primary backend's (the recipe's first backend with a winner), and
-with several backends also `<alias>-<backend>` at each backend's (e.g. `candidate-ort-cpu`). Only a
-passing gate (exit 0) registers anything; the sweep's runs are found by the run folder the tracker
-tagged its parent run with.
+among the variants the gate judged and passed; variants within the timing noise of the fastest are
+as fast, and the most accurate of them (then the first in the sweep) wins, so the pick never follows
+noise. Each becomes a version of the registered model, made from the LoggedModel of that variant's
+child run in the sweep's MLflow runs, and an alias points at it: `<alias>` at the primary backend's
+(the recipe's first backend with a winner), and with several backends also `<alias>-<backend>` at each
+backend's (e.g. `candidate-ort-cpu`). Only a passing gate (exit 0) registers anything; the sweep's runs
+are found by the run folder the tracker tagged its parent run with.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,12 +26,14 @@ from mlflow.tracking import MlflowClient
 from mlflow.tracking._tracking_service.utils import _use_tracking_uri
 
 from qbench.errors import QbenchError, one_line
+from qbench.frontier import faster_beyond_noise, overall_metric, timing_margin
 from qbench.gate import GateReport
 from qbench.recipe import Recipe
 from qbench.recipe_registry import RegistrySpec
-from qbench.results import SweepResults, VariantResult
+from qbench.results import LatencyPoint, SweepResults, VariantResult
 from qbench.track_content import short_backend
 from qbench.track_store import FAILURE_CHARS, bounded_retries, finished_sweep_run, open_experiment, search_literal
+from qbench.validate.catalogue import METRICS
 
 
 @dataclass(frozen=True)
@@ -47,15 +51,25 @@ class Registration:
 
 
 def best_passing(results: SweepResults, gate: GateReport, batch_size: int) -> dict[str, VariantResult]:
-    """Backend -> the variant that passed the gate with the lowest p50 at `batch_size` (backends in sweep order)."""
-    best: dict[str, VariantResult] = {}
+    """Backend -> the variant that passed the gate with the lowest p50 at `batch_size` (backends in sweep order):
+    of those within the timing noise of the lowest, the one with the best gate metric, then the first."""
+    passing: dict[str, list[tuple[VariantResult, LatencyPoint]]] = {}
     for variant in results.variants:
         point = variant.latency.at(batch_size) if variant.latency is not None else None
-        if point is None or gate.status_of(variant.variant, variant.backend) != "pass":
-            continue
-        current = best.get(variant.backend)
-        if current is None or point.p50_ms < current.latency.at(batch_size).p50_ms:  # type: ignore[union-attr]
-            best[variant.backend] = variant
+        if point is not None and gate.status_of(variant.variant, variant.backend) == "pass":
+            passing.setdefault(variant.backend, []).append((variant, point))
+    sign = 1.0 if METRICS[results.gate_metric].higher_is_better else -1.0
+
+    def score(variant: VariantResult) -> float:
+        value = sign * overall_metric(variant, results.gate_metric)
+        return value if math.isfinite(value) else -math.inf
+
+    best: dict[str, VariantResult] = {}
+    for backend, found in passing.items():
+        _, fastest = min(found, key=lambda entry: entry[1].p50_ms)
+        as_fast = [v for v, p in found if not faster_beyond_noise(fastest.p50_ms, p.p50_ms,
+                                                                  timing_margin(fastest.spread, p.spread))]  # fmt: skip
+        best[backend] = max(as_fast, key=score)  # the first of equal scores
     return best
 
 

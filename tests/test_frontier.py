@@ -69,6 +69,23 @@ def test_identical_models_share_the_worst_metric_and_unknown_digests_stay_apart(
     assert names(compute_frontier(undigested, "accuracy")) == ["a"]
 
 
+def _spread(variant: VariantResult, spread: float) -> VariantResult:
+    points = tuple(dataclasses.replace(p, spread=spread) for p in variant.latency.points)
+    return dataclasses.replace(variant, latency=dataclasses.replace(variant.latency, points=points))
+
+
+def test_a_p50_within_the_timing_noise_is_the_same_speed() -> None:
+    """An A/A variant (FP32's graph re-saved) timed 3 % below FP32 is as fast, not faster: it must not push FP32 off
+    the frontier; a variant as fast within the noise but less accurate is dominated; faster beyond it still wins."""
+    fp32, same = point("fp32", 1.0, 0.95), point("fp32-resaved", 0.97, 0.95)
+    assert names(compute_frontier([fp32, same], "accuracy")) == ["fp32-resaved", "fp32"]
+    assert names(compute_frontier([fp32, point("int8", 0.96, 0.94)], "accuracy")) == ["fp32"]
+    assert names(compute_frontier([fp32, point("int8", 0.94, 0.95)], "accuracy")) == ["int8"]
+    # its timing windows spread 20 %: 0.85 ms is within that noise of 1.0 ms, 0.7 ms is not
+    assert names(compute_frontier([fp32, _spread(point("int8", 0.85, 0.95), 0.2)], "accuracy")) == ["int8", "fp32"]
+    assert names(compute_frontier([_spread(fp32, 0.2), point("int8", 0.7, 0.95)], "accuracy")) == ["int8"]
+
+
 def test_equal_latency_keeps_only_the_better_metric() -> None:
     variants = [point("worse", 1.0, 0.90), point("better", 1.0, 0.93)]
     assert names(compute_frontier(variants, "accuracy")) == ["better"]

@@ -130,6 +130,22 @@ def test_best_passing_skips_breaching_and_reference_variants_per_backend() -> No
     assert best_passing(results, gate, batch_size=32) == {"onnxruntime-cpu": results.find("fp16", "onnxruntime-cpu")}
 
 
+def test_best_passing_takes_variants_within_the_timing_noise_as_equally_fast() -> None:
+    """int8-b measured 3 % faster than int8-a is noise: the more accurate int8-a wins; 20 % faster is not noise."""
+    accurate = {"overall": 0.95, "clean": 0.97, "noisy lighting=dark": 0.90}
+    worse = {"overall": 0.945, "clean": 0.965, "noisy lighting=dark": 0.895}
+    gate_spec = GateSpec(max_drop=0.01, max_slice_drop=0.02)
+
+    def best(p50_b: float) -> str:
+        results = make_sweep([make_variant("fp32", "fp32", p50_by_batch={1: 1.0}),
+                              make_variant("int8-a", "int8", p50_by_batch={1: 0.60}, accuracy=accurate),
+                              make_variant("int8-b", "int8", p50_by_batch={1: p50_b}, accuracy=worse)])  # fmt: skip
+        return best_passing(results, evaluate_gate(results, gate_spec), batch_size=1)["onnxruntime-cpu"].variant
+
+    assert best(0.582) == "int8-a"
+    assert best(0.48) == "int8-b"
+
+
 def test_a_failing_gate_is_refused_by_the_library_too(swept: Swept) -> None:
     recipe = load_recipe(strict_copy(swept.recipe))
     gate = evaluate_gate(swept.results, recipe.gate)

@@ -105,7 +105,7 @@ def test_gate_table_lists_breaches_first_in_red_and_the_problems(gate: GateRepor
 
 def test_frontier_text_lists_each_backend_and_batch_in_latency_order() -> None:
     results = make_sweep()
-    lines = frontier_text(results).splitlines()
+    lines = [line for line in frontier_text(results).splitlines() if not line.startswith("  =:")]
     frontier = compute_frontier(results.variants, "accuracy")
     assert len(lines) == 1 + len({(p.backend, p.batch_size) for p in frontier})
     batch_1 = next(line for line in lines if "batch 1:" in line)
@@ -113,6 +113,19 @@ def test_frontier_text_lists_each_backend_and_batch_in_latency_order() -> None:
     assert [batch_1.index(name) for name in order] == sorted(batch_1.index(name) for name in order)
     empty = make_sweep([make_variant("fp32", "fp32", error="boom")])
     assert "no variant" in frontier_text(empty)
+
+
+def test_frontier_text_joins_variants_as_fast_within_the_noise_with_an_equals_sign() -> None:
+    """FP32 re-saved (an A/A variant) timed 2 % below FP32 is not listed as the faster of the two."""
+    same = {"overall": 0.95, "clean": 0.97, "noisy lighting=dark": 0.90}
+    worse = {"overall": 0.94, "clean": 0.96, "noisy lighting=dark": 0.89}
+    results = make_sweep([make_variant("fp32", "fp32", p50_by_batch={1: 1.0}, accuracy=same),
+                          make_variant("fp32-resaved", "fp32", p50_by_batch={1: 0.98}, accuracy=same),
+                          make_variant("int8", "int8", p50_by_batch={1: 0.5}, accuracy=worse)])  # fmt: skip
+    lines = frontier_text(results).splitlines()
+    assert lines[1] == "  onnxruntime-cpu, batch 1: int8 (0.500 ms, 0.9400) → fp32-resaved (0.980 ms, 0.9500) = fp32 (1.00 ms, 0.9500)"
+    assert lines[2] == "  =: the same metric, as fast within the timing noise"
+    assert "=" not in frontier_text(make_sweep([results.variants[0], results.variants[2]]))
 
 
 def _tables(markdown: str) -> list[list[str]]:

@@ -95,7 +95,9 @@ def test_one_frontier_point_per_variant_and_batch_with_a_tooltip_naming_it() -> 
         assert f"p50 {p50:.3f} ms" in title.text
     # off-frontier points are drawn too (fp8 is slower and less accurate than fp32), unfilled
     others = [p for p in tree.find("circle", "point") if "frontier" not in p.classes]
-    assert {p.attrs["data-variant"] for p in others} == {"fp8_e4m3", "fp16"} - {p.variant for p in frontier}
+    drawn = {(v.variant, b) for v in results.variants for b in (1, 32)}
+    off = {(p.attrs["data-variant"], int(p.attrs["data-batch"])) for p in others}
+    assert ("fp8_e4m3", 1) in off and off == drawn - {(p.variant, p.batch_size) for p in frontier}
     assert all(p.attrs["fill"] == "#ffffff" for p in others)
 
 

@@ -25,6 +25,7 @@ from qbench.errors import QbenchError
 from qbench.progress import track
 from qbench.recipe import StabilitySpec
 from qbench.results import LatencyPoint
+from qbench.validate.contention import cpu_sample, others_cpus
 from qbench.validate.stability import StabilityRule, WindowedStability, iqr_ratio, run_until_stable
 
 _NS_PER_MS = 1_000_000
@@ -99,8 +100,17 @@ def _timed_until_stable(
     return np.asarray(state.durations, dtype=np.float64)
 
 
+class TimedSamples(dict[int, np.ndarray]):
+    """Batch size -> every timed duration (ms), and the CPUs other processes kept busy while each was timed
+    (qbench.validate.contention)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.others_cpus: dict[int, float] = {}
+
+
 def _latency_point(
-    batch_size: int, warmup: int, durations_ms: np.ndarray, rule: StabilityRule | None
+    batch_size: int, warmup: int, durations_ms: np.ndarray, rule: StabilityRule | None, others: float = math.nan
 ) -> LatencyPoint:
     p50, p95, p99 = np.percentile(durations_ms, [50, 95, 99])
     mean_ms = float(np.mean(durations_ms))
@@ -120,6 +130,7 @@ def _latency_point(
         mean_ms=mean_ms,
         items_per_s=batch_size * 1000.0 / mean_ms if mean_ms > 0 else math.inf,
         iqr_ratio=iqr_ratio(durations_ms),
+        others_cpus=others,
         **windows,
     )
 
@@ -132,9 +143,10 @@ def measure_samples(
     iterations: int,
     description: str = "latency",
     stability: StabilitySpec | None = None,
-) -> dict[int, np.ndarray]:
+) -> TimedSamples:
     """For each batch size: `warmup` untimed runs, then timed runs of `runner.run`; batch size ->
-    every timed duration in ms (the load simulation replays them, `latency_points` summarises them).
+    every timed duration in ms (the load simulation replays them, `latency_points` summarises them),
+    with the CPUs other processes kept busy over the timed runs.
 
     Without `stability`, exactly `iterations` timed runs. With it, at least `iterations`, then on
     until the last windows' p50s agree (qbench.validate.stability), at most `max_iterations` runs
@@ -144,17 +156,19 @@ def measure_samples(
         raise QbenchError(f"warmup must be zero or more, got {warmup}")
     if iterations <= 0:
         raise QbenchError(f"iterations must be positive, got {iterations}")
-    samples: dict[int, np.ndarray] = {}
+    samples = TimedSamples()
     for batch_size in batch_sizes:
         batch = take_batch(feeds, batch_size)
         for _ in range(warmup):
             runner.run(batch)
         label = f"{description} (batch {batch_size})"
         rule = stability_rule(stability, iterations)
+        start = cpu_sample()
         if rule is None:
             samples[batch_size] = _timed_runs_ns(runner, batch, iterations, label).astype(np.float64) / _NS_PER_MS
         else:
             samples[batch_size] = _timed_until_stable(runner, batch, rule, label)
+        samples.others_cpus[batch_size] = others_cpus(start, cpu_sample())
     return samples
 
 
@@ -221,8 +235,11 @@ def latency_points(
 ) -> tuple[LatencyPoint, ...]:
     """One LatencyPoint per batch size. Percentiles are numpy's (linear interpolation), so
     p50 <= p95 <= p99; items_per_s is batch_size / mean seconds. With the `rule` the samples were
-    timed under (`stability_rule`), each point records its windows, their spread and `stable`."""
-    return tuple(_latency_point(bs, warmup, durations, rule) for bs, durations in samples_ms.items())
+    timed under (`stability_rule`), each point records its windows, their spread and `stable`; from
+    `TimedSamples`, the CPUs other processes kept busy."""
+    others = samples_ms.others_cpus if isinstance(samples_ms, TimedSamples) else {}
+    return tuple(_latency_point(bs, warmup, durations, rule, others.get(bs, math.nan))
+                 for bs, durations in samples_ms.items())  # fmt: skip
 
 
 def measure_steady_state(

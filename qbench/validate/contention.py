@@ -1,0 +1,76 @@
+"""How many CPUs other processes kept busy while a model was timed: the load timing windows cannot see.
+
+Windows that agree say the load did not change *during* one measurement, not that two measurements ran under
+the same load. In an A/A test on a shared 2-core machine (bench/aa_latency.py: FP32's graph re-saved with an
+Identity, swept as a variant) speed-ups of 0.56-1.80x came with windows agreeing within 1-4 %: other processes
+were busy while one of the two was timed. So every timed point records `others_cpus`: the CPUs (of those this
+process may run on) that other processes used, on average over its timed runs, and a report names the points
+timed beside such a load: their speed-ups may be off by far more than their spreads say.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from qbench.results import SweepResults
+
+# Other processes using half a CPU on average held one of ours half of the time: enough to move a p50 by more
+# than the timing windows' 5 % (the A/A test's outliers ran beside one to two busy CPUs).
+CONTENDED_CPUS = 0.5
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    """Cumulative CPU seconds at one instant: busy on this process's CPUs (every process) and this process's own."""
+
+    wall_s: float
+    busy_s: float
+    own_s: float
+
+
+def cpu_sample() -> CpuSample:
+    """Now's counters (psutil; the CPUs of this process's affinity where the platform has one)."""
+    import psutil
+
+    per_cpu = psutil.cpu_times(percpu=True)
+    mine = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else range(len(per_cpu))
+    busy = 0.0
+    for index in mine:
+        if index < len(per_cpu):
+            times = per_cpu[index]
+            busy += sum(times) - times.idle - getattr(times, "iowait", 0.0)
+    own = psutil.Process().cpu_times()
+    return CpuSample(time.perf_counter(), busy, own.user + own.system)
+
+
+def others_cpus(start: CpuSample, end: CpuSample) -> float:
+    """CPUs other processes kept busy between two samples, on average (never below 0: the counters tick at
+    different moments); NaN when no time passed."""
+    wall = end.wall_s - start.wall_s
+    if wall <= 0:
+        return math.nan
+    return max(0.0, ((end.busy_s - start.busy_s) - (end.own_s - start.own_s)) / wall)
+
+
+def contention_notes(results: SweepResults) -> list[str]:
+    """A note per backend with a point timed while other processes kept CONTENDED_CPUS or more busy, naming the
+    busiest point and the quietest one: a speed-up between them compares loads, not variants."""
+    notes = []
+    for backend in results.backends():
+        timed = [v for v in results.variants if v.backend == backend and v.status == "ok" and v.latency is not None
+                 and "identical_to" not in v.params]  # a twin reports its twin's timing: name the one timed
+        points = [(p.others_cpus, v.variant, p.batch_size) for v in timed for p in v.latency.points  # type: ignore[union-attr]
+                  if math.isfinite(p.others_cpus)]  # fmt: skip
+        busy = max(points, default=None)
+        if busy is None or busy[0] < CONTENDED_CPUS:
+            continue
+        quiet = min(points)
+        notes.append(f"{backend}: other processes kept {busy[0]:.2f} CPUs busy while {busy[1]} was timed at batch "
+                     f"{busy[2]} ({quiet[0]:.2f} while {quiet[1]} was, at batch {quiet[2]}): speed-ups on it may be "
+                     "off by far more than the timing windows' spread; time the sweep on a machine nothing else runs on")  # fmt: skip
+    return notes

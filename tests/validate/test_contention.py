@@ -1,0 +1,70 @@
+"""Other processes' CPU use while a point was timed: the arithmetic, where it is recorded, and the notes it gives."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import numpy as np
+from sweep_factory import default_variants, make_sweep
+
+from qbench.gate import evaluate_gate
+from qbench.recipe import GateSpec
+from qbench.report import summary_table
+from qbench.results import SweepResults, from_dict, to_json
+from qbench.validate.contention import CpuSample, contention_notes, others_cpus
+from qbench.validate.latency import TimedSamples, latency_points
+
+
+def test_others_cpus_is_busy_time_less_this_process_per_second() -> None:
+    # 2 s: the CPUs were busy 3 s in all, 1 s of it this process's: another process kept 1 CPU busy
+    assert others_cpus(CpuSample(10.0, 100.0, 5.0), CpuSample(12.0, 103.0, 6.0)) == 1.0
+    # this process's counter ticked past the machine's: never below 0
+    assert others_cpus(CpuSample(10.0, 100.0, 5.0), CpuSample(11.0, 100.5, 5.8)) == 0.0
+    assert math.isnan(others_cpus(CpuSample(10.0, 100.0, 5.0), CpuSample(10.0, 101.0, 5.0)))
+
+
+def test_timed_samples_carry_others_cpus_into_their_points() -> None:
+    samples = TimedSamples()
+    samples[1], samples[32] = np.full(10, 1.0), np.full(10, 20.0)
+    samples.others_cpus[32] = 1.4
+    one, thirty_two = latency_points(samples, warmup=0)
+    assert math.isnan(one.others_cpus) and thirty_two.others_cpus == 1.4
+    assert all(math.isnan(p.others_cpus) for p in latency_points({1: np.full(10, 1.0)}, warmup=0))
+
+
+def _loaded(results: SweepResults, variant: str, batch_size: int, cpus: float, rest: float = 0.05) -> SweepResults:
+    """Every timed point at `rest` CPUs of other processes' use, `variant` at `batch_size` at `cpus`."""
+
+    def load(v):
+        if v.latency is None:
+            return v
+        points = tuple(dataclasses.replace(p, others_cpus=cpus if (v.variant, p.batch_size) == (variant, batch_size)
+                                           else rest) for p in v.latency.points)  # fmt: skip
+        return dataclasses.replace(v, latency=dataclasses.replace(v.latency, points=points))
+
+    return dataclasses.replace(results, variants=tuple(load(v) for v in results.variants))
+
+
+def test_a_point_timed_beside_busy_processes_is_named_in_the_report_and_the_gate() -> None:
+    results = _loaded(make_sweep(default_variants()), "fp32", 32, 1.62)
+    (note,) = contention_notes(results)
+    assert note.startswith("onnxruntime-cpu: other processes kept 1.62 CPUs busy while fp32 was timed at batch 32 "
+                           "(0.05 while ")  # fmt: skip
+    assert note in evaluate_gate(results, GateSpec(max_drop=0.5, max_slice_drop=0.5)).notes
+    assert note in str(summary_table(results, None).caption)
+    assert contention_notes(_loaded(results, "fp32", 32, 0.4)) == []  # below CONTENDED_CPUS
+    assert contention_notes(make_sweep(default_variants())) == []  # not recorded (older results): no claim
+    twin = dataclasses.replace(results.variants[0], variant="fp32-copy", params={"identical_to": "fp32"})
+    with_twin = dataclasses.replace(results, variants=(*results.variants, twin))
+    assert contention_notes(with_twin) == [note]  # a twin's figures are fp32's: fp32 is named, as it was timed
+
+
+def test_others_cpus_round_trips_through_results_json() -> None:
+    results = _loaded(make_sweep(default_variants()), "fp16", 1, 0.75)
+    back = from_dict(json.loads(to_json(results)))
+    assert back.find("fp16", "onnxruntime-cpu").latency.at(1).others_cpus == 0.75
+    raw = json.loads(to_json(make_sweep(default_variants())))
+    assert raw["variants"][0]["latency"]["points"][0]["others_cpus"] is None  # NaN is written as null, read as NaN
+    assert math.isnan(from_dict(raw).variants[0].latency.points[0].others_cpus)
