@@ -41,7 +41,6 @@ from qbench.validate.catalogue import (
     recorded_custom_metrics,
     within,
 )
-from qbench.validate.contention import contention_notes
 from qbench.variants.base import lowered_nothing
 
 if TYPE_CHECKING:
@@ -157,7 +156,7 @@ def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[st
         problems=tuple(problems),
         gated=tuple(f"{v}@{b}" for v, b in gated),
         notes=(*_unlowered(results, gated), *_nonfinite_reference(results, gated), *mixed_timing_machines(results),
-               *contention_notes(results), *slower_than_reference_notes(results, {f"{v}@{b}" for v, b in gated})),
+               *slower_than_reference_notes(results, {f"{v}@{b}" for v, b in gated})),
     )
 
 

@@ -66,10 +66,10 @@ def contention_notes(results: SweepResults) -> list[str]:
                  and "identical_to" not in v.params]  # a twin reports its twin's timing: name the one timed
         points = [(p.others_cpus, v.variant, p.batch_size) for v in timed for p in v.latency.points  # type: ignore[union-attr]
                   if math.isfinite(p.others_cpus)]  # fmt: skip
-        busy = max(points, default=None)
+        busy = max(points, default=None, key=lambda point: point[0])
         if busy is None or busy[0] < CONTENDED_CPUS:
             continue
-        quiet = min(points)
+        quiet = min(points, key=lambda point: point[0])
         notes.append(f"{backend}: other processes kept {busy[0]:.2f} CPUs busy while {busy[1]} was timed at batch "
                      f"{busy[2]} ({quiet[0]:.2f} while {quiet[1]} was, at batch {quiet[2]}): speed-ups on it may be "
                      "off by far more than the timing windows' spread; time the sweep on a machine nothing else runs on")  # fmt: skip

@@ -47,12 +47,14 @@ def _loaded(results: SweepResults, variant: str, batch_size: int, cpus: float, r
     return dataclasses.replace(results, variants=tuple(load(v) for v in results.variants))
 
 
-def test_a_point_timed_beside_busy_processes_is_named_in_the_report_and_the_gate() -> None:
+def test_a_point_timed_beside_busy_processes_is_named_in_the_report_not_the_gate() -> None:
+    """A caveat on speed-ups: in the sweep's log and the report; the gate's output, which CI parses, depends on the
+    accuracy and the SLO only, never on how busy the machine happened to be."""
     results = _loaded(make_sweep(default_variants()), "fp32", 32, 1.62)
     (note,) = contention_notes(results)
     assert note.startswith("onnxruntime-cpu: other processes kept 1.62 CPUs busy while fp32 was timed at batch 32 "
                            "(0.05 while ")  # fmt: skip
-    assert note in evaluate_gate(results, GateSpec(max_drop=0.5, max_slice_drop=0.5)).notes
+    assert not [n for n in evaluate_gate(results, GateSpec(max_drop=0.5, max_slice_drop=0.5)).notes if "busy" in n]
     assert note in str(summary_table(results, None).caption)
     assert contention_notes(_loaded(results, "fp32", 32, 0.4)) == []  # below CONTENDED_CPUS
     assert contention_notes(make_sweep(default_variants())) == []  # not recorded (older results): no claim
