@@ -239,7 +239,9 @@ class Recipe(_Strict):
             return data
         task, gate = data.get("task", "classification"), data.get("gate", {})
         if isinstance(task, str) and task in TASKS and isinstance(gate, dict) and "metric" not in gate:
-            return {**data, "gate": {**gate, "metric": TASKS.get(task).default_gate_metric}}
+            metric = TASKS.get(task).default_gate_metric or _first_custom_metric(data.get("metrics"))
+            if metric is not None:
+                return {**data, "gate": {**gate, "metric": metric}}
         return data
 
     @field_validator("backends")
@@ -293,6 +295,11 @@ class Recipe(_Strict):
         for index, backend in enumerate(self.backends):
             if backend.startswith("torch-") and self.model.torch is None:
                 raise ValueError(f"backends[{index}]: {backend} needs a PyTorch model source (model.torch)")
+        from qbench.tasks import get_task
+
+        if get_task(self.task).default_gate_metric is None and not self.metrics:
+            raise ValueError(f"metrics: task {self.task!r} is judged by the recipe's own metrics; expected at least one "
+                             "(`metrics: [{name, function: 'module:function', higher_is_better}]`)")  # fmt: skip
         allowed = self._metric_names()
         if self.gate.metric not in allowed:
             raise ValueError(f"gate.metric: {expected_one_of(self.gate.metric, allowed)} for task {self.task!r}")
@@ -430,6 +437,13 @@ def load_recipe(path: str | Path) -> Recipe:
     recipe._sha256 = hashlib.sha256(raw_bytes).hexdigest()
     _check_files(recipe)
     return recipe
+
+
+def _first_custom_metric(metrics: Any) -> str | None:
+    """The name of the recipe's first custom metric as written, None when there is none (the validators say why)."""
+    first = metrics[0] if isinstance(metrics, list) and metrics else None
+    name = first.get("name") if isinstance(first, dict) else None
+    return name if isinstance(name, str) else None
 
 
 def _yaml_kind(value: Any) -> str:

@@ -176,13 +176,12 @@ def test_fingerprint_ignores_the_gate_but_not_the_model(tmp_path):
         (
             {"task": "regresion"},
             "recipe.yaml: task: got 'regresion', expected one of classification, embedding, multilabel, "
-            "regression (did you mean 'regression'?)",
+            "regression, structured (did you mean 'regression'?)",
         ),
         (
             {"task": "detection"},
-            "recipe.yaml: task: task 'detection' is not supported: qbench evaluates one score, id or vector per row "
-            "(classification, embedding, multilabel, regression); for structured outputs name a custom metric "
-            "(recipe `metrics:`)",
+            "recipe.yaml: task: task 'detection' is not supported as such: use task 'structured', which hands each "
+            "row's outputs and label to your own metrics (recipe `metrics:`) and gates on them",
         ),
     ],
 )

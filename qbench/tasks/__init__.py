@@ -17,17 +17,19 @@ TASKS.register("classification", "qbench.tasks.classification:CLASSIFICATION")
 TASKS.register("embedding", "qbench.tasks.embedding:EMBEDDING")
 TASKS.register("regression", "qbench.tasks.regression:REGRESSION")
 TASKS.register("multilabel", "qbench.tasks.multilabel:MULTILABEL")
+TASKS.register("structured", "qbench.tasks.structured:STRUCTURED")
 
 UNSUPPORTED_TASKS = ("detection", "segmentation", "generation", "ranking")
-"""Structured-output tasks people ask for by name; they get 'not supported' rather than 'unknown'."""
+"""Structured-output tasks people ask for by name; they get 'not supported' (with the task that takes them,
+'structured') rather than 'unknown'."""
 
 
 def get_task(name: str) -> Task:
     """The task registered as `name`; a clear error for structured-output tasks and unknown names."""
     if name in UNSUPPORTED_TASKS:
         raise QbenchError(
-            f"task {name!r} is not supported: qbench evaluates one score, id or vector per row "
-            f"({', '.join(TASKS.names())}); for structured outputs name a custom metric (recipe `metrics:`)"
+            f"task {name!r} is not supported as such: use task 'structured', which hands each row's outputs and "
+            "label to your own metrics (recipe `metrics:`) and gates on them"
         )
     if name not in TASKS:
         raise QbenchError(f"task: {expected_one_of(name, TASKS.names())}")

@@ -81,7 +81,7 @@ class Task(ABC):
 
     name: ClassVar[str]
     metric_infos: ClassVar[tuple[MetricInfo, ...]]
-    default_gate_metric: ClassVar[str]
+    default_gate_metric: ClassVar[str | None]  # None: the recipe's first custom metric
     labels_name_classes: ClassVar[bool] = False  # label cells are names ("01" and "1" two classes), not numbers
 
     # -- labels ----------------------------------------------------------------------------------

@@ -42,7 +42,8 @@ from qbench.validate.catalogue import MetricInfo, share_of_rows
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-_STRUCTURED = "structured outputs (detection boxes, masks, sequences) are not supported"
+_STRUCTURED = ("structured outputs (detection boxes, masks, sequences) are not supported by task 'classification' "
+               "(task 'structured' judges them by your own metrics)")
 
 
 def _integral(value: Any) -> bool:

@@ -48,11 +48,17 @@ def cpu_sample() -> CpuSample:
     return CpuSample(time.perf_counter(), busy, own.user + own.system)
 
 
+# The kernel's CPU counters advance in clock ticks (10 ms at the usual 100 Hz): over a window of a millisecond one
+# tick of anyone's work read as 10 busy CPUs (a probe on 2 CPUs was told 'other processes kept 39.85 CPUs busy').
+# Over 0.25 s a tick per CPU is 0.04 CPUs; a shorter window says nothing about the load.
+MIN_WINDOW_S = 0.25
+
+
 def others_cpus(start: CpuSample, end: CpuSample) -> float:
     """CPUs other processes kept busy between two samples, on average (never below 0: the counters tick at
-    different moments); NaN when no time passed."""
+    different moments); NaN when less time passed than the counters can resolve (MIN_WINDOW_S)."""
     wall = end.wall_s - start.wall_s
-    if wall <= 0:
+    if wall < MIN_WINDOW_S:
         return math.nan
     return max(0.0, ((end.busy_s - start.busy_s) - (end.own_s - start.own_s)) / wall)
 

@@ -7,6 +7,7 @@ import json
 import math
 
 import numpy as np
+import pytest
 from sweep_factory import default_variants, make_sweep
 
 from qbench.gate import evaluate_gate
@@ -23,6 +24,12 @@ def test_others_cpus_is_busy_time_less_this_process_per_second() -> None:
     # this process's counter ticked past the machine's: never below 0
     assert others_cpus(CpuSample(10.0, 100.0, 5.0), CpuSample(11.0, 100.5, 5.8)) == 0.0
     assert math.isnan(others_cpus(CpuSample(10.0, 100.0, 5.0), CpuSample(10.0, 101.0, 5.0)))
+
+
+def test_a_window_shorter_than_the_counters_resolution_gives_no_figure() -> None:
+    # 1 ms of timing over which the busy counter moved by one 10 ms tick: not 10 CPUs of other work, nothing known
+    assert math.isnan(others_cpus(CpuSample(10.0, 100.0, 5.0), CpuSample(10.001, 100.01, 5.0)))
+    assert others_cpus(CpuSample(10.0, 100.0, 5.0), CpuSample(10.5, 100.26, 5.01)) == pytest.approx(0.5)
 
 
 def test_timed_samples_carry_others_cpus_into_their_points() -> None:

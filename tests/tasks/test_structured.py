@@ -1,0 +1,127 @@
+"""Task 'structured': a segmentation net's `[N, C, H, W]` scores with per-pixel labels (a Parquet list column),
+judged by the recipe's own mean IoU, which the gate takes as its metric; and the recipe errors around it."""
+
+from __future__ import annotations
+
+import textwrap
+
+import numpy as np
+import onnxruntime as ort
+import pandas as pd
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from task_projects import graph_model, plain_ort, project, run_all, said
+
+from qbench.cli import main
+from qbench.errors import QbenchError
+from qbench.tasks import get_task
+from qbench.tasks.base import LabelError
+
+ROWS, CLASSES, SIDE = 48, 3, 6
+
+METRIC_MODULE = textwrap.dedent(
+    """
+    import numpy as np
+
+    def miou(outputs, labels):
+        predicted = outputs.argmax(axis=1).reshape(len(outputs), -1)
+        ious = [np.sum((predicted == c) & (labels == c)) / np.sum((predicted == c) | (labels == c))
+                for c in range(outputs.shape[1]) if np.any((predicted == c) | (labels == c))]
+        return float(np.mean(ious))
+    """
+)
+
+
+def _segmentation_model():
+    """Conv 1 -> 4 channels, Relu, Conv 1x1 -> CLASSES: per-pixel class scores [N, CLASSES, SIDE, SIDE]."""
+    rng = np.random.default_rng(0)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 1, SIDE, SIDE])
+    scores = helper.make_tensor_value_info("scores", TensorProto.FLOAT, [None, CLASSES, SIDE, SIDE])
+    weights = [
+        numpy_helper.from_array(rng.normal(size=(4, 1, 3, 3)).astype(np.float32), "w1"),
+        numpy_helper.from_array(rng.normal(size=(CLASSES, 4, 1, 1)).astype(np.float32), "w2"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2"], ["scores"]),
+    ]
+    return graph_model(nodes, [x], [scores], weights)
+
+
+def _mean_iou(outputs, labels):
+    namespace: dict = {}
+    exec(METRIC_MODULE, namespace)  # the user's own function, as the sweep imports it
+    return namespace["miou"](outputs, labels)
+
+
+def _segmentation_project(tmp_path, **changes):
+    model = _segmentation_model()
+    rng = np.random.default_rng(1)
+    images = rng.normal(size=(ROWS, 1, SIDE, SIDE)).astype(np.float32)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    truth = session.run(None, {"x": images})[0].argmax(axis=1).reshape(ROWS, -1)
+    truth = np.where(rng.random(truth.shape) < 0.2, (truth + 1) % CLASSES, truth)  # FP32 is not perfect
+    table = pd.DataFrame({"x": [row.ravel() for row in images], "half": np.where(np.arange(ROWS) % 2 == 0, "even", "odd"),
+                          "y": [row.tolist() for row in truth]})  # fmt: skip
+    (tmp_path / "seg_metrics.py").write_text(METRIC_MODULE)
+    recipe = {"task": "structured", "data": {"label": "y"},
+              "metrics": [{"name": "miou", "function": "seg_metrics:miou", "higher_is_better": True}], **changes}  # fmt: skip
+    return project(tmp_path, model, table, **recipe), images, truth
+
+
+@pytest.mark.slow
+def test_segmentation_scores_are_judged_per_pixel_by_the_recipes_own_metric(tmp_path, monkeypatch, capsys):
+    recipe, images, truth = _segmentation_project(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    results, shown = run_all(recipe, capsys)
+    assert results.gate_metric == "miou" and said("Gate on miou", shown)  # the first custom metric, by default
+    reference = plain_ort(tmp_path / "model.onnx", {"x": images})["scores"]
+    fp32 = results.find("fp32", "onnxruntime-cpu").accuracy
+    assert fp32.overall.metrics["miou"] == pytest.approx(_mean_iou(reference, truth), abs=1e-12)
+    even = fp32.slice("half=even")
+    assert even.metrics["miou"] == pytest.approx(_mean_iou(reference[::2], truth[::2]), abs=1e-12)
+    int8 = results.find("int8", "onnxruntime-cpu")
+    built = plain_ort(int8.model_path, {"x": images})["scores"]
+    assert int8.accuracy.overall.metrics["miou"] == pytest.approx(_mean_iou(built, truth), abs=1e-12)
+    assert int8.accuracy.overall.metrics["max_abs_error"] == pytest.approx(float(np.abs(built - reference).max()))
+    tolerance = 0.01 * reference.reshape(ROWS, -1).std(axis=0)  # 1 % of each value's FP32 spread
+    close = (np.abs(built - reference).reshape(ROWS, -1) <= tolerance).all(axis=1)
+    assert int8.accuracy.overall.metrics["agreement"] == pytest.approx(float(close.mean()), abs=1e-12)
+    assert fp32.overall.metrics["agreement"] == 1.0
+
+
+def test_a_segmentation_output_stays_refused_by_classification(tmp_path, capsys):
+    recipe, _, _ = _segmentation_project(tmp_path, task="classification", gate={"metric": "miou"})
+    assert main(["validate", str(recipe)]) == 2
+    assert said("are not supported by task 'classification' (task 'structured' judges them", capsys.readouterr().err)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"metrics": []}, "metrics: task 'structured' is judged by the recipe's own metrics; expected at least one"),
+        ({"gate": {"metric": "accuracy"}}, "gate.metric: got 'accuracy', expected one of agreement, max_abs_error, miou"),
+    ],
+)
+def test_structured_recipes_without_a_metric_of_their_own_are_refused(tmp_path, capsys, changes, message):
+    recipe, _, _ = _segmentation_project(tmp_path, **changes)
+    assert main(["validate", str(recipe)]) == 2
+    assert said(message, capsys.readouterr().err)
+
+
+def test_label_cells_are_stacked_when_rectangular_and_kept_per_row_when_not():
+    task = get_task("structured")
+    positions = np.arange(3)
+    per_pixel = task.labels_from_values([np.array([0, 1, 2, 1]), [1, 1, 0, 0], np.array([2, 2, 2, 2])], positions)
+    assert per_pixel.shape == (3, 4) and per_pixel.dtype.kind == "i"
+    boxes = task.labels_from_values([[[0, 0, 1, 1]], [[0, 0, 2, 2], [1, 1, 3, 3]], [[0.5, 0.5, 1, 1]]], positions)
+    assert boxes.dtype == object and [cell.shape for cell in boxes] == [(1, 4), (2, 4), (1, 4)]
+    for bad, shown in [([1, None, 2], "row 1"), ([[1, 2], [1, None], [3, 4]], "row 1"), ([[1], [[1, 2], [3]], [2]], "row 1")]:
+        with pytest.raises(LabelError, match=f"1 row, e.g. {shown}"):
+            task.labels_from_values(bad, positions)
+
+
+def test_asking_for_segmentation_by_name_points_to_the_structured_task():
+    with pytest.raises(QbenchError, match="task 'segmentation' is not supported as such: use task 'structured'"):
+        get_task("segmentation")
