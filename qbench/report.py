@@ -294,15 +294,20 @@ def frontier_text(results: SweepResults) -> str:
     metric = results.gate_metric
     direction = "higher" if METRICS[metric].higher_is_better else "lower"
     lines = [f"Frontier (p50 latency vs {metric}, {direction} is better):"]
-    groups: dict[tuple[str, int], list[str]] = {}
+    frontier = frontier_of(results)
+    machines: dict[str, set[str]] = {}  # a backend timed on several kinds of machine: one frontier per kind, named
+    for p in frontier:
+        machines.setdefault(p.backend, set()).add(p.machine)
+    groups: dict[tuple[str, int, str], list[str]] = {}
     emulated = False
-    for p in frontier_of(results):
+    for p in frontier:
         variant = results.find(p.variant, p.backend)
         marker = "*" if variant is not None and variant.fidelity.latency == EMULATED else ""
         emulated = emulated or bool(marker)
         entry = f"{p.variant}{marker} ({short(p.p50_ms)} ms, {num(p.metric)})"
-        groups.setdefault((p.backend, p.batch_size), []).append(entry)
-    lines += [f"  {backend}, batch {bs}: " + " → ".join(names) for (backend, bs), names in groups.items()]
+        where = f", timed on {p.machine or 'an unrecorded machine'}" if len(machines[p.backend]) > 1 else ""
+        groups.setdefault((p.backend, p.batch_size, where), []).append(entry)
+    lines += [f"  {backend}, batch {bs}{where}: " + " → ".join(names) for (backend, bs, where), names in groups.items()]
     if not groups:
         lines.append(f"  no variant has both a latency and a finite {metric}")
     if emulated:

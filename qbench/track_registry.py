@@ -13,6 +13,7 @@ tagged its parent run with.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from mlflow.tracking import MlflowClient
 from mlflow.tracking._tracking_service.utils import _use_tracking_uri
 
 from qbench.errors import QbenchError, one_line
+from qbench.frontier import timed_on
 from qbench.gate import GateReport
 from qbench.recipe import Recipe
 from qbench.recipe_registry import RegistrySpec
@@ -46,16 +48,29 @@ class Registration:
     existing: bool = False  # the model was this version already (registering the same results again)
 
 
-def best_passing(results: SweepResults, gate: GateReport, batch_size: int) -> dict[str, VariantResult]:
-    """Backend -> the variant that passed the gate with the lowest p50 at `batch_size` (backends in sweep order)."""
+def best_passing(results: SweepResults, gate: GateReport, batch_size: int,
+                 backends: Collection[str]) -> dict[str, VariantResult]:  # fmt: skip
+    """Backend (of `backends`) -> the variant that passed the gate with the lowest p50 at `batch_size` (backends in
+    sweep order).
+
+    Raises QbenchError when one backend's passing variants were timed on more than one kind of machine (a cluster's
+    nodes): the lowest p50 there would pick the fastest machine, not the fastest variant."""
     best: dict[str, VariantResult] = {}
+    kinds: dict[str, dict[str, list[str]]] = {}  # backend -> machine kind -> its passing variants
     for variant in results.variants:
         point = variant.latency.at(batch_size) if variant.latency is not None else None
-        if point is None or gate.status_of(variant.variant, variant.backend) != "pass":
+        if point is None or variant.backend not in backends or gate.status_of(variant.variant, variant.backend) != "pass":
             continue
+        kinds.setdefault(variant.backend, {}).setdefault(timed_on(variant), []).append(variant.variant)
         current = best.get(variant.backend)
         if current is None or point.p50_ms < current.latency.at(batch_size).p50_ms:  # type: ignore[union-attr]
             best[variant.backend] = variant
+    for backend, by_kind in kinds.items():
+        if len(by_kind) > 1:
+            where = "; ".join(f"{', '.join(names)} on {kind or 'an unrecorded machine'}" for kind, names in by_kind.items())
+            raise QbenchError(f"cannot tell the fastest passing variant on {backend}: its variants were timed on "
+                              f"{len(by_kind)} kinds of machine ({where}); time every variant of a backend on one "
+                              "kind of node; nothing registered")  # fmt: skip
     return best
 
 
@@ -124,7 +139,7 @@ def register_best(
         raise QbenchError(f"the gate did not pass (exit {gate.exit_code}): nothing registered, no alias moved")
     batch_size = spec.batch_size(recipe.latency.batch_sizes)
     wanted = spec.backends if spec.backends is not None else recipe.backends
-    winners = {b: v for b, v in best_passing(results, gate, batch_size).items() if b in wanted}
+    winners = best_passing(results, gate, batch_size, wanted)
     if not winners:
         raise QbenchError(f"no variant passed the gate with a latency at batch size {batch_size} on "
                           f"{', '.join(wanted)}: nothing registered")  # fmt: skip
