@@ -177,44 +177,19 @@ def job_failed(job_id: str, exc: Exception) -> QbenchError:
 
 
 @contextmanager
-def ray_messages_logged() -> Iterator[None]:
-    """While connected, the messages Ray's driver prints from its cluster (a raylet that died: its last 20 log
-    lines, colour codes included, on stdout, between the sweep's progress lines and whatever a CI step parses
-    there) are logged instead, one warning line each: `Ray: <the message's first line>`.
-
-    Ray prints them from a thread of its own through ray._private.worker.print_to_stdstream, the only user of that
-    function once log_to_driver is off (it is here); where Ray has no such function, nothing changes. Ray's
-    'Unhandled error' tracebacks of results dropped unread are kept out too (_abandoned_results)."""
-    from ray._private import worker
-
-    original = getattr(worker, "print_to_stdstream", None)
-    if original is None:
+def unhandled_errors_ignored() -> Iterator[None]:
+    """While connected, Ray's 'Unhandled error' tracebacks are off (its documented RAY_IGNORE_UNHANDLED_ERRORS): Ray
+    logs a task's whole traceback when a failed result is dropped unread, and the driver reads every result it uses,
+    so one dropped unread belongs to a job the sweep gave up on after reporting, in one line, the failure that
+    stopped it (or a lost worker's outputs, the job run again). A value the user set is kept."""
+    if "RAY_IGNORE_UNHANDLED_ERRORS" in os.environ:
         yield
         return
-
-    def log_lines(data: dict[str, Any], ignore_prefix: bool = False) -> None:
-        for message in data.get("lines", ()):
-            first = next((line for line in _ANSI.sub("", str(message)).splitlines() if line.strip()), "")
-            if first:
-                logger.warning("Ray: %s", first.strip())
-
-    worker.print_to_stdstream = log_lines
-    worker.logger.addFilter(_abandoned_results)
+    os.environ["RAY_IGNORE_UNHANDLED_ERRORS"] = "1"
     try:
         yield
     finally:
-        worker.print_to_stdstream = original
-        worker.logger.removeFilter(_abandoned_results)
-
-
-def _abandoned_results(record: logging.LogRecord) -> bool:
-    """Ray's 'Unhandled error' (a task's traceback, logged when its failed result is dropped unread) kept out: the
-    driver reads every result it uses, so one dropped unread belongs to a job the sweep gave up on, after it
-    reported the failure that stopped it (or a lost worker's outputs, the job run again)."""
-    if record.getMessage().startswith("Unhandled error"):
-        logger.debug("a job's result dropped unread: %s", record.getMessage())
-        return False
-    return True
+        os.environ.pop("RAY_IGNORE_UNHANDLED_ERRORS", None)
 
 
 CONNECT_SECONDS = 10.0  # how long a cluster's address may take to accept a connection before the sweep gives up
@@ -250,7 +225,7 @@ class RayExecutor:
         self._results: dict[Any, str] = {}  # result ObjectRef -> job id
         self._outputs: dict[str, Any] = {}  # job id -> ObjectRef of its evaluated outputs
         self._keep: set[str] = set()
-        self._messages = ExitStack()  # Ray's messages logged while this executor's connection lasts
+        self._messages = ExitStack()  # Ray's unhandled-error tracebacks off while this executor's connection lasts
         self._recipe = recipe
         self._connect(recipe.executor.address)
         try:
@@ -287,7 +262,7 @@ class RayExecutor:
             raise interrupted from None
         self._owned = address is None
         self._connected = True
-        self._messages.enter_context(ray_messages_logged())
+        self._messages.enter_context(unhandled_errors_ignored())
 
     def _disconnect(self) -> None:
         """ray.shutdown(), its signal handling kept (Ray's core resets SIGTERM to the default as it stops)."""
