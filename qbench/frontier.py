@@ -12,6 +12,9 @@ size they share the median of their p50s and the worst of their metrics.
 makes: p50s closer than that are the same speed. In an A/A test (FP32's graph re-saved with an Identity
 inserted, swept as a variant), with any lower p50 counting as faster, the copy took FP32's place on the
 frontier in 14 of 30 frontiers, as if computing the same thing had made it faster.
+
+Latencies timed on different kinds of machine (a cluster's nodes) compare the machines, not the
+variants: each kind of machine a backend was timed on has a frontier of its own.
 """
 
 from __future__ import annotations
@@ -58,6 +61,11 @@ def overall_metric(variant: VariantResult, metric: str) -> float:
     return variant.accuracy.overall.metrics.get(metric, math.nan)
 
 
+def timed_on(variant: VariantResult) -> str:
+    """The kind of machine `variant`'s latency was timed on ('' when not recorded)."""
+    return machine_kind(variant.latency.machine) if variant.latency is not None else ""
+
+
 def _candidates(variants: Sequence[VariantResult], metric: str) -> list[_Candidate]:
     """Every (ok variant, batch size) with a finite p50 and a finite metric."""
     sign = 1.0 if METRICS[metric].higher_is_better else -1.0
@@ -68,16 +76,18 @@ def _candidates(variants: Sequence[VariantResult], metric: str) -> list[_Candida
             continue
         for timing in variant.latency.points:
             if math.isfinite(timing.p50_ms):
-                point = FrontierPoint(variant.backend, timing.batch_size, variant.variant, timing.p50_ms, value)
+                point = FrontierPoint(variant.backend, timing.batch_size, variant.variant, timing.p50_ms, value,
+                                      timed_on(variant))  # fmt: skip
                 found.append(_Candidate(point, sign * value, variant.model_sha256, timing.spread))
     return _identical_as_one(found)
 
 
 def _identical_as_one(candidates: list[_Candidate]) -> list[_Candidate]:
-    """Candidates of one model (same backend, batch size and digest) take the median p50 and the worst metric."""
+    """Candidates of one model (same backend, batch size, kind of machine and digest) take the median p50 and the
+    worst metric."""
     same_model: dict[object, list[_Candidate]] = {}
     for c in candidates:
-        key = (c.point.backend, c.point.batch_size, c.model_sha256) if c.model_sha256 else id(c)
+        key = (c.point.backend, c.point.batch_size, c.point.machine, c.model_sha256) if c.model_sha256 else id(c)
         same_model.setdefault(key, []).append(c)
     shared = []
     for members in same_model.values():
@@ -111,21 +121,22 @@ def _dominates(a: _Candidate, b: _Candidate) -> bool:
     return not slower and a.score >= b.score and (faster or a.score > b.score)
 
 
-def _sort_key(point: FrontierPoint) -> tuple[str, int, float, str]:
-    return point.backend, point.batch_size, point.p50_ms, point.variant
+def _sort_key(point: FrontierPoint) -> tuple[str, int, str, float, str]:
+    return point.backend, point.batch_size, point.machine, point.p50_ms, point.variant
 
 
 def compute_frontier(variants: Sequence[VariantResult], metric: str) -> tuple[FrontierPoint, ...]:
-    """Pareto-optimal variants over (p50 latency, `metric`) per backend and batch size, p50s within the timing
-    noise of each other counting as the same speed.
+    """Pareto-optimal variants over (p50 latency, `metric`) per backend, batch size and kind of timing machine, p50s
+    within the timing noise of each other counting as the same speed.
 
     Only variants with status "ok" and finite values take part. The result is
-    sorted by backend, batch size, p50 latency, then variant name.
+    sorted by backend, batch size, machine, p50 latency, then variant name.
     """
     _check_metric(metric)
-    groups: dict[tuple[str, int], list[_Candidate]] = {}
+    groups: dict[tuple[str, int, str], list[_Candidate]] = {}
     for candidate in _candidates(variants, metric):
-        groups.setdefault((candidate.point.backend, candidate.point.batch_size), []).append(candidate)
+        point = candidate.point
+        groups.setdefault((point.backend, point.batch_size, point.machine), []).append(candidate)
     frontier = [
         candidate.point
         for group in groups.values()
@@ -264,6 +275,14 @@ def _panel_points(results: SweepResults, batch_size: int) -> list[tuple[VariantR
     return found
 
 
+def frontier_lines(frontier: Sequence[FrontierPoint]) -> dict[tuple[str, str], list[FrontierPoint]]:
+    """(backend, machine kind) -> its frontier points, fastest first: one line each, never joining two machines."""
+    lines: dict[tuple[str, str], list[FrontierPoint]] = {}
+    for point in sorted(frontier, key=_sort_key):
+        lines.setdefault((point.backend, point.machine), []).append(point)
+    return lines
+
+
 def _draw_panel(ax: Axes, results: SweepResults, batch_size: int, colours: dict[str, str]) -> None:
     """One batch size: every variant as a point (filled when on the frontier), each backend's frontier as steps."""
     frontier = [p for p in frontier_of(results) if p.batch_size == batch_size]
@@ -273,10 +292,9 @@ def _draw_panel(ax: Axes, results: SweepResults, batch_size: int, colours: dict[
         filled = (variant.backend, variant.variant) in on_frontier
         face, zorder = (colour, 4) if filled else ("white", 3)  # frontier points on top of points they hide
         ax.scatter(p50_ms, value, s=46, zorder=zorder, color=face, edgecolors=colour, linewidths=1.5)
-    for backend, colour in colours.items():
-        steps = [p for p in frontier if p.backend == backend]
-        if steps:
-            ax.step([p.p50_ms for p in steps], [p.metric for p in steps], where="post", color=colour, linewidth=1.2)
+    for (backend, _), steps in frontier_lines(frontier).items():
+        ax.step([p.p50_ms for p in steps], [p.metric for p in steps], where="post", color=colours[backend],
+                linewidth=1.2)  # fmt: skip
     ax.set_title(f"batch size {batch_size}", fontsize=10)
     ax.set_xlabel("p50 latency per batch (ms)")
     ax.grid(True, linestyle=":", linewidth=0.6, alpha=0.7)

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from html import escape
 
-from qbench.frontier import frontier_of, overall_metric
+from qbench.frontier import frontier_of, overall_metric, timed_on
 from qbench.results import SweepResults, VariantResult
 from qbench.validate.catalogue import METRICS
 
@@ -173,10 +173,12 @@ def panel_svg(results: SweepResults, batch_size: int, threshold: float | None) -
         py = _fmt(y(threshold))
         parts.append(f'<line class="threshold" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{py}" y2="{py}">'
                      f"<title>gate threshold: {metric} {threshold:.4f}</title></line>")  # fmt: skip
-    for backend, colour in colours.items():
-        on = [p for p in points if p.on_frontier and p.variant.backend == backend]
-        if on:
-            parts.append(_steps(on, colour, x, y))
+    lines: dict[tuple[str, str], list[PlotPoint]] = {}  # one per backend and kind of timing machine
+    for point in points:
+        if point.on_frontier:
+            lines.setdefault((point.variant.backend, timed_on(point.variant)), []).append(point)
+    for (backend, _), on in lines.items():
+        parts.append(_steps(on, colours[backend], x, y))
     for point in sorted(points, key=lambda p: p.on_frontier):  # frontier points drawn last, on top
         colour = colours[point.variant.backend]
         css = "point frontier" if point.on_frontier else "point"

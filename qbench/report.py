@@ -298,22 +298,27 @@ def frontier_text(results: SweepResults) -> str:
     metric = results.gate_metric
     direction = "higher" if METRICS[metric].higher_is_better else "lower"
     lines = [f"Frontier (p50 latency vs {metric}, {direction} is better):"]
-    groups: dict[tuple[str, int], str] = {}
-    last: dict[tuple[str, int], float] = {}
+    frontier = frontier_of(results)
+    machines: dict[str, set[str]] = {}  # a backend timed on several kinds of machine: one frontier per kind, named
+    for p in frontier:
+        machines.setdefault(p.backend, set()).add(p.machine)
+    groups: dict[tuple[str, int, str], str] = {}
+    last: dict[tuple[str, int, str], float] = {}
     emulated = tied = False
-    for p in frontier_of(results):
+    for p in frontier:
         variant = results.find(p.variant, p.backend)
         marker = "*" if variant is not None and variant.fidelity.latency == EMULATED else ""
         emulated = emulated or bool(marker)
         entry = f"{p.variant}{marker} ({short(p.p50_ms)} ms, {num(p.metric)})"
-        key = (p.backend, p.batch_size)
+        where = f", timed on {p.machine or 'an unrecorded machine'}" if len(machines[p.backend]) > 1 else ""
+        key = (p.backend, p.batch_size, where)
         if key in groups:
             same = last[key] == p.metric
             tied = tied or same
             entry = (" = " if same else " → ") + entry
         groups[key] = groups.get(key, "") + entry
         last[key] = p.metric
-    lines += [f"  {backend}, batch {bs}: {entries}" for (backend, bs), entries in groups.items()]
+    lines += [f"  {backend}, batch {bs}{where}: {entries}" for (backend, bs, where), entries in groups.items()]
     if not groups:
         lines.append(f"  no variant has both a latency and a finite {metric}")
     if tied:

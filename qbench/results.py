@@ -187,6 +187,8 @@ class FrontierPoint:
     variant: str
     p50_ms: float
     metric: float
+    machine: str = ""  # the kind of machine its latency was timed on (qbench.environment.machine_kind): a backend
+    # timed on several kinds (a cluster's nodes) has one frontier per kind; '' when not recorded
 
 
 @dataclass(frozen=True)

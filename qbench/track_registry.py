@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from mlflow.tracking import MlflowClient
 from mlflow.tracking._tracking_service.utils import _use_tracking_uri
 
 from qbench.errors import QbenchError, one_line
-from qbench.frontier import faster_beyond_noise, overall_metric, timing_margin
+from qbench.frontier import faster_beyond_noise, overall_metric, timed_on, timing_margin
 from qbench.gate import GateReport
 from qbench.recipe import Recipe
 from qbench.recipe_registry import RegistrySpec
@@ -50,14 +51,27 @@ class Registration:
     existing: bool = False  # the model was this version already (registering the same results again)
 
 
-def best_passing(results: SweepResults, gate: GateReport, batch_size: int) -> dict[str, VariantResult]:
-    """Backend -> the variant that passed the gate with the lowest p50 at `batch_size` (backends in sweep order):
-    of those within the timing noise of the lowest, the one with the best gate metric, then the first."""
+def best_passing(results: SweepResults, gate: GateReport, batch_size: int,
+                 backends: Collection[str]) -> dict[str, VariantResult]:  # fmt: skip
+    """Backend (of `backends`) -> the variant that passed the gate with the lowest p50 at `batch_size` (backends in
+    sweep order): of those within the timing noise of the lowest, the one with the best gate metric, then the first.
+
+    Raises QbenchError when one backend's passing variants were timed on more than one kind of machine (a cluster's
+    nodes): the lowest p50 there would pick the fastest machine, not the fastest variant."""
     passing: dict[str, list[tuple[VariantResult, LatencyPoint]]] = {}
+    kinds: dict[str, dict[str, list[str]]] = {}  # backend -> machine kind -> its passing variants
     for variant in results.variants:
         point = variant.latency.at(batch_size) if variant.latency is not None else None
-        if point is not None and gate.status_of(variant.variant, variant.backend) == "pass":
-            passing.setdefault(variant.backend, []).append((variant, point))
+        if point is None or variant.backend not in backends or gate.status_of(variant.variant, variant.backend) != "pass":
+            continue
+        passing.setdefault(variant.backend, []).append((variant, point))
+        kinds.setdefault(variant.backend, {}).setdefault(timed_on(variant), []).append(variant.variant)
+    for backend, by_kind in kinds.items():
+        if len(by_kind) > 1:
+            where = "; ".join(f"{', '.join(names)} on {kind or 'an unrecorded machine'}" for kind, names in by_kind.items())
+            raise QbenchError(f"cannot tell the fastest passing variant on {backend}: its variants were timed on "
+                              f"{len(by_kind)} kinds of machine ({where}); time every variant of a backend on one "
+                              "kind of node; nothing registered")  # fmt: skip
     sign = 1.0 if METRICS[results.gate_metric].higher_is_better else -1.0
 
     def score(variant: VariantResult) -> float:
@@ -138,7 +152,7 @@ def register_best(
         raise QbenchError(f"the gate did not pass (exit {gate.exit_code}): nothing registered, no alias moved")
     batch_size = spec.batch_size(recipe.latency.batch_sizes)
     wanted = spec.backends if spec.backends is not None else recipe.backends
-    winners = {b: v for b, v in best_passing(results, gate, batch_size).items() if b in wanted}
+    winners = best_passing(results, gate, batch_size, wanted)
     if not winners:
         raise QbenchError(f"no variant passed the gate with a latency at batch size {batch_size} on "
                           f"{', '.join(wanted)}: nothing registered")  # fmt: skip

@@ -12,6 +12,7 @@ from sweep_factory import make_latency, make_sweep, make_variant
 from qbench.errors import QbenchError
 from qbench.frontier import (
     compute_frontier,
+    frontier_lines,
     gate_threshold,
     mixed_timing_machines,
     plot_frontier,
@@ -19,6 +20,8 @@ from qbench.frontier import (
     slower_than_reference_notes,
     speedup,
 )
+from qbench.frontier_svg import panel_svg
+from qbench.report import frontier_text
 from qbench.results import AccuracyResult, SliceMetrics, VariantResult
 
 
@@ -180,6 +183,28 @@ def test_a_backend_timed_on_several_kinds_of_machine_is_named_with_its_variants(
     (note,) = mixed_timing_machines(_timed_on(results, {"fp32": XEON, "fp16": XEON, "int8_minmax": EPYC}))
     assert note.startswith("onnxruntime-cpu timed its variants on 2 kinds of machine (fp32, fp16 on Intel Xeon 8375C "
                            "x8 x86_64; int8_minmax on AMD EPYC 7B13 x8 x86_64): ")  # fmt: skip
+
+
+def test_a_backend_timed_on_two_kinds_of_machine_has_one_frontier_per_kind_never_one_across_them() -> None:
+    """A cluster timed FP32 and FP16 on a fast node and INT8 (faster than both there) on a slow one: one frontier
+    over all three would drop INT8 for FP32's lower p50, a comparison of the nodes; each kind gets its own."""
+    results = make_sweep()
+    slow = {"fp32": XEON, "fp16": XEON, "fp8_e4m3": XEON, "int8_minmax": EPYC}
+    fast_node = dataclasses.replace(results, variants=tuple(
+        dataclasses.replace(v, latency=make_latency({1: 5.0, 32: 50.0})) if v.variant == "int8_minmax" else v
+        for v in results.variants))  # fmt: skip
+    mixed = _timed_on(fast_node, slow)
+    frontier = [p for p in compute_frontier(mixed.variants, "accuracy") if p.batch_size == 1]
+    assert {(p.variant, p.machine) for p in frontier} == {("fp32", "Intel Xeon 8375C x8 x86_64"),
+                                                          ("int8_minmax", "AMD EPYC 7B13 x8 x86_64")}  # fmt: skip
+    lines = {machine: [p.variant for p in points] for (_, machine), points in frontier_lines(frontier).items()}
+    assert lines == {"Intel Xeon 8375C x8 x86_64": ["fp32"], "AMD EPYC 7B13 x8 x86_64": ["int8_minmax"]}
+    assert panel_svg(mixed, 1, None).count('class="steps"') == 2  # one staircase per kind, none joining them
+    text = frontier_text(dataclasses.replace(mixed, frontier=compute_frontier(mixed.variants, "accuracy")))
+    assert "  onnxruntime-cpu, batch 1, timed on AMD EPYC 7B13 x8 x86_64: int8_minmax (5.00 ms" in text
+    assert "  onnxruntime-cpu, batch 1, timed on Intel Xeon 8375C x8 x86_64: fp32 (1.00 ms" in text
+    one_kind = _timed_on(results, {**slow, "int8_minmax": {**XEON, "host": "node-9"}})
+    assert "  onnxruntime-cpu, batch 1: int8_minmax (" in frontier_text(one_kind)  # one kind: not named
 
 
 def test_a_variant_slower_than_fp32_at_every_batch_size_beyond_the_noise_is_named() -> None:

@@ -124,10 +124,31 @@ def test_best_passing_skips_breaching_and_reference_variants_per_backend() -> No
            make_variant("fp8_e4m3", "fp8", backend="onnxruntime-cuda", p50_by_batch={1: 0.2})]  # fmt: skip
     results = make_sweep([*default_variants(), *gpu])
     gate = evaluate_gate(results, GateSpec(max_drop=0.01, max_slice_drop=0.02))
-    best = best_passing(results, gate, batch_size=1)
+    both = ("onnxruntime-cpu", "onnxruntime-cuda")
+    best = best_passing(results, gate, 1, both)
     assert {backend: v.variant for backend, v in best.items()} == {"onnxruntime-cpu": "fp16",
                                                                    "onnxruntime-cuda": "fp8_e4m3"}  # fmt: skip
-    assert best_passing(results, gate, batch_size=32) == {"onnxruntime-cpu": results.find("fp16", "onnxruntime-cpu")}
+    assert best_passing(results, gate, 32, both) == {"onnxruntime-cpu": results.find("fp16", "onnxruntime-cpu")}
+    assert set(best_passing(results, gate, 1, ["onnxruntime-cuda"])) == {"onnxruntime-cuda"}
+
+
+def test_no_fastest_passing_variant_is_picked_across_kinds_of_timing_machine() -> None:
+    """On a cluster fp16 was timed on a slow node, fp8 on a fast one: fp8's lower p50 says which node is faster,
+    not which variant; the backend's winner is refused, one line naming the variants and machines."""
+    slow = {"host": "n1", "cpu": "Intel Xeon 8375C", "cpus": 2, "arch": "x86_64", "device": "NVIDIA A10G"}
+    fast = {**slow, "device": "NVIDIA H100"}
+    gpu = [make_variant("fp32", "fp32", backend="onnxruntime-cuda", p50_by_batch={1: 0.5}),
+           make_variant("fp16", "fp16", backend="onnxruntime-cuda", p50_by_batch={1: 0.3}),
+           make_variant("fp8_e4m3", "fp8", backend="onnxruntime-cuda", p50_by_batch={1: 0.2})]  # fmt: skip
+    gpu = [dataclasses.replace(v, latency=dataclasses.replace(v.latency, machine=fast if v.precision == "fp8" else slow))
+           for v in gpu]  # fmt: skip
+    results = make_sweep([*default_variants(), *gpu])
+    gate = evaluate_gate(results, GateSpec(max_drop=0.01, max_slice_drop=0.02))
+    with pytest.raises(QbenchError, match=r"cannot tell the fastest passing variant on onnxruntime-cuda: its variants "
+                       r"were timed on 2 kinds of machine \(fp16 on Intel Xeon 8375C x2 x86_64 \+ NVIDIA A10G; "
+                       r"fp8_e4m3 on Intel Xeon 8375C x2 x86_64 \+ NVIDIA H100\)"):  # fmt: skip
+        best_passing(results, gate, 1, ["onnxruntime-cpu", "onnxruntime-cuda"])
+    assert set(best_passing(results, gate, 1, ["onnxruntime-cpu"])) == {"onnxruntime-cpu"}  # the other backend's
 
 
 def test_best_passing_takes_variants_within_the_timing_noise_as_equally_fast() -> None:
@@ -140,7 +161,7 @@ def test_best_passing_takes_variants_within_the_timing_noise_as_equally_fast() -
         results = make_sweep([make_variant("fp32", "fp32", p50_by_batch={1: 1.0}),
                               make_variant("int8-a", "int8", p50_by_batch={1: 0.60}, accuracy=accurate),
                               make_variant("int8-b", "int8", p50_by_batch={1: p50_b}, accuracy=worse)])  # fmt: skip
-        return best_passing(results, evaluate_gate(results, gate_spec), batch_size=1)["onnxruntime-cpu"].variant
+        return best_passing(results, evaluate_gate(results, gate_spec), 1, ["onnxruntime-cpu"])["onnxruntime-cpu"].variant
 
     assert best(0.582) == "int8-a"
     assert best(0.48) == "int8-b"

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import socket
 import threading
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -51,6 +52,7 @@ Inputs = Mapping[str, InputDigest]  # the input digests the driver recorded (qbe
 
 logger = logging.getLogger(__name__)
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Ray's colour codes, in its tracebacks and messages
 _PREPARED: dict[str, Prepared] = {}  # per worker process: recipe digest -> its prepared data
 
 
@@ -65,8 +67,13 @@ def _worker_prepared(recipe: Recipe, inputs: Inputs, store: BuildStore) -> Prepa
     digests = {name: entry.sha256 for name, entry in inputs.items()}
     key = canonical_sha256({"recipe": recipe.model_dump(mode="json"), "source": str(recipe.source), "inputs": digests})
     if key not in _PREPARED:
-        _PREPARED[key] = prepare(recipe, track=False, destinations=False, backends=False,
-                                 snapshot=lambda: take_snapshot(inputs, store.sources_root))  # fmt: skip
+        try:
+            _PREPARED[key] = prepare(recipe, track=False, destinations=False, backends=False,
+                                     snapshot=lambda: take_snapshot(inputs, store.sources_root))  # fmt: skip
+        except OSError as exc:  # a node that does not mount what the driver's node does
+            raise QbenchError(f"node {socket.gethostname()} cannot read the sweep's inputs: {exc.strerror or exc}: "
+                              f"{exc.filename}; expected the recipe, its model and data files and the build store "
+                              "at the same paths on every node (a shared mount, or baked into the image)") from exc
     return _PREPARED[key]
 
 
@@ -161,7 +168,48 @@ def job_failed(job_id: str, exc: Exception) -> QbenchError:
     """The error a job raised on a worker (a Ray task error) as one line: a QbenchError's own message (the store
     full, say) rather than the worker's traceback."""
     cause = getattr(exc, "cause", None)
-    return QbenchError(f"job {job_id} failed on the cluster: {cause if isinstance(cause, QbenchError) else exc}")
+    if isinstance(cause, QbenchError):
+        return QbenchError(f"job {job_id} failed on the cluster: {cause}")
+    logger.debug("job %s failed on the cluster: %s", job_id, exc)  # the worker's traceback, for --verbose logs
+    what = f"{type(cause).__name__}: {cause}" if isinstance(cause, BaseException) else str(exc)
+    first = next((line.strip() for line in _ANSI.sub("", what).splitlines() if line.strip()), type(exc).__name__)
+    return QbenchError(f"job {job_id} failed on the cluster: {first}")
+
+
+@contextmanager
+def unhandled_errors_ignored() -> Iterator[None]:
+    """While connected, Ray's 'Unhandled error' tracebacks are off (its documented RAY_IGNORE_UNHANDLED_ERRORS): Ray
+    logs a task's whole traceback when a failed result is dropped unread, and the driver reads every result it uses,
+    so one dropped unread belongs to a job the sweep gave up on after reporting, in one line, the failure that
+    stopped it (or a lost worker's outputs, the job run again). A value the user set is kept."""
+    if "RAY_IGNORE_UNHANDLED_ERRORS" in os.environ:
+        yield
+        return
+    os.environ["RAY_IGNORE_UNHANDLED_ERRORS"] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop("RAY_IGNORE_UNHANDLED_ERRORS", None)
+
+
+CONNECT_SECONDS = 10.0  # how long a cluster's address may take to accept a connection before the sweep gives up
+
+
+def _check_reachable(address: str) -> None:
+    """Refuse, in one line, a `host:port` (or `ray://host:port`) address where nothing accepts a connection.
+
+    ray.init retries such an address without end (a head that is down, a wrong port: 'Failed to connect to GCS'
+    every few seconds, for as long as one waits), so a sweep in CI would hang instead of failing. `auto` and
+    other forms are left to Ray."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_SECONDS).close()
+    except OSError as exc:
+        raise QbenchError(f"executor.address: cannot join the Ray cluster at {address!r}: nothing accepted a "
+                          f"connection at {host}:{port} within {CONNECT_SECONDS:g} s ({exc}); expected a running "
+                          "Ray head (its GCS port, 6379 by default, or its client port for ray://)") from None
 
 
 class RayExecutor:
@@ -177,6 +225,7 @@ class RayExecutor:
         self._results: dict[Any, str] = {}  # result ObjectRef -> job id
         self._outputs: dict[str, Any] = {}  # job id -> ObjectRef of its evaluated outputs
         self._keep: set[str] = set()
+        self._messages = ExitStack()  # Ray's unhandled-error tracebacks off while this executor's connection lasts
         self._recipe = recipe
         self._connect(recipe.executor.address)
         try:
@@ -199,6 +248,7 @@ class RayExecutor:
             options = {"address": "local", "num_cpus": os.cpu_count() or 1, "resources": {TIMING_RESOURCE: 1},
                        "include_dashboard": False}  # fmt: skip
         else:
+            _check_reachable(address)
             options = {"address": address}
         try:
             with keeping_signal_handlers():
@@ -212,11 +262,13 @@ class RayExecutor:
             raise interrupted from None
         self._owned = address is None
         self._connected = True
+        self._messages.enter_context(unhandled_errors_ignored())
 
     def _disconnect(self) -> None:
         """ray.shutdown(), its signal handling kept (Ray's core resets SIGTERM to the default as it stops)."""
         with keeping_signal_handlers(hold=True):
             self._ray.shutdown()
+        self._messages.close()
 
     def check_needs(self, needs: set[JobNeeds]) -> None:
         """Every kind of job must fit some node of the cluster, else it would wait forever: say what is missing."""

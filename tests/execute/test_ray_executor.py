@@ -10,11 +10,13 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -304,3 +306,51 @@ def test_a_qbench_error_raised_on_a_worker_is_its_own_one_line_message() -> None
     full = QbenchError("cannot write to the build store /mnt/builds: No space left on device; free space there")
     raised = ray.exceptions.RayTaskError("_build_task", "Traceback (most recent call last):\n  File \"jobs.py\"", full)
     assert str(job_failed("build:fp16", raised)) == f"job build:fp16 failed on the cluster: {full}"
+
+
+def test_an_error_raised_on_a_worker_is_one_line_without_its_traceback() -> None:
+    from qbench.execute.ray_executor import job_failed
+
+    missing = FileNotFoundError(2, "No such file or directory")
+    raised = ray.exceptions.RayTaskError("_build_task", "Traceback (most recent call last):\n  File \"jobs.py\"\n",
+                                         missing)  # fmt: skip
+    assert str(job_failed("build:fp32", raised)) == ("job build:fp32 failed on the cluster: FileNotFoundError: "
+                                                     "[Errno 2] No such file or directory")  # fmt: skip
+
+
+def test_a_node_that_cannot_read_the_inputs_says_so_in_one_line(user_project: Path, tmp_path: Path) -> None:
+    """The worker's own preparation, on a node where neither the build store's copies nor the user's files exist:
+    a FileNotFoundError traceback before; now what is missing and what every node needs."""
+    from qbench.execute.ray_executor import _worker_prepared
+    from qbench.execute.store import BuildStore
+    from qbench.provenance import input_digests
+    from qbench.recipe import load_recipe
+
+    recipe = load_recipe(write_probe_recipe(user_project, tmp_path, variants=VARIANTS))
+    inputs = input_digests(recipe)
+    elsewhere = {name: replace(entry, path=str(tmp_path / "not-mounted" / Path(entry.path).name))
+                 for name, entry in inputs.items()}  # fmt: skip
+    with pytest.raises(QbenchError) as caught:
+        _worker_prepared(recipe, elsewhere, BuildStore(str(tmp_path / "empty-store")))
+    message = str(caught.value)
+    assert message.startswith(f"node {socket.gethostname()} cannot read the sweep's inputs: No such file or "
+                              f"directory: {tmp_path / 'not-mounted'}/")  # fmt: skip
+    assert message.endswith("expected the recipe, its model and data files and the build store at the same paths on "
+                            "every node (a shared mount, or baked into the image)")  # fmt: skip
+
+
+def test_rays_unhandled_error_tracebacks_are_off_while_the_executor_is_connected(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """Ray logs a task's whole traceback when a failed result is dropped unread (the jobs a stopped sweep gave up
+    on): its documented switch is on while connected, Ray's own behaviour back after, and a user's value kept."""
+    from qbench.execute.ray_executor import unhandled_errors_ignored
+
+    monkeypatch.delenv("RAY_IGNORE_UNHANDLED_ERRORS", raising=False)
+    with unhandled_errors_ignored():
+        assert os.environ["RAY_IGNORE_UNHANDLED_ERRORS"] == "1"
+    assert "RAY_IGNORE_UNHANDLED_ERRORS" not in os.environ
+    monkeypatch.setenv("RAY_IGNORE_UNHANDLED_ERRORS", "0")
+    with unhandled_errors_ignored():
+        assert os.environ["RAY_IGNORE_UNHANDLED_ERRORS"] == "0"
+    assert os.environ["RAY_IGNORE_UNHANDLED_ERRORS"] == "0"

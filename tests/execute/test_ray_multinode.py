@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ import pytest
 from probe_project import VARIANTS, figures, probe_calls, write_probe_recipe
 from ray_processes import child_pids, stopped_without_survivors
 
+from qbench.errors import QbenchError
 from qbench.execute.plan import TIMING_RESOURCE
 from qbench.frontier import mixed_timing_machines, speedup
 from qbench.sweep import run_sweep
@@ -94,3 +96,23 @@ def test_a_sweep_without_an_address_starts_its_own_cluster_beside_a_running_one(
     assert figures(outcome.results) == expected
     assert "6 jobs (6 to run) on local Ray cluster of 1 node" in caplog.text  # not the two nodes running beside it
     assert not ray.is_initialized()  # the sweep's own cluster stopped with it
+
+
+@pytest.mark.parametrize("scheme", ["", "ray://"])
+def test_an_address_where_no_cluster_answers_is_one_line_not_a_hang(
+    scheme: str, user_project: Path, tmp_path: Path
+) -> None:  # fmt: skip
+    """ray.init retried a head that is down for as long as one waited (a CI job hung past its timeout)."""
+    with socket.socket() as probe:  # a port nothing listens on once closed
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    address = f"{scheme}127.0.0.1:{port}"
+    recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS, executor={"kind": "ray", "address": address})
+    started = time.monotonic()
+    with pytest.raises(QbenchError) as caught:
+        run_sweep(recipe, track=False)
+    assert time.monotonic() - started < 60
+    assert str(caught.value).startswith(f"executor.address: cannot join the Ray cluster at '{address}': nothing "
+                                        f"accepted a connection at 127.0.0.1:{port} within 10 s (")  # fmt: skip
+    assert "\n" not in str(caught.value)
+    assert not ray.is_initialized()
