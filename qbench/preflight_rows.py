@@ -4,9 +4,9 @@ qbench feeds data rows along axis 0 of every model input and reads one output ro
 batch is another axis (a sequence-first RNN or Transformer, `x: [seq, batch, feat]`) still runs when fed that
 way, but then each "row" it returns mixes several data rows, and every figure describes a computation the model
 never does in service. Shapes cannot tell the two apart (a static axis 0 may be a fixed batch or a sequence
-length), so the FP32 reference is run on a few evaluation rows, then on the same rows in another order and, with a
-dynamic batch, on fewer of them: each row's outputs must move with the row and keep their values (within kernel
-differences between batch sizes).
+length), so the FP32 reference is run on a few evaluation rows, then on the same rows in another order and on each
+row alone (a fixed batch: copies of the row): each row's outputs must move with the row and keep their values (within
+kernel differences between batch sizes).
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ _REMEDY = {  # by model source
     "model.torch": ("and forward() combines rows: a batch size written as a number (x.view(2, -1), not "
                     "x.view(x.size(0), -1)), a reduction over dim 0, or a sequence-first layer (use batch_first=True)"),
 }  # fmt: skip
+# An exported model whose rows follow a reordering but not a batch of their own computes something over the batch.
+_ACROSS_ROWS = "so let no value be computed over the batch (a batch's sum choosing an If branch or a Loop count)"
 
 
 def check_row_independence(
@@ -42,8 +44,9 @@ def check_row_independence(
     batch: int | None,
 ) -> None:  # fmt: skip
     """RecipeError (at model.path / model.torch) when the evaluated `outputs` (name -> index) of the model at
-    `path` do not follow the rows of `feeds`: fed in reverse order they must come back reversed, and (a dynamic
-    batch) fed every other row alone they must be those rows' outputs. `batch`: the model's fixed batch, if any."""
+    `path` do not follow the rows of `feeds`: fed in reverse order they must come back reversed, and each row fed
+    alone (a fixed batch: a batch of copies of that row) must give that row's outputs. `batch`: the model's fixed
+    batch, if any."""
     count = min((len(array) for array in feeds.values()), default=0)
     size = batch if batch is not None else min(CHECKED_ROWS, count)
     if count == 0 or size < 2:
@@ -63,11 +66,17 @@ def check_row_independence(
                               f"{list(values.shape)} for {size} rows fed; expected {size} on its axis 0, one output "
                               f"row per input row: qbench reads axis 0 of every output as the batch, so make the model "
                               f"return it batch-first{_output_axis_hint(name, values, size)}")  # fmt: skip
-    trials = [(np.arange(size)[::-1], f"the same {size} rows were fed in another order")]
+    trials = [(np.arange(size)[::-1], f"the same {size} rows were fed in another order", _expected(recipe))]
+    # Each row without the others, as a served row comes: a value computed over the batch (a scripted
+    # `if x.sum() > 0:`) may agree between 8 rows and 4 of them, and still differ for one row.
+    alone = range(min(size, CHECKED_ROWS))
+    across = f"{_EXPECTED}, {_ACROSS_ROWS}" if _field(recipe) == "model.path" else _expected(recipe)  # model.torch: its remedy names those
     if batch is None:
-        subset = np.arange(1, size, 2)
-        trials.append((subset, f"{len(subset)} of the same {size} rows were fed on their own"))
-    for picks, how in trials:
+        trials += [(np.array([row]), f"each of the same {size} rows was fed alone", across) for row in alone]
+    else:
+        trials += [(np.full(size, row), f"each of the first {len(alone)} rows was fed as a batch of copies of itself",
+                    across) for row in alone]  # fmt: skip
+    for picks, how, expected in trials:
         try:
             got = _run(session, {name: array[picks] for name, array in rows.items()}, outputs)
         except Exception as exc:  # noqa: BLE001 - it ran on `size` rows: failing on fewer is the model's axis 0
@@ -78,7 +87,7 @@ def check_row_independence(
             if seen is not None:
                 hint = _batch_axis_hint(model)
                 raise RecipeError(recipe.source, _field(recipe),
-                                  f"{_inputs(model, batch)}: {seen} when {how}; {_expected(recipe)}{hint}")  # fmt: skip
+                                  f"{_inputs(model, batch)}: {seen} when {how}; {expected}{hint}")  # fmt: skip
 
 
 def _field(recipe: Recipe) -> str:

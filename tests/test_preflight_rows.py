@@ -111,9 +111,42 @@ def test_a_sequence_first_model_with_both_axes_dynamic_is_refused(tmp_path: Path
 def test_outputs_that_depend_on_how_many_rows_are_fed_are_refused(tmp_path: Path) -> None:
     """Centring over the batch follows a reordering; only running fewer rows shows the outputs are not per row."""
     feeds = {"x": RNG.normal(size=(20, FEATURES)).astype(np.float32)}
-    with pytest.raises(RecipeError, match=r"model input x \['batch', 3\]: row \d's output 'y' changed by .* when 4 of "
-                                          r"the same 8 rows were fed on their own; expected each row"):  # fmt: skip
+    with pytest.raises(RecipeError, match=r"model input x \['batch', 3\]: row \d's output 'y' changed by .* when each "
+                                          r"of the same 8 rows was fed alone; expected each row"):  # fmt: skip
         _check(tmp_path, _batch_centred(tmp_path / "m.onnx"), feeds)
+
+
+def _branch_on_batch_sum(path: Path, batch: int | str) -> Path:
+    """y = x @ w if sum(x over the whole batch) > 0 else x @ -w: an `If` on a tensor, as a scripted forward() with
+    `if x.sum() > 0:` exports; each branch is a MatMul inside a subgraph."""
+    branches = {
+        name: helper.make_graph([helper.make_node("MatMul", ["x", weight], [f"y_{name}"])], name, [],
+                                [helper.make_tensor_value_info(f"y_{name}", TensorProto.FLOAT, [batch, CLASSES])])
+        for name, weight in (("then", "w"), ("else", "minus_w"))
+    }  # fmt: skip
+    minus_w = numpy_helper.from_array(-numpy_helper.to_array(WEIGHT), "minus_w")
+    return _save(path, [helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
+                        helper.make_node("Greater", ["total", "zero"], ["positive"]),
+                        helper.make_node("If", ["positive"], ["y"], then_branch=branches["then"],
+                                         else_branch=branches["else"])],  # fmt: skip
+                 [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, FEATURES])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, CLASSES])],
+                 [WEIGHT, minus_w, numpy_helper.from_array(np.array(0, np.float32), "zero")])  # fmt: skip
+
+
+@pytest.mark.parametrize("batch", [None, 8])
+def test_a_branch_on_a_sum_over_the_batch_is_refused_when_one_row_takes_the_other_branch(
+    tmp_path: Path, batch: int | None
+) -> None:
+    """Rows 1..7 sum positive, row 0 negative: the 8 rows, reordered or any 4 of rows 1..7 take the same branch,
+    only row 0 on its own (or copies of it) takes the other. Such a model was accepted, and then every figure was
+    computed in batches of 64 whose branch is not what a served row gets (0.58 accuracy where rows alone gave 0.97)."""
+    rows = np.abs(RNG.normal(size=(8, FEATURES))).astype(np.float32) + 0.1
+    rows[0] *= -1
+    model = _branch_on_batch_sum(tmp_path / "m.onnx", "batch" if batch is None else batch)
+    how = "fed alone" if batch is None else "fed as a batch of copies of itself"
+    with pytest.raises(RecipeError, match=rf"row 0's output 'y' changed by .* when each of the .* rows was {how}; "):
+        _check(tmp_path, model, {"x": rows}, batch=batch)
 
 
 def test_rows_independent_with_padding_masks_or_a_fixed_batch_pass(tmp_path: Path) -> None:

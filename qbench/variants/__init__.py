@@ -49,12 +49,15 @@ def build_variant(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         if built.session_hints:
             declare_session_options(built.onnx_path, built.session_hints)
         check_built_model(built, ctx.reference_path)
-        if built.precision == "int8":
+        if built.precision in ("int8", "fp8"):
             import onnx
 
-            from qbench.variants.integer_kernels import with_integer_kernels
+            from qbench.variants.integer_kernels import with_float_recurrent, with_integer_kernels
 
-            built = with_integer_kernels(built, onnx.load(str(built.onnx_path), load_external_data=False))
+            saved = onnx.load(str(built.onnx_path), load_external_data=False)
+            if built.precision == "int8":
+                built = with_integer_kernels(built, saved)
+            built = with_float_recurrent(built, saved)
         constant = constant_inputs(ctx.reference_path)
         if constant:
             built = dataclasses.replace(built, params={**built.params, "constant_inputs": list(constant)}, notes=(

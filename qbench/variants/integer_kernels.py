@@ -19,7 +19,8 @@ What decides a fusion (ONNX Runtime 1.32, checked against its optimized graph in
 - a MatMul or Gemm left with a float output still fuses (MatMulIntegerToFloat, QGemm), unless such a Relu stops it,
   and a Gemm then only when its bias is absent or dequantized: with a float bias (PyTorch's nn.Linear as torchao
   and ModelOpt export it) it runs as a float Gemm. Re-quantized, ONNX Runtime quantizes a float bias itself.
-Every INT8 build is counted here, whoever built it (`with_integer_kernels`, called where a build is finalised).
+Every INT8 build is counted here, whoever built it (`with_integer_kernels`, called where a build is finalised), and
+every INT8 or FP8 build has the recurrent layers it leaves float counted (`with_float_recurrent`).
 """
 
 from __future__ import annotations
@@ -150,3 +151,22 @@ def with_integer_kernels(built: BuiltVariant, model: onnx.ModelProto) -> BuiltVa
         else:
             notes += ("no node was quantized: this variant computes in FP32 (check op_types, exclude_nodes and keep_float)",)
     return dataclasses.replace(built, params=params, notes=notes)
+
+
+RECURRENT_OP_TYPES = frozenset({"GRU", "LSTM", "RNN"})
+
+
+def with_float_recurrent(built: BuiltVariant, model: onnx.ModelProto) -> BuiltVariant:
+    """`built` (an INT8 or FP8 build of `model`) with its recurrent layers left float counted in its params
+    (`float_recurrent`) and a note: an RNN classifier's GRU/LSTM holds most of its weights, yet ONNX Runtime's static
+    (Q/DQ) quantizer and FP8 leave it float, and its dynamic quantizer lowers only LSTM (DynamicQuantizeLSTM), so a
+    variant whose head alone is quantized would otherwise look like an INT8 (FP8) model with nothing left out."""
+    counts = Counter(node.op_type for node in model.graph.node
+                     if node.domain in ("", "ai.onnx") and node.op_type in RECURRENT_OP_TYPES)  # fmt: skip
+    if not counts:
+        return built
+    listed = ", ".join(f"{count} {op}" for op, count in sorted(counts.items()))
+    note = (f"{listed} left in float, weights included: of ONNX Runtime's quantizers only dynamic INT8 lowers a "
+            "recurrent layer (LSTM, as DynamicQuantizeLSTM)")  # fmt: skip
+    return dataclasses.replace(built, params={**built.params, "float_recurrent": dict(sorted(counts.items()))},
+                               notes=(*built.notes, note))  # fmt: skip

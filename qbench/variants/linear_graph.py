@@ -140,12 +140,14 @@ class GraphView:
     def own_constant(self, index: int, input_index: int) -> str:
         """The constant at input `input_index` of node `index`, copied first if anything else reads it.
 
-        Call before changing a constant in place, so a weight shared by two nodes is never changed for both.
+        Call before changing a constant in place, so a weight shared by two nodes is never changed for both. A
+        subgraph (a Loop body reading a tied weight by name) is a reader too, though not in `consumers`.
         """
         node = self.nodes[index]
         name = node.input[input_index]
         readers = self.consumers.get(name, [])
-        if len(readers) == 1 and list(node.input).count(name) == 1 and name not in self.graph_outputs:
+        shared = name in self.graph_outputs or name in self._read_by_subgraphs
+        if len(readers) == 1 and list(node.input).count(name) == 1 and not shared:
             return name
         copy = self.add_constant(f"{name}_{node.name or index}", self.constants[name].copy())
         node.input[input_index] = copy

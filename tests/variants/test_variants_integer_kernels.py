@@ -235,3 +235,46 @@ def test_a_modelopt_int8_variant_without_integer_kernels_is_the_fp32_model(tmp_p
     assert lowered_nothing(built.params) and built.params["quantized_op_types"] == {}
     assert "Gemm" in built.params["rounded_only"]
     assert any(note.startswith("no node computes in INT8") and note.endswith("computes in FP32") for note in built.notes)
+
+
+def _rnn_classifier(path: Path, op: str, rng: np.random.Generator) -> Path:
+    """x [batch, 5 steps, 3] -> an ONNX LSTM/GRU of 8 units (time-major, as ONNX Runtime's CPU runs it) -> its last
+    state @ head -> y [batch, 2]: the recurrent layer holds most of the weights."""
+    hidden, gates = 8, {"LSTM": 4, "GRU": 3}[op]
+    weights = {"w": rng.normal(0, 0.5, (1, gates * hidden, 3)), "r": rng.normal(0, 0.3, (1, gates * hidden, hidden)),
+               "head": rng.normal(0, 1, (hidden, 2))}  # fmt: skip
+    nodes = [helper.make_node("Transpose", ["x"], ["steps"], perm=[1, 0, 2], name="time_major"),
+             helper.make_node(op, ["steps", "w", "r"], ["", "state"], hidden_size=hidden, name="rnn"),
+             helper.make_node("Squeeze", ["state", "axis0"], ["last"], name="last"),
+             helper.make_node("MatMul", ["last", "head"], ["y"], name="classify")]  # fmt: skip
+    graph = helper.make_graph(
+        nodes, "rnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 5, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])],
+        [*(numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()),
+         numpy_helper.from_array(np.array([0], np.int64), "axis0")],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=ORT_IR_VERSION)
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.mark.parametrize(("op", "precision", "calibrator", "left_float"), [
+    ("LSTM", "int8", "minmax", {"LSTM": 1}), ("LSTM", "int8", "dynamic", None), ("GRU", "int8", "dynamic", {"GRU": 1}),
+    ("GRU", "fp8", "minmax", {"GRU": 1}),
+])  # fmt: skip
+def test_a_recurrent_layer_left_float_is_counted_and_noted(tmp_path, op, precision, calibrator, left_float):
+    """Static INT8 and FP8 of an RNN classifier quantized its head only, and dynamic INT8 of a GRU the same, yet the
+    variant read as INT8 / FP8 with nothing left out ({MatMul: 1}); dynamic INT8 does lower an LSTM."""
+    rng = np.random.default_rng(3)
+    path = _rnn_classifier(tmp_path / f"{op}.onnx", op, rng)
+    calibration = [{"x": rng.normal(size=(16, 5, 3)).astype(np.float32)} for _ in range(2)]
+    built = build_variant(VariantSpec(name="q", precision=precision, calibrator=calibrator),
+                          BuildContext(reference_path=path, workdir=tmp_path / "w", calibration=calibration))  # fmt: skip
+    saved = [node.op_type for node in onnx.load(str(built.onnx_path)).graph.node]
+    assert built.params.get("float_recurrent") == left_float
+    assert saved.count(op) == (left_float or {}).get(op, 0)  # counted from the saved graph
+    noted = [note for note in built.notes if "left in float, weights included" in note]
+    assert noted == ([] if left_float is None else [f"1 {op} left in float, weights included: of ONNX Runtime's "
+                                                    "quantizers only dynamic INT8 lowers a recurrent layer (LSTM, as "
+                                                    "DynamicQuantizeLSTM)"])  # fmt: skip

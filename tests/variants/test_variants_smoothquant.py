@@ -248,6 +248,45 @@ def test_an_excluded_linear_keeps_its_weight_and_reads_the_unsmoothed_tensor(tmp
     assert next(n for n in quantized.graph.node if n.name == "proj_k").input[:] == ["h", "wk"]
 
 
+def _tied_loop_block(rng: np.random.Generator) -> onnx.ModelProto:
+    """LayerNorm -> fc (w) plus a Loop whose body reads the same `w` and `gamma` by name (tied weights, as a
+    scripted recurrence exports them): y = fc(LN(x)) + loop(x), the body s -> tanh((s * gamma) @ w), twice."""
+    body = helper.make_graph(
+        [helper.make_node("Mul", ["s_in", "gamma"], ["scaled"]), helper.make_node("MatMul", ["scaled", "w"], ["mm"]),
+         helper.make_node("Tanh", ["mm"], ["s_out"]), helper.make_node("Identity", ["cond_in"], ["cond_out"])],
+        "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []), helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("s_in", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []), helper.make_tensor_value_info("s_out", TensorProto.FLOAT, None)],
+    )  # fmt: skip
+    nodes = [
+        helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["h"], name="ln", axis=-1),
+        helper.make_node("MatMul", ["h", "w"], ["a"], name="fc"),
+        helper.make_node("Constant", [], ["trip"], value=numpy_helper.from_array(np.array(2, np.int64))),
+        helper.make_node("Loop", ["trip", "", "x"], ["s"], name="loop", body=body),
+        helper.make_node("Add", ["a", "s"], ["y"], name="sum"),
+    ]
+    weights = {**_norm_weights(rng), "w": rng.normal(0, WIDTH**-0.5, (WIDTH, WIDTH))}
+    weights["w"][OUTLIER_CHANNEL] /= OUTLIER_GAIN
+    return _model(nodes, weights)
+
+
+def test_a_weight_and_a_norm_scale_a_subgraph_reads_are_copied_before_smoothing(tmp_path: Path) -> None:
+    """Smoothing scales fc's weight rows and folds the inverse into the LayerNorm's gamma: the Loop body reads both
+    by name, so changing them in place made the body compute with scaled weights (a wrong model, not rounding)."""
+    rng = np.random.default_rng(11)
+    model, calibration, held_out = _tied_loop_block(rng), _batches(rng, 2), _batches(rng, 1)[0]
+    smoothed = smooth_model(_copy(model), calibration, SmoothQuantSettings(alpha=0.5), tmp_path)
+    assert dict(smoothed.report.folded_into) == {"LayerNormalization": 1}
+    original = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    new = {t.name: numpy_helper.to_array(t) for t in smoothed.model.graph.initializer}
+    np.testing.assert_array_equal(new["w"], original["w"])  # what the body reads is untouched
+    np.testing.assert_array_equal(new["gamma"], original["gamma"])
+    nodes = {node.name: node for node in smoothed.model.graph.node}
+    assert nodes["fc"].input[1] != "w" and nodes["ln"].input[1] != "gamma"  # the main graph reads smoothed copies
+    assert relative_error(_reference(model, held_out), _reference(smoothed.model, held_out)) < 1e-5
+
+
 def test_a_linear_reading_a_graph_input_is_calibrated_from_the_feeds(tmp_path: Path) -> None:
     rng = np.random.default_rng(6)
     weight = rng.normal(0, 1, (WIDTH, WIDTH))
