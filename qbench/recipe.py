@@ -95,11 +95,22 @@ class ModelSpec(_Strict):
 
 
 class MetricSpec(_Strict):
-    """A recipe's own metric: `function(outputs, labels[, reference_outputs]) -> float`, per slice."""
+    """A recipe's own metric: `function(outputs, labels[, reference_outputs]) -> float`, per slice: once per
+    evaluated output, or, with `outputs`, once over those outputs together (each argument a dict name -> array)."""
 
     name: Name
     function: str = Field(description="'package.module:function', imported as Python code (recipe folder first)")
     higher_is_better: bool = Field(description="the metric's direction, for drops and the gate")
+    outputs: list[str] | None = Field(
+        None, description="evaluated outputs the function reads together (dicts name -> array); default: each alone"
+    )
+
+    @field_validator("outputs")
+    @classmethod
+    def _distinct_outputs(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and (not v or len(set(v)) != len(v)):
+            raise ValueError("expected a non-empty list of distinct output names")
+        return v
 
     @field_validator("function")
     @classmethod
@@ -300,6 +311,7 @@ class Recipe(_Strict):
         if get_task(self.task).default_gate_metric is None and not self.metrics:
             raise ValueError(f"metrics: task {self.task!r} is judged by the recipe's own metrics; expected at least one "
                              "(`metrics: [{name, function: 'module:function', higher_is_better}]`)")  # fmt: skip
+        self._check_metric_outputs()
         allowed = self._metric_names()
         if self.gate.metric not in allowed:
             raise ValueError(f"gate.metric: {expected_one_of(self.gate.metric, allowed)} for task {self.task!r}")
@@ -309,21 +321,35 @@ class Recipe(_Strict):
         check_search(self.search, names)
         return self
 
+    def _check_metric_outputs(self) -> None:
+        """A metric of several outputs reads outputs the recipe names for evaluation (model.outputs, or model.output):
+        an output qbench picks itself is only known once the model is read, and a typo must not wait for the sweep."""
+        evaluated = self.model.outputs or ([self.model.output] if self.model.output is not None else [])
+        for index, metric in enumerate(self.metrics):
+            for name in metric.outputs or []:
+                if not evaluated:
+                    raise ValueError(f"metrics[{index}].outputs: {name!r} is not an evaluated output; expected the "
+                                     "outputs a metric reads listed in model.outputs (now none)")  # fmt: skip
+                if name not in evaluated:
+                    raise ValueError(f"metrics[{index}].outputs: not an output the recipe evaluates (model.outputs): "
+                                     f"{expected_one_of(name, evaluated)}")  # fmt: skip
+
     def _metric_names(self) -> list[str]:
         """Every metric name results will carry: the task's and the custom ones, 'output/'-prefixed
-        when several outputs are evaluated. Custom metrics' directions join the metric catalogue."""
+        when several outputs are evaluated (a metric of several outputs, `metrics[i].outputs`, belongs to none and
+        keeps its name). Custom metrics' directions join the metric catalogue."""
         from qbench.tasks import gate_metric_names
         from qbench.validate.catalogue import METRICS
 
         builtin = gate_metric_names(self.task)
-        names = list(builtin)
+        names, joint = list(builtin), []
         for index, info in enumerate(self.custom_metrics()):
-            if (info.name in METRICS and not METRICS[info.name].custom) or info.name in names:
+            if (info.name in METRICS and not METRICS[info.name].custom) or info.name in names + joint:
                 raise ValueError(f"metrics[{index}].name: {info.name!r} is taken by a built-in or earlier metric")
             METRICS.add(info, replace=True)
-            names.append(info.name)
+            (joint if self.metrics[index].outputs else names).append(info.name)
         outputs = self.model.outputs or []
-        return [f"{o}/{n}" for o in outputs for n in names] if len(outputs) > 1 else names
+        return ([f"{o}/{n}" for o in outputs for n in names] if len(outputs) > 1 else names) + joint
 
     def custom_metrics(self) -> list[MetricInfo]:
         """The recipe's own metrics with their directions (what `custom_metrics(...)` scopes a sweep to)."""

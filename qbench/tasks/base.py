@@ -25,6 +25,9 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 
+Outputs = np.ndarray | dict[str, np.ndarray]  # what a custom metric is given: one output, or several by name
+
+
 class LabelError(QbenchError):
     """Labels that do not fit the task; the caller turns it into a RecipeError naming the label column."""
 
@@ -37,14 +40,18 @@ class RowSummary(Protocol):
 
 @dataclass(frozen=True)
 class CustomMetric:
-    """A recipe's own per-slice metric: `function(outputs, labels[, reference_outputs]) -> float`."""
+    """A recipe's own per-slice metric: `function(outputs, labels[, reference_outputs]) -> float`.
+
+    Without `outputs` it is called once per evaluated output with arrays; with them, once over those outputs of the
+    same rows, `outputs` and `reference_outputs` then dicts output name -> array (a detector's boxes with its scores)."""
 
     name: str
     function: Callable[..., float]
     higher_is_better: bool
     wants_reference: bool
+    outputs: tuple[str, ...] = ()
 
-    def value(self, outputs: np.ndarray, labels: np.ndarray | None, reference: np.ndarray) -> float:
+    def value(self, outputs: Outputs, labels: np.ndarray | None, reference: Outputs) -> float:
         args: tuple[Any, ...] = (outputs, labels, reference) if self.wants_reference else (outputs, labels)
         try:
             return float(self.function(*args))

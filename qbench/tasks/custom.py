@@ -4,8 +4,11 @@ Trust model, as for a PyTorch factory: the function is code the user chose to ru
 like any Python import with the recipe's folder first on `sys.path`. It is called once per
 slice (and overall) and per evaluated output as `function(outputs, labels)`, or
 `function(outputs, labels, reference_outputs)` when it takes three parameters; labels are
-None without data.label. It returns one float. It sees only the rows where FP32's outputs are
-finite, for every result alike (qbench.validate.accuracy).
+None without data.label. It returns one float. A metric naming `outputs: [boxes, scores]` is
+called once per slice over those outputs together, `outputs` and `reference_outputs` then dicts
+name -> array of the same rows: a detector's mAP needs its boxes and scores at once. It sees only
+the rows where FP32's outputs (all those it reads) are finite, for every result alike
+(qbench.validate.accuracy).
 """
 
 from __future__ import annotations
@@ -45,5 +48,6 @@ def load_custom_metrics(recipe: Recipe) -> tuple[CustomMetric, ...]:
         if parameters not in (2, 3):
             message = f"{spec.function} takes {parameters} parameters; expected (outputs, labels[, reference_outputs])"
             raise RecipeError(recipe.source, field, message)
-        loaded.append(CustomMetric(spec.name, function, spec.higher_is_better, wants_reference=parameters == 3))
+        loaded.append(CustomMetric(spec.name, function, spec.higher_is_better, wants_reference=parameters == 3,
+                                   outputs=tuple(spec.outputs or ())))  # fmt: skip
     return tuple(loaded)

@@ -62,24 +62,37 @@ class _OutputRows:
     def summarise(self, name: str, mask: np.ndarray, custom: Sequence[CustomMetric]) -> SliceMetrics:
         own = _undefined_where_fp32_failed(self.summary.summarise(name, mask), bool((mask & self.reference_nonfinite).any()))
         values = dict(own.metrics)
-        # a custom metric cannot say what a row FP32 failed on is worth: it reads only rows FP32 scored, for every
-        # result alike (FP32's own figure too), so a variant is never credited for rows where FP32 gave NaN/inf
-        scored = mask & ~self.reference_nonfinite
-        labels = None if self.labels is None else self.labels[scored]
         for metric in custom:
-            if not scored.any() and mask.any():
-                values[metric.name] = math.nan  # FP32 failed on every row here: nothing to compare
-                continue
-            try:
-                values[metric.name] = metric.value(self.outputs[scored], labels, self.reference[scored])
-            except QbenchError as exc:
-                raise QbenchError(f"{exc} (on {name}, {int(scored.sum())} rows)") from exc
+            values[metric.name] = _custom_value(metric, name, mask, {"": self}, self.labels)
         return dataclasses.replace(
             own,
             metrics={f"{self.prefix}{k}": v for k, v in values.items()},
             intervals={f"{self.prefix}{k}": v for k, v in own.intervals.items()},
             denominators={f"{self.prefix}{k}": v for k, v in own.denominators.items()},
         )
+
+
+def _custom_value(
+    metric: CustomMetric, scope: str, mask: np.ndarray, parts: Mapping[str, _OutputRows], labels: np.ndarray | None
+) -> float:
+    """`metric` on the rows of `mask` FP32 scored on every one of `parts` (a single output: its key is ''; several:
+    the metric gets dicts name -> array). A custom metric cannot say what a row FP32 failed on is worth: it reads
+    only rows FP32 scored, for every result alike (FP32's own figure too), so a variant is never credited for rows
+    where FP32 gave NaN/inf; where FP32 failed on every row of the scope there is nothing to compare (NaN)."""
+    scored = mask.copy()
+    for part in parts.values():
+        scored &= ~part.reference_nonfinite
+    if not scored.any() and mask.any():
+        return math.nan
+    if list(parts) == [""]:
+        outputs, reference = parts[""].outputs[scored], parts[""].reference[scored]
+    else:
+        outputs = {name: part.outputs[scored] for name, part in parts.items()}
+        reference = {name: part.reference[scored] for name, part in parts.items()}
+    try:
+        return metric.value(outputs, None if labels is None else labels[scored], reference)
+    except QbenchError as exc:
+        raise QbenchError(f"{exc} (on {scope}, {int(scored.sum())} rows)") from exc
 
 
 def _undefined_where_fp32_failed(scope: SliceMetrics, holds_fp32_nonfinite: bool) -> SliceMetrics:
@@ -123,7 +136,8 @@ def evaluate_accuracy(
     `probabilities`: output name -> whether the graph makes it as probabilities (TensorMeta.probabilities).
 
     `outputs` is one array, or output name -> array (metrics then prefixed 'name/' when there are
-    several). The metrics are the task's (see qbench.tasks), plus `custom_metrics` per output.
+    several). The metrics are the task's (see qbench.tasks), plus `custom_metrics` per output; a custom metric
+    naming `outputs` is computed once over those (named) outputs, unprefixed.
     `slices` maps a slice name to a boolean mask over the rows.
     """
     judge = get_task(task)
@@ -131,8 +145,15 @@ def evaluate_accuracy(
     references = dict(reference_outputs) if isinstance(reference_outputs, Mapping) else {"": reference_outputs}
     if set(named) != set(references):
         raise QbenchError(f"variant outputs {sorted(named)} differ from the FP32 outputs {sorted(references)}")
+    per_output = [m for m in custom_metrics if not m.outputs]
+    joint = [m for m in custom_metrics if m.outputs]
+    for metric in joint:
+        missing = [o for o in metric.outputs if o not in named]
+        if missing:
+            raise QbenchError(f"custom metric {metric.name!r} reads output {missing[0]!r}, which is not evaluated "
+                              f"(evaluated: {', '.join(map(repr, named))})")  # fmt: skip
     prefixed = len(named) > 1
-    parts: list[_OutputRows] = []
+    parts: dict[str, _OutputRows] = {}
     rows = -1
     nonfinite = new_nonfinite = np.zeros(0, dtype=bool)
     for name, values in named.items():
@@ -152,11 +173,14 @@ def evaluate_accuracy(
         new_nonfinite = row_new if new_nonfinite.size == 0 else new_nonfinite | row_new
         prefix = f"{name}{OUTPUT_SEPARATOR}" if prefixed else ""
         summary = judge.rows(values, reference, own_labels, probabilities=(probabilities or {}).get(name))
-        parts.append(_OutputRows(prefix, summary, values, reference, own_labels, reference_bad))
+        parts[name] = _OutputRows(prefix, summary, values, reference, own_labels, reference_bad)
     masks = _checked_masks(slices, rows)
+    labels = _checked_labels(labels, rows)
 
     def summarise(name: str, mask: np.ndarray) -> SliceMetrics:
-        merged = _merged(name, [part.summarise(name, mask, custom_metrics) for part in parts])
+        merged = _merged(name, [part.summarise(name, mask, per_output) for part in parts.values()])
+        together = {m.name: _custom_value(m, name, mask, {o: parts[o] for o in m.outputs}, labels) for m in joint}
+        merged = dataclasses.replace(merged, metrics={**merged.metrics, **together})
         return dataclasses.replace(merged, nonfinite_outputs=int(np.count_nonzero(nonfinite & mask)),
                                    new_nonfinite_outputs=int(np.count_nonzero(new_nonfinite & mask)))  # fmt: skip
 

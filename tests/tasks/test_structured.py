@@ -10,7 +10,7 @@ import onnxruntime as ort
 import pandas as pd
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from task_projects import graph_model, plain_ort, project, run_all, said
+from task_projects import INT8, graph_model, plain_ort, project, run_all, said
 
 from qbench.cli import main
 from qbench.errors import QbenchError
@@ -125,3 +125,107 @@ def test_label_cells_are_stacked_when_rectangular_and_kept_per_row_when_not():
 def test_asking_for_segmentation_by_name_points_to_the_structured_task():
     with pytest.raises(QbenchError, match="task 'segmentation' is not supported as such: use task 'structured'"):
         get_task("segmentation")
+
+
+# -- a detector: boxes [N, K, 4] and scores [N, K], judged by one metric that reads both ------------------------------
+
+BOXES = 3
+
+DETECTION_METRIC = textwrap.dedent(
+    """
+    import numpy as np
+
+    def box_iou(outputs, labels):
+        # per ground-truth box, the best IoU among the boxes scored over 0.5 (0 without one); the mean over all
+        values = []
+        for boxes, scores, truth in zip(outputs["boxes"], outputs["scores"], labels):
+            kept = boxes[scores > 0.5]
+            for box in np.asarray(truth).reshape(-1, 4):
+                lo, hi = np.maximum(kept[:, :2], box[:2]), np.minimum(kept[:, 2:], box[2:])
+                inter = np.prod(np.clip(hi - lo, 0, None), axis=1)
+                union = np.prod(kept[:, 2:] - kept[:, :2], axis=1) + np.prod(box[2:] - box[:2]) - inter
+                values.append(float(np.max(inter / union, initial=0.0)))
+        return float(np.mean(values))
+    """
+)
+
+
+def _detection_model():
+    """x [N, 8] -> Relu(MatMul) -> box centres c and half-sizes h (sigmoids): boxes Concat(c - h, c + h) [N, K, 4];
+    scores Sigmoid(MatMul) [N, K]."""
+    rng = np.random.default_rng(2)
+    weights = [numpy_helper.from_array(rng.normal(size=shape).astype(np.float32) * scale, name)
+               for name, shape, scale in [("w", (8, 16), 1.0), ("wc", (16, 2 * BOXES), 0.5), ("wh", (16, 2 * BOXES), 0.3),
+                                          ("ws", (16, BOXES), 1.0)]]  # fmt: skip
+    weights += [numpy_helper.from_array(np.array([-1, BOXES, 2], np.int64), "shape"),
+                numpy_helper.from_array(np.array(0.25, np.float32), "quarter")]  # fmt: skip
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Relu", ["m"], ["r"]),
+        helper.make_node("MatMul", ["r", "wc"], ["c0"]), helper.make_node("Sigmoid", ["c0"], ["c1"]),
+        helper.make_node("Reshape", ["c1", "shape"], ["c"]),
+        helper.make_node("MatMul", ["r", "wh"], ["h0"]), helper.make_node("Sigmoid", ["h0"], ["h1"]),
+        helper.make_node("Mul", ["h1", "quarter"], ["h2"]), helper.make_node("Reshape", ["h2", "shape"], ["h"]),
+        helper.make_node("Sub", ["c", "h"], ["lo"]), helper.make_node("Add", ["c", "h"], ["hi"]),
+        helper.make_node("Concat", ["lo", "hi"], ["boxes"], axis=2),
+        helper.make_node("MatMul", ["r", "ws"], ["s0"]), helper.make_node("Sigmoid", ["s0"], ["scores"]),
+    ]  # fmt: skip
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 8])
+    outputs = [helper.make_tensor_value_info("boxes", TensorProto.FLOAT, [None, BOXES, 4]),
+               helper.make_tensor_value_info("scores", TensorProto.FLOAT, [None, BOXES])]  # fmt: skip
+    return graph_model(nodes, [x], outputs, weights)
+
+
+def _detection_project(tmp_path, **changes):
+    """Ground truth: FP32's first one or two boxes per row, jittered (a variable number of boxes per row)."""
+    model = _detection_model()
+    rng = np.random.default_rng(3)
+    features = rng.normal(size=(ROWS, 8)).astype(np.float32)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    boxes = session.run(["boxes"], {"x": features})[0]
+    truth = [(boxes[i, : 1 + i % 2] + rng.normal(scale=0.03, size=(1 + i % 2, 4))).tolist() for i in range(ROWS)]
+    table = pd.DataFrame({"x": list(features), "half": np.where(np.arange(ROWS) % 2 == 0, "even", "odd"), "y": truth})
+    (tmp_path / "det_metrics.py").write_text(DETECTION_METRIC)
+    recipe = {"task": "structured", "model": {"path": "model.onnx", "outputs": ["boxes", "scores"]},
+              "data": {"label": "y"}, "variants": [{"name": "fp16", "precision": "fp16"}, INT8],
+              "metrics": [{"name": "box_iou", "function": "det_metrics:box_iou", "outputs": ["boxes", "scores"],
+                           "higher_is_better": True}], **changes}  # fmt: skip
+    return project(tmp_path, model, table, **recipe), features, [np.array(t) for t in truth]
+
+
+@pytest.mark.slow
+def test_a_detectors_boxes_and_scores_are_judged_together_by_one_metric_per_slice(tmp_path, monkeypatch, capsys):
+    recipe, features, truth = _detection_project(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    results, shown = run_all(recipe, capsys)
+    assert results.gate_metric == "box_iou" and said("Gate on box_iou", shown)
+    namespace: dict = {}
+    exec(DETECTION_METRIC, namespace)  # the user's own function, as the sweep imports it
+    even = np.arange(ROWS) % 2 == 0
+    for variant in ("fp32", "fp16", "int8"):
+        found = results.find(variant, "onnxruntime-cpu")
+        given = plain_ort(found.evaluated_model_path or found.model_path, {"x": features})  # fp16: its emulation
+        for scope, mask in [("overall", np.ones(ROWS, bool)), ("half=even", even), ("half=odd", ~even)]:
+            expected = namespace["box_iou"]({k: v[mask] for k, v in given.items()}, [t for t, m in zip(truth, mask) if m])
+            figures = found.accuracy.overall if scope == "overall" else found.accuracy.slice(scope)
+            assert figures.metrics["box_iou"] == pytest.approx(expected, abs=1e-12), (variant, scope)
+        assert {"boxes/agreement", "scores/agreement", "box_iou"} <= set(found.accuracy.overall.metrics)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"metrics": [{"name": "box_iou", "function": "det_metrics:box_iou", "outputs": ["bxes", "scores"],
+                       "higher_is_better": True}]},
+         "metrics[0].outputs: not an output the recipe evaluates (model.outputs): got 'bxes', expected one of boxes, "
+         "scores (did you mean 'boxes'?)"),
+        ({"model": {"path": "model.onnx"}},
+         "metrics[0].outputs: 'boxes' is not an evaluated output; expected the outputs a metric reads listed in "
+         "model.outputs (now none)"),
+        ({"metrics": [{"name": "box_iou", "function": "det_metrics:box_iou", "outputs": [], "higher_is_better": True}]},
+         "metrics[0].outputs: expected a non-empty list of distinct output names"),
+    ],
+)  # fmt: skip
+def test_a_metric_naming_outputs_the_recipe_does_not_evaluate_is_refused(tmp_path, capsys, changes, message):
+    recipe, _, _ = _detection_project(tmp_path, **changes)
+    assert main(["validate", str(recipe)]) == 2
+    assert said(message, capsys.readouterr().err)

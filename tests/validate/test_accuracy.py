@@ -263,3 +263,48 @@ def test_a_metric_that_cannot_count_fp32s_nan_rows_is_nan_for_every_result_on_a_
     rest = evaluate_accuracy("regression", variant, fp32, labels, slices).slice("rest")
     assert rest.metrics["mae"] == pytest.approx(0.5 / 9) and rest.metrics["max_error"] == pytest.approx(0.5)
     assert rest.metrics["agreement"] == pytest.approx(8 / 9)
+
+
+def test_a_metric_of_several_outputs_gets_them_together_on_the_rows_fp32_scored_on_all() -> None:
+    """A detector's metric needs its boxes with their scores: `outputs: (boxes, scores)` calls it once per scope with
+    dicts name -> array of the same rows (the variant's and FP32's), unprefixed beside each output's own metrics.
+    FP32 gives NaN on row 0's scores only: the metric reads neither output of row 0, for FP32 and the variant alike;
+    slice 'first' (rows 0, 1) is then judged on row 1, and slice 'zero' (row 0 alone) cannot be judged (NaN)."""
+    seen: list[tuple[set[str], int, int]] = []
+
+    def kept_box_area(outputs, labels, reference_outputs):
+        seen.append((set(outputs) | set(reference_outputs), len(outputs["boxes"]), len(labels)))
+        boxes, scores = outputs["boxes"], outputs["scores"]
+        areas = (boxes[..., 2] - boxes[..., 0]) * (boxes[..., 3] - boxes[..., 1])
+        return float(np.sum(areas * (scores > 0.5)) / len(boxes))
+
+    rows = 6
+    boxes = np.tile(np.array([0.0, 0.0, 1.0, 2.0]), (rows, 2, 1))  # two boxes of area 2 per row
+    scores = np.tile(np.array([0.9, 0.1]), (rows, 1))  # the first box kept, the second not
+    fp32 = {"boxes": boxes, "scores": scores.copy()}
+    fp32["scores"][0, 1] = np.nan
+    variant = {"boxes": boxes.copy(), "scores": fp32["scores"].copy()}
+    variant["scores"][3] = [0.4, 0.1]  # row 3 loses its box
+    variant["boxes"][4, 0, 3] = 3.0  # row 4's kept box grows to area 3
+    metric = CustomMetric("kept_area", kept_box_area, higher_is_better=True, wants_reference=True,
+                          outputs=("boxes", "scores"))  # fmt: skip
+    slices = {"first": np.arange(rows) < 2, "zero": np.arange(rows) == 0, "late": np.arange(rows) >= 3}
+    labels = np.arange(rows)
+    reference = evaluate_accuracy("structured", fp32, fp32, labels, slices, [metric])
+    measured = evaluate_accuracy("structured", variant, fp32, labels, slices, [metric])
+    assert reference.overall.metrics["kept_area"] == 2.0
+    assert measured.overall.metrics["kept_area"] == pytest.approx((2 + 2 + 0 + 3 + 2) / 5)  # rows 1..5
+    assert measured.slice("first").metrics["kept_area"] == 2.0
+    assert math.isnan(measured.slice("zero").metrics["kept_area"])
+    assert measured.slice("late").metrics["kept_area"] == pytest.approx((0 + 3 + 2) / 3)
+    assert {"boxes/agreement", "scores/max_abs_error", "kept_area"} <= set(measured.overall.metrics)
+    assert "boxes/kept_area" not in measured.overall.metrics  # computed once over both, not per output
+    assert all(names == {"boxes", "scores"} for names, _, _ in seen)
+    assert (seen[-1][1], seen[-1][2]) == (3, 3)  # the 'late' slice: boxes and labels of the same 3 rows
+
+
+def test_a_metric_of_several_outputs_naming_one_not_evaluated_is_an_error() -> None:
+    metric = CustomMetric("joint", lambda outputs, labels: 0.0, higher_is_better=True, wants_reference=False,
+                          outputs=("boxes", "scores"))  # fmt: skip
+    with pytest.raises(QbenchError, match="custom metric 'joint' reads output 'scores', which is not evaluated"):
+        evaluate_accuracy("structured", {"boxes": np.zeros((2, 4))}, {"boxes": np.zeros((2, 4))}, None, {}, [metric])
