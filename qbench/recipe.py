@@ -27,6 +27,7 @@ from qbench.errors import RecipeError, expected_one_of, short_repr
 from qbench.recipe_data import DataSpec, path_field
 from qbench.recipe_errors import recipe_error
 from qbench.recipe_executor import BackendResources, ExecutorSpec, check_backend_resources, split_backend_entries
+from qbench.recipe_metrics import MetricSpec, check_metrics, custom_metric_infos, default_gate_metric
 from qbench.recipe_registry import RegistrySpec, check_registry
 from qbench.recipe_search import SearchSpec, check_search
 from qbench.recipe_slo import CostSpec, SloSpec, check_serving
@@ -92,32 +93,6 @@ class ModelSpec(_Strict):
             if given:
                 raise ValueError(f"{given[0]}: applies only to a PyTorch model (`torch:`), not to an ONNX file")
         return self
-
-
-class MetricSpec(_Strict):
-    """A recipe's own metric: `function(outputs, labels[, reference_outputs]) -> float`, per slice: once per
-    evaluated output, or, with `outputs`, once over those outputs together (each argument a dict name -> array)."""
-
-    name: Name
-    function: str = Field(description="'package.module:function', imported as Python code (recipe folder first)")
-    higher_is_better: bool = Field(description="the metric's direction, for drops and the gate")
-    outputs: list[str] | None = Field(
-        None, description="evaluated outputs the function reads together (dicts name -> array); default: each alone"
-    )
-
-    @field_validator("outputs")
-    @classmethod
-    def _distinct_outputs(cls, v: list[str] | None) -> list[str] | None:
-        if v is not None and (not v or len(set(v)) != len(v)):
-            raise ValueError("expected a non-empty list of distinct output names")
-        return v
-
-    @field_validator("function")
-    @classmethod
-    def _target(cls, v: str) -> str:
-        if not re.match(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", v):
-            raise ValueError(f"got {v!r}, expected 'package.module:function'")
-        return v
 
 
 class StabilitySpec(_Strict):
@@ -239,21 +214,7 @@ class Recipe(_Strict):
 
     _backend_entries = model_validator(mode="before")(split_backend_entries)  # {name, accelerator} entries
 
-    @model_validator(mode="before")
-    @classmethod
-    def _task_gate_metric(cls, data: Any) -> Any:
-        """A gate naming no metric gates the task's own headline one (accuracy, mae, micro_f1, cosine): a fixed
-        'accuracy' refused every recipe of a task without it whose gate left the metric out."""
-        from qbench.tasks import TASKS
-
-        if not isinstance(data, dict):
-            return data
-        task, gate = data.get("task", "classification"), data.get("gate", {})
-        if isinstance(task, str) and task in TASKS and isinstance(gate, dict) and "metric" not in gate:
-            metric = TASKS.get(task).default_gate_metric or _first_custom_metric(data.get("metrics"))
-            if metric is not None:
-                return {**data, "gate": {**gate, "metric": metric}}
-        return data
+    _gate_metric = model_validator(mode="before")(default_gate_metric)  # the task's own, or the first custom one
 
     @field_validator("backends")
     @classmethod
@@ -306,56 +267,16 @@ class Recipe(_Strict):
         for index, backend in enumerate(self.backends):
             if backend.startswith("torch-") and self.model.torch is None:
                 raise ValueError(f"backends[{index}]: {backend} needs a PyTorch model source (model.torch)")
-        from qbench.tasks import get_task
-
-        if get_task(self.task).default_gate_metric is None and not self.metrics:
-            raise ValueError(f"metrics: task {self.task!r} is judged by the recipe's own metrics; expected at least one "
-                             "(`metrics: [{name, function: 'module:function', higher_is_better}]`)")  # fmt: skip
-        self._check_metric_outputs()
-        allowed = self._metric_names()
-        if self.gate.metric not in allowed:
-            raise ValueError(f"gate.metric: {expected_one_of(self.gate.metric, allowed)} for task {self.task!r}")
+        check_metrics(self)
         check_serving(self.slo, self.cost, self.backends, self.latency.batch_sizes, self.latency.iterations)
         check_registry(self.registry, self.backends, self.latency.batch_sizes)
         check_backend_resources(self.backend_resources, self.backends)
         check_search(self.search, names)
         return self
 
-    def _check_metric_outputs(self) -> None:
-        """A metric of several outputs reads outputs the recipe names for evaluation (model.outputs, or model.output):
-        an output qbench picks itself is only known once the model is read, and a typo must not wait for the sweep."""
-        evaluated = self.model.outputs or ([self.model.output] if self.model.output is not None else [])
-        for index, metric in enumerate(self.metrics):
-            for name in metric.outputs or []:
-                if not evaluated:
-                    raise ValueError(f"metrics[{index}].outputs: {name!r} is not an evaluated output; expected the "
-                                     "outputs a metric reads listed in model.outputs (now none)")  # fmt: skip
-                if name not in evaluated:
-                    raise ValueError(f"metrics[{index}].outputs: not an output the recipe evaluates (model.outputs): "
-                                     f"{expected_one_of(name, evaluated)}")  # fmt: skip
-
-    def _metric_names(self) -> list[str]:
-        """Every metric name results will carry: the task's and the custom ones, 'output/'-prefixed
-        when several outputs are evaluated (a metric of several outputs, `metrics[i].outputs`, belongs to none and
-        keeps its name). Custom metrics' directions join the metric catalogue."""
-        from qbench.tasks import gate_metric_names
-        from qbench.validate.catalogue import METRICS
-
-        builtin = gate_metric_names(self.task)
-        names, joint = list(builtin), []
-        for index, info in enumerate(self.custom_metrics()):
-            if (info.name in METRICS and not METRICS[info.name].custom) or info.name in names + joint:
-                raise ValueError(f"metrics[{index}].name: {info.name!r} is taken by a built-in or earlier metric")
-            METRICS.add(info, replace=True)
-            (joint if self.metrics[index].outputs else names).append(info.name)
-        outputs = self.model.outputs or []
-        return ([f"{o}/{n}" for o in outputs for n in names] if len(outputs) > 1 else names) + joint
-
     def custom_metrics(self) -> list[MetricInfo]:
         """The recipe's own metrics with their directions (what `custom_metrics(...)` scopes a sweep to)."""
-        from qbench.validate.catalogue import MetricInfo
-
-        return [MetricInfo(m.name, m.higher_is_better, m.function, custom=True) for m in self.metrics]
+        return custom_metric_infos(self.metrics)
 
     # -- derived views -------------------------------------------------------------------------
 
@@ -463,13 +384,6 @@ def load_recipe(path: str | Path) -> Recipe:
     recipe._sha256 = hashlib.sha256(raw_bytes).hexdigest()
     _check_files(recipe)
     return recipe
-
-
-def _first_custom_metric(metrics: Any) -> str | None:
-    """The name of the recipe's first custom metric as written, None when there is none (the validators say why)."""
-    first = metrics[0] if isinstance(metrics, list) and metrics else None
-    name = first.get("name") if isinstance(first, dict) else None
-    return name if isinstance(name, str) else None
 
 
 def _yaml_kind(value: Any) -> str:

@@ -387,3 +387,14 @@ def test_a_csv_dialect_beside_no_csv_file_is_refused(tmp_path):
     (tmp_path / "extra.tsv.gz").write_bytes(b"")
     calibrated = dict(data, calibration={"path": "extra.tsv.gz"})
     assert load_recipe(write_recipe(tmp_path, with_changes(data=calibrated))).data.csv.delimiter == ";"
+
+
+def test_a_gate_left_without_a_metric_over_several_outputs_is_asked_to_name_one(tmp_path):
+    """Each evaluated output's metrics are prefixed with its name: the default 'accuracy' matches none of them, and
+    the error read as if the recipe had written it."""
+    message = error_of(tmp_path, with_changes(model={"path": "model.onnx", "outputs": ["a", "b"]}))
+    assert message.startswith("recipe.yaml: gate.metric: got 'accuracy'")
+    assert "a/accuracy" in message and message.endswith("name the one to gate, each output's metrics being prefixed "
+                                                        "with its name")  # fmt: skip
+    named = with_changes(model={"path": "model.onnx", "outputs": ["a", "b"]}, gate={"metric": "b/accuracy"})
+    assert load_recipe(write_recipe(tmp_path, named)).gate.metric == "b/accuracy"
