@@ -81,7 +81,8 @@ def sweep(
         Optional[str], typer.Option("--address", help="ray: the cluster to join (auto, ray://host:10001)")
     ] = None,
     resume: Annotated[
-        bool, typer.Option("--resume", help="reuse stored builds and the finished jobs of the last interrupted run")
+        bool, typer.Option("--resume", help="reuse stored builds and the finished jobs of the last interrupted run, "
+                                 "or of the last finished one whose failed jobs failed for reasons outside the variants")
     ] = False,
 ) -> int:
     """Build every variant, measure it against FP32, write reports/<name>/<time>/ and log to MLflow.
@@ -151,7 +152,7 @@ def _print_plan(recipe: Recipe) -> None:
     out.print(f"plan {overview.plan.fingerprint[:12]}: {len(overview.rows)} jobs on executor {escape(overview.executor)}, "
               f"builds stored in {escape(overview.store)}")  # fmt: skip
     print_wide(table, out)
-    resumable = f"; the last interrupted run is {overview.resumable}" if overview.resumable else ""
+    resumable = f"; --resume takes up {overview.resumable}" if overview.resumable else ""
     out.print(f"{overview.cached} of {len(overview.rows)} jobs cached (reused by `qbench sweep --resume`){resumable}")
 
 

@@ -8,6 +8,7 @@ escapes is a bug in qbench and keeps its traceback.
 from __future__ import annotations
 
 import difflib
+import errno
 import re
 import reprlib
 from collections.abc import Iterable
@@ -77,3 +78,35 @@ def expected_one_of(got: object, choices: Iterable[str]) -> str:
     options = sorted(str(c) for c in choices)
     listed = ", ".join(repr(o) if not o or o != o.strip() or "," in o else o for o in options)  # ' s' reads as s
     return f"got {short_repr(got)}, expected one of {listed}{did_you_mean(str(got), options)}"
+
+
+_ENVIRONMENT_ERRNOS = {
+    errno.ENOSPC: "no space left on device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.ENOMEM: "out of memory",
+    errno.EIO: "an I/O error",
+    errno.ETIMEDOUT: "a timeout",
+}
+
+
+def environment_cause(exc: BaseException) -> str | None:
+    """Why `exc` says nothing about the variant being built or measured: a failure of the machine it ran on (out of
+    memory, a full disk or quota, an I/O error, a timeout or a lost connection), which may not happen again; None
+    for any other error, which would (the variant's own: a graph a runtime refuses, a bug).
+
+    The chain of causes is followed, so a QbenchError raised from a full disk counts. A job failed for such a cause
+    is what `qbench sweep --resume` runs again in a finished run (qbench.execute.records)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, MemoryError):
+            return "out of memory"
+        if isinstance(current, TimeoutError):
+            return "a timeout"
+        if isinstance(current, ConnectionError):
+            return "a lost connection"
+        if isinstance(current, OSError) and current.errno in _ENVIRONMENT_ERRNOS:
+            return _ENVIRONMENT_ERRNOS[current.errno]
+        current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
+    return None

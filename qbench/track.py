@@ -185,6 +185,7 @@ class SweepTracker:
         self._children: dict[str, str] = {}  # variant@backend -> run id, every child
         self._models: dict[str, str] = {}  # variant -> LoggedModel id (logged once, linked from every backend)
         self._earlier: dict[str, Run] = {}  # variant@backend -> child run of the interrupted sweep this one resumes
+        self._earlier_params: dict[str, str] = {}  # the params a finished sweep this one resumes logged (immutable)
         self._datasets: DatasetInputs | None = None
         self._sampler: SystemSampler | None = None
         self._retries = contextlib.ExitStack()  # bounded HTTP retries while the sweep's runs are open
@@ -196,9 +197,10 @@ class SweepTracker:
         """Create the sweep's parent run (RUNNING from now, sampling system metrics) in the recipe's experiment.
 
         `run_dir` tags the parent with the sweep's run folder; `data` logs what it measures on as datasets.
-        `resumes`, the run folder of the interrupted sweep this one resumes: its parent run, if it has one not
-        FINISHED, is reopened instead (renamed, tagged with `run_dir`), keeping its children: a reused result's
-        child is kept as logged, a job measured again replaces its child (see variant_finished).
+        `resumes`, the run folder of the sweep this one resumes (interrupted, or finished with jobs failed for
+        reasons outside their variants): its parent run, if it has one, is reopened instead (renamed, tagged with
+        `run_dir`), keeping its children: a reused result's child is kept as logged, a job measured again replaces
+        its child (see variant_finished).
         """
         retries = contextlib.ExitStack()
         retries.enter_context(bounded_retries())
@@ -208,7 +210,7 @@ class SweepTracker:
             if run_dir is not None:
                 tags[RUN_DIR_TAG] = tag_value(str(run_dir.resolve()))
             try:
-                earlier = _interrupted_parent(client, experiment_id, resumes) if resumes is not None else None
+                earlier = _resumed_parent(client, experiment_id, resumes) if resumes is not None else None
                 if earlier is None:
                     parent = client.create_run(experiment_id, run_name=run_name, tags=tags)
                 else:
@@ -225,6 +227,7 @@ class SweepTracker:
         tracker = cls(client, uri, experiment_id, parent.info.run_id)
         tracker._retries = retries
         if earlier is not None:
+            tracker._earlier_params = dict(earlier.data.params)
             tracker._earlier = tracker._mlflow(lambda: _children_of(client, experiment_id, tracker.parent_id)) or {}
             logger.info("MLflow: resuming the interrupted sweep's run %s (%d variant runs logged there)",
                         tracker.parent_id, len(tracker._earlier))  # fmt: skip
@@ -322,8 +325,8 @@ class SweepTracker:
             for variant in results.variants:
                 if variant.key not in self._children:  # results logged after the fact (log_sweep)
                     self.variant_finished(results, variant)
-            _log(self._client, self.parent_id, sweep_metrics(results, gate), sweep_params(results, recipe),
-                 sweep_tags(results, gate))  # fmt: skip
+            params, changed = _unlogged(sweep_params(results, recipe), self._earlier_params)
+            _log(self._client, self.parent_id, sweep_metrics(results, gate), params, sweep_tags(results, gate) | changed)
             for variant in results.variants:
                 verdict = gate.status_of(variant.variant, variant.backend) if gate else "not evaluated"
                 self._client.set_tag(self._children[variant.key], GATE_TAG, verdict)
@@ -377,11 +380,22 @@ class SweepTracker:
             return None
 
 
-def _interrupted_parent(client: MlflowClient, experiment_id: str, run_dir: Path) -> Run | None:
-    """The newest parent run tagged with the run folder `run_dir`, unless it FINISHED (a complete sweep's)."""
+def _unlogged(params: Mapping[str, str], logged: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """The params not yet logged on a taken-over parent run, and as tags (`resumed.<param>`) those it logged with
+    another value (the finished sweep ran on another machine): MLflow refuses to change a param."""
+    changed = {f"resumed.{k}": tag_value(v) for k, v in params.items() if k in logged and logged[k] != v}
+    if changed:
+        logger.warning("MLflow: the resumed sweep's %s differ from the run it resumes; logged as tags resumed.<param>",
+                       ", ".join(k.removeprefix("resumed.") for k in changed))  # fmt: skip
+    return {k: v for k, v in params.items() if k not in logged}, changed
+
+
+def _resumed_parent(client: MlflowClient, experiment_id: str, run_dir: Path) -> Run | None:
+    """The newest parent run tagged with the run folder `run_dir`: an interrupted sweep's, or a finished one's whose
+    jobs that failed for reasons outside their variants the resuming sweep runs again."""
     tag = f"tags.`{RUN_DIR_TAG}` = {search_literal(tag_value(str(run_dir.resolve())))}"
     found = client.search_runs([experiment_id], tag, order_by=["attributes.start_time DESC"], max_results=1)
-    if not found or MLFLOW_PARENT_RUN_ID in found[0].data.tags or found[0].info.status == "FINISHED":
+    if not found or MLFLOW_PARENT_RUN_ID in found[0].data.tags:
         return None
     return found[0]
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from qbench.backends import get_backend
-from qbench.errors import QbenchError
+from qbench.errors import QbenchError, environment_cause
 from qbench.execute.store import BuildStore, StoreUnwritable, build_environment, manifest_of
 from qbench.preflight import Prepared
 from qbench.provenance import model_sha256
@@ -54,6 +54,7 @@ class BuildOutput:
     where: str = ""
     search: dict[str, Any] | None = None  # the INT8 search's report (JSON form), when this build was the search
     span: tuple[float, float] | None = None  # when the job started and ended where it ran (epoch seconds)
+    environment: str | None = None  # failed for a reason outside the variant (qbench.errors.environment_cause)
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,7 @@ class MeasureOutput:
     seconds: dict[str, float] = field(default_factory=dict)
     where: str = ""
     span: tuple[float, float] | None = None  # when the job started and ended where it ran (epoch seconds)
+    environment: str | None = None  # failed for a reason outside the variant (qbench.errors.environment_cause)
 
 
 def worker_name() -> str:
@@ -102,13 +104,15 @@ def _build_and_publish(
     folder = Path(tempfile.mkdtemp(prefix=f"qbench-build-{spec.name}-"))
     try:
         report = None
-        if is_int8_search(spec, prepared):
-            built, error, report = _int8_search(search, prepared, folder, clock)
-        else:
-            evaluate = _search_evaluator(search, prepared, clock) if search is not None else _no_search(spec)
-            built, error = _build(spec, prepared, folder, clock, evaluate)
-        if built is None:
-            return BuildOutput(spec.name, None, error, seconds=clock.seconds, where=worker_name(), search=report)
+        try:
+            if is_int8_search(spec, prepared):
+                built, report = _int8_search(search, prepared, folder, clock)
+            else:
+                evaluate = _search_evaluator(search, prepared, clock) if search is not None else _no_search(spec)
+                built = _build(spec, prepared, folder, clock, evaluate)
+        except _BuildFailed as failure:
+            return BuildOutput(spec.name, None, failure.error, seconds=clock.seconds, where=worker_name(),
+                               search=failure.report, environment=failure.environment)  # fmt: skip
         own_torch = built.torch_module is not None and not _torch_form_from_source(built, prepared)
         t = time.perf_counter()
         try:
@@ -122,7 +126,8 @@ def _build_and_publish(
         except Exception as exc:  # noqa: BLE001 - a store that failed otherwise fails this build, not the sweep
             error = f"publishing the build to {store.root} failed: {describe_error(exc)}"
             logger.error("  build failed: %s", error)
-            return BuildOutput(spec.name, None, error, seconds=clock.seconds, where=worker_name(), search=report)
+            return BuildOutput(spec.name, None, error, seconds=clock.seconds, where=worker_name(), search=report,
+                               environment=environment_cause(exc))  # fmt: skip
         finally:
             clock.add("store", t)
         module = built.torch_module if own_torch else None
@@ -137,6 +142,15 @@ def _build_and_publish(
         shutil.rmtree(folder, ignore_errors=True)
 
 
+class _BuildFailed(Exception):
+    """A variant that could not be built: why (`error`), whether for a reason outside it (`environment`), and the
+    INT8 search's report when the search found no pick."""
+
+    def __init__(self, error: str, environment: str | None = None, report: dict[str, Any] | None = None) -> None:
+        super().__init__(error)
+        self.error, self.environment, self.report = error, environment, report
+
+
 def is_int8_search(spec: VariantSpec, prepared: Prepared) -> bool:
     """Whether `spec` names the variant of the recipe's INT8 search (`search:`)."""
     return prepared.recipe.search is not None and spec.name == prepared.recipe.search.name
@@ -144,28 +158,28 @@ def is_int8_search(spec: VariantSpec, prepared: Prepared) -> bool:
 
 def _int8_search(
     search: tuple[str, Reference | None] | None, prepared: Prepared, folder: Path, clock: PhaseClock
-) -> tuple[BuiltVariant | None, str | None, dict[str, Any] | None]:
-    """Run the recipe's INT8 search into `folder`: its pick, why there is none, and its report (JSON form).
-    Its failure is the searched variant's failure; the sweep goes on."""
+) -> tuple[BuiltVariant, dict[str, Any]]:
+    """Run the recipe's INT8 search into `folder`: its pick and its report (JSON form); raises _BuildFailed when
+    there is none. Its failure is the searched variant's failure; the sweep goes on."""
     from qbench.results import to_jsonable
     from qbench.search.run import run_search
 
     reference = search[1] if search is not None else None
     if search is None or reference is None or reference.accuracy is None:
-        return None, "the INT8 search needs FP32 measured first on the first backend", None
+        raise _BuildFailed("the INT8 search needs FP32 measured first on the first backend")
     backend = search[0]
     fp32 = Measured(VariantResult("fp32", backend, "fp32", "ok", accuracy=reference.accuracy), reference.outputs)
     try:
         outcome = run_search(prepared, get_backend(backend), fp32, prepared.recipe.search, folder, clock=clock)
     except Exception as exc:  # noqa: BLE001 - recorded as the searched variant's failure
         logger.error("  search failed: %s", describe_error(exc))
-        return None, f"search failed: {describe_error(exc)}", None
+        raise _BuildFailed(f"search failed: {describe_error(exc)}", environment_cause(exc)) from None
     report = to_jsonable(outcome.report)
     if outcome.built is None:
         from qbench.search.select import why_none
 
-        return None, why_none(outcome.report.candidates), report
-    return outcome.built, None, report
+        raise _BuildFailed(why_none(outcome.report.candidates), report=report)
+    return outcome.built, report
 
 
 def _torch_form_from_source(built: BuiltVariant, prepared: Prepared) -> bool:
@@ -213,8 +227,9 @@ def _build(
     folder: Path,
     clock: PhaseClock,
     evaluate: Callable[[BuiltVariant], VariantResult],
-) -> tuple[BuiltVariant | None, str | None]:
-    """Build one variant; a variant with `fallback` or `calibrator: auto` is searched with `evaluate`."""
+) -> BuiltVariant:
+    """Build one variant; a variant with `fallback` or `calibrator: auto` is searched with `evaluate`; raises
+    _BuildFailed when it cannot be built."""
     t = time.perf_counter()
     ctx = BuildContext(
         reference_path=prepared.source.onnx_path,
@@ -226,10 +241,10 @@ def _build(
     )
     try:
         logger.info("  building: %s", _technique(spec))
-        return _build_one(spec, ctx, evaluate, prepared), None
+        return _build_one(spec, ctx, evaluate, prepared)
     except Exception as exc:  # noqa: BLE001 - one variant's failure is recorded, the sweep goes on
         logger.error("  build failed: %s", exc)
-        return None, describe_error(exc)
+        raise _BuildFailed(describe_error(exc), environment_cause(exc)) from None
     finally:
         clock.add("build", t)
 
@@ -281,7 +296,7 @@ def run_measure(
                        timing=prepared.recipe.latency, clock=clock, serving=True)  # fmt: skip
     kept = measured.outputs if keep_outputs else None
     return MeasureOutput(measured.result, kept, seconds=clock.seconds, where=worker_name(),
-                         span=(started, time.time()))  # fmt: skip
+                         span=(started, time.time()), environment=measured.environment)  # fmt: skip
 
 
 # -- results of jobs that did not measure --------------------------------------------------------

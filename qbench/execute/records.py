@@ -7,9 +7,13 @@
 A record of a job that ran also keeps when (`times`, epoch seconds): `submitted` to the executor and
 `recorded` by the driver (the driver's clock), `started` and `ended` where it ran (that node's clock).
 
-`qbench sweep --resume` picks the newest incomplete run of the recipe whose plan has the same
-fingerprint (qbench.execute.plan.plan_fingerprint) and that recorded a finished job, and reuses its
-finished jobs (see qbench.execute.scheduler for which ones). Each record carries the digest of its
+A job that failed for a reason outside the variant (qbench.errors.environment_cause: out of memory, a full disk,
+a worker lost after its retries) says why in `environment`.
+
+`qbench sweep --resume` picks the newest run of the recipe whose plan has the same fingerprint
+(qbench.execute.plan.plan_fingerprint) that is incomplete and recorded a finished job, or finished with such an
+environment failure, and reuses its finished jobs (see qbench.execute.scheduler for which ones): in a finished
+run, every job but those failed ones. Each record carries the digest of its
 content (and of its outputs file): one that cannot be read back (a truncated JSON or .npz) or that changed
 since it was written is logged and left out, and its job runs again.
 """
@@ -50,6 +54,7 @@ class JobRecord:
     result: VariantResult | None = None
     outputs: dict[str, np.ndarray] | None = None
     times: dict[str, float] | None = None  # submitted, started, ended, recorded (see the module docstring)
+    environment: str | None = None  # failed for a reason outside the variant: a finished run's --resume runs it again
 
 
 def _file_name(job_id: str) -> str:
@@ -76,9 +81,11 @@ def record_build(
     manifest: dict[str, Any] | None,
     error: str | None,
     times: dict[str, float] | None = None,
+    environment: str | None = None,
 ) -> None:
     _write_record(run_dir / JOBS_FOLDER / f"{_file_name(job_id)}.json",
-                  {"job": job_id, "attempts": attempts, "manifest": manifest, "error": error, "times": times})  # fmt: skip
+                  {"job": job_id, "attempts": attempts, "manifest": manifest, "error": error, "times": times,
+                   "environment": environment})  # fmt: skip
 
 
 def record_measure(
@@ -88,6 +95,7 @@ def record_measure(
     result: VariantResult,
     outputs: dict[str, np.ndarray] | None,
     times: dict[str, float] | None = None,
+    environment: str | None = None,
 ) -> None:
     """Write the outputs first (when kept), then the record that refers to them."""
     name = _file_name(job_id)
@@ -96,6 +104,7 @@ def record_measure(
         "attempts": attempts,
         "result": to_jsonable(result),
         "times": times,
+        "environment": environment,
     }
     if outputs is not None:
         replace_atomically(run_dir / JOBS_FOLDER / f"{name}.outputs.npz", lambda temporary: np.savez(temporary, **outputs),
@@ -145,27 +154,51 @@ def _record(raw: dict[str, Any], folder: Path) -> JobRecord:
             raise ValueError(f"{path}: {type(exc).__name__}: {exc}") from exc
     result = variant_from_dict(raw["result"]) if raw.get("result") is not None else None
     times = {str(k): float(v) for k, v in raw["times"].items()} if raw.get("times") else None
+    environment = str(raw["environment"]) if raw.get("environment") else None
     return JobRecord(job=str(raw["job"]), attempts=int(raw["attempts"]), manifest=raw.get("manifest"),
-                     error=raw.get("error"), result=result, outputs=outputs, times=times)  # fmt: skip
+                     error=raw.get("error"), result=result, outputs=outputs, times=times, environment=environment)  # fmt: skip
 
 
 def resumable_run(root: Path, fingerprint: str) -> RunFolder | None:
-    """The newest incomplete run folder under `root` whose plan has `fingerprint` and that recorded a finished
-    job; None when there is none. A run interrupted before any job finished has nothing to resume: an
-    earlier run of the same plan is taken over it."""
-    folders = [folder for folder in root.iterdir() if folder.is_dir()] if root.is_dir() else []
+    """The run `--resume` takes up: the newest run folder under `root` whose plan has `fingerprint` and that is
+    either incomplete having recorded a finished job, or finished with a job that failed for a reason outside the
+    variant (`environment_failures`); None when there is none. A run interrupted before any job finished has
+    nothing to resume: an earlier run of the same plan is taken over it."""
     candidates = []
-    for run in filter(None, map(describe_run, folders)):
+    for run in _same_plan(root, fingerprint):
         if run.complete:
-            continue
+            if environment_failures(read_records(run.path)):
+                candidates.append(run)
+        elif _record_files(run.path):
+            candidates.append(run)
+        else:
+            logger.info("interrupted run %s has the same plan but no finished job: nothing to resume there", run.path)
+    return max(candidates, key=_newest, default=None)
+
+
+def finished_run(root: Path, fingerprint: str) -> RunFolder | None:
+    """The newest finished run folder under `root` whose plan has `fingerprint`, whatever its jobs gave."""
+    return max((run for run in _same_plan(root, fingerprint) if run.complete), key=_newest, default=None)
+
+
+def environment_failures(records: dict[str, JobRecord]) -> dict[str, str]:
+    """job -> why, for every recorded job that failed for a reason outside the variant (out of memory, a full disk, a
+    worker lost after its retries: qbench.errors.environment_cause), which may not happen again."""
+    return {job: record.environment for job, record in records.items() if record.environment is not None}
+
+
+def _newest(run: RunFolder) -> tuple[object, str]:
+    return run.recorded_at, run.path.name
+
+
+def _same_plan(root: Path, fingerprint: str) -> list[RunFolder]:
+    folders = [folder for folder in root.iterdir() if folder.is_dir()] if root.is_dir() else []
+    runs = []
+    for run in filter(None, map(describe_run, folders)):
         try:
             plan = json.loads((run.path / PLAN_FILE).read_text())
         except (OSError, ValueError):
             continue
-        if not isinstance(plan, dict) or plan.get("fingerprint") != fingerprint:
-            continue
-        if _record_files(run.path):
-            candidates.append(run)
-        else:
-            logger.info("interrupted run %s has the same plan but no finished job: nothing to resume there", run.path)
-    return max(candidates, key=lambda run: (run.recorded_at, run.path.name), default=None)
+        if isinstance(plan, dict) and plan.get("fingerprint") == fingerprint:
+            runs.append(run)
+    return runs

@@ -8,8 +8,10 @@ variant is reported from that variant's measurement.
 
 A job whose worker was lost (killed, out of memory, node gone) runs again, at most `retries` times; after
 that it is recorded failed, so the gate fails closed. Resuming (`resume_from`) reuses the finished jobs
-of an interrupted run of the same plan: a build whose files are in the store, unchanged, built in this
-environment, and the measurements of exactly that build (same model digest); everything else runs.
+of an earlier run of the same plan (interrupted, or finished with jobs failed for reasons outside their variant):
+a build whose files are in the store, unchanged, built in this environment, and the measurements of exactly that
+build (same model digest); a build or measurement that failed for the variant's own reason, which would fail
+again; everything else (a job failed for a reason outside the variant, qbench.errors.environment_cause) runs.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from qbench.preflight import Prepared
 from qbench.provenance import model_sha256
 from qbench.results import AccuracyResult, VariantResult
 from qbench.results_search import SearchReport, search_from_dict
-from qbench.runs import run_folder_writes
+from qbench.runs import describe_run, run_folder_writes
 from qbench.validate.measure import PhaseClock, failed_result
 from qbench.variants.base import BuiltVariant
 
@@ -211,10 +213,10 @@ class Scheduler:
                 return
             error = f"worker lost {attempts} times, last: {done.lost}"
             if job.kind == "build":
-                self._built(job, BuildOutput(job.variant, None, error))
+                self._built(job, BuildOutput(job.variant, None, error, environment=error))
             else:
                 assert isinstance(work, MeasureWork)
-                self._measured(job, failed_result(work.built, work.backend, error), None)
+                self._measured(job, failed_result(work.built, work.backend, error), None, environment=error)
             return
         self.clock.merge(done.output.seconds)
         if done.output.span is not None:
@@ -223,7 +225,7 @@ class Scheduler:
             self._built(job, done.output)
         else:
             output: MeasureOutput = done.output
-            self._measured(job, output.result, output.outputs, where=output.where)
+            self._measured(job, output.result, output.outputs, where=output.where, environment=output.environment)
 
     def _built(self, job: Job, output: BuildOutput, *, record: bool = True) -> None:
         variant = job.variant
@@ -235,6 +237,7 @@ class Scheduler:
                 output.manifest,
                 output.error,
                 self._times(job.id),
+                output.environment,
             )
         report = output.search if output.manifest is None else output.manifest.get("search")
         if report is not None:
@@ -252,9 +255,10 @@ class Scheduler:
         self.state.done.add(job.id)
         self._report(f"{job.id}: {'built' if output.manifest else 'failed'}", output.where)
 
-    def _measured(self, job: Job, result: VariantResult, outputs: object, *, where: str = "",
-                  record: bool = True, reused: bool = False) -> None:  # fmt: skip
-        """Keep a measure job's result; `reused`: taken from an interrupted run, so no work on it is started."""
+    def _measured(self, job: Job, result: VariantResult, outputs: object, *, where: str = "", record: bool = True,
+                  reused: bool = False, environment: str | None = None) -> None:  # fmt: skip
+        """Keep a measure job's result; `reused`: taken from an earlier run, so no work on it is started;
+        `environment`: why it failed, when for a reason outside the variant."""
         assert job.backend is not None
         result = self._local_paths(result)
         if job.variant == self.plan.reference and result.accuracy is not None:
@@ -269,6 +273,7 @@ class Scheduler:
                 result,
                 outputs if job.id == self.reference_job else None,  # type: ignore[arg-type]
                 self._times(job.id),
+                environment,
             )
         self.state.measured[job.id] = result
         self.state.done.add(job.id)
@@ -306,6 +311,8 @@ class Scheduler:
         records = read_records(folder) if folder is not None else {}
         environment = build_environment()
         reference = model_sha256(self.prepared.source.onnx_path)  # builds from another FP32 model are not reused
+        earlier = describe_run(folder) if folder is not None else None
+        which = "run" if earlier is not None and earlier.complete else "interrupted run"
         reused = 0
         for job in self.plan.jobs:
             record = records.get(job.id)
@@ -314,9 +321,12 @@ class Scheduler:
                 if stored is not None:
                     self._built(job, BuildOutput(job.variant, stored, where="the build store"))
                     reused += 1
+                elif record is not None and record.manifest is None and record.environment is None:
+                    self._built(job, BuildOutput(job.variant, None, record.error, where="an earlier run"))
+                    reused += 1  # the variant's own failure: built again, it would fail again
             elif record is not None and self._reusable_measure(job, record):
                 assert record.result is not None and folder is not None
-                note = f"resumed: measured by the interrupted run {folder.name}"
+                note = f"resumed: measured by the {which} {folder.name}"
                 result = replace(record.result, notes=(*record.result.notes, note),
                                  model_path=str(self.state.built[job.variant].onnx_path),
                                  evaluated_model_path=self._carried(record.result.evaluated_model_path))  # fmt: skip
@@ -340,13 +350,16 @@ class Scheduler:
         return str(target) if target.exists() else path
 
     def _reusable_measure(self, job: Job, record: JobRecord) -> bool:
+        """Whether the earlier measurement stands: of this very build, and unless it failed for a reason outside the
+        variant (out of memory, a full disk, a lost worker: measured again), whatever it gave (the variant's own
+        failure would come again)."""
         built = self.state.built.get(job.variant)
         result = record.result
-        if built is None or result is None or result.status not in ("ok", "skipped"):
+        if built is None or result is None or record.environment is not None:
             return False
         if job.id == self.reference_job and record.outputs is None:
             return False
-        return result.status == "skipped" or result.model_sha256 == model_sha256(built.onnx_path)
+        return result.status in ("skipped", "failed") or result.model_sha256 == model_sha256(built.onnx_path)
 
 
 def run_plan(plan: SweepPlan, prepared: Prepared, executor: Executor, store: BuildStore, progress: SweepProgress,

@@ -16,7 +16,7 @@ import math
 import time
 import traceback
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +24,7 @@ import numpy as np
 from qbench.backends import Backend, Runner
 from qbench.backends.base import RunOptions
 from qbench.environment import timing_machine
-from qbench.errors import QbenchError, RecipeError
+from qbench.errors import QbenchError, RecipeError, environment_cause
 from qbench.preflight import Prepared, check_labels_fit_outputs
 from qbench.provenance import model_bytes, model_sha256
 from qbench.recipe import LatencySpec
@@ -119,6 +119,7 @@ class Measured:
     result: VariantResult
     outputs: dict[str, np.ndarray] | None
     nsr: float = math.nan
+    environment: str | None = None  # failed for a reason outside the variant (qbench.errors.environment_cause)
 
     @property
     def reference(self) -> Reference | None:
@@ -180,7 +181,7 @@ def measure(
         finally:
             runner.close()
     except Exception as exc:  # noqa: BLE001 - one variant's failure is recorded, the caller goes on
-        return _failed(built, backend, describe_error(exc), quiet=quiet)
+        return replace(_failed(built, backend, describe_error(exc), quiet=quiet), environment=environment_cause(exc))
     finally:
         if clock is not None:
             clock.add("inference", t)
@@ -195,7 +196,8 @@ def measure(
             accuracy = evaluate_accuracy(recipe.task, outputs, base, rows.labels, rows.slices, prepared.custom_metrics,
                                          probabilities=scales)  # fmt: skip
         except QbenchError as exc:  # its outputs cannot be scored (a custom metric raised on them): this variant failed
-            return _failed(built, backend, f"scoring failed: {exc}", quiet=quiet)
+            return replace(_failed(built, backend, f"scoring failed: {exc}", quiet=quiet),
+                           environment=environment_cause(exc))
         accuracy = with_drops(accuracy, reference.accuracy if reference is not None and reference.accuracy else accuracy)
         nsr = output_nsr([base[k] for k in outputs], list(outputs.values()))
     latency, serving_result, size = None, None, model_bytes(built.onnx_path)

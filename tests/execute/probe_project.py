@@ -7,6 +7,7 @@ it on every call, and obeys two control files there:
     interrupt_at   holds N: on the N-th call, SIGINT to its own process (the sweep's, with the local executor)
     hang_once      the first call that sees it writes `worker.pid` and sleeps, so the test can kill that process
     hold_after     holds N: every call after the N-th waits while the file exists (a job held mid-measurement)
+    fail_at        holds N and an errno name (ENOSPC), MemoryError or ValueError: the N-th call raises it, once
 
 It is a fixture builder, not a test module.
 """
@@ -22,6 +23,7 @@ import yaml
 VARIANTS = ["fp16", "int8-minmax"]  # the sweep the executor tests run (with FP32: three measure jobs)
 
 PROBE_SOURCE = '''\
+import errno
 import os
 import signal
 import time
@@ -42,6 +44,16 @@ def agreement_probe(outputs, labels):
         stop.unlink()
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(5)  # the handler raises in the main thread before this ends
+    fail = HERE / "fail_at"
+    if fail.is_file() and count >= int(fail.read_text().split()[0]):
+        what = fail.read_text().split()[1]
+        fail.unlink()
+        if what == "MemoryError":
+            raise MemoryError()
+        if what == "ValueError":
+            raise ValueError("this variant's outputs cannot be scored")
+        code = getattr(errno, what)
+        raise OSError(code, os.strerror(code))
     hold = HERE / "hold_after"
     while hold.is_file() and count > int(hold.read_text() or 0):
         time.sleep(0.05)

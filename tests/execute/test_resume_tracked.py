@@ -16,6 +16,7 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 from probe_project import VARIANTS, probe_calls, write_probe_recipe
 
+import qbench.sweep as sweep_module
 from qbench.errors import QbenchError
 from qbench.recipe import load_recipe
 from qbench.sweep import run_sweep
@@ -92,3 +93,37 @@ def test_a_sweep_killed_outright_leaves_no_run_running_once_resumed(
     runs = client.search_runs([experiment_id], run_view_type=ViewType.ALL)
     assert [r.info.run_name for r in runs if r.info.status == "RUNNING"] == []
     assert {r.info.run_id for r in runs if r.info.status == "FINISHED"} >= {outcome.mlflow_run_id}
+
+
+def test_a_finished_run_resumed_for_a_job_failed_for_an_environment_reason_shows_each_variant_once(
+    user_project: Path, tmp_path: Path, local_figures: tuple[dict, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The resumed sweep takes over the finished sweep's parent run (FINISHED, not only an interrupted one's): the
+    failed child goes, the others are kept as logged, and the parent's gate verdict is the resumed run's. Resumed on
+    another machine, the parent's params (which MLflow never changes) keep the first values, the new ones as tags."""
+    _, per_job = local_figures
+    recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
+    (tmp_path / "fail_at").write_text(f"{per_job + 1} ENOSPC")
+    failed = run_sweep(recipe)
+    assert failed.results.find("fp16", "onnxruntime-cpu").status == "failed"
+    first_cpu = failed.results.environment["cpu"]
+    elsewhere = sweep_module.describe_environment
+    monkeypatch.setattr(sweep_module, "describe_environment", lambda: {**elsewhere(), "cpu": "another CPU"})
+
+    outcome = run_sweep(recipe, resume=True)
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment_id = client.get_experiment_by_name(experiment_name(load_recipe(recipe))).experiment_id
+    runs = client.search_runs([experiment_id])
+    [parent] = [run for run in runs if MLFLOW_PARENT_RUN_ID not in run.data.tags]
+    assert parent.info.run_id == outcome.mlflow_run_id == failed.mlflow_run_id and parent.info.status == "FINISHED"
+    assert parent.data.tags[RUN_DIR_TAG] == str(outcome.run_dir.resolve())
+    assert parent.data.tags["qbench.resumed_from"] == str(failed.run_dir.resolve())
+    assert parent.data.tags["qbench.gate"] == "pass"
+    assert parent.data.params["env.cpu"] == first_cpu and parent.data.tags["resumed.env.cpu"] == "another CPU"
+    children = {f"{r.data.tags['qbench.variant']}@{r.data.tags['qbench.backend']}": r for r in runs if r != parent}
+    assert sorted(children) == sorted(v.key for v in outcome.results.variants) and len(runs) == 4
+    assert {key: child.info.status for key, child in children.items()} == dict.fromkeys(children, "FINISHED")
+    assert {key: child.data.tags["qbench.gate"] for key, child in children.items()} == {
+        "fp32@onnxruntime-cpu": "not gated", "fp16@onnxruntime-cpu": "pass", "int8-minmax@onnxruntime-cpu": "pass"}
+    models = client.search_logged_models(experiment_ids=[experiment_id])
+    assert sorted(m.name for m in models) == sorted({v.variant for v in outcome.results.variants}), "one model each"

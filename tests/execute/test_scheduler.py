@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 from probe_project import VARIANTS, figures, probe_calls, write_probe_recipe
 
+import qbench.sweep as sweep_module
 from qbench.cli import main
 from qbench.errors import QbenchError
+from qbench.execute.executors import JobDone, LocalExecutor
 from qbench.execute.records import JOBS_FOLDER, PLAN_FILE
 from qbench.results import read_results
 from qbench.runs import INCOMPLETE_MARKER
@@ -284,3 +286,95 @@ def test_a_run_folder_that_fills_up_while_a_build_is_copied_in_is_one_line_namin
     assert not list((run / "models").glob("*fp16*"))
     assert main(["gate", str(recipe)]) == 2
     assert f"{run}, is incomplete (failed: cannot write to the run folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("failure", ["ENOSPC", "MemoryError"])
+def test_a_finished_run_with_a_job_failed_for_an_environment_reason_resumes_only_that_job(
+    user_project: Path, tmp_path: Path, local_figures: tuple[dict, int], failure: str
+) -> None:
+    """A finished run counted as complete, so --resume measured every job again (only builds were reused)."""
+    expected, per_job = local_figures
+    recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
+    (tmp_path / "fail_at").write_text(f"{per_job + 1} {failure}")  # fp16's measurement meets a full disk, once
+    failed = run_sweep(recipe, track=False)
+    fp16 = failed.results.find("fp16", "onnxruntime-cpu")
+    assert fp16.status == "failed" and failed.results.complete
+    record = json.loads((failed.run_dir / JOBS_FOLDER / "measure_fp16@onnxruntime-cpu.json").read_text())
+    assert record["environment"] == {"ENOSPC": "no space left on device", "MemoryError": "out of memory"}[failure]
+    assert main(["gate", str(recipe)]) == 2  # the finished run fails closed on the failed measurement
+
+    before = len(probe_calls(tmp_path))
+    outcome = run_sweep(recipe, track=False, resume=True)
+    assert len(probe_calls(tmp_path)) - before == per_job  # fp16's job only
+    assert figures(outcome.results) == expected
+    resumed = [v.key for v in outcome.results.variants if any(n.startswith("resumed") for n in v.notes)]
+    assert resumed == ["fp32@onnxruntime-cpu", "int8-minmax@onnxruntime-cpu"]
+    assert f"resumed: measured by the run {failed.run_dir.name}" in outcome.results.variants[0].notes
+    assert outcome.run_dir != failed.run_dir
+    assert main(["gate", str(recipe)]) == 0  # the resumed run is judged as one complete run
+
+
+@pytest.mark.parametrize("own", [True, False])
+def test_resume_refuses_a_finished_run_with_nothing_it_would_change(
+    user_project: Path, tmp_path: Path, local_figures: tuple[dict, int], capsys: pytest.CaptureFixture[str], own: bool
+) -> None:
+    """A variant's own failure would fail again, and a run with every job done has nothing to resume: one line."""
+    _, per_job = local_figures
+    recipe = write_probe_recipe(user_project, tmp_path, variants=["fp16"])
+    if own:
+        (tmp_path / "fail_at").write_text(f"{per_job + 1} ValueError")
+    finished = run_sweep(recipe, track=False)
+    assert (finished.results.find("fp16", "onnxruntime-cpu").status == "failed") is own
+    before = len(probe_calls(tmp_path))
+    capsys.readouterr()
+    assert main(["sweep", str(recipe), "--no-track", "--resume"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert f"--resume: the newest run of this plan, {finished.run_dir}, finished" in err
+    assert "resuming it would change nothing" in err
+    assert ("measure:fp16@onnxruntime-cpu" in err) is own
+    assert len(probe_calls(tmp_path)) == before
+    assert list((tmp_path / "reports" / "tumour-mlp").glob("2*")) == [finished.run_dir]
+
+
+def test_a_job_whose_worker_is_lost_past_its_retries_is_run_again_by_resume(
+    user_project: Path, tmp_path: Path, local_figures: tuple[dict, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker lost (node gone, OOM-killed) after the retries ran out fails the job for a reason outside it."""
+    expected, per_job = local_figures
+    recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS, executor={"retries": 0})
+    lose = {"measure:int8-minmax@onnxruntime-cpu"}
+
+    class Losing(LocalExecutor):
+        def next_done(self) -> JobDone:
+            job, _ = self._queue[0]
+            if job.id in lose:
+                lose.discard(job.id)
+                self._queue.popleft()
+                return JobDone(job.id, None, lost="NodeDiedError: node 10.0.0.7 died")
+            return super().next_done()
+
+    monkeypatch.setattr(sweep_module, "make_executor", lambda recipe, prepared, store: Losing(prepared, store))
+    failed = run_sweep(recipe, track=False)
+    assert failed.results.find("int8-minmax", "onnxruntime-cpu").error.startswith("worker lost 1 times")
+    before = len(probe_calls(tmp_path))
+    outcome = run_sweep(recipe, track=False, resume=True)
+    assert len(probe_calls(tmp_path)) - before == per_job
+    assert figures(outcome.results) == expected
+
+
+def test_resume_keeps_a_variants_own_failure_rather_than_measuring_it_again(
+    user_project: Path, tmp_path: Path, local_figures: tuple[dict, int]
+) -> None:
+    _, per_job = local_figures
+    recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
+    (tmp_path / "fail_at").write_text(f"{per_job + 1} ValueError")  # fp16 cannot be scored: its own failure
+    (tmp_path / "interrupt_at").write_text(str(per_job + 2))  # then int8-minmax's measurement is interrupted
+    with pytest.raises(QbenchError, match="interrupted by SIGINT"):
+        run_sweep(recipe, track=False)
+    before = len(probe_calls(tmp_path))
+    outcome = run_sweep(recipe, track=False, resume=True)
+    assert len(probe_calls(tmp_path)) - before == per_job  # int8-minmax only
+    fp16 = outcome.results.find("fp16", "onnxruntime-cpu")
+    assert fp16.status == "failed" and "cannot be scored" in fp16.error
+    assert outcome.results.find("int8-minmax", "onnxruntime-cpu").status == "ok"
