@@ -193,8 +193,11 @@ class SweepTracker:
 
     @classmethod
     def open(cls, recipe: Recipe, run_name: str, *, run_dir: Path | None = None, data: SweepData | None = None,
-             resumes: Path | None = None) -> SweepTracker:  # fmt: skip
+             resumes: Path | None = None, system_metrics: bool = True) -> SweepTracker:  # fmt: skip
         """Create the sweep's parent run (RUNNING from now, sampling system metrics) in the recipe's experiment.
+
+        `system_metrics` False: no sampling, for results logged after their sweep (`qbench track`), whose samples
+        would describe the logging process, not the sweep.
 
         `run_dir` tags the parent with the sweep's run folder; `data` logs what it measures on as datasets.
         `resumes`, the run folder of the sweep this one resumes (interrupted, or finished with jobs failed for
@@ -233,7 +236,7 @@ class SweepTracker:
                         tracker.parent_id, len(tracker._earlier))  # fmt: skip
         tracker._mlflow(lambda: _end_killed_sweeps(client, experiment_id, tracker.parent_id))
         first_step = tracker._mlflow(lambda: _next_system_step(client, tracker.parent_id)) if earlier is not None else 0
-        tracker._sampler = _system_sampler(first_step or 0)
+        tracker._sampler = _system_sampler(first_step or 0) if system_metrics else None
         if data is not None:
             tracker._mlflow(lambda: tracker._log_datasets(data))
         return tracker

@@ -4,15 +4,22 @@ A sweep run with --no-track, or one whose tracking store failed while it ran, ha
 and none (or a FAILED part) in MLflow; `qbench gate --register` finds a sweep's runs by the run folder
 tagged on a FINISHED parent run, so such results could never be registered. Logging the folder makes the
 parent run (tagged with the folder), one child run per variant x backend with its logged model, and the
-reports as artifacts, as a tracked sweep would have; a folder already logged is not logged twice.
+reports as artifacts, as a tracked sweep would have (no system metrics: the sweep's samples were not saved, and
+samples taken now would describe the logging); a folder already logged is not logged twice. The runs the sweep left
+when its store failed (a parent still RUNNING, children with a pending verdict) are ended then, pointing at the new
+parent run, so the UI shows no sweep in progress that ended long ago.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
+from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
 from qbench.errors import QbenchError
 from qbench.gate import GateReport
@@ -20,7 +27,17 @@ from qbench.recipe import Recipe
 from qbench.results import SweepResults
 from qbench.runs import RESULTS_FILE, describe_run
 from qbench.track import SweepTracker, artifact_paths
-from qbench.track_store import bounded_retries, finished_sweep_run, open_experiment, store_failure
+from qbench.track_content import GATE_TAG, tag_value
+from qbench.track_store import (
+    RUN_DIR_TAG,
+    bounded_retries,
+    finished_sweep_run,
+    open_experiment,
+    search_literal,
+    store_failure,
+)
+
+logger = logging.getLogger(__name__)
 
 REPORT_FILES = (RESULTS_FILE, "report.md", "report.html", "frontier.png")  # what a tracked sweep logs, if written
 
@@ -31,8 +48,10 @@ def log_sweep(results: SweepResults, recipe: Recipe, *, gate: GateReport | None,
     """
     artifact_paths(recipe, artifacts)
     run_dirs = {Path(a).parent for a in artifacts if Path(a).name == RESULTS_FILE}
-    tracker = SweepTracker.open(recipe, f"{results.recipe.get('name', recipe.name)} sweep {results.created_at}",
-                                run_dir=run_dirs.pop() if len(run_dirs) == 1 else None)  # fmt: skip
+    run_dir = run_dirs.pop() if len(run_dirs) == 1 else None
+    label = run_dir.name if run_dir is not None else results.created_at  # the folder: named as its sweep names it
+    tracker = SweepTracker.open(recipe, f"{results.recipe.get('name', recipe.name)} sweep {label}", run_dir=run_dir,
+                                system_metrics=False)  # fmt: skip
     run_id = tracker.close(results, recipe, gate, artifacts)
     if run_id is None:
         raise QbenchError(tracker.failure or "MLflow tracking failed")
@@ -70,4 +89,34 @@ def track_run_folder(recipe: Recipe, run_dir: Path) -> str:
     if existing is not None:
         raise QbenchError(f"{run_dir} is in MLflow already (sweep run {existing}); nothing logged")
     artifacts = [run_dir / name for name in REPORT_FILES if (run_dir / name).is_file()]
-    return log_sweep(results, recipe, gate=gate, artifacts=artifacts)
+    run_id = log_sweep(results, recipe, gate=gate, artifacts=artifacts)
+    _end_failed_attempts(recipe, run_dir, run_id)
+    return run_id
+
+
+def _end_failed_attempts(recipe: Recipe, run_dir: Path, logged_as: str) -> None:
+    """End FAILED the runs of `run_dir`'s sweep left RUNNING when its store went away mid-sweep (nothing could end
+    them), and tag each of that attempt's runs with where the results are now, instead of a pending verdict.
+    Best effort: the results are logged already, so a store failing here is a warning."""
+    verdict = tag_value(f"not evaluated (the sweep's MLflow logging failed; its results are in run {logged_as})")
+    with bounded_retries():
+        client, uri, experiment_id = open_experiment(recipe)
+        try:
+            for parent in _unfinished_sweep_runs(client, experiment_id, run_dir, keep=logged_as):
+                children = client.search_runs(
+                    [experiment_id], f"tags.`{MLFLOW_PARENT_RUN_ID}` = {search_literal(parent.info.run_id)}")
+                for run in (*children, parent):
+                    client.set_tag(run.info.run_id, GATE_TAG, verdict)
+                    if run.info.status == "RUNNING":
+                        client.set_terminated(run.info.run_id, status="FAILED")
+                logger.info("MLflow: ended the sweep run %s left by the failed logging of %s", parent.info.run_id,
+                            run_dir)  # fmt: skip
+        except (MlflowException, OSError) as exc:
+            logger.warning("%s; the runs its sweep left in MLflow are not ended", store_failure(uri, exc))
+
+
+def _unfinished_sweep_runs(client: MlflowClient, experiment_id: str, run_dir: Path, *, keep: str) -> list[Run]:
+    """The parent runs tagged with `run_dir` that did not finish, other than `keep`."""
+    tag = f"tags.`{RUN_DIR_TAG}` = {search_literal(tag_value(str(run_dir.resolve())))}"
+    return [run for run in client.search_runs([experiment_id], tag)
+            if run.info.run_id != keep and run.info.status != "FINISHED" and MLFLOW_PARENT_RUN_ID not in run.data.tags]

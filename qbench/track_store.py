@@ -10,6 +10,7 @@ a store's failure is one line."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import sys
@@ -39,6 +40,7 @@ _ARTIFACT_FOLDER = "mlartifacts"
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 TRAINING_KIND = "custom_model_development"
 RUN_DIR_TAG = "qbench.run_dir"  # the sweep's run folder: `qbench gate --register` finds the runs by it
+_RETRY_LOGGER = "urllib3.connectionpool"  # logs each HTTP retry as a warning
 FAILURE_CHARS = 400  # a store's failure in one line: MLflow's connection errors run to several lines
 
 
@@ -149,12 +151,20 @@ BOUNDED_RETRIES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_
 
 @contextlib.contextmanager
 def bounded_retries() -> Iterator[None]:
-    """MLflow's HTTP retries bounded by BOUNDED_RETRIES while the block runs; a variable the user set wins."""
+    """MLflow's HTTP retries bounded by BOUNDED_RETRIES while the block runs; a variable the user set wins.
+
+    urllib3's warning for each retry ("Retrying (Retry(total=1, ...)) after connection broken by ...", a line per
+    attempt of every call) is held back meanwhile: a store that fails is qbench's one line naming it
+    (store_failure), and one that answers after a retry needs no word."""
     added = {name: value for name, value in BOUNDED_RETRIES.items() if name not in os.environ}
     os.environ.update(added)
+    retry_log = logging.getLogger(_RETRY_LOGGER)
+    level = retry_log.level
+    retry_log.setLevel(logging.ERROR)
     try:
         yield
     finally:
+        retry_log.setLevel(level)
         for name in added:
             os.environ.pop(name, None)
 

@@ -120,7 +120,8 @@ def test_default_store_is_sqlite_in_the_working_directory(logged_to_sqlite: Logg
 def test_parent_run_has_params_tags_and_artifacts(logged_to_sqlite: Logged) -> None:
     client, results, gate = logged_to_sqlite.client, logged_to_sqlite.results, logged_to_sqlite.gate
     parent = client.get_run(logged_to_sqlite.parent_id)
-    assert parent.info.run_name == f"digits sweep {results.created_at}"
+    assert parent.info.run_name == f"digits sweep {logged_to_sqlite.folder.name}"  # as the sweep of that folder names it
+    assert not [key for key in parent.data.metrics if key.startswith("system/")]  # the logging's, not the sweep's
     assert parent.info.status == "FINISHED"
     params = parent.data.params
     assert params["recipe.sha256"] == results.recipe["sha256"]

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="st
 
 
 def test_a_tracking_server_dying_mid_sweep_costs_mlflow_not_the_measurements(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     (tmp_path / "server").mkdir()
     url, server = start_mlflow_server(tmp_path / "server")
@@ -65,6 +65,7 @@ def test_a_tracking_server_dying_mid_sweep_costs_mlflow_not_the_measurements(
     assert not set(BOUNDED_RETRIES) & set(os.environ)  # the bound ends with the sweep's runs
     run_dir = results_path.parent
     assert f"qbench track {recipe} {run_dir}" in err
+    assert not [r.getMessage() for r in caplog.records if r.name == "urllib3.connectionpool"]  # qbench's line says it
 
     # nothing is lost: with the server back (same store), the saved run goes to MLflow and its winner registers
     url, server = start_mlflow_server(tmp_path / "server")
@@ -84,6 +85,16 @@ def test_a_tracking_server_dying_mid_sweep_costs_mlflow_not_the_measurements(
             assert child.info.status == "FINISHED" and child.outputs.model_outputs
             assert child.data.metrics["agreement"] == variant.accuracy.overall.metrics["agreement"]
         assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {"recipe.yaml", "results.json", "report.md"}
+        assert parent.info.run_name == f"fragile sweep {run_dir.name}"  # as the sweep named its run
+        assert not [key for key in parent.data.metrics if key.startswith("system/")]  # `qbench track`'s, not the sweep's
+        # the runs the sweep opened before the server died are ended, each pointing at the run holding the results
+        [left] = [r for r in client.search_runs([experiment_id], f"tags.`qbench.run_dir` = '{run_dir}'")
+                  if r.info.run_id != parent.info.run_id]  # fmt: skip
+        left_children = client.search_runs([experiment_id], f"tags.mlflow.parentRunId = '{left.info.run_id}'")
+        assert left.info.status == "FAILED" and left_children
+        for run in (left, *left_children):
+            assert run.info.status != "RUNNING", run.info.run_name
+            assert parent.info.run_id in run.data.tags["qbench.gate"], run.data.tags["qbench.gate"]
         assert main(["track", str(recipe), str(run_dir)]) == 2  # logged once
         assert main(["gate", str(recipe), "--register", "fragile-model"]) == 0
         assert client.get_model_version_by_alias("fragile-model", "candidate").run_id in {
