@@ -22,15 +22,15 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import re
-import shlex
 import shutil
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import qbench
 from qbench.errors import QbenchError, expected_one_of
 from qbench.export.pbtxt import to_pbtxt
+from qbench.export.perf_data import write_input_data
 from qbench.export.triton_config import (
     TARGETS,
     TritonTarget,
@@ -45,13 +45,13 @@ from qbench.gate import GateReport, run_gate
 from qbench.modelinfo import ModelInfo, external_data_files, read_model_info
 from qbench.provenance import model_bytes, model_sha256
 from qbench.recipe import Recipe
-from qbench.recipe_data import TextInputSpec
 from qbench.results import LatencyPoint, SweepResults, VariantResult
 
 DEFAULT_MAX_QUEUE_DELAY_US = 100
 MODEL_FILE = "model.onnx"
 CONFIG_FILE = "config.pbtxt"
 README_FILE = "README.md"
+INPUT_DATA_FILE = "perf_input_data.json"  # perf_analyzer's --input-data: the rows qbench timed (qbench.export.perf_data)
 VERSION = "1"
 GRPC_URL = "localhost:8001"
 
@@ -149,26 +149,12 @@ def _copy_model(source: Path, version_dir: Path) -> Path:
 # -- README ---------------------------------------------------------------------------------------
 
 
-def _perf_shapes(info: ModelInfo, recipe: Recipe) -> dict[str, str]:
-    """`--shape` values for inputs with dynamic non-batch dims: the tokenizer's max_length for text
-    padded to max_length, else a placeholder the user fills in."""
-    lengths = {spec.tokenizer.max_length for spec in recipe.data.inputs.values()
-               if isinstance(spec, TextInputSpec) and spec.tokenizer.padding == "max_length"}  # fmt: skip
-    shapes = {}
-    for tensor in info.inputs.values():
-        rest = tensor.shape if fixed_batch_of(info) is not None else tensor.shape[1:]  # dims a request states
-        if any(d is None for d in rest):
-            fill = str(next(iter(lengths))) if len(lengths) == 1 else "<dim>"
-            shapes[tensor.name] = ",".join(fill if d is None else str(d) for d in rest)
-    return shapes
-
-
 def _runs_per_window(point: LatencyPoint) -> int:
     """qbench's timed runs per closed timing window (all of them when it timed a fixed count)."""
     return point.iterations // max(1, len(point.window_p50_ms))
 
 
-def load_command(name: str, measured: VariantResult, shapes: Mapping[str, str]) -> str | None:
+def load_command(name: str, measured: VariantResult) -> str | None:
     """The perf_analyzer command replaying qbench's load scenario at the SLO's rate (None without one): Poisson
     arrivals of single requests at that rate, as many requests as were simulated, p99 reported."""
     serving = measured.serving
@@ -177,7 +163,7 @@ def load_command(name: str, measured: VariantResult, shapes: Mapping[str, str]) 
     rate = f"{serving.rate_rps:g}"
     return (f"perf_analyzer -m {name} -i grpc -u {GRPC_URL} -b 1 --async --request-rate-range {rate}:{rate}:1 "
             f"--request-distribution poisson --measurement-mode count_windows "
-            f"--measurement-request-count {serving.at_rate.requests} --percentile=99{_shape_flags(shapes)}")  # fmt: skip
+            f"--measurement-request-count {serving.at_rate.requests} --percentile=99{_DATA_FLAG}")  # fmt: skip
 
 
 def queue_delay_us(measured: VariantResult) -> int:
@@ -188,11 +174,10 @@ def queue_delay_us(measured: VariantResult) -> int:
     return round(serving.max_queue_delay_ms * 1000)
 
 
-def perf_analyzer_commands(name: str, measured: VariantResult, shapes: Mapping[str, str], *,
-                           batched: bool = True) -> list[str]:  # fmt: skip
+def perf_analyzer_commands(name: str, measured: VariantResult, *, batched: bool = True) -> list[str]:
     """One perf_analyzer command per batch size qbench timed: concurrency 1, about as many timed
     requests per window as qbench's timing windows held (all its timed runs when it timed a fixed
-    count), stability judged on p50. Not `batched` (a fixed-batch model), a request holds the whole batch: -b 1;
+    count), stability judged on p50, on the rows qbench timed (`INPUT_DATA_FILE`). Not `batched` (a fixed-batch model), a request holds the whole batch: -b 1;
     batched, only the sizes config.pbtxt's max_batch_size admits (`batcher_sizes`)."""
     if measured.latency is None:
         return []
@@ -200,14 +185,12 @@ def perf_analyzer_commands(name: str, measured: VariantResult, shapes: Mapping[s
     return [
         f"perf_analyzer -m {name} -i grpc -u {GRPC_URL} -b {p.batch_size if batched else 1} --concurrency-range 1:1 "
         f"--measurement-mode count_windows --measurement-request-count {_runs_per_window(p)} --percentile=50"
-        f"{_shape_flags(shapes)}"
+        f"{_DATA_FLAG}"
         for p in measured.latency.points if not batched or p.batch_size <= largest
     ]
 
 
-def _shape_flags(shapes: Mapping[str, str]) -> str:
-    """` --shape name:dims` per input, quoted for the shell: an ONNX input may be named `input ids` or `x;y`."""
-    return "".join(f" --shape {shlex.quote(f'{n}:{s}')}" for n, s in shapes.items())
+_DATA_FLAG = f" --input-data {INPUT_DATA_FILE}"
 
 
 def _batcher_text(measured: VariantResult) -> str:
@@ -263,11 +246,10 @@ def _readme(name: str, recipe: Recipe, results: SweepResults, measured: VariantR
     ]
     lines += [f"| {p.batch_size} | {p.warmup} / {p.iterations} | {p.p50_ms:.3f} | {p.p99_ms:.3f} | {p.items_per_s:,.1f} |"
               for p in (latency.points if latency else ())]  # fmt: skip
-    shapes = _perf_shapes(info, recipe)
     where = "perf_analyzer ships in Triton's SDK image and the `perf-analyzer` package"
-    lines += ["", f"With the server running ({where}):", "", "```"]
+    lines += ["", f"With the server running ({where}), from this folder:", "", "```"]
     fixed = fixed_batch_of(info)
-    lines += perf_analyzer_commands(name, measured, shapes, batched=fixed is None)
+    lines += perf_analyzer_commands(name, measured, batched=fixed is None)
     batching = (_batcher_text(measured) if fixed is None else
                 f"The model has a fixed batch of {fixed} (its inputs' first dimension), so config.pbtxt does not "
                 f"batch (max_batch_size 0): each request carries a whole batch of {fixed} rows.")  # fmt: skip
@@ -277,7 +259,7 @@ def _readme(name: str, recipe: Recipe, results: SweepResults, measured: VariantR
         f"{batching} perf_analyzer's latency also counts the request's trip through the server "
         "(gRPC, copies); its server-side `compute infer` time is the figure to compare with qbench's p50.",
     ]
-    load, serving = load_command(name, measured, shapes), measured.serving
+    load, serving = load_command(name, measured), measured.serving
     if load is not None and serving is not None and serving.at_rate is not None:
         at_rate = serving.at_rate
         lines += ["", "## Reproduce qbench's load point", "",
@@ -286,8 +268,9 @@ def _readme(name: str, recipe: Recipe, results: SweepResults, measured: VariantR
                   f"unless overridden) from the measured service times: p50 {at_rate.p50_ms:.3f} ms, p99 "
                   f"{at_rate.p99_ms:.3f} ms, mean batch {at_rate.mean_batch_size:.2f} over {at_rate.requests} "
                   "requests. The same load on the server:", "", "```", load, "```"]  # fmt: skip
-    if any("<dim>" in shape for shape in shapes.values()):
-        lines += ["", "Replace `<dim>` in `--shape` with the size of the input's dynamic dimension in your data."]
+    lines += ["", f"`{INPUT_DATA_FILE}` holds the recipe's first evaluation rows as qbench fed them (the rows it timed), "
+              "each with its shape: perf_analyzer's default random bytes are no row of the data (an integer id of "
+              "random bytes indexes past its table, and ONNX Runtime refuses the request)."]
     if measured.notes:  # e.g. a dynamic INT8 variant's accuracy depends on what the dynamic batcher puts together
         lines += ["", "## Notes from the sweep", "", *(f"- {note}" for note in measured.notes)]
     return "\n".join(lines) + "\n"
@@ -383,6 +366,7 @@ def export_triton(
         (staging / CONFIG_FILE).write_text(config, encoding="utf-8")
         readme = _readme(name, recipe, results, measured, info, verdict, force, sha256, target)
         (staging / README_FILE).write_text(readme, encoding="utf-8")
+        write_input_data(staging / INPUT_DATA_FILE, recipe, info, fixed_batch=fixed_batch_of(info))
     model_dir = Path(to) / name
     return TritonExport(model_dir, model_dir / CONFIG_FILE, model_dir / VERSION / MODEL_FILE, model_dir / README_FILE,
                         sha256, verdict.status, force)  # fmt: skip

@@ -166,7 +166,7 @@ def test_readme_reproduces_each_latency_point(swept: Path, tmp_path: Path) -> No
         assert flags[flags.index("-m") + 1] == "tiny-fp16" and flags[flags.index("-b") + 1] == str(batch_size)
         assert "--concurrency-range 1:1" in command and "--measurement-mode count_windows" in command
         assert flags[flags.index("--measurement-request-count") + 1] == str(expected_requests[batch_size])
-        assert "--shape" not in command  # every non-batch dimension is static
+        assert flags[flags.index("--input-data") + 1] == "perf_input_data.json" and "--shape" not in command
     assert export.model_sha256 in readme and "**pass**" in readme
 
 
@@ -410,23 +410,13 @@ def test_the_config_batches_as_the_load_scenario_simulated(tmp_path: Path) -> No
 
     from qbench.export.triton import perf_analyzer_commands
 
-    commands = perf_analyzer_commands("m", measured, {})  # batch 8 is more than this config admits
+    commands = perf_analyzer_commands("m", measured)  # batch 8 is more than this config admits
     assert [c.split()[c.split().index("-b") + 1] for c in commands] == ["1", "4"]
     plain = make_variant("v", "int8", p50_by_batch={1: 1.0, 4: 2.0, 8: 3.0})  # no load scenario: as before
     fields = triton_config("m", plain, read_model_info(tmp_path / "m.onnx"), TARGETS[CPU], max_queue_delay_us=100)
     config = text_format.Parse(to_pbtxt(fields), model_config_pb2.ModelConfig())
     assert (config.max_batch_size, list(config.dynamic_batching.preferred_batch_size)) == (8, [1, 4, 8])
-    assert len(perf_analyzer_commands("m", plain, {})) == 3
-
-
-def test_perf_analyzer_shapes_are_quoted_for_the_shell() -> None:
-    import shlex
-
-    from qbench.export.triton import perf_analyzer_commands
-
-    (command,) = perf_analyzer_commands("m", make_variant("v", "int8", p50_by_batch={1: 1.0}), {"input ids;x": "128"})
-    words = shlex.split(command)
-    assert words[words.index("--shape") + 1] == "input ids;x:128"
+    assert len(perf_analyzer_commands("m", plain)) == 3
 
 
 def test_a_model_with_a_fixed_batch_is_served_unbatched_with_whole_batch_requests(tmp_path: Path) -> None:
@@ -452,7 +442,7 @@ def test_a_model_with_a_fixed_batch_is_served_unbatched_with_whole_batch_request
     assert config.max_batch_size == 0 and not config.HasField("dynamic_batching")
     assert [list(t.dims) for t in (*config.input, *config.output)] == [[8, 3], [8], [8, 3]]
     assert not any(t.HasField("reshape") for t in config.output)
-    (command,) = perf_analyzer_commands("m", measured, {}, batched=False)
+    (command,) = perf_analyzer_commands("m", measured, batched=False)
     assert " -b 1 " in command
 
     # the same graph with a dynamic batch axis is batched as before

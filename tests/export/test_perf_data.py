@@ -1,0 +1,124 @@
+"""perf_analyzer's --input-data file in a Triton export: the rows qbench timed, in a form perf_analyzer batches into
+requests the model accepts (integer ids within their table, bool masks, strings, fixed batches)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shlex
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pandas as pd
+import pytest
+import yaml
+from onnx import TensorProto, helper, numpy_helper
+
+from qbench.export.perf_data import input_data_steps
+from qbench.export.triton import INPUT_DATA_FILE, export_triton
+from qbench.recipe import load_recipe
+from qbench.sweep import run_sweep
+
+model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")
+text_format = pytest.importorskip("google.protobuf.text_format")
+triton_to_np_dtype = pytest.importorskip("tritonclient.utils").triton_to_np_dtype
+
+VOCABULARY, TOKENS, ROWS = 50, 6, 96
+
+
+def ids_model(path: Path) -> None:
+    """ids int64 [N, 6] -> Gather from a 50-row table, masked by mask bool [N, 6], summed, beside feat float [N, 4] ->
+    logits [N, 3]; pooled [N, 8] is a second, unevaluated output."""
+    rng = np.random.default_rng(0)
+    inputs = [helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", TOKENS]),
+              helper.make_tensor_value_info("mask", TensorProto.BOOL, ["N", TOKENS]),
+              helper.make_tensor_value_info("feat", TensorProto.FLOAT, ["N", 4])]  # fmt: skip
+    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 3]),
+               helper.make_tensor_value_info("pooled", TensorProto.FLOAT, ["N", 8])]  # fmt: skip
+    weights = [numpy_helper.from_array(rng.normal(size=(VOCABULARY, 8)).astype(np.float32), "table"),
+               numpy_helper.from_array(rng.normal(size=(12, 3)).astype(np.float32), "w"),
+               numpy_helper.from_array(np.array([1], np.int64), "axis1"),
+               numpy_helper.from_array(np.array([2], np.int64), "axis2")]  # fmt: skip
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["embedded"]),
+             helper.make_node("Cast", ["mask"], ["weights"], to=TensorProto.FLOAT),
+             helper.make_node("Unsqueeze", ["weights", "axis2"], ["weights3"]),
+             helper.make_node("Mul", ["embedded", "weights3"], ["masked"]),
+             helper.make_node("ReduceSum", ["masked", "axis1"], ["pooled"], keepdims=0),
+             helper.make_node("Concat", ["pooled", "feat"], ["joined"], axis=1),
+             helper.make_node("MatMul", ["joined", "w"], ["logits"])]  # fmt: skip
+    graph = helper.make_graph(nodes, "ids", inputs, outputs, weights)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, pd.DataFrame]:
+    root = tmp_path_factory.mktemp("ids")
+    ids_model(root / "model.onnx")
+    rng = np.random.default_rng(1)
+    table = pd.DataFrame({
+        "ids": list(rng.integers(0, VOCABULARY, (ROWS, TOKENS))), "mask": list(rng.random((ROWS, TOKENS)) > 0.3),
+        "feat": list(rng.normal(size=(ROWS, 4)).astype(np.float32)), "y": rng.integers(0, 3, ROWS),
+        "split": ["calib"] * 32 + ["eval"] * 64,
+    })  # fmt: skip
+    table.to_parquet(root / "data.parquet")
+    recipe = {
+        "name": "ids", "model": {"path": "model.onnx", "output": "logits"},
+        "data": {"path": "data.parquet", "inputs": {"ids": "ids", "mask": "mask", "feat": "feat"}, "label": "y",
+                 "calibration": {"filter": {"split": "calib"}}, "evaluation": {"filter": {"split": "eval"}}},
+        "variants": [{"name": "fp16", "precision": "fp16"}], "backends": ["onnxruntime-cpu"],
+        "latency": {"batch_sizes": [1, 4], "warmup": 1, "iterations": 5, "threads": 1},
+        "gate": {"metric": "agreement", "max_drop": 0.5, "max_slice_drop": 0.5}, "output_dir": "reports",
+        "analysis": {"ranges": False},
+    }  # fmt: skip
+    (root / "ids.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+    run_sweep(root / "ids.yaml", track=False)
+    export = export_triton(load_recipe(root / "ids.yaml"), "fp16", "onnxruntime-cpu", root / "repo")
+    return export.model_dir, table[table.split == "eval"].reset_index(drop=True)
+
+
+def _decoded(tensor: dict, dtype: np.dtype) -> np.ndarray:
+    if isinstance(tensor["content"], list):
+        return np.array(tensor["content"], dtype=object).reshape(tensor["shape"])
+    return np.frombuffer(base64.b64decode(tensor["content"]["b64"]), dtype=dtype).reshape(tensor["shape"])
+
+
+def test_every_perf_analyzer_command_sends_requests_the_model_accepts(exported) -> None:
+    """The README's commands name the data file, and each batch perf_analyzer builds from it (consecutive steps,
+    typed as config.pbtxt says) runs in ONNX Runtime and holds the first evaluation rows: without the file,
+    perf_analyzer's random bytes make token ids far outside the 50-row table and every request fails."""
+    model_dir, evaluation = exported
+    config = text_format.Parse((model_dir / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    dtypes = {t.name: triton_to_np_dtype(model_config_pb2.DataType.Name(t.data_type).removeprefix("TYPE_"))
+              for t in config.input}  # fmt: skip
+    steps = json.loads((model_dir / INPUT_DATA_FILE).read_text())["data"]
+    session = ort.InferenceSession(str(model_dir / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
+    commands = [shlex.split(line) for line in (model_dir / "README.md").read_text().splitlines()
+                if line.startswith("perf_analyzer ")]  # fmt: skip
+    assert len(commands) == 2
+    for words in commands:
+        assert words[words.index("--input-data") + 1] == INPUT_DATA_FILE
+        batch = int(words[words.index("-b") + 1])
+        feeds = {name: np.stack([_decoded(steps[k % len(steps)][name], dtype) for k in range(batch)])
+                 for name, dtype in dtypes.items()}  # fmt: skip
+        logits, pooled = session.run(None, feeds)
+        assert logits.shape == (batch, 3) and np.isfinite(logits).all()
+        np.testing.assert_array_equal(feeds["ids"], np.stack(evaluation.ids[:batch]))
+        np.testing.assert_array_equal(feeds["mask"], np.stack(evaluation["mask"][:batch]))
+        assert feeds["mask"].dtype == np.bool_ and feeds["feat"].dtype == np.float32
+
+
+def test_steps_are_rows_or_one_whole_fixed_batch_and_strings_stay_strings() -> None:
+    """A batched model's step is one row (a batch-only input's row is shape [1], as its config dims); a fixed-batch
+    model's one step is its whole batch, rows repeated from the top when fewer; string inputs are lists of strings."""
+    feeds = {"x": np.arange(12, dtype=np.float16).reshape(3, 4), "label": np.array([7, 8, 9], np.int64),
+             "colour": np.array([["red"], ["blue"], ["red"]], dtype=object)}  # fmt: skip
+    steps = input_data_steps(feeds, fixed_batch=None)
+    assert len(steps) == 3
+    assert steps[1]["x"]["shape"] == [4] and _decoded(steps[1]["x"], np.float16).tolist() == [4, 5, 6, 7]
+    assert steps[2]["label"]["shape"] == [1] and _decoded(steps[2]["label"], np.int64).tolist() == [9]
+    assert steps[1]["colour"] == {"content": ["blue"], "shape": [1]}
+    (whole,) = input_data_steps(feeds, fixed_batch=4)
+    assert whole["x"]["shape"] == [4, 4] and _decoded(whole["label"], np.int64).tolist() == [7, 8, 9, 7]
+    assert whole["colour"]["content"] == ["red", "blue", "red", "red"]
