@@ -189,10 +189,10 @@ def closest(records: Sequence[CandidateRecord]) -> int | None:
                                         -_speed(records[i])))  # fmt: skip
 
 
-def keep_float_bases(records: Sequence[CandidateRecord], limit: int, tie: float = TIE) -> list[int]:
+def keep_float_bases(records: Sequence[CandidateRecord], tie: float = TIE) -> list[int]:
     """Bases for keep-float candidates: measured candidates without float nodes that failed and may still beat the
-    fastest passing one (`may_win`), fastest first (at most `limit`): keeping nodes float only slows a candidate
-    down, so the fastest failing ones have the most room to pass and still win.
+    fastest passing one (`may_win`), fastest first: keeping nodes float only slows a candidate down, so the fastest
+    failing ones have the most room to pass and still win.
 
     A slower candidate passing is no reason to stop: on a 1-D conv net a SmoothQuant candidate passed at 0.94x FP32
     while ORT static, screened at 1.2x, failed by 20 % and passed at 1.3x with one Conv kept float."""
@@ -200,7 +200,7 @@ def keep_float_bases(records: Sequence[CandidateRecord], limit: int, tie: float 
     bar = records[best] if best is not None else None
     bases = [i for i, r in enumerate(records)
              if not r.keep_float and not r.passed and _measured(r) and may_win(r, bar, tie)]  # fmt: skip
-    return sorted(bases, key=lambda i: (-_speed(records[i]), _nearness(records[i]), _gap(records[i])))[:limit]
+    return sorted(bases, key=lambda i: (-_speed(records[i]), _nearness(records[i]), _gap(records[i])))
 
 
 def needed(record: CandidateRecord, max_drop: float, max_slice_drop: float, *, budget_exhausted: bool,

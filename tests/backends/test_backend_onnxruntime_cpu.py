@@ -141,3 +141,45 @@ def test_accuracy_and_latency_end_to_end(model_path: Path) -> None:
     for point in points:
         assert 0 < point.p50_ms <= point.p95_ms <= point.p99_ms
         assert point.items_per_s > 0
+
+
+def _near_tie_mlp(path: Path) -> tuple[Path, np.ndarray, np.ndarray]:
+    """relu(x @ w1) @ w2 with 2,048-long reductions and classes 0 and 1 tied to ~1e-6: a change in the order of
+    the summation (threads splitting it, another kernel) flips the top class of some rows. Returns path, w1, w2."""
+    rng = np.random.default_rng(1)
+    w1 = (rng.standard_normal((2048, 256)) / 45).astype(np.float32)
+    w2 = (rng.standard_normal((256, 4)) / 4).astype(np.float32)
+    w2[:, 1] = w2[:, 0] + (rng.standard_normal(256) * 1e-7).astype(np.float32)
+    w2[:, 2:] -= 10.0  # classes 0 and 1 on top
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+         helper.make_node("MatMul", ["r", "w2"], ["y"])],
+        "near_tie",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 2048])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor("w1", TensorProto.FLOAT, w1.shape, w1.ravel()),
+         helper.make_tensor("w2", TensorProto.FLOAT, w2.shape, w2.ravel())],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path, w1, w2
+
+
+def test_scored_outputs_do_not_depend_on_the_thread_count(tmp_path: Path) -> None:
+    """A sweep scores a variant in the session it times, with latency.threads: the figures it reports as repeatable
+    (README, "What is repeatable") must be the same bits whatever that count, across sessions and runs."""
+    path, w1, w2 = _near_tie_mlp(tmp_path / "near_tie.onnx")
+    x = np.random.default_rng(2).standard_normal((300, 2048)).astype(np.float32)
+    in_float64 = np.maximum(x.astype(np.float64) @ w1, 0) @ w2
+    assert np.mean(np.abs(in_float64[:, 0] - in_float64[:, 1]) < 1e-5) > 0.9  # the ties are real
+    outputs = {}
+    for threads in (1, 2, 4, 8, None, 1):
+        runner = OnnxRuntimeCPU().load(_variant(path), RunOptions(threads=threads))
+        try:
+            outputs[threads] = run_batched(runner, {"x": x}, batch_size=32)
+        finally:
+            runner.close()
+        np.testing.assert_array_equal(outputs[threads], outputs[1], err_msg=f"threads={threads}")
+    # the model does tell summation orders apart: float64's order puts another class on top of some rows
+    assert np.any(outputs[1].argmax(axis=1) != in_float64.argmax(axis=1))

@@ -446,3 +446,38 @@ def test_a_slower_passing_candidate_does_not_stop_keep_float_on_a_faster_failing
     chosen = report.candidates[report.chosen]
     assert chosen.technique == "ort-dynamic" and "branch_a" in chosen.keep_float and chosen.passed
     assert outcome.gate.exit_code == EXIT_PASS
+
+
+def test_keep_float_is_tried_on_every_failing_candidate_not_only_the_two_fastest(tmp_path, monkeypatch):
+    """Keep-float candidates came from the two fastest failing candidates only, and which two followed timing noise:
+    of three sweeps of one recipe, one rebuilt ORT static (7-bit) with a node float, which passed, and two rebuilt
+    two others and reported the gate unreachable. Here keeping nodes float cannot rescue the two dynamic candidates
+    (timed fastest); it rescues ORT static, timed third: the search must still find it."""
+    from qbench.search import run as search_run
+
+    def speed(label: str) -> float:
+        return 1.2 if "float" in label else 2.0 if label.startswith("ort-dynamic") else 1.5
+
+    real_screen = search_run._Search.screen_candidate
+
+    def screen(self, candidate):
+        index = real_screen(self, candidate)
+        record = self.records[index]
+        if record.stage == "screened" and record.keep_float and record.label.startswith("ort-dynamic"):
+            self.records[index] = record.with_(stage="failed", screen_excess=None, screen_drop=None, verdict="failed")
+        elif record.stage == "screened":
+            self.records[index] = record.with_(speedup=speed(record.label), speedups={})
+        return index
+
+    monkeypatch.setattr(search_run._Search, "screen_candidate", screen)
+    monkeypatch.setattr(search_run._Search, "retime_finalists", lambda self: None)
+    monkeypatch.setattr(select, "timing_noise", lambda timings: 0.0)
+    _, outcome = _searched(tmp_path, {"time_budget_s": 60, "techniques": ["ort-dynamic", "ort-static"], "timing_runs": 3})
+    report = outcome.results.search
+    print([(c.label, c.stage, c.speedup, c.screen_excess, c.verdict) for c in report.candidates])
+    assert not any(c.passed for c in report.candidates if not c.keep_float)
+    assert any(c.stage == "failed" and c.label.startswith("ort-dynamic") for c in report.candidates)
+    assert report.outcome == "passed" and report.chosen is not None
+    chosen = report.candidates[report.chosen]
+    assert chosen.technique == "ort-static" and "branch_a" in chosen.keep_float and chosen.passed
+    assert outcome.gate.exit_code == EXIT_PASS
