@@ -416,31 +416,34 @@ def test_candidates_dismissed_against_a_lucky_screening_estimate_are_evaluated_a
     assert records["ort-static"].passed and report.candidates[report.chosen].label == "ort-static"
 
 
-def test_a_slower_passing_candidate_does_not_stop_keep_float_on_a_faster_failing_one(tmp_path, monkeypatch):
-    """SmoothQuant passes (it smooths the fragile branch) but is timed at 1.0x; ORT dynamic fails at 2.0x. Keeping the
-    fragile node float makes ORT dynamic pass at 1.8x: the search must try it and choose it, not stop at SmoothQuant
-    (keep-float candidates were tried only when nothing passed)."""
+def _screened_at(monkeypatch, speed, failing=lambda record: False) -> None:
+    """Screened candidates timed at `speed(label)` (no noise, no re-timing); those `failing` says fail their screen."""
     from qbench.search import run as search_run
-
-    def speed(label: str) -> float:
-        return 1.0 if label.startswith("smoothquant") else 1.8 if "float" in label else 2.0
 
     real_screen = search_run._Search.screen_candidate
 
     def screen(self, candidate):
         index = real_screen(self, candidate)
         record = self.records[index]
-        if record.stage == "screened":
+        if record.stage == "screened" and failing(record):
+            self.records[index] = record.with_(stage="failed", screen_excess=None, screen_drop=None, verdict="failed")
+        elif record.stage == "screened":
             self.records[index] = record.with_(speedup=speed(record.label), speedups={})
         return index
 
     monkeypatch.setattr(search_run._Search, "screen_candidate", screen)
     monkeypatch.setattr(search_run._Search, "retime_finalists", lambda self: None)
     monkeypatch.setattr(select, "timing_noise", lambda timings: 0.0)
+
+
+def test_a_slower_passing_candidate_does_not_stop_keep_float_on_a_faster_failing_one(tmp_path, monkeypatch):
+    """SmoothQuant passes (it smooths the fragile branch) but is timed at 1.0x; ORT dynamic fails at 2.0x. Keeping the
+    fragile node float makes ORT dynamic pass at 1.8x: the search must try it and choose it, not stop at SmoothQuant
+    (keep-float candidates were tried only when nothing passed)."""
+    _screened_at(monkeypatch, lambda label: 1.0 if label.startswith("smoothquant") else 1.8 if "float" in label else 2.0)
     search = {"time_budget_s": 60, "techniques": ["ort-dynamic", "smoothquant-dynamic"], "timing_runs": 3}
     _, outcome = _searched(tmp_path, search)
     report = outcome.results.search
-    print([(c.label, c.stage, c.speedup, c.verdict) for c in report.candidates])
     records = {c.label: c for c in report.candidates}
     assert records["smoothquant-dynamic a=auto"].passed and not records["ort-dynamic"].passed
     chosen = report.candidates[report.chosen]
@@ -453,28 +456,10 @@ def test_keep_float_is_tried_on_every_failing_candidate_not_only_the_two_fastest
     of three sweeps of one recipe, one rebuilt ORT static (7-bit) with a node float, which passed, and two rebuilt
     two others and reported the gate unreachable. Here keeping nodes float cannot rescue the two dynamic candidates
     (timed fastest); it rescues ORT static, timed third: the search must still find it."""
-    from qbench.search import run as search_run
-
-    def speed(label: str) -> float:
-        return 1.2 if "float" in label else 2.0 if label.startswith("ort-dynamic") else 1.5
-
-    real_screen = search_run._Search.screen_candidate
-
-    def screen(self, candidate):
-        index = real_screen(self, candidate)
-        record = self.records[index]
-        if record.stage == "screened" and record.keep_float and record.label.startswith("ort-dynamic"):
-            self.records[index] = record.with_(stage="failed", screen_excess=None, screen_drop=None, verdict="failed")
-        elif record.stage == "screened":
-            self.records[index] = record.with_(speedup=speed(record.label), speedups={})
-        return index
-
-    monkeypatch.setattr(search_run._Search, "screen_candidate", screen)
-    monkeypatch.setattr(search_run._Search, "retime_finalists", lambda self: None)
-    monkeypatch.setattr(select, "timing_noise", lambda timings: 0.0)
+    _screened_at(monkeypatch, lambda label: 1.2 if "float" in label else 2.0 if label.startswith("ort-dynamic") else 1.5,
+                 failing=lambda record: bool(record.keep_float) and record.label.startswith("ort-dynamic"))
     _, outcome = _searched(tmp_path, {"time_budget_s": 60, "techniques": ["ort-dynamic", "ort-static"], "timing_runs": 3})
     report = outcome.results.search
-    print([(c.label, c.stage, c.speedup, c.screen_excess, c.verdict) for c in report.candidates])
     assert not any(c.passed for c in report.candidates if not c.keep_float)
     assert any(c.stage == "failed" and c.label.startswith("ort-dynamic") for c in report.candidates)
     assert report.outcome == "passed" and report.chosen is not None
