@@ -45,19 +45,16 @@ def build_variant(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         from qbench.variants.onnx_utils import declare_session_options
         from qbench.variants.reference import check_built_model, constant_inputs, settle_built_model
 
-        settle_built_model(built.onnx_path, ctx.reference_path)
+        settled = settle_built_model(built.onnx_path, ctx.reference_path)  # session options touch metadata only
         if built.session_hints:
             declare_session_options(built.onnx_path, built.session_hints)
         check_built_model(built, ctx.reference_path)
         if built.precision in ("int8", "fp8"):
-            import onnx
-
             from qbench.variants.integer_kernels import with_float_recurrent, with_integer_kernels
 
-            saved = onnx.load(str(built.onnx_path), load_external_data=False)
             if built.precision == "int8":
-                built = with_integer_kernels(built, saved)
-            built = with_float_recurrent(built, saved)
+                built = with_integer_kernels(built, settled)
+            built = with_float_recurrent(built, settled)
         constant = constant_inputs(ctx.reference_path)
         if constant:
             built = dataclasses.replace(built, params={**built.params, "constant_inputs": list(constant)}, notes=(

@@ -158,8 +158,9 @@ def constant_inputs(reference: Path) -> tuple[str, ...]:
     return _interface(reference).constant
 
 
-def settle_built_model(artifact: Path, reference: Path) -> bool:
-    """Make the built model at `artifact` whole, in place; whether it changed.
+def settle_built_model(artifact: Path, reference: Path) -> onnx.ModelProto:
+    """Make the built model at `artifact` whole, in place; returns it as saved (external data not loaded), for the
+    checks that read its graph.
 
     The reference's outputs that are graph inputs (set aside by `normalise`) come back, each at its index among the
     outputs, with its input if the build dropped it. The nodes are sorted topologically: ORT's quantizers order
@@ -172,7 +173,7 @@ def settle_built_model(artifact: Path, reference: Path) -> bool:
     changed = sort_nodes(model.graph) or changed
     if changed:
         onnx.save_model(model, str(artifact))
-    return changed
+    return model
 
 
 def _order_fed_inputs(graph: onnx.GraphProto, fed: tuple[str, ...]) -> bool:
