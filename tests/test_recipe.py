@@ -391,10 +391,10 @@ def test_a_csv_dialect_beside_no_csv_file_is_refused(tmp_path):
 
 def test_a_gate_left_without_a_metric_over_several_outputs_is_asked_to_name_one(tmp_path):
     """Each evaluated output's metrics are prefixed with its name: the default 'accuracy' matches none of them, and
-    the error read as if the recipe had written it."""
+    the error said "got 'accuracy'", as if the recipe had written it."""
     message = error_of(tmp_path, with_changes(model={"path": "model.onnx", "outputs": ["a", "b"]}))
-    assert message.startswith("recipe.yaml: gate.metric: got 'accuracy'")
-    assert "a/accuracy" in message and message.endswith("name the one to gate, each output's metrics being prefixed "
-                                                        "with its name")  # fmt: skip
+    assert message.startswith("recipe.yaml: gate.metric: not set, and task 'classification' evaluates several outputs "
+                              "(a, b), each with its own metrics named 'output/metric'; expected one of a/accuracy, ")
+    assert "b/accuracy" in message and "got" not in message and "\n" not in message
     named = with_changes(model={"path": "model.onnx", "outputs": ["a", "b"]}, gate={"metric": "b/accuracy"})
     assert load_recipe(write_recipe(tmp_path, named)).gate.metric == "b/accuracy"
