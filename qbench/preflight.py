@@ -37,7 +37,7 @@ from qbench.data import (
     training_rows,
 )
 from qbench.data.labels import label_cells
-from qbench.data.text_tables import decimal_comma_hint
+from qbench.data.text_tables import number_format_hint
 from qbench.errors import QbenchError, RecipeError
 from qbench.modelinfo import ModelInfo, external_data_files, read_model_info
 from qbench.preflight_checks import (
@@ -363,7 +363,7 @@ def _labels(
             task.check_labels(labels, choice.meta, positions)
     except LabelError as exc:
         single = isinstance(recipe.data.label, str)  # its '0,5' cells are text unless the file declares decimal commas
-        raise _label_error(recipe, exc, decimal_comma_hint(table[recipe.data.label]) if single else "") from None
+        raise _label_error(recipe, exc, number_format_hint(table[recipe.data.label]) if single else "") from None
     return labels
 
 

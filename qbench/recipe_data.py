@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from qbench.recipe_filters import check_filter
 from qbench.techniques.options import Filter, Seed
@@ -97,6 +97,20 @@ class CsvSpec(_Strict):
         None, description="between fields: ',' ';' '\\t' (tab) or '|'; default a tab for .tsv files, else ','"
     )
     decimal: Literal[".", ","] = Field(".", description="the decimal mark of the files' numbers")
+    thousands: Literal[",", ".", " ", "'", "\u00a0", "\u202f"] | None = Field(
+        None, description="the separator grouping the numbers' thousands ('1.234,5'), a space, or a no-break space "
+        "U+00A0 / U+202F; default none"
+    )
+
+    @field_validator("thousands")
+    @classmethod
+    def _thousands_not_decimal(cls, v: str | None, info: ValidationInfo) -> str | None:
+        decimal = info.data.get("decimal", ".")
+        if v is not None and v == decimal:
+            raise ValueError(f"got {v!r}, the decimal mark (data.csv.decimal{', by default' if v == '.' else ''}); "
+                             "expected a separator other than the decimal mark, as a file grouping thousands with "
+                             f"{v!r} declares: data.csv: {{decimal: {'.' if v == ',' else ','!r}, thousands: {v!r}}}")
+        return v
 
 
 class DataSpec(_Strict):

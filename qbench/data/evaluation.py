@@ -92,7 +92,7 @@ def load_data_table(
     file with decimal commas the text columns' numbers are written with points, as other formats name them, except
     in the columns feeding the model: their text is fed as written)."""
     kept = text_columns(data, label_names=label_names, model_inputs=model_inputs)
-    dialect = CsvDialect(delimiter=data.csv.delimiter, decimal=data.csv.decimal)
+    dialect = CsvDialect(delimiter=data.csv.delimiter, decimal=data.csv.decimal, thousands=data.csv.thousands)
     return load_table(path, recipe_file=recipe_file, field=field, text_columns=kept, list_columns=_list_columns(data),
                       verbatim_columns=tuple(data.inputs), csv_dialect=dialect)  # fmt: skip
 

@@ -27,7 +27,7 @@ from qbench.data.text import (
     tokenizer_field,
     tokenizer_input_names,
 )
-from qbench.data.text_tables import decimal_comma_hint
+from qbench.data.text_tables import number_format_hint
 from qbench.errors import QbenchError, RecipeError, did_you_mean
 from qbench.modelinfo import TensorMeta
 from qbench.recipe_data import TextInputSpec
@@ -74,7 +74,7 @@ def build_feeds(
             shaped = _fit_shape(stacked, column, meta, recipe_file=recipe_file)
             feeds[target] = _cast(shaped, column, meta, recipe_file=recipe_file)
         except RecipeError as exc:  # a CSV column of '0,5' cells is text unless the file declares decimal commas
-            hint = decimal_comma_hint(cells)
+            hint = number_format_hint(cells)
             if not hint:
                 raise
             raise RecipeError(exc.file, exc.field, exc.detail + hint) from None

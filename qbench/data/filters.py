@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from qbench.data.load import table_name
-from qbench.data.text_tables import decimal_comma_hint, text_as_numbers, text_decimal
+from qbench.data.text_tables import number_format_hint, text_as_numbers, text_decimal
 from qbench.errors import RecipeError, expected_one_of
 
 _COMPARISONS: dict[str, Callable[[pd.Series, Any], pd.Series]] = {
@@ -125,7 +125,7 @@ def _condition_mask(values: pd.Series, op: str, operand: Any, *, field: str, rec
                 recipe_file,
                 field,
                 f"{op!r} compares numbers, but column {values.name!r} holds {_kind_of(values)} values"
-                f"{decimal_comma_hint(values)}",
+                f"{number_format_hint(values)}",
             )
         return _COMPARISONS[op](numbers, operand).to_numpy(dtype=bool, na_value=False)
     operands: Sequence[Any] = operand if op in ("in", "not_in") else [operand]
@@ -146,7 +146,7 @@ def _matches_any(values: pd.Series, operands: Sequence[Any], *, field: str, reci
         wanted = [_as_date(values, v, dates, field=field, recipe_file=recipe_file) for v in wanted]
     elif pd.api.types.is_object_dtype(values) or pd.api.types.is_string_dtype(values):
         numbers = [v for v in wanted if isinstance(v, (int, float)) and not isinstance(v, bool)]
-        hint = decimal_comma_hint(values) if numbers else ""
+        hint = number_format_hint(values) if numbers else ""
         if hint:  # '0,5' is no number here: `ne: 0.5` kept every such row, `eq: 0.5` selected none of them
             raise RecipeError(recipe_file, field, f"got {numbers[0]!r}: column {values.name!r} holds text, not numbers"
                                                   f"{hint}, or compare the text as the file writes it")  # fmt: skip

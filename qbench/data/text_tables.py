@@ -4,9 +4,12 @@ CSV states no types: a column whose every cell is a number is read as numbers, e
 names as text (`text_columns`: cells that name things, such as slice codes "007" and "7" or class labels "01"
 and "1"), which keep the text the file holds. A file's dialect (CsvDialect, the recipe's `data.csv`) says how
 it writes cells: its delimiter (a comma; a tab for `.tsv`; a spreadsheet in a locale with decimal commas
-writes ';') and its decimal mark. The decimal mark is never guessed: '1,234' is 1234 in one locale and 1.234
-in another, so a cell such as '0,5' is a number only in a file declared to write decimal commas, and is text
-otherwise (and where a number is expected, the error says so: decimal_comma_hint).
+writes ';'), its decimal mark and the separator grouping its thousands ('1.234,5', '1 234,5'). Neither is ever
+guessed: '1,234' is 1234 in one locale and 1.234 in another, so a cell such as '0,5' is a number only in a file
+declared to write decimal commas, and '1.234,5' only in one declared to group thousands with '.'; they are text
+otherwise (and where a number is expected, the error says so: number_format_hint). A column read as numbers whose
+cells could be grouped thousands ('1.234' as 1.234) in a file whose other cells show that grouping ('5.678,9') is
+refused rather than read either way (check_undeclared_grouping).
 
 CSV cannot hold arrays: a CSV column whose every non-empty cell is a JSON list (`"[0.1, 0.2]"`) is parsed into
 Python lists, so the same table works as CSV, JSON lines or parquet; so is a label column read as text (class
@@ -38,11 +41,19 @@ from qbench.errors import short_repr
 DECIMAL_ATTR = "decimal"
 """`DataFrame.attrs` key holding the decimal mark a CSV table's numbers were written with (',' or '.')."""
 
+THOUSANDS_ATTR = "thousands"
+"""`DataFrame.attrs` key holding the separator a CSV table's numbers group thousands with (None: no grouping)."""
+
 _COMMA_TEXT_ATTR = "decimal_comma_text"
 """`DataFrame.attrs` key: the text columns of a file with decimal commas kept as written (text_decimal)."""
 
 DELIMITERS = {",": "comma", ";": "semicolon", "\t": "tab", "|": "pipe"}
 """The delimiters a CSV file may use (spreadsheets in locales with decimal commas write ';'), by name."""
+
+THOUSANDS = {",": "','", ".": "'.'", " ": "a space", "'": "an apostrophe", "\u00a0": "a no-break space (U+00A0)",
+             "\u202f": "a narrow no-break space (U+202F)"}  # fmt: skip
+"""The thousands separators a CSV file may group its numbers with (French locales write the no-break spaces, Swiss
+ones the apostrophe), by name."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +63,7 @@ class CsvDialect:
 
     delimiter: str | None = None
     decimal: str = "."
+    thousands: str | None = None
 
     def delimiter_for(self, path: Path) -> str:
         if self.delimiter is not None:
@@ -87,6 +99,14 @@ DECIMAL_COMMA_NUMBER = re.compile(r"-?[0-9]+,[0-9]+")
 _POINT_NUMBER = re.compile(r"-?[0-9]+\.[0-9]+")
 
 
+def grouped_number(thousands: str, decimal: str | None, *, fraction: str = "?") -> str:
+    """A regex for a number grouping its thousands, '1.234' or '-12.345.678,25' (thousands '.', decimal ','): a leading
+    group of 1 to 3 digits, not 0, then groups of 3, then a decimal part: optional (`fraction` '?'), needed (''), or
+    none (`decimal` None)."""
+    number = f"-?[1-9][0-9]{{0,2}}(?:{re.escape(thousands)}[0-9]{{3}})+"
+    return number if decimal is None else f"{number}(?:{re.escape(decimal)}[0-9]+){fraction}"
+
+
 def read_csv(
     path: Path, dialect: CsvDialect = CsvDialect(), text_columns: Collection[str] = (),
     list_columns: Collection[str] = (), verbatim_columns: Collection[str] = (),
@@ -101,22 +121,25 @@ def read_csv(
     delimiter = dialect.delimiter_for(path)
     header = _check_csv_rows(path, encoding, delimiter)
     kept = [column for column in header if column in set(text_columns)]
-    df = pd.read_csv(path, sep=delimiter, decimal=dialect.decimal, keep_default_na=False, na_values=[""],
-                     dtype=dict.fromkeys(kept, str), encoding=encoding)  # fmt: skip
+    read = partial(pd.read_csv, path, sep=delimiter, keep_default_na=False, na_values=[""], encoding=encoding)
+    df = read(decimal=dialect.decimal, dtype=dict.fromkeys(kept, str))
+    decimal, thousands = dialect.decimal, dialect.thousands
     for column in df.columns:
         if column in kept:
             if column in list_columns and _is_json_list_column(df[column]):
-                df[column] = _parse_json_lists(df[column], names=True, decimal=dialect.decimal)
-            elif dialect.decimal != "." and column not in verbatim_columns:
-                df[column] = _with_decimal_points(df[column])
+                df[column] = _parse_json_lists(df[column], names=True, decimal=decimal)
+            elif (decimal != "." or thousands is not None) and column not in verbatim_columns:
+                df[column] = _with_decimal_points(df[column], decimal, thousands)
             continue
         if _is_json_list_column(df[column]):
-            df[column] = _parse_json_lists(df[column], decimal=dialect.decimal)
+            df[column] = _parse_json_lists(df[column], decimal=decimal)
         elif not pd.api.types.is_numeric_dtype(df[column]) and not pd.api.types.is_bool_dtype(df[column]):
-            numbers = text_as_numbers(df[column], decimal=dialect.decimal)
+            numbers = text_as_numbers(df[column], decimal=decimal, thousands=thousands)
             if numbers is not None:
                 df[column] = numbers
-    df.attrs[DECIMAL_ATTR] = dialect.decimal
+    if thousands is None:
+        check_undeclared_grouping(df, decimal, lambda columns: read(usecols=columns, dtype=str))
+    df.attrs[DECIMAL_ATTR], df.attrs[THOUSANDS_ATTR] = decimal, thousands
     if dialect.decimal != ".":
         df.attrs[_COMMA_TEXT_ATTR] = tuple(column for column in kept if column in verbatim_columns)
     return df
@@ -128,11 +151,19 @@ def text_decimal(values: pd.Series) -> str:
     return "," if values.name in values.attrs.get(_COMMA_TEXT_ATTR, ()) else "."
 
 
-def text_as_numbers(column: pd.Series, decimal: str = ".") -> pd.Series | None:
-    """A text column as numbers when every cell is a number (written with `decimal` as its decimal mark), empty, or
-    a missing-number text; else None. With decimal commas a cell holding a point ('1.234': a thousands separator,
-    or a point) is no number: which it is cannot be told."""
+def text_as_numbers(column: pd.Series, decimal: str = ".", thousands: str | None = None) -> pd.Series | None:
+    """A text column as numbers when every cell is a number (written with `decimal` as its decimal mark, and with
+    its thousands grouped by `thousands` or not at all), empty, or a missing-number text; else None. A cell holding
+    the separator is a number only when it groups digits by three ('1.234,5'): pandas' own `thousands` drops the
+    separator wherever it is, reading '1.5' as 15. With decimal commas a cell holding a point ('1.234': a thousands
+    separator, or a point) is no number unless the file declares '.' its thousands separator."""
     cells = column.where(~column.isin(MISSING_NUMBER_TEXT))
+    if thousands is not None:
+        text = cells.dropna().astype(str)
+        separated = text[text.str.contains(thousands, regex=False)]
+        if not separated.str.fullmatch(grouped_number(thousands, decimal)).all():
+            return None
+        cells = cells.where(cells.isna(), cells.astype(str).str.replace(thousands, "", regex=False))
     if decimal != ".":
         text = cells.dropna().astype(str)
         if text.str.contains(".", regex=False).any():
@@ -145,34 +176,105 @@ def text_as_numbers(column: pd.Series, decimal: str = ".") -> pd.Series | None:
     return numbers if numbers.notna().sum() == cells.notna().sum() else None
 
 
-def _with_decimal_points(column: pd.Series) -> pd.Series:
-    """A text column of a file with decimal commas, its cells that write a number ('0,5') written with a point. A
+def _with_decimal_points(column: pd.Series, decimal: str, thousands: str | None) -> pd.Series:
+    """A text column of a file with decimal commas or grouped thousands, its cells that write a number in the file's
+    way ('0,5', '1.234,5') written as the same table in Parquet names them ('0.5', '1234.5'). With decimal commas, a
     column also holding numbers written with a point is an error: '1.5' would name the slice that '1,5' names."""
     text = column.astype(object)
-    commas = text.str.fullmatch(DECIMAL_COMMA_NUMBER.pattern).fillna(False).astype(bool)
-    if not commas.any():
+    none = pd.Series(False, index=text.index)
+    grouped = _matches(text, grouped_number(thousands, decimal)) if thousands else none
+    commas = _matches(text, DECIMAL_COMMA_NUMBER.pattern) if decimal == "," else none
+    if not (grouped.any() or commas.any()):
         return column
-    points = text.str.fullmatch(_POINT_NUMBER.pattern).fillna(False).astype(bool)
-    if points.any():
+    points = _matches(text, _POINT_NUMBER.pattern) & ~grouped if decimal == "," else none
+    if commas.any() and points.any():
         raise ValueError(f"column {column.name!r} holds both {text[commas].iloc[0]!r} and {text[points].iloc[0]!r}; "
                          "expected numbers written with one decimal mark, the comma the file declares (data.csv.decimal)")
-    return column.where(~commas, text.str.replace(",", ".", regex=False))
+    numbers = text.where(~grouped, text.str.replace(thousands or "", "", regex=False))
+    return column.where(~(grouped | commas), numbers.str.replace(decimal, ".", regex=False))
 
 
-def decimal_comma_hint(values: pd.Series) -> str:
-    """For an error about a text column where numbers are expected: '; cells such as '0,5' write numbers with a
-    decimal comma ...' when some do in a CSV file not declared to write them, else ''."""
-    if values.attrs.get(DECIMAL_ATTR) != "." or not (
+def _matches(text: pd.Series, pattern: str) -> pd.Series:
+    """Which cells of a text column (missing ones: none) are all `pattern`."""
+    return text.str.fullmatch(pattern).fillna(False).astype(bool)
+
+
+def number_format_hint(values: pd.Series) -> str:
+    """For an error about a text column where numbers are expected: '; cells such as '1.234,5' group thousands with
+    '.' ...' or '; cells such as '0,5' write numbers with a decimal comma ...' when some do in a CSV file not declared
+    to write them so, or '; cell '1,5' holds the thousands separator ...' when one misplaces the declared separator;
+    else ''."""
+    if DECIMAL_ATTR not in values.attrs or not (
         pd.api.types.is_object_dtype(values) or pd.api.types.is_string_dtype(values)
     ):
         return ""
-    text = values.dropna()
-    text = text[text.map(lambda cell: isinstance(cell, str))].astype(str)
-    found = text[text.str.fullmatch(DECIMAL_COMMA_NUMBER.pattern)]
+    text = _text_cells(values)
+    declared, separator = values.attrs[DECIMAL_ATTR], values.attrs.get(THOUSANDS_ATTR)
+    if separator is not None:
+        separated = text[text.str.contains(separator, regex=False)]
+        misplaced = separated[~separated.str.fullmatch(grouped_number(separator, declared))]
+        if not misplaced.empty:
+            return (f"; cell {misplaced.iloc[0]!r} holds the thousands separator {separator!r} (data.csv.thousands) "
+                    "without groups of three digits after it")
+    commas = DECIMAL_COMMA_NUMBER.pattern if declared == "." else "$^"  # a declared comma reads them already
+    for thousands in (sep for sep in THOUSANDS if sep != separator):
+        for decimal in (mark for mark in (declared, "," if declared == "." else ".") if mark != thousands):
+            found = text[text.str.fullmatch(grouped_number(thousands, decimal))]
+            if found.empty:
+                continue
+            declare = f"data.csv: {{decimal: {decimal!r}, thousands: {thousands!r}}}"
+            if re.fullmatch(commas, found.iloc[0]):  # '1,234': a decimal comma, or a grouping comma
+                return (f"; cells such as {found.iloc[0]!r} write numbers with a decimal comma or group thousands "
+                        f"with ',', read as numbers only where declared: data.csv: {{decimal: ','}} or {declare}")
+            return f"; cells such as {found.iloc[0]!r} group thousands with {THOUSANDS[thousands]}, read as numbers only where declared: {declare}"
+    found = text[text.str.fullmatch(commas)]
     if found.empty:
         return ""
     return (f"; cells such as {found.iloc[0]!r} write numbers with a decimal comma, read as numbers only where "
             "declared: data.csv: {decimal: ','}")
+
+
+def check_undeclared_grouping(df: pd.DataFrame, decimal: str, read_text: Callable[[list[str]], pd.DataFrame]) -> None:
+    """ValueError when a column read as numbers holds cells that group thousands with the decimal mark ('1.234',
+    read as 1.234) while another column's cells show that the file groups thousands so ('5.678,9': '.' groups, ','
+    is the decimal mark): read either way, the number would be a guess. `read_text(columns)` reads those columns'
+    cells again as text: only when a float column holds values such cells could give, and another cell shows the
+    grouping, is the file read again."""
+    import numpy as np
+
+    candidates = []
+    for column in (column for column in df.columns if pd.api.types.is_float_dtype(df[column])):
+        thousandths = np.abs(df[column].to_numpy(dtype=float)) * 1000  # '1.234' gives 1234 of them
+        whole = np.isclose(thousandths, np.round(thousandths), rtol=0, atol=1e-6)
+        if ((thousandths >= 1000) & (thousandths < 1e6) & whole).any():
+            candidates.append(column)
+    other = "," if decimal == "." else "."
+    evidence = grouped_number(decimal, other, fraction="")  # decimal '.': '5.678,9', grouped by '.'
+    shown = None
+    for column in (column for column in df.columns if candidates and not pd.api.types.is_numeric_dtype(df[column])):
+        cells = _text_cells(df[column])
+        found = cells[cells.str.fullmatch(evidence)]
+        if not found.empty:
+            shown = (column, found.iloc[0])
+            break
+    if shown is None:
+        return
+    text = read_text(candidates)
+    for column in candidates:
+        cells = text[column].dropna()
+        ambiguous = cells[cells.str.fullmatch(grouped_number(decimal, None))]
+        if not ambiguous.empty:
+            cell = ambiguous.iloc[0]
+            raise ValueError(f"column {column!r}: cell {cell!r} reads as {float(cell.replace(',', '.'))!r} with the "
+                             f"decimal mark {decimal!r}, but cell {shown[1]!r} of column {shown[0]!r} groups thousands "
+                             f"with {decimal!r}; expected the file's marks declared: data.csv: "
+                             f"{{decimal: {other!r}, thousands: {decimal!r}}}")  # fmt: skip
+
+
+def _text_cells(column: pd.Series) -> pd.Series:
+    """The text cells of a column (a list or number among them left out)."""
+    cells = column.dropna()
+    return cells[cells.map(lambda cell: isinstance(cell, str))].astype(str)
 
 
 def _check_csv_rows(path: Path, encoding: str, delimiter: str) -> list[str]:

@@ -13,7 +13,7 @@ import yaml
 
 from qbench.data.filters import filter_mask
 from qbench.data.load import load_table
-from qbench.data.text_tables import CsvDialect
+from qbench.data.text_tables import CsvDialect, number_format_hint
 from qbench.errors import RecipeError
 from qbench.recipe import load_recipe
 
@@ -198,3 +198,127 @@ def test_data_csv_is_typed(tmp_path: Path) -> None:
     recipe = _regression_project(tmp_path, {"rows.csv": "v,y\n1,2\n"}, {"delimiter": ":", "decimal": ","})
     with pytest.raises(RecipeError, match=r"data\.csv\.delimiter"):
         load_recipe(recipe)
+
+
+# -- thousands separators (`data.csv.thousands`): declared, never guessed ---------------------------------------------
+
+GROUPED = [1234.5, -2000.0, 7.25, 12345678.25]
+
+
+@pytest.mark.parametrize(("header", "cells", "dialect"), [
+    ("x,code", ['"1,234.5"', '"-2,000"', "7.25", '"12,345,678.25"'], CsvDialect(thousands=",")),
+    ("x;code", ["1.234,5", "-2.000", "7,25", "12.345.678,25"], CsvDialect(";", ",", ".")),
+    ("x;code", ["1 234,5", "-2 000", "7,25", "12 345 678,25"], CsvDialect(";", ",", " ")),
+    ("x;code", ["1\u00a0234,5", "-2\u00a0000", "7,25", "12\u00a0345\u00a0678,25"], CsvDialect(";", ",", "\u00a0")),
+    ("x;code", ["1\u202f234,5", "-2\u202f000", "7,25", "12\u202f345\u202f678,25"], CsvDialect(";", ",", "\u202f")),
+    ("x,code", ["1'234.5", "-2'000", "7.25", "12'345'678.25"], CsvDialect(thousands="'")),
+], ids=["comma", "point", "space", "no-break-space", "narrow-no-break-space", "apostrophe"])  # fmt: skip
+def test_declared_thousands_separators_read_grouped_numbers(tmp_path: Path, header: str, cells: list[str],
+                                                            dialect: CsvDialect) -> None:  # fmt: skip
+    path = tmp_path / "rows.csv"
+    delimiter = header[1]
+    path.write_text("\n".join([header, *(f"{cell}{delimiter}c{i}" for i, cell in enumerate(cells))]) + "\n")
+    table = load_table(path, recipe_file=RECIPE, csv_dialect=dialect)
+    assert table["x"].tolist() == GROUPED and table["code"].tolist() == ["c0", "c1", "c2", "c3"]
+    # '1.234' with '.' grouping thousands is 1234, not 1.234
+    path.write_text(f"n{delimiter}code\n{cells[0].replace(dialect.decimal + '5', '')}{delimiter}a\n5{delimiter}b\n")
+    assert load_table(path, recipe_file=RECIPE, csv_dialect=dialect)["n"].tolist() == [1234, 5]
+
+
+@pytest.mark.parametrize("cell", ["1,5", "1,2345", "12,34,567", ",123", "0,123"])
+def test_a_separator_not_grouping_three_digits_leaves_the_cell_text(tmp_path: Path, cell: str) -> None:
+    """pandas' own `thousands` drops the separator wherever it stands: '1,5' read as 15, '12,34,567' as 1234567."""
+    path = tmp_path / "rows.csv"
+    path.write_text(f'x,y\n"{cell}",1\n"1,234",2\n')
+    table = load_table(path, recipe_file=RECIPE, csv_dialect=CsvDialect(thousands=","))
+    assert table["x"].tolist() == [cell, "1,234"]
+    assert number_format_hint(table["x"]) == (f"; cell {cell!r} holds the thousands separator ',' (data.csv.thousands) "
+                                              "without groups of three digits after it")  # fmt: skip
+
+
+@pytest.mark.parametrize(("text", "dialect", "message"), [
+    ("x;y\n1.234,5;1.234\n2.000,25;5.5\n", CsvDialect(";"),
+     "column 'y': cell '1.234' reads as 1.234 with the decimal mark '.', but cell '1.234,5' of column 'x' groups "
+     "thousands with '.'; expected the file's marks declared: data.csv: {decimal: ',', thousands: '.'}"),
+    ('x;y\n"1,234.5";1,234\n2;5,5\n', SEMICOLON,
+     "column 'y': cell '1,234' reads as 1.234 with the decimal mark ',', but cell '1,234.5' of column 'x' groups "
+     "thousands with ','; expected the file's marks declared: data.csv: {decimal: '.', thousands: ','}"),
+], ids=["point", "comma"])  # fmt: skip
+def test_cells_grouped_like_the_rest_of_the_file_are_never_read_as_decimals(tmp_path: Path, text: str,
+                                                                           dialect: CsvDialect, message: str) -> None:  # fmt: skip
+    """'1.234' beside '1.234,5' was read as 1.234 where the file groups thousands with '.' (1234 a thousand times
+    too small): a guess either way, so the file's marks must be declared."""
+    path = tmp_path / "rows.csv"
+    path.write_text(text)
+    with pytest.raises(RecipeError) as caught:
+        load_table(path, recipe_file=RECIPE, csv_dialect=dialect)
+    assert str(caught.value).endswith(message) and "\n" not in str(caught.value)
+    path.write_text(text.replace("1.234,5", "1,5").replace('"1,234.5"', "1.5").replace("2.000,25", "2"))
+    assert load_table(path, recipe_file=RECIPE, csv_dialect=dialect)["y"].tolist() == [1.234, 5.5]  # nothing grouped
+
+
+def test_grouped_cells_in_text_columns_name_what_parquet_names(tmp_path: Path) -> None:
+    """A slice column's grouped number names the number (band=1234.5, as in Parquet); a column fed to the model keeps
+    its text as written; a label of names keeps its text."""
+    path = tmp_path / "rows.csv"
+    path.write_text("band;text;label;w\n1.234,5;1.234,5;a;1.500\n7;7;b;2\n")
+    table = load_table(path, recipe_file=RECIPE, text_columns=["band", "text", "label"], verbatim_columns=["text"],
+                       csv_dialect=CsvDialect(";", ",", "."))  # fmt: skip
+    assert table["band"].tolist() == ["1234.5", "7"] and table["text"].tolist() == ["1.234,5", "7"]
+    assert table["label"].tolist() == ["a", "b"] and table["w"].tolist() == [1500, 2]
+    for column in ("band", "w"):
+        assert filter_mask(table, {column: {"gt": 100}}, field="f", recipe_file=RECIPE).tolist() == [True, False]
+
+
+@pytest.mark.parametrize(("cells", "hint"), [
+    (["1.234,5", "2"], "cells such as '1.234,5' group thousands with '.', read as numbers only where declared: "
+                       "data.csv: {decimal: ',', thousands: '.'}"),
+    (["1\u00a0234,5", "2"], "cells such as '1\\xa0234,5' group thousands with a no-break space (U+00A0), read as "
+                            "numbers only where declared: data.csv: {decimal: ',', thousands: '\\xa0'}"),
+    (["1,234", "2"], "cells such as '1,234' write numbers with a decimal comma or group thousands with ',', read as "
+                     "numbers only where declared: data.csv: {decimal: ','} or data.csv: {decimal: '.', thousands: ','}"),
+], ids=["point", "no-break-space", "comma"])  # fmt: skip
+def test_a_number_column_of_undeclared_grouping_is_one_line(tmp_path: Path, cells: list[str], hint: str) -> None:
+    from qbench.preflight import prepare
+
+    text = "v;y\n" + "".join(f"{cell};1\n" for cell in cells)
+    recipe = _regression_project(tmp_path, {"rows.csv": text}, {"delimiter": ";"})
+    with pytest.raises(RecipeError) as caught:
+        prepare(load_recipe(recipe), track=False, destinations=False)
+    message = str(caught.value)
+    assert message.startswith(f"{recipe}: data.inputs: ") and message.endswith(hint) and "\n" not in message
+
+
+def test_a_table_grouping_thousands_prepares_as_parquet_does(tmp_path: Path) -> None:
+    from qbench.preflight import prepare
+
+    rows = [(1234.5, 2469.0, "nord"), (-2000.0, -4000.0, "süd"), (12345678.25, 24691356.5, "nord")]
+    (tmp_path / "pq").mkdir()
+    (tmp_path / "csv").mkdir()
+    data = {"evaluation": {"filter": {"v": {"lt": 1e6}}}, "slices": [{"by": "region"}]}
+    parquet = _regression_project(tmp_path / "pq", {"rows.parquet": ""}, None, **data)
+    pd.DataFrame(rows, columns=["v", "y", "region"]).to_parquet(tmp_path / "pq" / "rows.parquet")
+    text = "v;y;region\n1 234,5;2 469;nord\n-2 000;-4 000;süd\n12 345 678,25;24 691 356,5;nord\n"
+    csv = {"delimiter": ";", "decimal": ",", "thousands": " "}
+    expected = prepare(load_recipe(parquet), track=False, destinations=False)
+    got = prepare(load_recipe(_regression_project(tmp_path / "csv", {"rows.csv": text}, csv, **data)), track=False,
+                  destinations=False)  # fmt: skip
+    assert got.evaluation_rows.tolist() == expected.evaluation_rows.tolist() == [0, 1]
+    np.testing.assert_array_equal(got.evaluation_feeds["v"], expected.evaluation_feeds["v"])
+    np.testing.assert_array_equal(got.labels, expected.labels)
+
+
+@pytest.mark.parametrize(("csv", "message"), [
+    ({"thousands": "."}, "data.csv.thousands: got '.', the decimal mark (data.csv.decimal, by default); expected a "
+                         "separator other than the decimal mark, as a file grouping thousands with '.' declares: "
+                         "data.csv: {decimal: ',', thousands: '.'}"),
+    ({"decimal": ",", "thousands": ","}, "data.csv.thousands: got ',', the decimal mark (data.csv.decimal); expected "
+                                         "a separator other than the decimal mark, as a file grouping thousands with "
+                                         "',' declares: data.csv: {decimal: '.', thousands: ','}"),
+    ({"thousands": "_"}, "data.csv.thousands: "),
+], ids=["default-point", "comma", "unknown"])  # fmt: skip
+def test_a_thousands_separator_that_is_the_decimal_mark_is_one_line(tmp_path: Path, csv: dict, message: str) -> None:
+    recipe = _regression_project(tmp_path, {"rows.csv": "v,y\n1,2\n"}, csv)
+    with pytest.raises(RecipeError) as caught:
+        load_recipe(recipe)
+    assert str(caught.value).startswith(f"{recipe}: {message}") and "\n" not in str(caught.value)
