@@ -95,9 +95,10 @@ def check_metrics(recipe: Recipe) -> None:
                          "(`metrics: [{name, function: 'module:function', higher_is_better}]`)")  # fmt: skip
     _check_metric_outputs(recipe)
     allowed = metric_names(recipe)
-    if "metric" not in recipe.gate.model_fields_set:  # no default: each evaluated output has its own metrics
-        outputs = ", ".join(recipe.model.outputs or [])
-        raise ValueError(f"gate.metric: not set, and task {recipe.task!r} evaluates several outputs ({outputs}), each "
+    outputs = recipe.model.outputs or []
+    if "metric" not in recipe.gate.model_fields_set and len(outputs) > 1:  # no default: one set per evaluated output
+        raise ValueError(f"gate.metric: not set, and task {recipe.task!r} evaluates several outputs "
+                         f"({', '.join(outputs)}), each "
                          f"with its own metrics named 'output/metric'; expected one of {', '.join(sorted(allowed))}")
     if recipe.gate.metric not in allowed:
         raise ValueError(f"gate.metric: {expected_one_of(recipe.gate.metric, allowed)} for task {recipe.task!r}")
