@@ -141,19 +141,24 @@ def _print_plan(recipe: Recipe) -> None:
     from rich.table import Table
 
     from qbench.execute.overview import plan_overview
+    from qbench.execute.resume import NEW, RERUN, REUSE
     from qbench.execute.store import build_store
 
     overview = plan_overview(recipe, build_store(recipe))
     table = Table(box=None, pad_edge=False)
-    for column in ("job", "needs", "after", "cached"):
+    for column in ("job", "needs", "after", "--resume", "why"):
         table.add_column(column)
     for row in overview.rows:
-        table.add_row(escape(row.job), row.needs, escape(row.after), escape(row.cached or "—"))
+        table.add_row(escape(row.job), row.needs, escape(row.after), row.resume.action, escape(row.resume.why))
     out.print(f"plan {overview.plan.fingerprint[:12]}: {len(overview.rows)} jobs on executor {escape(overview.executor)}, "
               f"builds stored in {escape(overview.store)}")  # fmt: skip
     print_wide(table, out)
-    resumable = f"; --resume takes up {overview.resumable}" if overview.resumable else ""
-    out.print(f"{overview.cached} of {len(overview.rows)} jobs cached (reused by `qbench sweep --resume`){resumable}")
+    if overview.refused:
+        out.print(escape(f"{overview.refused} (the column says what it would reuse from the build store alone)"))
+        return
+    counts = ", ".join(f"{overview.count(action)} {action}" for action in (REUSE, RERUN, NEW))
+    taken = f"takes up {overview.resumable}" if overview.resumable else "takes up no run (only builds in the store)"
+    out.print(escape(f"`qbench sweep --resume` {taken}: of {len(overview.rows)} jobs, {counts}"))
 
 
 @app.command()

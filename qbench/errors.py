@@ -88,19 +88,32 @@ _ENVIRONMENT_ERRNOS = {
     errno.ETIMEDOUT: "a timeout",
 }
 
+# How runtimes word an allocation that failed when they raise something other than MemoryError: ONNX Runtime's
+# Fail / RuntimeException ("Failed to allocate memory for requested buffer" from its BFCArena, "Available memory of
+# ... is smaller than requested bytes", a C++ "std::bad_alloc" / MSVC "bad allocation"), its CUDA provider and
+# torch's ("CUDA failure 2: out of memory", "CUBLAS_STATUS_ALLOC_FAILED", cudaErrorMemoryAllocation), and torch's CPU
+# allocator (a RuntimeError: "DefaultCPUAllocator: can't allocate memory ... (Cannot allocate memory)").
+_OUT_OF_MEMORY = re.compile(
+    r"out of memory|failed to allocate memory|is smaller than requested bytes|std::bad_alloc|bad allocation"
+    r"|can'?t allocate memory|cannot allocate memory|not enough memory|_ALLOC_FAILED|cudaErrorMemoryAllocation",
+    re.IGNORECASE,
+)
+
 
 def environment_cause(exc: BaseException) -> str | None:
     """Why `exc` says nothing about the variant being built or measured: a failure of the machine it ran on (out of
     memory, a full disk or quota, an I/O error, a timeout or a lost connection), which may not happen again; None
     for any other error, which would (the variant's own: a graph a runtime refuses, a bug).
 
-    The chain of causes is followed, so a QbenchError raised from a full disk counts. A job failed for such a cause
+    The chain of causes is followed, so a QbenchError raised from a full disk counts. Runtimes report a failed
+    allocation in their own exception types, so an error whose message says so is out of memory too (a message
+    that quotes one, where a runtime's error was re-raised `from None`, included). A job failed for such a cause
     is what `qbench sweep --resume` runs again in a finished run (qbench.execute.records)."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if isinstance(current, MemoryError):
+        if isinstance(current, MemoryError) or _OUT_OF_MEMORY.search(str(current)):
             return "out of memory"
         if isinstance(current, TimeoutError):
             return "a timeout"

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 import qbench
 from qbench.environment import describe_environment
 from qbench.errors import QbenchError
-from qbench.execute import SweepPlan, make_executor, make_plan, resumable_run, run_plan, write_plan
+from qbench.execute import SweepPlan, make_executor, make_plan, run_plan, write_plan
 from qbench.execute.cache import entries_in_use
 from qbench.execute.jobs import describe_error
-from qbench.execute.records import finished_run, read_records
+from qbench.execute.resume import resume_target
 from qbench.execute.snapshot import Snapshot, snapshot_keys, take_snapshot
 from qbench.execute.store import build_store
 from qbench.frontier import compute_frontier, gate_threshold, mixed_timing_machines, plot_frontier
@@ -120,29 +120,12 @@ def _sweep(recipe: Recipe, started: float, clock: PhaseClock, *, track: bool, re
 
 
 def _resumable(recipe: Recipe, plan: SweepPlan) -> Path | None:
-    """The run folder --resume takes up; a QbenchError when the newest run of this plan finished and none of its
-    jobs failed for a reason outside the variant: resuming it would change nothing."""
-    root = recipe.output_path / recipe.name
-    run, finished = resumable_run(root, plan.fingerprint), finished_run(root, plan.fingerprint)
-    if finished is not None and (run is None or (finished.recorded_at, finished.path.name) > (run.recorded_at, run.path.name)):
-        raise QbenchError(f"--resume: the newest run of this plan, {finished.path}, finished{_own_failures(finished.path)}: "
-                          "resuming it would change nothing; run `qbench sweep` without --resume to measure "
-                          "everything again")  # fmt: skip
+    """The run folder --resume takes up (qbench.execute.resume.resume_target)."""
+    run = resume_target(recipe.output_path / recipe.name, plan.fingerprint)
     if run is None:
         logger.info("no interrupted run of this recipe with the same plan finished a job: only builds in the store "
                     "are reused")  # fmt: skip
-        return None
-    return run.path
-
-
-def _own_failures(folder: Path) -> str:
-    """What failed in the finished run `folder`, every failure the variant's own: '' when nothing failed."""
-    failed = [record.job for record in read_records(folder).values()
-              if record.error is not None or (record.result is not None and record.result.status == "failed")]
-    if not failed:
-        return " with every job done"
-    return (f" and its {len(failed)} failed job{'' if len(failed) == 1 else 's'} ({', '.join(sorted(failed))}) "
-            "failed for the variant's own reasons, which would fail again")
+    return run
 
 
 def _run(prepared: Prepared, plan: SweepPlan, progress: _Progress, started: float, *,

@@ -47,3 +47,78 @@ def test_a_failure_of_the_machine_is_told_from_the_variants_own_along_the_chain_
     assert environment_cause(exc) == cause
     assert environment_cause(_raised_from(exc)) == cause
     assert environment_cause(_raised_from(exc, hide=True)) is None  # `from None`: not its cause
+
+
+def _onnxruntime_error(size: int, *, arena: bool) -> Exception:
+    """What ONNX Runtime's CPU provider really raises running an Expand to `size` floats (a failed allocation when
+    `size` cannot fit: Fail from its arena, RuntimeException with std::bad_alloc without one)."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Expand", ["x", "shape"], ["y"])], "expand",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1]),
+         helper.make_tensor_value_info("shape", TensorProto.INT64, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )  # fmt: skip
+    options = ort.SessionOptions()
+    options.enable_cpu_mem_arena = arena
+    options.log_severity_level = 4
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    try:
+        session.run(None, {"x": np.ones(1, np.float32), "shape": np.array(size, np.int64).reshape(1)})
+    except Exception as exc:  # noqa: BLE001 - the error is the point
+        return exc
+    raise AssertionError("onnxruntime ran it")
+
+
+@pytest.mark.parametrize("arena", [True, False])
+def test_onnxruntimes_own_allocation_failure_is_out_of_memory(arena: bool) -> None:
+    """ONNX Runtime raises its own Fail / RuntimeException, not MemoryError, when an allocation fails: the job was
+    recorded as the variant's own failure, and --resume reused it as failed rather than run it again."""
+    exc = _onnxruntime_error(2**45, arena=arena)
+    assert type(exc).__module__.startswith("onnxruntime") and not isinstance(exc, MemoryError)
+    assert environment_cause(exc) == "out of memory"
+    assert environment_cause(_raised_from(exc)) == "out of memory"
+    wrapped = QbenchError(f"variant fp16: onnxruntime cannot load m.onnx: {exc}")  # as backends re-raise it `from None`
+    assert environment_cause(wrapped) == "out of memory"
+
+
+def test_onnxruntimes_other_failures_stay_the_variants_own() -> None:
+    exc = _onnxruntime_error(-3, arena=True)  # an invalid shape: the graph's own error
+    assert type(exc).__module__.startswith("onnxruntime")
+    assert environment_cause(exc) is None
+
+
+def test_torchs_allocation_failures_are_out_of_memory() -> None:
+    """torch's CPU allocator raises a plain RuntimeError; CUDA's raises torch.OutOfMemoryError (a RuntimeError)."""
+    import torch
+
+    with pytest.raises(RuntimeError) as cpu:
+        torch.empty(2**62, dtype=torch.uint8)
+    assert not isinstance(cpu.value, MemoryError)
+    assert environment_cause(cpu.value) == "out of memory"
+    cuda = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 79 GiB")
+    assert environment_cause(cuda) == "out of memory"
+
+
+@pytest.mark.parametrize("message", [
+    "[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : Non-zero status code returned while running MatMul node. Name:'mm' "
+    "Status Message: /onnxruntime_src/onnxruntime/core/providers/cuda/cuda_call.cc:123 CUDA failure 2: out of memory "
+    "; GPU=0 ; hostname=gpu-1 ; expr=cudaMalloc((void**)&p, size);",
+    "[ONNXRuntimeError] : 1 : FAIL : Non-zero status code returned while running Conv node. Name:'c' Status Message: "
+    "/onnxruntime_src/onnxruntime/core/framework/bfc_arena.cc:376 void* onnxruntime::BFCArena::AllocateRawInternal("
+    "size_t, bool, onnxruntime::Stream*, bool, onnxruntime::WaitNotificationFn) Available memory of 0 is smaller than "
+    "requested bytes of 4194304",
+    "[ONNXRuntimeError] : 1 : FAIL : CUBLAS failure 3: CUBLAS_STATUS_ALLOC_FAILED ; GPU=0",
+    "[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : Non-zero status code returned while running Gemm node. Name:'g' "
+    "Status Message: bad allocation",
+])  # fmt: skip
+def test_onnxruntime_cuda_providers_allocation_failures_are_out_of_memory(message: str) -> None:
+    """The CUDA provider's messages, raised as ONNX Runtime raises them (its exception types take the message)."""
+    from onnxruntime.capi.onnxruntime_pybind11_state import Fail, RuntimeException
+
+    kind = RuntimeException if "RUNTIME_EXCEPTION" in message else Fail
+    assert environment_cause(kind(message)) == "out of memory"

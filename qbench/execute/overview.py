@@ -1,4 +1,4 @@
-"""`qbench sweep --plan`: every job of a sweep, where it would run, and what is already done.
+"""`qbench sweep --plan`: every job of a sweep, where it would run, and what `--resume` would do with it.
 
 Nothing is built, measured or prepared: the plan needs only the recipe and its input files' digests.
 """
@@ -7,11 +7,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from qbench.errors import QbenchError
 from qbench.execute.plan import SweepPlan, make_plan
-from qbench.execute.records import read_records, resumable_run
-from qbench.execute.store import BuildStore, build_environment
-from qbench.provenance import input_digests
+from qbench.execute.records import read_records
+from qbench.execute.resume import Decision, decide_build, decide_measure, resume_target
+from qbench.execute.store import BuildStore, build_environment, built_from_manifest
+from qbench.provenance import input_digests, model_sha256
 from qbench.recipe import Recipe
 
 
@@ -20,7 +23,7 @@ class PlanRow:
     job: str
     needs: str
     after: str
-    cached: str  # what a resumed sweep would reuse ("" when the job would run)
+    resume: Decision  # what `--resume` does with it and why (qbench.execute.resume)
 
 
 @dataclass(frozen=True)
@@ -30,31 +33,47 @@ class PlanOverview:
     store: str
     resumable: Path | None
     rows: tuple[PlanRow, ...]
+    refused: str | None = None  # why `--resume` would stop before running anything
 
-    @property
-    def cached(self) -> int:
-        return sum(1 for row in self.rows if row.cached)
+    def count(self, action: str) -> int:
+        return sum(1 for row in self.rows if row.resume.action == action)
 
 
 def plan_overview(recipe: Recipe, store: BuildStore) -> PlanOverview:
-    """The recipe's plan with, per job, what it needs and whether `--resume` would reuse it."""
+    """The recipe's plan with, per job, what it needs and what `--resume` would do with it, by the rules the resumed
+    sweep follows (qbench.execute.resume)."""
     plan = make_plan(recipe, input_digests(recipe))
-    run = resumable_run(recipe.output_path / recipe.name, plan.fingerprint)
-    records = read_records(run.path) if run is not None else {}
+    refused = None
+    try:
+        run = resume_target(recipe.output_path / recipe.name, plan.fingerprint)
+    except QbenchError as exc:
+        run, refused = None, str(exc)
+    records = read_records(run) if run is not None else {}
     environment = build_environment()
-    reusable_builds: set[str] = set()
+    source = recipe.model_path  # a PyTorch source's export is not known before the sweep: its builds are not checked
+    reference = model_sha256(source) if source is not None else None
+    name = run.name if run is not None else ""
+    builds: dict[str, tuple[Decision, str | None]] = {}
     rows = []
     for job in plan.jobs:
         record = records.get(job.id)
-        cached = ""
         if job.kind == "build":
-            stored = store.reusable(job.build_key, environment)
-            if stored is not None:
-                reusable_builds.add(job.variant)
-                cached = f"finished in {run.path.name}" if record and record.manifest == stored and run else "in store"
-        elif record is not None and record.result is not None and record.result.status in ("ok", "skipped"):
-            cached = f"finished in {run.path.name}" if job.variant in reusable_builds and run else ""
+            stored = store.reusable(job.build_key, environment, reference)
+            decision = decide_build(record, stored, name)
+            builds[job.variant] = (decision, _model_sha256(store, job.build_key, stored, source))
+        else:
+            build, built_sha256 = builds[job.variant]
+            decision = decide_measure(record, name, build=build, built_sha256=built_sha256,
+                                      needs_outputs=job.id == f"measure:{plan.reference}@{plan.backends[0]}")  # fmt: skip
         after = ", ".join(job.after) if job.after else "—"
-        rows.append(PlanRow(job.id, job.needs.describe(), after, cached))
+        rows.append(PlanRow(job.id, job.needs.describe(), after, decision))
     executor = recipe.executor.kind + (f" ({recipe.executor.address})" if recipe.executor.address else "")
-    return PlanOverview(plan, executor, store.root, run.path if run else None, tuple(rows))
+    return PlanOverview(plan, executor, store.root, run, tuple(rows), refused)
+
+
+def _model_sha256(store: BuildStore, key: str, stored: dict[str, Any] | None, source: Path | None) -> str | None:
+    """The model digest of the stored build `stored` (what a measurement of it recorded), read from its files in the
+    store (fetched to this machine's cache from a store behind a URI); None without one."""
+    if stored is None or source is None:
+        return None
+    return model_sha256(store.local_copy(built_from_manifest(stored, store.entry(key), source), key).onnx_path)

@@ -35,7 +35,8 @@ from qbench.execute.jobs import (
     with_torch_form,
 )
 from qbench.execute.plan import Job, SweepPlan
-from qbench.execute.records import JobRecord, read_records, record_build, record_measure
+from qbench.execute.records import read_records, record_build, record_measure
+from qbench.execute.resume import Decision, decide_build, decide_measure
 from qbench.execute.store import BuildStore, build_environment, built_from_manifest
 from qbench.preflight import Prepared
 from qbench.provenance import model_sha256
@@ -307,25 +308,34 @@ class Scheduler:
     # -- resume ------------------------------------------------------------------------------------
 
     def _resume(self, folder: Path | None) -> int:
-        """Take over the builds in the store and the still-valid finished jobs of `folder`; returns how many."""
+        """Take over the builds in the store and the still-valid finished jobs of `folder` (the rules of
+        qbench.execute.resume, which `qbench sweep --plan` shows); returns how many."""
         records = read_records(folder) if folder is not None else {}
         environment = build_environment()
         reference = model_sha256(self.prepared.source.onnx_path)  # builds from another FP32 model are not reused
         earlier = describe_run(folder) if folder is not None else None
         which = "run" if earlier is not None and earlier.complete else "interrupted run"
+        name = folder.name if folder is not None else ""
+        builds: dict[str, Decision] = {}
         reused = 0
         for job in self.plan.jobs:
             record = records.get(job.id)
             if job.kind == "build":
                 stored = self.store.reusable(job.build_key, environment, reference)
+                builds[job.variant] = decision = decide_build(record, stored, name)
                 if stored is not None:
                     self._built(job, BuildOutput(job.variant, stored, where="the build store"))
-                    reused += 1
-                elif record is not None and record.manifest is None and record.environment is None:
+                elif decision.reused:  # the variant's own failure: built again, it would fail again
+                    assert record is not None
                     self._built(job, BuildOutput(job.variant, None, record.error, where="an earlier run"))
-                    reused += 1  # the variant's own failure: built again, it would fail again
-            elif record is not None and self._reusable_measure(job, record):
-                assert record.result is not None and folder is not None
+                reused += decision.reused
+                continue
+            built = self.state.built.get(job.variant)
+            decision = decide_measure(record, name, build=builds[job.variant],
+                                      built_sha256=model_sha256(built.onnx_path) if built is not None else None,
+                                      needs_outputs=job.id == self.reference_job)  # fmt: skip
+            if decision.reused and not builds[job.variant].failed:  # else it fails with its build (settled when ready)
+                assert record is not None and record.result is not None and folder is not None
                 note = f"resumed: measured by the {which} {folder.name}"
                 result = replace(record.result, notes=(*record.result.notes, note),
                                  model_path=str(self.state.built[job.variant].onnx_path),
@@ -348,18 +358,6 @@ class Scheduler:
             with run_folder_writes(self.run_dir):
                 shutil.copyfile(source, target)
         return str(target) if target.exists() else path
-
-    def _reusable_measure(self, job: Job, record: JobRecord) -> bool:
-        """Whether the earlier measurement stands: of this very build, and unless it failed for a reason outside the
-        variant (out of memory, a full disk, a lost worker: measured again), whatever it gave (the variant's own
-        failure would come again)."""
-        built = self.state.built.get(job.variant)
-        result = record.result
-        if built is None or result is None or record.environment is not None:
-            return False
-        if job.id == self.reference_job and record.outputs is None:
-            return False
-        return result.status in ("skipped", "failed") or result.model_sha256 == model_sha256(built.onnx_path)
 
 
 def run_plan(plan: SweepPlan, prepared: Prepared, executor: Executor, store: BuildStore, progress: SweepProgress,

@@ -87,6 +87,11 @@ class BuildStore:
 
         return export_cache_dir() / SOURCES
 
+    def entry(self, key: str) -> Path:
+        """Where the files of the build `key` are, as a path (for a store behind a URI, a path on no machine: read
+        its files with `local_copy`)."""
+        return Path(self._path(key))
+
     def _path(self, *parts: str) -> str:
         base = self.root.removeprefix("file://")
         return "/".join([base, *[p for p in parts if p]])

@@ -7,7 +7,8 @@ it on every call, and obeys two control files there:
     interrupt_at   holds N: on the N-th call, SIGINT to its own process (the sweep's, with the local executor)
     hang_once      the first call that sees it writes `worker.pid` and sleeps, so the test can kill that process
     hold_after     holds N: every call after the N-th waits while the file exists (a job held mid-measurement)
-    fail_at        holds N and an errno name (ENOSPC), MemoryError or ValueError: the N-th call raises it, once
+    fail_at        holds N and an errno name (ENOSPC), MemoryError, ValueError or OnnxRuntimeMemory (ONNX Runtime's
+                   own error for an allocation it could not make, raised by ONNX Runtime): the N-th call raises it, once
 
 It is a fixture builder, not a test module.
 """
@@ -34,6 +35,23 @@ import numpy as np
 HERE = Path(__file__).parent
 
 
+def _onnxruntime_out_of_memory():
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Expand", ["x", "shape"], ["y"])], "expand",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1]),
+         helper.make_tensor_value_info("shape", TensorProto.INT64, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    session.run(None, {"x": np.ones(1, np.float32), "shape": np.array([2**45], np.int64)})  # 128 TiB: it fails
+
+
 def agreement_probe(outputs, labels):
     calls = HERE / "calls.log"
     with calls.open("a") as log:
@@ -50,6 +68,8 @@ def agreement_probe(outputs, labels):
         fail.unlink()
         if what == "MemoryError":
             raise MemoryError()
+        if what == "OnnxRuntimeMemory":
+            _onnxruntime_out_of_memory()
         if what == "ValueError":
             raise ValueError("this variant's outputs cannot be scored")
         code = getattr(errno, what)

@@ -178,13 +178,60 @@ def test_plan_prints_jobs_needs_and_what_is_cached(
     recipe = write_probe_recipe(user_project, tmp_path, variants=["fp16"])
     assert main(["sweep", str(recipe), "--plan"]) == 0
     shown = capsys.readouterr().out
-    assert "4 jobs on executor local" in shown and "0 of 4 jobs cached" in shown
+    assert "4 jobs on executor local" in shown and "of 4 jobs, 0 reuse, 0 re-run, 4 new" in shown
     assert "measure:fp16@onnxruntime-cpu  CPU + timing slot" in " ".join(shown.split("\n"))
     assert not (tmp_path / "reports" / "tumour-mlp").exists() or not any((tmp_path / "reports" / "tumour-mlp").glob("2*"))
     run_sweep(recipe, track=False)
     assert main(["sweep", str(recipe), "--plan", "--executor", "ray"]) == 0
     shown = " ".join(capsys.readouterr().out.split())
-    assert "on executor ray" in shown and "2 of 4 jobs cached" in shown  # the builds, in the store
+    assert "on executor ray" in shown and "build:fp16 CPU — reuse in store" in shown  # the builds, in the store
+    assert "--resume: the newest run of this plan" in shown and "resuming it would change nothing" in shown
+
+
+def _plan_then_resume(recipe: Path, capsys: pytest.CaptureFixture[str]) -> tuple[dict[str, tuple[str, str]], object]:
+    """What `--plan` says of each job (action, why), then what `--resume` did."""
+    capsys.readouterr()
+    assert main(["sweep", str(recipe), "--plan"]) == 0
+    shown = capsys.readouterr().out
+    plan = {}
+    for line in shown.splitlines():
+        cells = line.split()
+        for action in ("reuse", "re-run", "new"):
+            if cells and cells[0].split(":")[0] in ("build", "measure") and action in cells:
+                plan[cells[0]] = (action, " ".join(cells[cells.index(action) + 1 :]))
+                break
+    return plan, run_sweep(recipe, track=False, resume=True)
+
+
+@pytest.mark.parametrize("failure", ["OnnxRuntimeMemory", "ValueError"])
+def test_plan_says_per_job_what_resume_then_does_failed_jobs_included(
+    user_project: Path, tmp_path: Path, local_figures: tuple[dict, int], capsys: pytest.CaptureFixture[str],
+    failure: str,
+) -> None:
+    """fp16's measurement fails (ONNX Runtime's own out-of-memory error, or the variant's own ValueError), then the
+    sweep is interrupted in int8-minmax's: the plan showed no failed record (it was run again or reused with no word),
+    and ONNX Runtime's allocation failure was reused as the variant's own. Now the plan names each job's fate and why,
+    and the resume does exactly that."""
+    _, per_job = local_figures
+    recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
+    (tmp_path / "fail_at").write_text(f"{per_job + 1} {failure}")
+    (tmp_path / "interrupt_at").write_text(str(per_job + 2))  # int8-minmax's first call, after fp16's failed one
+    with pytest.raises(QbenchError, match="interrupted"):
+        run_sweep(recipe, track=False)
+    before = len(probe_calls(tmp_path))
+    plan, outcome = _plan_then_resume(recipe, capsys)
+    own = failure == "ValueError"
+    fp16 = plan["measure:fp16@onnxruntime-cpu"]
+    assert fp16[0] == ("reuse" if own else "re-run")
+    assert ("for the variant's own reason" in fp16[1]) is own and ("(out of memory)" in fp16[1]) is not own
+    assert plan["measure:int8-minmax@onnxruntime-cpu"][0] == "new"
+    assert plan["measure:fp32@onnxruntime-cpu"][0] == "reuse"
+    assert all(plan[f"build:{v}"][0] == "reuse" for v in ["fp32", *VARIANTS])
+    ran = {v.key for v in outcome.results.variants if not any(n.startswith("resumed") for n in v.notes)}
+    planned = {job.split(":")[1] for job, (action, _) in plan.items() if job.startswith("measure") and action != "reuse"}
+    assert ran == planned
+    assert len(probe_calls(tmp_path)) - before == per_job * len(planned)
+    assert (outcome.results.find("fp16", "onnxruntime-cpu").status == "failed") is own
 
 
 def test_an_unknown_executor_is_one_clear_line(user_project: Path, tmp_path: Path,

@@ -1,0 +1,100 @@
+"""What `qbench sweep --resume` does with each job of a plan, and why.
+
+One set of rules, which the resumed sweep acts on (qbench.execute.scheduler) and `qbench sweep --plan` shows
+(qbench.execute.overview), so that what the plan says is what the resume does. Per job:
+
+    reuse    a build in the store; a finished measurement of exactly that build; a job that failed for the
+             variant's own reason (it would fail again); a measurement whose build is reused as failed
+    re-run   a job recorded by the run taken up that failed for a reason outside the variant (out of memory, a
+             full disk, a lost worker: qbench.errors.environment_cause), or whose build runs again
+    new      a job the run taken up did not record
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from qbench.errors import QbenchError, one_line
+from qbench.execute.records import JobRecord, finished_run, read_records, resumable_run
+
+REUSE, RERUN, NEW = "reuse", "re-run", "new"
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str  # REUSE, RERUN or NEW
+    why: str
+    failed: bool = False  # a failure reused as it is (a build's: its measurements fail with it)
+
+    @property
+    def reused(self) -> bool:
+        return self.action == REUSE
+
+
+def _error(text: str | None) -> str:
+    return one_line(text or "no reason recorded", 120)
+
+
+def decide_build(record: JobRecord | None, stored: dict[str, Any] | None, run: str) -> Decision:
+    """A build job: `stored` is the store's reusable manifest of its key (None when there is none), `record` the job's
+    record in the run `run` that is taken up."""
+    if stored is not None:
+        return Decision(REUSE, f"finished in {run}" if record is not None and record.manifest == stored else "in store")
+    if record is None:
+        return Decision(NEW, "not in the store")
+    if record.manifest is not None:
+        return Decision(RERUN, f"built in {run}, no longer in the store as built")
+    if record.environment is not None:
+        return Decision(RERUN, f"failed in {run} for a reason outside the variant ({record.environment})")
+    return Decision(REUSE, f"failed in {run} for the variant's own reason, which would fail again: {_error(record.error)}",
+                    failed=True)
+
+
+def decide_measure(
+    record: JobRecord | None, run: str, *, build: Decision, built_sha256: str | None, needs_outputs: bool
+) -> Decision:
+    """A measure job: `build` is its variant's build decision, `built_sha256` the model digest of that build when
+    it is reused (qbench.provenance.model_sha256), `needs_outputs` whether it gives the reference outputs."""
+    if build.failed:
+        return Decision(REUSE, "its build failed: fails with it")
+    if record is None or record.result is None:
+        return Decision(NEW, "not measured yet")
+    if record.environment is not None:
+        return Decision(RERUN, f"failed in {run} for a reason outside the variant ({record.environment})")
+    if not build.reused:
+        return Decision(RERUN, f"measured in {run}, but its build runs again")
+    if needs_outputs and record.outputs is None:
+        return Decision(RERUN, f"measured in {run} without the reference outputs")
+    result = record.result
+    if result.status == "failed":
+        return Decision(REUSE, f"failed in {run} for the variant's own reason, which would fail again: "
+                               f"{_error(result.error)}")  # fmt: skip
+    if result.status == "skipped":
+        return Decision(REUSE, f"skipped in {run}: {_error(result.error)}")
+    if result.model_sha256 != built_sha256:
+        return Decision(RERUN, f"measured another build in {run}")
+    return Decision(REUSE, f"finished in {run}")
+
+
+def resume_target(root: Path, fingerprint: str) -> Path | None:
+    """The run folder --resume takes up (qbench.execute.records.resumable_run); None when there is none. A
+    QbenchError when the newest run of this plan finished and none of its jobs failed for a reason outside the
+    variant: resuming it would change nothing."""
+    run, finished = resumable_run(root, fingerprint), finished_run(root, fingerprint)
+    if finished is not None and (run is None or (finished.recorded_at, finished.path.name) > (run.recorded_at, run.path.name)):
+        raise QbenchError(f"--resume: the newest run of this plan, {finished.path}, finished{_own_failures(finished.path)}: "
+                          "resuming it would change nothing; run `qbench sweep` without --resume to measure "
+                          "everything again")  # fmt: skip
+    return run.path if run is not None else None
+
+
+def _own_failures(folder: Path) -> str:
+    """What failed in the finished run `folder`, every failure the variant's own: '' when nothing failed."""
+    failed = [record.job for record in read_records(folder).values()
+              if record.error is not None or (record.result is not None and record.result.status == "failed")]
+    if not failed:
+        return " with every job done"
+    return (f" and its {len(failed)} failed job{'' if len(failed) == 1 else 's'} ({', '.join(sorted(failed))}) "
+            "failed for the variant's own reasons, which would fail again")
