@@ -43,6 +43,7 @@ from qbench.modelinfo import ModelInfo, external_data_files, read_model_info
 from qbench.preflight_checks import (
     check_batch_memory,
     check_destinations,
+    check_node_names,
     check_plan,
     example_inputs_mismatch,
     fixed_batch,
@@ -156,6 +157,7 @@ def prepare(
 def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, export_refreshed: bool = False) -> Prepared:
     source = resolve_model(recipe, snapshot)
     model = _read_model(recipe, source.onnx_path)
+    check_node_names(recipe, source.onnx_path)
     batch = fixed_batch(recipe, model)
     if batch is not None:
         recipe = with_fixed_batch(recipe, batch)

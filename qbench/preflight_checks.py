@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel
 
-from qbench.errors import RecipeError, short_repr
+from qbench.errors import QbenchError, RecipeError, short_repr
 from qbench.gate_checks import unmatched_globs
 from qbench.modelinfo import ModelInfo
 from qbench.recipe import Recipe
@@ -61,6 +61,25 @@ def _check_globs(recipe: Recipe, field: str, patterns: list[str], reference: str
     unmatched = unmatched_globs(field, patterns, reference, candidates)
     if unmatched:
         raise RecipeError(recipe.source, *unmatched[0])
+
+
+def check_node_names(recipe: Recipe, path: Path) -> None:
+    """Every node an ONNX build is told to keep float (`exclude_nodes`) is one of the model's main graph at `path`, as
+    the build reads it (`main_graph_nodes`): a recipe error now, naming the entry, not a failed build later."""
+    named = [(i, spec) for i, spec in enumerate(recipe.variants) if spec.exclude_nodes and spec.quantizer != "modelopt"]
+    if not named:
+        return
+    from qbench.onnx_read import read_onnx
+    from qbench.variants.onnx_utils import main_graph_nodes, name_unnamed_nodes
+
+    model = read_onnx(path)
+    name_unnamed_nodes(model)
+    for i, spec in named:
+        for j, name in enumerate(spec.exclude_nodes):
+            try:
+                main_graph_nodes(model, name)
+            except QbenchError as exc:
+                raise RecipeError(recipe.source, f"variants[{i}].exclude_nodes[{j}]", str(exc)) from None
 
 
 def check_destinations(recipe: Recipe, *, track: bool) -> None:

@@ -14,6 +14,7 @@ from qbench.modelinfo import ModelInfo, TensorMeta
 from qbench.preflight_checks import (
     check_batch_memory,
     check_destinations,
+    check_node_names,
     check_plan,
     fixed_batch,
     with_fixed_batch,
@@ -162,3 +163,32 @@ def test_a_read_only_build_store_is_a_preflight_error(tmp_path: Path) -> None:
             check_destinations(_recipe(tmp_path, executor={"store": "store"}), track=False)
     finally:
         (tmp_path / "store").chmod(0o755)
+
+
+def test_exclude_nodes_are_checked_against_the_model_naming_the_entry(tmp_path: Path) -> None:
+    """`validate` names the recipe entry of an exclusion that no build can honour: a node inside an If's branch
+    (float in every ONNX build whatever the recipe says) or a node that does not exist."""
+    from onnx import TensorProto, helper, save
+
+    branch = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["t"], name="branch_mm")], "then", [],
+                               [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)])  # fmt: skip
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+             helper.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=branch, name="if")]  # fmt: skip
+    io = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2]), helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+          helper.make_tensor_value_info("h", TensorProto.FLOAT, [1, 2]), helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])]  # fmt: skip
+    weight = helper.make_tensor("w", TensorProto.FLOAT, [2, 2], [1.0, 2.0, 3.0, 4.0])
+    int8 = {"name": "q", "precision": "int8", "calibrator": "dynamic"}
+
+    def recipe_excluding(excluded: list[str]):
+        recipe = _recipe(tmp_path, variants=[{"name": "half", "precision": "fp16"}, {**int8, "exclude_nodes": excluded}])
+        save(helper.make_model(helper.make_graph(nodes, "g", io[:2], io[2:], [weight])), str(recipe.model_path))
+        return recipe
+
+    for excluded, problem in ((["mm", "branch_mm"], "'branch_mm' is inside the subgraph of If node 'if'"),
+                              (["mm", "nosuch"], "no node named 'nosuch' in the model")):  # fmt: skip
+        recipe = recipe_excluding(excluded)
+        with pytest.raises(RecipeError) as caught:
+            check_node_names(recipe, recipe.model_path)
+        assert str(caught.value).startswith(f"{recipe.source}: variants[1].exclude_nodes[1]: {problem}")
+    recipe = recipe_excluding(["mm", "if"])
+    check_node_names(recipe, recipe.model_path)

@@ -84,8 +84,8 @@ def _produce_initializer_outputs(graph: onnx.GraphProto) -> None:
     ))  # fmt: skip
     if not constant:
         return
-    taken = _names_in(graph)
-    renamed = {name: _fresh(f"{name}_value", taken) for name in constant}
+    taken = names_in(graph)
+    renamed = {name: fresh_name(f"{name}_value", taken) for name in constant}
     for tensor in graph.initializer:
         tensor.name = renamed.get(tensor.name, tensor.name)
     for node in graph.node:
@@ -93,7 +93,7 @@ def _produce_initializer_outputs(graph: onnx.GraphProto) -> None:
         for body in subgraphs_of(node):
             rename_reads(body, renamed)
     identities = [
-        helper.make_node("Identity", [value], [name], name=_fresh(f"{name}_output", taken))
+        helper.make_node("Identity", [value], [name], name=fresh_name(f"{name}_output", taken))
         for name, value in renamed.items()
     ]
     nodes = [*identities, *graph.node]  # they read initializers only: first keeps the graph sorted
@@ -101,18 +101,18 @@ def _produce_initializer_outputs(graph: onnx.GraphProto) -> None:
     graph.node.extend(nodes)
 
 
-def _names_in(graph: onnx.GraphProto) -> set[str]:
+def names_in(graph: onnx.GraphProto) -> set[str]:
     """Every value and node name `graph` and its subgraphs use (a new name must clash with none)."""
     names = {value.name for value in [*graph.input, *graph.output, *graph.value_info]}
     names |= {tensor.name for tensor in graph.initializer}
     for node in graph.node:
         names.update([node.name, *node.input, *node.output])
         for body in subgraphs_of(node):
-            names |= _names_in(body)
+            names |= names_in(body)
     return names
 
 
-def _fresh(base: str, taken: set[str]) -> str:
+def fresh_name(base: str, taken: set[str]) -> str:
     """`base`, or `base_<n>` for the first n that makes it unused; the name is then taken."""
     name, n = base, 0
     while name in taken:

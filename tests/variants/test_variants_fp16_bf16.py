@@ -11,6 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 from qbench.errors import QbenchError
 from qbench.recipe import VariantSpec
 from qbench.variants.base import BuildContext
+from qbench.variants.emulate import emulate_float16
 from qbench.variants.fp16 import BF16_NOTE, build_bf16, build_fp16, round_to_bf16
 from qbench.variants.fp32 import build_fp32
 
@@ -192,3 +193,68 @@ def test_a_float64_graph_is_left_as_it_is_and_the_note_says_why(tmp_path, build,
     built = build(VariantSpec(name="low", precision=precision), context)
     why = f"nothing to {action} (the graph computes in float64, which the conversion leaves as it is)"
     assert built.params["unchanged"] == why
+
+
+# A weight FP16 cannot hold (spacing 2**-10 at 1): rounded, x @ w loses 2**-13 per unit of x; BF16 loses it too.
+_TIED = np.array([[1 + 2**-13, 0.5], [-3.0, 1 + 2**-12]], dtype=np.float32)
+
+
+def _exact_float32(path, feeds) -> list[np.ndarray]:
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def test_fp16_a_node_the_range_check_keeps_reads_a_tied_weight_unrounded(graph, tmp_path, run):
+    """`w` is read by a MatMul FP16 converts and by one the range check keeps FP32 (its input passes 32752): the
+    converter stored `w` once in float16 and cast it back for the kept node, which then computed 160000 where FP32
+    gives 160019.53 (4e4 x 4 x (1 + 2**-13)), on the FP16 model and on its CPU emulation alike."""
+    nodes = [helper.make_node("MatMul", ["big", "w"], ["kept"], name="kept_mm"),
+             helper.make_node("MatMul", ["x", "w"], ["half"], name="half_mm")]  # fmt: skip
+    path = graph(tmp_path / "tied.onnx", nodes, {"w": _TIED}, {"big": 2, "x": 2}, {"kept": 2, "half": 2})
+    rng = np.random.default_rng(0)
+    calibration = [{"big": np.full((8, 2), 4e4, np.float32), "x": rng.normal(size=(8, 2)).astype(np.float32)}]
+    built = build_fp16(VariantSpec(name="half", precision="fp16"),
+                       BuildContext(reference_path=path, workdir=tmp_path / "w", calibration=calibration))  # fmt: skip
+    assert built.params["fp16_range"]["kept_nodes"] == ["kept_mm"]
+    feeds = {"big": np.array([[4e4, 3 * 4e4]], np.float32), "x": np.array([[1.0, 1.0]], np.float32)}
+    expected = _exact_float32(path, feeds)
+    emulated = tmp_path / "emulated.onnx"
+    onnx.save(emulate_float16(onnx.load(str(built.onnx_path)))[0], str(emulated))
+    for model in (built.onnx_path, emulated):
+        kept, half = _exact_float32(model, feeds)
+        np.testing.assert_array_equal(kept, expected[0])
+        assert not np.array_equal(half, expected[1])  # the converted reader does compute on the rounded weight
+    stored = {t.name: t.data_type for t in onnx.load(str(built.onnx_path)).graph.initializer}
+    assert stored["w"] == TensorProto.FLOAT16 and TensorProto.FLOAT in stored.values()
+
+
+@pytest.mark.parametrize("build", [build_fp16, build_bf16])
+@pytest.mark.parametrize("stored_as", ["initializer", "Constant"])
+def test_a_control_flow_branch_reads_a_constant_it_shares_with_a_narrowed_node_unrounded(tmp_path, build, stored_as):
+    """An If stays FP32 whole, but its branch reads `w` by name, a weight (or a Constant node's value) a converted
+    MatMul also reads: FP16 cast the float16 copy back for the branch, BF16 rounded it, so the kept branch computed on
+    rounded weights (1 instead of 1 + 2**-13)."""
+    branch = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["t"], name="branch_mm")], "then", [],
+                               [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)])  # fmt: skip
+    other = helper.make_graph([helper.make_node("Neg", ["x"], ["e"], name="neg")], "else", [],
+                              [helper.make_tensor_value_info("e", TensorProto.FLOAT, None)])  # fmt: skip
+    nodes = [helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0, name="sum"),
+             helper.make_node("Greater", ["s", "zero"], ["c"], name="positive"),
+             helper.make_node("If", ["c"], ["kept"], then_branch=branch, else_branch=other, name="if"),
+             helper.make_node("MatMul", ["x", "w"], ["half"], name="half_mm")]  # fmt: skip
+    weights = [numpy_helper.from_array(np.array(0, np.float32), "zero")]
+    if stored_as == "Constant":
+        nodes.insert(0, helper.make_node("Constant", [], ["w"], value=numpy_helper.from_array(_TIED), name="w_value"))
+    else:
+        weights.append(numpy_helper.from_array(_TIED, "w"))
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", 2]) for n in ("x", "kept", "half")]
+    model = helper.make_model(helper.make_graph(nodes, "tied", io[:1], io[1:], weights),
+                              opset_imports=[helper.make_opsetid("", 17)], ir_version=8)  # fmt: skip
+    path = tmp_path / "tied.onnx"
+    onnx.save(model, str(path))
+    built = build(VariantSpec(name="low", precision=build.__name__.removeprefix("build_")),
+                  BuildContext(reference_path=path, workdir=tmp_path / "w"))  # fmt: skip
+    feeds = {"x": np.array([[1.0, 2.0]], np.float32)}
+    kept, half = _exact_float32(built.onnx_path, feeds)
+    expected = _exact_float32(path, feeds)
+    np.testing.assert_array_equal(kept, expected[0])
+    assert not np.array_equal(half, expected[1])

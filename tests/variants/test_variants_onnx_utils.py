@@ -7,7 +7,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from qbench.errors import QbenchError
-from qbench.variants.onnx_utils import build_step, sort_nodes, topologically_sorted
+from qbench.variants.onnx_utils import build_step, resolve_node_names, sort_nodes, topologically_sorted
 
 
 def test_a_sorted_node_list_comes_back_in_its_own_order():
@@ -40,3 +40,31 @@ def test_a_build_step_failure_keeps_the_whole_message_on_one_line():
     message = str(caught.value)
     assert message.startswith("variant 'bf16': BF16 simulation: Nodes in a graph must be topologically sorted")
     assert "late_reader" in message and "\n" not in message
+
+
+def _if_model() -> onnx.ModelProto:
+    """/block/mm (main graph) -> If /block/if whose branches hold /block/then/mm and /block/else/mm."""
+    def branch(name: str) -> onnx.GraphProto:
+        return helper.make_graph([helper.make_node("MatMul", ["h", "w"], [name], name=f"/block/{name}/mm")], name, [],
+                                 [helper.make_tensor_value_info(name, TensorProto.FLOAT, None)])  # fmt: skip
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="/block/mm"),
+             helper.make_node("If", ["c"], ["y"], then_branch=branch("then"), else_branch=branch("else"), name="/block/if")]  # fmt: skip
+    io = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2]), helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+          helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])]  # fmt: skip
+    weight = helper.make_tensor("w", TensorProto.FLOAT, [2, 2], [1.0, 2.0, 3.0, 4.0])
+    return helper.make_model(helper.make_graph(nodes, "g", io[:2], io[2:], [weight]))
+
+
+def test_exclude_nodes_naming_only_nodes_inside_a_subgraph_is_refused_naming_the_control_flow_node():
+    """Every build rewrites the main graph only: a branch's MatMul was accepted and the exclusion changed nothing.
+    A scope also covering main-graph nodes stands for those; a name matching nothing stays an error."""
+    model = _if_model()
+    for name in ("/block/then/mm", "/block/else"):
+        with pytest.raises(QbenchError) as caught:
+            resolve_node_names(model, [name], "v")
+        assert str(caught.value).startswith(f"variant 'v': exclude_nodes: {name!r} is inside the subgraph of If node "
+                                            "'/block/if', which ONNX builds leave float")  # fmt: skip
+    assert resolve_node_names(model, ["/block"], "v") == ["/block/mm", "/block/if"]
+    assert resolve_node_names(model, ["/block/if", "/block/mm"], "v") == ["/block/if", "/block/mm"]
+    with pytest.raises(QbenchError, match="no node named '/block/then/mmm' in the model"):
+        resolve_node_names(model, ["/block/then/mmm"], "v")
