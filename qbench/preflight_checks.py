@@ -70,7 +70,8 @@ def check_node_names(recipe: Recipe, path: Path) -> None:
     if not named:
         return
     from qbench.onnx_read import read_onnx
-    from qbench.variants.onnx_utils import main_graph_nodes, name_unnamed_nodes
+    from qbench.variants.node_names import main_graph_nodes
+    from qbench.variants.onnx_utils import name_unnamed_nodes
 
     model = read_onnx(path)
     name_unnamed_nodes(model)

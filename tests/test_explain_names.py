@@ -14,7 +14,8 @@ from qbench.errors import QbenchError
 from qbench.explain import explain_variant
 from qbench.recipe import load_recipe
 from qbench.variants import BuildContext, build_variant
-from qbench.variants.onnx_utils import load_model, resolve_node_names
+from qbench.variants.node_names import resolve_node_names
+from qbench.variants.onnx_utils import load_model
 
 LAYERS = ("/layers.0/Block", "/layers.1/Block")
 

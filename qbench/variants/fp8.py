@@ -52,6 +52,7 @@ from qbench.variants.calibrate import (
     tensor_amax,
 )
 from qbench.variants.float_rules import kept_float_nodes, restore_float_inputs
+from qbench.variants.node_names import resolve_node_names
 from qbench.variants.onnx_utils import (
     Stopwatch,
     build_step,
@@ -65,7 +66,6 @@ from qbench.variants.onnx_utils import (
     quantizable_nodes,
     quantized_op_counts,
     quantized_tensors,
-    resolve_node_names,
     save_model,
     scratch_dir,
     unchanged_variant,

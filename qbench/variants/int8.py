@@ -45,6 +45,7 @@ from qbench.variants.calibrate import (
 from qbench.variants.float_rules import kept_float_nodes
 from qbench.variants.gemm_matmul import gemms_as_matmul, plain_gemm_factors
 from qbench.variants.integer_kernels import computing_op_types
+from qbench.variants.node_names import resolve_node_names
 from qbench.variants.onnx_utils import (
     Stopwatch,
     build_step,
@@ -56,7 +57,6 @@ from qbench.variants.onnx_utils import (
     quantizable_nodes,
     quantized_tensors,
     quiet_stdout,
-    resolve_node_names,
     save_model,
     scratch_dir,
     unchanged_variant,

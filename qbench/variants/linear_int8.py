@@ -24,13 +24,13 @@ from qbench.variants.float_rules import kept_float_nodes
 from qbench.variants.int8 import resolve_reduce_range
 from qbench.variants.linear_graph import GraphView, Linear
 from qbench.variants.linear_qdq import LinearQuantSettings, quantize_linears
+from qbench.variants.node_names import resolve_node_names
 from qbench.variants.onnx_utils import (
     Stopwatch,
     build_step,
     ensure_opset,
     nested_nodes_note,
     output_path,
-    resolve_node_names,
     save_model,
     scratch_dir,
 )

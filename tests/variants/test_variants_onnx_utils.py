@@ -7,7 +7,8 @@ import pytest
 from onnx import TensorProto, helper
 
 from qbench.errors import QbenchError
-from qbench.variants.onnx_utils import build_step, resolve_node_names, sort_nodes, topologically_sorted
+from qbench.variants.node_names import resolve_node_names
+from qbench.variants.onnx_utils import build_step, sort_nodes, topologically_sorted
 
 
 def test_a_sorted_node_list_comes_back_in_its_own_order():
