@@ -407,7 +407,7 @@ def evaluation_from_data(recipe: Recipe) -> EvaluationRows:
             logger.info("slices re-derived without the model's input types: %s is not a readable ONNX model", path)
     table = load_data_table(recipe.data_path, recipe.data, label_names=get_task(recipe.task).labels_name_classes,
                             recipe_file=recipe.source, model_inputs=model_inputs)  # fmt: skip
-    return evaluation_rows(table, recipe.data, recipe_file=recipe.source)
+    return evaluation_rows(table, recipe.data, recipe_file=recipe.source, calibrated=recipe.fits_on_calibration_rows)
 
 
 def _evaluated_problems(results: SweepResults, evaluated: EvaluationRows) -> list[str]:

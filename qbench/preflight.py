@@ -25,7 +25,6 @@ from qbench.data import (
     NonfiniteMasks,
     build_feeds,
     check_finite,
-    draw_calibration_sample,
     evaluation_rows,
     finite_rows,
     iter_batches,
@@ -33,10 +32,11 @@ from qbench.data import (
     nonfinite_masks,
     per_slice_counts,
     row_ids_sha256,
-    select_rows,
     training_rows,
 )
+from qbench.data.evaluation import calibration_sample
 from qbench.data.labels import label_cells
+from qbench.data.leakage import shared_rows, warn_shared
 from qbench.data.text_tables import number_format_hint
 from qbench.errors import QbenchError, RecipeError
 from qbench.modelinfo import ModelInfo, external_data_files, read_model_info
@@ -96,7 +96,7 @@ class Prepared:
     slices: dict[str, np.ndarray]
     calibration_batches: list[Feeds]
     calibration: CalibrationRecord
-    calibration_overlap: int  # rows used both to calibrate and to evaluate (overlap flatters INT8)
+    calibration_overlap: int  # calibration rows feeding what an evaluation row feeds (overlap flatters INT8)
     training: dict[str, TrainingData]  # variant name -> rows it fine-tunes on (QAT variants only)
     # data.nonfinite_inputs: drop -> {"evaluation" | "calibration": {input column: rows left out}}
     dropped_nonfinite: dict[str, dict[str, int]]
@@ -171,10 +171,13 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, export_refreshed: boo
     data = snapshot.data(recipe.data) if snapshot is not None else recipe.data  # tokenizers read from their copies
     table = load_data_table(_read_from(snapshot, "data", recipe.data_path), data,
                             label_names=task.labels_name_classes, recipe_file=recipe.source, model_inputs=model.inputs)  # fmt: skip
-    evaluation = evaluation_rows(table, data, recipe_file=recipe.source)
+    evaluation = evaluation_rows(table, data, recipe_file=recipe.source, calibrated=recipe.fits_on_calibration_rows)
     eval_rows, masks, nonfinite = evaluation.rows, evaluation.masks, evaluation.nonfinite
     dropped: dict[str, dict[str, int]] = {}
     _record_dropped(dropped, "evaluation", evaluation.dropped, evaluation.left_out)
+    if evaluation.held_out:
+        logger.warning("%d evaluation rows are calibration rows and are held out (data.calibration.overlap: "
+                       "hold_out): %d rows evaluated", evaluation.held_out, len(evaluation.rows))  # fmt: skip
     eval_slices = evaluation.slices
     outputs = _pick_outputs(recipe, task, model, label_cells(table, recipe.data, eval_rows, recipe_file=recipe.source))
     _check_gate_metric(recipe, task, outputs)
@@ -207,6 +210,11 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, export_refreshed: boo
         recipe, calibration_table, model, calibration_nonfinite, dropped, masks if calibration_table is table else {},
         lookups, whole=batch is not None, inputs=data.inputs,
     )
+    overlap = shared_rows(calibration_table, calibration_rows, table, eval_rows, data.inputs)
+    if recipe.fits_on_calibration_rows:
+        allowed = calibration_table is table and data.calibration.overlap == "allow"
+        warn_shared(overlap, len(calibration_rows), "calibration",
+                    "data.calibration.overlap: allow" if allowed else "the same rows twice, or in both files")  # fmt: skip
     return Prepared(
         recipe=recipe,
         source=source,
@@ -224,10 +232,11 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, export_refreshed: boo
             row_ids_sha256=row_ids_sha256(calibration_rows),
             # slices are defined on data.path; a separate calibration file gets no per-slice counts
             per_slice_counts=per_slice_counts(calibration_rows, masks) if calibration_table is table else {},
+            overlap=data.calibration.overlap,
+            held_out_rows=evaluation.held_out,
+            evaluation_overlap_rows=overlap,
         ),
-        calibration_overlap=(
-            int(np.intersect1d(eval_rows, calibration_rows).size) if calibration_table is table else 0
-        ),
+        calibration_overlap=overlap,
         training=_training(recipe, task, table, model, outputs, nonfinite, masks, eval_rows, inputs=data.inputs),
         custom_metrics=custom_metrics,
         dropped_nonfinite=dropped,
@@ -455,9 +464,8 @@ def _calibration(
     """The calibration rows and their batches (the last one filled up to the batch size when `whole`: a model
     with a fixed batch), fed as `inputs` (data.inputs, tokenizers read from the sweep's copies)."""
     spec = recipe.data.calibration
-    candidates = select_rows(table, spec.filter, field="data.calibration.filter", recipe_file=recipe.source)
-    candidates = _finite_rows(recipe, candidates, nonfinite, dropped, "calibration")
-    rows = draw_calibration_sample(table, candidates, spec, recipe_file=recipe.source)
+    rows, counts, left_out = calibration_sample(table, recipe.data, nonfinite, recipe_file=recipe.source)
+    _record_dropped(dropped, "calibration", counts, left_out)
     field_name = "data.inputs" if recipe.calibration_data_path is None else "data.calibration.path"
     check_finite(table, rows, nonfinite, slices, what="calibration", recipe_file=recipe.source, field=field_name)
     feeds = build_feeds(table, rows, inputs, model.inputs, recipe_file=recipe.source)
@@ -487,6 +495,8 @@ def _training(
         rows = training_rows(table, spec.qat.train.filter, eval_rows, field=field, recipe_file=recipe.source)
         rows = _finite_rows(recipe, rows, nonfinite, {}, f"{spec.name} training")
         rows = rows[: spec.qat.train.limit] if spec.qat.train.limit is not None else rows
+        warn_shared(shared_rows(table, rows, table, eval_rows, inputs), len(rows), f"{spec.name} training",
+                    "the same rows twice in the table")  # fmt: skip
         check_finite(table, rows, nonfinite, slices, what=f"{spec.name} training", recipe_file=recipe.source)
         labels = (
             _labels(recipe, task, table, rows, outputs)

@@ -352,6 +352,15 @@ class Recipe(_Strict):
             digest.update(f"{name}={entry.sha256}".encode())
         return digest.hexdigest()
 
+    @property
+    def fits_on_calibration_rows(self) -> bool:
+        """Whether a variant is fitted on the calibration rows: calibrated ranges, SmoothQuant's scales, QAT's
+        starting point, the INT8 search's static candidates (dynamic INT8 and float casts see no calibration row)."""
+        return self.search is not None or any(
+            v.precision in ("int8", "fp8") and (v.calibrator != "dynamic" or v.smoothquant is not None or v.qat is not None)
+            for v in self.variants
+        )
+
     def all_variants(self) -> list[VariantSpec]:
         """The FP32 reference first (always built), then the recipe's other variants in order."""
         reference = next((v for v in self.variants if v.precision == "fp32"), None)

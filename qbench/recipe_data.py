@@ -35,6 +35,10 @@ class CalibrationSpec(_Strict):
     seed: Seed = 0
     stratify_by: str | None = Field(None, description="column whose values are sampled in proportion")
     batch_size: int = Field(16, gt=0, description="rows per calibration batch")
+    overlap: Literal["hold_out", "allow"] = Field(
+        "hold_out", description="calibration rows drawn from data.path that are also evaluation rows: hold_out (they "
+        "are not evaluated) or allow (they are, and the overlap is counted and warned about)",
+    )
 
     _check = field_validator("filter")(lambda v: None if v is None else check_filter(v))
 

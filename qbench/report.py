@@ -41,6 +41,7 @@ from qbench.report_serving import serving_table
 from qbench.results import (
     EMULATED,
     NATIVE,
+    CalibrationRecord,
     LatencyPoint,
     SliceMetrics,
     SweepResults,
@@ -362,11 +363,22 @@ def _calibration_section(results: SweepResults) -> str:
         return "## Calibration\n\nNo variant needed calibration.\n"
     rows: list[list[Cell]] = [[name, str(count)] for name, count in record.per_slice_counts.items()]
     facts = (f"{record.size} rows, seed {record.seed}, stratified by {record.stratify_by or 'nothing'}, "
-             f"row ids sha256 `{record.row_ids_sha256[:12]}`")  # fmt: skip
+             f"row ids sha256 `{record.row_ids_sha256[:12]}`{_overlap_facts(record)}")  # fmt: skip
     if not rows:  # no slices, or a separate calibration file (slices are defined on data.path only)
         return "\n".join(["## Calibration", "", facts + "; no per-slice counts"]) + "\n"
     table = markdown_table(Grid("Calibration", ["slice", "rows"], rows, frozenset({1})))
     return "\n".join(["## Calibration", "", facts, "", *table]) + "\n"
+
+
+def _overlap_facts(record: CalibrationRecord) -> str:
+    """What the calibration rows share with the evaluation rows (nothing for results that did not record it)."""
+    facts = ""
+    if record.held_out_rows:
+        facts += f"; {record.held_out_rows} evaluation rows held out as calibration rows (overlap: {record.overlap})"
+    if record.evaluation_overlap_rows:
+        facts += (f"; **{record.evaluation_overlap_rows} calibration rows are also evaluated** (same inputs): "
+                  "variants calibrated on them may look better than on unseen rows")  # fmt: skip
+    return facts
 
 
 def _frontier_section(results: SweepResults, plot_path: Path | None, report_path: Path) -> str:

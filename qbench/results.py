@@ -115,6 +115,12 @@ class CalibrationRecord:
     stratify_by: str | None
     row_ids_sha256: str
     per_slice_counts: dict[str, int]
+    # data.calibration.overlap; evaluation rows held out as calibration rows; calibration rows whose inputs equal
+    # an evaluation row's (same position, a repeated row, or a copy in a calibration file). None: results from
+    # before qbench recorded them
+    overlap: str | None = None
+    held_out_rows: int | None = None
+    evaluation_overlap_rows: int | None = None
 
 
 NATIVE = "native"

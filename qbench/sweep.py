@@ -131,9 +131,6 @@ def _resumable(recipe: Recipe, plan: SweepPlan) -> Path | None:
 def _run(prepared: Prepared, plan: SweepPlan, progress: _Progress, started: float, *,
          resume: bool, resume_from: Path | None) -> SweepOutcome:  # fmt: skip
     recipe, run_dir, clock = prepared.recipe, progress.run_dir, progress.clock
-    if prepared.calibration_overlap:
-        logger.warning("%d calibration rows are also evaluation rows; INT8 accuracy may look better than on unseen "
-                       "data", prepared.calibration_overlap)  # fmt: skip
     store = build_store(recipe)
     executor = make_executor(recipe, prepared, store)
     try:

@@ -267,3 +267,14 @@ def test_worst_slice_is_the_one_whose_metric_non_finite_outputs_made_nan(gate: G
     variants[row] = dataclasses.replace(variant, accuracy=accuracy)
     table = summary_table(dataclasses.replace(results, variants=tuple(variants)), gate)
     assert str(column(table, "worst slice\n(drop)")[row]) == "noisy lighting=dark\n7 non-finite"
+
+
+def test_the_calibration_section_states_the_rows_held_out_and_the_calibration_rows_also_evaluated(tmp_path: Path) -> None:
+    from qbench.report import render_markdown
+
+    results = make_sweep()
+    calibration = replace(results.calibration, overlap="hold_out", held_out_rows=64, evaluation_overlap_rows=5)
+    text = render_markdown(replace(results, calibration=calibration), None, None, tmp_path / "report.md")
+    assert "64 evaluation rows held out as calibration rows (overlap: hold_out)" in text
+    assert "**5 calibration rows are also evaluated**" in text
+    assert "held out" not in render_markdown(results, None, None, tmp_path / "report.md")

@@ -66,7 +66,7 @@ def project(root: Path, batch: int | str, **changes: Any) -> Path:
     recipe: dict[str, Any] = {
         "name": "mlp", "task": "classification", "model": {"path": "mlp.onnx"},
         "data": {"path": "rows.parquet", "inputs": {"x": "x"}, "label": "y", "slices": [{"by": "g"}],
-                 "calibration": {"samples": 30}},
+                 "calibration": {"samples": 30, "overlap": "allow"}},  # every row evaluated
         "variants": [{"name": "fp16", "precision": "fp16"}, {"name": "int8", "precision": "int8", "calibrator": "minmax"},
                      {"name": "int8-dynamic", "precision": "int8", "calibrator": "dynamic"}],
         "latency": {"warmup": 1, "iterations": 3, "threads": 1, "stability": None},

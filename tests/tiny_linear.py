@@ -44,7 +44,7 @@ def make_linear_project(root: Path, tracking_uri: str, *, experiment: str = "lin
     recipe: dict[str, Any] = {
         "name": "linear", "task": "classification", "model": {"path": "linear.onnx"},
         "data": {"path": "rows.parquet", "inputs": {"x": "x"}, "label": "y", "slices": [{"by": "group"}],
-                 "calibration": {"samples": CALIBRATION_ROWS}},
+                 "calibration": {"samples": CALIBRATION_ROWS, "overlap": "allow"}},  # every row evaluated
         "variants": [{"name": "int8-minmax", "precision": "int8", "calibrator": "minmax"},
                      {"name": "fp16", "precision": "fp16"}],
         "latency": {"batch_sizes": [1, 4], "warmup": 1, "iterations": 5, "threads": 1},

@@ -2,7 +2,8 @@
 
 One derivation for the sweep (qbench.preflight) and the gate, which re-derives the slices and their
 sizes to check results against: the evaluation filter, then the NaN/inf input policy (with
-`data.nonfinite_inputs: drop` such rows are left out), then the limit; `by` slices are made from the
+`data.nonfinite_inputs: drop` such rows are left out), then the calibration sample held out (when a variant
+is fitted on it and it comes from the same table: `data.calibration.overlap: hold_out`), then the limit; `by` slices are made from the
 values those rows hold (a value only calibration rows hold is no slice). Any other derivation would
 let the two disagree on valid results.
 """
@@ -20,6 +21,7 @@ import pandas as pd
 from qbench.data.filters import select_rows
 from qbench.data.load import load_table, table_name
 from qbench.data.nonfinite import NonfiniteMasks, check_finite, drop_nonfinite, nonfinite_masks
+from qbench.data.sampling import draw_calibration_sample
 from qbench.data.slices import slice_masks
 from qbench.data.text_tables import CsvDialect
 from qbench.errors import RecipeError
@@ -32,13 +34,15 @@ class EvaluationRows:
     """rows: positions in the table, in evaluation order. masks: slice name -> mask over ALL rows of the table
     (calibration counts per slice use them too). nonfinite: input column -> rows holding NaN/inf, over all rows.
     dropped: input column -> evaluation rows left out for NaN/inf (only with `data.nonfinite_inputs: drop`);
-    left_out: how many rows that is (a row with NaN/inf in two columns counts once)."""
+    left_out: how many rows that is (a row with NaN/inf in two columns counts once). held_out: rows of the
+    evaluation filter not evaluated because they are calibration rows (`data.calibration.overlap: hold_out`)."""
 
     rows: np.ndarray
     masks: dict[str, np.ndarray]
     nonfinite: NonfiniteMasks
     dropped: dict[str, int]
     left_out: int
+    held_out: int = 0
 
     @property
     def slices(self) -> dict[str, np.ndarray]:
@@ -97,19 +101,47 @@ def load_data_table(
                       verbatim_columns=tuple(data.inputs), csv_dialect=dialect)  # fmt: skip
 
 
-def evaluation_rows(table: pd.DataFrame, data: DataSpec, *, recipe_file: Path) -> EvaluationRows:
+def evaluation_rows(table: pd.DataFrame, data: DataSpec, *, recipe_file: Path, calibrated: bool) -> EvaluationRows:
     """The rows a sweep of a recipe with `data` evaluates, and its slices over them (RecipeError when the recipe's
-    filters, slices or inputs do not fit the table)."""
+    filters, slices or inputs do not fit the table). `calibrated`: a variant is fitted on the calibration rows
+    (Recipe.fits_on_calibration_rows); then, drawn from this table, they are held out of the evaluation unless
+    `data.calibration.overlap: allow`: a variant judged on the rows it was fitted on looks better than it is."""
     nonfinite = nonfinite_masks(table, data.inputs)
     rows = select_rows(table, data.evaluation.filter, field="data.evaluation.filter", recipe_file=recipe_file)
     selected = len(rows)
     rows, dropped = finite_rows(rows, nonfinite, data, what="evaluation", recipe_file=recipe_file)
     left_out = selected - len(rows)
+    held_out = 0
+    if calibrated and data.calibration.path is None and data.calibration.overlap == "hold_out":
+        calibration, _, _ = calibration_sample(table, data, nonfinite, recipe_file=recipe_file)
+        kept = rows[~np.isin(rows, calibration)]
+        held_out = len(rows) - len(kept)
+        if held_out and len(kept) == 0:
+            raise RecipeError(
+                recipe_file, "data.calibration", f"every one of the {len(rows)} evaluation rows of {table_name(table)} "
+                f"is a calibration row ({len(calibration)} drawn); expected rows left to evaluate: lower samples, "
+                "separate the rows (calibration.filter / evaluation.filter, or calibration.path), or set overlap: allow",
+            )  # fmt: skip
+        rows = kept
     if data.evaluation.limit is not None:
         rows = rows[: data.evaluation.limit]
     masks = slice_masks(table, data.slices, recipe_file=recipe_file, inputs=data.inputs, evaluation_rows=rows)
     check_finite(table, rows, nonfinite, masks, what="evaluation", recipe_file=recipe_file)
-    return EvaluationRows(rows=rows, masks=masks, nonfinite=nonfinite, dropped=dropped, left_out=left_out)
+    return EvaluationRows(rows=rows, masks=masks, nonfinite=nonfinite, dropped=dropped, left_out=left_out,
+                          held_out=held_out)  # fmt: skip
+
+
+def calibration_sample(
+    table: pd.DataFrame, data: DataSpec, nonfinite: NonfiniteMasks, *, recipe_file: Path
+) -> tuple[np.ndarray, dict[str, int], int]:
+    """The calibration rows of `table` (data.calibration's filter, the NaN/inf input policy, then the seeded draw),
+    input column -> candidates left out for NaN/inf, and how many candidates that is: one derivation for the
+    sample and the evaluation rows held out for it."""
+    spec = data.calibration
+    selected = select_rows(table, spec.filter, field="data.calibration.filter", recipe_file=recipe_file)
+    candidates, dropped = finite_rows(selected, nonfinite, data, what="calibration", recipe_file=recipe_file)
+    rows = draw_calibration_sample(table, candidates, spec, recipe_file=recipe_file)
+    return rows, dropped, len(selected) - len(candidates)
 
 
 def training_rows(

@@ -58,7 +58,8 @@ def evaluation_feeds(recipe: Recipe, info: ModelInfo, rows: int) -> dict[str, np
 
     table = load_data_table(recipe.data_path, recipe.data, label_names=get_task(recipe.task).labels_name_classes,
                             recipe_file=recipe.source, model_inputs=info.inputs)  # fmt: skip
-    positions = evaluation_rows(table, recipe.data, recipe_file=recipe.source).rows[:rows]
+    positions = evaluation_rows(table, recipe.data, recipe_file=recipe.source,
+                                calibrated=recipe.fits_on_calibration_rows).rows[:rows]
     return build_feeds(table, positions, recipe.data.inputs, info.inputs, recipe_file=recipe.source)
 
 

@@ -1,0 +1,106 @@
+"""Rows fitted on and judged on: the evaluation rows hold out the calibration sample, and rows are matched by the
+inputs they feed (qbench.data.evaluation, qbench.data.leakage, qbench.preflight)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from qbench.data import evaluation_rows
+from qbench.data.evaluation import calibration_sample
+from qbench.data.leakage import shared_rows
+from qbench.errors import RecipeError
+from qbench.preflight import prepare
+from qbench.recipe import load_recipe
+from qbench.recipe_data import DataSpec
+
+RECIPE = Path("recipe.yaml")
+
+
+def _table(rows: int, seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, 4)).astype(np.float32)
+    return pd.DataFrame({"x": list(x), "part": ["a" if i % 2 else "b" for i in range(rows)]})
+
+
+def _data(**sections) -> DataSpec:
+    return DataSpec(path=Path("d.parquet"), inputs={"x": "x"}, **sections)
+
+
+def test_one_table_without_filters_evaluates_only_rows_it_did_not_calibrate_on():
+    table = _table(120)
+    data = _data(calibration={"samples": 40, "seed": 3})
+    evaluated = evaluation_rows(table, data, recipe_file=RECIPE, calibrated=True)
+    calibration, _, _ = calibration_sample(table, data, evaluated.nonfinite, recipe_file=RECIPE)
+    assert len(calibration) == 40
+    assert np.intersect1d(evaluated.rows, calibration).size == 0
+    assert len(evaluated.rows) == 80 and evaluated.held_out == 40
+
+
+def test_filters_that_overlap_partly_hold_out_only_the_shared_rows_and_limit_counts_after():
+    table = _table(100)
+    data = _data(calibration={"filter": {"part": "a"}, "samples": 30}, evaluation={"limit": 60})
+    evaluated = evaluation_rows(table, data, recipe_file=RECIPE, calibrated=True)
+    assert evaluated.held_out == 30
+    assert len(evaluated.rows) == 60  # the limit is filled from rows not calibrated on
+    calibration, _, _ = calibration_sample(table, data, evaluated.nonfinite, recipe_file=RECIPE)
+    assert np.intersect1d(evaluated.rows, calibration).size == 0
+
+
+def test_overlap_allow_and_recipes_without_calibrated_variants_keep_every_evaluation_row():
+    table = _table(50)
+    assert len(evaluation_rows(table, _data(calibration={"samples": 10, "overlap": "allow"}), recipe_file=RECIPE,
+                               calibrated=True).rows) == 50  # fmt: skip
+    assert len(evaluation_rows(table, _data(calibration={"samples": 10}), recipe_file=RECIPE, calibrated=False).rows) == 50
+
+
+def test_a_calibration_sample_taking_every_evaluation_row_is_refused():
+    with pytest.raises(RecipeError, match=r"data\.calibration: every one of the 30 evaluation rows"):
+        evaluation_rows(_table(30), _data(), recipe_file=RECIPE, calibrated=True)
+
+
+def test_shared_rows_finds_the_same_inputs_across_tables_whatever_the_cell_type():
+    table = _table(20)
+    copy = pd.DataFrame({"x": [cell.astype(np.float64).tolist() for cell in table["x"]][5:12]})
+    assert shared_rows(copy, np.arange(len(copy)), table, np.arange(8, 20), ["x"]) == 4  # rows 8..11
+    assert shared_rows(table, np.arange(8), table, np.arange(8, 20), ["x"]) == 0
+
+
+def _project(root: Path, calibration: dict) -> Path:
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.random.default_rng(1).normal(size=(4, 3)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])], [weight])  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(root / "m.onnx"))
+    table = _table(90)
+    table.to_parquet(root / "d.parquet")
+    table.to_parquet(root / "copy.parquet")
+    recipe = {"name": "leak", "task": "classification", "model": {"path": "m.onnx"},
+              "data": {"path": "d.parquet", "inputs": {"x": "x"}, "calibration": {"samples": 30, **calibration}},
+              "variants": [{"name": "int8", "precision": "int8", "calibrator": "minmax"}]}  # fmt: skip
+    (root / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    return root / "recipe.yaml"
+
+
+def test_a_sweep_of_one_table_records_the_rows_held_out(tmp_path: Path):
+    prepared = prepare(load_recipe(_project(tmp_path, {})), track=False, destinations=False, backends=False)
+    assert len(prepared.evaluation_rows) == 60
+    assert (prepared.calibration.overlap, prepared.calibration.held_out_rows) == ("hold_out", 30)
+    assert prepared.calibration.evaluation_overlap_rows == 0 == prepared.calibration_overlap
+
+
+def test_a_calibration_file_copying_the_data_is_counted_and_warned_about(tmp_path: Path, caplog):
+    with caplog.at_level(logging.WARNING):
+        prepared = prepare(load_recipe(_project(tmp_path, {"path": "copy.parquet"})), track=False,
+                           destinations=False, backends=False)  # fmt: skip
+    assert len(prepared.evaluation_rows) == 90  # another file: nothing is held out by position
+    assert prepared.calibration.evaluation_overlap_rows == 30 == prepared.calibration_overlap
+    assert "30 of the 30 calibration rows feed the model what evaluation rows feed it" in caplog.text
