@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from qbench.backends import get_backend
 from qbench.data import (
     NonfiniteMasks,
     build_feeds,
@@ -41,10 +40,12 @@ from qbench.data.text_tables import number_format_hint
 from qbench.errors import QbenchError, RecipeError
 from qbench.modelinfo import ModelInfo, external_data_files, read_model_info
 from qbench.preflight_checks import (
+    check_backends,
     check_batch_memory,
     check_destinations,
     check_node_names,
     check_plan,
+    check_quantizer_options,
     example_inputs_mismatch,
     fixed_batch,
     with_fixed_batch,
@@ -144,7 +145,7 @@ def prepare(
         check_destinations(recipe, track=track)
     if backends:
         check_backends(recipe)
-    _check_quantizer_options(recipe)
+    check_quantizer_options(recipe)
     taken = snapshot() if snapshot is not None else None
     try:
         return _prepare(recipe, taken)
@@ -276,31 +277,6 @@ def _check_export_on_rows(recipe: Recipe, source: ModelSource, feeds: Feeds, *, 
                "export did not record (data-dependent control flow, e.g. `if x.sum() > 0`); write it with "
                "tensor operations (torch.where) or export the model yourself and set model.path")  # fmt: skip
     raise RecipeError(recipe.source, "model.torch", message)
-
-
-def check_backends(recipe: Recipe) -> None:
-    """Every backend the recipe names must be usable here (SDK installed, device present)."""
-    for name in recipe.backends:
-        try:
-            get_backend(name).check_available()
-        except QbenchError as exc:
-            raise RecipeError(recipe.source, f"backends[{recipe.backends.index(name)}]", str(exc)) from None
-
-
-def _check_quantizer_options(recipe: Recipe) -> None:
-    """Options ModelOpt cannot honour are recipe errors now, not build failures later."""
-    for index, spec in enumerate(recipe.variants):
-        if spec.quantizer != "modelopt":
-            continue
-        from qbench.techniques.modelopt import Modelopt
-        from qbench.variants.base import technique_of
-        from qbench.variants.modelopt_quant import modelopt_settings
-
-        try:
-            modelopt_settings(technique_of(spec, Modelopt))  # the technique's config, not the variant's spec
-        except QbenchError as exc:
-            detail = str(exc).removeprefix(f"variant {spec.name!r}: ")
-            raise RecipeError(recipe.source, f"variants[{index}]", detail) from None
 
 
 def _read_model(recipe: Recipe, path: Path) -> ModelInfo:

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel
 
+from qbench.backends import get_backend
 from qbench.errors import QbenchError, RecipeError, short_repr
 from qbench.gate_checks import unmatched_globs
 from qbench.modelinfo import ModelInfo
@@ -81,6 +82,31 @@ def check_node_names(recipe: Recipe, path: Path) -> None:
                 main_graph_nodes(model, name)
             except QbenchError as exc:
                 raise RecipeError(recipe.source, f"variants[{i}].exclude_nodes[{j}]", str(exc)) from None
+
+
+def check_backends(recipe: Recipe) -> None:
+    """Every backend the recipe names must be usable here (SDK installed, device present)."""
+    for name in recipe.backends:
+        try:
+            get_backend(name).check_available()
+        except QbenchError as exc:
+            raise RecipeError(recipe.source, f"backends[{recipe.backends.index(name)}]", str(exc)) from None
+
+
+def check_quantizer_options(recipe: Recipe) -> None:
+    """Options ModelOpt cannot honour are recipe errors now, not build failures later."""
+    for index, spec in enumerate(recipe.variants):
+        if spec.quantizer != "modelopt":
+            continue
+        from qbench.techniques.modelopt import Modelopt
+        from qbench.variants.base import technique_of
+        from qbench.variants.modelopt_quant import modelopt_settings
+
+        try:
+            modelopt_settings(technique_of(spec, Modelopt))  # the technique's config, not the variant's spec
+        except QbenchError as exc:
+            detail = str(exc).removeprefix(f"variant {spec.name!r}: ")
+            raise RecipeError(recipe.source, f"variants[{index}]", detail) from None
 
 
 def check_destinations(recipe: Recipe, *, track: bool) -> None:
