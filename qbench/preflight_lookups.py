@@ -3,8 +3,10 @@
 ONNX Runtime refuses an index past the table (`indices element out of data bounds, idx=150 must be within the
 inclusive range [-100,99]`) on the batch holding it: a row that `qbench validate`'s few FP32 rows did not reach
 would fail every variant of the sweep, with a message naming a node rather than the column and row. So the ids
-each input feeds into a `Gather` on a constant table (directly, or through casts and reshapes) are checked
-against the table's size on every evaluation and calibration row before anything runs.
+each input feeds into a `Gather` on a constant table (directly, or through casts and reshapes), or into an operator
+that looks rows up the same way (`_TABLE_READERS`: ONNX Runtime's fused `EmbedLayerNormalization`, which its
+transformer optimizer writes in place of a BERT's embedding Gathers), are checked against the table's size on every
+evaluation and calibration row before anything runs.
 """
 
 from __future__ import annotations
@@ -21,6 +23,14 @@ from qbench.recipe import Recipe
 _SHOWN_ROWS = 3
 # ops whose output holds the same integer values as their first input, rearranged or re-typed
 _VALUE_PRESERVING = {"Cast", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose", "Expand"}
+# (domain, op type) -> (index input, table input) pairs of ops that read rows of a constant table (along axis 0 unless
+# an `axis` attribute says otherwise) at an integer input's values, and whether a negative id counts from the end.
+# EmbedLayerNormalization (inputs: input_ids, segment_ids, word, position and segment embeddings, ..., position_ids)
+# refuses any id outside [0, size) ("input index out of range").
+_TABLE_READERS: dict[tuple[str, str], tuple[tuple[tuple[int, int], ...], bool]] = {
+    ("", "Gather"): (((1, 0),), True),
+    ("com.microsoft", "EmbedLayerNormalization"): (((0, 2), (1, 4), (8, 3)), False),
+}
 
 
 @dataclass(frozen=True)
@@ -29,6 +39,11 @@ class Lookup:
 
     node: str
     size: int
+    negative: bool = True  # whether ids from -size to -1 index the table too (Gather's do: from its end)
+
+    @property
+    def lowest(self) -> int:
+        return -self.size if self.negative else 0
 
 
 def constant_lookups(model_path: Path) -> dict[str, Lookup]:
@@ -52,13 +67,14 @@ def constant_lookups(model_path: Path) -> dict[str, Lookup]:
         if value.name in tables or value.type.tensor_type.elem_type not in _INTEGER_TYPES:
             continue
         for lookup in _lookups_of(value.name, consumers, tables):
-            if value.name not in found or lookup.size < found[value.name].size:
+            # the smallest table, the one refusing negative ids first when two are as small
+            if value.name not in found or (lookup.size, lookup.negative) < (found[value.name].size, found[value.name].negative):
                 found[value.name] = lookup
     return found
 
 
 def _lookups_of(name: str, consumers: Mapping[str, list], tables: Mapping[str, list[int]]) -> list[Lookup]:
-    """The Gathers reading a constant table at `name`'s values, following value-preserving ops."""
+    """The nodes reading a constant table at `name`'s values (`_TABLE_READERS`), following value-preserving ops."""
     lookups, pending, seen = [], [name], set()
     while pending:
         current = pending.pop()
@@ -68,11 +84,16 @@ def _lookups_of(name: str, consumers: Mapping[str, list], tables: Mapping[str, l
         for node in consumers.get(current, []):
             if node.op_type in _VALUE_PRESERVING and node.input[0] == current:
                 pending += list(node.output)
-            elif node.op_type == "Gather" and len(node.input) > 1 and node.input[1] == current:
-                dims = tables.get(node.input[0])
+                continue
+            domain = "" if node.domain == "ai.onnx" else node.domain
+            pairs, negative = _TABLE_READERS.get((domain, node.op_type), ((), True))
+            for index, table in pairs:
+                if len(node.input) <= max(index, table) or node.input[index] != current:
+                    continue
+                dims = tables.get(node.input[table])
                 axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
                 if dims and -len(dims) <= axis < len(dims) and dims[axis] > 0:
-                    lookups.append(Lookup(node.name or node.output[0], int(dims[axis])))
+                    lookups.append(Lookup(node.name or node.output[0], int(dims[axis]), negative))
     return lookups
 
 
@@ -87,10 +108,10 @@ def check_lookup_indices(
         if values is None or values.dtype.kind not in "iu" or not values.size:
             continue
         flat = values.reshape(len(values), -1)
-        outside = np.flatnonzero(((flat < -lookup.size) | (flat >= lookup.size)).any(axis=1))
+        outside = np.flatnonzero(((flat < lookup.lowest) | (flat >= lookup.size)).any(axis=1))
         if not outside.size:
             continue
-        examples = ", ".join(f"row {rows[i]}: {_first_outside(flat[i], lookup.size)}" for i in outside[:_SHOWN_ROWS])
+        examples = ", ".join(f"row {rows[i]}: {_first_outside(flat[i], lookup)}" for i in outside[:_SHOWN_ROWS])
         source = f"column {columns[name]!r} (model input {name!r})" if name in columns else f"model input {name!r}"
         count = f"{outside.size} {what} row{'s hold' if outside.size > 1 else ' holds'}"
         message = (f"{source}: {count} ids outside the table node {lookup.node!r} looks them up in "
@@ -98,8 +119,8 @@ def check_lookup_indices(
         raise RecipeError(recipe.source, "data.inputs", message)
 
 
-def _first_outside(values: np.ndarray, size: int) -> int:
-    return int(values[(values < -size) | (values >= size)][0])
+def _first_outside(values: np.ndarray, lookup: Lookup) -> int:
+    return int(values[(values < lookup.lowest) | (values >= lookup.size)][0])
 
 
 _INTEGER_TYPES = {2, 3, 4, 5, 6, 7, 12, 13}  # onnx.TensorProto: UINT8 INT8 UINT16 INT16 INT32 INT64 UINT32 UINT64

@@ -66,12 +66,13 @@ def reduced_precision(model: onnx.ModelProto) -> str | None:
 
 
 def _counted(ops: Counter[str]) -> str:
-    """'12 QLinearMatMul, 3 DequantizeLinear nodes': at most five kinds, Quantize/DequantizeLinear after the ops
-    that compute, the most frequent first."""
+    """'12 QLinearMatMul, 3 DequantizeLinear nodes', or '..., 2 Gemm nodes and 3 more of 2 other kinds': five kinds
+    named at most, Quantize/DequantizeLinear after the ops that compute, the most frequent first."""
     ordered = sorted(ops.items(), key=lambda item: (item[0] in _QDQ_OPS, -item[1], item[0]))
     shown = [f"{count} {op}" for op, count in ordered[:5]]
-    more = f" and {len(ops) - 5} more kinds" if len(ops) > 5 else ""
-    return f"{', '.join(shown)}{more} node{'s' if sum(ops.values()) != 1 else ''}"
+    hidden = sum(count for _, count in ordered[5:])
+    more = f" and {hidden} more of {len(ops) - 5} other kind{'s' if len(ops) > 6 else ''}" if hidden else ""
+    return f"{', '.join(shown)} node{'s' if sum(ops.values()) - hidden != 1 else ''}{more}"
 
 
 def _value_types(model: onnx.ModelProto) -> dict[str, int]:

@@ -89,3 +89,68 @@ def test_an_id_past_the_table_is_named_with_its_column_and_row(
 
 def test_ids_within_the_table_pass(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", str(_project(tmp_path, _ids()))]) == 0, capsys.readouterr().err
+
+
+def _fused_embedding_classifier() -> onnx.ModelProto:
+    """What ONNX Runtime's transformer optimizer writes for a BERT's embeddings: ids int64 [N, 3] -> Cast to int32 ->
+    com.microsoft EmbedLayerNormalization (word table [10, 4], positions [3, 4], segments [2, 4]) -> mean -> logits."""
+    rng = np.random.default_rng(0)
+    arrays = {"word": (VOCABULARY, 4), "position": (3, 4), "segment": (2, 4), "w": (4, 2)}
+    constants = [numpy_helper.from_array(rng.normal(size=shape).astype(np.float32), name) for name, shape in arrays.items()]
+    constants += [numpy_helper.from_array(np.ones(4, np.float32), "gamma"),
+                  numpy_helper.from_array(np.zeros(4, np.float32), "beta")]  # fmt: skip
+    nodes = [
+        helper.make_node("Cast", ["ids"], ["ids32"], to=TensorProto.INT32),
+        helper.make_node("Cast", ["segments"], ["segments32"], to=TensorProto.INT32),
+        helper.make_node("EmbedLayerNormalization", ["ids32", "segments32", "word", "position", "segment", "gamma", "beta"],
+                         ["vectors", "mask_index"], name="fused_embedding", domain="com.microsoft", epsilon=1e-5),  # fmt: skip
+        helper.make_node("ReduceMean", ["vectors"], ["pooled"], axes=[1], keepdims=0),
+        helper.make_node("MatMul", ["pooled", "w"], ["logits"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "fused_embedding",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", 3]),
+         helper.make_tensor_value_info("segments", TensorProto.INT64, ["batch", 3])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 2])],
+        constants,
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 8
+    return model
+
+
+def test_the_tables_a_fused_embedding_layer_normalization_indexes_are_found(tmp_path: Path) -> None:
+    path = tmp_path / "m.onnx"
+    onnx.save(_fused_embedding_classifier(), str(path))
+    assert constant_lookups(path) == {"ids": Lookup("fused_embedding", VOCABULARY, negative=False),
+                                      "segments": Lookup("fused_embedding", 2, negative=False)}  # fmt: skip
+
+
+@pytest.mark.parametrize(("bad", "shown"), [(VOCABULARY + 2, 12), (-1, -1)])
+def test_an_id_outside_a_fused_embedding_table_is_named_before_onnx_runtime_refuses_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], bad: int, shown: int
+) -> None:
+    """EmbedLayerNormalization refuses negative ids too ("input index out of range"), unlike Gather."""
+    onnx.save(_fused_embedding_classifier(), str(tmp_path / "model.onnx"))
+    ids = _ids()
+    ids[31, 2] = bad
+    segments = np.zeros_like(ids)
+    split = np.where(np.arange(len(ids)) < len(ids) // 2, "calib", "eval")
+    pd.DataFrame({"tokens": list(ids), "types": list(segments), "y": np.arange(len(ids)) % 2, "split": split}).to_parquet(
+        tmp_path / "rows.parquet"
+    )
+    recipe = {
+        "name": "fused-lookups",
+        "model": {"path": "model.onnx"},
+        "data": {"path": "rows.parquet", "inputs": {"tokens": "ids", "types": "segments"}, "label": "y",
+                 "calibration": {"filter": {"split": "calib"}}, "evaluation": {"filter": {"split": "eval"}}},
+        "variants": [{"name": "int8", "precision": "int8", "calibrator": "dynamic"}],
+        "output_dir": "reports",
+    }  # fmt: skip
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+    assert main(["validate", str(tmp_path / "recipe.yaml")]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "recipe.yaml: data.inputs: column 'tokens' (model input 'ids'): 1 evaluation row holds ids outside the table "
+        f"node 'fused_embedding' looks them up in (10 entries), e.g. row 31: {shown}; expected ids from 0 to 9"
+    )

@@ -163,3 +163,19 @@ def test_validate_refuses_a_quantized_reference_whose_nodes_sit_inside_a_local_f
     variant's drop would then be measured against a quantized baseline)."""
     assert _validate(tmp_path, _wrapped_in_a_function(_quantized(tmp_path, kind))) == 2
     assert "the model is already quantized: " in capsys.readouterr().err
+
+
+def test_a_half_precision_model_of_many_kinds_counts_the_nodes_left_unnamed() -> None:
+    """Seven kinds of float16 node (as in a float16 BERT that ONNX Runtime's optimizer wrote) read '..., 1 Min and 2
+    more kinds nodes': the nodes of the kinds not named were not counted (an Identity only stores: not counted)."""
+    kinds = ["Add", "Sub", "Mul", "Div", "Max", "Min"]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h0"]), helper.make_node("MatMul", ["h0", "square"], ["h1"])]
+    nodes += [helper.make_node(op, [f"h{i + 1}", "b"], [f"h{i + 2}"]) for i, op in enumerate(kinds)]
+    nodes.append(helper.make_node("Identity", ["h7"], ["y"]))
+    weights = [numpy_helper.from_array(np.ones((4, 3), np.float16), "w"), numpy_helper.from_array(np.eye(3, dtype=np.float16), "square"),
+               numpy_helper.from_array(np.ones(3, np.float16), "b")]  # fmt: skip
+    graph = helper.make_graph(nodes, "kinds", [helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["batch", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT16, ["batch", 3])], weights)  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    assert reduced_precision(model) == ("the model already computes in float16: 2 MatMul, 1 Add, 1 Div, "
+                                        "1 Max, 1 Min nodes and 2 more of 2 other kinds; its graph inputs/outputs x, y are float16")  # fmt: skip

@@ -50,11 +50,11 @@ def build_variant(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
             declare_session_options(built.onnx_path, built.session_hints)
         check_built_model(built, ctx.reference_path)
         if built.precision in ("int8", "fp8"):
-            from qbench.variants.integer_kernels import with_float_recurrent, with_integer_kernels
+            from qbench.variants.integer_kernels import with_float_weighted, with_integer_kernels
 
             if built.precision == "int8":
                 built = with_integer_kernels(built, settled)
-            built = with_float_recurrent(built, settled)
+            built = with_float_weighted(built, settled)
         constant = constant_inputs(ctx.reference_path)
         if constant:
             built = dataclasses.replace(built, params={**built.params, "constant_inputs": list(constant)}, notes=(

@@ -242,7 +242,31 @@ def preprocess_model(model: onnx.ModelProto, directory: Path) -> tuple[Path, str
     path = directory / "preprocessed.onnx"
     try:
         quant_pre_process(model, path, skip_optimization=True)
-        return path, "symbolic and ONNX shape inference (no graph optimisation)"
+        done = "symbolic and ONNX shape inference (no graph optimisation)"
     except Exception:  # noqa: BLE001 (symbolic shape inference raises assorted errors)
         quant_pre_process(model, path, skip_optimization=True, skip_symbolic_shape=True)
-        return path, "ONNX shape inference (symbolic shape inference failed; no graph optimisation)"
+        done = "ONNX shape inference (symbolic shape inference failed; no graph optimisation)"
+    return path, done + _declare_runtime_float_types(path)
+
+
+def _declare_runtime_float_types(path: Path) -> str:
+    """Declare, in the preprocessed model at `path`, the float tensors shape inference left untyped, with the types
+    ONNX Runtime gives them (float_support.tensor_types): ONNX knows no com.microsoft schema, so what a contrib
+    operator writes (a FusedGemm in a graph ONNX Runtime saved optimised) is untyped, ONNX Runtime's quantizers skip
+    an untyped tensor when they calibrate and quantize ("failed to infer the type of tensor"), and its reader then
+    failed to build ("Unable to get valid quantization scale ... when quantizing bias"). Returns what it added to
+    the step's description."""
+    from qbench.variants.float_support import add_missing_float_value_info, tensor_types
+    from qbench.variants.onnx_utils import save_model
+
+    model = onnx.load(str(path))
+    graph = model.graph
+    declared = {v.name for v in (*graph.input, *graph.output, *graph.value_info)} | {t.name for t in graph.initializer}
+    if all(name in declared for node in graph.node for name in node.output if name):
+        return ""
+    before = len(graph.value_info)
+    add_missing_float_value_info(model, tensor_types(model))
+    if len(graph.value_info) == before:
+        return ""
+    save_model(model, path)
+    return f"; {len(graph.value_info) - before} float tensor type(s) only ONNX Runtime knows declared"

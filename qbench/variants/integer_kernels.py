@@ -20,7 +20,8 @@ What decides a fusion (ONNX Runtime 1.32, checked against its optimized graph in
   and a Gemm then only when its bias is absent or dequantized: with a float bias (PyTorch's nn.Linear as torchao
   and ModelOpt export it) it runs as a float Gemm. Re-quantized, ONNX Runtime quantizes a float bias itself.
 Every INT8 build is counted here, whoever built it (`with_integer_kernels`, called where a build is finalised), and
-every INT8 or FP8 build has the recurrent layers it leaves float counted (`with_float_recurrent`).
+every INT8 or FP8 build has the weighted layers it leaves float counted (`with_float_weighted`): recurrent layers and
+fused operators outside the standard domain.
 """
 
 from __future__ import annotations
@@ -154,19 +155,42 @@ def with_integer_kernels(built: BuiltVariant, model: onnx.ModelProto) -> BuiltVa
 
 
 RECURRENT_OP_TYPES = frozenset({"GRU", "LSTM", "RNN"})
+# Operators outside the standard domain that read rows of their constant tables (as Gather does) rather than compute
+# with them: ONNX Runtime's fused BERT embedding. Its tables are lookups, not weights left unquantized.
+_TABLE_LOOKUPS = frozenset({"EmbedLayerNormalization"})
 
 
-def with_float_recurrent(built: BuiltVariant, model: onnx.ModelProto) -> BuiltVariant:
-    """`built` (an INT8 or FP8 build of `model`) with its recurrent layers left float counted in its params
-    (`float_recurrent`) and a note: an RNN classifier's GRU/LSTM holds most of its weights, yet ONNX Runtime's static
-    (Q/DQ) quantizer and FP8 leave it float, and its dynamic quantizer lowers only LSTM (DynamicQuantizeLSTM), so a
-    variant whose head alone is quantized would otherwise look like an INT8 (FP8) model with nothing left out."""
-    counts = Counter(node.op_type for node in model.graph.node
-                     if node.domain in ("", "ai.onnx") and node.op_type in RECURRENT_OP_TYPES)  # fmt: skip
-    if not counts:
+def with_float_weighted(built: BuiltVariant, model: onnx.ModelProto) -> BuiltVariant:
+    """`built` (an INT8 or FP8 build of `model`) with the layers holding weights that it leaves float counted in its
+    params and noted, so that a variant whose other layers alone are quantized does not read as an INT8 (FP8) model
+    with nothing left out:
+    - recurrent layers (`float_recurrent`): an RNN classifier's GRU/LSTM holds most of its weights, yet ONNX Runtime's
+      static (Q/DQ) quantizer and FP8 leave it float, and its dynamic quantizer lowers only LSTM (DynamicQuantizeLSTM);
+    - operators outside the standard ONNX domain reading a float weight matrix (`float_contrib`): the com.microsoft
+      Attention (its packed Q/K/V projection), FusedMatMul, FusedGemm, FusedConv... that ONNX Runtime's transformer
+      optimizer or its saved optimised graphs write are never handed to a quantizer (onnx_utils.unquantizable_nodes),
+      so an optimised BERT's INT8 quantizes its other MatMuls only."""
+    nodes = model.graph.node
+    recurrent = Counter(node.op_type for node in nodes
+                        if node.domain in ("", "ai.onnx") and node.op_type in RECURRENT_OP_TYPES)  # fmt: skip
+    matrices = {tensor.name for tensor in model.graph.initializer
+                if tensor.data_type == onnx.TensorProto.FLOAT and len(tensor.dims) >= 2}  # fmt: skip
+    contrib = Counter(f"{node.op_type} ({node.domain})" for node in nodes
+                      if node.domain not in ("", "ai.onnx") and node.op_type not in _TABLE_LOOKUPS
+                      and matrices.intersection(node.input))  # fmt: skip
+    params, notes = dict(built.params), list(built.notes)
+    if recurrent:
+        params["float_recurrent"] = dict(sorted(recurrent.items()))
+        notes.append(f"{_listed(recurrent)} left in float, weights included: of ONNX Runtime's quantizers only "
+                     "dynamic INT8 lowers a recurrent layer (LSTM, as DynamicQuantizeLSTM)")  # fmt: skip
+    if contrib:
+        params["float_contrib"] = dict(sorted(contrib.items()))
+        notes.append(f"{_listed(contrib)} left in float, weights included: only standard ONNX operators are quantized "
+                     "(export the model without ONNX Runtime's fusions to quantize these layers too)")  # fmt: skip
+    if not recurrent and not contrib:
         return built
-    listed = ", ".join(f"{count} {op}" for op, count in sorted(counts.items()))
-    note = (f"{listed} left in float, weights included: of ONNX Runtime's quantizers only dynamic INT8 lowers a "
-            "recurrent layer (LSTM, as DynamicQuantizeLSTM)")  # fmt: skip
-    return dataclasses.replace(built, params={**built.params, "float_recurrent": dict(sorted(counts.items()))},
-                               notes=(*built.notes, note))  # fmt: skip
+    return dataclasses.replace(built, params=params, notes=tuple(notes))
+
+
+def _listed(counts: Counter[str]) -> str:
+    return ", ".join(f"{count} {op}" for op, count in sorted(counts.items()))

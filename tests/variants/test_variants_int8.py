@@ -286,3 +286,32 @@ def test_onnx_attention_is_left_float_and_the_variant_loads(calibrator, run, tmp
     reference = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     output = run(built, feeds)
     assert np.abs(output - reference).max() < 0.1 * np.abs(reference).max()
+
+
+def test_static_int8_quantizes_what_reads_a_contrib_operators_output(tmp_path):
+    """A graph ONNX Runtime saved optimised (ORT_ENABLE_ALL) writes a BERT's pooler as a com.microsoft FusedGemm (Gemm +
+    Tanh): ONNX shape inference cannot type its output, ONNX Runtime's quantizer skipped it when calibrating, and the
+    classifier Gemm reading it failed to build ("Unable to get valid quantization scale for input 'pooled' when
+    quantizing bias"). Its type now comes from ONNX Runtime, so the classifier is quantized."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(7)
+    weights = {"w1": rng.normal(0, 0.5, (8, 8)), "b1": rng.normal(0, 0.1, (8,)),
+               "w2": rng.normal(0, 0.5, (8, 2)), "b2": rng.normal(0, 0.1, (2,))}  # fmt: skip
+    nodes = [helper.make_node("FusedGemm", ["x", "w1", "b1"], ["pooled"], domain="com.microsoft", activation="Tanh",
+                              name="pooler"),
+             helper.make_node("Gemm", ["pooled", "w2", "b2"], ["y"], name="classify")]  # fmt: skip
+    graph = helper.make_graph(nodes, "pooler", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])],
+                              [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()])  # fmt: skip
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    path = tmp_path / "pooler.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=opsets, ir_version=8), str(path))
+    calibration = [{"x": rng.normal(size=(16, 8)).astype(np.float32)} for _ in range(2)]
+    built = build_variant(VariantSpec(name="q", precision="int8", calibrator="minmax"),
+                          BuildContext(reference_path=path, workdir=tmp_path / "w", calibration=calibration))  # fmt: skip
+    assert built.params["quantized_op_types"] == {"Gemm": 1}
+    x = calibration[0]  # rows within the calibrated ranges: no output saturates
+    expected = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, x)[0]
+    got = ort.InferenceSession(str(built.onnx_path), providers=["CPUExecutionProvider"]).run(None, x)[0]
+    assert 0 < np.abs(got - expected).max() < 0.05 * np.abs(expected).max()

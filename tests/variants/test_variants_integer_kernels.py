@@ -278,3 +278,68 @@ def test_a_recurrent_layer_left_float_is_counted_and_noted(tmp_path, op, precisi
     assert noted == ([] if left_float is None else [f"1 {op} left in float, weights included: of ONNX Runtime's "
                                                     "quantizers only dynamic INT8 lowers a recurrent layer (LSTM, as "
                                                     "DynamicQuantizeLSTM)"])  # fmt: skip
+
+
+def _fused_transformer_block(path: Path, fused: str, rng: np.random.Generator) -> Path:
+    """x [batch, 4, 8] -> a com.microsoft operator with a weight matrix, as ONNX Runtime's transformer optimizer and
+    its saved optimised graphs write them (Attention with its packed Q/K/V projection [8, 24], or FusedMatMul with a
+    [8, 8] weight) -> ReduceMean over tokens -> a standard MatMul head -> y [batch, 2]."""
+    weights = {"head": rng.normal(0, 1, (8, 2))}
+    if fused == "Attention":
+        weights |= {"qkv": rng.normal(0, 0.5, (8, 24)), "qkv_bias": rng.normal(0, 0.1, (24,))}
+        block = helper.make_node("Attention", ["x", "qkv", "qkv_bias"], ["mixed"], domain="com.microsoft", num_heads=2)
+    else:
+        weights |= {"w": rng.normal(0, 0.5, (8, 8))}
+        block = helper.make_node("FusedMatMul", ["x", "w"], ["mixed"], domain="com.microsoft", alpha=0.5)
+    nodes = [block, helper.make_node("ReduceMean", ["mixed"], ["pooled"], axes=[1], keepdims=0, name="pool"),
+             helper.make_node("MatMul", ["pooled", "head"], ["y"], name="classify")]  # fmt: skip
+    graph = helper.make_graph(
+        nodes, "fused", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])],
+        [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()],
+    )  # fmt: skip
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    onnx.save(helper.make_model(graph, opset_imports=opsets, ir_version=ORT_IR_VERSION), str(path))
+    return path
+
+
+@pytest.mark.parametrize(("fused", "precision", "calibrator"), [
+    ("Attention", "int8", "minmax"), ("Attention", "int8", "dynamic"), ("Attention", "fp8", "minmax"),
+    ("FusedMatMul", "int8", "minmax"),
+])  # fmt: skip
+def test_a_fused_contrib_layer_left_float_is_counted_and_noted(tmp_path, fused, precision, calibrator):
+    """An optimised BERT's INT8 / FP8 quantized the MatMuls around its com.microsoft Attention only (that holds the
+    Q/K/V projections), yet read as INT8 / FP8 with nothing left out ({MatMul: 1}, no note)."""
+    rng = np.random.default_rng(4)
+    path = _fused_transformer_block(tmp_path / f"{fused}.onnx", fused, rng)
+    calibration = [{"x": rng.normal(size=(16, 4, 8)).astype(np.float32)} for _ in range(2)]
+    built = build_variant(VariantSpec(name="q", precision=precision, calibrator=calibrator),
+                          BuildContext(reference_path=path, workdir=tmp_path / "w", calibration=calibration))  # fmt: skip
+    saved = [node.op_type for node in onnx.load(str(built.onnx_path)).graph.node]
+    assert saved.count(fused) == 1  # left float in the saved graph
+    assert built.params["float_contrib"] == {f"{fused} (com.microsoft)": 1}
+    assert f"1 {fused} (com.microsoft) left in float, weights included: only standard ONNX operators are quantized" in (
+        " ".join(built.notes)
+    )
+
+
+def test_a_fused_embedding_lookup_is_no_weight_left_float(tmp_path):
+    """EmbedLayerNormalization reads rows of its tables (as a Gather does): nothing there to quantize, so no note."""
+    rng = np.random.default_rng(5)
+    tables = {"word": rng.normal(size=(10, 8)), "position": rng.normal(size=(4, 8)), "head": rng.normal(size=(8, 2))}
+    constants = [numpy_helper.from_array(v.astype(np.float32), k) for k, v in tables.items()]
+    constants += [numpy_helper.from_array(np.ones(8, np.float32), "gamma"),
+                  numpy_helper.from_array(np.zeros(8, np.float32), "beta")]  # fmt: skip
+    nodes = [helper.make_node("EmbedLayerNormalization", ["ids", "", "word", "position", "", "gamma", "beta"],
+                              ["vectors", "mask_index"], domain="com.microsoft", epsilon=1e-5),
+             helper.make_node("ReduceMean", ["vectors"], ["pooled"], axes=[1], keepdims=0),
+             helper.make_node("MatMul", ["pooled", "head"], ["y"], name="classify")]  # fmt: skip
+    graph = helper.make_graph(nodes, "embed", [helper.make_tensor_value_info("ids", TensorProto.INT32, ["batch", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])], constants)  # fmt: skip
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    onnx.save(helper.make_model(graph, opset_imports=opsets, ir_version=ORT_IR_VERSION), str(tmp_path / "e.onnx"))
+    calibration = [{"ids": rng.integers(0, 10, size=(16, 4)).astype(np.int32)} for _ in range(2)]
+    built = build_variant(VariantSpec(name="q", precision="int8", calibrator="minmax"),
+                          BuildContext(reference_path=tmp_path / "e.onnx", workdir=tmp_path / "w", calibration=calibration))  # fmt: skip
+    assert built.params["quantized_op_types"] == {"MatMul": 1}
+    assert "float_contrib" not in built.params
