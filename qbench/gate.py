@@ -183,7 +183,8 @@ def nonfinite_reference_rows(key: str, accuracy: AccuracyResult) -> str:
 
 def _unlowered(results: SweepResults, pairs: Sequence[tuple[str, str]]) -> list[str]:
     """A note per gated variant that computes as the reference does: its graph is the reference's own, or no node in
-    it was quantized (e.g. a tree ensemble, or a float64 graph, asked for INT8). It passes, but its pass says nothing
+    it was quantized (e.g. a tree ensemble, or a float64 graph, asked for INT8), or no op of its torch form ran in its
+    type (`runtime.lowered_ops`: qbench.backends.torch_trace). It passes, but its pass says nothing
     about the precision it is named for."""
     notes = []
     for variant, backend in pairs:
@@ -192,7 +193,7 @@ def _unlowered(results: SweepResults, pairs: Sequence[tuple[str, str]]) -> list[
             continue  # a variant that did not run computes in nothing: its failure is the finding
         counted_for = found.params.get("integer_kernels_of", backend)  # INT8 kernels are counted for one runtime
         same = found.params.get("identical_to") == results.reference or (
-            lowered_nothing(found.params) and counted_for == backend)
+            lowered_nothing(found.params) and counted_for == backend) or found.params.get("runtime.lowered_ops") == 0
         if same:
             notes.append(f"{variant}@{backend} computes in {reference.precision} (nothing in the graph was lowered to "
                          f"{found.precision}): its pass says nothing about {found.precision}")  # fmt: skip

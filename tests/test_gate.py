@@ -115,6 +115,18 @@ def test_integer_kernels_counted_for_onnx_runtime_say_nothing_of_another_backend
         "about int8"]
 
 
+def test_a_torch_variant_whose_ops_all_ran_in_float32_gets_the_computes_in_fp32_note():
+    """The torch backends count the ops that ran in the variant's type (runtime.lowered_ops): none is a variant
+    named FP16 whose figures are float32's, on that backend only."""
+    fp16 = replace(variant("int8-h", 0.95, {"noisy": 0.90, "clean": 0.99}), precision="fp16", backend="torch-cpu")
+    reference = replace(REFERENCE, backend="torch-cpu")
+    ran = replace(fp16, variant="int8-ran", params={"runtime.lowered_ops": 5})
+    unlowered = replace(fp16, params={"runtime.lowered_ops": 0})
+    report = evaluate_gate(sweep(REFERENCE, reference, unlowered, ran), SPEC)
+    assert [n for n in report.notes if "computes in fp32" in n] == [
+        "int8-h@torch-cpu computes in fp32 (nothing in the graph was lowered to fp16): its pass says nothing about fp16"]
+
+
 def test_a_failed_variant_gets_no_computes_in_fp32_note():
     """It ran nothing: the note claimed it computed in fp32 beside its failure."""
     failed = replace(variant("int8-f", 0.95, {"noisy": 0.90, "clean": 0.99}), params={"quantized_nodes": 0},

@@ -26,6 +26,7 @@ import numpy as np
 
 from qbench.backends.base import RunOptions
 from qbench.backends.gpu_monitor import GpuMonitor
+from qbench.backends.torch_trace import compute_dtypes, mixed_precision_label
 from qbench.environment import cpu_has_vnni
 from qbench.errors import MissingExtraError, QbenchError
 from qbench.modelinfo import read_model_info
@@ -43,6 +44,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 NO_TORCH_FORM = "it exists only as an ONNX model (no PyTorch form)"
+_HALF_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}  # the dtype an FP16/BF16 variant's ops must compute in
 
 
 def _import_torch() -> ModuleType:
@@ -65,6 +67,7 @@ class TorchRunner:
         compiled: bool,
         monitor: GpuMonitor | None = None,
         threads_to_restore: int | None = None,
+        precision: str = "fp32",
     ) -> None:
         self._module: torch.nn.Module | None = module
         self._device = device
@@ -74,6 +77,7 @@ class TorchRunner:
         self._compiled = compiled
         self._monitor = monitor
         self._threads_to_restore = threads_to_restore
+        self._precision = precision
         self._prepared_for: tuple[np.ndarray, ...] = ()
         self._prepared: list[torch.Tensor] = []
         self._seen_signatures: set[tuple[Any, ...]] = set()
@@ -136,12 +140,30 @@ class TorchRunner:
         import torch
 
         self._live()
-        description = {**self._description, "threads": torch.get_num_threads()}
+        description = {**self._description, "threads": torch.get_num_threads(), **self._computed_in()}
         if self._compiled:
             description["compile_ms"] = round(self._compile_ms, 3)  # first call of each input shape: compile + one run
         if self._monitor is not None:
             description.update(self._monitor.snapshot())
         return description
+
+    def _computed_in(self) -> dict[str, Any]:
+        """For an FP16/BF16 variant, what its ops computed in on the last batch run (qbench.backends.torch_trace):
+        `lowered_ops` (how many ran in the variant's type; 0: none did) and `kernels` saying so when not all did."""
+        import torch
+
+        dtype = _HALF_DTYPES.get(self._precision)
+        if dtype is None or not self._prepared:
+            return {}
+        module = getattr(self._live(), "_orig_mod", self._live())  # torch.compile'd: its eager module, same dtypes
+        with torch.inference_mode(), self._autocast():
+            ops = compute_dtypes(lambda: module(*self._prepared))
+        label = mixed_precision_label(self._precision, dtype, ops)
+        kernels = str(self._description["kernels"])
+        return {
+            "lowered_ops": sum(ops.get(dtype, {}).values()),
+            "kernels": kernels if label == self._precision else label + kernels.removeprefix(self._precision),
+        }
 
     def close(self) -> None:
         """Drop the module, stop the GPU monitor, give back cached GPU memory and the thread count."""
@@ -199,7 +221,7 @@ class TorchBackend:
         return TorchRunner(
             module, self.device, input_names, description,
             compiled=bool(variant.params.get(TORCH_COMPILE)), monitor=self.start_monitor(torch),
-            threads_to_restore=threads_to_restore,
+            threads_to_restore=threads_to_restore, precision=variant.precision,
         )  # fmt: skip
 
     def _set_threads(self, torch: ModuleType, options: RunOptions) -> int | None:
@@ -290,12 +312,13 @@ def _is_fake_quant(variant: BuiltVariant) -> bool:
 
 
 def _float_dtype(module: torch.nn.Module) -> torch.dtype:
-    """The dtype float inputs must have: that of the module's first float parameter (float32 if none)."""
+    """The dtype float inputs must have: that of the module's first float parameter, else of its first float buffer
+    (a module holding its weights as buffers is converted by .half() too), float32 if none."""
     import torch
 
-    for parameter in module.parameters():
-        if parameter.is_floating_point():
-            return parameter.dtype
+    for tensor in (*module.parameters(), *module.buffers()):
+        if tensor.is_floating_point():
+            return tensor.dtype
     return torch.float32
 
 

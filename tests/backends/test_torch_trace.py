@@ -1,0 +1,122 @@
+"""What an FP16/BF16 torch variant's ops really computed in (qbench.backends.torch_trace), as a torch backend
+describes it: the narrow type, mixed precision where forward() casts to float32, or nothing in the narrow type."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from qbench.backends.base import RunOptions
+from qbench.backends.torch_backend import TorchCPU
+from qbench.recipe import VariantSpec
+from qbench.variants.base import BuiltVariant
+from qbench.variants.torch_forms import attach_torch_form
+
+FEATURES = 8
+
+
+class Plain(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.norm, self.fc2 = nn.Linear(FEATURES, 16), nn.LayerNorm(16), nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.nn.functional.gelu(self.norm(self.fc1(x))))
+
+
+class SoftmaxInFloat32(Plain):
+    """Large logits put through a softmax in float32 (`.float()`), as attention code often does."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scores = torch.softmax(self.fc1(x).float() * 30.0, dim=-1)
+        return self.fc2(scores)
+
+
+class AllInFloat32(nn.Module):
+    """A forward that casts its input and weights to float32 itself: nothing is left to compute in a narrow type."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight, self.bias = nn.Parameter(torch.randn(3, FEATURES)), nn.Parameter(torch.randn(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.addcmul(self.bias.float(), x.float()[:, :3], self.weight.float()[:, 0]) * 2.0
+
+
+class WeightsAsBuffers(nn.Module):
+    """Weights registered as buffers: .half() converts them, but the module has no parameter to read a dtype from."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("scale", torch.linspace(0.5, 2.0, FEATURES))
+        self.register_buffer("shift", torch.linspace(-1.0, 1.0, FEATURES))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.scale + self.shift
+
+
+@dataclass
+class Source:
+    template: nn.Module
+
+    def build(self) -> nn.Module:
+        return copy.deepcopy(self.template)
+
+
+@pytest.fixture(scope="module")
+def onnx_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Any graph with one input named `x`: the runner reads the argument order from it."""
+    path = tmp_path_factory.mktemp("trace") / "x.onnx"
+    torch.onnx.export(Plain().eval(), (torch.zeros(2, FEATURES),), str(path), input_names=["x"],
+                      dynamic_axes={"x": {0: "batch"}}, opset_version=17, dynamo=False)  # fmt: skip
+    return path
+
+
+def _describe(onnx_path: Path, module: nn.Module, precision: str) -> tuple[np.ndarray, dict]:
+    torch.manual_seed(0)
+    spec = VariantSpec(name=precision, precision=precision)
+    variant = attach_torch_form(BuiltVariant(precision, precision, onnx_path), spec, Source(module.eval()))
+    runner = TorchCPU().load(variant, RunOptions(threads=1))
+    try:
+        outputs = runner.run({"x": np.random.default_rng(0).standard_normal((16, FEATURES)).astype(np.float32)})
+        return outputs[0], runner.describe()
+    finally:
+        runner.close()
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_a_module_computed_in_its_type_is_labelled_with_it_alone(onnx_path: Path, precision: str) -> None:
+    torch.manual_seed(0)
+    _, description = _describe(onnx_path, Plain(), precision)
+    assert description["kernels"] == precision
+    assert description["lowered_ops"] == 4, "2 linears, the norm and the gelu ran in the narrow type"
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_ops_a_forward_runs_in_float32_are_counted_and_named(onnx_path: Path, precision: str) -> None:
+    torch.manual_seed(0)
+    _, description = _describe(onnx_path, SoftmaxInFloat32(), precision)
+    assert description["kernels"].startswith(f"{precision} mixed: 2 of 4 ops in float32 (mul, softmax)")
+    assert description["lowered_ops"] == 2, "the two linears"
+
+
+def test_a_variant_with_no_op_in_its_type_says_its_figures_are_not_its_type(onnx_path: Path) -> None:
+    torch.manual_seed(0)
+    _, description = _describe(onnx_path, AllInFloat32(), "fp16")
+    assert description["lowered_ops"] == 0
+    assert description["kernels"].startswith("fp16 requested, but no op computed in float16")
+
+
+def test_a_module_with_weights_as_buffers_computes_in_its_type(onnx_path: Path) -> None:
+    module = WeightsAsBuffers()
+    outputs, description = _describe(onnx_path, module, "fp16")
+    x = torch.from_numpy(np.random.default_rng(0).standard_normal((16, FEATURES)).astype(np.float32))
+    expected = (x.half() * module.scale.half() + module.shift.half()).float().numpy()
+    np.testing.assert_array_equal(outputs, expected)
+    assert description["dtype"] == "float16" and description["kernels"] == "fp16"
