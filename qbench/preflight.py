@@ -36,7 +36,7 @@ from qbench.data import (
     select_rows,
     training_rows,
 )
-from qbench.data.feeds import pair_feed_notes
+from qbench.data.feeds import text_feed_notes
 from qbench.data.labels import label_cells
 from qbench.data.text_tables import number_format_hint
 from qbench.errors import QbenchError, RecipeError
@@ -190,8 +190,8 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, export_refreshed: boo
             raise mismatch from None
         raise
     preprocess_ms_per_row = (time.perf_counter() - started) * 1000 / max(len(eval_rows), 1)
-    for note in pair_feed_notes(data.inputs, model.inputs, recipe_file=recipe.source):
-        logger.info(note)
+    for level, note in text_feed_notes(table, eval_rows, data.inputs, model.inputs, recipe_file=recipe.source):
+        logger.log(level, note)
     check_batch_memory(recipe, eval_feeds)
     lookups = constant_lookups(source.onnx_path)
     check_lookup_indices(recipe, lookups, eval_feeds, eval_rows, "evaluation")

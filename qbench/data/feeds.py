@@ -24,6 +24,7 @@ from qbench.data.load import table_name
 from qbench.data.nonfinite import cell_array, stacked_numeric_cells
 from qbench.data.text import (
     check_pair_column,
+    load_tokenizer,
     text_cells,
     tokenize,
     tokenizer_field,
@@ -42,6 +43,7 @@ INPUTS_FIELD = "data.inputs"
 LABEL_FIELD = "data.label"
 _SHOWN_SHAPES = 5
 _CLASS_INDICES = "expected integer class indices"
+TOKEN_TYPES = "token_type_ids"
 
 
 def build_feeds(
@@ -174,23 +176,41 @@ def _check_mapping(
     return fed
 
 
-def pair_feed_notes(inputs: Mapping[str, InputTarget], model_inputs: dict[str, TensorMeta], *,
-                    recipe_file: Path) -> list[str]:  # fmt: skip
-    """One line per text input encoded as a pair: which model inputs the pair feeds, and what it leaves out (a model
-    without a token_type_ids input tells the two texts apart by [SEP] alone)."""
-    notes = []
+def text_feed_notes(
+    df: pd.DataFrame, rows: np.ndarray, inputs: Mapping[str, InputTarget], model_inputs: dict[str, TensorMeta], *,
+    recipe_file: Path,
+) -> list[tuple[int, str]]:  # fmt: skip
+    """(logging level, line) about what the text inputs feed, for the evaluation `rows`: per pair, which model inputs
+    it feeds and what it leaves out (a model without token_type_ids tells the texts apart by [SEP] alone); a warning
+    for a single text column whose cells hold the tokenizer's separator while the model reads token_type_ids: two
+    texts joined by hand, fed as one text with token_type_ids 0 throughout, where the tokenizer encodes a pair's
+    second text as 1 (every figure would be of inputs the model was not trained on)."""
+    notes: list[tuple[int, str]] = []
     for column, target in inputs.items():
-        if not isinstance(target, TextInputSpec) or target.tokenizer.pair is None:
+        if not isinstance(target, TextInputSpec):
             continue
-        produced = tokenizer_input_names(target.tokenizer, recipe_file=recipe_file, column=column)
+        tokenizer = load_tokenizer(target.tokenizer, recipe_file=recipe_file, column=column)
+        produced = list(tokenizer.model_input_names)
         fed = [name for name in produced if name in model_inputs]
-        unused = [name for name in produced if name not in model_inputs]
-        note = (f"{INPUTS_FIELD}.{column}: each row's ({column}, {target.tokenizer.pair}) pair is encoded together "
-                f"(truncation: {target.tokenizer.truncation}) and feeds {', '.join(fed)}")  # fmt: skip
-        if unused:
-            verb = "is" if len(unused) == 1 else "are"
-            note += f"; the tokenizer's {', '.join(unused)} {verb} not fed (not an input of the model)"
-        notes.append(note)
+        if target.tokenizer.pair is not None:
+            note = (f"{INPUTS_FIELD}.{column}: each row's ({column}, {target.tokenizer.pair}) pair is encoded together "
+                    f"(truncation: {target.tokenizer.truncation}) and feeds {', '.join(fed)}")  # fmt: skip
+            unused = [name for name in produced if name not in model_inputs]
+            if unused:
+                verb = "is" if len(unused) == 1 else "are"
+                note += f"; the tokenizer's {', '.join(unused)} {verb} not fed (not an input of the model)"
+            notes.append((logging.INFO, note))
+            continue
+        separator = tokenizer.sep_token
+        if TOKEN_TYPES not in fed or not separator:
+            continue
+        joined = sum(isinstance(cell, str) and separator in cell for cell in df[column].iloc[rows])
+        if joined:
+            notes.append((logging.WARNING, (
+                f"{INPUTS_FIELD}.{column}: {joined} of {len(rows)} evaluation rows hold the tokenizer's separator "
+                f"{separator!r} but are encoded as one text, so {TOKEN_TYPES} is 0 throughout; if the column joins "
+                f"two texts, give the second its own column and set {tokenizer_field(column, 'pair')} (the tokenizer "
+                f"encodes a pair's second text with {TOKEN_TYPES} 1)")))  # fmt: skip
     return notes
 
 

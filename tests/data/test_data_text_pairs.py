@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +11,7 @@ import pandas as pd
 import pytest
 
 from qbench.data.evaluation import text_columns
-from qbench.data.feeds import build_feeds, pair_feed_notes
+from qbench.data.feeds import build_feeds, text_feed_notes
 from qbench.data.slices import slice_masks
 from qbench.data.text import installed_package_folder, load_tokenizer, token_counts, tokenize
 from qbench.errors import RecipeError
@@ -121,15 +122,32 @@ def test_pair_problems_are_recipe_errors_naming_the_tokenizer_field(
 def test_a_model_without_token_type_ids_gets_the_pair_s_ids_and_mask_and_is_told_so() -> None:
     spec = _spec()
     inputs, model_inputs = {"query": TextInputSpec(tokenizer=spec)}, _int_inputs("input_ids", "attention_mask")
-    feeds = build_feeds(pd.DataFrame({"query": QUERIES, "passage": PASSAGES}), np.arange(3), inputs, model_inputs,
-                        recipe_file=RECIPE)  # fmt: skip
+    table = pd.DataFrame({"query": QUERIES, "passage": PASSAGES})
+    feeds = build_feeds(table, np.arange(3), inputs, model_inputs, recipe_file=RECIPE)
     expected = _direct(spec, QUERIES, PASSAGES)
     assert set(feeds) == {"input_ids", "attention_mask"}
     np.testing.assert_array_equal(feeds["input_ids"], expected["input_ids"])
-    assert pair_feed_notes(inputs, model_inputs, recipe_file=RECIPE) == [
+    assert text_feed_notes(table, np.arange(3), inputs, model_inputs, recipe_file=RECIPE) == [(logging.INFO,
         "data.inputs.query: each row's (query, passage) pair is encoded together (truncation: longest_first) and "
         "feeds input_ids, attention_mask; the tokenizer's token_type_ids is not fed (not an input of the model)"
-    ]
+    )]  # fmt: skip
+
+
+def test_two_texts_joined_into_one_column_are_a_warning_when_the_model_reads_token_type_ids() -> None:
+    """A team's workaround, query + " [SEP] " + passage in one column, feeds token_type_ids 0 over the passage:
+    inputs the model was not trained on, named with the fix."""
+    joined = pd.DataFrame({"both": [f"{q} [SEP] {p}" for q, p in zip(QUERIES, PASSAGES, strict=True)] + ["Alone."]})
+    inputs = {"both": TextInputSpec(tokenizer=TokenizerSpec(path=f"package:{MINILM}", max_length=32))}
+    feeds = build_feeds(joined, np.arange(4), inputs, _int_inputs(*BERT_INPUTS), recipe_file=RECIPE)
+    assert not feeds["token_type_ids"].any()  # what the model is fed: no second segment
+    ((level, note),) = text_feed_notes(joined, np.arange(4), inputs, _int_inputs(*BERT_INPUTS), recipe_file=RECIPE)
+    assert level == logging.WARNING
+    assert note.startswith("data.inputs.both: 3 of 4 evaluation rows hold the tokenizer's separator '[SEP]' but are "
+                           "encoded as one text, so token_type_ids is 0 throughout")  # fmt: skip
+    assert "set data.inputs.both.tokenizer.pair" in note
+    without_types = _int_inputs("input_ids", "attention_mask")  # the separator is all such a model sees: no warning
+    assert text_feed_notes(joined, np.arange(4), inputs, without_types, recipe_file=RECIPE) == []
+    assert text_feed_notes(joined, np.arange(3, 4), inputs, _int_inputs(*BERT_INPUTS), recipe_file=RECIPE) == []
 
 
 def test_the_pair_column_is_read_as_text_and_a_truncation_of_one_text_needs_a_pair() -> None:
