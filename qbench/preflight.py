@@ -34,6 +34,7 @@ from qbench.data import (
     training_rows,
 )
 from qbench.data.evaluation import calibration_sample
+from qbench.data.feeds import text_feed_notes
 from qbench.data.labels import label_cells
 from qbench.data.leakage import shared_rows, warn_shared
 from qbench.data.text_tables import number_format_hint
@@ -193,6 +194,8 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, export_refreshed: boo
             raise mismatch from None
         raise
     preprocess_ms_per_row = (time.perf_counter() - started) * 1000 / max(len(eval_rows), 1)
+    for level, note in text_feed_notes(table, eval_rows, data.inputs, model.inputs, recipe_file=recipe.source):
+        logger.log(level, note)
     check_batch_memory(recipe, eval_feeds)
     lookups = constant_lookups(source.onnx_path)
     check_lookup_indices(recipe, lookups, eval_feeds, eval_rows, "evaluation")
@@ -211,7 +214,7 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, export_refreshed: boo
         recipe, calibration_table, model, calibration_nonfinite, dropped, masks if calibration_table is table else {},
         lookups, whole=batch is not None, inputs=data.inputs,
     )
-    overlap = shared_rows(calibration_table, calibration_rows, table, eval_rows, data.inputs)
+    overlap = shared_rows(calibration_table, calibration_rows, table, eval_rows, data.fed_columns)
     if recipe.fits_on_calibration_rows:
         allowed = calibration_table is table and data.calibration.overlap == "allow"
         warn_shared(overlap, len(calibration_rows), "calibration",
@@ -471,7 +474,7 @@ def _training(
         rows = training_rows(table, spec.qat.train.filter, eval_rows, field=field, recipe_file=recipe.source)
         rows = _finite_rows(recipe, rows, nonfinite, {}, f"{spec.name} training")
         rows = rows[: spec.qat.train.limit] if spec.qat.train.limit is not None else rows
-        warn_shared(shared_rows(table, rows, table, eval_rows, inputs), len(rows), f"{spec.name} training",
+        warn_shared(shared_rows(table, rows, table, eval_rows, recipe.data.fed_columns), len(rows), f"{spec.name} training",
                     "the same rows twice in the table")  # fmt: skip
         check_finite(table, rows, nonfinite, slices, what=f"{spec.name} training", recipe_file=recipe.source)
         labels = (

@@ -82,9 +82,26 @@ class SliceSpec(_Strict):
 
 
 class TokenizerSpec(_Strict):
+    """How a text column is tokenized; with `pair`, each row's two texts are encoded together as the tokenizer
+    encodes a pair (`tokenizer(texts, text_pair=pairs)`: [CLS] text [SEP] pair [SEP], token_type_ids 0 then 1), as
+    cross-encoders, NLI and QA models are trained: two texts joined into one column would feed token_type_ids of 0
+    throughout, inputs the model never saw."""
+
     path: str = Field(description="a local tokenizer folder (relative to the recipe) or an installed model's folder")
     max_length: int = Field(128, gt=0)
     padding: Literal["max_length", "longest"] = "max_length"
+    pair: str | None = Field(None, description="the column of each row's second text (a passage, a hypothesis)")
+    truncation: Literal["longest_first", "only_first", "only_second"] = Field(
+        "longest_first", description="which text of a pair loses tokens past max_length: longest_first cuts the "
+        "longer one token at a time; only_first / only_second cut that text only"
+    )
+
+    @model_validator(mode="after")
+    def _truncation_of_a_pair(self) -> TokenizerSpec:
+        if self.truncation != "longest_first" and self.pair is None:
+            raise ValueError(f"truncation: {self.truncation} applies to a pair of texts; set `pair: <column>` "
+                             "or leave truncation out")  # fmt: skip
+        return self
 
 
 class TextInputSpec(_Strict):
@@ -172,11 +189,26 @@ class DataSpec(_Strict):
                              "remove it")  # fmt: skip
         return self
 
+    @property
+    def pair_columns(self) -> tuple[str, ...]:
+        """The columns of the second texts of text inputs encoded as pairs (`tokenizer.pair`)."""
+        return tuple(spec.tokenizer.pair for spec in self.inputs.values()
+                     if isinstance(spec, TextInputSpec) and spec.tokenizer.pair is not None)  # fmt: skip
+
+    @property
+    def fed_columns(self) -> tuple[str, ...]:
+        """Every column whose cells feed the model: the inputs' columns and the second texts of pairs."""
+        return (*self.inputs, *self.pair_columns)
+
     @field_validator("inputs")
     @classmethod
     def _inputs_nonempty(cls, v: dict[str, str | TextInputSpec]) -> dict[str, str | TextInputSpec]:
         if not v:
             raise ValueError("expected at least one `column: input_name` pair")
+        for column, spec in v.items():
+            if isinstance(spec, TextInputSpec) and spec.tokenizer.pair == column:
+                raise ValueError(f"{column}.tokenizer.pair: got {column!r}, the text column itself; expected the "
+                                 "column of each row's second text")  # fmt: skip
         return v
 
 

@@ -61,10 +61,11 @@ def text_columns(
     """The columns whose cells name things, read as the text a CSV file holds (qbench.data.text_tables): slice `by` columns
     and the calibration's stratify_by column ("007" and "7" are two codes, each named as written), text inputs, the
     columns feeding a string input of the model (`model_inputs`: a zip code "007" read as the number 7 would be
-    refused, or fed as "7"), and the label when it names classes (`label_names`: "01" and "1" are two classes of a
-    model's string labels)."""
+    refused, or fed as "7"), the second texts of pairs (`tokenizer.pair`), and the label when it names classes
+    (`label_names`: "01" and "1" are two classes of a model's string labels)."""
     columns = [spec.by for spec in data.slices if spec.by is not None]
     columns += [column for column, spec in data.inputs.items() if isinstance(spec, TextInputSpec)]
+    columns += data.pair_columns
     columns += string_input_columns(data, model_inputs or {})
     if data.calibration.stratify_by is not None:
         columns.append(data.calibration.stratify_by)
@@ -98,7 +99,7 @@ def load_data_table(
     kept = text_columns(data, label_names=label_names, model_inputs=model_inputs)
     dialect = CsvDialect(delimiter=data.csv.delimiter, decimal=data.csv.decimal, thousands=data.csv.thousands)
     return load_table(path, recipe_file=recipe_file, field=field, text_columns=kept, list_columns=_list_columns(data),
-                      verbatim_columns=tuple(data.inputs), csv_dialect=dialect)  # fmt: skip
+                      verbatim_columns=data.fed_columns, csv_dialect=dialect)  # fmt: skip
 
 
 def evaluation_rows(table: pd.DataFrame, data: DataSpec, *, recipe_file: Path, calibrated: bool) -> EvaluationRows:

@@ -5,7 +5,8 @@ a column of lists/arrays becomes (N, *cell_shape) and is then reshaped to the
 input's shape when the sizes agree (64 pixels -> (N, 1, 8, 8)). The first dim
 of every model input is the batch (`qbench.preflight_rows` checks that each row's outputs
 follow it). A text column with a tokenizer (`qbench.data.text`) feeds every model input
-named like one of the tokenizer's outputs (input_ids, ...).
+named like one of the tokenizer's outputs (input_ids, ...); with `tokenizer.pair`, each row's two texts are
+encoded together as one pair.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from qbench.data.filters import scalar_column
 from qbench.data.load import table_name
 from qbench.data.nonfinite import cell_array, stacked_numeric_cells
 from qbench.data.text import (
+    check_pair_column,
+    load_tokenizer,
     text_cells,
     tokenize,
     tokenizer_field,
@@ -40,6 +43,7 @@ INPUTS_FIELD = "data.inputs"
 LABEL_FIELD = "data.label"
 _SHOWN_SHAPES = 5
 _CLASS_INDICES = "expected integer class indices"
+TOKEN_TYPES = "token_type_ids"
 
 
 def build_feeds(
@@ -63,7 +67,9 @@ def build_feeds(
         cells = df[column].iloc[positions]
         if isinstance(target, TextInputSpec):
             metas = [model_inputs[name] for name in fed[column]]
-            feeds.update(_text_feeds(cells, column, target, metas, recipe_file=recipe_file))
+            pair = target.tokenizer.pair
+            pairs = None if pair is None else df[pair].iloc[positions]
+            feeds.update(_text_feeds(cells, column, target, metas, pairs=pairs, recipe_file=recipe_file))
             continue
         meta = model_inputs[target]
         if meta.dtype == np.dtype(object):  # an ONNX string input (skl2onnx's categorical columns)
@@ -151,6 +157,7 @@ def _check_mapping(
             raise RecipeError(recipe_file, INPUTS_FIELD, message)
         field = f"{INPUTS_FIELD}.{column}"
         if isinstance(target, TextInputSpec):
+            check_pair_column(df, column, target.tokenizer, recipe_file=recipe_file)
             fed[column] = _tokenized_inputs(column, target, model_inputs, recipe_file=recipe_file)
         elif target not in model_inputs:
             message = f"{target!r} is not an input of the model; {_expected(target, model_inputs)}"
@@ -167,6 +174,44 @@ def _check_mapping(
         message = f"model input {unfed[0]!r} is fed by no column; add `<column>: {unfed[0]}`"
         raise RecipeError(recipe_file, INPUTS_FIELD, message)
     return fed
+
+
+def text_feed_notes(
+    df: pd.DataFrame, rows: np.ndarray, inputs: Mapping[str, InputTarget], model_inputs: dict[str, TensorMeta], *,
+    recipe_file: Path,
+) -> list[tuple[int, str]]:  # fmt: skip
+    """(logging level, line) about what the text inputs feed, for the evaluation `rows`: per pair, which model inputs
+    it feeds and what it leaves out (a model without token_type_ids tells the texts apart by [SEP] alone); a warning
+    for a single text column whose cells hold the tokenizer's separator while the model reads token_type_ids: two
+    texts joined by hand, fed as one text with token_type_ids 0 throughout, where the tokenizer encodes a pair's
+    second text as 1 (every figure would be of inputs the model was not trained on)."""
+    notes: list[tuple[int, str]] = []
+    for column, target in inputs.items():
+        if not isinstance(target, TextInputSpec):
+            continue
+        tokenizer = load_tokenizer(target.tokenizer, recipe_file=recipe_file, column=column)
+        produced = list(tokenizer.model_input_names)
+        fed = [name for name in produced if name in model_inputs]
+        if target.tokenizer.pair is not None:
+            note = (f"{INPUTS_FIELD}.{column}: each row's ({column}, {target.tokenizer.pair}) pair is encoded together "
+                    f"(truncation: {target.tokenizer.truncation}) and feeds {', '.join(fed)}")  # fmt: skip
+            unused = [name for name in produced if name not in model_inputs]
+            if unused:
+                verb = "is" if len(unused) == 1 else "are"
+                note += f"; the tokenizer's {', '.join(unused)} {verb} not fed (not an input of the model)"
+            notes.append((logging.INFO, note))
+            continue
+        separator = tokenizer.sep_token
+        if TOKEN_TYPES not in fed or not separator:
+            continue
+        joined = sum(isinstance(cell, str) and separator in cell for cell in df[column].iloc[rows])
+        if joined:
+            notes.append((logging.WARNING, (
+                f"{INPUTS_FIELD}.{column}: {joined} of {len(rows)} evaluation rows hold the tokenizer's separator "
+                f"{separator!r} but are encoded as one text, so {TOKEN_TYPES} is 0 throughout; if the column joins "
+                f"two texts, give the second its own column and set {tokenizer_field(column, 'pair')} (the tokenizer "
+                f"encodes a pair's second text with {TOKEN_TYPES} 1)")))  # fmt: skip
+    return notes
 
 
 def _tokenized_inputs(
@@ -192,11 +237,17 @@ def _string_feed(cells: pd.Series, column: str, meta: TensorMeta, *, recipe_file
 
 
 def _text_feeds(
-    cells: pd.Series, column: str, spec: TextInputSpec, metas: list[TensorMeta], *, recipe_file: Path
-) -> dict[str, np.ndarray]:
-    """Tokenize a text column once; each model input gets the tokenizer output of its name, checked and cast."""
+    cells: pd.Series, column: str, spec: TextInputSpec, metas: list[TensorMeta], *, pairs: pd.Series | None,
+    recipe_file: Path,
+) -> dict[str, np.ndarray]:  # fmt: skip
+    """Tokenize a text column once (with `pairs`, the pair column's cells, as pairs); each model input gets the
+    tokenizer output of its name, checked and cast."""
     texts = text_cells(cells, column, recipe_file=recipe_file, field=f"{INPUTS_FIELD}.{column}")
-    encoded = tokenize(texts, spec.tokenizer, recipe_file=recipe_file, column=column)
+    second = None
+    if pairs is not None:
+        pair_field = tokenizer_field(column, "pair")
+        second = text_cells(pairs, str(spec.tokenizer.pair), recipe_file=recipe_file, field=pair_field)
+    encoded = tokenize(texts, spec.tokenizer, recipe_file=recipe_file, column=column, pairs=second)
     feeds: dict[str, np.ndarray] = {}
     for meta in metas:
         array = encoded[meta.name]

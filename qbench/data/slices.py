@@ -5,7 +5,7 @@
 filter makes one slice with its name; `by_length: column` + `buckets: [16, 32, 64]`
 makes one slice per token-length bucket of a text input (`text_tokens<=16`,
 `text_tokens=17-32`, `text_tokens=33-64`, `text_tokens>64`), counting the tokens the
-column's tokenizer makes without padding. Masks cover every row of the table; the
+column's tokenizer makes without padding (of a pair, both texts). Masks cover every row of the table; the
 caller restricts them to the rows it evaluates.
 """
 
@@ -27,7 +27,7 @@ from qbench.data.filters import (
     scalar_column,
 )
 from qbench.data.load import table_name
-from qbench.data.text import text_cells, token_counts
+from qbench.data.text import check_pair_column, text_cells, token_counts
 from qbench.errors import RecipeError
 from qbench.recipe_data import SliceSpec, TextInputSpec
 
@@ -189,30 +189,44 @@ def _masks_by_length(
     field: str,
     recipe_file: Path,
 ) -> dict[str, np.ndarray]:
-    """One mask per token-length bucket that holds rows; rows without text fall in no bucket."""
+    """One mask per token-length bucket that holds rows; rows without text fall in no bucket. A text input encoded
+    as a pair is bucketed by the pair's tokens (both texts and the special tokens: what the model is fed)."""
     column, bounds = str(spec.by_length), list(spec.buckets or [])
     target = inputs.get(column)
     if not isinstance(target, TextInputSpec):
-        text_columns = [name for name, value in inputs.items() if isinstance(value, TextInputSpec)]
-        shown = ", ".join(text_columns) or "none in this recipe"
-        message = (
-            f"column {column!r} is not a text input with a tokenizer in data.inputs "
-            f"(text inputs: {shown}); by_length counts the tokens of a text input"
-        )
-        raise RecipeError(recipe_file, f"{field}.by_length", message)
+        raise RecipeError(recipe_file, f"{field}.by_length", _not_a_text_input(column, inputs))
     if any(lower >= upper for lower, upper in itertools.pairwise(bounds)):
         raise RecipeError(recipe_file, f"{field}.buckets", f"got {bounds}, expected increasing token counts")
-    values = scalar_column(df, column, field=f"{field}.by_length", recipe_file=recipe_file)
-    present = values.notna().to_numpy()
-    texts = text_cells(values[present], column, recipe_file=recipe_file, field=f"{field}.by_length")
+    check_pair_column(df, column, target.tokenizer, recipe_file=recipe_file)
+    columns = [column] if target.tokenizer.pair is None else [column, target.tokenizer.pair]
+    values = [scalar_column(df, name, field=f"{field}.by_length", recipe_file=recipe_file) for name in columns]
+    present = np.logical_and.reduce([cells.notna().to_numpy() for cells in values])
+    texts = [text_cells(cells[present], name, recipe_file=recipe_file, field=f"{field}.by_length")
+             for name, cells in zip(columns, values, strict=True)]  # fmt: skip
     counts = np.full(len(df), -1, dtype=np.int64)
-    counts[present] = token_counts(texts, target.tokenizer, recipe_file=recipe_file, column=column)
+    pairs = texts[1] if len(texts) > 1 else None
+    counts[present] = token_counts(texts[0], target.tokenizer, recipe_file=recipe_file, column=column, pairs=pairs)
     masks: dict[str, np.ndarray] = {}
     for name, lower, upper in length_buckets(column, bounds):
         mask = present & (counts >= lower) & (counts <= upper)
         if mask.any():
             masks[name] = mask
     return masks
+
+
+def _not_a_text_input(column: str, inputs: Mapping[str, str | TextInputSpec]) -> str:
+    """Why `by_length: column` counts nothing: the column is no text input (or only the second text of a pair)."""
+    text_inputs = {name: value for name, value in inputs.items() if isinstance(value, TextInputSpec)}
+    text_columns = list(text_inputs)
+    paired = [name for name, value in text_inputs.items() if value.tokenizer.pair == column]
+    if paired:
+        return (f"column {column!r} is the second text of the pair of text input {paired[0]!r}; expected by_length: "
+                f"{paired[0]} (it counts the pair's tokens, both texts)")  # fmt: skip
+    shown = ", ".join(text_columns) or "none in this recipe"
+    return (
+        f"column {column!r} is not a text input with a tokenizer in data.inputs "
+        f"(text inputs: {shown}); by_length counts the tokens of a text input"
+    )
 
 
 def length_buckets(column: str, bounds: Sequence[int]) -> list[tuple[str, int, float]]:

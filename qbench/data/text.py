@@ -11,6 +11,10 @@ The tokenizer's outputs feed the model inputs of the same names (only those the 
 set (the evaluation rows, the calibration rows) to the longest row of that set, so every batch
 has the same shape. Rows longer than `max_length` tokens are truncated.
 
+`tokenizer.pair: <column>` encodes each row's text with that column's text as one pair, as the tokenizer
+does (`tokenizer(texts, text_pair=pairs)`): [CLS] text [SEP] pair [SEP] with token_type_ids 0 then 1;
+`tokenizer.truncation` says which of the two loses tokens past max_length.
+
 Where the tokenizer comes from (`tokenizer.path`):
 
 - a folder, relative to the recipe file (or absolute), holding what
@@ -36,7 +40,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from qbench.errors import MissingExtraError, RecipeError
+from qbench.data.load import table_name
+from qbench.errors import MissingExtraError, RecipeError, did_you_mean
 from qbench.recipe_data import TokenizerSpec
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -131,6 +136,15 @@ def tokenizer_input_names(spec: TokenizerSpec, *, recipe_file: Path, column: str
     return list(load_tokenizer(spec, recipe_file=recipe_file, column=column).model_input_names)
 
 
+def check_pair_column(df: pd.DataFrame, column: str, spec: TokenizerSpec, *, recipe_file: Path) -> None:
+    """The column `spec.pair` names is in the table (a RecipeError at text input `column`'s tokenizer.pair)."""
+    if spec.pair is not None and spec.pair not in df.columns:
+        columns = sorted(str(c) for c in df.columns)
+        message = (f"column {spec.pair!r} is not in {table_name(df)}; expected one of {', '.join(columns)}"
+                   f"{did_you_mean(spec.pair, columns)}")  # fmt: skip
+        raise RecipeError(recipe_file, tokenizer_field(column, "pair"), message)
+
+
 def text_cells(
     cells: pd.Series, column: str, *, recipe_file: Path, field: str, purpose: str = "for the tokenizer"
 ) -> list[str]:
@@ -151,23 +165,60 @@ def _is_missing(cell: object) -> bool:
     return cell is None or (isinstance(cell, float) and np.isnan(cell)) or cell is pd.NA
 
 
-def tokenize(texts: Sequence[str], spec: TokenizerSpec, *, recipe_file: Path, column: str) -> dict[str, np.ndarray]:
+def tokenize(
+    texts: Sequence[str], spec: TokenizerSpec, *, recipe_file: Path, column: str, pairs: Sequence[str] | None = None
+) -> dict[str, np.ndarray]:
     """Tokenizer output name -> int64 array (rows, length), padded as `spec.padding` says, truncated at max_length.
 
-    `longest` pads to the longest of `texts` (capped at max_length): call it once per set, not per batch.
+    With `pairs` (the `spec.pair` column's texts, one per text), row i encodes the pair (texts[i], pairs[i]) as the
+    tokenizer does, cut as `spec.truncation` says. `longest` pads to the longest row (capped at max_length): call it
+    once per set, not per batch.
     """
     tokenizer = load_tokenizer(spec, recipe_file=recipe_file, column=column)
+    if pairs is not None:
+        _check_fits_truncation(tokenizer, texts, pairs, spec, recipe_file=recipe_file, column=column)
     encoded = tokenizer(
-        list(texts), padding=spec.padding, truncation=True, max_length=spec.max_length, return_tensors="np"
+        list(texts),
+        text_pair=None if pairs is None else list(pairs),
+        padding=spec.padding,
+        truncation=spec.truncation,
+        max_length=spec.max_length,
+        return_tensors="np",
     )
     return {name: np.asarray(encoded[name], dtype=np.int64) for name in tokenizer.model_input_names if name in encoded}
 
 
-def token_counts(texts: Sequence[str], spec: TokenizerSpec, *, recipe_file: Path, column: str) -> np.ndarray:
-    """Tokens per text without padding or truncation, special tokens ([CLS], [SEP]) included (int64)."""
+def _check_fits_truncation(
+    tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], pairs: Sequence[str], spec: TokenizerSpec, *,
+    recipe_file: Path, column: str,
+) -> None:  # fmt: skip
+    """`only_first` / `only_second` cut one text of a pair; a row whose other text alone (with [CLS]/[SEP]) is past
+    max_length cannot fit (the tokenizer fails, or returns a row longer than max_length)."""
+    if spec.truncation == "longest_first" or not texts:
+        return
+    kept, kept_column = (pairs, spec.pair) if spec.truncation == "only_first" else (texts, column)
+    pieces = tokenizer(list(kept), add_special_tokens=False, truncation=False, verbose=False)["input_ids"]
+    lengths = np.array([len(row) for row in pieces]) + tokenizer.num_special_tokens_to_add(pair=True)
+    over = np.flatnonzero(lengths > spec.max_length)
+    if over.size:
+        first = over[0]
+        message = (
+            f"{over.size} of {len(texts)} rows do not fit: with truncation: {spec.truncation}, column "
+            f"{kept_column!r} is kept whole, but it has {lengths[first]} tokens with the special tokens (e.g. "
+            f"{kept[first][:60]!r}), past max_length {spec.max_length}; expected truncation: longest_first, "
+            "or a larger max_length"
+        )
+        raise RecipeError(recipe_file, tokenizer_field(column, "truncation"), message)
+
+
+def token_counts(
+    texts: Sequence[str], spec: TokenizerSpec, *, recipe_file: Path, column: str, pairs: Sequence[str] | None = None
+) -> np.ndarray:
+    """Tokens per text (per pair, with `pairs`) without padding or truncation, special tokens included (int64)."""
     tokenizer = load_tokenizer(spec, recipe_file=recipe_file, column=column)
     if not texts:
         return np.zeros(0, dtype=np.int64)
     # verbose=False: texts longer than the model's limit are counted, not warned about
-    ids = tokenizer(list(texts), padding=False, truncation=False, verbose=False)["input_ids"]
-    return np.array([len(row) for row in ids], dtype=np.int64)
+    encoded = tokenizer(list(texts), text_pair=None if pairs is None else list(pairs), padding=False,
+                        truncation=False, verbose=False)  # fmt: skip
+    return np.array([len(row) for row in encoded["input_ids"]], dtype=np.int64)
