@@ -55,7 +55,7 @@ from qbench.preflight import prepare
 from qbench.recipe import Recipe, load_recipe
 from qbench.slo import idle_ms, load_settings, served_times, serving_figures
 from qbench.sweep import run_sweep
-from qbench.validate.latency import latency_points, measure_batcher_samples, measure_samples, stability_rule
+from qbench.validate.latency import latency_points, measure_batcher_samples, measure_samples
 from qbench.validate.load import Batcher, Draws, LoadReplay, MeasuredServiceTimes, search_max_rate
 from qbench.variants import BuiltVariant
 
@@ -216,7 +216,7 @@ def validate_variant(recipe: Recipe, prepared: Any, built: BuiltVariant, fractio
                                   description=f"{built.name} latency", stability=timing.stability)  # fmt: skip
         batcher_samples = measure_batcher_samples(runner, feeds, timing.batch_sizes, timing.iterations,
                                                   idle_ms(recipe.slo, backend.name))  # fmt: skip
-        points = latency_points(samples, timing.warmup, stability_rule(timing.stability, timing.iterations))
+        points = latency_points(samples, timing.warmup)
         serving = serving_figures(recipe, backend.name, samples, points, model_bytes=None, runtime=runner.describe(),
                                   preprocess_ms_per_row=overhead, batcher=batcher_samples)  # fmt: skip
         replay = LoadReplay(served_times(samples, batcher_samples), batcher, draws)

@@ -286,7 +286,18 @@ def _latency_grid(results: SweepResults) -> Grid:
     rows = [row for v in results.variants for row in _latency_rows(v, notes)]
     footer = ["cold start = session ms + first run ms; spread: (max - min) / median of the last windows' p50s, "
               "then interquartile range / median of all timed runs"]  # fmt: skip
-    return Grid("Latency", headers, rows, frozenset(range(2, 12)), footer + notes.lines())
+    return Grid("Latency", headers, rows, frozenset(range(2, 12)), footer + _timed_inputs(results) + notes.lines())
+
+
+def _timed_inputs(results: SweepResults) -> list[str]:
+    """What each batch size was timed on, where the timed batches' shapes vary (text cut to each batch's longest
+    row): every variant is timed on the same batches, so one line per batch size."""
+    lines: dict[int, str] = {}
+    for point in (p for v in results.variants if v.latency is not None for p in v.latency.points if p.shapes):
+        shapes = "; ".join(f"{name} {s['min']} to {s['max']}, median {s['p50']}" for name, s in point.shapes.items())
+        lines.setdefault(point.batch_size, f"batch {point.batch_size}: timed over {point.batches} batches of "
+                                           f"evaluation rows in rotation, shapes {shapes}")  # fmt: skip
+    return [lines[size] for size in sorted(lines)]
 
 
 # -- frontier -------------------------------------------------------------------------------------

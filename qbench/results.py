@@ -94,6 +94,10 @@ class LatencyPoint:
     iqr_ratio: float = math.nan  # interquartile range / median of every timed run
     stable: bool | None = None  # the last windows agreed; None: not judged (stability: null)
     others_cpus: float = math.nan  # CPUs other processes kept busy while timed (qbench.validate.contention)
+    # what was timed (qbench.validate.latency.timed_batches): distinct batches of evaluation rows run in rotation,
+    # and input name -> {"min", "p50", "max"} shape over them for inputs whose shape varied (text cut per batch)
+    batches: int = 1
+    shapes: dict[str, dict[str, list[int]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -243,6 +243,20 @@ def test_unstable_latency_is_marked_beside_the_figure_with_a_note(tmp_path: Path
     assert "| — / — |" in latency  # fixed-count points of the other variants: no spread recorded
 
 
+def test_latency_says_which_shapes_were_timed_where_they_vary(tmp_path: Path) -> None:
+    """Text cut to each timed batch's longest row: the figures describe that mix, and the report says which."""
+    fp32, *others = make_sweep().variants
+    b1, b32 = fp32.latency.points
+    shapes = {"input_ids": {"min": [1, 5], "p50": [1, 48], "max": [1, 490]}}
+    points = (dataclasses.replace(b1, batches=33, shapes=shapes), b32)
+    ragged = dataclasses.replace(fp32, latency=dataclasses.replace(fp32.latency, points=points))
+    text = write_markdown_report(make_sweep([ragged, *others]), None, None, tmp_path / "report.md").read_text()
+    latency = text[text.index("## Latency") :]
+    assert "batch 1: timed over 33 batches of evaluation rows in rotation, shapes input_ids [1, 5] to [1, 490], " \
+           "median [1, 48]" in latency
+    assert "batch 32: timed over" not in latency  # one shape timed: nothing to say
+
+
 def test_gate_table_names_the_metric_of_checks_beside_the_gate_metric(gate: GateReport) -> None:
     """A non-finite output count next to accuracy checks of the same scope: each row says which it is."""
     assert "metric" not in [c.header for c in gate_table(gate).columns]

@@ -33,7 +33,8 @@ import contextlib
 import functools
 import importlib.util
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -42,12 +43,13 @@ import pandas as pd
 
 from qbench.data.load import table_name
 from qbench.errors import MissingExtraError, RecipeError, did_you_mean
-from qbench.recipe_data import TokenizerSpec
+from qbench.recipe_data import TextInputSpec, TokenizerSpec
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedTokenizerBase
 
 PACKAGE_PREFIX = "package:"
+MASK = "attention_mask"  # the tokenizer output that is 0 at padding
 PACKAGE_MODEL_FOLDER = "model"
 _OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 
@@ -222,3 +224,39 @@ def token_counts(
     encoded = tokenizer(list(texts), text_pair=None if pairs is None else list(pairs), padding=False,
                         truncation=False, verbose=False)  # fmt: skip
     return np.array([len(row) for row in encoded["input_ids"]], dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class Padding:
+    """Token feeds padded to their set's longest row (`padding: longest`): `names` share a sequence axis (1), on
+    which `mask` (the attention mask, 0 at padding) says which positions hold tokens. A server pads each batch
+    to its own longest row: timing cuts each timed batch back to that (qbench.validate.latency)."""
+
+    mask: str
+    names: tuple[str, ...]
+
+    def trim(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """`batch` without the positions that are padding in every row (either side), as padding it alone gives."""
+        used = np.flatnonzero(np.any(batch[self.mask] != 0, axis=0))
+        if used.size == 0:
+            return batch
+        span = slice(int(used[0]), int(used[-1]) + 1)
+        return {name: np.ascontiguousarray(array[:, span]) if name in self.names else array
+                for name, array in batch.items()}  # fmt: skip
+
+
+def token_padding(
+    inputs: Mapping[str, object], feeds: Mapping[str, np.ndarray], shapes: Mapping[str, Sequence[int | None]]
+) -> Padding | None:
+    """The Padding of `feeds` built from `inputs` (data.inputs: column -> model input or TextInputSpec) when a text
+    column is padded `longest`, the model takes its attention mask and every one of its inputs has a dynamic
+    sequence axis (`shapes`: model input -> its shape, None where dynamic; empty where not stated); None otherwise
+    (`max_length` is what a server pads to as well; without the mask which positions are padding is unknown). The
+    text column's feeds are those no other column names."""
+    texts = [spec for spec in inputs.values() if isinstance(spec, TextInputSpec)]
+    if len(texts) != 1 or texts[0].tokenizer.padding != "longest" or MASK not in feeds:
+        return None
+    names = tuple(name for name in feeds if name not in inputs.values())
+    if any(len(shapes.get(name) or ()) == 2 and shapes[name][1] is not None for name in names):
+        return None  # a static sequence length takes no other
+    return Padding(MASK, names)

@@ -3,8 +3,10 @@
 Without it perf_analyzer fills every non-string input with random bytes: an int64 token id of random bytes
 indexes far past any embedding table (ONNX Runtime refuses the request: every request of the benchmark fails),
 and random float bytes hold NaN, inf and denormals that no production row holds (denormals slow a CPU's
-arithmetic down). The rows qbench timed are the first evaluation rows (qbench.data.feeds.take_batch), so the
-file holds those, each with its shape (which makes `--shape` unnecessary for dynamic dimensions).
+arithmetic down). qbench times a rotation of batches drawn from every evaluation row
+(qbench.validate.latency.timed_batches); the file holds the first evaluation rows, each with its shape (which
+makes `--shape` unnecessary for dynamic dimensions). Text padded `longest` is padded to those rows' longest, so
+that Triton can batch them (qbench times each batch at its own longest row).
 
 perf_analyzer's format: {"data": [step, ...]}, a step being input name -> {"content": ..., "shape": [...]}.
 A batched request of `-b n` takes n consecutive steps, so for a model Triton batches a step is one row (its
@@ -26,8 +28,7 @@ import numpy as np
 from qbench.modelinfo import ModelInfo
 from qbench.recipe import Recipe
 
-# rows written for a model Triton batches: larger batches cycle through them, as qbench's own batches
-# repeat its rows when the evaluation set has fewer (take_batch)
+# rows written for a model Triton batches: larger batches cycle through them
 MAX_ROWS = 64
 
 

@@ -1,7 +1,13 @@
 """Latency of a loaded variant: cold start (session creation, first run) and steady state per batch size.
 
-Only the `runner.run` call is inside a timed region: inputs are sliced, tiled and made
-contiguous before the clock starts, and the progress bar advances outside it.
+Only the `runner.run` call is inside a timed region: the timed batches are built before the clock
+starts (`timed_batches`), each run takes the next one in rotation, and the progress bar advances
+outside it.
+
+The timed batches are drawn from the evaluation rows (a fixed shuffle, the same for every variant), not
+the first rows repeated: a model whose cost depends on its input (text of many lengths served with
+dynamic padding, a data-dependent loop) is timed on the mix it will serve. Text padded to the set's
+longest row is cut back to each batch's own longest row (`Padding`), as a server padding per batch runs it.
 
 The caller must keep exactly one runner alive while timing: idle ONNX Runtime
 sessions keep intra-op threads spinning, and on a small machine that moved
@@ -21,6 +27,7 @@ import numpy as np
 
 from qbench.backends.base import Runner
 from qbench.data.feeds import take_batch
+from qbench.data.text import Padding
 from qbench.errors import QbenchError
 from qbench.progress import track
 from qbench.recipe import StabilitySpec
@@ -30,6 +37,13 @@ from qbench.validate.stability import StabilityRule, WindowedStability, iqr_rati
 
 _NS_PER_MS = 1_000_000
 _DEFAULT_MAX_RUNS = 100_000  # latency.stability.max_iterations when not given
+# distinct batches timed in rotation per batch size at most (fewer when a stability window, or the fixed count
+# of runs, is shorter: every batch is timed in every window); the copies they hold are at most the rows once
+MAX_TIMED_BATCHES = 256
+# and at most this many bytes of input copies (at least one batch): 256 batches of 32 ImageNet-sized images would
+# hold 4.9 GB
+MAX_TIMED_BYTES = 256 * 2**20
+_SHUFFLE_SEED = 0
 
 
 def _elapsed_ms(start_ns: int) -> float:
@@ -59,21 +73,60 @@ def measure_cold_start(
     return runner, session_create_ms, first_run_ms
 
 
-def _timed_runs_ns(runner: Runner, batch: dict[str, np.ndarray], iterations: int, description: str) -> np.ndarray:
+Batches = list[dict[str, np.ndarray]]
+
+
+def timed_batches(
+    feeds: Mapping[str, np.ndarray], batch_size: int, padding: Padding | None = None, limit: int = MAX_TIMED_BATCHES
+) -> Batches:
+    """The batches of `batch_size` rows timed in rotation: the rows in a fixed shuffle (seeded, so FP32 and every
+    variant run the same batches in the same order), cut into consecutive batches (the last filled from the top),
+    at most `limit` and MAX_TIMED_BYTES of copies; a set of fewer rows than `batch_size` gives one batch repeating them (`take_batch`).
+    With `padding`, each batch is cut back to its own longest row."""
+    count = len(next(iter(feeds.values()), ()))
+    batch_bytes = sum(array.nbytes for array in feeds.values()) * batch_size // max(count, 1)
+    limit = max(1, min(limit, MAX_TIMED_BYTES // max(batch_bytes, 1)))
+    if count <= batch_size:
+        batches = [take_batch(feeds, batch_size)]
+    else:
+        order = np.random.default_rng(_SHUFFLE_SEED).permutation(count)
+        starts = range(0, min(count, limit * batch_size), batch_size)
+        batches = [{name: np.ascontiguousarray(np.take(array, order[np.arange(start, start + batch_size) % count], axis=0))
+                    for name, array in feeds.items()} for start in starts]  # fmt: skip
+    return [padding.trim(batch) for batch in batches] if padding is not None else batches
+
+
+def timed_shapes(batches: Batches) -> dict[str, dict[str, list[int]]]:
+    """Input name -> the smallest, median and largest of its shapes over `batches` (dimension by dimension), for
+    the inputs whose shape differs between them: what the timed figures describe."""
+    shapes: dict[str, dict[str, list[int]]] = {}
+    for name in batches[0]:
+        dims = np.array([batch[name].shape for batch in batches])
+        if np.any(dims != dims[0]):
+            shapes[name] = {"min": dims.min(axis=0).tolist(), "p50": np.median(dims, axis=0).astype(int).tolist(),
+                            "max": dims.max(axis=0).tolist()}  # fmt: skip
+    return shapes
+
+
+def _timed_runs_ns(runner: Runner, batches: Batches, iterations: int, description: str) -> np.ndarray:
     durations = np.empty(iterations, dtype=np.int64)
+    count = len(batches)
     for i in track(range(iterations), description, total=iterations):
+        batch = batches[i % count]
         start = time.perf_counter_ns()
         runner.run(batch)
         durations[i] = time.perf_counter_ns() - start
     return durations
 
 
-def stability_rule(spec: StabilitySpec | None, iterations: int) -> StabilityRule | None:
-    """The recipe's stability settings for a minimum of `iterations` timed runs (durations in ms);
-    None without them (fixed-count timing)."""
+def stability_rule(spec: StabilitySpec | None, iterations: int, rotation: int = 1) -> StabilityRule | None:
+    """The recipe's stability settings for a minimum of `iterations` timed runs (durations in ms) over `rotation`
+    distinct batches; None without them (fixed-count timing). A window is whole rotations (its runs rounded up to
+    a multiple of `rotation`), so windows compare the same inputs and their p50s differ by timing noise only."""
     if spec is None:
         return None
     window_runs = spec.window_runs or max(1, iterations // spec.windows)
+    window_runs = -(-window_runs // rotation) * rotation
     return StabilityRule(
         min_runs=iterations,
         max_runs=spec.max_iterations or max(_DEFAULT_MAX_RUNS, iterations),
@@ -85,13 +138,13 @@ def stability_rule(spec: StabilitySpec | None, iterations: int) -> StabilityRule
     )
 
 
-def _timed_until_stable(
-    runner: Runner, batch: dict[str, np.ndarray], rule: StabilityRule, description: str
-) -> np.ndarray:
+def _timed_until_stable(runner: Runner, batches: Batches, rule: StabilityRule, description: str) -> np.ndarray:
     """Timed runs (ms) until the rule stops them, or `rule.max_seconds` of wall time once the minimum is done."""
     state = WindowedStability(rule)
     deadline = time.perf_counter_ns() + rule.max_seconds * 1e9
-    for _ in track(range(rule.max_runs), description, total=rule.max_runs):
+    count = len(batches)
+    for i in track(range(rule.max_runs), description, total=rule.max_runs):
+        batch = batches[i % count]
         start = time.perf_counter_ns()
         runner.run(batch)
         end = time.perf_counter_ns()
@@ -101,16 +154,21 @@ def _timed_until_stable(
 
 
 class TimedSamples(dict[int, np.ndarray]):
-    """Batch size -> every timed duration (ms), and the CPUs other processes kept busy while each was timed
-    (qbench.validate.contention)."""
+    """Batch size -> every timed duration (ms); per batch size too, the CPUs other processes kept busy while it was
+    timed (qbench.validate.contention), the stability rule it was timed under, how many distinct batches were timed
+    in rotation and the shapes that vary among them (`timed_shapes`)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.others_cpus: dict[int, float] = {}
+        self.rules: dict[int, StabilityRule | None] = {}
+        self.batches: dict[int, int] = {}
+        self.shapes: dict[int, dict[str, dict[str, list[int]]]] = {}
 
 
 def _latency_point(
-    batch_size: int, warmup: int, durations_ms: np.ndarray, rule: StabilityRule | None, others: float = math.nan
+    batch_size: int, warmup: int, durations_ms: np.ndarray, rule: StabilityRule | None, others: float = math.nan,
+    **timed: Any,
 ) -> LatencyPoint:
     p50, p95, p99 = np.percentile(durations_ms, [50, 95, 99])
     mean_ms = float(np.mean(durations_ms))
@@ -132,6 +190,7 @@ def _latency_point(
         iqr_ratio=iqr_ratio(durations_ms),
         others_cpus=others,
         **windows,
+        **timed,
     )
 
 
@@ -143,8 +202,10 @@ def measure_samples(
     iterations: int,
     description: str = "latency",
     stability: StabilitySpec | None = None,
+    padding: Padding | None = None,
 ) -> TimedSamples:
-    """For each batch size: `warmup` untimed runs, then timed runs of `runner.run`; batch size ->
+    """For each batch size: `warmup` untimed runs, then timed runs of `runner.run`, over the `timed_batches` of
+    `feeds` in rotation (with `padding`, each cut back to its longest row); batch size ->
     every timed duration in ms (the load simulation replays them, `latency_points` summarises them),
     with the CPUs other processes kept busy over the timed runs.
 
@@ -158,17 +219,22 @@ def measure_samples(
         raise QbenchError(f"iterations must be positive, got {iterations}")
     samples = TimedSamples()
     for batch_size in batch_sizes:
-        batch = take_batch(feeds, batch_size)
-        for _ in range(warmup):
-            runner.run(batch)
+        unrotated = stability_rule(stability, iterations)
+        limit = min(MAX_TIMED_BATCHES, unrotated.window_runs if unrotated is not None else iterations)
+        batches = timed_batches(feeds, batch_size, padding, limit)
+        for i in range(warmup):
+            runner.run(batches[i % len(batches)])
         label = f"{description} (batch {batch_size})"
-        rule = stability_rule(stability, iterations)
+        rule = stability_rule(stability, iterations, len(batches))
         start = cpu_sample()
         if rule is None:
-            samples[batch_size] = _timed_runs_ns(runner, batch, iterations, label).astype(np.float64) / _NS_PER_MS
+            samples[batch_size] = _timed_runs_ns(runner, batches, iterations, label).astype(np.float64) / _NS_PER_MS
         else:
-            samples[batch_size] = _timed_until_stable(runner, batch, rule, label)
+            samples[batch_size] = _timed_until_stable(runner, batches, rule, label)
         samples.others_cpus[batch_size] = others_cpus(start, cpu_sample())
+        samples.rules[batch_size] = rule
+        samples.batches[batch_size] = len(batches)
+        samples.shapes[batch_size] = timed_shapes(batches)
     return samples
 
 
@@ -191,11 +257,17 @@ IDLE_BUDGET_S = 1.0  # per batch size: past it (and IDLE_MIN_RUNS), no more idle
 
 
 def measure_batcher_samples(
-    runner: Runner, feeds: Mapping[str, np.ndarray], batch_sizes: Sequence[int], iterations: int, idle_ms: float
+    runner: Runner,
+    feeds: Mapping[str, np.ndarray],
+    batch_sizes: Sequence[int],
+    iterations: int,
+    idle_ms: float,
+    padding: Padding | None = None,
 ) -> BatcherSamples:
-    """For each batch size: the median of `iterations` gatherings of the batch from one-row requests (one
-    np.concatenate per input, as a batcher joins its requests), and the median of batches served as a dynamic
-    batcher serves one on an idle model: sleep `idle_ms`, gather, run, timed from when the sleep was due
+    """For each batch size: the median of `iterations` gatherings of the first timed batch (`timed_batches`) from
+    one-row requests (one np.concatenate per input, as a batcher joins its requests), and the median of batches
+    served as a dynamic batcher serves one on an idle model (the timed batches in rotation): sleep `idle_ms`,
+    gather, run, timed from when the sleep was due
     (at most `iterations` and IDLE_RUNS of them, fewer past IDLE_BUDGET_S: a median needs few runs, and a large
     model's idle start differs from its back-to-back run by a share too small to need more).
 
@@ -209,8 +281,9 @@ def measure_batcher_samples(
     gather: dict[int, float] = {}
     idle: dict[int, float] = {}
     for batch_size in batch_sizes:
-        batch = take_batch(feeds, batch_size)
-        requests = [{name: array[i : i + 1] for name, array in batch.items()} for i in range(batch_size)]
+        rotation = [[{name: array[i : i + 1] for name, array in batch.items()} for i in range(batch_size)]
+                    for batch in timed_batches(feeds, batch_size, padding)]  # fmt: skip
+        requests = rotation[0]
         gatherings = np.empty(iterations, dtype=np.int64)
         for i in range(iterations):
             start = time.perf_counter_ns()
@@ -224,7 +297,7 @@ def measure_batcher_samples(
         ):
             due = time.perf_counter_ns() + idle_ns
             time.sleep(idle_ms / 1000)
-            runner.run(_gather(requests))
+            runner.run(_gather(rotation[len(durations) % len(rotation)]))
             durations.append(time.perf_counter_ns() - due)
         idle[batch_size] = float(np.median(durations)) / _NS_PER_MS
     return BatcherSamples(gather, idle)
@@ -234,11 +307,15 @@ def latency_points(
     samples_ms: Mapping[int, np.ndarray], warmup: int, rule: StabilityRule | None = None
 ) -> tuple[LatencyPoint, ...]:
     """One LatencyPoint per batch size. Percentiles are numpy's (linear interpolation), so
-    p50 <= p95 <= p99; items_per_s is batch_size / mean seconds. With the `rule` the samples were
-    timed under (`stability_rule`), each point records its windows, their spread and `stable`; from
-    `TimedSamples`, the CPUs other processes kept busy."""
-    others = samples_ms.others_cpus if isinstance(samples_ms, TimedSamples) else {}
-    return tuple(_latency_point(bs, warmup, durations, rule, others.get(bs, math.nan))
+    p50 <= p95 <= p99; items_per_s is batch_size / mean seconds. With the stability rule the samples were
+    timed under (`TimedSamples` record it per batch size; otherwise `rule`, from `stability_rule`), each point
+    records its windows, their spread and `stable`; from `TimedSamples`, the CPUs other processes kept busy and
+    what was timed (distinct batches, shapes that varied)."""
+    if not isinstance(samples_ms, TimedSamples):
+        return tuple(_latency_point(bs, warmup, durations, rule) for bs, durations in samples_ms.items())
+    return tuple(_latency_point(bs, warmup, durations, samples_ms.rules.get(bs, rule),
+                                samples_ms.others_cpus.get(bs, math.nan), batches=samples_ms.batches.get(bs, 1),
+                                shapes=samples_ms.shapes.get(bs, {}))
                  for bs, durations in samples_ms.items())  # fmt: skip
 
 
@@ -250,7 +327,8 @@ def measure_steady_state(
     iterations: int,
     description: str = "latency",
     stability: StabilitySpec | None = None,
+    padding: Padding | None = None,
 ) -> tuple[LatencyPoint, ...]:
     """`measure_samples`, summarised per batch size."""
-    samples = measure_samples(runner, feeds, batch_sizes, warmup, iterations, description, stability)
-    return latency_points(samples, warmup, stability_rule(stability, iterations))
+    return latency_points(measure_samples(runner, feeds, batch_sizes, warmup, iterations, description, stability,
+                                          padding), warmup)  # fmt: skip

@@ -23,6 +23,7 @@ import numpy as np
 
 from qbench.backends import Backend, Runner
 from qbench.backends.base import RunOptions
+from qbench.data.text import token_padding
 from qbench.environment import timing_machine
 from qbench.errors import QbenchError, RecipeError, environment_cause
 from qbench.preflight import Prepared, check_labels_fit_outputs
@@ -37,7 +38,6 @@ from qbench.validate.latency import (
     measure_batcher_samples,
     measure_cold_start,
     measure_samples,
-    stability_rule,
 )
 from qbench.variants import BuiltVariant
 
@@ -171,12 +171,15 @@ def measure(
                 outputs = _run_rows(runner, prepared, rows, f"{label} evaluate", close=False)
             samples, batcher = {}, None
             if timing is not None:
+                padding = token_padding(prepared.recipe.data.inputs, rows.feeds,
+                                        {name: meta.shape for name, meta in prepared.model.inputs.items()})
                 samples = measure_samples(runner, rows.feeds, timing.batch_sizes, timing.warmup, timing.iterations,
-                                          description=f"{label} latency", stability=timing.stability)  # fmt: skip
+                                          description=f"{label} latency", stability=timing.stability,
+                                          padding=padding)  # fmt: skip
                 slo = prepared.recipe.slo
                 if serving and slo is not None:
                     batcher = measure_batcher_samples(runner, rows.feeds, timing.batch_sizes, timing.iterations,
-                                                      idle_ms(slo, backend.name))  # fmt: skip
+                                                      idle_ms(slo, backend.name), padding=padding)  # fmt: skip
             runtime = runner.describe()
         finally:
             runner.close()
@@ -202,7 +205,7 @@ def measure(
         nsr = output_nsr([base[k] for k in outputs], list(outputs.values()))
     latency, serving_result, size = None, None, model_bytes(built.onnx_path)
     if timing is not None:
-        points = latency_points(samples, timing.warmup, stability_rule(timing.stability, timing.iterations))
+        points = latency_points(samples, timing.warmup)
         latency = LatencyResult(threads=timing.threads, session_create_ms=create_ms, first_run_ms=first_ms,
                                 points=tuple(points), machine=timing_machine(runtime.get("device")))  # fmt: skip
         if serving:

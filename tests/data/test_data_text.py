@@ -13,9 +13,11 @@ from qbench.data.feeds import build_feeds
 from qbench.data.slices import length_buckets, slice_masks
 from qbench.data.text import (
     PACKAGE_MODEL_FOLDER,
+    Padding,
     installed_package_folder,
     resolve_tokenizer_folder,
     token_counts,
+    token_padding,
     tokenize,
 )
 from qbench.errors import RecipeError
@@ -137,6 +139,35 @@ def test_longest_padding_fits_a_model_with_a_dynamic_sequence_axis() -> None:
     inputs = _int_inputs("input_ids", "attention_mask", "token_type_ids")
     feeds = build_feeds(table, np.arange(3), {"text": _text_input(padding="longest")}, inputs, recipe_file=RECIPE)
     assert {name: array.shape for name, array in feeds.items()} == {name: (3, 11) for name in inputs}
+
+
+def test_longest_padding_is_timed_at_each_batch_s_own_longest_row() -> None:
+    """`padding: longest` pads the set to its longest row; a server pads each batch to its own: one-row batches
+    are timed at each row's token count, the other feeds (a column of numbers) untouched."""
+    from qbench.validate.latency import timed_batches
+
+    table = pd.DataFrame({"text": TEXTS, "extra": [1.0, 2.0, 3.0]})
+    inputs = {**_int_inputs("input_ids", "attention_mask", "token_type_ids"),
+              "extra": TensorMeta("extra", np.dtype("float32"), (None,))}  # fmt: skip
+    recipe_inputs = {"text": _text_input(padding="longest"), "extra": "extra"}
+    feeds = build_feeds(table, np.arange(3), recipe_inputs, inputs, recipe_file=RECIPE)
+    padding = token_padding(recipe_inputs, feeds, {name: meta.shape for name, meta in inputs.items()})
+    assert padding == Padding("attention_mask", tuple(name for name in feeds if name != "extra"))
+    batches = timed_batches(feeds, 1, padding)
+    assert sorted(batch["input_ids"].shape[1] for batch in batches) == sorted(TOKEN_COUNTS)
+    assert all(batch["extra"].shape == (1,) and batch["token_type_ids"].shape == batch["input_ids"].shape
+               for batch in batches)  # fmt: skip
+
+
+def test_only_longest_padding_with_an_attention_mask_is_cut_per_batch() -> None:
+    feeds = {"input_ids": np.ones((2, 4), np.int64), "attention_mask": np.ones((2, 4), np.int64)}
+    dynamic = {name: (None, None) for name in feeds}
+    longest = {"text": _text_input(padding="longest")}
+    assert token_padding(longest, feeds, dynamic) == Padding("attention_mask", ("input_ids", "attention_mask"))
+    assert token_padding({"text": _text_input(padding="max_length")}, feeds, dynamic) is None  # a server pads to it too
+    assert token_padding(longest, {"input_ids": feeds["input_ids"]}, dynamic) is None
+    assert token_padding({"ids": "input_ids", "mask": "attention_mask"}, feeds, dynamic) is None  # no text column
+    assert token_padding(longest, feeds, {**dynamic, "input_ids": (None, 4)}) is None  # it takes 4 tokens only
 
 
 def test_a_token_count_that_misses_the_model_s_sequence_length_names_max_length() -> None:

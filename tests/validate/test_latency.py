@@ -9,14 +9,17 @@ from collections.abc import Mapping
 import numpy as np
 import pytest
 
+from qbench.data.text import Padding
 from qbench.errors import QbenchError
 from qbench.recipe import StabilitySpec
+from qbench.validate import latency
 from qbench.validate.latency import (
     latency_points,
     measure_batcher_samples,
     measure_cold_start,
     measure_steady_state,
     take_batch,
+    timed_batches,
 )
 from qbench.validate.stability import StabilityRule
 
@@ -171,7 +174,8 @@ def test_adaptive_timing_of_a_steady_runner_stops_early_and_is_stable() -> None:
 
 def test_adaptive_timing_that_never_agrees_hits_the_run_bound_and_is_flagged() -> None:
     stability = StabilitySpec(threshold=0.05, windows=3, window_runs=5, window_seconds=0.0, max_iterations=40)
-    (point,) = measure_steady_state(_PhasedRunner(phase_runs=5), FEEDS, [1], warmup=0, iterations=10,
+    one_row = {"x": FEEDS["x"][:1]}  # one batch to rotate through: windows of exactly window_runs
+    (point,) = measure_steady_state(_PhasedRunner(phase_runs=5), one_row, [1], warmup=0, iterations=10,
                                     stability=stability)  # fmt: skip
     assert point.iterations == 40
     assert point.stable is False
@@ -207,3 +211,73 @@ def test_latency_points_record_the_windows_the_rule_saw() -> None:
     assert point.iqr_ratio == pytest.approx((138 - 100) / 101.5)
     (fixed,) = latency_points({8: samples}, warmup=1)
     assert fixed.stable is None and fixed.window_p50_ms == ()
+
+
+class _Feeding(_SleepyRunner):
+    """Records a copy of every batch it is run on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fed: list[dict[str, np.ndarray]] = []
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        self.fed.append({name: array.copy() for name, array in feeds.items()})
+        return []
+
+
+ROWS = {"x": np.arange(10, dtype=np.float32)[:, None]}
+
+
+def test_timed_runs_rotate_over_the_evaluation_rows_the_same_way_for_every_variant() -> None:
+    """Not the first row repeated: every row is timed, in one fixed order whichever runner (FP32, a variant) is timed."""
+    first, second = _Feeding(), _Feeding()
+    (point,) = measure_steady_state(first, ROWS, [1], warmup=0, iterations=10)
+    measure_steady_state(second, ROWS, [1], warmup=0, iterations=10)
+    fed = [float(batch["x"][0, 0]) for batch in first.fed]
+    assert sorted(fed) == list(range(10))
+    assert fed == [float(batch["x"][0, 0]) for batch in second.fed]
+    assert point.batches == 10 and point.shapes == {}
+
+
+def test_timed_batches_cover_the_rows_and_fill_the_last_batch_from_the_top() -> None:
+    batches = timed_batches(ROWS, 4)
+    assert [len(batch["x"]) for batch in batches] == [4, 4, 4]
+    rows = [float(v) for batch in batches for v in batch["x"][:, 0]]
+    assert sorted(set(rows)) == list(range(10)) and len(set(rows[:10])) == 10  # rows 10 and 11 repeat the first two
+    assert len(timed_batches(ROWS, 1, limit=3)) == 3
+    assert [len(batch["x"]) for batch in timed_batches(ROWS, 16)] == [16]  # fewer rows than the batch: tiled
+
+
+def test_timed_batches_hold_a_bounded_number_of_bytes_and_at_least_one_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    rows = {"x": np.zeros((100, 1000), dtype=np.float32)}  # 4,000 bytes a row
+    monkeypatch.setattr(latency, "MAX_TIMED_BYTES", 40_000)
+    assert len(timed_batches(rows, 2)) == 5  # 8,000 bytes a batch
+    assert len(timed_batches(rows, 50)) == 1  # 200,000 bytes: still one batch
+
+
+def test_a_stability_window_covers_whole_rotations() -> None:
+    runner = _Feeding()
+    stability = StabilitySpec(threshold=0.5, windows=3, window_runs=4, window_seconds=0.0, max_iterations=24)
+    (point,) = measure_steady_state(runner, ROWS, [1], warmup=0, iterations=12, stability=stability)
+    assert point.batches == 4  # the rotation is no longer than a window, so every window times the same rows
+    windows = [[float(b["x"][0, 0]) for b in runner.fed[i : i + 4]] for i in range(0, point.iterations, 4)]
+    assert all(sorted(window) == sorted(windows[0]) for window in windows)
+
+
+def test_token_padding_is_cut_back_to_each_timed_batch_s_longest_row() -> None:
+    """Rows padded to the set's longest (right or left padding) are timed as a server padding per batch runs them."""
+    lengths = np.array([2, 9, 3, 5, 4, 7])
+    right = (np.arange(9)[None, :] < lengths[:, None]).astype(np.int64)
+    for mask in (right, right[:, ::-1].copy()):
+        feeds = {"input_ids": mask * 7, "attention_mask": mask, "pixels": np.zeros((6, 3), np.float32)}
+        runner = _Feeding()
+        (point,) = measure_steady_state(runner, feeds, [2], warmup=0, iterations=3,
+                                        padding=Padding("attention_mask", ("input_ids", "attention_mask")))  # fmt: skip
+        for batch in runner.fed:
+            longest = int(batch["attention_mask"].sum(axis=1).max())
+            assert batch["input_ids"].shape == batch["attention_mask"].shape == (2, longest)
+            assert np.all(batch["input_ids"][batch["attention_mask"] == 1] == 7)  # no token cut off
+            assert batch["pixels"].shape == (2, 3)
+        widths = sorted(batch["input_ids"].shape[1] for batch in runner.fed)
+        assert point.shapes == {name: {"min": [2, widths[0]], "p50": [2, widths[1]], "max": [2, widths[2]]}
+                                for name in ("input_ids", "attention_mask")}  # fmt: skip

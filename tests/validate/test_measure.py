@@ -53,6 +53,8 @@ def test_fp32_against_itself_then_a_variant_against_fp32(prepared, tmp_path):
     assert fp32.result.accuracy.overall.drops["agreement"] == 0.0
     assert [p.batch_size for p in fp32.result.latency.points] == [1, 8]
     assert all(p.iterations == 3 for p in fp32.result.latency.points)
+    rows = len(prepared.evaluation_rows)  # timed over the evaluation rows in rotation, as many batches as runs at most
+    assert [p.batches for p in fp32.result.latency.points] == [min(3, -(-rows // b)) for b in (1, 8)]
     machine = fp32.result.latency.machine  # the machine the timings ran on (each node of a cluster records its own)
     assert machine["host"] == socket.gethostname() and machine["cpus"] == len(os.sched_getaffinity(0))
     assert machine["cpu"] and machine["arch"] == platform.machine() and "device" not in machine
@@ -171,7 +173,7 @@ def test_a_sweep_measurement_times_idle_starts_and_simulates_load_with_them(prep
 
     calls = []
 
-    def batcher_samples(runner, feeds, batch_sizes, iterations, idle_ms):
+    def batcher_samples(runner, feeds, batch_sizes, iterations, idle_ms, padding=None):
         calls.append((tuple(batch_sizes), iterations, idle_ms))
         return BatcherSamples({bs: 0.0 for bs in batch_sizes}, {bs: 40.0 for bs in batch_sizes})
 
