@@ -9,7 +9,8 @@ used and scores it.
 
 The context's tokens are those with token_type_ids 1 and attention_mask 1 in the fed pair (`tokenizer.pair`: the
 second text; its closing [SEP] included). A model without a token_type_ids input cannot be told the pair's texts
-apart by its feeds: the span may then lie on any attended token (the question too), said in a note of the task.
+apart by its feeds: the span may then lie on any attended token (the question too; the text inputs' note at the
+start of a sweep says that the model reads no token_type_ids).
 Labels, optional, are one list per row, `[start, end]`: the answer's first and last token (inclusive) in the fed
 pair's tokens, within the context. Without labels, exact_match and f1 are against FP32's span.
 """
