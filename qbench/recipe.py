@@ -192,6 +192,7 @@ class AnalysisSpec(_Strict):
 class Recipe(_Strict):
     name: Name
     task: str = Field("classification", description="how outputs are judged: a name registered in qbench.tasks")
+    task_options: dict[str, Any] = Field({}, description="the task's own options (span: max_answer_tokens)")
     model: ModelSpec
     data: DataSpec
     variants: list[VariantSpec] = []
@@ -267,6 +268,13 @@ class Recipe(_Strict):
         for index, backend in enumerate(self.backends):
             if backend.startswith("torch-") and self.model.torch is None:
                 raise ValueError(f"backends[{index}]: {backend} needs a PyTorch model source (model.torch)")
+        from qbench.errors import QbenchError
+        from qbench.tasks import get_task
+
+        try:
+            get_task(self.task).configured(self.task_options)
+        except QbenchError as exc:
+            raise ValueError(f"task_options.{exc}") from None
         check_metrics(self)
         check_serving(self.slo, self.cost, self.backends, self.latency.batch_sizes, self.latency.iterations)
         check_registry(self.registry, self.backends, self.latency.batch_sizes)

@@ -59,7 +59,7 @@ def default_gate_metric(data: Any) -> Any:
     task, gate = data.get("task", "classification"), data.get("gate", {})
     if not (isinstance(task, str) and task in TASKS and isinstance(gate, dict) and "metric" not in gate):
         return data
-    metric, per_output = TASKS.get(task).default_gate_metric, True
+    metric, per_output = TASKS.get(task).default_gate_metric, not TASKS.get(task).together
     if metric is None:
         metric, per_output = _first_custom_metric(data.get("metrics"))
     model = data.get("model")
@@ -96,7 +96,7 @@ def check_metrics(recipe: Recipe) -> None:
     _check_metric_outputs(recipe)
     allowed = metric_names(recipe)
     outputs = recipe.model.outputs or []
-    if "metric" not in recipe.gate.model_fields_set and len(outputs) > 1:  # no default: one set per evaluated output
+    if "metric" not in recipe.gate.model_fields_set and len(outputs) > 1 and not get_task(recipe.task).together:  # no default: one set per evaluated output
         raise ValueError(f"gate.metric: not set, and task {recipe.task!r} evaluates several outputs "
                          f"({', '.join(outputs)}), each "
                          f"with its own metrics named 'output/metric'; expected one of {', '.join(sorted(allowed))}")
@@ -122,10 +122,12 @@ def _check_metric_outputs(recipe: Recipe) -> None:
 def metric_names(recipe: Recipe) -> list[str]:
     """Every metric name results will carry: the task's and the custom ones, 'output/'-prefixed when several outputs
     are evaluated (a metric of several outputs keeps its name). Custom metrics' directions join the catalogue."""
-    from qbench.tasks import gate_metric_names
+    from qbench.tasks import gate_metric_names, get_task
     from qbench.validate.catalogue import METRICS
 
     names, joint = list(gate_metric_names(recipe.task)), []
+    if get_task(recipe.task).together:  # the task's metrics are of its outputs together: unprefixed
+        names, joint = [], names
     for index, info in enumerate(custom_metric_infos(recipe.metrics)):
         if (info.name in METRICS and not METRICS[info.name].custom) or info.name in names + joint:
             raise ValueError(f"metrics[{index}].name: {info.name!r} is taken by a built-in or earlier metric")

@@ -176,7 +176,7 @@ def test_fingerprint_ignores_the_gate_but_not_the_model(tmp_path):
         (
             {"task": "regresion"},
             "recipe.yaml: task: got 'regresion', expected one of classification, embedding, multilabel, "
-            "regression, structured (did you mean 'regression'?)",
+            "regression, span, structured (did you mean 'regression'?)",
         ),
         (
             {"task": "detection"},

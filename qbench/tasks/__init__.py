@@ -18,6 +18,7 @@ TASKS.register("embedding", "qbench.tasks.embedding:EMBEDDING")
 TASKS.register("regression", "qbench.tasks.regression:REGRESSION")
 TASKS.register("multilabel", "qbench.tasks.multilabel:MULTILABEL")
 TASKS.register("structured", "qbench.tasks.structured:STRUCTURED")
+TASKS.register("span", "qbench.tasks.span:SPAN")
 
 UNSUPPORTED_TASKS = ("detection", "segmentation", "generation", "ranking")
 """Structured-output tasks people ask for by name; they get 'not supported' (with the task that takes them,

@@ -8,7 +8,7 @@ task never falls into another task's path.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -90,6 +90,16 @@ class Task(ABC):
     metric_infos: ClassVar[tuple[MetricInfo, ...]]
     default_gate_metric: ClassVar[str | None]  # None: the recipe's first custom metric
     labels_name_classes: ClassVar[bool] = False  # label cells are names ("01" and "1" two classes), not numbers
+    together: ClassVar[tuple[str, ...]] = ()
+    """What each output is, for a task that judges several outputs of a row at once (span: its start and end scores),
+    in the order `model.outputs` names them; its metrics are then unprefixed and come from `rows_together`. Empty:
+    each evaluated output is judged on its own by `rows`."""
+
+    def configured(self, options: Mapping[str, Any]) -> Task:
+        """This task with the recipe's `task_options`; QbenchError starting with the option it cannot take."""
+        if options:
+            raise QbenchError(f"{sorted(options)[0]}: task {self.name!r} takes no options")
+        return self
 
     # -- labels ----------------------------------------------------------------------------------
 
@@ -130,6 +140,10 @@ class Task(ABC):
         By default every output the task can evaluate ranks 0."""
         return None if self.output_problem(output) is not None else 0
 
+    def pick_outputs(self, outputs: Sequence[TensorMeta]) -> list[str] | None:
+        """The outputs a task of `together` reads when the recipe names none, in its order (None: it cannot tell)."""
+        return None
+
     def labels_fit(self, output: TensorMeta, values: Sequence[Any]) -> bool:
         """Whether label cells of the form of `values` (the label column's) can be scored against `output`: among
         the outputs the recipe does not name, those the labels cannot score are passed over. By default all can."""
@@ -149,6 +163,14 @@ class Task(ABC):
 
         `probabilities`: the graph makes these scores as probabilities (True) or logits (False); None when it does
         not say (TensorMeta.probabilities). Tasks that threshold scores read it; others ignore it."""
+
+    def rows_together(
+        self, outputs: Sequence[np.ndarray], reference: Sequence[np.ndarray], labels: np.ndarray | None,
+        feeds: Mapping[str, np.ndarray],
+    ) -> RowSummary:
+        """Per-row quantities of the outputs of `together` (in its order) vs FP32's and `labels`; `feeds`: the model
+        inputs the rows were run with (which tokens a row's answer may lie in)."""
+        raise QbenchError(f"task {self.name!r} judges each output on its own")
 
     def thresholds_by_scale(self, reference: np.ndarray) -> bool:
         """Whether `rows` decides these (FP32) outputs at a threshold set by their scale (0.5 for probabilities, 0 for

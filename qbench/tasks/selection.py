@@ -41,6 +41,8 @@ def choose_outputs(
     labels cannot score (Task.labels_fit: a CLS embedding beside the per-token logits that token labels score) are
     passed over whatever their rank, when another output fits; when none does, the label check says why."""
     names = list(model.outputs)
+    if task.together:
+        return _together(task, model, wanted, names)
     if wanted:
         return [_named(task, model, name, names) for name in wanted]
     ranked = [(rank, i) for i, meta in enumerate(model.outputs.values()) if (rank := _rank(task, meta)) is not None]
@@ -68,6 +70,22 @@ def choose_outputs(
     log.info("evaluating output %s (task %s; model.output not set)", choice.meta.describe(), task.name)
     _warn_off_label(choice.meta)
     return [choice]
+
+
+def _together(task: Task, model: ModelInfo, wanted: Sequence[str] | None, names: list[str]) -> list[OutputChoice]:
+    """The outputs a task judging several at once reads: as many as it has roles, the recipe's or the task's pick."""
+    roles = " and ".join(task.together)
+    if not wanted:
+        wanted = task.pick_outputs([meta for meta in model.outputs.values() if _problem(task, meta) is None])
+        if wanted is None:
+            raise QbenchError(f"task {task.name!r} reads the {roles} outputs together and cannot tell them apart by "
+                              f"name; list them in model.outputs, in that order. Outputs: {_listing(model)}")  # fmt: skip
+        log.info("evaluating outputs %s as the %s (task %s; model.outputs not set)",
+                 ", ".join(map(repr, wanted)), roles, task.name)  # fmt: skip
+    if len(wanted) != len(task.together):
+        raise QbenchError(f"task {task.name!r} reads {len(task.together)} outputs together (the {roles}, in that order); "
+                          f"got {len(wanted)}: {', '.join(map(repr, wanted))}")  # fmt: skip
+    return [_named(task, model, name, names) for name in wanted]
 
 
 def _warn_off_label(meta: TensorMeta) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -53,14 +54,15 @@ class _OutputRows:
     """One evaluated output: the task's per-row summary, plus what custom metrics read."""
 
     prefix: str
-    summary: RowSummary
+    summary: RowSummary | None  # None: the task judges the outputs together (Task.together), not this one alone
     outputs: np.ndarray
     reference: np.ndarray
     labels: np.ndarray | None
     reference_nonfinite: np.ndarray  # rows where FP32's output has NaN/inf
 
     def summarise(self, name: str, mask: np.ndarray, custom: Sequence[CustomMetric]) -> SliceMetrics:
-        own = _undefined_where_fp32_failed(self.summary.summarise(name, mask), bool((mask & self.reference_nonfinite).any()))
+        own = SliceMetrics(name=name, size=int(np.count_nonzero(mask)), metrics={}) if self.summary is None else \
+            _undefined_where_fp32_failed(self.summary.summarise(name, mask), bool((mask & self.reference_nonfinite).any()))
         values = dict(own.metrics)
         for metric in custom:
             values[metric.name] = _custom_value(metric, name, mask, {"": self}, self.labels)
@@ -130,6 +132,8 @@ def evaluate_accuracy(
     slices: Mapping[str, np.ndarray],
     custom_metrics: Sequence[CustomMetric] = (),
     probabilities: Mapping[str, bool | None] | None = None,
+    feeds: Mapping[str, np.ndarray] | None = None,
+    task_options: Mapping[str, Any] | None = None,
 ) -> AccuracyResult:
     """Metrics of `outputs` against `reference_outputs` (FP32) and `labels`, overall and per slice.
 
@@ -138,13 +142,17 @@ def evaluate_accuracy(
     `outputs` is one array, or output name -> array (metrics then prefixed 'name/' when there are
     several). The metrics are the task's (see qbench.tasks), plus `custom_metrics` per output; a custom metric
     naming `outputs` is computed once over those (named) outputs, unprefixed.
-    `slices` maps a slice name to a boolean mask over the rows.
+    `slices` maps a slice name to a boolean mask over the rows. A task judging its outputs together (Task.together:
+    span) gets them in the order given and `feeds`, the inputs the rows were run with; its metrics are unprefixed.
     """
-    judge = get_task(task)
+    judge = get_task(task).configured(task_options or {})
     named = dict(outputs) if isinstance(outputs, Mapping) else {"": outputs}
     references = dict(reference_outputs) if isinstance(reference_outputs, Mapping) else {"": reference_outputs}
     if set(named) != set(references):
         raise QbenchError(f"variant outputs {sorted(named)} differ from the FP32 outputs {sorted(references)}")
+    if judge.together and len(named) != len(judge.together):
+        raise QbenchError(f"task {task!r} reads {len(judge.together)} outputs together ({', '.join(judge.together)}), "
+                          f"got {len(named)}")  # fmt: skip
     per_output = [m for m in custom_metrics if not m.outputs]
     joint = [m for m in custom_metrics if m.outputs]
     for metric in joint:
@@ -155,7 +163,7 @@ def evaluate_accuracy(
     prefixed = len(named) > 1
     parts: dict[str, _OutputRows] = {}
     rows = -1
-    nonfinite = new_nonfinite = np.zeros(0, dtype=bool)
+    nonfinite = new_nonfinite = nonfinite_reference = np.zeros(0, dtype=bool)
     for name, values in named.items():
         values, reference = np.asarray(values), np.asarray(references[name])
         if values.ndim == 0 or values.shape != reference.shape:
@@ -169,16 +177,24 @@ def evaluate_accuracy(
         own_labels = _checked_labels(labels, rows)
         row_bad, reference_bad = _nonfinite_rows(values), _nonfinite_rows(reference)
         row_new = row_bad & ~reference_bad
+        nonfinite_reference = reference_bad if not parts else nonfinite_reference | reference_bad
         nonfinite = row_bad if nonfinite.size == 0 else nonfinite | row_bad
         new_nonfinite = row_new if new_nonfinite.size == 0 else new_nonfinite | row_new
         prefix = f"{name}{OUTPUT_SEPARATOR}" if prefixed else ""
-        summary = judge.rows(values, reference, own_labels, probabilities=(probabilities or {}).get(name))
+        summary = None if judge.together else judge.rows(values, reference, own_labels,
+                                                         probabilities=(probabilities or {}).get(name))  # fmt: skip
         parts[name] = _OutputRows(prefix, summary, values, reference, own_labels, reference_bad)
     masks = _checked_masks(slices, rows)
     labels = _checked_labels(labels, rows)
+    joint_parts: list[_OutputRows] = []
+    if judge.together:
+        joint_summary = judge.rows_together([p.outputs for p in parts.values()], [p.reference for p in parts.values()],
+                                            labels, feeds or {})  # fmt: skip
+        joint_parts.append(_OutputRows("", joint_summary, np.zeros(0), np.zeros(0), labels, nonfinite_reference))
 
     def summarise(name: str, mask: np.ndarray) -> SliceMetrics:
-        merged = _merged(name, [part.summarise(name, mask, per_output) for part in parts.values()])
+        merged = _merged(name, [part.summarise(name, mask, per_output) for part in parts.values()]
+                         + [part.summarise(name, mask, ()) for part in joint_parts])  # fmt: skip
         together = {m.name: _custom_value(m, name, mask, {o: parts[o] for o in m.outputs}, labels) for m in joint}
         merged = dataclasses.replace(merged, metrics={**merged.metrics, **together})
         return dataclasses.replace(merged, nonfinite_outputs=int(np.count_nonzero(nonfinite & mask)),

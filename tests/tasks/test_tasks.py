@@ -17,7 +17,7 @@ SEQUENCE = TensorMeta("boxes", np.dtype(object), (), "other", "seq(tensor(float)
 
 
 def test_every_registered_task_is_a_task_with_its_metrics_in_the_catalogue() -> None:
-    assert TASKS.names() == ["classification", "embedding", "multilabel", "regression", "structured"]
+    assert TASKS.names() == ["classification", "embedding", "multilabel", "regression", "span", "structured"]
     for name in TASKS.names():
         task = get_task(name)
         assert isinstance(task, Task) and task.name == name
@@ -28,7 +28,7 @@ def test_every_registered_task_is_a_task_with_its_metrics_in_the_catalogue() -> 
 
 
 def test_unknown_and_structured_tasks_are_refused_clearly() -> None:
-    with pytest.raises(QbenchError, match=r"expected one of classification, embedding, multilabel, regression, structured \(did you mean 'multilabel'\?\)"):  # noqa: E501
+    with pytest.raises(QbenchError, match=r"expected one of classification, embedding, multilabel, regression, span, structured \(did you mean 'multilabel'\?\)"):  # noqa: E501
         get_task("multilable")
     with pytest.raises(QbenchError, match="task 'detection' is not supported"):
         get_task("detection")
@@ -99,6 +99,9 @@ def test_every_metric_the_catalogue_says_counts_fp32_s_nan_rows_stays_defined_wh
     for name in TASKS.names():
         counting = [info.name for info in get_task(name).metric_infos if info.counts_nonfinite_rows]
         assert counting, name
+        together = len(get_task(name).together)  # a task reading several outputs at once gets as many
         for outputs in (reference, reference[::-1] + 0.3):
-            values = evaluate_accuracy(name, outputs, reference, None, {}).overall.metrics
+            values = evaluate_accuracy(name, {f"o{i}": outputs for i in range(together)} if together else outputs,
+                                       {f"o{i}": reference for i in range(together)} if together else reference,
+                                       None, {}).overall.metrics  # fmt: skip
             assert all(np.isfinite(values[metric]) for metric in counting), (name, values)

