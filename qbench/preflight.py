@@ -33,7 +33,7 @@ from qbench.data import (
     row_ids_sha256,
     training_rows,
 )
-from qbench.data.evaluation import calibration_sample
+from qbench.data.evaluation import calibration_sample, holds_out
 from qbench.data.feeds import text_feed_notes
 from qbench.data.labels import label_cells
 from qbench.data.leakage import shared_rows, warn_shared
@@ -179,7 +179,8 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, export_refreshed: boo
     _record_dropped(dropped, "evaluation", evaluation.dropped, evaluation.left_out)
     if evaluation.held_out:
         logger.warning("%d evaluation rows are calibration rows and are held out (data.calibration.overlap: "
-                       "hold_out): %d rows evaluated", evaluation.held_out, len(evaluation.rows))  # fmt: skip
+                       "hold_out; at most half of the calibration candidates are drawn where they are evaluation "
+                       "rows too): %d rows evaluated", evaluation.held_out, len(evaluation.rows))  # fmt: skip
     eval_slices = evaluation.slices
     outputs = _pick_outputs(recipe, task, model, label_cells(table, recipe.data, eval_rows, recipe_file=recipe.source))
     _check_gate_metric(recipe, task, outputs)
@@ -443,7 +444,8 @@ def _calibration(
     """The calibration rows and their batches (the last one filled up to the batch size when `whole`: a model
     with a fixed batch), fed as `inputs` (data.inputs, tokenizers read from the sweep's copies)."""
     spec = recipe.data.calibration
-    rows, counts, left_out = calibration_sample(table, recipe.data, nonfinite, recipe_file=recipe.source)
+    rows, counts, left_out = calibration_sample(table, recipe.data, nonfinite, recipe_file=recipe.source,
+                                                hold_out=holds_out(recipe.data, recipe.fits_on_calibration_rows))
     _record_dropped(dropped, "calibration", counts, left_out)
     field_name = "data.inputs" if recipe.calibration_data_path is None else "data.calibration.path"
     check_finite(table, rows, nonfinite, slices, what="calibration", recipe_file=recipe.source, field=field_name)

@@ -113,8 +113,8 @@ def evaluation_rows(table: pd.DataFrame, data: DataSpec, *, recipe_file: Path, c
     rows, dropped = finite_rows(rows, nonfinite, data, what="evaluation", recipe_file=recipe_file)
     left_out = selected - len(rows)
     held_out = 0
-    if calibrated and data.calibration.path is None and data.calibration.overlap == "hold_out":
-        calibration, _, _ = calibration_sample(table, data, nonfinite, recipe_file=recipe_file)
+    if holds_out(data, calibrated):
+        calibration, _, _ = calibration_sample(table, data, nonfinite, recipe_file=recipe_file, hold_out=True)
         kept = rows[~np.isin(rows, calibration)]
         held_out = len(rows) - len(kept)
         if held_out and len(kept) == 0:
@@ -132,15 +132,29 @@ def evaluation_rows(table: pd.DataFrame, data: DataSpec, *, recipe_file: Path, c
                           held_out=held_out)  # fmt: skip
 
 
+def holds_out(data: DataSpec, calibrated: bool) -> bool:
+    """Whether the calibration sample is left out of the evaluation: a variant is fitted on it (`calibrated`), it is
+    drawn from data.path, and `data.calibration.overlap` is hold_out."""
+    return calibrated and data.calibration.path is None and data.calibration.overlap == "hold_out"
+
+
 def calibration_sample(
-    table: pd.DataFrame, data: DataSpec, nonfinite: NonfiniteMasks, *, recipe_file: Path
+    table: pd.DataFrame, data: DataSpec, nonfinite: NonfiniteMasks, *, recipe_file: Path, hold_out: bool = False
 ) -> tuple[np.ndarray, dict[str, int], int]:
     """The calibration rows of `table` (data.calibration's filter, the NaN/inf input policy, then the seeded draw),
     input column -> candidates left out for NaN/inf, and how many candidates that is: one derivation for the
-    sample and the evaluation rows held out for it."""
+    sample and the evaluation rows held out for it.
+
+    With `hold_out` (`holds_out`), when the candidates include rows of the evaluation filter, at most half of the
+    candidates are drawn: `samples` (256 by default) from a table of 300 rows without filters would leave 44 rows
+    to judge every variant on, and would refuse a table of 200."""
     spec = data.calibration
     selected = select_rows(table, spec.filter, field="data.calibration.filter", recipe_file=recipe_file)
     candidates, dropped = finite_rows(selected, nonfinite, data, what="calibration", recipe_file=recipe_file)
+    if hold_out and spec.samples > len(candidates) // 2:
+        evaluated = select_rows(table, data.evaluation.filter, field="data.evaluation.filter", recipe_file=recipe_file)
+        if np.isin(candidates, evaluated).any():
+            spec = spec.model_copy(update={"samples": max(1, len(candidates) // 2)})
     rows = draw_calibration_sample(table, candidates, spec, recipe_file=recipe_file)
     return rows, dropped, len(selected) - len(candidates)
 

@@ -44,9 +44,9 @@ def test_one_table_without_filters_evaluates_only_rows_it_did_not_calibrate_on()
 
 def test_filters_that_overlap_partly_hold_out_only_the_shared_rows_and_limit_counts_after():
     table = _table(100)
-    data = _data(calibration={"filter": {"part": "a"}, "samples": 30}, evaluation={"limit": 60})
+    data = _data(calibration={"filter": {"part": "a"}, "samples": 20}, evaluation={"limit": 60})
     evaluated = evaluation_rows(table, data, recipe_file=RECIPE, calibrated=True)
-    assert evaluated.held_out == 30
+    assert evaluated.held_out == 20
     assert len(evaluated.rows) == 60  # the limit is filled from rows not calibrated on
     calibration, _, _ = calibration_sample(table, data, evaluated.nonfinite, recipe_file=RECIPE)
     assert np.intersect1d(evaluated.rows, calibration).size == 0
@@ -59,9 +59,23 @@ def test_overlap_allow_and_recipes_without_calibrated_variants_keep_every_evalua
     assert len(evaluation_rows(table, _data(calibration={"samples": 10}), recipe_file=RECIPE, calibrated=False).rows) == 50
 
 
+def test_at_most_half_the_candidates_are_drawn_where_they_are_evaluation_rows_too():
+    table = _table(30)
+    evaluated = evaluation_rows(table, _data(), recipe_file=RECIPE, calibrated=True)  # samples 256 by default
+    assert evaluated.held_out == 15 and len(evaluated.rows) == 15
+    calibration, _, _ = calibration_sample(table, _data(), evaluated.nonfinite, recipe_file=RECIPE, hold_out=True)
+    assert len(calibration) == 15 and np.intersect1d(evaluated.rows, calibration).size == 0
+    separate = _data(calibration={"filter": {"part": "a"}}, evaluation={"filter": {"part": "b"}})
+    assert len(calibration_sample(table, separate, {}, recipe_file=RECIPE, hold_out=True)[0]) == 15  # all of part a
+
+
 def test_a_calibration_sample_taking_every_evaluation_row_is_refused():
-    with pytest.raises(RecipeError, match=r"data\.calibration: every one of the 30 evaluation rows"):
-        evaluation_rows(_table(30), _data(), recipe_file=RECIPE, calibrated=True)
+    table = _table(30).assign(only=lambda t: np.arange(len(t)) == 0)  # one evaluation row: row 0
+    seed = next(seed for seed in range(100) if 0 in calibration_sample(
+        table, _data(calibration={"seed": seed}), {}, recipe_file=RECIPE, hold_out=True)[0])  # fmt: skip
+    data = _data(calibration={"seed": seed}, evaluation={"filter": {"only": True}})
+    with pytest.raises(RecipeError, match=r"data\.calibration: every one of the 1 evaluation rows"):
+        evaluation_rows(table, data, recipe_file=RECIPE, calibrated=True)
 
 
 def test_shared_rows_finds_the_same_inputs_across_tables_whatever_the_cell_type():
