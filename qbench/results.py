@@ -397,7 +397,7 @@ def read_results(path: Path, *, partial: bool = False) -> SweepResults:
         return from_dict(raw)
     except QbenchError as exc:
         raise QbenchError(f"{path}: {exc}{_written_by_another(raw)}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError, LookupError, TypeError, ValueError, AttributeError) as exc:
         raise QbenchError(f"{path}: not a valid qbench results file ({type(exc).__name__}: {exc})"
                           f"{_written_by_another(raw)}") from None  # fmt: skip
 
