@@ -316,12 +316,17 @@ def _latency(raw: dict[str, Any] | None, where: str) -> LatencyResult | None:
     )  # fmt: skip
 
 
+_TIMES = ("p50_ms", "p95_ms", "p99_ms", "mean_ms", "items_per_s", "spread", "iqr_ratio", "others_cpus")
+
+
 def _latency_point(raw: dict[str, Any], where: str) -> LatencyPoint:
-    """Files written before adaptive timing have no window fields: they read as not judged."""
+    """Files written before adaptive timing have no window fields: they read as not judged. Every timing is a
+    number or null (NaN), so what reads them (the gate's checks, the frontier's notes) compares numbers."""
     raw = known_fields(raw, LatencyPoint, where)
-    nan_if_null = {k: math.nan for k in ("spread", "iqr_ratio", "others_cpus") if k in raw and raw[k] is None}
-    windows = {k: tuple(raw[k]) for k in ("window_p50_ms", "window_p99_ms") if k in raw}
-    return LatencyPoint(**{**raw, **nan_if_null, **windows})
+    times = figures({k: raw[k] for k in _TIMES if k in raw}, f"{where}:")
+    windows = {k: tuple(figures(dict(enumerate(raw[k])), f"{where}.{k}").values())
+               for k in ("window_p50_ms", "window_p99_ms") if k in raw}  # fmt: skip
+    return LatencyPoint(**{**raw, **times, **windows})
 
 
 def from_dict(raw: dict[str, Any]) -> SweepResults:

@@ -355,6 +355,10 @@ CASES = [
     pytest.param(edited(both(drop_point(4, *EVERY_VARIANT), set_in(("recipe", "latency", "batch_sizes"), [1])),
                         flags=UNCHECKED), 2, f"fp16@{BACKEND}: latency: no point at batch size 4",
                  id="latency-batch-size-cut-inputs-unchecked"),  # fmt: skip
+    pytest.param(edited(lambda raw: variant(raw, INT8)["latency"]["points"][0].update(p50_ms=None)), 2,
+                 f"{INT8}@{BACKEND}: latency at batch 1: expected finite, non-negative times", id="latency-time-null"),  # fmt: skip
+    pytest.param(edited(lambda raw: variant(raw, INT8)["latency"]["points"][0].update(spread="0.01")), 2,
+                 "'spread': got '0.01', expected a number or null", id="latency-spread-as-text"),  # fmt: skip
     pytest.param(edited(add_point(1)), 2, f"{INT8}@{BACKEND}: latency: 2 points at batch size 1, expected one per "
                  "batch size", id="latency-point-twice"),  # fmt: skip
     pytest.param(edited(add_point(16)), 2, f"{INT8}@{BACKEND}: latency: a point at batch size 16, which the sweep "
