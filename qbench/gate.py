@@ -348,7 +348,7 @@ def run_gate(
         return GateReport(metric=results.gate_metric, problems=tuple(problems)), results
     notes: list[str] = []
     if check_staleness:
-        stale, missing = stale_inputs(results, recipe)
+        stale, missing = stale_inputs(results, asked)
         problems += stale
         problems += [f"cannot check the results for staleness: {m} is gone; pass --no-staleness-check "
                      "to judge them anyway" for m in missing]  # fmt: skip

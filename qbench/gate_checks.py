@@ -70,20 +70,22 @@ def stale_sections(current: Recipe, recorded: Recipe) -> list[str]:
     ]
 
 
-def stale_inputs(results: SweepResults, current: Recipe | None) -> tuple[list[str], list[str]]:
+def stale_inputs(results: SweepResults, recipe: Recipe) -> tuple[list[str], list[str]]:
     """(problems, inputs that can no longer be read): inputs whose content changed since the sweep.
 
-    With `current`, its inputs now are compared with the recorded digests; without, the recorded
-    paths are hashed again.
+    `recipe` (the one given, else the one the results embed) says which inputs decide the results: each must
+    have a recorded digest matching its file now. The results' own record never decides which inputs are
+    checked: one whose entry was dropped would leave its file unchecked.
     """
     if not results.inputs:
         return ["inputs: the results record no input digests, so they cannot be checked for staleness"], []
-    check = changed_inputs(results.inputs, input_files(current) if current is not None else None)
+    check = changed_inputs(results.inputs, input_files(recipe))
     problems = [
-        f"stale results: {name} ({results.inputs[name]['path'] if name in results.inputs else 'new input'}) "
-        "changed since the sweep: re-run `qbench sweep`"
+        f"stale results: {name} ({results.inputs[name]['path']}) changed since the sweep: re-run `qbench sweep`"
+        if name in results.inputs else
+        f"stale results: the recipe reads {name}, but the results record no digest of it: re-run `qbench sweep`"
         for name in check.changed
-    ]
+    ]  # fmt: skip
     return problems, list(check.missing)
 
 

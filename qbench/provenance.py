@@ -54,7 +54,8 @@ def input_files(recipe: Recipe) -> dict[str, Path]:
     files: dict[str, Path] = {}
     if recipe.model_path is not None:
         files["model"] = recipe.model_path
-        for location in _external_data(recipe.model_path):
+        # a model that is gone has no external data to list: the gate names the model itself as gone
+        for location in _external_data(recipe.model_path) if recipe.model_path.is_file() else ():
             files[f"{EXTERNAL_DATA_INPUT}{location}"] = recipe.model_path.parent / location
     if recipe.model.torch is not None:
         from qbench.sources.torch_model import factory_source_path

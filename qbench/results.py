@@ -326,12 +326,17 @@ def _latency(raw: dict[str, Any] | None, where: str) -> LatencyResult | None:
     )  # fmt: skip
 
 
+_TIMES = ("p50_ms", "p95_ms", "p99_ms", "mean_ms", "items_per_s", "spread", "iqr_ratio", "others_cpus")
+
+
 def _latency_point(raw: dict[str, Any], where: str) -> LatencyPoint:
-    """Files written before adaptive timing have no window fields: they read as not judged."""
+    """Files written before adaptive timing have no window fields: they read as not judged. Every timing is a
+    number or null (NaN), so what reads them (the gate's checks, the frontier's notes) compares numbers."""
     raw = known_fields(raw, LatencyPoint, where)
-    nan_if_null = {k: math.nan for k in ("spread", "iqr_ratio", "others_cpus") if k in raw and raw[k] is None}
-    windows = {k: tuple(raw[k]) for k in ("window_p50_ms", "window_p99_ms") if k in raw}
-    return LatencyPoint(**{**raw, **nan_if_null, **windows})
+    times = figures({k: raw[k] for k in _TIMES if k in raw}, f"{where}:")
+    windows = {k: tuple(figures(dict(enumerate(raw[k])), f"{where}.{k}").values())
+               for k in ("window_p50_ms", "window_p99_ms") if k in raw}  # fmt: skip
+    return LatencyPoint(**{**raw, **times, **windows})
 
 
 def from_dict(raw: dict[str, Any]) -> SweepResults:
@@ -407,7 +412,7 @@ def read_results(path: Path, *, partial: bool = False) -> SweepResults:
         return from_dict(raw)
     except QbenchError as exc:
         raise QbenchError(f"{path}: {exc}{_written_by_another(raw)}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError, LookupError, TypeError, ValueError, AttributeError) as exc:
         raise QbenchError(f"{path}: not a valid qbench results file ({type(exc).__name__}: {exc})"
                           f"{_written_by_another(raw)}") from None  # fmt: skip
 

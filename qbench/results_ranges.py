@@ -93,11 +93,12 @@ class RangeAnalysis:
 # -- JSON --------------------------------------------------------------------------------------
 
 
-def figures(raw: dict[str, Any] | None) -> dict[str, float]:
-    """Metric values as qbench writes them: numbers, or null for NaN (a string or a boolean is no figure)."""
+def figures(raw: dict[str, Any] | None, what: str = "metric") -> dict[str, float]:
+    """Metric values (or other `what` figures) as qbench writes them: numbers, or null for NaN (a string or a boolean
+    is no figure)."""
     for name, value in (raw or {}).items():
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise TypeError(f"metric {name!r}: got {value!r}, expected a number or null")
+            raise TypeError(f"{what} {name!r}: got {value!r}, expected a number or null")
     return {k: (math.nan if v is None else float(v)) for k, v in (raw or {}).items()}
 
 

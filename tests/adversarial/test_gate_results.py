@@ -355,6 +355,10 @@ CASES = [
     pytest.param(edited(both(drop_point(4, *EVERY_VARIANT), set_in(("recipe", "latency", "batch_sizes"), [1])),
                         flags=UNCHECKED), 2, f"fp16@{BACKEND}: latency: no point at batch size 4",
                  id="latency-batch-size-cut-inputs-unchecked"),  # fmt: skip
+    pytest.param(edited(lambda raw: variant(raw, INT8)["latency"]["points"][0].update(p50_ms=None)), 2,
+                 f"{INT8}@{BACKEND}: latency at batch 1: expected finite, non-negative times", id="latency-time-null"),  # fmt: skip
+    pytest.param(edited(lambda raw: variant(raw, INT8)["latency"]["points"][0].update(spread="0.01")), 2,
+                 "'spread': got '0.01', expected a number or null", id="latency-spread-as-text"),  # fmt: skip
     pytest.param(edited(add_point(1)), 2, f"{INT8}@{BACKEND}: latency: 2 points at batch size 1, expected one per "
                  "batch size", id="latency-point-twice"),  # fmt: skip
     pytest.param(edited(add_point(16)), 2, f"{INT8}@{BACKEND}: latency: a point at batch size 16, which the sweep "
@@ -387,6 +391,8 @@ CASES = [
     pytest.param(edited(lambda raw: scope(raw, INT8, "band=medium")["metrics"].pop("agreement")), 2,
                  "slice 'band=medium': metric 'agreement' missing", id="metric-deleted"),  # fmt: skip
     pytest.param(edited(on_variant(INT8, accuracy={**{}, "rows": 169})), 2, "not a valid qbench results file", id="accuracy-cut-short"),
+    pytest.param(edited(lambda raw: scope(raw, INT8, "overall")["intervals"]["agreement"].pop()), 2,
+                 "not a valid qbench results file (IndexError", id="interval-cut-short"),  # fmt: skip
     pytest.param(edited(lambda raw: variant(raw, INT8)["accuracy"].update(nonfinite_outputs=-1)), 2,
                  "nonfinite_outputs: got -1", id="negative-nonfinite"),  # fmt: skip
     pytest.param(edited(on_scope(INT8, "band=small", nonfinite_outputs=90)), 2,
@@ -429,7 +435,12 @@ CASES = [
                  "stale results: model (", id="model-changed-recipe"),  # fmt: skip
     pytest.param(input_changed("data/patients.parquet", relabel_first_row, with_recipe=True), 2,
                  "stale results: data (", id="data-changed-recipe"),  # fmt: skip
+    pytest.param(input_changed("model/tumour_mlp.onnx", Path.unlink, with_recipe=False), 2,
+                 "cannot check the results for staleness: model (", id="model-deleted"),  # fmt: skip
     pytest.param(edited(set_in(("inputs",), {})), 2, "inputs: the results record no input digests", id="inputs-erased"),
+    # the recipe says which inputs are checked: a dropped entry would leave its file unchecked
+    pytest.param(edited(lambda raw: raw["inputs"].pop("data")), 2,
+                 "stale results: the recipe reads data, but the results record no digest of it", id="input-record-dropped"),  # fmt: skip
     pytest.param(edited(lambda raw: raw["inputs"]["model"].__setitem__("sha256", "0" * 64)), 2,
                  "stale results: model (", id="input-digest-forged"),  # fmt: skip
 ]
