@@ -366,7 +366,8 @@ def _swept_calibrator(recipe: Recipe, name: str) -> tuple[str | None, str]:
         return None, "no complete sweep results of the recipe to take the sweep's choice from"
     if stale:
         return None, f"the newest sweep's results ({path}) are stale, so its choice was not followed"
-    kept = {str(v.params.get("calibrator")) for v in results.variants if v.variant == name and v.status == "ok"}
+    kept = {str(v.params["calibrator"]) for v in results.variants
+            if v.variant == name and v.status == "ok" and "calibrator" in v.params}  # a torch form's results have none
     if len(kept) != 1 or not kept <= set(AUTO_CALIBRATORS):
         return None, f"the newest sweep ({path}) has no measured {name!r} to take the calibrator from"
     return kept.pop(), str(path)
