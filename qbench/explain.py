@@ -351,8 +351,8 @@ def _explained_spec(recipe: Recipe, name: str) -> tuple[VariantSpec, list[str]]:
 
 def _swept_calibrator(recipe: Recipe, name: str) -> tuple[str | None, str]:
     """The calibrator the recipe's newest sweep kept for `calibrator: auto` variant `name`, and where that was read;
-    (None, why not) without complete, fresh results that say. The sweep keeps the fastest candidate that passes the
-    gate, which explain (it does not time) cannot redo: explaining another calibrator explains a variant nobody ships."""
+    (None, why not) without complete, fresh results that say. The sweep keeps the fastest candidate passing the gate,
+    which explain (it does not time) cannot redo: explaining another calibrator explains a variant nobody ships."""
     from qbench.gate import latest_results
     from qbench.gate_checks import stale_inputs, stale_sections
     from qbench.provenance import recorded_recipe
@@ -366,7 +366,8 @@ def _swept_calibrator(recipe: Recipe, name: str) -> tuple[str | None, str]:
         return None, "no complete sweep results of the recipe to take the sweep's choice from"
     if stale:
         return None, f"the newest sweep's results ({path}) are stale, so its choice was not followed"
-    kept = {str(v.params.get("calibrator")) for v in results.variants if v.variant == name and v.status == "ok"}
+    kept = {str(v.params["calibrator"]) for v in results.variants  # a torch form's results name no calibrator
+            if v.variant == name and v.status == "ok" and "calibrator" in v.params}
     if len(kept) != 1 or not kept <= set(AUTO_CALIBRATORS):
         return None, f"the newest sweep ({path}) has no measured {name!r} to take the calibrator from"
     return kept.pop(), str(path)
@@ -396,11 +397,9 @@ def _require_fp32_tensors(built: BuiltVariant, option: str) -> None:
     (SmoothQuant divides a Linear's input per channel and folds that into its producer, so the tensors between
     Linears are FP32's divided by the smoothing scales: a 'noise' of 24 % on a tensor computed exactly)."""
     if built.params.get("weights_rewritten"):
-        raise QbenchError(
-            f"explain: {option} cannot rank {built.name!r}: its build rescaled the tensors between Linears "
-            "(SmoothQuant), so they cannot be compared with FP32's; use --method leave_one_out or one_at_a_time, "
-            "without --max-nodes"
-        )
+        raise QbenchError(f"explain: {option} cannot rank {built.name!r}: its build rescaled the tensors between "
+                          "Linears (SmoothQuant), so they cannot be compared with FP32's; use --method leave_one_out "
+                          "or one_at_a_time, without --max-nodes")  # fmt: skip
 
 
 def explain_table(result: ExplainResult, top: int) -> Table:

@@ -413,6 +413,9 @@ def _notes_section(results: SweepResults) -> str:
             lines.append(f"- **{variant.key}** ⚠ measured with non-default ONNX Runtime session options ({shown}), "
                          "declared in the saved model's metadata_props: load it with the same options, the "
                          "defaults give other outputs")  # fmt: skip
+        kernels = variant.params.get("runtime.kernels")  # what a torch backend saw its ops compute in
+        if kernels is not None and kernels != variant.precision:
+            lines.append(f"- **{variant.key}** ran: {md_cell(str(kernels))}")
         lines += [f"- **{variant.key}**: {md_cell(note)}" for note in variant.notes]
         if variant.status != "ok":
             lines.append(f"- **{variant.key}** {variant.status}: {md_cell(variant.error or 'no error message')}")

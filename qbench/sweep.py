@@ -259,10 +259,14 @@ def _range_analysis(
     recipe = prepared.recipe
     if not recipe.analysis.ranges:
         return None
+    from qbench.backends import BACKENDS
+    from qbench.backends.base import form_run_by
     from qbench.validate.ranges import CalibratedVariant, analyse_ranges, bf16_saturated, fp16_handled
+    from qbench.variants.base import ONNX
 
-    fp16 = {r.variant: r.params for r in measured if r.precision == "fp16" and r.status == "ok"}
-    bf16 = {r.variant: r.params for r in measured if r.precision == "bf16" and r.status == "ok"}
+    graphs = [r for r in measured if r.status == "ok" and form_run_by(BACKENDS.get(r.backend)) == ONNX]  # the records
+    fp16 = {r.variant: r.params for r in graphs if r.precision == "fp16"}  # name tensors of the graph a build wrote
+    bf16 = {r.variant: r.params for r in graphs if r.precision == "bf16"}
 
     logger.info("range analysis (one FP32 pass)")
     t = time.perf_counter()

@@ -166,8 +166,12 @@ def variant_metrics(results: SweepResults, variant: VariantResult) -> dict[str, 
 
 
 def uses_calibration(variant: VariantResult) -> bool:
-    """Static int8 and fp8 variants are calibrated; dynamic int8 and float casts are not."""
-    return variant.precision in ("int8", "fp8") and variant.params.get("calibrator") != "dynamic"
+    """Whether the variant as its backend ran it was calibrated: its builder counted rows it calibrated on, or (a
+    result without that count) named a calibrator other than dynamic. Dynamic int8, float casts and a torch form the
+    sweep derived from the recipe's module (its results carry neither) were calibrated on nothing."""
+    rows = variant.params.get("calibration_rows")
+    calibrated = bool(rows) if rows is not None else variant.params.get("calibrator", "dynamic") != "dynamic"
+    return variant.precision in ("int8", "fp8") and calibrated
 
 
 def variant_params(results: SweepResults, variant: VariantResult) -> dict[str, str]:

@@ -292,3 +292,13 @@ def test_the_calibration_section_states_the_rows_held_out_and_the_calibration_ro
     assert "64 evaluation rows held out as calibration rows (overlap: hold_out)" in text
     assert "**5 calibration rows are also evaluated**" in text
     assert "held out" not in render_markdown(results, None, None, tmp_path / "report.md")
+
+
+def test_what_a_torch_backend_saw_its_ops_compute_in_is_in_the_notes(tmp_path: Path) -> None:
+    label = "int8 (torchao dynamic, 1 of 1 linear layers); matrix products: 1 of 2 in int8, 1 left in float32 (matmul)"
+    ran = {"runtime.kernels": label}
+    variants = [make_variant("fp32", "fp32", backend="torch-cpu", params={"runtime.kernels": "fp32"}),
+                make_variant("int8", "int8", backend="torch-cpu", params=ran)]  # fmt: skip
+    text = write_markdown_report(make_sweep(variants), None, None, tmp_path / "report.md").read_text()
+    assert f"- **int8@torch-cpu** ran: {label}" in text
+    assert "**fp32@torch-cpu** ran" not in text  # nothing beyond its precision to say

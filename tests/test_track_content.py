@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 
 from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH, MAX_TAG_VAL_LENGTH
+from sweep_factory import make_variant
 
-from qbench.track_content import param_value, tag_value
+from qbench.track_content import param_value, tag_value, uses_calibration
 
 
 def test_a_value_past_mlflows_limit_is_cut_with_a_mark_and_a_short_one_is_kept() -> None:
@@ -18,3 +19,12 @@ def test_a_value_past_mlflows_limit_is_cut_with_a_mark_and_a_short_one_is_kept()
     note = "x" * (MAX_TAG_VAL_LENGTH + 5)
     assert tag_value(note) == "x" * (MAX_TAG_VAL_LENGTH - 1) + "…"
     assert param_value(nodes[:2]) == json.dumps(nodes[:2]) and tag_value("pass") == "pass"
+
+
+def test_only_a_variant_whose_build_counted_calibration_rows_logs_the_calibration_data() -> None:
+    static = make_variant("int8", "int8", params={"calibrator": "minmax", "calibration_rows": 96})
+    linear_static = make_variant("lin", "int8", params={"activations": "static", "calibration_rows": 96})
+    dynamic = make_variant("dyn", "int8", params={"calibrator": "dynamic", "calibration_rows": 0})
+    torchao = make_variant("dyn", "int8", backend="torch-cpu", params={"torch.form": "int8 dynamic: torchao"})
+    assert uses_calibration(static) and uses_calibration(linear_static)
+    assert not uses_calibration(dynamic) and not uses_calibration(torchao)  # torchao's form is calibrated on nothing

@@ -8,7 +8,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from qbench.variants.base import BuiltVariant
+from qbench.variants.base import ONNX, BuiltVariant
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,8 @@ class Backend(Protocol):
     """A runtime. It may also declare `native_precisions` (a frozenset of precision names it computes
     with their own kernels); without it, every precision it accepts counts as native
     (see qbench.validate.fidelity). A backend whose jobs need a GPU declares `needs_gpu = True`
-    (qbench.execute asks the cluster for one)."""
+    (qbench.execute asks the cluster for one). A backend that runs a variant's torch module rather than its ONNX
+    file declares `form = TORCH` (see `form_run_by`)."""
 
     name: str
 
@@ -66,3 +67,9 @@ def needs_gpu(backend: Backend | type[Backend]) -> bool:
 def native_precisions(backend: Backend) -> frozenset[str] | None:
     """The precisions `backend` computes natively; None when it declares none (all count as native)."""
     return getattr(backend, "native_precisions", None)
+
+
+def form_run_by(backend: Backend | type[Backend]) -> str:
+    """Which form of a variant `backend` runs, ONNX (its file; the default) or TORCH (its torch module): its results
+    carry only the params and notes true of that form (BuiltVariant.as_run_in)."""
+    return str(getattr(backend, "form", ONNX))

@@ -26,12 +26,17 @@ import numpy as np
 
 from qbench.backends.base import RunOptions
 from qbench.backends.gpu_monitor import GpuMonitor
-from qbench.backends.torch_trace import compute_dtypes, mixed_precision_label
+from qbench.backends.torch_trace import (
+    compute_dtypes,
+    mixed_precision_label,
+    product_dtypes,
+    quantized_products_label,
+)
 from qbench.environment import cpu_has_vnni
 from qbench.errors import MissingExtraError, QbenchError
 from qbench.modelinfo import read_model_info
 from qbench.sources.torch_outputs import flatten_outputs
-from qbench.variants.base import BuiltVariant
+from qbench.variants.base import TORCH, BuiltVariant
 from qbench.variants.torch_forms import (
     FAKE_QUANT,
     TORCH_COMPILE,
@@ -45,6 +50,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 NO_TORCH_FORM = "it exists only as an ONNX model (no PyTorch form)"
 _HALF_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}  # the dtype an FP16/BF16 variant's ops must compute in
+_TORCHAO_DTYPES = {"int8": "int8", "fp8": "float8_e4m3fn"}  # the dtype a torchao form's matrix products must read
 
 
 def _import_torch() -> ModuleType:
@@ -68,6 +74,7 @@ class TorchRunner:
         monitor: GpuMonitor | None = None,
         threads_to_restore: int | None = None,
         precision: str = "fp32",
+        counted: str | None = None,
     ) -> None:
         self._module: torch.nn.Module | None = module
         self._device = device
@@ -78,6 +85,7 @@ class TorchRunner:
         self._monitor = monitor
         self._threads_to_restore = threads_to_restore
         self._precision = precision
+        self._counted = counted  # the dtype the variant's ops must compute in, where they are counted (_computed_in)
         self._prepared_for: tuple[np.ndarray, ...] = ()
         self._prepared: list[torch.Tensor] = []
         self._seen_signatures: set[tuple[Any, ...]] = set()
@@ -148,22 +156,24 @@ class TorchRunner:
         return description
 
     def _computed_in(self) -> dict[str, Any]:
-        """For an FP16/BF16 variant, what its ops computed in on the last batch run (qbench.backends.torch_trace):
-        `lowered_ops` (how many ran in the variant's type; 0: none did) and `kernels` saying so when not all did."""
+        """What the variant's ops computed in on the last batch run (qbench.backends.torch_trace): for FP16/BF16 every
+        computing op by its float type, for a torchao INT8/FP8 form its matrix products by their input type.
+        `lowered_ops`: how many ran in the variant's type (0: none did); `kernels` says so when not all did."""
         import torch
 
-        dtype = _HALF_DTYPES.get(self._precision)
-        if dtype is None or not self._prepared:
+        if self._counted is None or not self._prepared:
             return {}
         module = getattr(self._live(), "_orig_mod", self._live())  # torch.compile'd: its eager module, same dtypes
-        with torch.inference_mode(), self._autocast():
-            ops = compute_dtypes(lambda: module(*self._prepared))
-        label = mixed_precision_label(self._precision, dtype, ops)
         kernels = str(self._description["kernels"])
-        return {
-            "lowered_ops": sum(ops.get(dtype, {}).values()),
-            "kernels": kernels if label == self._precision else label + kernels.removeprefix(self._precision),
-        }
+        with torch.inference_mode(), self._autocast():
+            if self._precision in _HALF_DTYPES:
+                ops = compute_dtypes(lambda: module(*self._prepared))
+                label = mixed_precision_label(self._precision, self._counted, ops)
+                kernels = kernels if label == self._precision else label + kernels.removeprefix(self._precision)
+            else:
+                ops = product_dtypes(lambda: module(*self._prepared))
+                kernels += quantized_products_label(self._counted, ops)
+        return {"lowered_ops": sum(ops.get(self._counted, {}).values()), "kernels": kernels}
 
     def close(self) -> None:
         """Drop the module, stop the GPU monitor, give back cached GPU memory and the thread count."""
@@ -185,6 +195,7 @@ class TorchBackend:
 
     name: ClassVar[str]
     device: ClassVar[str]  # "cpu" | "cuda"
+    form: ClassVar[str] = TORCH  # it runs the variant's torch module, not its ONNX file
 
     def check_available(self) -> None:
         _import_torch()
@@ -222,6 +233,7 @@ class TorchBackend:
             module, self.device, input_names, description,
             compiled=bool(variant.params.get(TORCH_COMPILE)), monitor=self.start_monitor(torch),
             threads_to_restore=threads_to_restore, precision=variant.precision,
+            counted=_counted_dtype(variant, module),
         )  # fmt: skip
 
     def _set_threads(self, torch: ModuleType, options: RunOptions) -> int | None:
@@ -309,6 +321,15 @@ def _is_fake_quant(variant: BuiltVariant) -> bool:
     """Builders mark fake-quant torch modules with params[FAKE_QUANT] (or say "fake-quant" in a note)."""
     noted = any("fake-quant" in note.lower() or "fake quant" in note.lower() for note in variant.notes)
     return bool(variant.params.get(FAKE_QUANT)) or noted
+
+
+def _counted_dtype(variant: BuiltVariant, module: torch.nn.Module) -> str | None:
+    """The dtype whose ops `TorchRunner` counts: FP16/BF16's float type, a torchao INT8/FP8 form's quantized type;
+    None for FP32 and for a builder's own simulated or fake-quant module (it computes in float by design)."""
+    if variant.precision in _HALF_DTYPES:
+        return _HALF_DTYPES[variant.precision]
+    torchao = variant.precision in _TORCHAO_DTYPES and not _is_fake_quant(variant) and quantized_linear_layers(module)[0]
+    return _TORCHAO_DTYPES[variant.precision] if torchao else None
 
 
 def _float_dtype(module: torch.nn.Module) -> torch.dtype:

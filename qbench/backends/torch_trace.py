@@ -5,7 +5,9 @@ float32 itself (`x.float()`, `w.float()`) runs those ops in float32: the variant
 no op at all computed in the narrow type its figures are float32's under an FP16/BF16 name. The weights' dtype says
 nothing about this; the ops do. `compute_dtypes` runs one forward under a dispatch mode, which sees each aten op
 after autocast has cast its inputs, and counts the ops that compute (casts, copies, views and data movement
-left out) by the dtype of their float output.
+left out) by the dtype of their float output. An INT8/FP8 torchao form is read the same way: `product_dtypes` counts
+its matrix products by the dtype they computed in, so a product torchao left in float is said, not hidden behind
+"1 of 1 linear layers".
 """
 
 from __future__ import annotations
@@ -24,8 +26,43 @@ _NOT_COMPUTE = frozenset({
 })  # fmt: skip
 
 
+# aten ops that multiply matrices: what a quantized layer runs with integer (or float8) kernels
+_PRODUCTS = frozenset({
+    "mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "mv", "addmv", "dot", "einsum", "_int_mm",
+    "_weight_int8pack_mm", "_scaled_mm", "convolution", "_convolution", "conv1d", "conv2d", "conv3d",
+})  # fmt: skip
+
+
 def compute_dtypes(run: Callable[[], Any]) -> dict[str, Counter[str]]:
     """The computing aten ops `run()` executed, per float output dtype ({"float16": {"linear": 3}, "float32": ...})."""
+
+    def float_output(name: str, func: Any, args: Sequence[Any], out: Any) -> str | None:
+        first = out[0] if isinstance(out, (tuple, list)) and out else out
+        if name in _NOT_COMPUTE or func.is_view or not getattr(first, "is_floating_point", bool)():
+            return None
+        return str(first.dtype)
+
+    return _count_ops(run, float_output)
+
+
+def product_dtypes(run: Callable[[], Any]) -> dict[str, Counter[str]]:
+    """The matrix products (matmul, linear, conv...) `run()` executed, per dtype of their first tensor input: int8 in
+    the integer kernel of a layer torchao quantized, float32 in one left in float (torchao swaps nn.Linear weights
+    only, so a forward's own `torch.matmul(x, w)` stays float). The dispatch mode sees the aten ops a quantized
+    weight's tensor subclass runs, so these are the kernels that computed, not the layers' declared types."""
+
+    def first_input(name: str, func: Any, args: Sequence[Any], out: Any) -> str | None:
+        first = next((a for a in args if hasattr(a, "dtype") and hasattr(a, "shape")), None)
+        return str(first.dtype) if name in _PRODUCTS and first is not None else None
+
+    return _count_ops(run, first_input)
+
+
+def _count_ops(
+    run: Callable[[], Any], dtype_of: Callable[[str, Any, Sequence[Any], Any], str | None]
+) -> dict[str, Counter[str]]:
+    """The aten ops `run()` executed, by name, per the dtype `dtype_of(name, func, args, output)` gives (None: left
+    out)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     ops: dict[str, Counter[str]] = {}
@@ -34,14 +71,25 @@ def compute_dtypes(run: Callable[[], Any]) -> dict[str, Counter[str]]:
         def __torch_dispatch__(self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None) -> Any:
             out = func(*args, **(kwargs or {}))
             name = func.overloadpacket.__name__
-            first = out[0] if isinstance(out, (tuple, list)) and out else out
-            if name not in _NOT_COMPUTE and not func.is_view and getattr(first, "is_floating_point", bool)():
-                ops.setdefault(str(first.dtype).removeprefix("torch."), Counter())[name] += 1
+            dtype = dtype_of(name, func, args, out)
+            if dtype is not None:
+                ops.setdefault(dtype.removeprefix("torch."), Counter())[name] += 1
             return out
 
     with _Count():
         run()
     return ops
+
+
+def quantized_products_label(dtype: str, products: dict[str, Counter[str]]) -> str:
+    """From `product_dtypes`, what of a quantized torch form's matrix products did not run in `dtype` ("" when all
+    did): '; matrix products: 1 of 2 in int8, 1 left in float32 (matmul)'."""
+    counts = {d: sum(names.values()) for d, names in products.items()}
+    others = sorted(d for d in counts if d != dtype)
+    if not others:
+        return ""
+    left = ", ".join(f"{counts[d]} left in {d} ({', '.join(sorted(products[d])[:5])})" for d in others)
+    return f"; matrix products: {counts.get(dtype, 0)} of {sum(counts.values())} in {dtype}, {left}"
 
 
 def mixed_precision_label(precision: str, dtype: str, ops: dict[str, Counter[str]]) -> str:

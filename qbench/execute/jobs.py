@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from qbench.backends import get_backend
+from qbench.backends.base import form_run_by
 from qbench.errors import QbenchError, environment_cause
 from qbench.execute.store import BuildStore, StoreUnwritable, build_environment, manifest_of
 from qbench.preflight import Prepared
@@ -316,6 +317,7 @@ def identical(built: BuiltVariant, twin: VariantResult) -> VariantResult:
     """`built` computes exactly what `twin` measured: report `twin`'s figures under its name, saying so."""
     note = f"identical to {twin.variant} (same graph and weights): not run again, the figures are {twin.variant}'s"
     logger.info("  %s: %s", twin.backend, note)
+    built = built.as_run_in(form_run_by(get_backend(twin.backend)))  # what is true of the form twin's backend ran
     return replace(
         twin, variant=built.name, precision=built.precision, params={**built.params, "identical_to": twin.variant},
         model_path=str(built.onnx_path), build_seconds=built.build_seconds, notes=(*built.notes, note),

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from qbench.backends import Backend, Runner
-from qbench.backends.base import RunOptions
+from qbench.backends.base import RunOptions, form_run_by
 from qbench.data.text import token_padding
 from qbench.environment import timing_machine
 from qbench.errors import QbenchError, RecipeError, environment_cause
@@ -147,7 +147,9 @@ def measure(
     steady-state latency, and with `serving` too the figures a sweep reports from those timings (load
     simulation, cost, bound). `score=False` only times. A failure is returned as a failed result, never raised;
     labels FP32's outputs show to lie beyond the classes are the recipe's error, raised (a RecipeError).
+    The result carries only the params and notes true of the form `backend` runs (BuiltVariant.as_run_in).
     """
+    built = built.as_run_in(form_run_by(backend))
     rows = rows or Rows.evaluation(prepared)
     unsupported = backend.supports(built)
     if unsupported:

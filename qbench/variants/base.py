@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -16,6 +16,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from qbench.techniques import TechniqueConfig
 
 Feeds = dict[str, np.ndarray]
+
+# The forms of a variant a backend may run (qbench.backends.base.form_run_by): its ONNX file, or its torch module.
+ONNX, TORCH = "onnx", "torch"
 
 
 @dataclass(frozen=True)
@@ -59,9 +62,9 @@ class BuiltVariant:
     session_hints: what a backend must respect to run it correctly, e.g.
         {"graph_optimization_level": "basic"} for float8 Q/DQ graphs on ORT CPU.
     notes: human-readable caveats shown in the report ("FP8 is simulated on CPU").
-    simulation: the model is an FP32 graph that imitates its precision by rounding (the BF16
-        variant): no backend runs the precision natively, so every figure of it is emulated
-        (qbench.validate.fidelity).
+    simulation: the ONNX model is an FP32 graph that imitates its precision by rounding (the BF16
+        variant): no backend running that graph runs the precision natively, so every figure of it is emulated
+        (qbench.validate.fidelity). It says nothing of the torch form (`module.to(torch.bfloat16)` is real BF16).
     torch_module: a factory of the variant as an nn.Module (None when it exists only as ONNX).
     activation_ranges: float tensor name (as in the FP32 model) -> (low, high), the interval a
         static INT8 / FP8 variant's activation quantizer represents; values outside are clipped.
@@ -81,6 +84,15 @@ class BuiltVariant:
     torch_module: Callable[[], Any] | None = None  # the variant as a torch module, for torch backends
     activation_ranges: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     borrowed: bool = False
+    param_forms: Mapping[str, str] = field(default_factory=dict)
+    note_forms: Mapping[str, str] = field(default_factory=dict)
+
+    def as_run_in(self, form: str) -> BuiltVariant:
+        """The variant as a backend running its `form` sees it: params and notes of its other form left out, and
+        `simulation` (a property of the ONNX graph) false for the torch form."""
+        params = {k: v for k, v in self.params.items() if self.param_forms.get(k, form) == form}
+        notes = tuple(note for note in self.notes if self.note_forms.get(note, form) == form)
+        return replace(self, params=params, notes=notes, simulation=self.simulation and form == ONNX)
 
     @property
     def lowered_nothing(self) -> bool:

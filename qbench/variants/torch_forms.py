@@ -12,7 +12,8 @@ builds a fresh module on every call:
                   nn.Linear layers, on CUDA GPUs of compute capability >= 8.9 only
     int8 static   none: it exists only as an ONNX Runtime (or ModelOpt) QDQ model
 
-The form is recorded in `params` (TORCH_FORM, TORCH_DEVICES, TORCH_COMPILE); a variant
+The form is recorded in `params` (TORCH_FORM, TORCH_DEVICES, TORCH_COMPILE), scoped to the torch form, and the
+ONNX builder's params and notes are scoped to the ONNX form (`BuiltVariant.param_forms`/`note_forms`); a variant
 without one records why in TORCH_UNAVAILABLE, which the torch backends give as their reason
 to skip it. The recipe's ONNX quantization options (calibrator, per_channel, exclude_nodes...)
 shape the ONNX form only: torchao picks its own scales, and the notes say so.
@@ -23,13 +24,13 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from qbench.errors import QbenchError
-from qbench.variants.base import BuiltVariant
+from qbench.variants.base import ONNX, TORCH, BuiltVariant
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
@@ -79,14 +80,20 @@ def attach_torch_form(built: BuiltVariant, spec: VariantSpec, torch_model: Any) 
     form = torch_form_for(spec, torch_model)
     if isinstance(form, str):
         return replace(built, params={**built.params, TORCH_UNAVAILABLE: form})
-    params = {
-        **built.params,
-        TORCH_FORM: form.description,
-        TORCH_DEVICES: list(form.devices),
-        TORCH_COMPILE: spec.compile,
-    }
+    torch_params = {TORCH_FORM: form.description, TORCH_DEVICES: list(form.devices), TORCH_COMPILE: spec.compile}
     notes = (*built.notes, form.note) if form.note and form.note not in built.notes else built.notes  # idempotent
-    return replace(built, torch_module=TorchFormFactory(torch_model, form, spec.compile), params=params, notes=notes)
+    return replace(
+        built, torch_module=TorchFormFactory(torch_model, form, spec.compile), params={**built.params, **torch_params},
+        notes=notes, param_forms=_forms(built.params, torch_params), note_forms=_forms(built.notes, (form.note,)),
+    )  # fmt: skip
+
+
+def _forms(built: Iterable[str], torch_form: Iterable[str | None]) -> dict[str, str]:
+    """What the ONNX builder wrote (params by key, notes) describes its graph only, not the torch form derived from
+    the recipe's module; what this module adds describes the torch form only (a variant read back from the build
+    store already has it: it stays the torch form's)."""
+    torch_only = {item for item in torch_form if item is not None}
+    return {item: TORCH if item in torch_only else ONNX for item in (*built, *torch_only)}
 
 
 def torch_form_for(spec: VariantSpec, torch_model: Any) -> TorchForm | str:

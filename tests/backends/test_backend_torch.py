@@ -219,6 +219,13 @@ def test_int8_dynamic_form_is_noted(exported: Exported) -> None:
     spec = _spec("int8", calibrator="dynamic")
     again = attach_torch_form(variant, spec, exported.torch_model)  # a build read back from the store gets it again
     assert sum("torchao int8" in note for note in again.notes) == 1
+    assert again.as_run_in("torch").notes == again.notes and not again.as_run_in("onnx").notes  # the module's note
+
+
+def test_an_int8_form_whose_every_matrix_product_is_quantized_says_nothing_more(exported: Exported) -> None:
+    _, description = _run_all(TorchCPU(), _torch_variant(exported, _spec("int8", calibrator="dynamic")), exported.feeds)
+    assert description["lowered_ops"] == 2  # fc1 and fc2 ran in int8 (the embedding's mean is no matrix product)
+    assert "matrix products" not in description["kernels"] and "2 of 2 linear layers" in description["kernels"]
 
 
 def test_new_feeds_are_not_served_from_the_previous_batch(exported: Exported) -> None:
