@@ -4,12 +4,13 @@
 
 Every candidate is measured with `evaluate` (accuracy per slice and latency on the sweep's first
 backend, against FP32) and judged by `qbench.gate.evaluate_gate`, so a candidate passes here
-exactly when the gate would pass it.
+exactly when the gate would pass it on those rows: the selection rows (qbench.selection), which the
+gate's own verdict on the chosen variant (measured on the evaluation rows) never uses.
 
 - calibrator auto: minmax, entropy, percentile and dynamic are each built and measured.
 - fallback: for each try that fails the gate, the closest to passing first, the quantized nodes
   are ranked with `qbench.explain`'s leave-one-out (on calibration rows, by how much closer to
-  FP32 the outputs get: the evaluation rows stay an independent check), and those recovering the
+  FP32 the outputs get), and those recovering the
   most per weight (the latency a node in FP32 adds grows with its weights) are kept in FP32,
   `step` more at a time, up to `max_excluded` and never all of them (a try with every node in FP32
   is the FP32 model). A try whose ranking shows that max_excluded nodes cannot remove enough of the
@@ -53,6 +54,7 @@ from qbench.preflight import Prepared
 from qbench.recipe import FallbackSpec, VariantSpec
 from qbench.report_grid import figure, percent
 from qbench.results import VariantResult
+from qbench.selection import chosen_on
 from qbench.techniques.calibrators import AUTO_CALIBRATORS
 from qbench.validate.measure import Rows, measure
 from qbench.variants import BuildContext, BuiltVariant, build_variant
@@ -342,6 +344,7 @@ class _Search:
             "search.steps": [t.record() for t in self.trials],
             "search.chosen": self.trials.index(chosen),
             "search.outcome": _outcome(chosen),
+            "search.chosen_on": "selection" if self.prepared.selection is not None else "evaluation",
         }
         if self.spec.calibrator == "auto":
             params["calibrator_requested"] = "auto"
@@ -357,7 +360,8 @@ class _Search:
         steps = " → ".join(f"{t.label(base)} {figure(t.metric)}{'✓' if t.passed else '✗'}" for t in self.trials)
         speed = p50_at_largest_batch(self.reference) / chosen.p50_ms
         shown = f" ({speed:.2f}× FP32 p50)" if math.isfinite(speed) else ""
-        notes = [f"search on {self.gate.metric}: {steps}; chosen {chosen.label(base)}{shown}"]
+        notes = [f"search on {self.gate.metric}: {steps}; chosen {chosen.label(base)}{shown}",
+                 chosen_on(self.prepared.selection, len(self.prepared.evaluation_rows))]
         extra = chosen.excluded[base:]
         if extra:
             notes.append(f"kept in FP32 by the search: {', '.join(extra)}")

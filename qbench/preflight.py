@@ -58,6 +58,7 @@ from qbench.provenance import metric_source_input
 from qbench.recipe import Recipe
 from qbench.recipe_data import TextInputSpec
 from qbench.results import CalibrationRecord
+from qbench.selection import SelectionRows, chooses_among_candidates, selection_rows
 from qbench.sources import ModelSource, resolve_model
 from qbench.tasks import CustomMetric, LabelError, Task, get_task
 from qbench.tasks.classification import (
@@ -108,6 +109,7 @@ class Prepared:
     # sizes are set to it; a last batch is filled with repeats of its rows, and what they give is dropped)
     batch: int | None = None
     snapshot: Snapshot | None = None  # the sweep's copies of its input files, which everything here was read from
+    selection: SelectionRows | None = None  # where searches choose among candidates (qbench.selection)
 
     @property
     def output_name(self) -> str:
@@ -248,6 +250,9 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, export_refreshed: boo
         preprocess_ms_per_row=preprocess_ms_per_row,
         batch=batch,
         snapshot=snapshot,
+        selection=selection_rows(data, calibration_table, calibration_rows, eval_rows if calibration_table is table else None,
+                                 judged=eval_slices, model_inputs=model.inputs, labels=lambda t, rows: _labels(recipe, task, t, rows, outputs),
+                                 recipe_file=recipe.source) if chooses_among_candidates(recipe) else None,  # fmt: skip
     )
 
 

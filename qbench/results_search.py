@@ -7,6 +7,8 @@
       chosen                                      index of the candidate the variant is (None: nothing could be built)
       closest, needed                             unreachable: the closest candidate and what it would take
       fp32_p50_ms                                 FP32's p50 per batch size under the search's quick timing
+      selection_rows                              rows candidates were judged and chosen on, none of them evaluated
+                                                  (qbench.selection); None: chosen on the evaluation rows themselves
       candidates                                  CandidateRecord, in the order they were tried
     CandidateRecord
       label, technique, options, keep_float       what was built (keep_float: node names left in floating point)
@@ -15,8 +17,10 @@
       speedup, speedups                           FP32 p50 / its p50: geometric mean over batch sizes, and per batch
       screen_*                                    the cheap pass: gate metric, drop and excess on the screening rows
       nsr                                         output noise-to-signal vs FP32 on the screening rows
-      metric, drop, worst_slice, worst_slice_drop, excess   the full evaluation (None when not evaluated)
-      passed, verdict                             the gate's verdict on the full evaluation; a one-line verdict
+      metric, drop, worst_slice, worst_slice_drop, excess   the full evaluation on the selection rows (None when
+                                                  not evaluated)
+      passed, verdict                             the gate's verdict there; a one-line verdict (the searched variant's
+                                                  own verdict is the gate's, on the evaluation rows)
 
 excess = the largest drop / tolerance over the overall and judged slice checks: at most 1 passes.
 """
@@ -76,6 +80,7 @@ class SearchReport:
     budget_exhausted: bool = False
     fp32_p50_ms: dict[str, float] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    selection_rows: int | None = None
 
 
 def search_from_dict(raw: dict[str, Any] | None, where: str = "search") -> SearchReport | None:

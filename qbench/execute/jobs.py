@@ -29,7 +29,7 @@ from qbench.preflight import Prepared
 from qbench.provenance import model_sha256
 from qbench.recipe import VariantSpec
 from qbench.results import AccuracyResult, VariantResult
-from qbench.validate.measure import Measured, PhaseClock, Reference, describe_error, measure
+from qbench.validate.measure import Measured, PhaseClock, Reference, Rows, describe_error, measure
 from qbench.variants import BuildContext, BuiltVariant, build_variant
 
 logger = logging.getLogger(__name__)
@@ -211,12 +211,20 @@ def _no_search(spec: VariantSpec) -> Callable[[BuiltVariant], VariantResult]:
 def _search_evaluator(
     search: tuple[str, Reference | None], prepared: Prepared, clock: PhaseClock
 ) -> Callable[[BuiltVariant], VariantResult]:
-    """Measure a candidate variant on the first backend against FP32 (for fallback / calibrator search)."""
+    """Measure a candidate variant on the first backend against FP32 (for fallback / calibrator search): on the
+    selection rows (qbench.selection: the gate then judges the pick on the evaluation rows, which did not choose it),
+    or on the evaluation rows when there are none."""
     backend_name, reference = search
     backend = get_backend(backend_name)
+    rows = Rows.selection(prepared)
+    chosen_on: dict[str, Reference | None] = {}  # FP32 on the selection rows, measured for the first candidate
 
     def evaluate(candidate: BuiltVariant) -> VariantResult:
-        return measure(backend, candidate, prepared, reference=reference, timing=prepared.recipe.latency,
+        if rows is not None and "fp32" not in chosen_on:
+            fp32 = BuiltVariant("fp32", "fp32", prepared.source.onnx_path, borrowed=True)
+            chosen_on["fp32"] = measure(backend, fp32, prepared, rows=rows, quiet=True, clock=clock).reference
+        against = reference if rows is None else chosen_on["fp32"]
+        return measure(backend, candidate, prepared, rows=rows, reference=against, timing=prepared.recipe.latency,
                        clock=clock).result
 
     return evaluate

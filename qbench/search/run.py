@@ -6,7 +6,7 @@
    screening rows (every slice represented) with a quick timing at the recipe's batch sizes:
    its gate excess there and its speed-up over FP32 (timed the same way).
 2. Evaluate: candidates whose screening excess (`screen_excess`: one row's change on the screen is not
-   counted) is within `SCREEN_SLACK` are run on every evaluation row and judged by the gate, fastest first; once one passes, only candidates that could still be
+   counted) is within `SCREEN_SLACK` are run on every selection row and judged by the gate, fastest first; once one passes, only candidates that could still be
    faster are evaluated. Then the reduce_range twins of the bases that did not pass, the same way.
 3. Keep float: when a failing candidate may still beat every passing one (or none passes), the quantized nodes
    are ranked by the noise each adds (per-layer SQNR, one pass of a static Q/DQ build on the screening rows) and
@@ -40,7 +40,7 @@ from pathlib import Path
 
 from qbench.backends import Backend
 from qbench.backends.base import RunOptions
-from qbench.errors import one_line
+from qbench.errors import QbenchError, one_line
 from qbench.gate import GateReport, judge
 from qbench.gate_report import failure_reasons
 from qbench.preflight import Prepared
@@ -51,6 +51,7 @@ from qbench.results_search import CandidateRecord, SearchReport
 from qbench.search import select
 from qbench.search.candidates import Candidate, catalogue
 from qbench.search.screen import gate_excess, screen_excess, screening_indices, worst_slice
+from qbench.selection import chosen_on
 from qbench.validate.measure import Measured, PhaseClock, Rows, describe_error, measure
 from qbench.variants import BuildContext, BuiltVariant, build_variant
 from qbench.variants.onnx_utils import graph_digest
@@ -90,8 +91,10 @@ class _Search:
         self.root = workdir.resolve() / f"{spec.name}.search"
         self.ctx = BuildContext(prepared.source.onnx_path, self.root, prepared.calibration_batches,
                                 fixed_batch=prepared.batch)
-        everything = Rows.evaluation(prepared)
-        self.screen = everything.subset(screening_indices(prepared.slices, everything.count, spec.screen_rows))
+        selection = Rows.selection(prepared)
+        self.rows = selection or Rows.evaluation(prepared)  # what candidates are judged and chosen on
+        self.chosen_on = chosen_on(prepared.selection, len(prepared.evaluation_rows))
+        self.screen = self.rows.subset(screening_indices(self.rows.slices, self.rows.count, spec.screen_rows))
         latency = prepared.recipe.latency
         self.timing = LatencySpec(batch_sizes=latency.batch_sizes, warmup=1, iterations=spec.timing_runs,
                                   threads=latency.threads, stability=None)  # fmt: skip
@@ -104,6 +107,10 @@ class _Search:
         self.keep_float_exhausted = False
         self.tried = 0  # candidates started
         self.fp32_built = BuiltVariant("fp32", "fp32", prepared.source.onnx_path, borrowed=True)
+        if selection is not None:  # FP32 on the selection rows: what candidates are compared with there
+            self.fp32 = measure(backend, self.fp32_built, prepared, rows=selection, quiet=True, clock=clock)
+            if self.fp32.reference is None or self.fp32.result.accuracy is None:
+                raise QbenchError(f"FP32 did not run on the selection rows: {self.fp32.result.error}")
         self.fp32_screen = measure(backend, self.fp32_built, prepared, rows=self.screen, timing=self.timing, quiet=True,
                                    clock=clock)  # fmt: skip
         self.fp32_p50 = _p50s(self.fp32_screen.result)
@@ -198,10 +205,11 @@ class _Search:
         return select.may_win(record, self.records[best] if best is not None else None, tie=self.tie())
 
     def evaluate(self, index: int) -> None:
-        """Run candidate `index` on every evaluation row and judge it as the gate would."""
+        """Run candidate `index` on every selection row (the evaluation rows when there are none) and judge it as
+        the gate would."""
         record = self.records[index]
-        measured = measure(self.backend, self.built[index], self.prepared, reference=self.fp32.reference, quiet=True,
-                           clock=self.clock)  # fmt: skip
+        measured = measure(self.backend, self.built[index], self.prepared, rows=self.rows,
+                           reference=self.fp32.reference, quiet=True, clock=self.clock)  # fmt: skip
         if measured.result.status != "ok":
             self._failed_to_run(index, measured.result.error)
             return
@@ -322,7 +330,7 @@ class _Search:
 
     def judge_the_closest(self) -> None:
         """When nothing passed, the candidate kept is the closest, and what the report says it lacks must come from
-        every evaluation row, not the screening rows: an unevaluated closest is evaluated (past the budget too: it
+        every selection row, not the screening rows: an unevaluated closest is evaluated (past the budget too: it
         becomes the variant), which may show it passes, or move the closest to another, at most CLOSEST_EVALUATIONS
         times."""
         for _ in range(CLOSEST_EVALUATIONS):
@@ -388,7 +396,8 @@ class _Search:
             seconds=round(self.now() - self.started, 3), outcome=_outcome(chosen, pick),
             candidates=tuple(self.records), chosen=chosen, closest=pick if chosen is None else None, needed=needed,
             budget_exhausted=self.budget_exhausted, fp32_p50_ms={f"b{b}": p for b, p in self.fp32_p50.items()},
-            notes=(self._method_note(), *self._slower_note(chosen)),
+            notes=(self.chosen_on, self._method_note(), *self._slower_note(chosen)),
+            selection_rows=self.rows.count if self.prepared.selection is not None else None,
         )  # fmt: skip
         built = self._keep(pick) if pick is not None and pick in self.built else None
         shutil.rmtree(self.root, ignore_errors=True)
@@ -403,7 +412,8 @@ class _Search:
 
     def _method_note(self) -> str:
         noise = select.timing_noise(self.fp32_timings)
-        return (f"screening on {self.screen.count} of {len(self.prepared.evaluation_rows)} evaluation rows; speed-ups "
+        rows = "selection" if self.prepared.selection is not None else "evaluation"
+        return (f"screening on {self.screen.count} of {self.rows.count} {rows} rows; speed-ups "
                 f"from {self.spec.timing_runs} timed runs per batch size, each candidate against FP32 timed right after it "
                 f"(FP32's own timings put the noise of an estimate at {noise:.0%}, so candidates screened within "
                 f"{self.tie():.0%} of a faster passing one were still evaluated; finalists: medians of {RETIME_ROUNDS} "
@@ -420,9 +430,11 @@ class _Search:
                 path.replace(target.parent / path.name.replace(built.onnx_path.stem, self.spec.name, 1))
         record = self.records[index]
         params = {**built.params, "search.technique": record.technique, "search.candidate": record.label,
-                  "search.outcome": "passed" if record.passed else "tolerance unreachable"}  # fmt: skip
+                  "search.outcome": "passed" if record.passed else "tolerance unreachable",
+                  "search.chosen_on": "selection" if self.prepared.selection is not None else "evaluation"}  # fmt: skip
         note = (f"found by the INT8 search: {record.label}" if record.passed else
                 f"INT8 search: no candidate passed; closest: {record.label}")  # fmt: skip
+        note = f"{note} ({self.chosen_on})"
         slower = select.slower_than_reference(record, self.tie()) if record.passed else None
         note = f"{note}; {slower}" if slower else note
         return dataclasses.replace(built, name=self.spec.name, onnx_path=target, params=params,
@@ -441,6 +453,8 @@ def run_search(
 ) -> SearchOutcome:  # fmt: skip
     """Search the fastest INT8 candidate passing the recipe's gate (see the module docstring).
 
+    Candidates are screened, evaluated and chosen on the selection rows (qbench.selection; the evaluation rows when
+    there are none, and the report says so): the sweep then measures the pick on the evaluation rows, which judge it.
     fp32: FP32 measured on every evaluation row (the sweep's reference). Candidates are built under
     `workdir`; the pick is kept as <workdir>/<spec.name>.onnx, everything else is removed."""
     if fp32.reference is None:

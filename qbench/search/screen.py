@@ -1,6 +1,6 @@
-"""How the search reads its rows and verdicts: which evaluation rows it screens on, and a gate verdict as one number.
+"""How the search reads its rows and verdicts: which selection rows it screens on, and a gate verdict as one number.
 
-- `screening_indices`: the screening rows, spread over the evaluation rows, with a few of every slice.
+- `screening_indices`: the screening rows, spread over the selection rows, with a few of every slice.
 - `gate_excess`: a full evaluation's verdict, largest drop / tolerance (select.excess).
 - `screen_excess`: a screen's verdict, each share-of-rows drop less one row where the screen sampled its scope.
 - `worst_slice`: the judged slice furthest from its tolerance.
@@ -41,7 +41,7 @@ def gate_excess(verdict: GateReport) -> float:
 
 def screen_excess(verdict: GateReport, result: VariantResult, full: AccuracyResult | None) -> float:
     """`gate_excess` on the screening rows, each share-of-rows drop less one row of its scope there when the screen
-    holds only some of the scope's rows in `full` (FP32 on every evaluation row; select.beyond_one_unit): how
+    holds only some of the scope's rows in `full` (FP32 on every selection row; select.beyond_one_unit): how
     promising a screened candidate is, not whether it passes. A scope the screen holds whole (a slice of 1 to 3
     rows) is judged as the gate will judge it."""
     if verdict.problems or result.accuracy is None:

@@ -75,6 +75,14 @@ class Rows:
         return cls(prepared.evaluation_feeds, prepared.labels, prepared.slices, prepared.recipe.data.evaluation.batch_size)
 
     @classmethod
+    def selection(cls, prepared: Prepared) -> Rows | None:
+        """The rows searches choose among candidates on (qbench.selection); None: there are none."""
+        chosen = prepared.selection
+        if chosen is None:
+            return None
+        return cls(chosen.feeds, chosen.labels, chosen.slices, prepared.recipe.data.evaluation.batch_size)
+
+    @classmethod
     def from_batches(cls, batches: Sequence[Mapping[str, np.ndarray]], rows: int) -> Rows:
         """Up to the first `rows` rows of `batches` (calibration batches), unlabelled and unsliced; batches
         whose shapes differ beyond the rows (text padded per batch) are not joined: the first one is used."""

@@ -328,7 +328,7 @@ def test_slower_than_fp32_is_flagged_only_beyond_the_timing_noise_the_search_mea
 
 def _one_tie_project(root, rows=400, *, lone_slice=False):
     """y = x @ W over two features, class by the sign of feature 0 (|x0| >= 1 on every row) except the first
-    evaluation row, x = [0, 1e-3]: its classes are 0 and 1e-3 apart, and INT8 activations (a scale of ~0.04 for
+    calibration row and the first evaluation row, x = [0, 1e-3]: its classes are 0 and 1e-3 apart, and INT8 activations (a scale of ~0.04 for
     the batch's range) read 1e-3 as 0, so every INT8 candidate flips that one row and no other."""
     root.mkdir(parents=True, exist_ok=True)
     weight = np.array([[1.0, -1.0], [0.0, 1.0]], dtype=np.float32)
@@ -340,15 +340,14 @@ def _one_tie_project(root, rows=400, *, lone_slice=False):
     )  # fmt: skip
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(root / "model.onnx"))
     rng = np.random.default_rng(0)
-    x = np.stack([rng.choice([-1.0, 1.0], size=96 + rows) * rng.uniform(1, 5, size=96 + rows), np.zeros(96 + rows)], 1)
-    x[96] = [0.0, 1e-3]
-    tie = ["calib"] * 96 + ["tie"] + ["rest"] * (rows - 1)
-    pd.DataFrame({"x": list(x.astype(np.float32)), "split": ["calib"] * 96 + ["eval"] * rows,
-                  "half": ["calib"] * 96 + ["first"] * (rows // 2) + ["second"] * (rows - rows // 2),
-                  "tie": tie}).to_parquet(root / "data.parquet")  # fmt: skip
+    x = np.stack([rng.choice([-1.0, 1.0], size=2 * rows) * rng.uniform(1, 5, size=2 * rows), np.zeros(2 * rows)], 1)
+    x[0] = x[rows] = [0.0, 1e-3]  # the first calibration row (the search chooses on them) and evaluation row
+    halves = ["first"] * (rows // 2) + ["second"] * (rows - rows // 2)
+    pd.DataFrame({"x": list(x.astype(np.float32)), "split": ["calib"] * rows + ["eval"] * rows, "half": halves * 2,
+                  "tie": (["tie"] + ["rest"] * (rows - 1)) * 2}).to_parquet(root / "data.parquet")  # fmt: skip
     recipe = {
         "name": "one-tie", "task": "classification", "model": {"path": "model.onnx"},
-        "data": {"path": "data.parquet", "inputs": {"x": "x"}, "calibration": {"filter": {"split": "calib"}, "samples": 96},
+        "data": {"path": "data.parquet", "inputs": {"x": "x"}, "calibration": {"filter": {"split": "calib"}, "samples": rows},
                  "evaluation": {"filter": {"split": "eval"}, "batch_size": 50},
                  "slices": [{"by": "half"}, *([{"by": "tie"}] if lone_slice else [])]},
         "variants": [], "latency": {"batch_sizes": [1, 8], "warmup": 2, "iterations": 10, "threads": 1},
