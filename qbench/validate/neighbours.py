@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from qbench.errors import QbenchError
-from qbench.validate.metrics import _float_rows, _mean, _same_shape, row_blocks
+from qbench.validate.metrics import _mean, row_blocks
 
 NEIGHBOUR_TIE = 1e-6
 """Cosine similarities within this of a row's highest are ties: its nearest neighbours form a set. Cosine lies in
@@ -27,11 +27,14 @@ SIMILARITY_BLOCK_ELEMENTS = 1 << 24
 
 
 def _unit_rows(embeddings: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each row scaled to length 1 (a zero row, and a row holding NaN/inf, as zeros), and which rows are finite."""
-    rows = _float_rows(embeddings)
-    finite = np.isfinite(rows).all(axis=1)
-    norms = np.linalg.norm(np.where(finite[:, None], rows, 0.0), axis=1)
-    unit = np.divide(rows, norms[:, None], out=np.zeros_like(rows), where=(norms[:, None] > 0) & finite[:, None])
+    """Each row scaled to length 1 (a zero row, and a row holding NaN/inf, as zeros), and which rows are finite.
+    Scaled in place in one float64 copy: one rows x features array at a time, not three."""
+    unit = np.array(embeddings, dtype=np.float64)
+    unit = unit.reshape(unit.shape[0], -1) if unit.ndim > 1 else unit.reshape(-1, 1)
+    finite = np.isfinite(unit).all(axis=1)
+    unit[~finite] = 0.0
+    norms = np.linalg.norm(unit, axis=1)
+    np.divide(unit, norms[:, None], out=unit, where=norms[:, None] > 0)
     return unit, finite
 
 
@@ -55,7 +58,9 @@ def nearest_neighbour_matches(reference: np.ndarray, outputs: np.ndarray) -> np.
     nor does a row with no finite other row. Fewer than two rows give NaN (no neighbours exist). Costs two
     rows x rows similarity products (one when `outputs` equals `reference`), computed in blocks of rows.
     """
-    reference, outputs = _same_shape(reference, outputs)
+    reference, outputs = np.asarray(reference), np.asarray(outputs)
+    if reference.shape != outputs.shape:
+        raise QbenchError(f"outputs have different shapes: {reference.shape} vs {outputs.shape}")
     if reference.ndim == 0:
         raise QbenchError(f"expected an array with a row axis, got a scalar ({reference!r})")
     count = reference.shape[0]
