@@ -9,21 +9,25 @@ onnx.helper so that inference is cheap:
   embedding    x (rows, 64) -> MatMul -> Tanh, 384 floats (task: embedding, nearest-neighbour agreement)
 
 Each case runs `python -m qbench.cli sweep --no-track` (FP32, FP16 and dynamic INT8; 20 latency iterations at
-batch 32) in its own process: wall seconds and peak RSS from wait4, the interpreter and imports included.
-Compare two checkouts by running this script with PYTHONPATH pointing at each.
+batch 32) in its own process: wall seconds and peak RSS from wait4, the interpreter and imports included. The tables
+are written by a spawned process: a forked child's peak RSS counts its parent's at the fork, so a parent that had
+generated a large table would inflate every figure after it. Compare two checkouts by running this script with
+PYTHONPATH pointing at each.
 
-    python bench/scale_outputs.py [--classifier-rows 20000 100000] [--embedding-rows 10000 50000]
+    python bench/scale_outputs.py [--classifier-rows 20000 100000] [--embedding-rows 5000 20000]
                                   [--out bench/out/scale_outputs.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -82,8 +86,8 @@ def write_case(folder: Path, case: str, rows: int) -> Path:
     table = pd.DataFrame({"x": list(x), "region": rng.choice([f"r{i:02d}" for i in range(20)], rows)})
     label = ""
     if case == "classifier":
-        noisy = x @ weights + rng.normal(scale=0.5, size=(rows, weights.shape[1])).astype(np.float32)
-        table["label"] = noisy.argmax(axis=1).astype(np.int64)
+        noise = rng.normal(scale=0.5, size=(rows, weights.shape[1])).astype(np.float32)
+        table["label"] = (x @ weights + noise).argmax(axis=1).astype(np.int64)
         label = "  label: label\n"
     table.to_parquet(folder / f"{case}-{rows}.parquet")
     task = "classification" if case == "classifier" else "embedding"
@@ -106,7 +110,7 @@ def run_sweep(recipe: Path) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--classifier-rows", type=int, nargs="*", default=[20_000, 100_000])
-    parser.add_argument("--embedding-rows", type=int, nargs="*", default=[10_000, 50_000])
+    parser.add_argument("--embedding-rows", type=int, nargs="*", default=[5_000, 20_000])
     parser.add_argument("--out", type=Path, default=Path("bench/out/scale_outputs.json"))
     args = parser.parse_args()
     console = Console()
@@ -117,7 +121,9 @@ def main() -> int:
         folder = Path(tmp)
         for case, counts in (("classifier", args.classifier_rows), ("embedding", args.embedding_rows)):
             for rows in counts:
-                figures = run_sweep(write_case(folder, case, rows))
+                with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+                    recipe = pool.submit(write_case, folder, case, rows).result()
+                figures = run_sweep(recipe)
                 results.append({"case": case, "rows": rows, **figures})
                 console.print(f"{case} {rows:,} rows: {figures}")
         if any(r["exit_code"] != 0 for r in results):

@@ -75,7 +75,8 @@ def _numbers(array: np.ndarray) -> tuple[bytes, np.ndarray] | None:
 
 
 def _cell(cell: object) -> bytes:
-    """One cell's encoding: a number, a list or an array of numbers as _numbers encodes it; anything else its repr."""
+    """One cell's encoding: a number, a list or an array of numbers as _numbers encodes it; anything else its repr
+    (an array or a tuple as a list: the same strings in any of them are one cell)."""
     if isinstance(cell, (np.ndarray, list, tuple, int, float, np.number, np.bool_)) and not isinstance(cell, str):
         try:
             array = np.asarray(cell)
@@ -84,4 +85,5 @@ def _cell(cell: object) -> bytes:
         numbers = _numbers(array) if array is not None else None
         if numbers is not None:
             return numbers[0] + repr(numbers[1].shape).encode() + numbers[1].tobytes()
-    return b"r" + repr(cell).encode()
+    plain = cell.tolist() if isinstance(cell, np.ndarray) else list(cell) if isinstance(cell, tuple) else cell
+    return b"r" + repr(plain).encode()

@@ -91,6 +91,8 @@ def test_whole_columns_and_cell_by_cell_encode_alike(monkeypatch):
     floats = pd.DataFrame({"x": [np.array([np.nan, 0.0])], "n": [7.0]})
     assert shared_rows(floats, np.arange(1), whole, np.arange(3), ["x"]) == 0
     assert shared_rows(floats, np.arange(1), whole, np.arange(3), ["n"]) == 0
+    words = pd.DataFrame({"t": [np.array(["a", "b"]), ("a", "b"), ["a", "c"]]})
+    assert len(leakage.row_digests(words, np.arange(3), ["t"])) == 2  # an array, a tuple and a list of strings alike
 
 
 def _project(root: Path, calibration: dict) -> Path:
