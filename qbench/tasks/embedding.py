@@ -18,7 +18,7 @@ from qbench.tasks.base import (
     mean_or_nan,
     wilson,
 )
-from qbench.validate import metrics
+from qbench.validate import metrics, neighbours
 from qbench.validate.catalogue import MetricInfo, share_of_rows
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -77,7 +77,7 @@ class Embedding(Task):
         # FP32's NaN/inf row has no direction to compare with: NaN for every result (FP32's own too), never a 0 both
         # share, which would dilute the mean and set a cosine_min no variant can fall below
         cosine[metrics.nonfinite_rows(reference)] = np.nan
-        matches = metrics.nearest_neighbour_matches(reference, outputs)
+        matches = neighbours.nearest_neighbour_matches(reference, outputs)
         return EmbeddingRows(np.asarray(outputs), np.asarray(reference), cosine, matches)
 
     def qat_loss(self, kind: str, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

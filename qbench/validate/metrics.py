@@ -24,6 +24,23 @@ INVALID_CLASS = -1
 _PROBABILITY_TOLERANCE = 1e-3
 _KL_EPS = 1e-12
 
+ROW_BLOCK_ELEMENTS = 1 << 21
+"""Values (rows x features) a row-wise function widens to float64 at once. Evaluation outputs can be rows x 1,000
+classes over a million rows: widened whole, with a softmax's temporaries, that is tens of GB. Every row-wise figure
+is computed block by block of rows instead (each row's arithmetic unchanged, so the figures are the same to the bit),
+which bounds each temporary to about 16 MB whatever the row count."""
+
+
+def row_blocks(rows: int, features: int, budget: int | None = None) -> list[slice]:
+    """Consecutive slices covering `rows` rows, each holding at most `budget` values (ROW_BLOCK_ELEMENTS unless
+    given; one row at least)."""
+    step = max(1, (ROW_BLOCK_ELEMENTS if budget is None else budget) // max(features, 1))
+    return [slice(start, min(start + step, rows)) for start in range(0, rows, step)]
+
+
+def _features(values: np.ndarray) -> int:
+    return int(np.prod(np.shape(values)[1:], dtype=np.int64))
+
 
 def _float_rows(values: np.ndarray) -> np.ndarray:
     """`values` as float64, shaped (rows, features); a 1-D array is one feature per row."""
@@ -49,7 +66,13 @@ def _mean(values: np.ndarray) -> float:
 
 def nonfinite_rows(outputs: np.ndarray) -> np.ndarray:
     """Boolean mask of the rows holding any NaN or inf."""
-    return ~np.isfinite(_float_rows(outputs)).all(axis=1)
+    outputs = np.asarray(outputs)
+    if outputs.ndim == 0:
+        _float_rows(outputs)  # the error a scalar gets
+    bad = np.zeros(outputs.shape[0], dtype=bool)
+    for block in row_blocks(outputs.shape[0], _features(outputs)):
+        bad[block] = ~np.isfinite(_float_rows(outputs[block])).all(axis=1)
+    return bad
 
 
 def _class_scores(outputs: np.ndarray) -> np.ndarray:
@@ -71,15 +94,20 @@ def top1(outputs: np.ndarray, binary_probabilities: bool | None = None) -> np.nd
     score lies in [0, 1] (a probability), else when score > 0 (a logit).
     `binary_probabilities` overrides that detection, so that a variant is read as its reference is.
     """
-    scores = _class_scores(outputs).astype(np.float64)
-    bad = nonfinite_rows(scores)
+    scores = _class_scores(outputs)
     if scores.shape[1] == 1:
+        scores = scores.astype(np.float64)
         probabilities = looks_like_sigmoid(scores) if binary_probabilities is None else binary_probabilities
         threshold = 0.5 if probabilities else 0.0
         classes = (scores[:, 0] > threshold).astype(np.int64)
-    else:
-        classes = np.argmax(np.where(bad[:, None], 0.0, scores), axis=1).astype(np.int64)
-    classes[bad] = INVALID_CLASS
+        classes[nonfinite_rows(scores)] = INVALID_CLASS
+        return classes
+    classes = np.empty(scores.shape[0], dtype=np.int64)
+    for block in row_blocks(*scores.shape):
+        part = scores[block].astype(np.float64)
+        bad = nonfinite_rows(part)
+        classes[block] = np.argmax(np.where(bad[:, None], 0.0, part), axis=1)
+        classes[block][bad] = INVALID_CLASS
     return classes
 
 
@@ -165,14 +193,20 @@ def looks_like_probabilities(outputs: np.ndarray) -> bool:
     Rows holding NaN/inf are left out: they say nothing about the scale, and one of them must not turn the
     reading of every other row (probabilities read as logits flatten through a second softmax: KL far too small).
     False when no row is finite."""
-    scores = _class_scores(outputs).astype(np.float64)
-    scores = scores[np.isfinite(scores).all(axis=1)]
-    if scores.size == 0:
-        return False
-    if scores.shape[1] == 1:
-        return bool(((scores >= 0.0) & (scores <= 1.0)).all())
-    sums = scores.sum(axis=1)
-    return bool((scores >= 0.0).all() and np.all(np.abs(sums - 1.0) <= _PROBABILITY_TOLERANCE))
+    scores = _class_scores(outputs)
+    any_finite = False
+    for block in row_blocks(*scores.shape):
+        part = scores[block].astype(np.float64)
+        part = part[np.isfinite(part).all(axis=1)]
+        if part.size == 0:
+            continue
+        any_finite = True
+        if part.shape[1] == 1:
+            if not ((part >= 0.0) & (part <= 1.0)).all():
+                return False
+        elif not ((part >= 0.0).all() and np.all(np.abs(part.sum(axis=1) - 1.0) <= _PROBABILITY_TOLERANCE)):
+            return False
+    return any_finite
 
 
 def to_probabilities(outputs: np.ndarray, already_probabilities: bool | None = None) -> np.ndarray:
@@ -209,12 +243,17 @@ def kl_rows(
     distribution, but FP32's such row is no value to compare with (for FP32 itself too, a KL of 0 there would
     dilute every result's mean, hiding what a variant lost on the rows FP32 scores), and a variant's is its failure.
     """
-    reference_outputs, outputs = _same_shape(reference_outputs, outputs)
+    reference_outputs, outputs = np.asarray(reference_outputs), np.asarray(outputs)
+    if reference_outputs.shape != outputs.shape:
+        raise QbenchError(f"outputs have different shapes: {reference_outputs.shape} vs {outputs.shape}")
     if as_probabilities is None:
         as_probabilities = looks_like_probabilities(reference_outputs)
-    p = np.clip(to_probabilities(reference_outputs, as_probabilities), _KL_EPS, 1.0)
-    q = np.clip(to_probabilities(outputs, as_probabilities), _KL_EPS, 1.0)
-    kl = np.maximum(np.sum(p * np.log(p / q), axis=1), 0.0)  # clipping can leave -1e-17; NaN passes through
+    kl = np.empty(reference_outputs.shape[0] if reference_outputs.ndim else 0, dtype=np.float64)
+    for block in row_blocks(kl.size, _features(reference_outputs)):
+        reference_block, block_outputs = _same_shape(reference_outputs[block], outputs[block])
+        p = np.clip(to_probabilities(reference_block, as_probabilities), _KL_EPS, 1.0)
+        q = np.clip(to_probabilities(block_outputs, as_probabilities), _KL_EPS, 1.0)
+        kl[block] = np.maximum(np.sum(p * np.log(p / q), axis=1), 0.0)  # clipping can leave -1e-17; NaN passes
     kl[nonfinite_rows(reference_outputs) | nonfinite_rows(outputs)] = math.nan
     return kl
 
@@ -234,11 +273,19 @@ def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def max_abs_error(a: np.ndarray, b: np.ndarray) -> float:
     """The largest |a - b| over all elements; NaN for no elements; NaN/inf propagate."""
-    a, b = _same_shape(a, b)
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape:
+        raise QbenchError(f"outputs have different shapes: {a.shape} vs {b.shape}")
     if a.size == 0:
         return math.nan
+    if a.ndim == 0:
+        a, b = a.reshape(1), b.reshape(1)
+    largest = []
     with np.errstate(invalid="ignore"):
-        return float(np.max(np.abs(a - b)))
+        for block in row_blocks(a.shape[0], _features(a)):
+            a64, b64 = _same_shape(a[block], b[block])
+            largest.append(np.max(np.abs(a64 - b64)))
+    return float(np.max(largest))
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -264,73 +311,6 @@ def mean_interval(values: np.ndarray, z: float = 1.96) -> tuple[float, float]:
         return (mean, mean)
     half = z * float(np.std(array, ddof=1)) / math.sqrt(array.size)
     return (mean - half, mean + half)
-
-
-# -- nearest neighbours (embeddings) --------------------------------------------------------------
-
-NEIGHBOUR_TIE = 1e-6
-"""Cosine similarities within this of a row's highest are ties: its nearest neighbours form a set. Cosine lies in
-[-1, 1] whatever the vectors' scale; a float32 embedding resolves about 1e-7 of it (the same input in another batch
-position can move by that much), a matrix product's rounding about 1e-16, while rows meant to differ do so by far more.
-So copies of a row (the same query twice) and rows equal up to rounding are tied, never ranked by noise."""
-
-_NEIGHBOUR_BLOCK_ROWS = 512  # rows compared at once: bounds each similarity block to 512 x rows floats
-
-
-def _unit_rows(embeddings: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each row scaled to length 1 (a zero row, and a row holding NaN/inf, as zeros), and which rows are finite."""
-    rows = _float_rows(embeddings)
-    finite = np.isfinite(rows).all(axis=1)
-    norms = np.linalg.norm(np.where(finite[:, None], rows, 0.0), axis=1)
-    unit = np.divide(rows, norms[:, None], out=np.zeros_like(rows), where=(norms[:, None] > 0) & finite[:, None])
-    return unit, finite
-
-
-def _similarities(unit: np.ndarray, finite: np.ndarray, start: int, stop: int) -> np.ndarray:
-    """Cosine similarity of rows start..stop with every row; -inf with themselves and with rows holding NaN/inf."""
-    similarity = unit[start:stop] @ unit.T
-    similarity[:, ~finite] = -np.inf
-    similarity[np.arange(stop - start), np.arange(start, stop)] = -np.inf
-    return similarity
-
-
-def nearest_neighbour_matches(reference: np.ndarray, outputs: np.ndarray) -> np.ndarray:
-    """Per row: 1.0 if every row nearest to it under `outputs` is one of its nearest rows under `reference`, else 0.0.
-
-    A row's nearest rows are the others whose cosine similarity with it is within NEIGHBOUR_TIE of the highest: tied
-    rows (copies of a row, rows equal up to rounding) form a set, so no verdict hangs on which of them rounding puts
-    first, and `reference` against itself is 1.0 on every row that has a neighbour. Where `outputs` ties a row that
-    `reference` ranks lower with its nearest, the row does not match: a search could return either. A row holding
-    NaN/inf is no one's neighbour and has none: it never matches (a miss for every result, the reference's own too),
-    nor does a row with no finite other row. Fewer than two rows give NaN (no neighbours exist). Costs two
-    rows x rows similarity products, computed in blocks of rows.
-    """
-    reference, outputs = _same_shape(reference, outputs)
-    if reference.ndim == 0:
-        raise QbenchError(f"expected an array with a row axis, got a scalar ({reference!r})")
-    count = reference.shape[0]
-    if count < 2:
-        return np.full(count, math.nan)
-    (ref_unit, ref_finite), (out_unit, out_finite) = _unit_rows(reference), _unit_rows(outputs)
-    matches = np.zeros(count, dtype=np.float64)
-    for start in range(0, count, _NEIGHBOUR_BLOCK_ROWS):
-        stop = min(start + _NEIGHBOUR_BLOCK_ROWS, count)
-        expected = _similarities(ref_unit, ref_finite, start, stop)
-        found = _similarities(out_unit, out_finite, start, stop)
-        best_expected, best_found = expected.max(axis=1), found.max(axis=1)
-        nearest_found = found >= (best_found - NEIGHBOUR_TIE)[:, None]
-        # the lowest reference similarity among the outputs' nearest rows: within the tie of the reference's best?
-        worst = np.where(nearest_found, expected, np.inf).min(axis=1)
-        agree = (worst >= best_expected - NEIGHBOUR_TIE) & np.isfinite(best_expected) & np.isfinite(best_found)
-        matches[start:stop] = agree
-    matches[~(ref_finite & out_finite)] = 0.0
-    return matches
-
-
-def nearest_neighbour_agreement(reference: np.ndarray, outputs: np.ndarray) -> float:
-    """Fraction of rows whose nearest neighbours (cosine, itself excluded, ties as a set) under `outputs` are
-    nearest under `reference` too (`nearest_neighbour_matches`); NaN for fewer than two rows."""
-    return _mean(nearest_neighbour_matches(reference, outputs))
 
 
 # -- regression ---------------------------------------------------------------------------------

@@ -85,6 +85,30 @@ def test_shared_rows_finds_the_same_inputs_across_tables_whatever_the_cell_type(
     assert shared_rows(table, np.arange(8), table, np.arange(8, 20), ["x"]) == 0
 
 
+def test_whole_columns_and_cell_by_cell_encode_alike(monkeypatch):
+    """A column of numbers or same-shaped arrays is digested whole, any other cell by cell: one encoding."""
+    from qbench.data import leakage
+
+    cells: list[object] = []
+    cell = leakage._cell
+    monkeypatch.setattr(leakage, "_cell", lambda value: cells.append(value) or cell(value))
+    whole = pd.DataFrame({"x": [np.array([1.0, 2.5], np.float32), np.array([np.nan, -0.0], np.float32),
+                                np.array([3.0, 4.0], np.float32)],
+                          "n": np.array([7, 8, 9], np.int32), "s": ["a", "b", "c"]})  # fmt: skip
+    assert len(leakage.row_digests(whole, np.arange(3), ["x", "n"])) == 3 and cells == []  # no cell at a time
+    # the same inputs as Python lists and numbers, a ragged column beside them: encoded a cell at a time
+    mixed = pd.DataFrame({"x": [[1, 2.5], [float("nan"), -0.0], [3, 4, 5], [0.0, 0.0]],
+                          "n": pd.Series([7, 8, 9, 9], dtype=object), "s": ["a", "b", "c", "d"]})  # fmt: skip
+    assert shared_rows(mixed, np.arange(4), whole, np.arange(3), ["x", "n", "s"]) == 2  # rows 0 and 1
+    assert len(cells) > 0
+    # kind and sign still tell cells apart: 0.0 is not -0.0, an integer 7 not 7.0
+    floats = pd.DataFrame({"x": [np.array([np.nan, 0.0])], "n": [7.0]})
+    assert shared_rows(floats, np.arange(1), whole, np.arange(3), ["x"]) == 0
+    assert shared_rows(floats, np.arange(1), whole, np.arange(3), ["n"]) == 0
+    words = pd.DataFrame({"t": [np.array(["a", "b"]), ("a", "b"), ["a", "c"]]})
+    assert len(leakage.row_digests(words, np.arange(3), ["t"])) == 2  # an array, a tuple and a list of strings alike
+
+
 def _project(root: Path, calibration: dict) -> Path:
     onnx = pytest.importorskip("onnx")
     from onnx import TensorProto, helper, numpy_helper

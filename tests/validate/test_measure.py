@@ -6,6 +6,7 @@ import math
 import os
 import platform
 import socket
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from qbench.backends import get_backend
 from qbench.preflight import prepare
 from qbench.recipe import LatencySpec, load_recipe
 from qbench.recipe_search import SearchSpec
+from qbench.validate import metrics
 from qbench.validate.measure import Rows, measure, output_nsr
 from qbench.variants import BuildContext, BuiltVariant, build_variant
 
@@ -33,6 +35,31 @@ def test_output_nsr_by_hand():
     assert output_nsr(reference, outputs) == pytest.approx(1.0 / 25.0)
     assert output_nsr(reference, [np.array([np.inf, 4.0])]) == math.inf
     assert output_nsr([np.zeros(2)], [np.zeros(2)]) == 0.0
+
+
+def test_output_nsr_block_by_block_matches_the_whole_arrays(monkeypatch):
+    rng = np.random.default_rng(0)
+    reference = [rng.normal(size=(50, 6)).astype(np.float32), rng.normal(size=50), np.arange(50)]
+    outputs = [(r * 1.1).astype(r.dtype) for r in reference]
+    whole = output_nsr(reference, outputs)
+    monkeypatch.setattr(metrics, "ROW_BLOCK_ELEMENTS", 12)  # 2 rows of 6 values a block
+    assert output_nsr(reference, outputs) == pytest.approx(whole, rel=1e-12)
+    assert whole == pytest.approx(0.01, rel=1e-6)  # every float output 10 % off: noise 0.01 of the signal
+    outputs[0][37, 2] = np.nan  # in a later block
+    assert output_nsr(reference, outputs) == math.inf
+
+
+def test_output_nsr_widens_no_output_whole(monkeypatch):
+    reference = [np.random.default_rng(1).normal(size=(4000, 500)).astype(np.float32)]  # 8 MB, 16 MB as float64
+    outputs = [reference[0] * np.float32(1.01)]
+    monkeypatch.setattr(metrics, "ROW_BLOCK_ELEMENTS", 50_000)
+    tracemalloc.start()
+    try:
+        output_nsr(reference, outputs)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4_000_000
 
 
 def test_rows_subset_and_from_batches():
