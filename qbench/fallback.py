@@ -4,7 +4,7 @@
 
 Every candidate is measured with `evaluate` (accuracy per slice and latency on the sweep's first
 backend, against FP32) and judged by `qbench.gate.evaluate_gate`, so a candidate passes here
-exactly when the gate would pass it on those rows: the selection rows (qbench.selection), which the
+exactly when the gate would pass it on those rows: the selection rows (qbench.selection_rows), which the
 gate's own verdict on the chosen variant (measured on the evaluation rows) never uses.
 
 - calibrator auto: minmax, entropy, percentile and dynamic are each built and measured.
@@ -54,7 +54,7 @@ from qbench.preflight import Prepared
 from qbench.recipe import FallbackSpec, VariantSpec
 from qbench.report_grid import figure, percent
 from qbench.results import VariantResult
-from qbench.selection import chosen_on
+from qbench.selection_rows import chosen_on
 from qbench.techniques.calibrators import AUTO_CALIBRATORS
 from qbench.validate.measure import Rows, measure
 from qbench.variants import BuildContext, BuiltVariant, build_variant

@@ -184,7 +184,7 @@ def nonfinite_reference_rows(key: str, accuracy: AccuracyResult) -> str:
 
 def _chosen_on_judged_rows(results: SweepResults, pairs: Sequence[tuple[str, str]]) -> list[str]:
     """A note per gated variant that a search chose among candidates on the evaluation rows themselves (no selection
-    rows: qbench.selection): the best of several tries on those rows, its figures flatter it."""
+    rows: qbench.selection_rows): the best of several tries on those rows, its figures flatter it."""
     chosen = [f"{v}@{b}" for v, b in pairs
               if (found := results.find(v, b)) is not None and found.params.get("search.chosen_on") == "evaluation"]  # fmt: skip
     return [f"{key} was chosen among candidates on the evaluation rows that judge it: the best of several tries on "

@@ -58,7 +58,7 @@ from qbench.provenance import metric_source_input
 from qbench.recipe import Recipe
 from qbench.recipe_data import TextInputSpec
 from qbench.results import CalibrationRecord
-from qbench.selection import SelectionRows, chooses_among_candidates, selection_rows
+from qbench.selection_rows import SelectionRows, chooses_among_candidates, selection_rows
 from qbench.sources import ModelSource, resolve_model
 from qbench.tasks import CustomMetric, LabelError, Task, get_task
 from qbench.tasks.classification import (
@@ -109,7 +109,7 @@ class Prepared:
     # sizes are set to it; a last batch is filled with repeats of its rows, and what they give is dropped)
     batch: int | None = None
     snapshot: Snapshot | None = None  # the sweep's copies of its input files, which everything here was read from
-    selection: SelectionRows | None = None  # where searches choose among candidates (qbench.selection)
+    selection: SelectionRows | None = None  # where searches choose among candidates (qbench.selection_rows)
 
     @property
     def output_name(self) -> str:

@@ -8,7 +8,7 @@
       closest, needed                             unreachable: the closest candidate and what it would take
       fp32_p50_ms                                 FP32's p50 per batch size under the search's quick timing
       selection_rows                              rows candidates were judged and chosen on, none of them evaluated
-                                                  (qbench.selection); None: chosen on the evaluation rows themselves
+                                                  (qbench.selection_rows); None: chosen on the evaluation rows themselves
       candidates                                  CandidateRecord, in the order they were tried
     CandidateRecord
       label, technique, options, keep_float       what was built (keep_float: node names left in floating point)

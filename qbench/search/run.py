@@ -51,7 +51,7 @@ from qbench.results_search import CandidateRecord, SearchReport
 from qbench.search import select
 from qbench.search.candidates import Candidate, catalogue
 from qbench.search.screen import gate_excess, screen_excess, screening_indices, worst_slice
-from qbench.selection import chosen_on
+from qbench.selection_rows import chosen_on
 from qbench.validate.measure import Measured, PhaseClock, Rows, describe_error, measure
 from qbench.variants import BuildContext, BuiltVariant, build_variant
 from qbench.variants.onnx_utils import graph_digest
@@ -453,7 +453,7 @@ def run_search(
 ) -> SearchOutcome:  # fmt: skip
     """Search the fastest INT8 candidate passing the recipe's gate (see the module docstring).
 
-    Candidates are screened, evaluated and chosen on the selection rows (qbench.selection; the evaluation rows when
+    Candidates are screened, evaluated and chosen on the selection rows (qbench.selection_rows; the evaluation rows when
     there are none, and the report says so): the sweep then measures the pick on the evaluation rows, which judge it.
     fp32: FP32 measured on every evaluation row (the sweep's reference). Candidates are built under
     `workdir`; the pick is kept as <workdir>/<spec.name>.onnx, everything else is removed."""

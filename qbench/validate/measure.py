@@ -77,7 +77,7 @@ class Rows:
 
     @classmethod
     def selection(cls, prepared: Prepared) -> Rows | None:
-        """The rows searches choose among candidates on (qbench.selection); None: there are none."""
+        """The rows searches choose among candidates on (qbench.selection_rows); None: there are none."""
         chosen = prepared.selection
         if chosen is None:
             return None

@@ -1,4 +1,4 @@
-"""Searches choose on selection rows (qbench.selection) and the gate judges the pick on the evaluation rows only."""
+"""Searches choose on selection rows (qbench.selection_rows) and the gate judges the pick on the evaluation rows only."""
 
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ def test_selection_rows_leave_out_evaluated_rows_and_keep_labels_and_slices():
 
     from qbench.modelinfo import TensorMeta
     from qbench.recipe_data import DataSpec
-    from qbench.selection import selection_rows
+    from qbench.selection_rows import selection_rows
 
     table = pd.DataFrame({"x": list(np.arange(12, dtype=np.float32).reshape(6, 2)), "label": [0, 1, 0, 1, 0, 1],
                           "kind": ["a", "a", "b", "b", "a", "b"]})  # fmt: skip
