@@ -86,12 +86,40 @@ class GateReport:
         return EXIT_BREACH if self.breaches else EXIT_PASS
 
     def status_of(self, variant: str, backend: str) -> str:
-        """'pass', 'fail' or 'not gated' for one variant on one backend."""
-        if f"{variant}@{backend}" not in self.gated:
+        """'pass', 'fail' or 'not gated' for one variant on one backend ('fail' too where its results, or the
+        results as a whole, cannot be judged: fail closed)."""
+        key = f"{variant}@{backend}"
+        if key not in self.gated:
             return "not gated"
         own = [c for c in self.checks if c.variant == variant and c.backend == backend]
-        unjudged = any(p.startswith(f"{variant}@{backend}:") for p in self.problems)
+        unjudged = any(problem_owner(self.gated, p) in (key, None) for p in self.problems)
         return "fail" if unjudged or any(c.status == "breach" for c in own) else "pass"
+
+
+def problem_owner(gated: Sequence[str], problem: str) -> str | None:
+    """The variant@backend of `gated` a problem ('int8@cpu: ...') or a note ('int8@cpu computes ...') is about, or
+    None when it is about the results as a whole."""
+    return next((key for key in gated if problem.startswith((f"{key}: ", f"{key} "))), None)
+
+
+def withheld(report: GateReport) -> GateReport:
+    """What an unusable report may still say: only what the results it refused do not underlie.
+
+    A problem about the results as a whole (stale, inconsistent, a glob that picks nothing) leaves no check and no
+    note drawn from them: a CI log showing PASS lines, or a variant "the better choice", beside exit 2 would state
+    what nobody judged. A problem of one variant@backend withholds that variant's checks and notes (an SLO problem,
+    `<key>: SLO: ...`, only its SLO checks); the other variants were judged on results nothing is wrong with."""
+    if not report.problems:
+        return report
+    owners = [(problem_owner(report.gated, p), p) for p in report.problems]
+    if any(owner is None for owner, _ in owners):
+        return replace(report, checks=(), notes=())
+    whole = {owner for owner, p in owners if not p.startswith(f"{owner}: SLO:")}
+    slo = {owner for owner, p in owners if p.startswith(f"{owner}: SLO:")}
+    checks = tuple(c for c in report.checks if f"{c.variant}@{c.backend}" not in whole
+                   and not (c.scope == SLO_SCOPE and f"{c.variant}@{c.backend}" in slo))  # fmt: skip
+    notes = tuple(n for n in report.notes if problem_owner(report.gated, n) not in whole)
+    return replace(report, checks=checks, notes=notes)
 
 
 def judge(reference: VariantResult, candidate: VariantResult, gate: GateSpec) -> GateReport:
@@ -150,7 +178,7 @@ def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[st
         checks.extend(_slo_check(j) for j in judgements)
         problems.extend(slo_problems)
         gated += [pair for pair in slo_pairs if pair not in gated]
-    return GateReport(
+    return withheld(GateReport(
         metric=spec.metric,
         checks=tuple(checks),
         problems=tuple(problems),
@@ -158,7 +186,7 @@ def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[st
         notes=(*_unlowered(results, gated), *_chosen_on_judged_rows(results, gated), *_nonfinite_reference(results, gated),
                *mixed_timing_machines(results),
                *slower_than_reference_notes(results, {f"{v}@{b}" for v, b in gated})),
-    )
+    ))
 
 
 def _nonfinite_reference(results: SweepResults, pairs: Sequence[tuple[str, str]]) -> list[str]:
@@ -376,7 +404,8 @@ def run_gate(
     timed = timed_batch_sizes(asked) if fresh else None  # a model with a fixed batch is timed at it alone
     problems += result_problems(results, asked, evaluated, timed)
     report = evaluate_gate(results, asked.gate, expected=expected_pairs(asked), slo=asked.slo)
-    return replace(report, problems=(*problems, *report.problems), notes=(*notes, *report.notes)), results
+    report = withheld(replace(report, problems=(*problems, *report.problems)))
+    return replace(report, notes=(*notes, *report.notes)), results
 
 
 def _evaluation_from_data(recipe: Recipe) -> tuple[EvaluationRows | None, list[str]]:

@@ -23,6 +23,7 @@ from typing import Any
 from qbench.errors import QbenchError
 from qbench.files import file_in_the_way, write_atomically
 from qbench.gate import EXIT_BREACH, EXIT_PASS, UNDER_MIN_SIZE, GateCheck, GateReport
+from qbench.gate import problem_owner as owner_of
 from qbench.report_grid import compared, figure
 from qbench.slo import SLO_SCOPE
 
@@ -89,9 +90,8 @@ def problem_line(problem: str) -> str:
 
 
 def problem_owner(report: GateReport, problem: str) -> str | None:
-    """The variant@backend a problem ('int8@cpu: ...') or a note ('int8@cpu computes ...') is about, or None when
-    it is about the results as a whole."""
-    return next((key for key in report.gated if problem.startswith((f"{key}: ", f"{key} "))), None)
+    """The variant@backend a problem or a note is about, or None when it is about the results as a whole."""
+    return owner_of(report.gated, problem)
 
 
 def _breaching_scopes(report: GateReport) -> dict[str, list[str]]:
@@ -123,7 +123,7 @@ def summary_line(report: GateReport) -> str:
         named = ", ".join(f"{key} ({', '.join(scopes)})" for key, scopes in breaching.items())
         verb = "breaches" if len(breaching) == 1 else "breach"
         parts.append(f"{len(breaching)} of {plural(gated, 'variant')} {verb}: {named}")
-    tail = plural(len(report.checks), "check") + _skipped_tail(report)
+    tail = plural(len(report.checks), "check") + _skipped_tail(report) if report.checks else "nothing judged"
     headline = _HEADLINES.get(report.exit_code, "FAIL (results unusable)")
     if not parts:
         scopes = len({c.scope for c in report.checks})

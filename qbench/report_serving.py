@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 
 from qbench.frontier import timing_kinds
-from qbench.gate import GateCheck, GateReport
+from qbench.gate import EXIT_UNUSABLE, GateCheck, GateReport, problem_owner
 from qbench.report_grid import Grid
 from qbench.results import EMULATED, SweepResults, VariantResult
 from qbench.slo import SLO_SCOPE, p99_basis
@@ -45,7 +45,8 @@ def accuracy_verdict(results: SweepResults, gate: GateReport | None, variant: Va
     if gate is None or f"{variant.key}" not in gate.gated:
         return "not gated"
     own = [c for c in gate.checks if c.scope != SLO_SCOPE and (c.variant, c.backend) == (variant.variant, variant.backend)]
-    unjudged = any(p.startswith(f"{variant.key}:") and ": SLO:" not in p for p in gate.problems)
+    unjudged = any(problem_owner(gate.gated, p) in (variant.key, None) and not p.startswith(f"{variant.key}: SLO:")
+                   for p in gate.problems)  # fmt: skip
     if unjudged or any(c.status == "breach" for c in own) or not own:
         return "fail"
     return "pass"
@@ -135,7 +136,10 @@ def slo_lines(results: SweepResults, gate: GateReport | None) -> list[str]:
         choice = cheapest(results, gate)
         budgets = {c.reference for c in checks}
         recorded = {v.serving.budget_ms for v in results.variants if v.serving and v.serving.budget_ms is not None}
-        if budgets and recorded and budgets != recorded:  # the sweep's rates within budget answer another budget
+        if gate.exit_code == EXIT_UNUSABLE:  # some results were refused: no choice among them is judged
+            lines.append("cheapest meeting accuracy and SLO: cannot tell: the gate could not judge the results "
+                         "(exit 2, see its problems)")  # fmt: skip
+        elif budgets and recorded and budgets != recorded:  # the sweep's rates within budget answer another budget
             lines.append(f"cheapest meeting accuracy and SLO: cannot tell: the budget is {_ms(budgets)} now, the sweep "
                          f"simulated {_ms(recorded)} (re-run `qbench sweep`)")  # fmt: skip
         elif (mixed := mixed_machine_costs(results)) is not None:

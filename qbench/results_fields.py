@@ -1,21 +1,32 @@
-"""One rule for every object of results.json: only the fields of the dataclass it is read as.
+"""One rule for every object of results.json: only the fields of the dataclass it is read as, each holding a value
+of the type the dataclass gives it.
 
 qbench writes each section from its dataclass's fields and nothing else, so a key this qbench does not
 know was written by another qbench (a newer one, say, recording a figure that changes the verdict) or
 added by hand. The gate fails closed: such results are refused with the field named (and, by
 `read_results`, the qbench version that wrote them), never judged with the field silently dropped.
+
+The same holds for the figures themselves, the ones no verdict rests on included (intervals, drops, costs, load
+simulations, range analysis): each numeric field is checked against the dataclass's type hint (a float is a number
+or null, which is how NaN is written; an int is a whole number >= 0: every int qbench records is a count, a size, a
+seed or an index), so a hand-edited or corrupted figure is one error naming its path, never a string rendered as a
+number in a report.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import types
+import typing
 from typing import Any
 
 from qbench.errors import QbenchError, did_you_mean, short_repr
 
 
 def known_fields(raw: Any, cls: type, where: str, *, extra: tuple[str, ...] = ()) -> dict[str, Any]:
-    """`raw`, the JSON object at `where` read as `cls`, once it holds no key but `cls`'s fields (and `extra`)."""
+    """`raw`, the JSON object at `where` read as `cls`, once it holds no key but `cls`'s fields (and `extra`) and
+    every numeric field holds a value of its type."""
     if not isinstance(raw, dict):
         raise QbenchError(f"{where}: got {type(raw).__name__}, expected a JSON object")
     names = [f.name for f in dataclasses.fields(cls)] + list(extra)
@@ -24,4 +35,50 @@ def known_fields(raw: Any, cls: type, where: str, *, extra: tuple[str, ...] = ()
         key = str(unknown[0])
         raise QbenchError(f"{where}: unknown field {short_repr(key)}{did_you_mean(key, names)}: this qbench does not "
                           "know it, and judges no results it would read without it")  # fmt: skip
+    hints = _hints(cls)
+    for name, value in raw.items():
+        if name in hints:
+            _check(value, hints[name], f"{where}.{name}")
     return raw
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+@functools.cache
+def _numeric(hint: Any) -> bool:
+    """Whether `hint` holds an int or float anywhere (a bool is no number; a nested dataclass checks itself)."""
+    return hint in (int, float) or any(_numeric(arg) for arg in typing.get_args(hint) if arg is not Ellipsis)
+
+
+def _check(value: Any, hint: Any, where: str) -> None:
+    """Raise naming `where` unless `value` fits the numeric parts of `hint`; other parts are not checked here."""
+    if not _numeric(hint):
+        return
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is float:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise QbenchError(f"{where}: got {short_repr(value)}, expected a number or null")
+    elif hint is int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise QbenchError(f"{where}: got {short_repr(value)}, expected a whole number >= 0")
+    elif origin in (typing.Union, types.UnionType):
+        if value is not None or type(None) not in args:
+            options = [arg for arg in args if arg is not type(None)]
+            if len(options) == 1:
+                _check(value, options[0], where)
+    elif origin is dict:
+        if not isinstance(value, dict):
+            raise QbenchError(f"{where}: got {short_repr(value)}, expected a JSON object")
+        for key, item in value.items():
+            _check(item, args[1], f"{where}.{key}")
+    elif origin in (tuple, list):
+        if not isinstance(value, list):
+            raise QbenchError(f"{where}: got {short_repr(value)}, expected a list")
+        each = [args[0]] * len(value) if origin is list or args[-1] is Ellipsis else list(args)
+        if len(each) != len(value):
+            raise QbenchError(f"{where}: got {len(value)} values, expected {len(each)}")
+        for i, (item, item_hint) in enumerate(zip(value, each, strict=True)):
+            _check(item, item_hint, f"{where}[{i}]")

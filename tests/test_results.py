@@ -84,3 +84,67 @@ def test_results_another_qbench_wrote_say_which_one(tmp_path, change, problem) -
     with pytest.raises(QbenchError) as same:
         read_results(path)
     assert "written by qbench" not in str(same.value)
+
+
+def _full_sweep():
+    """A sweep with every section that holds figures: serving (with both load simulations), range analysis, an INT8
+    search and a frontier."""
+    from qbench.results import FrontierPoint
+    from qbench.results_ranges import ClipRecord, RangeAnalysis
+    from qbench.results_search import CandidateRecord, SearchReport
+    from qbench.results_serving import LoadStats, ServingResult
+
+    load = LoadStats(100.0, 5000, 1.0, 2.0, 3.0, 1.5, 0.1, 1.2, 100.0)
+    serving = ServingResult(preprocess_ms_per_row=0.01, budget_ms=10.0, rate_rps=100.0, requests=5000, seed=0,
+                            at_rate=load, max_rate_rps=400.0, at_max_rate=load, usd_per_million={"max_rate": 0.5})  # fmt: skip
+    results = make_sweep()
+    variants = (dataclasses.replace(results.variants[0], serving=serving), *results.variants[1:])
+    ranges = RangeAnalysis(rows=10, seconds=0.5, nodes={"t": "n"}, abs_max={"overall": {"t": 3.0}},
+                           clipping=(ClipRecord("int8", "overall", 2, 100, 0.02),))  # fmt: skip
+    search = SearchReport("int8", "accuracy", 0.01, 0.02, 60.0, 5.0, "passed",
+                          (CandidateRecord("a", "int8_static", speedup=1.2, metric=0.9),), chosen=0)  # fmt: skip
+    frontier = (FrontierPoint("onnxruntime-cpu", 1, "fp32", 1.0, 0.95),)
+    return dataclasses.replace(results, variants=variants, ranges=ranges, search=search, frontier=frontier)
+
+
+def _at(raw, path):
+    """The parent object and key of a dotted path with [i] indices ('variants[0].serving.at_max_rate.p99_ms')."""
+    keys = [int(k) if k.isdigit() else k for k in path.replace("[", ".").replace("]", "").split(".")]
+    for key in keys[:-1]:
+        raw = raw[key]
+    return raw, keys[-1]
+
+
+@pytest.mark.parametrize(("path", "value", "expected"), [
+    ("variants[0].accuracy.overall.intervals.accuracy[0]", "0.9", "a number or null"),
+    ("variants[0].accuracy.slices[0].drops.accuracy", "0.01", "a number or null"),
+    ("variants[0].accuracy.overall.size", 12.5, "a whole number >= 0"),
+    ("variants[0].latency.session_create_ms", "3 ms", "a number or null"),
+    ("variants[0].latency.points[0].batches", -1, "a whole number >= 0"),
+    ("variants[0].serving.at_max_rate.p99_ms", "fast", "a number or null"),
+    ("variants[0].serving.at_rate.requests", -5000, "a whole number >= 0"),
+    ("variants[0].serving.usd_per_million.max_rate", "cheap", "a number or null"),
+    ("variants[0].serving.max_rate_rps", True, "a number or null"),
+    ("variants[0].model_bytes", -4, "a whole number >= 0"),
+    ("calibration.held_out_rows", -1, "a whole number >= 0"),
+    ("ranges.seconds", "0.5", "a number or null"),
+    ("ranges.abs_max.overall.t", "big", "a number or null"),
+    ("ranges.clipping[0].clipped", -2, "a whole number >= 0"),
+    ("search.candidates[0].speedup", "1.2x", "a number or null"),
+    ("frontier[0].p50_ms", "1.0", "a number or null"),
+])  # fmt: skip
+def test_every_figure_is_a_number_of_its_type_whether_or_not_the_verdict_rests_on_it(tmp_path, path, value,
+                                                                                    expected) -> None:  # fmt: skip
+    """Only the figures the verdict reads were checked: a string or a negative count elsewhere (an interval, a cost,
+    a load simulation, the range analysis) was read as it was and rendered as a figure, or crashed a report."""
+    raw = json.loads(to_json(_full_sweep()))
+    from_dict(raw)  # the unedited sweep reads
+    parent, key = _at(raw, path)
+    assert parent[key] != value  # the field is there, holding another value
+    parent[key] = value
+    raw[DIGEST_FIELD] = content_digest(raw)
+    file = tmp_path / "results.json"
+    file.write_text(json.dumps(raw))
+    with pytest.raises(QbenchError) as caught:
+        read_results(file)
+    assert str(caught.value).startswith(f"{file}: {path}: got {value!r}, expected {expected}")

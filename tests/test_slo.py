@@ -328,3 +328,49 @@ def test_no_cheapest_variant_across_machine_kinds_under_one_price():
         "(AMD EPYC x2 x86_64; Intel Xeon x96 x86_64): its price of $0.36/h is one machine's, and their rates compare "
         "the machines; time every variant of a backend on one kind"
     )  # fmt: skip
+
+
+def _verdict_lines(results, gate) -> list[str]:
+    """Every line the gate prints or writes that states a verdict: the SLO lines, the console lines, the summary, the
+    JSON report's checks and the Markdown table's rows (the problems, which may name a variant, left out)."""
+    from qbench.gate_report import console_lines, markdown_summary, report_dict, summary_line
+
+    table = [row for row in markdown_summary(gate).splitlines() if row.startswith("| ") and "@" in row]
+    checks = [line for line in console_lines(gate) if not line.startswith("UNUSABLE ")]
+    return [*slo_lines(results, gate), *checks, summary_line(gate), *map(str, report_dict(gate)["checks"]), *table]
+
+
+def test_results_refused_as_a_whole_print_the_problems_and_no_check_or_recommendation():
+    """A problem with the results as a whole (here a glob of gate.applies_to that picks nothing) is exit 2, yet the
+    gate printed `SLO pass` lines, a cheapest variant and every check as a pass beside it."""
+    results = _results(int8_p99=9.0)
+    gate = evaluate_gate(results, GATE.model_copy(update={"applies_to": ["int8-*", "int4-*"]}), slo=SLO)
+    assert gate.exit_code == EXIT_UNUSABLE and gate.checks == () and gate.notes == ()
+    assert gate.status_of("int8-ok", "onnxruntime-cpu") == "fail"
+    lines = _verdict_lines(results, gate)
+    assert not any(word in line.lower() for line in lines for word in ("pass", "breach", "int8-ok", "int8-fast"))
+    assert slo_lines(results, gate) == ["cheapest meeting accuracy and SLO: cannot tell: the gate could not judge "
+                                        "the results (exit 2, see its problems)"]  # fmt: skip
+
+
+def test_a_variant_that_cannot_be_judged_withholds_its_own_lines_and_the_recommendation():
+    results = _results(int8_p99=9.0)
+    failed = make_variant("int8-fast", "int8", error="RuntimeError: no kernel")
+    results = replace(results, variants=tuple(failed if v.variant == "int8-fast" else v for v in results.variants))
+    gate = evaluate_gate(results, GATE, slo=SLO)
+    assert gate.exit_code == EXIT_UNUSABLE
+    assert {c.variant for c in gate.checks} == {"int8-ok"}  # judged on results nothing is wrong with
+    lines = slo_lines(results, gate)
+    assert not any("int8-fast" in line and "SLO" in line and "cannot judge" not in line for line in lines)
+    assert lines[-1].startswith("cheapest meeting accuracy and SLO: cannot tell")
+
+
+def test_a_variant_that_breaches_accuracy_is_never_the_cheapest_of_an_exit_1_gate():
+    results = _results(int8_p99=9.0)
+    worse = replace(results.find("int8-fast", "onnxruntime-cpu"),
+                    accuracy=make_variant("x", "int8", accuracy={"overall": 0.5, "clean": 0.5,
+                                                                  "noisy lighting=dark": 0.5}).accuracy)  # fmt: skip
+    results = replace(results, variants=tuple(worse if v.variant == "int8-fast" else v for v in results.variants))
+    gate = evaluate_gate(results, GATE, slo=SLO)
+    assert gate.exit_code == EXIT_BREACH and {c.variant for c in gate.breaches} == {"int8-fast"}
+    assert slo_lines(results, gate)[-1].startswith("cheapest meeting accuracy and SLO: int8-ok@onnxruntime-cpu")
