@@ -11,10 +11,12 @@ ORT's u8s8 kernels can saturate (trials pitfall 2).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
 import onnx
+from onnxruntime.capi._pybind_state import get_all_operator_schema
 from onnxruntime.quantization import (
     QuantFormat,
     QuantType,
@@ -72,6 +74,40 @@ DEFAULT_STATIC_OP_TYPES = tuple(sorted(set(QLinearOpsRegistry) | set(QDQRegistry
 DEFAULT_DYNAMIC_OP_TYPES = tuple(sorted(IntegerOpsRegistry))
 
 
+def _integer_kernels_of(registry: Collection[str]) -> dict[str, Any]:
+    """com.microsoft op type -> the schema of its integer kernel, for the op types `registry` (one of ONNX Runtime's
+    quantizer registries) has a handler for: those whose handler rewrites the operator into its `Q<op>` kernel
+    (Attention -> QAttention, EmbedLayerNormalization -> QEmbedLayerNormalization), as this ONNX Runtime build runs."""
+    schemas = {schema.name: schema for schema in get_all_operator_schema() if schema.domain == "com.microsoft"}
+    return {op: schemas[f"Q{op}"] for op in registry if op in schemas and f"Q{op}" in schemas}
+
+
+# Contrib operators dynamic INT8 hands to ONNX Runtime's quantizer. Static INT8 hands none: its Q/DQ handlers would
+# only round an Attention's inputs (ONNX Runtime fuses no Q/DQ pattern into QAttention), so the Attention would still
+# compute in float.
+DYNAMIC_CONTRIB_KERNELS = _integer_kernels_of(IntegerOpsRegistry)
+# How many leading inputs ONNX Runtime's handler carries over into the integer kernel: a node reading a later one (an
+# Attention's attention_bias or past_sequence_length, an EmbedLayerNormalization's position_ids) would lose it.
+_CARRIED_INPUTS = {"Attention": 5, "EmbedLayerNormalization": 8}
+
+
+def contrib_nodes(model: onnx.ModelProto, op_types: Collection[str]) -> list[str]:
+    """Names of the com.microsoft nodes among `op_types` that dynamic INT8 hands to ONNX Runtime's quantizer: those its
+    handler turns into an integer kernel that computes what the node does. A node is kept float when it reads an input
+    the handler drops, writes more outputs than the kernel has, or sets an attribute the kernel's schema lacks (ONNX
+    Runtime would refuse the kernel: an Attention's qkv_hidden_sizes, an EmbedLayerNormalization's mask_index_type)."""
+    handed = []
+    for node in model.graph.node:
+        kernel = DYNAMIC_CONTRIB_KERNELS.get(node.op_type)
+        if node.domain != "com.microsoft" or kernel is None or node.op_type not in op_types or not node.name:
+            continue
+        dropped = any(node.input[_CARRIED_INPUTS.get(node.op_type, 0):])
+        outputs = len([name for name in node.output if name]) > len(kernel.outputs)
+        if not dropped and not outputs and {a.name for a in node.attribute} <= set(kernel.attributes):
+            handed.append(node.name)
+    return handed
+
+
 def resolve_reduce_range(setting: bool | str) -> tuple[bool, str]:
     """The reduce_range to use and where it came from ("recipe" or why "auto" chose it)."""
     if setting != "auto":
@@ -119,15 +155,16 @@ def build_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     kept_float = kept_float_nodes(model, config.keep_float)
     params.update(kept_float.params())
     excluded = [*exclude_nodes, *kept_float.names]
+    handed = contrib_nodes(model, op_types) if dynamic else []
     if isinstance(config, OrtStatic):
         lowered = set(quantizable_nodes(model, op_types, excluded))
         params["preprocessing_kept_float"] = [name for name in preprocessing_nodes(model) if name in lowered]
         excluded += params["preprocessing_kept_float"]
-    if not quantizable_nodes(model, computing_op_types(op_types), excluded):
+    if not quantizable_nodes(model, computing_op_types(op_types), excluded, handed):
         params.update(calibrator=config.calibration.calibrator, op_types=list(op_types), quantized_nodes=0, quantized_op_types={})
         why = _nothing_quantized(op_types, model, params.get("preprocessing_kept_float", []))
         return unchanged_variant(spec.name, "int8", ctx, why, params, clock.seconds())
-    exclude = [*excluded, *unquantizable_nodes(model)]
+    exclude = [*excluded, *unquantizable_nodes(model, handed)]
     with scratch_dir("qbench-int8-") as tmp:
         with build_step(spec.name, "pre-processing"):
             prepared, params["preprocess"] = preprocess_model(model, tmp)

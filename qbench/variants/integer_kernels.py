@@ -168,8 +168,9 @@ def with_float_weighted(built: BuiltVariant, model: onnx.ModelProto) -> BuiltVar
       static (Q/DQ) quantizer and FP8 leave it float, and its dynamic quantizer lowers only LSTM (DynamicQuantizeLSTM);
     - operators outside the standard ONNX domain reading a float weight matrix (`float_contrib`): the com.microsoft
       Attention (its packed Q/K/V projection), FusedMatMul, FusedGemm, FusedConv... that ONNX Runtime's transformer
-      optimizer or its saved optimised graphs write are never handed to a quantizer (onnx_utils.unquantizable_nodes),
-      so an optimised BERT's INT8 quantizes its other MatMuls only."""
+      optimizer or its saved optimised graphs write. Only dynamic INT8 lowers one, an Attention its QAttention kernel
+      takes (int8.contrib_nodes); the rest are never handed to a quantizer (onnx_utils.unquantizable_nodes), so an
+      optimised BERT's static INT8 or FP8 quantizes its other MatMuls only."""
     nodes = model.graph.node
     recurrent = Counter(node.op_type for node in nodes
                         if node.domain in ("", "ai.onnx") and node.op_type in RECURRENT_OP_TYPES)  # fmt: skip
@@ -185,8 +186,9 @@ def with_float_weighted(built: BuiltVariant, model: onnx.ModelProto) -> BuiltVar
                      "dynamic INT8 lowers a recurrent layer (LSTM, as DynamicQuantizeLSTM)")  # fmt: skip
     if contrib:
         params["float_contrib"] = dict(sorted(contrib.items()))
-        notes.append(f"{_listed(contrib)} left in float, weights included: only standard ONNX operators are quantized "
-                     "(export the model without ONNX Runtime's fusions to quantize these layers too)")  # fmt: skip
+        notes.append(f"{_listed(contrib)} left in float, weights included: only standard ONNX operators are quantized, "
+                     "and by dynamic INT8 a com.microsoft Attention that QAttention runs (export the model without "
+                     "ONNX Runtime's fusions to quantize these layers too)")  # fmt: skip
     if not recurrent and not contrib:
         return built
     return dataclasses.replace(built, params=params, notes=tuple(notes))

@@ -331,10 +331,14 @@ def discard_built(built: BuiltVariant, owner: Path, *, with_folder: bool = False
         path.unlink(missing_ok=True)
 
 
-def quantizable_nodes(model: onnx.ModelProto, op_types: Collection[str], exclude: Collection[str]) -> list[str]:
-    """Names of the nodes a quantizer may change: standard-domain `op_types` on float32/float16 tensors, not excluded.
+def quantizable_nodes(
+    model: onnx.ModelProto, op_types: Collection[str], exclude: Collection[str], handed: Collection[str] = ()
+) -> list[str]:
+    """Names of the nodes a quantizer may change: standard-domain `op_types` on float32/float16 tensors, not excluded,
+    and the contrib nodes named in `handed` (those ONNX Runtime's quantizer lowers to an integer kernel, see
+    `int8.contrib_nodes`) whose op type is among `op_types`.
 
-    Nodes of other domains (ai.onnx.ml tree ensembles, scalers, ZipMap...) are never
+    Other nodes of other domains (ai.onnx.ml tree ensembles, scalers, ZipMap...) are never
     quantized, whatever their op type is called; nor are nodes computing in float64, nor standard nodes that
     ONNX Runtime's quantizers would take for one of its own operators (ORT_CONTRIB_QUANTIZERS).
     """
@@ -342,8 +346,8 @@ def quantizable_nodes(model: onnx.ModelProto, op_types: Collection[str], exclude
     return [
         node.name
         for node in model.graph.node
-        if node.domain in ("", "ai.onnx") and node.op_type in op_types and node.name not in exclude
-        and node.name not in doubles and node.op_type not in ORT_CONTRIB_QUANTIZERS
+        if node.op_type in op_types and node.name not in exclude and node.name not in doubles
+        and (node.name in handed or node.domain in ("", "ai.onnx") and node.op_type not in ORT_CONTRIB_QUANTIZERS)
     ]  # fmt: skip
 
 
@@ -355,9 +359,9 @@ def quantizable_nodes(model: onnx.ModelProto, op_types: Collection[str], exclude
 ORT_CONTRIB_QUANTIZERS = frozenset({"Attention", "EmbedLayerNormalization"})
 
 
-def unquantizable_nodes(model: onnx.ModelProto) -> list[str]:
-    """Names of the nodes kept out of quantization whatever the recipe asks: those outside the standard ONNX domain,
-    standard nodes whose op type ONNX Runtime's quantizers read as one of its own operators, those computing in
+def unquantizable_nodes(model: onnx.ModelProto, handed: Collection[str] = ()) -> list[str]:
+    """Names of the nodes kept out of quantization whatever the recipe asks: those outside the standard ONNX domain
+    (but the contrib nodes named in `handed`, which the quantizer lowers to integer kernels), standard nodes whose op type ONNX Runtime's quantizers read as one of its own operators, those computing in
     float64 (ONNX Runtime's quantizers handle float32 and float16 tensors only), and those whose output a subgraph
     reads by name (the quantizers do not see that reader: ORT's folds a Relu into the next
     quantization when it thinks a QuantizeLinear is its only reader, and the subgraph then reads the Relu's input)."""
@@ -365,6 +369,7 @@ def unquantizable_nodes(model: onnx.ModelProto) -> list[str]:
     names = [
         node.name for node in model.graph.node
         if (node.domain not in ("", "ai.onnx") or node.op_type in ORT_CONTRIB_QUANTIZERS) and node.name
+        and node.name not in handed
     ]  # fmt: skip
     names += [node.name for node in model.graph.node if captured.intersection(node.output)]
     return list(dict.fromkeys([*names, *float64_nodes(model)]))

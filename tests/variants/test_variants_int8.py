@@ -12,9 +12,11 @@ from onnxruntime.quantization.calibrate import load_tensors_data
 
 from qbench.errors import QbenchError
 from qbench.recipe import VariantSpec
+from qbench.search.candidates import Candidate
 from qbench.variants import build_variant, int8
 from qbench.variants.base import BuildContext
 from qbench.variants.int8 import resolve_reduce_range
+from tests.variants.conftest import ort_integer_kernels
 
 
 def _ops(path) -> list[str]:
@@ -315,3 +317,66 @@ def test_static_int8_quantizes_what_reads_a_contrib_operators_output(tmp_path):
     expected = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, x)[0]
     got = ort.InferenceSession(str(built.onnx_path), providers=["CPUExecutionProvider"]).run(None, x)[0]
     assert 0 < np.abs(got - expected).max() < 0.05 * np.abs(expected).max()
+
+
+def _fused_attention_model(path, rng, *, extra_inputs=()):
+    """x [batch, 6, 8] -> a com.microsoft Attention (packed Q/K/V projection [8, 24], 2 heads), as ONNX Runtime's
+    transformer optimizer writes a BERT's self-attention -> a standard MatMul -> y [batch, 6, 2]. `extra_inputs`
+    are (position, name, value) constants fed to the Attention's optional inputs."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    weights = {"qkv": rng.normal(0, 0.5, (8, 24)), "qkv_bias": rng.normal(0, 0.1, (24,)), "head": rng.normal(0, 1, (8, 2))}
+    inputs = ["x", "qkv", "qkv_bias"]
+    for position, name, value in extra_inputs:
+        inputs += [""] * (position - len(inputs)) + [name]
+        weights[name] = value
+    nodes = [helper.make_node("Attention", inputs, ["mixed"], name="attention", domain="com.microsoft", num_heads=2),
+             helper.make_node("MatMul", ["mixed", "head"], ["y"], name="classify")]  # fmt: skip
+    graph = helper.make_graph(nodes, "fused", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 6, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 6, 2])],
+                              [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in weights.items()])  # fmt: skip
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    onnx.save(helper.make_model(graph, opset_imports=opsets, ir_version=8), str(path))
+    return path
+
+
+@pytest.mark.parametrize("spec", [
+    VariantSpec(name="q", precision="int8", calibrator="dynamic", per_channel=True),
+    Candidate("ort-dynamic", {"reduce_range": False}).spec("q"),  # the INT8 search's dynamic candidate
+], ids=["recipe", "search"])  # fmt: skip
+def test_dynamic_int8_lowers_a_fused_attention_to_qattention(spec, tmp_path):
+    """An optimised BERT's dynamic INT8 left its com.microsoft Attention (the Q/K/V projections) float, though ONNX
+    Runtime's dynamic quantizer has a handler for it and its CPU provider a QAttention kernel: now handed over, counted
+    as an integer kernel ONNX Runtime runs, nothing noted as left float, and the variant computes what FP32 does."""
+    rng = np.random.default_rng(8)
+    path = _fused_attention_model(tmp_path / "attention.onnx", rng)
+    feeds = {"x": rng.normal(size=(16, 6, 8)).astype(np.float32)}
+    built = build_variant(spec, BuildContext(reference_path=path, workdir=tmp_path / "w", calibration=[feeds]))
+    assert built.params["quantized_op_types"].get("QAttention") == 1
+    assert built.params["quantized_nodes"] == ort_integer_kernels(built.onnx_path, tmp_path)
+    assert "float_contrib" not in built.params
+    assert not [note for note in built.notes if "left in float" in note]
+    expected = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    got = ort.InferenceSession(str(built.onnx_path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    assert 0 < np.abs(got - expected).max() < 0.05 * np.abs(expected).max()
+
+
+def test_a_fused_attention_with_an_input_qattention_drops_stays_float(tmp_path):
+    """ONNX Runtime's handler carries an Attention's first five inputs into QAttention: one reading an attention_bias
+    would lose it and compute something else. It is kept float, counted and noted."""
+    rng = np.random.default_rng(9)
+    extra_inputs = [(5, "bias_scores", rng.normal(size=(1, 2, 6, 6)))]
+    path = _fused_attention_model(tmp_path / "attention.onnx", rng, extra_inputs=extra_inputs)
+    spec = VariantSpec(name="q", precision="int8", calibrator="dynamic", per_channel=True)
+    feeds = {"x": rng.normal(size=(4, 6, 8)).astype(np.float32)}
+    built = build_variant(spec, BuildContext(reference_path=path, workdir=tmp_path / "w", calibration=[feeds]))
+    saved = [(node.domain, node.op_type) for node in onnx.load(str(built.onnx_path)).graph.node]
+    assert ("com.microsoft", "Attention") in saved
+    assert "QAttention" not in built.params["quantized_op_types"]
+    assert built.params["float_contrib"] == {"Attention (com.microsoft)": 1}
+
+
+def test_static_int8_hands_no_contrib_operator_to_the_quantizer():
+    """ONNX Runtime fuses no Q/DQ pattern into QAttention: only the dynamic quantizer's registry lowers contrib ops."""
+    assert int8.DYNAMIC_CONTRIB_KERNELS["Attention"].name == "QAttention"
+    assert not int8._integer_kernels_of(int8.QDQRegistry)
