@@ -84,6 +84,10 @@ def sweep(
         bool, typer.Option("--resume", help="reuse stored builds and the finished jobs of the last interrupted run, "
                                  "or of the last finished one whose failed jobs failed for reasons outside the variants")
     ] = False,
+    rerun_failed: Annotated[
+        bool, typer.Option("--rerun-failed", help="with --resume (or --plan): also run again the jobs that failed for "
+                                 "their variant's own reason, once their cause is fixed outside the recipe and inputs")
+    ] = False,
 ) -> int:
     """Build every variant, measure it against FP32, write reports/<name>/<time>/ and log to MLflow.
 
@@ -103,10 +107,10 @@ def sweep(
         output.refuse_overwriting(recipe)
         loaded = with_executor(with_prices(load_recipe(recipe), price or []), kind=executor, address=address)
         if plan:
-            _print_plan(loaded)
+            _print_plan(loaded, rerun_failed=rerun_failed)
             return 0
         registry = output.registry(loaded.registry) if gate else None  # before the sweep: a bad option costs no sweep
-        outcome = run_sweep(loaded, track=track, resume=resume)
+        outcome = run_sweep(loaded, track=track, resume=resume, rerun_failed=rerun_failed)
         print_summary(outcome.results, outcome.gate)
         err_console.print(f"results: {outcome.results_path}\nreport:  {outcome.report_path}", markup=False)
         if outcome.mlflow_run_id:
@@ -137,16 +141,17 @@ def _measured_everything(results: SweepResults) -> int:
     return EXIT_ERROR
 
 
-def _print_plan(recipe: Recipe) -> None:
+def _print_plan(recipe: Recipe, *, rerun_failed: bool) -> None:
     from rich.table import Table
 
     from qbench.execute.overview import plan_overview
     from qbench.execute.resume import NEW, RERUN, REUSE
     from qbench.execute.store import build_store
 
-    overview = plan_overview(recipe, build_store(recipe))
+    overview = plan_overview(recipe, build_store(recipe), rerun_failed=rerun_failed)
+    resume = "--resume --rerun-failed" if rerun_failed else "--resume"
     table = Table(box=None, pad_edge=False)
-    for column in ("job", "needs", "after", "--resume", "why"):
+    for column in ("job", "needs", "after", resume, "why"):
         table.add_column(column)
     for row in overview.rows:
         table.add_row(escape(row.job), row.needs, escape(row.after), row.resume.action, escape(row.resume.why))
@@ -158,7 +163,7 @@ def _print_plan(recipe: Recipe) -> None:
         return
     counts = ", ".join(f"{overview.count(action)} {action}" for action in (REUSE, RERUN, NEW))
     taken = f"takes up {overview.resumable}" if overview.resumable else "takes up no run (only builds in the store)"
-    out.print(escape(f"`qbench sweep --resume` {taken}: of {len(overview.rows)} jobs, {counts}"))
+    out.print(escape(f"`qbench sweep {resume}` {taken}: of {len(overview.rows)} jobs, {counts}"))
 
 
 @app.command()

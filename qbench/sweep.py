@@ -60,13 +60,17 @@ class SweepOutcome:
     tracking_failure: str | None = None  # the tracking store failed during the sweep: MLflow lacks some of it
 
 
-def run_sweep(recipe: Recipe | str | Path, *, track: bool = True, resume: bool = False) -> SweepOutcome:
+def run_sweep(
+    recipe: Recipe | str | Path, *, track: bool = True, resume: bool = False, rerun_failed: bool = False
+) -> SweepOutcome:
     """Run the recipe's sweep end to end; returns the results, the gate verdict and where they were written.
 
     The sweep is a plan of jobs (qbench.execute) run by the recipe's executor (`executor:`; local by
     default). With `resume`, builds already in the build store and the finished jobs of the newest run of the
     same plan are reused: an interrupted run, or a finished one whose failed jobs failed for reasons outside their
-    variants (only those run again); a QbenchError when that newest run finished with nothing to run again.
+    variants (only those run again); a QbenchError when that newest run finished with nothing to run again. With
+    `rerun_failed` too, every job that run recorded as failed runs again, whatever the reason (a finished run with
+    any failed job is taken up).
     SIGINT/SIGTERM or a crash leave the run folder marked INCOMPLETE with results.json (complete: false)
     holding every variant finished so far and a record per finished job, and the MLflow runs ended
     KILLED or FAILED; an interruption is then a QbenchError (exit 2) saying where the partial results are.
@@ -74,12 +78,15 @@ def run_sweep(recipe: Recipe | str | Path, *, track: bool = True, resume: bool =
     """
     started = time.perf_counter()
     clock = PhaseClock()
+    if rerun_failed and not resume:
+        raise QbenchError("--rerun-failed applies with --resume (or --plan): it says which jobs a resume runs again")
     recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
     with custom_metrics(recipe.custom_metrics()):  # this recipe's directions, whatever else was loaded since
-        return _sweep(recipe, started, clock, track=track, resume=resume)
+        return _sweep(recipe, started, clock, track=track, resume=resume, rerun_failed=rerun_failed)
 
 
-def _sweep(recipe: Recipe, started: float, clock: PhaseClock, *, track: bool, resume: bool) -> SweepOutcome:
+def _sweep(recipe: Recipe, started: float, clock: PhaseClock, *, track: bool, resume: bool, rerun_failed: bool
+           ) -> SweepOutcome:  # fmt: skip
     if track:
         from qbench.track_store import check_reachable, resolve_tracking_uri
 
@@ -89,7 +96,7 @@ def _sweep(recipe: Recipe, started: float, clock: PhaseClock, *, track: bool, re
             t = time.perf_counter()
             inputs = input_digests(recipe)  # before anything is read: what these results are made from
             plan = make_plan(recipe, inputs)
-            resume_from = _resumable(recipe, plan) if resume else None
+            resume_from = _resumable(recipe, plan, rerun_failed) if resume else None
             store = build_store(recipe)
 
             def snapshot() -> Snapshot:
@@ -110,7 +117,8 @@ def _sweep(recipe: Recipe, started: float, clock: PhaseClock, *, track: bool, re
         progress = _Progress(prepared, inputs, run_dir, clock, guard)
         try:
             progress.open_tracker(track, resumes=resume_from)
-            return _run(prepared, plan, progress, started, resume=resume, resume_from=resume_from)
+            return _run(prepared, plan, progress, started, resume=resume, resume_from=resume_from,
+                        rerun_failed=rerun_failed)  # fmt: skip
         except BaseException as exc:
             guard.ignore()  # the clean-up runs to its end
             replacement = progress.stop(exc)
@@ -119,9 +127,9 @@ def _sweep(recipe: Recipe, started: float, clock: PhaseClock, *, track: bool, re
             raise replacement from None
 
 
-def _resumable(recipe: Recipe, plan: SweepPlan) -> Path | None:
+def _resumable(recipe: Recipe, plan: SweepPlan, rerun_failed: bool) -> Path | None:
     """The run folder --resume takes up (qbench.execute.resume.resume_target)."""
-    run = resume_target(recipe.output_path / recipe.name, plan.fingerprint)
+    run = resume_target(recipe.output_path / recipe.name, plan.fingerprint, rerun_failed=rerun_failed)
     if run is None:
         logger.info("no interrupted run of this recipe with the same plan finished a job: only builds in the store "
                     "are reused")  # fmt: skip
@@ -129,7 +137,7 @@ def _resumable(recipe: Recipe, plan: SweepPlan) -> Path | None:
 
 
 def _run(prepared: Prepared, plan: SweepPlan, progress: _Progress, started: float, *,
-         resume: bool, resume_from: Path | None) -> SweepOutcome:  # fmt: skip
+         resume: bool, resume_from: Path | None, rerun_failed: bool) -> SweepOutcome:  # fmt: skip
     recipe, run_dir, clock = prepared.recipe, progress.run_dir, progress.clock
     store = build_store(recipe)
     executor = make_executor(recipe, prepared, store)
@@ -139,7 +147,7 @@ def _run(prepared: Prepared, plan: SweepPlan, progress: _Progress, started: floa
         executor.close()
         raise
     run = run_plan(plan, prepared, executor, store, progress, run_dir, clock, retries=recipe.executor.retries,
-                   resume=resume, resume_from=resume_from)  # fmt: skip
+                   resume=resume, resume_from=resume_from, rerun_failed=rerun_failed)  # fmt: skip
     ranges = _range_analysis(prepared, run.calibrated, run.results, run_dir, clock)
     results = replace(_assemble(prepared, run.results, clock, progress.inputs), ranges=ranges, search=run.search)
     return _publish(recipe, results, progress, started)

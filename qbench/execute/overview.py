@@ -39,13 +39,13 @@ class PlanOverview:
         return sum(1 for row in self.rows if row.resume.action == action)
 
 
-def plan_overview(recipe: Recipe, store: BuildStore) -> PlanOverview:
-    """The recipe's plan with, per job, what it needs and what `--resume` would do with it, by the rules the resumed
-    sweep follows (qbench.execute.resume)."""
+def plan_overview(recipe: Recipe, store: BuildStore, *, rerun_failed: bool = False) -> PlanOverview:
+    """The recipe's plan with, per job, what it needs and what `--resume` (with `rerun_failed`, `--resume
+    --rerun-failed`) would do with it, by the rules the resumed sweep follows (qbench.execute.resume)."""
     plan = make_plan(recipe, input_digests(recipe))
     refused = None
     try:
-        run = resume_target(recipe.output_path / recipe.name, plan.fingerprint)
+        run = resume_target(recipe.output_path / recipe.name, plan.fingerprint, rerun_failed=rerun_failed)
     except QbenchError as exc:
         run, refused = None, str(exc)
     records = read_records(run) if run is not None else {}
@@ -59,12 +59,13 @@ def plan_overview(recipe: Recipe, store: BuildStore) -> PlanOverview:
         record = records.get(job.id)
         if job.kind == "build":
             stored = store.reusable(job.build_key, environment, reference)
-            decision = decide_build(record, stored, name)
+            decision = decide_build(record, stored, name, rerun_failed=rerun_failed)
             builds[job.variant] = (decision, _model_sha256(store, job.build_key, stored, source))
         else:
             build, built_sha256 = builds[job.variant]
             decision = decide_measure(record, name, build=build, built_sha256=built_sha256,
-                                      needs_outputs=job.id == f"measure:{plan.reference}@{plan.backends[0]}")  # fmt: skip
+                                      needs_outputs=job.id == f"measure:{plan.reference}@{plan.backends[0]}",
+                                      rerun_failed=rerun_failed)  # fmt: skip
         after = ", ".join(job.after) if job.after else "—"
         rows.append(PlanRow(job.id, job.needs.describe(), after, decision))
     executor = recipe.executor.kind + (f" ({recipe.executor.address})" if recipe.executor.address else "")

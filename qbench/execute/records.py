@@ -159,15 +159,16 @@ def _record(raw: dict[str, Any], folder: Path) -> JobRecord:
                      error=raw.get("error"), result=result, outputs=outputs, times=times, environment=environment)  # fmt: skip
 
 
-def resumable_run(root: Path, fingerprint: str) -> RunFolder | None:
+def resumable_run(root: Path, fingerprint: str, *, rerun_failed: bool = False) -> RunFolder | None:
     """The run `--resume` takes up: the newest run folder under `root` whose plan has `fingerprint` and that is
     either incomplete having recorded a finished job, or finished with a job that failed for a reason outside the
-    variant (`environment_failures`); None when there is none. A run interrupted before any job finished has
-    nothing to resume: an earlier run of the same plan is taken over it."""
+    variant (`environment_failures`; with `rerun_failed`, any failed job: `failed_jobs`); None when there is none.
+    A run interrupted before any job finished has nothing to resume: an earlier run of the same plan is taken over it."""
+    runs_again = failed_jobs if rerun_failed else environment_failures
     candidates = []
     for run in _same_plan(root, fingerprint):
         if run.complete:
-            if environment_failures(read_records(run.path)):
+            if runs_again(read_records(run.path)):
                 candidates.append(run)
         elif _record_files(run.path):
             candidates.append(run)
@@ -185,6 +186,15 @@ def environment_failures(records: dict[str, JobRecord]) -> dict[str, str]:
     """job -> why, for every recorded job that failed for a reason outside the variant (out of memory, a full disk, a
     worker lost after its retries: qbench.errors.environment_cause), which may not happen again."""
     return {job: record.environment for job, record in records.items() if record.environment is not None}
+
+
+def failed_jobs(records: dict[str, JobRecord]) -> dict[str, str]:
+    """job -> its error, for every recorded job that failed: a build with an error, a measurement whose result failed
+    (for whatever reason: what `--rerun-failed` runs again)."""
+    failed = {job: record.error for job, record in records.items() if record.error is not None}
+    failed.update({job: record.result.error or "" for job, record in records.items()
+                   if record.error is None and record.result is not None and record.result.status == "failed"})  # fmt: skip
+    return failed
 
 
 def _newest(run: RunFolder) -> tuple[object, str]:

@@ -8,6 +8,10 @@ One set of rules, which the resumed sweep acts on (qbench.execute.scheduler) and
     re-run   a job recorded by the run taken up that failed for a reason outside the variant (out of memory, a
              full disk, a lost worker: qbench.errors.environment_cause), or whose build runs again
     new      a job the run taken up did not record
+
+`rerun_failed` (`--resume --rerun-failed`) runs again every job recorded as failed, whatever the reason: the user
+fixed a cause the plan does not see (a package upgraded, a device freed, code outside the input digests), and the
+measurements of a build that runs again run with it; every other job is reused as without it.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from qbench.errors import QbenchError, one_line
-from qbench.execute.records import JobRecord, finished_run, read_records, resumable_run
+from qbench.execute.records import JobRecord, failed_jobs, finished_run, read_records, resumable_run
 
 REUSE, RERUN, NEW = "reuse", "re-run", "new"
 
@@ -37,9 +41,10 @@ def _error(text: str | None) -> str:
     return one_line(text or "no reason recorded", 120)
 
 
-def decide_build(record: JobRecord | None, stored: dict[str, Any] | None, run: str) -> Decision:
+def decide_build(record: JobRecord | None, stored: dict[str, Any] | None, run: str, *, rerun_failed: bool = False
+                 ) -> Decision:  # fmt: skip
     """A build job: `stored` is the store's reusable manifest of its key (None when there is none), `record` the job's
-    record in the run `run` that is taken up."""
+    record in the run `run` that is taken up; `rerun_failed`: a build failed for the variant's own reason runs again."""
     if stored is not None:
         return Decision(REUSE, f"finished in {run}" if record is not None and record.manifest == stored else "in store")
     if record is None:
@@ -48,15 +53,19 @@ def decide_build(record: JobRecord | None, stored: dict[str, Any] | None, run: s
         return Decision(RERUN, f"built in {run}, no longer in the store as built")
     if record.environment is not None:
         return Decision(RERUN, f"failed in {run} for a reason outside the variant ({record.environment})")
+    if rerun_failed:
+        return Decision(RERUN, f"failed in {run}, run again (--rerun-failed): {_error(record.error)}")
     return Decision(REUSE, f"failed in {run} for the variant's own reason, which would fail again: {_error(record.error)}",
                     failed=True)
 
 
 def decide_measure(
-    record: JobRecord | None, run: str, *, build: Decision, built_sha256: str | None, needs_outputs: bool
+    record: JobRecord | None, run: str, *, build: Decision, built_sha256: str | None, needs_outputs: bool,
+    rerun_failed: bool = False,
 ) -> Decision:
     """A measure job: `build` is its variant's build decision, `built_sha256` the model digest of that build when
-    it is reused (qbench.provenance.model_sha256), `needs_outputs` whether it gives the reference outputs."""
+    it is reused (qbench.provenance.model_sha256), `needs_outputs` whether it gives the reference outputs;
+    `rerun_failed`: a measurement failed for the variant's own reason runs again."""
     if build.failed:
         return Decision(REUSE, "its build failed: fails with it")
     if record is None or record.result is None:
@@ -68,6 +77,8 @@ def decide_measure(
     if needs_outputs and record.outputs is None:
         return Decision(RERUN, f"measured in {run} without the reference outputs")
     result = record.result
+    if result.status == "failed" and rerun_failed:
+        return Decision(RERUN, f"failed in {run}, run again (--rerun-failed): {_error(result.error)}")
     if result.status == "failed":
         return Decision(REUSE, f"failed in {run} for the variant's own reason, which would fail again: "
                                f"{_error(result.error)}")  # fmt: skip
@@ -78,13 +89,15 @@ def decide_measure(
     return Decision(REUSE, f"finished in {run}")
 
 
-def resume_target(root: Path, fingerprint: str) -> Path | None:
+def resume_target(root: Path, fingerprint: str, *, rerun_failed: bool = False) -> Path | None:
     """The run folder --resume takes up (qbench.execute.records.resumable_run); None when there is none. A
-    QbenchError when the newest run of this plan finished and none of its jobs failed for a reason outside the
-    variant: resuming it would change nothing."""
-    run, finished = resumable_run(root, fingerprint), finished_run(root, fingerprint)
+    QbenchError when the newest run of this plan finished and none of its jobs would run again (none failed for a
+    reason outside the variant; with `rerun_failed`, none failed): resuming it would change nothing."""
+    run = resumable_run(root, fingerprint, rerun_failed=rerun_failed)
+    finished = finished_run(root, fingerprint)
     if finished is not None and (run is None or (finished.recorded_at, finished.path.name) > (run.recorded_at, run.path.name)):
-        raise QbenchError(f"--resume: the newest run of this plan, {finished.path}, finished{_own_failures(finished.path)}: "
+        flag = "--resume --rerun-failed" if rerun_failed else "--resume"
+        raise QbenchError(f"{flag}: the newest run of this plan, {finished.path}, finished{_own_failures(finished.path)}: "
                           "resuming it would change nothing; run `qbench sweep` without --resume to measure "
                           "everything again")  # fmt: skip
     return run.path if run is not None else None
@@ -92,9 +105,9 @@ def resume_target(root: Path, fingerprint: str) -> Path | None:
 
 def _own_failures(folder: Path) -> str:
     """What failed in the finished run `folder`, every failure the variant's own: '' when nothing failed."""
-    failed = [record.job for record in read_records(folder).values()
-              if record.error is not None or (record.result is not None and record.result.status == "failed")]
+    failed = sorted(failed_jobs(read_records(folder)))
     if not failed:
         return " with every job done"
-    return (f" and its {len(failed)} failed job{'' if len(failed) == 1 else 's'} ({', '.join(sorted(failed))}) "
-            "failed for the variant's own reasons, which would fail again")
+    return (f" and its {len(failed)} failed job{'' if len(failed) == 1 else 's'} ({', '.join(failed)}) failed for "
+            "the variant's own reasons, which would fail again (once their cause is fixed outside the recipe and "
+            "its input files, `--resume --rerun-failed` runs them again)")

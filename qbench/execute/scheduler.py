@@ -100,8 +100,8 @@ class Scheduler:
 
     # -- the loop ----------------------------------------------------------------------------------
 
-    def run(self, *, resume: bool = False, resume_from: Path | None = None) -> PlanRun:
-        reused = self._resume(resume_from) if resume else 0
+    def run(self, *, resume: bool = False, resume_from: Path | None = None, rerun_failed: bool = False) -> PlanRun:
+        reused = self._resume(resume_from, rerun_failed) if resume else 0
         pending = [job for job in self.plan.jobs if job.id not in self.state.done]
         logger.info("%d jobs (%d to run) on %s", len(self.plan.jobs), len(pending), self.executor.where())
         try:
@@ -307,9 +307,10 @@ class Scheduler:
 
     # -- resume ------------------------------------------------------------------------------------
 
-    def _resume(self, folder: Path | None) -> int:
+    def _resume(self, folder: Path | None, rerun_failed: bool) -> int:
         """Take over the builds in the store and the still-valid finished jobs of `folder` (the rules of
-        qbench.execute.resume, which `qbench sweep --plan` shows); returns how many."""
+        qbench.execute.resume, which `qbench sweep --plan` shows; `rerun_failed`: its failed jobs run again);
+        returns how many."""
         records = read_records(folder) if folder is not None else {}
         environment = build_environment()
         reference = model_sha256(self.prepared.source.onnx_path)  # builds from another FP32 model are not reused
@@ -322,7 +323,7 @@ class Scheduler:
             record = records.get(job.id)
             if job.kind == "build":
                 stored = self.store.reusable(job.build_key, environment, reference)
-                builds[job.variant] = decision = decide_build(record, stored, name)
+                builds[job.variant] = decision = decide_build(record, stored, name, rerun_failed=rerun_failed)
                 if stored is not None:
                     self._built(job, BuildOutput(job.variant, stored, where="the build store"))
                 elif decision.reused:  # the variant's own failure: built again, it would fail again
@@ -333,7 +334,7 @@ class Scheduler:
             built = self.state.built.get(job.variant)
             decision = decide_measure(record, name, build=builds[job.variant],
                                       built_sha256=model_sha256(built.onnx_path) if built is not None else None,
-                                      needs_outputs=job.id == self.reference_job)  # fmt: skip
+                                      needs_outputs=job.id == self.reference_job, rerun_failed=rerun_failed)  # fmt: skip
             if decision.reused and not builds[job.variant].failed:  # else it fails with its build (settled when ready)
                 assert record is not None and record.result is not None and folder is not None
                 note = f"resumed: measured by the {which} {folder.name}"
@@ -362,13 +363,14 @@ class Scheduler:
 
 def run_plan(plan: SweepPlan, prepared: Prepared, executor: Executor, store: BuildStore, progress: SweepProgress,
              run_dir: Path, clock: PhaseClock, *, retries: int, resume: bool = False,
-             resume_from: Path | None = None) -> PlanRun:  # fmt: skip
+             resume_from: Path | None = None, rerun_failed: bool = False) -> PlanRun:  # fmt: skip
     """Run every job of `plan` (see the module docstring); the executor is closed when this returns.
 
-    With `resume`, builds already in the store and the finished jobs of `resume_from` are reused."""
+    With `resume`, builds already in the store and the finished jobs of `resume_from` are reused (with
+    `rerun_failed`, not its failed ones)."""
     started = time.perf_counter()
     try:
         scheduler = Scheduler(plan, prepared, executor, store, progress, run_dir, clock, retries=retries)
-        return scheduler.run(resume=resume, resume_from=resume_from)
+        return scheduler.run(resume=resume, resume_from=resume_from, rerun_failed=rerun_failed)
     finally:
         clock.add("jobs", started)

@@ -51,15 +51,16 @@ def _elapsed_ms(start_ns: int) -> float:
 
 
 def measure_cold_start(
-    load: Callable[[], Runner], feeds: Mapping[str, np.ndarray], rows: int = 1
+    load: Callable[[], Runner], feeds: Mapping[str, np.ndarray], rows: int = 1, padding: Padding | None = None
 ) -> tuple[Runner, float, float]:
-    """Time `load()` (session creation) and the first run on `rows` rows (one, or the batch a model with a
-    fixed batch takes), in ms; return the live runner too.
+    """Time `load()` (session creation) and the first run, in ms; return the live runner too.
 
-    The first run pays for lazy initialisation (kernel selection, memory arenas), which is
-    why it is reported apart from the steady state.
-    """
-    batch = take_batch(feeds, rows)
+    The first run pays for lazy initialisation (kernel selection, memory arenas), which is why it is reported apart
+    from the steady state. It runs the first batch of the steady state's rotation at `rows` rows (one, or the batch
+    a model with a fixed batch takes; `timed_batches`, `padding` included): the same rows for FP32 and every variant,
+    drawn from the evaluation rows' fixed shuffle rather than whichever row the file lists first, and cut back to its
+    own length as the steady state times it (a text row of 5 tokens is no longer run at the set's longest)."""
+    batch = timed_batches(feeds, rows, padding, limit=1)[0]
     start = time.perf_counter_ns()
     runner = load()
     session_create_ms = _elapsed_ms(start)

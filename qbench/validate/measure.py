@@ -176,14 +176,15 @@ def measure(
         outputs = None
         if score and plan.separate:
             outputs = _run_rows(backend.load(plan.scored, options), prepared, rows, f"{label} evaluate (emulated)")
-        runner, create_ms, first_ms = measure_cold_start(lambda: backend.load(plan.timed, options), rows.feeds, fixed or 1)
+        padding = token_padding(prepared.recipe.data.inputs, rows.feeds,
+                                {name: meta.shape for name, meta in prepared.model.inputs.items()})
+        runner, create_ms, first_ms = measure_cold_start(lambda: backend.load(plan.timed, options), rows.feeds,
+                                                         fixed or 1, padding)  # fmt: skip
         try:
             if score and outputs is None:
                 outputs = _run_rows(runner, prepared, rows, f"{label} evaluate", close=False)
             samples, batcher = {}, None
             if timing is not None:
-                padding = token_padding(prepared.recipe.data.inputs, rows.feeds,
-                                        {name: meta.shape for name, meta in prepared.model.inputs.items()})
                 samples = measure_samples(runner, rows.feeds, timing.batch_sizes, timing.warmup, timing.iterations,
                                           description=f"{label} latency", stability=timing.stability,
                                           padding=padding)  # fmt: skip

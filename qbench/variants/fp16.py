@@ -101,7 +101,7 @@ def build_fp16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         why = _nothing_to_lower("convert to FP16", kept.op_types(model), model)
         built = unchanged_variant(spec.name, "fp16", ctx, why, params, clock.seconds())
         return dataclasses.replace(built, notes=(*built.notes, *range_note))
-    _float32_copies_for_kept(model, kept, types)
+    kept = _float32_copies_for_kept(model, kept, types)
     clamped = _values_outside_fp16(model, set(kept.names))
     io_types = {info.name: onnx.TypeProto.FromString(info.type.SerializeToString())  # the converter rewrites them
                 for info in [*model.graph.input, *model.graph.output] if info.name in non_tensor}  # fmt: skip
@@ -147,56 +147,66 @@ def _kept_for_fp16(model: onnx.ModelProto, types: dict[str, int], non_tensor: se
     return KeptNodes({**kept.reasons, **extra})
 
 
-def _float32_copies_for_kept(model: onnx.ModelProto, kept: KeptNodes, types: dict[str, int]) -> None:
+def _float32_copies_for_kept(model: onnx.ModelProto, kept: KeptNodes, types: dict[str, int]) -> KeptNodes:
     """Let the nodes kept in FP32 read the float constants they share with narrowed nodes from float32 copies of
-    their own, in place (`types` learns the copies).
+    their own, in place (`types` learns the copies); `kept` plus the nodes copied.
 
     A conversion stores a constant once: the FP16 converter narrows an initializer any converted node reads and
-    casts it back to float32 for a kept reader, the BF16 simulation rounds it, and both narrow a Constant node's
-    value. A weight tied between a converted MatMul and one kept FP32 (by rule, or by the range check) would then
-    be rounded for the kept one too, which is reported as computing in FP32. Its reads of such a constant, through
-    its inputs or by name from its subgraphs (an If branch), go to an initializer holding the original float32
-    values (`<name>/fp32`), which only kept nodes read: neither conversion touches it.
+    casts it back to float32 for a kept reader, the BF16 simulation rounds it, and both narrow the value a Constant
+    or ConstantOfShape node holds in its attributes (and round what it produces). A weight tied between a converted
+    MatMul and one kept FP32 (by rule, or by the range check) would then be rounded for the kept one too, which is
+    reported as computing in FP32. Its reads of such a constant, through its inputs or by name from its subgraphs
+    (an If branch), go to a copy named `<name>/fp32` that only kept nodes read, which neither conversion touches:
+    an initializer holding the original float32 values, or a copy of the node, kept FP32, beside the original
+    (a ConstantOfShape's copy reads the same shape).
     """
     graph = model.graph
     values = {t.name: t for t in graph.initializer if t.data_type == TensorProto.FLOAT}
     narrowed = {name for node in graph.node if node.name not in kept.reasons
                 for name in (*node.input, *outer_scope_reads(node)) if name in values}  # fmt: skip
-    for node in graph.node:
-        value = _constant_value(node) if node.name not in kept.reasons else None
-        if value is not None:
-            values[node.output[0]] = value
-            narrowed.add(node.output[0])
+    sources = {node.output[0]: node for node in graph.node
+               if node.name not in kept.reasons and _holds_float_value(node)}  # fmt: skip
+    narrowed.update(sources)
     taken = names_in(graph)
     copies: dict[str, str] = {}
+    node_copies: dict[str, onnx.NodeProto] = {}  # original node's name -> its kept copy
     for node in graph.node:
         reads = [name for name in (*node.input, *outer_scope_reads(node)) if name in narrowed]
         if node.name not in kept.reasons or not reads:
             continue
         for name in reads:
-            if name not in copies:
-                copies[name] = fresh_name(f"{name}/fp32", taken)
+            if name in copies:
+                continue
+            copies[name] = fresh_name(f"{name}/fp32", taken)
+            types[copies[name]] = TensorProto.FLOAT
+            if name in sources:
+                copy = onnx.NodeProto.FromString(sources[name].SerializeToString())
+                copy.name, copy.output[0] = fresh_name(f"{copy.name}/fp32", taken), copies[name]
+                node_copies[sources[name].name] = copy
+            else:
                 copy = graph.initializer.add()
                 copy.CopyFrom(values[name])
                 copy.name = copies[name]
-                types[copies[name]] = TensorProto.FLOAT
         renamed = {name: copies[name] for name in reads}
         node.input[:] = [renamed.get(name, name) for name in node.input]
         for body in subgraphs_of(node):
             rename_reads(body, renamed)
+    if not node_copies:
+        return kept
+    nodes = [copied for node in graph.node for copied in (node, node_copies.get(node.name)) if copied is not None]
+    graph.ClearField("node")
+    graph.node.extend(nodes)
+    reason = "a float32 copy of a constant that nodes kept FP32 read (the original is narrowed)"
+    return KeptNodes({**kept.reasons, **{copy.name: reason for copy in node_copies.values()}})
 
 
-def _constant_value(node: onnx.NodeProto) -> TensorProto | None:
-    """The float32 value of a Constant node, as a tensor; None for any other node or type."""
-    if node.op_type != "Constant" or node.domain not in DEFAULT_DOMAINS:
-        return None
-    for attribute in node.attribute:
-        if attribute.name == "value" and attribute.t.data_type == TensorProto.FLOAT:
-            return attribute.t
-        if attribute.name in ("value_float", "value_floats"):
-            floats = attribute.f if attribute.name == "value_float" else list(attribute.floats)
-            return numpy_helper.from_array(np.array(floats, dtype=np.float32))
-    return None
+def _holds_float_value(node: onnx.NodeProto) -> bool:
+    """Whether the node produces a float32 value held in its attributes (Constant, ConstantOfShape's fill), which
+    the conversions narrow. A ConstantOfShape without one fills with float32 zeros, which every format holds."""
+    if node.op_type not in ("Constant", "ConstantOfShape") or node.domain not in DEFAULT_DOMAINS:
+        return False
+    return any((attribute.name == "value" and attribute.t.data_type == TensorProto.FLOAT)
+               or attribute.name in ("value_float", "value_floats") for attribute in node.attribute)  # fmt: skip
 
 
 def _float_constants(model: onnx.ModelProto, kept: Collection[str]) -> list[tuple[str, TensorProto]]:
@@ -276,7 +286,7 @@ def build_bf16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         return unchanged_variant(spec.name, "bf16", ctx, why, params, clock.seconds())
     with build_step(spec.name, "BF16 simulation"):
         model = ensure_opset(model, BF16_CAST_OPSET)
-        _float32_copies_for_kept(model, kept, types)
+        kept = _float32_copies_for_kept(model, kept, types)
         saturated, saturated_constants = _saturate_to_bf16(model, set(kept.names))
         weights = _round_weights_to_bf16(model, set(kept.names))
         activations = round_float_tensors(model, TensorProto.BFLOAT16, keep=set(kept.names))

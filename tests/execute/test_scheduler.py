@@ -425,3 +425,39 @@ def test_resume_keeps_a_variants_own_failure_rather_than_measuring_it_again(
     fp16 = outcome.results.find("fp16", "onnxruntime-cpu")
     assert fp16.status == "failed" and "cannot be scored" in fp16.error
     assert outcome.results.find("int8-minmax", "onnxruntime-cpu").status == "ok"
+
+
+def test_rerun_failed_runs_again_only_the_jobs_that_failed_for_their_variants_own_reason(
+    user_project: Path, tmp_path: Path, local_figures: tuple[dict, int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """fp16's measurement failed for its own reason, then the user fixed the cause outside the recipe and its inputs
+    (here the probe fails once): `--resume` refused (nothing would change) and only a full sweep measured fp16 again.
+    `--resume --rerun-failed` runs that job alone, reusing the others, and `--plan --rerun-failed` says so first."""
+    expected, per_job = local_figures
+    recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
+    (tmp_path / "fail_at").write_text(f"{per_job + 1} ValueError")
+    failed = run_sweep(recipe, track=False)
+    assert failed.results.find("fp16", "onnxruntime-cpu").status == "failed"
+    capsys.readouterr()
+    assert main(["sweep", str(recipe), "--no-track", "--rerun-failed"]) == 2
+    assert capsys.readouterr().err.strip() == ("error: --rerun-failed applies with --resume (or --plan): it says which "
+                                               "jobs a resume runs again")  # fmt: skip
+    assert main(["sweep", str(recipe), "--plan", "--rerun-failed"]) == 0
+    shown = capsys.readouterr().out
+    rows = {line.split()[0]: " ".join(line.split()) for line in shown.splitlines() if line.startswith("measure:")}
+    fp16 = rows["measure:fp16@onnxruntime-cpu"]
+    assert f"re-run failed in {failed.run_dir.name}, run again (--rerun-failed): scoring failed" in fp16
+    assert "this variant's outputs cannot be scored" in fp16
+    assert all(f" reuse finished in {failed.run_dir.name}" in rows[f"measure:{v}@onnxruntime-cpu"]
+               for v in ("fp32", "int8-minmax"))  # fmt: skip
+    assert "`qbench sweep --resume --rerun-failed` takes up" in shown and "5 reuse, 1 re-run, 0 new" in shown
+
+    before = len(probe_calls(tmp_path))
+    outcome = run_sweep(recipe, track=False, resume=True, rerun_failed=True)
+    assert len(probe_calls(tmp_path)) - before == per_job  # fp16's measurement only
+    assert figures(outcome.results) == expected
+    resumed = [v.key for v in outcome.results.variants if any(n.startswith("resumed") for n in v.notes)]
+    assert resumed == ["fp32@onnxruntime-cpu", "int8-minmax@onnxruntime-cpu"]
+    assert main(["gate", str(recipe)]) == 0
+    assert main(["sweep", str(recipe), "--no-track", "--resume", "--rerun-failed"]) == 2  # nothing failed now
+    assert "--resume --rerun-failed: the newest run of this plan" in capsys.readouterr().err

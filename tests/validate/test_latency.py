@@ -281,3 +281,21 @@ def test_token_padding_is_cut_back_to_each_timed_batch_s_longest_row() -> None:
         widths = sorted(batch["input_ids"].shape[1] for batch in runner.fed)
         assert point.shapes == {name: {"min": [2, widths[0]], "p50": [2, widths[1]], "max": [2, widths[2]]}
                                 for name in ("input_ids", "attention_mask")}  # fmt: skip
+
+
+def test_cold_start_runs_the_first_batch_of_the_timed_rotation_cut_to_its_own_length() -> None:
+    """The first run timed the file's first row at the set's padded length: a 5-token row run at 60 tokens, while
+    the steady state times shuffled rows each cut back to its own length. It now runs the rotation's first batch."""
+    lengths = np.array([5, 60, *range(20, 78, 2)])
+    mask = (np.arange(60)[None, :] < lengths[:, None]).astype(np.int64)
+    feeds = {"input_ids": mask * np.arange(len(lengths))[:, None], "attention_mask": mask}
+    padding = Padding("attention_mask", ("input_ids", "attention_mask"))
+    for rows in (1, 4):
+        runner = _Feeding()
+        measure_cold_start(lambda runner=runner: runner, feeds, rows, padding)
+        steady = _Feeding()
+        measure_steady_state(steady, feeds, [rows], warmup=0, iterations=1, padding=padding)
+        [first] = runner.fed
+        assert first.keys() == steady.fed[0].keys()
+        assert all(np.array_equal(first[name], steady.fed[0][name]) for name in first)
+        assert first["input_ids"].shape == (rows, int(first["attention_mask"].sum(axis=1).max()))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tracemalloc
 from collections.abc import Mapping
 
 import numpy as np
@@ -110,3 +111,49 @@ def test_an_output_that_is_not_one_row_per_input_row_is_refused_by_name() -> Non
     with pytest.raises(QbenchError, match="output 'total' gave a scalar for a batch of 2 input rows"):
         run_outputs(_Aggregating(), feeds, 2, {"total": 1})
     assert run_outputs(_Aggregating(), {"x": np.ones(1, dtype=np.float32)}, 4, {"mean": 0})["mean"].tolist() == [1.0]
+
+
+class _Wide(_Runner):
+    """A (rows, 1000) float32 score matrix per batch, fresh each call, as a runtime returns it."""
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> list:
+        x = feeds["x"]
+        return [np.sin(np.outer(x, np.arange(1000, dtype=np.float32))).astype(np.float32)]
+
+
+def test_batches_are_written_into_one_array_never_a_list_and_its_join() -> None:
+    """Gathering a list of batches and joining it held twice the output matrix; the array is now allocated once."""
+    feeds = {"x": np.arange(4000, dtype=np.float32)}
+    runner = _Wide()
+    expected = np.concatenate([runner.run({"x": feeds["x"][s : s + 300]})[0] for s in range(0, 4000, 300)])
+    tracemalloc.start()
+    try:
+        got = run_outputs(runner, feeds, 300, {"scores": 0})["scores"]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert got.dtype == expected.dtype and got.shape == expected.shape and np.array_equal(got, expected)
+    assert peak < 1.5 * expected.nbytes  # the matrix (16 MB) and a batch or two, not the matrix twice
+
+
+class _GrowingMaps(_Runner):
+    """{class: score} maps whose classes grow from batch to batch: rows 0-1 know classes 0-1, row 4 class 4."""
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> list:
+        return [[{int(v): 1.0} for v in feeds["x"]]]
+
+
+def test_a_later_wider_batch_widens_the_earlier_rows_with_zeros() -> None:
+    scores = run_outputs(_GrowingMaps(), {"x": np.arange(5, dtype=np.float32)}, 2, {"p": 0})["p"]
+    assert scores.dtype == np.float32 and scores.tolist() == np.eye(5, dtype=np.float32).tolist()
+
+
+class _RaggedRows(_Runner):
+    def run(self, feeds: Mapping[str, np.ndarray]) -> list:
+        return [np.zeros((len(feeds["x"]), 2, int(feeds["x"][0]) + 1), dtype=np.float32)]
+
+
+def test_rows_whose_shape_changes_between_batches_are_refused_by_name() -> None:
+    with pytest.raises(QbenchError, match=r"output 'seq' gave rows of shape \[2, 3\] in one batch and \[2, 1\] in an "
+                                          r"earlier one"):  # fmt: skip
+        run_outputs(_RaggedRows(), {"x": np.arange(4, dtype=np.float32)}, 2, {"seq": 0})

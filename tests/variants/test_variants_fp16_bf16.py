@@ -227,12 +227,40 @@ def test_fp16_a_node_the_range_check_keeps_reads_a_tied_weight_unrounded(graph, 
     assert stored["w"] == TensorProto.FLOAT16 and TensorProto.FLOAT in stored.values()
 
 
+def test_fp16_a_node_the_range_check_keeps_reads_a_constant_of_shape_fill_unrounded(tmp_path):
+    """`c` = ConstantOfShape(Shape(x), 1 + 2**-13) is read by a Mul FP16 converts and one the range check keeps
+    (`big` passes 32752): the converter narrowed the fill to 1, so the kept Mul gave 40000 where FP32 gives
+    40004.88. It now reads a kept copy of the node, and gives FP32's values exactly."""
+    fill = numpy_helper.from_array(np.array([1 + 2**-13], np.float32), "fill")
+    nodes = [helper.make_node("Shape", ["x"], ["s"], name="shape"),
+             helper.make_node("ConstantOfShape", ["s"], ["c"], value=fill, name="fill"),
+             helper.make_node("Mul", ["big", "c"], ["kept"], name="kept_mul"),
+             helper.make_node("Mul", ["x", "c"], ["half"], name="half_mul")]  # fmt: skip
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", 2]) for n in ("x", "big", "kept", "half")]
+    model = helper.make_model(helper.make_graph(nodes, "fill", io[:2], io[2:]),
+                              opset_imports=[helper.make_opsetid("", 17)], ir_version=8)  # fmt: skip
+    path = tmp_path / "fill.onnx"
+    onnx.save(model, str(path))
+    calibration = [{"big": np.full((8, 2), 4e4, np.float32), "x": np.ones((8, 2), np.float32)}]
+    built = build_fp16(VariantSpec(name="half", precision="fp16"),
+                       BuildContext(reference_path=path, workdir=tmp_path / "w", calibration=calibration))  # fmt: skip
+    assert built.params["fp16_range"]["kept_nodes"] == ["kept_mul"]
+    feeds = {"x": np.array([[1.0, 3.0]], np.float32), "big": np.array([[4e4, 1.2e5]], np.float32)}
+    expected = _exact_float32(path, feeds)
+    emulated = tmp_path / "emulated.onnx"
+    onnx.save(emulate_float16(onnx.load(str(built.onnx_path)))[0], str(emulated))
+    for variant in (built.onnx_path, emulated):
+        kept, half = _exact_float32(variant, feeds)
+        np.testing.assert_array_equal(kept, expected[0])
+        assert not np.array_equal(half, expected[1])  # the converted Mul does compute on the rounded fill
+
+
 @pytest.mark.parametrize("build", [build_fp16, build_bf16])
-@pytest.mark.parametrize("stored_as", ["initializer", "Constant"])
+@pytest.mark.parametrize("stored_as", ["initializer", "Constant", "ConstantOfShape"])
 def test_a_control_flow_branch_reads_a_constant_it_shares_with_a_narrowed_node_unrounded(tmp_path, build, stored_as):
-    """An If stays FP32 whole, but its branch reads `w` by name, a weight (or a Constant node's value) a converted
-    MatMul also reads: FP16 cast the float16 copy back for the branch, BF16 rounded it, so the kept branch computed on
-    rounded weights (1 instead of 1 + 2**-13)."""
+    """An If stays FP32 whole, but its branch reads `w` by name, a weight (or a Constant node's value, or a
+    ConstantOfShape's fill) a converted MatMul also reads: FP16 cast the float16 copy back for the branch, BF16
+    rounded it, so the kept branch computed on rounded weights (1 instead of 1 + 2**-13)."""
     branch = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["t"], name="branch_mm")], "then", [],
                                [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)])  # fmt: skip
     other = helper.make_graph([helper.make_node("Neg", ["x"], ["e"], name="neg")], "else", [],
@@ -244,6 +272,10 @@ def test_a_control_flow_branch_reads_a_constant_it_shares_with_a_narrowed_node_u
     weights = [numpy_helper.from_array(np.array(0, np.float32), "zero")]
     if stored_as == "Constant":
         nodes.insert(0, helper.make_node("Constant", [], ["w"], value=numpy_helper.from_array(_TIED), name="w_value"))
+    elif stored_as == "ConstantOfShape":
+        fill = numpy_helper.from_array(_TIED[:1, 0], "fill")
+        nodes.insert(0, helper.make_node("ConstantOfShape", ["w_shape"], ["w"], value=fill, name="w_fill"))
+        weights.append(numpy_helper.from_array(np.array([2, 2], np.int64), "w_shape"))
     else:
         weights.append(numpy_helper.from_array(_TIED, "w"))
     io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", 2]) for n in ("x", "kept", "half")]
