@@ -107,8 +107,10 @@ def withheld(report: GateReport) -> GateReport:
 
     A problem about the results as a whole (stale, inconsistent, a glob that picks nothing) leaves no check and no
     note drawn from them: a CI log showing PASS lines, or a variant "the better choice", beside exit 2 would state
-    what nobody judged. A problem of one variant@backend withholds that variant's checks and notes (an SLO problem,
-    `<key>: SLO: ...`, only its SLO checks); the other variants were judged on results nothing is wrong with."""
+    what nobody judged. A problem of one variant@backend withholds that variant's passes and notes, keeping a breach
+    found on its sound figures (a slice FP32 scores, beside an overall FP32's NaN leaves undefined): evidence against
+    it, never for it; an SLO problem (`<key>: SLO: ...`) withholds all of its SLO checks. The other variants were
+    judged on results nothing is wrong with."""
     if not report.problems:
         return report
     owners = [(problem_owner(report.gated, p), p) for p in report.problems]
@@ -116,7 +118,7 @@ def withheld(report: GateReport) -> GateReport:
         return replace(report, checks=(), notes=())
     whole = {owner for owner, p in owners if not p.startswith(f"{owner}: SLO:")}
     slo = {owner for owner, p in owners if p.startswith(f"{owner}: SLO:")}
-    checks = tuple(c for c in report.checks if f"{c.variant}@{c.backend}" not in whole
+    checks = tuple(c for c in report.checks if not (f"{c.variant}@{c.backend}" in whole and c.status != "breach")
                    and not (c.scope == SLO_SCOPE and f"{c.variant}@{c.backend}" in slo))  # fmt: skip
     notes = tuple(n for n in report.notes if problem_owner(report.gated, n) not in whole)
     return replace(report, checks=checks, notes=notes)
