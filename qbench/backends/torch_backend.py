@@ -26,6 +26,7 @@ import numpy as np
 
 from qbench.backends.base import RunOptions
 from qbench.backends.gpu_monitor import GpuMonitor
+from qbench.backends.torch_state import module_state
 from qbench.backends.torch_trace import (
     compute_dtypes,
     mixed_precision_label,
@@ -35,6 +36,7 @@ from qbench.backends.torch_trace import (
 from qbench.environment import cpu_has_vnni
 from qbench.errors import MissingExtraError, QbenchError
 from qbench.modelinfo import read_model_info
+from qbench.results import EMULATED, NATIVE, Fidelity
 from qbench.sources.torch_outputs import flatten_outputs
 from qbench.variants.base import TORCH, BuiltVariant
 from qbench.variants.torch_forms import (
@@ -75,6 +77,7 @@ class TorchRunner:
         threads_to_restore: int | None = None,
         precision: str = "fp32",
         counted: str | None = None,
+        fidelity: Fidelity | None = None,
     ) -> None:
         self._module: torch.nn.Module | None = module
         self._device = device
@@ -90,6 +93,7 @@ class TorchRunner:
         self._prepared: list[torch.Tensor] = []
         self._seen_signatures: set[tuple[Any, ...]] = set()
         self._compile_ms = 0.0
+        self._fidelity = fidelity or Fidelity()  # what the load knew; a run that computed nothing in the type adds to it
 
     def _live(self) -> torch.nn.Module:
         if self._module is None:
@@ -175,6 +179,18 @@ class TorchRunner:
                 kernels += quantized_products_label(self._counted, ops)
         return {"lowered_ops": sum(ops.get(self._counted, {}).values()), "kernels": kernels}
 
+    def result_fields(self, description: Mapping[str, Any]) -> dict[str, Any]:
+        """What the result records of the module that ran, in place of the variant's ONNX file (which it did not
+        run): no model file, the module's own bytes and state digest (qbench.backends.torch_state), and whether its
+        figures are native, from the same facts as the kernels label in `description` (this runner's describe())."""
+        state = module_state(self._live())
+        fidelity = self._fidelity
+        if description.get("lowered_ops") == 0:
+            fidelity = Fidelity(EMULATED, EMULATED, f"no op computed in {self._counted}: the figures are float32's")
+        notes = (f"model_sha256 absent: {state.why_no_digest}",) if state.sha256 is None else ()
+        return {"model_path": None, "model_bytes": state.bytes, "model_sha256": state.sha256, "fidelity": fidelity,
+                "notes": notes}
+
     def close(self) -> None:
         """Drop the module, stop the GPU monitor, give back cached GPU memory and the thread count."""
         import torch
@@ -233,7 +249,7 @@ class TorchBackend:
             module, self.device, input_names, description,
             compiled=bool(variant.params.get(TORCH_COMPILE)), monitor=self.start_monitor(torch),
             threads_to_restore=threads_to_restore, precision=variant.precision,
-            counted=_counted_dtype(variant, module),
+            counted=_counted_dtype(variant, module), fidelity=self.fidelity(variant, module),
         )  # fmt: skip
 
     def _set_threads(self, torch: ModuleType, options: RunOptions) -> int | None:
@@ -251,7 +267,8 @@ class TorchBackend:
         return None
 
     def kernels(self, variant: BuiltVariant, module: torch.nn.Module) -> str:
-        """What kind of arithmetic actually runs, so that a latency is read for what it is."""
+        """What kind of arithmetic actually runs, so that a latency is read for what it is (`fidelity` says the
+        same in the figures column)."""
         if _is_fake_quant(variant):
             return "fake-quant (accuracy only)"
         if variant.precision in ("int8", "fp8"):
@@ -259,13 +276,21 @@ class TorchBackend:
             if quantized == 0:  # not torchao's: a builder's own simulation (Q/DQ in float)
                 return f"{variant.precision} simulated in float by its builder (accuracy only)"
             how = "torchao dynamic" if variant.precision == "int8" else "torchao float8 e4m3"
-            return f"{variant.precision} ({how}, {quantized} of {total} linear layers){self.int8_caveat(variant)}"
-        return f"{variant.precision}{self.half_caveat(variant.precision)}"
+            return f"{variant.precision} ({how}, {quantized} of {total} linear layers){self.caveat(variant.precision)}"
+        return f"{variant.precision}{self.caveat(variant.precision)}"
 
-    def half_caveat(self, precision: str) -> str:
-        return ""
+    def fidelity(self, variant: BuiltVariant, module: torch.nn.Module) -> Fidelity:
+        """Whether the figures of `variant`'s module are native, as `kernels` labels it: a builder's float
+        simulation of quantization (fake-quant, Q/DQ in float) has neither native accuracy nor latency; a
+        precision this device has no native kernels for computes in its type (accuracy native) at a speed that is
+        not the format's (latency emulated)."""
+        if _is_fake_quant(variant) or (variant.precision in ("int8", "fp8") and quantized_linear_layers(module)[0] == 0):
+            return Fidelity(EMULATED, EMULATED, self.kernels(variant, module))
+        caveat = self.caveat(variant.precision)
+        return Fidelity(NATIVE, EMULATED, caveat.strip(" ;()")) if caveat else Fidelity()
 
-    def int8_caveat(self, variant: BuiltVariant) -> str:
+    def caveat(self, precision: str) -> str:
+        """Why `precision` runs without native kernels here ("" when it has them)."""
         return ""
 
 
@@ -273,19 +298,16 @@ class TorchCPU(TorchBackend):
     name = "torch-cpu"
     device = "cpu"
 
-    def half_caveat(self, precision: str) -> str:
-        """oneDNN has native fp16/bf16 matmuls only on CPUs with AVX512-FP16/BF16 or AMX."""
+    def caveat(self, precision: str) -> str:
+        """oneDNN has native fp16/bf16 matmuls only on CPUs with AVX512-FP16/BF16 or AMX; fast int8 needs VNNI."""
+        if precision == "int8":
+            return "" if cpu_has_vnni() else "; no fast int8 kernel on this CPU (no VNNI): accuracy only"
         torch = _import_torch()
         probes = {"fp16": "_is_mkldnn_fp16_supported", "bf16": "_is_mkldnn_bf16_supported"}
         probe = getattr(torch.ops.mkldnn, probes[precision], None) if precision in probes else None
         if probe is None or probe():
             return ""
         return f" (no native {precision} matmul on this CPU: accuracy only)"
-
-    def int8_caveat(self, variant: BuiltVariant) -> str:
-        if variant.precision == "int8" and not cpu_has_vnni():
-            return "; no fast int8 kernel on this CPU (no VNNI): accuracy only"
-        return ""
 
 
 class TorchCUDA(TorchBackend):

@@ -31,6 +31,7 @@ from qbench.recipe import VariantSpec
 from qbench.results import AccuracyResult, VariantResult
 from qbench.validate.measure import Measured, PhaseClock, Reference, Rows, describe_error, measure
 from qbench.variants import BuildContext, BuiltVariant, build_variant
+from qbench.variants.base import ONNX
 
 logger = logging.getLogger(__name__)
 
@@ -325,10 +326,12 @@ def identical(built: BuiltVariant, twin: VariantResult) -> VariantResult:
     """`built` computes exactly what `twin` measured: report `twin`'s figures under its name, saying so."""
     note = f"identical to {twin.variant} (same graph and weights): not run again, the figures are {twin.variant}'s"
     logger.info("  %s: %s", twin.backend, note)
-    built = built.as_run_in(form_run_by(get_backend(twin.backend)))  # what is true of the form twin's backend ran
+    form = form_run_by(get_backend(twin.backend))
+    built = built.as_run_in(form)  # what is true of the form twin's backend ran
     return replace(
         twin, variant=built.name, precision=built.precision, params={**built.params, "identical_to": twin.variant},
-        model_path=str(built.onnx_path), build_seconds=built.build_seconds, notes=(*built.notes, note),
+        model_path=str(built.onnx_path) if form == ONNX else twin.model_path, build_seconds=built.build_seconds,
+        notes=(*built.notes, note),
     )  # fmt: skip
 
 

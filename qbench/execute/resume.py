@@ -61,11 +61,13 @@ def decide_build(record: JobRecord | None, stored: dict[str, Any] | None, run: s
 
 def decide_measure(
     record: JobRecord | None, run: str, *, build: Decision, built_sha256: str | None, needs_outputs: bool,
-    rerun_failed: bool = False,
+    rerun_failed: bool = False, ran_file: bool = True,
 ) -> Decision:
     """A measure job: `build` is its variant's build decision, `built_sha256` the model digest of that build when
     it is reused (qbench.provenance.model_sha256), `needs_outputs` whether it gives the reference outputs;
-    `rerun_failed`: a measurement failed for the variant's own reason runs again."""
+    `rerun_failed`: a measurement failed for the variant's own reason runs again. `ran_file`: the job's backend ran
+    that ONNX file, so its result records the file's digest; a torch backend's records its module's
+    (qbench.backends.torch_state), which the reused build decides as it decides the file."""
     if build.failed:
         return Decision(REUSE, "its build failed: fails with it")
     if record is None or record.result is None:
@@ -84,7 +86,7 @@ def decide_measure(
                                f"{_error(result.error)}")  # fmt: skip
     if result.status == "skipped":
         return Decision(REUSE, f"skipped in {run}: {_error(result.error)}")
-    if result.model_sha256 != built_sha256:
+    if ran_file and result.model_sha256 != built_sha256:
         return Decision(RERUN, f"measured another build in {run}")
     return Decision(REUSE, f"finished in {run}")
 

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
+from qbench.backends import get_backend
+from qbench.backends.base import form_run_by
 from qbench.execute.executors import BuildWork, Executor, JobDone, MeasureWork, Work
 from qbench.execute.jobs import (
     BuildOutput,
@@ -44,7 +46,7 @@ from qbench.results import AccuracyResult, VariantResult
 from qbench.results_search import SearchReport, search_from_dict
 from qbench.runs import describe_run, run_folder_writes
 from qbench.validate.measure import PhaseClock, failed_result
-from qbench.variants.base import BuiltVariant
+from qbench.variants.base import ONNX, BuiltVariant
 
 logger = logging.getLogger(__name__)
 
@@ -332,14 +334,16 @@ class Scheduler:
                 reused += decision.reused
                 continue
             built = self.state.built.get(job.variant)
+            ran_file = form_run_by(get_backend(str(job.backend))) == ONNX
             decision = decide_measure(record, name, build=builds[job.variant],
                                       built_sha256=model_sha256(built.onnx_path) if built is not None else None,
-                                      needs_outputs=job.id == self.reference_job, rerun_failed=rerun_failed)  # fmt: skip
+                                      needs_outputs=job.id == self.reference_job, rerun_failed=rerun_failed,
+                                      ran_file=ran_file)  # fmt: skip
             if decision.reused and not builds[job.variant].failed:  # else it fails with its build (settled when ready)
                 assert record is not None and record.result is not None and folder is not None
                 note = f"resumed: measured by the {which} {folder.name}"
                 result = replace(record.result, notes=(*record.result.notes, note),
-                                 model_path=str(self.state.built[job.variant].onnx_path),
+                                 model_path=str(self.state.built[job.variant].onnx_path) if ran_file else None,
                                  evaluated_model_path=self._carried(record.result.evaluated_model_path))  # fmt: skip
                 if record.outputs is not None:
                     self.executor.provide_outputs(job.id, record.outputs)

@@ -359,6 +359,8 @@ def manifest_of(built: BuiltVariant, folder: Path, environment: dict[str, str], 
         "build_seconds": built.build_seconds,
         "session_hints": to_jsonable(built.session_hints),
         "notes": list(built.notes),
+        "param_forms": dict(built.param_forms),  # which form each param and note describes (BuiltVariant.as_run_in)
+        "note_forms": dict(built.note_forms),
         "simulation": built.simulation,
         "activation_ranges": {name: list(bounds) for name, bounds in built.activation_ranges.items()},
         "environment": environment,
@@ -390,6 +392,8 @@ def built_from_manifest(manifest: dict[str, Any], folder: Path, reference: Path)
         build_seconds=float(manifest["build_seconds"]),
         session_hints=dict(manifest["session_hints"]),
         notes=tuple(manifest["notes"]),
+        param_forms=dict(manifest.get("param_forms", {})),  # manifests written before forms were kept: none
+        note_forms=dict(manifest.get("note_forms", {})),
         simulation=bool(manifest["simulation"]),
         activation_ranges={name: (float(lo), float(hi)) for name, (lo, hi) in manifest["activation_ranges"].items()},
         borrowed=entry == REFERENCE_MODEL,

@@ -18,6 +18,7 @@ import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -193,6 +194,7 @@ def measure(
                     batcher = measure_batcher_samples(runner, rows.feeds, timing.batch_sizes, timing.iterations,
                                                       idle_ms(slo, backend.name), padding=padding)  # fmt: skip
             runtime = runner.describe()
+            ran = ran_fields(runner, built, runtime)
         finally:
             runner.close()
     except Exception as exc:  # noqa: BLE001 - one variant's failure is recorded, the caller goes on
@@ -216,7 +218,7 @@ def measure(
                            environment=environment_cause(exc))
         accuracy = with_drops(accuracy, reference.accuracy if reference is not None and reference.accuracy else accuracy)
         nsr = output_nsr([base[k] for k in outputs], list(outputs.values()))
-    latency, serving_result, size = None, None, model_bytes(built.onnx_path)
+    latency, serving_result, size = None, None, ran["model_bytes"]
     if timing is not None:
         points = latency_points(samples, timing.warmup)
         latency = LatencyResult(threads=timing.threads, session_create_ms=create_ms, first_run_ms=first_ms,
@@ -227,12 +229,23 @@ def measure(
                                              batcher=batcher)  # fmt: skip
     result = VariantResult(
         variant=built.name, backend=backend.name, precision=built.precision, status="ok",
-        params={**built.params, **{f"runtime.{k}": v for k, v in runtime.items()}}, model_path=str(built.onnx_path),
-        model_bytes=size, model_sha256=model_sha256(built.onnx_path), build_seconds=built.build_seconds,
-        notes=(*built.notes, *_batch_dependence(built, rows, timing)), accuracy=accuracy, latency=latency, fidelity=plan.fidelity,
+        params={**built.params, **{f"runtime.{k}": v for k, v in runtime.items()}}, model_path=ran["model_path"],
+        model_bytes=size, model_sha256=ran["model_sha256"], build_seconds=built.build_seconds,
+        notes=(*built.notes, *_batch_dependence(built, rows, timing), *ran["notes"]), accuracy=accuracy,
+        latency=latency, fidelity=ran.get("fidelity", plan.fidelity),
         evaluated_model_path=str(plan.scored.onnx_path) if plan.separate else None, serving=serving_result,
     )  # fmt: skip
     return Measured(result, outputs, nsr)
+
+
+def ran_fields(runner: Runner, built: BuiltVariant, description: Mapping[str, Any]) -> dict[str, Any]:
+    """The result's record of the model that ran: the variant's ONNX file (path, bytes, sha256), unless the runner
+    ran something else and says what (`result_fields(description)`: a torch runner's module, and whether its
+    figures are native)."""
+    own = getattr(runner, "result_fields", None)
+    fields = {"model_path": str(built.onnx_path), "model_bytes": model_bytes(built.onnx_path),
+              "model_sha256": model_sha256(built.onnx_path), "notes": ()}  # fmt: skip
+    return {**fields, **own(description)} if own is not None else fields
 
 
 def _check_reference_outputs(

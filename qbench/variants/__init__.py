@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from qbench.registry import Registry
 from qbench.techniques import TECHNIQUES, calibrator_names
-from qbench.variants.base import BuildContext, BuiltVariant, VariantBuilder
+from qbench.variants.base import ONNX, BuildContext, BuiltVariant, VariantBuilder
 
 if TYPE_CHECKING:  # pragma: no cover
     from qbench.recipe import VariantSpec
@@ -39,8 +39,15 @@ def build_variant(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     rewritten. A saved model the onnx checker refuses fails the build (a QbenchError): no invalid model is built. An
     INT8 build's params count what ONNX Runtime runs as integer kernels in the saved model, whichever technique built it
     (qbench.variants.integer_kernels): a graph that only rounds data is the FP32 model for the gate and the search.
+    What this settling adds to the params and notes describes the saved graph, not a torch module a builder (QAT,
+    ModelOpt) supplied beside it (BuiltVariant.as_run_in).
     """
     built = builder_for(spec)(spec, ctx)
+    return built.of_form(ONNX, _settled(built, ctx), since=built)
+
+
+def _settled(built: BuiltVariant, ctx: BuildContext) -> BuiltVariant:
+    """`built` with its saved model settled and checked, and what the settled graph shows in its params and notes."""
     if built.onnx_path.resolve() != ctx.reference_path.resolve():
         from qbench.variants.onnx_utils import declare_session_options
         from qbench.variants.reference import check_built_model, constant_inputs, settle_built_model

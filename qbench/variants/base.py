@@ -94,6 +94,13 @@ class BuiltVariant:
         notes = tuple(note for note in self.notes if self.note_forms.get(note, form) == form)
         return replace(self, params=params, notes=notes, simulation=self.simulation and form == ONNX)
 
+    def of_form(self, form: str, later: BuiltVariant, *, since: BuiltVariant) -> BuiltVariant:
+        """`later` (this variant after a step that only read `form`) with what that step added to the params and
+        notes since `since` marked as describing `form` only."""
+        params = {key: form for key in later.params if key not in since.params}
+        notes = {note: form for note in later.notes if note not in since.notes}
+        return replace(later, param_forms={**later.param_forms, **params}, note_forms={**later.note_forms, **notes})
+
     @property
     def lowered_nothing(self) -> bool:
         """No node of the graph computes in the variant's precision (see `lowered_nothing`)."""

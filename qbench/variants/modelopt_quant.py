@@ -39,7 +39,7 @@ from qbench.recipe import VariantSpec
 from qbench.sources.torch_model import single_torch_thread
 from qbench.techniques.calibrators import CALIBRATORS
 from qbench.techniques.modelopt import Modelopt
-from qbench.variants.base import BuildContext, BuiltVariant, Feeds, technique_of
+from qbench.variants.base import ONNX, BuildContext, BuiltVariant, Feeds, technique_of
 from qbench.variants.calibrate import calibration_rows, require_calibration
 from qbench.variants.onnx_utils import (
     Stopwatch,
@@ -226,6 +226,9 @@ def build_modelopt(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         session_hints={"graph_optimization_level": "basic"} if spec.precision == "fp8" else {},
         notes=(FP8_NOTE if spec.precision == "fp8" else INT8_NOTE, *clipping_notes(settings, kept)),
         torch_module=lambda: copy.deepcopy(quantized),
+        # calibration shaped both forms; the export's facts and how ONNX Runtime runs it describe the ONNX file only
+        param_forms=dict.fromkeys(("format", "opset", "quantized_nodes", "quantized_op_types", "tensorrt_onnx"), ONNX),
+        note_forms={FP8_NOTE: ONNX, INT8_NOTE: ONNX},
     )
 
 

@@ -45,7 +45,7 @@ from qbench.tasks import Task, get_task
 from qbench.techniques.calibrators import CALIBRATORS
 from qbench.techniques.options import QatSpec
 from qbench.techniques.qat import Qat
-from qbench.variants.base import BuildContext, BuiltVariant, Feeds, TrainingData, technique_of
+from qbench.variants.base import ONNX, TORCH, BuildContext, BuiltVariant, Feeds, TrainingData, technique_of
 from qbench.variants.calibrate import calibration_rows, require_calibration
 from qbench.variants.int8 import resolve_reduce_range
 from qbench.variants.onnx_utils import Stopwatch, build_step, default_opset, output_path
@@ -262,7 +262,11 @@ def build_qat(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         build_seconds=clock.seconds(),
         notes=tuple(_notes(scheme, qat)),
         torch_module=QatModuleFactory(converted, compile=spec.compile),
-    )
+        # training and calibration shaped both forms; the rest describes one of them
+        param_forms={**dict.fromkeys(("quant_format", "opset"), ONNX),
+                     **dict.fromkeys((FAKE_QUANT, TORCH_FORM, TORCH_DEVICES, TORCH_COMPILE), TORCH)},
+        note_forms={TORCH_FORM_NOTE: TORCH},
+    )  # fmt: skip
 
 
 def _require_inputs(name: str, qat: QatSpec, ctx: BuildContext) -> QatSpec:

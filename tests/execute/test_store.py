@@ -226,3 +226,21 @@ def test_a_build_from_another_fp32_model_is_neither_kept_nor_reused(tmp_path: Pa
     assert store.reusable(KEY, build_environment(), "b" * 64) == new
     same = _build(tmp_path / "same", seed=2) | {"reference": "b" * 64}
     assert store.publish(KEY, tmp_path / "same", same) == new  # the same FP32 model: the first entry is kept
+
+
+def test_which_form_each_param_and_note_describes_survives_the_store(tmp_path: Path) -> None:
+    """A builder's own torch module (QAT, ModelOpt) is carried beside a build read back from the store: the build's
+    params and notes must still say which form they describe, or every backend would show them all."""
+    from qbench.variants import BuiltVariant
+    from qbench.variants.base import ONNX, TORCH
+
+    folder = tmp_path / "build"
+    folder.mkdir()
+    (folder / "model.onnx").write_bytes(b"a model")
+    built = BuiltVariant("qat", "int8", folder / "model.onnx", params={"opset": 17, "fake_quant": True, "qat.lr": 0.1},
+                         notes=("graph note", "module note", "both"), param_forms={"opset": ONNX, "fake_quant": TORCH},
+                         note_forms={"graph note": ONNX, "module note": TORCH})  # fmt: skip
+    read_back = built_from_manifest(manifest_of(built, folder, build_environment(), reusable=False), folder, tmp_path)
+    on_torch, on_onnx = read_back.as_run_in(TORCH), read_back.as_run_in(ONNX)
+    assert on_torch.params == {"fake_quant": True, "qat.lr": 0.1} and on_torch.notes == ("module note", "both")
+    assert on_onnx.params == {"opset": 17, "qat.lr": 0.1} and on_onnx.notes == ("graph note", "both")

@@ -12,7 +12,10 @@ from test_explain import INT8, WIDTH, write_fragile_project
 from torch import nn
 
 from qbench.backends import get_backend
+from qbench.backends.torch_backend import TorchCPU
+from qbench.backends.torch_state import module_state
 from qbench.preflight import prepare
+from qbench.provenance import model_bytes, model_sha256
 from qbench.recipe import LatencySpec, VariantSpec, load_recipe
 from qbench.validate.measure import measure
 from qbench.variants import BuildContext, build_variant
@@ -81,3 +84,49 @@ def test_torchao_int8_says_which_matrix_products_stayed_float_and_carries_no_onn
     assert any("per batch" in note for note in on_ort.notes) and not any("per batch" in n for n in on_torch.notes)
     assert any(note.startswith("torch form: torchao") for note in on_torch.notes)
     assert not any(note.startswith("torch form") for note in on_ort.notes)
+
+
+def test_a_torch_result_records_the_module_it_ran_and_its_bound_uses_the_modules_bytes(prepared, tmp_path):
+    built = _built(prepared, tmp_path, VariantSpec(name="bf16", precision="bf16"))
+    timing = LatencySpec(batch_sizes=[1, 8], warmup=1, iterations=5, stability=None)
+    on_torch = measure(get_backend("torch-cpu"), built, prepared, timing=timing, quiet=True, serving=True).result
+    on_ort = measure(get_backend("onnxruntime-cpu"), built, prepared, timing=timing, quiet=True, serving=True).result
+    assert on_torch.status == on_ort.status == "ok"
+    ran = module_state(built.torch_module())
+    assert on_torch.model_bytes == ran.bytes == module_state(LinearThenMatmul()).bytes // 2  # bfloat16: 2 bytes each
+    assert on_ort.model_bytes == model_bytes(built.onnx_path) > 1.5 * on_torch.model_bytes  # the FP32 rounding graph
+    assert on_torch.model_sha256 == ran.sha256 != on_ort.model_sha256 == model_sha256(built.onnx_path)
+    assert on_torch.model_path is None and on_ort.model_path == str(built.onnx_path)
+    b1 = on_torch.latency.at(1).p50_ms
+    assert on_torch.serving.bound.weight_bytes_per_s == pytest.approx(ran.bytes * 1000.0 / b1)
+
+
+def test_fp16_without_native_cpu_kernels_is_emulated_latency_as_its_kernels_label_says(prepared, tmp_path, monkeypatch):
+    monkeypatch.setattr(TorchCPU, "caveat", lambda self, precision: " (no native fp16 matmul on this CPU: accuracy only)")
+    built = _built(prepared, tmp_path, VariantSpec(name="fp16", precision="fp16"))
+    result = measure(get_backend("torch-cpu"), built, prepared, quiet=True).result
+    assert result.status == "ok" and "no native fp16 matmul" in result.params["runtime.kernels"]
+    assert (result.fidelity.accuracy, result.fidelity.latency) == ("native", "emulated")
+    assert "no native fp16 matmul" in result.fidelity.method
+
+
+class CastsToFloat(nn.Module):
+    """A forward that computes in float32 whatever its weights' dtype: no op runs in float16."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.w = nn.Parameter(torch.randn(WIDTH, 4) / 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x.float().unsqueeze(-1) * self.w.float()).sum(1)
+
+
+def test_a_half_variant_none_of_whose_ops_ran_in_its_type_is_not_native(prepared, tmp_path):
+    spec = VariantSpec(name="fp16", precision="fp16")
+    built = build_variant(spec, BuildContext(prepared.source.onnx_path, tmp_path, prepared.calibration_batches))
+    built = attach_torch_form(built, spec, Source(CastsToFloat().eval()))
+    result = measure(get_backend("torch-cpu"), built, prepared, quiet=True).result
+    assert result.status == "ok" and result.params["runtime.lowered_ops"] == 0
+    assert "no op computed in float16" in result.params["runtime.kernels"]
+    assert result.fidelity.accuracy == result.fidelity.latency == "emulated"

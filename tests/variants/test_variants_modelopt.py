@@ -317,3 +317,15 @@ def test_missing_modelopt_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "modelopt.torch.quantization", None)  # makes the import fail
     with pytest.raises(MissingExtraError, match=r"nvidia-modelopt is not installed: .*qbench\[modelopt\]"):
         import_modelopt()
+
+
+def test_modelopt_notes_and_graph_params_are_shown_on_the_form_they_describe(cnn, tmp_path):
+    from qbench.variants.base import ONNX, TORCH
+
+    built = build_variant(_spec("int8"), cnn.context(tmp_path))  # settled as every build is: integer kernels counted
+    on_torch, on_onnx = built.as_run_in(TORCH), built.as_run_in(ONNX)
+    assert INT8_NOTE in on_onnx.notes and INT8_NOTE not in on_torch.notes  # how ONNX Runtime runs the Q/DQ file
+    for key in ("quantized_nodes", "rounded_only", "format", "tensorrt_onnx"):  # counted on, or naming, the ONNX file
+        assert key in on_onnx.params and key not in on_torch.params
+    for key in ("quantizer", "calibration_algorithm", "quantized_modules"):  # the calibration both forms share
+        assert key in on_onnx.params and key in on_torch.params

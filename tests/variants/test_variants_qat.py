@@ -23,9 +23,9 @@ from pydantic import ValidationError
 from qbench.errors import QbenchError
 from qbench.recipe import VariantSpec, load_recipe
 from qbench.sources.torch_model import TorchModel
-from qbench.variants.base import BuildContext, BuiltVariant, TrainingData
+from qbench.variants.base import ONNX, TORCH, BuildContext, BuiltVariant, TrainingData
 from qbench.variants.integer_kernels import integer_kernel_counts
-from qbench.variants.qat import OBSERVERS, build_qat
+from qbench.variants.qat import OBSERVERS, TORCH_FORM_NOTE, build_qat
 from qbench.variants.torch_forms import FAKE_QUANT
 from tests.variants.conftest import ort_integer_kernels
 
@@ -370,3 +370,14 @@ def test_demo_recipe_loads_and_fine_tunes_without_eval_rows() -> None:
     assert recipe.model.torch == "qbench.demo.qat_case:massive_activation_cnn"
     assert qat.qat.train.filter == {"split": {"in": ["train", "calib"]}}
     assert recipe.data.evaluation.filter == {"split": "eval"}
+
+
+def test_each_form_shows_only_the_params_and_notes_true_of_it(built: BuiltVariant) -> None:
+    on_torch, on_onnx = built.as_run_in(TORCH), built.as_run_in(ONNX)
+    assert TORCH_FORM_NOTE in on_torch.notes and TORCH_FORM_NOTE not in on_onnx.notes
+    assert on_torch.params[FAKE_QUANT] is True and FAKE_QUANT not in on_onnx.params
+    for key in ("quant_format", "opset"):  # the exported graph's
+        assert key in on_onnx.params and key not in on_torch.params
+    for key in ("qat.epochs", "calibrator", "qat.train_rows"):  # training shaped both forms
+        assert key in on_onnx.params and key in on_torch.params
+    assert any(note.startswith("QAT:") for note in on_torch.notes) and any(n.startswith("QAT:") for n in on_onnx.notes)
