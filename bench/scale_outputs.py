@@ -6,7 +6,8 @@ the outputs kept for the agreement with FP32, the per-row figures, the results. 
 onnx.helper so that inference is cheap:
 
   classifier   x (rows, 64) -> MatMul -> Softmax over 1,000 classes, with a label
-  embedding    x (rows, 64) -> MatMul -> Tanh, 384 floats (task: embedding, nearest-neighbour agreement)
+  embedding    x (rows, 64) -> MatMul -> Tanh, 384 floats (task: embedding, nearest-neighbour agreement: past
+               task_options.nn_queries rows, 10,000 by default, a sample of query rows each searched among all rows)
 
 Each case runs `python -m qbench.cli sweep --no-track` (FP32, FP16 and dynamic INT8; 20 latency iterations at
 batch 32) in its own process: wall seconds and peak RSS from wait4, the interpreter and imports included. The tables
@@ -14,7 +15,7 @@ are written by a spawned process: a forked child's peak RSS counts its parent's 
 generated a large table would inflate every figure after it. Compare two checkouts by running this script with
 PYTHONPATH pointing at each.
 
-    python bench/scale_outputs.py [--classifier-rows 20000 100000] [--embedding-rows 5000 20000]
+    python bench/scale_outputs.py [--classifier-rows 20000 100000] [--embedding-rows 5000 20000 100000]
                                   [--out bench/out/scale_outputs.json]
 """
 
@@ -110,7 +111,7 @@ def run_sweep(recipe: Path) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--classifier-rows", type=int, nargs="*", default=[20_000, 100_000])
-    parser.add_argument("--embedding-rows", type=int, nargs="*", default=[5_000, 20_000])
+    parser.add_argument("--embedding-rows", type=int, nargs="*", default=[5_000, 20_000, 100_000])
     parser.add_argument("--out", type=Path, default=Path("bench/out/scale_outputs.json"))
     args = parser.parse_args()
     console = Console()

@@ -307,8 +307,9 @@ def _undefined_for_fp32(metric: str, ref: SliceMetrics, own: SliceMetrics) -> bo
 
 
 def _too_small(scope: SliceMetrics, spec: GateSpec) -> bool:
-    """A slice with fewer rows than min_slice_size is reported, not judged (the overall scope always is)."""
-    return scope.name != "overall" and scope.size < spec.min_slice_size
+    """A slice whose gated figure rests on fewer rows (or scored units) than min_slice_size is reported, not judged
+    (the overall scope always is)."""
+    return scope.name != "overall" and scope.judged_count(spec.metric) < spec.min_slice_size
 
 
 def _check(
@@ -332,9 +333,10 @@ def _check(
         return None
     else:
         status = "pass" if within(observed_drop, tolerance, ref_value, value) else "breach"
-        return GateCheck(variant, backend, own.name, spec.metric, ref_value, value, observed_drop, tolerance, own.size, status)
-    return GateCheck(variant, backend, own.name, spec.metric, ref_value, value, observed_drop, tolerance, own.size,
-                     "skipped", reason)  # fmt: skip
+        return GateCheck(variant, backend, own.name, spec.metric, ref_value, value, observed_drop, tolerance,
+                         own.judged_count(spec.metric), status)  # fmt: skip
+    return GateCheck(variant, backend, own.name, spec.metric, ref_value, value, observed_drop, tolerance,
+                     own.judged_count(spec.metric), "skipped", reason)  # fmt: skip
 
 
 def _slo_check(judgement: SloJudgement) -> GateCheck:

@@ -369,7 +369,7 @@ def _scope_problems(scope: SliceMetrics, rows: int, metric: str, min_slice_size:
     explained = scope.nonfinite_outputs > 0 or reference_nonfinite > 0 or undefined
     if value is None:
         problems.append(f"{where}: metric {metric!r} missing")
-    elif not math.isfinite(value) and not explained and scope.size >= min_slice_size:
+    elif not math.isfinite(value) and not explained and scope.judged_count(metric) >= min_slice_size:
         problems.append(f"{where}: metric {metric!r} is NaN/inf with no non-finite outputs to explain it")
     return problems
 

@@ -193,6 +193,13 @@ def _slice_cell(metrics: SliceMetrics | None, metric: str) -> str:
     return cell + (f"\n[{low:.3f}, {high:.3f}]" if finite(low) and finite(high) else "")
 
 
+def _size_cell(scope: SliceMetrics | None, metric: str) -> str:
+    """The scope's rows; '3000 (300 scored)' where `metric` is counted over other units (a sampled nn_agreement)."""
+    if scope is None:
+        return NONE
+    return f"{scope.size} ({scope.denominators[metric]} scored)" if metric in scope.denominators else str(scope.size)
+
+
 def _slice_grid(results: SweepResults, metric: str) -> Grid:
     measured = [v for v in results.variants if v.status == "ok" and v.accuracy is not None]
     names = list(dict.fromkeys(s.name for v in measured for s in v.accuracy.slices))
@@ -200,9 +207,11 @@ def _slice_grid(results: SweepResults, metric: str) -> Grid:
     rows: list[list[Cell]] = []
     for name in ["overall", *names]:
         per_variant = [v.accuracy.overall if name == "overall" else v.accuracy.slice(name) for v in measured]
-        size = next((s.size for s in per_variant if s is not None), None)
-        rows.append([name, str(size) if size is not None else NONE] + [_slice_cell(s, metric) for s in per_variant])
+        scope = next((s for s in per_variant if s is not None), None)
+        rows.append([name, _size_cell(scope, metric)] + [_slice_cell(s, metric) for s in per_variant])
     footer = [f"{metric} ({_DROP_NOTE}), then its 95 % interval"]
+    if any(metric in s.denominators for v in measured for s in (v.accuracy.overall, *v.accuracy.slices)):
+        footer.append(f"rows: the scope's rows, then how many of them (or other units) {metric} is counted over")
     return Grid(f"Per slice: {metric}", headers, rows, frozenset(range(1, len(headers))), footer)
 
 

@@ -62,8 +62,15 @@ class SliceMetrics:
     # of those, rows where FP32's output is finite: NaN/inf the variant brought in (fewer elsewhere cannot offset them)
     new_nonfinite_outputs: int = 0
     # metric -> how many units its rate is a share of, where those are not the scope's rows (a token-classification
-    # output's accuracy is a share of the scope's scored tokens): the gate checks the rate against that count
+    # output's accuracy is a share of the scope's scored tokens; an embedding's nn_agreement of its sampled query
+    # rows): the gate checks the rate against that count
     denominators: dict[str, int] = field(default_factory=dict)
+
+    def judged_count(self, metric: str) -> int:
+        """How many units `metric`'s figure rests on, for count-based rules (min_slice_size): the scope's rows, or
+        its denominator where fewer (a slice of 3,000 rows whose nn_agreement is scored on 3 sampled rows: 3)."""
+        count = self.denominators.get(metric, self.size)
+        return min(self.size, count) if isinstance(count, int) and not isinstance(count, bool) else self.size
 
 
 @dataclass(frozen=True)

@@ -138,7 +138,10 @@ def _headline_accuracy(results: SweepResults, variant: VariantResult) -> dict[st
 
 
 def _scope_metrics(scope: SliceMetrics, prefix: str) -> dict[str, float]:
+    """The scope's metrics, their drops, and for a rate counted over other units than the scope's rows (sampled
+    query rows, scored tokens) how many: count_<metric>."""
     metrics = {f"{prefix}{name}": value for name, value in scope.metrics.items()}
+    metrics |= {f"{prefix}count_{name}": float(count) for name, count in scope.denominators.items()}
     return metrics | {f"{prefix}drop_{name}": value for name, value in scope.drops.items()}
 
 

@@ -101,6 +101,11 @@ class Task(ABC):
             raise QbenchError(f"{sorted(options)[0]}: task {self.name!r} takes no options")
         return self
 
+    def for_slices(self, slices: Mapping[str, np.ndarray]) -> Task:
+        """This task for an evaluation whose slices are `slices` (name -> boolean mask over the rows), for a task
+        whose per-row figures depend on them (embedding: which rows are sampled as queries); by default itself."""
+        return self
+
     # -- labels ----------------------------------------------------------------------------------
 
     @abstractmethod

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from qbench.errors import QbenchError
 from qbench.modelinfo import TensorMeta
 from qbench.results import SliceMetrics
 from qbench.tasks.base import (
@@ -29,17 +30,20 @@ if TYPE_CHECKING:  # pragma: no cover
 class EmbeddingRows:
     """Per-row cosine with FP32, and whether the row's nearest neighbours are FP32's (ties as a set).
 
-    Neighbours are searched among all evaluation rows, also when a slice is summarised.
+    Neighbours are searched among all evaluation rows, also when a slice is summarised. `queried`: the rows scored
+    for nn_agreement (None: every row); a scope's nn_agreement, its interval and its denominator (recorded only
+    when sampled) then rest on its queried rows alone.
     """
 
     outputs: np.ndarray
     reference: np.ndarray
     cosine: np.ndarray
     neighbour_matches: np.ndarray
+    queried: np.ndarray | None = None
 
     def summarise(self, name: str, mask: np.ndarray) -> SliceMetrics:
         cosine = self.cosine[mask]
-        matches = self.neighbour_matches[mask]
+        matches = self.neighbour_matches[mask if self.queried is None else mask & self.queried]
         nn_agreement = mean_or_nan(matches)
         values = {
             "cosine": mean_or_nan(cosine),
@@ -48,10 +52,23 @@ class EmbeddingRows:
             "max_abs_error": metrics.max_abs_error(self.outputs[mask], self.reference[mask]),
         }
         intervals = {"cosine": metrics.mean_interval(cosine), "nn_agreement": wilson(nn_agreement, int(matches.size))}
-        return SliceMetrics(name=name, size=int(cosine.size), metrics=values, intervals=intervals)
+        counted = {} if self.queried is None else {"nn_agreement": int(matches.size)}
+        return SliceMetrics(name=name, size=int(cosine.size), metrics=values, intervals=intervals, denominators=counted)
+
+
+NN_QUERIES = 10_000
+"""Rows scored for nn_agreement unless task_options.nn_queries says otherwise: past it a seeded sample of this many
+rows, each row's neighbours still searched among all rows. Time then grows with queries x rows (linear in the rows,
+where every row as a query grows with rows²); 10,000 rows give a share within about ±1 % (95 %) overall."""
+
+NN_SEED = 0
+"""The query sample's seed: the same rows for FP32 and every variant, sweep after sweep."""
 
 
 class Embedding(Task):
+    """`nn_queries`: the most rows scored for nn_agreement (None: every row); `strata`: each row's slice-membership
+    pattern, so that the sample keeps every slice's share."""
+
     name = "embedding"
     metric_infos = (
         MetricInfo("cosine", True, "mean cosine similarity with the FP32 output", low=-1.0, high=1.0),
@@ -60,6 +77,25 @@ class Embedding(Task):
         MetricInfo("max_abs_error", False, "largest absolute difference from the FP32 output", low=0.0),
     )
     default_gate_metric = "cosine"
+
+    def __init__(self, nn_queries: int | None = NN_QUERIES, strata: np.ndarray | None = None) -> None:
+        self.nn_queries = nn_queries
+        self.strata = strata
+
+    def configured(self, options: Mapping[str, Any]) -> Embedding:
+        unknown = sorted(set(options) - {"nn_queries"})
+        if unknown:
+            raise QbenchError(f"{unknown[0]}: not an option of task 'embedding'; expected nn_queries")
+        value = options.get("nn_queries", NN_QUERIES)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 2):
+            raise QbenchError(f"nn_queries: got {value!r}, expected a whole number of rows >= 2, or null for every row")
+        return Embedding(value, self.strata)
+
+    def for_slices(self, slices: Mapping[str, np.ndarray]) -> Embedding:
+        """Rows in the same slices form a stratum (every slice is a union of strata, also with overlapping slices)."""
+        columns = [np.asarray(mask, dtype=bool) for mask in slices.values()]
+        strata = np.unique(np.stack(columns, axis=1), axis=0, return_inverse=True)[1].reshape(-1) if columns else None
+        return Embedding(self.nn_queries, strata)
 
     def labels_from_values(self, values: Sequence[Any], positions: np.ndarray) -> np.ndarray:
         raise LabelError("task 'embedding' is judged against FP32 only; remove data.label")
@@ -77,8 +113,17 @@ class Embedding(Task):
         # FP32's NaN/inf row has no direction to compare with: NaN for every result (FP32's own too), never a 0 both
         # share, which would dilute the mean and set a cosine_min no variant can fall below
         cosine[metrics.nonfinite_rows(reference)] = np.nan
-        matches = neighbours.nearest_neighbour_matches(reference, outputs)
-        return EmbeddingRows(np.asarray(outputs), np.asarray(reference), cosine, matches)
+        count = np.asarray(outputs).shape[0]
+        strata = np.zeros(count, dtype=np.int64) if self.strata is None else self.strata
+        if strata.shape != (count,):
+            raise QbenchError(f"slices cover {strata.shape[0]} rows, the outputs {count}")
+        queries = None if self.nn_queries is None else neighbours.query_sample(strata, self.nn_queries, NN_SEED)
+        matches = neighbours.nearest_neighbour_matches(reference, outputs, queries)
+        queried = None
+        if queries is not None:
+            queried = np.zeros(count, dtype=bool)
+            queried[queries] = True
+        return EmbeddingRows(np.asarray(outputs), np.asarray(reference), cosine, matches, queried)
 
     def qat_loss(self, kind: str, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         import torch.nn.functional as F

@@ -175,6 +175,9 @@ def evaluate_accuracy(
             raise QbenchError(f"output {name!r} has {values.shape[0]} rows, the others {rows}")
         rows = values.shape[0]
         own_labels = _checked_labels(labels, rows)
+        if not parts:
+            masks = _checked_masks(slices, rows)
+            judge = judge.for_slices(masks)
         row_bad, reference_bad = _nonfinite_rows(values), _nonfinite_rows(reference)
         row_new = row_bad & ~reference_bad
         nonfinite_reference = reference_bad if not parts else nonfinite_reference | reference_bad
@@ -184,7 +187,6 @@ def evaluate_accuracy(
         summary = None if judge.together else judge.rows(values, reference, own_labels,
                                                          probabilities=(probabilities or {}).get(name))  # fmt: skip
         parts[name] = _OutputRows(prefix, summary, values, reference, own_labels, reference_bad)
-    masks = _checked_masks(slices, rows)
     labels = _checked_labels(labels, rows)
     joint_parts: list[_OutputRows] = []
     if judge.together:

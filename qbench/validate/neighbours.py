@@ -4,7 +4,8 @@ O(rows² x features) by definition (every row is compared with every row), so it
 the similarities are computed a block of rows at a time, each block at most SIMILARITY_BLOCK_ELEMENTS similarities
 (a fixed amount of memory at any row count, where a fixed 512 rows a block grew with the rows: 512 x a million
 float64 similarities is 4 GB, a few of them at once); FP32 compared with itself computes them once. Time still
-grows with rows²: README's "What qbench itself costs" gives figures.
+grows with rows²: README's "What qbench itself costs" gives figures. Past a bound, `query_sample` picks the rows
+whose neighbours are searched (each still among all rows), so time grows with queries x rows: linear in the rows.
 """
 
 from __future__ import annotations
@@ -38,16 +39,32 @@ def _unit_rows(embeddings: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return unit, finite
 
 
-def _similarities(unit: np.ndarray, finite: np.ndarray, block: slice) -> np.ndarray:
-    """Cosine similarity of the rows of `block` with every row; -inf with themselves and with rows holding NaN/inf."""
-    similarity = unit[block] @ unit.T
+def _similarities(unit: np.ndarray, finite: np.ndarray, rows: slice | np.ndarray) -> np.ndarray:
+    """Cosine similarity of `rows` (a slice or row numbers) with every row; -inf with themselves and with rows
+    holding NaN/inf."""
+    similarity = unit[rows] @ unit.T
     if not finite.all():
         similarity[:, ~finite] = -np.inf
-    similarity[np.arange(block.stop - block.start), np.arange(block.start, block.stop)] = -np.inf
+    similarity[np.arange(similarity.shape[0]), np.arange(unit.shape[0])[rows]] = -np.inf
     return similarity
 
 
-def nearest_neighbour_matches(reference: np.ndarray, outputs: np.ndarray) -> np.ndarray:
+def query_sample(strata: np.ndarray, bound: int, seed: int = 0) -> np.ndarray | None:
+    """Sorted row numbers of at most `bound` query rows drawn from `strata` (each row's stratum id), or None when
+    every row fits (all rows are queried). Every row has the same chance, bound / rows, so a share over the sampled
+    rows estimates the share over all rows without bias; each stratum keeps its share of the sample (the floor or
+    the ceiling of it): the rows are ordered stratum by stratum, shuffled within each (seeded), and every
+    (rows / bound)-th is taken from a seeded random start (systematic sampling)."""
+    count = strata.shape[0]
+    if count <= bound:
+        return None
+    rng = np.random.default_rng(seed)
+    order = np.lexsort((rng.random(count), strata))
+    picks = np.floor(rng.random() + np.arange(bound) * (count / bound)).astype(np.int64)
+    return np.sort(order[np.minimum(picks, count - 1)])
+
+
+def nearest_neighbour_matches(reference: np.ndarray, outputs: np.ndarray, queries: np.ndarray | None = None) -> np.ndarray:
     """Per row: 1.0 if every row nearest to it under `outputs` is one of its nearest rows under `reference`, else 0.0.
 
     A row's nearest rows are the others whose cosine similarity with it is within NEIGHBOUR_TIE of the highest: tied
@@ -57,6 +74,8 @@ def nearest_neighbour_matches(reference: np.ndarray, outputs: np.ndarray) -> np.
     NaN/inf is no one's neighbour and has none: it never matches (a miss for every result, the reference's own too),
     nor does a row with no finite other row. Fewer than two rows give NaN (no neighbours exist). Costs two
     rows x rows similarity products (one when `outputs` equals `reference`), computed in blocks of rows.
+    `queries` (sorted row numbers, `query_sample`): only those rows are scored, each against every row (costs queries
+    x rows); the others are NaN.
     """
     reference, outputs = np.asarray(reference), np.asarray(outputs)
     if reference.shape != outputs.shape:
@@ -69,16 +88,21 @@ def nearest_neighbour_matches(reference: np.ndarray, outputs: np.ndarray) -> np.
     (ref_unit, ref_finite), (out_unit, out_finite) = _unit_rows(reference), _unit_rows(outputs)
     same = np.array_equal(ref_unit, out_unit) and np.array_equal(ref_finite, out_finite)
     matches = np.zeros(count, dtype=np.float64)
-    for block in row_blocks(count, count, SIMILARITY_BLOCK_ELEMENTS):
-        expected = _similarities(ref_unit, ref_finite, block)
-        found = expected if same else _similarities(out_unit, out_finite, block)
+    for block in row_blocks(count if queries is None else queries.size, count, SIMILARITY_BLOCK_ELEMENTS):
+        rows = block if queries is None else queries[block]
+        expected = _similarities(ref_unit, ref_finite, rows)
+        found = expected if same else _similarities(out_unit, out_finite, rows)
         best_expected, best_found = expected.max(axis=1), found.max(axis=1)
         nearest_found = found >= (best_found - NEIGHBOUR_TIE)[:, None]
         # the lowest reference similarity among the outputs' nearest rows: within the tie of the reference's best?
         worst = np.where(nearest_found, expected, np.inf).min(axis=1)
         agree = (worst >= best_expected - NEIGHBOUR_TIE) & np.isfinite(best_expected) & np.isfinite(best_found)
-        matches[block] = agree
+        matches[rows] = agree
     matches[~(ref_finite & out_finite)] = 0.0
+    if queries is not None:
+        unscored = np.ones(count, dtype=bool)
+        unscored[queries] = False
+        matches[unscored] = math.nan
     return matches
 
 
