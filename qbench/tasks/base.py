@@ -101,6 +101,22 @@ class Task(ABC):
             raise QbenchError(f"{sorted(options)[0]}: task {self.name!r} takes no options")
         return self
 
+    def whole_number_option(
+        self, options: Mapping[str, Any], name: str, default: int, *, minimum: int, unit: str, null: str = ""
+    ) -> int | None:
+        """The task's one option `name` from `options` (`default` when absent): a whole number >= `minimum`, or null
+        where `null` says what null means; QbenchError starting with the option otherwise, or with one it lacks."""
+        unknown = sorted(set(options) - {name})
+        if unknown:
+            raise QbenchError(f"{unknown[0]}: not an option of task {self.name!r}; expected {name}")
+        value = options.get(name, default)
+        if value is None and null:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            also = f", or null for {null}" if null else ""
+            raise QbenchError(f"{name}: got {value!r}, expected a whole number of {unit} >= {minimum}{also}")
+        return value
+
     def for_slices(self, slices: Mapping[str, np.ndarray]) -> Task:
         """This task for an evaluation whose slices are `slices` (name -> boolean mask over the rows), for a task
         whose per-row figures depend on them (embedding: which rows are sampled as queries); by default itself."""

@@ -83,13 +83,8 @@ class Embedding(Task):
         self.strata = strata
 
     def configured(self, options: Mapping[str, Any]) -> Embedding:
-        unknown = sorted(set(options) - {"nn_queries"})
-        if unknown:
-            raise QbenchError(f"{unknown[0]}: not an option of task 'embedding'; expected nn_queries")
-        value = options.get("nn_queries", NN_QUERIES)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 2):
-            raise QbenchError(f"nn_queries: got {value!r}, expected a whole number of rows >= 2, or null for every row")
-        return Embedding(value, self.strata)
+        queries = self.whole_number_option(options, "nn_queries", NN_QUERIES, minimum=2, unit="rows", null="every row")
+        return Embedding(queries, self.strata)
 
     def for_slices(self, slices: Mapping[str, np.ndarray]) -> Embedding:
         """Rows in the same slices form a stratum (every slice is a union of strata, also with overlapping slices)."""

@@ -133,13 +133,9 @@ class Span(Task):
         self.max_answer_tokens = max_answer_tokens
 
     def configured(self, options: Mapping[str, Any]) -> Span:
-        unknown = sorted(set(options) - {"max_answer_tokens"})
-        if unknown:
-            raise QbenchError(f"{unknown[0]}: not an option of task 'span'; expected max_answer_tokens")
-        value = options.get("max_answer_tokens", MAX_ANSWER_TOKENS)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise QbenchError(f"max_answer_tokens: got {value!r}, expected a whole number of tokens >= 1")
-        return Span(value)
+        longest = self.whole_number_option(options, "max_answer_tokens", MAX_ANSWER_TOKENS, minimum=1, unit="tokens")
+        assert longest is not None  # no null: every span has a longest answer
+        return Span(longest)
 
     def labels_from_values(self, values: Sequence[Any], positions: np.ndarray) -> np.ndarray:
         cells = [list(v) if isinstance(v, (list, tuple, np.ndarray)) else None for v in values]
