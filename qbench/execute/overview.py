@@ -12,7 +12,7 @@ from typing import Any
 from qbench.errors import QbenchError
 from qbench.execute.plan import SweepPlan, make_plan
 from qbench.execute.records import read_records
-from qbench.execute.resume import Decision, decide_build, decide_measure, resume_target
+from qbench.execute.resume import Decision, decide_build, decide_measure, resume_target, runs_onnx_file
 from qbench.execute.store import BuildStore, build_environment, built_from_manifest
 from qbench.provenance import input_digests, model_sha256
 from qbench.recipe import Recipe
@@ -65,7 +65,7 @@ def plan_overview(recipe: Recipe, store: BuildStore, *, rerun_failed: bool = Fal
             build, built_sha256 = builds[job.variant]
             decision = decide_measure(record, name, build=build, built_sha256=built_sha256,
                                       needs_outputs=job.id == f"measure:{plan.reference}@{plan.backends[0]}",
-                                      rerun_failed=rerun_failed)  # fmt: skip
+                                      rerun_failed=rerun_failed, ran_file=runs_onnx_file(str(job.backend)))  # fmt: skip
         after = ", ".join(job.after) if job.after else "—"
         rows.append(PlanRow(job.id, job.needs.describe(), after, decision))
     executor = recipe.executor.kind + (f" ({recipe.executor.address})" if recipe.executor.address else "")

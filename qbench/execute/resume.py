@@ -26,6 +26,16 @@ from qbench.execute.records import JobRecord, failed_jobs, finished_run, read_re
 REUSE, RERUN, NEW = "reuse", "re-run", "new"
 
 
+def runs_onnx_file(backend: str) -> bool:
+    """Whether `backend` runs a variant's ONNX file (its results record the file's digest), not its torch module
+    (whose results record the module's): `decide_measure`'s `ran_file`, for the plan and the resume alike."""
+    from qbench.backends import get_backend
+    from qbench.backends.base import form_run_by
+    from qbench.variants.base import ONNX
+
+    return form_run_by(get_backend(backend)) == ONNX
+
+
 @dataclass(frozen=True)
 class Decision:
     action: str  # REUSE, RERUN or NEW

@@ -24,8 +24,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
-from qbench.backends import get_backend
-from qbench.backends.base import form_run_by
 from qbench.execute.executors import BuildWork, Executor, JobDone, MeasureWork, Work
 from qbench.execute.jobs import (
     BuildOutput,
@@ -38,7 +36,7 @@ from qbench.execute.jobs import (
 )
 from qbench.execute.plan import Job, SweepPlan
 from qbench.execute.records import read_records, record_build, record_measure
-from qbench.execute.resume import Decision, decide_build, decide_measure
+from qbench.execute.resume import Decision, decide_build, decide_measure, runs_onnx_file
 from qbench.execute.store import BuildStore, build_environment, built_from_manifest
 from qbench.preflight import Prepared
 from qbench.provenance import model_sha256
@@ -46,7 +44,7 @@ from qbench.results import AccuracyResult, VariantResult
 from qbench.results_search import SearchReport, search_from_dict
 from qbench.runs import describe_run, run_folder_writes
 from qbench.validate.measure import PhaseClock, failed_result
-from qbench.variants.base import ONNX, BuiltVariant
+from qbench.variants.base import BuiltVariant
 
 logger = logging.getLogger(__name__)
 
@@ -334,7 +332,7 @@ class Scheduler:
                 reused += decision.reused
                 continue
             built = self.state.built.get(job.variant)
-            ran_file = form_run_by(get_backend(str(job.backend))) == ONNX
+            ran_file = runs_onnx_file(str(job.backend))
             decision = decide_measure(record, name, build=builds[job.variant],
                                       built_sha256=model_sha256(built.onnx_path) if built is not None else None,
                                       needs_outputs=job.id == self.reference_job, rerun_failed=rerun_failed,

@@ -4,7 +4,7 @@ a torch backend's result, which records its module's digest, not the file's."""
 from __future__ import annotations
 
 from qbench.execute.records import JobRecord
-from qbench.execute.resume import NEW, RERUN, REUSE, Decision, decide_build, decide_measure
+from qbench.execute.resume import NEW, RERUN, REUSE, Decision, decide_build, decide_measure, runs_onnx_file
 from qbench.results import VariantResult
 
 FAILED_BUILD = JobRecord("build:fp16", attempts=1, error="ValueError: the converter refused node 'mm'")
@@ -44,3 +44,7 @@ def test_a_result_of_the_file_with_another_digest_is_measured_again():
     reused = Decision(REUSE, "stored")
     decision = decide_measure(_record("b" * 64), "run", build=reused, built_sha256=BUILT, needs_outputs=False)
     assert decision.action == RERUN and "another build" in decision.why
+
+
+def test_the_plan_and_the_resume_tell_a_torch_backends_results_by_the_backend_that_ran_them():
+    assert runs_onnx_file("onnxruntime-cpu") and not runs_onnx_file("torch-cpu")
