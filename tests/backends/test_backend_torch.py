@@ -6,7 +6,6 @@ failures print the measured value.
 
 from __future__ import annotations
 
-import copy
 import shutil
 import warnings
 from dataclasses import dataclass, replace
@@ -17,6 +16,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
+from module_source import ModuleSource
 from torch import nn
 
 from qbench.backends import get_backend
@@ -64,15 +64,11 @@ class ConvOnly(nn.Module):
 
 
 @dataclass
-class FakeTorchModel:
-    """What qbench.sources.torch_model.TorchModel offers the torch forms: a fresh module per build()."""
+class FakeTorchModel(ModuleSource):
+    """What qbench.sources.torch_model.TorchModel offers the torch forms: a fresh module per build(), its names."""
 
-    template: nn.Module
     input_names: tuple[str, ...] = tuple(INPUT_NAMES)
     output_names: tuple[str, ...] = tuple(OUTPUT_NAMES)
-
-    def build(self) -> nn.Module:
-        return copy.deepcopy(self.template)
 
     def example_inputs(self) -> tuple[torch.Tensor, ...]:
         return torch.zeros(2, 8), torch.zeros(2, 4, dtype=torch.int64)

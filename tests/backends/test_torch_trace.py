@@ -3,13 +3,12 @@ describes it: the narrow type, mixed precision where forward() casts to float32,
 
 from __future__ import annotations
 
-import copy
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from module_source import ModuleSource
 from torch import nn
 
 from qbench.backends.base import RunOptions
@@ -61,14 +60,6 @@ class WeightsAsBuffers(nn.Module):
         return x * self.scale + self.shift
 
 
-@dataclass
-class Source:
-    template: nn.Module
-
-    def build(self) -> nn.Module:
-        return copy.deepcopy(self.template)
-
-
 @pytest.fixture(scope="module")
 def onnx_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Any graph with one input named `x`: the runner reads the argument order from it."""
@@ -81,7 +72,7 @@ def onnx_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _describe(onnx_path: Path, module: nn.Module, precision: str) -> tuple[np.ndarray, dict]:
     torch.manual_seed(0)
     spec = VariantSpec(name=precision, precision=precision)
-    variant = attach_torch_form(BuiltVariant(precision, precision, onnx_path), spec, Source(module.eval()))
+    variant = attach_torch_form(BuiltVariant(precision, precision, onnx_path), spec, ModuleSource(module.eval()))
     runner = TorchCPU().load(variant, RunOptions(threads=1))
     try:
         outputs = runner.run({"x": np.random.default_rng(0).standard_normal((16, FEATURES)).astype(np.float32)})

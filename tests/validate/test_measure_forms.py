@@ -3,11 +3,9 @@ notes on ONNX Runtime, the torch form's (and what torch itself saw compute) on t
 
 from __future__ import annotations
 
-import copy
-from dataclasses import dataclass
-
 import pytest
 import torch
+from module_source import ModuleSource
 from test_explain import INT8, WIDTH, write_fragile_project
 from torch import nn
 
@@ -36,16 +34,6 @@ class LinearThenMatmul(nn.Module):
         return torch.matmul(torch.relu(self.fc(x)), self.out)
 
 
-@dataclass
-class Source:
-    """What the torch forms need of the recipe's PyTorch source: a fresh module per build()."""
-
-    template: nn.Module
-
-    def build(self) -> nn.Module:
-        return copy.deepcopy(self.template)
-
-
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     return prepare(load_recipe(write_fragile_project(tmp_path_factory.mktemp("forms"), [INT8])), track=False)
@@ -53,7 +41,7 @@ def prepared(tmp_path_factory):
 
 def _built(prepared, tmp_path, spec: VariantSpec):
     built = build_variant(spec, BuildContext(prepared.source.onnx_path, tmp_path, prepared.calibration_batches))
-    return attach_torch_form(built, spec, Source(LinearThenMatmul().eval()))
+    return attach_torch_form(built, spec, ModuleSource(LinearThenMatmul().eval()))
 
 
 def test_the_bf16_rounding_graphs_emulation_is_not_said_of_the_torch_module(prepared, tmp_path):
@@ -125,7 +113,7 @@ class CastsToFloat(nn.Module):
 def test_a_half_variant_none_of_whose_ops_ran_in_its_type_is_not_native(prepared, tmp_path):
     spec = VariantSpec(name="fp16", precision="fp16")
     built = build_variant(spec, BuildContext(prepared.source.onnx_path, tmp_path, prepared.calibration_batches))
-    built = attach_torch_form(built, spec, Source(CastsToFloat().eval()))
+    built = attach_torch_form(built, spec, ModuleSource(CastsToFloat().eval()))
     result = measure(get_backend("torch-cpu"), built, prepared, quiet=True).result
     assert result.status == "ok" and result.params["runtime.lowered_ops"] == 0
     assert "no op computed in float16" in result.params["runtime.kernels"]
