@@ -48,7 +48,10 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _version(package: str) -> str | None:
+@functools.cache
+def package_version(package: str) -> str | None:
+    """The installed distribution's version (None: not installed), read once per process: a lookup scans every
+    folder on sys.path, and a package upgraded under a running process is not the one it has imported."""
     try:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
@@ -64,9 +67,9 @@ def describe_environment() -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "cpu_flags": sorted(f for f in _CPU_FLAGS_OF_INTEREST if f in cpu_flags()),
         "packages": {
-            p: _version(p)
+            p: package_version(p)
             for p in ("qbench", "onnx", "onnxruntime", "onnxruntime-gpu", "numpy", "mlflow", "torch", "nvidia-modelopt")
-            if _version(p)
+            if package_version(p)
         },
     }
 

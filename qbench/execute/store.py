@@ -25,7 +25,6 @@ import secrets
 import shutil
 import time
 from contextlib import AbstractContextManager, suppress
-from importlib import metadata
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -316,21 +315,10 @@ def _manifest_text(manifest: dict[str, Any]) -> str:
 
 def build_environment() -> dict[str, str]:
     """What a build's bytes may depend on beyond its inputs: package versions and the CPU's INT8 kind."""
-    from qbench.environment import needs_reduce_range
+    from qbench.environment import needs_reduce_range, package_version
 
-    versions = {}
-    for package in (
-        "qbench",
-        "onnx",
-        "onnxruntime",
-        "torch",
-        "torchao",
-        "nvidia-modelopt",
-    ):
-        try:
-            versions[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            versions[package] = "absent"
+    versions = {package: package_version(package) or "absent"
+                for package in ("qbench", "onnx", "onnxruntime", "torch", "torchao", "nvidia-modelopt")}  # fmt: skip
     return {
         **versions,
         "machine": platform.machine(),
