@@ -234,12 +234,17 @@ def preprocess_model(model: onnx.ModelProto, directory: Path) -> tuple[Path, str
     ORT's graph optimiser step is skipped on purpose: it fuses and renames nodes
     (MatMul + Add -> Gemm), so `exclude_nodes` and `op_types` would no longer mean the
     graph the user wrote them for; ORT applies its fusions when it loads the model anyway.
-    Symbolic shape inference fails on some graphs; ONNX shape inference still runs then.
-    Stale value_info (dynamo exports, pitfall 8) is dropped from `model` first (in place):
-    shape inference recomputes it.
+    Symbolic shape inference runs only where ONNX's own leaves a tensor untyped (`typed_by_onnx_inference`), and
+    fails on some graphs; ONNX shape inference still runs then. Stale value_info (dynamo exports, pitfall 8) is
+    dropped from `model` first (in place): shape inference recomputes it.
     """
     del model.graph.value_info[:]
     path = directory / "preprocessed.onnx"
+    inferred = typed_by_onnx_inference(model)
+    if inferred is not None:
+        quant_pre_process(inferred, path, skip_optimization=True, skip_onnx_shape=True, skip_symbolic_shape=True)
+        done = "ONNX shape inference (it typed every tensor: no symbolic shape inference needed; no graph optimisation)"
+        return path, done + _declare_runtime_float_types(path)
     try:
         quant_pre_process(model, path, skip_optimization=True)
         done = "symbolic and ONNX shape inference (no graph optimisation)"
@@ -247,6 +252,35 @@ def preprocess_model(model: onnx.ModelProto, directory: Path) -> tuple[Path, str
         quant_pre_process(model, path, skip_optimization=True, skip_symbolic_shape=True)
         done = "ONNX shape inference (symbolic shape inference failed; no graph optimisation)"
     return path, done + _declare_runtime_float_types(path)
+
+
+def typed_by_onnx_inference(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    """`model` after ONNX's own shape inference when that gives every node output an element type and a rank, in a
+    graph of standard operators without subgraphs; else None. ONNX Runtime's symbolic shape inference would add
+    nothing its quantizers read there (they look tensors' types up; weights' shapes are their initializers'), and it
+    costs its imports (sympy, and torch where installed: seconds in a fresh process) and a pass in Python over every
+    node. Contrib operators (no ONNX schema), If/Loop/Scan bodies, local functions and models ONNX cannot infer in
+    memory (over 2 GB) keep the symbolic pass."""
+    graph = model.graph
+    if model.functions or any(node.domain not in ("", "ai.onnx") for node in graph.node):
+        return None
+    if any(attribute.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+           for node in graph.node for attribute in node.attribute):  # fmt: skip
+        return None
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - ONNX's checker raises several types (and refuses protos over 2 GB)
+        return None
+    known = {value.name: value.type for value in (*inferred.graph.input, *inferred.graph.output,
+                                                  *inferred.graph.value_info)}  # fmt: skip
+    for node in inferred.graph.node:
+        for name in filter(None, node.output):
+            kind = known.get(name)
+            if kind is None or kind.WhichOneof("value") != "tensor_type":
+                return None
+            if kind.tensor_type.elem_type == onnx.TensorProto.UNDEFINED or not kind.tensor_type.HasField("shape"):
+                return None
+    return inferred
 
 
 def _declare_runtime_float_types(path: Path) -> str:

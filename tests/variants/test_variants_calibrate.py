@@ -102,3 +102,83 @@ def test_settings_resolve_defaults_and_report_only_what_the_method_uses():
     assert settings(spec, None).params()["percentile"] == 99.9
     minmax = settings(VariantSpec(name="m", precision="int8", calibrator="minmax"), None)
     assert set(minmax.params()) == {"calibrator", "calibration_symmetric"}
+
+
+# -- pre-processing: symbolic shape inference only where ONNX's own leaves a tensor untyped -------------------------
+
+
+def _quantized(model_path: Path, workdir: Path, monkeypatch: pytest.MonkeyPatch, *, symbolic: bool):
+    """(nodes, initializer bytes) of ORT's dynamic INT8 of `model_path` after qbench's pre-processing."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from qbench.variants import calibrate
+
+    if symbolic:
+        monkeypatch.setattr(calibrate, "typed_by_onnx_inference", lambda model: None)
+    workdir.mkdir()
+    path, done = calibrate.preprocess_model(onnx.load(str(model_path)), workdir)
+    monkeypatch.undo()
+    quantize_dynamic(str(path), str(workdir / "int8.onnx"), weight_type=QuantType.QInt8)
+    quantized = onnx.load(str(workdir / "int8.onnx"))
+    nodes = [(n.op_type, tuple(n.input), tuple(n.output)) for n in quantized.graph.node]
+    weights = {t.name: onnx.numpy_helper.to_array(t).tobytes() for t in quantized.graph.initializer}
+    return done, nodes, weights
+
+
+def test_a_graph_onnx_types_fully_skips_the_symbolic_pass_and_quantizes_the_same(mlp, tmp_path, monkeypatch):
+    import onnx
+
+    from qbench.variants.calibrate import typed_by_onnx_inference
+
+    assert typed_by_onnx_inference(onnx.load(str(mlp.path))) is not None
+    done, nodes, weights = _quantized(mlp.path, tmp_path / "onnx", monkeypatch, symbolic=False)
+    symbolic_done, symbolic_nodes, symbolic_weights = _quantized(mlp.path, tmp_path / "sym", monkeypatch, symbolic=True)
+    assert "no symbolic shape inference needed" in done and symbolic_done.startswith("symbolic")
+    assert any(op == "MatMulInteger" for op, _, _ in nodes)
+    assert (nodes, weights) == (symbolic_nodes, symbolic_weights)
+
+
+def test_untyped_tensors_contrib_ops_and_subgraphs_keep_the_symbolic_pass(graph, tmp_path):
+    import onnx
+    from onnx import TensorProto
+
+    from qbench.variants.calibrate import typed_by_onnx_inference
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    shape = helper.make_tensor_value_info("shape", TensorProto.INT64, ["rank"])  # its length: known only at run time
+    reshaped = helper.make_model(helper.make_graph([helper.make_node("Reshape", ["x", "shape"], ["y"])], "g",
+                                                   [x, shape], [y]))  # fmt: skip
+    assert typed_by_onnx_inference(reshaped) is None
+    fused = helper.make_model(helper.make_graph([helper.make_node("FusedGemm", ["x", "x"], ["y"], domain="com.microsoft")],
+                                                "g", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])  # fmt: skip
+    assert typed_by_onnx_inference(fused) is None
+    branch = helper.make_graph([helper.make_node("Identity", ["x"], ["z"])], "b", [],
+                               [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["batch", 4])])  # fmt: skip
+    cond = helper.make_tensor_value_info("c", TensorProto.BOOL, [])
+    branched = helper.make_model(helper.make_graph(
+        [helper.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=branch)], "g", [x, cond], [y]))  # fmt: skip
+    assert typed_by_onnx_inference(branched) is None
+    assert isinstance(typed_by_onnx_inference(onnx.load(str(_plain_matmul(graph, tmp_path)))), onnx.ModelProto)
+
+
+def _plain_matmul(graph, tmp_path: Path) -> Path:
+    rng = np.random.default_rng(0)
+    return graph(tmp_path / "mm.onnx", [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+                 {"w": rng.normal(size=(4, 4)).astype(np.float32)}, {"x": 4}, {"y": 4})  # fmt: skip
+
+
+def test_pre_processing_a_fully_typed_graph_imports_no_sympy(graph, tmp_path):
+    """ONNX Runtime's symbolic shape inference imports sympy (and torch, where installed): seconds of a `qbench
+    sweep` process that builds INT8 of an ONNX model that never needed it."""
+    import subprocess
+    import sys
+
+    model = _plain_matmul(graph, tmp_path)
+    code = ("import sys, onnx\nfrom pathlib import Path\nfrom qbench.variants.calibrate import preprocess_model\n"
+            f"preprocess_model(onnx.load({str(model)!r}), Path({str(tmp_path)!r}))\n"
+            "print(sorted(m for m in ('sympy', 'torch') if m in sys.modules))")  # fmt: skip
+    output = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    assert output.strip().splitlines()[-1] == "[]"
