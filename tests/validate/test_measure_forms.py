@@ -149,3 +149,16 @@ def built_reason(spec: VariantSpec) -> str:
     reason = torch_form_for(spec, None)
     assert isinstance(reason, str)
     return reason
+
+
+def test_a_variant_without_a_torch_form_keeps_the_forms_its_builder_marked(tmp_path):
+    """No torch form: the graph's params are the graph's, the reason the torch backends', and a param its builder
+    already marked as its module's (a read-back QAT build's training) stays so."""
+    from qbench.variants.base import TORCH, BuiltVariant
+    from qbench.variants.torch_forms import TORCH_UNAVAILABLE
+
+    spec = VariantSpec(name="static", precision="int8", calibrator="minmax")
+    built = BuiltVariant("static", "int8", tmp_path / "m.onnx", params={"opset": 17, "qat.epochs": 3},
+                         param_forms={"qat.epochs": TORCH})  # fmt: skip
+    on_torch = attach_torch_form(built, spec, ModuleSource(LinearThenMatmul())).as_run_in(TORCH)
+    assert set(on_torch.params) == {"qat.epochs", TORCH_UNAVAILABLE}
