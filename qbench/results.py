@@ -38,7 +38,7 @@ from typing import Any
 import qbench
 from qbench.errors import QbenchError, short_repr
 from qbench.files import write_atomically
-from qbench.results_fields import known_fields
+from qbench.results_fields import checked_params, known_fields
 from qbench.results_ranges import ClipRecord as ClipRecord
 from qbench.results_ranges import CoverageWarning as CoverageWarning
 from qbench.results_ranges import LimitCheck as LimitCheck
@@ -385,7 +385,7 @@ def variant_from_dict(v: dict[str, Any], where: str = "variant") -> VariantResul
         backend=v["backend"],
         precision=v["precision"],
         status=v["status"],
-        params=v.get("params", {}),
+        params=checked_params(v.get("params", {}), f"{where}.params"),
         error=v.get("error"),
         model_path=v.get("model_path"),
         model_bytes=v.get("model_bytes"),

@@ -42,6 +42,29 @@ def known_fields(raw: Any, cls: type, where: str, *, extra: tuple[str, ...] = ()
     return raw
 
 
+# The params the gate and the report read, by key, with the type each must hold: `params` is free-form (every builder
+# and backend records its own), but a value of the wrong type here would be misread, not refused (a count of integer
+# kernels written as "0" is no 0: the gate would not say that the variant computes in FP32).
+READ_PARAMS: dict[str, Any] = {
+    "quantized_nodes": int, "quantized_linears": int, "runtime.lowered_ops": int,  # variants.base.lowered_nothing
+    "integer_kernels_of": str, "identical_to": str, "search.chosen_on": str,  # the gate's "computes in FP32" and
+    "runtime.kernels": str, "runtime.graph_optimization_level": str,  # selection notes; the report's kernels, options
+}  # fmt: skip
+
+
+def checked_params(raw: Any, where: str) -> dict[str, Any]:
+    """`raw`, a result's params at `where`, once it is a JSON object and each of READ_PARAMS it holds has its type."""
+    if not isinstance(raw, dict):
+        raise QbenchError(f"{where}: got {short_repr(raw)}, expected a JSON object")
+    for key, hint in READ_PARAMS.items():
+        if key not in raw:
+            continue
+        if hint is str and not isinstance(raw[key], str):
+            raise QbenchError(f"{where}.{key}: got {short_repr(raw[key])}, expected a string")
+        _check(raw[key], hint, f"{where}.{key}")
+    return raw
+
+
 @functools.cache
 def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
+from qbench.backends import get_backend
 from qbench.execute.executors import BuildWork, Executor, JobDone, MeasureWork, Work
 from qbench.execute.jobs import (
     BuildOutput,
@@ -217,7 +218,8 @@ class Scheduler:
                 self._built(job, BuildOutput(job.variant, None, error, environment=error))
             else:
                 assert isinstance(work, MeasureWork)
-                self._measured(job, failed_result(work.built, work.backend, error), None, environment=error)
+                result = failed_result(work.built, get_backend(work.backend), error)
+                self._measured(job, result, None, environment=error)
             return
         self.clock.merge(done.output.seconds)
         if done.output.span is not None:

@@ -42,6 +42,7 @@ from qbench.validate.latency import (
     measure_samples,
 )
 from qbench.variants import BuiltVariant
+from qbench.variants.base import ONNX
 
 logger = logging.getLogger(__name__)
 
@@ -165,7 +166,7 @@ def measure(
     if unsupported:
         if not quiet:
             logger.info("  %s: skipped (%s)", backend.name, unsupported)
-        return Measured(failed_result(built, backend.name, unsupported, status="skipped"), None)
+        return Measured(failed_result(built, backend, unsupported, status="skipped"), None)
     label = f"{built.name}@{backend.name}"
     threads = timing.threads if timing is not None else prepared.recipe.latency.threads
     fixed = prepared.batch
@@ -265,7 +266,7 @@ def _failed(built: BuiltVariant, backend: Backend, error: str, *, quiet: bool) -
     """`built` failed on `backend`: the failed result, said in the log unless `quiet`."""
     if not quiet:
         logger.error("  %s failed: %s", backend.name, error)
-    return Measured(failed_result(built, backend.name, error), None)
+    return Measured(failed_result(built, backend, error), None)
 
 
 def _batch_dependence(built: BuiltVariant, rows: Rows, timing: LatencySpec | None) -> tuple[str, ...]:
@@ -330,12 +331,16 @@ def output_nsr(reference: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -
     return noise / signal if signal > 0 else (0.0 if noise == 0 else math.inf)
 
 
-def failed_result(built: BuiltVariant, backend: str, error: str, status: str = "failed") -> VariantResult:
-    """A built variant that did not run on `backend`: failed, or skipped (the backend cannot run it)."""
+def failed_result(built: BuiltVariant, backend: Backend, error: str, status: str = "failed") -> VariantResult:
+    """A built variant that did not run on `backend`: failed, or skipped (the backend cannot run it). Like a measured
+    result it records only the form `backend` runs: the params and notes of that form, and the ONNX file as its model
+    only when `backend` runs the file (a torch backend runs a module, which a result that did not run has none of)."""
+    form = form_run_by(backend)
+    built = built.as_run_in(form)
     return VariantResult(
-        variant=built.name, backend=backend, precision=built.precision, status=status, error=error,
-        params=dict(built.params), model_path=str(built.onnx_path), build_seconds=built.build_seconds,
-        notes=built.notes,
+        variant=built.name, backend=backend.name, precision=built.precision, status=status, error=error,
+        params=dict(built.params), model_path=str(built.onnx_path) if form == ONNX else None,
+        build_seconds=built.build_seconds, notes=built.notes,
     )  # fmt: skip
 
 

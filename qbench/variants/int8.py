@@ -11,6 +11,7 @@ ORT's u8s8 kernels can saturate (trials pitfall 2).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
@@ -65,7 +66,7 @@ from qbench.variants.onnx_utils import (
     unquantizable_nodes,
 )
 from qbench.variants.qdq_bypass import bypass_qdq
-from qbench.variants.quant_scope import preprocessing_nodes
+from qbench.variants.quant_scope import preprocessing_nodes, table_lookups
 from qbench.variants.reference import load_reference
 
 _QUANT_TYPES = {"uint8": QuantType.QUInt8, "int8": QuantType.QInt8}
@@ -154,7 +155,13 @@ def build_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         params["gemms_made_plain"] = len(plain_gemm_factors(model))  # the static quantizer misreads alpha, beta, a 2-D C
     kept_float = kept_float_nodes(model, config.keep_float)
     params.update(kept_float.params())
-    excluded = [*exclude_nodes, *kept_float.names]
+    lookups = {} if config.op_types else table_lookups(model, op_types)  # named in op_types: the recipe's choice
+    if lookups:
+        params["lookups_kept_float"] = dict(sorted(Counter(lookups.values()).items()))
+        notes.append(f"{_listed(lookups)} kept float: they only look rows up in constant tables (embeddings), which no "
+                     "integer kernel computes; 8-bit tables would round every row read and save no time (name the op "
+                     "type in op_types to quantize them)")  # fmt: skip
+    excluded = [*exclude_nodes, *kept_float.names, *lookups]
     handed = contrib_nodes(model, op_types) if dynamic else []
     if isinstance(config, OrtStatic):
         lowered = set(quantizable_nodes(model, op_types, excluded))
@@ -208,6 +215,11 @@ def _nothing_quantized(op_types: tuple[str, ...], model: onnx.ModelProto, prepro
                 "moves, selects or computes in float: no integer arithmetic)")
     return (f"nothing to quantize (every {_kinds(model, computing)} node is kept float: exclude_nodes, keep_float or "
             "preprocessing)")
+
+
+def _listed(op_types: dict[str, str]) -> str:
+    """'2 Gather, 1 EmbedLayerNormalization' of node name -> op type."""
+    return ", ".join(f"{count} {op}" for op, count in sorted(Counter(op_types.values()).items()))
 
 
 def _kinds(model: onnx.ModelProto, names: set[str]) -> str:

@@ -72,3 +72,25 @@ def preprocessing_nodes(model: onnx.ModelProto) -> list[str]:
     if any(not graph.node[i].name for i in matched):
         name_unnamed_nodes(model)
     return [graph.node[i].name for i in matched]
+
+
+# (domain, op type) -> the inputs that are tables whose rows the op reads at integer ids: an embedding `Gather`, and
+# ONNX Runtime's fused BERT embedding (its word, position and segment tables).
+_TABLE_INPUTS = {("", "Gather"): (0,), ("", "GatherElements"): (0,), ("", "GatherND"): (0,),
+                 ("com.microsoft", "EmbedLayerNormalization"): (2, 3, 4)}  # fmt: skip
+
+
+def table_lookups(model: onnx.ModelProto, op_types: tuple[str, ...]) -> dict[str, str]:
+    """Name -> op type of the main graph's `op_types` nodes that look rows up in a constant table (an embedding).
+
+    Such an op computes nothing with its table: it copies rows out. No integer kernel runs there, so quantizing the
+    table only stores it in 8 bits and rounds every row read (ONNX Runtime's dynamic quantizer does so for Gather and
+    EmbedLayerNormalization: a quarter more output error on an optimised BERT, no time saved)."""
+    constants = _constant_tensors(model.graph)
+    found = {}
+    for node in model.graph.node:
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        tables = [node.input[i] for i in _TABLE_INPUTS.get((domain, node.op_type), ()) if i < len(node.input)]
+        if node.op_type in op_types and any(table and table in constants for table in tables):
+            found[node.name] = node.op_type
+    return found

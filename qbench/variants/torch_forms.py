@@ -78,8 +78,11 @@ class TorchFormFactory:
 def attach_torch_form(built: BuiltVariant, spec: VariantSpec, torch_model: Any) -> BuiltVariant:
     """`built` with a torch module factory for its precision, or with the reason it has none."""
     form = torch_form_for(spec, torch_model)
-    if isinstance(form, str):
-        return replace(built, params={**built.params, TORCH_UNAVAILABLE: form})
+    if isinstance(form, str):  # the reason is the torch backends' (their skip); the rest is the graph's, unless marked
+        reason = {TORCH_UNAVAILABLE: form}
+        return replace(built, params={**built.params, **reason},
+                       param_forms={**_forms(built.params, reason), **built.param_forms},
+                       note_forms={**_forms(built.notes, ()), **built.note_forms})  # fmt: skip
     torch_params = {TORCH_FORM: form.description, TORCH_DEVICES: list(form.devices), TORCH_COMPILE: spec.compile}
     notes = (*built.notes, form.note) if form.note and form.note not in built.notes else built.notes  # idempotent
     return replace(

@@ -177,6 +177,10 @@ def on_variant(name: str, **fields: Any) -> Edit:
     return lambda raw: variant(raw, name).update(fields)
 
 
+def params_of(name: str, **params: Any) -> Edit:
+    return lambda raw: variant(raw, name)["params"].update(params)
+
+
 def on_scope(name: str, slice_name: str, **fields: Any) -> Edit:
     return lambda raw: scope(raw, name, slice_name).update(fields)
 
@@ -402,6 +406,11 @@ CASES = [
     pytest.param(edited(nonfinite_rows(INT8, "band=small", 3, nan_metric=True)), 1, "band=small", id="nonfinite-nan-metric-breach"),
     pytest.param(edited(metric(INT8, "overall", "0.99")), 2, "metrics.agreement: got '0.99', expected a number or null", id="metric-as-text"),
     pytest.param(edited(metric(INT8, "band=large", True)), 2, "metrics.agreement: got True, expected a number or null", id="metric-as-boolean"),
+    # params the gate reads: a value of another type would be misread (a count "0" is no 0), so it is refused
+    pytest.param(edited(params_of(INT8, quantized_nodes="0")), 2, "params.quantized_nodes: got '0', expected a whole number >= 0", id="params-count-as-text"),
+    pytest.param(edited(params_of(INT8, integer_kernels_of=[BACKEND])), 2, "params.integer_kernels_of: got ['onnxruntime-cpu'], expected a string", id="params-name-as-list"),
+    pytest.param(edited(on_variant(INT8, params=[])), 2, "params: got [], expected a JSON object", id="params-not-an-object"),
+    pytest.param(edited(params_of(INT8, quantized_nodes=0)), 0, f"{INT8}@{BACKEND} computes in fp32", id="params-count-zero"),
     # values no scope could hold: the metric's range, a share that is no whole number of the scope's rows
     pytest.param(edited(metric(INT8, "overall", 1.5)), 2, "overall: metric 'agreement' is 1.5, outside its range 0..1", id="rate-above-1"),
     pytest.param(edited(metric(INT8, "band=large", 0.987654321)), 2, "metric 'agreement' is 0.987654321, not a whole number of the scope's", id="rate-of-no-row-count"),

@@ -15,10 +15,10 @@ from qbench.backends.torch_state import module_state
 from qbench.preflight import prepare
 from qbench.provenance import model_bytes, model_sha256
 from qbench.recipe import LatencySpec, VariantSpec, load_recipe
-from qbench.validate.measure import measure
+from qbench.validate.measure import failed_result, measure
 from qbench.variants import BuildContext, build_variant
 from qbench.variants.fp16 import BF16_NOTE
-from qbench.variants.torch_forms import TORCH_FORM, attach_torch_form
+from qbench.variants.torch_forms import TORCH_FORM, attach_torch_form, torch_form_for
 
 
 class LinearThenMatmul(nn.Module):
@@ -118,3 +118,47 @@ def test_a_half_variant_none_of_whose_ops_ran_in_its_type_is_not_native(prepared
     assert result.status == "ok" and result.params["runtime.lowered_ops"] == 0
     assert "no op computed in float16" in result.params["runtime.kernels"]
     assert result.fidelity.accuracy == result.fidelity.latency == "emulated"
+
+
+class Raises(LinearThenMatmul):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("this module cannot run")
+
+
+def test_a_skipped_or_failed_torch_result_names_no_onnx_file_and_carries_only_the_torch_forms_params(prepared, tmp_path):
+    """A torch backend never runs the ONNX file: a result that did not run records no model, as one that ran records
+    the module, and none of the graph's params; the ONNX Runtime result of the same build names its file."""
+    torch_cpu, ort = get_backend("torch-cpu"), get_backend("onnxruntime-cpu")
+    static = VariantSpec(name="static", precision="int8", calibrator="minmax")  # a Q/DQ model only: no torch form, skipped
+    built = build_variant(static, BuildContext(prepared.source.onnx_path, tmp_path, prepared.calibration_batches))
+    skipped = measure(torch_cpu, attach_torch_form(built, static, ModuleSource(LinearThenMatmul())), prepared, quiet=True)
+    failing = _built(prepared, tmp_path, VariantSpec(name="bf16", precision="bf16"))
+    failing = attach_torch_form(failing, VariantSpec(name="bf16", precision="bf16"), ModuleSource(Raises().eval()))
+    failed = measure(torch_cpu, failing, prepared, quiet=True).result
+    lost = failed_result(failing, torch_cpu, "worker lost")  # the scheduler's record of a job whose worker died
+    assert (skipped.result.status, failed.status, skipped.result.error) == ("skipped", "failed", built_reason(static))
+    assert "rounded_weights" not in failed.params and "rounded_weights" not in lost.params
+    assert "quantized_nodes" not in skipped.result.params
+    for result in (skipped.result, failed, lost):
+        assert result.model_path is None and result.model_bytes is None and result.model_sha256 is None
+    on_ort = failed_result(failing, ort, "worker lost")
+    assert on_ort.model_path == str(failing.onnx_path) and "rounded_weights" in on_ort.params
+
+
+def built_reason(spec: VariantSpec) -> str:
+    reason = torch_form_for(spec, None)
+    assert isinstance(reason, str)
+    return reason
+
+
+def test_a_variant_without_a_torch_form_keeps_the_forms_its_builder_marked(tmp_path):
+    """No torch form: the graph's params are the graph's, the reason the torch backends', and a param its builder
+    already marked as its module's (a read-back QAT build's training) stays so."""
+    from qbench.variants.base import TORCH, BuiltVariant
+    from qbench.variants.torch_forms import TORCH_UNAVAILABLE
+
+    spec = VariantSpec(name="static", precision="int8", calibrator="minmax")
+    built = BuiltVariant("static", "int8", tmp_path / "m.onnx", params={"opset": 17, "qat.epochs": 3},
+                         param_forms={"qat.epochs": TORCH})  # fmt: skip
+    on_torch = attach_torch_form(built, spec, ModuleSource(LinearThenMatmul())).as_run_in(TORCH)
+    assert set(on_torch.params) == {"qat.epochs", TORCH_UNAVAILABLE}

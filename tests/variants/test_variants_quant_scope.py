@@ -7,11 +7,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from onnx import helper
 
 from qbench.recipe import VariantSpec
 from qbench.variants import BuildContext, build_variant
-from qbench.variants.quant_scope import preprocessing_nodes
+from qbench.variants.quant_scope import preprocessing_nodes, table_lookups
 from tests.variants.conftest import save_graph
 
 RNG = np.random.default_rng(0)
@@ -96,3 +97,41 @@ def test_int8_keeps_a_features_concat_float_and_the_network_quantized(tmp_path: 
     assert built.params["quantized_op_types"] == {"MatMul": 1}
     assert _accuracy_of(built.onnx_path, feeds, labels) >= 0.97
 
+
+
+def _embedding_graph(path: Path) -> Path:
+    """Token ids -> an embedding Gather (also an output: the rows it read) -> mean over tokens -> a MatMul head."""
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["rows"], name="embed"),
+             helper.make_node("ReduceMean", ["rows"], ["pooled"], axes=[1], keepdims=0, name="pool"),
+             helper.make_node("MatMul", ["pooled", "head"], ["y"], name="classify")]  # fmt: skip
+    graph = helper.make_graph(
+        nodes, "embedding", [helper.make_tensor_value_info("ids", onnx.TensorProto.INT64, ["batch", 4])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["batch", 3]),
+         helper.make_tensor_value_info("rows", onnx.TensorProto.FLOAT, ["batch", 4, 8])],
+        [onnx.numpy_helper.from_array(_weights(20, 8), "table"), onnx.numpy_helper.from_array(_weights(8, 3), "head")],
+    )  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
+    return path
+
+
+@pytest.mark.parametrize("calibrator", ["dynamic", "minmax"])
+def test_an_embedding_lookup_stays_float_unless_op_types_name_it(tmp_path, calibrator):
+    """A Gather only copies rows of its table out: no integer kernel, so by default its table stays float (the rows
+    read are FP32's exactly) and the params and a note say so; a recipe naming Gather in op_types gets it quantized."""
+    reference = _embedding_graph(tmp_path / "e.onnx")
+    ids = RNG.integers(0, 20, size=(16, 4))
+    ctx = BuildContext(reference, tmp_path / "w", [{"ids": ids}] if calibrator != "dynamic" else [])
+
+    def rows(spec: VariantSpec):
+        built = build_variant(spec, ctx)
+        session = ort.InferenceSession(str(built.onnx_path), providers=["CPUExecutionProvider"])
+        return built, session.run(["rows"], {"ids": ids})[0]
+
+    fp32 = ort.InferenceSession(str(reference), providers=["CPUExecutionProvider"]).run(["rows"], {"ids": ids})[0]
+    default, kept = rows(VariantSpec(name="default", precision="int8", calibrator=calibrator))
+    assert default.params["lookups_kept_float"] == {"Gather": 1} and default.params["quantized_nodes"] >= 1
+    assert any("1 Gather kept float" in note for note in default.notes)
+    assert np.array_equal(kept, fp32)
+    named, rounded = rows(VariantSpec(name="named", precision="int8", calibrator=calibrator, op_types=["MatMul", "Gather"]))
+    assert "lookups_kept_float" not in named.params and not np.array_equal(rounded, fp32)
+    assert table_lookups(onnx.load(str(reference)), ("MatMul",)) == {}  # only the op types asked about
