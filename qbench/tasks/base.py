@@ -185,6 +185,15 @@ class Task(ABC):
         `probabilities`: the graph makes these scores as probabilities (True) or logits (False); None when it does
         not say (TensorMeta.probabilities). Tasks that threshold scores read it; others ignore it."""
 
+    def nonfinite_rows(self, outputs: np.ndarray, labels: np.ndarray | None) -> np.ndarray:
+        """Rows whose output holds NaN/inf in a value this task's metrics read (none for integer, boolean or string
+        outputs): what a scope's NaN/inf counts, the gate's NaN/inf checks and the metrics left undefined where FP32
+        fails rest on. By default every value of the row is read."""
+        outputs = np.asarray(outputs)
+        if outputs.dtype.kind not in "fc":
+            return np.zeros(outputs.shape[0], dtype=bool)
+        return metrics.nonfinite_rows(outputs)
+
     def rows_together(
         self, outputs: Sequence[np.ndarray], reference: Sequence[np.ndarray], labels: np.ndarray | None,
         feeds: Mapping[str, np.ndarray],

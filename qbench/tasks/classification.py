@@ -35,7 +35,15 @@ from qbench.tasks.base import (
     thresholded_log_problem,
     wilson,
 )
-from qbench.tasks.tokens import TokenRows, any_token_list, check_token_labels, labels_from_lists, token_axis
+from qbench.tasks.tokens import (
+    TokenRows,
+    any_token_list,
+    check_token_labels,
+    is_token_scores,
+    labels_from_lists,
+    token_axis,
+    tokens_nonfinite_rows,
+)
 from qbench.validate import metrics
 from qbench.validate.catalogue import MetricInfo, share_of_rows
 
@@ -394,7 +402,7 @@ class Classification(Task):
             return ClassificationRows(
                 outputs, reference, labels, _class_ids(outputs), _class_ids(reference), kl=None
             )
-        if outputs.ndim == 3 and (outputs.shape[1] != 1 or (labels is not None and np.ndim(labels) == 2)):
+        if is_token_scores(outputs, labels):
             return TokenRows.of(outputs, reference, labels)
         columns = 1 if outputs.ndim == 1 else int(outputs.shape[-1])
         if labels is not None and labels.size and columns > 1 and int(labels.max()) >= columns:
@@ -407,6 +415,13 @@ class Classification(Task):
             outputs, reference, labels, predicted, reference_predicted,
             kl=metrics.kl_rows(reference, outputs, binary_probabilities if columns == 1 else None),
         )  # fmt: skip
+
+    def nonfinite_rows(self, outputs: np.ndarray, labels: np.ndarray | None) -> np.ndarray:
+        """Per token: only the scored tokens' scores count (a NaN on a padding token is read by no metric)."""
+        outputs = np.asarray(outputs)
+        if outputs.dtype.kind == "f" and is_token_scores(outputs, labels):
+            return tokens_nonfinite_rows(outputs, labels)
+        return super().nonfinite_rows(outputs, labels)
 
     def thresholds_by_scale(self, reference: np.ndarray) -> bool:
         reference = np.asarray(reference)

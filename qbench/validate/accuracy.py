@@ -58,7 +58,8 @@ class _OutputRows:
     outputs: np.ndarray
     reference: np.ndarray
     labels: np.ndarray | None
-    reference_nonfinite: np.ndarray  # rows where FP32's output has NaN/inf
+    reference_nonfinite: np.ndarray  # rows where FP32's output has NaN/inf in a value the task reads
+    reference_any_nonfinite: np.ndarray  # rows where it has NaN/inf in any value (what a custom metric may read)
 
     def summarise(self, name: str, mask: np.ndarray, custom: Sequence[CustomMetric]) -> SliceMetrics:
         own = SliceMetrics(name=name, size=int(np.count_nonzero(mask)), metrics={}) if self.summary is None else \
@@ -83,7 +84,7 @@ def _custom_value(
     where FP32 gave NaN/inf; where FP32 failed on every row of the scope there is nothing to compare (NaN)."""
     scored = mask.copy()
     for part in parts.values():
-        scored &= ~part.reference_nonfinite
+        scored &= ~part.reference_any_nonfinite
     if not scored.any() and mask.any():
         return math.nan
     if list(parts) == [""]:
@@ -178,7 +179,7 @@ def evaluate_accuracy(
         if not parts:
             masks = _checked_masks(slices, rows)
             judge = judge.for_slices(masks)
-        row_bad, reference_bad = _nonfinite_rows(values), _nonfinite_rows(reference)
+        row_bad, reference_bad = judge.nonfinite_rows(values, own_labels), judge.nonfinite_rows(reference, own_labels)
         row_new = row_bad & ~reference_bad
         nonfinite_reference = reference_bad if not parts else nonfinite_reference | reference_bad
         nonfinite = row_bad if nonfinite.size == 0 else nonfinite | row_bad
@@ -186,13 +187,15 @@ def evaluate_accuracy(
         prefix = f"{name}{OUTPUT_SEPARATOR}" if prefixed else ""
         summary = None if judge.together else judge.rows(values, reference, own_labels,
                                                          probabilities=(probabilities or {}).get(name))  # fmt: skip
-        parts[name] = _OutputRows(prefix, summary, values, reference, own_labels, reference_bad)
+        parts[name] = _OutputRows(prefix, summary, values, reference, own_labels, reference_bad,
+                                  _nonfinite_rows(reference))  # fmt: skip
     labels = _checked_labels(labels, rows)
     joint_parts: list[_OutputRows] = []
     if judge.together:
         joint_summary = judge.rows_together([p.outputs for p in parts.values()], [p.reference for p in parts.values()],
                                             labels, feeds or {})  # fmt: skip
-        joint_parts.append(_OutputRows("", joint_summary, np.zeros(0), np.zeros(0), labels, nonfinite_reference))
+        joint_parts.append(_OutputRows("", joint_summary, np.zeros(0), np.zeros(0), labels, nonfinite_reference,
+                                       nonfinite_reference))  # fmt: skip
 
     def summarise(name: str, mask: np.ndarray) -> SliceMetrics:
         merged = _merged(name, [part.summarise(name, mask, per_output) for part in parts.values()]

@@ -314,3 +314,23 @@ def test_any_token_list_answers_as_looking_at_every_cell(values) -> None:
     from qbench.tasks.tokens import any_token_list, is_token_list
 
     assert any_token_list(values) == any(is_token_list(v) for v in values)
+
+
+@pytest.mark.parametrize("side", ["fp32", "variant"])
+def test_nan_on_an_unscored_token_is_read_by_no_metric_nor_counted(side: str) -> None:
+    """A NaN/inf score on a token labelled -100 (padding) enters no figure: FP32's does not leave kl_mean and
+    max_abs_error undefined on the row's scopes, a variant's is no NaN/inf output the gate would call a breach."""
+    reference, outputs = REFERENCE.copy(), OUTPUTS.copy()
+    (reference if side == "fp32" else outputs)[1, 2] = [np.nan, np.inf, 0.0]  # row 1's unscored third token
+    result = evaluate_accuracy("classification", outputs, reference, LABELS, {"second": np.array([False, True])})
+    p, q = metrics.softmax(np.array([0.0, 1.0, 3.0])), metrics.softmax(np.array([0.0, 3.0, 1.0]))
+    for scope, kl in ((result.overall, float(np.sum(p * np.log(p / q))) / 4), (result.slice("second"), 0.0)):
+        assert scope.nonfinite_outputs == 0 and scope.new_nonfinite_outputs == 0
+        assert scope.metrics["kl_mean"] == pytest.approx(kl)
+    assert result.overall.metrics["max_abs_error"] == 2.0 and result.slice("second").metrics["max_abs_error"] == 0.0
+    assert result.overall.metrics["accuracy"] == 3 / 4 and result.nonfinite_outputs == 0
+    # on a scored token the same NaN is FP32's failure (or the variant's own) as before
+    (reference if side == "fp32" else outputs)[1, 1] = np.nan
+    failed = evaluate_accuracy("classification", outputs, reference, LABELS, {}).overall
+    assert np.isnan(failed.metrics["kl_mean"]) and np.isnan(failed.metrics["max_abs_error"])
+    assert failed.nonfinite_outputs == failed.new_nonfinite_outputs == (side == "variant")
