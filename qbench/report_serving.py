@@ -14,6 +14,7 @@ from qbench.gate import EXIT_UNUSABLE, GateCheck, GateReport, problem_owner
 from qbench.report_grid import Grid
 from qbench.results import EMULATED, SweepResults, VariantResult
 from qbench.slo import SLO_SCOPE, p99_basis
+from qbench.validate.catalogue import within
 
 _NONE = "—"
 
@@ -67,9 +68,9 @@ def _within_budget(variant: VariantResult) -> bool:
     if serving is None or serving.budget_ms is None:
         return False
     if serving.at_rate is not None:
-        return serving.at_rate.p99_ms <= serving.budget_ms and not serving.at_rate.overloaded
+        return within(serving.at_rate.p99_ms, serving.budget_ms) and not serving.at_rate.overloaded
     point = variant.latency.at(serving.batch_size) if variant.latency and serving.batch_size else None
-    return point is not None and point.p99_ms + serving.preprocess_ms_per_row * point.batch_size <= serving.budget_ms
+    return point is not None and within(point.p99_ms + serving.preprocess_ms_per_row * point.batch_size, serving.budget_ms)
 
 
 def mixed_machine_costs(results: SweepResults) -> str | None:
@@ -87,12 +88,9 @@ def mixed_machine_costs(results: SweepResults) -> str | None:
     return None
 
 
-def cheapest(results: SweepResults, gate: GateReport | None) -> Choice | None:
-    """Among variants accurate enough (the reference, or passing the accuracy gate) and within the latency
-    budget, the one with the lowest cost per million at its highest rate within budget (by that rate
-    when no price is given). None also when the costs cannot be ranked (`mixed_machine_costs`)."""
-    if mixed_machine_costs(results) is not None:
-        return None
+def _candidates(results: SweepResults, gate: GateReport | None) -> list[Choice]:
+    """The variants accurate enough (the reference, or passing the accuracy gate) and within the latency budget,
+    with their cost per million at their highest rate within budget."""
     candidates = []
     for variant in results.variants:
         if variant.status != "ok" or accuracy_verdict(results, gate, variant) not in ("reference", "pass"):
@@ -104,6 +102,25 @@ def cheapest(results: SweepResults, gate: GateReport | None) -> Choice | None:
             continue
         cost = serving.usd_per_million.get("max_rate")
         candidates.append(Choice(variant, cost if cost is not None and math.isfinite(cost) else None, serving.max_rate_rps))
+    return candidates
+
+
+def unpriced_backends(results: SweepResults, gate: GateReport | None) -> list[str]:
+    """The backends of candidates without a price when another candidate has one: a variant without a price has
+    no cost to rank, and ranking it as free would name it the cheapest whatever its machine costs."""
+    candidates = _candidates(results, gate)
+    if all(c.usd_per_million is None for c in candidates):
+        return []
+    return sorted({c.variant.backend for c in candidates if c.usd_per_million is None})
+
+
+def cheapest(results: SweepResults, gate: GateReport | None) -> Choice | None:
+    """Among variants accurate enough and within the latency budget (`_candidates`), the one with the lowest cost
+    per million at its highest rate within budget (by that rate when no price is given). None also when the costs
+    cannot be ranked (`mixed_machine_costs`, `unpriced_backends`)."""
+    if mixed_machine_costs(results) is not None or unpriced_backends(results, gate):
+        return None
+    candidates = _candidates(results, gate)
     if not candidates:
         return None
     return min(candidates, key=lambda c: (c.usd_per_million if c.usd_per_million is not None else 0.0,
@@ -144,6 +161,9 @@ def slo_lines(results: SweepResults, gate: GateReport | None) -> list[str]:
                          f"simulated {_ms(recorded)} (re-run `qbench sweep`)")  # fmt: skip
         elif (mixed := mixed_machine_costs(results)) is not None:
             lines.append(f"cheapest meeting accuracy and SLO: cannot tell: {mixed}")
+        elif unpriced := unpriced_backends(results, gate):
+            lines.append(f"cheapest meeting accuracy and SLO: cannot tell: no price for {', '.join(unpriced)} while "
+                         "other backends have one (give every backend cost.price_per_hour, or --price)")  # fmt: skip
         elif choice is None:
             lines.append("cheapest meeting accuracy and SLO: none")
         else:

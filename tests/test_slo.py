@@ -374,3 +374,33 @@ def test_a_variant_that_breaches_accuracy_is_never_the_cheapest_of_an_exit_1_gat
     gate = evaluate_gate(results, GATE, slo=SLO)
     assert gate.exit_code == EXIT_BREACH and {c.variant for c in gate.breaches} == {"int8-fast"}
     assert slo_lines(results, gate)[-1].startswith("cheapest meeting accuracy and SLO: int8-ok@onnxruntime-cpu")
+
+
+def test_a_variant_without_a_price_is_not_named_the_cheapest_beside_priced_ones():
+    """int8-ok costs $0.50 per million on onnxruntime-cpu; the same accurate, in-budget INT8 on torch-cpu has no
+    price. Ranked as $0 it would be named the cheapest whatever its machine costs: the choice cannot be told."""
+    priced = _results(int8_p99=9.0)
+    unpriced = replace(_serving(6.0, 300.0, 0.0), price_per_hour=None, usd_per_million={})
+    torch_fp32 = replace(_timed(make_variant("fp32", "fp32", backend="torch-cpu")), serving=_serving(30.0, 50.0, 2.0))
+    torch_int8 = replace(_timed(make_variant("int8-ok", "int8", backend="torch-cpu")), serving=unpriced)
+    results = replace(priced, variants=(*priced.variants, torch_fp32, torch_int8))
+    gate = evaluate_gate(results, GATE, slo=SLO)
+    assert gate.status_of("int8-ok", "torch-cpu") == "pass"
+    assert cheapest(results, gate) is None
+    assert slo_lines(results, gate)[-1] == ("cheapest meeting accuracy and SLO: cannot tell: no price for torch-cpu "
+                                            "while other backends have one (give every backend cost.price_per_hour, "
+                                            "or --price)")  # fmt: skip
+
+
+def test_a_budget_met_up_to_float_rounding_makes_a_variant_the_cheapest_as_it_passes_the_gate():
+    """Budget 1.64 ms at batch 1: p99 1.5 ms + 0.14 ms pre-processing is 1.6400000000000001 in float64, a pass for
+    the gate; the cheapest variant meeting accuracy and the SLO is then int8-fast ($0.25), not int8-ok ($0.50)."""
+    results = _results(int8_p99=9.0)
+    budget = SloSpec.model_validate({"p99_ms": 1.64, "batch_size": 1})
+    assert 1.5 + 0.14 > 1.64
+    fixed = {"budget_ms": 1.64, "batch_size": 1, "rate_rps": None, "at_rate": None, "preprocess_ms_per_row": 0.14}
+    variants = tuple(replace(v, serving=replace(v.serving, **fixed)) for v in results.variants)
+    results = replace(results, variants=variants)
+    gate = evaluate_gate(results, GATE, slo=budget)
+    assert gate.exit_code == EXIT_PASS
+    assert cheapest(results, gate).variant.variant == "int8-fast"

@@ -30,7 +30,7 @@ from pathlib import Path
 import qbench
 from qbench.errors import QbenchError, expected_one_of
 from qbench.export.pbtxt import to_pbtxt
-from qbench.export.perf_data import write_input_data
+from qbench.export.perf_data import rows_file, write_input_data
 from qbench.export.triton_config import (
     TARGETS,
     TritonTarget,
@@ -268,9 +268,11 @@ def _readme(name: str, recipe: Recipe, results: SweepResults, measured: VariantR
                   f"unless overridden) from the measured service times: p50 {at_rate.p50_ms:.3f} ms, p99 "
                   f"{at_rate.p99_ms:.3f} ms, mean batch {at_rate.mean_batch_size:.2f} over {at_rate.requests} "
                   "requests. The same load on the server:", "", "```", load, "```"]  # fmt: skip
-    lines += ["", f"`{INPUT_DATA_FILE}` holds the recipe's first evaluation rows as qbench fed them (the rows it timed), "
-              "each with its shape: perf_analyzer's default random bytes are no row of the data (an integer id of "
-              "random bytes indexes past its table, and ONNX Runtime refuses the request)."]
+    lines += ["", f"`{INPUT_DATA_FILE}` holds a seeded sample of the recipe's evaluation rows (every combination of "
+              "slices getting its share) as qbench fed them, each with its shape; "
+              f"`{rows_file(Path(INPUT_DATA_FILE)).name}` names them (data table positions). perf_analyzer's default "
+              "random bytes are no row of the data (an integer id of random bytes indexes past its table, and ONNX "
+              "Runtime refuses the request)."]
     if measured.notes:  # e.g. a dynamic INT8 variant's accuracy depends on what the dynamic batcher puts together
         lines += ["", "## Notes from the sweep", "", *(f"- {note}" for note in measured.notes)]
     return "\n".join(lines) + "\n"

@@ -21,11 +21,11 @@ gives the same figures and the queueing arithmetic can be tested against a model
 service time (`FixedServiceTime`: M/D/1 at batch size 1). What it leaves out: the request's
 own transport, and interference between requests running concurrently (one model instance).
 
-The search for the highest rate within a budget is geometric (doubling) and then bisection;
-the same unit arrival gaps and service draws are reused at every rate (common random numbers),
-so figures at neighbouring rates are comparable. With batching, p99 is not strictly monotone
-in the rate (a higher rate fills batches before the queue delay runs out), so the rate found
-is the edge of the first passing interval, to `rel_tol`.
+The search for the highest rate within a budget tries a geometric grid of rates (halving from capacity) and then
+bisects; the same unit arrival gaps and service draws are reused at every rate (common random numbers),
+so figures at neighbouring rates are comparable. With batching, p99 is not monotone in the rate (a
+higher rate fills batches before the queue delay runs out), so the rate found is the upper edge of the
+highest passing interval the grid meets, to `rel_tol`.
 """
 
 from __future__ import annotations
@@ -246,7 +246,7 @@ class RateSearch:
     simulations: int
 
 
-_IDLE_STEPS = 2
+_GRID_STEPS = 12  # the search's lowest rate: capacity / 2^12, where queueing is rare
 _QUANTILE_GRID = (np.arange(4096) + 0.5) / 4096  # evenly spread: the mean of its draws is the distribution's mean
 
 
@@ -267,10 +267,13 @@ def search_max_rate(
     rel_tol: float = 0.01,
     max_simulations: int = 60,
 ) -> RateSearch:
-    """The highest Poisson rate whose simulated p99 stays within `budget_ms`: start at 1/64 of capacity
-    (then 1/512, 1/4096: none passing means no rate does), double a passing rate until one fails, then
-    bisect to `rel_tol`. A rate at or above capacity fails whatever its simulated p99 (a fast model drains a
-    finite simulation within the budget at any rate). Bounded: at most `max_simulations` simulations."""
+    """The highest Poisson rate whose simulated p99 stays within `budget_ms`: try every rate of a geometric grid
+    from capacity / 2^12 to capacity / 2, then bisect to `rel_tol` between the highest passing one and the next
+    one up (which failed, or is capacity). A rate at or above capacity fails whatever its simulated p99 (a fast
+    model drains a finite simulation within the budget at any rate). The whole grid, not doubling from the lowest
+    rate until one fails: with batching, p99 falls as the rate rises (batches fill before the queue delay runs
+    out), so a long queue delay fails every low rate and passes higher ones, and p99 can fail and pass again as
+    rates rise. Bounded: at most `max_simulations` simulations."""
     if not budget_ms > 0:
         raise QbenchError(f"budget_ms must be positive, got {budget_ms}")
     runs = 0
@@ -281,21 +284,15 @@ def search_max_rate(
         stats = replay.at(rate, overhead_ms=overhead_ms)
         return stats if stats.p99_ms <= budget_ms and not stats.overloaded else None
 
-    low = replay.capacity_rps / 64  # well under capacity: queueing is rare
-    best = passes(low)
-    for _ in range(_IDLE_STEPS):  # nearer idle: if this fails too, the service time alone breaks the budget
-        if best is not None:
-            break
-        low /= 8
-        best = passes(low)
+    low, best = 0.0, None
+    for step in range(_GRID_STEPS, 0, -1):
+        rate = replay.capacity_rps / 2**step
+        stats = passes(rate)
+        if stats is not None:
+            low, best = rate, stats
     if best is None:
         return RateSearch(budget_ms, None, None, runs)
     high = low * 2
-    while runs < max_simulations:
-        stats = passes(high)
-        if stats is None:
-            break
-        low, best, high = high, stats, high * 2
     while runs < max_simulations and (high - low) > rel_tol * low:
         middle = (low + high) / 2
         stats = passes(middle)

@@ -16,8 +16,9 @@ import pytest
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 
-from qbench.export.perf_data import input_data_steps
+from qbench.export.perf_data import SAMPLE_SEED, input_data_steps, rows_file, sample_rows, write_input_data
 from qbench.export.triton import INPUT_DATA_FILE, export_triton
+from qbench.modelinfo import read_model_info
 from qbench.recipe import load_recipe
 from qbench.sweep import run_sweep
 
@@ -86,7 +87,7 @@ def _decoded(tensor: dict, dtype: np.dtype) -> np.ndarray:
 
 def test_every_perf_analyzer_command_sends_requests_the_model_accepts(exported) -> None:
     """The README's commands name the data file, and each batch perf_analyzer builds from it (consecutive steps,
-    typed as config.pbtxt says) runs in ONNX Runtime and holds the first evaluation rows: without the file,
+    typed as config.pbtxt says) runs in ONNX Runtime and holds the evaluation rows (all 64: in evaluation order): without the file,
     perf_analyzer's random bytes make token ids far outside the 50-row table and every request fails."""
     model_dir, evaluation = exported
     config = text_format.Parse((model_dir / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
@@ -122,3 +123,50 @@ def test_steps_are_rows_or_one_whole_fixed_batch_and_strings_stay_strings() -> N
     (whole,) = input_data_steps(feeds, fixed_batch=4)
     assert whole["x"]["shape"] == [4, 4] and _decoded(whole["label"], np.int64).tolist() == [7, 8, 9, 7]
     assert whole["colour"]["content"] == ["red", "blue", "red", "red"]
+
+
+def test_sample_rows_is_seeded_stratified_by_slice_combination_and_in_evaluation_order() -> None:
+    """100 evaluation rows, slice `rare` holds the last 10: a sample of 10 takes 1 rare row and 9 others (shares of
+    10 % and 90 %), none twice, in evaluation order, the same rows on every call; fewer rows than asked: all of them."""
+    rows = np.arange(500, 600)
+    rare = np.arange(100) >= 90
+    picked = sample_rows(rows, {"rare": rare, "common": ~rare}, 10)
+    assert picked.tolist() == sample_rows(rows, {"rare": rare, "common": ~rare}, 10).tolist()
+    assert len(set(picked.tolist())) == 10 and picked.tolist() == sorted(picked.tolist())
+    assert int(np.isin(picked, rows[rare]).sum()) == 1
+    assert sample_rows(rows, {}, 200).tolist() == rows.tolist()
+    assert len(sample_rows(rows, {}, 10)) == 10
+
+
+def test_input_data_is_a_sample_across_all_evaluation_rows_with_the_rows_recorded(tmp_path: Path) -> None:
+    """160 evaluation rows sorted by kind (the first 128 `a`, the last 32 `b`, sliced by kind): the file holds 64
+    rows, 51 and 13 of them by the slices' shares (largest remainder of 51.2 and 12.8), each step the very row the
+    recorded table position names; the first 64 rows would hold no `b` row at all."""
+    ids_model(tmp_path / "model.onnx")
+    rng = np.random.default_rng(2)
+    rows = 160
+    table = pd.DataFrame({
+        "ids": list(rng.integers(0, VOCABULARY, (rows, TOKENS))), "mask": list(rng.random((rows, TOKENS)) > 0.3),
+        "feat": list(rng.normal(size=(rows, 4)).astype(np.float32)), "y": rng.integers(0, 3, rows),
+        "kind": ["a"] * 128 + ["b"] * 32,
+    })  # fmt: skip
+    table.to_parquet(tmp_path / "data.parquet")
+    recipe = {
+        "name": "ids", "model": {"path": "model.onnx", "output": "logits"},
+        "data": {"path": "data.parquet", "inputs": {"ids": "ids", "mask": "mask", "feat": "feat"}, "label": "y",
+                 "slices": [{"by": "kind"}]},
+        "variants": [{"name": "fp16", "precision": "fp16"}], "backends": ["onnxruntime-cpu"],
+        "latency": {"batch_sizes": [1, 4], "warmup": 1, "iterations": 5, "threads": 1},
+        "gate": {"metric": "agreement", "max_drop": 0.5}, "output_dir": "reports",
+    }  # fmt: skip
+    (tmp_path / "ids.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+    path = write_input_data(tmp_path / INPUT_DATA_FILE, load_recipe(tmp_path / "ids.yaml"),
+                            read_model_info(tmp_path / "model.onnx"), fixed_batch=None)  # fmt: skip
+    steps = json.loads(path.read_text())["data"]
+    drawn = json.loads(rows_file(path).read_text())
+    assert drawn["seed"] == SAMPLE_SEED and drawn["evaluation_rows"] == rows
+    assert drawn["slices"] == {"kind=a": 51, "kind=b": 13}
+    assert len(steps) == len(drawn["rows"]) == 64 and drawn["rows"] == sorted(set(drawn["rows"]))
+    for step, row in zip(steps, drawn["rows"], strict=True):
+        np.testing.assert_array_equal(_decoded(step["ids"], np.int64), table.ids[row])
+        np.testing.assert_array_equal(_decoded(step["feat"], np.float32), table.feat[row])

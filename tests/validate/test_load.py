@@ -220,3 +220,18 @@ def test_capacity_is_the_batch_over_the_mean_service_time_not_the_median():
     replay = LoadReplay(service, Batcher(2, 0.0), Draws.make(1000, seed=0))
     assert replay.at(1000.0).overloaded
     assert search_max_rate(replay, 1e6).max_rate_rps < 2000 / 3
+
+
+def test_the_highest_rate_is_found_when_only_rates_that_fill_batches_meet_the_budget():
+    """0.5 ms per batch of up to 8, a 20 ms queue delay, a 10 ms budget; capacity 8 / 0.5 ms = 16,000 req/s. At a
+    low rate a request waits out the delay (p99 20.5 ms: fails); at 16,000 / 4 = 4,000 req/s the 8th arrival
+    comes after 7 gaps of 0.25 ms on average, so batches fill within a few ms and p99 is well under 10 ms. The
+    search must not stop at the low rates and report that no rate meets the budget."""
+    service, batcher, draws = FixedServiceTime(0.5, max_batch_size=8), Batcher(8, 20.0), Draws.make(5000, seed=0)
+    replay = LoadReplay(service, batcher, draws)
+    assert replay.capacity_rps == pytest.approx(16_000)
+    assert replay.at(16_000 / 64).p99_ms == pytest.approx(20.5)
+    assert replay.at(4_000).p99_ms < 10.0
+    found = search_max_rate(replay, 10.0)
+    assert found.max_rate_rps is not None and 4_000 <= found.max_rate_rps < 16_000
+    assert found.at_max.p99_ms <= 10.0 and not found.at_max.overloaded
