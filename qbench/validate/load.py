@@ -267,10 +267,10 @@ def search_max_rate(
     rel_tol: float = 0.01,
     max_simulations: int = 60,
 ) -> RateSearch:
-    """The highest Poisson rate whose simulated p99 stays within `budget_ms`: try every rate of a geometric grid
-    from capacity / 2^12 to capacity / 2, then bisect to `rel_tol` between the highest passing one and the next
+    """The highest Poisson rate whose simulated p99 stays within `budget_ms`: try the rates of a geometric grid
+    from capacity / 2 down to capacity / 2^12 until one passes, then bisect to `rel_tol` between it and the next
     one up (which failed, or is capacity). A rate at or above capacity fails whatever its simulated p99 (a fast
-    model drains a finite simulation within the budget at any rate). The whole grid, not doubling from the lowest
+    model drains a finite simulation within the budget at any rate). From the top, not doubling from the lowest
     rate until one fails: with batching, p99 falls as the rate rises (batches fill before the queue delay runs
     out), so a long queue delay fails every low rate and passes higher ones, and p99 can fail and pass again as
     rates rise. Bounded: at most `max_simulations` simulations."""
@@ -285,11 +285,12 @@ def search_max_rate(
         return stats if stats.p99_ms <= budget_ms and not stats.overloaded else None
 
     low, best = 0.0, None
-    for step in range(_GRID_STEPS, 0, -1):
+    for step in range(1, _GRID_STEPS + 1):  # from the top: the first rate passing is the grid's highest
         rate = replay.capacity_rps / 2**step
-        stats = passes(rate)
-        if stats is not None:
-            low, best = rate, stats
+        best = passes(rate)
+        if best is not None:
+            low = rate
+            break
     if best is None:
         return RateSearch(budget_ms, None, None, runs)
     high = low * 2
