@@ -175,7 +175,7 @@ def test_a_search_looks_up_each_batch_size_once_whatever_the_rates_tried():
     service, batcher, draws = Counting(1.0, 0.1, max_batch_size=8), Batcher(8, 2.0), Draws.make(3000, seed=6)
     replay = LoadReplay(service, batcher, draws)
     found = search_max_rate(replay, 6.0)
-    assert found.simulations >= 8 and len(calls) == len(set(calls)) <= 2 * 8
+    assert found.simulations >= 5 and len(calls) == len(set(calls)) <= 2 * 8
     assert found.at_max == simulate(FixedServiceTime(1.0, 0.1, max_batch_size=8), batcher, found.max_rate_rps, draws)
 
 
