@@ -26,10 +26,14 @@ _NOT_COMPUTE = frozenset({
 })  # fmt: skip
 
 
-# aten ops that multiply matrices: what a quantized layer runs with integer (or float8) kernels
+# aten ops that multiply matrices: what a quantized layer runs with integer (or float8) kernels. A recurrent layer
+# (nn.LSTM, nn.GRU, nn.RNN) runs its products inside one fused kernel where the backend has one (oneDNN's
+# mkldnn_rnn_layer for an LSTM on CPU, cuDNN's on CUDA), otherwise as addmm/mm; torchao leaves it float either way.
 _PRODUCTS = frozenset({
     "mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "mv", "addmv", "dot", "einsum", "_int_mm",
     "_weight_int8pack_mm", "_scaled_mm", "convolution", "_convolution", "conv1d", "conv2d", "conv3d",
+    "lstm", "gru", "rnn_tanh", "rnn_relu", "mkldnn_rnn_layer", "mkldnn_rnn", "_cudnn_rnn", "miopen_rnn",
+    "_thnn_fused_lstm_cell", "_thnn_fused_gru_cell",
 })  # fmt: skip
 
 

@@ -142,6 +142,10 @@ def export_difference(torch_model: TorchModel, path: Path, inputs: Sequence[Any]
     inputs = [torch.as_tensor(value) for value in inputs]
     with single_torch_thread(), torch.no_grad():
         expected = [t.float().numpy() for t in flatten_outputs(torch_model.build()(*inputs))]
+    if not all(np.isfinite(want).all() for want in expected):
+        name = next(n for n, want in zip(torch_model.output_names, expected, strict=True) if not np.isfinite(want).all())
+        return (f"cannot be compared: forward() itself returns NaN or inf in output {name!r} on these inputs "
+                f"({_described(torch_model.input_names, inputs)})")  # fmt: skip
     session = session or _session(path)
     actual = session.run(None, {name: t.numpy() for name, t in zip(torch_model.input_names, inputs, strict=True)})
     if len(actual) != len(expected):
@@ -154,3 +158,7 @@ def export_difference(torch_model: TorchModel, path: Path, inputs: Sequence[Any]
             return (f"output {name!r} differs from forward()'s by {difference:.2e} (shapes {list(got.shape)} vs "
                     f"{list(want.shape)}, tolerance {EXPORT_TOLERANCE} x {scale:.3g})")  # fmt: skip
     return None
+
+
+def _described(names: Sequence[str], inputs: Sequence[Any]) -> str:
+    return ", ".join(f"{name} {list(t.shape)} {str(t.dtype).removeprefix('torch.')}" for name, t in zip(names, inputs, strict=True))

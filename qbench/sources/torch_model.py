@@ -167,8 +167,10 @@ def load_torch_model(recipe: Recipe, *, weights: Path | None = None) -> TorchMod
 
 def _example_inputs(shapes: Mapping[str, tuple[int, ...]], dtypes: Mapping[str, str], batch: int) -> tuple[Any, ...]:
     """The same tensors on every call. Floating inputs are uniform in [0, 1) from a fixed seed; integer
-    inputs are zeros (a valid index for any embedding) except masks (by name) and bools, which are ones:
-    an all-zero attention mask is a degenerate input."""
+    inputs are zeros (a valid index for any embedding) except masks (by name) and bools, which are ones but
+    for the last position of each row: a mask of one value is degenerate under one of the two conventions
+    (an all-zero attention mask keeps nothing; an all-True key_padding_mask, True = padding, masks every key
+    and nn.MultiheadAttention returns NaN), while one holding both keeps some positions under either."""
     torch = _import_torch()
     generator = torch.Generator().manual_seed(_EXAMPLE_SEED)
     tensors = []
@@ -177,7 +179,10 @@ def _example_inputs(shapes: Mapping[str, tuple[int, ...]], dtypes: Mapping[str, 
         if dtype.is_floating_point:
             tensors.append(torch.rand(size, generator=generator).to(dtype))
         elif dtype == torch.bool or "mask" in name.lower():
-            tensors.append(torch.ones(size, dtype=dtype))
+            mask = torch.ones(size, dtype=dtype)
+            if len(size) > 1 and size[-1] > 1:
+                mask[..., -1] = 0
+            tensors.append(mask)
         else:
             tensors.append(torch.zeros(size, dtype=dtype))
     return tuple(tensors)

@@ -42,7 +42,7 @@ from qbench.techniques.calibrators import (
     Calibration,
 )
 from qbench.variants.base import Feeds
-from qbench.variants.histograms import GuardedHistogramCollector
+from qbench.variants.histograms import UNQUANTIZED, GuardedHistogramCollector
 from qbench.variants.onnx_utils import load_model, quiet_stdout, save_model
 
 METHODS: dict[str, CalibrationMethod] = {
@@ -111,18 +111,19 @@ def calibration_rows(batches: Sequence[Feeds]) -> int:
 
 @dataclass(frozen=True)
 class Calibrated:
-    """Ranges per tensor, and the tensors the histogram calibrators could not take (name -> what was done)."""
+    """Ranges per tensor, and the tensors left without a range (name -> why): those a histogram could not take, and
+    those whose range is not finite (an attention mask's -inf, which min/max keeps)."""
 
     ranges: TensorsData
-    histogram_skipped: dict[str, str]
+    skipped: dict[str, str]
 
     def notes(self) -> list[str]:
         """One note naming the tensors that fell back, for the variant's report."""
-        if not self.histogram_skipped:
+        if not self.skipped:
             return []
-        listed = "; ".join(f"{name}: {why}" for name, why in list(self.histogram_skipped.items())[:5])
-        more = len(self.histogram_skipped) - 5
-        return [f"{len(self.histogram_skipped)} tensor(s) not histogram-calibrated: {listed}" + (f" (+{more} more)" if more > 0 else "")]
+        listed = "; ".join(f"{name}: {why}" for name, why in list(self.skipped.items())[:5])
+        more = len(self.skipped) - 5
+        return [f"{len(self.skipped)} tensor(s) not calibrated: {listed}" + (f" (+{more} more)" if more > 0 else "")]
 
 
 def compute_ranges(
@@ -143,7 +144,9 @@ def compute_ranges(
     the augmented graph) live in a temporary folder under `workdir`, removed on return.
     A graph with no tensor to calibrate (nothing quantizable) gets empty ranges without
     running anything. Histogram calibrators skip tensors a histogram cannot hold
-    (`histograms.GuardedHistogramCollector`) and say so in `histogram_skipped`.
+    (`histograms.GuardedHistogramCollector`); a min/max range that is not finite (a tensor holding an attention
+    mask's -inf) is dropped too, as a quantization scale of inf would turn the tensor, and whatever reads it,
+    into garbage. Both are named in `skipped`.
     """
     if method not in METHODS:
         raise QbenchError(f"calibrator {method!r} does not compute ranges; expected one of {', '.join(METHODS)}")
@@ -178,7 +181,18 @@ def compute_ranges(
                 if method != "minmax":
                     skipped = dict(calibrator.collector.skipped)
         del calibrator  # closes its session before the folder goes
-    return Calibrated(ranges, skipped)
+    return _finite(Calibrated(ranges, skipped))
+
+
+def _finite(calibrated: Calibrated) -> Calibrated:
+    """`calibrated` less the ranges that are not finite, named in its `skipped`."""
+    ranges = calibrated.ranges
+    infinite = [name for name, data in ranges.items()
+                if not all(np.isfinite(np.asarray(bound, dtype=np.float64)).all() for bound in data.range_value)]  # fmt: skip
+    if not infinite:
+        return calibrated
+    kept = TensorsData(ranges.calibration_method, {name: data for name, data in ranges.items() if name not in infinite})
+    return Calibrated(kept, {**calibrated.skipped, **{name: f"its range holds NaN or infinity; {UNQUANTIZED}" for name in infinite}})
 
 
 def compute_ranges_with(

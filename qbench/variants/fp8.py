@@ -143,7 +143,7 @@ def build_fp8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         "calibration_rows": calibration_rows(ctx.calibration),
         "calibration_feeding": FEEDING,
         "calibrated_tensors": len(ranges.keys()),
-        "histogram_skipped": calibrated.histogram_skipped,
+        "uncalibrated_tensors": calibrated.skipped,
         "calibration_cache": cache.name,
         "quantized_nodes": sum(counts.values()),
         "quantized_op_types": counts,

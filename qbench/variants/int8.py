@@ -251,7 +251,7 @@ def _quantize_static(
 ) -> tuple[dict[str, Any], TensorsData]:
     """Calibrate, save the ranges beside the variant, and write the QDQ model; returns the params and ranges used.
 
-    Tensors the histogram calibrators skipped are named in `notes` (appended to).
+    Tensors left without a range (calibrate.Calibrated.skipped) are named in `notes` (appended to).
     """
     settings = CalibrationSettings.of(config.calibration, config.symmetric_activations, op_types)
     cache = target.with_name(f"{name}.calibration.json")
@@ -260,7 +260,7 @@ def _quantize_static(
         ranges = calibrated.ranges
         save_tensors_data(ranges, cache)
     notes.extend(calibrated.notes())
-    unranged = _nodes_touching(prepared, {name for name in calibrated.histogram_skipped if name not in ranges})
+    unranged = _nodes_touching(prepared, {name for name in calibrated.skipped if name not in ranges})
     if unranged:
         exclude = [*exclude, *unranged]
         notes.append(f"{len(unranged)} node(s) left in FP32 around tensors without a range: {', '.join(unranged[:5])}")
@@ -291,7 +291,7 @@ def _quantize_static(
         "calibration_rows": calibration_rows(ctx.calibration),
         "calibration_feeding": FEEDING,
         "calibrated_tensors": len(ranges.keys()),
-        "histogram_skipped": calibrated.histogram_skipped,
+        "uncalibrated_tensors": calibrated.skipped,
         "unranged_nodes_kept_fp32": unranged,
         "calibration_cache": cache.name,
     }, ranges

@@ -111,3 +111,34 @@ def test_a_module_with_weights_as_buffers_computes_in_its_type(onnx_path: Path) 
     expected = (x.half() * module.scale.half() + module.shift.half()).float().numpy()
     np.testing.assert_array_equal(outputs, expected)
     assert description["dtype"] == "float16" and description["kernels"] == "fp16"
+
+
+class RecurrentThenLinear(nn.Module):
+    """A recurrent layer over 4 steps of x, then an nn.Linear: torchao quantizes the Linear only."""
+
+    def __init__(self, layer: type[nn.Module]) -> None:
+        super().__init__()
+        self.rnn, self.head = layer(FEATURES // 4, 16, batch_first=True), nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        states, _ = self.rnn(x.view(x.size(0), 4, FEATURES // 4))
+        return self.head(states[:, -1])
+
+
+@pytest.mark.parametrize("layer", [nn.LSTM, nn.GRU])
+def test_a_recurrent_layer_torchao_left_float_is_said_in_the_int8_label(onnx_path: Path, layer: type[nn.Module]) -> None:
+    """On CPU an nn.LSTM runs as one fused oneDNN kernel (mkldnn_rnn_layer), which was not counted as a matrix
+    product: its int8 form read 'int8 (torchao dynamic, 1 of 1 linear layers)' with nothing left in float, while
+    the LSTM, most of the weights, ran in float32 (an nn.GRU's addmm/mm were counted)."""
+    torch.manual_seed(0)
+    spec = VariantSpec(name="int8", precision="int8", calibrator="dynamic")
+    variant = attach_torch_form(BuiltVariant("int8", "int8", onnx_path), spec, ModuleSource(RecurrentThenLinear(layer).eval()))
+    runner = TorchCPU().load(variant, RunOptions(threads=1))
+    try:
+        runner.run({"x": np.random.default_rng(0).standard_normal((16, FEATURES)).astype(np.float32)})
+        description = runner.describe()
+    finally:
+        runner.close()
+    assert description["lowered_ops"] == 1  # the head
+    assert "1 of 1 linear layers); matrix products: 1 of " in description["kernels"]
+    assert " in int8, " in description["kernels"] and " left in float32 (" in description["kernels"]

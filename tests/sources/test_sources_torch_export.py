@@ -48,6 +48,26 @@ class PerRowLoop(Net):
         return torch.stack([super(PerRowLoop, self).forward(features[i]) for i in range(features.shape[0])])
 
 
+class KeyPadded(nn.Module):
+    """Token ids and a bool key_padding_mask (True = padding, PyTorch's convention) through nn.MultiheadAttention."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(10, 8)
+        self.attention = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, ids, pad_mask):
+        x = self.embed(ids)
+        y, _ = self.attention(x, x, x, key_padding_mask=pad_mask, need_weights=False)
+        return self.head(y.mean(1))
+
+
+class Overflows(Net):
+    def forward(self, features):
+        return super().forward(features) * 1e39
+
+
 class NumberedBatch(Net):
     """int() turns the traced batch size into a number: the export keeps the example's 2."""
 
@@ -58,7 +78,7 @@ class NumberedBatch(Net):
 MODELS_SOURCE = '''
 import torch
 
-from mypkg.layers import Net, NumberedBatch, PerRowLoop
+from mypkg.layers import KeyPadded, Net, NumberedBatch, Overflows, PerRowLoop
 
 
 def build():
@@ -72,6 +92,15 @@ def build_loop():
 
 def build_numbered():
     return NumberedBatch()
+
+
+def build_key_padded():
+    torch.manual_seed(0)
+    return KeyPadded()
+
+
+def build_overflows():
+    return Overflows()
 '''
 
 
@@ -88,7 +117,7 @@ def _forget_mypkg() -> None:
         del sys.modules[name]
 
 
-def _project(root: Path, factory: str = "build", *, installed_ops: Path | None = None) -> Path:
+def _project(root: Path, factory: str = "build", *, installed_ops: Path | None = None, **model: object) -> Path:
     """mypkg in `root` beside the recipe; with `installed_ops`, forward()'s helper is `extops` from that folder
     (on sys.path, outside the project: a package installed elsewhere) rather than `mypkg.ops`."""
     package = root / "mypkg"
@@ -101,7 +130,7 @@ def _project(root: Path, factory: str = "build", *, installed_ops: Path | None =
         (package / f"{name}.py").write_text(source)
     recipe = {
         "name": "export-cache",
-        "model": {"torch": f"mypkg.models:{factory}", "example_inputs": {"features": [1, FEATURES]}},
+        "model": {"torch": f"mypkg.models:{factory}", "example_inputs": {"features": [1, FEATURES]}, **model},
         "data": {"path": "data.csv", "inputs": {"x": "features"}},
         "variants": [{"name": "fp16", "precision": "fp16"}],
     }
@@ -211,3 +240,27 @@ def test_a_helper_edited_after_this_process_imported_it_is_refused(tmp_path: Pat
     assert caught.value.field == "model.torch"
     assert caught.value.detail == f"{ops.resolve()} changed after this process imported it; run qbench in a new process " \
                                   "to use the new code"
+
+
+def test_a_bool_key_padding_mask_exports_and_runs_like_forward_on_padded_rows(tmp_path: Path) -> None:
+    """The example mask was all ones: for a key_padding_mask (True = padding) that masks every key, forward() itself
+    returns NaN, and the export was refused as 'differs from forward()'s by nan' for a module that exports fine."""
+    recipe = _project(tmp_path, "build_key_padded", example_inputs={"ids": [1, 6], "pad_mask": [1, 6]},
+                      input_dtypes={"ids": "int64", "pad_mask": "bool"})  # fmt: skip
+    path = export_reference(load_torch_model(load_recipe(recipe)))
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 10, (5, 6)).astype(np.int64)
+    pad_mask = np.arange(6)[None, :] >= rng.integers(1, 7, (5, 1))  # 1 to 6 real tokens, then padding
+    (got,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"ids": ids, "pad_mask": pad_mask})
+    with torch.no_grad():
+        want = load_torch_model(load_recipe(recipe)).build()(torch.from_numpy(ids), torch.from_numpy(pad_mask)).numpy()
+    assert np.isfinite(want).all()
+    np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_a_forward_that_returns_inf_on_the_example_is_named_so_not_as_an_export_difference(tmp_path: Path) -> None:
+    recipe = _project(tmp_path, "build_overflows")
+    with pytest.raises(RecipeError) as caught:
+        resolve_model(load_recipe(recipe))
+    assert "on its example inputs: cannot be compared: forward() itself returns NaN or inf in output 'output' on " \
+           "these inputs (features [2, 4] float32)" in caught.value.detail

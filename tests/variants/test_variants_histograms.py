@@ -73,7 +73,7 @@ def test_a_mask_tensor_does_not_fail_calibration_and_is_named(masked, tmp_path, 
     path, batches = masked
     calibrated = compute_ranges(path, batches, method, op_types=["MatMul", "Add"], workdir=tmp_path)
     # scores and y (scores @ w2 overflows to inf) carry the mask's values
-    assert set(calibrated.histogram_skipped) == {"mask_bias", "scores", "y"}
+    assert set(calibrated.skipped) == {"mask_bias", "scores", "y"}
     assert "x" in calibrated.ranges and "h" in calibrated.ranges and "scores" not in calibrated.ranges
     assert "mask_bias" in calibrated.notes()[0] and "scores" in calibrated.notes()[0]
 
@@ -82,7 +82,7 @@ def test_an_int8_variant_builds_around_the_mask_and_says_so(masked, tmp_path):
     path, batches = masked
     spec = VariantSpec(name="int8-pct", precision="int8", calibrator="percentile", op_types=["MatMul", "Add"])
     built = build_variant(spec, BuildContext(reference_path=path, workdir=tmp_path, calibration=batches))
-    assert set(built.params["histogram_skipped"]) == {"mask_bias", "scores", "y"}
-    assert any("not histogram-calibrated" in note and "mask_bias" in note for note in built.notes)
+    assert set(built.params["uncalibrated_tensors"]) == {"mask_bias", "scores", "y"}
+    assert any("not calibrated" in note and "mask_bias" in note for note in built.notes)
     assert built.params["unranged_nodes_kept_fp32"] == ["add_mask", "mm2"]
     assert built.params["quantized_op_types"]["MatMul"] == 1  # mm1 (x and h have ranges), not mm2

@@ -237,14 +237,18 @@ def test_a_modelopt_int8_variant_without_integer_kernels_is_the_fp32_model(tmp_p
     assert any(note.startswith("no node computes in INT8") and note.endswith("computes in FP32") for note in built.notes)
 
 
-def _rnn_classifier(path: Path, op: str, rng: np.random.Generator) -> Path:
-    """x [batch, 5 steps, 3] -> an ONNX LSTM/GRU of 8 units (time-major, as ONNX Runtime's CPU runs it) -> its last
-    state @ head -> y [batch, 2]: the recurrent layer holds most of the weights."""
+def _rnn_classifier(path: Path, op: str, rng: np.random.Generator, *, bias: bool = False) -> Path:
+    """x [batch, 5 steps, 3] -> an ONNX LSTM/GRU of 8 units (time-major, as ONNX Runtime's CPU runs it), with a bias
+    [1, 2 x gates x hidden] as torch exports it if `bias` -> its last state @ head -> y [batch, 2]: the recurrent
+    layer holds most of the weights."""
     hidden, gates = 8, {"LSTM": 4, "GRU": 3}[op]
     weights = {"w": rng.normal(0, 0.5, (1, gates * hidden, 3)), "r": rng.normal(0, 0.3, (1, gates * hidden, hidden)),
                "head": rng.normal(0, 1, (hidden, 2))}  # fmt: skip
+    if bias:
+        weights["b"] = rng.normal(0, 0.1, (1, 2 * gates * hidden))
     nodes = [helper.make_node("Transpose", ["x"], ["steps"], perm=[1, 0, 2], name="time_major"),
-             helper.make_node(op, ["steps", "w", "r"], ["", "state"], hidden_size=hidden, name="rnn"),
+             helper.make_node(op, ["steps", "w", "r", *(["b"] if bias else [])], ["", "state"], hidden_size=hidden,
+                              name="rnn"),
              helper.make_node("Squeeze", ["state", "axis0"], ["last"], name="last"),
              helper.make_node("MatMul", ["last", "head"], ["y"], name="classify")]  # fmt: skip
     graph = helper.make_graph(
@@ -259,21 +263,25 @@ def _rnn_classifier(path: Path, op: str, rng: np.random.Generator) -> Path:
     return path
 
 
-@pytest.mark.parametrize(("op", "precision", "calibrator", "left_float"), [
-    ("LSTM", "int8", "minmax", {"LSTM": 1}), ("LSTM", "int8", "dynamic", None), ("GRU", "int8", "dynamic", {"GRU": 1}),
-    ("GRU", "fp8", "minmax", {"GRU": 1}),
+@pytest.mark.parametrize(("op", "precision", "calibrator", "left_float", "bias"), [
+    ("LSTM", "int8", "minmax", {"LSTM": 1}, False), ("LSTM", "int8", "dynamic", None, False),
+    ("LSTM", "int8", "dynamic", None, True), ("GRU", "int8", "dynamic", {"GRU": 1}, False),
+    ("GRU", "fp8", "minmax", {"GRU": 1}, False),
 ])  # fmt: skip
-def test_a_recurrent_layer_left_float_is_counted_and_noted(tmp_path, op, precision, calibrator, left_float):
+def test_a_recurrent_layer_left_float_is_counted_and_noted(tmp_path, op, precision, calibrator, left_float, bias):
     """Static INT8 and FP8 of an RNN classifier quantized its head only, and dynamic INT8 of a GRU the same, yet the
-    variant read as INT8 / FP8 with nothing left out ({MatMul: 1}); dynamic INT8 does lower an LSTM."""
+    variant read as INT8 / FP8 with nothing left out ({MatMul: 1}); dynamic INT8 does lower an LSTM, and with a
+    bias (every torch nn.LSTM export has one) its DynamicQuantizeLSTM was noted as a com.microsoft layer "left in
+    float, weights included": it reads the float bias matrix, but it is the quantized LSTM."""
     rng = np.random.default_rng(3)
-    path = _rnn_classifier(tmp_path / f"{op}.onnx", op, rng)
+    path = _rnn_classifier(tmp_path / f"{op}.onnx", op, rng, bias=bias)
     calibration = [{"x": rng.normal(size=(16, 5, 3)).astype(np.float32)} for _ in range(2)]
     built = build_variant(VariantSpec(name="q", precision=precision, calibrator=calibrator),
                           BuildContext(reference_path=path, workdir=tmp_path / "w", calibration=calibration))  # fmt: skip
     saved = [node.op_type for node in onnx.load(str(built.onnx_path)).graph.node]
     assert built.params.get("float_recurrent") == left_float
     assert saved.count(op) == (left_float or {}).get(op, 0)  # counted from the saved graph
+    assert "float_contrib" not in built.params
     noted = [note for note in built.notes if "left in float, weights included" in note]
     assert noted == ([] if left_float is None else [f"1 {op} left in float, weights included: of ONNX Runtime's "
                                                     "quantizers only dynamic INT8 lowers a recurrent layer (LSTM, as "
