@@ -15,6 +15,7 @@ from qbench.variants import build_variant
 from qbench.variants.base import BuildContext, BuiltVariant
 from qbench.variants.quantized_facts import with_quantized_facts
 from tests.variants.conftest import ORT_IR_VERSION
+from tests.variants.test_variants_int8 import _fused_attention_model
 from tests.variants.test_variants_integer_kernels import _rnn_classifier
 
 
@@ -164,3 +165,19 @@ def test_activation_ranges_are_noted_only_where_the_graph_contradicts_the_recipe
     assert facts.params["activations_as_built"] == {"Conv": {f"static int8, {centred}": 1}}
     assert list(facts.notes) == (["Conv: 1 of 1 node(s) hold asymmetric activations, though the recipe asked "
                                   "symmetric_activations: true (the quantizer's own rule for Conv decided)"] if noted else [])  # fmt: skip
+
+
+@pytest.mark.parametrize(("weight_type", "per_channel"), [("int8", True), ("uint8", False)])
+def test_a_qattention_records_its_packed_projection_as_stored(weight_type, per_channel, tmp_path):
+    """Dynamic INT8 lowers a com.microsoft Attention to QAttention: its packed Q/K/V weight is recorded as stored."""
+    rng = np.random.default_rng(8)
+    path = _fused_attention_model(tmp_path / "attention.onnx", rng)
+    feeds = {"x": rng.normal(size=(16, 6, 8)).astype(np.float32)}
+    spec = VariantSpec(name="q", precision="int8", calibrator="dynamic", weight_type=weight_type, per_channel=per_channel)
+    built = build_variant(spec, BuildContext(reference_path=path, workdir=tmp_path / "w", calibration=[feeds]))
+    stored = _initializers(built.onnx_path)
+    attention = next(node for node in onnx.load(str(built.onnx_path)).graph.node if node.op_type == "QAttention")
+    assert stored[attention.input[1]].dtype.name == weight_type
+    assert built.params["weights_as_built"]["Attention"] == {_expected(stored[attention.input[1]], stored[attention.input[7]], 1): 1}
+    assert built.params["activations_as_built"]["Attention"] == {"dynamic (quantized per batch at run time)": 1}
+    assert not [note for note in built.notes if note.startswith("Attention: ")]
