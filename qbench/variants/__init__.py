@@ -38,7 +38,9 @@ def build_variant(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     gets them declared in its saved model (onnx_utils.declare_session_options); the recipe's own model is never
     rewritten. A saved model the onnx checker refuses fails the build (a QbenchError): no invalid model is built. An
     INT8 build's params count what ONNX Runtime runs as integer kernels in the saved model, whichever technique built it
-    (qbench.variants.integer_kernels): a graph that only rounds data is the FP32 model for the gate and the search.
+    (qbench.variants.integer_kernels): a graph that only rounds data is the FP32 model for the gate and the search; and
+    what its quantized layers hold as stored, which a quantizer's rule for an op type may make differ from the recipe's
+    options (qbench.variants.quantized_facts).
     What this settling adds to the params and notes describes the saved graph, not a torch module a builder (QAT,
     ModelOpt) supplied beside it (BuiltVariant.as_run_in).
     """
@@ -58,9 +60,10 @@ def _settled(built: BuiltVariant, ctx: BuildContext) -> BuiltVariant:
         check_built_model(built, ctx.reference_path)
         if built.precision in ("int8", "fp8"):
             from qbench.variants.integer_kernels import with_float_weighted, with_integer_kernels
+            from qbench.variants.quantized_facts import with_quantized_facts
 
             if built.precision == "int8":
-                built = with_integer_kernels(built, settled)
+                built = with_quantized_facts(with_integer_kernels(built, settled), settled)
             built = with_float_weighted(built, settled)
         constant = constant_inputs(ctx.reference_path)
         if constant:

@@ -158,6 +158,9 @@ RECURRENT_OP_TYPES = frozenset({"GRU", "LSTM", "RNN"})
 # Operators outside the standard domain that read rows of their constant tables (as Gather does) rather than compute
 # with them: ONNX Runtime's fused BERT embedding. Its tables are lookups, not weights left unquantized.
 _TABLE_LOOKUPS = frozenset({"EmbedLayerNormalization"})
+# A node reading weights stored in these types computes with quantized weights: the float matrices beside them are
+# their scales (DynamicQuantizeLSTM's per-channel W_scale is [directions, 4 * hidden]), not weights left float.
+_QUANTIZED_TYPES = frozenset({onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.INT4, onnx.TensorProto.UINT4})
 
 
 def with_float_weighted(built: BuiltVariant, model: onnx.ModelProto) -> BuiltVariant:
@@ -166,7 +169,8 @@ def with_float_weighted(built: BuiltVariant, model: onnx.ModelProto) -> BuiltVar
     with nothing left out:
     - recurrent layers (`float_recurrent`): an RNN classifier's GRU/LSTM holds most of its weights, yet ONNX Runtime's
       static (Q/DQ) quantizer and FP8 leave it float, and its dynamic quantizer lowers only LSTM (DynamicQuantizeLSTM);
-    - operators outside the standard ONNX domain reading a float weight matrix (`float_contrib`): the com.microsoft
+    - operators outside the standard ONNX domain reading a float weight matrix and no quantized one (`float_contrib`;
+      an integer kernel's float matrices are its scales, a per-channel DynamicQuantizeLSTM's): the com.microsoft
       Attention (its packed Q/K/V projection), FusedMatMul, FusedGemm, FusedConv... that ONNX Runtime's transformer
       optimizer or its saved optimised graphs write. Only dynamic INT8 lowers one, an Attention its QAttention kernel
       takes (int8.contrib_nodes); the rest are never handed to a quantizer (onnx_utils.unquantizable_nodes), so an
@@ -177,9 +181,11 @@ def with_float_weighted(built: BuiltVariant, model: onnx.ModelProto) -> BuiltVar
                         if node.domain in ("", "ai.onnx") and node.op_type in RECURRENT_OP_TYPES)  # fmt: skip
     matrices = {tensor.name for tensor in model.graph.initializer
                 if tensor.data_type == onnx.TensorProto.FLOAT and len(tensor.dims) >= 2}  # fmt: skip
+    quantized = {tensor.name for tensor in model.graph.initializer if tensor.data_type in _QUANTIZED_TYPES}
     contrib = Counter(f"{node.op_type} ({node.domain})" for node in nodes
                       if node.domain not in ("", "ai.onnx") and node.op_type not in _TABLE_LOOKUPS
-                      and node.op_type not in INTEGER_KERNELS and matrices.intersection(node.input))  # fmt: skip
+                      and node.op_type not in INTEGER_KERNELS and matrices.intersection(node.input)
+                      and not quantized.intersection(node.input))  # fmt: skip
     params, notes = dict(built.params), list(built.notes)
     if recurrent:
         params["float_recurrent"] = dict(sorted(recurrent.items()))
