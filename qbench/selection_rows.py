@@ -7,7 +7,7 @@ static candidates were calibrated on, the choice favours them (and calibrators t
 small sample covers exactly its extremes) over dynamic ones, which saw none of those rows. So candidates are
 measured and chosen on *selection rows*, which neither the verdict nor any calibrator uses (split_calibration):
 rows of the calibration pool that were not drawn and are not evaluated, and rows left out of the evaluation only by
-`data.evaluation.limit`; where those are fewer than half the calibration sample, part of the sample (seeded, in
+`data.evaluation.limit` (in the evaluation's table: a calibration file lends only its own rows); where those are fewer than half the calibration sample, part of the sample (seeded, in
 proportion to the slices) is kept apart from fitting to make up that half, and every variant is calibrated on the
 rest. The chosen variant is then measured on the evaluation rows like any other, and the gate judges it there.
 Without such rows (every calibration row is also evaluated and no other is left, or the gate metric needs labels the
