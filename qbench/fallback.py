@@ -345,6 +345,7 @@ class _Search:
             "search.chosen": self.trials.index(chosen),
             "search.outcome": _outcome(chosen),
             "search.chosen_on": "selection" if self.prepared.selection is not None else "evaluation",
+            "search.selection_rows": self.prepared.selection.count if self.prepared.selection is not None else None,
         }
         if self.spec.calibrator == "auto":
             params["calibrator_requested"] = "auto"

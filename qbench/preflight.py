@@ -33,7 +33,7 @@ from qbench.data import (
     row_ids_sha256,
     training_rows,
 )
-from qbench.data.evaluation import calibration_sample, holds_out
+from qbench.data.evaluation import EvaluationRows, calibration_sample, holds_out
 from qbench.data.feeds import text_feed_notes
 from qbench.data.labels import label_cells
 from qbench.data.leakage import shared_rows, warn_shared
@@ -58,7 +58,13 @@ from qbench.provenance import metric_source_input
 from qbench.recipe import Recipe
 from qbench.recipe_data import TextInputSpec
 from qbench.results import CalibrationRecord
-from qbench.selection_rows import SelectionRows, chooses_among_candidates, selection_rows
+from qbench.selection_rows import (
+    CalibrationSplit,
+    SelectionRows,
+    calibration_split,
+    chooses_among_candidates,
+    selection_rows,
+)
 from qbench.sources import ModelSource, resolve_model
 from qbench.tasks import CustomMetric, LabelError, Task, get_task
 from qbench.tasks.classification import (
@@ -213,10 +219,11 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, export_refreshed: boo
         else table
     )
     calibration_nonfinite = nonfinite if calibration_table is table else nonfinite_masks(calibration_table, data.inputs)
-    calibration_rows, calibration_batches = _calibration(
+    split, calibration_batches = _calibration(
         recipe, calibration_table, model, calibration_nonfinite, dropped, masks if calibration_table is table else {},
-        lookups, whole=batch is not None, inputs=data.inputs,
+        lookups, whole=batch is not None, inputs=data.inputs, evaluation=evaluation if calibration_table is table else None,
     )
+    calibration_rows = split.fitted
     overlap = shared_rows(calibration_table, calibration_rows, table, eval_rows, data.fed_columns)
     if recipe.fits_on_calibration_rows:
         allowed = calibration_table is table and data.calibration.overlap == "allow"
@@ -242,6 +249,8 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, export_refreshed: boo
             overlap=data.calibration.overlap,
             held_out_rows=evaluation.held_out,
             evaluation_overlap_rows=overlap,
+            selection_rows=len(split.selection) if chooses_among_candidates(recipe) else None,
+            selection_from_sample=split.from_sample if chooses_among_candidates(recipe) else None,
         ),
         calibration_overlap=overlap,
         training=_training(recipe, task, table, model, outputs, nonfinite, masks, eval_rows, inputs=data.inputs),
@@ -250,8 +259,8 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, export_refreshed: boo
         preprocess_ms_per_row=preprocess_ms_per_row,
         batch=batch,
         snapshot=snapshot,
-        selection=selection_rows(data, calibration_table, calibration_rows, eval_rows if calibration_table is table else None,
-                                 judged=eval_slices, model_inputs=model.inputs, labels=lambda t, rows: _labels(recipe, task, t, rows, outputs),
+        selection=selection_rows(data, calibration_table, split, judged=eval_slices, model_inputs=model.inputs,
+                                 labels=lambda t, rows: _labels(recipe, task, t, rows, outputs),
                                  recipe_file=recipe.source) if chooses_among_candidates(recipe) else None,  # fmt: skip
     )
 
@@ -445,18 +454,23 @@ def _calibration(
     *,
     whole: bool,
     inputs: Mapping[str, str | TextInputSpec],
-) -> tuple[np.ndarray, list[Feeds]]:
-    """The calibration rows and their batches (the last one filled up to the batch size when `whole`: a model
-    with a fixed batch), fed as `inputs` (data.inputs, tokenizers read from the sweep's copies)."""
+    evaluation: EvaluationRows | None,
+) -> tuple[CalibrationSplit, list[Feeds]]:
+    """The calibration sample split into the rows fitted on and the rows searches choose on (calibration_split;
+    `evaluation`: the evaluation rows where they come from `table`) and the batches of the rows fitted on (the last
+    one filled up to the batch size when `whole`: a model with a fixed batch), fed as `inputs` (data.inputs,
+    tokenizers read from the sweep's copies)."""
     spec = recipe.data.calibration
     rows, counts, left_out = calibration_sample(table, recipe.data, nonfinite, recipe_file=recipe.source,
                                                 hold_out=holds_out(recipe.data, recipe.fits_on_calibration_rows))
     _record_dropped(dropped, "calibration", counts, left_out)
+    split = calibration_split(recipe, table, rows, nonfinite, evaluation)
+    rows = split.fitted
     field_name = "data.inputs" if recipe.calibration_data_path is None else "data.calibration.path"
     check_finite(table, rows, nonfinite, slices, what="calibration", recipe_file=recipe.source, field=field_name)
     feeds = build_feeds(table, rows, inputs, model.inputs, recipe_file=recipe.source)
     check_lookup_indices(recipe, lookups, feeds, rows, "calibration")
-    return rows, list(iter_batches(feeds, spec.batch_size, whole=whole))
+    return split, list(iter_batches(feeds, spec.batch_size, whole=whole))
 
 
 def _training(

@@ -132,6 +132,10 @@ class CalibrationRecord:
     overlap: str | None = None
     held_out_rows: int | None = None
     evaluation_overlap_rows: int | None = None
+    # rows searches chose among candidates on, none fitted on and none evaluated, and how many of them were drawn for
+    # calibration and kept apart from fitting (qbench.selection_rows); None: nothing was chosen among candidates
+    selection_rows: int | None = None
+    selection_from_sample: int | None = None
 
 
 NATIVE = "native"

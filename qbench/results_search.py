@@ -7,7 +7,7 @@
       chosen                                      index of the candidate the variant is (None: nothing could be built)
       closest, needed                             unreachable: the closest candidate and what it would take
       fp32_p50_ms                                 FP32's p50 per batch size under the search's quick timing
-      selection_rows                              rows candidates were judged and chosen on, none of them evaluated
+      selection_rows                              rows candidates were judged and chosen on, none calibrated on or evaluated
                                                   (qbench.selection_rows); None: chosen on the evaluation rows themselves
       candidates                                  CandidateRecord, in the order they were tried
     CandidateRecord

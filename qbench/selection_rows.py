@@ -1,14 +1,17 @@
-"""The rows that choose among candidates, apart from the rows that judge the choice.
+"""The rows that choose among candidates, apart from the rows that judge the choice and the rows fitted on.
 
 The INT8 search, `calibrator: auto` and `fallback:` try several candidates and keep the best. Kept on the rows the
 gate then judges it on, the pick's figure is the best of N noisy figures: a candidate whose drop breaches the
-tolerance on unseen rows passes by the luck of those rows (the more candidates, the likelier). So candidates are
-measured and chosen on *selection rows*, which the verdict never uses: the calibration rows that are not evaluated
-(held out with `data.calibration.overlap: hold_out`, kept apart by the filters, or read from
-`data.calibration.path`), with their labels and slices; the chosen variant is then measured on the evaluation rows
-like any other, and the gate judges it there. Without such rows (every calibration row is also evaluated, or the
-gate metric needs labels the calibration file lacks) the choice is made on the evaluation rows and every record of
-it says so.
+tolerance on unseen rows passes by the luck of those rows (the more candidates, the likelier). Kept on the rows the
+static candidates were calibrated on, the choice favours them (and calibrators that overfit the sample: MinMax on a
+small sample covers exactly its extremes) over dynamic ones, which saw none of those rows. So candidates are
+measured and chosen on *selection rows*, which neither the verdict nor any calibrator uses (split_calibration):
+rows of the calibration pool that were not drawn and are not evaluated, and rows left out of the evaluation only by
+`data.evaluation.limit` (in the evaluation's table: a calibration file lends only its own rows); where those are fewer than half the calibration sample, part of the sample (seeded, in
+proportion to the slices) is kept apart from fitting to make up that half, and every variant is calibrated on the
+rest. The chosen variant is then measured on the evaluation rows like any other, and the gate judges it there.
+Without such rows (every calibration row is also evaluated and no other is left, or the gate metric needs labels the
+calibration file lacks) the choice is made on the evaluation rows and every record of it says so.
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ import numpy as np
 import pandas as pd
 
 from qbench.data import build_feeds
+from qbench.data.evaluation import EvaluationRows, calibration_candidates
+from qbench.data.nonfinite import NonfiniteMasks
+from qbench.data.sampling import draw_from_strata, slice_strata
 from qbench.data.slices import slice_masks
 from qbench.errors import QbenchError
 from qbench.modelinfo import TensorMeta
@@ -31,15 +37,32 @@ from qbench.recipe_data import DataSpec
 logger = logging.getLogger(__name__)
 
 
+SELECTION_ROWS = 256  # selection rows drawn from the pool when the calibration sample is smaller
+FEW_SELECTION_ROWS = 32  # below this many, the choice among candidates rests on noisy figures: warned about
+SELECTION_STREAM = 1  # the split's generator is seeded with (data.calibration.seed, this): not the sample's own draw
+
+
 @dataclass(frozen=True)
 class SelectionRows:
-    """Feeds, labels (None: the metric compares with FP32) and slice masks of the rows candidates are chosen on."""
+    """Feeds, labels (None: the metric compares with FP32) and slice masks of the rows candidates are chosen on;
+    `from_sample`: how many of them were drawn for calibration and kept apart from fitting (split_calibration)."""
 
     feeds: dict[str, np.ndarray]
     labels: np.ndarray | None
     slices: dict[str, np.ndarray]
     count: int
     why_unsliced: str | None = None  # the slices could not be drawn on these rows: only overall is judged there
+    from_sample: int = 0
+
+
+@dataclass(frozen=True)
+class CalibrationSplit:
+    """The calibration sample drawn, split into the rows every variant is fitted on and the rows searches choose on
+    (positions in the calibration table, sorted); `from_sample`: how many selection rows came from the sample."""
+
+    fitted: np.ndarray
+    selection: np.ndarray
+    from_sample: int
 
 
 def chooses_among_candidates(recipe: Recipe) -> bool:
@@ -47,15 +70,55 @@ def chooses_among_candidates(recipe: Recipe) -> bool:
     return recipe.search is not None or any(v.calibrator == "auto" or v.fallback is not None for v in recipe.variants)
 
 
+def calibration_split(
+    recipe: Recipe, table: pd.DataFrame, drawn: np.ndarray, nonfinite: NonfiniteMasks, evaluation: EvaluationRows | None
+) -> CalibrationSplit:  # fmt: skip
+    """The calibration sample `drawn` from `table` split for a sweep of `recipe` (split_calibration): the pool is the
+    calibration candidates and, in the evaluation's own table (`evaluation`; None: a calibration file), the rows
+    left out only by its limit. A recipe that chooses among no candidates fits on every drawn row."""
+    if not chooses_among_candidates(recipe):
+        return CalibrationSplit(drawn, drawn[:0], 0)
+    candidates, _, _ = calibration_candidates(table, recipe.data, nonfinite, recipe_file=recipe.source)
+    if evaluation is None:
+        masks = calibration_masks(recipe.data, table, recipe_file=recipe.source)
+        return split_calibration(drawn, candidates, None, masks, seed=recipe.data.calibration.seed)
+    pool = np.union1d(candidates, evaluation.beyond_limit)
+    return split_calibration(drawn, pool, evaluation.rows, evaluation.masks, seed=recipe.data.calibration.seed)
+
+
+def split_calibration(
+    drawn: np.ndarray, pool: np.ndarray, evaluated: np.ndarray | None, masks: dict[str, np.ndarray], *, seed: int
+) -> CalibrationSplit:
+    """Selection rows no candidate is fitted on and the gate never judges: from `pool` (rows of the calibration
+    table neither `drawn` nor `evaluated`; None: another table), at most max(len(drawn), SELECTION_ROWS); where
+    that is less than half the drawn rows not evaluated, rows of the sample make up that half and are no longer
+    fitted on. Both draws are seeded and keep the shares of the slices (`masks`, over the table)."""
+    rng = np.random.default_rng([seed, SELECTION_STREAM])
+    spare = np.sort(drawn if evaluated is None else drawn[~np.isin(drawn, evaluated)])
+    pool = np.setdiff1d(pool, drawn if evaluated is None else np.union1d(drawn, evaluated))
+    chosen = draw_from_strata(slice_strata(pool, masks), max(len(drawn), SELECTION_ROWS), rng)
+    wanted = len(spare) // 2 - len(chosen)
+    moved = draw_from_strata(slice_strata(spare, masks), wanted, rng) if wanted > 0 else spare[:0]
+    return CalibrationSplit(np.setdiff1d(drawn, moved), np.union1d(chosen, moved), len(moved))
+
+
+def calibration_masks(data: DataSpec, table: pd.DataFrame, *, recipe_file: Path) -> dict[str, np.ndarray]:
+    """The recipe's slices over the calibration `table` (none where it lacks their columns: a calibration file)."""
+    try:
+        return slice_masks(table, data.slices, recipe_file=recipe_file, inputs=data.inputs)
+    except QbenchError:
+        return {}
+
+
 def selection_rows(
-    data: DataSpec, table: pd.DataFrame, rows: np.ndarray, evaluated: np.ndarray | None, *, judged: Collection[str],
+    data: DataSpec, table: pd.DataFrame, split: CalibrationSplit, *, judged: Collection[str],
     model_inputs: dict[str, TensorMeta], labels: Callable[[pd.DataFrame, np.ndarray], np.ndarray | None],
     recipe_file: Path,
 ) -> SelectionRows | None:  # fmt: skip
-    """The calibration `rows` of `table` that are not `evaluated` (positions in the same table; None: another
-    file), in table order, as selection rows; None when none is left or their labels cannot be read (`labels`
-    raises). Slices are those of `judged` (the evaluation's: what the gate judges) that hold some of these rows."""
-    rows = np.sort(rows if evaluated is None else rows[~np.isin(rows, evaluated)])
+    """The selection rows of `split` (positions in `table`) with their feeds, labels and slices; None when there
+    are none or their labels cannot be read (`labels` raises). Slices are those of `judged` (the evaluation's: what
+    the gate judges) that hold some of these rows. Fewer than FEW_SELECTION_ROWS are warned about."""
+    rows = split.selection
     if len(rows) == 0:
         return None
     try:
@@ -69,16 +132,22 @@ def selection_rows(
         slices = {name: mask[rows] for name, mask in masks.items() if name in judged and mask[rows].any()}
     except QbenchError as exc:  # a calibration file without the slice columns
         slices, why_unsliced = {}, str(exc)
+    if len(rows) < FEW_SELECTION_ROWS:
+        logger.warning("only %d rows to choose among candidates on (none fitted on, none evaluated): the choice rests "
+                       "on noisy figures; draw more calibration rows or leave more rows unevaluated", len(rows))  # fmt: skip
     feeds = build_feeds(table, rows, data.inputs, model_inputs, recipe_file=recipe_file)
-    return SelectionRows(feeds, labelled, slices, len(rows), why_unsliced)
+    return SelectionRows(feeds, labelled, slices, len(rows), why_unsliced, split.from_sample)
 
 
 def chosen_on(selection: SelectionRows | None, evaluation_rows: int) -> str:
     """Which rows chose a searched variant and which judge it, in words (results, report, notes)."""
     if selection is None:
-        return (f"chosen on the {evaluation_rows} evaluation rows that also judge it: no calibration row is left out of "
-                "the evaluation to choose on, so its figures are the best of several tries on those rows and flatter "
-                "it (hold calibration rows out: data.calibration.overlap: hold_out, or calibration.path)")  # fmt: skip
+        return (f"chosen on the {evaluation_rows} evaluation rows that also judge it: no row apart from the evaluation "
+                "and the calibration fit is left to choose on, so its figures are the best of several tries on those "
+                "rows and flatter it (hold calibration rows out: data.calibration.overlap: hold_out, or "
+                "calibration.path)")  # fmt: skip
     unsliced = f" (overall only there: {selection.why_unsliced})" if selection.why_unsliced else ""
-    return (f"chosen on {selection.count} calibration rows not evaluated{unsliced}; judged on the {evaluation_rows} "
-            "evaluation rows, which took no part in choosing it")  # fmt: skip
+    few = f", few enough to make the choice noisy (under {FEW_SELECTION_ROWS})" if selection.count < FEW_SELECTION_ROWS else ""
+    return (f"chosen on {selection.count} rows no candidate was calibrated on and none evaluated ({selection.from_sample} "
+            f"of them drawn for calibration and kept apart from fitting){few}{unsliced}; judged on the "
+            f"{evaluation_rows} evaluation rows, which took no part in choosing it")  # fmt: skip

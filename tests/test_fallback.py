@@ -7,6 +7,7 @@ import math
 
 import onnx
 import pytest
+import yaml
 from onnx import numpy_helper
 from test_explain import INT8, one_gemm_model, write_fragile_project
 
@@ -22,8 +23,14 @@ def in_tmp(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
 
-def _sweep(tmp_path, variant, **project):
-    recipe = load_recipe(write_fragile_project(tmp_path, [variant], **project))
+def _sweep(tmp_path, variant, *, limit=None, **project):
+    """Sweep the fragile project with `variant`; `limit`: data.evaluation.limit (the rows beyond it choose)."""
+    path = write_fragile_project(tmp_path, [variant], **project)
+    if limit is not None:
+        raw = yaml.safe_load(path.read_text())
+        raw["data"]["evaluation"]["limit"] = limit
+        path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    recipe = load_recipe(path)
     outcome = run_sweep(recipe, track=False)
     result = outcome.results.find(variant["name"], "onnxruntime-cpu")
     assert result is not None and result.status == "ok", result
@@ -65,7 +72,8 @@ def test_tolerance_unreachable_when_max_excluded_is_too_small(tmp_path):
 def test_calibrator_auto_records_every_try_then_falls_back_to_the_fastest_passing(tmp_path):
     variant = {"name": "int8-auto", "precision": "int8", "calibrator": "auto", "op_types": ["MatMul"],
                "fallback": {"max_excluded": 2}}  # fmt: skip
-    outcome, result = _sweep(tmp_path, variant, fragile=("a",))
+    # the rows beyond the limit choose, so all 96 calibration rows are fitted on, as in a sweep without a search
+    outcome, result = _sweep(tmp_path, variant, fragile=("a",), limit=150)
     steps = result.params["search.steps"]
     assert [s["calibrator"] for s in steps[:4]] == ["minmax", "entropy", "percentile", "dynamic"]
     assert all(s["excluded"] == [] and math.isfinite(s["p50_ms"]) and not s["passed"] for s in steps[:4])

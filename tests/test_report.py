@@ -294,6 +294,16 @@ def test_the_calibration_section_states_the_rows_held_out_and_the_calibration_ro
     assert "held out" not in render_markdown(results, None, None, tmp_path / "report.md")
 
 
+def test_the_calibration_section_states_the_rows_candidates_were_chosen_on(tmp_path: Path) -> None:
+    from qbench.report import render_markdown
+
+    results = make_sweep()
+    calibration = replace(results.calibration, selection_rows=40, selection_from_sample=12)
+    text = render_markdown(replace(results, calibration=calibration), None, None, tmp_path / "report.md")
+    assert "candidates chosen on 40 other rows, none fitted on or evaluated (12 of them drawn here" in text
+    assert "candidates chosen on" not in render_markdown(results, None, None, tmp_path / "report.md")
+
+
 def test_what_a_torch_backend_saw_its_ops_compute_in_is_in_the_notes(tmp_path: Path) -> None:
     label = "int8 (torchao dynamic, 1 of 1 linear layers); matrix products: 1 of 2 in int8, 1 left in float32 (matmul)"
     ran = {"runtime.kernels": label}

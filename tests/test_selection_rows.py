@@ -13,6 +13,8 @@ from qbench.recipe import load_recipe
 from qbench.sweep import run_sweep
 
 CALIBRATION_ROWS, EVALUATION_ROWS = 96, 200  # write_fragile_project's splits, apart by their filters
+# no row is left beyond the two splits, so half the calibration sample is kept apart from fitting to choose on
+SELECTION_ROWS = FITTED_ROWS = CALIBRATION_ROWS // 2
 
 
 @pytest.fixture(autouse=True)
@@ -35,16 +37,20 @@ def _recorded(monkeypatch, module):
     return calls
 
 
-def _sweep(path, **changes):
+def _changed(path, **changes):
     raw = yaml.safe_load(path.read_text())
     raw.update(changes)
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
-    return run_sweep(load_recipe(path), track=False)
+    return load_recipe(path)
+
+
+def _sweep(path, **changes):
+    return run_sweep(_changed(path, **changes), track=False)
 
 
 def test_the_int8_search_chooses_on_rows_the_gate_does_not_judge(tmp_path, monkeypatch):
-    """Every candidate is screened and evaluated on the calibration rows (not evaluated); the searched variant's
-    figures, which the gate judges, come from the evaluation rows alone."""
+    """Every candidate is screened and evaluated on selection rows (not evaluated, not calibrated on); the searched
+    variant's figures, which the gate judges, come from the evaluation rows alone."""
     import qbench.search.run
 
     calls = _recorded(monkeypatch, qbench.search.run)
@@ -52,9 +58,10 @@ def test_the_int8_search_chooses_on_rows_the_gate_does_not_judge(tmp_path, monke
     outcome = _sweep(path, search={"time_budget_s": 60, "techniques": ["ort-dynamic", "ort-static"]})
     report = outcome.results.search
     assert calls and all(rows <= CALIBRATION_ROWS for _, rows in calls)  # no candidate ran on the evaluation rows
-    assert any(rows == CALIBRATION_ROWS for name, rows in calls if name != "fp32")  # evaluated on every selection row
-    assert report.selection_rows == CALIBRATION_ROWS
-    assert report.notes[0].startswith(f"chosen on {CALIBRATION_ROWS} calibration rows not evaluated")
+    assert any(rows == SELECTION_ROWS for name, rows in calls if name != "fp32")  # evaluated on every selection row
+    assert report.selection_rows == SELECTION_ROWS
+    assert report.notes[0].startswith(f"chosen on {SELECTION_ROWS} rows no candidate was calibrated on and none evaluated")
+    assert (outcome.results.calibration.size, outcome.results.calibration.selection_rows) == (FITTED_ROWS, SELECTION_ROWS)
     variant = outcome.results.find("int8-search", "onnxruntime-cpu")
     assert variant.params["search.chosen_on"] == "selection" and variant.accuracy.rows == EVALUATION_ROWS
     assert not any("chosen among candidates" in note for note in outcome.gate.notes)
@@ -68,10 +75,13 @@ def test_calibrator_auto_and_fallback_choose_on_rows_the_gate_does_not_judge(tmp
                "fallback": {"max_excluded": 2}}  # fmt: skip
     outcome = _sweep(write_fragile_project(tmp_path, [variant]))
     tries = [rows for name, rows in calls if name.startswith("int8-auto")]
-    assert tries and set(tries) == {CALIBRATION_ROWS}
+    assert tries and set(tries) == {SELECTION_ROWS}
     result = outcome.results.find("int8-auto", "onnxruntime-cpu")
     assert result.params["search.chosen_on"] == "selection" and result.accuracy.rows == EVALUATION_ROWS
-    assert any(note.startswith(f"chosen on {CALIBRATION_ROWS} calibration rows") for note in result.notes)
+    assert any(note.startswith(f"chosen on {SELECTION_ROWS} rows no candidate") for note in result.notes)
+    fitted = 0 if result.params["calibrator"] == "dynamic" else FITTED_ROWS  # built as screened: on the rows fitted on
+    assert result.params["calibration_rows"] == fitted
+    assert result.params["search.selection_rows"] == SELECTION_ROWS
 
 
 def test_without_rows_apart_from_the_evaluation_the_choice_and_the_gate_say_so(tmp_path):
@@ -89,20 +99,74 @@ def test_without_rows_apart_from_the_evaluation_the_choice_and_the_gate_say_so(t
                for note in outcome.gate.notes)  # fmt: skip
 
 
-def test_selection_rows_leave_out_evaluated_rows_and_keep_labels_and_slices():
+def _rows(feeds):
+    return {row.tobytes() for row in np.concatenate([batch["x"] for batch in feeds])}
+
+
+def test_candidates_are_chosen_on_rows_no_candidate_was_calibrated_on(tmp_path):
+    """A static candidate screened on its own calibration rows looks better than on fresh rows (MinMax covers
+    exactly their extremes), which dynamic candidates never saw: no selection row is a row calibrated on."""
+    from qbench.preflight import prepare
+
+    path = write_fragile_project(tmp_path, [])
+    prepared = prepare(_changed(path, search={"time_budget_s": 60, "techniques": ["ort-static"]}), track=False)
+    fitted, selected = _rows(prepared.calibration_batches), _rows([prepared.selection.feeds])
+    assert len(fitted) == FITTED_ROWS and len(selected) == SELECTION_ROWS and not fitted & selected
+    assert prepared.selection.from_sample == SELECTION_ROWS
+
+
+def test_rows_left_out_only_by_the_evaluation_limit_choose_and_the_sample_stays_whole(tmp_path):
+    """Rows the evaluation filter selects but its limit leaves out are neither evaluated nor calibrated on: the
+    candidates are chosen on them, and every drawn calibration row is still fitted on."""
+    from qbench.preflight import prepare
+
+    path = write_fragile_project(tmp_path, [{"name": "int8-auto", "precision": "int8", "calibrator": "auto"}])
+    raw = yaml.safe_load(path.read_text())
+    raw["data"]["evaluation"]["limit"] = 120
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    prepared = prepare(load_recipe(path), track=False)
+    beyond = EVALUATION_ROWS - 120
+    assert prepared.selection.count == beyond and prepared.selection.from_sample == 0
+    assert (prepared.calibration.size, prepared.calibration.selection_rows) == (CALIBRATION_ROWS, beyond)
+    assert not _rows(prepared.calibration_batches) & _rows([prepared.selection.feeds])
+    assert not _rows([prepared.evaluation_feeds]) & _rows([prepared.selection.feeds])
+
+
+def test_split_calibration_takes_the_pool_first_then_half_the_sample_seeded_and_by_slice():
+    from qbench.selection_rows import split_calibration
+
+    drawn, evaluated = np.arange(0, 40), np.arange(60, 100)
+    masks = {"a": np.arange(100) % 4 == 0}
+    thin = split_calibration(drawn, np.arange(40, 45), evaluated, masks, seed=3)  # 5 spare rows: 15 from the sample
+    assert len(thin.selection) == 20 and thin.from_sample == 15 and len(thin.fitted) == 25
+    assert not np.intersect1d(thin.fitted, thin.selection).size and set(range(40, 45)) <= set(thin.selection)
+    assert not np.intersect1d(thin.selection, evaluated).size
+    assert masks["a"][np.setdiff1d(thin.selection, np.arange(40, 45))].sum() == round(15 * 10 / 40)  # a's share
+    again = split_calibration(drawn, np.arange(40, 45), evaluated, masks, seed=3)
+    other = split_calibration(drawn, np.arange(40, 45), evaluated, masks, seed=4)
+    assert np.array_equal(again.selection, thin.selection) and not np.array_equal(other.selection, thin.selection)
+    wide = split_calibration(drawn, np.arange(0, 60), evaluated, masks, seed=3)  # the pool holds enough
+    assert np.array_equal(wide.fitted, drawn) and np.array_equal(wide.selection, np.arange(40, 60))
+    assert wide.from_sample == 0
+
+
+def test_selection_rows_keep_labels_and_slices():
     import pandas as pd
 
     from qbench.modelinfo import TensorMeta
     from qbench.recipe_data import DataSpec
-    from qbench.selection_rows import selection_rows
+    from qbench.selection_rows import CalibrationSplit, selection_rows
 
     table = pd.DataFrame({"x": list(np.arange(12, dtype=np.float32).reshape(6, 2)), "label": [0, 1, 0, 1, 0, 1],
                           "kind": ["a", "a", "b", "b", "a", "b"]})  # fmt: skip
     data = DataSpec.model_validate({"path": "t.parquet", "inputs": {"x": "x"}, "label": "label", "slices": [{"by": "kind"}]})
     meta = {"x": TensorMeta(name="x", dtype=np.dtype("float32"), shape=(None, 2))}
-    got = selection_rows(data, table, np.array([5, 0, 2, 3]), np.array([2, 4]), judged=["kind=b"], model_inputs=meta,
+    split = CalibrationSplit(np.array([1]), np.array([0, 3, 5]), 2)
+    got = selection_rows(data, table, split, judged=["kind=b"], model_inputs=meta,
                          labels=lambda t, rows: t["label"].to_numpy()[rows], recipe_file=Path("r.yaml"))  # fmt: skip
-    assert got is not None and got.count == 3 and got.labels.tolist() == [0, 1, 1]
-    assert got.feeds["x"][:, 0].tolist() == [0, 6, 10] and got.slices == {"kind=b": got.slices["kind=b"]} and got.slices["kind=b"].tolist() == [False, True, True]
-    assert selection_rows(data, table, np.array([2, 4]), np.array([2, 4]), judged=[], model_inputs=meta, labels=lambda t, r: None,
+    assert got is not None and got.count == 3 and got.labels.tolist() == [0, 1, 1] and got.from_sample == 2
+    assert got.feeds["x"][:, 0].tolist() == [0, 6, 10] and list(got.slices) == ["kind=b"]
+    assert got.slices["kind=b"].tolist() == [False, True, True]
+    empty = CalibrationSplit(np.array([2, 4]), np.array([], dtype=np.int64), 0)
+    assert selection_rows(data, table, empty, judged=[], model_inputs=meta, labels=lambda t, r: None,
                           recipe_file=Path("r.yaml")) is None  # fmt: skip

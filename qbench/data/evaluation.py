@@ -11,7 +11,7 @@ let the two disagree on valid results.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,8 @@ class EvaluationRows:
     (calibration counts per slice use them too). nonfinite: input column -> rows holding NaN/inf, over all rows.
     dropped: input column -> evaluation rows left out for NaN/inf (only with `data.nonfinite_inputs: drop`);
     left_out: how many rows that is (a row with NaN/inf in two columns counts once). held_out: rows of the
-    evaluation filter not evaluated because they are calibration rows (`data.calibration.overlap: hold_out`)."""
+    evaluation filter not evaluated because they are calibration rows (`data.calibration.overlap: hold_out`).
+    beyond_limit: rows the evaluation would take but for `data.evaluation.limit` (searches may choose on them)."""
 
     rows: np.ndarray
     masks: dict[str, np.ndarray]
@@ -43,6 +44,7 @@ class EvaluationRows:
     dropped: dict[str, int]
     left_out: int
     held_out: int = 0
+    beyond_limit: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     @property
     def slices(self) -> dict[str, np.ndarray]:
@@ -124,12 +126,12 @@ def evaluation_rows(table: pd.DataFrame, data: DataSpec, *, recipe_file: Path, c
                 "separate the rows (calibration.filter / evaluation.filter, or calibration.path), or set overlap: allow",
             )  # fmt: skip
         rows = kept
-    if data.evaluation.limit is not None:
-        rows = rows[: data.evaluation.limit]
+    beyond_limit = rows[data.evaluation.limit :] if data.evaluation.limit is not None else rows[:0]
+    rows = rows[: len(rows) - len(beyond_limit)]
     masks = slice_masks(table, data.slices, recipe_file=recipe_file, inputs=data.inputs, evaluation_rows=rows)
     check_finite(table, rows, nonfinite, masks, what="evaluation", recipe_file=recipe_file)
     return EvaluationRows(rows=rows, masks=masks, nonfinite=nonfinite, dropped=dropped, left_out=left_out,
-                          held_out=held_out)  # fmt: skip
+                          held_out=held_out, beyond_limit=beyond_limit)  # fmt: skip
 
 
 def holds_out(data: DataSpec, calibrated: bool) -> bool:
@@ -149,14 +151,23 @@ def calibration_sample(
     candidates are drawn: `samples` (256 by default) from a table of 300 rows without filters would leave 44 rows
     to judge every variant on, and would refuse a table of 200."""
     spec = data.calibration
-    selected = select_rows(table, spec.filter, field="data.calibration.filter", recipe_file=recipe_file)
-    candidates, dropped = finite_rows(selected, nonfinite, data, what="calibration", recipe_file=recipe_file)
+    candidates, dropped, left_out = calibration_candidates(table, data, nonfinite, recipe_file=recipe_file)
     if hold_out and spec.samples > len(candidates) // 2:
         evaluated = select_rows(table, data.evaluation.filter, field="data.evaluation.filter", recipe_file=recipe_file)
         if np.isin(candidates, evaluated).any():
             spec = spec.model_copy(update={"samples": max(1, len(candidates) // 2)})
     rows = draw_calibration_sample(table, candidates, spec, recipe_file=recipe_file)
-    return rows, dropped, len(selected) - len(candidates)
+    return rows, dropped, left_out
+
+
+def calibration_candidates(
+    table: pd.DataFrame, data: DataSpec, nonfinite: NonfiniteMasks, *, recipe_file: Path
+) -> tuple[np.ndarray, dict[str, int], int]:
+    """The rows of `table` the calibration sample may be drawn from (data.calibration.filter, less NaN/inf inputs
+    under `data.nonfinite_inputs: drop`), input column -> candidates left out for NaN/inf, and how many that is."""
+    selected = select_rows(table, data.calibration.filter, field="data.calibration.filter", recipe_file=recipe_file)
+    candidates, dropped = finite_rows(selected, nonfinite, data, what="calibration", recipe_file=recipe_file)
+    return candidates, dropped, len(selected) - len(candidates)
 
 
 def training_rows(

@@ -28,12 +28,32 @@ def draw_calibration_sample(
     strata = _strata(df, candidates, spec.stratify_by, recipe_file=recipe_file)
     if spec.samples >= len(candidates):
         return candidates
-    rng = np.random.default_rng(spec.seed)
-    quotas = allocate_proportionally(np.array([len(s) for s in strata]), spec.samples)
+    return draw_from_strata(strata, spec.samples, np.random.default_rng(spec.seed))
+
+
+def draw_from_strata(strata: list[np.ndarray], count: int, rng: np.random.Generator) -> np.ndarray:
+    """`count` positions drawn without replacement from the groups `strata`, each in proportion to its size
+    (allocate_proportionally), sorted ascending; all of them when they hold no more than `count`."""
+    everything = np.concatenate(strata).astype(np.int64) if strata else np.zeros(0, dtype=np.int64)
+    if count >= len(everything):
+        return np.sort(everything)
+    quotas = allocate_proportionally(np.array([len(s) for s in strata]), count)
     drawn = [
         rng.choice(members, size=quota, replace=False) for members, quota in zip(strata, quotas, strict=True) if quota
     ]
     return np.sort(np.concatenate(drawn)).astype(np.int64)
+
+
+def slice_strata(positions: np.ndarray, masks: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """`positions` grouped by the slices they fall in (`masks` over the table): rows in the same set of slices form
+    a group, so a draw from the groups keeps every slice's share (also with overlapping slices)."""
+    positions = np.sort(np.asarray(positions, dtype=np.int64))
+    if not masks or len(positions) == 0:
+        return [positions] if len(positions) else []
+    membership = np.stack([mask[positions] for mask in masks.values()], axis=1)
+    _, codes = np.unique(membership, axis=0, return_inverse=True)
+    codes = codes.reshape(-1)
+    return [positions[codes == code] for code in range(codes.max() + 1)]
 
 
 def allocate_proportionally(counts: np.ndarray, total: int) -> np.ndarray:
