@@ -51,6 +51,7 @@ from qbench.preflight_checks import (
     fixed_batch,
     with_fixed_batch,
 )
+from qbench.preflight_labels import named_classes
 from qbench.preflight_lookups import Lookup, check_lookup_indices, constant_lookups
 from qbench.preflight_precision import reduced_precision
 from qbench.preflight_rows import check_row_independence
@@ -67,14 +68,7 @@ from qbench.selection_rows import (
 )
 from qbench.sources import ModelSource, resolve_model
 from qbench.tasks import CustomMetric, LabelError, Task, get_task
-from qbench.tasks.classification import (
-    ONE_COLUMN_CLASSES,
-    class_count,
-    column_classes,
-    label_columns,
-    named_labels,
-    one_score_column,
-)
+from qbench.tasks.classification import named_labels
 from qbench.tasks.custom import load_custom_metrics
 from qbench.tasks.selection import OutputChoice, choose_outputs
 from qbench.variants.base import TrainingData
@@ -360,7 +354,7 @@ def _labels(
         return None
     try:
         if recipe.data.classes is not None:
-            values = _named_classes(recipe, task, values, outputs, positions)
+            values = named_classes(recipe, task, values, outputs, positions)
         else:
             values = task.decode_label_names(values, [c.meta for c in outputs], positions)
         labels = task.labels_from_values(values, positions)
@@ -398,31 +392,6 @@ def check_labels_fit_outputs(prepared: Prepared, outputs: Mapping[str, np.ndarra
             task.check_labels_against_reference(prepared.labels, meta, values)
         except LabelError as exc:
             raise _label_error(prepared.recipe, exc) from None
-
-
-def _named_classes(
-    recipe: Recipe, task: Task, values: list, outputs: list[OutputChoice], positions: np.ndarray
-) -> list[int]:
-    """Label values read through `data.classes`: each names a score column, by its position in the list."""
-    classes = recipe.data.classes or []
-    if task.name != "classification":
-        raise RecipeError(recipe.source, "data.classes", f"task {task.name!r} does not read class names; "
-                          "expected it only with task: classification")  # fmt: skip
-    mapped = [o.name for o in outputs if o.meta.kind == "map"]
-    if mapped:
-        raise RecipeError(recipe.source, "data.classes", f"output {mapped[0]!r} names its own classes (a map); expected "
-                          "no data.classes with it")  # fmt: skip
-    for choice in outputs:
-        stated = column_classes(choice.meta)
-        if stated is not None and [str(c) for c in stated] != [str(c) for c in classes]:
-            raise RecipeError(recipe.source, "data.classes", f"output {choice.name!r} names its own classes in the graph "
-                              f"({', '.join(map(str, stated))}); expected data.classes left out, or equal to them")  # fmt: skip
-        count = class_count(choice.meta)
-        if count is not None and count != len(classes):
-            layout = f" ({ONE_COLUMN_CLASSES})" if one_score_column(choice.meta) else ""
-            raise RecipeError(recipe.source, "data.classes", f"names {len(classes)} classes, output {choice.name!r} "
-                              f"has {count}{layout}; expected one name per class, in column order")  # fmt: skip
-    return label_columns(values, classes, positions, unknown=f"are none of data.classes ({', '.join(map(str, classes))})")
 
 
 def _finite_rows(

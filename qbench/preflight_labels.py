@@ -1,0 +1,40 @@
+"""Labels given as class names (`data.classes`): each names a score column of the outputs, by its position in the list.
+
+Checked against what the graph says of its outputs before any label is read: a map output names its own classes, a
+graph may name its columns (a ZipMap's keys, a class table), and the count must match the score columns.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from qbench.errors import RecipeError
+from qbench.recipe import Recipe
+from qbench.tasks import Task
+from qbench.tasks.classification import ONE_COLUMN_CLASSES, class_count, column_classes, label_columns, one_score_column
+from qbench.tasks.selection import OutputChoice
+
+
+def named_classes(
+    recipe: Recipe, task: Task, values: list, outputs: list[OutputChoice], positions: np.ndarray
+) -> list[int]:
+    """Label values read through `data.classes`: each names a score column, by its position in the list."""
+    classes = recipe.data.classes or []
+    if task.name != "classification":
+        raise RecipeError(recipe.source, "data.classes", f"task {task.name!r} does not read class names; "
+                          "expected it only with task: classification")  # fmt: skip
+    mapped = [o.name for o in outputs if o.meta.kind == "map"]
+    if mapped:
+        raise RecipeError(recipe.source, "data.classes", f"output {mapped[0]!r} names its own classes (a map); expected "
+                          "no data.classes with it")  # fmt: skip
+    for choice in outputs:
+        stated = column_classes(choice.meta)
+        if stated is not None and [str(c) for c in stated] != [str(c) for c in classes]:
+            raise RecipeError(recipe.source, "data.classes", f"output {choice.name!r} names its own classes in the graph "
+                              f"({', '.join(map(str, stated))}); expected data.classes left out, or equal to them")  # fmt: skip
+        count = class_count(choice.meta)
+        if count is not None and count != len(classes):
+            layout = f" ({ONE_COLUMN_CLASSES})" if one_score_column(choice.meta) else ""
+            raise RecipeError(recipe.source, "data.classes", f"names {len(classes)} classes, output {choice.name!r} "
+                              f"has {count}{layout}; expected one name per class, in column order")  # fmt: skip
+    return label_columns(values, classes, positions, unknown=f"are none of data.classes ({', '.join(map(str, classes))})")
