@@ -36,7 +36,8 @@ class TensorMeta:
     such as -1 / +1 or 3, 7, 9) the classes its values are one of, when the graph states them
     (qbench.modelinfo_classes).
     passthrough_of: the graph input this output merely copies (Identity/Cast chain), if any.
-    off_label: set on a score tensor whose arg-max is not how the graph picks its label.
+    off_label: set on a score tensor whose arg-max is not how the graph picks its label; lowest_wins when the graph
+    picks it as their arg-min (KMeans' distances), which classification then decides by.
     """
 
     name: str
@@ -47,6 +48,7 @@ class TensorMeta:
     class_keys: tuple[int | str, ...] | None = None
     passthrough_of: str | None = None
     off_label: str | None = None  # why the highest of these scores is not the model's own label (modelinfo_classes)
+    lowest_wins: bool = False  # the graph's label is the ArgMin of these scores
     probabilities: bool | None = None  # the graph makes these scores as probabilities / as logits; None: unstated
     log_probabilities: bool = False  # the graph makes these scores as the log of probabilities (modelinfo_classes)
     class_count: int | None = None  # class ids an integer output can give, when the graph says (ArgMax over N scores)
@@ -97,7 +99,8 @@ def read_model_info(path: Path) -> ModelInfo:
     for value in model.graph.output:
         meta = _meta(value, producers.get(value.name))
         if meta.kind == "map" or meta.dtype.kind == "f":  # scores, not labels
-            meta = dataclasses.replace(meta, off_label=facts.off_label.get(value.name))
+            meta = dataclasses.replace(meta, off_label=facts.off_label.get(value.name),
+                                       lowest_wins=value.name in facts.lowest_wins)
         if meta.kind == "tensor":
             label_table = facts.labels.get(value.name)
             keys = label_table if _read_as_positions(meta, label_table) else facts.tables.get(value.name)

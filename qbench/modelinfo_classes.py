@@ -42,7 +42,8 @@ class ScoreFacts:
     classifier's first output, or a constant table indexed by the graph), so that a string label reads as its
     position there. off_label: why the graph's own label is not the highest score (its label is
     the ArgMin of the scores, as KMeans' distances; or an SVMClassifier's one-vs-one vote), for scores whose
-    arg-max would misread the model's decision."""
+    arg-max would misread the model's decision. lowest_wins: the scores whose label is their ArgMin, so that their
+    arg-min is the model's decision."""
 
     tables: dict[str, ClassTable]
     labels: dict[str, ClassTable]
@@ -50,6 +51,7 @@ class ScoreFacts:
     probabilities: dict[str, bool]  # True: Sigmoid/Softmax made the scores; False: a linear layer (logits); see _scale
     log_probabilities: set[str]  # scores that are the log of probabilities (Log of a Sigmoid, LogSoftmax)
     id_counts: dict[str, int]  # an integer output made by ArgMax over an axis of static size: how many class ids
+    lowest_wins: set[str]
 
 
 def keys_are_columns(keys: ClassTable) -> bool:
@@ -69,7 +71,7 @@ def score_facts(model: onnx.ModelProto) -> ScoreFacts:
             consumers.setdefault(name, []).append(node)
     constants = _constant_tables(model)
     fixed = _constant_tensors(model)
-    tables, labels, off_label, probabilities, logs = {}, {}, {}, {}, set()
+    tables, labels, off_label, probabilities, logs, lowest = {}, {}, {}, {}, set(), set()
     for output in graph.output:
         label_table = _label_table(output.name, producers, constants)
         if label_table:
@@ -81,12 +83,14 @@ def score_facts(model: onnx.ModelProto) -> ScoreFacts:
         reason = _off_label(chain, producers, consumers)
         if reason:
             off_label[output.name] = reason
+        if _labelled_by_argmin(chain, consumers):
+            lowest.add(output.name)
         scale = _scale(output.name, producers, fixed)
         if scale is not None:
             probabilities[output.name] = scale
         if _log_of_probabilities(output.name, producers, fixed):
             logs.add(output.name)
-    return ScoreFacts(tables, labels, off_label, probabilities, logs, _argmax_id_counts(model, producers))
+    return ScoreFacts(tables, labels, off_label, probabilities, logs, _argmax_id_counts(model, producers), lowest)
 
 
 def _log_of_probabilities(name: str, producers: dict[str, onnx.NodeProto], constants: set[str]) -> bool:
@@ -163,11 +167,15 @@ def _constant_tensors(model: onnx.ModelProto) -> set[str]:
 
 def _off_label(chain: list[str], producers: dict[str, onnx.NodeProto], consumers: dict[str, list[onnx.NodeProto]]) -> str | None:
     """Why the model's label is not the arg-max of the scores in `chain`, or None."""
-    if any(user.op_type == "ArgMin" and _axis(user) in (1, -1) for name in chain for user in consumers.get(name, [])):
+    if _labelled_by_argmin(chain, consumers):
         return "the graph's label is the ArgMin of these scores (lower is better, e.g. distances to cluster centres)"
     if any(node.op_type == "SVMClassifier" and node.domain == "ai.onnx.ml" for node in _ancestors(chain[0], producers)):
         return "they come from an SVMClassifier, whose label is a one-vs-one vote the highest score does not always match"
     return None
+
+
+def _labelled_by_argmin(chain: list[str], consumers: dict[str, list[onnx.NodeProto]]) -> bool:
+    return any(user.op_type == "ArgMin" and _axis(user) in (1, -1) for name in chain for user in consumers.get(name, []))
 
 
 def _ancestors(name: str, producers: dict[str, onnx.NodeProto]) -> list[onnx.NodeProto]:

@@ -131,6 +131,7 @@ def test_scores_whose_argmax_is_not_the_graphs_label_are_marked_and_the_label_is
                                     (SVC(probability=False), "svc", "probabilities")):  # fmt: skip
         info = read_model_info(_sklearn_onnx(tmp_path, estimator, name))
         assert info.outputs[scores].off_label is not None and info.outputs["label"].off_label is None
+        assert info.outputs[scores].lowest_wins == (name == "kmeans")  # decided by their arg-min, as the label is
         [choice] = choose_outputs(get_task("classification"), info, None)
         assert choice.name == "label"
     from sklearn.linear_model import LogisticRegression

@@ -68,7 +68,7 @@ def choose_outputs(
         )
     choice = OutputChoice(tied[0], model.outputs[names[tied[0]]])
     log.info("evaluating output %s (task %s; model.output not set)", choice.meta.describe(), task.name)
-    _warn_off_label(choice.meta)
+    _warn_off_label(task, choice.meta)
     return [choice]
 
 
@@ -88,8 +88,10 @@ def _together(task: Task, model: ModelInfo, wanted: Sequence[str] | None, names:
     return [_named(task, model, name, names) for name in wanted]
 
 
-def _warn_off_label(meta: TensorMeta) -> None:
-    if meta.off_label:
+def _warn_off_label(task: Task, meta: TensorMeta) -> None:
+    if meta.lowest_wins and task.decides_by_argmax:
+        log.info("output %r: %s; each row's class is its lowest score, as the graph's label is", meta.name, meta.off_label)
+    elif meta.off_label:
         log.warning("output %r: %s; figures read from its highest score may not be the model's own label",
                     meta.name, meta.off_label)  # fmt: skip
 
@@ -103,7 +105,7 @@ def _named(task: Task, model: ModelInfo, name: str, names: list[str]) -> OutputC
         usable = [m.describe() for m in model.outputs.values() if _rank(task, m) is not None]
         hint = f"; outputs it can read: {', '.join(usable)}" if usable else "; no output of this model is one"
         raise QbenchError(f"{problem}{hint}")
-    _warn_off_label(meta)
+    _warn_off_label(task, meta)
     return OutputChoice(names.index(name), meta)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -135,10 +135,15 @@ def evaluate_accuracy(
     probabilities: Mapping[str, bool | None] | None = None,
     feeds: Mapping[str, np.ndarray] | None = None,
     task_options: Mapping[str, Any] | None = None,
+    lowest_wins: Collection[str] = (),
 ) -> AccuracyResult:
     """Metrics of `outputs` against `reference_outputs` (FP32) and `labels`, overall and per slice.
 
     `probabilities`: output name -> whether the graph makes it as probabilities (TensorMeta.probabilities).
+    `lowest_wins`: the outputs whose graph picks its label as their arg-min (TensorMeta.lowest_wins: KMeans'
+    distances); a task deciding by arg-max (Task.decides_by_argmax) scores their negation, so that its decisions are
+    the model's. Read by their arg-max, a KMeans scored 0.0 and a variant moving 10 % of rows to another cluster
+    passed the gate.
 
     `outputs` is one array, or output name -> array (metrics then prefixed 'name/' when there are
     several). The metrics are the task's (see qbench.tasks), plus `custom_metrics` per output; a custom metric
@@ -185,8 +190,9 @@ def evaluate_accuracy(
         nonfinite = row_bad if nonfinite.size == 0 else nonfinite | row_bad
         new_nonfinite = row_new if new_nonfinite.size == 0 else new_nonfinite | row_new
         prefix = f"{name}{OUTPUT_SEPARATOR}" if prefixed else ""
-        summary = None if judge.together else judge.rows(values, reference, own_labels,
-                                                         probabilities=(probabilities or {}).get(name))  # fmt: skip
+        flip = judge.decides_by_argmax and name in lowest_wins and values.ndim == 2 and values.shape[1] > 1
+        summary = None if judge.together else judge.rows(-values if flip else values, -reference if flip else reference,
+                                                         own_labels, probabilities=(probabilities or {}).get(name))  # fmt: skip
         parts[name] = _OutputRows(prefix, summary, values, reference, own_labels, reference_bad,
                                   _nonfinite_rows(reference))  # fmt: skip
     labels = _checked_labels(labels, rows)

@@ -212,8 +212,8 @@ def measure(
             _check_reference_outputs(prepared, label, outputs, rows, scales, quiet=quiet)
         try:
             accuracy = evaluate_accuracy(recipe.task, outputs, base, rows.labels, rows.slices, prepared.custom_metrics,
-                                         probabilities=scales, feeds=rows.feeds,
-                                         task_options=recipe.task_options)  # fmt: skip
+                                         probabilities=scales, feeds=rows.feeds, task_options=recipe.task_options,
+                                         lowest_wins={c.name for c in prepared.outputs if c.meta.lowest_wins})  # fmt: skip
         except QbenchError as exc:  # its outputs cannot be scored (a custom metric raised on them): this variant failed
             return replace(_failed(built, backend, f"scoring failed: {exc}", quiet=quiet),
                            environment=environment_cause(exc))

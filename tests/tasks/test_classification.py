@@ -24,7 +24,6 @@ POSITIONS = np.array([10, 11, 12, 13])
     [
         ([0, 1.5, 2, 2.5], r"2 rows, e.g. row 11: 1.5 are not integer class ids"),
         ([0, None, 1, 1], r"1 row, e.g. row 11: None have no label"),
-        ([0, -1, 1, 1], r"1 row, e.g. row 11: -1 are negative"),
         ([0, "cat", 1, 1], r"1 row, e.g. row 11: 'cat' are not integer class ids"),
         ([0, 1e20, 1, 1], r"1 row, e.g. row 11: 1e\+20 are not integer class ids"),  # was an OverflowError
         ([0, pd.NA, 1, 1], r"1 row, e.g. row 11: <NA> have no label"),  # a nullable Int64 column's empty cell
@@ -40,7 +39,6 @@ def test_bad_labels_name_the_count_and_an_example_row(values: list, message: str
     [
         ([0, 2**63, 1, 1], r"1 row, e.g. row 11: 9223372036854775808 are not integer class ids"),
         ([0, -(2**70), 1, 1], r"1 row, e.g. row 11: -1180591620717411303424 are not integer class ids"),
-        ([0, -3, 1, 1], r"1 row, e.g. row 11: -3 are negative"),
     ],
 )
 def test_integer_labels_read_in_one_pass_are_checked_as_any_others(values: list, message: str) -> None:
@@ -48,6 +46,9 @@ def test_integer_labels_read_in_one_pass_are_checked_as_any_others(values: list,
     have something to say: beyond int64, or negative."""
     from qbench.tasks.classification import _plain_class_ids
 
+    assert _plain_class_ids([0, -3, 1, 1]) is None and TASK.labels_from_values([0, -3, 1, 1], POSITIONS).tolist() == [
+        0, -3, 1, 1
+    ]  # fmt: skip
     assert _plain_class_ids(values) is None
     with pytest.raises(LabelError, match=message):
         TASK.labels_from_values(values, POSITIONS)
@@ -55,6 +56,19 @@ def test_integer_labels_read_in_one_pass_are_checked_as_any_others(values: list,
     assert plain is not None and plain.dtype == np.int64 and plain.tolist() == [3, 0, 2**62, 1]
     assert TASK.labels_from_values([3, 0, 1, 1], POSITIONS).tolist() == [3, 0, 1, 1]
     assert _plain_class_ids([]) is None and _plain_class_ids([1, True]) is None and _plain_class_ids([1, 2.0]) is None
+
+
+def test_negative_labels_are_class_values_of_an_integer_output_only() -> None:
+    """-1 was refused by every output ('expected class ids >= 0'), so an IsolationForest's label (-1 outlier, 1
+    inlier), an integer output stating no class table, could not be judged at all. It is a class value there; scores,
+    a ZipMap, an ArgMax's ids and a boolean decision index classes by position, and refuse it."""
+    labels = TASK.labels_from_values([1, -1, 1, -1], POSITIONS)
+    TASK.check_labels(labels, TensorMeta("label", np.dtype(np.int64), (None,)), POSITIONS)
+    for output in (TensorMeta("scores", np.dtype(np.float32), (None, 3)),
+                   TensorMeta("ids", np.dtype(np.int64), (None,), class_count=3),
+                   TensorMeta("decision", np.dtype(bool), (None,))):  # fmt: skip
+        with pytest.raises(LabelError, match=r"2 rows, e.g. row 11: -1 are negative; expected class ids >= 0 \(output"):
+            TASK.check_labels(labels, output, POSITIONS)
 
 
 def test_labels_accept_integral_floats_and_booleans() -> None:
@@ -232,8 +246,9 @@ def test_labels_as_a_csv_holds_them_text_of_numbers_or_names() -> None:
     text naming a string class is that class ("01" and "1" two of them)."""
     assert TASK.labels_from_values(["0", "2", " 1", "3.0"], POSITIONS).tolist() == [0, 2, 1, 3]
     assert TASK.labels_from_values(["True", "false", "TRUE", "0"], POSITIONS).tolist() == [1, 0, 1, 0]
+    scores = TensorMeta("scores", np.dtype(np.float32), (None, 3))
     with pytest.raises(LabelError, match=r"1 row, e.g. row 11: -1 are negative"):
-        TASK.labels_from_values(["0", "-1", "1", "1"], POSITIONS)
+        TASK.check_labels(TASK.labels_from_values(["0", "-1", "1", "1"], POSITIONS), scores, POSITIONS)
     named = TensorMeta("label", np.dtype(object), (None,), class_keys=("01", "1", "2"))
     assert list(TASK.decode_label_names(["1", "01", "2", "01"], [named], POSITIONS)) == [1, 0, 2, 0]
     pets = TensorMeta("label", np.dtype(object), (None,), class_keys=("cat", "dog"))
