@@ -26,7 +26,7 @@ from mlflow.tracking import MlflowClient
 from server_processes import free_port, group_members, wait_healthy
 from user_model import make_user_project
 
-from qbench.cli import main
+from qbench.cli_app import main
 from qbench.runs import INCOMPLETE_MARKER, RESULTS_FILE
 
 REPO = Path(__file__).resolve().parents[1]
@@ -172,7 +172,7 @@ def test_the_gate_prefers_the_newest_recorded_run_and_refuses_an_incomplete_one(
     user_project: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     recipe = write_recipe(user_project, tmp_path, ["int8-minmax"], iterations=5)
-    untracked = (f"import sys; from qbench.cli import main; code = main(['sweep', {str(recipe)!r}, '--no-track']); "
+    untracked = (f"import sys; from qbench.cli_app import main; code = main(['sweep', {str(recipe)!r}, '--no-track']); "
                  "print('mlflow loaded:', 'mlflow' in sys.modules); sys.exit(code)")  # fmt: skip
     done = subprocess.run([sys.executable, "-c", untracked], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)},
                           capture_output=True, text=True, timeout=2 * WAIT_S)  # fmt: skip

@@ -12,7 +12,7 @@ import pytest
 from probe_project import VARIANTS, figures, probe_calls, write_probe_recipe
 
 import qbench.sweep as sweep_module
-from qbench.cli import main
+from qbench.cli_app import main
 from qbench.errors import QbenchError
 from qbench.execute.executors import JobDone, LocalExecutor
 from qbench.execute.records import JOBS_FOLDER, PLAN_FILE
