@@ -244,8 +244,9 @@ def test_ui_passes_sigterm_on_to_the_server_and_all_its_workers(
 ) -> None:
     process, port, log = ui_process
     wait_healthy(f"http://127.0.0.1:{port}", process, log)
-    (server,) = _children_of(process.pid)
-    assert os.getpgid(server) == server != os.getpgid(process.pid)  # the server leads a group of its own
+    (command,) = _children_of(process.pid)  # the supervised child that runs the command (qbench.supervisor)
+    (server,) = _children_of(command)
+    assert os.getpgid(server) == server != os.getpgid(command)  # the server leads a group of its own
     assert len(group_members(server)) > 1  # the server and its workers
     sent = time.monotonic()
     process.send_signal(signal.SIGTERM)

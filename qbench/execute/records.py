@@ -123,7 +123,8 @@ def record_measure(
 
 def record_started(run_dir: Path, job_id: str, attempts: int) -> None:
     """Before a job runs in the sweep's own process: should the process die in it, a resume knows which job."""
-    _write_json(run_dir / JOBS_FOLDER / f"{_file_name(job_id)}{STARTED}", {"job": job_id, "attempts": attempts})
+    write_atomically(run_dir / JOBS_FOLDER / f"{_file_name(job_id)}{STARTED}",
+                     json.dumps({"job": job_id, "attempts": attempts}), what="the job's mark as started")  # fmt: skip
 
 
 def forget_started(run_dir: Path, job_id: str) -> None:
