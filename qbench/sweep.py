@@ -36,6 +36,7 @@ from qbench.report import write_markdown_report
 from qbench.report_html import write_html_report
 from qbench.results import RangeAnalysis, SweepResults, VariantResult, write_results
 from qbench.runs import RESULTS_FILE, mark_complete, mark_incomplete, new_run_dir, utc_now
+from qbench.supervisor import announce_run
 from qbench.validate.catalogue import custom_metrics
 from qbench.validate.contention import contention_notes
 from qbench.validate.measure import PhaseClock
@@ -111,6 +112,7 @@ def _sweep(recipe: Recipe, started: float, clock: PhaseClock, *, track: bool, re
             prepared = prepare(recipe, track=track, backends=recipe.executor.kind == "local", snapshot=snapshot)
             clock.add("prepare", t)
             run_dir = new_run_dir(recipe.output_path / recipe.name)  # absolute: builders may change the cwd
+            announce_run(run_dir)  # a crash of this process is then reported with its run folder (qbench.supervisor)
             write_plan(run_dir, plan)
         except Interrupted as exc:
             raise QbenchError(f"sweep {exc} before anything was measured; nothing was written") from None

@@ -10,7 +10,7 @@ import pytest
 import typer
 import yaml
 
-from qbench.cli import main
+from qbench.cli_app import main
 from qbench.interrupt import Interrupted
 
 
@@ -86,7 +86,7 @@ def test_an_error_that_cannot_be_printed_is_still_exit_2(monkeypatch, tmp_path, 
         raise OSError(5, "Input/output error")
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr("qbench.cli.err_console.print", broken)
+    monkeypatch.setattr("qbench.cli_app.err_console.print", broken)
     monkeypatch.setattr(UsageError, "show", broken)
     assert main(args) == 2
 

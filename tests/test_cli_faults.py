@@ -25,7 +25,7 @@ import pytest
 import yaml
 from user_model import make_user_project
 
-from qbench.cli import main
+from qbench.cli_app import main
 from qbench.errors import QbenchError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -167,7 +167,7 @@ HOOK = textwrap.dedent("""\
         time.sleep(30)
         return result
     setattr(module, attribute, signalled)
-    from qbench.cli import main
+    from qbench.cli_app import main
     sys.exit(main(sys.argv[4:]))
 """)
 
@@ -309,7 +309,7 @@ def test_a_report_that_cannot_be_written_whole_leaves_the_earlier_one(project, t
         import resource, signal, sys
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
-        from qbench.cli import main
+        from qbench.cli_app import main
         sys.exit(main(sys.argv[1:]))
     """)
     done = subprocess.run([sys.executable, "-c", limited, "report", str(run), "--html"], capture_output=True,

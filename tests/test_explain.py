@@ -20,7 +20,7 @@ import pytest
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 
-from qbench.cli import main
+from qbench.cli_app import main
 from qbench.errors import QbenchError
 from qbench.explain import explain_variant, group_key, run_explain
 from qbench.explain_graph import QuantizedNode

@@ -85,7 +85,7 @@ def test_explaining_a_variant_whose_only_layers_sit_in_an_if_branch_says_why_in_
     """The MatMuls sit inside If branches, which the quantizers leave float: the INT8 variant is the FP32 model. The
     sweep's note read 'no MatMul node in the standard ONNX domain' (there are two) and explain 'has no quantized node
     to rank'; both now say where the MatMuls are and explain that there is nothing to explain (exit 2, one line)."""
-    from qbench.cli import main
+    from qbench.cli_app import main
 
     path = write_fragile_project(tmp_path, [INT8])
     rng = np.random.default_rng(0)

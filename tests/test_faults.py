@@ -26,7 +26,7 @@ from mlflow.tracking import MlflowClient
 from server_processes import free_port, group_members, wait_healthy
 from user_model import make_user_project
 
-from qbench.cli import main
+from qbench.cli_app import main
 from qbench.runs import INCOMPLETE_MARKER, RESULTS_FILE
 
 REPO = Path(__file__).resolve().parents[1]
@@ -172,7 +172,7 @@ def test_the_gate_prefers_the_newest_recorded_run_and_refuses_an_incomplete_one(
     user_project: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     recipe = write_recipe(user_project, tmp_path, ["int8-minmax"], iterations=5)
-    untracked = (f"import sys; from qbench.cli import main; code = main(['sweep', {str(recipe)!r}, '--no-track']); "
+    untracked = (f"import sys; from qbench.cli_app import main; code = main(['sweep', {str(recipe)!r}, '--no-track']); "
                  "print('mlflow loaded:', 'mlflow' in sys.modules); sys.exit(code)")  # fmt: skip
     done = subprocess.run([sys.executable, "-c", untracked], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)},
                           capture_output=True, text=True, timeout=2 * WAIT_S)  # fmt: skip
@@ -244,8 +244,9 @@ def test_ui_passes_sigterm_on_to_the_server_and_all_its_workers(
 ) -> None:
     process, port, log = ui_process
     wait_healthy(f"http://127.0.0.1:{port}", process, log)
-    (server,) = _children_of(process.pid)
-    assert os.getpgid(server) == server != os.getpgid(process.pid)  # the server leads a group of its own
+    (command,) = _children_of(process.pid)  # the supervised child that runs the command (qbench.supervisor)
+    (server,) = _children_of(command)
+    assert os.getpgid(server) == server != os.getpgid(command)  # the server leads a group of its own
     assert len(group_members(server)) > 1  # the server and its workers
     sent = time.monotonic()
     process.send_signal(signal.SIGTERM)

@@ -18,7 +18,7 @@ import yaml
 from onnx import TensorProto, helper, numpy_helper
 from sweep_factory import resign
 
-from qbench.cli import main
+from qbench.cli_app import main
 
 ROWS = 160
 CALIBRATION = 60  # the first rows are split=calib, the others split=eval

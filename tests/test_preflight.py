@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from qbench.cli import main
+from qbench.cli_app import main
 from qbench.gate import latest_results
 from qbench.recipe import load_recipe
 from qbench.results import read_results

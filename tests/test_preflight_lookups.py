@@ -14,7 +14,7 @@ import pytest
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 
-from qbench.cli import main
+from qbench.cli_app import main
 from qbench.preflight_lookups import Lookup, constant_lookups
 
 VOCABULARY = 10

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 
-from qbench.cli import main
+from qbench.cli_app import main
 from qbench.preflight_precision import reduced_precision
 
 ROWS = 64

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 
-from qbench.cli import main
+from qbench.cli_app import main
 from qbench.errors import RecipeError
 from qbench.modelinfo import read_model_info
 from qbench.preflight_rows import check_row_independence

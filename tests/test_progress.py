@@ -58,7 +58,7 @@ def test_console_handler_prefixes_warnings_and_prints_brackets_literally() -> No
 
 
 def test_cli_shows_library_warnings(capsys: pytest.CaptureFixture[str]) -> None:
-    from qbench.cli import main
+    from qbench.cli_app import main
 
     def noisy() -> None:
         logging.getLogger("qbench.anything").warning("seen on the console")

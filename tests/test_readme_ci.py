@@ -15,7 +15,7 @@ import pytest
 import yaml
 from user_model import make_user_project
 
-from qbench.cli import main
+from qbench.cli_app import main
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

@@ -21,7 +21,7 @@ from mlflow.tracking import MlflowClient
 from sweep_factory import default_variants, make_sweep, make_variant
 from tiny_linear import make_linear_project, strict_copy
 
-from qbench.cli import main
+from qbench.cli_app import main
 from qbench.errors import QbenchError
 from qbench.gate import evaluate_gate, latest_results
 from qbench.recipe import GateSpec, load_recipe

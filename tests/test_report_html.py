@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from sweep_factory import default_variants, make_sweep
 
-from qbench.cli import main
+from qbench.cli_app import main
 from qbench.frontier import compute_frontier
 from qbench.gate import evaluate_gate
 from qbench.recipe import GateSpec

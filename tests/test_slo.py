@@ -12,7 +12,7 @@ import yaml
 from sweep_factory import make_sweep, make_variant
 from user_model import make_user_project
 
-from qbench.cli import main
+from qbench.cli_app import main
 from qbench.gate import EXIT_BREACH, EXIT_PASS, EXIT_UNUSABLE, GateSpec, evaluate_gate
 from qbench.recipe_slo import SloSpec
 from qbench.report_serving import cheapest, slo_lines

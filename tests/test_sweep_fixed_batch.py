@@ -21,7 +21,7 @@ import pytest
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 
-from qbench.cli import main
+from qbench.cli_app import main
 from qbench.gate import latest_results
 from qbench.recipe import load_recipe
 from qbench.results import SweepResults, content_digest, read_results

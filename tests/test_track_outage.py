@@ -16,7 +16,7 @@ from mlflow.tracking import MlflowClient
 from server_processes import start_mlflow_server, stop_process_group
 from test_explain import INT8, write_fragile_project
 
-from qbench.cli import main
+from qbench.cli_app import main
 from qbench.results import read_results
 from qbench.track import SweepTracker
 from qbench.track_store import BOUNDED_RETRIES

@@ -10,7 +10,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from tiny_linear import make_linear_project
 
-from qbench.cli import main
+from qbench.cli_app import main
 from qbench.runs import mark_incomplete
 
 

@@ -67,6 +67,7 @@ class JobDone:
 class Executor(Protocol):
     name: str
     capacity: int  # jobs it runs at once
+    in_process: bool  # runs them in the sweep's process: one that crashes there takes the sweep with it
 
     def start(self, job: Job, work: Work) -> None: ...
 
@@ -94,6 +95,7 @@ class LocalExecutor:
 
     name = "local"
     capacity = 1
+    in_process = True
 
     def __init__(self, prepared: Prepared, store: BuildStore) -> None:
         self._prepared = prepared

@@ -216,6 +216,7 @@ class RayExecutor:
     """Jobs as Ray tasks on the recipe's cluster (`executor.address`), or on a local one it starts and stops."""
 
     name = "ray"
+    in_process = False  # a worker that dies is a lost worker, run again (`retries`)
 
     def __init__(self, recipe: Recipe, store: BuildStore, inputs: Inputs) -> None:
         self._ray: Any = import_ray()

@@ -3,12 +3,16 @@
     <run>/plan.json                 the plan: its fingerprint and every job
     <run>/jobs/<job>.json           one finished job (written atomically by the driver as it finishes)
     <run>/jobs/<job>.outputs.npz    FP32's evaluated outputs on the first backend (the reference)
+    <run>/jobs/<job>.started        a job running in the sweep's own process, written before it starts and removed
+                                    when the sweep stops it; left with no record, the process died running it
 
 A record of a job that ran also keeps when (`times`, epoch seconds): `submitted` to the executor and
 `recorded` by the driver (the driver's clock), `started` and `ended` where it ran (that node's clock).
 
 A job that failed for a reason outside the variant (qbench.errors.environment_cause: out of memory, a full disk,
-a worker lost after its retries) says why in `environment`.
+a worker lost after its retries) says why in `environment`. A job the sweep's process died running (a native crash,
+the out-of-memory killer: no Python code could record it) is read back as `died`, with the signal when the supervising
+`qbench` process recorded it (qbench.supervisor.DIED_FILE): resumed, it is failed, not run again to crash again.
 
 `qbench sweep --resume` picks the newest run of the recipe whose plan has the same fingerprint
 (qbench.execute.plan.plan_fingerprint) that is incomplete and recorded a finished job, or finished with such an
@@ -35,12 +39,14 @@ from qbench.execute.plan import SweepPlan
 from qbench.files import replace_atomically, write_atomically
 from qbench.results import VariantResult, canonical_sha256, to_jsonable, variant_from_dict
 from qbench.runs import RunFolder, describe_run
+from qbench.supervisor import DIED_FILE
 
 logger = logging.getLogger(__name__)
 
 PLAN_FILE = "plan.json"
 JOBS_FOLDER = "jobs"
 RECORD_DIGEST = "digest"  # sha256 of the record's canonical JSON without this field
+STARTED = ".started"
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,7 @@ class JobRecord:
     outputs: dict[str, np.ndarray] | None = None
     times: dict[str, float] | None = None  # submitted, started, ended, recorded (see the module docstring)
     environment: str | None = None  # failed for a reason outside the variant: a finished run's --resume runs it again
+    died: str | None = None  # the sweep's process died while running it (no result): failed, unless --rerun-failed
 
 
 def _file_name(job_id: str) -> str:
@@ -114,8 +121,25 @@ def record_measure(
     _write_record(run_dir / JOBS_FOLDER / f"{name}.json", content)
 
 
+def record_started(run_dir: Path, job_id: str, attempts: int) -> None:
+    """Before a job runs in the sweep's own process: should the process die in it, a resume knows which job."""
+    write_atomically(run_dir / JOBS_FOLDER / f"{_file_name(job_id)}{STARTED}",
+                     json.dumps({"job": job_id, "attempts": attempts}), what="the job's mark as started")  # fmt: skip
+
+
+def forget_started(run_dir: Path, job_id: str) -> None:
+    """The sweep stopped the job itself (interrupted, an error elsewhere): it did not die in it."""
+    try:
+        (run_dir / JOBS_FOLDER / f"{_file_name(job_id)}{STARTED}").unlink(missing_ok=True)
+    except OSError as exc:
+        logger.warning("%s: cannot remove the mark of %s as started (%s): a resume records it failed", run_dir,
+                       job_id, exc)  # fmt: skip
+
+
 def _write_record(path: Path, content: dict[str, Any]) -> None:
+    """The record, then the job's mark as started goes (the record says all it said)."""
     _write_json(path, {**content, RECORD_DIGEST: canonical_sha256(to_jsonable(content))})
+    forget_started(path.parent.parent, str(content["job"]))
 
 
 def read_records(run_dir: Path) -> dict[str, JobRecord]:
@@ -129,7 +153,35 @@ def read_records(run_dir: Path) -> dict[str, JobRecord]:
                            type(exc).__name__, exc)  # fmt: skip
             continue
         records[record.job] = record
+    for job, attempts in _started(run_dir).items():
+        if job not in records:
+            records[job] = JobRecord(job, attempts, died=f"the sweep's process died while running it: {_death(run_dir)}")
     return records
+
+
+def _started(run_dir: Path) -> dict[str, int]:
+    """job -> attempts, for every job marked as started in the sweep's process (an unreadable mark: attempt 1)."""
+    started = {}
+    for path in _started_files(run_dir):
+        try:
+            raw = json.loads(path.read_text())
+            started[str(raw["job"])] = int(raw["attempts"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            logger.warning("%s cannot be read back (%s): its job is not known to have started", path, exc)
+    return started
+
+
+def _death(run_dir: Path) -> str:
+    """The signal the sweep's process died of, as the supervising process recorded it (qbench.supervisor)."""
+    try:
+        return str(json.loads((run_dir / DIED_FILE).read_text())["cause"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return "how is not known (no supervising `qbench` process recorded a signal)"
+
+
+def _started_files(run_dir: Path) -> list[Path]:
+    folder = run_dir / JOBS_FOLDER
+    return sorted(folder.glob(f"*{STARTED}")) if folder.is_dir() else []
 
 
 def _record_files(run_dir: Path) -> list[Path]:
@@ -161,7 +213,7 @@ def _record(raw: dict[str, Any], folder: Path) -> JobRecord:
 
 def resumable_run(root: Path, fingerprint: str, *, rerun_failed: bool = False) -> RunFolder | None:
     """The run `--resume` takes up: the newest run folder under `root` whose plan has `fingerprint` and that is
-    either incomplete having recorded a finished job, or finished with a job that failed for a reason outside the
+    either incomplete having recorded a finished job (or one its process died running), or finished with a job that failed for a reason outside the
     variant (`environment_failures`; with `rerun_failed`, any failed job: `failed_jobs`); None when there is none.
     A run interrupted before any job finished has nothing to resume: an earlier run of the same plan is taken over it."""
     runs_again = failed_jobs if rerun_failed else environment_failures
@@ -170,7 +222,7 @@ def resumable_run(root: Path, fingerprint: str, *, rerun_failed: bool = False) -
         if run.complete:
             if runs_again(read_records(run.path)):
                 candidates.append(run)
-        elif _record_files(run.path):
+        elif _record_files(run.path) or _started_files(run.path):
             candidates.append(run)
         else:
             logger.info("interrupted run %s has the same plan but no finished job: nothing to resume there", run.path)
@@ -192,6 +244,7 @@ def failed_jobs(records: dict[str, JobRecord]) -> dict[str, str]:
     """job -> its error, for every recorded job that failed: a build with an error, a measurement whose result failed
     (for whatever reason: what `--rerun-failed` runs again)."""
     failed = {job: record.error for job, record in records.items() if record.error is not None}
+    failed.update({job: record.died for job, record in records.items() if record.died is not None})
     failed.update({job: record.result.error or "" for job, record in records.items()
                    if record.error is None and record.result is not None and record.result.status == "failed"})  # fmt: skip
     return failed

@@ -9,6 +9,9 @@ One set of rules, which the resumed sweep acts on (qbench.execute.scheduler) and
              full disk, a lost worker: qbench.errors.environment_cause), or whose build runs again
     new      a job the run taken up did not record
 
+A job the sweep's process died running (a native crash, the out-of-memory killer: qbench.execute.records) is failed,
+reused as such: run again, it would most likely kill the sweep again, and the gate fails closed on it.
+
 `rerun_failed` (`--resume --rerun-failed`) runs again every job recorded as failed, whatever the reason: the user
 fixed a cause the plan does not see (a package upgraded, a device freed, code outside the input digests), and the
 measurements of a build that runs again run with it; every other job is reused as without it.
@@ -61,6 +64,8 @@ def decide_build(record: JobRecord | None, stored: dict[str, Any] | None, run: s
         return Decision(NEW, "not in the store")
     if record.manifest is not None:
         return Decision(RERUN, f"built in {run}, no longer in the store as built")
+    if record.died is not None:
+        return _died(record.died, run, rerun_failed)
     if record.environment is not None:
         return Decision(RERUN, f"failed in {run} for a reason outside the variant ({record.environment})")
     if rerun_failed:
@@ -80,6 +85,9 @@ def decide_measure(
     (qbench.backends.torch_state), which the reused build decides as it decides the file."""
     if build.failed:
         return Decision(REUSE, "its build failed: fails with it")
+    if record is not None and record.died is not None:  # its failed result names the build: one reused
+        return _died(record.died, run, rerun_failed) if build.reused else Decision(RERUN, f"{record.died} in {run}, "
+                                                                                  "but its build runs again")  # fmt: skip
     if record is None or record.result is None:
         return Decision(NEW, "not measured yet")
     if record.environment is not None:
@@ -99,6 +107,12 @@ def decide_measure(
     if ran_file and result.model_sha256 != built_sha256:
         return Decision(RERUN, f"measured another build in {run}")
     return Decision(REUSE, f"finished in {run}")
+
+
+def _died(why: str, run: str, rerun_failed: bool) -> Decision:
+    if rerun_failed:
+        return Decision(RERUN, f"failed in {run}, run again (--rerun-failed): {why}")
+    return Decision(REUSE, f"failed in {run}: {why}", failed=True)
 
 
 def resume_target(root: Path, fingerprint: str, *, rerun_failed: bool = False) -> Path | None:

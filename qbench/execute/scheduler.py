@@ -36,7 +36,7 @@ from qbench.execute.jobs import (
     with_torch_form,
 )
 from qbench.execute.plan import Job, SweepPlan
-from qbench.execute.records import read_records, record_build, record_measure
+from qbench.execute.records import forget_started, read_records, record_build, record_measure, record_started
 from qbench.execute.resume import Decision, decide_build, decide_measure, runs_onnx_file
 from qbench.execute.store import BuildStore, build_environment, built_from_manifest
 from qbench.preflight import Prepared
@@ -115,6 +115,9 @@ class Scheduler:
                 self._finish(self.executor.next_done())
         finally:
             self.executor.close()
+            if self.executor.in_process:  # stopped here, by a signal or an error: no job died in this process
+                for job_id in self.state.running:
+                    forget_started(self.run_dir, job_id)
         results = [self.state.measured[job.id] for job in self.plan.jobs if job.kind == "measure"]
         calibrated = [b for spec in self.specs if (b := self.state.built.get(spec)) and b.activation_ranges]
         retried = {job: n for job, n in self.state.attempts.items() if n > 1}
@@ -140,6 +143,8 @@ class Scheduler:
         self.state.running[job.id] = work
         self.state.attempts[job.id] += 1
         self.state.times[job.id] = {"submitted": time.time()}
+        if self.executor.in_process:
+            record_started(self.run_dir, job.id, self.state.attempts[job.id])
         self.executor.start(job, work)
 
     def _ready(self, job: Job) -> bool:
@@ -330,7 +335,7 @@ class Scheduler:
                     self._built(job, BuildOutput(job.variant, stored, where="the build store"))
                 elif decision.reused:  # the variant's own failure: built again, it would fail again
                     assert record is not None
-                    self._built(job, BuildOutput(job.variant, None, record.error, where="an earlier run"))
+                    self._built(job, BuildOutput(job.variant, None, record.error or record.died, where="an earlier run"))
                 reused += decision.reused
                 continue
             built = self.state.built.get(job.variant)
@@ -339,7 +344,12 @@ class Scheduler:
                                       built_sha256=model_sha256(built.onnx_path) if built is not None else None,
                                       needs_outputs=job.id == self.reference_job, rerun_failed=rerun_failed,
                                       ran_file=ran_file)  # fmt: skip
-            if decision.reused and not builds[job.variant].failed:  # else it fails with its build (settled when ready)
+            if decision.reused and record is not None and record.died is not None and not builds[job.variant].failed:
+                died = failed_result(self.state.built[job.variant], get_backend(str(job.backend)), record.died)
+                self.state.attempts[job.id] = record.attempts
+                self._measured(job, died, None, where="an earlier run", reused=True)
+                reused += 1
+            elif decision.reused and not builds[job.variant].failed:  # else it fails with its build (settled when ready)
                 assert record is not None and record.result is not None and folder is not None
                 note = f"resumed: measured by the {which} {folder.name}"
                 result = replace(record.result, notes=(*record.result.notes, note),

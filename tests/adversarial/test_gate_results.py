@@ -23,7 +23,7 @@ import yaml
 from sweep_factory import resign
 from user_model import make_user_project
 
-from qbench.cli import main
+from qbench.cli_app import main
 from qbench.results import content_digest
 
 pytestmark = pytest.mark.slow

@@ -22,7 +22,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from qbench.cli import main
+from qbench.cli_app import main
 from qbench.errors import MAX_MESSAGE_CHARS
 
 pytest.importorskip("torch")

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 
-from qbench.cli import main
+from qbench.cli_app import main
 from qbench.data.labels import label_cells
 from qbench.errors import RecipeError
 from qbench.gate import latest_results

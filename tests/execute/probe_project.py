@@ -5,6 +5,7 @@ The metric (`probe_<tag>:agreement_probe`, top-1 accuracy) appends its process i
 it on every call, and obeys two control files there:
 
     interrupt_at   holds N: on the N-th call, SIGINT to its own process (the sweep's, with the local executor)
+    segv_at        holds N: the N-th call kills its own process with SIGSEGV, once (a native library's crash)
     hang_once      the first call that sees it writes `worker.pid` and sleeps, so the test can kill that process
     hold_after     holds N: every call after the N-th waits while the file exists (a job held mid-measurement)
     fail_at        holds N and an errno name (ENOSPC), MemoryError, ValueError or OnnxRuntimeMemory (ONNX Runtime's
@@ -62,6 +63,10 @@ def agreement_probe(outputs, labels):
         stop.unlink()
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(5)  # the handler raises in the main thread before this ends
+    segv = HERE / "segv_at"
+    if segv.is_file() and count >= int(segv.read_text()):
+        segv.unlink()
+        os.kill(os.getpid(), signal.SIGSEGV)
     fail = HERE / "fail_at"
     if fail.is_file() and count >= int(fail.read_text().split()[0]):
         what = fail.read_text().split()[1]

@@ -12,7 +12,7 @@ from probe_project import write_probe_recipe
 from tiny_linear import make_linear_project
 
 import qbench.sweep as sweep
-from qbench.cli import main
+from qbench.cli_app import main
 from qbench.execute.cache import IN_USE, entries_in_use, keys_in_use, prune
 from qbench.execute.snapshot import snapshot_keys, take_snapshot
 from qbench.execute.store import ABANDONED_AFTER_S, SOURCES, BuildStore, build_environment, manifest_of

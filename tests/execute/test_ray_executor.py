@@ -224,7 +224,7 @@ import functools, os, signal, sys
 import ray
 import ray._private.worker
 import qbench.sweep
-from qbench.cli import main
+from qbench.cli_app import main
 
 ray.init = functools.partial(ray.init, _node_ip_address="127.0.0.1", object_store_memory=80 * 1024 * 1024)
 if sys.argv[1] == "starting":  # once Ray's start-up has put its own SIGTERM handler in

@@ -12,7 +12,7 @@ import pytest
 from probe_project import VARIANTS, figures, probe_calls, write_probe_recipe
 
 import qbench.sweep as sweep_module
-from qbench.cli import main
+from qbench.cli_app import main
 from qbench.errors import QbenchError
 from qbench.execute.executors import JobDone, LocalExecutor
 from qbench.execute.records import JOBS_FOLDER, PLAN_FILE
@@ -292,7 +292,9 @@ def test_a_run_folder_whose_disk_fills_up_mid_sweep_is_one_line_naming_the_file_
     assert main(["sweep", str(recipe), "--no-track"]) == 2
     (run,) = (reports / "tumour-mlp").glob("2*")
     last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert last == f"error: {run / JOBS_FOLDER / 'build_fp16.json'}: cannot write the job record: No space left on device"
+    # the first write of fp16's build: its mark as started, before it runs
+    assert last == f"error: {run / JOBS_FOLDER / 'build_fp16.started'}: cannot write the job's mark as started: No " \
+                   "space left on device"
     monkeypatch.undo()
     assert [v.variant for v in read_results(run / "results.json", partial=True).variants] == ["fp32"]
     assert sorted(p.name for p in (run / JOBS_FOLDER).iterdir()) == [

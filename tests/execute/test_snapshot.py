@@ -150,7 +150,7 @@ def test_a_metric_module_changed_after_hashing_stops_the_sweep_with_one_line(tmp
     edited between the sweep hashing it and importing it gave figures of the edited code under the digest of the
     other. Once imported its digest must be the recorded one, as the PyTorch factory's is."""
     import qbench.sweep as sweep
-    from qbench.cli import main
+    from qbench.cli_app import main
 
     recipe = _metric_project(tmp_path / "p")
     module = recipe.parent / "snapshot_top1_metric.py"

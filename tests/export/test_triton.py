@@ -16,7 +16,7 @@ import yaml
 from onnx import TensorProto, helper, numpy_helper
 from sweep_factory import make_variant
 
-from qbench.cli import main
+from qbench.cli_app import main
 from qbench.errors import QbenchError
 from qbench.export.pbtxt import EnumValue, to_pbtxt
 from qbench.export.triton import export_triton, external_data_files

@@ -18,7 +18,7 @@ import yaml
 torch = pytest.importorskip("torch")
 ort = pytest.importorskip("onnxruntime")
 
-from qbench.cli import main  # noqa: E402
+from qbench.cli_app import main  # noqa: E402
 from qbench.digests import file_sha256  # noqa: E402
 from qbench.errors import QbenchError, RecipeError  # noqa: E402
 from qbench.recipe import load_recipe  # noqa: E402

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from task_projects import argmax_first_model, iris, overall, plain_ort, project, run_all, said, table
 
-from qbench.cli import main
+from qbench.cli_app import main
 
 METRIC_MODULE = textwrap.dedent(
     """

@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper
 from task_projects import fitted_linear, graph_model, iris, overall, project, run_all, said, table
 
-from qbench.cli import main
+from qbench.cli_app import main
 
 pytestmark = pytest.mark.slow
 

@@ -31,7 +31,7 @@ from task_projects import (
     table,
 )
 
-from qbench.cli import main
+from qbench.cli_app import main
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from task_projects import INT8, graph_model, plain_ort, project, run_all, said
 
-from qbench.cli import main
+from qbench.cli_app import main
 from qbench.errors import QbenchError
 from qbench.tasks import get_task
 from qbench.tasks.base import LabelError

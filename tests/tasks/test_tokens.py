@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from qbench.cli import main
+from qbench.cli_app import main
 from qbench.gate import evaluate_gate
 from qbench.modelinfo import TensorMeta
 from qbench.recipe import load_recipe

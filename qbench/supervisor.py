@@ -1,0 +1,143 @@
+"""The `qbench` command runs its work in a child process it watches, so that a native crash keeps the exit-code contract.
+
+ONNX Runtime, torch or ModelOpt can die of a signal on a model nobody here wrote (a segmentation fault while
+creating a session), and the out-of-memory killer sends SIGKILL: Python cannot catch either in the process that
+dies. The parent (`supervise`, stdlib only: it costs one interpreter start) runs the command in a child that
+inherits stdin, stdout, stderr and the environment, passes SIGINT and SIGTERM on to it (the child, in a process
+group of its own, gets Ctrl+C once, from here: its own interrupt handling and exit 2 stay as they were) and returns
+its exit code. A child dead of a signal is one line naming the signal, the command and what to do, and exit 2.
+
+A sweep tells the parent its run folder (`announce_run`, through a pipe whose descriptor the child takes out of the
+environment as it starts): after a crash the parent names it and writes `DIED_FILE` there, so that `qbench sweep
+--resume` records the job that was running with the signal that ended it (qbench.execute.records).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+EXIT_ERROR = 2
+CODES = (0, 1, EXIT_ERROR)  # the contract: pass, breach on complete valid results, anything else
+CHILD_MODULE = "qbench.cli_app"
+DIED_FILE = "DIED"  # in a run folder: the signal its sweep's process died of, written by the parent
+_CHANNEL = "QBENCH_SUPERVISOR_FD"
+_FORWARDED = (signal.SIGINT, signal.SIGTERM)
+_CAUSES = {
+    signal.SIGSEGV: "segmentation fault (SIGSEGV) inside a native library",
+    signal.SIGBUS: "bus error (SIGBUS) inside a native library",
+    signal.SIGILL: "illegal instruction (SIGILL) inside a native library (often one built for another CPU)",
+    signal.SIGFPE: "arithmetic fault (SIGFPE) inside a native library",
+    signal.SIGABRT: "aborted (SIGABRT) by a native library",
+    signal.SIGKILL: "killed (SIGKILL), often the out-of-memory killer",
+}
+_channel: int | None = None
+
+
+def cause(signum: int) -> str:
+    """What a process that died of `signum` ran into, in words."""
+    with contextlib.suppress(ValueError):
+        known = signal.Signals(signum)
+        return _CAUSES.get(known, f"killed by {known.name}")
+    return f"killed by signal {signum}"
+
+
+def supervise(args: Sequence[str]) -> int:
+    """Run `qbench ARGS` in a child process and return its exit code (see the module docstring)."""
+    read_end, write_end = os.pipe()
+    received: list[int] = []
+    forwarded: list[int] = []
+    child: list[subprocess.Popen[bytes]] = []
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        received.append(signum)
+        for process in child:
+            forwarded.append(signum)
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signum)
+
+    previous = {signum: signal.signal(signum, forward) for signum in _FORWARDED}
+    try:
+        try:
+            process = subprocess.Popen(_child_command(args), env={**os.environ, _CHANNEL: str(write_end)},
+                                       pass_fds=(write_end,), process_group=0)  # fmt: skip
+        except OSError as exc:
+            return _say(f"qbench: error: cannot start the command's process: {exc}")
+        finally:
+            os.close(write_end)
+        child.append(process)
+        if received and not forwarded:  # a signal that came before there was a child to pass it on to
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(received[-1])
+        code = process.wait()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    run = _announced_run(read_end)
+    if code in CODES:
+        return code
+    if code < 0 and -code in received:  # the signal passed on ended it before its own handling was in place
+        return _say("qbench: error: interrupted")
+    if code >= 0:
+        return _say(f"qbench: error: the command's process ended with status {code}, not a verdict")
+    return _crashed(args, -code, run)
+
+
+def _child_command(args: Sequence[str]) -> list[str]:
+    """This interpreter on the child module, with the same first entry on sys.path as here: the current folder
+    only when this process had it (`python -m qbench.cli`), never for the installed script (`-P`)."""
+    safe = sys.flags.safe_path or (sys.path[0] not in ("", os.getcwd()))
+    return [sys.executable, *(["-P"] if safe else []), "-m", CHILD_MODULE, *args]
+
+
+def _announced_run(read_end: int) -> Path | None:
+    """The last run folder the child announced (read without waiting: a process it forked may hold the pipe)."""
+    os.set_blocking(read_end, False)
+    data = b""
+    with contextlib.suppress(OSError):
+        while chunk := os.read(read_end, 65536):
+            data += chunk
+    os.close(read_end)
+    lines = data.decode(errors="replace").splitlines()
+    return Path(lines[-1]) if lines else None
+
+
+def _crashed(args: Sequence[str], signum: int, run: Path | None) -> int:
+    command = " ".join(["qbench", *[a for a in args if not a.startswith("-")][:1]])
+    what = f"qbench: error: the `{command}` process died: {cause(signum)} (the Python stack at that moment is above)"
+    if run is None:
+        return _say(f"{what}; run the command again once the cause is fixed")
+    with contextlib.suppress(OSError):
+        (run / DIED_FILE).write_text(json.dumps({"signal": signum, "cause": cause(signum)}) + "\n")
+    return _say(f"{what}; the results so far stay in {run}: `qbench sweep --resume` goes on, recording the job it was "
+                "running as failed (`--resume --rerun-failed` runs it again)")  # fmt: skip
+
+
+def _say(line: str) -> int:
+    with contextlib.suppress(OSError, ValueError):
+        print(line, file=sys.stderr, flush=True)
+    return EXIT_ERROR
+
+
+def start_child() -> None:
+    """In the child, first thing: the Python stack goes to stderr on a fatal signal, and the pipe to the parent is
+    taken out of the environment (no process the command starts inherits it)."""
+    global _channel
+    faulthandler.enable()
+    fd = os.environ.pop(_CHANNEL, None)
+    _channel = int(fd) if fd is not None and fd.isdigit() else None
+
+
+def announce_run(folder: Path) -> None:
+    """Tell the supervising parent the run folder a sweep writes (nothing when qbench is used as a library)."""
+    if _channel is not None:
+        with contextlib.suppress(OSError):
+            os.write(_channel, f"{folder}\n".encode())
