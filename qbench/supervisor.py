@@ -3,9 +3,9 @@
 ONNX Runtime, torch or ModelOpt can die of a signal on a model nobody here wrote (a segmentation fault while
 creating a session), and the out-of-memory killer sends SIGKILL: Python cannot catch either in the process that
 dies. The parent (`supervise`, stdlib only: it costs one interpreter start) runs the command in a child that
-inherits stdin, stdout, stderr and the environment, passes SIGINT and SIGTERM on to it (the child, in a process
-group of its own, gets Ctrl+C once, from here: its own interrupt handling and exit 2 stay as they were) and returns
-its exit code. A child dead of a signal is one line naming the signal, the command and what to do, and exit 2.
+inherits stdin, stdout, stderr and the environment, passes SIGINT, SIGTERM and SIGHUP on to it (the child, in a
+process group of its own, gets Ctrl+C once, from here: its own interrupt handling and exit 2 stay as they were; on
+Linux it gets SIGTERM should the parent die) and returns its exit code. A child dead of a signal is one line naming the signal, the command and what to do, and exit 2.
 
 A sweep tells the parent its run folder (`announce_run`, through a pipe whose descriptor the child takes out of the
 environment as it starts): after a crash the parent names it and writes `DIED_FILE` there, so that `qbench sweep
@@ -21,7 +21,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 
@@ -30,7 +30,8 @@ CODES = (0, 1, EXIT_ERROR)  # the contract: pass, breach on complete valid resul
 CHILD_MODULE = "qbench.cli_app"
 DIED_FILE = "DIED"  # in a run folder: the signal its sweep's process died of, written by the parent
 _CHANNEL = "QBENCH_SUPERVISOR_FD"
-_FORWARDED = (signal.SIGINT, signal.SIGTERM)
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # SIGHUP: the terminal closed (it reaches the parent only)
+_PR_SET_PDEATHSIG = 1  # Linux prctl option: a signal for this process when its parent dies
 _CAUSES = {
     signal.SIGSEGV: "segmentation fault (SIGSEGV) inside a native library",
     signal.SIGBUS: "bus error (SIGBUS) inside a native library",
@@ -68,7 +69,8 @@ def supervise(args: Sequence[str]) -> int:
     try:
         try:
             process = subprocess.Popen(_child_command(args), env={**os.environ, _CHANNEL: str(write_end)},
-                                       pass_fds=(write_end,), process_group=0)  # fmt: skip
+                                       pass_fds=(write_end,), process_group=0,
+                                       preexec_fn=_ending_with(os.getpid()) if sys.platform == "linux" else None)  # fmt: skip
         except OSError as exc:
             return _say(f"qbench: error: cannot start the command's process: {exc}")
         finally:
@@ -89,6 +91,21 @@ def supervise(args: Sequence[str]) -> int:
     if code >= 0:
         return _say(f"qbench: error: the command's process ended with status {code}, not a verdict")
     return _crashed(args, -code, run)
+
+
+def _ending_with(parent: int) -> Callable[[], None]:
+    """For the child, before it runs (Linux): SIGTERM when `parent` dies. In a process group of its own, the child is
+    out of reach of a signal sent to the parent's group (a CI job's timeout killing the step), and a parent killed
+    outright (SIGKILL) passes nothing on: the child would go on alone, holding the run folder and the CPUs."""
+
+    def arrange() -> None:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before the arrangement was made
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arrange
 
 
 def _child_command(args: Sequence[str]) -> list[str]:

@@ -1,0 +1,72 @@
+"""The supervising `qbench` process: its child's exit codes become the contract's, and the child does not outlive it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from qbench.supervisor import cause
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _supervised(tmp_path: Path, child_code: str) -> subprocess.Popen[str]:
+    """A parent running `supervise([])` over a child module holding `child_code`."""
+    (tmp_path / "qbench_test_child.py").write_text(child_code)
+    parent = "import sys, qbench.supervisor as s\ns.CHILD_MODULE = 'qbench_test_child'\nsys.exit(s.supervise([]))\n"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(tmp_path)])}
+    return subprocess.Popen([sys.executable, "-c", parent], env=env, stderr=subprocess.PIPE, text=True)
+
+
+def test_a_status_outside_the_contract_is_exit_2_with_a_line(tmp_path):
+    parent = _supervised(tmp_path, "import os\nos._exit(3)\n")
+    _, stderr = parent.communicate(timeout=60)
+    assert parent.returncode == 2
+    assert stderr.strip().splitlines()[-1] == "qbench: error: the command's process ended with status 3, not a verdict"
+
+
+def test_a_child_dead_of_a_signal_is_exit_2_naming_it(tmp_path):
+    parent = _supervised(tmp_path, "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n")
+    _, stderr = parent.communicate(timeout=60)
+    assert parent.returncode == 2
+    assert "died: segmentation fault (SIGSEGV) inside a native library" in stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is Linux's (prctl)")
+def test_the_child_ends_when_the_parent_is_killed_outright(tmp_path):
+    """In a process group of its own, the child is out of reach of a kill aimed at the parent's group: a CI step's
+    timeout would leave it running alone. It gets SIGTERM when the parent dies."""
+    pid_file = tmp_path / "child.pid"
+    parent = _supervised(tmp_path, f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+                                   "time.sleep(120)\n")  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    parent.kill()
+    parent.communicate(timeout=30)
+    deadline = time.monotonic() + 20
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child)
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie left unreaped by this container's init counts as ended)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_causes_are_named_in_words():
+    assert cause(signal.SIGKILL) == "killed (SIGKILL), often the out-of-memory killer"
+    assert cause(signal.SIGUSR1) == "killed by SIGUSR1"
+    assert cause(200) == "killed by signal 200"
