@@ -63,7 +63,7 @@ def test_cli_shows_library_warnings(capsys: pytest.CaptureFixture[str]) -> None:
     def noisy() -> None:
         logging.getLogger("qbench.anything").warning("seen on the console")
 
-    from qbench import cli
+    from qbench import cli_app as cli
 
     @cli.app.command("noisy-test-command", hidden=True)
     def _noisy() -> None:
