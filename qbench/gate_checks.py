@@ -15,6 +15,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from qbench.data.nonfinite import drop_nonfinite
 from qbench.errors import did_you_mean, expected_one_of, short_repr
 from qbench.provenance import changed_inputs, input_files
 from qbench.recipe import RESULT_SECTIONS, Recipe, VariantSpec
@@ -138,7 +139,7 @@ def result_problems(
     if results.evaluation_rows <= 0:
         problems.append(f"evaluation_rows: got {results.evaluation_rows}, expected a positive count")
     if evaluated is not None:
-        problems.extend(_evaluated_problems(results, evaluated))
+        problems.extend(_evaluated_problems(results, evaluated, keeps=recipe.data.nonfinite_inputs == "keep"))
     expected = set(expected_pairs(recipe))
     seen: set[tuple[str, str]] = set()
     for result in results.variants:
@@ -412,8 +413,9 @@ def evaluation_from_data(recipe: Recipe) -> EvaluationRows:
     return evaluation_rows(table, recipe.data, recipe_file=recipe.source, calibrated=recipe.fits_on_calibration_rows)
 
 
-def _evaluated_problems(results: SweepResults, evaluated: EvaluationRows) -> list[str]:
-    """The results' count of evaluation rows, and of those left out for NaN/inf inputs, against the data's."""
+def _evaluated_problems(results: SweepResults, evaluated: EvaluationRows, *, keeps: bool) -> list[str]:
+    """The results' count of evaluation rows, and of those left out (or, as the recipe `keeps` them, fed) for NaN/inf
+    inputs, against the data's."""
     problems = []
     if results.evaluation_rows != len(evaluated.rows):
         problems.append(f"evaluation_rows: got {results.evaluation_rows}, the data gives {len(evaluated.rows)} rows")
@@ -421,4 +423,9 @@ def _evaluated_problems(results: SweepResults, evaluated: EvaluationRows) -> lis
     if recorded != evaluated.dropped:
         problems.append(f"dropped_nonfinite.evaluation: got {recorded!r}, the data gives {evaluated.dropped!r} "
                         "(rows left out for NaN/inf inputs)")  # fmt: skip
+    fed = drop_nonfinite(evaluated.rows, evaluated.nonfinite)[1] if keeps else {}
+    recorded = results.kept_nonfinite.get("evaluation", {}) if isinstance(results.kept_nonfinite, Mapping) else None
+    if recorded != fed:
+        problems.append(f"kept_nonfinite.evaluation: got {recorded!r}, the data gives {fed!r} "
+                        "(rows fed with NaN/inf inputs)")  # fmt: skip
     return problems

@@ -37,6 +37,7 @@ from qbench.data.evaluation import EvaluationRows, calibration_sample, holds_out
 from qbench.data.feeds import text_feed_notes
 from qbench.data.labels import label_cells
 from qbench.data.leakage import shared_rows, warn_shared
+from qbench.data.nonfinite import nonfinite_counts
 from qbench.data.text_tables import number_format_hint
 from qbench.errors import QbenchError, RecipeError
 from qbench.modelinfo import ModelInfo, external_data_files, read_model_info
@@ -57,7 +58,7 @@ from qbench.preflight_precision import reduced_precision
 from qbench.preflight_rows import check_row_independence
 from qbench.provenance import metric_source_input
 from qbench.recipe import Recipe
-from qbench.recipe_data import TextInputSpec
+from qbench.recipe_data import DataSpec, TextInputSpec
 from qbench.results import CalibrationRecord
 from qbench.selection_rows import (
     CalibrationSplit,
@@ -103,6 +104,8 @@ class Prepared:
     training: dict[str, TrainingData]  # variant name -> rows it fine-tunes on (QAT variants only)
     # data.nonfinite_inputs: drop -> {"evaluation" | "calibration": {input column: rows left out}}
     dropped_nonfinite: dict[str, dict[str, int]]
+    # data.nonfinite_inputs: keep -> {"evaluation" | "calibration" | "slice:<name>": {input column: rows kept}}
+    kept_nonfinite: dict[str, dict[str, int]]
     custom_metrics: tuple[CustomMetric, ...] = ()
     preprocess_ms_per_row: float = float("nan")  # building the evaluation feeds (tokenisation included), per row
     # the model's fixed batch (None: dynamic): every run feeds exactly this many rows (the recipe's batch
@@ -218,6 +221,7 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, export_refreshed: boo
         lookups, whole=batch is not None, inputs=data.inputs, evaluation=evaluation if calibration_table is table else None,
     )
     calibration_rows = split.fitted
+    kept = _kept_nonfinite(data, (eval_rows, nonfinite, masks), (calibration_rows, calibration_nonfinite))
     overlap = shared_rows(calibration_table, calibration_rows, table, eval_rows, data.fed_columns)
     if recipe.fits_on_calibration_rows:
         allowed = calibration_table is table and data.calibration.overlap == "allow"
@@ -250,6 +254,7 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, export_refreshed: boo
         training=_training(recipe, task, table, model, outputs, nonfinite, masks, eval_rows, inputs=data.inputs),
         custom_metrics=custom_metrics,
         dropped_nonfinite=dropped,
+        kept_nonfinite=kept,
         preprocess_ms_per_row=preprocess_ms_per_row,
         batch=batch,
         snapshot=snapshot,
@@ -412,6 +417,25 @@ def _record_dropped(dropped: dict[str, dict[str, int]], what: str, counts: dict[
     logger.warning("%d %s rows dropped for NaN/inf inputs (%s)", left_out, what, shown)
 
 
+def _kept_nonfinite(
+    data: DataSpec,
+    evaluation: tuple[np.ndarray, NonfiniteMasks, dict[str, np.ndarray]],
+    calibration: tuple[np.ndarray, NonfiniteMasks],
+) -> dict[str, dict[str, int]]:
+    """With `data.nonfinite_inputs: keep`, the evaluation rows (overall and per slice) and calibration rows fed with
+    NaN/inf per input column (nonfinite_counts), said in the log; else nothing."""
+    if data.nonfinite_inputs != "keep":
+        return {}
+    rows, nonfinite, masks = evaluation
+    kept = nonfinite_counts(rows, nonfinite, masks, what="evaluation")
+    kept |= nonfinite_counts(calibration[0], calibration[1], {}, what="calibration")
+    for what in ("evaluation", "calibration"):
+        if what in kept:
+            shown = ", ".join(f"{column}: {n}" for column, n in kept[what].items())
+            logger.info("%s rows fed with NaN/inf inputs (data.nonfinite_inputs: keep): %s", what, shown)
+    return kept
+
+
 def _calibration(
     recipe: Recipe,
     table: pd.DataFrame,
@@ -436,7 +460,8 @@ def _calibration(
     split = calibration_split(recipe, table, rows, nonfinite, evaluation)
     rows = split.fitted
     field_name = "data.inputs" if recipe.calibration_data_path is None else "data.calibration.path"
-    check_finite(table, rows, nonfinite, slices, what="calibration", recipe_file=recipe.source, field=field_name)
+    check_finite(table, rows, nonfinite, slices, what="calibration", recipe_file=recipe.source, field=field_name,
+                 policy=recipe.data.nonfinite_inputs)
     feeds = build_feeds(table, rows, inputs, model.inputs, recipe_file=recipe.source)
     check_lookup_indices(recipe, lookups, feeds, rows, "calibration")
     return split, list(iter_batches(feeds, spec.batch_size, whole=whole))

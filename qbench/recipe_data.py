@@ -150,8 +150,9 @@ class DataSpec(_Strict):
     evaluation: EvaluationSpec = EvaluationSpec()
     slices: list[SliceSpec] = []
     csv: CsvSpec = CsvSpec()
-    nonfinite_inputs: Literal["error", "drop"] = Field(
-        "error", description="rows whose input columns hold NaN/inf: error (default) or drop them (counted in results)"
+    nonfinite_inputs: Literal["error", "drop", "keep"] = Field(
+        "error", description="rows whose input columns hold NaN/inf: error (default), drop them, or keep them (a model "
+        "that reads NaN as missing; counted in results, each such column a `missing:<column>` slice)",
     )
 
     @property

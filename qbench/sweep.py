@@ -336,6 +336,7 @@ def _assemble(
         frontier=compute_frontier(variants, recipe.gate.metric),
         timings=dict(clock.seconds),
         dropped_nonfinite=prepared.dropped_nonfinite,
+        kept_nonfinite=prepared.kept_nonfinite,
         inputs={name: {"path": entry.path, "sha256": entry.sha256} for name, entry in inputs.items()},
         complete=True,
         finished_at=utc_now(),

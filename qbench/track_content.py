@@ -274,6 +274,8 @@ def sweep_metrics(results: SweepResults, gate: GateReport | None) -> dict[str, f
         metrics["gate_breaches"] = float(len(gate.breaches))
     for what, counts in results.dropped_nonfinite.items():
         metrics |= {f"dropped_nonfinite/{what}/{sanitise_name(column)}": float(n) for column, n in counts.items()}
+    for what, counts in results.kept_nonfinite.items():
+        metrics |= {f"kept_nonfinite/{sanitise_name(what)}/{sanitise_name(column)}": float(n) for column, n in counts.items()}
     return metrics | _range_metrics(results) | _search_metrics(results)
 
 

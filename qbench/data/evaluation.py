@@ -2,7 +2,8 @@
 
 One derivation for the sweep (qbench.preflight) and the gate, which re-derives the slices and their
 sizes to check results against: the evaluation filter, then the NaN/inf input policy (with
-`data.nonfinite_inputs: drop` such rows are left out), then the calibration sample held out (when a variant
+`data.nonfinite_inputs: drop` such rows are left out; with `keep` each input column holding some makes a
+`missing:<column>` slice after the recipe's), then the calibration sample held out (when a variant
 is fitted on it and it comes from the same table: `data.calibration.overlap: hold_out`), then the limit; `by` slices are made from the
 values those rows hold (a value only calibration rows hold is no slice). Any other derivation would
 let the two disagree on valid results.
@@ -20,7 +21,7 @@ import pandas as pd
 
 from qbench.data.filters import select_rows
 from qbench.data.load import load_table, table_name
-from qbench.data.nonfinite import NonfiniteMasks, check_finite, drop_nonfinite, nonfinite_masks
+from qbench.data.nonfinite import NonfiniteMasks, check_finite, drop_nonfinite, missing_slices, nonfinite_masks
 from qbench.data.sampling import draw_calibration_sample
 from qbench.data.slices import slice_masks
 from qbench.data.text_tables import CsvDialect
@@ -129,9 +130,24 @@ def evaluation_rows(table: pd.DataFrame, data: DataSpec, *, recipe_file: Path, c
     beyond_limit = rows[data.evaluation.limit :] if data.evaluation.limit is not None else rows[:0]
     rows = rows[: len(rows) - len(beyond_limit)]
     masks = slice_masks(table, data.slices, recipe_file=recipe_file, inputs=data.inputs, evaluation_rows=rows)
-    check_finite(table, rows, nonfinite, masks, what="evaluation", recipe_file=recipe_file)
+    if data.nonfinite_inputs == "keep":
+        masks = _with_missing_slices(table, masks, missing_slices(rows, nonfinite), recipe_file=recipe_file)
+    check_finite(table, rows, nonfinite, masks, what="evaluation", recipe_file=recipe_file, policy=data.nonfinite_inputs)
     return EvaluationRows(rows=rows, masks=masks, nonfinite=nonfinite, dropped=dropped, left_out=left_out,
                           held_out=held_out, beyond_limit=beyond_limit)  # fmt: skip
+
+
+def _with_missing_slices(
+    table: pd.DataFrame, masks: dict[str, np.ndarray], missing: dict[str, np.ndarray], *, recipe_file: Path
+) -> dict[str, np.ndarray]:
+    """The recipe's slices and then the `missing:<column>` ones; a recipe slice of one of those names is refused
+    (two slices of one name would leave the gate judging one of them)."""
+    clash = next((name for name in missing if name in masks), None)
+    if clash is not None:
+        raise RecipeError(recipe_file, "data.slices", f"slice {clash!r} of {table_name(table)} has the name "
+                          "data.nonfinite_inputs: keep gives the rows with NaN/inf in that input column; "
+                          "expected another name")  # fmt: skip
+    return {**masks, **missing}
 
 
 def holds_out(data: DataSpec, calibrated: bool) -> bool:

@@ -5,6 +5,13 @@ that row, and a quantized variant may saturate where FP32 propagates NaN, so the
 accuracy comparison says nothing. By default such rows are a recipe error naming
 the column, the row count and the slices they fall in; `data.nonfinite_inputs: drop`
 removes them instead, and the sweep records how many rows each column cost.
+
+Some models read NaN as "missing" (gradient-boosted trees' missing-value branches, an
+Imputer in the graph): there the rows holding NaN are often most of the real data, and
+judging the model on the complete rows alone judges another population. `keep` feeds
+them as they are, counts them per column, and makes each such column a slice
+(`missing_slices`) that the gate judges like any other; FP32 must give finite outputs
+on them (qbench.validate.measure refuses a model that does not read NaN).
 Text columns (tokenized) and missing cells (reported by `build_feeds`) are not counted here.
 """
 
@@ -21,6 +28,7 @@ from qbench.errors import RecipeError
 from qbench.recipe_data import TextInputSpec
 
 _SHOWN = 4  # columns / slices named in one message
+MISSING_SLICE = "missing:"  # the prefix of the slice of the rows whose cell of an input column is NaN/inf (keep)
 _BLOCK_ROWS = 65_536  # rows of a list column checked at once
 
 NonfiniteMasks = Mapping[str, np.ndarray]
@@ -48,6 +56,23 @@ def drop_nonfinite(rows: np.ndarray, masks: NonfiniteMasks) -> tuple[np.ndarray,
     return rows[~bad], {column: n for column, n in counts.items() if n}
 
 
+def missing_slices(rows: np.ndarray, masks: NonfiniteMasks) -> dict[str, np.ndarray]:
+    """`missing:<column>` -> mask over all rows, for each input column with NaN/inf among `rows`
+    (`data.nonfinite_inputs: keep`): the rows with a missing value are judged apart from the others."""
+    return {f"{MISSING_SLICE}{column}": mask for column, mask in masks.items() if mask[rows].any()}
+
+
+def nonfinite_counts(
+    rows: np.ndarray, masks: NonfiniteMasks, slices: Mapping[str, np.ndarray], *, what: str
+) -> dict[str, dict[str, int]]:
+    """Rows kept with NaN/inf inputs (`data.nonfinite_inputs: keep`) per input column: `what` -> {column: rows} over
+    `rows`, and `slice:<name>` -> {column: rows} over the rows of each slice (`slices`: masks over all rows)."""
+    counts = {what: drop_nonfinite(rows, masks)[1]}
+    for name, mask in slices.items():
+        counts[f"slice:{name}"] = drop_nonfinite(rows[mask[rows]], masks)[1]
+    return {key: value for key, value in counts.items() if value}
+
+
 def check_finite(
     df: pd.DataFrame,
     rows: np.ndarray,
@@ -57,11 +82,15 @@ def check_finite(
     what: str,
     recipe_file: Path,
     field: str = "data.inputs",
+    policy: str = "error",
 ) -> None:
-    """Raise a RecipeError when any of `rows` (the `what` rows) holds NaN/inf in an input column.
+    """Raise a RecipeError when any of `rows` (the `what` rows) holds NaN/inf in an input column, unless `policy`
+    (data.nonfinite_inputs) is keep.
 
     The message names each column with its row count and the slices those rows fall in.
     """
+    if policy == "keep":
+        return
     _, counts = drop_nonfinite(rows, masks)
     if not counts:
         return
@@ -75,7 +104,8 @@ def check_finite(
         recipe_file,
         f"{field}.{first}" if field == "data.inputs" else field,
         f"{what} rows of {table_name(df)} hold NaN, inf or an empty cell in input columns ({'; '.join(parts)}{more}); "
-        "expected a finite number or a text in every cell, or set data.nonfinite_inputs: drop to leave those rows out",
+        "expected a finite number or a text in every cell, or set data.nonfinite_inputs: drop to leave those rows out "
+        "(keep: to feed them, for a model that reads NaN as missing)",
     )
 
 

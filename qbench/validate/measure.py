@@ -24,6 +24,7 @@ import numpy as np
 
 from qbench.backends import Backend, Runner
 from qbench.backends.base import RunOptions, form_run_by
+from qbench.data.nonfinite import MISSING_SLICE
 from qbench.data.text import token_padding
 from qbench.environment import timing_machine
 from qbench.errors import QbenchError, RecipeError, environment_cause
@@ -257,9 +258,32 @@ def _check_reference_outputs(
     warned about (unless `quiet`: a screen on a few rows)."""
     if rows.labels is not None:
         check_labels_fit_outputs(prepared, outputs)
+    if prepared.recipe.data.nonfinite_inputs == "keep":
+        _check_reads_missing(prepared, outputs, rows)
     if not quiet:
         for doubt in scale_doubts(prepared.recipe.task, outputs, scales):
             logger.warning("%s: %s", label, doubt)
+
+
+def _check_reads_missing(prepared: Prepared, outputs: Feeds, rows: Rows) -> None:
+    """Under `data.nonfinite_inputs: keep`, a RecipeError when FP32 gives NaN/inf on rows fed NaN/inf (the rows of a
+    `missing:<column>` slice): the model does not read NaN as missing, so those rows' figures would compare garbage
+    (a variant saturating where FP32 propagates NaN would look like a change, or none)."""
+    bad = np.zeros(rows.count, dtype=bool)
+    for values in outputs.values():
+        if np.asarray(values).dtype.kind in "fc":
+            bad |= metrics.nonfinite_rows(values)
+    for name, mask in rows.slices.items():
+        if not name.startswith(MISSING_SLICE) or not (bad & mask).any():
+            continue
+        column, count = name.removeprefix(MISSING_SLICE), int((bad & mask).sum())
+        raise RecipeError(
+            prepared.recipe.source, "data.nonfinite_inputs",
+            f"the FP32 model gives NaN/inf outputs on {count} of the {int(mask.sum())} rows measured whose input "
+            f"column {column!r} holds NaN/inf (slice {name!r}); expected "
+            "finite outputs: keep is for a model that reads NaN as missing (trees, an Imputer); this one does not, "
+            "so set error or drop",
+        )  # fmt: skip
 
 
 def _failed(built: BuiltVariant, backend: Backend, error: str, *, quiet: bool) -> Measured:

@@ -76,7 +76,8 @@ def test_error_names_columns_counts_and_slices() -> None:
     assert str(caught.value) == (
         "recipe.yaml: data.inputs.pixels: evaluation rows of rows.parquet hold NaN, inf or an empty cell in input columns "
         "(column 'pixels': 3 rows (slices: region=n 2, region=s 1); column 'scale': 1 row (slices: region=n 1)); "
-        "expected a finite number or a text in every cell, or set data.nonfinite_inputs: drop to leave those rows out"
+        "expected a finite number or a text in every cell, or set data.nonfinite_inputs: drop to leave those rows out "
+        "(keep: to feed them, for a model that reads NaN as missing)"
     )
     check_finite(table, np.array([0, 3]), masks, slices, what="evaluation", recipe_file=RECIPE)  # finite rows pass
 
