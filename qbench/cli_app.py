@@ -383,6 +383,7 @@ def list_registered() -> int:
     for task in TASKS.names():
         for info in TASKS.get(task).metric_infos:
             direction = "higher is better" if info.higher_is_better else "lower is better"
+            direction += ", in the data's units" if info.data_units else ""  # default tolerances relative to FP32's
             out.print(f"metric {info.name:<15} {task:<15} {direction}: {info.description}")
     return 0
 

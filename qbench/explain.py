@@ -45,6 +45,7 @@ from qbench.console import print_wide
 from qbench.errors import QbenchError, expected_one_of
 from qbench.explain_graph import QdqBypass, QuantizedNode, Rebuild, float_keeper, quantized_nodes, sqnr_costs
 from qbench.files import replace_atomically
+from qbench.gate_tolerance import Tolerances, reference_tolerances
 from qbench.preflight import Prepared, prepare
 from qbench.progress import track
 from qbench.recipe import GateSpec, Recipe, VariantSpec
@@ -73,12 +74,12 @@ class Score:
     slices: dict[str, float]
     nsr: float
 
-    def breach(self, gate: GateSpec | None) -> float:
+    def breach(self, tolerances: Tolerances | None) -> float:
         """How far past the gate's tolerances the drops are, summed over overall and the judged slices (0 within
         them all; NaN without a gate, or with a drop that is not a number)."""
-        if gate is None:
+        if tolerances is None:
             return math.nan
-        checks = [(self.overall, gate.max_drop), *((drop, gate.max_slice_drop) for drop in self.slices.values())]
+        checks = [(self.overall, tolerances.max_drop), *((d, tolerances.max_slice_drop) for d in self.slices.values())]
         return float(sum(max(drop - tolerance, 0.0) for drop, tolerance in checks))
 
 
@@ -156,7 +157,7 @@ def group_nodes(nodes: Sequence[QuantizedNode], group_by: str) -> dict[str, list
 
 def rank_groups(
     keeper: QdqBypass | Rebuild, groups: Mapping[str, Sequence[QuantizedNode]], score: Scorer, baseline: Score,
-    method: str, gate: GateSpec | None = None,
+    method: str, tolerances: Tolerances | None = None,
 ) -> list[NodeCost]:  # fmt: skip
     """The measured cost of each group (leave_one_out or one_at_a_time), costliest first: by the gate breach it
     recovers (or causes alone) when a gate is given, then by the overall drop."""
@@ -173,10 +174,10 @@ def rank_groups(
         if method == "leave_one_out":
             overall = baseline.overall - measured.overall
             on_worst = baseline.slices[worst] - measured.slices.get(worst, math.nan) if worst else math.nan
-            breach = baseline.breach(gate) - measured.breach(gate)
+            breach = baseline.breach(tolerances) - measured.breach(tolerances)
         else:
             overall, on_worst = measured.overall, measured.slices.get(worst, math.nan) if worst else math.nan
-            breach = measured.breach(gate)
+            breach = measured.breach(tolerances)
         share = overall / baseline.overall if baseline.overall > 0 else math.nan
         op_types = tuple(sorted({n.op_type for n in members}))
         costs.append(NodeCost(group, tuple(sorted(names)), op_types, overall, on_worst, share, measured.nsr, breach))
@@ -231,9 +232,11 @@ class _Evaluator:
 
     def __init__(self, prepared: Prepared, backend: Backend) -> None:
         self.prepared, self.backend = prepared, backend
-        self.reference = measure(backend, BuiltVariant("fp32", "fp32", prepared.source.onnx_path), prepared).reference
+        fp32 = measure(backend, BuiltVariant("fp32", "fp32", prepared.source.onnx_path), prepared)
+        self.reference = fp32.reference
         if self.reference is None:
             raise QbenchError("explain: the FP32 model could not be run on the evaluation rows")
+        self.tolerances = reference_tolerances(fp32.result, prepared.recipe.gate)  # what the gate judges with
 
     def score(self, built: BuiltVariant) -> Score:
         measured = measure(self.backend, built, self.prepared, reference=self.reference, quiet=True)
@@ -273,6 +276,7 @@ def explain_variant(
                            fixed_batch=prepared.batch)
         logger.info("%s: building, then measuring each candidate (%s, by %s)", spec.name, method, group_by)
         evaluator = _Evaluator(prepared, backend)
+        notes += [f"tolerances: {evaluator.tolerances.basis}"] if evaluator.tolerances.basis else []
         swept, source = _swept_calibrator(recipe, spec.name) if spec.calibrator == "auto" else (None, "")
         if swept is not None:
             spec = spec.model_copy(update={"calibrator": swept})
@@ -304,7 +308,7 @@ def explain_variant(
                 notes.append(f"measured the {max_nodes} noisiest of {len(groups)} groups (by SQNR)")
                 groups = {c.group: groups[c.group] for c in by_noise[:max_nodes]}
             keeper = float_keeper(spec, scratch, built)
-            costs = rank_groups(keeper, groups, evaluator.score, baseline, method, recipe.gate)
+            costs = rank_groups(keeper, groups, evaluator.score, baseline, method, evaluator.tolerances)
     worst = max(baseline.slices, key=lambda s: baseline.slices[s], default=None)
     explained = explained_share(costs, baseline.overall) if method == "leave_one_out" else math.nan
     if explained < EXPLAINED_FLOOR:
@@ -314,7 +318,7 @@ def explain_variant(
         group_by=group_by, metric=recipe.gate.metric, backend=backend_name, rows=len(prepared.evaluation_rows),
         drop=baseline.overall, worst_slice=worst, worst_slice_drop=baseline.slices[worst] if worst else math.nan,
         quantized_nodes=len(nodes), costs=tuple(costs), notes=tuple(notes), seconds=time.perf_counter() - started,
-        explained_share=explained, breach=baseline.breach(recipe.gate),
+        explained_share=explained, breach=baseline.breach(evaluator.tolerances),
     )  # fmt: skip
 
 

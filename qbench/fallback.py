@@ -50,6 +50,7 @@ from qbench.explain import Score, group_nodes, rank_groups
 from qbench.explain_graph import QuantizedNode, float_keeper, quantized_nodes, sqnr_costs
 from qbench.gate import GateReport, judge
 from qbench.gate_report import failure_reasons
+from qbench.gate_tolerance import as_absolute, reference_tolerances
 from qbench.preflight import Prepared
 from qbench.recipe import FallbackSpec, VariantSpec
 from qbench.report_grid import figure, percent
@@ -158,7 +159,8 @@ def build_with_search(spec: VariantSpec, ctx: BuildContext, *, evaluate: Evaluat
 class _Search:
     def __init__(self, spec: VariantSpec, ctx: BuildContext, evaluate: Evaluate, prepared: Prepared, reference: VariantResult) -> None:  # fmt: skip
         self.spec, self.ctx, self.evaluate, self.reference = spec, ctx, evaluate, reference
-        self.prepared, self.gate = prepared, prepared.recipe.gate
+        self.tolerances = reference_tolerances(reference, prepared.recipe.gate)
+        self.prepared, self.gate = prepared, as_absolute(prepared.recipe.gate, self.tolerances)
         self.root = ctx.workdir.resolve() / f"{spec.name}.search"
         self.trials: list[Trial] = []
         self.rankings: dict[str, list[str]] = {}
@@ -363,6 +365,7 @@ class _Search:
         shown = f" ({speed:.2f}× FP32 p50)" if math.isfinite(speed) else ""
         notes = [f"search on {self.gate.metric}: {steps}; chosen {chosen.label(base)}{shown}",
                  chosen_on(self.prepared.selection, len(self.prepared.evaluation_rows))]
+        notes += [f"tolerances: {self.tolerances.basis}"] if self.tolerances.basis else []
         extra = chosen.excluded[base:]
         if extra:
             notes.append(f"kept in FP32 by the search: {', '.join(extra)}")

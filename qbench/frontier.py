@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from qbench.environment import machine_kind
 from qbench.errors import QbenchError, expected_one_of
 from qbench.files import replace_atomically
+from qbench.gate_tolerance import Tolerances, resolve_tolerances
 from qbench.results import FrontierPoint, SweepResults, VariantResult
 from qbench.search.select import TIE
 from qbench.validate.catalogue import METRICS
@@ -39,6 +40,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
     from matplotlib.transforms import Bbox
+
+    from qbench.recipe import GateSpec
 
 
 @dataclass(frozen=True)
@@ -159,15 +162,29 @@ def reference_value(results: SweepResults, backend: str, metric: str) -> float:
     return overall_metric(reference, metric)
 
 
-def gate_threshold(results: SweepResults, max_drop: float) -> float | None:
-    """The gate metric's worst allowed value: the reference's value worsened by `max_drop`.
+def gate_threshold(results: SweepResults, gate: GateSpec) -> float | None:
+    """The gate metric's worst allowed value: the reference's value worsened by the gate's overall tolerance.
 
-    Taken on the first backend whose reference has a finite value; None when none has.
+    Taken on the first backend whose reference has a finite value; None when none has (`gate_tolerances`).
     """
+    resolved = gate_tolerances(results, gate)
+    if resolved is None:
+        return None
+    value, tolerances = resolved
+    higher = METRICS[results.gate_metric].higher_is_better
+    return value - tolerances.max_drop if higher else value + tolerances.max_drop
+
+
+def gate_tolerances(results: SweepResults, gate: GateSpec) -> tuple[float, Tolerances] | None:
+    """The reference's gate-metric figure on the first backend where it is finite, and the gate's tolerances resolved
+    against it (qbench.gate_tolerance); None when no backend has one, or a relative tolerance of it is unformed."""
     for backend in results.backends():
         value = reference_value(results, backend, results.gate_metric)
         if math.isfinite(value):
-            return value - max_drop if METRICS[results.gate_metric].higher_is_better else value + max_drop
+            try:
+                return value, resolve_tolerances(gate, value)
+            except QbenchError:
+                return None
     return None
 
 

@@ -9,6 +9,7 @@ fresh (qbench.gate_checks, qbench.provenance), whatever the file claims.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -27,6 +28,7 @@ from qbench.gate_checks import (
     timed_batch_sizes,
     unmatched_globs,
 )
+from qbench.gate_tolerance import Tolerances, reference_tolerances
 from qbench.provenance import recorded_recipe
 from qbench.recipe import GateSpec, Recipe
 from qbench.recipe_slo import SloSpec
@@ -185,10 +187,20 @@ def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[st
         checks=tuple(checks),
         problems=tuple(problems),
         gated=tuple(f"{v}@{b}" for v, b in gated),
-        notes=(*_unlowered(results, gated), *_chosen_on_judged_rows(results, gated), *_nonfinite_reference(results, gated),
+        notes=(*_tolerance_notes(results, spec, gated), *_unlowered(results, gated), *_chosen_on_judged_rows(results, gated), *_nonfinite_reference(results, gated),
                *mixed_timing_machines(results),
                *slower_than_reference_notes(results, {f"{v}@{b}" for v, b in gated})),
     ))
+
+
+def _tolerance_notes(results: SweepResults, spec: GateSpec, pairs: Sequence[tuple[str, str]]) -> list[str]:
+    """A note per backend judged where the tolerances are shares of FP32's figure: what they came to there."""
+    notes = []
+    for backend in dict.fromkeys(b for _, b in pairs):
+        with contextlib.suppress(QbenchError):  # unformed: each variant's problem says why
+            basis = reference_tolerances(results.find(results.reference, backend), spec).basis
+            notes += [f"tolerances on {backend}: {basis}"] if basis else []
+    return notes
 
 
 def _nonfinite_reference(results: SweepResults, pairs: Sequence[tuple[str, str]]) -> list[str]:
@@ -253,13 +265,17 @@ def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec) ->
         return [], [f"variant failed: {candidate.error or 'no accuracy results'}"]
     checks: list[GateCheck] = []
     problems: list[str] = []
-    scopes = [(reference.accuracy.overall, candidate.accuracy.overall, spec.max_drop)]
+    try:
+        tolerances: Tolerances | None = reference_tolerances(reference, spec)
+    except QbenchError as exc:  # a relative tolerance of nothing: no metric check, NaN/inf outputs still breach
+        tolerances, problems = None, [str(exc)]
+    scopes = [(reference.accuracy.overall, candidate.accuracy.overall, tolerances and tolerances.max_drop)]
     for ref_slice in reference.accuracy.slices:
         own = candidate.accuracy.slice(ref_slice.name)
         if own is None:
             problems.append(f"slice {ref_slice.name!r} missing from the results")
             continue
-        scopes.append((ref_slice, own, spec.max_slice_drop))
+        scopes.append((ref_slice, own, tolerances and tolerances.max_slice_drop))
     for ref_scope, own_scope, tolerance in scopes:
         # NaN/inf on rows where FP32 is finite: a breach of its own, whatever FP32 does on other rows
         extra_nonfinite = max(own_scope.nonfinite_outputs - ref_scope.nonfinite_outputs, own_scope.new_nonfinite_outputs)
@@ -271,6 +287,8 @@ def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec) ->
         if not _too_small(own_scope, spec) and 0 < ref_scope.size <= ref_scope.nonfinite_outputs:
             problems.append(f"FP32 gives NaN/inf on all {ref_scope.size} rows of {own_scope.name}: nothing to judge "
                             "the variant against there")  # fmt: skip
+            continue
+        if tolerance is None:
             continue
         check = _check(variant, backend, spec, ref_scope, own_scope, tolerance, explained=extra_nonfinite > 0)
         if check is not None:

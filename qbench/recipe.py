@@ -144,8 +144,14 @@ class LatencySpec(_Strict):
 
 class GateSpec(_Strict):
     metric: str = Field("accuracy", description="metric whose drop vs FP32 is gated")
-    max_drop: float = Field(0.01, ge=0, allow_inf_nan=False, description="largest allowed drop vs FP32, overall")
-    max_slice_drop: float = Field(0.02, ge=0, allow_inf_nan=False, description="largest allowed drop vs FP32, on every slice")
+    # None: the default (0.01 overall, 0.02 per slice), absolute for a rate, a share of FP32's figure for a metric in
+    # the data's units (qbench.gate_tolerance, which every reader of these goes through)
+    max_drop: float | None = Field(None, ge=0, allow_inf_nan=False, description="largest allowed drop vs FP32, overall")
+    max_slice_drop: float | None = Field(None, ge=0, allow_inf_nan=False,
+                                         description="largest allowed drop vs FP32, on every slice")
+    tolerance: Literal["auto", "absolute", "relative"] = Field(
+        "auto", description="absolute: drops in the metric's units; relative: shares of FP32's overall figure; "
+                            "auto: stated drops absolute, defaults relative for a metric in the data's units")
     applies_to: list[str] = Field(["*"], description="globs over variant names")
     min_slice_size: int = Field(1, ge=1, description="slices with fewer rows are reported but not judged")
 

@@ -14,11 +14,14 @@ import math
 from html import escape
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from qbench.files import write_atomically
 from qbench.frontier import gate_threshold
 from qbench.frontier_svg import backend_colours, batch_sizes, panel_svg
 from qbench.gate import EXIT_BREACH, EXIT_PASS, GateCheck, GateReport
 from qbench.gate_report import check_line
+from qbench.recipe import GateSpec
 from qbench.report_grid import to_html
 from qbench.report_ranges import ranges_html
 from qbench.report_search import search_html
@@ -86,10 +89,16 @@ def _verdict_section(gate: GateReport | None) -> str:
 # -- frontier -----------------------------------------------------------------------------------------
 
 
+def _recorded_gate(results: SweepResults) -> GateSpec | None:
+    """The gate the results' recipe states (None when it is not a valid one: the gate says what is wrong)."""
+    try:
+        return GateSpec.model_validate(results.recipe.get("gate"))
+    except ValidationError:
+        return None
+
+
 def _frontier_section(results: SweepResults) -> str:
-    recorded = results.recipe.get("gate")
-    max_drop = recorded.get("max_drop") if isinstance(recorded, dict) else None
-    threshold = gate_threshold(results, float(max_drop)) if max_drop is not None else None
+    threshold = gate_threshold(results, gate) if (gate := _recorded_gate(results)) is not None else None
     legend = "".join(f'<span><span class="swatch" style="background:{colour}"></span> {escape(backend)}</span>'
                      for backend, colour in backend_colours(results).items())  # fmt: skip
     note = "filled: on the frontier (no other variant is both faster and more accurate); hover a point for its figures"

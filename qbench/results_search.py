@@ -2,6 +2,8 @@
 
     SearchReport
       variant, metric, max_drop, max_slice_drop   the searched variant and the gate it was searched against
+      tolerance_basis                             how those were formed as shares of FP32's figure ('' when absolute
+                                                  as the recipe states: qbench.gate_tolerance)
       time_budget_s, seconds, budget_exhausted    the recipe's budget, the time spent, whether candidates were left
       outcome                                     "passed" | "unreachable" | "nothing built" (no candidate ran)
       chosen                                      index of the candidate the variant is (None: nothing could be built)
@@ -81,6 +83,7 @@ class SearchReport:
     fp32_p50_ms: dict[str, float] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     selection_rows: int | None = None
+    tolerance_basis: str = ""
 
 
 def search_from_dict(raw: dict[str, Any] | None, where: str = "search") -> SearchReport | None:

@@ -354,7 +354,7 @@ def _publish(recipe: Recipe, results: SweepResults, progress: _Progress, started
         results_path = write_results(results, run_dir / RESULTS_FILE)
         mark_complete(run_dir)
         progress.results_complete = True
-        threshold = gate_threshold(results, recipe.gate.max_drop)
+        threshold = gate_threshold(results, recipe.gate)
         plot_path = plot_frontier(results, run_dir / "frontier.png", threshold=threshold)
         report_path = write_markdown_report(results, gate, plot_path, run_dir / "report.md")
         html_path = write_html_report(results, gate, run_dir / "report.html")

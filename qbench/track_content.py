@@ -16,9 +16,9 @@ from mlflow.utils.validation import (
     MAX_TAG_VAL_LENGTH,
 )
 
-from qbench.frontier import speedup
+from qbench.frontier import gate_tolerances, speedup
 from qbench.gate import GateReport
-from qbench.recipe import Recipe, StabilitySpec
+from qbench.recipe import GateSpec, Recipe, StabilitySpec
 from qbench.results import (
     SliceMetrics,
     SweepResults,
@@ -219,6 +219,18 @@ def _stability_param(stability: StabilitySpec | None) -> str:
     return ",".join(f"{name}={value}" for name, value in stability.model_dump().items())
 
 
+def _tolerance_params(results: SweepResults, gate: GateSpec) -> dict[str, str]:
+    """The gate's tolerances as judged (on the first backend with a finite FP32 figure), and how they were formed
+    when they are shares of FP32's figure."""
+    resolved = gate_tolerances(results, gate)
+    if resolved is None:
+        unformed = "not formed (FP32's figure is 0 or not finite: see the gate)"
+        return {"gate.max_drop": unformed, "gate.max_slice_drop": unformed, "gate.tolerance": gate.tolerance}
+    tolerances = resolved[1]
+    return {"gate.max_drop": f"{tolerances.max_drop:.6g}", "gate.max_slice_drop": f"{tolerances.max_slice_drop:.6g}",
+            "gate.tolerance": tolerances.basis or "absolute"}
+
+
 def sweep_params(results: SweepResults, recipe: Recipe) -> dict[str, str]:
     gate, latency, env = recipe.gate, recipe.latency, results.environment
     params = {
@@ -228,8 +240,7 @@ def sweep_params(results: SweepResults, recipe: Recipe) -> dict[str, str]:
         "reference": results.reference,
         "backends": ",".join(results.backends()),
         "gate.metric": gate.metric,
-        "gate.max_drop": str(gate.max_drop),
-        "gate.max_slice_drop": str(gate.max_slice_drop),
+        **_tolerance_params(results, gate),
         "gate.applies_to": ",".join(gate.applies_to),
         "gate.min_slice_size": str(gate.min_slice_size),
         "evaluation.rows": str(results.evaluation_rows),

@@ -19,6 +19,9 @@ def test_list_shows_registries(capsys):
     shown = capsys.readouterr().out
     assert "onnxruntime-cpu" in shown and "entropy" in shown and "fp8" in shown
     assert "tasks:       classification, embedding, multilabel, regression" in shown
+    lines = {line.split()[1] + " " + line.split()[2]: line for line in shown.splitlines() if line.startswith("metric ")}
+    assert "lower is better, in the data's units:" in lines["mae regression"]  # its default tolerances are relative
+    assert "higher is better:" in lines["accuracy classification"]
 
 
 def test_bad_recipe_is_one_line_exit_2(tmp_path, capsys):

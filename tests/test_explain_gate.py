@@ -17,8 +17,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qbench.backends import get_backend
 from qbench.explain import Score, _Evaluator, explain_table, explain_variant
+from qbench.gate_tolerance import Tolerances
 from qbench.preflight import prepare
-from qbench.recipe import GateSpec, load_recipe
+from qbench.recipe import load_recipe
 from qbench.variants import BuildContext, build_variant
 
 WIDTH = 16
@@ -109,14 +110,14 @@ def test_keeping_the_top_node_float_passes_the_gate(project, tmp_path):
     def breach(excluded: str) -> float:
         ctx = BuildContext(prepared.source.onnx_path, tmp_path / excluded, prepared.calibration_batches)
         built = build_variant(spec.model_copy(update={"exclude_nodes": [excluded]}), ctx)
-        return evaluator.score(built).breach(recipe.gate)
+        return evaluator.score(built).breach(evaluator.tolerances)
 
     assert breach(result.costs[0].group) == 0.0
     assert breach(by_overall) > 0.0
 
 
 def test_breach_sums_what_is_past_each_tolerance():
-    gate = GateSpec(metric="accuracy", max_drop=0.02, max_slice_drop=0.05)
-    assert Score(0.03, {"a": 0.10, "b": 0.01}, 0.0).breach(gate) == pytest.approx(0.01 + 0.05)
-    assert Score(0.01, {"a": 0.04}, 0.0).breach(gate) == 0.0
+    tolerances = Tolerances(max_drop=0.02, max_slice_drop=0.05)
+    assert Score(0.03, {"a": 0.10, "b": 0.01}, 0.0).breach(tolerances) == pytest.approx(0.01 + 0.05)
+    assert Score(0.01, {"a": 0.04}, 0.0).breach(tolerances) == 0.0
     assert math.isnan(Score(0.03, {}, 0.0).breach(None))

@@ -21,6 +21,7 @@ from qbench.frontier import (
     speedup,
 )
 from qbench.frontier_svg import panel_svg
+from qbench.recipe import GateSpec
 from qbench.report import frontier_text
 from qbench.results import AccuracyResult, SliceMetrics, VariantResult
 
@@ -135,12 +136,12 @@ def test_unknown_metric_is_a_user_error() -> None:
 def test_gate_threshold_follows_the_metric_direction() -> None:
     results = make_sweep()
     reference = results.find("fp32", "onnxruntime-cpu").accuracy.overall.metrics["accuracy"]
-    assert gate_threshold(results, 0.01) == pytest.approx(reference - 0.01)
+    assert gate_threshold(results, GateSpec(max_drop=0.01)) == pytest.approx(reference - 0.01)
     lower = make_sweep([point("fp32", 1.0, 0.2, metric="kl_mean"), point("int8", 0.5, 0.3, metric="kl_mean")],
                        gate_metric="kl_mean")  # fmt: skip
-    assert gate_threshold(lower, 0.05) == pytest.approx(0.25)
+    assert gate_threshold(lower, GateSpec(metric="kl_mean", max_drop=0.05)) == pytest.approx(0.25)
     no_reference = make_sweep([make_variant("fp32", "fp32", error="boom"), make_variant("int8", "int8")])
-    assert gate_threshold(no_reference, 0.01) is None
+    assert gate_threshold(no_reference, GateSpec(max_drop=0.01)) is None
 
 
 def test_speedup_is_reference_p50_over_variant_p50() -> None:
@@ -257,7 +258,8 @@ def test_plot_with_a_lower_is_better_metric_and_two_backends(tmp_path: Path) -> 
     variants = [point(n, p, v, metric="flip_rate", backend=b, batch_sizes=(1, 16))
                 for b in ("cpu", "gpu") for n, p, v in (("fp32", 2.0, 0.0), ("int8", 1.0, 0.02))]  # fmt: skip
     results = make_sweep(variants, gate_metric="flip_rate")
-    path = plot_frontier(results, tmp_path / "flip.png", threshold=gate_threshold(results, 0.01))
+    threshold = gate_threshold(results, GateSpec(metric="flip_rate", max_drop=0.01))
+    path = plot_frontier(results, tmp_path / "flip.png", threshold=threshold)
     assert path.stat().st_size > 10_000
 
 

@@ -44,7 +44,7 @@ def test_defaults_and_paths_resolve_relative_to_the_recipe(tmp_path):
     assert recipe.data_path == (tmp_path / "rows.parquet").resolve()
     assert recipe.backends == ["onnxruntime-cpu"]
     assert recipe.latency.batch_sizes == [1, 32]
-    assert recipe.gate.metric == "accuracy" and recipe.gate.max_drop == 0.01
+    assert recipe.gate.metric == "accuracy" and recipe.gate.max_drop is None and recipe.gate.tolerance == "auto"
     assert [v.name for v in recipe.all_variants()] == ["fp32"]
     assert len(recipe.sha256) == 64
 

@@ -43,6 +43,7 @@ from qbench.backends.base import RunOptions
 from qbench.errors import QbenchError, one_line
 from qbench.gate import GateReport, judge
 from qbench.gate_report import failure_reasons
+from qbench.gate_tolerance import as_absolute, reference_tolerances
 from qbench.preflight import Prepared
 from qbench.recipe import LatencySpec
 from qbench.recipe_search import SearchSpec
@@ -87,7 +88,6 @@ class _Search:
                  clock: PhaseClock | None, now: Callable[[], float]) -> None:  # fmt: skip
         self.prepared, self.backend, self.fp32, self.spec, self.clock, self.now = prepared, backend, fp32, spec, clock, now
         self.started = now()
-        self.gate = prepared.recipe.gate
         self.root = workdir.resolve() / f"{spec.name}.search"
         self.ctx = BuildContext(prepared.source.onnx_path, self.root, prepared.calibration_batches,
                                 fixed_batch=prepared.batch)
@@ -111,6 +111,8 @@ class _Search:
             self.fp32 = measure(backend, self.fp32_built, prepared, rows=selection, quiet=True, clock=clock)
             if self.fp32.reference is None or self.fp32.result.accuracy is None:
                 raise QbenchError(f"FP32 did not run on the selection rows: {self.fp32.result.error}")
+        self.tolerances = reference_tolerances(self.fp32.result, prepared.recipe.gate)  # on the rows chosen on
+        self.gate = as_absolute(prepared.recipe.gate, self.tolerances)
         self.fp32_screen = measure(backend, self.fp32_built, prepared, rows=self.screen, timing=self.timing, quiet=True,
                                    clock=clock)  # fmt: skip
         self.fp32_p50 = _p50s(self.fp32_screen.result)
@@ -398,6 +400,7 @@ class _Search:
             budget_exhausted=self.budget_exhausted, fp32_p50_ms={f"b{b}": p for b, p in self.fp32_p50.items()},
             notes=(self.chosen_on, self._method_note(), *self._slower_note(chosen)),
             selection_rows=self.rows.count if self.prepared.selection is not None else None,
+            tolerance_basis=self.tolerances.basis,
         )  # fmt: skip
         built = self._keep(pick) if pick is not None and pick in self.built else None
         shutil.rmtree(self.root, ignore_errors=True)

@@ -266,7 +266,7 @@ class Classification(Task):
         share_of_rows("agreement", True, "fraction of rows (scored tokens) whose top-1 matches FP32"),
         share_of_rows("flip_rate", False, "fraction of rows (scored tokens) whose top-1 differs from FP32"),
         MetricInfo("kl_mean", False, "mean KL(FP32 || variant) of the softmax outputs (score outputs only)", low=0.0),
-        MetricInfo("max_abs_error", False, "largest absolute difference from the FP32 output", low=0.0),
+        MetricInfo("max_abs_error", False, "largest absolute difference from the FP32 output", low=0.0, data_units=True),
     )
     default_gate_metric = "accuracy"
     labels_name_classes = True

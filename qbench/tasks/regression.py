@@ -97,15 +97,16 @@ class RegressionRows:
 class Regression(Task):
     name = "regression"
     metric_infos = (
-        MetricInfo("mae", False, "mean absolute error vs labels (vs FP32 without labels)", low=0.0),
+        MetricInfo("mae", False, "mean absolute error vs labels (vs FP32 without labels)", low=0.0, data_units=True),
         MetricInfo("rmse", False, "root mean squared error vs labels (vs FP32 without labels), averaged over targets",
-                   low=0.0),
+                   low=0.0, data_units=True),
         MetricInfo("r2", True, "coefficient of determination vs labels (vs FP32 without labels), "
                    "averaged over targets", high=1.0),
         MetricInfo("r2_min", True, "the worst target's coefficient of determination (r2 with one target)", high=1.0),
-        MetricInfo("max_error", False, "largest absolute error vs labels (vs FP32 without labels)", low=0.0),
+        MetricInfo("max_error", False, "largest absolute error vs labels (vs FP32 without labels)", low=0.0,
+                   data_units=True),
         share_of_rows("agreement", True, "fraction of rows within 1% of each target's FP32 spread of FP32"),
-        MetricInfo("max_abs_error", False, "largest absolute difference from the FP32 output", low=0.0),
+        MetricInfo("max_abs_error", False, "largest absolute difference from the FP32 output", low=0.0, data_units=True),
     )
     default_gate_metric = "mae"
 

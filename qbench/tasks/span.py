@@ -125,7 +125,7 @@ class Span(Task):
                    low=0.0, high=1.0),
         share_of_rows("span_agreement", True, "fraction of rows whose answer span is FP32's"),
         MetricInfo("span_f1", True, "mean token-overlap F1 of the answer span with FP32's", low=0.0, high=1.0),
-        MetricInfo("max_abs_error", False, "largest absolute difference from the FP32 output", low=0.0),
+        MetricInfo("max_abs_error", False, "largest absolute difference from the FP32 output", low=0.0, data_units=True),
     )
     default_gate_metric = "f1"
 

@@ -54,7 +54,7 @@ class Structured(Task):
     name = "structured"
     metric_infos = (
         share_of_rows("agreement", True, "fraction of rows whose every value is within 1% of its FP32 spread of FP32"),
-        MetricInfo("max_abs_error", False, "largest absolute difference from the FP32 output", low=0.0),
+        MetricInfo("max_abs_error", False, "largest absolute difference from the FP32 output", low=0.0, data_units=True),
     )
     default_gate_metric = None  # the recipe's first custom metric (qbench.recipe)
 

@@ -32,6 +32,9 @@ class MetricInfo:
     # a row FP32 gives NaN/inf on counts in it (a miss), so it stays defined on a scope holding such rows, where
     # cosine, kl_mean or an error is NaN: what the gate suggests gating on there
     counts_nonfinite_rows: bool = False
+    # in the label's or output's units (an MAE, an output's largest error): an absolute default tolerance means
+    # nothing there, so the gate's defaults are shares of FP32's figure (qbench.gate_tolerance)
+    data_units: bool = False
 
 
 def share_of_rows(name: str, higher_is_better: bool, description: str) -> MetricInfo:
@@ -109,8 +112,8 @@ class MetricCatalogue(Mapping[str, MetricInfo]):
         return len(self._load())
 
 
-def _definition(info: MetricInfo) -> tuple[bool, float, float, bool]:
-    return info.higher_is_better, info.low, info.high, info.share_of_rows
+def _definition(info: MetricInfo) -> tuple[bool, float, float, bool, bool]:
+    return info.higher_is_better, info.low, info.high, info.share_of_rows, info.data_units
 
 
 METRICS = MetricCatalogue("qbench.tasks")

@@ -173,6 +173,27 @@ def test_regression_mlp(tmp_path, monkeypatch, capsys):
     assert fp32["agreement"] == 1.0
 
 
+def test_a_regression_on_tiny_targets_is_gated_relative_to_fp32s_error(tmp_path, monkeypatch, capsys):
+    """Targets of ~1e-4 (an outlier score): INT8's rounding multiplies FP32's MAE, a drop of ~1e-6 that the absolute
+    default of 0.01 passed. With no tolerance stated, `qbench gate` reads the recorded recipe and judges against 1 % of
+    FP32's MAE, saying so."""
+    rng = np.random.default_rng(0)
+    features = rng.normal(size=(ROWS, 4)).astype(np.float32)
+    weight = (rng.normal(size=(4, 1)) * 1e-4).astype(np.float32)
+    targets = (features @ weight).reshape(-1).astype(np.float64) + rng.normal(size=ROWS) * 1e-7
+    model = graph_model([helper.make_node("MatMul", ["x", "w"], ["y"])],
+                        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+                        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 1])],
+                        [numpy_helper.from_array(weight, "w")])  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    recipe = project(tmp_path, model, table(features, targets), task="regression", gate={"metric": "mae"})
+    results, shown = run_all(recipe, capsys)
+    fp32_mae, int8_mae = overall(results)["mae"], overall(results, "int8")["mae"]
+    assert int8_mae - fp32_mae > 0.1 * fp32_mae  # what an absolute 0.01 passed, and 1 % of FP32's MAE does not
+    assert main(["gate", str(recipe)]) == 1
+    assert said(f"max_drop {0.01 * fp32_mae:.4g} = 1 % of FP32's mae {fp32_mae:.4g}", shown + capsys.readouterr().out)
+
+
 def _multilabel_model() -> tuple[onnx.ModelProto, np.ndarray]:
     """4 features -> sigmoid of 3 independent linear scores; returns the model and the true weights."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4])
