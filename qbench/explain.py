@@ -44,6 +44,7 @@ from qbench.backends.base import RunOptions
 from qbench.console import print_wide
 from qbench.errors import QbenchError, expected_one_of
 from qbench.explain_graph import QdqBypass, QuantizedNode, Rebuild, float_keeper, quantized_nodes, sqnr_costs
+from qbench.explain_spec import explained_spec, swept_calibrator
 from qbench.files import replace_atomically
 from qbench.gate_tolerance import Tolerances, reference_tolerances
 from qbench.preflight import Prepared, prepare
@@ -61,7 +62,6 @@ logger = logging.getLogger(__name__)
 METHODS = ("leave_one_out", "one_at_a_time", "sqnr")
 EXPLAINED_FLOOR = 0.5  # leave-one-out recovering less of the drop than this: the groups interact
 # the techniques that quantize the FP32 graph node by node (a QAT or ModelOpt variant is a model exported anew)
-EXPLAINED_TECHNIQUES = ("ort-static", "ort-dynamic", "linear", "smoothquant")
 GROUPINGS = ("node", "op_type", "layer", "pattern")
 
 
@@ -261,7 +261,7 @@ def explain_variant(
             raise QbenchError(f"explain: {what} {expected_one_of(value, allowed)}")
     if max_nodes is not None and max_nodes <= 0:
         raise QbenchError(f"explain: max_nodes must be positive, got {max_nodes}")
-    spec, notes = _explained_spec(recipe, variant_name)
+    spec, notes = explained_spec(recipe, variant_name)
     from qbench.execute.snapshot import take_snapshot
     from qbench.execute.store import build_store
     from qbench.provenance import input_digests
@@ -277,7 +277,7 @@ def explain_variant(
         logger.info("%s: building, then measuring each candidate (%s, by %s)", spec.name, method, group_by)
         evaluator = _Evaluator(prepared, backend)
         notes += [f"tolerances: {evaluator.tolerances.basis}"] if evaluator.tolerances.basis else []
-        swept, source = _swept_calibrator(recipe, spec.name) if spec.calibrator == "auto" else (None, "")
+        swept, source = swept_calibrator(recipe, spec.name) if spec.calibrator == "auto" else (None, "")
         if swept is not None:
             spec = spec.model_copy(update={"calibrator": swept})
             notes.insert(0, f"calibrator auto: explained with {swept}, the calibrator the sweep kept ({source})")
@@ -334,47 +334,6 @@ def interaction_note(share: float, group_by: str) -> str:
     return (f"leave_one_out explains only {percent(share)} of the drop (the groups' recovered drops summed): groups "
             "that only matter together each recover little when kept float alone; try --method one_at_a_time"
             + (f" or --group {coarser}" if coarser else ""))  # fmt: skip
-
-
-def _explained_spec(recipe: Recipe, name: str) -> tuple[VariantSpec, list[str]]:
-    """The recipe's variant as explain builds it: no search (`calibrator: auto` is chosen by `_auto_calibrated`)."""
-    spec = next((v for v in recipe.variants if v.name == name), None)
-    if spec is None:
-        raise QbenchError(f"explain: variant {expected_one_of(name, [v.name for v in recipe.variants])}")
-    if spec.technique_name not in EXPLAINED_TECHNIQUES:
-        explained = ", ".join(EXPLAINED_TECHNIQUES)
-        raise QbenchError(
-            f"explain: {name!r} is a {spec.technique_name} variant; explain ranks the nodes that an INT8 build of the"
-            f" FP32 graph quantizes ({explained}): explain a variant built by one of those"
-        )
-    notes = []
-    if spec.fallback is not None:
-        notes.append("fallback ignored: explaining the variant before any node is kept in FP32")
-    return spec.model_copy(update={"fallback": None}), notes
-
-
-def _swept_calibrator(recipe: Recipe, name: str) -> tuple[str | None, str]:
-    """The calibrator the recipe's newest sweep kept for `calibrator: auto` variant `name`, and where that was read;
-    (None, why not) without complete, fresh results that say. The sweep keeps the fastest candidate passing the gate,
-    which explain (it does not time) cannot redo: explaining another calibrator explains a variant nobody ships."""
-    from qbench.gate import latest_results
-    from qbench.gate_checks import stale_inputs, stale_sections
-    from qbench.provenance import recorded_recipe
-    from qbench.results import read_results
-
-    try:
-        path = latest_results(recipe)
-        results = read_results(path)
-        stale = stale_sections(recipe, recorded_recipe(results.recipe, path)) + stale_inputs(results, recipe)[0]
-    except QbenchError:
-        return None, "no complete sweep results of the recipe to take the sweep's choice from"
-    if stale:
-        return None, f"the newest sweep's results ({path}) are stale, so its choice was not followed"
-    kept = {str(v.params["calibrator"]) for v in results.variants  # a torch form's results name no calibrator
-            if v.variant == name and v.status == "ok" and "calibrator" in v.params}
-    if len(kept) != 1 or not kept <= set(AUTO_CALIBRATORS):
-        return None, f"the newest sweep ({path}) has no measured {name!r} to take the calibrator from"
-    return kept.pop(), str(path)
 
 
 def _auto_calibrated(

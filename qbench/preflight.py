@@ -37,7 +37,7 @@ from qbench.data.evaluation import EvaluationRows, calibration_sample, holds_out
 from qbench.data.feeds import text_feed_notes
 from qbench.data.labels import label_cells
 from qbench.data.leakage import shared_rows, warn_shared
-from qbench.data.nonfinite import nonfinite_counts
+from qbench.data.nonfinite import kept_nonfinite
 from qbench.data.text_tables import number_format_hint
 from qbench.errors import QbenchError, RecipeError
 from qbench.modelinfo import ModelInfo, external_data_files, read_model_info
@@ -58,7 +58,7 @@ from qbench.preflight_precision import reduced_precision
 from qbench.preflight_rows import check_row_independence
 from qbench.provenance import metric_source_input
 from qbench.recipe import Recipe
-from qbench.recipe_data import DataSpec, TextInputSpec
+from qbench.recipe_data import TextInputSpec
 from qbench.results import CalibrationRecord
 from qbench.selection_rows import (
     CalibrationSplit,
@@ -221,7 +221,7 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, export_refreshed: boo
         lookups, whole=batch is not None, inputs=data.inputs, evaluation=evaluation if calibration_table is table else None,
     )
     calibration_rows = split.fitted
-    kept = _kept_nonfinite(data, (eval_rows, nonfinite, masks), (calibration_rows, calibration_nonfinite))
+    kept = kept_nonfinite(data, (eval_rows, nonfinite, masks), (calibration_rows, calibration_nonfinite))
     overlap = shared_rows(calibration_table, calibration_rows, table, eval_rows, data.fed_columns)
     if recipe.fits_on_calibration_rows:
         allowed = calibration_table is table and data.calibration.overlap == "allow"
@@ -415,25 +415,6 @@ def _record_dropped(dropped: dict[str, dict[str, int]], what: str, counts: dict[
     dropped[what] = counts
     shown = ", ".join(f"{column}: {n}" for column, n in counts.items())
     logger.warning("%d %s rows dropped for NaN/inf inputs (%s)", left_out, what, shown)
-
-
-def _kept_nonfinite(
-    data: DataSpec,
-    evaluation: tuple[np.ndarray, NonfiniteMasks, dict[str, np.ndarray]],
-    calibration: tuple[np.ndarray, NonfiniteMasks],
-) -> dict[str, dict[str, int]]:
-    """With `data.nonfinite_inputs: keep`, the evaluation rows (overall and per slice) and calibration rows fed with
-    NaN/inf per input column (nonfinite_counts), said in the log; else nothing."""
-    if data.nonfinite_inputs != "keep":
-        return {}
-    rows, nonfinite, masks = evaluation
-    kept = nonfinite_counts(rows, nonfinite, masks, what="evaluation")
-    kept |= nonfinite_counts(calibration[0], calibration[1], {}, what="calibration")
-    for what in ("evaluation", "calibration"):
-        if what in kept:
-            shown = ", ".join(f"{column}: {n}" for column, n in kept[what].items())
-            logger.info("%s rows fed with NaN/inf inputs (data.nonfinite_inputs: keep): %s", what, shown)
-    return kept
 
 
 def _calibration(

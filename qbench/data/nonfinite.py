@@ -17,6 +17,7 @@ Text columns (tokenized) and missing cells (reported by `build_feeds`) are not c
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -25,7 +26,9 @@ import pandas as pd
 
 from qbench.data.load import table_name
 from qbench.errors import RecipeError
-from qbench.recipe_data import TextInputSpec
+from qbench.recipe_data import DataSpec, TextInputSpec
+
+logger = logging.getLogger(__name__)
 
 _SHOWN = 4  # columns / slices named in one message
 MISSING_SLICE = "missing:"  # the prefix of the slice of the rows whose cell of an input column is NaN/inf (keep)
@@ -182,3 +185,22 @@ def _unnested(value: object) -> object:
 
 def _number_or_gap(value: object) -> bool:
     return value is None or (isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool))
+
+
+def kept_nonfinite(
+    data: DataSpec,
+    evaluation: tuple[np.ndarray, NonfiniteMasks, dict[str, np.ndarray]],
+    calibration: tuple[np.ndarray, NonfiniteMasks],
+) -> dict[str, dict[str, int]]:
+    """With `data.nonfinite_inputs: keep`, the evaluation rows (overall and per slice) and calibration rows fed with
+    NaN/inf per input column (nonfinite_counts), said in the log; else nothing."""
+    if data.nonfinite_inputs != "keep":
+        return {}
+    rows, nonfinite, masks = evaluation
+    kept = nonfinite_counts(rows, nonfinite, masks, what="evaluation")
+    kept |= nonfinite_counts(calibration[0], calibration[1], {}, what="calibration")
+    for what in ("evaluation", "calibration"):
+        if what in kept:
+            shown = ", ".join(f"{column}: {n}" for column, n in kept[what].items())
+            logger.info("%s rows fed with NaN/inf inputs (data.nonfinite_inputs: keep): %s", what, shown)
+    return kept
