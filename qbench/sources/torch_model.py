@@ -446,11 +446,13 @@ def _changed_after_import(path: Path) -> str:
 
 
 def export_cache_dir() -> Path:
-    """$QBENCH_CACHE_DIR, else $XDG_CACHE_HOME/qbench, else ~/.cache/qbench."""
+    """$QBENCH_CACHE_DIR, else $XDG_CACHE_HOME/qbench, else ~/.cache/qbench, made absolute here: a relative
+    `QBENCH_CACHE_DIR=.cache` would otherwise name another folder inside a build's scratch working directory
+    (`scratch_dir`), and a SmoothQuant build there failed to find the FP32 model the store had copied."""
     explicit = os.environ.get("QBENCH_CACHE_DIR")
     if explicit:
-        return Path(explicit).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "qbench"
+        return Path(explicit).expanduser().absolute()
+    return (Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "qbench").absolute()
 
 
 def _declare_unused_inputs(path: Path, examples: Mapping[str, torch.Tensor]) -> None:

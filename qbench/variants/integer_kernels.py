@@ -16,8 +16,9 @@ What decides a fusion (ONNX Runtime 1.32, checked against its optimized graph in
   removed first when it is redundant, every one of them having its zero point at the type's minimum (a Relu'd range
   [0, max], as torchao's PT2E observers give it); a Relu that is not (ModelOpt's symmetric int8 ranges, zero point
   0) is fused into the float op instead (FusedConv, FusedGemm), which then runs in float whatever follows;
-- a MatMul or Gemm left with a float output still fuses (MatMulIntegerToFloat, QGemm), unless such a Relu stops it,
-  and a Gemm then only when its bias is absent or dequantized: with a float bias (PyTorch's nn.Linear as torchao
+- a MatMul or Gemm left with a float output still fuses (MatMulIntegerToFloat, QGemm), unless such a Relu stops it
+  or its only reader is a Relu or Clip read by one float node (fused into the float op: a Linear + ReLU whose output
+  goes on to a Pad, as SmoothQuant leaves it), and a Gemm then only when its bias is absent or dequantized: with a float bias (PyTorch's nn.Linear as torchao
   and ModelOpt export it) it runs as a float Gemm. Re-quantized, ONNX Runtime quantizes a float bias itself.
 Every INT8 build is counted here, whoever built it (`with_integer_kernels`, called where a build is finalised), and
 every INT8 or FP8 build has the weighted layers it leaves float counted (`with_float_weighted`): recurrent layers and
@@ -46,6 +47,10 @@ _BOTH_OPERANDS = frozenset({"MatMul", "Gemm"})
 # the number is how many leading inputs are data (Conv: X and W; a bias may stay float or int32).
 _REQUANTIZED = {"Conv": 2, "Add": 2, "Mul": 2, "AveragePool": 1, "GlobalAveragePool": 1, "Sigmoid": 1,
                 "LeakyRelu": 1, "Softmax": 1}  # fmt: skip
+# Activations ONNX Runtime fuses into a float MatMul/Gemm left with a float output, which then stays float: when the
+# activation is that output's only reader and is itself read by exactly one node that is not a QuantizeLinear (not a
+# graph output). A Relu re-quantized follows the zero-point rule of `_Graph.output_form` instead.
+_FUSED_ACTIVATIONS = frozenset({"Relu", "Clip"})
 # Op types a quantizer may turn into an integer kernel: quantizing none of them lowers nothing.
 COMPUTING_OP_TYPES = frozenset({*_BOTH_OPERANDS, *_REQUANTIZED, "Attention", "LSTM"})
 
@@ -108,10 +113,14 @@ class _Graph:
         if self._quantized_by(tensor) is not None:
             return "requantized"
         readers = self.readers.get(tensor, [])
-        if tensor not in self.graph_outputs and len(readers) == 1 and readers[0].op_type == "Relu":
-            quantizers = self._quantized_by(readers[0].output[0])
-            if quantizers is not None:
-                return "requantized" if all(self._zero_point_at_minimum(q) for q in quantizers) else "blocked"
+        if tensor in self.graph_outputs or len(readers) != 1 or readers[0].op_type not in _FUSED_ACTIVATIONS:
+            return "float"
+        activation = readers[0].output[0]
+        quantizers = self._quantized_by(activation)
+        if quantizers is not None and readers[0].op_type == "Relu":
+            return "requantized" if all(self._zero_point_at_minimum(q) for q in quantizers) else "blocked"
+        if activation not in self.graph_outputs and len(self.readers.get(activation, [])) == 1:
+            return "blocked"  # read by one float node: ONNX Runtime fuses it into the float op (FusedGemm, a float MatMul)
         return "float"
 
     def _zero_point_at_minimum(self, quantizer: onnx.NodeProto) -> bool:

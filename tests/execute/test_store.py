@@ -244,3 +244,25 @@ def test_which_form_each_param_and_note_describes_survives_the_store(tmp_path: P
     on_torch, on_onnx = read_back.as_run_in(TORCH), read_back.as_run_in(ONNX)
     assert on_torch.params == {"fake_quant": True, "qat.lr": 0.1} and on_torch.notes == ("module note", "both")
     assert on_onnx.params == {"opset": 17, "qat.lr": 0.1} and on_onnx.notes == ("graph note", "both")
+
+
+def test_a_relative_cache_dir_serves_builds_that_run_in_a_scratch_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """QBENCH_CACHE_DIR=cache (relative): the store copies FP32's model there, and a SmoothQuant build, whose working
+    directory is its scratch folder, loaded `cache/...` from inside it and failed (found by fuzzing random graphs)."""
+    import yaml
+    from tiny_linear import make_linear_project
+
+    from qbench.sweep import run_sweep
+
+    recipe = make_linear_project(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}")
+    spec = yaml.safe_load(recipe.read_text())
+    spec["variants"] = [{"name": "int8-sq", "precision": "int8", "calibrator": "minmax", "smoothquant": {"alpha": 0.5}}]
+    recipe.write_text(yaml.safe_dump(spec, sort_keys=False))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("QBENCH_CACHE_DIR", "cache")
+    outcome = run_sweep(recipe, track=False)
+    built = {v.variant: v for v in outcome.results.variants}
+    assert built["int8-sq"].status == "ok", built["int8-sq"].error
+    assert Path(built["fp32"].model_path).is_absolute()

@@ -68,6 +68,19 @@ QDQ_GRAPHS = {
                                      [2, 3]),
     "gemm_float_bias_requantized": ([*_flat_qdq(), _weight("gw"), helper.make_node("Gemm", ["fd", "gw", "gb"], ["c"]),
                                      *_qdq("c", "y")], [2, 3]),
+    # a float-output Linear whose only reader is a Relu or Clip read by one float node: ORT fuses the activation into a
+    # float op (found by fuzzing: SmoothQuant left a MatMul -> Clip -> Pad float, and it was counted as MatMulIntegerToFloat)
+    "matmul_clip_pad": ([*_qdq("x", "xd"), _weight("mw"), helper.make_node("MatMul", ["xd", "mw"], ["m"]),
+                         helper.make_node("Clip", ["m", "lo", "hi"], ["c"]), helper.make_node("Pad", ["c", "pads"], ["y"])],
+                        [2, 1, 4, 6]),
+    "matmul_relu_tanh": ([*_qdq("x", "xd"), _weight("mw"), helper.make_node("MatMul", ["xd", "mw"], ["m"]),
+                          helper.make_node("Relu", ["m"], ["r"]), helper.make_node("Tanh", ["r"], ["y"])], [2, 1, 4, 4]),
+    "gemm_relu_tanh": ([*_flat_qdq(), _weight("gw"), helper.make_node("Gemm", ["fd", "gw"], ["c"]),
+                        helper.make_node("Relu", ["c"], ["r"]), helper.make_node("Tanh", ["r"], ["y"])], [2, 3]),
+    "matmul_relu_two_readers": ([*_qdq("x", "xd"), _weight("mw"), helper.make_node("MatMul", ["xd", "mw"], ["m"]),
+                                 helper.make_node("Relu", ["m"], ["r"]), helper.make_node("Tanh", ["r"], ["t"]),
+                                 helper.make_node("Sigmoid", ["r"], ["sg"]), helper.make_node("Add", ["t", "sg"], ["y"])],
+                                [2, 1, 4, 4]),
     "matmul_dynamically_quantized": ([helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
                                       helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]), _weight("mw"),
                                       helper.make_node("MatMul", ["xd", "mw"], ["y"])], [2, 1, 4, 4]),
@@ -83,6 +96,7 @@ def _qdq_model(case: str) -> onnx.ModelProto:
         "cw_i8": rng.integers(-50, 50, (2, 1, 3, 3)).astype(np.int8), "cb": rng.normal(size=2).astype(np.float32),
         "mw_i8": rng.integers(-50, 50, (4, 4)).astype(np.int8), "gw_i8": rng.integers(-50, 50, (16, 3)).astype(np.int8),
         "gb": rng.normal(size=3).astype(np.float32), "g": np.ones(4, np.float32), "b": np.zeros(4, np.float32),
+        "lo": np.array(-1, np.float32), "hi": np.array(1, np.float32), "pads": np.array([0, 0, 0, 1, 0, 0, 0, 1], np.int64),
     }  # fmt: skip
     used = {name for node in nodes for name in node.input}
     graph = helper.make_graph(
