@@ -28,6 +28,7 @@ from qbench.execute.snapshot import Snapshot, snapshot_keys, take_snapshot
 from qbench.execute.store import build_store
 from qbench.frontier import compute_frontier, gate_threshold, mixed_timing_machines, plot_frontier
 from qbench.gate import GateReport, evaluate_gate, nonfinite_reference_rows
+from qbench.gate_tolerance import reference_tolerances
 from qbench.interrupt import Interrupted, SignalGuard
 from qbench.preflight import Prepared, prepare
 from qbench.provenance import InputDigest, input_digests, recipe_record
@@ -229,10 +230,16 @@ class _Progress:
 
 
 def _check_reference_accuracy(prepared: Prepared, reference: VariantResult) -> None:
-    """Warn when FP32 itself gives NaN/inf on some rows, or scores below chance against the labels (labels misread,
-    most likely)."""
+    """Warn when FP32 itself gives NaN/inf on some rows, when the gate's tolerances cannot be formed from FP32's figure
+    (relative ones of a figure that is 0: the gate will exit 2, so say it now, not after every variant is measured),
+    or when FP32 scores below chance against the labels (labels misread, most likely)."""
     if reference.accuracy is not None and reference.accuracy.nonfinite_outputs:
         logger.warning("%s: variants are only checked not to add NaN/inf there", nonfinite_reference_rows(reference.key, reference.accuracy))
+    if reference.status == "ok":
+        try:
+            reference_tolerances(reference, prepared.recipe.gate)
+        except QbenchError as exc:
+            logger.warning("%s: the gate cannot judge this sweep: %s", reference.key, exc)
     if prepared.recipe.task != "classification" or prepared.labels is None or reference.accuracy is None:
         return
     from qbench.tasks.classification import below_chance

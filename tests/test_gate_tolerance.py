@@ -125,3 +125,23 @@ def test_mlflow_params_record_the_tolerances_as_judged():
         "gate.max_drop": "0.04", "gate.max_slice_drop": "0.08",
         "gate.tolerance": "max_drop 0.04 = 1 % of FP32's mae 4, max_slice_drop 0.08 = 2 % of it"}
     assert _tolerance_params(results, GateSpec(metric="mae", max_drop=0.5))["gate.tolerance"] == "absolute"
+
+
+def test_a_sweep_says_at_fp32_that_its_gate_cannot_form_relative_tolerances(caplog):
+    """Without labels FP32's MAE against itself is 0: no share of it is a tolerance. The gate exits 2 on the results;
+    the sweep says so as soon as FP32 is measured, not after every variant."""
+    from types import SimpleNamespace
+
+    from qbench.sweep import _check_reference_accuracy
+
+    fp32 = _regression("fp32", TINY, 0.0)  # its MAE against its own outputs (as without labels): 0
+    recipe = SimpleNamespace(gate=GateSpec(metric="mae"), task="regression")
+    with caplog.at_level("WARNING", logger="qbench.sweep"):
+        _check_reference_accuracy(SimpleNamespace(recipe=recipe, labels=None), fp32)
+    [record] = [r for r in caplog.records if "cannot judge" in r.getMessage()]
+    assert "FP32's overall mae is 0: no relative tolerance can be formed" in record.getMessage()
+    caplog.clear()
+    recipe.gate = GateSpec(metric="mae", max_drop=0.001, max_slice_drop=0.002)  # stated: absolute
+    with caplog.at_level("WARNING", logger="qbench.sweep"):
+        _check_reference_accuracy(SimpleNamespace(recipe=recipe, labels=None), fp32)
+    assert not [r for r in caplog.records if "cannot judge" in r.getMessage()]
