@@ -444,7 +444,9 @@ def _run(args: list[str], *, debug: bool) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover - the supervised child (qbench.supervisor)
-    from qbench.supervisor import start_child
+    from qbench.supervisor import announce_exit, start_child
 
     start_child()
-    sys.exit(main())
+    code = main()
+    announce_exit(code)
+    sys.exit(code)

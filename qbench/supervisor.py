@@ -5,11 +5,14 @@ creating a session), and the out-of-memory killer sends SIGKILL: Python cannot c
 dies. The parent (`supervise`, stdlib only: it costs one interpreter start) runs the command in a child that
 inherits stdin, stdout, stderr and the environment, passes SIGINT, SIGTERM and SIGHUP on to it (the child, in a
 process group of its own, gets Ctrl+C once, from here: its own interrupt handling and exit 2 stay as they were; on
-Linux it gets SIGTERM should the parent die) and returns its exit code. A child dead of a signal is one line naming the signal, the command and what to do, and exit 2.
+Linux it gets SIGTERM should the parent die) and returns its exit code. A child dead of a signal is one line naming
+the signal, the command and what to do, and exit 2.
 
-A sweep tells the parent its run folder (`announce_run`, through a pipe whose descriptor the child takes out of the
-environment as it starts): after a crash the parent names it and writes `DIED_FILE` there, so that `qbench sweep
---resume` records the job that was running with the signal that ended it (qbench.execute.records).
+The child tells the parent, through a pipe whose descriptor it takes out of the environment as it starts, the exit
+code it finished the command with (`announce_exit`: a status 0 or 1 without it is no verdict, but a library's exit()
+or os._exit() in the recipe's code) and, for a sweep, its run folder (`announce_run`): after a crash the parent
+names it and writes `DIED_FILE` there, so that `qbench sweep --resume` records the job that was running with the
+signal that ended it (qbench.execute.records).
 """
 
 from __future__ import annotations
@@ -83,9 +86,12 @@ def supervise(args: Sequence[str]) -> int:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    run = _announced_run(read_end)
-    if code in CODES:
+    run, finished = _announced(read_end)
+    if code in CODES and (finished == code or code == EXIT_ERROR):
         return code
+    if code in CODES:  # a library's exit() or os._exit() in user code: no verdict, whatever the status says
+        return _say(f"qbench: error: the command's process ended with status {code} before qbench finished the "
+                    "command (exit() called inside a library or the recipe's own code), so it is no verdict")  # fmt: skip
     if code < 0 and -code in received:  # the signal passed on ended it before its own handling was in place
         return _say("qbench: error: interrupted")
     if code >= 0:
@@ -115,16 +121,23 @@ def _child_command(args: Sequence[str]) -> list[str]:
     return [sys.executable, *(["-P"] if safe else []), "-m", CHILD_MODULE, *args]
 
 
-def _announced_run(read_end: int) -> Path | None:
-    """The last run folder the child announced (read without waiting: a process it forked may hold the pipe)."""
+def _announced(read_end: int) -> tuple[Path | None, int | None]:
+    """The last run folder the child announced, and the exit code it announced finishing with (None: it did not
+    finish the command); read without waiting: a process it forked may hold the pipe."""
     os.set_blocking(read_end, False)
     data = b""
     with contextlib.suppress(OSError):
         while chunk := os.read(read_end, 65536):
             data += chunk
     os.close(read_end)
-    lines = data.decode(errors="replace").splitlines()
-    return Path(lines[-1]) if lines else None
+    run, finished = None, None
+    for line in data.decode(errors="replace").splitlines():
+        kind, _, value = line.partition(" ")
+        if kind == "run":
+            run = Path(value)
+        elif kind == "exit" and value.lstrip("-").isdigit():
+            finished = int(value)
+    return run, finished
 
 
 def _crashed(args: Sequence[str], signum: int, run: Path | None) -> int:
@@ -155,6 +168,16 @@ def start_child() -> None:
 
 def announce_run(folder: Path) -> None:
     """Tell the supervising parent the run folder a sweep writes (nothing when qbench is used as a library)."""
+    _announce(f"run {folder}")
+
+
+def announce_exit(code: int) -> None:
+    """Tell the supervising parent the command finished with `code`: an exit status 0 or 1 it was not told of came
+    from an exit() inside a library or the recipe's code, which is no verdict."""
+    _announce(f"exit {code}")
+
+
+def _announce(line: str) -> None:
     if _channel is not None:
         with contextlib.suppress(OSError):
-            os.write(_channel, f"{folder}\n".encode())
+            os.write(_channel, f"{line}\n".encode())

@@ -70,3 +70,22 @@ def test_causes_are_named_in_words():
     assert cause(signal.SIGKILL) == "killed (SIGKILL), often the out-of-memory killer"
     assert cause(signal.SIGUSR1) == "killed by SIGUSR1"
     assert cause(200) == "killed by signal 200"
+
+
+def test_a_status_of_0_or_1_the_child_did_not_announce_is_no_verdict(tmp_path):
+    """A library's exit() or os._exit() in the recipe's code ends the process with a status that reads as pass (0) or
+    breach (1): only a status the command announced finishing with is one."""
+    for status in (0, 1):
+        parent = _supervised(tmp_path, f"import os\nos._exit({status})\n")
+        _, stderr = parent.communicate(timeout=60)
+        assert parent.returncode == 2, status
+        assert stderr.strip().splitlines()[-1] == (
+            f"qbench: error: the command's process ended with status {status} before qbench finished the command "
+            "(exit() called inside a library or the recipe's own code), so it is no verdict")
+
+
+def test_the_status_a_finished_command_announces_is_returned(tmp_path):
+    parent = _supervised(tmp_path, "import sys\nfrom qbench.supervisor import announce_exit, start_child\n"
+                                   "start_child()\nannounce_exit(1)\nsys.exit(1)\n")  # fmt: skip
+    parent.communicate(timeout=60)
+    assert parent.returncode == 1
