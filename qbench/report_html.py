@@ -22,7 +22,7 @@ from qbench.frontier_svg import backend_colours, batch_sizes, panel_svg
 from qbench.gate import EXIT_BREACH, EXIT_PASS, GateCheck, GateReport
 from qbench.gate_report import check_line
 from qbench.recipe import GateSpec
-from qbench.report_grid import to_html
+from qbench.report_grid import compared, figure, to_html
 from qbench.report_ranges import ranges_html
 from qbench.report_search import search_html
 from qbench.report_serving import serving_table
@@ -103,7 +103,7 @@ def _frontier_section(results: SweepResults) -> str:
                      for backend, colour in backend_colours(results).items())  # fmt: skip
     note = "filled: on the frontier (no other variant is both faster and more accurate); hover a point for its figures"
     if threshold is not None:
-        note += f"; dashed: the gate threshold ({escape(results.gate_metric)} {threshold:.4f})"
+        note += f"; dashed: the gate threshold ({escape(results.gate_metric)} {figure(threshold)})"
     panels = [panel_svg(results, size, threshold) for size in batch_sizes(results)]
     unmeasured = [f"{escape(v.key)} ({escape(v.status)})" for v in results.variants if v.status != "ok"]
     lines = ["<section id=\"frontier\">", f"<h2>Frontier: p50 latency vs {escape(results.gate_metric)}</h2>",
@@ -134,11 +134,12 @@ def _cell(scope: SliceMetrics | None, metric: str, check: GateCheck | None, key:
         return f'<td class="num missing" data-variant="{escape(key)}">—</td>'
     drop = scope.drops.get(metric, math.nan)
     css = drop_class(check)
-    drop_text = f" ({drop:+.4f})" if math.isfinite(drop) else ""
-    title = f"drop {drop:+.4f}" if math.isfinite(drop) else "no drop"
-    if check is not None:
-        title += f", tolerance {check.tolerance:.4f}: {css}"
-    return f'<td class="num {css}" data-variant="{escape(key)}" title="{escape(title)}">{value:.4f}{drop_text}</td>'
+    drop_text = f" ({figure(drop, sign='+')})" if math.isfinite(drop) else ""
+    title = f"drop {figure(drop, sign='+')}" if math.isfinite(drop) else "no drop"
+    if check is not None:  # the drop and its tolerance with the decimals that tell them apart (report_grid.compared)
+        shown_drop, shown_tolerance = compared(check.drop, check.tolerance)
+        title = f"drop {shown_drop}, tolerance {shown_tolerance}: {css}"
+    return f'<td class="num {css}" data-variant="{escape(key)}" title="{escape(title)}">{figure(value)}{drop_text}</td>'
 
 
 def _slice_section(results: SweepResults, gate: GateReport | None) -> str:

@@ -237,3 +237,14 @@ def test_report_command_shows_an_interrupted_runs_finished_variants_and_exits_2(
     shown = " ".join((captured.out + captured.err).split())
     assert f"is an incomplete run (interrupted by SIGINT): the {len(results.variants)} variant runs it finished are shown" in shown
     assert "Summary: digits" in shown and all(v.variant in shown for v in results.variants)  # the summary table
+
+
+def test_a_figure_in_the_data_units_too_small_for_four_decimals_is_not_shown_as_zero() -> None:
+    """An MAE of 2e-5 that rose by 1e-5 (a target in 1e-4 units) read '0.0000 (+0.0000)'."""
+    from qbench.report_html import _cell
+    from qbench.results import SliceMetrics
+
+    scope = SliceMetrics(name="overall", size=8, metrics={"mae": 2e-5}, drops={"mae": 1e-5})
+    tree = Tree(f"<table><tr>{_cell(scope, 'mae', None, 'int8@cpu')}</tr></table>")
+    [cell] = tree.find("td")
+    assert cell.text == "2.00e-05 (+1.00e-05)" and cell.attrs["title"] == "drop +1.00e-05"
