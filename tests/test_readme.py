@@ -1,11 +1,14 @@
 """The README's recipe reference matches the recipe schema: every key its YAML examples write is a field of the
 pydantic models (`qbench.recipe.Recipe` and the sections under it), and every field of those models is named
 somewhere in the README, in a YAML example or in the prose (a backticked `section.field`, or a field name no
-other field shares), so a field added, renamed or removed in the code cannot leave the README behind. Its
+other field shares), so a field added, renamed or removed in the code cannot leave the README behind; every value a field allows by
+name is named where the README writes the field, and every `qbench` command and option is named (and none that
+does not exist). Its
 layout section ("How it is built") names every module under qbench/, and only modules that exist."""
 
 from __future__ import annotations
 
+import itertools
 import re
 import textwrap
 import typing
@@ -234,3 +237,102 @@ def test_the_layout_names_every_module_and_only_modules_that_exist():
     named = set(entries) | set(re.findall(r"(?<![\w/.])(\w+\.py)\b", text))
     stale = sorted(n for n in named if not (PACKAGE / n).exists())
     assert not stale, f"the README's layout names modules that do not exist: {stale}"
+
+
+# -- enumerated values and the command line ----------------------------------------------------
+
+
+def _choices(annotation: Any) -> list[str]:
+    """The string values a field's annotation allows by name (Literal members, through Optional, list, dict)."""
+    if typing.get_origin(annotation) is typing.Literal:
+        return [v for v in typing.get_args(annotation) if isinstance(v, str)]
+    return [v for arg in typing.get_args(annotation) for v in _choices(arg)]
+
+
+def _spellings(value: str) -> set[str]:
+    """How the README may write a value: as is, escaped ("\\t") or as a \\u escape ("\\u00A0")."""
+    forms = {value, value.encode("unicode_escape").decode()}
+    if len(value) == 1 and not value.isprintable():
+        forms |= {f"\\u{ord(value):04X}", f"\\u{ord(value):04x}"}
+    return forms
+
+
+def _field_passages(path: str, lines: list[str]) -> str:
+    """The README lines that write the field (`leaf:` as a key, or its backticked dotted path), each with the
+    YAML comment lines that continue it."""
+    leaf = path.rsplit(".", 1)[-1]
+    key = re.compile(rf"(?<![\w.-]){re.escape(leaf)}:|`(?:[\w.]*\.)?{re.escape(leaf)}`")
+    passages = []
+    for i, line in enumerate(lines):
+        if key.search(line):
+            passages.append(line)
+            passages += [nxt for nxt in itertools.takewhile(lambda s: re.match(r"^\s+#", s), lines[i + 1:])]
+    return "\n".join(passages)
+
+
+def test_every_allowed_value_of_a_field_is_named_where_the_readme_writes_the_field():
+    lines = README.read_text().splitlines()
+    missing = []
+    for path, field in schema_fields().items():
+        choices = _choices(field.annotation)
+        if len(choices) < 2:
+            continue
+        text = _field_passages(path, lines)
+        missing += [f"{path}: {v!r}" for v in choices
+                    if not any(re.search(rf"(?<![\w-]){re.escape(s)}(?![\w-])", text) for s in _spellings(v))]  # fmt: skip
+    assert not missing, f"allowed values the README never names beside their field: {missing}"
+
+
+def _commands() -> dict[str, list[tuple[str, ...]]]:
+    """Every `qbench` command (`cache prune`, `export triton`) with its options, each as its long spellings
+    (`--track`, `--no-track`)."""
+    import typer
+
+    from qbench.cli_app import app
+
+    found: dict[str, list[tuple[str, ...]]] = {}
+
+    def walk(command: Any, path: list[str]) -> None:
+        if getattr(command, "commands", None):
+            for name, sub in command.commands.items():
+                walk(sub, [*path, name])
+            return
+        spellings = [tuple(o for o in (*p.opts, *getattr(p, "secondary_opts", ())) if o.startswith("--")) for p in command.params]
+        found[" ".join(path)] = [s for s in spellings if s and s != ("--help",)]
+
+    walk(typer.main.get_command(app), [])
+    return found
+
+
+def _readme_command_lines() -> list[str]:
+    """Every command line the README writes: a code block line or a backticked span that starts with `qbench`,
+    up to a comment or a pipe."""
+    text = README.read_text()
+    spans = re.findall(r"`([^`\n]+)`", text) + re.findall(r"^\$? *(qbench [^\n]*)$", text, re.MULTILINE)
+    return [re.split(r"\s(?:#|\|)", s, maxsplit=1)[0] for s in spans if re.match(r"\$? *qbench \w", s)]
+
+
+def test_every_command_and_option_is_in_the_readme():
+    text = README.read_text()
+    missing = []
+    for command, options in _commands().items():
+        if f"qbench {command}" not in text:
+            missing.append(f"qbench {command}")
+        missing += [f"qbench {command} {'/'.join(o)}" for o in options
+                    if not any(re.search(rf"(?<![\w-]){re.escape(s)}(?![\w-])", text) for s in o)]  # fmt: skip
+    assert not missing, f"commands and options the README never names: {missing}"
+
+
+def test_every_option_the_readme_writes_after_a_command_exists():
+    commands = _commands()
+    lines = _readme_command_lines()
+    assert len(lines) >= 20, lines  # the check reads the README's command lines, not none
+    wrong = []
+    for line in lines:
+        words = line.lstrip("$ ").split()[1:]
+        name = next((c for c in sorted(commands, key=len, reverse=True) if words[: len(c.split())] == c.split()), None)
+        if name is None:
+            wrong.append(line)
+            continue
+        wrong += [f"{line}: {o}" for o in re.findall(r"(?<!\S)(--[\w-]+)", line) if o not in {*itertools.chain(*commands[name]), "--help", "--debug"}]  # fmt: skip
+    assert not wrong, f"README command lines naming a command or option that does not exist: {wrong}"
