@@ -24,7 +24,7 @@ from qbench.errors import QbenchError
 from qbench.recipe import VariantSpec, load_recipe
 from qbench.sources.torch_model import TorchModel
 from qbench.variants.base import ONNX, TORCH, BuildContext, BuiltVariant, TrainingData
-from qbench.variants.integer_kernels import integer_kernel_counts
+from qbench.variants.integer_kernels import with_integer_kernels
 from qbench.variants.qat import OBSERVERS, TORCH_FORM_NOTE, build_qat
 from qbench.variants.torch_forms import FAKE_QUANT
 from tests.variants.conftest import ort_integer_kernels
@@ -155,7 +155,7 @@ def test_exports_a_qdq_model_with_batchnorm_folded_and_dynamic_batch(built: Buil
     assert "QuantizeLinear" in ops and "DequantizeLinear" in ops
     assert "BatchNormalization" not in ops, "BatchNorm should be folded into the convolution at conversion"
     # Conv -> Relu -> Q runs as QLinearConv; the head's Gemm (a float bias, a float output) runs as a float Gemm
-    assert integer_kernel_counts(model) == {"Conv": 2} and ort_integer_kernels(built.onnx_path, built.onnx_path.parent) == 2
+    assert with_integer_kernels(built, model).params["quantized_op_types"] == {"Conv": 2} and ort_integer_kernels(built.onnx_path, built.onnx_path.parent) == 2
     assert [i.name for i in model.graph.input] == ["image"] and [o.name for o in model.graph.output] == ["scores"]
     for batch in (1, 5):
         assert _run_onnx(built.onnx_path, task["held_out"][:batch]).shape == (batch, CLASSES)
