@@ -439,11 +439,11 @@ def _calibration(
     rows, counts, left_out = calibration_sample(table, recipe.data, nonfinite, recipe_file=recipe.source,
                                                 hold_out=holds_out(recipe.data, recipe.fits_on_calibration_rows))
     _record_dropped(dropped, "calibration", counts, left_out)
-    split = calibration_split(recipe, table, rows, nonfinite, evaluation)
-    rows = split.fitted
     field_name = "data.inputs" if recipe.calibration_data_path is None else "data.calibration.path"
     check_finite(table, rows, nonfinite, slices, what="calibration", recipe_file=recipe.source, field=field_name,
-                 policy=recipe.data.nonfinite_inputs)
+                 policy=recipe.data.nonfinite_inputs)  # every row drawn: those kept apart to choose on are fed too
+    split = calibration_split(recipe, table, rows, nonfinite, evaluation)
+    rows = split.fitted
     feeds = build_feeds(table, rows, inputs, model.inputs, recipe_file=recipe.source)
     check_lookup_indices(recipe, lookups, feeds, rows, "calibration")
     return split, list(iter_batches(feeds, spec.batch_size, whole=whole))
