@@ -37,7 +37,7 @@ from qbench.data.evaluation import EvaluationRows, calibration_sample, holds_out
 from qbench.data.feeds import text_feed_notes
 from qbench.data.labels import label_cells
 from qbench.data.leakage import shared_rows, warn_shared
-from qbench.data.nonfinite import kept_nonfinite
+from qbench.data.nonfinite import kept_nonfinite, qat_refuses_nonfinite
 from qbench.data.text_tables import number_format_hint
 from qbench.errors import QbenchError, RecipeError
 from qbench.modelinfo import ModelInfo, external_data_files, read_model_info
@@ -251,7 +251,8 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, export_refreshed: boo
             selection_from_sample=split.from_sample if chooses_among_candidates(recipe) else None,
         ),
         calibration_overlap=overlap,
-        training=_training(recipe, task, table, model, outputs, nonfinite, masks, eval_rows, inputs=data.inputs),
+        training=_training(recipe, task, table, model, outputs, nonfinite, masks, eval_rows, inputs=data.inputs,
+                           calibration=(calibration_rows, calibration_nonfinite)),
         custom_metrics=custom_metrics,
         dropped_nonfinite=dropped,
         kept_nonfinite=kept,
@@ -438,11 +439,11 @@ def _calibration(
     rows, counts, left_out = calibration_sample(table, recipe.data, nonfinite, recipe_file=recipe.source,
                                                 hold_out=holds_out(recipe.data, recipe.fits_on_calibration_rows))
     _record_dropped(dropped, "calibration", counts, left_out)
-    split = calibration_split(recipe, table, rows, nonfinite, evaluation)
-    rows = split.fitted
     field_name = "data.inputs" if recipe.calibration_data_path is None else "data.calibration.path"
     check_finite(table, rows, nonfinite, slices, what="calibration", recipe_file=recipe.source, field=field_name,
-                 policy=recipe.data.nonfinite_inputs)
+                 policy=recipe.data.nonfinite_inputs)  # every row drawn: those kept apart to choose on are fed too
+    split = calibration_split(recipe, table, rows, nonfinite, evaluation)
+    rows = split.fitted
     feeds = build_feeds(table, rows, inputs, model.inputs, recipe_file=recipe.source)
     check_lookup_indices(recipe, lookups, feeds, rows, "calibration")
     return split, list(iter_batches(feeds, spec.batch_size, whole=whole))
@@ -459,9 +460,12 @@ def _training(
     eval_rows: np.ndarray,
     *,
     inputs: Mapping[str, str | TextInputSpec],
+    calibration: tuple[np.ndarray, NonfiniteMasks],
 ) -> dict[str, TrainingData]:
     """Feeds (fed as `inputs`, as _calibration's) and labels for every QAT variant, from its `qat.train` filter
-    (never an evaluation row: see training_rows)."""
+    (never an evaluation row: see training_rows). Fake quantization turns NaN into a number in training and in the
+    observers that calibrate on the `calibration` rows alike, so QAT never takes NaN/inf rows, whatever
+    data.nonfinite_inputs says (qat_refuses_nonfinite)."""
     training = {}
     for index, spec in enumerate(recipe.variants):
         if spec.qat is None:
@@ -472,6 +476,8 @@ def _training(
         rows = rows[: spec.qat.train.limit] if spec.qat.train.limit is not None else rows
         warn_shared(shared_rows(table, rows, table, eval_rows, recipe.data.fed_columns), len(rows), f"{spec.name} training",
                     "the same rows twice in the table")  # fmt: skip
+        if recipe.data.nonfinite_inputs == "keep":
+            qat_refuses_nonfinite(recipe.source, spec.name, index, (rows, nonfinite), calibration)
         check_finite(table, rows, nonfinite, slices, what=f"{spec.name} training", recipe_file=recipe.source)
         labels = (
             _labels(recipe, task, table, rows, outputs)

@@ -26,7 +26,7 @@ import pandas as pd
 
 from qbench.data import build_feeds
 from qbench.data.evaluation import EvaluationRows, calibration_candidates
-from qbench.data.nonfinite import NonfiniteMasks
+from qbench.data.nonfinite import NonfiniteMasks, drop_nonfinite, missing_slices, nonfinite_masks
 from qbench.data.sampling import draw_from_strata, slice_strata
 from qbench.data.slices import slice_masks
 from qbench.errors import QbenchError
@@ -79,6 +79,8 @@ def calibration_split(
     if not chooses_among_candidates(recipe):
         return CalibrationSplit(drawn, drawn[:0], 0)
     candidates, _, _ = calibration_candidates(table, recipe.data, nonfinite, recipe_file=recipe.source)
+    if recipe.data.nonfinite_inputs != "keep":  # error: rows with NaN/inf inputs are refused where fed, never chosen on
+        candidates = drop_nonfinite(candidates, nonfinite)[0]
     if evaluation is None:
         masks = calibration_masks(recipe.data, table, recipe_file=recipe.source)
         return split_calibration(drawn, candidates, None, masks, seed=recipe.data.calibration.seed)
@@ -117,7 +119,9 @@ def selection_rows(
 ) -> SelectionRows | None:  # fmt: skip
     """The selection rows of `split` (positions in `table`) with their feeds, labels and slices; None when there
     are none or their labels cannot be read (`labels` raises). Slices are those of `judged` (the evaluation's: what
-    the gate judges) that hold some of these rows. Fewer than FEW_SELECTION_ROWS are warned about."""
+    the gate judges) that hold some of these rows, the `missing:<column>` slices of `data.nonfinite_inputs: keep`
+    too, so a candidate that loses the missing-value rows is chosen against there as the gate would judge it.
+    Fewer than FEW_SELECTION_ROWS are warned about."""
     rows = split.selection
     if len(rows) == 0:
         return None
@@ -129,6 +133,8 @@ def selection_rows(
     why_unsliced = None
     try:
         masks = slice_masks(table, data.slices, recipe_file=recipe_file, inputs=data.inputs)
+        if data.nonfinite_inputs == "keep":
+            masks |= missing_slices(rows, nonfinite_masks(table, data.inputs))
         slices = {name: mask[rows] for name, mask in masks.items() if name in judged and mask[rows].any()}
     except QbenchError as exc:  # a calibration file without the slice columns
         slices, why_unsliced = {}, str(exc)

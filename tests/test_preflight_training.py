@@ -131,3 +131,28 @@ def test_qat_label_loss_reads_one_zero_one_column_per_label(project: Path) -> No
     assert trained.tolist() == onehot[:40].tolist() and prepared.labels.tolist() == onehot[60:].tolist()
     targets = get_task("multilabel").qat_label_targets(trained, torch.zeros(40, 3))
     assert targets.tolist() == onehot[:40].astype(float).tolist()
+
+
+@pytest.mark.parametrize(("split", "field"), [("train", r"variants\[0\]\.qat\.train\.filter"), ("calib", r"data\.calibration")])
+def test_qat_under_keep_refuses_nan_rows_it_would_train_or_calibrate_on(project: Path, split: str, field: str) -> None:
+    """`data.nonfinite_inputs: keep` feeds NaN to evaluation and calibration; QAT's fake quantization (in training and
+    in the observers that calibrate) would turn it into numbers: a recipe error naming the field and what to do, not
+    a message suggesting the `keep` already set, nor a QAT variant calibrated on NaN."""
+    from qbench.preflight import prepare
+
+    table = pd.read_parquet(project / "data.parquet")
+    cells = [np.array(cell, dtype=np.float32) for cell in table["x"]]
+    first = int(np.flatnonzero(table["split"].to_numpy() == split)[0])
+    cells[first][1] = np.nan
+    table["x"] = cells
+    table.to_parquet(project / f"nan_{split}.parquet")
+    path = _recipe(project, f"nan_{split}", {"loss": "label", "train": {"filter": {"split": "train"}}},
+                   {"filter": {"split": "eval"}})  # fmt: skip
+    recipe = yaml.safe_load(path.read_text())
+    recipe["data"].update(path=f"nan_{split}.parquet", nonfinite_inputs="keep")
+    recipe["data"]["calibration"]["samples"] = 20  # every calibration row, the NaN one too
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    with pytest.raises(RecipeError, match=rf"nan_{split}\.yaml: {field}: QAT variant 'int8-qat' .*'x': 1 row\b") as error:
+        prepare(load_recipe(path), track=False, destinations=False)
+    message = str(error.value)
+    assert "\n" not in message and "nonfinite_inputs: drop" in message and "(keep: to feed them" not in message

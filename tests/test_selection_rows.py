@@ -170,3 +170,50 @@ def test_selection_rows_keep_labels_and_slices():
     empty = CalibrationSplit(np.array([2, 4]), np.array([], dtype=np.int64), 0)
     assert selection_rows(data, table, empty, judged=[], model_inputs=meta, labels=lambda t, r: None,
                           recipe_file=Path("r.yaml")) is None  # fmt: skip
+
+
+def _nan_table():
+    import pandas as pd
+
+    x = np.arange(24, dtype=np.float32).reshape(12, 2)
+    x[[2, 5, 7], 1] = np.nan
+    return pd.DataFrame({"x": list(x), "label": [0, 1] * 6})
+
+
+def test_under_keep_the_selection_rows_judge_the_missing_slices_the_gate_judges():
+    """`data.nonfinite_inputs: keep` makes a `missing:<column>` slice the gate judges; the candidates are chosen on
+    it too, with the same rows in it."""
+    from qbench.data import nonfinite_masks
+    from qbench.modelinfo import TensorMeta
+    from qbench.recipe_data import DataSpec
+    from qbench.selection_rows import CalibrationSplit, selection_rows
+
+    table = _nan_table()
+    data = DataSpec.model_validate({"path": "t.parquet", "inputs": {"x": "x"}, "label": "label", "nonfinite_inputs": "keep"})
+    meta = {"x": TensorMeta(name="x", dtype=np.dtype("float32"), shape=(None, 2))}
+    rows = np.array([1, 2, 4, 5, 9])
+    got = selection_rows(data, table, CalibrationSplit(np.array([0]), rows, 0), judged=["missing:x"], model_inputs=meta,
+                         labels=lambda t, r: t["label"].to_numpy()[r], recipe_file=Path("r.yaml"))  # fmt: skip
+    assert got is not None and list(got.slices) == ["missing:x"]
+    assert got.slices["missing:x"].tolist() == nonfinite_masks(table, data.inputs)["x"][rows].tolist()
+    assert got.slices["missing:x"].sum() == 2 and np.isnan(got.feeds["x"][got.slices["missing:x"]]).any(axis=1).all()
+
+
+def test_under_error_no_row_with_nan_inputs_is_chosen_on():
+    """Rows holding NaN/inf that are neither evaluated nor calibrated on are never refused under `error`: nor are they
+    fed to the candidates as selection rows."""
+    from types import SimpleNamespace
+
+    from qbench.data import nonfinite_masks
+    from qbench.recipe_data import DataSpec
+    from qbench.selection_rows import calibration_split
+
+    table = _nan_table()
+    for policy in ("error", "drop", "keep"):
+        data = DataSpec.model_validate({"path": "t.parquet", "inputs": {"x": "x"}, "label": "label",
+                                        "nonfinite_inputs": policy})  # fmt: skip
+        recipe = SimpleNamespace(search=object(), variants=[], data=data, source=Path("r.yaml"))
+        nonfinite = nonfinite_masks(table, data.inputs)
+        split = calibration_split(recipe, table, np.array([0, 1]), nonfinite, None)
+        chosen_nan = np.isin(split.selection, [2, 5, 7]).sum()
+        assert len(split.selection) and (chosen_nan == 3 if policy == "keep" else chosen_nan == 0), policy

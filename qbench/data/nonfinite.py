@@ -112,6 +112,26 @@ def check_finite(
     )
 
 
+def qat_refuses_nonfinite(
+    recipe_file: Path, name: str, index: int, training: tuple[np.ndarray, NonfiniteMasks],
+    calibration: tuple[np.ndarray, NonfiniteMasks],
+) -> None:
+    """Under data.nonfinite_inputs: keep, a RecipeError naming QAT variant `name` (variants[`index`]) when its
+    training rows or the calibration rows its observers start from (each: rows, masks over their table) hold NaN/inf:
+    fake quantization would turn NaN into a number, so the model would learn on values it reads as present, and a
+    NaN in an observer's range breaks its scale."""
+    for what, field, (rows, masks) in (("training", f"variants[{index}].qat.train.filter", training),
+                                       ("calibration", "data.calibration", calibration)):  # fmt: skip
+        counts = drop_nonfinite(rows, masks)[1]
+        if counts:
+            shown = ", ".join(f"{column!r}: {n} row{'s' if n != 1 else ''}" for column, n in counts.items())
+            raise RecipeError(recipe_file, field, (
+                f"QAT variant {name!r} would {'train' if what == 'training' else 'calibrate'} on {what} rows holding "
+                f"NaN/inf ({shown}), which fake quantization turns into numbers; data.nonfinite_inputs: keep does not "
+                f"extend to QAT: expected {what} rows without NaN/inf ({field} selecting complete rows), or "
+                "data.nonfinite_inputs: drop, or no QAT variant"))  # fmt: skip
+
+
 def _slice_note(mask: np.ndarray, slices: Mapping[str, np.ndarray]) -> str:
     hits = [(name, int((mask & slice_mask).sum())) for name, slice_mask in slices.items()]
     hits = [(name, n) for name, n in hits if n]

@@ -42,7 +42,8 @@ from qbench.techniques.calibrators import (
     Calibration,
 )
 from qbench.variants.base import Feeds
-from qbench.variants.histograms import UNQUANTIZED, GuardedHistogramCollector
+from qbench.variants.histograms import NONFINITE, UNQUANTIZED, GuardedHistogramCollector
+from qbench.variants.nonfinite_scan import nonfinite_tensors
 from qbench.variants.onnx_utils import load_model, quiet_stdout, save_model
 
 METHODS: dict[str, CalibrationMethod] = {
@@ -144,9 +145,10 @@ def compute_ranges(
     the augmented graph) live in a temporary folder under `workdir`, removed on return.
     A graph with no tensor to calibrate (nothing quantizable) gets empty ranges without
     running anything. Histogram calibrators skip tensors a histogram cannot hold
-    (`histograms.GuardedHistogramCollector`); a min/max range that is not finite (a tensor holding an attention
-    mask's -inf) is dropped too, as a quantization scale of inf would turn the tensor, and whatever reads it,
-    into garbage. Both are named in `skipped`.
+    (`histograms.GuardedHistogramCollector`), NaN/inf among them; MinMax skips the tensors holding NaN/inf on any
+    batch too (`nonfinite_scan`: its own range would ignore NaN), and a min/max range that is not finite is dropped,
+    as a quantization scale of inf would turn the tensor, and whatever reads it, into garbage. All are named in
+    `skipped`.
     """
     if method not in METHODS:
         raise QbenchError(f"calibrator {method!r} does not compute ranges; expected one of {', '.join(METHODS)}")
@@ -161,7 +163,8 @@ def compute_ranges(
     workdir.mkdir(parents=True, exist_ok=True)
     skipped: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="calibrate-", dir=workdir) as tmp:
-        staged = save_model(load_model(model_path), Path(tmp) / "model.onnx")
+        model = load_model(model_path)
+        staged = save_model(model, Path(tmp) / "model.onnx")
         with quiet_stdout():
             calibrator = create_calibrator(
                 staged,
@@ -180,6 +183,10 @@ def compute_ranges(
                 ranges = calibrator.compute_data()
                 if method != "minmax":
                     skipped = dict(calibrator.collector.skipped)
+                else:  # MinMax skips NaN: its range would quantize the tensor and turn NaN into a number
+                    skipped = dict.fromkeys(sorted(nonfinite_tensors(model, ranges.keys(), batches, Path(tmp))), NONFINITE)
+                    ranges = TensorsData(ranges.calibration_method,
+                                         {name: data for name, data in ranges.items() if name not in skipped})  # fmt: skip
         del calibrator  # closes its session before the folder goes
     return _finite(Calibrated(ranges, skipped))
 

@@ -30,13 +30,14 @@ from onnxruntime.quantization.calibrate import HistogramCollector, TensorData
 # A histogram spans [-amax, amax]; beyond half of float32's largest value its width overflows.
 HISTOGRAM_LIMIT = float(np.finfo(np.float32).max) / 2
 UNQUANTIZED = "left unquantized"
+NONFINITE = f"holds NaN or infinity; {UNQUANTIZED}"  # why a tensor holding NaN/inf on calibration rows stays float
 BUFFER_BYTES = 64 * 2**20  # activations held before they are histogrammed
 
 
 def histogram_problem(values: np.ndarray) -> str | None:
     """Why `values` cannot go into a histogram, or None when they can."""
     if values.size and not np.all(np.isfinite(values)):
-        return f"holds NaN or infinity; {UNQUANTIZED}"
+        return NONFINITE
     if values.size and float(np.max(np.abs(values))) > HISTOGRAM_LIMIT:
         return f"holds values up to {float(np.max(np.abs(values))):.3g} (a mask?) beyond a histogram's range; {UNQUANTIZED}"
     return None

@@ -49,6 +49,7 @@ from qbench.variants.float_rules import kept_float_nodes
 from qbench.variants.gemm_matmul import gemms_as_matmul, plain_gemm_factors
 from qbench.variants.integer_kernels import computing_op_types
 from qbench.variants.node_names import resolve_node_names
+from qbench.variants.nonfinite_scan import kept_float_note, nodes_reading_nonfinite
 from qbench.variants.onnx_utils import (
     Stopwatch,
     build_step,
@@ -180,6 +181,8 @@ def build_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
             static_params, ranges = _quantize_static(spec.name, config, ctx, prepared, target, reduce_range, op_types, exclude, notes)
             params.update(static_params)
         else:
+            quantizable = quantizable_nodes(model, op_types, exclude, handed)
+            exclude += _reading_nonfinite(spec.name, model, quantizable, ctx, tmp, params, notes)
             params.update(_quantize_dynamic(spec.name, config, prepared, target, reduce_range, op_types, exclude))
     with build_step(spec.name, "reading the quantized model"):
         quantized = onnx.load(str(target), load_external_data=False)
@@ -303,6 +306,21 @@ def _nodes_touching(model_path: Path, tensors: set[str]) -> list[str]:
         return []
     graph = onnx.load(str(model_path), load_external_data=False).graph
     return [n.name for n in graph.node if n.name and tensors.intersection([*n.input, *n.output])]
+
+
+def _reading_nonfinite(
+    name: str, model: onnx.ModelProto, nodes: list[str], ctx: BuildContext, tmp: Path, params: dict[str, Any],
+    notes: list[str],
+) -> list[str]:
+    """Dynamic INT8: the nodes among `nodes` that read a tensor holding NaN/inf on the calibration rows, kept float
+    (named in `params` and `notes`): DynamicQuantizeLinear writes NaN as the tensor's minimum, so a graph reading NaN
+    as missing afterwards (IsNaN, a tree ensemble) would see a value (see `nonfinite_scan`)."""
+    with build_step(name, "looking for NaN/inf on the calibration rows"):
+        reading = nodes_reading_nonfinite(model, nodes, ctx.calibration, tmp)
+    if reading:
+        params["nonfinite_inputs_kept_fp32"] = reading
+        notes.append(kept_float_note(reading))
+    return list(reading)
 
 
 def _quantize_dynamic(

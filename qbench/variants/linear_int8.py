@@ -25,6 +25,7 @@ from qbench.variants.int8 import resolve_reduce_range
 from qbench.variants.linear_graph import GraphView, Linear
 from qbench.variants.linear_qdq import LinearQuantSettings, quantize_linears
 from qbench.variants.node_names import resolve_node_names
+from qbench.variants.nonfinite_scan import kept_float_note, nodes_reading_nonfinite
 from qbench.variants.onnx_utils import (
     Stopwatch,
     build_step,
@@ -104,6 +105,12 @@ def build_linear_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         exclude_nodes = resolve_node_names(model, config.exclude_nodes, spec.name)
         kept_float = kept_float_nodes(model, config.keep_float)
         exclude = (*exclude_nodes, *kept_float.names)
+        with build_step(spec.name, "looking for NaN/inf on the calibration rows"):
+            linears = [linear.node.name for linear in GraphView(model).linears(exclude)]
+            reading = nodes_reading_nonfinite(model, linears, ctx.calibration, tmp)
+        exclude += tuple(reading)  # quantizing (or smoothing by) a NaN would turn it into a number
+        if reading:
+            params["nonfinite_inputs_kept_fp32"] = reading
         if isinstance(config, SmoothQuant):
             options = config.smoothquant
             settings = SmoothQuantSettings(
@@ -135,6 +142,7 @@ def build_linear_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         "calibration_rows": calibration_rows(ctx.calibration) if calibrated else 0,
         **done,
     })  # fmt: skip
-    notes = (*(() if done["quantized_linears"] else (_NO_LINEAR,)), *nested_nodes_note(model, LINEAR_OP_TYPES))
+    notes = (*(() if done["quantized_linears"] else (_NO_LINEAR,)), *nested_nodes_note(model, LINEAR_OP_TYPES),
+             *([kept_float_note(reading)] if reading else []))  # fmt: skip
     return BuiltVariant(name=spec.name, precision="int8", onnx_path=target, params=params,
                         build_seconds=clock.seconds(), notes=notes)  # fmt: skip
