@@ -53,12 +53,12 @@ def prune_command(
     """Remove build store entries (builds and input copies), least recently used first; never one a running
     sweep uses. Prints what was removed and the space freed."""
     from qbench.execute.cache import prune
-    from qbench.sources.torch_model import export_cache_dir
+    from qbench.execute.store import cache_dir
 
     if older_than is None and max_size is None:
         raise QbenchError("qbench cache prune: expected --older-than DAYS, --max-size SIZE or both")
     max_bytes = parse_size(max_size) if max_size is not None else None
-    root = store if store is not None else export_cache_dir() / "builds"
+    root = store if store is not None else cache_dir() / "builds"
     if not root.is_dir():
         if root.exists():
             raise QbenchError(f"--store: {root} is a file; expected a build store folder")

@@ -28,13 +28,13 @@ import shutil
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from qbench.backends.base import RunOptions
 from qbench.backends.gpu_monitor import GpuMonitor
 from qbench.backends.onnxruntime import OnnxRuntimeBackend, OnnxRuntimeRunner, _import_onnxruntime, _load_errors
 from qbench.errors import QbenchError
+from qbench.execute.store import cache_dir
 from qbench.variants.base import BuiltVariant
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -167,13 +167,6 @@ def require_gpu(backend: str) -> str:
     return found.names[DEVICE_ID]
 
 
-def qbench_cache_dir() -> Path:
-    """Where qbench caches what it builds: $QBENCH_CACHE_DIR, else $XDG_CACHE_HOME/qbench, else ~/.cache/qbench."""
-    from qbench.sources.torch_model import export_cache_dir
-
-    return export_cache_dir()
-
-
 # -- the backends -------------------------------------------------------------------------------
 
 
@@ -275,7 +268,7 @@ class OnnxRuntimeTensorRT(OnnxRuntimeGpuBackend):
     )
 
     def provider_entries(self, variant: BuiltVariant) -> list[ProviderEntry]:
-        cache = qbench_cache_dir() / "onnxruntime-tensorrt"
+        cache = cache_dir() / "onnxruntime-tensorrt"
         cache.mkdir(parents=True, exist_ok=True)
         options = {
             "device_id": str(DEVICE_ID),

@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from qbench.backends.base import RunOptions
-from qbench.backends.onnxruntime_gpu import qbench_cache_dir
 from qbench.errors import QbenchError, expected_one_of
+from qbench.execute.store import cache_dir
 from qbench.variants.base import BuiltVariant
 
 DEFAULT_MAX_BATCH = 64
@@ -183,4 +183,4 @@ def max_batch_size(options: RunOptions) -> int:
 
 
 def engine_cache_dir() -> Path:
-    return qbench_cache_dir() / "engines"
+    return cache_dir() / "engines"

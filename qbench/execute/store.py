@@ -55,6 +55,16 @@ class StoreUnwritable(QbenchError):
                          "executor.store (or $QBENCH_CACHE_DIR) to a writable folder")  # fmt: skip
 
 
+def cache_dir() -> Path:
+    """$QBENCH_CACHE_DIR, else $XDG_CACHE_HOME/qbench, else ~/.cache/qbench, made absolute here: a relative
+    `QBENCH_CACHE_DIR=.cache` would otherwise name another folder inside a build's scratch working directory
+    (`scratch_dir`), and a SmoothQuant build there failed to find the FP32 model the store had copied."""
+    explicit = os.environ.get("QBENCH_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser().absolute()
+    return (Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "qbench").absolute()
+
+
 def store_writes(root: str | Path) -> AbstractContextManager[None]:
     """Raise a fault of the store's file system met inside as StoreUnwritable naming `root` (qbench.files.folder_writes)."""
     return folder_writes(root, lambda exc: StoreUnwritable(root, exc))
@@ -82,9 +92,7 @@ class BuildStore:
         local = self.local
         if local is not None:
             return local / SOURCES
-        from qbench.sources.torch_model import export_cache_dir
-
-        return export_cache_dir() / SOURCES
+        return cache_dir() / SOURCES
 
     def entry(self, key: str) -> Path:
         """Where the files of the build `key` are, as a path (for a store behind a URI, a path on no machine: read
@@ -247,14 +255,12 @@ class BuildStore:
             return built
         from dataclasses import replace
 
-        from qbench.sources.torch_model import export_cache_dir
-
         manifest = self.manifest(key)
         if manifest is None:
             raise QbenchError(
                 f"build {key} of {built.name!r} is neither at {built.onnx_path} nor in the store {self.root}"
             )
-        folder = export_cache_dir() / "fetched" / key
+        folder = cache_dir() / "fetched" / key
         self.materialise(key, manifest, folder)
         return replace(built, onnx_path=folder / manifest["onnx"])
 
@@ -291,9 +297,7 @@ def build_store(recipe: Recipe) -> BuildStore:
     `builds` folder of qbench's cache on this machine (beside the cached exports)."""
     root = recipe.executor.store
     if root is None:
-        from qbench.sources.torch_model import export_cache_dir
-
-        return BuildStore(str(export_cache_dir() / "builds"))
+        return BuildStore(str(cache_dir() / "builds"))
     return BuildStore(root if "://" in root else str(recipe.resolve(Path(root))))
 
 

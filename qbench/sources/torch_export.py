@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from qbench.errors import QbenchError
-from qbench.sources.torch_model import EXAMPLE_BATCH, TorchModel, export_cache_dir, single_torch_thread
+from qbench.execute.store import cache_dir as qbench_cache_dir
+from qbench.sources.torch_model import EXAMPLE_BATCH, TorchModel, single_torch_thread
 from qbench.sources.torch_outputs import flatten_outputs
 
 logger = logging.getLogger(__name__)
@@ -31,10 +32,10 @@ _ANY_BATCH = (f"write x.flatten(1) or x.view(x.size(0), -1) rather than x.view({
 
 
 def export_reference(torch_model: TorchModel, cache_dir: Path | None = None) -> Path:
-    """The FP32 ONNX export of `torch_model` (in `cache_dir`, default `export_cache_dir()`), reused when cached
-    and still computing what forward() computes (checked against torch in ONNX Runtime before it is cached).
+    """The FP32 ONNX export of `torch_model` (in `cache_dir`, default qbench.execute.store.cache_dir()), reused when
+    cached and still computing what forward() computes (checked against torch in ONNX Runtime before it is cached).
     """
-    folder = (cache_dir or export_cache_dir()) / "exports" / torch_model.cache_key
+    folder = (cache_dir or qbench_cache_dir()) / "exports" / torch_model.cache_key
     target = folder / "model.onnx"
     if target.is_file():
         try:

@@ -28,7 +28,6 @@ import importlib.util
 import inspect
 import json
 import logging
-import os
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -443,16 +442,6 @@ def _changed_after_import(path: Path) -> str:
 
 
 # -- the cached FP32 export (qbench.sources.torch_export) ----------------------------------------
-
-
-def export_cache_dir() -> Path:
-    """$QBENCH_CACHE_DIR, else $XDG_CACHE_HOME/qbench, else ~/.cache/qbench, made absolute here: a relative
-    `QBENCH_CACHE_DIR=.cache` would otherwise name another folder inside a build's scratch working directory
-    (`scratch_dir`), and a SmoothQuant build there failed to find the FP32 model the store had copied."""
-    explicit = os.environ.get("QBENCH_CACHE_DIR")
-    if explicit:
-        return Path(explicit).expanduser().absolute()
-    return (Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "qbench").absolute()
 
 
 def _declare_unused_inputs(path: Path, examples: Mapping[str, torch.Tensor]) -> None:
