@@ -284,8 +284,7 @@ def with_float_weighted(built: BuiltVariant, model: onnx.ModelProto) -> BuiltVar
       Attention (its packed Q/K/V projection), FusedMatMul, FusedGemm, FusedConv... that ONNX Runtime's transformer
       optimizer or its saved optimised graphs write. Only dynamic INT8 lowers one, an Attention its QAttention kernel
       takes (int8.contrib_nodes); the rest are never handed to a quantizer (onnx_utils.unquantizable_nodes), so an
-      optimised BERT's static INT8 or FP8 quantizes its other MatMuls only. The integer kernels a quantizer wrote are
-      the quantized layers, though some read a float matrix (DynamicQuantizeLSTM's bias is [directions, 8 x hidden])."""
+      optimised BERT's static INT8 or FP8 quantizes its other MatMuls only."""
     nodes = model.graph.node
     recurrent = Counter(node.op_type for node in nodes
                         if node.domain in ("", "ai.onnx") and node.op_type in RECURRENT_OP_TYPES)  # fmt: skip
@@ -294,8 +293,7 @@ def with_float_weighted(built: BuiltVariant, model: onnx.ModelProto) -> BuiltVar
     quantized = {tensor.name for tensor in model.graph.initializer if tensor.data_type in _QUANTIZED_TYPES}
     contrib = Counter(f"{node.op_type} ({node.domain})" for node in nodes
                       if node.domain not in ("", "ai.onnx") and node.op_type not in _TABLE_LOOKUPS
-                      and node.op_type not in INTEGER_KERNELS and matrices.intersection(node.input)
-                      and not quantized.intersection(node.input))  # fmt: skip
+                      and matrices.intersection(node.input) and not quantized.intersection(node.input))  # fmt: skip
     params, notes = dict(built.params), list(built.notes)
     if recurrent:
         params["float_recurrent"] = dict(sorted(recurrent.items()))
