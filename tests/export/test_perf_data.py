@@ -53,27 +53,33 @@ def ids_model(path: Path) -> None:
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
 
 
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, pd.DataFrame]:
-    root = tmp_path_factory.mktemp("ids")
+def ids_project(root: Path, rows: int, seed: int, *, data: dict, gate: dict, **extra: list) -> pd.DataFrame:
+    """`ids_model` at root/model.onnx, `rows` rows of its inputs and a label (and the `extra` columns) in
+    root/data.parquet, and the recipe root/ids.yaml with its FP16 variant over them; returns the table."""
     ids_model(root / "model.onnx")
-    rng = np.random.default_rng(1)
+    rng = np.random.default_rng(seed)
     table = pd.DataFrame({
-        "ids": list(rng.integers(0, VOCABULARY, (ROWS, TOKENS))), "mask": list(rng.random((ROWS, TOKENS)) > 0.3),
-        "feat": list(rng.normal(size=(ROWS, 4)).astype(np.float32)), "y": rng.integers(0, 3, ROWS),
-        "split": ["calib"] * 32 + ["eval"] * 64,
+        "ids": list(rng.integers(0, VOCABULARY, (rows, TOKENS))), "mask": list(rng.random((rows, TOKENS)) > 0.3),
+        "feat": list(rng.normal(size=(rows, 4)).astype(np.float32)), "y": rng.integers(0, 3, rows), **extra,
     })  # fmt: skip
     table.to_parquet(root / "data.parquet")
     recipe = {
         "name": "ids", "model": {"path": "model.onnx", "output": "logits"},
-        "data": {"path": "data.parquet", "inputs": {"ids": "ids", "mask": "mask", "feat": "feat"}, "label": "y",
-                 "calibration": {"filter": {"split": "calib"}}, "evaluation": {"filter": {"split": "eval"}}},
+        "data": {"path": "data.parquet", "inputs": {"ids": "ids", "mask": "mask", "feat": "feat"}, "label": "y", **data},
         "variants": [{"name": "fp16", "precision": "fp16"}], "backends": ["onnxruntime-cpu"],
         "latency": {"batch_sizes": [1, 4], "warmup": 1, "iterations": 5, "threads": 1},
-        "gate": {"metric": "agreement", "max_drop": 0.5, "max_slice_drop": 0.5}, "output_dir": "reports",
-        "analysis": {"ranges": False},
+        "gate": gate, "output_dir": "reports", "analysis": {"ranges": False},
     }  # fmt: skip
     (root / "ids.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return table
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, pd.DataFrame]:
+    root = tmp_path_factory.mktemp("ids")
+    table = ids_project(root, ROWS, 1, split=["calib"] * 32 + ["eval"] * 64,
+                        data={"calibration": {"filter": {"split": "calib"}}, "evaluation": {"filter": {"split": "eval"}}},
+                        gate={"metric": "agreement", "max_drop": 0.5, "max_slice_drop": 0.5})  # fmt: skip
     run_sweep(root / "ids.yaml", track=False)
     export = export_triton(load_recipe(root / "ids.yaml"), "fp16", "onnxruntime-cpu", root / "repo")
     return export.model_dir, table[table.split == "eval"].reset_index(drop=True)
@@ -142,24 +148,9 @@ def test_input_data_is_a_sample_across_all_evaluation_rows_with_the_rows_recorde
     """160 evaluation rows sorted by kind (the first 128 `a`, the last 32 `b`, sliced by kind): the file holds 64
     rows, 51 and 13 of them by the slices' shares (largest remainder of 51.2 and 12.8), each step the very row the
     recorded table position names; the first 64 rows would hold no `b` row at all."""
-    ids_model(tmp_path / "model.onnx")
-    rng = np.random.default_rng(2)
     rows = 160
-    table = pd.DataFrame({
-        "ids": list(rng.integers(0, VOCABULARY, (rows, TOKENS))), "mask": list(rng.random((rows, TOKENS)) > 0.3),
-        "feat": list(rng.normal(size=(rows, 4)).astype(np.float32)), "y": rng.integers(0, 3, rows),
-        "kind": ["a"] * 128 + ["b"] * 32,
-    })  # fmt: skip
-    table.to_parquet(tmp_path / "data.parquet")
-    recipe = {
-        "name": "ids", "model": {"path": "model.onnx", "output": "logits"},
-        "data": {"path": "data.parquet", "inputs": {"ids": "ids", "mask": "mask", "feat": "feat"}, "label": "y",
-                 "slices": [{"by": "kind"}]},
-        "variants": [{"name": "fp16", "precision": "fp16"}], "backends": ["onnxruntime-cpu"],
-        "latency": {"batch_sizes": [1, 4], "warmup": 1, "iterations": 5, "threads": 1},
-        "gate": {"metric": "agreement", "max_drop": 0.5}, "output_dir": "reports",
-    }  # fmt: skip
-    (tmp_path / "ids.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+    table = ids_project(tmp_path, rows, 2, kind=["a"] * 128 + ["b"] * 32, data={"slices": [{"by": "kind"}]},
+                        gate={"metric": "agreement", "max_drop": 0.5})  # fmt: skip
     path = write_input_data(tmp_path / INPUT_DATA_FILE, load_recipe(tmp_path / "ids.yaml"),
                             read_model_info(tmp_path / "model.onnx"), fixed_batch=None)  # fmt: skip
     steps = json.loads(path.read_text())["data"]
