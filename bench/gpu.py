@@ -46,6 +46,7 @@ class Settings:
     warmup: int
     iterations: int
     eval_limit: int | None
+    compile: bool = True  # torch backends: also each precision through torch.compile
 
 
 def variant_specs(compiled_twins: bool) -> list[dict[str, Any]]:
@@ -56,9 +57,11 @@ def variant_specs(compiled_twins: bool) -> list[dict[str, Any]]:
     return specs
 
 
-def derived_recipe(source: Path, assets: Path, backends: Sequence[str], settings: Settings, workdir: Path) -> Path:
+def derived_recipe(source: Path, assets: Path, backends: Sequence[str], settings: Settings, workdir: Path,
+                   variants: list[dict[str, Any]] | None = None) -> Path:  # fmt: skip
     """A copy of `source` with absolute paths (relative ones resolved against `assets`), the bench's
-    variants, backends and latency settings, writing its reports under `workdir`."""
+    variants (default: every precision, with `-compile` twins on torch backends; no INT8 search), backends
+    and latency settings, writing its reports under `workdir`."""
     raw = yaml.safe_load(source.read_text())
     for path_field in _PATH_FIELDS:
         *parents, leaf = path_field
@@ -67,8 +70,19 @@ def derived_recipe(source: Path, assets: Path, backends: Sequence[str], settings
             section = section.get(key) or {}
         if section.get(leaf) is not None:
             section[leaf] = str((assets / section[leaf]).resolve())
-    raw["variants"] = variant_specs(compiled_twins=any(b.startswith("torch-") for b in backends))
+    if variants is None:
+        variants = variant_specs(compiled_twins=settings.compile and any(b.startswith("torch-") for b in backends))
+    raw["variants"] = variants
+    raw.pop("search", None)
+    if raw.get("gate"):  # the source's gate names its own variants; the bench's are judged alike
+        raw["gate"]["applies_to"] = [spec["name"] for spec in variants if spec["precision"] != "fp32"]
     raw["backends"] = list(backends)
+    prices = {name: price for name, price in ((raw.get("cost") or {}).get("price_per_hour") or {}).items()
+              if name in backends}  # fmt: skip
+    if prices:
+        raw["cost"]["price_per_hour"] = prices
+    else:
+        raw.pop("cost", None)  # priced only for backends the bench does not run
     raw["latency"] = {"batch_sizes": list(settings.batch_sizes), "warmup": settings.warmup,
                       "iterations": settings.iterations, "threads": None}  # fmt: skip
     if settings.eval_limit is not None:
@@ -100,7 +114,7 @@ def usable_backends(names: Sequence[str]) -> tuple[list[str], dict[str, str]]:
 
 
 @contextmanager
-def _importable_from(folder: Path) -> Iterator[None]:
+def importable_from(folder: Path) -> Iterator[None]:
     """A recipe's `model.torch` factory may live beside it: keep that folder importable from the derived copy."""
     sys.path.insert(0, str(folder))
     try:
@@ -109,14 +123,13 @@ def _importable_from(folder: Path) -> Iterator[None]:
         sys.path.remove(str(folder))
 
 
-def measure(model: str, source: Path, assets: Path, backends: Sequence[str], settings: Settings,
-            workdir: Path) -> list[dict[str, Any]]:  # fmt: skip
-    """One sweep of `source` on `backends`; one row per variant, backend and batch size (or per failure)."""
+def measure(model: str, backends: Sequence[str], settings: Settings, workdir: Path) -> list[dict[str, Any]]:
+    """One sweep of `model`'s recipe on `backends`; one row per variant, backend and batch size (or per failure)."""
     from qbench.recipe import load_recipe
     from qbench.sweep import run_sweep
 
-    recipe_path = derived_recipe(source, assets, backends, settings, workdir)
-    with _importable_from(source.parent):
+    source, recipe_path = model_recipe(model, backends, settings, workdir)
+    with importable_from(source.parent):
         outcome = run_sweep(load_recipe(recipe_path), track=False)
     compiled = {spec["name"] for spec in variant_specs(compiled_twins=True) if spec.get("compile")}
     metric = outcome.results.gate_metric
@@ -144,15 +157,12 @@ def measure_model(model: str, torch_backends: Sequence[str], onnx_backends: Sequ
     from qbench.errors import QbenchError
 
     source = MODELS.get(model)
-    if source is None or not source.is_file():
-        skipped[model] = f"no recipe at {source}" if source else f"unknown model {model!r}"
-        return []
-    assets = digits_assets(workdir) if model == "digits" else source.parent
-    sweeps = [list(torch_backends) if has_torch_source(source) else [], list(onnx_backends)]
+    sweeps = [list(torch_backends) if source is not None and source.is_file() and has_torch_source(source) else [],
+              list(onnx_backends)]  # fmt: skip
     rows = []
     for backends in (b for b in sweeps if b):
         try:
-            rows += measure(model, source, assets, backends, settings, workdir)
+            rows += measure(model, backends, settings, workdir)
         except QbenchError as exc:
             skipped[f"{model} on {', '.join(backends)}"] = str(exc)
     return rows
@@ -162,6 +172,31 @@ def _gpu_compute(params: dict[str, Any], batch_size: int) -> float | None:
     """The tensorrt backend's device-only p50 for this batch size (None for other backends)."""
     figures = params.get("runtime.gpu_compute_ms") or {}
     return (figures.get(str(batch_size)) or {}).get("p50")
+
+
+def model_assets(model: str, source: Path, workdir: Path) -> Path:
+    """The folder `source`'s relative paths start from: the repository's recipes/ when the files they name
+    exist, else demo files written under `workdir` (the digits model and data; MiniLM's sentences)."""
+    if model == "digits":
+        return digits_assets(workdir)
+    if model == "minilm" and not (REPO / "calibration" / "minilm" / "evaluation.jsonl").is_file():
+        from qbench.demo.minilm import write_text_sets
+
+        write_text_sets(workdir / "minilm" / "calibration" / "minilm")
+        return workdir / "minilm" / "recipes"
+    return source.parent
+
+
+def model_recipe(model: str, backends: Sequence[str], settings: Settings, workdir: Path,
+                 variants: list[dict[str, Any]] | None = None) -> tuple[Path, Path]:  # fmt: skip
+    """(the repository's recipe of `model`, a derived copy of it for `backends`); QbenchError when unknown."""
+    from qbench.errors import QbenchError
+
+    source = MODELS.get(model)
+    if source is None or not source.is_file():
+        raise QbenchError(f"no recipe at {source}" if source else f"unknown model {model!r}")
+    assets = model_assets(model, source, workdir)
+    return source, derived_recipe(source, assets, backends, settings, workdir, variants)
 
 
 def digits_assets(workdir: Path) -> Path:
@@ -206,25 +241,29 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--iterations", type=int, default=200)
     parser.add_argument("--eval-limit", type=int, default=None, help="evaluate on the first N rows only")
+    parser.add_argument("--no-compile", action="store_true", help="torch backends: no torch.compile twins")
+    parser.add_argument("--backends", default=None,
+                        help="comma-separated backends to try instead of the GPU ones (torch-cpu: a dry run anywhere)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "gpu.json")
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    console = Console()
+    console = Console(width=160)  # a CI log or a remote run's output: no wrapped rows
     from qbench.backends.onnxruntime_gpu import probe_gpus
 
     probe = probe_gpus()
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    if not probe.names:
+    chosen = args.backends.split(",") if args.backends else None
+    if not probe.names and chosen is None:
         console.print(f"no GPU: nothing measured ({probe.reason})")
         args.out.write_text(json.dumps({"measured": False, "reason": f"no GPU: {probe.reason}"}, indent=2))
         return 0
     settings = Settings(tuple(int(b) for b in args.batch_sizes.split(",")), args.warmup, args.iterations,
-                        args.eval_limit)  # fmt: skip
-    torch_backends, unusable = usable_backends(TORCH_BACKENDS)
-    onnx_backends, unusable_onnx = usable_backends(ONNX_BACKENDS)
+                        args.eval_limit, compile=not args.no_compile)  # fmt: skip
+    torch_backends, unusable = usable_backends([b for b in chosen or TORCH_BACKENDS if b.startswith("torch-")])
+    onnx_backends, unusable_onnx = usable_backends([b for b in chosen or ONNX_BACKENDS if not b.startswith("torch-")])
     unusable |= unusable_onnx
     for name, reason in unusable.items():
         console.print(f"[yellow]{name} skipped:[/] {reason}")
