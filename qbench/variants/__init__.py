@@ -63,8 +63,8 @@ def _settled(built: BuiltVariant, ctx: BuildContext) -> BuiltVariant:
             from qbench.variants.quantized_facts import with_quantized_facts
 
             if built.precision == "int8":
-                built = with_quantized_facts(with_integer_kernels(built, settled), settled)
-            built = with_float_weighted(built, settled)
+                built = with_integer_kernels(built, settled)
+            built = with_float_weighted(with_quantized_facts(built, settled), settled)
         constant = constant_inputs(ctx.reference_path)
         if constant:
             built = dataclasses.replace(built, params={**built.params, "constant_inputs": list(constant)}, notes=(

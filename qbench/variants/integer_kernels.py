@@ -29,8 +29,10 @@ What decides a fusion (ONNX Runtime 1.32, checked against its optimized graph in
   or its only reader is a Relu or Clip read by one float node (fused into the float op: a Linear + ReLU whose output
   goes on to a Pad, as SmoothQuant leaves it), and a Gemm then only when its bias is absent or dequantized: with a float bias (PyTorch's nn.Linear as torchao
   and ModelOpt export it) it runs as a float Gemm. Re-quantized, ONNX Runtime quantizes a float bias itself.
-The rules miss fusions that depend on shapes (a float-output MatMul on a 2-D input read only by the Add of a float
-bias becomes a float Gemm): ONNX Runtime's own count has no such gap.
+- a float-output MatMul read only by an Add is first fused with it into a float Gemm where the shapes allow it
+  (`_Graph.bias_add`, from ONNX shape inference), and then judged as that Gemm, the Add's other input its bias.
+The rules also read subgraphs (If/Loop/Scan bodies), where ONNX Runtime fuses Q/DQ as in the main graph, but only with
+DequantizeLinears of the same graph.
 Every INT8 build is counted here, whoever built it (`with_integer_kernels`, called where a build is finalised), and
 every INT8 or FP8 build has the weighted layers it leaves float counted (`with_float_weighted`): recurrent layers and
 fused operators outside the standard domain.
@@ -50,7 +52,7 @@ from onnx import numpy_helper
 
 from qbench.errors import MissingExtraError
 from qbench.variants.base import BuiltVariant
-from qbench.variants.onnx_utils import INTEGER_KERNELS
+from qbench.variants.onnx_utils import INTEGER_KERNELS, all_nodes, outer_scope_reads, subgraphs_of
 
 KERNELS_COUNTED_FOR = "onnxruntime-cpu"
 """The backend whose fusions the count follows: another runtime (TensorRT) may run in INT8 what this one runs in float."""
@@ -105,14 +107,14 @@ def onnx_runtime_kernel_counts(model: onnx.ModelProto, path: Path, options: obje
         options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "64")  # type: ignore[attr-defined]
         try:
             ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
-            nodes = onnx.load(str(optimised), load_external_data=False).graph.node
+            nodes = list(all_nodes(onnx.load(str(optimised), load_external_data=False).graph))
         except Exception as exc:  # ORT's own exception types, or a file it did not write: the rules count instead
             why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise OptimisedGraphUnavailable(f"onnxruntime could not save its optimised graph: {why}") from exc
         finally:
             if source != path:
                 source.unlink(missing_ok=True)
-    replaced = {node.name: node.op_type for node in named.graph.node}
+    replaced = {node.name: node.op_type for node in all_nodes(named.graph)}
     counts = Counter(_replaced_op_type(node, replaced) for node in nodes if _is_integer_kernel(node.op_type))
     return dict(sorted(counts.items()))
 
@@ -138,26 +140,33 @@ def _is_integer_kernel(op_type: str) -> bool:
 
 
 def _uniquely_named(model: onnx.ModelProto) -> onnx.ModelProto:
-    """`model` if its main-graph nodes have unique names, else a copy naming the others: ONNX Runtime gives a kernel
-    the name of the node it replaces, which is how a kernel is traced back to its op type."""
-    names = Counter(node.name for node in model.graph.node)
-    if all(node.name and names[node.name] == 1 for node in model.graph.node):
+    """`model` if its nodes (subgraphs' included) have unique names, else a copy naming the others: ONNX Runtime gives
+    a kernel the name of the node it replaces, which is how a kernel is traced back to its op type."""
+    names = Counter(node.name for node in all_nodes(model.graph))
+    if all(node.name and names[node.name] == 1 for node in all_nodes(model.graph)):
         return model
     named = onnx.ModelProto()
     named.CopyFrom(model)
-    for index, node in enumerate(named.graph.node):
+    for index, node in enumerate(all_nodes(named.graph)):
         if not node.name or names[node.name] > 1:
             node.name = f"{node.name}#qbench{index}"
     return named
 
 
 def rule_kernel_counts(model: onnx.ModelProto) -> dict[str, int]:
-    """Op type -> main-graph nodes ONNX Runtime runs as integer kernels by the graph rules alone (the fallback where it
-    cannot save its optimised graph): Q/DQ patterns it fuses (see the module docstring) and the integer operators a
-    dynamic quantizer writes (MatMulInteger, ConvInteger...)."""
-    graph = _Graph(model.graph)
+    """Op type -> nodes (subgraphs' included) ONNX Runtime runs as integer kernels by the graph rules alone (the
+    fallback where it cannot save its optimised graph): Q/DQ patterns it fuses (see the module docstring) and the
+    integer operators a dynamic quantizer writes (MatMulInteger, ConvInteger...)."""
     counts: Counter[str] = Counter()
-    for node in model.graph.node:
+    _count_graph(_Graph(model.graph, _shapes(model)), counts)
+    return {op: count for op, count in sorted(counts.items()) if count}
+
+
+def _count_graph(graph: _Graph, counts: Counter[str]) -> None:
+    """Add the integer kernels of `graph` and of its subgraphs (which see its dequantized tensors) to `counts`."""
+    for node in graph.nodes:
+        for body in subgraphs_of(node):
+            _count_graph(_Graph(body, graph.shapes, graph), counts)
         if node.domain not in ("", "ai.onnx", "com.microsoft"):
             continue
         if node.op_type in INTEGER_KERNELS:
@@ -175,23 +184,76 @@ def rule_kernel_counts(model: onnx.ModelProto) -> dict[str, int]:
             counts[node.op_type] += 1
         elif output == "float" and node.op_type in _BOTH_OPERANDS:
             bias = node.input[2] if node.op_type == "Gemm" and len(node.input) > 2 else ""
+            add = graph.bias_add(node) if node.op_type == "MatMul" else None
+            if add is not None:  # fused into a Gemm first: judged as that Gemm, its bias the Add's other input
+                bias = "" if graph.output_form(add.output[0]) == "requantized" else next(
+                    name for name in add.input if name != node.output[0])
             counts[node.op_type] += not bias or bias in graph.dequantized
-    return {op: count for op, count in sorted(counts.items()) if count}
+
+
+def _shapes(model: onnx.ModelProto) -> dict[str, tuple[int | None, ...]]:
+    """Tensor name -> shape (None: a dim not fixed), where ONNX shape inference (or the graph's declarations) knows
+    it, subgraphs included: the fusion of a MatMul and an Add into a Gemm depends on it. An inference that fails
+    leaves the declared shapes."""
+    try:
+        model = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - a refinement: without it, fewer ranks are known and fewer Gemm fusions assumed
+        pass
+    shapes: dict[str, tuple[int | None, ...]] = {}
+
+    def visit(graph: onnx.GraphProto) -> None:
+        shapes.update({tensor.name: tuple(tensor.dims) for tensor in graph.initializer})
+        for value in (*graph.input, *graph.output, *graph.value_info):
+            if value.type.tensor_type.HasField("shape"):
+                dims = value.type.tensor_type.shape.dim
+                shapes[value.name] = tuple(dim.dim_value if dim.HasField("dim_value") else None for dim in dims)
+        for node in graph.node:
+            if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+                shapes[node.output[0]] = tuple(node.attribute[0].t.dims)
+            for body in subgraphs_of(node):
+                visit(body)
+
+    visit(model.graph)
+    return shapes
 
 
 class _Graph:
     """What the fusion rules read of a graph: dequantized tensors, readers, zero points."""
 
-    def __init__(self, graph: onnx.GraphProto) -> None:
+    def __init__(self, graph: onnx.GraphProto, shapes: dict[str, tuple[int | None, ...]], outer: _Graph | None = None) -> None:
+        """`outer`: the graph enclosing `graph` (a subgraph), whose constants it reads. Its dequantized tensors do not
+        count: ONNX Runtime fuses a DequantizeLinear only with nodes of its own graph (a subgraph's MatMul of an outer
+        DequantizeLinear's output runs in float, as MatMulNBits where its weight alone is dequantized in it)."""
+        self.nodes = list(graph.node)
         self.dequantized = {node.output[0] for node in graph.node if node.op_type == "DequantizeLinear"}
         self.readers: dict[str, list[onnx.NodeProto]] = {}
-        for node in graph.node:
-            for name in node.input:
+        for node in graph.node:  # a node whose subgraph reads a tensor by name reads it too (never a QuantizeLinear)
+            for name in dict.fromkeys([*node.input, *outer_scope_reads(node)]):
                 self.readers.setdefault(name, []).append(node)
         self.graph_outputs = {output.name for output in graph.output}
-        self.constants = {tensor.name: tensor for tensor in graph.initializer}
+        self.shapes = shapes
+        self.constants = {} if outer is None else dict(outer.constants)
+        self.constants.update({tensor.name: tensor for tensor in graph.initializer})
         self.constants.update({node.output[0]: node.attribute[0].t for node in graph.node
                                if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value"})  # fmt: skip
+
+    def bias_add(self, matmul: onnx.NodeProto) -> onnx.NodeProto | None:
+        """The Add that ONNX Runtime fuses with `matmul` into a float Gemm before any Q/DQ fusion (MatMulAddFusion):
+        the only reader of a MatMul output that is no graph output, whose weight is a matrix, and either its input a
+        matrix too and the other addend of rank 1 or 2, or its input of higher rank with every dim fixed (reshaped to a
+        matrix around the Gemm) and the addend of rank 1. Unknown shapes fuse nothing, in ONNX Runtime as here."""
+        output = matmul.output[0]
+        readers = self.readers.get(output, [])
+        if output in self.graph_outputs or len(readers) != 1 or readers[0].op_type != "Add":
+            return None
+        add = readers[0]
+        others = [name for name in add.input if name != output]
+        data, weight, bias = (self.shapes.get(name) for name in (*matmul.input[:2], *others[:1]))
+        if len(others) != 1 or data is None or weight is None or bias is None or len(weight) != 2:
+            return None
+        if len(data) == 2:
+            return add if len(bias) in (1, 2) else None
+        return add if len(data) > 2 and all(isinstance(dim, int) for dim in data) and len(bias) == 1 else None
 
     def _quantized_by(self, tensor: str) -> list[onnx.NodeProto] | None:
         """The QuantizeLinear nodes reading `tensor` when they are all its readers (and it is no graph output)."""
@@ -228,10 +290,11 @@ class _Graph:
 
 
 def rounded_only(model: onnx.ModelProto) -> dict[str, int]:
-    """Op type -> main-graph nodes (besides Q/DQ) that read a dequantized tensor: where a graph with no integer
-    kernel rounds data (the note names them)."""
-    dequantized = {node.output[0] for node in model.graph.node if node.op_type == "DequantizeLinear"}
-    counts = Counter(node.op_type for node in model.graph.node
+    """Op type -> nodes (besides Q/DQ, subgraphs' included) that read a dequantized tensor: where a graph with no
+    integer kernel rounds data (the note names them)."""
+    nodes = list(all_nodes(model.graph))
+    dequantized = {node.output[0] for node in nodes if node.op_type == "DequantizeLinear"}
+    counts = Counter(node.op_type for node in nodes
                      if node.op_type not in ("QuantizeLinear", "DequantizeLinear") and dequantized.intersection(node.input))  # fmt: skip
     return dict(sorted(counts.items()))
 

@@ -202,6 +202,14 @@ def subgraphs_of(node: onnx.NodeProto) -> list[onnx.GraphProto]:
     return [g for a in node.attribute for g in ([a.g] if a.HasField("g") else list(a.graphs))]
 
 
+def all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    """Every node of `graph` and of its subgraphs, at any depth (each node before those of its own subgraphs)."""
+    for node in graph.node:
+        yield node
+        for body in subgraphs_of(node):
+            yield from all_nodes(body)
+
+
 def outer_scope_reads(node: onnx.NodeProto) -> list[str]:
     """Tensors of the enclosing graph that the node's subgraphs read by name (not through the node's inputs), each once.
 

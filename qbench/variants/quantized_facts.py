@@ -14,8 +14,8 @@ built it) each node with a quantized weight is read, and its weights and activat
 The params count nodes per op kind and description (`weights_as_built`, `activations_as_built`); where a description
 contradicts an option the builder recorded as asked, a note says so. Only what the graph proves is noted: an
 asymmetric range calibrated on data centred on zero gets a centred zero point too, so `centred` never contradicts a
-recipe's `symmetric_activations: false` (nor `asymmetric` a true one: it does). Only the main graph is read (subgraphs
-stay float, noted elsewhere).
+recipe's `symmetric_activations: false` (nor `asymmetric` a true one: it does). Subgraphs (If/Loop/Scan bodies) are
+read too. FP8 builds are described alike: their weights' type (float8_e4m3fn) and granularity, no bit count.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from qbench.variants.base import BuiltVariant
+from qbench.variants.onnx_utils import subgraphs_of
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,8 @@ _KERNELS = {
     "QLinearConv": _Kernel("Conv", ((3, 4, 5),)),
     "QLinearMatMul": _Kernel("MatMul", ((3, 4, 5),)),
     "QGemm": _Kernel("Gemm", ((3, 4, 5),)),
+    # its five constant tables (word, position, segment embeddings, gamma, beta): (table, scale, zero point)
+    "QEmbedLayerNormalization": _Kernel("EmbedLayerNormalization", ((2, 8, 13), (3, 9, 14), (4, 10, 15), (5, 11, 16), (6, 12, 17))),
 }
 _QDQ = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"})
 _BIAS_TYPES = frozenset({np.dtype(np.int32), np.dtype(np.int64)})  # a quantized bias is no weight matrix
@@ -96,11 +99,18 @@ class NodeFacts:
 
 
 def quantized_facts(model: onnx.ModelProto, base_dir: Path | None = None) -> list[NodeFacts]:
-    """Each main-graph node of `model` that computes with a quantized weight, described as stored (`base_dir`: where
-    its external data lies)."""
-    graph = _Reader(model.graph, base_dir)
-    found = []
-    for node in model.graph.node:
+    """Each node of `model` (subgraphs' included) that computes with a quantized weight, described as stored
+    (`base_dir`: where its external data lies)."""
+    found: list[NodeFacts] = []
+    _graph_facts(model.graph, _Reader(model.graph, base_dir), found)
+    return found
+
+
+def _graph_facts(model_graph: onnx.GraphProto, graph: _Reader, found: list[NodeFacts]) -> None:
+    """Append the facts of `model_graph`'s nodes (read by `graph`) and of its subgraphs' to `found`."""
+    for node in model_graph.node:
+        for body in subgraphs_of(node):
+            _graph_facts(body, _Reader(body, None, graph), found)
         if node.op_type in _QDQ:
             continue
         kernel = _KERNELS.get(node.op_type) if node.domain in ("", "ai.onnx", "com.microsoft") else None
@@ -116,16 +126,17 @@ def quantized_facts(model: onnx.ModelProto, base_dir: Path | None = None) -> lis
         held = tuple(weight for weight in weights if weight is not None)
         if held:
             found.append(NodeFacts(kind, held, activation))
-    return found
 
 
 class _Reader:
     """Constants, producers and quantized values of one graph."""
 
-    def __init__(self, graph: onnx.GraphProto, base_dir: Path | None) -> None:
-        self.base_dir = str(base_dir) if base_dir is not None else ""
-        self.constants: dict[str, onnx.TensorProto] = {tensor.name: tensor for tensor in graph.initializer}
-        self.producers: dict[str, onnx.NodeProto] = {}
+    def __init__(self, graph: onnx.GraphProto, base_dir: Path | None, outer: _Reader | None = None) -> None:
+        """`outer`: the reader of the graph enclosing `graph` (a subgraph), whose values it may read by name."""
+        self.base_dir = outer.base_dir if outer is not None else str(base_dir) if base_dir is not None else ""
+        self.constants: dict[str, onnx.TensorProto] = {} if outer is None else dict(outer.constants)
+        self.constants.update({tensor.name: tensor for tensor in graph.initializer})
+        self.producers: dict[str, onnx.NodeProto] = {} if outer is None else dict(outer.producers)
         for node in graph.node:
             for output in node.output:
                 self.producers[output] = node
@@ -156,12 +167,16 @@ class _Reader:
         values, scales, zeros = (self.array(name) for name in [*dequantize.input[:3], "", ""][:3])
         if values is None:
             values = self._quantized_constant(dequantize.input[0])
-        if values is None or values.dtype in _BIAS_TYPES or values.dtype.kind not in "iu":
+        if values is None or values.dtype in _BIAS_TYPES or not (values.dtype.kind in "iu" or _is_float8(values.dtype)):
             return None
         attributes = {a.name: helper.get_attribute_value(a) for a in dequantize.attribute}
         per_channel = scales is not None and scales.size > 1
         axis = int(attributes.get("axis", 1)) % max(values.ndim, 1) if per_channel else None
-        return _facts(values, zeros, axis, 0, _default_axis(node, values.ndim))
+        channel_axis = _default_axis(node, values.ndim)
+        if _is_float8(values.dtype):  # FP8: a scale per tensor or channel, its zero point always 0; no bit count
+            channels = values.shape[channel_axis] if values.ndim > channel_axis else 1
+            return WeightFacts(values.dtype.name, None, per_channel, axis, True, channels)
+        return _facts(values, zeros, axis, 0, channel_axis)
 
     def _quantized_constant(self, name: str) -> np.ndarray | None:
         quantize = self.producers.get(name)
@@ -190,9 +205,16 @@ class _Reader:
         if producer is not None and producer.op_type == "QuantizeLinear" and self.array(producer.input[1]) is not None:
             zeros = self.array(producer.input[2]) if len(producer.input) > 2 else None
             dtype = zeros.dtype if zeros is not None else np.dtype(np.uint8)
+            if _is_float8(dtype):  # an FP8 zero point is always 0: centred
+                return ActivationFacts("static", dtype.name, True)
             zeros = np.zeros(1, dtype) if zeros is None else zeros
             return ActivationFacts("static", dtype.name, _symmetric(zeros, 8))
         return ActivationFacts("dynamic" if quantizes_itself else "float")
+
+
+def _is_float8(dtype: np.dtype) -> bool:
+    """Whether `dtype` is one of ONNX's 8-bit float types (float8_e4m3fn..., as numpy_helper reads them)."""
+    return dtype.name.startswith("float8")
 
 
 def _default_axis(node: onnx.NodeProto, rank: int) -> int:
@@ -242,7 +264,7 @@ def _symmetric(zeros: np.ndarray, bits: int) -> bool:
 
 
 def with_quantized_facts(built: BuiltVariant, model: onnx.ModelProto) -> BuiltVariant:
-    """`built` (an INT8 build saved as `model`) with its quantized layers described as stored, in its params, and a
+    """`built` (an INT8 or FP8 build saved as `model`) with its quantized layers described as stored, in its params, and a
     note for each option the builder recorded (`weight_type`, `per_channel`, `reduce_range`, `weight_symmetric`,
     `activation_type`, `symmetric_activations`) that the graph does not hold for some op kind."""
     facts = quantized_facts(model, built.onnx_path.parent)

@@ -15,6 +15,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from qbench.variants.base import BuildContext, BuiltVariant, Feeds
+from qbench.variants.onnx_utils import all_nodes
 
 ORT_IR_VERSION = 8  # onnx 1.23 writes IR 14 by default; ORT 1.31 reads up to 13
 
@@ -165,13 +166,13 @@ MOVING_KERNELS = {"QLinearConcat", "QLinearWhere"}
 
 
 def ort_integer_kernels(path: Path, tmp_path: Path) -> int:
-    """How many nodes of the graph ONNX Runtime's CPU provider runs are integer kernels that compute, optimised at
+    """How many nodes of the graph ONNX Runtime's CPU provider runs (subgraphs' included) are integer kernels that compute, optimised at
     the level the sweep runs an INT8 variant (all optimisations, ONNX Runtime's default)."""
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
     ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    ops = Counter(node.op_type for node in onnx.load(options.optimized_model_filepath).graph.node)
+    ops = Counter(node.op_type for node in all_nodes(onnx.load(options.optimized_model_filepath).graph))
     fused = {"QGemm", "DynamicQuantizeMatMul", "QAttention", "DynamicQuantizeLSTM"}
     return sum(n for op, n in ops.items() if (op.startswith("QLinear") or "Integer" in op or op in fused)
                and op not in MOVING_KERNELS)  # fmt: skip

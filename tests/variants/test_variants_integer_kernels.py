@@ -114,11 +114,6 @@ def _qdq_model(case: str) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=ORT_IR_VERSION)
 
 
-# Fusions that depend on shapes, which the graph rules (the fallback where ONNX Runtime cannot save its optimised
-# graph) do not follow: ONNX Runtime's own count is checked on them, the rules are not.
-SHAPE_DEPENDENT = {"matmul_float_bias_add_2d", "matmul_float_bias_add_4d"}
-
-
 def _counted(model: onnx.ModelProto, path: Path) -> BuiltVariant:
     onnx.save(model, str(path))
     return with_integer_kernels(BuiltVariant(name="int8", precision="int8", onnx_path=path), model)
@@ -130,8 +125,7 @@ def test_integer_kernels_are_counted_as_onnx_runtime_runs_them(tmp_path, case):
     built = _counted(model, tmp_path / "qdq.onnx")
     expected = ort_integer_kernels(built.onnx_path, tmp_path)
     assert built.params["integer_kernels_from"] == "onnxruntime" and built.params["quantized_nodes"] == expected
-    if case not in SHAPE_DEPENDENT:
-        assert sum(rule_kernel_counts(model).values()) == expected
+    assert sum(rule_kernel_counts(model).values()) == expected
 
 
 def test_a_linear_with_a_float_bias_add_on_a_2d_input_runs_in_float(tmp_path):
@@ -427,3 +421,51 @@ def test_a_fused_embedding_lookup_is_no_weight_left_float(tmp_path, calibrator, 
     assert "float_contrib" not in built.params
     assert embedding in [node.op_type for node in onnx.load(str(built.onnx_path)).graph.node]
     assert built.params.get("lookups_kept_float") == (None if op_types else {"EmbedLayerNormalization": 1})
+
+
+def _branch(name: str, x: str, requantized: bool) -> onnx.GraphProto:
+    """An If branch computing MatMul(x, its own INT8 weight); `x` is Q/DQ'd in the branch unless it is read from
+    outside ("xd"), the output re-quantized or left float."""
+    nodes = [helper.make_node("DequantizeLinear", [f"{name}_wq", f"{name}_ws", f"{name}_wz"], [f"{name}_w"], name=f"{name}_dw")]
+    if x == "x":
+        nodes += [helper.make_node("QuantizeLinear", ["x", f"{name}_s", f"{name}_z"], [f"{name}_xq"], name=f"{name}_qx"),
+                  helper.make_node("DequantizeLinear", [f"{name}_xq", f"{name}_s", f"{name}_z"], [f"{name}_xd"], name=f"{name}_dx")]  # fmt: skip
+        x = f"{name}_xd"
+    nodes.append(helper.make_node("MatMul", [x, f"{name}_w"], [f"{name}_m"], name=f"{name}_mm"))
+    out = f"{name}_m"
+    if requantized:
+        nodes += [helper.make_node("QuantizeLinear", [out, f"{name}_s", f"{name}_z"], [f"{name}_q"], name=f"{name}_qo"),
+                  helper.make_node("DequantizeLinear", [f"{name}_q", f"{name}_s", f"{name}_z"], [f"{name}_o"], name=f"{name}_do")]  # fmt: skip
+        out = f"{name}_o"
+    constants = {f"{name}_wq": np.random.default_rng(1).integers(-50, 50, (4, 4)).astype(np.int8),
+                 f"{name}_ws": np.array(0.02, np.float32), f"{name}_wz": np.array(0, np.int8),
+                 f"{name}_s": np.array(0.05, np.float32), f"{name}_z": np.array(128, np.uint8)}  # fmt: skip
+    return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(out, TensorProto.FLOAT, ["n", 4])],
+                             initializer=[numpy_helper.from_array(value, key) for key, value in constants.items()])
+
+
+def _if_model(x: str) -> onnx.ModelProto:
+    """x [n, 4] -> If(sum(x) > 0) with a MatMul in each branch (one re-quantized, one float), `x` Q/DQ'd in the
+    branches ("x") or outside them ("xd")."""
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"], name="qx"),
+             helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"], name="dx"),
+             helper.make_node("ReduceSum", ["x"], ["r"], keepdims=0, name="sum"),
+             helper.make_node("Greater", ["r", "zero"], ["c"], name="positive"),
+             helper.make_node("If", ["c"], ["y"], name="if", then_branch=_branch("then", x, True),
+                              else_branch=_branch("else", x, False))]  # fmt: skip
+    constants = {"s": np.array(0.05, np.float32), "z": np.array(128, np.uint8), "zero": np.array(0, np.float32)}
+    graph = helper.make_graph(nodes, "if", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])],
+                              initializer=[numpy_helper.from_array(value, key) for key, value in constants.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=ORT_IR_VERSION)
+
+
+@pytest.mark.parametrize(("x", "kernels"), [("x", 2), ("xd", 0)])
+def test_integer_kernels_inside_subgraphs_are_counted_as_onnx_runtime_runs_them(tmp_path, x, kernels):
+    """ONNX Runtime fuses Q/DQ inside an If branch (QLinearMatMul, MatMulIntegerToFloat) where the DequantizeLinears
+    are in that branch; an activation dequantized outside it leaves the MatMul float (MatMulNBits, weight only)."""
+    model = _if_model(x)
+    built = _counted(model, tmp_path / "if.onnx")
+    assert ort_integer_kernels(built.onnx_path, tmp_path) == kernels
+    assert built.params["quantized_nodes"] == kernels and sum(rule_kernel_counts(model).values()) == kernels
+    assert built.params["quantized_op_types"] == ({"MatMul": kernels} if kernels else {})

@@ -181,3 +181,31 @@ def test_a_qattention_records_its_packed_projection_as_stored(weight_type, per_c
     assert built.params["weights_as_built"]["Attention"] == {_expected(stored[attention.input[1]], stored[attention.input[7]], 1): 1}
     assert built.params["activations_as_built"]["Attention"] == {"dynamic (quantized per batch at run time)": 1}
     assert not [note for note in built.notes if note.startswith("Attention: ")]
+
+
+def test_fp8_weights_and_weights_inside_subgraphs_are_recorded(tmp_path):
+    """An FP8 build's float8 weights are described (their type, granularity) and so are the quantized weights of an
+    If branch; before, both builds had no weights_as_built at all."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from qbench.variants.base import BuiltVariant
+    from qbench.variants.quantized_facts import with_quantized_facts
+
+    weight = helper.make_tensor("wq", TensorProto.FLOAT8E4M3FN, [4, 4], np.linspace(-2, 2, 16).tolist())
+    body = helper.make_graph(
+        [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]), helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
+         helper.make_node("DequantizeLinear", ["wq", "ws"], ["w"]), helper.make_node("MatMul", ["xd", "w"], ["m"])],
+        "then", [], [helper.make_tensor_value_info("m", TensorProto.FLOAT, ["n", 4])],
+        initializer=[weight, numpy_helper.from_array(np.array(0.1, np.float32), "ws")])  # fmt: skip
+    nodes = [helper.make_node("ReduceSum", ["x"], ["r"], keepdims=0), helper.make_node("Greater", ["r", "zero"], ["c"]),
+             helper.make_node("If", ["c"], ["y"], then_branch=body, else_branch=helper.make_graph(
+                 [helper.make_node("Identity", ["x"], ["e"])], "else", [], [helper.make_tensor_value_info("e", TensorProto.FLOAT, ["n", 4])]))]  # fmt: skip
+    zero_point = helper.make_tensor("z", TensorProto.FLOAT8E4M3FN, [], [0.0])
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])],
+                              initializer=[numpy_helper.from_array(np.array(0.05, np.float32), "s"), zero_point,
+                                           numpy_helper.from_array(np.array(0, np.float32), "zero")])  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    built = with_quantized_facts(BuiltVariant(name="fp8", precision="fp8", onnx_path=tmp_path / "m.onnx"), model)
+    assert built.params["weights_as_built"] == {"MatMul": {"float8_e4m3fn, per-tensor, centred": 1}}
+    assert built.params["activations_as_built"] == {"MatMul": {"static float8_e4m3fn, centred": 1}}
