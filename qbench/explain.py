@@ -79,7 +79,7 @@ class Score:
         them all; NaN without a gate, or with a drop that is not a number)."""
         if tolerances is None:
             return math.nan
-        checks = [(self.overall, tolerances.max_drop), *((d, tolerances.max_slice_drop) for d in self.slices.values())]
+        checks = [(self.overall, tolerances.max_drop), *((d, tolerances.on_slice(n)) for n, d in self.slices.items())]
         return float(sum(max(drop - tolerance, 0.0) for drop, tolerance in checks))
 
 
