@@ -79,7 +79,7 @@ class Score:
         them all; NaN without a gate, or with a drop that is not a number)."""
         if tolerances is None:
             return math.nan
-        checks = [(self.overall, tolerances.max_drop), *((d, tolerances.max_slice_drop) for d in self.slices.values())]
+        checks = [(self.overall, tolerances.max_drop), *((d, tolerances.on_slice(n)) for n, d in self.slices.items())]
         return float(sum(max(drop - tolerance, 0.0) for drop, tolerance in checks))
 
 
@@ -212,7 +212,7 @@ def sort_costs(costs: Sequence[NodeCost], method: str) -> list[NodeCost]:
 
 def score_accuracy(accuracy: AccuracyResult, gate: GateSpec, nsr: float) -> Score:
     """The gate metric's drops; slices below the gate's min_slice_size are left out, as the gate does."""
-    slices = {s.name: s.drops.get(gate.metric, math.nan) for s in accuracy.slices if s.size >= gate.min_slice_size}
+    slices = {s.name: s.drops.get(gate.metric, math.nan) for s in accuracy.slices if s.judged_count(gate.metric) >= gate.min_slice_size}
     return Score(accuracy.overall.drops.get(gate.metric, math.nan), slices, nsr)
 
 

@@ -50,7 +50,7 @@ from qbench.explain import Score, group_nodes, rank_groups
 from qbench.explain_graph import QuantizedNode, float_keeper, quantized_nodes, sqnr_costs
 from qbench.gate import GateReport, judge
 from qbench.gate_report import failure_reasons
-from qbench.gate_tolerance import as_absolute, reference_tolerances
+from qbench.gate_tolerance import reference_tolerances
 from qbench.preflight import Prepared
 from qbench.recipe import FallbackSpec, VariantSpec
 from qbench.report_grid import figure, percent
@@ -160,7 +160,7 @@ class _Search:
     def __init__(self, spec: VariantSpec, ctx: BuildContext, evaluate: Evaluate, prepared: Prepared, reference: VariantResult) -> None:  # fmt: skip
         self.spec, self.ctx, self.evaluate, self.reference = spec, ctx, evaluate, reference
         self.tolerances = reference_tolerances(reference, prepared.recipe.gate)
-        self.prepared, self.gate = prepared, as_absolute(prepared.recipe.gate, self.tolerances)
+        self.prepared, self.gate = prepared, prepared.recipe.gate
         self.root = ctx.workdir.resolve() / f"{spec.name}.search"
         self.trials: list[Trial] = []
         self.rankings: dict[str, list[str]] = {}
@@ -177,7 +177,7 @@ class _Search:
         except Exception as exc:  # noqa: BLE001 - one calibrator failing (e.g. entropy on a BERT graph) is one failed try
             error = f"{type(exc).__name__}: {exc}"
             built, result = None, VariantResult(spec.name, self.reference.backend, "int8", "failed", error=error)
-        trial = Trial(calibrator, excluded, built, result, judge(self.reference, result, self.gate))
+        trial = Trial(calibrator, excluded, built, result, judge(self.reference, result, self.gate, self.tolerances))
         self.trials.append(trial)
         verdict = "pass" if trial.passed else f"fail {'; '.join(trial.breaches())[:200]}"
         logger.info("  try %s: %s %s, p50 %.2f ms, %s", trial.label(len(self.spec.exclude_nodes)), self.gate.metric,
@@ -224,7 +224,7 @@ class _Search:
                                 "would leave nothing in INT8")  # fmt: skip
             logger.info("  no fallback from %s", self.skipped[-1])
             return
-        needed = self.gate.max_drop / base.drop if base.drop > 0 else 1.0
+        needed = self.tolerances.max_drop / base.drop if base.drop > 0 else 1.0
         ranking, residual = self.rank(base, quantized, pool=3 * fallback.max_excluded, keep=most, needed=needed)
         self.rankings[base.calibrator] = ranking
         if residual > 2 * needed:

@@ -28,7 +28,7 @@ from qbench.gate_checks import (
     timed_batch_sizes,
     unmatched_globs,
 )
-from qbench.gate_tolerance import Tolerances, reference_tolerances
+from qbench.gate_tolerance import DEFAULT_MAX_DROP, DEFAULT_MAX_SLICE_DROP, Tolerances, reference_tolerances
 from qbench.provenance import recorded_recipe
 from qbench.recipe import GateSpec, Recipe
 from qbench.recipe_slo import SloSpec
@@ -126,14 +126,16 @@ def withheld(report: GateReport) -> GateReport:
     return replace(report, checks=checks, notes=notes)
 
 
-def judge(reference: VariantResult, candidate: VariantResult, gate: GateSpec) -> GateReport:
-    """The gate's verdict on one candidate against FP32, as `qbench gate` would give it (for searches)."""
+def judge(reference: VariantResult, candidate: VariantResult, gate: GateSpec,
+          tolerances: Tolerances | None = None) -> GateReport:  # fmt: skip
+    """The gate's verdict on one candidate against FP32, as `qbench gate` would give it (for searches). `tolerances`:
+    resolved once for many candidates (on the rows chosen on), rather than against `reference`'s figures."""
     results = SweepResults(
         qbench_version=qbench.__version__, created_at="", recipe={}, environment={}, calibration=None,
         evaluation_rows=candidate.accuracy.rows if candidate.accuracy else 0, gate_metric=gate.metric,
         reference=reference.variant, variants=(reference, candidate),
     )  # fmt: skip
-    return evaluate_gate(results, gate.model_copy(update={"applies_to": [candidate.variant]}))
+    return evaluate_gate(results, gate.model_copy(update={"applies_to": [candidate.variant]}), tolerances=tolerances)
 
 
 def evaluate_gate(
@@ -142,10 +144,13 @@ def evaluate_gate(
     *,
     expected: Sequence[tuple[str, str]] | None = None,
     slo: SloSpec | None = None,
+    tolerances: Tolerances | None = None,
 ) -> GateReport:
     """Judge every gated variant × backend in `results` against `spec`; collect every violation.
 
     expected: (variant, backend) pairs the recipe asks for; any missing from the results is a problem.
+    tolerances: resolved once, for many candidates judged against one FP32 figure (the search's screening rows);
+        by default each backend's are resolved against its FP32 result (qbench.gate_tolerance).
     slo: a latency budget: every variant it applies to (the reference aside) gets a check with scope
         "slo" and metric "latency.p99_ms" (reference = budget, observed = p99, drop = ms over budget).
     A variant a backend cannot run at all (status "skipped", e.g. an ONNX Runtime INT8 model on
@@ -153,11 +158,11 @@ def evaluate_gate(
     what the recipe asked for, and fresh, is checked by `run_gate` (qbench.gate_checks).
     """
     with custom_metrics(recorded_custom_metrics(results.recipe.get("resolved", {}))):  # the results' own directions
-        return _evaluate(results, spec, expected, slo)
+        return _evaluate(results, spec, expected, slo, tolerances)
 
 
 def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[str, str]] | None,
-              slo: SloSpec | None) -> GateReport:  # fmt: skip
+              slo: SloSpec | None, tolerances: Tolerances | None) -> GateReport:  # fmt: skip
     problems: list[str] = []
     pairs = list(expected) if expected is not None else [(v.variant, v.backend) for v in results.variants]
     skipped = {(v.variant, v.backend) for v in results.variants if v.status == "skipped"}
@@ -171,7 +176,7 @@ def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[st
         problems.append(f"the gate applies to no variant (applies_to: {', '.join(spec.applies_to)})")
     checks: list[GateCheck] = []
     for variant, backend in gated:
-        own_checks, own_problems = _judge(results, variant, backend, spec)
+        own_checks, own_problems = _judge(results, variant, backend, spec, tolerances)
         checks.extend(own_checks)
         problems.extend(f"{variant}@{backend}: {p}" for p in own_problems)
     if slo is not None:
@@ -194,8 +199,14 @@ def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[st
 
 
 def _tolerance_notes(results: SweepResults, spec: GateSpec, pairs: Sequence[tuple[str, str]]) -> list[str]:
-    """A note per backend judged where the tolerances are shares of FP32's figure: what they came to there."""
-    notes = []
+    """A note per backend judged where the tolerances are shares of FP32's figure: what they came to there; and one
+    where a recipe's own metric of undeclared units is judged on the absolute defaults (0.01 may mean nothing)."""
+    info = METRICS.get(spec.metric)
+    stated = spec.max_drop is not None or spec.max_slice_drop is not None or spec.tolerance != "auto"
+    notes = [] if stated or info is None or not info.custom or info.data_units else [
+        f"tolerances: the defaults, max_drop {DEFAULT_MAX_DROP:g} and max_slice_drop {DEFAULT_MAX_SLICE_DROP:g}, as "
+        f"drops in {spec.metric}'s own units (a recipe's own metric: set data_units: true in metrics: for shares of "
+        "FP32's figure, or state gate.max_drop and gate.max_slice_drop)"]  # fmt: skip
     for backend in dict.fromkeys(b for _, b in pairs):
         with contextlib.suppress(QbenchError):  # unformed: each variant's problem says why
             basis = reference_tolerances(results.find(results.reference, backend), spec).basis
@@ -253,8 +264,10 @@ def _unlowered(results: SweepResults, pairs: Sequence[tuple[str, str]]) -> list[
     return notes
 
 
-def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec) -> tuple[list[GateCheck], list[str]]:
-    """Checks for one variant on one backend, and the reasons it cannot be judged (if any)."""
+def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec,
+           resolved: Tolerances | None = None) -> tuple[list[GateCheck], list[str]]:  # fmt: skip
+    """Checks for one variant on one backend, and the reasons it cannot be judged (if any); `resolved`: the
+    tolerances to judge with, rather than those resolved against the reference's figures."""
     reference = results.find(results.reference, backend)
     candidate = results.find(variant, backend)
     if reference is None or reference.status != "ok" or reference.accuracy is None:
@@ -266,7 +279,7 @@ def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec) ->
     checks: list[GateCheck] = []
     problems: list[str] = []
     try:
-        tolerances: Tolerances | None = reference_tolerances(reference, spec)
+        tolerances: Tolerances | None = resolved or reference_tolerances(reference, spec)
     except QbenchError as exc:  # a relative tolerance of nothing: no metric check, NaN/inf outputs still breach
         tolerances, problems = None, [str(exc)]
     scopes = [(reference.accuracy.overall, candidate.accuracy.overall, tolerances and tolerances.max_drop)]
@@ -275,7 +288,7 @@ def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec) ->
         if own is None:
             problems.append(f"slice {ref_slice.name!r} missing from the results")
             continue
-        scopes.append((ref_slice, own, tolerances and tolerances.max_slice_drop))
+        scopes.append((ref_slice, own, tolerances and tolerances.on_slice(ref_slice.name)))
     for ref_scope, own_scope, tolerance in scopes:
         # NaN/inf on rows where FP32 is finite: a breach of its own, whatever FP32 does on other rows
         extra_nonfinite = max(own_scope.nonfinite_outputs - ref_scope.nonfinite_outputs, own_scope.new_nonfinite_outputs)

@@ -376,15 +376,15 @@ def _scope_problems(scope: SliceMetrics, rows: int, metric: str, min_slice_size:
 
 
 def _denominator_problems(scope: SliceMetrics, reference: SliceMetrics | None) -> list[str]:
-    """A rate counted over other units than the scope's rows (a token-classification output's scored tokens) names a
-    rate metric of the scope and a whole count; FP32's same scope counts over the same units (same rows, same
-    labels), so a count edited to let an impossible rate pass shows against it."""
+    """A metric resting on other units than the scope's rows (a token-classification output's scored tokens) names a
+    metric of the scope and a whole count; FP32's same scope counts over the same units (same rows, same labels), so
+    a count edited to let an impossible rate pass shows against it."""
     where = "overall" if scope.name == "overall" else f"slice {scope.name!r}"
     problems = []
     for name, count in scope.denominators.items():
         info = METRICS.get(name)
-        if name not in scope.metrics or info is None or not info.share_of_rows:
-            problems.append(f"{where}: denominators name {name!r}, not a rate metric of this scope")
+        if name not in scope.metrics or info is None:
+            problems.append(f"{where}: denominators name {name!r}, not a metric of this scope")
         elif isinstance(count, bool) or not isinstance(count, int) or count < 0:
             problems.append(f"{where}: denominator of {name!r} is {count!r}, expected a count >= 0")
     if reference is not None and scope.denominators != reference.denominators:

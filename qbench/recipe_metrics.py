@@ -28,6 +28,8 @@ class MetricSpec(StrictConfig):
     name: Name
     function: str = Field(description="'package.module:function', imported as Python code (recipe folder first)")
     higher_is_better: bool = Field(description="the metric's direction, for drops and the gate")
+    data_units: bool = Field(False, description="in the data's units (an error, a distance): the gate's default "
+                             "tolerances are then shares of FP32's figure, as for mae (qbench.gate_tolerance)")
     outputs: list[str] | None = Field(
         None, description="evaluated outputs the function reads together (dicts name -> array); default: each alone"
     )
@@ -81,7 +83,7 @@ def custom_metric_infos(metrics: list[MetricSpec]) -> list[MetricInfo]:
     """The recipe's own metrics with their directions."""
     from qbench.validate.catalogue import MetricInfo
 
-    return [MetricInfo(m.name, m.higher_is_better, m.function, custom=True) for m in metrics]
+    return [MetricInfo(m.name, m.higher_is_better, m.function, custom=True, data_units=m.data_units) for m in metrics]
 
 
 def check_metrics(recipe: Recipe) -> None:

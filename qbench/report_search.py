@@ -47,8 +47,7 @@ def search_rows(report: SearchReport) -> list[list[str]]:
 def search_title(report: SearchReport) -> str:
     return (f"INT8 search → {report.variant}: {report.outcome}, {len(report.candidates)} candidates in "
             f"{report.seconds:.0f} s (budget {report.time_budget_s:g} s), gate on {report.metric} "
-            f"(max drop {report.max_drop:.4g}, per slice {report.max_slice_drop:.4g}"
-            f"{f': {report.tolerance_basis}' if report.tolerance_basis else ''})")  # fmt: skip
+            f"({report.tolerance_basis or f'max drop {report.max_drop:.4g}, per slice {report.max_slice_drop:.4g}'})")
 
 
 def sweep_timing(results: SweepResults, report: SearchReport) -> list[str]:

@@ -62,9 +62,9 @@ class SliceMetrics:
     nonfinite_outputs: int = 0  # rows of this scope whose output holds NaN or inf
     # of those, rows where FP32's output is finite: NaN/inf the variant brought in (fewer elsewhere cannot offset them)
     new_nonfinite_outputs: int = 0
-    # metric -> how many units its rate is a share of, where those are not the scope's rows (a token-classification
-    # output's accuracy is a share of the scope's scored tokens; an embedding's nn_agreement of its sampled query
-    # rows): the gate checks the rate against that count
+    # metric -> how many units its figure rests on, where those are not the scope's rows (a token-classification
+    # output's accuracy is a share of the scope's scored tokens, its kl_mean a mean over them; an embedding's
+    # nn_agreement of its sampled query rows): the gate checks a rate against that count, min_slice_size counts it
     denominators: dict[str, int] = field(default_factory=dict)
 
     def judged_count(self, metric: str) -> int:

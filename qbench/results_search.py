@@ -71,7 +71,7 @@ class SearchReport:
     variant: str
     metric: str
     max_drop: float
-    max_slice_drop: float
+    max_slice_drop: float  # where tolerance_basis is set, a share of FP32's figure on each slice, not a drop
     time_budget_s: float
     seconds: float
     outcome: str

@@ -227,7 +227,10 @@ def _tolerance_params(results: SweepResults, gate: GateSpec) -> dict[str, str]:
         unformed = "not formed (FP32's figure is 0 or not finite: see the gate)"
         return {"gate.max_drop": unformed, "gate.max_slice_drop": unformed, "gate.tolerance": gate.tolerance}
     tolerances = resolved[1]
-    return {"gate.max_drop": f"{tolerances.max_drop:.6g}", "gate.max_slice_drop": f"{tolerances.max_slice_drop:.6g}",
+    relative = tolerances.slice_drops is not None  # a share of FP32's figure on each slice
+    per_slice = f"{tolerances.max_slice_drop * 100:g} % of FP32's figure on each slice" if relative else \
+        f"{tolerances.max_slice_drop:.6g}"
+    return {"gate.max_drop": f"{tolerances.max_drop:.6g}", "gate.max_slice_drop": per_slice,
             "gate.tolerance": tolerances.basis or "absolute"}
 
 

@@ -466,3 +466,18 @@ def test_calibrator_auto_explains_the_calibrator_the_sweep_kept_not_the_most_acc
     console = Console(width=200, record=True)
     console.print(explain_table(result, 5))
     assert console.export_text().startswith(f"int8 ({kept}): leave_one_out by node")
+
+
+def test_explain_leaves_out_the_slices_the_gate_leaves_out_by_the_units_a_figure_rests_on():
+    """A slice of 40 rows whose kl_mean rests on 3 scored tokens is under min_slice_size 10 for the gate: explain's
+    ranking must not count its drop either (it counted 40 rows)."""
+    from qbench.explain import score_accuracy
+    from qbench.recipe import GateSpec
+    from qbench.results import AccuracyResult, SliceMetrics
+
+    def scope(name: str, rows: int, tokens: int) -> SliceMetrics:
+        return SliceMetrics(name, rows, {"kl_mean": 0.5}, drops={"kl_mean": 0.5}, denominators={"kl_mean": tokens})
+
+    accuracy = AccuracyResult(50, 0, scope("overall", 50, 23), (scope("sparse", 40, 3), scope("dense", 10, 20)))
+    score = score_accuracy(accuracy, GateSpec(metric="kl_mean", min_slice_size=10), 0.0)
+    assert list(score.slices) == ["dense"]

@@ -8,7 +8,7 @@ import pytest
 from qbench.errors import QbenchError
 from qbench.frontier import gate_threshold
 from qbench.gate import EXIT_BREACH, EXIT_PASS, EXIT_UNUSABLE, judge
-from qbench.gate_tolerance import as_absolute, resolve_tolerances
+from qbench.gate_tolerance import reference_tolerances, resolve_tolerances
 from qbench.recipe import GateSpec
 from qbench.results import SweepResults, VariantResult
 from qbench.validate.accuracy import evaluate_accuracy
@@ -45,7 +45,7 @@ def test_a_tiny_target_whose_mae_doubles_breaches_under_the_default_tolerance():
     assert by_scope["even"].tolerance == by_scope["odd"].tolerance == pytest.approx(2e-7)
     assert all(c.status == "breach" for c in report.checks) and len(report.checks) == 3
     assert report.notes[0] == ("tolerances on onnxruntime-cpu: max_drop 1e-07 = 1 % of FP32's mae 1e-05, "
-                               "max_slice_drop 2e-07 = 2 % of it")  # fmt: skip
+                               "max_slice_drop 2 % of FP32's mae on each slice")  # fmt: skip
 
 
 def test_a_large_target_with_a_small_mae_drop_passes_under_the_default_tolerance():
@@ -108,10 +108,10 @@ def test_the_frontier_threshold_and_the_search_judge_with_the_resolved_tolerance
     results = SweepResults(qbench_version="0", created_at="", recipe={}, environment={}, calibration=None,
                            evaluation_rows=8, gate_metric="mae", reference="fp32", variants=(fp32, int8))  # fmt: skip
     assert gate_threshold(results, GateSpec(metric="mae")) == pytest.approx(4.04)
-    fixed = as_absolute(GateSpec(metric="mae"), resolve_tolerances(GateSpec(metric="mae"), 4.0))
-    assert (fixed.max_drop, fixed.max_slice_drop, fixed.tolerance) == (pytest.approx(0.04), pytest.approx(0.08), "absolute")
+    fixed = reference_tolerances(fp32, GateSpec(metric="mae"))
+    assert (fixed.max_drop, fixed.on_slice("even"), fixed.on_slice("odd")) == (pytest.approx(0.04),) + (pytest.approx(0.08),) * 2
     # judged against another FP32 figure (the search's screening rows), the resolved tolerance stays what it was
-    assert judge(*_pair(LARGE, 1.0, 1.03), fixed).exit_code == EXIT_PASS
+    assert judge(*_pair(LARGE, 1.0, 1.03), GateSpec(metric="mae"), fixed).exit_code == EXIT_PASS
     assert judge(*_pair(LARGE, 1.0, 1.03), GateSpec(metric="mae")).exit_code == EXIT_BREACH
 
 
@@ -122,8 +122,8 @@ def test_mlflow_params_record_the_tolerances_as_judged():
     results = SweepResults(qbench_version="0", created_at="", recipe={}, environment={}, calibration=None,
                            evaluation_rows=8, gate_metric="mae", reference="fp32", variants=(fp32, int8))  # fmt: skip
     assert _tolerance_params(results, GateSpec(metric="mae")) == {
-        "gate.max_drop": "0.04", "gate.max_slice_drop": "0.08",
-        "gate.tolerance": "max_drop 0.04 = 1 % of FP32's mae 4, max_slice_drop 0.08 = 2 % of it"}
+        "gate.max_drop": "0.04", "gate.max_slice_drop": "2 % of FP32's figure on each slice",
+        "gate.tolerance": "max_drop 0.04 = 1 % of FP32's mae 4, max_slice_drop 2 % of FP32's mae on each slice"}
     assert _tolerance_params(results, GateSpec(metric="mae", max_drop=0.5))["gate.tolerance"] == "absolute"
 
 
@@ -145,3 +145,74 @@ def test_a_sweep_says_at_fp32_that_its_gate_cannot_form_relative_tolerances(capl
     with caplog.at_level("WARNING", logger="qbench.sweep"):
         _check_reference_accuracy(SimpleNamespace(recipe=recipe, labels=None), fp32)
     assert not [r for r in caplog.records if "cannot judge" in r.getMessage()]
+
+
+def _misses(name: str, misses: np.ndarray, reference: np.ndarray | None = None) -> VariantResult:
+    """A regression result on LARGE whose row i misses its target by misses[i]."""
+    outputs = (LARGE + misses).reshape(-1, 1)
+    accuracy = evaluate_accuracy("regression", outputs, outputs if reference is None else reference, LARGE, HALVES)
+    return VariantResult(variant=name, backend="b", precision="fp32" if name == "fp32" else "int8", status="ok",
+                         accuracy=accuracy)  # fmt: skip
+
+
+def test_a_relative_slice_tolerance_is_a_share_of_fp32s_figure_on_that_slice():
+    """FP32 misses the even rows by 0.1 and the odd ones by 1.9 (overall MAE 1.0); the variant by 0.115 and 1.93.
+    A share of FP32's overall figure allowed 0.02 on each slice: the even slice, 15 % worse than FP32 there, passed
+    and the odd one, 1.6 % worse, breached. 2 % of each slice's own FP32 MAE judges them the other way round."""
+    fp32_misses = np.where(HALVES["even"], 0.1, 1.9)
+    variant_misses = np.where(HALVES["even"], 0.115, 1.93)
+    fp32 = _misses("fp32", fp32_misses)
+    int8 = _misses("int8", variant_misses, reference=(LARGE + fp32_misses).reshape(-1, 1))
+    gate = GateSpec(metric="mae", max_drop=0.05, max_slice_drop=0.02, tolerance="relative")
+    report = judge(fp32, int8, gate)
+    by_scope = {c.scope: c for c in report.checks}
+    for name, mask in HALVES.items():  # by hand: 2 % of FP32's MAE on the slice's own rows
+        tolerance = 0.02 * np.abs(fp32_misses[mask]).mean()
+        drop = np.abs(variant_misses[mask]).mean() - np.abs(fp32_misses[mask]).mean()
+        assert by_scope[name].tolerance == pytest.approx(tolerance)
+        assert by_scope[name].status == ("pass" if drop <= tolerance else "breach")
+    assert (by_scope["even"].status, by_scope["odd"].status, by_scope["overall"].status) == ("breach", "pass", "pass")
+    assert report.exit_code == EXIT_BREACH
+
+
+def test_a_relative_slice_tolerance_of_nothing_fails_closed_unless_the_slice_is_not_judged():
+    """FP32 hits the even rows exactly (MAE 0 there, 0.5 overall): no share of 0 is a tolerance on that slice, so the
+    gate exits 2 naming the slice and the fields, where a tolerance of 0 failed or passed it silently."""
+    fp32_misses = np.where(HALVES["even"], 0.0, 1.0)
+    fp32 = _misses("fp32", fp32_misses)
+    int8 = _misses("int8", fp32_misses, reference=(LARGE + fp32_misses).reshape(-1, 1))
+    report = judge(fp32, int8, GateSpec(metric="mae"))
+    assert report.exit_code == EXIT_UNUSABLE
+    assert "FP32's mae on slice 'even' is 0: no relative tolerance can be formed; expected gate.max_drop and " \
+           "gate.max_slice_drop set" in report.problems[0]
+    assert judge(fp32, int8, GateSpec(metric="mae", min_slice_size=5)).exit_code == EXIT_PASS  # slices of 4: unjudged
+
+
+@pytest.mark.parametrize("data_units", [False, True])
+def test_a_recipes_own_metric_declares_its_units_and_the_gate_says_which_tolerance_applied(data_units):
+    """A recipe's own error metric: FP32 100 overall, 10 on a slice; the variant 100.5 and 10.1. Undeclared, the
+    absolute defaults (0.01, 0.02) apply and the gate's note says so; with `data_units: true` the defaults are 1 % of
+    100 overall and 2 % of 10 on the slice, as for mae."""
+    from qbench.gate import evaluate_gate
+    from qbench.results import AccuracyResult, SliceMetrics
+
+    def result(name: str, overall: float, on_slice: float) -> VariantResult:
+        scopes = [SliceMetrics(scope, 8 if scope == "overall" else 4, {"err": value})
+                  for scope, value in (("overall", overall), ("small", on_slice))]  # fmt: skip
+        return VariantResult(name, "b", "fp32" if name == "fp32" else "int8", "ok",
+                             accuracy=AccuracyResult(8, 0, scopes[0], (scopes[1],)))  # fmt: skip
+
+    metric = {"name": "err", "function": "m:err", "higher_is_better": False, "data_units": data_units}
+    results = SweepResults(qbench_version="0", created_at="", recipe={"resolved": {"metrics": [metric]}},
+                           environment={}, calibration=None, evaluation_rows=8, gate_metric="err", reference="fp32",
+                           variants=(result("fp32", 100.0, 10.0), result("int8", 100.5, 10.1)))  # fmt: skip
+    report = evaluate_gate(results, GateSpec(metric="err"))
+    tolerances = {c.scope: c.tolerance for c in report.checks}
+    if data_units:
+        assert tolerances == {"overall": pytest.approx(1.0), "small": pytest.approx(0.2)} and report.exit_code == EXIT_PASS
+        assert report.notes == ("tolerances on b: max_drop 1 = 1 % of FP32's err 100, max_slice_drop 2 % of FP32's err "
+                                "on each slice",)  # fmt: skip
+    else:
+        assert tolerances == {"overall": 0.01, "small": 0.02} and report.exit_code == EXIT_BREACH
+        assert report.notes[0].startswith("tolerances: the defaults, max_drop 0.01 and max_slice_drop 0.02, as drops "
+                                          "in err's own units (a recipe's own metric: set data_units: true")  # fmt: skip

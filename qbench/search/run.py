@@ -43,7 +43,7 @@ from qbench.backends.base import RunOptions
 from qbench.errors import QbenchError, one_line
 from qbench.gate import GateReport, judge
 from qbench.gate_report import failure_reasons
-from qbench.gate_tolerance import as_absolute, reference_tolerances
+from qbench.gate_tolerance import reference_tolerances
 from qbench.preflight import Prepared
 from qbench.recipe import LatencySpec
 from qbench.recipe_search import SearchSpec
@@ -112,7 +112,7 @@ class _Search:
             if self.fp32.reference is None or self.fp32.result.accuracy is None:
                 raise QbenchError(f"FP32 did not run on the selection rows: {self.fp32.result.error}")
         self.tolerances = reference_tolerances(self.fp32.result, prepared.recipe.gate)  # on the rows chosen on
-        self.gate = as_absolute(prepared.recipe.gate, self.tolerances)
+        self.gate = prepared.recipe.gate
         self.fp32_screen = measure(backend, self.fp32_built, prepared, rows=self.screen, timing=self.timing, quiet=True,
                                    clock=clock)  # fmt: skip
         self.fp32_p50 = _p50s(self.fp32_screen.result)
@@ -173,7 +173,7 @@ class _Search:
             self.records[index] = record
             self._failed_to_run(index, measured.result.error)
             return index
-        verdict = judge(self.fp32_screen.result, measured.result, self.gate)
+        verdict = judge(self.fp32_screen.result, measured.result, self.gate, self.tolerances)
         promise = screen_excess(verdict, measured.result, self.fp32.result.accuracy)
         p50, fp32_p50 = _p50s(measured.result), self._fp32_p50_now()
         self.records[index] = record.with_(
@@ -215,7 +215,7 @@ class _Search:
         if measured.result.status != "ok":
             self._failed_to_run(index, measured.result.error)
             return
-        verdict = judge(self.fp32.result, measured.result, self.gate)
+        verdict = judge(self.fp32.result, measured.result, self.gate, self.tolerances)
         slice_name, slice_drop = worst_slice(verdict)
         passed = verdict.exit_code == 0
         breaches = "; ".join(failure_reasons(verdict))
@@ -385,7 +385,8 @@ class _Search:
         pick = chosen if chosen is not None else select.closest(self.records)
         needed = None
         if chosen is None and pick is not None:
-            needed = select.needed(self.records[pick], self.gate.max_drop, self.gate.max_slice_drop,
+            needed = select.needed(self.records[pick], self.tolerances.max_drop,
+                                   self.tolerances.on_slice(self.records[pick].worst_slice or ""),
                                    budget_exhausted=self.budget_exhausted,
                                    keep_float_exhausted=self.keep_float_exhausted)  # fmt: skip
         for index, record in enumerate(self.records):
@@ -393,8 +394,8 @@ class _Search:
                 verdict = "chosen" if chosen is not None else f"closest (unreachable): {record.verdict}"
                 self.records[index] = record.with_(verdict=verdict)
         report = SearchReport(
-            variant=self.spec.name, metric=self.gate.metric, max_drop=self.gate.max_drop,
-            max_slice_drop=self.gate.max_slice_drop, time_budget_s=self.spec.time_budget_s,
+            variant=self.spec.name, metric=self.gate.metric, max_drop=self.tolerances.max_drop,
+            max_slice_drop=self.tolerances.max_slice_drop, time_budget_s=self.spec.time_budget_s,
             seconds=round(self.now() - self.started, 3), outcome=_outcome(chosen, pick),
             candidates=tuple(self.records), chosen=chosen, closest=pick if chosen is None else None, needed=needed,
             budget_exhausted=self.budget_exhausted, fp32_p50_ms={f"b{b}": p for b, p in self.fp32_p50.items()},

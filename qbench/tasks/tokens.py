@@ -3,8 +3,9 @@
 Labels are one list per row of one class id per token, as long as the output's token axis; a token labelled
 IGNORE_LABEL (-100, Hugging Face's convention for padding, special tokens and later sub-tokens) is not scored.
 Every metric is computed over the scored tokens of a scope's rows, so the rates (accuracy, agreement, flip_rate)
-are shares of tokens, not rows: each scope records how many tokens they count over (SliceMetrics.denominators),
-which is what the gate checks them against.
+are shares of tokens, not rows, and kl_mean a mean over tokens: each scope records how many tokens every metric rests
+on (SliceMetrics.denominators), which is what the gate checks the rates against and counts for min_slice_size (a
+slice of 40 rows with 3 scored tokens is judged as 3, not 40).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from qbench.validate import metrics
 from qbench.validate.metrics import IGNORE_LABEL
 
 TOKEN_RATES = ("accuracy", "agreement", "flip_rate")
-"""The metrics that are shares of the scope's scored tokens."""
+"""The metrics that are shares of the scope's scored tokens (the others rest on those tokens too)."""
 
 
 def is_token_list(value: Any) -> bool:
@@ -172,4 +173,4 @@ class TokenRows:
             metrics.token_scores(self.outputs, tokens), metrics.token_scores(self.reference, tokens)
         )
         return SliceMetrics(name=name, size=int(np.count_nonzero(mask)), metrics=values, intervals=intervals,
-                            denominators=dict.fromkeys(TOKEN_RATES, count))  # fmt: skip
+                            denominators=dict.fromkeys(values, count))  # fmt: skip

@@ -140,7 +140,8 @@ def recorded_custom_metrics(resolved_recipe: Mapping[str, Any]) -> list[MetricIn
     skipped (the gate's checks of the recorded recipe say what is wrong with them)."""
     entries = resolved_recipe.get("metrics") if isinstance(resolved_recipe, Mapping) else None
     return [
-        MetricInfo(entry["name"], entry["higher_is_better"], str(entry.get("function", "")), custom=True)
+        MetricInfo(entry["name"], entry["higher_is_better"], str(entry.get("function", "")), custom=True,
+                   data_units=entry.get("data_units") is True)
         for entry in (entries if isinstance(entries, list) else [])
         if isinstance(entry, Mapping) and isinstance(entry.get("name"), str)
         and isinstance(entry.get("higher_is_better"), bool)

@@ -42,7 +42,7 @@ def test_metrics_are_per_scored_token_by_hand() -> None:
     summary = get_task("classification").rows(OUTPUTS, REFERENCE, LABELS)
     # scored tokens, variant top-1: 0, 1 | 2, 0; FP32 top-1: 0, 2 | 2, 0; labels: 0, 1 | 1, 0
     overall = summary.summarise("overall", np.array([True, True]))
-    assert overall.size == 2 and overall.denominators == {"accuracy": 4, "agreement": 4, "flip_rate": 4}
+    assert overall.size == 2 and overall.denominators == dict.fromkeys(overall.metrics, 4)
     assert overall.metrics["accuracy"] == 3 / 4  # the unscored tokens (top-1 0 vs label -100 / FP32 1, 2) count nowhere
     assert overall.metrics["agreement"] == 3 / 4 and overall.metrics["flip_rate"] == 1 / 4
     # only the second token of row 0 differs: softmax([0, 1, 3]) vs softmax([0, 3, 1]); its KL over 4 tokens
@@ -292,7 +292,7 @@ def test_an_edited_token_count_is_caught_by_the_gate_against_fp32() -> None:
     edited = dataclasses.replace(fp32, metrics={"accuracy": 0.7}, denominators={"accuracy": 10})
     assert any("FP32's over" in p for p in _denominator_problems(edited, fp32))
     assert _denominator_problems(fp32, fp32) == []
-    assert any("not a rate metric" in p for p in _denominator_problems(
+    assert any("not a metric of this scope" in p for p in _denominator_problems(
         dataclasses.replace(fp32, denominators={"kl_mean": 4}), None))  # fmt: skip
 
 
@@ -334,3 +334,31 @@ def test_nan_on_an_unscored_token_is_read_by_no_metric_nor_counted(side: str) ->
     failed = evaluate_accuracy("classification", outputs, reference, LABELS, {}).overall
     assert np.isnan(failed.metrics["kl_mean"]) and np.isnan(failed.metrics["max_abs_error"])
     assert failed.nonfinite_outputs == failed.new_nonfinite_outputs == (side == "variant")
+
+
+def test_min_slice_size_counts_the_scored_tokens_a_token_mean_rests_on() -> None:
+    """A slice of 40 rows holding 3 scored tokens: its kl_mean is a mean over 3 tokens, so min_slice_size 10 leaves
+    it unjudged (it was judged as 40 rows), while the overall scope, on 23 tokens, is judged."""
+    from qbench.gate import UNDER_MIN_SIZE, judge
+    from qbench.recipe import GateSpec
+    from qbench.results import VariantResult
+
+    rng = np.random.default_rng(0)
+    reference = rng.normal(size=(50, 2, CLASSES))
+    outputs = reference + rng.normal(scale=0.5, size=reference.shape)
+    labels = rng.integers(0, CLASSES, size=(50, 2))
+    labels[:40] = -100
+    labels[[0, 5, 9], [0, 1, 0]] = 1
+    sparse = np.arange(50) < 40
+    scored_in_slice = int(np.count_nonzero((labels != -100) & sparse[:, None]))  # by hand
+    assert scored_in_slice == 3
+
+    def result(name: str, scores: np.ndarray) -> VariantResult:
+        accuracy = evaluate_accuracy("classification", scores, reference, labels, {"sparse": sparse})
+        return VariantResult(name, "b", "fp32" if name == "fp32" else "int8", "ok", accuracy=accuracy)
+
+    report = judge(result("fp32", reference), result("int8", outputs), GateSpec(metric="kl_mean", max_drop=1.0,
+                   max_slice_drop=0.0, min_slice_size=10))  # fmt: skip
+    by_scope = {c.scope: c for c in report.checks}
+    assert (by_scope["sparse"].status, by_scope["sparse"].reason, by_scope["sparse"].size) == ("skipped", UNDER_MIN_SIZE, 3)
+    assert by_scope["overall"].status == "pass" and report.exit_code == 0
