@@ -44,7 +44,7 @@ from onnx import TensorProto, helper, numpy_helper
 from qbench.errors import QbenchError
 from qbench.variants.base import BuiltVariant
 from qbench.variants.float_support import tensor_types
-from qbench.variants.onnx_utils import load_model, save_model, topologically_sorted
+from qbench.variants.onnx_utils import check_model_against, load_model, save_model, topologically_sorted
 
 EMULATED_SUFFIX = ".emulated.onnx"
 _TYPE_ATTRIBUTES = ("to", "dtype", "output_dtype")
@@ -167,7 +167,7 @@ def emulate_float16(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     their declared types. Control-flow subgraphs with float16 tensors are refused: a
     partial emulation would not be faithful (`build_fp16` keeps control-flow nodes FP32).
     """
-    model = onnx.ModelProto.FromString(model.SerializeToString())
+    source, model = model, onnx.ModelProto.FromString(model.SerializeToString())
     graph = model.graph
     if any(_holds_float16(body) for body in _subgraphs(graph)):
         raise QbenchError("FP16 emulation does not handle float16 tensors inside control-flow subgraphs (If, Loop, Scan)")
@@ -196,7 +196,7 @@ def emulate_float16(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     graph.node.extend(topologically_sorted(head + nodes))
     graph.ClearField("value_info")  # float16 annotations no longer hold
     if model.ByteSize() < _CHECKABLE_BYTES:
-        onnx.checker.check_model(model)
+        check_model_against(model, source)
     return model, count
 
 

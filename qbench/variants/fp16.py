@@ -57,6 +57,7 @@ from qbench.variants.fp16_range import FP16_MAX_FINITE, FP16_MIN_POSITIVE, out_o
 from qbench.variants.onnx_utils import (
     Stopwatch,
     build_step,
+    check_model_against,
     ensure_opset,
     float64_nodes,
     outer_scope_reads,
@@ -290,7 +291,7 @@ def build_bf16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         saturated, saturated_constants = _saturate_to_bf16(model, set(kept.names))
         weights = _round_weights_to_bf16(model, set(kept.names))
         activations = round_float_tensors(model, TensorProto.BFLOAT16, keep=set(kept.names))
-        onnx.checker.check_model(model)
+        check_model_against(model, ctx.reference_path.resolve())
         save_model(model, target)
     kept_note = [f"kept in FP32: {', '.join(params['kept_fp32_op_types'])} ({kept.why()})"] if kept.reasons else []
     kept_note += _fused_rounding_note(model, set(kept.names))

@@ -56,6 +56,7 @@ from qbench.variants.node_names import resolve_node_names
 from qbench.variants.onnx_utils import (
     Stopwatch,
     build_step,
+    check_model_against,
     default_opset,
     drop_unused_initializers,
     ensure_opset,
@@ -124,7 +125,7 @@ def build_fp8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
             never = {*excluded, *unquantizable_nodes(model)}
             inserted = insert_fp8_qdq(model, ranges, op_types, never, per_channel=config.per_channel)
             restore_float_inputs(model, sorted(excluded))  # left-out nodes read float, even where a tensor is quantized
-            onnx.checker.check_model(model)
+            check_model_against(model, reference)
             save_model(model, target)
     counts = quantized_op_counts(model, op_types)
     params: dict[str, Any] = {

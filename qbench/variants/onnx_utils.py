@@ -136,6 +136,24 @@ def default_opset(model: onnx.ModelProto) -> int:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
 
+def check_model_against(model: onnx.ModelProto | Path, source: onnx.ModelProto | Path) -> None:
+    """Run the onnx checker on `model` (a model or its path: external data and files over 2 GiB are handled), which
+    was made from `source`; raise its error unless `source` fails the checker with the same one. A model ONNX Runtime
+    runs may not pass the checker (a graph input of unknown rank, which the checker wants a shape for): a build
+    keeps that defect, which is the model's own, not the build's. The checker stops at its first error, so such a
+    defect can hide one the build added; ONNX Runtime still refuses, when the variant is loaded, a graph it cannot
+    run (the variant fails, never measured)."""
+    try:
+        onnx.checker.check_model(model if isinstance(model, onnx.ModelProto) else str(model))
+    except Exception as exc:  # noqa: BLE001 - the checker raises ValidationError, protobuf and IO errors
+        try:
+            onnx.checker.check_model(source if isinstance(source, onnx.ModelProto) else str(source))
+        except Exception as source_exc:  # noqa: BLE001 - as above
+            if str(source_exc) == str(exc):
+                return
+        raise
+
+
 def ensure_opset(model: onnx.ModelProto, minimum: int) -> onnx.ModelProto:
     """The model at opset >= `minimum`, converted and checked if it was lower.
 
@@ -147,7 +165,7 @@ def ensure_opset(model: onnx.ModelProto, minimum: int) -> onnx.ModelProto:
     converted = onnx.version_converter.convert_version(model, minimum)
     needed = helper.find_min_ir_version_for(list(converted.opset_import), ignore_unknown=True)  # com.microsoft etc.
     converted.ir_version = max(converted.ir_version, needed)
-    onnx.checker.check_model(converted)
+    check_model_against(converted, model)
     return converted
 
 

@@ -17,6 +17,8 @@ from onnx import TensorProto, helper, numpy_helper
 from qbench.errors import QbenchError
 from qbench.recipe import VariantSpec
 from qbench.variants import BuildContext, BuiltVariant, build_variant
+from qbench.variants.emulate import save_float16_emulation
+from qbench.variants.onnx_utils import check_model_against
 from qbench.variants.reference import load_reference
 
 FEATURES, HIDDEN, CLASSES = 8, 16, 3
@@ -239,3 +241,43 @@ def test_a_built_model_that_does_not_take_the_fp32_models_inputs_fails_the_build
     with pytest.raises(QbenchError, match=r"^variant 'half': the built model half.onnx takes the inputs z; expected "
                        r"the FP32 model's x, in that order$"):  # fmt: skip
         build_variant(VariantSpec(name="half", precision="fp16"), mlp.context(tmp_path))
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_every_variant_builds_from_a_graph_input_of_unknown_rank(tmp_path, name):
+    """An input declared without a shape: ORT runs the model, the onnx checker refuses it ('Field 'shape' of 'type'
+    is required'), and every build failed on that error it inherited. Kept from the reference, it is not the build's;
+    the variant computes what the reference computes (FP16's CPU emulation too)."""
+    graph = helper.make_graph(NODES, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)], [LOGITS],
+                              [numpy_helper.from_array(v, k) for k, v in WEIGHTS.items()])  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = tmp_path / "unranked.onnx"
+    onnx.save(model, str(path))
+    with pytest.raises(onnx.checker.ValidationError):
+        onnx.checker.check_model(str(path))
+    built = _build(path, tmp_path / "w", name)
+    expected = _session(path).run(None, {"x": X})[0]
+    runs = [built.onnx_path]
+    if name == "fp16":
+        runs.append(save_float16_emulation(built.onnx_path)[0])
+    for run in runs:
+        ran = _session(run).run(None, {"x": X})[0]
+        assert np.mean(ran.argmax(1) == expected.argmax(1)) > 0.9
+        assert np.abs(ran - expected).max() < 0.1 * np.abs(expected).max()
+
+
+def test_a_checker_error_the_reference_does_not_have_still_fails_the_build():
+    """Only the reference's own checker error is let through: the same defect in a build of a valid reference fails."""
+    def mlp(declared: onnx.ValueInfoProto) -> onnx.ModelProto:
+        graph = helper.make_graph(NODES, "mlp", [declared], [LOGITS],
+                                  [numpy_helper.from_array(v, k) for k, v in WEIGHTS.items()])  # fmt: skip
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 8
+        return model
+
+    valid = mlp(helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", FEATURES]))
+    unranked = mlp(helper.make_tensor_value_info("x", TensorProto.FLOAT, None))
+    check_model_against(unranked, unranked)
+    with pytest.raises(onnx.checker.ValidationError, match="shape"):
+        check_model_against(unranked, valid)
