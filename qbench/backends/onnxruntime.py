@@ -46,9 +46,10 @@ def _load_errors() -> tuple[type[Exception], ...]:
 class OnnxRuntimeRunner:
     """One InferenceSession. describe() reads back what the session really uses, not what was asked."""
 
-    def __init__(self, session: onnxruntime.InferenceSession, version: str) -> None:
+    def __init__(self, session: onnxruntime.InferenceSession, version: str, load_note: str | None = None) -> None:
         self._session: onnxruntime.InferenceSession | None = session
         self._version = version
+        self._load_note = load_note  # how the session came to differ from what was asked (OnnxRuntimeBackend.load)
 
     def _live(self) -> onnxruntime.InferenceSession:
         if self._session is None:
@@ -69,6 +70,10 @@ class OnnxRuntimeRunner:
             "intra_op_threads": options.intra_op_num_threads or None,  # None: the runtime's default
             "graph_optimization_level": next((k for k, v in _OPTIMIZATION_LEVELS.items() if v == level), level),
         }
+
+    def result_fields(self, description: Mapping[str, Any]) -> dict[str, Any]:
+        """What the result says of the session beyond the variant's file: why it runs at a lower optimisation level."""
+        return {"notes": (self._load_note,)} if self._load_note else {}
 
     def close(self) -> None:
         """Drop the session so its thread pool and memory go now, not at garbage collection."""
@@ -123,13 +128,14 @@ class OnnxRuntimeBackend:
         """A runner for the variant; QbenchError if ORT rejects the model or runs it on another provider."""
         ort = _import_onnxruntime(self.extra)
         session_options = self.session_options(variant, options)
+        note = None
         try:
             session = ort.InferenceSession(
                 str(variant.onnx_path), sess_options=session_options, providers=list(self.providers)
             )
         except _load_errors() as exc:
-            raise QbenchError(f"variant {variant.name}: onnxruntime cannot load {variant.onnx_path}: {exc}") from None
-        runner = OnnxRuntimeRunner(session, ort.__version__)
+            session, note = self._with_basic_optimisations(ort, variant, session_options, exc)
+        runner = OnnxRuntimeRunner(session, ort.__version__, note)
         in_use = session.get_providers()
         if not in_use or in_use[0] != self.required_provider:
             runner.close()
@@ -138,3 +144,26 @@ class OnnxRuntimeBackend:
                 f"{self.required_provider} for variant {variant.name}; its timings would not be {self.name} timings"
             )
         return runner
+
+    def _with_basic_optimisations(
+        self, ort: ModuleType, variant: BuiltVariant, session_options: onnxruntime.SessionOptions, exc: Exception
+    ) -> tuple[onnxruntime.InferenceSession, str]:
+        """A session of `variant` at ONNX Runtime's basic optimisation level, after `exc` at a higher one, and the
+        note saying so. The higher levels fuse nodes into ONNX Runtime's own kernels, and a fusion can reject a valid
+        graph (1.30 fuses an FP8 Q/DQ MatMul into MatMulIntegerToFloat, which takes no float8 input); the basic level
+        keeps the graph's own operators. Where the basic level fails too, or was already asked for, the graph itself is
+        what ONNX Runtime rejects: `exc` stands."""
+        failure = QbenchError(f"variant {variant.name}: onnxruntime cannot load {variant.onnx_path}: {exc}")
+        asked = session_options.graph_optimization_level
+        if asked.name in ("ORT_DISABLE_ALL", "ORT_ENABLE_BASIC"):
+            raise failure from None
+        session_options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        try:
+            session = ort.InferenceSession(str(variant.onnx_path), sess_options=session_options,
+                                           providers=list(self.providers))  # fmt: skip
+        except _load_errors():
+            raise failure from None
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        level = next((k for k, v in _OPTIMIZATION_LEVELS.items() if v == asked.name), asked.name)
+        return session, (f"onnxruntime {ort.__version__} could not load this graph at optimisation level {level} "
+                         f"({why}): measured at level basic, so its latency is not what full optimisation would give")

@@ -31,7 +31,7 @@ from qbench.recipe import VariantSpec
 from qbench.results import AccuracyResult, VariantResult
 from qbench.validate.measure import Measured, PhaseClock, Reference, Rows, describe_error, measure
 from qbench.variants import BuildContext, BuiltVariant, build_variant
-from qbench.variants.base import ONNX
+from qbench.variants.base import ONNX, TORCH
 
 logger = logging.getLogger(__name__)
 
@@ -335,13 +335,17 @@ def identical(built: BuiltVariant, twin: VariantResult) -> VariantResult:
     )  # fmt: skip
 
 
-def identity(built: BuiltVariant) -> str:
-    """What decides a variant's figures: its graph (digest), how backends must run it, and its torch form."""
+def identities(built: BuiltVariant) -> dict[str, str]:
+    """What decides a variant's figures, by the form a backend runs (ONNX, TORCH): its graph (digest) and how
+    backends must run it; on a backend running the torch form also that form and whether it is torch.compile'd (two
+    variants of one graph, one compiled, run different code there, and the same code on ONNX Runtime)."""
     from qbench.variants.onnx_utils import graph_digest
-    from qbench.variants.torch_forms import TORCH_FORM
+    from qbench.variants.torch_forms import TORCH_COMPILE, TORCH_FORM
 
     try:
         graph = graph_digest(built.onnx_path)
     except Exception:  # noqa: BLE001 - an unreadable model is measured (and fails) on its own
         graph = f"unread:{built.name}"
-    return f"{graph}|{sorted(built.session_hints.items())}|{built.params.get(TORCH_FORM)}"
+    on_onnx = f"{graph}|{sorted(built.session_hints.items())}"
+    compiled = bool(built.params.get(TORCH_COMPILE))
+    return {ONNX: on_onnx, TORCH: f"{on_onnx}|{built.params.get(TORCH_FORM)}|compiled={compiled}"}

@@ -25,13 +25,14 @@ from pathlib import Path
 from typing import Protocol
 
 from qbench.backends import get_backend
+from qbench.backends.base import form_run_by
 from qbench.execute.executors import BuildWork, Executor, JobDone, MeasureWork, Work
 from qbench.execute.jobs import (
     BuildOutput,
     MeasureOutput,
     failed,
     identical,
-    identity,
+    identities,
     is_int8_search,
     with_torch_form,
 )
@@ -71,7 +72,7 @@ class PlanRun:
 class _State:
     built: dict[str, BuiltVariant] = field(default_factory=dict)
     build_errors: dict[str, str] = field(default_factory=dict)
-    identities: dict[str, str] = field(default_factory=dict)
+    identities: dict[str, dict[str, str]] = field(default_factory=dict)  # variant -> form run -> identity
     measured: dict[str, VariantResult] = field(default_factory=dict)
     reference_accuracy: dict[str, AccuracyResult] = field(default_factory=dict)
     reference_ready: bool = False  # FP32 on the first backend gave outputs every measurement compares with
@@ -157,11 +158,12 @@ class Scheduler:
         """The measurement of an earlier variant identical to this one, on the same backend."""
         if job.kind != "measure" or job.variant not in self.state.identities:
             return None
-        mine = self.state.identities[job.variant]
+        form = form_run_by(get_backend(job.backend))
+        mine = self.state.identities[job.variant][form]
         for earlier in self.specs:
             if earlier == job.variant:
                 return None
-            if self.state.identities.get(earlier) == mine:
+            if self.state.identities.get(earlier, {}).get(form) == mine:
                 return f"measure:{earlier}@{job.backend}"
         return None
 
@@ -259,7 +261,7 @@ class Scheduler:
             if not is_int8_search(self.specs[variant], self.prepared):  # the search's pick runs as built (ONNX)
                 built = with_torch_form(built, self.specs[variant], self.prepared, output.torch_module)
             self.state.built[variant] = built
-            self.state.identities[variant] = identity(built)
+            self.state.identities[variant] = identities(built)
         self.state.done.add(job.id)
         self._report(f"{job.id}: {'built' if output.manifest else 'failed'}", output.where)
 

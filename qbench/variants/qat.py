@@ -28,13 +28,11 @@ import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
 import torch
-from torch.onnx import symbolic_helper
 
 from qbench.errors import QbenchError
 from qbench.progress import track
@@ -49,6 +47,7 @@ from qbench.variants.base import ONNX, TORCH, BuildContext, BuiltVariant, Feeds,
 from qbench.variants.calibrate import calibration_rows, require_calibration
 from qbench.variants.int8 import resolve_reduce_range
 from qbench.variants.onnx_utils import Stopwatch, build_step, default_opset, output_path
+from qbench.variants.qat_export import InferenceModule, export_onnx
 from qbench.variants.torch_forms import FAKE_QUANT, TORCH_COMPILE, TORCH_DEVICES, TORCH_FORM, import_torchao
 
 import_torchao()  # first: it silences torchao's import-time warnings about CUDA kernels this machine lacks
@@ -80,8 +79,6 @@ OBSERVERS: dict[str, type] = {
     name: _OBSERVER_CLASSES[CALIBRATORS.get(name).torchao_observer] for name in CALIBRATORS if CALIBRATORS.get(name).torchao_observer
 }
 SCALE_EPS = 2**-12  # smallest scale, as in torchao's x86 config
-QDQ_MIN_OPSET = 13  # per-channel DequantizeLinear
-CHECK_BATCH = 3  # the exported QAT graph is run at this batch, unlike the export example's
 TORCH_FORM_NOTE = "torch form: the QAT model with Q/DQ computed in float (fake-quant): accuracy only, no INT8 kernels"
 
 
@@ -157,22 +154,6 @@ class QatScheme:
             "reduce_range": self.reduce_range,
             "reduce_range_source": self.reduce_range_source,
         }
-
-
-class InferenceModule(torch.nn.Module):
-    """The converted QAT graph for torch backends. train() / eval() do nothing: the graph is fixed in eval
-    mode, and torchao's own switch re-traces patterns for seconds on every call."""
-
-    def __init__(self, graph: torch.fx.GraphModule) -> None:
-        super().__init__()
-        self.graph = graph
-        self.training = False
-
-    def forward(self, *inputs: torch.Tensor) -> Any:
-        return self.graph(*inputs)
-
-    def train(self, mode: bool = True) -> InferenceModule:
-        return self
 
 
 @dataclass(frozen=True)
@@ -390,93 +371,6 @@ def _convert(prepared: torch.fx.GraphModule, batch: Feeds, input_names: Sequence
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return convert_pt2e(prepared)
-
-
-def export_onnx(module: torch.fx.GraphModule, torch_model: Any, path: Path) -> Path:
-    """Export with the source's own TorchScript exporter (the recipe's input/output names, opset, dynamic batch).
-
-    The dynamo exporter knows torchao's Q/DQ ops but took 5-9 s per model here (it rebuilds its op
-    registry on every call); the TorchScript exporter takes well under a second with these symbolics.
-    """
-    for name, symbolic in (
-        ("quantize_per_tensor", _quantize_per_tensor),
-        ("dequantize_per_tensor", _dequantize_per_tensor),
-        ("dequantize_per_channel", _dequantize_per_channel),
-    ):
-        torch.onnx.register_custom_op_symbolic(f"quantized_decomposed::{name}", symbolic, QDQ_MIN_OPSET)  # idempotent
-    with warnings.catch_warnings():
-        # the tracer warns about torch.export's batch-size guard and about sizes it records as constants; the
-        # batch check below finds the constants that matter
-        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
-        torch_model.export(InferenceModule(module), path)
-    wrong = _batch_mismatch(path, module, torch_model)
-    if wrong is not None:
-        raise RuntimeError(  # build_step names the variant and the step
-            f"the ONNX graph does not follow the batch size ({wrong}): the TorchScript exporter recorded "
-            "a size of the QAT graph as a constant (a reshape to the batch, an RNN's initial state); INT8 PTQ "
-            "variants of this model do not have this limit"
-        )
-    return path
-
-
-def _batch_mismatch(path: Path, module: torch.fx.GraphModule, torch_model: Any) -> str | None:
-    """How the exported graph's outputs at a batch other than the export example's differ in shape from the
-    module's (a size traced as a constant: `x.view(x.size(0), -1)`, an RNN's initial state), or None."""
-    import onnxruntime as ort
-
-    inputs = torch_model.example_inputs(CHECK_BATCH)
-    with torch.no_grad():
-        expected = [tuple(t.shape) for t in flatten_outputs(module(*inputs))]
-    try:
-        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        feeds = {name: t.numpy() for name, t in zip(torch_model.input_names, inputs, strict=True)}
-        got = [tuple(np.shape(o)) for o in session.run(None, feeds)]
-    except Exception as exc:  # noqa: BLE001 - a graph that cannot run at another batch is the finding
-        return f"at batch {CHECK_BATCH}: {str(exc).splitlines()[0][:200]}"
-    if got != expected:
-        return f"at batch {CHECK_BATCH} its outputs have shapes {got}, the module's {expected}"
-    return None
-
-
-# The TorchScript graph passes a dtype as its c10::ScalarType code (Byte = 0, Char = 1).
-_QUANTIZED_TYPES = {0: (torch.uint8, onnx.TensorProto.UINT8), 1: (torch.int8, onnx.TensorProto.INT8)}
-
-
-def _quantized_type(code: int) -> tuple[torch.dtype, int]:
-    if code not in _QUANTIZED_TYPES:
-        raise QbenchError(f"QAT export: torch scalar type {code} has no ONNX QuantizeLinear form (uint8 / int8 only)")
-    return _QUANTIZED_TYPES[code]
-
-
-def _constant_qparams(g: Any, scale: float, zero_point: int, code: int) -> tuple[Any, Any]:
-    """Scale as a float32 constant, zero point as a constant of the quantized type (which sets the output type)."""
-    return (
-        g.op("Constant", value_t=torch.tensor(scale, dtype=torch.float32)),
-        g.op("Constant", value_t=torch.tensor(zero_point, dtype=_quantized_type(code)[0])),
-    )
-
-
-@symbolic_helper.parse_args("v", "f", "i", "i", "i", "i")
-def _quantize_per_tensor(g: Any, x: Any, scale: float, zero_point: int, quant_min: int, quant_max: int, code: int) -> Any:
-    info = torch.iinfo(_quantized_type(code)[0])
-    if (quant_min, quant_max) != (info.min, info.max):  # QuantizeLinear clips to the type's full range
-        raise QbenchError(f"QAT export: activation range {quant_min}..{quant_max} is not the full {info.min}..{info.max}")
-    return g.op("QuantizeLinear", x, *_constant_qparams(g, scale, zero_point, code))
-
-
-@symbolic_helper.parse_args("v", "f", "i", "i", "i", "i", "none")
-def _dequantize_per_tensor(
-    g: Any, x: Any, scale: float, zero_point: int, quant_min: int, quant_max: int, code: int, out_dtype: Any
-) -> Any:
-    return g.op("DequantizeLinear", x, *_constant_qparams(g, scale, zero_point, code))
-
-
-@symbolic_helper.parse_args("v", "v", "v", "i", "i", "i", "i", "none")
-def _dequantize_per_channel(
-    g: Any, x: Any, scales: Any, zero_points: Any, axis: int, quant_min: int, quant_max: int, code: int, out_dtype: Any
-) -> Any:
-    """Weights: int8 constants with one scale per output channel (the zero points' cast is constant-folded)."""
-    return g.op("DequantizeLinear", x, scales, g.op("Cast", zero_points, to_i=_quantized_type(code)[1]), axis_i=axis)
 
 
 def _notes(scheme: QatScheme, qat: QatSpec) -> list[str]:

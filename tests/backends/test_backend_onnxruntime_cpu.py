@@ -94,6 +94,41 @@ def test_bad_hint_and_bad_model_are_user_errors(model_path: Path, tmp_path: Path
         OnnxRuntimeCPU().load(_variant(garbage), RunOptions())
 
 
+def _rejected_at(monkeypatch: pytest.MonkeyPatch, levels: tuple[str, ...]) -> None:
+    """onnxruntime's InferenceSession refusing the graph (INVALID_GRAPH) at `levels` of graph optimisation, as 1.30's
+    fusion of an FP8 Q/DQ MatMul into MatMulIntegerToFloat does at the extended levels; loading as usual at others."""
+    import onnxruntime as ort
+    from onnxruntime.capi.onnxruntime_pybind11_state import InvalidGraph
+
+    real = ort.InferenceSession
+
+    def session(path: str, sess_options: ort.SessionOptions, **kwargs: object) -> ort.InferenceSession:
+        if sess_options.graph_optimization_level.name in levels:
+            raise InvalidGraph("[ONNXRuntimeError] : 10 : INVALID_GRAPH : Type 'tensor(float8e4m3fn)' of input is invalid")
+        return real(path, sess_options=sess_options, **kwargs)
+
+    monkeypatch.setattr(ort, "InferenceSession", session)
+
+
+def test_a_graph_only_the_extended_optimisations_reject_runs_at_the_basic_level_saying_so(
+    model_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _rejected_at(monkeypatch, ("ORT_ENABLE_EXTENDED", "ORT_ENABLE_ALL"))
+    runner = OnnxRuntimeCPU().load(_variant(model_path), RunOptions(threads=1))
+    assert runner.describe()["graph_optimization_level"] == "basic"
+    (note,) = runner.result_fields(runner.describe())["notes"]
+    assert "at optimisation level all (" in note and "INVALID_GRAPH" in note and "measured at level basic" in note
+    x = np.ones((2, 3), np.float32)
+    np.testing.assert_allclose(runner.run({"x": x})[0], x @ WEIGHT + BIAS, rtol=1e-6)
+    runner.close()
+
+
+def test_a_graph_rejected_at_every_level_is_not_loaded(model_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _rejected_at(monkeypatch, ("ORT_DISABLE_ALL", "ORT_ENABLE_BASIC", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_ALL"))
+    with pytest.raises(QbenchError, match="onnxruntime cannot load .*INVALID_GRAPH"):
+        OnnxRuntimeCPU().load(_variant(model_path), RunOptions())
+
+
 def test_supports_needs_the_model_file(model_path: Path, tmp_path: Path) -> None:
     assert OnnxRuntimeCPU().supports(_variant(model_path)) is None
     assert "not found" in OnnxRuntimeCPU().supports(_variant(tmp_path / "missing.onnx"))

@@ -1,4 +1,5 @@
-"""Results of jobs that did not measure: a variant identical to another reports its twin's figures under its name."""
+"""Results of jobs that did not measure: a variant identical to another reports its twin's figures under its name;
+what makes two variants identical depends on the form the backend runs."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ from pathlib import Path
 
 from sweep_factory import make_variant
 
-from qbench.execute.jobs import identical
+from qbench.execute.jobs import identical, identities
 from qbench.recipe import VariantSpec
-from qbench.variants.base import BuiltVariant
+from qbench.variants.base import ONNX, TORCH, BuiltVariant
 from qbench.variants.torch_forms import TORCH_FORM, attach_torch_form
 
 
@@ -29,3 +30,21 @@ def test_an_identical_variant_carries_only_what_is_true_of_the_form_its_twins_ba
     assert "converted_nodes" not in on_torch.params and graph_note not in on_torch.notes
     assert on_torch.params[TORCH_FORM] == "fp16: module.half()" and on_torch.params["identical_to"] == "fp16"
     assert on_ort.params["converted_nodes"] == 3 and graph_note in on_ort.notes and TORCH_FORM not in on_ort.params
+
+
+def test_a_compiled_twin_of_a_variant_is_identical_on_onnx_runtime_but_not_where_its_torch_form_runs(tmp_path: Path) -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 4])])  # fmt: skip
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    eager, compiled = (
+        identities(attach_torch_form(BuiltVariant(name, "fp32", path), VariantSpec(name=name, precision="fp32",
+                                                                                   compile=flag), _Source()))
+        for name, flag in (("fp32", False), ("fp32-compile", True))
+    )  # fmt: skip
+    assert eager[ONNX] == compiled[ONNX]  # the same graph on ONNX Runtime: timed once
+    assert eager[TORCH] != compiled[TORCH]  # torch.compile'd code is not the eager module's: timed on its own

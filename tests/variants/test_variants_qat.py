@@ -128,8 +128,19 @@ def _constant(model: onnx.ModelProto, name: str) -> np.ndarray:
     return numpy_helper.to_array(node.attribute[0].t)
 
 
-def _producer(model: onnx.ModelProto, output: str) -> onnx.NodeProto:
-    return next(n for n in model.graph.node if output in n.output)
+def _producer(model: onnx.ModelProto, output: str) -> onnx.NodeProto | None:
+    return next((n for n in model.graph.node if output in n.output), None)
+
+
+def _dequantized_weight(model: onnx.ModelProto, name: str) -> np.ndarray:
+    """The head's weight as it computes: its DequantizeLinear's output, or the initializer itself where the exporter
+    folded the weight's Q/DQ into a constant (torch 2.11's does)."""
+    weight = _producer(model, name)
+    if weight is None:
+        return _constant(model, name).astype(np.float64)
+    assert weight.op_type == "DequantizeLinear"
+    scales = np.reshape(_constant(model, weight.input[1]), (-1, 1))
+    return _constant(model, weight.input[0]).astype(np.float64) * scales
 
 
 def _head_error_bound(path: Path, steps: int) -> float:
@@ -137,12 +148,10 @@ def _head_error_bound(path: Path, steps: int) -> float:
     steps x input scale x the largest L1 norm of a dequantized weight row (Gemm, transB=1)."""
     model = onnx.load(str(path))
     gemm = next(n for n in model.graph.node if n.op_type == "Gemm")
-    activation, weight = _producer(model, gemm.input[0]), _producer(model, gemm.input[1])
-    assert activation.op_type == weight.op_type == "DequantizeLinear"
+    activation = _producer(model, gemm.input[0])
+    assert activation is not None and activation.op_type == "DequantizeLinear"
     input_scale = float(_constant(model, activation.input[1]))
-    weights = _constant(model, weight.input[0]).astype(np.float64)
-    weight_scales = np.reshape(_constant(model, weight.input[1]), (-1, 1))
-    return steps * input_scale * float(np.abs(weights * weight_scales).sum(axis=1).max())
+    return steps * input_scale * float(np.abs(_dequantized_weight(model, gemm.input[1])).sum(axis=1).max())
 
 
 # -- the built variant ---------------------------------------------------------------------------
