@@ -444,9 +444,7 @@ def _run(args: list[str], *, debug: bool) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover - the supervised child (qbench.supervisor)
-    from qbench.supervisor import announce_exit, start_child
+    from qbench.supervisor import end_child, start_child
 
     start_child()
-    code = main()
-    announce_exit(code)
-    sys.exit(code)
+    end_child(main())

@@ -429,18 +429,21 @@ def plot_frontier(results: SweepResults, path: Path, *, threshold: float | None 
 
     Up and to the left is better on every panel: the y axis is inverted for lower-is-better metrics.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # the figure on an Agg canvas of its own, not through pyplot: no global figure manager or backend switch, and a
+    # `qbench sweep` imports none of pyplot's interactive machinery for one PNG
+    from matplotlib import colormaps, colors
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     metric = results.gate_metric
     batch_sizes = _batch_sizes(results)
-    palette = plt.get_cmap("tab10").colors
-    colours = {b: matplotlib.colors.to_hex(palette[i % len(palette)]) for i, b in enumerate(results.backends())}
+    palette = colormaps["tab10"].colors
+    colours = {b: colors.to_hex(palette[i % len(palette)]) for i, b in enumerate(results.backends())}
     priced = bool(_cost_points(results))
     panels = max(len(batch_sizes), 1) + (1 if priced else 0)
-    fig, axes = plt.subplots(1, panels, figsize=(1.6 + 4.6 * panels, 4.8), squeeze=False, sharey=True)
+    fig = Figure(figsize=(1.6 + 4.6 * panels, 4.8))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, panels, squeeze=False, sharey=True)
     axes_list = list(axes[0])
     for ax, batch_size in zip(axes_list, batch_sizes):
         _draw_panel(ax, results, batch_size, colours)
@@ -468,8 +471,6 @@ def plot_frontier(results: SweepResults, path: Path, *, threshold: float | None 
         _label_points(ax, [(v.variant, p50_ms, value) for v, p50_ms, value in _panel_points(results, batch_size)])
     if priced:
         _label_points(axes_list[-1], [(v.variant, cost, value) for v, cost, value in _cost_points(results)])
-    try:  # whole or not at all: a full disk leaves no truncated PNG, and is one line naming it
-        return replace_atomically(path, lambda temporary: fig.savefig(temporary, dpi=120, format="png"),
-                                  what="the frontier plot", suffix=".png")  # fmt: skip
-    finally:
-        plt.close(fig)
+    # whole or not at all: a full disk leaves no truncated PNG, and is one line naming it
+    return replace_atomically(path, lambda temporary: fig.savefig(temporary, dpi=120, format="png"),
+                              what="the frontier plot", suffix=".png")  # fmt: skip

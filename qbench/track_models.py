@@ -8,10 +8,11 @@ resolution), then uploaded to the LoggedModel's artifact location, so `models:/<
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -55,13 +56,14 @@ def _tensor_spec(value: object) -> TensorSpec | None:
     return TensorSpec(dtype, shape, value.name)  # type: ignore[attr-defined]
 
 
-def onnx_signature(model_path: Path) -> ModelSignature | None:
-    """Inputs (initializers excluded) and outputs of the ONNX graph as tensor specs; None when an input is not a
-    tensor. Outputs that are not all tensors (a classifier's ZipMap: a sequence of maps) are left out of the
-    signature rather than losing it: its inputs are what the UI shows and serving checks requests against."""
+def onnx_signature(model: Path | Any) -> ModelSignature | None:
+    """Inputs (initializers excluded) and outputs of the ONNX graph (a file, or a loaded ModelProto: a model being
+    logged is parsed once) as tensor specs; None when an input is not a tensor. Outputs that are not all tensors (a
+    classifier's ZipMap: a sequence of maps) are left out of the signature rather than losing it: its inputs are what
+    the UI shows and serving checks requests against."""
     import onnx
 
-    graph = onnx.load(str(model_path), load_external_data=False).graph
+    graph = (onnx.load(str(model), load_external_data=False) if isinstance(model, Path) else model).graph
     initializers = {i.name for i in graph.initializer}
     inputs = [_tensor_spec(v) for v in graph.input if v.name not in initializers]
     outputs = [_tensor_spec(v) for v in graph.output]
@@ -76,6 +78,26 @@ def _pip_requirements() -> list[str]:
     import onnxruntime
 
     return [f"onnx=={onnx.__version__}", f"onnxruntime=={onnxruntime.__version__}"]
+
+
+@contextlib.contextmanager
+def _no_environment_check() -> Iterator[None]:
+    """While saving: without MLflow's check that this environment satisfies the model's requirements. They are
+    _pip_requirements, this environment's own versions, so the check can only agree; and its first run in a process
+    maps every installed distribution to its modules (a scan of each one's file list: a quarter of a second or more
+    of a `qbench sweep`, more with a larger environment). Nothing is changed where MLflow has no such check."""
+    from mlflow.utils import environment
+
+    name = "warn_dependency_requirement_mismatches"
+    check = getattr(environment, name, None)
+    if check is None:
+        yield
+        return
+    setattr(environment, name, lambda requirements: None)
+    try:
+        yield
+    finally:
+        setattr(environment, name, check)
 
 
 # ONNX Runtime's GraphOptimizationLevel values, by the names `runtime.graph_optimization_level` records
@@ -119,11 +141,12 @@ def log_variant_model(
             local = Path(tmp) / "model"
             mlflow_model = Model(artifact_path=model.artifact_location, model_uuid=model.model_id, run_id=run_id,
                                  model_id=model.model_id)  # fmt: skip
-            mlflow.onnx.save_model(
-                onnx.load(str(model_path)), str(local), mlflow_model=mlflow_model,
-                signature=onnx_signature(model_path), pip_requirements=_pip_requirements(),
-                **onnx_flavor_options(measured or {}),
-            )  # fmt: skip
+            proto = onnx.load(str(model_path))
+            with _no_environment_check():
+                mlflow.onnx.save_model(
+                    proto, str(local), mlflow_model=mlflow_model, signature=onnx_signature(proto),
+                    pip_requirements=_pip_requirements(), **onnx_flavor_options(measured or {}),
+                )  # fmt: skip
             client.log_model_artifacts(model.model_id, str(local))
     except MlflowException:
         raise

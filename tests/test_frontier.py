@@ -284,3 +284,23 @@ def test_a_plot_the_disk_cannot_take_is_one_line_and_leaves_the_earlier_plot(
         plot_frontier(make_sweep(), path)
     assert str(raised.value) == f"{path}: cannot write the frontier plot: No space left on device"
     assert path.read_bytes() == earlier and sorted(tmp_path.iterdir()) == [path]
+
+
+def test_the_plot_is_drawn_without_pyplot(tmp_path: Path) -> None:
+    """pyplot (its backend switch, global figure manager and interactive machinery) was imported by every sweep for
+    one PNG, a measurable part of a `qbench sweep` process's own time; the figure and its canvas need none of it."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    tests = Path(__file__).resolve().parent
+    code = ("import sys, json\nfrom pathlib import Path\nfrom sweep_factory import make_sweep\n"
+            "from qbench.frontier import plot_frontier\n"
+            f"plot_frontier(make_sweep(), Path({str(tmp_path / 'f.png')!r}), threshold=0.94)\n"
+            "print(json.dumps(sorted(m for m in sys.modules if m.startswith('matplotlib'))))")  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")])}
+    loaded = json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
+                                       env=env).stdout)  # fmt: skip
+    assert "matplotlib.figure" in loaded and "matplotlib.pyplot" not in loaded
+    assert _png_size(tmp_path / "f.png")[0] > 100

@@ -89,3 +89,39 @@ def test_the_status_a_finished_command_announces_is_returned(tmp_path):
                                    "start_child()\nannounce_exit(1)\nsys.exit(1)\n")  # fmt: skip
     parent.communicate(timeout=60)
     assert parent.returncode == 1
+
+
+_ENDING = """import atexit, os, sys, threading, time
+from qbench.supervisor import end_child, start_child
+class Torn:
+    def __del__(self):
+        os.write(2, b"torn down\\n")
+kept = Torn()  # finalised by the interpreter's teardown only
+atexit.register(lambda: os.write(2, b"exit handler ran\\n"))
+start_child()
+if "{thread}" == "busy":
+    threading.Thread(target=lambda: (time.sleep(0.3), os.write(2, b"thread finished\\n"))).start()
+print("unflushed", end="")
+end_child(1)
+"""
+
+
+def test_a_finished_command_ends_without_the_interpreter_teardown_but_with_its_exit_handlers(tmp_path):
+    """The child's teardown of a sweep's modules took 0.6 s after everything was written (7 % of a digits sweep):
+    it is skipped, the exit handlers and the streams' flush are not, nor the wait for a thread that is no daemon."""
+    parent = _supervised(tmp_path, _ENDING.format(thread="none"))
+    _, stderr = parent.communicate(timeout=60)
+    assert parent.returncode == 1
+    assert "exit handler ran" in stderr and "torn down" not in stderr
+    busy = _supervised(tmp_path, _ENDING.format(thread="busy"))
+    _, stderr = busy.communicate(timeout=60)
+    assert busy.returncode == 1
+    assert "thread finished" in stderr and "exit handler ran" in stderr
+
+
+def test_the_ending_child_flushes_what_it_printed(tmp_path):
+    (tmp_path / "child.py").write_text(_ENDING.format(thread="none"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(tmp_path)])}
+    done = subprocess.run([sys.executable, str(tmp_path / "child.py")], env=env, capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert (done.returncode, done.stdout) == (1, "unflushed")

@@ -92,3 +92,34 @@ def test_the_logged_model_serves_with_the_providers_and_optimisation_level_it_wa
                                     name="relu-torch", tags={}, measured={"runtime.runtime": "torch"})  # fmt: skip
     with _use_tracking_uri(uri):
         assert not mlflow.pyfunc.load_model(f"models:/{torch_model}").metadata.flavors["onnx"].get("onnx_session_options")
+
+
+def test_logging_a_model_parses_it_once_and_scans_no_installed_distribution(tmp_path: Path, monkeypatch) -> None:
+    """Each variant's model was parsed twice (once for its signature), and the first logged in a process paid MLflow's
+    check of the pinned requirements against this environment: a scan of every installed distribution's files. The
+    MLmodel folder keeps the requirements and signature all the same."""
+    import onnx
+    from mlflow.tracking import MlflowClient
+    from mlflow.utils import environment, requirements_utils
+
+    loads: list[object] = []
+    scans: list[object] = []
+    real_load, real_scan = onnx.load, requirements_utils.importlib_metadata.packages_distributions
+    monkeypatch.setattr(onnx, "load", lambda *a, **k: loads.append(a) or real_load(*a, **k))
+    monkeypatch.setattr(requirements_utils.importlib_metadata, "packages_distributions",
+                        lambda: scans.append(1) or real_scan())  # fmt: skip
+    monkeypatch.setattr(requirements_utils, "_MODULES_TO_PACKAGES", None)  # as in a fresh process
+    check = environment.warn_dependency_requirement_mismatches
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])
+    model = _save(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]), tmp_path / "relu.onnx")
+    client = MlflowClient(f"sqlite:///{(tmp_path / 'mlflow.db').as_posix()}")
+    experiment_id = client.create_experiment("relu", artifact_location=(tmp_path / "artifacts").as_uri())
+    model_id = log_variant_model(client, experiment_id, client.create_run(experiment_id).info.run_id, model,
+                                 name="relu", tags={})  # fmt: skip
+    assert (len(loads), scans) == (1, [])
+    assert environment.warn_dependency_requirement_mismatches is check  # MLflow's check is back for everyone else
+    folder = Path(client.get_logged_model(model_id).artifact_location.removeprefix("file://"))
+    pins = (folder / "requirements.txt").read_text().split()
+    assert f"onnx=={onnx.__version__}" in pins and any(p.startswith("mlflow==") for p in pins)
+    assert "signature:" in (mlmodel := (folder / "MLmodel").read_text()) and "[-1, 3]" in mlmodel
