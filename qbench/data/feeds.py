@@ -441,7 +441,11 @@ def _changed_by_cast(integers: np.ndarray, target: np.dtype) -> np.ndarray:
 
 
 def _non_numeric(values: np.ndarray) -> str:
-    """The first value that is not a number, as the user wrote it (one text cell turns a whole list into text)."""
+    """The first value that is not a number, as the user wrote it (one text cell turns a whole list into text).
+    Dates and durations are named as such: NumPy counts a timedelta64 among its integers."""
+    if values.dtype.kind in "mM":
+        kind = "dates or times" if values.dtype.kind == "M" else "durations"
+        return f"{kind}, not numbers (e.g. {values.flat[0]})"
     for value in values.flat:
         if isinstance(value, (str, bytes)):
             try:

@@ -223,6 +223,26 @@ def test_text_cannot_feed_a_float_input() -> None:
         _feed(table, "caption", _meta("x", (None, 1)))
 
 
+def test_durations_and_dates_cannot_feed_a_float_input_and_are_named_so(tmp_path: Path) -> None:
+    """NumPy counts timedelta64 among its integers: a duration column was refused as 'numbers written as text'."""
+    path = tmp_path / "times.parquet"
+    pd.DataFrame({"waited": pd.to_timedelta([90, 30], unit="s"),
+                  "seen": pd.to_datetime(["2024-01-31", "2024-02-01"])}).to_parquet(path)  # fmt: skip
+    table = load_table(path, recipe_file=RECIPE)
+    with pytest.raises(RecipeError) as info:
+        _feed(table, "waited", _meta("x", (None, 1)))
+    assert str(info.value) == (
+        "recipe.yaml: data.inputs: column 'waited' holds durations, not numbers (e.g. 90000000 microseconds), "
+        "but model input 'x' expects float32"
+    )
+    with pytest.raises(RecipeError) as info:
+        _feed(table, "seen", _meta("x", (None, 1)))
+    assert str(info.value) == (
+        "recipe.yaml: data.inputs: column 'seen' holds dates or times, not numbers (e.g. 2024-01-31T00:00:00.000000), "
+        "but model input 'x' expects float32"
+    )
+
+
 def test_missing_list_cells_are_reported_with_their_row() -> None:
     table = pd.DataFrame({"vec": [[1.0, 2.0], None, [3.0, 4.0]]})
     with pytest.raises(RecipeError) as info:
