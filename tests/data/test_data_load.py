@@ -272,6 +272,24 @@ def test_a_json_line_naming_a_key_twice_is_refused(tmp_path: Path) -> None:
         load_table(path, recipe_file=tmp_path / "recipe.yaml")
 
 
+@pytest.mark.parametrize(
+    ("broken", "words"),
+    [
+        ('{"x": [7, 8], "label": 1}{"x": [9, 9], "label": 0}', "line 4 is not valid JSON (Extra data at character 26)"),
+        ('{"x": [7, 8], "lab', "line 4 is not valid JSON (Unterminated string starting at character 15)"),
+    ],
+)
+def test_a_broken_json_line_is_named_by_its_line_in_the_file(tmp_path: Path, broken: str, words: str) -> None:
+    """json's own position counts lines within the one line parsed: two objects run together on line 4 of 5 were
+    reported at 'line 1 column 26', a line of the file that is fine."""
+    path = tmp_path / "rows.jsonl"
+    good = ['{"x": [1, 2], "label": 1}', '{"x": [3, 4], "label": 0}', '{"x": [5, 6], "label": 1}']
+    path.write_text("\n".join([*good, broken, good[0]]) + "\n")
+    with pytest.raises(RecipeError) as info:
+        load_table(path, recipe_file=tmp_path / "recipe.yaml")
+    assert f"cannot read rows.jsonl: {words}" in str(info.value)
+
+
 def test_a_parquet_file_naming_a_column_twice_is_refused_in_one_line(tmp_path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
