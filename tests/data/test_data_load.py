@@ -62,9 +62,19 @@ def test_csv_list_cell_that_is_not_json_is_an_error(tmp_path: Path) -> None:
         load_table(path, recipe_file=RECIPE)
     message = str(info.value)
     assert message.startswith(
-        "recipe.yaml: data.path: cannot read bad.csv: column 'vec': cell '[1, 2,]' looks like a JSON list"
+        "recipe.yaml: data.path: cannot read bad.csv: column 'vec': cell '[1, 2,]' in row 1 looks like a JSON list"
     )
     assert "\n" not in message
+
+
+def test_a_csv_list_cell_that_is_not_json_names_its_row_among_many(tmp_path: Path) -> None:
+    """One malformed cell among 1,000 was named by its text alone, which a thousand rows may share."""
+    cells = ['"[1, 2]",0'] * 1000
+    cells[700] = '"[1, 2,]",1'
+    path = tmp_path / "bad.csv"
+    path.write_text("vec,label\n" + "\n".join(cells) + "\n")
+    with pytest.raises(RecipeError, match=r"column 'vec': cell '\[1, 2,\]' in row 700 looks like a JSON list"):
+        load_table(path, recipe_file=RECIPE)
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".ndjson"])
