@@ -17,7 +17,15 @@ from sweep_factory import make_latency, make_sweep, make_variant
 import qbench.console
 from qbench.frontier import compute_frontier
 from qbench.gate import GateCheck, GateReport
-from qbench.report import frontier_text, gate_table, print_summary, slice_table, summary_table, write_markdown_report
+from qbench.report import (
+    SHOWN_SMALL_SLICES,
+    frontier_text,
+    gate_table,
+    print_summary,
+    slice_table,
+    summary_table,
+    write_markdown_report,
+)
 
 CPU = "onnxruntime-cpu"
 
@@ -101,6 +109,20 @@ def test_gate_table_lists_breaches_first_in_red_and_the_problems(gate: GateRepor
     assert all("red" in str(cell.style) for cell in first_row)
     assert "UNUSABLE" in str(table.title)
     assert gate.problems[0] in str(table.caption)
+
+
+def test_gate_table_counts_the_small_slices_past_a_few_instead_of_listing_each(gate: GateReport) -> None:
+    """A `by` column of many values (one slice per store) printed a line per slice, each 'skipped', to the CI log."""
+    small = [GateCheck("int8_minmax", CPU, f"store={i}", "accuracy", 1.0, 0.5, 0.5, 0.02, 2, "skipped",
+                       reason="under min_slice_size") for i in range(SHOWN_SMALL_SLICES + 7)]  # fmt: skip
+    other = GateCheck("int8_minmax", CPU, "missing:x", "accuracy", 1.0, 1.0, 0.0, 0.02, 50, "skipped",
+                      reason="FP32 has NaN outputs there")  # fmt: skip
+    table = gate_table(dataclasses.replace(gate, checks=(*gate.checks, *small, other)))
+    scopes = [str(c) for c in column(table, "scope")]
+    assert scopes[:2] == ["noisy lighting=dark", "overall"]  # breaches and passes are all listed
+    assert "missing:x" in scopes  # a check skipped for another reason is never left out
+    assert len(scopes) == 3 + SHOWN_SMALL_SLICES  # 'tiny' and the first small slices; the rest counted below
+    assert "8 more skipped checks of slices under min_slice_size not listed (report.md lists them)" in str(table.caption)
 
 
 def test_frontier_text_lists_each_backend_and_batch_in_latency_order() -> None:

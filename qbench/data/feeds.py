@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
@@ -293,10 +294,9 @@ def _stack_cells(cells: pd.Series, column: str, *, recipe_file: Path) -> np.ndar
     if stacked is not None:
         return stacked
     arrays = [_cell_block(cell, row, column, recipe_file=recipe_file) for row, cell in cells.items()]
-    shapes = sorted({a.shape for a in arrays})
-    if len(shapes) > 1:
-        message = f"column {column!r} holds cells of different {_describe_shapes(shapes)}; pad them to one size"
-        raise RecipeError(recipe_file, INPUTS_FIELD, message)
+    shapes = [a.shape for a in arrays]
+    if len(set(shapes)) > 1:
+        raise RecipeError(recipe_file, INPUTS_FIELD, _mixed_shapes(shapes, cells.index, column))
     text = [index for index, array in enumerate(arrays) if array.dtype.kind not in "biuf"]
     if text and len(text) < len(arrays):  # stacked, one text cell would turn every number into text
         first = text[0]
@@ -315,6 +315,24 @@ def _cell_block(cell: object, row: object, column: str, *, recipe_file: Path) ->
     except ValueError:  # numpy refuses lists of different lengths inside one cell
         message = f"column {column!r}: row {row} holds nested lists of different lengths; expected one block of values"
         raise RecipeError(recipe_file, INPUTS_FIELD, message) from None
+
+
+def _mixed_shapes(shapes: list[tuple[int, ...]], rows: pd.Index, column: str) -> str:
+    """Why cells of several shapes cannot be stacked, naming the first row that differs from the most common shape:
+    one bad row among a million is found by its number, not by searching the file for its length."""
+    counts = Counter(shapes)
+    common, common_rows = counts.most_common(1)[0]  # a tie keeps the shape seen first
+    odd = [index for index, shape in enumerate(shapes) if shape != common]
+    first = odd[0]
+    return (
+        f"column {column!r} holds cells of different {_describe_shapes(sorted(counts))}: {len(odd)} of "
+        f"{len(shapes)} rows differ from the most common {_describe_shape(common)} ({common_rows} rows), first "
+        f"at row {rows[first]} ({_describe_shape(shapes[first])}); pad them to one size"
+    )
+
+
+def _describe_shape(shape: tuple[int, ...]) -> str:
+    return f"length {shape[0]}" if len(shape) == 1 else f"shape {shape}"
 
 
 def _describe_shapes(shapes: list[tuple[int, ...]]) -> str:
@@ -423,7 +441,11 @@ def _changed_by_cast(integers: np.ndarray, target: np.dtype) -> np.ndarray:
 
 
 def _non_numeric(values: np.ndarray) -> str:
-    """The first value that is not a number, as the user wrote it (one text cell turns a whole list into text)."""
+    """The first value that is not a number, as the user wrote it (one text cell turns a whole list into text).
+    Dates and durations are named as such: NumPy counts a timedelta64 among its integers."""
+    if values.dtype.kind in "mM":
+        kind = "dates or times" if values.dtype.kind == "M" else "durations"
+        return f"{kind}, not numbers (e.g. {values.flat[0]})"
     for value in values.flat:
         if isinstance(value, (str, bytes)):
             try:

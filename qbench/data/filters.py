@@ -114,6 +114,7 @@ def _condition_mask(values: pd.Series, op: str, operand: Any, *, field: str, rec
             if pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values):
                 raise RecipeError(recipe_file, field, f"{op!r} got {operand!r}, a text, but column {values.name!r} "
                                                       "holds numbers; expected a number (unquoted)")  # fmt: skip
+            _check_date_operand(values, op, operand, field=field, recipe_file=recipe_file)
             values, dates = _text_as_times(values, op, field=field, recipe_file=recipe_file), "datetime"
         if dates is not None:  # a date range: `day: {ge: '2024-01-01', lt: '2024-02-01'}`
             bound = _as_date(values, operand, dates, field=field, recipe_file=recipe_file)
@@ -198,6 +199,18 @@ def _date_kind(values: pd.Series) -> str | None:
     if pd.api.types.is_object_dtype(values) and pd.api.types.infer_dtype(values, skipna=True) == "date":
         return "date"
     return None
+
+
+def _check_date_operand(values: pd.Series, op: str, operand: str, *, field: str, recipe_file: Path) -> None:
+    """A text operand of a comparison must be a date: `lt: 'b'` on a column of names compares nothing qbench orders
+    (text is never compared letter by letter), and was refused as if 'b' were a date."""
+    try:
+        pd.Timestamp(operand)
+    except ValueError:
+        raise RecipeError(recipe_file, field, (
+            f"{op!r} got {operand!r}, which is neither a number nor a date; {op!r} compares numbers and dates, "
+            f"never text: expected a number (unquoted) or a date such as '2024-01-31', or select values of column "
+            f"{values.name!r} with in / not_in")) from None  # fmt: skip
 
 
 def _text_as_times(values: pd.Series, op: str, *, field: str, recipe_file: Path) -> pd.Series:

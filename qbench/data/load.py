@@ -165,7 +165,15 @@ def _check_unique_keys(path: Path, encoding: str) -> None:
 
     with open_data(path, "rt", encoding=encoding) as handle:
         for number, line in enumerate(handle, start=1):
-            if line.strip() and not isinstance(json.loads(line, object_pairs_hook=unique), dict):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line.rstrip("\r\n"), object_pairs_hook=unique)
+            except json.JSONDecodeError as exc:  # its own "line 1 column 26" counts within this line, not the file
+                where = f"{exc.msg.removesuffix(' at')} at character {exc.pos + 1}"
+                raise ValueError(f"line {number} is not valid JSON ({where}); expected one JSON object per line "
+                                 "(JSON lines)") from None  # fmt: skip
+            if not isinstance(row, dict):
                 kind = "an array" if line.lstrip().startswith("[") else "not an object"
                 raise ValueError(f"line {number} is {kind}; expected one JSON object per line (JSON lines), "
                                  "such as {\"x\": [0.1, 0.2], \"y\": 1}")  # fmt: skip

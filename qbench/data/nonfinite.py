@@ -100,7 +100,7 @@ def check_finite(
     parts = []
     for column, count in list(counts.items())[:_SHOWN]:
         in_rows = masks[column] & np.isin(np.arange(len(df)), rows)
-        parts.append(f"column {column!r}: {count} row{'s' if count != 1 else ''}{_slice_note(in_rows, slices)}")
+        parts.append(f"column {column!r}: {_row_note(in_rows, count)}{_slice_note(in_rows, slices)}")
     more = f"; and {len(counts) - _SHOWN} more columns" if len(counts) > _SHOWN else ""
     first = next(iter(counts))
     raise RecipeError(
@@ -130,6 +130,14 @@ def qat_refuses_nonfinite(
                 f"NaN/inf ({shown}), which fake quantization turns into numbers; data.nonfinite_inputs: keep does not "
                 f"extend to QAT: expected {what} rows without NaN/inf ({field} selecting complete rows), or "
                 "data.nonfinite_inputs: drop, or no QAT variant"))  # fmt: skip
+
+
+def _row_note(mask: np.ndarray, count: int) -> str:
+    """'3 rows, at rows 1, 2, 4': the rows themselves, so a few bad records among a million can be found (an export's
+    trailing row of separators alone, `;;;`, reads as a row of empty cells)."""
+    where = np.flatnonzero(mask)
+    shown = ", ".join(str(row) for row in where[:_SHOWN]) + (", ..." if where.size > _SHOWN else "")
+    return f"{count} row{'s' if count != 1 else ''}, at row{'s' if where.size != 1 else ''} {shown}"
 
 
 def _slice_note(mask: np.ndarray, slices: Mapping[str, np.ndarray]) -> str:

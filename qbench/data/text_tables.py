@@ -364,24 +364,26 @@ def _parse_json_lists(column: pd.Series, *, names: bool = False, decimal: str = 
     parsed = _parse_lists_at_once(column)
     if parsed is not None:
         return parsed
-    failures: list[tuple[str, json.JSONDecodeError]] = []
+    failures: list[tuple[object, str, json.JSONDecodeError]] = []
 
-    def parse(cell: object) -> object:
+    def parse(row: object, cell: object) -> object:
         if not isinstance(cell, str):
             return cell  # a missing cell stays missing
         try:
             return json.loads(cell)
         except json.JSONDecodeError as exc:
-            failures.append((cell, exc))
+            failures.append((row, cell, exc))
             return cell
 
-    parsed = column.astype(object).map(parse)
+    parsed = pd.Series([parse(row, cell) for row, cell in column.astype(object).items()], index=column.index,
+                       dtype=object, name=column.name)  # fmt: skip
     if not failures:
         return parsed
     if names or len(failures) == int(column.notna().sum()):
         return column
-    cell, exc = failures[0]
-    raise ValueError(f"column {column.name!r}: cell {cell[:40]!r} looks like a JSON list but is not valid JSON ({exc})")
+    row, cell, exc = failures[0]
+    raise ValueError(f"column {column.name!r}: cell {cell[:40]!r} in row {row} looks like a JSON list but is not valid "
+                     f"JSON ({exc})")  # fmt: skip
 
 
 def _check_list_numbers(column: pd.Series) -> None:

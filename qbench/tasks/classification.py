@@ -172,8 +172,20 @@ def label_columns(values: Sequence[Any], classes: Sequence[Any], positions: np.n
     column = {key(name): index for index, name in enumerate(classes)}
     missing = np.array([key(v) not in column for v in values], dtype=bool)
     if missing.any():
-        raise LabelError(f"{example_rows(missing, values, positions)} {unknown}")
+        raise LabelError(f"{example_rows(missing, values, positions)} {unknown}{_near_class(values, missing, classes)}")
     return [column[key(v)] for v in values]
+
+
+def _near_class(values: Sequence[Any], missing: np.ndarray, classes: Sequence[Any]) -> str:
+    """'; ' DOG ' differs from class 'dog' only in case or surrounding spaces' for the first unknown label when it
+    does: exported labels often do, and a class is never guessed for them (two classes may differ only so)."""
+    value = values[int(np.flatnonzero(missing)[0])]
+    if not isinstance(value, str):
+        return ""
+    near = [name for name in classes if str(name).strip().casefold() == value.strip().casefold()]
+    if not near:
+        return ""
+    return f"; {value!r} differs from class {str(near[0])!r} only in case or surrounding spaces (labels name a class exactly)"
 
 
 def _class_key(value: object) -> str:

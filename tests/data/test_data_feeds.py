@@ -93,8 +93,37 @@ def test_ragged_lists_name_the_lengths_seen() -> None:
     with pytest.raises(RecipeError) as info:
         _feed(table, "tokens", _meta("ids", (None, None), "int64"))
     assert str(info.value) == (
-        "recipe.yaml: data.inputs: column 'tokens' holds cells of different lengths (seen 1, 2, 3); "
-        "pad them to one size"
+        "recipe.yaml: data.inputs: column 'tokens' holds cells of different lengths (seen 1, 2, 3): 2 of 4 rows "
+        "differ from the most common length 3 (2 rows), first at row 1 (length 2); pad them to one size"
+    )
+
+
+def test_one_row_of_another_length_among_many_is_named_by_its_row(tmp_path: Path) -> None:
+    rows = np.random.default_rng(0).normal(size=(2000, 4)).astype(np.float32)
+    cells = list(rows)
+    cells[1500] = rows[1500, :3]
+    path = tmp_path / "rows.parquet"
+    pd.DataFrame({"x": cells}).to_parquet(path)
+    table = load_table(path, recipe_file=RECIPE)
+    with pytest.raises(RecipeError) as info:
+        _feed(table, "x", _meta("x", (None, 4)))
+    assert str(info.value) == (
+        "recipe.yaml: data.inputs: column 'x' holds cells of different lengths (seen 3, 4): 1 of 2000 rows differ "
+        "from the most common length 4 (1999 rows), first at row 1500 (length 3); pad them to one size"
+    )
+
+
+def test_one_cell_of_another_shape_in_json_lines_names_its_row(tmp_path: Path) -> None:
+    lines = ['{"x": [1.0, 2.0, 3.0, 4.0]}'] * 6
+    lines[4] = '{"x": [[1.0, 2.0], [3.0, 4.0]]}'
+    path = tmp_path / "rows.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    table = load_table(path, recipe_file=RECIPE)
+    with pytest.raises(RecipeError) as info:
+        _feed(table, "x", _meta("x", (None, 4)))
+    assert str(info.value) == (
+        "recipe.yaml: data.inputs: column 'x' holds cells of different shapes (seen (2, 2), (4,)): 1 of 6 rows differ "
+        "from the most common length 4 (5 rows), first at row 4 (shape (2, 2)); pad them to one size"
     )
 
 
@@ -192,6 +221,26 @@ def test_text_cannot_feed_a_float_input() -> None:
         match=r"column 'caption' holds non-numeric values such as 'a cat', but model input 'x' expects float32",
     ):
         _feed(table, "caption", _meta("x", (None, 1)))
+
+
+def test_durations_and_dates_cannot_feed_a_float_input_and_are_named_so(tmp_path: Path) -> None:
+    """NumPy counts timedelta64 among its integers: a duration column was refused as 'numbers written as text'."""
+    path = tmp_path / "times.parquet"
+    pd.DataFrame({"waited": pd.to_timedelta([90, 30], unit="s"),
+                  "seen": pd.to_datetime(["2024-01-31", "2024-02-01"])}).to_parquet(path)  # fmt: skip
+    table = load_table(path, recipe_file=RECIPE)
+    with pytest.raises(RecipeError) as info:
+        _feed(table, "waited", _meta("x", (None, 1)))
+    assert str(info.value) == (
+        "recipe.yaml: data.inputs: column 'waited' holds durations, not numbers (e.g. 90000000 microseconds), "
+        "but model input 'x' expects float32"
+    )
+    with pytest.raises(RecipeError) as info:
+        _feed(table, "seen", _meta("x", (None, 1)))
+    assert str(info.value) == (
+        "recipe.yaml: data.inputs: column 'seen' holds dates or times, not numbers (e.g. 2024-01-31T00:00:00.000000), "
+        "but model input 'x' expects float32"
+    )
 
 
 def test_missing_list_cells_are_reported_with_their_row() -> None:

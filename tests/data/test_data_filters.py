@@ -230,6 +230,9 @@ def test_a_date_range_selects_by_time_and_never_a_missing_cell(flt: dict, expect
         ("score", [0.5, 0.7], "12", "'ge' got '12', a text, but column 'score' holds numbers; expected a number"),
         ("day", [pd.Timestamp("2024-01-01").date()], "2024-01-01 10:00", "holds dates; expected a date written"),
         ("t", pd.to_datetime(["2024-01-01"]), 5, "got 5: column 't' holds datetimes"),
+        ("size", pd.Categorical(["S", "M", "L"], categories=["S", "M", "L"], ordered=True), "M",
+         "'ge' got 'M', which is neither a number nor a date; 'ge' compares numbers and dates, never text: expected "
+         "a number (unquoted) or a date such as '2024-01-31', or select values of column 'size' with in / not_in"),
     ],
 )
 def test_a_date_range_on_what_is_not_dates_is_refused_naming_the_field(column: str, values: object, operand: object,

@@ -62,9 +62,19 @@ def test_csv_list_cell_that_is_not_json_is_an_error(tmp_path: Path) -> None:
         load_table(path, recipe_file=RECIPE)
     message = str(info.value)
     assert message.startswith(
-        "recipe.yaml: data.path: cannot read bad.csv: column 'vec': cell '[1, 2,]' looks like a JSON list"
+        "recipe.yaml: data.path: cannot read bad.csv: column 'vec': cell '[1, 2,]' in row 1 looks like a JSON list"
     )
     assert "\n" not in message
+
+
+def test_a_csv_list_cell_that_is_not_json_names_its_row_among_many(tmp_path: Path) -> None:
+    """One malformed cell among 1,000 was named by its text alone, which a thousand rows may share."""
+    cells = ['"[1, 2]",0'] * 1000
+    cells[700] = '"[1, 2,]",1'
+    path = tmp_path / "bad.csv"
+    path.write_text("vec,label\n" + "\n".join(cells) + "\n")
+    with pytest.raises(RecipeError, match=r"column 'vec': cell '\[1, 2,\]' in row 700 looks like a JSON list"):
+        load_table(path, recipe_file=RECIPE)
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".ndjson"])
@@ -270,6 +280,24 @@ def test_a_json_line_naming_a_key_twice_is_refused(tmp_path: Path) -> None:
     path.write_text('{"x": [1, 2], "label": 1}\n{"x": [3, 4], "label": 0, "label": 2}\n')
     with pytest.raises(RecipeError, match=r"cannot read rows.jsonl: line 2 names column 'label' 2 times; expected"):
         load_table(path, recipe_file=tmp_path / "recipe.yaml")
+
+
+@pytest.mark.parametrize(
+    ("broken", "words"),
+    [
+        ('{"x": [7, 8], "label": 1}{"x": [9, 9], "label": 0}', "line 4 is not valid JSON (Extra data at character 26)"),
+        ('{"x": [7, 8], "lab', "line 4 is not valid JSON (Unterminated string starting at character 15)"),
+    ],
+)
+def test_a_broken_json_line_is_named_by_its_line_in_the_file(tmp_path: Path, broken: str, words: str) -> None:
+    """json's own position counts lines within the one line parsed: two objects run together on line 4 of 5 were
+    reported at 'line 1 column 26', a line of the file that is fine."""
+    path = tmp_path / "rows.jsonl"
+    good = ['{"x": [1, 2], "label": 1}', '{"x": [3, 4], "label": 0}', '{"x": [5, 6], "label": 1}']
+    path.write_text("\n".join([*good, broken, good[0]]) + "\n")
+    with pytest.raises(RecipeError) as info:
+        load_table(path, recipe_file=tmp_path / "recipe.yaml")
+    assert f"cannot read rows.jsonl: {words}" in str(info.value)
 
 
 def test_a_parquet_file_naming_a_column_twice_is_refused_in_one_line(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from qbench.data import build_feeds, load_table
 from qbench.data.nonfinite import check_finite, drop_nonfinite, nonfinite_masks
+from qbench.data.text_tables import CsvDialect
 from qbench.errors import RecipeError
 from qbench.modelinfo import TensorMeta
 from qbench.recipe_data import TextInputSpec, TokenizerSpec
@@ -75,11 +76,29 @@ def test_error_names_columns_counts_and_slices() -> None:
         check_finite(table, np.array([0, 1, 2, 3, 4]), masks, slices, what="evaluation", recipe_file=RECIPE)
     assert str(caught.value) == (
         "recipe.yaml: data.inputs.pixels: evaluation rows of rows.parquet hold NaN, inf or an empty cell in input columns "
-        "(column 'pixels': 3 rows (slices: region=n 2, region=s 1); column 'scale': 1 row (slices: region=n 1)); "
+        "(column 'pixels': 3 rows, at rows 1, 2, 4 (slices: region=n 2, region=s 1); "
+        "column 'scale': 1 row, at row 2 (slices: region=n 1)); "
         "expected a finite number or a text in every cell, or set data.nonfinite_inputs: drop to leave those rows out "
         "(keep: to feed them, for a model that reads NaN as missing)"
     )
     check_finite(table, np.array([0, 3]), masks, slices, what="evaluation", recipe_file=RECIPE)  # finite rows pass
+
+
+def test_error_names_the_rows_a_spreadsheets_trailing_separator_rows_are(tmp_path: Path) -> None:
+    """A spreadsheet export ending in rows of separators alone (`;;`) has empty records among 500 good ones: the
+    error said '2 rows' and left them to be searched for."""
+    lines = ["x;y;g"] + [f"{i / 10};{i % 3};{'ab'[i % 2]}" for i in range(500)] + [";;", ";;"]
+    path = tmp_path / "rows.csv"
+    path.write_text("\r\n".join(lines) + "\r\n")
+    table = load_table(path, recipe_file=RECIPE, csv_dialect=CsvDialect(delimiter=";"))
+    masks = nonfinite_masks(table, {"x": "x"})
+    with pytest.raises(RecipeError) as caught:
+        check_finite(table, np.arange(len(table)), masks, {}, what="evaluation", recipe_file=RECIPE)
+    assert "(column 'x': 2 rows, at rows 500, 501); expected a finite number" in str(caught.value)
+    masks["x"][:10] = True  # more rows than are listed
+    with pytest.raises(RecipeError) as caught:
+        check_finite(table, np.arange(len(table)), masks, {}, what="evaluation", recipe_file=RECIPE)
+    assert "(column 'x': 12 rows, at rows 0, 1, 2, 3, ...); expected" in str(caught.value)
 
 
 def test_json_lines_nan_inside_a_list_is_nonfinite_like_parquets(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from qbench.modelinfo import TensorMeta
 from qbench.recipe import GateSpec
 from qbench.results import VariantResult
 from qbench.tasks import LabelError, get_task
-from qbench.tasks.classification import class_count
+from qbench.tasks.classification import class_count, label_columns
 from qbench.validate import metrics
 from qbench.validate.accuracy import evaluate_accuracy
 
@@ -351,3 +351,19 @@ def test_kl_mean_never_averages_in_rows_fp32_overflows_on() -> None:
     verdict = _judged("classification", reference, outputs, np.ones(20, dtype=np.int64), "kl_mean")
     assert verdict.exit_code == EXIT_UNUSABLE and not verdict.checks
     assert "FP32 itself gives NaN/inf on 10 of its 20 rows" in verdict.problems[0]
+
+
+@pytest.mark.parametrize(("label", "near"), [(" dog ", "dog"), ("DOG", "dog"), ("Bird\t", "bird")])
+def test_a_label_differing_from_a_class_only_in_case_or_spaces_is_refused_naming_the_class(label: str, near: str) -> None:
+    """Exported labels often carry stray spaces or another case: the error said only that they were no class."""
+    values = ["cat", "dog", label, "bird"]
+    with pytest.raises(LabelError) as info:
+        label_columns(values, ["cat", "dog", "bird"], np.arange(4), unknown="are none of data.classes")
+    assert str(info.value) == (f"1 row, e.g. row 2: {label!r} are none of data.classes; {label!r} differs from class "
+                               f"{near!r} only in case or surrounding spaces (labels name a class exactly)")  # fmt: skip
+
+
+def test_a_label_near_no_class_gets_no_hint() -> None:
+    with pytest.raises(LabelError) as info:
+        label_columns(["cat", "cow"], ["cat", "dog"], np.arange(2), unknown="are none of data.classes")
+    assert str(info.value) == "1 row, e.g. row 1: 'cow' are none of data.classes"
