@@ -20,7 +20,7 @@ from qbench.errors import did_you_mean, expected_one_of, short_repr
 from qbench.provenance import changed_inputs, input_files
 from qbench.recipe import RESULT_SECTIONS, Recipe, VariantSpec
 from qbench.results import AccuracyResult, LatencyResult, SliceMetrics, SweepResults, VariantResult
-from qbench.validate.catalogue import METRICS, impossible_value
+from qbench.validate.catalogue import METRICS, drop, impossible_value, within
 
 logger = logging.getLogger(__name__)
 
@@ -152,7 +152,7 @@ def result_problems(
             continue
         problems.extend(f"{result.key}: {p}" for p in _variant_problems(result, specs[result.variant], timed))
     ref_scopes = _reference_scopes(results, reference)
-    ref_nonfinite = _reference_nonfinite(results, reference)
+    on_backend = _reference_by_backend(results, reference)
     undefined = _undefined_scopes(results, reference, recipe.gate.metric)
     named = [s.name for s in recipe.data.slices if s.name is not None]
     wanted = evaluated.slice_sizes if evaluated is not None else None
@@ -161,7 +161,7 @@ def result_problems(
             problems.extend(
                 f"{result.key}: {p}"
                 for p in _accuracy_problems(result.accuracy, results, recipe, wanted, named, ref_scopes,
-                                            ref_nonfinite.get(result.backend, {}), undefined.get(result.backend, set()))  # fmt: skip
+                                            on_backend.get(result.backend, {}), undefined.get(result.backend, set()))  # fmt: skip
             )
     return problems
 
@@ -275,10 +275,10 @@ def _reference_scopes(results: SweepResults, reference: str) -> dict[str, SliceM
     return None
 
 
-def _reference_nonfinite(results: SweepResults, reference: str) -> dict[str, dict[str, int]]:
-    """Backend -> scope name ("overall" and each slice) -> rows where that backend's FP32 gives NaN/inf (the
-    reference each of its variants is compared with)."""
-    return {result.backend: {scope.name: scope.nonfinite_outputs for scope in (result.accuracy.overall, *result.accuracy.slices)}
+def _reference_by_backend(results: SweepResults, reference: str) -> dict[str, dict[str, SliceMetrics]]:
+    """Backend -> scope name ("overall" and each slice) -> FP32's scope on that backend: the reference each of its
+    variants is compared with (its NaN/inf rows, the figures its drops are taken from)."""
+    return {result.backend: {scope.name: scope for scope in (result.accuracy.overall, *result.accuracy.slices)}
             for result in results.variants
             if result.variant == reference and result.status == "ok" and result.accuracy is not None}  # fmt: skip
 
@@ -314,7 +314,7 @@ def _accuracy_problems(
     wanted: dict[str, int] | None,
     named: Sequence[str],
     ref_scopes: dict[str, SliceMetrics] | None,
-    ref_nonfinite: Mapping[str, int],
+    on_backend: Mapping[str, SliceMetrics],
     undefined: set[str],
 ) -> list[str]:
     problems: list[str] = []
@@ -334,9 +334,11 @@ def _accuracy_problems(
     if wanted is not None:
         problems.extend(f"slice {name!r} is not one the recipe defines" for name in have if name not in wanted)
     for scope in (accuracy.overall, *accuracy.slices):
+        fp32 = on_backend.get(scope.name)
         problems.extend(_scope_problems(scope, rows, recipe.gate.metric, recipe.gate.min_slice_size,
-                                        ref_nonfinite.get(scope.name, 0), scope.name in undefined))  # fmt: skip
+                                        0 if fp32 is None else fp32.nonfinite_outputs, scope.name in undefined))  # fmt: skip
         problems.extend(_denominator_problems(scope, None if ref_scopes is None else ref_scopes.get(scope.name)))
+        problems.extend(_drop_problems(scope, fp32))
         if scope is accuracy.overall:
             continue
         if wanted is not None and scope.name in wanted and scope.size != wanted[scope.name]:
@@ -391,6 +393,40 @@ def _denominator_problems(scope: SliceMetrics, reference: SliceMetrics | None) -
         problems.append(f"{where}: rates counted over {scope.denominators or 'its rows'}, FP32's over "
                         f"{reference.denominators or 'its rows'} (same rows and labels)")  # fmt: skip
     return problems
+
+
+def _drop_problems(scope: SliceMetrics, fp32: SliceMetrics | None) -> list[str]:
+    """Each drop a scope records is the one the sweep took between its figure and FP32's on the same backend
+    (qbench.validate.accuracy.with_drops), for every metric of the catalogue both hold. The verdict is taken from
+    the two figures, so a drop that disagrees with them shows that one side was edited (FP32's accuracy lowered to
+    the variant's: every drop then reads 0 and the variant would pass); a recipe's own metrics are left to the
+    figures alone (their directions are scoped to the run judging them)."""
+    if fp32 is None:
+        return []
+    where = "overall" if scope.name == "overall" else f"slice {scope.name!r}"
+    problems = []
+    for name in sorted(set(scope.metrics) & set(fp32.metrics) | set(scope.drops)):
+        info = METRICS.get(name)
+        if info is None or info.custom:
+            continue
+        if name not in scope.metrics or name not in fp32.metrics:
+            problems.append(f"{where}: a drop of {name!r} is recorded, but not both figures it is a drop between")
+            continue
+        own, reference = scope.metrics[name], fp32.metrics[name]
+        expected, recorded = drop(name, reference, own), scope.drops.get(name)
+        if recorded is None:
+            problems.append(f"{where}: no drop of {name!r} is recorded beside both figures")
+        elif not _same_drop(recorded, expected, own, reference):
+            problems.append(f"{where}: drop of {name!r} recorded as {recorded!r}, but FP32's figure {reference!r} and "
+                            f"this one {own!r} make it {expected!r} (one of them was changed after the sweep)")  # fmt: skip
+    return problems
+
+
+def _same_drop(recorded: float, expected: float, *figures: float) -> bool:
+    """Equal up to float rounding; results write NaN and inf alike as null, so any two non-finite drops agree."""
+    if not (math.isfinite(recorded) and math.isfinite(expected)):
+        return not math.isfinite(recorded) and not math.isfinite(expected)
+    return within(abs(recorded - expected), 0.0, *figures)
 
 
 def evaluation_from_data(recipe: Recipe) -> EvaluationRows:

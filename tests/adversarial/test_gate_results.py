@@ -197,6 +197,17 @@ def metric(name: str, slice_name: str, value: float | None, key: str = "agreemen
     return lambda raw: scope(raw, name, slice_name)["metrics"].__setitem__(key, value)
 
 
+def lowered(name: str, slice_name: str, value: float) -> Edit:
+    """Agreement lowered to `value`, with the drop from FP32's figure a sweep records beside it."""
+
+    def edit(raw: dict[str, Any]) -> None:
+        reference = scope(raw, "fp32", slice_name)["metrics"]["agreement"]
+        scope(raw, name, slice_name)["metrics"]["agreement"] = value
+        scope(raw, name, slice_name)["drops"]["agreement"] = reference - value
+
+    return edit
+
+
 def drop_slice(*names: str) -> Edit:
     def edit(raw: dict[str, Any]) -> None:
         for v in raw["variants"]:
@@ -248,8 +259,9 @@ def nonfinite_rows(name: str, slice_name: str, count: int, *, nan_metric: bool =
         accuracy["nonfinite_outputs"] += count
         accuracy["overall"]["nonfinite_outputs"] += count
         scope(raw, name, slice_name)["nonfinite_outputs"] += count
-        if nan_metric:
+        if nan_metric:  # as a sweep writes it: NaN (null) figure, NaN drop
             scope(raw, name, slice_name)["metrics"]["agreement"] = None
+            scope(raw, name, slice_name)["drops"]["agreement"] = None
 
     return edit
 
@@ -415,7 +427,9 @@ CASES = [
     pytest.param(edited(metric(INT8, "overall", 1.5)), 2, "overall: metric 'agreement' is 1.5, outside its range 0..1", id="rate-above-1"),
     pytest.param(edited(metric(INT8, "band=large", 0.987654321)), 2, "metric 'agreement' is 0.987654321, not a whole number of the scope's", id="rate-of-no-row-count"),
     pytest.param(edited(metric(INT8, "overall", -0.25, key="max_abs_error")), 2, "metric 'max_abs_error' is -0.25, outside its range 0..inf", id="negative-error"),
-    pytest.param(edited(metric(INT8, "band=large", 0.5)), 1, "gate: FAIL — 1 of 2 variants breaches: int8-minmax@onnxruntime-cpu (band=large);", id="accuracy-breach"),
+    pytest.param(edited(lowered(INT8, "band=large", 0.5)), 1, "gate: FAIL — 1 of 2 variants breaches: int8-minmax@onnxruntime-cpu (band=large);", id="accuracy-breach"),
+    pytest.param(edited(metric(INT8, "band=large", 0.5)), 2, "slice 'band=large': drop of 'agreement' recorded as 0.0, but FP32's figure 1.0 and this one 0.5 make it 0.5", id="figure-edited-not-its-drop"),
+    pytest.param(edited(lowered("fp32", "band=large", 0.5)), 2, "slice 'band=large': drop of 'agreement' recorded as 0.0, but FP32's figure 0.5 and this one 1.0 make it -0.5", id="reference-lowered-to-hide-a-drop"),
     # the embedded recipe
     pytest.param(edited(forget_int8_in_recipe, signed=False), 2, "digest: does not match", id="recipe-edited-unsigned"),
     pytest.param(edited(both(forget_int8_in_recipe, lambda raw: raw.__setitem__("digest", content_digest(raw))), signed=False), 2,
