@@ -223,9 +223,10 @@ def _labels(spots: list[tuple[str, float, float]]) -> list[str]:
     return parts
 
 
-def _panel(results: SweepResults, title: str, marks: list[_Mark], threshold: float | None, *, x_label: str,
-           steps: bool, data: str = "") -> str:  # fmt: skip
-    """A panel of `marks` against the gate metric; `steps` joins each backend's filled marks as a frontier."""
+def _panel(results: SweepResults, title: str, marks: list[_Mark], threshold: float | None, *,
+           x_label: tuple[str, str], steps: bool, data: str = "") -> str:  # fmt: skip
+    """A panel of `marks` against the gate metric, its x axis named by `x_label` (what, in what unit); `steps`
+    joins each backend's filled marks as a frontier."""
     metric = results.gate_metric
     head = f'<svg class="panel" viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" height="{HEIGHT}" role="img">'
     heading = f'<text class="panel-title" x="{WIDTH / 2}" y="16" text-anchor="middle">{escape(title)}</text>'
@@ -257,7 +258,7 @@ def _panel(results: SweepResults, title: str, marks: list[_Mark], threshold: flo
     parts += _labels([(m.variant.variant, x(m.x), y(m.metric)) for m in marks])
     axis_note = ", log scale" if x.log else ""
     parts.append(f'<text class="label" x="{(LEFT + WIDTH - RIGHT) / 2}" y="{HEIGHT - 8}" text-anchor="middle">'
-                 f"{escape(x_label)}{axis_note})</text>")  # fmt: skip
+                 f"{escape(x_label[0])} ({escape(x_label[1])}{axis_note})</text>")  # fmt: skip
     parts.append(f'<text class="label" transform="rotate(-90)" x="{-(TOP + HEIGHT - BOTTOM) / 2}" y="14" '
                  f'text-anchor="middle">{escape(metric)}</text>')  # fmt: skip
     parts.append("</svg>")
@@ -274,7 +275,7 @@ def panel_svg(results: SweepResults, batch_size: int, threshold: float | None) -
                 f'<text class="panel-title" x="{WIDTH / 2}" y="16" text-anchor="middle">batch size {batch_size}</text>'
                 f'<text x="{WIDTH / 2}" y="{HEIGHT / 2}" text-anchor="middle">{message}</text></svg>')  # fmt: skip
     marks = [_Mark(p.variant, p.p50_ms, p.metric, p.on_frontier, tooltip(p, metric)) for p in points]
-    return _panel(results, f"batch size {batch_size}", marks, threshold, x_label="p50 latency per batch (ms",
+    return _panel(results, f"batch size {batch_size}", marks, threshold, x_label=("p50 latency per batch", "ms"),
                   steps=True, data=f' data-batch="{batch_size}"')  # fmt: skip
 
 
@@ -337,7 +338,7 @@ def frontier_document(results: SweepResults, threshold: float | None = None) -> 
     panels = [panel_svg(results, size, threshold) for size in batch_sizes(results)]
     if marks := cost_marks(results):
         panels.append(_panel(results, "cost per inference", marks, threshold, steps=False,
-                             x_label="USD per million inferences (best measured throughput"))  # fmt: skip
+                             x_label=("USD per million inferences", "best measured throughput")))  # fmt: skip
     width = 2 * _PAD + max(len(panels), 1) * (WIDTH + _GAP) - _GAP
     legend, rows = _legend(results, threshold, width - 2 * _PAD)
     top = 52 + rows * _LINE
