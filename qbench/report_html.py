@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from qbench.files import write_atomically
 from qbench.frontier import gate_threshold
+from qbench.frontier_svg import CSS as PANEL_CSS
 from qbench.frontier_svg import backend_colours, batch_sizes, panel_svg
 from qbench.gate import EXIT_BREACH, EXIT_PASS, GateCheck, GateReport
 from qbench.gate_report import check_line
@@ -43,18 +44,13 @@ h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 1.6em; }
 .verdict.none { background: #f2f2f2; border-color: #888; }
 .panels { display: flex; flex-wrap: wrap; gap: 1em; }
 svg.panel { background: #fff; border: 1px solid #ddd; font-size: 11px; }
-svg .grid { stroke: #e6e6e6; } svg .frame { fill: none; stroke: #999; }
-svg .threshold { stroke: #c62828; stroke-dasharray: 5 4; stroke-width: 1.5; }
-svg .steps { fill: none; stroke-width: 1.5; }
-svg .point { stroke-width: 2; cursor: pointer; } svg .point:hover { stroke-width: 4; }
-svg .panel-title { font-size: 13px; font-weight: 600; }
 .legend span { margin-right: 1.2em; } .swatch { display: inline-block; width: 0.8em; height: 0.8em; border-radius: 50%; }
 table { border-collapse: collapse; margin-top: 0.5em; } th, td { border: 1px solid #ddd; padding: 0.3em 0.6em; }
 th { background: #f5f5f5; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
 td.ok { background: #c8e6c9; } td.near { background: #ffe0b2; } td.breach { background: #ffcdd2; font-weight: 600; }
 td.unjudged, td.not-gated { background: #f2f2f2; color: #666; } td.missing { color: #999; }
 .warning { background: #fff4e5; padding: 0.4em 0.8em; border-left: 4px solid #b26a00; }
-"""
+""" + PANEL_CSS
 
 
 # -- verdict ----------------------------------------------------------------------------------------

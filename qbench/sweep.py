@@ -26,7 +26,8 @@ from qbench.execute.jobs import describe_error
 from qbench.execute.resume import resume_target
 from qbench.execute.snapshot import Snapshot, snapshot_keys, take_snapshot
 from qbench.execute.store import build_store
-from qbench.frontier import compute_frontier, gate_threshold, mixed_timing_machines, plot_frontier
+from qbench.frontier import compute_frontier, gate_threshold, mixed_timing_machines
+from qbench.frontier_svg import write_frontier_svg
 from qbench.gate import GateReport, evaluate_gate, nonfinite_reference_rows
 from qbench.gate_tolerance import reference_tolerances
 from qbench.interrupt import Interrupted, SignalGuard
@@ -362,7 +363,7 @@ def _publish(recipe: Recipe, results: SweepResults, progress: _Progress, started
         mark_complete(run_dir)
         progress.results_complete = True
         threshold = gate_threshold(results, recipe.gate)
-        plot_path = plot_frontier(results, run_dir / "frontier.png", threshold=threshold)
+        plot_path = write_frontier_svg(results, run_dir / "frontier.svg", threshold=threshold)
         report_path = write_markdown_report(results, gate, plot_path, run_dir / "report.md")
         html_path = write_html_report(results, gate, run_dir / "report.html")
     clock.add("report", t)

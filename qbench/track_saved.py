@@ -39,7 +39,8 @@ from qbench.track_store import (
 
 logger = logging.getLogger(__name__)
 
-REPORT_FILES = (RESULTS_FILE, "report.md", "report.html", "frontier.png")  # what a tracked sweep logs, if written
+# what a tracked sweep logs, if written (frontier.png: the plot of a folder swept before frontier.svg replaced it)
+REPORT_FILES = (RESULTS_FILE, "report.md", "report.html", "frontier.svg", "frontier.png")
 
 
 def log_sweep(results: SweepResults, recipe: Recipe, *, gate: GateReport | None, artifacts: Sequence[Path]) -> str:

@@ -444,7 +444,7 @@ def test_results_that_cannot_be_written_on_a_full_disk_leave_the_earlier_file(pr
 
 def test_a_signal_once_the_results_are_complete_still_leaves_the_reports(project, tmp_path, monkeypatch, capsys):
     """A signal right after results.json is complete (Ctrl+C while the plot renders) used to leave complete results
-    without report.md, report.html and frontier.png: the reports are written before the signal is acted on."""
+    without report.md, report.html and the frontier plot: the reports are written before the signal is acted on."""
     recipe = reporting_to(project, tmp_path)
     from qbench import sweep
 
@@ -458,4 +458,4 @@ def test_a_signal_once_the_results_are_complete_still_leaves_the_reports(project
     assert main(["sweep", str(recipe), "--no-track"]) == 2
     assert "the results are complete in" in capsys.readouterr().err
     [run_dir] = [p.parent for p in (tmp_path / "reports").glob("*/*/results.json")]
-    assert {"report.md", "report.html", "frontier.png"} <= {p.name for p in run_dir.iterdir()}
+    assert {"report.md", "report.html", "frontier.svg"} <= {p.name for p in run_dir.iterdir()}

@@ -1,10 +1,9 @@
-"""The latency–accuracy frontier: Pareto sets on hand-built points, and the PNG plot."""
+"""The latency–accuracy frontier: Pareto sets on hand-built points."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from pathlib import Path
 
 import pytest
 from sweep_factory import make_latency, make_sweep, make_variant
@@ -12,10 +11,8 @@ from sweep_factory import make_latency, make_sweep, make_variant
 from qbench.errors import QbenchError
 from qbench.frontier import (
     compute_frontier,
-    frontier_lines,
     gate_threshold,
     mixed_timing_machines,
-    plot_frontier,
     slower_than_reference,
     slower_than_reference_notes,
     speedup,
@@ -198,8 +195,6 @@ def test_a_backend_timed_on_two_kinds_of_machine_has_one_frontier_per_kind_never
     frontier = [p for p in compute_frontier(mixed.variants, "accuracy") if p.batch_size == 1]
     assert {(p.variant, p.machine) for p in frontier} == {("fp32", "Intel Xeon 8375C x8 x86_64"),
                                                           ("int8_minmax", "AMD EPYC 7B13 x8 x86_64")}  # fmt: skip
-    lines = {machine: [p.variant for p in points] for (_, machine), points in frontier_lines(frontier).items()}
-    assert lines == {"Intel Xeon 8375C x8 x86_64": ["fp32"], "AMD EPYC 7B13 x8 x86_64": ["int8_minmax"]}
     assert panel_svg(mixed, 1, None).count('class="steps"') == 2  # one staircase per kind, none joining them
     text = frontier_text(dataclasses.replace(mixed, frontier=compute_frontier(mixed.variants, "accuracy")))
     assert "  onnxruntime-cpu, batch 1, timed on AMD EPYC 7B13 x8 x86_64: int8_minmax (5.00 ms" in text
@@ -228,79 +223,3 @@ def test_a_variant_slower_than_fp32_at_every_batch_size_beyond_the_noise_is_name
     assert note == ("c@onnxruntime-cpu runs slower than fp32 at every batch size timed (0.83× at batch 1, 0.83× at "
                     "batch 32): for speed, fp32 is the better choice on onnxruntime-cpu")  # fmt: skip
     assert slower_than_reference_notes(mixed, {"b@onnxruntime-cpu"}) == []
-
-
-def _png_size(path: Path) -> tuple[int, int]:
-    """Width and height from the PNG header."""
-    header = path.read_bytes()[:24]
-    assert header[:8] == b"\x89PNG\r\n\x1a\n"
-    return int.from_bytes(header[16:20], "big"), int.from_bytes(header[20:24], "big")
-
-
-def test_plot_has_one_panel_per_batch_size(tmp_path: Path) -> None:
-    two_sizes = make_sweep()
-    one_size = make_sweep([dataclasses.replace(v, latency=make_latency({1: 1.0})) if v.latency else v
-                           for v in two_sizes.variants])  # fmt: skip
-    wide = plot_frontier(two_sizes, tmp_path / "two.png", threshold=0.94)
-    narrow = plot_frontier(one_size, tmp_path / "one.png")
-    (wide_w, wide_h), (narrow_w, narrow_h) = _png_size(wide), _png_size(narrow)
-    assert wide_h == narrow_h
-    assert wide_w > narrow_w * 1.4
-
-
-def test_plot_without_any_usable_variant_still_writes_a_png(tmp_path: Path) -> None:
-    results = make_sweep([make_variant("fp32", "fp32", error="session failed")])
-    path = plot_frontier(results, tmp_path / "sub" / "frontier.png")
-    assert _png_size(path)[0] > 100
-
-
-def test_plot_with_a_lower_is_better_metric_and_two_backends(tmp_path: Path) -> None:
-    variants = [point(n, p, v, metric="flip_rate", backend=b, batch_sizes=(1, 16))
-                for b in ("cpu", "gpu") for n, p, v in (("fp32", 2.0, 0.0), ("int8", 1.0, 0.02))]  # fmt: skip
-    results = make_sweep(variants, gate_metric="flip_rate")
-    threshold = gate_threshold(results, GateSpec(metric="flip_rate", max_drop=0.01))
-    path = plot_frontier(results, tmp_path / "flip.png", threshold=threshold)
-    assert path.stat().st_size > 10_000
-
-
-def test_a_plot_the_disk_cannot_take_is_one_line_and_leaves_the_earlier_plot(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A full disk mid-write: before, savefig's OSError crashed the sweep after the complete results were written, and
-    left a truncated frontier.png in place of the earlier one."""
-    import errno
-
-    from matplotlib.figure import Figure
-
-    path = plot_frontier(make_sweep(), tmp_path / "frontier.png")
-    earlier = path.read_bytes()
-
-    def full_disk(self: Figure, target: object, **kwargs: object) -> None:
-        Path(str(target)).write_bytes(b"\x89PNG half")
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(Figure, "savefig", full_disk)
-    with pytest.raises(QbenchError) as raised:
-        plot_frontier(make_sweep(), path)
-    assert str(raised.value) == f"{path}: cannot write the frontier plot: No space left on device"
-    assert path.read_bytes() == earlier and sorted(tmp_path.iterdir()) == [path]
-
-
-def test_the_plot_is_drawn_without_pyplot(tmp_path: Path) -> None:
-    """pyplot (its backend switch, global figure manager and interactive machinery) was imported by every sweep for
-    one PNG, a measurable part of a `qbench sweep` process's own time; the figure and its canvas need none of it."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    tests = Path(__file__).resolve().parent
-    code = ("import sys, json\nfrom pathlib import Path\nfrom sweep_factory import make_sweep\n"
-            "from qbench.frontier import plot_frontier\n"
-            f"plot_frontier(make_sweep(), Path({str(tmp_path / 'f.png')!r}), threshold=0.94)\n"
-            "print(json.dumps(sorted(m for m in sys.modules if m.startswith('matplotlib'))))")  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")])}
-    loaded = json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
-                                       env=env).stdout)  # fmt: skip
-    assert "matplotlib.figure" in loaded and "matplotlib.pyplot" not in loaded
-    assert _png_size(tmp_path / "f.png")[0] > 100

@@ -164,14 +164,14 @@ def _tables(markdown: str) -> list[list[str]]:
 
 def test_markdown_report_has_every_section_and_well_formed_tables(tmp_path: Path, gate: GateReport) -> None:
     results = make_sweep([*make_sweep().variants, make_variant("odd|name", "fp16", error="a | b\nsecond line")])
-    plot = tmp_path / "frontier.png"
-    plot.write_bytes(b"png")
+    plot = tmp_path / "frontier.svg"
+    plot.write_text("<svg/>")
     path = write_markdown_report(results, gate, plot, tmp_path / "report.md")
     text = path.read_text()
     for heading in ("# qbench report: digits", "## Calibration", "## Summary", "## Per slice: accuracy", "## Latency",
                     "## Frontier", "## Gate on accuracy", "## Notes"):  # fmt: skip
         assert heading in text
-    assert "![latency vs accuracy](frontier.png)" in text
+    assert "![latency vs accuracy](frontier.svg)" in text
     assert results.environment["cpu"] in text and "onnxruntime 1.31.0" in text
     assert results.calibration.row_ids_sha256[:12] in text
     assert not re.search(r"<\s*(br|table|div|img)", text)

@@ -244,18 +244,20 @@ def test_cost_figures_of_a_sweep_by_hand(tmp_path):
     assert 2.0 <= serving.at_rate.p50_ms <= serving.at_rate.p99_ms <= 1.0 + 2.0
 
 
-def test_the_frontier_plot_gets_a_cost_panel(tmp_path):
-    import struct
+def test_the_frontier_plot_gets_a_cost_panel():
+    import re
 
-    from qbench.frontier import plot_frontier
+    from qbench.frontier_svg import frontier_document
 
-    def width(path):
-        return struct.unpack(">I", path.read_bytes()[16:20])[0]  # PNG IHDR width
-
-    priced, plain = _results(), make_sweep([make_variant("fp32", "fp32"), make_variant("int8-ok", "int8")])
-    wide = width(plot_frontier(priced, tmp_path / "priced.png"))
-    narrow = width(plot_frontier(plain, tmp_path / "plain.png"))
-    assert (wide, narrow) == (round((1.6 + 4.6 * 3) * 120), round((1.6 + 4.6 * 2) * 120))  # b1, b32 (+ cost), 120 dpi
+    priced = frontier_document(_results())
+    plain = frontier_document(make_sweep([make_variant("fp32", "fp32"), make_variant("int8-ok", "int8")]))
+    assert (priced.count('<svg class="panel"'), plain.count('<svg class="panel"')) == (3, 2)  # b1, b32 (+ cost)
+    cost_panel = priced[priced.index(">cost per inference<"):]
+    assert "USD per million inferences" in cost_panel and "cost per inference" not in plain
+    x = {name: float(re.search(rf'data-variant="{name}"[^>]* cx="([0-9.]+)"', cost_panel).group(1))
+         for name in ("fp32", "int8-fast", "int8-ok")}  # fmt: skip
+    assert x["int8-fast"] < x["int8-ok"] < x["fp32"]  # USD 0.0625, 0.125, 0.5 per million at batch 32
+    assert "USD 0.125 per million inferences" in cost_panel
 
 
 def test_the_serving_table_marks_emulated_latency_and_names_the_columns():

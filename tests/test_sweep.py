@@ -102,8 +102,8 @@ def test_demo_sweep_writes_report_and_plot(demo_sweep):
     workdir, _ = demo_sweep
     run_dir = latest_run_dir(workdir)
     report = (run_dir / "report.md").read_text()
-    assert "int8-entropy" in report and "condition=noisy" in report and "frontier.png" in report
-    assert (run_dir / "frontier.png").stat().st_size > 10_000
+    assert "int8-entropy" in report and "condition=noisy" in report and "](frontier.svg)" in report
+    assert "<circle" in (run_dir / "frontier.svg").read_text()
     assert 'data-verdict="' in (run_dir / "report.html").read_text()
     assert (run_dir / "models" / "int8-entropy.calibration.json").is_file()
 
@@ -249,3 +249,20 @@ def test_variants_identical_to_fp32_are_reported_so_and_not_timed_again(tmp_path
     assert outcome.gate.exit_code == 0
     computes = [note.split(" ")[0] for note in outcome.gate.notes if " computes in " in note]  # not a load note
     assert computes == ["int8@onnxruntime-cpu", "fp16@onnxruntime-cpu"]
+
+
+def test_a_sweep_imports_no_plotting_library(tmp_path):
+    """matplotlib (its import, font cache and first text layout) cost a sweep process 0.6 s of CPU for frontier.png,
+    the largest cost qbench itself added to a small model's sweep; frontier.svg is drawn by qbench's own code."""
+    import subprocess
+    import sys
+
+    from tiny_linear import make_linear_project
+
+    recipe = make_linear_project(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}")
+    code = ("import json, sys\nfrom qbench import load_recipe, run_sweep\n"
+            f"outcome = run_sweep(load_recipe({str(recipe)!r}), track=False)\n"
+            "print(json.dumps([outcome.plot_path.name, outcome.gate.exit_code, "
+            "sorted(m for m in sys.modules if m.split('.')[0] == 'matplotlib')]))")  # fmt: skip
+    output = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    assert json.loads(output.splitlines()[-1]) == ["frontier.svg", 0, []]

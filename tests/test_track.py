@@ -72,7 +72,7 @@ RANGES = RangeAnalysis(
 
 
 def artifacts_for(folder: Path) -> list[Path]:
-    paths = [folder / "results.json", folder / "report.md", folder / "frontier.png"]
+    paths = [folder / "results.json", folder / "report.md", folder / "frontier.svg"]
     for path in paths:
         path.write_text(path.name)
     return paths
@@ -131,7 +131,7 @@ def test_parent_run_has_params_tags_and_artifacts(logged_to_sqlite: Logged) -> N
     assert parent.data.tags["qbench.gate"] == {0: "pass", 1: "breach", 2: "unusable"}[gate.exit_code]
     assert parent.data.tags["qbench.version"] == results.qbench_version
     logged = {a.path for a in client.list_artifacts(logged_to_sqlite.parent_id)}
-    assert logged == {"recipe.yaml", "results.json", "report.md", "frontier.png", "ranges.json"}
+    assert logged == {"recipe.yaml", "results.json", "report.md", "frontier.svg", "ranges.json"}
     assert (logged_to_sqlite.folder / "mlartifacts").is_dir()
 
 
@@ -300,7 +300,7 @@ def test_log_sweep_to_a_real_mlflow_server(mlflow_server: str, tmp_path: Path, m
     for key, value in _expected_metrics(int8).items():
         assert runs[int8.key].data.metrics[key] == pytest.approx(value), key
     assert {a.path for a in logged.client.list_artifacts(parent_id)} == {
-        "recipe.yaml", "results.json", "report.md", "frontier.png", "ranges.json"
+        "recipe.yaml", "results.json", "report.md", "frontier.svg", "ranges.json"
     }  # fmt: skip
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "mlruns").exists()
     assert gate.exit_code == 2  # the failed variant cannot be judged: fail closed

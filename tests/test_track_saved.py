@@ -39,7 +39,7 @@ def test_an_untracked_sweep_is_logged_afterwards_once_and_registers(
         assert child.data.metrics["kl_mean"] == variant["accuracy"]["overall"]["metrics"]["kl_mean"]
         assert child.data.metrics["lat/p50_ms/b4"] == variant["latency"]["points"][1]["p50_ms"]
         assert child.outputs.model_outputs, variant["variant"]
-    assert {"linear.yaml", "results.json", "report.md", "frontier.png"} <= {
+    assert {"linear.yaml", "results.json", "report.md", "frontier.svg"} <= {
         a.path for a in client.list_artifacts(parent.info.run_id)}  # fmt: skip
 
     capsys.readouterr()
