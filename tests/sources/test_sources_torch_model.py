@@ -64,6 +64,18 @@ class Tagger(nn.Module):
         return self.head(pooled), pooled
 
 
+class OptionalMask(Tagger):
+    """forward() as Hugging Face models write it: optional arguments, token_type_ids after attention_mask."""
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+        return super().forward(input_ids + (0 if token_type_ids is None else token_type_ids), mask)
+
+
+def build_optional_mask():
+    return OptionalMask()
+
+
 class Branching(Classifier):
     """Data-dependent control flow: the trace keeps the branch the export's example took."""
 
@@ -474,6 +486,28 @@ def test_inputs_named_like_forwards_arguments_bind_by_name_in_any_order(project:
     )  # fmt: skip
     model = load_torch_model(load_recipe(recipe))
     assert model.input_names == ("input_ids", "attention_mask")
+
+
+@pytest.mark.parametrize(("names", "expected"), [
+    # bound by name, forward()'s order: the second tensor would be passed as attention_mask, and the ONNX input named
+    # token_type_ids would compute as a mask (before, silently)
+    (["input_ids", "token_type_ids"], "'token_type_ids' is forward()'s argument #3, but inputs are passed to forward() "
+     "by position, so it would be passed as 'attention_mask' (#2); expected an example input for every argument "
+     "before it (attention_mask)"),
+    # bound by position (ids is no parameter's name): token_type_ids would reach attention_mask
+    (["ids", "token_type_ids"], "'token_type_ids' is forward()'s argument #3, but inputs are passed to forward() by "
+     "position, so it would be passed as 'attention_mask' (#2)"),
+])  # fmt: skip
+def test_an_input_named_after_a_forward_argument_it_would_not_reach_is_refused(
+    project: Path, names: list[str], expected: str
+) -> None:
+    recipe = _write_recipe(
+        project.parent,
+        {"torch": "mypkg.models:build_optional_mask", "weights": None, "output_names": None,
+         "example_inputs": {name: [1, 6] for name in names}, "input_dtypes": dict.fromkeys(names, "int64")},
+    )  # fmt: skip
+    error = _load_error(recipe)
+    assert error.field == "model.example_inputs" and expected in error.detail
 
 
 def test_a_missing_argument_without_default_is_refused(project: Path) -> None:
