@@ -726,6 +726,21 @@ def test_cells_that_do_not_fit_the_example_shape_name_model_example_inputs(
             "features: [1, 4]") in capsys.readouterr().err  # fmt: skip
 
 
+def test_cells_of_several_sizes_are_refused_as_data_not_as_one_example_shape(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Unpadded token lists fit no example shape; before, the error told to set the example to the first row's size."""
+    table = pd.read_parquet(project.parent / "data.parquet")
+    table["x"] = [np.concatenate([cell, np.zeros(index % 3, cell.dtype)]) for index, cell in enumerate(table["x"])]
+    table.to_parquet(project.parent / "data.parquet")
+    model = {"torch": "mypkg.models:build_any_width", "example_inputs": {"features": [1, 6]}}
+    recipe = _write_recipe(project.parent, model, variants=[{"name": "fp16", "precision": "fp16"}])
+    assert main(["validate", str(recipe)]) == 2
+    error = capsys.readouterr().err
+    assert "data.inputs: column 'x' holds cells of different lengths" in error and "pad them to one size" in error
+    assert "model.example_inputs" not in error
+
+
 def test_validate_accepts_a_modelopt_variant(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Every `quantizer: modelopt` recipe failed at validate and sweep start: `qbench: error: AttributeError:
     'VariantSpec' object has no attribute 'calibration'` (the check was handed the variant, not its config)."""
