@@ -76,6 +76,19 @@ def build_optional_mask():
     return OptionalMask()
 
 
+class Untraceable(Classifier):
+    """Runs eagerly, fails under the tracer (as a Hugging Face BertModel does: an argument passed twice)."""
+
+    def forward(self, features):
+        if torch.jit.is_tracing():
+            raise TypeError("forward() got multiple values for argument 'use_cache'")
+        return super().forward(features)
+
+
+def build_untraceable():
+    return Untraceable()
+
+
 class Branching(Classifier):
     """Data-dependent control flow: the trace keeps the branch the export's example took."""
 
@@ -606,6 +619,20 @@ def test_new_weights_or_opset_make_a_new_export(project: Path) -> None:
     torch.save(_trained_classifier(seed=0).state_dict(), project.parent / "weights.pt")
     assert load_torch_model(load_recipe(project)).cache_key == first.cache_key
     assert load_torch_model(load_recipe(_write_recipe(project.parent, {"opset": 18}))).cache_key != first.cache_key
+
+
+def test_a_forward_the_tracer_cannot_run_is_refused_in_one_line_naming_model_torch(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before, the tracer's TypeError reached the CLI as `qbench: error: TypeError: ...`, naming neither the recipe
+    nor its field, and the export folder kept nothing either way."""
+    model = {"torch": "mypkg.models:build_untraceable", "weights": None}
+    recipe = _write_recipe(project.parent, model, variants=[{"name": "fp16", "precision": "fp16"}])
+    assert main(["validate", str(recipe)]) == 2
+    error = capsys.readouterr().err
+    assert (f"{recipe}: model.torch: the ONNX export of mypkg.models:build_untraceable failed while tracing forward() "
+            "on the example inputs: TypeError: forward() got multiple values for argument 'use_cache'; expected a "
+            "forward() the TorchScript exporter can trace") in error
 
 
 def test_an_export_that_differs_from_torch_is_refused_and_not_cached(
