@@ -13,6 +13,7 @@ from qbench.recipe import Recipe
 from qbench.tasks import Task
 from qbench.tasks.classification import ONE_COLUMN_CLASSES, class_count, column_classes, label_columns, one_score_column
 from qbench.tasks.selection import OutputChoice
+from qbench.tasks.tokens import IGNORE_LABEL, any_token_list
 
 
 def named_classes(
@@ -23,6 +24,11 @@ def named_classes(
     if task.name != "classification":
         raise RecipeError(recipe.source, "data.classes", f"task {task.name!r} does not read class names; "
                           "expected it only with task: classification")  # fmt: skip
+    if any_token_list(values):  # names would be read per row, a whole list as one name: "are none of data.classes"
+        raise RecipeError(recipe.source, "data.classes", f"column {recipe.data.label!r} holds a list of token labels "
+                          "per row, and data.classes names one class per row; expected token labels as integer class "
+                          f"ids (the score columns' numbers, {IGNORE_LABEL} for a token not to score) and no "
+                          "data.classes")  # fmt: skip
     mapped = [o.name for o in outputs if o.meta.kind == "map"]
     if mapped:
         raise RecipeError(recipe.source, "data.classes", f"output {mapped[0]!r} names its own classes (a map); expected "

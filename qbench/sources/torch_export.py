@@ -76,7 +76,12 @@ def _export_into(torch_model: TorchModel, target: Path, inputs: Sequence[Any] | 
     handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=".model.", suffix=".onnx.tmp")
     os.close(handle)
     try:
-        torch_model.export(torch_model.build(), Path(temporary))
+        try:
+            torch_model.export(torch_model.build(), Path(temporary))
+        except Exception as exc:  # noqa: BLE001 - the tracer running the user's forward(): what failed is the finding
+            return (f"failed while tracing forward() on the example inputs: {type(exc).__name__}: {exc}; expected a "
+                    "forward() the TorchScript exporter can trace: make the factory return a wrapper module whose "
+                    "forward() takes the example inputs and calls the model with keyword arguments")
         problem = _export_problem(torch_model, Path(temporary))
         if problem is None and inputs is not None:
             problem = export_difference(torch_model, Path(temporary), inputs)

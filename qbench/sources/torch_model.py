@@ -320,6 +320,7 @@ def _bind_forward_arguments(recipe: Recipe, module: torch.nn.Module, names: list
     if any(p.kind is p.VAR_POSITIONAL for p in parameters):
         return names  # forward(*args) accepts any number
     positional = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    _refuse_names_at_other_positions(recipe, names, positional)
     if set(names) <= set(positional):
         names = [name for name in positional if name in names]  # by name
         covered = set(names)
@@ -337,6 +338,22 @@ def _bind_forward_arguments(recipe: Recipe, module: torch.nn.Module, names: list
         message = f"forward() argument {uncovered[0]!r} has no default and no example input: got {names}"
         raise RecipeError(recipe.source, "model.example_inputs", message)
     return names
+
+
+def _refuse_names_at_other_positions(recipe: Recipe, names: list[str], positional: list[str]) -> None:
+    """Refuse an input named after a forward() parameter it would not reach: inputs are passed by position, so
+    `{input_ids, token_type_ids}` for a BERT's `forward(input_ids, attention_mask, token_type_ids, ...)` would give
+    an ONNX input named token_type_ids that silently computes as the mask."""
+    order = [name for name in positional if name in names] if set(names) <= set(positional) else names
+    for index, (name, reached) in enumerate(zip(order, positional, strict=False)):
+        if name in positional and reached != name:
+            at = positional.index(name)
+            missing = ", ".join(p for p in positional[:at] if p not in names)
+            message = (f"{name!r} is forward()'s argument #{at + 1}, but inputs are passed to forward() by position, "
+                       f"so it would be passed as {reached!r} (#{index + 1}); expected an example input for every "
+                       f"argument before it ({missing}), or a factory returning a wrapper module whose forward() "
+                       f"takes exactly {', '.join(order)}")
+            raise RecipeError(recipe.source, "model.example_inputs", message)
 
 
 def _refuse_a_mapping_forward(recipe: Recipe, module: torch.nn.Module, shapes: Mapping[str, tuple[int, ...]]) -> None:

@@ -203,13 +203,20 @@ class _Reader:
         if producer is not None and producer.op_type == "DynamicQuantizeLinear":
             return ActivationFacts("dynamic")
         if producer is not None and producer.op_type == "QuantizeLinear" and self.array(producer.input[1]) is not None:
-            zeros = self.array(producer.input[2]) if len(producer.input) > 2 else None
-            dtype = zeros.dtype if zeros is not None else np.dtype(np.uint8)
+            zeros = self.array(producer.input[2]) if len(producer.input) > 2 and producer.input[2] else None
+            dtype = zeros.dtype if zeros is not None else _output_dtype(producer)
             if _is_float8(dtype):  # an FP8 zero point is always 0: centred
                 return ActivationFacts("static", dtype.name, True)
             zeros = np.zeros(1, dtype) if zeros is None else zeros
             return ActivationFacts("static", dtype.name, _symmetric(zeros, 8))
         return ActivationFacts("dynamic" if quantizes_itself else "float")
+
+
+def _output_dtype(quantize: onnx.NodeProto) -> np.dtype:
+    """The type a QuantizeLinear without a zero point writes: its `output_dtype` attribute (opset 21; how FP8 builds
+    write float8_e4m3fn), else uint8 as the operator defines."""
+    code = next((a.i for a in quantize.attribute if a.name == "output_dtype" and a.i), onnx.TensorProto.UINT8)
+    return np.dtype(helper.tensor_dtype_to_np_dtype(code))
 
 
 def _is_float8(dtype: np.dtype) -> bool:

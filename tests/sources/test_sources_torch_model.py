@@ -64,6 +64,31 @@ class Tagger(nn.Module):
         return self.head(pooled), pooled
 
 
+class OptionalMask(Tagger):
+    """forward() as Hugging Face models write it: optional arguments, token_type_ids after attention_mask."""
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+        return super().forward(input_ids + (0 if token_type_ids is None else token_type_ids), mask)
+
+
+def build_optional_mask():
+    return OptionalMask()
+
+
+class Untraceable(Classifier):
+    """Runs eagerly, fails under the tracer (as a Hugging Face BertModel does: an argument passed twice)."""
+
+    def forward(self, features):
+        if torch.jit.is_tracing():
+            raise TypeError("forward() got multiple values for argument 'use_cache'")
+        return super().forward(features)
+
+
+def build_untraceable():
+    return Untraceable()
+
+
 class Branching(Classifier):
     """Data-dependent control flow: the trace keeps the branch the export's example took."""
 
@@ -476,6 +501,28 @@ def test_inputs_named_like_forwards_arguments_bind_by_name_in_any_order(project:
     assert model.input_names == ("input_ids", "attention_mask")
 
 
+@pytest.mark.parametrize(("names", "expected"), [
+    # bound by name, forward()'s order: the second tensor would be passed as attention_mask, and the ONNX input named
+    # token_type_ids would compute as a mask (before, silently)
+    (["input_ids", "token_type_ids"], "'token_type_ids' is forward()'s argument #3, but inputs are passed to forward() "
+     "by position, so it would be passed as 'attention_mask' (#2); expected an example input for every argument "
+     "before it (attention_mask)"),
+    # bound by position (ids is no parameter's name): token_type_ids would reach attention_mask
+    (["ids", "token_type_ids"], "'token_type_ids' is forward()'s argument #3, but inputs are passed to forward() by "
+     "position, so it would be passed as 'attention_mask' (#2)"),
+])  # fmt: skip
+def test_an_input_named_after_a_forward_argument_it_would_not_reach_is_refused(
+    project: Path, names: list[str], expected: str
+) -> None:
+    recipe = _write_recipe(
+        project.parent,
+        {"torch": "mypkg.models:build_optional_mask", "weights": None, "output_names": None,
+         "example_inputs": {name: [1, 6] for name in names}, "input_dtypes": dict.fromkeys(names, "int64")},
+    )  # fmt: skip
+    error = _load_error(recipe)
+    assert error.field == "model.example_inputs" and expected in error.detail
+
+
 def test_a_missing_argument_without_default_is_refused(project: Path) -> None:
     recipe = _write_recipe(
         project.parent,
@@ -572,6 +619,20 @@ def test_new_weights_or_opset_make_a_new_export(project: Path) -> None:
     torch.save(_trained_classifier(seed=0).state_dict(), project.parent / "weights.pt")
     assert load_torch_model(load_recipe(project)).cache_key == first.cache_key
     assert load_torch_model(load_recipe(_write_recipe(project.parent, {"opset": 18}))).cache_key != first.cache_key
+
+
+def test_a_forward_the_tracer_cannot_run_is_refused_in_one_line_naming_model_torch(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before, the tracer's TypeError reached the CLI as `qbench: error: TypeError: ...`, naming neither the recipe
+    nor its field, and the export folder kept nothing either way."""
+    model = {"torch": "mypkg.models:build_untraceable", "weights": None}
+    recipe = _write_recipe(project.parent, model, variants=[{"name": "fp16", "precision": "fp16"}])
+    assert main(["validate", str(recipe)]) == 2
+    error = capsys.readouterr().err
+    assert (f"{recipe}: model.torch: the ONNX export of mypkg.models:build_untraceable failed while tracing forward() "
+            "on the example inputs: TypeError: forward() got multiple values for argument 'use_cache'; expected a "
+            "forward() the TorchScript exporter can trace") in error
 
 
 def test_an_export_that_differs_from_torch_is_refused_and_not_cached(
@@ -690,6 +751,21 @@ def test_cells_that_do_not_fit_the_example_shape_name_model_example_inputs(
     assert ("model.example_inputs: input 'features' is exported with shape [1, 6] (batch first), but column 'x' holds "
             "cells of shape [4]: a PyTorch source's inputs keep the example's sizes after the batch axis; set "
             "features: [1, 4]") in capsys.readouterr().err  # fmt: skip
+
+
+def test_cells_of_several_sizes_are_refused_as_data_not_as_one_example_shape(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Unpadded token lists fit no example shape; before, the error told to set the example to the first row's size."""
+    table = pd.read_parquet(project.parent / "data.parquet")
+    table["x"] = [np.concatenate([cell, np.zeros(index % 3, cell.dtype)]) for index, cell in enumerate(table["x"])]
+    table.to_parquet(project.parent / "data.parquet")
+    model = {"torch": "mypkg.models:build_any_width", "example_inputs": {"features": [1, 6]}}
+    recipe = _write_recipe(project.parent, model, variants=[{"name": "fp16", "precision": "fp16"}])
+    assert main(["validate", str(recipe)]) == 2
+    error = capsys.readouterr().err
+    assert "data.inputs: column 'x' holds cells of different lengths" in error and "pad them to one size" in error
+    assert "model.example_inputs" not in error
 
 
 def test_validate_accepts_a_modelopt_variant(project: Path, capsys: pytest.CaptureFixture[str]) -> None:

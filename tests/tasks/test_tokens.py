@@ -362,3 +362,24 @@ def test_min_slice_size_counts_the_scored_tokens_a_token_mean_rests_on() -> None
     by_scope = {c.scope: c for c in report.checks}
     assert (by_scope["sparse"].status, by_scope["sparse"].reason, by_scope["sparse"].size) == ("skipped", UNDER_MIN_SIZE, 3)
     assert by_scope["overall"].status == "pass" and report.exit_code == 0
+
+
+def test_token_labels_named_by_data_classes_are_refused_naming_what_is_expected(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """NER tags written as names with data.classes: before, each row's whole list was read as one class name and
+    refused as 'none of data.classes', though every tag was one of them."""
+    import pandas as pd
+
+    recipe, _, labels = _token_project(tmp_path)
+    names = np.array(["a", "b", "c"])
+    table = pd.read_parquet(tmp_path / "data.parquet")
+    table["y"] = [list(names[np.maximum(row, 0)]) for row in labels]
+    table.to_parquet(tmp_path / "data.parquet")
+    body = recipe.read_text().replace("  label: y\n", "  label: y\n  classes: [a, b, c]\n")
+    assert body != recipe.read_text()
+    recipe.write_text(body)
+    assert main(["validate", str(recipe)]) == 2
+    err = capsys.readouterr().err
+    assert said("data.classes: column 'y' holds a list of token labels per row, and data.classes names one class per "
+                "row; expected token labels as integer class ids", err), err

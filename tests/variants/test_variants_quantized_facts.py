@@ -209,3 +209,13 @@ def test_fp8_weights_and_weights_inside_subgraphs_are_recorded(tmp_path):
     built = with_quantized_facts(BuiltVariant(name="fp8", precision="fp8", onnx_path=tmp_path / "m.onnx"), model)
     assert built.params["weights_as_built"] == {"MatMul": {"float8_e4m3fn, per-tensor, centred": 1}}
     assert built.params["activations_as_built"] == {"MatMul": {"static float8_e4m3fn, centred": 1}}
+
+
+def test_fp8_activations_quantized_without_a_zero_point_are_recorded_as_float8(mlp, tmp_path):
+    """The FP8 builder writes QuantizeLinear with `output_dtype` float8_e4m3fn and no zero point; before, such an
+    activation was recorded as "static uint8, asymmetric" (the operator's default type when no zero point is given)."""
+    built = build_variant(VariantSpec(name="fp8", precision="fp8", calibrator="minmax"), mlp.context(tmp_path))
+    model = onnx.load(str(built.onnx_path))
+    quantize = [node for node in model.graph.node if node.op_type == "QuantizeLinear"]
+    assert quantize and all(len(node.input) < 3 for node in quantize)  # what this test is about: no zero point
+    assert built.params["activations_as_built"] == {"MatMul": {"static float8_e4m3fn, centred": 2}}
