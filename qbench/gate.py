@@ -20,6 +20,7 @@ import qbench
 from qbench.errors import QbenchError
 from qbench.frontier import mixed_timing_machines, slower_than_reference_notes
 from qbench.gate_checks import (
+    changed_models,
     evaluation_from_data,
     expected_pairs,
     result_problems,
@@ -438,6 +439,7 @@ def run_gate(
                          "slices are required, at the sizes the results record)")  # fmt: skip
     timed = timed_batch_sizes(asked) if fresh else None  # a model with a fixed batch is timed at it alone
     problems += result_problems(results, asked, evaluated, timed)
+    problems += changed_models(results)
     report = evaluate_gate(results, asked.gate, expected=expected_pairs(asked), slo=asked.slo)
     report = withheld(replace(report, problems=(*problems, *report.problems)))
     return replace(report, notes=(*notes, *report.notes)), results

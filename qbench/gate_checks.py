@@ -13,11 +13,12 @@ import fnmatch
 import logging
 import math
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qbench.data.nonfinite import drop_nonfinite
 from qbench.errors import did_you_mean, expected_one_of, short_repr
-from qbench.provenance import changed_inputs, input_files
+from qbench.provenance import changed_inputs, input_files, model_sha256
 from qbench.recipe import RESULT_SECTIONS, Recipe, VariantSpec
 from qbench.results import AccuracyResult, LatencyResult, SliceMetrics, SweepResults, VariantResult
 from qbench.validate.catalogue import METRICS, drop, impossible_value, within
@@ -88,6 +89,26 @@ def stale_inputs(results: SweepResults, recipe: Recipe) -> tuple[list[str], list
         for name in check.changed
     ]  # fmt: skip
     return problems, list(check.missing)
+
+
+def changed_models(results: SweepResults) -> list[str]:
+    """Measured model files that no longer hold the model measured (their recorded `model_sha256`).
+
+    The figures describe the model the sweep measured; a file replaced or edited since (the run folder's copy that
+    `qbench export`, `qbench track` and a deployment take) is not what they describe. A file that is gone is no
+    problem: the results stay intact without it (they are often judged away from their run folder).
+    """
+    problems: list[str] = []
+    checked: set[str] = set()
+    for result in results.variants:
+        path = result.model_path
+        if result.status != "ok" or not path or not result.model_sha256 or path in checked:
+            continue
+        checked.add(path)
+        if Path(path).is_file() and model_sha256(Path(path)) != result.model_sha256:
+            problems.append(f"{result.key}: the model file {path} is not the model measured (its sha256 differs "
+                            "from the recorded model_sha256: replaced or edited after the sweep); re-run `qbench sweep`")
+    return problems
 
 
 # -- what qbench's own rules allow -----------------------------------------------------------------

@@ -224,6 +224,9 @@ class _Progress:
             return exc
         if self.results_complete:
             where = f"the results are complete in {self.run_dir}"
+            if self.tracker is not None:  # interrupted before the MLflow logging ended: say how to finish it
+                where += (f", not in MLflow (log them there with `qbench track {self.prepared.recipe.source} "
+                          f"{self.run_dir}`)")
         else:
             kept = f"{len(self.done)} variant run{'' if len(self.done) == 1 else 's'}"
             where = f"partial results ({kept}) in {self.run_dir / RESULTS_FILE}, marked incomplete"
@@ -377,6 +380,7 @@ def _publish(recipe: Recipe, results: SweepResults, progress: _Progress, started
         except Exception as exc:  # noqa: BLE001 - results are on disk; say where, then fail
             raise QbenchError(f"logging to MLflow failed ({exc}); the results are saved in {run_dir}") from exc
         failure = progress.tracker.failure
+        progress.tracker = None  # the runs are ended: an interruption from here on must not end them KILLED again
         clock.add("track", t)
     timings = {**clock.seconds, "total": time.perf_counter() - started}
     results = _with_timings(results, timings)

@@ -31,6 +31,7 @@ from mlflow.utils.validation import MAX_ENTITIES_PER_BATCH, MAX_METRICS_PER_BATC
 import qbench
 from qbench.errors import QbenchError, one_line
 from qbench.gate import GateReport
+from qbench.provenance import model_sha256
 from qbench.recipe import Recipe
 from qbench.results import SweepResults, VariantResult, to_json
 from qbench.runs import describe_run
@@ -288,8 +289,11 @@ class SweepTracker:
         self._mlflow(log)
 
     def _model_of(self, variant: VariantResult, run_id: str) -> str | None:
-        """The variant's LoggedModel, logged from this run the first time, linked to it afterwards; None if unmeasured."""
+        """The variant's LoggedModel, logged from this run the first time, linked to it afterwards; None if unmeasured
+        or if its file is no longer the model measured (replaced after the sweep: `qbench track` of an edited run)."""
         if variant.status != "ok" or not variant.model_path or not Path(variant.model_path).is_file():
+            return None
+        if variant.model_sha256 and model_sha256(Path(variant.model_path)) != variant.model_sha256:
             return None
         model_id = self._models.get(variant.variant)
         if model_id is not None:

@@ -52,3 +52,30 @@ def test_an_untracked_sweep_is_logged_afterwards_once_and_registers(
     mark_incomplete(run_dir, "interrupted by SIGINT")
     assert main(["track", str(recipe), str(run_dir)]) == 2
     assert "is an incomplete run (interrupted by SIGINT)" in capsys.readouterr().err
+
+
+def test_a_model_file_replaced_after_the_sweep_is_neither_passed_nor_logged_as_the_model_measured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The run folder's copy of a variant's model is what ships (export, track, registry): one that is no longer
+    the model measured makes the results unusable, and `qbench track` does not log it as that variant's model."""
+    uri = f"sqlite:///{(tmp_path / 'mlflow.db').as_posix()}"
+    recipe = make_linear_project(tmp_path, uri)
+    monkeypatch.chdir(tmp_path)
+    assert main(["sweep", str(recipe), "--no-track"]) == 0
+    [results_path] = (tmp_path / "reports").glob("linear/*/results.json")
+    saved = json.loads(results_path.read_text())
+    [replaced] = {v["model_path"] for v in saved["variants"] if v["variant"] == "int8-minmax"}
+    Path(replaced).write_bytes((tmp_path / "linear.onnx").read_bytes())  # FP32's graph where INT8's was measured
+
+    capsys.readouterr()
+    assert main(["gate", "--results", str(results_path)]) == 2
+    assert f"the model file {replaced} is not the model measured" in capsys.readouterr().out
+    assert main(["track", str(recipe), str(results_path.parent)]) == 0
+
+    client = MlflowClient(uri)
+    experiment_id = client.get_experiment_by_name("linear").experiment_id
+    children = client.search_runs([experiment_id], "tags.`qbench.variant` = 'int8-minmax'")
+    assert children and all(not child.outputs.model_outputs for child in children)
+    assert main(["gate", str(recipe), "--register", "linear-model"]) == 2
+    assert not client.search_registered_models()

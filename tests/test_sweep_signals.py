@@ -1,0 +1,83 @@
+"""A signal while a sweep ends (its results complete, its MLflow runs being logged or logged already): the exit is
+2 with one line, and MLflow is left as it is, or the line says how to log what it lacks.
+
+Each sweep runs as a real process that signals itself right after one of qbench's functions returns."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+from user_model import make_user_project
+
+from qbench.cli_app import main
+
+REPO = Path(__file__).resolve().parents[1]
+HOOK = textwrap.dedent("""\
+    import importlib, os, sys, time
+    module_name, attribute, signum = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    module = importlib.import_module(module_name)
+    original = getattr(module, attribute)
+    def signalled(*args, **kwargs):
+        result = original(*args, **kwargs)
+        os.kill(os.getpid(), signum)
+        time.sleep(30)
+        return result
+    setattr(module, attribute, signalled)
+    from qbench.cli_app import main
+    sys.exit(main(sys.argv[4:]))
+""")
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """The user's project with FP16 only, timed briefly, tracked in a sqlite store; returns its recipe."""
+    recipe = make_user_project(tmp_path)
+    raw = yaml.safe_load(recipe.read_text())
+    raw["variants"] = [{"name": "fp16", "precision": "fp16"}]
+    raw["latency"] = {"batch_sizes": [1], "warmup": 1, "iterations": 3, "threads": 1}
+    raw["gate"] = {"metric": "agreement", "max_drop": 1.0, "max_slice_drop": 1.0, "applies_to": ["*"]}
+    recipe.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return recipe
+
+
+def signalled_sweep(recipe: Path, hook: str) -> tuple[int, str, Path]:
+    """`qbench sweep RECIPE` that gets SIGTERM right after `hook` (module:function) returns: (status, its last
+    error line, the run folder)."""
+    module, attribute = hook.split(":")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "400"}
+    done = subprocess.run([sys.executable, "-c", HOOK, module, attribute, str(int(signal.SIGTERM)), "sweep",
+                           str(recipe)], capture_output=True, text=True, env=env, cwd=recipe.parent, timeout=120,
+                          check=False)  # fmt: skip
+    [run_dir] = (recipe.parent / "reports" / "tumour-mlp").iterdir()
+    return done.returncode, done.stderr.strip().splitlines()[-1], run_dir
+
+
+def sweep_runs(recipe: Path) -> list:
+    client = MlflowClient(f"sqlite:///{recipe.parent / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("tumour-mlp")
+    return [run for run in client.search_runs([experiment.experiment_id]) if " sweep " in run.info.run_name]
+
+
+def test_a_signal_while_mlflow_logs_the_finished_sweep_says_how_to_log_it(project: Path) -> None:
+    code, line, run_dir = signalled_sweep(project, "qbench.track:_log_artifacts")
+    assert code == 2
+    assert line.endswith(f"sweep interrupted by SIGTERM: the results are complete in {run_dir}, not in MLflow "
+                         f"(log them there with `qbench track {project} {run_dir}`)")  # fmt: skip
+    assert main(["track", str(project), str(run_dir)]) == 0
+    assert sorted(run.info.status for run in sweep_runs(project)) == ["FINISHED", "KILLED"]
+
+
+def test_a_signal_once_mlflow_has_the_whole_sweep_leaves_its_runs_finished(project: Path) -> None:
+    code, line, run_dir = signalled_sweep(project, "qbench.sweep:_with_timings")  # after the MLflow logging ended
+    assert code == 2
+    assert line.endswith(f"sweep interrupted by SIGTERM: the results are complete in {run_dir}")
+    [parent] = sweep_runs(project)
+    assert (parent.info.status, parent.data.tags["qbench.gate"]) == ("FINISHED", "pass")
