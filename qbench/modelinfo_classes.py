@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
 ClassTable = tuple[int | str, ...]
 
 # element-wise or row-wise maps that keep each column's class and the columns' order
+_FLOAT_TYPES = (1, 10, 11, 16)  # TensorProto FLOAT, FLOAT16, DOUBLE, BFLOAT16
 _COLUMN_KEEPING_OPS = ("Identity", "Cast", "Normalizer", "Sqrt", "Exp", "Log", "Sigmoid", "Softmax", "LogSoftmax")
 _ROW_NORMALISING_OPS = ("Sub", "Div")
 _INDEX_OPS = ("Identity", "Cast", "Reshape", "Squeeze", "Unsqueeze", "Flatten")
@@ -93,8 +94,9 @@ def score_facts(model: onnx.ModelProto) -> ScoreFacts:
             logs.add(output.name)
     cuts = {}
     scalars = _scalar_constants(model)
+    labels_out = {o.name for o in graph.output if o.type.tensor_type.elem_type not in _FLOAT_TYPES}
     for output in graph.output:
-        cut = _decision_cut(output.name, consumers, scalars)
+        cut = _decision_cut(output.name, consumers, scalars, labels_out)
         if cut is not None:
             cuts[output.name] = cut
     return ScoreFacts(tables, labels, off_label, probabilities, logs, _argmax_id_counts(model, producers), lowest, cuts)
@@ -106,10 +108,13 @@ _CUT_INCLUSIVE = {"Less": True, "GreaterOrEqual": True, "Greater": False, "LessO
 _MIRRORED = {"Less": "Greater", "Greater": "Less", "LessOrEqual": "GreaterOrEqual", "GreaterOrEqual": "LessOrEqual"}
 
 
-def _decision_cut(name: str, consumers: dict[str, list[onnx.NodeProto]], scalars: dict[str, float]) -> tuple[float, bool] | None:
+def _decision_cut(
+    name: str, consumers: dict[str, list[onnx.NodeProto]], scalars: dict[str, float], labels: set[str]
+) -> tuple[float, bool] | None:
     """Where the graph splits the scores `name` (through reshapes) into its label by comparing them with one
     constant (skl2onnx's IsolationForest: label = Less(scores, 0) -> -1, else 1), as (constant, whether a score equal
-    to it is the upper class); None where no such comparison reads them, or several disagree."""
+    to it is the upper class); None where no such comparison reads them, or several disagree. Only a comparison
+    whose result goes on to a non-float graph output (`labels`) is the label's: another is a flag of its own."""
     found: set[tuple[float, bool]] = set()
     waiting, seen = [name], set()
     while waiting:
@@ -123,9 +128,22 @@ def _decision_cut(name: str, consumers: dict[str, list[onnx.NodeProto]], scalars
             elif user.op_type in _CUT_INCLUSIVE and user.domain in ("", "ai.onnx") and len(user.input) == 2:
                 first = user.input[0] == tensor
                 other = user.input[1] if first else user.input[0]
-                if other in scalars:
+                if other in scalars and _reaches(user.output[0], consumers, labels):
                     found.add((scalars[other], _CUT_INCLUSIVE[user.op_type if first else _MIRRORED[user.op_type]]))
     return found.pop() if len(found) == 1 else None
+
+
+def _reaches(name: str, consumers: dict[str, list[onnx.NodeProto]], targets: set[str]) -> bool:
+    """Whether `name` flows (through any nodes) into one of `targets`."""
+    waiting, seen = [name], set()
+    while waiting and len(seen) < _SCALE_STEPS:
+        tensor = waiting.pop()
+        if tensor in targets:
+            return True
+        if tensor not in seen:
+            seen.add(tensor)
+            waiting.extend(out for user in consumers.get(tensor, []) for out in user.output)
+    return False
 
 
 def _scalar_constants(model: onnx.ModelProto) -> dict[str, float]:
