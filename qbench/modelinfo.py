@@ -49,6 +49,7 @@ class TensorMeta:
     passthrough_of: str | None = None
     off_label: str | None = None  # why the highest of these scores is not the model's own label (modelinfo_classes)
     lowest_wins: bool = False  # the graph's label is the ArgMin of these scores
+    decision_cut: tuple[float, bool] | None = None  # a single score column the graph splits at (value, tie is class 1)
     probabilities: bool | None = None  # the graph makes these scores as probabilities / as logits; None: unstated
     log_probabilities: bool = False  # the graph makes these scores as the log of probabilities (modelinfo_classes)
     class_count: int | None = None  # class ids an integer output can give, when the graph says (ArgMax over N scores)
@@ -100,7 +101,8 @@ def read_model_info(path: Path) -> ModelInfo:
         meta = _meta(value, producers.get(value.name))
         if meta.kind == "map" or meta.dtype.kind == "f":  # scores, not labels
             meta = dataclasses.replace(meta, off_label=facts.off_label.get(value.name),
-                                       lowest_wins=value.name in facts.lowest_wins)
+                                       lowest_wins=value.name in facts.lowest_wins,
+                                       decision_cut=facts.cuts.get(value.name))
         if meta.kind == "tensor":
             label_table = facts.labels.get(value.name)
             keys = label_table if _read_as_positions(meta, label_table) else facts.tables.get(value.name)

@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
 ClassTable = tuple[int | str, ...]
 
 # element-wise or row-wise maps that keep each column's class and the columns' order
+_FLOAT_TYPES = (1, 10, 11, 16)  # TensorProto FLOAT, FLOAT16, DOUBLE, BFLOAT16
 _COLUMN_KEEPING_OPS = ("Identity", "Cast", "Normalizer", "Sqrt", "Exp", "Log", "Sigmoid", "Softmax", "LogSoftmax")
 _ROW_NORMALISING_OPS = ("Sub", "Div")
 _INDEX_OPS = ("Identity", "Cast", "Reshape", "Squeeze", "Unsqueeze", "Flatten")
@@ -52,6 +53,7 @@ class ScoreFacts:
     log_probabilities: set[str]  # scores that are the log of probabilities (Log of a Sigmoid, LogSoftmax)
     id_counts: dict[str, int]  # an integer output made by ArgMax over an axis of static size: how many class ids
     lowest_wins: set[str]
+    cuts: dict[str, tuple[float, bool]]  # a single score column the graph's label splits: (value, a tie is class 1)
 
 
 def keys_are_columns(keys: ClassTable) -> bool:
@@ -90,7 +92,78 @@ def score_facts(model: onnx.ModelProto) -> ScoreFacts:
             probabilities[output.name] = scale
         if _log_of_probabilities(output.name, producers, fixed):
             logs.add(output.name)
-    return ScoreFacts(tables, labels, off_label, probabilities, logs, _argmax_id_counts(model, producers), lowest)
+    cuts = {}
+    scalars = _scalar_constants(model)
+    labels_out = {o.name for o in graph.output if o.type.tensor_type.elem_type not in _FLOAT_TYPES}
+    for output in graph.output:
+        cut = _decision_cut(output.name, consumers, scalars, labels_out)
+        if cut is not None:
+            cuts[output.name] = cut
+    return ScoreFacts(tables, labels, off_label, probabilities, logs, _argmax_id_counts(model, producers), lowest, cuts)
+
+
+# comparison of (score, constant) -> whether a score equal to the constant falls on the upper class (class 1);
+# with the operands the other way round the comparison is mirrored
+_CUT_INCLUSIVE = {"Less": True, "GreaterOrEqual": True, "Greater": False, "LessOrEqual": False}
+_MIRRORED = {"Less": "Greater", "Greater": "Less", "LessOrEqual": "GreaterOrEqual", "GreaterOrEqual": "LessOrEqual"}
+
+
+def _decision_cut(
+    name: str, consumers: dict[str, list[onnx.NodeProto]], scalars: dict[str, float], labels: set[str]
+) -> tuple[float, bool] | None:
+    """Where the graph splits the scores `name` (through reshapes) into its label by comparing them with one
+    constant (skl2onnx's IsolationForest: label = Less(scores, 0) -> -1, else 1), as (constant, whether a score equal
+    to it is the upper class); None where no such comparison reads them, or several disagree. Only a comparison
+    whose result goes on to a non-float graph output (`labels`) is the label's: another is a flag of its own."""
+    found: set[tuple[float, bool]] = set()
+    waiting, seen = [name], set()
+    while waiting:
+        tensor = waiting.pop()
+        if tensor in seen:
+            continue
+        seen.add(tensor)
+        for user in consumers.get(tensor, []):
+            if user.op_type in _RESHAPING_OPS and user.input[0] == tensor:
+                waiting.extend(user.output)
+            elif user.op_type in _CUT_INCLUSIVE and user.domain in ("", "ai.onnx") and len(user.input) == 2:
+                first = user.input[0] == tensor
+                other = user.input[1] if first else user.input[0]
+                if other in scalars and _reaches(user.output[0], consumers, labels):
+                    found.add((scalars[other], _CUT_INCLUSIVE[user.op_type if first else _MIRRORED[user.op_type]]))
+    return found.pop() if len(found) == 1 else None
+
+
+def _reaches(name: str, consumers: dict[str, list[onnx.NodeProto]], targets: set[str]) -> bool:
+    """Whether `name` flows (through any nodes) into one of `targets`."""
+    waiting, seen = [name], set()
+    while waiting and len(seen) < _SCALE_STEPS:
+        tensor = waiting.pop()
+        if tensor in targets:
+            return True
+        if tensor not in seen:
+            seen.add(tensor)
+            waiting.extend(out for user in consumers.get(tensor, []) for out in user.output)
+    return False
+
+
+def _scalar_constants(model: onnx.ModelProto) -> dict[str, float]:
+    """Finite float constants of one value (initializers and Constant nodes): a threshold beside the scores."""
+    import numpy as np
+    from onnx import TensorProto, numpy_helper
+
+    tensors = {t.name: t for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.output:
+            value = next((a.t for a in node.attribute if a.name == "value"), None)
+            if value is not None:
+                tensors[node.output[0]] = value
+    found = {}
+    for name, tensor in tensors.items():
+        if int(np.prod(tensor.dims, dtype=np.int64)) == 1 and tensor.data_location != TensorProto.EXTERNAL:
+            value = numpy_helper.to_array(tensor)
+            if value.dtype.kind == "f" and np.isfinite(value).all():
+                found[name] = float(value.reshape(-1)[0])
+    return found
 
 
 def _log_of_probabilities(name: str, producers: dict[str, onnx.NodeProto], constants: set[str]) -> bool:

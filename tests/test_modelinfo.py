@@ -156,6 +156,35 @@ def test_the_graph_says_whether_its_scores_are_probabilities_or_logits(tmp_path:
     )  # fmt: skip
 
 
+
+@pytest.mark.parametrize(("op", "score_first", "cut"), [
+    ("Less", True, (0.25, True)), ("GreaterOrEqual", True, (0.25, True)), ("Greater", True, (0.25, False)),
+    ("LessOrEqual", True, (0.25, False)), ("Less", False, (0.25, False)), ("Greater", False, (0.25, True)),
+])  # fmt: skip
+def test_a_score_the_graph_compares_with_a_constant_is_split_there(tmp_path: Path, op, score_first, cut) -> None:
+    """Where a label is a comparison of a single score column (here through a Reshape) with one constant, a score equal
+    to it is the upper class exactly when the comparison says so (Less(s, c) is false at s = c: upper; Less(c, s) is
+    false there too: lower). A score nothing compares, or one compared with two different constants, states no cut; a
+    comparison that makes no label (a float output of its own) is no cut either."""
+    constants = [onnx.numpy_helper.from_array(np.ones((4, 1), np.float32), "w"),
+                 onnx.numpy_helper.from_array(np.array([0.25], np.float32), "c"),
+                 onnx.numpy_helper.from_array(np.array(0.5, np.float32), "d"),
+                 onnx.numpy_helper.from_array(np.array([-1, 1], np.int64), "shape")]  # fmt: skip
+    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [None, 1]) for n in ("scores", "plain", "twice")]
+    outputs += [helper.make_tensor_value_info(n, TensorProto.BOOL, [None, 1]) for n in ("flag", "flag2", "flag3")]
+    outputs.append(helper.make_tensor_value_info("weight", TensorProto.FLOAT, [None]))
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["scores"]), helper.make_node("Reshape", ["scores", "shape"], ["flat"]),
+             helper.make_node(op, ["flat", "c"] if score_first else ["c", "flat"], ["flag"]),
+             helper.make_node("Abs", ["scores"], ["plain"]), helper.make_node("Neg", ["scores"], ["twice"]),
+             helper.make_node("Less", ["twice", "c"], ["flag2"]), helper.make_node("Less", ["twice", "d"], ["flag3"]),
+             helper.make_node("Less", ["flat", "d"], ["small"]),
+             helper.make_node("Cast", ["small"], ["weight"], to=TensorProto.FLOAT)]  # fmt: skip
+    onnx.save(_model(nodes, outputs, constants), str(tmp_path / "m.onnx"))
+    found = read_model_info(tmp_path / "m.onnx").outputs
+    assert found["scores"].decision_cut == cut
+    assert (found["plain"].decision_cut, found["twice"].decision_cut) == (None, None)
+
+
 def _string_class_onnx(tmp_path: Path, estimator, name: str, zipmap: bool) -> Path:
     """`estimator` fitted on iris with string classes 'no' / 'yes' (setosa or not), converted by skl2onnx."""
     skl2onnx = __import__("pytest").importorskip("skl2onnx")

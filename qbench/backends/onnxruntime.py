@@ -8,6 +8,7 @@ on first use, so a missing install surfaces as MissingExtraError, not ImportErro
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Mapping
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -35,6 +36,23 @@ def _import_onnxruntime(extra: str) -> ModuleType:
         return importlib.import_module("onnxruntime")
     except ImportError:
         raise MissingExtraError("onnxruntime", extra) from None
+
+
+_MISSING_LOCALE = re.compile(r"Failed to construct locale with name:([^:\s]+)")
+
+
+def load_failure(variant: BuiltVariant, exc: Exception) -> QbenchError:
+    """ONNX Runtime's refusal of `variant`'s model as one error. A StringNormalizer (skl2onnx's text vectorizers) whose
+    locale this machine lacks (a container without en_US.UTF-8) is named with the fix: ONNX Runtime's own words end
+    in a compiler's lambda name and a wish to 'install necessary language-pack-XX'."""
+    missing = _MISSING_LOCALE.search(str(exc))
+    if missing is None:
+        return QbenchError(f"variant {variant.name}: onnxruntime cannot load {variant.onnx_path}: {exc}")
+    return QbenchError(
+        f"variant {variant.name}: onnxruntime cannot load {variant.onnx_path}: a StringNormalizer node asks for the "
+        f"locale {missing.group(1)!r}, which this machine does not have; install it (e.g. `locale-gen "
+        f"{missing.group(1)}`) or set the node's locale attribute to one that `locale -a` lists (C.UTF-8)"
+    )
 
 
 def _load_errors() -> tuple[type[Exception], ...]:
@@ -153,7 +171,7 @@ class OnnxRuntimeBackend:
         graph (1.30 fuses an FP8 Q/DQ MatMul into MatMulIntegerToFloat, which takes no float8 input); the basic level
         keeps the graph's own operators. Where the basic level fails too, or was already asked for, the graph itself is
         what ONNX Runtime rejects: `exc` stands."""
-        failure = QbenchError(f"variant {variant.name}: onnxruntime cannot load {variant.onnx_path}: {exc}")
+        failure = load_failure(variant, exc)
         asked = session_options.graph_optimization_level
         if asked.name in ("ORT_DISABLE_ALL", "ORT_ENABLE_BASIC"):
             raise failure from None

@@ -32,7 +32,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from qbench.backends.base import RunOptions
 from qbench.backends.gpu_monitor import GpuMonitor
-from qbench.backends.onnxruntime import OnnxRuntimeBackend, OnnxRuntimeRunner, _import_onnxruntime, _load_errors
+from qbench.backends.onnxruntime import (
+    OnnxRuntimeBackend,
+    OnnxRuntimeRunner,
+    _import_onnxruntime,
+    _load_errors,
+    load_failure,
+)
 from qbench.errors import QbenchError
 from qbench.execute.store import cache_dir
 from qbench.variants.base import BuiltVariant
@@ -228,7 +234,7 @@ class OnnxRuntimeGpuBackend(OnnxRuntimeBackend):
                 str(variant.onnx_path), sess_options=self.session_options(variant, options), providers=entries
             )
         except _load_errors() as exc:
-            raise QbenchError(f"variant {variant.name}: onnxruntime cannot load {variant.onnx_path}: {exc}") from None
+            raise load_failure(variant, exc) from None
         in_use = session.get_providers()
         if not in_use or in_use[0] != self.required_provider:
             raise QbenchError(

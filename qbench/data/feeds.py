@@ -79,7 +79,7 @@ def build_feeds(
         try:
             stacked = _stack_cells(cells, column, recipe_file=recipe_file)
             shaped = _fit_shape(stacked, column, meta, recipe_file=recipe_file)
-            feeds[target] = _cast(shaped, column, meta, recipe_file=recipe_file)
+            feeds[target] = _cast(shaped, column, meta, recipe_file=recipe_file, rows=cells.index)
         except RecipeError as exc:  # a CSV column of '0,5' cells is text unless the file declares decimal commas
             hint = number_format_hint(cells)
             if not hint:
@@ -365,9 +365,11 @@ def _fit_shape(stacked: np.ndarray, column: str, meta: TensorMeta, *, recipe_fil
     )
 
 
-def _cast(values: np.ndarray, column: str, meta: TensorMeta, *, recipe_file: Path) -> np.ndarray:
+def _cast(values: np.ndarray, column: str, meta: TensorMeta, *, recipe_file: Path, rows: pd.Index | None = None) -> np.ndarray:
+    """`values` as the input's dtype; a RecipeError where that would change them. `rows`: the table's row of each
+    value along axis 0, to name where a problem is."""
     target = np.dtype(meta.dtype)
-    problem = _cast_problem(values, target)
+    problem = _cast_problem(values, target, rows)
     if problem:
         message = f"column {column!r} holds {problem}, but model input {meta.name!r} expects {target}"
         raise RecipeError(recipe_file, INPUTS_FIELD, message)
@@ -379,7 +381,7 @@ def _cast(values: np.ndarray, column: str, meta: TensorMeta, *, recipe_file: Pat
     return np.ascontiguousarray(values.astype(target, copy=False))
 
 
-def _cast_problem(values: np.ndarray, target: np.dtype) -> str | None:
+def _cast_problem(values: np.ndarray, target: np.dtype, rows: pd.Index | None = None) -> str | None:
     """Why casting `values` to `target` would change them (text, fractions or overflow into integers), or None."""
     if values.size == 0:
         return None
@@ -390,11 +392,27 @@ def _cast_problem(values: np.ndarray, target: np.dtype) -> str | None:
     if target.kind not in "iu":
         return None
     if values.dtype.kind == "f" and not np.all(np.isfinite(values) & (values == np.round(values))):
-        return "non-integer values"
+        return _non_integers(values, rows)
     limits = np.iinfo(target)
     if values.min() < limits.min or values.max() > limits.max:
         return f"values outside the range of {target}"
     return None
+
+
+def _non_integers(values: np.ndarray, rows: pd.Index | None) -> str:
+    """Which values an integer input cannot take, by row: missing ones (NaN/inf, as a Parquet or CSV integer column
+    with an empty cell reads: `nonfinite_inputs: keep` feeds them to float inputs only) apart from fractions."""
+    per_row = values.reshape(len(values), -1) if values.ndim else values.reshape(1, 1)
+    missing = ~np.isfinite(per_row).all(axis=1)
+    fraction = ~missing & (per_row != np.round(per_row)).any(axis=1)
+    found = []
+    for kind, bad in (("NaN/inf (missing values)", missing), ("a fraction", fraction)):
+        count = int(bad.sum())
+        if count:
+            first = int(np.flatnonzero(bad)[0])
+            where = rows[first] if rows is not None and len(rows) == len(per_row) else first
+            found.append(f"{count} row{'s' if count != 1 else ''} with {kind}, e.g. row {where}")
+    return "non-integer values: " + "; ".join(found)
 
 
 def _float_overflow(values: np.ndarray, target: np.dtype) -> str | None:

@@ -421,7 +421,8 @@ class Classification(Task):
         return _score_shape_problem(output)
 
     def rows(
-        self, outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None, *, probabilities: bool | None = None
+        self, outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None, *,
+        probabilities: bool | metrics.BinaryCut | None = None,
     ) -> RowSummary:
         outputs, reference = np.asarray(outputs), np.asarray(reference)
         if labels is not None and np.asarray(labels).dtype.kind not in "biu":
@@ -434,10 +435,13 @@ class Classification(Task):
         columns = 1 if outputs.ndim == 1 else int(outputs.shape[-1])
         if labels is not None and labels.size and columns > 1 and int(labels.max()) >= columns:
             raise LabelError(f"labels go up to class {int(labels.max())} but the output has {columns} classes")
-        binary_probabilities = metrics.looks_like_sigmoid(reference) if probabilities is None else probabilities
-        # one column: the graph's word, else FP32's values decide, and the variant is read as FP32 is (its KL too)
-        reference_predicted = metrics.top1(reference, binary_probabilities)
-        predicted = metrics.unscored_where_reference_is(metrics.top1(outputs, binary_probabilities), reference_predicted)
+        cut = probabilities if isinstance(probabilities, metrics.BinaryCut) else None
+        scale = probabilities if cut is None else None
+        binary_probabilities = metrics.looks_like_sigmoid(reference) if scale is None else scale
+        # one column: the graph's cut, else its word, else FP32's values decide, and the variant is read as FP32 is
+        decision = cut if cut is not None and columns == 1 else binary_probabilities
+        reference_predicted = metrics.top1(reference, decision)
+        predicted = metrics.unscored_where_reference_is(metrics.top1(outputs, decision), reference_predicted)
         return ClassificationRows(
             outputs, reference, labels, predicted, reference_predicted,
             kl=metrics.kl_rows(reference, outputs, binary_probabilities if columns == 1 else None),

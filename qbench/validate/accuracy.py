@@ -136,6 +136,7 @@ def evaluate_accuracy(
     feeds: Mapping[str, np.ndarray] | None = None,
     task_options: Mapping[str, Any] | None = None,
     lowest_wins: Collection[str] = (),
+    cuts: Mapping[str, metrics.BinaryCut] | None = None,
 ) -> AccuracyResult:
     """Metrics of `outputs` against `reference_outputs` (FP32) and `labels`, overall and per slice.
 
@@ -143,7 +144,9 @@ def evaluate_accuracy(
     `lowest_wins`: the outputs whose graph picks its label as their arg-min (TensorMeta.lowest_wins: KMeans'
     distances); a task deciding by arg-max (Task.decides_by_argmax) scores their negation, so that its decisions are
     the model's. Read by their arg-max, a KMeans scored 0.0 and a variant moving 10 % of rows to another cluster
-    passed the gate.
+    passed the gate. `cuts`: where the graph's own label splits a single score column (TensorMeta.decision_cut), which
+    such a task decides by: read with '> 0', an IsolationForest's INT8 scores of exactly 0 (its quantization grid
+    holds 0) were outliers the model's label calls inliers.
 
     `outputs` is one array, or output name -> array (metrics then prefixed 'name/' when there are
     several). The metrics are the task's (see qbench.tasks), plus `custom_metrics` per output; a custom metric
@@ -191,8 +194,10 @@ def evaluate_accuracy(
         new_nonfinite = row_new if new_nonfinite.size == 0 else new_nonfinite | row_new
         prefix = f"{name}{OUTPUT_SEPARATOR}" if prefixed else ""
         flip = judge.decides_by_argmax and name in lowest_wins and values.ndim == 2 and values.shape[1] > 1
+        scale = (cuts or {}).get(name) if judge.decides_by_argmax else None
+        scale = scale if scale is not None else (probabilities or {}).get(name)
         summary = None if judge.together else judge.rows(-values if flip else values, -reference if flip else reference,
-                                                         own_labels, probabilities=(probabilities or {}).get(name))  # fmt: skip
+                                                         own_labels, probabilities=scale)  # fmt: skip
         parts[name] = _OutputRows(prefix, summary, values, reference, own_labels, reference_bad,
                                   _nonfinite_rows(reference))  # fmt: skip
     labels = _checked_labels(labels, rows)

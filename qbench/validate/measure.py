@@ -214,7 +214,9 @@ def measure(
         try:
             accuracy = evaluate_accuracy(recipe.task, outputs, base, rows.labels, rows.slices, prepared.custom_metrics,
                                          probabilities=scales, feeds=rows.feeds, task_options=recipe.task_options,
-                                         lowest_wins={c.name for c in prepared.outputs if c.meta.lowest_wins})  # fmt: skip
+                                         lowest_wins={c.name for c in prepared.outputs if c.meta.lowest_wins},
+                                         cuts={c.name: metrics.BinaryCut(*c.meta.decision_cut) for c in prepared.outputs
+                                               if c.meta.decision_cut is not None})  # fmt: skip
         except QbenchError as exc:  # its outputs cannot be scored (a custom metric raised on them): this variant failed
             return replace(_failed(built, backend, f"scoring failed: {exc}", quiet=quiet),
                            environment=environment_cause(exc))

@@ -6,6 +6,7 @@ Every function takes plain arrays and returns floats; empty input gives NaN
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -87,19 +88,34 @@ def _class_scores(outputs: np.ndarray) -> np.ndarray:
     return array
 
 
-def top1(outputs: np.ndarray, binary_probabilities: bool | None = None) -> np.ndarray:
+@dataclasses.dataclass(frozen=True)
+class BinaryCut:
+    """Where the graph itself splits a single score column into its two classes: class 1 from `at` up, `at` itself
+    included or not (an IsolationForest's label is Less(score, 0): a score of exactly 0 is an inlier). Quantized
+    scores land on a grid that holds the cut exactly, so the side a tie falls on decides rows."""
+
+    at: float
+    inclusive: bool
+
+
+def top1(outputs: np.ndarray, binary_probabilities: bool | BinaryCut | None = None) -> np.ndarray:
     """The predicted class of every row (int64); INVALID_CLASS for rows with NaN/inf.
 
     A single output column is a binary score: class 1 when score > 0.5 if every finite
     score lies in [0, 1] (a probability), else when score > 0 (a logit).
-    `binary_probabilities` overrides that detection, so that a variant is read as its reference is.
+    `binary_probabilities` overrides that detection, so that a variant is read as its reference is; a BinaryCut
+    decides as the graph's own comparison does.
     """
     scores = _class_scores(outputs)
     if scores.shape[1] == 1:
         scores = scores.astype(np.float64)
-        probabilities = looks_like_sigmoid(scores) if binary_probabilities is None else binary_probabilities
-        threshold = 0.5 if probabilities else 0.0
-        classes = (scores[:, 0] > threshold).astype(np.int64)
+        if isinstance(binary_probabilities, BinaryCut):
+            cut = binary_probabilities
+            above = scores[:, 0] >= cut.at if cut.inclusive else scores[:, 0] > cut.at
+        else:
+            probabilities = looks_like_sigmoid(scores) if binary_probabilities is None else binary_probabilities
+            above = scores[:, 0] > (0.5 if probabilities else 0.0)
+        classes = above.astype(np.int64)
         classes[nonfinite_rows(scores)] = INVALID_CLASS
         return classes
     classes = np.empty(scores.shape[0], dtype=np.int64)

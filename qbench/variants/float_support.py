@@ -36,9 +36,17 @@ class KeptNodes:
     def names(self) -> list[str]:
         return list(self.reasons)
 
-    def why(self) -> str:
-        """The distinct reasons, shortest first, for a note."""
-        return "; ".join(sorted(set(self.reasons.values()), key=len))
+    def described(self, model: onnx.ModelProto) -> str:
+        """Each distinct reason with the op types kept for it, shortest reason first, for a note: 'Imputer, Scaler
+        (operator domain ai.onnx.ml); Concat (only moves values between FP32 nodes ...)'. One list of every op type
+        before every reason left a reader to guess which op was out of FP16's range and which had no kernel."""
+        op_types = {node.name: node.op_type for node in model.graph.node}
+        grouped: dict[str, set[str]] = {}
+        for name, reason in self.reasons.items():
+            if name in op_types:
+                grouped.setdefault(reason, set()).add(op_types[name])
+        return "; ".join(f"{', '.join(sorted(ops))} ({reason})" for reason, ops in sorted(grouped.items(),
+                                                                                     key=lambda item: len(item[0])))
 
     def op_types(self, model: onnx.ModelProto) -> list[str]:
         """The op types of the kept nodes, sorted, each once (for notes)."""

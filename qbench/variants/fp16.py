@@ -102,6 +102,7 @@ def build_fp16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         why = _nothing_to_lower("convert to FP16", kept.op_types(model), model)
         built = unchanged_variant(spec.name, "fp16", ctx, why, params, clock.seconds())
         return dataclasses.replace(built, notes=(*built.notes, *range_note))
+    kept_text = kept.described(model)
     kept = _float32_copies_for_kept(model, kept, types)
     clamped = _values_outside_fp16(model, set(kept.names))
     io_types = {info.name: onnx.TypeProto.FromString(info.type.SerializeToString())  # the converter rewrites them
@@ -124,7 +125,7 @@ def build_fp16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     if clamped:
         notes.append(f"{clamped} weight value(s) outside FP16's range were clamped to it")
     if kept.reasons:
-        notes.append(f"kept in FP32: {', '.join(params['blocked_op_types'])} ({kept.why()})")
+        notes.append(f"kept in FP32: {kept_text}")
     notes += range_note
     return BuiltVariant(
         name=spec.name,
@@ -287,13 +288,14 @@ def build_bf16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         return unchanged_variant(spec.name, "bf16", ctx, why, params, clock.seconds())
     with build_step(spec.name, "BF16 simulation"):
         model = ensure_opset(model, BF16_CAST_OPSET)
+        kept_text = kept.described(model)
         kept = _float32_copies_for_kept(model, kept, types)
         saturated, saturated_constants = _saturate_to_bf16(model, set(kept.names))
         weights = _round_weights_to_bf16(model, set(kept.names))
         activations = round_float_tensors(model, TensorProto.BFLOAT16, keep=set(kept.names))
         check_model_against(model, ctx.reference_path.resolve())
         save_model(model, target)
-    kept_note = [f"kept in FP32: {', '.join(params['kept_fp32_op_types'])} ({kept.why()})"] if kept.reasons else []
+    kept_note = [f"kept in FP32: {kept_text}"] if kept.reasons else []
     kept_note += _fused_rounding_note(model, set(kept.names))
     if saturated:
         kept_note.append(f"{saturated} constant value(s) beyond BF16's range (float32's extremes, as a mask fill) "

@@ -218,3 +218,29 @@ def test_scored_outputs_do_not_depend_on_the_thread_count(tmp_path: Path) -> Non
         np.testing.assert_array_equal(outputs[threads], outputs[1], err_msg=f"threads={threads}")
     # the model does tell summation orders apart: float64's order puts another class on top of some rows
     assert np.any(outputs[1].argmax(axis=1) != in_float64.argmax(axis=1))
+
+
+def test_a_string_normalizer_whose_locale_is_missing_is_named_with_the_fix(tmp_path: Path) -> None:
+    """skl2onnx's text vectorizers lowercase through a StringNormalizer in locale en_US.UTF-8, which containers often
+    lack: ONNX Runtime's refusal ended in a compiler's lambda name and 'install necessary language-pack-XX'. The error
+    names the locale and the two ways out."""
+    text = helper.make_tensor_value_info("text", TensorProto.STRING, [None, 1])
+    score = helper.make_tensor_value_info("score", TensorProto.FLOAT, [None, 1])
+    shapes = [onnx.numpy_helper.from_array(np.array(s, np.int64), n) for n, s in (("flat", [-1]), ("column", [-1, 1]))]
+    nodes = [helper.make_node("Reshape", ["text", "flat"], ["words"]),
+             helper.make_node("StringNormalizer", ["words"], ["lower"], case_change_action="LOWER",
+                              locale="xx_NOWHERE.UTF-8"),
+             helper.make_node("LabelEncoder", ["lower"], ["found"], domain="ai.onnx.ml", keys_strings=["a", "b"],
+                              values_floats=[0.2, 0.8], default_float=0.5),
+             helper.make_node("Reshape", ["found", "column"], ["score"])]  # fmt: skip
+    model = helper.make_model(helper.make_graph(nodes, "g", [text], [score], shapes), ir_version=8,
+                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)])  # fmt: skip
+    path = tmp_path / "text.onnx"
+    onnx.save(model, str(path))
+    with pytest.raises(QbenchError) as caught:
+        OnnxRuntimeCPU().load(_variant(path), RunOptions())
+    assert str(caught.value) == (
+        f"variant fp32: onnxruntime cannot load {path}: a StringNormalizer node asks for the locale 'xx_NOWHERE.UTF-8', "
+        "which this machine does not have; install it (e.g. `locale-gen xx_NOWHERE.UTF-8`) or set the node's locale "
+        "attribute to one that `locale -a` lists (C.UTF-8)"
+    )

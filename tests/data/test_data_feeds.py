@@ -170,9 +170,19 @@ def test_integral_floats_feed_an_integer_input_and_fractions_do_not() -> None:
     assert ids.dtype == np.int64 and ids.tolist() == [[1, 2], [3, 4]]
     with pytest.raises(RecipeError) as info:
         _feed(table, "soft", _meta("input_ids", (None, 2), "int64"))
-    assert str(info.value) == (
-        "recipe.yaml: data.inputs: column 'soft' holds non-integer values, but model input 'input_ids' expects int64"
-    )
+    assert str(info.value) == ("recipe.yaml: data.inputs: column 'soft' holds non-integer values: 1 row with a "
+                               "fraction, e.g. row 0, but model input 'input_ids' expects int64")  # fmt: skip
+
+
+def test_missing_cells_of_an_integer_column_are_named_by_row_apart_from_fractions() -> None:
+    """An integer column with empty cells (skl2onnx's int64 inputs) reads as float with NaN: fed to an int64 input
+    under nonfinite_inputs: keep, it was 'non-integer values', with neither the rows nor that they are missing."""
+    table = pd.DataFrame({"k": [1.0, np.nan, 2.0, 0.5, np.nan]}, index=[10, 11, 12, 13, 14])
+    with pytest.raises(RecipeError) as info:
+        build_feeds(table, np.arange(5), {"k": "k"}, _meta("k", (None, 1), "int64"), recipe_file=RECIPE)
+    assert str(info.value) == ("recipe.yaml: data.inputs: column 'k' holds non-integer values: 2 rows with NaN/inf "
+                               "(missing values), e.g. row 11; 1 row with a fraction, e.g. row 13, but model input 'k' "
+                               "expects int64")  # fmt: skip
 
 
 def test_values_outside_an_integer_inputs_range_are_rejected() -> None:

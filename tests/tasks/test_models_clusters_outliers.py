@@ -7,8 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
-from task_projects import INT8, iris, overall, plain_ort, project, run_all, table
+from onnx import TensorProto, helper, numpy_helper
+from task_projects import INT8, ROWS, graph_model, iris, overall, plain_ort, project, run_all, table
 
 pytestmark = pytest.mark.slow
 
@@ -58,3 +60,45 @@ def test_an_outlier_label_of_minus_one_is_a_class_value(tmp_path, monkeypatch, c
     results, _ = run_all(recipe, capsys)
     assert overall(results)["accuracy"] == pytest.approx(float(np.mean(forest.predict(features) == truth)), abs=1e-12)
     assert overall(results)["agreement"] == overall(results, "fp32-again")["agreement"] == 1.0
+
+
+
+def _split_scores_model() -> onnx.ModelProto:
+    """x [None, 4] -> scores [None, 1] = x @ w + b, and label = 1 - 2 * Less(scores, 0) (-1 or 1): an outlier
+    detector as skl2onnx writes an IsolationForest's, whose score of exactly 0 is an inlier."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4])
+    outputs = [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [None, 1]),
+               helper.make_tensor_value_info("label", TensorProto.INT64, [None, 1])]  # fmt: skip
+    constants = [numpy_helper.from_array(np.array([[1.0], [0.5], [-0.5], [0.25]], np.float32), "w"),
+                 numpy_helper.from_array(np.array([0.01], np.float32), "b"),
+                 numpy_helper.from_array(np.array([0.0], np.float32), "zero"),
+                 numpy_helper.from_array(np.array([-2], np.int64), "minus_two"),
+                 numpy_helper.from_array(np.array([1], np.int64), "one")]  # fmt: skip
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"]), helper.make_node("Add", ["mm", "b"], ["scores"]),
+             helper.make_node("Less", ["scores", "zero"], ["outlier"]),
+             helper.make_node("Cast", ["outlier"], ["outlier_id"], to=TensorProto.INT64),
+             helper.make_node("Mul", ["outlier_id", "minus_two"], ["shifted"]),
+             helper.make_node("Add", ["shifted", "one"], ["label"])]  # fmt: skip
+    return graph_model(nodes, [x], outputs, constants)
+
+
+def test_outlier_scores_are_decided_where_the_graph_splits_them(tmp_path, monkeypatch, capsys):
+    """Scores judged against FP32 (no labels) whose graph labels them Less(scores, 0) -> -1, as an IsolationForest's:
+    a score of exactly 0 is an inlier. Read as a logit ('> 0'), INT8's scores, which its quantization grid puts on 0
+    for rows just above it, were outliers there and the agreement counted flips the model never makes (an
+    IsolationForest on 300 digits: 0.943 where the INT8 model's own label agreed with FP32's on 0.987 of the rows). It
+    is now the agreement of the model's own labels."""
+    rng = np.random.default_rng(5)
+    features = rng.uniform(-1, 1, size=(ROWS, 4)).astype(np.float32)
+    features[::3, 1:] = 0.0
+    features[::3, 0] = rng.uniform(-0.0095, -0.0055, size=len(features[::3]))  # scores in (0.0005, 0.0045)
+    model = _split_scores_model()
+    monkeypatch.chdir(tmp_path)
+    recipe = project(tmp_path, model, table(features), variants=[INT8], model={"path": "model.onnx", "output": "scores"})
+    results, _ = run_all(recipe, capsys)
+    fp32 = plain_ort(tmp_path / "model.onnx", {"x": features})
+    int8 = plain_ort(_variant_path(results, recipe, "int8"), {"x": features})
+    assert np.count_nonzero((int8["scores"][:, 0] == 0) & (fp32["scores"][:, 0] > 0)) > 10  # ties '> 0' misreads
+    expected = float(np.mean(int8["label"].ravel() == fp32["label"].ravel()))
+    assert overall(results, "int8")["agreement"] == pytest.approx(expected, abs=1e-12)
+    assert overall(results, "int8")["accuracy"] == pytest.approx(expected, abs=1e-12)  # no labels: against FP32

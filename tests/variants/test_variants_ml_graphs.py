@@ -244,3 +244,17 @@ def test_a_column_transformer_in_front_of_an_ml_predictor_is_not_quantized(data,
     assert built.onnx_path == path.resolve() and lowered_nothing(built.params)
     assert built.notes == ("nothing to quantize (every Concat, Gather, Reshape node is kept float: preprocessing in "
                            "front of every layer with weights): the variant is the FP32 model",)  # fmt: skip
+
+
+def test_the_kept_note_names_each_reason_with_its_own_op_types(data, tmp_path):
+    """A scaler + KNN keeps nodes in FP32 for three reasons; the note listed every op type, then every reason, so which
+    op had no FP16 kernel and which was ONNX-ML was left to guess. Each reason now follows its own op types."""
+    from sklearn.neighbors import KNeighborsClassifier
+
+    _, labels = make_classification(n_samples=240, n_features=FEATURES, n_informative=4, n_classes=3, random_state=0)
+    fitted = make_pipeline(StandardScaler(), KNeighborsClassifier(3)).fit(data, labels)
+    onx = skl2onnx.to_onnx(fitted, data[:1], options={"zipmap": False}, target_opset={"": 17, "ai.onnx.ml": 3})
+    onnx.save(onx, str(tmp_path / "knn.onnx"))
+    built = _build(tmp_path / "knn.onnx", data, tmp_path / "fp16", {"name": "h", "precision": "fp16"})
+    assert "kept in FP32: ArrayFeatureExtractor, Scaler (operator domain ai.onnx.ml); Scan (control flow (its subgraph " \
+           "stays FP32)); TopK (no FP16 kernel in ONNX Runtime (the converter's block list))" in built.notes
