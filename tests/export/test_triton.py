@@ -144,8 +144,11 @@ def test_a_model_edited_since_the_sweep_is_refused_even_at_the_same_size(swept: 
     edited[-8] ^= 0xFF  # a weight byte: same size, another model
     try:
         path.write_bytes(bytes(edited))
-        with pytest.raises(QbenchError, match=r"fp16@onnxruntime-cpu: model file .* is not the model the sweep measured"):
+        with pytest.raises(QbenchError, match=r"fp16@onnxruntime-cpu: gate status 'fail' \(the model file .* is not the "
+                           r"model measured"):  # the gate refuses results whose model changed
             export_triton(recipe, "fp16", CPU, tmp_path / "repo")
+        with pytest.raises(QbenchError, match=r"fp16@onnxruntime-cpu: model file .* is not the model the sweep measured"):
+            export_triton(recipe, "fp16", CPU, tmp_path / "forced", force=True)  # --force overrides a verdict, not this
     finally:
         path.write_bytes(original)
     assert not (tmp_path / "repo").exists() or not any((tmp_path / "repo").rglob("model.onnx"))
@@ -219,9 +222,11 @@ def breached(swept: Path, tmp_path: Path) -> Path:
     wrong = math.ceil(0.05 * reference.slice("group=b").size)
 
     def lowered(scope, rows: int):
+        """`scope` with `rows` more rows wrong than FP32's, its recorded drop the one a sweep takes."""
         value = reference.slice(scope.name) if scope.name != "overall" else reference.overall
-        return dataclasses.replace(scope, metrics={**scope.metrics,
-                                                   "accuracy": value.metrics["accuracy"] - rows / scope.size})  # fmt: skip
+        accuracy = value.metrics["accuracy"] - rows / scope.size
+        return dataclasses.replace(scope, metrics={**scope.metrics, "accuracy": accuracy},
+                                   drops={**scope.drops, "accuracy": value.metrics["accuracy"] - accuracy})  # fmt: skip
 
     variants = []
     for measured in results.variants:
