@@ -146,17 +146,23 @@ def _reaches(name: str, consumers: dict[str, list[onnx.NodeProto]], targets: set
     return False
 
 
-def _scalar_constants(model: onnx.ModelProto) -> dict[str, float]:
-    """Finite float constants of one value (initializers and Constant nodes): a threshold beside the scores."""
-    import numpy as np
-    from onnx import TensorProto, numpy_helper
-
+def _constants(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
+    """The main graph's constant tensors by name: initializers and Constant nodes' values."""
     tensors = {t.name: t for t in model.graph.initializer}
     for node in model.graph.node:
         if node.op_type == "Constant" and node.output:
             value = next((a.t for a in node.attribute if a.name == "value"), None)
             if value is not None:
                 tensors[node.output[0]] = value
+    return tensors
+
+
+def _scalar_constants(model: onnx.ModelProto) -> dict[str, float]:
+    """Finite float constants of one value (initializers and Constant nodes): a threshold beside the scores."""
+    import numpy as np
+    from onnx import TensorProto, numpy_helper
+
+    tensors = _constants(model)
     found = {}
     for name, tensor in tensors.items():
         if int(np.prod(tensor.dims, dtype=np.int64)) == 1 and tensor.data_location != TensorProto.EXTERNAL:
@@ -396,12 +402,7 @@ def _constant_tables(model: onnx.ModelProto) -> dict[str, ClassTable]:
     """1-D integer or string constants (initializers and Constant nodes): candidate class tables."""
     from onnx import TensorProto, numpy_helper
 
-    tensors = {t.name: t for t in model.graph.initializer}
-    for node in model.graph.node:
-        if node.op_type == "Constant" and node.output:
-            value = next((a.t for a in node.attribute if a.name == "value"), None)
-            if value is not None:
-                tensors[node.output[0]] = value
+    tensors = _constants(model)
     tables: dict[str, ClassTable] = {}
     for name, tensor in tensors.items():
         if len(tensor.dims) != 1 or tensor.data_location == TensorProto.EXTERNAL:

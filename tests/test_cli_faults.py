@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import signalled
 import yaml
 from user_model import make_user_project
 
@@ -156,28 +157,9 @@ def test_a_signal_during_the_gate_exits_2_interrupted(project, tmp_path, signum)
     assert (process.returncode, err) == (2, "qbench: error: interrupted\n")
 
 
-HOOK = textwrap.dedent("""\
-    import importlib, os, signal, sys, time
-    module_name, attribute, signum = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    module = importlib.import_module(module_name)
-    original = getattr(module, attribute)
-    def signalled(*args, **kwargs):
-        result = original(*args, **kwargs)
-        os.kill(os.getpid(), signum)
-        time.sleep(30)
-        return result
-    setattr(module, attribute, signalled)
-    from qbench.cli_app import main
-    sys.exit(main(sys.argv[4:]))
-""")
-
-
 def run_signalled(hook: str, signum: int, *args: str) -> subprocess.CompletedProcess[str]:
-    """`qbench ARGS` that receives `signum` right after `hook` (module:function) returns, in the middle of the
-    command."""
-    module, attribute = hook.split(":")
-    return subprocess.run([sys.executable, "-c", HOOK, module, attribute, str(int(signum)), *args],
-                          capture_output=True, text=True, env=qbench_env(), timeout=120, check=False)  # fmt: skip
+    """`qbench ARGS` that receives `signum` right after `hook` (module:function) returns (tests/signalled.py)."""
+    return signalled.run_signalled(hook, signum, *args, env=qbench_env())
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])

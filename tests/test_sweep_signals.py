@@ -7,33 +7,17 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
+from signalled import run_signalled
 from user_model import make_user_project
 
 from qbench.cli_app import main
 
 REPO = Path(__file__).resolve().parents[1]
-HOOK = textwrap.dedent("""\
-    import importlib, os, sys, time
-    module_name, attribute, signum = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    module = importlib.import_module(module_name)
-    original = getattr(module, attribute)
-    def signalled(*args, **kwargs):
-        result = original(*args, **kwargs)
-        os.kill(os.getpid(), signum)
-        time.sleep(30)
-        return result
-    setattr(module, attribute, signalled)
-    from qbench.cli_app import main
-    sys.exit(main(sys.argv[4:]))
-""")
 
 
 @pytest.fixture
@@ -51,11 +35,8 @@ def project(tmp_path: Path) -> Path:
 def signalled_sweep(recipe: Path, hook: str) -> tuple[int, str, Path]:
     """`qbench sweep RECIPE` that gets SIGTERM right after `hook` (module:function) returns: (status, its last
     error line, the run folder)."""
-    module, attribute = hook.split(":")
     env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "400"}
-    done = subprocess.run([sys.executable, "-c", HOOK, module, attribute, str(int(signal.SIGTERM)), "sweep",
-                           str(recipe)], capture_output=True, text=True, env=env, cwd=recipe.parent, timeout=120,
-                          check=False)  # fmt: skip
+    done = run_signalled(hook, signal.SIGTERM, "sweep", str(recipe), env=env, cwd=recipe.parent)
     [run_dir] = (recipe.parent / "reports" / "tumour-mlp").iterdir()
     return done.returncode, done.stderr.strip().splitlines()[-1], run_dir
 

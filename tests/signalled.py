@@ -1,0 +1,33 @@
+"""`qbench ARGS` in a child process that gets a signal right after a chosen function returns, mid-command."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from collections.abc import Mapping
+from pathlib import Path
+
+HOOK = textwrap.dedent("""\
+    import importlib, os, sys, time
+    module_name, attribute, signum = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    module = importlib.import_module(module_name)
+    original = getattr(module, attribute)
+    def signalled(*args, **kwargs):
+        result = original(*args, **kwargs)
+        os.kill(os.getpid(), signum)
+        time.sleep(30)
+        return result
+    setattr(module, attribute, signalled)
+    from qbench.cli_app import main
+    sys.exit(main(sys.argv[4:]))
+""")
+
+
+def run_signalled(hook: str, signum: int, *args: str, env: Mapping[str, str],
+                  cwd: Path | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    """`qbench ARGS` that receives `signum` right after `hook` (module:function) returns, in the middle of the
+    command."""
+    module, attribute = hook.split(":")
+    return subprocess.run([sys.executable, "-c", HOOK, module, attribute, str(int(signum)), *args],
+                          capture_output=True, text=True, env=dict(env), cwd=cwd, timeout=120, check=False)  # fmt: skip
