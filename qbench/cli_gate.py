@@ -140,7 +140,7 @@ def _print_verdict(report: GateReport, *, verbose: bool) -> None:
     if verbose:
         from qbench.report import gate_table
 
-        print_wide(gate_table(report), out)
+        print_wide(gate_table(report, notes=False), out)  # the notes are printed above
     else:
         for line in gate_report.console_lines(report):
             out.print(line, style="red", markup=False, highlight=False)

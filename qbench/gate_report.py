@@ -132,7 +132,7 @@ def summary_line(report: GateReport) -> str:
 
 
 def _skipped_tail(report: GateReport) -> str:
-    """' (1 skipped: slices under min_slice_size)'; a scope skipped for another reason is named with it."""
+    """' (1 skipped: slices under min_slice_size: tiny)'; a scope skipped for another reason is named with it."""
     scopes: dict[str, list[str]] = {}
     for check in report.checks:
         if check.status == "skipped" and check.scope not in scopes.setdefault(skip_reason(check), []):
@@ -141,10 +141,20 @@ def _skipped_tail(report: GateReport) -> str:
     if not count:
         return ""
     if list(scopes) == [UNDER_MIN_SIZE]:
-        return f" ({count} skipped: slices {UNDER_MIN_SIZE})"
-    parts = [f"{UNDER_MIN_SIZE}: {', '.join(names)}" if reason == UNDER_MIN_SIZE else f"{', '.join(names)} {reason}"
+        return f" ({count} skipped: slices {UNDER_MIN_SIZE}: {_some(scopes[UNDER_MIN_SIZE])})"
+    parts = [f"{UNDER_MIN_SIZE}: {_some(names)}" if reason == UNDER_MIN_SIZE else f"{_some(names)} {reason}"
              for reason, names in scopes.items()]  # fmt: skip
     return f" ({count} skipped: {'; '.join(parts)})"
+
+
+NAMED_SKIPPED_SCOPES = 5  # scopes the summary line names per skip reason (report.md lists every check)
+
+
+def _some(names: list[str]) -> str:
+    """'a, b, c, d, e and 3 more': the summary stays one line however many slices a recipe cuts."""
+    shown = ", ".join(names[:NAMED_SKIPPED_SCOPES])
+    rest = len(names) - NAMED_SKIPPED_SCOPES
+    return f"{shown} and {rest} more" if rest > 0 else shown
 
 
 def console_lines(report: GateReport) -> list[str]:

@@ -244,8 +244,9 @@ def _verdict(gate: GateReport) -> str:
     return {0: "PASS", 1: "BREACH"}.get(gate.exit_code, "UNUSABLE (fail closed)")
 
 
-def _gate_grid(gate: GateReport, *, small_rows: int | None = None) -> Grid:
-    """Every check; with `small_rows`, only that many of the slices too small to judge (the rest counted)."""
+def _gate_grid(gate: GateReport, *, small_rows: int | None = None, notes: bool = True) -> Grid:
+    """Every check; with `small_rows`, only that many of the slices too small to judge (the rest counted); with
+    `notes`, the gate's notes under it (what its checks do not say: an ungated output a variant broke)."""
     checks = sorted(gate.checks, key=lambda c: _CHECK_ORDER.get(c.status, 3))
     small = [id(c) for c in checks if c.status == "skipped" and c.reason in ("", UNDER_MIN_SIZE)]
     unlisted = set(small[small_rows:]) if small_rows is not None else set()
@@ -260,6 +261,7 @@ def _gate_grid(gate: GateReport, *, small_rows: int | None = None) -> Grid:
                if c.status == "skipped" and c.reason not in ("", UNDER_MIN_SIZE)]  # fmt: skip
     footer += [f"{len(unlisted)} more skipped checks of slices {UNDER_MIN_SIZE} not listed (report.md lists them)"
                ] if unlisted else []  # fmt: skip
+    footer += [f"note: {note}" for note in gate.notes] if notes else []
     if not gate.checks and not gate.problems:
         footer = ["no variant was gated"]
     rows = [_check_row(c, with_metric=with_metric) for c in checks]
@@ -267,11 +269,11 @@ def _gate_grid(gate: GateReport, *, small_rows: int | None = None) -> Grid:
     return Grid(f"Gate on {gate.metric}: {_verdict(gate)}", headers, rows, numeric, footer, footer_style=style)
 
 
-def gate_table(gate: GateReport) -> Table:
-    """Every gate check, breaches first and in red; fail-closed problems listed under the table. Slices too small to
-    judge are listed up to SHOWN_SMALL_SLICES and counted past it: a slice column of many values made a CI log of a
-    line per slice, every one 'skipped'."""
-    return to_rich(_gate_grid(gate, small_rows=SHOWN_SMALL_SLICES))
+def gate_table(gate: GateReport, *, notes: bool = True) -> Table:
+    """Every gate check, breaches first and in red; fail-closed problems, and with `notes` the gate's notes, listed
+    under the table. Slices too small to judge are listed up to SHOWN_SMALL_SLICES and counted past it: a slice
+    column of many values made a CI log of a line per slice, every one 'skipped'."""
+    return to_rich(_gate_grid(gate, small_rows=SHOWN_SMALL_SLICES, notes=notes))
 
 
 # -- latency --------------------------------------------------------------------------------------

@@ -387,3 +387,56 @@ def test_the_hint_names_metrics_of_the_gated_output_defined_there_and_never_a_cu
     assert _hint_for("probabilities/kl_mean", values).endswith("counts such rows: probabilities/agreement)")
     problem = _hint_for("cosine", {"cosine": NAN, "mine": 0.5})  # a custom metric: what it counts is not known
     assert "FP32 itself gives NaN/inf on 1 of its 4 rows, and none of its metrics here counts such rows" in problem
+
+
+def _two_output_model(aux_weights: np.ndarray) -> bytes:
+    """x (rows, 4) → logits = x @ W and aux = x @ `aux_weights` (W is the identity): two evaluated outputs."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    weights = [numpy_helper.from_array(np.eye(4, dtype=np.float32), "w"),
+               numpy_helper.from_array(aux_weights.astype(np.float32), "w_aux")]  # fmt: skip
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["logits"]), helper.make_node("MatMul", ["x", "w_aux"], ["aux"])],
+        "two_outputs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", 4])],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["rows", 4]) for name in ("logits", "aux")], weights,
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+
+
+def _two_output_results(aux_weights: np.ndarray) -> SweepResults:
+    """FP32 (aux = logits) and an 'int8' whose aux output is computed with `aux_weights`, measured on the same rows."""
+    import onnxruntime as ort
+
+    rows = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)
+    labels = rows.argmax(axis=1)
+
+    def run(model: bytes) -> dict[str, np.ndarray]:
+        session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+        return dict(zip(("logits", "aux"), session.run(["logits", "aux"], {"x": rows}), strict=True))
+
+    reference = run(_two_output_model(np.eye(4)))
+    candidate = run(_two_output_model(aux_weights))
+    accuracy = {name: evaluate_accuracy("classification", outputs, reference, labels, {})
+                for name, outputs in (("fp32", reference), ("int8-a", candidate))}  # fmt: skip
+    return sweep(*(VariantResult(variant=name, backend="onnxruntime-cpu", precision="fp32" if name == "fp32" else "int8",
+                                 status="ok", accuracy=accuracy[name]) for name in ("fp32", "int8-a")))  # fmt: skip
+
+
+def test_another_evaluated_output_the_variant_broke_is_a_note_not_a_breach():
+    """With gate.metric logits/accuracy, a variant that broke only its aux output passed with no word
+    said: the gate still judges only the stated metric, and notes each other output's drop past its tolerance."""
+    broken = np.eye(4)[[1, 0, 3, 2]]  # aux's classes swapped in pairs: every row's aux label is wrong
+    results = _two_output_results(broken)
+    overall = results.find("int8-a", "onnxruntime-cpu").accuracy.overall.metrics
+    assert (overall["logits/accuracy"], overall["aux/accuracy"]) == (1.0, 0.0)
+    spec = GateSpec(metric="logits/accuracy", applies_to=["int8-*"])
+    report = evaluate_gate(results, spec)
+    assert report.exit_code == EXIT_PASS
+    assert [n for n in report.notes if "output aux" in n] == [
+        "int8-a@onnxruntime-cpu: output aux's accuracy dropped 1.0000 > 0.01 (FP32 1 → 0; not gated: gate.metric is "
+        "logits/accuracy)"]  # fmt: skip
+    kl = evaluate_gate(results, GateSpec(metric="logits/kl_mean", max_drop=0.05, applies_to=["int8-*"]))
+    assert [n.split(" dropped ")[0] for n in kl.notes if "output aux" in n] == [
+        "int8-a@onnxruntime-cpu: output aux's kl_mean"]
+    # an aux output within the tolerance gives no note, and nor does the gated output itself
+    assert not [n for n in evaluate_gate(_two_output_results(np.eye(4)), spec).notes if "output" in n]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 
 import pytest
 
@@ -101,8 +102,21 @@ def test_unusable_summary_names_the_unjudged_variant_counts_other_problems_and_s
 def test_skipped_slices_are_counted_in_the_summary_and_shown_as_skipped():
     checks = checks_for("int8", {"overall": 0.95, "condition=noisy": 0.5, "faint": 0.93}, skipped=("condition=noisy",))
     report = GateReport("accuracy", tuple(checks), gated=(f"int8@{BACKEND}",))
-    assert summary_line(report) == "gate: PASS — 1 variant × 3 scopes, 3 checks (1 skipped: slices under min_slice_size)"
+    assert summary_line(report) == ("gate: PASS — 1 variant × 3 scopes, 3 checks (1 skipped: slices under "
+                                    "min_slice_size: condition=noisy)")  # fmt: skip
     assert check_line(checks[1]).endswith("(40 rows, under min_slice_size)")
+
+
+def test_the_summary_names_up_to_five_small_slices_and_counts_the_rest():
+    """It said only '9 skipped: slices under min_slice_size': which slices went unjudged was in report.md alone."""
+    names = [f"s{i}" for i in range(7)]
+    skipped = tuple(GateCheck(v, BACKEND, n, "accuracy", 0.9, 0.5, 0.4, 0.02, 3, "skipped", "under min_slice_size")
+                    for v in ("int8", "fp8") for n in names)  # fmt: skip
+    report = GateReport("accuracy", skipped, gated=(f"int8@{BACKEND}", f"fp8@{BACKEND}"))
+    assert summary_line(report).endswith("(14 skipped: slices under min_slice_size: s0, s1, s2, s3, s4 and 2 more)")
+    undefined = GateCheck("int8", BACKEND, "offline", "accuracy", math.nan, math.nan, math.inf, 0.02, 40, "skipped", "undefined")
+    assert summary_line(replace(report, checks=(*skipped, undefined))).endswith(
+        "(15 skipped: under min_slice_size: s0, s1, s2, s3, s4 and 2 more; offline undefined)")
 
 
 def test_a_scope_skipped_for_another_reason_is_named_with_it_everywhere():

@@ -125,6 +125,18 @@ def test_gate_table_counts_the_small_slices_past_a_few_instead_of_listing_each(g
     assert "8 more skipped checks of slices under min_slice_size not listed (report.md lists them)" in str(table.caption)
 
 
+def test_the_gate_s_notes_are_in_report_md_and_the_sweep_s_gate_table(gate: GateReport, tmp_path: Path) -> None:
+    """report.md and `qbench sweep`'s gate table left out the gate's notes (an ungated output a variant broke, a
+    variant computing in FP32): only `qbench gate` printed them, which prints them above its table instead."""
+    from qbench.report import render_markdown
+
+    note = "int8_minmax@onnxruntime-cpu: output aux's accuracy dropped 0.5000 > 0.01 (not gated)"
+    noted = dataclasses.replace(gate, notes=(note,))
+    assert f"- note: {note}" in render_markdown(make_sweep(), noted, None, tmp_path / "report.md")
+    assert f"note: {note}" in str(gate_table(noted).caption)
+    assert note not in str(gate_table(noted, notes=False).caption)
+
+
 def test_frontier_text_lists_each_backend_and_batch_in_latency_order() -> None:
     results = make_sweep()
     lines = [line for line in frontier_text(results).splitlines() if not line.startswith("  =:")]
