@@ -113,7 +113,7 @@ def sweep(
             return 0
         registry = output.registry(loaded.registry) if gate else None  # before the sweep: a bad option costs no sweep
         outcome = run_sweep(loaded, track=track, resume=resume, rerun_failed=rerun_failed)
-        print_summary(outcome.results, outcome.gate)
+        print_summary(outcome.results, outcome.gate, gate_notes=not gate)  # --gate's verdict prints the notes
         err_console.print(f"results: {outcome.results_path}\nreport:  {outcome.report_path}", markup=False)
         if outcome.mlflow_run_id:
             err_console.print(f"MLflow run: {outcome.mlflow_run_id}  (open the UI with `qbench ui {recipe}`)")

@@ -475,12 +475,13 @@ def write_markdown_report(results: SweepResults, gate: GateReport | None, plot_p
     return write_atomically(path, render_markdown(results, gate, plot_path, path), what="the report")
 
 
-def print_summary(results: SweepResults, gate: GateReport | None, target: Console | None = None) -> None:
-    """The summary table, the frontier and the gate table, on `target` (default: qbench's console, stderr)."""
+def print_summary(results: SweepResults, gate: GateReport | None, target: Console | None = None, *,
+                  gate_notes: bool = True) -> None:  # fmt: skip
+    """The summary table, the frontier and the gate table (with its notes unless `gate_notes`), on `target` (stderr)."""
     with custom_metrics(recorded_custom_metrics(results.recipe.get("resolved", {}))):
         serving = serving_table(results, gate)
         tables = [summary_table(results, gate), *([to_rich(serving)] if serving else []), Text(frontier_text(results))]
-        tables += [gate_table(gate)] if gate is not None else []
+        tables += [gate_table(gate, notes=gate_notes)] if gate is not None else []
     for renderable in tables:
         print_wide(renderable, target)
 

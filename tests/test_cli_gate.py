@@ -117,7 +117,10 @@ def test_sweep_gate_verbose_prints_every_check(project, tmp_path, capsys):
     raw["output_dir"] = str(tmp_path / "reports")  # the module's sweep stays the recipe's latest run
     recipe.write_text(yaml.safe_dump(raw, sort_keys=False))
     assert main(["sweep", str(recipe), "--no-track", "--gate", "--verbose"]) == 0
-    lines = capsys.readouterr().out.strip().splitlines()
+    captured = capsys.readouterr()
+    lines = captured.out.strip().splitlines()
+    notes = [line.split("note: ", 1)[1] for line in (captured.out + captured.err).splitlines() if "note: " in line]
+    assert notes and len(notes) == len(set(notes)), "each gate note once: the verdict's, not the summary's too"
     rows = [line.split() for line in lines if line.split()[:2] in (["fp16", BACKEND], ["int8-minmax", BACKEND])]
     assert len(rows) == 8 and all(row[-1] == "PASS" for row in rows)
     assert lines[-1] == "gate: PASS — 2 variants × 4 scopes, 8 checks"
