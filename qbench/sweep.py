@@ -227,9 +227,11 @@ class _Progress:
             if self.tracker is not None:  # interrupted before the MLflow logging ended: say how to finish it
                 where += (f", not in MLflow (log them there with `qbench track {self.prepared.recipe.source} "
                           f"{self.run_dir}`)")
-        else:
+        elif (self.run_dir / RESULTS_FILE).is_file():
             kept = f"{len(self.done)} variant run{'' if len(self.done) == 1 else 's'}"
             where = f"partial results ({kept}) in {self.run_dir / RESULTS_FILE}, marked incomplete"
+        else:  # no variant finished: there is no results.json to point to
+            where = f"no variant run finished; {self.run_dir} is marked incomplete"
         return QbenchError(f"sweep {exc}: {where}")
 
 

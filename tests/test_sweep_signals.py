@@ -1,10 +1,12 @@
 """A signal while a sweep ends (its results complete, its MLflow runs being logged or logged already): the exit is
-2 with one line, and MLflow is left as it is, or the line says how to log what it lacks.
+2 with one line, and MLflow is left as it is, or the line says how to log what it lacks. A signal right after a build
+returns: the build is recorded, and `--resume` takes that run up.
 
 Each sweep runs as a real process that signals itself right after one of qbench's functions returns."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 from pathlib import Path
@@ -16,6 +18,7 @@ from signalled import run_signalled
 from user_model import make_user_project
 
 from qbench.cli_app import main
+from qbench.execute.records import read_records
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -62,3 +65,22 @@ def test_a_signal_once_mlflow_has_the_whole_sweep_leaves_its_runs_finished(proje
     assert line.endswith(f"sweep interrupted by SIGTERM: the results are complete in {run_dir}")
     [parent] = sweep_runs(project)
     assert (parent.info.status, parent.data.tags["qbench.gate"]) == ("FINISHED", "pass")
+
+
+def test_a_signal_right_after_the_first_build_leaves_it_for_resume(project: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    """The build was in the store but not recorded when the signal landed: `--resume` found "no finished job" in the
+    interrupted run, left it INCOMPLETE and opened a second MLflow sweep beside its KILLED one. The line named a
+    results.json that no variant had written."""
+    monkeypatch.setenv("QBENCH_CACHE_DIR", str(tmp_path / "store"))  # empty: no other test's build of FP16 in it
+    code, line, run_dir = signalled_sweep(project, "qbench.execute.executors:run_build")
+    assert code == 2
+    assert line == f"error: sweep interrupted by SIGTERM: no variant run finished; {run_dir} is marked incomplete"
+    [build] = read_records(run_dir).values()
+    assert (build.job, build.error) == ("build:fp32", None) and build.manifest is not None
+    with caplog.at_level(logging.INFO, logger="qbench"):
+        assert main(["sweep", str(project), "--resume"]) == 0
+    assert f"resuming: 1 of 4 jobs reused from the build store and {run_dir}" in caplog.text
+    [parent] = sweep_runs(project)
+    assert (parent.info.status, parent.data.tags["qbench.resumed_from"]) == ("FINISHED", str(run_dir.resolve()))

@@ -1,7 +1,8 @@
 """Run a plan on an executor: start each job once what it waits for has finished, record it when it ends.
 
 The driver (this module, in the sweep's process) is the only writer of the run folder and of MLflow:
-each finished job is recorded atomically (qbench.execute.records) and reported to the sweep's progress
+each finished job is recorded atomically (qbench.execute.records; a build the store holds but the sweep stopped
+before recording is recorded as the sweep stops) and reported to the sweep's progress
 (partial results.json, the MLflow child run), whichever executor ran it. It also decides what needs no
 job at all: a variant whose build failed fails on every backend, and one identical to an earlier
 variant is reported from that variant's measurement.
@@ -26,6 +27,7 @@ from typing import Protocol
 
 from qbench.backends import get_backend
 from qbench.backends.base import form_run_by
+from qbench.errors import QbenchError
 from qbench.execute.executors import BuildWork, Executor, JobDone, MeasureWork, Work
 from qbench.execute.jobs import (
     BuildOutput,
@@ -116,6 +118,7 @@ class Scheduler:
                 self._finish(self.executor.next_done())
         finally:
             self.executor.close()
+            self._record_published_builds()
             if self.executor.in_process:  # stopped here, by a signal or an error: no job died in this process
                 for job_id in self.state.running:
                     forget_started(self.run_dir, job_id)
@@ -123,6 +126,22 @@ class Scheduler:
         calibrated = [b for spec in self.specs if (b := self.state.built.get(spec)) and b.activation_ranges]
         retried = {job: n for job, n in self.state.attempts.items() if n > 1}
         return PlanRun(results, calibrated, reused, retried, self.state.search)
+
+    def _record_published_builds(self) -> None:
+        """Record the builds this sweep started and the store now holds, though the sweep stopped before it recorded
+        them (a signal right after a build returned, before its record): with no record, `--resume` would not take
+        this run up. What cannot be read or written here is logged; the reason the sweep stopped stands."""
+        for job_id in sorted(self.state.times.keys() - self.state.done):
+            job = self.plan.job(job_id)
+            if job.kind != "build":
+                continue
+            try:
+                manifest = self.store.manifest(job.build_key)
+                if manifest is not None:
+                    record_build(self.run_dir, job.id, self.state.attempts[job.id], manifest, None, self._times(job.id))
+            except (OSError, QbenchError) as exc:
+                logger.warning("%s: cannot record the finished build of %s (%s): a resume builds it again",
+                               self.run_dir, job.id, exc)  # fmt: skip
 
     def _start_ready(self, pending: list[Job]) -> list[Job]:
         """Start (or settle without running) every job whose dependencies are done, in plan order."""
