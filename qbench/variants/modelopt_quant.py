@@ -13,6 +13,12 @@ the FP32 export ("/encoder/layer.3/output/dense/MatMul": the TorchScript exporte
 after the module path). That module's quantizers and those inside it are disabled
 ({"quantizer_name": "<module>.*", "enable": False}).
 
+NaN/inf: under `data.nonfinite_inputs: keep`, a quantizer fed NaN or ±inf on calibration rows would get no finite
+amax (ModelOpt's max calibrator stops on an assertion, its histogram one in torch.histc) and, were it calibrated, its
+Q/DQ would write NaN as a number, so a model reading NaN as missing afterwards would take the present-value branch.
+The module owning such a quantizer is kept float, as the ONNX builds keep the nodes reading such a tensor
+(`qbench.variants.nonfinite_scan`), named in the notes and `nonfinite_inputs_kept_fp32`.
+
 Export: INT8 is standard QuantizeLinear/DequantizeLinear, read by ONNX Runtime and TensorRT
 alike (`<name>.onnx`). FP8 uses TensorRT's `trt::TRT_FP8QuantizeLinear` / `TRT_FP8DequantizeLinear`:
 that file is kept as `<name>.trt.onnx` for TensorRT, and `<name>.onnx` is rewritten to standard
@@ -41,6 +47,7 @@ from qbench.techniques.calibrators import CALIBRATORS
 from qbench.techniques.modelopt import Modelopt
 from qbench.variants.base import ONNX, BuildContext, BuiltVariant, Feeds, technique_of
 from qbench.variants.calibrate import calibration_rows, require_calibration
+from qbench.variants.nonfinite_scan import holds_nonfinite, kept_float_note
 from qbench.variants.onnx_utils import (
     Stopwatch,
     build_step,
@@ -117,7 +124,8 @@ class ModeloptSettings:
                 attributes["calibrator"] = (HistogramCalibrator, calibrator_args, {"num_bins": self.num_bins})
             if entry["quantizer_name"] == "*weight_quantizer" and self.per_channel is not None:
                 attributes["axis"] = 0 if self.per_channel else None
-        config["quant_cfg"] += [{"quantizer_name": f"{name}.*", "enable": False} for name in excluded_modules]
+        # "" is the root module (a bare nn.Linear): every quantizer is its own
+        config["quant_cfg"] += [{"quantizer_name": f"{name}.*" if name else "*", "enable": False} for name in excluded_modules]
         if self.histogram_method is not None:
             config["algorithm"] = None
         elif self.smoothquant_alpha is not None:
@@ -182,8 +190,11 @@ def build_modelopt(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     with single_torch_thread():
         module = torch_model.build()
         excluded = resolve_exclusions(module, config.exclude_nodes, spec.name)
+        with build_step(spec.name, "scanning calibration rows for NaN/inf"):
+            reading = quantizers_reading_nonfinite(module, settings, excluded, ctx.calibration, torch_model.input_names)
+        kept_float = sorted(set(excluded.values()) | set(reading))
         with build_step(spec.name, f"ModelOpt {settings.preset} quantization"):
-            quantized, kept = quantize_module(module, settings, excluded, ctx.calibration, torch_model.input_names)
+            quantized, kept = quantize_module(module, settings, kept_float, ctx.calibration, torch_model.input_names)
         _check_excluded_modules_had_quantizers(quantized, excluded, spec.name)
         opset = max(FP8_OPSET, torch_model.opset) if spec.precision == "fp8" else None
         with build_step(spec.name, "ONNX export (TorchScript exporter)"), warnings.catch_warnings():
@@ -215,6 +226,8 @@ def build_modelopt(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         **({} if counts is None else {"quantized_nodes": sum(counts.values()), "quantized_op_types": counts}),
         "tensorrt_onnx": str(exported),
     }
+    if reading:
+        params["nonfinite_inputs_kept_fp32"] = reading
     if kept:
         params["histogram_range_kept"] = {name: round(fraction, 4) for name, fraction in sorted(kept.items())}
     return BuiltVariant(
@@ -224,7 +237,8 @@ def build_modelopt(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         params=params,
         build_seconds=clock.seconds(),
         session_hints={"graph_optimization_level": "basic"} if spec.precision == "fp8" else {},
-        notes=(FP8_NOTE if spec.precision == "fp8" else INT8_NOTE, *clipping_notes(settings, kept)),
+        notes=(FP8_NOTE if spec.precision == "fp8" else INT8_NOTE, *clipping_notes(settings, kept),
+               *([kept_float_note(reading)] if reading else [])),
         torch_module=lambda: copy.deepcopy(quantized),
         # calibration shaped both forms; the export's facts and how ONNX Runtime runs it describe the ONNX file only
         param_forms=dict.fromkeys(("format", "opset", "quantized_nodes", "quantized_op_types", "tensorrt_onnx"), ONNX),
@@ -267,21 +281,59 @@ def import_modelopt() -> Any:
 
 
 def quantize_module(
-    module: Any, settings: ModeloptSettings, excluded: dict[str, str], batches: Sequence[Feeds], input_names: Sequence[str]
+    module: Any, settings: ModeloptSettings, excluded: Sequence[str], batches: Sequence[Feeds], input_names: Sequence[str]
 ) -> tuple[Any, dict[str, float]]:
-    """`mtq.quantize` the module in place with `settings`, calibrated on `batches`.
+    """`mtq.quantize` the module in place with `settings`, calibrated on `batches`, the modules `excluded` kept float.
 
     Returns the module and, for histogram calibration, quantizer name -> the fraction of the
     observed range its amax keeps (empty for max calibration, which keeps all of it).
     """
     mtq = import_modelopt()
-    config = settings.quant_config(mtq, sorted(set(excluded.values())))
+    config = settings.quant_config(mtq, excluded)
     forward_loop = calibration_loop(batches, input_names)
     with quiet_stdout():  # ModelOpt prints "Inserted N quantizers"
         module = mtq.quantize(module, config, forward_loop if settings.histogram_method is None else None)
     if settings.histogram_method is None:
         return module, {}
     return module, _calibrate_histograms(module, forward_loop, settings)
+
+
+def quantizers_reading_nonfinite(
+    module: Any, settings: ModeloptSettings, excluded: dict[str, str], batches: Sequence[Feeds], input_names: Sequence[str]
+) -> dict[str, list[str]]:
+    """Module name -> its enabled quantizers whose input holds NaN or ±inf on some calibration batch (FP32 values).
+
+    Run only when a calibration batch is fed NaN/inf: the quantizers are inserted into a copy of `module` without
+    calibrating, disabled so the forward pass is FP32's, and each one's input checked.
+    """
+    if not any(holds_nonfinite(batch) for batch in batches):
+        return {}
+    import torch
+
+    mtq = import_modelopt()
+    config = {**settings.quant_config(mtq, sorted(set(excluded.values()))), "algorithm": None}  # nothing calibrated
+    with quiet_stdout():
+        probe = mtq.quantize(copy.deepcopy(module), config, None)
+    found: set[str] = set()
+
+    def note_nonfinite(name: str) -> Callable[..., None]:
+        def hook(_: Any, inputs: tuple[Any, ...], __: Any) -> None:
+            if any(torch.is_tensor(t) and t.is_floating_point() and not torch.isfinite(t).all() for t in inputs):
+                found.add(name)
+
+        return hook
+
+    for name, quantizer in _named_tensor_quantizers(probe):
+        if quantizer.is_enabled:
+            quantizer.disable()
+            quantizer.register_forward_hook(note_nonfinite(name))
+    calibration_loop(batches, input_names)(probe)
+    owners: dict[str, list[str]] = {}
+    for name in sorted(found):  # "fc1.input_quantizer" -> "fc1"; "fc1.weight_quantizer.0" (a sequence of them) too
+        parts = name.split(".")
+        owner = next((i for i, part in enumerate(parts) if part.endswith("quantizer")), len(parts) - 1)
+        owners.setdefault(".".join(parts[:owner]), []).append(name)
+    return owners
 
 
 def calibration_loop(batches: Sequence[Feeds], input_names: Sequence[str]) -> Callable[[Any], None]:

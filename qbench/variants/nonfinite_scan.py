@@ -8,7 +8,7 @@ may skip NaN, and it merges batches with np.nanmin/np.nanmax), and DynamicQuanti
 values that are not NaN and writes NaN as the tensor's minimum. The histogram calibrators already refuse such a
 tensor (`histograms.histogram_problem`); this scan gives every other build the same rule.
 
-Only calibration batches fed NaN/inf make it run (`_holds_nonfinite`): then one ORT pass per calibration batch
+Only calibration batches fed NaN/inf make it run (`holds_nonfinite`): then one ORT pass per calibration batch
 exposes, for each tensor, the sum of (t - t) in float64: NaN exactly where t holds NaN or ±inf anywhere, since a sum
 propagates NaN in any order (a min/max kernel need not).
 """
@@ -35,7 +35,7 @@ def nonfinite_tensors(model: onnx.ModelProto, tensors: Iterable[str], batches: S
     graph = model.graph
     known = {value.name for value in graph.input} | {name for node in graph.node for name in node.output if name}
     names = sorted(set(tensors) & known)
-    if not names or not any(_holds_nonfinite(batch) for batch in batches):
+    if not names or not any(holds_nonfinite(batch) for batch in batches):
         return set()
     scan = onnx.ModelProto()
     scan.CopyFrom(model)
@@ -64,7 +64,7 @@ def nonfinite_tensors(model: onnx.ModelProto, tensors: Iterable[str], batches: S
     return found
 
 
-def _holds_nonfinite(batch: Feeds) -> bool:
+def holds_nonfinite(batch: Feeds) -> bool:
     """Whether a float feed of `batch` holds NaN or ±inf: the rows `data.nonfinite_inputs: keep` feeds as they are.
     Only then is the model run again: a tensor computed from finite inputs that turns non-finite (a mask's -inf) gets
     no finite range from any calibrator (calibrate._finite), and the scan would cost every build a pass over its

@@ -329,3 +329,59 @@ def test_modelopt_notes_and_graph_params_are_shown_on_the_form_they_describe(cnn
         assert key in on_onnx.params and key not in on_torch.params
     for key in ("quantizer", "calibration_algorithm", "quantized_modules"):  # the calibration both forms share
         assert key in on_onnx.params and key in on_torch.params
+
+
+# -- NaN/inf on calibration rows (data.nonfinite_inputs: keep) ---------------------------------------
+
+
+class _ReadsNanAsMissing(torch.nn.Module):
+    """fc1 passes NaN through; a row whose fc1 output holds NaN takes the missing branch: head(0) + 5."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1, self.head = torch.nn.Linear(4, 8), torch.nn.Linear(8, 3)
+
+    def forward(self, x):
+        hidden = self.fc1(x)
+        missing = torch.isnan(hidden).any(dim=1, keepdim=True)
+        return self.head(torch.where(missing, torch.zeros_like(hidden), hidden)) + missing.float() * 5.0
+
+
+@pytest.mark.parametrize("precision, calibrator, options", [
+    ("int8", "minmax", {}), ("int8", "entropy", {}), ("int8", "minmax", {"smoothquant": {"alpha": 0.5}}),
+    ("fp8", "minmax", {}),
+])  # fmt: skip
+@pytest.mark.parametrize("with_nan", [True, False])
+def test_modelopt_keeps_layers_reading_nan_float(tmp_path, precision, calibrator, options, with_nan):
+    pytest.importorskip("modelopt.torch.quantization")
+    net = _ReadsNanAsMissing().eval()
+    torch_model = TorchModel(
+        factory="tests:nan", input_shapes={"x": (1, 4)}, input_dtypes={"x": "float32"},
+        output_names=("y",), opset=17, cache_key="nan", _template=net,
+    )  # fmt: skip
+    reference = torch_model.export(torch_model.build(), tmp_path / "fp32.onnx")
+    rows = np.random.default_rng(0).normal(size=(96, 4)).astype(np.float32)
+    if with_nan:
+        rows[:64:4, 0] = np.nan  # a quarter of the calibration rows miss a value
+    rows[64::2, 1] = np.nan  # half of the evaluated ones
+    context = BuildContext(reference_path=reference, workdir=tmp_path, torch_model=torch_model,
+                           calibration=[{"x": rows[i : i + 16]} for i in range(0, 64, 16)])  # fmt: skip
+    built = build_variant(_spec(precision, calibrator, **options), context)
+    if not with_nan:  # the scan does not run: both layers quantized
+        assert "nonfinite_inputs_kept_fp32" not in built.params and built.params["quantized_modules"] == 2
+        return
+    assert built.params["nonfinite_inputs_kept_fp32"] == {"fc1": ["fc1.input_quantizer"]}
+    assert built.params["quantized_modules"] == 1  # head still quantized
+    assert any(note.startswith("1 node(s) kept FP32") and "fc1" in note for note in built.notes)
+    options = ort.SessionOptions()
+    if built.session_hints.get("graph_optimization_level") == "basic":
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    session = ort.InferenceSession(str(built.onnx_path), options, providers=["CPUExecutionProvider"])
+    evaluated = rows[64:]
+    outputs = session.run(None, {"x": evaluated})[0]
+    missing = np.isnan(evaluated).any(axis=1)
+    # by hand: a row missing a value gives head's bias + 5 (head(0): its quantized weights times 0)
+    expected = net.head.bias.detach().numpy() + 5.0
+    np.testing.assert_allclose(outputs[missing], np.broadcast_to(expected, outputs[missing].shape), atol=1e-5)
+    assert np.isfinite(outputs).all()
