@@ -19,11 +19,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
 
-# integer arithmetic ops of ONNX and of ONNX Runtime's com.microsoft domain (QLinear* are matched by prefix)
+# quantized ops of ONNX and of ONNX Runtime's com.microsoft domain named by no family pattern (`_quantized_op`)
 _INTEGER_OPS = frozenset({
-    "MatMulInteger", "ConvInteger", "DynamicQuantizeLinear", "QGemm", "QAttention", "QEmbedLayerNormalization",
-    "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "DynamicQuantizeLSTM", "MatMulNBits", "MatMulBnb4",
-    "GatherBlockQuantized", "QuickGelu8Bit",
+    "QGemm", "QAttention", "QEmbedLayerNormalization", "QMoE", "MatMulNBits", "MatMulBnb4", "MatMulFpQ4",
+    "QuickGelu8Bit",
 })  # fmt: skip
 _QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 # ops that move or re-type values without computing on them: a reduced float type there is storage, not compute
@@ -48,7 +47,7 @@ def reduced_precision(model: onnx.ModelProto) -> str | None:
     reduced_types: set[str] = set()
     for node, graph_constants in _nodes(model.graph, constants):
         op = node.op_type
-        if op.startswith("QLinear") or op in _INTEGER_OPS:
+        if _quantized_op(op):
             integer[op] += 1
         elif op in _QDQ_OPS and node.input and node.input[0] not in graph_constants:
             integer[op] += 1  # on activations; a DequantizeLinear of a stored weight computes nothing at run time
@@ -99,6 +98,14 @@ def stored_weights(model: onnx.ModelProto) -> str | None:
              for op, names in sorted(ops.items())]  # fmt: skip
     return (f"stores {', '.join(parts)} and widens them to float when it runs: it computes in FP32 on weights already "
             "rounded to that type, so every drop is measured from that rounding, not from the float model they came from")
+
+
+def _quantized_op(op: str) -> bool:
+    """An op that computes on quantized values, by family: QLinear*/QOrdered*, *Integer* (MatMulInteger16,
+    MatMulIntegerToFloat), *Quantize* (DynamicQuantizeLinear, QuantizeWithOrder, DequantizeBFP, GatherBlockQuantized)
+    but Quantize/DequantizeLinear themselves (judged by what they read), so a new member of a family is caught too."""
+    return (op.startswith(("QLinear", "QOrdered")) or "Integer" in op or ("quantize" in op.lower() and op not in _QDQ_OPS)
+            or op in _INTEGER_OPS)  # fmt: skip
 
 
 def _counted(ops: Counter[str]) -> str:

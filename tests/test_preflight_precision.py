@@ -226,3 +226,14 @@ def test_a_sweep_from_a_weight_only_quantized_reference_says_so_in_results_repor
     capsys.readouterr()
     assert main(["gate", str(tmp_path / "recipe.yaml")]) == 0
     assert "gate note: the reference fp32 stores 1 weight in int8 (DequantizeLinear)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("op", ["MatMulInteger16", "QOrderedMatMul", "QuantizeWithOrder", "DequantizeBFP", "QMoE", "MatMulFpQ4"])
+def test_onnx_runtime_quantized_contrib_ops_are_an_int8_model(op: str) -> None:
+    """ONNX Runtime's com.microsoft quantized ops beyond the QLinear* family and a fixed list passed as FP32."""
+    call = helper.make_node(op, ["x", "w"], ["logits"], domain="com.microsoft")
+    graph = helper.make_graph([call], "q", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 3])],
+                              [numpy_helper.from_array(np.ones((4, 3), np.float32), "w")])  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+    assert reduced_precision(model) == f"the model is already quantized: 1 {op} node"
