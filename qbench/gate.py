@@ -200,6 +200,7 @@ def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[st
         problems=tuple(problems),
         gated=tuple(f"{v}@{b}" for v, b in gated),
         notes=(*_tolerance_notes(results, spec, gated), *_other_outputs(results, spec, gated), *_unlowered(results, gated), *_chosen_on_judged_rows(results, gated), *_nonfinite_reference(results, gated),
+               *_rounded_reference(results, gated),
                *mixed_timing_machines(results),
                *slower_than_reference_notes(results, {f"{v}@{b}" for v, b in gated})),
     ))
@@ -279,6 +280,14 @@ def _chosen_on_judged_rows(results: SweepResults, pairs: Sequence[tuple[str, str
     return [f"{key} was chosen among candidates on the evaluation rows that judge it: the best of several tries on "
             "those rows, its pass is optimistic (no calibration row was left out of the evaluation to choose on)"
             for key in chosen]  # fmt: skip
+
+
+def _rounded_reference(results: SweepResults, pairs: Sequence[tuple[str, str]]) -> list[str]:
+    """Once, where the reference stores its weights in a smaller type (qbench.preflight_precision.stored_weights):
+    every check here measures from that rounding."""
+    found = [results.find(results.reference, backend) for backend in dict.fromkeys(b for _, b in pairs)]
+    stored = next((r.params["stored_weights"] for r in found if r is not None and "stored_weights" in r.params), None)
+    return [f"the reference {results.reference} {stored}"] if stored else []
 
 
 def _unlowered(results: SweepResults, pairs: Sequence[tuple[str, str]]) -> list[str]:

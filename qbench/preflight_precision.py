@@ -5,7 +5,9 @@ Quantize/DequantizeLinear on activations) or FP16/BF16 (nodes computing on such 
 outputs) would be read as "FP32": variants would be "identical to FP32", some builders would write invalid graphs,
 and a gate could pass having compared the model with itself. What decides is what the graph computes in, so a
 FP32 graph storing weights in a smaller type (a bfloat16 initializer cast to float, an INT8 weight dequantized
-once) is an FP32 reference, and so is a float64 graph.
+once) is an FP32 reference, and so is a float64 graph. Such a reference is already rounded, though: `stored_weights`
+says so, and the reference's note carries it to the results, the report and the gate's notes (every drop is measured
+from that rounding, not from the float model the weights came from).
 """
 
 from __future__ import annotations
@@ -17,11 +19,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
 
-# integer arithmetic ops of ONNX and of ONNX Runtime's com.microsoft domain (QLinear* are matched by prefix)
+# quantized ops of ONNX and of ONNX Runtime's com.microsoft domain named by no family pattern (`_quantized_op`)
 _INTEGER_OPS = frozenset({
-    "MatMulInteger", "ConvInteger", "DynamicQuantizeLinear", "QGemm", "QAttention", "QEmbedLayerNormalization",
-    "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "DynamicQuantizeLSTM", "MatMulNBits", "MatMulBnb4",
-    "GatherBlockQuantized", "QuickGelu8Bit",
+    "QGemm", "QAttention", "QEmbedLayerNormalization", "QMoE", "MatMulNBits", "MatMulBnb4", "MatMulFpQ4",
+    "QuickGelu8Bit",
 })  # fmt: skip
 _QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 # ops that move or re-type values without computing on them: a reduced float type there is storage, not compute
@@ -31,6 +32,9 @@ _STORAGE_OPS = frozenset({
 })  # fmt: skip
 _CONSTANT_FOLDING = _STORAGE_OPS | {"DequantizeLinear", "QuantizeLinear"}
 _REDUCED_FLOATS = {10: "float16", 16: "bfloat16", 17: "float8", 18: "float8", 19: "float8", 20: "float8", 23: "float4"}
+# types a DequantizeLinear widens a stored weight from (a Cast widens only the reduced floats: an integer cast to float
+# is a mask or an index, not a rounded weight)
+_DEQUANTIZED = {**_REDUCED_FLOATS, 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 21: "uint4", 22: "int4"}
 
 
 def reduced_precision(model: onnx.ModelProto) -> str | None:
@@ -43,7 +47,7 @@ def reduced_precision(model: onnx.ModelProto) -> str | None:
     reduced_types: set[str] = set()
     for node, graph_constants in _nodes(model.graph, constants):
         op = node.op_type
-        if op.startswith("QLinear") or op in _INTEGER_OPS:
+        if _quantized_op(op):
             integer[op] += 1
         elif op in _QDQ_OPS and node.input and node.input[0] not in graph_constants:
             integer[op] += 1  # on activations; a DequantizeLinear of a stored weight computes nothing at run time
@@ -63,6 +67,45 @@ def reduced_precision(model: onnx.ModelProto) -> str | None:
         names = ", ".join(list(io)[:4]) + (f" and {len(io) - 4} more" if len(io) > 4 else "")
         found.append(f"its graph inputs/outputs {names} are {'/'.join(sorted(set(io.values())))}")
     return "; ".join(found) or None
+
+
+def stored_weights(model: onnx.ModelProto) -> str | None:
+    """For a model `reduced_precision` accepts: the weights it stores in a smaller type and widens to float when it
+    runs, as 'stores 2 weights in int8 (DequantizeLinear), 1 in float16 (Cast) and widens them to float ...'; None
+    when every weight is stored as it is computed with."""
+    found: dict[str, dict[str, set[str]]] = {}  # type -> how it is widened -> the weights so stored
+    for graph in _graphs(model.graph):
+        origin = {t.name: t.name for t in graph.initializer if t.data_type in _DEQUANTIZED}
+        types = {t.name: t.data_type for t in graph.initializer}
+        for _ in range(len(graph.node) + 1):  # follow reshapes and the like of a stored weight, in any node order
+            known = len(origin)
+            for node in graph.node:
+                if node.op_type in _STORAGE_OPS and node.op_type not in ("Cast", "CastLike") and node.input \
+                        and node.input[0] in origin:  # fmt: skip
+                    origin.update(dict.fromkeys(node.output, origin[node.input[0]]))
+            if len(origin) == known:
+                break
+        for node in graph.node:
+            weight = origin.get(node.input[0]) if node.input else None
+            to = next((a.i for a in node.attribute if a.name == "to"), None)
+            widens = node.op_type == "DequantizeLinear" or (node.op_type == "Cast" and to in (1, 11)
+                                                             and types[weight] in _REDUCED_FLOATS) if weight else False  # fmt: skip
+            if widens:
+                found.setdefault(_DEQUANTIZED[types[weight]], {}).setdefault(node.op_type, set()).add(weight)
+    if not found:
+        return None
+    parts = [f"{len(names)} {'weights' if len(names) > 1 else 'weight'} in {kind} ({op})" for kind, ops in sorted(found.items())
+             for op, names in sorted(ops.items())]  # fmt: skip
+    return (f"stores {', '.join(parts)} and widens them to float when it runs: it computes in FP32 on weights already "
+            "rounded to that type, so every drop is measured from that rounding, not from the float model they came from")
+
+
+def _quantized_op(op: str) -> bool:
+    """An op that computes on quantized values, by family: QLinear*/QOrdered*, *Integer* (MatMulInteger16,
+    MatMulIntegerToFloat), *Quantize* (DynamicQuantizeLinear, QuantizeWithOrder, DequantizeBFP, GatherBlockQuantized)
+    but Quantize/DequantizeLinear themselves (judged by what they read), so a new member of a family is caught too."""
+    return (op.startswith(("QLinear", "QOrdered")) or "Integer" in op or ("quantize" in op.lower() and op not in _QDQ_OPS)
+            or op in _INTEGER_OPS)  # fmt: skip
 
 
 def _counted(ops: Counter[str]) -> str:

@@ -3,6 +3,7 @@ its graph computes in (a weight stored in a smaller type and widened once is sti
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import yaml
 from onnx import TensorProto, helper, numpy_helper
 
 from qbench.cli_app import main
-from qbench.preflight_precision import reduced_precision
+from qbench.preflight_precision import reduced_precision, stored_weights
 
 ROWS = 64
 
@@ -179,3 +180,60 @@ def test_a_half_precision_model_of_many_kinds_counts_the_nodes_left_unnamed() ->
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
     assert reduced_precision(model) == ("the model already computes in float16: 2 MatMul, 1 Add, 1 Div, "
                                         "1 Max, 1 Min nodes and 2 more of 2 other kinds; its graph inputs/outputs x, y are float16")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("model", "stored"),
+    [
+        pytest.param(lambda: _stored_weight(TensorProto.INT8, "DequantizeLinear"), "1 weight in int8 (DequantizeLinear)", id="int8"),
+        pytest.param(lambda: _stored_weight(TensorProto.FLOAT16, "Cast"), "1 weight in float16 (Cast)", id="float16"),
+        pytest.param(lambda: _stored_weight(TensorProto.BFLOAT16, "Cast"), "1 weight in bfloat16 (Cast)", id="bfloat16"),
+    ],
+)
+def test_a_reference_storing_weights_in_a_smaller_type_is_named_by_them(model, stored: str) -> None:
+    assert stored_weights(model()).startswith(f"stores {stored} and widens them to float when it runs")
+
+
+def test_float_weights_and_an_integer_mask_cast_to_float_are_no_stored_weights() -> None:
+    """An integer constant cast to float is a mask or an index, not a weight rounded to that type."""
+    mask = numpy_helper.from_array(np.array([1, 0, 1], np.uint8), "mask")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["xw"]), helper.make_node("Cast", ["mask"], ["m"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["xw", "m"], ["logits"])]  # fmt: skip
+    w = numpy_helper.from_array(np.ones((4, 3), np.float32), "w")
+    assert stored_weights(_linear()) is None
+    assert stored_weights(_linear(nodes=nodes, weights=[w, mask])) is None
+
+
+def test_a_sweep_from_a_weight_only_quantized_reference_says_so_in_results_report_and_gate(tmp_path: Path, capsys) -> None:
+    """A reference with INT8 weights dequantized once is accepted (it computes in FP32), but every drop is measured
+    from its rounding: the results, the report and the gate said 'fp32' and nothing more. Its dynamic INT8 variant
+    finds no float weight to quantize (identical to the reference), which `qbench gate` must still judge."""
+    onnx.save(_stored_weight(TensorProto.INT8, "DequantizeLinear"), str(tmp_path / "model.onnx"))
+    rng = np.random.default_rng(3)
+    pd.DataFrame({"x": list(rng.normal(size=(ROWS, 4)).astype(np.float32))}).to_parquet(tmp_path / "rows.parquet")
+    recipe = {"name": "weight-only", "task": "embedding", "model": {"path": "model.onnx"},
+              "data": {"path": "rows.parquet", "inputs": {"x": "x"}},
+              "variants": [{"name": "fp16", "precision": "fp16"}, {"name": "int8-dyn", "precision": "int8", "calibrator": "dynamic"}],
+              "latency": {"batch_sizes": [1], "warmup": 1, "iterations": 3}, "gate": {"metric": "cosine"}}  # fmt: skip
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    assert main(["sweep", "--no-track", str(tmp_path / "recipe.yaml")]) == 0
+    said = "the FP32 reference stores 1 weight in int8 (DequantizeLinear) and widens them to float when it runs"
+    [run] = (tmp_path / "reports" / "weight-only").iterdir()
+    results = json.loads((run / "results.json").read_text())
+    [reference] = [v for v in results["variants"] if v["variant"] == "fp32"]
+    assert any(note.startswith(said) for note in reference["notes"])
+    assert said in (run / "report.md").read_text()
+    capsys.readouterr()
+    assert main(["gate", str(tmp_path / "recipe.yaml")]) == 0
+    assert "gate note: the reference fp32 stores 1 weight in int8 (DequantizeLinear)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("op", ["MatMulInteger16", "QOrderedMatMul", "QuantizeWithOrder", "DequantizeBFP", "QMoE", "MatMulFpQ4"])
+def test_onnx_runtime_quantized_contrib_ops_are_an_int8_model(op: str) -> None:
+    """ONNX Runtime's com.microsoft quantized ops beyond the QLinear* family and a fixed list passed as FP32."""
+    call = helper.make_node(op, ["x", "w"], ["logits"], domain="com.microsoft")
+    graph = helper.make_graph([call], "q", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 3])],
+                              [numpy_helper.from_array(np.ones((4, 3), np.float32), "w")])  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+    assert reduced_precision(model) == f"the model is already quantized: 1 {op} node"

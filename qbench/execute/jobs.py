@@ -26,7 +26,7 @@ from qbench.backends.base import form_run_by
 from qbench.errors import QbenchError, environment_cause
 from qbench.execute.store import BuildStore, StoreUnwritable, build_environment, manifest_of
 from qbench.preflight import Prepared
-from qbench.provenance import model_sha256
+from qbench.provenance import model_bytes, model_sha256
 from qbench.recipe import VariantSpec
 from qbench.results import AccuracyResult, VariantResult
 from qbench.validate.measure import Measured, PhaseClock, Reference, Rows, describe_error, measure
@@ -323,15 +323,19 @@ def failed(spec_name: str, precision: str, backend: str, error: str) -> VariantR
 
 
 def identical(built: BuiltVariant, twin: VariantResult) -> VariantResult:
-    """`built` computes exactly what `twin` measured: report `twin`'s figures under its name, saying so."""
+    """`built` computes exactly what `twin` measured: report `twin`'s figures under its name, saying so. Where the
+    result names the variant's own ONNX file, its size and digest are that file's: a graph and weights equal to the
+    twin's are seldom the same bytes (a quantizer that found nothing to quantize still re-saves the model), and a
+    digest that is not the named file's reads as a file edited after the sweep (the gate finds it unusable)."""
     note = f"identical to {twin.variant} (same graph and weights): not run again, the figures are {twin.variant}'s"
     logger.info("  %s: %s", twin.backend, note)
     form = form_run_by(get_backend(twin.backend))
     built = built.as_run_in(form)  # what is true of the form twin's backend ran
+    own = {"model_path": str(built.onnx_path), "model_bytes": model_bytes(built.onnx_path),
+           "model_sha256": model_sha256(built.onnx_path)} if form == ONNX else {}  # fmt: skip
     return replace(
         twin, variant=built.name, precision=built.precision, params={**built.params, "identical_to": twin.variant},
-        model_path=str(built.onnx_path) if form == ONNX else twin.model_path, build_seconds=built.build_seconds,
-        notes=(*built.notes, note),
+        build_seconds=built.build_seconds, notes=(*built.notes, note), **own,
     )  # fmt: skip
 
 

@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 from qbench.errors import QbenchError
+from qbench.onnx_read import read_onnx
+from qbench.preflight_precision import stored_weights
 from qbench.recipe import VariantSpec
 from qbench.variants.base import BuildContext, BuiltVariant
 
 
 def build_fp32(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
-    """Point at the reference model; every other variant is measured against this one."""
+    """Point at the reference model; every other variant is measured against this one. A reference whose weights are
+    stored in a smaller type (weight-only quantized) says so in its params and notes: it is the baseline every drop and
+    speed-up is measured from, and it is not the float model."""
     reference = ctx.reference_path.resolve()
     if not reference.is_file():
         raise QbenchError(f"variant {spec.name!r}: the FP32 model {reference} does not exist")
+    stored = stored_weights(read_onnx(reference))
     return BuiltVariant(
         name=spec.name,
         precision="fp32",
         onnx_path=reference,
-        params={"source": "the recipe's model, unchanged"},
+        params={"source": "the recipe's model, unchanged", **({"stored_weights": stored} if stored else {})},
+        notes=(f"the FP32 reference {stored}",) if stored else (),
         borrowed=True,
     )
