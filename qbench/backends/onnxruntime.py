@@ -31,6 +31,11 @@ _OPTIMIZATION_LEVELS = {
 DEFAULT_OPTIMIZATION_LEVEL = "all"
 
 
+def _level_name(level: Any) -> str:
+    """A GraphOptimizationLevel by the name recipes and results give it ("basic"...; ORT's own name if unknown)."""
+    return next((name for name, ort_name in _OPTIMIZATION_LEVELS.items() if ort_name == level.name), level.name)
+
+
 def _import_onnxruntime(extra: str) -> ModuleType:
     try:
         return importlib.import_module("onnxruntime")
@@ -80,13 +85,12 @@ class OnnxRuntimeRunner:
     def describe(self) -> dict[str, Any]:
         session = self._live()
         options = session.get_session_options()
-        level = options.graph_optimization_level.name
         return {
             "runtime": "onnxruntime",
             "version": self._version,
             "providers": list(session.get_providers()),
             "intra_op_threads": options.intra_op_num_threads or None,  # None: the runtime's default
-            "graph_optimization_level": next((k for k, v in _OPTIMIZATION_LEVELS.items() if v == level), level),
+            "graph_optimization_level": _level_name(options.graph_optimization_level),
         }
 
     def result_fields(self, description: Mapping[str, Any]) -> dict[str, Any]:
@@ -182,6 +186,6 @@ class OnnxRuntimeBackend:
         except _load_errors():
             raise failure from None
         why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        level = next((k for k, v in _OPTIMIZATION_LEVELS.items() if v == asked.name), asked.name)
+        level = _level_name(asked)
         return session, (f"onnxruntime {ort.__version__} could not load this graph at optimisation level {level} "
                          f"({why}): measured at level basic, so its latency is not what full optimisation would give")
