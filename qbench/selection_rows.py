@@ -79,12 +79,12 @@ def calibration_split(
     if not chooses_among_candidates(recipe):
         return CalibrationSplit(drawn, drawn[:0], 0)
     candidates, _, _ = calibration_candidates(table, recipe.data, nonfinite, recipe_file=recipe.source)
+    pool = candidates if evaluation is None else np.union1d(candidates, evaluation.beyond_limit)
     if recipe.data.nonfinite_inputs != "keep":  # error: rows with NaN/inf inputs are refused where fed, never chosen on
-        candidates = drop_nonfinite(candidates, nonfinite)[0]
+        pool = drop_nonfinite(pool, nonfinite)[0]  # the rows past the evaluation's limit too: no check saw them
     if evaluation is None:
         masks = calibration_masks(recipe.data, table, recipe_file=recipe.source)
-        return split_calibration(drawn, candidates, None, masks, seed=recipe.data.calibration.seed)
-    pool = np.union1d(candidates, evaluation.beyond_limit)
+        return split_calibration(drawn, pool, None, masks, seed=recipe.data.calibration.seed)
     return split_calibration(drawn, pool, evaluation.rows, evaluation.masks, seed=recipe.data.calibration.seed)
 
 

@@ -217,3 +217,25 @@ def test_under_error_no_row_with_nan_inputs_is_chosen_on():
         split = calibration_split(recipe, table, np.array([0, 1]), nonfinite, None)
         chosen_nan = np.isin(split.selection, [2, 5, 7]).sum()
         assert len(split.selection) and (chosen_nan == 3 if policy == "keep" else chosen_nan == 0), policy
+
+
+def test_under_error_no_row_past_the_evaluation_limit_with_nan_inputs_is_chosen_on():
+    """The rows an evaluation limit leaves out join the selection pool; under `error` a row among them holding NaN was
+    chosen on (fed to every candidate) though no check had seen it: only the calibration candidates were cleaned."""
+    from types import SimpleNamespace
+
+    from qbench.data import nonfinite_masks
+    from qbench.data.evaluation import EvaluationRows
+    from qbench.recipe_data import DataSpec
+    from qbench.selection_rows import calibration_split
+
+    table = _nan_table()
+    data = DataSpec.model_validate({"path": "t.parquet", "inputs": {"x": "x"}, "label": "label",
+                                    "calibration": {"filter": {"label": 0}}})  # fmt: skip
+    recipe = SimpleNamespace(search=object(), variants=[], data=data, source=Path("r.yaml"))
+    nonfinite = nonfinite_masks(table, data.inputs)
+    odd = np.arange(1, 12, 2)  # rows 5 and 7 (NaN) are evaluation rows past a limit of 2
+    evaluation = EvaluationRows(rows=odd[:2], masks={}, nonfinite=nonfinite, dropped={}, left_out=0, held_out=0,
+                                beyond_limit=odd[2:])  # fmt: skip
+    split = calibration_split(recipe, table, np.array([0, 4]), nonfinite, evaluation)
+    assert set(split.selection) >= {9, 11} and not np.isin(split.selection, [2, 5, 7]).any()
