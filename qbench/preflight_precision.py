@@ -8,6 +8,12 @@ FP32 graph storing weights in a smaller type (a bfloat16 initializer cast to flo
 once) is an FP32 reference, and so is a float64 graph. Such a reference is already rounded, though: `stored_weights`
 says so, and the reference's note carries it to the results, the report and the gate's notes (every drop is measured
 from that rounding, not from the float model the weights came from).
+
+One rule draws the line between the two: a weight stored in 8 bits or fewer (int8/uint8, int4/uint4, float8, ...)
+is a quantized weight, whichever form holds it (a DequantizeLinear of the stored weight, ONNX Runtime's fused
+MatMulNBits, GatherBlockQuantized, MatMulBnb4, MatMulFpQ4), and the model is refused as weight-only quantized: its
+drops would be measured from a quantized baseline, and an INT8 variant of it would be judged against an INT4 one. A
+weight stored in 16 bits (float16, bfloat16, int16) and widened to float is accepted with the note above.
 """
 
 from __future__ import annotations
@@ -20,10 +26,10 @@ if TYPE_CHECKING:  # pragma: no cover
     import onnx
 
 # quantized ops of ONNX and of ONNX Runtime's com.microsoft domain named by no family pattern (`_quantized_op`)
-_INTEGER_OPS = frozenset({
-    "QGemm", "QAttention", "QEmbedLayerNormalization", "QMoE", "MatMulNBits", "MatMulBnb4", "MatMulFpQ4",
-    "QuickGelu8Bit",
-})  # fmt: skip
+_INTEGER_OPS = frozenset({"QGemm", "QAttention", "QEmbedLayerNormalization", "QMoE", "QuickGelu8Bit"})
+# ONNX Runtime's weight-only quantized kernels (float activations, packed low-bit weights): op -> bits unless an
+# attribute `bits` says otherwise
+_WEIGHT_ONLY_OPS = {"MatMulNBits": 4, "GatherBlockQuantized": 4, "MatMulBnb4": 4, "MatMulFpQ4": 4}
 _QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 # ops that move or re-type values without computing on them: a reduced float type there is storage, not compute
 _STORAGE_OPS = frozenset({
@@ -31,10 +37,14 @@ _STORAGE_OPS = frozenset({
     "Size", "Gather", "Slice", "Concat", "Split", "Expand", "Tile",
 })  # fmt: skip
 _CONSTANT_FOLDING = _STORAGE_OPS | {"DequantizeLinear", "QuantizeLinear"}
-_REDUCED_FLOATS = {10: "float16", 16: "bfloat16", 17: "float8", 18: "float8", 19: "float8", 20: "float8", 23: "float4"}
-# types a DequantizeLinear widens a stored weight from (a Cast widens only the reduced floats: an integer cast to float
-# is a mask or an index, not a rounded weight)
-_DEQUANTIZED = {**_REDUCED_FLOATS, 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 21: "uint4", 22: "int4"}
+_REDUCED_FLOATS = {10: "float16", 16: "bfloat16", 17: "float8", 18: "float8", 19: "float8", 20: "float8", 23: "float4",
+                   24: "float8"}
+# weights stored in 8 bits or fewer: quantized, refused (a Cast widens only the floats among them: an integer cast to
+# float is a mask or an index, not a rounded weight)
+_LOW_BIT = {**{k: v for k, v in _REDUCED_FLOATS.items() if k not in (10, 16)}, 2: "uint8", 3: "int8", 21: "uint4",
+            22: "int4", 25: "uint2", 26: "int2"}  # fmt: skip
+# types a DequantizeLinear (a Cast: the floats among them) widens an accepted stored weight from
+_DEQUANTIZED = {10: "float16", 16: "bfloat16", 4: "uint16", 5: "int16", 6: "int32"}
 
 
 def reduced_precision(model: onnx.ModelProto) -> str | None:
@@ -43,11 +53,17 @@ def reduced_precision(model: onnx.ModelProto) -> str | None:
     types = _value_types(model)
     constants = _constants(model.graph)
     integer: Counter[str] = Counter()
+    weight_only: Counter[str] = Counter()
+    weight_types: set[str] = set()
     reduced: Counter[str] = Counter()
     reduced_types: set[str] = set()
     for node, graph_constants in _nodes(model.graph, constants):
         op = node.op_type
-        if _quantized_op(op):
+        stored = _low_bit_weight(node, types, graph_constants)
+        if stored:
+            weight_only[op] += 1
+            weight_types.add(stored)
+        elif _quantized_op(op):
             integer[op] += 1
         elif op in _QDQ_OPS and node.input and node.input[0] not in graph_constants:
             integer[op] += 1  # on activations; a DequantizeLinear of a stored weight computes nothing at run time
@@ -59,7 +75,12 @@ def reduced_precision(model: onnx.ModelProto) -> str | None:
     io = {v.name: _REDUCED_FLOATS[v.type.tensor_type.elem_type] for v in (*model.graph.input, *model.graph.output)
           if v.name not in constants and v.type.tensor_type.elem_type in _REDUCED_FLOATS}  # fmt: skip
     if integer:
-        return f"the model is already quantized: {_counted(integer)}"
+        fused = Counter({op: n for op, n in weight_only.items() if op in _WEIGHT_ONLY_OPS})  # a weight's DQ: not named
+        return f"the model is already quantized: {_counted(integer + fused)}"
+    if weight_only:
+        return (f"the model's weights are already quantized to {'/'.join(sorted(weight_types))} (weight-only, activations "
+                f"in float: {_counted(weight_only)}), so every drop would be measured from that rounding; give the "
+                "float model the weights were quantized from (before MatMulNBitsQuantizer or the like)")  # fmt: skip
     found = []
     if reduced:
         found.append(f"the model already computes in {'/'.join(sorted(reduced_types))}: {_counted(reduced)}")
@@ -88,8 +109,8 @@ def stored_weights(model: onnx.ModelProto) -> str | None:
         for node in graph.node:
             weight = origin.get(node.input[0]) if node.input else None
             to = next((a.i for a in node.attribute if a.name == "to"), None)
-            widens = node.op_type == "DequantizeLinear" or (node.op_type == "Cast" and to in (1, 11)
-                                                             and types[weight] in _REDUCED_FLOATS) if weight else False  # fmt: skip
+            widens = types[weight] in _DEQUANTIZED and (node.op_type == "DequantizeLinear" or (
+                node.op_type == "Cast" and to in (1, 11) and types[weight] in _REDUCED_FLOATS)) if weight else False  # fmt: skip
             if widens:
                 found.setdefault(_DEQUANTIZED[types[weight]], {}).setdefault(node.op_type, set()).add(weight)
     if not found:
@@ -100,9 +121,23 @@ def stored_weights(model: onnx.ModelProto) -> str | None:
             "rounded to that type, so every drop is measured from that rounding, not from the float model they came from")
 
 
+def _low_bit_weight(node: onnx.NodeProto, types: dict[str, int], constants: set[str]) -> str | None:
+    """The stored type of the weight `node` reads quantized to 8 bits or fewer, as 'int4' or '4-bit' (ONNX Runtime's
+    weight-only kernels, which pack it into bytes); None when it reads none."""
+    if node.op_type in _WEIGHT_ONLY_OPS:
+        bits = next((a.i for a in node.attribute if a.name == "bits"), _WEIGHT_ONLY_OPS[node.op_type])
+        return f"{bits}-bit"
+    if node.op_type not in ("DequantizeLinear", "Cast") or not node.input or node.input[0] not in constants:
+        return None
+    stored = types.get(node.input[0])
+    if node.op_type == "Cast" and stored not in _REDUCED_FLOATS:
+        return None  # an integer cast to float is a mask or an index
+    return _LOW_BIT.get(stored)
+
+
 def _quantized_op(op: str) -> bool:
     """An op that computes on quantized values, by family: QLinear*/QOrdered*, *Integer* (MatMulInteger16,
-    MatMulIntegerToFloat), *Quantize* (DynamicQuantizeLinear, QuantizeWithOrder, DequantizeBFP, GatherBlockQuantized)
+    MatMulIntegerToFloat), *Quantize* (DynamicQuantizeLinear, QuantizeWithOrder, DequantizeBFP)
     but Quantize/DequantizeLinear themselves (judged by what they read), so a new member of a family is caught too."""
     return (op.startswith(("QLinear", "QOrdered")) or "Integer" in op or ("quantize" in op.lower() and op not in _QDQ_OPS)
             or op in _INTEGER_OPS)  # fmt: skip

@@ -11,7 +11,7 @@ from qbench.variants.base import BuildContext, BuiltVariant
 
 def build_fp32(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     """Point at the reference model; every other variant is measured against this one. A reference whose weights are
-    stored in a smaller type (weight-only quantized) says so in its params and notes: it is the baseline every drop and
+    stored in a 16-bit type (float16, bfloat16: quantized weights are refused) says so in its params and notes: it is the baseline every drop and
     speed-up is measured from, and it is not the float model."""
     reference = ctx.reference_path.resolve()
     if not reference.is_file():
