@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from qbench.errors import QbenchError, RecipeError
+from qbench.errors import RecipeError
 from qbench.recipe import Recipe
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -31,7 +31,7 @@ def resolve_model(recipe: Recipe, snapshot: Snapshot | None = None) -> ModelSour
     imported from the user's file, must be the source whose digest the sweep recorded."""
     if recipe.model_path is not None:
         return ModelSource(onnx_path=snapshot.path("model", recipe.model_path) if snapshot else recipe.model_path)
-    from qbench.sources.torch_export import export_reference
+    from qbench.sources.torch_export import ExportError, export_reference
     from qbench.sources.torch_model import load_torch_model
 
     weights = recipe.weights_path
@@ -40,8 +40,6 @@ def resolve_model(recipe: Recipe, snapshot: Snapshot | None = None) -> ModelSour
         snapshot.check_read("model.torch source", torch_model.factory_source_sha256)
     try:
         onnx_path = export_reference(torch_model)
-    except RecipeError:
-        raise
-    except QbenchError as exc:  # the export is not the module: the recipe's model.torch is what to change
-        raise RecipeError(recipe.source, "model.torch", str(exc)) from None
+    except ExportError as exc:  # the export is not the module: the field it names is what to change
+        raise RecipeError(recipe.source, exc.field, str(exc)) from None
     return ModelSource(onnx_path=onnx_path, torch=torch_model)

@@ -13,6 +13,7 @@ import logging
 import os
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import numpy as np
 
 from qbench.errors import QbenchError
 from qbench.execute.store import cache_dir as qbench_cache_dir
+from qbench.sources.torch_lengths import other_lengths
 from qbench.sources.torch_model import EXAMPLE_BATCH, TorchModel, single_torch_thread
 from qbench.sources.torch_outputs import flatten_outputs
 
@@ -50,8 +52,28 @@ def export_reference(torch_model: TorchModel, cache_dir: Path | None = None) -> 
     logger.info("exporting %s to ONNX (cached in %s)", torch_model.factory, folder)
     problem = _export_into(torch_model, target)
     if problem is not None:
-        raise QbenchError(f"the ONNX export of {torch_model.factory} {problem}")
+        raise ExportError(f"the ONNX export of {torch_model.factory} {problem}", problem.field)
     return target
+
+
+class ExportError(QbenchError):
+    """The export does not compute what forward() computes; `field` is the recipe field to change."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Why an export is not the module, and the recipe field to change: model.torch, or the field that makes the
+    inputs' lengths vary when the export follows only the example's length."""
+
+    text: str
+    field: str = "model.torch"
+
+    def __str__(self) -> str:
+        return self.text
 
 
 def refresh_export(torch_model: TorchModel, path: Path, inputs: Sequence[Any]) -> bool:
@@ -69,7 +91,7 @@ def refresh_export(torch_model: TorchModel, path: Path, inputs: Sequence[Any]) -
     return problem is None
 
 
-def _export_into(torch_model: TorchModel, target: Path, inputs: Sequence[Any] | None = None) -> str | None:
+def _export_into(torch_model: TorchModel, target: Path, inputs: Sequence[Any] | None = None) -> Problem | None:
     """Export forward() to a temporary file beside `target`; when it computes what forward() computes (on the
     example, another batch size and `inputs`), rename it into place, else return why not and leave `target` as is:
     the cache never holds a partial or wrong file, and a concurrent sweep never reads half of one."""
@@ -79,12 +101,13 @@ def _export_into(torch_model: TorchModel, target: Path, inputs: Sequence[Any] | 
         try:
             torch_model.export(torch_model.build(), Path(temporary))
         except Exception as exc:  # noqa: BLE001 - the tracer running the user's forward(): what failed is the finding
-            return (f"failed while tracing forward() on the example inputs: {type(exc).__name__}: {exc}; expected a "
-                    "forward() the TorchScript exporter can trace: make the factory return a wrapper module whose "
-                    "forward() takes the example inputs and calls the model with keyword arguments")
+            return Problem(f"failed while tracing forward() on the example inputs: {type(exc).__name__}: {exc}; "
+                           "expected a forward() the TorchScript exporter can trace: make the factory return a wrapper "
+                           "module whose forward() takes the example inputs and calls the model with keyword arguments")
         problem = _export_problem(torch_model, Path(temporary))
         if problem is None and inputs is not None:
-            problem = export_difference(torch_model, Path(temporary), inputs)
+            difference = export_difference(torch_model, Path(temporary), inputs)
+            problem = None if difference is None else Problem(difference)
         if problem is None:
             os.replace(temporary, target)
         return problem
@@ -92,9 +115,10 @@ def _export_into(torch_model: TorchModel, target: Path, inputs: Sequence[Any] | 
         Path(temporary).unlink(missing_ok=True)
 
 
-def _export_problem(torch_model: TorchModel, path: Path) -> str | None:
+def _export_problem(torch_model: TorchModel, path: Path) -> Problem | None:
     """Why the export at `path` is not the module (ONNX Runtime's outputs differ from torch's by more than
-    EXPORT_TOLERANCE on the example batch, or on a batch of another size), or None.
+    EXPORT_TOLERANCE on the example batch, on a batch of another size, or at other lengths of its dynamic
+    `lengths` axes), or None.
 
     On the example batch a difference means the module does something the exporter cannot capture
     (data-dependent control flow, say). On another batch it means the trace recorded the example's
@@ -103,8 +127,44 @@ def _export_problem(torch_model: TorchModel, path: Path) -> str | None:
     session = _session(path)
     difference = export_difference(torch_model, path, torch_model.example_inputs(), session=session)
     if difference is not None:
-        return f"on its example inputs: {difference}"
-    return _batch_problem(torch_model, path, session)
+        return Problem(f"on its example inputs: {difference}")
+    problem = _batch_problem(torch_model, path, session)
+    if problem is not None:
+        return Problem(problem)
+    return _length_problem(torch_model, path, session)
+
+
+def _length_problem(torch_model: TorchModel, path: Path, session: Any) -> Problem | None:
+    """How the export differs from forward() at lengths other than the example's on its dynamic `lengths` axes
+    (qbench.sources.torch_lengths), said with the field that makes the rows' lengths vary and the fixed length that
+    would do instead."""
+    import torch  # a TorchModel exists: torch is installed and loaded
+
+    if not torch_model.lengths:
+        return None
+    name, axes = next(iter(torch_model.lengths.items()))
+    example = torch_model.input_shapes[name][next(iter(axes))]
+    for length in other_lengths(example):
+        inputs = torch_model.example_inputs(length=length)
+        try:
+            with single_torch_thread(), torch.no_grad():
+                torch_model.build()(*inputs)
+        except Exception as exc:  # noqa: BLE001 - the user's forward(): what failed is the finding
+            finding = f"forward() itself fails ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
+        else:
+            try:
+                difference = export_difference(torch_model, path, inputs, session=session)
+                finding = None if difference is None else f"its {difference}"
+            except Exception as exc:  # noqa: BLE001 - ONNX Runtime refusing the length is the finding
+                finding = f"it fails in ONNX Runtime ({str(exc).splitlines()[0][:300]})"
+        if finding is not None:
+            return Problem(
+                f"follows only the example's length of {example} along axis {next(iter(axes))} of {name!r}, which "
+                f"{torch_model.length_field} makes vary between batches: at length {length} {finding}; expected a forward() "
+                f"that takes any length (a length read as a Python number, x.view(b, {example}, -1) or "
+                f"int(x.size(1)), is traced as a constant), or padding: max_length with max_length: {example}, which "
+                "feeds every row at the example's length", torch_model.length_field)  # fmt: skip
+    return None
 
 
 def _batch_problem(torch_model: TorchModel, path: Path, session: Any) -> str | None:

@@ -37,7 +37,9 @@ from typing import TYPE_CHECKING, Any
 from qbench.digests import file_sha256
 from qbench.errors import MissingExtraError, QbenchError, RecipeError, did_you_mean
 from qbench.recipe import Recipe
+from qbench.sources.torch_lengths import dynamic_lengths
 from qbench.sources.torch_outputs import flatten_outputs, own_names
+from qbench.sources.torch_weights import load_weights
 from qbench.user_code import edited_since_seen, first_on_sys_path, module_source, not_found, project_modules
 
 logger = logging.getLogger(__name__)
@@ -67,6 +69,8 @@ class TorchModel:
     cache_key: str
     _template: Any = field(repr=False)  # torch.nn.Module, FP32, eval mode
     factory_source_sha256: str = ""  # of the factory's module source as imported
+    lengths: Mapping[str, Mapping[int, str]] = field(default_factory=dict)  # input -> {axis: name}, dynamic beside 0
+    length_field: str = ""  # the recipe field that makes `lengths` vary (qbench.sources.torch_lengths)
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -76,16 +80,26 @@ class TorchModel:
         """A fresh FP32 copy of the model with its weights, in eval mode."""
         return copy.deepcopy(self._template).eval()
 
-    def example_inputs(self, batch: int = EXAMPLE_BATCH) -> tuple[torch.Tensor, ...]:
-        """One tensor per input: the declared shape with `batch` as first dim, the declared dtype."""
-        return _example_inputs(self.input_shapes, self.input_dtypes, batch)
+    def example_inputs(self, batch: int = EXAMPLE_BATCH, length: int | None = None) -> tuple[torch.Tensor, ...]:
+        """One tensor per input: the declared shape with `batch` as first dim (and `length` on the dynamic `lengths`
+        axes, when given), the declared dtype."""
+        shapes = self.input_shapes
+        if length is not None:
+            shapes = {name: tuple(length if axis in self.lengths.get(name, {}) else size for axis, size in enumerate(shape))
+                      for name, shape in shapes.items()}  # fmt: skip
+        return _example_inputs(shapes, self.input_dtypes, batch)
+
+    def dynamic_axes(self) -> dict[str, dict[int, str]]:
+        """Every input's and output's dynamic axes for the exporter: the batch, and the inputs' `lengths`."""
+        return {name: {0: "batch", **self.lengths.get(name, {})} for name in (*self.input_names, *self.output_names)}
 
     def export(self, module: torch.nn.Module, path: Path, *, opset: int | None = None) -> Path:
         """Export `module` (this model, or a quantized / QAT form of it) to one ONNX file.
 
         The TorchScript exporter (`dynamo=False`) on purpose: it exported ModelOpt-quantized
         modules where the dynamo exporter failed, and ran 10x faster. Every input and
-        output gets a dynamic batch axis (the other axes keep the example's sizes).
+        output gets a dynamic batch axis, and the inputs their `lengths` axes (the other axes keep the example's
+        sizes).
         """
         torch = _import_torch()
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -98,11 +112,11 @@ class TorchModel:
                 dynamo=False,
                 input_names=list(self.input_names),
                 output_names=list(self.output_names),
-                dynamic_axes={name: {0: "batch"} for name in (*self.input_names, *self.output_names)},
+                dynamic_axes=self.dynamic_axes(),
                 opset_version=opset or self.opset,
                 do_constant_folding=True,
             )
-        _declare_unused_inputs(path, dict(zip(self.input_names, self.example_inputs(), strict=True)))
+        _declare_unused_inputs(path, dict(zip(self.input_names, self.example_inputs(), strict=True)), self.dynamic_axes())
         return path
 
 
@@ -145,12 +159,14 @@ def load_torch_model(recipe: Recipe, *, weights: Path | None = None) -> TorchMod
         shapes = {name: tuple(spec.example_inputs[name]) for name in order}
         dtypes = {name: spec.input_dtypes.get(name, "float32") for name in shapes}
         output_names = _output_names(recipe, module, _example_inputs(shapes, dtypes, EXAMPLE_BATCH))
+    lengths, length_field = dynamic_lengths(recipe, shapes)
     source_sha256 = file_sha256(source)
     key = {
         "format": _EXPORT_FORMAT, "factory": spec.torch, "factory_source": source_sha256,
         "state": _state_sha256(module), "classes": _class_sources_sha256(module),
         "project": _project_sources_sha256(recipe, source), "example_inputs": shapes, "input_dtypes": dtypes,
         "output_names": output_names, "opset": spec.opset, "torch": torch.__version__,
+        "lengths": {name: {str(axis): dim for axis, dim in axes.items()} for name, axes in lengths.items()},
     }  # fmt: skip
     return TorchModel(
         factory=spec.torch,
@@ -161,6 +177,8 @@ def load_torch_model(recipe: Recipe, *, weights: Path | None = None) -> TorchMod
         cache_key=hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest(),
         _template=module,
         factory_source_sha256=source_sha256,
+        lengths=lengths,
+        length_field=length_field,
     )
 
 
@@ -203,7 +221,7 @@ def _build_template(recipe: Recipe, source: Path, weights: Path | None) -> torch
         raise RecipeError(recipe.source, "model.torch", returned)
     module = module.float()
     if weights is not None:
-        _load_weights(recipe, module, _read_state_dict(recipe, weights))
+        load_weights(recipe, module, weights)
     return module.eval()
 
 
@@ -230,79 +248,6 @@ def _import_factory(recipe: Recipe, factory_name: str, source: Path) -> Any:
     if not callable(factory):
         raise RecipeError(recipe.source, "model.torch", f"{factory_name} is {type(factory).__name__}, not a callable")
     return factory
-
-
-def _read_state_dict(recipe: Recipe, path: Path) -> Mapping[str, torch.Tensor]:
-    """A plain state_dict from `path`; a file holding pickled Python objects is refused, not loaded."""
-    import pickle
-
-    torch = _import_torch()
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        if not _holds_pickled_objects(exc):
-            raise RecipeError(recipe.source, "model.weights", f"cannot read {path}: {_describe(exc)}") from None
-        raise RecipeError(
-            recipe.source, "model.weights",
-            f"{path} refused: it holds pickled Python objects, which could run code; "
-            "save a plain state_dict with torch.save(model.state_dict(), path)",
-        ) from None  # fmt: skip
-    except Exception as exc:  # noqa: BLE001 - torch raises many types for a file that is not a checkpoint
-        raise RecipeError(recipe.source, "model.weights", f"cannot read {path}: {_describe(exc)}") from None
-    if not isinstance(state, Mapping):
-        message = f"expected a state_dict (name -> tensor), got {type(state).__name__}"
-        raise RecipeError(recipe.source, "model.weights", message)
-    odd = next(((name, value) for name, value in state.items() if not isinstance(value, torch.Tensor)), None)
-    if odd is not None:
-        message = (
-            f"expected a state_dict (name -> tensor), but entry {odd[0]!r} holds {type(odd[1]).__name__}; "
-            "if the state_dict sits inside a checkpoint, save that entry alone"
-        )
-        raise RecipeError(recipe.source, "model.weights", message)
-    return state
-
-
-def _holds_pickled_objects(exc: Exception) -> bool:
-    """Whether torch's weights-only unpickler stopped at a Python object (a 'global') rather than at bytes it
-    cannot parse. Unknown wording counts as pickled objects: the file is refused either way, never loaded."""
-    _, marker, detail = str(exc).lower().partition("weightsunpickler error:")
-    return not marker or "global" in detail
-
-
-def _load_weights(recipe: Recipe, module: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:
-    """Load `state` strictly: exactly the keys torch's `load_state_dict(strict=True)` accepts, with the same shapes.
-
-    torch's own verdict, not a comparison with `module.state_dict()`'s keys: modules fill in some keys an
-    older state_dict lacks (BatchNorm's `num_batches_tracked`, added in torch 0.4.1, when the file records
-    no version or an older one), and a stricter check would refuse checkpoints torch loads."""
-    expected = set(module.state_dict())
-    try:
-        result = module.load_state_dict(state, strict=False)  # the module is dropped on any error below
-    except RuntimeError as exc:  # shape mismatches
-        raise RecipeError(recipe.source, "model.weights", f"the state_dict does not fit the module: {exc}") from None
-    missing, unexpected = sorted(result.missing_keys), sorted(result.unexpected_keys)
-    if missing or unexpected:
-        listed = {"missing": missing, "unexpected": unexpected}
-        parts = "; ".join(f"{label} {_first_few(keys)}" for label, keys in listed.items() if keys)
-        message = f"the state_dict does not match the module's keys: {parts}{_prefix_hint(expected, set(state))}"
-        raise RecipeError(recipe.source, "model.weights", message)
-
-
-_EXTRA_PREFIX = ("every key in the file starts with {0!r} (a wrapper's state_dict: DataParallel's 'module.', "
-                 "torch.compile's '_orig_mod.'); save the wrapped module's own state_dict, or strip {0!r} from the keys")
-_MISSING_PREFIX = "the file's keys lack the module's prefix {0!r}: it holds that submodule's state_dict; save the whole module's"
-
-
-def _prefix_hint(expected: set[str], given: set[str]) -> str:
-    """Why the keys differ when they differ only by a prefix: the file's keys carry one (a wrapper's state_dict),
-    or lack the module's (the state_dict of a part of it)."""
-    for longer, shorter, cause in ((given, expected, _EXTRA_PREFIX), (expected, given, _MISSING_PREFIX)):
-        first = min(longer, default="")
-        for cut in (i + 1 for i, char in enumerate(first) if char == "."):
-            prefix = first[:cut]
-            if all(key.startswith(prefix) for key in longer) and {key[cut:] for key in longer} == shorter:
-                return f" ({cause.format(prefix)})"
-    return ""
 
 
 def _bind_forward_arguments(recipe: Recipe, module: torch.nn.Module, names: list[str]) -> list[str]:
@@ -461,9 +406,9 @@ def _changed_after_import(path: Path) -> str:
 # -- the cached FP32 export (qbench.sources.torch_export) ----------------------------------------
 
 
-def _declare_unused_inputs(path: Path, examples: Mapping[str, torch.Tensor]) -> None:
-    """Declare forward() arguments the exporter dropped (the model ignores them) as graph inputs nothing reads, so
-    the exported graph takes the feeds the module takes."""
+def _declare_unused_inputs(path: Path, examples: Mapping[str, torch.Tensor], dynamic: Mapping[str, Mapping[int, str]]) -> None:
+    """Declare forward() arguments the exporter dropped (the model ignores them) as graph inputs nothing reads, with
+    the `dynamic` axes the others have, so the exported graph takes the feeds the module takes."""
     import onnx
 
     model = onnx.load(str(path))
@@ -474,7 +419,8 @@ def _declare_unused_inputs(path: Path, examples: Mapping[str, torch.Tensor]) -> 
     for name in missing:
         example = examples[name].numpy()
         elem = onnx.helper.np_dtype_to_tensor_dtype(example.dtype)
-        model.graph.input.append(onnx.helper.make_tensor_value_info(name, elem, ["batch", *example.shape[1:]]))
+        dims = [dynamic[name].get(axis, size) for axis, size in enumerate(example.shape)]
+        model.graph.input.append(onnx.helper.make_tensor_value_info(name, elem, dims))
     onnx.save(model, str(path))
 
 
@@ -499,11 +445,6 @@ def single_torch_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(previous)
-
-
-def _first_few(keys: list[str], limit: int = 3) -> str:
-    shown = ", ".join(repr(k) for k in keys[:limit])
-    return f"{shown} (and {len(keys) - limit} more)" if len(keys) > limit else shown
 
 
 def _describe(exc: BaseException) -> str:

@@ -297,10 +297,12 @@ def _training_set(
 
 
 def _prepare(torch_model: Any, scheme: QatScheme) -> torch.fx.GraphModule:
-    """Capture the FP32 model with a dynamic batch, fold BatchNorm, insert fake quantization."""
+    """Capture the FP32 model with a dynamic batch (and the dynamic lengths of its export), fold BatchNorm, insert
+    fake quantization."""
     example = torch_model.example_inputs()
-    batch = torch.export.Dim("batch")
-    graph = torch.export.export(torch_model.build(), example, dynamic_shapes=tuple({0: batch} for _ in example)).module()
+    dims = {name: torch.export.Dim(name) for axes in torch_model.dynamic_axes().values() for name in axes.values()}
+    shapes = tuple({axis: dims[dim] for axis, dim in torch_model.dynamic_axes()[name].items()} for name in torch_model.input_names)
+    graph = torch.export.export(torch_model.build(), example, dynamic_shapes=shapes).module()
     _fuse_conv_bn_(graph)
     _fuse_linear_bn_(graph)
     quantizer = X86InductorQuantizer().set_global(scheme.quantization_config())
