@@ -248,10 +248,36 @@ def to_probabilities(outputs: np.ndarray, already_probabilities: bool | None = N
     return np.divide(clipped, sums, out=np.zeros_like(clipped), where=sums != 0)  # NaN rows stay NaN
 
 
+def _log_probabilities(logits: np.ndarray) -> np.ndarray:
+    """(rows, classes) log-probabilities of float64 logits, computed in log space: a log-softmax, or for one binary
+    column [log(1 - sigmoid(x)), log(sigmoid(x))]. Finite for any finite logits, however far apart: a probability
+    that underflows to 0 keeps its exact log, so a KL is never capped by a clip."""
+    if logits.shape[1] == 1:
+        return -np.logaddexp(0.0, np.concatenate([logits, -logits], axis=1))  # log sigmoid(-x), log sigmoid(x)
+    with np.errstate(invalid="ignore"):  # inf - inf in a row holding inf: NaN (such rows are NaN in kl_rows anyway)
+        shifted = logits - np.max(logits, axis=1, keepdims=True)
+        return shifted - np.log(np.sum(np.exp(shifted), axis=1, keepdims=True))
+
+
+def _kl_block(reference: np.ndarray, outputs: np.ndarray, as_probabilities: bool) -> np.ndarray:
+    """KL of each row of one block of float64 outputs. Logits are compared in log space (exact: a variant whose
+    logits moved a class FP32 gives half the mass to 1e-40 is 45 nats away, not the 13 a clip at 1e-12 leaves);
+    probabilities are clipped to [1e-12, 1], so a class a variant rounds to exactly 0 costs a large finite KL."""
+    if as_probabilities:
+        p = np.clip(to_probabilities(reference, True), _KL_EPS, 1.0)
+        q = np.clip(to_probabilities(outputs, True), _KL_EPS, 1.0)
+        return np.sum(p * np.log(p / q), axis=1)
+    log_p = _log_probabilities(_class_scores(reference))
+    log_q = _log_probabilities(_class_scores(outputs))
+    with np.errstate(invalid="ignore"):
+        return np.sum(np.exp(log_p) * (log_p - log_q), axis=1)
+
+
 def kl_rows(
     reference_outputs: np.ndarray, outputs: np.ndarray, as_probabilities: bool | None = None
 ) -> np.ndarray:
-    """KL(P_ref || Q) of every row, in nats; both clipped to [1e-12, 1] so a zero in Q stays finite.
+    """KL(P_ref || Q) of every row, in nats: of the softmax (sigmoid) of logits computed exactly in log space; of
+    probabilities clipped to [1e-12, 1] so a zero in Q stays finite.
 
     Whether the outputs are probabilities or logits is `as_probabilities` when the caller knows (a binary score
     is read as its decisions are), else decided on the reference's finite rows; either way it applies to both.
@@ -267,9 +293,8 @@ def kl_rows(
     kl = np.empty(reference_outputs.shape[0] if reference_outputs.ndim else 0, dtype=np.float64)
     for block in row_blocks(kl.size, _features(reference_outputs)):
         reference_block, block_outputs = _same_shape(reference_outputs[block], outputs[block])
-        p = np.clip(to_probabilities(reference_block, as_probabilities), _KL_EPS, 1.0)
-        q = np.clip(to_probabilities(block_outputs, as_probabilities), _KL_EPS, 1.0)
-        kl[block] = np.maximum(np.sum(p * np.log(p / q), axis=1), 0.0)  # clipping can leave -1e-17; NaN passes
+        # rounding (or the clip) can leave -1e-17; NaN passes
+        kl[block] = np.maximum(_kl_block(reference_block, block_outputs, as_probabilities), 0.0)
     kl[nonfinite_rows(reference_outputs) | nonfinite_rows(outputs)] = math.nan
     return kl
 
