@@ -1,7 +1,8 @@
 """What a run folder keeps of its jobs, so an interrupted sweep can be resumed.
 
     <run>/plan.json                 the plan: its fingerprint and every job
-    <run>/jobs/<job>.json           one finished job (written atomically by the driver as it finishes)
+    <run>/jobs/<job>.json           one finished job (written atomically by the driver as it finishes; a
+                                    measurement in the sweep's process, inside its job: qbench.execute.jobs)
     <run>/jobs/<job>.outputs.npz    FP32's evaluated outputs on the first backend (the reference)
     <run>/jobs/<job>.started        a job running in the sweep's own process, written before it starts and removed
                                     when the sweep stops it; left with no record, the process died running it
