@@ -52,6 +52,8 @@ from qbench.variants.base import BuiltVariant
 
 logger = logging.getLogger(__name__)
 
+RESUMED_NOTE = "resumed: measured by the "  # a reused result's note, naming the run that measured it
+
 
 class SweepProgress(Protocol):
     def started(self, variant: str, backend: str) -> None: ...
@@ -383,8 +385,10 @@ class Scheduler:
                 reused += 1
             elif decision.reused and not builds[job.variant].failed:  # else it fails with its build (settled when ready)
                 assert record is not None and record.result is not None and folder is not None
-                note = f"resumed: measured by the {which} {folder.name}"
-                result = replace(record.result, notes=(*record.result.notes, note),
+                notes = record.result.notes
+                if not any(note.startswith(RESUMED_NOTE) for note in notes):  # else reused before: it names that run
+                    notes = (*notes, f"{RESUMED_NOTE}{which} {folder.name}")
+                result = replace(record.result, notes=notes,
                                  model_path=str(self.state.built[job.variant].onnx_path) if ran_file else None,
                                  evaluated_model_path=self._carried(record.result.evaluated_model_path))  # fmt: skip
                 if record.outputs is not None:
