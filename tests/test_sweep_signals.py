@@ -113,3 +113,24 @@ def test_a_signal_right_after_a_measurement_returns_leaves_it_for_resume(project
     assert main(["sweep", str(project)]) == 0
     [whole] = set(run_dir.parent.iterdir()) - {run_dir, resumed}
     assert measured_content(resumed) == measured_content(whole)
+
+
+def test_a_resume_stopped_while_it_takes_over_the_finished_jobs_loses_none_of_them(
+        project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    """The first run measured everything; its resume, stopped after it had recorded only the builds it took over,
+    was the newest run of the plan, so the next resume took up that one alone and measured everything again."""
+    monkeypatch.setenv("QBENCH_CACHE_DIR", str(tmp_path / "store"))
+    code, _, first = signalled_sweep(project, "qbench.sweep:_range_analysis")  # every job recorded
+    assert code == 2 and len(read_records(first)) == 4
+    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "400"}
+    done = run_signalled("qbench.execute.scheduler:decide_measure", signal.SIGINT, "sweep", str(project), "--resume",
+                         env=env, cwd=project.parent)  # fmt: skip
+    assert done.returncode == 2 and "interrupted by SIGINT" in done.stderr.strip().splitlines()[-1]
+    [second] = set(first.parent.iterdir()) - {first}
+    assert sorted(os.listdir(second / "jobs")) == ["build_fp32.json"]
+    with caplog.at_level(logging.INFO, logger="qbench"):
+        assert main(["sweep", str(project), "--resume"]) == 0
+    assert f"resuming: 4 of 4 jobs reused from the build store and {second}" in caplog.text
+    [resumed] = set(first.parent.iterdir()) - {first, second}
+    notes = [v["notes"] for v in json.loads((resumed / "results.json").read_text())["variants"]]
+    assert all(f"resumed: measured by the interrupted run {first.name}" in n for n in notes)

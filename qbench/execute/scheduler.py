@@ -355,8 +355,6 @@ class Scheduler:
         records = read_records(folder) if folder is not None else {}
         environment = build_environment()
         reference = model_sha256(self.prepared.source.onnx_path)  # builds from another FP32 model are not reused
-        earlier = describe_run(folder) if folder is not None else None
-        which = "run" if earlier is not None and earlier.complete else "interrupted run"
         name = folder.name if folder is not None else ""
         builds: dict[str, Decision] = {}
         reused = 0
@@ -387,7 +385,7 @@ class Scheduler:
                 assert record is not None and record.result is not None and folder is not None
                 notes = record.result.notes
                 if not any(note.startswith(RESUMED_NOTE) for note in notes):  # else reused before: it names that run
-                    notes = (*notes, f"{RESUMED_NOTE}{which} {folder.name}")
+                    notes = (*notes, _measured_by(folder.parent / (record.run or folder.name)))
                 result = replace(record.result, notes=notes,
                                  model_path=str(self.state.built[job.variant].onnx_path) if ran_file else None,
                                  evaluated_model_path=self._carried(record.result.evaluated_model_path))  # fmt: skip
@@ -409,6 +407,12 @@ class Scheduler:
             with run_folder_writes(self.run_dir):
                 shutil.copyfile(source, target)
         return str(target) if target.exists() else path
+
+
+def _measured_by(folder: Path) -> str:
+    """The note of a result reused from the run `folder`, which measured it."""
+    earlier = describe_run(folder)
+    return f"{RESUMED_NOTE}{'run' if earlier is not None and earlier.complete else 'interrupted run'} {folder.name}"
 
 
 def run_plan(plan: SweepPlan, prepared: Prepared, executor: Executor, store: BuildStore, progress: SweepProgress,
