@@ -8,6 +8,9 @@ on to a child process group (`run_process_group`, for `qbench ui`).
         ...
     except Interrupted: guard.ignore(); clean up (no second signal cuts the clean-up short)
 
+Code below the guard's owner (a job function that must write what it finished before a signal can stop it) shields
+itself with `held()`, the innermost active guard's `shielded()` (nothing where no guard is active: a Ray worker).
+
 `Interrupted` is a BaseException so that `except Exception` (one variant's failure is recorded and
 the sweep goes on) never swallows it. Outside the main thread no handler can be installed: the guard
 then does nothing and the process's default handling stays.
@@ -39,6 +42,9 @@ _LOCKING_CODE = ("<frozen importlib._bootstrap>", f"{os.sep}threading.py", f"{os
                  os.path.join("logging", "__init__.py"))  # fmt: skip
 
 
+_active: list[SignalGuard] = []  # the guards installed, innermost last
+
+
 def _in_locking_code(frame: FrameType | None) -> bool:
     """Whether the interrupted frame is the runtime's lock handling, where an exception would leak a lock."""
     return frame is not None and frame.f_code.co_filename.endswith(_LOCKING_CODE)
@@ -64,11 +70,13 @@ class SignalGuard:
         if threading.current_thread() is threading.main_thread():
             self._previous = {signum: signal.signal(signum, self._handle) for signum in _SIGNALS}
             self._previous[signal.SIGALRM] = signal.signal(signal.SIGALRM, self._retry)
+            _active.append(self)
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         if self._previous:
             signal.setitimer(signal.ITIMER_REAL, 0)
+            _active.remove(self)
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous = {}
@@ -108,6 +116,13 @@ class SignalGuard:
         self._pending = None
         for signum in self._previous:
             signal.signal(signum, signal.SIG_IGN)
+
+
+@contextmanager
+def held() -> Iterator[None]:
+    """The innermost active SignalGuard's `shielded()` block; a plain block where none is active."""
+    with _active[-1].shielded() if _active else contextlib.nullcontext():
+        yield
 
 
 def run_process_group(command: Sequence[str], stop_timeout_s: float = 10.0) -> int | None:

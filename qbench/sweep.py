@@ -116,7 +116,7 @@ def _sweep(recipe: Recipe, started: float, clock: PhaseClock, *, track: bool, re
             clock.add("prepare", t)
             run_dir = new_run_dir(recipe.output_path / recipe.name)  # absolute: builders may change the cwd
             announce_run(run_dir)  # a crash of this process is then reported with its run folder (qbench.supervisor)
-            write_plan(run_dir, plan)
+            write_plan(run_dir, plan, resumes=resume_from)
         except Interrupted as exc:
             raise QbenchError(f"sweep {exc} before anything was measured; nothing was written") from None
         progress = _Progress(prepared, inputs, run_dir, clock, guard)

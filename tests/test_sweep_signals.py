@@ -6,6 +6,7 @@ Each sweep runs as a real process that signals itself right after one of qbench'
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -84,3 +85,52 @@ def test_a_signal_right_after_the_first_build_leaves_it_for_resume(project: Path
     assert f"resuming: 1 of 4 jobs reused from the build store and {run_dir}" in caplog.text
     [parent] = sweep_runs(project)
     assert (parent.info.status, parent.data.tags["qbench.resumed_from"]) == ("FINISHED", str(run_dir.resolve()))
+
+
+def measured_content(run_dir: Path) -> dict[str, dict]:
+    """Each variant run's results, but for what differs between two runs of the same jobs (timings, files, notes)."""
+    variants = json.loads((run_dir / "results.json").read_text())["variants"]
+    timed = {"latency", "serving", "build_seconds", "model_path", "evaluated_model_path", "notes"}
+    return {f"{v['variant']}@{v['backend']}": {k: x for k, x in v.items() if k not in timed} for v in variants}
+
+
+def test_a_signal_right_after_a_measurement_returns_leaves_it_for_resume(project: Path, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch,
+                                                                          caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    """FP32's measurement was done but recorded only after the job had returned: a signal in between lost it, and
+    `--resume` measured it again. The resumed sweep's results are those of a sweep never interrupted."""
+    monkeypatch.setenv("QBENCH_CACHE_DIR", str(tmp_path / "store"))
+    code, line, run_dir = signalled_sweep(project, "qbench.execute.executors:run_measure")
+    assert code == 2 and "interrupted by SIGTERM" in line
+    records = read_records(run_dir)
+    assert sorted(records) == ["build:fp32", "measure:fp32@onnxruntime-cpu"]
+    measured = records["measure:fp32@onnxruntime-cpu"]
+    assert measured.result is not None and measured.result.status == "ok" and measured.outputs is not None
+    with caplog.at_level(logging.INFO, logger="qbench"):
+        assert main(["sweep", str(project), "--resume"]) == 0
+    assert f"resuming: 2 of 4 jobs reused from the build store and {run_dir}" in caplog.text
+    resumed = next(folder for folder in run_dir.parent.iterdir() if folder != run_dir)
+    assert main(["sweep", str(project)]) == 0
+    [whole] = set(run_dir.parent.iterdir()) - {run_dir, resumed}
+    assert measured_content(resumed) == measured_content(whole)
+
+
+def test_a_resume_stopped_while_it_takes_over_the_finished_jobs_loses_none_of_them(
+        project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    """The first run measured everything; its resume, stopped after it had recorded only the builds it took over,
+    was the newest run of the plan, so the next resume took up that one alone and measured everything again."""
+    monkeypatch.setenv("QBENCH_CACHE_DIR", str(tmp_path / "store"))
+    code, _, first = signalled_sweep(project, "qbench.sweep:_range_analysis")  # every job recorded
+    assert code == 2 and len(read_records(first)) == 4
+    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "400"}
+    done = run_signalled("qbench.execute.scheduler:decide_measure", signal.SIGINT, "sweep", str(project), "--resume",
+                         env=env, cwd=project.parent)  # fmt: skip
+    assert done.returncode == 2 and "interrupted by SIGINT" in done.stderr.strip().splitlines()[-1]
+    [second] = set(first.parent.iterdir()) - {first}
+    assert sorted(os.listdir(second / "jobs")) == ["build_fp32.json"]
+    with caplog.at_level(logging.INFO, logger="qbench"):
+        assert main(["sweep", str(project), "--resume"]) == 0
+    assert f"resuming: 4 of 4 jobs reused from the build store and {second}" in caplog.text
+    [resumed] = set(first.parent.iterdir()) - {first, second}
+    notes = [v["notes"] for v in json.loads((resumed / "results.json").read_text())["variants"]]
+    assert all(f"resumed: measured by the interrupted run {first.name}" in n for n in notes)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -79,6 +80,12 @@ class Executor(Protocol):
         """Outputs of a job finished in an earlier run (a resumed reference), for the jobs that compare with it."""
         ...
 
+    def record_with(self, record: Callable[[str, MeasureOutput], None]) -> None:
+        """`record(job, output)` makes a finished measurement durable (the driver's job record): an executor running
+        jobs in this process calls it inside the job, before the job returns, so that no signal between the job's
+        end and `next_done`'s caller loses it; one running them elsewhere leaves it to the driver."""
+        ...
+
     def where(self) -> str:
         """Where the jobs run, for the progress lines."""
         ...
@@ -102,6 +109,10 @@ class LocalExecutor:
         self._store = store
         self._queue: deque[tuple[Job, Work]] = deque()
         self._outputs: dict[str, Outputs] = {}
+        self._record: Callable[[str, MeasureOutput], None] | None = None
+
+    def record_with(self, record: Callable[[str, MeasureOutput], None]) -> None:
+        self._record = record
 
     def start(self, job: Job, work: Work) -> None:
         self._queue.append((job, work))
@@ -122,8 +133,10 @@ class LocalExecutor:
                 run_build(work.spec, self._prepared, self._store, work.key, search),
             )
         outputs = self._outputs.get(work.reference_job) if work.reference_job else None
+        record = self._record
         done = run_measure(work.backend, work.built, self._prepared, fp32_reference(outputs, work.reference_accuracy),
-                           keep_outputs=work.keep_outputs)  # fmt: skip
+                           keep_outputs=work.keep_outputs,
+                           record=(lambda output: record(job.id, output)) if record is not None else None)  # fmt: skip
         if work.keep_outputs and done.outputs is not None:
             self._outputs[job.id] = done.outputs
         return JobDone(job.id, done)

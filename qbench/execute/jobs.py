@@ -25,6 +25,7 @@ from qbench.backends import get_backend
 from qbench.backends.base import form_run_by
 from qbench.errors import QbenchError, environment_cause
 from qbench.execute.store import BuildStore, StoreUnwritable, build_environment, manifest_of
+from qbench.interrupt import held
 from qbench.preflight import Prepared
 from qbench.provenance import model_bytes, model_sha256
 from qbench.recipe import VariantSpec
@@ -298,15 +299,22 @@ def run_measure(
     reference: Reference | None,
     *,
     keep_outputs: bool = False,
+    record: Callable[[MeasureOutput], None] | None = None,
 ) -> MeasureOutput:
-    """Measure `built` on one backend against the FP32 reference (qbench.validate.measure.measure)."""
+    """Measure `built` on one backend against the FP32 reference (qbench.validate.measure.measure). `record` (the
+    sweep's own process) writes the output where a resume finds it before this returns, shielded from SIGINT/SIGTERM
+    (qbench.interrupt.held): a signal once the measurement is done then never loses it."""
     started = time.time()
     clock = PhaseClock()
     measured = measure(get_backend(backend_name), built, prepared, reference=reference,
                        timing=prepared.recipe.latency, clock=clock, serving=True)  # fmt: skip
-    kept = measured.outputs if keep_outputs else None
-    return MeasureOutput(measured.result, kept, seconds=clock.seconds, where=worker_name(),
-                         span=(started, time.time()), environment=measured.environment)  # fmt: skip
+    with held():
+        kept = measured.outputs if keep_outputs else None
+        output = MeasureOutput(measured.result, kept, seconds=clock.seconds, where=worker_name(),
+                               span=(started, time.time()), environment=measured.environment)  # fmt: skip
+        if record is not None:
+            record(output)
+    return output
 
 
 # -- results of jobs that did not measure --------------------------------------------------------

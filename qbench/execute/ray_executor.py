@@ -25,7 +25,7 @@ import re
 import signal
 import socket
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from typing import Any
@@ -307,6 +307,9 @@ class RayExecutor:
         self._outputs[job.id] = outputs
         if work.keep_outputs:
             self._keep.add(job.id)
+
+    def record_with(self, record: Callable[[str, MeasureOutput], None]) -> None:
+        """Nothing to do here: a worker's output reaches the driver through `next_done`, which records it."""
 
     def provide_outputs(self, job_id: str, outputs: Outputs) -> None:
         self._outputs[job_id] = self._ray.put(outputs)

@@ -1,7 +1,8 @@
 """What a run folder keeps of its jobs, so an interrupted sweep can be resumed.
 
-    <run>/plan.json                 the plan: its fingerprint and every job
-    <run>/jobs/<job>.json           one finished job (written atomically by the driver as it finishes)
+    <run>/plan.json                 the plan: its fingerprint, every job, and the run it resumes (`resumes`)
+    <run>/jobs/<job>.json           one finished job (written atomically by the driver as it finishes; a
+                                    measurement in the sweep's process, inside its job: qbench.execute.jobs)
     <run>/jobs/<job>.outputs.npz    FP32's evaluated outputs on the first backend (the reference)
     <run>/jobs/<job>.started        a job running in the sweep's own process, written before it starts and removed
                                     when the sweep stops it; left with no record, the process died running it
@@ -20,6 +21,11 @@ environment failure, and reuses its finished jobs (see qbench.execute.scheduler 
 run, every job but those failed ones. Each record carries the digest of its
 content (and of its outputs file): one that cannot be read back (a truncated JSON or .npz) or that changed
 since it was written is logged and left out, and its job runs again.
+
+A resumed run records each job it takes over as it takes it over; one stopped before it had (a signal or a crash
+while it read them back) would otherwise hide the rest behind its own few records, the newest run of the plan: a run's
+records are its own, and for every job it did not record, those of the run it resumes (plan.json's `resumes`, a
+folder beside it with the same fingerprint), and so on down the chain.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import json
 import logging
 import re
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +53,7 @@ PLAN_FILE = "plan.json"
 JOBS_FOLDER = "jobs"
 RECORD_DIGEST = "digest"  # sha256 of the record's canonical JSON without this field
 STARTED = ".started"
+RESUMES = "resumes"  # plan.json: the name of the run folder this run resumes
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,7 @@ class JobRecord:
     times: dict[str, float] | None = None  # submitted, started, ended, recorded (see the module docstring)
     environment: str | None = None  # failed for a reason outside the variant: a finished run's --resume runs it again
     died: str | None = None  # the sweep's process died while running it (no result): failed, unless --rerun-failed
+    run: str = ""  # the name of the run folder that recorded it (the one taken up, or one it resumes)
 
 
 def _file_name(job_id: str) -> str:
@@ -72,12 +80,15 @@ def _write_json(path: Path, content: dict[str, Any]) -> None:
     write_atomically(path, json.dumps(content, indent=2, allow_nan=False), what="the job record")
 
 
-def write_plan(run_dir: Path, plan: SweepPlan) -> None:
+def write_plan(run_dir: Path, plan: SweepPlan, resumes: Path | None = None) -> None:
+    """`resumes`: the run folder (beside `run_dir`) this run takes up, whose records stand for the jobs it has not
+    recorded yet."""
     jobs = [{"id": j.id, "kind": j.kind, "variant": j.variant, "backend": j.backend, "needs": j.needs.describe(),
              "after": list(j.after), "build_key": j.build_key} for j in plan.jobs]  # fmt: skip
     _write_json(
         run_dir / PLAN_FILE,
-        {"fingerprint": plan.fingerprint, "reference": plan.reference, "jobs": jobs},
+        {"fingerprint": plan.fingerprint, "reference": plan.reference, "jobs": jobs,
+         RESUMES: resumes.name if resumes is not None else None},
     )
 
 
@@ -143,11 +154,46 @@ def _write_record(path: Path, content: dict[str, Any]) -> None:
 
 
 def read_records(run_dir: Path) -> dict[str, JobRecord]:
-    """Every readable job record of a run folder (a damaged one is logged and left out: its job runs again)."""
+    """Every readable job record of a run folder (a damaged one is logged and left out: its job runs again), and for
+    each job it did not record, the record of the run it resumes (see the module docstring)."""
+    return _chained_records(run_dir, set())
+
+
+def _chained_records(run_dir: Path, seen: set[Path]) -> dict[str, JobRecord]:
+    seen.add(run_dir.resolve())
+    records = _own_records(run_dir)
+    earlier = _resumed(run_dir)
+    if earlier is not None and earlier.resolve() not in seen:
+        for job, record in _chained_records(earlier, seen).items():
+            records.setdefault(job, record)
+    return records
+
+
+def _resumed(run_dir: Path) -> Path | None:
+    """The run folder `run_dir` resumes, when its plan names one beside it with the same fingerprint."""
+    plan = _plan(run_dir)
+    name = plan.get(RESUMES) if plan is not None else None
+    if plan is None or not isinstance(name, str) or not name or Path(name).name != name:
+        return None
+    earlier = _plan(run_dir.parent / name)
+    if earlier is None or earlier.get("fingerprint") != plan.get("fingerprint"):
+        return None
+    return run_dir.parent / name
+
+
+def _plan(run_dir: Path) -> dict[str, Any] | None:
+    try:
+        plan = json.loads((run_dir / PLAN_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return plan if isinstance(plan, dict) else None
+
+
+def _own_records(run_dir: Path) -> dict[str, JobRecord]:
     records: dict[str, JobRecord] = {}
     for path in _record_files(run_dir):
         try:
-            record = _record(json.loads(path.read_text()), path.parent)
+            record = replace(_record(json.loads(path.read_text()), path.parent), run=run_dir.name)
         except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as exc:
             logger.warning("job record %s cannot be read back (%s: %s): its job runs again", path,
                            type(exc).__name__, exc)  # fmt: skip
@@ -155,7 +201,8 @@ def read_records(run_dir: Path) -> dict[str, JobRecord]:
         records[record.job] = record
     for job, attempts in _started(run_dir).items():
         if job not in records:
-            records[job] = JobRecord(job, attempts, died=f"the sweep's process died while running it: {_death(run_dir)}")
+            records[job] = JobRecord(job, attempts, died=f"the sweep's process died while running it: {_death(run_dir)}",
+                                     run=run_dir.name)  # fmt: skip
     return records
 
 
@@ -258,10 +305,7 @@ def _same_plan(root: Path, fingerprint: str) -> list[RunFolder]:
     folders = [folder for folder in root.iterdir() if folder.is_dir()] if root.is_dir() else []
     runs = []
     for run in filter(None, map(describe_run, folders)):
-        try:
-            plan = json.loads((run.path / PLAN_FILE).read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(plan, dict) and plan.get("fingerprint") == fingerprint:
+        plan = _plan(run.path)
+        if plan is not None and plan.get("fingerprint") == fingerprint:
             runs.append(run)
     return runs

@@ -58,6 +58,7 @@ def decide_build(record: JobRecord | None, stored: dict[str, Any] | None, run: s
                  ) -> Decision:  # fmt: skip
     """A build job: `stored` is the store's reusable manifest of its key (None when there is none), `record` the job's
     record in the run `run` that is taken up; `rerun_failed`: a build failed for the variant's own reason runs again."""
+    run = _recorded_in(record, run)
     if stored is not None:
         return Decision(REUSE, f"finished in {run}" if record is not None and record.manifest == stored else "in store")
     if record is None:
@@ -83,6 +84,7 @@ def decide_measure(
     `rerun_failed`: a measurement failed for the variant's own reason runs again. `ran_file`: the job's backend ran
     that ONNX file, so its result records the file's digest; a torch backend's records its module's
     (qbench.backends.torch_state), which the reused build decides as it decides the file."""
+    run = _recorded_in(record, run)
     if build.failed:
         return Decision(REUSE, "its build failed: fails with it")
     if record is not None and record.died is not None:  # its failed result names the build: one reused
@@ -107,6 +109,11 @@ def decide_measure(
     if ran_file and result.model_sha256 != built_sha256:
         return Decision(RERUN, f"measured another build in {run}")
     return Decision(REUSE, f"finished in {run}")
+
+
+def _recorded_in(record: JobRecord | None, run: str) -> str:
+    """The run that recorded `record`: `run`, or the earlier run it resumes (qbench.execute.records.read_records)."""
+    return record.run if record is not None and record.run else run
 
 
 def _died(why: str, run: str, rerun_failed: bool) -> Decision:

@@ -52,6 +52,8 @@ from qbench.variants.base import BuiltVariant
 
 logger = logging.getLogger(__name__)
 
+RESUMED_NOTE = "resumed: measured by the "  # a reused result's note, naming the run that measured it
+
 
 class SweepProgress(Protocol):
     def started(self, variant: str, backend: str) -> None: ...
@@ -83,6 +85,7 @@ class _State:
     attempts: Counter[str] = field(default_factory=Counter)
     opened: set[str] = field(default_factory=set)  # variant@backend whose MLflow run is open
     times: dict[str, dict[str, float]] = field(default_factory=dict)  # job -> when it was submitted, ran
+    recorded: set[str] = field(default_factory=set)  # measure jobs the executor had recorded as they returned
     search: SearchReport | None = None
 
 
@@ -101,6 +104,7 @@ class Scheduler:
         self.state = _State()
         self.specs = {spec.name: spec for spec in prepared.recipe.planned_variants()}
         self.reference_job = f"measure:{plan.reference}@{plan.backends[0]}"
+        executor.record_with(self._record_returned)
 
     # -- the loop ----------------------------------------------------------------------------------
 
@@ -248,13 +252,25 @@ class Scheduler:
                 self._measured(job, result, None, environment=error)
             return
         self.clock.merge(done.output.seconds)
-        if done.output.span is not None:
-            self.state.times[job.id].update(zip(("started", "ended"), done.output.span, strict=True))
+        self._ran(job.id, done.output)
         if isinstance(done.output, BuildOutput):
             self._built(job, done.output)
         else:
             output: MeasureOutput = done.output
-            self._measured(job, output.result, output.outputs, where=output.where, environment=output.environment)
+            self._measured(job, output.result, output.outputs, where=output.where, environment=output.environment,
+                           record=job.id not in self.state.recorded)  # fmt: skip
+
+    def _ran(self, job_id: str, output: BuildOutput | MeasureOutput) -> None:
+        if output.span is not None:
+            self.state.times[job_id].update(zip(("started", "ended"), output.span, strict=True))
+
+    def _record_returned(self, job_id: str, output: MeasureOutput) -> None:
+        """Record a measurement as the job returns it, in the job (an executor running it in this process, shielded
+        from signals): a signal before `_finish` then leaves it for `--resume`, which reuses it as it reuses any
+        record (the same plan, the same build's model digest, read back whole)."""
+        self._ran(job_id, output)
+        self._record_measure(self.plan.job(job_id), self._local_paths(output.result), output.outputs, output.environment)
+        self.state.recorded.add(job_id)
 
     def _built(self, job: Job, output: BuildOutput, *, record: bool = True) -> None:
         variant = job.variant
@@ -295,21 +311,18 @@ class Scheduler:
             if job.id == self.reference_job and outputs is not None:
                 self.state.reference_ready = True
         if record:
-            record_measure(
-                self.run_dir,
-                job.id,
-                max(self.state.attempts[job.id], 1),
-                result,
-                outputs if job.id == self.reference_job else None,  # type: ignore[arg-type]
-                self._times(job.id),
-                environment,
-            )
+            self._record_measure(job, result, outputs, environment)
         self.state.measured[job.id] = result
         self.state.done.add(job.id)
         if not reused:
             self._open(job.variant, job.backend)
         self.progress.finished(result, reused=reused)
         self._report(f"{job.id}: {result.status}", where)
+
+    def _record_measure(self, job: Job, result: VariantResult, outputs: object, environment: str | None) -> None:
+        record_measure(self.run_dir, job.id, max(self.state.attempts[job.id], 1), result,
+                       outputs if job.id == self.reference_job else None,  # type: ignore[arg-type]
+                       self._times(job.id), environment)  # fmt: skip
 
     def _times(self, job_id: str) -> dict[str, float] | None:
         """When a job that ran was submitted, started, ended and (now) recorded; None for a job settled here."""
@@ -342,8 +355,6 @@ class Scheduler:
         records = read_records(folder) if folder is not None else {}
         environment = build_environment()
         reference = model_sha256(self.prepared.source.onnx_path)  # builds from another FP32 model are not reused
-        earlier = describe_run(folder) if folder is not None else None
-        which = "run" if earlier is not None and earlier.complete else "interrupted run"
         name = folder.name if folder is not None else ""
         builds: dict[str, Decision] = {}
         reused = 0
@@ -372,8 +383,10 @@ class Scheduler:
                 reused += 1
             elif decision.reused and not builds[job.variant].failed:  # else it fails with its build (settled when ready)
                 assert record is not None and record.result is not None and folder is not None
-                note = f"resumed: measured by the {which} {folder.name}"
-                result = replace(record.result, notes=(*record.result.notes, note),
+                notes = record.result.notes
+                if not any(note.startswith(RESUMED_NOTE) for note in notes):  # else reused before: it names that run
+                    notes = (*notes, _measured_by(folder.parent / (record.run or folder.name)))
+                result = replace(record.result, notes=notes,
                                  model_path=str(self.state.built[job.variant].onnx_path) if ran_file else None,
                                  evaluated_model_path=self._carried(record.result.evaluated_model_path))  # fmt: skip
                 if record.outputs is not None:
@@ -394,6 +407,12 @@ class Scheduler:
             with run_folder_writes(self.run_dir):
                 shutil.copyfile(source, target)
         return str(target) if target.exists() else path
+
+
+def _measured_by(folder: Path) -> str:
+    """The note of a result reused from the run `folder`, which measured it."""
+    earlier = describe_run(folder)
+    return f"{RESUMED_NOTE}{'run' if earlier is not None and earlier.complete else 'interrupted run'} {folder.name}"
 
 
 def run_plan(plan: SweepPlan, prepared: Prepared, executor: Executor, store: BuildStore, progress: SweepProgress,

@@ -463,3 +463,26 @@ def test_rerun_failed_runs_again_only_the_jobs_that_failed_for_their_variants_ow
     assert main(["gate", str(recipe)]) == 0
     assert main(["sweep", str(recipe), "--no-track", "--resume", "--rerun-failed"]) == 2  # nothing failed now
     assert "--resume --rerun-failed: the newest run of this plan" in capsys.readouterr().err
+
+
+def test_a_result_reused_by_two_resumes_names_only_the_run_that_measured_it(
+    user_project: Path, tmp_path: Path, local_figures: tuple[dict, int]
+) -> None:
+    """Each resume added its own note: FP32, measured once by the first run, said it was measured by all three."""
+    expected, per_job = local_figures
+    recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
+    (tmp_path / "interrupt_at").write_text(str(per_job + 1))  # fp16's measure job, in the first run
+    with pytest.raises(QbenchError, match="interrupted by SIGINT"):
+        run_sweep(recipe, track=False)
+    (first,) = (tmp_path / "reports" / "tumour-mlp").glob("2*")
+    (tmp_path / "interrupt_at").write_text(str(len(probe_calls(tmp_path)) + per_job + 1))  # int8-minmax's, resumed
+    with pytest.raises(QbenchError, match="interrupted by SIGINT"):
+        run_sweep(recipe, track=False, resume=True)
+    (second,) = set((tmp_path / "reports" / "tumour-mlp").glob("2*")) - {first}
+    outcome = run_sweep(recipe, track=False, resume=True)
+    assert figures(outcome.results) == expected
+    fp32, fp16, int8 = ([note for note in variant.notes if note.startswith("resumed")]
+                        for variant in outcome.results.variants)  # fmt: skip
+    assert fp32 == [f"resumed: measured by the interrupted run {first.name}"]
+    assert fp16 == [f"resumed: measured by the interrupted run {second.name}"]
+    assert int8 == []
