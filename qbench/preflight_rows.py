@@ -85,7 +85,7 @@ def check_row_independence(
         for name, values in reference.items():
             seen = _moved(name, values, got.get(name), picks)
             if seen is not None:
-                hint = _batch_axis_hint(model)
+                hint = batch_axis_hint(model)
                 raise RecipeError(recipe.source, _field(recipe),
                                   f"{_inputs(model, batch)}: {seen} when {how}; {expected}{hint}")  # fmt: skip
 
@@ -171,7 +171,7 @@ def _output_axis_hint(name: str, values: np.ndarray, size: int) -> str:
     return f"; axis {axes[0]} of {name!r} has {size} entries, as many as the rows fed" if len(axes) == 1 else ""
 
 
-def _batch_axis_hint(model: ModelInfo) -> str:
+def batch_axis_hint(model: ModelInfo) -> str:
     """'; axis 1 ('batch') of 'x' is dynamic and looks like the batch' when an input's axes say so, else ''."""
     for meta in model.inputs.values():
         axis = _likely_batch_axis(meta)
