@@ -90,7 +90,7 @@ def check_row_independence(
         for name, values in reference.items():
             seen = _moved(name, values, got.get(name), picks)
             if seen is not None:
-                hint = batch_axis_hint(model)
+                hint = batch_axis_hint(model) + _batch_statistics(path)
                 raise RecipeError(recipe.source, _field(recipe),
                                   f"{_inputs(model, batch)}: {seen} when {how}; {expected}{hint}")  # fmt: skip
 
@@ -107,23 +107,40 @@ def _check_repeatable(
         seen = _moved(name, values, again.get(name), np.arange(len(values)))
         if seen is not None:
             raise RecipeError(recipe.source, _field(recipe), f"{_inputs(model, batch)}: {seen} when the same rows were "
-                              f"fed again; expected a deterministic model{_random_nodes(path)}")  # fmt: skip
+                              f"fed again; expected a deterministic model{_random_nodes(path)}{_batch_statistics(path)}")  # fmt: skip
+
+
+_EVAL_EXPORT = "export it in inference mode (PyTorch: model.eval(), and torch.onnx.export's training=TrainingMode.EVAL)"
 
 
 def _random_nodes(path: Path) -> str:
     """': its random nodes: Dropout (1) ...' naming the graph's nodes that draw random numbers, else ''."""
-    import onnx
-
-    try:
-        graph = onnx.load(str(path), load_external_data=False).graph
-    except Exception:  # noqa: BLE001 - the error stands without the list
-        return ""
-    counts = Counter(node.op_type for node in graph.node if node.op_type in _RANDOM_OPS)
+    counts = Counter(node.op_type for node in _nodes(path) if node.op_type in _RANDOM_OPS)
     if not counts:
         return ""
     listed = ", ".join(f"{op} ({n})" for op, n in sorted(counts.items()))
-    return (f": its random nodes: {listed}; export it in inference mode (PyTorch: model.eval(), and "
-            "torch.onnx.export's training=TrainingMode.EVAL), where Dropout passes its input through")
+    return f": its random nodes: {listed}; {_EVAL_EXPORT}, where Dropout passes its input through"
+
+
+def _batch_statistics(path: Path) -> str:
+    """'; its 1 BatchNormalization node(s) ...' when the graph normalises with each batch's own statistics (an
+    export in training mode: training_mode=1), the usual cause of outputs that change with the rows fed beside."""
+    count = sum(1 for node in _nodes(path) if node.op_type == "BatchNormalization"
+                and any(a.name == "training_mode" and a.i == 1 for a in node.attribute))  # fmt: skip
+    if not count:
+        return ""
+    return (f"; its {count} BatchNormalization node(s) normalise with each batch's own statistics "
+            f"(training_mode=1): {_EVAL_EXPORT}, where they use the running statistics")
+
+
+def _nodes(path: Path) -> list:
+    """The main graph's nodes of the model at `path`, or none where it cannot be read (the error stands alone)."""
+    import onnx
+
+    try:
+        return list(onnx.load(str(path), load_external_data=False).graph.node)
+    except Exception:  # noqa: BLE001 - a hint only
+        return []
 
 
 def _field(recipe: Recipe) -> str:

@@ -136,6 +136,25 @@ def test_a_model_exported_in_training_mode_is_refused_as_random_not_as_batch_fir
     _check(tmp_path, _linear(tmp_path / "plain.onnx", "batch"), feeds)  # a deterministic graph passes
 
 
+def test_a_batch_norm_exported_in_training_mode_is_named_when_rows_depend_on_the_batch(tmp_path: Path) -> None:
+    """BatchNormalization with training_mode=1 normalises with the batch's own statistics: the same every run (so
+    not random), but a row's outputs change with the rows beside it; the error names the node and the fix."""
+    stats = [numpy_helper.from_array(np.full(FEATURES, value, np.float32), name)
+             for name, value in (("scale", 1.0), ("bias", 0.0), ("mean", 0.0), ("var", 1.0))]  # fmt: skip
+    model = _save(tmp_path / "m.onnx", [helper.make_node("BatchNormalization", ["x", "scale", "bias", "mean", "var"],
+                                                         ["normed", "batch_mean", "batch_var"], training_mode=1),
+                                        helper.make_node("MatMul", ["normed", "w"], ["y"])],  # fmt: skip
+                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", FEATURES])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", CLASSES])], [WEIGHT, *stats])
+    with pytest.raises(RecipeError) as caught:
+        _check(tmp_path, model, {"x": RNG.normal(size=(8, FEATURES)).astype(np.float32)})
+    assert str(caught.value).endswith(
+        "; its 1 BatchNormalization node(s) normalise with each batch's own statistics (training_mode=1): export it "
+        "in inference mode (PyTorch: model.eval(), and torch.onnx.export's training=TrainingMode.EVAL), where they "
+        "use the running statistics"
+    )
+
+
 def _branch_on_batch_sum(path: Path, batch: int | str) -> Path:
     """y = x @ w if sum(x over the whole batch) > 0 else x @ -w: an `If` on a tensor, as a scripted forward() with
     `if x.sum() > 0:` exports; each branch is a MatMul inside a subgraph."""
