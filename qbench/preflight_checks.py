@@ -29,6 +29,7 @@ from qbench.backends import get_backend
 from qbench.errors import QbenchError, RecipeError, short_repr
 from qbench.gate_checks import unmatched_globs
 from qbench.modelinfo import ModelInfo
+from qbench.preflight_rows import batch_axis_hint
 from qbench.recipe import Recipe
 from qbench.recipe_registry import check_registry
 from qbench.recipe_slo import check_serving
@@ -176,8 +177,16 @@ def fixed_batch(recipe: Recipe, model: ModelInfo) -> int | None:
         where = f"model input {name!r} has a fixed batch dimension of {size} (shape {list(model.inputs[name].shape)})"
         raise RecipeError(recipe.source, wrong[0][0], f"{where}, so it runs batches of {size} only; expected "
                           f"{listed}, or leave {'it' if len(wrong) == 1 else 'them'} out to take the model's batch, "
-                          "or a model exported with a dynamic batch axis")  # fmt: skip
+                          f"or a model exported with a dynamic batch axis{_rows_first(model)}")  # fmt: skip
     return size
+
+
+def _rows_first(model: ModelInfo) -> str:
+    """A static axis 0 beside a dynamic later axis is as often a features- or sequence-first export as a fixed
+    batch: following the advice to run batches of axis 0's size would feed rows along the wrong axis (the
+    row check refuses it only after the user rewrote the recipe), so the error says which axis looks like it."""
+    hint = batch_axis_hint(model)
+    return f"{hint}: if it is, export the model batch-first (qbench feeds data rows along axis 0)" if hint else ""
 
 
 def with_fixed_batch(recipe: Recipe, size: int) -> Recipe:

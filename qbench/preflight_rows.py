@@ -12,6 +12,7 @@ kernel differences between batch sizes).
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -35,6 +36,9 @@ _REMEDY = {  # by model source
     "model.torch": ("and forward() combines rows: a batch size written as a number (x.view(2, -1), not "
                     "x.view(x.size(0), -1)), a reduction over dim 0, or a sequence-first layer (use batch_first=True)"),
 }  # fmt: skip
+# Ops that draw random numbers (Dropout only with training_mode set, which an export in training mode does).
+_RANDOM_OPS = frozenset({"Bernoulli", "Dropout", "Multinomial", "RandomNormal", "RandomNormalLike", "RandomUniform",
+                         "RandomUniformLike"})  # fmt: skip
 # An exported model whose rows follow a reordering but not a batch of their own computes something over the batch.
 _ACROSS_ROWS = "so let no value be computed over the batch (a batch's sum choosing an If branch or a Loop count)"
 
@@ -66,6 +70,7 @@ def check_row_independence(
                               f"{list(values.shape)} for {size} rows fed; expected {size} on its axis 0, one output "
                               f"row per input row: qbench reads axis 0 of every output as the batch, so make the model "
                               f"return it batch-first{_output_axis_hint(name, values, size)}")  # fmt: skip
+    _check_repeatable(recipe, path, model, batch, session, rows, outputs, reference)
     trials = [(np.arange(size)[::-1], f"the same {size} rows were fed in another order", _expected(recipe))]
     # Each row without the others, as a served row comes: a value computed over the batch (a scripted
     # `if x.sum() > 0:`) may agree between 8 rows and 4 of them, and still differ for one row.
@@ -85,9 +90,57 @@ def check_row_independence(
         for name, values in reference.items():
             seen = _moved(name, values, got.get(name), picks)
             if seen is not None:
-                hint = _batch_axis_hint(model)
+                hint = batch_axis_hint(model) + _batch_statistics(path)
                 raise RecipeError(recipe.source, _field(recipe),
                                   f"{_inputs(model, batch)}: {seen} when {how}; {expected}{hint}")  # fmt: skip
+
+
+def _check_repeatable(
+    recipe: Recipe, path: Path, model: ModelInfo, batch: int | None, session, rows: Mapping[str, np.ndarray],  # noqa: ANN001
+    outputs: Mapping[str, int], reference: Mapping[str, np.ndarray],
+) -> None:  # fmt: skip
+    """RecipeError when the same rows fed again give other outputs: a graph that draws random numbers (an export in
+    training mode keeps Dropout active) gives no figure a variant could be compared with, and the reordering trials
+    below would blame the batch axis for it."""
+    again = _run(session, rows, outputs)
+    for name, values in reference.items():
+        seen = _moved(name, values, again.get(name), np.arange(len(values)))
+        if seen is not None:
+            raise RecipeError(recipe.source, _field(recipe), f"{_inputs(model, batch)}: {seen} when the same rows were "
+                              f"fed again; expected a deterministic model{_random_nodes(path)}{_batch_statistics(path)}")  # fmt: skip
+
+
+_EVAL_EXPORT = "export it in inference mode (PyTorch: model.eval(), and torch.onnx.export's training=TrainingMode.EVAL)"
+
+
+def _random_nodes(path: Path) -> str:
+    """': its random nodes: Dropout (1) ...' naming the graph's nodes that draw random numbers, else ''."""
+    counts = Counter(node.op_type for node in _nodes(path) if node.op_type in _RANDOM_OPS)
+    if not counts:
+        return ""
+    listed = ", ".join(f"{op} ({n})" for op, n in sorted(counts.items()))
+    return f": its random nodes: {listed}; {_EVAL_EXPORT}, where Dropout passes its input through"
+
+
+def _batch_statistics(path: Path) -> str:
+    """'; its 1 BatchNormalization node(s) ...' when the graph normalises with each batch's own statistics (an
+    export in training mode: training_mode=1), the usual cause of outputs that change with the rows fed beside."""
+    count = sum(1 for node in _nodes(path) if node.op_type == "BatchNormalization"
+                and any(a.name == "training_mode" and a.i == 1 for a in node.attribute))  # fmt: skip
+    if not count:
+        return ""
+    return (f"; its {count} BatchNormalization node(s) normalise with each batch's own statistics "
+            f"(training_mode=1): {_EVAL_EXPORT}, where they use the running statistics")
+
+
+def _nodes(path: Path) -> list:
+    """The main graph's nodes of the model at `path`, or none where it cannot be read (the error stands alone)."""
+    import onnx
+
+    try:
+        return list(onnx.load(str(path), load_external_data=False).graph.node)
+    except Exception:  # noqa: BLE001 - a hint only
+        return []
 
 
 def _field(recipe: Recipe) -> str:
@@ -171,7 +224,7 @@ def _output_axis_hint(name: str, values: np.ndarray, size: int) -> str:
     return f"; axis {axes[0]} of {name!r} has {size} entries, as many as the rows fed" if len(axes) == 1 else ""
 
 
-def _batch_axis_hint(model: ModelInfo) -> str:
+def batch_axis_hint(model: ModelInfo) -> str:
     """'; axis 1 ('batch') of 'x' is dynamic and looks like the batch' when an input's axes say so, else ''."""
     for meta in model.inputs.values():
         axis = _likely_batch_axis(meta)

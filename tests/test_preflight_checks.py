@@ -119,6 +119,17 @@ def test_a_fixed_batch_model_refuses_the_batch_sizes_a_recipe_sets_otherwise(tmp
         fixed_batch(_recipe(tmp_path, latency={"batch_sizes": [1]}), _model(input=(1, 4), mask=(2, 16)))
 
 
+def test_a_static_axis_0_beside_a_dynamic_axis_names_that_axis_in_the_batch_error(tmp_path: Path) -> None:
+    """A features-first export (`x: [64, 'N']`) looks like a fixed batch of 64: the error must not leave the
+    advice to run batches of 64 alone (rows would be fed along the features), but name the dynamic axis."""
+    with pytest.raises(RecipeError) as caught:
+        fixed_batch(_recipe(tmp_path), _model(input=(64, None)))
+    assert str(caught.value).endswith(
+        "or a model exported with a dynamic batch axis; axis 1 of 'input' is dynamic and looks like the batch: "
+        "if it is, export the model batch-first (qbench feeds data rows along axis 0)"
+    )
+
+
 def test_a_fixed_batch_is_every_batch_size_a_recipe_leaves_out(tmp_path: Path) -> None:
     written = _recipe(tmp_path, latency={"iterations": 5})
     recipe = with_fixed_batch(written, 8)

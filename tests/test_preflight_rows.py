@@ -116,6 +116,45 @@ def test_outputs_that_depend_on_how_many_rows_are_fed_are_refused(tmp_path: Path
         _check(tmp_path, _batch_centred(tmp_path / "m.onnx"), feeds)
 
 
+def test_a_model_exported_in_training_mode_is_refused_as_random_not_as_batch_first(tmp_path: Path) -> None:
+    """A Dropout left in training mode (torch.onnx.export(..., training=TrainingMode.TRAINING)) gives other outputs
+    each run: the error says the same rows changed when fed again and names the node, not the batch axis."""
+    model = _save(tmp_path / "m.onnx", [helper.make_node("Dropout", ["x", "ratio", "training"], ["dropped"]),
+                                        helper.make_node("MatMul", ["dropped", "w"], ["y"])],  # fmt: skip
+                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", FEATURES])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", CLASSES])],
+                  [WEIGHT, numpy_helper.from_array(np.array(0.5, np.float32), "ratio"),
+                   numpy_helper.from_array(np.array(True), "training")])  # fmt: skip
+    feeds = {"x": RNG.normal(size=(8, FEATURES)).astype(np.float32) + 3.0}
+    with pytest.raises(RecipeError) as caught:
+        _check(tmp_path, model, feeds)
+    message = str(caught.value)
+    assert "model.path: model input x ['batch', 3]: row " in message
+    assert message.endswith("when the same rows were fed again; expected a deterministic model: its random nodes: "
+                            "Dropout (1); export it in inference mode (PyTorch: model.eval(), and torch.onnx.export's "
+                            "training=TrainingMode.EVAL), where Dropout passes its input through")  # fmt: skip
+    _check(tmp_path, _linear(tmp_path / "plain.onnx", "batch"), feeds)  # a deterministic graph passes
+
+
+def test_a_batch_norm_exported_in_training_mode_is_named_when_rows_depend_on_the_batch(tmp_path: Path) -> None:
+    """BatchNormalization with training_mode=1 normalises with the batch's own statistics: the same every run (so
+    not random), but a row's outputs change with the rows beside it; the error names the node and the fix."""
+    stats = [numpy_helper.from_array(np.full(FEATURES, value, np.float32), name)
+             for name, value in (("scale", 1.0), ("bias", 0.0), ("mean", 0.0), ("var", 1.0))]  # fmt: skip
+    model = _save(tmp_path / "m.onnx", [helper.make_node("BatchNormalization", ["x", "scale", "bias", "mean", "var"],
+                                                         ["normed", "batch_mean", "batch_var"], training_mode=1),
+                                        helper.make_node("MatMul", ["normed", "w"], ["y"])],  # fmt: skip
+                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", FEATURES])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", CLASSES])], [WEIGHT, *stats])
+    with pytest.raises(RecipeError) as caught:
+        _check(tmp_path, model, {"x": RNG.normal(size=(8, FEATURES)).astype(np.float32)})
+    assert str(caught.value).endswith(
+        "; its 1 BatchNormalization node(s) normalise with each batch's own statistics (training_mode=1): export it "
+        "in inference mode (PyTorch: model.eval(), and torch.onnx.export's training=TrainingMode.EVAL), where they "
+        "use the running statistics"
+    )
+
+
 def _branch_on_batch_sum(path: Path, batch: int | str) -> Path:
     """y = x @ w if sum(x over the whole batch) > 0 else x @ -w: an `If` on a tensor, as a scripted forward() with
     `if x.sum() > 0:` exports; each branch is a MatMul inside a subgraph."""
