@@ -336,8 +336,12 @@ class Classification(Task):
             raise LabelError(f"outputs {named.name!r} and {other[0].name!r} state different classes ({_listed(classes)}"
                              f"; {_listed(other[1])}): expected one of them in model.outputs")  # fmt: skip
         names = {k for k in classes if isinstance(k, str)}
-        if len(names) == len(classes) and not any(isinstance(_as_number(v), str) or v in names for v in values):
+        if len(names) == len(classes) and not any(
+            isinstance(_as_number(v), str) or _class_key(v) in names for v in values
+        ):
             return values  # ids (numbers, or a CSV's text of them) naming none of the named classes: read as columns
+        # A number whose text names a class names it, as that text in a CSV does: a Parquet integer 2 against the
+        # classes '0', '1', '10', '2' (sorted as text) is class '2' (column 3), never column 2 ('10').
         ids = [o.name for o in outputs if o.kind == "tensor" and is_integer(o) and not named_labels(o)]
         if ids:
             raise LabelError(f"output {named.name!r} scores the classes {_listed(classes)} by column, while output "

@@ -148,6 +148,18 @@ def test_label_names_are_left_alone_without_string_classes() -> None:
     assert TASK.decode_label_names([0, 1, 1, 0], [other], POSITIONS) == [0, 1, 1, 0]
 
 
+def test_numbers_whose_text_names_a_string_class_are_that_class() -> None:
+    """Integer labels against classes sorted as text ('0', '1', '10', '2'): 2 is class '2' (column 3), as the text
+    '2' and the float 2.0 of a column with gaps are, not column 2 (class '10'); numbers naming no class stay ids."""
+    scores = TensorMeta("probabilities", np.dtype("float32"), (None, 4), class_keys=("0", "1", "10", "2"))
+    assert list(TASK.decode_label_names([2, 0, 1, 2], [scores], POSITIONS)) == [3, 0, 1, 3]
+    assert list(TASK.decode_label_names(["2", 2.0, 10, 1], [scores], POSITIONS)) == [3, 3, 2, 1]
+    with pytest.raises(LabelError, match=r"row 13: 3 name classes the output 'probabilities' does not have"):
+        TASK.decode_label_names([2, 0, 1, 3], [scores], POSITIONS)
+    letters = TensorMeta("probabilities", np.dtype("float32"), (None, 3), class_keys=("a", "b", "c"))
+    assert TASK.decode_label_names([2, 0, 1, 1], [letters], POSITIONS) == [2, 0, 1, 1]
+
+
 def test_labels_naming_a_score_tensors_class_table_become_its_columns() -> None:
     """A table in column order (not sorted): class values and names both map to their column; [0, 1, 2] is the
     identity; a class-id output evaluated beside the table's scores is refused (it gives values, not columns)."""
