@@ -102,12 +102,12 @@ def read_model_info(path: Path) -> ModelInfo:
         if meta.kind == "map" or meta.dtype.kind == "f":  # scores, not labels
             meta = dataclasses.replace(meta, off_label=facts.off_label.get(value.name),
                                        lowest_wins=value.name in facts.lowest_wins,
-                                       decision_cut=facts.cuts.get(value.name))
+                                       decision_cut=facts.cuts.get(value.name),
+                                       probabilities=facts.probabilities.get(value.name))
         if meta.kind == "tensor":
             label_table = facts.labels.get(value.name)
             keys = label_table if _read_as_positions(meta, label_table) else facts.tables.get(value.name)
-            meta = dataclasses.replace(meta, class_keys=keys, probabilities=facts.probabilities.get(value.name),
-                                       log_probabilities=value.name in facts.log_probabilities,
+            meta = dataclasses.replace(meta, class_keys=keys, log_probabilities=value.name in facts.log_probabilities,
                                        class_count=facts.id_counts.get(value.name))  # fmt: skip
         source = _copied_input(value.name, producers, set(inputs))
         outputs[value.name] = dataclasses.replace(meta, passthrough_of=source) if source is not None else meta

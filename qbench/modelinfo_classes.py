@@ -196,6 +196,23 @@ _RESHAPING_OPS = ("Identity", "Cast", "Reshape", "Squeeze", "Unsqueeze", "Flatte
 # element-wise combinations traced through: a bias, a temperature, an average of several heads' scores
 _ELEMENTWISE_OPS = ("Add", "Sub", "Mul", "Div", "Sum", "Mean", "Max", "Min")
 _SCALE_STEPS = 64  # nodes looked at before the graph is taken to say nothing
+# ops that bound scores without changing what they are: a Clip of probabilities (kept off 0 for a log) is probabilities
+_SCALE_KEEPING_OPS = ("Clip",)
+# ONNX-ML classifiers' transforms of their scores: each makes probabilities; NONE leaves them as the model computes
+# them (a forest's averaged votes, a linear SVM's margins), which the graph does not say
+_ML_PROBABILITY_TRANSFORMS = (b"SOFTMAX", b"LOGISTIC", b"SOFTMAX_ZERO", b"PROBIT")
+_ML_CLASSIFIERS = ("LinearClassifier", "TreeEnsembleClassifier", "SVMClassifier")
+
+
+def _ml_scale(node: onnx.NodeProto, tensor: str) -> bool | str | None:
+    """An ONNX-ML node's word on the scale of its output `tensor`: True (a classifier's scores through a probability
+    transform), the input to read on through (a ZipMap or a Normalizer keeps its input's scale), or None."""
+    if node.op_type in ("ZipMap", "Normalizer") and node.input:
+        return node.input[0]
+    if node.op_type in _ML_CLASSIFIERS and len(node.output) > 1 and tensor == node.output[1]:
+        transform = next((a.s for a in node.attribute if a.name == "post_transform"), b"NONE")
+        return True if transform in _ML_PROBABILITY_TRANSFORMS else None
+    return None
 
 
 def _scale(name: str, producers: dict[str, onnx.NodeProto], constants: set[str]) -> bool | None:
@@ -214,13 +231,21 @@ def _scale(name: str, producers: dict[str, onnx.NodeProto], constants: set[str])
             continue
         seen.add(tensor)
         node = producers.get(tensor)
-        if node is None or node.domain not in ("", "ai.onnx") or len(seen) > _SCALE_STEPS:
+        if node is not None and node.domain == "ai.onnx.ml":
+            ml = _ml_scale(node, tensor)
+            if ml is None:
+                return None
+            if isinstance(ml, str):
+                waiting.append(ml)
+            else:
+                found.add(ml)
+        elif node is None or node.domain not in ("", "ai.onnx") or len(seen) > _SCALE_STEPS:
             return None
-        if node.op_type in _PROBABILITY_OPS:
+        elif node.op_type in _PROBABILITY_OPS:
             found.add(True)
         elif node.op_type in _LINEAR_OPS and (node.op_type != "Einsum" or len(node.input) > 1):
             found.add(False)  # an Einsum of one operand sums or transposes it: no layer of its own
-        elif node.op_type in _RESHAPING_OPS and node.input:
+        elif node.op_type in (*_RESHAPING_OPS, *_SCALE_KEEPING_OPS) and node.input:
             waiting.append(node.input[0])
         elif node.op_type in _ELEMENTWISE_OPS:
             operands = [i for i in node.input if i and i not in constants]

@@ -270,3 +270,34 @@ def test_arithmetic_on_scores_is_traced_back_to_what_makes_them(tmp_path: Path) 
     onnx.save(_model(nodes, outputs, constants), str(tmp_path / "m.onnx"))
     found = read_model_info(tmp_path / "m.onnx").outputs
     assert {name: found[name].probabilities for name in expected} == expected
+
+
+def test_a_clip_and_onnx_ml_classifiers_say_whether_scores_are_probabilities(tmp_path: Path) -> None:
+    """A Clip of a Softmax, a ZipMap of a LogisticRegression's probabilities and a forest's averaged votes were all
+    unstated, left to FP32's values (a clip past 1e-3 of a row sum read every row as logits). A Clip keeps its
+    input's scale, a ZipMap or Normalizer its input's, and an ONNX-ML classifier's probability transform makes
+    probabilities; its NONE (a forest's votes, a linear SVM's margins) says nothing."""
+    skl2onnx = pytest.importorskip("skl2onnx")
+    from sklearn.datasets import load_iris
+    from sklearn.ensemble import RandomForestClassifier
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.svm import LinearSVC
+
+    x, y = load_iris(return_X_y=True)
+    x = x.astype(np.float32)
+    found = {}
+    for estimator, zipmap in ((LogisticRegression(max_iter=500), True), (LogisticRegression(max_iter=500), False),
+                              (RandomForestClassifier(n_estimators=3, random_state=0), True), (LinearSVC(), None)):  # fmt: skip
+        options = {} if zipmap is None else {"zipmap": zipmap}
+        onx = skl2onnx.to_onnx(estimator.fit(x, y), x[:1], options=options, target_opset={"": 17, "ai.onnx.ml": 3})
+        path = tmp_path / f"{type(estimator).__name__}{zipmap}.onnx"
+        onnx.save(onx, str(path))
+        outputs = read_model_info(path).outputs
+        found[path.stem] = outputs.get("output_probability", outputs.get("probabilities")).probabilities
+    assert found == {"LogisticRegressionTrue": True, "LogisticRegressionFalse": True,
+                     "RandomForestClassifierTrue": None, "LinearSVCNone": None}  # fmt: skip
+    bounds = [onnx.numpy_helper.from_array(np.array(v, np.float32), n) for n, v in (("lo", 0.02), ("hi", 1.0))]
+    nodes = [helper.make_node("Softmax", ["x"], ["p"], axis=1), helper.make_node("Clip", ["p", "lo", "hi"], ["clipped"])]
+    onnx.save(_model(nodes, [helper.make_tensor_value_info("clipped", TensorProto.FLOAT, [None, 4])], bounds),
+              str(tmp_path / "clip.onnx"))  # fmt: skip
+    assert read_model_info(tmp_path / "clip.onnx").outputs["clipped"].probabilities is True

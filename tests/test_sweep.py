@@ -103,6 +103,11 @@ def test_demo_sweep_writes_report_and_plot(demo_sweep):
     run_dir = latest_run_dir(workdir)
     report = (run_dir / "report.md").read_text()
     assert "int8-entropy" in report and "condition=noisy" in report and "](frontier.svg)" in report
+    # how FP32's scores are read (the CNN's last layer is linear), which every kl_mean rests on, is in its notes
+    fp32 = read_results(run_dir / "results.json").find("fp32", "onnxruntime-cpu")
+    scale = [note for note in fp32.notes if " scores read as " in note]
+    assert len(scale) == 1 and scale[0].endswith("as logits (compared through their softmax) because the graph makes "
+                                                 "them with a linear layer") and scale[0] in report  # fmt: skip
     assert "<circle" in (run_dir / "frontier.svg").read_text()
     assert 'data-verdict="' in (run_dir / "report.html").read_text()
     assert (run_dir / "models" / "int8-entropy.calibration.json").is_file()

@@ -24,6 +24,8 @@ from qbench.validate.catalogue import MetricInfo
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
+    from qbench.validate.scores_scale import ScaleReading
+
 
 Outputs = np.ndarray | dict[str, np.ndarray]  # what a custom metric is given: one output, or several by name
 
@@ -202,6 +204,11 @@ class Task(ABC):
         """Per-row quantities of the outputs of `together` (in its order) vs FP32's and `labels`; `feeds`: the model
         inputs the rows were run with (which tokens a row's answer may lie in)."""
         raise QbenchError(f"task {self.name!r} judges each output on its own")
+
+    def scale_reading(self, reference: np.ndarray, labels: np.ndarray | None, stated: bool | None) -> ScaleReading | None:
+        """How `rows` reads several score columns of these FP32 outputs, probabilities or logits, and why (None when
+        it reads no such scale); `stated`: the graph's word. FP32's notes give it."""
+        return None
 
     def thresholds_by_scale(self, reference: np.ndarray) -> bool:
         """Whether `rows` decides these (FP32) outputs at a threshold set by their scale (0.5 for probabilities, 0 for

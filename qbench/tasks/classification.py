@@ -46,6 +46,7 @@ from qbench.tasks.tokens import (
 )
 from qbench.validate import metrics
 from qbench.validate.catalogue import MetricInfo, share_of_rows
+from qbench.validate.scores_scale import ScaleReading, read_scale
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -434,13 +435,13 @@ class Classification(Task):
         if outputs.dtype.kind in "iub":
             predicted, reference_predicted, labels = _class_codes(_class_ids(outputs), _class_ids(reference), labels)
             return ClassificationRows(outputs, reference, labels, predicted, reference_predicted, kl=None)
+        cut = probabilities if isinstance(probabilities, metrics.BinaryCut) else None
+        scale = probabilities if cut is None else None
         if is_token_scores(outputs, labels):
-            return TokenRows.of(outputs, reference, labels)
+            return TokenRows.of(outputs, reference, labels, self.scale_reading(reference, labels, scale))
         columns = 1 if outputs.ndim == 1 else int(outputs.shape[-1])
         if labels is not None and labels.size and columns > 1 and int(labels.max()) >= columns:
             raise LabelError(f"labels go up to class {int(labels.max())} but the output has {columns} classes")
-        cut = probabilities if isinstance(probabilities, metrics.BinaryCut) else None
-        scale = probabilities if cut is None else None
         binary_probabilities = metrics.looks_like_sigmoid(reference) if scale is None else scale
         # one column: the graph's cut, else its word, else FP32's values decide, and the variant is read as FP32 is
         decision = cut if cut is not None and columns == 1 else binary_probabilities
@@ -448,8 +449,20 @@ class Classification(Task):
         predicted = metrics.unscored_where_reference_is(metrics.top1(outputs, decision), reference_predicted)
         return ClassificationRows(
             outputs, reference, labels, predicted, reference_predicted,
-            kl=metrics.kl_rows(reference, outputs, binary_probabilities if columns == 1 else None),
+            kl=metrics.kl_rows(reference, outputs, binary_probabilities if columns == 1
+                               else self.scale_reading(reference, labels, scale).probabilities),
         )  # fmt: skip
+
+    def scale_reading(self, reference: np.ndarray, labels: np.ndarray | None, stated: bool | None) -> ScaleReading | None:
+        """Several float score columns (per row, or per scored token: padding an export zeroes says nothing of
+        their scale) are read by the graph's word, else by FP32's rows (qbench.validate.scores_scale)."""
+        reference = np.asarray(reference)
+        if reference.dtype.kind != "f" or reference.ndim < 2 or reference.shape[-1] < 2:
+            return None
+        if is_token_scores(reference, labels):
+            scored = np.ones(reference.shape[:2], dtype=bool) if labels is None else metrics.scored_tokens(labels)
+            reference = metrics.token_scores(reference, scored)
+        return read_scale(reference, stated)
 
     def nonfinite_rows(self, outputs: np.ndarray, labels: np.ndarray | None) -> np.ndarray:
         """Per token: only the scored tokens' scores count (a NaN on a padding token is read by no metric)."""

@@ -22,6 +22,7 @@ from qbench.results import SliceMetrics
 from qbench.tasks.base import LabelError, is_float, mean_or_nan, no_label, wilson
 from qbench.validate import metrics
 from qbench.validate.metrics import IGNORE_LABEL
+from qbench.validate.scores_scale import ScaleReading
 
 TOKEN_RATES = ("accuracy", "agreement", "flip_rate")
 """The metrics that are shares of the scope's scored tokens (the others rest on those tokens too)."""
@@ -143,7 +144,9 @@ class TokenRows:
     kl: np.ndarray  # (rows, tokens), KL(FP32 || variant) of each token
 
     @classmethod
-    def of(cls, outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None) -> TokenRows:
+    def of(cls, outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None, scale: ScaleReading) -> TokenRows:
+        """`scale`: how the scores are read, probabilities or logits (Classification.scale_reading: on the scored
+        tokens alone, as every figure is; a padding token an export zeroes says nothing of their scale)."""
         if labels is not None and labels.shape != outputs.shape[:2]:
             raise LabelError(f"got {labels.shape[1]} token labels per row for an output of {outputs.shape[1]} tokens")
         everything = np.ones(outputs.shape[:2], dtype=bool)
@@ -151,15 +154,11 @@ class TokenRows:
         shape = outputs.shape[:2]
         reference_predicted = metrics.top1(metrics.token_scores(reference, everything)).reshape(shape)
         predicted = metrics.top1(metrics.token_scores(outputs, everything)).reshape(shape)
-        # probabilities or logits: read on the scored tokens, as every figure is; a padding token an export zeroes
-        # (probabilities times the attention mask) would make probabilities look like logits, and a second softmax
-        # would flatten them (kl_mean 0.10 where it is 2.16)
-        probabilities = metrics.looks_like_probabilities(metrics.token_scores(reference, scored))
         return cls(
             outputs, reference, labels, scored,
             metrics.unscored_where_reference_is(predicted, reference_predicted), reference_predicted,
             metrics.kl_rows(metrics.token_scores(reference, everything), metrics.token_scores(outputs, everything),
-                            probabilities).reshape(shape),
+                            scale.probabilities).reshape(shape),
         )  # fmt: skip
 
     def summarise(self, name: str, mask: np.ndarray) -> SliceMetrics:

@@ -248,6 +248,21 @@ def scale_doubts(task: str, reference_outputs: Mapping[str, np.ndarray], probabi
     return doubts
 
 
+def scale_notes(task: str, reference_outputs: Mapping[str, np.ndarray], probabilities: Mapping[str, bool | None],
+                labels: np.ndarray | None) -> list[str]:
+    """How the task reads each FP32 output's score columns, probabilities or logits, and why (Task.scale_reading):
+    the reading every kl_mean rests on, one note per output that has one."""
+    judge = get_task(task)
+    notes = []
+    for name, values in reference_outputs.items():
+        values = np.asarray(values)
+        reading = judge.scale_reading(values, _checked_labels(labels, values.shape[0]) if values.ndim else None,
+                                      probabilities.get(name))  # fmt: skip
+        if reading is not None:
+            notes.append(reading.note(name))
+    return notes
+
+
 def _nonfinite_rows(values: np.ndarray) -> np.ndarray:
     """Rows holding NaN or inf (none for integer, boolean or string outputs)."""
     return metrics.nonfinite_rows(values) if values.dtype.kind in "fc" else np.zeros(values.shape[0], dtype=bool)

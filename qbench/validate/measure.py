@@ -34,7 +34,7 @@ from qbench.recipe import LatencySpec
 from qbench.results import AccuracyResult, LatencyResult, VariantResult
 from qbench.slo import idle_ms, serving_figures
 from qbench.validate import metrics
-from qbench.validate.accuracy import evaluate_accuracy, run_outputs, scale_doubts, with_drops
+from qbench.validate.accuracy import evaluate_accuracy, run_outputs, scale_doubts, scale_notes, with_drops
 from qbench.validate.fidelity import plan_measurement
 from qbench.validate.latency import (
     latency_points,
@@ -204,13 +204,14 @@ def measure(
     finally:
         if clock is not None:
             clock.add("inference", t)
-    accuracy, nsr = None, math.nan
+    accuracy, nsr, scale_read = None, math.nan, []
     if outputs is not None:
         base = reference.outputs if reference is not None else outputs
         recipe = prepared.recipe
         scales = {c.name: c.meta.probabilities for c in prepared.outputs}
         if reference is None:  # FP32 itself: what its outputs show about the labels and the graph's reading
             _check_reference_outputs(prepared, label, outputs, rows, scales, quiet=quiet)
+            scale_read = scale_notes(recipe.task, outputs, scales, rows.labels)
         try:
             accuracy = evaluate_accuracy(recipe.task, outputs, base, rows.labels, rows.slices, prepared.custom_metrics,
                                          probabilities=scales, feeds=rows.feeds, task_options=recipe.task_options,
@@ -235,7 +236,7 @@ def measure(
         variant=built.name, backend=backend.name, precision=built.precision, status="ok",
         params={**built.params, **{f"runtime.{k}": v for k, v in runtime.items()}}, model_path=ran["model_path"],
         model_bytes=size, model_sha256=ran["model_sha256"], build_seconds=built.build_seconds,
-        notes=(*built.notes, *_batch_dependence(built, rows, timing), *ran["notes"]), accuracy=accuracy,
+        notes=(*built.notes, *_batch_dependence(built, rows, timing), *ran["notes"], *scale_read), accuracy=accuracy,
         latency=latency, fidelity=ran.get("fidelity", plan.fidelity),
         evaluated_model_path=str(plan.scored.onnx_path) if plan.separate else None, serving=serving_result,
     )  # fmt: skip

@@ -203,26 +203,50 @@ def _sigmoid(logits: np.ndarray) -> np.ndarray:
         return np.where(logits >= 0, 1.0 / (1.0 + np.exp(-logits)), np.exp(logits) / (1.0 + np.exp(logits)))
 
 
-def looks_like_probabilities(outputs: np.ndarray) -> bool:
-    """True if every finite row is non-negative and sums to 1 (within 1e-3): a softmax output, not logits.
+def probability_tolerance(dtype: np.dtype) -> float:
+    """How far from 1 a row of probabilities of `dtype` may sum: 1e-3, or 4 units in the last place of a narrower
+    float (a float16 softmax's row sums are only good to a few 1e-3)."""
+    dtype = np.dtype(dtype)
+    return max(_PROBABILITY_TOLERANCE, 4 * float(np.finfo(dtype).eps)) if dtype.kind == "f" else _PROBABILITY_TOLERANCE
 
-    Rows holding NaN/inf are left out: they say nothing about the scale, and one of them must not turn the
-    reading of every other row (probabilities read as logits flatten through a second softmax: KL far too small).
-    False when no row is finite."""
+
+@dataclasses.dataclass(frozen=True)
+class DistributionRows:
+    """How many rows of several score columns read as probability distributions (non-negative, summing to 1 within
+    `tolerance`) among the `informative` ones: finite and not all zero (a masked row, an empty one: no scale)."""
+
+    distributions: int
+    informative: int
+    tolerance: float
+
+    @property
+    def probabilities(self) -> bool:
+        """A majority of the informative rows: logits are a distribution by chance on almost no row, so a few odd
+        rows (a temperature, a clip, a masked row) never turn the reading of all the others (a second softmax
+        flattens probabilities: kl_mean far too small)."""
+        return self.informative > 0 and 2 * self.distributions > self.informative
+
+
+def distribution_rows(outputs: np.ndarray) -> DistributionRows:
+    """Count the rows of (rows, classes) scores that are probability distributions (see DistributionRows)."""
     scores = _class_scores(outputs)
-    any_finite = False
+    tolerance = probability_tolerance(scores.dtype)
+    distributions = informative = 0
     for block in row_blocks(*scores.shape):
         part = scores[block].astype(np.float64)
-        part = part[np.isfinite(part).all(axis=1)]
-        if part.size == 0:
-            continue
-        any_finite = True
-        if part.shape[1] == 1:
-            if not ((part >= 0.0) & (part <= 1.0)).all():
-                return False
-        elif not ((part >= 0.0).all() and np.all(np.abs(part.sum(axis=1) - 1.0) <= _PROBABILITY_TOLERANCE)):
-            return False
-    return any_finite
+        part = part[np.isfinite(part).all(axis=1) & (part != 0.0).any(axis=1)]
+        informative += part.shape[0]
+        distributions += int(np.count_nonzero((part.min(axis=1, initial=0.0) >= -tolerance)
+                                              & (np.abs(part.sum(axis=1) - 1.0) <= tolerance)))  # fmt: skip
+    return DistributionRows(distributions, informative, tolerance)
+
+
+def looks_like_probabilities(outputs: np.ndarray) -> bool:
+    """Whether scores read as probabilities: one column when every finite value lies in [0, 1]; several when most
+    informative rows are distributions (DistributionRows.probabilities). Rows holding NaN/inf say nothing about
+    the scale. False when no row is finite."""
+    scores = _class_scores(outputs)
+    return looks_like_sigmoid(scores) if scores.shape[1] == 1 else distribution_rows(scores).probabilities
 
 
 def to_probabilities(outputs: np.ndarray, already_probabilities: bool | None = None) -> np.ndarray:

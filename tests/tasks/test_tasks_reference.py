@@ -9,7 +9,6 @@ from sklearn import metrics as skm
 
 from qbench.tasks.classification import Classification
 from qbench.tasks.regression import Regression
-from qbench.tasks.tokens import TokenRows
 
 
 def _kl_of_probabilities(p: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -61,7 +60,7 @@ def test_token_figures_count_the_scored_tokens_only_and_read_their_scale_there(p
     labels[:, 4:] = -100
     reference[:, 4:] = outputs[:, 4:] = 0.0 if padding == "zeros" else np.nan
     mask = rng.random(rows) < 0.6
-    scope = TokenRows.of(outputs, reference, labels).summarise("s", mask)
+    scope = Classification().rows(outputs, reference, labels).summarise("s", mask)
     scored = (labels != -100) & mask[:, None]
     assert scope.denominators["accuracy"] == np.count_nonzero(scored)
     assert scope.metrics["accuracy"] == pytest.approx(skm.accuracy_score(labels[scored],

@@ -51,13 +51,14 @@ def test_blocks_of_rows_give_the_whole_array_figures_to_the_bit(monkeypatch, pro
     assert np.isnan(whole["max_abs_error_nan"]) and np.isnan(blocked["max_abs_error_nan"])
 
 
-def test_one_block_deciding_logits_decides_for_all_rows(monkeypatch) -> None:
-    # every row a distribution except the last: read whole, these are logits; so they must be block by block
+def test_rows_of_every_block_count_towards_one_reading(monkeypatch) -> None:
+    # one row per block: the reading is the share of distributions over all blocks, as read whole
     reference = np.full((6, 4), 0.25)
-    reference[-1] = [2.0, -1.0, 0.5, 0.5]
+    reference[-2:] = [2.0, -1.0, 0.5, 0.5]
     monkeypatch.setattr(metrics, "ROW_BLOCK_ELEMENTS", 4)
-    assert metrics.looks_like_probabilities(reference) is False
-    assert metrics.looks_like_probabilities(reference[:-1]) is True
+    assert metrics.distribution_rows(reference) == metrics.DistributionRows(4, 6, 1e-3)
+    assert metrics.looks_like_probabilities(reference) is True
+    assert metrics.looks_like_probabilities(reference[2:]) is False  # 2 distributions of 4: no majority
 
 
 def test_kl_and_top1_memory_is_bounded_by_the_block_not_the_rows(monkeypatch) -> None:
