@@ -4,7 +4,8 @@ The simulation (qbench.validate.load) replays measured service times and models 
 hand-off between threads, no waking, no stamping of completions. On a small CPU that per-request work runs on
 the cores the model runs on, slows its runs and caps the throughput; for the digits CNN the simulated highest
 rate within budget was 1.2-3.2x what a real in-process server sustained. So the sweep serves real requests at
-the simulated answer and steps down until a real run meets the budget (`served_max_rate`), and reports that.
+the simulated answer and steps down until a real run meets the budget, then bisects up to the lowest rate that failed
+(`served_max_rate`), and reports that.
 
 The server: a client thread sends one-row requests at Poisson arrival times (open loop: a late client counts
 against the server), a batcher thread takes the oldest request once the model is free, waits until the batch is
@@ -190,18 +191,27 @@ class ServedRate:
     runs: int
 
 
-def served_max_rate(server: RealServer, simulated_rps: float, budget_ms: float, overhead_ms: float = 0.0) -> ServedRate:
+def served_max_rate(
+    server: RealServer, simulated_rps: float, budget_ms: float, overhead_ms: float = 0.0, rel_tol: float = 0.05
+) -> ServedRate:
     """Serve real requests at `simulated_rps`, then STEP lower each time the real p99 breaks `budget_ms` or the
-    server falls behind (STEP below the rate it served, when that is lower: its capacity), until one passes: at most MAX_RUNS runs and MAX_SECONDS of arrivals. Never above the
-    simulated rate (the simulation already failed every rate above it); a noisy run errs low, never high."""
-    rate, runs, seconds = simulated_rps, 0, 0.0
-    while runs < MAX_RUNS:
+    server falls behind (STEP below the rate it served, when that is lower: its capacity), until one passes; then
+    bisect between it and the lowest rate that failed, to `rel_tol`. At most MAX_RUNS runs and MAX_SECONDS of
+    arrivals. Only a rate a real run passed is claimed, never above the simulated one (the simulation already
+    failed every rate above it); a noisy run errs low, never high."""
+    rate, failed, best, runs, seconds = simulated_rps, math.inf, None, 0, 0.0
+    while runs < MAX_RUNS and (best is None or math.isfinite(failed) and failed - best[0] > rel_tol * best[0]):
         seconds += requests_at(rate) / rate
         if seconds > MAX_SECONDS:
             break
         runs += 1
         stats = server(rate, overhead_ms, budget_ms)
         if stats.p99_ms <= budget_ms and not stats.overloaded:
-            return ServedRate(rate, stats, runs)
-        rate = STEP * min(rate, stats.achieved_rps)  # a server that fell behind served about its capacity
-    return ServedRate(None, None, runs)
+            best = (rate, stats)
+        else:
+            failed = rate
+        if best is not None:
+            rate = (best[0] + failed) / 2
+        else:  # a server that fell behind served about its capacity
+            rate = STEP * min(rate, stats.achieved_rps)
+    return ServedRate(best[0], best[1], runs) if best is not None else ServedRate(None, None, runs)
