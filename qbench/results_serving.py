@@ -6,6 +6,8 @@
       budget_ms, rate_rps, batch_size, max_batch_size, max_queue_delay_ms, requests, seed
                               the SLO and load settings the figures were simulated with (null without `slo:`)
       at_rate LoadStats       the load scenario at the SLO's rate_rps (rate budgets only)
+      served_at_rate LoadStats
+                              a real in-process server's figures at the SLO's rate_rps (rate budgets only)
       simulated_max_rate_rps, simulations
                               the highest Poisson rate whose simulated p99 met the budget (null: none did)
       max_rate_rps, at_max_rate LoadStats, served_runs
@@ -66,6 +68,7 @@ class ServingResult:
     requests: int | None = None
     seed: int | None = None
     at_rate: LoadStats | None = None
+    served_at_rate: LoadStats | None = None
     max_rate_rps: float | None = None
     at_max_rate: LoadStats | None = None
     simulations: int = 0
@@ -104,6 +107,7 @@ def serving_from_dict(raw: dict[str, Any] | None, where: str = "serving") -> Ser
         requests=raw.get("requests"),
         seed=raw.get("seed"),
         at_rate=_load(raw.get("at_rate"), f"{where}.at_rate"),
+        served_at_rate=_load(raw.get("served_at_rate"), f"{where}.served_at_rate"),
         max_rate_rps=_float(raw.get("max_rate_rps")),
         at_max_rate=_load(raw.get("at_max_rate"), f"{where}.at_max_rate"),
         simulations=int(raw.get("simulations", 0)),

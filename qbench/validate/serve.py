@@ -50,11 +50,10 @@ class Served:
     assembly_ms: np.ndarray  # per batch: concatenating the requests' rows
     run_ms: np.ndarray  # per batch: runner.run
     arrivals_ms: np.ndarray  # scheduled, from the first
-    done_ms: np.ndarray  # per request: completion, from the first scheduled arrival (inf: the run was given up first)
-
-    @property
-    def completed(self) -> int:
-        return int(np.isfinite(self.done_ms).sum())
+    # per request: completion, from the first scheduled arrival; for the requests a given-up run left unserved, when
+    # it was given up (or their arrival, if later): a lower bound of their latency
+    done_ms: np.ndarray
+    completed: int  # requests served (a prefix: the queue is FIFO)
 
     def keeps_up(self) -> bool:
         """Every request served, and completions per second over arrivals per second, both between the first and
@@ -62,7 +61,7 @@ class Served:
         if self.completed < self.done_ms.size:
             return False
         offered = self.arrivals_ms[-1] - self.arrivals_ms[0]
-        served = self.done_ms.max() - self.done_ms.min()
+        served = self.done_ms.max() - self.done_ms.min()  # all served here
         return served <= offered / KEEP_UP if offered > 0 else True
 
 
@@ -79,6 +78,7 @@ def serve(
     queue: deque[int] = deque()
     ready = threading.Condition()
     enqueued, done = np.zeros(n), np.full(n, math.inf)
+    completed: list[int] = [0]
     late_s, late_allowed = late_ms / 1000.0, n // 100
     sizes: list[int] = []
     assembly: list[float] = []
@@ -124,6 +124,7 @@ def serve(
                 assembly.append((assembled - started) * 1000)
                 runs.append((finished - assembled) * 1000)
                 served += len(batch)
+                completed[0] = served
                 late += int(np.count_nonzero(finished - scheduled_s[batch] > late_s))
                 if late > late_allowed:
                     given_up.append(True)
@@ -143,17 +144,17 @@ def serve(
         sys.setswitchinterval(interval)
     if failure:
         raise failure[0]
+    done = np.where(np.isfinite(done), done, np.maximum(time.perf_counter(), scheduled_s))
     return Served((done - scheduled_s) * 1000, (enqueued - scheduled_s) * 1000, np.asarray(sizes), np.asarray(assembly),
-                  np.asarray(runs), arrivals_ms - arrivals_ms[0], (done - scheduled_s[0]) * 1000)  # fmt: skip
+                  np.asarray(runs), arrivals_ms - arrivals_ms[0], (done - scheduled_s[0]) * 1000, completed[0])  # fmt: skip
 
 
 def served_stats(served: Served, rate_rps: float, overhead_ms: float = 0.0) -> LoadStats:
     """The real run's figures in the simulation's terms; `overloaded` when the server did not keep up."""
     latencies = served.latencies_ms + overhead_ms
-    # a given-up run's unserved requests are infinitely late: read its percentiles at samples, never between them
-    p50, p95, p99 = np.percentile(latencies, [50, 95, 99], method="linear" if served.keeps_up() else "higher")
+    p50, p95, p99 = np.percentile(latencies, [50, 95, 99])
     n, completed = latencies.size, served.completed
-    span_ms = float(served.done_ms[np.isfinite(served.done_ms)].max())
+    span_ms = float(served.done_ms[completed - 1]) if completed else math.inf
     work_ms = np.repeat(served.run_ms + served.assembly_ms, served.batch_sizes)
     wait_ms = served.latencies_ms[:completed] - work_ms
     return LoadStats(rate_rps=rate_rps, requests=n, p50_ms=float(p50), p95_ms=float(p95), p99_ms=float(p99),

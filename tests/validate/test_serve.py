@@ -107,11 +107,12 @@ def test_a_backend_with_a_large_per_call_cost_gets_no_rate_above_what_it_serves(
 
 def test_a_run_falling_behind_is_given_up_once_more_than_1_percent_are_late():
     """At 50x what the runner serves, a run of 20,000 requests is given up within about a second (draining it would
-    take 20 s): its p99 is infinite, it is overloaded, and what it served tells the rate it managed."""
+    take 20 s): it is overloaded, its p99 (a lower bound, from when it was given up) is past the budget and finite,
+    and what it served tells the rate it managed."""
     started = time.perf_counter()
     stats = real_server(SleepingRunner(), ROWS, Batcher(1, 0.0), seed=0)(25_000.0, 0.0, 20.0)
     assert time.perf_counter() - started < 5.0
-    assert stats.p99_ms == np.inf and stats.overloaded
+    assert 20.0 < stats.p99_ms < np.inf and stats.overloaded
     assert stats.achieved_rps < 1000 / SLEEP_MS
 
 
