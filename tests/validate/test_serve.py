@@ -60,7 +60,20 @@ def test_the_served_rate_steps_down_from_the_simulated_one_until_a_real_run_meet
     assert found.at_max.p99_ms <= 10.0 and found.runs > 1
     assert served_max_rate(server, 800.0, budget_ms=10.0).max_rate_rps == 800.0  # the simulation's own answer held
     never = served_max_rate(lambda rate, overhead_ms, budget_ms: server(1e9, overhead_ms, budget_ms), 5000.0, budget_ms=10.0)
-    assert never.max_rate_rps is None and never.at_max is None and never.runs == MAX_RUNS
+    assert never.max_rate_rps is None and never.at_max is None and never.runs <= MAX_RUNS
+
+
+def test_a_rate_is_claimed_only_when_a_second_run_at_it_meets_the_budget_too():
+    """A server whose every other run at 1,000 req/s stalls past the budget: 1,000 is never claimed."""
+    calls = []
+
+    def server(rate, overhead_ms, budget_ms):
+        calls.append(rate)
+        stalled = rate >= 1000 and len(calls) % 2 == 0
+        return LoadStats(rate, 500, 1.0, 2.0, 50.0 if stalled or rate > 1000 else 5.0, 1.0, 0.1, 1.0, rate)
+
+    found = served_max_rate(server, 1000.0, budget_ms=10.0)
+    assert found.max_rate_rps < 1000.0 and found.at_max.p99_ms <= 10.0
 
 
 def test_an_overloaded_run_jumps_below_the_rate_the_server_managed():
@@ -73,7 +86,7 @@ def test_an_overloaded_run_jumps_below_the_rate_the_server_managed():
         return LoadStats(rate, 500, 1.0, 2.0, 5.0, 1.0, 0.1, 1.0, served, overloaded=rate > 1000.0)
 
     found = served_max_rate(server, 100_000.0, budget_ms=10.0)
-    assert tried[:2] == [100_000.0, pytest.approx(STEP * 1000.0)]
+    assert tried[:3] == [100_000.0, pytest.approx(STEP * 1000.0), pytest.approx(STEP * 1000.0)]  # and confirmed
     assert 0.95 * 1000.0 <= found.max_rate_rps <= 1000.0  # then bisected up to the lowest rate that failed
 
 
