@@ -9,8 +9,8 @@ default), per variant:
    figures at each rate, with the recipe's batcher and draws, exactly as the sweep. "b2b" columns: the
    same simulation from the timed back-to-back runs alone (qbench before gathering and idle starts
    were charged).
-2. Reality: an open-loop server in this process on the same runner (ONNX Runtime, the recipe's
-   threads): a client thread sends one-row requests at the Poisson arrival times of the same draws
+2. Reality: qbench's open-loop server (qbench.validate.serve, the one the sweep checks its highest rate
+   with) on the same runner (ONNX Runtime, the recipe's threads): a client thread sends one-row requests at the Poisson arrival times of the same draws
    (scaled to the rate), a batcher thread takes the oldest request once the model is free, waits until
    the batch is full or that request has waited max_queue_delay_ms, concatenates the rows, runs them and
    stamps each request's completion. Latency = completion - scheduled arrival (open loop: a late client
@@ -35,10 +35,7 @@ import argparse
 import os
 import sys
 import tempfile
-import threading
 import time
-from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,17 +50,15 @@ from qbench.demo.digits import make_digits_demo
 from qbench.environment import describe_environment
 from qbench.preflight import prepare
 from qbench.recipe import Recipe, load_recipe
-from qbench.slo import idle_ms, load_settings, served_times, serving_figures
+from qbench.slo import idle_ms, load_settings, served_times, server_for, serving_figures
 from qbench.sweep import run_sweep
 from qbench.validate.latency import latency_points, measure_batcher_samples, measure_samples
 from qbench.validate.load import Batcher, Draws, LoadReplay, MeasuredServiceTimes, search_max_rate
+from qbench.validate.serve import Served, real_server, serve
 from qbench.variants import BuiltVariant
 
 ROOT = Path(__file__).resolve().parents[1]
 INTERMEDIATE_SIZES = (1, 2, 4, 8, 16, 24, 32)
-# the client and the batcher are Python threads: with CPython's default 5 ms GIL switch interval a client busy
-# sending requests holds the batcher off for up to 5 ms, a cost of this server's language, not of serving
-SWITCH_INTERVAL_S = 50e-6
 
 
 def build(scratch: Path, variants: list[str]) -> tuple[Recipe, list[BuiltVariant]]:
@@ -78,100 +73,31 @@ def build(scratch: Path, variants: list[str]) -> tuple[Recipe, list[BuiltVariant
     return swept, built
 
 
-@dataclass
-class Served:
-    latencies_ms: np.ndarray  # per request: completion - scheduled arrival
-    client_lag_ms: np.ndarray  # per request: enqueued - scheduled arrival
-    batch_sizes: np.ndarray
-    assembly_ms: np.ndarray  # per batch: concatenating the requests' rows
-    run_ms: np.ndarray  # per batch: runner.run
-    span_ms: float
-
-
-def serve(runner: Runner, rows: dict[str, np.ndarray], arrivals_ms: np.ndarray, batcher: Batcher) -> Served:
-    """Serve one request per arrival (row k % len(rows)) through a real dynamic batcher; see the module doc."""
-    n = arrivals_ms.size
-    count = len(next(iter(rows.values())))
-    singles = [{name: np.ascontiguousarray(a[k % count : k % count + 1]) for name, a in rows.items()} for k in range(n)]
-    queue: deque[int] = deque()
-    ready = threading.Condition()
-    enqueued = np.zeros(n)
-    done = np.zeros(n)
-    sizes: list[int] = []
-    assembly: list[float] = []
-    runs: list[float] = []
-    delay_s = batcher.max_queue_delay_ms / 1000.0
-    t0 = time.perf_counter() + 0.05
-    scheduled_s = t0 + arrivals_ms / 1000.0
-
-    def client() -> None:
-        k = 0
-        while k < n:
-            wait = scheduled_s[k] - time.perf_counter()
-            if wait > 0:
-                time.sleep(wait)
-            now = time.perf_counter()
-            with ready:
-                while k < n and scheduled_s[k] <= now:
-                    queue.append(k)
-                    enqueued[k] = now
-                    k += 1
-                ready.notify()
-
-    def batching() -> None:
-        served = 0
-        while served < n:
-            with ready:
-                while not queue:
-                    ready.wait()
-                deadline = scheduled_s[queue[0]] + delay_s
-                while len(queue) < batcher.max_batch_size and (left := deadline - time.perf_counter()) > 0:
-                    ready.wait(left)
-                batch = [queue.popleft() for _ in range(min(len(queue), batcher.max_batch_size))]
-            started = time.perf_counter()
-            feeds = {name: np.concatenate([singles[k][name] for k in batch]) for name in rows}
-            assembled = time.perf_counter()
-            runner.run(feeds)
-            finished = time.perf_counter()
-            done[batch] = finished
-            sizes.append(len(batch))
-            assembly.append((assembled - started) * 1000)
-            runs.append((finished - assembled) * 1000)
-            served += len(batch)
-
-    threads = [threading.Thread(target=client), threading.Thread(target=batching)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return Served((done - scheduled_s) * 1000, (enqueued - scheduled_s) * 1000, np.asarray(sizes),
-                  np.asarray(assembly), np.asarray(runs), (done.max() - scheduled_s[0]) * 1000)  # fmt: skip
-
-
 def real_figures(served: Served, overhead_ms: float, rate: float) -> dict[str, float]:
     latencies = served.latencies_ms + overhead_ms
     p50, p99 = np.percentile(latencies, [50, 99])
     # from when the client actually enqueued the request: what a server that stamps arrivals itself would report
     from_enqueue = np.percentile(served.latencies_ms - served.client_lag_ms + overhead_ms, [50, 99])
     return {"p50_ms": float(p50), "p99_ms": float(p99), "mean_batch_size": float(served.batch_sizes.mean()),
-            "achieved_rps": served.latencies_ms.size * 1000 / served.span_ms, "keeps_up": served.latencies_ms.size * 1000 / served.span_ms >= 0.95 * rate,
+            "achieved_rps": served.latencies_ms.size * 1000 / served.done_ms.max(), "keeps_up": served.keeps_up(),
             "client_lag_p50_ms": float(np.percentile(served.client_lag_ms, 50)),
             "client_lag_p99_ms": float(np.percentile(served.client_lag_ms, 99)),
             "from_enqueue_p50_ms": float(from_enqueue[0]), "from_enqueue_p99_ms": float(from_enqueue[1]),
             "assembly_ms_mean": float(served.assembly_ms.mean()), "run_ms_mean": float(served.run_ms.mean())}  # fmt: skip
 
 
-def real_max_rate(runner: Runner, rows: dict[str, np.ndarray], draws: Draws, batcher: Batcher, budget_ms: float,
+def real_max_rate(runner: Runner, rows: dict[str, np.ndarray], seed: int, batcher: Batcher, budget_ms: float,
                   overhead_ms: float, start_rps: float, rel_tol: float = 0.05) -> tuple[float | None, int]:  # fmt: skip
-    """Doubling then bisection over real runs, as qbench searches its simulation (a rate the server does not keep
-    up with fails)."""
+    """Doubling then bisection over real runs (qbench.validate.serve.real_server: half a second of arrivals each, a
+    rate the server does not keep up with fails), as qbench searches its simulation."""
     runs = 0
+    server = real_server(runner, rows, batcher, seed)
 
     def passes(rate: float) -> bool:
         nonlocal runs
         runs += 1
-        figures = real_figures(serve(runner, rows, np.cumsum(draws.unit_gaps) * 1000 / rate, batcher), overhead_ms, rate)
-        return figures["p99_ms"] <= budget_ms and figures["keeps_up"]
+        stats = server(rate, overhead_ms)
+        return stats.p99_ms <= budget_ms and not stats.overloaded
 
     low = start_rps
     while not passes(low):
@@ -218,13 +144,14 @@ def validate_variant(recipe: Recipe, prepared: Any, built: BuiltVariant, fractio
                                                   idle_ms(recipe.slo, backend.name))  # fmt: skip
         points = latency_points(samples, timing.warmup)
         serving = serving_figures(recipe, backend.name, samples, points, model_bytes=None, runtime=runner.describe(),
-                                  preprocess_ms_per_row=overhead, batcher=batcher_samples)  # fmt: skip
+                                  preprocess_ms_per_row=overhead, batcher=batcher_samples,
+                                  server=server_for(recipe.slo, backend.name, timing.batch_sizes, runner, feeds))  # fmt: skip
         replay = LoadReplay(served_times(samples, batcher_samples), batcher, draws)
         back_to_back = LoadReplay(MeasuredServiceTimes(samples), batcher, draws)  # the simulation before the batcher
         old_max = search_max_rate(back_to_back, serving.budget_ms, overhead_ms=overhead).max_rate_rps
         budget = serving.budget_ms
-        real_max, real_runs = real_max_rate(runner, feeds, draws, batcher, budget, overhead,
-                                            start_rps=serving.max_rate_rps or replay.capacity_rps / 64)  # fmt: skip
+        real_max, real_runs = real_max_rate(runner, feeds, settings["seed"], batcher, budget, overhead,
+                                            start_rps=serving.simulated_max_rate_rps or replay.capacity_rps / 64)  # fmt: skip
         rates = sorted({*(f * replay.capacity_rps for f in fractions), float(settings["rate_rps"] or 0),
                         *((f * real_max for f in fractions) if real_max else ())} - {0.0})  # fmt: skip
         rows = []
@@ -253,7 +180,8 @@ def validate_variant(recipe: Recipe, prepared: Any, built: BuiltVariant, fractio
             "idle_p50_ms": batcher_samples.idle_ms,
             "back_to_back_max_rate_rps": old_max,
             "capacity_rps": replay.capacity_rps, "budget_ms": budget,
-            "predicted_max_rate_rps": serving.max_rate_rps, "real_max_rate_rps": real_max, "real_search_runs": real_runs,
+            "predicted_max_rate_rps": serving.simulated_max_rate_rps, "served_max_rate_rps": serving.max_rate_rps,
+            "real_max_rate_rps": real_max, "real_search_runs": real_runs,
             "rates": rows, "where_real_kept_up": summary(rows), "service_times": intermediate}  # fmt: skip
 
 
@@ -271,7 +199,8 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def _table(figures: dict[str, Any], load: tuple[float, float]) -> Table:
     title = (f"{figures['variant']}: capacity {figures['capacity_rps']:,.0f} req/s, budget {figures['budget_ms']:g} ms; "
              f"max rate within budget predicted {figures['predicted_max_rate_rps'] or 0:,.0f} "
-             f"(back to back {figures['back_to_back_max_rate_rps'] or 0:,.0f}) vs real "
+             f"(back to back {figures['back_to_back_max_rate_rps'] or 0:,.0f}; reported after real runs "
+             f"{figures['served_max_rate_rps'] or 0:,.0f}) vs real "
              f"{figures['real_max_rate_rps'] or 0:,.0f} req/s; load average {load[0]:.2f} -> {load[1]:.2f}")  # fmt: skip
     table = Table(title=title)
     for header in ("req/s", "of capacity", "p50 b2b", "p50 pred", "p50 real", "ratio b2b/pred", "p99 b2b", "p99 pred",
@@ -307,7 +236,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, help="requests per rate (default: the recipe's slo.load.requests)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "serving_validation.json")
     args = parser.parse_args(argv)
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
     console = Console(width=240)
     fractions = [float(f) for f in args.fractions.split(",")]
     report: dict[str, Any] = {"environment": describe_environment(), "variants": []}

@@ -6,8 +6,13 @@
       budget_ms, rate_rps, batch_size, max_batch_size, max_queue_delay_ms, requests, seed
                               the SLO and load settings the figures were simulated with (null without `slo:`)
       at_rate LoadStats       the load scenario at the SLO's rate_rps (rate budgets only)
-      max_rate_rps, at_max_rate LoadStats, simulations
-                              the highest Poisson rate whose p99 met the budget (null: none did)
+      served_at_rate LoadStats
+                              a real in-process server's figures at the SLO's rate_rps (rate budgets only)
+      simulated_max_rate_rps, simulations
+                              the highest Poisson rate whose simulated p99 met the budget (null: none did)
+      max_rate_rps, at_max_rate LoadStats, served_runs
+                              the highest rate, from the simulated one down, at which a real in-process server met
+                              the budget (null: none tried did), its real figures, the real runs tried
       price_per_hour, usd_per_million {"b<batch>": ..., "max_rate": ...}
       bound BoundEstimate     compute-, memory- or overhead-bound, an estimate with its basis
     LoadStats: rate_rps, requests, p50_ms, p95_ms, p99_ms, mean_ms, mean_wait_ms, mean_batch_size, achieved_rps,
@@ -63,9 +68,12 @@ class ServingResult:
     requests: int | None = None
     seed: int | None = None
     at_rate: LoadStats | None = None
+    served_at_rate: LoadStats | None = None
     max_rate_rps: float | None = None
     at_max_rate: LoadStats | None = None
     simulations: int = 0
+    simulated_max_rate_rps: float | None = None
+    served_runs: int = 0
     price_per_hour: float | None = None
     usd_per_million: dict[str, float] = field(default_factory=dict)
     bound: BoundEstimate | None = None
@@ -99,9 +107,12 @@ def serving_from_dict(raw: dict[str, Any] | None, where: str = "serving") -> Ser
         requests=raw.get("requests"),
         seed=raw.get("seed"),
         at_rate=_load(raw.get("at_rate"), f"{where}.at_rate"),
+        served_at_rate=_load(raw.get("served_at_rate"), f"{where}.served_at_rate"),
         max_rate_rps=_float(raw.get("max_rate_rps")),
         at_max_rate=_load(raw.get("at_max_rate"), f"{where}.at_max_rate"),
         simulations=int(raw.get("simulations", 0)),
+        simulated_max_rate_rps=_float(raw.get("simulated_max_rate_rps")),
+        served_runs=int(raw.get("served_runs", 0)),
         price_per_hour=_float(raw.get("price_per_hour")),
         usd_per_million={k: (math.nan if v is None else float(v)) for k, v in raw.get("usd_per_million", {}).items()},
         bound=BoundEstimate(**known_fields(bound, BoundEstimate, f"{where}.bound")) if bound is not None else None,

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from qbench.backends.base import Runner
+from qbench.data.text import Padding
 from qbench.errors import QbenchError, expected_one_of
 from qbench.recipe import Recipe
 from qbench.recipe_slo import MIN_P99_SAMPLES, CostSpec, SloSpec
@@ -23,8 +25,9 @@ from qbench.results_serving import ServingResult
 from qbench.validate.bound import estimate_bound, last_level_cache_bytes, memory_bandwidth_bytes_per_s
 from qbench.validate.catalogue import within
 from qbench.validate.cost import usd_per_million
-from qbench.validate.latency import BatcherSamples
+from qbench.validate.latency import BatcherSamples, timed_batches
 from qbench.validate.load import Batcher, Draws, LoadReplay, MeasuredServiceTimes, search_max_rate
+from qbench.validate.serve import RealServer, real_server, served_max_rate
 
 SLO_SCOPE = "slo"
 SLO_METRIC = "latency.p99_ms"
@@ -43,10 +46,13 @@ def serving_figures(
     runtime: Mapping[str, Any],
     preprocess_ms_per_row: float,
     batcher: BatcherSamples | None = None,
+    server: RealServer | None,
 ) -> ServingResult:
     """Pre-processing split, load scenario (with `slo:`), cost (with a price) and bound of one variant on `backend`;
     `batcher` (`measure_batcher_samples` at `idle_ms`): what serving through a dynamic batcher adds to the timed
-    runs (without it the load is simulated from the timed runs alone)."""
+    runs (without it the load is simulated from the timed runs alone); `server` (required with `slo:`): real runs of
+    the variant behind a batcher with the recipe's load settings (qbench.validate.serve.real_server), which the
+    simulated highest rate is checked against."""
     by_batch = {p.batch_size: p for p in points}
     b1 = by_batch.get(1)
     largest = max(by_batch.values(), key=lambda p: p.batch_size, default=None)
@@ -58,7 +64,9 @@ def serving_figures(
     )  # fmt: skip
     serving = ServingResult(preprocess_ms_per_row=preprocess_ms_per_row, transfer_ms_b1=_transfer_ms(b1, runtime), bound=bound)
     if recipe.slo is not None:
-        serving = _with_load(serving, recipe.slo, backend, samples_ms, batcher, recipe.latency.batch_sizes)
+        if server is None:
+            raise QbenchError("serving figures with `slo:` need a real server to check the highest rate against")
+        serving = _with_load(serving, recipe.slo, backend, samples_ms, batcher, recipe.latency.batch_sizes, server)
     price = recipe.cost.price_per_hour.get(backend) if recipe.cost is not None else None
     if price is not None:
         costs = {f"b{p.batch_size}": usd_per_million(price, p.items_per_s) for p in points}
@@ -89,6 +97,17 @@ def load_settings(slo: SloSpec, backend: str, batch_sizes: Sequence[int]) -> dic
     }
 
 
+def server_for(
+    slo: SloSpec, backend: str, batch_sizes: Sequence[int], runner: Runner, feeds: Mapping[str, np.ndarray],
+    padding: Padding | None = None,
+) -> RealServer:
+    """A real server on the open `runner` with the load settings' batcher and seed; its requests are the rows of the
+    first timed batch of the largest size (one padded length, so any of them concatenate)."""
+    settings = load_settings(slo, backend, batch_sizes)
+    rows = timed_batches(feeds, settings["max_batch_size"], padding)[0]
+    return real_server(runner, rows, Batcher(settings["max_batch_size"], settings["max_queue_delay_ms"]), settings["seed"])
+
+
 def served_times(samples_ms: Mapping[int, np.ndarray], batcher: BatcherSamples | None) -> MeasuredServiceTimes:
     """The service times of batches served through a dynamic batcher: the timed runs plus the gathering of their
     rows when the model is busy (the batch starts as the previous one ends); when it is idle, the timed runs
@@ -113,18 +132,25 @@ def idle_ms(slo: SloSpec, backend: str) -> float:
 
 def _with_load(
     serving: ServingResult, slo: SloSpec, backend: str, samples_ms: Mapping[int, np.ndarray],
-    batcher_samples: BatcherSamples | None, batch_sizes: Sequence[int],
+    batcher_samples: BatcherSamples | None, batch_sizes: Sequence[int], server: RealServer,
 ) -> ServingResult:  # fmt: skip
+    """The simulation and a real run at the budget's rate, and the highest rate within budget: the simulation's,
+    then served for real and stepped down until a real run meets the budget (the simulation models no server's own
+    work)."""
     settings = load_settings(slo, backend, batch_sizes)
     budget = slo.budget(backend)
     batcher = Batcher(settings["max_batch_size"], settings["max_queue_delay_ms"])
     replay = LoadReplay(served_times(samples_ms, batcher_samples), batcher, Draws.make(settings["requests"], settings["seed"]))
     overhead = serving.preprocess_ms_per_row if math.isfinite(serving.preprocess_ms_per_row) else 0.0
     at_rate = replay.at(budget.rate_rps, overhead_ms=overhead) if budget.rate_rps else None
+    served_at_rate = server(budget.rate_rps, overhead, budget.p99_ms) if budget.rate_rps else None
     search = search_max_rate(replay, budget.p99_ms, overhead_ms=overhead)
+    served = served_max_rate(server, search.max_rate_rps, budget.p99_ms, overhead) if search.max_rate_rps is not None else None
     return replace(
-        serving, budget_ms=budget.p99_ms, batch_size=budget.batch_size, at_rate=at_rate,
-        max_rate_rps=search.max_rate_rps, at_max_rate=search.at_max, simulations=search.simulations, **settings,
+        serving, budget_ms=budget.p99_ms, batch_size=budget.batch_size, at_rate=at_rate, served_at_rate=served_at_rate,
+        max_rate_rps=served.max_rate_rps if served else None, at_max_rate=served.at_max if served else None,
+        simulated_max_rate_rps=search.max_rate_rps, simulations=search.simulations,
+        served_runs=served.runs if served else 0, **settings,
     )  # fmt: skip
 
 
@@ -186,12 +212,14 @@ def _judge_one(
         return None, "no latency figure (the variant is missing or failed)"
     serving = result.serving
     if budget.rate_rps is not None:
-        if serving is None or serving.at_rate is None:
-            return None, "no load figure at the budget rate: re-run `qbench sweep` with this slo section"
+        if serving is None or serving.at_rate is None or serving.served_at_rate is None:
+            return None, "no load figure (simulated and served) at the budget rate: re-run `qbench sweep` with this slo section"
         recorded = {k: getattr(serving, k) for k in ("rate_rps", "max_batch_size", "max_queue_delay_ms", "requests", "seed")}
         if recorded != load_settings(slo, backend, batch_sizes):
             return None, f"results were simulated with other load settings ({recorded}): re-run `qbench sweep`"
-        observed, samples = serving.at_rate.p99_ms, _load_samples(result, serving)
+        # the worse of the simulation and the real server: the simulation models no server's own work per request
+        observed = float(np.max([serving.at_rate.p99_ms, serving.served_at_rate.p99_ms]))  # NaN in either: NaN
+        samples = min(_load_samples(result, serving), serving.served_at_rate.requests)
     else:
         point = result.latency.at(budget.batch_size) if result.latency else None
         if point is None:
@@ -205,7 +233,7 @@ def _judge_one(
         basis = p99_basis(samples, serving if budget.rate_rps is not None else None)
         return None, (f"the p99 rests on {basis}, expected at least {MIN_P99_SAMPLES} (fewer hold no sample "
                       "beyond their 99th percentile): raise latency.iterations (or slo.load.requests)")  # fmt: skip
-    overloaded = budget.rate_rps is not None and serving.at_rate.overloaded
+    overloaded = budget.rate_rps is not None and (serving.at_rate.overloaded or serving.served_at_rate.overloaded)
     status = "pass" if within(observed, budget.p99_ms) and not overloaded else "breach"
     return SloJudgement(result.variant, result.backend, budget.p99_ms, observed, samples, status), None
 

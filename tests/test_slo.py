@@ -17,7 +17,7 @@ from qbench.gate import EXIT_BREACH, EXIT_PASS, EXIT_UNUSABLE, GateSpec, evaluat
 from qbench.recipe_slo import SloSpec
 from qbench.report_serving import cheapest, slo_lines
 from qbench.results_serving import LoadStats, ServingResult
-from qbench.slo import SLO_METRIC, SLO_SCOPE, p99_basis, serving_metrics
+from qbench.slo import SLO_METRIC, SLO_SCOPE, judge_slo, p99_basis, serving_metrics
 
 SLO = SloSpec.model_validate({"p99_ms": 10.0, "rate_rps": 100.0, "load": {"max_queue_delay_ms": 1.0}})
 GATE = GateSpec(metric="accuracy", max_drop=0.05, max_slice_drop=0.1)
@@ -31,7 +31,8 @@ def _load(p99_ms: float, rate: float = 100.0) -> LoadStats:
 def _serving(p99_ms: float | None, max_rate: float, cost: float) -> ServingResult:
     return ServingResult(
         preprocess_ms_per_row=0.01, budget_ms=10.0, rate_rps=100.0, max_batch_size=32, max_queue_delay_ms=1.0,
-        requests=5000, seed=0, at_rate=_load(p99_ms) if p99_ms is not None else None, max_rate_rps=max_rate,
+        requests=5000, seed=0, at_rate=_load(p99_ms) if p99_ms is not None else None,
+        served_at_rate=_load(p99_ms) if p99_ms is not None else None, max_rate_rps=max_rate,
         price_per_hour=0.36, usd_per_million={"b32": cost / 4, "max_rate": cost},
     )  # fmt: skip
 
@@ -80,6 +81,25 @@ def test_a_budget_tightened_since_the_sweep_names_no_cheapest_variant_from_the_o
     assert {c.status for c in gate.checks if c.scope == SLO_SCOPE} == {"breach"}
     assert slo_lines(_results(), gate)[-1] == ("cheapest meeting accuracy and SLO: cannot tell: the budget is 0.5 ms "
                                                "now, the sweep simulated 10 ms (re-run `qbench sweep`)")  # fmt: skip
+
+
+def test_a_budget_the_simulation_meets_but_the_real_server_misses_breaches():
+    """Simulated p99 6 ms within the 10 ms budget, but the real server at the same rate took 12 ms, or fell behind:
+    a breach on the worse figure, never a pass; a real figure lost (NaN) cannot be judged."""
+    results = _results()
+    ok = results.find("int8-ok", "onnxruntime-cpu")
+    for served in (_load(12.0), replace(_load(5.0), overloaded=True), replace(_load(5.0), p99_ms=math.nan)):
+        variant = replace(ok, serving=replace(ok.serving, served_at_rate=served))
+        judged = replace(results, variants=tuple(variant if v.variant == "int8-ok" else v for v in results.variants))
+        judgements, problems = judge_slo(judged, SLO, [("int8-ok", "onnxruntime-cpu")], [1, 32])
+        if math.isnan(served.p99_ms):
+            assert not judgements and "NaN" in problems[0]
+        else:
+            assert [j.status for j in judgements] == ["breach"] and not problems
+    missing = replace(ok, serving=replace(ok.serving, served_at_rate=None))
+    judged = replace(results, variants=tuple(missing if v.variant == "int8-ok" else v for v in results.variants))
+    judgements, problems = judge_slo(judged, SLO, [("int8-ok", "onnxruntime-cpu")], [1, 32])
+    assert not judgements and "re-run `qbench sweep`" in problems[0]
 
 
 def test_within_budget_passes_and_is_the_cheapest():
@@ -226,6 +246,7 @@ def test_cost_figures_of_a_sweep_by_hand(tmp_path):
     from qbench.recipe import load_recipe
     from qbench.results import LatencyPoint
     from qbench.slo import serving_figures
+    from qbench.validate.load import Batcher, Draws, FixedServiceTime, LoadReplay
 
     recipe = load_recipe(write_recipe(tmp_path, with_changes(
         latency={"batch_sizes": [1, 4]}, cost={"price_per_hour": {"onnxruntime-cpu": 3.6}},
@@ -233,8 +254,12 @@ def test_cost_figures_of_a_sweep_by_hand(tmp_path):
     )))  # fmt: skip
     samples = {1: np.full(200, 1.0), 4: np.full(200, 2.0)}
     points = [LatencyPoint(1, 0, 200, 1.0, 1.0, 1.0, 1.0, 1000.0), LatencyPoint(4, 0, 200, 2.0, 2.0, 2.0, 2.0, 2000.0)]
+    # a real server exactly as fast as the timed runs: the rate served is the simulated one
+    replay = LoadReplay(FixedServiceTime(2 / 3, 1 / 3, 4), Batcher(4, 1.0), Draws.make(2000, 0))
     serving = serving_figures(recipe, "onnxruntime-cpu", samples, points, model_bytes=4000, runtime={},
-                              preprocess_ms_per_row=0.0)  # fmt: skip
+                              preprocess_ms_per_row=0.0,
+                              server=lambda rate, overhead_ms, budget_ms: replay.at(rate, overhead_ms=overhead_ms))  # fmt: skip
+    assert serving.max_rate_rps == serving.simulated_max_rate_rps
     assert serving.price_per_hour == 3.6
     assert serving.usd_per_million["b1"] == pytest.approx(1.0)
     assert serving.usd_per_million["b4"] == pytest.approx(0.5)

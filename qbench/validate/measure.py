@@ -32,7 +32,7 @@ from qbench.preflight import Prepared, check_labels_fit_outputs
 from qbench.provenance import model_bytes, model_sha256
 from qbench.recipe import LatencySpec
 from qbench.results import AccuracyResult, LatencyResult, VariantResult
-from qbench.slo import idle_ms, serving_figures
+from qbench.slo import idle_ms, server_for, serving_figures
 from qbench.validate import metrics
 from qbench.validate.accuracy import evaluate_accuracy, run_outputs, scale_doubts, scale_notes, with_drops
 from qbench.validate.fidelity import plan_measurement
@@ -197,6 +197,14 @@ def measure(
                                                       idle_ms(slo, backend.name), padding=padding)  # fmt: skip
             runtime = runner.describe()
             ran = ran_fields(runner, built, runtime)
+            serving_result = None
+            if timing is not None and serving:  # with `slo:`, real runs on the open runner check the highest rate
+                slo = prepared.recipe.slo
+                server = server_for(slo, backend.name, timing.batch_sizes, runner, rows.feeds, padding) if slo else None
+                serving_result = serving_figures(prepared.recipe, backend.name, samples,
+                                                 latency_points(samples, timing.warmup), model_bytes=ran["model_bytes"],
+                                                 runtime=runtime, preprocess_ms_per_row=prepared.preprocess_ms_per_row,
+                                                 batcher=batcher, server=server)  # fmt: skip
         finally:
             runner.close()
     except Exception as exc:  # noqa: BLE001 - one variant's failure is recorded, the caller goes on
@@ -223,15 +231,11 @@ def measure(
                            environment=environment_cause(exc))
         accuracy = with_drops(accuracy, reference.accuracy if reference is not None and reference.accuracy else accuracy)
         nsr = output_nsr([base[k] for k in outputs], list(outputs.values()))
-    latency, serving_result, size = None, None, ran["model_bytes"]
+    latency, size = None, ran["model_bytes"]
     if timing is not None:
         points = latency_points(samples, timing.warmup)
         latency = LatencyResult(threads=timing.threads, session_create_ms=create_ms, first_run_ms=first_ms,
                                 points=tuple(points), machine=timing_machine(runtime.get("device")))  # fmt: skip
-        if serving:
-            serving_result = serving_figures(prepared.recipe, backend.name, samples, points, model_bytes=size,
-                                             runtime=runtime, preprocess_ms_per_row=prepared.preprocess_ms_per_row,
-                                             batcher=batcher)  # fmt: skip
     result = VariantResult(
         variant=built.name, backend=backend.name, precision=built.precision, status="ok",
         params={**built.params, **{f"runtime.{k}": v for k, v in runtime.items()}}, model_path=ran["model_path"],

@@ -1,0 +1,235 @@
+"""A real open-loop server in this process: what the load simulation's highest rate is checked against.
+
+The simulation (qbench.validate.load) replays measured service times and models no server: no enqueueing, no
+hand-off between threads, no waking, no stamping of completions. On a small CPU that per-request work runs on
+the cores the model runs on, slows its runs and caps the throughput; for the digits CNN the simulated highest
+rate within budget was 1.2-3.2x what a real in-process server sustained. So the sweep serves real requests at
+the simulated answer and steps down until a real run meets the budget, then bisects up to the lowest rate that failed
+(`served_max_rate`), and reports that.
+
+The server: a client thread sends one-row requests at Poisson arrival times (open loop: a late client counts
+against the server), a batcher thread takes the oldest request once the model is free, waits until the batch is
+full or that request has waited the queue delay, concatenates the rows, runs them on the runner and stamps each
+request's completion. Latency = completion - scheduled arrival, plus the per-request overhead (pre-processing)
+the simulation adds too. It is the least a server does (no transport, no serialisation), so a real deployment
+with a network in front sustains no more.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from qbench.backends.base import Runner
+from qbench.results_serving import LoadStats
+from qbench.validate.load import Batcher, Draws
+from qbench.validate.timing_guard import timed_section
+
+# the client and the batcher are Python threads: with CPython's default 5 ms switch interval a client busy sending
+# requests holds the batcher off for up to 5 ms, a cost of this server's language, not of serving
+SWITCH_INTERVAL_S = 50e-6
+RUN_SECONDS = 0.5  # each real run sends about this long of arrivals (and at least MIN_REQUESTS)
+MIN_REQUESTS = 200  # at least twice MIN_P99_SAMPLES: a p99 from fewer holds one or two samples beyond it
+STEP = 0.8  # a rate the real server misses is retried this much lower
+MAX_RUNS = 16  # real runs at most; when none passes, no rate is claimed
+MAX_SECONDS = 10.0  # of arrivals over all runs: a rate whose run would pass it is not tried (none is claimed)
+KEEP_UP = 0.95  # served at least this share of the offered rate (completions per second over arrivals per second)
+
+
+@dataclass(frozen=True)
+class Served:
+    latencies_ms: np.ndarray  # per request: completion - scheduled arrival
+    client_lag_ms: np.ndarray  # per request: enqueued - scheduled arrival
+    batch_sizes: np.ndarray
+    assembly_ms: np.ndarray  # per batch: concatenating the requests' rows
+    run_ms: np.ndarray  # per batch: runner.run
+    arrivals_ms: np.ndarray  # scheduled, from the first
+    # per request: completion, from the first scheduled arrival; for the requests a given-up run left unserved, when
+    # it was given up (or their arrival, if later): a lower bound of their latency
+    done_ms: np.ndarray
+    completed: int  # requests served (a prefix: the queue is FIFO)
+
+    def keeps_up(self) -> bool:
+        """Every request served, and completions per second over arrivals per second, both between the first and
+        the last: a server that falls behind completes at its own capacity whatever the budget, however short the run."""
+        if self.completed < self.done_ms.size:
+            return False
+        offered = self.arrivals_ms[-1] - self.arrivals_ms[0]
+        served = self.done_ms.max() - self.done_ms.min()  # all served here
+        return served <= offered / KEEP_UP if offered > 0 else True
+
+
+@timed_section
+def serve(
+    runner: Runner, rows: Mapping[str, np.ndarray], arrivals_ms: np.ndarray, batcher: Batcher, late_ms: float = math.inf
+) -> Served:
+    """Serve one request per arrival (row k % len(rows)) through a real dynamic batcher; see the module doc.
+    `rows` must be concatenable one by one (a padded text batch's rows share its length). Once more than 1 % of the
+    requests took longer than `late_ms` the run is given up (its p99 is past `late_ms` whatever follows): a server
+    that falls behind would otherwise take its whole backlog's time to drain."""
+    n = arrivals_ms.size
+    count = len(next(iter(rows.values())))
+    singles = [{name: np.ascontiguousarray(a[k % count : k % count + 1]) for name, a in rows.items()} for k in range(n)]
+    queue: deque[int] = deque()
+    ready = threading.Condition()
+    enqueued, done = np.zeros(n), np.full(n, math.inf)
+    completed: list[int] = [0]
+    late_s, late_allowed = late_ms / 1000.0, n // 100
+    sizes: list[int] = []
+    assembly: list[float] = []
+    runs: list[float] = []
+    delay_s = batcher.max_queue_delay_ms / 1000.0
+    failure: list[BaseException] = []
+    given_up: list[bool] = []
+    t0 = time.perf_counter() + 0.05
+    scheduled_s = t0 + arrivals_ms / 1000.0
+
+    def client() -> None:
+        k = 0
+        while k < n and not failure and not given_up:
+            wait = scheduled_s[k] - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
+            now = time.perf_counter()
+            with ready:
+                while k < n and scheduled_s[k] <= now:
+                    queue.append(k)
+                    enqueued[k] = now
+                    k += 1
+                ready.notify()
+
+    def batching() -> None:
+        served = late = 0
+        try:
+            while served < n:
+                with ready:
+                    while not queue:
+                        ready.wait()
+                    deadline = scheduled_s[queue[0]] + delay_s
+                    while len(queue) < batcher.max_batch_size and (left := deadline - time.perf_counter()) > 0:
+                        ready.wait(left)
+                    batch = [queue.popleft() for _ in range(min(len(queue), batcher.max_batch_size))]
+                started = time.perf_counter()
+                feeds = {name: np.concatenate([singles[k][name] for k in batch]) for name in rows}
+                assembled = time.perf_counter()
+                runner.run(feeds)
+                finished = time.perf_counter()
+                done[batch] = finished
+                sizes.append(len(batch))
+                assembly.append((assembled - started) * 1000)
+                runs.append((finished - assembled) * 1000)
+                served += len(batch)
+                completed[0] = served
+                late += int(np.count_nonzero(finished - scheduled_s[batch] > late_s))
+                if late > late_allowed:
+                    given_up.append(True)
+                    return
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            failure.append(exc)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    try:
+        threads = [threading.Thread(target=client), threading.Thread(target=batching)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    if failure:
+        raise failure[0]
+    done = np.where(np.isfinite(done), done, np.maximum(time.perf_counter(), scheduled_s))
+    return Served((done - scheduled_s) * 1000, (enqueued - scheduled_s) * 1000, np.asarray(sizes), np.asarray(assembly),
+                  np.asarray(runs), arrivals_ms - arrivals_ms[0], (done - scheduled_s[0]) * 1000, completed[0])  # fmt: skip
+
+
+def served_stats(served: Served, rate_rps: float, overhead_ms: float = 0.0) -> LoadStats:
+    """The real run's figures in the simulation's terms; `overloaded` when the server did not keep up."""
+    latencies = served.latencies_ms + overhead_ms
+    p50, p95, p99 = np.percentile(latencies, [50, 95, 99])
+    n, completed = latencies.size, served.completed
+    span_ms = float(served.done_ms[completed - 1]) if completed else math.inf
+    work_ms = np.repeat(served.run_ms + served.assembly_ms, served.batch_sizes)
+    wait_ms = served.latencies_ms[:completed] - work_ms
+    return LoadStats(rate_rps=rate_rps, requests=n, p50_ms=float(p50), p95_ms=float(p95), p99_ms=float(p99),
+                     mean_ms=float(latencies.mean()), mean_wait_ms=float(wait_ms.mean()),
+                     mean_batch_size=completed / len(served.batch_sizes),
+                     achieved_rps=completed * 1000.0 / span_ms if span_ms > 0 else math.inf,
+                     overloaded=not served.keeps_up())  # fmt: skip
+
+
+# the real figures at a Poisson rate (req/s), with a per-request overhead (ms), given up past a budget (ms)
+RealServer = Callable[[float, float, float], LoadStats]
+
+
+def real_server(runner: Runner, rows: Mapping[str, np.ndarray], batcher: Batcher, seed: int) -> RealServer:
+    """Real runs on `runner` at any rate: RUN_SECONDS of Poisson arrivals (at least MIN_REQUESTS), seeded."""
+
+    def at(rate_rps: float, overhead_ms: float, budget_ms: float = math.inf) -> LoadStats:
+        draws = Draws.make(requests_at(rate_rps), seed)
+        served = serve(runner, rows, np.cumsum(draws.unit_gaps) * (1000.0 / rate_rps), batcher, budget_ms - overhead_ms)
+        return served_stats(served, rate_rps, overhead_ms)
+
+    return at
+
+
+def requests_at(rate_rps: float) -> int:
+    return max(MIN_REQUESTS, math.ceil(rate_rps * RUN_SECONDS))
+
+
+@dataclass(frozen=True)
+class ServedRate:
+    """The highest rate a real run met the budget at (None: none tried did), its real figures, the runs."""
+
+    max_rate_rps: float | None
+    at_max: LoadStats | None
+    runs: int
+
+
+def served_max_rate(
+    server: RealServer, simulated_rps: float, budget_ms: float, overhead_ms: float = 0.0, rel_tol: float = 0.05
+) -> ServedRate:
+    """Serve real requests at `simulated_rps`, then STEP lower each time the real p99 breaks `budget_ms` or the
+    server falls behind (STEP below the rate it served, when that is lower: its capacity), until one passes; then
+    bisect between it and the lowest rate that failed, to `rel_tol`. A rate passes when two runs at it both do. At
+    most MAX_RUNS runs and MAX_SECONDS of arrivals. Only a rate a real run passed is claimed, never above the simulated one (the simulation already
+    failed every rate above it); a noisy run errs low, never high."""
+    rate, failed, best, runs, seconds = simulated_rps, math.inf, None, 0, 0.0
+
+    def run(rate: float) -> LoadStats | None:
+        """A real run at `rate`, or None past the runs' or the seconds' bound."""
+        nonlocal runs, seconds
+        seconds += requests_at(rate) / rate
+        if runs >= MAX_RUNS or seconds > MAX_SECONDS:
+            return None
+        runs += 1
+        return server(rate, overhead_ms, budget_ms)
+
+    while best is None or math.isfinite(failed) and failed - best[0] > rel_tol * best[0]:
+        stats = run(rate)
+        if stats is not None and _meets(stats, budget_ms):  # confirmed by a second run: one calm run is not enough
+            second = run(rate)
+            stats = None if second is None else max(stats, second, key=lambda s: (s.overloaded, s.p99_ms))
+        if stats is None:
+            break
+        if _meets(stats, budget_ms):
+            best = (rate, stats)
+        else:
+            failed = rate
+        if best is not None:
+            rate = (best[0] + failed) / 2
+        else:  # a server that fell behind served about its capacity
+            rate = STEP * min(rate, stats.achieved_rps)
+    return ServedRate(best[0], best[1], runs) if best is not None else ServedRate(None, None, runs)
+
+
+def _meets(stats: LoadStats, budget_ms: float) -> bool:
+    return stats.p99_ms <= budget_ms and not stats.overloaded

@@ -1,0 +1,138 @@
+"""The real in-process server the simulated highest rate is checked against, and the step-down search."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from qbench.results import LatencyPoint
+from qbench.results_serving import LoadStats
+from qbench.validate.load import Batcher
+from qbench.validate.serve import MAX_RUNS, STEP, real_server, serve, served_max_rate, served_stats
+
+SLEEP_MS = 2.0  # the sleeping runner's own cost per call, whatever the batch
+
+
+class SleepingRunner:
+    """A backend whose per-call overhead is large by construction: every run sleeps SLEEP_MS (its timed runs, taken
+    apart from any server, are what the test says they are)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def run(self, feeds):
+        self.calls += 1
+        time.sleep(SLEEP_MS / 1000)
+        return [feeds["x"]]
+
+    def describe(self):
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+ROWS = {"x": np.arange(64, dtype=np.float32).reshape(64, 1)}
+
+
+def test_a_server_that_falls_behind_is_overloaded_even_when_the_short_run_meets_the_budget():
+    """400 requests at 5,000 req/s onto one call of 2 ms per request: about 0.7 s of backlog by the end. The p99
+    is within a 10 s budget, but the server completed at its capacity (~500 req/s): overloaded, never a pass."""
+    arrivals = np.cumsum(np.random.default_rng(0).exponential(1000 / 5000, size=400))
+    served = serve(SleepingRunner(), ROWS, arrivals, Batcher(1, 0.0))
+    stats = served_stats(served, 5000.0)
+    assert stats.p99_ms < 10_000
+    assert stats.overloaded
+    assert stats.achieved_rps < 1000 / SLEEP_MS
+
+
+def test_the_served_rate_steps_down_from_the_simulated_one_until_a_real_run_meets_the_budget():
+    """A server meeting the budget only up to 1,000 req/s: the rate claimed is at most that, within 5 % of it (stepped
+    down, then bisected), and never above the simulated rate it started from; none is claimed when no run within MAX_RUNS passes."""
+
+    def server(rate, overhead_ms, budget_ms):
+        return LoadStats(rate, 500, 1.0, 2.0, 5.0 if rate <= 1000 else 50.0, 1.0, 0.1, 1.0, rate, overloaded=False)
+
+    found = served_max_rate(server, 5000.0, budget_ms=10.0)
+    assert 0.95 * 1000 <= found.max_rate_rps <= 1000
+    assert found.at_max.p99_ms <= 10.0 and found.runs > 1
+    assert served_max_rate(server, 800.0, budget_ms=10.0).max_rate_rps == 800.0  # the simulation's own answer held
+    never = served_max_rate(lambda rate, overhead_ms, budget_ms: server(1e9, overhead_ms, budget_ms), 5000.0, budget_ms=10.0)
+    assert never.max_rate_rps is None and never.at_max is None and never.runs <= MAX_RUNS
+
+
+def test_a_rate_is_claimed_only_when_a_second_run_at_it_meets_the_budget_too():
+    """A server whose every other run at 1,000 req/s stalls past the budget: 1,000 is never claimed."""
+    calls = []
+
+    def server(rate, overhead_ms, budget_ms):
+        calls.append(rate)
+        stalled = rate >= 1000 and len(calls) % 2 == 0
+        return LoadStats(rate, 500, 1.0, 2.0, 50.0 if stalled or rate > 1000 else 5.0, 1.0, 0.1, 1.0, rate)
+
+    found = served_max_rate(server, 1000.0, budget_ms=10.0)
+    assert found.max_rate_rps < 1000.0 and found.at_max.p99_ms <= 10.0
+
+
+def test_an_overloaded_run_jumps_below_the_rate_the_server_managed():
+    """A simulation 100x optimistic is not stepped down 0.8 at a time: the next rate is below what was served."""
+    tried = []
+
+    def server(rate, overhead_ms, budget_ms):
+        tried.append(rate)
+        served = min(rate, 1000.0)
+        return LoadStats(rate, 500, 1.0, 2.0, 5.0, 1.0, 0.1, 1.0, served, overloaded=rate > 1000.0)
+
+    found = served_max_rate(server, 100_000.0, budget_ms=10.0)
+    assert tried[:3] == [100_000.0, pytest.approx(STEP * 1000.0), pytest.approx(STEP * 1000.0)]  # and confirmed
+    assert 0.95 * 1000.0 <= found.max_rate_rps <= 1000.0  # then bisected up to the lowest rate that failed
+
+
+def test_a_backend_with_a_large_per_call_cost_gets_no_rate_above_what_it_serves(tmp_path):
+    """Timed runs of 0.02-0.05 ms (the model's own time, as a backend times it) make the simulation promise far
+    more than a runner that takes SLEEP_MS per call can serve: 8 rows per call at most, 4,000 req/s. The rate
+    reported comes from real runs, is at most that, and its real p99 met the budget; the simulation's is kept apart."""
+    from test_recipe import with_changes, write_recipe
+
+    from qbench.recipe import load_recipe
+    from qbench.slo import server_for, serving_figures
+
+    recipe = load_recipe(write_recipe(tmp_path, with_changes(
+        latency={"batch_sizes": [1, 8]}, cost={"price_per_hour": {"onnxruntime-cpu": 3.6}},
+        slo={"p99_ms": 20.0, "rate_rps": 100.0, "load": {"max_queue_delay_ms": 1.0, "requests": 2000}},
+    )))  # fmt: skip
+    samples = {1: np.full(200, 0.02), 8: np.full(200, 0.05)}
+    points = [LatencyPoint(1, 0, 200, 0.02, 0.02, 0.02, 0.02, 50_000.0),
+              LatencyPoint(8, 0, 200, 0.05, 0.05, 0.05, 0.05, 160_000.0)]  # fmt: skip
+    runner = SleepingRunner()
+    server = server_for(recipe.slo, "onnxruntime-cpu", [1, 8], runner, ROWS)
+    serving = serving_figures(recipe, "onnxruntime-cpu", samples, points, model_bytes=4000, runtime={},
+                              preprocess_ms_per_row=0.0, server=server)  # fmt: skip
+    capacity = 8 * 1000 / SLEEP_MS
+    assert serving.simulated_max_rate_rps > 10 * capacity  # what the simulation alone claims
+    assert serving.max_rate_rps is not None and serving.max_rate_rps <= capacity
+    assert serving.at_max_rate.p99_ms <= 20.0 and not serving.at_max_rate.overloaded
+    assert serving.served_runs >= 2 and runner.calls > 0
+    assert serving.usd_per_million["max_rate"] == pytest.approx(1000.0 / serving.max_rate_rps)
+
+
+def test_a_run_falling_behind_is_given_up_once_more_than_1_percent_are_late():
+    """At 50x what the runner serves, a run of 20,000 requests is given up within about a second (draining it would
+    take 20 s): it is overloaded, its p99 (a lower bound, from when it was given up) is past the budget and finite,
+    and what it served tells the rate it managed."""
+    started = time.perf_counter()
+    stats = real_server(SleepingRunner(), ROWS, Batcher(1, 0.0), seed=0)(25_000.0, 0.0, 20.0)
+    assert time.perf_counter() - started < 5.0
+    assert 20.0 < stats.p99_ms < np.inf and stats.overloaded
+    assert stats.achieved_rps < 1000 / SLEEP_MS
+
+
+def test_the_server_passes_the_runners_failure_on():
+    class Failing(SleepingRunner):
+        def run(self, feeds):
+            raise RuntimeError("session lost")
+
+    with pytest.raises(RuntimeError, match="session lost"):
+        real_server(Failing(), ROWS, Batcher(4, 1.0), seed=0)(100.0, 0.0, 20.0)
