@@ -14,10 +14,9 @@ import reprlib
 from collections.abc import Iterable
 from pathlib import Path
 
-MAX_MESSAGE_CHARS = 600
-"""A user-facing message is one line of at most this many characters (a pathological value never floods a log)."""
 MAX_VALUE_CHARS = 60
-"""Longest rendering of a user's value inside a message."""
+"""Longest rendering of a user's value inside a message: a pathological value never floods a log, while the message
+around it (what was expected, the fix, which usually comes last) is never cut."""
 _SHORT = reprlib.Repr()
 _SHORT.maxlevel, _SHORT.maxdict, _SHORT.maxlist, _SHORT.maxtuple = 3, 4, 6, 6
 _SHORT.maxstring, _SHORT.maxother = MAX_VALUE_CHARS, 40
@@ -52,10 +51,14 @@ class MissingExtraError(QbenchError):
         self.extra = extra
 
 
-def one_line(text: object, limit: int = MAX_MESSAGE_CHARS) -> str:
-    """`text` (a message, an exception) with every run of whitespace (newlines included) made one space, cut to `limit` characters."""
+def one_line(text: object, limit: int | None = None) -> str:
+    """`text` (a message, an exception) with every run of whitespace (newlines included) made one space, whole.
+
+    `limit` cuts it to that many characters, ending in '…': only for a table cell or a tag, or for another library's
+    text quoted inside a message of qbench's own, never for a message shown to the user as a whole (its end is
+    usually the fix)."""
     flat = re.sub(r"\s+", " ", str(text)).strip()
-    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+    return flat if limit is None or len(flat) <= limit else flat[: limit - 1] + "…"
 
 
 def short_repr(value: object, limit: int = MAX_VALUE_CHARS) -> str:

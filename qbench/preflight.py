@@ -53,6 +53,7 @@ from qbench.preflight_checks import (
     with_fixed_batch,
 )
 from qbench.preflight_labels import named_classes
+from qbench.preflight_load import check_reference_loads
 from qbench.preflight_lookups import Lookup, check_lookup_indices, constant_lookups
 from qbench.preflight_precision import reduced_precision
 from qbench.preflight_rows import check_row_independence
@@ -154,16 +155,19 @@ def prepare(
     check_quantizer_options(recipe)
     taken = snapshot() if snapshot is not None else None
     try:
-        return _prepare(recipe, taken)
+        return _prepare(recipe, taken, loads=backends)
     except QbenchError as exc:
         if taken is not None:
             exc.args = (taken.shown(str(exc)),)
         raise
 
 
-def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, export_refreshed: bool = False) -> Prepared:
+def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_refreshed: bool = False) -> Prepared:
+    """`loads`: check that every backend loads the reference (a cluster's driver leaves that to its nodes)."""
     source = resolve_model(recipe, snapshot)
     model = _read_model(recipe, source.onnx_path)
+    if loads:
+        check_reference_loads(recipe, source.onnx_path, _model_field(recipe))
     check_node_names(recipe, source.onnx_path)
     batch = fixed_batch(recipe, model)
     if batch is not None:
@@ -206,7 +210,7 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, export_refreshed: boo
     lookups = constant_lookups(source.onnx_path)
     check_lookup_indices(recipe, lookups, eval_feeds, eval_rows, "evaluation")
     if source.torch is not None and _check_export_on_rows(recipe, source, eval_feeds, refresh=not export_refreshed):
-        return _prepare(recipe, snapshot, export_refreshed=True)  # a stale export was replaced: read the new one
+        return _prepare(recipe, snapshot, loads=loads, export_refreshed=True)  # a stale export was replaced: read the new one
     check_row_independence(recipe, source.onnx_path, model, eval_feeds, {c.name: c.index for c in outputs}, batch)
     calibration_table = (
         load_data_table(_read_from(snapshot, "data.calibration", recipe.calibration_data_path), data,
@@ -302,7 +306,7 @@ def _read_model(recipe: Recipe, path: Path) -> ModelInfo:
     must compute in FP32 (`reduced_precision`)."""
     from qbench.onnx_read import read_onnx
 
-    field = "model.path" if recipe.model.path is not None else "model.torch"
+    field = _model_field(recipe)
     try:
         info = read_model_info(path)
         locations = external_data_files(path)
@@ -320,6 +324,10 @@ def _read_model(recipe: Recipe, path: Path) -> ModelInfo:
         raise RecipeError(recipe.source, field, f"{path}: {not_fp32}; expected the FP32 model that variants are built "
                           "from (qbench makes the reduced-precision variants itself)")  # fmt: skip
     return info
+
+
+def _model_field(recipe: Recipe) -> str:
+    return "model.path" if recipe.model.path is not None else "model.torch"
 
 
 def _pick_outputs(recipe: Recipe, task: Task, model: ModelInfo, labels: list[Any] | None) -> list[OutputChoice]:

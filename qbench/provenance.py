@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qbench.errors import QbenchError
+from qbench.errors import QbenchError, RecipeError
 from qbench.user_code import module_source, not_found
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -89,7 +89,11 @@ def input_digests(recipe: Recipe) -> dict[str, InputDigest]:
 
     files = input_files(recipe)
     for name, path in files.items():
-        if not path.exists():
+        if name.startswith(EXTERNAL_DATA_INPUT) and recipe.model_path is not None:  # as `qbench validate` says it
+            if not path.exists():
+                raise RecipeError(recipe.source, "model.path", f"ONNX model {recipe.model_path} keeps its weights in "
+                                  f"{name.removeprefix(EXTERNAL_DATA_INPUT)!r}, not found in {recipe.model_path.parent}")  # fmt: skip
+        elif not path.exists():
             raise QbenchError(f"{recipe.source}: {name}: {path} not found")
     return {name: InputDigest(str(path), file_sha256(path)) for name, path in files.items()}
 

@@ -145,8 +145,8 @@ def _check_artifact_store(client: MlflowClient, uri: str, run_id: str, artifact_
             client.set_terminated(run_id, status="FAILED", end_time=_now_ms())
         raise QbenchError(one_line(
             f"MLflow at {uri} stores this sweep's artifacts in {artifact_uri}, which this machine cannot write "
-            f"({type(exc).__name__}: {exc}); start the server with --serve-artifacts, give this machine access to "
-            "that store, or use --no-track", FAILURE_CHARS * 2)) from exc  # fmt: skip
+            f"({type(exc).__name__}: {one_line(exc, FAILURE_CHARS)}); start the server with --serve-artifacts, give this "
+            "machine access to that store, or use --no-track")) from exc  # fmt: skip
 
 
 def _now_ms() -> int:

@@ -193,5 +193,5 @@ def register_best(
                 with contextlib.suppress(MlflowException, OSError):
                     client.delete_registered_model(name)
             message = exc.message if isinstance(exc, MlflowException) else str(exc)
-            raise QbenchError(one_line(f"registering {name!r} in {uri} failed: {message}", FAILURE_CHARS)) from exc
+            raise QbenchError(f"registering {name!r} in {uri} failed: {one_line(message, FAILURE_CHARS)}") from exc
     return registered

@@ -41,7 +41,7 @@ EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 TRAINING_KIND = "custom_model_development"
 RUN_DIR_TAG = "qbench.run_dir"  # the sweep's run folder: `qbench gate --register` finds the runs by it
 _RETRY_LOGGER = "urllib3.connectionpool"  # logs each HTTP retry as a warning
-FAILURE_CHARS = 400  # a store's failure in one line: MLflow's connection errors run to several lines
+FAILURE_CHARS = 400  # MLflow's own words in a failure's line: its connection errors run to several lines
 
 
 
@@ -201,7 +201,7 @@ def store_failure(uri: str, exc: BaseException) -> str:
         message = str(database.orig)
     else:
         message = exc.message if isinstance(exc, MlflowException) else str(exc)
-    return one_line(f"MLflow tracking at {uri} failed: {message}", FAILURE_CHARS)
+    return f"MLflow tracking at {uri} failed: {one_line(message, FAILURE_CHARS)}"
 
 
 def _database_error(exc: BaseException) -> DBAPIError | None:

@@ -11,6 +11,7 @@ import typer
 import yaml
 
 from qbench.cli_app import main
+from qbench.errors import QbenchError, RecipeError
 from qbench.interrupt import Interrupted
 
 
@@ -65,6 +66,28 @@ def test_an_unexpected_exception_is_one_line_exit_2(monkeypatch, capsys):
     assert main(["list"]) == 2
     err = capsys.readouterr().err
     assert err.strip().splitlines() == ["qbench: error: RuntimeError: calibrators registry broken"]
+
+
+@pytest.mark.parametrize(
+    ("error", "shown"),
+    [
+        (lambda text: RuntimeError(text), "qbench: error: RuntimeError: "),
+        (lambda text: QbenchError(text), "error: "),
+        (lambda text: RecipeError("r.yaml", "model.path", text), "error: r.yaml: model.path: "),
+    ],
+)
+def test_a_long_error_is_printed_whole_on_one_line(monkeypatch, capsys, error, shown):
+    """The end of a message is usually the fix (export in eval mode, use --no-track): it is never cut."""
+    import qbench.techniques
+
+    text = " ".join(f"/a/long/path/number-{i}/model.onnx" for i in range(60)) + "; export the model in eval mode"
+
+    def broken() -> list[str]:
+        raise error(text.replace("number-3/", "number-3/\n"))
+
+    monkeypatch.setattr(qbench.techniques.TECHNIQUES, "names", broken)
+    assert main(["list"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [shown + text.replace("number-3/", "number-3/ ")]
 
 
 def test_debug_shows_the_traceback_of_an_unexpected_exception(monkeypatch, capsys):
@@ -148,13 +171,17 @@ def test_validate_runs_the_reference_so_a_model_the_runtime_refuses_fails_before
     recipe = _double_zipmap_project(tmp_path)
     assert main(["validate", str(recipe)]) == 2
     err = " ".join(capsys.readouterr().err.split())
-    assert f"{tmp_path / 'm.onnx'}: the FP32 reference does not run on onnxruntime-cpu:" in err
+    assert f"model.path: {tmp_path / 'm.onnx'}: the FP32 reference does not load on onnxruntime-cpu:" in err
     assert "ZipMap" in err and "Traceback" not in err
 
 
 def test_a_sweep_without_gate_whose_measurements_failed_exits_2_and_keeps_the_results(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     recipe = _double_zipmap_project(tmp_path)
+    import qbench.preflight
+
+    # a model the preflight loaded that fails once measured (the preflight refuses this one: qbench.preflight_load)
+    monkeypatch.setattr(qbench.preflight, "check_reference_loads", lambda *args: None)
     assert main(["sweep", str(recipe), "--no-track"]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "error: 2 of 2 measurements failed (fp32@onnxruntime-cpu, h@onnxruntime-cpu); fp32@onnxruntime-cpu:" in err

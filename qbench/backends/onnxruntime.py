@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -58,6 +59,42 @@ def load_failure(variant: BuiltVariant, exc: Exception) -> QbenchError:
         f"locale {missing.group(1)!r}, which this machine does not have; install it (e.g. `locale-gen "
         f"{missing.group(1)}`) or set the node's locale attribute to one that `locale -a` lists (C.UTF-8)"
     )
+
+
+_ORT_PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : (Load model from .*? failed:)?")
+_SOURCE_LOCATION = re.compile(r"\S+\.(?:cc|cpp|h|hpp):\d+ ")
+
+
+def runtime_reason(exc: BaseException) -> str:
+    """ONNX Runtime's own words for a refusal, on one line, without what only its developers read: the status prefix,
+    the 'Load model from PATH failed:' the message names anyway, and the C++ source location and function signature
+    (`model.cc:256 onnxruntime::Model::Model(onnx::ModelProto&&, ...)`) that precede the reason."""
+    text = _ORT_PREFIX.sub("", " ".join(str(exc).split()))
+    located = _SOURCE_LOCATION.search(text)
+    if located is None:
+        return text or type(exc).__name__
+    rest = text[located.end():]
+    signature = re.match(r"(?:[\w:<>*&]+ ){0,3}[\w:~<>]+\(", rest)  # `void ns::Class::Method(`
+    if signature is not None:  # skip to the parenthesis that closes the signature (its types nest parentheses)
+        depth = 0
+        for index, char in enumerate(rest[signature.end() - 1:], signature.end() - 1):
+            depth += {"(": 1, ")": -1}.get(char, 0)
+            if depth == 0:
+                rest = rest[index + 1:]
+                break
+    return (text[:located.start()] + rest.strip()).strip().rstrip(".") or text
+
+
+def _implemented_opsets(ort: ModuleType) -> dict[str, int]:
+    """Domain ('ai.onnx' for ONNX's own) -> the newest operator set version `ort` has an operator of; empty where the
+    build does not list its schemas."""
+    state = importlib.import_module("onnxruntime.capi.onnxruntime_pybind11_state")
+    schemas = getattr(state, "get_all_operator_schema", None)
+    newest: dict[str, int] = {}
+    for schema in schemas() if schemas is not None else ():
+        domain = schema.domain or "ai.onnx"
+        newest[domain] = max(newest.get(domain, 0), schema.since_version)
+    return newest
 
 
 def _load_errors() -> tuple[type[Exception], ...]:
@@ -166,6 +203,25 @@ class OnnxRuntimeBackend:
                 f"{self.required_provider} for variant {variant.name}; its timings would not be {self.name} timings"
             )
         return runner
+
+    def implemented_opsets(self) -> dict[str, int]:
+        """Domain -> the newest operator set version this ONNX Runtime has an operator of (empty if it does not say)."""
+        return _implemented_opsets(_import_onnxruntime(self.extra))
+
+    def check_loads(self, path: Path) -> None:
+        """QbenchError saying why, when this ONNX Runtime cannot load the model at `path` on these providers (an IR
+        version or operator set newer than it knows, an operator no provider implements): the preflight's check of
+        the FP32 reference, before anything is built. Loaded at the basic optimisation level, the one `load` falls
+        back to, so what fails here fails there too."""
+        ort = _import_onnxruntime(self.extra)
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        options.log_severity_level = 3
+        try:
+            ort.InferenceSession(str(path), sess_options=options, providers=list(self.providers))
+        except _load_errors() as exc:
+            raise QbenchError(f"onnxruntime {ort.__version__} cannot load it: {runtime_reason(exc)}") from None
 
     def _with_basic_optimisations(
         self, ort: ModuleType, variant: BuiltVariant, session_options: onnxruntime.SessionOptions, exc: Exception

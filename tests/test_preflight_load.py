@@ -1,0 +1,149 @@
+"""The FP32 reference must load on every backend the recipe names: a sweep refuses one that does not in one line
+naming the file, model.path, the runtime's version and what it supports, before it builds anything."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime
+import pandas as pd
+import pytest
+import yaml
+from onnx import TensorProto, helper, numpy_helper
+
+from qbench.backends import BACKENDS
+from qbench.backends.onnxruntime_cpu import OnnxRuntimeCPU
+from qbench.cli_app import main
+from qbench.errors import QbenchError
+
+
+def _model(*, ir: int = 8, opset: int = 17, custom_op: bool = False) -> onnx.ModelProto:
+    """x [batch, 4] -> logits [batch, 3] = x @ w (then a custom-domain op when `custom_op`)."""
+    w = numpy_helper.from_array(np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h" if custom_op else "logits"])]
+    opsets = [helper.make_opsetid("", opset)]
+    if custom_op:
+        nodes.append(helper.make_node("Frobnicate", ["h"], ["logits"], domain="com.example"))
+        opsets.append(helper.make_opsetid("com.example", 1))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 3])], [w])  # fmt: skip
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = ir
+    return model
+
+
+def _project(tmp_path: Path, model: onnx.ModelProto, backends: list[str] | None = None) -> Path:
+    onnx.save(model, tmp_path / "model.onnx")
+    rng = np.random.default_rng(1)
+    table = pd.DataFrame({"x": list(rng.normal(size=(32, 4)).astype(np.float32)), "label": rng.integers(0, 3, 32)})
+    table.to_parquet(tmp_path / "rows.parquet")
+    recipe = {"name": "unloadable", "task": "classification", "model": {"path": "model.onnx"},
+              "data": {"path": "rows.parquet", "inputs": {"x": "x"}, "label": "label", "calibration": {"samples": 16}},
+              "variants": [{"name": "fp16", "precision": "fp16"}, {"name": "dyn", "precision": "int8", "calibrator": "dynamic"}],
+              "executor": {"store": "store"}, "gate": {"metric": "accuracy"}}  # fmt: skip
+    if backends is not None:
+        recipe["backends"] = backends
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    return tmp_path / "recipe.yaml"
+
+
+def _truncated(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) * 2 // 3])
+
+
+def _weights_outside(path: Path) -> None:
+    model = onnx.load(path)
+    onnx.save(model, path, save_as_external_data=True, all_tensors_to_one_file=True, location="weights.bin",
+              size_threshold=0)  # fmt: skip
+    (path.parent / "weights.bin").unlink()
+
+
+CASES = {
+    "ir-too-new": (_model(ir=99), None, ["Unsupported model IR version: 99", "the model is IR version 99"]),
+    "opset-too-new": (_model(opset=99), None, ["Opset 99", "with opsets ai.onnx 99",
+                                                "the runtime implements opsets ai.onnx up to"]),
+    "unknown-domain": (_model(custom_op=True), None, ["com.example:Frobnicate", "com.example not at all"]),
+    "truncated": (_model(), _truncated, ["cannot read ONNX model"]),
+    "external-data-missing": (_model(), _weights_outside, ["keeps its weights in 'weights.bin', not found"]),
+}
+
+
+def _nothing_built(folder: Path) -> None:
+    """No run folder, and the build store holds at most the sweep's copies of its inputs (store/sources)."""
+    assert not (folder / "reports").exists()
+    store = folder / "store"
+    assert not store.exists() or {p.name for p in store.iterdir()} <= {"sources", ".in-use"}
+
+
+def _error_line(err: str) -> str:
+    [line] = [line for line in err.splitlines() if line.startswith("error:")]
+    return line
+
+
+@pytest.mark.parametrize("command", ["sweep", "validate"])
+@pytest.mark.parametrize("case", CASES)
+def test_a_reference_the_runtime_cannot_load_is_refused_before_anything_is_built(tmp_path, capsys, case, command):
+    model, damage, expected = CASES[case]
+    recipe = _project(tmp_path, model)
+    if damage is not None:
+        damage(tmp_path / "model.onnx")
+    argv = ["sweep", "--no-track", str(recipe)] if command == "sweep" else ["validate", str(recipe)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    line = _error_line(err)
+    assert line.startswith(f"error: {recipe}: model.path: "), line
+    assert str(tmp_path / "model.onnx") in line
+    for fragment in expected:
+        assert fragment in line, line
+    if damage is None:  # onnx reads the file; the runtime refuses it: named with its version and the fix
+        assert f"does not load on onnxruntime-cpu: onnxruntime {onnxruntime.__version__} cannot load it" in line
+        assert line.endswith("or install a runtime that supports it"), line
+        assert "onnxruntime_src" not in line and "::" not in line.replace("com.example:Frobnicate", ""), line
+    assert "[ONNXRuntimeError]" not in err
+    _nothing_built(tmp_path)
+
+
+class _RefusesEverything(OnnxRuntimeCPU):
+    """A second backend whose runtime cannot load the reference that ONNX Runtime's CPU provider loads."""
+
+    name = "onnxruntime-picky"
+
+    def check_loads(self, path: Path) -> None:
+        raise QbenchError("picky-runtime 0.1 cannot load it: no kernel for MatMul")
+
+
+def test_a_reference_one_backend_cannot_load_is_refused_once_naming_that_backend(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(BACKENDS._entries, _RefusesEverything.name, _RefusesEverything)
+    recipe = _project(tmp_path, _model(), backends=["onnxruntime-cpu", _RefusesEverything.name])
+    assert main(["sweep", "--no-track", str(recipe)]) == 2
+    err = capsys.readouterr().err
+    line = _error_line(err)
+    assert line.startswith(f"error: {recipe}: model.path: {tmp_path / 'model.onnx'}: the FP32 reference does not "
+                           "load on onnxruntime-picky (backends[1]): picky-runtime 0.1 cannot load it: no kernel for "
+                           "MatMul; the model is IR version 8 with opsets ai.onnx 17; the runtime implements opsets "
+                           "ai.onnx up to"), line  # fmt: skip
+    assert err.count("no kernel for MatMul") == 1
+    _nothing_built(tmp_path)
+
+
+def test_a_long_refusal_is_printed_whole_on_one_line_by_the_qbench_command(tmp_path):
+    """In a CI log (no terminal) the end of the line, the fix, must be there however long the paths make it."""
+    import os
+    import subprocess
+    import sys
+
+    deep = tmp_path.joinpath(*[f"folder-{i:02d}-with-a-rather-long-name" for i in range(10)])
+    deep.mkdir(parents=True)
+    recipe = _project(deep, _model(custom_op=True))
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    done = subprocess.run([sys.executable, "-m", "qbench.cli", "validate", str(recipe)], capture_output=True,
+                          text=True, env=env, timeout=300, check=False)  # fmt: skip
+    assert done.returncode == 2
+    line = _error_line(done.stderr)
+    assert len(line) > 1000  # far past where a line was cut before
+    assert line.startswith(f"error: {recipe}: model.path: {deep / 'model.onnx'}: the FP32 reference does not load")
+    assert line.endswith("or install a runtime that supports it") and "…" not in line, line
