@@ -27,6 +27,7 @@ from qbench.cli_gate import (
     describe,
     report_gate,
     reported_when_unusable,
+    tag_tracked_runs,
 )
 from qbench.console import console as err_console
 from qbench.console import forgiving_standard_streams, library_output_on_console, print_wide, stdout_kept_for_a_document
@@ -233,7 +234,10 @@ def gate(
                 with contextlib.suppress(QbenchError):
                     asked = recorded_recipe(judged.recipe, path)
             registry = output.registry(asked.registry if asked is not None else None)  # option errors before any output
-        return report_gate(asked, judged, report, path, output, registry)
+        try:
+            return report_gate(asked, judged, report, path, output, registry)
+        finally:
+            tag_tracked_runs(asked, path, report)
 
 
 @app.command()

@@ -131,6 +131,24 @@ def _register(asked: Recipe | None, judged: SweepResults, report: GateReport, re
                   f"(run {entry.run_id}); aliases: {', '.join(entry.aliases) or 'none'}", markup=False)  # fmt: skip
 
 
+def tag_tracked_runs(asked: Recipe | None, results_path: Path, report: GateReport) -> None:
+    """`qbench gate` on results a tracked sweep logged: its MLflow runs' gate tags become this verdict's (the UI
+    shows what CI concluded last). A courtesy beside the verdict, as the step summary is: a store that fails is a
+    warning and the exit code stands; results no store holds (an untracked sweep) are left alone."""
+    if asked is None:
+        return
+    from qbench.track_saved import tag_gate_verdict
+
+    try:
+        run_id = tag_gate_verdict(asked, results_path.parent, report)
+    except QbenchError as exc:
+        err_console.print(f"warning: {one_line(exc)}; the MLflow runs keep their earlier gate tags; the verdict stands",
+                          soft_wrap=True, markup=False)  # fmt: skip
+        return
+    if run_id is not None:
+        err_console.print(f"MLflow: gate verdict tagged on sweep run {run_id} and its variants' runs", markup=False)
+
+
 def _print_verdict(report: GateReport, *, verbose: bool) -> None:
     """The notes, the breaches and problems (every check when verbose), then one summary line."""
     from qbench import gate_report

@@ -29,12 +29,12 @@ from qbench.gate_checks import (
     timed_batch_sizes,
     unmatched_globs,
 )
+from qbench.gate_outputs import other_output_notes
 from qbench.gate_tolerance import (
     DEFAULT_MAX_DROP,
     DEFAULT_MAX_SLICE_DROP,
     Tolerances,
     reference_tolerances,
-    resolve_tolerances,
 )
 from qbench.provenance import recorded_recipe
 from qbench.recipe import GateSpec, Recipe
@@ -199,7 +199,7 @@ def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[st
         checks=tuple(checks),
         problems=tuple(problems),
         gated=tuple(f"{v}@{b}" for v, b in gated),
-        notes=(*_tolerance_notes(results, spec, gated), *_other_outputs(results, spec, gated), *_unlowered(results, gated), *_chosen_on_judged_rows(results, gated), *_nonfinite_reference(results, gated),
+        notes=(*_tolerance_notes(results, spec, gated), *other_output_notes(results, spec, gated), *_unlowered(results, gated), *_chosen_on_judged_rows(results, gated), *_nonfinite_reference(results, gated),
                *_rounded_reference(results, gated),
                *mixed_timing_machines(results),
                *slower_than_reference_notes(results, {f"{v}@{b}" for v, b in gated})),
@@ -219,35 +219,6 @@ def _tolerance_notes(results: SweepResults, spec: GateSpec, pairs: Sequence[tupl
         with contextlib.suppress(QbenchError):  # unformed: each variant's problem says why
             basis = reference_tolerances(results.find(results.reference, backend), spec).basis
             notes += [f"tolerances on {backend}: {basis}"] if basis else []
-    return notes
-
-
-def _other_outputs(results: SweepResults, spec: GateSpec, pairs: Sequence[tuple[str, str]]) -> list[str]:
-    """A note per gated variant@backend and other evaluated output whose overall figure of the gated metric's kind
-    ('aux/accuracy' beside 'logits/accuracy') dropped by more than the gate's overall tolerance, resolved for that
-    output's figure as the gate's own is. The gate judges gate.metric alone, so an output the variant broke would
-    otherwise pass unremarked; a tolerance that cannot be formed there (a relative share of FP32's 0) is 0."""
-    gated_output, separator, kind = spec.metric.rpartition(OUTPUT_SEPARATOR)
-    if not separator:
-        return []
-    notes = []
-    for variant, backend in pairs:
-        reference, found = results.find(results.reference, backend), results.find(variant, backend)
-        if reference is None or reference.accuracy is None or found is None or found.accuracy is None:
-            continue  # no figures: the gate's problems say why
-        for metric, ref_value in reference.accuracy.overall.metrics.items():
-            output, _, own_kind = metric.rpartition(OUTPUT_SEPARATOR)
-            if own_kind != kind or output in ("", gated_output) or not math.isfinite(ref_value):
-                continue
-            value = found.accuracy.overall.metrics.get(metric, math.nan)
-            lost = drop(metric, ref_value, value) if math.isfinite(value) else math.inf
-            try:
-                tolerance = resolve_tolerances(spec.model_copy(update={"metric": metric}), ref_value).max_drop
-            except QbenchError:
-                tolerance = 0.0
-            if not within(lost, tolerance, ref_value, value):
-                notes.append(f"{variant}@{backend}: output {output}'s {kind} dropped {lost:.4f} > {tolerance:.4g} (FP32 "
-                             f"{ref_value:.4g} → {value:.4g}; not gated: gate.metric is {spec.metric})")  # fmt: skip
     return notes
 
 

@@ -38,6 +38,7 @@ from qbench.results import SweepResults, VariantResult, to_json
 from qbench.runs import describe_run
 from qbench.track_content import (
     GATE_TAG,
+    gate_tags,
     param_value,
     run_name,
     sanitise_name,
@@ -106,6 +107,13 @@ def _log(client: MlflowClient, run_id: str, metrics: Mapping[str, float], params
     for request in _batches(entries, [Param(k, v) for k, v in params.items()],
                             [RunTag(k, v) for k, v in all_tags.items()]):  # fmt: skip
         client.log_batch(run_id, **request)
+
+
+def log_gate(client: MlflowClient, children: Mapping[str, str], gate: GateReport | None) -> None:
+    """Tag each variant's run (`children`: variant@backend -> run id) with the gate's verdict on it and its notes
+    (qbench.track_content.gate_tags); the sweep's run has them in its sweep tags."""
+    for key, run_id in children.items():
+        _log(client, run_id, {}, {}, gate_tags(gate, key))
 
 
 def artifact_paths(recipe: Recipe, artifacts: Sequence[Path]) -> list[Path]:
@@ -235,7 +243,7 @@ class SweepTracker:
         tracker._retries = retries
         if earlier is not None:
             tracker._earlier_params = dict(earlier.data.params)
-            tracker._earlier = tracker._mlflow(lambda: _children_of(client, experiment_id, tracker.parent_id)) or {}
+            tracker._earlier = tracker._mlflow(lambda: children_of(client, experiment_id, tracker.parent_id)) or {}
             logger.info("MLflow: resuming the interrupted sweep's run %s (%d variant runs logged there)",
                         tracker.parent_id, len(tracker._earlier))  # fmt: skip
         tracker._mlflow(lambda: _end_killed_sweeps(client, experiment_id, tracker.parent_id))
@@ -358,9 +366,7 @@ class SweepTracker:
                                       variant_tags(variant), reused=False)  # fmt: skip
             params, changed = _unlogged(sweep_params(results, recipe), self._earlier_params)
             _log(self._client, self.parent_id, sweep_metrics(results, gate), params, sweep_tags(results, gate) | changed)
-            for variant in results.variants:
-                verdict = gate.status_of(variant.variant, variant.backend) if gate else "not evaluated"
-                self._client.set_tag(self._children[variant.key], GATE_TAG, verdict)
+            log_gate(self._client, {v.key: self._children[v.key] for v in results.variants}, gate)
             _log_artifacts(self._client, self.parent_id, paths)
             if results.ranges is not None:
                 self._client.log_text(self.parent_id, to_json(results.ranges), "ranges.json")
@@ -455,14 +461,14 @@ def _end_killed_sweeps(client: MlflowClient, experiment_id: str, keep: str) -> N
         if described is None or not described.state.startswith("killed"):
             continue
         verdict = tag_value(f"not evaluated (sweep {described.state})")
-        for ended in (*_children_of(client, experiment_id, run.info.run_id).values(), run):
+        for ended in (*children_of(client, experiment_id, run.info.run_id).values(), run):
             client.set_tag(ended.info.run_id, GATE_TAG, verdict)
             if ended.info.status == "RUNNING":
                 client.set_terminated(ended.info.run_id, status="KILLED", end_time=_now_ms())
         logger.info("MLflow: ended the run %s of a killed sweep (%s) KILLED", run.info.run_id, folder)
 
 
-def _children_of(client: MlflowClient, experiment_id: str, parent_id: str) -> dict[str, Run]:
+def children_of(client: MlflowClient, experiment_id: str, parent_id: str) -> dict[str, Run]:
     """The child runs of `parent_id` by variant@backend (the newest where one has two)."""
     runs = client.search_runs([experiment_id], f"tags.`{MLFLOW_PARENT_RUN_ID}` = {search_literal(parent_id)}",
                               order_by=["attributes.start_time ASC"])  # fmt: skip

@@ -17,7 +17,8 @@ from mlflow.utils.validation import (
 )
 
 from qbench.frontier import gate_tolerances, speedup
-from qbench.gate import GateReport
+from qbench.gate import GateReport, problem_owner
+from qbench.gate_report import check_line, problem_line, summary_line
 from qbench.recipe import GateSpec, Recipe, StabilitySpec
 from qbench.results import (
     SliceMetrics,
@@ -29,7 +30,10 @@ from qbench.slo import serving_metrics
 
 _DISALLOWED = re.compile(r"[^\w\-. :/]")  # MLflow keys: alphanumerics, _ - . space : /
 GATE_TAG = "qbench.gate"  # pass | breach | unusable on the sweep; pass | fail | not gated on a variant
+GATE_NOTES_TAG = "qbench.gate.notes"  # the gate's notes that concern the run ('none' when none)
+GATE_REASONS_TAG = "qbench.gate.reasons"  # why the verdict is no pass: breaches and problems ('none' on a pass)
 _GATE_VERDICTS = {0: "pass", 1: "breach", 2: "unusable"}
+_NOTE_SEPARATOR = " | "
 _DESCRIPTION_TAG = "mlflow.note.content"  # shown as the run's description in the MLflow UI
 
 
@@ -267,13 +271,38 @@ def sweep_params(results: SweepResults, recipe: Recipe) -> dict[str, str]:
     return {sanitise_name(k): param_value(v) for k, v in params.items()}
 
 
+def gate_tags(gate: GateReport | None, key: str | None = None) -> dict[str, str]:
+    """The gate's verdict, its notes and why it is no pass, as tags: on the sweep's run (`key` None) the whole
+    report's (its summary line as the reason); on a variant's run (`key`, variant@backend) what concerns that
+    variant: its own notes, breaches and problems, and those about the results as a whole where the gate judged it.
+    A user comparing variants in the MLflow UI sees there what the report says about each one. Every tag is written
+    every time ('none' for nothing), so a later `qbench gate` leaves no tag of an earlier verdict behind."""
+    if gate is None:
+        return {GATE_TAG: "not evaluated"}
+    if key is None:
+        notes, reasons = list(gate.notes), [] if gate.exit_code == 0 else [summary_line(gate)]
+        verdict = _GATE_VERDICTS.get(gate.exit_code, "unusable")
+    else:
+        variant, _, backend = key.rpartition("@")
+        verdict = gate.status_of(variant, backend)
+        judged = key in gate.gated
+
+        def about(text: str) -> bool:  # a variant not gated: only what names it
+            return problem_owner(gate.gated, text) in (key, None) if judged else problem_owner((key,), text) == key
+
+        notes = [n for n in gate.notes if about(n)]
+        reasons = [check_line(c) for c in gate.breaches if f"{c.variant}@{c.backend}" == key]
+        reasons += [problem_line(p) for p in gate.problems if about(p)]
+    return {GATE_TAG: verdict, GATE_NOTES_TAG: tag_value(_NOTE_SEPARATOR.join(notes) or "none"),
+            GATE_REASONS_TAG: tag_value(_NOTE_SEPARATOR.join(reasons) or "none")}
+
+
 def sweep_tags(results: SweepResults, gate: GateReport | None) -> dict[str, str]:
     from qbench.report import frontier_text
 
-    verdict = _GATE_VERDICTS.get(gate.exit_code, "unusable") if gate else "not evaluated"
     return {
         "qbench.version": results.qbench_version,
-        GATE_TAG: verdict,
+        **gate_tags(gate),
         "qbench.recipe": str(results.recipe.get("name", "")),
         "qbench.created_at": results.created_at,
         _DESCRIPTION_TAG: tag_value(frontier_text(results)),

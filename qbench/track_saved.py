@@ -13,10 +13,11 @@ parent run, so the UI shows no sweep in progress that ended long ago.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from mlflow.entities import Run
+from mlflow.entities import Metric, Run, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
@@ -26,11 +27,12 @@ from qbench.gate import GateReport
 from qbench.recipe import Recipe
 from qbench.results import SweepResults
 from qbench.runs import RESULTS_FILE, describe_run
-from qbench.track import SweepTracker, artifact_paths
-from qbench.track_content import GATE_TAG, tag_value
+from qbench.track import SweepTracker, artifact_paths, children_of, log_gate
+from qbench.track_content import GATE_TAG, gate_tags, tag_value
 from qbench.track_store import (
     RUN_DIR_TAG,
     bounded_retries,
+    existing_experiment,
     finished_sweep_run,
     open_experiment,
     search_literal,
@@ -68,6 +70,30 @@ def logged_sweep_run(recipe: Recipe, run_dir: Path) -> str | None:
         except (MlflowException, OSError) as exc:
             raise QbenchError(store_failure(uri, exc)) from exc
     return found.info.run_id if found else None
+
+
+def tag_gate_verdict(recipe: Recipe, run_dir: Path, gate: GateReport) -> str | None:
+    """Tag the MLflow runs of the sweep saved in `run_dir` (the newest finished sweep run tagged with it, and its
+    variants' runs) with `gate`'s verdict and notes as a sweep tags them, replacing the ones there: the UI shows the
+    latest verdict on those results, as the CI job that ran `qbench gate` saw it. Returns the sweep run's id; None
+    where the recipe's store holds no such run (the sweep was not tracked, or tracked elsewhere). A store that
+    fails is a QbenchError naming it."""
+    found = existing_experiment(recipe)
+    if found is None:
+        return None
+    client, uri, experiment_id = found
+    with bounded_retries():
+        try:
+            parent = finished_sweep_run(client, experiment_id, run_dir)
+            if parent is None:
+                return None
+            children = children_of(client, experiment_id, parent.info.run_id)
+            log_gate(client, {key: run.info.run_id for key, run in children.items()}, gate)
+            breaches = Metric("gate_breaches", float(len(gate.breaches)), int(time.time() * 1000), 0)  # as sweep_metrics
+            client.log_batch(parent.info.run_id, [breaches], tags=[RunTag(k, v) for k, v in gate_tags(gate).items()])
+        except (MlflowException, OSError) as exc:
+            raise QbenchError(store_failure(uri, exc)) from exc
+    return parent.info.run_id
 
 
 def track_run_folder(recipe: Recipe, run_dir: Path) -> str:

@@ -180,6 +180,24 @@ def open_experiment(recipe: Recipe) -> tuple[MlflowClient, str, str]:
         raise QbenchError(store_failure(uri, exc)) from exc
 
 
+def existing_experiment(recipe: Recipe) -> tuple[MlflowClient, str, str] | None:
+    """As `open_experiment`, but creating nothing: None where the recipe's sqlite store is no file yet or holds no
+    live experiment of the recipe (what reads a sweep's runs, e.g. a later `qbench gate`, must not make a store in
+    whatever folder CI runs it). A server that does not answer is a QbenchError in seconds."""
+    uri = resolve_tracking_uri(recipe)
+    database = _sqlite_file(uri)
+    if database is not None and not database.is_file():
+        return None
+    check_reachable(uri)
+    try:
+        with bounded_retries():
+            client = MlflowClient(tracking_uri=uri)
+            found = client.get_experiment_by_name(experiment_name(recipe))
+    except (MlflowException, OSError, SQLAlchemyError) as exc:
+        raise QbenchError(store_failure(uri, exc)) from exc
+    return (client, uri, found.experiment_id) if found is not None and found.lifecycle_stage == "active" else None
+
+
 def ui_command(uri: str, host: str = "127.0.0.1", port: int = 5000) -> list[str]:
     """The `mlflow ui` command line that serves `uri`, with the artifact root qbench logs to for sqlite stores."""
     if is_server(uri):

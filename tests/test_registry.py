@@ -364,3 +364,51 @@ def test_a_registry_that_fails_is_one_error_after_a_few_tries_not_minutes_of_bac
     assert time.monotonic() - started < 60
     assert 1 <= len(registry_calls) <= 3  # the first call and at most 2 retries
     assert not set(BOUNDED_RETRIES) & set(os.environ)
+
+
+def _gate_tags(swept: Swept) -> dict[str, dict[str, str]]:
+    """'sweep' and each variant's name -> the qbench.gate* tags of the swept run folder's MLflow runs."""
+    experiment = swept.client.get_experiment_by_name("registry-test").experiment_id
+    (parent,) = swept.client.search_runs([experiment], f"tags.`qbench.run_dir` = '{swept.run_dir}'")
+    runs = swept.client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    named = {"sweep": parent, **{run.data.tags["qbench.variant"]: run for run in runs}}
+    return {name: {k: v for k, v in run.data.tags.items() if k.startswith("qbench.gate")} for name, run in named.items()}
+
+
+def test_a_later_gate_tags_the_tracked_runs_with_its_verdict_and_notes(
+    swept: Swept, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A variant's run carried only pass/fail (its notes reached MLflow inside report.md alone), and `qbench gate`
+    run later in CI left the sweep's tags: a breach in CI still read pass in the UI. Each run now carries the verdict
+    on it, why it is no pass and its notes, and every `qbench gate` on a tracked run folder rewrites them."""
+    results = str(swept.run_dir / "results.json")
+    assert main(["gate", str(strict_copy(swept.recipe)), "--results", results, "--no-register"]) == 1
+    assert "MLflow: gate verdict tagged on sweep run" in capsys.readouterr().err
+    tags = _gate_tags(swept)
+    assert tags["sweep"]["qbench.gate"] == "breach" and tags["sweep"]["qbench.gate.reasons"].startswith("gate: FAIL")
+    assert tags["fp32"] == {"qbench.gate": "not gated", "qbench.gate.notes": "none", "qbench.gate.reasons": "none"}
+    for variant in ("int8-minmax", "fp16"):
+        assert tags[variant]["qbench.gate"] == "fail"
+        assert f"BREACH {variant}@onnxruntime-cpu overall max_abs_error" in tags[variant]["qbench.gate.reasons"]
+
+    assert main(["gate", str(swept.recipe), "--results", results, "--no-staleness-check", "--no-register"]) == 0
+    tags = _gate_tags(swept)
+    assert {name: own["qbench.gate"] for name, own in tags.items()} == {
+        "sweep": "pass", "fp32": "not gated", "int8-minmax": "pass", "fp16": "pass"}  # fmt: skip
+    for name in ("sweep", "int8-minmax", "fp16"):  # a note about the results as a whole is every judged run's
+        assert tags[name]["qbench.gate.reasons"] == "none"
+        assert "inputs not checked for staleness (--no-staleness-check)" in tags[name]["qbench.gate.notes"]
+    assert tags["fp32"]["qbench.gate.notes"] == "none"
+
+    # a store that is not there is not made; one that does not answer is a warning, and the verdict stands
+    body = yaml.safe_load(swept.recipe.read_text())
+    for uri, code in ((f"sqlite:///{tmp_path / 'absent.db'}", 0), ("http://127.0.0.1:9", 0)):
+        body["tracking"]["uri"] = uri
+        elsewhere = swept.recipe.with_name("elsewhere.yaml")  # beside the model and data it names
+        elsewhere.write_text(yaml.safe_dump(body, sort_keys=False))
+        capsys.readouterr()
+        assert main(["gate", str(elsewhere), "--results", results, "--no-staleness-check", "--no-register"]) == code
+        err = capsys.readouterr().err
+        assert ("warning: MLflow tracking server http://127.0.0.1:9 does not answer" in err) == uri.startswith("http")
+        assert "MLflow: gate verdict tagged" not in err
+    assert not (tmp_path / "absent.db").exists()

@@ -536,3 +536,37 @@ def test_a_new_sweep_ends_the_runs_a_killed_sweep_left_running(tmp_path: Path, m
     assert all(client.get_run(run_id).info.status == "RUNNING" for run_id in alive)
     assert client.get_run(newest.parent_id).info.status == "RUNNING"
     newest.abort("KILLED", "test over")
+
+
+def test_each_variant_run_carries_the_gate_notes_that_concern_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gate's notes reached MLflow only inside report.md: a variant's run said pass and nothing of, e.g., an
+    output it broke that the gate does not judge. Each run now has its verdict, its own notes and those about the
+    results as a whole; a variant not gated only what names it; the sweep's run every note, cut to MLflow's limit."""
+    from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
+
+    monkeypatch.chdir(tmp_path)
+    recipe = write_recipe(tmp_path)
+    results = small_sweep()
+    gate = evaluate_gate(results, recipe.gate)
+    fp32, int8, failed = (v.key for v in results.variants)
+    own = f"{int8}: output aux's accuracy dropped 0.2000 > 0.01 on slice clean (FP32 0.9 → 0.7)"
+    whole = "tolerances on onnxruntime-cpu: max_drop 0.01 = 1 % of FP32's mae 1"
+    of_reference = f"{fp32} gives NaN/inf on 3 of 400 evaluation rows"
+    long = f"{failed}: " + "x" * MAX_TAG_VAL_LENGTH
+    gate = dataclasses.replace(gate, notes=(own, whole, of_reference, long))
+    parent_id = log_sweep(results, recipe, gate=gate, artifacts=artifacts_for(tmp_path))
+    client = MlflowClient(tracking_uri=resolve_tracking_uri(recipe))
+    runs = children(Logged(client, parent_id, results, gate, tmp_path))
+    assert runs[int8].data.tags["qbench.gate"] == gate.status_of(*int8.split("@"))
+    assert runs[int8].data.tags["qbench.gate.notes"] == f"{own} | {whole} | {of_reference}"
+    assert runs[fp32].data.tags["qbench.gate.notes"] == of_reference
+    assert runs[fp32].data.tags["qbench.gate"] == "not gated"
+    assert runs[failed].data.tags["qbench.gate"] == "fail"
+    assert runs[failed].data.tags["qbench.gate.notes"].startswith(f"{whole} | {of_reference} | {failed}: xxx")
+    assert len(runs[failed].data.tags["qbench.gate.notes"]) == MAX_TAG_VAL_LENGTH
+    assert runs[failed].data.tags["qbench.gate.notes"].endswith("…")
+    reasons = runs[failed].data.tags["qbench.gate.reasons"]
+    assert reasons.startswith(f"UNUSABLE {failed}: variant failed") and own not in reasons
+    sweep_tags = client.get_run(parent_id).data.tags
+    assert sweep_tags["qbench.gate.notes"].startswith(f"{own} | {whole} | {of_reference} | {failed}")
+    assert sweep_tags["qbench.gate.reasons"].startswith("gate: FAIL")

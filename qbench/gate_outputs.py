@@ -1,0 +1,73 @@
+"""The gate's notes on evaluated outputs it does not judge: gate.metric names one output ('logits/accuracy'), so a
+variant that broke another ('aux') would pass unremarked. Each such output is held, as a note and never a verdict,
+to the tolerances the gate would use for it, on the scopes the gate judges its own metric on: overall and every
+slice of at least gate.min_slice_size. A break on one slice alone is as much a finding as one overall."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from qbench.errors import QbenchError
+from qbench.gate_tolerance import Tolerances, reference_tolerances
+from qbench.recipe import GateSpec
+from qbench.results import SliceMetrics, SweepResults, VariantResult
+from qbench.validate.catalogue import OUTPUT_SEPARATOR, drop, within
+
+_UNFORMED = Tolerances(0.0, 0.0)  # a relative share of FP32's 0 cannot be formed: any drop is remarked
+
+
+def other_output_notes(results: SweepResults, spec: GateSpec, pairs: Sequence[tuple[str, str]]) -> list[str]:
+    """A note per gated variant@backend and other evaluated output whose figure of the gated metric's kind
+    ('aux/accuracy' beside 'logits/accuracy') dropped past its tolerance on some scope, naming the worst scope (the
+    largest drop) and how many scopes dropped past theirs."""
+    gated_output, separator, kind = spec.metric.rpartition(OUTPUT_SEPARATOR)
+    if not separator:
+        return []
+    notes = []
+    for variant, backend in pairs:
+        reference, found = results.find(results.reference, backend), results.find(variant, backend)
+        if reference is None or reference.accuracy is None or found is None or found.accuracy is None:
+            continue  # no figures: the gate's problems say why
+        for metric in reference.accuracy.overall.metrics:
+            output, _, own_kind = metric.rpartition(OUTPUT_SEPARATOR)
+            if own_kind == kind and output not in ("", gated_output):
+                note = _output_note(reference, found, spec.model_copy(update={"metric": metric}))
+                notes += [f"{found.key}: output {output}'s {kind} dropped {note}; not gated: gate.metric is "
+                          f"{spec.metric})"] if note else []  # fmt: skip
+    return notes
+
+
+def _output_note(reference: VariantResult, found: VariantResult, spec: GateSpec) -> str:
+    """'0.5000 > 0.02 on slice kind=b (FP32 0.9 → 0.4; 1 of 3 scopes' for the worst scope where `spec.metric`
+    dropped past its tolerance, '' where it dropped past none."""
+    try:
+        tolerances = reference_tolerances(reference, spec)
+    except QbenchError:
+        tolerances = _UNFORMED
+    assert reference.accuracy is not None and found.accuracy is not None
+    scopes = [(reference.accuracy.overall, found.accuracy.overall, tolerances.max_drop)]
+    scopes += [(s, found.accuracy.slice(s.name), tolerances.on_slice(s.name)) for s in reference.accuracy.slices
+               if s.judged_count(spec.metric) >= spec.min_slice_size]  # fmt: skip
+    beyond = []
+    for ref_scope, own_scope, tolerance in scopes:
+        lost = _lost(spec.metric, ref_scope, own_scope)
+        if lost is not None and not within(lost[0], tolerance, lost[1], lost[2]):
+            beyond.append((lost, tolerance, ref_scope.name))
+    if not beyond:
+        return ""
+    (lost, ref_value, value), tolerance, name = max(beyond, key=lambda entry: entry[0][0])
+    where = "overall" if name == "overall" else f"on slice {name}"
+    return (f"{lost:.4f} > {tolerance:.4g} {where} (FP32 {ref_value:.4g} → {value:.4g}; {len(beyond)} of "
+            f"{len(scopes)} scopes past the tolerance")
+
+
+def _lost(metric: str, ref: SliceMetrics, own: SliceMetrics | None) -> tuple[float, float, float] | None:
+    """(drop, FP32's figure, the variant's) on one scope; None where FP32's figure is not finite (nothing to hold
+    the variant to) or the variant lacks the slice (the gate's own checks name a missing slice). A variant's
+    NaN/inf figure against a finite FP32 one is an infinite drop."""
+    ref_value = ref.metrics.get(metric, math.nan)
+    if own is None or not math.isfinite(ref_value):
+        return None
+    value = own.metrics.get(metric, math.nan)
+    return (drop(metric, ref_value, value) if math.isfinite(value) else math.inf), ref_value, value
