@@ -134,24 +134,33 @@ def _with_load(
     serving: ServingResult, slo: SloSpec, backend: str, samples_ms: Mapping[int, np.ndarray],
     batcher_samples: BatcherSamples | None, batch_sizes: Sequence[int], server: RealServer,
 ) -> ServingResult:  # fmt: skip
-    """The simulation and a real run at the budget's rate, and the highest rate within budget: the simulation's,
-    then served for real and stepped down until a real run meets the budget (the simulation models no server's own
-    work)."""
+    """The simulation at the budget's rate, and the highest rate within budget: the simulation's, then served for
+    real and stepped down until a real run meets the budget (the simulation models no server's own work). The
+    budget's rate is served for real only where no real run at a rate at least as high met the budget (a slow model,
+    or one that misses it): at a low rate a run of MIN_REQUESTS takes long (20 req/s: 10 s a variant) and says what
+    the real runs at the higher rate already showed, while the simulation there models the batcher's waits."""
     settings = load_settings(slo, backend, batch_sizes)
     budget = slo.budget(backend)
     batcher = Batcher(settings["max_batch_size"], settings["max_queue_delay_ms"])
     replay = LoadReplay(served_times(samples_ms, batcher_samples), batcher, Draws.make(settings["requests"], settings["seed"]))
     overhead = serving.preprocess_ms_per_row if math.isfinite(serving.preprocess_ms_per_row) else 0.0
     at_rate = replay.at(budget.rate_rps, overhead_ms=overhead) if budget.rate_rps else None
-    served_at_rate = server(budget.rate_rps, overhead, budget.p99_ms) if budget.rate_rps else None
     search = search_max_rate(replay, budget.p99_ms, overhead_ms=overhead)
     served = served_max_rate(server, search.max_rate_rps, budget.p99_ms, overhead) if search.max_rate_rps is not None else None
+    served_at_rate = None
+    if budget.rate_rps and not served_above(served.max_rate_rps if served else None, budget.rate_rps):
+        served_at_rate = server(budget.rate_rps, overhead, budget.p99_ms)
     return replace(
         serving, budget_ms=budget.p99_ms, batch_size=budget.batch_size, at_rate=at_rate, served_at_rate=served_at_rate,
         max_rate_rps=served.max_rate_rps if served else None, at_max_rate=served.at_max if served else None,
         simulated_max_rate_rps=search.max_rate_rps, simulations=search.simulations,
         served_runs=served.runs if served else 0, **settings,
     )  # fmt: skip
+
+
+def served_above(max_rate_rps: float | None, rate_rps: float) -> bool:
+    """Whether real runs at a rate at least `rate_rps` met the budget (`max_rate_rps`: the highest rate they did)."""
+    return max_rate_rps is not None and rate_rps <= max_rate_rps
 
 
 def with_prices(recipe: Recipe, prices: Sequence[str]) -> Recipe:
@@ -212,14 +221,19 @@ def _judge_one(
         return None, "no latency figure (the variant is missing or failed)"
     serving = result.serving
     if budget.rate_rps is not None:
-        if serving is None or serving.at_rate is None or serving.served_at_rate is None:
-            return None, "no load figure (simulated and served) at the budget rate: re-run `qbench sweep` with this slo section"
+        if serving is None or serving.at_rate is None:
+            return None, "no load figure at the budget rate: re-run `qbench sweep` with this slo section"
+        served = serving.served_at_rate
+        if served is None and not served_above(serving.max_rate_rps, budget.rate_rps):
+            return None, ("no real run at or above the budget rate met or missed it (served_at_rate, max_rate_rps): "
+                          "re-run `qbench sweep` with this slo section")  # fmt: skip
         recorded = {k: getattr(serving, k) for k in ("rate_rps", "max_batch_size", "max_queue_delay_ms", "requests", "seed")}
         if recorded != load_settings(slo, backend, batch_sizes):
             return None, f"results were simulated with other load settings ({recorded}): re-run `qbench sweep`"
-        # the worse of the simulation and the real server: the simulation models no server's own work per request
-        observed = float(np.max([serving.at_rate.p99_ms, serving.served_at_rate.p99_ms]))  # NaN in either: NaN
-        samples = min(_load_samples(result, serving), serving.served_at_rate.requests)
+        # the worse of the simulation and a real run at the rate, where there is one (else real runs at a higher
+        # rate met the budget): the simulation models no server's own work per request
+        observed = float(np.max([serving.at_rate.p99_ms, served.p99_ms if served else -math.inf]))  # NaN: NaN
+        samples = min(_load_samples(result, serving), served.requests if served else math.inf)
     else:
         point = result.latency.at(budget.batch_size) if result.latency else None
         if point is None:
@@ -233,7 +247,8 @@ def _judge_one(
         basis = p99_basis(samples, serving if budget.rate_rps is not None else None)
         return None, (f"the p99 rests on {basis}, expected at least {MIN_P99_SAMPLES} (fewer hold no sample "
                       "beyond their 99th percentile): raise latency.iterations (or slo.load.requests)")  # fmt: skip
-    overloaded = budget.rate_rps is not None and (serving.at_rate.overloaded or serving.served_at_rate.overloaded)
+    overloaded = budget.rate_rps is not None and (serving.at_rate.overloaded
+                                                  or (serving.served_at_rate is not None and serving.served_at_rate.overloaded))
     status = "pass" if within(observed, budget.p99_ms) and not overloaded else "breach"
     return SloJudgement(result.variant, result.backend, budget.p99_ms, observed, samples, status), None
 

@@ -96,10 +96,24 @@ def test_a_budget_the_simulation_meets_but_the_real_server_misses_breaches():
             assert not judgements and "NaN" in problems[0]
         else:
             assert [j.status for j in judgements] == ["breach"] and not problems
-    missing = replace(ok, serving=replace(ok.serving, served_at_rate=None))
-    judged = replace(results, variants=tuple(missing if v.variant == "int8-ok" else v for v in results.variants))
-    judgements, problems = judge_slo(judged, SLO, [("int8-ok", "onnxruntime-cpu")], [1, 32])
-    assert not judgements and "re-run `qbench sweep`" in problems[0]
+    for max_rate in (None, 99.0):  # no real run at or above the budget's 100 req/s: nothing real to judge by
+        missing = replace(ok, serving=replace(ok.serving, served_at_rate=None, max_rate_rps=max_rate))
+        judged = replace(results, variants=tuple(missing if v.variant == "int8-ok" else v for v in results.variants))
+        judgements, problems = judge_slo(judged, SLO, [("int8-ok", "onnxruntime-cpu")], [1, 32])
+        assert not judgements and "re-run `qbench sweep`" in problems[0]
+
+
+def test_real_runs_at_a_higher_rate_stand_for_the_budgets_rate():
+    """No real run at the budget's 100 req/s, but two at 150 req/s met the budget (max_rate_rps): judged on the
+    simulation at 100 req/s, which breaches where it misses the budget."""
+    results = _results()
+    ok = results.find("int8-ok", "onnxruntime-cpu")
+    for simulated, status in ((6.0, "pass"), (12.0, "breach")):
+        variant = replace(ok, serving=replace(ok.serving, served_at_rate=None, max_rate_rps=150.0,
+                                              at_rate=_load(simulated)))  # fmt: skip
+        judged = replace(results, variants=tuple(variant if v.variant == "int8-ok" else v for v in results.variants))
+        judgements, problems = judge_slo(judged, SLO, [("int8-ok", "onnxruntime-cpu")], [1, 32])
+        assert not problems and [(j.status, j.observed_ms) for j in judgements] == [(status, simulated)]
 
 
 def test_within_budget_passes_and_is_the_cheapest():
