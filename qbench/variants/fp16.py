@@ -97,6 +97,8 @@ def build_fp16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         "converted_nodes": len(narrowed_nodes(model, kept, types)),
         **in_range.params(),
     }
+    lowered_params, lowered_note = partly_lowered(model, kept, types, "FP16")
+    params.update(lowered_params)
     range_note = [note] if (note := in_range.note()) else []
     if not params["converted_nodes"]:
         why = _nothing_to_lower("convert to FP16", kept.op_types(model), model)
@@ -126,7 +128,7 @@ def build_fp16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         notes.append(f"{clamped} weight value(s) outside FP16's range were clamped to it")
     if kept.reasons:
         notes.append(f"kept in FP32: {kept_text}")
-    notes += range_note
+    notes += lowered_note + range_note
     return BuiltVariant(
         name=spec.name,
         precision="fp16",
@@ -256,6 +258,33 @@ def _saturate_to_bf16(model: onnx.ModelProto, kept: Collection[str]) -> tuple[in
     return count, saturated
 
 
+def partly_lowered(
+    model: onnx.ModelProto, kept: KeptNodes, types: dict[str, int], precision: str
+) -> tuple[dict[str, Any], list[str]]:
+    """What a variant lowers to `precision` (op type counts, in params), and for a partly lowered one a note naming
+    it and the FP32 nodes that read its rounded values.
+
+    The notes said only what stays FP32, so a variant whose one lowered step is a scaler in front of a tree ensemble
+    read as an FP16 model: its trees run in FP32 but compare the scaler's FP16-rounded features with their
+    thresholds, and a feature near a split crosses it. The figures measure that; the note says where it comes from.
+    """
+    lowered = set(narrowed_nodes(model, kept, types))
+    nodes = [node for node in model.graph.node if node.name in lowered]
+    counts = dict(sorted(Counter(node.op_type for node in nodes).items()))
+    written = {name for node in nodes for name in node.output if types.get(name) == TensorProto.FLOAT}
+    readers = [node for node in model.graph.node if node.name in kept.reasons and written & set(node.input)]
+    params = {"lowered_op_types": counts, "fp32_nodes_reading_lowered": [node.name for node in readers]}
+    if not nodes or not kept.reasons:
+        return params, []
+    listed = ", ".join(f"{count} {op}" for op, count in counts.items())
+    note = f"lowered to {precision}: {listed}; every other node computes in FP32"
+    if readers:
+        reader_types = ", ".join(sorted({node.op_type for node in readers}))
+        note += (f"; the FP32 {reader_types} read values rounded to {precision}: thresholds and comparisons there "
+                 f"see the rounded values, so outputs can change though nothing there runs in {precision}")
+    return params, [note]
+
+
 def _nothing_to_lower(action: str, kept_op_types: Collection[str], model: onnx.ModelProto) -> str:
     """Why a graph has no float32 node to lower: the op types kept FP32, and a graph computing in float64 (a
     scikit-learn model converted with double inputs), which the conversions leave as it is."""
@@ -283,6 +312,8 @@ def build_bf16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         types = tensor_types(model)
         kept = with_data_movement_between_kept(model, kept_in_rounding_simulation(model), types)
         params["kept_fp32_op_types"] = kept.op_types(model)
+        lowered_params, lowered_note = partly_lowered(model, kept, types, "BF16")
+        params.update(lowered_params)
     if not narrowed_nodes(model, kept, types):
         why = _nothing_to_lower("round to BF16", params["kept_fp32_op_types"], model)
         return unchanged_variant(spec.name, "bf16", ctx, why, params, clock.seconds())
@@ -295,7 +326,7 @@ def build_bf16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         activations = round_float_tensors(model, TensorProto.BFLOAT16, keep=set(kept.names))
         check_model_against(model, ctx.reference_path.resolve())
         save_model(model, target)
-    kept_note = [f"kept in FP32: {kept_text}"] if kept.reasons else []
+    kept_note = [f"kept in FP32: {kept_text}", *lowered_note] if kept.reasons else []
     kept_note += _fused_rounding_note(model, set(kept.names))
     if saturated:
         kept_note.append(f"{saturated} constant value(s) beyond BF16's range (float32's extremes, as a mask fill) "

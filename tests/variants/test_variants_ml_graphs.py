@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -258,3 +259,45 @@ def test_the_kept_note_names_each_reason_with_its_own_op_types(data, tmp_path):
     built = _build(tmp_path / "knn.onnx", data, tmp_path / "fp16", {"name": "h", "precision": "fp16"})
     assert "kept in FP32: ArrayFeatureExtractor, Scaler (operator domain ai.onnx.ml); Scan (control flow (its subgraph " \
            "stays FP32)); TopK (no FP16 kernel in ONNX Runtime (the converter's block list))" in built.notes
+
+
+def _scaled_tree(path: Path, threshold: float) -> None:
+    """X -> Mul -> Add (a scaler as skl2onnx writes MinMaxScaler) -> a one-split TreeEnsembleRegressor on feature 0."""
+    from onnx import TensorProto, helper
+
+    tree = helper.make_node(
+        "TreeEnsembleRegressor", ["scaled"], ["Y"], domain="ai.onnx.ml", name="tree", n_targets=1,
+        nodes_treeids=[0, 0, 0], nodes_nodeids=[0, 1, 2], nodes_featureids=[0, 0, 0],
+        nodes_modes=["BRANCH_LEQ", "LEAF", "LEAF"], nodes_values=[threshold, 0.0, 0.0],
+        nodes_truenodeids=[1, 0, 0], nodes_falsenodeids=[2, 0, 0],
+        target_treeids=[0, 0], target_nodeids=[1, 2], target_ids=[0, 0], target_weights=[-1.0, 1.0],
+    )  # fmt: skip
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["X", "scale"], ["mul"], name="mul"),
+         helper.make_node("Add", ["mul", "offset"], ["scaled"], name="add"), tree],
+        "scaled_tree",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 2])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, 1])],
+        [helper.make_tensor("scale", TensorProto.FLOAT, [2], [1.0, 1.0]),
+         helper.make_tensor("offset", TensorProto.FLOAT, [2], [0.0, 0.0])],
+    )  # fmt: skip
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)]
+    onnx.save(helper.make_model(graph, opset_imports=opsets), str(path))
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_a_scaler_lowered_in_front_of_a_tree_is_named_with_the_tree_reading_its_rounding(tmp_path, precision):
+    """A scaler is all a tree pipeline lowers: the notes said only that the trees stay FP32, so the variant read as
+    an FP16 model, though its one effect is that the FP32 trees split rounded features (1.0001 is 1.0 in FP16 and
+    BF16: a split at 1.00005 sends it the other way). The note and params name what is lowered and who reads it."""
+    path = tmp_path / "tree.onnx"
+    _scaled_tree(path, threshold=1.00005)
+    x = np.array([[1.0001, 0.0], [0.5, 0.0], [2.0, 0.0]], dtype=np.float32)
+    built = _build(path, np.tile(x, (43, 1)), tmp_path / "w", {"name": "h", "precision": precision})
+    assert built.params["lowered_op_types"] == {"Add": 1, "Mul": 1}
+    assert built.params["fp32_nodes_reading_lowered"] == ["tree"]
+    upper = precision.upper()
+    assert f"lowered to {upper}: 1 Add, 1 Mul; every other node computes in FP32; the FP32 TreeEnsembleRegressor " \
+           f"read values rounded to {upper}" in " ".join(built.notes)
+    narrow = {"fp16": np.float16, "bf16": ml_dtypes.bfloat16}[precision]
+    assert float(np.float32(x[0, 0]).astype(narrow)) <= 1.00005 < x[0, 0]  # the rounding the note warns of
