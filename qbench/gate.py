@@ -135,17 +135,18 @@ def withheld(report: GateReport) -> GateReport:
 
 
 def judge(reference: VariantResult, candidate: VariantResult, gate: GateSpec,
-          tolerances: Tolerances | None = None, *, resolve: bool = True) -> GateReport:  # fmt: skip
-    """The gate's verdict on one candidate against FP32, as `qbench gate` would give it (for searches). `tolerances`:
-    resolved once for many candidates (on the rows chosen on), rather than against `reference`'s figures; `resolve`
-    False: passes on too few rows to resolve the tolerance count (a search's screen, a sample by design)."""
+          tolerances: Tolerances | None = None) -> GateReport:  # fmt: skip
+    """The gate's verdict on one candidate against FP32, as `qbench gate` would give it (for searches), but for the
+    resolution rule: a search ranks candidates by their drops (on a screen, a sample by design), and `qbench gate`
+    then holds the chosen one's results to the rule. `tolerances`: resolved once for many candidates (on the rows
+    chosen on), rather than against `reference`'s figures."""
     results = SweepResults(
         qbench_version=qbench.__version__, created_at="", recipe={}, environment={}, calibration=None,
         evaluation_rows=candidate.accuracy.rows if candidate.accuracy else 0, gate_metric=gate.metric,
         reference=reference.variant, variants=(reference, candidate),
     )  # fmt: skip
     return evaluate_gate(results, gate.model_copy(update={"applies_to": [candidate.variant]}), tolerances=tolerances,
-                         resolve=resolve)
+                         resolve=False)
 
 
 def evaluate_gate(

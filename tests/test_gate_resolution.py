@@ -93,11 +93,12 @@ def test_the_rule_is_in_the_json_and_junit_reports():
     assert errors == list(report.problems) and "overall accuracy on 20 rows < " in errors[0]
 
 
-def test_a_search_screen_judges_without_the_rule():
-    """A screen is a sample by design: judged with resolve=False its pass counts (the full evaluation is resolved)."""
+def test_a_search_ranks_by_drops_and_the_gate_holds_its_pick_to_the_rule():
+    """The search and fallback judge candidates without the rule (a screen is a sample by design); the gate judges
+    the results of the one they pick with it."""
     fp32, int8 = result("fp32", scope("overall", 20, 1.0)), result("int8", scope("overall", 20, 1.0))
-    assert judge(fp32, int8, SPEC, resolve=False).exit_code == EXIT_PASS
-    assert judge(fp32, int8, SPEC).exit_code == EXIT_UNUSABLE
+    assert judge(fp32, int8, SPEC).exit_code == EXIT_PASS
+    assert evaluate_gate(sweep(fp32, int8), SPEC).exit_code == EXIT_UNUSABLE
 
 
 def test_a_mean_compared_with_fp32_needs_its_interval_within_the_tolerance():

@@ -173,7 +173,7 @@ class _Search:
             self.records[index] = record
             self._failed_to_run(index, measured.result.error)
             return index
-        verdict = judge(self.fp32_screen.result, measured.result, self.gate, self.tolerances, resolve=False)
+        verdict = judge(self.fp32_screen.result, measured.result, self.gate, self.tolerances)
         promise = screen_excess(verdict, measured.result, self.fp32.result.accuracy)
         p50, fp32_p50 = _p50s(measured.result), self._fp32_p50_now()
         self.records[index] = record.with_(
