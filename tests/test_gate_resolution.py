@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import xml.etree.ElementTree as ET
 
@@ -132,3 +133,14 @@ def test_an_error_in_the_data_units_needs_two_rows():
     for rows, code in ((1, EXIT_UNUSABLE), (2, EXIT_PASS)):
         results = sweep(result("fp32", scope("overall", rows, 3.0, "mae")), result("int8", scope("overall", rows, 3.1, "mae")))
         assert evaluate_gate(results, spec).exit_code == code
+
+
+def test_a_variant_that_is_fp32s_own_graph_needs_no_rows():
+    """Its outputs are FP32's on every input, so its pass rests on no sample (the gate notes it says nothing about
+    its precision)."""
+    fp32 = result("fp32", scope("overall", 3, 1.0))
+    twin = dataclasses.replace(result("int8", scope("overall", 3, 1.0)), params={"identical_to": "fp32"})
+    report = evaluate_gate(sweep(fp32, twin), SPEC)
+    assert report.exit_code == EXIT_PASS and not [n for n in report.notes if "too few rows" in n]
+    other = dataclasses.replace(twin, params={"identical_to": "int8-other"})
+    assert evaluate_gate(sweep(fp32, other), SPEC).exit_code == EXIT_UNUSABLE
