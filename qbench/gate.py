@@ -30,6 +30,7 @@ from qbench.gate_checks import (
     unmatched_globs,
 )
 from qbench.gate_outputs import other_output_notes
+from qbench.gate_resolution import unresolved
 from qbench.gate_tolerance import (
     DEFAULT_MAX_DROP,
     DEFAULT_MAX_SLICE_DROP,
@@ -135,14 +136,17 @@ def withheld(report: GateReport) -> GateReport:
 
 def judge(reference: VariantResult, candidate: VariantResult, gate: GateSpec,
           tolerances: Tolerances | None = None) -> GateReport:  # fmt: skip
-    """The gate's verdict on one candidate against FP32, as `qbench gate` would give it (for searches). `tolerances`:
-    resolved once for many candidates (on the rows chosen on), rather than against `reference`'s figures."""
+    """The gate's verdict on one candidate against FP32, as `qbench gate` would give it (for searches), but for the
+    resolution rule: a search ranks candidates by their drops (on a screen, a sample by design), and `qbench gate`
+    then holds the chosen one's results to the rule. `tolerances`: resolved once for many candidates (on the rows
+    chosen on), rather than against `reference`'s figures."""
     results = SweepResults(
         qbench_version=qbench.__version__, created_at="", recipe={}, environment={}, calibration=None,
         evaluation_rows=candidate.accuracy.rows if candidate.accuracy else 0, gate_metric=gate.metric,
         reference=reference.variant, variants=(reference, candidate),
     )  # fmt: skip
-    return evaluate_gate(results, gate.model_copy(update={"applies_to": [candidate.variant]}), tolerances=tolerances)
+    return evaluate_gate(results, gate.model_copy(update={"applies_to": [candidate.variant]}), tolerances=tolerances,
+                         resolve=False)
 
 
 def evaluate_gate(
@@ -152,12 +156,15 @@ def evaluate_gate(
     expected: Sequence[tuple[str, str]] | None = None,
     slo: SloSpec | None = None,
     tolerances: Tolerances | None = None,
+    resolve: bool = True,
 ) -> GateReport:
     """Judge every gated variant × backend in `results` against `spec`; collect every violation.
 
     expected: (variant, backend) pairs the recipe asks for; any missing from the results is a problem.
     tolerances: resolved once, for many candidates judged against one FP32 figure (the search's screening rows);
         by default each backend's are resolved against its FP32 result (qbench.gate_tolerance).
+    resolve: whether a pass needs a scope large enough to resolve its tolerance (qbench.gate_resolution): one that
+        does not is a problem of its variant, or a note under `gate.unresolved: note`.
     slo: a latency budget: every variant it applies to (the reference aside) gets a check with scope
         "slo" and metric "latency.p99_ms" (reference = budget, observed = p99, drop = ms over budget).
     A variant a backend cannot run at all (status "skipped", e.g. an ONNX Runtime INT8 model on
@@ -165,12 +172,13 @@ def evaluate_gate(
     what the recipe asked for, and fresh, is checked by `run_gate` (qbench.gate_checks).
     """
     with custom_metrics(recorded_custom_metrics(results.recipe.get("resolved", {}))):  # the results' own directions
-        return _evaluate(results, spec, expected, slo, tolerances)
+        return _evaluate(results, spec, expected, slo, tolerances, resolve)
 
 
 def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[str, str]] | None,
-              slo: SloSpec | None, tolerances: Tolerances | None) -> GateReport:  # fmt: skip
+              slo: SloSpec | None, tolerances: Tolerances | None, resolve: bool) -> GateReport:  # fmt: skip
     problems: list[str] = []
+    unresolved_notes: list[str] = []
     pairs = list(expected) if expected is not None else [(v.variant, v.backend) for v in results.variants]
     skipped = {(v.variant, v.backend) for v in results.variants if v.status == "skipped"}
     gated = [(v, b) for v, b in pairs if v != results.reference and spec.applies(v) and (v, b) not in skipped]
@@ -183,9 +191,12 @@ def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[st
         problems.append(f"the gate applies to no variant (applies_to: {', '.join(spec.applies_to)})")
     checks: list[GateCheck] = []
     for variant, backend in gated:
-        own_checks, own_problems = _judge(results, variant, backend, spec, tolerances)
+        own_checks, own_problems, unresolved_scopes = _judge(results, variant, backend, spec, tolerances)
         checks.extend(own_checks)
         problems.extend(f"{variant}@{backend}: {p}" for p in own_problems)
+        if resolve and unresolved_scopes and not _same_graph(results, variant, backend):
+            why = f"{variant}@{backend}: too few rows to resolve the tolerance: {'; '.join(unresolved_scopes)}"
+            (problems if spec.unresolved == "fail" else unresolved_notes).append(why)
     if slo is not None:
         slo_pairs = [(v, b) for v, b in pairs if v != results.reference and slo.applies(v, spec.applies_to)
                      and (v, b) not in skipped]  # fmt: skip
@@ -199,7 +210,8 @@ def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[st
         checks=tuple(checks),
         problems=tuple(problems),
         gated=tuple(f"{v}@{b}" for v, b in gated),
-        notes=(*_tolerance_notes(results, spec, gated), *other_output_notes(results, spec, gated), *_unlowered(results, gated), *_chosen_on_judged_rows(results, gated), *_nonfinite_reference(results, gated),
+        notes=(*unresolved_notes, *_tolerance_notes(results, spec, gated), *other_output_notes(results, spec, gated),
+               *_unlowered(results, gated), *_chosen_on_judged_rows(results, gated), *_nonfinite_reference(results, gated),
                *_rounded_reference(results, gated),
                *mixed_timing_machines(results),
                *slower_than_reference_notes(results, {f"{v}@{b}" for v, b in gated})),
@@ -280,20 +292,29 @@ def _unlowered(results: SweepResults, pairs: Sequence[tuple[str, str]]) -> list[
     return notes
 
 
+def _same_graph(results: SweepResults, variant: str, backend: str) -> bool:
+    """The variant is FP32's own graph (a tree ensemble asked for INT8): it gives FP32's outputs on every input, so
+    its pass rests on no sample of rows and needs no resolution."""
+    found = results.find(variant, backend)
+    return found is not None and found.params.get("identical_to") == results.reference
+
+
 def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec,
-           resolved: Tolerances | None = None) -> tuple[list[GateCheck], list[str]]:  # fmt: skip
-    """Checks for one variant on one backend, and the reasons it cannot be judged (if any); `resolved`: the
-    tolerances to judge with, rather than those resolved against the reference's figures."""
+           resolved: Tolerances | None = None) -> tuple[list[GateCheck], list[str], list[str]]:  # fmt: skip
+    """Checks for one variant on one backend, the reasons it cannot be judged (if any) and why each of its passes
+    on a scope too small to resolve the tolerance is no evidence; `resolved`: the tolerances to judge with, rather
+    than those resolved against the reference's figures."""
     reference = results.find(results.reference, backend)
     candidate = results.find(variant, backend)
     if reference is None or reference.status != "ok" or reference.accuracy is None:
-        return [], [f"no usable FP32 reference on {backend}"]
+        return [], [f"no usable FP32 reference on {backend}"], []
     if candidate is None:
-        return [], ["no results for this variant (partial or interrupted sweep?)"]
+        return [], ["no results for this variant (partial or interrupted sweep?)"], []
     if candidate.status != "ok" or candidate.accuracy is None:
-        return [], [f"variant failed: {candidate.error or 'no accuracy results'}"]
+        return [], [f"variant failed: {candidate.error or 'no accuracy results'}"], []
     checks: list[GateCheck] = []
     problems: list[str] = []
+    small: list[str] = []
     try:
         tolerances: Tolerances | None = resolved or reference_tolerances(reference, spec)
     except QbenchError as exc:  # a relative tolerance of nothing: no metric check, NaN/inf outputs still breach
@@ -322,6 +343,8 @@ def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec,
         check = _check(variant, backend, spec, ref_scope, own_scope, tolerance, explained=extra_nonfinite > 0)
         if check is not None:
             checks.append(check)
+            why = unresolved(spec.metric, tolerance, ref_scope, own_scope) if check.status == "pass" else None
+            small += [why] if why else []
         elif _undefined_for_fp32(spec.metric, ref_scope, own_scope):  # only overall: a slice is skipped instead
             problems.append(f"metric {spec.metric!r} is undefined on {own_scope.name} for FP32 too (NaN without NaN/inf "
                             "outputs, e.g. R² of a constant target): nothing can be judged; gate on a metric defined "
@@ -329,7 +352,7 @@ def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec,
         else:
             why = _nonfinite_reference_hint(spec.metric, ref_scope) if ref_scope.nonfinite_outputs else ""
             problems.append(f"metric {spec.metric!r} is missing or NaN on {own_scope.name}{why}")
-    return checks, problems
+    return checks, problems, small
 
 
 def _nonfinite_reference_hint(metric: str, ref: SliceMetrics) -> str:

@@ -154,6 +154,9 @@ class GateSpec(_Strict):
                             "auto: stated drops absolute, defaults relative for a metric in the data's units")
     applies_to: list[str] = Field(["*"], description="globs over variant names")
     min_slice_size: int = Field(1, ge=1, description="slices with fewer rows are reported but not judged")
+    unresolved: Literal["fail", "note"] = Field(
+        "fail", description="a pass on too few rows to resolve the tolerance (qbench.gate_resolution): fail: "
+                            "cannot be judged (exit 2); note: a pass with a note")
 
     def applies(self, variant_name: str) -> bool:
         return any(fnmatch.fnmatchcase(variant_name, pattern) for pattern in self.applies_to)

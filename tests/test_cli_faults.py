@@ -362,7 +362,7 @@ def test_a_utf16_csv_with_its_byte_order_mark_is_read(project, tmp_path, capsys)
     _table(project).to_csv(tmp_path / "rows.csv", index=False, encoding="utf-16")
     assert (tmp_path / "rows.csv").read_bytes().startswith(b"\xff\xfe")
     assert main(["validate", str(recipe_reading(project, tmp_path, data="rows.csv"))]) == 0
-    assert "169 evaluation rows, 64 calibration rows, 3 slices" in capsys.readouterr().out
+    assert "229 evaluation rows, 64 calibration rows, 3 slices" in capsys.readouterr().out
 
 
 def test_a_csv_in_another_encoding_is_refused_naming_the_expected_one(project, tmp_path, capsys):

@@ -121,7 +121,7 @@ def test_a_signal_mid_sweep_ends_runs_killed_and_keeps_what_finished(
     partial = json.loads((run_dir / RESULTS_FILE).read_text())
     assert partial["complete"] is False and partial["finished_at"] is None
     (fp32,) = partial["variants"]  # what finished is on disk, measured
-    assert fp32["variant"] == "fp32" and fp32["status"] == "ok" and fp32["accuracy"]["rows"] == 169
+    assert fp32["variant"] == "fp32" and fp32["status"] == "ok" and fp32["accuracy"]["rows"] == 229
 
     runs = {run.info.run_name: run for run in runs_of(tmp_path / "mlflow.db")}
     parent = runs.pop(f"tumour-mlp sweep {run_dir.name}")

@@ -20,7 +20,7 @@ NAN = math.nan
 SPEC = GateSpec(metric="accuracy", max_drop=0.01, max_slice_drop=0.02, applies_to=["int8-*"])
 
 
-def variant(name: str, overall: float, slices: dict[str, float], *, status="ok", size=100):
+def variant(name: str, overall: float, slices: dict[str, float], *, status="ok", size=1000):
     accuracy = AccuracyResult(
         rows=size * 2,
         nonfinite_outputs=0,
@@ -93,8 +93,9 @@ def test_a_backend_timed_on_machines_of_several_kinds_is_a_note():
 def test_a_gated_variant_slower_than_fp32_at_every_batch_size_is_a_note():
     """fp8_e4m3 of the factory sweep runs at 0.17x / 0.15x FP32's speed: its verdict is its accuracy's, and a note
     says FP32 is the faster choice; a variant the gate does not apply to gets no such note."""
-    results = make_sweep()
-    slower = [n for n in evaluate_gate(results, SPEC.model_copy(update={"applies_to": ["fp8_e4m3"]})).notes
+    results = make_sweep()  # its 100-row slice cannot resolve a drop of 0.02: passes with a note, not judged out
+    spec = SPEC.model_copy(update={"unresolved": "note"})
+    slower = [n for n in evaluate_gate(results, spec.model_copy(update={"applies_to": ["fp8_e4m3"]})).notes
               if "runs slower" in n]  # fmt: skip
     assert slower == ["fp8_e4m3@onnxruntime-cpu runs slower than fp32 at every batch size timed (0.17× at batch 1, "
                       "0.15× at batch 32): for speed, fp32 is the better choice on onnxruntime-cpu"]  # fmt: skip
@@ -194,7 +195,7 @@ def test_lower_is_better_metric_drop_is_an_increase():
 
 
 def test_small_slices_are_shown_but_skipped():
-    spec = SPEC.model_copy(update={"min_slice_size": 500})
+    spec = SPEC.model_copy(update={"min_slice_size": 1500})
     report = evaluate_gate(sweep(REFERENCE, variant("int8-a", 0.95, {"noisy": 0.5, "clean": 0.99})), spec)
     assert report.exit_code == EXIT_PASS
     assert {c.status for c in report.checks if c.scope != "overall"} == {"skipped"}
@@ -202,7 +203,7 @@ def test_small_slices_are_shown_but_skipped():
 
 def test_min_slice_size_applies_before_the_nan_check():
     """A slice too small to judge may have no metric (NaN): it is skipped, not an unusable result."""
-    spec = SPEC.model_copy(update={"min_slice_size": 500})
+    spec = SPEC.model_copy(update={"min_slice_size": 1500})
     report = evaluate_gate(sweep(REFERENCE, variant("int8-a", 0.95, {"noisy": math.nan, "clean": 0.99})), spec)
     assert report.exit_code == EXIT_PASS and not report.problems
     noisy = next(c for c in report.checks if c.scope == "noisy")
@@ -408,7 +409,7 @@ def _two_output_results(aux_weights: np.ndarray, broken: slice = slice(None)) ->
     default), measured on the same rows, with slices half=a (the first 32 rows) and half=b (the last 32)."""
     import onnxruntime as ort
 
-    rows = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)
+    rows = np.random.default_rng(0).normal(size=(300, 4)).astype(np.float32)
     labels = rows.argmax(axis=1)
     halves = {"half=a": np.arange(64) < 32, "half=b": np.arange(64) >= 32}
 

@@ -70,8 +70,8 @@ def test_paths_resolve_against_the_recipe_and_nonfinite_rows_are_dropped(
     assert results_path.parent.parent == project / "reports" / "tumour-mlp"
     results = read_results(results_path)
     assert results.dropped_nonfinite == {"evaluation": {"x": 2}, "calibration": {"x": 1}}
-    assert results.evaluation_rows == 169 - 2
-    assert all(v.accuracy.rows == 167 for v in results.variants)
+    assert results.evaluation_rows == 229 - 2
+    assert all(v.accuracy.rows == 227 for v in results.variants)
     report = (results_path.parent / "report.md").read_text()
     assert "**Evaluation rows dropped for NaN/inf inputs:** x 2" in report
 

@@ -31,6 +31,9 @@ from qbench.track_registry import best_passing, register_best
 
 MODEL = "linear-classifier"
 
+# the factory sweep's 100-row slice cannot resolve a drop of 0.02; what passes is the point here, not that rule
+PICKING = GateSpec(max_drop=0.01, max_slice_drop=0.02, unresolved="note")
+
 
 @dataclasses.dataclass(frozen=True)
 class Swept:
@@ -123,7 +126,7 @@ def test_best_passing_skips_breaching_and_reference_variants_per_backend() -> No
            make_variant("fp16", "fp16", backend="onnxruntime-cuda", p50_by_batch={1: 0.3}),
            make_variant("fp8_e4m3", "fp8", backend="onnxruntime-cuda", p50_by_batch={1: 0.2})]  # fmt: skip
     results = make_sweep([*default_variants(), *gpu])
-    gate = evaluate_gate(results, GateSpec(max_drop=0.01, max_slice_drop=0.02))
+    gate = evaluate_gate(results, PICKING)
     both = ("onnxruntime-cpu", "onnxruntime-cuda")
     best = best_passing(results, gate, 1, both)
     assert {backend: v.variant for backend, v in best.items()} == {"onnxruntime-cpu": "fp16",
@@ -143,7 +146,7 @@ def test_no_fastest_passing_variant_is_picked_across_kinds_of_timing_machine() -
     gpu = [dataclasses.replace(v, latency=dataclasses.replace(v.latency, machine=fast if v.precision == "fp8" else slow))
            for v in gpu]  # fmt: skip
     results = make_sweep([*default_variants(), *gpu])
-    gate = evaluate_gate(results, GateSpec(max_drop=0.01, max_slice_drop=0.02))
+    gate = evaluate_gate(results, PICKING)
     with pytest.raises(QbenchError, match=r"cannot tell the fastest passing variant on onnxruntime-cuda: its variants "
                        r"were timed on 2 kinds of machine \(fp16 on Intel Xeon 8375C x2 x86_64 \+ NVIDIA A10G; "
                        r"fp8_e4m3 on Intel Xeon 8375C x2 x86_64 \+ NVIDIA H100\)"):  # fmt: skip
@@ -155,7 +158,7 @@ def test_best_passing_takes_variants_within_the_timing_noise_as_equally_fast() -
     """int8-b measured 3 % faster than int8-a is noise: the more accurate int8-a wins; 20 % faster is not noise."""
     accurate = {"overall": 0.95, "clean": 0.97, "noisy lighting=dark": 0.90}
     worse = {"overall": 0.945, "clean": 0.965, "noisy lighting=dark": 0.895}
-    gate_spec = GateSpec(max_drop=0.01, max_slice_drop=0.02)
+    gate_spec = PICKING
 
     def best(p50_b: float) -> str:
         results = make_sweep([make_variant("fp32", "fp32", p50_by_batch={1: 1.0}),

@@ -20,7 +20,8 @@ from qbench.report_html import render_html, write_html_report
 from qbench.results import ClipRecord, CoverageWarning, LimitCheck, RangeAnalysis, TensorPeak, write_results
 
 CPU = "onnxruntime-cpu"
-SPEC = GateSpec(metric="accuracy", max_drop=0.01, max_slice_drop=0.02)
+# the factory sweep's 100-row slice cannot resolve a drop of 0.02; the page's classes are the point here, not that rule
+SPEC = GateSpec(metric="accuracy", max_drop=0.01, max_slice_drop=0.02, unresolved="note")
 
 
 @dataclass

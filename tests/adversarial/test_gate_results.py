@@ -395,10 +395,10 @@ CASES = [
     pytest.param(edited(add_slice), 2, "slice 'band=huge' is not one the recipe defines", id="extra-slice"),
     pytest.param(edited(duplicate_slice), 2, "a slice is recorded more than once", id="duplicate-slice"),
     pytest.param(edited(on_scope(INT8, "band=small", size=40)), 2, "slice 'band=small': size 40, the data gives it", id="slice-size-one-variant"),
-    pytest.param(edited(on_all_scopes("band=small", size=40)), 2, "slice 'band=small': size 40, the data gives it 57 rows", id="slice-size-everywhere"),
+    pytest.param(edited(on_all_scopes("band=small", size=40)), 2, "slice 'band=small': size 40, the data gives it 75 rows", id="slice-size-everywhere"),
     pytest.param(edited(on_scope(INT8, "band=small", size=-5)), 2, "size: got -5, expected a whole number >= 0", id="negative-slice-size"),
-    pytest.param(edited(on_scope(INT8, "band=small", size=500)), 2, "slice 'band=small': size 500, expected 1..169", id="slice-larger-than-rows"),
-    pytest.param(edited(on_scope(INT8, "overall", size=170)), 2, "accuracy.rows 169 / overall size 170", id="overall-size"),
+    pytest.param(edited(on_scope(INT8, "band=small", size=500)), 2, "slice 'band=small': size 500, expected 1..229", id="slice-larger-than-rows"),
+    pytest.param(edited(on_scope(INT8, "overall", size=230)), 2, "accuracy.rows 229 / overall size 230", id="overall-size"),
     pytest.param(edited(set_in(("evaluation_rows",), 200)), 2, "differ from evaluation_rows 200", id="evaluation-rows"),
     # metrics and counts
     pytest.param(edited(metric(INT8, "overall", None)), 2, "overall: metric 'agreement' is NaN/inf with no non-finite outputs", id="nan-metric"),
@@ -406,13 +406,13 @@ CASES = [
     pytest.param(edited(metric("fp32", "overall", None)), 2, f"fp32@{BACKEND}: overall: metric 'agreement' is NaN/inf", id="nan-reference-metric"),
     pytest.param(edited(lambda raw: scope(raw, INT8, "band=medium")["metrics"].pop("agreement")), 2,
                  "slice 'band=medium': metric 'agreement' missing", id="metric-deleted"),  # fmt: skip
-    pytest.param(edited(on_variant(INT8, accuracy={**{}, "rows": 169})), 2, "not a valid qbench results file", id="accuracy-cut-short"),
+    pytest.param(edited(on_variant(INT8, accuracy={**{}, "rows": 229})), 2, "not a valid qbench results file", id="accuracy-cut-short"),
     pytest.param(edited(lambda raw: scope(raw, INT8, "overall")["intervals"]["agreement"].pop()), 2,
                  "intervals.agreement: got 1 values, expected 2", id="interval-cut-short"),  # fmt: skip
     pytest.param(edited(lambda raw: variant(raw, INT8)["accuracy"].update(nonfinite_outputs=-1)), 2,
                  "nonfinite_outputs: got -1", id="negative-nonfinite"),  # fmt: skip
     pytest.param(edited(on_scope(INT8, "band=small", nonfinite_outputs=90)), 2,
-                 "slice 'band=small': nonfinite_outputs 90, expected 0..57", id="slice-nonfinite-over-size"),  # fmt: skip
+                 "slice 'band=small': nonfinite_outputs 90, expected 0..75", id="slice-nonfinite-over-size"),  # fmt: skip
     # genuine breaches on consistent results: exit 1, naming the slice
     pytest.param(edited(nonfinite_rows(INT8, "band=small", 3)), 1, "band=small", id="nonfinite-breach"),
     pytest.param(edited(nonfinite_rows(INT8, "band=small", 3, nan_metric=True)), 1, "band=small", id="nonfinite-nan-metric-breach"),

@@ -215,7 +215,8 @@ def breached(swept: Path, tmp_path: Path) -> Path:
     """The tiny recipe with a strict slice gate, and its real results edited (and re-signed, consistently) so that
     int8 gets 5 % of slice group=b's rows more wrong than FP32 (whole rows, as a real run would): a breach of that
     slice while staying within the overall tolerance."""
-    gate = {"metric": "accuracy", "max_drop": 0.05, "max_slice_drop": 0.02, "applies_to": ["*"]}
+    gate = {"metric": "accuracy", "max_drop": 0.05, "max_slice_drop": 0.02, "applies_to": ["*"],
+            "unresolved": "note"}  # a tiny project: its passes cannot resolve these drops, which is not the point here
     recipe = load_recipe(tiny_project(tmp_path / "strict", gate))
     results = read_results(latest_results(load_recipe(swept)))
     reference = results.find("fp32", CPU).accuracy

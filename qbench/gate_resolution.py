@@ -1,0 +1,81 @@
+"""Whether a gate check rests on enough rows for its pass to be evidence: the resolution rule.
+
+A drop within tolerance on few rows says little. A variant that gets a share p of the inputs wrong leaves all n rows
+of a scope untouched with probability (1 - p)^n: on 20 rows, a variant breaking 5 % of the inputs shows no drop at
+all 36 % of the time, so a pass there cannot tell a sound variant from one twenty times past a max_drop of 0.01.
+The gate therefore counts a pass only where the scope could have shown a drop of the tolerance, with 95 % confidence
+(the confidence of the intervals qbench reports), and says which rule and which numbers it used:
+
+- a share of rows or tokens (accuracy, agreement...) and any other metric bounded per row (F1, cosine_min: the
+  `low`..`high` of the catalogue), each row moving it by at most its span: a variant changing a share
+  t = tolerance / span of the rows changes none of n with probability (1 - t)^n, which must be at most 5 %
+  (n >= ln 0.05 / -ln(1 - t), about 3 / t: 299 rows for a drop of 0.01, 149 for 0.02);
+- a mean over rows of a comparison with FP32's own outputs (cosine, kl_mean: FP32's figure is the same on every row,
+  so its interval is a point) has the variant's 95 % interval as the interval of the drop: its far end must stay
+  within the tolerance, and it needs two rows at least (one row has no spread to measure);
+- any other metric (an error in the data's units, R², a custom metric) is not bounded per row, so no row count
+  follows from the tolerance: it needs two rows at least.
+
+A breach is judged as before: a drop past the tolerance is evidence against the variant, however few the rows.
+"""
+
+from __future__ import annotations
+
+import math
+
+from qbench.results import SliceMetrics
+from qbench.validate.catalogue import METRICS, drop, within
+
+CONFIDENCE = 0.95
+MIN_ROWS = 2  # a mean over one row has no spread, and one row is no sample of the inputs
+
+
+def rows_to_resolve(tolerance: float, span: float = 1.0) -> float:
+    """The fewest rows on which a variant changing a share `tolerance / span` of them changes at least one with
+    probability CONFIDENCE (inf for a tolerance of 0: no number of rows shows that nothing changes anywhere)."""
+    share = tolerance / span
+    if share >= 1:
+        return 1
+    if not share > 0:
+        return math.inf
+    return max(MIN_ROWS, math.ceil(math.log(1 - CONFIDENCE) / math.log1p(-share) - 1e-9))
+
+
+def unresolved(metric: str, tolerance: float, reference: SliceMetrics, own: SliceMetrics) -> str | None:
+    """Why a pass of `own` against FP32's `reference` on one scope is no evidence that the drop is within
+    `tolerance` (the rule and its numbers, one phrase), or None when the scope resolves it."""
+    info = METRICS[metric]
+    rows = own.judged_count(metric)
+    span = info.high - info.low
+    where = f"{own.name} {metric} on {rows} rows"
+    paired = _drop_bound(metric, reference, own)
+    if paired is not None and not info.share_of_rows:
+        if rows < MIN_ROWS:
+            return f"{where}: a mean over {rows} row has no spread; {MIN_ROWS} rows at least"
+        if not within(paired, tolerance, reference.metrics.get(metric, math.nan)):
+            return (f"{where}: the {CONFIDENCE:.0%} interval of the drop reaches {paired:.4g} > tolerance "
+                    f"{tolerance:g}")
+        return None
+    if math.isfinite(span):
+        needed = rows_to_resolve(tolerance, span)
+        if rows >= needed:
+            return None
+        share = tolerance / span
+        if math.isinf(needed):
+            return f"{where}: no number of rows resolves a tolerance of 0"
+        return (f"{where} < {needed} needed for a drop of {tolerance:g} (a variant changing {share:.3g} of the rows "
+                f"leaves all {rows} unchanged with probability {(1 - share) ** rows:.1%} > {1 - CONFIDENCE:.0%})")
+    if rows < MIN_ROWS:
+        return f"{where}: {MIN_ROWS} rows at least"
+    return None
+
+
+def _drop_bound(metric: str, reference: SliceMetrics, own: SliceMetrics) -> float | None:
+    """The far end of the drop's interval when FP32's figure is the same on every row (its interval a point: the
+    metric compares each row with FP32's own output), so the variant's interval is the drop's; else None."""
+    ref_interval, own_interval = reference.intervals.get(metric), own.intervals.get(metric)
+    if ref_interval is None or own_interval is None or not all(map(math.isfinite, (*ref_interval, *own_interval))):
+        return None
+    if not math.isclose(*ref_interval, rel_tol=1e-9, abs_tol=1e-12):
+        return None
+    return max(drop(metric, ref_interval[0], value) for value in own_interval)

@@ -1,0 +1,146 @@
+"""The resolution rule: a pass counts only on a scope large enough to have shown a drop of the tolerance."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import xml.etree.ElementTree as ET
+
+import numpy as np
+import pytest
+
+from qbench.gate import EXIT_BREACH, EXIT_PASS, EXIT_UNUSABLE, evaluate_gate, judge
+from qbench.gate_report import junit_xml, report_dict
+from qbench.gate_resolution import CONFIDENCE, rows_to_resolve
+from qbench.recipe import GateSpec
+from qbench.results import AccuracyResult, SliceMetrics, SweepResults, VariantResult
+from qbench.validate.accuracy import evaluate_accuracy
+
+SPEC = GateSpec(metric="accuracy", max_drop=0.01, max_slice_drop=0.02, applies_to=["int8"])
+
+
+def result(name: str, overall: SliceMetrics, *slices: SliceMetrics) -> VariantResult:
+    accuracy = AccuracyResult(rows=overall.size, nonfinite_outputs=0, overall=overall, slices=slices)
+    return VariantResult(variant=name, backend="cpu", precision="fp32" if name == "fp32" else "int8", status="ok",
+                         accuracy=accuracy)  # fmt: skip
+
+
+def sweep(*variants: VariantResult) -> SweepResults:
+    return SweepResults(qbench_version="0", created_at="", recipe={}, environment={}, calibration=None,
+                        evaluation_rows=variants[0].accuracy.rows, gate_metric=SPEC.metric, reference="fp32",
+                        variants=variants)  # fmt: skip
+
+
+def scope(name: str, size: int, value: float, metric: str = "accuracy", interval=None) -> SliceMetrics:
+    return SliceMetrics(name, size, {metric: value}, intervals={metric: interval} if interval else {})
+
+
+@pytest.mark.parametrize("tolerance", [0.005, 0.01, 0.02, 0.05, 0.3])
+def test_rows_to_resolve_is_the_fewest_rows_a_change_of_that_share_shows_on(tolerance):
+    n = rows_to_resolve(tolerance)
+    assert (1 - tolerance) ** n <= 1 - CONFIDENCE < (1 - tolerance) ** (n - 1)
+    assert rows_to_resolve(tolerance, span=2.0) == rows_to_resolve(tolerance / 2)
+    assert rows_to_resolve(0.0) == math.inf
+
+
+def test_a_one_row_evaluation_cannot_pass():
+    """The probe: one evaluation row, identical figures, exit 0 and no word said. Now the pass is unresolved: the
+    variant cannot be judged (exit 2), and the problem names the scope, its rows and the rows needed."""
+    report = evaluate_gate(sweep(result("fp32", scope("overall", 1, 1.0)), result("int8", scope("overall", 1, 1.0))),
+                           SPEC)  # fmt: skip
+    assert report.exit_code == EXIT_UNUSABLE
+    assert report.status_of("int8", "cpu") == "fail"
+    needed = rows_to_resolve(0.01)
+    assert report.problems == (f"int8@cpu: too few rows to resolve the tolerance: overall accuracy on 1 rows < "
+                               f"{needed} needed for a drop of 0.01 (a variant changing 0.01 of the rows leaves all 1 "
+                               f"unchanged with probability 99.0% > 5%)",)  # fmt: skip
+
+
+def test_slices_are_held_to_the_same_rule_and_min_slice_size_still_skips():
+    enough, few = rows_to_resolve(0.01), rows_to_resolve(0.02) - 1
+    fp32 = result("fp32", scope("overall", enough + few, 0.9), scope("small", few, 0.9))
+    int8 = result("int8", scope("overall", enough + few, 0.9), scope("small", few, 0.9))
+    report = evaluate_gate(sweep(fp32, int8), SPEC)
+    assert report.exit_code == EXIT_UNUSABLE
+    assert len(report.problems) == 1 and f"small accuracy on {few} rows < {few + 1} needed" in report.problems[0]
+    assert "overall" not in report.problems[0]
+    skipped = evaluate_gate(sweep(fp32, int8), SPEC.model_copy(update={"min_slice_size": few + 1}))
+    assert skipped.exit_code == EXIT_PASS
+    assert {c.scope: c.status for c in skipped.checks} == {"overall": "pass", "small": "skipped"}
+
+
+def test_unresolved_note_passes_with_the_rule_in_a_note():
+    few = rows_to_resolve(0.01) - 1
+    results = sweep(result("fp32", scope("overall", few, 0.9)), result("int8", scope("overall", few, 0.9)))
+    report = evaluate_gate(results, SPEC.model_copy(update={"unresolved": "note"}))
+    assert report.exit_code == EXIT_PASS and not report.problems
+    assert [n for n in report.notes if "too few rows" in n] == [
+        f"int8@cpu: too few rows to resolve the tolerance: overall accuracy on {few} rows < {few + 1} needed for a "
+        f"drop of 0.01 (a variant changing 0.01 of the rows leaves all {few} unchanged with probability "
+        f"{0.99 ** few:.1%} > 5%)"]  # fmt: skip
+
+
+def test_a_drop_past_the_tolerance_on_few_rows_is_still_a_breach():
+    results = sweep(result("fp32", scope("overall", 10, 1.0)), result("int8", scope("overall", 10, 0.8)))
+    report = evaluate_gate(results, SPEC)
+    assert report.exit_code == EXIT_BREACH and not report.problems
+
+
+def test_the_rule_is_in_the_json_and_junit_reports():
+    report = evaluate_gate(sweep(result("fp32", scope("overall", 20, 1.0)), result("int8", scope("overall", 20, 1.0))),
+                           SPEC)  # fmt: skip
+    assert "overall accuracy on 20 rows < " in report_dict(report)["problems"][0]["message"]
+    errors = [e.get("message") for e in ET.fromstring(junit_xml(report).encode()).iter("error")]
+    assert errors == list(report.problems) and "overall accuracy on 20 rows < " in errors[0]
+
+
+def test_a_search_ranks_by_drops_and_the_gate_holds_its_pick_to_the_rule():
+    """The search and fallback judge candidates without the rule (a screen is a sample by design); the gate judges
+    the results of the one they pick with it."""
+    fp32, int8 = result("fp32", scope("overall", 20, 1.0)), result("int8", scope("overall", 20, 1.0))
+    assert judge(fp32, int8, SPEC).exit_code == EXIT_PASS
+    assert evaluate_gate(sweep(fp32, int8), SPEC).exit_code == EXIT_UNUSABLE
+
+
+def test_a_mean_compared_with_fp32_needs_its_interval_within_the_tolerance():
+    """cosine against FP32's own outputs: FP32's is 1 on every row (a point interval), so the variant's interval is
+    the drop's. The same mean drop passes with a narrow spread and is unresolved with a wide one."""
+    spec = GateSpec(metric="cosine", max_drop=0.01, max_slice_drop=0.02, applies_to=["int8"])
+    rng = np.random.default_rng(0)
+    reference = rng.normal(size=(200, 8))
+    steady = reference + 0.02 * rng.normal(size=reference.shape)
+    rare = reference.copy()
+    rare[0] = 0.0  # one row of 200 with nothing of FP32's direction (cosine 0): a mean drop of 0.005, the rest none
+
+    def judged(outputs: np.ndarray) -> tuple[int, tuple[str, ...]]:
+        fp32 = evaluate_accuracy("embedding", reference, reference, None, {})
+        int8 = evaluate_accuracy("embedding", outputs, reference, None, {})
+        variants = [VariantResult(variant=name, backend="cpu", precision=name, status="ok", accuracy=acc)
+                    for name, acc in (("fp32", fp32), ("int8", int8))]  # fmt: skip
+        report = evaluate_gate(sweep(*variants), spec)
+        return report.exit_code, report.problems
+
+    assert judged(steady) == (EXIT_PASS, ())
+    code, problems = judged(rare)
+    assert code == EXIT_UNUSABLE and "the 95% interval of the drop reaches" in problems[0]
+    one = evaluate_gate(sweep(result("fp32", scope("overall", 1, 1.0, "cosine", (1.0, 1.0))),
+                              result("int8", scope("overall", 1, 1.0, "cosine", (1.0, 1.0)))), spec)  # fmt: skip
+    assert one.exit_code == EXIT_UNUSABLE and "a mean over 1 row has no spread" in one.problems[0]
+
+
+def test_an_error_in_the_data_units_needs_two_rows():
+    spec = GateSpec(metric="mae", max_drop=0.5, max_slice_drop=0.5, applies_to=["int8"])
+    for rows, code in ((1, EXIT_UNUSABLE), (2, EXIT_PASS)):
+        results = sweep(result("fp32", scope("overall", rows, 3.0, "mae")), result("int8", scope("overall", rows, 3.1, "mae")))
+        assert evaluate_gate(results, spec).exit_code == code
+
+
+def test_a_variant_that_is_fp32s_own_graph_needs_no_rows():
+    """Its outputs are FP32's on every input, so its pass rests on no sample (the gate notes it says nothing about
+    its precision)."""
+    fp32 = result("fp32", scope("overall", 3, 1.0))
+    twin = dataclasses.replace(result("int8", scope("overall", 3, 1.0)), params={"identical_to": "fp32"})
+    report = evaluate_gate(sweep(fp32, twin), SPEC)
+    assert report.exit_code == EXIT_PASS and not [n for n in report.notes if "too few rows" in n]
+    other = dataclasses.replace(twin, params={"identical_to": "int8-other"})
+    assert evaluate_gate(sweep(fp32, other), SPEC).exit_code == EXIT_UNUSABLE
