@@ -181,8 +181,9 @@ def test_prepare_feeds_the_pairs_to_evaluation_and_calibration(tmp_path: Path) -
              helper.make_node("Unsqueeze", ["m", "axis"], ["m3"]),
              helper.make_node("Add", ["w", "s"], ["ws"]),
              helper.make_node("Mul", ["ws", "m3"], ["masked"]),
-             helper.make_node("ReduceSum", ["masked"], ["scores"], axes=[1], keepdims=0)]  # fmt: skip
+             helper.make_node("ReduceSum", ["masked", "summed"], ["scores"], keepdims=0)]  # fmt: skip
     tables.append(numpy_helper.from_array(np.array([2], dtype=np.int64), "axis"))
+    tables.append(numpy_helper.from_array(np.array([1], dtype=np.int64), "summed"))  # opset 13: axes are an input
     inputs = [helper.make_tensor_value_info(name, TensorProto.INT64, [None, None]) for name in names]
     scores = helper.make_tensor_value_info("scores", TensorProto.FLOAT, [None, 2])
     graph = helper.make_graph(nodes, "pair", inputs, [scores], tables)
