@@ -49,14 +49,14 @@ def test_a_server_that_falls_behind_is_overloaded_even_when_the_short_run_meets_
 
 
 def test_the_served_rate_steps_down_from_the_simulated_one_until_a_real_run_meets_the_budget():
-    """A server meeting the budget only up to 1,000 req/s: the rate claimed is at most that, within 5 % of it (stepped
+    """A server meeting the budget only up to 1,000 req/s: the rate claimed is at most that, within 10 % of it (stepped
     down, then bisected), and never above the simulated rate it started from; none is claimed when no run within MAX_RUNS passes."""
 
     def server(rate, overhead_ms, budget_ms):
         return LoadStats(rate, 500, 1.0, 2.0, 5.0 if rate <= 1000 else 50.0, 1.0, 0.1, 1.0, rate, overloaded=False)
 
     found = served_max_rate(server, 5000.0, budget_ms=10.0)
-    assert 0.95 * 1000 <= found.max_rate_rps <= 1000
+    assert 0.9 * 1000 <= found.max_rate_rps <= 1000
     assert found.at_max.p99_ms <= 10.0 and found.runs > 1
     assert served_max_rate(server, 800.0, budget_ms=10.0).max_rate_rps == 800.0  # the simulation's own answer held
     never = served_max_rate(lambda rate, overhead_ms, budget_ms: server(1e9, overhead_ms, budget_ms), 5000.0, budget_ms=10.0)
