@@ -42,7 +42,6 @@ from qbench.supervisor import announce_run
 from qbench.validate.catalogue import custom_metrics
 from qbench.validate.contention import contention_notes
 from qbench.validate.measure import PhaseClock
-from qbench.validate.timing_guard import GUARD
 from qbench.variants import BuiltVariant
 
 logger = logging.getLogger(__name__)
@@ -168,7 +167,6 @@ class _Progress:
     clock: PhaseClock
     guard: SignalGuard
     tracker: SweepTracker | None = None
-    waited_from: float = field(default_factory=lambda: GUARD.waited_s)  # see _count_waits_as_tracking
     done: list[VariantResult] = field(default_factory=list)
     results_complete: bool = False
     _base: SweepResults | None = None
@@ -386,20 +384,10 @@ def _publish(recipe: Recipe, results: SweepResults, progress: _Progress, started
         failure = progress.tracker.failure
         progress.tracker = None  # the runs are ended: an interruption from here on must not end them KILLED again
         clock.add("track", t)
-        _count_waits_as_tracking(clock, GUARD.waited_s - progress.waited_from)
     timings = {**clock.seconds, "total": time.perf_counter() - started}
     results = _with_timings(results, timings)
     write_results(results, results_path)
     return SweepOutcome(results, gate, run_dir, results_path, report_path, plot_path, run_id, failure)
-
-
-def _count_waits_as_tracking(clock: PhaseClock, waited_s: float) -> None:
-    """Move the time timed sections waited for an MLflow write to end (qbench.validate.timing_guard) from inference,
-    whose clock held it, to tracking."""
-    moved = min(waited_s, clock.seconds.get("inference", 0.0))
-    if moved > 0:
-        clock.seconds["inference"] -= moved
-        clock.seconds["track"] = clock.seconds.get("track", 0.0) + moved
 
 
 def _with_timings(results: SweepResults, timings: dict[str, float]) -> SweepResults:

@@ -3,8 +3,7 @@
 `SweepTracker` is driven by the sweep: the parent run opens when the sweep starts, each child run
 when work on its variant starts and ends when its result is in, so the MLflow UI shows progress and
 real durations; an interrupted sweep ends its runs KILLED, a crashed one FAILED (never left RUNNING,
-never tagged pass). The writes run on a thread (qbench.track_writer) while the sweep goes on: between its timed
-sections, in order, drained before the runs end. A resumed sweep (`resumes`) takes over the interrupted sweep's parent run rather than opening a
+never tagged pass). A resumed sweep (`resumes`) takes over the interrupted sweep's parent run rather than opening a
 second one, so the experiment lists each variant x backend once: see SweepTracker.open. What is logged (keys, metrics, params, tags) is in qbench.track_content.
 
 Which store, its experiment and the UI command that serves it: qbench.track_store.
@@ -64,7 +63,6 @@ from qbench.track_store import (
 )
 from qbench.track_system import PREFIX as SYSTEM_PREFIX
 from qbench.track_system import SystemSampler
-from qbench.track_writer import BackgroundWriter
 
 T = TypeVar("T")
 
@@ -200,7 +198,6 @@ class SweepTracker:
         self._datasets: DatasetInputs | None = None
         self._sampler: SystemSampler | None = None
         self._retries = contextlib.ExitStack()  # bounded HTTP retries while the sweep's runs are open
-        self._writer: BackgroundWriter | None = None  # the thread the variants' writes run on, once the parent is open
         self.failure: str | None = None
 
     @classmethod
@@ -251,28 +248,15 @@ class SweepTracker:
         tracker._sampler = _system_sampler(first_step or 0) if system_metrics else None
         if data is not None:
             tracker._mlflow(lambda: tracker._log_datasets(data))
-        tracker._writer = BackgroundWriter()
         return tracker
 
     def _log_datasets(self, data: SweepData) -> None:
         self._datasets = dataset_inputs(data)
         self._client.log_inputs(self.parent_id, datasets=self._datasets.sweep)
 
-    def _later(self, call: Callable[[], object]) -> None:
-        """One step of logging on the writer thread, after those submitted before it (at once without a writer)."""
-        if self._writer is None:
-            self._mlflow(call)
-        else:
-            self._writer.submit(lambda: self._mlflow(call))
-
-    def flush(self) -> None:
-        """Wait until every write submitted so far has been made (or skipped after the store failed)."""
-        if self._writer is not None:
-            self._writer.drain()
-
     def variant_started(self, variant: str, backend: str) -> None:
         """Open the child run of one variant on one backend."""
-        self._later(lambda: self._start_child(variant, backend))
+        self._mlflow(lambda: self._start_child(variant, backend))
 
     def _start_child(self, variant: str, backend: str) -> str:
         replaced = self._earlier.pop(f"{variant}@{backend}", None)
@@ -291,13 +275,7 @@ class SweepTracker:
         """Log one variant's result, datasets and model into its child run (opened now if it was not); end the run.
 
         A result `reused` from the interrupted sweep this one resumes is in its child run already: that run is kept
-        as it is (its model too, which the variant's other backends link to), nothing is logged twice.
-        The writes are made on the writer thread: `flush()` waits for them."""
-        figures = variant_metrics(results, variant), variant_params(results, variant), variant_tags(variant)
-        self._later(lambda: self._log_variant(variant, *figures, reused=reused))
-
-    def _log_variant(self, variant: VariantResult, metrics: Mapping[str, float], params: Mapping[str, str],
-                     tags: Mapping[str, str], *, reused: bool) -> None:  # fmt: skip
+        as it is (its model too, which the variant's other backends link to), nothing is logged twice."""
         earlier = self._earlier.get(variant.key)
         if reused and earlier is not None and earlier.info.status in ("FINISHED", "FAILED"):  # ended by this method
             del self._earlier[variant.key]
@@ -305,13 +283,18 @@ class SweepTracker:
             if earlier.outputs is not None and earlier.outputs.model_outputs:
                 self._models.setdefault(variant.variant, earlier.outputs.model_outputs[0].model_id)
             return
-        run_id = self._running.pop(variant.key, None) or self._start_child(variant.variant, variant.backend)
-        self._running.pop(variant.key, None)
-        model_id = self._model_of(variant, run_id)
-        if self._datasets is not None:
-            self._client.log_inputs(run_id, datasets=self._datasets.variant(uses_calibration(variant)))
-        _log(self._client, run_id, metrics, params, tags, model_id=model_id)
-        self._client.set_terminated(run_id, status="FINISHED" if variant.status == "ok" else "FAILED")
+
+        def log() -> None:
+            run_id = self._running.pop(variant.key, None) or self._start_child(variant.variant, variant.backend)
+            self._running.pop(variant.key, None)
+            model_id = self._model_of(variant, run_id)
+            if self._datasets is not None:
+                self._client.log_inputs(run_id, datasets=self._datasets.variant(uses_calibration(variant)))
+            _log(self._client, run_id, variant_metrics(results, variant), variant_params(results, variant),
+                 variant_tags(variant), model_id=model_id)  # fmt: skip
+            self._client.set_terminated(run_id, status="FINISHED" if variant.status == "ok" else "FAILED")
+
+        self._mlflow(log)
 
     def _model_of(self, variant: VariantResult, run_id: str) -> str | None:
         """The variant's LoggedModel, logged from this run the first time, linked to it afterwards; None if unmeasured
@@ -338,19 +321,13 @@ class SweepTracker:
                 self._client.log_batch(self.parent_id, **request)
 
     def _release(self) -> None:
-        """End the writer thread (its writes made), stop sampling system metrics (if still sampling: a failed store)
-        and lift the bounded retries."""
+        """Stop sampling system metrics (if still sampling: a failed store) and lift the bounded retries."""
         try:
-            if self._writer is not None:
-                writer, self._writer = self._writer, None
-                writer.stop()
+            if self._sampler is not None:
+                self._sampler.finish()
+                self._sampler = None
         finally:
-            try:
-                if self._sampler is not None:
-                    self._sampler.finish()
-                    self._sampler = None
-            finally:
-                self._retries.close()
+            self._retries.close()
 
     def close(self, results: SweepResults, recipe: Recipe, gate: GateReport | None,
               artifacts: Sequence[Path]) -> str | None:  # fmt: skip
@@ -362,8 +339,7 @@ class SweepTracker:
         def log() -> None:
             for variant in results.variants:
                 if variant.key not in self._children:  # results logged after the fact (log_sweep)
-                    self._log_variant(variant, variant_metrics(results, variant), variant_params(results, variant),
-                                      variant_tags(variant), reused=False)  # fmt: skip
+                    self.variant_finished(results, variant)
             params, changed = _unlogged(sweep_params(results, recipe), self._earlier_params)
             _log(self._client, self.parent_id, sweep_metrics(results, gate), params, sweep_tags(results, gate) | changed)
             log_gate(self._client, {v.key: self._children[v.key] for v in results.variants}, gate)
@@ -375,30 +351,16 @@ class SweepTracker:
             self._log_system_metrics()
             self._client.set_terminated(self.parent_id, status="FINISHED")
 
-        try:
-            self.flush()
-            self._mlflow(log)
-        finally:
-            self._release()
+        self._mlflow(log)
+        self._release()
         return None if self.failure else self.parent_id
 
     def abort(self, status: str, reason: str) -> None:
         """End the parent and every open child with `status` (KILLED or FAILED); no run keeps a gate verdict.
 
         Best effort: the store may be what failed, so the first error ends the attempt (each further call would
-        wait for its own retries), and nothing is raised. The writes submitted before are made first.
+        wait for its own retries), and nothing is raised.
         """
-        try:
-            self.flush()
-        except Exception as exc:  # noqa: BLE001 - best effort, see above
-            logger.debug("the MLflow writes before ending the runs stopped at: %s", exc)
-        try:
-            self._end_runs(status, reason)
-        finally:
-            self._release()
-
-    def _end_runs(self, status: str, reason: str) -> None:
-        """abort()'s store calls, on whichever thread found the store failing."""
         verdict = tag_value(f"not evaluated (sweep {reason})")
         calls: list[Callable[[], object]] = [
             *(lambda r=run_id: self._client.set_terminated(r, status=status, end_time=_now_ms())
@@ -412,8 +374,10 @@ class SweepTracker:
         try:
             for call in calls:
                 call()
-        except Exception as exc:  # noqa: BLE001 - best effort, see abort
+        except Exception as exc:  # noqa: BLE001 - best effort, see above
             logger.debug("ending the MLflow runs stopped at: %s", exc)
+        finally:
+            self._release()
 
     def _mlflow(self, call: Callable[[], T]) -> T | None:
         """Run one step of logging; after the store's first failure, none (see the class docstring)."""
@@ -425,7 +389,7 @@ class SweepTracker:
             self.failure = store_failure(self._uri, exc)
             logger.warning("%s; the sweep goes on without MLflow (its runs are ended FAILED where the store answers)",
                            self.failure)  # fmt: skip
-            self._end_runs("FAILED", "failed: MLflow error")  # the writer, sampler and retries end with close/abort
+            self.abort("FAILED", "failed: MLflow error")
             return None
 
 

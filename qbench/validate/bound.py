@@ -26,7 +26,6 @@ from pathlib import Path
 import numpy as np
 
 from qbench.results_serving import BoundEstimate
-from qbench.validate.timing_guard import timed_section
 
 MEMORY_BOUND_FRACTION = 0.5
 OVERHEAD_SHARE = 0.5
@@ -38,7 +37,6 @@ _UNITS = {"K": 1024, "M": 1024**2, "G": 1024**3}
 
 
 @functools.cache
-@timed_section
 def memory_bandwidth_bytes_per_s() -> float:
     """Copy bandwidth of this machine (bytes read + written per second, best of a few 64 MiB copies)."""
     source = np.ones(_COPY_BYTES, dtype=np.uint8)

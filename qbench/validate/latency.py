@@ -1,7 +1,6 @@
 """Latency of a loaded variant: cold start (session creation, first run) and steady state per batch size.
 
-Each measurement is a timed section (qbench.validate.timing_guard: no background work of the process runs
-inside it). Only the `runner.run` call is inside a timed region: the timed batches are built before the clock
+Only the `runner.run` call is inside a timed region: the timed batches are built before the clock
 starts (`timed_batches`), each run takes the next one in rotation, and the progress bar advances
 outside it.
 
@@ -35,7 +34,6 @@ from qbench.recipe import StabilitySpec
 from qbench.results import LatencyPoint
 from qbench.validate.contention import cpu_sample, others_cpus
 from qbench.validate.stability import StabilityRule, WindowedStability, iqr_ratio, run_until_stable
-from qbench.validate.timing_guard import timed_section
 
 _NS_PER_MS = 1_000_000
 _DEFAULT_MAX_RUNS = 100_000  # latency.stability.max_iterations when not given
@@ -52,7 +50,6 @@ def _elapsed_ms(start_ns: int) -> float:
     return (time.perf_counter_ns() - start_ns) / _NS_PER_MS
 
 
-@timed_section
 def measure_cold_start(
     load: Callable[[], Runner], feeds: Mapping[str, np.ndarray], rows: int = 1, padding: Padding | None = None
 ) -> tuple[Runner, float, float]:
@@ -198,7 +195,6 @@ def _latency_point(
     )
 
 
-@timed_section
 def measure_samples(
     runner: Runner,
     feeds: Mapping[str, np.ndarray],
@@ -261,7 +257,6 @@ IDLE_MIN_RUNS = 5
 IDLE_BUDGET_S = 1.0  # per batch size: past it (and IDLE_MIN_RUNS), no more idle starts are timed
 
 
-@timed_section
 def measure_batcher_samples(
     runner: Runner,
     feeds: Mapping[str, np.ndarray],

@@ -30,7 +30,6 @@ import numpy as np
 from qbench.backends.base import Runner
 from qbench.results_serving import LoadStats
 from qbench.validate.load import Batcher, Draws
-from qbench.validate.timing_guard import timed_section
 
 # the client and the batcher are Python threads: with CPython's default 5 ms switch interval a client busy sending
 # requests holds the batcher off for up to 5 ms, a cost of this server's language, not of serving
@@ -69,7 +68,6 @@ class Served:
         return served <= offered / KEEP_UP if offered > 0 else True
 
 
-@timed_section
 def serve(
     runner: Runner, rows: Mapping[str, np.ndarray], arrivals_ms: np.ndarray, batcher: Batcher, late_ms: float = math.inf
 ) -> Served:
