@@ -57,6 +57,9 @@ def project(root: Path, onnx_model: onnx.ModelProto, table: pd.DataFrame, **reci
         },
         "variants": [INT8],
         "latency": {"batch_sizes": [1], "warmup": 1, "iterations": 3},
+        # 150 rows resolve no default tolerance (qbench.gate_resolution): these round trips are about the tasks, so
+        # an unresolved pass is a note here, not exit 2
+        "gate": {"unresolved": "note"},
         "output_dir": str(root / "reports"),
     }
     if "y" in table.columns:
