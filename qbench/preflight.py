@@ -225,7 +225,11 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
         lookups, whole=batch is not None, inputs=data.inputs, evaluation=evaluation if calibration_table is table else None,
     )
     calibration_rows = split.fitted
-    kept = kept_nonfinite(data, (eval_rows, nonfinite, masks), (calibration_rows, calibration_nonfinite))
+    selection = selection_rows(data, calibration_table, split, calibration_nonfinite, judged=eval_slices,
+                               model_inputs=model.inputs, labels=lambda t, rows: _labels(recipe, task, t, rows, outputs),
+                               recipe_file=recipe.source) if chooses_among_candidates(recipe) else None  # fmt: skip
+    kept = kept_nonfinite(data, (eval_rows, nonfinite, masks), (calibration_rows, calibration_nonfinite),
+                          split.selection if selection is not None else split.selection[:0])  # fmt: skip
     overlap = shared_rows(calibration_table, calibration_rows, table, eval_rows, data.fed_columns)
     if recipe.fits_on_calibration_rows:
         allowed = calibration_table is table and data.calibration.overlap == "allow"
@@ -263,9 +267,7 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
         preprocess_ms_per_row=preprocess_ms_per_row,
         batch=batch,
         snapshot=snapshot,
-        selection=selection_rows(data, calibration_table, split, judged=eval_slices, model_inputs=model.inputs,
-                                 labels=lambda t, rows: _labels(recipe, task, t, rows, outputs),
-                                 recipe_file=recipe.source) if chooses_among_candidates(recipe) else None,  # fmt: skip
+        selection=selection,
     )
 
 

@@ -8,7 +8,7 @@ Schema (version 1), documented in reports/README.md:
       gate_metric, reference, variants [VariantResult], frontier [FrontierPoint],
       timings {phase: seconds} (calibration, build, evaluate, latency, ranges, report, track, total),
       dropped_nonfinite {evaluation|calibration: {input column: rows left out for NaN/inf}},
-      kept_nonfinite {evaluation|calibration|slice:<name>: {input column: rows fed with NaN/inf}},
+      kept_nonfinite {evaluation|calibration|selection|slice:<name>: {input column: rows fed with NaN/inf}},
       ranges RangeAnalysis | null, inputs {input: {path, sha256}}, complete, finished_at,
       digest (sha256 of the canonical JSON of everything else; checked on reading)
     VariantResult
@@ -228,7 +228,7 @@ class SweepResults:
     timings: dict[str, float] = field(default_factory=dict)
     # rows left out for NaN/inf inputs (data.nonfinite_inputs: drop): {"evaluation"|"calibration": {column: rows}}
     dropped_nonfinite: dict[str, dict[str, int]] = field(default_factory=dict)
-    # rows fed with NaN/inf inputs (data.nonfinite_inputs: keep): {"evaluation"|"calibration"|"slice:<name>": {column: rows}}
+    # rows fed with NaN/inf inputs (data.nonfinite_inputs: keep): {"evaluation"|"calibration"|"selection"|"slice:<name>": {column: rows}}
     kept_nonfinite: dict[str, dict[str, int]] = field(default_factory=dict)
     ranges: RangeAnalysis | None = None
     # input name -> {path, sha256} of every file the results were made from (see qbench.provenance)

@@ -26,7 +26,7 @@ import pandas as pd
 
 from qbench.data import build_feeds
 from qbench.data.evaluation import EvaluationRows, calibration_candidates
-from qbench.data.nonfinite import NonfiniteMasks, drop_nonfinite, missing_slices, nonfinite_masks
+from qbench.data.nonfinite import NonfiniteMasks, drop_nonfinite, missing_slices
 from qbench.data.sampling import draw_from_strata, slice_strata
 from qbench.data.slices import slice_masks
 from qbench.errors import QbenchError
@@ -113,11 +113,12 @@ def calibration_masks(data: DataSpec, table: pd.DataFrame, *, recipe_file: Path)
 
 
 def selection_rows(
-    data: DataSpec, table: pd.DataFrame, split: CalibrationSplit, *, judged: Collection[str],
-    model_inputs: dict[str, TensorMeta], labels: Callable[[pd.DataFrame, np.ndarray], np.ndarray | None],
-    recipe_file: Path,
+    data: DataSpec, table: pd.DataFrame, split: CalibrationSplit, nonfinite: NonfiniteMasks, *,
+    judged: Collection[str], model_inputs: dict[str, TensorMeta],
+    labels: Callable[[pd.DataFrame, np.ndarray], np.ndarray | None], recipe_file: Path,
 ) -> SelectionRows | None:  # fmt: skip
-    """The selection rows of `split` (positions in `table`) with their feeds, labels and slices; None when there
+    """The selection rows of `split` (positions in `table`; `nonfinite`: the table's NaN/inf masks, scanned once per
+    table by the caller) with their feeds, labels and slices; None when there
     are none or their labels cannot be read (`labels` raises). Slices are those of `judged` (the evaluation's: what
     the gate judges) that hold some of these rows, the `missing:<column>` slices of `data.nonfinite_inputs: keep`
     too, so a candidate that loses the missing-value rows is chosen against there as the gate would judge it.
@@ -134,7 +135,7 @@ def selection_rows(
     try:
         masks = slice_masks(table, data.slices, recipe_file=recipe_file, inputs=data.inputs)
         if data.nonfinite_inputs == "keep":
-            masks |= missing_slices(rows, nonfinite_masks(table, data.inputs))
+            masks |= missing_slices(rows, nonfinite)
         slices = {name: mask[rows] for name, mask in masks.items() if name in judged and mask[rows].any()}
     except QbenchError as exc:  # a calibration file without the slice columns
         slices, why_unsliced = {}, str(exc)

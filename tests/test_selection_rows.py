@@ -162,13 +162,13 @@ def test_selection_rows_keep_labels_and_slices():
     data = DataSpec.model_validate({"path": "t.parquet", "inputs": {"x": "x"}, "label": "label", "slices": [{"by": "kind"}]})
     meta = {"x": TensorMeta(name="x", dtype=np.dtype("float32"), shape=(None, 2))}
     split = CalibrationSplit(np.array([1]), np.array([0, 3, 5]), 2)
-    got = selection_rows(data, table, split, judged=["kind=b"], model_inputs=meta,
+    got = selection_rows(data, table, split, {}, judged=["kind=b"], model_inputs=meta,
                          labels=lambda t, rows: t["label"].to_numpy()[rows], recipe_file=Path("r.yaml"))  # fmt: skip
     assert got is not None and got.count == 3 and got.labels.tolist() == [0, 1, 1] and got.from_sample == 2
     assert got.feeds["x"][:, 0].tolist() == [0, 6, 10] and list(got.slices) == ["kind=b"]
     assert got.slices["kind=b"].tolist() == [False, True, True]
     empty = CalibrationSplit(np.array([2, 4]), np.array([], dtype=np.int64), 0)
-    assert selection_rows(data, table, empty, judged=[], model_inputs=meta, labels=lambda t, r: None,
+    assert selection_rows(data, table, empty, {}, judged=[], model_inputs=meta, labels=lambda t, r: None,
                           recipe_file=Path("r.yaml")) is None  # fmt: skip
 
 
@@ -192,7 +192,7 @@ def test_under_keep_the_selection_rows_judge_the_missing_slices_the_gate_judges(
     data = DataSpec.model_validate({"path": "t.parquet", "inputs": {"x": "x"}, "label": "label", "nonfinite_inputs": "keep"})
     meta = {"x": TensorMeta(name="x", dtype=np.dtype("float32"), shape=(None, 2))}
     rows = np.array([1, 2, 4, 5, 9])
-    got = selection_rows(data, table, CalibrationSplit(np.array([0]), rows, 0), judged=["missing:x"], model_inputs=meta,
+    got = selection_rows(data, table, CalibrationSplit(np.array([0]), rows, 0), nonfinite_masks(table, data.inputs), judged=["missing:x"], model_inputs=meta,
                          labels=lambda t, r: t["label"].to_numpy()[r], recipe_file=Path("r.yaml"))  # fmt: skip
     assert got is not None and list(got.slices) == ["missing:x"]
     assert got.slices["missing:x"].tolist() == nonfinite_masks(table, data.inputs)["x"][rows].tolist()
@@ -239,3 +239,22 @@ def test_under_error_no_row_past_the_evaluation_limit_with_nan_inputs_is_chosen_
                                 beyond_limit=odd[2:])  # fmt: skip
     split = calibration_split(recipe, table, np.array([0, 4]), nonfinite, evaluation)
     assert set(split.selection) >= {9, 11} and not np.isin(split.selection, [2, 5, 7]).any()
+
+
+def test_selection_rows_read_the_missing_slices_from_the_masks_given_without_scanning_the_table_again(monkeypatch):
+    """The table's NaN/inf scan is done once (preflight); building the selection rows reuses it."""
+    import qbench.data.nonfinite as nonfinite
+    from qbench.modelinfo import TensorMeta
+    from qbench.recipe_data import DataSpec
+    from qbench.selection_rows import CalibrationSplit, selection_rows
+
+    table = _nan_table()
+    data = DataSpec.model_validate({"path": "t.parquet", "inputs": {"x": "x"}, "label": "label", "nonfinite_inputs": "keep"})
+    meta = {"x": TensorMeta(name="x", dtype=np.dtype("float32"), shape=(None, 2))}
+    masks = nonfinite.nonfinite_masks(table, data.inputs)
+    scans = []
+    monkeypatch.setattr(nonfinite, "_nonfinite_cells", lambda values: scans.append(values.name))
+    rows = np.array([1, 2, 4, 5, 9])
+    got = selection_rows(data, table, CalibrationSplit(np.array([0]), rows, 0), masks, judged=["missing:x"],
+                         model_inputs=meta, labels=lambda t, r: t["label"].to_numpy()[r], recipe_file=Path("r.yaml"))
+    assert got is not None and got.slices["missing:x"].tolist() == masks["x"][rows].tolist() and scans == []

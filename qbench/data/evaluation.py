@@ -98,11 +98,13 @@ def load_data_table(
     that name things (and those feeding the string inputs among `model_inputs`) kept as a CSV's text
     (text_columns), a label column of JSON lists read as lists, a CSV file in the dialect `data.csv` declares (in a
     file with decimal commas the text columns' numbers are written with points, as other formats name them, except
-    in the columns feeding the model: their text is fed as written)."""
+    in the columns feeding the model: their text is fed as written), and in another format the text cells of the
+    inputs and the label read as a CSV file's are (a Parquet string column of '-1.5' or '[0, 1]' as numbers, lists)."""
     kept = text_columns(data, label_names=label_names, model_inputs=model_inputs)
     dialect = CsvDialect(delimiter=data.csv.delimiter, decimal=data.csv.decimal, thousands=data.csv.thousands)
     return load_table(path, recipe_file=recipe_file, field=field, text_columns=kept, list_columns=_list_columns(data),
-                      verbatim_columns=data.fed_columns, csv_dialect=dialect)  # fmt: skip
+                      verbatim_columns=data.fed_columns, csv_dialect=dialect,
+                      value_columns=[*data.inputs, *data.label_columns])  # fmt: skip
 
 
 def evaluation_rows(table: pd.DataFrame, data: DataSpec, *, recipe_file: Path, calibrated: bool) -> EvaluationRows:

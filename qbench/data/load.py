@@ -9,9 +9,12 @@ or a structured `.npy`, Feather / Arrow IPC files (`.feather`, `.arrow`), or a f
 written by `datasets`' `save_to_disk` (needs the `datasets` extra). Rows are addressed by position 0..N-1 everywhere in qbench, so the frame
 always comes back with a clean RangeIndex.
 
-Parquet, Feather, JSON lines, NumPy files and `datasets` folders keep the types they store, except Arrow's
-decimals: pandas would give Python Decimal objects, which are neither class ids nor numbers to NumPy, so a
-decimal column is read as integers where every value is whole (a decimal(5, 0) label), as floats otherwise.
+Parquet, Feather, JSON lines, NumPy files and `datasets` folders keep the types they store, but the text cells of
+the columns a recipe reads as values (inputs, label) mean what the same cells mean in a CSV file
+(text_tables.parse_text_cells: JSON list text is lists, numbers written as text numbers, 'true'/'false' booleans,
+except in the caller's `text_columns`). Arrow's decimals are read as numbers: pandas would give Python Decimal
+objects, which are neither class ids nor numbers to NumPy, so a decimal column is read as integers where every
+value is whole (a decimal(5, 0) label), as floats otherwise.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from qbench.data.text_tables import (
     CsvDialect,
     check_unique_columns,
     open_data,
+    parse_text_cells,
     read_csv,
     text_as_numbers,
     text_encoding,
@@ -51,6 +55,7 @@ SUPPORTED_FORMATS = (".parquet, a folder of Parquet part files, .feather, .arrow
 def load_table(
     path: Path, *, recipe_file: Path, field: str = "data.path", text_columns: Collection[str] = (),
     list_columns: Collection[str] = (), verbatim_columns: Collection[str] = (), csv_dialect: CsvDialect = CsvDialect(),
+    value_columns: Collection[str] = (),
 ) -> pd.DataFrame:  # fmt: skip
     """Read a data table; every problem is a RecipeError at `field` naming the file and the cause. A CSV file (read
     as `csv_dialect` says) keeps its `text_columns`' text (only an empty cell is missing there), unless they are also
@@ -63,8 +68,11 @@ def load_table(
     if read is read_csv:
         read = partial(read_csv, dialect=csv_dialect, text_columns=text_columns, list_columns=list_columns,
                        verbatim_columns=verbatim_columns)  # fmt: skip
-    elif read is _read_parquet_folder:
-        read = partial(_read_parquet_folder, text_columns=text_columns)
+    else:  # types stored, but text cells read as a CSV file's are: one meaning for the same cells in every format
+        if read is _read_parquet_folder:
+            read = partial(_read_parquet_folder, text_columns=text_columns)
+        read = partial(_with_text_parsed, read, text_columns=text_columns, list_columns=list_columns,
+                       columns=value_columns)  # fmt: skip
     try:
         df = read(path)
     except UnicodeDecodeError as exc:
@@ -80,6 +88,13 @@ def load_table(
     df = df.reset_index(drop=True)
     df.attrs[SOURCE_ATTR] = path.name
     return df
+
+
+def _with_text_parsed(
+    read: Callable[[Path], pd.DataFrame], path: Path, *, text_columns: Collection[str], list_columns: Collection[str],
+    columns: Collection[str],
+) -> pd.DataFrame:  # fmt: skip
+    return parse_text_cells(read(path), text_columns=text_columns, list_columns=list_columns, columns=columns)
 
 
 def table_name(df: pd.DataFrame) -> str:

@@ -219,15 +219,19 @@ def kept_nonfinite(
     data: DataSpec,
     evaluation: tuple[np.ndarray, NonfiniteMasks, dict[str, np.ndarray]],
     calibration: tuple[np.ndarray, NonfiniteMasks],
+    selection: np.ndarray,
 ) -> dict[str, dict[str, int]]:
-    """With `data.nonfinite_inputs: keep`, the evaluation rows (overall and per slice) and calibration rows fed with
-    NaN/inf per input column (nonfinite_counts), said in the log; else nothing."""
+    """With `data.nonfinite_inputs: keep`, the rows fed with NaN/inf per input column (nonfinite_counts), said in the
+    log: the evaluation rows (overall and per slice), the calibration rows fitted on, and the `selection` rows
+    candidates are chosen on (positions in the calibration table, under its masks): every row fed is counted once,
+    in the one place it is fed; else nothing."""
     if data.nonfinite_inputs != "keep":
         return {}
     rows, nonfinite, masks = evaluation
     kept = nonfinite_counts(rows, nonfinite, masks, what="evaluation")
     kept |= nonfinite_counts(calibration[0], calibration[1], {}, what="calibration")
-    for what in ("evaluation", "calibration"):
+    kept |= nonfinite_counts(selection, calibration[1], {}, what="selection")
+    for what in ("evaluation", "calibration", "selection"):
         if what in kept:
             shown = ", ".join(f"{column}: {n}" for column, n in kept[what].items())
             logger.info("%s rows fed with NaN/inf inputs (data.nonfinite_inputs: keep): %s", what, shown)

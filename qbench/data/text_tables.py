@@ -16,7 +16,8 @@ Python lists, so the same table works as CSV, JSON lines or parquet; so is a lab
 names) when every cell is one (token labels). A cell that looks like a list but is not valid JSON is an error
 rather than a silent string (text in a text column). JSON writes numbers with decimal points whatever the
 file's decimal mark; in a file with decimal commas a list cell writing ',' between two digits ('[0,5, 1,5]',
-valid JSON for four integers) is refused.
+valid JSON for four integers) is refused. These readings of text cells (parse_text_cells) are also those of the
+text columns of every other format (qbench.data.load): the same cells mean the same thing whatever file holds them.
 """
 
 from __future__ import annotations
@@ -124,25 +125,72 @@ def read_csv(
     read = partial(pd.read_csv, path, sep=delimiter, keep_default_na=False, na_values=[""], encoding=encoding)
     df = read(decimal=dialect.decimal, dtype=dict.fromkeys(kept, str))
     decimal, thousands = dialect.decimal, dialect.thousands
-    for column in df.columns:
-        if column in kept:
-            if column in list_columns and _is_json_list_column(df[column]):
-                df[column] = _parse_json_lists(df[column], names=True, decimal=decimal)
-            elif (decimal != "." or thousands is not None) and column not in verbatim_columns:
-                df[column] = _with_decimal_points(df[column], decimal, thousands)
-            continue
-        if _is_json_list_column(df[column]):
-            df[column] = _parse_json_lists(df[column], decimal=decimal)
-        elif not pd.api.types.is_numeric_dtype(df[column]) and not pd.api.types.is_bool_dtype(df[column]):
-            numbers = text_as_numbers(df[column], decimal=decimal, thousands=thousands)
-            if numbers is not None:
-                df[column] = numbers
+    df = parse_text_cells(df, text_columns=kept, list_columns=list_columns, verbatim_columns=verbatim_columns,
+                          decimal=decimal, thousands=thousands)  # fmt: skip
     if thousands is None:
         check_undeclared_grouping(df, decimal, lambda columns: read(usecols=columns, dtype=str))
     df.attrs[DECIMAL_ATTR], df.attrs[THOUSANDS_ATTR] = decimal, thousands
     if dialect.decimal != ".":
         df.attrs[_COMMA_TEXT_ATTR] = tuple(column for column in kept if column in verbatim_columns)
     return df
+
+
+def parse_text_cells(
+    df: pd.DataFrame, *, text_columns: Collection[str] = (), list_columns: Collection[str] = (),
+    verbatim_columns: Collection[str] = (), decimal: str = ".", thousands: str | None = None,
+    columns: Collection[str] | None = None,
+) -> pd.DataFrame:  # fmt: skip
+    """The text columns of a table read as read_csv reads a CSV file's, whatever format held them: the one path
+    that gives text cells their meaning, so a Parquet or JSON lines string column of JSON lists ('[0, 1]'), of
+    numbers ('-1.55') or of booleans ('true', as pandas' CSV reader reads them: True/TRUE/true, False/FALSE/false)
+    is what the same cells give in a CSV file. `text_columns` keep their text (a JSON list column among
+    `list_columns` aside; with decimal commas or grouped thousands their numbers are written with points, except
+    in `verbatim_columns`). Only `columns` are read so (None: every column); those holding anything but text
+    (numbers, lists, arrays) are left as they are."""
+    for column in df.columns if columns is None else [column for column in df.columns if column in columns]:
+        cells = df[column]
+        if not _is_text_column(cells):
+            continue
+        if pd.api.types.infer_dtype(cells, skipna=True) == "boolean":  # booleans with gaps, as pandas' CSV reader and
+            df[column] = text_as_numbers(cells)  # Parquet give them: 1.0 / NaN / 0.0, as a CSV file's always were
+            continue
+        if column in text_columns:
+            if column in list_columns and _is_json_list_column(cells):
+                df[column] = _parse_json_lists(cells, names=True, decimal=decimal)
+            elif (decimal != "." or thousands is not None) and column not in verbatim_columns:
+                df[column] = _with_decimal_points(cells, decimal, thousands)
+            continue
+        if _is_json_list_column(cells):
+            df[column] = _parse_json_lists(cells, decimal=decimal)
+            continue
+        parsed = text_as_numbers(cells, decimal=decimal, thousands=thousands)
+        if parsed is None:
+            parsed = _text_as_booleans(cells)
+        if parsed is not None:
+            df[column] = parsed
+    return df
+
+
+_BOOLEAN_TEXT = {"True": True, "TRUE": True, "true": True, "False": False, "FALSE": False, "false": False}
+"""The cells pandas' CSV reader reads as booleans."""
+
+
+def _is_text_column(column: pd.Series) -> bool:
+    """Whether every non-missing cell of a (non-empty) object or text column is text, or every one a boolean (a
+    boolean column with gaps)."""
+    if not (pd.api.types.is_object_dtype(column) or pd.api.types.is_string_dtype(column)):
+        return False
+    return len(column) > 0 and pd.api.types.infer_dtype(column, skipna=True) in ("string", "empty", "boolean")
+
+
+def _text_as_booleans(column: pd.Series) -> pd.Series | None:
+    """A text column as booleans when every present cell writes one (_BOOLEAN_TEXT), as a CSV file's reads: bool, or
+    with some cells missing 1.0 / 0.0 with NaN in the gaps; else None."""
+    present = column.dropna()
+    if present.empty or not present.isin(_BOOLEAN_TEXT.keys()).all():
+        return None
+    booleans = column.astype(object).map(_BOOLEAN_TEXT, na_action="ignore")
+    return booleans.astype(bool) if len(present) == len(column) else booleans.astype("float64")
 
 
 def text_decimal(values: pd.Series) -> str:

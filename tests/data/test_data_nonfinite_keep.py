@@ -63,3 +63,17 @@ def test_counts_per_column_overall_and_per_slice() -> None:
     assert nonfinite_counts(np.array([0, 3]), masks, {}, what="calibration") == {}
     assert missing_slices(np.array([0, 3]), masks) == {}
     check_finite(table, np.arange(6), masks, {}, what="calibration", recipe_file=RECIPE, policy="keep")  # no error
+
+
+def test_kept_counts_cover_the_selection_rows_fed_as_well() -> None:
+    """Rows candidates are chosen on (calibrator: auto, the INT8 search) are fed too: counted under `selection`, apart
+    from the calibration rows fitted on."""
+    from qbench.data.nonfinite import kept_nonfinite
+
+    x = np.arange(20, dtype=np.float64).reshape(10, 2)
+    x[[1, 4, 6, 8], 0] = np.nan
+    table = pd.DataFrame({"x": list(x)})
+    data = DataSpec.model_validate({"path": "t.parquet", "inputs": {"x": "x"}, "nonfinite_inputs": "keep"})
+    masks = nonfinite_masks(table, data.inputs)
+    kept = kept_nonfinite(data, (np.array([0, 1, 2]), masks, {}), (np.array([3, 4]), masks), np.array([5, 6, 7, 8]))
+    assert kept == {"evaluation": {"x": 1}, "calibration": {"x": 1}, "selection": {"x": 2}}

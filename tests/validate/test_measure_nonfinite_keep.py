@@ -80,3 +80,20 @@ def test_a_model_giving_nan_on_nan_inputs_is_refused_in_one_line(tmp_path: Path,
     assert main(["validate", str(recipe_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "data.nonfinite_inputs" in err and "column 'x' holds NaN/inf" in err and "FP32 model gives NaN/inf outputs" in err
+
+
+def test_the_rows_a_calibrator_is_chosen_on_are_counted_with_the_calibration_rows(tmp_path: Path) -> None:
+    """`calibrator: auto` chooses on rows kept apart from the calibration sample: they are fed too, so every drawn row
+    holding NaN is counted, under `calibration` (fitted on) or `selection` (chosen on)."""
+    from qbench.preflight import prepare
+
+    recipe_path, table = _project(tmp_path, reads_nan=True)
+    recipe = yaml.safe_load(recipe_path.read_text())
+    recipe["variants"] = [{"name": "int8", "precision": "int8", "calibrator": "auto"}]
+    recipe_path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    prepared = prepare(load_recipe(recipe_path), track=False)
+    calibration = table[table["split"] == "calib"]
+    gaps = int(np.isnan(np.stack(calibration["x"].to_numpy())).any(axis=1).sum())
+    kept = prepared.kept_nonfinite
+    assert prepared.calibration.selection_rows and kept["selection"]["x"] > 0
+    assert kept["calibration"]["x"] + kept["selection"]["x"] == gaps
