@@ -23,6 +23,7 @@ from qbench.errors import QbenchError
 from qbench.execute import SweepPlan, make_executor, make_plan, run_plan, write_plan
 from qbench.execute.cache import entries_in_use
 from qbench.execute.jobs import describe_error
+from qbench.execute.records import JOBS_FOLDER, read_records
 from qbench.execute.resume import resume_target
 from qbench.execute.snapshot import Snapshot, snapshot_keys, take_snapshot
 from qbench.execute.store import build_store
@@ -229,10 +230,20 @@ class _Progress:
                           f"{self.run_dir}`)")
         elif (self.run_dir / RESULTS_FILE).is_file():
             kept = f"{len(self.done)} variant run{'' if len(self.done) == 1 else 's'}"
-            where = f"partial results ({kept}) in {self.run_dir / RESULTS_FILE}, marked incomplete"
-        else:  # no variant finished: there is no results.json to point to
-            where = f"no variant run finished; {self.run_dir} is marked incomplete"
+            where = f"partial results ({kept}) in {self.run_dir / RESULTS_FILE}, marked incomplete{self._reusable()}"
+        else:  # no variant in results.json yet: there is none to point to
+            where = f"no variant run in results.json; {self.run_dir} is marked incomplete{self._reusable()}"
         return QbenchError(f"sweep {exc}: {where}")
+
+    def _reusable(self) -> str:
+        """What the run folder's job records keep for `--resume`: a job (a build, a measurement) is recorded as it
+        ends, before results.json is rewritten, so the records, not `done`, say what an interruption left."""
+        finished = [record for record in read_records(self.run_dir).values() if record.died is None]
+        if not finished:
+            return "; no job finished"
+        jobs = f"{len(finished)} finished job{'' if len(finished) == 1 else 's'}"
+        return (f"; {jobs} recorded in {self.run_dir / JOBS_FOLDER}, which `qbench sweep {self.prepared.recipe.source} "
+                "--resume` reuses")
 
 
 def _check_reference_accuracy(prepared: Prepared, reference: VariantResult) -> None:
