@@ -38,7 +38,7 @@ from qbench.recipe import Recipe, load_recipe
 from qbench.report import write_markdown_report
 from qbench.report_html import write_html_report
 from qbench.results import RangeAnalysis, SweepResults, VariantResult, write_results
-from qbench.runs import RESULTS_FILE, mark_complete, mark_incomplete, new_run_dir, utc_now
+from qbench.runs import RESULTS_FILE, mark_complete, mark_incomplete, new_run_dir, record_tracking, utc_now
 from qbench.supervisor import announce_run
 from qbench.validate.catalogue import custom_metrics
 from qbench.validate.contention import contention_notes
@@ -117,6 +117,7 @@ def _sweep(recipe: Recipe, started: float, clock: PhaseClock, *, track: bool, re
             run_dir = new_run_dir(recipe.output_path / recipe.name)  # absolute: builders may change the cwd
             announce_run(run_dir)  # a crash of this process is then reported with its run folder (qbench.supervisor)
             write_plan(run_dir, plan, resumes=resume_from)
+            record_tracking(run_dir, track)  # `qbench gate` then knows an untracked run is in no MLflow store
         except Interrupted as exc:
             raise QbenchError(f"sweep {exc} before anything was measured; nothing was written") from None
         progress = _Progress(prepared, inputs, run_dir, clock, guard)
