@@ -134,8 +134,12 @@ def _register(asked: Recipe | None, judged: SweepResults, report: GateReport, re
 def tag_tracked_runs(asked: Recipe | None, results_path: Path, report: GateReport) -> None:
     """`qbench gate` on results a tracked sweep logged: its MLflow runs' gate tags become this verdict's (the UI
     shows what CI concluded last). A courtesy beside the verdict, as the step summary is: a store that fails is a
-    warning and the exit code stands; results no store holds (an untracked sweep) are left alone."""
-    if asked is None:
+    warning and the exit code stands; results no store holds (an untracked sweep) are left alone. MLflow (seconds
+    to import) is loaded only where the run folder may be in a store and the recipe's store exists."""
+    from qbench.runs import may_be_tracked
+    from qbench.track_uri import resolve_tracking_uri, store_absent
+
+    if asked is None or not may_be_tracked(results_path.parent) or store_absent(resolve_tracking_uri(asked)):
         return
     from qbench.track_saved import tag_gate_verdict
 

@@ -3,6 +3,11 @@
 A file is written to a temporary file in its own folder and renamed over the target: a full disk, a signal or a
 crash mid-write leaves the earlier file as it was and no half-written one (the temporary file is removed). The
 error is a QbenchError of one line naming the file and the system's reason (`No space left on device`).
+
+A rename alone is not durable: after a power loss the file system may hold the new name but not yet its content (an
+empty results.json or job record, which --resume and the gate would read as damaged). So the temporary file is
+synced before the rename, and on POSIX its folder after (the rename itself). That costs a few milliseconds a file
+(see README), once per job or per sweep: never call these on a per-iteration path.
 """
 
 from __future__ import annotations
@@ -62,10 +67,32 @@ def replace_atomically(path: Path, write: Callable[[Path], object], *, what: str
         try:
             write(temporary)
             os.chmod(temporary, 0o666 & ~current_umask())
+            _sync(temporary)
             os.replace(temporary, path)
         finally:
             temporary.unlink(missing_ok=True)
+        if os.name == "posix":
+            _sync_folder(path.parent)
     return path
+
+
+def _sync(path: Path, flags: int = os.O_RDONLY) -> None:
+    """Flush `path`'s content (or, for a folder, its entries) to the disk."""
+    handle = os.open(path, flags)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)
+
+
+def _sync_folder(folder: Path) -> None:
+    """Make a rename in `folder` durable. A file system that cannot sync a folder (EINVAL: some network and FUSE
+    ones) has nothing more to give: the file is in place, and that is not an error."""
+    try:
+        _sync(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
 
 
 def new_folder(parent: Path, stem: str, suffix: str) -> Path:

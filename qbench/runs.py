@@ -4,6 +4,9 @@ A sweep creates its folder with an `INCOMPLETE` marker (JSON: when it started, i
 removes the marker only after the complete results.json is written. An interrupted or crashed
 sweep leaves the marker (state "interrupted by SIGTERM", "failed: ...") next to whatever it wrote.
 
+A sweep also records in `tracking.json` whether it logs to MLflow (`qbench track` records it as it logs the folder
+after the fact): `qbench gate` looks for the folder's runs in a store only where they may be.
+
 The newest run is chosen by the times recorded in the files, never by folder names: a complete
 run counts from its results' `finished_at`, an incomplete one from the marker's `started_at`.
 """
@@ -24,6 +27,7 @@ from qbench.files import folder_writes, write_atomically
 
 INCOMPLETE_MARKER = "INCOMPLETE"
 RESULTS_FILE = "results.json"
+TRACKING_FILE = "tracking.json"
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,22 @@ def mark_incomplete(folder: Path, state: str) -> None:
 def mark_complete(folder: Path) -> None:
     """The sweep's complete results are written: remove the marker."""
     (folder / INCOMPLETE_MARKER).unlink(missing_ok=True)
+
+
+def record_tracking(folder: Path, logged: bool) -> None:
+    """Whether `folder` may be in an MLflow store: its sweep logs it there (a store that fails meanwhile leaves it
+    true), or `qbench track` is about to log it after the fact."""
+    write_atomically(folder / TRACKING_FILE, json.dumps({"mlflow": logged}) + "\n", what="the run's tracking record")
+
+
+def may_be_tracked(folder: Path) -> bool:
+    """False only where `folder` records that it was never logged to MLflow; one that records nothing (an older
+    qbench's run folder, results copied elsewhere) may have been."""
+    try:
+        content = json.loads((folder / TRACKING_FILE).read_text())
+    except (OSError, ValueError):
+        return True
+    return not (isinstance(content, dict) and content.get("mlflow") is False)
 
 
 def _write_marker(folder: Path, content: dict[str, object]) -> None:

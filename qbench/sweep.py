@@ -23,6 +23,7 @@ from qbench.errors import QbenchError
 from qbench.execute import SweepPlan, make_executor, make_plan, run_plan, write_plan
 from qbench.execute.cache import entries_in_use
 from qbench.execute.jobs import describe_error
+from qbench.execute.records import JOBS_FOLDER, read_records
 from qbench.execute.resume import resume_target
 from qbench.execute.snapshot import Snapshot, snapshot_keys, take_snapshot
 from qbench.execute.store import build_store
@@ -37,7 +38,7 @@ from qbench.recipe import Recipe, load_recipe
 from qbench.report import write_markdown_report
 from qbench.report_html import write_html_report
 from qbench.results import RangeAnalysis, SweepResults, VariantResult, write_results
-from qbench.runs import RESULTS_FILE, mark_complete, mark_incomplete, new_run_dir, utc_now
+from qbench.runs import RESULTS_FILE, mark_complete, mark_incomplete, new_run_dir, record_tracking, utc_now
 from qbench.supervisor import announce_run
 from qbench.validate.catalogue import custom_metrics
 from qbench.validate.contention import contention_notes
@@ -116,6 +117,7 @@ def _sweep(recipe: Recipe, started: float, clock: PhaseClock, *, track: bool, re
             run_dir = new_run_dir(recipe.output_path / recipe.name)  # absolute: builders may change the cwd
             announce_run(run_dir)  # a crash of this process is then reported with its run folder (qbench.supervisor)
             write_plan(run_dir, plan, resumes=resume_from)
+            record_tracking(run_dir, track)  # `qbench gate` then knows an untracked run is in no MLflow store
         except Interrupted as exc:
             raise QbenchError(f"sweep {exc} before anything was measured; nothing was written") from None
         progress = _Progress(prepared, inputs, run_dir, clock, guard)
@@ -229,10 +231,20 @@ class _Progress:
                           f"{self.run_dir}`)")
         elif (self.run_dir / RESULTS_FILE).is_file():
             kept = f"{len(self.done)} variant run{'' if len(self.done) == 1 else 's'}"
-            where = f"partial results ({kept}) in {self.run_dir / RESULTS_FILE}, marked incomplete"
-        else:  # no variant finished: there is no results.json to point to
-            where = f"no variant run finished; {self.run_dir} is marked incomplete"
+            where = f"partial results ({kept}) in {self.run_dir / RESULTS_FILE}, marked incomplete{self._reusable()}"
+        else:  # no variant in results.json yet: there is none to point to
+            where = f"no variant run in results.json; {self.run_dir} is marked incomplete{self._reusable()}"
         return QbenchError(f"sweep {exc}: {where}")
+
+    def _reusable(self) -> str:
+        """What the run folder's job records keep for `--resume`: a job (a build, a measurement) is recorded as it
+        ends, before results.json is rewritten, so the records, not `done`, say what an interruption left."""
+        finished = [record for record in read_records(self.run_dir).values() if record.died is None]
+        if not finished:
+            return "; no job finished"
+        jobs = f"{len(finished)} finished job{'' if len(finished) == 1 else 's'}"
+        return (f"; {jobs} recorded in {self.run_dir / JOBS_FOLDER}, which `qbench sweep {self.prepared.recipe.source} "
+                "--resume` reuses")
 
 
 def _check_reference_accuracy(prepared: Prepared, reference: VariantResult) -> None:

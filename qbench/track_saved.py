@@ -26,7 +26,7 @@ from qbench.errors import QbenchError
 from qbench.gate import GateReport
 from qbench.recipe import Recipe
 from qbench.results import SweepResults
-from qbench.runs import RESULTS_FILE, describe_run
+from qbench.runs import RESULTS_FILE, describe_run, record_tracking
 from qbench.track import SweepTracker, artifact_paths, children_of, log_gate
 from qbench.track_content import GATE_TAG, gate_tags, tag_value
 from qbench.track_store import (
@@ -116,6 +116,7 @@ def track_run_folder(recipe: Recipe, run_dir: Path) -> str:
     if existing is not None:
         raise QbenchError(f"{run_dir} is in MLflow already (sweep run {existing}); nothing logged")
     artifacts = [run_dir / name for name in REPORT_FILES if (run_dir / name).is_file()]
+    record_tracking(run_dir, True)  # first: a folder logged but not marked would be left untagged by `qbench gate`
     run_id = log_sweep(results, recipe, gate=gate, artifacts=artifacts)
     _end_failed_attempts(recipe, run_dir, run_id)
     return run_id

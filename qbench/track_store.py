@@ -28,6 +28,7 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from qbench.errors import QbenchError, one_line
 from qbench.recipe import Recipe
+from qbench.track_uri import resolve_tracking_uri, sqlite_file, store_absent
 
 try:  # POSIX; elsewhere concurrent first use of one new sqlite store is not serialised
     import fcntl
@@ -45,16 +46,6 @@ FAILURE_CHARS = 400  # MLflow's own words in a failure's line: its connection er
 
 
 
-def resolve_tracking_uri(recipe: Recipe) -> str:
-    """The recipe's tracking URI (a relative sqlite path is relative to the recipe), else $MLFLOW_TRACKING_URI,
-    else `sqlite:///<absolute cwd>/mlflow.db`."""
-    if recipe.tracking_uri:
-        return recipe.tracking_uri
-    if os.environ.get("MLFLOW_TRACKING_URI"):
-        return os.environ["MLFLOW_TRACKING_URI"]
-    return "sqlite:///" + (Path.cwd() / "mlflow.db").as_posix()
-
-
 def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
     """Fail fast when a tracking server does not answer (MLflow's own retries take minutes)."""
     if not uri.startswith(("http://", "https://")):
@@ -66,16 +57,9 @@ def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
         raise QbenchError(f"MLflow tracking server {uri} does not answer ({exc}); start it or use --no-track") from None
 
 
-def _sqlite_file(uri: str) -> Path | None:
-    """The database file of a sqlite URI (relative paths resolved against the cwd); None for other stores."""
-    if not uri.startswith("sqlite:///"):
-        return None
-    return Path(uri.removeprefix("sqlite:///").split("?", 1)[0]).resolve()
-
-
 def artifact_root(uri: str) -> str | None:
     """Where qbench puts artifacts for a sqlite store (a file URI next to the database); None for other stores."""
-    database = _sqlite_file(uri)
+    database = sqlite_file(uri)
     return (database.parent / _ARTIFACT_FOLDER).as_uri() if database else None
 
 
@@ -130,7 +114,7 @@ def _store_lock(uri: str) -> Iterator[None]:
     MLflow creates and migrates a new sqlite database on first use, and two processes doing that at
     once fail; creating the experiment races the same way.
     """
-    database = _sqlite_file(uri)
+    database = sqlite_file(uri)
     if database is None or fcntl is None:
         yield
         return
@@ -185,8 +169,7 @@ def existing_experiment(recipe: Recipe) -> tuple[MlflowClient, str, str] | None:
     live experiment of the recipe (what reads a sweep's runs, e.g. a later `qbench gate`, must not make a store in
     whatever folder CI runs it). A server that does not answer is a QbenchError in seconds."""
     uri = resolve_tracking_uri(recipe)
-    database = _sqlite_file(uri)
-    if database is not None and not database.is_file():
+    if store_absent(uri):
         return None
     check_reachable(uri)
     try:
@@ -202,7 +185,7 @@ def ui_command(uri: str, host: str = "127.0.0.1", port: int = 5000) -> list[str]
     """The `mlflow ui` command line that serves `uri`, with the artifact root qbench logs to for sqlite stores."""
     if is_server(uri):
         raise QbenchError(f"{uri} is a tracking server already: open it in a browser")
-    database = _sqlite_file(uri)
+    database = sqlite_file(uri)
     store = f"sqlite:///{database.as_posix()}" if database else uri
     command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", store]
     root = artifact_root(uri)

@@ -34,3 +34,54 @@ def test_a_full_or_read_only_disk_leaves_the_file_as_it_was_and_no_temporary(
 
 def test_a_missing_folder_is_made(tmp_path: Path) -> None:
     assert write_atomically(tmp_path / "new" / "results.json", "{}", what="the results").read_text() == "{}"
+
+
+@pytest.mark.skipif(os.name != "posix", reason="a folder is synced on POSIX only")
+def test_the_content_is_synced_before_the_rename_and_the_folder_after(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A rename without fsync may leave an empty file after a power loss: the temporary file is synced whole before
+    it replaces the target, and the folder once it has."""
+    target = tmp_path / "results.json"
+    target.write_text('{"complete": false}')
+    text = '{"complete": true, "variants": ["fp16"]}'
+    synced: list[tuple[str, str, str]] = []
+    fsync = os.fsync
+
+    def record(handle: int) -> None:
+        if os.path.samestat(os.fstat(handle), os.stat(tmp_path)):
+            synced.append(("folder", "", target.read_text()))
+        else:
+            synced.append(("file", os.pread(handle, 1 << 16, 0).decode(), target.read_text()))
+        fsync(handle)
+
+    monkeypatch.setattr(os, "fsync", record)
+    write_atomically(target, text, what="the results")
+    assert synced == [("file", text, '{"complete": false}'), ("folder", "", text)]
+
+
+def test_a_folder_that_cannot_be_synced_is_no_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Some file systems refuse to sync a folder (EINVAL): the file is in place all the same."""
+    fsync = os.fsync
+
+    def refuse_folders(handle: int) -> None:
+        if os.path.samestat(os.fstat(handle), os.stat(tmp_path)):
+            raise OSError(errno.EINVAL, "Invalid argument")
+        fsync(handle)
+
+    monkeypatch.setattr(os, "fsync", refuse_folders)
+    assert write_atomically(tmp_path / "results.json", "{}", what="the results").read_text() == "{}"
+
+
+def test_a_failed_sync_leaves_the_file_as_it_was(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The content could not be made durable (EIO): the target is left as it was, and the line names it."""
+    target = tmp_path / "results.json"
+    target.write_text('{"complete": false}')
+
+    def fail(handle: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", fail)
+    with pytest.raises(QbenchError, match=rf"^{target}: cannot write the results: Input/output error$"):
+        write_atomically(target, '{"complete": true}', what="the results")
+    assert target.read_text() == '{"complete": false}'
+    assert [p.name for p in tmp_path.iterdir()] == ["results.json"]

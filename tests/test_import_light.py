@@ -5,6 +5,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+from sweep_factory import make_sweep
+
+from qbench.provenance import recipe_record
+from qbench.recipe import load_recipe
+from qbench.results import write_results
+from qbench.runs import RESULTS_FILE, TRACKING_FILE
 
 HEAVY = ("torch", "onnxruntime", "mlflow", "modelopt", "tensorrt")
 
@@ -22,3 +33,47 @@ def test_import_qbench_loads_no_heavy_sdk():
 def test_recipe_gate_and_registries_load_no_heavy_sdk():
     statement = "import qbench.recipe, qbench.gate, qbench.cli, qbench.variants, qbench.backends, qbench.results"
     assert imported_after(statement) == []
+
+
+def gate_loads(recipe_body: dict, tracking_record: str | None, folder: Path) -> list[str]:
+    """The heavy SDKs `qbench gate RECIPE --results FILE` loads, on results in a run folder that holds
+    `tracking_record` as its tracking.json (None: no such file, as an older qbench's folder)."""
+    (folder / "model.onnx").write_bytes(b"model")
+    (folder / "rows.parquet").write_bytes(b"rows")
+    recipe = folder / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(recipe_body))
+    results = folder / "run" / RESULTS_FILE
+    made = make_sweep()
+    write_results(replace(made, recipe={**made.recipe, **recipe_record(load_recipe(recipe))}), results)
+    if tracking_record is not None:
+        (results.parent / TRACKING_FILE).write_text(tracking_record)
+    argv = ["gate", str(recipe), "--results", str(results), "--no-staleness-check"]
+    code = f"import sys, json\nfrom qbench.cli_app import main\nmain({argv!r})\nprint(json.dumps(sorted(sys.modules)))"
+    output = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=folder).stdout
+    return [m for m in json.loads(output.splitlines()[-1]) if m.split(".")[0] in HEAVY]
+
+
+RECIPE = {"name": "digits", "model": {"path": "model.onnx"},
+          "data": {"path": "rows.parquet", "inputs": {"x": "input"}, "label": "y"},
+          "gate": {"metric": "accuracy", "max_drop": 0.01, "max_slice_drop": 0.02}}  # fmt: skip
+
+
+def test_gate_loads_no_mlflow_where_the_recipes_store_does_not_exist(tmp_path: Path) -> None:
+    """Nothing was ever tracked here (no mlflow.db in the working directory): MLflow could find no run to tag."""
+    assert gate_loads(RECIPE, None, tmp_path) == []
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_gate_loads_no_mlflow_for_a_run_folder_that_records_it_was_not_tracked(tmp_path: Path) -> None:
+    """The store exists (other sweeps were tracked there), but this run's sweep ran with --no-track."""
+    recipe = {**RECIPE, "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}}
+    (tmp_path / "mlflow.db").write_bytes(b"")
+    assert gate_loads(recipe, '{"mlflow": false}\n', tmp_path) == []
+
+
+@pytest.mark.parametrize("record", ['{"mlflow": true}\n', None])
+def test_gate_looks_in_an_existing_store_for_a_run_folder_that_may_be_tracked(tmp_path: Path, record: str | None) -> None:
+    """A run tracked, or one whose folder does not say (an older qbench's): its runs' gate tags are brought up to date."""
+    recipe = {**RECIPE, "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}}
+    (tmp_path / "mlflow.db").write_bytes(b"")
+    assert "mlflow" in gate_loads(recipe, record, tmp_path)

@@ -73,11 +73,14 @@ def test_a_signal_right_after_the_first_build_leaves_it_for_resume(project: Path
                                                                    caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
     """The build was in the store but not recorded when the signal landed: `--resume` found "no finished job" in the
     interrupted run, left it INCOMPLETE and opened a second MLflow sweep beside its KILLED one. The line named a
-    results.json that no variant had written."""
+    results.json that no variant had written, then said "no variant run finished" of a run that recorded its build:
+    it now counts the finished jobs the run folder records."""
     monkeypatch.setenv("QBENCH_CACHE_DIR", str(tmp_path / "store"))  # empty: no other test's build of FP16 in it
     code, line, run_dir = signalled_sweep(project, "qbench.execute.executors:run_build")
     assert code == 2
-    assert line == f"error: sweep interrupted by SIGTERM: no variant run finished; {run_dir} is marked incomplete"
+    assert line == (f"error: sweep interrupted by SIGTERM: no variant run in results.json; {run_dir} is marked "
+                    f"incomplete; 1 finished job recorded in {run_dir / 'jobs'}, which `qbench sweep {project} "
+                    "--resume` reuses")  # fmt: skip
     [build] = read_records(run_dir).values()
     assert (build.job, build.error) == ("build:fp32", None) and build.manifest is not None
     with caplog.at_level(logging.INFO, logger="qbench"):
@@ -101,7 +104,9 @@ def test_a_signal_right_after_a_measurement_returns_leaves_it_for_resume(project
     `--resume` measured it again. The resumed sweep's results are those of a sweep never interrupted."""
     monkeypatch.setenv("QBENCH_CACHE_DIR", str(tmp_path / "store"))
     code, line, run_dir = signalled_sweep(project, "qbench.execute.executors:run_measure")
-    assert code == 2 and "interrupted by SIGTERM" in line
+    assert code == 2
+    assert line.endswith(f"incomplete; 2 finished jobs recorded in {run_dir / 'jobs'}, which `qbench sweep {project} "
+                         "--resume` reuses")  # fmt: skip
     records = read_records(run_dir)
     assert sorted(records) == ["build:fp32", "measure:fp32@onnxruntime-cpu"]
     measured = records["measure:fp32@onnxruntime-cpu"]

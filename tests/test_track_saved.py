@@ -11,7 +11,7 @@ from mlflow.tracking import MlflowClient
 from tiny_linear import make_linear_project
 
 from qbench.cli_app import main
-from qbench.runs import mark_incomplete
+from qbench.runs import TRACKING_FILE, mark_incomplete
 
 
 def test_an_untracked_sweep_is_logged_afterwards_once_and_registers(
@@ -24,6 +24,7 @@ def test_an_untracked_sweep_is_logged_afterwards_once_and_registers(
     [results_path] = (tmp_path / "reports").glob("linear/*/results.json")
     run_dir = results_path.parent
     assert main(["gate", str(recipe), "--register", "linear-model"]) == 2  # not tracked: nothing to register from
+    assert json.loads((run_dir / TRACKING_FILE).read_text()) == {"mlflow": False}  # `qbench gate` need not look
     assert main(["track", str(recipe), str(run_dir)]) == 0
 
     client = MlflowClient(uri)
@@ -46,6 +47,8 @@ def test_an_untracked_sweep_is_logged_afterwards_once_and_registers(
     assert main(["track", str(recipe), str(run_dir)]) == 2
     assert f"{run_dir} is in MLflow already (sweep run {parent.info.run_id})" in capsys.readouterr().err
     assert main(["gate", str(recipe), "--register", "linear-model"]) == 0
+    # logged after the fact, the folder is looked for again: its runs carry this verdict
+    assert f"MLflow: gate verdict tagged on sweep run {parent.info.run_id}" in capsys.readouterr().err
     version = client.get_model_version_by_alias("linear-model", "candidate")
     assert version.run_id in {c.info.run_id for c in children}
 

@@ -1,0 +1,40 @@
+"""Which MLflow store a recipe names, and whether it can hold runs at all, answered without importing MLflow (which
+costs a second or two): `qbench gate` asks before it looks for a sweep's runs to tag (qbench.cli_gate)."""
+
+from __future__ import annotations
+
+import os
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+from qbench.recipe import Recipe
+
+
+def resolve_tracking_uri(recipe: Recipe) -> str:
+    """The recipe's tracking URI (a relative sqlite path is relative to the recipe), else $MLFLOW_TRACKING_URI,
+    else `sqlite:///<absolute cwd>/mlflow.db`."""
+    if recipe.tracking_uri:
+        return recipe.tracking_uri
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"]
+    return "sqlite:///" + (Path.cwd() / "mlflow.db").as_posix()
+
+
+def sqlite_file(uri: str) -> Path | None:
+    """The database file of a sqlite URI (relative paths resolved against the cwd); None for other stores."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return Path(uri.removeprefix("sqlite:///").split("?", 1)[0]).resolve()
+
+
+def store_absent(uri: str) -> bool:
+    """Whether `uri` names a local store that does not exist (a sqlite database that is no file, a file store's
+    folder that is not there): it holds no runs, and opening it with MLflow would create it."""
+    database = sqlite_file(uri)
+    if database is not None:
+        return not database.is_file()
+    parsed = urllib.parse.urlparse(uri)
+    if parsed.scheme == "file":
+        return not Path(urllib.request.url2pathname(parsed.path)).exists()
+    return parsed.scheme == "" and not Path(uri).exists()
