@@ -196,7 +196,10 @@ def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[st
         problems.extend(f"{variant}@{backend}: {p}" for p in own_problems)
         if resolve and unresolved_scopes and not _same_graph(results, variant, backend):
             why = f"{variant}@{backend}: too few rows to resolve the tolerance: {'; '.join(unresolved_scopes)}"
-            (problems if spec.unresolved == "fail" else unresolved_notes).append(why)
+            # a breach on another scope is evidence enough to block the variant (exit 1): its unresolved passes
+            # change nothing then, and are a note
+            breached = any(c.status == "breach" for c in own_checks)
+            (problems if spec.unresolved == "fail" and not breached else unresolved_notes).append(why)
     if slo is not None:
         slo_pairs = [(v, b) for v, b in pairs if v != results.reference and slo.applies(v, spec.applies_to)
                      and (v, b) not in skipped]  # fmt: skip

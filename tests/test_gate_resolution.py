@@ -86,6 +86,17 @@ def test_a_drop_past_the_tolerance_on_few_rows_is_still_a_breach():
     assert report.exit_code == EXIT_BREACH and not report.problems
 
 
+def test_a_breach_on_one_scope_blocks_the_variant_whatever_its_unresolved_passes():
+    """A slice past its tolerance is evidence enough: exit 1, not 'cannot judge' because another scope (here the
+    overall figure on 30 rows) is too small to resolve its pass; that scope's rule is a note."""
+    fp32 = result("fp32", scope("overall", 30, 1.0), scope("small", 10, 1.0))
+    int8 = result("int8", scope("overall", 30, 0.9999), scope("small", 10, 0.7))
+    report = evaluate_gate(sweep(fp32, int8), SPEC)
+    assert report.exit_code == EXIT_BREACH and not report.problems
+    assert {c.scope: c.status for c in report.checks} == {"overall": "pass", "small": "breach"}
+    assert [n for n in report.notes if "too few rows" in n and "overall accuracy on 30 rows" in n]
+
+
 def test_the_rule_is_in_the_json_and_junit_reports():
     report = evaluate_gate(sweep(result("fp32", scope("overall", 20, 1.0)), result("int8", scope("overall", 20, 1.0))),
                            SPEC)  # fmt: skip
