@@ -19,6 +19,7 @@ looked up in; each value stands for its position there.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -116,12 +117,7 @@ def _decision_cut(
     to it is the upper class); None where no such comparison reads them, or several disagree. Only a comparison
     whose result goes on to a non-float graph output (`labels`) is the label's: another is a flag of its own."""
     found: set[tuple[float, bool]] = set()
-    waiting, seen = [name], set()
-    while waiting:
-        tensor = waiting.pop()
-        if tensor in seen:
-            continue
-        seen.add(tensor)
+    for tensor, waiting in each_once(name):
         for user in consumers.get(tensor, []):
             if user.op_type in _RESHAPING_OPS and user.input[0] == tensor:
                 waiting.extend(user.output)
@@ -134,16 +130,25 @@ def _decision_cut(
 
 
 def _reaches(name: str, consumers: dict[str, list[onnx.NodeProto]], targets: set[str]) -> bool:
-    """Whether `name` flows (through any nodes) into one of `targets`."""
-    waiting, seen = [name], set()
-    while waiting and len(seen) < _SCALE_STEPS:
-        tensor = waiting.pop()
+    """Whether `name` flows (through any nodes) into one of `targets` within _SCALE_STEPS tensors."""
+    for step, (tensor, waiting) in enumerate(each_once(name), 1):
         if tensor in targets:
             return True
+        if step == _SCALE_STEPS:
+            break
+        waiting.extend(out for user in consumers.get(tensor, []) for out in user.output)
+    return False
+
+
+def each_once(start: str) -> Iterator[tuple[str, list[str]]]:
+    """A graph walk from the tensor `start`: each tensor reached, once, depth first, with the list of tensors still
+    to visit, which the walker extends with those it reaches from there."""
+    waiting, seen = [start], set()
+    while waiting:
+        tensor = waiting.pop()
         if tensor not in seen:
             seen.add(tensor)
-            waiting.extend(out for user in consumers.get(tensor, []) for out in user.output)
-    return False
+            yield tensor, waiting
 
 
 def _constants(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
@@ -224,12 +229,7 @@ def _scale(name: str, producers: dict[str, onnx.NodeProto], constants: set[str])
     Add is thus a linear output only as a bias onto a linear layer, and an average of sigmoids is a probability.
     Branches that disagree, or one that ends anywhere else, leave the scale unstated."""
     found: set[bool | None] = set()
-    waiting, seen = [name], set()
-    while waiting:
-        tensor = waiting.pop()
-        if tensor in seen:
-            continue
-        seen.add(tensor)
+    for step, (tensor, waiting) in enumerate(each_once(name), 1):
         node = producers.get(tensor)
         if node is not None and node.domain == "ai.onnx.ml":
             ml = _ml_scale(node, tensor)
@@ -239,7 +239,7 @@ def _scale(name: str, producers: dict[str, onnx.NodeProto], constants: set[str])
                 waiting.append(ml)
             else:
                 found.add(ml)
-        elif node is None or node.domain not in ("", "ai.onnx") or len(seen) > _SCALE_STEPS:
+        elif node is None or node.domain not in ("", "ai.onnx") or step > _SCALE_STEPS:
             return None
         elif node.op_type in _PROBABILITY_OPS:
             found.add(True)

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from qbench.errors import RecipeError
+from qbench.modelinfo_classes import each_once
 from qbench.recipe import Recipe
 
 _SHOWN_ROWS = 3
@@ -75,12 +76,8 @@ def constant_lookups(model_path: Path) -> dict[str, Lookup]:
 
 def _lookups_of(name: str, consumers: Mapping[str, list], tables: Mapping[str, list[int]]) -> list[Lookup]:
     """The nodes reading a constant table at `name`'s values (`_TABLE_READERS`), following value-preserving ops."""
-    lookups, pending, seen = [], [name], set()
-    while pending:
-        current = pending.pop()
-        if current in seen:
-            continue
-        seen.add(current)
+    lookups = []
+    for current, pending in each_once(name):
         for node in consumers.get(current, []):
             if node.op_type in _VALUE_PRESERVING and node.input[0] == current:
                 pending += list(node.output)
