@@ -11,7 +11,8 @@ import numpy as np
 from qbench.errors import RecipeError
 from qbench.recipe import Recipe
 from qbench.tasks import Task
-from qbench.tasks.classification import ONE_COLUMN_CLASSES, class_count, column_classes, label_columns, one_score_column
+from qbench.tasks.class_labels import label_columns
+from qbench.tasks.classification import ONE_COLUMN_CLASSES, class_count, column_classes, one_score_column
 from qbench.tasks.selection import OutputChoice
 from qbench.tasks.tokens import IGNORE_LABEL, any_token_list
 

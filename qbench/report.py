@@ -18,8 +18,9 @@ from rich.text import Text
 
 from qbench.console import print_wide
 from qbench.files import write_atomically
-from qbench.frontier import frontier_of, mixed_timing_machines, overall_metric, slower_than_reference_notes, speedup
+from qbench.frontier import mixed_timing_machines, overall_metric, slower_than_reference_notes, speedup
 from qbench.gate import UNDER_MIN_SIZE, GateCheck, GateReport
+from qbench.report_frontier import frontier_text
 from qbench.report_grid import (
     NONE,
     Cell,
@@ -39,7 +40,6 @@ from qbench.report_ranges import ranges_section
 from qbench.report_search import search_markdown
 from qbench.report_serving import serving_table
 from qbench.results import (
-    EMULATED,
     NATIVE,
     CalibrationRecord,
     LatencyPoint,
@@ -48,7 +48,7 @@ from qbench.results import (
     VariantResult,
     non_default_session_options,
 )
-from qbench.validate.catalogue import METRICS, custom_metrics, recorded_custom_metrics
+from qbench.validate.catalogue import custom_metrics, recorded_custom_metrics
 from qbench.validate.contention import contention_notes
 
 _DROP_NOTE = "drop: how much worse than FP32 (positive = worse)"
@@ -318,46 +318,6 @@ def _timed_inputs(results: SweepResults) -> list[str]:
         lines.setdefault(point.batch_size, f"batch {point.batch_size}: timed over {point.batches} batches of "
                                            f"evaluation rows in rotation, shapes {shapes}")  # fmt: skip
     return [lines[size] for size in sorted(lines)]
-
-
-# -- frontier -------------------------------------------------------------------------------------
-
-
-def frontier_text(results: SweepResults) -> str:
-    """Per backend and batch size, the frontier variants from fastest to most accurate. Neighbours with the same
-    metric are joined by '=': on a frontier they are as fast within the timing noise (either would otherwise leave
-    the other off it), so listing one first says nothing about its speed."""
-    metric = results.gate_metric
-    direction = "higher" if METRICS[metric].higher_is_better else "lower"
-    lines = [f"Frontier (p50 latency vs {metric}, {direction} is better):"]
-    frontier = frontier_of(results)
-    machines: dict[str, set[str]] = {}  # a backend timed on several kinds of machine: one frontier per kind, named
-    for p in frontier:
-        machines.setdefault(p.backend, set()).add(p.machine)
-    groups: dict[tuple[str, int, str], str] = {}
-    last: dict[tuple[str, int, str], float] = {}
-    emulated = tied = False
-    for p in frontier:
-        variant = results.find(p.variant, p.backend)
-        marker = "*" if variant is not None and variant.fidelity.latency == EMULATED else ""
-        emulated = emulated or bool(marker)
-        entry = f"{p.variant}{marker} ({short(p.p50_ms)} ms, {num(p.metric)})"
-        where = f", timed on {p.machine or 'an unrecorded machine'}" if len(machines[p.backend]) > 1 else ""
-        key = (p.backend, p.batch_size, where)
-        if key in groups:
-            same = last[key] == p.metric
-            tied = tied or same
-            entry = (" = " if same else " → ") + entry
-        groups[key] = groups.get(key, "") + entry
-        last[key] = p.metric
-    lines += [f"  {backend}, batch {bs}{where}: {entries}" for (backend, bs, where), entries in groups.items()]
-    if not groups:
-        lines.append(f"  no variant has both a latency and a finite {metric}")
-    if tied:
-        lines.append("  =: the same metric, as fast within the timing noise")
-    if emulated:
-        lines.append("  * emulated latency: this runtime does not compute that precision natively")
-    return "\n".join(lines)
 
 
 # -- markdown report ------------------------------------------------------------------------------

@@ -298,7 +298,7 @@ def gate_tags(gate: GateReport | None, key: str | None = None) -> dict[str, str]
 
 
 def sweep_tags(results: SweepResults, gate: GateReport | None) -> dict[str, str]:
-    from qbench.report import frontier_text
+    from qbench.report_frontier import frontier_text
 
     return {
         "qbench.version": results.qbench_version,

@@ -19,7 +19,7 @@ from qbench.frontier import (
 )
 from qbench.frontier_svg import panel_svg
 from qbench.recipe import GateSpec
-from qbench.report import frontier_text
+from qbench.report_frontier import frontier_text
 from qbench.results import AccuracyResult, SliceMetrics, VariantResult
 
 

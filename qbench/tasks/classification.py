@@ -12,8 +12,6 @@ are a list of one class id per token, and its metrics are per scored token.
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -35,6 +33,7 @@ from qbench.tasks.base import (
     thresholded_log_problem,
     wilson,
 )
+from qbench.tasks.class_labels import as_number, class_key, integral, label_columns, plain_class_ids, text_class_ids
 from qbench.tasks.tokens import (
     TokenRows,
     any_token_list,
@@ -53,65 +52,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 _STRUCTURED = ("structured outputs (detection boxes, masks, sequences) are not supported by task 'classification' "
                "(task 'structured' judges them by your own metrics)")
-
-
-def _integral(value: Any) -> bool:
-    """Whether `value` is a whole number a class id can hold (int64: 1e20 is whole, but no class id)."""
-    if isinstance(value, (bool, np.bool_)):
-        return True
-    if isinstance(value, (int, np.integer)):
-        return -(2**63) <= int(value) < 2**63
-    return isinstance(value, (float, np.floating)) and float(value).is_integer() and abs(float(value)) < 2**63
-
-
-def _plain_class_ids(values: Sequence[Any]) -> np.ndarray | None:
-    """Labels that are all Python ints within int64 and >= 0, as a Parquet or NumPy integer column gives them, as one
-    int64 array in one pass (what the per-value checks of labels_from_values would conclude); else None, and those
-    checks run and explain what is wrong."""
-    if len(values) == 0 or not all(type(value) is int for value in values):
-        return None
-    labels = np.array(values)
-    if labels.dtype != np.int64 or labels.min() < 0:
-        return None
-    return labels
-
-
-def _text_class_ids(values: Sequence[Any]) -> np.ndarray | None:
-    """Labels that are all the text of a non-negative int64 in ASCII digits ("3", "+3", "007"), as a CSV label column
-    read as text gives them, as one int64 array in one pass over them all joined, where _as_number runs a regex per
-    label; else None, and the per-value checks run and explain what is wrong."""
-    if len(values) == 0 or not all(type(value) is str for value in values):
-        return None
-    joined = "\n".join(values)
-    if joined.count("\n") != len(values) - 1:  # a label holding a line break
-        return None
-    lines = joined.removeprefix("+").replace("\n+", "\n")  # one leading '+' a line
-    digits = lines.replace("\n", "")
-    if "\n\n" in lines or lines.startswith("\n") or lines.endswith("\n") or not (digits.isascii() and digits.isdigit()):
-        return None  # an empty label, or one that is no ASCII digits (no regex: one per label, or 80 MB on 500k)
-    try:
-        labels = np.array(values, dtype=np.int64)
-    except (OverflowError, ValueError):
-        return None
-    return labels if labels.min() >= 0 else None
-
-
-def _as_number(value: Any) -> Any:
-    """A label cell that is the text of a number ("3", "-1", "3.0") or of a truth value ("True", as pandas reads
-    it) as that value, anything else as it is: a CSV label column keeps the text its file holds
-    (qbench.data.text_tables), so that "01" can name a class, while class ids and integer classes are read as the
-    numbers they write."""
-    if not isinstance(value, str):
-        return value
-    if value.strip().lower() in ("true", "false"):
-        return value.strip().lower() == "true"
-    if re.fullmatch(r"\s*[+-]?\d+\s*", value):
-        return int(value)
-    try:
-        number = float(value)
-    except ValueError:
-        return value
-    return number if math.isfinite(number) else value
 
 
 def named_labels(output: TensorMeta) -> bool:
@@ -164,41 +104,6 @@ def below_chance(
         hint = "if the labels are not the score columns' numbers, name each column's class with data.classes"
     return (f"FP32 accuracy {accuracy:.4f} on output {output.name!r} is below a uniform guess over {classes} classes "
             f"({1.0 / classes:.4f}): {hint}")  # fmt: skip
-
-
-def label_columns(values: Sequence[Any], classes: Sequence[Any], positions: np.ndarray, *, unknown: str) -> list[int]:
-    """Each label value's score column: its position in `classes` (3, 3.0 and '3' are one class). Values that are
-    none of them are a LabelError whose example rows `unknown` describes."""
-    key = _class_key if any(isinstance(name, str) for name in classes) else _number_key
-    column = {key(name): index for index, name in enumerate(classes)}
-    missing = np.array([key(v) not in column for v in values], dtype=bool)
-    if missing.any():
-        raise LabelError(f"{example_rows(missing, values, positions)} {unknown}{_near_class(values, missing, classes)}")
-    return [column[key(v)] for v in values]
-
-
-def _near_class(values: Sequence[Any], missing: np.ndarray, classes: Sequence[Any]) -> str:
-    """'; ' DOG ' differs from class 'dog' only in case or surrounding spaces' for the first unknown label when it
-    does: exported labels often do, and a class is never guessed for them (two classes may differ only so)."""
-    value = values[int(np.flatnonzero(missing)[0])]
-    if not isinstance(value, str):
-        return ""
-    near = [name for name in classes if str(name).strip().casefold() == value.strip().casefold()]
-    if not near:
-        return ""
-    return f"; {value!r} differs from class {str(near[0])!r} only in case or surrounding spaces (labels name a class exactly)"
-
-
-def _class_key(value: object) -> str:
-    """A class as labels and class tables name it: a label column with gaps reads 3 as 3.0."""
-    if isinstance(value, (float, np.floating)) and float(value).is_integer():
-        return str(int(value))
-    return str(value)
-
-
-def _number_key(value: object) -> str:
-    """A class of a table of integer classes: the text "07" of a CSV label names class 7."""
-    return _class_key(_as_number(value))
 
 
 def column_classes(output: TensorMeta) -> tuple[int | str, ...] | None:
@@ -286,18 +191,18 @@ class Classification(Task):
     decides_by_argmax = True
 
     def labels_from_values(self, values: Sequence[Any], positions: np.ndarray) -> np.ndarray:
-        labels = _plain_class_ids(values)
+        labels = plain_class_ids(values)
         if labels is None:
-            labels = _text_class_ids(values)
+            labels = text_class_ids(values)
         if labels is not None:
             return labels
         if any_token_list(values):
-            return labels_from_lists(values, positions, _integral)
-        values = [_as_number(v) for v in values]
+            return labels_from_lists(values, positions, integral)
+        values = [as_number(v) for v in values]
         missing = np.array([no_label(v) for v in values], dtype=bool)
         if missing.any():
             raise LabelError(f"{example_rows(missing, values, positions)} have no label; expected integer class ids")
-        not_ids = np.array([not _integral(v) for v in values], dtype=bool)
+        not_ids = np.array([not integral(v) for v in values], dtype=bool)
         if not_ids.any():
             raise LabelError(f"{example_rows(not_ids, values, positions)} are not integer class ids (for class names, "
                              "list them in the order of the model's score columns in data.classes; "
@@ -338,7 +243,7 @@ class Classification(Task):
                              f"; {_listed(other[1])}): expected one of them in model.outputs")  # fmt: skip
         names = {k for k in classes if isinstance(k, str)}
         if len(names) == len(classes) and not any(
-            isinstance(_as_number(v), str) or _class_key(v) in names for v in values
+            isinstance(as_number(v), str) or class_key(v) in names for v in values
         ):
             return values  # ids (numbers, or a CSV's text of them) naming none of the named classes: read as columns
         # A number whose text names a class names it, as that text in a CSV does: a Parquet integer 2 against the

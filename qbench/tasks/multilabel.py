@@ -26,7 +26,7 @@ from qbench.tasks.base import (
     thresholded_log_problem,
     wilson,
 )
-from qbench.validate import metrics
+from qbench.validate import metrics, metrics_targets
 from qbench.validate.catalogue import MetricInfo, share_of_rows
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -56,8 +56,8 @@ class MultilabelRows:
         label_agreement = mean_or_nan(same)
         row_agreement = mean_or_nan(same.all(axis=1))
         values = {
-            "micro_f1": metrics.micro_f1(predicted, self.target[mask]),
-            "macro_f1": metrics.macro_f1(predicted, self.target[mask]),
+            "micro_f1": metrics_targets.micro_f1(predicted, self.target[mask]),
+            "macro_f1": metrics_targets.macro_f1(predicted, self.target[mask]),
             "label_agreement": label_agreement,
             "row_agreement": row_agreement,
             "max_abs_error": metrics.max_abs_error(self.outputs[mask], self.reference[mask]),
@@ -120,9 +120,9 @@ class Multilabel(Task):
         if labels is not None and labels.shape != outputs.shape:
             raise LabelError(f"labels have shape {labels.shape}, the output {outputs.shape}")
         as_probabilities = metrics.looks_like_sigmoid(reference) if probabilities is None else probabilities
-        reference_predicted = metrics.multilabel_predictions(reference, as_probabilities)
+        reference_predicted = metrics_targets.multilabel_predictions(reference, as_probabilities)
         predicted = metrics.unscored_where_reference_is(
-            metrics.multilabel_predictions(outputs, as_probabilities), reference_predicted
+            metrics_targets.multilabel_predictions(outputs, as_probabilities), reference_predicted
         )
         target = reference_predicted if labels is None else labels
         return MultilabelRows(outputs, reference, predicted, reference_predicted, target)

@@ -29,7 +29,7 @@ from qbench.tasks.base import (
     mean_or_nan,
     wilson,
 )
-from qbench.validate import metrics
+from qbench.validate import metrics, metrics_targets
 from qbench.validate.catalogue import MetricInfo, share_of_rows
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -82,10 +82,10 @@ class RegressionRows:
         agreement = mean_or_nan(self.agrees[mask])
         errors = np.abs(outputs - target)
         values = {
-            "mae": metrics.mean_absolute_error(outputs, target),
-            "rmse": metrics.root_mean_squared_error(outputs, target),
-            "r2": metrics.r2_score(outputs, target),
-            "r2_min": metrics.r2_min(outputs, target),
+            "mae": metrics_targets.mean_absolute_error(outputs, target),
+            "rmse": metrics_targets.root_mean_squared_error(outputs, target),
+            "r2": metrics_targets.r2_score(outputs, target),
+            "r2_min": metrics_targets.r2_min(outputs, target),
             "max_error": float(np.max(errors)) if errors.size else math.nan,
             "agreement": agreement,
             "max_abs_error": metrics.max_abs_error(outputs, self.reference[mask]),

@@ -11,7 +11,8 @@ from qbench.modelinfo import TensorMeta
 from qbench.recipe import GateSpec
 from qbench.results import VariantResult
 from qbench.tasks import LabelError, get_task
-from qbench.tasks.classification import class_count, label_columns
+from qbench.tasks.class_labels import label_columns
+from qbench.tasks.classification import class_count
 from qbench.validate import metrics
 from qbench.validate.accuracy import evaluate_accuracy
 
@@ -44,18 +45,18 @@ def test_bad_labels_name_the_count_and_an_example_row(values: list, message: str
 def test_integer_labels_read_in_one_pass_are_checked_as_any_others(values: list, message: str) -> None:
     """Python ints (a Parquet integer column) are read whole into int64, except where the value-by-value checks
     have something to say: beyond int64, or negative."""
-    from qbench.tasks.classification import _plain_class_ids
+    from qbench.tasks.class_labels import plain_class_ids
 
-    assert _plain_class_ids([0, -3, 1, 1]) is None and TASK.labels_from_values([0, -3, 1, 1], POSITIONS).tolist() == [
+    assert plain_class_ids([0, -3, 1, 1]) is None and TASK.labels_from_values([0, -3, 1, 1], POSITIONS).tolist() == [
         0, -3, 1, 1
     ]  # fmt: skip
-    assert _plain_class_ids(values) is None
+    assert plain_class_ids(values) is None
     with pytest.raises(LabelError, match=message):
         TASK.labels_from_values(values, POSITIONS)
-    plain = _plain_class_ids([3, 0, 2**62, 1])
+    plain = plain_class_ids([3, 0, 2**62, 1])
     assert plain is not None and plain.dtype == np.int64 and plain.tolist() == [3, 0, 2**62, 1]
     assert TASK.labels_from_values([3, 0, 1, 1], POSITIONS).tolist() == [3, 0, 1, 1]
-    assert _plain_class_ids([]) is None and _plain_class_ids([1, True]) is None and _plain_class_ids([1, 2.0]) is None
+    assert plain_class_ids([]) is None and plain_class_ids([1, True]) is None and plain_class_ids([1, 2.0]) is None
 
 
 def test_negative_labels_are_class_values_of_an_integer_output_only() -> None:
@@ -340,14 +341,14 @@ def test_text_class_ids_read_at_once_as_label_by_label(values: list[str], monkey
             return str(exc)
 
     fast = read()
-    monkeypatch.setattr(classification, "_text_class_ids", lambda values: None)
+    monkeypatch.setattr(classification, "text_class_ids", lambda values: None)
     assert fast == read()
 
 
 def test_text_class_ids_are_read_without_a_regex_per_label(monkeypatch) -> None:
     import qbench.tasks.classification as classification
 
-    monkeypatch.setattr(classification, "_as_number", lambda value: pytest.fail("per-label path ran"))
+    monkeypatch.setattr(classification, "as_number", lambda value: pytest.fail("per-label path ran"))
     assert TASK.labels_from_values(["1", "0", "007", "+3"], POSITIONS).tolist() == [1, 0, 7, 3]
 
 

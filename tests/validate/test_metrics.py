@@ -9,7 +9,7 @@ import pytest
 
 from qbench.errors import QbenchError
 from qbench.tasks import gate_metric_names
-from qbench.validate import catalogue, metrics
+from qbench.validate import catalogue, metrics, metrics_targets
 
 NAN = float("nan")
 
@@ -232,13 +232,13 @@ def test_gate_metrics_per_task_and_drop_direction() -> None:
 def test_regression_errors_by_hand() -> None:
     predicted, target = np.array([1.0, 2.0, 4.0]), np.array([1.0, 3.0, 2.0])
     # errors 0, 1, 2: MAE 1, RMSE sqrt(5/3); target mean 2, SS_tot 1+1+0 = 2, SS_res 5 -> R² = -1.5
-    assert metrics.mean_absolute_error(predicted, target) == pytest.approx(1.0)
-    assert metrics.root_mean_squared_error(predicted, target) == pytest.approx(math.sqrt(5 / 3))
-    assert metrics.r2_score(predicted, target) == pytest.approx(-1.5)
-    assert metrics.r2_score(target, target) == pytest.approx(1.0)
-    assert math.isnan(metrics.r2_score(np.array([1.0, 2.0]), np.array([3.0, 3.0])))  # constant target
-    assert math.isnan(metrics.mean_absolute_error(np.array([]), np.array([])))
-    assert metrics.r2_min(predicted, target) == pytest.approx(-1.5)  # one target: the worst is the only one
+    assert metrics_targets.mean_absolute_error(predicted, target) == pytest.approx(1.0)
+    assert metrics_targets.root_mean_squared_error(predicted, target) == pytest.approx(math.sqrt(5 / 3))
+    assert metrics_targets.r2_score(predicted, target) == pytest.approx(-1.5)
+    assert metrics_targets.r2_score(target, target) == pytest.approx(1.0)
+    assert math.isnan(metrics_targets.r2_score(np.array([1.0, 2.0]), np.array([3.0, 3.0])))  # constant target
+    assert math.isnan(metrics_targets.mean_absolute_error(np.array([]), np.array([])))
+    assert metrics_targets.r2_min(predicted, target) == pytest.approx(-1.5)  # one target: the worst is the only one
 
 
 def test_several_targets_are_judged_one_by_one_and_averaged_uniformly() -> None:
@@ -248,47 +248,47 @@ def test_several_targets_are_judged_one_by_one_and_averaged_uniformly() -> None:
     # target 0: errors 0, 0, 3: SS_res 9, SS_tot 2 -> R² -3.5, RMSE sqrt(3)
     # target 1: errors 0, 2, 0: SS_res 4, SS_tot 200 -> R² 0.98, RMSE sqrt(4/3)
     # (pooled, the old figures: R² 1 - 13/202 = 0.936, RMSE sqrt(13/6): the large target hid the small one)
-    assert metrics.r2_per_target(predicted, target).tolist() == pytest.approx([-3.5, 0.98])
-    assert metrics.r2_score(predicted, target) == pytest.approx((-3.5 + 0.98) / 2)
-    assert metrics.r2_min(predicted, target) == pytest.approx(-3.5)
-    assert metrics.root_mean_squared_error(predicted, target) == pytest.approx((math.sqrt(3) + math.sqrt(4 / 3)) / 2)
-    assert metrics.mean_absolute_error(predicted, target) == pytest.approx(5 / 6)  # = (3/3 + 2/3) / 2
+    assert metrics_targets.r2_per_target(predicted, target).tolist() == pytest.approx([-3.5, 0.98])
+    assert metrics_targets.r2_score(predicted, target) == pytest.approx((-3.5 + 0.98) / 2)
+    assert metrics_targets.r2_min(predicted, target) == pytest.approx(-3.5)
+    assert metrics_targets.root_mean_squared_error(predicted, target) == pytest.approx((math.sqrt(3) + math.sqrt(4 / 3)) / 2)
+    assert metrics_targets.mean_absolute_error(predicted, target) == pytest.approx(5 / 6)  # = (3/3 + 2/3) / 2
 
 
 def test_r2_leaves_out_constant_targets_and_propagates_nan() -> None:
     target = np.array([[1.0, 5.0], [2.0, 5.0], [3.0, 5.0]])
     predicted = np.array([[1.0, 5.0], [2.0, 6.0], [4.0, 5.0]])
     # target 1 is constant (no R²): only target 0 counts, SS_res 1, SS_tot 2 -> 0.5
-    assert metrics.r2_score(predicted, target) == pytest.approx(0.5)
-    assert metrics.r2_min(predicted, target) == pytest.approx(0.5)
-    assert math.isnan(metrics.r2_score(np.full((3, 2), 5.0), np.full((3, 2), 5.0)))  # every target constant
+    assert metrics_targets.r2_score(predicted, target) == pytest.approx(0.5)
+    assert metrics_targets.r2_min(predicted, target) == pytest.approx(0.5)
+    assert math.isnan(metrics_targets.r2_score(np.full((3, 2), 5.0), np.full((3, 2), 5.0)))  # every target constant
     # 0.1 three times: its float mean is not exactly 0.1, yet the column is constant and has no R²
-    assert math.isnan(metrics.r2_per_target(np.full((3, 1), 0.2), np.full((3, 1), 0.1))[0])
+    assert math.isnan(metrics_targets.r2_per_target(np.full((3, 1), 0.2), np.full((3, 1), 0.1))[0])
     predicted[1, 0] = NAN
-    assert math.isnan(metrics.r2_score(predicted, target)) and math.isnan(metrics.r2_min(predicted, target))
-    assert math.isnan(metrics.r2_min(np.zeros((0, 2)), np.zeros((0, 2))))
+    assert math.isnan(metrics_targets.r2_score(predicted, target)) and math.isnan(metrics_targets.r2_min(predicted, target))
+    assert math.isnan(metrics_targets.r2_min(np.zeros((0, 2)), np.zeros((0, 2))))
 
 
 def test_f1_by_hand() -> None:
     target = np.array([[1, 0, 0], [1, 1, 0], [0, 1, 0]])
     predicted = np.array([[1, 1, 0], [0, 1, 0], [0, 1, 0]])
     # pooled: tp 3 (r0l0, r1l1, r2l1), fp 1 (r0l1), fn 1 (r1l0) -> 6/8
-    assert metrics.micro_f1(predicted, target) == pytest.approx(0.75)
+    assert metrics_targets.micro_f1(predicted, target) == pytest.approx(0.75)
     # label 0: tp 1 fn 1 -> 2/3; label 1: tp 2 fp 1 -> 4/5; label 2: no positives anywhere -> left out
-    assert metrics.macro_f1(predicted, target) == pytest.approx((2 / 3 + 4 / 5) / 2)
+    assert metrics_targets.macro_f1(predicted, target) == pytest.approx((2 / 3 + 4 / 5) / 2)
 
 
 def test_f1_without_any_positive_is_perfect_and_a_spurious_positive_drops_it() -> None:
     """A slice whose rows have no positive label, predicted all negative: every decision is right (F1 1, as
     scikit-learn's zero_division=1), not NaN; one spurious positive makes both F1s 0 (tp 0, fp 1)."""
     negatives, spurious = np.zeros((3, 2)), np.array([[0, 1], [0, 0], [0, 0]])
-    assert metrics.micro_f1(negatives, negatives) == metrics.NO_POSITIVES_F1 == 1.0
-    assert metrics.macro_f1(negatives, negatives) == 1.0
-    assert metrics.micro_f1(spurious, negatives) == 0.0
-    assert metrics.macro_f1(spurious, negatives) == 0.0  # label 0 has no positive anywhere: left out
-    assert catalogue.drop("macro_f1", 1.0, metrics.macro_f1(spurious, negatives)) == 1.0
-    assert math.isnan(metrics.micro_f1(np.zeros((0, 2)), np.zeros((0, 2))))  # no rows
-    assert math.isnan(metrics.macro_f1(np.zeros((0, 2)), np.zeros((0, 2))))
+    assert metrics_targets.micro_f1(negatives, negatives) == metrics_targets.NO_POSITIVES_F1 == 1.0
+    assert metrics_targets.macro_f1(negatives, negatives) == 1.0
+    assert metrics_targets.micro_f1(spurious, negatives) == 0.0
+    assert metrics_targets.macro_f1(spurious, negatives) == 0.0  # label 0 has no positive anywhere: left out
+    assert catalogue.drop("macro_f1", 1.0, metrics_targets.macro_f1(spurious, negatives)) == 1.0
+    assert math.isnan(metrics_targets.micro_f1(np.zeros((0, 2)), np.zeros((0, 2))))  # no rows
+    assert math.isnan(metrics_targets.macro_f1(np.zeros((0, 2)), np.zeros((0, 2))))
 
 
 def test_a_missing_multilabel_decision_is_wrong_whatever_the_truth() -> None:
@@ -297,9 +297,9 @@ def test_a_missing_multilabel_decision_is_wrong_whatever_the_truth() -> None:
     target = np.array([[1, 0], [1, 0]])
     predicted = np.array([[1, 0], [-1, -1]])
     # label 0: tp 1, fn 1 -> 2/3; label 1: fp 1 -> 0; pooled: tp 1, fp 1, fn 1 -> 2/4
-    assert metrics.micro_f1(predicted, target) == pytest.approx(0.5)
-    assert metrics.macro_f1(predicted, target) == pytest.approx((2 / 3 + 0.0) / 2)
-    assert metrics.micro_f1(np.array([[-1, -1]]), np.array([[0, 0]])) == 0.0  # not NO_POSITIVES_F1
+    assert metrics_targets.micro_f1(predicted, target) == pytest.approx(0.5)
+    assert metrics_targets.macro_f1(predicted, target) == pytest.approx((2 / 3 + 0.0) / 2)
+    assert metrics_targets.micro_f1(np.array([[-1, -1]]), np.array([[0, 0]])) == 0.0  # not NO_POSITIVES_F1
     assert metrics.same_decisions(predicted, predicted).tolist() == [[True, True], [False, False]]
 
 
@@ -347,8 +347,8 @@ def test_within_allows_float_rounding_at_every_scale() -> None:
 
 def test_multilabel_thresholds() -> None:
     # a row holding NaN has no decision (as top1 gives it no class), not a run of negatives
-    assert metrics.multilabel_predictions(np.array([[0.2, 0.7], [NAN, 0.5]]), True).tolist() == [[0, 1], [-1, -1]]
-    assert metrics.multilabel_predictions(np.array([[-0.1, 0.3]]), False).tolist() == [[0, 1]]
+    assert metrics_targets.multilabel_predictions(np.array([[0.2, 0.7], [NAN, 0.5]]), True).tolist() == [[0, 1], [-1, -1]]
+    assert metrics_targets.multilabel_predictions(np.array([[-0.1, 0.3]]), False).tolist() == [[0, 1]]
     assert metrics.looks_like_sigmoid(np.array([[0.0, 1.0], [NAN, 0.4]]))
     assert not metrics.looks_like_sigmoid(np.array([[-2.0, 1.0]]))
 

@@ -12,7 +12,7 @@ from scipy.spatial import distance
 from sklearn import metrics as skm
 
 from qbench.tasks.span import NO_SPAN, best_spans, token_f1
-from qbench.validate import metrics, neighbours
+from qbench.validate import metrics, metrics_targets, neighbours
 from qbench.validate.catalogue import drop, within
 
 TRIALS = 60
@@ -114,38 +114,38 @@ def test_regression_metrics_match_sklearns_uniform_average():
     for rng, rows, targets in _cases(6):
         target = rng.normal(size=(rows + 1, targets)) * rng.choice([1e-4, 1.0, 40.0])
         predicted = target + rng.normal(size=target.shape) * np.abs(target).mean()
-        assert metrics.mean_absolute_error(predicted, target) == pytest.approx(skm.mean_absolute_error(target, predicted))
-        assert metrics.root_mean_squared_error(predicted, target) == pytest.approx(
+        assert metrics_targets.mean_absolute_error(predicted, target) == pytest.approx(skm.mean_absolute_error(target, predicted))
+        assert metrics_targets.root_mean_squared_error(predicted, target) == pytest.approx(
             skm.root_mean_squared_error(target, predicted))
-        assert metrics.r2_score(predicted, target) == pytest.approx(skm.r2_score(target, predicted))
-        assert metrics.r2_min(predicted, target) == pytest.approx(
+        assert metrics_targets.r2_score(predicted, target) == pytest.approx(skm.r2_score(target, predicted))
+        assert metrics_targets.r2_min(predicted, target) == pytest.approx(
             skm.r2_score(target, predicted, multioutput="raw_values").min())
 
 
 def test_a_constant_target_has_no_r2_and_is_left_out_of_the_average():
     target = np.array([[1.0, 5.0], [2.0, 5.0], [3.0, 5.0]])
     predicted = np.array([[1.5, 4.0], [2.0, 6.0], [2.5, 5.0]])
-    assert metrics.r2_score(predicted, target) == pytest.approx(skm.r2_score(target[:, 0], predicted[:, 0]))
-    assert math.isnan(metrics.r2_score(predicted[:, 1], target[:, 1]))
+    assert metrics_targets.r2_score(predicted, target) == pytest.approx(skm.r2_score(target[:, 0], predicted[:, 0]))
+    assert math.isnan(metrics_targets.r2_score(predicted[:, 1], target[:, 1]))
 
 
 def test_multilabel_f1_matches_sklearn_with_zero_division_one():
     for rng, rows, labels in _cases(7):
         truth = (rng.random((rows, labels)) < rng.random()).astype(np.int64)
         decided = (rng.random((rows, labels)) < rng.random()).astype(np.int64)
-        assert metrics.micro_f1(decided, truth) == pytest.approx(
+        assert metrics_targets.micro_f1(decided, truth) == pytest.approx(
             skm.f1_score(truth, decided, average="micro", zero_division=1))
         positive = (truth.sum(axis=0) + decided.sum(axis=0)) > 0  # documented: labels positive on neither side out
         expected = skm.f1_score(truth[:, positive], decided[:, positive], average="macro", zero_division=1) \
             if positive.any() else 1.0
-        assert metrics.macro_f1(decided, truth) == pytest.approx(expected)
+        assert metrics_targets.macro_f1(decided, truth) == pytest.approx(expected)
 
 
 def test_multilabel_decisions_of_a_nonfinite_row_are_wrong_on_every_label():
-    decided = metrics.multilabel_predictions(np.array([[np.nan, 0.9], [0.2, 0.8]]), True)
+    decided = metrics_targets.multilabel_predictions(np.array([[np.nan, 0.9], [0.2, 0.8]]), True)
     truth = np.array([[0, 1], [0, 1]])
     # row 0 counts as a false positive on label 0 and a false negative on label 1
-    assert metrics.micro_f1(decided, truth) == pytest.approx(skm.f1_score(truth, [[1, 0], [0, 1]], average="micro"))
+    assert metrics_targets.micro_f1(decided, truth) == pytest.approx(skm.f1_score(truth, [[1, 0], [0, 1]], average="micro"))
 
 
 def test_intervals_match_scipy():

@@ -1,0 +1,107 @@
+"""How label cells name classes: class ids read in one pass from integer or digit-text columns, text cells read as
+the numbers they write, and each label's score column among a stated class table (3, 3.0 and '3' are one class)."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from qbench.tasks.base import LabelError, example_rows
+
+
+def integral(value: Any) -> bool:
+    """Whether `value` is a whole number a class id can hold (int64: 1e20 is whole, but no class id)."""
+    if isinstance(value, (bool, np.bool_)):
+        return True
+    if isinstance(value, (int, np.integer)):
+        return -(2**63) <= int(value) < 2**63
+    return isinstance(value, (float, np.floating)) and float(value).is_integer() and abs(float(value)) < 2**63
+
+
+def plain_class_ids(values: Sequence[Any]) -> np.ndarray | None:
+    """Labels that are all Python ints within int64 and >= 0, as a Parquet or NumPy integer column gives them, as one
+    int64 array in one pass (what the per-value checks of labels_from_values would conclude); else None, and those
+    checks run and explain what is wrong."""
+    if len(values) == 0 or not all(type(value) is int for value in values):
+        return None
+    labels = np.array(values)
+    if labels.dtype != np.int64 or labels.min() < 0:
+        return None
+    return labels
+
+
+def text_class_ids(values: Sequence[Any]) -> np.ndarray | None:
+    """Labels that are all the text of a non-negative int64 in ASCII digits ("3", "+3", "007"), as a CSV label column
+    read as text gives them, as one int64 array in one pass over them all joined, where as_number runs a regex per
+    label; else None, and the per-value checks run and explain what is wrong."""
+    if len(values) == 0 or not all(type(value) is str for value in values):
+        return None
+    joined = "\n".join(values)
+    if joined.count("\n") != len(values) - 1:  # a label holding a line break
+        return None
+    lines = joined.removeprefix("+").replace("\n+", "\n")  # one leading '+' a line
+    digits = lines.replace("\n", "")
+    if "\n\n" in lines or lines.startswith("\n") or lines.endswith("\n") or not (digits.isascii() and digits.isdigit()):
+        return None  # an empty label, or one that is no ASCII digits (no regex: one per label, or 80 MB on 500k)
+    try:
+        labels = np.array(values, dtype=np.int64)
+    except (OverflowError, ValueError):
+        return None
+    return labels if labels.min() >= 0 else None
+
+
+def as_number(value: Any) -> Any:
+    """A label cell that is the text of a number ("3", "-1", "3.0") or of a truth value ("True", as pandas reads
+    it) as that value, anything else as it is: a CSV label column keeps the text its file holds
+    (qbench.data.text_tables), so that "01" can name a class, while class ids and integer classes are read as the
+    numbers they write."""
+    if not isinstance(value, str):
+        return value
+    if value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    if re.fullmatch(r"\s*[+-]?\d+\s*", value):
+        return int(value)
+    try:
+        number = float(value)
+    except ValueError:
+        return value
+    return number if math.isfinite(number) else value
+
+
+def label_columns(values: Sequence[Any], classes: Sequence[Any], positions: np.ndarray, *, unknown: str) -> list[int]:
+    """Each label value's score column: its position in `classes` (3, 3.0 and '3' are one class). Values that are
+    none of them are a LabelError whose example rows `unknown` describes."""
+    key = class_key if any(isinstance(name, str) for name in classes) else _number_key
+    column = {key(name): index for index, name in enumerate(classes)}
+    missing = np.array([key(v) not in column for v in values], dtype=bool)
+    if missing.any():
+        raise LabelError(f"{example_rows(missing, values, positions)} {unknown}{_near_class(values, missing, classes)}")
+    return [column[key(v)] for v in values]
+
+
+def _near_class(values: Sequence[Any], missing: np.ndarray, classes: Sequence[Any]) -> str:
+    """'; ' DOG ' differs from class 'dog' only in case or surrounding spaces' for the first unknown label when it
+    does: exported labels often do, and a class is never guessed for them (two classes may differ only so)."""
+    value = values[int(np.flatnonzero(missing)[0])]
+    if not isinstance(value, str):
+        return ""
+    near = [name for name in classes if str(name).strip().casefold() == value.strip().casefold()]
+    if not near:
+        return ""
+    return f"; {value!r} differs from class {str(near[0])!r} only in case or surrounding spaces (labels name a class exactly)"
+
+
+def class_key(value: object) -> str:
+    """A class as labels and class tables name it: a label column with gaps reads 3 as 3.0."""
+    if isinstance(value, (float, np.floating)) and float(value).is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _number_key(value: object) -> str:
+    """A class of a table of integer classes: the text "07" of a CSV label names class 7."""
+    return class_key(as_number(value))

@@ -1,0 +1,128 @@
+"""Metrics against target values, pure functions over numpy arrays as in qbench.validate.metrics: regression errors
+(MAE, RMSE, R² averaged over targets and the worst target's) and multi-label decisions and F1.
+
+Conventions as there: axis 0 is the row axis, float64 arithmetic, empty input gives NaN and NaN propagates.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from qbench.validate.metrics import INVALID_CLASS, _float_rows, _mean, _same_shape, nonfinite_rows
+
+# -- regression ---------------------------------------------------------------------------------
+
+
+def mean_absolute_error(predicted: np.ndarray, target: np.ndarray) -> float:
+    """Mean |predicted - target| over all elements (= each target's MAE averaged uniformly); NaN for none."""
+    predicted, target = _same_shape(predicted, target)
+    return _mean(np.abs(predicted - target))
+
+
+def _target_columns(predicted: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Both as (rows, targets) float64: a 1-D array is one target; the shapes must match."""
+    predicted, target = _same_shape(predicted, target)
+    return _float_rows(predicted), _float_rows(target)
+
+
+def root_mean_squared_error(predicted: np.ndarray, target: np.ndarray) -> float:
+    """sqrt(mean((predicted - target)^2)) of each target column, averaged uniformly over the targets
+    (scikit-learn's default 'uniform_average'); a single target is the plain RMSE. NaN for no rows."""
+    predicted_rows, target_rows = _target_columns(predicted, target)
+    if predicted_rows.size == 0:
+        return math.nan
+    return _mean(np.sqrt(np.mean((predicted_rows - target_rows) ** 2, axis=0)))
+
+
+def _r2_columns(predicted: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """1 - SS_res / SS_tot of each target column (SS_tot around that column's mean), and which columns' targets vary
+    (a constant one has no R²; a NaN from NaN outputs or targets is kept, so it propagates). No columns for no rows."""
+    predicted_rows, target_rows = _target_columns(predicted, target)
+    if predicted_rows.shape[0] == 0:
+        return np.zeros(0), np.zeros(0, dtype=bool)
+    varies = ~(np.ptp(target_rows, axis=0) == 0)
+    total = np.sum((target_rows - target_rows.mean(axis=0)) ** 2, axis=0)
+    residual = np.sum((target_rows - predicted_rows) ** 2, axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(varies, 1.0 - residual / np.where(varies, total, 1.0), math.nan), varies
+
+
+def r2_per_target(predicted: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """The R² of each target column; NaN for a column whose target is constant (R² is undefined there)."""
+    return _r2_columns(predicted, target)[0]
+
+
+def _defined_r2(predicted: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """The R² of the target columns whose target varies."""
+    per_target, varies = _r2_columns(predicted, target)
+    return per_target[varies]
+
+
+def r2_score(predicted: np.ndarray, target: np.ndarray) -> float:
+    """R² of each target column averaged uniformly (scikit-learn's default 'uniform_average', not the pooled
+    'variance_weighted'), over the columns whose target varies; a single target is the plain R².
+    NaN for no rows or when every target column is constant."""
+    return _mean(_defined_r2(predicted, target))
+
+
+def r2_min(predicted: np.ndarray, target: np.ndarray) -> float:
+    """The worst target column's R² (over the columns whose target varies): a target the variant
+    destroys shows here even when the others keep the average up. NaN as for `r2_score`."""
+    defined = _defined_r2(predicted, target)
+    return float(np.min(defined)) if defined.size else math.nan
+
+
+# -- multilabel -------------------------------------------------------------------------------
+
+
+def multilabel_predictions(outputs: np.ndarray, as_probabilities: bool) -> np.ndarray:
+    """(rows, labels) 0/1 decisions: score > 0.5 for probabilities, > 0 for logits. A row holding NaN/inf has no
+    decision (INVALID_CLASS on every label, as top1 gives such a row no class): a miss against every label and
+    every other result, never a run of correct negatives."""
+    scores = _float_rows(outputs)
+    threshold = 0.5 if as_probabilities else 0.0
+    with np.errstate(invalid="ignore"):
+        decisions = (scores > threshold).astype(np.int64)
+    decisions[nonfinite_rows(scores)] = INVALID_CLASS
+    return decisions
+
+
+def _f1(true_positive: np.ndarray, false_positive: np.ndarray, false_negative: np.ndarray) -> np.ndarray:
+    """2tp / (2tp + fp + fn); NaN where there is no positive in prediction or truth (F1 is 0/0 there)."""
+    denominator = 2 * true_positive + false_positive + false_negative
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(denominator > 0, 2 * true_positive / np.maximum(denominator, 1), np.nan)
+
+
+def _confusion(predicted: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per label (tp, fp, fn). A missing decision (INVALID_CLASS) is wrong whatever the truth: a false negative
+    on a positive, a false positive on a negative."""
+    predicted, target = _same_shape(predicted, target)
+    decided = _float_rows(predicted)
+    p, t, missing = decided > 0.5, _float_rows(target) > 0.5, decided == INVALID_CLASS
+    return (p & t).sum(axis=0), ((p | missing) & ~t).sum(axis=0), (~p & t).sum(axis=0)
+
+
+NO_POSITIVES_F1 = 1.0
+"""F1 where neither prediction nor truth holds a positive: every decision is right (scikit-learn's zero_division=1)."""
+
+
+def micro_f1(predicted: np.ndarray, target: np.ndarray) -> float:
+    """F1 over all (row, label) decisions pooled; NO_POSITIVES_F1 when neither side has a positive; NaN for no rows."""
+    if _float_rows(predicted).shape[0] == 0:
+        return math.nan
+    tp, fp, fn = _confusion(predicted, target)
+    pooled = float(_f1(np.array(tp.sum()), np.array(fp.sum()), np.array(fn.sum())))
+    return NO_POSITIVES_F1 if math.isnan(pooled) else pooled
+
+
+def macro_f1(predicted: np.ndarray, target: np.ndarray) -> float:
+    """Mean of the per-label F1 over labels positive in the prediction or the target (a label with no positive
+    on either side has no F1 and is left out); NO_POSITIVES_F1 when no label is; NaN for no rows."""
+    if _float_rows(predicted).shape[0] == 0:
+        return math.nan
+    per_label = _f1(*_confusion(predicted, target))
+    defined = per_label[~np.isnan(per_label)]
+    return _mean(defined) if defined.size else NO_POSITIVES_F1
