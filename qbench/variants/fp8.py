@@ -51,6 +51,7 @@ from qbench.variants.calibrate import (
     require_calibration,
     tensor_amax,
 )
+from qbench.variants.constant_inputs import fold_constant_inputs
 from qbench.variants.float_rules import kept_float_nodes, restore_float_inputs
 from qbench.variants.node_names import resolve_node_names
 from qbench.variants.onnx_utils import (
@@ -89,6 +90,7 @@ class Fp8Insertion:
     activations: int = 0
     weights: int = 0
     skipped: list[str] = field(default_factory=list)  # tensors left float: no usable range
+    folded: list[str] = field(default_factory=list)  # inputs computed from constants, quantized as weights
 
 
 def build_fp8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
@@ -151,6 +153,7 @@ def build_fp8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         "quantized_activations": inserted.activations,
         "quantized_weights": inserted.weights,
         "unquantized_inputs": inserted.skipped,
+        "folded_weights": inserted.folded,
     }
     return BuiltVariant(
         name=spec.name,
@@ -194,11 +197,18 @@ def fp8_weight(weight: np.ndarray, axis: int | None) -> tuple[np.ndarray, np.nda
         raise ValueError("a weight holds NaN or infinity")
     reduce_axes = None if axis is None else tuple(i for i in range(weight.ndim) if i != axis)
     amax = np.abs(weight).max(axis=reduce_axes)
-    amax = np.where(amax > 0, amax, 1.0)  # an all-zero slice is exact at any scale
+    # A slice whose scale would not be a normal float32 (all zeros, or values below 448 x 1.2e-38) gets scale 1,
+    # where its values round to 0: a scale of 0 would make 0 / 0 = NaN of its zeros and every output NaN.
+    amax = np.where(usable_scale(amax / FP8_MAX), amax, FP8_MAX)
     scale = (amax / FP8_MAX).astype(np.float32)
     broadcast = scale if axis is None else scale.reshape([-1 if i == axis else 1 for i in range(weight.ndim)])
     values = np.clip(weight / broadcast, -FP8_MAX, FP8_MAX).astype(ml_dtypes.float8_e4m3fn)
     return values, scale
+
+
+def usable_scale(scale: np.ndarray | float) -> np.ndarray:
+    """Whether a scale (per element) is a normal float32, the scales Q/DQ can divide by without 0 or inf."""
+    return np.asarray(scale, dtype=np.float32) >= np.finfo(np.float32).tiny
 
 
 def _weight_axis(node: onnx.NodeProto, input_index: int, rank: int) -> int | None:
@@ -254,7 +264,7 @@ class _Rewriter:
         name = node.input[index]
         if name not in self.dequantized:
             amax = tensor_amax(self.ranges, name)
-            if amax is None:
+            if amax is None or not usable_scale(amax / FP8_MAX):
                 if name not in self.result.skipped:
                     self.result.skipped.append(name)
                 return
@@ -289,13 +299,21 @@ def insert_fp8_qdq(
     """Rewrite `model` in place: FP8 Q/DQ on the inputs of `op_types` nodes not in `exclude`.
 
     Q/DQ nodes go right before their first consumer, which keeps the node list
-    topologically sorted. Float weights that no node reads any more are dropped.
+    topologically sorted. Float weights that no node reads any more are dropped. An input computed from constants
+    only (a Transposed or Constant weight) is folded into a weight first (constant_inputs).
     """
     graph = model.graph
+
+    def chosen(node: onnx.NodeProto) -> bool:
+        return node.op_type in op_types and node.domain in ("", "ai.onnx") and node.name not in exclude
+
+    reads = [(node, index) for node in graph.node if chosen(node) for index in _QUANTIZED_INPUTS[node.op_type]]
+    folded = fold_constant_inputs(model, reads)
     rewriter = _Rewriter(graph, ranges, per_channel)
+    rewriter.result.folded = folded
     nodes: list[onnx.NodeProto] = []
     for node in graph.node:
-        if node.op_type in op_types and node.domain in ("", "ai.onnx") and node.name not in exclude:
+        if chosen(node):
             nodes.extend(rewriter.inputs(node))
         nodes.append(node)
     graph.ClearField("node")

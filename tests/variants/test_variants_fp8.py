@@ -13,6 +13,7 @@ from onnx import TensorProto, numpy_helper
 
 from qbench.errors import QbenchError
 from qbench.recipe import VariantSpec
+from qbench.variants.base import BuildContext
 from qbench.variants.fp8 import FP8_MAX, NOTE, build_fp8, fp8_weight
 from qbench.variants.onnx_utils import custom_domains
 
@@ -124,3 +125,55 @@ def test_fp8_exposes_symmetric_ranges_at_448_times_its_scales(mlp, tmp_path):
     model = onnx.load(str(built.onnx_path))
     scale = next(t for t in model.graph.initializer if t.name == "x_fp8_scale")
     assert 448.0 * float(onnx.numpy_helper.to_array(scale)) == pytest.approx(amax, rel=1e-6)
+
+
+def _fp8(values: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """Independent reference: E4M3FN quantize (saturating, round to nearest even) and dequantize with `scale`."""
+    return np.clip(values / scale, -FP8_MAX, FP8_MAX).astype(ml_dtypes.float8_e4m3fn).astype(np.float32) * scale
+
+
+@pytest.mark.parametrize("calibrator", ["entropy", "percentile"])
+def test_fp8_weights_behind_constant_ops_are_quantized_as_weights(graph, tmp_path, calibrator):
+    """A weight reached through a Transpose of an initializer, or held by a Constant node, was quantized as an
+    activation: per tensor despite per_channel, stored in float32, with the calibrator's clipping range (entropy cut
+    the heavy-tailed weight: max error 23 vs 1.3 for its true FP8 form)."""
+    rng = np.random.default_rng(3)
+    w1 = rng.standard_t(3, size=(16, 8)).astype(np.float32)  # [N, K]: read through a Transpose
+    w2 = rng.standard_t(3, size=(16, 4)).astype(np.float32)
+    nodes = [
+        onnx.helper.make_node("Transpose", ["w1t"], ["w1"], perm=[1, 0], name="transpose"),
+        onnx.helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
+        onnx.helper.make_node("Constant", [], ["w2"], value=numpy_helper.from_array(w2), name="const"),
+        onnx.helper.make_node("MatMul", ["h", "w2"], ["y"], name="mm2"),
+    ]
+    path = graph(tmp_path / "m.onnx", nodes, {"w1t": w1}, {"x": 8}, {"y": 4})
+    calibration = [{"x": rng.normal(size=(32, 8)).astype(np.float32)} for _ in range(4)]
+    ctx = BuildContext(reference_path=path, workdir=tmp_path, calibration=calibration)
+    spec = VariantSpec(name="fp8", precision="fp8", calibrator=calibrator, per_channel=True)
+    built = build_fp8(spec, ctx)
+    model = onnx.load(str(built.onnx_path))
+    stored = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    x = rng.normal(size=(64, 8)).astype(np.float32)
+    x_scale, h_scale = stored["x_fp8_scale"], stored["h_fp8_scale"]  # the calibrator's (activation) ranges
+    w1_ref = _fp8(w1.T, (np.abs(w1.T).max(axis=0) / FP8_MAX).astype(np.float32))
+    w2_ref = _fp8(w2, (np.abs(w2).max(axis=0) / FP8_MAX).astype(np.float32))
+    h = (_fp8(x, x_scale).astype(np.float64) @ w1_ref).astype(np.float32)
+    expected = (_fp8(h, h_scale).astype(np.float64) @ w2_ref).astype(np.float32)
+    got = ort.InferenceSession(str(built.onnx_path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5 * float(np.abs(expected).max()))
+    assert built.params["folded_weights"] == ["w1", "w2"]
+    assert built.params["quantized_weights"] == 2 and built.params["quantized_activations"] == 2
+    assert not [n for n in model.graph.node if n.op_type in ("Transpose", "Constant")]
+    assert stored["w1_fp8"].dtype == ml_dtypes.float8_e4m3fn and stored["w1_fp8_scale"].shape == (16,)
+
+
+def test_fp8_scales_never_underflow_to_zero():
+    """A channel whose amax / 448 is below float32's normal range got scale 0, so its zeros became 0 / 0 = NaN and
+    every output NaN; a real engine gives that channel ~0. It now rounds to zeros, and the other channels are
+    untouched."""
+    weight = np.array([[0.0, 1e-44, 3e-39], [1.0, -2.0, 0.5]], dtype=np.float32).T  # [K=3, N=2]
+    values, scale = fp8_weight(weight, axis=1)
+    restored = values.astype(np.float32) * scale
+    assert np.all(np.isfinite(scale)) and np.all(scale > 0)
+    np.testing.assert_array_equal(restored[:, 0], 0.0)
+    np.testing.assert_array_equal(restored[:, 1], _fp8(weight[:, 1], np.float32(2.0 / FP8_MAX)))
