@@ -21,8 +21,9 @@ import numpy as np
 from qbench.data.feeds import take_batch
 from qbench.errors import QbenchError, RecipeError
 from qbench.modelinfo import ModelInfo, TensorMeta
+from qbench.modelinfo_classes import each_once
 from qbench.recipe import Recipe
-from qbench.validate.outputs import as_array
+from qbench.validate.outputs import VARIABLE_SHAPE, as_array
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +42,9 @@ _RANDOM_OPS = frozenset({"Bernoulli", "Dropout", "Multinomial", "RandomNormal", 
                          "RandomUniformLike"})  # fmt: skip
 # An exported model whose rows follow a reordering but not a batch of their own computes something over the batch.
 _ACROSS_ROWS = "so let no value be computed over the batch (a batch's sum choosing an If branch or a Loop count)"
+# Ops whose output length depends on the values fed (TopK and Loop only where their count is not a constant).
+_VARIABLE_OPS = frozenset({"Compress", "NonMaxSuppression", "NonZero", "Unique"})
+_COUNTED_OPS = {"TopK": 1, "Loop": 0}  # op -> the input holding its count
 
 
 def check_row_independence(
@@ -50,11 +54,12 @@ def check_row_independence(
     """RecipeError (at model.path / model.torch) when the evaluated `outputs` (name -> index) of the model at
     `path` do not follow the rows of `feeds`: fed in reverse order they must come back reversed, and each row fed
     alone (a fixed batch: a batch of copies of that row) must give that row's outputs. `batch`: the model's fixed
-    batch, if any."""
+    batch, if any. A fixed batch of 1 cannot be reordered, but its outputs must still hold one row: a detector's
+    [N, 6] detections of one image are not N rows."""
     count = min((len(array) for array in feeds.values()), default=0)
     size = batch if batch is not None else min(CHECKED_ROWS, count)
-    if count == 0 or size < 2:
-        return  # one row cannot be reordered
+    if count == 0:
+        return
     rows = take_batch({name: array[:size] for name, array in feeds.items()}, size)
     session = _session(path)
     if session is None:
@@ -66,10 +71,13 @@ def check_row_independence(
         return
     for name, values in reference.items():
         if values.ndim == 0 or len(values) != size:  # a batch on another axis: square batches would be read transposed
+            remedy = _variable_length(path, name) or (f"so make the model return it batch-first"
+                                                      f"{_output_axis_hint(name, values, size)}")  # fmt: skip
             raise RecipeError(recipe.source, _field(recipe), f"{_inputs(model, batch)}: output {name!r} had shape "
                               f"{list(values.shape)} for {size} rows fed; expected {size} on its axis 0, one output "
-                              f"row per input row: qbench reads axis 0 of every output as the batch, so make the model "
-                              f"return it batch-first{_output_axis_hint(name, values, size)}")  # fmt: skip
+                              f"row per input row: qbench reads axis 0 of every output as the batch, {remedy}")  # fmt: skip
+    if size < 2:
+        return  # one row cannot be reordered
     _check_repeatable(recipe, path, model, batch, session, rows, outputs, reference)
     trials = [(np.arange(size)[::-1], f"the same {size} rows were fed in another order", _expected(recipe))]
     # Each row without the others, as a served row comes: a value computed over the batch (a scripted
@@ -90,7 +98,8 @@ def check_row_independence(
         for name, values in reference.items():
             seen = _moved(name, values, got.get(name), picks)
             if seen is not None:
-                hint = batch_axis_hint(model) + _batch_statistics(path)
+                variable = _variable_length(path, name)
+                hint = f"; {variable}" if variable else batch_axis_hint(model) + _batch_statistics(path)
                 raise RecipeError(recipe.source, _field(recipe),
                                   f"{_inputs(model, batch)}: {seen} when {how}; {expected}{hint}")  # fmt: skip
 
@@ -135,12 +144,43 @@ def _batch_statistics(path: Path) -> str:
 
 def _nodes(path: Path) -> list:
     """The main graph's nodes of the model at `path`, or none where it cannot be read (the error stands alone)."""
+    graph = _graph(path)
+    return [] if graph is None else list(graph.node)
+
+
+def _graph(path: Path):  # noqa: ANN202 - onnx is imported lazily
+    """The main graph of the model at `path` (its weights left out), or None where it cannot be read (for hints)."""
     import onnx
 
     try:
-        return list(onnx.load(str(path), load_external_data=False).graph.node)
+        return onnx.load(str(path), load_external_data=False).graph
     except Exception:  # noqa: BLE001 - a hint only
-        return []
+        return None
+
+
+def _variable_length(path: Path, output: str) -> str:
+    """'output 'dets' is computed through NonMaxSuppression: <what to do>' when the graph computes `output`
+    through an op whose output length depends on the values fed, else ''."""
+    graph = _graph(path)
+    if graph is None:
+        return ""
+    producers = {out: node for node in graph.node for out in node.output}
+    constants = {node.output[0] for node in graph.node if node.op_type == "Constant" and node.output}
+    constants |= {tensor.name for tensor in graph.initializer}
+    found = []
+    for tensor, waiting in each_once(output):
+        node = producers.get(tensor)
+        if node is None:
+            continue
+        counted = _COUNTED_OPS.get(node.op_type)
+        if node.op_type in _VARIABLE_OPS or (counted is not None and (len(node.input) <= counted or node.input[counted]
+                                                                        not in constants)):  # fmt: skip
+            found.append(node.op_type)
+        waiting.extend(name for name in node.input if name)
+    if not found:
+        return ""
+    ops = ", ".join(sorted(set(found)))
+    return f"output {output!r} is computed through {ops}: {VARIABLE_SHAPE}"
 
 
 def _field(recipe: Recipe) -> str:

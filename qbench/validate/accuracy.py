@@ -22,7 +22,7 @@ from qbench.tasks import CustomMetric, get_task
 from qbench.tasks.base import RowSummary
 from qbench.validate import catalogue, metrics
 from qbench.validate.catalogue import OUTPUT_SEPARATOR
-from qbench.validate.outputs import row_count, run_outputs
+from qbench.validate.outputs import VARIABLE_SHAPE, row_count, run_outputs
 
 OVERALL = "overall"
 Outputs = np.ndarray | Mapping[str, np.ndarray]
@@ -176,10 +176,9 @@ def evaluate_accuracy(
     for name, values in named.items():
         values, reference = np.asarray(values), np.asarray(references[name])
         if values.ndim == 0 or values.shape != reference.shape:
-            raise QbenchError(
-                f"variant outputs{f' {name!r}' if name else ''} have shape {values.shape}, "
-                f"FP32 outputs {reference.shape}: they must match"
-            )
+            varies = values.ndim > 1 and values.shape[0] == reference.shape[0]  # its rows' length moved with the values
+            raise QbenchError(f"variant outputs{f' {name!r}' if name else ''} have shape {values.shape}, FP32 outputs "
+                              f"{reference.shape}: they must match{f'; {VARIABLE_SHAPE}' if varies else ''}")  # fmt: skip
         if rows not in (-1, values.shape[0]):
             raise QbenchError(f"output {name!r} has {values.shape[0]} rows, the others {rows}")
         rows = values.shape[0]

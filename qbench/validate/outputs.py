@@ -36,11 +36,17 @@ def maps_to_matrix(rows: Sequence[Mapping[Any, float]]) -> np.ndarray:
     return matrix
 
 
+def is_maps(value: Any) -> bool:
+    """Whether one batch of an output is a sequence of {class: score} maps (a ZipMap's), whose width is the classes
+    that batch happens to hold."""
+    return isinstance(value, list) and all(isinstance(row, Mapping) for row in value)
+
+
 def as_array(value: Any, name: str) -> np.ndarray:
     """One batch of one output as an array; a list of maps becomes a score matrix."""
     if isinstance(value, np.ndarray):
         return value
-    if isinstance(value, list) and all(isinstance(row, Mapping) for row in value):
+    if is_maps(value):
         return maps_to_matrix(value)
     try:
         array = np.asarray(value)
@@ -60,6 +66,13 @@ def table_positions(values: np.ndarray, table: Sequence[Any], name: str) -> np.n
         raise QbenchError(f"output {name!r} gave {unknown!r}, none of the classes its graph states "
                           f"({', '.join(map(str, table[:12]))}{', ...' if len(table) > 12 else ''})")  # fmt: skip
     return np.array([column[str(value)] for value in flat], dtype=np.int64)
+
+
+# What to do with an output whose length depends on the data (NonMaxSuppression, NonZero, a data-dependent TopK).
+VARIABLE_SHAPE = ("qbench compares outputs row by row and value by value, so an output whose length depends on the data "
+                  "(detections kept by NonMaxSuppression, NonZero, Compress, a TopK whose K is computed) cannot be "
+                  "judged: evaluate the outputs before that step (the raw boxes and scores, model.output), or export a "
+                  "fixed number per row (the top K, padded, with a count output)")
 
 
 def row_count(feeds: Mapping[str, np.ndarray]) -> int:
@@ -102,11 +115,12 @@ def run_outputs(
             value = as_array(results[index], name)
             if value.ndim == 0 or value.shape[0] != fed:
                 got = f"{value.shape[0]} row{'s' if value.shape[0] != 1 else ''}" if value.ndim else "a scalar"
+                remedy = f"; {VARIABLE_SHAPE}" if value.ndim > 1 else ""  # rows of values: detections of the batch?
                 raise QbenchError(f"output {name!r} gave {got} for a batch of {fed} input rows: qbench reads one "
-                                  "output row per input row (the first axis is the batch)")  # fmt: skip
+                                  f"output row per input row (the first axis is the batch){remedy}")  # fmt: skip
             if tables and name in tables:
                 value = table_positions(value, tables[name], name)
-            gathered[name].put(start, value[: rows - start], name)
+            gathered[name].put(start, value[: rows - start], name, widens=is_maps(results[index]))
     return {name: rows_of.array for name, rows_of in gathered.items()}
 
 
@@ -114,22 +128,25 @@ class _Rows:
     """One output's values for every row, written batch by batch into one array allocated at the first batch.
 
     Joining a list of batches at the end held both the list and the joined array (twice the output matrix:
-    1.2 GB each at 300,000 rows x 1,000 classes); this holds the matrix once. A later batch that is wider (class
-    maps whose earlier batches lacked the top classes: zeros fill the columns a batch lacks) or of a wider dtype
-    widens the array, as joining them would have."""
+    1.2 GB each at 300,000 rows x 1,000 classes); this holds the matrix once. A later batch of class maps that is
+    wider (earlier batches lacked the top classes: zeros, the score of a class a map leaves out, fill the columns a
+    batch lacks) or of a wider dtype widens the array, as joining them would have. A tensor's rows keep one shape:
+    a width that changes with the data (TopK with a K computed from the scores, NonZero, Compress) filled with zeros
+    would pass padding off as values (a box index 0, a score 0) and a missing detection as agreement."""
 
     def __init__(self, rows: int) -> None:
         self.rows = rows
         self.array = np.empty((0,), dtype=np.float32)  # no rows: no batch
         self._started = False
 
-    def put(self, start: int, value: np.ndarray, name: str) -> None:
+    def put(self, start: int, value: np.ndarray, name: str, *, widens: bool = False) -> None:
+        """`value`'s rows from row `start`; widens: a batch of class maps, which may be narrower or wider."""
         if not self._started:
             self.array, self._started = np.empty((self.rows, *value.shape[1:]), dtype=value.dtype), True
         shape = self.array.shape[1:]
-        if value.shape[1:] != shape and not (value.ndim == 2 and len(shape) == 1):
+        if value.shape[1:] != shape and not (widens and value.ndim == 2 and len(shape) == 1):
             raise QbenchError(f"output {name!r} gave rows of shape {list(value.shape[1:])} in one batch and "
-                              f"{list(shape)} in an earlier one: its rows must have one shape")  # fmt: skip
+                              f"{list(shape)} in an earlier one: its rows must have one shape; {VARIABLE_SHAPE}")  # fmt: skip
         if value.ndim == 2 and value.shape[1] > shape[0]:
             shape = value.shape[1:]
         dtype = np.result_type(self.array.dtype, value.dtype)

@@ -308,3 +308,13 @@ def test_a_metric_of_several_outputs_naming_one_not_evaluated_is_an_error() -> N
                           outputs=("boxes", "scores"))  # fmt: skip
     with pytest.raises(QbenchError, match="custom metric 'joint' reads output 'scores', which is not evaluated"):
         evaluate_accuracy("structured", {"boxes": np.zeros((2, 4))}, {"boxes": np.zeros((2, 4))}, None, {}, [metric])
+
+
+def test_outputs_of_another_length_than_fp32s_say_why_they_cannot_be_judged() -> None:
+    """FP32 keeps 5 values per row, the variant 6 (a score threshold crossed after quantization): refused with what
+    to evaluate instead, never cut to the shorter."""
+    reference = np.arange(20, dtype=np.float32).reshape(4, 5)
+    variant = np.hstack([reference, np.ones((4, 1), np.float32)])
+    with pytest.raises(QbenchError, match=r"variant outputs have shape \(4, 6\), FP32 outputs \(4, 5\): they must "
+                                          r"match; qbench compares outputs row by row and value by value"):  # fmt: skip
+        evaluate_accuracy("regression", variant, reference, None, {})
