@@ -8,7 +8,9 @@ calibrator's range (an entropy or percentile range clips the weight's largest va
 result as a weight, so the emulation has to as well, or its figures are those of a different model.
 
 `fold_constant_inputs` evaluates every such input with ONNX Runtime (what the FP32 reference computes) and stores
-it as an initializer of the same name; the nodes that computed it go where nothing else reads them.
+it as an initializer of the same name; the nodes that computed it go where nothing else reads them. A
+`DequantizeLinear` ends the search: its output is a weight the model stores quantized (a weight-only quantized
+model), which folding would widen back to float32 and quantize a second time.
 """
 
 from __future__ import annotations
@@ -22,23 +24,39 @@ from onnx import TensorProto, helper, numpy_helper
 from qbench.variants.float_support import tensor_types
 from qbench.variants.onnx_utils import names_read, subgraphs_of
 
-# Operators whose output is not a function of their inputs: never folded.
-_NONDETERMINISTIC = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli"}
+# Operators whose output is not a function of their inputs, and DequantizeLinear (a stored quantized weight, see the
+# module docstring): never folded.
+_NOT_FOLDED = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli",
+               "DequantizeLinear"}  # fmt: skip
 
 
-def _cone(name: str, producers: dict[str, onnx.NodeProto], constants: set[str], seen: dict[str, bool]) -> bool:
-    """Whether tensor `name` depends on constants only (initializers, deterministic standard nodes without
-    subgraphs); memoised in `seen`."""
-    if name in seen:
-        return seen[name]
-    seen[name] = False  # a cycle (impossible in a valid graph) is not constant
-    node = producers.get(name)
-    if name in constants:
-        seen[name] = True
-    elif node is not None and node.domain in ("", "ai.onnx") and node.op_type not in _NONDETERMINISTIC \
-            and not subgraphs_of(node):
-        seen[name] = all(_cone(i, producers, constants, seen) for i in node.input if i)
-    return seen[name]
+def _foldable(node: onnx.NodeProto, constant: set[str]) -> bool:
+    """Whether `node` computes from constants only: a deterministic standard node without subgraphs, other than
+    DequantizeLinear, whose inputs are all in `constant`."""
+    return node.domain in ("", "ai.onnx") and node.op_type not in _NOT_FOLDED and not subgraphs_of(node) \
+        and all(name in constant for name in node.input if name)
+
+
+def _constant_tensors(graph: onnx.GraphProto, constants: set[str]) -> set[str]:
+    """The tensors computed from `constants` only: one pass over the (topologically sorted) nodes, no recursion, so a
+    graph thousands of nodes deep costs what a shallow one does."""
+    constant = set(constants)
+    for node in graph.node:
+        if _foldable(node, constant):
+            constant.update(name for name in node.output if name)
+    return constant
+
+
+def _cone(names: Collection[str], producers: dict[str, onnx.NodeProto]) -> list[onnx.NodeProto]:
+    """The nodes that compute the constant tensors `names`, in graph order (walked back from them)."""
+    needed: dict[int, onnx.NodeProto] = {}
+    stack = list(names)
+    while stack:
+        node = producers.get(stack.pop())
+        if node is not None and id(node) not in needed:
+            needed[id(node)] = node
+            stack.extend(name for name in node.input if name)
+    return list(needed.values())
 
 
 def fold_constant_inputs(model: onnx.ModelProto, reads: Collection[tuple[onnx.NodeProto, int]]) -> list[str]:
@@ -49,15 +67,16 @@ def fold_constant_inputs(model: onnx.ModelProto, reads: Collection[tuple[onnx.No
     overridable = {i.name for i in graph.input}
     constants = {t.name for t in graph.initializer} - overridable
     producers = {out: node for node in graph.node for out in node.output}
-    seen: dict[str, bool] = {}
+    computed = _constant_tensors(graph, constants) - constants
+    candidates = {node.input[index] for node, index in reads if index < len(node.input)} & computed
+    if not candidates:
+        return []
     types = tensor_types(model)
-    names = sorted({node.input[index] for node, index in reads
-                    if index < len(node.input) and node.input[index] in producers
-                    and types.get(node.input[index]) == TensorProto.FLOAT
-                    and _cone(node.input[index], producers, constants, seen)})  # fmt: skip
+    names = sorted(name for name in candidates if types.get(name) == TensorProto.FLOAT)
     if not names:
         return []
-    cone = [node for node in graph.node if all(seen.get(out, False) for out in node.output if out)]
+    order = {id(node): position for position, node in enumerate(graph.node)}
+    cone = sorted(_cone(names, producers), key=lambda node: order[id(node)])
     read = {name for node in cone for name in node.input}
     outputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in names]
     weights = [t for t in graph.initializer if t.name in constants and t.name in read]
@@ -71,16 +90,21 @@ def fold_constant_inputs(model: onnx.ModelProto, reads: Collection[tuple[onnx.No
         node = producers[name]
         node.output[list(node.output).index(name)] = f"{name}/folded"  # an output no one reads: dropped below
         graph.initializer.append(numpy_helper.from_array(values[name], name))
-    _drop_dead(graph, {out for node in cone for out in node.output})
+    _drop_dead(graph, {out for node in cone for out in node.output}, read & constants)
     return names
 
 
-def _drop_dead(graph: onnx.GraphProto, candidates: set[str]) -> None:
-    """Remove the nodes writing `candidates` whose outputs nothing reads any more."""
+def _drop_dead(graph: onnx.GraphProto, candidates: set[str], weights: set[str]) -> None:
+    """Remove the nodes writing `candidates` whose outputs nothing reads any more, then the initializers among
+    `weights` nothing reads (a Transposed weight's original: ONNX Runtime warns about it and it would weigh in the
+    variant's size)."""
     while True:
         read = names_read(graph)
         dead = [n for n in graph.node if set(n.output) & candidates and not any(out in read for out in n.output)]
         if not dead:
-            return
+            break
         for node in dead:
             graph.node.remove(node)
+    unread = [t for t in graph.initializer if t.name in weights and t.name not in read]
+    for tensor in unread:
+        graph.initializer.remove(tensor)

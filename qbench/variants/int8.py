@@ -7,6 +7,10 @@ calibration cache, then `quantize_static` reads that cache. Dynamic:
 
 `reduce_range="auto"` turns on 7-bit weights on x86 CPUs without VNNI, where
 ORT's u8s8 kernels can saturate (trials pitfall 2).
+
+Both first fold the inputs computed from constants only (a Transposed or Constant weight) into initializers
+(`constant_inputs`): ONNX Runtime's quantizers take only initializers for weights, so static INT8 quantized such a
+weight as an activation with the calibrator's range and dynamic INT8 left its MatMul in float.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from qbench.variants.calibrate import (
     preprocess_model,
     require_calibration,
 )
+from qbench.variants.constant_inputs import fold_constant_inputs
 from qbench.variants.float_rules import kept_float_nodes
 from qbench.variants.gemm_matmul import gemms_as_matmul, plain_gemm_factors
 from qbench.variants.integer_kernels import computing_op_types
@@ -150,6 +155,10 @@ def build_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         params["opset_original"] = original
         notes.append(f"opset {original} raised to {PER_CHANNEL_OPSET}: per-channel Q/DQ needs DequantizeLinear's axis")
     exclude_nodes = resolve_node_names(model, config.exclude_nodes, spec.name)
+    with build_step(spec.name, "folding weights computed from constants"):
+        lowered = _lowered_op_types(op_types, dynamic)
+        reads = [(node, index) for node in model.graph.node if node.op_type in lowered for index in range(len(node.input))]
+        folded = fold_constant_inputs(model, reads)
     if dynamic and "MatMul" in op_types:
         params["gemms_as_matmul"] = len(gemms_as_matmul(model))  # the dynamic quantizer skips Gemm (a torch Linear)
     if isinstance(config, OrtStatic) and "Gemm" in op_types:
@@ -172,6 +181,7 @@ def build_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         params.update(calibrator=config.calibration.calibrator, op_types=list(op_types), quantized_nodes=0, quantized_op_types={})
         why = _nothing_quantized(op_types, model, params.get("preprocessing_kept_float", []))
         return unchanged_variant(spec.name, "int8", ctx, why, params, clock.seconds())
+    params["folded_weights"] = folded
     exclude = [*excluded, *unquantizable_nodes(model, handed)]
     with scratch_dir("qbench-int8-") as tmp:
         with build_step(spec.name, "pre-processing"):

@@ -3,7 +3,9 @@
 A Linear is chosen BY RULE, never by node name: a MatMul (or a Gemm without transA)
 whose weight (input 1) is a float32 2-D constant initializer and whose other input
 is computed. Attention matmuls (two computed inputs), Softmax, LayerNorm, GELU and
-mask arithmetic are therefore never Linears and stay float.
+mask arithmetic are therefore never Linears and stay float. A weight the graph computes from
+constants (a Transpose or a Constant node) is folded into an initializer before the view is
+made (`constant_inputs`), so it is a Linear's weight too.
 
 The view keeps the original node list (protobuf wrappers, indexed by position), the
 constant initializers as numpy arrays, and the edits: nodes inserted before a given
@@ -77,6 +79,7 @@ class GraphView:
         self._inserted: dict[int, list[onnx.NodeProto]] = defaultdict(list)
         self._removed: set[int] = set()
         self._ranks: dict[str, int] | None = None
+        self._from_inputs: set[str] | None = None
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -109,6 +112,21 @@ class GraphView:
             has_bias = len(node.input) > 2 and node.input[2]
             return not node_attribute(node, "transA", 0) and (not has_bias or self.is_constant(node.input[2]))
         return True
+
+    def from_graph_inputs(self, tensor: str) -> bool:
+        """Whether `tensor` depends on a graph input (an overridable initializer included): an activation, not a
+        weight. One forward pass over the nodes (topologically sorted), no recursion."""
+        if self._from_inputs is None:
+            reached = {value.name for value in self.model.graph.input}
+            for node in self.nodes:
+                read = set(node.input)
+                for attribute in node.attribute:
+                    for subgraph in [attribute.g] if attribute.HasField("g") else list(attribute.graphs):
+                        read |= names_read(subgraph)
+                if read & reached:
+                    reached.update(node.output)
+            self._from_inputs = reached
+        return tensor in self._from_inputs
 
     def rank(self, tensor: str) -> int | None:
         """The rank of `tensor` from ONNX shape inference on the graph as loaded, or None when unknown."""

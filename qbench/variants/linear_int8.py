@@ -4,8 +4,10 @@
 batches (static) or is quantized per batch at run time (dynamic); `smoothquant` smooths the
 graph first (`smoothquant.smooth_model`), which also yields the ranges after smoothing. Both
 then rewrite the Linears with `linear_qdq.quantize_linears`. Linears are chosen by rule
-(`linear_graph`); attention MatMuls, Softmax and masks are never Linears, and `keep_float`
-rules and `exclude_nodes` keep more nodes float.
+(`linear_graph`) after weights computed from constants are folded into initializers
+(`constant_inputs`); attention MatMuls, Softmax and masks are never Linears, and `keep_float`
+rules and `exclude_nodes` keep more nodes float. A MatMul/Gemm left float with an operand that is no
+activation (a 3-D or left-hand weight, a Gemm with transA) is named in a note.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from qbench.recipe import VariantSpec
 from qbench.techniques.linear import LinearInt8, SmoothQuant
 from qbench.variants.base import BuildContext, BuiltVariant, Feeds, technique_of
 from qbench.variants.calibrate import calibration_rows, require_calibration
+from qbench.variants.constant_inputs import fold_constant_inputs
 from qbench.variants.float_rules import kept_float_nodes
 from qbench.variants.int8 import resolve_reduce_range
 from qbench.variants.linear_graph import GraphView, Linear
@@ -50,7 +53,7 @@ def smoothquant_int8(
     smoothed = smooth_model(model, batches, settings, tmp)
     view = GraphView(smoothed.model)
     linears = view.linears(settings.exclude_nodes)
-    done = _quantize(view, linears, smoothed.input_ranges, settings.quantization)
+    done = _quantize(view, linears, smoothed.input_ranges, settings.quantization, settings.exclude_nodes)
     return view.commit(), {**smoothed.report.params(), **done}
 
 
@@ -69,17 +72,25 @@ def linear_int8(
         inputs = list(dict.fromkeys(linear.node.input[0] for linear in linears))
         channels = collect_channel_ranges(model, inputs, batches, tmp)
         ranges = {name: (float(channel.low.min()), float(channel.high.max())) for name, channel in channels.items()}
-    done = _quantize(view, linears, ranges, quantization)
+    done = _quantize(view, linears, ranges, quantization, exclude_nodes)
     return view.commit(), done
 
 
 def _quantize(
-    view: GraphView, linears: list[Linear], ranges: Mapping[str, tuple[float, float]], quantization: LinearQuantSettings
+    view: GraphView,
+    linears: list[Linear],
+    ranges: Mapping[str, tuple[float, float]],
+    quantization: LinearQuantSettings,
+    exclude_nodes: Sequence[str],
 ) -> dict[str, Any]:
-    # MatMuls with two computed inputs (attention) stay float by rule
-    computed = sum(node.op_type in LINEAR_OP_TYPES and not view.is_linear(node) for node in view.nodes)
+    # MatMuls whose weight is an activation (attention) stay float by rule; those whose weight is not are named
+    unchosen = [node for node in view.nodes if node.op_type in LINEAR_OP_TYPES and len(node.input) > 1
+                and not view.is_linear(node) and not (node.name and node.name in exclude_nodes)]  # fmt: skip
+    constant_weight = [node.name or node.output[0] for node in unchosen
+                       if not all(view.from_graph_inputs(name) for name in node.input[:2])]  # fmt: skip
     quantized_inputs = quantize_linears(view, linears, ranges, quantization)
-    return {"quantized_linears": len(linears), "quantized_inputs": quantized_inputs, "float_matmuls": computed}
+    return {"quantized_linears": len(linears), "quantized_inputs": quantized_inputs,
+            "float_matmuls": len(unchosen) - len(constant_weight), "float_constant_weight_matmuls": constant_weight}
 
 
 def build_linear_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
@@ -103,6 +114,9 @@ def build_linear_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         with build_step(spec.name, "loading the FP32 model"):
             model = ensure_opset(load_reference(ctx.reference_path.resolve()), 13)
         exclude_nodes = resolve_node_names(model, config.exclude_nodes, spec.name)
+        with build_step(spec.name, "folding weights computed from constants"):
+            reads = [(node, index) for node in model.graph.node if node.op_type in LINEAR_OP_TYPES for index in (1, 2)]
+            params["folded_weights"] = fold_constant_inputs(model, reads)
         kept_float = kept_float_nodes(model, config.keep_float)
         exclude = (*exclude_nodes, *kept_float.names)
         with build_step(spec.name, "looking for NaN/inf on the calibration rows"):
@@ -142,7 +156,17 @@ def build_linear_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         "calibration_rows": calibration_rows(ctx.calibration) if calibrated else 0,
         **done,
     })  # fmt: skip
-    notes = (*(() if done["quantized_linears"] else (_NO_LINEAR,)), *nested_nodes_note(model, LINEAR_OP_TYPES),
-             *([kept_float_note(reading)] if reading else []))  # fmt: skip
+    notes = (*(() if done["quantized_linears"] else (_NO_LINEAR,)), *_constant_weight_note(done),
+             *nested_nodes_note(model, LINEAR_OP_TYPES), *([kept_float_note(reading)] if reading else []))  # fmt: skip
     return BuiltVariant(name=spec.name, precision="int8", onnx_path=target, params=params,
                         build_seconds=clock.seconds(), notes=notes)  # fmt: skip
+
+
+def _constant_weight_note(done: Mapping[str, Any]) -> tuple[str, ...]:
+    """The MatMul/Gemm nodes left float although their weight is no activation, named (a form no Linear has)."""
+    names = done["float_constant_weight_matmuls"]
+    if not names:
+        return ()
+    listed = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    return (f"{len(names)} MatMul/Gemm left in FP32 though their weight is no activation (not a 2-D float32 weight "
+            f"read as x·W: a 3-D or left-hand weight, a Gemm with transA or a computed bias): {listed}",)

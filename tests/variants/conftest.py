@@ -176,3 +176,30 @@ def ort_integer_kernels(path: Path, tmp_path: Path) -> int:
     fused = {"QGemm", "DynamicQuantizeMatMul", "QAttention", "DynamicQuantizeLSTM"}
     return sum(n for op, n in ops.items() if (op.startswith("QLinear") or "Integer" in op or op in fused)
                and op not in MOVING_KERNELS)  # fmt: skip
+
+
+@pytest.fixture
+def exporter_weights(tmp_path: Path) -> tuple[Path, Path, list[Feeds]]:
+    """One MLP twice: with its weights behind the constant computations exporters leave (a Transpose of an
+    initializer, a Constant node, a Cast of a float16 initializer read by a Gemm with transB), and with those weights
+    stored as the initializers they compute; and calibration batches. Heavy-tailed weights, so a weight quantized
+    with an activation's clipping range shows."""
+    rng = np.random.default_rng(3)
+    w1 = rng.standard_t(3, size=(16, 8)).astype(np.float32)  # [N, K]
+    w2 = rng.standard_t(3, size=(16, 4)).astype(np.float32)
+    w3 = rng.standard_t(3, size=(4, 4)).astype(np.float16)  # [N, K] for transB
+    tail = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
+        helper.make_node("Relu", ["h"], ["r"], name="relu"),
+        helper.make_node("MatMul", ["r", "w2"], ["m"], name="mm2"),
+        helper.make_node("Gemm", ["m", "w3"], ["y"], transB=1, name="gemm"),
+    ]
+    computed = [
+        helper.make_node("Transpose", ["w1t"], ["w1"], perm=[1, 0], name="transpose"),
+        helper.make_node("Constant", [], ["w2"], value=numpy_helper.from_array(w2), name="constant"),
+        helper.make_node("Cast", ["w3h"], ["w3"], to=TensorProto.FLOAT, name="cast"),
+    ]
+    exported = save_graph(tmp_path / "exported.onnx", computed + tail, {"w1t": w1, "w3h": w3}, {"x": 8}, {"y": 4})
+    stored = {"w1": np.ascontiguousarray(w1.T), "w2": w2, "w3": w3.astype(np.float32)}
+    folded = save_graph(tmp_path / "folded.onnx", tail, stored, {"x": 8}, {"y": 4})
+    return exported, folded, [{"x": rng.normal(size=(32, 8)).astype(np.float32)} for _ in range(4)]

@@ -58,3 +58,54 @@ def test_inputs_reached_from_graph_inputs_or_overridable_initializers_are_not_fo
     model = _model(nodes, {"w": w}, {"x": [2, 4], "w": [4, 4]}, ["y", "z"])  # w is a graph input too
     assert fold_constant_inputs(model, [(model.graph.node[1], 1), (model.graph.node[3], 0)]) == []
     assert len(model.graph.node) == 4
+
+
+def test_a_split_output_read_alone_is_folded_with_the_split_computing_the_others():
+    """Only one output of a Split is a quantized node's input: the Split was left out of the constant sub-graph (it
+    counted only when every output was requested), which then could not compute that output."""
+    rng = np.random.default_rng(1)
+    fused = rng.normal(size=(4, 6)).astype(np.float32)
+    nodes = [
+        helper.make_node("Split", ["fused", "sizes"], ["wa", "wb"], axis=1, name="split"),
+        helper.make_node("MatMul", ["x", "wa"], ["ya"], name="mma"),
+        helper.make_node("MatMul", ["x", "wb"], ["yb"], name="mmb"),  # wb: read by a node not asked about
+    ]
+    model = _model(nodes, {"fused": fused, "sizes": np.array([3, 3], np.int64)}, {"x": [2, 4]}, ["ya", "yb"])
+    x = rng.normal(size=(2, 4)).astype(np.float32)
+    before = _run(model, {"x": x})
+    assert fold_constant_inputs(model, [(model.graph.node[1], 1)]) == ["wa"]
+    np.testing.assert_array_equal({t.name: numpy_helper.to_array(t) for t in model.graph.initializer}["wa"], fused[:, :3])
+    assert [n.op_type for n in model.graph.node] == ["Split", "MatMul", "MatMul"]  # wb is still read
+    for got, want in zip(_run(model, {"x": x}), before, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_a_dequantized_stored_weight_is_left_as_the_model_stores_it():
+    """A DequantizeLinear of an int8 weight is the model's own quantized weight (weight-only quantization): folding
+    it would widen it to float32 and let the variant quantize it a second time."""
+    nodes = [
+        helper.make_node("DequantizeLinear", ["wq", "scale"], ["w"], name="dq"),
+        helper.make_node("Transpose", ["w"], ["wt"], perm=[1, 0], name="t"),
+        helper.make_node("MatMul", ["x", "wt"], ["y"], name="mm"),
+    ]
+    weights = {"wq": np.arange(16, dtype=np.int8).reshape(4, 4), "scale": np.array(0.1, np.float32)}
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+        [numpy_helper.from_array(value, name) for name, value in weights.items()],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    assert fold_constant_inputs(model, [(model.graph.node[2], 1)]) == []
+    assert [n.op_type for n in model.graph.node] == ["DequantizeLinear", "Transpose", "MatMul"]
+
+
+def test_a_graph_thousands_of_nodes_deep_folds_without_recursion():
+    """Whether an activation input was constant was decided by recursing back through its producers: a chain deeper
+    than Python's recursion limit (a large transformer) raised RecursionError."""
+    depth = 3000
+    nodes = [helper.make_node("Relu", [f"h{i}"], [f"h{i + 1}"], name=f"relu{i}") for i in range(depth)]
+    nodes += [helper.make_node("Transpose", ["w"], ["wt"], perm=[1, 0], name="t"),
+              helper.make_node("MatMul", [f"h{depth}", "wt"], ["y"], name="mm")]  # fmt: skip
+    model = _model(nodes, {"w": np.eye(4, dtype=np.float32)}, {"h0": [2, 4]}, ["y"])
+    assert fold_constant_inputs(model, [(model.graph.node[-1], 0), (model.graph.node[-1], 1)]) == ["wt"]
+    assert "w" not in {t.name for t in model.graph.initializer}  # the Transposed original is dropped with its Transpose

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import numpy_helper
+from onnx import helper, numpy_helper
 from test_variants_smoothquant import (
     STATIC,
     _batches,
@@ -28,6 +28,7 @@ from qbench.variants.base import BuildContext
 from qbench.variants.linear_int8 import linear_int8, smoothquant_int8
 from qbench.variants.linear_qdq import LinearQuantSettings
 from qbench.variants.smoothquant import SmoothQuantSettings, smooth_model
+from tests.variants.conftest import run_variant
 
 
 @pytest.mark.parametrize("block", [ffn_block, attention_block])
@@ -137,3 +138,81 @@ def test_smoothquant_options_are_checked_when_the_recipe_loads() -> None:
         VariantSpec(name="l", precision="int8", technique="linear", calibrator="dynamic", activation_type="int8")
     with pytest.raises(ValidationError, match="calibrator: got 'entropy', expected one of dynamic, minmax with linear"):
         VariantSpec(name="l", precision="int8", technique="linear", calibrator="entropy")
+
+
+@pytest.mark.parametrize("options", [{"technique": "linear", "calibrator": "minmax"},
+                                     {"technique": "linear", "calibrator": "dynamic"},
+                                     {"calibrator": "minmax", "smoothquant": {"alpha": 0.5}}])  # fmt: skip
+def test_weights_behind_constant_ops_are_linear_weights(options, exporter_weights, tmp_path: Path) -> None:
+    """A Linear was recognised only when its weight was an initializer: a Transposed, Constant or Cast weight left
+    every MatMul of this MLP float (0 Linears quantized, counted as attention MatMuls). Folded first, the variant is
+    the one built from the model with those weights stored."""
+    exported, folded, calibration = exporter_weights
+    spec = VariantSpec(name="int8", precision="int8", **options)
+    built = {path.stem: build_variant(spec, BuildContext(reference_path=path, workdir=tmp_path / path.stem,
+                                                         calibration=calibration)) for path in (exported, folded)}  # fmt: skip
+    feeds = {"x": np.concatenate([batch["x"] for batch in calibration])}
+    want = run_variant(built["folded"], feeds)
+    np.testing.assert_allclose(run_variant(built["exported"], feeds), want, rtol=0, atol=1e-6 * float(np.abs(want).max()))
+    params = built["exported"].params
+    assert params["folded_weights"] == ["w1", "w2", "w3"] and params["quantized_linears"] == 3
+    assert params["float_matmuls"] == 0 and params["float_constant_weight_matmuls"] == []
+
+
+def test_a_torch_linear_weight_used_transposed_is_quantized(tmp_path: Path) -> None:
+    """`x @ W.t()` exported without constant folding reads its weight through a Transpose: it was left float."""
+    torch = pytest.importorskip("torch")
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            generator = torch.Generator().manual_seed(0)
+            self.w1 = torch.nn.Parameter(torch.randn(16, 8, generator=generator))
+            self.w2 = torch.nn.Parameter(torch.randn(4, 16, generator=generator))
+
+        def forward(self, x):
+            return torch.relu(x @ self.w1.t()) @ self.w2.t()
+
+    rng = np.random.default_rng(0)
+    calibration = [{"x": rng.normal(size=(16, 8)).astype(np.float32)} for _ in range(3)]
+    built = {}
+    for folding in (False, True):
+        path = tmp_path / f"folding-{folding}.onnx"
+        torch.onnx.export(Block().eval(), (torch.zeros(2, 8),), str(path), input_names=["x"], output_names=["y"],
+                          dynamic_axes={"x": {0: "batch"}}, do_constant_folding=folding, dynamo=False)  # fmt: skip
+        spec = VariantSpec(name="int8", precision="int8", technique="linear", calibrator="minmax")
+        context = BuildContext(reference_path=path, workdir=tmp_path / str(folding), calibration=calibration)
+        built[folding] = build_variant(spec, context)
+    assert "Transpose" in {n.op_type for n in onnx.load(str(tmp_path / "folding-False.onnx")).graph.node}
+    assert built[False].params["quantized_linears"] == built[True].params["quantized_linears"] == 2
+    assert len(built[False].params["folded_weights"]) == 2
+    want = run_variant(built[True], calibration[0])
+    np.testing.assert_allclose(run_variant(built[False], calibration[0]), want, rtol=0, atol=1e-6 * float(np.abs(want).max()))
+
+
+def test_a_matmul_left_float_with_a_constant_weight_is_named(tmp_path: Path) -> None:
+    """Only a MatMul whose operands are both activations (attention) is counted as one; a constant weight no Linear
+    has (3-D, or on the left) is named in a note, not counted with attention MatMuls."""
+    rng = np.random.default_rng(2)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"], name="linear"),
+        helper.make_node("Transpose", ["h"], ["h_t"], perm=[0, 2, 1], name="t"),
+        helper.make_node("MatMul", ["h", "h_t"], ["s"], name="scores"),
+        helper.make_node("MatMul", ["s", "batched"], ["b"], name="batched_matmul"),
+        helper.make_node("MatMul", ["left", "b"], ["y"], name="left_weight"),  # W·x: a weight on the left
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3, 4])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 3, 4])],
+        [numpy_helper.from_array(rng.normal(size=(4, 4)).astype(np.float32), "w"),
+         numpy_helper.from_array(rng.normal(size=(2, 3, 4)).astype(np.float32), "batched"),
+         numpy_helper.from_array(rng.normal(size=(3, 3)).astype(np.float32), "left")],
+    )  # fmt: skip
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    calibration = [{"x": rng.normal(size=(2, 3, 4)).astype(np.float32)}]
+    spec = VariantSpec(name="int8", precision="int8", technique="linear", calibrator="minmax")
+    built = build_variant(spec, BuildContext(reference_path=path, workdir=tmp_path, calibration=calibration))
+    assert built.params["quantized_linears"] == 1 and built.params["float_matmuls"] == 1
+    assert built.params["float_constant_weight_matmuls"] == ["batched_matmul", "left_weight"]
+    assert any("batched_matmul, left_weight" in note and "no activation" in note for note in built.notes)
