@@ -72,6 +72,7 @@ from qbench.variants.onnx_utils import (
     unchanged_variant,
     unquantizable_nodes,
 )
+from qbench.variants.quant_scope import subgraph_read_kept_float
 from qbench.variants.reference import load_reference
 
 FP8_MAX = 448.0  # largest finite float8e4m3fn value
@@ -123,6 +124,7 @@ def build_fp8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         with build_step(spec.name, "inserting FP8 Q/DQ"):
             model = load_model(prepared)
             never = {*excluded, *unquantizable_nodes(model)}
+            read_kept_float, read_by_subgraphs = subgraph_read_kept_float(model, op_types)
             inserted = insert_fp8_qdq(model, ranges, op_types, never, per_channel=config.per_channel)
             restore_float_inputs(model, sorted(excluded))  # left-out nodes read float, even where a tensor is quantized
             check_model_against(model, reference)
@@ -151,6 +153,7 @@ def build_fp8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         "quantized_activations": inserted.activations,
         "quantized_weights": inserted.weights,
         "unquantized_inputs": inserted.skipped,
+        "subgraph_read_kept_float": read_kept_float,
     }
     return BuiltVariant(
         name=spec.name,
@@ -158,7 +161,7 @@ def build_fp8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         onnx_path=target,
         params=params,
         build_seconds=clock.seconds(),
-        notes=tuple(_notes(inserted, counts) + calibrated.notes() + nested_nodes_note(model, op_types)),
+        notes=tuple(_notes(inserted, counts) + calibrated.notes() + read_by_subgraphs + nested_nodes_note(model, op_types)),
         activation_ranges=clipping_ranges(ranges, quantized_tensors(model), symmetric=True),  # scale = amax / 448
     )
 
