@@ -53,6 +53,7 @@ from onnx import numpy_helper
 from qbench.errors import MissingExtraError
 from qbench.variants.base import BuiltVariant
 from qbench.variants.onnx_utils import INTEGER_KERNELS, all_nodes, outer_scope_reads, subgraphs_of
+from qbench.variants.quant_scope import nothing_quantized_note
 
 KERNELS_COUNTED_FOR = "onnxruntime-cpu"
 """The backend whose fusions the count follows: another runtime (TensorRT) may run in INT8 what this one runs in float."""
@@ -323,7 +324,7 @@ def with_integer_kernels(built: BuiltVariant, model: onnx.ModelProto) -> BuiltVa
             notes += (f"no node computes in INT8: Q/DQ only round what {', '.join(rounded)} read, which ONNX Runtime "
                       "moves, selects or computes in float: this variant computes in FP32",)  # fmt: skip
         else:
-            notes += ("no node was quantized: this variant computes in FP32 (check op_types, exclude_nodes and keep_float)",)
+            notes += (nothing_quantized_note(params),)
     return dataclasses.replace(built, params=params, notes=notes)
 
 

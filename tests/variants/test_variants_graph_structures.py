@@ -138,6 +138,9 @@ def test_a_main_graph_layer_a_branch_reads_is_named_as_left_float(tmp_path, vari
     assert kept == ["matmul_in"]  # it computes on the float weight: what the note says is what was built
     assert built.params["subgraph_read_kept_float"] == ["matmul_in"]
     assert any("1 MatMul of the main graph kept float (matmul_in)" in note for note in built.notes), built.notes
+    assert built.params["quantized_nodes"] == 0  # its only layer: the reason is named, not the recipe's fields
+    assert "no node was quantized: this variant computes in FP32 (1 node(s) a control-flow subgraph reads (matmul_in) " \
+           "stay float; else check op_types, exclude_nodes and keep_float)" in built.notes
 
 
 def test_fp16_casts_a_contrib_operator_output_before_converted_readers(tmp_path):
