@@ -6,20 +6,24 @@ would fail every variant of the sweep, with a message naming a node rather than 
 each input feeds into a `Gather` on a constant table (directly, or through casts and reshapes), or into an operator
 that looks rows up the same way (`_TABLE_READERS`: ONNX Runtime's fused `EmbedLayerNormalization`, which its
 transformer optimizer writes in place of a BERT's embedding Gathers), are checked against the table's size on every
-evaluation and calibration row before anything runs.
+evaluation and calibration row before anything runs, inside If/Loop/Scan bodies too (a Scan looking up one token a step).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from qbench.errors import RecipeError
 from qbench.modelinfo_classes import each_once
 from qbench.recipe import Recipe
+
+if TYPE_CHECKING:
+    import onnx
 
 _SHOWN_ROWS = 3
 # ops whose output holds the same integer values as their first input, rearranged or re-typed
@@ -49,18 +53,18 @@ class Lookup:
 
 def constant_lookups(model_path: Path) -> dict[str, Lookup]:
     """Graph input name -> the smallest constant table its integer values index (inputs that index none are absent)."""
-    import onnx
-
     from qbench.onnx_read import read_onnx
 
     model = read_onnx(model_path)  # an embedding inside a local function indexes a table too
     graph = model.graph
-    tables = {t.name: list(t.dims) for t in graph.initializer}
-    for node in graph.node:
+    graphs = list(_graphs(graph))  # an embedding inside an If/Loop/Scan body indexes a table too
+    tables = {t.name: list(t.dims) for body in graphs for t in body.initializer}
+    nodes = [node for body in graphs for node in body.node]
+    for node in nodes:
         if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
             tables[node.output[0]] = list(node.attribute[0].t.dims)
     consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
+    for node in nodes:  # a body reads an outer value under the outer name, so its nodes are consumers of that name
         for name in node.input:
             consumers.setdefault(name, []).append(node)
     found: dict[str, Lookup] = {}
@@ -81,6 +85,12 @@ def _lookups_of(name: str, consumers: Mapping[str, list], tables: Mapping[str, l
         for node in consumers.get(current, []):
             if node.op_type in _VALUE_PRESERVING and node.input[0] == current:
                 pending += list(node.output)
+                continue
+            if node.op_type in ("Loop", "Scan") and node.domain in ("", "ai.onnx"):
+                # the body's input in the same place holds the values: a Loop's carried value, a Scan's slices
+                body = next(a.g for a in node.attribute if a.name == "body")
+                pending += [body.input[i].name for i, name in enumerate(node.input)
+                            if name == current and i < len(body.input) and (node.op_type == "Scan" or i >= 2)]  # fmt: skip
                 continue
             domain = "" if node.domain == "ai.onnx" else node.domain
             pairs, negative = _TABLE_READERS.get((domain, node.op_type), ((), True))
@@ -114,6 +124,15 @@ def check_lookup_indices(
         message = (f"{source}: {count} ids outside the table node {lookup.node!r} looks them up in "
                    f"({lookup.size} entries), e.g. {examples}; expected ids from 0 to {lookup.size - 1}")  # fmt: skip
         raise RecipeError(recipe.source, "data.inputs", message)
+
+
+def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """`graph` and every subgraph in it, at any depth."""
+    yield graph
+    for node in graph.node:
+        for attribute in node.attribute:
+            for body in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+                yield from _graphs(body)
 
 
 def _first_outside(values: np.ndarray, lookup: Lookup) -> int:

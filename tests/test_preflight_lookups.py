@@ -43,8 +43,8 @@ def _embedding_classifier() -> onnx.ModelProto:
     return model
 
 
-def _project(root: Path, ids: np.ndarray) -> Path:
-    onnx.save(_embedding_classifier(), str(root / "model.onnx"))
+def _project(root: Path, ids: np.ndarray, model: onnx.ModelProto | None = None) -> Path:
+    onnx.save(model or _embedding_classifier(), str(root / "model.onnx"))
     rows = len(ids)
     split = np.where(np.arange(rows) < rows // 2, "calib", "eval")
     pd.DataFrame({"tokens": list(ids), "y": np.arange(rows) % 2, "split": split}).to_parquet(root / "rows.parquet")
@@ -89,6 +89,77 @@ def test_an_id_past_the_table_is_named_with_its_column_and_row(
 
 def test_ids_within_the_table_pass(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", str(_project(tmp_path, _ids()))]) == 0, capsys.readouterr().err
+
+
+def _control_flow_classifier(form: str) -> onnx.ModelProto:
+    """ids int64 [N, 3] -> the embedding lookup inside control flow -> logits [N, 2]: a Scan over the 3 tokens whose
+    body looks each token's row up (`scan`), a Loop carrying the ids into its body (`loop`), or an If whose branch
+    reads `ids` by its outer name (`if`)."""
+    rng = np.random.default_rng(0)
+    constants = [numpy_helper.from_array(rng.normal(size=(VOCABULARY, 4)).astype(np.float32), "table"),
+                 numpy_helper.from_array(rng.normal(size=(4, 2)).astype(np.float32), "w")]  # fmt: skip
+    value = helper.make_tensor_value_info
+    if form == "scan":
+        body = helper.make_graph(
+            [helper.make_node("Gather", ["table", "token"], ["row"], name="embedding"),
+             helper.make_node("Add", ["total_in", "row"], ["total_out"])], "step",
+            [value("total_in", TensorProto.FLOAT, ["batch", 4]), value("token", TensorProto.INT64, ["batch"])],
+            [value("total_out", TensorProto.FLOAT, ["batch", 4])])  # fmt: skip
+        nodes = [helper.make_node("Gather", ["table", "first"], ["start"]),  # a zero row per batch row: table[ids[:, 0]] * 0
+                 helper.make_node("Mul", ["start", "zero"], ["total0"]),
+                 helper.make_node("Scan", ["total0", "ids"], ["pooled"], body=body, num_scan_inputs=1,
+                                  scan_input_axes=[1])]  # fmt: skip
+        first = [helper.make_node("Gather", ["ids", "column0"], ["first"], axis=1)]
+        constants += [numpy_helper.from_array(np.array(0, np.int64), "column0"),
+                      numpy_helper.from_array(np.array(0.0, np.float32), "zero")]  # fmt: skip
+        nodes = first + nodes
+    else:
+        inside = "ids_in" if form == "loop" else "ids"
+        lookup = [helper.make_node("Gather", ["table", inside], ["vectors"], name="embedding"),
+                  helper.make_node("ReduceMean", ["vectors"], ["mean"], axes=[1], keepdims=0)]  # fmt: skip
+        if form == "loop":
+            body = helper.make_graph([*lookup, helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+                                      helper.make_node("Identity", ["ids_in"], ["ids_out"])], "body",
+                                     [value("i", TensorProto.INT64, []), value("cond_in", TensorProto.BOOL, []),
+                                      value("ids_in", TensorProto.INT64, ["batch", 3])],
+                                     [value("cond_out", TensorProto.BOOL, []), value("ids_out", TensorProto.INT64, None),
+                                      value("mean", TensorProto.FLOAT, None)])  # fmt: skip
+            nodes = [helper.make_node("Loop", ["once", "", "ids"], ["ids_last", "means"], body=body),
+                     helper.make_node("ReduceMean", ["means"], ["pooled"], axes=[0], keepdims=0)]  # fmt: skip
+            constants.append(numpy_helper.from_array(np.array(1, np.int64), "once"))
+        else:
+            branch = helper.make_graph(lookup, "branch", [], [value("mean", TensorProto.FLOAT, None)])
+            nodes = [helper.make_node("Constant", [], ["yes"], value=numpy_helper.from_array(np.array(True))),
+                     helper.make_node("If", ["yes"], ["pooled"], then_branch=branch, else_branch=branch)]  # fmt: skip
+    nodes.append(helper.make_node("MatMul", ["pooled", "w"], ["logits"]))
+    graph = helper.make_graph(nodes, form, [value("ids", TensorProto.INT64, ["batch", 3])],
+                              [value("logits", TensorProto.FLOAT, ["batch", 2])], constants)  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+@pytest.mark.parametrize("form", ["scan", "loop", "if"])
+def test_a_table_looked_up_inside_control_flow_is_found(tmp_path: Path, form: str) -> None:
+    """The walk read the main graph only: an id past the table looked up inside a Scan body passed `qbench validate`
+    and failed FP32 and every variant of the sweep with ONNX Runtime's 'indices element out of data bounds'."""
+    path = tmp_path / "m.onnx"
+    onnx.save(_control_flow_classifier(form), str(path))
+    assert constant_lookups(path) == {"ids": Lookup("embedding", VOCABULARY)}
+
+
+def test_an_id_past_a_table_a_scan_body_looks_up_is_named_with_its_column_and_row(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ids = _ids()
+    ids[31, 2] = VOCABULARY + 2
+    code = main(["validate", str(_project(tmp_path, ids, _control_flow_classifier("scan")))])
+    assert code == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "recipe.yaml: data.inputs: column 'tokens' (model input 'ids'): 1 evaluation row holds ids outside the table "
+        "node 'embedding' looks them up in (10 entries), e.g. row 31: 12; expected ids from 0 to 9"
+    )
 
 
 def _fused_embedding_classifier() -> onnx.ModelProto:

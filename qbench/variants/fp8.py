@@ -73,6 +73,7 @@ from qbench.variants.onnx_utils import (
     unchanged_variant,
     unquantizable_nodes,
 )
+from qbench.variants.quant_scope import nothing_quantized_note, subgraph_read_kept_float
 from qbench.variants.reference import load_reference
 
 FP8_MAX = 448.0  # largest finite float8e4m3fn value
@@ -125,6 +126,7 @@ def build_fp8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         with build_step(spec.name, "inserting FP8 Q/DQ"):
             model = load_model(prepared)
             never = {*excluded, *unquantizable_nodes(model)}
+            read_kept_float, read_by_subgraphs = subgraph_read_kept_float(model, op_types)
             inserted = insert_fp8_qdq(model, ranges, op_types, never, per_channel=config.per_channel)
             restore_float_inputs(model, sorted(excluded))  # left-out nodes read float, even where a tensor is quantized
             check_model_against(model, reference)
@@ -154,6 +156,7 @@ def build_fp8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         "quantized_weights": inserted.weights,
         "unquantized_inputs": inserted.skipped,
         "folded_weights": inserted.folded,
+        "subgraph_read_kept_float": read_kept_float,
     }
     return BuiltVariant(
         name=spec.name,
@@ -161,7 +164,7 @@ def build_fp8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         onnx_path=target,
         params=params,
         build_seconds=clock.seconds(),
-        notes=tuple(_notes(inserted, counts) + calibrated.notes() + nested_nodes_note(model, op_types)),
+        notes=tuple(_notes(inserted, counts, params) + calibrated.notes() + read_by_subgraphs + nested_nodes_note(model, op_types)),
         activation_ranges=clipping_ranges(ranges, quantized_tensors(model), symmetric=True),  # scale = amax / 448
     )
 
@@ -178,13 +181,13 @@ def _op_types(name: str, config: Fp8) -> tuple[str, ...]:
     return tuple(config.op_types)
 
 
-def _notes(inserted: Fp8Insertion, counts: dict[str, int]) -> list[str]:
+def _notes(inserted: Fp8Insertion, counts: dict[str, int], params: dict[str, Any]) -> list[str]:
     notes = [NOTE]
     if inserted.skipped:
         skipped = ", ".join(inserted.skipped[:5])
         notes.append(f"{len(inserted.skipped)} input(s) left in FP32 for lack of a usable range: {skipped}")
     if not counts:
-        notes.append("no node was quantized: this variant computes in FP32 (check op_types, exclude_nodes and keep_float)")
+        notes.append(nothing_quantized_note(params))
     return notes
 
 

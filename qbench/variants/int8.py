@@ -72,7 +72,7 @@ from qbench.variants.onnx_utils import (
     unquantizable_nodes,
 )
 from qbench.variants.qdq_bypass import bypass_qdq
-from qbench.variants.quant_scope import preprocessing_nodes, table_lookups
+from qbench.variants.quant_scope import preprocessing_nodes, subgraph_read_kept_float, table_lookups
 from qbench.variants.reference import load_reference
 
 _QUANT_TYPES = {"uint8": QuantType.QUInt8, "int8": QuantType.QInt8}
@@ -183,6 +183,7 @@ def build_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         return unchanged_variant(spec.name, "int8", ctx, why, params, clock.seconds())
     params["folded_weights"] = folded
     exclude = [*excluded, *unquantizable_nodes(model, handed)]
+    params["subgraph_read_kept_float"], read_by_subgraphs = subgraph_read_kept_float(model, _lowered_op_types(op_types, dynamic))
     with scratch_dir("qbench-int8-") as tmp:
         with build_step(spec.name, "pre-processing"):
             prepared, params["preprocess"] = preprocess_model(model, tmp)
@@ -207,7 +208,8 @@ def build_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         onnx_path=target,
         params=params,
         build_seconds=clock.seconds(),
-        notes=tuple(notes + _notes(config, reduce_range, quantized) + nested_nodes_note(model, _lowered_op_types(op_types, dynamic))),
+        notes=tuple(notes + _notes(config, reduce_range, quantized) + read_by_subgraphs
+                    + nested_nodes_note(model, _lowered_op_types(op_types, dynamic))),
         activation_ranges=clipping,
     )
 

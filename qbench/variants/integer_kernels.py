@@ -53,6 +53,7 @@ from onnx import numpy_helper
 from qbench.errors import MissingExtraError
 from qbench.variants.base import BuiltVariant
 from qbench.variants.onnx_utils import INTEGER_KERNELS, all_nodes, outer_scope_reads, subgraphs_of
+from qbench.variants.quant_scope import nothing_quantized_note
 
 KERNELS_COUNTED_FOR = "onnxruntime-cpu"
 """The backend whose fusions the count follows: another runtime (TensorRT) may run in INT8 what this one runs in float."""
@@ -323,7 +324,7 @@ def with_integer_kernels(built: BuiltVariant, model: onnx.ModelProto) -> BuiltVa
             notes += (f"no node computes in INT8: Q/DQ only round what {', '.join(rounded)} read, which ONNX Runtime "
                       "moves, selects or computes in float: this variant computes in FP32",)  # fmt: skip
         else:
-            notes += ("no node was quantized: this variant computes in FP32 (check op_types, exclude_nodes and keep_float)",)
+            notes += (nothing_quantized_note(params),)
     return dataclasses.replace(built, params=params, notes=notes)
 
 
@@ -348,20 +349,25 @@ def with_float_weighted(built: BuiltVariant, model: onnx.ModelProto) -> BuiltVar
       optimizer or its saved optimised graphs write. Only dynamic INT8 lowers one, an Attention its QAttention kernel
       takes (int8.contrib_nodes); the rest are never handed to a quantizer (onnx_utils.unquantizable_nodes), so an
       optimised BERT's static INT8 or FP8 quantizes its other MatMuls only."""
-    nodes = model.graph.node
+    nodes = list(all_nodes(model.graph))  # a layer inside an If/Loop/Scan body is left float too (main graph only)
+    initializers = [*model.graph.initializer, *(tensor for node in nodes for body in subgraphs_of(node)
+                                                 for tensor in body.initializer)]  # fmt: skip
     recurrent = Counter(node.op_type for node in nodes
                         if node.domain in ("", "ai.onnx") and node.op_type in RECURRENT_OP_TYPES)  # fmt: skip
-    matrices = {tensor.name for tensor in model.graph.initializer
+    nested = sum(recurrent.values()) - sum(node.op_type in recurrent for node in model.graph.node
+                                           if node.domain in ("", "ai.onnx"))  # fmt: skip
+    matrices = {tensor.name for tensor in initializers
                 if tensor.data_type == onnx.TensorProto.FLOAT and len(tensor.dims) >= 2}  # fmt: skip
-    quantized = {tensor.name for tensor in model.graph.initializer if tensor.data_type in _QUANTIZED_TYPES}
+    quantized = {tensor.name for tensor in initializers if tensor.data_type in _QUANTIZED_TYPES}
     contrib = Counter(f"{node.op_type} ({node.domain})" for node in nodes
                       if node.domain not in ("", "ai.onnx") and node.op_type not in _TABLE_LOOKUPS
                       and matrices.intersection(node.input) and not quantized.intersection(node.input))  # fmt: skip
     params, notes = dict(built.params), list(built.notes)
     if recurrent:
         params["float_recurrent"] = dict(sorted(recurrent.items()))
-        notes.append(f"{_listed(recurrent)} left in float, weights included: of ONNX Runtime's quantizers only "
-                     "dynamic INT8 lowers a recurrent layer (LSTM, as DynamicQuantizeLSTM)")  # fmt: skip
+        inside = f" ({nested} inside control-flow subgraphs, which quantization leaves float)" if nested else ""
+        notes.append(f"{_listed(recurrent)} left in float, weights included{inside}: of ONNX Runtime's quantizers "
+                     "only dynamic INT8 lowers a recurrent layer (LSTM, as DynamicQuantizeLSTM)")  # fmt: skip
     if contrib:
         params["float_contrib"] = dict(sorted(contrib.items()))
         notes.append(f"{_listed(contrib)} left in float, weights included: only standard ONNX operators are quantized, "

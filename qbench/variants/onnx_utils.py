@@ -392,14 +392,20 @@ def unquantizable_nodes(model: onnx.ModelProto, handed: Collection[str] = ()) ->
     float64 (ONNX Runtime's quantizers handle float32 and float16 tensors only), and those whose output a subgraph
     reads by name (the quantizers do not see that reader: ORT's folds a Relu into the next
     quantization when it thinks a QuantizeLinear is its only reader, and the subgraph then reads the Relu's input)."""
-    captured = {name for node in model.graph.node for name in outer_scope_reads(node)}
     names = [
         node.name for node in model.graph.node
         if (node.domain not in ("", "ai.onnx") or node.op_type in ORT_CONTRIB_QUANTIZERS) and node.name
         and node.name not in handed
     ]  # fmt: skip
-    names += [node.name for node in model.graph.node if captured.intersection(node.output)]
+    names += [node.name for node in subgraph_read_producers(model)]
     return list(dict.fromkeys([*names, *float64_nodes(model)]))
+
+
+def subgraph_read_producers(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """The main-graph nodes whose output a control-flow subgraph reads by name (kept out of quantization)."""
+    captured = {name for node in model.graph.node for name in outer_scope_reads(node)}
+    return [node for node in model.graph.node if captured.intersection(node.output)]
+
 
 
 def nested_nodes(model: onnx.ModelProto, op_types: Collection[str]) -> Counter[str]:

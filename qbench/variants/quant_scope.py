@@ -9,13 +9,19 @@ quantizing it saves nothing, and rounding raw features can erase one before the 
 it: a quantized Concat writes all its inputs on its output's one scale, and an age of 18..80
 beside incomes of 2e3..2e5 keeps none of the 256 levels. The network's first layers still
 quantize their own inputs, each on its own range.
+
+Nor does it go on a node whose output an If/Loop/Scan body reads by name (`onnx_utils.unquantizable_nodes`);
+`subgraph_read_kept_float` names those a build leaves float for it, as nothing else would.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Collection
+
 import onnx
 
-from qbench.variants.onnx_utils import name_unnamed_nodes
+from qbench.variants.onnx_utils import WEIGHTED_OP_TYPES, name_unnamed_nodes, subgraph_read_producers
 
 # Layers whose weight is a constant operand; Gather-like lookups count when their table is a constant.
 _WEIGHTED_OP_TYPES = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "Einsum", "LSTM", "GRU", "RNN"})
@@ -94,3 +100,29 @@ def table_lookups(model: onnx.ModelProto, op_types: tuple[str, ...]) -> dict[str
         if node.op_type in op_types and any(table and table in constants for table in tables):
             found[node.name] = node.op_type
     return found
+
+
+def subgraph_read_kept_float(model: onnx.ModelProto, op_types: Collection[str]) -> tuple[list[str], list[str]]:
+    """The `op_types` nodes kept float because a subgraph reads their output (`unquantizable_nodes`), and a note
+    naming the weighted ones: a MatMul whose output an If/Loop/Scan body reads is a main-graph layer left FP32,
+    which neither the quantized counts nor the subgraph note (`nested_nodes_note`) would otherwise say."""
+    kept = [node for node in subgraph_read_producers(model)
+            if node.op_type in op_types and node.domain in ("", "ai.onnx")]  # fmt: skip
+    weighted = [node for node in kept if node.op_type in WEIGHTED_OP_TYPES]
+    if not weighted:
+        return [node.name for node in kept], []
+    counts = Counter(node.op_type for node in weighted)
+    listed = ", ".join(f"{count} {op}" for op, count in sorted(counts.items()))
+    named = ", ".join(node.name or "<unnamed>" for node in weighted[:5]) + (", ..." if len(weighted) > 5 else "")
+    return [node.name for node in kept], [
+        f"{listed} of the main graph kept float ({named}): a control-flow subgraph (If/Loop/Scan) reads each one's "
+        "output by name, a reader the quantizers do not see"]
+
+
+def nothing_quantized_note(params: dict) -> str:
+    """The note of a build that quantized no node, naming what kept its layers float where the build knows it (a
+    subgraph reading their outputs) rather than only the recipe fields that could have."""
+    read = params.get("subgraph_read_kept_float") or []
+    why = (f"{len(read)} node(s) a control-flow subgraph reads ({', '.join(read[:5])}) stay float; else check op_types, "
+           "exclude_nodes and keep_float") if read else "check op_types, exclude_nodes and keep_float"  # fmt: skip
+    return f"no node was quantized: this variant computes in FP32 ({why})"

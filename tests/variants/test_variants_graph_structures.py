@@ -45,14 +45,15 @@ def _branch(name: str, weight: str, *, own_activation: bool = False) -> onnx.Gra
     return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(f"{name}_out", TensorProto.FLOAT, None)])
 
 
-def if_model(path: Path, *, compute_outside: bool = True) -> Path:
+def if_model(path: Path, *, compute_outside: bool = True, relu: bool = True) -> Path:
     """x -> MatMul -> Relu -> h; If(rows > 0) then h @ w_then else h @ w_else. With `compute_outside` False, the
-    MatMul and Relu are inside the branches too, so the main graph computes nothing but the condition."""
+    MatMul and Relu are inside the branches too, so the main graph computes nothing but the condition; with `relu`
+    False the branches read the MatMul's output itself."""
     condition = [helper.make_node("Shape", ["x"], ["shape"], name="shape"),
                  helper.make_node("ReduceSum", ["shape"], ["total"], name="total", keepdims=0),
                  helper.make_node("Greater", ["total", "zero"], ["rows"], name="rows")]  # fmt: skip
-    head = [helper.make_node("MatMul", ["x", "w_in"], ["pre"], name="matmul_in"),
-            helper.make_node("Relu", ["pre"], ["h"], name="relu")] if compute_outside else []  # fmt: skip
+    head = [helper.make_node("MatMul", ["x", "w_in"], ["pre" if relu else "h"], name="matmul_in"),
+            helper.make_node("Relu", ["pre"], ["h"], name="relu")][: 2 if relu else 1] if compute_outside else []  # fmt: skip
     inside = not compute_outside
     branch = helper.make_node("If", ["rows"], ["y"], name="branch",
                               then_branch=_branch("then", "w_then", own_activation=inside),
@@ -121,6 +122,25 @@ def test_static_int8_keeps_what_a_branch_reads_and_names_the_nodes_left_float(tm
     expected, ran = _run(path), _run(built.onnx_path)
     assert np.mean(ran.argmax(1) == expected.argmax(1)) > 0.9
     assert any("2 MatMul inside control-flow subgraphs" in note for note in built.notes)
+
+
+@pytest.mark.parametrize("variant", [{"precision": "int8", "calibrator": "minmax"},
+                                     {"precision": "int8", "calibrator": "dynamic"},
+                                     {"precision": "fp8", "calibrator": "minmax"}])  # fmt: skip
+def test_a_main_graph_layer_a_branch_reads_is_named_as_left_float(tmp_path, variant):
+    """The branches read the MatMul's output by name, so the build keeps that MatMul float: it was said nowhere (the
+    notes counted only the MatMuls inside the branches), and with no other layer the variant read 'no node was
+    quantized (check op_types, exclude_nodes and keep_float)', none of which the recipe had set."""
+    path = if_model(tmp_path / "if.onnx", relu=False)
+    built = _build(path, tmp_path / "w", name="q", **variant)
+    graph = onnx.load(str(built.onnx_path)).graph
+    kept = [node.name for node in graph.node if node.op_type == "MatMul" and "w_in" in node.input]
+    assert kept == ["matmul_in"]  # it computes on the float weight: what the note says is what was built
+    assert built.params["subgraph_read_kept_float"] == ["matmul_in"]
+    assert any("1 MatMul of the main graph kept float (matmul_in)" in note for note in built.notes), built.notes
+    assert built.params["quantized_nodes"] == 0  # its only layer: the reason is named, not the recipe's fields
+    assert "no node was quantized: this variant computes in FP32 (1 node(s) a control-flow subgraph reads (matmul_in) " \
+           "stay float; else check op_types, exclude_nodes and keep_float)" in built.notes
 
 
 def test_fp16_casts_a_contrib_operator_output_before_converted_readers(tmp_path):

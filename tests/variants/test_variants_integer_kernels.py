@@ -291,24 +291,37 @@ def test_a_modelopt_int8_variant_without_integer_kernels_is_the_fp32_model(tmp_p
     assert any(note.startswith("no node computes in INT8") and note.endswith("computes in FP32") for note in built.notes)
 
 
-def _rnn_classifier(path: Path, op: str, rng: np.random.Generator, *, bias: bool = False) -> Path:
+def _rnn_classifier(path: Path, op: str, rng: np.random.Generator, *, bias: bool = False, in_branch: bool = False) -> Path:
     """x [batch, 5 steps, 3] -> an ONNX LSTM/GRU of 8 units (time-major, as ONNX Runtime's CPU runs it), with a bias
     [1, 2 x gates x hidden] as torch exports it if `bias` -> its last state @ head -> y [batch, 2]: the recurrent
-    layer holds most of the weights."""
+    layer holds most of the weights. With `in_branch`, the layer sits in both branches of an If (rows > 0), reading
+    the outer weights by name."""
     hidden, gates = 8, {"LSTM": 4, "GRU": 3}[op]
     weights = {"w": rng.normal(0, 0.5, (1, gates * hidden, 3)), "r": rng.normal(0, 0.3, (1, gates * hidden, hidden)),
                "head": rng.normal(0, 1, (hidden, 2))}  # fmt: skip
     if bias:
         weights["b"] = rng.normal(0, 0.1, (1, 2 * gates * hidden))
-    nodes = [helper.make_node("Transpose", ["x"], ["steps"], perm=[1, 0, 2], name="time_major"),
-             helper.make_node(op, ["steps", "w", "r", *(["b"] if bias else [])], ["", "state"], hidden_size=hidden,
-                              name="rnn"),
+    def rnn(state: str, name: str) -> onnx.NodeProto:
+        return helper.make_node(op, ["steps", "w", "r", *(["b"] if bias else [])], ["", state], hidden_size=hidden,
+                                name=name)
+
+    def branch(name: str) -> onnx.GraphProto:
+        return helper.make_graph([rnn(f"{name}_state", f"{name}_rnn")], name, [],
+                                 [helper.make_tensor_value_info(f"{name}_state", TensorProto.FLOAT, None)])
+
+    recurrent = [helper.make_node("Shape", ["x"], ["shape"], name="shape"),
+                 helper.make_node("ReduceProd", ["shape"], ["size"], keepdims=0, name="size"),
+                 helper.make_node("Greater", ["size", "zero"], ["rows"], name="rows"),
+                 helper.make_node("If", ["rows"], ["state"], then_branch=branch("then"), else_branch=branch("else"),
+                                  name="branch")] if in_branch else [rnn("state", "rnn")]  # fmt: skip
+    weights["zero"] = np.array(0, np.int64)
+    nodes = [helper.make_node("Transpose", ["x"], ["steps"], perm=[1, 0, 2], name="time_major"), *recurrent,
              helper.make_node("Squeeze", ["state", "axis0"], ["last"], name="last"),
              helper.make_node("MatMul", ["last", "head"], ["y"], name="classify")]  # fmt: skip
     graph = helper.make_graph(
         nodes, "rnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 5, 3])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])],
-        [*(numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()),
+        [*(numpy_helper.from_array(v if k == "zero" else v.astype(np.float32), k) for k, v in weights.items()),
          numpy_helper.from_array(np.array([0], np.int64), "axis0")],
     )  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=ORT_IR_VERSION)
@@ -340,6 +353,26 @@ def test_a_recurrent_layer_left_float_is_counted_and_noted(tmp_path, op, precisi
     assert noted == ([] if left_float is None else [f"1 {op} left in float, weights included: of ONNX Runtime's "
                                                     "quantizers only dynamic INT8 lowers a recurrent layer (LSTM, as "
                                                     "DynamicQuantizeLSTM)"])  # fmt: skip
+
+
+@pytest.mark.parametrize(("precision", "calibrator"), [("int8", "minmax"), ("int8", "dynamic"), ("fp8", "minmax")])
+def test_a_recurrent_layer_inside_control_flow_is_counted_and_noted(tmp_path, precision, calibrator):
+    """The count walked the main graph only: with the LSTMs in an If's branches, which every quantizer leaves float,
+    the variant read as INT8 / FP8 (its head MatMul quantized) with no layer left float, and the subgraph note
+    counts MatMul/Gemm/Conv only."""
+    rng = np.random.default_rng(3)
+    path = _rnn_classifier(tmp_path / "branch.onnx", "LSTM", rng, bias=True, in_branch=True)
+    calibration = [{"x": rng.normal(size=(16, 5, 3)).astype(np.float32)} for _ in range(2)]
+    built = build_variant(VariantSpec(name="q", precision=precision, calibrator=calibrator),
+                          BuildContext(reference_path=path, workdir=tmp_path / "w", calibration=calibration))  # fmt: skip
+    saved = onnx.load(str(built.onnx_path))
+    branches = [node for branch in saved.graph.node if branch.op_type == "If" for graph in
+                (helper.get_attribute_value(a) for a in branch.attribute) for node in graph.node]  # fmt: skip
+    assert [node.op_type for node in branches] == ["LSTM", "LSTM"]  # what the build left float, read from the file
+    assert built.params["quantized_op_types"]  # the head was quantized: the variant is not the FP32 model
+    assert built.params.get("float_recurrent") == {"LSTM": 2}
+    assert any(note.startswith("2 LSTM left in float, weights included (2 inside control-flow subgraphs")
+               for note in built.notes), built.notes  # fmt: skip
 
 
 def _fused_transformer_block(path: Path, fused: str, rng: np.random.Generator) -> Path:
