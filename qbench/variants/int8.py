@@ -156,8 +156,9 @@ def build_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         notes.append(f"opset {original} raised to {PER_CHANNEL_OPSET}: per-channel Q/DQ needs DequantizeLinear's axis")
     exclude_nodes = resolve_node_names(model, config.exclude_nodes, spec.name)
     with build_step(spec.name, "folding weights computed from constants"):
-        lowered = _lowered_op_types(op_types, dynamic)
-        reads = [(node, index) for node in model.graph.node if node.op_type in lowered for index in range(len(node.input))]
+        lowered_types = _lowered_op_types(op_types, dynamic)
+        reads = [(node, index) for node in model.graph.node if node.op_type in lowered_types
+                 for index in range(len(node.input))]  # fmt: skip
         folded = fold_constant_inputs(model, reads)
     if dynamic and "MatMul" in op_types:
         params["gemms_as_matmul"] = len(gemms_as_matmul(model))  # the dynamic quantizer skips Gemm (a torch Linear)
@@ -183,7 +184,7 @@ def build_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         return unchanged_variant(spec.name, "int8", ctx, why, params, clock.seconds())
     params["folded_weights"] = folded
     exclude = [*excluded, *unquantizable_nodes(model, handed)]
-    params["subgraph_read_kept_float"], read_by_subgraphs = subgraph_read_kept_float(model, _lowered_op_types(op_types, dynamic))
+    params["subgraph_read_kept_float"], read_by_subgraphs = subgraph_read_kept_float(model, lowered_types)
     with scratch_dir("qbench-int8-") as tmp:
         with build_step(spec.name, "pre-processing"):
             prepared, params["preprocess"] = preprocess_model(model, tmp)
