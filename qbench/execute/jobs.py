@@ -24,7 +24,8 @@ import numpy as np
 from qbench.backends import get_backend
 from qbench.backends.base import form_run_by
 from qbench.errors import QbenchError, environment_cause
-from qbench.execute.store import BuildStore, StoreUnwritable, build_environment, manifest_of
+from qbench.execute.plan import build_facts
+from qbench.execute.store import BuildStore, StoreUnwritable, manifest_of
 from qbench.interrupt import held
 from qbench.preflight import Prepared
 from qbench.provenance import model_bytes, model_sha256
@@ -119,7 +120,7 @@ def _build_and_publish(
         own_torch = built.torch_module is not None and not _torch_form_from_source(built, prepared)
         t = time.perf_counter()
         try:
-            manifest = manifest_of(built, folder, build_environment(), reusable=not own_torch,
+            manifest = manifest_of(built, folder, build_facts(prepared.recipe, spec), reusable=not own_torch,
                                    reference=model_sha256(prepared.source.onnx_path))
             if report is not None:
                 manifest["search"] = report

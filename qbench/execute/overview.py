@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from qbench.errors import QbenchError
-from qbench.execute.plan import SweepPlan, make_plan
+from qbench.execute.plan import SweepPlan, build_facts, make_plan
 from qbench.execute.records import read_records
 from qbench.execute.resume import Decision, decide_build, decide_measure, resume_target, runs_onnx_file
-from qbench.execute.store import BuildStore, build_environment, built_from_manifest
+from qbench.execute.store import BuildStore, built_from_manifest
 from qbench.provenance import input_digests, model_sha256
 from qbench.recipe import Recipe
 
@@ -49,7 +49,7 @@ def plan_overview(recipe: Recipe, store: BuildStore, *, rerun_failed: bool = Fal
     except QbenchError as exc:
         run, refused = None, str(exc)
     records = read_records(run) if run is not None else {}
-    environment = build_environment()
+    specs = {spec.name: spec for spec in recipe.planned_variants()}
     source = recipe.model_path  # a PyTorch source's export is not known before the sweep: its builds are not checked
     reference = model_sha256(source) if source is not None else None
     name = run.name if run is not None else ""
@@ -58,7 +58,7 @@ def plan_overview(recipe: Recipe, store: BuildStore, *, rerun_failed: bool = Fal
     for job in plan.jobs:
         record = records.get(job.id)
         if job.kind == "build":
-            stored = store.reusable(job.build_key, environment, reference)
+            stored = store.reusable(job.build_key, build_facts(recipe, specs[job.variant]), reference)
             decision = decide_build(record, stored, name, rerun_failed=rerun_failed)
             builds[job.variant] = (decision, _model_sha256(store, job.build_key, stored, source))
         else:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import platform
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ from qbench.backends import BACKENDS
 from qbench.backends.base import needs_gpu
 from qbench.provenance import InputDigest
 from qbench.recipe import Recipe, VariantSpec
+from qbench.techniques.base import BUILD_PACKAGES
 
 JobKind = Literal["build", "measure"]
 TIMING_RESOURCE = "qbench_timing"  # a custom resource: one unit per node (or GPU) that may time a model
@@ -106,12 +108,13 @@ def build_key(
     inputs: Mapping[str, InputDigest],
     fingerprint: str,
 ) -> str:
-    """The content key of a build: qbench (its version and its code), the variant's spec, the model and data sections
-    and every input file's digest; a searched build also depends on everything its search measures (the whole
-    plan)."""
+    """The content key of a build: qbench (its version and its code), what it is built with (`build_facts`), the
+    variant's spec, the model and data sections and every input file's digest; a searched build also depends on
+    everything its search measures (the whole plan)."""
     payload = {
         "qbench": qbench.__version__,
         "qbench_code": qbench_code_digest(),
+        "built_with": build_facts(recipe, spec),
         "spec": spec.model_dump(mode="json"),
         "task": recipe.task,
         "model": recipe.model.model_dump(mode="json"),
@@ -120,6 +123,24 @@ def build_key(
         "search": fingerprint if searches(recipe, spec) else None,
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def build_facts(recipe: Recipe, spec: VariantSpec) -> dict[str, str]:
+    """What the build of `spec` computes with beyond its inputs, on this machine: the installed versions of the
+    packages every build uses (BUILD_PACKAGES) and of its technique's `build_packages` (a PyTorch source adds torch,
+    which exports the model), and the machine facts its technique reads (`machine_facts`). It is in the build's key,
+    so an upgraded quantizer or another kind of CPU never reuses a build, nor replaces it in a shared store; a build
+    records the facts of the machine that made it, and is reused only where they are the reader's
+    (BuildStore.reusable: a cluster's workers may differ from the driver that keyed it). Read from package metadata:
+    nothing is imported."""
+    from qbench.environment import package_version
+
+    config = spec.technique_config
+    source = ("torch",) if recipe.model.torch is not None else ()
+    packages = sorted({*BUILD_PACKAGES, *config.build_packages, *source})
+    versions = {name: package_version(name) or "absent" for name in packages}
+    # every build runs this CPU's kernels (calibration, range checks): its architecture is a fact of them all
+    return {**versions, "machine": platform.machine(), **config.machine_facts()}
 
 
 @functools.cache

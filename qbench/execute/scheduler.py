@@ -38,10 +38,10 @@ from qbench.execute.jobs import (
     is_int8_search,
     with_torch_form,
 )
-from qbench.execute.plan import Job, SweepPlan
+from qbench.execute.plan import Job, SweepPlan, build_facts
 from qbench.execute.records import forget_started, read_records, record_build, record_measure, record_started
 from qbench.execute.resume import Decision, decide_build, decide_measure, runs_onnx_file
-from qbench.execute.store import BuildStore, build_environment, built_from_manifest
+from qbench.execute.store import BuildStore, built_from_manifest
 from qbench.preflight import Prepared
 from qbench.provenance import model_sha256
 from qbench.results import AccuracyResult, VariantResult
@@ -353,7 +353,6 @@ class Scheduler:
         qbench.execute.resume, which `qbench sweep --plan` shows; `rerun_failed`: its failed jobs run again);
         returns how many."""
         records = read_records(folder) if folder is not None else {}
-        environment = build_environment()
         reference = model_sha256(self.prepared.source.onnx_path)  # builds from another FP32 model are not reused
         name = folder.name if folder is not None else ""
         builds: dict[str, Decision] = {}
@@ -361,7 +360,8 @@ class Scheduler:
         for job in self.plan.jobs:
             record = records.get(job.id)
             if job.kind == "build":
-                stored = self.store.reusable(job.build_key, environment, reference)
+                facts = build_facts(self.prepared.recipe, self.specs[job.variant])  # this machine's, for the key's build
+                stored = self.store.reusable(job.build_key, facts, reference)
                 builds[job.variant] = decision = decide_build(record, stored, name, rerun_failed=rerun_failed)
                 if stored is not None:
                     self._built(job, BuildOutput(job.variant, stored, where="the build store"))

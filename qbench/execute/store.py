@@ -6,9 +6,10 @@ manifest go to a staging folder of a unique name, renamed to `<key>/` in one ste
 key (concurrent sweeps, Ray workers) never mix their files, and the later one keeps the entry already
 there when it is intact and reusable here (else it replaces it). An fsspec store (`s3://bucket/prefix`,
 `gs://...`) gets every file, then the manifest last. Any node reads a build back by its key.
-The key (qbench.execute.plan.build_key) hashes everything the build depends on; the manifest also
-records the environment it was built in, and a build from another environment is not reused, nor one
-whose files no longer have their recorded digests (changed or truncated since: it is built again).
+The key (qbench.execute.plan.build_key) hashes everything the build depends on, the versions of the packages
+that compute it and the machine facts it reads included (plan.build_facts); the manifest records those facts as
+the machine that built it saw them, and a build whose facts are not the reader's is not reused, nor one whose
+files no longer have their recorded digests (changed or truncated since: it is built again).
 A build is materialised by copying its files: a run folder's model never shares its bytes with the store.
 `<store>/sources/` holds the sweeps' copies of their input files (qbench.execute.snapshot).
 """
@@ -20,7 +21,6 @@ import hashlib
 import json
 import logging
 import os
-import platform
 import secrets
 import shutil
 import time
@@ -128,8 +128,9 @@ class BuildStore:
         return content if isinstance(content.get("files"), dict) else None
 
     def reusable(self, key: str, environment: dict[str, str], reference: str | None = None) -> dict[str, Any] | None:
-        """The manifest of the build under `key` when a sweep in `environment` may reuse it: complete, built
-        in that environment, its torch form (if any) rebuilt from the source, and every file as published.
+        """The manifest of the build under `key` when a sweep whose machine gives the build `environment` (its
+        facts: qbench.execute.plan.build_facts) may reuse it: complete, built with those facts, its torch form
+        (if any) rebuilt from the source, and every file as published.
         A file changed, truncated or gone since is logged as a warning naming it; the build is then not reused.
 
         Given `reference` (the sha256 of the FP32 ONNX model the sweep builds from), only a build made from that
@@ -315,19 +316,6 @@ def _file_sha256(path: Path) -> str:
 
 def _manifest_text(manifest: dict[str, Any]) -> str:
     return json.dumps(manifest, indent=2, sort_keys=True)
-
-
-def build_environment() -> dict[str, str]:
-    """What a build's bytes may depend on beyond its inputs: package versions and the CPU's INT8 kind."""
-    from qbench.environment import needs_reduce_range, package_version
-
-    versions = {package: package_version(package) or "absent"
-                for package in ("qbench", "onnx", "onnxruntime", "torch", "torchao", "nvidia-modelopt")}  # fmt: skip
-    return {
-        **versions,
-        "machine": platform.machine(),
-        "reduce_range_auto": str(needs_reduce_range()),
-    }
 
 
 def manifest_of(built: BuiltVariant, folder: Path, environment: dict[str, str], *, reusable: bool,

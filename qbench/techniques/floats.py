@@ -12,6 +12,7 @@ class FloatCast(TechniqueConfig):
 
     precisions: ClassVar[tuple[str, ...]] = ("fp32", "fp16", "bf16")
     label: ClassVar[str] = "float"
+    build_packages: ClassVar[tuple[str, ...]] = ("ml_dtypes",)  # BF16 rounding, FP16 range checks
 
     @classmethod
     def foreign_option(cls, option: str, precision: str) -> str:

@@ -14,6 +14,7 @@ from qbench.techniques.options import ExcludeNodes, KeepFloat, OpTypes, PerChann
 class Fp8(TechniqueConfig):
     precisions: ClassVar[tuple[str, ...]] = ("fp8",)
     label: ClassVar[str] = "fp8"
+    build_packages: ClassVar[tuple[str, ...]] = ("ml_dtypes",)  # the E4M3 grid
     selectors: ClassVar[frozenset[str]] = frozenset({"quantizer"})
     calibration: Calibration
     per_channel: PerChannel = False

@@ -26,6 +26,7 @@ _UNSUPPORTED = {
 class Modelopt(TechniqueConfig):
     precisions: ClassVar[tuple[str, ...]] = ("int8", "fp8")
     label: ClassVar[str] = "quantizer modelopt"
+    build_packages: ClassVar[tuple[str, ...]] = ("nvidia-modelopt", "torch", "ml_dtypes")
     selectors: ClassVar[frozenset[str]] = frozenset({"quantizer"})
     precision: str  # int8 | fp8: ModelOpt's preset
     calibration: Calibration

@@ -16,6 +16,7 @@ class Qat(TechniqueConfig):
 
     precisions: ClassVar[tuple[str, ...]] = ("int8",)
     label: ClassVar[str] = "QAT"
+    build_packages: ClassVar[tuple[str, ...]] = ("torch", "torchao")  # the training, PT2E and its export
     calibration: Calibration
     per_channel: PerChannel = False
     reduce_range: ReduceRange = "auto"

@@ -15,10 +15,12 @@ import qbench.sweep as sweep
 from qbench.cli_app import main
 from qbench.execute.cache import IN_USE, entries_in_use, keys_in_use, prune
 from qbench.execute.snapshot import snapshot_keys, take_snapshot
-from qbench.execute.store import ABANDONED_AFTER_S, SOURCES, BuildStore, build_environment, manifest_of
+from qbench.execute.store import ABANDONED_AFTER_S, SOURCES, BuildStore, manifest_of
 from qbench.provenance import input_digests
 from qbench.recipe import load_recipe
 from qbench.variants.base import BuiltVariant
+
+FACTS = {"onnxruntime": "1.0", "machine": "x86_64"}  # what the builds here were made with (plan.build_facts)
 
 DAY = 86400.0
 
@@ -102,7 +104,7 @@ def test_reusing_a_build_or_an_input_copy_makes_it_the_most_recently_used(tmp_pa
     folder.mkdir()
     (folder / "m.onnx").write_bytes(b"model")
     built = BuiltVariant(name="int8", precision="int8", onnx_path=folder / "m.onnx")
-    store.publish(_key(1), folder, manifest_of(built, folder, build_environment(), reusable=True))
+    store.publish(_key(1), folder, manifest_of(built, folder, FACTS, reusable=True))
     root = tmp_path / "store"
     ancient = time.time() - 100 * DAY
     os.utime(root / _key(1), (ancient, ancient))
@@ -114,7 +116,7 @@ def test_reusing_a_build_or_an_input_copy_makes_it_the_most_recently_used(tmp_pa
         os.utime(store.sources_root / key, (ancient, ancient))
     _entry(root / _key(2), 10, 50)  # newer than both, never reused
 
-    assert store.reusable(_key(1), build_environment()) is not None
+    assert store.reusable(_key(1), FACTS) is not None
     take_snapshot(inputs, store.sources_root)
     assert _names(prune(root, older_than_days=30).removed) == {_key(2)}
 

@@ -1,15 +1,22 @@
-"""Build keys: a build is reused only by the same qbench code, spec and inputs."""
+"""Build keys: a build is reused only by the same qbench code, spec and inputs, built with the same packages on the
+same kind of machine."""
 
 from __future__ import annotations
 
+import json
+import platform
 from pathlib import Path
 
 import pytest
 from probe_project import write_probe_recipe
 
+from qbench import environment
 from qbench.execute import plan
+from qbench.execute.overview import plan_overview
+from qbench.execute.store import BuildStore
 from qbench.provenance import input_digests
-from qbench.recipe import load_recipe
+from qbench.recipe import Recipe, load_recipe
+from qbench.sweep import run_sweep
 
 
 def test_the_build_key_changes_with_qbench_code_of_the_same_version(
@@ -24,3 +31,80 @@ def test_the_build_key_changes_with_qbench_code_of_the_same_version(
     assert len(plan.qbench_code_digest()) == 64
     monkeypatch.setattr(plan, "qbench_code_digest", lambda: "0" * 64)
     assert plan.build_key(recipe, spec, inputs, "") != key
+
+
+def _versions(monkeypatch: pytest.MonkeyPatch, **changed: str) -> None:
+    """Package metadata as if the distributions named in `changed` (underscores for dashes) were at those versions."""
+    real = environment.package_version
+    overrides = {name.replace("_", "-"): version for name, version in changed.items()}
+    monkeypatch.setattr(environment, "package_version", lambda name: overrides.get(name.replace("_", "-")) or real(name))
+
+
+def _keys(recipe: Recipe) -> dict[str, str]:
+    inputs = input_digests(recipe)
+    return {spec.name: plan.build_key(recipe, spec, inputs, "") for spec in recipe.all_variants()}
+
+
+def test_the_build_key_holds_the_versions_of_the_packages_its_technique_builds_with(
+    user_project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An upgraded quantizer (or numpy, or ml_dtypes under the float casts) must not be hidden behind builds the old
+    one put in the store; a package the technique does not use leaves its key as it is."""
+    recipe = load_recipe(write_probe_recipe(user_project, tmp_path, variants=["fp16", "int8-minmax"]))
+    before = _keys(recipe)
+    assert _keys(recipe) == before  # nothing changed: the same keys
+    for package, changes in [("onnxruntime", {"fp32", "fp16", "int8-minmax"}), ("numpy", {"fp32", "fp16", "int8-minmax"}),
+                             ("ml_dtypes", {"fp32", "fp16"}), ("nvidia_modelopt", set()), ("torchao", set())]:  # fmt: skip
+        with monkeypatch.context() as patch:
+            _versions(patch, **{package: "0.0.1"})
+            after = _keys(recipe)
+        assert {name for name in before if after[name] != before[name]} == changes, package
+
+
+def test_the_build_key_of_an_int8_technique_holds_whether_the_cpu_lacks_vnni(
+    user_project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """reduce_range auto chooses 7-bit weights on an x86 CPU without VNNI: a shared store must not hand a build made
+    on a VNNI CPU to a CPU without it. The float casts do not read it."""
+    recipe = load_recipe(write_probe_recipe(user_project, tmp_path, variants=["fp16", "int8-minmax"]))
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(environment, "cpu_flags", lambda: frozenset({"avx2", "avx512_vnni"}))
+    vnni = _keys(recipe)
+    monkeypatch.setattr(environment, "cpu_flags", lambda: frozenset({"avx2"}))
+    without = _keys(recipe)
+    assert {name for name in vnni if without[name] != vnni[name]} == {"int8-minmax"}
+
+
+def test_a_shared_store_keeps_a_build_per_quantizer_version_and_cpu_kind(
+    user_project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sweeps sharing one store: with nothing changed every build is reused (`qbench sweep --plan`: `in store`);
+    after `pip install -U onnxruntime` none is, and the sweep builds beside the old builds, not over them (a sweep
+    elsewhere still on the old version would read the new files under the key it computed); a CPU without VNNI
+    builds its own INT8 and reuses the float builds."""
+    path = write_probe_recipe(user_project, tmp_path, variants=["fp16", "int8-minmax"])
+    recipe, store = load_recipe(path), BuildStore(str(tmp_path / "store"))
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(environment, "cpu_flags", lambda: frozenset({"avx2", "avx512_vnni"}))
+
+    def reused() -> set[str]:
+        rows = plan_overview(recipe, store).rows
+        return {row.job.removeprefix("build:") for row in rows if row.job.startswith("build:") and row.resume.reused}
+
+    def manifests() -> list[dict]:
+        return [json.loads(m.read_text()) for m in (tmp_path / "store").glob("*/manifest.json")]
+
+    run_sweep(path, track=False)
+    assert reused() == {"fp32", "fp16", "int8-minmax"} and len(manifests()) == 3  # nothing changed: all reused
+    with monkeypatch.context() as upgraded:
+        _versions(upgraded, onnxruntime="99.0")
+        assert reused() == set()
+        run_sweep(path, track=False)
+        assert reused() == {"fp32", "fp16", "int8-minmax"} and len(manifests()) == 6
+    assert reused() == {"fp32", "fp16", "int8-minmax"}  # the old version's builds are still there
+    monkeypatch.setattr(environment, "cpu_flags", lambda: frozenset({"avx2"}))
+    assert reused() == {"fp32", "fp16"}
+    run_sweep(path, track=False)
+    int8 = {m["environment"]["x86_without_vnni"]: m["params"]["reduce_range"]
+            for m in manifests() if m["name"] == "int8-minmax" and m["environment"]["onnxruntime"] != "99.0"}  # fmt: skip
+    assert int8 == {"False": False, "True": True}  # reduce_range auto: 7 bits only for the CPU without VNNI

@@ -13,8 +13,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from qbench.execute.store import BuildStore, build_environment, built_from_manifest, manifest_of
+from qbench.execute.store import BuildStore, built_from_manifest, manifest_of
 from qbench.variants.base import BuiltVariant
+
+FACTS = {"onnxruntime": "1.0", "machine": "x86_64"}  # what the builds here were made with (plan.build_facts)
 
 KEY = "k" * 16
 
@@ -36,7 +38,7 @@ def _build(folder: Path, seed: int) -> dict[str, Any]:
     onnx.save(helper.make_model(graph), folder / "model.onnx", save_as_external_data=True,
               location="model.onnx.data", size_threshold=0)  # fmt: skip
     built = BuiltVariant(name="int8", precision="int8", onnx_path=folder / "model.onnx")
-    return manifest_of(built, folder, build_environment(), reusable=True)
+    return manifest_of(built, folder, FACTS, reusable=True)
 
 
 @pytest.fixture
@@ -49,7 +51,7 @@ def test_a_published_build_records_the_sha256_of_every_file(published: tuple[Bui
     store, manifest = published
     assert set(manifest["files"]) == {"model.onnx", "model.onnx.data"}
     assert all(len(digest) == 64 for digest in manifest["files"].values())
-    assert store.reusable(KEY, build_environment()) == manifest
+    assert store.reusable(KEY, FACTS) == manifest
 
 
 @pytest.mark.parametrize("name", ["model.onnx", "model.onnx.data"])
@@ -69,7 +71,7 @@ def test_a_stored_file_changed_since_publishing_is_never_reused(
     else:
         path.unlink()
     with caplog.at_level(logging.WARNING, logger="qbench"):
-        assert store.reusable(KEY, build_environment()) is None
+        assert store.reusable(KEY, FACTS) is None
     assert f"build store: {path} " in caplog.text and "that build is not reused" in caplog.text
 
 
@@ -89,7 +91,7 @@ def test_a_materialised_build_is_a_copy_independent_of_the_store(
         model.truncate(10)
     with (run_models / "model.onnx.data").open("r+b") as data:
         data.write(b"\xff" * 8)
-    assert store.reusable(KEY, build_environment()) == manifest  # the store's files are as published
+    assert store.reusable(KEY, FACTS) == manifest  # the store's files are as published
 
 
 def test_concurrent_publishers_of_one_key_leave_one_complete_entry(tmp_path: Path) -> None:
@@ -105,7 +107,7 @@ def test_concurrent_publishers_of_one_key_leave_one_complete_entry(tmp_path: Pat
 
     with ThreadPoolExecutor(len(builds)) as pool:
         returned = list(pool.map(publish, builds))
-    kept = store.reusable(KEY, build_environment())
+    kept = store.reusable(KEY, FACTS)
     assert kept is not None and kept in [manifest for _, manifest in builds]
     assert all(manifest == kept for manifest in returned)
     assert sorted(p.name for p in (tmp_path / "store").iterdir()) == [KEY]
@@ -120,7 +122,7 @@ def test_publishing_replaces_an_entry_that_is_damaged_or_from_another_environmen
     (tmp_path / "store" / KEY / "model.onnx.data").write_bytes(b"")
     fresh = _build(tmp_path / "again", seed=2)
     assert store.publish(KEY, tmp_path / "again", fresh) == fresh
-    assert store.reusable(KEY, build_environment()) == fresh
+    assert store.reusable(KEY, FACTS) == fresh
     elsewhere = {**fresh, "environment": {**fresh["environment"], "onnxruntime": "0.0.1"}}
     assert store.publish(KEY, tmp_path / "again", elsewhere) == elsewhere  # the other environment's is not kept
     assert store.manifest(KEY) == elsewhere
@@ -136,7 +138,7 @@ def test_a_build_that_is_the_fp32_model_names_the_reading_sweeps_own_model(tmp_p
         path.write_bytes(b"the same model")
     folder = tmp_path / "build"
     folder.mkdir()
-    manifest = manifest_of(BuiltVariant("fp32", "fp32", first), folder, build_environment(), reusable=True)
+    manifest = manifest_of(BuiltVariant("fp32", "fp32", first), folder, FACTS, reusable=True)
     assert manifest["files"] == {} and str(first) not in str(manifest)
     read_back = built_from_manifest(manifest, tmp_path / "run" / "models", second)
     assert read_back.onnx_path == second and read_back.borrowed  # the user's file: no step may move or delete it
@@ -161,7 +163,7 @@ def test_a_publish_removes_what_killed_publishers_left_and_keeps_what_running_on
     store.publish("other" + KEY, tmp_path / "build", _build(tmp_path / "build", seed=1))
     assert not old_staging.exists() and not old_discarded.exists()
     assert fresh.is_dir()  # another publisher may be writing it now
-    assert store.reusable("other" + KEY, build_environment()) is not None
+    assert store.reusable("other" + KEY, FACTS) is not None
 
 
 def test_a_store_refusing_writes_is_store_unwritable_and_a_refusal_elsewhere_is_not(
@@ -219,11 +221,11 @@ def test_a_build_from_another_fp32_model_is_neither_kept_nor_reused(tmp_path: Pa
     store = BuildStore(str(tmp_path / "store"))
     old = _build(tmp_path / "old", seed=0) | {"reference": "a" * 64}
     store.publish(KEY, tmp_path / "old", old)
-    assert store.reusable(KEY, build_environment(), "a" * 64) == old
-    assert store.reusable(KEY, build_environment(), "b" * 64) is None
+    assert store.reusable(KEY, FACTS, "a" * 64) == old
+    assert store.reusable(KEY, FACTS, "b" * 64) is None
     new = _build(tmp_path / "new", seed=1) | {"reference": "b" * 64}
     assert store.publish(KEY, tmp_path / "new", new) == new  # replaced, not the old entry handed back
-    assert store.reusable(KEY, build_environment(), "b" * 64) == new
+    assert store.reusable(KEY, FACTS, "b" * 64) == new
     same = _build(tmp_path / "same", seed=2) | {"reference": "b" * 64}
     assert store.publish(KEY, tmp_path / "same", same) == new  # the same FP32 model: the first entry is kept
 
@@ -240,7 +242,7 @@ def test_which_form_each_param_and_note_describes_survives_the_store(tmp_path: P
     built = BuiltVariant("qat", "int8", folder / "model.onnx", params={"opset": 17, "fake_quant": True, "qat.lr": 0.1},
                          notes=("graph note", "module note", "both"), param_forms={"opset": ONNX, "fake_quant": TORCH},
                          note_forms={"graph note": ONNX, "module note": TORCH})  # fmt: skip
-    read_back = built_from_manifest(manifest_of(built, folder, build_environment(), reusable=False), folder, tmp_path)
+    read_back = built_from_manifest(manifest_of(built, folder, FACTS, reusable=False), folder, tmp_path)
     on_torch, on_onnx = read_back.as_run_in(TORCH), read_back.as_run_in(ONNX)
     assert on_torch.params == {"fake_quant": True, "qat.lr": 0.1} and on_torch.notes == ("module note", "both")
     assert on_onnx.params == {"opset": 17, "qat.lr": 0.1} and on_onnx.notes == ("graph note", "both")
