@@ -277,10 +277,10 @@ def _rounded_reference(results: SweepResults, pairs: Sequence[tuple[str, str]]) 
 
 
 def _unlowered(results: SweepResults, pairs: Sequence[tuple[str, str]]) -> list[str]:
-    """A note per gated variant that computes as the reference does: its graph is the reference's own, or no node in
-    it was quantized (e.g. a tree ensemble, or a float64 graph, asked for INT8), or no op of its torch form ran in its
-    type (`runtime.lowered_ops`: qbench.backends.torch_trace). It passes, but its pass says nothing
-    about the precision it is named for."""
+    """A note per gated variant computing as the reference does: its graph is the reference's own, or no node in it was
+    quantized (a tree ensemble or float64 graph asked for INT8), no op of its torch form ran in its type (torch_trace's
+    `runtime.lowered_ops`), or no contraction was lowered (`lowered_contractions`: MatMuls all in FP32 control flow,
+    the condition lowered). It passes, but its pass says nothing about that precision."""
     notes = []
     for variant, backend in pairs:
         found, reference = results.find(variant, backend), results.find(results.reference, backend)
@@ -289,9 +289,13 @@ def _unlowered(results: SweepResults, pairs: Sequence[tuple[str, str]]) -> list[
         counted_for = found.params.get("integer_kernels_of", backend)  # INT8 kernels are counted for one runtime
         same = found.params.get("identical_to") == results.reference or (
             lowered_nothing(found.params) and counted_for == backend) or found.params.get("runtime.lowered_ops") == 0
-        if same:
-            notes.append(f"{variant}@{backend} computes in {reference.precision} (nothing in the graph was lowered to "
-                         f"{found.precision}): its pass says nothing about {found.precision}")  # fmt: skip
+        weak = str(found.params.get("runtime.network", "")).startswith("weakly typed")  # TensorRT picks types itself
+        kept = not weak and found.params.get("lowered_contractions") == 0 and found.params.get("contractions", 0) > 0
+        if same or kept:
+            why = (f"none of its {found.params['contractions']} contractions (MatMul, Conv...) was lowered" if not same
+                   else f"nothing in the graph was lowered to {found.precision}")  # fmt: skip
+            notes.append(f"{variant}@{backend} computes in {reference.precision} ({why}): its pass says nothing about "
+                         f"{found.precision}")  # fmt: skip
     return notes
 
 

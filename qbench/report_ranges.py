@@ -36,6 +36,7 @@ class RangeView:
     intro: str
     limits: list[LimitLines]
     unattributed: str | None
+    unanalysed: str | None
     clipping: Grid | None
     warnings: list[str]
 
@@ -72,6 +73,11 @@ def range_view(results: SweepResults) -> RangeView | None:
     scopes = [s for s in analysis.abs_max if s != "overall"] or ["overall"]
     unattributed = (f"{len(analysis.unattributed)} tensor(s) have no batch-first dimension: counted in overall only"
                     if analysis.unattributed else None)  # fmt: skip
+    inside = analysis.subgraph_nodes
+    holders = ", ".join(f"`{name}`" for name in list(inside)[:_PEAKS_SHOWN]) + (", ..." if len(inside) > _PEAKS_SHOWN else "")
+    unanalysed = (f"not analysed: {sum(inside.values())} node(s) inside the control-flow subgraphs (If/Loop/Scan) of "
+                  f"{holders}; their tensors are not graph outputs, so an overflow or clipping there is not shown"
+                  if inside else None)  # fmt: skip
     counts = results.calibration.per_slice_counts if results.calibration else {}
     if results.calibration:
         counts = {"overall": results.calibration.size, **counts}
@@ -82,7 +88,7 @@ def range_view(results: SweepResults) -> RangeView | None:
     ]  # fmt: skip
     headers = ["variant", "slice", "calibration rows", "clipped", "worst node (tensor, clipped)"]
     clipping = Grid("Activations outside each variant's calibrated ranges", headers, rows, frozenset({2, 3})) if rows else None
-    return RangeView(intro, [_limit_lines(c, scopes) for c in analysis.limits], unattributed, clipping,
+    return RangeView(intro, [_limit_lines(c, scopes) for c in analysis.limits], unattributed, unanalysed, clipping,
                      [w.message for w in analysis.warnings])  # fmt: skip
 
 
@@ -96,6 +102,7 @@ def ranges_section(results: SweepResults) -> str:
         lines += [f"- {limit.heading}:", *(f"  - {line}" for line in limit.slices)] if limit.slices else [
             f"- {limit.heading}: no tensor over it"]  # fmt: skip
     lines += [f"- {view.unattributed}"] if view.unattributed else []
+    lines += [f"- **{md_cell(view.unanalysed)}**"] if view.unanalysed else []
     if view.clipping is not None:
         lines += ["", f"{view.clipping.title}:", ""]
         lines += markdown_table(view.clipping)
@@ -114,6 +121,7 @@ def ranges_html(results: SweepResults) -> str:
         items.append(f"<li>{escape(limit.heading)}: <ul>{inner}</ul></li>" if inner
                      else f"<li>{escape(limit.heading)}: no tensor over it</li>")  # fmt: skip
     items += [f"<li>{escape(view.unattributed)}</li>"] if view.unattributed else []
+    items += [f"<li><strong>{html_inline(view.unanalysed)}</strong></li>"] if view.unanalysed else []
     lines = ['<section id="ranges">', f"<h2>{TITLE}</h2>", f'<p class="meta">{escape(view.intro)}</p>',
              "<p>Tensors whose abs max exceeds a format's largest value:</p>", f'<ul class="limits">{"".join(items)}</ul>']  # fmt: skip
     if view.clipping is not None:

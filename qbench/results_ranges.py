@@ -3,7 +3,8 @@ recording every float tensor's largest magnitude per scope, the tensors over eac
 activations each calibrated variant clips.
 
     RangeAnalysis: rows, seconds, nodes {tensor: node}, abs_max {scope: {tensor: value}},
-      limits [LimitCheck], clipping [ClipRecord], warnings [CoverageWarning], unattributed [tensor]
+      limits [LimitCheck], clipping [ClipRecord], warnings [CoverageWarning], unattributed [tensor],
+      subgraph_nodes {control-flow node: nodes its subgraphs hold, not analysed}
     LimitCheck: format, limit, scaled_by, over {scope: [TensorPeak]}
     TensorPeak: tensor, node, abs_max, limit, handled
     ClipRecord: variant, scope, clipped, values, share, worst_tensor, worst_node, worst_share
@@ -13,7 +14,7 @@ activations each calibrated variant clips.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from qbench.results_fields import known_fields
@@ -78,6 +79,8 @@ class RangeAnalysis:
 
     abs_max: scope ("overall", then each slice) -> tensor -> largest |value|.
     unattributed: tensors whose leading dimension is not the batch; they count in "overall" only.
+    subgraph_nodes: main-graph control-flow node (If, Loop, Scan) -> how many nodes its subgraphs hold at any depth.
+    Their tensors are not analysed (a body's tensors cannot be graph outputs): an overflow there is not seen.
     """
 
     rows: int
@@ -88,6 +91,7 @@ class RangeAnalysis:
     clipping: tuple[ClipRecord, ...] = ()
     warnings: tuple[CoverageWarning, ...] = ()
     unattributed: tuple[str, ...] = ()
+    subgraph_nodes: dict[str, int] = field(default_factory=dict)
 
 
 # -- JSON --------------------------------------------------------------------------------------
@@ -131,4 +135,5 @@ def ranges_from_dict(raw: dict[str, Any] | None, where: str = "ranges") -> Range
         warnings=tuple(CoverageWarning(**known_fields(w, CoverageWarning, f"{where}.warnings[{i}]"))
                        for i, w in enumerate(raw.get("warnings", []))),
         unattributed=tuple(raw.get("unattributed", [])),
+        subgraph_nodes=dict(raw.get("subgraph_nodes", {})),
     )

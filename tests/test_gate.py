@@ -128,6 +128,23 @@ def test_a_torch_variant_whose_ops_all_ran_in_float32_gets_the_computes_in_fp32_
         "int8-h@torch-cpu computes in fp32 (nothing in the graph was lowered to fp16): its pass says nothing about fp16"]
 
 
+def test_a_half_precision_variant_lowering_no_contraction_gets_the_computes_in_fp32_note():
+    """An FP16 graph whose MatMuls all stay FP32 inside control flow, only the condition lowered (`lowered_contractions`
+    0 of `contractions` 4): its pass read as an FP16 pass. A graph with no contraction at all (elementwise) lowers its
+    compute whatever it is, and a weakly typed TensorRT engine picks FP16 for the FP32 nodes itself: no note there."""
+    half = replace(variant("int8-h", 0.95, {"noisy": 0.90, "clean": 0.99}), precision="fp16",
+                   params={"contractions": 4, "lowered_contractions": 0})  # fmt: skip
+    elementwise = replace(half, variant="int8-e", params={"contractions": 0, "lowered_contractions": 0})
+    partly = replace(half, variant="int8-p", params={"contractions": 4, "lowered_contractions": 1})
+    engine = replace(half, backend="tensorrt", params={**half.params, "runtime.network": "weakly typed, +FP16"})
+    report = evaluate_gate(sweep(REFERENCE, replace(REFERENCE, backend="tensorrt"), half, elementwise, partly, engine),
+                           SPEC)  # fmt: skip
+    assert report.exit_code == EXIT_PASS
+    assert [n for n in report.notes if "computes in fp32" in n] == [
+        "int8-h@onnxruntime-cpu computes in fp32 (none of its 4 contractions (MatMul, Conv...) was lowered): its pass "
+        "says nothing about fp16"]  # fmt: skip
+
+
 def test_a_failed_variant_gets_no_computes_in_fp32_note():
     """It ran nothing: the note claimed it computed in fp32 beside its failure."""
     failed = replace(variant("int8-f", 0.95, {"noisy": 0.90, "clean": 0.99}), params={"quantized_nodes": 0},

@@ -18,6 +18,10 @@ so a tensor whose leading dimension is a constant 1 is not mistaken for one row 
 a fixed batch takes that batch only, so there every batch has that many rows). Other
 tensors (a flattened batch x sequence, a shape-independent constant), and any tensor once
 it fails the check, count in "overall" only and are listed as unattributed.
+
+The nodes inside control-flow subgraphs (If branches, Loop and Scan bodies) are not analysed: ONNX Runtime returns only
+main-graph tensors, and a body's own tensors cannot be made graph outputs. How many there are, per control-flow node,
+is recorded (`subgraph_nodes`) so the report says what the analysis did not see.
 """
 
 from __future__ import annotations
@@ -37,7 +41,14 @@ from qbench.data.feeds import take_batch
 from qbench.progress import track_rows
 from qbench.results_ranges import ClipRecord, CoverageWarning, LimitCheck, RangeAnalysis, TensorPeak
 from qbench.variants.fp8 import FP8_MAX
-from qbench.variants.onnx_utils import MEMORY_BUDGET_BYTES, load_model, rows_per_batch, save_model
+from qbench.variants.onnx_utils import (
+    MEMORY_BUDGET_BYTES,
+    all_nodes,
+    load_model,
+    rows_per_batch,
+    save_model,
+    subgraphs_of,
+)
 
 OVERALL = "overall"
 GRAPH_INPUT = "<graph input>"
@@ -319,6 +330,8 @@ def analyse_ranges(
     started = time.perf_counter()
     model = load_model(model_path)
     bf16 = bf16_saturation(model, bf16_saturated or {})
+    inside = {node.name or f"{node.op_type}_{index}": sum(1 for body in subgraphs_of(node) for _ in all_nodes(body))
+              for index, node in enumerate(model.graph.node) if subgraphs_of(node)}  # fmt: skip
     exposed, nodes = expose_float_tensors(model)
     del model
     tensors = list(nodes)
@@ -363,4 +376,5 @@ def analyse_ranges(
         clipping=clipping,
         warnings=coverage_warnings(clipping, calibration_counts or {}),
         unattributed=tuple(t for t in tensors if t in accumulator.unattributed),
+        subgraph_nodes={name: count for name, count in inside.items() if count},
     )

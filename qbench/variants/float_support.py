@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import onnx
 from onnx import TensorProto, helper
 
-from qbench.variants.onnx_utils import names_read, outer_scope_reads, rename_reads, subgraphs_of
+from qbench.variants.onnx_utils import all_nodes, names_read, outer_scope_reads, rename_reads, subgraphs_of
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
 SHAPE_ONLY_OPS = ("Shape", "Size")  # read a tensor's shape, never its values
@@ -397,6 +397,21 @@ def narrowed_nodes(model: onnx.ModelProto, kept: KeptNodes, types: dict[str, int
         if node.name not in kept.reasons and node.op_type not in SHAPE_ONLY_OPS
         and any(types.get(n) == TensorProto.FLOAT for n in [*node.input, *node.output])
     ]  # fmt: skip
+
+
+# Contractions (sums of products over a weight or another activation: ORT's fused contrib forms included): the
+# compute a narrower float is for. A comparison, reduction or elementwise step on the way is not.
+CONTRACTION_OP_TYPES = frozenset({
+    "MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "LSTM", "GRU", "RNN", "Attention", "MultiHeadAttention",
+    "GroupQueryAttention", "FusedMatMul", "FusedGemm", "FusedConv",
+})  # fmt: skip
+
+
+def contractions_held(node: onnx.NodeProto) -> int:
+    """How many contractions the node is or holds: itself, and the nodes of its subgraphs (If's branches, Loop's and
+    Scan's bodies) at any depth. An If computing two MatMul branches weighs 2, the Greater choosing between them 0."""
+    inside = (inner for body in subgraphs_of(node) for inner in all_nodes(body))
+    return sum(1 for n in (node, *inside) if n.op_type in CONTRACTION_OP_TYPES)
 
 
 # Operators that only move, select or reshape values: no arithmetic a narrower type would speed up.

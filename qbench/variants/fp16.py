@@ -40,10 +40,12 @@ from qbench.recipe import VariantSpec
 from qbench.variants.base import BuildContext, BuiltVariant
 from qbench.variants.emulate import round_float_tensors
 from qbench.variants.float_support import (
+    CONTRACTION_OP_TYPES,
     DEFAULT_DOMAINS,
     KeptNodes,
     add_missing_float_value_info,
     cast_subgraph_reads_to_float32,
+    contractions_held,
     drop_float_round_trips,
     kept_in_float32,
     kept_in_rounding_simulation,
@@ -267,17 +269,31 @@ def partly_lowered(
     The notes said only what stays FP32, so a variant whose one lowered step is a scaler in front of a tree ensemble
     read as an FP16 model: its trees run in FP32 but compare the scaler's FP16-rounded features with their
     thresholds, and a feature near a split crosses it. The figures measure that; the note says where it comes from.
+
+    Nodes are weighed by the contractions they hold (`contractions_held`: an If or Loop by those of its bodies):
+    `contractions` in the graph, `lowered_contractions` among the lowered nodes. A graph computing only inside kept
+    control flow lowers its condition (a ReduceMax, a Greater) and nothing of its compute; counted by node it read
+    as an FP16 model, and its pass as an FP16 pass (the gate reads `lowered_contractions` 0 as computing in FP32).
     """
     lowered = set(narrowed_nodes(model, kept, types))
     nodes = [node for node in model.graph.node if node.name in lowered]
     counts = dict(sorted(Counter(node.op_type for node in nodes).items()))
     written = {name for node in nodes for name in node.output if types.get(name) == TensorProto.FLOAT}
     readers = [node for node in model.graph.node if node.name in kept.reasons and written & set(node.input)]
-    params = {"lowered_op_types": counts, "fp32_nodes_reading_lowered": [node.name for node in readers]}
+    total = sum(contractions_held(node) for node in model.graph.node)
+    held = sum(contractions_held(node) for node in nodes)
+    params = {"lowered_op_types": counts, "fp32_nodes_reading_lowered": [node.name for node in readers],
+              "contractions": total, "lowered_contractions": held}  # fmt: skip
     if not nodes or not kept.reasons:
         return params, []
     listed = ", ".join(f"{count} {op}" for op, count in counts.items())
     note = f"lowered to {precision}: {listed}; every other node computes in FP32"
+    if held < total:
+        nested = sum(contractions_held(node) - (node.op_type in CONTRACTION_OP_TYPES) for node in model.graph.node
+                     if node.name not in lowered)  # fmt: skip
+        where = f" ({nested} sit inside control-flow subgraphs, which stay FP32)" if nested else ""
+        note += f"; {held or 'none'} of the graph's {total} contractions (MatMul, Conv, Gemm...) lowered{where}"
+        note += f": the variant computes in FP32, {precision} rounds only the nodes above" if not held else ""
     if readers:
         reader_types = ", ".join(sorted({node.op_type for node in readers}))
         note += (f"; the FP32 {reader_types} read values rounded to {precision}: thresholds and comparisons there "

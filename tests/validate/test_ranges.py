@@ -408,3 +408,34 @@ def test_tensors_computed_from_a_constant_the_bf16_variant_saturates_are_not_rep
     assert marked["huge"] is None and marked["y"] is None  # y adds the masked softmax to `huge`: its peak is huge's
     fp16 = next(c for c in analysis.limits if c.format == "fp16")
     assert all(p.handled is None for p in fp16.over["overall"])  # no FP16 variant in this sweep
+
+
+def test_the_nodes_inside_control_flow_are_counted_as_not_analysed_and_the_report_says_so(tmp_path: Path) -> None:
+    """The tiny model's Mul and MatMul moved into an If branch: hot rows still overflow FP16 there, but the pass sees
+    main-graph tensors only. The analysis listed no tensor over FP16's limit and said nothing of the branches."""
+    from sweep_factory import make_sweep
+
+    from qbench.report_ranges import ranges_html, ranges_section
+
+    branch = onnx.load(str(tiny_model(tmp_path / "tiny.onnx"))).graph
+    then = helper.make_graph(list(branch.node), "then", [], list(branch.output))
+    other = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["logits_else"], name="plain")], "else", [],
+                              [helper.make_tensor_value_info("logits_else", TensorProto.FLOAT, None)])  # fmt: skip
+    graph = helper.make_graph(
+        [helper.make_node("ReduceMax", ["x"], ["peak"], name="peak", keepdims=0),
+         helper.make_node("Greater", ["peak", "zero"], ["positive"], name="positive"),
+         helper.make_node("If", ["positive"], ["logits"], name="route", then_branch=then, else_branch=other)],
+        "routed", list(branch.input), list(branch.output),
+        [*branch.initializer, numpy_helper.from_array(np.array(-1.0, np.float32), "zero")])  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.save(model, str(tmp_path / "routed.onnx"))
+    x, kind = tiny_rows()
+    analysis = analyse_ranges(tmp_path / "routed.onnx", {"x": x}, {"kind=hot": kind == "hot"}, batch_size=8)
+    assert analysis.subgraph_nodes == {"route": 3}  # the then branch's Mul and MatMul, the else branch's MatMul
+    assert next(c for c in analysis.limits if c.format == "fp16").over["kind=hot"] == ()  # unseen, hence the line
+    results = dataclasses.replace(make_sweep(), ranges=analysis)
+    said = ("not analysed: 3 node(s) inside the control-flow subgraphs (If/Loop/Scan) of `route`; their tensors are "
+            "not graph outputs, so an overflow or clipping there is not shown")  # fmt: skip
+    assert said in ranges_section(results)
+    assert "not analysed: 3 node(s)" in ranges_html(results) and "<code>route</code>" in ranges_html(results)
+    assert from_dict(json.loads(to_json(results))).ranges == analysis

@@ -9,9 +9,12 @@ import ml_dtypes
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pandas as pd
 import pytest
+import yaml
 from onnx import TensorProto, helper, numpy_helper
 
+from qbench.cli_app import main
 from qbench.recipe import VariantSpec
 from qbench.variants import BuildContext, build_variant
 from qbench.variants.onnx_utils import outer_scope_reads
@@ -77,8 +80,8 @@ def contrib_model(path: Path) -> Path:
     return _save(graph, path, ("com.microsoft", 1))
 
 
-def _run(path: Path) -> np.ndarray:
-    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": X})[0]
+def _run(path: Path, x: np.ndarray = X) -> np.ndarray:
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
 
 
 def _build(path: Path, workdir: Path, **variant) -> object:
@@ -324,3 +327,80 @@ def test_bf16_says_what_a_fused_contrib_operator_leaves_unrounded_inside(tmp_pat
                                  [numpy_helper.from_array(weights["qkv"], "qkv")])  # fmt: skip
     unfused = _build(_save(standard, tmp_path / "standard.onnx"), tmp_path / "w2", name="bf16", precision="bf16")
     assert not [note for note in unfused.notes if "rounded where they read and write only" in note]
+
+
+def control_flow_model(path: Path, kind: str) -> Path:
+    """All compute inside control flow, its condition on the input's values: c = ReduceMax(x) > 0 (float nodes a
+    half-precision variant lowers), then `If(c)` with a Relu(x @ w_in) @ w_then branch each, or a two-trip `Loop`
+    whose body computes Relu(h @ w_sq) and carries c. The main graph holds no MatMul."""
+    condition = [helper.make_node("ReduceMax", ["x"], ["peak"], name="peak", keepdims=0),
+                 helper.make_node("Greater", ["peak", "zero"], ["c"], name="positive")]  # fmt: skip
+    weights = {**WEIGHTS, "w_sq": RNG.normal(size=(FEATURES, FEATURES)).astype(np.float32) * 0.3}
+    if kind == "If":
+        flow = helper.make_node("If", ["c"], ["y"], name="flow", then_branch=_branch("then", "w_then", own_activation=True),
+                                else_branch=_branch("else", "w_else", own_activation=True))  # fmt: skip
+        width = CLASSES
+    else:
+        body = helper.make_graph(
+            [helper.make_node("MatMul", ["h_in", "w_sq"], ["pre"], name="body_matmul"),
+             helper.make_node("Relu", ["pre"], ["h_out"], name="body_relu"),
+             helper.make_node("Identity", ["cond_in"], ["cond_out"], name="body_cond")],
+            "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                     helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+                     helper.make_tensor_value_info("h_in", TensorProto.FLOAT, None)],
+            [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+             helper.make_tensor_value_info("h_out", TensorProto.FLOAT, None)])  # fmt: skip
+        flow = helper.make_node("Loop", ["trips", "c", "x"], ["y"], name="flow", body=body)
+        width = FEATURES
+    graph = helper.make_graph([*condition, flow], kind, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", FEATURES])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", width])],
+                              [*(numpy_helper.from_array(v, k) for k, v in weights.items()),
+                               numpy_helper.from_array(np.array(0, np.float32), "zero"),
+                               numpy_helper.from_array(np.array(2, np.int64), "trips")])  # fmt: skip
+    return _save(graph, path)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize(("kind", "contractions"), [("If", 4), ("Loop", 1)])
+def test_a_variant_lowering_only_the_condition_of_its_control_flow_says_it_computes_in_fp32(tmp_path, precision, kind,
+                                                                                            contractions):  # fmt: skip
+    """The ReduceMax and Greater choosing the branch were lowered, every MatMul stayed FP32 inside the kept If or Loop:
+    the variant was described (and gated) as an FP16 model, its two lowered nodes counted like any others."""
+    path = control_flow_model(tmp_path / "flow.onnx", kind)
+    built = _build(path, tmp_path / "w", name=precision, precision=precision)
+    assert built.onnx_path != path.resolve()  # the condition's nodes were lowered
+    assert built.params["lowered_op_types"] == {"Greater": 1, "ReduceMax": 1}
+    assert (built.params["contractions"], built.params["lowered_contractions"]) == (contractions, 0)
+    [note] = [n for n in built.notes if n.startswith(f"lowered to {precision.upper()}")]
+    assert f"none of the graph's {contractions} contractions" in note and "the variant computes in FP32" in note
+    np.testing.assert_allclose(_run(built.onnx_path), _run(path), rtol=1e-6)  # its compute is FP32's own
+
+
+def test_a_variant_lowering_some_contractions_counts_those_left_in_control_flow(tmp_path):
+    """The main graph's MatMul is lowered, the two branch MatMuls stay FP32: 1 of 3, and no 'computes in FP32'."""
+    built = _build(if_model(tmp_path / "if.onnx"), tmp_path / "w", name="fp16", precision="fp16")
+    assert (built.params["contractions"], built.params["lowered_contractions"]) == (3, 1)
+    [note] = [n for n in built.notes if n.startswith("lowered to FP16")]
+    assert "1 of the graph's 3 contractions (MatMul, Conv, Gemm...) lowered (2 sit inside control-flow" in note
+    assert "the variant computes in FP32" not in note
+
+
+@pytest.mark.slow
+def test_a_sweep_of_a_graph_computing_inside_control_flow_says_so_in_the_gate_and_the_range_analysis(tmp_path, capsys):
+    """Through `qbench sweep --gate`: the FP16 variant's pass came with no note that it computes in FP32, and the range
+    analysis, which sees the main graph's tensors only, did not say that the branches' nodes went unanalysed."""
+    path = control_flow_model(tmp_path / "model.onnx", "If")
+    x = np.random.default_rng(1).normal(size=(800, FEATURES)).astype(np.float32)
+    labels = _run(path, x).argmax(1)
+    pd.DataFrame({"x": list(x), "label": labels}).to_parquet(tmp_path / "rows.parquet")
+    recipe = {"name": "flow", "task": "classification", "model": {"path": "model.onnx"},
+              "data": {"path": "rows.parquet", "inputs": {"x": "x"}, "label": "label"},
+              "variants": [{"name": "fp16", "precision": "fp16"}],
+              "latency": {"batch_sizes": [1], "warmup": 0, "iterations": 2}}  # fmt: skip
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    assert main(["sweep", "--gate", "--no-track", str(tmp_path / "recipe.yaml")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert ("gate note: fp16@onnxruntime-cpu computes in fp32 (none of its 4 contractions (MatMul, Conv...) was "
+            "lowered): its pass says nothing about fp16") in out  # fmt: skip
+    [report] = (tmp_path / "reports" / "flow").glob("*/report.md")
+    assert "not analysed: 6 node(s) inside the control-flow subgraphs (If/Loop/Scan) of `flow`" in report.read_text()
