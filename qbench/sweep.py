@@ -398,7 +398,7 @@ def _publish(recipe: Recipe, results: SweepResults, progress: _Progress, started
         clock.add("track", t)
     timings = {**clock.seconds, "total": time.perf_counter() - started}
     results = _with_timings(results, timings)
-    write_results(results, results_path)
+    write_results(results, results_path, what="the sweep's timings into the complete results")
     return SweepOutcome(results, gate, run_dir, results_path, report_path, plot_path, run_id, failure)
 
 
