@@ -42,7 +42,7 @@ def folder_writes(root: str | Path, error: Callable[[OSError], QbenchError]) -> 
 
 
 @contextmanager
-def _writing(path: Path, what: str) -> Iterator[None]:
+def writing_file(path: Path, what: str) -> Iterator[None]:
     """An OSError met inside is a QbenchError of one line naming `path` and `what` it is, not a crash."""
     try:
         yield
@@ -59,7 +59,7 @@ def write_atomically(path: Path, text: str, *, what: str) -> Path:
 def replace_atomically(path: Path, write: Callable[[Path], object], *, what: str, suffix: str = ".tmp") -> Path:
     """`write` fills a temporary file (named ...`suffix`, for writers that go by it: `np.savez` wants .npz) in
     `path`'s folder, which then replaces `path` in one step, as described above."""
-    with _writing(path, what):
+    with writing_file(path, what):
         path.parent.mkdir(parents=True, exist_ok=True)
         handle, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
         os.close(handle)

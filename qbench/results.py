@@ -288,10 +288,10 @@ def to_json(results: SweepResults | RangeAnalysis | SearchReport) -> str:
     return json.dumps(raw, indent=2, allow_nan=False)
 
 
-def write_results(results: SweepResults, path: Path) -> Path:
+def write_results(results: SweepResults, path: Path, *, what: str = "the results") -> Path:
     """Write atomically (qbench.files): a crash or a full disk mid-write never leaves a half file that looks like
-    results, and an earlier results file stays as it was."""
-    return write_atomically(path, to_json(results), what="the results")
+    results, and an earlier results file stays as it was. `what` names the write in an error."""
+    return write_atomically(path, to_json(results), what=what)
 
 
 def _counts(raw: dict[str, Any] | None) -> dict[str, int]:

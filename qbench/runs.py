@@ -115,6 +115,19 @@ def _marker_state(content: dict[str, object]) -> str:
     return state
 
 
+def running_here(folder: Path) -> int | None:
+    """The pid of another live process of this host whose sweep is still writing `folder` (its marker says running),
+    else None. Such a run is not interrupted: its jobs in progress are marked started with no record yet, which a
+    resume would read as jobs its process died running. A run marked running on another host cannot be told from one
+    killed there (None)."""
+    content = _read_marker(folder)
+    pid = content.get("pid")
+    if (content.get("state") != "running" or content.get("host") != socket.gethostname() or not isinstance(pid, int)
+            or pid == os.getpid() or not _alive(pid)):  # fmt: skip
+        return None
+    return pid
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

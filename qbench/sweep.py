@@ -222,9 +222,9 @@ class _Progress:
                 logger.warning("%s: cannot mark the run incomplete: %s", self.run_dir, describe_error(unmarked))
         if self.tracker is not None:
             self.tracker.abort("KILLED" if interrupted else "FAILED", reason)
-        if not interrupted:
+        if not interrupted and not (self.results_complete and isinstance(exc, QbenchError)):
             return exc
-        if self.results_complete:
+        if self.results_complete:  # a full disk after it (a report, the timings' rewrite) loses none of them
             where = f"the results are complete in {self.run_dir}"
             if self.tracker is not None:  # interrupted before the MLflow logging ended: say how to finish it
                 where += (f", not in MLflow (log them there with `qbench track {self.prepared.recipe.source} "
@@ -234,7 +234,7 @@ class _Progress:
             where = f"partial results ({kept}) in {self.run_dir / RESULTS_FILE}, marked incomplete{self._reusable()}"
         else:  # no variant in results.json yet: there is none to point to
             where = f"no variant run in results.json; {self.run_dir} is marked incomplete{self._reusable()}"
-        return QbenchError(f"sweep {exc}: {where}")
+        return QbenchError(f"sweep {exc}: {where}" if interrupted else f"{exc}; {where}")
 
     def _reusable(self) -> str:
         """What the run folder's job records keep for `--resume`: a job (a build, a measurement) is recorded as it
@@ -392,13 +392,13 @@ def _publish(recipe: Recipe, results: SweepResults, progress: _Progress, started
             with progress.guard.shielded():
                 run_id = progress.tracker.close(results, recipe, gate, [a for a in artifacts if a is not None])
         except Exception as exc:  # noqa: BLE001 - results are on disk; say where, then fail
-            raise QbenchError(f"logging to MLflow failed ({exc}); the results are saved in {run_dir}") from exc
+            raise QbenchError(f"logging to MLflow failed ({exc})") from exc  # stop() says where the results are
         failure = progress.tracker.failure
         progress.tracker = None  # the runs are ended: an interruption from here on must not end them KILLED again
         clock.add("track", t)
     timings = {**clock.seconds, "total": time.perf_counter() - started}
     results = _with_timings(results, timings)
-    write_results(results, results_path)
+    write_results(results, results_path, what="the sweep's timings into the complete results")
     return SweepOutcome(results, gate, run_dir, results_path, report_path, plot_path, run_id, failure)
 
 

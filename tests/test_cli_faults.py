@@ -441,3 +441,39 @@ def test_a_signal_once_the_results_are_complete_still_leaves_the_reports(project
     assert "the results are complete in" in capsys.readouterr().err
     [run_dir] = [p.parent for p in (tmp_path / "reports").glob("*/*/results.json")]
     assert {"report.md", "report.html", "frontier.svg"} <= {p.name for p in run_dir.iterdir()}
+
+
+@pytest.mark.parametrize(("writer", "failing", "what"), [
+    ("write_html_report", "report.html", "the HTML report"),
+    ("write_results", "results.json", "the sweep's timings into the complete results"),  # its second complete write
+])  # fmt: skip
+def test_a_full_disk_once_the_results_are_complete_says_where_they_are(
+    project, tmp_path, monkeypatch, capsys, writer, failing, what
+):
+    """A disk filling up after results.json was written complete (a report, the rewrite adding the sweep's timings)
+    stopped the sweep with the write's error alone (`... cannot write the results: No space left on device`), which
+    reads as results lost, while the gate judged the complete results there: the line now says where they are."""
+    recipe = reporting_to(project, tmp_path)
+    from qbench import sweep
+
+    real_writer, real_open, calls = getattr(sweep, writer), io.open, []
+
+    def full_disk_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        opened = real_open(file, mode, *args, **kwargs)
+        return FullDisk(opened) if "w" in mode else opened
+
+    def on_a_full_disk(*args: Any, **kwargs: Any) -> Any:
+        calls.extend(args[:1] if writer == "write_html_report" or args[0].complete else [])
+        if writer == "write_results" and len(calls) < 2:  # the partial results, then the complete ones
+            return real_writer(*args, **kwargs)
+        with monkeypatch.context() as patched:
+            patched.setattr(io, "open", full_disk_open)
+            return real_writer(*args, **kwargs)
+
+    monkeypatch.setattr(f"qbench.sweep.{writer}", on_a_full_disk)
+    assert main(["sweep", str(recipe), "--no-track"]) == 2
+    [run] = [p.parent for p in (tmp_path / "reports").glob("*/*/results.json")]
+    assert error_line(capsys) == (f"error: {run / failing}: cannot write {what}: No space left on device; the results "
+                                  f"are complete in {run}")  # fmt: skip
+    assert json.loads((run / "results.json").read_text())["complete"] is True
+    assert main(["gate", str(recipe)]) == 0

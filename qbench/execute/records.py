@@ -44,7 +44,7 @@ from qbench.digests import file_sha256
 from qbench.execute.plan import SweepPlan
 from qbench.files import replace_atomically, write_atomically
 from qbench.results import VariantResult, canonical_sha256, to_jsonable, variant_from_dict
-from qbench.runs import RunFolder, describe_run
+from qbench.runs import RunFolder, describe_run, running_here
 from qbench.supervisor import DIED_FILE
 
 logger = logging.getLogger(__name__)
@@ -260,7 +260,8 @@ def _record(raw: dict[str, Any], folder: Path) -> JobRecord:
 
 def resumable_run(root: Path, fingerprint: str, *, rerun_failed: bool = False) -> RunFolder | None:
     """The run `--resume` takes up: the newest run folder under `root` whose plan has `fingerprint` and that is
-    either incomplete having recorded a finished job (or one its process died running), or finished with a job that failed for a reason outside the
+    either incomplete having recorded a finished job (or one its process died running; never one whose sweep still
+    runs on this host: `running_here`), or finished with a job that failed for a reason outside the
     variant (`environment_failures`; with `rerun_failed`, any failed job: `failed_jobs`); None when there is none.
     A run interrupted before any job finished has nothing to resume: an earlier run of the same plan is taken over it."""
     runs_again = failed_jobs if rerun_failed else environment_failures
@@ -269,6 +270,8 @@ def resumable_run(root: Path, fingerprint: str, *, rerun_failed: bool = False) -
         if run.complete:
             if runs_again(read_records(run.path)):
                 candidates.append(run)
+        elif (pid := running_here(run.path)) is not None:
+            logger.info("run %s is still running (pid %d on this host), not interrupted: not taken up", run.path, pid)
         elif _record_files(run.path) or _started_files(run.path):
             candidates.append(run)
         else:

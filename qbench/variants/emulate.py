@@ -224,8 +224,8 @@ def float16_emulation(built: BuiltVariant) -> Emulation:
     """The FP16 artifact's emulation, saved next to it as `<name>.emulated.onnx`."""
     try:
         path, rounded = save_float16_emulation(built.onnx_path)
-    except QbenchError as exc:
-        raise QbenchError(f"variant {built.name!r}: {exc}") from None
+    except QbenchError as exc:  # its cause kept: a full disk is the machine's fault, which --resume runs again
+        raise QbenchError(f"variant {built.name!r}: {exc}") from exc
     scored = dataclasses.replace(built, onnx_path=path, session_hints={})
     method = (f"FP16 emulated: FP32 compute, {rounded} float16 tensors rounded to float16 at every op boundary "
               "(IEEE: inf beyond 65504, 0 below 2**-24)")  # fmt: skip

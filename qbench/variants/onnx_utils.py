@@ -29,6 +29,7 @@ import onnx.numpy_helper
 from onnx import helper
 
 from qbench.errors import QbenchError, one_line
+from qbench.files import new_folder, writing_file
 from qbench.onnx_read import read_onnx
 from qbench.variants.base import BuildContext, BuiltVariant
 
@@ -125,10 +126,25 @@ def _initializer_bytes(model: onnx.ModelProto) -> int:
 
 
 def save_model(model: onnx.ModelProto, path: Path) -> Path:
-    """Save next to nothing else: weights go to `<name>.data` only when the model is too big for one file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Save next to nothing else: weights go to `<name>.data` only when the model is too big for one file.
+
+    The files are written in a staging folder beside `path` and renamed into place (the weights first, the model
+    that names them last): a full disk or a crash mid-write leaves the earlier model or none, never a truncated one
+    that a later reader (a resumed sweep, the gate's digest check) takes for whole. A failed write is a QbenchError
+    naming `path` and the system's reason, raised from the OSError (a full disk stays a cause outside the variant).
+    """
     external = _initializer_bytes(model) > _EXTERNAL_DATA_THRESHOLD_BYTES
-    onnx.save_model(model, str(path), save_as_external_data=external, location=f"{path.name}.data")
+    location = f"{path.name}.data"
+    with writing_file(path, "the model"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = new_folder(path.parent, path.name, "saving")
+        try:
+            onnx.save_model(model, str(staging / path.name), save_as_external_data=external, location=location)
+            if external:
+                os.replace(staging / location, path.parent / location)
+            os.replace(staging / path.name, path)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     return path
 
 

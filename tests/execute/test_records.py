@@ -5,14 +5,24 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from qbench.execute.records import JOBS_FOLDER, PLAN_FILE, read_records, record_build, record_measure, resumable_run
+from qbench.execute.records import (
+    JOBS_FOLDER,
+    PLAN_FILE,
+    read_records,
+    record_build,
+    record_measure,
+    record_started,
+    resumable_run,
+)
 from qbench.results import VariantResult
-from qbench.runs import new_run_dir
+from qbench.runs import INCOMPLETE_MARKER, new_run_dir
 
 REFERENCE = "measure:fp32@onnxruntime-cpu"
 
@@ -98,3 +108,24 @@ def test_a_record_edited_after_it_was_written_is_left_out_and_its_job_runs_again
     with caplog.at_level(logging.WARNING, logger="qbench"):
         assert read_records(run) == {}
     assert "does not match its digest" in caplog.text and f"{outputs} changed after it was written" in caplog.text
+
+
+def test_a_run_whose_sweep_still_runs_on_this_host_is_not_taken_up(tmp_path: Path) -> None:
+    """`qbench sweep --resume` started while another sweep of the same plan still ran (a CI retry) took that run up
+    and recorded the job it was measuring as failed, `the sweep's process died while running it`: a live run is not
+    interrupted. An earlier interrupted run is taken instead; once its sweep is gone the run is taken up."""
+    interrupted = _run(tmp_path)
+    record_build(interrupted, "build:fp32", 1, {"files": {}}, None)
+    running = _run(tmp_path)
+    record_build(running, "build:fp32", 1, {"files": {}}, None)
+    record_started(running, REFERENCE, 1)  # being measured now
+    sweep = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        marker = running / INCOMPLETE_MARKER
+        marker.write_text(json.dumps({**json.loads(marker.read_text()), "pid": sweep.pid}))
+        assert resumable_run(tmp_path, "plan-a").path == interrupted  # type: ignore[union-attr]
+    finally:
+        sweep.kill()
+        sweep.wait()
+    assert resumable_run(tmp_path, "plan-a").path == running  # type: ignore[union-attr]
+    assert "the sweep's process died while running it" in (read_records(running)[REFERENCE].died or "")

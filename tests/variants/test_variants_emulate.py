@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
 
 import numpy as np
@@ -11,13 +13,14 @@ import pytest
 from onnx import TensorProto, helper
 
 from qbench.backends.onnxruntime_cpu import OnnxRuntimeCPU
-from qbench.errors import QbenchError
+from qbench.errors import QbenchError, environment_cause
 from qbench.recipe import VariantSpec
 from qbench.results import EMULATED, NATIVE
 from qbench.validate.fidelity import plan_measurement
 from qbench.variants.base import BuildContext
 from qbench.variants.emulate import emulate_float16
 from qbench.variants.fp8 import FP8_MAX, build_fp8
+from qbench.variants import onnx_utils
 from qbench.variants.fp16 import build_bf16, build_fp16, round_to_bf16
 
 SCALE_UP = 300.0  # hidden = 300 x input: rows with an input above 65504 / 300 overflow FP16
@@ -193,3 +196,22 @@ def test_fp16_keeps_a_control_flow_node_fp32_and_emulates_the_rest(tmp_path):
     x = np.array([[1.0, -2.0, 3.0, 0.25]], dtype=np.float32)
     session = ort.InferenceSession(emulated.SerializeToString(), providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(session.run(None, {"x": x})[0], 2.0 * np.maximum(x, 0), rtol=1e-3)
+
+
+def test_an_fp16_emulation_on_a_full_disk_is_one_line_naming_it_and_leaves_no_truncated_model(graph, tmp_path, monkeypatch):
+    """The emulation is saved beside the variant, in the run folder: a disk filling up there failed the measurement
+    with `OSError: [Errno 28] No space left on device (at __init__.py:179)` and left half a `.emulated.onnx`. Its
+    cause is kept, so the failed job counts as the machine's fault, which `--resume` measures again."""
+    built = build_fp16(VariantSpec(name="half", precision="fp16"), BuildContext(_overflow_model(graph, tmp_path), tmp_path))
+
+    def fill_up(model: onnx.ModelProto, target: str, **_: object) -> None:
+        Path(target).write_bytes(model.SerializeToString()[:100])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), target)
+
+    monkeypatch.setattr(onnx_utils.onnx, "save_model", fill_up)
+    with pytest.raises(QbenchError) as caught:
+        plan_measurement(OnnxRuntimeCPU(), built)
+    emulated = tmp_path / "half.emulated.onnx"
+    assert str(caught.value) == f"variant 'half': {emulated}: cannot write the model: No space left on device"
+    assert environment_cause(caught.value) == "no space left on device"
+    assert not emulated.exists() and not list(tmp_path.glob(".half*"))

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import errno
+import os
+from pathlib import Path
+
 import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from qbench.errors import QbenchError
+from qbench.errors import QbenchError, environment_cause
+from qbench.variants import onnx_utils
 from qbench.variants.node_names import resolve_node_names
 from qbench.variants.onnx_utils import build_step, sort_nodes, topologically_sorted
 
@@ -96,3 +101,32 @@ def test_a_graph_with_a_string_initializer_has_one_digest(tmp_path) -> None:
         onnx.save(_string_table_model(classes), str(paths[name]))
     digests = [graph_digest(paths["a"]) for _ in range(3)]
     assert len(set(digests)) == 1 and graph_digest(paths["copy"]) == digests[0] != graph_digest(paths["other"])
+
+
+def _half_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    """onnx.save_model on a disk that fills up: half the model's bytes reach the file it writes, then ENOSPC."""
+
+    def fill_up(model: onnx.ModelProto, target: str, **_: object) -> None:
+        data = model.SerializeToString()
+        Path(target).write_bytes(data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), target)
+
+    monkeypatch.setattr(onnx_utils.onnx, "save_model", fill_up)
+
+
+def test_a_model_saved_on_a_full_disk_leaves_the_earlier_file_whole_and_names_the_path(tmp_path, monkeypatch):
+    """save_model wrote in place: a disk filling up mid-write left a truncated model where a good one was (an FP16
+    emulation in the run folder), and the error was a bare OSError (`OSError: [Errno 28] ... (at __init__.py:179)`)."""
+    nodes = [helper.make_node("Relu", ["x"], ["y"], name="relu")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    target = onnx_utils.save_model(model, tmp_path / "models" / "half.emulated.onnx")
+    good = target.read_bytes()
+    _half_written(monkeypatch)
+    with pytest.raises(QbenchError) as caught:
+        onnx_utils.save_model(model, target)
+    assert str(caught.value) == f"{target}: cannot write the model: No space left on device"
+    assert environment_cause(caught.value) == "no space left on device"  # --resume runs such a job again
+    assert target.read_bytes() == good
+    assert sorted(p.name for p in target.parent.iterdir()) == [target.name]  # no staging folder left behind
