@@ -17,10 +17,10 @@ from qbench.errors import QbenchError, environment_cause
 from qbench.recipe import VariantSpec
 from qbench.results import EMULATED, NATIVE
 from qbench.validate.fidelity import plan_measurement
+from qbench.variants import onnx_utils
 from qbench.variants.base import BuildContext
 from qbench.variants.emulate import emulate_float16
 from qbench.variants.fp8 import FP8_MAX, build_fp8
-from qbench.variants import onnx_utils
 from qbench.variants.fp16 import build_bf16, build_fp16, round_to_bf16
 
 SCALE_UP = 300.0  # hidden = 300 x input: rows with an input above 65504 / 300 overflow FP16
