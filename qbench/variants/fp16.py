@@ -61,7 +61,6 @@ from qbench.variants.onnx_utils import (
     build_step,
     check_model_against,
     ensure_opset,
-    float64_nodes,
     outer_scope_reads,
     output_path,
     rename_reads,
@@ -69,6 +68,7 @@ from qbench.variants.onnx_utils import (
     subgraphs_of,
     unchanged_variant,
 )
+from qbench.variants.quantizable import float64_nodes
 from qbench.variants.reference import fresh_name, load_reference, names_in
 
 BF16_CAST_OPSET = 13  # first opset whose Cast accepts bfloat16

@@ -62,18 +62,15 @@ from qbench.variants.onnx_utils import (
     drop_unused_initializers,
     ensure_opset,
     load_model,
-    nested_nodes_note,
-    nothing_to_quantize,
     output_path,
-    quantizable_nodes,
     quantized_op_counts,
     quantized_tensors,
     save_model,
     scratch_dir,
     unchanged_variant,
-    unquantizable_nodes,
 )
 from qbench.variants.quant_scope import nothing_quantized_note, subgraph_read_kept_float
+from qbench.variants.quantizable import nested_nodes_note, nothing_to_quantize, quantizable_nodes, unquantizable_nodes
 from qbench.variants.reference import load_reference
 
 FP8_MAX = 448.0  # largest finite float8e4m3fn value

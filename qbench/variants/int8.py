@@ -60,19 +60,16 @@ from qbench.variants.onnx_utils import (
     build_step,
     default_opset,
     ensure_opset,
-    nested_nodes_note,
-    nothing_to_quantize,
     output_path,
-    quantizable_nodes,
     quantized_tensors,
     quiet_stdout,
     save_model,
     scratch_dir,
     unchanged_variant,
-    unquantizable_nodes,
 )
 from qbench.variants.qdq_bypass import bypass_qdq
 from qbench.variants.quant_scope import preprocessing_nodes, subgraph_read_kept_float, table_lookups
+from qbench.variants.quantizable import nested_nodes_note, nothing_to_quantize, quantizable_nodes, unquantizable_nodes
 from qbench.variants.reference import load_reference
 
 _QUANT_TYPES = {"uint8": QuantType.QUInt8, "int8": QuantType.QInt8}

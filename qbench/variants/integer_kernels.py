@@ -347,7 +347,7 @@ def with_float_weighted(built: BuiltVariant, model: onnx.ModelProto) -> BuiltVar
       an integer kernel's float matrices are its scales, a per-channel DynamicQuantizeLSTM's): the com.microsoft
       Attention (its packed Q/K/V projection), FusedMatMul, FusedGemm, FusedConv... that ONNX Runtime's transformer
       optimizer or its saved optimised graphs write. Only dynamic INT8 lowers one, an Attention its QAttention kernel
-      takes (int8.contrib_nodes); the rest are never handed to a quantizer (onnx_utils.unquantizable_nodes), so an
+      takes (int8.contrib_nodes); the rest are never handed to a quantizer (quantizable.unquantizable_nodes), so an
       optimised BERT's static INT8 or FP8 quantizes its other MatMuls only."""
     nodes = list(all_nodes(model.graph))  # a layer inside an If/Loop/Scan body is left float too (main graph only)
     initializers = [*model.graph.initializer, *(tensor for node in nodes for body in subgraphs_of(node)

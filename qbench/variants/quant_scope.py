@@ -10,7 +10,7 @@ it: a quantized Concat writes all its inputs on its output's one scale, and an a
 beside incomes of 2e3..2e5 keeps none of the 256 levels. The network's first layers still
 quantize their own inputs, each on its own range.
 
-Nor does it go on a node whose output an If/Loop/Scan body reads by name (`onnx_utils.unquantizable_nodes`);
+Nor does it go on a node whose output an If/Loop/Scan body reads by name (`quantizable.unquantizable_nodes`);
 `subgraph_read_kept_float` names those a build leaves float for it, as nothing else would.
 """
 
@@ -21,7 +21,8 @@ from collections.abc import Collection
 
 import onnx
 
-from qbench.variants.onnx_utils import WEIGHTED_OP_TYPES, name_unnamed_nodes, subgraph_read_producers
+from qbench.variants.onnx_utils import name_unnamed_nodes
+from qbench.variants.quantizable import WEIGHTED_OP_TYPES, subgraph_read_producers
 
 # Layers whose weight is a constant operand; Gather-like lookups count when their table is a constant.
 _WEIGHTED_OP_TYPES = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "Einsum", "LSTM", "GRU", "RNN"})

@@ -129,7 +129,7 @@ def test_a_float64_mlp_builds_under_every_variant_and_quantizes_nothing(data, tm
     that nothing was quantized."""
     from skl2onnx.common.data_types import DoubleTensorType
 
-    from qbench.variants.onnx_utils import float64_nodes
+    from qbench.variants.quantizable import float64_nodes
 
     _, labels = make_classification(n_samples=240, n_features=FEATURES, n_informative=4, n_classes=3, random_state=0)
     mlp = MLPClassifier((16,), max_iter=300, random_state=0).fit(data, labels)
@@ -152,7 +152,7 @@ def test_a_float64_mlp_builds_under_every_variant_and_quantizes_nothing(data, tm
 def test_float64_nodes_are_found_only_where_float64_is():
     from onnx import TensorProto, helper
 
-    from qbench.variants.onnx_utils import float64_nodes
+    from qbench.variants.quantizable import float64_nodes
 
     nodes = [helper.make_node("Cast", ["x"], ["d"], name="to_double", to=TensorProto.DOUBLE),
              helper.make_node("Relu", ["d"], ["r"], name="relu_double"),
