@@ -29,7 +29,8 @@ from qbench.execute.snapshot import Snapshot, snapshot_keys, take_snapshot
 from qbench.execute.store import build_store
 from qbench.frontier import compute_frontier, gate_threshold, mixed_timing_machines
 from qbench.frontier_svg import write_frontier_svg
-from qbench.gate import GateReport, evaluate_gate, nonfinite_reference_rows
+from qbench.gate import GateReport, evaluate_gate
+from qbench.gate_notes import nonfinite_reference_rows
 from qbench.gate_tolerance import reference_tolerances
 from qbench.interrupt import Interrupted, SignalGuard
 from qbench.preflight import Prepared, prepare

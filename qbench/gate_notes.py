@@ -1,0 +1,94 @@
+"""What the gate says beside its checks, as notes a passing verdict carries: tolerances that are shares of FP32's
+figure, an FP32 reference giving NaN/inf on some rows, a variant chosen on the rows that judge it, a reference whose
+weights are stored rounded, and a variant that computes as the reference does (its pass says nothing about its
+precision)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+
+from qbench.errors import QbenchError
+from qbench.gate_tolerance import DEFAULT_MAX_DROP, DEFAULT_MAX_SLICE_DROP, reference_tolerances
+from qbench.recipe import GateSpec
+from qbench.results import AccuracyResult, SweepResults
+from qbench.validate.catalogue import METRICS
+from qbench.variants.base import lowered_nothing
+
+
+def tolerance_notes(results: SweepResults, spec: GateSpec, pairs: Sequence[tuple[str, str]]) -> list[str]:
+    """A note per backend judged where the tolerances are shares of FP32's figure: what they came to there; and one
+    where a recipe's own metric of undeclared units is judged on the absolute defaults (0.01 may mean nothing)."""
+    info = METRICS.get(spec.metric)
+    stated = spec.max_drop is not None or spec.max_slice_drop is not None or spec.tolerance != "auto"
+    notes = [] if stated or info is None or not info.custom or info.data_units else [
+        f"tolerances: the defaults, max_drop {DEFAULT_MAX_DROP:g} and max_slice_drop {DEFAULT_MAX_SLICE_DROP:g}, as "
+        f"drops in {spec.metric}'s own units (a recipe's own metric: set data_units: true in metrics: for shares of "
+        "FP32's figure, or state gate.max_drop and gate.max_slice_drop)"]  # fmt: skip
+    for backend in dict.fromkeys(b for _, b in pairs):
+        with contextlib.suppress(QbenchError):  # unformed: each variant's problem says why
+            basis = reference_tolerances(results.find(results.reference, backend), spec).basis
+            notes += [f"tolerances on {backend}: {basis}"] if basis else []
+    return notes
+
+
+def nonfinite_reference(results: SweepResults, pairs: Sequence[tuple[str, str]]) -> list[str]:
+    """A note per backend whose FP32 reference gives NaN/inf on some evaluation rows: there a variant is held only
+    to adding no NaN/inf of its own, and every variant's metrics (FP32's own agreement too) count those rows as
+    misses, so the drops are measured on the other rows."""
+    notes = []
+    for backend in dict.fromkeys(b for _, b in pairs):
+        reference = results.find(results.reference, backend)
+        if reference is not None and reference.accuracy is not None and reference.accuracy.nonfinite_outputs:
+            notes.append(f"{nonfinite_reference_rows(reference.key, reference.accuracy)}: on those rows variants are only checked not to add "
+                         "NaN/inf, and every variant's metrics count them as misses")  # fmt: skip
+    return notes
+
+
+def nonfinite_reference_rows(key: str, accuracy: AccuracyResult) -> str:
+    """'fp32@<backend> gives NaN/inf on 25 of 99 evaluation rows (kind=neg 9, kind=zero 16)' (the gate's note, the
+    sweep's warning)."""
+    where = ", ".join(f"{s.name} {s.nonfinite_outputs}" for s in accuracy.slices if s.nonfinite_outputs)
+    return (f"{key} gives NaN/inf on {accuracy.nonfinite_outputs} of {accuracy.rows} evaluation rows"
+            f"{f' ({where})' if where else ''}")
+
+
+def chosen_on_judged_rows(results: SweepResults, pairs: Sequence[tuple[str, str]]) -> list[str]:
+    """A note per gated variant that a search chose among candidates on the evaluation rows themselves (no selection
+    rows: qbench.selection_rows): the best of several tries on those rows, its figures flatter it."""
+    chosen = [f"{v}@{b}" for v, b in pairs
+              if (found := results.find(v, b)) is not None and found.params.get("search.chosen_on") == "evaluation"]  # fmt: skip
+    return [f"{key} was chosen among candidates on the evaluation rows that judge it: the best of several tries on "
+            "those rows, its pass is optimistic (no calibration row was left out of the evaluation to choose on)"
+            for key in chosen]  # fmt: skip
+
+
+def rounded_reference(results: SweepResults, pairs: Sequence[tuple[str, str]]) -> list[str]:
+    """Once, where the reference stores its weights in a smaller type (qbench.preflight_precision.stored_weights):
+    every check here measures from that rounding."""
+    found = [results.find(results.reference, backend) for backend in dict.fromkeys(b for _, b in pairs)]
+    stored = next((r.params["stored_weights"] for r in found if r is not None and "stored_weights" in r.params), None)
+    return [f"the reference {results.reference} {stored}"] if stored else []
+
+
+def unlowered(results: SweepResults, pairs: Sequence[tuple[str, str]]) -> list[str]:
+    """A note per gated variant computing as the reference does: its graph is the reference's own, or no node in it was
+    quantized (a tree ensemble or float64 graph asked for INT8), no op of its torch form ran in its type (torch_trace's
+    `runtime.lowered_ops`), or no contraction was lowered (`lowered_contractions`: MatMuls all in FP32 control flow,
+    the condition lowered). It passes, but its pass says nothing about that precision."""
+    notes = []
+    for variant, backend in pairs:
+        found, reference = results.find(variant, backend), results.find(results.reference, backend)
+        if found is None or reference is None or found.status != "ok" or found.precision == reference.precision:
+            continue  # a variant that did not run computes in nothing: its failure is the finding
+        counted_for = found.params.get("integer_kernels_of", backend)  # INT8 kernels are counted for one runtime
+        same = found.params.get("identical_to") == results.reference or (
+            lowered_nothing(found.params) and counted_for == backend) or found.params.get("runtime.lowered_ops") == 0
+        weak = str(found.params.get("runtime.network", "")).startswith("weakly typed")  # TensorRT picks types itself
+        kept = not weak and found.params.get("lowered_contractions") == 0 and found.params.get("contractions", 0) > 0
+        if same or kept:
+            why = (f"none of its {found.params['contractions']} contractions (MatMul, Conv...) was lowered" if not same
+                   else f"nothing in the graph was lowered to {found.precision}")  # fmt: skip
+            notes.append(f"{variant}@{backend} computes in {reference.precision} ({why}): its pass says nothing about "
+                         f"{found.precision}")  # fmt: skip
+    return notes
