@@ -42,7 +42,7 @@ from qbench.techniques.calibrators import (
     Calibration,
 )
 from qbench.variants.base import Feeds
-from qbench.variants.histograms import NONFINITE, UNQUANTIZED, GuardedHistogramCollector
+from qbench.variants.histograms import HISTOGRAM_LIMIT, NONFINITE, UNQUANTIZED, GuardedHistogramCollector
 from qbench.variants.nonfinite_scan import nonfinite_tensors
 from qbench.variants.onnx_utils import load_model, quiet_stdout, save_model
 
@@ -147,7 +147,8 @@ def compute_ranges(
     running anything. Histogram calibrators skip tensors a histogram cannot hold
     (`histograms.GuardedHistogramCollector`), NaN/inf among them; MinMax skips the tensors holding NaN/inf on any
     batch too (`nonfinite_scan`: its own range would ignore NaN), and a min/max range that is not finite is dropped,
-    as a quantization scale of inf would turn the tensor, and whatever reads it, into garbage. All are named in
+    as a quantization scale of inf would turn the tensor, and whatever reads it, into garbage; so is one reaching a mask
+    fill's magnitude (`_representable`). All are named in
     `skipped`.
     """
     if method not in METHODS:
@@ -188,18 +189,28 @@ def compute_ranges(
                     ranges = TensorsData(ranges.calibration_method,
                                          {name: data for name, data in ranges.items() if name not in skipped})  # fmt: skip
         del calibrator  # closes its session before the folder goes
-    return _finite(Calibrated(ranges, skipped))
+    return _representable(Calibrated(ranges, skipped))
 
 
-def _finite(calibrated: Calibrated) -> Calibrated:
-    """`calibrated` less the ranges that are not finite, named in its `skipped`."""
+def _representable(calibrated: Calibrated) -> Calibrated:
+    """`calibrated` less the ranges that are not finite or reach a mask fill's magnitude, named in its `skipped`.
+
+    A min/max range reaching float32's extremes (an attention mask filled with its minimum, and the scores it is added
+    to) gives a scale near 1e36: every real value of the tensor (the attention scores) rounds to zero. The histogram
+    calibrators already leave such tensors float (`histogram_problem`); MinMax keeps the same rule, so that which
+    calibrator is chosen does not decide whether a mask destroys the attention."""
     ranges = calibrated.ranges
-    infinite = [name for name, data in ranges.items()
-                if not all(np.isfinite(np.asarray(bound, dtype=np.float64)).all() for bound in data.range_value)]  # fmt: skip
-    if not infinite:
+    dropped: dict[str, str] = {}
+    for name, data in ranges.items():
+        bounds = np.concatenate([np.ravel(np.asarray(bound, dtype=np.float64)) for bound in data.range_value])
+        if not np.isfinite(bounds).all():
+            dropped[name] = f"its range holds NaN or infinity; {UNQUANTIZED}"
+        elif bounds.size and float(np.max(np.abs(bounds))) > HISTOGRAM_LIMIT:
+            dropped[name] = f"its range reaches {float(np.max(np.abs(bounds))):.3g} (a mask?); {UNQUANTIZED}"
+    if not dropped:
         return calibrated
-    kept = TensorsData(ranges.calibration_method, {name: data for name, data in ranges.items() if name not in infinite})
-    return Calibrated(kept, {**calibrated.skipped, **{name: f"its range holds NaN or infinity; {UNQUANTIZED}" for name in infinite}})
+    kept = TensorsData(ranges.calibration_method, {name: data for name, data in ranges.items() if name not in dropped})
+    return Calibrated(kept, {**calibrated.skipped, **dropped})
 
 
 def compute_ranges_with(
