@@ -13,6 +13,10 @@ makes: p50s closer than that are the same speed. In an A/A test (FP32's graph re
 inserted, swept as a variant), with any lower p50 counting as faster, the copy took FP32's place on the
 frontier in 14 of 30 frontiers, as if computing the same thing had made it faster.
 
+A point timed while other processes kept the CPUs busy (qbench.validate.contention) has a speed that compares
+loads, not variants (a probe on a loaded 2-core machine showed an FP16 LSTM 158x faster than FP32 that a quiet
+loop did not): its speed is compared with no other point's, so it is on the frontier, or off it, by its metric alone.
+
 Latencies timed on different kinds of machine (a cluster's nodes) compare the machines, not the
 variants: each kind of machine a backend was timed on has a frontier of its own.
 """
@@ -32,6 +36,7 @@ from qbench.gate_tolerance import Tolerances, resolve_tolerances
 from qbench.results import FrontierPoint, SweepResults, VariantResult
 from qbench.search.select import TIE
 from qbench.validate.catalogue import METRICS
+from qbench.validate.contention import contended
 
 if TYPE_CHECKING:  # pragma: no cover
     from qbench.recipe import GateSpec
@@ -43,6 +48,7 @@ class _Candidate:
     score: float  # the metric, sign-flipped for lower-is-better metrics: higher score is better
     model_sha256: str | None = None
     spread: float = math.nan  # the spread of the point's timing windows (NaN: not measured)
+    contended: bool = False  # timed beside other processes' load: its speed is compared with no other point's
 
 
 def _check_metric(metric: str) -> None:
@@ -74,7 +80,7 @@ def _candidates(variants: Sequence[VariantResult], metric: str) -> list[_Candida
             if math.isfinite(timing.p50_ms):
                 point = FrontierPoint(variant.backend, timing.batch_size, variant.variant, timing.p50_ms, value,
                                       timed_on(variant))  # fmt: skip
-                found.append(_Candidate(point, sign * value, variant.model_sha256, timing.spread))
+                found.append(_Candidate(point, sign * value, variant.model_sha256, timing.spread, contended(timing)))
     return _identical_as_one(found)
 
 
@@ -90,20 +96,25 @@ def _identical_as_one(candidates: list[_Candidate]) -> list[_Candidate]:
         p50 = float(statistics.median(m.point.p50_ms for m in members))
         worst = min(members, key=lambda m: m.score)
         spread = max((m.spread for m in members if math.isfinite(m.spread)), default=math.nan)
+        loaded = any(m.contended for m in members)
         shared += [dataclasses.replace(m, point=dataclasses.replace(m.point, p50_ms=p50, metric=worst.point.metric),
-                                       score=worst.score, spread=spread) for m in members]  # fmt: skip
+                                       score=worst.score, spread=spread, contended=loaded) for m in members]  # fmt: skip
     return shared
 
 
-def timing_margin(*spreads: float) -> float:
+def timing_margin(*spreads: float, contended: bool = False) -> float:
     """How far apart (relative) two timings may be and still not say which is faster: the search's tie margin, TIE,
-    or the largest finite spread of their timing windows when that is more."""
+    or the largest finite spread of their timing windows when that is more; infinite when one was `contended` (timed
+    beside other processes' load, qbench.validate.contention): no gap between such timings says which is faster."""
+    if contended:
+        return math.inf
     return max([TIE, *(s for s in spreads if s is not None and math.isfinite(s))])
 
 
 def faster_beyond_noise(p50_ms: float, other_p50_ms: float, margin: float) -> bool:
-    """Whether `p50_ms` is faster than `other_p50_ms` by more than `margin` (relative to the slower one)."""
-    return p50_ms < other_p50_ms * (1.0 - margin)
+    """Whether `p50_ms` is faster than `other_p50_ms` by more than `margin` (relative to the slower one); never with
+    an infinite margin."""
+    return math.isfinite(margin) and p50_ms < other_p50_ms * (1.0 - margin)
 
 
 def _dominates(a: _Candidate, b: _Candidate) -> bool:
@@ -111,7 +122,7 @@ def _dominates(a: _Candidate, b: _Candidate) -> bool:
 
     Acyclic, so every group keeps a frontier: a cycle would need equal scores all round, and then each step
     would need a strictly lower p50."""
-    margin = timing_margin(a.spread, b.spread)
+    margin = timing_margin(a.spread, b.spread, contended=a.contended or b.contended)
     faster = faster_beyond_noise(a.point.p50_ms, b.point.p50_ms, margin)
     slower = faster_beyond_noise(b.point.p50_ms, a.point.p50_ms, margin)
     return not slower and a.score >= b.score and (faster or a.score > b.score)
@@ -196,10 +207,17 @@ def speedup(results: SweepResults, variant: VariantResult, batch_size: int) -> f
     return theirs.p50_ms / ours.p50_ms
 
 
+def speedup_contended(results: SweepResults, variant: VariantResult, batch_size: int) -> bool:
+    """Whether `variant` or the FP32 reference on its backend was timed at `batch_size` beside other processes' load
+    (qbench.validate.contention): their speed-up then compares loads, not variants."""
+    reference = results.find(results.reference, variant.backend)
+    return any(contended(v.latency.at(batch_size)) for v in (variant, reference) if v is not None and v.latency)
+
+
 def slower_than_reference(results: SweepResults, variant: VariantResult) -> str | None:
     """'0.85× at batch 1, 0.75× at batch 8' when `variant` ran slower than FP32 on its backend at every batch size
     both timed, each beyond the timing noise (the larger of the search's tie margin, TIE, and the two points'
-    window spreads); None when it is faster, or as fast within the noise, at some batch size, or no speed-up can be
+    window spreads; no batch size where either was timed beside other processes' load says so); None when it is faster, or as fast within the noise, at some batch size, or no speed-up can be
     given."""
     if variant.variant == results.reference or variant.status != "ok" or variant.latency is None:
         return None
@@ -211,7 +229,7 @@ def slower_than_reference(results: SweepResults, variant: VariantResult) -> str 
         theirs, factor = reference.latency.at(point.batch_size), speedup(results, variant, point.batch_size)
         if theirs is None or not math.isfinite(factor):
             continue
-        if factor >= 1.0 - timing_margin(point.spread, theirs.spread):
+        if factor >= 1.0 - timing_margin(point.spread, theirs.spread, contended=contended(point) or contended(theirs)):
             return None
         slower.append(f"{factor:.2f}× at batch {point.batch_size}")
     return ", ".join(slower) or None

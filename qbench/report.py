@@ -18,7 +18,13 @@ from rich.text import Text
 
 from qbench.console import print_wide
 from qbench.files import write_atomically
-from qbench.frontier import mixed_timing_machines, overall_metric, slower_than_reference_notes, speedup
+from qbench.frontier import (
+    mixed_timing_machines,
+    overall_metric,
+    slower_than_reference_notes,
+    speedup,
+    speedup_contended,
+)
 from qbench.gate import UNDER_MIN_SIZE, GateCheck, GateReport
 from qbench.report_frontier import frontier_text
 from qbench.report_grid import (
@@ -52,6 +58,8 @@ from qbench.validate.catalogue import custom_metrics, recorded_custom_metrics
 from qbench.validate.contention import contention_notes
 
 _DROP_NOTE = "drop: how much worse than FP32 (positive = worse)"
+_CONTENDED_NOTE = ("timed while other processes kept CPUs busy (the contention note says how many): this speed-up compares "
+                   "loads, not variants, and ranks nothing on the frontier")  # fmt: skip
 _UNSTABLE_NOTE = ("unstable latency: timing reached its run or time bound (latency.stability) before the last "
                   "windows' p50s agreed within the threshold; the figure may be off by more than that")  # fmt: skip
 
@@ -131,12 +139,15 @@ def _summary_row(results: SweepResults, variant: VariantResult, gate: GateReport
         status = (f"{variant.status} {notes.mark(variant.error or 'no error message')}", "red")
     cold = variant.latency.session_create_ms + variant.latency.first_run_ms if variant.latency else None
     factor = speedup(results, variant, sizes[-1]) if sizes else math.nan
+    factor_cell = f"{factor:.2f}×" if finite(factor) else NONE
+    if finite(factor) and speedup_contended(results, variant, sizes[-1]):
+        factor_cell += f" {notes.mark(_CONTENDED_NOTE)}"
     overall = variant.accuracy.overall if variant.accuracy else None
     worst = _worst_slice(variant, metric)
     row: list[Cell] = [name, variant.backend, variant.precision, _fidelity_cell(variant), status,
                        short(variant.model_bytes / 1e6) if variant.model_bytes else NONE, short(cold)]  # fmt: skip
     row += _latency_cells(variant, _shown_batch_sizes(results), notes)
-    row += [f"{factor:.2f}×" if finite(factor) else NONE, num(overall_metric(variant, metric)),
+    row += [factor_cell, num(overall_metric(variant, metric)),
             signed(overall.drops.get(metric) if overall else None),
             _worst_cell(worst, metric)]  # fmt: skip
     if show_nonfinite:

@@ -7,6 +7,7 @@ from qbench.frontier import frontier_of
 from qbench.report_grid import num, short
 from qbench.results import EMULATED, SweepResults
 from qbench.validate.catalogue import METRICS
+from qbench.validate.contention import contended
 
 
 def frontier_text(results: SweepResults) -> str:
@@ -22,11 +23,14 @@ def frontier_text(results: SweepResults) -> str:
         machines.setdefault(p.backend, set()).add(p.machine)
     groups: dict[tuple[str, int, str], str] = {}
     last: dict[tuple[str, int, str], float] = {}
-    emulated = tied = False
+    emulated = tied = loaded = False
     for p in frontier:
         variant = results.find(p.variant, p.backend)
         marker = "*" if variant is not None and variant.fidelity.latency == EMULATED else ""
         emulated = emulated or bool(marker)
+        if variant is not None and variant.latency is not None and contended(variant.latency.at(p.batch_size)):
+            marker += "~"
+            loaded = True
         entry = f"{p.variant}{marker} ({short(p.p50_ms)} ms, {num(p.metric)})"
         where = f", timed on {p.machine or 'an unrecorded machine'}" if len(machines[p.backend]) > 1 else ""
         key = (p.backend, p.batch_size, where)
@@ -43,4 +47,7 @@ def frontier_text(results: SweepResults) -> str:
         lines.append("  =: the same metric, as fast within the timing noise")
     if emulated:
         lines.append("  * emulated latency: this runtime does not compute that precision natively")
+    if loaded:
+        lines.append("  ~ timed while other processes kept CPUs busy: on the frontier by its metric, its speed not "
+                     "compared")
     return "\n".join(lines)

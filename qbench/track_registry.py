@@ -35,6 +35,7 @@ from qbench.results import LatencyPoint, SweepResults, VariantResult
 from qbench.track_content import short_backend
 from qbench.track_store import FAILURE_CHARS, bounded_retries, finished_sweep_run, open_experiment, search_literal
 from qbench.validate.catalogue import METRICS
+from qbench.validate.contention import contended
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ def best_passing(results: SweepResults, gate: GateReport, batch_size: int,
                  backends: Collection[str]) -> dict[str, VariantResult]:  # fmt: skip
     """Backend (of `backends`) -> the variant that passed the gate with the lowest p50 at `batch_size` (backends in
     sweep order): of those within the timing noise of the lowest, the one with the best gate metric, then the first.
+    A point timed beside other processes' load (qbench.validate.contention) is within the noise of every other.
 
     Raises QbenchError when one backend's passing variants were timed on more than one kind of machine (a cluster's
     nodes): the lowest p50 there would pick the fastest machine, not the fastest variant."""
@@ -81,8 +83,10 @@ def best_passing(results: SweepResults, gate: GateReport, batch_size: int,
     best: dict[str, VariantResult] = {}
     for backend, found in passing.items():
         _, fastest = min(found, key=lambda entry: entry[1].p50_ms)
+        loaded = any(contended(p) for _, p in found)
         as_fast = [v for v, p in found if not faster_beyond_noise(fastest.p50_ms, p.p50_ms,
-                                                                  timing_margin(fastest.spread, p.spread))]  # fmt: skip
+                                                                  timing_margin(fastest.spread, p.spread,
+                                                                                contended=loaded))]  # fmt: skip
         best[backend] = max(as_fast, key=score)  # the first of equal scores
     return best
 

@@ -223,3 +223,30 @@ def test_a_variant_slower_than_fp32_at_every_batch_size_beyond_the_noise_is_name
     assert note == ("c@onnxruntime-cpu runs slower than fp32 at every batch size timed (0.83× at batch 1, 0.83× at "
                     "batch 32): for speed, fp32 is the better choice on onnxruntime-cpu")  # fmt: skip
     assert slower_than_reference_notes(mixed, {"b@onnxruntime-cpu"}) == []
+
+
+def _others(variant: VariantResult, cpus: float) -> VariantResult:
+    points = tuple(dataclasses.replace(p, others_cpus=cpus) for p in variant.latency.points)
+    return dataclasses.replace(variant, latency=dataclasses.replace(variant.latency, points=points))
+
+
+def test_a_point_timed_beside_busy_processes_ranks_nothing_by_speed() -> None:
+    """An FP16 timed 158x faster than FP32 while other processes kept 1.6 CPUs busy: that gap compares loads. It
+    neither pushes a more accurate FP32 off the frontier nor stays on it by its speed; quiet points still compete."""
+    fp32, fp16 = point("fp32", 56.1, 0.95), point("fp16", 0.35, 0.94)
+    assert names(compute_frontier([fp32, fp16], "accuracy")) == ["fp16", "fp32"]  # quiet: faster, on the frontier
+    assert names(compute_frontier([fp32, _others(fp16, 1.6)], "accuracy")) == ["fp32"]
+    assert names(compute_frontier([_others(fp32, 1.6), fp16], "accuracy")) == ["fp32"]  # FP32's load: same
+    # as accurate: neither is faster, both stay; below CONTENDED_CPUS the speed counts
+    assert names(compute_frontier([fp32, _others(point("fp16", 0.35, 0.95), 1.6)], "accuracy")) == ["fp16", "fp32"]
+    assert names(compute_frontier([fp32, _others(point("fp16", 0.35, 0.95), 0.4)], "accuracy")) == ["fp16"]
+
+
+def test_no_variant_is_named_slower_than_fp32_from_a_point_timed_beside_busy_processes() -> None:
+    results = make_sweep()
+    fp8 = results.find("fp8_e4m3", "onnxruntime-cpu")
+    assert slower_than_reference(results, _others(fp8, 1.2)) is None
+    loaded_reference = dataclasses.replace(results, variants=tuple(
+        _others(v, 1.2) if v.variant == "fp32" else v for v in results.variants))  # fmt: skip
+    assert slower_than_reference(loaded_reference, fp8) is None
+    assert slower_than_reference(results, _others(fp8, 0.4)) == "0.17× at batch 1, 0.15× at batch 32"

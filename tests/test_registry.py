@@ -135,6 +135,19 @@ def test_best_passing_skips_breaching_and_reference_variants_per_backend() -> No
     assert set(best_passing(results, gate, 1, ["onnxruntime-cuda"])) == {"onnxruntime-cuda"}
 
 
+def test_no_fastest_passing_variant_is_picked_by_a_time_taken_beside_busy_processes() -> None:
+    """fp8 (0.2 ms) beat fp16 (0.3 ms) while other processes kept 1.5 CPUs busy: the gap compares loads, so the
+    two are as fast and the first of the best gate metric wins, as for a tie."""
+    loaded = make_variant("fp8_e4m3", "fp8", backend="onnxruntime-cuda", p50_by_batch={1: 0.2})
+    loaded = dataclasses.replace(loaded, latency=dataclasses.replace(loaded.latency, points=tuple(
+        dataclasses.replace(p, others_cpus=1.5) for p in loaded.latency.points)))  # fmt: skip
+    gpu = [make_variant("fp32", "fp32", backend="onnxruntime-cuda", p50_by_batch={1: 0.5}),
+           make_variant("fp16", "fp16", backend="onnxruntime-cuda", p50_by_batch={1: 0.3}), loaded]  # fmt: skip
+    results = make_sweep(gpu)
+    best = best_passing(results, evaluate_gate(results, PICKING), 1, ["onnxruntime-cuda"])
+    assert best["onnxruntime-cuda"].variant == "fp16"
+
+
 def test_no_fastest_passing_variant_is_picked_across_kinds_of_timing_machine() -> None:
     """On a cluster fp16 was timed on a slow node, fp8 on a fast one: fp8's lower p50 says which node is faster,
     not which variant; the backend's winner is refused, one line naming the variants and machines."""

@@ -5,7 +5,9 @@ the same load. In an A/A test on a shared 2-core machine (bench/aa_latency.py: F
 Identity, swept as a variant) speed-ups of 0.56-1.80x came with windows agreeing within 1-4 %: other processes
 were busy while one of the two was timed. So every timed point records `others_cpus`: the CPUs (of those this
 process may run on) that other processes used, on average over its timed runs, and a report names the points
-timed beside such a load: their speed-ups may be off by far more than their spreads say.
+timed beside such a load: their speed-ups may be off by far more than their spreads say. Such a point (`contended`)
+ranks no variant by speed: the frontier and every "faster / slower than FP32" claim compare it with nothing
+(qbench.frontier), and the report marks the speed-ups taken from it.
 """
 
 from __future__ import annotations
@@ -17,11 +19,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
-    from qbench.results import SweepResults
+    from qbench.results import LatencyPoint, SweepResults
 
 # Other processes using half a CPU on average held one of ours half of the time: enough to move a p50 by more
 # than the timing windows' 5 % (the A/A test's outliers ran beside one to two busy CPUs).
 CONTENDED_CPUS = 0.5
+
+
+def contended(point: LatencyPoint | None) -> bool:
+    """Whether `point` was timed while other processes kept CONTENDED_CPUS or more busy (False when not recorded)."""
+    return point is not None and point.others_cpus >= CONTENDED_CPUS
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ from sweep_factory import default_variants, make_sweep
 
 from qbench.gate import evaluate_gate
 from qbench.recipe import GateSpec
-from qbench.report import summary_table
+from qbench.report import _summary_grid, summary_table
+from qbench.report_frontier import frontier_text
 from qbench.results import SweepResults, from_dict, to_json
 from qbench.validate.contention import CpuSample, contention_notes, others_cpus
 from qbench.validate.latency import TimedSamples, latency_points
@@ -77,3 +78,27 @@ def test_others_cpus_round_trips_through_results_json() -> None:
     raw = json.loads(to_json(make_sweep(default_variants())))
     assert raw["variants"][0]["latency"]["points"][0]["others_cpus"] is None  # NaN is written as null, read as NaN
     assert math.isnan(from_dict(raw).variants[0].latency.points[0].others_cpus)
+
+
+def _marked_speedups(results: SweepResults) -> list[str]:
+    """The variants whose speed-up cell carries the footnote saying it was timed under load."""
+    grid = _summary_grid(results, None)
+    column = next(i for i, header in enumerate(grid.headers) if header.startswith("speed-up"))
+    marks = [line.split(" ", 1)[0] for line in grid.footer if "this speed-up compares loads, not variants" in line]
+    return [str(row[0]).split(" ")[0] for row in grid.rows if marks and str(row[column]).endswith(f" {marks[0]}")]
+
+
+def test_a_speed_up_and_a_frontier_entry_timed_beside_busy_processes_are_marked_where_shown() -> None:
+    """Not only in a note: the speed-up cell of a point (or of FP32's point) timed under load carries a footnote, and
+    a frontier entry timed under load is marked as on the frontier by its metric alone."""
+    quiet = make_sweep(default_variants())
+    assert _marked_speedups(quiet) == []
+    assert "~" not in frontier_text(quiet)
+    loaded = _loaded(quiet, "int8_minmax", 32, 1.62)
+    assert _marked_speedups(loaded) == ["int8_minmax"]
+    # FP32 timed under load: every speed-up at that batch size is a ratio to a loaded time
+    assert _marked_speedups(_loaded(quiet, "fp32", 32, 1.62)) == ["fp32", "fp16", "int8_minmax", "fp8_e4m3"]
+    assert "batch 32: int8_minmax" not in frontier_text(loaded)  # less accurate than fp32, its speed not compared
+    text = frontier_text(_loaded(quiet, "fp16", 32, 1.62))  # as accurate as fp32: on it, marked
+    assert "batch 32: fp32 (20.0 ms, 0.9500) = fp16~ (21.0 ms" in text
+    assert "~ timed while other processes kept CPUs busy" in text
