@@ -49,6 +49,9 @@ def swept(mlflow_server: str, tmp_path_factory: pytest.TempPathFactory) -> Swept
     recipe = make_linear_project(root, mlflow_server, experiment="registry-test")
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(root)
+        # which variant is fastest is the point here: timed as on a quiet machine, whatever else this one runs (a
+        # point timed beside other processes' load ranks nothing by speed: tests/validate/test_contention.py)
+        patch.setattr("qbench.validate.latency.others_cpus", lambda start, end: 0.0)
         assert main(["sweep", str(recipe)]) == 0
     path = latest_results(load_recipe(recipe))
     return Swept(recipe, read_results(path), path.parent, MlflowClient(mlflow_server))
