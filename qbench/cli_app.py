@@ -167,6 +167,8 @@ def _print_plan(recipe: Recipe, *, rerun_failed: bool) -> None:
     counts = ", ".join(f"{overview.count(action)} {action}" for action in (REUSE, RERUN, NEW))
     taken = f"takes up {overview.resumable}" if overview.resumable else "takes up no run (only builds in the store)"
     out.print(escape(f"`qbench sweep {resume}` {taken}: of {len(overview.rows)} jobs, {counts}"))
+    for line in overview.changes:
+        out.print(escape(line))
 
 
 @app.command()

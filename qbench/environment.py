@@ -10,6 +10,7 @@ import functools
 import os
 import platform
 import socket
+from collections.abc import Iterable
 from importlib import metadata
 from typing import Any
 
@@ -77,12 +78,26 @@ def describe_environment() -> dict[str, Any]:
 def timing_machine(device: str | None = None) -> dict[str, Any]:
     """The machine a measurement's timings come from, recorded with them: its host name, and what makes two
     machines time alike (`machine_kind`). On a cluster each measurement may run on another node."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    machine: dict[str, Any] = {"host": socket.gethostname(), "cpu": _cpu_model(), "cpus": cpus,
+    machine: dict[str, Any] = {"host": socket.gethostname(), "cpu": _cpu_model(), "cpus": _usable_cpus(),
                                "arch": platform.machine()}  # fmt: skip
     if device:
         machine["device"] = device
     return machine
+
+
+def _usable_cpus() -> int | None:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def measurement_facts(packages: Iterable[str], threads: int | None) -> dict[str, str]:
+    """What a measurement's figures depend on beyond its model and the recipe, here: the installed versions of the
+    runtime `packages` that computed them, and the machine facts latency depends on (CPU model, usable CPUs,
+    architecture, the threads asked for; none: the runtime's default, which follows the CPUs). A resumed sweep
+    reuses a measurement only where they are today's (qbench.execute.resume), so one table never mixes runtimes or
+    machines."""
+    facts = {name: package_version(name) or "absent" for name in packages}
+    return {**facts, "cpu": _cpu_model(), "cpus": str(_usable_cpus()), "machine": platform.machine(),
+            "threads": str(threads) if threads is not None else "runtime default"}  # fmt: skip
 
 
 def machine_kind(machine: dict[str, Any]) -> str:

@@ -42,7 +42,8 @@ class Backend(Protocol):
     with their own kernels); without it, every precision it accepts counts as native
     (see qbench.validate.fidelity). A backend whose jobs need a GPU declares `needs_gpu = True`
     (qbench.execute asks the cluster for one). A backend that runs a variant's torch module rather than its ONNX
-    file declares `form = TORCH` (see `form_run_by`)."""
+    file declares `form = TORCH` (see `form_run_by`). `runtime_packages` names the distributions whose code computes
+    its results (see `runtime_packages`)."""
 
     name: str
 
@@ -73,3 +74,9 @@ def form_run_by(backend: Backend | type[Backend]) -> str:
     """Which form of a variant `backend` runs, ONNX (its file; the default) or TORCH (its torch module): its results
     carry only the params and notes true of that form (BuiltVariant.as_run_in)."""
     return str(getattr(backend, "form", ONNX))
+
+
+def runtime_packages(backend: Backend | type[Backend]) -> tuple[str, ...]:
+    """The distributions whose installed versions `backend`'s figures depend on (its `runtime_packages`): a resumed
+    sweep measures again what another version measured (qbench.execute.resume)."""
+    return tuple(getattr(backend, "runtime_packages", ()))

@@ -146,6 +146,7 @@ class OnnxRuntimeBackend:
     providers: ClassVar[tuple[str, ...]]
     extra: ClassVar[str]  # the qbench extra that installs an onnxruntime build with these providers
     native_precisions: ClassVar[frozenset[str] | None] = None  # None: every precision runs on its own kernels
+    runtime_packages: ClassVar[tuple[str, ...]] = ("onnxruntime", "onnxruntime-gpu")  # either one provides it
     # what a missing provider asks to install (default: "onnxruntime with <provider>"), and how
     install_name: ClassVar[str | None] = None
     install_hint: ClassVar[str | None] = None

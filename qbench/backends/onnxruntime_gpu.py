@@ -267,6 +267,7 @@ class OnnxRuntimeTensorRT(OnnxRuntimeGpuBackend):
     """
 
     name = "onnxruntime-tensorrt"
+    runtime_packages = ("onnxruntime-gpu", "tensorrt")
     providers = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
     fallback_hint = (
         "check that TensorRT's libraries (libnvinfer) are installed and loadable: "

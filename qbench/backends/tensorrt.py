@@ -324,6 +324,7 @@ class TensorRTRunner:
 class TensorRT:
     name = "tensorrt"
     needs_gpu = True  # a job on this backend asks the cluster for a GPU
+    runtime_packages = ("tensorrt",)
 
     def check_available(self) -> None:
         _import_tensorrt()

@@ -212,6 +212,7 @@ class TorchBackend:
     name: ClassVar[str]
     device: ClassVar[str]  # "cpu" | "cuda"
     form: ClassVar[str] = TORCH  # it runs the variant's torch module, not its ONNX file
+    runtime_packages: ClassVar[tuple[str, ...]] = ("torch", "torchao")  # torchao's tensor subclasses run its kernels
 
     def check_available(self) -> None:
         _import_torch()

@@ -25,6 +25,7 @@ from qbench.backends import get_backend
 from qbench.backends.base import form_run_by
 from qbench.errors import QbenchError, environment_cause
 from qbench.execute.plan import build_facts
+from qbench.execute.resume import measured_with
 from qbench.execute.store import BuildStore, StoreUnwritable, manifest_of
 from qbench.interrupt import held
 from qbench.preflight import Prepared
@@ -71,6 +72,7 @@ class MeasureOutput:
     where: str = ""
     span: tuple[float, float] | None = None  # when the job started and ended where it ran (epoch seconds)
     environment: str | None = None  # failed for a reason outside the variant (qbench.errors.environment_cause)
+    measured_with: dict[str, str] | None = None  # where it ran (qbench.execute.resume.measured_with)
 
 
 def worker_name() -> str:
@@ -312,7 +314,8 @@ def run_measure(
     with held():
         kept = measured.outputs if keep_outputs else None
         output = MeasureOutput(measured.result, kept, seconds=clock.seconds, where=worker_name(),
-                               span=(started, time.time()), environment=measured.environment)  # fmt: skip
+                               span=(started, time.time()), environment=measured.environment,
+                               measured_with=measured_with(backend_name, prepared.recipe.latency.threads))  # fmt: skip
         if record is not None:
             record(output)
     return output

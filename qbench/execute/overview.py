@@ -12,7 +12,16 @@ from typing import Any
 from qbench.errors import QbenchError
 from qbench.execute.plan import SweepPlan, build_facts, make_plan
 from qbench.execute.records import read_records
-from qbench.execute.resume import Decision, decide_build, decide_measure, resume_target, runs_onnx_file
+from qbench.execute.resume import (
+    Decision,
+    decide_build,
+    decide_measure,
+    measured_with,
+    reference_again,
+    rerun_summary,
+    resume_target,
+    runs_onnx_file,
+)
 from qbench.execute.store import BuildStore, built_from_manifest
 from qbench.provenance import input_digests, model_sha256
 from qbench.recipe import Recipe
@@ -35,6 +44,11 @@ class PlanOverview:
     rows: tuple[PlanRow, ...]
     refused: str | None = None  # why `--resume` would stop before running anything
 
+    @property
+    def changes(self) -> list[str]:
+        """One line per kind of difference in what measures that runs measurements again (rerun_summary)."""
+        return rerun_summary(row.resume for row in self.rows)
+
     def count(self, action: str) -> int:
         return sum(1 for row in self.rows if row.resume.action == action)
 
@@ -54,6 +68,7 @@ def plan_overview(recipe: Recipe, store: BuildStore, *, rerun_failed: bool = Fal
     reference = model_sha256(source) if source is not None else None
     name = run.name if run is not None else ""
     builds: dict[str, tuple[Decision, str | None]] = {}
+    measures: dict[str, Decision] = {}
     rows = []
     for job in plan.jobs:
         record = records.get(job.id)
@@ -63,9 +78,12 @@ def plan_overview(recipe: Recipe, store: BuildStore, *, rerun_failed: bool = Fal
             builds[job.variant] = (decision, _model_sha256(store, job.build_key, stored, source))
         else:
             build, built_sha256 = builds[job.variant]
-            decision = decide_measure(record, name, build=build, built_sha256=built_sha256,
-                                      needs_outputs=job.id == f"measure:{plan.reference}@{plan.backends[0]}",
-                                      rerun_failed=rerun_failed, ran_file=runs_onnx_file(str(job.backend)))  # fmt: skip
+            decision = measures[job.id] = decide_measure(
+                record, name, build=build, built_sha256=built_sha256,
+                needs_outputs=job.id == f"measure:{plan.reference}@{plan.backends[0]}",
+                current=measured_with(str(job.backend), recipe.latency.threads),
+                reference_again=reference_again(job, plan, measures), rerun_failed=rerun_failed,
+                ran_file=runs_onnx_file(str(job.backend)))
         after = ", ".join(job.after) if job.after else "—"
         rows.append(PlanRow(job.id, job.needs.describe(), after, decision))
     executor = recipe.executor.kind + (f" ({recipe.executor.address})" if recipe.executor.address else "")

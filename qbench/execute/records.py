@@ -70,6 +70,8 @@ class JobRecord:
     environment: str | None = None  # failed for a reason outside the variant: a finished run's --resume runs it again
     died: str | None = None  # the sweep's process died while running it (no result): failed, unless --rerun-failed
     run: str = ""  # the name of the run folder that recorded it (the one taken up, or one it resumes)
+    # a measurement's: what measured it (qbench.environment.measurement_facts); None: recorded by an older qbench
+    measured_with: dict[str, str] | None = None
 
 
 def _file_name(job_id: str) -> str:
@@ -114,8 +116,10 @@ def record_measure(
     outputs: dict[str, np.ndarray] | None,
     times: dict[str, float] | None = None,
     environment: str | None = None,
+    measured_with: dict[str, str] | None = None,
 ) -> None:
-    """Write the outputs first (when kept), then the record that refers to them."""
+    """Write the outputs first (when kept), then the record that refers to them. `measured_with`: the runtime and
+    machine facts of where it was measured (qbench.environment.measurement_facts), which a resume compares."""
     name = _file_name(job_id)
     content: dict[str, Any] = {
         "job": job_id,
@@ -123,6 +127,7 @@ def record_measure(
         "result": to_jsonable(result),
         "times": times,
         "environment": environment,
+        "measured_with": measured_with,
     }
     if outputs is not None:
         replace_atomically(run_dir / JOBS_FOLDER / f"{name}.outputs.npz", lambda temporary: np.savez(temporary, **outputs),
@@ -254,8 +259,11 @@ def _record(raw: dict[str, Any], folder: Path) -> JobRecord:
     result = variant_from_dict(raw["result"]) if raw.get("result") is not None else None
     times = {str(k): float(v) for k, v in raw["times"].items()} if raw.get("times") else None
     environment = str(raw["environment"]) if raw.get("environment") else None
+    facts = raw.get("measured_with")
+    measured_with = {str(k): str(v) for k, v in facts.items()} if isinstance(facts, dict) else None
     return JobRecord(job=str(raw["job"]), attempts=int(raw["attempts"]), manifest=raw.get("manifest"),
-                     error=raw.get("error"), result=result, outputs=outputs, times=times, environment=environment)  # fmt: skip
+                     error=raw.get("error"), result=result, outputs=outputs, times=times, environment=environment,
+                     measured_with=measured_with)  # fmt: skip
 
 
 def resumable_run(root: Path, fingerprint: str, *, rerun_failed: bool = False) -> RunFolder | None:

@@ -6,7 +6,9 @@ One set of rules, which the resumed sweep acts on (qbench.execute.scheduler) and
     reuse    a build in the store; a finished measurement of exactly that build; a job that failed for the
              variant's own reason (it would fail again); a measurement whose build is reused as failed
     re-run   a job recorded by the run taken up that failed for a reason outside the variant (out of memory, a
-             full disk, a lost worker: qbench.errors.environment_cause), or whose build runs again
+             full disk, a lost worker: qbench.errors.environment_cause), or whose build runs again; a measurement
+             made with another runtime or on another kind of machine than this resume's (`measured_with`), or
+             relative to an FP32 reference measurement that runs again (`reference_again`)
     new      a job the run taken up did not record
 
 A job the sweep's process died running (a native crash, the out-of-memory killer: qbench.execute.records) is failed,
@@ -19,11 +21,14 @@ measurements of a build that runs again run with it; every other job is reused a
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from qbench.errors import QbenchError, one_line
+from qbench.execute.plan import Job, SweepPlan, measure_id
 from qbench.execute.records import JobRecord, failed_jobs, finished_run, read_records, resumable_run
 
 REUSE, RERUN, NEW = "reuse", "re-run", "new"
@@ -44,6 +49,7 @@ class Decision:
     action: str  # REUSE, RERUN or NEW
     why: str
     failed: bool = False  # a failure reused as it is (a build's: its measurements fail with it)
+    changes: tuple[str, ...] = ()  # a measurement run again: what differs from what measured it (`rerun_summary`)
 
     @property
     def reused(self) -> bool:
@@ -75,15 +81,29 @@ def decide_build(record: JobRecord | None, stored: dict[str, Any] | None, run: s
                     failed=True)
 
 
+def measured_with(backend: str, threads: int | None) -> dict[str, str]:
+    """What a measurement on `backend` with `threads` is made with, here: its runtime's package versions and this
+    machine's facts (qbench.environment.measurement_facts). Recorded by the job where it ran, and compared by a
+    resume with the resuming machine's."""
+    from qbench.backends import BACKENDS
+    from qbench.backends.base import runtime_packages
+    from qbench.environment import measurement_facts
+
+    return measurement_facts(runtime_packages(BACKENDS.get(backend)), threads)
+
+
 def decide_measure(
     record: JobRecord | None, run: str, *, build: Decision, built_sha256: str | None, needs_outputs: bool,
-    rerun_failed: bool = False, ran_file: bool = True,
+    current: Mapping[str, str], reference_again: bool = False, rerun_failed: bool = False, ran_file: bool = True,
 ) -> Decision:
     """A measure job: `build` is its variant's build decision, `built_sha256` the model digest of that build when
     it is reused (qbench.provenance.model_sha256), `needs_outputs` whether it gives the reference outputs;
     `rerun_failed`: a measurement failed for the variant's own reason runs again. `ran_file`: the job's backend ran
     that ONNX file, so its result records the file's digest; a torch backend's records its module's
-    (qbench.backends.torch_state), which the reused build decides as it decides the file."""
+    (qbench.backends.torch_state), which the reused build decides as it decides the file. `current`: what this
+    resume measures the job with (`measured_with`): a result made with anything else runs again, so that one table
+    never mixes runtimes or machines; `reference_again`: an FP32 measurement its figures are relative to runs again
+    (`reference_again`), so must it."""
     run = _recorded_in(record, run)
     if build.failed:
         return Decision(REUSE, "its build failed: fails with it")
@@ -98,6 +118,9 @@ def decide_measure(
         return Decision(RERUN, f"measured in {run}, but its build runs again")
     if needs_outputs and record.outputs is None:
         return Decision(RERUN, f"measured in {run} without the reference outputs")
+    changes = _changes(record.measured_with, current)
+    if changes:
+        return Decision(RERUN, f"measured in {run} with {'; '.join(changes)}", changes=changes)
     result = record.result
     if result.status == "failed" and rerun_failed:
         return Decision(RERUN, f"failed in {run}, run again (--rerun-failed): {_error(result.error)}")
@@ -108,7 +131,39 @@ def decide_measure(
         return Decision(REUSE, f"skipped in {run}: {_error(result.error)}")
     if ran_file and result.model_sha256 != built_sha256:
         return Decision(RERUN, f"measured another build in {run}")
+    if reference_again:
+        return Decision(RERUN, f"measured in {run} relative to an FP32 reference that is measured again",
+                        changes=(_REFERENCE_AGAIN,))  # fmt: skip
     return Decision(REUSE, f"finished in {run}")
+
+
+_REFERENCE_AGAIN = "its FP32 reference measured again"
+_FACT_NAMES = {"cpu": "CPU", "cpus": "usable CPUs", "machine": "architecture", "threads": "threads"}  # else packages
+_NOT_RECORDED = "what measured it not recorded (an older qbench)"
+
+
+def _changes(recorded: Mapping[str, str] | None, current: Mapping[str, str]) -> tuple[str, ...]:
+    """'<fact> <then> -> <now>' for each fact of what measured a job that differs now; a record without them (written
+    by an older qbench) cannot show it was measured alike."""
+    if recorded is None:
+        return (_NOT_RECORDED,)
+    keys = [*current, *(key for key in recorded if key not in current)]
+    return tuple(f"{_FACT_NAMES.get(key, key)} {recorded.get(key, 'not recorded')} -> {current.get(key, 'not recorded')}"
+                 for key in keys if recorded.get(key) != current.get(key))  # fmt: skip
+
+
+def reference_again(job: Job, plan: SweepPlan, decisions: Mapping[str, Decision]) -> bool:
+    """Whether an FP32 measurement `job`'s figures are relative to runs again (decided in `decisions`): the
+    reference on its backend (accuracy drops, speed-ups) or the reference outputs (the first backend's)."""
+    references = {measure_id(plan.reference, plan.backends[0]), measure_id(plan.reference, str(job.backend))} - {job.id}
+    return any(ref in decisions and not decisions[ref].reused for ref in references)
+
+
+def rerun_summary(decisions: Iterable[Decision]) -> list[str]:
+    """One line per kind of difference that runs measurements again ('onnxruntime 1.31.0 -> 1.32.0: 7 measurements
+    run again'), in the order first met."""
+    counts = Counter(change for decision in decisions for change in decision.changes)
+    return [f"{change}: {n} measurement{'' if n == 1 else 's'} run again" for change, n in counts.items()]
 
 
 def _recorded_in(record: JobRecord | None, run: str) -> str:

@@ -40,7 +40,15 @@ from qbench.execute.jobs import (
 )
 from qbench.execute.plan import Job, SweepPlan, build_facts
 from qbench.execute.records import forget_started, read_records, record_build, record_measure, record_started
-from qbench.execute.resume import Decision, decide_build, decide_measure, runs_onnx_file
+from qbench.execute.resume import (
+    Decision,
+    decide_build,
+    decide_measure,
+    measured_with,
+    reference_again,
+    rerun_summary,
+    runs_onnx_file,
+)
 from qbench.execute.store import BuildStore, built_from_manifest
 from qbench.preflight import Prepared
 from qbench.provenance import model_sha256
@@ -258,6 +266,7 @@ class Scheduler:
         else:
             output: MeasureOutput = done.output
             self._measured(job, output.result, output.outputs, where=output.where, environment=output.environment,
+                           measured_with=output.measured_with,
                            record=job.id not in self.state.recorded)  # fmt: skip
 
     def _ran(self, job_id: str, output: BuildOutput | MeasureOutput) -> None:
@@ -269,7 +278,8 @@ class Scheduler:
         from signals): a signal before `_finish` then leaves it for `--resume`, which reuses it as it reuses any
         record (the same plan, the same build's model digest, read back whole)."""
         self._ran(job_id, output)
-        self._record_measure(self.plan.job(job_id), self._local_paths(output.result), output.outputs, output.environment)
+        self._record_measure(self.plan.job(job_id), self._local_paths(output.result), output.outputs, output.environment,
+                             output.measured_with)  # fmt: skip
         self.state.recorded.add(job_id)
 
     def _built(self, job: Job, output: BuildOutput, *, record: bool = True) -> None:
@@ -301,9 +311,11 @@ class Scheduler:
         self._report(f"{job.id}: {'built' if output.manifest else 'failed'}", output.where)
 
     def _measured(self, job: Job, result: VariantResult, outputs: object, *, where: str = "", record: bool = True,
-                  reused: bool = False, environment: str | None = None) -> None:  # fmt: skip
+                  reused: bool = False, environment: str | None = None, measured_with: dict[str, str] | None = None
+                  ) -> None:  # fmt: skip
         """Keep a measure job's result; `reused`: taken from an earlier run, so no work on it is started;
-        `environment`: why it failed, when for a reason outside the variant."""
+        `environment`: why it failed, when for a reason outside the variant; `measured_with`: what measured it where
+        it ran (None: settled here, by this machine)."""
         assert job.backend is not None
         result = self._local_paths(result)
         if job.variant == self.plan.reference and result.accuracy is not None:
@@ -311,7 +323,7 @@ class Scheduler:
             if job.id == self.reference_job and outputs is not None:
                 self.state.reference_ready = True
         if record:
-            self._record_measure(job, result, outputs, environment)
+            self._record_measure(job, result, outputs, environment, measured_with)
         self.state.measured[job.id] = result
         self.state.done.add(job.id)
         if not reused:
@@ -319,10 +331,15 @@ class Scheduler:
         self.progress.finished(result, reused=reused)
         self._report(f"{job.id}: {result.status}", where)
 
-    def _record_measure(self, job: Job, result: VariantResult, outputs: object, environment: str | None) -> None:
+    def _record_measure(self, job: Job, result: VariantResult, outputs: object, environment: str | None,
+                        measured_with: dict[str, str] | None = None) -> None:  # fmt: skip
         record_measure(self.run_dir, job.id, max(self.state.attempts[job.id], 1), result,
                        outputs if job.id == self.reference_job else None,  # type: ignore[arg-type]
-                       self._times(job.id), environment)  # fmt: skip
+                       self._times(job.id), environment, measured_with or self._measured_with(job))  # fmt: skip
+
+    def _measured_with(self, job: Job) -> dict[str, str]:
+        """What this machine measures `job` with (qbench.execute.resume.measured_with)."""
+        return measured_with(str(job.backend), self.prepared.recipe.latency.threads)
 
     def _times(self, job_id: str) -> dict[str, float] | None:
         """When a job that ran was submitted, started, ended and (now) recorded; None for a job settled here."""
@@ -356,6 +373,7 @@ class Scheduler:
         reference = model_sha256(self.prepared.source.onnx_path)  # builds from another FP32 model are not reused
         name = folder.name if folder is not None else ""
         builds: dict[str, Decision] = {}
+        measures: dict[str, Decision] = {}
         reused = 0
         for job in self.plan.jobs:
             record = records.get(job.id)
@@ -372,10 +390,11 @@ class Scheduler:
                 continue
             built = self.state.built.get(job.variant)
             ran_file = runs_onnx_file(str(job.backend))
-            decision = decide_measure(record, name, build=builds[job.variant],
-                                      built_sha256=model_sha256(built.onnx_path) if built is not None else None,
-                                      needs_outputs=job.id == self.reference_job, rerun_failed=rerun_failed,
-                                      ran_file=ran_file)  # fmt: skip
+            decision = measures[job.id] = decide_measure(
+                record, name, build=builds[job.variant],
+                built_sha256=model_sha256(built.onnx_path) if built is not None else None,
+                needs_outputs=job.id == self.reference_job, current=self._measured_with(job),
+                reference_again=reference_again(job, self.plan, measures), rerun_failed=rerun_failed, ran_file=ran_file)
             if decision.reused and record is not None and record.died is not None and not builds[job.variant].failed:
                 died = failed_result(self.state.built[job.variant], get_backend(str(job.backend)), record.died)
                 self.state.attempts[job.id] = record.attempts
@@ -391,8 +410,11 @@ class Scheduler:
                                  evaluated_model_path=self._carried(record.result.evaluated_model_path))  # fmt: skip
                 if record.outputs is not None:
                     self.executor.provide_outputs(job.id, record.outputs)
-                self._measured(job, result, record.outputs, where="an earlier run", reused=True)
+                self._measured(job, result, record.outputs, where="an earlier run", reused=True,
+                               measured_with=record.measured_with)  # fmt: skip
                 reused += 1
+        for line in rerun_summary(measures.values()):
+            logger.warning("resuming: %s", line)
         source = f"the build store and {folder}" if folder is not None else "the build store"
         logger.info("resuming: %d of %d jobs reused from %s", reused, len(self.plan.jobs), source)
         return reused
