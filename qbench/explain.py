@@ -55,6 +55,7 @@ from qbench.results import AccuracyResult
 from qbench.techniques.calibrators import AUTO_CALIBRATORS
 from qbench.validate.measure import measure
 from qbench.variants import BuildContext, BuiltVariant, build_variant
+from qbench.variants.float_rules import default_notes
 from qbench.variants.onnx_utils import discard_built, load_model
 
 logger = logging.getLogger(__name__)
@@ -287,6 +288,7 @@ def explain_variant(
         else:
             built = build_variant(spec, ctx)
             baseline = evaluator.score(built)
+        notes += default_notes(built.params)  # mask nodes kept float by default are not ranked: they are not quantized
         nodes = quantized_nodes(load_model(ctx.reference_path), built)
         if not nodes:
             why = f": {built.params['unchanged']}" if built.params.get("unchanged") else ""

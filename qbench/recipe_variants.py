@@ -57,6 +57,9 @@ def _check_technique(value: str | None) -> str | None:
 
 Name = Annotated[str, AfterValidator(_check_name)]
 _LATER_FIELDS = {"technique": None, "keep_float": []}
+# later fields whose explicit default means something: `keep_float: []` turns off static builds' default rules, so
+# it must not serialise (fingerprint, build key) as a recipe that leaves keep_float out
+_MEANT_WHEN_SET = ("keep_float",)
 # the fields that are options of the technique (everything but the variant's identity and runtime form)
 _NOT_OPTIONS = ("name", "precision", "technique", "compile")
 
@@ -128,7 +131,8 @@ class VariantSpec(StrictConfig):
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return without_later_defaults(handler(self), _LATER_FIELDS)
+        later = {k: v for k, v in _LATER_FIELDS.items() if k not in _MEANT_WHEN_SET or k not in self.model_fields_set}
+        return without_later_defaults(handler(self), later)
 
 
 def reference_variant() -> VariantSpec:

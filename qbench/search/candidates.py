@@ -6,6 +6,9 @@
     ort-static           ONNX Runtime static Q/DQ (minmax), per-channel weights, compute ops only
                          (Conv, MatMul, Gemm)
 
+`ort-static` candidates, like every static INT8 variant, keep attention-mask arithmetic float (the `masks`
+rule, qbench.variants.float_rules.DEFAULT_RULES): no candidate rounds real attention scores on a mask fill's range.
+
 Families without activation calibration come first (cheapest to build). Each base candidate has a
 reduce_range twin (7-bit weights: on CPUs without VNNI it avoids u8s8 saturation but costs a bit of
 accuracy); it runs the same kernels, so it is only tried when its base did not pass. A keep-float

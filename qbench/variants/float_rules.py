@@ -6,10 +6,19 @@ A rule is an ONNX op type (every node of that type, e.g. Softmax) or a graph pat
   constant, nor computed from constants only): attention scores (Q x K^T) and context
   (probabilities x V), as opposed to a Linear with a weight.
 - `masks`: the float/bool tensors computed from non-float graph inputs (an attention mask:
-  Unsqueeze, Cast, Sub, Mul...) and the nodes that apply such a tensor to a computed one
-  (the Add or Where on the scores). Propagation stops at a lookup into a constant table
-  (an embedding Gather: its output is learned data, not a mask) and at Shape/Size.
+  Unsqueeze, Cast, Sub, Mul...), the nodes that apply such a tensor to a computed one
+  (the Add or Where on the scores), and the nodes reading what an additive application
+  (Add, Sub, Where) wrote: that tensor holds the mask's fill (`(1 - mask) * -1e4`,
+  `masked_fill(..., -1e9)`) beside the real scores, so a range calibrated on it (say
+  [-1e4, 10]) rounds every real score to one value, in the Softmax's input as much as in the
+  Add's output. The fill is followed through elementwise and data-movement nodes (a
+  Reshape, another Add) up to the node that ends it (Softmax, Exp); other readers (a MatMul)
+  are not matched, and a multiplicative mask (Mul by 0/1) leaves no fill and is not followed.
+  Propagation stops at a lookup into a constant table (an embedding Gather, ONNX Runtime's
+  fused EmbedLayerNormalization: its output is learned data, not a mask) and at Shape/Size.
 
+Static INT8 and FP8 apply `masks` by default when the recipe does not set `keep_float`
+(`DEFAULT_RULES`): a graph without a mask input matches nothing and builds as before.
 The rules run on the FP32 graph; builders add the matches to the nodes they leave unquantized
 (unnamed matches are named first, so an exclusion list can hold them).
 """
@@ -24,10 +33,23 @@ import onnx
 from onnx import TensorProto
 
 from qbench.variants.onnx_utils import name_unnamed_nodes
+from qbench.variants.quant_scope import TABLE_INPUTS
 
 _FLOATS = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE, TensorProto.BOOL}
-_LOOKUPS = ("Gather", "GatherElements", "GatherND")
 _SHAPE_ONLY = ("Shape", "Size")
+_ADDITIVE = ("Add", "Sub", "Where")  # applications that leave the fill in the scores (a Mul by 0/1 leaves none)
+# readers whose output still holds the fill wherever their input did
+_CARRIERS = ("Add", "Sub", "Mul", "Div", "Neg", "Where", "Max", "Min", "Clip", "LogSoftmax", "Cast", "Identity",
+             "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Expand", "Tile", "Slice", "Concat")  # fmt: skip
+# readers that end the fill (it becomes 0); any other reader (a MatMul, a Conv, a reduction) is left to the quantizer
+# and ends the rule's reach: a `masked_fill(x, 0)` in front of a Linear keeps the Linear quantized
+_ENDS = ("Softmax", "Exp")
+DEFAULT_RULES = ("masks",)
+DEFAULT_WHY = (
+    "kept float by default (static INT8 and FP8 apply keep_float: [masks] unless the recipe sets keep_float; "
+    "keep_float: [] quantizes them): an attention mask's fill (e.g. -1e4) would set the range of the masked "
+    "scores and round every real score to one value"
+)
 
 
 @dataclass(frozen=True)
@@ -36,15 +58,33 @@ class KeptFloat:
 
     names: tuple[str, ...] = ()
     by_rule: dict[str, list[str]] | None = None
+    default: bool = False  # the rules are DEFAULT_RULES, the recipe having set none
 
     def params(self) -> dict[str, Any]:
-        """What results record (nothing when the variant has no rule)."""
-        if self.by_rule is None:
+        """What results record: nothing when the variant has no rule, or when the default rules matched nothing
+        (a model without a mask records what it recorded before the default existed)."""
+        if self.by_rule is None or (self.default and not self.names):
             return {}
-        return {
+        recorded = {
             "keep_float": {rule: len(names) for rule, names in self.by_rule.items()},
             "kept_float_nodes": list(self.names),
         }
+        return {**recorded, "keep_float_default": DEFAULT_WHY} if self.default else recorded
+
+
+def default_notes(params: dict[str, Any]) -> list[str]:
+    """The note a variant (and `qbench explain`) carries when the default rules kept nodes float."""
+    if "keep_float_default" not in params:
+        return []
+    return [f"{len(params['kept_float_nodes'])} attention-mask node(s) {params['keep_float_default']}"]
+
+
+def float_rules(config: Any, *, static: bool) -> tuple[list[str], bool]:
+    """The rules a technique config keeps float with, and whether they are the default: the recipe's `keep_float`
+    where it set one (an explicit [] included), else DEFAULT_RULES for a build with calibrated static ranges."""
+    if "keep_float" in config.model_fields_set or not static:
+        return list(config.keep_float), False
+    return list(DEFAULT_RULES), True
 
 
 class _Graph:
@@ -80,19 +120,28 @@ def _attention_matmuls(graph: _Graph) -> list[int]:
 
 def _masks(graph: _Graph) -> list[int]:
     derived = {name for name in graph.inputs if graph.dtypes.get(name) not in _FLOATS}
+    filled: set[str] = set()  # tensors holding a mask's fill beside real values
     matched: list[int] = []
     for index, node in enumerate(graph.nodes):
         computed = [name for name in node.input if graph.computed(name)]
         from_mask = [name for name in computed if name in derived]
-        if not from_mask or node.op_type in _SHAPE_ONLY:
+        if node.op_type in _SHAPE_ONLY:
             continue
-        lookup = node.op_type in _LOOKUPS and node.input[0] in graph.constants
-        if len(from_mask) == len(computed) and not lookup:
+        tables = TABLE_INPUTS.get(("" if node.domain == "ai.onnx" else node.domain, node.op_type), ())
+        lookup = any(i < len(node.input) and node.input[i] in graph.constants for i in tables)
+        reads_fill = bool(filled.intersection(node.input))
+        if from_mask and len(from_mask) == len(computed) and not lookup:
             derived.update(node.output)
             if any(graph.dtypes.get(name) in _FLOATS for name in node.output):
                 matched.append(index)
-        elif any(graph.dtypes.get(name) in _FLOATS for name in from_mask) and not lookup:
+        elif from_mask and any(graph.dtypes.get(name) in _FLOATS for name in from_mask) and not lookup:
             matched.append(index)  # applies a float/bool mask to a computed tensor
+            if node.op_type in _ADDITIVE or (reads_fill and node.op_type in _CARRIERS):
+                filled.update(node.output)
+        elif reads_fill and node.op_type in (*_CARRIERS, *_ENDS):
+            matched.append(index)  # reads the fill beside real values (the Softmax on the masked scores)
+            if node.op_type in _CARRIERS:
+                filled.update(node.output)
     return matched
 
 
@@ -100,8 +149,9 @@ def _masks(graph: _Graph) -> list[int]:
 PATTERNS: dict[str, Callable[[_Graph], list[int]]] = {"attention_matmuls": _attention_matmuls, "masks": _masks}
 
 
-def kept_float_nodes(model: onnx.ModelProto, rules: Sequence[str]) -> KeptFloat:
-    """The nodes of `model`'s main graph that `rules` keep in floating point (unnamed matches get names, in place)."""
+def kept_float_nodes(model: onnx.ModelProto, rules: Sequence[str], *, default: bool = False) -> KeptFloat:
+    """The nodes of `model`'s main graph that `rules` keep in floating point (unnamed matches get names, in place);
+    `default`: the rules are DEFAULT_RULES, not the recipe's."""
     if not rules:
         return KeptFloat()
     graph = _Graph(model)
@@ -115,7 +165,7 @@ def kept_float_nodes(model: onnx.ModelProto, rules: Sequence[str]) -> KeptFloat:
         name_unnamed_nodes(model)
     matched = sorted({i for indices in by_rule.values() for i in indices})
     names = {rule: [graph.nodes[i].name for i in indices] for rule, indices in by_rule.items()}
-    return KeptFloat(tuple(graph.nodes[i].name for i in matched), names)
+    return KeptFloat(tuple(graph.nodes[i].name for i in matched), names, default)
 
 
 def restore_float_inputs(model: onnx.ModelProto, names: Sequence[str]) -> int:

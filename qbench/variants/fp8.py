@@ -52,7 +52,7 @@ from qbench.variants.calibrate import (
     tensor_amax,
 )
 from qbench.variants.constant_inputs import fold_constant_inputs
-from qbench.variants.float_rules import kept_float_nodes, restore_float_inputs
+from qbench.variants.float_rules import default_notes, float_rules, kept_float_nodes, restore_float_inputs
 from qbench.variants.node_names import resolve_node_names
 from qbench.variants.onnx_utils import (
     Stopwatch,
@@ -104,7 +104,8 @@ def build_fp8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     with build_step(spec.name, "loading the FP32 model"):
         model = load_reference(reference)
     exclude_nodes = resolve_node_names(model, config.exclude_nodes, spec.name)
-    kept_float = kept_float_nodes(model, config.keep_float)
+    rules, default = float_rules(config, static=True)
+    kept_float = kept_float_nodes(model, rules, default=default)
     excluded = {*exclude_nodes, *kept_float.names}
     if not quantizable_nodes(model, op_types, excluded):
         params = {"calibrator": settings.method, "op_types": list(op_types), "quantized_nodes": 0, "quantized_op_types": {}}
@@ -161,7 +162,7 @@ def build_fp8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         onnx_path=target,
         params=params,
         build_seconds=clock.seconds(),
-        notes=tuple(_notes(inserted, counts, params) + calibrated.notes() + read_by_subgraphs + nested_nodes_note(model, op_types)),
+        notes=tuple(_notes(inserted, counts, params) + default_notes(params) + calibrated.notes() + read_by_subgraphs + nested_nodes_note(model, op_types)),
         activation_ranges=clipping_ranges(ranges, quantized_tensors(model), symmetric=True),  # scale = amax / 448
     )
 

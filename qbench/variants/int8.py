@@ -50,7 +50,7 @@ from qbench.variants.calibrate import (
     require_calibration,
 )
 from qbench.variants.constant_inputs import fold_constant_inputs
-from qbench.variants.float_rules import kept_float_nodes
+from qbench.variants.float_rules import default_notes, float_rules, kept_float_nodes
 from qbench.variants.gemm_matmul import gemms_as_matmul, plain_gemm_factors
 from qbench.variants.integer_kernels import computing_op_types
 from qbench.variants.node_names import resolve_node_names
@@ -161,8 +161,10 @@ def build_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         params["gemms_as_matmul"] = len(gemms_as_matmul(model))  # the dynamic quantizer skips Gemm (a torch Linear)
     if isinstance(config, OrtStatic) and "Gemm" in op_types:
         params["gemms_made_plain"] = len(plain_gemm_factors(model))  # the static quantizer misreads alpha, beta, a 2-D C
-    kept_float = kept_float_nodes(model, config.keep_float)
+    rules, default = float_rules(config, static=isinstance(config, OrtStatic))
+    kept_float = kept_float_nodes(model, rules, default=default)
     params.update(kept_float.params())
+    notes += default_notes(params)
     lookups = {} if config.op_types else table_lookups(model, op_types)  # named in op_types: the recipe's choice
     if lookups:
         params["lookups_kept_float"] = dict(sorted(Counter(lookups.values()).items()))

@@ -83,7 +83,7 @@ def preprocessing_nodes(model: onnx.ModelProto) -> list[str]:
 
 # (domain, op type) -> the inputs that are tables whose rows the op reads at integer ids: an embedding `Gather`, and
 # ONNX Runtime's fused BERT embedding (its word, position and segment tables).
-_TABLE_INPUTS = {("", "Gather"): (0,), ("", "GatherElements"): (0,), ("", "GatherND"): (0,),
+TABLE_INPUTS = {("", "Gather"): (0,), ("", "GatherElements"): (0,), ("", "GatherND"): (0,),
                  ("com.microsoft", "EmbedLayerNormalization"): (2, 3, 4)}  # fmt: skip
 
 
@@ -97,7 +97,7 @@ def table_lookups(model: onnx.ModelProto, op_types: tuple[str, ...]) -> dict[str
     found = {}
     for node in model.graph.node:
         domain = "" if node.domain == "ai.onnx" else node.domain
-        tables = [node.input[i] for i in _TABLE_INPUTS.get((domain, node.op_type), ()) if i < len(node.input)]
+        tables = [node.input[i] for i in TABLE_INPUTS.get((domain, node.op_type), ()) if i < len(node.input)]
         if node.op_type in op_types and any(table and table in constants for table in tables):
             found[node.name] = node.op_type
     return found

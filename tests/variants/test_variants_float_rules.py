@@ -106,11 +106,11 @@ def test_the_patterns_match_attention_matmuls_and_the_mask_not_the_embedding_loo
     kept = kept_float_nodes(model, ["attention_matmuls", "masks", "Softmax"])
     assert kept.by_rule == {
         "attention_matmuls": ["attention_scores", "attention_context"],
-        "masks": ["mask_cast", "mask_invert", "mask_scale", "mask_apply"],
+        "masks": ["mask_cast", "mask_invert", "mask_scale", "mask_apply", "softmax"],
         "Softmax": ["softmax"],
     }
     assert "embed_add" not in kept.names and "type_lookup" not in kept.names  # a lookup's output is data, not a mask
-    assert kept.params()["keep_float"] == {"attention_matmuls": 2, "masks": 4, "Softmax": 1}
+    assert kept.params()["keep_float"] == {"attention_matmuls": 2, "masks": 5, "Softmax": 1}
     assert kept_float_nodes(model, []).params() == {}
 
 
@@ -134,14 +134,14 @@ def _build(path: Path, calibration: list[Feeds], workdir: Path, **options) -> tu
 
 def test_static_int8_leaves_exactly_the_matched_nodes_unquantized(attention, tmp_path: Path) -> None:
     path, calibration = attention
-    plain, _ = _build(path, calibration, tmp_path / "plain", calibrator="minmax")
+    plain, _ = _build(path, calibration, tmp_path / "plain", calibrator="minmax", keep_float=[])
     rules = ["attention_matmuls", "masks", "Softmax"]
     kept, params = _build(path, calibration, tmp_path / "kept", calibrator="minmax", keep_float=rules)
     matched = set(params["kept_float_nodes"])
     quantized_plain, quantized_kept = (_fed_by_dequantize(plain), _fed_by_dequantize(kept))
     assert ATTENTION | {"softmax", "mask_apply"} <= quantized_plain, "without rules these nodes are quantized"
     assert quantized_kept == quantized_plain - matched, "exactly the matched nodes left the quantized set"
-    assert params["keep_float"] == {"attention_matmuls": 2, "masks": 4, "Softmax": 1}
+    assert params["keep_float"] == {"attention_matmuls": 2, "masks": 5, "Softmax": 1}
     # the Q/DQ pairs that only fed kept nodes are gone: q and v reach the attention MatMuls unrounded
     readers = {name for node in kept.graph.node if node.name in ATTENTION for name in node.input}
     assert {"q", "probs", "v"} <= readers
@@ -169,3 +169,37 @@ def test_an_op_type_rule_keeps_linears_float_in_the_linear_technique(attention, 
     assert built.params["quantized_linears"] == 0 and "DequantizeLinear" not in {
         n.op_type for n in onnx.load(str(built.onnx_path)).graph.node
     }
+
+
+def test_masks_follow_an_additive_fill_to_its_softmax_but_not_a_product_or_a_fused_embedding() -> None:
+    """The fill a Where writes is followed through a Reshape to the Softmax that ends it; a 0/1 product (mean
+    pooling) leaves no fill, so the Linear after it stays quantizable; a fused embedding's output is learned data."""
+    table = numpy_helper.from_array(np.ones((VOCAB, WIDTH), np.float32), "word")
+    constants = [table, numpy_helper.from_array(np.ones(WIDTH, np.float32), "gamma"),
+                 numpy_helper.from_array(np.zeros(WIDTH, np.float32), "beta"),
+                 numpy_helper.from_array(np.array(-1e9, np.float32), "fill"),
+                 numpy_helper.from_array(np.array([0, SEQ], np.int64), "shape"),
+                 numpy_helper.from_array(np.ones((WIDTH, 2), np.float32), "head")]  # fmt: skip
+    nodes = [
+        helper.make_node("EmbedLayerNormalization", ["ids", "", "word", "word", "", "gamma", "beta"], ["h"],
+                         name="embed", domain="com.microsoft", epsilon=1e-5),  # fmt: skip
+        helper.make_node("Equal", ["ids", "zero"], ["padding"], name="is_padding"),
+        helper.make_node("Where", ["padding", "fill", "scores"], ["filled"], name="mask_fill"),
+        helper.make_node("Reshape", ["filled", "shape"], ["flat"], name="flatten"),
+        helper.make_node("Softmax", ["flat"], ["probs"], name="softmax", axis=-1),
+        helper.make_node("Cast", ["ids"], ["keep"], name="keep_cast", to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["keep", "axes"], ["keep3"], name="keep_unsqueeze"),
+        helper.make_node("Mul", ["h", "keep3"], ["kept"], name="pool_mask"),
+        helper.make_node("ReduceSum", ["kept", "axes"], ["pooled"], name="pool", keepdims=0),
+        helper.make_node("MatMul", ["pooled", "head"], ["y"], name="classify"),
+    ]
+    constants += [numpy_helper.from_array(np.array(0, np.int64), "zero"), numpy_helper.from_array(np.array([2], np.int64), "axes")]
+    graph = helper.make_graph(nodes, "masks", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", SEQ]),
+                                               helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batch", SEQ])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2]),
+                               helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["batch", SEQ])], constants)  # fmt: skip
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=ORT_IR_VERSION)
+    assert kept_float_nodes(model, ["masks"]).names == (
+        "is_padding", "mask_fill", "flatten", "softmax", "keep_cast", "keep_unsqueeze", "pool_mask",
+    )  # fmt: skip
