@@ -87,6 +87,9 @@ class GateReport:
     problems: tuple[str, ...] = ()  # why the results cannot be judged (fail closed)
     gated: tuple[str, ...] = field(default=())  # variant@backend keys the gate applied to
     notes: tuple[str, ...] = ()  # what the gate did not check, at the user's request
+    # why each pass on a scope too small to resolve its tolerance is no evidence (qbench.gate_resolution), whether or
+    # not the gate held it against the variant (`resolve`): what the INT8 search ranks its candidates' passes by
+    unresolved: tuple[str, ...] = ()
 
     @property
     def breaches(self) -> tuple[GateCheck, ...]:
@@ -140,8 +143,9 @@ def withheld(report: GateReport) -> GateReport:
 def judge(reference: VariantResult, candidate: VariantResult, gate: GateSpec,
           tolerances: Tolerances | None = None) -> GateReport:  # fmt: skip
     """The gate's verdict on one candidate against FP32, as `qbench gate` would give it (for searches), but for the
-    resolution rule: a search ranks candidates by their drops (on a screen, a sample by design), and `qbench gate`
-    then holds the chosen one's results to the rule. `tolerances`: resolved once for many candidates (on the rows
+    resolution rule: a pass on too few rows is still a pass here, its reasons in the report's `unresolved` (a screen
+    is a sample by design; the INT8 search ranks a resolved pass over an unresolved one), and `qbench gate` then holds
+    the chosen one's results to the rule. `tolerances`: resolved once for many candidates (on the rows
     chosen on), rather than against `reference`'s figures."""
     results = SweepResults(
         qbench_version=qbench.__version__, created_at="", recipe={}, environment={}, calibration=None,
@@ -182,6 +186,7 @@ def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[st
               slo: SloSpec | None, tolerances: Tolerances | None, resolve: bool) -> GateReport:  # fmt: skip
     problems: list[str] = []
     unresolved_notes: list[str] = []
+    small_passes: list[str] = []
     pairs = list(expected) if expected is not None else [(v.variant, v.backend) for v in results.variants]
     skipped = {(v.variant, v.backend) for v in results.variants if v.status == "skipped"}
     gated = [(v, b) for v, b in pairs if v != results.reference and spec.applies(v) and (v, b) not in skipped]
@@ -197,7 +202,10 @@ def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[st
         own_checks, own_problems, unresolved_scopes = _judge(results, variant, backend, spec, tolerances)
         checks.extend(own_checks)
         problems.extend(f"{variant}@{backend}: {p}" for p in own_problems)
-        if resolve and unresolved_scopes and not _same_graph(results, variant, backend):
+        if not unresolved_scopes or _same_graph(results, variant, backend):
+            continue
+        small_passes += unresolved_scopes
+        if resolve:
             why = f"{variant}@{backend}: too few rows to resolve the tolerance: {'; '.join(unresolved_scopes)}"
             # a breach on another scope is evidence enough to block the variant (exit 1): its unresolved passes
             # change nothing then, and are a note
@@ -216,6 +224,7 @@ def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[st
         checks=tuple(checks),
         problems=tuple(problems),
         gated=tuple(f"{v}@{b}" for v, b in gated),
+        unresolved=tuple(small_passes),
         notes=(*unresolved_notes, *tolerance_notes(results, spec, gated), *other_output_notes(results, spec, gated),
                *unlowered(results, gated), *chosen_on_judged_rows(results, gated), *nonfinite_reference(results, gated),
                *rounded_reference(results, gated),

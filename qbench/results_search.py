@@ -23,6 +23,8 @@
                                                   not evaluated)
       passed, verdict                             the gate's verdict there; a one-line verdict (the searched variant's
                                                   own verdict is the gate's, on the evaluation rows)
+      unresolved                                  a pass on too few selection rows to resolve the tolerance
+                                                  (qbench.gate_resolution): why, with the rows that would; None otherwise
 
 excess = the largest drop / tolerance over the overall and judged slice checks: at most 1 passes.
 """
@@ -57,10 +59,16 @@ class CandidateRecord:
     worst_slice_drop: float | None = None
     excess: float | None = None
     passed: bool | None = None
+    unresolved: str | None = None
 
     @property
     def evaluated(self) -> bool:
         return self.passed is not None
+
+    @property
+    def resolved_pass(self) -> bool:
+        """Passed, on enough selection rows to resolve the tolerance: evidence it passes elsewhere too."""
+        return bool(self.passed) and not self.unresolved
 
     def with_(self, **changes: Any) -> CandidateRecord:
         return dataclasses.replace(self, **changes)
