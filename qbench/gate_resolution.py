@@ -70,6 +70,13 @@ def unresolved(metric: str, tolerance: float, reference: SliceMetrics, own: Slic
     return None
 
 
+def rows_alone(metric: str, reference: SliceMetrics, own: SliceMetrics) -> bool:
+    """Whether the rule asks `own`'s scope for rows alone (a count from the tolerance, or MIN_ROWS), not for a narrow
+    interval of its drop: then every variant judged on the same rows is as unresolved there as `own`."""
+    paired = _drop_bound(metric, reference, own) is not None and not METRICS[metric].share_of_rows
+    return not paired or own.judged_count(metric) < MIN_ROWS
+
+
 def _rows_at_this_spread(metric: str, tolerance: float, reference: SliceMetrics, own: SliceMetrics,
                          bound: float) -> str:
     """About how many rows would bring the far end of the drop's interval within `tolerance`, the drop and the

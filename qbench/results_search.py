@@ -25,6 +25,8 @@
                                                   own verdict is the gate's, on the evaluation rows)
       unresolved                                  a pass on too few selection rows to resolve the tolerance
                                                   (qbench.gate_resolution): why, with the rows that would; None otherwise
+      unresolved_on_spread                        that pass falls short on the spread of its own figures, not on the
+                                                  rows alone (which no candidate on the same rows could resolve either)
 
 excess = the largest drop / tolerance over the overall and judged slice checks: at most 1 passes.
 """
@@ -60,6 +62,7 @@ class CandidateRecord:
     excess: float | None = None
     passed: bool | None = None
     unresolved: str | None = None
+    unresolved_on_spread: bool = False
 
     @property
     def evaluated(self) -> bool:
@@ -69,6 +72,12 @@ class CandidateRecord:
     def resolved_pass(self) -> bool:
         """Passed, on enough selection rows to resolve the tolerance: evidence it passes elsewhere too."""
         return bool(self.passed) and not self.unresolved
+
+    @property
+    def firm_pass(self) -> bool:
+        """Passed, and no candidate judged on the same rows could show a better-resolved pass: resolved, or unresolved
+        for the rows alone. What stops the search looking further."""
+        return bool(self.passed) and not (self.unresolved and self.unresolved_on_spread)
 
     def with_(self, **changes: Any) -> CandidateRecord:
         return dataclasses.replace(self, **changes)

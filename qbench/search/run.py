@@ -226,7 +226,7 @@ class _Search:
         self.records[index] = record.with_(
             stage="evaluated", metric=_metric(measured.result, self.gate.metric), drop=_overall(verdict),
             worst_slice=slice_name, worst_slice_drop=slice_drop, excess=gate_excess(verdict), passed=passed,
-            unresolved=unresolved, verdict=said,
+            unresolved=unresolved, unresolved_on_spread=bool(unresolved) and verdict.unresolved_on_spread, verdict=said,
         )  # fmt: skip
         self._say(index, "evaluate")
 
@@ -256,9 +256,9 @@ class _Search:
                 self.evaluate(index)
 
     def reduced_range_twins(self) -> None:
-        """The 7-bit-weight twin of each base candidate that ran and did not pass, or passed unresolved (a base with a
-        resolved pass is as fast)."""
-        bases = [i for i, r in enumerate(self.records) if r.stage in ("screened", "evaluated") and not r.resolved_pass]
+        """The 7-bit-weight twin of each base candidate that ran and did not pass, or not firmly (a base with a firm
+        pass is as fast)."""
+        bases = [i for i, r in enumerate(self.records) if r.stage in ("screened", "evaluated") and not r.firm_pass]
         for base in bases:
             if self.may_win(self.records[base]):
                 self.screen_candidate(self.candidates[base].reduced_range())
@@ -296,7 +296,7 @@ class _Search:
                     break  # more float nodes only make it slower
                 if record.screen_excess is not None and record.screen_excess <= select.SCREEN_SLACK:
                     self.evaluate(index)
-                    if self.records[index].resolved_pass:
+                    if self.records[index].firm_pass:
                         break
             else:  # every rung failed: more float nodes were what was left, if max_keep_float was the cap
                 self.keep_float_exhausted |= most == self.spec.max_keep_float

@@ -107,12 +107,13 @@ def timing_noise(timings: Sequence[Mapping[int, float]]) -> float:
 
 
 def fastest_passing(records: Sequence[CandidateRecord]) -> int | None:
-    """The candidate with a resolved pass (`CandidateRecord.resolved_pass`) and the highest measured speed-up (None
-    if none): the bar `may_win` measures against. A pass on too few selection rows is no bar: a Llama-style model's
-    search stopped at a candidate passing by a thin margin on 72 heavy-tailed rows (drop 0.0044, tolerance 0.005),
-    which then breached on the evaluation rows (0.0147), and slower candidates were never evaluated."""
-    resolved = [i for i, r in enumerate(records) if r.resolved_pass]
-    return max(resolved, key=lambda i: _speed(records[i]), default=None)
+    """The candidate with a firm pass (`CandidateRecord.firm_pass`) and the highest measured speed-up (None if none):
+    the bar `may_win` measures against. A pass another candidate may resolve better is no bar: a Llama-style model's
+    search stopped at a candidate passing by a thin margin on 72 heavy-tailed rows (drop 0.0044, tolerance 0.005, the
+    drop's interval reaching past it), which then breached on the evaluation rows (0.0147), and slower candidates
+    were never evaluated. A pass short of rows alone is one: no candidate on the same rows could resolve it."""
+    firm = [i for i, r in enumerate(records) if r.firm_pass]
+    return max(firm, key=lambda i: _speed(records[i]), default=None)
 
 
 def passing(records: Sequence[CandidateRecord]) -> list[int]:
@@ -202,8 +203,8 @@ def closest(records: Sequence[CandidateRecord]) -> int | None:
 
 
 def keep_float_bases(records: Sequence[CandidateRecord], tie: float = TIE) -> list[int]:
-    """Bases for keep-float candidates: measured candidates without float nodes that failed (or passed unresolved)
-    and may still beat the fastest resolved pass (`may_win`), fastest first: keeping nodes float only slows a candidate down, so the fastest
+    """Bases for keep-float candidates: measured candidates without float nodes that failed (or passed, not firmly)
+    and may still beat the fastest firm pass (`may_win`), fastest first: keeping nodes float only slows a candidate down, so the fastest
     failing ones have the most room to pass and still win.
 
     A slower candidate passing is no reason to stop: on a 1-D conv net a SmoothQuant candidate passed at 0.94x FP32
@@ -211,7 +212,7 @@ def keep_float_bases(records: Sequence[CandidateRecord], tie: float = TIE) -> li
     best = fastest_passing(records)
     bar = records[best] if best is not None else None
     bases = [i for i, r in enumerate(records)
-             if not r.keep_float and not r.resolved_pass and _measured(r) and may_win(r, bar, tie)]  # fmt: skip
+             if not r.keep_float and not r.firm_pass and _measured(r) and may_win(r, bar, tie)]  # fmt: skip
     return sorted(bases, key=lambda i: (-_speed(records[i]), _nearness(records[i]), _gap(records[i])))
 
 

@@ -105,3 +105,20 @@ def test_only_unresolved_passes_are_picked_with_a_note_and_under_fail_are_unreac
     else:
         assert report.candidates[1].verdict == "chosen (pass unresolved)"
     assert any("unresolved" in row[-1] for row in search_rows(report))
+
+
+def test_a_pass_short_of_rows_alone_stops_the_search_as_a_pass_does(monkeypatch):
+    """On 72 rows an agreement tolerance of 0.005 needs 598: every candidate's pass there is as unresolved, so a
+    slower one cannot do better; the fastest pass is the bar and the slower candidate is not evaluated."""
+    search = _search(monkeypatch, ["thin", "clear"], [2.0, 1.5])
+    search.gate = search.gate.model_copy(update={"metric": "agreement"})
+    agreement = {"fp32": 1.0, "thin": 0.996, "clear": 0.998}
+    monkeypatch.setattr(run, "measure", lambda backend, built, prepared, **kw: SimpleNamespace(result=VariantResult(
+        variant=built, backend="cpu", precision=built, status="ok", accuracy=AccuracyResult(
+            rows=ROWS, nonfinite_outputs=0, overall=SliceMetrics("overall", ROWS, {"agreement": agreement[built]})))))
+    search.fp32 = SimpleNamespace(result=run.measure(None, "fp32", None).result, reference="fp32 outputs")
+    search.tolerances = reference_tolerances(search.fp32.result, search.gate)
+    search.evaluate_promising()
+    thin, clear = search.records
+    assert thin.passed and "< 598 needed" in thin.unresolved and not thin.unresolved_on_spread and thin.firm_pass
+    assert not clear.evaluated and select.choose(search.records) == 0
