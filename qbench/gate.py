@@ -36,7 +36,7 @@ from qbench.gate_notes import (
     unlowered,
 )
 from qbench.gate_outputs import other_output_notes
-from qbench.gate_resolution import unresolved
+from qbench.gate_resolution import rows_alone, unresolved
 from qbench.gate_tolerance import (
     Tolerances,
     reference_tolerances,
@@ -87,6 +87,12 @@ class GateReport:
     problems: tuple[str, ...] = ()  # why the results cannot be judged (fail closed)
     gated: tuple[str, ...] = field(default=())  # variant@backend keys the gate applied to
     notes: tuple[str, ...] = ()  # what the gate did not check, at the user's request
+    # why each pass on a scope too small to resolve its tolerance is no evidence (qbench.gate_resolution), whether or
+    # not the gate held it against the variant (`resolve`): what the INT8 search ranks its candidates' passes by
+    unresolved: tuple[str, ...] = ()
+    # some of those fall short on the spread of the variant's own figures, not on the rows alone: another variant
+    # judged on the same rows may resolve its pass (qbench.gate_resolution.rows_alone)
+    unresolved_on_spread: bool = False
 
     @property
     def breaches(self) -> tuple[GateCheck, ...]:
@@ -140,8 +146,9 @@ def withheld(report: GateReport) -> GateReport:
 def judge(reference: VariantResult, candidate: VariantResult, gate: GateSpec,
           tolerances: Tolerances | None = None) -> GateReport:  # fmt: skip
     """The gate's verdict on one candidate against FP32, as `qbench gate` would give it (for searches), but for the
-    resolution rule: a search ranks candidates by their drops (on a screen, a sample by design), and `qbench gate`
-    then holds the chosen one's results to the rule. `tolerances`: resolved once for many candidates (on the rows
+    resolution rule: a pass on too few rows is still a pass here, its reasons in the report's `unresolved` (a screen
+    is a sample by design; the INT8 search ranks a resolved pass over an unresolved one), and `qbench gate` then holds
+    the chosen one's results to the rule. `tolerances`: resolved once for many candidates (on the rows
     chosen on), rather than against `reference`'s figures."""
     results = SweepResults(
         qbench_version=qbench.__version__, created_at="", recipe={}, environment={}, calibration=None,
@@ -182,6 +189,8 @@ def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[st
               slo: SloSpec | None, tolerances: Tolerances | None, resolve: bool) -> GateReport:  # fmt: skip
     problems: list[str] = []
     unresolved_notes: list[str] = []
+    small_passes: list[str] = []
+    on_spread = False
     pairs = list(expected) if expected is not None else [(v.variant, v.backend) for v in results.variants]
     skipped = {(v.variant, v.backend) for v in results.variants if v.status == "skipped"}
     gated = [(v, b) for v, b in pairs if v != results.reference and spec.applies(v) and (v, b) not in skipped]
@@ -194,10 +203,14 @@ def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[st
         problems.append(f"the gate applies to no variant (applies_to: {', '.join(spec.applies_to)})")
     checks: list[GateCheck] = []
     for variant, backend in gated:
-        own_checks, own_problems, unresolved_scopes = _judge(results, variant, backend, spec, tolerances)
+        own_checks, own_problems, unresolved_scopes, spread = _judge(results, variant, backend, spec, tolerances)
         checks.extend(own_checks)
         problems.extend(f"{variant}@{backend}: {p}" for p in own_problems)
-        if resolve and unresolved_scopes and not _same_graph(results, variant, backend):
+        if not unresolved_scopes or _same_graph(results, variant, backend):
+            continue
+        small_passes += unresolved_scopes
+        on_spread |= spread
+        if resolve:
             why = f"{variant}@{backend}: too few rows to resolve the tolerance: {'; '.join(unresolved_scopes)}"
             # a breach on another scope is evidence enough to block the variant (exit 1): its unresolved passes
             # change nothing then, and are a note
@@ -216,6 +229,7 @@ def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[st
         checks=tuple(checks),
         problems=tuple(problems),
         gated=tuple(f"{v}@{b}" for v, b in gated),
+        unresolved=tuple(small_passes), unresolved_on_spread=on_spread,
         notes=(*unresolved_notes, *tolerance_notes(results, spec, gated), *other_output_notes(results, spec, gated),
                *unlowered(results, gated), *chosen_on_judged_rows(results, gated), *nonfinite_reference(results, gated),
                *rounded_reference(results, gated),
@@ -232,21 +246,23 @@ def _same_graph(results: SweepResults, variant: str, backend: str) -> bool:
 
 
 def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec,
-           resolved: Tolerances | None = None) -> tuple[list[GateCheck], list[str], list[str]]:  # fmt: skip
+           resolved: Tolerances | None = None) -> tuple[list[GateCheck], list[str], list[str], bool]:  # fmt: skip
     """Checks for one variant on one backend, the reasons it cannot be judged (if any) and why each of its passes
-    on a scope too small to resolve the tolerance is no evidence; `resolved`: the tolerances to judge with, rather
+    on a scope too small to resolve the tolerance is no evidence (and whether one of those falls short on its spread,
+    not on its rows alone); `resolved`: the tolerances to judge with, rather
     than those resolved against the reference's figures."""
     reference = results.find(results.reference, backend)
     candidate = results.find(variant, backend)
     if reference is None or reference.status != "ok" or reference.accuracy is None:
-        return [], [f"no usable FP32 reference on {backend}"], []
+        return [], [f"no usable FP32 reference on {backend}"], [], False
     if candidate is None:
-        return [], ["no results for this variant (partial or interrupted sweep?)"], []
+        return [], ["no results for this variant (partial or interrupted sweep?)"], [], False
     if candidate.status != "ok" or candidate.accuracy is None:
-        return [], [f"variant failed: {candidate.error or 'no accuracy results'}"], []
+        return [], [f"variant failed: {candidate.error or 'no accuracy results'}"], [], False
     checks: list[GateCheck] = []
     problems: list[str] = []
     small: list[str] = []
+    on_spread = False
     try:
         tolerances: Tolerances | None = resolved or reference_tolerances(reference, spec)
     except QbenchError as exc:  # a relative tolerance of nothing: no metric check, NaN/inf outputs still breach
@@ -277,6 +293,7 @@ def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec,
             checks.append(check)
             why = unresolved(spec.metric, tolerance, ref_scope, own_scope) if check.status == "pass" else None
             small += [why] if why else []
+            on_spread |= bool(why) and not rows_alone(spec.metric, ref_scope, own_scope)
         elif _undefined_for_fp32(spec.metric, ref_scope, own_scope):  # only overall: a slice is skipped instead
             problems.append(f"metric {spec.metric!r} is undefined on {own_scope.name} for FP32 too (NaN without NaN/inf "
                             "outputs, e.g. R² of a constant target): nothing can be judged; gate on a metric defined "
@@ -284,7 +301,7 @@ def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec,
         else:
             why = _nonfinite_reference_hint(spec.metric, ref_scope) if ref_scope.nonfinite_outputs else ""
             problems.append(f"metric {spec.metric!r} is missing or NaN on {own_scope.name}{why}")
-    return checks, problems, small
+    return checks, problems, small, on_spread
 
 
 def _nonfinite_reference_hint(metric: str, ref: SliceMetrics) -> str:

@@ -54,7 +54,7 @@ def unresolved(metric: str, tolerance: float, reference: SliceMetrics, own: Slic
             return f"{where}: a mean over {rows} row has no spread; {MIN_ROWS} rows at least"
         if not within(paired, tolerance, reference.metrics.get(metric, math.nan)):
             return (f"{where}: the {CONFIDENCE:.0%} interval of the drop reaches {paired:.4g} > tolerance "
-                    f"{tolerance:g}")
+                    f"{tolerance:g}{_rows_at_this_spread(metric, tolerance, reference, own, paired)}")
         return None
     if math.isfinite(span):
         needed = rows_to_resolve(tolerance, span)
@@ -68,6 +68,25 @@ def unresolved(metric: str, tolerance: float, reference: SliceMetrics, own: Slic
     if rows < MIN_ROWS:
         return f"{where}: {MIN_ROWS} rows at least"
     return None
+
+
+def rows_alone(metric: str, reference: SliceMetrics, own: SliceMetrics) -> bool:
+    """Whether the rule asks `own`'s scope for rows alone (a count from the tolerance, or MIN_ROWS), not for a narrow
+    interval of its drop: then every variant judged on the same rows is as unresolved there as `own`."""
+    paired = _drop_bound(metric, reference, own) is not None and not METRICS[metric].share_of_rows
+    return not paired or own.judged_count(metric) < MIN_ROWS
+
+
+def _rows_at_this_spread(metric: str, tolerance: float, reference: SliceMetrics, own: SliceMetrics,
+                         bound: float) -> str:
+    """About how many rows would bring the far end of the drop's interval within `tolerance`, the drop and the
+    rows' spread staying as measured (an interval's half-width shrinks as 1 / sqrt(rows)), as a phrase; '' when the
+    drop itself is not within the tolerance (no number of rows then)."""
+    point = drop(metric, reference.metrics.get(metric, math.nan), own.metrics.get(metric, math.nan))
+    rows, margin = own.judged_count(metric), tolerance - point
+    if not (math.isfinite(point) and margin > 0 and bound > point):
+        return ""
+    return f"; about {math.ceil(rows * ((bound - point) / margin) ** 2)} rows would resolve it at this spread"
 
 
 def _drop_bound(metric: str, reference: SliceMetrics, own: SliceMetrics) -> float | None:

@@ -23,6 +23,10 @@
                                                   not evaluated)
       passed, verdict                             the gate's verdict there; a one-line verdict (the searched variant's
                                                   own verdict is the gate's, on the evaluation rows)
+      unresolved                                  a pass on too few selection rows to resolve the tolerance
+                                                  (qbench.gate_resolution): why, with the rows that would; None otherwise
+      unresolved_on_spread                        that pass falls short on the spread of its own figures, not on the
+                                                  rows alone (which no candidate on the same rows could resolve either)
 
 excess = the largest drop / tolerance over the overall and judged slice checks: at most 1 passes.
 """
@@ -57,10 +61,23 @@ class CandidateRecord:
     worst_slice_drop: float | None = None
     excess: float | None = None
     passed: bool | None = None
+    unresolved: str | None = None
+    unresolved_on_spread: bool = False
 
     @property
     def evaluated(self) -> bool:
         return self.passed is not None
+
+    @property
+    def resolved_pass(self) -> bool:
+        """Passed, on enough selection rows to resolve the tolerance: evidence it passes elsewhere too."""
+        return bool(self.passed) and not self.unresolved
+
+    @property
+    def firm_pass(self) -> bool:
+        """Passed, and no candidate judged on the same rows could show a better-resolved pass: resolved, or unresolved
+        for the rows alone. What stops the search looking further."""
+        return bool(self.passed) and not (self.unresolved and self.unresolved_on_spread)
 
     def with_(self, **changes: Any) -> CandidateRecord:
         return dataclasses.replace(self, **changes)

@@ -218,11 +218,15 @@ class _Search:
         verdict = judge(self.fp32.result, measured.result, self.gate, self.tolerances)
         slice_name, slice_drop = worst_slice(verdict)
         passed = verdict.exit_code == 0
-        breaches = "; ".join(failure_reasons(verdict))
+        unresolved = "; ".join(verdict.unresolved) if passed and verdict.unresolved else None
+        if not passed:
+            said = one_line(f"fail: {'; '.join(failure_reasons(verdict))}", VERDICT_CHARS)
+        else:
+            said = one_line(f"pass, unresolved: {unresolved}", VERDICT_CHARS) if unresolved else "pass (resolved)"
         self.records[index] = record.with_(
             stage="evaluated", metric=_metric(measured.result, self.gate.metric), drop=_overall(verdict),
             worst_slice=slice_name, worst_slice_drop=slice_drop, excess=gate_excess(verdict), passed=passed,
-            verdict="pass" if passed else one_line(f"fail: {breaches}", VERDICT_CHARS),
+            unresolved=unresolved, unresolved_on_spread=bool(unresolved) and verdict.unresolved_on_spread, verdict=said,
         )  # fmt: skip
         self._say(index, "evaluate")
 
@@ -252,8 +256,9 @@ class _Search:
                 self.evaluate(index)
 
     def reduced_range_twins(self) -> None:
-        """The 7-bit-weight twin of each base candidate that ran and did not pass (a passing base is as fast)."""
-        bases = [i for i, r in enumerate(self.records) if r.stage in ("screened", "evaluated") and not r.passed]
+        """The 7-bit-weight twin of each base candidate that ran and did not pass, or not firmly (a base with a firm
+        pass is as fast)."""
+        bases = [i for i, r in enumerate(self.records) if r.stage in ("screened", "evaluated") and not r.firm_pass]
         for base in bases:
             if self.may_win(self.records[base]):
                 self.screen_candidate(self.candidates[base].reduced_range())
@@ -291,7 +296,7 @@ class _Search:
                     break  # more float nodes only make it slower
                 if record.screen_excess is not None and record.screen_excess <= select.SCREEN_SLACK:
                     self.evaluate(index)
-                    if self.records[index].passed:
+                    if self.records[index].firm_pass:
                         break
             else:  # every rung failed: more float nodes were what was left, if max_keep_float was the cap
                 self.keep_float_exhausted |= most == self.spec.max_keep_float
@@ -346,7 +351,7 @@ class _Search:
 
         A lone finalist is re-timed too: the speed-up the report and the variant carry must not be the one lucky
         estimate that put it first."""
-        passing = sorted((i for i, r in enumerate(self.records) if r.passed), key=lambda i: -(self.records[i].speedup or 0))
+        passing = sorted(select.passing(self.records), key=lambda i: -(self.records[i].speedup or 0))
         finalists = passing[: self.spec.finalists]
         if not finalists:
             return
@@ -382,16 +387,21 @@ class _Search:
 
     def finish(self) -> SearchOutcome:
         chosen = select.choose(self.records)
+        thin = chosen is not None and not self.records[chosen].resolved_pass
+        notes = (self._unresolved_note(self.records[chosen]),) if chosen is not None and thin else ()
         pick = chosen if chosen is not None else select.closest(self.records)
-        needed = None
-        if chosen is None and pick is not None:
+        if thin and self.gate.unresolved == "fail":  # as the gate: a pass on too few rows is no pass
+            chosen = None
+        needed = notes[0] if notes and chosen is None else None
+        if chosen is None and pick is not None and needed is None:
             needed = select.needed(self.records[pick], self.tolerances.max_drop,
                                    self.tolerances.on_slice(self.records[pick].worst_slice or ""),
                                    budget_exhausted=self.budget_exhausted,
                                    keep_float_exhausted=self.keep_float_exhausted)  # fmt: skip
         for index, record in enumerate(self.records):
             if index == pick:
-                verdict = "chosen" if chosen is not None else f"closest (unreachable): {record.verdict}"
+                verdict = f"closest (unreachable): {record.verdict}" if chosen is None else "chosen" + (
+                    " (pass unresolved)" if thin else "")
                 self.records[index] = record.with_(verdict=verdict)
         report = SearchReport(
             variant=self.spec.name, metric=self.gate.metric, max_drop=self.tolerances.max_drop,
@@ -399,13 +409,19 @@ class _Search:
             seconds=round(self.now() - self.started, 3), outcome=_outcome(chosen, pick),
             candidates=tuple(self.records), chosen=chosen, closest=pick if chosen is None else None, needed=needed,
             budget_exhausted=self.budget_exhausted, fp32_p50_ms={f"b{b}": p for b, p in self.fp32_p50.items()},
-            notes=(self.chosen_on, self._method_note(), *self._slower_note(chosen)),
+            notes=(self.chosen_on, self._method_note(), *notes, *self._slower_note(chosen)),
             selection_rows=self.rows.count if self.prepared.selection is not None else None,
             tolerance_basis=self.tolerances.basis,
         )  # fmt: skip
-        built = self._keep(pick) if pick is not None and pick in self.built else None
+        built = self._keep(pick, chosen is not None) if pick is not None and pick in self.built else None
         shutil.rmtree(self.root, ignore_errors=True)
         return SearchOutcome(built, report)
+
+    def _unresolved_note(self, record: CandidateRecord) -> str:
+        """Why the pick's pass is weak evidence: it rests on too few selection rows, and how many would resolve it."""
+        return (f"{record.label} passed on the selection rows, but its pass rests on too few of them to resolve the "
+                f"tolerance, and no candidate's pass was resolved there (gate.unresolved: {self.gate.unresolved}): "
+                f"{record.unresolved}")
 
     def _slower_note(self, chosen: int | None) -> tuple[str, ...]:
         slower = select.slower_than_reference(self.records[chosen], self.tie()) if chosen is not None else None
@@ -423,7 +439,7 @@ class _Search:
                 f"{self.tie():.0%} of a faster passing one were still evaluated; finalists: medians of {RETIME_ROUNDS} "
                 "interleaved rounds)")  # fmt: skip
 
-    def _keep(self, index: int) -> BuiltVariant:
+    def _keep(self, index: int, passed: bool) -> BuiltVariant:
         """Move the picked candidate's files to <workdir>/<name>.* and name it after the search (only files of the
         search's own folder move: a candidate never measured is never picked, but a file of the user's stays put)."""
         built = self.built[index]
@@ -434,12 +450,12 @@ class _Search:
                 path.replace(target.parent / path.name.replace(built.onnx_path.stem, self.spec.name, 1))
         record = self.records[index]
         params = {**built.params, "search.technique": record.technique, "search.candidate": record.label,
-                  "search.outcome": "passed" if record.passed else "tolerance unreachable",
+                  "search.outcome": "passed" if passed else "tolerance unreachable",
                   "search.chosen_on": "selection" if self.prepared.selection is not None else "evaluation"}  # fmt: skip
-        note = (f"found by the INT8 search: {record.label}" if record.passed else
-                f"INT8 search: no candidate passed; closest: {record.label}")  # fmt: skip
+        none = "no candidate's pass was resolved on the selection rows" if record.passed else "no candidate passed"
+        note = f"found by the INT8 search: {record.label}" if passed else f"INT8 search: {none}; closest: {record.label}"
         note = f"{note} ({self.chosen_on})"
-        slower = select.slower_than_reference(record, self.tie()) if record.passed else None
+        slower = select.slower_than_reference(record, self.tie()) if passed else None
         note = f"{note}; {slower}" if slower else note
         return dataclasses.replace(built, name=self.spec.name, onnx_path=target, params=params,
                                    notes=(*built.notes, note), build_seconds=self.now() - self.started)  # fmt: skip

@@ -37,6 +37,9 @@ def _searched(tmp_path, search, *, fragile=("a",), gate=None, model=None):
         model(tmp_path / "model.onnx")
     raw = yaml.safe_load(path.read_text())
     raw["search"] = search
+    # a few dozen selection rows resolve no share-of-rows tolerance: a pass there is no pass under `fail`
+    # (test_resolved_pass.py); these tests are about the search's other decisions
+    raw["gate"]["unresolved"] = "note"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     return _searched_recipe(path)
 
@@ -51,7 +54,7 @@ def test_the_search_finds_a_passing_candidate_and_records_every_candidate(tmp_pa
     assert labels[:4] == ["ort-dynamic", "ort-static", "ort-dynamic rr", "ort-static rr"]  # every base failed: twins ran
     assert report.outcome == "passed" and report.chosen is not None and report.closest is None
     chosen = report.candidates[report.chosen]
-    assert chosen.passed and chosen.verdict == "chosen" and "branch_a" in chosen.keep_float
+    assert chosen.passed and chosen.verdict.startswith("chosen") and "branch_a" in chosen.keep_float
     assert all(not c.passed for c in report.candidates[:4])  # no candidate without float nodes could pass
     assert all(c.speedup is not None and math.isfinite(c.speedup) for c in report.candidates if c.stage == "screened")
     passing = [c for c in report.candidates if c.passed]
@@ -353,7 +356,7 @@ def _one_tie_project(root, rows=400, *, lone_slice=False):
                  "evaluation": {"filter": {"split": "eval"}, "batch_size": 50},
                  "slices": [{"by": "half"}, *([{"by": "tie"}] if lone_slice else [])]},
         "variants": [], "latency": {"batch_sizes": [1, 8], "warmup": 2, "iterations": 10, "threads": 1},
-        "gate": {"metric": "agreement", "max_drop": 0.01, "max_slice_drop": 0.02},
+        "gate": {"metric": "agreement", "max_drop": 0.01, "max_slice_drop": 0.02, "unresolved": "note"},  # as _searched
         "search": {"time_budget_s": 60, "techniques": ["ort-static"], "max_keep_float": 0},
         "tracking": {"uri": f"sqlite:///{(root / 'mlflow.db').as_posix()}"}, "output_dir": "reports",
     }  # fmt: skip
@@ -373,7 +376,7 @@ def test_one_changed_row_on_the_screen_does_not_dismiss_a_candidate_that_passes(
     print([(c.label, c.stage, c.screen_drop, c.screen_excess, c.drop, c.verdict) for c in report.candidates])
     assert first.screen_drop == pytest.approx(1 / 48, abs=0.005)  # the flipped row is on the screen
     assert report.selection_rows == 200 and first.drop == pytest.approx(1 / 200)
-    assert first.passed and first.verdict == "chosen"
+    assert first.passed and first.verdict.startswith("chosen")
     assert [c.label for c in report.candidates] == ["ort-static"]  # a passing base needs no 7-bit twin
     assert outcome.gate.exit_code == EXIT_PASS
 
