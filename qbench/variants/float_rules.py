@@ -105,7 +105,8 @@ class _Graph:
         except Exception:  # noqa: BLE001 (inference fails on odd graphs: dtypes stay unknown)
             inferred = onnx.GraphProto()
         values = [*graph.input, *inferred.value_info, *inferred.input, *inferred.output, *graph.output]
-        self.dtypes = {v.name: v.type.tensor_type.elem_type for v in values if v.type.HasField("tensor_type")}
+        self.dtypes = {t.name: t.data_type for t in graph.initializer}  # value_info does not list initializers
+        self.dtypes |= {v.name: v.type.tensor_type.elem_type for v in values if v.type.HasField("tensor_type")}
         self.inputs = [value.name for value in graph.input if value.name not in self.constants]
 
     def computed(self, name: str) -> bool:
