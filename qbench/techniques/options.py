@@ -51,7 +51,8 @@ ExcludeNodes = Annotated[list[str], Field(description="node names kept in floati
 # keep_float: a rule name (lower case, below) or an ONNX op type (e.g. Softmax)
 FLOAT_RULES = {
     "attention_matmuls": "MatMul/Gemm whose two inputs are both computed (attention scores and context)",
-    "masks": "nodes computing from non-float graph inputs (attention masks) and the nodes that apply them",
+    "masks": "attention masks (from non-float inputs, causal masks from shapes, float additive-mask inputs) "
+             "and the nodes that apply them",
 }
 _OP_TYPE = re.compile(r"^[A-Z][A-Za-z0-9]*$")
 

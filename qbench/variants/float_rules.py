@@ -16,6 +16,10 @@ A rule is an ONNX op type (every node of that type, e.g. Softmax) or a graph pat
   are not matched, and a multiplicative mask (Mul by 0/1) leaves no fill and is not followed.
   Propagation stops at a lookup into a constant table (an embedding Gather, ONNX Runtime's
   fused EmbedLayerNormalization: its output is learned data, not a mask) and at Shape/Size.
+  Two more sources count where their fill reaches a Softmax/Exp (`_reaching_an_end`): a causal
+  mask computed from constants and shapes only (`_shape_sources`), and a float graph input only
+  ever added to scores (`_float_input_sources`). A fill reaching the Softmax only through a MatMul
+  or a reduction, and a float mask folded into an initializer, are not matched.
 
 Static INT8 and FP8 apply `masks` by default when the recipe does not set `keep_float`
 (`DEFAULT_RULES`): a graph without a mask input matches nothing and builds as before.
@@ -101,7 +105,8 @@ class _Graph:
         except Exception:  # noqa: BLE001 (inference fails on odd graphs: dtypes stay unknown)
             inferred = onnx.GraphProto()
         values = [*graph.input, *inferred.value_info, *inferred.input, *inferred.output, *graph.output]
-        self.dtypes = {v.name: v.type.tensor_type.elem_type for v in values if v.type.HasField("tensor_type")}
+        self.dtypes = {t.name: t.data_type for t in graph.initializer}  # value_info does not list initializers
+        self.dtypes |= {v.name: v.type.tensor_type.elem_type for v in values if v.type.HasField("tensor_type")}
         self.inputs = [value.name for value in graph.input if value.name not in self.constants]
 
     def computed(self, name: str) -> bool:
@@ -118,12 +123,23 @@ def _attention_matmuls(graph: _Graph) -> list[int]:
     ]
 
 
-def _masks(graph: _Graph) -> list[int]:
-    derived = {name for name in graph.inputs if graph.dtypes.get(name) not in _FLOATS}
-    filled: set[str] = set()  # tensors holding a mask's fill beside real values
-    matched: list[int] = []
+@dataclass
+class _Spread:
+    """What a mask source reaches: `matched` node indices, and those that `derived` (computed from the source alone)
+    or `applied` it to another computed tensor."""
+
+    matched: list[int]
+    derived: list[int]
+    applied: list[int]
+
+
+def _spread(graph: _Graph, sources: set[str], *, additive_only: bool = False) -> _Spread:
+    """Follow mask `sources` through the graph; `additive_only`: a non-additive application (a Div by a shape-derived
+    scale, a rotary Mul) is not a match."""
+    derived, filled = set(sources), set()  # filled: tensors holding a mask's fill beside real values
+    spread = _Spread([], [], [])
     for index, node in enumerate(graph.nodes):
-        computed = [name for name in node.input if graph.computed(name)]
+        computed = [name for name in node.input if graph.computed(name) or name in sources]
         from_mask = [name for name in computed if name in derived]
         if node.op_type in _SHAPE_ONLY:
             continue
@@ -132,17 +148,72 @@ def _masks(graph: _Graph) -> list[int]:
         reads_fill = bool(filled.intersection(node.input))
         if from_mask and len(from_mask) == len(computed) and not lookup:
             derived.update(node.output)
+            spread.derived.append(index)
             if any(graph.dtypes.get(name) in _FLOATS for name in node.output):
-                matched.append(index)
+                spread.matched.append(index)
         elif from_mask and any(graph.dtypes.get(name) in _FLOATS for name in from_mask) and not lookup:
-            matched.append(index)  # applies a float/bool mask to a computed tensor
+            spread.applied.append(index)  # applies a float/bool mask to a computed tensor
             if node.op_type in _ADDITIVE or (reads_fill and node.op_type in _CARRIERS):
                 filled.update(node.output)
+                spread.matched.append(index)
+            elif not additive_only:
+                spread.matched.append(index)
         elif reads_fill and node.op_type in (*_CARRIERS, *_ENDS):
-            matched.append(index)  # reads the fill beside real values (the Softmax on the masked scores)
+            spread.matched.append(index)  # reads the fill beside real values (the Softmax on the masked scores)
             if node.op_type in _CARRIERS:
                 filled.update(node.output)
-    return matched
+    return spread
+
+
+def _reaching_an_end(graph: _Graph, matched: list[int]) -> list[int]:
+    """The matches with a path through matches to a Softmax/Exp reading a fill: what a mask found by shape alone
+    must show to be one (a sinusoidal position table added to the embeddings reaches none)."""
+    kept: list[int] = []
+    needed: set[str] = set()  # tensors read by a kept match
+    for index in sorted(matched, reverse=True):
+        node = graph.nodes[index]
+        if node.op_type in _ENDS or needed.intersection(node.output):
+            kept.append(index)
+            needed.update(node.input)
+    return sorted(kept)
+
+
+def _shape_sources(graph: _Graph) -> set[str]:
+    """Float/bool tensors computed from constants and shapes only (Shape/Size, Range, Trilu, ConstantOfShape,
+    comparisons, a causal `bias` buffer sliced to the sequence length), and bool constants: a causal mask that never
+    reads a graph input (constant folding can leave it as a bool initializer, the Where's condition)."""
+    static = set(graph.constants)
+    for node in graph.nodes:
+        if node.op_type in _SHAPE_ONLY or all(not name or name in static for name in node.input):
+            static.update(node.output)
+    bools = {name for name in graph.constants if graph.dtypes.get(name) == TensorProto.BOOL}
+    return bools | {name for name in static - graph.constants if graph.dtypes.get(name) in _FLOATS}
+
+
+def _float_input_sources(graph: _Graph) -> set[str]:
+    """Float graph inputs that are additive masks (an `attention_bias` of 0/-inf): reshaped or cast only, then only
+    ever added (Add/Sub/Where) to computed scores whose fill reaches a Softmax/Exp. An input that meets a MatMul, a
+    Conv or a normalization on the way (the model's features) is not one."""
+    sources = set()
+    for name in graph.inputs:
+        if graph.dtypes.get(name) not in _FLOATS - {TensorProto.BOOL}:
+            continue
+        spread = _spread(graph, {name}, additive_only=True)
+        applications = set(spread.applied)
+        if (applications and applications <= set(_reaching_an_end(graph, spread.matched))
+                and all(graph.nodes[i].op_type in _ADDITIVE for i in applications)
+                and all(graph.nodes[i].op_type in _CARRIERS for i in spread.derived)):  # fmt: skip
+            sources.add(name)
+    return sources
+
+
+def _masks(graph: _Graph) -> list[int]:
+    from_inputs = {name for name in graph.inputs if graph.dtypes.get(name) not in _FLOATS}
+    matched = set(_spread(graph, from_inputs).matched)
+    others = _shape_sources(graph) | _float_input_sources(graph)
+    if others:
+        matched.update(_reaching_an_end(graph, _spread(graph, from_inputs | others, additive_only=True).matched))
+    return sorted(matched)
 
 
 # one entry per rule name of qbench.techniques.options.FLOAT_RULES (a test holds them equal)
