@@ -1,8 +1,10 @@
 """How much does qbench itself cost? Two measurements, side by side in one run.
 
 1. Timing fidelity: qbench's steady-state p50 (backend runner + measure_steady_state) against a
-   bare ONNX Runtime loop (InferenceSession.run under perf_counter_ns) on the same model, the same
-   threads and the same batch, interleaved over several rounds. A ratio near 1.0 means qbench's
+   bare runtime loop on the same model, the same threads and the same batch, interleaved over several
+   rounds: for onnxruntime-cpu InferenceSession.run under perf_counter_ns (the digits CNN); for torch-cpu
+   the module's forward under torch.inference_mode, inputs already tensors (a small MLP and a small
+   conv net, each as FP32, FP16, BF16 and torchao INT8 dynamic). A ratio near 1.0 means qbench's
    latency figures are the runtime's, not qbench's.
 2. Sweep overhead: the share of a whole demo sweep spent outside variant building (calibration
    included) and inference — data preparation, scoring, load simulation, reporting, plotting, MLflow
@@ -12,7 +14,7 @@
    `qbench sweep` process (whose wall time also holds the interpreter's start and the imports).
    The digits CNN always; the MiniLM search demo with --minilm (about 5 minutes).
 
-    python bench/overhead.py [--rounds 5] [--iterations 300] [--threads 2] [--minilm]
+    python bench/overhead.py [--rounds 5] [--iterations 300] [--torch-iterations 50] [--threads 2] [--minilm]
                              [--out bench/out/overhead.json]
 """
 
@@ -27,10 +29,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+import torch
 from rich.console import Console
 from rich.table import Table
 
@@ -38,10 +42,11 @@ from qbench.backends import get_backend
 from qbench.backends.base import RunOptions
 from qbench.demo.digits import make_digits_demo
 from qbench.demo.minilm import write_text_sets
-from qbench.recipe import load_recipe
+from qbench.recipe import VariantSpec, load_recipe
 from qbench.sweep import run_sweep
 from qbench.validate.latency import measure_steady_state
 from qbench.variants import BuiltVariant
+from qbench.variants.torch_forms import TorchForm, torch_form_for
 
 BATCH_SIZES = (1, 32)
 REPO = Path(__file__).resolve().parents[1]
@@ -84,12 +89,114 @@ def timing_fidelity(model: Path, rounds: int, threads: int, warmup: int, iterati
         for _ in range(rounds):  # interleaved, one session alive at a time
             bare.append(bare_ort_p50_ms(model, batch, threads, warmup, iterations))
             ours.append(qbench_p50_ms(model, batch, threads, warmup, iterations))
-        bare_p50, ours_p50 = statistics.median(bare), statistics.median(ours)
-        rows.append({
-            "batch_size": batch_size, "bare_ort_p50_ms": bare_p50, "qbench_p50_ms": ours_p50,
-            "ratio": ours_p50 / bare_p50, "rounds": rounds, "iterations": iterations, "threads": threads,
-        })  # fmt: skip
+        rows.append(_fidelity_row("onnxruntime-cpu", "digits CNN", batch_size, bare, ours, iterations, threads))
     return rows
+
+
+class SmallMLP(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 128),
+                                          torch.nn.ReLU(), torch.nn.Linear(128, 10))  # fmt: skip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
+class SmallConv(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = torch.nn.Sequential(torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.ReLU(),
+                                            torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(),
+                                            torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten())  # fmt: skip
+        self.head = torch.nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+TORCH_MODELS = {"mlp": (SmallMLP, (64,)), "conv": (SmallConv, (1, 8, 8))}  # model -> (class, one row's shape)
+TORCH_VARIANTS = {"fp32": {}, "fp16": {}, "bf16": {}, "int8": {"calibrator": "dynamic"}}  # int8: torchao dynamic
+
+
+@dataclass(frozen=True)
+class _Seeded:
+    """What torch_form_for needs of a torch model: a fresh module (the same weights each time) per build()."""
+
+    cls: type[torch.nn.Module]
+
+    def build(self) -> torch.nn.Module:
+        torch.manual_seed(0)
+        return self.cls().eval()
+
+
+def torch_variant(root: Path, model: str, precision: str) -> BuiltVariant:
+    """The variant's torch form as qbench builds it (qbench.variants.torch_forms), with the ONNX file that names
+    the module's input."""
+    cls, row = TORCH_MODELS[model]
+    onnx_path = root / f"{model}.onnx"
+    if not onnx_path.exists():
+        torch.onnx.export(_Seeded(cls).build(), (torch.zeros(1, *row),), str(onnx_path), input_names=["input"],
+                          dynamic_axes={"input": {0: "batch"}}, dynamo=False)  # fmt: skip
+    form = torch_form_for(VariantSpec(name=precision, precision=precision, **TORCH_VARIANTS[precision]), _Seeded(cls))
+    assert isinstance(form, TorchForm), form
+    return BuiltVariant(precision, precision, onnx_path, torch_module=lambda: form.transform(_Seeded(cls).build()))
+
+
+def bare_torch_p50_ms(variant: BuiltVariant, batch: np.ndarray, threads: int, warmup: int, iterations: int) -> float:
+    """The reference: the module's forward alone, inputs already tensors of its dtype, under inference_mode."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        module = variant.torch_module()
+        dtype = next(module.parameters()).dtype
+        inputs = torch.from_numpy(batch).to(dtype if dtype.is_floating_point else torch.float32)
+        durations = np.empty(iterations, dtype=np.int64)
+        with torch.inference_mode():
+            for _ in range(warmup):
+                module(inputs)
+            for i in range(iterations):
+                start = time.perf_counter_ns()
+                module(inputs)
+                durations[i] = time.perf_counter_ns() - start
+    finally:
+        torch.set_num_threads(previous)
+    return float(np.percentile(durations, 50) / 1e6)
+
+
+def qbench_torch_p50_ms(variant: BuiltVariant, batch: np.ndarray, threads: int, warmup: int, iterations: int) -> float:
+    runner = get_backend("torch-cpu").load(variant, RunOptions(threads=threads))
+    try:
+        [point] = measure_steady_state(runner, {"input": batch}, [len(batch)], warmup, iterations)
+    finally:
+        runner.close()
+    return point.p50_ms
+
+
+def torch_fidelity(root: Path, rounds: int, threads: int, warmup: int, iterations: int) -> list[dict]:
+    """torch-cpu's rows of the fidelity table: each small model and precision at each batch size, interleaved."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for model, (_, row) in TORCH_MODELS.items():
+        for precision in TORCH_VARIANTS:
+            variant = torch_variant(root, model, precision)
+            for batch_size in BATCH_SIZES:
+                batch = rng.random((batch_size, *row), dtype=np.float32)
+                bare, ours = [], []
+                for _ in range(rounds):
+                    bare.append(bare_torch_p50_ms(variant, batch, threads, warmup, iterations))
+                    ours.append(qbench_torch_p50_ms(variant, batch, threads, warmup, iterations))
+                rows.append(_fidelity_row("torch-cpu", f"{model} {precision}", batch_size, bare, ours, iterations,
+                                          threads))  # fmt: skip
+    return rows
+
+
+def _fidelity_row(backend: str, model: str, batch_size: int, bare: list[float], ours: list[float], iterations: int,
+                  threads: int) -> dict:
+    bare_p50, ours_p50 = statistics.median(bare), statistics.median(ours)
+    return {"backend": backend, "model": model, "batch_size": batch_size, "bare_p50_ms": bare_p50,
+            "qbench_p50_ms": ours_p50, "ratio": ours_p50 / bare_p50, "rounds": len(bare), "iterations": iterations,
+            "threads": threads}  # fmt: skip
 
 
 def _split(timings: dict[str, float], wall_s: float) -> dict:
@@ -162,6 +269,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--iterations", type=int, default=300)
+    parser.add_argument("--torch-warmup", type=int, default=10)
+    parser.add_argument("--torch-iterations", type=int, default=50)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--minilm", action="store_true", help="also the MiniLM search demo (about 5 minutes)")
     parser.add_argument("--out", type=Path, default=Path("bench/out/overhead.json"))
@@ -173,14 +282,15 @@ def main() -> int:
         make_digits_demo(root)
         fidelity = timing_fidelity(root / "models" / "digits.onnx", args.rounds, args.threads, args.warmup,
                                    args.iterations)  # fmt: skip
+        fidelity += torch_fidelity(root, args.rounds, args.threads, args.torch_warmup, args.torch_iterations)
         overheads = sweep_overheads(root, ["digits", "minilm"] if args.minilm else ["digits"], args.rounds)
 
-    table = Table(title="qbench p50 vs bare ONNX Runtime loop (digits CNN, medians of interleaved rounds)")
-    for column in ("batch", "bare ORT p50 ms", "qbench p50 ms", "ratio"):
-        table.add_column(column, justify="right")
+    table = Table(title="qbench p50 vs a bare runtime loop (medians of interleaved rounds)")
+    for column in ("backend", "model", "batch", "bare p50 ms", "qbench p50 ms", "ratio"):
+        table.add_column(column, justify="left" if column in ("backend", "model") else "right")
     for row in fidelity:
-        table.add_row(str(row["batch_size"]), f"{row['bare_ort_p50_ms']:.4f}", f"{row['qbench_p50_ms']:.4f}",
-                      f"{row['ratio']:.3f}")  # fmt: skip
+        table.add_row(row["backend"], row["model"], str(row["batch_size"]), f"{row['bare_p50_ms']:.4f}",
+                      f"{row['qbench_p50_ms']:.4f}", f"{row['ratio']:.3f}")  # fmt: skip
     console.print(table)
     phases = Table(title="demo sweeps: wall time by phase, s (tracking store already created)")
     columns = ("prepare", "build", "inference", "ranges", "report", "track")

@@ -4,21 +4,23 @@ A torch backend runs a variant's torch form (`BuiltVariant.torch_module`, a fact
 qbench/variants/torch_forms.py), not its ONNX file. Inputs are passed positionally in the
 order of the variant's ONNX inputs, which is the order of the module's arguments at export.
 
-What a timed `run` covers: the forward pass under `torch.inference_mode()` (FP16/BF16 modules also under
-`torch.autocast` of their dtype), on CUDA a
-`torch.cuda.synchronize()`, and the copy of the outputs to host numpy. Converting the inputs
-(dtype cast, host -> device copy) is done once per distinct batch: while the same, unchanged numpy
-arrays are fed again (as the latency loops do), the prepared tensors are reused, so H2D copies are
-not counted. Outputs come back as float32 numpy (integer outputs keep their dtype), flattened in
-order from a tensor, a tuple/list, or a dict / Hugging Face ModelOutput.
+What a timed call covers (`timed_calls`, qbench.validate.latency): the module's forward and, on CUDA, a
+`torch.cuda.synchronize()`, no more, as a deployed server pays per inference. Its inputs are converted to tensors
+on the device (dtype cast, host -> device copy) before the clock starts, its outputs are left as tensors, and
+`torch.inference_mode()` (FP16/BF16 modules also `torch.autocast` of their dtype: it decides what the ops compute
+in, so it is kept, but entered once per loop) wraps the whole loop. `run`, which scores, computes the same
+forward under the same modes and returns the outputs as float32 numpy (integer outputs keep their dtype), flattened
+in order from a tensor, a tuple/list, or a dict / Hugging Face ModelOutput; the tensors of its inputs are reused
+while the same, unchanged numpy arrays are fed again.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -91,6 +93,7 @@ class TorchRunner:
         self._counted = counted  # the dtype the variant's ops must compute in, where they are counted (_computed_in)
         self._prepared_for: tuple[np.ndarray, ...] = ()
         self._prepared: list[torch.Tensor] = []
+        self._last_inputs: list[torch.Tensor] = []  # the last batch run
         self._seen_signatures: set[tuple[Any, ...]] = set()
         self._compile_ms = 0.0
         self._fidelity = fidelity or Fidelity()  # what the load knew; a run that computed nothing in the type adds to it
@@ -101,22 +104,47 @@ class TorchRunner:
         return self._module
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        import torch
-
-        module = self._live()
+        """One batch, its outputs as numpy (for scoring)."""
         inputs = self._inputs(feeds)
-        signature = tuple((tuple(t.shape), t.dtype) for t in inputs)
-        first_of_its_shape = self._compiled and signature not in self._seen_signatures
+        with self._modes():
+            outputs = self._forward(inputs, self._signature(inputs))
+        return [_to_numpy(tensor) for tensor in flatten_outputs(outputs)]
+
+    @contextlib.contextmanager
+    def timed_calls(self, batches: Sequence[Mapping[str, np.ndarray]]) -> Iterator[list[Callable[[], Any]]]:
+        """One call per batch for the latency loops, running only what a deployed server runs per inference: the
+        forward on inputs already tensors on the device (converted here, before any clock starts), its outputs left
+        as tensors, inside inference mode (and autocast) entered once for the whole loop."""
+        prepared = [[self._tensor(array) for array in self._arrays(feeds)] for feeds in batches]
+        with self._modes():
+            yield [functools.partial(self._forward, inputs, self._signature(inputs)) for inputs in prepared]
+
+    def _signature(self, inputs: Sequence[torch.Tensor]) -> tuple[Any, ...] | None:
+        """What torch.compile specialises on (None for an eager module: nothing to track)."""
+        return tuple((tuple(t.shape), t.dtype) for t in inputs) if self._compiled else None
+
+    def _forward(self, inputs: list[torch.Tensor], signature: tuple[Any, ...] | None) -> Any:
+        """The module on `inputs` (on CUDA, until the GPU is done); the first call of each input shape of a compiled
+        module adds to compile_ms."""
         started = time.perf_counter()
-        with torch.inference_mode(), self._autocast():
-            outputs = module(*inputs)
-            if self._device == "cuda":
-                torch.cuda.synchronize()
-            arrays = [_to_numpy(tensor) for tensor in flatten_outputs(outputs)]
-        if first_of_its_shape:
+        outputs = self._live()(*inputs)
+        if self._device == "cuda":
+            import torch
+
+            torch.cuda.synchronize()
+        self._last_inputs = inputs  # what _computed_in reruns
+        if signature is not None and signature not in self._seen_signatures:
             self._seen_signatures.add(signature)
             self._compile_ms += (time.perf_counter() - started) * 1e3
-        return arrays
+        return outputs
+
+    @contextlib.contextmanager
+    def _modes(self) -> Iterator[None]:
+        """Inference mode, and the autocast of an FP16/BF16 module, as every forward of it runs."""
+        import torch
+
+        with torch.inference_mode(), self._autocast():
+            yield
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         """FP16/BF16 modules run under torch.autocast of their dtype, as mixed-precision inference does: a forward()
@@ -128,12 +156,16 @@ class TorchRunner:
             return contextlib.nullcontext()
         return torch.autocast(device_type="cuda" if self._device == "cuda" else "cpu", dtype=self._float_dtype)
 
-    def _inputs(self, feeds: Mapping[str, np.ndarray]) -> list[torch.Tensor]:
-        """The feeds as tensors on the device, in argument order; reused while the same arrays come again."""
+    def _arrays(self, feeds: Mapping[str, np.ndarray]) -> tuple[np.ndarray, ...]:
+        """The feeds in argument order."""
         missing = [name for name in self._input_names if name not in feeds]
         if missing:
             raise QbenchError(f"torch backend: feeds lack model input(s) {', '.join(missing)}")
-        arrays = tuple(feeds[name] for name in self._input_names)
+        return tuple(feeds[name] for name in self._input_names)
+
+    def _inputs(self, feeds: Mapping[str, np.ndarray]) -> list[torch.Tensor]:
+        """The feeds as tensors on the device, in argument order; reused while the same arrays come again."""
+        arrays = self._arrays(feeds)
         if len(arrays) != len(self._prepared_for) or any(a is not b for a, b in zip(arrays, self._prepared_for)):
             self._prepared = [self._tensor(array) for array in arrays]
             self._prepared_for = arrays  # holding the arrays keeps their identity from being reused
@@ -163,19 +195,17 @@ class TorchRunner:
         """What the variant's ops computed in on the last batch run (qbench.backends.torch_trace): for FP16/BF16 every
         computing op by its float type, for a torchao INT8/FP8 form its matrix products by their input type.
         `lowered_ops`: how many ran in the variant's type (0: none did); `kernels` says so when not all did."""
-        import torch
-
-        if self._counted is None or not self._prepared:
+        if self._counted is None or not self._last_inputs:
             return {}
         module = getattr(self._live(), "_orig_mod", self._live())  # torch.compile'd: its eager module, same dtypes
         kernels = str(self._description["kernels"])
-        with torch.inference_mode(), self._autocast():
+        with self._modes():
             if self._precision in _HALF_DTYPES:
-                ops = compute_dtypes(lambda: module(*self._prepared))
+                ops = compute_dtypes(lambda: module(*self._last_inputs))
                 label = mixed_precision_label(self._precision, self._counted, ops)
                 kernels = kernels if label == self._precision else label + kernels.removeprefix(self._precision)
             else:
-                ops = product_dtypes(lambda: module(*self._prepared))
+                ops = product_dtypes(lambda: module(*self._last_inputs))
                 kernels += quantized_products_label(self._counted, ops)
         return {"lowered_ops": sum(ops.get(self._counted, {}).values()), "kernels": kernels}
 
@@ -197,7 +227,7 @@ class TorchRunner:
 
         if self._module is None:
             return
-        self._module, self._prepared, self._prepared_for = None, [], ()
+        self._module, self._prepared, self._prepared_for, self._last_inputs = None, [], (), []
         if self._monitor is not None:
             self._monitor.stop()
         if self._device == "cuda":

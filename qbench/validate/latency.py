@@ -1,8 +1,9 @@
 """Latency of a loaded variant: cold start (session creation, first run) and steady state per batch size.
 
-Only the `runner.run` call is inside a timed region: the timed batches are built before the clock
-starts (`timed_batches`), each run takes the next one in rotation, and the progress bar advances
-outside it.
+Only the runtime's call is inside a timed region: the timed batches are built before the clock
+starts (`timed_batches`), and so are the runner's calls on them (qbench.backends.base.timed_calls: a torch runner
+converts them to tensors there and leaves its outputs as tensors); each run takes the next one in rotation, and
+the progress bar advances outside it.
 
 The timed batches are drawn from the evaluation rows (a fixed shuffle, the same for every variant), not
 the first rows repeated: a model whose cost depends on its input (text of many lengths served with
@@ -25,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from qbench.backends.base import Runner
+from qbench.backends.base import Runner, timed_calls
 from qbench.data.feeds import take_batch
 from qbench.data.text import Padding
 from qbench.errors import QbenchError
@@ -109,13 +110,16 @@ def timed_shapes(batches: Batches) -> dict[str, dict[str, list[int]]]:
     return shapes
 
 
-def _timed_runs_ns(runner: Runner, batches: Batches, iterations: int, description: str) -> np.ndarray:
+Call = Callable[[], object]
+
+
+def _timed_runs_ns(calls: Sequence[Call], iterations: int, description: str) -> np.ndarray:
     durations = np.empty(iterations, dtype=np.int64)
-    count = len(batches)
+    count = len(calls)
     for i in track(range(iterations), description, total=iterations):
-        batch = batches[i % count]
+        call = calls[i % count]
         start = time.perf_counter_ns()
-        runner.run(batch)
+        call()
         durations[i] = time.perf_counter_ns() - start
     return durations
 
@@ -139,15 +143,15 @@ def stability_rule(spec: StabilitySpec | None, iterations: int, rotation: int = 
     )
 
 
-def _timed_until_stable(runner: Runner, batches: Batches, rule: StabilityRule, description: str) -> np.ndarray:
+def _timed_until_stable(calls: Sequence[Call], rule: StabilityRule, description: str) -> np.ndarray:
     """Timed runs (ms) until the rule stops them, or `rule.max_seconds` of wall time once the minimum is done."""
     state = WindowedStability(rule)
     deadline = time.perf_counter_ns() + rule.max_seconds * 1e9
-    count = len(batches)
+    count = len(calls)
     for i in track(range(rule.max_runs), description, total=rule.max_runs):
-        batch = batches[i % count]
+        call = calls[i % count]
         start = time.perf_counter_ns()
-        runner.run(batch)
+        call()
         end = time.perf_counter_ns()
         if state.add((end - start) / _NS_PER_MS) or (end >= deadline and len(state.durations) >= rule.min_runs):
             break
@@ -223,16 +227,17 @@ def measure_samples(
         unrotated = stability_rule(stability, iterations)
         limit = min(MAX_TIMED_BATCHES, unrotated.window_runs if unrotated is not None else iterations)
         batches = timed_batches(feeds, batch_size, padding, limit)
-        for i in range(warmup):
-            runner.run(batches[i % len(batches)])
         label = f"{description} (batch {batch_size})"
         rule = stability_rule(stability, iterations, len(batches))
-        start = cpu_sample()
-        if rule is None:
-            samples[batch_size] = _timed_runs_ns(runner, batches, iterations, label).astype(np.float64) / _NS_PER_MS
-        else:
-            samples[batch_size] = _timed_until_stable(runner, batches, rule, label)
-        samples.others_cpus[batch_size] = others_cpus(start, cpu_sample())
+        with timed_calls(runner, batches) as calls:
+            for i in range(warmup):
+                calls[i % len(calls)]()
+            start = cpu_sample()
+            if rule is None:
+                samples[batch_size] = _timed_runs_ns(calls, iterations, label).astype(np.float64) / _NS_PER_MS
+            else:
+                samples[batch_size] = _timed_until_stable(calls, rule, label)
+            samples.others_cpus[batch_size] = others_cpus(start, cpu_sample())
         samples.rules[batch_size] = rule
         samples.batches[batch_size] = len(batches)
         samples.shapes[batch_size] = timed_shapes(batches)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import pytest
@@ -104,6 +106,34 @@ def test_steady_state_measures_the_run_call() -> None:
     (point,) = points
     assert point.p50_ms >= 2.0 and point.mean_ms >= 2.0
     assert point.items_per_s <= 2 / 0.002
+
+
+class _PreparingRunner(_SleepyRunner):
+    """Offers timed calls: batches prepared (and the context entered) once, each call logged with its batch's index."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log: list[object] = []
+
+    @contextlib.contextmanager
+    def timed_calls(self, batches: Sequence[Mapping[str, np.ndarray]]) -> Iterator[list[Callable[[], object]]]:
+        self.log.append(("prepared", len(batches)))
+        yield [functools.partial(self.log.append, index) for index in range(len(batches))]
+        self.log.append("left")
+
+
+@pytest.mark.parametrize("stability", [None, StabilitySpec(windows=2, window_runs=3, window_seconds=0, max_iterations=9)])
+def test_steady_state_times_the_runners_own_calls_when_it_offers_them(stability: StabilitySpec | None) -> None:
+    """Its run() (scoring's call, which may convert inputs and outputs) is not what the latency loops time."""
+    runner = _PreparingRunner()
+    feeds = {"x": np.arange(8, dtype=np.float32).reshape(4, 2)}
+    samples = latency.measure_samples(runner, feeds, [1, 2], warmup=2, iterations=6, stability=stability)
+    assert runner.batch_sizes == []
+    for batch_size, durations in samples.items():
+        rotation = samples.batches[batch_size]
+        start = runner.log.index(("prepared", rotation))
+        calls = runner.log[start + 1 : runner.log.index("left", start)]
+        assert calls == [i % rotation for i in range(2)] + [i % rotation for i in range(len(durations))]
 
 
 def test_batcher_samples_gather_the_rows_and_time_idle_batches_from_when_the_timer_was_due() -> None:

@@ -1,0 +1,150 @@
+"""What the latency loops time on torch-cpu: the module's forward alone, as a deployed server pays per inference.
+
+A recording clock stands in for qbench.validate.latency's perf_counter_ns: each timed run reads it twice, so every
+event between an odd and an even read happened inside the timed region. No duration is asserted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import qbench.backends.torch_backend as torch_backend
+import qbench.validate.latency as latency
+from qbench.backends.base import RunOptions
+from qbench.backends.torch_backend import TorchCPU, TorchRunner
+from qbench.recipe import StabilitySpec
+from qbench.variants.base import BuiltVariant
+
+ROWS = 12
+
+
+class Mlp(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(6, 16), nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = torch.relu(self.fc1(x))
+        return self.fc2(hidden), hidden
+
+
+@pytest.fixture(scope="module")
+def onnx_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("mlp") / "mlp.onnx"
+    torch.onnx.export(Mlp().eval(), (torch.zeros(2, 6),), str(path), input_names=["x"],
+                      dynamic_axes={"x": {0: "batch"}}, dynamo=False)  # fmt: skip
+    return path
+
+
+class Recorder:
+    """An event log; `clock` is the timing loop's perf_counter_ns, toggling whether the timed region is open."""
+
+    def __init__(self) -> None:
+        self.inside = False
+        self.events: list[tuple[str, bool]] = []
+        self.ticks = 0
+
+    def log(self, what: str) -> None:
+        self.events.append((what, self.inside))
+
+    def clock(self) -> int:
+        self.inside = not self.inside
+        self.ticks += 1
+        return self.ticks
+
+    def timed(self) -> list[str]:
+        return [what for what, inside in self.events if inside]
+
+
+def _spied_runner(monkeypatch: pytest.MonkeyPatch, onnx_path: Path, precision: str, recorder: Recorder) -> TorchRunner:
+    """A torch-cpu runner of Mlp in `precision` whose forward, input and output conversions and modes log events."""
+    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
+    variant = BuiltVariant(precision, precision, onnx_path, torch_module=lambda: Mlp().to(dtype))
+    runner = TorchCPU().load(variant, RunOptions(threads=1))
+    module = runner._live()
+    module.register_forward_pre_hook(lambda *_: recorder.log("forward"))
+    tensor, to_numpy, autocast = TorchRunner._tensor, torch_backend._to_numpy, TorchRunner._autocast
+    monkeypatch.setattr(TorchRunner, "_tensor", lambda self, array: recorder.log("to tensor") or tensor(self, array))
+    monkeypatch.setattr(torch_backend, "_to_numpy", lambda t: recorder.log("to numpy") or to_numpy(t))
+    monkeypatch.setattr(TorchRunner, "_autocast", lambda self: recorder.log("modes") or autocast(self))
+    inference_mode = torch.inference_mode
+    monkeypatch.setattr(torch, "inference_mode", lambda *a: recorder.log("modes") or inference_mode(*a))
+    monkeypatch.setattr(latency, "time", SimpleNamespace(perf_counter_ns=recorder.clock))
+    return runner
+
+
+def _feeds() -> dict[str, np.ndarray]:
+    return {"x": np.random.default_rng(0).standard_normal((ROWS, 6)).astype(np.float32)}
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
+def test_only_the_forward_is_inside_the_timed_region(
+    monkeypatch: pytest.MonkeyPatch, onnx_path: Path, precision: str
+) -> None:
+    recorder = Recorder()
+    runner = _spied_runner(monkeypatch, onnx_path, precision, recorder)
+    try:
+        samples = latency.measure_samples(runner, _feeds(), [1, 4], warmup=3, iterations=16)
+    finally:
+        runner.close()
+    assert recorder.timed() == ["forward"] * sum(len(durations) for durations in samples.values())
+    _assert_per_call_work_is_done_once(recorder, samples)
+
+
+def _assert_per_call_work_is_done_once(recorder: Recorder, samples: latency.TimedSamples) -> None:
+    """Each distinct timed batch converted to tensors once, no output converted at all, the modes (inference mode,
+    autocast) entered once per batch size."""
+    events = [what for what, _ in recorder.events]
+    assert sum(samples.batches.values()) > len(samples)  # batches in rotation: a cache of the last one would miss
+    assert events.count("to tensor") == sum(samples.batches.values())
+    assert "to numpy" not in events
+    assert events.count("modes") == 2 * 2
+
+
+def test_adaptive_timing_runs_the_same_calls(monkeypatch: pytest.MonkeyPatch, onnx_path: Path) -> None:
+    """Timing until stable (its loop also reads the clock for its deadline) does no per-call conversion either."""
+    recorder = Recorder()
+    runner = _spied_runner(monkeypatch, onnx_path, "fp16", recorder)
+    stability = StabilitySpec(windows=2, window_runs=4, window_seconds=0, max_iterations=40)
+    try:
+        samples = latency.measure_samples(runner, _feeds(), [1, 4], warmup=3, iterations=8, stability=stability)
+    finally:
+        runner.close()
+    assert all(len(durations) >= 8 for durations in samples.values())
+    _assert_per_call_work_is_done_once(recorder, samples)
+
+
+def test_scoring_still_gets_numpy_outputs_equal_to_the_timed_forward(onnx_path: Path) -> None:
+    """run() (what accuracy is computed on) and a timed call compute the same forward on the same batch."""
+    variant = BuiltVariant("fp16", "fp16", onnx_path, torch_module=lambda: Mlp().half())
+    runner = TorchCPU().load(variant, RunOptions(threads=1))
+    feeds = _feeds()
+    try:
+        scored = runner.run(feeds)
+        with runner.timed_calls([feeds]) as calls:
+            timed: Any = calls[0]()
+    finally:
+        runner.close()
+    assert all(isinstance(array, np.ndarray) and array.dtype == np.float32 for array in scored)
+    assert [t.dtype for t in timed] == [torch.float16, torch.float16]  # left as the runtime's tensors
+    for array, tensor in zip(scored, timed, strict=True):
+        np.testing.assert_array_equal(array, tensor.float().numpy())
+
+
+def test_describe_counts_the_ops_of_the_last_timed_batch(onnx_path: Path) -> None:
+    """The op count describe() reports reruns the last batch run, whether it came through run() or a timed call."""
+    variant = BuiltVariant("bf16", "bf16", onnx_path, torch_module=lambda: Mlp().to(torch.bfloat16))
+    runner = TorchCPU().load(variant, RunOptions(threads=1))
+    try:
+        with runner.timed_calls([_feeds()]) as calls:
+            calls[0]()
+        description = runner.describe()
+    finally:
+        runner.close()
+    assert description["lowered_ops"] > 0
