@@ -69,10 +69,10 @@ def bare_ort_p50_ms(model: Path, batch: np.ndarray, threads: int, warmup: int, i
     return float(np.percentile(durations, 50) / 1e6)
 
 
-def qbench_p50_ms(model: Path, batch: np.ndarray, threads: int, warmup: int, iterations: int) -> float:
+def qbench_p50_ms(backend: str, variant: BuiltVariant, batch: np.ndarray, threads: int, warmup: int,
+                  iterations: int) -> float:  # fmt: skip
     """The same measurement through qbench's backend and latency loop."""
-    backend = get_backend("onnxruntime-cpu")
-    runner = backend.load(BuiltVariant("fp32", "fp32", model), RunOptions(threads=threads))
+    runner = get_backend(backend).load(variant, RunOptions(threads=threads))
     try:
         [point] = measure_steady_state(runner, {"input": batch}, [len(batch)], warmup, iterations)
     finally:
@@ -88,7 +88,8 @@ def timing_fidelity(model: Path, rounds: int, threads: int, warmup: int, iterati
         bare, ours = [], []
         for _ in range(rounds):  # interleaved, one session alive at a time
             bare.append(bare_ort_p50_ms(model, batch, threads, warmup, iterations))
-            ours.append(qbench_p50_ms(model, batch, threads, warmup, iterations))
+            ours.append(qbench_p50_ms("onnxruntime-cpu", BuiltVariant("fp32", "fp32", model), batch, threads, warmup,
+                                      iterations))  # fmt: skip
         rows.append(_fidelity_row("onnxruntime-cpu", "digits CNN", batch_size, bare, ours, iterations, threads))
     return rows
 
@@ -164,15 +165,6 @@ def bare_torch_p50_ms(variant: BuiltVariant, batch: np.ndarray, threads: int, wa
     return float(np.percentile(durations, 50) / 1e6)
 
 
-def qbench_torch_p50_ms(variant: BuiltVariant, batch: np.ndarray, threads: int, warmup: int, iterations: int) -> float:
-    runner = get_backend("torch-cpu").load(variant, RunOptions(threads=threads))
-    try:
-        [point] = measure_steady_state(runner, {"input": batch}, [len(batch)], warmup, iterations)
-    finally:
-        runner.close()
-    return point.p50_ms
-
-
 def torch_fidelity(root: Path, rounds: int, threads: int, warmup: int, iterations: int) -> list[dict]:
     """torch-cpu's rows of the fidelity table: each small model and precision at each batch size, interleaved."""
     rng = np.random.default_rng(0)
@@ -185,7 +177,7 @@ def torch_fidelity(root: Path, rounds: int, threads: int, warmup: int, iteration
                 bare, ours = [], []
                 for _ in range(rounds):
                     bare.append(bare_torch_p50_ms(variant, batch, threads, warmup, iterations))
-                    ours.append(qbench_torch_p50_ms(variant, batch, threads, warmup, iterations))
+                    ours.append(qbench_p50_ms("torch-cpu", variant, batch, threads, warmup, iterations))
                 rows.append(_fidelity_row("torch-cpu", f"{model} {precision}", batch_size, bare, ours, iterations,
                                           threads))  # fmt: skip
     return rows
