@@ -342,8 +342,8 @@ def _auto_calibrated(
     spec: VariantSpec, ctx: BuildContext, score: Scorer, gate: GateSpec
 ) -> tuple[VariantSpec, BuiltVariant, Score, str]:
     """`calibrator: auto` as the sweep keeps it when no try passes: each calibrator built and scored, the one with the
-    smallest overall drop kept (the sweep keeps the fastest of those that pass; explain does not time, so with
-    several passing it may explain another). The others' models are deleted."""
+    smallest overall drop kept (the sweep keeps the fastest of those that pass, a resolved pass first; explain does
+    not time, so with several passing it may explain another). The others' models are deleted."""
     tried = []
     for calibrator in AUTO_CALIBRATORS:
         candidate = spec.model_copy(update={"calibrator": calibrator})

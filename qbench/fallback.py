@@ -18,7 +18,9 @@ gate's own verdict on the chosen variant (measured on the evaluation rows) never
 
 A try in which no node computes in INT8 (BuiltVariant.lowered_nothing) is not applicable: it never
 passes, whatever it measures. The result is the fastest passing candidate (p50 at the largest batch
-size); when none passes, the most accurate one that quantizes something, with a note saying the
+size), chosen by the INT8 search's rule (qbench.gate_resolution.passing): a pass the selection rows resolve
+before any that rests on too few of them, which is kept only when no try's pass is resolved, with a note (and
+under `gate.unresolved: fail` reported as not passing, as the gate would hold it); when none passes, the most accurate one that quantizes something, with a note saying the
 tolerance was unreachable (the gate then fails it); when no try quantizes anything (the model has
 nothing to quantize), the first try, which is the FP32 model itself.
 
@@ -50,6 +52,7 @@ from qbench.explain import Score, group_nodes, rank_groups
 from qbench.explain_graph import QuantizedNode, float_keeper, quantized_nodes, sqnr_costs
 from qbench.gate import GateReport, judge
 from qbench.gate_report import failure_reasons
+from qbench.gate_resolution import JudgedPass, passing, unresolved_pick
 from qbench.gate_tolerance import reference_tolerances
 from qbench.preflight import Prepared
 from qbench.recipe import FallbackSpec, VariantSpec
@@ -71,7 +74,7 @@ NOT_APPLICABLE = "not applicable: no node computes in INT8 (the graph is FP32's)
 
 
 @dataclass(frozen=True)
-class Trial:
+class Trial(JudgedPass):
     """One candidate (None when it failed to build), its measurement and the gate's verdict on it."""
 
     calibrator: str
@@ -89,6 +92,15 @@ class Trial:
     def passed(self) -> bool:
         """The gate passed it and it is an INT8 candidate: an FP32 graph passing says nothing about INT8."""
         return self.lowered and self.verdict.exit_code == 0
+
+    @property
+    def unresolved(self) -> str | None:
+        """Why its pass does not resolve the tolerance on the rows it was judged on (None: resolved, or no pass)."""
+        return "; ".join(self.verdict.unresolved) if self.passed and self.verdict.unresolved else None
+
+    @property
+    def unresolved_on_spread(self) -> bool:
+        return bool(self.unresolved) and self.verdict.unresolved_on_spread
 
     @property
     def p50_ms(self) -> float:
@@ -118,7 +130,8 @@ class Trial:
         return {
             "calibrator": self.calibrator, "excluded": list(self.excluded), "metric": _finite(self.metric),
             "drop": _finite(self.drop), "worst_slice": worst, "worst_slice_drop": _finite(worst_drop),
-            "p50_ms": _finite(self.p50_ms), "passed": self.passed, "lowered": self.lowered,
+            "p50_ms": _finite(self.p50_ms), "passed": self.passed, "unresolved": self.unresolved,
+            "lowered": self.lowered,
         }  # fmt: skip
 
     def breaches(self) -> list[str]:
@@ -149,7 +162,7 @@ def build_with_search(spec: VariantSpec, ctx: BuildContext, *, evaluate: Evaluat
         tries = [search.attempt(calibrator, tuple(spec.exclude_nodes)) for calibrator in calibrators]
         if spec.fallback is not None:
             for base in sorted(tries, key=lambda t: (t.drop, t.p50_ms)):  # the closest to passing first
-                if base.lowered and not base.passed and search.may_beat(base):
+                if base.lowered and not base.firm_pass and search.may_beat(base):
                     search.fall_back(base, spec.fallback)
         return search.finish(time.perf_counter() - started)
     finally:
@@ -194,18 +207,19 @@ class _Search:
                 discard_built(trial.built, self.root, with_folder=True)
 
     def best(self) -> Trial:
-        """Fastest passing trial; without one, the INT8 try with the smallest overall drop; without any try that
-        quantizes something, the first (the model has nothing to quantize)."""
-        passing = [t for t in self.trials if t.passed]
-        if passing:
-            return min(passing, key=lambda t: (t.p50_ms, t.drop))
+        """Fastest of the `passing` trials (a resolved pass before any unresolved one); without one, the INT8 try with
+        the smallest overall drop; without any try that quantizes something, the first (nothing to quantize)."""
+        among = [self.trials[i] for i in passing(self.trials)]
+        if among:
+            return min(among, key=lambda t: (t.p50_ms, t.drop))
         lowered = [t for t in self.trials if t.lowered]
         return min(lowered or self.trials[:1], key=lambda t: (t.drop, t.p50_ms))
 
     def may_beat(self, trial: Trial) -> bool:
-        """Keeping more nodes in FP32 only adds latency: a trial slower than the best passing one cannot win."""
-        best = self.best()
-        return not best.passed or trial.p50_ms < best.p50_ms
+        """Keeping more nodes in FP32 only adds latency: a trial slower than the fastest firm pass cannot win. A pass
+        that another try on the same rows may resolve better (`firm_pass`) is no such bar."""
+        firm = [t for t in self.trials if t.firm_pass]
+        return not firm or trial.p50_ms < min(t.p50_ms for t in firm)
 
     def fall_back(self, base: Trial, fallback: FallbackSpec) -> None:
         """Keep the costliest nodes of `base` in FP32, `step` more at a time, until one passes or cannot win.
@@ -236,7 +250,7 @@ class _Search:
         limit = min(most, len(ranking))
         for count in sorted({min(k, limit) for k in range(fallback.step, limit + fallback.step, fallback.step)}):
             trial = self.attempt(base.calibrator, base.excluded + tuple(ranking[:count]))
-            if trial.passed or not self.may_beat(trial):
+            if trial.firm_pass or not self.may_beat(trial):
                 return
 
     def rank(self, base: Trial, nodes: list[QuantizedNode], pool: int, keep: int, needed: float) -> tuple[list[str], float]:
@@ -345,7 +359,7 @@ class _Search:
         params: dict[str, Any] = {
             "search.steps": [t.record() for t in self.trials],
             "search.chosen": self.trials.index(chosen),
-            "search.outcome": _outcome(chosen),
+            "search.outcome": _outcome(chosen, self.gate.unresolved),
             "search.chosen_on": "selection" if self.prepared.selection is not None else "evaluation",
             "search.selection_rows": self.prepared.selection.count if self.prepared.selection is not None else None,
         }
@@ -360,7 +374,7 @@ class _Search:
 
     def _notes(self, chosen: Trial) -> list[str]:
         base = len(self.spec.exclude_nodes)
-        steps = " → ".join(f"{t.label(base)} {figure(t.metric)}{'✓' if t.passed else '✗'}" for t in self.trials)
+        steps = " → ".join(f"{t.label(base)} {figure(t.metric)}{_mark(t)}" for t in self.trials)
         speed = p50_at_largest_batch(self.reference) / chosen.p50_ms
         shown = f" ({speed:.2f}× FP32 p50)" if math.isfinite(speed) else ""
         notes = [f"search on {self.gate.metric}: {steps}; chosen {chosen.label(base)}{shown}",
@@ -375,13 +389,22 @@ class _Search:
         elif not chosen.passed:
             notes.append(f"tolerance unreachable; best: {self.gate.metric} {figure(chosen.metric)} "
                          f"({chosen.label(base)}), breaches: {'; '.join(chosen.breaches())}")  # fmt: skip
+        elif not chosen.resolved_pass:
+            notes.append(unresolved_pick(chosen.label(base), chosen.unresolved, self.gate.unresolved))
         return notes
 
 
-def _outcome(chosen: Trial) -> str:
-    if chosen.passed:
+def _outcome(chosen: Trial, unresolved: str) -> str:
+    """'passed', 'tolerance unreachable' (also a pass too few rows resolve under `gate.unresolved: fail`, which the
+    gate would not count) or 'nothing to quantize'."""
+    if chosen.resolved_pass or (chosen.passed and unresolved != "fail"):
         return "passed"
     return "tolerance unreachable" if chosen.lowered else "nothing to quantize"
+
+
+def _mark(trial: Trial) -> str:
+    """A try's verdict in the notes' path: ✓ a resolved pass, ✓? one on too few rows to resolve it, ✗ no pass."""
+    return "✗" if not trial.passed else "✓?" if trial.unresolved else "✓"
 
 
 def _weight_sizes(model: onnx.ModelProto) -> dict[str, int]:

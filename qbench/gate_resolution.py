@@ -22,12 +22,53 @@ A breach is judged as before: a drop past the tolerance is evidence against the 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from qbench.results import SliceMetrics
 from qbench.validate.catalogue import METRICS, drop, within
+
+if TYPE_CHECKING:  # qbench.results imports the search's records, which mix in JudgedPass
+    from qbench.results import SliceMetrics
 
 CONFIDENCE = 0.95
 MIN_ROWS = 2  # a mean over one row has no spread, and one row is no sample of the inputs
+
+
+class JudgedPass:
+    """The rule applied to the candidates a choice is made among on the selection rows: the INT8 search's records and
+    the tries of `calibrator: auto` and `fallback:` (qbench.fallback) mix this in. They have `passed` (the gate's
+    verdict there), `unresolved` (why that pass does not resolve the tolerance: falsy when it does, or did not pass)
+    and `unresolved_on_spread` (it falls short on the spread of its own figures, not on the rows alone)."""
+
+    passed: bool | None
+    unresolved: str | None
+    unresolved_on_spread: bool
+
+    @property
+    def resolved_pass(self) -> bool:
+        """Passed, on enough selection rows to resolve the tolerance: evidence it passes elsewhere too."""
+        return bool(self.passed) and not self.unresolved
+
+    @property
+    def firm_pass(self) -> bool:
+        """Passed, and no candidate judged on the same rows could show a better-resolved pass: resolved, or unresolved
+        for the rows alone (every candidate on those rows is). What stops a search looking further."""
+        return bool(self.passed) and not (self.unresolved and self.unresolved_on_spread)
+
+
+def passing(candidates: Sequence[JudgedPass]) -> list[int]:
+    """Indices of the candidates a pick is made among: those with a resolved pass, or, when none has one, those whose
+    pass rests on too few selection rows (the pick is then no evidence: `unresolved_pick`)."""
+    resolved = [i for i, c in enumerate(candidates) if c.resolved_pass]
+    return resolved or [i for i, c in enumerate(candidates) if c.passed]
+
+
+def unresolved_pick(label: str, why: str | None, setting: str) -> str:
+    """The note on a pick whose pass on the selection rows does not resolve the tolerance (`setting`: the recipe's
+    `gate.unresolved`; under `fail` such a pass is no pass, as the gate holds it)."""
+    counted = "so it is reported as not passing" if setting == "fail" else "its pass counts, as the gate's would"
+    return (f"{label} passed on the selection rows, but its pass rests on too few of them to resolve the tolerance, "
+            f"and no candidate's pass was resolved there (gate.unresolved: {setting}: {counted}): {why}")
 
 
 def rows_to_resolve(tolerance: float, span: float = 1.0) -> float:

@@ -37,11 +37,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from qbench.gate_resolution import JudgedPass
 from qbench.results_fields import known_fields
 
 
 @dataclass(frozen=True)
-class CandidateRecord:
+class CandidateRecord(JudgedPass):
     label: str
     technique: str
     options: dict[str, Any] = field(default_factory=dict)
@@ -67,17 +68,6 @@ class CandidateRecord:
     @property
     def evaluated(self) -> bool:
         return self.passed is not None
-
-    @property
-    def resolved_pass(self) -> bool:
-        """Passed, on enough selection rows to resolve the tolerance: evidence it passes elsewhere too."""
-        return bool(self.passed) and not self.unresolved
-
-    @property
-    def firm_pass(self) -> bool:
-        """Passed, and no candidate judged on the same rows could show a better-resolved pass: resolved, or unresolved
-        for the rows alone. What stops the search looking further."""
-        return bool(self.passed) and not (self.unresolved and self.unresolved_on_spread)
 
     def with_(self, **changes: Any) -> CandidateRecord:
         return dataclasses.replace(self, **changes)

@@ -9,7 +9,7 @@ import onnx
 import pytest
 import yaml
 from onnx import numpy_helper
-from test_explain import INT8, one_gemm_model, write_fragile_project
+from test_explain import INT8, NOTED_GATE, one_gemm_model, write_fragile_project
 
 from qbench.gate import EXIT_BREACH, EXIT_PASS
 from qbench.recipe import load_recipe
@@ -25,7 +25,7 @@ def in_tmp(tmp_path, monkeypatch):
 
 def _sweep(tmp_path, variant, *, limit=None, **project):
     """Sweep the fragile project with `variant`; `limit`: data.evaluation.limit (the rows beyond it choose)."""
-    path = write_fragile_project(tmp_path, [variant], **project)
+    path = write_fragile_project(tmp_path, [variant], **{"gate": NOTED_GATE, **project})
     if limit is not None:
         raw = yaml.safe_load(path.read_text())
         raw["data"]["evaluation"]["limit"] = limit
@@ -47,6 +47,7 @@ def test_fallback_keeps_the_fragile_nodes_in_fp32_until_the_gate_passes(tmp_path
     assert [s["passed"] for s in steps] == [False, False, True]  # none kept float, then one, then both
     assert [len(s["excluded"]) for s in steps] == [0, 1, 2]
     assert result.params["search.outcome"] == "passed" and result.params["search.chosen"] == 2
+    assert any("rests on too few of them" in note and "< 99 needed" in note for note in result.notes)
     assert outcome.gate.exit_code == EXIT_PASS
     assert any("kept in FP32 by the search: branch_" in note for note in result.notes)
     saved = read_results(outcome.results_path).find("int8", "onnxruntime-cpu")
@@ -73,16 +74,19 @@ def test_calibrator_auto_records_every_try_then_falls_back_to_the_fastest_passin
     variant = {"name": "int8-auto", "precision": "int8", "calibrator": "auto", "op_types": ["MatMul"],
                "fallback": {"max_excluded": 2}}  # fmt: skip
     # the rows beyond the limit choose, so all 96 calibration rows are fitted on, as in a sweep without a search
-    outcome, result = _sweep(tmp_path, variant, fragile=("a",), limit=150)
+    gate = {**NOTED_GATE, "unresolved": "fail"}
+    outcome, result = _sweep(tmp_path, variant, fragile=("a",), limit=150, gate=gate)
     steps = result.params["search.steps"]
     assert [s["calibrator"] for s in steps[:4]] == ["minmax", "entropy", "percentile", "dynamic"]
     assert all(s["excluded"] == [] and math.isfinite(s["p50_ms"]) and not s["passed"] for s in steps[:4])
     assert all(s["excluded"] for s in steps[4:])  # then fallback steps, fastest calibrator first
     chosen = steps[result.params["search.chosen"]]
     assert chosen["passed"] and chosen["p50_ms"] == min(s["p50_ms"] for s in steps if s["passed"])
-    assert "branch_a" in result.params["exclude_nodes"] and result.params["search.outcome"] == "passed"
+    # its pass on the rows beyond the limit does not resolve the tolerance either: under `fail`, no pass
+    assert "branch_a" in result.params["exclude_nodes"] and result.params["search.outcome"] == "tolerance unreachable"
+    assert chosen["unresolved"] and any("so it is reported as not passing" in note for note in result.notes)
     assert result.params["calibrator"] == chosen["calibrator"] and result.params["calibrator_requested"] == "auto"
-    # the search passes it on the rows beyond the limit; the gate, on the 150 evaluated rows, finds a 50-row slice
+    # nor, on the 150 evaluated rows, does the gate: it finds a 50-row slice
     # that cannot resolve its tolerance: no pass
     assert outcome.gate.status_of("int8-auto", "onnxruntime-cpu") == "fail"
     assert [p for p in outcome.gate.problems if "too few rows" in p and "half=second agreement on 50 rows" in p]

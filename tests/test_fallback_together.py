@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
-from test_explain import INT8, OUTLIER, WIDTH, write_fragile_project
+from test_explain import INT8, NOTED_GATE, OUTLIER, WIDTH, write_fragile_project
 
 from qbench.gate import EXIT_PASS
 from qbench.recipe import load_recipe
@@ -58,7 +58,7 @@ def test_fallback_finds_two_nodes_that_only_help_together(tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)
     variants = [{**INT8, "fallback": {"max_excluded": max_excluded}},
                 {**INT8, "name": "int8-pair", "exclude_nodes": ["branch_a", "branch_b"]}]  # fmt: skip
-    path = write_fragile_project(tmp_path, variants)
+    path = write_fragile_project(tmp_path, variants, gate=NOTED_GATE)
     together_model(tmp_path / "model.onnx")
     outcome = run_sweep(load_recipe(path), track=False)
     pair = outcome.results.find("int8-pair", "onnxruntime-cpu")

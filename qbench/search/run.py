@@ -43,6 +43,7 @@ from qbench.backends.base import RunOptions
 from qbench.errors import QbenchError, one_line
 from qbench.gate import GateReport, judge
 from qbench.gate_report import failure_reasons
+from qbench.gate_resolution import unresolved_pick
 from qbench.gate_tolerance import reference_tolerances
 from qbench.preflight import Prepared
 from qbench.recipe import LatencySpec
@@ -419,9 +420,7 @@ class _Search:
 
     def _unresolved_note(self, record: CandidateRecord) -> str:
         """Why the pick's pass is weak evidence: it rests on too few selection rows, and how many would resolve it."""
-        return (f"{record.label} passed on the selection rows, but its pass rests on too few of them to resolve the "
-                f"tolerance, and no candidate's pass was resolved there (gate.unresolved: {self.gate.unresolved}): "
-                f"{record.unresolved}")
+        return unresolved_pick(record.label, record.unresolved, self.gate.unresolved)
 
     def _slower_note(self, chosen: int | None) -> tuple[str, ...]:
         slower = select.slower_than_reference(self.records[chosen], self.tie()) if chosen is not None else None

@@ -11,7 +11,8 @@
 - `timing_noise`: how far a speed-up estimate may be off, from one model's repeated timings over the
   search: estimates that close may still rank either way, so `may_win` widens its margin to it.
 - `choose`: the fastest candidate whose full evaluation passed the gate (ties broken by accuracy, not noise), a pass
-  resolved on the selection rows before any unresolved one (`passing`).
+  resolved on the selection rows before any unresolved one (`passing`, qbench.gate_resolution: the rule
+  `calibrator: auto` and `fallback:` choose by too).
 - `keep_float_bases`: which failing candidates get nodes kept in floating point.
 - `closest` / `needed`: when none passed, the candidate nearest to passing and what it would take.
 - `slower_than_reference`: the chosen candidate does not beat FP32 beyond the timing noise, at every batch size or
@@ -25,6 +26,7 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 
+from qbench.gate_resolution import passing
 from qbench.report_grid import compared, percent
 from qbench.results_search import CandidateRecord
 
@@ -114,13 +116,6 @@ def fastest_passing(records: Sequence[CandidateRecord]) -> int | None:
     were never evaluated. A pass short of rows alone is one: no candidate on the same rows could resolve it."""
     firm = [i for i, r in enumerate(records) if r.firm_pass]
     return max(firm, key=lambda i: _speed(records[i]), default=None)
-
-
-def passing(records: Sequence[CandidateRecord]) -> list[int]:
-    """The candidates the pick is made among: those with a resolved pass, or, when none has one, those whose pass
-    rests on too few selection rows."""
-    resolved = [i for i, r in enumerate(records) if r.resolved_pass]
-    return resolved or [i for i, r in enumerate(records) if r.passed]
 
 
 def choose(records: Sequence[CandidateRecord], tie: float = TIE) -> int | None:

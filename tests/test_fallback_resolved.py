@@ -1,0 +1,108 @@
+"""`calibrator: auto` and `fallback:` choose among their tries by the INT8 search's resolution rule
+(qbench.gate_resolution.passing): a pass on too few selection rows ranks after every resolved pass, is kept only when
+no try's pass is resolved (with a note) and under `gate.unresolved: fail` is reported as not passing. The tries'
+figures are fake; their verdicts are the real gate's."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from qbench import fallback
+from qbench.gate import judge
+from qbench.gate_tolerance import reference_tolerances
+from qbench.recipe import FallbackSpec, GateSpec
+from qbench.results import AccuracyResult, LatencyPoint, LatencyResult, SliceMetrics, VariantResult
+
+ROWS = 72  # selection rows
+# cosine against FP32's own outputs (FP32's interval a point). "thin" drops 0.0044 (tolerance 0.005) but its rows
+# spread wide: the drop's interval reaches 0.011, unresolved. "clear" drops 0.002, its interval within 0.003.
+# "broken" breaches.
+FIGURES = {"fp32": (1.0, (1.0, 1.0)), "thin": (0.9956, (0.989, 0.999)), "thin-twin": (0.9957, (0.990, 0.999)),
+           "clear": (0.998, (0.997, 0.999)), "broken": (0.97, (0.96, 0.98))}  # fmt: skip
+
+
+def _result(name: str, p50_ms: float = 1.0) -> VariantResult:
+    cosine, interval = FIGURES[name]
+    overall = SliceMetrics("overall", ROWS, {"cosine": cosine}, intervals={"cosine": interval})
+    point = LatencyPoint(32, 1, 5, p50_ms, p50_ms, p50_ms, p50_ms, 32 / p50_ms)
+    variant = "fp32" if name == "fp32" else "int8"
+    return VariantResult(variant=variant, backend="cpu", precision=variant, status="ok",
+                         accuracy=AccuracyResult(rows=ROWS, nonfinite_outputs=0, overall=overall),
+                         latency=LatencyResult(threads=1, session_create_ms=1.0, first_run_ms=1.0, points=(point,)))  # fmt: skip
+
+
+def _search(unresolved: str = "fail", calibrator: str = "auto") -> fallback._Search:
+    gate = GateSpec(metric="cosine", max_drop=0.005, max_slice_drop=0.01, unresolved=unresolved)
+    search = object.__new__(fallback._Search)
+    search.reference = _result("fp32")
+    search.gate, search.tolerances = gate, reference_tolerances(search.reference, gate)
+    search.spec = SimpleNamespace(name="int8", calibrator=calibrator, exclude_nodes=[], fallback=None)
+    search.prepared = SimpleNamespace(selection=None, evaluation_rows=range(ROWS))
+    search.trials, search.skipped, search.rankings, search.together = [], [], {}, {}
+    return search
+
+
+def _trial(search: fallback._Search, calibrator: str, figures: str, p50_ms: float, excluded=()) -> fallback.Trial:
+    """A try judged by the real gate on its selection-row figures."""
+    result = _result(figures, p50_ms)
+    built = SimpleNamespace(lowered_nothing=False)
+    trial = fallback.Trial(calibrator, tuple(excluded), built, result, judge(search.reference, result, search.gate,
+                                                                             search.tolerances))  # fmt: skip
+    search.trials.append(trial)
+    return trial
+
+
+def test_calibrator_auto_keeps_a_resolved_pass_over_a_faster_unresolved_one():
+    """minmax (1 ms) passes on its point estimate only; entropy (2 ms) passes resolved. The old choice took the
+    fastest pass, minmax, which the evaluation rows may well breach."""
+    search = _search()
+    thin, clear = _trial(search, "minmax", "thin", 1.0), _trial(search, "entropy", "clear", 2.0)
+    assert thin.passed and clear.passed and search.best() is clear
+    assert not thin.resolved_pass and "interval of the drop reaches" in thin.unresolved and clear.resolved_pass
+    params, notes = search._path_params(clear), search._notes(clear)
+    assert params["search.outcome"] == "passed" and params["search.chosen"] == 1
+    assert params["search.steps"][0]["unresolved"] == thin.unresolved and params["search.steps"][1]["unresolved"] is None
+    assert "minmax 0.9956✓? → entropy 0.9980✓" in notes[0]
+    assert not any("rests on too few" in note for note in notes)
+
+
+@pytest.mark.parametrize(("unresolved", "outcome"), [("fail", "tolerance unreachable"), ("note", "passed")])
+def test_only_unresolved_passes_keep_the_fastest_with_a_note_and_under_fail_it_is_not_passing(unresolved, outcome):
+    """No try's pass is resolved: the fastest unresolved pass is kept, its notes say why its pass is no evidence and
+    how many rows would resolve it; as the gate and the search, `fail` counts no such pass."""
+    search = _search(unresolved)
+    _trial(search, "minmax", "thin", 2.0)
+    fastest = _trial(search, "entropy", "thin-twin", 1.0)
+    _trial(search, "percentile", "broken", 0.5)
+    assert search.best() is fastest
+    assert search._path_params(fastest)["search.outcome"] == outcome
+    note = next(n for n in search._notes(fastest) if "rests on too few of them" in n)
+    assert "entropy" in note and f"gate.unresolved: {unresolved}" in note and "rows would resolve it" in note
+    assert ("reported as not passing" in note) == (unresolved == "fail")
+
+
+def test_an_unresolved_pass_is_no_bar_to_a_slower_fallback_step(monkeypatch):
+    """minmax passes thinly at 1 ms; entropy fails at 1.5 ms. Keeping entropy's costliest node float may give a
+    resolved pass, so its fallback is still tried, and a step passing thinly does not end the path: the old code
+    ruled entropy out as slower than minmax's pass and stopped at the first thin step."""
+    search = _search(calibrator="entropy")
+    search.spec.exclude_nodes = []
+    search.ctx = SimpleNamespace(reference_path="fp32.onnx")
+    _trial(search, "minmax", "thin", 1.0)
+    base = _trial(search, "entropy", "broken", 1.5)
+    assert search.may_beat(base)
+    steps = iter([("thin-twin", 1.6), ("clear", 1.7)])
+
+    def attempt(calibrator, excluded):
+        figures, p50 = next(steps)
+        return _trial(search, calibrator, figures, p50, excluded)
+
+    monkeypatch.setattr(fallback, "load_model", lambda path: None)
+    monkeypatch.setattr(fallback, "quantized_nodes", lambda model, built: ["a", "b", "c"])
+    monkeypatch.setattr(search, "rank", lambda *args, **kwargs: (["a", "b", "c"], 0.0))
+    monkeypatch.setattr(search, "attempt", attempt)
+    search.fall_back(base, FallbackSpec(max_excluded=2, step=1))
+    assert [t.excluded for t in search.trials[2:]] == [("a",), ("a", "b")]
+    assert search.best() is search.trials[-1] and search.best().resolved_pass
