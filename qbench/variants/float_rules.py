@@ -22,7 +22,9 @@ A rule is an ONNX op type (every node of that type, e.g. Softmax) or a graph pat
   or a reduction, and a float mask folded into an initializer, are not matched.
 
 Static INT8 and FP8 apply `masks` by default when the recipe does not set `keep_float`
-(`DEFAULT_RULES`): a graph without a mask input matches nothing and builds as before.
+(`DEFAULT_RULES`), keeping only the matches on a path to a Softmax/Exp reading a fill: a graph without
+a mask matches nothing and builds as before (a string or integer input's one-hot features joined by a
+Concat are matched by an explicit `masks`, not by the default).
 The rules run on the FP32 graph; builders add the matches to the nodes they leave unquantized
 (unnamed matches are named first, so an exclusion list can hold them).
 """
@@ -230,6 +232,8 @@ def kept_float_nodes(model: onnx.ModelProto, rules: Sequence[str], *, default: b
     for rule in rules:
         if rule in PATTERNS:
             by_rule[rule] = PATTERNS[rule](graph)
+            if default:  # unasked, only what carries a fill to a Softmax/Exp: a categorical input's one-hot is no mask
+                by_rule[rule] = _reaching_an_end(graph, by_rule[rule])
         else:
             by_rule[rule] = [i for i, node in enumerate(graph.nodes) if node.op_type == rule]
     if any(not graph.nodes[i].name for indices in by_rule.values() for i in indices):
