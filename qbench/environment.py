@@ -89,14 +89,19 @@ def _usable_cpus() -> int | None:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
+def package_versions(packages: Iterable[str]) -> dict[str, str]:
+    """Each distribution's installed version ("absent" where it is not installed): the package facts of a build's key
+    and of a measurement's record."""
+    return {name: package_version(name) or "absent" for name in packages}
+
+
 def measurement_facts(packages: Iterable[str], threads: int | None) -> dict[str, str]:
     """What a measurement's figures depend on beyond its model and the recipe, here: the installed versions of the
     runtime `packages` that computed them, and the machine facts latency depends on (CPU model, usable CPUs,
     architecture, the threads asked for; none: the runtime's default, which follows the CPUs). A resumed sweep
     reuses a measurement only where they are today's (qbench.execute.resume), so one table never mixes runtimes or
     machines."""
-    facts = {name: package_version(name) or "absent" for name in packages}
-    return {**facts, "cpu": _cpu_model(), "cpus": str(_usable_cpus()), "machine": platform.machine(),
+    return {**package_versions(packages), "cpu": _cpu_model(), "cpus": str(_usable_cpus()), "machine": platform.machine(),
             "threads": str(threads) if threads is not None else "runtime default"}  # fmt: skip
 
 

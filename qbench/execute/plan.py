@@ -133,12 +133,11 @@ def build_facts(recipe: Recipe, spec: VariantSpec) -> dict[str, str]:
     records the facts of the machine that made it, and is reused only where they are the reader's
     (BuildStore.reusable: a cluster's workers may differ from the driver that keyed it). Read from package metadata:
     nothing is imported."""
-    from qbench.environment import package_version
+    from qbench.environment import package_versions
 
     config = spec.technique_config
     source = ("torch",) if recipe.model.torch is not None else ()
-    packages = sorted({*BUILD_PACKAGES, *config.build_packages, *source})
-    versions = {name: package_version(name) or "absent" for name in packages}
+    versions = package_versions(sorted({*BUILD_PACKAGES, *config.build_packages, *source}))
     # every build runs this CPU's kernels (calibration, range checks): its architecture is a fact of them all
     return {**versions, "machine": platform.machine(), **config.machine_facts()}
 

@@ -209,7 +209,7 @@ def build_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         params=params,
         build_seconds=clock.seconds(),
         notes=tuple(notes + _notes(config, reduce_range, quantized) + read_by_subgraphs
-                    + nested_nodes_note(model, _lowered_op_types(op_types, dynamic))),
+                    + nested_nodes_note(model, lowered_types)),
         activation_ranges=clipping,
     )
 
