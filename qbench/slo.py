@@ -24,6 +24,7 @@ from qbench.results import LatencyPoint, SweepResults, VariantResult
 from qbench.results_serving import ServingResult
 from qbench.validate.bound import estimate_bound, last_level_cache_bytes, memory_bandwidth_bytes_per_s
 from qbench.validate.catalogue import within
+from qbench.validate.contention import contended
 from qbench.validate.cost import usd_per_million
 from qbench.validate.latency import BatcherSamples, timed_batches
 from qbench.validate.load import Batcher, Draws, LoadReplay, MeasuredServiceTimes, search_max_rate
@@ -250,7 +251,20 @@ def _judge_one(
     overloaded = budget.rate_rps is not None and (serving.at_rate.overloaded
                                                   or (serving.served_at_rate is not None and serving.served_at_rate.overloaded))
     status = "pass" if within(observed, budget.p99_ms) and not overloaded else "breach"
+    loaded = _contended_points(result, None if budget.rate_rps is not None else budget.batch_size)
+    if status == "breach" and loaded:
+        return None, (f"a breach timed while other processes kept CPUs busy ({loaded}) is no verdict on the variant: "
+                      "re-run `qbench sweep` on a machine nothing else runs on")  # fmt: skip
     return SloJudgement(result.variant, result.backend, budget.p99_ms, observed, samples, status), None
+
+
+def _contended_points(result: VariantResult, batch_size: int | None) -> str:
+    """The timed points a p99 rests on (`batch_size`'s, or every one for a simulated load) that ran beside other
+    processes' load, in words ('' when none did). Other load only slows a run, so a pass measured beside it stands,
+    while a breach may be the other processes' doing."""
+    points = [p for p in (result.latency.points if result.latency else ())
+              if contended(p) and batch_size in (None, p.batch_size)]  # fmt: skip
+    return ", ".join(f"{p.others_cpus:.2f} at batch {p.batch_size}" for p in points)
 
 
 def p99_basis(samples: int, serving: ServingResult | None) -> str:
