@@ -140,7 +140,7 @@ def _condition_mask(values: pd.Series, op: str, operand: Any, *, field: str, rec
 
 def _matches_any(values: pd.Series, operands: Sequence[Any], *, field: str, recipe_file: Path) -> np.ndarray:
     wanted = [v for v in operands if v is not None]
-    _check_truth_against_numbers(values, wanted, field=field, recipe_file=recipe_file)
+    _check_operand_types(values, wanted, field=field, recipe_file=recipe_file)
     dates = _date_kind(values)
     numbers_as_text = np.zeros(len(values), dtype=bool)
     if dates is not None:
@@ -160,18 +160,22 @@ def _matches_any(values: pd.Series, operands: Sequence[Any], *, field: str, reci
     return matched
 
 
-def _check_truth_against_numbers(values: pd.Series, wanted: Sequence[Any], *, field: str, recipe_file: Path) -> None:
-    """A RecipeError for a number against a true/false column, or true/false against a numeric one: pandas compares
-    them as Python does (True == 1), so `b: 1` selected the true rows and `ne: 0` on a 0/1 column kept the false
-    ones of `ne: false` silently; which one the recipe meant cannot be told."""
-    truths = pd.api.types.is_bool_dtype(values)
-    numbers = pd.api.types.is_numeric_dtype(values) and not truths
+def _check_operand_types(values: pd.Series, wanted: Sequence[Any], *, field: str, recipe_file: Path) -> None:
+    """A RecipeError for a value no cell of a typed column can equal. A number against a true/false column, or
+    true/false against a numeric one: pandas compares them as Python does (True == 1), so `b: 1` selected the true
+    rows and `ne: 0` on a 0/1 column kept the false ones of `ne: false` silently; which one the recipe meant cannot
+    be told. Text against either (`n: '7'`, `flag: 'yes'`, also where the column is categorical with such
+    categories): it equalled no cell, so `in: ['7', 8]` silently selected the 8s alone and `not_in` kept every row."""
+    typed = values.cat.categories if isinstance(values.dtype, pd.CategoricalDtype) else values
+    truths = pd.api.types.is_bool_dtype(typed)
+    numbers = pd.api.types.is_numeric_dtype(typed) and not truths
+    if not (truths or numbers):
+        return
+    kind, expected = ("true/false", "true or false") if truths else ("numbers", "a number (unquoted, no leading zero)")
     for operand in wanted:
         is_truth = isinstance(operand, (bool, np.bool_))
         is_number = isinstance(operand, (int, float, np.integer, np.floating)) and not is_truth
-        if (truths and is_number) or (numbers and is_truth):
-            kind = "true/false" if truths else "numbers"
-            expected = "true or false" if truths else "a number"
+        if (truths and not is_truth) or (numbers and not is_number):
             raise RecipeError(recipe_file, field, f"got {operand!r}: column {values.name!r} holds {kind}; expected "
                                                   f"{expected}")  # fmt: skip
 

@@ -61,9 +61,24 @@ def test_missing_values_match_only_conditions_that_name_null() -> None:
     assert _rows({"ink": {"ge": -10}}) == [0, 1, 2, 4]
 
 
-def test_a_value_of_another_type_simply_matches_nothing() -> None:
+def test_a_number_absent_from_a_text_column_simply_matches_nothing() -> None:
     assert _rows({"split": 3}) == []
-    assert _rows({"label": "3"}) == []
+
+
+@pytest.mark.parametrize(("column", "values", "flt", "words"), [
+    ("n", [7, 8, 9], {"n": {"in": ["7", 8]}}, "got '7': column 'n' holds numbers; expected a number"),
+    ("n", pd.array([7, None, 9], dtype="Int64"), {"n": {"not_in": ["7"]}}, "got '7': column 'n' holds numbers"),
+    ("n", pd.Categorical([1, 2, 7]), {"n": "7"}, "got '7': column 'n' holds numbers"),
+    ("x", [0.5, 1000.0, 2.0], {"x": {"in": ["1e3", 0.5]}}, "got '1e3': column 'x' holds numbers"),
+    ("flag", pd.array([True, None, False], dtype="boolean"), {"flag": {"ne": "yes"}}, "got 'yes': column 'flag' holds "
+     "true/false; expected true or false"),
+])  # fmt: skip
+def test_text_against_a_column_of_numbers_or_truths_is_refused_naming_the_field(column: str, values: object,
+                                                                                flt: dict, words: str) -> None:
+    """Text equals no such cell: `in: ['7', 8]` selected the 8s alone and `not_in: ['7']` kept the 7s, silently."""
+    with pytest.raises(RecipeError) as info:
+        filter_mask(pd.DataFrame({column: values}), flt, field=FIELD, recipe_file=RECIPE)
+    assert words in str(info.value) and f"{FIELD}.{column}" in str(info.value)
 
 
 def test_misspelt_column_names_the_field_and_suggests() -> None:
