@@ -79,6 +79,21 @@ def scalar_column(df: pd.DataFrame, column: str, *, field: str, recipe_file: Pat
     return values
 
 
+def check_one_kind(values: pd.Series, column: str, *, field: str, recipe_file: Path) -> None:
+    """A column mixing true/false with numbers is refused: True equals 1 to pandas, so a `by` slice of 1 would hold
+    the true rows, and a filter `m: 1` selected them too."""
+    if not pd.api.types.is_object_dtype(values):
+        return
+    cells = values.dropna()
+    flags = cells.map(lambda v: isinstance(v, (bool, np.bool_)))
+    numbers = cells.map(lambda v: isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_)))
+    if flags.any() and numbers.any():
+        example = cells[numbers].iloc[0]
+        message = (f"column {column!r} mixes true/false with numbers (e.g. {format_value(example)}), which pandas "
+                   "takes as equal (True == 1); expected one kind of value")  # fmt: skip
+        raise RecipeError(recipe_file, field, message)
+
+
 def distinct_values(values: pd.Series) -> list[Any]:
     """Distinct non-missing values: numbers in numeric order, then everything else in text order."""
     return sorted(values.dropna().unique().tolist(), key=_sort_key)
@@ -141,6 +156,8 @@ def _condition_mask(values: pd.Series, op: str, operand: Any, *, field: str, rec
 def _matches_any(values: pd.Series, operands: Sequence[Any], *, field: str, recipe_file: Path) -> np.ndarray:
     wanted = [v for v in operands if v is not None]
     _check_operand_types(values, wanted, field=field, recipe_file=recipe_file)
+    if any(isinstance(v, (int, float)) for v in wanted):
+        check_one_kind(values, str(values.name), field=field, recipe_file=recipe_file)
     dates = _date_kind(values)
     numbers_as_text = np.zeros(len(values), dtype=bool)
     if dates is not None:

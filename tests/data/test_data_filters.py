@@ -270,6 +270,17 @@ def test_true_or_false_against_numbers_is_refused_naming_the_field(column: str, 
     assert words in str(info.value) and FIELD in str(info.value)
 
 
+@pytest.mark.parametrize("flt", [{"m": 1}, {"m": {"in": [True, "a"]}}, {"m": {"ne": 0}}])
+def test_a_number_or_truth_against_a_column_mixing_them_is_refused_naming_the_field(flt: dict) -> None:
+    """An object column holding 1 and True (a JSON Lines file, a hand-built table): `m: 1` selected the true rows."""
+    table = pd.DataFrame({"m": pd.Series([1, True, "a", 0, False], dtype=object)})
+    with pytest.raises(RecipeError) as info:
+        filter_mask(table, flt, field=FIELD, recipe_file=RECIPE)
+    assert str(info.value) == (f"recipe.yaml: {FIELD}.m: column 'm' mixes true/false with numbers (e.g. 1), which "
+                               "pandas takes as equal (True == 1); expected one kind of value")  # fmt: skip
+    assert np.flatnonzero(filter_mask(table, {"m": "a"}, field=FIELD, recipe_file=RECIPE)).tolist() == [2]
+
+
 def test_true_or_false_filters_on_a_boolean_column() -> None:
     table = pd.DataFrame({"flag": pd.array([True, None, False], dtype="boolean")})
     assert np.flatnonzero(filter_mask(table, {"flag": True}, field=FIELD, recipe_file=RECIPE)).tolist() == [0]
