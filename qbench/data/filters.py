@@ -7,7 +7,8 @@ Several columns AND together; several ops on one column AND together.
 A column of text (a CSV column read as text, qbench.data.text_tables) compares as numbers when every
 cell is one, and equals a number where its text is that number written plainly (7 matches "7"
 and "7.0", not "007"), and true or false as pandas would have read it ("True", "true", "TRUE").
-A column of dates or timestamps equals, and compares with, a text operand read as a date or time ('2024-01-31').
+A column of dates or timestamps equals, and compares with, a text operand read as a date or time ('2024-01-31'),
+as does a text column every cell of which is an ISO 8601 date or time (a CSV's: '2024-01-31T00:00:00').
 
 Missing cells (None / NaN) follow SQL: they match only a condition that names
 null (`eq: null`, `in: [..., null]`); `ne: x`, `not_in: [x]` and the comparisons
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
+import re
 import unicodedata
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -170,6 +172,7 @@ def _matches_any(values: pd.Series, operands: Sequence[Any], *, field: str, reci
                                                   f"{hint}, or compare the text as the file writes it")  # fmt: skip
         wanted += [text for v in wanted if isinstance(v, (int, float)) for text in _cell_texts(v)]
         numbers_as_text = _plain_numbers_in(values, numbers)
+        numbers_as_text |= _dates_in_text(values, wanted, field=field, recipe_file=recipe_file)
     matched = values.isin(wanted).to_numpy(dtype=bool, na_value=False) & values.notna().to_numpy()
     matched |= numbers_as_text
     if len(wanted) < len(operands):
@@ -237,14 +240,37 @@ def _check_date_operand(values: pd.Series, op: str, operand: str, *, field: str,
 def _text_as_times(values: pd.Series, op: str, *, field: str, recipe_file: Path) -> pd.Series:
     """A text column every cell of which is an ISO 8601 date or time ('2024-01-31', '2024-01-31 12:30:00'), as
     timestamps; anything else is a RecipeError (a date compared with other text would compare letters)."""
+    times = _iso_times(values)
+    if times is None:
+        raise RecipeError(recipe_file, field, f"{op!r} with a date or time compares dates, but column {values.name!r} "
+                                              f"holds {_kind_of(values)} values that are not all dates")  # fmt: skip
+    return times
+
+
+def _iso_times(values: pd.Series) -> pd.Series | None:
+    """A text column every cell of which is an ISO 8601 date or time, as timestamps; else None."""
     times = None
     if pd.api.types.is_object_dtype(values) or pd.api.types.is_string_dtype(values):
         with contextlib.suppress(ValueError, TypeError):
             times = pd.to_datetime(values, format="ISO8601", errors="coerce")
     if times is None or not pd.api.types.is_datetime64_any_dtype(times) or times.notna().sum() != values.notna().sum():
-        raise RecipeError(recipe_file, field, f"{op!r} with a date or time compares dates, but column {values.name!r} "
-                                              f"holds {_kind_of(values)} values that are not all dates")  # fmt: skip
+        return None
     return times
+
+
+_ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
+def _dates_in_text(values: pd.Series, wanted: Sequence[Any], *, field: str, recipe_file: Path) -> np.ndarray:
+    """Which cells of a text column of ISO 8601 dates or times (a CSV's) are the time of a wanted date: `day:
+    2024-01-31` matched no cell written '2024-01-31T00:00:00', though `{ge: 2024-01-31, le: 2024-01-31}` selected
+    them, and `not_in` kept them. A time zone must be stated on both sides or neither, as for a timestamp column."""
+    dates = [v for v in wanted if isinstance(v, str) and _ISO_DATE.match(v)]
+    times = _iso_times(values) if dates else None
+    if times is None:
+        return np.zeros(len(values), dtype=bool)
+    stamps = [_as_date(times, v, "datetime", field=field, recipe_file=recipe_file) for v in dates]
+    return times.isin(stamps).to_numpy(dtype=bool, na_value=False)
 
 
 def _as_date(values: pd.Series, operand: Any, kind: str, *, field: str, recipe_file: Path) -> Any:

@@ -281,6 +281,27 @@ def test_a_number_or_truth_against_a_column_mixing_them_is_refused_naming_the_fi
     assert np.flatnonzero(filter_mask(table, {"m": "a"}, field=FIELD, recipe_file=RECIPE)).tolist() == [2]
 
 
+@pytest.mark.parametrize(("flt", "expected"), [
+    ({"day": "2024-01-31"}, [0, 2]),
+    ({"day": {"in": ["2024-01-31", "2024-02-01 12:00"]}}, [0, 1, 2]),
+    ({"day": {"not_in": ["2024-01-31"]}}, [1]),
+    ({"day": {"ge": "2024-01-31", "le": "2024-01-31"}}, [0, 2]),
+])  # fmt: skip
+def test_a_text_column_of_iso_times_equals_a_date_as_it_compares_with_one(tmp_path: Path, flt: dict,
+                                                                          expected: list[int]) -> None:
+    """A CSV writes times as '2024-01-31T00:00:00': `day: 2024-01-31` selected none of them, `not_in` kept them."""
+    (tmp_path / "t.csv").write_text("day,n\n2024-01-31T00:00:00,1\n2024-02-01T12:00:00,2\n2024-01-31T00:00:00,3\n,4\n")
+    table = load_table(tmp_path / "t.csv", recipe_file=RECIPE, text_columns=["day"])
+    assert np.flatnonzero(filter_mask(table, flt, field=FIELD, recipe_file=RECIPE)).tolist() == expected
+
+
+def test_a_date_against_text_times_with_a_time_zone_is_refused_naming_the_field() -> None:
+    table = pd.DataFrame({"day": ["2024-01-31T00:00:00Z", "2024-02-01T00:00:00Z"]})
+    with pytest.raises(RecipeError) as info:
+        filter_mask(table, {"day": "2024-01-31"}, field=FIELD, recipe_file=RECIPE)
+    assert f"{FIELD}.day: got '2024-01-31': expected a time with its UTC offset" in str(info.value)
+
+
 def test_true_or_false_filters_on_a_boolean_column() -> None:
     table = pd.DataFrame({"flag": pd.array([True, None, False], dtype="boolean")})
     assert np.flatnonzero(filter_mask(table, {"flag": True}, field=FIELD, recipe_file=RECIPE)).tolist() == [0]
