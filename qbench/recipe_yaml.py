@@ -160,15 +160,12 @@ _YAML_1_2 = {  # the YAML 1.2 core schema's plain scalars of each type (its null
 
 
 def _filters_as_yaml_1_2(root: Node) -> None:
-    """Re-tag the plain scalars under each `data...filter` key as YAML 1.2 would resolve them. PyYAML's YAML 1.1 made
-    `country: {in: [NO, SE]}` select only SE (NO read as false), `code: 010` select the rows of code 8 (octal),
-    `t: 12:30` the rows of 750 (base 60), and `amount: 1e3` the text '1e3'. Only filters: elsewhere a recipe's
-    values meet a typed field that refuses the wrong type; a filter's meet data cells, which silently differ."""
-    if not isinstance(root, MappingNode):
-        return
-    for key, value in root.value:
-        if isinstance(key, ScalarNode) and key.value == "data":
-            _each_filter(value, set())
+    """Re-tag the plain scalars under each `filter` key (data.calibration, data.evaluation, a slice, a variant's
+    training rows) as YAML 1.2 would resolve them. PyYAML's YAML 1.1 made `country: {in: [NO, SE]}` select only SE
+    (NO read as false), `code: 010` select the rows of code 8 (octal), `t: 12:30` the rows of 750 (base 60), and
+    `amount: 1e3` the text '1e3'. Only filters: elsewhere a recipe's values meet a typed field that refuses the
+    wrong type; a filter's meet data cells, which silently differ."""
+    _each_filter(root, set())
 
 
 def _each_filter(node: Node, seen: set[int]) -> None:

@@ -12,6 +12,7 @@ import pytest
 from qbench.data.filters import filter_mask
 from qbench.errors import RecipeError
 from qbench.recipe import load_recipe
+from qbench.recipe_yaml import read_recipe_yaml
 
 TABLE = pd.DataFrame({
     "country": ["NO", "SE", "DK", "NO", None],
@@ -77,3 +78,12 @@ def test_values_outside_filters_keep_their_yaml_types(tmp_path: Path) -> None:
     path.write_text(path.read_text() + "  classes: [no, yes]\n")
     with pytest.raises(RecipeError, match=r"data\.classes\[0\]: expected a string or a whole number, got False"):
         load_recipe(path)
+
+
+def test_every_filter_of_the_recipe_is_read_alike_and_nothing_else(tmp_path: Path) -> None:
+    """A variant's training rows are a filter too (`qat: {train: {filter: ...}}`)."""
+    path = tmp_path / "recipe.yaml"
+    path.write_text("variants: [{qat: {train: {filter: {country: [NO, 010, on, 1e3, true, ~]}}}}]\nother: [NO, 010]\n")
+    document, _ = read_recipe_yaml(path)
+    assert document["variants"][0]["qat"]["train"]["filter"]["country"] == ["NO", "010", "on", 1000.0, True, None]
+    assert document["other"] == [False, 8]
