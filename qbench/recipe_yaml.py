@@ -6,10 +6,14 @@ list is bounded, anchors/aliases may not expand past a node budget (the
 "billion laughs" file), nesting is bounded, and a key given twice in one mapping
 is an error instead of the last one silently winning. Every problem is a
 `RecipeError` naming the file and, where known, the line.
+
+The values of a row filter are compared with data cells, so they are read as YAML 1.2 reads them, not as
+PyYAML's YAML 1.1: an unquoted NO (Norway), yes, on, 007 or 010 is the text written, and 1e3 is a number.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +46,7 @@ def read_recipe_yaml(path: Path) -> tuple[Any, bytes]:
     if root is None:
         raise RecipeError(path, "", "the file is empty; expected a mapping with at least name, model and data")
     _check_bounds(path, root)
+    _filters_as_yaml_1_2(root)
     try:
         return _StrictLoader(raw).construct_document(root), raw
     except yaml.YAMLError as exc:
@@ -143,3 +148,56 @@ def _yaml_error(path: Path, exc: yaml.YAMLError) -> RecipeError:
     detail = f"{context}: {problem}" if context else problem
     return RecipeError(path, where, f"invalid YAML: {detail}")
 
+
+
+_STR_TAG, _BOOL_TAG, _INT_TAG, _FLOAT_TAG = (f"tag:yaml.org,2002:{kind}" for kind in ("str", "bool", "int", "float"))
+_YAML_1_2 = {  # the YAML 1.2 core schema's plain scalars of each type (its null, ~ and empty, is YAML 1.1's too)
+    _BOOL_TAG: re.compile(r"true|True|TRUE|false|False|FALSE"),
+    _INT_TAG: re.compile(r"[-+]?(?:0|[1-9][0-9]*)"),  # no leading zero: 007 is a code, 010 is not octal 8
+    _FLOAT_TAG: re.compile(r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)"
+                           r"|\.(?:nan|NaN|NAN)"),
+}
+
+
+def _filters_as_yaml_1_2(root: Node) -> None:
+    """Re-tag the plain scalars under each `filter` key (data.calibration, data.evaluation, a slice, a variant's
+    training rows) as YAML 1.2 would resolve them. PyYAML's YAML 1.1 made `country: {in: [NO, SE]}` select only SE
+    (NO read as false), `code: 010` select the rows of code 8 (octal), `t: 12:30` the rows of 750 (base 60), and
+    `amount: 1e3` the text '1e3'. Only filters: elsewhere a recipe's values meet a typed field that refuses the
+    wrong type; a filter's meet data cells, which silently differ."""
+    _each_filter(root, set())
+
+
+def _each_filter(node: Node, seen: set[int]) -> None:
+    if id(node) in seen:  # aliases share nodes
+        return
+    seen.add(id(node))
+    if isinstance(node, MappingNode):
+        for key, value in node.value:
+            if isinstance(key, ScalarNode) and key.value == "filter":
+                _retag(value, set())
+            else:
+                _each_filter(value, seen)
+    elif not isinstance(node, ScalarNode):
+        for item in node.value:
+            _each_filter(item, seen)
+
+
+def _retag(node: Node, seen: set[int]) -> None:
+    if id(node) in seen:
+        return
+    seen.add(id(node))
+    if isinstance(node, ScalarNode):
+        if node.style is None:  # plain: quoted scalars are text already
+            node.tag = _yaml_1_2_tag(node)
+        return
+    for child in [n for pair in node.value for n in pair] if isinstance(node, MappingNode) else node.value:
+        _retag(child, seen)
+
+
+def _yaml_1_2_tag(node: ScalarNode) -> str:
+    if node.tag in (_BOOL_TAG, _INT_TAG, _FLOAT_TAG) and not _YAML_1_2[node.tag].fullmatch(node.value):
+        return _STR_TAG
+    if node.tag == _STR_TAG and _YAML_1_2[_FLOAT_TAG].fullmatch(node.value):
+        return _FLOAT_TAG  # 1e3: YAML 1.1 wants a dot in a float
+    return node.tag

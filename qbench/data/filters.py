@@ -7,7 +7,8 @@ Several columns AND together; several ops on one column AND together.
 A column of text (a CSV column read as text, qbench.data.text_tables) compares as numbers when every
 cell is one, and equals a number where its text is that number written plainly (7 matches "7"
 and "7.0", not "007"), and true or false as pandas would have read it ("True", "true", "TRUE").
-A column of dates or timestamps equals, and compares with, a text operand read as a date or time ('2024-01-31').
+A column of dates or timestamps equals, and compares with, a text operand read as a date or time ('2024-01-31'),
+as does a text column every cell of which is an ISO 8601 date or time (a CSV's: '2024-01-31T00:00:00').
 
 Missing cells (None / NaN) follow SQL: they match only a condition that names
 null (`eq: null`, `in: [..., null]`); `ne: x`, `not_in: [x]` and the comparisons
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
+import re
 import unicodedata
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -77,6 +79,21 @@ def scalar_column(df: pd.DataFrame, column: str, *, field: str, recipe_file: Pat
             recipe_file, field, f"column {column!r} holds lists or arrays; expected a column of single values"
         )
     return values
+
+
+def check_one_kind(values: pd.Series, column: str, *, field: str, recipe_file: Path) -> None:
+    """A column mixing true/false with numbers is refused: True equals 1 to pandas, so a `by` slice of 1 would hold
+    the true rows, and a filter `m: 1` selected them too."""
+    if not pd.api.types.is_object_dtype(values):
+        return
+    cells = values.dropna()
+    flags = cells.map(lambda v: isinstance(v, (bool, np.bool_)))
+    numbers = cells.map(lambda v: isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_)))
+    if flags.any() and numbers.any():
+        example = cells[numbers].iloc[0]
+        message = (f"column {column!r} mixes true/false with numbers (e.g. {format_value(example)}), which pandas "
+                   "takes as equal (True == 1); expected one kind of value")  # fmt: skip
+        raise RecipeError(recipe_file, field, message)
 
 
 def distinct_values(values: pd.Series) -> list[Any]:
@@ -140,7 +157,9 @@ def _condition_mask(values: pd.Series, op: str, operand: Any, *, field: str, rec
 
 def _matches_any(values: pd.Series, operands: Sequence[Any], *, field: str, recipe_file: Path) -> np.ndarray:
     wanted = [v for v in operands if v is not None]
-    _check_truth_against_numbers(values, wanted, field=field, recipe_file=recipe_file)
+    _check_operand_types(values, wanted, field=field, recipe_file=recipe_file)
+    if any(isinstance(v, (int, float)) for v in wanted):
+        check_one_kind(values, str(values.name), field=field, recipe_file=recipe_file)
     dates = _date_kind(values)
     numbers_as_text = np.zeros(len(values), dtype=bool)
     if dates is not None:
@@ -153,6 +172,7 @@ def _matches_any(values: pd.Series, operands: Sequence[Any], *, field: str, reci
                                                   f"{hint}, or compare the text as the file writes it")  # fmt: skip
         wanted += [text for v in wanted if isinstance(v, (int, float)) for text in _cell_texts(v)]
         numbers_as_text = _plain_numbers_in(values, numbers)
+        numbers_as_text |= _dates_in_text(values, wanted, field=field, recipe_file=recipe_file)
     matched = values.isin(wanted).to_numpy(dtype=bool, na_value=False) & values.notna().to_numpy()
     matched |= numbers_as_text
     if len(wanted) < len(operands):
@@ -160,18 +180,22 @@ def _matches_any(values: pd.Series, operands: Sequence[Any], *, field: str, reci
     return matched
 
 
-def _check_truth_against_numbers(values: pd.Series, wanted: Sequence[Any], *, field: str, recipe_file: Path) -> None:
-    """A RecipeError for a number against a true/false column, or true/false against a numeric one: pandas compares
-    them as Python does (True == 1), so `b: 1` selected the true rows and `ne: 0` on a 0/1 column kept the false
-    ones of `ne: false` silently; which one the recipe meant cannot be told."""
-    truths = pd.api.types.is_bool_dtype(values)
-    numbers = pd.api.types.is_numeric_dtype(values) and not truths
+def _check_operand_types(values: pd.Series, wanted: Sequence[Any], *, field: str, recipe_file: Path) -> None:
+    """A RecipeError for a value no cell of a typed column can equal. A number against a true/false column, or
+    true/false against a numeric one: pandas compares them as Python does (True == 1), so `b: 1` selected the true
+    rows and `ne: 0` on a 0/1 column kept the false ones of `ne: false` silently; which one the recipe meant cannot
+    be told. Text against either (`n: '7'`, `flag: 'yes'`, also where the column is categorical with such
+    categories): it equalled no cell, so `in: ['7', 8]` silently selected the 8s alone and `not_in` kept every row."""
+    typed = values.cat.categories if isinstance(values.dtype, pd.CategoricalDtype) else values
+    truths = pd.api.types.is_bool_dtype(typed)
+    numbers = pd.api.types.is_numeric_dtype(typed) and not truths
+    if not (truths or numbers):
+        return
+    kind, expected = ("true/false", "true or false") if truths else ("numbers", "a number (unquoted, no leading zero)")
     for operand in wanted:
         is_truth = isinstance(operand, (bool, np.bool_))
         is_number = isinstance(operand, (int, float, np.integer, np.floating)) and not is_truth
-        if (truths and is_number) or (numbers and is_truth):
-            kind = "true/false" if truths else "numbers"
-            expected = "true or false" if truths else "a number"
+        if (truths and not is_truth) or (numbers and not is_number):
             raise RecipeError(recipe_file, field, f"got {operand!r}: column {values.name!r} holds {kind}; expected "
                                                   f"{expected}")  # fmt: skip
 
@@ -216,14 +240,37 @@ def _check_date_operand(values: pd.Series, op: str, operand: str, *, field: str,
 def _text_as_times(values: pd.Series, op: str, *, field: str, recipe_file: Path) -> pd.Series:
     """A text column every cell of which is an ISO 8601 date or time ('2024-01-31', '2024-01-31 12:30:00'), as
     timestamps; anything else is a RecipeError (a date compared with other text would compare letters)."""
+    times = _iso_times(values)
+    if times is None:
+        raise RecipeError(recipe_file, field, f"{op!r} with a date or time compares dates, but column {values.name!r} "
+                                              f"holds {_kind_of(values)} values that are not all dates")  # fmt: skip
+    return times
+
+
+def _iso_times(values: pd.Series) -> pd.Series | None:
+    """A text column every cell of which is an ISO 8601 date or time, as timestamps; else None."""
     times = None
     if pd.api.types.is_object_dtype(values) or pd.api.types.is_string_dtype(values):
         with contextlib.suppress(ValueError, TypeError):
             times = pd.to_datetime(values, format="ISO8601", errors="coerce")
     if times is None or not pd.api.types.is_datetime64_any_dtype(times) or times.notna().sum() != values.notna().sum():
-        raise RecipeError(recipe_file, field, f"{op!r} with a date or time compares dates, but column {values.name!r} "
-                                              f"holds {_kind_of(values)} values that are not all dates")  # fmt: skip
+        return None
     return times
+
+
+_ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
+def _dates_in_text(values: pd.Series, wanted: Sequence[Any], *, field: str, recipe_file: Path) -> np.ndarray:
+    """Which cells of a text column of ISO 8601 dates or times (a CSV's) are the time of a wanted date: `day:
+    2024-01-31` matched no cell written '2024-01-31T00:00:00', though `{ge: 2024-01-31, le: 2024-01-31}` selected
+    them, and `not_in` kept them. A time zone must be stated on both sides or neither, as for a timestamp column."""
+    dates = [v for v in wanted if isinstance(v, str) and _ISO_DATE.match(v)]
+    times = _iso_times(values) if dates else None
+    if times is None:
+        return np.zeros(len(values), dtype=bool)
+    stamps = [_as_date(times, v, "datetime", field=field, recipe_file=recipe_file) for v in dates]
+    return times.isin(stamps).to_numpy(dtype=bool, na_value=False)
 
 
 def _as_date(values: pd.Series, operand: Any, kind: str, *, field: str, recipe_file: Path) -> Any:

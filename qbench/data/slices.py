@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from qbench.data.filters import (
+    check_one_kind,
     distinct_values,
     empty_selection_error,
     filter_mask,
@@ -86,7 +87,7 @@ def _masks_by_column(
     """One slice per distinct value among the evaluated rows (all rows without `evaluation_rows`): a value only
     calibration rows hold is no slice to judge. Masks cover every row of the table."""
     values = scalar_column(df, column, field=field, recipe_file=recipe_file)
-    _check_one_kind(values, column, field=field, recipe_file=recipe_file)
+    check_one_kind(values, column, field=field, recipe_file=recipe_file)
     judged = values if evaluation_rows is None else values.iloc[evaluation_rows]
     distinct = distinct_values(judged)
     _check_categorical(judged, distinct, column, field=field, recipe_file=recipe_file)
@@ -157,20 +158,6 @@ def _as_numbers(values: Sequence[object]) -> list[float] | None:
     if not all(np.isfinite(numbers)):
         return None  # 'inf' / 'nan' written as words: not a measurement scale to bin
     return numbers
-
-
-def _check_one_kind(values: pd.Series, column: str, *, field: str, recipe_file: Path) -> None:
-    """A column mixing true/false with numbers is refused: True equals 1 to pandas, so the two would be one slice."""
-    if not pd.api.types.is_object_dtype(values):
-        return
-    cells = values.dropna()
-    flags = cells.map(lambda v: isinstance(v, (bool, np.bool_)))
-    numbers = cells.map(lambda v: isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_)))
-    if flags.any() and numbers.any():
-        example = cells[numbers].iloc[0]
-        message = (f"column {column!r} mixes true/false with numbers (e.g. {format_value(example)}), which would "
-                   "share slices (True == 1); expected one kind of value")  # fmt: skip
-        raise RecipeError(recipe_file, field, message)
 
 
 def _named_filter_mask(df: pd.DataFrame, spec: SliceSpec, *, field: str, recipe_file: Path) -> np.ndarray:

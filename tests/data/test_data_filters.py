@@ -61,9 +61,24 @@ def test_missing_values_match_only_conditions_that_name_null() -> None:
     assert _rows({"ink": {"ge": -10}}) == [0, 1, 2, 4]
 
 
-def test_a_value_of_another_type_simply_matches_nothing() -> None:
+def test_a_number_absent_from_a_text_column_simply_matches_nothing() -> None:
     assert _rows({"split": 3}) == []
-    assert _rows({"label": "3"}) == []
+
+
+@pytest.mark.parametrize(("column", "values", "flt", "words"), [
+    ("n", [7, 8, 9], {"n": {"in": ["7", 8]}}, "got '7': column 'n' holds numbers; expected a number"),
+    ("n", pd.array([7, None, 9], dtype="Int64"), {"n": {"not_in": ["7"]}}, "got '7': column 'n' holds numbers"),
+    ("n", pd.Categorical([1, 2, 7]), {"n": "7"}, "got '7': column 'n' holds numbers"),
+    ("x", [0.5, 1000.0, 2.0], {"x": {"in": ["1e3", 0.5]}}, "got '1e3': column 'x' holds numbers"),
+    ("flag", pd.array([True, None, False], dtype="boolean"), {"flag": {"ne": "yes"}}, "got 'yes': column 'flag' holds "
+     "true/false; expected true or false"),
+])  # fmt: skip
+def test_text_against_a_column_of_numbers_or_truths_is_refused_naming_the_field(column: str, values: object,
+                                                                                flt: dict, words: str) -> None:
+    """Text equals no such cell: `in: ['7', 8]` selected the 8s alone and `not_in: ['7']` kept the 7s, silently."""
+    with pytest.raises(RecipeError) as info:
+        filter_mask(pd.DataFrame({column: values}), flt, field=FIELD, recipe_file=RECIPE)
+    assert words in str(info.value) and f"{FIELD}.{column}" in str(info.value)
 
 
 def test_misspelt_column_names_the_field_and_suggests() -> None:
@@ -253,6 +268,38 @@ def test_true_or_false_against_numbers_is_refused_naming_the_field(column: str, 
     with pytest.raises(RecipeError) as info:
         filter_mask(pd.DataFrame({column: values}), flt, field=FIELD, recipe_file=RECIPE)
     assert words in str(info.value) and FIELD in str(info.value)
+
+
+@pytest.mark.parametrize("flt", [{"m": 1}, {"m": {"in": [True, "a"]}}, {"m": {"ne": 0}}])
+def test_a_number_or_truth_against_a_column_mixing_them_is_refused_naming_the_field(flt: dict) -> None:
+    """An object column holding 1 and True (a JSON Lines file, a hand-built table): `m: 1` selected the true rows."""
+    table = pd.DataFrame({"m": pd.Series([1, True, "a", 0, False], dtype=object)})
+    with pytest.raises(RecipeError) as info:
+        filter_mask(table, flt, field=FIELD, recipe_file=RECIPE)
+    assert str(info.value) == (f"recipe.yaml: {FIELD}.m: column 'm' mixes true/false with numbers (e.g. 1), which "
+                               "pandas takes as equal (True == 1); expected one kind of value")  # fmt: skip
+    assert np.flatnonzero(filter_mask(table, {"m": "a"}, field=FIELD, recipe_file=RECIPE)).tolist() == [2]
+
+
+@pytest.mark.parametrize(("flt", "expected"), [
+    ({"day": "2024-01-31"}, [0, 2]),
+    ({"day": {"in": ["2024-01-31", "2024-02-01 12:00"]}}, [0, 1, 2]),
+    ({"day": {"not_in": ["2024-01-31"]}}, [1]),
+    ({"day": {"ge": "2024-01-31", "le": "2024-01-31"}}, [0, 2]),
+])  # fmt: skip
+def test_a_text_column_of_iso_times_equals_a_date_as_it_compares_with_one(tmp_path: Path, flt: dict,
+                                                                          expected: list[int]) -> None:
+    """A CSV writes times as '2024-01-31T00:00:00': `day: 2024-01-31` selected none of them, `not_in` kept them."""
+    (tmp_path / "t.csv").write_text("day,n\n2024-01-31T00:00:00,1\n2024-02-01T12:00:00,2\n2024-01-31T00:00:00,3\n,4\n")
+    table = load_table(tmp_path / "t.csv", recipe_file=RECIPE, text_columns=["day"])
+    assert np.flatnonzero(filter_mask(table, flt, field=FIELD, recipe_file=RECIPE)).tolist() == expected
+
+
+def test_a_date_against_text_times_with_a_time_zone_is_refused_naming_the_field() -> None:
+    table = pd.DataFrame({"day": ["2024-01-31T00:00:00Z", "2024-02-01T00:00:00Z"]})
+    with pytest.raises(RecipeError) as info:
+        filter_mask(table, {"day": "2024-01-31"}, field=FIELD, recipe_file=RECIPE)
+    assert f"{FIELD}.day: got '2024-01-31': expected a time with its UTC offset" in str(info.value)
 
 
 def test_true_or_false_filters_on_a_boolean_column() -> None:

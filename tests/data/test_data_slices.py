@@ -163,7 +163,7 @@ def test_true_and_one_in_one_column_are_refused_not_merged() -> None:
     with pytest.raises(RecipeError) as info:
         slice_masks(table, [SliceSpec(by="flag")], recipe_file=RECIPE)
     assert str(info.value) == ("recipe.yaml: data.slices[0].by: column 'flag' mixes true/false with numbers (e.g. 1), "
-                               "which would share slices (True == 1); expected one kind of value")  # fmt: skip
+                               "which pandas takes as equal (True == 1); expected one kind of value")  # fmt: skip
     assert list(slice_masks(pd.DataFrame({"flag": [True, False, None]}), [SliceSpec(by="flag")], recipe_file=RECIPE)) == [
         "flag=False", "flag=True", "flag=<missing>"
     ]  # fmt: skip
