@@ -149,7 +149,6 @@ def _yaml_error(path: Path, exc: yaml.YAMLError) -> RecipeError:
     return RecipeError(path, where, f"invalid YAML: {detail}")
 
 
-
 _STR_TAG, _BOOL_TAG, _INT_TAG, _FLOAT_TAG = (f"tag:yaml.org,2002:{kind}" for kind in ("str", "bool", "int", "float"))
 _YAML_1_2 = {  # the YAML 1.2 core schema's plain scalars of each type (its null, ~ and empty, is YAML 1.1's too)
     _BOOL_TAG: re.compile(r"true|True|TRUE|false|False|FALSE"),
