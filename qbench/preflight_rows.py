@@ -12,7 +12,6 @@ kernel differences between batch sizes).
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from qbench.data.feeds import take_batch
 from qbench.errors import QbenchError, RecipeError
 from qbench.modelinfo import ModelInfo, TensorMeta
 from qbench.modelinfo_classes import each_once
+from qbench.preflight_random import EVAL_EXPORT, random_refusal, random_sources
 from qbench.recipe import Recipe
 from qbench.validate.outputs import VARIABLE_SHAPE, as_array
 
@@ -37,9 +37,6 @@ _REMEDY = {  # by model source
     "model.torch": ("and forward() combines rows: a batch size written as a number (x.view(2, -1), not "
                     "x.view(x.size(0), -1)), a reduction over dim 0, or a sequence-first layer (use batch_first=True)"),
 }  # fmt: skip
-# Ops that draw random numbers (Dropout only with training_mode set, which an export in training mode does).
-_RANDOM_OPS = frozenset({"Bernoulli", "Dropout", "Multinomial", "RandomNormal", "RandomNormalLike", "RandomUniform",
-                         "RandomUniformLike"})  # fmt: skip
 # An exported model whose rows follow a reordering but not a batch of their own computes something over the batch.
 _ACROSS_ROWS = "so let no value be computed over the batch (a batch's sum choosing an If branch or a Loop count)"
 # Ops whose output length depends on the values fed (TopK and Loop only where their count is not a constant).
@@ -60,6 +57,8 @@ def check_row_independence(
     size = batch if batch is not None else min(CHECKED_ROWS, count)
     if count == 0:
         return
+    for name, nodes in random_sources(path, outputs).items():
+        raise RecipeError(recipe.source, _field(recipe), f"{_inputs(model, batch)}: {random_refusal(name, nodes)}")
     rows = take_batch({name: array[:size] for name, array in feeds.items()}, size)
     session = _session(path)
     if session is None:
@@ -108,27 +107,15 @@ def _check_repeatable(
     recipe: Recipe, path: Path, model: ModelInfo, batch: int | None, session, rows: Mapping[str, np.ndarray],  # noqa: ANN001
     outputs: Mapping[str, int], reference: Mapping[str, np.ndarray],
 ) -> None:  # fmt: skip
-    """RecipeError when the same rows fed again give other outputs: a graph that draws random numbers (an export in
-    training mode keeps Dropout active) gives no figure a variant could be compared with, and the reordering trials
-    below would blame the batch axis for it."""
+    """RecipeError when the same rows fed again to the same session give other outputs, by any amount: the same
+    kernels on the same batch give the same bits, so a difference is a draw the graph scan did not see (a custom
+    op's), whose noise every figure would measure, and which the reordering trials below would blame on the batch."""
     again = _run(session, rows, outputs)
     for name, values in reference.items():
-        seen = _moved(name, values, again.get(name), np.arange(len(values)))
+        seen = _moved(name, values, again.get(name), np.arange(len(values)), exact=True)
         if seen is not None:
             raise RecipeError(recipe.source, _field(recipe), f"{_inputs(model, batch)}: {seen} when the same rows were "
-                              f"fed again; expected a deterministic model{_random_nodes(path)}{_batch_statistics(path)}")  # fmt: skip
-
-
-_EVAL_EXPORT = "export it in inference mode (PyTorch: model.eval(), and torch.onnx.export's training=TrainingMode.EVAL)"
-
-
-def _random_nodes(path: Path) -> str:
-    """': its random nodes: Dropout (1) ...' naming the graph's nodes that draw random numbers, else ''."""
-    counts = Counter(node.op_type for node in _nodes(path) if node.op_type in _RANDOM_OPS)
-    if not counts:
-        return ""
-    listed = ", ".join(f"{op} ({n})" for op, n in sorted(counts.items()))
-    return f": its random nodes: {listed}; {_EVAL_EXPORT}, where Dropout passes its input through"
+                              f"fed again; expected a deterministic model{_batch_statistics(path)}")  # fmt: skip
 
 
 def _batch_statistics(path: Path) -> str:
@@ -139,7 +126,7 @@ def _batch_statistics(path: Path) -> str:
     if not count:
         return ""
     return (f"; its {count} BatchNormalization node(s) normalise with each batch's own statistics "
-            f"(training_mode=1): {_EVAL_EXPORT}, where they use the running statistics")
+            f"(training_mode=1): {EVAL_EXPORT}, where they use the running statistics")
 
 
 def _nodes(path: Path) -> list:
@@ -217,8 +204,11 @@ def _run(session, feeds: Mapping[str, np.ndarray], outputs: Mapping[str, int]) -
     return arrays
 
 
-def _moved(name: str, reference: np.ndarray, got: np.ndarray | None, picks: np.ndarray) -> str | None:
-    """What was seen when `got` (the outputs of rows `picks`) is not `reference[picks]`; None when it is."""
+def _moved(
+    name: str, reference: np.ndarray, got: np.ndarray | None, picks: np.ndarray, *, exact: bool = False
+) -> str | None:
+    """What was seen when `got` (the outputs of rows `picks`) is not `reference[picks]`, within kernel differences
+    between batch sizes unless `exact`; None when it is."""
     expected = reference[picks]
     if got is None or got.shape != expected.shape:
         shape = "no array" if got is None else f"shape {list(got.shape)}"
@@ -232,7 +222,7 @@ def _moved(name: str, reference: np.ndarray, got: np.ndarray | None, picks: np.n
     expected, got = expected.astype(np.float64), got.astype(np.float64)
     finite = np.isfinite(reference)
     scale = float(np.max(np.abs(reference[finite]))) if finite.any() else 0.0
-    tolerance = RELATIVE_TOLERANCE * scale + ABSOLUTE_TOLERANCE
+    tolerance = 0.0 if exact else RELATIVE_TOLERANCE * scale + ABSOLUTE_TOLERANCE
     both_finite = np.isfinite(got) & np.isfinite(expected)
     same_special = (got == expected) | (np.isnan(got) & np.isnan(expected))  # inf where inf was, NaN where NaN was
     with np.errstate(invalid="ignore"):
@@ -246,7 +236,7 @@ def _moved(name: str, reference: np.ndarray, got: np.ndarray | None, picks: np.n
 
 
 def _short(value: object) -> str:
-    text = np.array2string(np.asarray(value), threshold=6, precision=4) if np.ndim(value) else repr(value)
+    text = np.array2string(np.asarray(value), threshold=6, precision=4) if np.ndim(value) else repr(np.asarray(value).item())
     return text if len(text) <= 60 else text[:57] + "..."
 
 

@@ -118,7 +118,7 @@ def test_outputs_that_depend_on_how_many_rows_are_fed_are_refused(tmp_path: Path
 
 def test_a_model_exported_in_training_mode_is_refused_as_random_not_as_batch_first(tmp_path: Path) -> None:
     """A Dropout left in training mode (torch.onnx.export(..., training=TrainingMode.TRAINING)) gives other outputs
-    each run: the error says the same rows changed when fed again and names the node, not the batch axis."""
+    each run: the error names the node and the export to make, not the batch axis."""
     model = _save(tmp_path / "m.onnx", [helper.make_node("Dropout", ["x", "ratio", "training"], ["dropped"]),
                                         helper.make_node("MatMul", ["dropped", "w"], ["y"])],  # fmt: skip
                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", FEATURES])],
@@ -129,10 +129,11 @@ def test_a_model_exported_in_training_mode_is_refused_as_random_not_as_batch_fir
     with pytest.raises(RecipeError) as caught:
         _check(tmp_path, model, feeds)
     message = str(caught.value)
-    assert "model.path: model input x ['batch', 3]: row " in message
-    assert message.endswith("when the same rows were fed again; expected a deterministic model: its random nodes: "
-                            "Dropout (1); export it in inference mode (PyTorch: model.eval(), and torch.onnx.export's "
-                            "training=TrainingMode.EVAL), where Dropout passes its input through")  # fmt: skip
+    assert message.startswith(f"{tmp_path / 'recipe.yaml'}: model.path: model input x ['batch', 3]: output 'y' is "
+                              "computed through nodes that draw "
+                              "random numbers on every run: Dropout, so ")  # fmt: skip
+    assert message.endswith("expected a deterministic model: export it in inference mode (PyTorch: model.eval(), and "
+                            "torch.onnx.export's training=TrainingMode.EVAL), where Dropout passes its input through")
     _check(tmp_path, _linear(tmp_path / "plain.onnx", "batch"), feeds)  # a deterministic graph passes
 
 

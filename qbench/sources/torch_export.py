@@ -21,6 +21,7 @@ import numpy as np
 
 from qbench.errors import QbenchError
 from qbench.execute.store import cache_dir as qbench_cache_dir
+from qbench.preflight_random import random_refusal, random_sources
 from qbench.sources.torch_lengths import other_lengths
 from qbench.sources.torch_model import EXAMPLE_BATCH, TorchModel, single_torch_thread
 from qbench.sources.torch_outputs import flatten_outputs
@@ -123,7 +124,10 @@ def _export_problem(torch_model: TorchModel, path: Path) -> Problem | None:
     On the example batch a difference means the module does something the exporter cannot capture
     (data-dependent control flow, say). On another batch it means the trace recorded the example's
     batch size as a constant: every batch of evaluation rows but the example's would then be computed
-    wrong, or rows mixed together, or fail."""
+    wrong, or rows mixed together, or fail. A graph that draws random numbers is named as such first: its outputs
+    differ from forward()'s, and from its own, on every run."""
+    for name, nodes in random_sources(path, torch_model.output_names).items():
+        return Problem(f"samples: {random_refusal(name, nodes, torch=True)}")
     session = _session(path)
     difference = export_difference(torch_model, path, torch_model.example_inputs(), session=session)
     if difference is not None:

@@ -21,13 +21,13 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
+from qbench.preflight_random import RANDOM_OPS
 from qbench.variants.float_support import tensor_types
 from qbench.variants.onnx_utils import names_read, subgraphs_of
 
 # Operators whose output is not a function of their inputs, and DequantizeLinear (a stored quantized weight, see the
 # module docstring): never folded.
-_NOT_FOLDED = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli",
-               "DequantizeLinear"}  # fmt: skip
+_NOT_FOLDED = RANDOM_OPS | {"DequantizeLinear"}
 
 
 def _foldable(node: onnx.NodeProto, constant: set[str]) -> bool:

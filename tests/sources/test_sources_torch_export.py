@@ -68,6 +68,21 @@ class Overflows(Net):
         return super().forward(features) * 1e39
 
 
+class Sampled(Net):
+    """A VAE-style sampler: the mean plus noise drawn in forward(), eval mode or not."""
+
+    def forward(self, features):
+        mean = super().forward(features)
+        return mean + 0.05 * torch.randn_like(mean)
+
+
+class Dropped(Net):
+    """Dropout forced on whatever the module's mode."""
+
+    def forward(self, features):
+        return torch.nn.functional.dropout(super().forward(features), 0.5, training=True)
+
+
 class NumberedBatch(Net):
     """int() turns the traced batch size into a number: the export keeps the example's 2."""
 
@@ -78,7 +93,7 @@ class NumberedBatch(Net):
 MODELS_SOURCE = '''
 import torch
 
-from mypkg.layers import KeyPadded, Net, NumberedBatch, Overflows, PerRowLoop
+from mypkg.layers import Dropped, KeyPadded, Net, NumberedBatch, Overflows, PerRowLoop, Sampled
 
 
 def build():
@@ -101,6 +116,14 @@ def build_key_padded():
 
 def build_overflows():
     return Overflows()
+
+
+def build_sampled():
+    return Sampled()
+
+
+def build_dropped():
+    return Dropped()
 '''
 
 
@@ -264,3 +287,23 @@ def test_a_forward_that_returns_inf_on_the_example_is_named_so_not_as_an_export_
         resolve_model(load_recipe(recipe))
     assert "on its example inputs: cannot be compared: forward() itself returns NaN or inf in output 'output' on " \
            "these inputs (features [2, 4] float32)" in caught.value.detail
+
+
+@pytest.mark.parametrize(("factory", "drawn", "remedy"), [
+    ("build_sampled", "RandomNormalLike", "a sampler draws in inference mode too: have the model return its "
+                                          "deterministic part"),
+    ("build_dropped", "Dropout", "forward() keeps dropout on in eval mode (F.dropout(..., training=True)): pass "
+                                 "training=self.training"),
+])  # fmt: skip
+def test_a_forward_that_draws_random_numbers_is_named_so_not_as_an_export_difference(
+    tmp_path: Path, factory: str, drawn: str, remedy: str
+) -> None:
+    """The export's outputs differ from forward()'s because both draw: it was refused as an export that does not
+    compute forward() (`output 'output' differs from forward()'s by 1.03e-01`), pointing at the exporter."""
+    recipe = _project(tmp_path, factory)
+    with pytest.raises(RecipeError) as caught:
+        resolve_model(load_recipe(recipe))
+    detail = caught.value.detail
+    assert detail.startswith(f"the ONNX export of mypkg.models:{factory} samples: output 'output' is computed through "
+                             f"nodes that draw random numbers on every run: {drawn} ")  # fmt: skip
+    assert remedy in detail and "differs from forward()" not in detail
