@@ -9,7 +9,10 @@ from __future__ import annotations
 import functools
 import os
 import platform
+import shutil
 import socket
+import subprocess
+import sys
 from collections.abc import Iterable
 from importlib import metadata
 from typing import Any
@@ -95,14 +98,43 @@ def package_versions(packages: Iterable[str]) -> dict[str, str]:
     return {name: package_version(name) or "absent" for name in packages}
 
 
-def measurement_facts(packages: Iterable[str], threads: int | None) -> dict[str, str]:
+def measurement_facts(packages: Iterable[str], threads: int | None, gpu: bool = False) -> dict[str, str]:
     """What a measurement's figures depend on beyond its model and the recipe, here: the installed versions of the
     runtime `packages` that computed them, and the machine facts latency depends on (CPU model, usable CPUs,
-    architecture, the threads asked for; none: the runtime's default, which follows the CPUs). A resumed sweep
-    reuses a measurement only where they are today's (qbench.execute.resume), so one table never mixes runtimes or
-    machines."""
-    return {**package_versions(packages), "cpu": _cpu_model(), "cpus": str(_usable_cpus()), "machine": platform.machine(),
-            "threads": str(threads) if threads is not None else "runtime default"}  # fmt: skip
+    architecture, the threads asked for; none: the runtime's default, which follows the CPUs; with `gpu`, a backend
+    computing on a GPU, the GPU's model, "none" without one). A resumed sweep reuses a measurement only where they are
+    today's (qbench.execute.resume), so one table never mixes runtimes or machines. A CPU backend's facts leave the
+    GPU out: another GPU in the machine does not change what it measures."""
+    facts = {**package_versions(packages), "cpu": _cpu_model(), "cpus": str(_usable_cpus()), "machine": platform.machine(),
+             "threads": str(threads) if threads is not None else "runtime default"}  # fmt: skip
+    return facts | {"gpu": gpu_model() or "none"} if gpu else facts
+
+
+@functools.cache
+def gpu_model() -> str | None:
+    """The model of the GPU this process computes on (CUDA device 0 as it sees it), None on a machine without one.
+
+    From torch where it is already imported and sees CUDA (importing torch only to ask takes seconds), else from
+    nvidia-smi, asked about the first device CUDA_VISIBLE_DEVICES leaves visible (nvidia-smi ignores that variable;
+    an empty one hides every GPU). Never raises: a GPU that cannot be asked about is recorded as none."""
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_available():
+            return str(torch.cuda.get_device_name(0))
+    except Exception:  # noqa: BLE001 - a broken CUDA install reads as no GPU here; the backend says why when it runs
+        pass
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    smi = shutil.which("nvidia-smi")
+    if smi is None or (visible is not None and not visible.strip()):
+        return None
+    which = [f"--id={visible.split(',')[0].strip()}"] if visible is not None else []
+    try:
+        done = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader", *which], capture_output=True,
+                              text=True, timeout=20, check=False)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    names = [line.strip() for line in done.stdout.splitlines() if line.strip()] if done.returncode == 0 else []
+    return names[0] if names else None
 
 
 def machine_kind(machine: dict[str, Any]) -> str:

@@ -46,6 +46,8 @@ from qbench.errors import QbenchError, expected_one_of
 from qbench.explain_graph import QdqBypass, QuantizedNode, Rebuild, float_keeper, quantized_nodes, sqnr_costs
 from qbench.explain_spec import explained_spec, swept_calibrator
 from qbench.files import replace_atomically
+from qbench.gate import GateReport, judge
+from qbench.gate_resolution import JudgedTry, passing
 from qbench.gate_tolerance import Tolerances, reference_tolerances
 from qbench.preflight import Prepared, prepare
 from qbench.progress import track
@@ -132,6 +134,7 @@ class ExplainOutcome:
 
 
 Scorer = Callable[[BuiltVariant], Score]
+Judged = Callable[[BuiltVariant], tuple[Score, GateReport]]
 
 
 # -- ranking -----------------------------------------------------------------------------------------------
@@ -234,16 +237,22 @@ class _Evaluator:
     def __init__(self, prepared: Prepared, backend: Backend) -> None:
         self.prepared, self.backend = prepared, backend
         fp32 = measure(backend, BuiltVariant("fp32", "fp32", prepared.source.onnx_path), prepared)
-        self.reference = fp32.reference
+        self.reference, self.fp32 = fp32.reference, fp32.result
         if self.reference is None:
             raise QbenchError("explain: the FP32 model could not be run on the evaluation rows")
         self.tolerances = reference_tolerances(fp32.result, prepared.recipe.gate)  # what the gate judges with
 
     def score(self, built: BuiltVariant) -> Score:
+        return self.judged(built)[0]
+
+    def judged(self, built: BuiltVariant) -> tuple[Score, GateReport]:
+        """Its score, and the gate's verdict on it (qbench.gate.judge: an unresolved pass is a pass, with its reasons)."""
         measured = measure(self.backend, built, self.prepared, reference=self.reference, quiet=True)
         if measured.result.accuracy is None:
             raise QbenchError(f"explain: {built.name} could not be measured: {measured.result.error}")
-        return score_accuracy(measured.result.accuracy, self.prepared.recipe.gate, measured.nsr)
+        gate = self.prepared.recipe.gate
+        verdict = judge(self.fp32, measured.result, gate, self.tolerances)
+        return score_accuracy(measured.result.accuracy, gate, measured.nsr), verdict
 
 
 def explain_variant(
@@ -283,7 +292,7 @@ def explain_variant(
             spec = spec.model_copy(update={"calibrator": swept})
             notes.insert(0, f"calibrator auto: explained with {swept}, the calibrator the sweep kept ({source})")
         if spec.calibrator == "auto":
-            spec, built, baseline, note = _auto_calibrated(spec, ctx, evaluator.score, recipe.gate)
+            spec, built, baseline, note = _auto_calibrated(spec, ctx, evaluator.judged, recipe.gate)
             notes.insert(0, f"{note}; {source}")
         else:
             built = build_variant(spec, ctx)
@@ -338,23 +347,47 @@ def interaction_note(share: float, group_by: str) -> str:
             + (f" or --group {coarser}" if coarser else ""))  # fmt: skip
 
 
+@dataclass(frozen=True)
+class _CalibratorTry(JudgedTry):
+    """One calibrator of `calibrator: auto`, built, scored and judged by the gate on the evaluation rows."""
+
+    spec: VariantSpec
+    built: BuiltVariant
+    score: Score
+    verdict: GateReport
+
+    @property
+    def lowered(self) -> bool:
+        return not self.built.lowered_nothing
+
+    def label(self) -> str:
+        return f"{self.spec.calibrator} {signed(self.score.overall)}{self.mark}"
+
+
 def _auto_calibrated(
-    spec: VariantSpec, ctx: BuildContext, score: Scorer, gate: GateSpec
+    spec: VariantSpec, ctx: BuildContext, judged: Judged, gate: GateSpec
 ) -> tuple[VariantSpec, BuiltVariant, Score, str]:
-    """`calibrator: auto` as the sweep keeps it when no try passes: each calibrator built and scored, the one with the
-    smallest overall drop kept (the sweep keeps the fastest of those that pass, a resolved pass first; explain does
-    not time, so with several passing it may explain another). The others' models are deleted."""
-    tried = []
+    """`calibrator: auto` without a sweep to follow: each calibrator built, scored and judged, and one kept by the
+    sweep's resolution rule (qbench.gate_resolution.passing: a pass the rows resolve before one resting on too few of
+    them, which is kept only when no calibrator's pass is resolved; among those, the smallest overall drop: the sweep
+    keeps the fastest, and explain does not time, so with several passing it may explain another); when none passes,
+    the smallest overall drop, as the sweep keeps it. The others' models are deleted."""
+    tries = []
     for calibrator in AUTO_CALIBRATORS:
         candidate = spec.model_copy(update={"calibrator": calibrator})
         built = build_variant(candidate, dataclasses.replace(ctx, workdir=ctx.workdir / calibrator))
-        tried.append((candidate, built, score(built)))
-    chosen = min(tried, key=lambda t: t[2].overall if math.isfinite(t[2].overall) else math.inf)
-    for _, built, _ in tried:
-        if built is not chosen[1]:
-            discard_built(built, ctx.workdir, with_folder=True)
-    drops = ", ".join(f"{c.calibrator} {signed(s.overall)}" for c, _, s in tried)
-    return *chosen, f"calibrator auto: explained with {chosen[0].calibrator}, the smallest {gate.metric} drop ({drops})"
+        tries.append(_CalibratorTry(candidate, built, *judged(built)))
+    among = [tries[i] for i in passing(tries)] or tries
+    chosen = min(among, key=lambda t: t.score.overall if math.isfinite(t.score.overall) else math.inf)
+    for tried in tries:
+        if tried is not chosen:
+            discard_built(tried.built, ctx.workdir, with_folder=True)
+    why = (f"the smallest {gate.metric} drop of those whose pass the rows resolve" if chosen.resolved_pass else
+           f"the smallest {gate.metric} drop of those passing, none on enough rows to resolve the tolerance: "
+           f"{chosen.unresolved}" if chosen.passed else f"the smallest {gate.metric} drop, none passing")
+    tried = ", ".join(t.label() for t in tries)
+    note = f"calibrator auto: explained with {chosen.spec.calibrator}, {why} ({tried})"
+    return chosen.spec, chosen.built, chosen.score, note
 
 
 def _require_fp32_tensors(built: BuiltVariant, option: str) -> None:

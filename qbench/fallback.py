@@ -20,9 +20,10 @@ A try in which no node computes in INT8 (BuiltVariant.lowered_nothing) is not ap
 passes, whatever it measures. The result is the fastest passing candidate (p50 at the largest batch
 size), chosen by the INT8 search's rule (qbench.gate_resolution.passing): a pass the selection rows resolve
 before any that rests on too few of them, which is kept only when no try's pass is resolved, with a note (and
-under `gate.unresolved: fail` reported as not passing, as the gate would hold it); when none passes, the most accurate one that quantizes something, with a note saying the
-tolerance was unreachable (the gate then fails it); when no try quantizes anything (the model has
-nothing to quantize), the first try, which is the FP32 model itself.
+under `gate.unresolved: fail` reported as not passing, as the gate would hold it: `search.outcome` "pass
+unresolved", the note saying how many rows would resolve it); when none passes, the most accurate one that
+quantizes something, with a note saying the tolerance was unreachable (the gate then fails it); when no try
+quantizes anything (the model has nothing to quantize), the first try, which is the FP32 model itself.
 
 Only files of the search's own folder are ever moved or deleted (onnx_utils.discard_built): a try with
 nothing to quantize is the user's FP32 model.
@@ -52,7 +53,7 @@ from qbench.explain import Score, group_nodes, rank_groups
 from qbench.explain_graph import QuantizedNode, float_keeper, quantized_nodes, sqnr_costs
 from qbench.gate import GateReport, judge
 from qbench.gate_report import failure_reasons
-from qbench.gate_resolution import JudgedPass, passing, unresolved_pick
+from qbench.gate_resolution import PASS_UNRESOLVED, JudgedTry, passing, unresolved_pick
 from qbench.gate_tolerance import reference_tolerances
 from qbench.preflight import Prepared
 from qbench.recipe import FallbackSpec, VariantSpec
@@ -74,7 +75,7 @@ NOT_APPLICABLE = "not applicable: no node computes in INT8 (the graph is FP32's)
 
 
 @dataclass(frozen=True)
-class Trial(JudgedPass):
+class Trial(JudgedTry):
     """One candidate (None when it failed to build), its measurement and the gate's verdict on it."""
 
     calibrator: str
@@ -87,20 +88,6 @@ class Trial(JudgedPass):
     def lowered(self) -> bool:
         """Whether some node of this try computes in INT8 (a try with every node in FP32 is the FP32 model)."""
         return self.built is not None and not self.built.lowered_nothing
-
-    @property
-    def passed(self) -> bool:
-        """The gate passed it and it is an INT8 candidate: an FP32 graph passing says nothing about INT8."""
-        return self.lowered and self.verdict.exit_code == 0
-
-    @property
-    def unresolved(self) -> str | None:
-        """Why its pass does not resolve the tolerance on the rows it was judged on (None: resolved, or no pass)."""
-        return "; ".join(self.verdict.unresolved) if self.passed and self.verdict.unresolved else None
-
-    @property
-    def unresolved_on_spread(self) -> bool:
-        return bool(self.unresolved) and self.verdict.unresolved_on_spread
 
     @property
     def p50_ms(self) -> float:
@@ -374,7 +361,7 @@ class _Search:
 
     def _notes(self, chosen: Trial) -> list[str]:
         base = len(self.spec.exclude_nodes)
-        steps = " → ".join(f"{t.label(base)} {figure(t.metric)}{_mark(t)}" for t in self.trials)
+        steps = " → ".join(f"{t.label(base)} {figure(t.metric)}{t.mark}" for t in self.trials)
         speed = p50_at_largest_batch(self.reference) / chosen.p50_ms
         shown = f" ({speed:.2f}× FP32 p50)" if math.isfinite(speed) else ""
         notes = [f"search on {self.gate.metric}: {steps}; chosen {chosen.label(base)}{shown}",
@@ -395,16 +382,13 @@ class _Search:
 
 
 def _outcome(chosen: Trial, unresolved: str) -> str:
-    """'passed', 'tolerance unreachable' (also a pass too few rows resolve under `gate.unresolved: fail`, which the
-    gate would not count) or 'nothing to quantize'."""
+    """'passed', PASS_UNRESOLVED (a pass too few rows resolve, under `gate.unresolved: fail`, which the gate would not
+    count: the notes say how many rows would resolve it), 'tolerance unreachable' or 'nothing to quantize'."""
     if chosen.resolved_pass or (chosen.passed and unresolved != "fail"):
         return "passed"
+    if chosen.passed:
+        return PASS_UNRESOLVED
     return "tolerance unreachable" if chosen.lowered else "nothing to quantize"
-
-
-def _mark(trial: Trial) -> str:
-    """A try's verdict in the notes' path: ✓ a resolved pass, ✓? one on too few rows to resolve it, ✗ no pass."""
-    return "✗" if not trial.passed else "✓?" if trial.unresolved else "✓"
 
 
 def _weight_sizes(model: onnx.ModelProto) -> dict[str, int]:

@@ -27,10 +27,14 @@ from typing import TYPE_CHECKING
 
 from qbench.validate.catalogue import METRICS, drop, within
 
-if TYPE_CHECKING:  # qbench.results imports the search's records, which mix in JudgedPass
+if TYPE_CHECKING:  # qbench.results imports the search's records, which mix in JudgedPass; qbench.gate imports this
+    from qbench.gate import GateReport
     from qbench.results import SliceMetrics
 
 CONFIDENCE = 0.95
+# a search's `search.outcome` when its pick passed on too few selection rows and `gate.unresolved: fail` counts no such
+# pass: not "tolerance unreachable" (a drop within tolerance was measured; more rows may resolve it)
+PASS_UNRESOLVED = "pass unresolved"
 MIN_ROWS = 2  # a mean over one row has no spread, and one row is no sample of the inputs
 
 
@@ -54,6 +58,38 @@ class JudgedPass:
         """Passed, and no candidate judged on the same rows could show a better-resolved pass: resolved, or unresolved
         for the rows alone (every candidate on those rows is). What stops a search looking further."""
         return bool(self.passed) and not (self.unresolved and self.unresolved_on_spread)
+
+    @property
+    def mark(self) -> str:
+        """Its verdict in a path of tries: ✓ a resolved pass, ✓? one on too few rows to resolve it, ✗ no pass."""
+        return "✗" if not self.passed else "✓?" if self.unresolved else "✓"
+
+
+class JudgedTry(JudgedPass):
+    """A try with the gate's verdict on it (`verdict`), which is a candidate only where some node of it computes in
+    INT8 (`lowered`: a try with every node in FP32 is the FP32 model, whose pass says nothing about INT8): the tries
+    of `calibrator: auto` and `fallback:` (qbench.fallback) and those `qbench explain` chooses a calibrator among."""
+
+    verdict: GateReport
+    lowered: bool
+
+    @property
+    def passed(self) -> bool:
+        return self.lowered and self.verdict.exit_code == 0
+
+    @property
+    def unresolved(self) -> str | None:
+        return unresolved_reasons(self.passed, self.verdict)
+
+    @property
+    def unresolved_on_spread(self) -> bool:
+        return bool(self.unresolved) and self.verdict.unresolved_on_spread
+
+
+def unresolved_reasons(passed: bool, verdict: GateReport) -> str | None:
+    """Why a pass does not resolve the tolerance on the rows it was judged on, one line (None: resolved, or no pass):
+    the `unresolved` of a JudgedPass from the gate's `verdict` on it."""
+    return "; ".join(verdict.unresolved) if passed and verdict.unresolved else None
 
 
 def passing(candidates: Sequence[JudgedPass]) -> list[int]:

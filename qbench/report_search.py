@@ -73,7 +73,8 @@ def search_summary(report: SearchReport, results: SweepResults) -> list[str]:
                      f"{report.metric} {_num(chosen.metric, '.4f')}).")  # fmt: skip
     elif report.closest is not None:
         closest = report.candidates[report.closest]
-        lines.append(f"Tolerance unreachable: closest: {closest.label} (#{report.closest}); {report.needed}.")
+        head = "Pass unresolved" if report.outcome == "unresolved" else "Tolerance unreachable: closest"
+        lines.append(f"{head}: {closest.label} (#{report.closest}); {report.needed}.")
     else:
         lines.append("No candidate could be built or measured.")
     if report.budget_exhausted:

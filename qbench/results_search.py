@@ -5,9 +5,12 @@
       tolerance_basis                             how those were formed as shares of FP32's figure ('' when absolute
                                                   as the recipe states: qbench.gate_tolerance)
       time_budget_s, seconds, budget_exhausted    the recipe's budget, the time spent, whether candidates were left
-      outcome                                     "passed" | "unreachable" | "nothing built" (no candidate ran)
+      outcome                                     "passed" | "unresolved" (the pick passed on too few selection rows
+                                                  to resolve the tolerance, which `gate.unresolved: fail` counts as no
+                                                  pass) | "unreachable" | "nothing built" (no candidate ran)
       chosen                                      index of the candidate the variant is (None: nothing could be built)
-      closest, needed                             unreachable: the closest candidate and what it would take
+      closest, needed                             unresolved or unreachable: the pick and what it would take (the
+                                                  rows that would resolve its pass)
       fp32_p50_ms                                 FP32's p50 per batch size under the search's quick timing
       selection_rows                              rows candidates were judged and chosen on, none calibrated on or evaluated
                                                   (qbench.selection_rows); None: chosen on the evaluation rows themselves

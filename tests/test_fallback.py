@@ -83,7 +83,7 @@ def test_calibrator_auto_records_every_try_then_falls_back_to_the_fastest_passin
     chosen = steps[result.params["search.chosen"]]
     assert chosen["passed"] and chosen["p50_ms"] == min(s["p50_ms"] for s in steps if s["passed"])
     # its pass on the rows beyond the limit does not resolve the tolerance either: under `fail`, no pass
-    assert "branch_a" in result.params["exclude_nodes"] and result.params["search.outcome"] == "tolerance unreachable"
+    assert "branch_a" in result.params["exclude_nodes"] and result.params["search.outcome"] == "pass unresolved"
     assert chosen["unresolved"] and any("so it is reported as not passing" in note for note in result.notes)
     assert result.params["calibrator"] == chosen["calibrator"] and result.params["calibrator_requested"] == "auto"
     # nor, on the 150 evaluated rows, does the gate: it finds a 50-row slice

@@ -68,7 +68,7 @@ def test_calibrator_auto_keeps_a_resolved_pass_over_a_faster_unresolved_one():
     assert not any("rests on too few" in note for note in notes)
 
 
-@pytest.mark.parametrize(("unresolved", "outcome"), [("fail", "tolerance unreachable"), ("note", "passed")])
+@pytest.mark.parametrize(("unresolved", "outcome"), [("fail", "pass unresolved"), ("note", "passed")])
 def test_only_unresolved_passes_keep_the_fastest_with_a_note_and_under_fail_it_is_not_passing(unresolved, outcome):
     """No try's pass is resolved: the fastest unresolved pass is kept, its notes say why its pass is no evidence and
     how many rows would resolve it; as the gate and the search, `fail` counts no such pass."""

@@ -86,10 +86,11 @@ def measured_with(backend: str, threads: int | None) -> dict[str, str]:
     machine's facts (qbench.environment.measurement_facts). Recorded by the job where it ran, and compared by a
     resume with the resuming machine's."""
     from qbench.backends import BACKENDS
-    from qbench.backends.base import runtime_packages
+    from qbench.backends.base import needs_gpu, runtime_packages
     from qbench.environment import measurement_facts
 
-    return measurement_facts(runtime_packages(BACKENDS.get(backend)), threads)
+    backend_class = BACKENDS.get(backend)
+    return measurement_facts(runtime_packages(backend_class), threads, gpu=needs_gpu(backend_class))
 
 
 def decide_measure(
@@ -138,7 +139,7 @@ def decide_measure(
 
 
 _REFERENCE_AGAIN = "its FP32 reference measured again"
-_FACT_NAMES = {"cpu": "CPU", "cpus": "usable CPUs", "machine": "architecture", "threads": "threads"}  # else packages
+_FACT_NAMES = {"cpu": "CPU", "cpus": "usable CPUs", "machine": "architecture", "threads": "threads", "gpu": "GPU"}  # else packages
 _NOT_RECORDED = "what measured it not recorded (an older qbench)"
 
 

@@ -233,9 +233,12 @@ class BuildStore:
         return self._used_if_intact(key, existing)
 
     def materialise(self, key: str, manifest: dict[str, Any], folder: Path) -> None:
-        """Copies of the build's files in `folder` (never links: editing one leaves the store's as it is)."""
+        """Copies of the build's files in `folder` (never links: editing one leaves the store's as it is), each
+        checked against the sha256 its manifest records: an entry changed since it was found intact (`reusable`), or
+        corrupted on its way here, is never measured as the build. A copy that differs is removed and the sweep
+        fails closed, naming the file (a run folder never holds a model that is not the build's)."""
         folder.mkdir(parents=True, exist_ok=True)
-        for name in manifest["files"]:
+        for name, expected in manifest["files"].items():
             target = folder / name
             target.parent.mkdir(parents=True, exist_ok=True)
             target.unlink(missing_ok=True)  # a link left by an older qbench is not written through
@@ -244,9 +247,16 @@ class BuildStore:
                     self._filesystem().get_file(self._path(key, name), str(target))
                 else:
                     shutil.copyfile(self._path(key, name), target)  # the kernel's copy (sendfile) where it can
+                actual = _file_sha256(target)  # read back from the page cache the copy just filled
             except BaseException:  # a full disk or a signal: no truncated model left to be mistaken for the build
                 target.unlink(missing_ok=True)
                 raise
+            if actual != expected:
+                target.unlink(missing_ok=True)
+                raise QbenchError(f"build store: {self._path(key, name)} no longer has the sha256 its manifest records "
+                                  f"({expected[:12]}…, copied {actual[:12]}…): the stored build {key} changed or was "
+                                  "corrupted since it was published; remove that entry (or run again without "
+                                  "--resume) so the variant is built again")  # fmt: skip
 
     def local_copy(self, built: BuiltVariant, key: str) -> BuiltVariant:
         """`built` with its files on this node: as it is when its model is readable here, else fetched from

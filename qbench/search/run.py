@@ -43,7 +43,7 @@ from qbench.backends.base import RunOptions
 from qbench.errors import QbenchError, one_line
 from qbench.gate import GateReport, judge
 from qbench.gate_report import failure_reasons
-from qbench.gate_resolution import unresolved_pick
+from qbench.gate_resolution import PASS_UNRESOLVED, unresolved_pick, unresolved_reasons
 from qbench.gate_tolerance import reference_tolerances
 from qbench.preflight import Prepared
 from qbench.recipe import LatencySpec
@@ -219,7 +219,7 @@ class _Search:
         verdict = judge(self.fp32.result, measured.result, self.gate, self.tolerances)
         slice_name, slice_drop = worst_slice(verdict)
         passed = verdict.exit_code == 0
-        unresolved = "; ".join(verdict.unresolved) if passed and verdict.unresolved else None
+        unresolved = unresolved_reasons(passed, verdict)
         if not passed:
             said = one_line(f"fail: {'; '.join(failure_reasons(verdict))}", VERDICT_CHARS)
         else:
@@ -401,13 +401,13 @@ class _Search:
                                    keep_float_exhausted=self.keep_float_exhausted)  # fmt: skip
         for index, record in enumerate(self.records):
             if index == pick:
-                verdict = f"closest (unreachable): {record.verdict}" if chosen is None else "chosen" + (
-                    " (pass unresolved)" if thin else "")
+                closest = f"closest ({_outcome(chosen, pick, thin)}): {record.verdict}"
+                verdict = closest if chosen is None else "chosen" + (" (pass unresolved)" if thin else "")
                 self.records[index] = record.with_(verdict=verdict)
         report = SearchReport(
             variant=self.spec.name, metric=self.gate.metric, max_drop=self.tolerances.max_drop,
             max_slice_drop=self.tolerances.max_slice_drop, time_budget_s=self.spec.time_budget_s,
-            seconds=round(self.now() - self.started, 3), outcome=_outcome(chosen, pick),
+            seconds=round(self.now() - self.started, 3), outcome=_outcome(chosen, pick, thin),
             candidates=tuple(self.records), chosen=chosen, closest=pick if chosen is None else None, needed=needed,
             budget_exhausted=self.budget_exhausted, fp32_p50_ms={f"b{b}": p for b, p in self.fp32_p50.items()},
             notes=(self.chosen_on, self._method_note(), *notes, *self._slower_note(chosen)),
@@ -449,7 +449,8 @@ class _Search:
                 path.replace(target.parent / path.name.replace(built.onnx_path.stem, self.spec.name, 1))
         record = self.records[index]
         params = {**built.params, "search.technique": record.technique, "search.candidate": record.label,
-                  "search.outcome": "passed" if passed else "tolerance unreachable",
+                  "search.outcome": "passed" if passed else PASS_UNRESOLVED if record.passed else
+                                    "tolerance unreachable",
                   "search.chosen_on": "selection" if self.prepared.selection is not None else "evaluation"}  # fmt: skip
         none = "no candidate's pass was resolved on the selection rows" if record.passed else "no candidate passed"
         note = f"found by the INT8 search: {record.label}" if passed else f"INT8 search: {none}; closest: {record.label}"
@@ -460,10 +461,13 @@ class _Search:
                                    notes=(*built.notes, note), build_seconds=self.now() - self.started)  # fmt: skip
 
 
-def _outcome(chosen: int | None, pick: int | None) -> str:
+def _outcome(chosen: int | None, pick: int | None, thin: bool) -> str:
+    """The report's outcome; 'unresolved': the pick passed, on too few selection rows for `gate.unresolved: fail`."""
     if chosen is not None:
         return "passed"
-    return "unreachable" if pick is not None else "nothing built"
+    if pick is None:
+        return "nothing built"
+    return "unresolved" if thin else "unreachable"
 
 
 def run_search(

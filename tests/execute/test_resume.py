@@ -126,3 +126,25 @@ def test_what_measures_names_the_backends_runtime_and_this_machine(monkeypatch: 
     assert facts["onnxruntime"] == "9.9" and facts["onnxruntime-gpu"] == "absent" and "torch" not in facts
     assert (facts["cpu"], facts["threads"]) == ("Test CPU", "runtime default")
     assert measured_with("torch-cpu", 2)["torch"] == "absent" and measured_with("torch-cpu", 2)["threads"] == "2"
+
+
+def test_a_gpu_backends_result_measured_on_another_gpu_is_measured_again_and_a_cpu_backends_is_not(monkeypatch):
+    """measured_with held no GPU model: a resume on a machine with another GPU (same CPU) reused the GPU backend's
+    timings made on the first one. A CPU backend's record leaves the GPU out, so another GPU never reruns it."""
+    import qbench.environment as environment
+
+    monkeypatch.setattr(environment, "gpu_model", lambda: "NVIDIA H200")
+    on_gpu, on_cpu = measured_with("onnxruntime-cuda", None), measured_with("onnxruntime-cpu", None)
+    assert on_gpu["gpu"] == "NVIDIA H200" and "gpu" not in on_cpu
+    assert measured_with("torch-cuda", None)["gpu"] == "NVIDIA H200"
+    monkeypatch.setattr(environment, "gpu_model", lambda: "NVIDIA H100 80GB HBM3")
+
+    def decide(recorded, now):
+        return decide_measure(_record(BUILT, recorded), "run-1", build=Decision(REUSE, "stored"), built_sha256=BUILT,
+                              needs_outputs=False, current=now)  # fmt: skip
+
+    moved = decide(on_gpu, measured_with("onnxruntime-cuda", None))
+    assert moved.action == RERUN and moved.changes == ("GPU NVIDIA H200 -> NVIDIA H100 80GB HBM3",)
+    assert decide(on_cpu, measured_with("onnxruntime-cpu", None)).action == REUSE
+    monkeypatch.setattr(environment, "gpu_model", lambda: None)  # the resume runs where there is no GPU
+    assert decide(on_gpu, measured_with("onnxruntime-cuda", None)).changes == ("GPU NVIDIA H200 -> none",)

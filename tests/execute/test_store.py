@@ -94,6 +94,29 @@ def test_a_materialised_build_is_a_copy_independent_of_the_store(
     assert store.reusable(KEY, FACTS) == manifest  # the store's files are as published
 
 
+@pytest.mark.parametrize("name", ["model.onnx", "model.onnx.data"])
+def test_a_store_entry_changed_after_it_was_found_intact_is_never_copied_as_the_build(
+    published: tuple[BuildStore, dict[str, Any]], tmp_path: Path, name: str
+) -> None:  # fmt: skip
+    """The reuse check ran when the sweep planned; the copy into the run folder comes later and copied whatever the
+    entry held by then: another build's weights of the same size were measured as the variant. The copy is now
+    checked against the manifest's sha256, and a copy that differs is removed and fails closed in one line."""
+    from qbench.errors import QbenchError
+
+    store, _ = published
+    manifest = store.reusable(KEY, FACTS)
+    assert manifest is not None
+    _build(tmp_path / "other", seed=1)
+    stored = tmp_path / "store" / KEY / name
+    stored.write_bytes((tmp_path / "other" / name).read_bytes())
+    run_models = tmp_path / "run" / "models"
+    with pytest.raises(QbenchError) as raised:
+        store.materialise(KEY, manifest, run_models)
+    message = str(raised.value)
+    assert "\n" not in message and str(stored) in message and "no longer has the sha256 its manifest records" in message
+    assert not (run_models / name).exists()
+
+
 def test_concurrent_publishers_of_one_key_leave_one_complete_entry(tmp_path: Path) -> None:
     """Eight builds of one key with different bytes (a build that is not bit-reproducible), published at once:
     the first entry stays, every publisher gets its manifest back, and no staging folder is left."""

@@ -10,10 +10,11 @@ import pytest
 
 from qbench.gate_tolerance import reference_tolerances
 from qbench.recipe import GateSpec
-from qbench.report_search import search_rows
+from qbench.report_search import search_rows, search_summary
 from qbench.results import AccuracyResult, SliceMetrics, VariantResult
 from qbench.results_search import CandidateRecord
 from qbench.search import run, select
+from qbench.variants import BuiltVariant
 
 ROWS = 72  # selection rows, as in the probe that found a thin pass breaching on the evaluation rows
 
@@ -81,29 +82,34 @@ def _finished(search: run._Search, tmp_path):
     search.fp32_p50, search.chosen_on = {}, "chosen on the selection rows"
     search.prepared, search.rows = SimpleNamespace(selection=None), SimpleNamespace(count=ROWS)
     search._method_note = lambda: "method"
-    search.built = {}  # nothing to move
-    return search.finish().report
+    search.built = {i: BuiltVariant(r.label, "int8", tmp_path / f"{r.label}.onnx") for i, r in enumerate(search.records)}
+    return search.finish()  # the builds lie outside the search's folder: nothing moves
 
 
-@pytest.mark.parametrize(("unresolved", "outcome"), [("fail", "unreachable"), ("note", "passed")])
-def test_only_unresolved_passes_are_picked_with_a_note_and_under_fail_are_unreachable(monkeypatch, tmp_path, caplog,
-                                                                                        unresolved, outcome):  # fmt: skip
+@pytest.mark.parametrize(("unresolved", "outcome"), [("fail", "unresolved"), ("note", "passed")])
+def test_only_unresolved_passes_are_picked_with_a_note_and_under_fail_are_unresolved(monkeypatch, tmp_path, caplog,
+                                                                                       unresolved, outcome):  # fmt: skip
     """No candidate's pass is resolved: the fastest unresolved pass is the pick, the report says its pass rests on
-    too few selection rows and how many would resolve it; as the gate, `fail` counts no such pass."""
+    too few selection rows and how many would resolve it; as the gate, `fail` counts no such pass, and says it is
+    unresolved for lack of rows, not that the tolerance is unreachable (it said "unreachable" everywhere)."""
     caplog.set_level(logging.INFO)
     search = _search(monkeypatch, ["thin", "thin-twin"], [1.5, 2.0], unresolved)
     search.evaluate_promising()
     assert not any(r.resolved_pass for r in search.records) and all(r.passed for r in search.records)
-    report = _finished(search, tmp_path)
+    finished = _finished(search, tmp_path)
+    report = finished.report
     assert report.outcome == outcome
-    pick = report.closest if outcome == "unreachable" else report.chosen
-    assert pick == 1 and (report.chosen is None) == (outcome == "unreachable")  # the faster of the two
+    pick = report.closest if outcome == "unresolved" else report.chosen
+    assert pick == 1 and (report.chosen is None) == (outcome == "unresolved")  # the faster of the two
     note = next(n for n in report.notes if "rests on too few of them" in n)
     assert "thin-twin" in note and "rows would resolve it" in note
-    if outcome == "unreachable":
-        assert report.needed == note and report.candidates[1].verdict.startswith("closest (unreachable): pass, unresolved")
+    if outcome == "unresolved":
+        assert report.needed == note and report.candidates[1].verdict.startswith("closest (unresolved): pass, unresolved")
+        summary = search_summary(report, SimpleNamespace(variants=()))[0]
+        assert summary.startswith("Pass unresolved: thin-twin (#1); ") and "rows would resolve it" in summary
     else:
         assert report.candidates[1].verdict == "chosen (pass unresolved)"
+    assert finished.built.params["search.outcome"] == ("pass unresolved" if outcome == "unresolved" else "passed")
     assert any("unresolved" in row[-1] for row in search_rows(report))
 
 
