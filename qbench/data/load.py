@@ -31,17 +31,9 @@ from typing import Any
 
 import pandas as pd
 
+from qbench.data.csv_records import COMPRESSED_SUFFIXES, check_unique_columns, open_data, text_encoding
 from qbench.data.partitions import is_parquet_folder, read_parquet_folder
-from qbench.data.text_tables import (
-    COMPRESSED_SUFFIXES,
-    CsvDialect,
-    check_unique_columns,
-    open_data,
-    parse_text_cells,
-    read_csv,
-    text_as_numbers,
-    text_encoding,
-)
+from qbench.data.text_tables import CsvDialect, parse_text_cells, read_csv, text_as_numbers
 from qbench.errors import MissingExtraError, RecipeError, one_line
 
 SOURCE_ATTR = "source"

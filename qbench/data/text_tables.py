@@ -1,4 +1,4 @@
-"""CSV and TSV files as qbench reads them, and the opening of text tables (compression, encodings).
+"""CSV and TSV files as qbench reads them: their cells (opening them and checking their records: csv_records).
 
 CSV states no types: a column whose every cell is a number is read as numbers, except the columns the caller
 names as text (`text_columns`: cells that name things, such as slice codes "007" and "7" or class labels "01"
@@ -22,22 +22,23 @@ text columns of every other format (qbench.data.load): the same cells mean the s
 
 from __future__ import annotations
 
-import bz2
-import csv
-import gzip
 import json
-import lzma
 import re
-import sys
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import pandas as pd
 
-from qbench.errors import short_repr
+from qbench.data.csv_records import (
+    COMPRESSED_SUFFIXES,
+    check_csv_records,
+    checked_records,
+    column_names,
+    text_encoding,
+)
 
 DECIMAL_ATTR = "decimal"
 """`DataFrame.attrs` key holding the decimal mark a CSV table's numbers were written with (',' or '.')."""
@@ -47,9 +48,6 @@ THOUSANDS_ATTR = "thousands"
 
 _COMMA_TEXT_ATTR = "decimal_comma_text"
 """`DataFrame.attrs` key: the text columns of a file with decimal commas kept as written (text_decimal)."""
-
-DELIMITERS = {",": "comma", ";": "semicolon", "\t": "tab", "|": "pipe"}
-"""The delimiters a CSV file may use (spreadsheets in locales with decimal commas write ';'), by name."""
 
 THOUSANDS = {",": "','", ".": "'.'", " ": "a space", "'": "an apostrophe", "\u00a0": "a no-break space (U+00A0)",
              "\u202f": "a narrow no-break space (U+202F)"}  # fmt: skip
@@ -69,26 +67,8 @@ class CsvDialect:
     def delimiter_for(self, path: Path) -> str:
         if self.delimiter is not None:
             return self.delimiter
-        suffix = Path(path.stem).suffix if path.suffix.lower() in _OPENERS else path.suffix
+        suffix = Path(path.stem).suffix if path.suffix.lower() in COMPRESSED_SUFFIXES else path.suffix
         return "\t" if suffix.lower() == ".tsv" else ","
-
-
-_OPENERS: dict[str, Callable[..., IO[Any]]] = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
-"""Compressed text tables by their last suffix (`rows.csv.gz`); pandas infers the same compression from it."""
-
-COMPRESSED_SUFFIXES = frozenset(_OPENERS)
-
-
-def open_data(path: Path, mode: str = "rb", **text: Any) -> IO[Any]:
-    """Open a data file, decompressing it as its last suffix says (`rows.csv.gz`); `text` as for open()."""
-    return _OPENERS.get(path.suffix.lower(), open)(path, mode, **text)
-
-
-def check_unique_columns(names: Sequence[str], where: str) -> None:
-    repeated = sorted({name for name in names if names.count(name) > 1})
-    if repeated:
-        raise ValueError(f"{where} names column {repeated[0]!r} {names.count(repeated[0])} times; expected each "
-                         "column once")  # fmt: skip
 
 
 # what spreadsheets, R and databases write for a missing number
@@ -120,10 +100,12 @@ def read_csv(
     `verbatim_columns` (the text fed to the model, kept as written)."""
     encoding = text_encoding(path)
     delimiter = dialect.delimiter_for(path)
-    header = _check_csv_rows(path, encoding, delimiter)
-    kept = [column for column in header if column in set(text_columns)]
-    read = partial(pd.read_csv, path, sep=delimiter, keep_default_na=False, na_values=[""], encoding=encoding)
-    df = read(decimal=dialect.decimal, dtype=dict.fromkeys(kept, str))
+    header = check_csv_records(path, encoding, delimiter)
+    names = column_names(header)
+    kept = [column for column in names if column in set(text_columns)]
+    read = partial(pd.read_csv, path, sep=delimiter, keep_default_na=False, na_values=[""], encoding=encoding,
+                   header=0, names=names)  # fmt: skip
+    df = checked_records(read(decimal=dialect.decimal, dtype=dict.fromkeys(kept, str)), header)
     decimal, thousands = dialect.decimal, dialect.thousands
     df = parse_text_cells(df, text_columns=kept, list_columns=list_columns, verbatim_columns=verbatim_columns,
                           decimal=decimal, thousands=thousands)  # fmt: skip
@@ -323,69 +305,6 @@ def _text_cells(column: pd.Series) -> pd.Series:
     """The text cells of a column (a list or number among them left out)."""
     cells = column.dropna()
     return cells[cells.map(lambda cell: isinstance(cell, str))].astype(str)
-
-
-def _check_csv_rows(path: Path, encoding: str, delimiter: str) -> list[str]:
-    """Every record has as many fields as the header: pandas would pad a short row with NaN silently. Returns the
-    header."""
-    limit = csv.field_size_limit(sys.maxsize)  # a cell may hold a whole image as a JSON list
-    try:
-        header, counts = _csv_header(path, encoding, delimiter, _field_counts)
-        if counts is None or (counts != len(header)).any():  # a ragged record, or a blank line (allowed), or a
-            # record csv cannot read: read again record by record, to tell which and report the first problem
-            _csv_header(path, encoding, delimiter, partial(_check_field_counts, header=header))
-    finally:
-        csv.field_size_limit(limit)
-    return header
-
-
-def _field_counts(reader: Any) -> Any:
-    """Every record's field count, counted in C (no Python code per record); None where csv fails on a record."""
-    import numpy as np
-
-    try:
-        return np.fromiter(map(len, reader), dtype=np.int64)
-    except csv.Error:
-        return None
-
-
-def _check_field_counts(reader: Any, header: list[str]) -> None:
-    """ValueError naming the first non-blank record whose field count is not the header's."""
-    for record in reader:
-        if any(cell.strip() for cell in record) and len(record) != len(header):
-            shown = ", ".join(header[:8]) + (", ..." if len(header) > 8 else "")
-            raise ValueError(
-                f"line {reader.line_num} has {len(record)} field{'s' if len(record) != 1 else ''}, "
-                f"expected {len(header)} like the header ({shown})"
-            )
-
-
-def _csv_header(path: Path, encoding: str, delimiter: str, rest: Callable[[Any], Any]) -> tuple[list[str], Any]:
-    """The header of a CSV file (checked), and `rest` applied to a csv.reader over the records after it. A header
-    read as one column that holds another delimiter is refused naming it: every recipe column would be missing."""
-    with open_data(path, "rt", newline="", encoding=encoding, errors="replace") as handle:
-        reader = csv.reader(handle, delimiter=delimiter)
-        header = next((record for record in reader if len(record) > 1 or (record and record[0].strip())), [])
-        if not header:  # pandas: "No columns to parse from file"
-            raise ValueError("the file holds no header line; expected a line naming the columns, then a line per row")
-        other = next((sep for sep in DELIMITERS if sep != delimiter and len(header) == 1 and sep in header[0]), None)
-        if other is not None:
-            raise ValueError(f"the header is one column {short_repr(header[0])}: the file looks separated by "
-                             f"{other!r}; expected {DELIMITERS[delimiter]}-separated values (a file separated "
-                             f"otherwise is declared so: data.csv: {{delimiter: {other!r}}})")  # fmt: skip
-        check_unique_columns(header, "the header")  # pandas would read 'y' and rename the second to 'y.1'
-        return header, rest(reader)
-
-
-_BYTE_ORDER_MARKS = ((b"\xef\xbb\xbf", "utf-8-sig"), (b"\xff\xfe", "utf-16"), (b"\xfe\xff", "utf-16"))
-
-
-def text_encoding(path: Path) -> str:
-    """How a text table is encoded: UTF-8, or what its byte order mark says (a spreadsheet's "Unicode text" export
-    is UTF-16 with one). Text in another encoding fails to decode, and the error names the file and UTF-8."""
-    with open_data(path) as handle:
-        start = handle.read(3)
-    return next((encoding for mark, encoding in _BYTE_ORDER_MARKS if start.startswith(mark)), "utf-8")
 
 
 def _is_json_list_column(column: pd.Series) -> bool:

@@ -426,7 +426,7 @@ def test_csv_field_counts_are_checked_without_a_python_loop_over_well_formed_rec
 ) -> None:  # fmt: skip
     """Every record was checked in Python (0.9 s on 500k rows): now the per-record loop runs only for a file with a
     record whose field count differs from the header's (to tell a blank line from a ragged row, and name its line)."""
-    import qbench.data.text_tables as load
+    import qbench.data.csv_records as load
 
     path = tmp_path / "rows.csv"
     path.write_text('a,b,c\n1,"x, y",3\n"multi\nline",5,6\n')
