@@ -11,7 +11,8 @@
    logging — in a sweep whose tracking store already exists (its one-time creation is not counted).
    Each demo is swept from the library without MLflow and with the recipe's sqlite store (interleaved
    rounds; MLflow's cost is also given as the median paired difference of wall times), and as a
-   `qbench sweep` process (whose wall time also holds the interpreter's start and the imports).
+   `qbench sweep` process (whose wall time also holds the interpreter's start and the imports; qbench's modules are
+   compiled to bytecode first, as an installed package's are).
    The digits CNN always; the MiniLM search demo with --minilm (about 5 minutes).
 
     python bench/overhead.py [--rounds 5] [--iterations 300] [--torch-iterations 50] [--threads 2] [--minilm]
@@ -21,6 +22,7 @@
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import shutil
@@ -232,18 +234,19 @@ def prepare_demo(root: Path, name: str) -> None:
 
 
 def sweep_overheads(root: Path, demos: list[str], rounds: int) -> list[dict]:
-    """Per demo: library sweeps without MLflow and with the recipe's sqlite store, interleaved over `rounds` (the
-    digits demo; MiniLM once), medians (the store is created by a first sweep, not counted), the MLflow row with the
-    median paired difference of wall times; then one `qbench sweep` process."""
+    """Per demo: library sweeps without MLflow and with the recipe's sqlite store and `qbench sweep` processes,
+    interleaved over `rounds` (the digits demo; MiniLM once), medians (the store is created by a first sweep, not
+    counted), the MLflow row with the median paired difference of wall times."""
     rows = []
     for name in demos:
         prepare_demo(root, name)
         library_sweep(root, name, track=True)
         kinds = {"library, no MLflow": False, "library, MLflow": True}
-        measured: dict[str, list[dict]] = {how: [] for how in kinds}
+        measured: dict[str, list[dict]] = {how: [] for how in (*kinds, "qbench sweep process")}
         for _ in range(rounds if name == "digits" else 1):
             for how, track in kinds.items():
                 measured[how].append(library_sweep(root, name, track=track))
+            measured["qbench sweep process"].append(cli_sweep(root, name))
         untracked = _median_row(measured["library, no MLflow"])
         tracked = measured["library, MLflow"]
         added = statistics.median(a["wall_s"] - b["wall_s"] for a, b in zip(tracked, measured["library, no MLflow"],
@@ -252,8 +255,15 @@ def sweep_overheads(root: Path, demos: list[str], rounds: int) -> list[dict]:
         rows.append({"demo": name, "how": "library, no MLflow", **untracked})
         rows.append({"demo": name, "how": "library, MLflow", **_median_row(tracked), "mlflow_adds_s": added,
                      "overhead_by_difference": by_difference})  # fmt: skip
-        rows.append({"demo": name, "how": "qbench sweep process", **cli_sweep(root, name)})
+        rows.append({"demo": name, "how": "qbench sweep process", **_median_row(measured["qbench sweep process"])})
     return rows
+
+
+def compile_bytecode() -> None:
+    """qbench's modules compiled to bytecode, as an installed package has them (pip compiles a wheel's modules): an
+    editable install under PYTHONDONTWRITEBYTECODE=1 compiles every module again in each process, a cost of the
+    checkout, not of qbench."""
+    compileall.compile_dir(REPO / "qbench", quiet=1)
 
 
 def main() -> int:
@@ -269,6 +279,7 @@ def main() -> int:
     args = parser.parse_args()
 
     console = Console(width=150)
+    compile_bytecode()
     with tempfile.TemporaryDirectory(prefix="qbench-bench-") as tmp:
         root = Path(tmp)
         make_digits_demo(root)
