@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import stat
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping
@@ -24,7 +25,7 @@ from qbench.errors import QbenchError
 from qbench.files import file_in_the_way, write_atomically
 from qbench.gate import EXIT_BREACH, EXIT_PASS, UNDER_MIN_SIZE, GateCheck, GateReport
 from qbench.gate import problem_owner as owner_of
-from qbench.report_grid import compared, figure
+from qbench.report_grid import compared, figure, md_cell
 from qbench.slo import SLO_SCOPE
 
 JSON_SCHEMA_VERSION = 1
@@ -257,14 +258,19 @@ def junit_xml(report: GateReport, name: str = "qbench gate") -> str:
         totals = {k: totals[k] + counts[k] for k in totals}
     _set_counts(root, totals)
     ET.indent(root)
-    return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
+    return _XML_UNREPRESENTABLE.sub(_escaped, ET.tostring(root, encoding="unicode", xml_declaration=True)) + "\n"
+
+
+# Characters XML 1.0 cannot hold, escaped or not: ElementTree writes them as they are, and a file holding one is
+# unreadable to every JUnit consumer (a control character in an error message from the model or a metric, say).
+_XML_UNREPRESENTABLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def _escaped(match: re.Match[str]) -> str:
+    return repr(match.group())[1:-1]  # \x01, \ud800: the character's Python escape, as slice names write it
 
 
 # -- Markdown (GitHub step summary) ---------------------------------------------------------------
-
-
-def _md(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
 
 
 def markdown_summary(report: GateReport, title: str = "qbench gate", *, rows: int | None = None) -> str:
@@ -272,7 +278,7 @@ def markdown_summary(report: GateReport, title: str = "qbench gate", *, rows: in
     `rows`, the table's first `rows` checks only, and a line saying how many were left out."""
     order = {"breach": 0, "pass": 1}
     lines = [f"### {title}: {_HEADLINES.get(report.exit_code, 'FAIL (results unusable)')}", "",
-             _md(summary_line(report)), ""]  # fmt: skip
+             md_cell(summary_line(report)), ""]  # fmt: skip
     checks = sorted(report.checks, key=lambda c: order.get(c.status, 2))
     shown = checks if rows is None else checks[:rows]
     if shown:
@@ -282,13 +288,13 @@ def markdown_summary(report: GateReport, title: str = "qbench gate", *, rows: in
             result = {"breach": "**BREACH**", "skipped": f"skipped ({skip_reason(c)})"}.get(c.status, c.status)
             cells = [check_key(c), c.scope, c.metric, figure(c.reference), figure(c.observed),
                      *compared(c.drop, c.tolerance), result]  # fmt: skip
-            lines.append("| " + " | ".join(_md(cell) for cell in cells) + " |")
+            lines.append("| " + " | ".join(md_cell(cell) for cell in cells) + " |")
         lines.append("")
     if len(shown) < len(checks):
         lines += [f"- {len(checks) - len(shown)} more checks left out (the step summary's size is limited); the "
                   "--json and --junit reports hold every check", ""]  # fmt: skip
-    lines += [f"- **cannot judge (fail closed):** {_md(p)}" for p in report.problems]
-    lines += [f"- note: {_md(n)}" for n in report.notes]
+    lines += [f"- **cannot judge (fail closed):** {md_cell(p)}" for p in report.problems]
+    lines += [f"- note: {md_cell(n)}" for n in report.notes]
     return "\n".join(lines).rstrip("\n") + "\n\n"
 
 

@@ -13,6 +13,7 @@ Also `path_field`, the recipe's path fields: a string in the YAML, relative to t
 
 from __future__ import annotations
 
+import unicodedata
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -54,6 +55,24 @@ class EvaluationSpec(_Strict):
 RESERVED_SCOPE_NAMES = ("overall", "outputs", "slo")  # scopes the gate judges besides slices: a slice so named reads as one
 
 
+def _check_slice_name(name: str | None) -> str | None:
+    """A named slice's name is printed as written in every gate line, table and report, so it must print as itself:
+    a newline in it would forge a line of the gate's one-line-per-check output (and a control character makes JUnit
+    XML unreadable), an empty name or spaces at either end would read as another slice's. A `by` slice's values are
+    escaped instead (`qbench.data.filters.format_value`); a name the user writes can simply be written plainly."""
+    if name is None:
+        return None
+    if name in RESERVED_SCOPE_NAMES:
+        raise ValueError(f"{name!r} is the gate's own scope; call the slice something else")
+    hidden = sorted({repr(c)[1:-1] for c in name if not c.isprintable()})
+    if not name or name != name.strip() or hidden or unicodedata.normalize("NFC", name) != name:
+        why = (f"holds {', '.join(hidden)}" if hidden else "is empty" if not name else "has spaces at an end"
+               if name != name.strip() else "has accents not composed as NFC")  # fmt: skip
+        raise ValueError(f"got {name!r}, which {why}; expected a name that prints as itself (printable characters, "
+                         "no spaces at either end, NFC): it is printed as written in the gate's lines and reports")
+    return name
+
+
 class SliceSpec(_Strict):
     """`by: column` (one slice per distinct value), `name` + `filter`, or `by_length: text column` + `buckets`."""
 
@@ -64,6 +83,7 @@ class SliceSpec(_Strict):
     buckets: list[Annotated[int, Field(gt=0)]] | None = Field(None, description="upper bounds of token-length buckets")
 
     _check = field_validator("filter")(lambda v: None if v is None else check_filter(v))
+    _check_name = field_validator("name")(_check_slice_name)
 
     @model_validator(mode="after")
     def _one_kind(self) -> SliceSpec:
@@ -76,8 +96,6 @@ class SliceSpec(_Strict):
             raise ValueError("buckets: applies only with `by_length`")
         if not any(kinds) or (kinds[1] and (self.name is None or self.filter is None)):
             raise ValueError("a slice needs `by: <column>`, or both `name` and `filter`, or `by_length` + `buckets`")
-        if self.name in RESERVED_SCOPE_NAMES:
-            raise ValueError(f"name: {self.name!r} is the gate's own scope; call the slice something else")
         return self
 
 

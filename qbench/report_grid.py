@@ -131,8 +131,22 @@ def to_rich(grid: Grid) -> Table:
     return table
 
 
+_CODE_SPAN = re.compile(r"(`[^`\n]*`)")
+# What CommonMark would read as an escape (a backslash before punctuation), HTML or an autolink, an entity, a link.
+_MD_ACTIVE = re.compile(r"\\(?=[!-/:-@\[-`{-~])|[<&]|\](?=\()")
+
+
 def md_cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    """`text` as one line of Markdown (a table cell or a list item) that renders as the text itself: names from the
+    user's data and recipe reach the reports and GitHub's job summary, where `<b>` would render (and `<script>`
+    vanish), `[x](url)` become a link, `&amp;` read as `&`, and a backslash before a `|` (`a\\|b`) be taken as the
+    pipe's escape and lost. Outside the `code` spans qbench's own texts mark names with, each such character is
+    backslash-escaped; a `|` is escaped everywhere (GFM splits table cells before it reads code spans, and takes
+    the escape there too); newlines become spaces. Emphasis (`*`, `_`) is left as is: qbench's own cells use it,
+    and the text still reads as written."""
+    parts = _CODE_SPAN.split(text.replace("\r", " ").replace("\n", " "))
+    plain = [part if index % 2 else _MD_ACTIVE.sub(r"\\\g<0>", part) for index, part in enumerate(parts)]
+    return "".join(plain).replace("|", "\\|")
 
 
 def markdown_table(grid: Grid) -> list[str]:

@@ -44,7 +44,7 @@ class RangeView:
 def _peaks(peaks: Sequence[TensorPeak]) -> str:
     shown = ", ".join(f"`{p.tensor}` from node `{p.node}` ({_magnitude(p.abs_max)} > {_magnitude(p.limit)}"
                       f"{f': {p.handled}' if p.handled else ''})" for p in peaks[:_PEAKS_SHOWN])  # fmt: skip
-    return md_cell(shown) + (f", and {len(peaks) - _PEAKS_SHOWN} more" if len(peaks) > _PEAKS_SHOWN else "")
+    return shown + (f", and {len(peaks) - _PEAKS_SHOWN} more" if len(peaks) > _PEAKS_SHOWN else "")
 
 
 def _limit_lines(check: LimitCheck, scopes: list[str]) -> LimitLines:
@@ -99,7 +99,7 @@ def ranges_section(results: SweepResults) -> str:
         return ""
     lines = [f"## {TITLE}", "", view.intro, "", "Tensors whose abs max exceeds a format's largest value:", ""]
     for limit in view.limits:
-        lines += [f"- {limit.heading}:", *(f"  - {line}" for line in limit.slices)] if limit.slices else [
+        lines += [f"- {limit.heading}:", *(f"  - {md_cell(line)}" for line in limit.slices)] if limit.slices else [
             f"- {limit.heading}: no tensor over it"]  # fmt: skip
     lines += [f"- {view.unattributed}"] if view.unattributed else []
     lines += [f"- **{md_cell(view.unanalysed)}**"] if view.unanalysed else []

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import html
 import json
 import math
+import re
 import xml.etree.ElementTree as ET
 from dataclasses import replace
 
@@ -371,3 +373,33 @@ def test_failure_reasons_name_each_breach_then_each_problem():
     breach = GateCheck("int8", BACKEND, "faint", "accuracy", 0.93, 0.90, 0.03, 0.02, 200, "breach")
     report = GateReport("accuracy", (breach,), problems=("int8@onnxruntime-cpu: no accuracy measured",))
     assert failure_reasons(report) == ["faint drop 0.0300 > 0.02", "int8@onnxruntime-cpu: no accuracy measured"]
+
+
+def test_junit_stays_well_formed_whatever_characters_the_names_and_messages_hold():
+    """A control character (a named slice's, or an error message's from a model or metric) was written into the XML
+    as it was, and no JUnit reader could open the file."""
+    check = GateCheck("int8", BACKEND, "ctl\x01x <&> \"q\" é", "accuracy", 0.9, 0.8, 0.1, 0.02, 200, "breach")
+    report = GateReport("accuracy", (check,), ("int8@onnxruntime-cpu: variant failed: bad byte \x00\x1b[31m",),
+                        gated=(f"int8@{BACKEND}",))  # fmt: skip
+    root = junit(report)
+    names = [case.get("name") for case in root.iter("testcase")]
+    assert names == ["ctl\\x01x <&> \"q\" é: accuracy", "results: usable"]
+    assert root.find(".//error").get("message") == "int8@onnxruntime-cpu: variant failed: bad byte \\x00\\x1b[31m"
+
+
+MARKDOWN_NAMES = ["band=a\\|b", "band=<b>x</b>", "band=<script>", "[click](https://example.com)", "a&amp;b", "x|y",
+                  "São Paulo 🙂 50% x:y", "a\\b", "overall"]  # fmt: skip
+
+
+@pytest.mark.parametrize("scope", MARKDOWN_NAMES)
+def test_the_step_summary_shows_each_slice_name_as_written(scope):
+    """Rendered as GitHub renders the job summary (CommonMark with GFM tables, raw HTML allowed), the scope cell is
+    the slice's name: `<b>x</b>` rendered bold and `<script>` vanished, a link became a link, `&amp;` read as `&`, and
+    the backslash of `a\\|b` was taken as the pipe's escape."""
+    markdown_it = pytest.importorskip("markdown_it")
+    check = GateCheck("int8", BACKEND, scope, "accuracy", 0.9, 0.8, 0.1, 0.02, 200, "breach")
+    summary = markdown_summary(GateReport("accuracy", (check,), (), gated=(f"int8@{BACKEND}",)))
+    rendered = markdown_it.MarkdownIt("commonmark").enable("table").render(summary)
+    rows = [re.findall(r"<td[^>]*>(.*?)</td>", row, re.S) for row in re.findall(r"<tr>(.*?)</tr>", rendered, re.S)]
+    assert rows[1][:3] == [f"int8@{BACKEND}", html.escape(scope, quote=False), "accuracy"]
+    assert len(rows[1]) == 8

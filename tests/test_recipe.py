@@ -398,3 +398,23 @@ def test_a_gate_left_without_a_metric_over_several_outputs_is_asked_to_name_one(
     assert "b/accuracy" in message and "got" not in message and "\n" not in message
     named = with_changes(model={"path": "model.onnx", "outputs": ["a", "b"]}, gate={"metric": "b/accuracy"})
     assert load_recipe(write_recipe(tmp_path, named)).gate.metric == "b/accuracy"
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [("nl\nPASS int8 overall", "holds \\n"), ("ctl\x01x", "holds \\x01"), ("", "is empty"), (" ", "has spaces at an end"),
+     (" faint", "has spaces at an end"), ("e\u0301", "has accents not composed as NFC")],
+)
+def test_a_named_slice_must_print_as_itself(tmp_path, name, why):
+    """The recipe took these: a newline forged a gate line, \\x01 made the JUnit XML unreadable, and an empty or
+    padded name printed like another slice's (a `by` slice's values are quoted for that; a recipe's names are not)."""
+    data = dict(BASE["data"], slices=[{"name": name, "filter": {"ink": {"lt": 0.3}}}])
+    assert error_of(tmp_path, with_changes(data=data)) == (
+        f"recipe.yaml: data.slices[0].name: got {name!r}, which {why}; expected a name that prints as itself "
+        "(printable characters, no spaces at either end, NFC): it is printed as written in the gate's lines and reports"
+    )
+
+
+def test_a_named_slice_may_use_any_printable_text(tmp_path):
+    data = dict(BASE["data"], slices=[{"name": "São Paulo | a/b <x> 50% 🙂", "filter": {"ink": {"lt": 0.3}}}])
+    assert load_recipe(write_recipe(tmp_path, with_changes(data=data))).data.slices[0].name == "São Paulo | a/b <x> 50% 🙂"

@@ -110,7 +110,7 @@ def _masks_by_column(
     missing = values.isna().to_numpy(dtype=bool)
     judged_missing = missing if evaluation_rows is None else missing[evaluation_rows]
     if judged_missing.any():  # rows without a value are judged too: missing values often mark the unusual inputs
-        name = f"{column}={MISSING_VALUE}"
+        name = f"{printable(str(column))}={MISSING_VALUE}"
         if name in masks:
             message = f"column {column!r} holds the text {MISSING_VALUE!r} and empty cells: both would be slice {name!r}"
             raise RecipeError(recipe_file, field, message)

@@ -52,6 +52,13 @@ def test_control_characters_in_values_and_columns_are_escaped_in_slice_names() -
     assert np.flatnonzero(masks["kind\\r=hard\\ngate: PASS"]).tolist() == [0]
 
 
+def test_the_missing_values_slice_escapes_the_column_name_too() -> None:
+    """Its name kept the column's raw newline, the one slice of the column that could forge a gate line."""
+    table = pd.DataFrame({"kind\ngate: PASS": ["a", None, "b"]})
+    masks = slice_masks(table, [SliceSpec(by="kind\ngate: PASS")], recipe_file=RECIPE)
+    assert list(masks) == ["kind\\ngate: PASS=a", "kind\\ngate: PASS=b", "kind\\ngate: PASS=<missing>"]
+
+
 def test_a_column_without_missing_values_has_no_missing_slice() -> None:
     table = pd.DataFrame({"level": ["hi", "lo", "hi"]})
     assert list(slice_masks(table, [SliceSpec(by="level")], recipe_file=RECIPE)) == ["level=hi", "level=lo"]
