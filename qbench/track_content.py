@@ -315,10 +315,10 @@ def sweep_metrics(results: SweepResults, gate: GateReport | None) -> dict[str, f
     metrics["variants_failed"] = float(sum(v.status != "ok" for v in results.variants))
     if gate is not None:
         metrics["gate_breaches"] = float(len(gate.breaches))
-    for what, counts in results.dropped_nonfinite.items():
-        metrics |= {f"dropped_nonfinite/{what}/{sanitise_name(column)}": float(n) for column, n in counts.items()}
-    for what, counts in results.kept_nonfinite.items():
-        metrics |= {f"kept_nonfinite/{sanitise_name(what)}/{sanitise_name(column)}": float(n) for column, n in counts.items()}
+    for kind, figures in (("dropped_nonfinite", results.dropped_nonfinite), ("kept_nonfinite", results.kept_nonfinite)):
+        for what, counts in figures.items():
+            columns = unique_names(counts, _slice_segment)  # columns "a,b" and "a_b" keep a figure each
+            metrics |= {f"{kind}/{_slice_segment(what)}/{columns[column]}": float(n) for column, n in counts.items()}
     return metrics | _range_metrics(results) | _search_metrics(results)
 
 
@@ -339,13 +339,15 @@ def _search_metrics(results: SweepResults) -> dict[str, float]:
 
 
 def _range_metrics(results: SweepResults) -> dict[str, float]:
-    """range.<slice>.<format>_overflow_tensors for raw format limits (tensors the sweep's FP16 variants keep in FP32
-    or found harmless to clamp or overflow are not FP16 overflows: not counted), range.<variant>.<slice>.clipped_share."""
+    """range/<slice>/<format>_overflow_tensors for raw format limits (tensors the sweep's FP16 variants keep in FP32
+    or found harmless to clamp or overflow are not FP16 overflows: not counted), range/<variant>/<slice>/clipped_share.
+    Path segments, not dots: names hold dots, and variant "a" with slice "b.c" read as variant "a.b" with slice "c"."""
     analysis = results.ranges
     if analysis is None:
         return {}
     segments = unique_names(analysis.abs_max, _slice_segment)
-    metrics = {f"range.{segments[scope]}.{check.format}_overflow_tensors": float(sum(p.handled is None for p in peaks))
+    variants = unique_names((r.variant for r in analysis.clipping), _slice_segment)
+    metrics = {f"range/{segments[scope]}/{check.format}_overflow_tensors": float(sum(p.handled is None for p in peaks))
                for check in analysis.limits if check.scaled_by is None for scope, peaks in check.over.items()}  # fmt: skip
-    metrics |= {f"range.{sanitise_name(r.variant)}.{segments[r.scope]}.clipped_share": r.share for r in analysis.clipping}
+    metrics |= {f"range/{variants[r.variant]}/{segments[r.scope]}/clipped_share": r.share for r in analysis.clipping}
     return metrics

@@ -138,9 +138,9 @@ def test_parent_run_has_params_tags_and_artifacts(logged_to_sqlite: Logged) -> N
 def test_parent_run_has_range_metrics_and_json(logged_to_sqlite: Logged) -> None:
     client, parent_id = logged_to_sqlite.client, logged_to_sqlite.parent_id
     metrics = client.get_run(parent_id).data.metrics
-    assert metrics["range.noisy lighting_dark.fp16_overflow_tensors"] == 1.0
-    assert metrics["range.clean.fp16_overflow_tensors"] == 0.0
-    assert metrics["range.int8_minmax.noisy lighting_dark.clipped_share"] == 0.25
+    assert metrics["range/noisy lighting_dark/fp16_overflow_tensors"] == 1.0
+    assert metrics["range/clean/fp16_overflow_tensors"] == 0.0
+    assert metrics["range/int8_minmax/noisy lighting_dark/clipped_share"] == 0.25
     local = Path(client.download_artifacts(parent_id, "ranges.json", str(logged_to_sqlite.folder)))
     assert json.loads(local.read_text())["clipping"][0]["worst_node"] == "Conv_0"
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH, MAX_TAG_VAL_LENGTH
-from sweep_factory import make_variant
+from sweep_factory import make_sweep, make_variant
 
-from qbench.track_content import param_value, tag_value, uses_calibration
+from qbench.results_ranges import ClipRecord, RangeAnalysis
+from qbench.track_content import param_value, sweep_metrics, tag_value, uses_calibration
 
 
 def test_a_value_past_mlflows_limit_is_cut_with_a_mark_and_a_short_one_is_kept() -> None:
@@ -28,3 +30,19 @@ def test_only_a_variant_whose_build_counted_calibration_rows_logs_the_calibratio
     torchao = make_variant("dyn", "int8", backend="torch-cpu", params={"torch.form": "int8 dynamic: torchao"})
     assert uses_calibration(static) and uses_calibration(linear_static)
     assert not uses_calibration(dynamic) and not uses_calibration(torchao)  # torchao's form is calibrated on nothing
+
+
+def test_names_holding_dots_or_cleaning_alike_keep_a_metric_each() -> None:
+    """Variant "a" with slice "b.c" and variant "a.b" with slice "c" were one key (range.a.b.c.clipped_share), and
+    columns "a,b" and "a_b" one dropped_nonfinite key: one figure silently overwrote the other."""
+    ranges = RangeAnalysis(
+        rows=8, seconds=0.1, nodes={"x": "<graph input>"}, abs_max={"b.c": {"x": 1.0}, "c": {"x": 1.0}}, limits=(),
+        clipping=(ClipRecord("a", "b.c", 1, 8, 0.125, "x", "<graph input>", 0.1),
+                  ClipRecord("a.b", "c", 2, 8, 0.25, "x", "<graph input>", 0.2)),
+    )  # fmt: skip
+    results = dataclasses.replace(make_sweep([make_variant("fp32", "fp32")]), ranges=ranges,
+                                  dropped_nonfinite={"evaluation": {"a,b": 1, "a_b": 2}})  # fmt: skip
+    metrics = sweep_metrics(results, None)
+    assert metrics["range/a/b.c/clipped_share"] == 0.125 and metrics["range/a.b/c/clipped_share"] == 0.25
+    dropped = sorted(v for k, v in metrics.items() if k.startswith("dropped_nonfinite/evaluation/"))
+    assert dropped == [1.0, 2.0] and metrics["dropped_nonfinite/evaluation/a_b"] == 2.0

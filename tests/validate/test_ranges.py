@@ -356,8 +356,8 @@ def test_tensors_the_fp16_variant_keeps_or_clamps_harmlessly_are_not_reported_as
     analysis = RangeAnalysis(rows=4, seconds=0.1, nodes=nodes, abs_max=abs_max, limits=checks)
     results = dataclasses.replace(make_sweep(), ranges=analysis)
     metrics = sweep_metrics(results, None)
-    assert metrics["range.kind_hot.fp16_overflow_tensors"] == 1.0  # logits only: the FP16 variant overflows there
-    assert metrics["range.kind_cold.fp16_overflow_tensors"] == 0.0  # before: 1 (the mask)
+    assert metrics["range/kind_hot/fp16_overflow_tensors"] == 1.0  # logits only: the FP16 variant overflows there
+    assert metrics["range/kind_cold/fp16_overflow_tensors"] == 0.0  # before: 1 (the mask)
     section = ranges_section(results)
     print(section)
     assert ("slice `kind=hot`: `logits` from node `fc` (100,000 > 65,504); no overflow in the sweep's FP16 variant(s): "
