@@ -23,6 +23,7 @@ from qbench.backends.base import RunOptions
 from qbench.data import iter_batches
 from qbench.recipe import VariantSpec
 from qbench.variants import BuildContext, BuiltVariant, build_variant
+from qbench.variants.float_support import tensor_types
 from qbench.variants.onnx_utils import load_model, save_model
 from qbench.variants.qdq_bypass import bypass_qdq, dequantized_from
 
@@ -170,14 +171,15 @@ FLOAT_TYPES = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, Ten
 
 
 def _float_tensor_types(model: onnx.ModelProto) -> dict[str, int]:
-    """Floating-point tensor -> its element type, as ONNX shape inference states it (graph inputs and node outputs).
+    """Floating-point tensor -> its element type, as ONNX shape inference completed by the operator schemas ONNX
+    Runtime registers states it (graph inputs and node outputs; float_support.tensor_types: in a graph with fused
+    com.microsoft operators ONNX's inference alone types nothing after the first of them).
 
     Only these have a noise-to-signal ratio: a class id (ArgMax), a mask or a shape has none, and exposing it as
     float makes ONNX Runtime refuse the model; a tensor whose type inference cannot state is left out too."""
-    inferred = onnx.shape_inference.infer_shapes(model).graph
-    declared = {v.name: v.type.tensor_type.elem_type for v in [*inferred.input, *inferred.value_info, *inferred.output]}
+    types = tensor_types(model)
     computed = [o for n in model.graph.node for o in n.output] + [i.name for i in model.graph.input]
-    return {name: declared[name] for name in computed if declared.get(name) in FLOAT_TYPES}
+    return {name: types[name] for name in computed if types.get(name) in FLOAT_TYPES}
 
 
 class _Exposed:

@@ -377,6 +377,27 @@ def test_sqnr_ranks_a_model_whose_quantized_nodes_include_one_with_an_integer_ou
     assert result.costs[0].group == "branch_a" and np.isfinite(result.costs[0].nsr)
 
 
+
+def test_sqnr_measures_the_nodes_after_a_fused_contrib_operator(tmp_path):
+    """ONNX's shape inference knows no com.microsoft schema, so in a graph ONNX Runtime's transformer optimizer fused
+    (Attention, SkipLayerNormalization, BiasGelu) it typed nothing after the first fused node: SQNR exposed none of
+    those tensors and ranked every quantized MatMul of an optimised BERT as not measurable ("—"). Here a fused Gelu
+    sits between the first MatMul and the branches: the fragile branch must still be measured, and ranked first."""
+    path = write_fragile_project(tmp_path, [INT8])
+    model = onnx.load(str(tmp_path / "model.onnx"))
+    relu = next(node for node in model.graph.node if node.name == "relu")
+    relu.output[0] = "r0"
+    model.graph.node.insert(list(model.graph.node).index(relu) + 1,
+                            helper.make_node("Gelu", ["r0"], ["r1"], name="fused_gelu", domain="com.microsoft"))
+    model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    onnx.save(model, str(tmp_path / "model.onnx"))
+    result = explain_variant(load_recipe(path), "int8", method="sqnr")
+    costs = {cost.group: cost.nsr for cost in result.costs}
+    assert {"branch_a", "branch_b", "head"} <= costs.keys()
+    assert all(np.isfinite(costs[name]) for name in ("branch_a", "branch_b", "head"))
+    assert result.costs[0].group == "branch_a"
+
+
 def test_calibrator_auto_is_explained_with_the_calibrator_the_sweep_keeps(tmp_path, monkeypatch):
     """`calibrator: auto` was explained with minmax whatever the sweep kept: on a model where dynamic INT8 is the
     closest to FP32, explain reported minmax's drop, not the one the sweep measured for the variant."""

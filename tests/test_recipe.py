@@ -94,6 +94,11 @@ def test_fingerprint_ignores_the_gate_but_not_the_model(tmp_path):
             {"variants": [{"name": "a", "precision": "fp8", "calibrator": "dynamic"}]},
             "recipe.yaml: variants[0].calibrator: got 'dynamic', expected one of entropy, minmax, percentile for fp8",
         ),
+        (  # an optimize_model BERT's fused Attention: refused with the recipe, not once the sweep has started
+            {"variants": [{"name": "a", "precision": "fp8", "calibrator": "minmax", "op_types": ["MatMul", "Attention"]}]},
+            "recipe.yaml: variants[0].op_types: fp8 cannot quantize Attention; expected some of Conv, ConvTranspose, "
+            "Gemm, MatMul",
+        ),
         (
             {"variants": [{"name": "a", "precision": "fp8", "calibrator": "minmax", "reduce_range": True}]},
             "recipe.yaml: variants[0].reduce_range: does not apply to fp8 variants",

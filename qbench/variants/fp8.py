@@ -37,8 +37,8 @@ import onnx
 from onnx import helper, numpy_helper
 from onnxruntime.quantization.calibrate import TensorsData, save_tensors_data
 
-from qbench.errors import QbenchError
 from qbench.recipe import VariantSpec
+from qbench.techniques.fp8 import OP_TYPES as DEFAULT_OP_TYPES
 from qbench.techniques.fp8 import Fp8
 from qbench.variants.base import BuildContext, BuiltVariant, technique_of
 from qbench.variants.calibrate import (
@@ -75,7 +75,6 @@ from qbench.variants.reference import load_reference
 
 FP8_MAX = 448.0  # largest finite float8e4m3fn value
 FP8_OPSET = 21  # QuantizeLinear's output_dtype (19 took float8, but only through a zero point; see above)
-DEFAULT_OP_TYPES = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 # Inputs quantized per op type: the data input and the weight; biases (Conv 2, Gemm C) stay float.
 _QUANTIZED_INPUTS = {"Conv": (0, 1), "ConvTranspose": (0, 1), "Gemm": (0, 1), "MatMul": (0, 1)}
 NOTE = "FP8 E4M3 emulated with Q/DQ (saturating at 448 x scale): accuracy is faithful, CPU latency is not FP8's"
@@ -96,7 +95,7 @@ def build_fp8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     clock = Stopwatch()
     config = technique_of(spec, Fp8)
     require_calibration(spec.name, ctx.calibration)
-    op_types = _op_types(spec.name, config)
+    op_types = _op_types(config)
     settings = CalibrationSettings.of(config.calibration, False, op_types)
     target = output_path(spec.name, ctx)
     cache = target.with_name(f"{spec.name}.calibration.json")
@@ -167,16 +166,9 @@ def build_fp8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     )
 
 
-def _op_types(name: str, config: Fp8) -> tuple[str, ...]:
-    if not config.op_types:
-        return DEFAULT_OP_TYPES
-    unsupported = sorted(set(config.op_types) - set(_QUANTIZED_INPUTS))
-    if unsupported:
-        raise QbenchError(
-            f"variant {name!r}: op_types: fp8 cannot quantize {', '.join(unsupported)}; "
-            f"expected some of {', '.join(DEFAULT_OP_TYPES)}"
-        )
-    return tuple(config.op_types)
+def _op_types(config: Fp8) -> tuple[str, ...]:
+    """The op types to quantize: the recipe's (checked against DEFAULT_OP_TYPES when it was read), else those."""
+    return tuple(config.op_types) if config.op_types else DEFAULT_OP_TYPES
 
 
 def _notes(inserted: Fp8Insertion, counts: dict[str, int], params: dict[str, Any]) -> list[str]:

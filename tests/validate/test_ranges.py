@@ -168,6 +168,42 @@ def test_analyse_ranges_on_hand_computed_activations(tmp_path: Path) -> None:
     assert from_dict(json.loads(to_json_with(analysis))).ranges == analysis
 
 
+
+def fused_model(path: Path) -> Path:
+    """x [N, 2, 4] -> `fused` (com.microsoft SkipLayerNormalization of x + x, as ONNX Runtime's transformer
+    optimizer writes it) -> `normed` -> `head` (MatMul, 4 x 3) -> logits: ONNX knows no com.microsoft schema, so its
+    shape inference leaves `normed`, the tensor the MatMul's quantizer calibrates, untyped."""
+    weights = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
+    graph = helper.make_graph(
+        [helper.make_node("SkipLayerNormalization", ["x", "x", "gamma", "beta"], ["normed"], name="fused",
+                          domain="com.microsoft", epsilon=1e-5),
+         helper.make_node("MatMul", ["normed", "w"], ["logits"], name="head")],  # fmt: skip
+        "fused",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 2, 4])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 2, 3])],
+        initializer=[numpy_helper.from_array(np.full(4, 2.0, dtype=np.float32), "gamma"),
+                     numpy_helper.from_array(np.full(4, 0.5, dtype=np.float32), "beta"),
+                     numpy_helper.from_array(weights, "w")],  # fmt: skip
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def test_analyse_ranges_sees_the_tensors_after_a_fused_contrib_operator(tmp_path: Path) -> None:
+    x = np.random.default_rng(5).normal(size=(12, 2, 4)).astype(np.float32)
+    doubled = 2 * x
+    centred = doubled - doubled.mean(axis=-1, keepdims=True)
+    normed = 2.0 * centred / np.sqrt((centred**2).mean(axis=-1, keepdims=True) + 1e-5) + 0.5
+    variant = CalibratedVariant("int8", "int8", {"normed": (-1.0, 1.0)})
+    analysis = analyse_ranges(fused_model(tmp_path / "fused.onnx"), {"x": x}, {}, batch_size=4, variants=[variant])
+    assert analysis.abs_max["overall"]["normed"] == pytest.approx(float(np.abs(normed).max()), rel=1e-4)
+    records = {r.scope: r for r in analysis.clipping}
+    assert (records["overall"].clipped, records["overall"].values) == (int(np.count_nonzero(np.abs(normed) > 1.0)), normed.size)
+
+
 def to_json_with(analysis) -> str:
     """A minimal results.json carrying `analysis`, to check the section's round trip."""
     raw = json.loads(to_json(analysis))
