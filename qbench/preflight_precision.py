@@ -11,7 +11,9 @@ from that rounding, not from the float model the weights came from).
 
 One rule draws the line between the two: a weight stored in 8 bits or fewer (int8/uint8, int4/uint4, float8, ...)
 is a quantized weight, whichever form holds it (a DequantizeLinear of the stored weight, ONNX Runtime's fused
-MatMulNBits, GatherBlockQuantized, MatMulBnb4, MatMulFpQ4), and the model is refused as weight-only quantized: its
+MatMulNBits, GatherBlockQuantized, MatMulBnb4, MatMulFpQ4, or an integer tensor cast to float, scaled or not, that a
+matrix product or convolution reads as its weight, as a PyTorch export of `x @ (q.float() * scale).t()` leaves), and
+the model is refused as weight-only quantized: its
 drops would be measured from a quantized baseline, and an INT8 variant of it would be judged against an INT4 one. A
 weight stored in 16 bits (float16, bfloat16, int16) and widened to float is accepted with the note above.
 """
@@ -45,6 +47,9 @@ _LOW_BIT = {**{k: v for k, v in _REDUCED_FLOATS.items() if k not in (10, 16)}, 2
             22: "int4", 25: "uint2", 26: "int2"}  # fmt: skip
 # types a DequantizeLinear (a Cast: the floats among them) widens an accepted stored weight from
 _DEQUANTIZED = {10: "float16", 16: "bfloat16", 4: "uint16", 5: "int16", 6: "int32"}
+# ops that read a weight: an integer tensor cast to float there is a stored weight (elsewhere, a mask or an index)
+_CONTRACTIONS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "FusedMatMul", "FusedConv", "FusedGemm"})
+_INTEGERS = {2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 21: "uint4", 22: "int4", 25: "uint2", 26: "int2"}
 
 
 def reduced_precision(model: onnx.ModelProto) -> str | None:
@@ -72,6 +77,10 @@ def reduced_precision(model: onnx.ModelProto) -> str | None:
             if found:
                 reduced[op] += 1
                 reduced_types |= found
+    for op, stored, _ in _cast_integer_weights(model, types):
+        if stored in _LOW_BIT:
+            weight_only[op] += 1
+            weight_types.add(_LOW_BIT[stored])
     io = {v.name: _REDUCED_FLOATS[v.type.tensor_type.elem_type] for v in (*model.graph.input, *model.graph.output)
           if v.name not in constants and v.type.tensor_type.elem_type in _REDUCED_FLOATS}  # fmt: skip
     if integer:
@@ -113,12 +122,49 @@ def stored_weights(model: onnx.ModelProto) -> str | None:
                 node.op_type == "Cast" and to in (1, 11) and types[weight] in _REDUCED_FLOATS)) if weight else False  # fmt: skip
             if widens:
                 found.setdefault(_DEQUANTIZED[types[weight]], {}).setdefault(node.op_type, set()).add(weight)
+    types = _value_types(model)
+    for _, stored, weight in _cast_integer_weights(model, types):
+        if stored in _DEQUANTIZED:
+            found.setdefault(_DEQUANTIZED[stored], {}).setdefault("Cast", set()).add(weight)
     if not found:
         return None
     parts = [f"{len(names)} {'weights' if len(names) > 1 else 'weight'} in {kind} ({op})" for kind, ops in sorted(found.items())
              for op, names in sorted(ops.items())]  # fmt: skip
     return (f"stores {', '.join(parts)} and widens them to float when it runs: it computes in FP32 on weights already "
             "rounded to that type, so every drop is measured from that rounding, not from the float model they came from")
+
+
+def _cast_integer_weights(model: onnx.ModelProto, types: dict[str, int]) -> Iterator[tuple[str, int, str]]:
+    """(op, stored type, integer tensor) for each integer tensor that a contraction (`_CONTRACTIONS`) reads as a
+    constant input once cast to float, through any computation on constants (a Mul by its scale, a Transpose): a
+    weight stored as integers and widened when the model runs, which no DequantizeLinear names. Only stored integers
+    count (an initializer or Constant, reshaped or not: a `Range` of positions is computed, not stored), and a cast
+    integer that only an elementwise op reads (a mask, an index) is no weight."""
+    for graph in _graphs(model.graph):
+        constant = {t.name for t in graph.initializer}
+        stored = set(constant)
+        origin: dict[str, set[str]] = {}  # constant value -> the integer values cast to float that it is computed from
+        for _ in range(len(graph.node) + 1):  # until nothing changes: the nodes need not be in topological order
+            known = len(constant)
+            for node in graph.node:
+                inputs = [name for name in node.input if name]
+                if any(name in constant for name in node.output) or any(name not in constant for name in inputs) \
+                        or any(a.HasField("g") or a.graphs for a in node.attribute):  # fmt: skip
+                    continue
+                came = set().union(*(origin.get(name, set()) for name in inputs))
+                to = next((a.i for a in node.attribute if a.name == "to"), None)
+                if node.op_type == "Cast" and to in (1, 11) and inputs[0] in stored and types.get(inputs[0]) in _INTEGERS:
+                    came.add(inputs[0])
+                elif node.op_type == "Constant" or (node.op_type in _STORAGE_OPS and inputs[0] in stored):
+                    stored.update(node.output)
+                constant.update(node.output)
+                origin.update(dict.fromkeys(node.output, came))
+            if len(constant) == known:
+                break
+        for node in graph.node:
+            if node.op_type in _CONTRACTIONS:
+                for weight in sorted(set().union(*(origin.get(name, set()) for name in node.input))):
+                    yield node.op_type, types[weight], weight
 
 
 def _low_bit_weight(node: onnx.NodeProto, types: dict[str, int], constants: set[str]) -> str | None:
