@@ -21,7 +21,7 @@ weight stored in 16 bits (float16, bfloat16, int16) and widened to float is acce
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -126,6 +126,12 @@ def stored_weights(model: onnx.ModelProto) -> str | None:
     for _, stored, weight in _cast_integer_weights(model, types):
         if stored in _DEQUANTIZED:
             found.setdefault(_DEQUANTIZED[stored], {}).setdefault("Cast", set()).add(weight)
+    return widened_note(found)
+
+
+def widened_note(found: Mapping[str, Mapping[str, Collection[str]]]) -> str | None:
+    """The reference's note for weights held in a smaller type and widened to float: `found` is stored type -> where
+    (the op that widens them, or the file that holds them) -> their names; None when empty."""
     if not found:
         return None
     parts = [f"{len(names)} {'weights' if len(names) > 1 else 'weight'} in {kind} ({op})" for kind, ops in sorted(found.items())
