@@ -21,7 +21,7 @@ weight stored in 16 bits (float16, bfloat16, int16) and widened to float is acce
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -47,6 +47,8 @@ _LOW_BIT = {**{k: v for k, v in _REDUCED_FLOATS.items() if k not in (10, 16)}, 2
             22: "int4", 25: "uint2", 26: "int2"}  # fmt: skip
 # types a DequantizeLinear (a Cast: the floats among them) widens an accepted stored weight from
 _DEQUANTIZED = {10: "float16", 16: "bfloat16", 4: "uint16", 5: "int16", 6: "int32"}
+# distinct values a float32 weight needs before holding only 16-bit float values says it was rounded (`_rounded_floats`)
+_ROUNDED_DISTINCT = 16
 # ops that read a weight: an integer tensor cast to float there is a stored weight (elsewhere, a mask or an index)
 _CONTRACTIONS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "FusedMatMul", "FusedConv", "FusedGemm"})
 _INTEGERS = {2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 21: "uint4", 22: "int4", 25: "uint2", 26: "int2"}
@@ -122,22 +124,43 @@ def stored_weights(model: onnx.ModelProto) -> str | None:
                 node.op_type == "Cast" and to in (1, 11) and types[weight] in _REDUCED_FLOATS)) if weight else False  # fmt: skip
             if widens:
                 found.setdefault(_DEQUANTIZED[types[weight]], {}).setdefault(node.op_type, set()).add(weight)
+        for weight, kind in _rounded_floats(graph).items():
+            found.setdefault(kind, {}).setdefault("rounded, stored as float32", set()).add(weight)
     types = _value_types(model)
     for _, stored, weight in _cast_integer_weights(model, types):
         if stored in _DEQUANTIZED:
             found.setdefault(_DEQUANTIZED[stored], {}).setdefault("Cast", set()).add(weight)
-    return widened_note(found)
-
-
-def widened_note(found: Mapping[str, Mapping[str, Collection[str]]]) -> str | None:
-    """The reference's note for weights held in a smaller type and widened to float: `found` is stored type -> where
-    (the op that widens them, or the file that holds them) -> their names; None when empty."""
     if not found:
         return None
     parts = [f"{len(names)} {'weights' if len(names) > 1 else 'weight'} in {kind} ({op})" for kind, ops in sorted(found.items())
              for op, names in sorted(ops.items())]  # fmt: skip
     return (f"stores {', '.join(parts)} and widens them to float when it runs: it computes in FP32 on weights already "
             "rounded to that type, so every drop is measured from that rounding, not from the float model they came from")
+
+
+def _rounded_floats(graph: onnx.GraphProto) -> dict[str, str]:
+    """The float32 weights of `graph` every value of which a 16-bit float holds exactly, as name -> 'float16' or
+    'bfloat16': weights rounded to that type and stored back as float32, which no node shows (ONNX Runtime's
+    optimized FP16 model saved on a CPU, a module trained in FP16 or loaded from FP16 weights, exported in FP32). A
+    float32 weight comes out so by chance only when it holds few distinct values (a LayerNorm's ones, a 0/1 mask, a
+    small integer table), so a weight counts only with `_ROUNDED_DISTINCT` distinct values or more, not all
+    integers; one stored outside the file (external data, not read here) is not checked."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    found = {}
+    for tensor in graph.initializer:
+        if tensor.data_type != 1 or tensor.data_location == 1 or np.prod(tensor.dims) < _ROUNDED_DISTINCT:
+            continue
+        values = numpy_helper.to_array(tensor).ravel()
+        distinct = np.unique(values[: 64 * _ROUNDED_DISTINCT])
+        if len(distinct) < _ROUNDED_DISTINCT or np.all(distinct == np.round(distinct)):
+            continue
+        if not np.any(values.view(np.uint32) & 0xFFFF):  # first: float16 holds most bfloat16 values too
+            found[tensor.name] = "bfloat16"
+        elif np.array_equal(values.astype(np.float16).astype(np.float32), values):
+            found[tensor.name] = "float16"
+    return found
 
 
 def _cast_integer_weights(model: onnx.ModelProto, types: dict[str, int]) -> Iterator[tuple[str, int, str]]:

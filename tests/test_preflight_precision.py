@@ -258,3 +258,35 @@ def test_an_int8_variant_of_a_reference_with_int16_weights_quantizes_them_to_int
     assert variant["params"]["folded_weights"] == ["w"]
     assert variant["params"]["weights_as_built"]["MatMul"] == {"int8, 8-bit, per-tensor, centred": 1}
     assert not [note for note in variant["notes"] if "computes in FP32" in note or "int16" in note]
+
+
+def _matmul(w: np.ndarray) -> onnx.ModelProto:
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", w.shape[0]])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", w.shape[1]])],
+                              [numpy_helper.from_array(w, "w")])  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+@pytest.mark.parametrize("kind", ["float16", "bfloat16"])
+def test_float32_weights_holding_only_16_bit_values_are_named_as_rounded(kind: str) -> None:
+    """ONNX Runtime saves an FP16 model optimized on a CPU with its weights widened to float32 initializers (and a
+    PyTorch module loaded from FP16 weights exports so): no node shows the rounding, and the reference was plain FP32
+    while every drop was measured from it."""
+    import torch
+
+    w = torch.from_numpy(np.random.default_rng(5).normal(size=(8, 8)).astype(np.float32))
+    rounded = w.to(getattr(torch, kind)).float().numpy()
+    assert stored_weights(_matmul(w.numpy())) is None
+    assert stored_weights(_matmul(rounded)).startswith(f"stores 1 weight in {kind} (rounded, stored as float32) and "
+                                                       "widens them to float when it runs")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "w",
+    [np.ones((8, 8), np.float32), np.arange(64, dtype=np.float32).reshape(8, 8),
+     np.tile(np.linspace(-1, 1, 8, dtype=np.float32).round(1) / 4, (8, 1)).astype(np.float16).astype(np.float32)],
+    ids=["ones", "integers", "few-distinct"],
+)  # fmt: skip
+def test_float32_weights_that_16_bits_hold_by_their_few_values_are_not_called_rounded(w: np.ndarray) -> None:
+    assert stored_weights(_matmul(w)) is None

@@ -36,11 +36,10 @@ from typing import TYPE_CHECKING, Any
 
 from qbench.digests import file_sha256
 from qbench.errors import MissingExtraError, QbenchError, RecipeError, did_you_mean
-from qbench.preflight_precision import widened_note
 from qbench.recipe import Recipe
 from qbench.sources.torch_lengths import dynamic_lengths
 from qbench.sources.torch_outputs import flatten_outputs, own_names
-from qbench.sources.torch_weights import load_weights, narrow_floats
+from qbench.sources.torch_weights import load_weights
 from qbench.user_code import edited_since_seen, first_on_sys_path, module_source, not_found, project_modules
 
 logger = logging.getLogger(__name__)
@@ -72,7 +71,6 @@ class TorchModel:
     factory_source_sha256: str = ""  # of the factory's module source as imported
     lengths: Mapping[str, Mapping[int, str]] = field(default_factory=dict)  # input -> {axis: name}, dynamic beside 0
     length_field: str = ""  # the recipe field that makes `lengths` vary (qbench.sources.torch_lengths)
-    stored_weights: str | None = None  # weights held in float16/bfloat16 and widened: the reference's note
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -156,7 +154,7 @@ def load_torch_model(recipe: Recipe, *, weights: Path | None = None) -> TorchMod
     if source is None:
         raise RecipeError(recipe.source, "model.torch", not_found(module_name, recipe.base_dir))
     with single_torch_thread():
-        module, stored_weights = _build_template(recipe, source, weights or recipe.weights_path)
+        module = _build_template(recipe, source, weights or recipe.weights_path)
         order = _bind_forward_arguments(recipe, module, list(spec.example_inputs))
         shapes = {name: tuple(spec.example_inputs[name]) for name in order}
         dtypes = {name: spec.input_dtypes.get(name, "float32") for name in shapes}
@@ -181,7 +179,6 @@ def load_torch_model(recipe: Recipe, *, weights: Path | None = None) -> TorchMod
         factory_source_sha256=source_sha256,
         lengths=lengths,
         length_field=length_field,
-        stored_weights=stored_weights,
     )
 
 
@@ -208,9 +205,8 @@ def _example_inputs(shapes: Mapping[str, tuple[int, ...]], dtypes: Mapping[str, 
     return tuple(tensors)
 
 
-def _build_template(recipe: Recipe, source: Path, weights: Path | None) -> tuple[torch.nn.Module, str | None]:
-    """Call the factory, make the module FP32, load the weights, switch to eval; with the reference's note when the
-    weights were held in a 16-bit float type (the module's own, or the weights file's, as `narrow_floats` finds)."""
+def _build_template(recipe: Recipe, source: Path, weights: Path | None) -> torch.nn.Module:
+    """Call the factory, make the module FP32, load the weights, switch to eval."""
     torch = _import_torch()
     factory_name = recipe.model.torch or ""
     with first_on_sys_path(recipe.base_dir):
@@ -223,14 +219,10 @@ def _build_template(recipe: Recipe, source: Path, weights: Path | None) -> tuple
     if not isinstance(module, torch.nn.Module):
         returned = f"{factory_name}() returned {type(module).__name__}, expected a torch.nn.Module"
         raise RecipeError(recipe.source, "model.torch", returned)
-    narrow, held_in = narrow_floats(module.state_dict()), "the module model.torch returned"
     module = module.float()
     if weights is not None:
-        narrow, held_in = load_weights(recipe, module, weights), "model.weights"
-    found: dict[str, dict[str, set[str]]] = {}
-    for name, kind in narrow.items():
-        found.setdefault(kind, {}).setdefault(held_in, set()).add(name)
-    return module.eval(), widened_note(found)
+        load_weights(recipe, module, weights)
+    return module.eval()
 
 
 def _import_factory(recipe: Recipe, factory_name: str, source: Path) -> Any:

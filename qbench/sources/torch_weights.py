@@ -15,21 +15,9 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 
-def load_weights(recipe: Recipe, module: torch.nn.Module, path: Path) -> dict[str, str]:
-    """Load the state_dict at `path` into `module`, strictly; every problem is a RecipeError at model.weights.
-    Returns the file's weights held in a 16-bit float type (`narrow_floats`): the module widened them to float32."""
-    state = _read_state_dict(recipe, path)
-    _load_weights(recipe, module, state)
-    return narrow_floats(state)
-
-
-def narrow_floats(state: Mapping[str, torch.Tensor]) -> dict[str, str]:
-    """The tensors of `state` held in float16 or bfloat16, as name -> type: an FP32 module built from them computes
-    on weights already rounded to that type (the reference's note, qbench.preflight_precision.widened_note)."""
-    import torch
-
-    kinds = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
-    return {name: kinds[tensor.dtype] for name, tensor in state.items() if tensor.dtype in kinds}
+def load_weights(recipe: Recipe, module: torch.nn.Module, path: Path) -> None:
+    """Load the state_dict at `path` into `module`, strictly; every problem is a RecipeError at model.weights."""
+    _load_weights(recipe, module, _read_state_dict(recipe, path))
 
 
 def _read_state_dict(recipe: Recipe, path: Path) -> Mapping[str, torch.Tensor]:

@@ -11,14 +11,12 @@ from qbench.variants.base import BuildContext, BuiltVariant
 
 def build_fp32(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     """Point at the reference model; every other variant is measured against this one. A reference whose weights are
-    stored in a 16-bit type (float16, bfloat16: quantized weights are refused), in the ONNX graph or in a PyTorch
-    source's module or weights file (which qbench widens to FP32 before the export), says so in its params and notes:
-    it is the baseline every drop and speed-up is measured from, and it is not the float model."""
+    stored in a 16-bit type (float16, bfloat16: quantized weights are refused) says so in its params and notes: it is the baseline every drop and
+    speed-up is measured from, and it is not the float model."""
     reference = ctx.reference_path.resolve()
     if not reference.is_file():
         raise QbenchError(f"variant {spec.name!r}: the FP32 model {reference} does not exist")
-    held = ctx.torch_model.stored_weights if ctx.torch_model is not None else None  # a PyTorch source's, widened
-    stored = stored_weights(read_onnx(reference)) or held
+    stored = stored_weights(read_onnx(reference))
     return BuiltVariant(
         name=spec.name,
         precision="fp32",
