@@ -89,6 +89,21 @@ def build_untraceable():
     return Untraceable()
 
 
+class HalfIsland(Classifier):
+    """An FP16 island between float32 inputs and outputs, as a mixed-precision model ships."""
+
+    def __init__(self):
+        super().__init__()
+        self.half()
+
+    def forward(self, features):
+        return super().forward(features.half()).float()
+
+
+def build_half_island():
+    return HalfIsland()
+
+
 class Branching(Classifier):
     """Data-dependent control flow: the trace keeps the branch the export's example took."""
 
@@ -806,6 +821,15 @@ def test_weights_saved_in_16_bits_are_named_in_the_fp32_references_note(project:
     said = f"weights in {dtype} (rounded, stored as float32) and widens them to float when it runs"
     assert said in reference["params"]["stored_weights"]
     assert said in (results_file.parent / "report.md").read_text()
+
+
+def test_a_module_with_an_fp16_island_is_refused_saying_qbench_made_it_fp32(project: Path) -> None:
+    """qbench makes the module FP32 before anything runs: a forward() casting to float16 itself then failed with
+    torch's dtype mismatch alone, which reads as a bug in the user's model."""
+    recipe = _write_recipe(project.parent, {"torch": "mypkg.models:build_half_island", "weights": None})
+    error = str(_load_error(recipe))
+    assert "model.example_inputs: forward() failed on example inputs" in error
+    assert "qbench runs the module in FP32 (module.float()" in error and "\n" not in error
 
 
 # -- the demo's PyTorch-source recipe ---------------------------------------------------------------
