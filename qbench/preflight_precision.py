@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
     import onnx
 
 # quantized ops of ONNX and of ONNX Runtime's com.microsoft domain named by no family pattern (`_quantized_op`)
@@ -83,6 +84,10 @@ def reduced_precision(model: onnx.ModelProto) -> str | None:
         if stored in _LOW_BIT:
             weight_only[op] += 1
             weight_types.add(_LOW_BIT[stored])
+    for graph in _graphs(model.graph):
+        for op, bits in _grid_weights(graph):
+            weight_only[op] += 1
+            weight_types.add(f"{bits}-bit values stored as float32")
     io = {v.name: _REDUCED_FLOATS[v.type.tensor_type.elem_type] for v in (*model.graph.input, *model.graph.output)
           if v.name not in constants and v.type.tensor_type.elem_type in _REDUCED_FLOATS}  # fmt: skip
     if integer:
@@ -161,6 +166,77 @@ def _rounded_floats(graph: onnx.GraphProto) -> dict[str, str]:
         elif np.array_equal(values.astype(np.float16).astype(np.float32), values):
             found[tensor.name] = "float16"
     return found
+
+
+def _grid_weights(graph: onnx.GraphProto) -> Iterator[tuple[str, int]]:
+    """(op, bits) for each contraction (`_CONTRACTIONS`) reading, directly or through a Transpose/Reshape and the
+    like, a float32 weight that holds at most 256 evenly spaced values per tensor or per slice along its first or
+    last axis (`_grid_levels`): weights quantized to that many bits and stored dequantized, as a fake-quantized
+    model folded for export (QAT, ModelOpt) leaves them. A weight with fewer than `_ROUNDED_DISTINCT` distinct values
+    or only integers is not judged (a pooling matrix, a 0/1 selection); so a per-tensor 4-bit grid goes unseen."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    origin = {t.name: t.name for t in graph.initializer if t.data_type == 1 and t.data_location != 1}
+    for _ in range(len(graph.node) + 1):  # follow reshapes and the like of a stored weight, in any node order
+        known = len(origin)
+        for node in graph.node:
+            if node.op_type in _STORAGE_OPS and node.op_type not in ("Cast", "CastLike") and node.input \
+                    and node.input[0] in origin:  # fmt: skip
+                origin.update(dict.fromkeys(node.output, origin[node.input[0]]))
+        if len(origin) == known:
+            break
+    tensors = {t.name: t for t in graph.initializer}
+    bits: dict[str, int | None] = {}
+    for node in graph.node:
+        for name in (origin[i] for i in node.input if i in origin) if node.op_type in _CONTRACTIONS else ():
+            if name not in bits:
+                values = numpy_helper.to_array(tensors[name])
+                distinct = np.unique(values.ravel()[: 64 * _ROUNDED_DISTINCT])
+                judged = values.ndim and len(distinct) >= _ROUNDED_DISTINCT and not np.all(distinct == np.round(distinct))
+                levels = _grid_levels(values) if judged else None
+                bits[name] = int(np.ceil(np.log2(levels))) if levels else None
+            if bits[name]:
+                yield node.op_type, bits[name]
+                break
+
+
+def _grid_levels(values: np.ndarray) -> int | None:
+    """The most levels an evenly spaced grid of at most 256 holds `values` in, per tensor or per slice along the first
+    or last axis (per-channel scales); None when no such grid holds them. The first slice screens (its first values
+    first, so a large float weight costs one small sort): a float weight fails there at once."""
+    import numpy as np
+
+    for slices in (values.reshape(1, -1), values.reshape(len(values), -1), np.moveaxis(values, -1, 0).reshape(values.shape[-1], -1)):
+        if slices.shape[1] < 4 or len(np.unique(slices[0, :4096])) > 256 or _slice_levels(slices[0]) is None:
+            continue
+        levels = [_slice_levels(row) for row in slices]
+        if all(levels) and max(levels) >= 4 and not all(_complete_ramp(row) for row in slices):
+            return max(levels)
+    return None
+
+
+def _slice_levels(values: np.ndarray) -> int | None:
+    """How many levels of the evenly spaced grid from `values`' least to its greatest holds them all (the step: the
+    smallest gap between two of them), None past 256."""
+    import numpy as np
+
+    distinct = np.unique(values)
+    if len(distinct) == 1:
+        return 1
+    step = np.diff(distinct).min()
+    levels = (distinct - distinct[0]) / step
+    if levels[-1] > 255 or not np.allclose(levels, np.round(levels), rtol=0, atol=1e-2):
+        return None
+    return int(round(levels[-1])) + 1
+
+
+def _complete_ramp(values: np.ndarray) -> bool:
+    """Whether `values` are an arithmetic progression, each once (a ramp, a linspace): on an evenly spaced grid by
+    construction, not by rounding; quantized values repeat levels or leave some unused."""
+    import numpy as np
+
+    return len(np.unique(values)) == values.size == _slice_levels(values)
 
 
 def _cast_integer_weights(model: onnx.ModelProto, types: dict[str, int]) -> Iterator[tuple[str, int, str]]:

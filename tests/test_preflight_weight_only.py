@@ -111,9 +111,25 @@ def _cast_integers(elem: int, scaled: bool = True) -> onnx.ModelProto:
     return model
 
 
+def _fake_quantized(levels: int, per_channel: bool) -> onnx.ModelProto:
+    """x @ Transpose(w) where w is WEIGHT rounded to `levels` symmetric levels (per output channel or per tensor) and
+    stored as float32: a fake-quantized model folded for export, as QAT and ModelOpt leave their weights."""
+    w = WEIGHT.T.copy()  # [N, K]: one row per output channel
+    scales = np.abs(w).max(axis=1, keepdims=True) if per_channel else np.abs(w).max()
+    step = scales / (levels // 2)
+    nodes = [helper.make_node("Transpose", ["w"], ["wt"]), helper.make_node("MatMul", ["x", "wt"], ["y"])]
+    return _model(nodes, [numpy_helper.from_array((np.round(w / step) * step).astype(np.float32), "w")])
+
+
 @pytest.mark.parametrize(
     ("build", "found"),
     [
+        pytest.param(lambda: _fake_quantized(255, per_channel=True),
+                     "8-bit values stored as float32 (weight-only, activations in float: 1 MatMul node)", id="int8-folded-per-channel"),
+        pytest.param(lambda: _fake_quantized(255, per_channel=False),
+                     "8-bit values stored as float32 (weight-only, activations in float: 1 MatMul node)", id="int8-folded-per-tensor"),
+        pytest.param(lambda: _fake_quantized(15, per_channel=True),
+                     "4-bit values stored as float32 (weight-only, activations in float: 1 MatMul node)", id="int4-folded-per-channel"),
         pytest.param(lambda: _cast_integers(TensorProto.INT8), "int8 (weight-only, activations in float: 1 MatMul node)",
                      id="int8-cast-scaled"),
         pytest.param(lambda: _cast_integers(TensorProto.INT8, scaled=False),
@@ -165,6 +181,17 @@ def test_an_int16_weight_cast_to_float_is_accepted_with_its_note_and_a_cast_mask
     _run(model, {"x": ROWS})
     assert reduced_precision(model) is None
     assert stored_weights(model) is None
+
+
+@pytest.mark.parametrize(
+    "w", [WEIGHT, np.linspace(-1, 1, K * N, dtype=np.float32).reshape(K, N), np.full((K, N), 0.25, np.float32),
+          np.arange(K * N, dtype=np.float32).reshape(K, N)], ids=["float", "ramp", "constant", "integers"],
+)  # fmt: skip
+def test_float_weights_on_no_rounding_grid_are_not_taken_for_quantized_ones(w: np.ndarray) -> None:
+    """A ramp (a linspace: evenly spaced by construction, each value once), a constant or an integer table is on an
+    even grid without having been rounded to one."""
+    model = _model([helper.make_node("MatMul", ["x", "w"], ["y"])], [numpy_helper.from_array(w, "w")])
+    assert reduced_precision(model) is None
 
 
 def test_validate_refuses_a_matmul_nbits_reference_in_one_line(tmp_path: Path, capsys) -> None:
