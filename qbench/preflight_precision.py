@@ -16,6 +16,10 @@ matrix product or convolution reads as its weight, as a PyTorch export of `x @ (
 the model is refused as weight-only quantized: its
 drops would be measured from a quantized baseline, and an INT8 variant of it would be judged against an INT4 one. A
 weight stored in 16 bits (float16, bfloat16, int16) and widened to float is accepted with the note above.
+
+Some references hold such weights with no node to show it, as float32 initializers: their values say so. One holding
+only values a 16-bit float holds exactly was rounded to it (the note above); one holding at most 256 evenly spaced
+values per tensor or per channel was quantized and stored dequantized (refused, as its DequantizeLinear form is).
 """
 
 from __future__ import annotations
