@@ -221,18 +221,22 @@ def _grid_levels(values: np.ndarray) -> int | None:
 
 
 def _slice_levels(values: np.ndarray) -> int | None:
-    """How many levels of the evenly spaced grid from `values`' least to its greatest holds them all (the step: the
-    smallest gap between two of them), None past 256."""
+    """How many levels of an evenly spaced grid of at most 256 hold `values`, None when none does. The grid's step is
+    the smallest gap between two values, or, where a few values leave gaps of several steps, a quantizer's own: the
+    largest magnitude over 127 or 7 (symmetric int8/int4, levels from 0) or the range over 255 or 15 (asymmetric)."""
     import numpy as np
 
     distinct = np.unique(values)
     if len(distinct) == 1:
         return 1
-    step = np.diff(distinct).min()
-    levels = (distinct - distinct[0]) / step
-    if levels[-1] > 255 or not np.allclose(levels, np.round(levels), rtol=0, atol=1e-2):
-        return None
-    return int(round(levels[-1])) + 1
+    low, high = distinct[0], distinct[-1]
+    span = np.abs(distinct).max()
+    for step, origin in ((np.diff(distinct).min(), low), (span / 127, 0.0), (span / 7, 0.0), ((high - low) / 255, low),
+                         ((high - low) / 15, low)):  # fmt: skip
+        levels = (distinct - origin) / step
+        if np.allclose(levels, np.round(levels), rtol=0, atol=1e-2) and (high - low) / step <= 255:
+            return int(round((high - low) / step)) + 1
+    return None
 
 
 def _complete_ramp(values: np.ndarray) -> bool:

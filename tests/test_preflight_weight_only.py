@@ -111,14 +111,15 @@ def _cast_integers(elem: int, scaled: bool = True) -> onnx.ModelProto:
     return model
 
 
-def _fake_quantized(levels: int, per_channel: bool) -> onnx.ModelProto:
-    """x @ Transpose(w) where w is WEIGHT rounded to `levels` symmetric levels (per output channel or per tensor) and
-    stored as float32: a fake-quantized model folded for export, as QAT and ModelOpt leave their weights."""
-    w = WEIGHT.T.copy()  # [N, K]: one row per output channel
+def _fake_quantized(levels: int, per_channel: bool, w: np.ndarray = WEIGHT.T) -> onnx.ModelProto:
+    """x @ Transpose(w), w [channels, K] rounded to `levels` symmetric levels (per output channel or per tensor) and
+    stored as float32: a fake-quantized model folded for export, as QAT and ModelOpt leave their weights (with 4
+    values a channel, as a small PyTorch Linear exports, the gaps between them span several levels)."""
     scales = np.abs(w).max(axis=1, keepdims=True) if per_channel else np.abs(w).max()
     step = scales / (levels // 2)
     nodes = [helper.make_node("Transpose", ["w"], ["wt"]), helper.make_node("MatMul", ["x", "wt"], ["y"])]
-    return _model(nodes, [numpy_helper.from_array((np.round(w / step) * step).astype(np.float32), "w")])
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", w.shape[1]])]
+    return _model(nodes, [numpy_helper.from_array((np.round(w / step) * step).astype(np.float32), "w")], inputs)
 
 
 @pytest.mark.parametrize(
@@ -128,6 +129,9 @@ def _fake_quantized(levels: int, per_channel: bool) -> onnx.ModelProto:
                      "8-bit values stored as float32 (weight-only, activations in float: 1 MatMul node)", id="int8-folded-per-channel"),
         pytest.param(lambda: _fake_quantized(255, per_channel=False),
                      "8-bit values stored as float32 (weight-only, activations in float: 1 MatMul node)", id="int8-folded-per-tensor"),
+        pytest.param(lambda: _fake_quantized(255, per_channel=True, w=WEIGHT.reshape(24, 4)[:8]),
+                     "8-bit values stored as float32 (weight-only, activations in float: 1 MatMul node)",
+                     id="int8-folded-4-values-per-channel"),
         pytest.param(lambda: _fake_quantized(15, per_channel=True),
                      "4-bit values stored as float32 (weight-only, activations in float: 1 MatMul node)", id="int4-folded-per-channel"),
         pytest.param(lambda: _cast_integers(TensorProto.INT8), "int8 (weight-only, activations in float: 1 MatMul node)",
