@@ -11,9 +11,15 @@ from that rounding, not from the float model the weights came from).
 
 One rule draws the line between the two: a weight stored in 8 bits or fewer (int8/uint8, int4/uint4, float8, ...)
 is a quantized weight, whichever form holds it (a DequantizeLinear of the stored weight, ONNX Runtime's fused
-MatMulNBits, GatherBlockQuantized, MatMulBnb4, MatMulFpQ4), and the model is refused as weight-only quantized: its
+MatMulNBits, GatherBlockQuantized, MatMulBnb4, MatMulFpQ4, or an integer tensor cast to float, scaled or not, that a
+matrix product or convolution reads as its weight, as a PyTorch export of `x @ (q.float() * scale).t()` leaves), and
+the model is refused as weight-only quantized: its
 drops would be measured from a quantized baseline, and an INT8 variant of it would be judged against an INT4 one. A
 weight stored in 16 bits (float16, bfloat16, int16) and widened to float is accepted with the note above.
+
+Some references hold such weights with no node to show it, as float32 initializers: their values say so. One holding
+only values a 16-bit float holds exactly was rounded to it (the note above); one holding at most 256 evenly spaced
+values per tensor or per channel was quantized and stored dequantized (refused, as its DequantizeLinear form is).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
     import onnx
 
 # quantized ops of ONNX and of ONNX Runtime's com.microsoft domain named by no family pattern (`_quantized_op`)
@@ -45,6 +52,11 @@ _LOW_BIT = {**{k: v for k, v in _REDUCED_FLOATS.items() if k not in (10, 16)}, 2
             22: "int4", 25: "uint2", 26: "int2"}  # fmt: skip
 # types a DequantizeLinear (a Cast: the floats among them) widens an accepted stored weight from
 _DEQUANTIZED = {10: "float16", 16: "bfloat16", 4: "uint16", 5: "int16", 6: "int32"}
+# distinct values a float32 weight needs before holding only 16-bit float values says it was rounded (`_rounded_floats`)
+_ROUNDED_DISTINCT = 16
+# ops that read a weight: an integer tensor cast to float there is a stored weight (elsewhere, a mask or an index)
+_CONTRACTIONS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "FusedMatMul", "FusedConv", "FusedGemm"})
+_INTEGERS = {2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 21: "uint4", 22: "int4", 25: "uint2", 26: "int2"}
 
 
 def reduced_precision(model: onnx.ModelProto) -> str | None:
@@ -72,6 +84,14 @@ def reduced_precision(model: onnx.ModelProto) -> str | None:
             if found:
                 reduced[op] += 1
                 reduced_types |= found
+    for op, stored, _ in _cast_integer_weights(model, types):
+        if stored in _LOW_BIT:
+            weight_only[op] += 1
+            weight_types.add(_LOW_BIT[stored])
+    for graph in _graphs(model.graph):
+        for op, bits in _grid_weights(graph):
+            weight_only[op] += 1
+            weight_types.add(f"{bits}-bit values stored as float32")
     io = {v.name: _REDUCED_FLOATS[v.type.tensor_type.elem_type] for v in (*model.graph.input, *model.graph.output)
           if v.name not in constants and v.type.tensor_type.elem_type in _REDUCED_FLOATS}  # fmt: skip
     if integer:
@@ -113,12 +133,151 @@ def stored_weights(model: onnx.ModelProto) -> str | None:
                 node.op_type == "Cast" and to in (1, 11) and types[weight] in _REDUCED_FLOATS)) if weight else False  # fmt: skip
             if widens:
                 found.setdefault(_DEQUANTIZED[types[weight]], {}).setdefault(node.op_type, set()).add(weight)
+        for weight, kind in _rounded_floats(graph).items():
+            found.setdefault(kind, {}).setdefault("rounded, stored as float32", set()).add(weight)
+    types = _value_types(model)
+    for _, stored, weight in _cast_integer_weights(model, types):
+        if stored in _DEQUANTIZED:
+            found.setdefault(_DEQUANTIZED[stored], {}).setdefault("Cast", set()).add(weight)
     if not found:
         return None
     parts = [f"{len(names)} {'weights' if len(names) > 1 else 'weight'} in {kind} ({op})" for kind, ops in sorted(found.items())
              for op, names in sorted(ops.items())]  # fmt: skip
     return (f"stores {', '.join(parts)} and widens them to float when it runs: it computes in FP32 on weights already "
             "rounded to that type, so every drop is measured from that rounding, not from the float model they came from")
+
+
+def _rounded_floats(graph: onnx.GraphProto) -> dict[str, str]:
+    """The float32 weights of `graph` every value of which a 16-bit float holds exactly, as name -> 'float16' or
+    'bfloat16': weights rounded to that type and stored back as float32, which no node shows (ONNX Runtime's
+    optimized FP16 model saved on a CPU, a module trained in FP16 or loaded from FP16 weights, exported in FP32). A
+    float32 weight comes out so by chance only when it holds few distinct values (a LayerNorm's ones, a 0/1 mask, a
+    small integer table), so a weight counts only with `_ROUNDED_DISTINCT` distinct values or more, not all
+    integers; one stored outside the file (external data, not read here) is not checked."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    found = {}
+    for tensor in graph.initializer:
+        if tensor.data_type != 1 or tensor.data_location == 1 or np.prod(tensor.dims) < _ROUNDED_DISTINCT:
+            continue
+        values = numpy_helper.to_array(tensor).ravel()
+        distinct = np.unique(values[: 64 * _ROUNDED_DISTINCT])
+        if len(distinct) < _ROUNDED_DISTINCT or np.all(distinct == np.round(distinct)):
+            continue
+        if not np.any(values.view(np.uint32) & 0xFFFF):  # first: float16 holds most bfloat16 values too
+            found[tensor.name] = "bfloat16"
+        elif np.array_equal(values.astype(np.float16).astype(np.float32), values):
+            found[tensor.name] = "float16"
+    return found
+
+
+def _grid_weights(graph: onnx.GraphProto) -> Iterator[tuple[str, int]]:
+    """(op, bits) for each contraction (`_CONTRACTIONS`) reading, directly or through a Transpose/Reshape and the
+    like, a float32 weight that holds at most 256 evenly spaced values per tensor or per slice along its first or
+    last axis (`_grid_levels`): weights quantized to that many bits and stored dequantized, as a fake-quantized
+    model folded for export (QAT, ModelOpt) leaves them. A weight with fewer than `_ROUNDED_DISTINCT` distinct values
+    or only integers is not judged (a pooling matrix, a 0/1 selection); so a per-tensor 4-bit grid goes unseen."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    origin = {t.name: t.name for t in graph.initializer if t.data_type == 1 and t.data_location != 1}
+    for _ in range(len(graph.node) + 1):  # follow reshapes and the like of a stored weight, in any node order
+        known = len(origin)
+        for node in graph.node:
+            if node.op_type in _STORAGE_OPS and node.op_type not in ("Cast", "CastLike") and node.input \
+                    and node.input[0] in origin:  # fmt: skip
+                origin.update(dict.fromkeys(node.output, origin[node.input[0]]))
+        if len(origin) == known:
+            break
+    tensors = {t.name: t for t in graph.initializer}
+    bits: dict[str, int | None] = {}
+    for node in graph.node:
+        for name in (origin[i] for i in node.input if i in origin) if node.op_type in _CONTRACTIONS else ():
+            if name not in bits:
+                values = numpy_helper.to_array(tensors[name])
+                distinct = np.unique(values.ravel()[: 64 * _ROUNDED_DISTINCT])
+                judged = values.ndim and len(distinct) >= _ROUNDED_DISTINCT and not np.all(distinct == np.round(distinct))
+                levels = _grid_levels(values) if judged else None
+                bits[name] = int(np.ceil(np.log2(levels))) if levels else None
+            if bits[name]:
+                yield node.op_type, bits[name]
+                break
+
+
+def _grid_levels(values: np.ndarray) -> int | None:
+    """The most levels an evenly spaced grid of at most 256 holds `values` in, per tensor or per slice along the first
+    or last axis (per-channel scales); None when no such grid holds them. The first slice screens (its first values
+    first, so a large float weight costs one small sort): a float weight fails there at once."""
+    import numpy as np
+
+    for slices in (values.reshape(1, -1), values.reshape(len(values), -1), np.moveaxis(values, -1, 0).reshape(values.shape[-1], -1)):
+        if slices.shape[1] < 4 or len(np.unique(slices[0, :4096])) > 256 or _slice_levels(slices[0]) is None:
+            continue
+        levels = [_slice_levels(row) for row in slices]
+        if all(levels) and max(levels) >= 4 and not all(_complete_ramp(row) for row in slices):
+            return max(levels)
+    return None
+
+
+def _slice_levels(values: np.ndarray) -> int | None:
+    """How many levels of an evenly spaced grid of at most 256 hold `values`, None when none does. The grid's step is
+    the smallest gap between two values, or, where a few values leave gaps of several steps, a quantizer's own: the
+    largest magnitude over 127 or 7 (symmetric int8/int4, levels from 0) or the range over 255 or 15 (asymmetric)."""
+    import numpy as np
+
+    distinct = np.unique(values)
+    if len(distinct) == 1:
+        return 1
+    low, high = distinct[0], distinct[-1]
+    span = np.abs(distinct).max()
+    for step, origin in ((np.diff(distinct).min(), low), (span / 127, 0.0), (span / 7, 0.0), ((high - low) / 255, low),
+                         ((high - low) / 15, low)):  # fmt: skip
+        levels = (distinct - origin) / step
+        if np.allclose(levels, np.round(levels), rtol=0, atol=1e-2) and (high - low) / step <= 255:
+            return int(round((high - low) / step)) + 1
+    return None
+
+
+def _complete_ramp(values: np.ndarray) -> bool:
+    """Whether `values` are an arithmetic progression, each once (a ramp, a linspace): on an evenly spaced grid by
+    construction, not by rounding; quantized values repeat levels or leave some unused."""
+    import numpy as np
+
+    return len(np.unique(values)) == values.size == _slice_levels(values)
+
+
+def _cast_integer_weights(model: onnx.ModelProto, types: dict[str, int]) -> Iterator[tuple[str, int, str]]:
+    """(op, stored type, integer tensor) for each integer tensor that a contraction (`_CONTRACTIONS`) reads as a
+    constant input once cast to float, through any computation on constants (a Mul by its scale, a Transpose): a
+    weight stored as integers and widened when the model runs, which no DequantizeLinear names. Only stored integers
+    count (an initializer or Constant, reshaped or not: a `Range` of positions is computed, not stored), and a cast
+    integer that only an elementwise op reads (a mask, an index) is no weight."""
+    for graph in _graphs(model.graph):
+        constant = {t.name for t in graph.initializer}
+        stored = set(constant)
+        origin: dict[str, set[str]] = {}  # constant value -> the integer values cast to float that it is computed from
+        for _ in range(len(graph.node) + 1):  # until nothing changes: the nodes need not be in topological order
+            known = len(constant)
+            for node in graph.node:
+                inputs = [name for name in node.input if name]
+                if any(name in constant for name in node.output) or any(name not in constant for name in inputs) \
+                        or any(a.HasField("g") or a.graphs for a in node.attribute):  # fmt: skip
+                    continue
+                came = set().union(*(origin.get(name, set()) for name in inputs))
+                to = next((a.i for a in node.attribute if a.name == "to"), None)
+                if node.op_type == "Cast" and to in (1, 11) and inputs[0] in stored and types.get(inputs[0]) in _INTEGERS:
+                    came.add(inputs[0])
+                elif node.op_type == "Constant" or (node.op_type in _STORAGE_OPS and inputs[0] in stored):
+                    stored.update(node.output)
+                constant.update(node.output)
+                origin.update(dict.fromkeys(node.output, came))
+            if len(constant) == known:
+                break
+        for node in graph.node:
+            if node.op_type in _CONTRACTIONS:
+                for weight in sorted(set().union(*(origin.get(name, set()) for name in node.input))):
+                    yield node.op_type, types[weight], weight
 
 
 def _low_bit_weight(node: onnx.NodeProto, types: dict[str, int], constants: set[str]) -> str | None:

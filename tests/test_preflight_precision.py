@@ -238,3 +238,55 @@ def test_onnx_runtime_quantized_contrib_ops_are_an_int8_model(op: str) -> None:
                               [numpy_helper.from_array(np.ones((4, 3), np.float32), "w")])  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
     assert reduced_precision(model) == f"the model is already quantized: 1 {op} node"
+
+
+def test_an_int8_variant_of_a_reference_with_int16_weights_quantizes_them_to_int8(tmp_path: Path) -> None:
+    """The int16 weight's DequantizeLinear was left in place: the quantizer took its output for an activation, kept
+    the int16 weight and only rounded what the MatMul read, so the "INT8" variant computed in FP32 (a gate note said
+    so, and the variant still passed)."""
+    onnx.save(_stored_weight(TensorProto.INT16, "DequantizeLinear"), str(tmp_path / "model.onnx"))
+    rng = np.random.default_rng(4)
+    pd.DataFrame({"x": list(rng.normal(size=(ROWS, 4)).astype(np.float32))}).to_parquet(tmp_path / "rows.parquet")
+    recipe = {"name": "int16-weights", "task": "embedding", "model": {"path": "model.onnx"},
+              "data": {"path": "rows.parquet", "inputs": {"x": "x"}},
+              "variants": [{"name": "int8", "precision": "int8", "calibrator": "minmax"}],
+              "latency": {"batch_sizes": [1], "warmup": 1, "iterations": 3}, "gate": {"metric": "cosine"}}  # fmt: skip
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    assert main(["sweep", "--no-track", str(tmp_path / "recipe.yaml")]) == 0
+    [run] = (tmp_path / "reports" / "int16-weights").iterdir()
+    [variant] = [v for v in json.loads((run / "results.json").read_text())["variants"] if v["variant"] == "int8"]
+    assert variant["params"]["folded_weights"] == ["w"]
+    assert variant["params"]["weights_as_built"]["MatMul"] == {"int8, 8-bit, per-tensor, centred": 1}
+    assert not [note for note in variant["notes"] if "computes in FP32" in note or "int16" in note]
+
+
+def _matmul(w: np.ndarray) -> onnx.ModelProto:
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", w.shape[0]])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", w.shape[1]])],
+                              [numpy_helper.from_array(w, "w")])  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+@pytest.mark.parametrize("kind", ["float16", "bfloat16"])
+def test_float32_weights_holding_only_16_bit_values_are_named_as_rounded(kind: str) -> None:
+    """ONNX Runtime saves an FP16 model optimized on a CPU with its weights widened to float32 initializers (and a
+    PyTorch module loaded from FP16 weights exports so): no node shows the rounding, and the reference was plain FP32
+    while every drop was measured from it."""
+    import torch
+
+    w = torch.from_numpy(np.random.default_rng(5).normal(size=(8, 8)).astype(np.float32))
+    rounded = w.to(getattr(torch, kind)).float().numpy()
+    assert stored_weights(_matmul(w.numpy())) is None
+    assert stored_weights(_matmul(rounded)).startswith(f"stores 1 weight in {kind} (rounded, stored as float32) and "
+                                                       "widens them to float when it runs")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "w",
+    [np.ones((8, 8), np.float32), np.arange(64, dtype=np.float32).reshape(8, 8),
+     np.tile(np.linspace(-1, 1, 8, dtype=np.float32).round(1) / 4, (8, 1)).astype(np.float16).astype(np.float32)],
+    ids=["ones", "integers", "few-distinct"],
+)  # fmt: skip
+def test_float32_weights_that_16_bits_hold_by_their_few_values_are_not_called_rounded(w: np.ndarray) -> None:
+    assert stored_weights(_matmul(w)) is None

@@ -92,9 +92,52 @@ def _float8_cast() -> onnx.ModelProto:
     return _model(nodes, [stored])
 
 
+def _cast_integers(elem: int, scaled: bool = True) -> onnx.ModelProto:
+    """x @ Transpose(Cast(w stored in `elem`) * per-row scales), as a PyTorch export of `x @ (q.float() * s).t()`
+    leaves a weight-only quantized linear layer (no DequantizeLinear); `scaled=False`: the scale applied after."""
+    dtype = helper.tensor_dtype_to_np_dtype(elem)
+    scales = np.abs(WEIGHT.T).max(axis=1, keepdims=True) / 127
+    stored = np.round(WEIGHT.T / scales).astype(dtype)
+    cast = helper.make_node("Cast", ["w_stored"], ["w_float"], to=TensorProto.FLOAT)
+    if scaled:
+        nodes = [cast, helper.make_node("Mul", ["w_float", "w_scales"], ["w_scaled"]),
+                 helper.make_node("Transpose", ["w_scaled"], ["w"]), helper.make_node("MatMul", ["x", "w"], ["y"])]  # fmt: skip
+    else:
+        nodes = [cast, helper.make_node("Transpose", ["w_float"], ["w"]), helper.make_node("MatMul", ["x", "w"], ["xw"]),
+                 helper.make_node("Mul", ["xw", "w_scales_row"], ["y"])]  # fmt: skip
+    model = _model(nodes, [numpy_helper.from_array(stored, "w_stored"), numpy_helper.from_array(scales, "w_scales"),
+                           numpy_helper.from_array(scales.T.copy(), "w_scales_row")])  # fmt: skip
+    np.testing.assert_allclose(_run(model, {"x": ROWS}), ROWS @ (stored.astype(np.float32) * scales).T, rtol=1e-4, atol=1e-4)
+    return model
+
+
+def _fake_quantized(levels: int, per_channel: bool, w: np.ndarray = WEIGHT.T) -> onnx.ModelProto:
+    """x @ Transpose(w), w [channels, K] rounded to `levels` symmetric levels (per output channel or per tensor) and
+    stored as float32: a fake-quantized model folded for export, as QAT and ModelOpt leave their weights (with 4
+    values a channel, as a small PyTorch Linear exports, the gaps between them span several levels)."""
+    scales = np.abs(w).max(axis=1, keepdims=True) if per_channel else np.abs(w).max()
+    step = scales / (levels // 2)
+    nodes = [helper.make_node("Transpose", ["w"], ["wt"]), helper.make_node("MatMul", ["x", "wt"], ["y"])]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", w.shape[1]])]
+    return _model(nodes, [numpy_helper.from_array((np.round(w / step) * step).astype(np.float32), "w")], inputs)
+
+
 @pytest.mark.parametrize(
     ("build", "found"),
     [
+        pytest.param(lambda: _fake_quantized(255, per_channel=True),
+                     "8-bit values stored as float32 (weight-only, activations in float: 1 MatMul node)", id="int8-folded-per-channel"),
+        pytest.param(lambda: _fake_quantized(255, per_channel=False),
+                     "8-bit values stored as float32 (weight-only, activations in float: 1 MatMul node)", id="int8-folded-per-tensor"),
+        pytest.param(lambda: _fake_quantized(255, per_channel=True, w=WEIGHT.reshape(24, 4)[:8]),
+                     "8-bit values stored as float32 (weight-only, activations in float: 1 MatMul node)",
+                     id="int8-folded-4-values-per-channel"),
+        pytest.param(lambda: _fake_quantized(15, per_channel=True),
+                     "4-bit values stored as float32 (weight-only, activations in float: 1 MatMul node)", id="int4-folded-per-channel"),
+        pytest.param(lambda: _cast_integers(TensorProto.INT8), "int8 (weight-only, activations in float: 1 MatMul node)",
+                     id="int8-cast-scaled"),
+        pytest.param(lambda: _cast_integers(TensorProto.INT8, scaled=False),
+                     "int8 (weight-only, activations in float: 1 MatMul node)", id="int8-cast-scaled-after"),
         pytest.param(lambda: _matmul_nbits(4), "4-bit (weight-only, activations in float: 1 MatMulNBits node)", id="nbits4"),
         pytest.param(lambda: _matmul_nbits(8), "8-bit (weight-only, activations in float: 1 MatMulNBits node)", id="nbits8"),
         pytest.param(_gather_block_quantized, "4-bit (weight-only, activations in float: 1 GatherBlockQuantized node)",
@@ -110,7 +153,8 @@ def _float8_cast() -> onnx.ModelProto:
 )
 def test_every_weight_only_low_bit_form_is_refused_alike(build, found: str) -> None:
     """MatMulNBits was refused as 'already quantized' while the same int4 weights behind a DequantizeLinear were
-    accepted as an FP32 reference (int8 and float8 too): every drop then measured from a quantized baseline."""
+    accepted as an FP32 reference (int8 and float8 too): every drop then measured from a quantized baseline. An int8
+    weight cast to float (and scaled) was taken for a mask, so such a reference passed as FP32 with no note at all."""
     problem = reduced_precision(build())
     assert problem == (f"the model's weights are already quantized to {found}, so every drop would be measured from "
                        "that rounding; give the float model the weights were quantized from (before "
@@ -123,6 +167,35 @@ def test_a_weight_stored_in_16_bits_is_still_accepted_with_its_note() -> None:
     model = _model(nodes, [stored])
     assert reduced_precision(model) is None
     assert stored_weights(model).startswith("stores 1 weight in float16 (Cast) and widens them to float")
+
+
+def test_an_int16_weight_cast_to_float_is_accepted_with_its_note_and_a_cast_mask_or_range_is_no_weight() -> None:
+    model = _cast_integers(TensorProto.INT16)
+    assert reduced_precision(model) is None
+    assert stored_weights(model).startswith("stores 1 weight in int16 (Cast) and widens them to float")
+    mask = numpy_helper.from_array(np.ones((1, K), np.int8), "mask")
+    positions = [helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.array(v, np.int32)))
+                 for name, v in (("start", 0), ("limit", K), ("delta", 1))]  # fmt: skip
+    nodes = [*positions, helper.make_node("Range", ["start", "limit", "delta"], ["ints"]),
+             helper.make_node("Cast", ["ints"], ["floats"], to=TensorProto.FLOAT),
+             helper.make_node("Unsqueeze", ["floats", "axis"], ["column"]), helper.make_node("MatMul", ["x", "column"], ["xp"]),
+             helper.make_node("Cast", ["mask"], ["m"], to=TensorProto.FLOAT), helper.make_node("Mul", ["x", "m"], ["xm"]),
+             helper.make_node("MatMul", ["xm", "column"], ["xq"]), helper.make_node("Add", ["xp", "xq"], ["y"])]  # fmt: skip
+    model = _model(nodes, [mask, numpy_helper.from_array(np.array([1], np.int64), "axis")])
+    _run(model, {"x": ROWS})
+    assert reduced_precision(model) is None
+    assert stored_weights(model) is None
+
+
+@pytest.mark.parametrize(
+    "w", [WEIGHT, np.linspace(-1, 1, K * N, dtype=np.float32).reshape(K, N), np.full((K, N), 0.25, np.float32),
+          np.arange(K * N, dtype=np.float32).reshape(K, N)], ids=["float", "ramp", "constant", "integers"],
+)  # fmt: skip
+def test_float_weights_on_no_rounding_grid_are_not_taken_for_quantized_ones(w: np.ndarray) -> None:
+    """A ramp (a linspace: evenly spaced by construction, each value once), a constant or an integer table is on an
+    even grid without having been rounded to one."""
+    model = _model([helper.make_node("MatMul", ["x", "w"], ["y"])], [numpy_helper.from_array(w, "w")])
+    assert reduced_precision(model) is None
 
 
 def test_validate_refuses_a_matmul_nbits_reference_in_one_line(tmp_path: Path, capsys) -> None:

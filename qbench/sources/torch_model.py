@@ -325,6 +325,16 @@ def _refuse_a_mapping_forward(recipe: Recipe, module: torch.nn.Module, shapes: M
     raise RecipeError(recipe.source, "model.torch", message)
 
 
+def _half_hint(exc: Exception) -> str:
+    """Why a forward() that meets a float16/bfloat16 tensor fails: qbench made the module FP32 (`_build_template`),
+    so one that casts its inputs or activations to a 16-bit type itself (an FP16 island) mixes the two types."""
+    if not any(kind in str(exc) for kind in ("Half", "BFloat16")):
+        return ""
+    return ("; qbench runs the module in FP32 (module.float(): the reference every variant is built from and judged "
+            "against), so a forward() that casts to float16/bfloat16 itself, or a float16 input in "
+            "model.input_dtypes, mixes types: give the FP32 module and let the fp16/bf16 variants lower it")
+
+
 def _output_names(recipe: Recipe, module: torch.nn.Module, inputs: tuple[Any, ...]) -> tuple[str, ...]:
     """The recipe's output names (checked against what forward returns), else dict keys, 'output' or 'output_<i>'."""
     torch = _import_torch()
@@ -335,7 +345,7 @@ def _output_names(recipe: Recipe, module: torch.nn.Module, inputs: tuple[Any, ..
         examples = recipe.model.example_inputs or {}
         _refuse_a_mapping_forward(recipe, module, {name: tuple(shape) for name, shape in examples.items()})
         shapes = {name: [EXAMPLE_BATCH, *shape[1:]] for name, shape in examples.items()}
-        message = f"forward() failed on example inputs {shapes}: {_describe(exc)}"
+        message = f"forward() failed on example inputs {shapes}: {_describe(exc)}{_half_hint(exc)}"
         raise RecipeError(recipe.source, "model.example_inputs", message) from exc
     try:
         count = len(flatten_outputs(outputs))

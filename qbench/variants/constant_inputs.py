@@ -9,8 +9,11 @@ result as a weight, so the emulation has to as well, or its figures are those of
 
 `fold_constant_inputs` evaluates every such input with ONNX Runtime (what the FP32 reference computes) and stores
 it as an initializer of the same name; the nodes that computed it go where nothing else reads them. A
-`DequantizeLinear` ends the search: its output is a weight the model stores quantized (a weight-only quantized
-model), which folding would widen back to float32 and quantize a second time.
+`DequantizeLinear` of a weight stored in 8 bits or fewer ends the search: its output is a weight the model stores
+quantized (a weight-only quantized model), which folding would widen back to float32 and quantize a second time. One
+of a weight stored in 16 or 32 bits (an int16 weight, an int32 bias: a reference the preflight accepts as FP32, see
+qbench.preflight_precision) is folded like a Cast of a float16 weight: left in place, the quantizer took it for an
+activation, kept the int16 weight and only rounded what the layer read, so an "INT8" variant computed in FP32.
 """
 
 from __future__ import annotations
@@ -25,14 +28,18 @@ from qbench.preflight_random import RANDOM_OPS
 from qbench.variants.float_support import tensor_types
 from qbench.variants.onnx_utils import names_read, subgraphs_of
 
-# Operators whose output is not a function of their inputs, and DequantizeLinear (a stored quantized weight, see the
-# module docstring): never folded.
-_NOT_FOLDED = RANDOM_OPS | {"DequantizeLinear"}
+# Operators whose output is not a function of their inputs: never folded.
+_NOT_FOLDED = RANDOM_OPS
+# the stored types a DequantizeLinear of a weight is folded from (wider than the 8 bits a variant quantizes to)
+_WIDE_STORED = {TensorProto.INT16, TensorProto.UINT16, TensorProto.INT32}
 
 
-def _foldable(node: onnx.NodeProto, constant: set[str]) -> bool:
-    """Whether `node` computes from constants only: a deterministic standard node without subgraphs, other than
-    DequantizeLinear, whose inputs are all in `constant`."""
+def _foldable(node: onnx.NodeProto, constant: set[str], stored: dict[str, int]) -> bool:
+    """Whether `node` computes from constants only: a deterministic standard node without subgraphs, a
+    DequantizeLinear only of an initializer stored in 16 or 32 bits (`stored`: initializer -> type), whose inputs
+    are all in `constant`."""
+    if node.op_type == "DequantizeLinear" and stored.get(node.input[0]) not in _WIDE_STORED:
+        return False
     return node.domain in ("", "ai.onnx") and node.op_type not in _NOT_FOLDED and not subgraphs_of(node) \
         and all(name in constant for name in node.input if name)
 
@@ -41,8 +48,9 @@ def _constant_tensors(graph: onnx.GraphProto, constants: set[str]) -> set[str]:
     """The tensors computed from `constants` only: one pass over the (topologically sorted) nodes, no recursion, so a
     graph thousands of nodes deep costs what a shallow one does."""
     constant = set(constants)
+    stored = {t.name: t.data_type for t in graph.initializer if t.name in constants}
     for node in graph.node:
-        if _foldable(node, constant):
+        if _foldable(node, constant, stored):
             constant.update(name for name in node.output if name)
     return constant
 

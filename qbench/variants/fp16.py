@@ -26,6 +26,7 @@ ORT's CPU provider would otherwise hide (qbench.validate.fidelity).
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections import Counter
 from collections.abc import Collection
 from typing import Any
@@ -71,6 +72,7 @@ from qbench.variants.onnx_utils import (
 from qbench.variants.quantizable import float64_nodes
 from qbench.variants.reference import fresh_name, load_reference, names_in
 
+_CONVERTER_NODE_NAME = re.compile(r"graph_(input|output)_cast\d+")  # onnxruntime.transformers.float16's io Casts
 BF16_CAST_OPSET = 13  # first opset whose Cast accepts bfloat16
 BF16_MAX_FINITE = float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)
 BF16_NOTE = "BF16 emulated (FP32 graph rounding every tensor to bfloat16): accuracy is faithful, latency is not BF16's"
@@ -82,6 +84,7 @@ def build_fp16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     target = output_path(spec.name, ctx)
     with build_step(spec.name, "loading the FP32 model"):
         model = load_reference(ctx.reference_path.resolve())
+        _free_converter_names(model.graph, names_in(model.graph))
     with build_step(spec.name, "choosing the nodes that stay FP32"):
         types = tensor_types(model)
         non_tensor = non_tensor_values(model)
@@ -299,6 +302,18 @@ def partly_lowered(
         note += (f"; the FP32 {reader_types} read values rounded to {precision}: thresholds and comparisons there "
                  f"see the rounded values, so outputs can change though nothing there runs in {precision}")
     return params, [note]
+
+
+def _free_converter_names(graph: onnx.GraphProto, taken: set[str]) -> None:
+    """Rename the nodes of `graph` (and its subgraphs) named as the FP16 converter names the Casts it adds at the
+    graph's inputs and outputs (`graph_output_cast0`), in place: the converter leaves every node so named as it is,
+    reading the tensors it renamed, so a model converted once and optimized back to FP32 (ONNX Runtime keeps the
+    names) built an invalid graph."""
+    for node in graph.node:
+        if _CONVERTER_NODE_NAME.fullmatch(node.name):
+            node.name = fresh_name(f"{node.name}_model", taken)
+        for body in subgraphs_of(node):
+            _free_converter_names(body, taken)
 
 
 def _nothing_to_lower(action: str, kept_op_types: Collection[str], model: onnx.ModelProto) -> str:

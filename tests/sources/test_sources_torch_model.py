@@ -89,6 +89,21 @@ def build_untraceable():
     return Untraceable()
 
 
+class HalfIsland(Classifier):
+    """An FP16 island between float32 inputs and outputs, as a mixed-precision model ships."""
+
+    def __init__(self):
+        super().__init__()
+        self.half()
+
+    def forward(self, features):
+        return super().forward(features.half()).float()
+
+
+def build_half_island():
+    return HalfIsland()
+
+
 class Branching(Classifier):
     """Data-dependent control flow: the trace keeps the branch the export's example took."""
 
@@ -789,6 +804,32 @@ def test_sweep_builds_every_variant_from_the_exported_reference(project: Path) -
     assert set(statuses) == {("fp32", "onnxruntime-cpu"), ("fp16", "onnxruntime-cpu"), ("int8-minmax", "onnxruntime-cpu")}
     assert all(status == "ok" for status, _ in statuses.values()), statuses
     assert results["recipe"]["model_source"] == "mypkg.models:build_classifier"
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_weights_saved_in_16_bits_are_named_in_the_fp32_references_note(project: Path, dtype: str) -> None:
+    """A state_dict saved in float16/bfloat16 is widened into the FP32 module, and its export holds float32 weights
+    rounded to that type: no node showed it, so the reference was plain 'fp32' while every drop was measured from
+    that rounding (an ONNX reference storing its weights in float16 behind a Cast is noted for)."""
+    weights = project.parent / "weights.pt"
+    state = torch.load(weights, weights_only=True)
+    torch.save({name: tensor.to(getattr(torch, dtype)) for name, tensor in state.items()}, weights)
+    recipe = _write_recipe(project.parent, variants=[{"name": "fp16", "precision": "fp16"}])
+    assert main(["sweep", str(recipe), "--no-track"]) == 0
+    (results_file,) = (project.parent / "reports" / "tiny-torch").glob("*/results.json")
+    [reference] = [v for v in json.loads(results_file.read_text())["variants"] if v["variant"] == "fp32"]
+    said = f"weights in {dtype} (rounded, stored as float32) and widens them to float when it runs"
+    assert said in reference["params"]["stored_weights"]
+    assert said in (results_file.parent / "report.md").read_text()
+
+
+def test_a_module_with_an_fp16_island_is_refused_saying_qbench_made_it_fp32(project: Path) -> None:
+    """qbench makes the module FP32 before anything runs: a forward() casting to float16 itself then failed with
+    torch's dtype mismatch alone, which reads as a bug in the user's model."""
+    recipe = _write_recipe(project.parent, {"torch": "mypkg.models:build_half_island", "weights": None})
+    error = str(_load_error(recipe))
+    assert "model.example_inputs: forward() failed on example inputs" in error
+    assert "qbench runs the module in FP32 (module.float()" in error and "\n" not in error
 
 
 # -- the demo's PyTorch-source recipe ---------------------------------------------------------------

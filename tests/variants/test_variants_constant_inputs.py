@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from qbench.variants.constant_inputs import fold_constant_inputs
@@ -80,23 +81,30 @@ def test_a_split_output_read_alone_is_folded_with_the_split_computing_the_others
         np.testing.assert_array_equal(got, want)
 
 
-def test_a_dequantized_stored_weight_is_left_as_the_model_stores_it():
+@pytest.mark.parametrize(("stored", "folded"), [(np.int8, False), (np.uint8, False), (np.int16, True), (np.int32, True)])
+def test_a_dequantized_stored_weight_is_folded_only_when_wider_than_8_bits(stored, folded: bool):
     """A DequantizeLinear of an int8 weight is the model's own quantized weight (weight-only quantization): folding
-    it would widen it to float32 and let the variant quantize it a second time."""
+    it would widen it to float32 and let the variant quantize it a second time. One of an int16 weight (a reference
+    the preflight accepts as FP32) was left too: the quantizer then took the weight for an activation, kept it in
+    int16 and rounded only the layer's input, so the "INT8" variant computed in FP32."""
     nodes = [
         helper.make_node("DequantizeLinear", ["wq", "scale"], ["w"], name="dq"),
         helper.make_node("Transpose", ["w"], ["wt"], perm=[1, 0], name="t"),
         helper.make_node("MatMul", ["x", "wt"], ["y"], name="mm"),
     ]
-    weights = {"wq": np.arange(16, dtype=np.int8).reshape(4, 4), "scale": np.array(0.1, np.float32)}
+    weights = {"wq": np.arange(16, dtype=stored).reshape(4, 4), "scale": np.array(0.1, np.float32)}
     graph = helper.make_graph(
         nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
         [numpy_helper.from_array(value, name) for name, value in weights.items()],
     )  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    assert fold_constant_inputs(model, [(model.graph.node[2], 1)]) == []
-    assert [n.op_type for n in model.graph.node] == ["DequantizeLinear", "Transpose", "MatMul"]
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)  # int16: opset 21
+    x = np.random.default_rng(2).normal(size=(2, 4)).astype(np.float32)
+    before = _run(model, {"x": x})
+    assert fold_constant_inputs(model, [(model.graph.node[2], 1)]) == (["wt"] if folded else [])
+    expected = ["MatMul"] if folded else ["DequantizeLinear", "Transpose", "MatMul"]
+    assert [n.op_type for n in model.graph.node] == expected
+    np.testing.assert_allclose(_run(model, {"x": x})[0], before[0], rtol=1e-6)
 
 
 def test_a_graph_thousands_of_nodes_deep_folds_without_recursion():

@@ -14,6 +14,7 @@ from qbench.variants.base import BuildContext
 from qbench.variants.emulate import emulate_float16
 from qbench.variants.fp16 import BF16_NOTE, build_bf16, build_fp16, round_to_bf16
 from qbench.variants.fp32 import build_fp32
+from qbench.variants.reference import settle_built_model
 
 
 def _reference(mlp) -> np.ndarray:
@@ -290,3 +291,20 @@ def test_a_control_flow_branch_reads_a_constant_it_shares_with_a_narrowed_node_u
     expected = _exact_float32(path, feeds)
     np.testing.assert_array_equal(kept, expected[0])
     assert not np.array_equal(half, expected[1])
+
+
+def test_fp16_of_a_reference_whose_nodes_carry_the_converters_own_names_is_valid(graph, tmp_path, run):
+    """A model converted to FP16 once (keep_io_types) and optimized back to FP32 by ONNX Runtime on a CPU keeps the
+    converter's node names (`graph_output_cast0`): the converter skips every node so named, which then read a tensor
+    it had renamed, and the FP16 build was an invalid graph (a failed variant, the gate unusable)."""
+    rng = np.random.default_rng(6)
+    weights = {"w": rng.normal(size=(4, 3)).astype(np.float32)}
+    nodes = [helper.make_node("Cast", ["x"], ["x32"], to=TensorProto.FLOAT, name="graph_input_cast0"),
+             helper.make_node("MatMul", ["x32", "w"], ["h"], name="mm"),
+             helper.make_node("Cast", ["h"], ["y"], to=TensorProto.FLOAT, name="graph_output_cast0")]  # fmt: skip
+    path = graph(tmp_path / "named.onnx", nodes, weights, {"x": 4}, {"y": 3})
+    built = build_fp16(VariantSpec(name="half", precision="fp16"), BuildContext(reference_path=path, workdir=tmp_path / "w"))
+    onnx.checker.check_model(settle_built_model(built.onnx_path, path), full_check=True)  # as a sweep settles it
+    x = rng.normal(size=(5, 4)).astype(np.float32)
+    np.testing.assert_allclose(run(built, {"x": x}), x @ weights["w"], rtol=1e-2, atol=1e-2)
+    assert built.params["converted_nodes"] >= 1
