@@ -28,7 +28,9 @@ class Runner(Protocol):
     A runner whose `run` does per-call work that a deployment would not pay per inference (converting numpy inputs
     to its own tensors, its outputs back to numpy, entering a mode) may also offer
     `timed_calls(batches) -> ContextManager[list[Callable[[], object]]]`: one call per batch that runs only what a
-    deployment runs, valid inside the context (see `timed_calls` below)."""
+    deployment runs, valid inside the context (see `timed_calls` below), and
+    `served_call() -> ContextManager[Callable[[feeds], list[np.ndarray]]]`: what a server runs per request batch
+    that arrives as numpy, its modes entered once for the serving thread (see `served_call` below)."""
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         """Run one batch; returns the model outputs in the model's output order."""
@@ -54,6 +56,26 @@ def timed_calls(runner: Runner, batches: Sequence[Mapping[str, np.ndarray]]) -> 
         return
     with own(batches) as calls:
         yield calls
+
+
+ServedCall = Callable[[Mapping[str, np.ndarray]], Sequence[np.ndarray]]
+
+
+@contextlib.contextmanager
+def served_call(runner: Runner) -> Iterator[ServedCall]:
+    """The call a server makes per batch of requests, valid inside the context, in the thread that entered it (a
+    runner's modes, torch's inference mode and autocast, are per thread): the runner's own `served_call` where it has
+    one, else its `run`. What it counts, as a server receiving numpy pays it per batch: the inputs converted to the
+    runtime's tensors (dtype cast, copy to the device) and the outputs back to numpy (the answer it returns); what it
+    does not count is what a server does once per worker (entering modes) and qbench's own bookkeeping for scoring.
+    The cold start's first run and the real server's runs (qbench.validate.latency, qbench.validate.serve) are such
+    calls; the steady-state loops time `timed_calls`, whose inputs are prepared before any clock starts."""
+    own = getattr(runner, "served_call", None)
+    if own is None:
+        yield runner.run
+        return
+    with own() as call:
+        yield call
 
 
 @runtime_checkable

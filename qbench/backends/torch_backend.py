@@ -11,7 +11,9 @@ on the device (dtype cast, host -> device copy) before the clock starts, its out
 in, so it is kept, but entered once per loop) wraps the whole loop. `run`, which scores, computes the same
 forward under the same modes and returns the outputs as float32 numpy (integer outputs keep their dtype), flattened
 in order from a tensor, a tuple/list, or a dict / Hugging Face ModelOutput; the tensors of its inputs are reused
-while the same, unchanged numpy arrays are fed again.
+while the same, unchanged numpy arrays are fed again. A served call (`served_call`: the cold start's first run, the
+real server's batches) pays what a server receiving numpy pays per batch, the conversions both ways, but enters the
+modes once for its thread.
 """
 
 from __future__ import annotations
@@ -107,8 +109,19 @@ class TorchRunner:
         """One batch, its outputs as numpy (for scoring)."""
         inputs = self._inputs(feeds)
         with self._modes():
-            outputs = self._forward(inputs, self._signature(inputs))
-        return [_to_numpy(tensor) for tensor in flatten_outputs(outputs)]
+            return self._answer(inputs)
+
+    @contextlib.contextmanager
+    def served_call(self) -> Iterator[Callable[[Mapping[str, np.ndarray]], list[np.ndarray]]]:
+        """What a server runs per batch of requests arriving as numpy: their conversion to tensors on the device, the
+        forward and the outputs back to numpy, inside inference mode (and autocast) entered once for the serving
+        thread, as a server's worker enters them; no reuse of a previous batch's tensors (every request is new)."""
+        with self._modes():
+            yield lambda feeds: self._answer([self._tensor(array) for array in self._arrays(feeds)])
+
+    def _answer(self, inputs: list[torch.Tensor]) -> list[np.ndarray]:
+        """The forward on `inputs`, its outputs as numpy, under the modes the caller entered."""
+        return [_to_numpy(tensor) for tensor in flatten_outputs(self._forward(inputs, self._signature(inputs)))]
 
     @contextlib.contextmanager
     def timed_calls(self, batches: Sequence[Mapping[str, np.ndarray]]) -> Iterator[list[Callable[[], Any]]]:
