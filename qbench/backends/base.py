@@ -85,7 +85,8 @@ class Backend(Protocol):
     (see qbench.validate.fidelity). A backend whose jobs need a GPU declares `needs_gpu = True`
     (qbench.execute asks the cluster for one). A backend that runs a variant's torch module rather than its ONNX
     file declares `form = TORCH` (see `form_run_by`). `runtime_packages` names the distributions whose code computes
-    its results (see `runtime_packages`)."""
+    its results (see `runtime_packages`). A backend may also offer `timed_load(variant, options) -> Callable[[],
+    Runner]` (see `timed_load` below)."""
 
     name: str
 
@@ -100,6 +101,14 @@ class Backend(Protocol):
     def load(self, variant: BuiltVariant, options: RunOptions) -> Runner:
         """Create a runner for the variant's model."""
         ...
+
+
+def timed_load(backend: Backend, variant: BuiltVariant, options: RunOptions) -> Callable[[], Runner]:
+    """The load the cold start times (qbench.validate.latency.measure_cold_start): the backend's own `timed_load`
+    where it has one, which reads before any clock starts what a deployed server knows from its code rather than
+    from the variant's files (the torch backend: the module's argument order, from the ONNX file), else its `load`."""
+    own = getattr(backend, "timed_load", None)
+    return own(variant, options) if own is not None else functools.partial(backend.load, variant, options)
 
 
 def needs_gpu(backend: Backend | type[Backend]) -> bool:

@@ -185,12 +185,16 @@ class TorchRunner:
         return self._prepared
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
-        """A float array takes the module's float dtype (float16/bfloat16 modules); integers stay integers."""
+        """A float array takes the module's float dtype (float16/bfloat16 modules); integers stay integers. Copied or
+        cast only where needed (a served call pays this per batch): a read-only or strided array (torch warns on
+        read-only ones), another dtype, another device."""
         import torch
 
-        tensor = torch.from_numpy(np.require(array, requirements=("C", "W")))  # torch warns on read-only arrays
+        if not (array.flags.c_contiguous and array.flags.writeable):
+            array = np.array(array, order="C")
+        tensor = torch.from_numpy(array)
         dtype = self._float_dtype if tensor.is_floating_point() else tensor.dtype
-        return tensor.to(device=self._device, dtype=dtype)
+        return tensor if dtype == tensor.dtype and self._device == "cpu" else tensor.to(device=self._device, dtype=dtype)
 
     def describe(self) -> dict[str, Any]:
         """What runs; on CUDA also the GPU utilisation and memory sampled since load."""
@@ -269,12 +273,21 @@ class TorchBackend:
         return None
 
     def load(self, variant: BuiltVariant, options: RunOptions) -> TorchRunner:
-        """Build the variant's module and put it on the device (inside the cold-start timing)."""
-        torch = _import_torch()
+        return self.timed_load(variant, options)()
+
+    def timed_load(self, variant: BuiltVariant, options: RunOptions) -> Callable[[], TorchRunner]:
+        """The load the cold start times: building the variant's module and putting it on the device. The module's
+        argument order is read from its ONNX file before, untimed: a server knows it from its code, and reading the
+        file (weights included) took as long as building the module (650 ms for a 92 MB MLP)."""
+        _import_torch()
         reason = self.supports(variant)
         if reason:
             raise QbenchError(f"{self.name} cannot run variant {variant.name}: {reason}")
         input_names = list(read_model_info(variant.onnx_path).inputs)  # the module's argument order
+        return functools.partial(self._load, variant, options, input_names)
+
+    def _load(self, variant: BuiltVariant, options: RunOptions, input_names: list[str]) -> TorchRunner:
+        torch = _import_torch()
         threads_to_restore = self._set_threads(torch, options)
         try:
             module = variant.torch_module().to(self.device).eval()
@@ -368,9 +381,9 @@ class TorchCUDA(TorchBackend):
                 f"(torch.cuda.is_available() is False: {build})"
             )
 
-    def load(self, variant: BuiltVariant, options: RunOptions) -> TorchRunner:
+    def timed_load(self, variant: BuiltVariant, options: RunOptions) -> Callable[[], TorchRunner]:
         self.check_available()
-        return super().load(variant, options)
+        return super().timed_load(variant, options)
 
     def device_description(self, torch: ModuleType) -> str:
         index = torch.cuda.current_device()
@@ -410,6 +423,11 @@ def _float_dtype(module: torch.nn.Module) -> torch.dtype:
 
 
 def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
-    if tensor.is_floating_point():
+    """Float outputs as float32 (numpy has no bfloat16), on the host; no call where the tensor already is that."""
+    import torch
+
+    if tensor.is_floating_point() and tensor.dtype != torch.float32:
         tensor = tensor.float()
-    return tensor.detach().cpu().numpy()
+    if tensor.requires_grad:
+        tensor = tensor.detach()
+    return (tensor if tensor.device.type == "cpu" else tensor.cpu()).numpy()

@@ -17,7 +17,7 @@ from torch import nn
 
 import qbench.backends.torch_backend as torch_backend
 import qbench.validate.latency as latency
-from qbench.backends.base import RunOptions, served_call
+from qbench.backends.base import RunOptions, served_call, timed_load
 from qbench.backends.torch_backend import TorchCPU, TorchRunner
 from qbench.recipe import StabilitySpec
 from qbench.validate.load import Batcher
@@ -222,3 +222,52 @@ def test_a_served_call_answers_what_scoring_does(onnx_path: Path) -> None:
     assert all(isinstance(array, np.ndarray) and array.dtype == np.float32 for array in answered)
     for a, b in zip(scored, answered, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_served_call_copies_or_casts_only_what_needs_it(monkeypatch: pytest.MonkeyPatch, onnx_path: Path) -> None:
+    """Per batch a server pays the conversions its arrays need, no more: an FP32 module's writable float32 batch is
+    read in place and its float32 outputs handed back as they are (no .to/.float/.cpu call); a read-only batch is
+    copied (torch refuses to share it without a warning) and an FP16 module's batch cast."""
+    calls: list[str] = []
+    for name in ("to", "float", "cpu", "detach"):
+        original = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name,
+                            lambda self, *a, _n=name, _o=original, **k: calls.append(_n) or _o(self, *a, **k))  # fmt: skip
+    feeds = _feeds()
+    runner = TorchCPU().load(BuiltVariant("fp32", "fp32", onnx_path, torch_module=Mlp), RunOptions(threads=1))
+    try:
+        with served_call(runner) as call:
+            calls.clear()  # the load's module.to(device)
+            answered = call(feeds)
+            assert runner._last_inputs[0].data_ptr() == feeds["x"].ctypes.data
+            assert calls == []
+            read_only = feeds["x"].copy()
+            read_only.flags.writeable = False
+            np.testing.assert_array_equal(call({"x": read_only})[0], answered[0])
+            assert runner._last_inputs[0].data_ptr() != read_only.ctypes.data
+    finally:
+        runner.close()
+    half = TorchCPU().load(BuiltVariant("fp16", "fp16", onnx_path, torch_module=lambda: Mlp().half()),
+                           RunOptions(threads=1))  # fmt: skip
+    try:
+        with served_call(half) as call:
+            assert all(array.dtype == np.float32 for array in call(feeds))
+            assert half._last_inputs[0].dtype == torch.float16
+    finally:
+        half.close()
+
+
+def test_the_cold_start_times_building_the_module_not_reading_its_onnx_file(
+    monkeypatch: pytest.MonkeyPatch, onnx_path: Path
+) -> None:
+    """The module's argument order comes from the variant's ONNX file, weights and all: read before the clock starts,
+    as a server knows it from its code; building the module is what the load times."""
+    recorder = Recorder()
+    read = torch_backend.read_model_info
+    monkeypatch.setattr(torch_backend, "read_model_info", lambda path: recorder.log("read onnx") or read(path))
+    variant = BuiltVariant("fp32", "fp32", onnx_path, torch_module=lambda: recorder.log("build module") or Mlp())
+    monkeypatch.setattr(latency, "time", SimpleNamespace(perf_counter_ns=recorder.clock))
+    runner, _, _ = latency.measure_cold_start(timed_load(TorchCPU(), variant, RunOptions(threads=1)), _feeds())
+    runner.close()
+    assert ("read onnx", False) in recorder.events
+    assert recorder.timed() == ["build module"]
