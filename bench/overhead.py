@@ -5,7 +5,10 @@
    rounds: for onnxruntime-cpu InferenceSession.run under perf_counter_ns (the digits CNN); for torch-cpu
    the module's forward under torch.inference_mode, inputs already tensors (a small MLP and a small
    conv net, each as FP32, FP16, BF16 and torchao INT8 dynamic). A ratio near 1.0 means qbench's
-   latency figures are the runtime's, not qbench's.
+   latency figures are the runtime's, not qbench's. Then what the cold start and the real server run per batch
+   (`served call`: numpy in, numpy out, qbench.backends.base.served_call) against a bare server's call (ONNX
+   Runtime's run; torch's forward on torch.from_numpy, .numpy() of its output, inference_mode entered once), and
+   the cold start (`served cold`: load + first served call, one per round) against a bare load + first call.
 2. Sweep overhead: the share of a whole demo sweep spent outside variant building (calibration
    included) and inference — data preparation, scoring, load simulation, reporting, plotting, MLflow
    logging — in a sweep whose tracking store already exists (its one-time creation is not counted).
@@ -41,12 +44,12 @@ from rich.console import Console
 from rich.table import Table
 
 from qbench.backends import get_backend
-from qbench.backends.base import RunOptions
+from qbench.backends.base import RunOptions, served_call, timed_load
 from qbench.demo.digits import make_digits_demo
 from qbench.demo.minilm import write_text_sets
 from qbench.recipe import VariantSpec, load_recipe
 from qbench.sweep import run_sweep
-from qbench.validate.latency import measure_steady_state
+from qbench.validate.latency import measure_cold_start, measure_steady_state
 from qbench.variants import BuiltVariant
 from qbench.variants.torch_forms import TorchForm, torch_form_for
 
@@ -185,6 +188,64 @@ def torch_fidelity(root: Path, rounds: int, threads: int, warmup: int, iteration
     return rows
 
 
+def _median_call_ms(call, feeds: dict[str, np.ndarray], warmup: int, iterations: int) -> float:
+    for _ in range(warmup):
+        call(feeds)
+    durations = np.empty(iterations, dtype=np.int64)
+    for i in range(iterations):
+        start = time.perf_counter_ns()
+        call(feeds)
+        durations[i] = time.perf_counter_ns() - start
+    return float(np.percentile(durations, 50) / 1e6)
+
+
+def _bare(backend: str, variant: BuiltVariant, threads: int):
+    """A bare server's per-batch call, numpy in and numpy out: ONNX Runtime's run; for torch the module's forward on
+    torch.from_numpy, its output's .numpy(), inside inference_mode entered once (the caller's)."""
+    if backend == "onnxruntime-cpu":
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        session = ort.InferenceSession(str(variant.onnx_path), options, providers=["CPUExecutionProvider"])
+        return lambda feeds: session.run(None, feeds)
+    torch.set_num_threads(threads)
+    module = variant.torch_module()
+    return lambda feeds: module(torch.from_numpy(feeds["input"])).numpy()
+
+
+def served_fidelity(backend: str, model: str, variant: BuiltVariant, row: tuple[int, ...], rounds: int, threads: int,
+                    warmup: int, iterations: int) -> list[dict]:  # fmt: skip
+    """What the cold start and the real server time per batch (qbench.backends.base.served_call) against a bare
+    server's call, and the cold start (load + first served call) against a bare load + first call; interleaved."""
+    rng = np.random.default_rng(0)
+    rows = []
+    previous = torch.get_num_threads()
+    for batch_size in BATCH_SIZES:
+        feeds = {"input": rng.random((batch_size, *row), dtype=np.float32)}
+        figures: dict[str, list[float]] = {"bare_call": [], "qbench_call": [], "bare_cold": [], "qbench_cold": []}
+        for _ in range(rounds):
+            start = time.perf_counter_ns()
+            with torch.inference_mode():
+                bare = _bare(backend, variant, threads)
+                bare(feeds)
+                figures["bare_cold"].append((time.perf_counter_ns() - start) / 1e6)
+                figures["bare_call"].append(_median_call_ms(bare, feeds, warmup, iterations))
+            del bare
+            load = timed_load(get_backend(backend), variant, RunOptions(threads=threads))
+            runner, create_ms, first_ms = measure_cold_start(load, feeds, batch_size)
+            figures["qbench_cold"].append(create_ms + first_ms)
+            try:
+                with served_call(runner) as call:
+                    figures["qbench_call"].append(_median_call_ms(call, feeds, warmup, iterations))
+            finally:
+                runner.close()
+        torch.set_num_threads(previous)
+        for what in ("call", "cold"):
+            row_ = _fidelity_row(backend, f"{model} served {what}", batch_size, figures[f"bare_{what}"],
+                                 figures[f"qbench_{what}"], iterations if what == "call" else 1, threads)  # fmt: skip
+            rows.append(row_)
+    return rows
+
+
 def _fidelity_row(backend: str, model: str, batch_size: int, bare: list[float], ours: list[float], iterations: int,
                   threads: int) -> dict:
     bare_p50, ours_p50 = statistics.median(bare), statistics.median(ours)
@@ -286,6 +347,11 @@ def main() -> int:
         fidelity = timing_fidelity(root / "models" / "digits.onnx", args.rounds, args.threads, args.warmup,
                                    args.iterations)  # fmt: skip
         fidelity += torch_fidelity(root, args.rounds, args.threads, args.torch_warmup, args.torch_iterations)
+        digits = BuiltVariant("fp32", "fp32", root / "models" / "digits.onnx")
+        fidelity += served_fidelity("onnxruntime-cpu", "digits CNN", digits, (1, 8, 8), args.rounds, args.threads,
+                                    args.warmup, args.iterations)  # fmt: skip
+        fidelity += served_fidelity("torch-cpu", "conv fp32", torch_variant(root, "conv", "fp32"), (1, 8, 8),
+                                    args.rounds, args.threads, args.torch_warmup, args.torch_iterations)  # fmt: skip
         overheads = sweep_overheads(root, ["digits", "minilm"] if args.minilm else ["digits"], args.rounds)
 
     table = Table(title="qbench p50 vs a bare runtime loop (medians of interleaved rounds)")

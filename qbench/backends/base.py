@@ -28,7 +28,9 @@ class Runner(Protocol):
     A runner whose `run` does per-call work that a deployment would not pay per inference (converting numpy inputs
     to its own tensors, its outputs back to numpy, entering a mode) may also offer
     `timed_calls(batches) -> ContextManager[list[Callable[[], object]]]`: one call per batch that runs only what a
-    deployment runs, valid inside the context (see `timed_calls` below)."""
+    deployment runs, valid inside the context (see `timed_calls` below), and
+    `served_call() -> ContextManager[Callable[[feeds], list[np.ndarray]]]`: what a server runs per request batch
+    that arrives as numpy, its modes entered once for the serving thread (see `served_call` below)."""
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         """Run one batch; returns the model outputs in the model's output order."""
@@ -56,6 +58,26 @@ def timed_calls(runner: Runner, batches: Sequence[Mapping[str, np.ndarray]]) -> 
         yield calls
 
 
+ServedCall = Callable[[Mapping[str, np.ndarray]], Sequence[np.ndarray]]
+
+
+@contextlib.contextmanager
+def served_call(runner: Runner) -> Iterator[ServedCall]:
+    """The call a server makes per batch of requests, valid inside the context, in the thread that entered it (a
+    runner's modes, torch's inference mode and autocast, are per thread): the runner's own `served_call` where it has
+    one, else its `run`. What it counts, as a server receiving numpy pays it per batch: the inputs converted to the
+    runtime's tensors (dtype cast, copy to the device) and the outputs back to numpy (the answer it returns); what it
+    does not count is what a server does once per worker (entering modes) and qbench's own bookkeeping for scoring.
+    The cold start's first run and the real server's runs (qbench.validate.latency, qbench.validate.serve) are such
+    calls; the steady-state loops time `timed_calls`, whose inputs are prepared before any clock starts."""
+    own = getattr(runner, "served_call", None)
+    if own is None:
+        yield runner.run
+        return
+    with own() as call:
+        yield call
+
+
 @runtime_checkable
 class Backend(Protocol):
     """A runtime. It may also declare `native_precisions` (a frozenset of precision names it computes
@@ -63,7 +85,8 @@ class Backend(Protocol):
     (see qbench.validate.fidelity). A backend whose jobs need a GPU declares `needs_gpu = True`
     (qbench.execute asks the cluster for one). A backend that runs a variant's torch module rather than its ONNX
     file declares `form = TORCH` (see `form_run_by`). `runtime_packages` names the distributions whose code computes
-    its results (see `runtime_packages`)."""
+    its results (see `runtime_packages`). A backend may also offer `timed_load(variant, options) -> Callable[[],
+    Runner]` (see `timed_load` below)."""
 
     name: str
 
@@ -78,6 +101,14 @@ class Backend(Protocol):
     def load(self, variant: BuiltVariant, options: RunOptions) -> Runner:
         """Create a runner for the variant's model."""
         ...
+
+
+def timed_load(backend: Backend, variant: BuiltVariant, options: RunOptions) -> Callable[[], Runner]:
+    """The load the cold start times (qbench.validate.latency.measure_cold_start): the backend's own `timed_load`
+    where it has one, which reads before any clock starts what a deployed server knows from its code rather than
+    from the variant's files (the torch backend: the module's argument order, from the ONNX file), else its `load`."""
+    own = getattr(backend, "timed_load", None)
+    return own(variant, options) if own is not None else functools.partial(backend.load, variant, options)
 
 
 def needs_gpu(backend: Backend | type[Backend]) -> bool:

@@ -11,7 +11,9 @@ on the device (dtype cast, host -> device copy) before the clock starts, its out
 in, so it is kept, but entered once per loop) wraps the whole loop. `run`, which scores, computes the same
 forward under the same modes and returns the outputs as float32 numpy (integer outputs keep their dtype), flattened
 in order from a tensor, a tuple/list, or a dict / Hugging Face ModelOutput; the tensors of its inputs are reused
-while the same, unchanged numpy arrays are fed again.
+while the same, unchanged numpy arrays are fed again. A served call (`served_call`: the cold start's first run, the
+real server's batches) pays what a server receiving numpy pays per batch, the conversions both ways, but enters the
+modes once for its thread.
 """
 
 from __future__ import annotations
@@ -107,8 +109,19 @@ class TorchRunner:
         """One batch, its outputs as numpy (for scoring)."""
         inputs = self._inputs(feeds)
         with self._modes():
-            outputs = self._forward(inputs, self._signature(inputs))
-        return [_to_numpy(tensor) for tensor in flatten_outputs(outputs)]
+            return self._answer(inputs)
+
+    @contextlib.contextmanager
+    def served_call(self) -> Iterator[Callable[[Mapping[str, np.ndarray]], list[np.ndarray]]]:
+        """What a server runs per batch of requests arriving as numpy: their conversion to tensors on the device, the
+        forward and the outputs back to numpy, inside inference mode (and autocast) entered once for the serving
+        thread, as a server's worker enters them; no reuse of a previous batch's tensors (every request is new)."""
+        with self._modes():
+            yield lambda feeds: self._answer([self._tensor(array) for array in self._arrays(feeds)])
+
+    def _answer(self, inputs: list[torch.Tensor]) -> list[np.ndarray]:
+        """The forward on `inputs`, its outputs as numpy, under the modes the caller entered."""
+        return [_to_numpy(tensor) for tensor in flatten_outputs(self._forward(inputs, self._signature(inputs)))]
 
     @contextlib.contextmanager
     def timed_calls(self, batches: Sequence[Mapping[str, np.ndarray]]) -> Iterator[list[Callable[[], Any]]]:
@@ -172,12 +185,16 @@ class TorchRunner:
         return self._prepared
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
-        """A float array takes the module's float dtype (float16/bfloat16 modules); integers stay integers."""
+        """A float array takes the module's float dtype (float16/bfloat16 modules); integers stay integers. Copied or
+        cast only where needed (a served call pays this per batch): a read-only or strided array (torch warns on
+        read-only ones), another dtype, another device."""
         import torch
 
-        tensor = torch.from_numpy(np.require(array, requirements=("C", "W")))  # torch warns on read-only arrays
+        if not (array.flags.c_contiguous and array.flags.writeable):
+            array = np.array(array, order="C")
+        tensor = torch.from_numpy(array)
         dtype = self._float_dtype if tensor.is_floating_point() else tensor.dtype
-        return tensor.to(device=self._device, dtype=dtype)
+        return tensor if dtype == tensor.dtype and self._device == "cpu" else tensor.to(device=self._device, dtype=dtype)
 
     def describe(self) -> dict[str, Any]:
         """What runs; on CUDA also the GPU utilisation and memory sampled since load."""
@@ -256,12 +273,21 @@ class TorchBackend:
         return None
 
     def load(self, variant: BuiltVariant, options: RunOptions) -> TorchRunner:
-        """Build the variant's module and put it on the device (inside the cold-start timing)."""
-        torch = _import_torch()
+        return self.timed_load(variant, options)()
+
+    def timed_load(self, variant: BuiltVariant, options: RunOptions) -> Callable[[], TorchRunner]:
+        """The load the cold start times: building the variant's module and putting it on the device. The module's
+        argument order is read from its ONNX file before, untimed: a server knows it from its code, and reading the
+        file (weights included) took as long as building the module (650 ms for a 92 MB MLP)."""
+        _import_torch()
         reason = self.supports(variant)
         if reason:
             raise QbenchError(f"{self.name} cannot run variant {variant.name}: {reason}")
         input_names = list(read_model_info(variant.onnx_path).inputs)  # the module's argument order
+        return functools.partial(self._load, variant, options, input_names)
+
+    def _load(self, variant: BuiltVariant, options: RunOptions, input_names: list[str]) -> TorchRunner:
+        torch = _import_torch()
         threads_to_restore = self._set_threads(torch, options)
         try:
             module = variant.torch_module().to(self.device).eval()
@@ -355,9 +381,9 @@ class TorchCUDA(TorchBackend):
                 f"(torch.cuda.is_available() is False: {build})"
             )
 
-    def load(self, variant: BuiltVariant, options: RunOptions) -> TorchRunner:
+    def timed_load(self, variant: BuiltVariant, options: RunOptions) -> Callable[[], TorchRunner]:
         self.check_available()
-        return super().load(variant, options)
+        return super().timed_load(variant, options)
 
     def device_description(self, torch: ModuleType) -> str:
         index = torch.cuda.current_device()
@@ -397,6 +423,11 @@ def _float_dtype(module: torch.nn.Module) -> torch.dtype:
 
 
 def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
-    if tensor.is_floating_point():
+    """Float outputs as float32 (numpy has no bfloat16), on the host; no call where the tensor already is that."""
+    import torch
+
+    if tensor.is_floating_point() and tensor.dtype != torch.float32:
         tensor = tensor.float()
-    return tensor.detach().cpu().numpy()
+    if tensor.requires_grad:
+        tensor = tensor.detach()
+    return (tensor if tensor.device.type == "cpu" else tensor.cpu()).numpy()

@@ -4,7 +4,8 @@ Windows that agree say the load did not change *during* one measurement, not tha
 the same load. In an A/A test on a shared 2-core machine (bench/aa_latency.py: FP32's graph re-saved with an
 Identity, swept as a variant) speed-ups of 0.56-1.80x came with windows agreeing within 1-4 %: other processes
 were busy while one of the two was timed. So every timed point records `others_cpus`: the CPUs (of those this
-process may run on) that other processes used, on average over its timed runs, and a report names the points
+process may run on) that other processes, and this process's Python threads other than the timing one (`cpu_sample`),
+used, on average over its timed runs, and a report names the points
 timed beside such a load: their speed-ups may be off by far more than their spreads say. Such a point (`contended`)
 ranks no variant by speed: the frontier and every "faster / slower than FP32" claim compare it with nothing
 (qbench.frontier), and the report marks the speed-ups taken from it.
@@ -14,11 +15,14 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
+    import psutil
+
     from qbench.results import LatencyPoint, SweepResults
 
 # Other processes using half a CPU on average held one of ours half of the time: enough to move a p50 by more
@@ -33,7 +37,8 @@ def contended(point: LatencyPoint | None) -> bool:
 
 @dataclass(frozen=True)
 class CpuSample:
-    """Cumulative CPU seconds at one instant: busy on this process's CPUs (every process) and this process's own."""
+    """Cumulative CPU seconds at one instant: busy on this process's CPUs (every process) and the timing's own: this
+    process's, less its other Python threads' (`cpu_sample`)."""
 
     wall_s: float
     busy_s: float
@@ -41,7 +46,11 @@ class CpuSample:
 
 
 def cpu_sample() -> CpuSample:
-    """Now's counters (psutil; the CPUs of this process's affinity where the platform has one)."""
+    """Now's counters (psutil; the CPUs of this process's affinity where the platform has one). The timing's own CPU
+    is the calling thread's and the runtime's native threads' (ONNX Runtime's and torch's pools, spinning included:
+    the model's cost), not that of this process's other Python threads: MLflow's system-metrics sampler, the progress
+    bar's refresh, another job's measurement take CPUs from the model as another process would, so they count as
+    others' (as one process they hid that load). Where the platform does not list threads, the whole process's."""
     import psutil
 
     per_cpu = psutil.cpu_times(percpu=True)
@@ -51,8 +60,20 @@ def cpu_sample() -> CpuSample:
         if index < len(per_cpu):
             times = per_cpu[index]
             busy += sum(times) - times.idle - getattr(times, "iowait", 0.0)
-    own = psutil.Process().cpu_times()
-    return CpuSample(time.perf_counter(), busy, own.user + own.system)
+    process = psutil.Process()
+    own = process.cpu_times()
+    return CpuSample(time.perf_counter(), busy, own.user + own.system - _helper_threads_s(process))
+
+
+def _helper_threads_s(process: psutil.Process) -> float:
+    """CPU seconds of this process's Python threads other than the calling one (0 where threads are not listed)."""
+    import psutil
+
+    helpers = {thread.native_id for thread in threading.enumerate() if thread is not threading.current_thread()}
+    try:
+        return sum(t.user_time + t.system_time for t in process.threads() if t.id in helpers)
+    except (psutil.AccessDenied, NotImplementedError):
+        return 0.0
 
 
 # The kernel's CPU counters advance in clock ticks (10 ms at the usual 100 Hz): over a window of a millisecond one

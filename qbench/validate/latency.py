@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from qbench.backends.base import Runner, timed_calls
+from qbench.backends.base import Runner, served_call, timed_calls
 from qbench.data.feeds import take_batch
 from qbench.data.text import Padding
 from qbench.errors import QbenchError
@@ -60,15 +60,18 @@ def measure_cold_start(
     from the steady state. It runs the first batch of the steady state's rotation at `rows` rows (one, or the batch
     a model with a fixed batch takes; `timed_batches`, `padding` included): the same rows for FP32 and every variant,
     drawn from the evaluation rows' fixed shuffle rather than whichever row the file lists first, and cut back to its
-    own length as the steady state times it (a text row of 5 tokens is no longer run at the set's longest)."""
+    own length as the steady state times it (a text row of 5 tokens is no longer run at the set's longest). The first
+    run is a served call (qbench.backends.base.served_call): a server's first request arrives as numpy and is answered
+    as numpy, so the conversions are counted, but not the modes a server's worker enters once (entered before it)."""
     batch = timed_batches(feeds, rows, padding, limit=1)[0]
     start = time.perf_counter_ns()
     runner = load()
     session_create_ms = _elapsed_ms(start)
     try:
-        start = time.perf_counter_ns()
-        runner.run(batch)
-        first_run_ms = _elapsed_ms(start)
+        with served_call(runner) as call:
+            start = time.perf_counter_ns()
+            call(batch)
+            first_run_ms = _elapsed_ms(start)
     except BaseException:
         runner.close()
         raise
@@ -273,7 +276,7 @@ def measure_batcher_samples(
     """For each batch size: the median of `iterations` gatherings of the first timed batch (`timed_batches`) from
     one-row requests (one np.concatenate per input, as a batcher joins its requests), and the median of batches
     served as a dynamic batcher serves one on an idle model (the timed batches in rotation): sleep `idle_ms`,
-    gather, run, timed from when the sleep was due
+    gather, run as a server runs a batch (qbench.backends.base.served_call), timed from when the sleep was due
     (at most `iterations` and IDLE_RUNS of them, fewer past IDLE_BUDGET_S: a median needs few runs, and a large
     model's idle start differs from its back-to-back run by a share too small to need more).
 
@@ -298,13 +301,14 @@ def measure_batcher_samples(
         gather[batch_size] = float(np.median(gatherings)) / _NS_PER_MS
         durations: list[int] = []
         deadline = time.perf_counter_ns() + int(IDLE_BUDGET_S * 1e9)
-        while len(durations) < min(iterations, IDLE_RUNS) and (
-            len(durations) < IDLE_MIN_RUNS or time.perf_counter_ns() < deadline
-        ):
-            due = time.perf_counter_ns() + idle_ns
-            time.sleep(idle_ms / 1000)
-            runner.run(_gather(rotation[len(durations) % len(rotation)]))
-            durations.append(time.perf_counter_ns() - due)
+        with served_call(runner) as call:
+            while len(durations) < min(iterations, IDLE_RUNS) and (
+                len(durations) < IDLE_MIN_RUNS or time.perf_counter_ns() < deadline
+            ):
+                due = time.perf_counter_ns() + idle_ns
+                time.sleep(idle_ms / 1000)
+                call(_gather(rotation[len(durations) % len(rotation)]))
+                durations.append(time.perf_counter_ns() - due)
         idle[batch_size] = float(np.median(durations)) / _NS_PER_MS
     return BatcherSamples(gather, idle)
 

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from qbench.backends import Backend, Runner
-from qbench.backends.base import RunOptions, form_run_by
+from qbench.backends.base import RunOptions, form_run_by, timed_load
 from qbench.data.nonfinite import MISSING_SLICE
 from qbench.data.text import token_padding
 from qbench.environment import timing_machine
@@ -181,7 +181,7 @@ def measure(
             outputs = _run_rows(backend.load(plan.scored, options), prepared, rows, f"{label} evaluate (emulated)")
         padding = token_padding(prepared.recipe.data.inputs, rows.feeds,
                                 {name: meta.shape for name, meta in prepared.model.inputs.items()})
-        runner, create_ms, first_ms = measure_cold_start(lambda: backend.load(plan.timed, options), rows.feeds,
+        runner, create_ms, first_ms = measure_cold_start(timed_load(backend, plan.timed, options), rows.feeds,
                                                          fixed or 1, padding)  # fmt: skip
         try:
             if score and outputs is None:

@@ -9,8 +9,8 @@ the simulated answer and steps down until a real run meets the budget, then bise
 
 The server: a client thread sends one-row requests at Poisson arrival times (open loop: a late client counts
 against the server), a batcher thread takes the oldest request once the model is free, waits until the batch is
-full or that request has waited the queue delay, concatenates the rows, runs them on the runner and stamps each
-request's completion. Latency = completion - scheduled arrival, plus the per-request overhead (pre-processing)
+full or that request has waited the queue delay, concatenates the rows, runs them on the runner as a server does
+(`served_call`: numpy in, numpy out, modes entered once for the batcher thread) and stamps each request's completion. Latency = completion - scheduled arrival, plus the per-request overhead (pre-processing)
 the simulation adds too. It is the least a server does (no transport, no serialisation), so a real deployment
 with a network in front sustains no more.
 """
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from qbench.backends.base import Runner
+from qbench.backends.base import Runner, served_call
 from qbench.results_serving import LoadStats
 from qbench.validate.load import Batcher, Draws
 
@@ -51,7 +51,7 @@ class Served:
     client_lag_ms: np.ndarray  # per request: enqueued - scheduled arrival
     batch_sizes: np.ndarray
     assembly_ms: np.ndarray  # per batch: concatenating the requests' rows
-    run_ms: np.ndarray  # per batch: runner.run
+    run_ms: np.ndarray  # per batch: the runner's served call (qbench.backends.base.served_call)
     arrivals_ms: np.ndarray  # scheduled, from the first
     # per request: completion, from the first scheduled arrival; for the requests a given-up run left unserved, when
     # it was given up (or their arrival, if later): a lower bound of their latency
@@ -109,29 +109,30 @@ def serve(
     def batching() -> None:
         served = late = 0
         try:
-            while served < n:
-                with ready:
-                    while not queue:
-                        ready.wait()
-                    deadline = scheduled_s[queue[0]] + delay_s
-                    while len(queue) < batcher.max_batch_size and (left := deadline - time.perf_counter()) > 0:
-                        ready.wait(left)
-                    batch = [queue.popleft() for _ in range(min(len(queue), batcher.max_batch_size))]
-                started = time.perf_counter()
-                feeds = {name: np.concatenate([singles[k][name] for k in batch]) for name in rows}
-                assembled = time.perf_counter()
-                runner.run(feeds)
-                finished = time.perf_counter()
-                done[batch] = finished
-                sizes.append(len(batch))
-                assembly.append((assembled - started) * 1000)
-                runs.append((finished - assembled) * 1000)
-                served += len(batch)
-                completed[0] = served
-                late += int(np.count_nonzero(finished - scheduled_s[batch] > late_s))
-                if late > late_allowed:
-                    given_up.append(True)
-                    return
+            with served_call(runner) as call:  # entered in this thread: a runner's modes are per thread
+                while served < n:
+                    with ready:
+                        while not queue:
+                            ready.wait()
+                        deadline = scheduled_s[queue[0]] + delay_s
+                        while len(queue) < batcher.max_batch_size and (left := deadline - time.perf_counter()) > 0:
+                            ready.wait(left)
+                        batch = [queue.popleft() for _ in range(min(len(queue), batcher.max_batch_size))]
+                    started = time.perf_counter()
+                    feeds = {name: np.concatenate([singles[k][name] for k in batch]) for name in rows}
+                    assembled = time.perf_counter()
+                    call(feeds)
+                    finished = time.perf_counter()
+                    done[batch] = finished
+                    sizes.append(len(batch))
+                    assembly.append((assembled - started) * 1000)
+                    runs.append((finished - assembled) * 1000)
+                    served += len(batch)
+                    completed[0] = served
+                    late += int(np.count_nonzero(finished - scheduled_s[batch] > late_s))
+                    if late > late_allowed:
+                        given_up.append(True)
+                        return
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
             failure.append(exc)
 

@@ -1,4 +1,5 @@
-"""What the latency loops time on torch-cpu: the module's forward alone, as a deployed server pays per inference.
+"""What the latency loops time on torch-cpu: the module's forward alone, as a deployed server pays per inference; and
+what the cold start's first run and a real server's batches run: the conversions a server pays, the modes entered once.
 
 A recording clock stands in for qbench.validate.latency's perf_counter_ns: each timed run reads it twice, so every
 event between an odd and an even read happened inside the timed region. No duration is asserted."""
@@ -16,9 +17,11 @@ from torch import nn
 
 import qbench.backends.torch_backend as torch_backend
 import qbench.validate.latency as latency
-from qbench.backends.base import RunOptions
+from qbench.backends.base import RunOptions, served_call, timed_load
 from qbench.backends.torch_backend import TorchCPU, TorchRunner
 from qbench.recipe import StabilitySpec
+from qbench.validate.load import Batcher
+from qbench.validate.serve import serve
 from qbench.variants.base import BuiltVariant
 
 ROWS = 12
@@ -148,3 +151,123 @@ def test_describe_counts_the_ops_of_the_last_timed_batch(onnx_path: Path) -> Non
     finally:
         runner.close()
     assert description["lowered_ops"] > 0
+
+
+def test_the_cold_start_s_first_run_counts_the_conversions_but_not_the_modes(
+    monkeypatch: pytest.MonkeyPatch, onnx_path: Path
+) -> None:
+    """A server's first request arrives as numpy and is answered as numpy: its first run converts both ways inside the
+    clock; the modes its worker enters once are entered before the clock starts."""
+    recorder = Recorder()
+    runner = _spied_runner(monkeypatch, onnx_path, "fp16", recorder)
+    recorder.events.clear()
+    _, _, first_ms = latency.measure_cold_start(lambda: runner, _feeds(), rows=4)
+    runner.close()
+    assert recorder.timed() == ["to tensor", "forward", "to numpy", "to numpy"]  # Mlp returns two outputs
+    assert [what for what, _ in recorder.events].count("modes") == 2  # inference mode and autocast, outside
+    assert first_ms > 0
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_real_server_s_batches_convert_each_time_and_enter_the_modes_once_in_its_thread(
+    monkeypatch: pytest.MonkeyPatch, onnx_path: Path, precision: str
+) -> None:
+    """The batcher thread runs each batch as a server does (numpy in, numpy out) inside the modes it entered once;
+    inference mode is per thread, so the forward must see it on in the batcher thread, not only where it was asked."""
+    recorder = Recorder()
+    runner = _spied_runner(monkeypatch, onnx_path, precision, recorder)
+    modes_on: list[bool] = []
+    runner._live().register_forward_pre_hook(lambda *_: modes_on.append(torch.is_inference_mode_enabled()))
+    recorder.events.clear()
+    arrivals = np.arange(40, dtype=np.float64) * 0.5  # 2,000 req/s: batches of 1 to 4 rows
+    try:
+        served = serve(runner, _feeds(), arrivals, Batcher(4, 1.0))
+    finally:
+        runner.close()
+    events = [what for what, _ in recorder.events]
+    batches = len(served.batch_sizes)
+    assert batches > 1 and served.completed == arrivals.size
+    assert events.count("forward") == events.count("to tensor") == batches
+    assert events.count("to numpy") == 2 * batches  # Mlp returns two outputs
+    assert events.count("modes") == 2
+    assert modes_on == [True] * batches
+
+
+def test_idle_starts_run_as_served_batches_with_the_modes_entered_once_per_batch_size(
+    monkeypatch: pytest.MonkeyPatch, onnx_path: Path
+) -> None:
+    recorder = Recorder()
+    runner = _spied_runner(monkeypatch, onnx_path, "fp32", recorder)
+    monkeypatch.setattr(latency, "time", __import__("time"))  # the idle loop sleeps: a real clock
+    recorder.events.clear()
+    try:
+        latency.measure_batcher_samples(runner, _feeds(), [1, 4], iterations=6, idle_ms=0.1)
+    finally:
+        runner.close()
+    events = [what for what, _ in recorder.events]
+    assert events.count("forward") == events.count("to tensor") == 2 * 6
+    assert events.count("modes") == 2 * 2
+
+
+def test_a_served_call_answers_what_scoring_does(onnx_path: Path) -> None:
+    variant = BuiltVariant("fp16", "fp16", onnx_path, torch_module=lambda: Mlp().half())
+    runner = TorchCPU().load(variant, RunOptions(threads=1))
+    feeds = _feeds()
+    try:
+        scored = runner.run(feeds)
+        with served_call(runner) as call:
+            answered = call(feeds)
+    finally:
+        runner.close()
+    assert all(isinstance(array, np.ndarray) and array.dtype == np.float32 for array in answered)
+    for a, b in zip(scored, answered, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_served_call_copies_or_casts_only_what_needs_it(monkeypatch: pytest.MonkeyPatch, onnx_path: Path) -> None:
+    """Per batch a server pays the conversions its arrays need, no more: an FP32 module's writable float32 batch is
+    read in place and its float32 outputs handed back as they are (no .to/.float/.cpu call); a read-only batch is
+    copied (torch refuses to share it without a warning) and an FP16 module's batch cast."""
+    calls: list[str] = []
+    for name in ("to", "float", "cpu", "detach"):
+        original = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name,
+                            lambda self, *a, _n=name, _o=original, **k: calls.append(_n) or _o(self, *a, **k))  # fmt: skip
+    feeds = _feeds()
+    runner = TorchCPU().load(BuiltVariant("fp32", "fp32", onnx_path, torch_module=Mlp), RunOptions(threads=1))
+    try:
+        with served_call(runner) as call:
+            calls.clear()  # the load's module.to(device)
+            answered = call(feeds)
+            assert runner._last_inputs[0].data_ptr() == feeds["x"].ctypes.data
+            assert calls == []
+            read_only = feeds["x"].copy()
+            read_only.flags.writeable = False
+            np.testing.assert_array_equal(call({"x": read_only})[0], answered[0])
+            assert runner._last_inputs[0].data_ptr() != read_only.ctypes.data
+    finally:
+        runner.close()
+    half = TorchCPU().load(BuiltVariant("fp16", "fp16", onnx_path, torch_module=lambda: Mlp().half()),
+                           RunOptions(threads=1))  # fmt: skip
+    try:
+        with served_call(half) as call:
+            assert all(array.dtype == np.float32 for array in call(feeds))
+            assert half._last_inputs[0].dtype == torch.float16
+    finally:
+        half.close()
+
+
+def test_the_cold_start_times_building_the_module_not_reading_its_onnx_file(
+    monkeypatch: pytest.MonkeyPatch, onnx_path: Path
+) -> None:
+    """The module's argument order comes from the variant's ONNX file, weights and all: read before the clock starts,
+    as a server knows it from its code; building the module is what the load times."""
+    recorder = Recorder()
+    read = torch_backend.read_model_info
+    monkeypatch.setattr(torch_backend, "read_model_info", lambda path: recorder.log("read onnx") or read(path))
+    variant = BuiltVariant("fp32", "fp32", onnx_path, torch_module=lambda: recorder.log("build module") or Mlp())
+    monkeypatch.setattr(latency, "time", SimpleNamespace(perf_counter_ns=recorder.clock))
+    runner, _, _ = latency.measure_cold_start(timed_load(TorchCPU(), variant, RunOptions(threads=1)), _feeds())
+    runner.close()
+    assert ("read onnx", False) in recorder.events
+    assert recorder.timed() == ["build module"]

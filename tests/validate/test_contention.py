@@ -102,3 +102,29 @@ def test_a_speed_up_and_a_frontier_entry_timed_beside_busy_processes_are_marked_
     text = frontier_text(_loaded(quiet, "fp16", 32, 1.62))  # as accurate as fp32: on it, marked
     assert "batch 32: fp32 (20.0 ms, 0.9500) = fp16~ (21.0 ms" in text
     assert "~ timed while other processes kept CPUs busy" in text
+
+
+def test_this_process_s_other_python_threads_count_as_others_not_as_the_timing_s_own(monkeypatch) -> None:
+    """A helper thread of this process (MLflow's sampler, a progress bar's refresh) takes CPUs from the model as
+    another process would: its CPU is left out of the timing's own, the calling thread's and native threads' kept."""
+    import threading
+    from types import SimpleNamespace
+
+    import psutil
+
+    import qbench.validate.contention as contention
+
+    stop = threading.Event()
+    helper = threading.Thread(target=stop.wait)
+    helper.start()
+    try:
+        me = threading.get_native_id()
+        threads = [SimpleNamespace(id=me, user_time=1.0, system_time=0.5),  # the timing thread
+                   SimpleNamespace(id=helper.native_id, user_time=3.0, system_time=1.0),  # a Python helper
+                   SimpleNamespace(id=-7, user_time=2.0, system_time=0.0)]  # a runtime's native pool thread
+        process = SimpleNamespace(cpu_times=lambda: SimpleNamespace(user=6.0, system=1.5), threads=lambda: threads)
+        monkeypatch.setattr(psutil, "Process", lambda: process)
+        assert contention.cpu_sample().own_s == pytest.approx(7.5 - 4.0)
+    finally:
+        stop.set()
+        helper.join()
