@@ -12,6 +12,7 @@ session and draws anew on every run.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection
 from pathlib import Path
 
@@ -86,11 +87,13 @@ def _draws(node: onnx.NodeProto, off: set[str]) -> bool:
 
 
 def _false_constants(graph: onnx.GraphProto) -> set[str]:
-    """The names of `graph`'s constants (initializers, Constant nodes' values) that hold a single false value."""
+    """The names of `graph`'s constants (initializers, Constant nodes' values) that hold a single false value. Only
+    one-element tensors stored in the file are read: a weight's values (in external data, or megabytes) never are."""
     from onnx import numpy_helper
 
     tensors = {tensor.name: tensor for tensor in graph.initializer}
     tensors.update({node.output[0]: attribute.t for node in graph.node if node.op_type == "Constant" and node.output
                     for attribute in node.attribute if attribute.name == "value"})  # fmt: skip
-    return {name for name, tensor in tensors.items()
-            if (value := numpy_helper.to_array(tensor)).size == 1 and not value.any()}  # fmt: skip
+    scalars = {name: tensor for name, tensor in tensors.items()
+               if math.prod(tensor.dims) == 1 and tensor.data_location != onnx.TensorProto.EXTERNAL}  # fmt: skip
+    return {name for name, tensor in scalars.items() if not numpy_helper.to_array(tensor).any()}
