@@ -165,11 +165,23 @@ def _rounded_floats(graph: onnx.GraphProto) -> dict[str, str]:
         distinct = np.unique(values[: 64 * _ROUNDED_DISTINCT])
         if len(distinct) < _ROUNDED_DISTINCT or np.all(distinct == np.round(distinct)):
             continue
-        if not np.any(values.view(np.uint32) & 0xFFFF):  # first: float16 holds most bfloat16 values too
-            found[tensor.name] = "bfloat16"
-        elif np.array_equal(values.astype(np.float16).astype(np.float32), values):
-            found[tensor.name] = "float16"
+        for kind, holds in (("bfloat16", _holds_bfloat16), ("float16", _holds_float16)):  # bfloat16 first: float16
+            if holds(values[:4096]) and holds(values):  # holds most of its values too; the head screens a weight
+                found[tensor.name] = kind
+                break
     return found
+
+
+def _holds_bfloat16(values: np.ndarray) -> bool:
+    import numpy as np
+
+    return not np.any(values.view(np.uint32) & 0xFFFF)
+
+
+def _holds_float16(values: np.ndarray) -> bool:
+    import numpy as np
+
+    return np.array_equal(values.astype(np.float16).astype(np.float32), values)
 
 
 def _grid_weights(graph: onnx.GraphProto) -> Iterator[tuple[str, int]]:
