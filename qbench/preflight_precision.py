@@ -116,16 +116,8 @@ def stored_weights(model: onnx.ModelProto) -> str | None:
     when every weight is stored as it is computed with."""
     found: dict[str, dict[str, set[str]]] = {}  # type -> how it is widened -> the weights so stored
     for graph in _graphs(model.graph):
-        origin = {t.name: t.name for t in graph.initializer if t.data_type in _DEQUANTIZED}
+        origin = _reshaped(graph, {t.name for t in graph.initializer if t.data_type in _DEQUANTIZED})
         types = {t.name: t.data_type for t in graph.initializer}
-        for _ in range(len(graph.node) + 1):  # follow reshapes and the like of a stored weight, in any node order
-            known = len(origin)
-            for node in graph.node:
-                if node.op_type in _STORAGE_OPS and node.op_type not in ("Cast", "CastLike") and node.input \
-                        and node.input[0] in origin:  # fmt: skip
-                    origin.update(dict.fromkeys(node.output, origin[node.input[0]]))
-            if len(origin) == known:
-                break
         for node in graph.node:
             weight = origin.get(node.input[0]) if node.input else None
             to = next((a.i for a in node.attribute if a.name == "to"), None)
@@ -145,6 +137,21 @@ def stored_weights(model: onnx.ModelProto) -> str | None:
              for op, names in sorted(ops.items())]  # fmt: skip
     return (f"stores {', '.join(parts)} and widens them to float when it runs: it computes in FP32 on weights already "
             "rounded to that type, so every drop is measured from that rounding, not from the float model they came from")
+
+
+def _reshaped(graph: onnx.GraphProto, weights: set[str]) -> dict[str, str]:
+    """Each of `weights` and every tensor computed from one by a storage op (a Reshape, Transpose, ..., not a Cast),
+    in any node order -> the weight it holds."""
+    origin = {name: name for name in weights}
+    for _ in range(len(graph.node) + 1):
+        known = len(origin)
+        for node in graph.node:
+            if node.op_type in _STORAGE_OPS and node.op_type not in ("Cast", "CastLike") and node.input \
+                    and node.input[0] in origin:  # fmt: skip
+                origin.update(dict.fromkeys(node.output, origin[node.input[0]]))
+        if len(origin) == known:
+            break
+    return origin
 
 
 def _rounded_floats(graph: onnx.GraphProto) -> dict[str, str]:
@@ -193,15 +200,7 @@ def _grid_weights(graph: onnx.GraphProto) -> Iterator[tuple[str, int]]:
     import numpy as np
     from onnx import numpy_helper
 
-    origin = {t.name: t.name for t in graph.initializer if t.data_type == 1 and t.data_location != 1}
-    for _ in range(len(graph.node) + 1):  # follow reshapes and the like of a stored weight, in any node order
-        known = len(origin)
-        for node in graph.node:
-            if node.op_type in _STORAGE_OPS and node.op_type not in ("Cast", "CastLike") and node.input \
-                    and node.input[0] in origin:  # fmt: skip
-                origin.update(dict.fromkeys(node.output, origin[node.input[0]]))
-        if len(origin) == known:
-            break
+    origin = _reshaped(graph, {t.name for t in graph.initializer if t.data_type == 1 and t.data_location != 1})
     tensors = {t.name: t for t in graph.initializer}
     bits: dict[str, int | None] = {}
     for node in graph.node:
