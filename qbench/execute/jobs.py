@@ -183,8 +183,11 @@ def _int8_search(
     report = to_jsonable(outcome.report)
     if outcome.built is None:
         from qbench.search.select import why_none
+        from qbench.variants.integer_kernels import float_weighted_layers
+        from qbench.variants.onnx_utils import load_model
 
-        raise _BuildFailed(why_none(outcome.report.candidates), report=report)
+        float_layers = float_weighted_layers(load_model(prepared.source.onnx_path))
+        raise _BuildFailed(why_none(outcome.report.candidates, float_layers), report=report)
     return outcome.built, report
 
 

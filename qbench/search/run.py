@@ -13,8 +13,8 @@
    the fastest such failing candidates are rebuilt with the top 1, 2, 4, ... nodes in floating point (up to
    `max_keep_float`, and never every node the candidate quantized: that would be the FP32 model), until one passes
    or could no longer be the fastest.
-4. Choose: the passing candidates are re-timed side by side with FP32 (interleaved rounds) and the
-   fastest is kept (candidates dismissed against a screening estimate the re-timing lowered are evaluated then,
+4. Choose: the passing candidates are re-timed side by side with FP32 (interleaved rounds, more of them while the
+   budget has room and they disagree: qbench.search.retime) and the fastest is kept (candidates dismissed against a screening estimate the re-timing lowered are evaluated then,
    and the finalists re-timed again); when none passes, the closest is evaluated in full if it was only screened (it may
    pass after all), then kept (the gate then fails it) and the report says what it would need.
 
@@ -32,7 +32,6 @@ import dataclasses
 import logging
 import math
 import shutil
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,13 +51,13 @@ from qbench.results import VariantResult
 from qbench.results_search import CandidateRecord, SearchReport
 from qbench.search import select
 from qbench.search.candidates import Candidate, catalogue
+from qbench.search.retime import RETIME_ROUNDS, retime_rounds
 from qbench.search.screen import gate_excess, screen_excess, screening_indices, worst_slice
 from qbench.selection_rows import chosen_on
 from qbench.validate.measure import Measured, PhaseClock, Rows, describe_error, measure
 from qbench.variants import BuildContext, BuiltVariant, build_variant
 from qbench.variants.onnx_utils import graph_digest
 
-RETIME_ROUNDS = 3
 CLOSEST_EVALUATIONS = 3  # unevaluated closest candidates evaluated in full when none passed
 VERDICT_CHARS = 300  # a verdict is a table cell: an ORT error's newlines collapsed, cut there
 OUTPACED = "not evaluated: a candidate screened faster passed"  # dismissed on a passing candidate's speed-up
@@ -107,6 +106,7 @@ class _Search:
         self.budget_exhausted = False
         self.keep_float_exhausted = False
         self.tried = 0  # candidates started
+        self.retime_count = RETIME_ROUNDS  # interleaved rounds the finalists were last re-timed in
         self.fp32_built = BuiltVariant("fp32", "fp32", prepared.source.onnx_path, borrowed=True)
         if selection is not None:  # FP32 on the selection rows: what candidates are compared with there
             self.fp32 = measure(backend, self.fp32_built, prepared, rows=selection, quiet=True, clock=clock)
@@ -348,7 +348,8 @@ class _Search:
             self.evaluate(pick)
 
     def retime_finalists(self) -> None:
-        """Re-time the fastest passing candidates and FP32 in interleaved rounds; medians replace the estimates.
+        """Re-time the fastest passing candidates and FP32 in interleaved rounds; medians replace the estimates
+        (qbench.search.retime: more rounds while the budget has room and the rounds disagree).
 
         A lone finalist is re-timed too: the speed-up the report and the variant carry must not be the one lucky
         estimate that put it first."""
@@ -358,14 +359,17 @@ class _Search:
             return
         if not self.within_budget("re-timing the finalists"):
             return
-        timed: dict[int | None, list[dict[int, float]]] = {i: [] for i in [None, *finalists]}
-        for _ in range(RETIME_ROUNDS):
-            for index, rounds in timed.items():
-                built = self.fp32_built if index is None else self.built[index]
-                result = measure(self.backend, built, self.prepared, rows=self.screen, timing=self.timing, score=False,
-                                 quiet=True, clock=self.clock).result  # fmt: skip
-                rounds.append(_p50s(result))
-        median = {i: {b: statistics.median(r[b] for r in rounds) for b in rounds[0]} for i, rounds in timed.items()}
+
+        def time_one(index: int | None) -> dict[int, float]:
+            built = self.fp32_built if index is None else self.built[index]
+            return _p50s(measure(self.backend, built, self.prepared, rows=self.screen, timing=self.timing, score=False,
+                                 quiet=True, clock=self.clock).result)  # fmt: skip
+
+        def room(seconds: float) -> bool:
+            return self.now() - self.started + seconds <= self.spec.time_budget_s
+
+        # to the tie `choose` ranks by, not the search's wider noise margin: rounds are what narrows that noise
+        median, self.retime_count = retime_rounds(time_one, finalists, tie=select.TIE, room=room, clock=self.now)
         for index in finalists:
             p50 = median[index]
             self.records[index] = self.records[index].with_(
@@ -435,7 +439,7 @@ class _Search:
         return (f"screening on {self.screen.count} of {self.rows.count} {rows} rows; speed-ups "
                 f"from {self.spec.timing_runs} timed runs per batch size, each candidate against FP32 timed right after it "
                 f"(FP32's own timings put the noise of an estimate at {noise:.0%}, so candidates screened within "
-                f"{self.tie():.0%} of a faster passing one were still evaluated; finalists: medians of {RETIME_ROUNDS} "
+                f"{self.tie():.0%} of a faster passing one were still evaluated; finalists: medians of {self.retime_count} "
                 "interleaved rounds)")  # fmt: skip
 
     def _keep(self, index: int, passed: bool) -> BuiltVariant:

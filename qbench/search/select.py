@@ -158,10 +158,21 @@ def slower_than_reference(record: CandidateRecord, tie: float = TIE) -> str | No
     return f"the fastest passing candidate is slower than FP32 at {shown}: there FP32 (or FP16) is the faster choice"
 
 
-def why_none(records: Sequence[CandidateRecord]) -> str:
-    """Why no candidate could be kept: nothing to quantize in the graph, or what each candidate ran into."""
+def why_none(records: Sequence[CandidateRecord], float_layers: Mapping[str, int] | None = None) -> str:
+    """Why no candidate could be kept: nothing to quantize in the graph, or what each candidate ran into.
+
+    `float_layers`: the graph's layers holding weights that quantizers may leave float whole (recurrent layers,
+    other-domain operators; integer_kernels.float_weighted_layers). Where the graph has them, its weights are there,
+    and "no layer with constant weights" would be false: a GRU classifier without a Linear head was told it had no
+    MatMul, Gemm or Conv with constant weights, "e.g. a tree ensemble"."""
     tried = [r for r in records if r.stage != "skipped"]
     if tried and all(r.stage == "not applicable" for r in tried):
+        if float_layers:
+            layers = ", ".join(f"{count} {op}" for op, count in float_layers.items())
+            techniques = ", ".join(dict.fromkeys(r.technique for r in tried))
+            return (f"the INT8 search found nothing to quantize: every candidate left the graph as FP32's; its "
+                    f"weights are in {layers}, which none of the techniques tried ({techniques}) lowers to INT8; there "
+                    "is no INT8 variant of this model")  # fmt: skip
         return ("the INT8 search found nothing to quantize: every candidate left the graph as FP32's (no MatMul, "
                 "Gemm or Conv with constant weights, e.g. a tree ensemble); there is no INT8 variant of this model")  # fmt: skip
     reasons = "; ".join(f"{r.label}: {r.verdict}" for r in tried if r.stage != "not applicable")

@@ -337,6 +337,30 @@ _TABLE_LOOKUPS = frozenset({"EmbedLayerNormalization"})
 _QUANTIZED_TYPES = frozenset({onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.INT4, onnx.TensorProto.UINT4})
 
 
+def _float_weighted(model: onnx.ModelProto) -> tuple[Counter[str], Counter[str]]:
+    """The recurrent layers and the other-domain layers reading a float weight matrix (and no quantized one) of
+    `model`, subgraphs included, by op type (see `with_float_weighted`)."""
+    nodes = list(all_nodes(model.graph))  # a layer inside an If/Loop/Scan body is left float too (main graph only)
+    initializers = [*model.graph.initializer, *(tensor for node in nodes for body in subgraphs_of(node)
+                                                 for tensor in body.initializer)]  # fmt: skip
+    recurrent = Counter(node.op_type for node in nodes
+                        if node.domain in ("", "ai.onnx") and node.op_type in RECURRENT_OP_TYPES)  # fmt: skip
+    matrices = {tensor.name for tensor in initializers
+                if tensor.data_type == onnx.TensorProto.FLOAT and len(tensor.dims) >= 2}  # fmt: skip
+    quantized = {tensor.name for tensor in initializers if tensor.data_type in _QUANTIZED_TYPES}
+    contrib = Counter(f"{node.op_type} ({node.domain})" for node in nodes
+                      if node.domain not in ("", "ai.onnx") and node.op_type not in _TABLE_LOOKUPS
+                      and matrices.intersection(node.input) and not quantized.intersection(node.input))  # fmt: skip
+    return recurrent, contrib
+
+
+def float_weighted_layers(model: onnx.ModelProto) -> dict[str, int]:
+    """Layers of `model` holding weights that a quantizer may leave float whole (recurrent layers, other-domain
+    operators), by op type: where an FP32 graph's weights are when no INT8 build lowered anything."""
+    recurrent, contrib = _float_weighted(model)
+    return dict(sorted((recurrent + contrib).items()))
+
+
 def with_float_weighted(built: BuiltVariant, model: onnx.ModelProto) -> BuiltVariant:
     """`built` (an INT8 or FP8 build of `model`) with the layers holding weights that it leaves float counted in its
     params and noted, so that a variant whose other layers alone are quantized does not read as an INT8 (FP8) model
@@ -349,19 +373,9 @@ def with_float_weighted(built: BuiltVariant, model: onnx.ModelProto) -> BuiltVar
       optimizer or its saved optimised graphs write. Only dynamic INT8 lowers one, an Attention its QAttention kernel
       takes (int8.contrib_nodes); the rest are never handed to a quantizer (quantizable.unquantizable_nodes), so an
       optimised BERT's static INT8 or FP8 quantizes its other MatMuls only."""
-    nodes = list(all_nodes(model.graph))  # a layer inside an If/Loop/Scan body is left float too (main graph only)
-    initializers = [*model.graph.initializer, *(tensor for node in nodes for body in subgraphs_of(node)
-                                                 for tensor in body.initializer)]  # fmt: skip
-    recurrent = Counter(node.op_type for node in nodes
-                        if node.domain in ("", "ai.onnx") and node.op_type in RECURRENT_OP_TYPES)  # fmt: skip
+    recurrent, contrib = _float_weighted(model)
     nested = sum(recurrent.values()) - sum(node.op_type in recurrent for node in model.graph.node
                                            if node.domain in ("", "ai.onnx"))  # fmt: skip
-    matrices = {tensor.name for tensor in initializers
-                if tensor.data_type == onnx.TensorProto.FLOAT and len(tensor.dims) >= 2}  # fmt: skip
-    quantized = {tensor.name for tensor in initializers if tensor.data_type in _QUANTIZED_TYPES}
-    contrib = Counter(f"{node.op_type} ({node.domain})" for node in nodes
-                      if node.domain not in ("", "ai.onnx") and node.op_type not in _TABLE_LOOKUPS
-                      and matrices.intersection(node.input) and not quantized.intersection(node.input))  # fmt: skip
     params, notes = dict(built.params), list(built.notes)
     if recurrent:
         params["float_recurrent"] = dict(sorted(recurrent.items()))

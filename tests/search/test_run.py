@@ -18,6 +18,7 @@ from qbench.gate import EXIT_BREACH, EXIT_PASS, EXIT_UNUSABLE, run_gate
 from qbench.recipe import load_recipe
 from qbench.results import read_results
 from qbench.search import select
+from qbench.search.retime import RETIME_ROUNDS
 from qbench.sweep import run_sweep
 
 
@@ -182,12 +183,13 @@ def test_a_single_finalist_is_retimed_so_its_speedup_is_not_one_noisy_estimate(m
     monkeypatch.setattr(run, "measure", fake_measure)
     search = object.__new__(run._Search)
     search.records = [CandidateRecord("static", "ort-static", speedup=estimate, passed=True)]
-    search.spec = SimpleNamespace(finalists=2)
+    search.spec = SimpleNamespace(finalists=2, time_budget_s=60)
     search.within_budget = lambda what: True
+    search.now, search.started, search.tie = (lambda: 0.0), 0.0, (lambda: 0.05)
     search.fp32_built, search.built = "fp32", {0: "static"}
     search.backend = search.prepared = search.screen = search.timing = search.clock = None
     search.retime_finalists()
-    assert timed == ["fp32", "static"] * run.RETIME_ROUNDS
+    assert timed == ["fp32", "static"] * RETIME_ROUNDS  # rounds that agree: no more are run
     assert search.records[0].speedup == pytest.approx(2.0)
 
 

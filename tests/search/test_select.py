@@ -202,3 +202,10 @@ def test_slower_than_fp32_is_judged_per_batch_size():
     assert "no INT8 candidate beat FP32" in select.slower_than_reference(slower)
     assert select.slower_than_reference(CandidateRecord("d", "ort-dynamic", speedup=1.2, speedups={"b1": 0.97})) is None
     assert select.per_batch({1: 2.0, 8: 4.0}, {1: 1.0, 8: 0.0, 16: 1.0}) == {"b1": 2.0}
+
+
+def test_why_none_names_the_layers_holding_the_weights_when_the_graph_has_them():
+    na = [CandidateRecord(t, t, stage="not applicable") for t in ("ort-dynamic", "ort-static")]
+    said = select.why_none(na, {"GRU": 2})
+    assert "its weights are in 2 GRU" in said and "(ort-dynamic, ort-static)" in said
+    assert "e.g. a tree ensemble" in select.why_none(na, {})
