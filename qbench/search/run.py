@@ -5,25 +5,26 @@
 1. Screen: each base candidate (qbench.search.candidates) is built and measured once on a few
    screening rows (every slice represented) with a quick timing at the recipe's batch sizes:
    its gate excess there and its speed-up over FP32 (timed the same way).
-2. Evaluate: candidates whose screening excess (`screen_excess`: one row's change on the screen is not
-   counted) is within `SCREEN_SLACK` are run on every selection row and judged by the gate, fastest first; once one passes, only candidates that could still be
-   faster are evaluated. Then the reduce_range twins of the bases that did not pass, the same way.
+2. Evaluate: candidates whose screening excess (`screen_excess`: one row's change on the screen is not counted) is
+   within `SCREEN_SLACK` are run on every selection row and judged by the gate, fastest first; once one passes, only
+   candidates that could still be faster are evaluated. Then the reduce_range twins of the bases that did not pass.
 3. Keep float: when a failing candidate may still beat every passing one (or none passes), the quantized nodes
    are ranked by the noise each adds (per-layer SQNR, one pass of a static Q/DQ build on the screening rows) and
    the fastest such failing candidates are rebuilt with the top 1, 2, 4, ... nodes in floating point (up to
    `max_keep_float`, and never every node the candidate quantized: that would be the FP32 model), until one passes
    or could no longer be the fastest.
 4. Choose: the passing candidates are re-timed side by side with FP32 (interleaved rounds, more of them while the
-   budget has room and they disagree: qbench.search.retime) and the fastest is kept (candidates dismissed against a screening estimate the re-timing lowered are evaluated then,
-   and the finalists re-timed again); when none passes, the closest is evaluated in full if it was only screened (it may
-   pass after all), then kept (the gate then fails it) and the report says what it would need.
+   budget has room and they disagree: qbench.search.retime) and the fastest is kept (candidates dismissed against a
+   screening estimate the re-timing lowered are evaluated then, and the finalists re-timed again); when none passes,
+   the closest is evaluated in full if it was only screened (it may pass after all), then kept (the gate then fails
+   it) and the report says what it would need.
 
 A candidate in which no node computes in INT8 (BuiltVariant.lowered_nothing: nothing to quantize, or every
 quantized node kept float) is "not applicable": it is never measured, so it can neither pass nor be kept.
 Only files of the search's own folder are moved or removed.
 
-No new step starts once `time_budget_s` is spent (the first candidate always runs). Every candidate's figures and verdict are in the
-returned `SearchReport` (results.json `search`, the report and MLflow).
+No new step starts once `time_budget_s` is spent (the first candidate always runs). Every candidate's figures and
+verdict are in the returned `SearchReport` (results.json `search`, the report and MLflow).
 """
 
 from __future__ import annotations
@@ -355,9 +356,7 @@ class _Search:
         estimate that put it first."""
         passing = sorted(select.passing(self.records), key=lambda i: -(self.records[i].speedup or 0))
         finalists = passing[: self.spec.finalists]
-        if not finalists:
-            return
-        if not self.within_budget("re-timing the finalists"):
+        if not finalists or not self.within_budget("re-timing the finalists"):
             return
 
         def time_one(index: int | None) -> dict[int, float]:
