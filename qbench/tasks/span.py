@@ -39,6 +39,9 @@ NO_SPAN = -1
 
 CONTEXT_TYPE, MASK = "token_type_ids", "attention_mask"
 
+SPAN_FIGURES = ("exact_match", "f1", "span_agreement", "span_f1")
+"""The figures of the decoded spans: over the rows holding a context token (SpanRows.answerable)."""
+
 
 def context_tokens(feeds: Mapping[str, np.ndarray], shape: tuple[int, int]) -> np.ndarray:
     """(rows, tokens) bool: where an answer may lie. token_type_ids == 1 (the pair's second text) and attention_mask
@@ -103,17 +106,24 @@ class SpanRows:
     f1: np.ndarray
     agrees: np.ndarray
     agreement_f1: np.ndarray
+    # rows with a context token, where an answer can be decided (None: every row). A row without one has no span in
+    # any result, and "both decode none" would be a match whatever the scores: a variant returning noise scored 1.0
+    # on single texts fed without their pair, so such rows are no part of any span figure
+    answerable: np.ndarray | None = None
 
     def summarise(self, name: str, mask: np.ndarray) -> SliceMetrics:
         size = int(np.count_nonzero(mask))
-        exact, agreement = mean_or_nan(self.exact[mask]), mean_or_nan(self.agrees[mask])
-        values = {"exact_match": exact, "f1": mean_or_nan(self.f1[mask]), "span_agreement": agreement,
-                  "span_f1": mean_or_nan(self.agreement_f1[mask]),
+        scored = mask if self.answerable is None else mask & self.answerable
+        count = int(np.count_nonzero(scored))
+        exact, agreement = mean_or_nan(self.exact[scored]), mean_or_nan(self.agrees[scored])
+        values = {"exact_match": exact, "f1": mean_or_nan(self.f1[scored]), "span_agreement": agreement,
+                  "span_f1": mean_or_nan(self.agreement_f1[scored]),
                   "max_abs_error": metrics.max_abs_error(self.outputs[mask], self.reference[mask])}  # fmt: skip
-        intervals = {"exact_match": wilson(exact, size), "f1": metrics.mean_interval(self.f1[mask]),
-                     "span_agreement": wilson(agreement, size),
-                     "span_f1": metrics.mean_interval(self.agreement_f1[mask])}  # fmt: skip
-        return SliceMetrics(name=name, size=size, metrics=values, intervals=intervals)
+        intervals = {"exact_match": wilson(exact, count), "f1": metrics.mean_interval(self.f1[scored]),
+                     "span_agreement": wilson(agreement, count),
+                     "span_f1": metrics.mean_interval(self.agreement_f1[scored])}  # fmt: skip
+        counted = {} if self.answerable is None else dict.fromkeys(SPAN_FIGURES, count)
+        return SliceMetrics(name=name, size=size, metrics=values, intervals=intervals, denominators=counted)
 
 
 class Span(Task):
@@ -188,16 +198,20 @@ class Span(Task):
             if outside.any():
                 raise LabelError(f"data.label: {example_rows(outside, labels.tolist())} (evaluation row): the answer "
                                  "lies outside the context's tokens (token_type_ids 1, attention_mask 1)")  # fmt: skip
+        answerable = allowed.any(axis=1)
+        if not answerable.any():
+            raise QbenchError(f"no row holds a context token ({CONTEXT_TYPE} 1 where {MASK} is 1): task 'span' decodes "
+                              "an answer inside the pair's second text; expected (question, context) pairs "
+                              "(tokenizer.pair)")  # fmt: skip
         fp32 = best_spans(*reference, allowed, self.max_answer_tokens)
-        failed = fp32[:, 0] == NO_SPAN
-        failed &= allowed.any(axis=1)  # FP32's NaN/inf row: its span cannot be read
+        failed = (fp32[:, 0] == NO_SPAN) & answerable  # FP32's NaN/inf row: its span cannot be read
         spans = best_spans(start, end, allowed, self.max_answer_tokens)
         spans[failed] = NO_SPAN  # never credited with a row FP32 could not score
         target = fp32 if labels is None else labels
         exact, agrees = exact_matches(spans, target) & ~failed, exact_matches(spans, fp32) & ~failed
         f1, agreement_f1 = (np.where(failed, 0.0, token_f1(spans, t)) for t in (target, fp32))
         return SpanRows(np.stack([start, end], axis=1), np.stack(list(reference), axis=1), exact, f1, agrees,
-                        agreement_f1)
+                        agreement_f1, None if answerable.all() else answerable)
 
 
 SPAN = Span()

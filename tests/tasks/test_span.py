@@ -83,6 +83,31 @@ def test_a_row_fp32_gives_nan_on_is_a_miss_for_every_result_and_leaves_the_f1s_u
         assert math.isnan(metrics["f1"]) and math.isnan(metrics["span_f1"])
 
 
+def test_a_row_without_a_context_token_is_no_part_of_any_span_figure() -> None:
+    """Rows 2-3 hold no context token: no result decodes a span there, which is no match of a variant's noise."""
+    types = np.array([[0, 0, 1, 1, 1, 1]] * 2 + [[0] * 6] * 2)
+    feeds = {"token_type_ids": types, "attention_mask": np.ones((4, 6), np.int64)}
+    reference = {"start": _one_hot([2, 3, 1, 1]), "end": _one_hot([3, 5, 1, 1])}
+    variant = {"start": _one_hot([2, 4, 0, 5]), "end": _one_hot([3, 4, 5, 2])}  # row 1: (4, 4) against (3, 5)
+    result = evaluate_accuracy("span", variant, reference, None, {"empty": np.arange(4) >= 2}, feeds=feeds)
+    metrics = result.overall.metrics
+    assert metrics["exact_match"] == metrics["span_agreement"] == 0.5  # 1 of the 2 rows with a context, not 3 of 4
+    assert metrics["f1"] == metrics["span_f1"] == pytest.approx((1 + 2 * 1 / (1 + 3)) / 2)
+    assert result.overall.denominators == dict.fromkeys(("exact_match", "f1", "span_agreement", "span_f1"), 2)
+    empty = result.slice("empty")
+    assert all(math.isnan(empty.metrics[name]) for name in ("exact_match", "f1", "span_agreement", "span_f1"))
+    assert empty.judged_count("f1") == 0
+    everywhere = {"token_type_ids": np.ones((4, 6), np.int64)}
+    assert evaluate_accuracy("span", variant, reference, None, {}, feeds=everywhere).overall.denominators == {}
+
+
+def test_single_texts_fed_without_their_context_are_refused() -> None:
+    feeds = {"token_type_ids": np.zeros((2, 6), np.int64), "attention_mask": np.ones((2, 6), np.int64)}
+    reference = {"start": _one_hot([1, 2]), "end": _one_hot([1, 3])}
+    with pytest.raises(QbenchError, match=r"no row holds a context token .*expected \(question, context\) pairs"):
+        evaluate_accuracy("span", reference, reference, None, {}, feeds=feeds)
+
+
 def test_labels_are_a_start_and_end_token_per_row_inside_the_context() -> None:
     positions = np.array([10, 11, 12])
     assert SPAN.labels_from_values([[1, 2], (3, 3), np.array([0, 4])], positions).tolist() == [[1, 2], [3, 3], [0, 4]]
