@@ -454,7 +454,8 @@ def _calibration(
                  policy=recipe.data.nonfinite_inputs)  # every row drawn: those kept apart to choose on are fed too
     split = calibration_split(recipe, table, rows, nonfinite, evaluation)
     rows = split.fitted
-    feeds = build_feeds(table, rows, inputs, model.inputs, recipe_file=recipe.source)
+    feeds = build_feeds(table, rows, inputs, model.inputs, recipe_file=recipe.source,
+                        table_field=None if recipe.calibration_data_path is None else field_name)  # fmt: skip
     check_lookup_indices(recipe, lookups, feeds, rows, "calibration")
     return split, list(iter_batches(feeds, spec.batch_size, whole=whole))
 
