@@ -157,7 +157,9 @@ class _Search:
         record = record.with_(build_seconds=round(built.build_seconds, 3))
         digest = graph_digest(built.onnx_path)
         if built.lowered_nothing or digest == self.reference_digest:
-            what = "every quantized node kept float" if candidate.keep_float else "nothing to quantize"
+            unranged = built.params.get("unranged_nodes_kept_fp32") or []
+            what = ("every quantized node kept float" if candidate.keep_float
+                    else f"{len(unranged)} node(s) {select.NO_RANGE}" if unranged else "nothing to quantize")  # fmt: skip
             self.records[index] = record.with_(stage="not applicable", verdict=f"{what}: no node computes in INT8")
             logger.info(f"  {candidate.label}: not applicable ({what})")
             return index

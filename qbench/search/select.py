@@ -158,10 +158,17 @@ def slower_than_reference(record: CandidateRecord, tie: float = TIE) -> str | No
     return f"the fastest passing candidate is slower than FP32 at {shown}: there FP32 (or FP16) is the faster choice"
 
 
+# Why a static candidate quantized nothing though the graph has nodes to quantize: its calibration gave them no range.
+NO_RANGE = "had no usable calibration range"
+
+
 def why_none(records: Sequence[CandidateRecord]) -> str:
     """Why no candidate could be kept: nothing to quantize in the graph, or what each candidate ran into."""
     tried = [r for r in records if r.stage != "skipped"]
     if tried and all(r.stage == "not applicable" for r in tried):
+        if any(NO_RANGE in r.verdict for r in tried):  # the graph has nodes to quantize; the sample gave no range
+            return (f"the INT8 search quantized nothing: the nodes it would quantize {NO_RANGE} (a tensor 0 on every "
+                    "calibration row, or holding NaN/inf there); calibrate on rows where they vary (data.calibration)")  # fmt: skip
         return ("the INT8 search found nothing to quantize: every candidate left the graph as FP32's (no MatMul, "
                 "Gemm or Conv with constant weights, e.g. a tree ensemble); there is no INT8 variant of this model")  # fmt: skip
     reasons = "; ".join(f"{r.label}: {r.verdict}" for r in tried if r.stage != "not applicable")
