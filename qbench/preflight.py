@@ -446,7 +446,7 @@ def _calibration(
     one filled up to the batch size when `whole`: a model with a fixed batch), fed as `inputs` (data.inputs,
     tokenizers read from the sweep's copies)."""
     spec = recipe.data.calibration
-    rows, counts, left_out = calibration_sample(table, recipe.data, nonfinite, recipe_file=recipe.source,
+    rows, counts, left_out = calibration_sample(table, recipe.data, nonfinite, recipe_file=recipe.source, warn=True,
                                                 hold_out=holds_out(recipe.data, recipe.fits_on_calibration_rows))
     _record_dropped(dropped, "calibration", counts, left_out)
     field_name = "data.inputs" if recipe.calibration_data_path is None else "data.calibration.path"
