@@ -165,16 +165,17 @@ def test_row_digests_hold_memory_of_a_block_of_rows_not_of_the_table(monkeypatch
     assert leakage.row_digests(table, np.arange(rows), ["x", "y"]) == digests
 
 
-@pytest.mark.parametrize("cells,expected", [
-    (lambda rng: list(rng.normal(size=(30, 5)).astype(np.float32)), "column 'x' holds cells of 5 values"),
-    (lambda rng: [f"v{i}" for i in range(30)], "column 'x' holds"),
+@pytest.mark.parametrize("column,cells,expected", [
+    ("x", lambda rng: list(rng.normal(size=(30, 5)).astype(np.float32)), "column 'x' holds cells of 5 values"),
+    ("x", lambda rng: [f"v{i}" for i in range(30)], "column 'x' holds"),
+    ("features", lambda rng: list(rng.normal(size=(30, 4)).astype(np.float32)), "column 'x' is not in other.parquet"),
 ])  # fmt: skip
-def test_a_calibration_file_whose_cells_do_not_fit_the_model_is_named(tmp_path: Path, cells, expected):
+def test_a_calibration_file_whose_cells_do_not_fit_the_model_is_named(tmp_path: Path, column, cells, expected):
     """A calibration file exported apart from the evaluation table, with 5 features where the model (and data.path)
-    has 4, or text where it has numbers: the error named data.inputs alone, as if data.path's column were wrong,
-    and not the file at fault."""
+    has 4, text where it has numbers, or its column named otherwise: the error named data.inputs alone, as if
+    data.path's column were wrong, and not the file at fault."""
     recipe = _project(tmp_path, {"path": "other.parquet"})
-    pd.DataFrame({"x": cells(np.random.default_rng(2))}).to_parquet(tmp_path / "other.parquet")
+    pd.DataFrame({column: cells(np.random.default_rng(2))}).to_parquet(tmp_path / "other.parquet")
     with pytest.raises(RecipeError) as raised:
         prepare(load_recipe(recipe), track=False, destinations=False, backends=False)
     assert raised.value.field == "data.calibration.path"
