@@ -59,7 +59,8 @@ def chosen_on_judged_rows(results: SweepResults, pairs: Sequence[tuple[str, str]
     chosen = [f"{v}@{b}" for v, b in pairs
               if (found := results.find(v, b)) is not None and found.params.get("search.chosen_on") == "evaluation"]  # fmt: skip
     return [f"{key} was chosen among candidates on the evaluation rows that judge it: the best of several tries on "
-            "those rows, its pass is optimistic (no calibration row was left out of the evaluation to choose on)"
+            "those rows, its pass is optimistic (no calibration row with labels was left out of the evaluation to choose "
+            "on)"
             for key in chosen]  # fmt: skip
 
 
