@@ -56,6 +56,7 @@ from qbench.search.screen import gate_excess, screen_excess, screening_indices, 
 from qbench.selection_rows import chosen_on
 from qbench.validate.measure import Measured, PhaseClock, Rows, describe_error, measure
 from qbench.variants import BuildContext, BuiltVariant, build_variant
+from qbench.variants.base import unranged_reason
 from qbench.variants.onnx_utils import graph_digest
 
 RETIME_ROUNDS = 3
@@ -157,9 +158,8 @@ class _Search:
         record = record.with_(build_seconds=round(built.build_seconds, 3))
         digest = graph_digest(built.onnx_path)
         if built.lowered_nothing or digest == self.reference_digest:
-            unranged = built.params.get("unranged_nodes_kept_fp32") or []
             what = ("every quantized node kept float" if candidate.keep_float
-                    else f"{len(unranged)} node(s) {select.NO_RANGE}" if unranged else "nothing to quantize")  # fmt: skip
+                    else unranged_reason(built.params) or "nothing to quantize")  # fmt: skip
             self.records[index] = record.with_(stage="not applicable", verdict=f"{what}: no node computes in INT8")
             logger.info(f"  {candidate.label}: not applicable ({what})")
             return index

@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from qbench.gate_resolution import passing
 from qbench.report_grid import compared, percent
 from qbench.results_search import CandidateRecord
+from qbench.variants.base import NO_RANGE
 
 SCREEN_SLACK = 1.5  # a candidate whose screening excess is at most this is evaluated in full
 TIE = 0.05  # speed-ups this close (relative) are a tie on a shared machine
@@ -156,10 +157,6 @@ def slower_than_reference(record: CandidateRecord, tie: float = TIE) -> str | No
                 "so FP32 (or FP16) is the faster choice here")  # fmt: skip
     shown = ", ".join(f"batch {key[1:]} ({value:.2f}×)" for key, value in slower.items())
     return f"the fastest passing candidate is slower than FP32 at {shown}: there FP32 (or FP16) is the faster choice"
-
-
-# Why a static candidate quantized nothing though the graph has nodes to quantize: its calibration gave them no range.
-NO_RANGE = "had no usable calibration range"
 
 
 def why_none(records: Sequence[CandidateRecord]) -> str:
