@@ -57,6 +57,7 @@ from qbench.results import AccuracyResult
 from qbench.techniques.calibrators import AUTO_CALIBRATORS
 from qbench.validate.measure import measure
 from qbench.variants import BuildContext, BuiltVariant, build_variant
+from qbench.variants.base import unranged_reason
 from qbench.variants.float_rules import default_notes
 from qbench.variants.onnx_utils import discard_built, load_model
 
@@ -300,7 +301,7 @@ def explain_variant(
         notes += default_notes(built.params)  # mask nodes kept float by default are not ranked: they are not quantized
         nodes = quantized_nodes(load_model(ctx.reference_path), built)
         if not nodes:
-            why = f": {built.params['unchanged']}" if built.params.get("unchanged") else ""
+            why = f": {reason}" if (reason := built.params.get("unchanged") or unranged_reason(built.params)) else ""
             raise QbenchError(f"explain: variant {spec.name!r} quantizes no node, so nothing to explain{why}")
         groups = group_nodes(nodes, group_by)
         scratch = dataclasses.replace(ctx, workdir=Path(tmp) / "candidates")

@@ -30,6 +30,7 @@ from qbench.gate_checks import (
 )
 from qbench.gate_notes import (
     chosen_on_judged_rows,
+    fitted_on_judged_rows,
     nonfinite_reference,
     rounded_reference,
     tolerance_notes,
@@ -231,7 +232,8 @@ def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[st
         gated=tuple(f"{v}@{b}" for v, b in gated),
         unresolved=tuple(small_passes), unresolved_on_spread=on_spread,
         notes=(*unresolved_notes, *tolerance_notes(results, spec, gated), *other_output_notes(results, spec, gated),
-               *unlowered(results, gated), *chosen_on_judged_rows(results, gated), *nonfinite_reference(results, gated),
+               *unlowered(results, gated), *chosen_on_judged_rows(results, gated),
+               *fitted_on_judged_rows(results, gated), *nonfinite_reference(results, gated),
                *rounded_reference(results, gated),
                *mixed_timing_machines(results),
                *slower_than_reference_notes(results, {f"{v}@{b}" for v, b in gated})),

@@ -1,5 +1,5 @@
 """What the gate says beside its checks, as notes a passing verdict carries: tolerances that are shares of FP32's
-figure, an FP32 reference giving NaN/inf on some rows, a variant chosen on the rows that judge it, a reference whose
+figure, an FP32 reference giving NaN/inf on some rows, a variant chosen or calibrated on the rows that judge it, a reference whose
 weights are stored rounded, and a variant that computes as the reference does (its pass says nothing about its
 precision)."""
 
@@ -59,8 +59,26 @@ def chosen_on_judged_rows(results: SweepResults, pairs: Sequence[tuple[str, str]
     chosen = [f"{v}@{b}" for v, b in pairs
               if (found := results.find(v, b)) is not None and found.params.get("search.chosen_on") == "evaluation"]  # fmt: skip
     return [f"{key} was chosen among candidates on the evaluation rows that judge it: the best of several tries on "
-            "those rows, its pass is optimistic (no calibration row was left out of the evaluation to choose on)"
+            "those rows, its pass is optimistic (no calibration row with labels was left out of the evaluation to choose "
+            "on)"
             for key in chosen]  # fmt: skip
+
+
+def fitted_on_judged_rows(results: SweepResults, pairs: Sequence[tuple[str, str]]) -> list[str]:
+    """A note per gated variant fitted on calibration rows (static INT8/FP8, QAT, ModelOpt: `calibration_rows` > 0)
+    where some of those rows feed the model what evaluation rows feed it (`data.calibration.overlap: allow`, a copy in
+    `data.calibration.path`, a row repeated in the table): judged partly on rows it was fitted on, its figures flatter
+    it. The sweep warns of the overlap; without this note a standalone `qbench gate` passed such a variant silently."""
+    shared = results.calibration.evaluation_overlap_rows if results.calibration is not None else None
+    if not shared:
+        return []
+    fitted = [f"{v}@{b}" for v, b in pairs
+              if (found := results.find(v, b)) is not None and found.params.get("calibration_rows")]  # fmt: skip
+    allowed = results.calibration.overlap == "allow"
+    where = "data.calibration.overlap: allow" if allowed else "the same inputs twice in the table, or in both files"
+    return [f"{key} was calibrated on rows that also judge it ({shared} of its {results.calibration.size} calibration "
+            f"rows feed the model what evaluation rows feed it; {where}): its pass may be optimistic"
+            for key in fitted]  # fmt: skip
 
 
 def rounded_reference(results: SweepResults, pairs: Sequence[tuple[str, str]]) -> list[str]:

@@ -255,8 +255,8 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
             overlap=data.calibration.overlap,
             held_out_rows=evaluation.held_out,
             evaluation_overlap_rows=overlap,
-            selection_rows=len(split.selection) if chooses_among_candidates(recipe) else None,
-            selection_from_sample=split.from_sample if chooses_among_candidates(recipe) else None,
+            selection_rows=(selection.count if selection else 0) if chooses_among_candidates(recipe) else None,
+            selection_from_sample=(selection.from_sample if selection else 0) if chooses_among_candidates(recipe) else None,
         ),
         calibration_overlap=overlap,
         training=_training(recipe, task, table, model, outputs, nonfinite, masks, eval_rows, inputs=data.inputs,
@@ -446,7 +446,7 @@ def _calibration(
     one filled up to the batch size when `whole`: a model with a fixed batch), fed as `inputs` (data.inputs,
     tokenizers read from the sweep's copies)."""
     spec = recipe.data.calibration
-    rows, counts, left_out = calibration_sample(table, recipe.data, nonfinite, recipe_file=recipe.source,
+    rows, counts, left_out = calibration_sample(table, recipe.data, nonfinite, recipe_file=recipe.source, warn=True,
                                                 hold_out=holds_out(recipe.data, recipe.fits_on_calibration_rows))
     _record_dropped(dropped, "calibration", counts, left_out)
     field_name = "data.inputs" if recipe.calibration_data_path is None else "data.calibration.path"
@@ -454,7 +454,8 @@ def _calibration(
                  policy=recipe.data.nonfinite_inputs)  # every row drawn: those kept apart to choose on are fed too
     split = calibration_split(recipe, table, rows, nonfinite, evaluation)
     rows = split.fitted
-    feeds = build_feeds(table, rows, inputs, model.inputs, recipe_file=recipe.source)
+    feeds = build_feeds(table, rows, inputs, model.inputs, recipe_file=recipe.source,
+                        table_field=None if recipe.calibration_data_path is None else field_name)  # fmt: skip
     check_lookup_indices(recipe, lookups, feeds, rows, "calibration")
     return split, list(iter_batches(feeds, spec.batch_size, whole=whole))
 

@@ -384,7 +384,9 @@ def _overlap_facts(record: CalibrationRecord) -> str:
     if record.evaluation_overlap_rows:
         facts += (f"; **{record.evaluation_overlap_rows} calibration rows are also evaluated** (same inputs): "
                   "variants calibrated on them may look better than on unseen rows")  # fmt: skip
-    if record.selection_rows is not None:
+    if record.selection_rows == 0:
+        facts += "; **candidates chosen on the evaluation rows**: no other row with readable labels to choose on"
+    elif record.selection_rows is not None:
         facts += (f"; candidates chosen on {record.selection_rows} other rows, none fitted on or evaluated "
                   f"({record.selection_from_sample} of them drawn here and kept apart from fitting)")  # fmt: skip
     return facts

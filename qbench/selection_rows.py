@@ -129,7 +129,8 @@ def selection_rows(
     try:
         labelled = labels(table, rows)
     except QbenchError as exc:
-        logger.info("no selection rows: the calibration rows' labels: %s", exc)
+        logger.warning("candidates are chosen on the evaluation rows, not on the %d calibration rows kept for it: "
+                       "their labels cannot be read (%s)", len(rows), exc)  # fmt: skip
         return None
     why_unsliced = None
     try:
@@ -150,9 +151,9 @@ def chosen_on(selection: SelectionRows | None, evaluation_rows: int) -> str:
     """Which rows chose a searched variant and which judge it, in words (results, report, notes)."""
     if selection is None:
         return (f"chosen on the {evaluation_rows} evaluation rows that also judge it: no row apart from the evaluation "
-                "and the calibration fit is left to choose on, so its figures are the best of several tries on those "
-                "rows and flatter it (hold calibration rows out: data.calibration.overlap: hold_out, or "
-                "calibration.path)")  # fmt: skip
+                "and the calibration fit is left to choose on, or those rows carry no labels to choose by, so its "
+                "figures are the best of several tries on those rows and flatter it (hold calibration rows out: "
+                "data.calibration.overlap: hold_out, or calibration.path; give them the data.label column)")  # fmt: skip
     unsliced = f" (overall only there: {selection.why_unsliced})" if selection.why_unsliced else ""
     few = f", few enough to make the choice noisy (under {FEW_SELECTION_ROWS})" if selection.count < FEW_SELECTION_ROWS else ""
     return (f"chosen on {selection.count} rows no candidate was calibrated on and none evaluated ({selection.from_sample} "

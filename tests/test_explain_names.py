@@ -105,3 +105,21 @@ def test_explaining_a_variant_whose_only_layers_sit_in_an_if_branch_says_why_in_
     assert error == ["error: explain: variant 'int8' quantizes no node, so nothing to explain: nothing to quantize (no MatMul "
                      "node in the standard ONNX domain; 2 MatMul only inside control-flow subgraphs (If/Loop/Scan), which "
                      "quantization leaves float)"]  # fmt: skip
+
+
+def test_explaining_a_variant_calibrated_on_zeros_says_the_calibration_left_nothing_to_quantize(tmp_path, capsys):
+    """Calibration rows all zero: every tensor's range was 0, so the static INT8 variant left its nodes float. explain
+    said only 'quantizes no node, so nothing to explain', as for a model with nothing to quantize; it names the
+    calibration now."""
+    import pandas as pd
+
+    from qbench.cli_app import main
+
+    path = write_fragile_project(tmp_path, [INT8], fragile=())
+    table = pd.read_parquet(tmp_path / "data.parquet")
+    table["x"] = [np.zeros(WIDTH, np.float32) if split == "calib" else x for x, split in zip(table.x, table.split)]
+    table.to_parquet(tmp_path / "data.parquet")
+    assert main(["explain", str(path), "--variant", "int8", "--no-track"]) == 2
+    (error,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert error.startswith("error: explain: variant 'int8' quantizes no node, so nothing to explain: ")
+    assert "node(s) had no usable calibration range (" in error and ": 0 on every calibration row" in error

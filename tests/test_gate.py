@@ -480,3 +480,22 @@ def test_an_unjudged_output_broken_on_one_slice_alone_is_noted_on_that_slice():
         f"{1 - drop_b:.4g}; 1 of 3 scopes past the tolerance; not gated: gate.metric is logits/accuracy)"]  # fmt: skip
     too_small = spec.model_copy(update={"min_slice_size": 151})
     assert not [n for n in evaluate_gate(results, too_small).notes if "output aux" in n]
+
+
+@pytest.mark.parametrize("shared", [0, 64])
+def test_a_pass_of_a_variant_calibrated_on_rows_that_judge_it_says_so(shared):
+    """`data.calibration.overlap: allow` (or a calibration file copying evaluation rows): the sweep warned, but a
+    standalone `qbench gate` passed the static INT8 variant with nothing said, though 64 of its 64 calibration rows
+    were among the rows judging it. A dynamic variant, fitted on no row, gets no such note."""
+    from qbench.results import CalibrationRecord
+
+    static = replace(variant("int8-a", 0.95, {"noisy": 0.90, "clean": 0.99}), params={"calibration_rows": 64})
+    dynamic = replace(variant("int8-d", 0.95, {"noisy": 0.90, "clean": 0.99}), params={"calibration_rows": 0})
+    record = CalibrationRecord(size=64, seed=0, stratify_by=None, row_ids_sha256="ab" * 32, per_slice_counts={},
+                               overlap="allow", held_out_rows=0, evaluation_overlap_rows=shared)  # fmt: skip
+    report = evaluate_gate(replace(sweep(REFERENCE, static, dynamic), calibration=record), SPEC)
+    assert report.exit_code == EXIT_PASS
+    fitted = [n for n in report.notes if "calibrated on rows that also judge it" in n]
+    expected = ["int8-a@onnxruntime-cpu was calibrated on rows that also judge it (64 of its 64 calibration rows feed "
+                "the model what evaluation rows feed it; data.calibration.overlap: allow): its pass may be optimistic"]
+    assert fitted == (expected if shared else [])

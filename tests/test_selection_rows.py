@@ -258,3 +258,28 @@ def test_selection_rows_read_the_missing_slices_from_the_masks_given_without_sca
     got = selection_rows(data, table, CalibrationSplit(np.array([0]), rows, 0), masks, judged=["missing:x"],
                          model_inputs=meta, labels=lambda t, r: t["label"].to_numpy()[r], recipe_file=Path("r.yaml"))
     assert got is not None and got.slices["missing:x"].tolist() == masks["x"][rows].tolist() and scans == []
+
+
+def test_calibration_rows_without_labels_are_not_recorded_as_the_rows_chosen_on(tmp_path, caplog):
+    """A labelled evaluation table and a calibration file without the label column: the candidates could not be
+    judged on the calibration rows kept apart, so `calibrator: auto` chose on the evaluation rows (and said so), yet
+    results' calibration.selection_rows and the report said 48 other rows had chosen. The record says 0, a warning
+    says why, and the gate says the pass is optimistic."""
+    import logging
+
+    import pandas as pd
+
+    path = write_fragile_project(tmp_path, [{"name": "int8-auto", "precision": "int8", "calibrator": "auto"}])
+    table = pd.read_parquet(tmp_path / "data.parquet")
+    table["y"] = np.arange(len(table)) % 4
+    table.to_parquet(tmp_path / "data.parquet")
+    table[table.split == "calib"][["x"]].to_parquet(tmp_path / "calib.parquet")
+    raw = yaml.safe_load(path.read_text())
+    raw["data"] |= {"label": "y", "calibration": {"path": "calib.parquet", "samples": 96}}
+    with caplog.at_level(logging.WARNING):
+        outcome = _sweep(path, data=raw["data"])
+    assert (outcome.results.calibration.selection_rows, outcome.results.calibration.selection_from_sample) == (0, 0)
+    assert "candidates are chosen on the evaluation rows, not on the" in caplog.text and "label" in caplog.text
+    result = outcome.results.find("int8-auto", "onnxruntime-cpu")
+    assert result.params["search.chosen_on"] == "evaluation"
+    assert any("was chosen among candidates on the evaluation rows" in note for note in outcome.gate.notes)

@@ -22,7 +22,7 @@ import pandas as pd
 from qbench.data.filters import select_rows
 from qbench.data.load import load_table, table_name
 from qbench.data.nonfinite import NonfiniteMasks, check_finite, drop_nonfinite, missing_slices, nonfinite_masks
-from qbench.data.sampling import draw_calibration_sample
+from qbench.data.sampling import draw_calibration_sample, warn_thin_sample
 from qbench.data.slices import slice_masks
 from qbench.data.text_tables import CsvDialect
 from qbench.errors import RecipeError
@@ -159,7 +159,8 @@ def holds_out(data: DataSpec, calibrated: bool) -> bool:
 
 
 def calibration_sample(
-    table: pd.DataFrame, data: DataSpec, nonfinite: NonfiniteMasks, *, recipe_file: Path, hold_out: bool = False
+    table: pd.DataFrame, data: DataSpec, nonfinite: NonfiniteMasks, *, recipe_file: Path, hold_out: bool = False,
+    warn: bool = False,
 ) -> tuple[np.ndarray, dict[str, int], int]:
     """The calibration rows of `table` (data.calibration's filter, the NaN/inf input policy, then the seeded draw),
     input column -> candidates left out for NaN/inf, and how many candidates that is: one derivation for the
@@ -167,7 +168,8 @@ def calibration_sample(
 
     With `hold_out` (`holds_out`), when the candidates include rows of the evaluation filter, at most half of the
     candidates are drawn: `samples` (256 by default) from a table of 300 rows without filters would leave 44 rows
-    to judge every variant on, and would refuse a table of 200."""
+    to judge every variant on, and would refuse a table of 200. `warn`: say what makes the sample thinner than
+    asked (`warn_thin_sample`; once per sweep, not for each derivation)."""
     spec = data.calibration
     candidates, dropped, left_out = calibration_candidates(table, data, nonfinite, recipe_file=recipe_file)
     if hold_out and spec.samples > len(candidates) // 2:
@@ -175,6 +177,8 @@ def calibration_sample(
         if np.isin(candidates, evaluated).any():
             spec = spec.model_copy(update={"samples": max(1, len(candidates) // 2)})
     rows = draw_calibration_sample(table, candidates, spec, recipe_file=recipe_file)
+    if warn:
+        warn_thin_sample(table, len(candidates), rows, data)
     return rows, dropped, left_out
 
 

@@ -54,12 +54,27 @@ def build_feeds(
     model_inputs: dict[str, TensorMeta],
     *,
     recipe_file: Path,
+    table_field: str | None = None,
 ) -> dict[str, np.ndarray]:
     """Model input name -> array of the rows at `positions` (at least one), for every `column -> input` pair.
 
     A text column (`column -> TextInputSpec`) is tokenized once over all `positions`, so
-    `padding: longest` gives every row of this set the same length.
+    `padding: longest` gives every row of this set the same length. `table_field`: the recipe field naming `df`'s
+    file where that is not `data.path` (`data.calibration.path`): a problem with a cell is then reported under that
+    field with the file's name, not as one of `data.path`'s (whose columns may be fine).
     """
+    try:
+        return _feeds(df, positions, inputs, model_inputs, recipe_file=recipe_file)
+    except RecipeError as exc:
+        if table_field is None:
+            raise
+        raise RecipeError(exc.file, table_field, f"{table_name(df)}: {exc.field}: {exc.detail}") from None
+
+
+def _feeds(
+    df: pd.DataFrame, positions: np.ndarray, inputs: Mapping[str, InputTarget], model_inputs: dict[str, TensorMeta],
+    *, recipe_file: Path,
+) -> dict[str, np.ndarray]:  # fmt: skip
     if len(positions) == 0:
         raise ValueError("build_feeds needs at least one row position")
     fed = _check_mapping(df, inputs, model_inputs, recipe_file=recipe_file)

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from qbench.data.filters import scalar_column
-from qbench.recipe_data import CalibrationSpec
+from qbench.data.leakage import row_digests
+from qbench.recipe_data import CalibrationSpec, DataSpec
+
+logger = logging.getLogger(__name__)
 
 STRATIFY_FIELD = "data.calibration.stratify_by"
 
@@ -29,6 +33,25 @@ def draw_calibration_sample(
     if spec.samples >= len(candidates):
         return candidates
     return draw_from_strata(strata, spec.samples, np.random.default_rng(spec.seed))
+
+
+def warn_thin_sample(table: pd.DataFrame, pool: int, rows: np.ndarray, data: DataSpec) -> None:
+    """Warn where the calibration sample represents fewer rows than `data.calibration.samples` asks: the pool it is
+    drawn from (`pool` rows: data.calibration's filter or file) holds fewer, or the rows drawn repeat each other's
+    inputs (one row exported 40 times: the ranges are those of one row, and the sample's size says otherwise)."""
+    asked = data.calibration.samples
+    where = ("data.calibration.path" if data.calibration.path is not None
+             else "data.calibration.filter" if data.calibration.filter is not None else "data.path")  # fmt: skip
+    if pool < asked:
+        logger.warning("data.calibration.samples: %d rows asked, but %s holds only %d calibration row%s: variants are "
+                       "calibrated on those", asked, where, pool, "" if pool == 1 else "s")  # fmt: skip
+    if any(column not in table.columns for column in data.fed_columns):
+        return  # building the feeds names the missing column
+    distinct = len(row_digests(table, rows, data.fed_columns))
+    if distinct < len(rows):
+        logger.warning("data.calibration: the %d calibration rows drawn hold %d distinct input%s (the others repeat "
+                       "them): the calibrated ranges are those of %d row%s", len(rows), distinct,
+                       "" if distinct == 1 else "s", distinct, "" if distinct == 1 else "s")  # fmt: skip
 
 
 def draw_from_strata(strata: list[np.ndarray], count: int, rng: np.random.Generator) -> np.ndarray:

@@ -57,6 +57,7 @@ from qbench.search.screen import gate_excess, screen_excess, screening_indices, 
 from qbench.selection_rows import chosen_on
 from qbench.validate.measure import Measured, PhaseClock, Rows, describe_error, measure
 from qbench.variants import BuildContext, BuiltVariant, build_variant
+from qbench.variants.base import unranged_reason
 from qbench.variants.onnx_utils import graph_digest
 
 CLOSEST_EVALUATIONS = 3  # unevaluated closest candidates evaluated in full when none passed
@@ -158,7 +159,8 @@ class _Search:
         record = record.with_(build_seconds=round(built.build_seconds, 3))
         digest = graph_digest(built.onnx_path)
         if built.lowered_nothing or digest == self.reference_digest:
-            what = "every quantized node kept float" if candidate.keep_float else "nothing to quantize"
+            what = ("every quantized node kept float" if candidate.keep_float
+                    else unranged_reason(built.params) or "nothing to quantize")  # fmt: skip
             self.records[index] = record.with_(stage="not applicable", verdict=f"{what}: no node computes in INT8")
             logger.info(f"  {candidate.label}: not applicable ({what})")
             return index

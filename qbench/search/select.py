@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from qbench.gate_resolution import passing
 from qbench.report_grid import compared, percent
 from qbench.results_search import CandidateRecord
+from qbench.variants.base import NO_RANGE
 
 SCREEN_SLACK = 1.5  # a candidate whose screening excess is at most this is evaluated in full
 TIE = 0.05  # speed-ups this close (relative) are a tie on a shared machine
@@ -167,6 +168,9 @@ def why_none(records: Sequence[CandidateRecord], float_layers: Mapping[str, int]
     MatMul, Gemm or Conv with constant weights, "e.g. a tree ensemble"."""
     tried = [r for r in records if r.stage != "skipped"]
     if tried and all(r.stage == "not applicable" for r in tried):
+        if any(NO_RANGE in r.verdict for r in tried):  # the graph has nodes to quantize; the sample gave no range
+            return (f"the INT8 search quantized nothing: the nodes it would quantize {NO_RANGE} (a tensor 0 on every "
+                    "calibration row, or holding NaN/inf there); calibrate on rows where they vary (data.calibration)")  # fmt: skip
         if float_layers:
             layers = ", ".join(f"{count} {op}" for op, count in float_layers.items())
             techniques = ", ".join(dict.fromkeys(r.technique for r in tried))

@@ -125,6 +125,21 @@ def lowered_nothing(params: Mapping[str, Any]) -> bool:
     return "unchanged" in params or params.get("quantized_nodes") == 0 or params.get("quantized_linears") == 0
 
 
+# Why a static build quantized nothing though its graph has nodes to quantize: its calibration gave them no range.
+NO_RANGE = "had no usable calibration range"
+
+
+def unranged_reason(params: Mapping[str, Any]) -> str | None:
+    """Why a build left nodes float for want of a calibration range ('2 node(s) had no usable calibration range (x: 0
+    on every calibration row, ...)'), None where none was: what to say when such a build quantized nothing, rather
+    than blame a graph that has nodes to quantize."""
+    unranged = params.get("unranged_nodes_kept_fp32") or []
+    if not unranged:
+        return None
+    first = next(iter((params.get("uncalibrated_tensors") or {}).items()), None)
+    return f"{len(unranged)} node(s) {NO_RANGE}" + (f" ({first[0]}: {first[1]})" if first else "")
+
+
 class VariantBuilder(Protocol):
     def __call__(self, spec: VariantSpec, ctx: BuildContext) -> BuiltVariant: ...
 

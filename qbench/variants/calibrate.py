@@ -148,8 +148,7 @@ def compute_ranges(
     (`histograms.GuardedHistogramCollector`), NaN/inf among them; MinMax skips the tensors holding NaN/inf on any
     batch too (`nonfinite_scan`: its own range would ignore NaN), and a min/max range that is not finite is dropped,
     as a quantization scale of inf would turn the tensor, and whatever reads it, into garbage; so is one reaching a mask
-    fill's magnitude (`_representable`). All are named in
-    `skipped`.
+    fill's magnitude, or one 0 on every row (`_representable`). All are named in `skipped`.
     """
     if method not in METHODS:
         raise QbenchError(f"calibrator {method!r} does not compute ranges; expected one of {', '.join(METHODS)}")
@@ -193,7 +192,8 @@ def compute_ranges(
 
 
 def _representable(calibrated: Calibrated) -> Calibrated:
-    """`calibrated` less the ranges that are not finite or reach a mask fill's magnitude, named in its `skipped`.
+    """`calibrated` less the ranges that are not finite, reach a mask fill's magnitude or are zero wide (a tensor that
+    is 0 on every calibration row: an all-zero input, a ReLU dead on the sample), named in its `skipped`.
 
     A min/max range reaching float32's extremes (an attention mask filled with its minimum, and the scores it is added
     to) gives a scale near 1e36: every real value of the tensor (the attention scores) rounds to zero. The histogram
@@ -207,10 +207,26 @@ def _representable(calibrated: Calibrated) -> Calibrated:
             dropped[name] = f"its range holds NaN or infinity; {UNQUANTIZED}"
         elif bounds.size and float(np.max(np.abs(bounds))) > HISTOGRAM_LIMIT:
             dropped[name] = f"its range reaches {float(np.max(np.abs(bounds))):.3g} (a mask?); {UNQUANTIZED}"
+        elif _scale_underflows(bounds):
+            dropped[name] = f"{_ZERO_RANGE}; {UNQUANTIZED}"
     if not dropped:
         return calibrated
     kept = TensorsData(ranges.calibration_method, {name: data for name, data in ranges.items() if name not in dropped})
     return Calibrated(kept, {**calibrated.skipped, **dropped})
+
+
+# Why a tensor whose calibrated range is (about) zero wide is left float.
+_ZERO_RANGE = "0 on every calibration row, so no scale can be formed (ONNX Runtime would use 1.0)"
+
+
+def _scale_underflows(bounds: np.ndarray) -> bool:
+    """Whether the 8-bit scale of a range with these bounds (widened to hold 0, as the quantizers do) falls below
+    float32's smallest normal value: ONNX Runtime then replaces it by 1.0, an arbitrary step that turns the tensor's
+    values into whole numbers and clips it to +-127 (and FP8 has no amax to scale by)."""
+    if not bounds.size:
+        return False
+    width = max(float(np.max(bounds)), 0.0) - min(float(np.min(bounds)), 0.0)
+    return width / 255.0 < float(np.finfo(np.float32).tiny)
 
 
 def compute_ranges_with(

@@ -163,3 +163,20 @@ def test_row_digests_hold_memory_of_a_block_of_rows_not_of_the_table(monkeypatch
     assert peak < 1.5 * features.nbytes  # the digests themselves and one block; the widened column alone is 2x
     monkeypatch.setattr(leakage, "_BLOCK_ROWS", rows)  # one block: the encodings do not depend on the blocks
     assert leakage.row_digests(table, np.arange(rows), ["x", "y"]) == digests
+
+
+@pytest.mark.parametrize("column,cells,expected", [
+    ("x", lambda rng: list(rng.normal(size=(30, 5)).astype(np.float32)), "column 'x' holds cells of 5 values"),
+    ("x", lambda rng: [f"v{i}" for i in range(30)], "column 'x' holds"),
+    ("features", lambda rng: list(rng.normal(size=(30, 4)).astype(np.float32)), "column 'x' is not in other.parquet"),
+])  # fmt: skip
+def test_a_calibration_file_whose_cells_do_not_fit_the_model_is_named(tmp_path: Path, column, cells, expected):
+    """A calibration file exported apart from the evaluation table, with 5 features where the model (and data.path)
+    has 4, text where it has numbers, or its column named otherwise: the error named data.inputs alone, as if
+    data.path's column were wrong, and not the file at fault."""
+    recipe = _project(tmp_path, {"path": "other.parquet"})
+    pd.DataFrame({column: cells(np.random.default_rng(2))}).to_parquet(tmp_path / "other.parquet")
+    with pytest.raises(RecipeError) as raised:
+        prepare(load_recipe(recipe), track=False, destinations=False, backends=False)
+    assert raised.value.field == "data.calibration.path"
+    assert raised.value.detail.startswith("other.parquet: data.inputs: " + expected)

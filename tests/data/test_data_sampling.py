@@ -104,3 +104,32 @@ def test_row_ids_hash_ignores_order_and_tells_samples_apart() -> None:
 def test_per_slice_counts() -> None:
     masks = {"a": np.array([True, True, False, False]), "b": np.array([False, True, True, True])}
     assert per_slice_counts(np.array([1, 3]), masks) == {"a": 1, "b": 2}
+
+
+def test_a_calibration_sample_thinner_than_asked_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    """A calibration split of 5 rows under `samples: 256`, and one row exported 40 times, were calibrated on without a
+    word: results' calibration.size said 5 or 40, and nothing said the 40 rows were one. Only the sweep's own
+    derivation warns (`warn`), once; a sample as large as asked, of distinct rows, says nothing."""
+    import logging
+
+    from qbench.data.evaluation import calibration_sample
+    from qbench.recipe_data import DataSpec
+
+    rng = np.random.default_rng(0)
+    repeated = np.repeat(rng.normal(size=(1, 4)).astype(np.float32), 40, axis=0)
+    table = pd.DataFrame({"x": list(np.concatenate([repeated, rng.normal(size=(5, 4)).astype(np.float32)])),
+                          "split": ["copy"] * 40 + ["few"] * 5})  # fmt: skip
+
+    def warnings_for(split: str, samples: int, warn: bool = True) -> list[str]:
+        caplog.clear()
+        data = DataSpec(path=Path("d.parquet"), inputs={"x": "x"},
+                        calibration={"filter": {"split": split}, "samples": samples})  # fmt: skip
+        with caplog.at_level(logging.WARNING):
+            rows, _, _ = calibration_sample(table, data, {}, recipe_file=RECIPE, warn=warn)
+        return [r.getMessage() for r in caplog.records]
+
+    assert warnings_for("few", 256) == ["data.calibration.samples: 256 rows asked, but data.calibration.filter holds "
+                                        "only 5 calibration rows: variants are calibrated on those"]  # fmt: skip
+    assert warnings_for("copy", 40) == ["data.calibration: the 40 calibration rows drawn hold 1 distinct input (the "
+                                        "others repeat them): the calibrated ranges are those of 1 row"]  # fmt: skip
+    assert warnings_for("few", 5) == [] and warnings_for("copy", 256, warn=False) == []

@@ -474,3 +474,27 @@ def test_keep_float_is_tried_on_every_failing_candidate_not_only_the_two_fastest
     chosen = report.candidates[report.chosen]
     assert chosen.technique == "ort-static" and "branch_a" in chosen.keep_float and chosen.passed
     assert outcome.gate.exit_code == EXIT_PASS
+
+
+def test_a_search_whose_calibration_rows_are_all_zero_says_so(tmp_path, monkeypatch):
+    """Calibration rows exported as zeros: every static candidate's input range was 0, so each left its nodes float
+    (no scale can be formed) and quantized nothing. The search then failed with 'found nothing to quantize ... (no
+    MatMul, Gemm or Conv with constant weights, e.g. a tree ensemble)', blaming a model that has a Gemm; it names the
+    calibration instead."""
+    from qbench.search import run as search_run
+
+    real = search_run.build_variant
+
+    def zero_calibration(spec, ctx):
+        zeros = [{name: np.zeros_like(values) for name, values in batch.items()} for batch in ctx.calibration]
+        return real(spec, dataclasses.replace(ctx, calibration=zeros))
+
+    monkeypatch.setattr(search_run, "build_variant", zero_calibration)
+    _, outcome = _searched(tmp_path, {"time_budget_s": 60, "techniques": ["ort-static"]}, model=one_gemm_model)
+    report = outcome.results.search
+    assert report.candidates and all(c.stage == "not applicable" for c in report.candidates if c.stage != "skipped")
+    assert all(select.NO_RANGE in c.verdict for c in report.candidates if c.stage == "not applicable")
+    failed = outcome.results.find("int8-search", "onnxruntime-cpu")
+    assert failed.status == "failed" and "no usable calibration range" in failed.error
+    assert "tree ensemble" not in failed.error and "data.calibration" in failed.error
+    assert outcome.gate.exit_code == EXIT_UNUSABLE
