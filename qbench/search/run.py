@@ -406,13 +406,13 @@ class _Search:
                                    keep_float_exhausted=self.keep_float_exhausted)  # fmt: skip
         for index, record in enumerate(self.records):
             if index == pick:
-                closest = f"closest ({_outcome(chosen, pick, thin)}): {record.verdict}"
+                closest = f"closest ({select.outcome(chosen, pick, thin)}): {record.verdict}"
                 verdict = closest if chosen is None else "chosen" + (" (pass unresolved)" if thin else "")
                 self.records[index] = record.with_(verdict=verdict)
         report = SearchReport(
             variant=self.spec.name, metric=self.gate.metric, max_drop=self.tolerances.max_drop,
             max_slice_drop=self.tolerances.max_slice_drop, time_budget_s=self.spec.time_budget_s,
-            seconds=round(self.now() - self.started, 3), outcome=_outcome(chosen, pick, thin),
+            seconds=round(self.now() - self.started, 3), outcome=select.outcome(chosen, pick, thin),
             candidates=tuple(self.records), chosen=chosen, closest=pick if chosen is None else None, needed=needed,
             budget_exhausted=self.budget_exhausted, fp32_p50_ms={f"b{b}": p for b, p in self.fp32_p50.items()},
             notes=(self.chosen_on, self._method_note(), *notes, *self._slower_note(chosen)),
@@ -464,15 +464,6 @@ class _Search:
         note = f"{note}; {slower}" if slower else note
         return dataclasses.replace(built, name=self.spec.name, onnx_path=target, params=params,
                                    notes=(*built.notes, note), build_seconds=self.now() - self.started)  # fmt: skip
-
-
-def _outcome(chosen: int | None, pick: int | None, thin: bool) -> str:
-    """The report's outcome; 'unresolved': the pick passed, on too few selection rows for `gate.unresolved: fail`."""
-    if chosen is not None:
-        return "passed"
-    if pick is None:
-        return "nothing built"
-    return "unresolved" if thin else "unreachable"
 
 
 def run_search(

@@ -159,6 +159,15 @@ def slower_than_reference(record: CandidateRecord, tie: float = TIE) -> str | No
     return f"the fastest passing candidate is slower than FP32 at {shown}: there FP32 (or FP16) is the faster choice"
 
 
+def outcome(chosen: int | None, pick: int | None, thin: bool) -> str:
+    """The report's outcome; 'unresolved': the pick passed, on too few selection rows for `gate.unresolved: fail`."""
+    if chosen is not None:
+        return "passed"
+    if pick is None:
+        return "nothing built"
+    return "unresolved" if thin else "unreachable"
+
+
 def why_none(records: Sequence[CandidateRecord], float_layers: Mapping[str, int] | None = None) -> str:
     """Why no candidate could be kept: nothing to quantize in the graph, or what each candidate ran into.
 
