@@ -36,7 +36,7 @@ from qbench.gate_notes import (
     tolerance_notes,
     unlowered,
 )
-from qbench.gate_outputs import other_output_notes
+from qbench.gate_outputs import COLLAPSED, collapsed_outputs, other_output_notes
 from qbench.gate_resolution import rows_alone, unresolved
 from qbench.gate_tolerance import (
     Tolerances,
@@ -303,7 +303,11 @@ def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec,
         else:
             why = _nonfinite_reference_hint(spec.metric, ref_scope) if ref_scope.nonfinite_outputs else ""
             problems.append(f"metric {spec.metric!r} is missing or NaN on {own_scope.name}{why}")
-    return checks, problems, small, on_spread
+    collapsed, spread_problems = collapsed_outputs(reference.accuracy, candidate.accuracy)
+    checks += [GateCheck(variant, backend, "overall", name, ref_spread, own_spread, ref_spread - own_spread,
+                         (1 - COLLAPSED) * ref_spread, candidate.accuracy.rows, "breach")
+               for name, ref_spread, own_spread in collapsed]  # fmt: skip
+    return checks, problems + spread_problems, small, on_spread
 
 
 def _nonfinite_reference_hint(metric: str, ref: SliceMetrics) -> str:

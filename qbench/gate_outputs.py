@@ -1,7 +1,15 @@
-"""The gate's notes on evaluated outputs it does not judge: gate.metric names one output ('logits/accuracy'), so a
-variant that broke another ('aux') would pass unremarked. Each such output is held, as a note and never a verdict,
-to the tolerances the gate would use for it, on the scopes the gate judges its own metric on: overall and every
-slice of at least gate.min_slice_size. A break on one slice alone is as much a finding as one overall."""
+"""The gate's checks of evaluated outputs beside its metric.
+
+Notes on outputs it does not judge: gate.metric names one output ('logits/accuracy'), so a variant that broke another
+('aux') would pass unremarked. Each such output is held, as a note and never a verdict, to the tolerances the gate
+would use for it, on the scopes the gate judges its own metric on: overall and every slice of at least
+gate.min_slice_size. A break on one slice alone is as much a finding as one overall.
+
+Collapsed outputs, a breach whatever the metric: a variant whose output is (nearly) the same on every row no longer
+depends on its inputs, yet scores well on a metric a constant answer scores well on: accuracy on imbalanced classes
+(ties go to the first class, the majority one), an error of a constant near the mean of low-variance targets, the
+cosine of one vector with embeddings sharing a dominant direction. Such a variant is measured correctly, and broken:
+it breaches, as a variant giving NaN/inf does."""
 
 from __future__ import annotations
 
@@ -11,10 +19,35 @@ from collections.abc import Sequence
 from qbench.errors import QbenchError
 from qbench.gate_tolerance import Tolerances, reference_tolerances
 from qbench.recipe import GateSpec
-from qbench.results import SliceMetrics, SweepResults, VariantResult
+from qbench.results import AccuracyResult, SliceMetrics, SweepResults, VariantResult
 from qbench.validate.catalogue import OUTPUT_SEPARATOR, drop, within
 
 _UNFORMED = Tolerances(0.0, 0.0)  # a relative share of FP32's 0 cannot be formed: any drop is remarked
+
+COLLAPSED = 0.1
+"""An output whose spread across the evaluation rows (metrics.spread) is under this share of FP32's has collapsed.
+Rounding to a precision adds noise to an output and leaves its spread within a few percent of FP32's; only a broken
+variant (collapsed scales, values clamped to one bound, a layer giving one value) loses nine tenths of it."""
+
+SPREAD_METRIC = "output_spread"
+
+
+def collapsed_outputs(reference: AccuracyResult, own: AccuracyResult) -> tuple[list[tuple[str, float, float]], list[str]]:
+    """(check name, FP32's spread, the variant's) for each evaluated output whose spread collapsed (COLLAPSED), and
+    why it cannot be told: FP32's spread is recorded and the variant's is not (results edited, or another output).
+    An output FP32 itself gives one value for (spread 0, or no finite row) has nothing to collapse; a variant with
+    NaN/inf on every row (no spread) breaches on its NaN/inf outputs."""
+    collapsed, problems = [], []
+    for output, ref_spread in reference.spread.items():
+        if not (math.isfinite(ref_spread) and ref_spread > 0):
+            continue
+        name = f"{output}{OUTPUT_SEPARATOR}{SPREAD_METRIC}" if output and len(reference.spread) > 1 else SPREAD_METRIC
+        if output not in own.spread:
+            problems.append(f"the results record no {name} for this variant (FP32's is {ref_spread:.4g}): written by "
+                            "another qbench, or edited")  # fmt: skip
+        elif own.spread[output] < COLLAPSED * ref_spread:  # NaN (no finite row) is no collapse
+            collapsed.append((name, ref_spread, own.spread[output]))
+    return collapsed, problems
 
 
 def other_output_notes(results: SweepResults, spec: GateSpec, pairs: Sequence[tuple[str, str]]) -> list[str]:

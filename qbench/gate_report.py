@@ -25,8 +25,10 @@ from qbench.errors import QbenchError
 from qbench.files import file_in_the_way, write_atomically
 from qbench.gate import EXIT_BREACH, EXIT_PASS, UNDER_MIN_SIZE, GateCheck, GateReport
 from qbench.gate import problem_owner as owner_of
+from qbench.gate_outputs import COLLAPSED, SPREAD_METRIC
 from qbench.report_grid import compared, figure, md_cell
 from qbench.slo import SLO_SCOPE
+from qbench.validate.catalogue import OUTPUT_SEPARATOR
 
 JSON_SCHEMA_VERSION = 1
 RESULTS_SUITE = "results"  # JUnit suite for problems that belong to no single variant
@@ -65,6 +67,10 @@ def check_line(check: GateCheck) -> str:
     if check.metric == "nonfinite_outputs":
         return (f"{result} {check_key(check)} {_scope(check)} nonfinite_outputs: NaN/inf on {check.observed:g} rows "
                 f"(FP32: {check.reference:g}), {check.drop:g} of them where FP32 is finite")  # fmt: skip
+    if check.metric.rpartition(OUTPUT_SEPARATOR)[2] == SPREAD_METRIC:
+        return (f"{result} {check_key(check)} {_scope(check)} {check.metric}: its outputs vary across the {check.size} "
+                f"rows by {check.observed:.4g}, FP32's by {check.reference:.4g}: under {COLLAPSED:g} of FP32's, "
+                "they no longer depend on the inputs (a constant answer)")  # fmt: skip
     drop, tolerance = compared(check.drop, check.tolerance)
     line = (
         f"{result} {check_key(check)} {_scope(check)} {check.metric}: "

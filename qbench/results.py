@@ -17,7 +17,8 @@ Schema (version 1), documented in reports/README.md:
       fidelity Fidelity, evaluated_model_path (the model whose outputs were scored, when not model_path),
       accuracy AccuracyResult | null, latency LatencyResult | null, serving ServingResult | null (results_serving.py)
     Fidelity: accuracy native|emulated|unknown, latency native|emulated|unknown, method (how it was emulated)
-    AccuracyResult: rows, nonfinite_outputs, overall SliceMetrics, slices [SliceMetrics]
+    AccuracyResult: rows, nonfinite_outputs, overall SliceMetrics, slices [SliceMetrics],
+      spread {output: how much it varies across the evaluation rows (metrics.spread)}
     SliceMetrics: name, size, metrics {m: value}, intervals {m: [lo, hi]}, drops {m: drop vs FP32},
       nonfinite_outputs, new_nonfinite_outputs, denominators {m: count its rate is a share of, when not size}
     LatencyResult: threads, session_create_ms, first_run_ms, points [LatencyPoint]
@@ -80,6 +81,10 @@ class AccuracyResult:
     nonfinite_outputs: int
     overall: SliceMetrics
     slices: tuple[SliceMetrics, ...] = ()
+    # evaluated output -> how much it varies across the evaluation rows (metrics.spread): a variant whose outputs
+    # barely vary where FP32's do no longer depends on its inputs, whatever a metric a constant answer scores well
+    # on says (the gate's output_spread check)
+    spread: dict[str, float] = field(default_factory=dict)
 
     def slice(self, name: str) -> SliceMetrics | None:
         return next((s for s in self.slices if s.name == name), None)
@@ -326,6 +331,7 @@ def _accuracy(raw: dict[str, Any] | None, where: str) -> AccuracyResult | None:
         nonfinite_outputs=int(raw["nonfinite_outputs"]),
         overall=_slice(raw["overall"], f"{where}.overall"),
         slices=tuple(_slice(s, f"{where}.slices[{i}]") for i, s in enumerate(raw.get("slices", []))),
+        spread=figures(raw.get("spread"), "spread"),
     )
 
 

@@ -220,6 +220,7 @@ def evaluate_accuracy(
         nonfinite_outputs=int(np.count_nonzero(nonfinite)),
         overall=summarise(OVERALL, np.ones(rows, dtype=bool)),
         slices=tuple(summarise(name, mask) for name, mask in masks.items()),
+        spread={name: metrics.spread(values) for name, values in named.items()},
     )
 
 

@@ -360,6 +360,29 @@ def max_abs_error(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(largest))
 
 
+def spread(values: np.ndarray) -> float:
+    """How much an output varies across its rows: the root of the summed variance of each value over the rows (the
+    rows' RMS distance from their mean row), over the rows whose values are all finite; NaN for none, or for values
+    that are not numbers. A constant output (every row the same) spreads 0, whatever its values."""
+    values = np.asarray(values)
+    if values.ndim == 0:
+        _float_rows(values)  # the error a scalar gets
+    if values.dtype.kind not in "biuf":
+        return math.nan
+    blocks = row_blocks(values.shape[0], _features(values))
+    finite = ~nonfinite_rows(values) if values.dtype.kind == "f" else np.ones(values.shape[0], dtype=bool)
+    count = int(np.count_nonzero(finite))
+    if count == 0:
+        return math.nan
+    total = np.zeros(_features(values))  # two passes (the mean row, then squared distances): no cancellation
+    for block in blocks:
+        total += _float_rows(values[block])[finite[block]].sum(axis=0)
+    mean, squares = total / count, 0.0
+    for block in blocks:
+        squares += float(np.sum((_float_rows(values[block])[finite[block]] - mean) ** 2))
+    return math.sqrt(squares / count)
+
+
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
     """Wilson score interval for a proportion (sound near 0 and 1, unlike the normal one)."""
     if n == 0:

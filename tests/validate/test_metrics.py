@@ -372,3 +372,17 @@ def test_kl_of_a_row_holding_inf_is_nan_even_where_its_distribution_would_be_fin
     assert math.isnan(variant_side[0])
     score = metrics.kl_rows(np.array([[np.inf], [2.0]]), np.array([[30.0], [2.0]]), as_probabilities=False)
     assert math.isnan(score[0]) and score[1] == 0.0
+
+
+# -- spread ---------------------------------------------------------------------------------------
+
+
+def test_spread_is_the_rms_distance_of_the_finite_rows_from_their_mean_row(monkeypatch) -> None:
+    # rows [0, 0], [2, 0], [NaN, 5] -> the finite rows' mean [1, 0]; distances 1 and 1 -> sqrt((1 + 1) / 2) = 1
+    assert metrics.spread(np.array([[0.0, 0.0], [2.0, 0.0], [NAN, 5.0]])) == 1.0
+    monkeypatch.setattr(metrics, "ROW_BLOCK_ELEMENTS", 2)  # one row a block: the same figure
+    assert metrics.spread(np.array([[0.0, 0.0], [2.0, 0.0], [NAN, 5.0]])) == 1.0
+    assert metrics.spread(np.tile(np.float32([1e4, -3.0]), (5, 1))) == 0.0  # a constant output spreads 0
+    assert metrics.spread(np.array([3, 1, 3, 1])) == 1.0  # class ids: numbers too
+    assert math.isnan(metrics.spread(np.array([[NAN], [np.inf]])))
+    assert math.isnan(metrics.spread(np.array(["a", "b"])))

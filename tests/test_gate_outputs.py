@@ -1,0 +1,203 @@
+"""The gate's output_spread check: a variant whose outputs no longer depend on its inputs (the same output on every
+row) breaches, whatever the gate metric a constant answer can score well on says; honest variants still pass."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from qbench.gate import EXIT_BREACH, EXIT_PASS, EXIT_UNUSABLE, evaluate_gate
+from qbench.gate_report import check_line
+from qbench.recipe import GateSpec
+from qbench.results import SweepResults, VariantResult
+from qbench.validate.accuracy import evaluate_accuracy
+
+BACKEND = "onnxruntime-cpu"
+ROWS = 1000
+
+
+def _results(task: str, reference: np.ndarray, outputs: np.ndarray, labels: np.ndarray | None) -> SweepResults:
+    """FP32 and one variant 'int8-a' measured on the same rows, as a sweep records them."""
+    accuracy = {name: evaluate_accuracy(task, {"out": values}, {"out": reference}, labels, {})
+                for name, values in (("fp32", reference), ("int8-a", outputs))}  # fmt: skip
+    variants = tuple(VariantResult(variant=name, backend=BACKEND, precision="fp32" if name == "fp32" else "int8",
+                                   status="ok", accuracy=accuracy[name]) for name in ("fp32", "int8-a"))  # fmt: skip
+    return SweepResults(qbench_version="0", created_at="2026-01-01T00:00:00+00:00", recipe={"name": "toy"},
+                        environment={}, calibration=None, evaluation_rows=ROWS, gate_metric="x", reference="fp32",
+                        variants=variants)  # fmt: skip
+
+
+def _verdict(task: str, reference: np.ndarray, outputs: np.ndarray, labels: np.ndarray | None, spec: GateSpec):
+    """The gate's report, and the gate metric's own check overall (what the gate judged before output_spread)."""
+    report = evaluate_gate(_results(task, reference, outputs, labels), spec)
+    metric = next(c for c in report.checks if c.metric == spec.metric and c.scope == "overall")
+    return report, metric
+
+
+def _imbalanced() -> tuple[np.ndarray, np.ndarray]:
+    """(logits, labels): 95 % of rows in class 0; FP32 finds 8 of the 50 class-1 rows and errs on 2 others (0.956)."""
+    rng = np.random.default_rng(0)
+    labels = np.zeros(ROWS, dtype=np.int64)
+    labels[:50] = 1
+    score = rng.normal(size=ROWS).clip(-2, 2)
+    score[:8] = score[50:52] = 3.0
+    return np.stack([np.zeros(ROWS), score - 2.5], axis=1).astype(np.float32), labels
+
+
+ACCURACY = GateSpec(metric="accuracy", max_drop=0.01, applies_to=["int8-*"])
+
+
+@pytest.mark.parametrize("dead", [np.zeros((ROWS, 2)), np.tile([1.0, -3.0], (ROWS, 1))],
+                         ids=["all-equal-scores", "one-constant-vector"])  # fmt: skip
+def test_a_dead_classifier_on_imbalanced_classes_breaches_though_its_accuracy_is_within_tolerance(dead):
+    """Ties go to the first class: a variant giving every row the same scores answers class 0 everywhere, scores the
+    majority's share (0.95 against FP32's 0.956) and passed an accuracy gate with max_drop 0.01 (exit 0)."""
+    logits, labels = _imbalanced()
+    report, accuracy = _verdict("classification", logits, dead.astype(np.float32), labels, ACCURACY)
+    assert (accuracy.reference, accuracy.observed, accuracy.status) == (0.956, 0.95, "pass")
+    assert report.exit_code == EXIT_BREACH
+    [spread] = report.breaches
+    assert (spread.variant, spread.scope, spread.metric, spread.observed) == ("int8-a", "overall", "output_spread", 0.0)
+    assert spread.reference == pytest.approx(float(np.sqrt(logits.var(axis=0).sum())))
+    assert check_line(spread).startswith("BREACH int8-a@onnxruntime-cpu overall output_spread: its outputs vary "
+                                         f"across the {ROWS} rows by 0, FP32's by ")  # fmt: skip
+
+
+def test_an_honest_classifier_whose_scores_carry_rounding_noise_passes():
+    logits, labels = _imbalanced()
+    noisy = logits + np.random.default_rng(1).normal(scale=0.02, size=logits.shape).astype(np.float32)
+    report, _ = _verdict("classification", logits, noisy, labels, ACCURACY)
+    assert report.exit_code == EXIT_PASS
+    assert not [c for c in report.checks if c.metric == "output_spread"]
+
+
+def test_a_constant_regression_near_the_mean_of_low_variance_targets_breaches():
+    """A constant prediction at the targets' mean has an MAE (0.04) within 0.05 of FP32's (0.008): the MAE gate passed."""
+    rng = np.random.default_rng(2)
+    targets = 10.0 + 0.05 * rng.normal(size=ROWS)
+    fp32 = (targets + 0.01 * rng.normal(size=ROWS)).astype(np.float32)
+    spec = GateSpec(metric="mae", max_drop=0.05, applies_to=["int8-*"])
+    dead = np.full(ROWS, targets.mean(), dtype=np.float32)
+    report, mae = _verdict("regression", fp32, dead, targets, spec)
+    assert mae.status == "pass"
+    assert report.exit_code == EXIT_BREACH and [c.metric for c in report.breaches] == ["output_spread"]
+    honest = fp32 + (0.001 * rng.normal(size=ROWS)).astype(np.float32)
+    assert _verdict("regression", fp32, honest, targets, spec)[0].exit_code == EXIT_PASS
+
+
+def test_a_constant_embedding_breaches_though_its_cosine_with_embeddings_sharing_a_direction_is_high():
+    rng = np.random.default_rng(3)
+    direction = rng.normal(size=16)
+    fp32 = direction + 0.1 * rng.normal(size=(ROWS, 16))
+    fp32 = (fp32 / np.linalg.norm(fp32, axis=1, keepdims=True)).astype(np.float32)
+    dead = np.tile(direction / np.linalg.norm(direction), (ROWS, 1)).astype(np.float32)
+    spec = GateSpec(metric="cosine", max_drop=0.05, applies_to=["int8-*"])
+    report, cosine = _verdict("embedding", fp32, dead, None, spec)
+    assert cosine.status == "pass" and cosine.observed > 0.95
+    assert report.exit_code == EXIT_BREACH and [c.metric for c in report.breaches] == ["output_spread"]
+    honest = fp32 + (0.002 * rng.normal(size=fp32.shape)).astype(np.float32)
+    assert _verdict("embedding", fp32, honest, None, spec)[0].exit_code == EXIT_PASS
+
+
+def test_all_negative_multilabel_answers_on_sparse_labels_breach():
+    rng = np.random.default_rng(4)
+    labels = (rng.random(size=(ROWS, 5)) < 0.01).astype(np.int64)
+    fp32 = np.where(labels == 1, 1.0, -4.0) + rng.normal(scale=0.5, size=labels.shape)
+    spec = GateSpec(metric="label_agreement", max_drop=0.05, applies_to=["int8-*"])
+    dead = np.full(labels.shape, -4.0, dtype=np.float32)
+    report, _ = _verdict("multilabel", fp32.astype(np.float32), dead, labels, spec)
+    assert report.exit_code == EXIT_BREACH and "output_spread" in [c.metric for c in report.breaches]
+
+
+def test_an_output_fp32_itself_gives_one_value_for_has_nothing_to_collapse():
+    logits = np.tile([0.5, -0.5], (ROWS, 1)).astype(np.float32)
+    labels = np.zeros(ROWS, dtype=np.int64)
+    report, _ = _verdict("classification", logits, logits.copy(), labels, ACCURACY)
+    assert report.exit_code == EXIT_PASS
+
+
+def test_results_recording_fp32_s_spread_and_not_the_variant_s_are_unusable():
+    logits, labels = _imbalanced()
+    results = _results("classification", logits, logits.copy(), labels)
+    variant = results.find("int8-a", BACKEND)
+    edited = replace(variant, accuracy=replace(variant.accuracy, spread={}))
+    report = evaluate_gate(replace(results, variants=(results.find("fp32", BACKEND), edited)), ACCURACY)
+    assert report.exit_code == EXIT_UNUSABLE
+    assert report.problems == ("int8-a@onnxruntime-cpu: the results record no output_spread for this variant "
+                               f"(FP32's is {logits.std(axis=0, ddof=0).dot([0, 1]):.4g}): written by another "
+                               "qbench, or edited",)  # fmt: skip
+
+
+def _tiny_classifier(path: Path) -> None:
+    """x (rows, 4) → logits (rows, 2) = [0.01 * (x1 + x2 + x3), x0 - 2.5]."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    weights = np.zeros((4, 2), np.float32)
+    weights[0, 1], weights[1:, 0] = 1.0, 0.01
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["logits"])], "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", 4])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["rows", 2])],
+        [numpy_helper.from_array(weights, "w"), numpy_helper.from_array(np.array([0.0, -2.5], np.float32), "b")],
+    )  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+
+
+def test_sweep_gate_fails_an_int8_build_whose_quantized_weights_collapsed(tmp_path, monkeypatch):
+    """End to end: an INT8 build whose integer weights are all zero (its scales collapsed) gives one output for every
+    row; on a table with 95 % of rows in class 0 `qbench sweep --gate` passed it on accuracy (0.95 vs 0.956, exit 0)."""
+    import onnx
+    from onnx import numpy_helper
+
+    import qbench.variants.int8 as int8
+    from qbench.cli_app import main
+    from qbench.gate import latest_results
+    from qbench.recipe import load_recipe
+    from qbench.results import read_results
+
+    _tiny_classifier(tmp_path / "tiny.onnx")
+    logits, labels = _imbalanced()
+    features = np.random.default_rng(5).normal(size=(ROWS, 4)).clip(-2, 2).astype(np.float32)
+    features[:, 0] = logits[:, 1] + 2.5
+    table = pd.DataFrame({"x": list(features), "y": labels, "split": "eval"})
+    calibration = np.random.default_rng(6).normal(size=(300, 4)).clip(-2, 2).astype(np.float32)
+    table = pd.concat([pd.DataFrame({"x": list(calibration), "y": 0, "split": "calib"}), table], ignore_index=True)
+    table.to_parquet(tmp_path / "rows.parquet")
+    recipe = {"name": "collapsed", "task": "classification", "model": {"path": "tiny.onnx"},
+              "data": {"path": "rows.parquet", "inputs": {"x": "x"}, "label": "y",
+                       "calibration": {"filter": {"split": "calib"}, "samples": 64, "seed": 0},
+                       "evaluation": {"filter": {"split": "eval"}}},
+              "variants": [{"name": "int8", "precision": "int8", "calibrator": "minmax"}], "backends": [BACKEND],
+              "latency": {"batch_sizes": [1], "warmup": 1, "iterations": 2, "threads": 1},
+              "gate": {"metric": "accuracy", "max_drop": 0.01}}  # fmt: skip
+    (tmp_path / "qbench.yaml").write_text(yaml.safe_dump(recipe))
+    built_int8 = int8.build_int8
+
+    def collapsed(spec, ctx):
+        built = built_int8(spec, ctx)
+        model = onnx.load(built.onnx_path)
+        for tensor in model.graph.initializer:
+            values = numpy_helper.to_array(tensor)
+            if values.dtype == np.int8 and values.size > 1:
+                tensor.CopyFrom(numpy_helper.from_array(np.zeros_like(values), tensor.name))
+        onnx.save(model, built.onnx_path)
+        return built
+
+    monkeypatch.setattr(int8, "build_int8", collapsed)
+    monkeypatch.setenv("QBENCH_CACHE_DIR", str(tmp_path / "cache"))  # this build is no other test's INT8
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        code = main(["sweep", str(tmp_path / "qbench.yaml"), "--no-track", "--gate"])
+    results = read_results(latest_results(load_recipe(tmp_path / "qbench.yaml")))
+    accuracy = {name: results.find(name, BACKEND).accuracy.overall.metrics["accuracy"] for name in ("fp32", "int8")}
+    assert accuracy == {"fp32": 0.956, "int8": 0.95}  # within max_drop: the accuracy check alone passes
+    assert "BREACH int8@onnxruntime-cpu overall output_spread: its outputs vary across the 1000 rows by 0, " in stdout.getvalue()
+    assert code == EXIT_BREACH
