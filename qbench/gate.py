@@ -284,7 +284,14 @@ def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec,
                 GateCheck(variant, backend, own_scope.name, "nonfinite_outputs", float(ref_scope.nonfinite_outputs),
                           float(own_scope.nonfinite_outputs), float(extra_nonfinite), 0.0, own_scope.size, "breach")
             )  # fmt: skip
-        if not _too_small(own_scope, spec) and 0 < ref_scope.size <= ref_scope.nonfinite_outputs:
+        judged = not _too_small(own_scope, spec)
+        if judged:  # collapsed outputs, on every scope judged: one slice alone is a breach
+            collapsed, spread_problems = collapsed_outputs(ref_scope, own_scope)
+            checks += [GateCheck(variant, backend, own_scope.name, name, ref_spread, own_spread,
+                                 ref_spread - own_spread, (1 - COLLAPSED) * ref_spread, own_scope.size, "breach")
+                       for name, ref_spread, own_spread in collapsed]  # fmt: skip
+            problems += spread_problems
+        if judged and 0 < ref_scope.size <= ref_scope.nonfinite_outputs:
             problems.append(f"FP32 gives NaN/inf on all {ref_scope.size} rows of {own_scope.name}: nothing to judge "
                             "the variant against there")  # fmt: skip
             continue
@@ -303,11 +310,7 @@ def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec,
         else:
             why = _nonfinite_reference_hint(spec.metric, ref_scope) if ref_scope.nonfinite_outputs else ""
             problems.append(f"metric {spec.metric!r} is missing or NaN on {own_scope.name}{why}")
-    collapsed, spread_problems = collapsed_outputs(reference.accuracy, candidate.accuracy)
-    checks += [GateCheck(variant, backend, "overall", name, ref_spread, own_spread, ref_spread - own_spread,
-                         (1 - COLLAPSED) * ref_spread, candidate.accuracy.rows, "breach")
-               for name, ref_spread, own_spread in collapsed]  # fmt: skip
-    return checks, problems + spread_problems, small, on_spread
+    return checks, problems, small, on_spread
 
 
 def _nonfinite_reference_hint(metric: str, ref: SliceMetrics) -> str:

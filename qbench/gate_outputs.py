@@ -9,7 +9,9 @@ Collapsed outputs, a breach whatever the metric: a variant whose output is (near
 depends on its inputs, yet scores well on a metric a constant answer scores well on: accuracy on imbalanced classes
 (ties go to the first class, the majority one), an error of a constant near the mean of low-variance targets, the
 cosine of one vector with embeddings sharing a dominant direction. Such a variant is measured correctly, and broken:
-it breaches, as a variant giving NaN/inf does."""
+it breaches, as a variant giving NaN/inf does. It is judged on the scopes the gate judges its metric on: a variant can
+collapse on one slice alone (INT8 calibrated on one input regime clamps every row of another to one value), while
+the other slices' rows keep its overall spread well above a tenth of FP32's."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from collections.abc import Sequence
 from qbench.errors import QbenchError
 from qbench.gate_tolerance import Tolerances, reference_tolerances
 from qbench.recipe import GateSpec
-from qbench.results import AccuracyResult, SliceMetrics, SweepResults, VariantResult
+from qbench.results import SliceMetrics, SweepResults, VariantResult
 from qbench.validate.catalogue import OUTPUT_SEPARATOR, drop, within
 
 _UNFORMED = Tolerances(0.0, 0.0)  # a relative share of FP32's 0 cannot be formed: any drop is remarked
@@ -32,19 +34,22 @@ variant (collapsed scales, values clamped to one bound, a layer giving one value
 SPREAD_METRIC = "output_spread"
 
 
-def collapsed_outputs(reference: AccuracyResult, own: AccuracyResult) -> tuple[list[tuple[str, float, float]], list[str]]:
-    """(check name, FP32's spread, the variant's) for each evaluated output whose spread collapsed (COLLAPSED), and
-    why it cannot be told: FP32's spread is recorded and the variant's is not (results edited, or another output).
-    An output FP32 itself gives one value for (spread 0, or no finite row) has nothing to collapse; a variant with
-    NaN/inf on every row (no spread) breaches on its NaN/inf outputs."""
+def collapsed_outputs(reference: SliceMetrics, own: SliceMetrics) -> tuple[list[tuple[str, float, float]], list[str]]:
+    """On one scope (overall, or a slice: the gate passes those it judges), (check name, FP32's spread, the
+    variant's) for each evaluated output whose spread collapsed (COLLAPSED), and why it cannot be told: FP32's spread
+    is recorded and the variant's is not (results edited, or written by another qbench); where neither is recorded
+    (results from before slices had spreads) nothing is judged. An output FP32 itself gives one value for on the
+    scope (spread 0, or no finite row) has nothing to collapse; a variant with NaN/inf on every row of it (no spread)
+    breaches on its NaN/inf outputs."""
     collapsed, problems = [], []
+    where = "" if reference.name == "overall" else f" on slice {reference.name}"
     for output, ref_spread in reference.spread.items():
         if not (math.isfinite(ref_spread) and ref_spread > 0):
             continue
         name = f"{output}{OUTPUT_SEPARATOR}{SPREAD_METRIC}" if output and len(reference.spread) > 1 else SPREAD_METRIC
         if output not in own.spread:
-            problems.append(f"the results record no {name} for this variant (FP32's is {ref_spread:.4g}): written by "
-                            "another qbench, or edited")  # fmt: skip
+            problems.append(f"the results record no {name}{where} for this variant (FP32's is {ref_spread:.4g}): "
+                            "written by another qbench, or edited")  # fmt: skip
         elif own.spread[output] < COLLAPSED * ref_spread:  # NaN (no finite row) is no collapse
             collapsed.append((name, ref_spread, own.spread[output]))
     return collapsed, problems

@@ -17,10 +17,11 @@ Schema (version 1), documented in reports/README.md:
       fidelity Fidelity, evaluated_model_path (the model whose outputs were scored, when not model_path),
       accuracy AccuracyResult | null, latency LatencyResult | null, serving ServingResult | null (results_serving.py)
     Fidelity: accuracy native|emulated|unknown, latency native|emulated|unknown, method (how it was emulated)
-    AccuracyResult: rows, nonfinite_outputs, overall SliceMetrics, slices [SliceMetrics],
-      spread {output: how much it varies across the evaluation rows (metrics.spread)}
+    AccuracyResult: rows, nonfinite_outputs, overall SliceMetrics, slices [SliceMetrics]
+      (results written before spreads were per scope hold overall's as accuracy.spread: read as overall.spread)
     SliceMetrics: name, size, metrics {m: value}, intervals {m: [lo, hi]}, drops {m: drop vs FP32},
-      nonfinite_outputs, new_nonfinite_outputs, denominators {m: count its rate is a share of, when not size}
+      nonfinite_outputs, new_nonfinite_outputs, denominators {m: count its rate is a share of, when not size},
+      spread {output: how much it varies across the scope's rows (metrics.spread)}
     LatencyResult: threads, session_create_ms, first_run_ms, points [LatencyPoint]
     LatencyPoint: batch_size, warmup, iterations, p50_ms, p95_ms, p99_ms, mean_ms, items_per_s,
       window_p50_ms [..], window_p99_ms [..], spread, iqr_ratio, stable true|false|null
@@ -67,6 +68,11 @@ class SliceMetrics:
     # output's accuracy is a share of the scope's scored tokens, its kl_mean a mean over them; an embedding's
     # nn_agreement of its sampled query rows): the gate checks a rate against that count, min_slice_size counts it
     denominators: dict[str, int] = field(default_factory=dict)
+    # evaluated output -> how much it varies across the scope's rows (metrics.spread): a variant whose outputs barely
+    # vary where FP32's do no longer depends on its inputs there, whatever a metric a constant answer scores well on
+    # says (the gate's output_spread check, overall and per slice: an input regime past the calibrated range can
+    # clamp one slice's rows to one answer while the others still vary)
+    spread: dict[str, float] = field(default_factory=dict)
 
     def judged_count(self, metric: str) -> int:
         """How many units `metric`'s figure rests on, for count-based rules (min_slice_size): the scope's rows, or
@@ -81,10 +87,6 @@ class AccuracyResult:
     nonfinite_outputs: int
     overall: SliceMetrics
     slices: tuple[SliceMetrics, ...] = ()
-    # evaluated output -> how much it varies across the evaluation rows (metrics.spread): a variant whose outputs
-    # barely vary where FP32's do no longer depends on its inputs, whatever a metric a constant answer scores well
-    # on says (the gate's output_spread check)
-    spread: dict[str, float] = field(default_factory=dict)
 
     def slice(self, name: str) -> SliceMetrics | None:
         return next((s for s in self.slices if s.name == name), None)
@@ -319,19 +321,25 @@ def _slice(raw: dict[str, Any], where: str) -> SliceMetrics:
         nonfinite_outputs=int(raw["nonfinite_outputs"]),
         new_nonfinite_outputs=int(raw.get("new_nonfinite_outputs", 0)),
         denominators=_counts(raw.get("denominators")),
+        spread=figures(raw.get("spread"), "spread"),
     )  # fmt: skip
+
+
+_OVERALL_SPREAD = "spread"  # accuracy.spread: overall's spreads, as results recorded them before slices had theirs
 
 
 def _accuracy(raw: dict[str, Any] | None, where: str) -> AccuracyResult | None:
     if raw is None:
         return None
-    raw = known_fields(raw, AccuracyResult, where)
+    raw = known_fields(raw, AccuracyResult, where, extra=(_OVERALL_SPREAD,))
+    overall = _slice(raw["overall"], f"{where}.overall")
+    if _OVERALL_SPREAD in raw and not overall.spread:  # written before spreads were recorded per scope
+        overall = dataclasses.replace(overall, spread=figures(raw[_OVERALL_SPREAD], "spread"))
     return AccuracyResult(
         rows=int(raw["rows"]),
         nonfinite_outputs=int(raw["nonfinite_outputs"]),
-        overall=_slice(raw["overall"], f"{where}.overall"),
+        overall=overall,
         slices=tuple(_slice(s, f"{where}.slices[{i}]") for i, s in enumerate(raw.get("slices", []))),
-        spread=figures(raw.get("spread"), "spread"),
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,16 +17,17 @@ import yaml
 from qbench.gate import EXIT_BREACH, EXIT_PASS, EXIT_UNUSABLE, evaluate_gate
 from qbench.gate_report import check_line
 from qbench.recipe import GateSpec
-from qbench.results import SweepResults, VariantResult
+from qbench.results import SweepResults, VariantResult, from_dict, to_json
 from qbench.validate.accuracy import evaluate_accuracy
 
 BACKEND = "onnxruntime-cpu"
 ROWS = 1000
 
 
-def _results(task: str, reference: np.ndarray, outputs: np.ndarray, labels: np.ndarray | None) -> SweepResults:
+def _results(task: str, reference: np.ndarray, outputs: np.ndarray, labels: np.ndarray | None,
+             slices: dict[str, np.ndarray] | None = None) -> SweepResults:
     """FP32 and one variant 'int8-a' measured on the same rows, as a sweep records them."""
-    accuracy = {name: evaluate_accuracy(task, {"out": values}, {"out": reference}, labels, {})
+    accuracy = {name: evaluate_accuracy(task, {"out": values}, {"out": reference}, labels, slices or {})
                 for name, values in (("fp32", reference), ("int8-a", outputs))}  # fmt: skip
     variants = tuple(VariantResult(variant=name, backend=BACKEND, precision="fp32" if name == "fp32" else "int8",
                                    status="ok", accuracy=accuracy[name]) for name in ("fp32", "int8-a"))  # fmt: skip
@@ -127,7 +129,7 @@ def test_results_recording_fp32_s_spread_and_not_the_variant_s_are_unusable():
     logits, labels = _imbalanced()
     results = _results("classification", logits, logits.copy(), labels)
     variant = results.find("int8-a", BACKEND)
-    edited = replace(variant, accuracy=replace(variant.accuracy, spread={}))
+    edited = replace(variant, accuracy=replace(variant.accuracy, overall=replace(variant.accuracy.overall, spread={})))
     report = evaluate_gate(replace(results, variants=(results.find("fp32", BACKEND), edited)), ACCURACY)
     assert report.exit_code == EXIT_UNUSABLE
     assert report.problems == ("int8-a@onnxruntime-cpu: the results record no output_spread for this variant "
@@ -201,3 +203,137 @@ def test_sweep_gate_fails_an_int8_build_whose_quantized_weights_collapsed(tmp_pa
     assert accuracy == {"fp32": 0.956, "int8": 0.95}  # within max_drop: the accuracy check alone passes
     assert "BREACH int8@onnxruntime-cpu overall output_spread: its outputs vary across the 1000 rows by 0, " in stdout.getvalue()
     assert code == EXIT_BREACH
+
+
+# -- per slice: a variant can collapse on one slice alone ------------------------------------------
+
+SLICE_B = {"half=a": np.arange(ROWS) < ROWS // 2, "half=b": np.arange(ROWS) >= ROWS // 2}
+
+
+def _collapsed_on_b() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(FP32 logits, a variant's, labels): the variant gives FP32's logits on half a, and one vector on every row of
+    half b, where every label is class 0 and so is its answer: its accuracy there is FP32's, its overall spread
+    about 0.7 of FP32's."""
+    logits, labels = _imbalanced()
+    dead = logits.copy()
+    dead[SLICE_B["half=b"]] = [0.0, -2.5]
+    return logits, dead, labels
+
+
+def test_a_variant_collapsed_on_one_slice_alone_breaches_on_that_slice():
+    logits, dead, labels = _collapsed_on_b()
+    report = evaluate_gate(_results("classification", logits, dead, labels, SLICE_B), ACCURACY)
+    accuracy = {c.scope: (c.reference, c.observed, c.status) for c in report.checks if c.metric == "accuracy"}
+    assert accuracy["half=b"] == (1.0, 1.0, "pass")  # the metric sees nothing
+    assert report.exit_code == EXIT_BREACH
+    [spread] = report.breaches
+    assert (spread.scope, spread.metric, spread.observed, spread.size) == ("half=b", "output_spread", 0.0, ROWS // 2)
+    assert spread.reference == pytest.approx(float(np.sqrt(logits[ROWS // 2:].var(axis=0).sum())))
+    assert check_line(spread).startswith("BREACH int8-a@onnxruntime-cpu slice half=b output_spread: its outputs "
+                                         f"vary across the {ROWS // 2} rows by 0, FP32's by ")  # fmt: skip
+
+
+def test_a_slice_under_min_slice_size_is_not_judged_on_its_spread():
+    logits, dead, labels = _collapsed_on_b()
+    spec = ACCURACY.model_copy(update={"min_slice_size": ROWS // 2 + 1})
+    report = evaluate_gate(_results("classification", logits, dead, labels, SLICE_B), spec)
+    assert report.exit_code == EXIT_PASS and not [c for c in report.checks if c.metric == "output_spread"]
+
+
+def test_a_slice_fp32_itself_gives_one_value_on_is_not_judged():
+    logits, dead, labels = _collapsed_on_b()  # FP32 as constant on half b as the variant
+    report = evaluate_gate(_results("classification", dead, dead.copy(), labels, SLICE_B), ACCURACY)
+    assert report.exit_code == EXIT_PASS and not [c for c in report.checks if c.metric == "output_spread"]
+
+
+def test_a_slice_spread_recorded_for_fp32_and_not_for_the_variant_is_a_problem_naming_the_slice():
+    logits, dead, labels = _collapsed_on_b()
+    results = _results("classification", logits, dead, labels, SLICE_B)
+    variant = results.find("int8-a", BACKEND)
+    slices = tuple(replace(s, spread={}) for s in variant.accuracy.slices)
+    edited = replace(variant, accuracy=replace(variant.accuracy, slices=slices))
+    report = evaluate_gate(replace(results, variants=(results.find("fp32", BACKEND), edited)), ACCURACY)
+    assert report.exit_code == EXIT_UNUSABLE
+    expected = [f"int8-a@onnxruntime-cpu: the results record no output_spread on slice {name} for this variant "
+                f"(FP32's is {np.sqrt(logits[mask].var(axis=0).sum()):.4g}): written by another qbench, or edited"
+                for name, mask in SLICE_B.items()]  # fmt: skip
+    assert list(report.problems) == expected
+
+
+def test_results_written_before_slices_had_spreads_keep_overall_s_and_judge_no_slice():
+    """Such results recorded the overall spreads as accuracy.spread and none per slice: read, overall's still
+    judged (a dead variant breaches), the slices' not (nothing to judge them on, for FP32 or the variant)."""
+    logits, labels = _imbalanced()
+    raw = json.loads(to_json(_results("classification", logits, np.zeros_like(logits), labels, SLICE_B)))
+    for variant in raw["variants"]:
+        accuracy = variant["accuracy"]
+        accuracy["spread"] = accuracy["overall"].pop("spread")
+        for scope in accuracy["slices"]:
+            del scope["spread"]
+    results = from_dict(raw)
+    assert results.find("fp32", BACKEND).accuracy.overall.spread == pytest.approx(
+        {"out": float(np.sqrt(logits.var(axis=0).sum()))})
+    report = evaluate_gate(results, ACCURACY)
+    assert report.exit_code == EXIT_BREACH
+    assert [(c.scope, c.metric) for c in report.breaches] == [("overall", "output_spread")]
+
+
+def _difference_classifier(path: Path) -> None:
+    """x (rows, 2) → logits (rows, 2) = [0, x0 - x1 - 0.5]."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    weights = np.array([[0.0, 1.0], [0.0, -1.0]], np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["logits"])], "diff",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", 2])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["rows", 2])],
+        [numpy_helper.from_array(weights, "w"), numpy_helper.from_array(np.array([0.0, -0.5], np.float32), "b")],
+    )  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+
+
+@pytest.mark.parametrize("calibrated_on", ["a", "a and b"])
+def test_sweep_gate_fails_an_int8_build_that_saturates_on_one_input_regime_alone(tmp_path, monkeypatch, calibrated_on):
+    """End to end: INT8 calibrated on regime a's inputs (within [-2, 2]) clamps every input of regime b (10 to 26) to
+    one value, so it gives one answer on all of b's rows, class 0, right on 97 % of them: `qbench sweep --gate`
+    passed it (drop 0.03 within 0.05 on regime=b, its overall spread about 0.6 of FP32's). Calibrated on both
+    regimes, INT8 and FP16 vary as FP32 does on each slice, and pass."""
+    from qbench.cli_app import main
+
+    _difference_classifier(tmp_path / "diff.onnx")
+    rng = np.random.default_rng(0)
+    regime_b = rng.uniform(10, 20, size=(300, 2))
+    regime_b[:, 1] = regime_b[:, 0] + rng.uniform(0.6, 6, 300)  # x1 > x0: class 0 ...
+    regime_b[:9, 1] = regime_b[:9, 0] - 2  # ... but for 9 rows of class 1
+    features = np.concatenate([rng.uniform(-2, 2, size=(700, 2)), regime_b]).astype(np.float32)
+    regimes = ["a"] * 700 + ["b"] * 300
+    calibration = np.concatenate([rng.uniform(-2, 2, size=(200, 2)), rng.uniform(10, 26, size=(100, 2))])
+    table = pd.concat([
+        pd.DataFrame({"x": list(calibration.astype(np.float32)), "y": 0, "split": "calib", "regime": ["a"] * 200 + ["b"] * 100}),
+        pd.DataFrame({"x": list(features), "y": (features[:, 0] - features[:, 1] > 0.5).astype(np.int64), "split": "eval",
+                      "regime": regimes}),
+    ], ignore_index=True)  # fmt: skip
+    table.to_parquet(tmp_path / "rows.parquet")
+    calibration_filter = {"split": "calib", "regime": "a"} if calibrated_on == "a" else {"split": "calib"}
+    recipe = {"name": "regimes", "task": "classification", "model": {"path": "diff.onnx"},
+              "data": {"path": "rows.parquet", "inputs": {"x": "x"}, "label": "y", "slices": [{"by": "regime"}],
+                       "calibration": {"filter": calibration_filter, "samples": 300, "seed": 0},
+                       "evaluation": {"filter": {"split": "eval"}}},
+              "variants": [{"name": "fp16", "precision": "fp16"},
+                           {"name": "int8", "precision": "int8", "calibrator": "minmax"}], "backends": [BACKEND],
+              "latency": {"batch_sizes": [1], "warmup": 1, "iterations": 2, "threads": 1},
+              "gate": {"metric": "accuracy", "max_drop": 0.05, "max_slice_drop": 0.05, "applies_to": ["fp16", "int8"]}}  # fmt: skip
+    (tmp_path / "qbench.yaml").write_text(yaml.safe_dump(recipe))
+    monkeypatch.setenv("QBENCH_CACHE_DIR", str(tmp_path / "cache"))  # this build is no other test's INT8
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        code = main(["sweep", str(tmp_path / "qbench.yaml"), "--no-track", "--gate"])
+    breaches = [line for line in stdout.getvalue().splitlines() if line.startswith("BREACH")]
+    if calibrated_on == "a":
+        assert breaches == [f"BREACH int8@{BACKEND} slice regime=b output_spread: its outputs vary across the 300 rows "
+                            f"by 0, FP32's by {np.sqrt(np.var(regime_b[:, 0] - regime_b[:, 1])):.4g}: under 0.1 of "
+                            "FP32's, they no longer depend on the inputs (a constant answer)"]  # fmt: skip
+        assert code == EXIT_BREACH
+    else:
+        assert (breaches, code) == ([], EXIT_PASS)

@@ -213,14 +213,14 @@ def evaluate_accuracy(
         together = {m.name: _custom_value(m, name, mask, {o: parts[o] for o in m.outputs}, labels) for m in joint}
         merged = dataclasses.replace(merged, metrics={**merged.metrics, **together})
         return dataclasses.replace(merged, nonfinite_outputs=int(np.count_nonzero(nonfinite & mask)),
-                                   new_nonfinite_outputs=int(np.count_nonzero(new_nonfinite & mask)))  # fmt: skip
+                                   new_nonfinite_outputs=int(np.count_nonzero(new_nonfinite & mask)),
+                                   spread={output: metrics.spread(values, mask) for output, values in named.items()})  # fmt: skip
 
     return AccuracyResult(
         rows=rows,
         nonfinite_outputs=int(np.count_nonzero(nonfinite)),
         overall=summarise(OVERALL, np.ones(rows, dtype=bool)),
         slices=tuple(summarise(name, mask) for name, mask in masks.items()),
-        spread={name: metrics.spread(values) for name, values in named.items()},
     )
 
 

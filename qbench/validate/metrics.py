@@ -360,26 +360,31 @@ def max_abs_error(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(largest))
 
 
-def spread(values: np.ndarray) -> float:
+def spread(values: np.ndarray, rows: np.ndarray | None = None) -> float:
     """How much an output varies across its rows: the root of the summed variance of each value over the rows (the
-    rows' RMS distance from their mean row), over the rows whose values are all finite; NaN for none, or for values
-    that are not numbers. A constant output (every row the same) spreads 0, whatever its values."""
+    rows' RMS distance from their mean row), over the rows `rows` selects (a slice's mask; every row when None) whose
+    values are all finite; NaN for none, or for values that are not numbers. A constant output (every row the same)
+    spreads 0, whatever its values. Only the selected rows are widened, block by block: a slice costs its own rows."""
     values = np.asarray(values)
     if values.ndim == 0:
         _float_rows(values)  # the error a scalar gets
     if values.dtype.kind not in "biuf":
         return math.nan
+    chosen = np.ones(values.shape[0], dtype=bool) if rows is None else np.asarray(rows, dtype=bool)
     blocks = row_blocks(values.shape[0], _features(values))
-    finite = ~nonfinite_rows(values) if values.dtype.kind == "f" else np.ones(values.shape[0], dtype=bool)
-    count = int(np.count_nonzero(finite))
+
+    def finite_blocks():
+        for block in blocks:
+            part = _float_rows(values[block][chosen[block]])
+            yield part[np.isfinite(part).all(axis=1)]
+
+    total, count = np.zeros(_features(values)), 0  # two passes (the mean row, then squared distances): no cancellation
+    for part in finite_blocks():
+        total, count = total + part.sum(axis=0), count + part.shape[0]
     if count == 0:
         return math.nan
-    total = np.zeros(_features(values))  # two passes (the mean row, then squared distances): no cancellation
-    for block in blocks:
-        total += _float_rows(values[block])[finite[block]].sum(axis=0)
-    mean, squares = total / count, 0.0
-    for block in blocks:
-        squares += float(np.sum((_float_rows(values[block])[finite[block]] - mean) ** 2))
+    mean = total / count
+    squares = sum(float(np.sum((part - mean) ** 2)) for part in finite_blocks())
     return math.sqrt(squares / count)
 
 

@@ -386,3 +386,16 @@ def test_spread_is_the_rms_distance_of_the_finite_rows_from_their_mean_row(monke
     assert metrics.spread(np.array([3, 1, 3, 1])) == 1.0  # class ids: numbers too
     assert math.isnan(metrics.spread(np.array([[NAN], [np.inf]])))
     assert math.isnan(metrics.spread(np.array(["a", "b"])))
+
+
+def test_spread_of_a_slice_is_that_of_its_rows_alone(monkeypatch) -> None:
+    values = np.random.default_rng(0).normal(size=(50, 3)).astype(np.float32)
+    values[::2] = [1.0, 2.0, 3.0]  # the even rows: one vector
+    values[1] = NAN
+    odd = np.arange(50) % 2 == 1
+    assert metrics.spread(values, ~odd) == 0.0
+    expected = metrics.spread(values[odd])
+    assert expected > 0 and metrics.spread(values, odd) == expected
+    monkeypatch.setattr(metrics, "ROW_BLOCK_ELEMENTS", 7)  # blocks of 2 rows: the same figure
+    assert metrics.spread(values, odd) == pytest.approx(expected, rel=1e-12)
+    assert math.isnan(metrics.spread(values, np.arange(50) == 1))  # the slice's only row holds NaN
