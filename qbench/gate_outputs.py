@@ -38,9 +38,11 @@ def collapsed_outputs(reference: SliceMetrics, own: SliceMetrics) -> tuple[list[
     """On one scope (overall, or a slice: the gate passes those it judges), (check name, FP32's spread, the
     variant's) for each evaluated output whose spread collapsed (COLLAPSED), and why it cannot be told: FP32's spread
     is recorded and the variant's is not (results edited, or written by another qbench); where neither is recorded
-    (results from before slices had spreads) nothing is judged. An output FP32 itself gives one value for on the
-    scope (spread 0, or no finite row) has nothing to collapse; a variant with NaN/inf on every row of it (no spread)
-    breaches on its NaN/inf outputs."""
+    (results from before spreads were) nothing is judged. An output FP32 itself gives one value for on the scope
+    (spread 0, or no finite row) has nothing to collapse; a variant with NaN/inf on every row of it (no spread)
+    breaches on its NaN/inf outputs. Rounding keeps an output's variation unless all of it lies below the precision's
+    step for every value of the output (small probabilities keep their relative precision), so an honest variant
+    keeps nearly all of FP32's spread."""
     collapsed, problems = [], []
     where = "" if reference.name == "overall" else f" on slice {reference.name}"
     for output, ref_spread in reference.spread.items():

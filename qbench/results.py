@@ -18,7 +18,6 @@ Schema (version 1), documented in reports/README.md:
       accuracy AccuracyResult | null, latency LatencyResult | null, serving ServingResult | null (results_serving.py)
     Fidelity: accuracy native|emulated|unknown, latency native|emulated|unknown, method (how it was emulated)
     AccuracyResult: rows, nonfinite_outputs, overall SliceMetrics, slices [SliceMetrics]
-      (results written before spreads were per scope hold overall's as accuracy.spread: read as overall.spread)
     SliceMetrics: name, size, metrics {m: value}, intervals {m: [lo, hi]}, drops {m: drop vs FP32},
       nonfinite_outputs, new_nonfinite_outputs, denominators {m: count its rate is a share of, when not size},
       spread {output: how much it varies across the scope's rows (metrics.spread)}
@@ -325,20 +324,14 @@ def _slice(raw: dict[str, Any], where: str) -> SliceMetrics:
     )  # fmt: skip
 
 
-_OVERALL_SPREAD = "spread"  # accuracy.spread: overall's spreads, as results recorded them before slices had theirs
-
-
 def _accuracy(raw: dict[str, Any] | None, where: str) -> AccuracyResult | None:
     if raw is None:
         return None
-    raw = known_fields(raw, AccuracyResult, where, extra=(_OVERALL_SPREAD,))
-    overall = _slice(raw["overall"], f"{where}.overall")
-    if _OVERALL_SPREAD in raw and not overall.spread:  # written before spreads were recorded per scope
-        overall = dataclasses.replace(overall, spread=figures(raw[_OVERALL_SPREAD], "spread"))
+    raw = known_fields(raw, AccuracyResult, where)
     return AccuracyResult(
         rows=int(raw["rows"]),
         nonfinite_outputs=int(raw["nonfinite_outputs"]),
-        overall=overall,
+        overall=_slice(raw["overall"], f"{where}.overall"),
         slices=tuple(_slice(s, f"{where}.slices[{i}]") for i, s in enumerate(raw.get("slices", []))),
     )
 
