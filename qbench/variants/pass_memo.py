@@ -23,7 +23,7 @@ import onnx
 
 T = TypeVar("T")
 
-MEMO_ENTRIES = 8  # a search's distinct passes; least recently used dropped beyond this (ranges of a big model weigh MBs)
+MEMO_ENTRIES = 4  # passes held; least recently used dropped beyond (a small transformer's channel ranges: ~30 MB)
 
 
 def model_digest(model: onnx.ModelProto) -> str:

@@ -102,3 +102,14 @@ def test_what_the_memo_hands_out_cannot_change_what_it_holds() -> None:
     got["low"][0] = 7.0
     again = memo.get("k", lambda: {"low": np.ones(2)})
     assert memo.runs == 1 and again["low"].tolist() == [0.0, 0.0]
+
+
+def test_the_memo_holds_only_its_most_recent_passes() -> None:
+    memo = PassMemo(entries=2)
+    for key in ("a", "b", "a", "c"):  # "a" used again before "c": "b" is the one dropped
+        memo.get(key, lambda key=key: key)
+    assert memo.runs == 3
+    memo.get("a", lambda: "a")
+    assert memo.runs == 3
+    memo.get("b", lambda: "b")
+    assert memo.runs == 4
