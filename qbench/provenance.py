@@ -55,7 +55,7 @@ def input_files(recipe: Recipe) -> dict[str, Path]:
     if recipe.model_path is not None:
         files["model"] = recipe.model_path
         # a model that is gone has no external data to list: the gate names the model itself as gone
-        for location in _external_data(recipe.model_path) if recipe.model_path.is_file() else ():
+        for location in external_data_locations(recipe.model_path) if recipe.model_path.is_file() else ():
             files[f"{EXTERNAL_DATA_INPUT}{location}"] = recipe.model_path.parent / location
     if recipe.model.torch is not None:
         from qbench.sources.torch_model import factory_source_path
@@ -123,7 +123,7 @@ def changed_inputs(recorded: Mapping[str, Any], current: Mapping[str, Path] | No
     return InputCheck(tuple(changed), tuple(missing))
 
 
-def _external_data(model_path: Path) -> list[str]:
+def external_data_locations(model_path: Path) -> list[str]:
     """The model's external-data files; a file ONNX cannot parse has none (its own digest still counts,
     and preflight rejects it by name). Remembered while the file's identity, size and mtime stay the same:
     finding them parses the whole graph (90 MB for a small transformer), and measuring asks at every run."""
@@ -159,7 +159,7 @@ def model_sha256(path: Path) -> str:
     from qbench.digests import file_sha256
 
     digest = hashlib.sha256(file_sha256(path).encode())
-    for location in _external_data(path):
+    for location in external_data_locations(path):
         digest.update(f"{location}:{file_sha256(path.parent / location)}".encode())
     return digest.hexdigest()
 
@@ -167,7 +167,7 @@ def model_sha256(path: Path) -> str:
 def model_bytes(path: Path) -> int:
     """An ONNX model's size on disk: the model file and each of its external-data files (big models keep their
     weights there: the .onnx alone can be a few KB)."""
-    return path.stat().st_size + sum((path.parent / location).stat().st_size for location in _external_data(path))
+    return path.stat().st_size + sum((path.parent / location).stat().st_size for location in external_data_locations(path))
 
 
 def recipe_record(recipe: Recipe) -> dict[str, Any]:

@@ -63,6 +63,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def fresh_pass_memos() -> None:
+    """Every test calibrates anew (qbench.variants.pass_memo): a pass remembered from an earlier test would skip the
+    code a test patches to fail or to count. Only modules already imported are touched (imports stay light)."""
+    for name, memo in (("qbench.variants.smoothquant", "CHANNEL_RANGES"), ("qbench.variants.calibrate", "RANGES")):
+        module = sys.modules.get(name)
+        if module is not None:
+            getattr(module, memo).clear()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def isolated_qbench_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Exports and engines go to a temporary cache, never the user's ~/.cache/qbench."""

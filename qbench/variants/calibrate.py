@@ -45,6 +45,7 @@ from qbench.variants.base import Feeds
 from qbench.variants.histograms import HISTOGRAM_LIMIT, NONFINITE, UNQUANTIZED, GuardedHistogramCollector
 from qbench.variants.nonfinite_scan import nonfinite_tensors
 from qbench.variants.onnx_utils import load_model, quiet_stdout, save_model
+from qbench.variants.pass_memo import PassMemo, batches_digest
 
 METHODS: dict[str, CalibrationMethod] = {
     name: CalibrationMethod[CALIBRATORS.get(name).onnxruntime] for name in CALIBRATORS if CALIBRATORS.get(name).computes_ranges
@@ -148,7 +149,8 @@ def compute_ranges(
     (`histograms.GuardedHistogramCollector`), NaN/inf among them; MinMax skips the tensors holding NaN/inf on any
     batch too (`nonfinite_scan`: its own range would ignore NaN), and a min/max range that is not finite is dropped,
     as a quantization scale of inf would turn the tensor, and whatever reads it, into garbage; so is one reaching a mask
-    fill's magnitude, or one 0 on every row (`_representable`). All are named in `skipped`.
+    fill's magnitude, or one 0 on every row (`_representable`). All are named in `skipped`. Remembered for the same
+    file content, batches and settings (qbench.variants.pass_memo).
     """
     if method not in METHODS:
         raise QbenchError(f"calibrator {method!r} does not compute ranges; expected one of {', '.join(METHODS)}")
@@ -160,7 +162,21 @@ def compute_ranges(
         "percentile": percentile,
         "symmetric": symmetric,
     }
+    from qbench.provenance import model_sha256  # its external data too
+
     workdir.mkdir(parents=True, exist_ok=True)
+    kinds = tuple(op_types) if op_types is not None else None
+    key = ("ranges", model_sha256(model_path), batches_digest(batches), method, tuple(sorted(options.items())), kinds)
+    return RANGES.get(key, lambda: _compute_ranges(model_path, batches, method, options, op_types, workdir))
+
+
+RANGES = PassMemo()  # a static candidate, its reduce_range twin and keep-float rebuilds calibrate the same graph
+
+
+def _compute_ranges(
+    model_path: Path, batches: Sequence[Feeds], method: str, options: dict[str, Any], op_types: Sequence[str] | None,
+    workdir: Path,
+) -> Calibrated:
     skipped: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="calibrate-", dir=workdir) as tmp:
         model = load_model(model_path)
@@ -177,7 +193,8 @@ def compute_ranges(
                 ranges = TensorsData(METHODS[method], {})
             else:
                 if method != "minmax":
-                    calibrator.collector = GuardedHistogramCollector(method, symmetric, num_bins, num_quantized_bins, percentile)
+                    calibrator.collector = GuardedHistogramCollector(method, options["symmetric"], options["num_bins"],
+                                                                    options["num_quantized_bins"], options["percentile"])
                 for batch in track(batches, f"calibrating ({method})", total=len(batches)):
                     calibrator.collect_data(_FeedReader([batch]))
                 ranges = calibrator.compute_data()

@@ -378,8 +378,29 @@ def graph_digest(path: Path) -> str:
     """A digest of what a model computes: nodes (op, domain, tensors, attributes), initializers, I/O, opsets.
 
     Names of nodes, doc strings, value_info and metadata are left out, so two files that
-    compute the same graph get the same digest (the sweep then measures it once).
+    compute the same graph get the same digest (the sweep then measures it once). Remembered while the model file
+    and its external-data files keep their identity, size and modification time and were last written well before
+    (qbench.digests.file_key): the INT8 search and the sweep's plan each digest the FP32 model, which parses it whole.
     """
+    from qbench.digests import file_key
+    from qbench.provenance import external_data_locations
+
+    keys = [file_key(path), *(file_key(path.parent / location) for location in external_data_locations(path))]
+    key = tuple(k for k, _ in keys)
+    if key in _GRAPH_DIGESTS:
+        return _GRAPH_DIGESTS[key]
+    digest = _graph_digest(path)
+    if all(settled for _, settled in keys):
+        if len(_GRAPH_DIGESTS) >= 64:
+            _GRAPH_DIGESTS.clear()
+        _GRAPH_DIGESTS[key] = digest
+    return digest
+
+
+_GRAPH_DIGESTS: dict[tuple[Any, ...], str] = {}
+
+
+def _graph_digest(path: Path) -> str:
     model = load_model(path)
     digest = hashlib.sha256()
     for opset in sorted((o.domain, o.version) for o in model.opset_import):

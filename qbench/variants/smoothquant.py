@@ -41,6 +41,7 @@ from qbench.variants.linear_qdq import (
     fake_quantize_weight,
 )
 from qbench.variants.onnx_utils import save_model
+from qbench.variants.pass_memo import PassMemo, batches_digest, model_digest
 
 # LayerNorm-like ops, output 0 = normalized * scale (+ bias) over the last axis: op -> (scale input, bias input)
 _NORMS: dict[str, tuple[int, int | None]] = {
@@ -150,6 +151,9 @@ def held_back(batch: int, batches: int) -> bool | None:
     return None if batches < 2 else batch % 2 == 1
 
 
+CHANNEL_RANGES = PassMemo()  # SmoothQuant dynamic and static builds of one model collect the same ranges
+
+
 def collect_channel_ranges(
     model: onnx.ModelProto, tensors: Sequence[str], batches: Sequence[Feeds], tmp: Path, sample_rows: int = 0
 ) -> dict[str, ChannelRange]:
@@ -157,8 +161,15 @@ def collect_channel_ranges(
 
     Graph inputs among `tensors` are read from the feeds themselves. With `sample_rows`, each range also
     keeps about that many rows, spread evenly over the batches held back (`held_back`), and the range of
-    the others.
+    the others. Remembered for the same graph, tensors, batches and `sample_rows` (qbench.variants.pass_memo).
     """
+    key = ("channel ranges", model_digest(model), tuple(tensors), batches_digest(batches), sample_rows)
+    return CHANNEL_RANGES.get(key, lambda: _collect_channel_ranges(model, tensors, batches, tmp, sample_rows))
+
+
+def _collect_channel_ranges(
+    model: onnx.ModelProto, tensors: Sequence[str], batches: Sequence[Feeds], tmp: Path, sample_rows: int
+) -> dict[str, ChannelRange]:
     judged_batches = sum(held_back(i, len(batches)) is not False for i in range(len(batches)))
     per_batch = -(-sample_rows // max(judged_batches, 1))
     graph_inputs = {value.name for value in model.graph.input}

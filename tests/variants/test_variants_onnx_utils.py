@@ -103,6 +103,28 @@ def test_a_graph_with_a_string_initializer_has_one_digest(tmp_path) -> None:
     assert len(set(digests)) == 1 and graph_digest(paths["copy"]) == digests[0] != graph_digest(paths["other"])
 
 
+def test_a_settled_model_is_parsed_once_for_its_graph_digest(tmp_path, monkeypatch) -> None:
+    """The search and the sweep's plan both digest the FP32 model (a parse of every byte): a file unchanged since well
+    before is parsed once; rewritten (other content, same path) it is digested anew, and a file written moments ago is
+    never remembered (its time stamp could survive a rewrite)."""
+    from qbench.variants.onnx_utils import graph_digest
+
+    loads: list[Path] = []
+    original = onnx_utils.load_model
+    monkeypatch.setattr(onnx_utils, "load_model", lambda path: loads.append(path) or original(path))
+    path = tmp_path / "model.onnx"
+    onnx.save(_string_table_model(["cat", "dog"]), str(path))
+    fresh = [graph_digest(path) for _ in range(2)]
+    assert len(loads) == 2  # written just now: not remembered
+    past = path.stat().st_mtime_ns - 60_000_000_000
+    os.utime(path, ns=(past, past))
+    settled = [graph_digest(path) for _ in range(3)]
+    assert len(loads) == 3 and settled == fresh[:1] * 3
+    onnx.save(_string_table_model(["cat", "dot"]), str(path))
+    os.utime(path, ns=(past - 1, past - 1))  # another content, even with a settled time of its own
+    assert graph_digest(path) != fresh[0] and len(loads) == 4
+
+
 def _half_written(monkeypatch: pytest.MonkeyPatch) -> None:
     """onnx.save_model on a disk that fills up: half the model's bytes reach the file it writes, then ENOSPC."""
 
