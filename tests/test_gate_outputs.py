@@ -137,20 +137,25 @@ def test_results_recording_fp32_s_spread_and_not_the_variant_s_are_unusable():
                                "qbench, or edited",)  # fmt: skip
 
 
-def _tiny_classifier(path: Path) -> None:
-    """x (rows, 4) → logits (rows, 2) = [0.01 * (x1 + x2 + x3), x0 - 2.5]."""
+def _linear_classifier(path: Path, weights: np.ndarray, bias: np.ndarray) -> None:
+    """x (rows, features) → logits (rows, 2) = x @ weights + bias, saved at `path`."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    weights = np.zeros((4, 2), np.float32)
-    weights[0, 1], weights[1:, 0] = 1.0, 0.01
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["logits"])], "tiny",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", 4])],
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["logits"])], "linear",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", weights.shape[0]])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["rows", 2])],
-        [numpy_helper.from_array(weights, "w"), numpy_helper.from_array(np.array([0.0, -2.5], np.float32), "b")],
+        [numpy_helper.from_array(weights, "w"), numpy_helper.from_array(bias, "b")],
     )  # fmt: skip
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+
+
+def _tiny_classifier(path: Path) -> None:
+    """x (rows, 4) → logits (rows, 2) = [0.01 * (x1 + x2 + x3), x0 - 2.5]."""
+    weights = np.zeros((4, 2), np.float32)
+    weights[0, 1], weights[1:, 0] = 1.0, 0.01
+    _linear_classifier(path, weights, np.array([0.0, -2.5], np.float32))
 
 
 def test_sweep_gate_fails_an_int8_build_whose_quantized_weights_collapsed(tmp_path, monkeypatch):
@@ -279,17 +284,7 @@ def _spread(values: np.ndarray) -> float:
 
 def _difference_classifier(path: Path) -> None:
     """x (rows, 2) → logits (rows, 2) = [0, x0 - x1 - 0.5]."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    weights = np.array([[0.0, 1.0], [0.0, -1.0]], np.float32)
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["logits"])], "diff",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", 2])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["rows", 2])],
-        [numpy_helper.from_array(weights, "w"), numpy_helper.from_array(np.array([0.0, -0.5], np.float32), "b")],
-    )  # fmt: skip
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    _linear_classifier(path, np.array([[0.0, 1.0], [0.0, -1.0]], np.float32), np.array([0.0, -0.5], np.float32))
 
 
 @pytest.mark.parametrize("calibrated_on", ["a", "a and b"])
