@@ -34,6 +34,7 @@ from qbench.gate_notes import (
     nonfinite_reference,
     rounded_reference,
     tolerance_notes,
+    ungated,
     unlowered,
 )
 from qbench.gate_outputs import COLLAPSED, collapsed_outputs, other_output_notes
@@ -232,7 +233,7 @@ def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[st
         gated=tuple(f"{v}@{b}" for v, b in gated),
         unresolved=tuple(small_passes), unresolved_on_spread=on_spread,
         notes=(*unresolved_notes, *tolerance_notes(results, spec, gated), *other_output_notes(results, spec, gated),
-               *unlowered(results, gated), *chosen_on_judged_rows(results, gated),
+               *unlowered(results, gated), *ungated(results, spec, gated), *chosen_on_judged_rows(results, gated),
                *fitted_on_judged_rows(results, gated), *nonfinite_reference(results, gated),
                *rounded_reference(results, gated),
                *mixed_timing_machines(results),

@@ -110,3 +110,14 @@ def unlowered(results: SweepResults, pairs: Sequence[tuple[str, str]]) -> list[s
             notes.append(f"{variant}@{backend} computes in {reference.precision} ({why}): its pass says nothing about "
                          f"{found.precision}")  # fmt: skip
     return notes
+
+
+def ungated(results: SweepResults, spec: GateSpec, gated: Sequence[tuple[str, str]]) -> list[str]:
+    """One note naming the variants that ran but that gate.applies_to leaves out, with their precision: the verdict
+    says nothing of them, and an INT8 build named outside the globs (`quant-a` beside `int8-*`) is otherwise missed."""
+    judged = set(gated)
+    left = [f"{v.key} ({v.precision})" for v in results.variants
+            if v.variant != results.reference and v.status == "ok" and (v.variant, v.backend) not in judged]  # fmt: skip
+    if not left:
+        return []
+    return [f"not judged by this gate (gate.applies_to: {', '.join(spec.applies_to)}): {', '.join(left)}"]

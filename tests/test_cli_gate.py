@@ -90,7 +90,9 @@ def test_default_output_is_the_breaches_then_one_summary_line(project, capsys):
     lines = _without_timing_notes(capsys.readouterr().out)
     scopes = strict_breach_scopes(project)
     assert lines[-1] == expected_strict_summary(project)
-    breaches = lines[1:-1]
+    notes = [line for line in lines[1:-1] if line.startswith("gate note: ")]
+    assert notes == [f"gate note: not judged by this gate (gate.applies_to: int8-*): fp16@{BACKEND} (fp16)"]
+    breaches = [line for line in lines[1:-1] if line not in notes]
     assert len(breaches) == len(scopes) == 4
     assert all(line.startswith(f"BREACH int8-minmax@{BACKEND} ") and "> tolerance 0.0000" in line for line in breaches)
     assert lines[0].startswith("gate on tumour-mlp (")
@@ -153,7 +155,7 @@ def test_junit_and_json_are_written_on_a_breach_with_matching_counts(project, tm
     assert main(["gate", str(project.recipe(STRICT)), "--junit", str(junit), "--json", str(report)]) == 1
     root = ET.parse(junit).getroot()
     assert [root.get(k) for k in ("tests", "failures", "errors", "skipped")] == ["4", "4", "0", "0"]
-    [suite] = root.findall("testsuite")
+    [suite] = [s for s in root.findall("testsuite") if s.get("name") != "results"]  # "results": the gate's notes
     assert suite.get("name") == f"int8-minmax@{BACKEND}"
     assert [c.get("name") for c in suite.findall("testcase")] == [f"{s}: max_abs_error" for s in strict_breach_scopes(project)]
     loaded = json.loads(report.read_text())

@@ -71,6 +71,21 @@ def test_a_variant_that_computes_as_the_reference_passes_with_a_note_saying_so()
                                  "int8): its pass says nothing about int8" for name in ("tree", "c", "e"))  # fmt: skip
 
 
+def test_variants_the_applies_to_globs_leave_out_are_named_in_a_note():
+    """An INT8 build named outside gate.applies_to ('quant-a' beside 'int8-*') breaches nothing because nothing judges
+    it: the verdict stands on what was judged, and a note names every variant left out with its precision."""
+    outside = variant("quant-a", 0.50, {"noisy": 0.40, "clean": 0.60})
+    failed_outside = variant("quant-b", 0.0, {}, status="failed")
+    report = evaluate_gate(sweep(REFERENCE, variant("int8-a", 0.95, {"noisy": 0.90, "clean": 0.99}), outside,
+                                 failed_outside), SPEC)  # fmt: skip
+    assert report.exit_code == EXIT_PASS
+    assert report.status_of("quant-a", "onnxruntime-cpu") == "not gated"
+    assert report.notes == ("not judged by this gate (gate.applies_to: int8-*): quant-a@onnxruntime-cpu (int8)",)
+    every = evaluate_gate(sweep(REFERENCE, variant("int8-a", 0.95, {"noisy": 0.90, "clean": 0.99}), outside),
+                          SPEC.model_copy(update={"applies_to": ["*"]}))  # fmt: skip
+    assert every.exit_code == EXIT_BREACH and every.notes == ()
+
+
 def test_a_backend_timed_on_machines_of_several_kinds_is_a_note():
     """A cluster timed FP32 on one kind of node and INT8 on another: accuracy is judged as ever, and the note says
     their latencies cannot be compared."""
