@@ -33,6 +33,7 @@ from qbench.backends.gpu_monitor import GpuMonitor
 from qbench.backends.torch_state import module_state
 from qbench.backends.torch_trace import (
     compute_dtypes,
+    lowered_count,
     mixed_precision_label,
     product_dtypes,
     quantized_products_label,
@@ -224,7 +225,7 @@ class TorchRunner:
             else:
                 ops = product_dtypes(lambda: module(*self._last_inputs))
                 kernels += quantized_products_label(self._counted, ops)
-        return {"lowered_ops": sum(ops.get(self._counted, {}).values()), "kernels": kernels}
+        return {"lowered_ops": lowered_count(self._counted, ops), "kernels": kernels}
 
     def result_fields(self, description: Mapping[str, Any]) -> dict[str, Any]:
         """What the result records of the module that ran, in place of the variant's ONNX file (which it did not

@@ -85,15 +85,30 @@ def _count_ops(
     return ops
 
 
+# 8-bit integer products take their activations signed or unsigned, as the CPU's kernels prefer (torchao's dynamic
+# INT8 feeds torch._int_mm uint8 activations on some x86 CPUs): both are the variant's INT8
+_SAME_PRECISION = {"int8": frozenset({"int8", "uint8"})}
+
+
+def computes_in(dtype: str, counted: str) -> bool:
+    """Whether a product whose first input is `dtype` ran in the variant's `counted` type."""
+    return dtype in _SAME_PRECISION.get(counted, frozenset({counted}))
+
+
+def lowered_count(counted: str, ops: dict[str, Counter[str]]) -> int:
+    """How many of `ops` (per dtype) ran in the variant's `counted` type."""
+    return sum(sum(names.values()) for d, names in ops.items() if computes_in(d, counted))
+
+
 def quantized_products_label(dtype: str, products: dict[str, Counter[str]]) -> str:
     """From `product_dtypes`, what of a quantized torch form's matrix products did not run in `dtype` ("" when all
     did): '; matrix products: 1 of 2 in int8, 1 left in float32 (matmul)'."""
     counts = {d: sum(names.values()) for d, names in products.items()}
-    others = sorted(d for d in counts if d != dtype)
+    others = sorted(d for d in counts if not computes_in(d, dtype))
     if not others:
         return ""
     left = ", ".join(f"{counts[d]} left in {d} ({', '.join(sorted(products[d])[:5])})" for d in others)
-    return f"; matrix products: {counts.get(dtype, 0)} of {sum(counts.values())} in {dtype}, {left}"
+    return f"; matrix products: {lowered_count(dtype, products)} of {sum(counts.values())} in {dtype}, {left}"
 
 
 def mixed_precision_label(precision: str, dtype: str, ops: dict[str, Counter[str]]) -> str:

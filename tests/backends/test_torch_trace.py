@@ -142,3 +142,17 @@ def test_a_recurrent_layer_torchao_left_float_is_said_in_the_int8_label(onnx_pat
     assert description["lowered_ops"] == 1  # the head
     assert "1 of 1 linear layers); matrix products: 1 of " in description["kernels"]
     assert " in int8, " in description["kernels"] and " left in float32 (" in description["kernels"]
+
+
+def test_unsigned_8_bit_products_count_as_the_int8_form_computing_in_int8() -> None:
+    """torchao's dynamic INT8 feeds torch._int_mm unsigned activations on some x86 CPUs: those products ran in 8-bit
+    integers, so the form lowered them (it is no float32 model, and the label names only what stayed float)."""
+    from collections import Counter
+
+    from qbench.backends.torch_trace import lowered_count, quantized_products_label
+
+    products = {"uint8": Counter({"_int_mm": 2}), "float32": Counter({"matmul": 1})}
+    assert lowered_count("int8", products) == 2
+    assert quantized_products_label("int8", products) == "; matrix products: 2 of 3 in int8, 1 left in float32 (matmul)"
+    assert quantized_products_label("int8", {"uint8": Counter({"_int_mm": 2})}) == ""
+    assert lowered_count("float8_e4m3fn", products) == 0  # only INT8 takes either sign
