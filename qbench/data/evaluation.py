@@ -104,7 +104,7 @@ def load_data_table(
     dialect = CsvDialect(delimiter=data.csv.delimiter, decimal=data.csv.decimal, thousands=data.csv.thousands)
     return load_table(path, recipe_file=recipe_file, field=field, text_columns=kept, list_columns=_list_columns(data),
                       verbatim_columns=data.fed_columns, csv_dialect=dialect,
-                      value_columns=[*data.inputs, *data.label_columns])  # fmt: skip
+                      value_columns=[*data.inputs, *data.label_columns], encoding=data.encoding)  # fmt: skip
 
 
 def evaluation_rows(table: pd.DataFrame, data: DataSpec, *, recipe_file: Path, calibrated: bool) -> EvaluationRows:

@@ -90,15 +90,16 @@ def grouped_number(thousands: str, decimal: str | None, *, fraction: str = "?") 
 
 def read_csv(
     path: Path, dialect: CsvDialect = CsvDialect(), text_columns: Collection[str] = (),
-    list_columns: Collection[str] = (), verbatim_columns: Collection[str] = (),
+    list_columns: Collection[str] = (), verbatim_columns: Collection[str] = (), encoding: str | None = None,
 ) -> pd.DataFrame:  # fmt: skip
     """Only an empty cell is missing in a text column ("NA" is Namibia, "None" a category); in a column of numbers,
     an empty cell or a missing-number text (MISSING_NUMBER_TEXT) is NaN. `text_columns` are read as text whatever
     their cells look like: read as numbers, "007" and "7" would be one value, named 7. In a file with decimal
     commas, a text column's cells that write a number ('0,5') read as that number written with a point ('0.5', as
     the same table in Parquet names it: slice names and filters see one table whatever its format), except in
-    `verbatim_columns` (the text fed to the model, kept as written)."""
-    encoding = text_encoding(path)
+    `verbatim_columns` (the text fed to the model, kept as written). `encoding` is the file's where no byte order
+    mark says (None: UTF-8)."""
+    encoding = text_encoding(path, encoding)
     delimiter = dialect.delimiter_for(path)
     header = check_csv_records(path, encoding, delimiter)
     names = column_names(header)
