@@ -72,7 +72,28 @@ class CsvDialect:
 
 
 # what spreadsheets, R and databases write for a missing number
-MISSING_NUMBER_TEXT = frozenset({"NA", "N/A", "n/a", "NaN", "nan", "-nan", "NULL", "null", "None", "<NA>", "#N/A", "#NA"})
+MISSING_NUMBER_TEXT = frozenset({"NA", "N/A", "n/a", "NaN", "nan", "-nan", "NULL", "null", "None", "<NA>", "#NA"})
+
+SPREADSHEET_ERRORS = frozenset({"#N/A", "#DIV/0!", "#VALUE!", "#REF!", "#NAME?", "#NUM!", "#NULL!", "#SPILL!", "#CALC!",
+                                "#FIELD!", "#BLOCKED!", "#CONNECT!", "#BUSY!", "#UNKNOWN!", "#GETTING_DATA", "#ERROR!"})
+"""What Excel, Google Sheets and LibreOffice write where a formula failed (#N/A too: a lookup that found nothing):
+no value, and not a missing one either, so never read as NaN, a class, a slice or text fed to a model."""
+
+
+def spreadsheet_error(df: pd.DataFrame, columns: Collection[str]) -> tuple[int, str, str] | None:
+    """The first cell (row position, column, cell) of `columns` that is a spreadsheet error (SPREADSHEET_ERRORS,
+    spaces around it aside), in row order; None when there is none."""
+    found: list[tuple[int, str, str]] = []
+    for column in (name for name in dict.fromkeys(columns) if name in df.columns):
+        cells = df[column]
+        if not (pd.api.types.is_object_dtype(cells) or pd.api.types.is_string_dtype(cells)):
+            continue
+        flagged = cells.map(lambda cell: isinstance(cell, str) and cell.strip() in SPREADSHEET_ERRORS,
+                            na_action="ignore")  # fmt: skip
+        errors = flagged.to_numpy(dtype=bool, na_value=False).nonzero()[0]
+        if len(errors):
+            found.append((int(errors[0]), column, str(cells.iloc[errors[0]])))
+    return min(found, default=None)
 
 DECIMAL_COMMA_NUMBER = re.compile(r"-?[0-9]+,[0-9]+")
 """A number written with a decimal comma, as a spreadsheet in such a locale exports it: '0,5', '-12,25'."""
