@@ -228,7 +228,7 @@ def _date_kind(values: pd.Series) -> str | None:
 def _check_date_operand(values: pd.Series, op: str, operand: str, *, field: str, recipe_file: Path) -> None:
     """A text operand of a comparison must be a date: `lt: 'b'` on a column of names compares nothing qbench orders
     (text is never compared letter by letter), and was refused as if 'b' were a date."""
-    if iso_time(operand) is not None:
+    if _iso_time(operand) is not None:
         return
     _check_not_a_local_date(operand, field=field, recipe_file=recipe_file)
     raise RecipeError(recipe_file, field, (
@@ -282,7 +282,7 @@ ISO_TIME = re.compile(r"\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?
 in one locale and 3 January in another."""
 
 
-def iso_time(text: str) -> pd.Timestamp | None:
+def _iso_time(text: str) -> pd.Timestamp | None:
     """`text` as a timestamp when it is an ISO 8601 date or time (ISO_TIME), else None."""
     if not ISO_TIME.fullmatch(text):
         return None
@@ -314,9 +314,9 @@ def _dates_in_text(values: pd.Series, wanted: Sequence[Any], *, field: str, reci
     times = _iso_times(values, field=field, recipe_file=recipe_file) if texts else None
     if times is None:
         return np.zeros(len(values), dtype=bool)
-    dates = [v for v in texts if iso_time(v) is not None]
+    dates = [v for v in texts if _iso_time(v) is not None]
     if len(dates) < len(texts):
-        other = next(v for v in texts if iso_time(v) is None)
+        other = next(v for v in texts if _iso_time(v) is None)
         _check_not_a_local_date(other, field=field, recipe_file=recipe_file)
         raise RecipeError(recipe_file, field, f"got {other!r}: column {values.name!r} holds ISO 8601 dates or times; "
                                               "expected a date such as '2024-01-31'")  # fmt: skip
@@ -331,7 +331,7 @@ def _as_date(values: pd.Series, operand: Any, kind: str, *, field: str, recipe_f
     expected = f"column {values.name!r} holds {kind}s; expected a {kind} written as text such as {example}"
     if not isinstance(operand, str):
         raise RecipeError(recipe_file, field, f"got {operand!r}: {expected}")
-    parsed = iso_time(operand)
+    parsed = _iso_time(operand)
     if parsed is None:
         _check_not_a_local_date(operand, field=field, recipe_file=recipe_file)
         raise RecipeError(recipe_file, field, f"got {operand!r}: {expected}")
