@@ -13,6 +13,7 @@ Also `path_field`, the recipe's path fields: a string in the YAML, relative to t
 
 from __future__ import annotations
 
+import codecs
 import unicodedata
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -168,6 +169,10 @@ class DataSpec(_Strict):
     evaluation: EvaluationSpec = EvaluationSpec()
     slices: list[SliceSpec] = []
     csv: CsvSpec = CsvSpec()
+    encoding: str | None = Field(
+        None, description="the text encoding of CSV/TSV and JSON lines files without a byte order mark (cp1252, "
+        "latin-1, utf-16, ...); default UTF-8 (a byte order mark is read whatever this says)",
+    )
     nonfinite_inputs: Literal["error", "drop", "keep"] = Field(
         "error", description="rows whose input columns hold NaN/inf: error (default), drop them, or keep them (a model "
         "that reads NaN as missing; counted in results, each such column a `missing:<column>` slice)",
@@ -191,6 +196,17 @@ class DataSpec(_Strict):
                                  "columns of the labels in the order of the model's output columns")  # fmt: skip
         return v
 
+    @field_validator("encoding")
+    @classmethod
+    def _known_codec(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                codecs.lookup(v)
+            except LookupError:
+                raise ValueError(f"got {v!r}, which names no text encoding Python knows; expected one such as utf-8, "
+                                 "cp1252, latin-1 or utf-16") from None
+        return v
+
     @field_validator("classes")
     @classmethod
     def _classes_distinct(cls, v: list[str | int] | None) -> list[str | int] | None:
@@ -199,13 +215,16 @@ class DataSpec(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _csv_for_a_csv_file(self) -> DataSpec:
-        """`csv:` describes CSV/TSV files: set beside none (a Parquet path), it would be ignored silently."""
+    def _file_options_for_their_files(self) -> DataSpec:
+        """`csv:` describes CSV/TSV files, `encoding:` CSV/TSV/JSONL ones: set beside none (a Parquet path), either
+        would be ignored silently."""
         paths = [self.path, *([self.calibration.path] if self.calibration.path is not None else [])]
-        if "csv" in self.model_fields_set and not any(_is_text_table(p) for p in paths):
-            raise ValueError(f"csv: describes .csv/.tsv files, but data.path is {self.path.name}"
-                             f"{' and data.calibration.path ' + self.calibration.path.name if self.calibration.path else ''}; "
-                             "remove it")  # fmt: skip
+        for option, kinds, fits in (("csv", ".csv/.tsv", _is_text_table),
+                                    ("encoding", ".csv/.tsv/.jsonl/.ndjson", _is_text_file)):  # fmt: skip
+            if option in self.model_fields_set and getattr(self, option) is not None and not any(fits(p) for p in paths):
+                calibration = f" and data.calibration.path {paths[1].name}" if len(paths) > 1 else ""
+                raise ValueError(f"{option}: describes {kinds} files, but data.path is {self.path.name}{calibration}; "
+                                 "remove it")
         return self
 
     @property
@@ -229,6 +248,11 @@ class DataSpec(_Strict):
                 raise ValueError(f"{column}.tokenizer.pair: got {column!r}, the text column itself; expected the "
                                  "column of each row's second text")  # fmt: skip
         return v
+
+
+def _is_text_file(path: Path) -> bool:
+    """A CSV, TSV or JSON lines file, compressed or not."""
+    return _is_text_table(path) or any(suffix.lower() in (".jsonl", ".ndjson") for suffix in path.suffixes[-2:])
 
 
 def _is_text_table(path: Path) -> bool:

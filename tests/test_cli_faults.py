@@ -365,14 +365,25 @@ def test_a_utf16_csv_with_its_byte_order_mark_is_read(project, tmp_path, capsys)
     assert "229 evaluation rows, 64 calibration rows, 3 slices" in capsys.readouterr().out
 
 
-def test_a_csv_in_another_encoding_is_refused_naming_the_expected_one(project, tmp_path, capsys):
+def test_a_csv_in_another_encoding_is_refused_naming_where_and_the_field_then_read_as_declared(
+    project, tmp_path, capsys
+) -> None:  # fmt: skip
     table = _table(project)
     table["band"] = table["band"].str.replace("small", "smäll")
     table.to_csv(tmp_path / "rows.csv", index=False, encoding="latin-1")
+    raw = (tmp_path / "rows.csv").read_bytes()
+    offset = raw.index("ä".encode("latin-1"))
+    line = raw[:offset].count(b"\n") + 1
     recipe = recipe_reading(project, tmp_path, data="rows.csv")
     assert main(["validate", str(recipe)]) == 2
-    assert error_line(capsys) == (f"error: {recipe}: data.path: cannot read rows.csv: it is not utf-8 text; expected "
-                                  "UTF-8 (or UTF-16 with a byte order mark)")  # fmt: skip
+    assert error_line(capsys) == (f"error: {recipe}: data.path: cannot read rows.csv: line {line} (byte {offset}: 0xe4) "
+                                  "is not utf-8 text; set data.encoding to the encoding the file was written in "
+                                  "(cp1252 for most Windows and Excel exports, latin-1, utf-16, ...)")  # fmt: skip
+    raw_recipe = yaml.safe_load(recipe.read_text())
+    raw_recipe["data"]["encoding"] = "latin-1"
+    recipe.write_text(yaml.safe_dump(raw_recipe, sort_keys=False))
+    assert main(["validate", str(recipe)]) == 0
+    assert "band=smäll" in capsys.readouterr().out
 
 
 def test_an_export_to_a_destination_that_is_no_folder_is_one_line(project, capsys):

@@ -12,6 +12,7 @@ class or a text fed to the model.
 from __future__ import annotations
 
 import bz2
+import codecs
 import csv
 import gzip
 import lzma
@@ -103,14 +104,45 @@ def _csv_header(path: Path, encoding: str, delimiter: str, rest: Callable[[Any],
 
 
 _BYTE_ORDER_MARKS = ((b"\xef\xbb\xbf", "utf-8-sig"), (b"\xff\xfe", "utf-16"), (b"\xfe\xff", "utf-16"))
+_MARKED = {"utf-8-sig": ("utf-8", "utf-8-sig"), "utf-16": ("utf-16", "utf-16-le", "utf-16-be")}
+"""The encodings a declared `data.encoding` may name for a file starting with each byte order mark (codecs names)."""
 
 
-def text_encoding(path: Path) -> str:
-    """How a text table is encoded: UTF-8, or what its byte order mark says (a spreadsheet's "Unicode text" export
-    is UTF-16 with one). Text in another encoding fails to decode, and the error names the file and UTF-8."""
+def text_encoding(path: Path, declared: str | None = None) -> str:
+    """How a text table is encoded: its byte order mark's encoding (a spreadsheet's "Unicode text" export is UTF-16
+    with one), else `declared` (the recipe's `data.encoding`), else UTF-8. A declared encoding other than the mark's
+    is a ValueError: the mark's bytes would be read as text ('ï»¿' before the first column's name)."""
     with open_data(path) as handle:
         start = handle.read(3)
-    return next((encoding for mark, encoding in _BYTE_ORDER_MARKS if start.startswith(mark)), "utf-8")
+    marked = next((encoding for mark, encoding in _BYTE_ORDER_MARKS if start.startswith(mark)), None)
+    if marked is None:
+        return declared or "utf-8"
+    if declared is not None and codecs.lookup(declared).name not in _MARKED[marked]:
+        shown = "UTF-8" if marked == "utf-8-sig" else "UTF-16"
+        raise ValueError(f"it starts with a {shown} byte order mark, but data.encoding is {declared!r}; expected "
+                         f"data.encoding: {_MARKED[marked][0]} for this file, or none (the mark is read)")
+    return marked
+
+
+def undecodable_at(path: Path, encoding: str) -> str:
+    """Where a text table stops being `encoding` text: 'line 3 (byte 57: 0xe9)', counting lines from 1 and bytes
+    (of the decompressed file) from 0; '' when it decodes (the error came from elsewhere)."""
+    decoder = codecs.getincrementaldecoder(encoding)(errors="strict")
+    fed, lines = 0, 1
+    with open_data(path) as handle:
+        while chunk := handle.read(1 << 20):
+            state = decoder.getstate()
+            try:
+                lines += decoder.decode(chunk).count("\n")
+            except UnicodeDecodeError as exc:
+                before = codecs.getincrementaldecoder(encoding)(errors="strict")
+                before.setstate(state)
+                buffered = len(state[0])
+                lines += before.decode(chunk[: max(exc.start - buffered, 0)]).count("\n")
+                offset = fed - buffered + exc.start
+                return f"line {lines} (byte {offset}: 0x{exc.object[exc.start]:02x})"
+            fed += len(chunk)
+    return ""
 
 
 def is_unnamed(name: str) -> bool:

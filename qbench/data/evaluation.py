@@ -24,7 +24,7 @@ from qbench.data.load import load_table, table_name
 from qbench.data.nonfinite import NonfiniteMasks, check_finite, drop_nonfinite, missing_slices, nonfinite_masks
 from qbench.data.sampling import draw_calibration_sample, warn_thin_sample
 from qbench.data.slices import slice_masks
-from qbench.data.text_tables import CsvDialect
+from qbench.data.text_tables import CsvDialect, spreadsheet_error
 from qbench.errors import RecipeError
 from qbench.modelinfo import TensorMeta
 from qbench.recipe_data import DataSpec, TextInputSpec
@@ -102,9 +102,24 @@ def load_data_table(
     inputs and the label read as a CSV file's are (a Parquet string column of '-1.5' or '[0, 1]' as numbers, lists)."""
     kept = text_columns(data, label_names=label_names, model_inputs=model_inputs)
     dialect = CsvDialect(delimiter=data.csv.delimiter, decimal=data.csv.decimal, thousands=data.csv.thousands)
-    return load_table(path, recipe_file=recipe_file, field=field, text_columns=kept, list_columns=_list_columns(data),
-                      verbatim_columns=data.fed_columns, csv_dialect=dialect,
-                      value_columns=[*data.inputs, *data.label_columns])  # fmt: skip
+    table = load_table(path, recipe_file=recipe_file, field=field, text_columns=kept, list_columns=_list_columns(data),
+                       verbatim_columns=data.fed_columns, csv_dialect=dialect,
+                       value_columns=[*data.inputs, *data.label_columns], encoding=data.encoding)  # fmt: skip
+    error = spreadsheet_error(table, read_columns(data))
+    if error is not None:
+        row, column, cell = error
+        raise RecipeError(recipe_file, field, f"{table_name(table)} row {row}, column {column!r}, holds {cell!r}, "
+                                              "a spreadsheet error (a formula that failed); expected a value: fix "
+                                              "the formula, or leave the cell empty for a missing value")  # fmt: skip
+    return table
+
+
+def read_columns(data: DataSpec) -> tuple[str, ...]:
+    """Every column the recipe's `data` section reads: the inputs' (pairs' second texts too), the label's, the slices'
+    and the calibration's strata, and the columns its filters name."""
+    filters = [data.evaluation.filter, data.calibration.filter, *(spec.filter for spec in data.slices)]
+    columns = [*data.fed_columns, *data.label_columns, *text_columns(data, label_names=False)]
+    return tuple(dict.fromkeys([*columns, *(column for flt in filters for column in flt or {})]))
 
 
 def evaluation_rows(table: pd.DataFrame, data: DataSpec, *, recipe_file: Path, calibrated: bool) -> EvaluationRows:

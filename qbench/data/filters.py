@@ -8,7 +8,8 @@ A column of text (a CSV column read as text, qbench.data.text_tables) compares a
 cell is one, and equals a number where its text is that number written plainly (7 matches "7"
 and "7.0", not "007"), and true or false as pandas would have read it ("True", "true", "TRUE").
 A column of dates or timestamps equals, and compares with, a text operand read as a date or time ('2024-01-31'),
-as does a text column every cell of which is an ISO 8601 date or time (a CSV's: '2024-01-31T00:00:00').
+as does a text column every cell of which is an ISO 8601 date or time (a CSV's: '2024-01-31T00:00:00'; its times
+with UTC offsets compared as instants in UTC). Dates are ISO 8601 only: '03/01/2026' is refused, never guessed.
 
 Missing cells (None / NaN) follow SQL: they match only a condition that names
 null (`eq: null`, `in: [..., null]`); `ne: x`, `not_in: [x]` and the comparisons
@@ -18,7 +19,6 @@ non-missing cell.
 
 from __future__ import annotations
 
-import contextlib
 import operator
 import re
 import unicodedata
@@ -31,7 +31,7 @@ import pandas as pd
 
 from qbench.data.load import table_name
 from qbench.data.text_tables import number_format_hint, text_as_numbers, text_decimal
-from qbench.errors import RecipeError, expected_one_of
+from qbench.errors import RecipeError, expected_one_of, short_repr
 
 _COMPARISONS: dict[str, Callable[[pd.Series, Any], pd.Series]] = {
     "lt": operator.lt,
@@ -228,47 +228,98 @@ def _date_kind(values: pd.Series) -> str | None:
 def _check_date_operand(values: pd.Series, op: str, operand: str, *, field: str, recipe_file: Path) -> None:
     """A text operand of a comparison must be a date: `lt: 'b'` on a column of names compares nothing qbench orders
     (text is never compared letter by letter), and was refused as if 'b' were a date."""
-    try:
-        pd.Timestamp(operand)
-    except ValueError:
-        raise RecipeError(recipe_file, field, (
-            f"{op!r} got {operand!r}, which is neither a number nor a date; {op!r} compares numbers and dates, "
-            f"never text: expected a number (unquoted) or a date such as '2024-01-31', or select values of column "
-            f"{values.name!r} with in / not_in")) from None  # fmt: skip
+    if _iso_time(operand) is not None:
+        return
+    _check_not_a_local_date(operand, field=field, recipe_file=recipe_file)
+    raise RecipeError(recipe_file, field, (
+        f"{op!r} got {operand!r}, which is neither a number nor a date; {op!r} compares numbers and dates, "
+        f"never text: expected a number (unquoted) or a date such as '2024-01-31', or select values of column "
+        f"{values.name!r} with in / not_in"))  # fmt: skip
 
 
 def _text_as_times(values: pd.Series, op: str, *, field: str, recipe_file: Path) -> pd.Series:
     """A text column every cell of which is an ISO 8601 date or time ('2024-01-31', '2024-01-31 12:30:00'), as
     timestamps; anything else is a RecipeError (a date compared with other text would compare letters)."""
-    times = _iso_times(values)
+    times = _iso_times(values, field=field, recipe_file=recipe_file)
     if times is None:
+        cells = values.dropna().astype(str)
+        other = cells[~cells.str.fullmatch(ISO_TIME.pattern)]
+        example = f" (e.g. {short_repr(other.iloc[0])})" if len(other) else ""
         raise RecipeError(recipe_file, field, f"{op!r} with a date or time compares dates, but column {values.name!r} "
-                                              f"holds {_kind_of(values)} values that are not all dates")  # fmt: skip
+                                              f"holds {_kind_of(values)} values that are not all ISO 8601 dates "
+                                              f"such as '2024-01-31' or '2024-01-31T12:30:00+02:00'{example}")  # fmt: skip
     return times
 
 
-def _iso_times(values: pd.Series) -> pd.Series | None:
-    """A text column every cell of which is an ISO 8601 date or time, as timestamps; else None."""
-    times = None
-    if pd.api.types.is_object_dtype(values) or pd.api.types.is_string_dtype(values):
-        with contextlib.suppress(ValueError, TypeError):
-            times = pd.to_datetime(values, format="ISO8601", errors="coerce")
-    if times is None or not pd.api.types.is_datetime64_any_dtype(times) or times.notna().sum() != values.notna().sum():
+def _iso_times(values: pd.Series, *, field: str, recipe_file: Path) -> pd.Series | None:
+    """A text column every cell of which is an ISO 8601 date or time (ISO_TIME), as timestamps; else None. Times
+    with UTC offsets are instants, read in UTC whatever offsets they state (an export spanning a daylight-saving change
+    writes +01:00 and +02:00; a 'Z' is +00:00). A column mixing times with an offset and times without is a
+    RecipeError: a time without one names no instant, so no comparison of the two is right."""
+    if not (pd.api.types.is_object_dtype(values) or pd.api.types.is_string_dtype(values)):
         return None
-    return times
+    cells = values.dropna()
+    if pd.api.types.infer_dtype(cells, skipna=True) not in ("string", "empty"):
+        return None
+    parts = cells.astype(str).str.extract(f"^(?P<time>{ISO_TIME.pattern})$")
+    if parts["time"].isna().any():
+        return None
+    zoned = parts["zone"].notna().to_numpy()
+    if zoned.any() and not zoned.all():
+        raise RecipeError(recipe_file, field, (
+            f"column {values.name!r} mixes times with a UTC offset ({short_repr(cells[zoned].iloc[0])}) and "
+            f"without ({short_repr(cells[~zoned].iloc[0])}); a time without an offset names no instant, "
+            "so they cannot be compared: expected every cell with its offset, or none"))  # fmt: skip
+    try:
+        return pd.to_datetime(values, format="ISO8601", utc=bool(zoned.any()))
+    except (ValueError, OverflowError):  # '2024-02-30' matches the pattern but is no date
+        return None
 
 
-_ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+ISO_TIME = re.compile(r"\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?P<zone>Z|[+-]\d{2}(?::?\d{2})?)?)?")
+"""An ISO 8601 date or time as filters and text date columns are written: '2024-01-31', '2024-01-31 12:30',
+'2024-01-31T12:30:00.5+02:00', '...Z'. Dates in other forms are refused rather than guessed: '03/01/2026' is 1 March
+in one locale and 3 January in another."""
+
+
+def _iso_time(text: str) -> pd.Timestamp | None:
+    """`text` as a timestamp when it is an ISO 8601 date or time (ISO_TIME), else None."""
+    if not ISO_TIME.fullmatch(text):
+        return None
+    try:
+        return pd.Timestamp(text)
+    except ValueError:
+        return None
+
+
+def _check_not_a_local_date(operand: str, *, field: str, recipe_file: Path) -> None:
+    """A RecipeError for a date written in a local form ('03/01/2026', '1 March 2026'): compared with dates, it was
+    read as pandas guesses (month first); compared with a text column of ISO dates, it equalled no cell."""
+    try:
+        pd.Timestamp(operand)
+    except (ValueError, OverflowError):
+        return
+    raise RecipeError(recipe_file, field, f"got {operand!r}, a date not written as ISO 8601; expected a date such as "
+                                          "'2024-01-31' or a time such as '2024-01-31T12:30:00+02:00' (day and month "
+                                          "orders differ between locales, so other forms are not guessed)")  # fmt: skip
 
 
 def _dates_in_text(values: pd.Series, wanted: Sequence[Any], *, field: str, recipe_file: Path) -> np.ndarray:
     """Which cells of a text column of ISO 8601 dates or times (a CSV's) are the time of a wanted date: `day:
     2024-01-31` matched no cell written '2024-01-31T00:00:00', though `{ge: 2024-01-31, le: 2024-01-31}` selected
-    them, and `not_in` kept them. A time zone must be stated on both sides or neither, as for a timestamp column."""
-    dates = [v for v in wanted if isinstance(v, str) and _ISO_DATE.match(v)]
-    times = _iso_times(values) if dates else None
+    them, and `not_in` kept them. A time zone must be stated on both sides or neither, as for a timestamp column. A
+    text operand that is no ISO 8601 date equals no cell of such a column and is a RecipeError (a date in a local
+    form, '03/01/2026', selected nothing, and `ne` kept every row)."""
+    texts = [v for v in wanted if isinstance(v, str)]
+    times = _iso_times(values, field=field, recipe_file=recipe_file) if texts else None
     if times is None:
         return np.zeros(len(values), dtype=bool)
+    dates = [v for v in texts if _iso_time(v) is not None]
+    if len(dates) < len(texts):
+        other = next(v for v in texts if _iso_time(v) is None)
+        _check_not_a_local_date(other, field=field, recipe_file=recipe_file)
+        raise RecipeError(recipe_file, field, f"got {other!r}: column {values.name!r} holds ISO 8601 dates or times; "
+                                              "expected a date such as '2024-01-31'")  # fmt: skip
     stamps = [_as_date(times, v, "datetime", field=field, recipe_file=recipe_file) for v in dates]
     return times.isin(stamps).to_numpy(dtype=bool, na_value=False)
 
@@ -280,10 +331,10 @@ def _as_date(values: pd.Series, operand: Any, kind: str, *, field: str, recipe_f
     expected = f"column {values.name!r} holds {kind}s; expected a {kind} written as text such as {example}"
     if not isinstance(operand, str):
         raise RecipeError(recipe_file, field, f"got {operand!r}: {expected}")
-    try:
-        parsed = pd.Timestamp(operand)
-    except ValueError:
-        raise RecipeError(recipe_file, field, f"got {operand!r}: {expected}") from None
+    parsed = _iso_time(operand)
+    if parsed is None:
+        _check_not_a_local_date(operand, field=field, recipe_file=recipe_file)
+        raise RecipeError(recipe_file, field, f"got {operand!r}: {expected}")
     if kind == "date":
         if parsed != parsed.normalize() or parsed.tz is not None:
             raise RecipeError(recipe_file, field, f"got {operand!r}: {expected}, without a time")

@@ -31,7 +31,13 @@ from typing import Any
 
 import pandas as pd
 
-from qbench.data.csv_records import COMPRESSED_SUFFIXES, check_unique_columns, open_data, text_encoding
+from qbench.data.csv_records import (
+    COMPRESSED_SUFFIXES,
+    check_unique_columns,
+    open_data,
+    text_encoding,
+    undecodable_at,
+)
 from qbench.data.partitions import is_parquet_folder, read_parquet_folder
 from qbench.data.text_tables import CsvDialect, parse_text_cells, read_csv, text_as_numbers
 from qbench.errors import MissingExtraError, RecipeError, one_line
@@ -47,29 +53,35 @@ SUPPORTED_FORMATS = (".parquet, a folder of Parquet part files, .feather, .arrow
 def load_table(
     path: Path, *, recipe_file: Path, field: str = "data.path", text_columns: Collection[str] = (),
     list_columns: Collection[str] = (), verbatim_columns: Collection[str] = (), csv_dialect: CsvDialect = CsvDialect(),
-    value_columns: Collection[str] = (),
+    value_columns: Collection[str] = (), encoding: str | None = None,
 ) -> pd.DataFrame:  # fmt: skip
     """Read a data table; every problem is a RecipeError at `field` naming the file and the cause. A CSV file (read
     as `csv_dialect` says) keeps its `text_columns`' text (only an empty cell is missing there), unless they are also
     among `list_columns` and every cell is a JSON list (token labels in the label column that otherwise names
-    classes), or, in a file with decimal commas, a cell writes a number (not in `verbatim_columns`: see read_csv)."""
+    classes), or, in a file with decimal commas, a cell writes a number (not in `verbatim_columns`: see read_csv).
+    CSV and JSON lines files are read as their byte order mark says, else as `encoding` (the recipe's
+    `data.encoding`), else as UTF-8."""
     path = Path(path)
     if not path.exists():
         raise RecipeError(recipe_file, field, f"file or folder not found: {path}")
     read = _reader_for(path, recipe_file=recipe_file, field=field)
     if read is read_csv:
         read = partial(read_csv, dialect=csv_dialect, text_columns=text_columns, list_columns=list_columns,
-                       verbatim_columns=verbatim_columns)  # fmt: skip
+                       verbatim_columns=verbatim_columns, encoding=encoding)  # fmt: skip
     else:  # types stored, but text cells read as a CSV file's are: one meaning for the same cells in every format
         if read is _read_parquet_folder:
             read = partial(_read_parquet_folder, text_columns=text_columns)
+        elif read is _read_json_lines:
+            read = partial(_read_json_lines, encoding=encoding)
         read = partial(_with_text_parsed, read, text_columns=text_columns, list_columns=list_columns,
                        columns=value_columns)  # fmt: skip
     try:
         df = read(path)
     except UnicodeDecodeError as exc:
-        raise RecipeError(recipe_file, field, f"cannot read {path.name}: it is not {exc.encoding} text; "
-                          "expected UTF-8 (or UTF-16 with a byte order mark)") from None  # fmt: skip
+        where = undecodable_at(path, exc.encoding) or "somewhere"
+        raise RecipeError(recipe_file, field, f"cannot read {path.name}: {where} is not {exc.encoding} text; set "
+                          "data.encoding to the encoding the file was written in (cp1252 for most Windows and Excel "
+                          "exports, latin-1, utf-16, ...)") from None  # fmt: skip
     except (EOFError, zlib.error, lzma.LZMAError) as exc:  # a truncated or damaged compressed file
         raise RecipeError(recipe_file, field, f"cannot read {path.name}: it is not a complete {path.suffix} "
                           f"file ({_one_line(exc)})") from None  # fmt: skip
@@ -155,8 +167,8 @@ def _read_parquet_folder(path: Path, text_columns: Collection[str] = ()) -> pd.D
     return read_parquet_folder(path, read_part=_read_parquet, text_as_numbers=text_as_numbers, text_columns=text_columns)
 
 
-def _read_json_lines(path: Path) -> pd.DataFrame:
-    encoding = text_encoding(path)
+def _read_json_lines(path: Path, encoding: str | None = None) -> pd.DataFrame:
+    encoding = text_encoding(path, encoding)
     _check_unique_keys(path, encoding)
     # dtype=False: keep strings such as "007" as strings instead of guessing numbers.
     return pd.read_json(path, lines=True, dtype=False, encoding=encoding)

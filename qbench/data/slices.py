@@ -12,6 +12,8 @@ caller restricts them to the rows it evaluates.
 from __future__ import annotations
 
 import itertools
+import json
+import unicodedata
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -91,6 +93,7 @@ def _masks_by_column(
     judged = values if evaluation_rows is None else values.iloc[evaluation_rows]
     distinct = distinct_values(judged)
     _check_categorical(judged, distinct, column, field=field, recipe_file=recipe_file)
+    _check_one_spelling(distinct, column, field=field, recipe_file=recipe_file)
     if len(distinct) > MAX_SLICES_PER_COLUMN:
         raise RecipeError(
             recipe_file,
@@ -140,6 +143,50 @@ def _check_categorical(
         "or bin the column beforehand (a column of bin labels)"
     )
     raise RecipeError(recipe_file, field, message)
+
+
+TRUE_TEXT = frozenset({"true", "t", "yes", "y", "on", "1", "1.0"})
+FALSE_TEXT = frozenset({"false", "f", "no", "n", "off", "0", "0.0"})
+"""How exports write true and false, case aside: a column of these alone is a true/false column."""
+
+
+def _check_one_spelling(distinct: Sequence[object], column: str, *, field: str, recipe_file: Path) -> None:
+    """Refuse a `by` column writing one value several ways: texts differing only in case, spaces around them or
+    accents' composition ('Cooking', 'cooking ', ' cooking'), or, in a column of true/false texts alone (TRUE_TEXT,
+    FALSE_TEXT), one truth written several ways ('true', 'yes', '1'). Each would be its own slice, judged
+    apart: a slice of 3 rows that belongs to another passes or fails the gate on noise, and the slice it belongs to
+    misses them. Refused, not warned about: the gate's verdict on either slice would be wrong whatever a report said,
+    and the gate fails closed. The error names the spellings and a named slice that joins them."""
+    texts = [value for value in distinct if isinstance(value, str)]
+    keys = {text: _spelling_key(text) for text in texts}
+    if texts and all(key in TRUE_TEXT | FALSE_TEXT for key in keys.values()):
+        keys = {text: key in TRUE_TEXT for text, key in keys.items()}
+    groups: dict[object, list[str]] = {}
+    for text, key in keys.items():
+        groups.setdefault(key, []).append(text)
+    spellings = next((group for group in groups.values() if len(group) > 1), None)
+    if spellings is None:
+        return
+    shown = ", ".join(_yaml_text(text) for text in spellings)
+    name = printable(unicodedata.normalize("NFC", spellings[0].strip())) or column  # as a named slice's must be
+    raise RecipeError(recipe_file, field, (
+        f"column {column!r} writes one value {len(spellings)} ways ({shown}), each of which would be its own slice, "
+        "judged apart; expected one spelling per value: clean the column, or join them in a named slice such as "
+        f"{{name: {name}, filter: {{{column}: {{in: [{shown}]}}}}}}"))  # fmt: skip
+
+
+def _yaml_text(text: str) -> str:
+    """`text` as a YAML (and JSON) double-quoted string, escaped where it would print like another (accents not
+    composed as NFC) or not print (a control character): 'caf\\u00e9' and 'cafe\\u0301' must read apart."""
+    plain = text.isprintable() and unicodedata.normalize("NFC", text) == text
+    return json.dumps(text, ensure_ascii=not plain)
+
+
+def _spelling_key(text: str) -> str:
+    """What two spellings of one value share: the text without spaces around it, case folded, accents composed
+    (NFC). Numbers written differently are not one value: a text column names things ('2.1' and '2.10' are two
+    versions, '007' and '7' two codes)."""
+    return unicodedata.normalize("NFC", text.strip()).casefold()
 
 
 def _as_numbers(values: Sequence[object]) -> list[float] | None:

@@ -72,7 +72,28 @@ class CsvDialect:
 
 
 # what spreadsheets, R and databases write for a missing number
-MISSING_NUMBER_TEXT = frozenset({"NA", "N/A", "n/a", "NaN", "nan", "-nan", "NULL", "null", "None", "<NA>", "#N/A", "#NA"})
+MISSING_NUMBER_TEXT = frozenset({"NA", "N/A", "n/a", "NaN", "nan", "-nan", "NULL", "null", "None", "<NA>", "#NA"})
+
+SPREADSHEET_ERRORS = frozenset({"#N/A", "#DIV/0!", "#VALUE!", "#REF!", "#NAME?", "#NUM!", "#NULL!", "#SPILL!", "#CALC!",
+                                "#FIELD!", "#BLOCKED!", "#CONNECT!", "#BUSY!", "#UNKNOWN!", "#GETTING_DATA", "#ERROR!"})
+"""What Excel, Google Sheets and LibreOffice write where a formula failed (#N/A too: a lookup that found nothing):
+no value, and not a missing one either, so never read as NaN, a class, a slice or text fed to a model."""
+
+
+def spreadsheet_error(df: pd.DataFrame, columns: Collection[str]) -> tuple[int, str, str] | None:
+    """The first cell (row position, column, cell) of `columns` that is a spreadsheet error (SPREADSHEET_ERRORS,
+    spaces around it aside), in row order; None when there is none."""
+    found: list[tuple[int, str, str]] = []
+    for column in (name for name in dict.fromkeys(columns) if name in df.columns):
+        cells = df[column]
+        if not (pd.api.types.is_object_dtype(cells) or pd.api.types.is_string_dtype(cells)):
+            continue
+        flagged = cells.map(lambda cell: isinstance(cell, str) and cell.strip() in SPREADSHEET_ERRORS,
+                            na_action="ignore")  # fmt: skip
+        errors = flagged.to_numpy(dtype=bool, na_value=False).nonzero()[0]
+        if len(errors):
+            found.append((int(errors[0]), column, str(cells.iloc[errors[0]])))
+    return min(found, default=None)
 
 DECIMAL_COMMA_NUMBER = re.compile(r"-?[0-9]+,[0-9]+")
 """A number written with a decimal comma, as a spreadsheet in such a locale exports it: '0,5', '-12,25'."""
@@ -90,15 +111,16 @@ def grouped_number(thousands: str, decimal: str | None, *, fraction: str = "?") 
 
 def read_csv(
     path: Path, dialect: CsvDialect = CsvDialect(), text_columns: Collection[str] = (),
-    list_columns: Collection[str] = (), verbatim_columns: Collection[str] = (),
+    list_columns: Collection[str] = (), verbatim_columns: Collection[str] = (), encoding: str | None = None,
 ) -> pd.DataFrame:  # fmt: skip
     """Only an empty cell is missing in a text column ("NA" is Namibia, "None" a category); in a column of numbers,
     an empty cell or a missing-number text (MISSING_NUMBER_TEXT) is NaN. `text_columns` are read as text whatever
     their cells look like: read as numbers, "007" and "7" would be one value, named 7. In a file with decimal
     commas, a text column's cells that write a number ('0,5') read as that number written with a point ('0.5', as
     the same table in Parquet names it: slice names and filters see one table whatever its format), except in
-    `verbatim_columns` (the text fed to the model, kept as written)."""
-    encoding = text_encoding(path)
+    `verbatim_columns` (the text fed to the model, kept as written). `encoding` is the file's where no byte order
+    mark says (None: UTF-8)."""
+    encoding = text_encoding(path, encoding)
     delimiter = dialect.delimiter_for(path)
     header = check_csv_records(path, encoding, delimiter)
     names = column_names(header)

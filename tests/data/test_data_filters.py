@@ -306,3 +306,56 @@ def test_true_or_false_filters_on_a_boolean_column() -> None:
     table = pd.DataFrame({"flag": pd.array([True, None, False], dtype="boolean")})
     assert np.flatnonzero(filter_mask(table, {"flag": True}, field=FIELD, recipe_file=RECIPE)).tolist() == [0]
     assert np.flatnonzero(filter_mask(table, {"flag": {"ne": True}}, field=FIELD, recipe_file=RECIPE)).tolist() == [2]
+
+
+ZONED = ["2026-03-01T10:00:00+02:00", "2026-03-01T09:00:00Z", "2026-03-01T07:30:00+00:00", None]
+"""In UTC: 08:00, 09:00, 07:30, missing (an export spanning offsets, as across a daylight-saving change)."""
+
+
+@pytest.mark.parametrize(("flt", "expected"), [
+    ({"ge": "2026-03-01T08:00:00+00:00"}, [0, 1]),
+    ({"lt": "2026-03-01T09:30:00+01:00"}, [0, 2]),  # 08:30 UTC
+    ({"eq": "2026-03-01T08:00:00Z"}, [0]),
+    ({"not_in": ["2026-03-01T11:00:00+02:00"]}, [0, 2]),  # 09:00 UTC
+])  # fmt: skip
+def test_text_times_with_different_utc_offsets_compare_as_instants(flt: dict, expected: list[int]) -> None:
+    """Such a column was refused as 'not all dates' (`ge`), and `eq` / `not_in` compared the text: nothing / every row."""
+    table = pd.DataFrame({"ts": ZONED})
+    assert np.flatnonzero(filter_mask(table, {"ts": flt}, field=FIELD, recipe_file=RECIPE)).tolist() == expected
+
+
+@pytest.mark.parametrize("flt", [{"ge": "2026-03-01T08:00:00"}, {"in": ["2026-03-01T09:00:00"]}, {"ne": "2026-03-01"}])
+def test_text_times_mixing_offsets_and_none_are_refused_naming_a_cell_of_each(flt: dict) -> None:
+    """`in` matched the naive cell's text and `ne` kept every row: a time without an offset names no instant."""
+    table = pd.DataFrame({"ts": ["2026-03-01T10:00:00+02:00", "2026-03-01T09:00:00", None]})
+    with pytest.raises(RecipeError) as info:
+        filter_mask(table, {"ts": flt}, field=FIELD, recipe_file=RECIPE)
+    assert str(info.value) == (f"recipe.yaml: {FIELD}.ts: column 'ts' mixes times with a UTC offset "
+                               "('2026-03-01T10:00:00+02:00') and without ('2026-03-01T09:00:00'); a time without an "
+                               "offset names no instant, so they cannot be compared: expected every cell with its "
+                               "offset, or none")  # fmt: skip
+
+
+@pytest.mark.parametrize("column", ["text", "t", "day"])
+@pytest.mark.parametrize("flt", [{"ge": "03/02/2026"}, {"eq": "03/02/2026"}, {"not_in": ["02/03/2026"]},
+                                 {"lt": "1 March 2026"}])  # fmt: skip
+def test_a_date_in_a_local_form_is_refused_never_guessed(column: str, flt: dict) -> None:
+    """'03/02/2026' was read month first against timestamps (`ge` kept 2 March for a reader meaning 3 February),
+    and against a text column of ISO dates `eq` selected nothing and `not_in` kept every row."""
+    days = ["2026-03-01", "2026-03-02", "2026-02-03"]
+    table = pd.DataFrame({"text": days, "t": pd.to_datetime(days), "day": [pd.Timestamp(d).date() for d in days]})
+    with pytest.raises(RecipeError) as info:
+        filter_mask(table, {column: flt}, field=FIELD, recipe_file=RECIPE)
+    operand = next(iter(flt.values()))
+    operand = operand[0] if isinstance(operand, list) else operand
+    assert str(info.value) == (f"recipe.yaml: {FIELD}.{column}: got {operand!r}, a date not written as ISO 8601; "
+                               "expected a date such as '2024-01-31' or a time such as '2024-01-31T12:30:00+02:00' "
+                               "(day and month orders differ between locales, so other forms are not guessed)")  # fmt: skip
+
+
+def test_a_text_that_is_no_date_against_iso_text_dates_is_refused_and_a_column_of_local_dates_names_a_cell() -> None:
+    table = pd.DataFrame({"day": ["2026-03-01", "2026-03-02"], "local": ["03/01/2026", "04/01/2026"]})
+    with pytest.raises(RecipeError, match=r"got 'unknown': column 'day' holds ISO 8601 dates or times"):
+        filter_mask(table, {"day": {"ne": "unknown"}}, field=FIELD, recipe_file=RECIPE)
+    with pytest.raises(RecipeError, match=r"holds text values that are not all ISO 8601 dates .* \(e.g. '03/01/2026'\)"):
+        filter_mask(table, {"local": {"ge": "2026-03-15"}}, field=FIELD, recipe_file=RECIPE)

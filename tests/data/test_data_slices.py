@@ -201,8 +201,33 @@ def test_csv_codes_that_read_as_one_number_are_slices_of_their_own(tmp_path: Pat
 def test_values_that_print_alike_give_slice_names_that_read_apart() -> None:
     """' a', 'a' and 'a ' (a sloppy export), or é composed and as e + accent, are different values, so different
     slices, but were named 'w= a', 'w=a', 'w=a ' and 'w=é' twice: which one breached could not be read off the
-    gate's table. Such text is quoted with escapes; plain text keeps its plain name."""
-    values = [" a", "a", "a ", "\u00e9", "e\u0301", "", "b c"]
+    gate's table. Such text is quoted with escapes; plain text keeps its plain name. (Two such spellings of one value
+    in one column are refused: test_one_value_written_several_ways_is_refused_naming_the_spellings.)"""
+    values = [" a", "b ", "\u00e9", "e\u0301x", "", "b c"]
     masks = slice_masks(pd.DataFrame({"w": values}), [SliceSpec(by="w")], recipe_file=RECIPE)
     names = {int(np.flatnonzero(mask)[0]): name for name, mask in masks.items()}
-    assert names == {0: "w=' a'", 1: "w=a", 2: "w='a '", 3: "w=\u00e9", 4: "w='e\\u0301'", 5: "w=''", 6: "w=b c"}
+    assert names == {0: "w=' a'", 1: "w='b '", 2: "w=\u00e9", 3: "w='e\\u0301x'", 4: "w=''", 5: "w=b c"}
+
+
+@pytest.mark.parametrize(("values", "shown"), [
+    (["Cooking"] * 5 + ["cooking "] * 2 + [" cooking", "garden"], '" cooking", "Cooking", "cooking "'),
+    (["caf\u00e9", "cafe\u0301", "garden"], '"cafe\\u0301", "café"'),
+    (["true"] * 4 + ["yes", "1", "false", "false"], '"1", "true", "yes"'),
+    (["TRUE", "true", "FALSE"], '"TRUE", "true"'),
+])  # fmt: skip
+def test_one_value_written_several_ways_is_refused_naming_the_spellings(values: list[str], shown: str) -> None:
+    """Each spelling was its own slice: 'cooking ' a slice of 2 rows judged apart from the 5 'Cooking' rows, and a
+    true/false column written true/yes/1 three slices of true."""
+    with pytest.raises(RecipeError) as info:
+        slice_masks(pd.DataFrame({"w": values}), [SliceSpec(by="w")], recipe_file=RECIPE)
+    count = shown.count(",") + 1
+    assert str(info.value).startswith(f"recipe.yaml: data.slices[0].by: column 'w' writes one value {count} ways "
+                                      f"({shown}), each of which would be its own slice, judged apart; expected one "
+                                      "spelling per value: clean the column, or join them in a named slice such as {name: ")
+
+
+def test_values_alike_only_as_numbers_or_outside_a_true_false_column_stay_apart() -> None:
+    """'2.1' and '2.10' are two versions, '1' and 'yes' two answers in a column that is not true/false alone."""
+    for values in (["2.1", "2.10", "2.1"], ["1", "yes", "maybe", "0"], ["N", "S", "E"]):
+        masks = slice_masks(pd.DataFrame({"w": values}), [SliceSpec(by="w")], recipe_file=RECIPE)
+        assert len(masks) == len(set(values))
