@@ -93,7 +93,8 @@ def unlowered(results: SweepResults, pairs: Sequence[tuple[str, str]]) -> list[s
     """A note per gated variant computing as the reference does: its graph is the reference's own, or no node in it was
     quantized (a tree ensemble or float64 graph asked for INT8), no op of its torch form ran in its type (torch_trace's
     `runtime.lowered_ops`), or no contraction was lowered (`lowered_contractions`: MatMuls all in FP32 control flow,
-    the condition lowered). It passes, but its pass says nothing about that precision."""
+    the condition lowered; or none in the graph, whose ONNX-ML predictors stay FP32: `fp32_predictors`). It passes,
+    but its pass says nothing about that precision."""
     notes = []
     for variant, backend in pairs:
         found, reference = results.find(variant, backend), results.find(results.reference, backend)
@@ -103,10 +104,12 @@ def unlowered(results: SweepResults, pairs: Sequence[tuple[str, str]]) -> list[s
         same = found.params.get("identical_to") == results.reference or (
             lowered_nothing(found.params) and counted_for == backend) or found.params.get("runtime.lowered_ops") == 0
         weak = str(found.params.get("runtime.network", "")).startswith("weakly typed")  # TensorRT picks types itself
-        kept = not weak and found.params.get("lowered_contractions") == 0 and found.params.get("contractions", 0) > 0
+        contractions, predictors = found.params.get("contractions", 0), found.params.get("fp32_predictors", 0)
+        kept = not weak and found.params.get("lowered_contractions") == 0 and (contractions > 0 or predictors > 0)
         if same or kept:
-            why = (f"none of its {found.params['contractions']} contractions (MatMul, Conv...) was lowered" if not same
-                   else f"nothing in the graph was lowered to {found.precision}")  # fmt: skip
+            why = (f"nothing in the graph was lowered to {found.precision}" if same
+                   else f"none of its {contractions} contractions (MatMul, Conv...) was lowered" if contractions
+                   else f"no contraction in the graph, and its {predictors} ONNX-ML predictor(s) stay FP32")  # fmt: skip
             notes.append(f"{variant}@{backend} computes in {reference.precision} ({why}): its pass says nothing about "
                          f"{found.precision}")  # fmt: skip
     return notes

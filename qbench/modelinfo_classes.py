@@ -8,7 +8,8 @@ Converters state it in two ways, both facts of the graph rather than guesses:
   on a constant table, indexed by the arg-max over the scores' last axis.
 
 A score output may reach the graph output through maps that keep the columns and their order
-(Identity, Cast, Normalizer, Sqrt, Exp, Log, Sigmoid, Softmax, and a row's shift or scale by a statistic
+(Identity, Cast, Normalizer, Sqrt, Exp, Log, Sigmoid, Softmax, a shift by one constant or a scale by one positive
+constant, as onnxmltools multiplies a LightGBM classifier's scores by 1, and a row's shift or scale by a statistic
 of that row's scores: minus their log-sum-exp, over their sum). scikit-learn's classes [1, 2, 5] then
 read column 2 as class 5, where reading the labels as column ids would score class 1 as column 1 and
 fail silently on data lacking class 5.
@@ -74,12 +75,13 @@ def score_facts(model: onnx.ModelProto) -> ScoreFacts:
             consumers.setdefault(name, []).append(node)
     constants = _constant_tables(model)
     fixed = _constant_tensors(model)
+    scalars = _scalar_constants(model)
     tables, labels, off_label, probabilities, logs, lowest = {}, {}, {}, {}, set(), set()
     for output in graph.output:
         label_table = _label_table(output.name, producers, constants)
         if label_table:
             labels[output.name] = label_table
-        chain = _score_chain(output.name, producers)
+        chain = _score_chain(output.name, producers, scalars)
         table = _classifier_labels(chain[-1], producers) or _argmax_lookup(chain, consumers, constants)
         if table:
             tables[output.name] = table
@@ -94,7 +96,6 @@ def score_facts(model: onnx.ModelProto) -> ScoreFacts:
         if _log_of_probabilities(output.name, producers, fixed):
             logs.add(output.name)
     cuts = {}
-    scalars = _scalar_constants(model)
     labels_out = {o.name for o in graph.output if o.type.tensor_type.elem_type not in _FLOAT_TYPES}
     for output in graph.output:
         cut = _decision_cut(output.name, consumers, scalars, labels_out)
@@ -294,14 +295,31 @@ def _ancestors(name: str, producers: dict[str, onnx.NodeProto]) -> list[onnx.Nod
     return list(found.values())
 
 
-def _score_chain(name: str, producers: dict[str, onnx.NodeProto]) -> list[str]:
+def _score_chain(name: str, producers: dict[str, onnx.NodeProto], scalars: dict[str, float]) -> list[str]:
     """`name` and the tensors it copies column for column, back to where the scores are made."""
     chain = [name]
-    while (node := producers.get(chain[-1])) is not None and node.input and node.input[0] not in chain:
-        if node.op_type not in _COLUMN_KEEPING_OPS and not _row_normalised(node, producers):
+    while (node := producers.get(chain[-1])) is not None and node.input:
+        scores = node.input[0] if node.op_type in _COLUMN_KEEPING_OPS or _row_normalised(node, producers) else None
+        scores = scores or _order_kept(node, scalars)
+        if scores is None or scores in chain:
             break
-        chain.append(node.input[0])
+        chain.append(scores)
     return chain
+
+
+def _order_kept(node: onnx.NodeProto, scalars: dict[str, float]) -> str | None:
+    """The scores `node` shifts by one constant or scales by one positive constant (each column keeps its class and
+    the columns their order), or None: scores + c, c + scores, scores - c, scores * c, c * scores, scores / c."""
+    if node.domain not in ("", "ai.onnx") or len(node.input) != 2:
+        return None
+    first, second = node.input
+    positive = {name for name, value in scalars.items() if value > 0}
+    if node.op_type in ("Add", "Mul"):
+        operands = scalars if node.op_type == "Add" else positive
+        return first if second in operands and first not in scalars else second if first in operands else None
+    if node.op_type in ("Sub", "Div"):
+        return first if second in (scalars if node.op_type == "Sub" else positive) else None
+    return None
 
 
 def _row_normalised(node: onnx.NodeProto, producers: dict[str, onnx.NodeProto]) -> bool:

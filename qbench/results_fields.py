@@ -47,7 +47,7 @@ def known_fields(raw: Any, cls: type, where: str, *, extra: tuple[str, ...] = ()
 # kernels written as "0" is no 0: the gate would not say that the variant computes in FP32).
 READ_PARAMS: dict[str, Any] = {
     "quantized_nodes": int, "quantized_linears": int, "runtime.lowered_ops": int,  # variants.base.lowered_nothing
-    "contractions": int, "lowered_contractions": int,  # variants.fp16.partly_lowered
+    "contractions": int, "lowered_contractions": int, "fp32_predictors": int,  # variants.fp16.partly_lowered
     "integer_kernels_of": str, "identical_to": str, "search.chosen_on": str,  # the gate's "computes in FP32" and
     "runtime.kernels": str, "runtime.graph_optimization_level": str,  # selection notes; the report's kernels, options
 }  # fmt: skip

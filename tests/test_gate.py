@@ -160,6 +160,20 @@ def test_a_half_precision_variant_lowering_no_contraction_gets_the_computes_in_f
         "says nothing about fp16"]  # fmt: skip
 
 
+def test_a_half_precision_variant_of_an_onnx_ml_predictor_gets_the_computes_in_fp32_note():
+    """A LightGBM model's FP16 variant lowers onnxmltools' Mul of the scores by 1 and no contraction, for there is none:
+    its trees (`fp32_predictors`) stay FP32. It was gated as an FP16 model that passed; an elementwise graph without
+    a predictor still gets no note."""
+    trees = replace(variant("int8-t", 0.95, {"noisy": 0.90, "clean": 0.99}), precision="fp16",
+                    params={"contractions": 0, "lowered_contractions": 0, "fp32_predictors": 1})  # fmt: skip
+    elementwise = replace(trees, variant="int8-e", params={"contractions": 0, "lowered_contractions": 0})
+    report = evaluate_gate(sweep(REFERENCE, trees, elementwise), SPEC)
+    assert report.exit_code == EXIT_PASS
+    assert [n for n in report.notes if "computes in fp32" in n] == [
+        "int8-t@onnxruntime-cpu computes in fp32 (no contraction in the graph, and its 1 ONNX-ML predictor(s) stay "
+        "FP32): its pass says nothing about fp16"]  # fmt: skip
+
+
 def test_a_failed_variant_gets_no_computes_in_fp32_note():
     """It ran nothing: the note claimed it computed in fp32 beside its failure."""
     failed = replace(variant("int8-f", 0.95, {"noisy": 0.90, "clean": 0.99}), params={"quantized_nodes": 0},

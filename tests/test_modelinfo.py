@@ -84,6 +84,27 @@ def test_a_classifiers_class_labels_name_its_score_columns(tmp_path: Path) -> No
     assert outputs["label"].class_keys is None
 
 
+@pytest.mark.parametrize(("op", "constant", "named"), [("Mul", 1.0, True), ("Add", -3.0, True), ("Div", 2.0, True),
+                                                     ("Mul", -1.0, False), ("Mul", "vector", False)])
+def test_scores_scaled_by_one_positive_constant_keep_the_classifiers_class_table(tmp_path: Path, op, constant,
+                                                                                named) -> None:
+    """onnxmltools writes a LightGBM classifier's probabilities as Mul(scores, 1): the class table stopped there, so
+    string classes were refused ('not integer class ids') and classes [1, 2, 5] were read as column ids. A shift by
+    one constant or a scale by one positive constant keeps each column's class; a negative one (which reverses the
+    order) or a constant per column does not pass as one."""
+    from onnx import numpy_helper
+
+    value = np.array([1.0, 2.0, 3.0], np.float32) if constant == "vector" else np.array(constant, np.float32)
+    scores = helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, [None, 3])
+    label = helper.make_tensor_value_info("label", TensorProto.STRING, [None])
+    nodes = [helper.make_node("LinearClassifier", ["x"], ["label", "raw"], domain="ai.onnx.ml",
+                              classlabels_strings=["a", "b", "c"], coefficients=[0.0] * 12, intercepts=[0.0] * 3),
+             helper.make_node(op, ["raw", "c"], ["probabilities"])]  # fmt: skip
+    onnx.save(_model(nodes, [label, scores], [numpy_helper.from_array(value, "c")]), str(tmp_path / "m.onnx"))
+    outputs = read_model_info(tmp_path / "m.onnx").outputs
+    assert outputs["probabilities"].class_keys == (("a", "b", "c") if named else None)
+
+
 def test_a_constant_table_indexed_by_the_argmax_names_the_columns(tmp_path: Path) -> None:
     """label = classes[ArgMax(scores, axis=1)] through a Reshape, the table a Constant node; an arg-max over the rows
     (axis 0) is no class lookup."""

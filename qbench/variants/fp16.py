@@ -69,7 +69,7 @@ from qbench.variants.onnx_utils import (
     subgraphs_of,
     unchanged_variant,
 )
-from qbench.variants.quantizable import float64_nodes
+from qbench.variants.quantizable import ML_PREDICTOR_OP_TYPES, float64_nodes
 from qbench.variants.reference import fresh_name, load_reference, names_in
 
 _CONVERTER_NODE_NAME = re.compile(r"graph_(input|output)_cast\d+")  # onnxruntime.transformers.float16's io Casts
@@ -273,6 +273,9 @@ def partly_lowered(
     read as an FP16 model: its trees run in FP32 but compare the scaler's FP16-rounded features with their
     thresholds, and a feature near a split crosses it. The figures measure that; the note says where it comes from.
 
+    A graph with no contraction computes in its ONNX-ML predictors (`fp32_predictors`: a tree ensemble, a linear
+    model), which stay FP32: a LightGBM classifier's FP16 variant lowered only onnxmltools' Mul of its scores by 1.
+
     Nodes are weighed by the contractions they hold (`contractions_held`: an If or Loop by those of its bodies):
     `contractions` in the graph, `lowered_contractions` among the lowered nodes. A graph computing only inside kept
     control flow lowers its condition (a ReduceMax, a Greater) and nothing of its compute; counted by node it read
@@ -285,8 +288,10 @@ def partly_lowered(
     readers = [node for node in model.graph.node if node.name in kept.reasons and written & set(node.input)]
     total = sum(contractions_held(node) for node in model.graph.node)
     held = sum(contractions_held(node) for node in nodes)
+    predictors = [node.op_type for node in model.graph.node
+                  if node.domain == "ai.onnx.ml" and node.op_type in ML_PREDICTOR_OP_TYPES]  # fmt: skip
     params = {"lowered_op_types": counts, "fp32_nodes_reading_lowered": [node.name for node in readers],
-              "contractions": total, "lowered_contractions": held}  # fmt: skip
+              "contractions": total, "lowered_contractions": held, "fp32_predictors": len(predictors)}  # fmt: skip
     if not nodes or not kept.reasons:
         return params, []
     listed = ", ".join(f"{count} {op}" for op, count in counts.items())
@@ -301,6 +306,9 @@ def partly_lowered(
         reader_types = ", ".join(sorted({node.op_type for node in readers}))
         note += (f"; the FP32 {reader_types} read values rounded to {precision}: thresholds and comparisons there "
                  f"see the rounded values, so outputs can change though nothing there runs in {precision}")
+    if predictors and not total:
+        note += (f"; the graph computes in its ONNX-ML {', '.join(sorted(set(predictors)))}, which stay FP32: the variant computes "
+                 f"in FP32, {precision} rounds only the nodes above")
     return params, [note]
 
 

@@ -68,7 +68,12 @@ from qbench.variants.onnx_utils import (
     unchanged_variant,
 )
 from qbench.variants.qdq_bypass import bypass_qdq
-from qbench.variants.quant_scope import preprocessing_nodes, subgraph_read_kept_float, table_lookups
+from qbench.variants.quant_scope import (
+    predictor_output_nodes,
+    preprocessing_nodes,
+    subgraph_read_kept_float,
+    table_lookups,
+)
 from qbench.variants.quantizable import nested_nodes_note, nothing_to_quantize, quantizable_nodes, unquantizable_nodes
 from qbench.variants.reference import load_reference
 
@@ -176,10 +181,12 @@ def build_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     if isinstance(config, OrtStatic):
         lowered = set(quantizable_nodes(model, op_types, excluded))
         params["preprocessing_kept_float"] = [name for name in preprocessing_nodes(model) if name in lowered]
-        excluded += params["preprocessing_kept_float"]
+        params["predictor_outputs_kept_float"] = [name for name in predictor_output_nodes(model) if name in lowered]
+        excluded += params["preprocessing_kept_float"] + params["predictor_outputs_kept_float"]
     if not quantizable_nodes(model, computing_op_types(op_types), excluded, handed):
         params.update(calibrator=config.calibration.calibrator, op_types=list(op_types), quantized_nodes=0, quantized_op_types={})
-        why = _nothing_quantized(op_types, model, params.get("preprocessing_kept_float", []))
+        why = _nothing_quantized(op_types, model, params.get("preprocessing_kept_float", []),
+                                 params.get("predictor_outputs_kept_float", []))  # fmt: skip
         return unchanged_variant(spec.name, "int8", ctx, why, params, clock.seconds())
     params["folded_weights"] = folded
     exclude = [*excluded, *unquantizable_nodes(model, handed)]
@@ -214,17 +221,22 @@ def build_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     )
 
 
-def _nothing_quantized(op_types: tuple[str, ...], model: onnx.ModelProto, preprocessing: list[str]) -> str:
+def _nothing_quantized(
+    op_types: tuple[str, ...], model: onnx.ModelProto, preprocessing: list[str], predictor_outputs: list[str]
+) -> str:
     """Why no node computes in INT8: none the quantizer takes; every one it takes was kept float (a converted
-    pipeline's Concat of scaled and one-hot features in front of an ONNX-ML predictor is all preprocessing); or
-    those left only move or select data (a KNN's votes through Concat and ArgMax), which no integer kernel computes."""
+    pipeline's Concat of scaled and one-hot features in front of an ONNX-ML predictor is all preprocessing, a Mul of
+    a tree ensemble's scores computes on its float output); or those left only move or select data (a KNN's votes
+    through Concat and ArgMax), which no integer kernel computes."""
     quantizable = set(quantizable_nodes(model, op_types, []))
     if not quantizable:
         return nothing_to_quantize(op_types, model)
     computing = set(quantizable_nodes(model, computing_op_types(op_types), []))
-    if quantizable <= set(preprocessing):
-        return (f"nothing to quantize (every {_kinds(model, quantizable)} node is kept float: preprocessing in front of "
-                "every layer with weights)")
+    if quantizable <= {*preprocessing, *predictor_outputs}:
+        why = [text for names, text in ((preprocessing, "preprocessing in front of every layer with weights"),
+                                        (predictor_outputs, "steps on the float output of an ONNX-ML predictor"))
+               if quantizable.intersection(names)]  # fmt: skip
+        return f"nothing to quantize (every {_kinds(model, quantizable)} node is kept float: {' and '.join(why)})"
     if not computing:
         return (f"nothing to quantize (Q/DQ on {_kinds(model, quantizable)} would only round data that ONNX Runtime "
                 "moves, selects or computes in float: no integer arithmetic)")

@@ -1,4 +1,5 @@
-"""Where static INT8 Q/DQ does not go: the preprocessing in front of a network.
+"""Where static INT8 Q/DQ does not go: the preprocessing in front of a network, and the steps on an ONNX-ML
+predictor's output.
 
 Preprocessing is what computes before any layer with weights, whatever the model is or where it
 came from: feature scaling, one-hot encoding and the concatenation of raw input columns in a
@@ -9,6 +10,11 @@ quantizing it saves nothing, and rounding raw features can erase one before the 
 it: a quantized Concat writes all its inputs on its output's one scale, and an age of 18..80
 beside incomes of 2e3..2e5 keeps none of the 256 levels. The network's first layers still
 quantize their own inputs, each on its own range.
+
+The steps after an ONNX-ML predictor that no standard-domain layer with weights computes through (onnxmltools'
+Mul of a LightGBM classifier's probabilities by 1, a Cast of a regressor's prediction) read that predictor's float
+output: Q/DQ there only rounds its scores, and a static build of a tree ensemble quantized that Mul and was reported
+as an INT8 model, though every tree ran in FP32.
 
 Nor does it go on a node whose output an If/Loop/Scan body reads by name (`quantizable.unquantizable_nodes`);
 `subgraph_read_kept_float` names those a build leaves float for it, as nothing else would.
@@ -22,17 +28,11 @@ from collections.abc import Collection
 import onnx
 
 from qbench.variants.onnx_utils import name_unnamed_nodes
-from qbench.variants.quantizable import WEIGHTED_OP_TYPES, subgraph_read_producers
+from qbench.variants.quantizable import ML_PREDICTOR_OP_TYPES, WEIGHTED_OP_TYPES, subgraph_read_producers
 
 # Layers whose weight is a constant operand; Gather-like lookups count when their table is a constant.
 _WEIGHTED_OP_TYPES = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "Einsum", "LSTM", "GRU", "RNN"})
 _LOOKUP_OP_TYPES = frozenset({"Gather", "GatherElements", "GatherND", "Embedding"})
-# ONNX-ML predictors: their weights (coefficients, support vectors, trees) are attributes, not inputs.
-_ML_PREDICTOR_OP_TYPES = frozenset({
-    "LinearClassifier", "LinearRegressor", "SVMClassifier", "SVMRegressor",
-    "TreeEnsemble", "TreeEnsembleClassifier", "TreeEnsembleRegressor",
-})  # fmt: skip
-
 
 def _constant_tensors(graph: onnx.GraphProto) -> set[str]:
     """Initializers (graph inputs of the same name included: quantizers treat them as weights) and what is
@@ -46,7 +46,7 @@ def _constant_tensors(graph: onnx.GraphProto) -> set[str]:
 
 def _has_weights(node: onnx.NodeProto, constants: set[str]) -> bool:
     if node.domain == "ai.onnx.ml":
-        return node.op_type in _ML_PREDICTOR_OP_TYPES
+        return node.op_type in ML_PREDICTOR_OP_TYPES
     if node.domain not in ("", "ai.onnx"):
         return False
     if node.op_type in _LOOKUP_OP_TYPES:
@@ -58,10 +58,23 @@ def _has_weights(node: onnx.NodeProto, constants: set[str]) -> bool:
 def preprocessing_nodes(model: onnx.ModelProto) -> list[str]:
     """Names of the main graph's nodes that compute before any layer with weights (see the module docstring);
     nodes computed from constants only are not counted. Unnamed matches are named first (in place)."""
+    return _float_scope(model)[0]
+
+
+def predictor_output_nodes(model: onnx.ModelProto) -> list[str]:
+    """Names of the main graph's nodes that compute on ONNX-ML predictors' outputs with no standard-domain layer with
+    weights on the way (see the module docstring). Unnamed matches are named first (in place)."""
+    return _float_scope(model)[1]
+
+
+def _float_scope(model: onnx.ModelProto) -> tuple[list[str], list[str]]:
+    """(preprocessing_nodes, predictor_output_nodes), found in one walk of the main graph in order."""
     graph = model.graph
     constants = _constant_tensors(graph)
-    downstream: set[str] = set()  # tensors a layer with weights has contributed to
-    matched: list[int] = []
+    network: set[str] = set()  # tensors a standard-domain layer with weights has contributed to
+    predicted: set[str] = set()  # tensors an ONNX-ML predictor has contributed to, and no such layer
+    before: list[int] = []
+    after: list[int] = []
     weighted = False
     for index, node in enumerate(graph.node):
         computed = [name for name in node.input if name and name not in constants]
@@ -69,16 +82,19 @@ def preprocessing_nodes(model: onnx.ModelProto) -> list[str]:
             continue
         if _has_weights(node, constants):
             weighted = True
-            downstream.update(node.output)
-        elif downstream.intersection(computed):
-            downstream.update(node.output)
+            (predicted if node.domain == "ai.onnx.ml" else network).update(node.output)
+        elif network.intersection(computed):
+            network.update(node.output)
+        elif predicted.intersection(computed):
+            predicted.update(node.output)
+            after.append(index)
         else:
-            matched.append(index)
+            before.append(index)
     if not weighted:  # no layer with weights at all: nothing is "before" the network
-        return []
-    if any(not graph.node[i].name for i in matched):
+        return [], []
+    if any(not graph.node[i].name for i in before + after):
         name_unnamed_nodes(model)
-    return [graph.node[i].name for i in matched]
+    return [graph.node[i].name for i in before], [graph.node[i].name for i in after]
 
 
 # (domain, op type) -> the inputs that are tables whose rows the op reads at integer ids: an embedding `Gather`, and

@@ -77,6 +77,12 @@ def nested_nodes(model: onnx.ModelProto, op_types: Collection[str]) -> Counter[s
 
 
 WEIGHTED_OP_TYPES = ("Conv", "ConvTranspose", "Gather", "Gemm", "MatMul")  # where quantization saves the most
+# ONNX-ML predictors: their weights (coefficients, support vectors, trees) are attributes, not inputs; ONNX Runtime
+# runs them in float whatever surrounds them
+ML_PREDICTOR_OP_TYPES = frozenset({
+    "LinearClassifier", "LinearRegressor", "SVMClassifier", "SVMRegressor",
+    "TreeEnsemble", "TreeEnsembleClassifier", "TreeEnsembleRegressor",
+})  # fmt: skip
 
 
 def nested_nodes_note(model: onnx.ModelProto, op_types: Collection[str]) -> list[str]:

@@ -285,6 +285,50 @@ def _scaled_tree(path: Path, threshold: float) -> None:
     onnx.save(helper.make_model(graph, opset_imports=opsets), str(path))
 
 
+def _tree_then_scaled(path: Path) -> None:
+    """A one-split TreeEnsembleRegressor whose prediction is multiplied by a constant 1, as onnxmltools writes a
+    LightGBM model's scores (Mul(probabilities, one))."""
+    from onnx import TensorProto, helper
+
+    tree = helper.make_node(
+        "TreeEnsembleRegressor", ["X"], ["raw"], domain="ai.onnx.ml", name="tree", n_targets=1,
+        nodes_treeids=[0, 0, 0], nodes_nodeids=[0, 1, 2], nodes_featureids=[0, 0, 0],
+        nodes_modes=["BRANCH_LEQ", "LEAF", "LEAF"], nodes_values=[0.5, 0.0, 0.0],
+        nodes_truenodeids=[1, 0, 0], nodes_falsenodeids=[2, 0, 0],
+        target_treeids=[0, 0], target_nodeids=[1, 2], target_ids=[0, 0], target_weights=[0.3, 0.7],
+    )  # fmt: skip
+    graph = helper.make_graph(
+        [tree, helper.make_node("Mul", ["raw", "one"], ["Y"], name="mul")], "tree_then_scaled",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 2])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, 1])],
+        [helper.make_tensor("one", TensorProto.FLOAT, [], [1.0])],
+    )  # fmt: skip
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)]
+    onnx.save(helper.make_model(graph, opset_imports=opsets), str(path))
+
+
+@pytest.mark.parametrize("precision", ["int8", "fp16", "bf16"])
+def test_a_step_on_a_tree_ensembles_output_does_not_make_it_a_narrower_model(tmp_path, precision):
+    """A LightGBM classifier through onnxmltools: its trees, then Mul(scores, 1). Static INT8 quantized that Mul (one
+    QLinearMul rounding the scores) and FP16 lowered it, and each was gated as an INT8 / FP16 model that passed, though
+    every tree ran in FP32. INT8 now keeps the step float and is the FP32 model; FP16 says it computes in FP32."""
+    path = tmp_path / "tree.onnx"
+    _tree_then_scaled(path)
+    x = np.random.default_rng(0).uniform(size=(128, 2)).astype(np.float32)
+    built = _build(path, x, tmp_path / "w", {"name": "v", "precision": precision, "calibrator": "minmax"}
+                   if precision == "int8" else {"name": "v", "precision": precision})  # fmt: skip
+    if precision == "int8":
+        assert built.onnx_path == path.resolve() and built.params["predictor_outputs_kept_float"] == ["mul"]
+        assert built.notes == ("nothing to quantize (every Mul node is kept float: steps on the float output of an "
+                               "ONNX-ML predictor): the variant is the FP32 model",)  # fmt: skip
+        return
+    assert built.params["lowered_op_types"] == {"Mul": 1}
+    assert (built.params["contractions"], built.params["lowered_contractions"], built.params["fp32_predictors"]) == (
+        0, 0, 1)  # fmt: skip
+    assert (f"the graph computes in its ONNX-ML TreeEnsembleRegressor, which stay FP32: the variant computes in FP32, "
+            f"{precision.upper()} rounds only the nodes above") in " ".join(built.notes)  # fmt: skip
+
+
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_a_scaler_lowered_in_front_of_a_tree_is_named_with_the_tree_reading_its_rounding(tmp_path, precision):
     """A scaler is all a tree pipeline lowers: the notes said only that the trees stay FP32, so the variant read as

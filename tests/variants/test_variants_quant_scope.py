@@ -12,7 +12,7 @@ from onnx import helper
 
 from qbench.recipe import VariantSpec
 from qbench.variants import BuildContext, build_variant
-from qbench.variants.quant_scope import preprocessing_nodes, table_lookups
+from qbench.variants.quant_scope import predictor_output_nodes, preprocessing_nodes, table_lookups
 from tests.variants.conftest import save_graph
 
 RNG = np.random.default_rng(0)
@@ -135,3 +135,24 @@ def test_an_embedding_lookup_stays_float_unless_op_types_name_it(tmp_path, calib
     named, rounded = rows(VariantSpec(name="named", precision="int8", calibrator=calibrator, op_types=["MatMul", "Gather"]))
     assert "lookups_kept_float" not in named.params and not np.array_equal(rounded, fp32)
     assert table_lookups(onnx.load(str(reference)), ("MatMul",)) == {}  # only the op types asked about
+
+
+def test_steps_on_an_onnx_ml_predictors_output_are_found_until_a_layer_with_weights():
+    """Tree scores scaled (onnxmltools' Mul by 1), then a MatMul stacked on them and its bias: only the Mul computes
+    on the predictor's float output alone; the MatMul is a layer, the Add its output. Preprocessing is unchanged."""
+    tree = helper.make_node("TreeEnsembleRegressor", ["scaled"], ["raw"], domain="ai.onnx.ml", name="tree", n_targets=2,
+                            nodes_treeids=[0], nodes_nodeids=[0], nodes_featureids=[0], nodes_modes=["LEAF"],
+                            nodes_values=[0.0], nodes_truenodeids=[0], nodes_falsenodeids=[0], target_treeids=[0, 0],
+                            target_nodeids=[0, 0], target_ids=[0, 1], target_weights=[0.5, 1.5])  # fmt: skip
+    nodes = [helper.make_node("Mul", ["x", "scale"], ["scaled"], name="scale_x"), tree,
+             helper.make_node("Mul", ["raw", "one"], ["scores"], name="times_one"),
+             helper.make_node("MatMul", ["scores", "w"], ["h"], name="stack"),
+             helper.make_node("Add", ["h", "b"], ["y"], name="bias")]  # fmt: skip
+    weights = {"scale": np.array([2.0, 2.0], np.float32), "one": np.array(1.0, np.float32), "w": _weights(2, 2),
+               "b": _weights(2)}  # fmt: skip
+    graph = helper.make_graph(nodes, "stacked", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [None, 2])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [None, 2])],
+                              [onnx.numpy_helper.from_array(value, name) for name, value in weights.items()])  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)])
+    assert predictor_output_nodes(model) == ["times_one"]
+    assert preprocessing_nodes(model) == ["scale_x"]
