@@ -69,7 +69,13 @@ from qbench.variants.onnx_utils import (
 )
 from qbench.variants.qdq_bypass import bypass_qdq
 from qbench.variants.quant_scope import preprocessing_nodes, subgraph_read_kept_float, table_lookups
-from qbench.variants.quantizable import nested_nodes_note, nothing_to_quantize, quantizable_nodes, unquantizable_nodes
+from qbench.variants.quantizable import (
+    nested_clause,
+    nested_nodes_note,
+    nothing_to_quantize,
+    quantizable_nodes,
+    unquantizable_nodes,
+)
 from qbench.variants.reference import load_reference
 
 _QUANT_TYPES = {"uint8": QuantType.QUInt8, "int8": QuantType.QInt8}
@@ -222,14 +228,15 @@ def _nothing_quantized(op_types: tuple[str, ...], model: onnx.ModelProto, prepro
     if not quantizable:
         return nothing_to_quantize(op_types, model)
     computing = set(quantizable_nodes(model, computing_op_types(op_types), []))
+    nested = nested_clause(model, op_types)
     if quantizable <= set(preprocessing):
         return (f"nothing to quantize (every {_kinds(model, quantizable)} node is kept float: preprocessing in front of "
-                "every layer with weights)")
+                f"every layer with weights{nested})")
     if not computing:
         return (f"nothing to quantize (Q/DQ on {_kinds(model, quantizable)} would only round data that ONNX Runtime "
-                "moves, selects or computes in float: no integer arithmetic)")
+                f"moves, selects or computes in float: no integer arithmetic{nested})")
     return (f"nothing to quantize (every {_kinds(model, computing)} node is kept float: exclude_nodes, keep_float or "
-            "preprocessing)")
+            f"preprocessing{nested})")
 
 
 def _listed(op_types: dict[str, str]) -> str:
