@@ -44,7 +44,8 @@ from qbench.techniques.calibrators import (
 from qbench.variants.base import Feeds
 from qbench.variants.histograms import HISTOGRAM_LIMIT, NONFINITE, UNQUANTIZED, GuardedHistogramCollector
 from qbench.variants.nonfinite_scan import nonfinite_tensors
-from qbench.variants.onnx_utils import default_opset, ensure_opset, load_model, quiet_stdout, save_model
+from qbench.variants.onnx_utils import default_opset, load_model, quiet_stdout, save_model
+from qbench.variants.opset_upgrade import ensure_opset
 from qbench.variants.pass_memo import PassMemo, batches_digest
 
 METHODS: dict[str, CalibrationMethod] = {

@@ -59,7 +59,6 @@ from qbench.variants.onnx_utils import (
     Stopwatch,
     build_step,
     default_opset,
-    ensure_opset,
     output_path,
     quantized_tensors,
     quiet_stdout,
@@ -67,6 +66,7 @@ from qbench.variants.onnx_utils import (
     scratch_dir,
     unchanged_variant,
 )
+from qbench.variants.opset_upgrade import ensure_opset
 from qbench.variants.qdq_bypass import bypass_qdq
 from qbench.variants.quant_scope import preprocessing_nodes, subgraph_read_kept_float, table_lookups
 from qbench.variants.quantizable import (

@@ -1,4 +1,4 @@
-"""Graph helpers shared by the variant builders: load/save, opset upgrades, scratch folders, failures.
+"""Graph helpers shared by the variant builders: load/save, scratch folders, failures (opset upgrades: opset_upgrade).
 
 ORT's quantization tools write intermediate models (shape-inferred copies,
 augmented calibration graphs) next to their input and, when shape inference
@@ -26,7 +26,6 @@ from typing import Any
 import numpy as np
 import onnx
 import onnx.numpy_helper
-from onnx import helper
 
 from qbench.errors import QbenchError, one_line
 from qbench.files import new_folder, writing_file
@@ -168,66 +167,6 @@ def check_model_against(model: onnx.ModelProto | Path, source: onnx.ModelProto |
             if str(source_exc) == str(exc):
                 return
         raise
-
-
-def ensure_opset(model: onnx.ModelProto, minimum: int) -> onnx.ModelProto:
-    """The model at opset >= `minimum`, converted and checked if it was lower.
-
-    onnx's version converter leaves the IR version as it was, which ORT rejects for
-    the new opset, so the IR version is raised to what the opset needs.
-    """
-    if default_opset(model) >= minimum:
-        return model
-    resizes = _pre_11_resizes(model) if default_opset(model) < 11 <= minimum else []
-    converted = onnx.version_converter.convert_version(model, minimum)
-    if resizes:  # the converter renames an Upsample's output and drops its name, but keeps the nodes in order
-        converted_resizes = [node for node in all_nodes(converted.graph) if _is_resize(node)]
-        if len(converted_resizes) != len(resizes):
-            raise QbenchError(f"raising opset {default_opset(model)} to {minimum} turned {len(resizes)} Upsample/"
-                              f"Resize node(s) into {len(converted_resizes)} Resize node(s); expected one each")
-        for node, (name, attributes) in zip(converted_resizes, resizes, strict=True):
-            node.name = node.name or name
-            node.attribute.extend(helper.make_attribute(key, value) for key, value in attributes.items())
-    needed = helper.find_min_ir_version_for(list(converted.opset_import), ignore_unknown=True)  # com.microsoft etc.
-    converted.ir_version = max(converted.ir_version, needed)
-    check_model_against(converted, model)
-    return converted
-
-
-def _is_resize(node: onnx.NodeProto) -> bool:
-    return node.op_type in ("Upsample", "Resize") and node.domain in ("", "ai.onnx")
-
-
-def _pre_11_resizes(model: onnx.ModelProto) -> list[tuple[str, dict[str, str]]]:
-    """The name of each Upsample (opset 7-9) or Resize-10 node of `model` (subgraphs too, in `all_nodes` order) and
-    the Resize-11 attributes that compute what it computes. Before opset 11 they map output pixel x to input pixel
-    x / scale (`asymmetric`) and, in nearest mode, take its floor where the scale is at least 1 and its ceiling where
-    it is below (ONNX Runtime's reading); onnx's version converter writes a Resize-11 with neither attribute, whose
-    defaults are `half_pixel` and `round_prefer_floor`: a bilinear x2 Upsample's outputs moved by up to 1.2 on inputs
-    drawn from N(0, 1). A nearest Resize-10 whose scales are not constants, or mix up- and downsampling axes, has no
-    Resize-11 twin: refused (QbenchError)."""
-    graphs = [model.graph, *(body for node in all_nodes(model.graph) for body in subgraphs_of(node))]
-    constants = {t.name: t for graph in graphs for t in graph.initializer}
-    constants |= {n.output[0]: n.attribute[0].t for n in all_nodes(model.graph) if n.op_type == "Constant"
-                  and n.attribute and n.attribute[0].name == "value"}  # fmt: skip
-    found: list[tuple[str, dict[str, str]]] = []
-    for node in filter(_is_resize, all_nodes(model.graph)):
-        found.append((node.name, {"coordinate_transformation_mode": "asymmetric"}))
-        if next((a.s for a in node.attribute if a.name == "mode"), b"nearest") != b"nearest":
-            continue
-        if node.op_type == "Upsample":  # its scales are at least 1 (the operator's definition)
-            found[-1][1]["nearest_mode"] = "floor"
-            continue
-        scales = node.input[1] if len(node.input) > 1 else ""
-        moved = {float(s) >= 1 for s in onnx.numpy_helper.to_array(constants[scales]).ravel() if s != 1} \
-            if scales in constants else None  # fmt: skip
-        if moved is None or len(moved) > 1:
-            how = "are not constants" if moved is None else "mix up- and downsampling axes"
-            raise QbenchError(f"Resize node {node.name or node.output[0]!r} (opset 10, nearest): its scales {how}, "
-                              "so it has no opset-11 form computing the same pixels; export the model at opset 11 or "
-                              "later")
-        found[-1][1]["nearest_mode"] = "floor" if moved != {False} else "ceil"
-    return found
 
 
 def quantized_op_counts(model: onnx.ModelProto, op_types: Collection[str]) -> dict[str, int]:
