@@ -21,7 +21,8 @@ def ensure_opset(model: onnx.ModelProto, minimum: int) -> onnx.ModelProto:
     """The model at opset >= `minimum`, converted and checked if it was lower.
 
     onnx's version converter leaves the IR version as it was, which ORT rejects for
-    the new opset, so the IR version is raised to what the opset needs.
+    the new opset, so the IR version is raised to what the opset needs. Each Upsample and Resize-10 it converts gets
+    its old sampling (`_pre_11_resizes`); a conversion changing the graph's inputs or outputs is refused.
     """
     if default_opset(model) >= minimum:
         return model
@@ -50,7 +51,11 @@ def _check_interface_kept(model: onnx.ModelProto, converted: onnx.ModelProto, op
         return [(kind, value.name, value.type) for kind, values in (("input", graph.input), ("output", graph.output))
                 for value in values]  # fmt: skip
 
-    for (kind, name, before), (_, _, after) in zip(interface(model.graph), interface(converted.graph), strict=False):
+    for (kind, name, before), (_, renamed, after) in zip(interface(model.graph), interface(converted.graph),
+                                                         strict=False):  # fmt: skip
+        if renamed != name:
+            raise QbenchError(f"raising opset {default_opset(model)} to {opset} (onnx's version converter) renamed graph "
+                              f"{kind} {name!r} to {renamed!r}; export the model at opset {opset} or later")
         if not _same_interface(before, after):
             raise QbenchError(f"raising opset {default_opset(model)} to {opset} (onnx's version converter) changed graph "
                               f"{kind} {name!r} from {_described(before)} to {_described(after)}; export the model at "
