@@ -44,7 +44,8 @@ from qbench.techniques.calibrators import (
 from qbench.variants.base import Feeds
 from qbench.variants.histograms import HISTOGRAM_LIMIT, NONFINITE, UNQUANTIZED, GuardedHistogramCollector
 from qbench.variants.nonfinite_scan import nonfinite_tensors
-from qbench.variants.onnx_utils import load_model, quiet_stdout, save_model
+from qbench.variants.onnx_utils import default_opset, load_model, quiet_stdout, save_model
+from qbench.variants.opset_upgrade import ensure_opset
 from qbench.variants.pass_memo import PassMemo, batches_digest
 
 METHODS: dict[str, CalibrationMethod] = {
@@ -293,6 +294,10 @@ def clipping_ranges(ranges: TensorsData, tensors: Iterable[str], *, symmetric: b
     return clipping
 
 
+# ONNX Runtime's quantization pre-processing raises a model below this opset to it (its Q/DQ and fusions need it)
+PRE_PROCESSED_OPSET = 11
+
+
 def preprocess_model(model: onnx.ModelProto, directory: Path) -> tuple[Path, str]:
     """ORT's quantization pre-processing (shape inference) into `directory`; returns the path and what ran.
 
@@ -302,21 +307,27 @@ def preprocess_model(model: onnx.ModelProto, directory: Path) -> tuple[Path, str
     Symbolic shape inference runs only where ONNX's own leaves a tensor untyped (`typed_by_onnx_inference`), and
     fails on some graphs; ONNX shape inference still runs then. Stale value_info (dynamo exports, pitfall 8) is
     dropped from `model` first (in place): shape inference recomputes it.
+    A model below opset 11 is raised to it here (`ensure_opset`: Upsample and Resize compute the same pixels), as
+    ORT's pre-processing would: its own conversion stopped at an Upsample ('No Adapter From Version $9 for Resize')
+    and wrote a Resize-10 as a Resize-11 sampling other pixels.
     """
     del model.graph.value_info[:]
     path = directory / "preprocessed.onnx"
+    original = default_opset(model)
+    model = ensure_opset(model, PRE_PROCESSED_OPSET)
+    raised = f"opset {original} raised to {PRE_PROCESSED_OPSET}; " if original < PRE_PROCESSED_OPSET else ""
     inferred = typed_by_onnx_inference(model)
     if inferred is not None:
         quant_pre_process(inferred, path, skip_optimization=True, skip_onnx_shape=True, skip_symbolic_shape=True)
         done = "ONNX shape inference (it typed every tensor: no symbolic shape inference needed; no graph optimisation)"
-        return path, done + _declare_runtime_float_types(path)
+        return path, raised + done + _declare_runtime_float_types(path)
     try:
         quant_pre_process(model, path, skip_optimization=True)
         done = "symbolic and ONNX shape inference (no graph optimisation)"
     except Exception:  # noqa: BLE001 (symbolic shape inference raises assorted errors)
         quant_pre_process(model, path, skip_optimization=True, skip_symbolic_shape=True)
         done = "ONNX shape inference (symbolic shape inference failed; no graph optimisation)"
-    return path, done + _declare_runtime_float_types(path)
+    return path, raised + done + _declare_runtime_float_types(path)
 
 
 def typed_by_onnx_inference(model: onnx.ModelProto) -> onnx.ModelProto | None:

@@ -61,7 +61,6 @@ from qbench.variants.onnx_utils import (
     Stopwatch,
     build_step,
     check_model_against,
-    ensure_opset,
     outer_scope_reads,
     output_path,
     rename_reads,
@@ -69,6 +68,7 @@ from qbench.variants.onnx_utils import (
     subgraphs_of,
     unchanged_variant,
 )
+from qbench.variants.opset_upgrade import ensure_opset
 from qbench.variants.quantizable import ML_PREDICTOR_OP_TYPES, float64_nodes
 from qbench.variants.reference import fresh_name, load_reference, names_in
 

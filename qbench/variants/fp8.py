@@ -60,7 +60,6 @@ from qbench.variants.onnx_utils import (
     check_model_against,
     default_opset,
     drop_unused_initializers,
-    ensure_opset,
     load_model,
     output_path,
     quantized_op_counts,
@@ -69,6 +68,7 @@ from qbench.variants.onnx_utils import (
     scratch_dir,
     unchanged_variant,
 )
+from qbench.variants.opset_upgrade import ensure_opset
 from qbench.variants.quant_scope import nothing_quantized_note, subgraph_read_kept_float
 from qbench.variants.quantizable import nested_nodes_note, nothing_to_quantize, quantizable_nodes, unquantizable_nodes
 from qbench.variants.reference import load_reference

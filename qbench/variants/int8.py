@@ -59,7 +59,6 @@ from qbench.variants.onnx_utils import (
     Stopwatch,
     build_step,
     default_opset,
-    ensure_opset,
     output_path,
     quantized_tensors,
     quiet_stdout,
@@ -67,6 +66,7 @@ from qbench.variants.onnx_utils import (
     scratch_dir,
     unchanged_variant,
 )
+from qbench.variants.opset_upgrade import ensure_opset
 from qbench.variants.qdq_bypass import bypass_qdq
 from qbench.variants.quant_scope import (
     predictor_output_nodes,
@@ -74,7 +74,13 @@ from qbench.variants.quant_scope import (
     subgraph_read_kept_float,
     table_lookups,
 )
-from qbench.variants.quantizable import nested_nodes_note, nothing_to_quantize, quantizable_nodes, unquantizable_nodes
+from qbench.variants.quantizable import (
+    nested_clause,
+    nested_nodes_note,
+    nothing_to_quantize,
+    quantizable_nodes,
+    unquantizable_nodes,
+)
 from qbench.variants.reference import load_reference
 
 _QUANT_TYPES = {"uint8": QuantType.QUInt8, "int8": QuantType.QInt8}
@@ -232,16 +238,17 @@ def _nothing_quantized(
     if not quantizable:
         return nothing_to_quantize(op_types, model)
     computing = set(quantizable_nodes(model, computing_op_types(op_types), []))
+    nested = nested_clause(model, op_types)
     if quantizable <= {*preprocessing, *predictor_outputs}:
         why = [text for names, text in ((preprocessing, "preprocessing in front of every layer with weights"),
                                         (predictor_outputs, "steps on the float output of an ONNX-ML predictor"))
                if quantizable.intersection(names)]  # fmt: skip
-        return f"nothing to quantize (every {_kinds(model, quantizable)} node is kept float: {' and '.join(why)})"
+        return f"nothing to quantize (every {_kinds(model, quantizable)} node is kept float: {' and '.join(why)}{nested})"
     if not computing:
         return (f"nothing to quantize (Q/DQ on {_kinds(model, quantizable)} would only round data that ONNX Runtime "
-                "moves, selects or computes in float: no integer arithmetic)")
+                f"moves, selects or computes in float: no integer arithmetic{nested})")
     return (f"nothing to quantize (every {_kinds(model, computing)} node is kept float: exclude_nodes, keep_float or "
-            "preprocessing)")
+            f"preprocessing{nested})")
 
 
 def _listed(op_types: dict[str, str]) -> str:

@@ -29,7 +29,8 @@ from qbench.variants.linear_graph import GraphView, Linear
 from qbench.variants.linear_qdq import LinearQuantSettings, quantize_linears
 from qbench.variants.node_names import resolve_node_names
 from qbench.variants.nonfinite_scan import kept_float_note, nodes_reading_nonfinite
-from qbench.variants.onnx_utils import Stopwatch, build_step, ensure_opset, output_path, save_model, scratch_dir
+from qbench.variants.onnx_utils import Stopwatch, build_step, output_path, save_model, scratch_dir
+from qbench.variants.opset_upgrade import ensure_opset
 from qbench.variants.quantizable import nested_nodes_note
 from qbench.variants.reference import load_reference
 from qbench.variants.smoothquant import SmoothQuantSettings, collect_channel_ranges, smooth_model

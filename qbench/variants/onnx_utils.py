@@ -1,4 +1,4 @@
-"""Graph helpers shared by the variant builders: load/save, opset upgrades, scratch folders, failures.
+"""Graph helpers shared by the variant builders: load/save, scratch folders, failures (opset upgrades: opset_upgrade).
 
 ORT's quantization tools write intermediate models (shape-inferred copies,
 augmented calibration graphs) next to their input and, when shape inference
@@ -26,7 +26,6 @@ from typing import Any
 import numpy as np
 import onnx
 import onnx.numpy_helper
-from onnx import helper
 
 from qbench.errors import QbenchError, one_line
 from qbench.files import new_folder, writing_file
@@ -168,21 +167,6 @@ def check_model_against(model: onnx.ModelProto | Path, source: onnx.ModelProto |
             if str(source_exc) == str(exc):
                 return
         raise
-
-
-def ensure_opset(model: onnx.ModelProto, minimum: int) -> onnx.ModelProto:
-    """The model at opset >= `minimum`, converted and checked if it was lower.
-
-    onnx's version converter leaves the IR version as it was, which ORT rejects for
-    the new opset, so the IR version is raised to what the opset needs.
-    """
-    if default_opset(model) >= minimum:
-        return model
-    converted = onnx.version_converter.convert_version(model, minimum)
-    needed = helper.find_min_ir_version_for(list(converted.opset_import), ignore_unknown=True)  # com.microsoft etc.
-    converted.ir_version = max(converted.ir_version, needed)
-    check_model_against(converted, model)
-    return converted
 
 
 def quantized_op_counts(model: onnx.ModelProto, op_types: Collection[str]) -> dict[str, int]:

@@ -119,7 +119,12 @@ def nothing_to_quantize(op_types: Collection[str], model: onnx.ModelProto) -> st
     kept = f"; {', '.join(others)} stay FP32" if others else ""
     named = ", ".join(sorted(op_types)) if len(op_types) <= 6 else "quantizable"
     doubles = "; the graph computes in float64, which ONNX Runtime's quantizers leave as it is" if float64_nodes(model) else ""
-    nested = nested_nodes(model, op_types)
-    inside = ", ".join(f"{count} {op}" for op, count in sorted(nested.items()))
-    inside = f"; {inside} only inside control-flow subgraphs (If/Loop/Scan), which quantization leaves float" if inside else ""
-    return f"nothing to quantize (no {named} node in the standard ONNX domain{kept}{doubles}{inside})"
+    nested = nested_clause(model, op_types)
+    return f"nothing to quantize (no {named} node in the standard ONNX domain{kept}{doubles}{nested})"
+
+
+def nested_clause(model: onnx.ModelProto, op_types: Collection[str]) -> str:
+    """'; 4 MatMul only inside control-flow subgraphs ...' for a 'nothing to quantize' reason, '' with none there: a
+    graph whose layers all sit in If/Loop/Scan bodies quantizes nothing whatever else its main graph holds."""
+    inside = ", ".join(f"{count} {op}" for op, count in sorted(nested_nodes(model, op_types).items()))
+    return f"; {inside} only inside control-flow subgraphs (If/Loop/Scan), which quantization leaves float" if inside else ""

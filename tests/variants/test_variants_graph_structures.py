@@ -404,3 +404,27 @@ def test_a_sweep_of_a_graph_computing_inside_control_flow_says_so_in_the_gate_an
             "lowered): its pass says nothing about fp16") in out  # fmt: skip
     [report] = (tmp_path / "reports" / "flow").glob("*/report.md")
     assert "not analysed: 6 node(s) inside the control-flow subgraphs (If/Loop/Scan) of `flow`" in report.read_text()
+
+
+@pytest.mark.parametrize("calibrator", ["dynamic", "minmax"])
+def test_int8_quantizing_nothing_beside_a_branch_on_the_batch_size_names_the_layers_in_the_branches(tmp_path, calibrator):
+    """If(x.shape[0] > 1) with both branches' layers inside: the main graph's one quantizable node is the Gather reading
+    the batch size, and the note blamed it alone ('Q/DQ on Gather would only round data...'), not the 4 MatMuls the
+    branches hold, which are why the variant is FP32."""
+    condition = [helper.make_node("Shape", ["x"], ["shape"], name="shape"),
+                 helper.make_node("Gather", ["shape", "first"], ["rows"], name="rows", axis=0),
+                 helper.make_node("Greater", ["rows", "one"], ["many"], name="many"),
+                 helper.make_node("If", ["many"], ["y"], name="branch",
+                                  then_branch=_branch("then", "w_then", own_activation=True),
+                                  else_branch=_branch("else", "w_else", own_activation=True))]  # fmt: skip
+    constants = [numpy_helper.from_array(np.array(0, np.int64), "first"), numpy_helper.from_array(np.array(1, np.int64), "one")]
+    graph = helper.make_graph(condition, "shape_if", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", FEATURES])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", CLASSES])],
+                              [*(numpy_helper.from_array(v, k) for k, v in WEIGHTS.items()), *constants])  # fmt: skip
+    path = _save(graph, tmp_path / "shape_if.onnx")
+    built = _build(path, tmp_path / "w", name="int8", precision="int8", calibrator=calibrator)
+    assert built.onnx_path == path.resolve() and built.lowered_nothing
+    [note] = built.notes
+    assert "Q/DQ on Gather would only round data" in note
+    inside = {"dynamic": "4 MatMul", "minmax": "4 MatMul, 2 Relu"}[calibrator]  # Relu: a static QDQ op type
+    assert f"{inside} only inside control-flow subgraphs (If/Loop/Scan), which quantization leaves float" in note

@@ -1,0 +1,127 @@
+"""Raising a model's opset (`ensure_opset`) without changing what it computes or takes.
+
+onnx's version converter does the work; what it gets wrong is put right or refused here, for every variant that
+raises the opset (ONNX Runtime's quantization pre-processing to 11, per-channel INT8, BF16 and linear INT8 to 13,
+FP8 to 21): an Upsample or Resize-10 becomes a Resize-11 sampling other pixels unless given the old sampling, and an
+adapter that changes the graph's inputs or outputs (Scan 8 -> 9 drops the batch axis) is a one-line error.
+"""
+
+from __future__ import annotations
+
+import onnx
+import onnx.numpy_helper
+import onnx.version_converter
+from onnx import helper
+
+from qbench.errors import QbenchError
+from qbench.variants.onnx_utils import all_nodes, check_model_against, default_opset, subgraphs_of
+
+
+def ensure_opset(model: onnx.ModelProto, minimum: int) -> onnx.ModelProto:
+    """The model at opset >= `minimum`, converted and checked if it was lower.
+
+    onnx's version converter leaves the IR version as it was, which ORT rejects for
+    the new opset, so the IR version is raised to what the opset needs. Each Upsample and Resize-10 it converts gets
+    its old sampling (`_pre_11_resizes`); a conversion changing the graph's inputs or outputs is refused.
+    """
+    if default_opset(model) >= minimum:
+        return model
+    resizes = _pre_11_resizes(model) if default_opset(model) < 11 <= minimum else []
+    converted = onnx.version_converter.convert_version(model, minimum)
+    if resizes:  # the converter renames an Upsample's output and drops its name, but keeps the nodes in order
+        converted_resizes = [node for node in all_nodes(converted.graph) if _is_resize(node)]
+        if len(converted_resizes) != len(resizes):
+            raise QbenchError(f"raising opset {default_opset(model)} to {minimum} turned {len(resizes)} Upsample/"
+                              f"Resize node(s) into {len(converted_resizes)} Resize node(s); expected one each")
+        for node, (name, attributes) in zip(converted_resizes, resizes, strict=True):
+            node.name = node.name or name
+            node.attribute.extend(helper.make_attribute(key, value) for key, value in attributes.items())
+    _check_interface_kept(model, converted, minimum)
+    needed = helper.find_min_ir_version_for(list(converted.opset_import), ignore_unknown=True)  # com.microsoft etc.
+    converted.ir_version = max(converted.ir_version, needed)
+    check_model_against(converted, model)
+    return converted
+
+
+def _check_interface_kept(model: onnx.ModelProto, converted: onnx.ModelProto, opset: int) -> None:
+    """Raise a one-line QbenchError where raising `model` to `opset` changed a graph input's or output's name, type or
+    shape: onnx's Scan 8 -> 9 adapter drops the batch axis from the graph's inputs and outputs, and the variant built
+    from it refused FP32's feeds ('Invalid rank for input: x Got: 3 Expected: 2')."""
+    def interface(graph: onnx.GraphProto) -> list[tuple[str, str, onnx.TypeProto]]:
+        return [(kind, value.name, value.type) for kind, values in (("input", graph.input), ("output", graph.output))
+                for value in values]  # fmt: skip
+
+    for (kind, name, before), (_, renamed, after) in zip(interface(model.graph), interface(converted.graph),
+                                                         strict=False):  # fmt: skip
+        if renamed != name:
+            raise QbenchError(f"raising opset {default_opset(model)} to {opset} (onnx's version converter) renamed graph "
+                              f"{kind} {name!r} to {renamed!r}; export the model at opset {opset} or later")
+        if not _same_interface(before, after):
+            raise QbenchError(f"raising opset {default_opset(model)} to {opset} (onnx's version converter) changed graph "
+                              f"{kind} {name!r} from {_described(before)} to {_described(after)}; export the model at "
+                              f"opset {opset} or later")  # fmt: skip
+    if len(interface(model.graph)) != len(interface(converted.graph)):
+        raise QbenchError(f"raising opset {default_opset(model)} to {opset} (onnx's version converter) changed the "
+                          f"graph's inputs or outputs; export the model at opset {opset} or later")
+
+
+def _same_interface(before: onnx.TypeProto, after: onnx.TypeProto) -> bool:
+    """Whether a graph input or output typed `after` takes what one typed `before` took: the same element type and
+    rank, fixed sizes kept (the converter's shape inference may fix a symbolic size, or state a rank left open)."""
+    if before.WhichOneof("value") != "tensor_type" or after.WhichOneof("value") != "tensor_type":
+        return before == after
+    old, new = before.tensor_type, after.tensor_type
+    if old.elem_type != new.elem_type:
+        return False
+    if not (old.HasField("shape") and new.HasField("shape")):  # a rank only one of them states
+        return True
+    if len(old.shape.dim) != len(new.shape.dim):
+        return False
+    return all(not (a.HasField("dim_value") and b.HasField("dim_value")) or a.dim_value == b.dim_value
+               for a, b in zip(old.shape.dim, new.shape.dim, strict=True))  # fmt: skip
+
+
+def _described(kind: onnx.TypeProto) -> str:
+    """'float[2, 5, 6]' (or the type's own text for a non-tensor)."""
+    if kind.WhichOneof("value") != "tensor_type":
+        return str(kind).replace("\n", " ").strip()
+    tensor = kind.tensor_type
+    dims = [d.dim_param or (str(d.dim_value) if d.HasField("dim_value") else "?") for d in tensor.shape.dim]
+    shape = f"[{', '.join(dims)}]" if tensor.HasField("shape") else "[any rank]"
+    return helper.tensor_dtype_to_np_dtype(tensor.elem_type).name + shape if tensor.elem_type else "untyped" + shape
+
+
+def _is_resize(node: onnx.NodeProto) -> bool:
+    return node.op_type in ("Upsample", "Resize") and node.domain in ("", "ai.onnx")
+
+
+def _pre_11_resizes(model: onnx.ModelProto) -> list[tuple[str, dict[str, str]]]:
+    """The name of each Upsample (opset 7-9) or Resize-10 node of `model` (subgraphs too, in `all_nodes` order) and
+    the Resize-11 attributes that compute what it computes. Before opset 11 they map output pixel x to input pixel
+    x / scale (`asymmetric`) and, in nearest mode, take its floor where the scale is at least 1 and its ceiling where
+    it is below (ONNX Runtime's reading); onnx's version converter writes a Resize-11 with neither attribute, whose
+    defaults are `half_pixel` and `round_prefer_floor`: a bilinear x2 Upsample's outputs moved by up to 1.2 on inputs
+    drawn from N(0, 1). A nearest Resize-10 whose scales are not constants, or mix up- and downsampling axes, has no
+    Resize-11 twin: refused (QbenchError)."""
+    graphs = [model.graph, *(body for node in all_nodes(model.graph) for body in subgraphs_of(node))]
+    constants = {t.name: t for graph in graphs for t in graph.initializer}
+    constants |= {n.output[0]: n.attribute[0].t for n in all_nodes(model.graph) if n.op_type == "Constant"
+                  and n.attribute and n.attribute[0].name == "value"}  # fmt: skip
+    found: list[tuple[str, dict[str, str]]] = []
+    for node in filter(_is_resize, all_nodes(model.graph)):
+        found.append((node.name, {"coordinate_transformation_mode": "asymmetric"}))
+        if next((a.s for a in node.attribute if a.name == "mode"), b"nearest") != b"nearest":
+            continue
+        if node.op_type == "Upsample":  # its scales are at least 1 (the operator's definition)
+            found[-1][1]["nearest_mode"] = "floor"
+            continue
+        scales = node.input[1] if len(node.input) > 1 else ""
+        moved = {float(s) >= 1 for s in onnx.numpy_helper.to_array(constants[scales]).ravel() if s != 1} \
+            if scales in constants else None  # fmt: skip
+        if moved is None or len(moved) > 1:
+            how = "are not constants" if moved is None else "mix up- and downsampling axes"
+            raise QbenchError(f"Resize node {node.name or node.output[0]!r} (opset 10, nearest): its scales {how}, "
+                              "so it has no opset-11 form computing the same pixels; export the model at opset 11 or "
+                              "later")
+        found[-1][1]["nearest_mode"] = "floor" if moved != {False} else "ceil"
+    return found
