@@ -11,6 +11,7 @@ import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -55,7 +56,7 @@ from qbench.results import (
     non_default_session_options,
 )
 from qbench.validate.catalogue import custom_metrics, recorded_custom_metrics
-from qbench.validate.contention import contention_notes
+from qbench.validate.contention import contention_notes, oversubscription_note
 
 _DROP_NOTE = "drop: how much worse than FP32 (positive = worse)"
 _CONTENDED_NOTE = ("timed while other processes kept CPUs busy (the contention note says how many): this speed-up compares "
@@ -300,7 +301,8 @@ def _latency_rows(variant: VariantResult, notes: Footnotes) -> list[list[Cell]]:
     if variant.latency is None:
         return []
     latency = variant.latency
-    threads = str(latency.threads or "default")
+    crowded = oversubscription_note(latency)  # more threads than usable CPUs: the threads cell points to why
+    threads = str(latency.threads or "default") + (f" {notes.mark(crowded)}" if crowded else "")
     cold: list[Cell] = [short(latency.session_create_ms), short(latency.first_run_ms), threads]
     rows = []
     for index, p in enumerate(latency.points):
@@ -334,6 +336,15 @@ def _timed_inputs(results: SweepResults) -> list[str]:
 # -- markdown report ------------------------------------------------------------------------------
 
 
+def _usable_cpus(env: dict[str, Any]) -> str:
+    """The CPUs the sweep's process was allowed (qbench.environment.CpuAllowance), in words."""
+    if "usable_cpus" not in env:
+        return "usable CPUs not recorded"
+    quota = env.get("cpu_quota")
+    limit = f"cgroup quota {quota:.2f} CPUs" if isinstance(quota, float) else "no cgroup quota"
+    return f"**usable CPUs:** {env['usable_cpus']} (affinity {env.get('affinity_cpus', '?')}, {limit})"
+
+
 def _header(results: SweepResults) -> str:
     recipe, env = results.recipe, results.environment
     packages = env.get("packages", {})
@@ -349,7 +360,7 @@ def _header(results: SweepResults) -> str:
         f"flags {' '.join(env.get('cpu_flags', [])) or 'none recorded'}",
         f"- **Software:** Python {env.get('python', '?')}, {runtimes or 'no runtime recorded'}; "
         f"{env.get('platform', '')}",
-        f"- **Threads (intra-op):** {', '.join(threads) or 'not measured'}",
+        f"- **Threads (intra-op):** {', '.join(threads) or 'not measured'}; {_usable_cpus(env)}",
         f"- **Reference:** {results.reference}; **gate metric:** {results.gate_metric}; "
         f"**evaluation rows:** {results.evaluation_rows}",
     ]

@@ -24,7 +24,7 @@ from qbench.results import LatencyPoint, SweepResults, VariantResult
 from qbench.results_serving import ServingResult
 from qbench.validate.bound import estimate_bound, last_level_cache_bytes, memory_bandwidth_bytes_per_s
 from qbench.validate.catalogue import within
-from qbench.validate.contention import contended
+from qbench.validate.contention import contended, oversubscribed
 from qbench.validate.cost import usd_per_million
 from qbench.validate.latency import BatcherSamples, timed_batches
 from qbench.validate.load import Batcher, Draws, LoadReplay, MeasuredServiceTimes, search_max_rate
@@ -251,20 +251,32 @@ def _judge_one(
     overloaded = budget.rate_rps is not None and (serving.at_rate.overloaded
                                                   or (serving.served_at_rate is not None and serving.served_at_rate.overloaded))
     status = "pass" if within(observed, budget.p99_ms) and not overloaded else "breach"
-    loaded = _contended_points(result, None if budget.rate_rps is not None else budget.batch_size)
-    if status == "breach" and loaded:
-        return None, (f"a breach timed while other processes kept CPUs busy ({loaded}) is no verdict on the variant: "
-                      "re-run `qbench sweep` on a machine nothing else runs on")  # fmt: skip
+    crowded = _crowded_timing(result, None if budget.rate_rps is not None else budget.batch_size)
+    if status == "breach" and crowded:
+        return None, f"a breach timed {crowded} is no verdict on the variant: re-run `qbench sweep` {_remedy(result)}"
     return SloJudgement(result.variant, result.backend, budget.p99_ms, observed, samples, status), None
 
 
-def _contended_points(result: VariantResult, batch_size: int | None) -> str:
-    """The timed points a p99 rests on (`batch_size`'s, or every one for a simulated load) that ran beside other
-    processes' load, in words ('' when none did). Other load only slows a run, so a pass measured beside it stands,
-    while a breach may be the other processes' doing."""
+def _crowded_timing(result: VariantResult, batch_size: int | None) -> str:
+    """How the timed points a p99 rests on (`batch_size`'s, or every one for a simulated load) competed for CPUs, in
+    words ('' when they did not): beside other processes' load, or with more threads than usable CPUs
+    (qbench.validate.contention). Either only slows a run, so a pass measured so stands, while a breach may be the
+    load's or the CPU allowance's doing rather than the variant's."""
     points = [p for p in (result.latency.points if result.latency else ())
               if contended(p) and batch_size in (None, p.batch_size)]  # fmt: skip
-    return ", ".join(f"{p.others_cpus:.2f} at batch {p.batch_size}" for p in points)
+    loaded = ", ".join(f"{p.others_cpus:.2f} at batch {p.batch_size}" for p in points)
+    causes = [f"while other processes kept CPUs busy ({loaded})" if loaded else "",
+              f"with {oversubscribed(result.latency)}" if oversubscribed(result.latency) else ""]  # fmt: skip
+    return " and ".join(cause for cause in causes if cause)
+
+
+def _remedy(result: VariantResult) -> str:
+    """Where to time again for a verdict: with no more threads than usable CPUs, on a machine nothing else runs on."""
+    latency = result.latency
+    if latency is None or not oversubscribed(latency):
+        return "on a machine nothing else runs on"
+    return (f"with latency.threads at most {latency.machine['cpus']}, or where {latency.threads} CPUs are allowed "
+            "and nothing else runs")
 
 
 def p99_basis(samples: int, serving: ServingResult | None) -> str:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from qbench.backends.base import RunOptions
+from qbench.environment import timed_threads
 from qbench.errors import MissingExtraError, QbenchError, expected_one_of
 from qbench.variants.base import BuiltVariant
 
@@ -126,7 +127,7 @@ class OnnxRuntimeRunner:
             "runtime": "onnxruntime",
             "version": self._version,
             "providers": list(session.get_providers()),
-            "intra_op_threads": options.intra_op_num_threads or None,  # None: the runtime's default
+            "intra_op_threads": options.intra_op_num_threads or None,  # None: the runtime's default (0 was asked)
             "graph_optimization_level": _level_name(options.graph_optimization_level),
         }
 
@@ -172,14 +173,16 @@ class OnnxRuntimeBackend:
         return None
 
     def session_options(self, variant: BuiltVariant, options: RunOptions) -> onnxruntime.SessionOptions:
-        """Threads from the recipe; the graph optimisation level from the variant's session hints."""
+        """Threads from the recipe (unset: qbench.environment.default_threads, not ONNX Runtime's default, which
+        counts the host's physical cores whatever the affinity mask and the cgroup quota allow); the graph
+        optimisation level from the variant's session hints."""
         ort = _import_onnxruntime(self.extra)
         level = variant.session_hints.get("graph_optimization_level", DEFAULT_OPTIMIZATION_LEVEL)
         if level not in _OPTIMIZATION_LEVELS:
             expected = expected_one_of(level, _OPTIMIZATION_LEVELS)
             raise QbenchError(f"variant {variant.name}: session hint graph_optimization_level {expected}")
         session_options = ort.SessionOptions()
-        session_options.intra_op_num_threads = options.threads or 0
+        session_options.intra_op_num_threads = timed_threads(options.threads)
         session_options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _OPTIMIZATION_LEVELS[level])
         session_options.log_severity_level = 3  # errors only: ORT's warnings would interleave with qbench's output
         return session_options

@@ -38,7 +38,7 @@ from qbench.backends.torch_trace import (
     product_dtypes,
     quantized_products_label,
 )
-from qbench.environment import cpu_has_vnni
+from qbench.environment import cpu_has_vnni, timed_threads
 from qbench.errors import MissingExtraError, QbenchError
 from qbench.modelinfo import read_model_info
 from qbench.results import EMULATED, NATIVE, Fidelity
@@ -310,12 +310,11 @@ class TorchBackend:
             counted=_counted_dtype(variant, module), fidelity=self.fidelity(variant, module),
         )  # fmt: skip
 
-    def _set_threads(self, torch: ModuleType, options: RunOptions) -> int | None:
-        """Apply the recipe's thread count; returns the count to restore at close (None: unchanged)."""
-        if options.threads is None:
-            return None
+    def _set_threads(self, torch: ModuleType, options: RunOptions) -> int:
+        """Apply the recipe's thread count (unset: qbench.environment.default_threads; torch's own default counts
+        the affinity mask's CPUs whatever the cgroup quota allows); returns the count to restore at close."""
         previous = torch.get_num_threads()
-        torch.set_num_threads(options.threads)
+        torch.set_num_threads(timed_threads(options.threads))
         return previous
 
     def device_description(self, torch: ModuleType) -> str:

@@ -9,6 +9,11 @@ used, on average over its timed runs, and a report names the points
 timed beside such a load: their speed-ups may be off by far more than their spreads say. Such a point (`contended`)
 ranks no variant by speed: the frontier and every "faster / slower than FP32" claim compare it with nothing
 (qbench.frontier), and the report marks the speed-ups taken from it.
+
+A process can also crowd itself: intra-op threads beyond the CPUs its affinity mask and cgroup quota allow
+(qbench.environment.CpuAllowance) take turns on them. Under `taskset -c 0` a CNN timed with 2 threads had a p99 of
+12.2 ms against 0.10 ms with 1 (p50 0.05 ms either way): such timings describe a smaller machine than the recipe's
+threads say, and `oversubscribed` names them.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # pragma: no cover
     import psutil
 
-    from qbench.results import LatencyPoint, SweepResults
+    from qbench.results import LatencyPoint, LatencyResult, SweepResults
 
 # Other processes using half a CPU on average held one of ours half of the time: enough to move a p50 by more
 # than the timing windows' 5 % (the A/A test's outliers ran beside one to two busy CPUs).
@@ -33,6 +38,32 @@ CONTENDED_CPUS = 0.5
 def contended(point: LatencyPoint | None) -> bool:
     """Whether `point` was timed while other processes kept CONTENDED_CPUS or more busy (False when not recorded)."""
     return point is not None and point.others_cpus >= CONTENDED_CPUS
+
+
+def oversubscribed(latency: LatencyResult | None) -> str:
+    """How `latency`'s intra-op threads outnumbered the usable CPUs it was timed on, in words ('4 threads on 2 usable
+    CPUs (affinity 8, cgroup quota 1.50 CPUs)'); '' when they did not, or either is not recorded."""
+    if latency is None or latency.threads is None:
+        return ""
+    cpus = latency.machine.get("cpus")
+    if not isinstance(cpus, int) or latency.threads <= cpus:
+        return ""
+    quota = latency.machine.get("cpu_quota")
+    limits = [f"affinity {latency.machine['affinity_cpus']}" if "affinity_cpus" in latency.machine else "",
+              f"cgroup quota {quota:.2f} CPUs" if isinstance(quota, float) else ""]  # fmt: skip
+    shown = ", ".join(limit for limit in limits if limit)
+    return f"{latency.threads} threads on {cpus} usable CPU{'s' * (cpus != 1)}" + (f" ({shown})" if shown else "")
+
+
+def oversubscription_note(latency: LatencyResult | None) -> str:
+    """The note a variant timed with more threads than usable CPUs carries ('' for one that was not)."""
+    crowded = oversubscribed(latency)
+    if not crowded or latency is None:
+        return ""
+    return (f"latency timed with {crowded}: the threads took turns on the CPUs, so its latencies (and the SLO "
+            f"verdict and cost per inference taken from them) describe a smaller machine than {latency.threads} "
+            f"threads; set latency.threads to at most {latency.machine['cpus']}, or time it where "
+            f"{latency.threads} CPUs are allowed")
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from qbench.backends import Backend, Runner
 from qbench.backends.base import RunOptions, form_run_by, timed_load
 from qbench.data.nonfinite import MISSING_SLICE
 from qbench.data.text import token_padding
-from qbench.environment import timing_machine
+from qbench.environment import timed_threads, timing_machine
 from qbench.errors import QbenchError, RecipeError, environment_cause
 from qbench.preflight import Prepared, check_labels_fit_outputs
 from qbench.provenance import model_bytes, model_sha256
@@ -35,6 +35,7 @@ from qbench.results import AccuracyResult, LatencyResult, VariantResult
 from qbench.slo import idle_ms, server_for, serving_figures
 from qbench.validate import metrics
 from qbench.validate.accuracy import evaluate_accuracy, run_outputs, scale_doubts, scale_notes, with_drops
+from qbench.validate.contention import oversubscription_note
 from qbench.validate.fidelity import plan_measurement
 from qbench.validate.latency import (
     latency_points,
@@ -234,13 +235,16 @@ def measure(
     latency, size = None, ran["model_bytes"]
     if timing is not None:
         points = latency_points(samples, timing.warmup)
-        latency = LatencyResult(threads=timing.threads, session_create_ms=create_ms, first_run_ms=first_ms,
-                                points=tuple(points), machine=timing_machine(runtime.get("device")))  # fmt: skip
+        latency = LatencyResult(threads=timed_threads(timing.threads), session_create_ms=create_ms,
+                                first_run_ms=first_ms, points=tuple(points),
+                                machine=timing_machine(runtime.get("device")))  # fmt: skip
+    crowded = oversubscription_note(latency)  # more threads than usable CPUs: every latency figure says so
     result = VariantResult(
         variant=built.name, backend=backend.name, precision=built.precision, status="ok",
         params={**built.params, **{f"runtime.{k}": v for k, v in runtime.items()}}, model_path=ran["model_path"],
         model_bytes=size, model_sha256=ran["model_sha256"], build_seconds=built.build_seconds,
-        notes=(*built.notes, *_batch_dependence(built, rows, timing), *ran["notes"], *scale_read), accuracy=accuracy,
+        notes=(*built.notes, *_batch_dependence(built, rows, timing), *ran["notes"], *scale_read,
+               *([crowded] if crowded else [])), accuracy=accuracy,
         latency=latency, fidelity=ran.get("fidelity", plan.fidelity),
         evaluated_model_path=str(plan.scored.onnx_path) if plan.separate else None, serving=serving_result,
     )  # fmt: skip

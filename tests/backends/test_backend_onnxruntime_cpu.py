@@ -72,9 +72,14 @@ def test_load_run_and_describe(model_path: Path) -> None:
         runner.run({"x": x})
 
 
-def test_default_threads_are_reported_as_the_runtime_default(model_path: Path) -> None:
+def test_unset_threads_are_the_usable_cpus_not_the_runtime_default(model_path: Path, monkeypatch) -> None:
+    """ONNX Runtime's own default counts the host's physical cores: under a 1-CPU quota (or `taskset -c 0`) its pool
+    would take turns on one CPU. Unset threads are the usable CPUs (qbench.environment.default_threads)."""
+    from qbench import environment
+
+    monkeypatch.setattr(environment, "cpu_allowance", lambda root=None: environment.CpuAllowance(64, 1.0))
     runner = OnnxRuntimeCPU().load(_variant(model_path), RunOptions())
-    assert runner.describe()["intra_op_threads"] is None
+    assert runner.describe()["intra_op_threads"] == 1
     runner.close()
 
 

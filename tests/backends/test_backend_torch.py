@@ -392,3 +392,20 @@ def test_loaded_runner_meets_the_protocol(exported: Exported) -> None:
         assert isinstance(runner, Runner)
     finally:
         runner.close()
+
+
+def test_unset_threads_are_the_usable_cpus_while_loaded(exported: Exported, monkeypatch) -> None:
+    """torch's own default counts the affinity mask's CPUs, not a cgroup quota's: unset threads are the usable CPUs
+    (qbench.environment.default_threads) while the runner is loaded, and the count before comes back at close."""
+    from qbench import environment
+
+    monkeypatch.setattr(environment, "cpu_allowance", lambda root=None: environment.CpuAllowance(64, 1.0))
+    original = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        runner = TorchCPU().load(_torch_variant(exported, _spec("fp32")), RunOptions())
+        assert torch.get_num_threads() == 1 and runner.describe()["threads"] == 1
+        runner.close()
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(original)

@@ -122,9 +122,11 @@ def test_what_measures_names_the_backends_runtime_and_this_machine(monkeypatch: 
 
     monkeypatch.setattr(environment, "package_version", lambda name: {"onnxruntime": "9.9"}.get(name))
     monkeypatch.setattr(environment, "_cpu_model", lambda: "Test CPU")
+    monkeypatch.setattr(environment, "cpu_allowance", lambda root=None: environment.CpuAllowance(1, None))
     facts = measured_with("onnxruntime-cpu", None)
     assert facts["onnxruntime"] == "9.9" and facts["onnxruntime-gpu"] == "absent" and "torch" not in facts
-    assert (facts["cpu"], facts["threads"]) == ("Test CPU", "runtime default")
+    # unset threads are the usable CPUs' default (qbench.environment.default_threads): 1 here
+    assert (facts["cpu"], facts["cpus"], facts["threads"]) == ("Test CPU", "1", "1")
     assert measured_with("torch-cpu", 2)["torch"] == "absent" and measured_with("torch-cpu", 2)["threads"] == "2"
 
 

@@ -211,3 +211,21 @@ def test_a_sweep_measurement_times_idle_starts_and_simulates_load_with_them(prep
     served = measure(get_backend("onnxruntime-cpu"), _fp32(with_slo), with_slo, timing=timing, serving=True).result.serving
     assert calls == [((1, 8), 3, 2.0)]
     assert 42.0 <= served.at_rate.p50_ms < 43.0
+
+
+def test_threads_beyond_the_usable_cpus_put_a_note_on_the_result_and_unset_threads_follow_them(prepared, monkeypatch):
+    """On one usable CPU (as under `taskset -c 0`) 2 timed threads take turns: the result records the threads timed
+    and the allowance, and carries the note; unset threads are timed as 1 (the usable CPUs), with no note."""
+    from qbench import environment
+
+    monkeypatch.setattr(environment, "cpu_allowance", lambda root=None: environment.CpuAllowance(1, None))
+    backend = get_backend("onnxruntime-cpu")
+    crowded = measure(backend, _fp32(prepared), prepared,
+                      timing=LatencySpec(batch_sizes=[1], warmup=1, iterations=3, stability=None, threads=2)).result
+    assert crowded.latency.threads == 2 and crowded.params["runtime.intra_op_threads"] == 2
+    assert (crowded.latency.machine["cpus"], crowded.latency.machine["affinity_cpus"]) == (1, 1)
+    assert [n for n in crowded.notes if n.startswith("latency timed with 2 threads on 1 usable CPU (affinity 1): ")]
+    default = measure(backend, _fp32(prepared), prepared,
+                      timing=LatencySpec(batch_sizes=[1], warmup=1, iterations=3, stability=None)).result
+    assert default.latency.threads == 1 and default.params["runtime.intra_op_threads"] == 1
+    assert not [n for n in default.notes if n.startswith("latency timed with")]

@@ -1,0 +1,43 @@
+"""Latency timed with more intra-op threads than usable CPUs (qbench.validate.contention.oversubscribed): named in
+words with the figures, on the variant's notes and beside the threads in the report's latency table."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from sweep_factory import make_latency, make_sweep
+
+from qbench.report import write_markdown_report
+from qbench.validate.contention import oversubscribed, oversubscription_note
+
+POD = {"host": "n1", "cpu": "Intel Xeon", "cpus": 2, "arch": "x86_64", "affinity_cpus": 8, "cpu_quota": 1.5}
+
+
+def test_threads_beyond_the_usable_cpus_are_named_with_the_figures():
+    latency = replace(make_latency({1: 1.0}, threads=4), machine=POD)
+    assert oversubscribed(latency) == "4 threads on 2 usable CPUs (affinity 8, cgroup quota 1.50 CPUs)"
+    assert oversubscription_note(latency).startswith(
+        "latency timed with 4 threads on 2 usable CPUs (affinity 8, cgroup quota 1.50 CPUs): the threads took turns")
+    assert "set latency.threads to at most 2" in oversubscription_note(latency)
+    taskset = {**POD, "cpus": 1, "affinity_cpus": 1, "cpu_quota": None}
+    assert oversubscribed(replace(latency, threads=2, machine=taskset)) == "2 threads on 1 usable CPU (affinity 1)"
+    assert oversubscribed(replace(latency, threads=2)) == ""  # as many threads as CPUs
+    assert oversubscribed(replace(latency, machine={})) == ""  # results from before machines were recorded
+    assert oversubscription_note(None) == ""
+
+
+def test_the_report_marks_the_threads_of_a_crowded_timing_and_states_the_allowance(tmp_path: Path):
+    fp32, *others = make_sweep().variants
+    crowded = replace(fp32, latency=replace(fp32.latency, threads=4, machine=POD))
+    results = make_sweep([crowded, *others])
+    results = replace(results, environment={**results.environment, "usable_cpus": 2, "affinity_cpus": 8,
+                                            "cpu_quota": 1.5})  # fmt: skip
+    text = write_markdown_report(results, None, None, tmp_path / "report.md").read_text()
+    assert "**usable CPUs:** 2 (affinity 8, cgroup quota 1.50 CPUs)" in text
+    latency = text[text.index("## Latency") :]
+    row = next(line for line in latency.splitlines() if line.startswith("| fp32 | onnxruntime-cpu | 1 |"))
+    assert row.endswith("| 4 [1] |")
+    assert "- [1] latency timed with 4 threads on 2 usable CPUs (affinity 8, cgroup quota 1.50 CPUs)" in latency
+    others_rows = [line for line in latency.splitlines() if line.startswith("| int8") and line.endswith("| 2 |")]
+    assert others_rows  # threads within the CPUs: no mark
