@@ -523,6 +523,7 @@ def test_a_full_disk_while_building_a_candidate_fails_the_search_rather_than_pic
     recipe, outcome = _searched(tmp_path, {"time_budget_s": 60, "techniques": ["ort-dynamic", "ort-static"]})
     variant = outcome.results.find("int8-search", "onnxruntime-cpu")
     assert variant.status == "failed" and variant.error.endswith("cannot write the model: No space left on device")
-    [record] = [r for r in read_records(outcome.run_dir).values() if "int8-search" in r.job and r.job.startswith("build")]
+    records = read_records(outcome.run_dir).values()
+    [record] = [r for r in records if r.job.startswith("build") and "int8-search" in r.job]
     assert record.environment == "no space left on device"
     assert outcome.gate.exit_code == EXIT_UNUSABLE
