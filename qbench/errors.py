@@ -11,7 +11,7 @@ import difflib
 import errno
 import re
 import reprlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 MAX_VALUE_CHARS = 60
@@ -86,6 +86,7 @@ def expected_one_of(got: object, choices: Iterable[str]) -> str:
 _ENVIRONMENT_ERRNOS = {
     errno.ENOSPC: "no space left on device",
     errno.EDQUOT: "disk quota exceeded",
+    errno.EROFS: "a read-only file system",
     errno.ENOMEM: "out of memory",
     errno.EIO: "an I/O error",
     errno.ETIMEDOUT: "a timeout",
@@ -105,17 +106,15 @@ _OUT_OF_MEMORY = re.compile(
 
 def environment_cause(exc: BaseException) -> str | None:
     """Why `exc` says nothing about the variant being built or measured: a failure of the machine it ran on (out of
-    memory, a full disk or quota, an I/O error, a timeout or a lost connection), which may not happen again; None
-    for any other error, which would (the variant's own: a graph a runtime refuses, a bug).
+    memory, a full disk or quota, a file system mounted read-only, an I/O error, a timeout or a lost connection),
+    which may not happen again; None for any other error, which would (the variant's own: a graph a runtime refuses,
+    a bug).
 
     The chain of causes is followed, so a QbenchError raised from a full disk counts. Runtimes report a failed
     allocation in their own exception types, so an error whose message says so is out of memory too (a message
     that quotes one, where a runtime's error was re-raised `from None`, included). A job failed for such a cause
     is what `qbench sweep --resume` runs again in a finished run (qbench.execute.records)."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
+    for current in causes(exc):
         if isinstance(current, MemoryError) or _OUT_OF_MEMORY.search(str(current)):
             return "out of memory"
         if isinstance(current, TimeoutError):
@@ -124,5 +123,15 @@ def environment_cause(exc: BaseException) -> str | None:
             return "a lost connection"
         if isinstance(current, OSError) and current.errno in _ENVIRONMENT_ERRNOS:
             return _ENVIRONMENT_ERRNOS[current.errno]
-        current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
     return None
+
+
+def causes(exc: BaseException) -> Iterator[BaseException]:
+    """`exc`, then what it was raised from, and so on: its explicit `__cause__`, else the exception it was raised while
+    handling (unless raised `from None`); each once, a cycle ends the chain."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)

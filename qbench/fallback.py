@@ -51,6 +51,7 @@ from qbench.backends.base import RunOptions
 from qbench.errors import QbenchError
 from qbench.explain import Score, group_nodes, rank_groups
 from qbench.explain_graph import QuantizedNode, float_keeper, quantized_nodes, sqnr_costs
+from qbench.files import write_fault
 from qbench.gate import GateReport, judge
 from qbench.gate_report import failure_reasons
 from qbench.gate_resolution import PASS_UNRESOLVED, JudgedTry, passing, unresolved_pick
@@ -175,6 +176,8 @@ class _Search:
             built: BuiltVariant | None = build_variant(spec, dataclasses.replace(self.ctx, workdir=workdir))
             result = self.evaluate(built)
         except Exception as exc:  # noqa: BLE001 - one calibrator failing (e.g. entropy on a BERT graph) is one failed try
+            if write_fault(exc):  # the disk's fault: another candidate would be picked for it
+                raise
             error = f"{type(exc).__name__}: {exc}"
             built, result = None, VariantResult(spec.name, self.reference.backend, "int8", "failed", error=error)
         trial = Trial(calibrator, excluded, built, result, judge(self.reference, result, self.gate, self.tolerances))

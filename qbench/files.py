@@ -20,10 +20,21 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from qbench.errors import QbenchError
+from qbench.errors import QbenchError, causes
 
 # Faults of the file system rather than of the file: no space, no quota left, mounted read-only.
 FULL_OR_READ_ONLY = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+
+
+def write_fault(exc: BaseException) -> OSError | None:
+    """The fault of a file system (FULL_OR_READ_ONLY) that `exc` is, or was raised from (a QbenchError of
+    writing_file's included), or None.
+
+    A step that may fail without failing the sweep (a diagnostic, a search's candidate, a trial that refines a build)
+    must re-raise such a fault rather than go on without the step: the result would then depend on the disk (the
+    range analysis missing, another candidate picked, a build made without its trial and stored under its key), and a
+    sweep that goes on would say so nowhere in its exit code."""
+    return next((c for c in causes(exc) if isinstance(c, OSError) and c.errno in FULL_OR_READ_ONLY), None)
 
 
 @contextmanager

@@ -27,6 +27,7 @@ from qbench.execute.records import JOBS_FOLDER, read_records
 from qbench.execute.resume import resume_target
 from qbench.execute.snapshot import Snapshot, snapshot_keys, take_snapshot
 from qbench.execute.store import build_store
+from qbench.files import write_fault
 from qbench.frontier import compute_frontier, gate_threshold, mixed_timing_machines
 from qbench.frontier_svg import write_frontier_svg
 from qbench.gate import GateReport, evaluate_gate
@@ -316,6 +317,8 @@ def _range_analysis(
             bf16_saturated=bf16_saturated(list(bf16.items())),
         )  # fmt: skip
     except Exception as exc:  # noqa: BLE001 - a diagnostic: its failure must not lose the measurements
+        if write_fault(exc):  # the disk's fault, not the analysis's: the run stops incomplete, --resume finishes it
+            raise
         logger.error("  range analysis failed: %s", describe_error(exc))
         return None
     finally:

@@ -285,14 +285,14 @@ class SweepTracker:
             return
 
         def log() -> None:
-            run_id = self._running.pop(variant.key, None) or self._start_child(variant.variant, variant.backend)
-            self._running.pop(variant.key, None)
+            run_id = self._running.get(variant.key) or self._start_child(variant.variant, variant.backend)
             model_id = self._model_of(variant, run_id)
             if self._datasets is not None:
                 self._client.log_inputs(run_id, datasets=self._datasets.variant(uses_calibration(variant)))
             _log(self._client, run_id, variant_metrics(results, variant), variant_params(results, variant),
                  variant_tags(variant), model_id=model_id)  # fmt: skip
             self._client.set_terminated(run_id, status="FINISHED" if variant.status == "ok" else "FAILED")
+            del self._running[variant.key]  # only once ended: a store failing before that has `abort` end it FAILED
 
         self._mlflow(log)
 

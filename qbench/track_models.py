@@ -23,6 +23,8 @@ from mlflow.models import Model, ModelSignature
 from mlflow.tracking import MlflowClient
 from mlflow.types import Schema, TensorSpec
 
+from qbench.files import write_fault
+
 logger = logging.getLogger(__name__)
 
 MODEL_TYPE = "qbench-variant"
@@ -129,7 +131,8 @@ def log_variant_model(
     runtime settings it was `measured` with (its params, see onnx_flavor_options).
 
     Returns the model id. A model file that cannot be saved leaves the LoggedModel FAILED (logged as a
-    warning) rather than failing the sweep; MLflow store errors propagate.
+    warning) rather than failing the sweep; MLflow store errors and a full or read-only disk (the model FAILED)
+    propagate: the tracking failed.
     """
     import mlflow.onnx
     import onnx
@@ -151,8 +154,10 @@ def log_variant_model(
     except MlflowException:
         raise
     except Exception as exc:  # noqa: BLE001 - an unreadable model file must not lose the sweep's measurements
-        logger.warning("could not log the model of %s to MLflow: %s", name, exc)
         client.finalize_logged_model(model.model_id, LoggedModelStatus.FAILED)
+        if write_fault(exc):  # a full or read-only artifact store (or staging folder): the tracking failed
+            raise
+        logger.warning("could not log the model of %s to MLflow: %s", name, exc)
         return model.model_id
     client.finalize_logged_model(model.model_id, LoggedModelStatus.READY)
     return model.model_id

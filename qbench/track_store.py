@@ -41,7 +41,10 @@ _ARTIFACT_FOLDER = "mlartifacts"
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 TRAINING_KIND = "custom_model_development"
 RUN_DIR_TAG = "qbench.run_dir"  # the sweep's run folder: `qbench gate --register` finds the runs by it
-_RETRY_LOGGER = "urllib3.connectionpool"  # logs each HTTP retry as a warning
+# What the store's libraries log on each failure, held back while qbench talks to the store (bounded_retries), up to
+# this level: urllib3 logs each HTTP retry as a warning, MLflow's sqlite store each database error (a full disk) with
+# its traceback.
+_HELD_BACK = {"urllib3.connectionpool": logging.WARNING, "mlflow.store.db.utils": logging.ERROR}
 FAILURE_CHARS = 400  # MLflow's own words in a failure's line: its connection errors run to several lines
 
 
@@ -138,17 +141,20 @@ def bounded_retries() -> Iterator[None]:
     """MLflow's HTTP retries bounded by BOUNDED_RETRIES while the block runs; a variable the user set wins.
 
     urllib3's warning for each retry ("Retrying (Retry(total=1, ...)) after connection broken by ...", a line per
-    attempt of every call) is held back meanwhile: a store that fails is qbench's one line naming it
-    (store_failure), and one that answers after a retry needs no word."""
+    attempt of every call) and MLflow's error with a traceback for each failed database call of a sqlite store
+    ("SQLAlchemy database error ... database or disk is full") are held back meanwhile (_HELD_BACK): a store that fails
+    is qbench's one line naming it (store_failure), and one that answers after a retry needs no word."""
     added = {name: value for name, value in BOUNDED_RETRIES.items() if name not in os.environ}
     os.environ.update(added)
-    retry_log = logging.getLogger(_RETRY_LOGGER)
-    level = retry_log.level
-    retry_log.setLevel(logging.ERROR)
+    held = {logging.getLogger(name): level for name, level in _HELD_BACK.items()}
+    levels = {log: log.level for log in held}
+    for log, level in held.items():
+        log.setLevel(level + 1)
     try:
         yield
     finally:
-        retry_log.setLevel(level)
+        for log, level in levels.items():
+            log.setLevel(level)
         for name in added:
             os.environ.pop(name, None)
 

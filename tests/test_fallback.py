@@ -228,3 +228,29 @@ def test_calibrator_auto_never_takes_rounded_data_movement_for_int8(tmp_path):
     assert result.params["search.outcome"] == "nothing to quantize" and result.params["quantized_op_types"] == {}
     assert "no try computes any node in INT8: the variant computes in FP32" in result.notes
     assert any("int8@onnxruntime-cpu computes in fp32" in note for note in outcome.gate.notes)
+
+
+def test_a_full_disk_while_building_a_try_fails_the_variant_rather_than_choosing_without_it(tmp_path, monkeypatch):
+    """`calibrator: auto` counted a try whose model could not be written (a full disk) as that calibrator failing
+    and chose among the others: a choice made by the disk. Now the variant fails, naming the file and the reason."""
+    import errno
+    import os
+
+    import qbench.fallback
+    from qbench.files import writing_file
+
+    real_build = qbench.fallback.build_variant
+
+    def full_for_entropy(spec, ctx):
+        if spec.calibrator == "entropy":
+            with writing_file(ctx.workdir / f"{spec.name}.onnx", "the model"):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_build(spec, ctx)
+
+    monkeypatch.setattr(qbench.fallback, "build_variant", full_for_entropy)
+    variant = {"name": "int8-auto", "precision": "int8", "calibrator": "auto", "op_types": ["MatMul"]}
+    recipe = load_recipe(write_fragile_project(tmp_path, [variant], gate=NOTED_GATE, fragile=("a",)))
+    outcome = run_sweep(recipe, track=False)
+    result = outcome.results.find("int8-auto", "onnxruntime-cpu")
+    assert result.status == "failed" and result.error.endswith("cannot write the model: No space left on device")
+    assert outcome.gate.exit_code == 2

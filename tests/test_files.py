@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from qbench.errors import QbenchError
-from qbench.files import write_atomically
+from qbench.files import write_atomically, write_fault
 
 
 @pytest.mark.parametrize(("code", "reason"), [(errno.ENOSPC, "No space left on device"),
@@ -85,3 +85,28 @@ def test_a_failed_sync_leaves_the_file_as_it_was(tmp_path: Path, monkeypatch: py
         write_atomically(target, '{"complete": true}', what="the results")
     assert target.read_text() == '{"complete": false}'
     assert [p.name for p in tmp_path.iterdir()] == ["results.json"]
+
+
+@pytest.mark.parametrize(("code", "fault"), [(errno.ENOSPC, True), (errno.EDQUOT, True), (errno.EROFS, True),
+                                             (errno.ENOENT, False), (errno.EACCES, False)])  # fmt: skip
+def test_a_write_fault_is_found_through_the_error_writing_it_raised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int, fault: bool
+) -> None:
+    """What a best-effort step (the range analysis, a search's candidate, an FP16 trial) must not swallow: the file
+    system's fault, under the QbenchError writing the file raised."""
+
+    def refused(source: str, destination: str) -> None:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(os, "replace", refused)
+    with pytest.raises(QbenchError) as raised:
+        write_atomically(tmp_path / "model.onnx", "x", what="the model")
+    found = write_fault(raised.value)
+    assert (found is not None and found.errno == code) if fault else found is None
+    try:
+        try:
+            raise raised.value
+        except QbenchError:
+            raise RuntimeError("the analysis failed") from None
+    except RuntimeError as hidden:  # raised `from None` while handling it: not its cause
+        assert hidden.__context__ is raised.value and write_fault(hidden) is None

@@ -28,3 +28,55 @@ def test_a_torch_result_of_an_fp16_variant_does_not_erase_what_its_onnx_build_ke
                                slices={}, calibration=SimpleNamespace(per_slice_counts={}), batch=None)  # fmt: skip
     assert _range_analysis(prepared, [], measured, tmp_path, PhaseClock()) is None
     assert seen["fp16_handled"] == {"big": "fp16 keeps it in FP32"}
+
+
+def test_a_full_disk_in_the_range_analysis_stops_the_sweep_incomplete_and_resume_finishes_it(
+    tmp_path, monkeypatch, capsys
+):
+    """The range pass saves the exposed FP32 model in the run folder. A full disk there was logged as `range analysis
+    failed` and the sweep wrote complete results without the analysis the recipe asked for and exited 0. Now it
+    stops, exit 2, naming the file and the disk's reason; the partial results keep every variant measured, the gate
+    refuses them, and --resume (disk freed) finishes the run from its records."""
+    import errno
+    import json
+    import os
+
+    import yaml
+    from user_model import make_user_project
+
+    from qbench.cli_app import main
+    from qbench.variants import onnx_utils
+
+    recipe = make_user_project(tmp_path)
+    raw = yaml.safe_load(recipe.read_text())
+    raw["variants"] = [{"name": "fp16", "precision": "fp16"}]
+    raw["latency"] = {"batch_sizes": [1], "warmup": 1, "iterations": 3, "threads": 1}
+    raw["gate"] = {"metric": "agreement", "max_drop": 1.0, "max_slice_drop": 1.0, "applies_to": ["*"]}
+    recipe.write_text(yaml.safe_dump(raw, sort_keys=False))
+    save = onnx_utils.onnx.save_model
+
+    def full_in_the_range_pass(model, target, **kwargs):
+        if "qbench-ranges-" in str(target):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(target))
+        return save(model, target, **kwargs)
+
+    monkeypatch.setattr(onnx_utils.onnx, "save_model", full_in_the_range_pass)
+    assert main(["sweep", str(recipe), "--no-track"]) == 2
+    (run,) = (tmp_path / "reports" / "tumour-mlp").iterdir()
+    [line] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert line.startswith(f"error: {run}/qbench-ranges-") and line.endswith(
+        "/exposed.onnx: cannot write the model: No space left on device")  # fmt: skip
+    partial = json.loads((run / "results.json").read_text())
+    assert partial["complete"] is False and partial["ranges"] is None
+    assert [(v["variant"], v["status"]) for v in partial["variants"]] == [("fp32", "ok"), ("fp16", "ok")]
+    assert json.loads((run / "INCOMPLETE").read_text())["state"].endswith("No space left on device")
+    assert main(["gate", str(recipe)]) == 2
+    assert f"{run}, is incomplete (failed: " in " ".join(capsys.readouterr().err.split())
+
+    monkeypatch.setattr(onnx_utils.onnx, "save_model", save)
+    assert main(["sweep", str(recipe), "--no-track", "--resume"]) == 0
+    finished = max((tmp_path / "reports" / "tumour-mlp").iterdir(), key=lambda folder: folder.stat().st_mtime)
+    done = json.loads((finished / "results.json").read_text())
+    assert finished != run and done["complete"] is True and done["ranges"] is not None
+    assert [(v["variant"], v["status"]) for v in done["variants"]] == [("fp32", "ok"), ("fp16", "ok")]
+    assert main(["gate", str(recipe)]) == 0

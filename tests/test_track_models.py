@@ -123,3 +123,37 @@ def test_logging_a_model_parses_it_once_and_scans_no_installed_distribution(tmp_
     pins = (folder / "requirements.txt").read_text().split()
     assert f"onnx=={onnx.__version__}" in pins and any(p.startswith("mlflow==") for p in pins)
     assert "signature:" in (mlmodel := (folder / "MLmodel").read_text()) and "[-1, 3]" in mlmodel
+
+
+def test_a_full_artifact_store_fails_the_logging_while_an_unreadable_model_only_fails_its_model(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A model whose upload met a full disk was logged as a warning, the LoggedModel FAILED, and the sweep ended its
+    runs FINISHED and exited 0 with MLflow lacking every model. Now the error propagates (the tracker counts it as
+    the store failing: exit 2); a model file that is no model still costs only its LoggedModel."""
+    import errno
+    import os
+
+    import pytest
+    from mlflow.entities import LoggedModelStatus
+    from mlflow.tracking import MlflowClient
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])
+    model = _save(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]), tmp_path / "relu.onnx")
+    garbage = tmp_path / "garbage.onnx"
+    garbage.write_bytes(b"not a model")
+    client = MlflowClient(f"sqlite:///{(tmp_path / 'mlflow.db').as_posix()}")
+    experiment_id = client.create_experiment("relu", artifact_location=(tmp_path / "artifacts").as_uri())
+
+    def full(model_id: str, local_dir: str, artifact_path: str | None = None) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "artifacts" / "model.onnx"))
+
+    run_id = client.create_run(experiment_id).info.run_id
+    assert client.get_logged_model(log_variant_model(client, experiment_id, run_id, garbage, name="garbage",
+                                                     tags={})).status == LoggedModelStatus.FAILED  # fmt: skip
+    monkeypatch.setattr(client, "log_model_artifacts", full)
+    with pytest.raises(OSError, match="No space left on device"):
+        log_variant_model(client, experiment_id, run_id, model, name="relu", tags={})
+    [failed] = [m for m in client.search_logged_models([experiment_id]) if m.name == "relu"]
+    assert failed.status == LoggedModelStatus.FAILED

@@ -133,3 +133,60 @@ def test_an_artifact_store_the_client_cannot_write_is_an_error_before_anything_i
     [line] = [line for line in err.splitlines() if line.startswith("error:")]
     assert f"MLflow at {url} stores this sweep's artifacts in {unwritable}" in line and "--serve-artifacts" in line
     assert parent.info.status == "FAILED" and parent.data.tags["qbench.gate"].startswith("not evaluated")
+
+
+def test_a_sqlite_store_filling_up_mid_sweep_ends_every_run_and_says_so_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A real sqlite store that fills up once the first variant is logged (`PRAGMA max_page_count`: no page more, as
+    on a full disk; updates in place still succeed). The variant whose logging failed was dropped from the runs to end
+    before it was ended, so it stayed RUNNING for ever; and MLflow printed a traceback per failed database call
+    beside qbench's line. Now every run is ended (the parent and that child FAILED), stderr has no traceback, the
+    results and reports are complete and the exit code is 2 (README: MLflow lacks them)."""
+    import sqlalchemy.event
+    from sqlalchemy.pool import Pool
+    from user_model import make_user_project
+
+    recipe = make_user_project(tmp_path)
+    raw = yaml.safe_load(recipe.read_text())
+    raw["variants"] = [{"name": "fp16", "precision": "fp16"},
+                       {"name": "int8", "precision": "int8", "calibrator": "minmax"}]
+    raw["latency"] = {"batch_sizes": [1], "warmup": 1, "iterations": 3, "threads": 1}
+    raw["gate"] = {"metric": "agreement", "max_drop": 1.0, "max_slice_drop": 1.0, "applies_to": ["*"]}
+    recipe.write_text(yaml.safe_dump(raw, sort_keys=False))
+    full: list[bool] = []
+
+    def no_page_more(connection: object, *args: object) -> None:
+        if full:
+            connection.execute("PRAGMA max_page_count = 1")  # type: ignore[attr-defined]  # = its size now
+
+    logged = SweepTracker.variant_finished
+
+    def logged_then_full(self: SweepTracker, *args: object, **kwargs: bool) -> None:
+        logged(self, *args, **kwargs)
+        full.append(True)
+
+    monkeypatch.setattr(SweepTracker, "variant_finished", logged_then_full)
+    sqlalchemy.event.listen(Pool, "checkout", no_page_more)
+    try:
+        code = main(["sweep", str(recipe)])
+    finally:
+        sqlalchemy.event.remove(Pool, "checkout", no_page_more)
+
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and "SQLAlchemy database error" not in err
+    (run_dir,) = (tmp_path / "reports" / "tumour-mlp").iterdir()
+    [line] = [line for line in err.splitlines() if line.startswith("error:")]
+    assert line == (f"error: MLflow tracking at sqlite:///{tmp_path / 'mlflow.db'} failed: database or disk is full; "
+                    f"the results are complete in {run_dir}, not in MLflow (log them there with `qbench track {recipe} "
+                    f"{run_dir}`)")  # fmt: skip
+    results = read_results(run_dir / "results.json")
+    assert results.complete and [(v.variant, v.status) for v in results.variants] == [
+        ("fp32", "ok"), ("fp16", "ok"), ("int8", "ok")]  # fmt: skip
+    assert {"report.md", "report.html", "frontier.svg"} <= {p.name for p in run_dir.iterdir()}
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("tumour-mlp").experiment_id])
+    assert {r.info.run_name: r.info.status for r in runs} == {
+        f"tumour-mlp sweep {run_dir.name}": "FAILED", "fp32 · ort-cpu": "FINISHED", "fp16 · ort-cpu": "FAILED"}
+    assert all(r.info.end_time is not None for r in runs)
+    assert main(["gate", str(recipe)]) == 0  # the complete results on disk are judged

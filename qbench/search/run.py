@@ -41,6 +41,7 @@ from pathlib import Path
 from qbench.backends import Backend
 from qbench.backends.base import RunOptions
 from qbench.errors import QbenchError, one_line
+from qbench.files import write_fault
 from qbench.gate import GateReport, judge
 from qbench.gate_report import failure_reasons
 from qbench.gate_resolution import PASS_UNRESOLVED, unresolved_pick, unresolved_reasons
@@ -150,6 +151,8 @@ class _Search:
             ctx = dataclasses.replace(self.ctx, workdir=self.root / str(index))
             built = build_variant(candidate.spec(f"{self.spec.name}-{index}"), ctx)
         except Exception as exc:  # noqa: BLE001 - one candidate failing to build is one failed candidate
+            if write_fault(exc):  # the disk's fault: another candidate would be picked for it
+                raise
             self.records[index] = record.with_(stage="failed", verdict=one_line(f"build failed: {describe_error(exc)}", VERDICT_CHARS))
             logger.warning(f"  {candidate.label}: build failed: {exc}")
             return index
@@ -333,6 +336,8 @@ class _Search:
             noise = sqnr_costs(self.ctx.reference_path, static, nodes, [self.screen.feeds], self.backend, options, work,
                                self.prepared.batch)  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - without a ranking there are no keep-float candidates
+            if write_fault(exc):
+                raise
             logger.warning(f"  no sensitivity ranking: {describe_error(exc)}")
             return []
         ranked = sorted((n for n in nodes if math.isfinite(noise.get(n.name, math.nan))), key=lambda n: -noise[n.name])

@@ -21,6 +21,7 @@ import numpy as np
 
 from qbench.errors import QbenchError
 from qbench.execute.store import cache_dir as qbench_cache_dir
+from qbench.files import write_fault
 from qbench.preflight_random import random_refusal, random_sources
 from qbench.sources.torch_lengths import other_lengths
 from qbench.sources.torch_model import EXAMPLE_BATCH, TorchModel, single_torch_thread
@@ -102,6 +103,8 @@ def _export_into(torch_model: TorchModel, target: Path, inputs: Sequence[Any] | 
         try:
             torch_model.export(torch_model.build(), Path(temporary))
         except Exception as exc:  # noqa: BLE001 - the tracer running the user's forward(): what failed is the finding
+            if (fault := write_fault(exc)) is not None:  # the cache's disk, not forward(): no advice on tracing
+                raise QbenchError(f"{target.parent}: cannot write the ONNX export: {fault.strerror}") from exc
             return Problem(f"failed while tracing forward() on the example inputs: {type(exc).__name__}: {exc}; "
                            "expected a forward() the TorchScript exporter can trace: make the factory return a wrapper "
                            "module whose forward() takes the example inputs and calls the model with keyword arguments")

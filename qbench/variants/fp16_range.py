@@ -44,6 +44,7 @@ import onnx
 import onnxruntime as ort
 from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
+from qbench.files import write_fault
 from qbench.variants.base import Feeds
 from qbench.variants.float_support import SHAPE_ONLY_OPS
 from qbench.variants.fp16_trials import (
@@ -285,6 +286,8 @@ def _try_constants(model: onnx.ModelProto, batches: Sequence[Feeds], names: Sequ
     try:
         session = TrialSession(model, batches, constants=names)
     except Exception as exc:  # noqa: BLE001 - then every one of them keeps its readers FP32, as without a trial
+        if write_fault(exc):  # the disk's fault: a build without its trial would be stored under its key
+            raise
         logger.warning("FP16 range: constants out of range not tried, ONNX Runtime refused the trial model: %s", exc)
         return Verdict({}, dict.fromkeys(names))
     clamped = _clamped_values(model, names)
@@ -302,6 +305,8 @@ def _try_activations(model: onnx.ModelProto, batches: Sequence[Feeds], found: Ma
         session = TrialSession(model, batches, overflowed={name: limit for name, value in found.items() if value > limit},
                                rounded=[name for name, value in found.items() if value <= limit])  # fmt: skip
     except Exception as exc:  # noqa: BLE001 - then every one of them stays FP32, as without a trial
+        if write_fault(exc):  # the disk's fault: a build without its trial would be stored under its key
+            raise
         logger.warning("FP16 range: activations out of range not tried, ONNX Runtime refused the trial model: %s", exc)
         return Verdict({}, dict.fromkeys(found))
     return harmless_subset(list(found), lambda subset: session.change(switched=subset))

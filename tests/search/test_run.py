@@ -498,3 +498,32 @@ def test_a_search_whose_calibration_rows_are_all_zero_says_so(tmp_path, monkeypa
     assert failed.status == "failed" and "no usable calibration range" in failed.error
     assert "tree ensemble" not in failed.error and "data.calibration" in failed.error
     assert outcome.gate.exit_code == EXIT_UNUSABLE
+
+
+def test_a_full_disk_while_building_a_candidate_fails_the_search_rather_than_picking_another(tmp_path, monkeypatch):
+    """A candidate that could not be written (a full disk) was recorded as a failed candidate and the search went on
+    to pick another: a pick decided by the disk, not the gate. Now the searched variant fails, its job recorded as the
+    machine's fault (which `--resume` runs again), and the gate exits 2."""
+    import errno
+    import os
+
+    from qbench.execute.records import read_records
+    from qbench.files import writing_file
+    from qbench.search import run as search_run
+
+    real_build = search_run.build_variant
+
+    def full_on_the_first(spec, ctx):
+        if spec.name.endswith("-0"):
+            with writing_file(ctx.workdir / f"{spec.name}.onnx", "the model"):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_build(spec, ctx)
+
+    monkeypatch.setattr(search_run, "build_variant", full_on_the_first)
+    recipe, outcome = _searched(tmp_path, {"time_budget_s": 60, "techniques": ["ort-dynamic", "ort-static"]})
+    variant = outcome.results.find("int8-search", "onnxruntime-cpu")
+    assert variant.status == "failed" and variant.error.endswith("cannot write the model: No space left on device")
+    records = read_records(outcome.run_dir).values()
+    [record] = [r for r in records if r.job.startswith("build") and "int8-search" in r.job]
+    assert record.environment == "no space left on device"
+    assert outcome.gate.exit_code == EXIT_UNUSABLE

@@ -892,3 +892,24 @@ def test_with_a_snapshot_the_weights_are_its_copy_and_the_factory_the_recorded_s
     (project.parent / "mypkg" / "models.py").write_text(MODELS_SOURCE + "\n# edited\n")
     with pytest.raises(QbenchError, match=r"mypkg/models\.py changed while the sweep read it; run again$"):
         resolve_model(recipe, snapshot)
+
+
+def test_an_export_cache_on_a_full_disk_is_one_line_naming_it_not_advice_on_forward(
+    project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The exporter writing into qbench's cache met a full disk: the error read as forward() failing to trace (`expected
+    a forward() the TorchScript exporter can trace: make the factory return a wrapper module ...`). Now it names the
+    cache folder and the disk's reason."""
+    import errno
+
+    from qbench.execute.store import cache_dir
+
+    def full_disk(self: TorchModel, module: Any, path: Path, *, opset: int | None = None) -> Path:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(TorchModel, "export", full_disk)
+    recipe = _write_recipe(project.parent, variants=[{"name": "fp16", "precision": "fp16"}])
+    assert main(["validate", str(recipe)]) == 2
+    [line] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    folder = cache_dir() / "exports" / load_torch_model(load_recipe(recipe)).cache_key
+    assert line == f"error: {folder}: cannot write the ONNX export: No space left on device"

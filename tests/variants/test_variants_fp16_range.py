@@ -290,3 +290,30 @@ def test_the_fp16_build_of_a_model_of_a_fixed_batch_reads_its_batches_whole(grap
     built = build_fp16(VariantSpec(name="half", precision="fp16"), context)
     assert built.params["fp16_range"]["rows_checked"] == 32
     assert run_rows and set(run_rows) == {16}
+
+
+def test_a_full_disk_in_a_trial_fails_the_build_rather_than_building_it_without_the_trial(tmp_path, monkeypatch):
+    """The trial's model is saved to a temporary folder. A full disk there was taken for ONNX Runtime refusing the
+    trial: the mask fill then stayed FP32 (as without a trial) and the build succeeded, with other figures, and went
+    to the build store under the key of a build made with its trial. Now the build fails, naming the disk."""
+    import errno
+    import os
+
+    from qbench.errors import QbenchError, environment_cause
+    from qbench.variants import fp16_trials, onnx_utils
+
+    path = _attention_block(tmp_path / "attention.onnx")
+    calibration = [_sentences(16) for _ in range(2)]
+    saved = onnx_utils.save_model
+
+    def full_disk(model, target):
+        with onnx_utils.writing_file(target, "the model"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(fp16_trials, "save_model", full_disk)
+    with pytest.raises(QbenchError, match=r"trial\.onnx: cannot write the model: No space left on device$") as failed:
+        build_fp16(VariantSpec(name="half", precision="fp16"), BuildContext(path, tmp_path / "w", calibration))
+    assert environment_cause(failed.value) == "no space left on device"  # the machine's fault: --resume builds it again
+    monkeypatch.setattr(fp16_trials, "save_model", saved)
+    built = build_fp16(VariantSpec(name="half", precision="fp16"), BuildContext(path, tmp_path / "again", calibration))
+    assert built.params["fp16_range"]["kept_nodes"] == []  # with its trial: the fill is clamped, nothing stays FP32
