@@ -22,6 +22,7 @@ The graph side (which nodes are quantized, candidates that keep a group float, S
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import logging
 import math
@@ -45,7 +46,7 @@ from qbench.console import print_wide
 from qbench.errors import QbenchError, expected_one_of
 from qbench.explain_graph import QdqBypass, QuantizedNode, Rebuild, float_keeper, quantized_nodes, sqnr_costs
 from qbench.explain_spec import explained_spec, swept_calibrator
-from qbench.files import replace_atomically
+from qbench.files import replace_atomically, write_atomically
 from qbench.gate import GateReport, judge
 from qbench.gate_resolution import JudgedTry, passing
 from qbench.gate_tolerance import Tolerances, reference_tolerances
@@ -482,10 +483,11 @@ def run_explain(
         check_reachable(resolve_tracking_uri(recipe))
     directory = _new_explain_dir(recipe.output_path / recipe.name, variant_name)
     result = explain_variant(recipe, variant_name, method=method, group_by=group_by, max_nodes=max_nodes, workdir=directory)
-    (directory / "explain.json").write_text(json.dumps(result.to_dict(), indent=2, allow_nan=False))
+    write_atomically(directory / "explain.json", json.dumps(result.to_dict(), indent=2, allow_nan=False), what="explain.json")
     plot_costs(result, directory / "explain.png", top)
-    with (directory / "table.txt").open("w") as file:
-        print_wide(explain_table(result, top), Console(file=file, width=200))
+    table = Console(file=io.StringIO(), width=200)
+    print_wide(explain_table(result, top), table)
+    write_atomically(directory / "table.txt", table.file.getvalue(), what="the explain table")
     run_id = None
     if track:
         from qbench.track import log_run

@@ -508,3 +508,26 @@ def test_explain_leaves_out_the_slices_the_gate_leaves_out_by_the_units_a_figure
     accuracy = AccuracyResult(50, 0, scope("overall", 50, 23), (scope("sparse", 40, 3), scope("dense", 10, 20)))
     score = score_accuracy(accuracy, GateSpec(metric="kl_mean", min_slice_size=10), 0.0)
     assert list(score.slices) == ["dense"]
+
+
+def test_an_explain_file_meeting_a_full_disk_is_one_error_naming_it_and_leaves_no_partial_file(project, monkeypatch):
+    """explain.json and table.txt are written whole or not at all, a full disk named with the file (qbench.files)."""
+    import errno
+
+    from qbench.errors import QbenchError
+
+    monkeypatch.chdir(project.parent)
+    real_write_text = Path.write_text
+
+    def full_disk_for_the_table(path: Path, text: str, *args: Any, **kwargs: Any) -> int:
+        if path.name.startswith(".table.txt."):
+            real_write_text(path, text[: len(text) // 2], *args, **kwargs)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write_text(path, text, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", full_disk_for_the_table)
+    with pytest.raises(QbenchError, match=r"table\.txt.*No space left on device") as raised:
+        run_explain(load_recipe(project), "int8", method="sqnr", track=False)
+    assert "\n" not in str(raised.value)
+    [folder] = [p for p in (project.parent / "reports").rglob("explain-int8-*") if p.is_dir()]
+    assert (folder / "explain.json").is_file() and not list(folder.glob("*table.txt*"))
