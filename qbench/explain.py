@@ -143,15 +143,16 @@ Judged = Callable[[BuiltVariant], tuple[Score, GateReport]]
 
 
 def group_key(node: QuantizedNode, group_by: str) -> str:
-    """node: its name; op_type; layer: the name up to its first number (`/encoder/layer.3`), a name without one
-    its scope (`attention/q` -> `attention`; an inlined local function's node is named after its call site,
-    `qbench.onnx_read`); pattern: the name with every number as # (the same role in every layer)."""
+    """node: its name; op_type; layer: its path (`QuantizedNode.path`: the name, or the module the exporter recorded)
+    up to its first number (`/encoder/layer.3`, `m.layers.3`), a path without one its scope (`attention/q` ->
+    `attention`; an inlined local function's node is named after its call site, `qbench.onnx_read`); pattern: the
+    path with every number as # (the same role in every layer)."""
     if group_by == "op_type":
         return node.op_type
     if group_by == "layer":
-        match = re.match(r"^(.*?\d+)", node.name)
-        return match.group(1) if match else node.name.rsplit("/", 1)[0] or node.name
-    return re.sub(r"\d+", "#", node.name) if group_by == "pattern" else node.name
+        match = re.match(r"^(.*?\d+)", node.path)
+        return match.group(1) if match else node.path.rsplit("/", 1)[0] or node.path
+    return re.sub(r"\d+", "#", node.path) if group_by == "pattern" else node.name
 
 
 def group_nodes(nodes: Sequence[QuantizedNode], group_by: str) -> dict[str, list[QuantizedNode]]:

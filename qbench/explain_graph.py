@@ -31,10 +31,37 @@ SQNR_BATCH_ROWS = 4  # the intermediate tensors of every quantized node are held
 Feeds = dict[str, np.ndarray]
 
 
+# torch.onnx's dynamo exporter names nodes flat (`node_linear_14`) and records each one's module path here, a Python
+# list from the root module down to the FX node: "['', 'm', 'm.layers.0', 'm.layers.0.fc1', 'linear_1']"
+_NAME_SCOPES = "pkg.torch.onnx.name_scopes"
+
+
 @dataclass(frozen=True)
 class QuantizedNode:
     name: str
     op_type: str
+    scope: str = ""  # the module the exporter recorded the node under (`m.layers.0.fc1`), where it recorded one
+
+    @property
+    def path(self) -> str:
+        """What `explain --group layer | pattern` reads: the name, which the TorchScript exporter scopes
+        (`/encoder/layer.3/output/dense/MatMul`), or `<module>/<op type>` where the exporter recorded the module
+        apart from a flat name (`m.layers.0.fc1/MatMul`): a flat name says nothing about the layer."""
+        return f"{self.scope}/{self.op_type}" if self.scope else self.name
+
+
+def module_scope(node: onnx.NodeProto) -> str:
+    """The innermost module `node` was exported from, as the exporter recorded it in the node's metadata (`_NAME_SCOPES`);
+    '' where it recorded none, or nothing readable."""
+    import ast
+
+    recorded = next((p.value for p in node.metadata_props if p.key == _NAME_SCOPES), None)
+    try:
+        scopes = ast.literal_eval(recorded) if recorded else []
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return ""
+    modules = [s for s in scopes[:-1] if isinstance(s, str) and s] if isinstance(scopes, list) else []
+    return modules[-1] if modules else ""
 
 
 # -- quantized nodes, and candidates that keep some of them float -----------------------------------------
@@ -55,7 +82,7 @@ def quantized_nodes(reference: onnx.ModelProto, built: BuiltVariant) -> list[Qua
     op_types = set(built.params.get("op_types", ()))
     if built.params.get("gemms_as_matmul"):
         op_types.add("Gemm")  # dynamic INT8 quantized them as MatMul, under their own names
-    return [QuantizedNode(n.name, n.op_type) for n in reference.graph.node
+    return [QuantizedNode(n.name, n.op_type, module_scope(n)) for n in reference.graph.node
             if n.op_type in op_types and n.name and quantized_here(n.name)]  # fmt: skip
 
 

@@ -8,10 +8,14 @@ module, or whose loading is a build of its own, does not, and reports at its fir
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from qbench.backends import get_backend
-from qbench.errors import QbenchError, RecipeError
+from qbench.errors import QbenchError, RecipeError, one_line
 from qbench.recipe import Recipe
+
+if TYPE_CHECKING:
+    import onnx
 
 
 def check_reference_loads(recipe: Recipe, path: Path, field: str) -> None:
@@ -32,7 +36,10 @@ def check_reference_loads(recipe: Recipe, path: Path, field: str) -> None:
 
 def _stamps(path: Path, backend: object) -> str:
     """What the model asks for (IR version, operator sets) against what the backend's runtime implements, and the
-    fix; just the fix where the file cannot be parsed."""
+    fix; just the fix where the file cannot be parsed. Where every stamp is one the runtime and onnx know, yet the
+    onnx checker rejects the graph (a tensor defined twice, as torch.onnx's dynamo exporter writes one where a module
+    returns an input unchanged or an output is named after a tensor inside the graph), that is the cause and the fix
+    says so: re-exporting at other versions would not help."""
     import onnx
 
     fix = ("expected a model this runtime loads: export it at an IR version and opsets it supports, with operators "
@@ -47,4 +54,42 @@ def _stamps(path: Path, backend: object) -> str:
     known = ", ".join(f"{domain} up to {implemented[domain]}" if domain in implemented else f"{domain} not at all"
                       for domain in {"ai.onnx": 0, **opsets})  # fmt: skip
     runtime = f"; the runtime implements opsets {known}" if implemented else ""
-    return f"the model is IR version {model.ir_version} with opsets {asked}{runtime}; {fix}"
+    stamps = f"the model is IR version {model.ir_version} with opsets {asked}{runtime}"
+    invalid = None if _beyond_known_versions(model, opsets, implemented) else _checker_refusal(model)
+    if invalid is None:
+        return f"{stamps}; {fix}"
+    names = (": a name is defined twice, so give every output a name no tensor inside the graph has, and return no "
+             "input unchanged as an output" if "static assignment" in invalid else "")  # fmt: skip
+    return (f"{stamps}, versions it knows, but the graph itself is not valid ONNX (onnx checker: {invalid}); expected "
+            f"a valid graph: re-export the model or repair the graph{names}")  # fmt: skip
+
+
+def _beyond_known_versions(model: onnx.ModelProto, opsets: dict[str, int], implemented: dict[str, int]) -> bool:
+    """Whether the model's IR version or an operator set is newer than onnx knows, or than (or unknown to) the runtime
+    (where it lists what it implements): then the stamps are the likelier cause."""
+    import onnx
+
+    if model.ir_version > onnx.IR_VERSION or opsets.get("ai.onnx", 0) > onnx.defs.onnx_opset_version():
+        return True
+    return bool(implemented) and any(version > implemented.get(domain, -1) for domain, version in opsets.items())
+
+
+def _checker_refusal(model: onnx.ModelProto) -> str | None:
+    """The onnx checker's reason for refusing the graph, on one line, or None where it accepts it. Tensors stored
+    outside the file are made graph inputs of a copy first: the checker would look for their files, which the
+    preflight checks on its own, and their values say nothing about the graph's structure."""
+    import onnx
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    external = [t for t in copy.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    inputs = {value.name for value in copy.graph.input}
+    for tensor in external:
+        if tensor.name not in inputs:
+            copy.graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, tensor.dims))
+        copy.graph.initializer.remove(tensor)
+    try:
+        onnx.checker.check_model(copy)
+    except onnx.checker.ValidationError as exc:
+        return one_line(exc)
+    return None

@@ -29,10 +29,13 @@ _SHOWN = 3
 
 
 def random_sources(path: Path, outputs: Collection[str]) -> dict[str, list[onnx.NodeProto]]:
-    """Evaluated output -> the main-graph nodes it is computed from that draw random numbers (an If/Loop/Scan whose
-    body draws counts as drawing); outputs computed from none are left out, as is a graph that cannot be read."""
+    """Evaluated output -> the nodes it is computed from that draw random numbers (an If/Loop/Scan whose body draws
+    counts as drawing; local functions are inlined first, so a draw in a layer's function is one of its nodes, named
+    `<call site>/<node>`); outputs computed from none are left out, as is a graph that cannot be read."""
+    from qbench.onnx_read import read_onnx
+
     try:
-        graph = onnx.load(str(path), load_external_data=False).graph
+        graph = read_onnx(path).graph
     except Exception:  # noqa: BLE001 - an unreadable model is refused by the checks that load it
         return {}
     producers = {out: node for node in graph.node for out in node.output if out}

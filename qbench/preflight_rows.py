@@ -138,11 +138,12 @@ def _nodes(path: Path) -> list:
 
 
 def _graph(path: Path):  # noqa: ANN202 - onnx is imported lazily
-    """The main graph of the model at `path` (its weights left out), or None where it cannot be read (for hints)."""
-    import onnx
+    """The main graph of the model at `path` (its weights left out, local functions inlined: an op in a layer's
+    function is one of its nodes), or None where it cannot be read (for hints)."""
+    from qbench.onnx_read import read_onnx
 
     try:
-        return onnx.load(str(path), load_external_data=False).graph
+        return read_onnx(path).graph
     except Exception:  # noqa: BLE001 - a hint only
         return None
 

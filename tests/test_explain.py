@@ -156,6 +156,36 @@ def test_group_keys(group_by, expected):
     assert group_key(QuantizedNode("/encoder/layer.3/output/dense/MatMul", "MatMul"), group_by) == expected
 
 
+
+def _exported_flat(path: Path) -> None:
+    """`fragile_model` named as torch.onnx's dynamo exporter names nodes (flat: node_linear, node_linear_1, ...), with
+    the module path each came from in its metadata, as that exporter records it: the two branches are layers 0 and 1
+    of `blocks`, the stem and the head modules of their own."""
+    model = onnx.load(str(path))
+    modules = {"mm1": "stem", "branch_a": "blocks.0.fc", "branch_b": "blocks.1.fc", "head": "head"}
+    for index, node in enumerate(n for n in model.graph.node if n.name in modules):
+        parents = modules[node.name].split(".")
+        scopes = ["", *(".".join(parents[: i + 1]) for i in range(len(parents))), f"linear_{index}"]
+        node.name = f"node_linear_{index}"
+        node.metadata_props.add(key="pkg.torch.onnx.name_scopes", value=repr(scopes))
+    onnx.save(model, str(path))
+
+
+@pytest.mark.parametrize(("group_by", "expected", "first"), [
+    ("layer", ["blocks.0", "blocks.1", "head", "stem"], "blocks.0"),
+    ("pattern", ["blocks.#.fc/MatMul", "head/MatMul", "stem/MatMul"], "blocks.#.fc/MatMul"),
+])  # fmt: skip
+def test_layers_of_a_flat_named_export_are_the_modules_its_exporter_recorded(tmp_path, group_by, expected, first):
+    """torch.onnx's dynamo exporter (torch 2.9+'s default) names nodes node_linear_14: by name, `--group layer` made
+    every node a layer of its own (node_linear_1, node_linear_2...) and `--group pattern` put every Linear of the
+    model in one role (node_linear_#). The module path it records per node gives the layers and roles."""
+    project = write_fragile_project(tmp_path, [INT8])
+    _exported_flat(tmp_path / "model.onnx")
+    result = explain_variant(load_recipe(project), "int8", method="sqnr", group_by=group_by)
+    assert sorted(c.group for c in result.costs) == expected
+    assert result.costs[0].group == first
+
+
 def test_bypass_restores_a_relu_the_quantizer_folded_away(tmp_path):
     """With default op types ORT folds mm1's Relu into its output Q; keeping every node float must put it
     back, leaving only the rounding of the quantized graph output y (half a step at most)."""

@@ -106,6 +106,39 @@ def test_a_reference_the_runtime_cannot_load_is_refused_before_anything_is_built
     _nothing_built(tmp_path)
 
 
+def _defined_twice(kind: str) -> onnx.ModelProto:
+    """A graph naming one tensor twice, as torch.onnx's dynamo exporter (torch 2.13) wrote them: a module returning its
+    input unchanged became `Identity(x) -> x` beside the graph input x; an output named `embedding` collided with
+    the tensor of BERT's embedding lookup inside the graph."""
+    model = _model()
+    if kind == "returned-input":
+        model.graph.node.append(helper.make_node("Identity", ["x"], ["x"]))
+        model.graph.output.append(helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4]))
+    else:
+        model.graph.node[0].output[0] = "h"
+        model.graph.node.extend([helper.make_node("Relu", ["h"], ["logits"]), helper.make_node("Abs", ["h"], ["logits"])])
+    return model
+
+
+@pytest.mark.parametrize("kind", ["returned-input", "output-name-taken"])
+def test_a_graph_defining_a_name_twice_is_named_as_invalid_not_as_a_version_problem(tmp_path, capsys, kind):
+    """IR 8 and opset 17 are versions the runtime knows: the refusal used to end with 'export it at an IR version
+    and opsets it supports', which re-exporting cannot fix. The onnx checker's reason and the fix are given."""
+    recipe = _project(tmp_path, _defined_twice(kind))
+    assert main(["validate", str(recipe)]) == 2
+    line = _error_line(capsys.readouterr().err)
+    assert line.startswith(f"error: {recipe}: model.path: {tmp_path / 'model.onnx'}: the FP32 reference does not load "
+                           f"on onnxruntime-cpu: onnxruntime {onnxruntime.__version__} cannot load it: "), line
+    assert "the model is IR version 8 with opsets ai.onnx 17; the runtime implements opsets ai.onnx up to" in line
+    assert ("versions it knows, but the graph itself is not valid ONNX (onnx checker: Graph must be in single static "
+            "assignment (SSA) form, however ") in line, line
+    assert line.endswith("expected a valid graph: re-export the model or repair the graph: a name is defined twice, so "
+                         "give every output a name no tensor inside the graph has, and return no input unchanged as an "
+                         "output"), line
+    assert "export it at an IR version" not in line
+    _nothing_built(tmp_path)
+
+
 class _RefusesEverything(OnnxRuntimeCPU):
     """A second backend whose runtime cannot load the reference that ONNX Runtime's CPU provider loads."""
 

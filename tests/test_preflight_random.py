@@ -107,6 +107,29 @@ def test_a_draw_inside_a_branch_is_refused_and_one_no_evaluated_output_reads_is_
     _check(tmp_path, aside, {"x": _clear_rows(8)})
 
 
+def test_a_draw_inside_a_local_function_is_refused(tmp_path: Path) -> None:
+    """A layer exported as a local function (onnxscript-authored models, `export_modules_as_functions`) holds its
+    nodes in the function's body: the main graph shows only the call. A sampling head there was accepted, since
+    only the main graph was read; it is refused as one in the main graph is, named after its call site."""
+    body = onnx.helper.make_function(
+        "local", "Head", ["scores"], ["y"], [
+            helper.make_node("RandomUniformLike", ["scores"], ["noise"], "draw", low=-0.1, high=0.1),
+            helper.make_node("Add", ["scores", "noise"], ["noisy"]),
+            helper.make_node("ArgMax", ["noisy"], ["y"], axis=1, keepdims=0)],
+        [helper.make_opsetid("", 18)])  # fmt: skip
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["scores"]),
+                               helper.make_node("Head", ["scores"], ["y"], "head", domain="local")],
+                              "m", [X], [CLASS_IDS], [WEIGHT])  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("local", 1)],
+                              functions=[body])  # fmt: skip
+    model.ir_version = 9
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    with pytest.raises(RecipeError, match=r"output 'y' is computed through nodes that draw random numbers on every "
+                                          r"run: RandomUniformLike 'head/draw', so "):  # fmt: skip
+        _check(tmp_path, tmp_path / "m.onnx", {"x": _clear_rows(8)})
+
+
 class _Drifting:
     """An ONNX Runtime session whose outputs move on every run by `step` (float) or flip (class ids): a draw the
     graph scan cannot see, as a custom op's."""
