@@ -33,6 +33,7 @@ from onnxruntime.quantization import (
 from onnxruntime.quantization.calibrate import TensorsData, create_calibrator
 
 from qbench.errors import QbenchError
+from qbench.onnx_read import infer_shapes, over_protobuf_limit
 from qbench.progress import track
 from qbench.techniques.calibrators import (
     CALIBRATORS,
@@ -316,16 +317,19 @@ def preprocess_model(model: onnx.ModelProto, directory: Path) -> tuple[Path, str
     original = default_opset(model)
     model = ensure_opset(model, PRE_PROCESSED_OPSET)
     raised = f"opset {original} raised to {PRE_PROCESSED_OPSET}; " if original < PRE_PROCESSED_OPSET else ""
+    # a model over protobuf's limit is written with its weights beside it, at every step (ORT's default writes one file)
+    big = {"save_as_external_data": True, "all_tensors_to_one_file": True, "external_data_location": f"{path.name}.data"}
+    external = big if over_protobuf_limit(model) else {}
     inferred = typed_by_onnx_inference(model)
     if inferred is not None:
-        quant_pre_process(inferred, path, skip_optimization=True, skip_onnx_shape=True, skip_symbolic_shape=True)
+        quant_pre_process(inferred, path, skip_optimization=True, skip_onnx_shape=True, skip_symbolic_shape=True, **external)
         done = "ONNX shape inference (it typed every tensor: no symbolic shape inference needed; no graph optimisation)"
         return path, raised + done + _declare_runtime_float_types(path)
     try:
-        quant_pre_process(model, path, skip_optimization=True)
+        quant_pre_process(model, path, skip_optimization=True, **external)
         done = "symbolic and ONNX shape inference (no graph optimisation)"
     except Exception:  # noqa: BLE001 (symbolic shape inference raises assorted errors)
-        quant_pre_process(model, path, skip_optimization=True, skip_symbolic_shape=True)
+        quant_pre_process(model, path, skip_optimization=True, skip_symbolic_shape=True, **external)
         done = "ONNX shape inference (symbolic shape inference failed; no graph optimisation)"
     return path, raised + done + _declare_runtime_float_types(path)
 
@@ -344,7 +348,7 @@ def typed_by_onnx_inference(model: onnx.ModelProto) -> onnx.ModelProto | None:
            for node in graph.node for attribute in node.attribute):  # fmt: skip
         return None
     try:
-        inferred = onnx.shape_inference.infer_shapes(model)
+        inferred = infer_shapes(model)
     except Exception:  # noqa: BLE001 - ONNX's checker raises several types (and refuses protos over 2 GB)
         return None
     known = {value.name: value.type for value in (*inferred.graph.input, *inferred.graph.output,
