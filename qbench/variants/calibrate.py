@@ -339,8 +339,8 @@ def typed_by_onnx_inference(model: onnx.ModelProto) -> onnx.ModelProto | None:
     graph of standard operators without subgraphs; else None. ONNX Runtime's symbolic shape inference would add
     nothing its quantizers read there (they look tensors' types up; weights' shapes are their initializers'), and it
     costs its imports (sympy, and torch where installed: seconds in a fresh process) and a pass in Python over every
-    node. Contrib operators (no ONNX schema), If/Loop/Scan bodies, local functions and models ONNX cannot infer in
-    memory (over 2 GB) keep the symbolic pass."""
+    node. Contrib operators (no ONNX schema), If/Loop/Scan bodies, local functions and models ONNX cannot infer keep
+    the symbolic pass (a model over 2 GiB is inferred without its weights' bytes: qbench.onnx_read.infer_shapes)."""
     graph = model.graph
     if model.functions or any(node.domain not in ("", "ai.onnx") for node in graph.node):
         return None
@@ -349,7 +349,7 @@ def typed_by_onnx_inference(model: onnx.ModelProto) -> onnx.ModelProto | None:
         return None
     try:
         inferred = infer_shapes(model)
-    except Exception:  # noqa: BLE001 - ONNX's checker raises several types (and refuses protos over 2 GB)
+    except Exception:  # noqa: BLE001 - ONNX's checker raises several types
         return None
     known = {value.name: value.type for value in (*inferred.graph.input, *inferred.graph.output,
                                                   *inferred.graph.value_info)}  # fmt: skip

@@ -134,7 +134,7 @@ class GraphView:
         if self._ranks is None:
             try:
                 inferred = infer_shapes(self.model).graph
-            except Exception:  # noqa: BLE001 (inference fails on odd or >2 GB models: ranks stay unknown)
+            except Exception:  # noqa: BLE001 (inference fails on odd models: ranks stay unknown)
                 inferred = onnx.GraphProto()
             values = [*inferred.value_info, *inferred.input, *inferred.output]
             self._ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in values if v.type.tensor_type.HasField("shape")}
