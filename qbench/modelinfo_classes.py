@@ -422,10 +422,10 @@ def _argmax_id_counts(model: onnx.ModelProto, producers: dict[str, onnx.NodeProt
 
 def _static_shapes(model: onnx.ModelProto) -> dict[str, tuple[int | None, ...]]:
     """Every tensor's shape ONNX's shape inference can tell (None for a dynamic dimension); {} when it fails."""
-    import onnx
+    from qbench.onnx_read import infer_shapes
 
     try:
-        inferred = onnx.shape_inference.infer_shapes(model)
+        inferred = infer_shapes(model)
     except Exception:  # noqa: BLE001 - custom ops, a malformed graph: nothing known
         return {}
     graph = inferred.graph

@@ -40,6 +40,47 @@ def read_onnx(path: Path, *, weights: bool = False) -> onnx.ModelProto:
     return model
 
 
+# Protobuf cannot serialise a message of 2 GiB or more; keep a margin for the graph itself.
+PROTOBUF_SAFE_BYTES = 1_800_000_000
+_WEIGHTLESS_BYTES = 1 << 20  # a tensor shape inference reads the values of (a Reshape's shape) is far smaller
+
+
+def over_protobuf_limit(model: onnx.ModelProto) -> bool:
+    """Whether `model`'s weights are too big to serialise it as one protobuf: such a model can only be written with
+    external data, and whatever serialises it in memory (onnx's `infer_shapes`, `onnx.save` without external data,
+    ORT's tools given the model rather than a path) fails with protobuf's "exceeds the size limit"."""
+    return sum(len(t.raw_data) for t in model.graph.initializer) > PROTOBUF_SAFE_BYTES
+
+
+def infer_shapes(model: onnx.ModelProto, **options: bool) -> onnx.ModelProto:
+    """`onnx.shape_inference.infer_shapes(model, **options)`, a model over protobuf's limit included: inference then
+    runs on the graph with its large weights referenced rather than held (their types and shapes are all it reads),
+    and the result gets their values back. `model` is left as it was."""
+    if not over_protobuf_limit(model):
+        return onnx.shape_inference.infer_shapes(model, **options)
+    large = [t for t in model.graph.initializer if len(t.raw_data) > _WEIGHTLESS_BYTES]
+    values = {t.name: t.raw_data for t in large}
+    try:
+        for tensor in large:
+            tensor.ClearField("raw_data")
+            tensor.data_location = onnx.TensorProto.EXTERNAL
+            tensor.external_data.add(key="location", value="held in memory by qbench")
+        inferred = onnx.shape_inference.infer_shapes(model, **options)
+    finally:
+        for tensor in large:
+            _hold(tensor, values[tensor.name])
+    for tensor in inferred.graph.initializer:
+        if tensor.name in values:
+            _hold(tensor, values[tensor.name])
+    return inferred
+
+
+def _hold(tensor: onnx.TensorProto, raw: bytes) -> None:
+    del tensor.external_data[:]
+    tensor.ClearField("data_location")  # a tensor held in memory: the field's default
+    tensor.raw_data = raw
+
+
 def inline_functions(model: onnx.ModelProto, path: Path | str = "model") -> onnx.ModelProto:
     """`model` with every call to a model-local function replaced by the function's body (recursively, subgraphs
     too); the model itself when it has none. Opset imports only the functions' domains needed are dropped."""

@@ -325,10 +325,10 @@ def _counted(ops: Counter[str]) -> str:
 
 def _value_types(model: onnx.ModelProto) -> dict[str, int]:
     """Value name -> ONNX element type, from the graph's declarations and ONNX shape inference (all subgraphs)."""
-    import onnx
+    from qbench.onnx_read import infer_shapes
 
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False)
+        inferred = infer_shapes(model, check_type=False, strict_mode=False)
     except Exception:  # noqa: BLE001 - a graph inference cannot follow still declares its inputs and outputs
         inferred = model
     types: dict[str, int] = {}

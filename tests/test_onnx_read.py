@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from qbench.onnx_read import read_onnx
@@ -103,3 +104,28 @@ def test_inlined_nodes_are_named_after_their_call_site_nested_calls_and_subgraph
     assert [n.name for n in branch.node] == ["/head/inner/mm", "/head/Relu_1"]
     x = np.abs(RNG.normal(size=(2, 4))).astype(np.float32)
     np.testing.assert_array_equal(_run(inlined, x), _run(tmp_path / "m.onnx", x))
+
+
+def test_shape_inference_of_a_model_over_protobufs_limit_runs_without_its_weights_and_keeps_them(monkeypatch):
+    """onnx's in-memory inference fails over 2 GiB ("exceeds maximum protobuf size"): every reader of the inferred
+    types (the FP16 converter, the INT8 pre-processing) failed or guessed. The weights' values come back."""
+    from protobuf_limit import simulate_protobuf_limit
+
+    from qbench.onnx_read import infer_shapes
+
+    w = np.arange(64 * 4, dtype=np.float32).reshape(64, 4)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(w, "w")])  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    before = model.SerializeToString()
+    simulate_protobuf_limit(monkeypatch, limit=512, weightless=256)
+    with pytest.raises(ValueError, match="exceeds"):
+        onnx.shape_inference.infer_shapes(model)
+    inferred = infer_shapes(model)
+    declared = {i.name: i.type.tensor_type for i in [*inferred.graph.value_info, *inferred.graph.output]}
+    assert [d.dim_value or d.dim_param for d in declared["h"].shape.dim] == ["n", 4]
+    assert declared["y"].elem_type == TensorProto.FLOAT
+    assert np.array_equal(numpy_helper.to_array(inferred.graph.initializer[0]), w)
+    assert model.SerializeToString() == before  # the caller's model is as it was

@@ -261,14 +261,15 @@ def _iso_times(values: pd.Series, *, field: str, recipe_file: Path) -> pd.Series
     cells = values.dropna()
     if pd.api.types.infer_dtype(cells, skipna=True) not in ("string", "empty"):
         return None
-    parts = cells.astype(str).str.extract(f"^(?P<time>{ISO_TIME.pattern})$")
+    distinct = pd.Series(cells.unique()).astype(str)  # in order of first appearance; a few in a million rows
+    parts = distinct.str.extract(f"^(?P<time>{ISO_TIME.pattern})$")
     if parts["time"].isna().any():
         return None
     zoned = parts["zone"].notna().to_numpy()
     if zoned.any() and not zoned.all():
         raise RecipeError(recipe_file, field, (
-            f"column {values.name!r} mixes times with a UTC offset ({short_repr(cells[zoned].iloc[0])}) and "
-            f"without ({short_repr(cells[~zoned].iloc[0])}); a time without an offset names no instant, "
+            f"column {values.name!r} mixes times with a UTC offset ({short_repr(distinct[zoned].iloc[0])}) and "
+            f"without ({short_repr(distinct[~zoned].iloc[0])}); a time without an offset names no instant, "
             "so they cannot be compared: expected every cell with its offset, or none"))  # fmt: skip
     try:
         return pd.to_datetime(values, format="ISO8601", utc=bool(zoned.any()))

@@ -30,6 +30,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from qbench.data.csv_records import (
@@ -88,12 +89,22 @@ def spreadsheet_error(df: pd.DataFrame, columns: Collection[str]) -> tuple[int, 
         cells = df[column]
         if not (pd.api.types.is_object_dtype(cells) or pd.api.types.is_string_dtype(cells)):
             continue
-        flagged = cells.map(lambda cell: isinstance(cell, str) and cell.strip() in SPREADSHEET_ERRORS,
-                            na_action="ignore")  # fmt: skip
-        errors = flagged.to_numpy(dtype=bool, na_value=False).nonzero()[0]
+        errors = _flag_cells(cells, lambda cell: isinstance(cell, str) and cell.strip() in SPREADSHEET_ERRORS).nonzero()[0]
         if len(errors):
             found.append((int(errors[0]), column, str(cells.iloc[errors[0]])))
     return min(found, default=None)
+
+
+def _flag_cells(cells: pd.Series, predicate: Callable[[Any], bool]) -> np.ndarray:
+    """`predicate` of each cell of `cells`, asked once per distinct value (a column of splits, slices or classes holds a
+    few values in a million rows: a call per cell took seconds); a missing cell is False. Cells that cannot be
+    hashed (arrays, lists) are asked one at a time."""
+    try:
+        codes, distinct = pd.factorize(cells, use_na_sentinel=True)
+    except TypeError:
+        return cells.map(predicate, na_action="ignore").to_numpy(dtype=bool, na_value=False)
+    flags = np.fromiter((bool(predicate(value)) for value in distinct), dtype=bool, count=len(distinct))
+    return np.append(flags, False)[codes]  # a missing cell's code is -1: the False appended
 
 DECIMAL_COMMA_NUMBER = re.compile(r"-?[0-9]+,[0-9]+")
 """A number written with a decimal comma, as a spreadsheet in such a locale exports it: '0,5', '-12,25'."""

@@ -69,10 +69,12 @@ def stated_shapes(info: ModelInfo, path: Path) -> ModelInfo:
         return info
     import onnx
 
+    from qbench.onnx_read import infer_shapes
+
     model = onnx.load(str(path), load_external_data=False)
     if all(o.type.tensor_type.HasField("shape") for o in model.graph.output if o.name in unstated):
         return info  # stated as scalars
-    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    inferred = infer_shapes(model, strict_mode=False)
     outputs = dict(info.outputs)
     for value in inferred.graph.output:
         shape = value.type.tensor_type.shape

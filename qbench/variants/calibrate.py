@@ -33,6 +33,7 @@ from onnxruntime.quantization import (
 from onnxruntime.quantization.calibrate import TensorsData, create_calibrator
 
 from qbench.errors import QbenchError
+from qbench.onnx_read import infer_shapes, over_protobuf_limit
 from qbench.progress import track
 from qbench.techniques.calibrators import (
     CALIBRATORS,
@@ -316,16 +317,19 @@ def preprocess_model(model: onnx.ModelProto, directory: Path) -> tuple[Path, str
     original = default_opset(model)
     model = ensure_opset(model, PRE_PROCESSED_OPSET)
     raised = f"opset {original} raised to {PRE_PROCESSED_OPSET}; " if original < PRE_PROCESSED_OPSET else ""
+    # a model over protobuf's limit is written with its weights beside it, at every step (ORT's default writes one file)
+    big = {"save_as_external_data": True, "all_tensors_to_one_file": True, "external_data_location": f"{path.name}.data"}
+    external = big if over_protobuf_limit(model) else {}
     inferred = typed_by_onnx_inference(model)
     if inferred is not None:
-        quant_pre_process(inferred, path, skip_optimization=True, skip_onnx_shape=True, skip_symbolic_shape=True)
+        quant_pre_process(inferred, path, skip_optimization=True, skip_onnx_shape=True, skip_symbolic_shape=True, **external)
         done = "ONNX shape inference (it typed every tensor: no symbolic shape inference needed; no graph optimisation)"
         return path, raised + done + _declare_runtime_float_types(path)
     try:
-        quant_pre_process(model, path, skip_optimization=True)
+        quant_pre_process(model, path, skip_optimization=True, **external)
         done = "symbolic and ONNX shape inference (no graph optimisation)"
     except Exception:  # noqa: BLE001 (symbolic shape inference raises assorted errors)
-        quant_pre_process(model, path, skip_optimization=True, skip_symbolic_shape=True)
+        quant_pre_process(model, path, skip_optimization=True, skip_symbolic_shape=True, **external)
         done = "ONNX shape inference (symbolic shape inference failed; no graph optimisation)"
     return path, raised + done + _declare_runtime_float_types(path)
 
@@ -335,8 +339,8 @@ def typed_by_onnx_inference(model: onnx.ModelProto) -> onnx.ModelProto | None:
     graph of standard operators without subgraphs; else None. ONNX Runtime's symbolic shape inference would add
     nothing its quantizers read there (they look tensors' types up; weights' shapes are their initializers'), and it
     costs its imports (sympy, and torch where installed: seconds in a fresh process) and a pass in Python over every
-    node. Contrib operators (no ONNX schema), If/Loop/Scan bodies, local functions and models ONNX cannot infer in
-    memory (over 2 GB) keep the symbolic pass."""
+    node. Contrib operators (no ONNX schema), If/Loop/Scan bodies, local functions and models ONNX cannot infer keep
+    the symbolic pass (a model over 2 GiB is inferred without its weights' bytes: qbench.onnx_read.infer_shapes)."""
     graph = model.graph
     if model.functions or any(node.domain not in ("", "ai.onnx") for node in graph.node):
         return None
@@ -344,8 +348,8 @@ def typed_by_onnx_inference(model: onnx.ModelProto) -> onnx.ModelProto | None:
            for node in graph.node for attribute in node.attribute):  # fmt: skip
         return None
     try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    except Exception:  # noqa: BLE001 - ONNX's checker raises several types (and refuses protos over 2 GB)
+        inferred = infer_shapes(model)
+    except Exception:  # noqa: BLE001 - ONNX's checker raises several types
         return None
     known = {value.name: value.type for value in (*inferred.graph.input, *inferred.graph.output,
                                                   *inferred.graph.value_info)}  # fmt: skip

@@ -38,6 +38,7 @@ from typing import Any
 import onnx
 from onnx import TensorProto
 
+from qbench.onnx_read import infer_shapes
 from qbench.variants.onnx_utils import name_unnamed_nodes
 from qbench.variants.quant_scope import TABLE_INPUTS
 
@@ -103,7 +104,7 @@ class _Graph:
             if all(not name or name in self.constants for name in node.input):
                 self.constants.update(node.output)
         try:
-            inferred = onnx.shape_inference.infer_shapes(model).graph
+            inferred = infer_shapes(model).graph
         except Exception:  # noqa: BLE001 (inference fails on odd graphs: dtypes stay unknown)
             inferred = onnx.GraphProto()
         values = [*graph.input, *inferred.value_info, *inferred.input, *inferred.output, *graph.output]

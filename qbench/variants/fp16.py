@@ -37,6 +37,7 @@ import onnx
 from onnx import AttributeProto, TensorProto, numpy_helper
 from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
 
+from qbench.onnx_read import infer_shapes
 from qbench.recipe import VariantSpec
 from qbench.variants.base import BuildContext, BuiltVariant
 from qbench.variants.emulate import round_float_tensors
@@ -117,7 +118,8 @@ def build_fp16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     with build_step(spec.name, "FP16 conversion"):
         add_missing_float_value_info(model, types)
         converted = convert_float_to_float16(
-            model,
+            infer_shapes(model),  # the converter's own inference (onnx's in memory) fails on a model over 2 GiB
+            disable_shape_infer=True,
             min_positive_val=FP16_MIN_POSITIVE,
             max_finite_val=FP16_MAX_FINITE,
             keep_io_types=True,

@@ -51,6 +51,7 @@ import onnx
 from onnx import numpy_helper
 
 from qbench.errors import MissingExtraError
+from qbench.onnx_read import infer_shapes
 from qbench.variants.base import BuiltVariant
 from qbench.variants.onnx_utils import INTEGER_KERNELS, all_nodes, outer_scope_reads, subgraphs_of
 from qbench.variants.quant_scope import nothing_quantized_note
@@ -197,7 +198,7 @@ def _shapes(model: onnx.ModelProto) -> dict[str, tuple[int | None, ...]]:
     it, subgraphs included: the fusion of a MatMul and an Add into a Gemm depends on it. An inference that fails
     leaves the declared shapes."""
     try:
-        model = onnx.shape_inference.infer_shapes(model)
+        model = infer_shapes(model)
     except Exception:  # noqa: BLE001 - a refinement: without it, fewer ranks are known and fewer Gemm fusions assumed
         pass
     shapes: dict[str, tuple[int | None, ...]] = {}

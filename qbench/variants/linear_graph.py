@@ -24,6 +24,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from qbench.onnx_read import infer_shapes
 from qbench.variants.onnx_utils import drop_unused_initializers, names_read
 
 LINEAR_OP_TYPES = ("MatMul", "Gemm")
@@ -132,8 +133,8 @@ class GraphView:
         """The rank of `tensor` from ONNX shape inference on the graph as loaded, or None when unknown."""
         if self._ranks is None:
             try:
-                inferred = onnx.shape_inference.infer_shapes(self.model).graph
-            except Exception:  # noqa: BLE001 (inference fails on odd or >2 GB models: ranks stay unknown)
+                inferred = infer_shapes(self.model).graph
+            except Exception:  # noqa: BLE001 (inference fails on odd models: ranks stay unknown)
                 inferred = onnx.GraphProto()
             values = [*inferred.value_info, *inferred.input, *inferred.output]
             self._ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in values if v.type.tensor_type.HasField("shape")}

@@ -29,11 +29,9 @@ import onnx.numpy_helper
 
 from qbench.errors import QbenchError, one_line
 from qbench.files import new_folder, writing_file
-from qbench.onnx_read import read_onnx
+from qbench.onnx_read import over_protobuf_limit, read_onnx
 from qbench.variants.base import BuildContext, BuiltVariant
 
-# Protobuf cannot serialise a model of 2 GiB or more; keep a margin for the graph itself.
-_EXTERNAL_DATA_THRESHOLD_BYTES = 1_800_000_000
 # metadata_props keys under which a saved variant declares the ONNX Runtime session options it needs
 SESSION_METADATA_PREFIX = "onnxruntime.session_options."
 # Integer kernels that ORT's dynamic (IntegerOps) quantizer substitutes for float ops.
@@ -120,10 +118,6 @@ def name_unnamed_nodes(model: onnx.ModelProto) -> None:
             taken.add(candidate)
 
 
-def _initializer_bytes(model: onnx.ModelProto) -> int:
-    return sum(len(t.raw_data) for t in model.graph.initializer)
-
-
 def save_model(model: onnx.ModelProto, path: Path) -> Path:
     """Save next to nothing else: weights go to `<name>.data` only when the model is too big for one file.
 
@@ -132,14 +126,14 @@ def save_model(model: onnx.ModelProto, path: Path) -> Path:
     that a later reader (a resumed sweep, the gate's digest check) takes for whole. A failed write is a QbenchError
     naming `path` and the system's reason, raised from the OSError (a full disk stays a cause outside the variant).
     """
-    external = _initializer_bytes(model) > _EXTERNAL_DATA_THRESHOLD_BYTES
+    external = over_protobuf_limit(model)
     location = f"{path.name}.data"
     with writing_file(path, "the model"):
         path.parent.mkdir(parents=True, exist_ok=True)
         staging = new_folder(path.parent, path.name, "saving")
         try:
             onnx.save_model(model, str(staging / path.name), save_as_external_data=external, location=location)
-            if external:
+            if (staging / location).exists():  # onnx keeps tensors under 1 KiB in the model file
                 os.replace(staging / location, path.parent / location)
             os.replace(staging / path.name, path)
         finally:

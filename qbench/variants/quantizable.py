@@ -8,6 +8,7 @@ from collections.abc import Collection, Iterable
 
 import onnx
 
+from qbench.onnx_read import infer_shapes
 from qbench.variants.onnx_utils import outer_scope_reads, subgraphs_of
 
 
@@ -105,7 +106,7 @@ def float64_nodes(model: onnx.ModelProto) -> list[str]:
     ):
         return []  # no float64 anywhere: the common case costs no shape inference
     try:
-        declared = [*declared, *onnx.shape_inference.infer_shapes(model).graph.value_info]
+        declared = [*declared, *infer_shapes(model).graph.value_info]
     except Exception:  # noqa: BLE001 - inference is a refinement; the declared types still count
         pass
     types = {v.name: v.type.tensor_type.elem_type for v in declared} | {t.name: t.data_type for t in graph.initializer}

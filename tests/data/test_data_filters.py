@@ -359,3 +359,22 @@ def test_a_text_that_is_no_date_against_iso_text_dates_is_refused_and_a_column_o
         filter_mask(table, {"day": {"ne": "unknown"}}, field=FIELD, recipe_file=RECIPE)
     with pytest.raises(RecipeError, match=r"holds text values that are not all ISO 8601 dates .* \(e.g. '03/01/2026'\)"):
         filter_mask(table, {"local": {"ge": "2026-03-15"}}, field=FIELD, recipe_file=RECIPE)
+
+
+def test_a_text_column_of_dates_is_parsed_once_per_distinct_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each cell of a text column was matched against the ISO 8601 pattern at every filter: 1.9 s a filter on a
+    300,000-row table whose `split` column holds two values. The rows selected are the same."""
+    from pandas.core.strings.accessor import StringMethods
+
+    extracted: list[int] = []
+    real = StringMethods.extract
+
+    def counted(self: StringMethods, *args: object, **kwargs: object) -> pd.DataFrame:
+        extracted.append(len(self._data))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(StringMethods, "extract", counted)
+    days = np.array(["2024-01-30", "2024-01-31", "2024-01-31T00:00:00"], dtype=object)[np.arange(9_000) % 3]
+    mask = filter_mask(pd.DataFrame({"day": days}), {"day": "2024-01-31"}, field=FIELD, recipe_file=RECIPE)
+    assert np.flatnonzero(mask).tolist() == [i for i in range(9_000) if i % 3]
+    assert extracted == [3]

@@ -254,3 +254,31 @@ def test_a_tensor_zero_on_every_calibration_row_is_left_float(graph, tmp_path, p
     want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(["b"], held_out)[0]
     got = ort.InferenceSession(str(built.onnx_path), providers=["CPUExecutionProvider"]).run(["b"], held_out)[0]
     assert np.max(np.abs(got - want)) < 0.1 * np.max(np.abs(want))
+
+
+def test_pre_processing_a_model_over_protobufs_limit_writes_its_weights_beside_it(tmp_path, monkeypatch):
+    """ORT's pre-processing saved a model over 2 GiB as one protobuf: the dynamic INT8 build of one failed with
+    "Unable to parse proto from file: .../symbolic_shape_inferred.onnx". The limit is simulated at 8 KB."""
+    import onnx
+    from protobuf_limit import simulate_protobuf_limit
+
+    from qbench.variants import calibrate
+    from tests.variants.conftest import save_graph
+
+    rng = np.random.default_rng(0)
+    weights = {"w1": rng.normal(size=(32, 64)).astype(np.float32), "w2": rng.normal(size=(64, 4)).astype(np.float32)}
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "w2"], ["y"])]  # fmt: skip
+    source = save_graph(tmp_path / "mlp.onnx", nodes, weights, {"x": 32}, {"y": 4})
+    simulate_protobuf_limit(monkeypatch, limit=8192, weightless=512)
+    for symbolic in (False, True):  # ONNX's inference typed every tensor; and the symbolic pass
+        if symbolic:
+            monkeypatch.setattr(calibrate, "typed_by_onnx_inference", lambda model: None)
+        workdir = tmp_path / str(symbolic)
+        workdir.mkdir()
+        path, _ = calibrate.preprocess_model(onnx.load(str(source)), workdir)
+        stored = onnx.load(str(path), load_external_data=False)
+        assert {t.name for t in stored.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL} == {"w1", "w2"}
+        assert (workdir / "preprocessed.onnx.data").is_file()
+        read = {t.name: onnx.numpy_helper.to_array(t) for t in onnx.load(str(path)).graph.initializer}
+        assert all(np.array_equal(read[name], value) for name, value in weights.items())

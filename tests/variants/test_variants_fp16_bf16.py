@@ -308,3 +308,17 @@ def test_fp16_of_a_reference_whose_nodes_carry_the_converters_own_names_is_valid
     x = rng.normal(size=(5, 4)).astype(np.float32)
     np.testing.assert_allclose(run(built, {"x": x}), x @ weights["w"], rtol=1e-2, atol=1e-2)
     assert built.params["converted_nodes"] >= 1
+
+
+def test_fp16_converts_a_model_over_protobufs_limit(mlp, run, tmp_path, monkeypatch):
+    """A model over 2 GiB failed its FP16 build: "Unable to parse proto from the given bytes: ... exceeds the size
+    limit" (ORT's converter runs onnx's in-memory shape inference). The limit is simulated at 600 bytes; the build
+    must be the one made without it."""
+    from protobuf_limit import simulate_protobuf_limit
+
+    spec = VariantSpec(name="half", precision="fp16")
+    expected = onnx.load(str(build_fp16(spec, mlp.context(tmp_path / "plain")).onnx_path))
+    simulate_protobuf_limit(monkeypatch, limit=600, weightless=100)
+    built = build_fp16(spec, mlp.context(tmp_path / "big"))
+    assert onnx.load(str(built.onnx_path)).graph == expected.graph
+    assert np.abs(run(built, mlp.held_out) - _reference(mlp)).max() < 0.05
