@@ -37,7 +37,13 @@ from qbench.gate_notes import (
     ungated,
     unlowered,
 )
-from qbench.gate_outputs import COLLAPSED, collapsed_outputs, other_output_notes
+from qbench.gate_outputs import (
+    COLLAPSED,
+    collapsed_outputs,
+    lost_components,
+    other_output_kept_notes,
+    other_output_notes,
+)
 from qbench.gate_resolution import rows_alone, unresolved
 from qbench.gate_tolerance import (
     Tolerances,
@@ -57,6 +63,7 @@ from qbench.validate.catalogue import (
     recorded_custom_metrics,
     within,
 )
+from qbench.validate.kept import KEPT
 
 if TYPE_CHECKING:
     from qbench.data.evaluation import EvaluationRows
@@ -79,7 +86,9 @@ class GateCheck:
     tolerance: float
     size: int
     status: str  # "pass" | "breach" | "skipped" (not judged: `reason` says why)
-    reason: str = ""  # why a skipped check was not judged (UNDER_MIN_SIZE, or the metric is undefined there)
+    # why a skipped check was not judged (UNDER_MIN_SIZE, or the metric is undefined there); a *_kept check's
+    # component ("class 3", "column 0 top": qbench.validate.kept)
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -233,6 +242,7 @@ def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[st
         gated=tuple(f"{v}@{b}" for v, b in gated),
         unresolved=tuple(small_passes), unresolved_on_spread=on_spread,
         notes=(*unresolved_notes, *tolerance_notes(results, spec, gated), *other_output_notes(results, spec, gated),
+               *other_output_kept_notes(results, spec, gated),
                *unlowered(results, gated), *ungated(results, spec, gated), *chosen_on_judged_rows(results, gated),
                *fitted_on_judged_rows(results, gated), *nonfinite_reference(results, gated),
                *rounded_reference(results, gated),
@@ -292,6 +302,10 @@ def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec,
                                  ref_spread - own_spread, (1 - COLLAPSED) * ref_spread, own_scope.size, "breach")
                        for name, ref_spread, own_spread in collapsed]  # fmt: skip
             problems += spread_problems
+            lost, kept_problems = lost_components(ref_scope, own_scope, spec.metric)
+            checks += [GateCheck(variant, backend, own_scope.name, name, kept.reference, kept.own, 1 - kept.share,
+                                 1 - KEPT, own_scope.size, "breach", kept.component) for name, kept in lost]  # fmt: skip
+            problems += kept_problems
         if judged and 0 < ref_scope.size <= ref_scope.nonfinite_outputs:
             problems.append(f"FP32 gives NaN/inf on all {ref_scope.size} rows of {own_scope.name}: nothing to judge "
                             "the variant against there")  # fmt: skip

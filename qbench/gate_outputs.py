@@ -11,7 +11,15 @@ depends on its inputs, yet scores well on a metric a constant answer scores well
 cosine of one vector with embeddings sharing a dominant direction. Such a variant is measured correctly, and broken:
 it breaches, as a variant giving NaN/inf does. It is judged on the scopes the gate judges its metric on: a variant can
 collapse on one slice alone (INT8 calibrated on one input regime clamps every row of another to one value), while
-the other slices' rows keep its overall spread well above a tenth of FP32's."""
+the other slices' rows keep its overall spread well above a tenth of FP32's.
+
+Lost components, a breach whatever the metric: a PARTLY broken variant keeps its spread and most rows, yet lost one
+kind of answer FP32 gives (qbench.validate.kept): a class it no longer decides (a collapsed logit or bias, one
+label never switched on), the extreme rows of a target clamped at the calibration sample's range, a few embedding
+dimensions stuck at a constant. A rare class, a 5 % tail, 3 of 32 dimensions move an overall figure less than a
+tolerance, and no slice the recipe defines need isolate them. Judged on the same scopes, as a breach: the variant
+gives wrong answers on every row of that kind, which no tolerance on an average was meant to allow. It is judged on
+the output gate.metric names (every output where it names none); another output's loss is a note, as its drops are."""
 
 from __future__ import annotations
 
@@ -21,8 +29,9 @@ from collections.abc import Sequence
 from qbench.errors import QbenchError
 from qbench.gate_tolerance import Tolerances, reference_tolerances
 from qbench.recipe import GateSpec
-from qbench.results import SliceMetrics, SweepResults, VariantResult
+from qbench.results import Kept, SliceMetrics, SweepResults, VariantResult
 from qbench.validate.catalogue import OUTPUT_SEPARATOR, drop, within
+from qbench.validate.kept import KEPT
 
 _UNFORMED = Tolerances(0.0, 0.0)  # a relative share of FP32's 0 cannot be formed: any drop is remarked
 
@@ -55,6 +64,56 @@ def collapsed_outputs(reference: SliceMetrics, own: SliceMetrics) -> tuple[list[
         elif own.spread[output] < COLLAPSED * ref_spread:  # NaN (no finite row) is no collapse
             collapsed.append((name, ref_spread, own.spread[output]))
     return collapsed, problems
+
+
+def lost_components(reference: SliceMetrics, own: SliceMetrics,
+                    metric: str) -> tuple[list[tuple[str, Kept]], list[str]]:  # fmt: skip
+    """On one scope, (check name, the variant's Kept record) for each output the gate judges (`metric`'s output, or
+    every one where it names none) whose component it kept least of (qbench.validate.kept) it kept under KEPT of, and
+    why it cannot be told: FP32 records a component to judge and the variant's results record none, or one of another
+    rule (edited, or written by another qbench). Where FP32 records none (no class decided on enough rows, no tail
+    reaching past its plateau, results from before qbench recorded them) nothing is judged."""
+    lost, problems = [], []
+    where = "" if reference.name == "overall" else f" on slice {reference.name}"
+    gated = metric.rpartition(OUTPUT_SEPARATOR)[0]
+    for output, ref_kept in reference.kept.items():
+        if gated and output != gated:
+            continue
+        record = own.kept.get(output)
+        name = f"{output}{OUTPUT_SEPARATOR}{ref_kept.rule}" if output and len(reference.kept) > 1 else ref_kept.rule
+        if record is None or record.rule != ref_kept.rule:
+            problems.append(f"the results record no {name}{where} for this variant (FP32's records "
+                            f"{ref_kept.component}): written by another qbench, or edited")  # fmt: skip
+        elif not record.share >= KEPT:  # NaN (no figure) is no keep: fail closed
+            lost.append((name, record))
+    return lost, problems
+
+
+def other_output_kept_notes(results: SweepResults, spec: GateSpec, pairs: Sequence[tuple[str, str]]) -> list[str]:
+    """A note per gated variant@backend and other evaluated output (not the one gate.metric names) that lost a
+    component (lost_components) on some scope the gate judges, naming the first such scope (overall first)."""
+    gated = spec.metric.rpartition(OUTPUT_SEPARATOR)[0]
+    notes = []
+    for variant, backend in pairs:
+        reference, found = results.find(results.reference, backend), results.find(variant, backend)
+        if not gated or reference is None or reference.accuracy is None or found is None or found.accuracy is None:
+            continue  # no other output, or no figures: the gate's problems say why
+        scopes = [(reference.accuracy.overall, found.accuracy.overall)]
+        scopes += [(s, found.accuracy.slice(s.name)) for s in reference.accuracy.slices
+                   if s.judged_count(spec.metric) >= spec.min_slice_size]  # fmt: skip
+        for output in reference.accuracy.overall.kept:
+            if output == gated:
+                continue
+            for ref_scope, own_scope in scopes:
+                lost = lost_components(ref_scope, own_scope, f"{output}{OUTPUT_SEPARATOR}x")[0] if own_scope else []
+                if lost:
+                    kept = lost[0][1]
+                    where = "overall" if ref_scope.name == "overall" else f"on slice {ref_scope.name}"
+                    notes.append(f"{found.key}: output {output} lost {kept.component} {where} ({kept.rule}: FP32 "
+                                 f"{kept.reference:.4g}, the variant {kept.own:.4g}; not gated: gate.metric is "
+                                 f"{spec.metric})")  # fmt: skip
+                    break
+    return notes
 
 
 def other_output_notes(results: SweepResults, spec: GateSpec, pairs: Sequence[tuple[str, str]]) -> list[str]:

@@ -29,6 +29,7 @@ from qbench.gate_outputs import COLLAPSED, SPREAD_METRIC
 from qbench.report_grid import compared, figure, md_cell
 from qbench.slo import SLO_SCOPE
 from qbench.validate.catalogue import OUTPUT_SEPARATOR
+from qbench.validate.kept import KEPT, KEPT_RULES
 
 JSON_SCHEMA_VERSION = 1
 RESULTS_SUITE = "results"  # JUnit suite for problems that belong to no single variant
@@ -71,6 +72,11 @@ def check_line(check: GateCheck) -> str:
         return (f"{result} {check_key(check)} {_scope(check)} {check.metric}: its outputs vary across the {check.size} "
                 f"rows by {check.observed:.4g}, FP32's by {check.reference:.4g}: under {COLLAPSED:g} of FP32's, "
                 "they no longer depend on the inputs (a constant answer)")  # fmt: skip
+    rule = check.metric.rpartition(OUTPUT_SEPARATOR)[2]
+    if rule in KEPT_RULES:
+        return (f"{result} {check_key(check)} {_scope(check)} {check.metric}: {check.reason}: "
+                f"{KEPT_RULES[rule].format(reference=check.reference, own=check.observed)}: "
+                f"{1 - check.drop:.1%} kept, under {KEPT:.0%}")  # fmt: skip
     drop, tolerance = compared(check.drop, check.tolerance)
     line = (
         f"{result} {check_key(check)} {_scope(check)} {check.metric}: "

@@ -20,7 +20,8 @@ Schema (version 1), documented in reports/README.md:
     AccuracyResult: rows, nonfinite_outputs, overall SliceMetrics, slices [SliceMetrics]
     SliceMetrics: name, size, metrics {m: value}, intervals {m: [lo, hi]}, drops {m: drop vs FP32},
       nonfinite_outputs, new_nonfinite_outputs, denominators {m: count its rate is a share of, when not size},
-      spread {output: how much it varies across the scope's rows (metrics.spread)}
+      spread {output: how much it varies across the scope's rows (metrics.spread)},
+      kept {output: Kept {rule, component, reference, own}: what it kept least of (validate/kept.py)}
     LatencyResult: threads, session_create_ms, first_run_ms, points [LatencyPoint]
     LatencyPoint: batch_size, warmup, iterations, p50_ms, p95_ms, p99_ms, mean_ms, items_per_s,
       window_p50_ms [..], window_p99_ms [..], spread, iqr_ratio, stable true|false|null
@@ -54,6 +55,21 @@ DIGEST_FIELD = "digest"
 
 
 @dataclass(frozen=True)
+class Kept:
+    """What a variant kept of one component of FP32's behaviour (qbench.validate.kept)."""
+
+    rule: str  # "decisions_kept", "tail_kept" or "spread_kept"
+    component: str  # "class 3", "label 2 on", "column 0 top", "dimension 7"
+    reference: float  # FP32's figure: rows it decides the class on, its tail's reach, the dimension's spread
+    own: float  # the variant's
+
+    @property
+    def share(self) -> float:
+        """own / reference; NaN where FP32's figure is none to share (0, NaN: results edited), which keeps nothing."""
+        return self.own / self.reference if self.reference > 0 else math.nan
+
+
+@dataclass(frozen=True)
 class SliceMetrics:
     name: str
     size: int
@@ -72,6 +88,9 @@ class SliceMetrics:
     # says (the gate's output_spread check, overall and per slice: an input regime past the calibrated range can
     # clamp one slice's rows to one answer while the others still vary)
     spread: dict[str, float] = field(default_factory=dict)
+    # evaluated output -> the component (a class, a target's tail, a dimension) of FP32's behaviour it kept least of
+    # on the scope's rows (qbench.validate.kept): the gate's *_kept checks; absent where FP32 gives none to judge
+    kept: dict[str, Kept] = field(default_factory=dict)
 
     def judged_count(self, metric: str) -> int:
         """How many units `metric`'s figure rests on, for count-based rules (min_slice_size): the scope's rows, or
@@ -321,7 +340,18 @@ def _slice(raw: dict[str, Any], where: str) -> SliceMetrics:
         new_nonfinite_outputs=int(raw.get("new_nonfinite_outputs", 0)),
         denominators=_counts(raw.get("denominators")),
         spread=figures(raw.get("spread"), "spread"),
+        kept={output: _kept(value, f"{where}.kept.{output}") for output, value in (raw.get("kept") or {}).items()},
     )  # fmt: skip
+
+
+def _kept(raw: dict[str, Any], where: str) -> Kept:
+    raw = known_fields(raw, Kept, where)
+    return Kept(rule=raw["rule"], component=raw["component"], reference=_figure(raw["reference"]),
+                own=_figure(raw["own"]))
+
+
+def _figure(value: float | None) -> float:
+    return math.nan if value is None else float(value)
 
 
 def _accuracy(raw: dict[str, Any] | None, where: str) -> AccuracyResult | None:

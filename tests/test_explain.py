@@ -501,7 +501,8 @@ def test_calibrator_auto_explains_the_calibrator_the_sweep_kept_not_the_most_acc
     """With several calibrators passing, the sweep keeps the fastest; explain rebuilt them all and explained the one
     with the smallest drop, another variant than the one the sweep reported, and said so only in a note. It now takes
     the calibrator from the recipe's newest fresh results, and the table's title names it. Here the fastest try is
-    made the least accurate one, so the two choices differ."""
+    made the least accurate one, so the two choices differ. The model has no outlier (fragile=()): with one, INT8
+    minmax, percentile and dynamic lose most of a class's rows (decisions_kept), which no tolerance lets pass."""
     from rich.console import Console
 
     from qbench import fallback
@@ -511,7 +512,8 @@ def test_calibrator_auto_explains_the_calibrator_the_sweep_kept_not_the_most_acc
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(fallback.Trial, "p50_ms", property(lambda trial: -trial.drop))  # the worst passing is fastest
     variant = {"name": "int8", "precision": "int8", "calibrator": "auto", "op_types": ["MatMul"]}
-    recipe = load_recipe(write_fragile_project(tmp_path, [variant], gate={"metric": "kl_mean", "max_drop": 10.0, "max_slice_drop": 10.0}))
+    recipe = load_recipe(write_fragile_project(tmp_path, [variant], fragile=(),
+                                               gate={"metric": "kl_mean", "max_drop": 10.0, "max_slice_drop": 10.0}))
     swept = run_sweep(recipe, track=False).results.find("int8", "onnxruntime-cpu")
     steps = swept.params["search.steps"]
     print([(s["calibrator"], s["drop"], s["passed"]) for s in steps])

@@ -65,7 +65,9 @@ def test_a_dead_classifier_on_imbalanced_classes_breaches_though_its_accuracy_is
     report, accuracy = _verdict("classification", logits, dead.astype(np.float32), labels, ACCURACY)
     assert (accuracy.reference, accuracy.observed, accuracy.status) == (0.956, 0.95, "pass")
     assert report.exit_code == EXIT_BREACH
-    [spread] = report.breaches
+    # the one answer is class 0: FP32's class-1 rows (10) all lost as well (qbench.validate.kept)
+    assert sorted((c.metric, c.reason) for c in report.breaches) == [("decisions_kept", "class 1"), ("output_spread", "")]
+    [spread] = [c for c in report.breaches if c.metric == "output_spread"]
     assert (spread.variant, spread.scope, spread.metric, spread.observed) == ("int8-a", "overall", "output_spread", 0.0)
     assert spread.reference == pytest.approx(_spread(logits))
     assert check_line(spread).startswith("BREACH int8-a@onnxruntime-cpu overall output_spread: its outputs vary "
@@ -89,7 +91,8 @@ def test_a_constant_regression_near_the_mean_of_low_variance_targets_breaches():
     dead = np.full(ROWS, targets.mean(), dtype=np.float32)
     report, mae = _verdict("regression", fp32, dead, targets, spec)
     assert mae.status == "pass"
-    assert report.exit_code == EXIT_BREACH and [c.metric for c in report.breaches] == ["output_spread"]
+    # a constant has no tail either (qbench.validate.kept)
+    assert report.exit_code == EXIT_BREACH and [c.metric for c in report.breaches] == ["output_spread", "tail_kept"]
     honest = fp32 + (0.001 * rng.normal(size=ROWS)).astype(np.float32)
     assert _verdict("regression", fp32, honest, targets, spec)[0].exit_code == EXIT_PASS
 
@@ -103,7 +106,8 @@ def test_a_constant_embedding_breaches_though_its_cosine_with_embeddings_sharing
     spec = GateSpec(metric="cosine", max_drop=0.05, applies_to=["int8-*"])
     report, cosine = _verdict("embedding", fp32, dead, None, spec)
     assert cosine.status == "pass" and cosine.observed > 0.95
-    assert report.exit_code == EXIT_BREACH and [c.metric for c in report.breaches] == ["output_spread"]
+    # nor any dimension's variation (qbench.validate.kept)
+    assert report.exit_code == EXIT_BREACH and [c.metric for c in report.breaches] == ["output_spread", "spread_kept"]
     honest = fp32 + (0.002 * rng.normal(size=fp32.shape)).astype(np.float32)
     assert _verdict("embedding", fp32, honest, None, spec)[0].exit_code == EXIT_PASS
 
@@ -272,7 +276,7 @@ def test_results_without_spreads_are_judged_on_the_gate_metric_alone():
     raw = json.loads(to_json(_results("classification", logits, np.zeros_like(logits), labels, SLICE_B)))
     for variant in raw["variants"]:
         for scope in [variant["accuracy"]["overall"], *variant["accuracy"]["slices"]]:
-            del scope["spread"]
+            del scope["spread"], scope["kept"]  # nor what each kept (qbench.validate.kept), recorded later still
     report = evaluate_gate(from_dict(raw), ACCURACY)
     assert report.exit_code == EXIT_PASS and not [c for c in report.checks if c.metric == "output_spread"]
 
@@ -327,7 +331,9 @@ def test_sweep_gate_fails_an_int8_build_that_saturates_on_one_input_regime_alone
     if calibrated_on == "a":
         assert breaches == [f"BREACH int8@{BACKEND} slice regime=b output_spread: its outputs vary across the 300 rows "
                             f"by 0, FP32's by {np.sqrt(np.var(regime_b[:, 0] - regime_b[:, 1])):.4g}: under 0.1 of "
-                            "FP32's, they no longer depend on the inputs (a constant answer)"]  # fmt: skip
+                            "FP32's, they no longer depend on the inputs (a constant answer)",
+                            f"BREACH int8@{BACKEND} slice regime=b decisions_kept: class 1: FP32 decides it on 9 rows, "
+                            "the variant on 0 of them: 0.0% kept, under 50%"]  # fmt: skip
         assert code == EXIT_BREACH
     else:
         assert (breaches, code) == ([], EXIT_PASS)

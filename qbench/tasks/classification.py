@@ -43,6 +43,7 @@ from qbench.tasks.tokens import (
     token_axis,
     tokens_nonfinite_rows,
 )
+from qbench.validate import kept as kept_rules
 from qbench.validate import metrics
 from qbench.validate.catalogue import MetricInfo, share_of_rows
 from qbench.validate.scores_scale import ScaleReading, read_scale
@@ -155,7 +156,8 @@ class ClassificationRows:
             values["kl_mean"] = mean_or_nan(kl)
             values["max_abs_error"] = metrics.max_abs_error(self.outputs[mask], self.reference[mask])
             intervals["kl_mean"] = metrics.mean_interval(kl)
-        return SliceMetrics(name=name, size=size, metrics=values, intervals=intervals)
+        kept = kept_rules.decisions_kept(predicted, reference_predicted)
+        return SliceMetrics(name=name, size=size, metrics=values, intervals=intervals, kept={"": kept} if kept else {})
 
 
 def _class_ids(outputs: np.ndarray) -> np.ndarray:

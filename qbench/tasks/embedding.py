@@ -19,6 +19,7 @@ from qbench.tasks.base import (
     mean_or_nan,
     wilson,
 )
+from qbench.validate import kept as kept_rules
 from qbench.validate import metrics, neighbours
 from qbench.validate.catalogue import MetricInfo, share_of_rows
 
@@ -53,7 +54,9 @@ class EmbeddingRows:
         }
         intervals = {"cosine": metrics.mean_interval(cosine), "nn_agreement": wilson(nn_agreement, int(matches.size))}
         counted = {} if self.queried is None else {"nn_agreement": int(matches.size)}
-        return SliceMetrics(name=name, size=int(cosine.size), metrics=values, intervals=intervals, denominators=counted)
+        kept = kept_rules.spread_kept(self.outputs[mask], self.reference[mask])
+        return SliceMetrics(name=name, size=int(cosine.size), metrics=values, intervals=intervals, denominators=counted,
+                            kept={"": kept} if kept else {})
 
 
 NN_QUERIES = 10_000

@@ -26,6 +26,7 @@ from qbench.tasks.base import (
     thresholded_log_problem,
     wilson,
 )
+from qbench.validate import kept as kept_rules
 from qbench.validate import metrics, metrics_targets
 from qbench.validate.catalogue import MetricInfo, share_of_rows
 
@@ -63,7 +64,8 @@ class MultilabelRows:
             "max_abs_error": metrics.max_abs_error(self.outputs[mask], self.reference[mask]),
         }
         intervals = {"row_agreement": wilson(row_agreement, size)}
-        return SliceMetrics(name=name, size=size, metrics=values, intervals=intervals)
+        kept = kept_rules.decisions_kept(predicted, reference_predicted)
+        return SliceMetrics(name=name, size=size, metrics=values, intervals=intervals, kept={"": kept} if kept else {})
 
 
 class Multilabel(Task):

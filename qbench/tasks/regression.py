@@ -29,6 +29,7 @@ from qbench.tasks.base import (
     mean_or_nan,
     wilson,
 )
+from qbench.validate import kept as kept_rules
 from qbench.validate import metrics, metrics_targets
 from qbench.validate.catalogue import MetricInfo, share_of_rows
 
@@ -91,7 +92,8 @@ class RegressionRows:
             "max_abs_error": metrics.max_abs_error(outputs, self.reference[mask]),
         }
         intervals = {"mae": metrics.mean_interval(errors.mean(axis=1)), "agreement": wilson(agreement, size)}
-        return SliceMetrics(name=name, size=size, metrics=values, intervals=intervals)
+        kept = kept_rules.tail_kept(outputs, self.reference[mask])
+        return SliceMetrics(name=name, size=size, metrics=values, intervals=intervals, kept={"": kept} if kept else {})
 
 
 class Regression(Task):

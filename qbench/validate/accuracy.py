@@ -54,6 +54,7 @@ class _OutputRows:
     """One evaluated output: the task's per-row summary, plus what custom metrics read."""
 
     prefix: str
+    output: str  # the output's name ('' for a single unnamed one): what spread and kept are keyed by
     summary: RowSummary | None  # None: the task judges the outputs together (Task.together), not this one alone
     outputs: np.ndarray
     reference: np.ndarray
@@ -72,6 +73,7 @@ class _OutputRows:
             metrics={f"{self.prefix}{k}": v for k, v in values.items()},
             intervals={f"{self.prefix}{k}": v for k, v in own.intervals.items()},
             denominators={f"{self.prefix}{k}": v for k, v in own.denominators.items()},
+            kept={self.output: v for v in own.kept.values()},
         )
 
 
@@ -122,6 +124,7 @@ def _merged(name: str, parts: list[SliceMetrics]) -> SliceMetrics:
         metrics={k: v for part in parts for k, v in part.metrics.items()},
         intervals={k: v for part in parts for k, v in part.intervals.items()},
         denominators={k: v for part in parts for k, v in part.denominators.items()},
+        kept={k: v for part in parts for k, v in part.kept.items()},
     )
 
 
@@ -197,14 +200,14 @@ def evaluate_accuracy(
         scale = scale if scale is not None else (probabilities or {}).get(name)
         summary = None if judge.together else judge.rows(-values if flip else values, -reference if flip else reference,
                                                          own_labels, probabilities=scale)  # fmt: skip
-        parts[name] = _OutputRows(prefix, summary, values, reference, own_labels, reference_bad,
+        parts[name] = _OutputRows(prefix, name, summary, values, reference, own_labels, reference_bad,
                                   _nonfinite_rows(reference))  # fmt: skip
     labels = _checked_labels(labels, rows)
     joint_parts: list[_OutputRows] = []
     if judge.together:
         joint_summary = judge.rows_together([p.outputs for p in parts.values()], [p.reference for p in parts.values()],
                                             labels, feeds or {})  # fmt: skip
-        joint_parts.append(_OutputRows("", joint_summary, np.zeros(0), np.zeros(0), labels, nonfinite_reference,
+        joint_parts.append(_OutputRows("", "", joint_summary, np.zeros(0), np.zeros(0), labels, nonfinite_reference,
                                        nonfinite_reference))  # fmt: skip
 
     def summarise(name: str, mask: np.ndarray) -> SliceMetrics:

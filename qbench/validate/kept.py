@@ -1,0 +1,115 @@
+"""What part of FP32's behaviour a variant kept, component by component: pure functions behind the gate's `*_kept`
+checks (qbench.gate_outputs).
+
+A partly broken variant keeps its outputs' spread (output_spread) and most of its rows: one class's logit collapsed,
+outputs clamped at the calibration sample's maximum, a few embedding dimensions stuck at a constant. Its overall and
+per-slice figures move less than a tolerance, yet it lost something FP32 does on every row of a kind. Each rule
+below finds, on one scope's rows, the component (a class, a target's tail, a dimension) whose share kept is lowest
+among those FP32's own outputs give enough to judge, as a Kept record: FP32's figure and the variant's. The gate
+breaches a share under KEPT.
+
+- decisions_kept (classification, multilabel): of the rows FP32 decides a class on (a label on, or off), the share
+  the variant decides it on too; judged where FP32 decides it on MIN_ROWS rows at least.
+- tail_kept (regression): of how far FP32's most extreme rows (its TAIL share at each end of each target) reach past
+  the next row's value, the share the variant's outputs on those rows reach; judged where that reach is at least
+  MIN_REACH of the target's spread (outputs that plateau at the end have no tail) over MIN_ROWS rows at least.
+- spread_kept (embedding): of how much a dimension varies across the rows for FP32, the share it varies for the
+  variant; judged for dimensions varying at least MIN_REACH of the output's mean per dimension.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from qbench.gate_resolution import rows_to_resolve
+from qbench.results import Kept
+from qbench.validate.metrics import INVALID_CLASS
+
+KEPT = 0.5
+"""A component a variant keeps under half of (half of FP32's decisions of a class, half the reach of its extreme rows,
+half a dimension's variation) is lost: rounding moves a few rows of a class, a few percent of a tail's reach or
+of a dimension's spread (see the tests' honest INT8/FP16 builds), never half."""
+
+MIN_ROWS = rows_to_resolve(1 - KEPT)
+"""The gate's resolution rule for the check's own threshold: a variant losing a share 1 - KEPT of a component's rows
+keeps all of MIN_ROWS (5) with probability under 5 %; fewer rows say nothing either way."""
+
+TAIL = 0.05  # the share of rows at each end of a regression target whose reach tail_kept compares
+MIN_REACH = 0.05  # a tail's reach, or a dimension's spread, under this share of the target's (the mean) is not judged
+
+
+KEPT_RULES = {
+    "decisions_kept": "FP32 decides it on {reference:g} rows, the variant on {own:g} of them",
+    "tail_kept": "FP32's extreme rows reach {reference:.4g} past the next row's value, the variant's {own:.4g}",
+    "spread_kept": "it varies across the rows by {reference:.4g} for FP32, by {own:.4g} for the variant",
+}
+"""Each rule the gate judges, and how its report line states the two figures of a record."""
+
+
+def decisions_kept(predicted: np.ndarray, reference: np.ndarray) -> Kept | None:
+    """The class (1-D: one class id per row) or label value (2-D: one 0/1 decision per label) FP32 decides on at
+    least MIN_ROWS rows of which the variant decides the same on the smallest share; None where FP32 decides none on
+    that many. A row the variant has no decision for (NaN/inf: INVALID_CLASS) keeps nothing."""
+    predicted, reference = np.asarray(predicted), np.asarray(reference)
+    if reference.ndim == 1:
+        columns = [(predicted, reference, "class {}")]
+    else:
+        columns = [(predicted[:, j], reference[:, j], f"label {j} {{}}") for j in range(reference.shape[1])]
+    worst: Kept | None = None
+    for own, ref, name in columns:
+        values, counts = np.unique(ref, return_counts=True)
+        for value, count in zip(values.tolist(), counts.tolist()):
+            if count < MIN_ROWS or value == INVALID_CLASS:  # FP32 gives NaN/inf there: nothing decided
+                continue
+            label = ("on" if value == 1 else "off" if value == 0 else value) if reference.ndim > 1 else value
+            kept = Kept("decisions_kept", name.format(label), float(count), float(np.count_nonzero(own[ref == value] == value)))
+            worst = kept if worst is None or kept.share < worst.share else worst
+    return worst
+
+
+def tail_kept(outputs: np.ndarray, reference: np.ndarray) -> Kept | None:
+    """The end of a target (column) whose extreme rows' reach the variant keeps least of: FP32's TAIL share of rows
+    with the highest (lowest) values on the rows both give finite outputs, their reach the mean distance past the
+    next row's FP32 value; None where no end has MIN_ROWS such rows reaching MIN_REACH of the target's spread."""
+    outputs, reference = _columns(outputs), _columns(reference)
+    worst: Kept | None = None
+    for j in range(reference.shape[1]):
+        finite = np.isfinite(reference[:, j]) & np.isfinite(outputs[:, j])
+        ref, own = reference[finite, j], outputs[finite, j]
+        count = int(math.floor(ref.size * TAIL))
+        if count < MIN_ROWS or ref.size <= count:
+            continue
+        order = np.argsort(ref, kind="stable")
+        spread = float(np.std(ref))
+        for end, rows, edge, sign in (("top", order[-count:], order[-count - 1], 1.0),
+                                      ("bottom", order[:count], order[count], -1.0)):  # fmt: skip
+            reach = sign * float(np.mean(ref[rows] - ref[edge]))
+            if not reach >= MIN_REACH * spread or reach <= 0:
+                continue
+            kept = Kept("tail_kept", f"column {j} {end}", reach, sign * float(np.mean(own[rows] - ref[edge])))
+            worst = kept if worst is None or kept.share < worst.share else worst
+    return worst
+
+
+def spread_kept(outputs: np.ndarray, reference: np.ndarray) -> Kept | None:
+    """The dimension (column) whose variation across the rows both give finite outputs on the variant keeps least of,
+    among those FP32 varies by at least MIN_REACH of its mean per dimension (root mean square of their standard
+    deviations); None under MIN_ROWS rows or where FP32 varies on no dimension."""
+    outputs, reference = _columns(outputs), _columns(reference)
+    finite = np.isfinite(reference).all(axis=1) & np.isfinite(outputs).all(axis=1)
+    if np.count_nonzero(finite) < MIN_ROWS:
+        return None
+    ref, own = np.std(reference[finite], axis=0), np.std(outputs[finite], axis=0)
+    typical = float(np.sqrt(np.mean(ref**2)))
+    judged = np.flatnonzero((ref >= MIN_REACH * typical) & (ref > 0))
+    if judged.size == 0:
+        return None
+    j = int(judged[np.argmin(own[judged] / ref[judged])])
+    return Kept("spread_kept", f"dimension {j}", float(ref[j]), float(own[j]))
+
+
+def _columns(values: np.ndarray) -> np.ndarray:
+    values = np.asarray(values, dtype=np.float64)
+    return values.reshape(values.shape[0], -1)

@@ -1,0 +1,56 @@
+"""qbench.validate.kept: the component of FP32's behaviour a variant kept least of, against hand-computed values."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from qbench.results import Kept
+from qbench.validate.kept import KEPT, MIN_ROWS, decisions_kept, spread_kept, tail_kept
+from qbench.validate.metrics import INVALID_CLASS
+
+
+def test_the_resolution_rule_asks_five_rows_of_a_component_to_judge_losing_half_of_it():
+    assert (KEPT, MIN_ROWS) == (0.5, 5)  # 0.5 ** 5 = 3.1 % <= 5 % < 0.5 ** 4 = 6.3 %
+
+
+def test_decisions_kept_names_the_class_whose_fp32_rows_the_variant_decides_least():
+    # FP32: class 0 on 10 rows, class 1 on 6, class 2 on 4 (too few to judge); the variant keeps 9 of 10, 3 of 6
+    reference = np.array([0] * 10 + [1] * 6 + [2] * 4)
+    predicted = np.array([0] * 9 + [1] + [1, 1, 1, 0, 0, INVALID_CLASS] + [0] * 4)
+    assert decisions_kept(predicted, reference) == Kept("decisions_kept", "class 1", 6.0, 3.0)
+
+
+def test_decisions_kept_judges_each_label_on_and_off_and_nothing_fp32_decides_on_too_few_rows():
+    reference = np.zeros((12, 2), dtype=np.int64)
+    reference[:5, 0] = 1  # label 0 on 5 rows, off on 7; label 1 never on (off on 12)
+    predicted = reference.copy()
+    predicted[:, 0] = 0  # label 0 never switched on
+    assert decisions_kept(predicted, reference) == Kept("decisions_kept", "label 0 on", 5.0, 0.0)
+    assert decisions_kept(np.array([1, 1, 1, 1]), np.array([0, 0, 0, 0])) is None  # 4 rows < MIN_ROWS
+
+
+def test_tail_kept_compares_the_reach_of_fp32_s_extreme_rows_past_the_next_row():
+    reference = np.arange(100.0)  # top 5 rows 95..99 reach past row 94 by 1..5: 3; bottom 0..4 past row 5 by 3 too
+    clamped = np.minimum(reference, 95.5)  # outputs clamp at 95.5: 95, 95.5 x4 reach 1, 1.5 x4: 1.4
+    assert tail_kept(clamped, reference) == Kept("tail_kept", "column 0 top", 3.0, pytest.approx(1.4))
+    assert tail_kept(reference + 0.1, reference).share == pytest.approx(29 / 30)  # bottom end: (3 - 0.1) / 3
+
+
+def test_tail_kept_skips_an_end_that_plateaus_and_a_scope_with_too_few_tail_rows():
+    plateau = np.r_[np.zeros(50), np.arange(50.0)]  # bottom 5 rows all 0, the next one 0 too: no reach
+    judged = tail_kept(plateau, plateau)
+    assert judged is not None and judged.component == "column 0 top"
+    assert tail_kept(np.arange(99.0), np.arange(99.0)) is None  # floor(99 * 0.05) = 4 rows < MIN_ROWS
+
+
+def test_spread_kept_names_the_dimension_that_stopped_varying_and_ignores_a_negligible_one():
+    rng = np.random.default_rng(0)
+    reference = rng.normal(size=(200, 4)) * [1.0, 2.0, 1.0, 0.001]
+    outputs = reference.copy()
+    outputs[:, 3] = 0.0  # a dimension FP32 varies by 0.001 of the others: not judged
+    outputs[:, 2] *= 0.25
+    found = spread_kept(outputs, reference)
+    assert (found.rule, found.component) == ("spread_kept", "dimension 2")
+    assert found.share == pytest.approx(0.25)
+    assert found.reference == pytest.approx(np.std(reference[:, 2]))
