@@ -11,8 +11,11 @@ breaches a share under KEPT.
 - decisions_kept (classification, multilabel): of the rows FP32 decides a class on (a label on, or off), the share
   the variant decides it on too; judged where FP32 decides it on MIN_ROWS rows at least.
 - tail_kept (regression): of how far FP32's most extreme rows (its TAIL share at each end of each target) reach past
-  the next row's value, the share the variant's outputs on those rows reach; judged where that reach is at least
-  MIN_REACH of the target's spread (outputs that plateau at the end have no tail) over MIN_ROWS rows at least.
+  the band of as many rows before them, the share the variant's outputs on those rows reach past its outputs on that
+  band; judged where FP32's reach is at least MIN_REACH of the target's spread (outputs that plateau at the end have no
+  tail) over MIN_ROWS rows at least. Band against band, both on each side's own outputs: an offset every output of
+  an honest variant shares (INT8's rounding moves a regressor's outputs by a few percent of their spread) cancels,
+  while a clamp at the calibration sample's range flattens the tail against its band.
 - spread_kept (embedding): of how much a dimension varies across the rows for FP32, the share it varies for the
   variant; judged for dimensions varying at least MIN_REACH of the output's mean per dimension.
 """
@@ -42,7 +45,7 @@ MIN_REACH = 0.05  # a tail's reach, or a dimension's spread, under this share of
 
 KEPT_RULES = {
     "decisions_kept": "FP32 decides it on {reference:g} rows, the variant on {own:g} of them",
-    "tail_kept": "FP32's extreme rows reach {reference:.4g} past the next row's value, the variant's {own:.4g}",
+    "tail_kept": "FP32's extreme rows reach {reference:.4g} past the rows before them, the variant's {own:.4g}",
     "spread_kept": "it varies across the rows by {reference:.4g} for FP32, by {own:.4g} for the variant",
 }
 """Each rule the gate judges, and how its report line states the two figures of a record."""
@@ -71,24 +74,25 @@ def decisions_kept(predicted: np.ndarray, reference: np.ndarray) -> Kept | None:
 
 def tail_kept(outputs: np.ndarray, reference: np.ndarray) -> Kept | None:
     """The end of a target (column) whose extreme rows' reach the variant keeps least of: FP32's TAIL share of rows
-    with the highest (lowest) values on the rows both give finite outputs, their reach the mean distance past the
-    next row's FP32 value; None where no end has MIN_ROWS such rows reaching MIN_REACH of the target's spread."""
+    with the highest (lowest) values on the rows both give finite outputs, their reach the mean distance of their
+    outputs past the mean of the band of as many rows next to them, for FP32 and for the variant each on its own
+    outputs; None where no end has MIN_ROWS such rows reaching MIN_REACH of the target's spread."""
     outputs, reference = _columns(outputs), _columns(reference)
     worst: Kept | None = None
     for j in range(reference.shape[1]):
         finite = np.isfinite(reference[:, j]) & np.isfinite(outputs[:, j])
         ref, own = reference[finite, j], outputs[finite, j]
         count = int(math.floor(ref.size * TAIL))
-        if count < MIN_ROWS or ref.size <= count:
+        if count < MIN_ROWS or ref.size < 2 * count:
             continue
         order = np.argsort(ref, kind="stable")
         spread = float(np.std(ref))
-        for end, rows, edge, sign in (("top", order[-count:], order[-count - 1], 1.0),
-                                      ("bottom", order[:count], order[count], -1.0)):  # fmt: skip
-            reach = sign * float(np.mean(ref[rows] - ref[edge]))
+        for end, rows, band, sign in (("top", order[-count:], order[-2 * count:-count], 1.0),
+                                      ("bottom", order[:count], order[count:2 * count], -1.0)):  # fmt: skip
+            reach = sign * float(np.mean(ref[rows]) - np.mean(ref[band]))
             if not reach >= MIN_REACH * spread or reach <= 0:
                 continue
-            kept = Kept("tail_kept", f"column {j} {end}", reach, sign * float(np.mean(own[rows] - ref[edge])))
+            kept = Kept("tail_kept", f"column {j} {end}", reach, sign * float(np.mean(own[rows]) - np.mean(own[band])))
             worst = kept if worst is None or kept.share < worst.share else worst
     return worst
 

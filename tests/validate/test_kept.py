@@ -30,11 +30,14 @@ def test_decisions_kept_judges_each_label_on_and_off_and_nothing_fp32_decides_on
     assert decisions_kept(np.array([1, 1, 1, 1]), np.array([0, 0, 0, 0])) is None  # 4 rows < MIN_ROWS
 
 
-def test_tail_kept_compares_the_reach_of_fp32_s_extreme_rows_past_the_next_row():
-    reference = np.arange(100.0)  # top 5 rows 95..99 reach past row 94 by 1..5: 3; bottom 0..4 past row 5 by 3 too
-    clamped = np.minimum(reference, 95.5)  # outputs clamp at 95.5: 95, 95.5 x4 reach 1, 1.5 x4: 1.4
-    assert tail_kept(clamped, reference) == Kept("tail_kept", "column 0 top", 3.0, pytest.approx(1.4))
-    assert tail_kept(reference + 0.1, reference).share == pytest.approx(29 / 30)  # bottom end: (3 - 0.1) / 3
+def test_tail_kept_compares_the_reach_of_the_extreme_rows_past_the_rows_before_them():
+    reference = np.arange(100.0)  # top rows 95..99 (mean 97) reach 5 past rows 90..94 (mean 92); bottom alike
+    clamped = np.minimum(reference, 93.5)  # top rows all 93.5; rows 90..94 become 90, 91, 92, 93, 93.5: mean 91.9
+    assert tail_kept(clamped, reference) == Kept("tail_kept", "column 0 top", 5.0, pytest.approx(1.6))
+    assert tail_kept(clamped, reference).share < KEPT
+    # an offset every output shares, or a scale, is no lost tail: each side's reach is taken on its own outputs
+    assert tail_kept(reference + 7.0, reference).share == pytest.approx(1.0)
+    assert tail_kept(reference * 0.9, reference).share == pytest.approx(0.9)
 
 
 def test_tail_kept_skips_an_end_that_plateaus_and_a_scope_with_too_few_tail_rows():
