@@ -261,9 +261,13 @@ def test_removing_the_progress_bars_after_a_write_error_keeps_that_error():
     from qbench.console import RichProgress
 
     class FailingStream(io.StringIO):
-        """Takes the bars' first frames; after the disk filled up, every write fails as a closed stream."""
+        """A terminal that takes the bars' first frames; after the disk filled up, every write fails as a closed
+        stream."""
 
         full = False
+
+        def isatty(self) -> bool:
+            return True
 
         def write(self, text: str) -> int:
             if self.full:
