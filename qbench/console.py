@@ -197,9 +197,11 @@ class RichProgress:
     works for an hour shows it is alive (some CI services stop a job silent for 10 minutes) in a bounded number of
     lines, never bar frames."""
 
-    def __init__(self, target: Console | None = None, every_s: float = 60.0) -> None:
+    def __init__(self, target: Console | None = None, every_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
         self.console = target or console
         self.every_s = every_s
+        self.clock = clock
 
     def steps(self, description: str, total: int | None) -> contextlib.AbstractContextManager[Callable[[int], None]]:
         if interactive(self.console):
@@ -208,14 +210,14 @@ class RichProgress:
 
     @contextlib.contextmanager
     def _lines(self, description: str, total: int | None) -> Iterator[Callable[[int], None]]:
-        start = time.monotonic()
+        start = self.clock()
         shown = start
         done = 0
 
         def advance(steps: int) -> None:
             nonlocal done, shown
             done += steps
-            now = time.monotonic()
+            now = self.clock()
             if now - shown >= self.every_s:
                 shown = now
                 minutes, seconds = divmod(int(now - start), 60)
