@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import io
 import logging
@@ -127,16 +128,33 @@ class ForgivingStream:
         return getattr(self.stream, name)
 
 
+PLAIN_FALLBACK = "qbench-plain"
+# qbench's own symbols, as a stream that cannot encode them prints them (any other character: '?')
+_PLAIN = {"—": "-", "–": "-", "×": "x", "→": "->", "±": "+/-", "…": "...", "·": ".", "≥": ">=", "≤": "<=",
+          "²": "^2", "µ": "u", "σ": "sigma", "√": "sqrt", "✓": "ok", "✗": "no", "⚠": "!"}  # fmt: skip
+
+
+def _plain_fallback(error: UnicodeError) -> tuple[str, int]:
+    """The codec error handler PLAIN_FALLBACK: qbench's symbols as ASCII (`0.9000 -> 0.8500`), others as '?'."""
+    if not isinstance(error, UnicodeEncodeError):
+        raise error
+    unencodable = error.object[error.start : error.end]
+    return "".join(_PLAIN.get(character, "?") for character in unencodable), error.end
+
+
+codecs.register_error(PLAIN_FALLBACK, _plain_fallback)
+
+
 @contextlib.contextmanager
 def forgiving_standard_streams() -> Iterator[None]:
     """While a command runs, printing never decides its exit code: a character that stdout or stderr cannot encode
-    (PYTHONIOENCODING=ascii, a latin-1 terminal, LANG=C) is printed as '?', and a stream whose reader went away is
-    dropped from then on (ForgivingStream); when the command ends, such a stream is pointed at the null device, so
-    that the final flush cannot fail."""
+    (PYTHONIOENCODING=ascii, a latin-1 terminal, LANG=C) is printed in ASCII (`—` as `-`, `×` as `x`, `→` as `->`)
+    or as '?' (PLAIN_FALLBACK), and a stream whose reader went away is dropped from then on (ForgivingStream); when
+    the command ends, such a stream is pointed at the null device, so that the final flush cannot fail."""
     streams = [stream for stream in (sys.stdout, sys.stderr) if isinstance(stream, io.TextIOWrapper)]
     previous = [stream.errors for stream in streams]
     for stream in streams:
-        stream.reconfigure(errors="replace")
+        stream.reconfigure(errors=PLAIN_FALLBACK)
     standard = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = (ForgivingStream(stream) for stream in standard)  # type: ignore[assignment]
     try:
