@@ -108,12 +108,14 @@ def sweep(
         raise QbenchError("--verbose, --junit, --json, --register, --alias and --no-register apply with --gate")
     with stdout_kept_for_a_document(output.on_stdout()):  # `--json -`: the report alone there
         output.refuse_overwriting(recipe)
-        loaded = with_executor(with_prices(load_recipe(recipe), price or []), kind=executor, address=address)
-        if plan:
-            _print_plan(loaded, rerun_failed=rerun_failed)
-            return 0
-        registry = output.registry(loaded.registry) if gate else None  # before the sweep: a bad option costs no sweep
-        outcome = run_sweep(loaded, track=track, resume=resume, rerun_failed=rerun_failed)
+        # --gate: no verdict (a bad recipe, a failed or interrupted sweep) still leaves report files saying why
+        with reported_when_unusable(output) if gate and not plan else contextlib.nullcontext():
+            loaded = with_executor(with_prices(load_recipe(recipe), price or []), kind=executor, address=address)
+            if plan:
+                _print_plan(loaded, rerun_failed=rerun_failed)
+                return 0
+            registry = output.registry(loaded.registry) if gate else None  # before the sweep: a bad option costs none
+            outcome = run_sweep(loaded, track=track, resume=resume, rerun_failed=rerun_failed)
         print_summary(outcome.results, outcome.gate, gate_notes=not gate)  # --gate's verdict prints the notes
         err_console.print(f"results: {outcome.results_path}\nreport:  {outcome.report_path}", markup=False)
         if outcome.mlflow_run_id:

@@ -80,9 +80,11 @@ def describe(exc: BaseException) -> str:
 
 @contextlib.contextmanager
 def reported_when_unusable(output: GateOutput) -> Iterator[None]:
-    """No verdict comes out of the block (no results, unreadable or stale ones, a bug while judging or printing):
-    the report files and the step summary still say why, since CI uploads them whatever happened. The error
-    itself goes on to `main` (exit 2)."""
+    """No verdict comes out of the block (no results, unreadable or stale ones, a bug while judging or printing, and
+    with `sweep --gate` a sweep that failed or was interrupted: run_sweep raises that as a QbenchError): the report
+    files and the step summary still say why, since CI uploads them whatever happened. The error itself goes on to
+    `main` (exit 2). A signal anywhere else is no Exception and writes nothing more: the stop asked for comes first
+    (a report path may be a pipe nobody reads)."""
     from qbench.gate import GateReport
 
     try:

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import io
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any
 
-from rich.console import Console, RenderableType
+from rich.console import Console, ConsoleDimensions, RenderableType
 from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
@@ -30,9 +32,34 @@ class CliConsole(Console):
         kwargs.setdefault("emoji", False)
         super().__init__(*args, **kwargs)
 
+    @property
+    def size(self) -> ConsoleDimensions:
+        """Rich's size, save that a width under one column (`COLUMNS=0`, which some CI runners set) is taken as
+        80: rich would print every line as nothing there, the verdict and the errors included."""
+        width, height = super().size
+        return ConsoleDimensions(width if width > 0 else FALLBACK_WIDTH, height)
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        self._width, self._height = new_size
+
     def on_broken_pipe(self) -> None:
         if not discard_output(self.file):
             self.quiet = True
+
+
+FALLBACK_WIDTH = 80
+
+
+def interactive(target: Console) -> bool:
+    """Whether `target` writes to a person's terminal: the stream itself is a TTY. FORCE_COLOR (or TTY_COMPATIBLE)
+    makes rich treat any stream as a terminal, to colour a CI log; it colours the log and nothing more: a log gets
+    no progress frames (carriage returns, cursor moves) and no table folded to the terminal's width."""
+    isatty = getattr(target.file, "isatty", None)
+    try:
+        return target.is_terminal and isatty is not None and bool(isatty())
+    except (OSError, ValueError):  # a closed stream
+        return False
 
 
 def discard_output(stream: IO[str]) -> bool:
@@ -101,16 +128,33 @@ class ForgivingStream:
         return getattr(self.stream, name)
 
 
+PLAIN_FALLBACK = "qbench-plain"
+# qbench's own symbols, as a stream that cannot encode them prints them (any other character: '?')
+_PLAIN = {"—": "-", "–": "-", "×": "x", "→": "->", "±": "+/-", "…": "...", "·": ".", "≥": ">=", "≤": "<=",
+          "²": "^2", "µ": "u", "σ": "sigma", "√": "sqrt", "✓": "ok", "✗": "no", "⚠": "!"}  # fmt: skip
+
+
+def _plain_fallback(error: UnicodeError) -> tuple[str, int]:
+    """The codec error handler PLAIN_FALLBACK: qbench's symbols as ASCII (`0.9000 -> 0.8500`), others as '?'."""
+    if not isinstance(error, UnicodeEncodeError):
+        raise error
+    unencodable = error.object[error.start : error.end]
+    return "".join(_PLAIN.get(character, "?") for character in unencodable), error.end
+
+
+codecs.register_error(PLAIN_FALLBACK, _plain_fallback)
+
+
 @contextlib.contextmanager
 def forgiving_standard_streams() -> Iterator[None]:
     """While a command runs, printing never decides its exit code: a character that stdout or stderr cannot encode
-    (PYTHONIOENCODING=ascii, a latin-1 terminal, LANG=C) is printed as '?', and a stream whose reader went away is
-    dropped from then on (ForgivingStream); when the command ends, such a stream is pointed at the null device, so
-    that the final flush cannot fail."""
+    (PYTHONIOENCODING=ascii, a latin-1 terminal, LANG=C) is printed in ASCII (`—` as `-`, `×` as `x`, `→` as `->`)
+    or as '?' (PLAIN_FALLBACK), and a stream whose reader went away is dropped from then on (ForgivingStream); when
+    the command ends, such a stream is pointed at the null device, so that the final flush cannot fail."""
     streams = [stream for stream in (sys.stdout, sys.stderr) if isinstance(stream, io.TextIOWrapper)]
     previous = [stream.errors for stream in streams]
     for stream in streams:
-        stream.reconfigure(errors="replace")
+        stream.reconfigure(errors=PLAIN_FALLBACK)
     standard = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = (ForgivingStream(stream) for stream in standard)  # type: ignore[assignment]
     try:
@@ -164,20 +208,50 @@ def write_document(text: str) -> None:
 
 
 class RichProgress:
-    """Progress bars on qbench's console for the library's long loops (a qbench.progress reporter).
+    """Progress on qbench's console for the library's long loops (a qbench.progress reporter).
 
-    Drawn only on a terminal and removed when done: a CI log gets the log lines, not bar frames."""
+    On a terminal, bars removed when done. Elsewhere (a CI log, a file), a unit of work that runs long prints one
+    plain line at most every `every_s` seconds (`fp32@onnxruntime-cpu evaluate: 40/100 after 1m00s`): a job that
+    works for an hour shows it is alive (some CI services stop a job silent for 10 minutes) in a bounded number of
+    lines, never bar frames."""
 
-    def __init__(self, target: Console | None = None) -> None:
+    def __init__(self, target: Console | None = None, every_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
         self.console = target or console
+        self.every_s = every_s
+        self.clock = clock
+
+    def steps(self, description: str, total: int | None) -> contextlib.AbstractContextManager[Callable[[int], None]]:
+        if interactive(self.console):
+            return self._bars(description, total)
+        return self._lines(description, total)
 
     @contextlib.contextmanager
-    def steps(self, description: str, total: int | None) -> Iterator[Callable[[int], None]]:
+    def _lines(self, description: str, total: int | None) -> Iterator[Callable[[int], None]]:
+        start = self.clock()
+        shown = start
+        done = 0
+
+        def advance(steps: int) -> None:
+            nonlocal done, shown
+            done += steps
+            now = self.clock()
+            if now - shown >= self.every_s:
+                shown = now
+                minutes, seconds = divmod(int(now - start), 60)
+                count = f"{done}/{total}" if total is not None else str(done)
+                self.console.print(f"{description}: {count} after {minutes}m{seconds:02d}s", markup=False,
+                                   highlight=False, soft_wrap=True)  # fmt: skip
+
+        yield advance
+
+    @contextlib.contextmanager
+    def _bars(self, description: str, total: int | None) -> Iterator[Callable[[int], None]]:
         """The bars are removed when the block ends. Removing them writes too: after an error in the block (a
         stream that could not be written), an error of that clean-up is dropped, so the first error is the one
         reported."""
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        bars = Progress(*columns, console=self.console, transient=True, disable=not self.console.is_terminal)
+        bars = Progress(*columns, console=self.console, transient=True)
         bars.start()
         try:
             task = bars.add_task(description, total=total)
@@ -248,10 +322,10 @@ def library_output_on_console(level: int = logging.INFO) -> Iterator[None]:
 
 
 def print_wide(renderable: RenderableType, target: Console | None = None) -> None:
-    """Print on `target` (default: qbench's console); in logs (no terminal: 80 columns by default)
-    wide enough that tables do not fold."""
+    """Print on `target` (default: qbench's console); in logs (no terminal, whatever FORCE_COLOR says: 80 columns
+    by default) wide enough that tables do not fold."""
     target = target or console
-    if target.is_terminal:
+    if interactive(target):
         target.print(renderable)
         return
     natural = Measurement.get(target, target.options.update_width(10_000), renderable).maximum

@@ -74,11 +74,11 @@ def run_qbench(*args: str, **extra_env: str) -> subprocess.CompletedProcess[str]
 
 @pytest.mark.parametrize(("gate", "code"), [(LENIENT, 0), (STRICT, 1)], ids=["pass", "breach"])
 def test_a_verdict_is_not_lost_on_an_ascii_stream(project, gate, code):
-    """The summary line holds '—' and '×', the breaches '→': an ASCII stdout prints '?' for them."""
+    """The summary line holds '—' and '×', the breaches '→': an ASCII stdout prints '-', 'x' and '->' for them."""
     done = run_qbench("gate", str(gated(project, gate)), PYTHONIOENCODING="ascii")
     assert (done.returncode, done.stderr) == (code, "")
     summary = done.stdout.strip().splitlines()[-1]
-    assert summary.startswith("gate: PASS ? " if code == 0 else "gate: FAIL ? ")
+    assert summary.startswith("gate: PASS - " if code == 0 else "gate: FAIL - ")
 
 
 def test_an_error_naming_a_non_ascii_path_is_one_line_on_an_ascii_stream(project):
@@ -261,9 +261,13 @@ def test_removing_the_progress_bars_after_a_write_error_keeps_that_error():
     from qbench.console import RichProgress
 
     class FailingStream(io.StringIO):
-        """Takes the bars' first frames; after the disk filled up, every write fails as a closed stream."""
+        """A terminal that takes the bars' first frames; after the disk filled up, every write fails as a closed
+        stream."""
 
         full = False
+
+        def isatty(self) -> bool:
+            return True
 
         def write(self, text: str) -> int:
             if self.full:

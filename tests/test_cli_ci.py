@@ -1,0 +1,155 @@
+"""`qbench sweep --gate` and `qbench gate` as CI runs them: no terminal, FORCE_COLOR, COLUMNS=0, a job's timeout.
+
+A scikit-learn MLP on iris (skl2onnx), in a folder whose name is not ASCII, swept once; each command then runs as a
+real `python -m qbench.cli` process under the environment a CI runner gives it, its stdout and stderr captured apart.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from signalled import run_signalled
+
+from qbench.console import PLAIN_FALLBACK, CliConsole, RichProgress
+
+REPO = Path(__file__).resolve().parents[1]
+GATE = {"metric": "agreement", "max_drop": 0.5, "max_slice_drop": 0.5, "applies_to": ["*"]}
+
+
+@pytest.fixture(scope="module")
+def recipe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An iris MLP with FP16 and INT8 variants, swept once (not tracked); returns the recipe."""
+    from skl2onnx import convert_sklearn
+    from skl2onnx.common.data_types import FloatTensorType
+    from sklearn.datasets import load_iris
+    from sklearn.neural_network import MLPClassifier
+
+    root = tmp_path_factory.mktemp("cli_ci") / "arbeitsbereich-ü"
+    root.mkdir()
+    features, labels = load_iris(return_X_y=True)
+    features = features.astype(np.float32)
+    model = MLPClassifier(hidden_layer_sizes=(16,), max_iter=2000, random_state=0).fit(features, labels)
+    onnx_model = convert_sklearn(model, initial_types=[("input", FloatTensorType([None, 4]))],
+                                 options={id(model): {"zipmap": False}}, target_opset=17)  # fmt: skip
+    (root / "model.onnx").write_bytes(onnx_model.SerializeToString())
+    subset = np.where(np.arange(len(labels)) % 3 == 0, "calib", "test")
+    kind = np.where(features[:, 0] > 5.8, "long", "short")
+    pd.DataFrame({"x": list(features), "y": labels, "subset": subset, "kind": kind}).to_parquet(root / "data.parquet")
+    raw = {
+        "name": "iris-ci", "task": "classification", "model": {"path": "model.onnx"},
+        "data": {"path": "data.parquet", "inputs": {"x": "input"}, "label": "y", "slices": [{"by": "kind"}],
+                 "calibration": {"filter": {"subset": "calib"}, "samples": 32},
+                 "evaluation": {"filter": {"subset": "test"}}},
+        "variants": [{"name": "fp16", "precision": "fp16"}, {"name": "int8", "precision": "int8", "calibrator": "minmax"}],
+        "latency": {"batch_sizes": [1], "warmup": 1, "iterations": 3, "threads": 1},
+        "gate": GATE, "output_dir": str(root / "reports"),
+    }  # fmt: skip
+    path = root / "recipe.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False, allow_unicode=True))
+    done = run_qbench("sweep", str(path), "--no-track")
+    assert done.returncode == 0, done.stderr
+    return path
+
+
+def ci_env(**extra: str) -> dict[str, str]:
+    """A CI runner's environment: no terminal, CI=true; the caller's own settings (COLUMNS, FORCE_COLOR) left out."""
+    dropped = ("COLUMNS", "LINES", "FORCE_COLOR", "NO_COLOR", "TTY_COMPATIBLE", "GITHUB_STEP_SUMMARY")
+    env = {k: v for k, v in os.environ.items() if k not in dropped and not k.startswith("MLFLOW_")}
+    return {**env, "PYTHONPATH": str(REPO), "CI": "true", "TERM": "dumb", **extra}
+
+
+def run_qbench(*args: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "qbench.cli", *args], capture_output=True, text=True,
+                          env=ci_env(**extra_env), timeout=300, check=False)  # fmt: skip
+
+
+def test_force_color_colours_a_log_but_draws_no_progress_frames_and_folds_no_table(recipe):
+    """FORCE_COLOR=1 (set in many CI jobs for coloured logs) made rich take the log for a terminal: progress bars
+    redrawn with carriage returns and cursor moves, and `--verbose`'s table folded to 80 columns (`onnxru`,
+    `ntime-`, `cpu` on three lines)."""
+    done = run_qbench("sweep", str(recipe), "--gate", "--verbose", "--no-track", FORCE_COLOR="1", TERM="xterm")
+    assert done.returncode == 0, done.stderr
+    assert "\x1b[" in done.stderr  # the colour asked for
+    for stream in (done.stdout, done.stderr):
+        assert "\r" not in stream and "\x1b[?25l" not in stream and "\x1b[1A" not in stream  # no frames
+    rows = [line for line in done.stdout.splitlines() if "onnxruntime-cpu" in line and "kind=" in line]
+    assert len(rows) == 4 and all("PASS" in row for row in rows)  # one line per check, each whole
+
+
+def test_columns_0_still_prints_the_verdict(recipe):
+    """COLUMNS=0 (as some CI runners export it) gave rich a width of 0: every line printed as nothing."""
+    done = run_qbench("gate", str(recipe), COLUMNS="0")
+    assert (done.returncode, done.stdout.splitlines()[-1]) == (0, "gate: PASS — 2 variants × 3 scopes, 6 checks")
+
+
+def test_columns_0_still_prints_the_error(recipe):
+    missing = recipe.parent / "nowhere" / "results.json"
+    done = run_qbench("gate", "--results", str(missing), COLUMNS="0")
+    assert (done.returncode, done.stderr.splitlines()) == (2, [f"error: {missing}: results file not found"])
+
+
+def test_a_breach_reads_in_ascii_on_a_stream_that_cannot_encode_its_symbols(recipe):
+    """PYTHONIOENCODING=ascii (or a C locale) printed qbench's '—', '×' and '→' as '?': `0.0000 ? 0.0132`, the
+    arrow from FP32's figure to the variant's lost. The exit code stays the verdict's."""
+    strict = recipe.with_name("strict.yaml")  # the same name and output folder: it judges the same results
+    strict.write_text(yaml.safe_dump({**yaml.safe_load(recipe.read_text()), "gate": {**GATE, "metric": "max_abs_error",
+                                      "max_drop": 0.0, "max_slice_drop": 0.0}}))  # fmt: skip
+    done = run_qbench("gate", str(strict), PYTHONIOENCODING="ascii")
+    assert (done.returncode, done.stderr) == (1, "")
+    lines = done.stdout.splitlines()
+    breaches = [line for line in lines if line.startswith("BREACH int8@onnxruntime-cpu overall max_abs_error: ")]
+    assert len(breaches) == 1 and " -> " in breaches[0] and "?" not in breaches[0]
+    assert lines[-1].startswith("gate: FAIL - 2 of 2 variants breach: ")
+
+
+def test_only_what_an_encoding_lacks_is_replaced():
+    """Latin-1 has '×' and 'é' but not '—', '→' or '€': qbench's symbols in ASCII, anything else as '?'."""
+    assert "0.9 → 0.8 — 1.00× é €".encode("latin-1", errors=PLAIN_FALLBACK) == b"0.9 -> 0.8 - 1.00\xd7 \xe9 ?"
+
+
+def test_a_sweep_stopped_by_the_jobs_timeout_leaves_gate_reports_saying_so(recipe, tmp_path):
+    """`qbench sweep --gate --junit --json` stopped by SIGTERM (a CI job's timeout) wrote no report: the steps that
+    upload them `if: always()` found nothing. Now each holds one error naming the incomplete run, and the step
+    summary says so too."""
+    junit, report, summary = tmp_path / "gate.xml", tmp_path / "gate.json", tmp_path / "summary.md"
+    summary.write_text("# an earlier step\n")
+    stopped = recipe.with_name("stopped.yaml")  # its incomplete run in a folder of its own
+    stopped.write_text(yaml.safe_dump({**yaml.safe_load(recipe.read_text()), "output_dir": str(tmp_path / "reports")}))
+    done = run_signalled("qbench.execute.executors:run_build", signal.SIGTERM, "sweep", str(stopped), "--gate",
+                         "--no-track", "--junit", str(junit), "--json", str(report),
+                         env=ci_env(GITHUB_STEP_SUMMARY=str(summary)))  # fmt: skip
+    assert done.returncode == 2
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: sweep interrupted by SIGTERM: ") and "is marked incomplete" in last
+    suite = ET.parse(junit).getroot()
+    assert (suite.get("tests"), suite.get("errors"), suite.get("failures")) == ("1", "1", "0")
+    error = suite.find("testsuite/testcase/error")
+    assert error is not None and error.get("message") == last[len("error: "):]
+    written = json.loads(report.read_text())
+    assert (written["exit_code"], written["problems"]) == (2, [{"variant": None, "message": last[len("error: "):]}])
+    assert summary.read_text().startswith("# an earlier step\n### qbench gate: FAIL (results unusable)\n")
+
+
+def test_long_work_in_a_log_prints_one_line_a_minute_at_most():
+    """In a log (no terminal, though rich is told it is one, as FORCE_COLOR tells it) a unit of work shows it is
+    alive in plain lines, bounded by the clock, not by its steps: 5 steps over 130 s print 2 lines."""
+    clock = iter([0.0, 10.0, 61.0, 70.0, 121.0, 130.0])
+    stream = io.StringIO()
+    progress = RichProgress(CliConsole(file=stream, force_terminal=True, width=20), every_s=60.0,
+                            clock=lambda: next(clock))  # fmt: skip
+    with progress.steps("fp32@onnxruntime-cpu evaluate", 5) as advance:
+        for _ in range(5):
+            advance(1)
+    assert stream.getvalue().splitlines() == ["fp32@onnxruntime-cpu evaluate: 2/5 after 1m01s",
+                                              "fp32@onnxruntime-cpu evaluate: 4/5 after 2m01s"]  # fmt: skip
