@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import qbench
-from qbench.errors import QbenchError
+from qbench.errors import QbenchError, short_repr
 from qbench.frontier import mixed_timing_machines, slower_than_reference_notes
 from qbench.gate_checks import (
     changed_models,
@@ -53,6 +53,7 @@ from qbench.provenance import recorded_recipe
 from qbench.recipe import GateSpec, Recipe
 from qbench.recipe_slo import SloSpec
 from qbench.results import SliceMetrics, SweepResults, VariantResult, read_results
+from qbench.results_evidence import unrecorded
 from qbench.runs import RESULTS_FILE, newest_run
 from qbench.slo import SLO_METRIC, SLO_SCOPE, SloJudgement, judge_slo
 from qbench.validate.catalogue import (
@@ -198,7 +199,7 @@ def evaluate_gate(
 
 def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[str, str]] | None,
               slo: SloSpec | None, tolerances: Tolerances | None, resolve: bool) -> GateReport:  # fmt: skip
-    problems: list[str] = []
+    problems: list[str] = missing_evidence(results, slo)
     unresolved_notes: list[str] = []
     small_passes: list[str] = []
     on_spread = False
@@ -249,6 +250,17 @@ def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[st
                *mixed_timing_machines(results),
                *slower_than_reference_notes(results, {f"{v}@{b}" for v, b in gated})),
     ))
+
+
+def missing_evidence(results: SweepResults, slo: SloSpec | None) -> list[str]:
+    """The one problem of results that lack a kind of evidence a check of this gate needs (qbench.results_evidence):
+    written before qbench recorded it, they would pass that check unjudged. None where every kind is recorded."""
+    lacking = unrecorded(results.evidence, slo=slo is not None)
+    if not lacking:
+        return []
+    return [f"results written by qbench {short_repr(results.qbench_version)} record no "
+            f"{', '.join(e.name for e in lacking)} (this qbench's sweep records them), so these checks cannot be "
+            f"applied: {'; '.join(e.checks for e in lacking)}; re-run `qbench sweep`"]  # fmt: skip
 
 
 def _same_graph(results: SweepResults, variant: str, backend: str) -> bool:

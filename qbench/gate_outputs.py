@@ -47,7 +47,7 @@ def collapsed_outputs(reference: SliceMetrics, own: SliceMetrics) -> tuple[list[
     """On one scope (overall, or a slice: the gate passes those it judges), (check name, FP32's spread, the
     variant's) for each evaluated output whose spread collapsed (COLLAPSED), and why it cannot be told: FP32's spread
     is recorded and the variant's is not (results edited, or written by another qbench); where neither is recorded
-    (results from before spreads were) nothing is judged. An output FP32 itself gives one value for on the scope
+    nothing is judged here (results from before spreads were are refused as a whole: qbench.results_evidence). An output FP32 itself gives one value for on the scope
     (spread 0, or no finite row) has nothing to collapse; a variant with NaN/inf on every row of it (no spread)
     breaches on its NaN/inf outputs. Rounding keeps an output's variation unless all of it lies below the precision's
     step for every value of the output (small probabilities keep their relative precision), so an honest variant
@@ -72,7 +72,8 @@ def lost_components(reference: SliceMetrics, own: SliceMetrics,
     every one where it names none) whose component it kept least of (qbench.validate.kept) it kept under KEPT of, and
     why it cannot be told: FP32 records a component to judge and the variant's results record none, or one of another
     rule (edited, or written by another qbench). Where FP32 records none (no class decided on enough rows, no tail
-    reaching past its plateau, results from before qbench recorded them) nothing is judged."""
+    reaching past its plateau) nothing is judged; results from before qbench recorded any are refused as a whole
+    (qbench.results_evidence)."""
     lost, problems = [], []
     where = "" if reference.name == "overall" else f" on slice {reference.name}"
     gated = metric.rpartition(OUTPUT_SEPARATOR)[0]

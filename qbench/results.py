@@ -10,6 +10,7 @@ Schema (version 1), documented in reports/README.md:
       dropped_nonfinite {evaluation|calibration: {input column: rows left out for NaN/inf}},
       kept_nonfinite {evaluation|calibration|selection|slice:<name>: {input column: rows fed with NaN/inf}},
       ranges RangeAnalysis | null, inputs {input: {path, sha256}}, complete, finished_at,
+      evidence [name]: the kinds of evidence the sweep recorded (results_evidence.py; absent: none),
       digest (sha256 of the canonical JSON of everything else; checked on reading)
     VariantResult
       variant, backend, precision, status ok|failed|skipped, error (or skip reason), params {...},
@@ -41,6 +42,7 @@ from typing import Any
 import qbench
 from qbench.errors import QbenchError, short_repr
 from qbench.files import write_atomically
+from qbench.results_evidence import RECORDED, evidence_from_dict
 from qbench.results_fields import checked_params, known_fields
 from qbench.results_ranges import ClipRecord as ClipRecord
 from qbench.results_ranges import CoverageWarning as CoverageWarning
@@ -261,6 +263,9 @@ class SweepResults:
     complete: bool = True  # False while a sweep is still writing (or was interrupted): never judged
     finished_at: str | None = None  # UTC, microseconds: when the measurements ended (orders the runs)
     search: SearchReport | None = None  # the recipe's INT8 search: every candidate and its verdict
+    # the kinds of evidence the sweep recorded (qbench.results_evidence): a check whose kind is missing cannot be
+    # applied, as in results written before qbench recorded it
+    evidence: tuple[str, ...] = RECORDED
     schema_version: int = SCHEMA_VERSION
 
     def find(self, variant: str, backend: str) -> VariantResult | None:
@@ -419,6 +424,7 @@ def from_dict(raw: dict[str, Any]) -> SweepResults:
         complete=raw.get("complete") is True,
         finished_at=raw.get("finished_at"),
         search=search_from_dict(raw.get("search"), "search"),
+        evidence=evidence_from_dict(raw.get("evidence")),
     )
 
 

@@ -22,7 +22,7 @@ from user_model import make_user_project
 from qbench.cli_app import main
 from qbench.gate import latest_results
 from qbench.recipe import load_recipe
-from qbench.results import read_results, to_json
+from qbench.results import content_digest, read_results, to_json
 
 BACKEND = "onnxruntime-cpu"
 STRICT = {"metric": "max_abs_error", "max_drop": 0.0, "max_slice_drop": 0.0, "applies_to": ["int8-*"]}
@@ -293,3 +293,27 @@ def test_long_paths_stay_on_one_line_in_a_non_terminal(tmp_path):
     assert len(str(report)) > 200
     assert f"gate report: {report}" in done.stderr.splitlines()
     assert any(line.startswith("UNUSABLE ") and str(results) in line for line in done.stdout.splitlines())
+
+
+def test_results_written_before_evidence_was_recorded_are_one_unusable_line(project, tmp_path, capsys):
+    """The sweep's results.json as a qbench from before `evidence`, spreads and kept records wrote it (CI re-gating
+    an older artifact): the lenient gate passed it (exit 0) on checks it could not apply; now exit 2, one line."""
+    recipe = project.recipe(LENIENT)
+    raw = json.loads(latest_results(load_recipe(recipe)).read_text())
+    raw.pop("evidence", None)  # older results have none to remove
+    for variant in raw["variants"]:
+        for scope in (variant["accuracy"]["overall"], *variant["accuracy"]["slices"]):
+            del scope["spread"], scope["kept"]
+    raw["digest"] = content_digest(raw)
+    old = tmp_path / "results.json"
+    old.write_text(json.dumps(raw))
+    capsys.readouterr()
+    assert main(["gate", str(recipe), "--results", str(old)]) == 2
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 3 and lines[0].startswith("gate on tumour-mlp (")
+    assert lines[1] == (f"UNUSABLE results written by qbench {raw['qbench_version']!r} record no output_spread, kept, "
+                        "stored_weights, random_ops, model_sha256 (this qbench's sweep records them), so these checks "
+                        "cannot be applied: output_spread (collapsed outputs); decisions_kept, tail_kept, spread_kept "
+                        "(lost classes, tails, dimensions); the note on a reference stored rounded; results of a "
+                        "deterministic reference; the measured model file is the one measured; re-run `qbench sweep` (fail closed)")
+    assert main(["gate", str(recipe)]) == 0  # the same sweep's own results: judged as before, a pass

@@ -1,0 +1,57 @@
+"""Which kinds of evidence a results file records: one registry the sweep writes from and the gate's checks read.
+
+qbench adds checks that rest on figures the sweep records (an output's spread, what a variant kept of each class, the
+CPUs timings ran beside). A results file written before a figure was recorded lacks it, and so does one where there
+was nothing to record (FP32 decides no class on 5 rows): in the file the two look the same. So the sweep writes
+`evidence`, the name of every kind it recorded (all of EVIDENCE), and the gate applies a check only to results whose
+`evidence` names what the check needs; results lacking one cannot be judged on it (qbench.gate.missing_evidence:
+exit 2, fail closed). Add a kind here when the sweep starts recording a figure a check reads, and have the check's
+module name it as its need.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from qbench.errors import QbenchError, did_you_mean, short_repr
+
+
+@dataclass(frozen=True)
+class Evidence:
+    name: str  # as results.json's `evidence` lists it
+    recorded: str  # where the sweep records it
+    checks: str  # what the gate judges with it (named in its refusal)
+    slo: bool = False  # needed only where the gate judges a latency budget (the recipe's slo:)
+
+
+EVIDENCE: dict[str, Evidence] = {e.name: e for e in (
+    Evidence("output_spread", "each scope's spread", "output_spread (collapsed outputs)"),
+    Evidence("kept", "each scope's kept", "decisions_kept, tail_kept, spread_kept (lost classes, tails, dimensions)"),
+    Evidence("stored_weights", "the reference's params.stored_weights", "the note on a reference stored rounded"),
+    Evidence("random_ops", "a reference with random nodes refused by the sweep", "results of a deterministic reference"),
+    Evidence("model_sha256", "each variant's model_sha256", "the measured model file is the one measured"),
+    Evidence("others_cpus", "each latency point's others_cpus", "the SLO's contended timings", slo=True),
+    Evidence("usable_cpus", "each latency's machine.cpus", "the SLO's timings with more threads than CPUs", slo=True),
+)}  # fmt: skip
+
+RECORDED: tuple[str, ...] = tuple(EVIDENCE)
+"""What a sweep of this qbench records: every kind."""
+
+
+def unrecorded(recorded: tuple[str, ...], *, slo: bool) -> list[Evidence]:
+    """The kinds the gate needs (those of an SLO only where it judges one) that `recorded` lacks."""
+    return [e for e in EVIDENCE.values() if e.name not in recorded and (slo or not e.slo)]
+
+
+def evidence_from_dict(raw: object) -> tuple[str, ...]:
+    """results.json's `evidence`: absent (results from before qbench recorded it) reads as none. A name this qbench
+    does not know was written by another qbench, for a check this one cannot apply: refused, as unknown fields are."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not all(isinstance(name, str) for name in raw):
+        raise QbenchError(f"evidence: got {short_repr(raw)}, expected a list of names")
+    unknown = [name for name in raw if name not in EVIDENCE]
+    if unknown:
+        raise QbenchError(f"evidence: unknown {short_repr(unknown[0])}{did_you_mean(unknown[0], list(EVIDENCE))}: this "
+                          "qbench does not know it, and judges no results it would read without it")  # fmt: skip
+    return tuple(raw)

@@ -1,0 +1,111 @@
+"""Results written before qbench recorded a kind of evidence (qbench.results_evidence): the gate cannot apply the
+checks resting on it, and says so (exit 2), where it once passed them unjudged. Results of the current sweep record
+every kind and are judged as before; a kind recorded with nothing in it (FP32 decides no class on 5 rows) is no
+missing evidence."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from test_gate_kept import BACKEND, HALVES, _rare_class
+
+from qbench.errors import QbenchError
+from qbench.gate import EXIT_BREACH, EXIT_PASS, EXIT_UNUSABLE, evaluate_gate
+from qbench.recipe import GateSpec
+from qbench.recipe_slo import SloSpec
+from qbench.results import SweepResults, VariantResult, from_dict, to_json
+from qbench.results_evidence import EVIDENCE
+from qbench.validate.accuracy import evaluate_accuracy, with_drops
+
+SPEC = GateSpec(metric="accuracy", max_drop=0.03, unresolved="note")
+OLD_LINE = (
+    "results written by qbench '0.1.0' record no output_spread, kept, stored_weights, random_ops, model_sha256 (this "
+    "qbench's sweep records them), so these checks cannot be applied: output_spread (collapsed outputs); "
+    "decisions_kept, tail_kept, spread_kept (lost classes, tails, dimensions); the note on a reference stored rounded; "
+    "results of a deterministic reference; the measured model file is the one measured; re-run `qbench sweep`"
+)
+
+
+def _raw(reference: np.ndarray, outputs: np.ndarray, labels: np.ndarray, halves=HALVES) -> dict:
+    """results.json (parsed) of FP32 and 'int8-a' on the same rows, as the current sweep writes it."""
+    fp32 = evaluate_accuracy("classification", reference, reference, labels, halves)
+    own = with_drops(evaluate_accuracy("classification", outputs, reference, labels, halves), fp32)
+    variants = tuple(VariantResult(variant=name, backend=BACKEND, precision=name[:4], status="ok", accuracy=accuracy)
+                     for name, accuracy in (("fp32", fp32), ("int8-a", own)))  # fmt: skip
+    results = SweepResults(qbench_version="0.1.0", created_at="", recipe={"name": "toy"}, environment={},
+                           calibration=None, evaluation_rows=len(labels), gate_metric=SPEC.metric, reference="fp32",
+                           variants=variants)  # fmt: skip
+    return json.loads(to_json(results))
+
+
+def _as_written_before_evidence(raw: dict) -> dict:
+    """The same results as a qbench from before spreads, kept records and `evidence` wrote them."""
+    raw = {k: v for k, v in raw.items() if k != "evidence"}
+    for variant in raw["variants"]:
+        for scope in (variant["accuracy"]["overall"], *variant["accuracy"]["slices"]):
+            del scope["spread"], scope["kept"]
+    return raw
+
+
+def test_an_old_results_file_of_a_variant_that_lost_a_class_is_unusable_not_a_pass():
+    """Class 2's logit collapsed: decisions_kept breaches on fresh results (exit 1). The same figures without the
+    kept records passed (exit 0: nothing to judge looked like nothing recorded); now one line says which checks
+    cannot be applied, which qbench wrote the file and to re-run the sweep, and no check or note is shown."""
+    logits, labels = _rare_class()
+    raw = _raw(logits, logits - np.float32([0, 0, 10]), labels)
+    assert evaluate_gate(from_dict(raw), SPEC).exit_code == EXIT_BREACH
+    report = evaluate_gate(from_dict(_as_written_before_evidence(raw)), SPEC)
+    assert report.exit_code == EXIT_UNUSABLE
+    assert report.problems == (OLD_LINE,)
+    assert (report.checks, report.notes) == ((), ())
+
+
+def test_fresh_results_record_every_kind_and_are_judged_as_before():
+    """An honest variant (noise of 0.01 on the logits) on fresh results: every kind recorded, a pass, no problem and
+    no note about evidence."""
+    logits, labels = _rare_class()
+    noisy = logits + np.random.default_rng(1).normal(scale=0.01, size=logits.shape).astype(np.float32)
+    raw = _raw(logits, noisy, labels)
+    assert raw["evidence"] == list(EVIDENCE)
+    report = evaluate_gate(from_dict(raw), SPEC)
+    assert (report.exit_code, report.problems, report.notes) == (EXIT_PASS, (), ())
+
+
+def test_a_kind_recorded_with_nothing_to_judge_is_no_missing_evidence():
+    """8 rows, no class FP32 decides on 5 of them: no kept record, yet `evidence` says kept was recorded, so the
+    gate judges the rest (a pass) rather than refusing the results."""
+    labels = np.array([0, 0, 0, 0, 1, 1, 1, 2])
+    logits = np.full((8, 3), -1.0, dtype=np.float32)
+    logits[np.arange(8), labels] = 1.0
+    raw = _raw(logits, logits.copy(), labels, halves={})
+    assert raw["variants"][0]["accuracy"]["overall"]["kept"] == {}
+    report = evaluate_gate(from_dict(raw), SPEC)
+    assert (report.exit_code, report.problems) == (EXIT_PASS, ())
+
+
+def test_the_slo_s_evidence_is_needed_only_where_an_slo_is_judged():
+    logits, labels = _rare_class()
+    raw = _raw(logits, logits.copy(), labels)
+    raw["evidence"] = [name for name in raw["evidence"] if name not in ("others_cpus", "usable_cpus")]
+    results = from_dict(raw)
+    assert evaluate_gate(results, SPEC).problems == ()
+    problems = evaluate_gate(results, SPEC, slo=SloSpec(p99_ms=100.0, batch_size=1)).problems
+    assert problems[0].startswith("results written by qbench '0.1.0' record no others_cpus, usable_cpus (this ")
+    assert problems[0].endswith("so these checks cannot be applied: the SLO's contended timings; the SLO's timings "
+                                "with more threads than CPUs; re-run `qbench sweep`")  # fmt: skip
+
+
+@pytest.mark.parametrize(("evidence", "message"), [
+    (["kept", "new_kind"], "evidence: unknown 'new_kind': this qbench does not know it, and judges no results it "
+                           "would read without it"),
+    ("kept", "evidence: got 'kept', expected a list of names"),
+])  # fmt: skip
+def test_evidence_this_qbench_does_not_know_is_refused(evidence, message):
+    logits, labels = _rare_class()
+    raw = _raw(logits, logits.copy(), labels)
+    raw["evidence"] = evidence
+    with pytest.raises(QbenchError) as caught:
+        from_dict(raw)
+    assert str(caught.value) == message
