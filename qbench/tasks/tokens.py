@@ -5,7 +5,8 @@ IGNORE_LABEL (-100, Hugging Face's convention for padding, special tokens and la
 Every metric is computed over the scored tokens of a scope's rows, so the rates (accuracy, agreement, flip_rate)
 are shares of tokens, not rows, and kl_mean a mean over tokens: each scope records how many tokens every metric rests
 on (SliceMetrics.denominators), which is what the gate checks the rates against and counts for min_slice_size (a
-slice of 40 rows with 3 scored tokens is judged as 3, not 40).
+slice of 40 rows with 3 scored tokens is judged as 3, not 40). A class FP32 decides on enough scored tokens that the
+variant no longer decides on them breaches (token_decisions_kept, qbench.validate.kept).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import pandas as pd
 from qbench.modelinfo import TensorMeta
 from qbench.results import SliceMetrics
 from qbench.tasks.base import LabelError, is_float, mean_or_nan, no_label, wilson
+from qbench.validate import kept as kept_rules
 from qbench.validate import metrics
 from qbench.validate.metrics import IGNORE_LABEL
 from qbench.validate.scores_scale import ScaleReading
@@ -176,5 +178,6 @@ class TokenRows:
         values["max_abs_error"] = metrics.max_abs_error(
             metrics.token_scores(self.outputs, tokens), metrics.token_scores(self.reference, tokens)
         )
+        kept = kept_rules.token_decisions_kept(predicted, reference_predicted)
         return SliceMetrics(name=name, size=int(np.count_nonzero(mask)), metrics=values, intervals=intervals,
-                            denominators=dict.fromkeys(values, count))  # fmt: skip
+                            denominators=dict.fromkeys(values, count), kept={"": kept} if kept else {})  # fmt: skip
