@@ -60,7 +60,7 @@ DIGEST_FIELD = "digest"
 class Kept:
     """What a variant kept of one component of FP32's behaviour (qbench.validate.kept)."""
 
-    rule: str  # a rule of qbench.validate.kept.KEPT_RULES: "decisions_kept", "answers_kept", "tail_kept"...
+    rule: str  # a rule of qbench.validate.kept.KEPT_RULES: "decisions_kept", "tail_kept"...
     component: str  # "class 3", "label 2 on", "column 0 top", "dimension 7"
     reference: float  # FP32's figure: rows it decides the class on, its tail's reach, the dimension's spread
     own: float  # the variant's

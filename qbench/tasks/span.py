@@ -12,8 +12,7 @@ second text; its closing [SEP] included). A model without a token_type_ids input
 apart by its feeds: the span may then lie on any attended token (the question too; the text inputs' note at the
 start of a sweep says that the model reads no token_type_ids).
 Labels, optional, are one list per row, `[start, end]`: the answer's first and last token (inclusive) in the fed
-pair's tokens, within the context. Without labels, exact_match and f1 are against FP32's span. FP32's answers in a quarter of the context that the
-variant's answers no longer share a token with breach (answers_kept, qbench.validate.kept).
+pair's tokens, within the context. Without labels, exact_match and f1 are against FP32's span.
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ from qbench.errors import QbenchError
 from qbench.modelinfo import TensorMeta
 from qbench.results import SliceMetrics
 from qbench.tasks.base import LabelError, Task, example_rows, is_float, mean_or_nan, no_label, wilson
-from qbench.validate import kept as kept_rules
 from qbench.validate import metrics
 from qbench.validate.catalogue import MetricInfo, share_of_rows
 
@@ -108,9 +106,6 @@ class SpanRows:
     f1: np.ndarray
     agrees: np.ndarray
     agreement_f1: np.ndarray
-    spans: np.ndarray  # (rows, 2): the variant's decoded spans, FP32's, and where an answer may lie (rows, tokens)
-    reference_spans: np.ndarray
-    context: np.ndarray
     # rows with a context token, where an answer can be decided (None: every row). A row without one has no span in
     # any result, and "both decode none" would be a match whatever the scores: a variant returning noise scored 1.0
     # on single texts fed without their pair, so such rows are no part of any span figure
@@ -128,9 +123,7 @@ class SpanRows:
                      "span_agreement": wilson(agreement, count),
                      "span_f1": metrics.mean_interval(self.agreement_f1[scored])}  # fmt: skip
         counted = {} if self.answerable is None else dict.fromkeys(SPAN_FIGURES, count)
-        kept = kept_rules.answers_kept(self.spans[mask], self.reference_spans[mask], self.context[mask])
-        return SliceMetrics(name=name, size=size, metrics=values, intervals=intervals, denominators=counted,
-                            kept={"": kept} if kept else {})  # fmt: skip
+        return SliceMetrics(name=name, size=size, metrics=values, intervals=intervals, denominators=counted)
 
 
 class Span(Task):
@@ -218,7 +211,7 @@ class Span(Task):
         exact, agrees = exact_matches(spans, target) & ~failed, exact_matches(spans, fp32) & ~failed
         f1, agreement_f1 = (np.where(failed, 0.0, token_f1(spans, t)) for t in (target, fp32))
         return SpanRows(np.stack([start, end], axis=1), np.stack(list(reference), axis=1), exact, f1, agrees,
-                        agreement_f1, spans, fp32, allowed, None if answerable.all() else answerable)
+                        agreement_f1, None if answerable.all() else answerable)
 
 
 SPAN = Span()

@@ -13,13 +13,6 @@ breaches a share under KEPT.
 - token_decisions_kept (token classification): decisions_kept over the scope's scored tokens (those the task's
   metrics score: labelled other than IGNORE_LABEL, or every token without labels), a token the unit; judged where
   FP32 decides a class on MIN_ROWS tokens at least.
-- answers_kept (span): decisions_kept with the part of the context an answer starts in (its first, second, third or
-  last quarter of the row's context tokens) the decision: of the rows FP32 answers in a part, the share the variant
-  answers in it too; judged where FP32 answers in a part on MIN_ROWS rows at least. An answer moved by a token or
-  two crosses a border on few rows; a variant that no longer ranks the context's last tokens answers elsewhere on
-  every such row.
-  (The decoder always answers where a context token is, so "non-empty answers kept" would be kept by any variant
-  with finite scores: the place of the answer is what a partly broken one loses.)
 - tail_kept (regression): of how far FP32's most extreme rows (its TAIL share at each end of each target) reach past
   the band of as many rows before them, the share the variant's outputs on those rows reach past its outputs on that
   band; judged where FP32's reach is at least MIN_REACH of the target's spread (outputs that plateau at the end have no
@@ -29,8 +22,10 @@ breaches a share under KEPT.
 - spread_kept (embedding): of how much a dimension varies across the rows for FP32, the share it varies for the
   variant; judged for dimensions varying at least MIN_REACH of the output's mean per dimension.
 
-No rule for task 'structured' (nor for a recipe's own metrics): qbench reads no decision from an arbitrary tensor per
-row (a mask, boxes, a sequence), so it can name no component FP32 gives; the user's metric is the verdict there.
+No rule for task 'span': its decoder answers on every row with a context token, so no answer is lost outright, and
+a rule on where answers lie (a part of the context) flagged honest INT8 builds whose starts moved by one token across
+a part's border. None for 'structured' (nor a recipe's own metrics): qbench reads no decision from an arbitrary tensor
+per row (a mask, boxes, a sequence); the user's metric is the verdict there.
 """
 
 from __future__ import annotations
@@ -54,15 +49,12 @@ MIN_ROWS = rows_to_resolve(1 - KEPT)
 keeps all of MIN_ROWS (5) with probability under 5 %; fewer rows say nothing either way."""
 
 TAIL = 0.05  # the share of rows at each end of a regression target whose reach tail_kept compares
-CONTEXT_PARTS = ("first quarter", "second quarter", "third quarter", "last quarter")
-"""answers_kept's groups of FP32's answers: the share of the row's context tokens their start lies in."""
 MIN_REACH = 0.05  # a tail's reach, or a dimension's spread, under this share of the target's (the mean) is not judged
 
 
 KEPT_RULES = {
     "decisions_kept": "FP32 decides it on {reference:g} rows, the variant on {own:g} of them",
     "token_decisions_kept": "FP32 decides it on {reference:g} tokens, the variant on {own:g} of them",
-    "answers_kept": "FP32 answers there on {reference:g} rows, the variant on {own:g} of them",
     "tail_kept": "FP32's extreme rows reach {reference:.4g} past the rows before them, the variant's {own:.4g}",
     "spread_kept": "it varies across the rows by {reference:.4g} for FP32, by {own:.4g} for the variant",
 }
@@ -95,36 +87,6 @@ def token_decisions_kept(predicted: np.ndarray, reference: np.ndarray) -> Kept |
     scope (1-D), so a class FP32 decides on MIN_ROWS tokens is judged however few rows hold them."""
     found = decisions_kept(np.ravel(predicted), np.ravel(reference))
     return None if found is None else dataclasses.replace(found, rule="token_decisions_kept")
-
-
-def answers_kept(spans: np.ndarray, reference: np.ndarray, context: np.ndarray) -> Kept | None:
-    """The part of the context (CONTEXT_PARTS: equal shares of each row's context tokens, in order) FP32's answers
-    start in on at least MIN_ROWS rows, on whose rows the variant's answer starts there too least often; None where
-    FP32 answers in no part that often. `spans`, `reference`: (rows, 2) inclusive [start, end] token positions,
-    negative where none is decoded (FP32's such rows are not judged, the variant's keep nothing); `context`:
-    (rows, tokens) bool, the tokens an answer may lie on."""
-    context = np.asarray(context, dtype=bool)
-    own, ref = context_part(spans, context), context_part(reference, context)
-    worst: Kept | None = None
-    for value, where in enumerate(CONTEXT_PARTS):
-        count = int(np.count_nonzero(ref == value))
-        if count < MIN_ROWS:
-            continue
-        kept = Kept("answers_kept", f"answers in the context's {where}", float(count),
-                    float(np.count_nonzero(own[ref == value] == value)))  # fmt: skip
-        worst = kept if worst is None or kept.share < worst.share else worst
-    return worst
-
-
-def context_part(spans: np.ndarray, context: np.ndarray) -> np.ndarray:
-    """Per row, the index in CONTEXT_PARTS of the share of the row's context tokens the span's start lies in (its
-    place among them times len(CONTEXT_PARTS) over their count, rounded down); -1 where no span is decoded."""
-    starts = np.asarray(spans).reshape(-1, 2)[:, 0]
-    rows = np.flatnonzero(starts >= 0)
-    place = np.cumsum(context[rows], axis=1)[np.arange(rows.size), starts[rows]] - 1
-    part = np.full(starts.shape, -1, dtype=np.int64)
-    part[rows] = place * len(CONTEXT_PARTS) // np.maximum(context[rows].sum(axis=1), 1)
-    return part
 
 
 def tail_kept(outputs: np.ndarray, reference: np.ndarray) -> Kept | None:

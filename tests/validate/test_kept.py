@@ -7,11 +7,8 @@ import pytest
 
 from qbench.results import Kept
 from qbench.validate.kept import (
-    CONTEXT_PARTS,
     KEPT,
     MIN_ROWS,
-    answers_kept,
-    context_part,
     decisions_kept,
     spread_kept,
     tail_kept,
@@ -47,29 +44,6 @@ def test_token_decisions_kept_counts_tokens_and_names_its_own_rule():
     assert token_decisions_kept(predicted, reference) == Kept("token_decisions_kept", "class 3", 5.0, 2.0)
     assert token_decisions_kept(reference[:9], reference[:9]) == Kept("token_decisions_kept", "class 3", 5.0, 5.0)
     assert token_decisions_kept(reference[:8], reference[:8]) is None  # 4 tokens of each: too few to judge
-
-
-def test_answers_kept_groups_fp32_answers_by_the_quarter_of_the_context_they_start_in():
-    # 10 rows, context tokens 2..9 (8 tokens: quarters start at 2, 4, 6, 8); FP32 answers at (8, 9) on rows 0-4 (last
-    # quarter) and (2, 3) on rows 5-9 (first quarter). The variant: row 0 (8, 8) starts in the last quarter, row 1
-    # (7, 8) in the third, rows 2-4 (2, 2) in the first: 1 of 5 kept; rows 5-9 (3, 4) start in the first: 5 of 5
-    context = np.zeros((10, 10), dtype=bool)
-    context[:, 2:] = True
-    reference = np.array([[8, 9]] * 5 + [[2, 3]] * 5)
-    spans = np.array([[8, 8], [7, 8]] + [[2, 2]] * 3 + [[3, 4]] * 5)
-    assert answers_kept(spans, reference, context) == Kept("answers_kept", "answers in the context's last quarter", 5.0,
-                                                           1.0)  # fmt: skip
-    # a row FP32 decodes none on is not judged (4 rows left in the last quarter); a variant's none keeps nothing
-    reference[0], spans[5] = -1, -1
-    assert answers_kept(spans, reference, context) == Kept("answers_kept", "answers in the context's first quarter",
-                                                           5.0, 4.0)  # fmt: skip
-    # the quarter is the start's place among each row's own context tokens: token 5 is in the last of 2..5
-    short = np.zeros((5, 10), dtype=bool)
-    short[:, 2:6] = True
-    assert answers_kept(np.full((5, 2), 2), np.full((5, 2), 5), short) == Kept(
-        "answers_kept", "answers in the context's last quarter", 5.0, 0.0)  # fmt: skip
-    assert context_part(np.array([[2, 2], [3, 5], [4, 4], [5, 5], [-1, -1]]), short).tolist() == [0, 1, 2, 3, -1]
-    assert len(CONTEXT_PARTS) == 4
 
 
 def test_tail_kept_compares_the_reach_of_the_extreme_rows_past_the_rows_before_them():
