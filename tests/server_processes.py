@@ -76,7 +76,10 @@ def stop_process_group(process: subprocess.Popen) -> list[int]:
 def start_mlflow_server(root: Path, artifacts: list[str] | None = None) -> tuple[str, subprocess.Popen]:
     """A real `mlflow server` on a free port of 127.0.0.1 with its store and artifacts under `root`, in its own process
     group (stop it with stop_process_group), answering /health; returns its URL and process. `artifacts`: the
-    server's artifact options instead of proxied artifacts in `root/artifacts`."""
+    server's artifact options instead of proxied artifacts in `root/artifacts`.
+
+    Without MLflow's job runner (MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false; it is on by default): its consumers, eight
+    more MLflow imports, only slow the start on a loaded runner, and no test here runs a server-side job."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = root / "server.log"
@@ -87,7 +90,8 @@ def start_mlflow_server(root: Path, artifacts: list[str] | None = None) -> tuple
         "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
     ]  # fmt: skip
     with log.open("w") as log_file:
-        process = subprocess.Popen(command, cwd=root, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(command, cwd=root, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
+                                   env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})  # fmt: skip
     try:
         wait_healthy(url, process, log)
     except BaseException:

@@ -9,14 +9,14 @@ from collections.abc import Mapping
 from pathlib import Path
 
 HOOK = textwrap.dedent("""\
-    import importlib, os, sys, time
+    import importlib, os, sys, threading
     module_name, attribute, signum = sys.argv[1], sys.argv[2], int(sys.argv[3])
     module = importlib.import_module(module_name)
     original = getattr(module, attribute)
     def signalled(*args, **kwargs):
         result = original(*args, **kwargs)
-        os.kill(os.getpid(), signum)
-        time.sleep(30)
+        assert threading.current_thread() is threading.main_thread(), "the signal must land on the main thread"
+        os.kill(os.getpid(), signum)  # CPython runs the handler before os.kill returns: it raised, or held it back
         return result
     setattr(module, attribute, signalled)
     from qbench.cli_app import main
