@@ -223,14 +223,8 @@ def _children_of(pid: int) -> list[int]:
 
 
 @pytest.fixture
-def ui_process(
-    user_project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[tuple[subprocess.Popen[str], int, Path]]:
-    """`qbench ui` on a free port, its output (the server's log) in a file; killed if the test leaves it running.
-
-    Two server workers (MLflow's MLFLOW_WORKERS, 4 by default) rather than four: still a server that forks workers,
-    each a full MLflow import, and half of them to start on a loaded 2-core runner."""
-    monkeypatch.setenv("MLFLOW_WORKERS", "2")
+def ui_process(user_project: Path, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], int, Path]]:
+    """`qbench ui` on a free port, its output (the server's log) in a file; killed if the test leaves it running."""
     recipe = write_recipe(user_project, tmp_path, ["fp16"], iterations=5)
     port, log = free_port(), tmp_path / "ui.log"
     with log.open("w") as log_file:
