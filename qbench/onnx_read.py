@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import onnx
 
@@ -73,6 +74,37 @@ def infer_shapes(model: onnx.ModelProto, **options: bool) -> onnx.ModelProto:
         if tensor.name in values:
             _hold(tensor, values[tensor.name])
     return inferred
+
+
+def typing_skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A new model with `model`'s graph and metadata in which every initializer whose values type inference never
+    reads (over the weightless size) is a graph input of its type and shape instead: what ONNX Runtime needs to
+    type every tensor when it loads a model, without a copy of the weights (and under protobuf's limit whatever
+    their size). `model` is read, never changed."""
+    skeleton = onnx.ModelProto()
+    for field, value in model.ListFields():
+        if field.name != "graph":
+            _copy_field(skeleton, field, value)
+    graph = model.graph
+    for field, value in graph.ListFields():
+        if field.name != "initializer":
+            _copy_field(skeleton.graph, field, value)
+    declared = {value.name for value in graph.input}
+    for tensor in graph.initializer:
+        if len(tensor.raw_data) <= _WEIGHTLESS_BYTES:
+            skeleton.graph.initializer.add().CopyFrom(tensor)
+        elif tensor.name not in declared:
+            skeleton.graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, tensor.dims))
+    return skeleton
+
+
+def _copy_field(target: Any, field: Any, value: Any) -> None:
+    if field.is_repeated:
+        getattr(target, field.name).extend(value)
+    elif field.message_type is not None:
+        getattr(target, field.name).CopyFrom(value)
+    else:
+        setattr(target, field.name, value)
 
 
 def _hold(tensor: onnx.TensorProto, raw: bytes) -> None:
