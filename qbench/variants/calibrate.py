@@ -44,7 +44,7 @@ from qbench.techniques.calibrators import (
 )
 from qbench.variants.base import Feeds
 from qbench.variants.histograms import HISTOGRAM_LIMIT, NONFINITE, UNQUANTIZED, GuardedHistogramCollector
-from qbench.variants.nonfinite_scan import nonfinite_tensors
+from qbench.variants.nonfinite_scan import holds_nonfinite, nonfinite_tensors
 from qbench.variants.onnx_utils import default_opset, load_model, quiet_stdout, save_model
 from qbench.variants.opset_upgrade import ensure_opset
 from qbench.variants.pass_memo import PassMemo, batches_digest
@@ -181,8 +181,7 @@ def _compute_ranges(
 ) -> Calibrated:
     skipped: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="calibrate-", dir=workdir) as tmp:
-        model = load_model(model_path)
-        staged = save_model(model, Path(tmp) / "model.onnx")
+        staged = save_model(load_model(model_path), Path(tmp) / "model.onnx")  # not held: ORT loads its own copy
         with quiet_stdout():
             calibrator = create_calibrator(
                 staged,
@@ -203,7 +202,9 @@ def _compute_ranges(
                 if method != "minmax":
                     skipped = dict(calibrator.collector.skipped)
                 else:  # MinMax skips NaN: its range would quantize the tensor and turn NaN into a number
-                    skipped = dict.fromkeys(sorted(nonfinite_tensors(model, ranges.keys(), batches, Path(tmp))), NONFINITE)
+                    scanned = any(holds_nonfinite(batch) for batch in batches)  # else no tensor can be: no load
+                    found = nonfinite_tensors(load_model(staged), ranges.keys(), batches, Path(tmp)) if scanned else ()
+                    skipped = dict.fromkeys(sorted(found), NONFINITE)
                     ranges = TensorsData(ranges.calibration_method,
                                          {name: data for name, data in ranges.items() if name not in skipped})  # fmt: skip
         del calibrator  # closes its session before the folder goes

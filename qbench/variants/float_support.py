@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import onnx
 from onnx import TensorProto, helper
 
-from qbench.onnx_read import infer_shapes, typing_skeleton
+from qbench.onnx_read import infer_types, typing_skeleton
 from qbench.variants.onnx_utils import all_nodes, names_read, outer_scope_reads, rename_reads, subgraphs_of
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -86,7 +86,7 @@ def _allowed(schema: onnx.defs.OpSchema, type_str: str) -> set[str]:
 def tensor_types(model: onnx.ModelProto) -> dict[str, int]:
     """Element type of every tensor ONNX shape inference or the operator schemas can tell (name -> TensorProto type)."""
     try:
-        inferred = infer_shapes(model)
+        inferred = infer_types(model)  # large initializers are typed graph inputs there
     except Exception:  # noqa: BLE001 (inference fails on some custom graphs; the schemas still help)
         inferred = model
     graph = inferred.graph
@@ -174,7 +174,7 @@ def non_tensor_values(model: onnx.ModelProto) -> set[str]:
     parameter that admits only such types, or a type variable an input of such a type binds.
     """
     try:
-        inferred = infer_shapes(model).graph
+        inferred = infer_types(model).graph
     except Exception:  # noqa: BLE001 (inference fails on some custom graphs; the declarations and schemas still help)
         inferred = model.graph
     declared = [*inferred.input, *inferred.value_info, *inferred.output]
