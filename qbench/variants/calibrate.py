@@ -181,7 +181,7 @@ def _compute_ranges(
 ) -> Calibrated:
     skipped: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="calibrate-", dir=workdir) as tmp:
-        staged = save_model(load_model(model_path), Path(tmp) / "model.onnx")  # not held: ORT loads its own copy
+        staged = _in_normal_form(model_path, workdir, Path(tmp))
         with quiet_stdout():
             calibrator = create_calibrator(
                 staged,
@@ -209,6 +209,19 @@ def _compute_ranges(
                                          {name: data for name, data in ranges.items() if name not in skipped})  # fmt: skip
         del calibrator  # closes its session before the folder goes
     return _representable(Calibrated(ranges, skipped))
+
+
+def _in_normal_form(model_path: Path, workdir: Path, tmp: Path) -> Path:
+    """The model at `model_path` as `load_model` reads it, for ORT's calibrator, which loads its own copy and writes
+    scratch files beside the file it is given. A file already in that form (no local function to inline, every
+    node of the main graph named) in the caller's `workdir` (a build's pre-processed model) is that file: saving it
+    again would write every weight once more. Any other is saved in that form in `tmp`. Not held here either way."""
+    header = onnx.load(str(model_path), load_external_data=False)
+    normal = not header.functions and all(node.name for node in header.graph.node)
+    del header
+    if normal and model_path.resolve().is_relative_to(workdir.resolve()):
+        return model_path
+    return save_model(load_model(model_path), tmp / "model.onnx")
 
 
 def _representable(calibrated: Calibrated) -> Calibrated:
