@@ -33,7 +33,7 @@ from onnxruntime.quantization import (
 from onnxruntime.quantization.calibrate import TensorsData, create_calibrator
 
 from qbench.errors import QbenchError
-from qbench.onnx_read import infer_shapes, over_protobuf_limit
+from qbench.onnx_read import infer_shapes
 from qbench.progress import track
 from qbench.techniques.calibrators import (
     CALIBRATORS,
@@ -331,9 +331,9 @@ def preprocess_model(model: onnx.ModelProto, directory: Path) -> tuple[Path, str
     original = default_opset(model)
     model = ensure_opset(model, PRE_PROCESSED_OPSET)
     raised = f"opset {original} raised to {PRE_PROCESSED_OPSET}; " if original < PRE_PROCESSED_OPSET else ""
-    # a model over protobuf's limit is written with its weights beside it, at every step (ORT's default writes one file)
-    big = {"save_as_external_data": True, "all_tensors_to_one_file": True, "external_data_location": f"{path.name}.data"}
-    external = big if over_protobuf_limit(model) else {}
+    # written with its weights beside it, at every step: ORT's default serialises the whole model to one buffer first
+    # (a second copy of the weights in memory), which fails over protobuf's limit
+    external = {"save_as_external_data": True, "all_tensors_to_one_file": True, "external_data_location": f"{path.name}.data"}
     inferred = typed_by_onnx_inference(model)
     if inferred is not None:
         quant_pre_process(inferred, path, skip_optimization=True, skip_onnx_shape=True, skip_symbolic_shape=True, **external)

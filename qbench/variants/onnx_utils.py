@@ -29,7 +29,7 @@ import onnx.numpy_helper
 
 from qbench.errors import QbenchError, one_line
 from qbench.files import new_folder, writing_file
-from qbench.onnx_read import over_protobuf_limit, read_onnx
+from qbench.onnx_read import over_protobuf_limit, read_onnx, typing_skeleton
 from qbench.variants.base import BuildContext, BuiltVariant
 
 # metadata_props keys under which a saved variant declares the ONNX Runtime session options it needs
@@ -151,12 +151,15 @@ def check_model_against(model: onnx.ModelProto | Path, source: onnx.ModelProto |
     runs may not pass the checker (a graph input of unknown rank, which the checker wants a shape for): a build
     keeps that defect, which is the model's own, not the build's. The checker stops at its first error, so such a
     defect can hide one the build added; ONNX Runtime still refuses, when the variant is loaded, a graph it cannot
-    run (the variant fails, never measured)."""
+    run (the variant fails, never measured).
+    A model in memory is checked as its typing skeleton (qbench.onnx_read): the checker serialises what it is given,
+    a second and third copy of the weights at once (and fails over 2 GiB); its graph, nodes and types are what a
+    build changes, and every saved variant is checked whole, by path, when it is settled."""
     try:
-        onnx.checker.check_model(model if isinstance(model, onnx.ModelProto) else str(model))
+        onnx.checker.check_model(typing_skeleton(model) if isinstance(model, onnx.ModelProto) else str(model))
     except Exception as exc:  # noqa: BLE001 - the checker raises ValidationError, protobuf and IO errors
         try:
-            onnx.checker.check_model(source if isinstance(source, onnx.ModelProto) else str(source))
+            onnx.checker.check_model(typing_skeleton(source) if isinstance(source, onnx.ModelProto) else str(source))
         except Exception as source_exc:  # noqa: BLE001 - as above
             if str(source_exc) == str(exc):
                 return

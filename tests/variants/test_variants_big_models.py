@@ -97,3 +97,45 @@ def test_runtime_types_of_a_model_over_protobufs_limit(monkeypatch: pytest.Monke
     assert expected["a"] == TensorProto.FLOAT
     simulate_protobuf_limit(monkeypatch, LIMIT, WEIGHTLESS, serialisation=True)
     assert tensor_types(model) == expected
+
+
+def _never_serialising_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Serialising a model that holds a weight over 100 bytes fails; tensors over 100 bytes are held back from
+    in-memory inference and checks (the weightless size)."""
+    from qbench import onnx_read
+
+    serialise = onnx.ModelProto.SerializeToString
+
+    def without_weights(message: onnx.ModelProto, *args: object, **kwargs: object) -> bytes:
+        assert not any(len(t.raw_data) > WEIGHTLESS for t in message.graph.initializer), "weights serialised"
+        return serialise(message, *args, **kwargs)
+
+    monkeypatch.setattr(onnx_read, "_WEIGHTLESS_BYTES", WEIGHTLESS)
+    monkeypatch.setattr(onnx.ModelProto, "SerializeToString", without_weights)
+
+
+def test_checking_a_model_in_memory_never_serialises_its_weights_and_still_refuses_a_broken_one(monkeypatch):
+    """onnx.checker serialised the model it was given (the BF16 and FP8 builds' peak: the weights twice more)."""
+    from qbench.variants.onnx_utils import check_model_against
+
+    model, source = _mlp(TensorProto.FLOAT), _mlp(TensorProto.FLOAT)
+    broken = _mlp(TensorProto.FLOAT)
+    broken.graph.node[1].output[0] = "h"  # `h` now has two producers: not SSA
+    _never_serialising_weights(monkeypatch)
+    check_model_against(model, source)
+    with pytest.raises(onnx.checker.ValidationError, match="h"):
+        check_model_against(broken, source)
+
+
+def test_preprocessing_writes_the_weights_beside_the_model_not_through_one_buffer(tmp_path, monkeypatch):
+    """ORT's pre-processing saved a model below 2 GiB by serialising it whole (the INT8 builds' peak)."""
+    from qbench.variants.calibrate import preprocess_model
+
+    model = _mlp(TensorProto.FLOAT)
+    _never_serialising_weights(monkeypatch)
+    path, _ = preprocess_model(model, tmp_path)
+    monkeypatch.undo()
+    assert (tmp_path / "preprocessed.onnx.data").stat().st_size == 2 * 24 * 24 * 4
+    saved = onnx.load(str(path))
+    np.testing.assert_array_equal(numpy_helper.to_array(saved.graph.initializer[0]),
+                                  numpy_helper.to_array(_mlp(TensorProto.FLOAT).graph.initializer[0]))  # fmt: skip
