@@ -21,7 +21,7 @@ import time
 from collections import Counter
 from collections.abc import Collection, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import onnx
@@ -125,6 +125,7 @@ def save_model(model: onnx.ModelProto, path: Path) -> Path:
     that names them last): a full disk or a crash mid-write leaves the earlier model or none, never a truncated one
     that a later reader (a resumed sweep, the gate's digest check) takes for whole. A failed write is a QbenchError
     naming `path` and the system's reason, raised from the OSError (a full disk stays a cause outside the variant).
+    A model in one file is written piece by piece (`write_serialised`), never serialised whole in memory.
     """
     external = over_protobuf_limit(model)
     location = f"{path.name}.data"
@@ -132,13 +133,64 @@ def save_model(model: onnx.ModelProto, path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         staging = new_folder(path.parent, path.name, "saving")
         try:
-            onnx.save_model(model, str(staging / path.name), save_as_external_data=external, location=location)
+            if external:
+                onnx.save_model(model, str(staging / path.name), save_as_external_data=True, location=location)
+            else:
+                with open(staging / path.name, "wb") as file:
+                    write_serialised(model, file)
             if (staging / location).exists():  # onnx keeps tensors under 1 KiB in the model file
                 os.replace(staging / location, path.parent / location)
             os.replace(staging / path.name, path)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return path
+
+
+def write_serialised(model: onnx.ModelProto, file: BinaryIO) -> None:
+    """Write `model.SerializeToString()` to `file`, the same bytes, a node or a tensor at a time: protobuf
+    serialises a message whole into a growing buffer and copies it out (about three times the weights at once for
+    `onnx.save_model`). A message's encoding is its set fields' in field-number order, each repeated item on its
+    own, so the graph is written as its tag and length, then each field (each node, each initializer) alone."""
+    for field, value in model.ListFields():
+        if field.name != "graph":
+            file.write(_field_bytes(onnx.ModelProto(), field, value))
+            continue
+        size = sum(len(piece) for piece in _graph_pieces(value))
+        file.write(_varint(field.number << 3 | 2) + _varint(size))  # wire type 2: length-delimited
+        for piece in _graph_pieces(value):
+            file.write(piece)
+
+
+def _graph_pieces(graph: onnx.GraphProto) -> Iterator[bytes]:
+    """The encoding of `graph`, field by field and its repeated messages item by item."""
+    for field, value in graph.ListFields():
+        if field.is_repeated and field.message_type is not None:
+            for item in value:
+                shell = onnx.GraphProto()
+                getattr(shell, field.name).add().CopyFrom(item)
+                yield shell.SerializeToString()
+        else:
+            yield _field_bytes(onnx.GraphProto(), field, value)
+
+
+def _field_bytes(shell: Any, field: Any, value: Any) -> bytes:
+    """The encoding of one field of a message: `shell`, an empty message of that type, with only that field set."""
+    if field.is_repeated:
+        getattr(shell, field.name).extend(value)
+    elif field.message_type is not None:
+        getattr(shell, field.name).CopyFrom(value)
+    else:
+        setattr(shell, field.name, value)
+    return shell.SerializeToString()
+
+
+def _varint(number: int) -> bytes:
+    out = bytearray()
+    while number > 0x7F:
+        out.append(number & 0x7F | 0x80)
+        number >>= 7
+    out.append(number)
+    return bytes(out)
 
 
 def default_opset(model: onnx.ModelProto) -> int:
