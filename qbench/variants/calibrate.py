@@ -31,9 +31,10 @@ from onnxruntime.quantization import (
     quant_pre_process,
 )
 from onnxruntime.quantization.calibrate import TensorsData, create_calibrator
+from onnxruntime.quantization.quant_utils import add_pre_process_metadata
 
 from qbench.errors import QbenchError
-from qbench.onnx_read import infer_shapes
+from qbench.onnx_read import infer_shapes, over_protobuf_limit
 from qbench.progress import track
 from qbench.techniques.calibrators import (
     CALIBRATORS,
@@ -331,12 +332,13 @@ def preprocess_model(model: onnx.ModelProto, directory: Path) -> tuple[Path, str
     original = default_opset(model)
     model = ensure_opset(model, PRE_PROCESSED_OPSET)
     raised = f"opset {original} raised to {PRE_PROCESSED_OPSET}; " if original < PRE_PROCESSED_OPSET else ""
-    # written with its weights beside it, at every step: ORT's default serialises the whole model to one buffer first
-    # (a second copy of the weights in memory), which fails over protobuf's limit
-    external = {"save_as_external_data": True, "all_tensors_to_one_file": True, "external_data_location": f"{path.name}.data"}
+    # a model over protobuf's limit is written with its weights beside it, at every step (ORT's default writes one file)
+    big = {"save_as_external_data": True, "all_tensors_to_one_file": True, "external_data_location": f"{path.name}.data"}
+    external = big if over_protobuf_limit(model) else {}
     inferred = typed_by_onnx_inference(model)
-    if inferred is not None:
-        quant_pre_process(inferred, path, skip_optimization=True, skip_onnx_shape=True, skip_symbolic_shape=True, **external)
+    if inferred is not None:  # all ORT's pre-processing would do is tag it: tagged and saved here, not serialised whole
+        add_pre_process_metadata(inferred)
+        save_model(inferred, path)
         done = "ONNX shape inference (it typed every tensor: no symbolic shape inference needed; no graph optimisation)"
         return path, raised + done + _declare_runtime_float_types(path)
     try:

@@ -127,16 +127,18 @@ def test_checking_a_model_in_memory_never_serialises_its_weights_and_still_refus
         check_model_against(broken, source)
 
 
-def test_preprocessing_writes_the_weights_beside_the_model_not_through_one_buffer(tmp_path, monkeypatch):
-    """ORT's pre-processing saved a model below 2 GiB by serialising it whole (the INT8 builds' peak)."""
+def test_preprocessing_a_typed_model_never_serialises_it_whole(tmp_path, monkeypatch):
+    """ORT's pre-processing, left only to tag a model ONNX inference typed, saved it by serialising it whole (the INT8
+    builds' peak below 2 GiB). The tagged model is saved piece by piece, in one file as before."""
     from qbench.variants.calibrate import preprocess_model
 
     model = _mlp(TensorProto.FLOAT)
     _never_serialising_weights(monkeypatch)
-    path, _ = preprocess_model(model, tmp_path)
+    path, done = preprocess_model(model, tmp_path)
     monkeypatch.undo()
-    assert (tmp_path / "preprocessed.onnx.data").stat().st_size == 2 * 24 * 24 * 4
+    assert done.startswith("ONNX shape inference (it typed every tensor") and sorted(tmp_path.iterdir()) == [path]
     saved = onnx.load(str(path))
+    assert {p.key: p.value for p in saved.metadata_props} == {"onnx.quant.pre_process": "onnxruntime.quant"}
     np.testing.assert_array_equal(numpy_helper.to_array(saved.graph.initializer[0]),
                                   numpy_helper.to_array(_mlp(TensorProto.FLOAT).graph.initializer[0]))  # fmt: skip
 
