@@ -19,8 +19,10 @@ read names them alike.
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
+from typing import Any
 
 import onnx
 
@@ -49,36 +51,81 @@ def over_protobuf_limit(model: onnx.ModelProto) -> bool:
     """Whether `model`'s weights are too big to serialise it as one protobuf: such a model can only be written with
     external data, and whatever serialises it in memory (onnx's `infer_shapes`, `onnx.save` without external data,
     ORT's tools given the model rather than a path) fails with protobuf's "exceeds the size limit"."""
-    return sum(len(t.raw_data) for t in model.graph.initializer) > PROTOBUF_SAFE_BYTES
+    return sum(held_bytes(t) for t in model.graph.initializer) > PROTOBUF_SAFE_BYTES
+
+
+def held_bytes(tensor: onnx.TensorProto) -> int:
+    """The length of `tensor`'s raw_data, told from its shape and element type: reading the field would copy its
+    bytes (protobuf hands a bytes field out as a new object), the whole model's weights once per question. A 4-bit
+    type, packed two values a byte, is counted a byte a value: a bound, for the size thresholds this serves."""
+    if not tensor.HasField("raw_data"):
+        return 0
+    try:
+        itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    except (KeyError, ValueError):  # a type with no numpy form: ask the field itself
+        return len(tensor.raw_data)
+    return math.prod(tensor.dims) * itemsize
 
 
 def infer_shapes(model: onnx.ModelProto, **options: bool) -> onnx.ModelProto:
-    """`onnx.shape_inference.infer_shapes(model, **options)`, a model over protobuf's limit included: inference then
-    runs on the graph with its large weights referenced rather than held (their types and shapes are all it reads),
-    and the result gets their values back. `model` is left as it was."""
-    if not over_protobuf_limit(model):
-        return onnx.shape_inference.infer_shapes(model, **options)
-    large = [t for t in model.graph.initializer if len(t.raw_data) > _WEIGHTLESS_BYTES]
-    values = {t.name: t.raw_data for t in large}
-    try:
-        for tensor in large:
-            tensor.ClearField("raw_data")
-            tensor.data_location = onnx.TensorProto.EXTERNAL
-            tensor.external_data.add(key="location", value="held in memory by qbench")
-        inferred = onnx.shape_inference.infer_shapes(model, **options)
-    finally:
-        for tensor in large:
-            _hold(tensor, values[tensor.name])
-    for tensor in inferred.graph.initializer:
-        if tensor.name in values:
-            _hold(tensor, values[tensor.name])
+    """`onnx.shape_inference.infer_shapes(model, **options)` without serialising the weights: inference runs on the
+    model's typing skeleton (its large weights are typed inputs there: their types and shapes are all it reads), and
+    the result, a new model, gets `model`'s initializers back in their order. A model over protobuf's limit is
+    inferred too, and a model of any size is held once more rather than four times (onnx serialises the model,
+    parses it in C++, serialises the result and parses that). `model` is left as it was."""
+    inferred = infer_types(model, **options)
+    standins = _standins(model)
+    inputs = [value for value in inferred.graph.input if value.name not in standins]
+    inferred.graph.ClearField("input")
+    inferred.graph.input.extend(inputs)
+    inferred.graph.ClearField("initializer")
+    for tensor in model.graph.initializer:
+        inferred.graph.initializer.add().CopyFrom(tensor)
     return inferred
 
 
-def _hold(tensor: onnx.TensorProto, raw: bytes) -> None:
-    del tensor.external_data[:]
-    tensor.ClearField("data_location")  # a tensor held in memory: the field's default
-    tensor.raw_data = raw
+def infer_types(model: onnx.ModelProto, **options: bool) -> onnx.ModelProto:
+    """The typing skeleton of `model` (`typing_skeleton`) with onnx's shape inference run on it: every value's type
+    and shape as `infer_shapes` gives them, and no copy of the large weights (typed graph inputs here), for readers of
+    types and shapes only. `model` is left as it was."""
+    return onnx.shape_inference.infer_shapes(typing_skeleton(model), **options)
+
+
+def _standins(model: onnx.ModelProto) -> set[str]:
+    """The initializers `typing_skeleton` declares as graph inputs."""
+    declared = {value.name for value in model.graph.input}
+    return {t.name for t in model.graph.initializer if held_bytes(t) > _WEIGHTLESS_BYTES and t.name not in declared}
+
+
+def typing_skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A new model with `model`'s graph and metadata in which every initializer whose values type inference never
+    reads (over the weightless size) is a graph input of its type and shape instead: what ONNX Runtime needs to
+    type every tensor when it loads a model, without a copy of the weights (and under protobuf's limit whatever
+    their size). `model` is read, never changed."""
+    skeleton = onnx.ModelProto()
+    for field, value in model.ListFields():
+        if field.name != "graph":
+            _copy_field(skeleton, field, value)
+    graph = model.graph
+    for field, value in graph.ListFields():
+        if field.name != "initializer":
+            _copy_field(skeleton.graph, field, value)
+    standins = _standins(model)
+    for tensor in graph.initializer:
+        if held_bytes(tensor) <= _WEIGHTLESS_BYTES:
+            skeleton.graph.initializer.add().CopyFrom(tensor)
+        elif tensor.name in standins:
+            skeleton.graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, tensor.dims))
+    return skeleton
+
+
+def _copy_field(target: Any, field: Any, value: Any) -> None:
+    if field.is_repeated:
+        getattr(target, field.name).extend(value)
+    elif field.message_type is not None:
+        getattr(target, field.name).CopyFrom(value)
+    else:
+        setattr(target, field.name, value)
 
 
 def inline_functions(model: onnx.ModelProto, path: Path | str = "model") -> onnx.ModelProto:

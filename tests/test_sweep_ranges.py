@@ -53,14 +53,14 @@ def test_a_full_disk_in_the_range_analysis_stops_the_sweep_incomplete_and_resume
     raw["latency"] = {"batch_sizes": [1], "warmup": 1, "iterations": 3, "threads": 1}
     raw["gate"] = {"metric": "agreement", "max_drop": 1.0, "max_slice_drop": 1.0, "applies_to": ["*"]}
     recipe.write_text(yaml.safe_dump(raw, sort_keys=False))
-    save = onnx_utils.onnx.save_model
+    save = onnx_utils.write_serialised
 
-    def full_in_the_range_pass(model, target, **kwargs):
-        if "qbench-ranges-" in str(target):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(target))
-        return save(model, target, **kwargs)
+    def full_in_the_range_pass(model, file):
+        if "qbench-ranges-" in str(file.name):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(file.name))
+        return save(model, file)
 
-    monkeypatch.setattr(onnx_utils.onnx, "save_model", full_in_the_range_pass)
+    monkeypatch.setattr(onnx_utils, "write_serialised", full_in_the_range_pass)
     assert main(["sweep", str(recipe), "--no-track"]) == 2
     (run,) = (tmp_path / "reports" / "tumour-mlp").iterdir()
     [line] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
@@ -73,7 +73,7 @@ def test_a_full_disk_in_the_range_analysis_stops_the_sweep_incomplete_and_resume
     assert main(["gate", str(recipe)]) == 2
     assert f"{run}, is incomplete (failed: " in " ".join(capsys.readouterr().err.split())
 
-    monkeypatch.setattr(onnx_utils.onnx, "save_model", save)
+    monkeypatch.setattr(onnx_utils, "write_serialised", save)
     assert main(["sweep", str(recipe), "--no-track", "--resume"]) == 0
     finished = max((tmp_path / "reports" / "tumour-mlp").iterdir(), key=lambda folder: folder.stat().st_mtime)
     done = json.loads((finished / "results.json").read_text())

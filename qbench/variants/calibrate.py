@@ -31,6 +31,7 @@ from onnxruntime.quantization import (
     quant_pre_process,
 )
 from onnxruntime.quantization.calibrate import TensorsData, create_calibrator
+from onnxruntime.quantization.quant_utils import add_pre_process_metadata
 
 from qbench.errors import QbenchError
 from qbench.onnx_read import infer_shapes, over_protobuf_limit
@@ -44,7 +45,7 @@ from qbench.techniques.calibrators import (
 )
 from qbench.variants.base import Feeds
 from qbench.variants.histograms import HISTOGRAM_LIMIT, NONFINITE, UNQUANTIZED, GuardedHistogramCollector
-from qbench.variants.nonfinite_scan import nonfinite_tensors
+from qbench.variants.nonfinite_scan import holds_nonfinite, nonfinite_tensors
 from qbench.variants.onnx_utils import default_opset, load_model, quiet_stdout, save_model
 from qbench.variants.opset_upgrade import ensure_opset
 from qbench.variants.pass_memo import PassMemo, batches_digest
@@ -181,8 +182,7 @@ def _compute_ranges(
 ) -> Calibrated:
     skipped: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="calibrate-", dir=workdir) as tmp:
-        model = load_model(model_path)
-        staged = save_model(model, Path(tmp) / "model.onnx")
+        staged = _in_normal_form(model_path, workdir, Path(tmp))
         with quiet_stdout():
             calibrator = create_calibrator(
                 staged,
@@ -203,11 +203,26 @@ def _compute_ranges(
                 if method != "minmax":
                     skipped = dict(calibrator.collector.skipped)
                 else:  # MinMax skips NaN: its range would quantize the tensor and turn NaN into a number
-                    skipped = dict.fromkeys(sorted(nonfinite_tensors(model, ranges.keys(), batches, Path(tmp))), NONFINITE)
+                    scanned = any(holds_nonfinite(batch) for batch in batches)  # else no tensor can be: no load
+                    found = nonfinite_tensors(load_model(staged), ranges.keys(), batches, Path(tmp)) if scanned else ()
+                    skipped = dict.fromkeys(sorted(found), NONFINITE)
                     ranges = TensorsData(ranges.calibration_method,
                                          {name: data for name, data in ranges.items() if name not in skipped})  # fmt: skip
         del calibrator  # closes its session before the folder goes
     return _representable(Calibrated(ranges, skipped))
+
+
+def _in_normal_form(model_path: Path, workdir: Path, tmp: Path) -> Path:
+    """The model at `model_path` as `load_model` reads it, for ORT's calibrator, which loads its own copy and writes
+    scratch files beside the file it is given. A file already in that form (no local function to inline, every
+    node of the main graph named) in the caller's `workdir` (a build's pre-processed model) is that file: saving it
+    again would write every weight once more. Any other is saved in that form in `tmp`. Not held here either way."""
+    header = onnx.load(str(model_path), load_external_data=False)
+    normal = not header.functions and all(node.name for node in header.graph.node)
+    del header
+    if normal and model_path.resolve().is_relative_to(workdir.resolve()):
+        return model_path
+    return save_model(load_model(model_path), tmp / "model.onnx")
 
 
 def _representable(calibrated: Calibrated) -> Calibrated:
@@ -321,8 +336,9 @@ def preprocess_model(model: onnx.ModelProto, directory: Path) -> tuple[Path, str
     big = {"save_as_external_data": True, "all_tensors_to_one_file": True, "external_data_location": f"{path.name}.data"}
     external = big if over_protobuf_limit(model) else {}
     inferred = typed_by_onnx_inference(model)
-    if inferred is not None:
-        quant_pre_process(inferred, path, skip_optimization=True, skip_onnx_shape=True, skip_symbolic_shape=True, **external)
+    if inferred is not None:  # all ORT's pre-processing would do is tag it: tagged and saved here, not serialised whole
+        add_pre_process_metadata(inferred)
+        save_model(inferred, path)
         done = "ONNX shape inference (it typed every tensor: no symbolic shape inference needed; no graph optimisation)"
         return path, raised + done + _declare_runtime_float_types(path)
     try:

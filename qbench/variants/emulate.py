@@ -48,7 +48,6 @@ from qbench.variants.onnx_utils import check_model_against, load_model, save_mod
 
 EMULATED_SUFFIX = ".emulated.onnx"
 _TYPE_ATTRIBUTES = ("to", "dtype", "output_dtype")
-_CHECKABLE_BYTES = 2**31 - 2**20  # onnx.checker refuses an in-memory model of 2 GiB or more
 
 
 def round_trip(source: str, target: str, to: int, *, back: bool = True) -> list[onnx.NodeProto]:
@@ -166,8 +165,18 @@ def emulate_float16(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     Returns the model and the number of rounded tensors. Graph inputs and outputs keep
     their declared types. Control-flow subgraphs with float16 tensors are refused: a
     partial emulation would not be faithful (`build_fp16` keeps control-flow nodes FP32).
+    The copy is made message to message (protobuf's CopyFrom): serialising the model to parse it again would hold
+    its bytes twice more, and fails for a model over protobuf's 2 GiB.
     """
-    source, model = model, onnx.ModelProto.FromString(model.SerializeToString())
+    emulated = onnx.ModelProto()
+    emulated.CopyFrom(model)
+    count = _emulate_in_place(emulated)
+    check_model_against(emulated, model)
+    return emulated, count
+
+
+def _emulate_in_place(model: onnx.ModelProto) -> int:
+    """Rewrite the FP16 graph `model` into its emulation (see `emulate_float16`); returns the rounded tensors."""
     graph = model.graph
     if any(_holds_float16(body) for body in _subgraphs(graph)):
         raise QbenchError("FP16 emulation does not handle float16 tensors inside control-flow subgraphs (If, Loop, Scan)")
@@ -195,9 +204,7 @@ def emulate_float16(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     graph.ClearField("node")
     graph.node.extend(topologically_sorted(head + nodes))
     graph.ClearField("value_info")  # float16 annotations no longer hold
-    if model.ByteSize() < _CHECKABLE_BYTES:
-        check_model_against(model, source)
-    return model, count
+    return count
 
 
 def emulated_model_path(artifact: Path) -> Path:
@@ -207,8 +214,12 @@ def emulated_model_path(artifact: Path) -> Path:
 
 def save_float16_emulation(artifact: Path) -> tuple[Path, int]:
     """Build and save the FP16 emulation of the model file `artifact`; returns its path and the rounded tensors."""
-    model, count = emulate_float16(load_model(artifact))
-    return save_model(model, emulated_model_path(artifact)), count
+    model = load_model(artifact)
+    count = _emulate_in_place(model)  # the loaded model is this function's own: no copy of it is needed
+    path = save_model(model, emulated_model_path(artifact))
+    del model
+    check_model_against(path, artifact)  # by path: the checker reads a model over 2 GiB, and its external data
+    return path, count
 
 
 

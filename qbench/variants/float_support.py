@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import onnx
 from onnx import TensorProto, helper
 
-from qbench.onnx_read import infer_shapes
+from qbench.onnx_read import infer_types, typing_skeleton
 from qbench.variants.onnx_utils import all_nodes, names_read, outer_scope_reads, rename_reads, subgraphs_of
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -86,7 +86,7 @@ def _allowed(schema: onnx.defs.OpSchema, type_str: str) -> set[str]:
 def tensor_types(model: onnx.ModelProto) -> dict[str, int]:
     """Element type of every tensor ONNX shape inference or the operator schemas can tell (name -> TensorProto type)."""
     try:
-        inferred = infer_shapes(model)
+        inferred = infer_types(model)  # large initializers are typed graph inputs there
     except Exception:  # noqa: BLE001 (inference fails on some custom graphs; the schemas still help)
         inferred = model
     graph = inferred.graph
@@ -126,20 +126,15 @@ def tensor_types(model: onnx.ModelProto) -> dict[str, int]:
 def _runtime_types(model: onnx.ModelProto, names: list[str]) -> dict[str, int]:
     """Element types ONNX Runtime gives `names` when it loads the model, for tensors neither ONNX shape inference
     nor the ONNX schemas can type: outputs of its contrib operators (com.microsoft Attention, SkipLayerNormalization,
-    FastGelu... in graphs its transformer optimiser wrote) and what they feed. Empty if the model does not load."""
+    FastGelu... in graphs its transformer optimiser wrote) and what they feed. Empty if the model does not load.
+    ORT is given the model's typing skeleton (qbench.onnx_read): a model over protobuf's 2 GiB is typed too."""
     import onnxruntime as ort
 
-    graph = model.graph
-    declared = list(graph.output)
-    graph.ClearField("output")
-    graph.output.extend(onnx.ValueInfoProto(name=name) for name in names)
-    try:
-        serialized = model.SerializeToString()
-    except ValueError:  # over protobuf's 2 GB: no answer
-        return {}
-    finally:
-        graph.ClearField("output")
-        graph.output.extend(declared)
+    skeleton = typing_skeleton(model)  # types need no weights: a model of any size, and no second copy of its weights
+    skeleton.graph.ClearField("output")
+    skeleton.graph.output.extend(onnx.ValueInfoProto(name=name) for name in names)
+    serialized = skeleton.SerializeToString()
+    del skeleton
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3
@@ -179,7 +174,7 @@ def non_tensor_values(model: onnx.ModelProto) -> set[str]:
     parameter that admits only such types, or a type variable an input of such a type binds.
     """
     try:
-        inferred = infer_shapes(model).graph
+        inferred = infer_types(model).graph
     except Exception:  # noqa: BLE001 (inference fails on some custom graphs; the declarations and schemas still help)
         inferred = model.graph
     declared = [*inferred.input, *inferred.value_info, *inferred.output]

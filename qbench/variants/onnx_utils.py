@@ -21,7 +21,7 @@ import time
 from collections import Counter
 from collections.abc import Collection, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import onnx
@@ -29,7 +29,7 @@ import onnx.numpy_helper
 
 from qbench.errors import QbenchError, one_line
 from qbench.files import new_folder, writing_file
-from qbench.onnx_read import over_protobuf_limit, read_onnx
+from qbench.onnx_read import over_protobuf_limit, read_onnx, typing_skeleton
 from qbench.variants.base import BuildContext, BuiltVariant
 
 # metadata_props keys under which a saved variant declares the ONNX Runtime session options it needs
@@ -125,6 +125,7 @@ def save_model(model: onnx.ModelProto, path: Path) -> Path:
     that names them last): a full disk or a crash mid-write leaves the earlier model or none, never a truncated one
     that a later reader (a resumed sweep, the gate's digest check) takes for whole. A failed write is a QbenchError
     naming `path` and the system's reason, raised from the OSError (a full disk stays a cause outside the variant).
+    A model in one file is written piece by piece (`write_serialised`), never serialised whole in memory.
     """
     external = over_protobuf_limit(model)
     location = f"{path.name}.data"
@@ -132,13 +133,64 @@ def save_model(model: onnx.ModelProto, path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         staging = new_folder(path.parent, path.name, "saving")
         try:
-            onnx.save_model(model, str(staging / path.name), save_as_external_data=external, location=location)
+            if external:
+                onnx.save_model(model, str(staging / path.name), save_as_external_data=True, location=location)
+            else:
+                with open(staging / path.name, "wb") as file:
+                    write_serialised(model, file)
             if (staging / location).exists():  # onnx keeps tensors under 1 KiB in the model file
                 os.replace(staging / location, path.parent / location)
             os.replace(staging / path.name, path)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return path
+
+
+def write_serialised(model: onnx.ModelProto, file: BinaryIO) -> None:
+    """Write `model.SerializeToString()` to `file`, the same bytes, a node or a tensor at a time: protobuf
+    serialises a message whole into a growing buffer and copies it out (about three times the weights at once for
+    `onnx.save_model`). A message's encoding is its set fields' in field-number order, each repeated item on its
+    own, so the graph is written as its tag and length, then each field (each node, each initializer) alone."""
+    for field, value in model.ListFields():
+        if field.name != "graph":
+            file.write(_field_bytes(onnx.ModelProto(), field, value))
+            continue
+        size = sum(len(piece) for piece in _graph_pieces(value))
+        file.write(_varint(field.number << 3 | 2) + _varint(size))  # wire type 2: length-delimited
+        for piece in _graph_pieces(value):
+            file.write(piece)
+
+
+def _graph_pieces(graph: onnx.GraphProto) -> Iterator[bytes]:
+    """The encoding of `graph`, field by field and its repeated messages item by item."""
+    for field, value in graph.ListFields():
+        if field.is_repeated and field.message_type is not None:
+            for item in value:
+                shell = onnx.GraphProto()
+                getattr(shell, field.name).add().CopyFrom(item)
+                yield shell.SerializeToString()
+        else:
+            yield _field_bytes(onnx.GraphProto(), field, value)
+
+
+def _field_bytes(shell: Any, field: Any, value: Any) -> bytes:
+    """The encoding of one field of a message: `shell`, an empty message of that type, with only that field set."""
+    if field.is_repeated:
+        getattr(shell, field.name).extend(value)
+    elif field.message_type is not None:
+        getattr(shell, field.name).CopyFrom(value)
+    else:
+        setattr(shell, field.name, value)
+    return shell.SerializeToString()
+
+
+def _varint(number: int) -> bytes:
+    out = bytearray()
+    while number > 0x7F:
+        out.append(number & 0x7F | 0x80)
+        number >>= 7
+    out.append(number)
+    return bytes(out)
 
 
 def default_opset(model: onnx.ModelProto) -> int:
@@ -151,12 +203,15 @@ def check_model_against(model: onnx.ModelProto | Path, source: onnx.ModelProto |
     runs may not pass the checker (a graph input of unknown rank, which the checker wants a shape for): a build
     keeps that defect, which is the model's own, not the build's. The checker stops at its first error, so such a
     defect can hide one the build added; ONNX Runtime still refuses, when the variant is loaded, a graph it cannot
-    run (the variant fails, never measured)."""
+    run (the variant fails, never measured).
+    A model in memory is checked as its typing skeleton (qbench.onnx_read): the checker serialises what it is given,
+    a second and third copy of the weights at once (and fails over 2 GiB); its graph, nodes and types are what a
+    build changes, and every saved variant is checked whole, by path, when it is settled."""
     try:
-        onnx.checker.check_model(model if isinstance(model, onnx.ModelProto) else str(model))
+        onnx.checker.check_model(typing_skeleton(model) if isinstance(model, onnx.ModelProto) else str(model))
     except Exception as exc:  # noqa: BLE001 - the checker raises ValidationError, protobuf and IO errors
         try:
-            onnx.checker.check_model(source if isinstance(source, onnx.ModelProto) else str(source))
+            onnx.checker.check_model(typing_skeleton(source) if isinstance(source, onnx.ModelProto) else str(source))
         except Exception as source_exc:  # noqa: BLE001 - as above
             if str(source_exc) == str(exc):
                 return

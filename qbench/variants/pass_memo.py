@@ -27,8 +27,44 @@ MEMO_ENTRIES = 4  # passes held; least recently used dropped beyond (a small tra
 
 
 def model_digest(model: onnx.ModelProto) -> str:
-    """sha256 of a model's serialized bytes (deterministic: map fields sorted)."""
-    return hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()
+    """sha256 of a model's content, read field by field and each initializer's bytes tensor by tensor: the model is
+    never serialised whole (a second copy of its weights in memory, and protobuf refuses one over 2 GiB). Equal
+    models give equal digests; a change to any field, a node or one weight's bytes changes it."""
+    digest = hashlib.sha256()
+    _digest_fields(digest, model, {"graph": _graph})
+    return digest.hexdigest()
+
+
+def _graph(digest: Any, graph: onnx.GraphProto) -> None:
+    _digest_fields(digest, graph, {"initializer": _tensor})
+
+
+def _tensor(digest: Any, tensor: onnx.TensorProto) -> None:
+    _digest_fields(digest, tensor, {"raw_data": None})
+
+
+def _digest_fields(digest: Any, message: Any, walked: Mapping[str, Callable[..., None] | None]) -> None:
+    """Feed `digest` every set field of `message` in field-number order: each tagged with its number and its length.
+    A field named in `walked` is read by its function, item by item (None: a bytes field taken as it is); any other
+    is serialised whole (deterministic: map fields sorted)."""
+    for field, value in message.ListFields():
+        digest.update(f"|{field.number}:".encode())
+        walk = walked.get(field.name, _serialised)
+        if walk is None:
+            digest.update(f"{len(value)}:".encode())
+            digest.update(value)
+            continue
+        scalars = field.message_type is None  # a repeated scalar field (dims, float_data) is one list
+        for item in value if field.is_repeated and not scalars else [list(value) if field.is_repeated else value]:
+            digest.update(b"{")
+            walk(digest, item)
+            digest.update(b"}")
+
+
+def _serialised(digest: Any, value: Any) -> None:
+    data = value.SerializeToString(deterministic=True) if hasattr(value, "SerializeToString") else repr(value).encode()
+    digest.update(f"{len(data)}:".encode())
+    digest.update(data)
 
 
 def batches_digest(batches: Sequence[Mapping[str, np.ndarray]]) -> str:

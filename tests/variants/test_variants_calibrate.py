@@ -282,3 +282,34 @@ def test_pre_processing_a_model_over_protobufs_limit_writes_its_weights_beside_i
         assert (workdir / "preprocessed.onnx.data").is_file()
         read = {t.name: onnx.numpy_helper.to_array(t) for t in onnx.load(str(path)).graph.initializer}
         assert all(np.array_equal(read[name], value) for name, value in weights.items())
+
+
+@pytest.mark.parametrize(("named", "in_workdir", "saves"), [(True, True, 0), (False, True, 1), (True, False, 1)])
+def test_a_model_already_in_normal_form_is_calibrated_from_its_own_file(tmp_path, monkeypatch, named, in_workdir, saves):
+    """compute_ranges loaded the model and saved it again to calibrate the copy: a full write of the weights (and the
+    model held in memory through the calibration) for the file every INT8/FP8 build has just pre-processed into its
+    scratch folder. Such a file is calibrated as it is; one with an unnamed node is still saved named, and one
+    outside the caller's folder is copied there (ORT's calibrator writes scratch files beside its model)."""
+    import onnx
+    from onnx import numpy_helper
+
+    from qbench.variants import calibrate
+
+    rng = np.random.default_rng(3)
+    w = numpy_helper.from_array(rng.normal(size=(16, 4)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm" if named else "")], "g",
+                              [helper.make_tensor_value_info("x", 1, ["n", 16])],
+                              [helper.make_tensor_value_info("y", 1, ["n", 4])], [w])  # fmt: skip
+    workdir = tmp_path / "work"
+    path = (workdir if in_workdir else tmp_path / "user") / "m.onnx"
+    path.parent.mkdir(parents=True)
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path),
+                    save_as_external_data=True, location="m.onnx.data", size_threshold=0)  # fmt: skip
+    batches = [{"x": rng.normal(size=(8, 16)).astype(np.float32)}]
+    saved: list[Path] = []
+    real_save = calibrate.save_model
+    monkeypatch.setattr(calibrate, "save_model", lambda model, target: saved.append(target) or real_save(model, target))
+    ranges = compute_ranges(path, batches, "minmax", op_types=["MatMul"], workdir=workdir).ranges
+    assert len(saved) == saves
+    assert tensor_amax(ranges, "x") == pytest.approx(float(np.abs(batches[0]["x"]).max()))
+    assert sorted(p.name for p in path.parent.iterdir()) == ["m.onnx", "m.onnx.data"]  # ORT's scratch files gone

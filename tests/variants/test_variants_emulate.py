@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import onnx
@@ -204,11 +205,11 @@ def test_an_fp16_emulation_on_a_full_disk_is_one_line_naming_it_and_leaves_no_tr
     cause is kept, so the failed job counts as the machine's fault, which `--resume` measures again."""
     built = build_fp16(VariantSpec(name="half", precision="fp16"), BuildContext(_overflow_model(graph, tmp_path), tmp_path))
 
-    def fill_up(model: onnx.ModelProto, target: str, **_: object) -> None:
-        Path(target).write_bytes(model.SerializeToString()[:100])
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), target)
+    def fill_up(model: onnx.ModelProto, file: BinaryIO) -> None:
+        file.write(model.SerializeToString()[:100])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), file.name)
 
-    monkeypatch.setattr(onnx_utils.onnx, "save_model", fill_up)
+    monkeypatch.setattr(onnx_utils, "write_serialised", fill_up)
     with pytest.raises(QbenchError) as caught:
         plan_measurement(OnnxRuntimeCPU(), built)
     emulated = tmp_path / "half.emulated.onnx"

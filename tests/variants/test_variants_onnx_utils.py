@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 from pathlib import Path
+from typing import BinaryIO
 
 import onnx
 import pytest
@@ -126,14 +127,14 @@ def test_a_settled_model_is_parsed_once_for_its_graph_digest(tmp_path, monkeypat
 
 
 def _half_written(monkeypatch: pytest.MonkeyPatch) -> None:
-    """onnx.save_model on a disk that fills up: half the model's bytes reach the file it writes, then ENOSPC."""
+    """Writing a model on a disk that fills up: half the model's bytes reach the file it writes, then ENOSPC."""
 
-    def fill_up(model: onnx.ModelProto, target: str, **_: object) -> None:
+    def fill_up(model: onnx.ModelProto, file: BinaryIO) -> None:
         data = model.SerializeToString()
-        Path(target).write_bytes(data[: len(data) // 2])
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), target)
+        file.write(data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), file.name)
 
-    monkeypatch.setattr(onnx_utils.onnx, "save_model", fill_up)
+    monkeypatch.setattr(onnx_utils, "write_serialised", fill_up)
 
 
 def test_a_model_saved_on_a_full_disk_leaves_the_earlier_file_whole_and_names_the_path(tmp_path, monkeypatch):
