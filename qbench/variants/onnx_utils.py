@@ -150,15 +150,22 @@ def write_serialised(model: onnx.ModelProto, file: BinaryIO) -> None:
     """Write `model.SerializeToString()` to `file`, the same bytes, a node or a tensor at a time: protobuf
     serialises a message whole into a growing buffer and copies it out (about three times the weights at once for
     `onnx.save_model`). A message's encoding is its set fields' in field-number order, each repeated item on its
-    own, so the graph is written as its tag and length, then each field (each node, each initializer) alone."""
+    own, so the graph is written as its tag and length, then each field (each node, each initializer) alone.
+    Fields this protobuf does not know (a model from a newer onnx) are no set field: where the pieces do not add up
+    to the model's own size, the file is written again from SerializeToString, so nothing is lost."""
+    start, written = file.tell(), 0
     for field, value in model.ListFields():
         if field.name != "graph":
-            file.write(_field_bytes(onnx.ModelProto(), field, value))
+            written += file.write(_field_bytes(onnx.ModelProto(), field, value))
             continue
         size = sum(len(piece) for piece in _graph_pieces(value))
-        file.write(_varint(field.number << 3 | 2) + _varint(size))  # wire type 2: length-delimited
+        written += file.write(_varint(field.number << 3 | 2) + _varint(size))  # wire type 2: length-delimited
         for piece in _graph_pieces(value):
-            file.write(piece)
+            written += file.write(piece)
+    if written != model.ByteSize():
+        file.seek(start)
+        file.truncate()
+        file.write(model.SerializeToString())
 
 
 def _graph_pieces(graph: onnx.GraphProto) -> Iterator[bytes]:

@@ -153,3 +153,21 @@ def test_a_model_saved_on_a_full_disk_leaves_the_earlier_file_whole_and_names_th
     assert environment_cause(caught.value) == "no space left on device"  # --resume runs such a job again
     assert target.read_bytes() == good
     assert sorted(p.name for p in target.parent.iterdir()) == [target.name]  # no staging folder left behind
+
+
+def test_fields_this_protobuf_does_not_know_are_saved_as_read(tmp_path) -> None:
+    """A model from a newer onnx may hold fields this protobuf does not know (kept as unknown fields on reading): the
+    piecewise writer sees no such field, so the saved file must still be the model's own bytes, the field included."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])  # fmt: skip
+    graph_bytes = graph.SerializeToString() + bytes([0xF8, 0x3E, 0x01])  # field 999, varint 1: unknown to GraphProto
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ClearField("graph")
+    raw = model.SerializeToString() + bytes([0x3A]) + onnx_utils._varint(len(graph_bytes)) + graph_bytes  # field 7
+    raw += bytes([0xF8, 0x3E, 0x02])  # and one unknown to ModelProto
+    with_unknown = onnx.ModelProto.FromString(raw)
+    assert with_unknown.graph.node[0].op_type == "Relu"
+    saved = onnx_utils.save_model(with_unknown, tmp_path / "m.onnx")
+    assert saved.read_bytes() == with_unknown.SerializeToString()
+    assert bytes([0xF8, 0x3E, 0x01]) in saved.read_bytes() and bytes([0xF8, 0x3E, 0x02]) in saved.read_bytes()
