@@ -102,10 +102,12 @@ class Trial(JudgedTry):
     @property
     def drop(self) -> float:
         """The overall drop the gate measured (inf when it could not judge)."""
-        return next((c.drop for c in self.verdict.checks if c.scope == "overall"), math.inf)
+        return next((c.drop for c in self.verdict.checks if c.scope == "overall" and c.metric == self.verdict.metric),
+                    math.inf)  # fmt: skip
 
     def worst_slice(self) -> tuple[str | None, float]:
-        judged = [c for c in self.verdict.checks if c.scope not in ("overall", "outputs") and c.status != "skipped"]
+        judged = [c for c in self.verdict.checks if c.scope not in ("overall", "outputs") and c.status != "skipped"
+                  and c.metric == self.verdict.metric]  # the gate metric's drops: another check's figure is none
         worst = max(judged, key=lambda c: c.drop, default=None)
         return (worst.scope, worst.drop) if worst else (None, math.nan)
 

@@ -94,8 +94,20 @@ def skip_reason(check: GateCheck) -> str:
 def failure_reasons(report: GateReport) -> list[str]:
     """Why a verdict is no pass, in short phrases ('overall drop 0.0312 > 0.01', then each problem): what the INT8
     search and the fallback note against a candidate that failed."""
-    breaches = [f"{c.scope} drop {compared(c.drop, c.tolerance)[0]} > {c.tolerance:g}" for c in report.breaches]
-    return breaches + list(report.problems)
+    ordered = sorted(report.breaches, key=lambda c: c.metric != report.metric)  # the gate metric's drops first
+    return [_short_breach(c, report.metric) for c in ordered] + list(report.problems)
+
+
+def _short_breach(check: GateCheck, metric: str) -> str:
+    """A breach in a few words: the gate metric's drop against its tolerance, or what another check found lost
+    ('topic=law spread_kept: dimension 12 45% kept < 50%'), never another check's figure read as the metric's drop."""
+    rule = check.metric.rpartition(OUTPUT_SEPARATOR)[2]
+    if rule in KEPT_RULES:
+        return f"{check.scope} {check.metric}: {check.reason} {1 - check.drop:.0%} kept < {KEPT:.0%}"
+    if rule == SPREAD_METRIC:
+        return f"{check.scope} {check.metric}: outputs vary {check.observed:.3g} against FP32's {check.reference:.3g}"
+    named = "" if check.metric == metric else f" {check.metric}"
+    return f"{check.scope}{named} drop {compared(check.drop, check.tolerance)[0]} > {check.tolerance:g}"
 
 
 def problem_line(problem: str) -> str:

@@ -375,6 +375,20 @@ def test_failure_reasons_name_each_breach_then_each_problem():
     assert failure_reasons(report) == ["faint drop 0.0300 > 0.02", "int8@onnxruntime-cpu: no accuracy measured"]
 
 
+def test_failure_reasons_and_the_searchs_worst_slice_read_another_checks_figure_as_no_drop_of_the_metric():
+    """A lost dimension on a slice (spread_kept: 45 % kept, a 'drop' of 0.55 against 0.5) was written as 'topic=law
+    drop 0.5503 > 0.5' and ranked the search's worst slice at a cosine drop of 0.55, when the slice's cosine dropped
+    0.008: the metric's own drops rank slices, and each other check says what it found."""
+    from qbench.search.screen import worst_slice
+
+    cosine = GateCheck("int8", BACKEND, "topic=law", "cosine", 1.0, 0.992, 0.008, 0.01, 30, "pass")
+    other = GateCheck("int8", BACKEND, "topic=art", "cosine", 1.0, 0.995, 0.005, 0.01, 30, "pass")
+    lost = GateCheck("int8", BACKEND, "topic=law", "spread_kept", 0.05, 0.0225, 0.55, 0.5, 30, "breach", "dimension 12")
+    report = GateReport("cosine", (cosine, other, lost))
+    assert failure_reasons(report) == ["topic=law spread_kept: dimension 12 45% kept < 50%"]
+    assert worst_slice(report) == ("topic=law", 0.008)
+
+
 def test_junit_stays_well_formed_whatever_characters_the_names_and_messages_hold():
     """A control character (a named slice's, or an error message's from a model or metric) was written into the XML
     as it was, and no JUnit reader could open the file."""

@@ -79,7 +79,7 @@ def _p50s(result: VariantResult) -> dict[int, float]:
 
 
 def _overall(verdict: GateReport) -> float | None:
-    return next((c.drop for c in verdict.checks if c.scope == "overall"), None)
+    return next((c.drop for c in verdict.checks if c.scope == "overall" and c.metric == verdict.metric), None)
 
 
 def _metric(result: VariantResult, metric: str) -> float | None:
