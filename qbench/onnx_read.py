@@ -105,11 +105,11 @@ def typing_skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     skeleton = onnx.ModelProto()
     for field, value in model.ListFields():
         if field.name != "graph":
-            _copy_field(skeleton, field, value)
+            copy_field(skeleton, field, value)
     graph = model.graph
     for field, value in graph.ListFields():
         if field.name != "initializer":
-            _copy_field(skeleton.graph, field, value)
+            copy_field(skeleton.graph, field, value)
     standins = _standins(model)
     for tensor in graph.initializer:
         if held_bytes(tensor) <= _WEIGHTLESS_BYTES:
@@ -119,7 +119,8 @@ def typing_skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     return skeleton
 
 
-def _copy_field(target: Any, field: Any, value: Any) -> None:
+def copy_field(target: Any, field: Any, value: Any) -> None:
+    """Set one field of `target` (a message of `field`'s type) to `value`, as ListFields gave them."""
     if field.is_repeated:
         getattr(target, field.name).extend(value)
     elif field.message_type is not None:

@@ -4,8 +4,6 @@ rows, a few embedding dimensions. Each breaches; honest INT8/FP16 builds of the 
 
 from __future__ import annotations
 
-import contextlib
-import io
 import re
 from pathlib import Path
 
@@ -13,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from user_model import swept_breaches
 
 from qbench.gate import EXIT_BREACH, EXIT_PASS, evaluate_gate
 from qbench.gate_report import check_line
@@ -165,7 +164,6 @@ def test_sweep_gate_fails_an_int8_build_that_clamps_the_extreme_rows_at_the_cali
     """End to end: INT8 calibrated on rows whose inputs stay under the evaluation's top 5 % clamps those rows' outputs at
     the calibration maximum; its MAE (2 % of the rows wrong by about a quarter of the spread) stays within max_drop 10 %
     relative, and `qbench sweep --gate` passed it. Calibrated on every kind of row, INT8 and FP16 keep the tail."""
-    from qbench.cli_app import main
 
     _regressor(tmp_path / "reg.onnx")
     rng = np.random.default_rng(0)
@@ -187,10 +185,7 @@ def test_sweep_gate_fails_an_int8_build_that_clamps_the_extreme_rows_at_the_cali
               "gate": {"metric": "mae", "max_drop": 0.1, "tolerance": "relative"}}  # fmt: skip
     (tmp_path / "qbench.yaml").write_text(yaml.safe_dump(recipe))
     monkeypatch.setenv("QBENCH_CACHE_DIR", str(tmp_path / "cache"))  # this build is no other test's INT8
-    stdout = io.StringIO()
-    with contextlib.redirect_stdout(stdout):
-        code = main(["sweep", str(tmp_path / "qbench.yaml"), "--no-track", "--gate"])
-    breaches = [line for line in stdout.getvalue().splitlines() if line.startswith("BREACH")]
+    code, breaches = swept_breaches(tmp_path / "qbench.yaml")
     if calibration == "all rows":
         assert (breaches, code) == ([], EXIT_PASS)
         return

@@ -41,18 +41,12 @@ def test_a_full_disk_in_the_range_analysis_stops_the_sweep_incomplete_and_resume
     import json
     import os
 
-    import yaml
-    from user_model import make_user_project
+    from user_model import make_fp16_project
 
     from qbench.cli_app import main
     from qbench.variants import onnx_utils
 
-    recipe = make_user_project(tmp_path)
-    raw = yaml.safe_load(recipe.read_text())
-    raw["variants"] = [{"name": "fp16", "precision": "fp16"}]
-    raw["latency"] = {"batch_sizes": [1], "warmup": 1, "iterations": 3, "threads": 1}
-    raw["gate"] = {"metric": "agreement", "max_drop": 1.0, "max_slice_drop": 1.0, "applies_to": ["*"]}
-    recipe.write_text(yaml.safe_dump(raw, sort_keys=False))
+    recipe = make_fp16_project(tmp_path)
     save = onnx_utils.write_serialised
 
     def full_in_the_range_pass(model, file):

@@ -13,10 +13,9 @@ import signal
 from pathlib import Path
 
 import pytest
-import yaml
 from mlflow.tracking import MlflowClient
 from signalled import run_signalled
-from user_model import make_user_project
+from user_model import make_fp16_project
 
 from qbench.cli_app import main
 from qbench.execute.records import read_records
@@ -27,13 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
     """The user's project with FP16 only, timed briefly, tracked in a sqlite store; returns its recipe."""
-    recipe = make_user_project(tmp_path)
-    raw = yaml.safe_load(recipe.read_text())
-    raw["variants"] = [{"name": "fp16", "precision": "fp16"}]
-    raw["latency"] = {"batch_sizes": [1], "warmup": 1, "iterations": 3, "threads": 1}
-    raw["gate"] = {"metric": "agreement", "max_drop": 1.0, "max_slice_drop": 1.0, "applies_to": ["*"]}
-    recipe.write_text(yaml.safe_dump(raw, sort_keys=False))
-    return recipe
+    return make_fp16_project(tmp_path)
 
 
 def signalled_sweep(recipe: Path, hook: str) -> tuple[int, str, Path]:

@@ -163,3 +163,30 @@ def _write_table(features: np.ndarray, labels: np.ndarray, subset: np.ndarray, r
     table = pd.DataFrame({"x": list(features), "y": labels, "subset": subset, "band": band, "mean_radius": radius})
     path.parent.mkdir(parents=True, exist_ok=True)
     table.to_parquet(path, index=False)
+
+
+def make_fp16_project(root: Path) -> Path:
+    """The user's project with its FP16 variant alone, timed briefly and judged on agreement with room for any
+    figure: for tests about what a sweep does around its measurements (faults, signals), not about the figures."""
+    import yaml
+
+    recipe = make_user_project(root)
+    raw = yaml.safe_load(recipe.read_text())
+    raw["variants"] = [{"name": "fp16", "precision": "fp16"}]
+    raw["latency"] = {"batch_sizes": [1], "warmup": 1, "iterations": 3, "threads": 1}
+    raw["gate"] = {"metric": "agreement", "max_drop": 1.0, "max_slice_drop": 1.0, "applies_to": ["*"]}
+    recipe.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return recipe
+
+
+def swept_breaches(recipe: Path) -> tuple[int, list[str]]:
+    """`qbench sweep RECIPE --no-track --gate` in this process: its exit code and the BREACH lines it printed."""
+    import contextlib
+    import io
+
+    from qbench.cli_app import main
+
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        code = main(["sweep", str(recipe), "--no-track", "--gate"])
+    return code, [line for line in stdout.getvalue().splitlines() if line.startswith("BREACH")]

@@ -29,7 +29,7 @@ import onnx.numpy_helper
 
 from qbench.errors import QbenchError, one_line
 from qbench.files import new_folder, writing_file
-from qbench.onnx_read import over_protobuf_limit, read_onnx, typing_skeleton
+from qbench.onnx_read import copy_field, over_protobuf_limit, read_onnx, typing_skeleton
 from qbench.variants.base import BuildContext, BuiltVariant
 
 # metadata_props keys under which a saved variant declares the ONNX Runtime session options it needs
@@ -182,12 +182,7 @@ def _graph_pieces(graph: onnx.GraphProto) -> Iterator[bytes]:
 
 def _field_bytes(shell: Any, field: Any, value: Any) -> bytes:
     """The encoding of one field of a message: `shell`, an empty message of that type, with only that field set."""
-    if field.is_repeated:
-        getattr(shell, field.name).extend(value)
-    elif field.message_type is not None:
-        getattr(shell, field.name).CopyFrom(value)
-    else:
-        setattr(shell, field.name, value)
+    copy_field(shell, field, value)
     return shell.SerializeToString()
 
 
