@@ -201,10 +201,14 @@ class DataSpec(_Strict):
     def _known_codec(cls, v: str | None) -> str | None:
         if v is not None:
             try:
-                codecs.lookup(v)
+                codec = codecs.lookup(v)
             except LookupError:
+                codec = None
+            # a bytes-to-bytes or text-to-text codec (rot13, base64, zlib) is no file's encoding: open() refuses it
+            # only when the file is read, mid-sweep; the flag is the one open() itself goes by
+            if codec is None or not getattr(codec, "_is_text_encoding", True):
                 raise ValueError(f"got {v!r}, which names no text encoding Python knows; expected one such as utf-8, "
-                                 "cp1252, latin-1 or utf-16") from None
+                                 "cp1252, latin-1 or utf-16")
         return v
 
     @field_validator("classes")

@@ -74,6 +74,9 @@ def test_the_encoding_field_is_loaded_and_checked(tmp_path: Path):
     assert DataSpec.model_validate({"path": "rows.csv", "inputs": {"x": "X"}, "encoding": "cp1252"}).encoding == "cp1252"
     with pytest.raises(ValidationError, match="got 'latin9x', which names no text encoding Python knows"):
         DataSpec.model_validate({"path": "rows.csv", "inputs": {"x": "X"}, "encoding": "latin9x"})
+    for codec in ("rot13", "base64", "zlib"):  # codecs Python knows that encode no text as bytes: open() refuses them
+        with pytest.raises(ValidationError, match=f"got '{codec}', which names no text encoding Python knows"):
+            DataSpec.model_validate({"path": "rows.csv", "inputs": {"x": "X"}, "encoding": codec})
     with pytest.raises(ValidationError, match="encoding: describes .csv/.tsv/.jsonl/.ndjson files, but data.path is "
                                               "rows.parquet"):
         DataSpec.model_validate({"path": "rows.parquet", "inputs": {"x": "X"}, "encoding": "cp1252"})
