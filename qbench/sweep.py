@@ -114,7 +114,10 @@ def _sweep(recipe: Recipe, started: float, clock: PhaseClock, *, track: bool, re
 
             # on a cluster, each backend is checked where its jobs run; the sweep reads only copies of the files
             # it hashed: a later edit to them cannot reach it
-            prepared = prepare(recipe, track=track, backends=recipe.executor.kind == "local", snapshot=snapshot)
+            local = recipe.executor.kind == "local"
+            prepared = prepare(recipe, track=track, backends=local, snapshot=snapshot)
+            if local:  # the reference runs every batch size asked for, or nothing is built (a cluster's nodes check)
+                _check_reference_runs(prepared)
             clock.add("prepare", t)
             run_dir = new_run_dir(recipe.output_path / recipe.name)  # absolute: builders may change the cwd
             announce_run(run_dir)  # a crash of this process is then reported with its run folder (qbench.supervisor)
@@ -133,6 +136,23 @@ def _sweep(recipe: Recipe, started: float, clock: PhaseClock, *, track: bool, re
             if replacement is exc:
                 raise
             raise replacement from None
+
+
+def _check_reference_runs(prepared: Prepared) -> None:
+    """`qbench validate`'s dry run of the FP32 reference on each backend (one row, then one batch of the largest size
+    the sweep runs), before any variant is built: a reference that cannot run is the sweep's failure, found in
+    seconds, not after every build (minutes for a large model). A message about the sweep's copy of the model names
+    the user's file."""
+    from qbench.backends import get_backend
+    from qbench.validate.measure import dry_run
+
+    for name in prepared.recipe.backends:
+        try:
+            dry_run(prepared, get_backend(name))
+        except QbenchError as exc:
+            if prepared.snapshot is not None:
+                exc.args = (prepared.snapshot.shown(str(exc)),)
+            raise
 
 
 def _resumable(recipe: Recipe, plan: SweepPlan, rerun_failed: bool) -> Path | None:

@@ -179,9 +179,12 @@ def test_a_sweep_without_gate_whose_measurements_failed_exits_2_and_keeps_the_re
     monkeypatch.chdir(tmp_path)
     recipe = _double_zipmap_project(tmp_path)
     import qbench.preflight
+    import qbench.sweep
 
-    # a model the preflight loaded that fails once measured (the preflight refuses this one: qbench.preflight_load)
+    # a model the preflight loaded that fails once measured (the preflight refuses this one: qbench.preflight_load,
+    # and so does the sweep's dry run before any build: tests/test_sweep_reference_batches.py)
     monkeypatch.setattr(qbench.preflight, "check_reference_loads", lambda *args: None)
+    monkeypatch.setattr(qbench.sweep, "_check_reference_runs", lambda prepared: None)
     assert main(["sweep", str(recipe), "--no-track"]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "error: 2 of 2 measurements failed (fp32@onnxruntime-cpu, h@onnxruntime-cpu); fp32@onnxruntime-cpu:" in err

@@ -34,6 +34,7 @@ from qbench.progress import track
 from qbench.recipe import StabilitySpec
 from qbench.results import LatencyPoint
 from qbench.validate.contention import cpu_sample, others_cpus
+from qbench.validate.outputs import batch_named, row_count
 from qbench.validate.stability import StabilityRule, WindowedStability, iqr_ratio, run_until_stable
 
 _NS_PER_MS = 1_000_000
@@ -68,7 +69,7 @@ def measure_cold_start(
     runner = load()
     session_create_ms = _elapsed_ms(start)
     try:
-        with served_call(runner) as call:
+        with served_call(runner) as call, batch_named(row_count(batch)):
             start = time.perf_counter_ns()
             call(batch)
             first_run_ms = _elapsed_ms(start)
@@ -232,7 +233,7 @@ def measure_samples(
         batches = timed_batches(feeds, batch_size, padding, limit)
         label = f"{description} (batch {batch_size})"
         rule = stability_rule(stability, iterations, len(batches))
-        with timed_calls(runner, batches) as calls:
+        with batch_named(batch_size), timed_calls(runner, batches) as calls:
             for i in range(warmup):
                 calls[i % len(calls)]()
             start = cpu_sample()

@@ -318,22 +318,43 @@ DRY_RUN_ROWS = 8
 
 
 def dry_run(prepared: Prepared, backend: Backend, rows: int = DRY_RUN_ROWS) -> None:
-    """Load the FP32 reference and score it on the first evaluation rows as the sweep will; raises a QbenchError
-    naming the model and the backend when it cannot (a graph ONNX Runtime refuses, outputs the task cannot score),
-    so `qbench validate` catches what would otherwise fail only once the sweep is under way. Every evaluation label
-    is checked against the classes these outputs show where the graph does not size them (a RecipeError)."""
+    """Load the FP32 reference and score it as the sweep will, on the first evaluation rows repeated to one batch of
+    the largest size the sweep runs it at (`largest_batch`); raises a QbenchError naming the model, the backend and
+    the batch that failed when it cannot (a graph ONNX Runtime refuses, a shape written for batch 1 that fails at 16,
+    outputs the task cannot score), so `qbench validate`, and `qbench sweep` before it builds anything, catch what
+    would otherwise fail only once the variants are built. Its cost is one load, one row and one batch, whatever the
+    data's size. Every evaluation label is checked against the classes these outputs show where the graph does not
+    size them (a RecipeError)."""
     everything = Rows.evaluation(prepared)
-    first = everything.subset(np.arange(min(rows, everything.count)))
+    count = min(rows, everything.count)
+    size, field = largest_batch(prepared)
+    picks = np.arange(max(size, count)) % count if count else np.arange(0)
     built = BuiltVariant("fp32", "fp32", prepared.source.onnx_path)
     try:
-        result = measure(backend, built, prepared, rows=first, quiet=True).result
+        result = measure(backend, built, prepared, rows=replace(everything.subset(picks), batch_size=size),
+                         quiet=True).result  # fmt: skip
     except RecipeError:
         raise
     except QbenchError as exc:
         raise QbenchError(f"{prepared.source.onnx_path}: the FP32 reference cannot be scored: {exc}") from None
     if result.status == "failed":
         raise QbenchError(f"{prepared.source.onnx_path}: the FP32 reference does not run on {backend.name}: "
-                          f"{' '.join(str(result.error).split())}")  # fmt: skip
+                          f"{' '.join(str(result.error).split())} (the check fed it one row, then {count} evaluation "
+                          f"rows repeated to one batch of {size}, the largest the sweep runs: {field}); expected "
+                          "a model that runs every batch size the recipe asks for")  # fmt: skip
+
+
+def largest_batch(prepared: Prepared) -> tuple[int, str]:
+    """The largest batch the sweep feeds the FP32 reference, and the field that sets it: the model's fixed batch, else
+    the larger of the timed batch sizes and the evaluation batches (data.evaluation.batch_size, or every row where
+    there are fewer; the range analysis runs those too)."""
+    if prepared.batch is not None:
+        return prepared.batch, f"the model's fixed batch of {prepared.batch}"
+    recipe = prepared.recipe
+    sizes = [(max(recipe.latency.batch_sizes), f"latency.batch_sizes {list(recipe.latency.batch_sizes)}"),
+             (min(recipe.data.evaluation.batch_size, len(prepared.evaluation_rows)),
+              f"data.evaluation.batch_size {recipe.data.evaluation.batch_size} over {len(prepared.evaluation_rows)} rows")]
+    return max(sizes, key=lambda pair: pair[0])
 
 
 def _run_rows(runner: Runner, prepared: Prepared, rows: Rows, description: str, *, close: bool = True) -> Feeds:

@@ -8,7 +8,8 @@ becomes class ids too: each value's position in the class table the graph states
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -85,6 +86,22 @@ def row_count(feeds: Mapping[str, np.ndarray]) -> int:
     return next(iter(counts.values()))
 
 
+@contextlib.contextmanager
+def batch_named(rows: int) -> Iterator[None]:
+    """A runtime's error while running a batch of `rows` rows says the batch's size: a graph may run one row and
+    refuse 16 (a shape written for batch 1), and the runtime's own message rarely says which batch it was fed.
+    qbench's own errors and interruptions pass as they are; the runtime's error stays the cause (what
+    qbench.errors.environment_cause and qbench.files.write_fault read)."""
+    try:
+        yield
+    except QbenchError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any runtime's error: re-raised with the batch named
+        plural = "" if rows == 1 else "s"
+        raise QbenchError(f"a batch of {rows} row{plural} failed: {type(exc).__name__}: {' '.join(str(exc).split())}"
+                          ) from exc  # fmt: skip
+
+
 def run_outputs(
     runner: Runner,
     feeds: Mapping[str, np.ndarray],
@@ -107,8 +124,9 @@ def run_outputs(
     gathered = {name: _Rows(rows) for name in outputs}
     batches = iter_batches(feeds, batch_size, whole=whole)
     for start, batch in track(zip(starts, batches), description, total=len(starts)):
-        results = runner.run(batch)
         fed = row_count(batch)
+        with batch_named(fed):
+            results = runner.run(batch)
         for name, index in outputs.items():
             if not -len(results) <= index < len(results):
                 raise QbenchError(f"output index {index} is out of range: the model has {len(results)} outputs")

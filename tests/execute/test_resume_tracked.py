@@ -31,7 +31,7 @@ def test_a_resumed_sweep_logs_into_the_interrupted_sweeps_run_each_variant_once(
     experiment showed them twice and their models were logged twice."""
     _, per_job = local_figures
     recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
-    (tmp_path / "interrupt_at").write_text(str(per_job + 1))  # fp32 finished, fp16's measure job interrupted
+    (tmp_path / "interrupt_at").write_text(str(2 * per_job + 1))  # the dry run and fp32 finished, fp16's measure job interrupted
     with pytest.raises(QbenchError, match="interrupted by SIGINT"):
         run_sweep(recipe)
     (interrupted,) = (tmp_path / "reports" / "tumour-mlp").glob("2*")
@@ -71,7 +71,7 @@ def test_a_sweep_killed_outright_leaves_no_run_running_once_resumed(
     the store's queries and `mlflow gc` still saw a run in progress)."""
     _, per_job = local_figures
     recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
-    (tmp_path / "hold_after").write_text(str(per_job))  # fp32 measured; fp16's measurement waits while this exists
+    (tmp_path / "hold_after").write_text(str(2 * per_job))  # the dry run and fp32 measured; fp16's measurement waits while this exists
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])}
     # the sweep's own process (qbench.cli_app), not the `qbench` command's supervising parent: killing that one ends
     # the sweep with SIGTERM (qbench.supervisor), which ends its runs itself
@@ -79,10 +79,10 @@ def test_a_sweep_killed_outright_leaves_no_run_running_once_resumed(
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
         deadline = time.monotonic() + 600  # a loaded machine's start (imports, fp32's build and measurement) is slow
-        while len(probe_calls(tmp_path)) <= per_job and sweep.poll() is None and time.monotonic() < deadline:
+        while len(probe_calls(tmp_path)) <= 2 * per_job and sweep.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert sweep.poll() is None, "the sweep ended before fp16's measurement"
-        assert len(probe_calls(tmp_path)) > per_job, "fp16's measurement had not started in 10 minutes"
+        assert len(probe_calls(tmp_path)) > 2 * per_job, "fp16's measurement had not started in 10 minutes"
     finally:
         sweep.send_signal(signal.SIGKILL)
         sweep.wait(timeout=30)
@@ -106,7 +106,7 @@ def test_a_finished_run_resumed_for_a_job_failed_for_an_environment_reason_shows
     another machine, the parent's params (which MLflow never changes) keep the first values, the new ones as tags."""
     _, per_job = local_figures
     recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
-    (tmp_path / "fail_at").write_text(f"{per_job + 1} ENOSPC")
+    (tmp_path / "fail_at").write_text(f"{2 * per_job + 1} ENOSPC")
     failed = run_sweep(recipe)
     assert failed.results.find("fp16", "onnxruntime-cpu").status == "failed"
     first_cpu = failed.results.environment["cpu"]

@@ -44,7 +44,7 @@ def test_an_interrupted_sweep_resumes_without_measuring_a_finished_job_twice(
 ) -> None:
     expected, per_job = local_figures
     recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
-    (tmp_path / "interrupt_at").write_text(str(per_job + 1))  # the first call of fp16's measure job
+    (tmp_path / "interrupt_at").write_text(str(2 * per_job + 1))  # after the dry run and fp32: fp16's first call
     with pytest.raises(QbenchError, match="interrupted by SIGINT"):
         run_sweep(recipe, track=False)
     (interrupted,) = (tmp_path / "reports" / "tumour-mlp").glob("2*")
@@ -56,8 +56,8 @@ def test_an_interrupted_sweep_resumes_without_measuring_a_finished_job_twice(
     outcome = run_sweep(recipe, track=False, resume=True)
     shown = caplog.text
     resumed_calls = len(probe_calls(tmp_path)) - before
-    print(f"fresh: {3 * per_job} probe calls; interrupted: {before}; resumed: {resumed_calls}")
-    assert resumed_calls == 2 * per_job  # fp16 and int8-minmax only: fp32's measurement was reused
+    print(f"fresh: {4 * per_job} probe calls; interrupted: {before}; resumed: {resumed_calls}")
+    assert resumed_calls == 3 * per_job  # the dry run, fp16 and int8-minmax: fp32's measurement was reused
     assert "resuming: 3 of 6 jobs reused" in " ".join(shown.split())  # fp32's and fp16's builds, fp32's measurement
     assert figures(outcome.results) == expected  # the same figures as one uninterrupted sweep
     fp32, fp16, _ = outcome.results.variants
@@ -73,7 +73,7 @@ def test_a_resumed_runs_results_name_its_own_model_files_not_the_interrupted_run
     """The interrupted run may be deleted once resumed: the results (and a Triton export) must not need it."""
     _, per_job = local_figures
     recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
-    (tmp_path / "interrupt_at").write_text(str(2 * per_job + 1))  # fp32 and fp16 measured, int8-minmax not
+    (tmp_path / "interrupt_at").write_text(str(3 * per_job + 1))  # the dry run, fp32 and fp16 measured, int8-minmax not
     with pytest.raises(QbenchError, match="interrupted by SIGINT"):
         run_sweep(recipe, track=False)
     (interrupted,) = (tmp_path / "reports" / "tumour-mlp").glob("2*")
@@ -90,7 +90,7 @@ def test_resume_reuses_nothing_stale(user_project: Path, tmp_path: Path, local_f
     """A build whose store entry was changed since is built again, and its measurements run again."""
     _, per_job = local_figures
     recipe = write_probe_recipe(user_project, tmp_path, variants=["fp16"])
-    (tmp_path / "interrupt_at").write_text(str(per_job + 1))
+    (tmp_path / "interrupt_at").write_text(str(2 * per_job + 1))
     with pytest.raises(QbenchError, match="interrupted"):
         run_sweep(recipe, track=False)
     store = tmp_path / "store"
@@ -100,14 +100,14 @@ def test_resume_reuses_nothing_stale(user_project: Path, tmp_path: Path, local_f
         manifest.write_text(json.dumps(content))
     before = len(probe_calls(tmp_path))
     outcome = run_sweep(recipe, track=False, resume=True)
-    assert len(probe_calls(tmp_path)) - before == 2 * per_job  # fp32 measured again: its build was not reused
+    assert len(probe_calls(tmp_path)) - before == 3 * per_job  # the dry run; fp32 measured again: its build was not reused
     assert all(not any(n.startswith("resumed") for n in v.notes) for v in outcome.results.variants)
 
 
 def _interrupted_at_fp16(user_project: Path, target: Path, per_job: int) -> tuple[Path, Path]:
     """The recipe of VARIANTS, interrupted at the first call of fp16's measure job, and its run folder."""
     recipe = write_probe_recipe(user_project, target, variants=VARIANTS)
-    (target / "interrupt_at").write_text(str(per_job + 1))
+    (target / "interrupt_at").write_text(str(2 * per_job + 1))
     with pytest.raises(QbenchError, match="interrupted by SIGINT"):
         run_sweep(recipe, track=False)
     (interrupted,) = (target / "reports" / "tumour-mlp").glob("2*")
@@ -141,7 +141,7 @@ def test_resume_measures_the_reference_again_when_its_outputs_file_is_truncated(
     with caplog.at_level(logging.WARNING, logger="qbench"):
         outcome = run_sweep(recipe, track=False, resume=True)
     assert str(outputs) in caplog.text and "its job runs again" in caplog.text
-    assert len(probe_calls(tmp_path)) - before == 3 * per_job  # FP32 measured again, then fp16 and int8-minmax
+    assert len(probe_calls(tmp_path)) - before == 4 * per_job  # the dry run, FP32 measured again, fp16, int8-minmax
     assert figures(outcome.results) == expected
 
 
@@ -162,14 +162,14 @@ def test_resume_with_a_changed_recipe_starts_afresh(
 ) -> None:
     _, per_job = local_figures
     recipe = write_probe_recipe(user_project, tmp_path, variants=["fp16"])
-    (tmp_path / "interrupt_at").write_text(str(per_job + 1))
+    (tmp_path / "interrupt_at").write_text(str(2 * per_job + 1))
     with pytest.raises(QbenchError, match="interrupted"):
         run_sweep(recipe, track=False)
     text = recipe.read_text().replace("iterations: 5", "iterations: 6")  # other latency settings: another plan
     recipe.write_text(text)
     before = len(probe_calls(tmp_path))
     run_sweep(recipe, track=False, resume=True)
-    assert len(probe_calls(tmp_path)) - before == 2 * per_job
+    assert len(probe_calls(tmp_path)) - before == 3 * per_job  # the dry run, fp32, fp16
 
 
 def test_plan_prints_jobs_needs_and_what_is_cached(
@@ -214,8 +214,8 @@ def test_plan_says_per_job_what_resume_then_does_failed_jobs_included(
     and the resume does exactly that."""
     _, per_job = local_figures
     recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
-    (tmp_path / "fail_at").write_text(f"{per_job + 1} {failure}")
-    (tmp_path / "interrupt_at").write_text(str(per_job + 2))  # int8-minmax's first call, after fp16's failed one
+    (tmp_path / "fail_at").write_text(f"{2 * per_job + 1} {failure}")
+    (tmp_path / "interrupt_at").write_text(str(2 * per_job + 2))  # int8-minmax's first call, after fp16's failed one
     with pytest.raises(QbenchError, match="interrupted"):
         run_sweep(recipe, track=False)
     before = len(probe_calls(tmp_path))
@@ -230,7 +230,7 @@ def test_plan_says_per_job_what_resume_then_does_failed_jobs_included(
     ran = {v.key for v in outcome.results.variants if not any(n.startswith("resumed") for n in v.notes)}
     planned = {job.split(":")[1] for job, (action, _) in plan.items() if job.startswith("measure") and action != "reuse"}
     assert ran == planned
-    assert len(probe_calls(tmp_path)) - before == per_job * len(planned)
+    assert len(probe_calls(tmp_path)) - before == per_job * (1 + len(planned))  # the dry run, then those
     assert (outcome.results.find("fp16", "onnxruntime-cpu").status == "failed") is own
 
 
@@ -344,7 +344,7 @@ def test_a_finished_run_with_a_job_failed_for_an_environment_reason_resumes_only
     """A finished run counted as complete, so --resume measured every job again (only builds were reused)."""
     expected, per_job = local_figures
     recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
-    (tmp_path / "fail_at").write_text(f"{per_job + 1} {failure}")  # fp16's measurement meets a full disk, once
+    (tmp_path / "fail_at").write_text(f"{2 * per_job + 1} {failure}")  # fp16's measurement meets a full disk, once
     failed = run_sweep(recipe, track=False)
     fp16 = failed.results.find("fp16", "onnxruntime-cpu")
     assert fp16.status == "failed" and failed.results.complete
@@ -354,7 +354,7 @@ def test_a_finished_run_with_a_job_failed_for_an_environment_reason_resumes_only
 
     before = len(probe_calls(tmp_path))
     outcome = run_sweep(recipe, track=False, resume=True)
-    assert len(probe_calls(tmp_path)) - before == per_job  # fp16's job only
+    assert len(probe_calls(tmp_path)) - before == 2 * per_job  # the dry run, then fp16's job only
     assert figures(outcome.results) == expected
     resumed = [v.key for v in outcome.results.variants if any(n.startswith("resumed") for n in v.notes)]
     assert resumed == ["fp32@onnxruntime-cpu", "int8-minmax@onnxruntime-cpu"]
@@ -371,7 +371,7 @@ def test_resume_refuses_a_finished_run_with_nothing_it_would_change(
     _, per_job = local_figures
     recipe = write_probe_recipe(user_project, tmp_path, variants=["fp16"])
     if own:
-        (tmp_path / "fail_at").write_text(f"{per_job + 1} ValueError")
+        (tmp_path / "fail_at").write_text(f"{2 * per_job + 1} ValueError")
     finished = run_sweep(recipe, track=False)
     assert (finished.results.find("fp16", "onnxruntime-cpu").status == "failed") is own
     before = len(probe_calls(tmp_path))
@@ -408,7 +408,7 @@ def test_a_job_whose_worker_is_lost_past_its_retries_is_run_again_by_resume(
     assert failed.results.find("int8-minmax", "onnxruntime-cpu").error.startswith("worker lost 1 times")
     before = len(probe_calls(tmp_path))
     outcome = run_sweep(recipe, track=False, resume=True)
-    assert len(probe_calls(tmp_path)) - before == per_job
+    assert len(probe_calls(tmp_path)) - before == 2 * per_job  # the dry run, then int8-minmax
     assert figures(outcome.results) == expected
 
 
@@ -417,13 +417,13 @@ def test_resume_keeps_a_variants_own_failure_rather_than_measuring_it_again(
 ) -> None:
     _, per_job = local_figures
     recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
-    (tmp_path / "fail_at").write_text(f"{per_job + 1} ValueError")  # fp16 cannot be scored: its own failure
-    (tmp_path / "interrupt_at").write_text(str(per_job + 2))  # then int8-minmax's measurement is interrupted
+    (tmp_path / "fail_at").write_text(f"{2 * per_job + 1} ValueError")  # fp16 cannot be scored: its own failure
+    (tmp_path / "interrupt_at").write_text(str(2 * per_job + 2))  # then int8-minmax's measurement is interrupted
     with pytest.raises(QbenchError, match="interrupted by SIGINT"):
         run_sweep(recipe, track=False)
     before = len(probe_calls(tmp_path))
     outcome = run_sweep(recipe, track=False, resume=True)
-    assert len(probe_calls(tmp_path)) - before == per_job  # int8-minmax only
+    assert len(probe_calls(tmp_path)) - before == 2 * per_job  # the dry run, then int8-minmax only
     fp16 = outcome.results.find("fp16", "onnxruntime-cpu")
     assert fp16.status == "failed" and "cannot be scored" in fp16.error
     assert outcome.results.find("int8-minmax", "onnxruntime-cpu").status == "ok"
@@ -437,7 +437,7 @@ def test_rerun_failed_runs_again_only_the_jobs_that_failed_for_their_variants_ow
     `--resume --rerun-failed` runs that job alone, reusing the others, and `--plan --rerun-failed` says so first."""
     expected, per_job = local_figures
     recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
-    (tmp_path / "fail_at").write_text(f"{per_job + 1} ValueError")
+    (tmp_path / "fail_at").write_text(f"{2 * per_job + 1} ValueError")
     failed = run_sweep(recipe, track=False)
     assert failed.results.find("fp16", "onnxruntime-cpu").status == "failed"
     capsys.readouterr()
@@ -456,7 +456,7 @@ def test_rerun_failed_runs_again_only_the_jobs_that_failed_for_their_variants_ow
 
     before = len(probe_calls(tmp_path))
     outcome = run_sweep(recipe, track=False, resume=True, rerun_failed=True)
-    assert len(probe_calls(tmp_path)) - before == per_job  # fp16's measurement only
+    assert len(probe_calls(tmp_path)) - before == 2 * per_job  # the dry run, then fp16's measurement only
     assert figures(outcome.results) == expected
     resumed = [v.key for v in outcome.results.variants if any(n.startswith("resumed") for n in v.notes)]
     assert resumed == ["fp32@onnxruntime-cpu", "int8-minmax@onnxruntime-cpu"]
@@ -471,11 +471,11 @@ def test_a_result_reused_by_two_resumes_names_only_the_run_that_measured_it(
     """Each resume added its own note: FP32, measured once by the first run, said it was measured by all three."""
     expected, per_job = local_figures
     recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
-    (tmp_path / "interrupt_at").write_text(str(per_job + 1))  # fp16's measure job, in the first run
+    (tmp_path / "interrupt_at").write_text(str(2 * per_job + 1))  # fp16's measure job, in the first run
     with pytest.raises(QbenchError, match="interrupted by SIGINT"):
         run_sweep(recipe, track=False)
     (first,) = (tmp_path / "reports" / "tumour-mlp").glob("2*")
-    (tmp_path / "interrupt_at").write_text(str(len(probe_calls(tmp_path)) + per_job + 1))  # int8-minmax's, resumed
+    (tmp_path / "interrupt_at").write_text(str(len(probe_calls(tmp_path)) + 2 * per_job + 1))  # int8-minmax's, resumed
     with pytest.raises(QbenchError, match="interrupted by SIGINT"):
         run_sweep(recipe, track=False, resume=True)
     (second,) = set((tmp_path / "reports" / "tumour-mlp").glob("2*")) - {first}

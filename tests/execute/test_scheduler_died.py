@@ -35,7 +35,7 @@ def test_a_crash_in_a_job_is_one_line_and_resume_records_that_job_failed(
 ) -> None:
     _, per_job = local_figures
     recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
-    (tmp_path / "segv_at").write_text(str(per_job + 1))  # the first call of fp16's measure job, once
+    (tmp_path / "segv_at").write_text(str(2 * per_job + 1))  # fp16's measure job's first call (after the dry run and fp32), once
 
     crashed = qbench("sweep", str(recipe), "--no-track", cwd=tmp_path)
     assert crashed.returncode == 2, crashed.stderr
@@ -56,7 +56,7 @@ def test_a_crash_in_a_job_is_one_line_and_resume_records_that_job_failed(
 
     before = len(probe_calls(tmp_path))
     resumed = qbench("sweep", str(recipe), "--no-track", "--resume", "--gate", cwd=tmp_path)
-    assert len(probe_calls(tmp_path)) - before == per_job  # int8-minmax alone: fp16 was not run again
+    assert len(probe_calls(tmp_path)) - before == 2 * per_job  # the dry run, int8-minmax: fp16 was not run again
     assert resumed.returncode == 2, resumed.stderr  # a failed variant: the gate fails closed
     status = {v.key: (v.status, v.error) for v in results_of(resumed).variants}
     assert status["fp16@onnxruntime-cpu"][0] == "failed"
@@ -73,7 +73,7 @@ def test_an_interrupted_job_is_not_taken_for_one_the_process_died_in(
 ) -> None:
     _, per_job = local_figures
     recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
-    (tmp_path / "interrupt_at").write_text(str(per_job + 1))
+    (tmp_path / "interrupt_at").write_text(str(2 * per_job + 1))
     interrupted = qbench("sweep", str(recipe), "--no-track", cwd=tmp_path)
     assert interrupted.returncode == 2 and "interrupted by SIGINT" in interrupted.stderr.strip().splitlines()[-1]
     (run,) = (tmp_path / "reports" / "tumour-mlp").glob("2*")

@@ -22,7 +22,7 @@ def test_a_measurement_made_on_another_kind_of_cpu_is_measured_again_and_the_res
 ) -> None:
     expected, per_job = local_figures
     recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
-    (tmp_path / "interrupt_at").write_text(str(per_job + 1))  # fp16's first call: fp32's measurement is recorded
+    (tmp_path / "interrupt_at").write_text(str(2 * per_job + 1))  # fp16's first call: fp32's measurement is recorded
     with pytest.raises(QbenchError, match="interrupted by SIGINT"):
         run_sweep(recipe, track=False)
     before = len(probe_calls(tmp_path))
@@ -39,7 +39,7 @@ def test_a_measurement_made_on_another_kind_of_cpu_is_measured_again_and_the_res
 
     caplog.set_level(logging.INFO, logger="qbench")
     outcome = run_sweep(recipe, track=False, resume=True)
-    assert len(probe_calls(tmp_path)) - before == 3 * per_job  # fp32 measured again with the others
+    assert len(probe_calls(tmp_path)) - before == 4 * per_job  # the dry run; fp32 measured again with the others
     assert not any(note.startswith("resumed") for v in outcome.results.variants for note in v.notes)
     assert f"resuming: {change}: 1 measurement run again" in caplog.text
     assert {v.latency.machine["cpu"] for v in outcome.results.variants} == {"Another CPU model"}

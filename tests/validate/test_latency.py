@@ -85,8 +85,9 @@ def test_cold_start_closes_the_runner_when_the_first_run_fails() -> None:
             raise RuntimeError("kernel failed")
 
     broken = _Broken()
-    with pytest.raises(RuntimeError, match="kernel failed"):
+    with pytest.raises(QbenchError, match="^a batch of 1 row failed: RuntimeError: kernel failed$") as raised:
         measure_cold_start(lambda: broken, FEEDS)
+    assert isinstance(raised.value.__cause__, RuntimeError)  # the runtime's error stays the cause
     assert broken.closed
 
 

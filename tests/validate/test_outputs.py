@@ -91,8 +91,9 @@ def test_whole_batches_fill_the_last_one_and_keep_only_the_rows_fed() -> None:
     assert runner.fed == 9
     assert outputs["ids"].tolist() == [0, 1, 2, 3, 4, 5, 6]
     assert outputs["probabilities"][:, 1].tolist() == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6])
-    with pytest.raises(AssertionError, match="a batch of 1 rows"):
+    with pytest.raises(QbenchError, match="^a batch of 1 row failed: AssertionError: a batch of 1 rows") as raised:
         run_outputs(_FixedBatch(), {"x": np.arange(7, dtype=np.float32)}, 3, {"ids": 0})
+    assert isinstance(raised.value.__cause__, AssertionError)  # the runner's own error stays the cause
 
 
 class _Aggregating(_Runner):

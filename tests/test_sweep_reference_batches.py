@@ -1,0 +1,81 @@
+"""A reference that loads and runs one row but not the largest batch the sweep times (a shape written for batch 1,
+as a dynamo export's RotaryEmbedding fails past batch 1): `qbench sweep` runs `qbench validate`'s dry run before any
+variant is built, and stops in one line naming the batch and the runtime's reason, exit 2, nothing built or written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pandas as pd
+import pytest
+import yaml
+from onnx import TensorProto, helper, numpy_helper
+
+import qbench.execute.jobs
+from qbench.cli_app import main
+
+ROWS = 24
+
+
+def batch_one_model() -> onnx.ModelProto:
+    """x [batch, 4] -> Reshape to a constant [1, 4] -> MatMul -> logits [batch, 3]: runs a batch of 1 only."""
+    weights = numpy_helper.from_array(np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32), "w")
+    shape = numpy_helper.from_array(np.array([1, 4], np.int64), "shape")
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["r"]), helper.make_node("MatMul", ["r", "w"], ["logits"])]
+    graph = helper.make_graph(nodes, "batch_one", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 3])], [weights, shape])  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def project(root: Path) -> Path:
+    """Evaluated one row at a time (which runs), timed at batch sizes 1 and 16 (16 does not)."""
+    root.mkdir()
+    onnx.save(batch_one_model(), str(root / "model.onnx"))
+    rng = np.random.default_rng(1)
+    pd.DataFrame({"x": list(rng.normal(size=(ROWS, 4)).astype(np.float32)),
+                  "y": rng.integers(0, 3, ROWS)}).to_parquet(root / "rows.parquet")  # fmt: skip
+    recipe = {
+        "name": "batch-one", "task": "classification", "model": {"path": "model.onnx"},
+        "data": {"path": "rows.parquet", "inputs": {"x": "x"}, "label": "y", "evaluation": {"batch_size": 1},
+                 "calibration": {"samples": 8, "batch_size": 1, "overlap": "allow"}},
+        "variants": [{"name": "fp16", "precision": "fp16"}, {"name": "int8", "precision": "int8", "calibrator": "minmax"}],
+        "latency": {"batch_sizes": [1, 16], "warmup": 1, "iterations": 2, "stability": None},
+        "gate": {"metric": "accuracy", "max_drop": 0.5}, "output_dir": "reports",
+    }  # fmt: skip
+    path = root / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return path
+
+
+def test_the_model_runs_one_row_and_fails_at_sixteen(tmp_path):
+    onnx.save(batch_one_model(), str(tmp_path / "model.onnx"))
+    session = ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
+    x = np.ones((16, 4), np.float32)
+    assert session.run(None, {"x": x[:1]})[0].shape == (1, 3)
+    with pytest.raises(Exception, match="requested shape"):
+        session.run(None, {"x": x})
+
+
+@pytest.mark.parametrize("command", [["validate"], ["sweep", "--no-track"]], ids=["validate", "sweep"])
+def test_a_reference_that_fails_at_the_largest_timed_batch_stops_before_any_build(command, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    recipe = project(tmp_path / "p")
+    builds: list[str] = []
+    real = qbench.execute.jobs.build_variant
+    monkeypatch.setattr(qbench.execute.jobs, "build_variant", lambda spec, ctx: builds.append(spec.name) or real(spec, ctx))
+    code = main([command[0], str(recipe), *command[1:]])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2, err
+    assert len(lines) == 1, err
+    assert (f"error: {recipe.parent / 'model.onnx'}: the FP32 reference does not run on onnxruntime-cpu: a batch of 16 "
+            "rows failed: Fail: [ONNXRuntimeError]") in lines[0]  # fmt: skip
+    assert "Input shape:{16,4}, requested shape:{1,4}" in lines[0]
+    assert lines[0].endswith("(the check fed it one row, then 8 evaluation rows repeated to one batch of 16, the largest "
+                             "the sweep runs: latency.batch_sizes [1, 16]); expected a model that runs every batch size "
+                             "the recipe asks for")  # fmt: skip
+    assert builds == []
+    assert not (tmp_path / "p" / "reports").exists()  # no run folder: nothing was measured or written
