@@ -5,6 +5,8 @@ variant is built, and stops in one line naming the batch and the runtime's reaso
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import onnx
@@ -16,6 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import qbench.execute.jobs
 from qbench.cli_app import main
+from qbench.validate.measure import largest_batch
 
 ROWS = 24
 
@@ -79,3 +82,22 @@ def test_a_reference_that_fails_at_the_largest_timed_batch_stops_before_any_buil
                              "the recipe asks for")  # fmt: skip
     assert builds == []
     assert not (tmp_path / "p" / "reports").exists()  # no run folder: nothing was measured or written
+
+
+def prepared_like(batch_sizes: list[int], evaluation_batch: int, rows: int, fixed: int | None = None) -> Any:
+    recipe = SimpleNamespace(latency=SimpleNamespace(batch_sizes=batch_sizes),
+                             data=SimpleNamespace(evaluation=SimpleNamespace(batch_size=evaluation_batch)))  # fmt: skip
+    return SimpleNamespace(recipe=recipe, batch=fixed, evaluation_rows=list(range(rows)))
+
+
+@pytest.mark.parametrize(
+    ("prepared", "expected"),
+    [
+        (prepared_like([1, 16], 1, 24), (16, "latency.batch_sizes [1, 16]")),
+        (prepared_like([1, 16], 64, 40), (40, "data.evaluation.batch_size 64 over 40 rows")),  # every row at once
+        (prepared_like([1, 16], 64, 500), (64, "data.evaluation.batch_size 64 over 500 rows")),
+        (prepared_like([1, 32], 64, 500, fixed=8), (8, "the model's fixed batch of 8")),
+    ],
+)
+def test_the_largest_batch_the_sweep_feeds_the_reference(prepared: Any, expected: tuple[int, str]):
+    assert largest_batch(prepared) == expected

@@ -318,13 +318,14 @@ DRY_RUN_ROWS = 8
 
 
 def dry_run(prepared: Prepared, backend: Backend, rows: int = DRY_RUN_ROWS) -> None:
-    """Load the FP32 reference and score it as the sweep will, on the first evaluation rows repeated to one batch of
-    the largest size the sweep runs it at (`largest_batch`); raises a QbenchError naming the model, the backend and
-    the batch that failed when it cannot (a graph ONNX Runtime refuses, a shape written for batch 1 that fails at 16,
-    outputs the task cannot score), so `qbench validate`, and `qbench sweep` before it builds anything, catch what
-    would otherwise fail only once the variants are built. Its cost is one load, one row and one batch, whatever the
-    data's size. Every evaluation label is checked against the classes these outputs show where the graph does not
-    size them (a RecipeError)."""
+    """Load the FP32 reference, run one row, and score the first `rows` evaluation rows as the sweep will, in batches of
+    the largest size the sweep runs it at (`largest_batch`; the rows repeated to fill one such batch where it is
+    larger); raises a QbenchError naming the model, the backend and the batch that failed when it cannot (a graph
+    ONNX Runtime refuses, a shape written for batch 1 that fails at 16, outputs the task cannot score), so
+    `qbench validate`, and `qbench sweep` before it builds anything, catch what would otherwise fail only once the
+    variants are built. Its cost is one load and at most max(rows, that batch) rows, whatever the data's size. Every
+    evaluation label is checked against the classes these outputs show where the graph does not size them (a
+    RecipeError)."""
     everything = Rows.evaluation(prepared)
     count = min(rows, everything.count)
     size, field = largest_batch(prepared)
@@ -340,8 +341,8 @@ def dry_run(prepared: Prepared, backend: Backend, rows: int = DRY_RUN_ROWS) -> N
     if result.status == "failed":
         raise QbenchError(f"{prepared.source.onnx_path}: the FP32 reference does not run on {backend.name}: "
                           f"{' '.join(str(result.error).split())} (the check fed it one row, then {count} evaluation "
-                          f"rows repeated to one batch of {size}, the largest the sweep runs: {field}); expected "
-                          "a model that runs every batch size the recipe asks for")  # fmt: skip
+                          f"rows {'repeated to one batch' if size > count else 'in batches'} of {size}, the largest the "
+                          f"sweep runs: {field}); expected a model that runs every batch size the recipe asks for")  # fmt: skip
 
 
 def largest_batch(prepared: Prepared) -> tuple[int, str]:
