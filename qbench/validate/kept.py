@@ -133,4 +133,4 @@ def spread_kept(outputs: np.ndarray, reference: np.ndarray) -> Kept | None:
 
 def _columns(values: np.ndarray) -> np.ndarray:
     values = np.asarray(values, dtype=np.float64)
-    return values.reshape(values.shape[0], -1)
+    return values.reshape(values.shape[0], int(np.prod(values.shape[1:], dtype=np.int64)))  # a scope of 0 rows too

@@ -73,3 +73,11 @@ def test_spread_kept_names_the_dimension_that_stopped_varying_and_ignores_a_negl
     assert (found.rule, found.component) == ("spread_kept", "dimension 2")
     assert found.share == pytest.approx(0.25)
     assert found.reference == pytest.approx(np.std(reference[:, 2]))
+
+
+def test_a_scope_without_rows_has_nothing_to_judge():
+    """A slice no row of a subset falls in (the sweep's dry run scores 8 rows; the search screens a few): each rule
+    gives no record, where reshaping (0, 384) outputs to columns raised."""
+    empty = np.zeros((0, 384), dtype=np.float32)
+    assert spread_kept(empty, empty) is None and tail_kept(empty, empty) is None
+    assert decisions_kept(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)) is None
