@@ -314,7 +314,7 @@ def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec,
                                  ref_spread - own_spread, (1 - COLLAPSED) * ref_spread, own_scope.size, "breach")
                        for name, ref_spread, own_spread in collapsed]  # fmt: skip
             problems += spread_problems
-            lost, kept_problems = lost_components(ref_scope, own_scope, spec.metric)
+            lost, kept_problems = lost_components(ref_scope, own_scope, spec.metric.rpartition(OUTPUT_SEPARATOR)[0])
             checks += [GateCheck(variant, backend, own_scope.name, name, kept.reference, kept.own, 1 - kept.share,
                                  1 - KEPT, own_scope.size, "breach", kept.component) for name, kept in lost]  # fmt: skip
             problems += kept_problems

@@ -67,16 +67,15 @@ def collapsed_outputs(reference: SliceMetrics, own: SliceMetrics) -> tuple[list[
 
 
 def lost_components(reference: SliceMetrics, own: SliceMetrics,
-                    metric: str) -> tuple[list[tuple[str, Kept]], list[str]]:  # fmt: skip
-    """On one scope, (check name, the variant's Kept record) for each output the gate judges (`metric`'s output, or
-    every one where it names none) whose component it kept least of (qbench.validate.kept) it kept under KEPT of, and
+                    gated: str) -> tuple[list[tuple[str, Kept]], list[str]]:  # fmt: skip
+    """On one scope, (check name, the variant's Kept record) for each output judged (`gated`, the output gate.metric
+    names, or every one where that is '') whose component it kept least of (qbench.validate.kept) it kept under KEPT of, and
     why it cannot be told: FP32 records a component to judge and the variant's results record none, or one of another
     rule (edited, or written by another qbench). Where FP32 records none (no class decided on enough rows, no tail
     reaching past its plateau) nothing is judged; results from before qbench recorded any are refused as a whole
     (qbench.results_evidence)."""
     lost, problems = [], []
     where = "" if reference.name == "overall" else f" on slice {reference.name}"
-    gated = metric.rpartition(OUTPUT_SEPARATOR)[0]
     for output, ref_kept in reference.kept.items():
         if gated and output != gated:
             continue
@@ -106,7 +105,7 @@ def other_output_kept_notes(results: SweepResults, spec: GateSpec, pairs: Sequen
             if output == gated:
                 continue
             for ref_scope, own_scope in scopes:
-                lost = lost_components(ref_scope, own_scope, f"{output}{OUTPUT_SEPARATOR}x")[0] if own_scope else []
+                lost = lost_components(ref_scope, own_scope, output)[0] if own_scope else []
                 if lost:
                     kept = lost[0][1]
                     where = "overall" if ref_scope.name == "overall" else f"on slice {ref_scope.name}"
