@@ -77,7 +77,8 @@ def serve(
     that falls behind would otherwise take its whole backlog's time to drain."""
     n = arrivals_ms.size
     count = len(next(iter(rows.values())))
-    singles = [{name: np.ascontiguousarray(a[k % count : k % count + 1]) for name, a in rows.items()} for k in range(n)]
+    # one single-row copy per distinct row, shared by every request it serves (a run holds up to MAX_REQUESTS)
+    singles = [{name: np.ascontiguousarray(a[r : r + 1]) for name, a in rows.items()} for r in range(min(count, n))]
     queue: deque[int] = deque()
     ready = threading.Condition()
     enqueued, done = np.zeros(n), np.full(n, math.inf)
@@ -119,7 +120,7 @@ def serve(
                             ready.wait(left)
                         batch = [queue.popleft() for _ in range(min(len(queue), batcher.max_batch_size))]
                     started = time.perf_counter()
-                    feeds = {name: np.concatenate([singles[k][name] for k in batch]) for name in rows}
+                    feeds = {name: np.concatenate([singles[k % count][name] for k in batch]) for name in rows}
                     assembled = time.perf_counter()
                     call(feeds)
                     finished = time.perf_counter()
