@@ -97,6 +97,10 @@ def sweep(
     With --gate, the verdict is reported as `qbench gate` reports it (the same options, the same
     GITHUB_STEP_SUMMARY table) and the recipe's registry section (or --register) registers the winners.
     """
+    if track and not plan:  # its import of MLflow overlaps this process's own imports and the sweep's preparation
+        from qbench.track_process import prestart
+
+        prestart()
     from qbench.recipe import load_recipe
     from qbench.recipe_executor import with_executor
     from qbench.report import print_summary

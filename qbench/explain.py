@@ -479,7 +479,7 @@ def run_explain(
     """`qbench explain`: rank, then write explain.json / explain.png / table.txt under
     <output_dir>/<name>/explain-<variant>-<timestamp>/, and log them to MLflow as run `explain <variant>`."""
     if track:
-        from qbench.track_store import check_reachable, resolve_tracking_uri
+        from qbench.track_uri import check_reachable, resolve_tracking_uri
 
         check_reachable(resolve_tracking_uri(recipe))
     directory = _new_explain_dir(recipe.output_path / recipe.name, variant_name)

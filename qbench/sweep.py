@@ -42,6 +42,7 @@ from qbench.report_html import write_html_report
 from qbench.results import RangeAnalysis, SweepResults, VariantResult, write_results
 from qbench.runs import RESULTS_FILE, mark_complete, mark_incomplete, new_run_dir, record_tracking, utc_now
 from qbench.supervisor import announce_run
+from qbench.track_process import RemoteTracker
 from qbench.validate.catalogue import custom_metrics
 from qbench.validate.contention import contention_notes
 from qbench.validate.measure import PhaseClock
@@ -49,9 +50,8 @@ from qbench.variants import BuiltVariant
 
 logger = logging.getLogger(__name__)
 
-if TYPE_CHECKING:  # qbench.track imports MLflow: only a tracked sweep loads it
-    from qbench.track import SweepTracker
-    from qbench.track_datasets import SweepData
+if TYPE_CHECKING:  # qbench.track imports MLflow: only a tracked sweep's tracking process loads it
+    from qbench.sweep_data import SweepData
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ def run_sweep(
 def _sweep(recipe: Recipe, started: float, clock: PhaseClock, *, track: bool, resume: bool, rerun_failed: bool
            ) -> SweepOutcome:  # fmt: skip
     if track:
-        from qbench.track_store import check_reachable, resolve_tracking_uri
+        from qbench.track_uri import check_reachable, resolve_tracking_uri
 
         check_reachable(resolve_tracking_uri(recipe))
     with SignalGuard() as guard, ExitStack() as held:
@@ -190,7 +190,7 @@ class _Progress:
     run_dir: Path
     clock: PhaseClock
     guard: SignalGuard
-    tracker: SweepTracker | None = None
+    tracker: RemoteTracker | None = None
     done: list[VariantResult] = field(default_factory=list)
     results_complete: bool = False
     _base: SweepResults | None = None
@@ -198,11 +198,9 @@ class _Progress:
     def open_tracker(self, track: bool, *, resumes: Path | None = None) -> None:
         """Open the sweep's MLflow runs; a resumed sweep takes over those of the run folder it `resumes`."""
         if track:
-            from qbench.track import SweepTracker
-
             with self.guard.shielded():
                 name = f"{self.prepared.recipe.name} sweep {self.run_dir.name}"
-                self.tracker = SweepTracker.open(self.prepared.recipe, name, run_dir=self.run_dir,
+                self.tracker = RemoteTracker.open(self.prepared.recipe, name, run_dir=self.run_dir,
                                                  data=_sweep_data(self.prepared), resumes=resumes)  # fmt: skip
 
     def started(self, variant: str, backend: str) -> None:
@@ -296,7 +294,7 @@ def _check_reference_accuracy(prepared: Prepared, reference: VariantResult) -> N
 
 def _sweep_data(prepared: Prepared) -> SweepData:
     """The evaluation and calibration rows the sweep measures on, for MLflow's dataset inputs."""
-    from qbench.track_datasets import SweepData, concatenated
+    from qbench.sweep_data import SweepData, concatenated
 
     recipe = prepared.recipe
     return SweepData(
@@ -417,8 +415,9 @@ def _publish(recipe: Recipe, results: SweepResults, progress: _Progress, started
                 run_id = progress.tracker.close(results, recipe, gate, [a for a in artifacts if a is not None])
         except Exception as exc:  # noqa: BLE001 - results are on disk; say where, then fail
             raise QbenchError(f"logging to MLflow failed ({exc})") from exc  # stop() says where the results are
-        failure = progress.tracker.failure
+        tracker, failure = progress.tracker, progress.tracker.failure
         progress.tracker = None  # the runs are ended: an interruption from here on must not end them KILLED again
+        tracker.end()
         clock.add("track", t)
     timings = {**clock.seconds, "total": time.perf_counter() - started}
     results = _with_timings(results, timings)

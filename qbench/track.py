@@ -35,6 +35,7 @@ from qbench.provenance import model_sha256
 from qbench.recipe import Recipe
 from qbench.results import SweepResults, VariantResult, to_json
 from qbench.runs import describe_run
+from qbench.sweep_data import SweepData
 from qbench.track_content import (
     GATE_TAG,
     gate_tags,
@@ -50,7 +51,7 @@ from qbench.track_content import (
     variant_params,
     variant_tags,
 )
-from qbench.track_datasets import DatasetInputs, SweepData, dataset_inputs
+from qbench.track_datasets import DatasetInputs, dataset_inputs
 from qbench.track_models import link_variant_model, log_variant_model, logged_model_name
 from qbench.track_store import (
     FAILURE_CHARS,

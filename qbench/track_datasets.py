@@ -18,24 +18,12 @@ from mlflow.entities import Dataset, DatasetInput, InputTag
 from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 from mlflow.utils.validation import MAX_DATASET_NAME_SIZE, MAX_INPUT_TAG_VALUE_SIZE
 
+from qbench.sweep_data import SweepData
 from qbench.track_content import fit_value
 
 EVALUATION = "evaluation"
 EVALUATION_SLICE = "evaluation slice"
 CALIBRATION = "calibration"
-
-
-@dataclass(frozen=True)
-class SweepData:
-    """What the sweep measured on: evaluation feeds, labels and slice masks, and the calibration feeds."""
-
-    recipe_name: str
-    evaluation_source: Path
-    evaluation: Mapping[str, np.ndarray]
-    labels: np.ndarray | None
-    slices: Mapping[str, np.ndarray]  # slice name -> boolean mask over the evaluation rows
-    calibration_source: Path
-    calibration: Mapping[str, np.ndarray]  # empty when nothing is calibrated
 
 
 def _typed(values: np.ndarray) -> np.ndarray:
@@ -94,11 +82,3 @@ def dataset_inputs(data: SweepData) -> DatasetInputs:
         calibration = _input(dataset, CALIBRATION)
     slice_tags = {"qbench.slices": sizes} if sizes else {}
     return DatasetInputs(_input(evaluation, EVALUATION, **slice_tags), slices, calibration)
-
-
-def concatenated(batches: list[Mapping[str, np.ndarray]], rows: int) -> dict[str, np.ndarray]:
-    """Calibration batches (feed dicts) as one feed dict of their first `rows` rows (the sample: a model with a
-    fixed batch gets a last batch filled with repeats)."""
-    if not batches:
-        return {}
-    return {name: np.concatenate([batch[name] for batch in batches])[:rows] for name in batches[0]}

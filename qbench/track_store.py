@@ -14,9 +14,6 @@ import logging
 import os
 import re
 import sys
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,7 +25,7 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from qbench.errors import QbenchError, one_line
 from qbench.recipe import Recipe
-from qbench.track_uri import resolve_tracking_uri, sqlite_file, store_absent
+from qbench.track_uri import check_reachable, resolve_tracking_uri, sqlite_file, store_absent
 
 try:  # POSIX; elsewhere concurrent first use of one new sqlite store is not serialised
     import fcntl
@@ -47,17 +44,6 @@ RUN_DIR_TAG = "qbench.run_dir"  # the sweep's run folder: `qbench gate --registe
 _HELD_BACK = {"urllib3.connectionpool": logging.WARNING, "mlflow.store.db.utils": logging.ERROR}
 FAILURE_CHARS = 400  # MLflow's own words in a failure's line: its connection errors run to several lines
 
-
-
-def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
-    """Fail fast when a tracking server does not answer (MLflow's own retries take minutes)."""
-    if not uri.startswith(("http://", "https://")):
-        return
-    try:
-        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout_s):
-            return
-    except (urllib.error.URLError, OSError) as exc:
-        raise QbenchError(f"MLflow tracking server {uri} does not answer ({exc}); start it or use --no-track") from None
 
 
 def artifact_root(uri: str) -> str | None:

@@ -4,10 +4,12 @@ costs a second or two): `qbench gate` asks before it looks for a sweep's runs to
 from __future__ import annotations
 
 import os
+import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from qbench.errors import QbenchError
 from qbench.recipe import Recipe
 
 
@@ -38,3 +40,14 @@ def store_absent(uri: str) -> bool:
     if parsed.scheme == "file":
         return not Path(urllib.request.url2pathname(parsed.path)).exists()
     return parsed.scheme == "" and not Path(uri).exists()
+
+
+def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
+    """Fail fast when a tracking server does not answer (MLflow's own retries take minutes)."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    try:
+        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout_s):
+            return
+    except (urllib.error.URLError, OSError) as exc:
+        raise QbenchError(f"MLflow tracking server {uri} does not answer ({exc}); start it or use --no-track") from None

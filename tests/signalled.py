@@ -11,14 +11,17 @@ from pathlib import Path
 HOOK = textwrap.dedent("""\
     import importlib, os, sys, threading
     module_name, attribute, signum = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    module = importlib.import_module(module_name)
-    original = getattr(module, attribute)
+    owner = importlib.import_module(module_name)
+    *path, attribute = attribute.split(".")  # a function, or a class's method: Class.method
+    for name in path:
+        owner = getattr(owner, name)
+    original = getattr(owner, attribute)
     def signalled(*args, **kwargs):
         result = original(*args, **kwargs)
         assert threading.current_thread() is threading.main_thread(), "the signal must land on the main thread"
         os.kill(os.getpid(), signum)  # CPython runs the handler before os.kill returns: it raised, or held it back
         return result
-    setattr(module, attribute, signalled)
+    setattr(owner, attribute, signalled)
     from qbench.cli_app import main
     sys.exit(main(sys.argv[4:]))
 """)
@@ -26,7 +29,7 @@ HOOK = textwrap.dedent("""\
 
 def run_signalled(hook: str, signum: int, *args: str, env: Mapping[str, str],
                   cwd: Path | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
-    """`qbench ARGS` that receives `signum` right after `hook` (module:function) returns, in the middle of the
+    """`qbench ARGS` that receives `signum` right after `hook` (module:function or module:Class.method) returns, in the middle of the
     command."""
     module, attribute = hook.split(":")
     return subprocess.run([sys.executable, "-c", HOOK, module, attribute, str(int(signum)), *args],

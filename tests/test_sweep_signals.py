@@ -45,7 +45,8 @@ def sweep_runs(recipe: Path) -> list:
 
 
 def test_a_signal_while_mlflow_logs_the_finished_sweep_says_how_to_log_it(project: Path) -> None:
-    code, line, run_dir = signalled_sweep(project, "qbench.track:_log_artifacts")
+    """The signal lands as the tracking process has logged the sweep, before the sweep lets go of its runs."""
+    code, line, run_dir = signalled_sweep(project, "qbench.track_process:RemoteTracker.close")
     assert code == 2
     assert line.endswith(f"sweep interrupted by SIGTERM: the results are complete in {run_dir}, not in MLflow "
                          f"(log them there with `qbench track {project} {run_dir}`)")  # fmt: skip

@@ -457,7 +457,8 @@ def test_a_server_that_answers_health_but_fails_every_call_is_one_error_after_a_
     import http.server
     import threading
 
-    from qbench.track_store import check_reachable, open_experiment
+    from qbench.track_store import open_experiment
+    from qbench.track_uri import check_reachable
 
     calls: list[str] = []
 

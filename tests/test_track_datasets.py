@@ -8,7 +8,8 @@ import numpy as np
 from mlflow.tracking import MlflowClient
 from mlflow.utils.validation import MAX_DATASET_NAME_SIZE, MAX_INPUT_TAG_VALUE_SIZE
 
-from qbench.track_datasets import SweepData, dataset_inputs
+from qbench.sweep_data import SweepData
+from qbench.track_datasets import dataset_inputs
 
 
 def test_many_and_long_slice_names_fit_mlflows_input_limits(tmp_path: Path) -> None:

@@ -15,10 +15,11 @@ import yaml
 from mlflow.tracking import MlflowClient
 from server_processes import start_mlflow_server, stop_process_group
 from test_explain import INT8, write_fragile_project
+from tracking_hooks import in_tracking_process
 
 from qbench.cli_app import main
 from qbench.results import read_results
-from qbench.track import SweepTracker
+from qbench.sweep import _Progress
 from qbench.track_store import BOUNDED_RETRIES
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="stops the server's process group via /proc")
@@ -39,15 +40,17 @@ def test_a_tracking_server_dying_mid_sweep_costs_mlflow_not_the_measurements(
             monkeypatch.delenv(name, raising=False)
 
         died_at: list[float] = []
-        logged = SweepTracker.variant_finished
+        finished = _Progress.finished
 
-        def logged_then_the_server_dies(self: SweepTracker, *args: object, **kwargs: bool) -> None:
-            logged(self, *args, **kwargs)
+        def logged_then_the_server_dies(self: _Progress, *args: object, **kwargs: bool) -> None:
+            finished(self, *args, **kwargs)
             if not died_at:
+                assert self.tracker is not None
+                self.tracker.settle()  # the tracking process has logged the variant
                 assert not stop_process_group(server), "the mlflow server survived its stop"
                 died_at.append(time.monotonic())
 
-        monkeypatch.setattr(SweepTracker, "variant_finished", logged_then_the_server_dies)
+        monkeypatch.setattr(_Progress, "finished", logged_then_the_server_dies)
         code = main(["sweep", str(recipe), "--gate"])
         after_death = time.monotonic() - died_at[0]
     finally:
@@ -122,7 +125,7 @@ def test_an_artifact_store_the_client_cannot_write_is_an_error_before_anything_i
         recipe.write_text(yaml.safe_dump(raw, sort_keys=False))
         monkeypatch.chdir(tmp_path / "project")
         measured: list[object] = []
-        monkeypatch.setattr(SweepTracker, "variant_started", lambda self, *args: measured.append(args))
+        monkeypatch.setattr(_Progress, "started", lambda self, *args: measured.append(args))
         code = main(["sweep", str(recipe)])
         [parent] = MlflowClient(url).search_runs([MlflowClient(url).get_experiment_by_name("fragile").experiment_id])
     finally:
@@ -142,9 +145,8 @@ def test_a_sqlite_store_filling_up_mid_sweep_ends_every_run_and_says_so_in_one_l
     on a full disk; updates in place still succeed). The variant whose logging failed was dropped from the runs to end
     before it was ended, so it stayed RUNNING for ever; and MLflow printed a traceback per failed database call
     beside qbench's line. Now every run is ended (the parent and that child FAILED), stderr has no traceback, the
-    results and reports are complete and the exit code is 2 (README: MLflow lacks them)."""
-    import sqlalchemy.event
-    from sqlalchemy.pool import Pool
+    results and reports are complete and the exit code is 2 (README: MLflow lacks them). The store is written by the
+    sweep's tracking process: a sitecustomize module there caps each connection's pages once the test says so."""
     from user_model import make_user_project
 
     recipe = make_user_project(tmp_path)
@@ -154,24 +156,25 @@ def test_a_sqlite_store_filling_up_mid_sweep_ends_every_run_and_says_so_in_one_l
     raw["latency"] = {"batch_sizes": [1], "warmup": 1, "iterations": 3, "threads": 1}
     raw["gate"] = {"metric": "agreement", "max_drop": 1.0, "max_slice_drop": 1.0, "applies_to": ["*"]}
     recipe.write_text(yaml.safe_dump(raw, sort_keys=False))
-    full: list[bool] = []
+    full = tmp_path / "full"
+    in_tracking_process(tmp_path / "hook", monkeypatch, f"""
+        import pathlib, sqlalchemy.event
+        from sqlalchemy.pool import Pool
+        def no_page_more(connection, *args):
+            if pathlib.Path({str(full)!r}).exists():
+                connection.execute("PRAGMA max_page_count = 1")  # = its size now
+        sqlalchemy.event.listen(Pool, "checkout", no_page_more)
+    """)  # fmt: skip
+    finished = _Progress.finished
 
-    def no_page_more(connection: object, *args: object) -> None:
-        if full:
-            connection.execute("PRAGMA max_page_count = 1")  # type: ignore[attr-defined]  # = its size now
+    def logged_then_full(self: _Progress, *args: object, **kwargs: bool) -> None:
+        finished(self, *args, **kwargs)
+        assert self.tracker is not None
+        self.tracker.settle()  # the tracking process has logged the variant
+        full.touch()
 
-    logged = SweepTracker.variant_finished
-
-    def logged_then_full(self: SweepTracker, *args: object, **kwargs: bool) -> None:
-        logged(self, *args, **kwargs)
-        full.append(True)
-
-    monkeypatch.setattr(SweepTracker, "variant_finished", logged_then_full)
-    sqlalchemy.event.listen(Pool, "checkout", no_page_more)
-    try:
-        code = main(["sweep", str(recipe)])
-    finally:
-        sqlalchemy.event.remove(Pool, "checkout", no_page_more)
+    monkeypatch.setattr(_Progress, "finished", logged_then_full)
+    code = main(["sweep", str(recipe)])
 
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err and "SQLAlchemy database error" not in err
@@ -190,3 +193,4 @@ def test_a_sqlite_store_filling_up_mid_sweep_ends_every_run_and_says_so_in_one_l
         f"tumour-mlp sweep {run_dir.name}": "FAILED", "fp32 · ort-cpu": "FINISHED", "fp16 · ort-cpu": "FAILED"}
     assert all(r.info.end_time is not None for r in runs)
     assert main(["gate", str(recipe)]) == 0  # the complete results on disk are judged
+

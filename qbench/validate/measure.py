@@ -35,6 +35,7 @@ from qbench.results import AccuracyResult, LatencyResult, VariantResult
 from qbench.slo import idle_ms, server_for, serving_figures
 from qbench.validate import metrics
 from qbench.validate.accuracy import evaluate_accuracy, run_outputs, scale_doubts, scale_notes, with_drops
+from qbench.validate.background import settle_before_timing
 from qbench.validate.contention import oversubscription_note
 from qbench.validate.fidelity import plan_measurement
 from qbench.validate.latency import (
@@ -182,6 +183,7 @@ def measure(
             outputs = _run_rows(backend.load(plan.scored, options), prepared, rows, f"{label} evaluate (emulated)")
         padding = token_padding(prepared.recipe.data.inputs, rows.feeds,
                                 {name: meta.shape for name, meta in prepared.model.inputs.items()})
+        settle_before_timing()  # the sweep's MLflow logging, in its own process, idle from here on
         runner, create_ms, first_ms = measure_cold_start(timed_load(backend, plan.timed, options), rows.feeds,
                                                          fixed or 1, padding)  # fmt: skip
         try:

@@ -15,6 +15,7 @@ from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 from probe_project import VARIANTS, probe_calls, write_probe_recipe
+from tracking_hooks import wait_until_gone
 
 import qbench.sweep as sweep_module
 from qbench.errors import QbenchError
@@ -66,9 +67,10 @@ def test_a_resumed_sweep_logs_into_the_interrupted_sweeps_run_each_variant_once(
 def test_a_sweep_killed_outright_leaves_no_run_running_once_resumed(
     user_project: Path, tmp_path: Path, local_figures: tuple[dict, int]
 ) -> None:
-    """SIGKILL (CI's timeout after its grace period, the OOM killer) ends no MLflow run: the resumed sweep takes over
-    the parent and measures fp16 again, but left the killed sweep's fp16 child RUNNING (deleted, so the UI hid it;
-    the store's queries and `mlflow gc` still saw a run in progress)."""
+    """SIGKILL (CI's timeout after its grace period, the OOM killer) ends no MLflow run in the sweep's process: its
+    tracking process ends them KILLED when the sweep's pipe to it closes. The resumed sweep takes over the parent and
+    measures fp16 again; it had left the killed sweep's fp16 child RUNNING (deleted, so the UI hid it; the store's
+    queries and `mlflow gc` still saw a run in progress)."""
     _, per_job = local_figures
     recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
     (tmp_path / "hold_after").write_text(str(2 * per_job))  # the dry run and fp32 measured; fp16's measurement waits while this exists
@@ -89,8 +91,9 @@ def test_a_sweep_killed_outright_leaves_no_run_running_once_resumed(
         (tmp_path / "hold_after").unlink()
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     experiment_id = client.get_experiment_by_name(experiment_name(load_recipe(recipe))).experiment_id
+    wait_until_gone(tmp_path)  # the sweep's tracking process, which ends the runs its killed sweep left open
     killed = client.search_runs([experiment_id], run_view_type=ViewType.ALL)
-    assert sorted(r.info.status for r in killed) == ["FINISHED", "RUNNING", "RUNNING"]  # fp32; the sweep, fp16
+    assert sorted(r.info.status for r in killed) == ["FINISHED", "KILLED", "KILLED"]  # fp32; the sweep, fp16
 
     outcome = run_sweep(recipe, resume=True)
     runs = client.search_runs([experiment_id], run_view_type=ViewType.ALL)

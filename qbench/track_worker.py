@@ -1,0 +1,124 @@
+"""The tracking process (started by qbench.track_process): one sweep's SweepTracker, driven by the calls it is sent.
+
+It imports MLflow as it starts, then runs each call in the order sent and answers it with the call's value and
+the store's failure so far; qbench's log records go back to be logged by the sweep's process. An unexpected error
+in a call counts as the store's failure (the runs end FAILED, later calls are skipped, the sweep goes on). When
+the sweep's process goes away without ending the runs (its pipe closes: SIGKILL, a native crash), they are ended
+KILLED here.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Callable
+from contextlib import ExitStack
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any
+
+from qbench.errors import QbenchError
+
+if TYPE_CHECKING:
+    from qbench.track import SweepTracker
+
+_CALLS = ("variant_started", "variant_finished", "close", "abort")  # SweepTracker's, once open
+
+
+class _Forward(logging.Handler):
+    """qbench's log records, sent to the sweep's process."""
+
+    def __init__(self, send: Callable[[tuple[Any, ...]], None]) -> None:
+        super().__init__()
+        self._send = send
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = record.getMessage()
+            if record.exc_info:
+                text += "\n" + logging.Formatter().formatException(record.exc_info)
+            self._send(("log", {"name": record.name, "levelno": record.levelno, "levelname": record.levelname,
+                                "msg": text, "created": record.created, "msecs": record.msecs,
+                                "pathname": record.pathname, "lineno": record.lineno, "funcName": record.funcName,
+                                "module": record.module, "process": record.process}))  # fmt: skip
+        except Exception:  # noqa: BLE001 - logging never raises into the logged code
+            self.handleError(record)
+
+
+class _Session:
+    def __init__(self, send: Callable[[tuple[Any, ...]], None]) -> None:
+        self._send = send
+        self._scope = ExitStack()
+        self.tracker: SweepTracker | None = None
+        self.ended = False
+
+    def run(self, number: int, call: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        value = None
+        try:
+            if call == "open":
+                self._open(*args, **kwargs)
+            elif call in _CALLS and self.tracker is not None:
+                value = getattr(self.tracker, call)(*args, **kwargs)
+                self.ended = self.ended or call in ("close", "abort")
+            elif call != "settle":
+                raise QbenchError(f"the MLflow logging process has no call {call!r} (or no runs open for it)")
+        except QbenchError as exc:
+            self._send(("raised", number, str(exc)))
+            return
+        except Exception as exc:  # noqa: BLE001 - a bug in the logging costs MLflow its runs, not the sweep its results
+            if self.tracker is None:
+                self._send(("raised", number, f"MLflow tracking could not start: {type(exc).__name__}: {exc}"))
+                return
+            self._failed(exc)
+        self._send(("done", number, value, self.tracker.failure if self.tracker is not None else None))
+
+    def _open(self, recipe: Any, run_name: str, **kwargs: Any) -> None:
+        from qbench.track import SweepTracker
+        from qbench.validate.catalogue import custom_metrics
+
+        self._scope.enter_context(custom_metrics(recipe.custom_metrics()))  # as the sweep scores them
+        self.tracker = SweepTracker.open(recipe, run_name, **kwargs)
+
+    def _failed(self, exc: Exception) -> None:
+        assert self.tracker is not None
+        if self.tracker.failure is None:
+            self.tracker.failure = f"MLflow tracking failed: {type(exc).__name__}: {exc}"
+            logging.getLogger("qbench.track").warning("%s; the sweep goes on without MLflow (its runs are ended "
+                                                      "FAILED)", self.tracker.failure)  # fmt: skip
+            self.tracker.abort("FAILED", "failed: MLflow logging error")
+            self.ended = True
+
+    def orphaned(self) -> None:
+        """The sweep's process went away without ending its runs."""
+        if self.tracker is not None and not self.ended and self.tracker.failure is None:
+            self.tracker.abort("KILLED", "killed: its process ended without ending its MLflow runs")
+
+
+def main(calls_fd: int, answers_fd: int, level: int) -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupted sweep ends its runs itself (abort)
+    calls = Connection(calls_fd, writable=False)
+    answers = Connection(answers_fd, readable=False)
+    lock = threading.Lock()  # MLflow's system-metrics thread may log too
+
+    def send(message: tuple[Any, ...]) -> None:
+        with lock:
+            answers.send(message)
+
+    logger = logging.getLogger("qbench")
+    logger.setLevel(level)
+    logger.propagate = False
+    logger.addHandler(_Forward(send))
+    import qbench.track  # noqa: F401 - MLflow's import, the cost this process takes off the sweep's path
+
+    session = _Session(send)
+    while True:
+        try:
+            number, call, args, kwargs = calls.recv()
+        except EOFError:
+            session.orphaned()
+            return 0
+        try:
+            session.run(number, call, args, kwargs)
+        except OSError:  # the sweep's process is gone: nobody reads the answers
+            session.orphaned()
+            return 0

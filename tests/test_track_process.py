@@ -1,0 +1,158 @@
+"""A sweep's MLflow logging in its own process (qbench.track_process, qbench.track_worker): MLflow is never imported
+by the sweep's process, no MLflow work runs while anything is timed, and the tracking process failing, or the
+sweep's process dying, never loses a measurement or leaves a run RUNNING."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+from signalled import run_signalled
+from tracking_hooks import in_tracking_process, tracking_process_hook, tracking_processes, wait_until_gone
+from user_model import make_fp16_project
+
+from qbench.cli_app import main
+from qbench.results import read_results
+from qbench.sweep import _Progress
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the tracking process via /proc")
+
+
+def runs_by_name(recipe: Path) -> dict[str, str]:
+    client = MlflowClient(f"sqlite:///{recipe.parent / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("tumour-mlp")
+    return {run.info.run_name: run.info.status for run in client.search_runs([experiment.experiment_id])}
+
+
+def test_the_sweeps_process_never_imports_mlflow_and_no_logging_runs_while_anything_is_timed(tmp_path: Path) -> None:
+    """The tracking process writes when each call it runs starts and ends; the sweep's process, when each timed
+    part of `measure` (the cold start and the latency samples) starts and ends. No call overlaps a timed part."""
+    recipe = make_fp16_project(tmp_path)
+    calls, timed = tmp_path / "calls.jsonl", tmp_path / "timed.jsonl"
+    hook = tracking_process_hook(tmp_path / "hook", f"""
+        import json, time, qbench.track
+        def logged(name, call):
+            def run(*args, **kwargs):
+                started = time.time()
+                try:
+                    return call(*args, **kwargs)
+                finally:
+                    with open({str(calls)!r}, "a") as out:
+                        out.write(json.dumps([name, started, time.time()]) + "\\n")
+            return run
+        for name in ("open", "variant_started", "variant_finished", "close"):
+            setattr(qbench.track.SweepTracker, name, logged(name, getattr(qbench.track.SweepTracker, name)))
+    """)  # fmt: skip
+    sweep = f"""
+import json, sys, time
+import qbench.validate.measure as measure
+def timed(name, call):
+    def run(*args, **kwargs):
+        started = time.time()
+        try:
+            return call(*args, **kwargs)
+        finally:
+            with open({str(timed)!r}, "a") as out:
+                out.write(json.dumps([name, started, time.time()]) + "\\n")
+    return run
+for name in ("measure_cold_start", "measure_samples"):
+    setattr(measure, name, timed(name, getattr(measure, name)))
+from qbench.sweep import run_sweep
+outcome = run_sweep({str(recipe)!r})
+print(json.dumps([outcome.mlflow_run_id, outcome.tracking_failure, "mlflow" in sys.modules]))
+"""
+    env = {"PYTHONPATH": f"{hook}:{REPO}", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-c", sweep], capture_output=True, text=True, cwd=tmp_path, env=env,
+                          timeout=300, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    run_id, failure, imported = json.loads(done.stdout.strip().splitlines()[-1])
+    assert run_id and failure is None and imported is False
+    logged = [json.loads(line) for line in calls.read_text().splitlines()]
+    windows = [json.loads(line) for line in timed.read_text().splitlines()]
+    assert [name for name, *_ in logged].count("variant_finished") == 2  # fp32 and fp16
+    assert [name for name, *_ in windows].count("measure_samples") == 2  # each variant's, after its cold start
+    overlapping = [(call, window) for call in logged for window in windows
+                   if call[1] < window[2] and window[1] < call[2]]  # fmt: skip
+    assert not overlapping
+    assert runs_by_name(recipe) == {f"tumour-mlp sweep {p.name}": "FINISHED" for p in (tmp_path / "reports" /
+                                    "tumour-mlp").iterdir()} | {"fp32 · ort-cpu": "FINISHED", "fp16 · ort-cpu": "FINISHED"}  # fmt: skip
+
+
+def test_the_tracking_process_dying_costs_mlflow_not_the_measurements(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    recipe = make_fp16_project(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    finished = _Progress.finished
+    killed: list[int] = []
+
+    def then_killed(self: _Progress, *args: object, **kwargs: bool) -> None:
+        finished(self, *args, **kwargs)
+        if not killed:
+            assert self.tracker is not None
+            self.tracker.settle()
+            [process] = tracking_processes(tmp_path)
+            process.kill()
+            killed.append(process.pid)
+
+    monkeypatch.setattr(_Progress, "finished", then_killed)
+    code = main(["sweep", str(recipe)])
+    err = capsys.readouterr().err
+    [run_dir] = (tmp_path / "reports" / "tumour-mlp").iterdir()
+    assert code == 2
+    [line] = [line for line in err.splitlines() if line.startswith("error:")]
+    assert line == (f"error: MLflow tracking failed: its logging process was killed by SIGKILL; the results are "
+                    f"complete in {run_dir}, not in MLflow (log them there with `qbench track {recipe} {run_dir}`)")
+    results = read_results(run_dir / "results.json")
+    assert results.complete and [(v.variant, v.status) for v in results.variants] == [("fp32", "ok"), ("fp16", "ok")]
+    assert main(["track", str(recipe), str(run_dir)]) == 0
+
+
+def test_an_unexpected_error_in_the_logging_ends_the_runs_failed_and_the_sweep_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before, an error other than MLflow's or the OS's (a bug in what qbench logs) stopped the sweep itself."""
+    recipe = make_fp16_project(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    in_tracking_process(tmp_path / "hook", monkeypatch, """
+        import qbench.track
+        logged = qbench.track.variant_params
+        def broken(results, variant):
+            if variant.variant == "fp16":
+                raise TypeError("a value MLflow cannot take")
+            return logged(results, variant)
+        qbench.track.variant_params = broken
+    """)
+    code = main(["sweep", str(recipe)])
+    err = capsys.readouterr().err
+    [run_dir] = (tmp_path / "reports" / "tumour-mlp").iterdir()
+    assert code == 2
+    [line] = [line for line in err.splitlines() if line.startswith("error:")]
+    assert line.startswith("error: MLflow tracking failed: TypeError: a value MLflow cannot take; the results are "
+                           f"complete in {run_dir}, not in MLflow")  # fmt: skip
+    assert read_results(run_dir / "results.json").complete
+    assert runs_by_name(recipe) == {f"tumour-mlp sweep {run_dir.name}": "FAILED", "fp32 · ort-cpu": "FINISHED",
+                                    "fp16 · ort-cpu": "FAILED"}  # fmt: skip
+
+
+def test_the_runs_of_a_sweep_whose_process_is_killed_are_ended_killed(tmp_path: Path) -> None:
+    """SIGKILL (the out-of-memory killer) right after the first variant's result: nothing in the sweep's process
+    can end its runs; the tracking process sees its pipe close and ends them KILLED. Before, they stayed RUNNING
+    until a later sweep of the experiment found them."""
+    recipe = make_fp16_project(tmp_path)
+    raw = yaml.safe_load(recipe.read_text())
+    raw["variants"].append({"name": "int8", "precision": "int8", "calibrator": "minmax"})
+    recipe.write_text(yaml.safe_dump(raw, sort_keys=False))
+    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "COLUMNS": "400"}
+    done = run_signalled("qbench.sweep:_Progress.finished", signal.SIGKILL, "sweep", str(recipe), env=env, cwd=tmp_path)
+    assert done.returncode == -signal.SIGKILL
+    wait_until_gone(tmp_path)
+    [run_dir] = (tmp_path / "reports" / "tumour-mlp").iterdir()
+    assert runs_by_name(recipe) == {f"tumour-mlp sweep {run_dir.name}": "KILLED", "fp32 · ort-cpu": "FINISHED"}
