@@ -20,6 +20,7 @@ from qbench.execute.resume import (
     runs_onnx_file,
 )
 from qbench.results import VariantResult
+from qbench.results_evidence import RECORDED
 
 NOW = {"onnxruntime": "1.32.0", "cpu": "Some CPU", "cpus": "8", "machine": "x86_64", "threads": "4"}
 
@@ -45,9 +46,10 @@ def test_rerun_failed_builds_a_failed_build_again_and_measures_it() -> None:
 BUILT = "a" * 64  # the reused build's ONNX file digest
 
 
-def _record(sha256: str, measured: dict[str, str] | None = NOW, status: str = "ok") -> JobRecord:
+def _record(sha256: str, measured: dict[str, str] | None = NOW, status: str = "ok",
+            evidence: tuple[str, ...] = RECORDED) -> JobRecord:  # fmt: skip
     result = VariantResult("bf16", "torch-cpu", "bf16", status, model_sha256=sha256, model_bytes=10)
-    return JobRecord("measure:bf16@torch-cpu", attempts=1, result=result, measured_with=measured)
+    return JobRecord("measure:bf16@torch-cpu", attempts=1, result=result, measured_with=measured, evidence=evidence)
 
 
 def test_a_torch_result_of_a_reused_build_is_reused_though_its_digest_is_the_modules():
@@ -87,6 +89,17 @@ def test_a_result_measured_with_another_runtime_or_on_another_machine_is_measure
 def test_a_record_of_an_older_qbench_without_what_measured_it_is_measured_again() -> None:
     older = _decide(_record(BUILT, None))
     assert older.action == RERUN and older.changes == ("what measured it not recorded (an older qbench)",)
+
+
+@pytest.mark.parametrize("status", ["ok", "failed", "skipped"])
+def test_a_record_of_a_qbench_that_recorded_fewer_kinds_of_evidence_is_measured_again(status: str) -> None:
+    """Its result lacks figures the results it joins claim (qbench.results_evidence): it was reused, and the gate then
+    skipped the checks on them or refused the variant as 'written by another qbench'."""
+    lacking = _decide(_record(BUILT, status=status, evidence=tuple(n for n in RECORDED if n != "kept")))
+    assert lacking.action == RERUN and lacking.why == "measured in run-1 by a qbench that recorded no kept"
+    assert lacking.changes == ("evidence kept not recorded (an older qbench)",)
+    none = _decide(_record(BUILT, status=status, evidence=()))
+    assert none.action == RERUN and none.why.endswith(f"recorded no {', '.join(RECORDED)}")
 
 
 def test_a_result_relative_to_an_fp32_reference_measured_again_is_measured_again() -> None:
