@@ -145,7 +145,8 @@ def decide_measure(
 
 
 _REFERENCE_AGAIN = "its FP32 reference measured again"
-_FACT_NAMES = {"cpu": "CPU", "cpus": "usable CPUs", "machine": "architecture", "threads": "threads", "gpu": "GPU"}  # else packages
+_FACT_NAMES = {"cpu": "CPU", "cpus": "usable CPUs", "cpu_quota": "CPU quota", "machine": "architecture",
+               "threads": "threads", "gpu": "GPU"}  # else packages
 _NOT_RECORDED = "what measured it not recorded (an older qbench)"
 
 
