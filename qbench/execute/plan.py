@@ -91,7 +91,7 @@ def plan_fingerprint(recipe: Recipe, inputs: Mapping[str, InputDigest]) -> str:
     """Hash of the whole recipe but where results go and how jobs run (qbench.recipe.RUN_FIELDS, field by field), of
     every input file, and of qbench."""
     exclude = {section: set(fields) if fields else True for section, fields in RUN_FIELDS.items()}
-    payload = recipe.model_dump(mode="json", exclude=exclude)  # type: ignore[arg-type]
+    payload = recipe.model_dump(mode="json", exclude=exclude)
     payload = {key: value for key, value in payload.items() if key not in RUN_FIELDS or value != {}}  # as before
     digest = hashlib.sha256(json.dumps({"qbench": qbench.__version__, "recipe": payload}, sort_keys=True).encode())
     for name, entry in sorted(inputs.items()):
