@@ -226,12 +226,15 @@ def package_versions(packages: Iterable[str]) -> dict[str, str]:
 
 def measurement_facts(packages: Iterable[str], threads: int | None, gpu: bool = False) -> dict[str, str]:
     """What a measurement's figures depend on beyond its model and the recipe, here: the installed versions of the
-    runtime `packages` that computed them, and the machine facts latency depends on (CPU model, usable CPUs,
-    architecture, the threads timed: `timed_threads`, the usable CPUs' default when none are asked for; with `gpu`, a
-    backend computing on a GPU, the GPU's model, "none" without one). A resumed sweep reuses a measurement only where
+    `packages` that computed them, and the machine facts latency depends on (CPU model, usable CPUs, the cgroup's CPU
+    quota, which usable CPUs round up: 1.5 and 2 CPUs of quota are both 2 usable, architecture, the threads timed:
+    `timed_threads`, the usable CPUs' default when none are asked for; with `gpu`, a backend computing on a GPU, the
+    GPU's model, "none" without one). A resumed sweep reuses a measurement only where
     they are today's (qbench.execute.resume), so one table never mixes runtimes or machines. A CPU backend's facts
     leave the GPU out: another GPU in the machine does not change what it measures."""
-    facts = {**package_versions(packages), "cpu": _cpu_model(), "cpus": str(cpu_allowance().usable),
+    allowance = cpu_allowance()
+    facts = {**package_versions(packages), "cpu": _cpu_model(), "cpus": str(allowance.usable),
+             "cpu_quota": str(allowance.quota) if allowance.quota is not None else "none",
              "machine": platform.machine(), "threads": str(timed_threads(threads))}  # fmt: skip
     return facts | {"gpu": gpu_model() or "none"} if gpu else facts
 

@@ -47,9 +47,25 @@ if TYPE_CHECKING:
 # the variant and technique option models, importable from here as before
 __all__ = ["FallbackSpec", "QatSpec", "Recipe", "SmoothQuantSpec", "TrainSpec", "VariantSpec", "load_recipe"]
 
-# recipe sections that decide the results (the gate and tracking sections do not; latency does: the SLO gate and
-# the serving figures are judged on what was timed)
-RESULT_SECTIONS = ("name", "task", "model", "data", "variants", "search", "backends", "metrics", "latency")
+# Every top-level recipe field is in one of these three (tests/test_recipe.py checks it, so a field added later is
+# placed on purpose). The sections the figures depend on: a change makes results stale (qbench.gate_checks
+# .stale_sections) and the plan another (qbench.execute.plan.plan_fingerprint); latency included, as the SLO gate and
+# the serving figures are judged on what was timed, and task_options, backend_resources (which GPU kind times) and
+# analysis (whether the range analysis was recorded).
+RESULT_SECTIONS = ("name", "task", "task_options", "model", "data", "variants", "search", "backends", "backend_resources",
+                   "metrics", "latency", "analysis")  # fmt: skip
+# What the gate and what follows it read beside the figures: changing them leaves results current. The SLO's load
+# settings, which its figures were simulated with, are checked against the results' own (qbench.slo); costs are
+# computed from the prices when judged. They are still in the plan's fingerprint: a search picks by the gate.
+JUDGED_SECTIONS = ("gate", "slo", "cost", "registry")
+# Where results go and how jobs run, field by field: no figure depends on them (the machine a job ran on is compared
+# per measurement: qbench.execute.resume.measured_with), so a resume takes up a run whatever they were. A field added
+# to one of these sections later is in the plan's fingerprint until it is named here.
+RUN_FIELDS: dict[str, tuple[str, ...]] = {
+    "tracking": ("uri", "experiment"),
+    "output_dir": (),  # the whole field
+    "executor": ("kind", "address", "store", "retries"),
+}
 
 
 TorchDtype = Literal["float32", "float16", "bfloat16", "int64", "int32", "bool"]

@@ -423,3 +423,33 @@ def test_a_named_slice_must_print_as_itself(tmp_path, name, why):
 def test_a_named_slice_may_use_any_printable_text(tmp_path):
     data = dict(BASE["data"], slices=[{"name": "São Paulo | a/b <x> 50% 🙂", "filter": {"ink": {"lt": 0.3}}}])
     assert load_recipe(write_recipe(tmp_path, with_changes(data=data))).data.slices[0].name == "São Paulo | a/b <x> 50% 🙂"
+
+
+def test_every_recipe_field_is_placed_by_what_depends_on_it() -> None:
+    """A field added later must be placed on purpose: an include list (the results' sections) left `task_options`
+    out, so results of other task options were judged current."""
+    from qbench.recipe import JUDGED_SECTIONS, RESULT_SECTIONS, RUN_FIELDS, Recipe
+
+    placed = [*RESULT_SECTIONS, *JUDGED_SECTIONS, *RUN_FIELDS]
+    assert sorted(placed) == sorted(Recipe.model_fields)  # each field once, none left out
+    for section, fields in RUN_FIELDS.items():
+        annotation = Recipe.model_fields[section].annotation
+        assert set(fields) <= set(getattr(annotation, "model_fields", {})), section
+
+
+@pytest.mark.parametrize("section", ["task_options", "analysis", "backend_resources"])
+def test_results_are_stale_once_a_section_their_figures_depend_on_changed(tmp_path: Path, section: str) -> None:
+    """These sections were not compared: `qbench gate` judged results made with other task options (or without the
+    range analysis, or timed on another GPU kind) as current for today's recipe."""
+    from qbench.gate_checks import stale_sections
+    from qbench.recipe import AnalysisSpec
+    from qbench.recipe_executor import BackendResources
+
+    recorded = load_recipe(write_recipe(tmp_path, with_changes(backends=["onnxruntime-cpu", "onnxruntime-cuda"])))
+    edited = {"task_options": {"nn_queries": 50}, "analysis": AnalysisSpec(ranges=False),
+              "backend_resources": {"onnxruntime-cuda": BackendResources(accelerator="L4")}}[section]  # fmt: skip
+    current = recorded.model_copy(update={section: edited})
+    assert stale_sections(current, recorded) == [
+        f"stale results: recipe section {section!r} changed since the sweep: re-run `qbench sweep`"]
+    assert stale_sections(recorded.model_copy(update={"gate": recorded.gate.model_copy(update={"max_drop": 0.5})}),
+                          recorded) == []  # fmt: skip

@@ -127,7 +127,12 @@ def form_run_by(backend: Backend | type[Backend]) -> str:
     return str(getattr(backend, "form", ONNX))
 
 
+# distributions every measurement computes its figures with, whatever its backend: numpy feeds the rows and computes
+# every metric (qbench.validate.metrics)
+MEASURE_PACKAGES = ("numpy",)
+
+
 def runtime_packages(backend: Backend | type[Backend]) -> tuple[str, ...]:
-    """The distributions whose installed versions `backend`'s figures depend on (its `runtime_packages`): a resumed
-    sweep measures again what another version measured (qbench.execute.resume)."""
-    return tuple(getattr(backend, "runtime_packages", ()))
+    """The distributions whose installed versions `backend`'s figures depend on (MEASURE_PACKAGES and its own
+    `runtime_packages`): a resumed sweep measures again what another version measured (qbench.execute.resume)."""
+    return (*MEASURE_PACKAGES, *getattr(backend, "runtime_packages", ()))

@@ -31,7 +31,7 @@ import qbench
 from qbench.backends import BACKENDS
 from qbench.backends.base import needs_gpu
 from qbench.provenance import InputDigest
-from qbench.recipe import Recipe, VariantSpec
+from qbench.recipe import RUN_FIELDS, Recipe, VariantSpec
 from qbench.techniques.base import BUILD_PACKAGES
 
 JobKind = Literal["build", "measure"]
@@ -88,8 +88,11 @@ def measure_id(variant: str, backend: str) -> str:
 
 
 def plan_fingerprint(recipe: Recipe, inputs: Mapping[str, InputDigest]) -> str:
-    """Hash of the whole recipe but where results go and how jobs run, of every input file, and of qbench."""
-    payload = recipe.model_dump(mode="json", exclude={"tracking", "output_dir", "executor"})
+    """Hash of the whole recipe but where results go and how jobs run (qbench.recipe.RUN_FIELDS, field by field), of
+    every input file, and of qbench."""
+    exclude = {section: set(fields) if fields else True for section, fields in RUN_FIELDS.items()}
+    payload = recipe.model_dump(mode="json", exclude=exclude)
+    payload = {key: value for key, value in payload.items() if key not in RUN_FIELDS or value != {}}  # as before
     digest = hashlib.sha256(json.dumps({"qbench": qbench.__version__, "recipe": payload}, sort_keys=True).encode())
     for name, entry in sorted(inputs.items()):
         digest.update(f"{name}={entry.sha256}".encode())

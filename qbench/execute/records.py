@@ -8,7 +8,9 @@
                                     when the sweep stops it; left with no record, the process died running it
 
 A record of a job that ran also keeps when (`times`, epoch seconds): `submitted` to the executor and
-`recorded` by the driver (the driver's clock), `started` and `ended` where it ran (that node's clock).
+`recorded` by the driver (the driver's clock), `started` and `ended` where it ran (that node's clock). A measurement's
+record keeps what measured it (`measured_with`) and the kinds of evidence its qbench records (`evidence`, from
+qbench.results_evidence): a resume reuses it only where both are today's (qbench.execute.resume).
 
 A job that failed for a reason outside the variant (qbench.errors.environment_cause: out of memory, a full disk,
 a worker lost after its retries) says why in `environment`. A job the sweep's process died running (a native crash,
@@ -41,9 +43,11 @@ from typing import Any
 import numpy as np
 
 from qbench.digests import file_sha256
+from qbench.errors import QbenchError
 from qbench.execute.plan import SweepPlan
 from qbench.files import replace_atomically, write_atomically
 from qbench.results import VariantResult, canonical_sha256, to_jsonable, variant_from_dict
+from qbench.results_evidence import RECORDED, evidence_from_dict
 from qbench.runs import RunFolder, describe_run, running_here
 from qbench.supervisor import DIED_FILE
 
@@ -72,6 +76,9 @@ class JobRecord:
     run: str = ""  # the name of the run folder that recorded it (the one taken up, or one it resumes)
     # a measurement's: what measured it (qbench.environment.measurement_facts); None: recorded by an older qbench
     measured_with: dict[str, str] | None = None
+    # a measurement's: the kinds of evidence (qbench.results_evidence) the qbench that recorded it records; () when
+    # recorded by one from before records kept them
+    evidence: tuple[str, ...] = RECORDED
 
 
 def _file_name(job_id: str) -> str:
@@ -128,6 +135,7 @@ def record_measure(
         "times": times,
         "environment": environment,
         "measured_with": measured_with,
+        "evidence": list(RECORDED),
     }
     if outputs is not None:
         replace_atomically(run_dir / JOBS_FOLDER / f"{name}.outputs.npz", lambda temporary: np.savez(temporary, **outputs),
@@ -261,9 +269,13 @@ def _record(raw: dict[str, Any], folder: Path) -> JobRecord:
     environment = str(raw["environment"]) if raw.get("environment") else None
     facts = raw.get("measured_with")
     measured_with = {str(k): str(v) for k, v in facts.items()} if isinstance(facts, dict) else None
+    try:
+        evidence = evidence_from_dict(raw.get("evidence"))
+    except QbenchError as exc:  # a kind this qbench does not know: another qbench's record
+        raise ValueError(str(exc)) from exc
     return JobRecord(job=str(raw["job"]), attempts=int(raw["attempts"]), manifest=raw.get("manifest"),
                      error=raw.get("error"), result=result, outputs=outputs, times=times, environment=environment,
-                     measured_with=measured_with)  # fmt: skip
+                     measured_with=measured_with, evidence=evidence)  # fmt: skip
 
 
 def resumable_run(root: Path, fingerprint: str, *, rerun_failed: bool = False) -> RunFolder | None:

@@ -8,7 +8,8 @@ One set of rules, which the resumed sweep acts on (qbench.execute.scheduler) and
     re-run   a job recorded by the run taken up that failed for a reason outside the variant (out of memory, a
              full disk, a lost worker: qbench.errors.environment_cause), or whose build runs again; a measurement
              made with another runtime or on another kind of machine than this resume's (`measured_with`), or
-             relative to an FP32 reference measurement that runs again (`reference_again`)
+             relative to an FP32 reference measurement that runs again (`reference_again`), or recorded by a qbench
+             that did not record every kind of evidence this one's results claim (qbench.results_evidence)
     new      a job the run taken up did not record
 
 A job the sweep's process died running (a native crash, the out-of-memory killer: qbench.execute.records) is failed,
@@ -30,6 +31,7 @@ from typing import Any
 from qbench.errors import QbenchError, one_line
 from qbench.execute.plan import Job, SweepPlan, measure_id
 from qbench.execute.records import JobRecord, failed_jobs, finished_run, read_records, resumable_run
+from qbench.results_evidence import unrecorded
 
 REUSE, RERUN, NEW = "reuse", "re-run", "new"
 
@@ -122,6 +124,10 @@ def decide_measure(
     changes = _changes(record.measured_with, current)
     if changes:
         return Decision(RERUN, f"measured in {run} with {'; '.join(changes)}", changes=changes)
+    lacking = _unrecorded(record.evidence)
+    if lacking:
+        return Decision(RERUN, f"measured in {run} by a qbench that recorded no {lacking}",
+                        changes=(f"evidence {lacking} not recorded (an older qbench)",))  # fmt: skip
     result = record.result
     if result.status == "failed" and rerun_failed:
         return Decision(RERUN, f"failed in {run}, run again (--rerun-failed): {_error(result.error)}")
@@ -139,7 +145,8 @@ def decide_measure(
 
 
 _REFERENCE_AGAIN = "its FP32 reference measured again"
-_FACT_NAMES = {"cpu": "CPU", "cpus": "usable CPUs", "machine": "architecture", "threads": "threads", "gpu": "GPU"}  # else packages
+_FACT_NAMES = {"cpu": "CPU", "cpus": "usable CPUs", "cpu_quota": "CPU quota", "machine": "architecture",
+               "threads": "threads", "gpu": "GPU"}  # else packages
 _NOT_RECORDED = "what measured it not recorded (an older qbench)"
 
 
@@ -151,6 +158,13 @@ def _changes(recorded: Mapping[str, str] | None, current: Mapping[str, str]) -> 
     keys = [*current, *(key for key in recorded if key not in current)]
     return tuple(f"{_FACT_NAMES.get(key, key)} {recorded.get(key, 'not recorded')} -> {current.get(key, 'not recorded')}"
                  for key in keys if recorded.get(key) != current.get(key))  # fmt: skip
+
+
+def _unrecorded(evidence: tuple[str, ...]) -> str:
+    """'' when a record's `evidence` holds every kind this qbench records (qbench.results_evidence), else which it
+    lacks: results.json claims every kind for what it holds, so a result lacking one would pass checks never applied
+    (and a gate told so would refuse the whole file), so it is measured again."""
+    return ", ".join(e.name for e in unrecorded(evidence, slo=True))
 
 
 def reference_again(job: Job, plan: SweepPlan, decisions: Mapping[str, Decision]) -> bool:

@@ -3,6 +3,7 @@ same kind of machine."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import platform
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 from probe_project import write_probe_recipe
 
+import qbench
 from qbench import environment
 from qbench.execute import plan
 from qbench.execute.overview import plan_overview
@@ -108,3 +110,30 @@ def test_a_shared_store_keeps_a_build_per_quantizer_version_and_cpu_kind(
     int8 = {m["environment"]["x86_without_vnni"]: m["params"]["reduce_range"]
             for m in manifests() if m["name"] == "int8-minmax" and m["environment"]["onnxruntime"] != "99.0"}  # fmt: skip
     assert int8 == {"False": False, "True": True}  # reduce_range auto: 7 bits only for the CPU without VNNI
+
+
+def test_the_plan_fingerprint_leaves_out_only_the_run_fields_and_keeps_any_field_added_to_their_sections(
+    user_project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where results go and how jobs run leave a run resumable; everything else a figure may depend on (task options,
+    the data, latency settings, metric options) makes another plan, and so would a field added later to a run
+    section (the sections were left out whole, a new `executor` field with them)."""
+    from qbench.recipe import RUN_FIELDS, AnalysisSpec, TrackingSpec
+    from qbench.recipe_executor import ExecutorSpec
+
+    recipe = load_recipe(write_probe_recipe(user_project, tmp_path, variants=["fp16"]))
+    before = plan.plan_fingerprint(recipe, {})
+    old_formula = recipe.model_dump(mode="json", exclude={"tracking", "output_dir", "executor"})
+    assert before == hashlib.sha256(json.dumps({"qbench": qbench.__version__, "recipe": old_formula},
+                                               sort_keys=True).encode()).hexdigest()  # fmt: skip  # runs stay resumable
+    moved = recipe.model_copy(update={
+        "tracking": TrackingSpec(uri="sqlite:///elsewhere.db", experiment="other"), "output_dir": tmp_path / "else",
+        "executor": ExecutorSpec(kind="ray", address="auto", store=str(tmp_path / "s2"), retries=0)})  # fmt: skip
+    assert plan.plan_fingerprint(moved, {}) == before
+    for edit in ({"task_options": {"max_answer_tokens": 8}}, {"analysis": AnalysisSpec(ranges=True)},
+                 {"latency": recipe.latency.model_copy(update={"iterations": 6})},
+                 {"data": recipe.data.model_copy(update={"evaluation": recipe.data.evaluation.model_copy(
+                     update={"filter": "age > 40"})})}):  # fmt: skip
+        assert plan.plan_fingerprint(recipe.model_copy(update=edit), {}) != before, edit
+    monkeypatch.setitem(RUN_FIELDS, "executor", tuple(f for f in RUN_FIELDS["executor"] if f != "retries"))
+    assert plan.plan_fingerprint(moved, {}) != plan.plan_fingerprint(recipe, {})  # a field not named: in the plan

@@ -15,13 +15,15 @@ import pytest
 from qbench.execute.records import (
     JOBS_FOLDER,
     PLAN_FILE,
+    RECORD_DIGEST,
     read_records,
     record_build,
     record_measure,
     record_started,
     resumable_run,
 )
-from qbench.results import VariantResult
+from qbench.results import VariantResult, canonical_sha256
+from qbench.results_evidence import RECORDED
 from qbench.runs import INCOMPLETE_MARKER, new_run_dir
 
 REFERENCE = "measure:fp32@onnxruntime-cpu"
@@ -129,3 +131,28 @@ def test_a_run_whose_sweep_still_runs_on_this_host_is_not_taken_up(tmp_path: Pat
         sweep.wait()
     assert resumable_run(tmp_path, "plan-a").path == running  # type: ignore[union-attr]
     assert "the sweep's process died while running it" in (read_records(running)[REFERENCE].died or "")
+
+
+
+def _rewritten(path: Path, drop: tuple[str, ...] = (), **fields: object) -> None:
+    """The record without `drop`, with `fields` set, its digest made anew (as a qbench writing so would have)."""
+    raw = {key: value for key, value in json.loads(path.read_text()).items() if key not in (RECORD_DIGEST, *drop)}
+    raw |= fields
+    path.write_text(json.dumps({**raw, RECORD_DIGEST: canonical_sha256(raw)}))
+
+
+def test_a_measurement_record_names_the_evidence_its_qbench_records_and_an_older_ones_names_none(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A record kept no trace of which figures its qbench recorded: a resume could not tell an older one's."""
+    run = _run(tmp_path)
+    _reference(run)
+    path = run / JOBS_FOLDER / "measure_fp32@onnxruntime-cpu.json"
+    assert json.loads(path.read_text())["evidence"] == list(RECORDED)
+    assert read_records(run)[REFERENCE].evidence == RECORDED
+    _rewritten(path, drop=("evidence",))  # an older qbench's record
+    assert read_records(run)[REFERENCE].evidence == ()
+    _rewritten(path, evidence=["output_spread", "spread_by_token"])  # a kind this qbench does not know
+    with caplog.at_level(logging.WARNING, logger="qbench"):
+        assert read_records(run) == {}
+    assert "unknown 'spread_by_token'" in caplog.text and "its job runs again" in caplog.text

@@ -20,6 +20,7 @@ from qbench.execute.resume import (
     runs_onnx_file,
 )
 from qbench.results import VariantResult
+from qbench.results_evidence import RECORDED
 
 NOW = {"onnxruntime": "1.32.0", "cpu": "Some CPU", "cpus": "8", "machine": "x86_64", "threads": "4"}
 
@@ -45,9 +46,10 @@ def test_rerun_failed_builds_a_failed_build_again_and_measures_it() -> None:
 BUILT = "a" * 64  # the reused build's ONNX file digest
 
 
-def _record(sha256: str, measured: dict[str, str] | None = NOW, status: str = "ok") -> JobRecord:
+def _record(sha256: str, measured: dict[str, str] | None = NOW, status: str = "ok",
+            evidence: tuple[str, ...] = RECORDED) -> JobRecord:  # fmt: skip
     result = VariantResult("bf16", "torch-cpu", "bf16", status, model_sha256=sha256, model_bytes=10)
-    return JobRecord("measure:bf16@torch-cpu", attempts=1, result=result, measured_with=measured)
+    return JobRecord("measure:bf16@torch-cpu", attempts=1, result=result, measured_with=measured, evidence=evidence)
 
 
 def test_a_torch_result_of_a_reused_build_is_reused_though_its_digest_is_the_modules():
@@ -89,6 +91,17 @@ def test_a_record_of_an_older_qbench_without_what_measured_it_is_measured_again(
     assert older.action == RERUN and older.changes == ("what measured it not recorded (an older qbench)",)
 
 
+@pytest.mark.parametrize("status", ["ok", "failed", "skipped"])
+def test_a_record_of_a_qbench_that_recorded_fewer_kinds_of_evidence_is_measured_again(status: str) -> None:
+    """Its result lacks figures the results it joins claim (qbench.results_evidence): it was reused, and the gate then
+    skipped the checks on them or refused the variant as 'written by another qbench'."""
+    lacking = _decide(_record(BUILT, status=status, evidence=tuple(n for n in RECORDED if n != "kept")))
+    assert lacking.action == RERUN and lacking.why == "measured in run-1 by a qbench that recorded no kept"
+    assert lacking.changes == ("evidence kept not recorded (an older qbench)",)
+    none = _decide(_record(BUILT, status=status, evidence=()))
+    assert none.action == RERUN and none.why.endswith(f"recorded no {', '.join(RECORDED)}")
+
+
 def test_a_result_relative_to_an_fp32_reference_measured_again_is_measured_again() -> None:
     decision = _decide(_record(BUILT), reference_again=True)
     assert decision.action == RERUN and "FP32 reference that is measured again" in decision.why
@@ -128,6 +141,31 @@ def test_what_measures_names_the_backends_runtime_and_this_machine(monkeypatch: 
     # unset threads are the usable CPUs' default (qbench.environment.default_threads): 1 here
     assert (facts["cpu"], facts["cpus"], facts["threads"]) == ("Test CPU", "1", "1")
     assert measured_with("torch-cpu", 2)["torch"] == "absent" and measured_with("torch-cpu", 2)["threads"] == "2"
+
+
+def test_a_result_scored_with_another_numpy_or_timed_under_another_cpu_quota_is_measured_again(monkeypatch) -> None:
+    """What measured a result named its backend's runtime alone, and the usable CPUs, which round a quota up: a resume
+    after a numpy upgrade (numpy computes every metric), or in a container whose quota went from 1.5 to 2 CPUs (2
+    usable either way), reused figures made otherwise beside new ones."""
+    import qbench.environment as environment
+
+    versions = {"onnxruntime": "1.32.0", "numpy": "1.26.4"}
+    monkeypatch.setattr(environment, "package_version", lambda name: versions.get(name))
+    monkeypatch.setattr(environment, "cpu_allowance", lambda root=None: environment.CpuAllowance(4, 1.5))
+    recorded = measured_with("onnxruntime-cpu", 2)
+    assert (recorded["numpy"], recorded["cpus"], recorded["cpu_quota"]) == ("1.26.4", "2", "1.5")
+    assert measured_with("torch-cpu", 2)["numpy"] == "1.26.4"
+
+    def decide() -> Decision:
+        return decide_measure(_record(BUILT, recorded), "run-1", build=Decision(REUSE, "stored"), built_sha256=BUILT,
+                              needs_outputs=False, current=measured_with("onnxruntime-cpu", 2))  # fmt: skip
+
+    assert decide().action == REUSE
+    versions["numpy"] = "2.1.0"
+    assert (decide().action, decide().changes) == (RERUN, ("numpy 1.26.4 -> 2.1.0",))
+    versions["numpy"] = "1.26.4"
+    monkeypatch.setattr(environment, "cpu_allowance", lambda root=None: environment.CpuAllowance(4, 2.0))
+    assert (decide().action, decide().changes) == (RERUN, ("CPU quota 1.5 -> 2.0",))
 
 
 def test_a_gpu_backends_result_measured_on_another_gpu_is_measured_again_and_a_cpu_backends_is_not(monkeypatch):
