@@ -49,6 +49,19 @@ def _check_name(value: str) -> str:
     return value
 
 
+def check_case_apart(names: list[str]) -> None:
+    """Variant names (the search's and 'fp32' among them) that differ only in case name files that one file on a
+    case-insensitive file system (macOS, Windows): models/int8.onnx and models/INT8.onnx, jobs/build_fp32.json and
+    jobs/build_FP32.json. A name given twice as written is the duplicate check's."""
+    seen: dict[str, str] = {}
+    for name in dict.fromkeys(names):
+        other = seen.setdefault(name.casefold(), name)
+        if other != name:
+            raise ValueError(f"variants: {other!r} and {name!r} differ only in case; expected names that differ "
+                             "whatever their case (each names files, which a case-insensitive file system such as "
+                             "macOS's or Windows' holds as one)")
+
+
 def _check_technique(value: str | None) -> str | None:
     if value is not None and value not in TECHNIQUES:
         raise ValueError(expected_one_of(value, TECHNIQUES.names()))
