@@ -130,12 +130,15 @@ def _rows_elsewhere(model: ModelInfo, meta: TensorMeta) -> str | None:
 
 def _problem(task: Task, model: ModelInfo, meta: TensorMeta) -> str | None:
     """Why `task` cannot evaluate `meta`: an output with a static 0 beside the batch axis holds nothing to judge,
-    a scalar no row per input row, and one whose rows the graph puts on a later axis none on axis 0, whatever the
-    task; otherwise the task's own reason."""
+    a scalar or a constant no row per input row, and one whose rows the graph puts on a later axis none on axis 0,
+    whatever the task; otherwise the task's own reason."""
     if (elsewhere := _rows_elsewhere(model, meta)) is not None:
         return elsewhere
     if meta.kind == "tensor" and 0 in meta.shape[1:]:
         return f"output {meta.name!r} of shape {list(meta.shape)} holds no values (a dimension of 0)"
+    if meta.constant:
+        return (f"output {meta.name!r} is computed from no model input (an initializer or a Constant): it is the same "
+                "whatever the rows, not one row per input row")  # fmt: skip
     if meta.kind == "tensor" and meta.scalar:
         return (f"output {meta.name!r} is a scalar (shape []): qbench reads one output row per input row, "
                 "along axis 0")  # fmt: skip
