@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from qbench.errors import QbenchError
+from qbench.errors import QbenchError, plain_name
 from qbench.modelinfo_classes import keys_are_columns
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -67,8 +67,8 @@ class TensorMeta:
         """'name (float32, [None, 3])' or 'name (seq(map(int64,float32)))'."""
         if self.kind == "tensor":
             dims = ", ".join("None" if d is None else str(d) for d in self.shape)
-            return f"{self.name} ({self.dtype}, [{dims}])"
-        return f"{self.name} ({self.type_name})"
+            return f"{plain_name(self.name)} ({self.dtype}, [{dims}])"
+        return f"{plain_name(self.name)} ({self.type_name})"
 
 
 @dataclass(frozen=True)
