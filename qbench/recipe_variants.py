@@ -39,6 +39,10 @@ PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8")
 QUANTIZED_PRECISIONS = ("int8", "fp8")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 MAX_NAME_CHARS = 100  # names become file names with suffixes (<name>.calibration.json) and MLflow run names
+# Models a build writes beside models/<name>.onnx as <name>.<tag>.onnx: FP16/BF16/FP8 emulations
+# (qbench.variants.emulate), ModelOpt's TensorRT export (qbench.variants.modelopt_quant). A variant named
+# '<another>.<tag>' would write its model where that variant's build writes one, each overwriting the other.
+EMULATED_TAG, TRT_TAG = "emulated", "trt"
 
 
 def _check_name(value: str) -> str:
@@ -46,6 +50,11 @@ def _check_name(value: str) -> str:
         raise ValueError(f"got {value!r}, expected letters, digits and _ . + - (starting with a letter or digit)")
     if len(value) > MAX_NAME_CHARS:
         raise ValueError(f"got a name of {len(value)} characters, expected at most {MAX_NAME_CHARS} (it names files)")
+    tag = value.rpartition(".")[2]
+    if "." in value and tag.casefold() in (EMULATED_TAG, TRT_TAG):
+        raise ValueError(f"got {value!r}, expected a name not ending in .{EMULATED_TAG} or .{TRT_TAG}: "
+                         f"models/{value}.onnx is where qbench writes the emulated or TensorRT model of a variant "
+                         f"{value.rpartition('.')[0]!r}")
     return value
 
 

@@ -127,6 +127,12 @@ def test_fingerprint_ignores_the_gate_but_not_the_model(tmp_path):
             "recipe.yaml: variants: 'int8' and 'INT8' differ only in case; expected names that differ whatever their "
             "case (each names files, which a case-insensitive file system such as macOS's or Windows' holds as one)",
         ),
+        (  # its model and fp16's emulation were both models/fp16.emulated.onnx: the later build overwrote the other
+            {"variants": [{"name": "fp16", "precision": "fp16"},
+                          {"name": "fp16.Emulated", "precision": "int8", "calibrator": "minmax"}]},
+            "recipe.yaml: variants[1].name: got 'fp16.Emulated', expected a name not ending in .emulated or .trt: "
+            "models/fp16.Emulated.onnx is where qbench writes the emulated or TensorRT model of a variant 'fp16'",
+        ),
         (
             {"variants": [{"name": "FP32", "precision": "fp16"}]},
             "recipe.yaml: variants: 'FP32' and 'fp32' differ only in case; expected names that differ whatever their "
