@@ -76,10 +76,16 @@ def did_you_mean(got: str, choices: Iterable[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def plain_name(name: str) -> str:
+    """A name from a model or the data as it is where it prints as itself, else quoted with escapes: ' s' would read
+    as s, and a converter's 'a\nb' would split a one-line error in two."""
+    return name if name and name == name.strip() and name.isprintable() else repr(name)
+
+
 def expected_one_of(got: object, choices: Iterable[str]) -> str:
     """Message for a value outside a closed set: "got 'x', expected one of a, b (did you mean 'a'?)"."""
     options = sorted(str(c) for c in choices)
-    listed = ", ".join(repr(o) if not o or o != o.strip() or "," in o else o for o in options)  # ' s' reads as s
+    listed = ", ".join(repr(o) if "," in o else plain_name(o) for o in options)
     return f"got {short_repr(got)}, expected one of {listed}{did_you_mean(str(got), options)}"
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from qbench.errors import QbenchError
+from qbench.errors import QbenchError, plain_name
 from qbench.modelinfo_classes import keys_are_columns
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -55,6 +55,7 @@ class TensorMeta:
     class_count: int | None = None  # class ids an integer output can give, when the graph says (ArgMax over N scores)
     dim_names: tuple[str | None, ...] = ()  # per dim: its dim_param, None when static or unnamed
     scalar: bool = False  # the graph declares a shape of rank 0 (shape () alone may also mean no shape stated)
+    constant: bool = False  # computed from no graph input (an initializer, a Constant): the same whatever the rows
 
     def shape_text(self) -> str:
         """The shape with dynamic dims by name where the graph names them: [8, 'batch', 6]."""
@@ -66,8 +67,8 @@ class TensorMeta:
         """'name (float32, [None, 3])' or 'name (seq(map(int64,float32)))'."""
         if self.kind == "tensor":
             dims = ", ".join("None" if d is None else str(d) for d in self.shape)
-            return f"{self.name} ({self.dtype}, [{dims}])"
-        return f"{self.name} ({self.type_name})"
+            return f"{plain_name(self.name)} ({self.dtype}, [{dims}])"
+        return f"{plain_name(self.name)} ({self.type_name})"
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,7 @@ def read_model_info(path: Path) -> ModelInfo:
     inputs = {v.name: _meta(v) for v in model.graph.input if v.name not in initializers}
     producers = {out: node for node in model.graph.node for out in node.output}
     facts = score_facts(model)
+    fed = _fed_by_inputs(model.graph, set(inputs))
     outputs = {}
     for value in model.graph.output:
         meta = _meta(value, producers.get(value.name))
@@ -110,7 +112,7 @@ def read_model_info(path: Path) -> ModelInfo:
             meta = dataclasses.replace(meta, class_keys=keys, log_probabilities=value.name in facts.log_probabilities,
                                        class_count=facts.id_counts.get(value.name))  # fmt: skip
         source = _copied_input(value.name, producers, set(inputs))
-        outputs[value.name] = dataclasses.replace(meta, passthrough_of=source) if source is not None else meta
+        outputs[value.name] = dataclasses.replace(meta, passthrough_of=source, constant=value.name not in fed)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     return ModelInfo(inputs=inputs, outputs=outputs, opset=opset)
 
@@ -184,6 +186,17 @@ def _copied_input(name: str, producers: dict[str, onnx.NodeProto], inputs: set[s
             return None
         current = node.input[0]
     return None
+
+
+def _fed_by_inputs(graph: onnx.GraphProto, inputs: set[str]) -> set[str]:
+    """The tensors computed from a graph input (nodes are in topological order, as a valid graph has them). A node
+    holding a subgraph counts as fed: its body may read an input by name from the outer scope."""
+    fed = set(inputs)
+    for node in graph.node:
+        body = any(a.HasField("g") or a.graphs for a in node.attribute)
+        if body or fed.intersection(node.input):
+            fed.update(node.output)
+    return fed
 
 
 def _graph_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:

@@ -31,7 +31,7 @@ from qbench.recipe_metrics import MetricSpec, check_metrics, custom_metric_infos
 from qbench.recipe_registry import RegistrySpec, check_registry
 from qbench.recipe_search import SearchSpec, check_search
 from qbench.recipe_slo import CostSpec, SloSpec, check_serving
-from qbench.recipe_variants import Name, VariantSpec, reference_variant
+from qbench.recipe_variants import Name, VariantSpec, check_case_apart, reference_variant
 from qbench.recipe_yaml import read_recipe_yaml
 from qbench.techniques.options import (
     FallbackSpec,
@@ -273,6 +273,7 @@ class Recipe(_Strict):
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"variants: duplicate variant name {duplicates[0]!r}")
+        check_case_apart([*names, *([self.search.name] if self.search is not None else []), "fp32"])
         for v in self.variants:
             if v.name == "fp32" and v.precision != "fp32":
                 raise ValueError("variants: the name 'fp32' is reserved for the FP32 reference")

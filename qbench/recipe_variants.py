@@ -39,6 +39,10 @@ PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8")
 QUANTIZED_PRECISIONS = ("int8", "fp8")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 MAX_NAME_CHARS = 100  # names become file names with suffixes (<name>.calibration.json) and MLflow run names
+# Models a build writes beside models/<name>.onnx as <name>.<tag>.onnx: FP16/BF16/FP8 emulations
+# (qbench.variants.emulate), ModelOpt's TensorRT export (qbench.variants.modelopt_quant). A variant named
+# '<another>.<tag>' would write its model where that variant's build writes one, each overwriting the other.
+EMULATED_TAG, TRT_TAG = "emulated", "trt"
 
 
 def _check_name(value: str) -> str:
@@ -46,7 +50,25 @@ def _check_name(value: str) -> str:
         raise ValueError(f"got {value!r}, expected letters, digits and _ . + - (starting with a letter or digit)")
     if len(value) > MAX_NAME_CHARS:
         raise ValueError(f"got a name of {len(value)} characters, expected at most {MAX_NAME_CHARS} (it names files)")
+    tag = value.rpartition(".")[2]
+    if "." in value and tag.casefold() in (EMULATED_TAG, TRT_TAG):
+        raise ValueError(f"got {value!r}, expected a name not ending in .{EMULATED_TAG} or .{TRT_TAG}: "
+                         f"models/{value}.onnx is where qbench writes the emulated or TensorRT model of a variant "
+                         f"{value.rpartition('.')[0]!r}")
     return value
+
+
+def check_case_apart(names: list[str]) -> None:
+    """Variant names (the search's and 'fp32' among them) that differ only in case name files that one file on a
+    case-insensitive file system (macOS, Windows): models/int8.onnx and models/INT8.onnx, jobs/build_fp32.json and
+    jobs/build_FP32.json. A name given twice as written is the duplicate check's."""
+    seen: dict[str, str] = {}
+    for name in dict.fromkeys(names):
+        other = seen.setdefault(name.casefold(), name)
+        if other != name:
+            raise ValueError(f"variants: {other!r} and {name!r} differ only in case; expected names that differ "
+                             "whatever their case (each names files, which a case-insensitive file system such as "
+                             "macOS's or Windows' holds as one)")
 
 
 def _check_technique(value: str | None) -> str | None:

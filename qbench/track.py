@@ -38,10 +38,10 @@ from qbench.runs import describe_run
 from qbench.sweep_data import SweepData
 from qbench.track_content import (
     GATE_TAG,
+    clean_keys,
     gate_tags,
     param_value,
     run_name,
-    sanitise_name,
     sweep_metrics,
     sweep_params,
     sweep_tags,
@@ -98,13 +98,14 @@ def _log(client: MlflowClient, run_id: str, metrics: Mapping[str, float], params
     With `model_id`, the headline metrics (MODEL_METRIC_GROUPS) are also the LoggedModel's, shown on its page in
     the UI; the rest (every slice's figures) stay on the run: the store writes each model metric a second time."""
     now = int(time.time() * 1000)
+    metrics = clean_keys(metrics)
     finite = {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(v)}
     missing = sorted(k for k in metrics if k not in finite)
     all_tags = dict(tags) | ({"qbench.missing_metrics": tag_value(", ".join(missing))} if missing else {})
     entries = [Metric(k, v, now, 0, model_id=model_id if k.startswith(MODEL_METRIC_GROUPS) else None)
                for k, v in finite.items()]  # fmt: skip
-    for request in _batches(entries, [Param(k, v) for k, v in params.items()],
-                            [RunTag(k, v) for k, v in all_tags.items()]):  # fmt: skip
+    for request in _batches(entries, [Param(k, v) for k, v in clean_keys(params).items()],
+                            [RunTag(k, v) for k, v in clean_keys(all_tags).items()]):  # fmt: skip
         client.log_batch(run_id, **request)
 
 
@@ -450,7 +451,7 @@ def log_run(
         client, uri, experiment_id = open_experiment(recipe)
         try:
             run_id = client.create_run(experiment_id, run_name=run_name).info.run_id
-            _log(client, run_id, metrics, {sanitise_name(k): param_value(v) for k, v in params.items()}, {})
+            _log(client, run_id, metrics, {k: param_value(v) for k, v in params.items()}, {})
             _log_artifacts(client, run_id, paths)
             client.set_terminated(run_id, status="FINISHED")
         except (MlflowException, OSError) as exc:

@@ -7,8 +7,8 @@ import json
 import math
 import re
 from collections import Counter
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
 from mlflow.utils.validation import (
     MAX_ENTITY_KEY_LENGTH,
@@ -35,6 +35,7 @@ GATE_REASONS_TAG = "qbench.gate.reasons"  # why the verdict is no pass: breaches
 _GATE_VERDICTS = {0: "pass", 1: "breach", 2: "unusable"}
 _NOTE_SEPARATOR = " | "
 _DESCRIPTION_TAG = "mlflow.note.content"  # shown as the run's description in the MLflow UI
+_V = TypeVar("_V")
 
 
 # -- names and values -----------------------------------------------------------------------------
@@ -60,6 +61,14 @@ def unique_names(names: Iterable[str], clean: Callable[[str], str] = sanitise_na
             key = f"{key[: MAX_ENTITY_KEY_LENGTH - 8]}_{digest}"
         mapping[name] = key
     return mapping
+
+
+def clean_keys(entries: Mapping[str, _V]) -> dict[str, _V]:
+    """`entries` under keys MLflow accepts: every metric, param and tag key passes here on its way to the store, so a
+    key built from a name in the model or the data (an output '/encoder/Softmax_output_0' in 'output/metric') is
+    cleaned however it was built (unique_names: names that clean alike keep a key each)."""
+    keys = unique_names(entries)
+    return {keys[name]: value for name, value in entries.items()}
 
 
 def _slice_segment(name: str) -> str:

@@ -20,6 +20,18 @@ def test_choices_that_would_read_as_others_are_quoted() -> None:
     assert ", f0" in message and "'f0'" not in message
 
 
+def test_names_that_do_not_print_as_themselves_are_quoted_in_lists_and_output_descriptions() -> None:
+    """A converter's output 'a\nb' was listed raw: the one-line error read 'expected one of a b'."""
+    import numpy as np
+
+    from qbench.modelinfo import TensorMeta
+
+    message = expected_one_of("x", ["a\nb", "tab\there", "input_1:0", "é"])
+    assert message == "got 'x', expected one of 'a\\nb', input_1:0, 'tab\\there', é"
+    assert TensorMeta("a\nb", np.dtype("float32"), (None, 3)).describe() == "'a\\nb' (float32, [None, 3])"
+    assert TensorMeta("logits:0", np.dtype("float32"), (None, 3)).describe() == "logits:0 (float32, [None, 3])"
+
+
 def _raised_from(cause: BaseException, *, hide: bool = False) -> QbenchError:
     try:
         try:

@@ -218,11 +218,15 @@ def test_validate_refuses_an_output_with_the_batch_on_axis_1_even_where_batches_
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """y [classes, batch]: evaluated in batches of `classes` rows each batch's output is square, and was read
-    transposed (scores per class taken as rows); the check's 8 rows give 2 output rows and say so."""
-    _save(tmp_path / "model.onnx", [helper.make_node("MatMul", ["x", "w"], ["scores"]),
-                                    helper.make_node("Transpose", ["scores"], ["y"], perm=[1, 0])],
-          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", FEATURES])],
-          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [CLASSES, "batch"])])  # fmt: skip
+    transposed (scores per class taken as rows); the check's 8 rows give 2 output rows and say so. (Declared
+    [classes, 'batch'], the graph says so itself: the output is refused when it is chosen, before anything runs.)"""
+    def save(batch: str | None) -> None:
+        _save(tmp_path / "model.onnx", [helper.make_node("MatMul", ["x", "w"], ["scores"]),
+                                        helper.make_node("Transpose", ["scores"], ["y"], perm=[1, 0])],
+              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", FEATURES])],
+              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [CLASSES, batch])])  # fmt: skip
+
+    save(None)
     rows = RNG.normal(size=(40, FEATURES)).astype(np.float32)
     pd.DataFrame({"x": list(rows), "label": RNG.integers(0, CLASSES, size=40)}).to_parquet(tmp_path / "rows.parquet")
     recipe = {"name": "classes-first", "model": {"path": "model.onnx"},
@@ -236,6 +240,12 @@ def test_validate_refuses_an_output_with_the_batch_on_axis_1_even_where_batches_
                     "[2, 8] for 8 rows fed; expected 8 on its axis 0, one output row per input row: qbench reads axis 0 "
                     "of every output as the batch, so make the model return it batch-first; axis 1 of 'y' has 8 "
                     "entries, as many as the rows fed")  # fmt: skip
+    save("batch")
+    assert main(["validate", str(tmp_path / "recipe.yaml")]) == 2
+    [line] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert line.startswith(f"error: {tmp_path / 'recipe.yaml'}: model.output: no output task 'classification' can "
+                           "evaluate: output 'y' of shape [2, 'batch'] gives its rows on axis 1 ('batch', axis 0 of "
+                           "input 'x'), not on axis 0")  # fmt: skip
 
 
 def test_an_output_that_runs_as_a_scalar_is_refused_before_anything_is_built(tmp_path: Path) -> None:

@@ -121,6 +121,23 @@ def test_fingerprint_ignores_the_gate_but_not_the_model(tmp_path):
             {"variants": [{"name": "a", "precision": "fp16"}, {"name": "a", "precision": "bf16"}]},
             "recipe.yaml: variants: duplicate variant name 'a'",
         ),
+        (  # models/int8.onnx and models/INT8.onnx, jobs/build_fp32.json and jobs/build_FP32.json: one file on macOS
+            {"variants": [{"name": "int8", "precision": "int8", "calibrator": "minmax"},
+                          {"name": "INT8", "precision": "int8", "calibrator": "entropy"}]},
+            "recipe.yaml: variants: 'int8' and 'INT8' differ only in case; expected names that differ whatever their "
+            "case (each names files, which a case-insensitive file system such as macOS's or Windows' holds as one)",
+        ),
+        (  # its model and fp16's emulation were both models/fp16.emulated.onnx: the later build overwrote the other
+            {"variants": [{"name": "fp16", "precision": "fp16"},
+                          {"name": "fp16.Emulated", "precision": "int8", "calibrator": "minmax"}]},
+            "recipe.yaml: variants[1].name: got 'fp16.Emulated', expected a name not ending in .emulated or .trt: "
+            "models/fp16.Emulated.onnx is where qbench writes the emulated or TensorRT model of a variant 'fp16'",
+        ),
+        (
+            {"variants": [{"name": "FP32", "precision": "fp16"}]},
+            "recipe.yaml: variants: 'FP32' and 'fp32' differ only in case; expected names that differ whatever their "
+            "case (each names files, which a case-insensitive file system such as macOS's or Windows' holds as one)",
+        ),
         (
             {"backends": ["onnxruntime-cpus"]},
             "recipe.yaml: backends: got 'onnxruntime-cpus', expected one of onnxruntime-cpu, onnxruntime-cuda, "

@@ -570,3 +570,26 @@ def test_each_variant_run_carries_the_gate_notes_that_concern_it(tmp_path: Path,
     sweep_tags = client.get_run(parent_id).data.tags
     assert sweep_tags["qbench.gate.notes"].startswith(f"{own} | {whole} | {of_reference} | {failed}")
     assert sweep_tags["qbench.gate.reasons"].startswith("gate: FAIL")
+
+
+def test_metric_keys_built_from_converter_output_names_reach_mlflow(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Several evaluated outputs name their metrics 'output/metric'; a PyTorch output '/encoder/Softmax_output_0' (a
+    leading slash) and a tf2onnx-style 'logits/../x y' gave keys MLflow refuses, and the whole sweep's logging failed
+    (exit 2, nothing in MLflow)."""
+    from sweep_factory import make_variant
+
+    monkeypatch.chdir(tmp_path)
+    recipe = write_recipe(tmp_path)
+    names = {"/encoder/Softmax_output_0/accuracy": 0.9, "logits/../x y/accuracy": 0.8, "logits/_/x y/accuracy": 0.7}
+    fp32 = make_variant("fp32", "fp32")
+    overall = dataclasses.replace(fp32.accuracy.overall, metrics=names, drops={})
+    fp32 = dataclasses.replace(fp32, accuracy=dataclasses.replace(fp32.accuracy, overall=overall))
+    log_sweep(make_sweep([fp32]), recipe, gate=None, artifacts=[])
+    client = MlflowClient(resolve_tracking_uri(recipe))
+    runs = client.search_runs([client.get_experiment_by_name("digits").experiment_id])
+    metrics = next(r.data.metrics for r in runs if r.data.params.get("variant") == "fp32")
+    keys = unique_names(names)
+    assert keys["/encoder/Softmax_output_0/accuracy"] == "_/encoder/Softmax_output_0/accuracy"
+    assert {keys[name]: metrics[keys[name]] for name in names} == {keys[name]: value for name, value in names.items()}
+    assert len(set(keys.values())) == 3  # 'logits/../x y' and 'logits/_/x y' clean alike and keep a figure each

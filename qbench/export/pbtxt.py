@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from google.protobuf.text_encoding import CEscape
+
 _INDENT = "  "
 
 
@@ -26,9 +28,7 @@ def _scalar(value: object) -> str:
     if isinstance(value, int):
         return str(value)
     if isinstance(value, str):
-        if any(ord(c) < 0x20 for c in value):
-            raise ValueError(f"control characters cannot be written to a .pbtxt string: {value!r}")
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return '"' + CEscape(value, as_utf8=True) + '"'  # as protobuf writes it: a tab in a tensor name reads back
     raise TypeError(f"no protobuf text form for {type(value).__name__}: {value!r}")
 
 

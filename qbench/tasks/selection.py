@@ -45,7 +45,8 @@ def choose_outputs(
         return _together(task, model, wanted, names)
     if wanted:
         return [_named(task, model, name, names) for name in wanted]
-    ranked = [(rank, i) for i, meta in enumerate(model.outputs.values()) if (rank := _rank(task, meta)) is not None]
+    ranked = [(rank, i) for i, meta in enumerate(model.outputs.values())
+              if (rank := _rank(task, model, meta)) is not None]
     if labels is not None:
         fitting = [(rank, i) for rank, i in ranked if task.labels_fit(model.outputs[names[i]], labels)]
         if fitting:
@@ -56,7 +57,7 @@ def choose_outputs(
         if meta.passthrough_of is not None:
             log.info("output %r skipped: it is a copy of the input %r", meta.name, meta.passthrough_of)
     if not ranked:
-        reasons = "; ".join(str(_problem(task, meta)) for meta in model.outputs.values())
+        reasons = "; ".join(str(_problem(task, model, meta)) for meta in model.outputs.values())
         raise QbenchError(f"no output task {task.name!r} can evaluate: {reasons}")
     best = min(rank for rank, _ in ranked)
     tied = [i for rank, i in ranked if rank == best]
@@ -76,7 +77,7 @@ def _together(task: Task, model: ModelInfo, wanted: Sequence[str] | None, names:
     """The outputs a task judging several at once reads: as many as it has roles, the recipe's or the task's pick."""
     roles = " and ".join(task.together)
     if not wanted:
-        wanted = task.pick_outputs([meta for meta in model.outputs.values() if _problem(task, meta) is None])
+        wanted = task.pick_outputs([meta for meta in model.outputs.values() if _problem(task, model, meta) is None])
         if wanted is None:
             raise QbenchError(f"task {task.name!r} reads the {roles} outputs together and cannot tell them apart by "
                               f"name; list them in model.outputs, in that order. Outputs: {_listing(model)}")  # fmt: skip
@@ -100,25 +101,49 @@ def _named(task: Task, model: ModelInfo, name: str, names: list[str]) -> OutputC
     if name not in model.outputs:
         raise QbenchError(f"model output {expected_one_of(name, names)}")
     meta = model.outputs[name]
-    problem = _problem(task, meta)
+    problem = _problem(task, model, meta)
     if problem is not None:
-        usable = [m.describe() for m in model.outputs.values() if _rank(task, m) is not None]
+        usable = [m.describe() for m in model.outputs.values() if _rank(task, model, m) is not None]
         hint = f"; outputs it can read: {', '.join(usable)}" if usable else "; no output of this model is one"
         raise QbenchError(f"{problem}{hint}")
     _warn_off_label(task, meta)
     return OutputChoice(names.index(name), meta)
 
 
-def _problem(task: Task, meta: TensorMeta) -> str | None:
+def _rows_elsewhere(model: ModelInfo, meta: TensorMeta) -> str | None:
+    """Why `meta` gives its rows on another axis than 0: a later axis carries the dimension the inputs take their
+    rows on (axis 0 of an input, by name) and axis 0 does not (a leading unit axis, [1, 'N', 3]; [seq, batch, ...])."""
+    rows = {names[0]: name for name, m in model.inputs.items() if (names := m.dim_names) and names[0]}
+    if meta.kind != "tensor" or not meta.dim_names or meta.dim_names[0] in rows:
+        return None
+    if meta.shape[0] is None and not meta.dim_names[0]:
+        return None  # an axis 0 the graph leaves unknown may be the rows: the run check sees
+    axis = next((i for i, n in enumerate(meta.dim_names) if n in rows), None)
+    if axis is None:
+        return None
+    symbol = meta.dim_names[axis]
+    return (f"output {meta.name!r} of shape {meta.shape_text()} gives its rows on axis {axis} ({symbol!r}, axis 0 of "
+            f"input {rows[symbol]!r}), not on axis 0: qbench reads one output row per input row along axis 0; export "
+            "the output with the rows first (a leading unit axis dropped: Squeeze, or the model's own batch-first "
+            "layout)")  # fmt: skip
+
+
+def _problem(task: Task, model: ModelInfo, meta: TensorMeta) -> str | None:
     """Why `task` cannot evaluate `meta`: an output with a static 0 beside the batch axis holds nothing to judge,
-    and a scalar no row per input row, whatever the task; otherwise the task's own reason."""
+    a scalar or a constant no row per input row, and one whose rows the graph puts on a later axis none on axis 0,
+    whatever the task; otherwise the task's own reason."""
+    if (elsewhere := _rows_elsewhere(model, meta)) is not None:
+        return elsewhere
     if meta.kind == "tensor" and 0 in meta.shape[1:]:
         return f"output {meta.name!r} of shape {list(meta.shape)} holds no values (a dimension of 0)"
+    if meta.constant:
+        return (f"output {meta.name!r} is computed from no model input (an initializer or a Constant): it is the same "
+                "whatever the rows, not one row per input row")  # fmt: skip
     if meta.kind == "tensor" and meta.scalar:
         return (f"output {meta.name!r} is a scalar (shape []): qbench reads one output row per input row, "
                 "along axis 0")  # fmt: skip
     return task.output_problem(meta)
 
 
-def _rank(task: Task, meta: TensorMeta) -> int | None:
-    return None if _problem(task, meta) is not None else task.output_rank(meta)
+def _rank(task: Task, model: ModelInfo, meta: TensorMeta) -> int | None:
+    return None if _problem(task, model, meta) is not None else task.output_rank(meta)

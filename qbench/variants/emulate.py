@@ -42,11 +42,12 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from qbench.errors import QbenchError
+from qbench.recipe_variants import EMULATED_TAG
 from qbench.variants.base import BuiltVariant
 from qbench.variants.float_support import tensor_types
 from qbench.variants.onnx_utils import check_model_against, load_model, save_model, topologically_sorted
 
-EMULATED_SUFFIX = ".emulated.onnx"
+EMULATED_SUFFIX = f".{EMULATED_TAG}.onnx"
 _TYPE_ATTRIBUTES = ("to", "dtype", "output_dtype")
 
 

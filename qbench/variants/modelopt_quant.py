@@ -42,6 +42,7 @@ from onnx import helper, numpy_helper
 
 from qbench.errors import MissingExtraError, QbenchError, did_you_mean
 from qbench.recipe import VariantSpec
+from qbench.recipe_variants import TRT_TAG
 from qbench.sources.torch_model import single_torch_thread
 from qbench.techniques.calibrators import CALIBRATORS
 from qbench.techniques.modelopt import Modelopt
@@ -185,7 +186,7 @@ def build_modelopt(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     import torch  # present: ModelOpt imported
 
     target = output_path(spec.name, ctx)
-    exported = target.with_name(f"{spec.name}.trt.onnx") if spec.precision == "fp8" else target
+    exported = target.with_name(f"{spec.name}.{TRT_TAG}.onnx") if spec.precision == "fp8" else target
     torch_model = ctx.torch_model
     with single_torch_thread():
         module = torch_model.build()

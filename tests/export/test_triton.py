@@ -305,6 +305,17 @@ def test_pbtxt_quotes_strings_and_writes_enums_bare() -> None:
     assert list(config.input[0].dims) == [-1]
 
 
+def test_pbtxt_writes_any_tensor_name_so_that_it_reads_back_the_same() -> None:
+    """A converter's name with a tab, a newline, a control character, a quote or non-ASCII letters: the export
+    refused control characters with a bare ValueError (exit 2, 'qbench: error: ValueError'), where protobuf's text
+    format has escapes for each and Triton must be given the model's exact name."""
+    names = ["in\tput:0", "a\nb", "x\x01\x7fy", "é/名前 🙂", "q'\"\\",
+             "StatefulPartitionedCall/model/dense/BiasAdd:0"]
+    text = to_pbtxt({"input": [{"name": n, "dims": [1]} for n in names]})
+    assert "\t" not in text and text.count("\n") == len(names) * 4  # each input's 4 lines; no raw tab or newline
+    assert [i.name for i in text_format.Parse(text, model_config_pb2.ModelConfig()).input] == names
+
+
 def test_external_data_files_are_listed(tmp_path: Path) -> None:
     model = onnx.load(str(tiny_model(tmp_path / "m.onnx")))
     onnx.save(model, str(tmp_path / "big.onnx"), save_as_external_data=True, location="big.data", size_threshold=0)

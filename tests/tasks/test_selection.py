@@ -86,3 +86,70 @@ def test_a_declared_scalar_output_is_never_a_candidate(tmp_path, task: str) -> N
 def test_an_output_with_no_shape_stated_is_not_taken_for_a_scalar() -> None:
     unshaped = TensorMeta("unshaped", np.dtype("float32"), ())  # what its runs give is checked then
     assert choose_outputs(get_task("classification"), _model(unshaped), None)[0].name == "unshaped"
+
+
+@pytest.mark.parametrize("task", ["classification", "embedding", "regression", "multilabel"])
+def test_an_output_whose_rows_the_graph_puts_after_a_leading_axis_is_never_a_candidate(tmp_path, task: str) -> None:
+    """[1, 'batch', 5] (a leading unit axis, as an Unsqueeze before the output leaves it): its rows are on axis 1.
+    Classification took it for per-token scores (named, it was accepted; alone, token labels were asked for:
+    'scores every token'), embedding and regression tied it with the real output and refused both."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from qbench.modelinfo import read_model_info
+
+    weight = numpy_helper.from_array(np.ones((3, 5), np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["scores"]),
+         helper.make_node("Unsqueeze", ["scores", "zero"], ["lead"])],
+        "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
+        [helper.make_tensor_value_info("lead", TensorProto.FLOAT, [1, "batch", 5]),
+         helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batch", 5])],
+        [weight, numpy_helper.from_array(np.array([0], np.int64), "zero")])  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), tmp_path / "m.onnx")
+    model = read_model_info(tmp_path / "m.onnx")
+    [choice] = choose_outputs(get_task(task), model, None)
+    assert (choice.name, choice.index) == ("scores", 1)
+    with pytest.raises(QbenchError, match=r"^output 'lead' of shape \[1, 'batch', 5\] gives its rows on axis 1 "
+                                          r"\('batch', axis 0 of input 'x'\), not on axis 0: .*outputs it can read: "
+                                          r"scores"):  # fmt: skip
+        choose_outputs(get_task(task), model, ["lead"])
+
+
+def test_an_output_sharing_the_inputs_row_axis_name_on_axis_0_is_read() -> None:
+    """The rule reads names: rows first ('batch' on axis 0 of both), or an axis 0 the graph leaves unknown, stay."""
+    x = TensorMeta("x", np.dtype("float32"), (None, 3), dim_names=("batch", None))
+    first = TensorMeta("first", np.dtype("float32"), (None, 5), dim_names=("batch", None))
+    unknown = TensorMeta("unknown", np.dtype("float32"), (None, None, 5), dim_names=(None, "batch", None))
+    for output in (first, unknown):
+        model = ModelInfo(inputs={"x": x}, outputs={output.name: output}, opset=17)
+        assert choose_outputs(get_task("embedding"), model, None)[0].name == output.name
+
+
+@pytest.mark.parametrize("task", ["classification", "embedding", "regression", "multilabel"])
+def test_an_output_computed_from_no_input_is_never_a_candidate(tmp_path, task: str) -> None:
+    """A converter's graph returning an initializer ('bias', [5]) or a Constant's value beside the scores: it is the
+    same for every batch, and was tied with the scores ('several outputs ... could evaluate')."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from qbench.modelinfo import read_model_info
+
+    table = helper.make_tensor("table", TensorProto.FLOAT, [2, 5], np.zeros(10, np.float32))
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["scores"]), helper.make_node("Constant", [], ["made"], value=table),
+         helper.make_node("Relu", ["made"], ["table_out"])],
+        "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
+        [helper.make_tensor_value_info("bias", TensorProto.FLOAT, [5]),
+         helper.make_tensor_value_info("table_out", TensorProto.FLOAT, [2, 5]),
+         helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batch", 5])],
+        [numpy_helper.from_array(np.ones((3, 5), np.float32), "w"),
+         numpy_helper.from_array(np.ones(5, np.float32), "bias")])  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), tmp_path / "m.onnx")
+    model = read_model_info(tmp_path / "m.onnx")
+    [choice] = choose_outputs(get_task(task), model, None)
+    assert (choice.name, choice.index) == ("scores", 2)
+    for name in ("bias", "table_out"):
+        with pytest.raises(QbenchError, match=rf"^output '{name}' is computed from no model input \(an initializer or "
+                                              r"a Constant\): .*outputs it can read: scores"):  # fmt: skip
+            choose_outputs(get_task(task), model, [name])
