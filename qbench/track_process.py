@@ -66,6 +66,7 @@ class TrackingProcess:
         self._calls = Connection(calls_write, readable=False)
         self._answers: queue.Queue[tuple[Any, ...] | None] = queue.Queue()
         self._sent = 0
+        self.started_with = _startup_environment()
         self.failure: str | None = None  # the store's first failure, as of the last answer
         self.gone: str | None = None  # why the process no longer answers
         reader = threading.Thread(target=self._read, args=(Connection(answers_read, writable=False),), daemon=True,
@@ -157,6 +158,12 @@ def _ended(status: int) -> str:
     return f"ended with status {status}"
 
 
+def _startup_environment() -> dict[str, str]:
+    """What an interpreter's start depends on in the environment (PYTHONPATH, PYTHONHOME...): an idle process started
+    under other values is not reused."""
+    return {name: value for name, value in os.environ.items() if name.startswith("PYTHON")}
+
+
 def _worker_command(calls: int, answers: int, level: int) -> list[str]:
     """This interpreter on the worker, with the qbench this process imported first on its path; the current folder
     is not put on it (`-P`): a module there named like one of MLflow's would be imported instead."""
@@ -174,20 +181,31 @@ def _stderr_fd() -> int | None:
         return None
 
 
-_prestarted: list[TrackingProcess] = []
+# a tracking process ready for the next sweep of this process: started by `prestart`, or left idle by the last sweep
+# (a notebook's sweeps import MLflow once)
+_idle: list[TrackingProcess] = []
 
 
 def prestart() -> None:
     """Start the tracking process now, so that its import of MLflow overlaps what comes before the sweep opens its
     runs (`qbench sweep` calls this first); the sweep takes it over. Unused, it ends with this process."""
-    if not _prestarted:
-        _prestarted.append(TrackingProcess())
-        atexit.register(_close_unused)
+    if not _idle:
+        _idle.append(TrackingProcess())
 
 
-def _close_unused() -> None:
-    while _prestarted:
-        _prestarted.pop().close()
+def _release(process: TrackingProcess) -> None:
+    """Keep a process that still answers for the next sweep (one at most); end any other."""
+    if process.gone is None and not _idle:
+        process.failure = None  # the store's failure was that sweep's
+        _idle.append(process)
+    else:
+        process.close()
+
+
+@atexit.register
+def _close_idle() -> None:
+    while _idle:
+        _idle.pop().close()
 
 
 class RemoteTracker:
@@ -202,14 +220,19 @@ class RemoteTracker:
     @classmethod
     def open(cls, recipe: Recipe, run_name: str, *, run_dir: Path, data: SweepData,
              resumes: Path | None = None) -> RemoteTracker:  # fmt: skip
-        """SweepTracker.open in the tracking process (the prestarted one, if any): waits for the runs to open."""
-        process = _prestarted.pop() if _prestarted else TrackingProcess()
+        """SweepTracker.open in the tracking process (an idle one, if any), in this process's current folder and
+        environment (MLFLOW_TRACKING_URI, a cloud store's credentials): waits for the runs to open."""
+        process = _idle.pop() if _idle else TrackingProcess()
+        if process.started_with != _startup_environment():  # PYTHONPATH changed since: another interpreter's start
+            process.close()
+            process = TrackingProcess()
         try:
-            process.wait(process.send("open", recipe, run_name, run_dir=run_dir, data=data, resumes=resumes))
+            process.wait(process.send("open", recipe, run_name, os.getcwd(), dict(os.environ), run_dir=run_dir,
+                                      data=data, resumes=resumes))  # fmt: skip
             if process.gone is not None:
                 raise QbenchError(process.gone)
         except BaseException:
-            process.close()
+            _release(process)
             raise
         return cls(process)
 
@@ -241,6 +264,6 @@ class RemoteTracker:
             self.end()
 
     def end(self) -> None:
-        """Let the tracking process end (after its last call) and wait for it."""
+        """Let go of the tracking process: kept idle for this process's next sweep, or ended."""
         self._settled.close()
-        self._process.close()
+        _release(self._process)

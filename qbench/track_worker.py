@@ -1,6 +1,7 @@
 """The tracking process (started by qbench.track_process): one sweep's SweepTracker, driven by the calls it is sent.
 
-It imports MLflow as it starts, then runs each call in the order sent and answers it with the call's value and
+It imports MLflow as it starts, then runs each call in the order sent (a sweep's, then the next sweep's of the same
+process: it is kept idle between them) and answers it with the call's value and
 the store's failure so far; qbench's log records go back to be logged by the sweep's process. An unexpected error
 in a call counts as the store's failure (the runs end FAILED, later calls are skipped, the sweep goes on). When
 the sweep's process goes away without ending the runs (its pipe closes: SIGKILL, a native crash), they are ended
@@ -10,6 +11,7 @@ KILLED here.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from collections.abc import Callable
@@ -72,10 +74,17 @@ class _Session:
             self._failed(exc)
         self._send(("done", number, value, self.tracker.failure if self.tracker is not None else None))
 
-    def _open(self, recipe: Any, run_name: str, **kwargs: Any) -> None:
+    def _open(self, recipe: Any, run_name: str, cwd: str, environment: dict[str, str], **kwargs: Any) -> None:
+        """A sweep's runs, in its folder and environment; the runs of the sweep before (ended) are let go."""
         from qbench.track import SweepTracker
         from qbench.validate.catalogue import custom_metrics
 
+        self.orphaned()
+        self._scope.close()
+        self.tracker, self.ended = None, False
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(environment)
         self._scope.enter_context(custom_metrics(recipe.custom_metrics()))  # as the sweep scores them
         self.tracker = SweepTracker.open(recipe, run_name, **kwargs)
 

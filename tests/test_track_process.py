@@ -156,3 +156,30 @@ def test_the_runs_of_a_sweep_whose_process_is_killed_are_ended_killed(tmp_path: 
     wait_until_gone(tmp_path)
     [run_dir] = (tmp_path / "reports" / "tumour-mlp").iterdir()
     assert runs_by_name(recipe) == {f"tumour-mlp sweep {run_dir.name}": "KILLED", "fp32 · ort-cpu": "FINISHED"}
+
+
+def test_a_processs_sweeps_share_one_tracking_process_each_in_the_environment_it_has_then(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A notebook's second sweep imports MLflow no more: the first one's tracking process, left idle, runs it, in
+    the folder and environment the notebook has by then (MLFLOW_TRACKING_URI pointed at another store)."""
+    from qbench.sweep import run_sweep
+
+    recipe = make_fp16_project(tmp_path)
+    raw = yaml.safe_load(recipe.read_text())
+    raw["tracking"] = {"uri": None, "experiment": "tumour-mlp"}  # the store $MLFLOW_TRACKING_URI names
+    recipe.write_text(yaml.safe_dump(raw, sort_keys=False))
+    monkeypatch.chdir(tmp_path)
+    stores = [f"sqlite:///{tmp_path / name}" for name in ("first.db", "second.db")]
+    outcomes = []
+    for store in stores:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+        outcomes.append(run_sweep(recipe))
+        assert len(tracking_processes(tmp_path)) == 1  # the same one: its pid is checked below
+    [process] = tracking_processes(tmp_path)
+    assert process.create_time() < outcomes[0].results_path.stat().st_mtime
+    for store, outcome in zip(stores, outcomes, strict=True):
+        assert outcome.mlflow_run_id and outcome.tracking_failure is None
+        client = MlflowClient(store)
+        run = client.get_run(outcome.mlflow_run_id)
+        assert run.info.status == "FINISHED" and len(client.search_runs([run.info.experiment_id])) == 3
