@@ -182,6 +182,9 @@ def load_torch_model(recipe: Recipe, *, weights: Path | None = None) -> TorchMod
     )
 
 
+EXAMPLE_VALUES = "floats uniform in [0, 1), integers 0, masks and bools 1 but at the last position"  # _example_inputs
+
+
 def _example_inputs(shapes: Mapping[str, tuple[int, ...]], dtypes: Mapping[str, str], batch: int) -> tuple[Any, ...]:
     """The same tensors on every call. Floating inputs are uniform in [0, 1) from a fixed seed; integer
     inputs are zeros (a valid index for any embedding) except masks (by name) and bools, which are ones but
@@ -325,6 +328,15 @@ def _refuse_a_mapping_forward(recipe: Recipe, module: torch.nn.Module, shapes: M
     raise RecipeError(recipe.source, "model.torch", message)
 
 
+def _values_hint(exc: Exception) -> str:
+    """What to do when forward() refuses the example's values rather than its shapes or dtypes: a model that checks
+    what its inputs hold (BART's heads want an end-of-sequence token in every row) cannot be traced on them."""
+    if not isinstance(exc, ValueError) or _half_hint(exc):
+        return ""
+    return ("; a forward() that needs its inputs to hold particular values (a token it looks for) cannot be exported "
+            "from qbench's example: export it to ONNX yourself on real rows and give model.path")
+
+
 def _half_hint(exc: Exception) -> str:
     """Why a forward() that meets a float16/bfloat16 tensor fails: qbench made the module FP32 (`_build_template`),
     so one that casts its inputs or activations to a 16-bit type itself (an FP16 island) mixes the two types."""
@@ -345,7 +357,8 @@ def _output_names(recipe: Recipe, module: torch.nn.Module, inputs: tuple[Any, ..
         examples = recipe.model.example_inputs or {}
         _refuse_a_mapping_forward(recipe, module, {name: tuple(shape) for name, shape in examples.items()})
         shapes = {name: [EXAMPLE_BATCH, *shape[1:]] for name, shape in examples.items()}
-        message = f"forward() failed on example inputs {shapes}: {_describe(exc)}{_half_hint(exc)}"
+        message = (f"forward() failed on example inputs {shapes} ({EXAMPLE_VALUES}): "
+                   f"{_describe(exc)}{_half_hint(exc)}{_values_hint(exc)}")
         raise RecipeError(recipe.source, "model.example_inputs", message) from exc
     try:
         count = len(flatten_outputs(outputs))

@@ -12,7 +12,9 @@ How close is unchanged (`HARMLESS_SPACINGS`): every output value is compared wit
 value (2**-10 of its binade, at least FP16's smallest subnormal 2**-24). An FP16 model's output differs from FP32's
 by at least the rounding that storing it in FP16 costs, up to half that spacing, plus every rounding before it; a
 trial that moves no output by more than an eighth of that spacing (a quarter of the storage rounding alone) changes
-nothing FP16's own rounding does not dwarf. Harmful clamps are orders of magnitude beyond it (the variance above
+nothing FP16's own rounding does not dwarf. An output whose every value lies below FP16's smallest normal is not
+stored in FP16 (the variant keeps it in float32, out of range), so its floor is its own scale instead: the spacing
+FP16's 10 bits give its largest value (logits of 1e-9, rounded to zero a layer before, moved by 0.06 subnormals). Harmful clamps are orders of magnitude beyond it (the variance above
 moves outputs by thousands of spacings), harmless ones are 0 or nearly so, so the outcome does not hinge on the
 figure. Non-float outputs must be equal, and an output NaN or inf where FP32's is not (or the reverse) is a change.
 """
@@ -41,10 +43,22 @@ CACHED_OUTPUT_BYTES = 256 * 2**20  # reference outputs kept between trials; batc
 _SWITCH = "qbench_fp16_trial/"
 
 
-def fp16_spacing(values: np.ndarray) -> np.ndarray:
-    """FP16's spacing at each |value| (2**-10 of its binade; 2**-24 below the normals), exponent unbounded above."""
+FP16_SMALLEST_SUBNORMAL = 2.0**-24
+
+
+def fp16_spacing(values: np.ndarray, floor: float = FP16_SMALLEST_SUBNORMAL) -> np.ndarray:
+    """FP16's spacing at each |value| (2**-10 of its binade; `floor` below it), exponent unbounded above."""
     _, exponent = np.frexp(np.abs(values.astype(np.float64)))
-    return np.where(values == 0, 2.0**-24, np.maximum(np.ldexp(1.0, exponent - 11), 2.0**-24))
+    return np.where(values == 0, floor, np.maximum(np.ldexp(1.0, exponent - 11), floor))
+
+
+def spacing_floor(values: np.ndarray) -> float:
+    """The least spacing an output's values are measured in: FP16's smallest subnormal, or, for an output whose
+    every value lies below FP16's smallest normal (kept float32), the spacing 2**-10 of its largest value's binade."""
+    largest = float(np.max(np.abs(values), initial=0.0))
+    if largest == 0.0:
+        return FP16_SMALLEST_SUBNORMAL
+    return min(FP16_SMALLEST_SUBNORMAL, float(fp16_spacing(np.array([largest]), floor=0.0)[0]))
 
 
 def output_change(reference: Sequence[np.ndarray], got: Sequence[np.ndarray]) -> float:
@@ -63,7 +77,8 @@ def output_change(reference: Sequence[np.ndarray], got: Sequence[np.ndarray]) ->
         if np.any(~finite & ~same_special):
             return float("inf")
         if np.any(finite):
-            moved = np.abs(have[finite].astype(np.float64) - want[finite]) / fp16_spacing(want[finite])
+            spacing = fp16_spacing(want[finite], spacing_floor(want[finite]))
+            moved = np.abs(have[finite].astype(np.float64) - want[finite]) / spacing
             worst = max(worst, float(moved.max()))
     return worst
 

@@ -104,6 +104,19 @@ def build_half_island():
     return HalfIsland()
 
 
+class NeedsEndToken(Classifier):
+    """Checks what its inputs hold, as Hugging Face's BART heads do (an end-of-sequence token in every row)."""
+
+    def forward(self, features):
+        if not bool((features == 2).any(dim=1).all()):
+            raise ValueError("Each example must contain at least one <eos> token.")
+        return super().forward(features)
+
+
+def build_needs_end_token():
+    return NeedsEndToken()
+
+
 class Branching(Classifier):
     """Data-dependent control flow: the trace keeps the branch the export's example took."""
 
@@ -830,6 +843,17 @@ def test_a_module_with_an_fp16_island_is_refused_saying_qbench_made_it_fp32(proj
     error = str(_load_error(recipe))
     assert "model.example_inputs: forward() failed on example inputs" in error
     assert "qbench runs the module in FP32 (module.float()" in error and "\n" not in error
+
+
+def test_a_forward_refusing_the_examples_values_is_told_what_they_hold_and_the_way_out(project: Path) -> None:
+    """BartForSequenceClassification raised on qbench's all-zero token ids, and the line blamed
+    model.example_inputs, whose shapes were right: the user could change nothing there."""
+    recipe = _write_recipe(project.parent, {"torch": "mypkg.models:build_needs_end_token"})
+    error = _load_error(recipe)
+    assert error.field == "model.example_inputs" and "\n" not in str(error)
+    assert "{'features': [2, 4]} (floats uniform in [0, 1), integers 0, masks and bools 1 but at the last" in error.detail
+    assert "ValueError: Each example must contain at least one <eos> token." in error.detail
+    assert "export it to ONNX yourself on real rows and give model.path" in error.detail
 
 
 # -- the demo's PyTorch-source recipe ---------------------------------------------------------------

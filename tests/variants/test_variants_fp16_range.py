@@ -317,3 +317,28 @@ def test_a_full_disk_in_a_trial_fails_the_build_rather_than_building_it_without_
     monkeypatch.setattr(fp16_trials, "save_model", saved)
     built = build_fp16(VariantSpec(name="half", precision="fp16"), BuildContext(path, tmp_path / "again", calibration))
     assert built.params["fp16_range"]["kept_nodes"] == []  # with its trial: the fill is clamped, nothing stays FP32
+
+
+def test_an_output_living_below_fp16s_normals_is_judged_at_its_own_scale(graph, tmp_path):
+    """Logits of ~1e-9 (a net whose activations shrink layer after layer, as a randomly initialised MobileNetV2's
+    reach 1e-25): rounding the hidden layer to FP16's subnormals zeroes most of it and reorders the logits, yet
+    moves them by far less than FP16's smallest subnormal. Measured in FP16 spacings floored at 2**-24 that read as
+    harmless and the FP16 variant's logits collapsed; the output's own scale calls it harmful."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["a"], name="mm1"),
+             helper.make_node("Mul", ["a", "c"], ["b"], name="shrink1"),
+             helper.make_node("Mul", ["b", "c"], ["h"], name="shrink2"),
+             helper.make_node("Relu", ["h"], ["r"], name="relu"),
+             helper.make_node("MatMul", ["r", "w2"], ["y"], name="mm2")]  # fmt: skip
+    weights = {"w1": (rng.normal(size=(8, 16)) * 0.1).astype(np.float32), "c": np.array([1e-4], np.float32),
+               "w2": (rng.normal(size=(16, 4)) * 0.1).astype(np.float32)}  # every constant normal in FP16
+    path = graph(tmp_path / "shrinking.onnx", nodes, weights, {"x": 8}, {"y": 4})
+    sample = [{"x": rng.normal(size=(32, 8)).astype(np.float32)} for _ in range(2)]
+    built = build_fp16(VariantSpec(name="half", precision="fp16"), BuildContext(path, tmp_path / "w", sample))
+    held_out = {"x": rng.normal(size=(200, 8)).astype(np.float32)}
+    reference, got = _ort(path, held_out), _fp16_output(built, held_out)
+    assert np.abs(reference).max() < 6.1e-5  # every logit below FP16's smallest normal
+    agreement = float(np.mean(reference.argmax(1) == got.argmax(1)))
+    print(f"top-1 agreement with FP32 {agreement:.3f}, max |logit| FP32 {np.abs(reference).max():.3g}")
+    assert agreement == 1.0  # before: 0.46, h and r "harmless" at 0.06 FP16 spacings
+    assert set(built.params["fp16_range"]["kept_nodes"]) == {"shrink2", "relu", "mm2"}

@@ -11,6 +11,7 @@ from qbench.variants.fp16_trials import (
     fp16_spacing,
     harmless_subset,
     output_change,
+    spacing_floor,
 )
 
 
@@ -22,6 +23,14 @@ def test_output_change_counts_fp16_spacings_at_each_reference_value():
     assert output_change([np.array([np.nan, np.inf])], [np.array([np.nan, np.inf])]) == 0.0
     assert output_change([reference], [np.array([np.inf, 1000.0, 0.0])]) == np.inf  # a new inf is a change
     assert output_change([np.array([1, 2])], [np.array([1, 3])]) == np.inf  # labels must be equal
+
+
+def test_an_output_below_fp16s_normals_is_measured_at_its_own_scale():
+    assert spacing_floor(np.array([1.0, 1e-9])) == 2.0**-24  # a normal output keeps FP16's smallest subnormal
+    assert spacing_floor(np.zeros(3)) == 2.0**-24
+    tiny = np.array([3e-9, -1e-9, 0.0])  # 3e-9 lies in [2**-29, 2**-28): FP16's 10 bits would space it 2**-39
+    assert spacing_floor(tiny) == 2.0**-39
+    assert output_change([tiny], [np.zeros(3)]) == 3e-9 / 2.0**-39  # before: 3e-9 / 2**-24, 0.05 of a subnormal
 
 
 def test_the_converters_clamp_touches_only_values_beyond_fp16s_range():
