@@ -299,8 +299,8 @@ def _contradictions(facts: list[NodeFacts], asked: dict[str, Any]) -> list[str]:
         for option, held in _held(nodes, asked):
             count = sum(1 for node in nodes if node in held)
             if count:
-                notes.append(f"{kind}: {count} of {len(nodes)} node(s) hold {held[next(iter(held))]}, though the recipe "
-                             f"asked {option}: {_yaml(asked[option])} (the quantizer's own rule for {kind} decided)")  # fmt: skip
+                notes.append(f"{kind}: {count} of {len(nodes)} node(s) hold {held[next(iter(held))]}, though the variant's "
+                             f"options say {option}: {_yaml(asked[option])} (the quantizer's own rule for {kind} decided)")  # fmt: skip
     return notes
 
 

@@ -61,7 +61,7 @@ def test_a_dynamic_lstm_records_the_weights_its_quantizer_wrote(weight_type, per
     assert stored[head.input[1]].dtype.name == weight_type
     lstm_notes = [note for note in built.notes if note.startswith("LSTM: ")]
     if stored[lstm.input[1]].dtype.name != weight_type:
-        assert lstm_notes == [f"LSTM: 1 of 1 node(s) hold int8 weights, though the recipe asked weight_type: {weight_type} "
+        assert lstm_notes == [f"LSTM: 1 of 1 node(s) hold int8 weights, though the variant's options say weight_type: {weight_type} "
                               "(the quantizer's own rule for LSTM decided)"]  # fmt: skip
     else:
         assert lstm_notes == []
@@ -117,7 +117,7 @@ def test_conv_and_matmul_weights_are_recorded_as_stored(calibrator, weight_type,
     overridden = per_channel and conv_zeros.size == 1
     assert overridden == (calibrator == "dynamic" and per_channel)  # what ONNX Runtime 1.32 does
     noted = [note for note in built.notes if note.startswith("Conv: ")]
-    assert noted == (["Conv: 1 of 1 node(s) hold per-tensor weights, though the recipe asked per_channel: true "
+    assert noted == (["Conv: 1 of 1 node(s) hold per-tensor weights, though the variant's options say per_channel: true "
                       "(the quantizer's own rule for Conv decided)"] if overridden else [])  # fmt: skip
 
 
@@ -163,7 +163,7 @@ def test_activation_ranges_are_noted_only_where_the_graph_contradicts_the_recipe
     assert facts.params["weights_as_built"] == {"Conv": {"int8, 8-bit, per-channel (axis 0), centred": 1}}
     centred = "centred" if zero_point == 0 else "asymmetric"
     assert facts.params["activations_as_built"] == {"Conv": {f"static int8, {centred}": 1}}
-    assert list(facts.notes) == (["Conv: 1 of 1 node(s) hold asymmetric activations, though the recipe asked "
+    assert list(facts.notes) == (["Conv: 1 of 1 node(s) hold asymmetric activations, though the variant's options say "
                                   "symmetric_activations: true (the quantizer's own rule for Conv decided)"] if noted else [])  # fmt: skip
 
 
