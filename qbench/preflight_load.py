@@ -38,8 +38,9 @@ def _stamps(path: Path, backend: object) -> str:
     """What the model asks for (IR version, operator sets) against what the backend's runtime implements, and the
     fix; just the fix where the file cannot be parsed. Where every stamp is one the runtime and onnx know, yet the
     onnx checker rejects the graph (a tensor defined twice, as torch.onnx's dynamo exporter writes one where a module
-    returns an input unchanged or an output is named after a tensor inside the graph), that is the cause and the fix
-    says so: re-exporting at other versions would not help."""
+    returns an input unchanged or an output is named after a tensor inside the graph), or two nodes of one graph share a
+    name (which the checker accepts and ONNX Runtime refuses), that is the cause and the fix says so: re-exporting at
+    other versions would not help."""
     import onnx
 
     fix = ("expected a model this runtime loads: export it at an IR version and opsets it supports, with operators "
@@ -55,7 +56,14 @@ def _stamps(path: Path, backend: object) -> str:
                       for domain in {"ai.onnx": 0, **opsets})  # fmt: skip
     runtime = f"; the runtime implements opsets {known}" if implemented else ""
     stamps = f"the model is IR version {model.ir_version} with opsets {asked}{runtime}"
-    invalid = None if _beyond_known_versions(model, opsets, implemented) else _checker_refusal(model)
+    if _beyond_known_versions(model, opsets, implemented):
+        return f"{stamps}; {fix}"
+    shared = _shared_node_name(model.graph)
+    if shared is not None:  # the onnx checker accepts it; ONNX Runtime refuses a graph with two nodes of one name
+        name, count = shared
+        return (f"{stamps}, versions it knows, but {count} nodes of one graph share the name {name!r}; expected each "
+                "node's name unique in its graph (or empty): re-export the model or rename those nodes")  # fmt: skip
+    invalid = _checker_refusal(model)
     if invalid is None:
         return f"{stamps}; {fix}"
     names = (": a name is defined twice, so give every output a name no tensor inside the graph has, and return no "
@@ -72,6 +80,22 @@ def _beyond_known_versions(model: onnx.ModelProto, opsets: dict[str, int], imple
     if model.ir_version > onnx.IR_VERSION or opsets.get("ai.onnx", 0) > onnx.defs.onnx_opset_version():
         return True
     return bool(implemented) and any(version > implemented.get(domain, -1) for domain, version in opsets.items())
+
+
+def _shared_node_name(graph: onnx.GraphProto) -> tuple[str, int] | None:
+    """The first non-empty node name that several nodes of `graph` (or of a subgraph, each judged alone) share, with
+    how many share it; None where every graph names its nodes apart. Converters write such names (one per op type,
+    or a layer's name on each of its nodes); ONNX Runtime refuses the graph, and exclude_nodes could not tell them
+    apart."""
+    from collections import Counter
+
+    counts = Counter(node.name for node in graph.node if node.name)
+    name, count = counts.most_common(1)[0] if counts else ("", 0)
+    if count > 1:
+        return name, count
+    subgraphs = (a.g for node in graph.node for a in node.attribute if a.type == a.GRAPH)
+    subgraph_lists = (g for node in graph.node for a in node.attribute if a.type == a.GRAPHS for g in a.graphs)
+    return next((found for g in (*subgraphs, *subgraph_lists) if (found := _shared_node_name(g))), None)
 
 
 def _checker_refusal(model: onnx.ModelProto) -> str | None:

@@ -139,6 +139,36 @@ def test_a_graph_defining_a_name_twice_is_named_as_invalid_not_as_a_version_prob
     _nothing_built(tmp_path)
 
 
+@pytest.mark.parametrize("where", ["graph", "if-branch"])
+def test_nodes_sharing_a_name_are_named_as_the_cause_not_a_version_problem(tmp_path, capsys, where):
+    """Two MatMuls both named 'dense' (a converter naming each node after its layer): the onnx checker accepts the
+    graph, ONNX Runtime refuses it, and the refusal ended with 'export it at an IR version and opsets it supports'.
+    It names the shared name now, also inside a subgraph."""
+    model = _model()
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="dense"), helper.make_node("Relu", ["h"], ["r"], name=""),
+             helper.make_node("Abs", ["r"], ["a"], name=""), helper.make_node("MatMul", ["a", "w2"], ["logits"], name="dense")]
+    model.graph.initializer.append(numpy_helper.from_array(np.eye(3, dtype=np.float32), "w2"))
+    if where == "graph":
+        model.graph.ClearField("node")
+        model.graph.node.extend(nodes)
+    else:
+        model.graph.node[0].output[0] = "x_w"
+        inside = [helper.make_node("MatMul", ["x_w", "w2"], ["p"], name="dense"), helper.make_node("Relu", ["p"], ["r"]),
+                  helper.make_node("MatMul", ["r", "w2"], ["logits"], name="dense")]  # fmt: skip
+        branch = helper.make_graph(inside, "b", [], [helper.make_tensor_value_info("logits", TensorProto.FLOAT, None)])
+        other = helper.make_graph([helper.make_node("Identity", ["x_w"], ["logits"])], "o", [],
+                                  [helper.make_tensor_value_info("logits", TensorProto.FLOAT, None)])
+        model.graph.initializer.append(numpy_helper.from_array(np.array(True), "c"))
+        model.graph.node.append(helper.make_node("If", ["c"], ["logits"], then_branch=branch, else_branch=other))
+    recipe = _project(tmp_path, model)
+    assert main(["validate", str(recipe)]) == 2
+    line = _error_line(capsys.readouterr().err)
+    assert "cannot load it: " in line and "two nodes with same node name (dense)" in line, line
+    assert line.endswith("versions it knows, but 2 nodes of one graph share the name 'dense'; expected each node's name "
+                         "unique in its graph (or empty): re-export the model or rename those nodes"), line
+    _nothing_built(tmp_path)
+
+
 class _RefusesEverything(OnnxRuntimeCPU):
     """A second backend whose runtime cannot load the reference that ONNX Runtime's CPU provider loads."""
 

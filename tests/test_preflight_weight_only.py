@@ -210,3 +210,15 @@ def test_validate_refuses_a_matmul_nbits_reference_in_one_line(tmp_path: Path, c
     assert line.startswith(f"error: {tmp_path / 'recipe.yaml'}: model.path: {tmp_path / 'model.onnx'}: the model's "
                            "weights are already quantized to 4-bit (weight-only, activations in float: 1 MatMulNBits")  # fmt: skip
     assert "give the float model the weights were quantized from" in line
+
+
+@pytest.mark.parametrize("shape", [(K, N), (K,)], ids=["matrix", "vector"])
+def test_float_weights_with_one_enormous_value_are_not_taken_for_quantized_ones(shape: tuple[int, ...]) -> None:
+    """One value a thousand times the others (an outlier weight, or the channel an activation outlier is scaled by):
+    the grid of that magnitude over 7 put every other value within 1 % of level 0, so the float model was refused as
+    '3-bit values stored as float32'. A quantized tensor holds one value per level; these hold 32 or more on 8."""
+    w = np.random.default_rng(2).uniform(-0.25, 0.25, size=shape).astype(np.float32)
+    w.flat[0] = -250.0
+    model = _model([helper.make_node("MatMul", ["x", "w"], ["y"])], [numpy_helper.from_array(w, "w")])
+    _run(model, {"x": ROWS})
+    assert reduced_precision(model) is None
