@@ -11,12 +11,13 @@ from dataclasses import dataclass
 
 from qbench.frontier import timing_kinds
 from qbench.gate import EXIT_UNUSABLE, GateCheck, GateReport, problem_owner
-from qbench.report_grid import Grid
+from qbench.report_grid import Grid, rate_within
 from qbench.results import EMULATED, SweepResults, VariantResult
 from qbench.slo import SLO_SCOPE, p99_basis
 from qbench.validate.catalogue import within
 
 _NONE = "—"
+_OVERLOADED = "overloaded"
 
 
 @dataclass(frozen=True)
@@ -138,8 +139,9 @@ def slo_lines(results: SweepResults, gate: GateReport | None) -> list[str]:
         serving = variant.serving if variant else None
         where = f"at {serving.rate_rps:g} req/s" if serving and serving.rate_rps else "at its budget batch size"
         if serving is not None and serving.at_rate is not None and serving.at_rate.overloaded:
+            within_budget = f"max {rate_within(serving.max_rate_rps)} req/s" if serving.max_rate_rps else "no rate"
             lines.append(f"SLO BREACH {check.variant}@{check.backend}: overloaded {where}: above what one instance "
-                         f"sustains (max {serving.max_rate_rps or 0:,.0f} req/s within budget), so its queue grows "
+                         f"sustains ({within_budget} within budget), so its queue grows "
                          f"without bound (p99 {check.observed:.4g} ms over the {serving.at_rate.requests} simulated "
                          "requests only)")  # fmt: skip
             continue
@@ -169,7 +171,7 @@ def slo_lines(results: SweepResults, gate: GateReport | None) -> list[str]:
         else:
             cost = f"${choice.usd_per_million:.4g} per million" if choice.usd_per_million is not None else "no price given"
             lines.append(f"cheapest meeting accuracy and SLO: {choice.variant.key} "
-                         f"(up to {choice.max_rate_rps:,.0f} req/s within budget, {cost})")  # fmt: skip
+                         f"(up to {rate_within(choice.max_rate_rps)} req/s within budget, {cost})")  # fmt: skip
     return lines
 
 
@@ -184,8 +186,10 @@ def _row(results: SweepResults, gate: GateReport | None, variant: VariantResult,
     cells = [name, variant.backend, _fmt(serving.preprocess_ms_per_row if serving else None),
              _fmt(b1.p50_ms if b1 else None), _fmt(serving.transfer_ms_b1 if serving else None)]  # fmt: skip
     load = serving.at_rate if serving else None
-    cells += [_fmt(load.p99_ms) if load else _NONE, _fmt(load.mean_batch_size) if load else _NONE]
-    cells.append(_fmt(serving.max_rate_rps) if serving and serving.budget_ms is not None else _NONE)
+    # an overloaded rate's queue grows without bound: its p99 is the finite simulation's, no figure of the rate
+    cells += [(_OVERLOADED if load.overloaded else _fmt(load.p99_ms)) if load else _NONE,
+              _fmt(load.mean_batch_size) if load else _NONE]
+    cells.append(rate_within(serving.max_rate_rps) if serving and serving.budget_ms is not None else _NONE)
     costs = serving.usd_per_million if serving else {}
     cells += [_fmt(costs.get(f"b{bs}")) for bs in sizes] + [_fmt(costs.get("max_rate"))]
     bound = serving.bound.verdict if serving and serving.bound else _NONE
@@ -206,7 +210,8 @@ def serving_table(results: SweepResults, gate: GateReport | None) -> Grid | None
     rows = [_row(results, gate, v, sizes) for v in measured]
     footer = [
         "pre-proc: qbench's feed building (tokenisation included) per row; copies: host minus device time (GPU backends)",
-        "under load: Poisson arrivals, dynamic batcher, one model instance, simulated from the measured service times",
+        "under load: Poisson arrivals, dynamic batcher, one model instance, simulated from the measured service times; "
+        "overloaded: above what the instance sustains, its queue grows without bound (no p99)",
         "$/M: USD per million inferences = price per hour / 3600 / throughput x 1e6",
         "bound: model bytes x runs/s at batch 1 vs measured copy bandwidth; an estimate",
     ]

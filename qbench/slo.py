@@ -100,13 +100,15 @@ def load_settings(slo: SloSpec, backend: str, batch_sizes: Sequence[int]) -> dic
 
 def server_for(
     slo: SloSpec, backend: str, batch_sizes: Sequence[int], runner: Runner, feeds: Mapping[str, np.ndarray],
-    padding: Padding | None = None,
+    padding: Padding | None = None, fixed_batch: int | None = None,
 ) -> RealServer:
     """A real server on the open `runner` with the load settings' batcher and seed; its requests are the rows of the
-    first timed batch of the largest size (one padded length, so any of them concatenate)."""
+    first timed batch of the largest size (one padded length, so any of them concatenate); `fixed_batch`: the model
+    takes batches of that size only (qbench.preflight_checks.fixed_batch), each batch is filled up to it."""
     settings = load_settings(slo, backend, batch_sizes)
     rows = timed_batches(feeds, settings["max_batch_size"], padding)[0]
-    return real_server(runner, rows, Batcher(settings["max_batch_size"], settings["max_queue_delay_ms"]), settings["seed"])
+    batcher = Batcher(settings["max_batch_size"], settings["max_queue_delay_ms"])
+    return real_server(runner, rows, batcher, settings["seed"], fixed_batch)
 
 
 def served_times(samples_ms: Mapping[int, np.ndarray], batcher: BatcherSamples | None) -> MeasuredServiceTimes:

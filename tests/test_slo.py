@@ -133,7 +133,7 @@ def test_an_overloaded_budget_rate_breaches_whatever_its_simulated_p99():
     assert gate.exit_code == EXIT_BREACH and gate.status_of("int8-fast", "onnxruntime-cpu") == "fail"
     assert gate.status_of("int8-ok", "onnxruntime-cpu") == "pass"
     line = slo_lines(results, gate)[0]
-    assert line.startswith("SLO BREACH int8-fast@onnxruntime-cpu: overloaded at 100 req/s") and "max 80 req/s" in line
+    assert line.startswith("SLO BREACH int8-fast@onnxruntime-cpu: overloaded at 100 req/s") and "max 80.0 req/s" in line
     assert cheapest(results, gate).variant.variant == "int8-ok"
     fp32 = results.find("fp32", "onnxruntime-cpu")  # the reference is not gated: judged by cheapest() itself
     cheap_fp32 = replace(fp32.serving, at_rate=replace(_load(5.0), overloaded=True), usd_per_million={"max_rate": 0.01})
@@ -362,6 +362,28 @@ def test_the_serving_table_marks_emulated_latency_and_names_the_columns():
     assert by_name["fp32"][-2:] == ["reference", "not budgeted"]
     assert "int8-ok (emulated latency)" in by_name
     assert any(line.startswith("emulated latency:") for line in table.footer)
+
+
+def test_the_serving_table_shows_no_p99_at_an_overloaded_rate_and_rates_within_budget_rounded_down():
+    """At a rate above what one instance sustains the queue grows without bound: the finite simulation's p99 (9 ms
+    over 5,000 requests) is no figure of that rate, so the cell says overloaded. A rate within budget of 227,530.6
+    req/s is shown 227,530 (3 significant digits showed 2.28e+05, above the rate found), 99.96 req/s as 99.9 (not 100)."""
+    from qbench.report_serving import serving_table
+
+    results = _results(int8_p99=9.0)
+    fast, ok = results.find("int8-fast", "onnxruntime-cpu"), results.find("int8-ok", "onnxruntime-cpu")
+    overloaded = replace(fast.serving, at_rate=replace(fast.serving.at_rate, overloaded=True), max_rate_rps=227_530.6)
+    results = replace(results, variants=tuple(
+        replace(v, serving=overloaded) if v is fast else replace(v, serving=replace(ok.serving, max_rate_rps=99.96))
+        if v is ok else v for v in results.variants))  # fmt: skip
+    gate = evaluate_gate(results, GATE, slo=SLO)
+    table = serving_table(results, gate)
+    by_name = {row[0]: row for row in table.rows}
+    assert by_name["int8-fast"][5] == "overloaded" and by_name["int8-fast"][7] == "227,530"
+    assert by_name["int8-ok"][5] == "6" and by_name["int8-ok"][7] == "99.9"
+    lines = slo_lines(results, gate)
+    assert "(max 227,530 req/s within budget)" in lines[0]
+    assert lines[-1].startswith("cheapest meeting accuracy and SLO: int8-ok@onnxruntime-cpu (up to 99.9 req/s within")
 
 
 def test_batches_served_through_a_batcher_pay_the_gathering_when_busy_and_the_idle_time_when_idle():

@@ -193,3 +193,19 @@ def test_a_symbolic_batch_axis_keeps_the_recipes_batch_sizes(tmp_path, monkeypat
     fp32 = results.find("fp32", "onnxruntime-cpu")
     assert [p.batch_size for p in fp32.latency.points] == [1, 32]
     assert fp32.accuracy.overall.metrics["accuracy"] == pytest.approx(float(np.mean(logits(FEATURES).argmax(1) == labels())), abs=1e-12)
+
+
+def test_a_fixed_batch_model_is_served_under_load(tmp_path, monkeypatch, capsys):
+    """A rate budget on a model with its batch fixed at 8: the real server behind the dynamic batcher sends every
+    batch of requests filled up to 8 rows (the model refuses any other count), so each variant gets its figures under
+    load instead of failing, and the gate judges them."""
+    monkeypatch.chdir(tmp_path)
+    recipe = project(tmp_path / "fixed", BATCH, variants=[{"name": "fp16", "precision": "fp16"}],
+                     latency={"warmup": 2, "iterations": 100, "threads": 1, "stability": None},
+                     slo={"p99_ms": 50, "rate_rps": 200, "load": {"max_queue_delay_ms": 1, "requests": 1000}})  # fmt: skip
+    results = sweep(recipe, capsys)
+    for result in results.variants:
+        assert result.status == "ok", (result.key, result.error)
+        serving = result.serving
+        assert serving.max_batch_size == BATCH and serving.at_rate is not None
+        assert serving.max_rate_rps is not None and serving.at_max_rate.p99_ms <= 50

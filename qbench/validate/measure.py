@@ -203,7 +203,8 @@ def measure(
             serving_result = None
             if timing is not None and serving:  # with `slo:`, real runs on the open runner check the highest rate
                 slo = prepared.recipe.slo
-                server = server_for(slo, backend.name, timing.batch_sizes, runner, rows.feeds, padding) if slo else None
+                server = server_for(slo, backend.name, timing.batch_sizes, runner, rows.feeds, padding,
+                                    fixed) if slo else None  # fmt: skip
                 serving_result = serving_figures(prepared.recipe, backend.name, samples,
                                                  latency_points(samples, timing.warmup), model_bytes=ran["model_bytes"],
                                                  runtime=runtime, preprocess_ms_per_row=prepared.preprocess_ms_per_row,

@@ -136,3 +136,24 @@ def test_the_server_passes_the_runners_failure_on():
 
     with pytest.raises(RuntimeError, match="session lost"):
         real_server(Failing(), ROWS, Batcher(4, 1.0), seed=0)(100.0, 0.0, 20.0)
+
+
+def test_a_model_with_a_fixed_batch_is_served_whole_batches_filled_with_repeated_rows():
+    """A model exported with its batch fixed at 4 refuses any other row count (as an ONNX Runtime session does).
+    Poisson requests at 200 req/s through a batcher of up to 4 waiting 1 ms form mostly batches of 1: each is sent
+    filled up to 4 rows by repeating the request's row, and every request is served."""
+    seen = []
+
+    class FixedBatch(SleepingRunner):
+        def run(self, feeds):
+            rows = len(feeds["x"])
+            if rows != 4:
+                raise RuntimeError(f"Got invalid dimensions for input: x, index 0 Got: {rows} Expected: 4")
+            seen.append(feeds["x"][:, 0].copy())
+            return [feeds["x"]]
+
+    stats = real_server(FixedBatch(), ROWS, Batcher(4, 1.0), seed=0, fixed_batch=4)(200.0, 0.0, 1000.0)
+    assert stats.requests == 200 and not stats.overloaded and stats.mean_batch_size < 2.0
+    single = next(batch for batch in seen if len(set(batch)) == 1)  # a batch of one request: its row four times
+    assert single.tolist() == [single[0]] * 4
+    assert sum(len(set(batch)) for batch in seen) == 200  # each request's own row once (rows repeat every 64 requests)
