@@ -176,6 +176,10 @@ def measure(
     batch_sizes = (fixed,) if fixed is not None else (*(timing.batch_sizes if timing is not None else ()), rows.batch_size, 1)
     options = RunOptions(threads=threads, batch_sizes=tuple(sorted(set(batch_sizes))))
     t = time.perf_counter()
+    settle_before_timing()  # the sweep's MLflow logging, in its own process, idle from here on
+    if clock is not None:
+        clock.add("track", t)  # waiting for it is MLflow's cost, not inference
+    t = time.perf_counter()
     try:
         plan = plan_measurement(backend, built)
         outputs = None
@@ -183,7 +187,6 @@ def measure(
             outputs = _run_rows(backend.load(plan.scored, options), prepared, rows, f"{label} evaluate (emulated)")
         padding = token_padding(prepared.recipe.data.inputs, rows.feeds,
                                 {name: meta.shape for name, meta in prepared.model.inputs.items()})
-        settle_before_timing()  # the sweep's MLflow logging, in its own process, idle from here on
         runner, create_ms, first_ms = measure_cold_start(timed_load(backend, plan.timed, options), rows.feeds,
                                                          fixed or 1, padding)  # fmt: skip
         try:
