@@ -8,6 +8,7 @@ import json
 import signal
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,28 @@ REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the tracking process via /proc")
 
 
+OPEN_TO_CLOSE = ("open", "variant_started", "variant_finished", "close")
+
+
+def recording(owner: str, names: tuple[str, ...], out: Path) -> str:
+    """Python code that wraps each of `owner`'s (a module or class, by its dotted path) functions `names` so that every
+    call appends [name, start, end] (epoch seconds) to `out` as a JSON line."""
+    return textwrap.dedent(f"""
+        import json as _json, time as _time
+        def _recorded(name, call):
+            def run(*args, **kwargs):
+                started = _time.time()
+                try:
+                    return call(*args, **kwargs)
+                finally:
+                    with open({str(out)!r}, "a") as record:
+                        record.write(_json.dumps([name, started, _time.time()]) + "\\n")
+            return run
+        for _name in {names!r}:
+            setattr({owner}, _name, _recorded(_name, getattr({owner}, _name)))
+    """)
+
+
 def runs_by_name(recipe: Path) -> dict[str, str]:
     client = MlflowClient(f"sqlite:///{recipe.parent / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("tumour-mlp")
@@ -36,34 +59,10 @@ def test_the_sweeps_process_never_imports_mlflow_and_no_logging_runs_while_anyth
     part of `measure` (the cold start and the latency samples) starts and ends. No call overlaps a timed part."""
     recipe = make_fp16_project(tmp_path)
     calls, timed = tmp_path / "calls.jsonl", tmp_path / "timed.jsonl"
-    hook = tracking_process_hook(tmp_path / "hook", f"""
-        import json, time, qbench.track
-        def logged(name, call):
-            def run(*args, **kwargs):
-                started = time.time()
-                try:
-                    return call(*args, **kwargs)
-                finally:
-                    with open({str(calls)!r}, "a") as out:
-                        out.write(json.dumps([name, started, time.time()]) + "\\n")
-            return run
-        for name in ("open", "variant_started", "variant_finished", "close"):
-            setattr(qbench.track.SweepTracker, name, logged(name, getattr(qbench.track.SweepTracker, name)))
-    """)  # fmt: skip
-    sweep = f"""
-import json, sys, time
-import qbench.validate.measure as measure
-def timed(name, call):
-    def run(*args, **kwargs):
-        started = time.time()
-        try:
-            return call(*args, **kwargs)
-        finally:
-            with open({str(timed)!r}, "a") as out:
-                out.write(json.dumps([name, started, time.time()]) + "\\n")
-    return run
-for name in ("measure_cold_start", "measure_samples"):
-    setattr(measure, name, timed(name, getattr(measure, name)))
+    hook = tracking_process_hook(tmp_path / "hook", "import qbench.track\n"
+                                 + recording("qbench.track.SweepTracker", OPEN_TO_CLOSE, calls))  # fmt: skip
+    sweep = "import json, sys\nimport qbench.validate.measure\n" + recording(
+        "qbench.validate.measure", ("measure_cold_start", "measure_samples"), timed) + f"""
 from qbench.sweep import run_sweep
 outcome = run_sweep({str(recipe)!r})
 print(json.dumps([outcome.mlflow_run_id, outcome.tracking_failure, "mlflow" in sys.modules]))
