@@ -16,6 +16,7 @@ import codecs
 import csv
 import gzip
 import lzma
+import re
 import sys
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -116,12 +117,36 @@ def text_encoding(path: Path, declared: str | None = None) -> str:
         start = handle.read(3)
     marked = next((encoding for mark, encoding in _BYTE_ORDER_MARKS if start.startswith(mark)), None)
     if marked is None:
+        if declared is not None and codecs.lookup(declared).name != "utf-8":
+            _refuse_utf8_read_as(path, declared)
         return declared or "utf-8"
     if declared is not None and codecs.lookup(declared).name not in _MARKED[marked]:
         shown = "UTF-8" if marked == "utf-8-sig" else "UTF-16"
         raise ValueError(f"it starts with a {shown} byte order mark, but data.encoding is {declared!r}; expected "
                          f"data.encoding: {_MARKED[marked][0]} for this file, or none (the mark is read)")
     return marked
+
+
+def _refuse_utf8_read_as(path: Path, declared: str) -> None:
+    """A ValueError where a file declared `declared` is UTF-8 text holding characters beyond ASCII that `declared`
+    reads as others: every 'é' would become 'Ã©' (latin-1, cp1252), silently, in labels, slices and text inputs.
+    Text in a single-byte encoding with such characters is almost never valid UTF-8 (an 'é' alone, 0xe9, is not), so
+    valid UTF-8 is what the file holds."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="strict")
+    with open_data(path) as handle:
+        while chunk := handle.read(1 << 20):
+            try:
+                text = decoder.decode(chunk)
+            except UnicodeDecodeError:
+                return  # not UTF-8: the declared encoding is the file's story
+            if not text.isascii():
+                word = re.search(r"\S*[^\x00-\x7f]\S*", text)
+                shown = word.group(0)[:40] if word else next(c for c in text if not c.isascii())
+                read = shown.encode("utf-8").decode(declared, errors="replace")
+                if read != shown:
+                    raise ValueError(f"it is UTF-8 text, but data.encoding is {declared!r}, which reads {shown!r} as "
+                                     f"{read!r}; expected data.encoding: utf-8 for this file, or none")  # fmt: skip
+                return
 
 
 def undecodable_at(path: Path, encoding: str) -> str:

@@ -80,3 +80,22 @@ def test_the_encoding_field_is_loaded_and_checked(tmp_path: Path):
     with pytest.raises(ValidationError, match="encoding: describes .csv/.tsv/.jsonl/.ndjson files, but data.path is "
                                               "rows.parquet"):
         DataSpec.model_validate({"path": "rows.parquet", "inputs": {"x": "X"}, "encoding": "cp1252"})
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
+@pytest.mark.parametrize("encoding", ["latin-1", "cp1252"])
+def test_utf8_text_declared_in_a_single_byte_encoding_is_refused_not_garbled(tmp_path: Path, suffix: str,
+                                                                             encoding: str) -> None:  # fmt: skip
+    """Before, every 'é' of a UTF-8 export read as 'Ã©' where the recipe declared latin-1: slice 'topic=cafÃ©',
+    labels and text inputs garbled, silently."""
+    path = tmp_path / f"rows{suffix}"
+    text = ROWS if suffix == ".csv" else '{"x": 1.5, "topic": "garden"}\n{"x": 2.5, "topic": "café"}\n'
+    path.write_bytes(text.encode("utf-8"))
+    with pytest.raises(RecipeError) as error:
+        load_table(path, recipe_file=RECIPE, encoding=encoding)
+    word = "2.5,1,café" if suffix == ".csv" else '"café"}'
+    assert str(error.value) == (f"qbench.yaml: data.path: cannot read rows{suffix}: it is UTF-8 text, but data.encoding "
+                                f"is {encoding!r}, which reads {word!r} as {word.encode().decode(encoding)!r}; expected "
+                                "data.encoding: utf-8 for this file, or none")  # fmt: skip
+    path.write_bytes(text.replace("é", "e").encode("utf-8"))  # ASCII: the same text in either encoding, read
+    assert len(load_table(path, recipe_file=RECIPE, encoding=encoding)) == text.count("\n") - (suffix == ".csv")
