@@ -3,7 +3,10 @@
 onnx's version converter does the work; what it gets wrong is put right or refused here, for every variant that
 raises the opset (ONNX Runtime's quantization pre-processing to 11, per-channel INT8, BF16 and linear INT8 to 13,
 FP8 to 21): an Upsample or Resize-10 becomes a Resize-11 sampling other pixels unless given the old sampling, and an
-adapter that changes the graph's inputs or outputs (Scan 8 -> 9 drops the batch axis) is a one-line error.
+adapter that changes the graph's inputs or outputs (Scan 8 -> 9 drops the batch axis) is a one-line error. A
+Hardmax before opset 13 (which flattens its input to 2-D at `axis`) is given that flattening as nodes of its own, as
+the converter does for Softmax and LogSoftmax but not for Hardmax (it kept the node, which then took the maximum along
+one axis alone: every output of a [2, 3, 4] input's axis-1 Hardmax differed).
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ def ensure_opset(model: onnx.ModelProto, minimum: int) -> onnx.ModelProto:
     """
     if default_opset(model) >= minimum:
         return model
+    if default_opset(model) < 13 <= minimum:
+        model = _hardmax_on_two_dims(model)
     resizes = _pre_11_resizes(model) if default_opset(model) < 11 <= minimum else []
     converted = onnx.version_converter.convert_version(model, minimum)
     if resizes:  # the converter renames an Upsample's output and drops its name, but keeps the nodes in order
@@ -125,3 +130,31 @@ def _pre_11_resizes(model: onnx.ModelProto) -> list[tuple[str, dict[str, str]]]:
                               "later")
         found[-1][1]["nearest_mode"] = "floor" if moved != {False} else "ceil"
     return found
+
+
+def _hardmax_on_two_dims(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of `model` in which each Hardmax (opset < 13: the maximum over all axes from `axis` on, the input
+    flattened to 2-D there) runs on that 2-D flattening, Flatten -> Hardmax(axis=1) -> Reshape to the input's shape,
+    which every opset computes alike; `model` itself where it has no Hardmax."""
+    if not any(node.op_type == "Hardmax" and node.domain in ("", "ai.onnx") for node in all_nodes(model.graph)):
+        return model
+    rewritten = onnx.ModelProto()
+    rewritten.CopyFrom(model)
+    graphs = [rewritten.graph, *(body for node in all_nodes(rewritten.graph) for body in subgraphs_of(node))]
+    for graph in reversed(graphs):  # a body before the graph holding it, which copies it with its node
+        nodes: list[onnx.NodeProto] = []
+        for node in graph.node:
+            if node.op_type != "Hardmax" or node.domain not in ("", "ai.onnx"):
+                nodes.append(onnx.NodeProto())
+                nodes[-1].CopyFrom(node)
+                continue
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+            source, result = node.input[0], node.output[0]
+            shape, flat, hard = (f"{result}/qbench_hardmax_{part}" for part in ("shape", "flat", "2d"))
+            nodes += [helper.make_node("Shape", [source], [shape], name=f"{node.name}/shape"),
+                      helper.make_node("Flatten", [source], [flat], name=f"{node.name}/flatten", axis=axis),
+                      helper.make_node("Hardmax", [flat], [hard], name=node.name, axis=1),
+                      helper.make_node("Reshape", [hard, shape], [result], name=f"{node.name}/reshape")]  # fmt: skip
+        del graph.node[:]
+        graph.node.extend(nodes)
+    return rewritten

@@ -81,6 +81,30 @@ def test_a_resize_inside_a_branch_is_upgraded_alike():
     np.testing.assert_array_equal(_run(ensure_opset(model, 13), x), _run(model, x))
 
 
+@pytest.mark.parametrize(("opset", "axis"), [(9, 1), (11, 1), (11, -1), (11, 0), (12, 2)])
+@pytest.mark.parametrize("target", [13, 21])
+def test_an_opset_upgrade_keeps_what_a_hardmax_before_13_computes(opset, axis, target):
+    """Before opset 13 Hardmax takes the maximum over every axis from `axis` on (the input flattened to 2-D); onnx's
+    converter kept the node as it was, which from 13 on takes it along `axis` alone: an axis-1 Hardmax of a [2, 3, 4]
+    input gave another answer on every row (max difference 1.0). Inside an If branch too."""
+    hardmax = helper.make_node("Hardmax", ["x"], ["y"], name="pick", **({"axis": axis} if axis != 1 else {}))
+    branch = helper.make_graph([helper.make_node("Hardmax", ["x"], ["z"], name="inner", axis=max(axis, 0))], "then",
+                               [], [_value("z", ["n", 3, 4])])  # fmt: skip
+    other = helper.make_graph([helper.make_node("Identity", ["x"], ["w"])], "else", [], [_value("w", ["n", 3, 4])])
+    nodes = [hardmax, helper.make_node("ReduceMax", ["x"], ["peak"], keepdims=0),
+             helper.make_node("Greater", ["peak", "low"], ["c"]),
+             helper.make_node("If", ["c"], ["branched"], then_branch=branch, else_branch=other)]
+    weights = [numpy_helper.from_array(np.array(-1e9, np.float32), "low")]
+    graph = helper.make_graph(nodes, "g", [_value("x", ["n", 3, 4])],
+                              [_value("y", ["n", 3, 4]), _value("branched", ["n", 3, 4])], weights)  # fmt: skip
+    model = _model(graph, opset)
+    x = RNG.normal(size=(5, 3, 4)).astype(np.float32)
+    session = ort.InferenceSession(ensure_opset(model, target).SerializeToString(), providers=["CPUExecutionProvider"])
+    before = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for got, want in zip(session.run(None, {"x": x}), before.run(None, {"x": x}), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
 def test_a_nearest_resize_10_mixing_up_and_downsampling_is_refused_in_one_line():
     """ONNX Runtime floors the source pixel on an upsampling axis and ceils it on a downsampling one: no single
     Resize-11 nearest_mode computes both."""
