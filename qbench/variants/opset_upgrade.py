@@ -6,10 +6,14 @@ FP8 to 21): an Upsample or Resize-10 becomes a Resize-11 sampling other pixels u
 adapter that changes the graph's inputs or outputs (Scan 8 -> 9 drops the batch axis) is a one-line error. A
 Hardmax before opset 13 (which flattens its input to 2-D at `axis`) is given that flattening as nodes of its own, as
 the converter does for Softmax and LogSoftmax but not for Hardmax (it kept the node, which then took the maximum along
-one axis alone: every output of a [2, 3, 4] input's axis-1 Hardmax differed).
+one axis alone: every output of a [2, 3, 4] input's axis-1 Hardmax differed). A BatchNormalization before opset 9
+with `spatial: 0` (statistics per element, not per channel), which the converter refuses with an assertion, is
+written as the arithmetic it computes.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import onnx
 import onnx.numpy_helper
@@ -29,6 +33,8 @@ def ensure_opset(model: onnx.ModelProto, minimum: int) -> onnx.ModelProto:
     """
     if default_opset(model) >= minimum:
         return model
+    if default_opset(model) < 9 <= minimum:
+        model = _per_element_batchnorms(model)
     if default_opset(model) < 13 <= minimum:
         model = _hardmax_on_two_dims(model)
     resizes = _pre_11_resizes(model) if default_opset(model) < 11 <= minimum else []
@@ -132,11 +138,11 @@ def _pre_11_resizes(model: onnx.ModelProto) -> list[tuple[str, dict[str, str]]]:
     return found
 
 
-def _hardmax_on_two_dims(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of `model` in which each Hardmax (opset < 13: the maximum over all axes from `axis` on, the input
-    flattened to 2-D there) runs on that 2-D flattening, Flatten -> Hardmax(axis=1) -> Reshape to the input's shape,
-    which every opset computes alike; `model` itself where it has no Hardmax."""
-    if not any(node.op_type == "Hardmax" and node.domain in ("", "ai.onnx") for node in all_nodes(model.graph)):
+def _rewritten(model: onnx.ModelProto, matches: Callable[[onnx.NodeProto], bool],
+               rewrite: Callable[[onnx.NodeProto], list[onnx.NodeProto]]) -> onnx.ModelProto:
+    """A copy of `model` in which every node `matches` picks (subgraphs too) is replaced by the nodes `rewrite` gives
+    for it; `model` itself where none matches."""
+    if not any(matches(node) for node in all_nodes(model.graph)):
         return model
     rewritten = onnx.ModelProto()
     rewritten.CopyFrom(model)
@@ -144,17 +150,57 @@ def _hardmax_on_two_dims(model: onnx.ModelProto) -> onnx.ModelProto:
     for graph in reversed(graphs):  # a body before the graph holding it, which copies it with its node
         nodes: list[onnx.NodeProto] = []
         for node in graph.node:
-            if node.op_type != "Hardmax" or node.domain not in ("", "ai.onnx"):
+            if matches(node):
+                nodes += rewrite(node)
+            else:
                 nodes.append(onnx.NodeProto())
                 nodes[-1].CopyFrom(node)
-                continue
-            axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
-            source, result = node.input[0], node.output[0]
-            shape, flat, hard = (f"{result}/qbench_hardmax_{part}" for part in ("shape", "flat", "2d"))
-            nodes += [helper.make_node("Shape", [source], [shape], name=f"{node.name}/shape"),
-                      helper.make_node("Flatten", [source], [flat], name=f"{node.name}/flatten", axis=axis),
-                      helper.make_node("Hardmax", [flat], [hard], name=node.name, axis=1),
-                      helper.make_node("Reshape", [hard, shape], [result], name=f"{node.name}/reshape")]  # fmt: skip
         del graph.node[:]
         graph.node.extend(nodes)
     return rewritten
+
+
+def _standard(op_type: str) -> Callable[[onnx.NodeProto], bool]:
+    return lambda node: node.op_type == op_type and node.domain in ("", "ai.onnx")
+
+
+def _per_element_batchnorms(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of `model` in which each inference BatchNormalization with `spatial: 0` (before opset 9: scale, bias,
+    mean and variance per element of a row, broadcast over the batch) is the arithmetic it computes, (x - mean) /
+    sqrt(variance + epsilon) * scale + bias; `model` itself where it has none."""
+
+    def per_element(node: onnx.NodeProto) -> bool:
+        spatial = next((a.i for a in node.attribute if a.name == "spatial"), 1)
+        return _standard("BatchNormalization")(node) and spatial == 0 and len([o for o in node.output if o]) == 1
+
+    def arithmetic(node: onnx.NodeProto) -> list[onnx.NodeProto]:
+        x, scale, bias, mean, variance = node.input[:5]
+        epsilon = next((a.f for a in node.attribute if a.name == "epsilon"), 1e-5)
+        part = [f"{node.output[0]}/qbench_bn_{name}" for name in ("eps", "shifted", "var_eps", "std", "normed", "scaled")]
+        return [helper.make_node("Constant", [], [part[0]], name=f"{node.name}/epsilon",
+                                 value=helper.make_tensor(part[0], onnx.TensorProto.FLOAT, [], [epsilon])),
+                helper.make_node("Sub", [x, mean], [part[1]], name=f"{node.name}/centre"),
+                helper.make_node("Add", [variance, part[0]], [part[2]], name=f"{node.name}/variance"),
+                helper.make_node("Sqrt", [part[2]], [part[3]], name=f"{node.name}/std"),
+                helper.make_node("Div", [part[1], part[3]], [part[4]], name=f"{node.name}/normalise"),
+                helper.make_node("Mul", [part[4], scale], [part[5]], name=f"{node.name}/scale"),
+                helper.make_node("Add", [part[5], bias], [node.output[0]], name=node.name)]  # fmt: skip
+
+    return _rewritten(model, per_element, arithmetic)
+
+
+def _hardmax_on_two_dims(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of `model` in which each Hardmax (opset < 13: the maximum over all axes from `axis` on, the input
+    flattened to 2-D there) runs on that 2-D flattening, Flatten -> Hardmax(axis=1) -> Reshape to the input's shape,
+    which every opset computes alike; `model` itself where it has no Hardmax."""
+
+    def two_dims(node: onnx.NodeProto) -> list[onnx.NodeProto]:
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+        source, result = node.input[0], node.output[0]
+        shape, flat, hard = (f"{result}/qbench_hardmax_{part}" for part in ("shape", "flat", "2d"))
+        return [helper.make_node("Shape", [source], [shape], name=f"{node.name}/shape"),
+                helper.make_node("Flatten", [source], [flat], name=f"{node.name}/flatten", axis=axis),
+                helper.make_node("Hardmax", [flat], [hard], name=node.name, axis=1),
+                helper.make_node("Reshape", [hard, shape], [result], name=f"{node.name}/reshape")]  # fmt: skip
+
+    return _rewritten(model, _standard("Hardmax"), two_dims)

@@ -105,6 +105,22 @@ def test_an_opset_upgrade_keeps_what_a_hardmax_before_13_computes(opset, axis, t
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("target", [9, 13, 21])
+def test_an_opset_upgrade_writes_a_per_element_batchnorm_as_its_arithmetic(target):
+    """BatchNormalization before opset 9 with spatial=0 (statistics per element of a row): onnx's converter stopped at
+    an assertion ('Attribute spatial must have value 1'), every variant raising the opset failed with it."""
+    stats = {name: RNG.uniform(0.5, 2.0, size=(3, 4)).astype(np.float32) for name in ("scale", "bias", "mean", "var")}
+    stats["mean"] -= 1.0
+    node = helper.make_node("BatchNormalization", ["x", *stats], ["y"], name="bn", spatial=0, epsilon=1e-3)
+    graph = helper.make_graph([node], "g", [_value("x", ["n", 3, 4])], [_value("y", ["n", 3, 4])],
+                              [numpy_helper.from_array(value, name) for name, value in stats.items()])  # fmt: skip
+    model = _model(graph, 7)
+    x = RNG.normal(size=(6, 3, 4)).astype(np.float32)
+    want = (x - stats["mean"]) / np.sqrt(stats["var"] + np.float32(1e-3)) * stats["scale"] + stats["bias"]
+    np.testing.assert_allclose(_run(model, x), want, rtol=1e-5, atol=1e-6)  # ONNX Runtime's reading of opset 7
+    np.testing.assert_allclose(_run(ensure_opset(model, target), x), want, rtol=1e-5, atol=1e-6)
+
+
 def test_a_nearest_resize_10_mixing_up_and_downsampling_is_refused_in_one_line():
     """ONNX Runtime floors the source pixel on an upsampling axis and ceils it on a downsampling one: no single
     Resize-11 nearest_mode computes both."""
