@@ -10,7 +10,9 @@ The emulation below restores the format's semantics at every tensor boundary:
 each op computes in FP32 (as hardware that accumulates in FP32 does), and each
 tensor the format stores is rounded to it by an explicit Cast to the format and
 back. A recurrent layer (LSTM, GRU, RNN) runs step by step with its state rounded
-after every step, as narrow-float hardware stores it (emulate_recurrent). ORT's Cast kernel rounds to nearest even with IEEE semantics: beyond
+after every step, as narrow-float hardware stores it (emulate_recurrent), and an
+inference BatchNormalization is folded into the Conv before it, as ONNX Runtime
+and TensorRT fold it, so that Conv's output is rounded once (emulate_fold). ORT's Cast kernel rounds to nearest even with IEEE semantics: beyond
 65504 a float16 is inf, below 2**-24 it is 0, in between the subnormals are
 kept; bfloat16 has FP32's range and 8 bits of precision. ORT keeps these Cast
 pairs at every optimisation level (ORT_ENABLE_ALL included; tested), and the
@@ -45,6 +47,7 @@ from onnx import TensorProto, helper, numpy_helper
 from qbench.errors import QbenchError
 from qbench.recipe_variants import EMULATED_TAG
 from qbench.variants.base import BuiltVariant
+from qbench.variants.emulate_fold import fold_conv_batch_norms
 from qbench.variants.emulate_recurrent import step_recurrent
 from qbench.variants.float_support import tensor_types
 from qbench.variants.onnx_utils import (
@@ -184,6 +187,7 @@ def _emulate_in_place(model: onnx.ModelProto) -> int:
             graph.initializer[index].CopyFrom(
                 numpy_helper.from_array(numpy_helper.to_array(tensor).astype(np.float32), tensor.name)
             )
+    fold_conv_batch_norms(model, _to_float16, eligible=lambda node: half.issuperset(node.output))
     widened_inputs = {i.name: f"{i.name}_fp32" for i in graph.input if i.name in half}
     head = [helper.make_node("Cast", [n], [w], to=TensorProto.FLOAT, name=f"{w}_cast")
             for n, w in widened_inputs.items()]  # fmt: skip
@@ -204,6 +208,12 @@ def _emulate_in_place(model: onnx.ModelProto) -> int:
     step_recurrent(model, TensorProto.FLOAT16, keep=float32_nodes)
     graph.ClearField("value_info")  # float16 annotations no longer hold
     return count
+
+
+def _to_float16(values: np.ndarray) -> np.ndarray:
+    """float32 values stored as float16, kept as float32 (the emulation computes in float32)."""
+    with np.errstate(over="ignore"):
+        return values.astype(np.float16).astype(np.float32)
 
 
 def emulated_model_path(artifact: Path) -> Path:
@@ -238,7 +248,8 @@ def float16_emulation(built: BuiltVariant) -> Emulation:
         raise QbenchError(f"variant {built.name!r}: {exc}") from exc
     scored = dataclasses.replace(built, onnx_path=path, session_hints={})
     method = (f"FP16 emulated: FP32 compute, {rounded} float16 tensors rounded to float16 at every op boundary "
-              "(IEEE: inf beyond 65504, 0 below 2**-24); LSTM/GRU/RNN state rounded at every step")  # fmt: skip
+              "(IEEE: inf beyond 65504, 0 below 2**-24); LSTM/GRU/RNN state rounded at every step; "
+              "BatchNorm folded into the Conv before it")  # fmt: skip
     return Emulation(scored, method)
 
 
