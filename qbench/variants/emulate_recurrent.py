@@ -11,8 +11,8 @@ one step (so every attribute, activation, clip, peephole and GRU `linear_before_
 followed by Cast(to) -> Cast(FLOAT) of the new state: the state each step hands on, the per-step output `Y` and the
 final `Y_h` / `Y_c` are all rounded. Reverse runs the Scan backwards; bidirectional runs one Scan per direction on
 that direction's weights and concatenates them as the operator does; `layout=1` is transposed to `layout=0` around
-it. A node with `sequence_lens` (per-row lengths, whose padding the step-wise form would have to mask) is left whole
-and logged: its state stays float32 between steps.
+it. A node with `sequence_lens` (per-row lengths, whose padding the step-wise form would have to mask), or in a graph
+before opset 9 (Scan-8 has another signature), is left whole and logged: its state stays float32 between steps.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from qbench.variants.reference import fresh_name, names_in
 log = logging.getLogger(__name__)
 
 RECURRENT_OP_TYPES = ("LSTM", "GRU", "RNN")
+SCAN_OPSET = 9  # Scan without a batch axis, and ConstantOfShape
 _STATES = {"LSTM": 2, "GRU": 1, "RNN": 1}  # h (and c): what one step hands the next
 _INITIAL = {"LSTM": (5, 6), "GRU": (5,), "RNN": (5,)}  # input index of initial_h (initial_c)
 _WEIGHTS = {"LSTM": (1, 2, 3, 7), "GRU": (1, 2, 3), "RNN": (1, 2, 3)}  # W, R, B (P): one slice per direction
@@ -61,9 +62,8 @@ class _Builder:
         return self.node(op, [source], base, axes=axes)
 
     def direction_slice(self, source: str, index: int, base: str) -> str:
-        """`source[index:index + 1]` along axis 0 (one direction's weights or initial state)."""
-        starts, ends = self.const(f"{base}/start", [index]), self.const(f"{base}/end", [index + 1])
-        return self.node("Slice", [source, starts, ends, self.const(f"{base}/axis", [0])], base)
+        """`source[index:index + 1]` along axis 0 (one direction's weights or initial state); Gather, in every opset."""
+        return self.node("Gather", [source, self.const(f"{base}/index", [index])], base, axis=0)
 
 
 def _attributes(node: onnx.NodeProto) -> dict[str, onnx.AttributeProto]:
@@ -72,8 +72,7 @@ def _attributes(node: onnx.NodeProto) -> dict[str, onnx.AttributeProto]:
 
 def _zeros_state(b: _Builder, x: str, hidden: int, base: str) -> str:
     """float32 zeros of shape [1, batch, hidden] for a layout-0 input `x` [T, batch, input]."""
-    batch = b.node("Slice", [b.node("Shape", [x], f"{base}/shape"), b.const(f"{base}/b0", [1]),
-                             b.const(f"{base}/b1", [2])], f"{base}/batch")  # fmt: skip
+    batch = b.direction_slice(b.node("Shape", [x], f"{base}/shape"), 1, f"{base}/batch")
     shape = b.node("Concat", [b.const(f"{base}/one", [1]), batch, b.const(f"{base}/hidden", [hidden])],
                    f"{base}/state_shape", axis=0)  # fmt: skip
     zero = helper.make_tensor("value", TensorProto.FLOAT, [1], [0.0])
@@ -165,9 +164,9 @@ def step_recurrent(model: onnx.ModelProto, to: int, keep: Collection[str] = ()) 
         if node.op_type not in RECURRENT_OP_TYPES or node.domain not in ("", "ai.onnx") or node.name in keep:
             nodes.append(node)
             continue
-        if len(node.input) > 4 and node.input[4]:
-            log.warning("%s %r has sequence_lens: left whole, its state stays float32 between steps",
-                        node.op_type, node.name)  # fmt: skip
+        if (len(node.input) > 4 and node.input[4]) or opset < SCAN_OPSET:
+            why = "has sequence_lens" if opset >= SCAN_OPSET else f"is in opset {opset} (Scan as used here: {SCAN_OPSET})"
+            log.warning("%s %r %s: left whole, its state stays float32 between steps", node.op_type, node.name, why)
             nodes.append(node)
             continue
         b.nodes = []

@@ -25,7 +25,7 @@ GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 
 
 def _recurrent_model(kind: str, direction: str = "forward", layout: int = 0, initial: bool = False,
-                     seed: int = 0) -> onnx.ModelProto:  # fmt: skip
+                     seed: int = 0, opset: int = 17) -> onnx.ModelProto:  # fmt: skip
     """x -> `kind` (every output named) -> graph outputs Y, Y_h (, Y_c); weights drawn from `seed`."""
     rng = np.random.default_rng(seed)
     d, g = (2 if direction == "bidirectional" else 1), GATES[kind]
@@ -40,14 +40,15 @@ def _recurrent_model(kind: str, direction: str = "forward", layout: int = 0, ini
             weights["c0"] = rng.normal(0, 0.5, state_shape)
             inputs.append("c0")
     outputs = ["Y", "Y_h", "Y_c"][: 3 if kind == "LSTM" else 2]
-    node = helper.make_node(kind, inputs, outputs, name="rnn", hidden_size=HIDDEN, direction=direction, layout=layout)
+    layout_attribute = {"layout": layout} if opset >= 14 else {}  # the attribute came with opset 14
+    node = helper.make_node(kind, inputs, outputs, name="rnn", hidden_size=HIDDEN, direction=direction, **layout_attribute)
     x_shape = [BATCH, STEPS, INPUT] if layout else [STEPS, BATCH, INPUT]
     graph = helper.make_graph(
         [node], "recurrent", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
         [helper.make_tensor_value_info(name, TensorProto.FLOAT, [None] * (4 if name == "Y" else 3)) for name in outputs],
         [numpy_helper.from_array(value.astype(np.float32), name) for name, value in weights.items()],
     )  # fmt: skip
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
 
 
 def _run(model: onnx.ModelProto | Path, x: np.ndarray) -> list[np.ndarray]:
@@ -124,6 +125,19 @@ def test_stepped_recurrent_computes_what_the_operator_computes(kind, direction, 
     onnx.checker.check_model(stepped)
     for got, want in zip(_run(stepped, x), expected, strict=True):
         assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("opset", [9, 11])
+def test_stepped_recurrent_in_opsets_before_13(opset):
+    """Opsets 9-12: Unsqueeze takes its axes as an attribute, and the direction slices are Gathers (Slice takes
+    inputs from opset 10 only)."""
+    model = _recurrent_model("LSTM", "bidirectional", initial=True, opset=opset)
+    x = np.random.default_rng(1).normal(0, 1.5, [STEPS, BATCH, INPUT]).astype(np.float32)
+    expected = _run(model, x)
+    assert step_recurrent(model, TensorProto.FLOAT) == 1
+    onnx.checker.check_model(model)
+    for got, want in zip(_run(model, x), expected, strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
