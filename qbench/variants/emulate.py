@@ -9,7 +9,10 @@ model that overflows on one slice passes on CPU and fails on a GPU.
 The emulation below restores the format's semantics at every tensor boundary:
 each op computes in FP32 (as hardware that accumulates in FP32 does), and each
 tensor the format stores is rounded to it by an explicit Cast to the format and
-back. ORT's Cast kernel rounds to nearest even with IEEE semantics: beyond
+back. A recurrent layer (LSTM, GRU, RNN) runs step by step with its state rounded
+after every step, as narrow-float hardware stores it (emulate_recurrent), and an
+inference BatchNormalization is folded into the Conv before it, as ONNX Runtime
+and TensorRT fold it, so that Conv's output is rounded once (emulate_fold). ORT's Cast kernel rounds to nearest even with IEEE semantics: beyond
 65504 a float16 is inf, below 2**-24 it is 0, in between the subnormals are
 kept; bfloat16 has FP32's range and 8 bits of precision. ORT keeps these Cast
 pairs at every optimisation level (ORT_ENABLE_ALL included; tested), and the
@@ -44,23 +47,19 @@ from onnx import TensorProto, helper, numpy_helper
 from qbench.errors import QbenchError
 from qbench.recipe_variants import EMULATED_TAG
 from qbench.variants.base import BuiltVariant
+from qbench.variants.emulate_fold import fold_conv_batch_norms
+from qbench.variants.emulate_recurrent import step_recurrent
 from qbench.variants.float_support import tensor_types
-from qbench.variants.onnx_utils import check_model_against, load_model, save_model, topologically_sorted
+from qbench.variants.onnx_utils import (
+    check_model_against,
+    load_model,
+    round_trip,
+    save_model,
+    topologically_sorted,
+)
 
 EMULATED_SUFFIX = f".{EMULATED_TAG}.onnx"
 _TYPE_ATTRIBUTES = ("to", "dtype", "output_dtype")
-
-
-def round_trip(source: str, target: str, to: int, *, back: bool = True) -> list[onnx.NodeProto]:
-    """Cast FLOAT `source` to the format `to` and (when `back`) to FLOAT again into `target`."""
-    label = TensorProto.DataType.Name(to).lower()
-    if not back:
-        return [helper.make_node("Cast", [source], [target], to=to, name=f"{target}_to_{label}")]
-    narrowed = f"{target}_{label}"
-    return [
-        helper.make_node("Cast", [source], [narrowed], to=to, name=f"{target}_to_{label}"),
-        helper.make_node("Cast", [narrowed], [target], to=TensorProto.FLOAT, name=f"{target}_from_{label}"),
-    ]
 
 
 def _subgraphs(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
@@ -188,6 +187,7 @@ def _emulate_in_place(model: onnx.ModelProto) -> int:
             graph.initializer[index].CopyFrom(
                 numpy_helper.from_array(numpy_helper.to_array(tensor).astype(np.float32), tensor.name)
             )
+    fold_conv_batch_norms(model, _to_float16, eligible=lambda node: half.issuperset(node.output))
     widened_inputs = {i.name: f"{i.name}_fp32" for i in graph.input if i.name in half}
     head = [helper.make_node("Cast", [n], [w], to=TensorProto.FLOAT, name=f"{w}_cast")
             for n, w in widened_inputs.items()]  # fmt: skip
@@ -201,11 +201,19 @@ def _emulate_in_place(model: onnx.ModelProto) -> int:
         if node.op_type == "Cast" and node.output[0] in half:
             node.ClearField("attribute")
             node.attribute.append(helper.make_attribute("to", TensorProto.FLOAT))  # the round trip below narrows it
+    float32_nodes = {node.name for node in graph.node if not half.intersection(node.output)}  # kept FP32 by the build
     nodes, count = _round_node_outputs(graph, half - exact, TensorProto.FLOAT16, graph_output_type=TensorProto.FLOAT16)
     graph.ClearField("node")
     graph.node.extend(topologically_sorted(head + nodes))
+    step_recurrent(model, TensorProto.FLOAT16, keep=float32_nodes)
     graph.ClearField("value_info")  # float16 annotations no longer hold
     return count
+
+
+def _to_float16(values: np.ndarray) -> np.ndarray:
+    """float32 values stored as float16, kept as float32 (the emulation computes in float32)."""
+    with np.errstate(over="ignore"):
+        return values.astype(np.float16).astype(np.float32)
 
 
 def emulated_model_path(artifact: Path) -> Path:
@@ -240,7 +248,8 @@ def float16_emulation(built: BuiltVariant) -> Emulation:
         raise QbenchError(f"variant {built.name!r}: {exc}") from exc
     scored = dataclasses.replace(built, onnx_path=path, session_hints={})
     method = (f"FP16 emulated: FP32 compute, {rounded} float16 tensors rounded to float16 at every op boundary "
-              "(IEEE: inf beyond 65504, 0 below 2**-24)")  # fmt: skip
+              "(IEEE: inf beyond 65504, 0 below 2**-24); LSTM/GRU/RNN state rounded at every step; "
+              "BatchNorm folded into the Conv before it")  # fmt: skip
     return Emulation(scored, method)
 
 

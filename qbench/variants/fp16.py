@@ -41,6 +41,8 @@ from qbench.onnx_read import infer_shapes
 from qbench.recipe import VariantSpec
 from qbench.variants.base import BuildContext, BuiltVariant
 from qbench.variants.emulate import round_float_tensors
+from qbench.variants.emulate_fold import fold_conv_batch_norms
+from qbench.variants.emulate_recurrent import step_recurrent
 from qbench.variants.float_support import (
     CONTRACTION_OP_TYPES,
     DEFAULT_DOMAINS,
@@ -363,8 +365,10 @@ def build_bf16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         kept_text = kept.described(model)
         kept = _float32_copies_for_kept(model, kept, types)
         saturated, saturated_constants = _saturate_to_bf16(model, set(kept.names))
+        params["folded_batch_norms"] = fold_conv_batch_norms(model, round_to_bf16, keep=set(kept.names))
         weights = _round_weights_to_bf16(model, set(kept.names))
         activations = round_float_tensors(model, TensorProto.BFLOAT16, keep=set(kept.names))
+        params["stepped_recurrent"] = step_recurrent(model, TensorProto.BFLOAT16, keep=set(kept.names))
         check_model_against(model, ctx.reference_path.resolve())
         save_model(model, target)
     kept_note = [f"kept in FP32: {kept_text}", *lowered_note] if kept.reasons else []

@@ -26,6 +26,7 @@ from typing import Any, BinaryIO
 import numpy as np
 import onnx
 import onnx.numpy_helper
+from onnx import TensorProto, helper
 
 from qbench.errors import QbenchError, one_line
 from qbench.files import new_folder, writing_file
@@ -462,3 +463,15 @@ def _value_bytes(array: np.ndarray) -> bytes:
         return array.tobytes()
     values = [v if isinstance(v, bytes) else str(v).encode() for v in array.reshape(-1)]
     return b"".join(len(v).to_bytes(8, "little") + v for v in values)
+
+
+def round_trip(source: str, target: str, to: int, *, back: bool = True) -> list[onnx.NodeProto]:
+    """Cast FLOAT `source` to the format `to` and (when `back`) to FLOAT again into `target`."""
+    label = TensorProto.DataType.Name(to).lower()
+    if not back:
+        return [helper.make_node("Cast", [source], [target], to=to, name=f"{target}_to_{label}")]
+    narrowed = f"{target}_{label}"
+    return [
+        helper.make_node("Cast", [source], [narrowed], to=to, name=f"{target}_to_{label}"),
+        helper.make_node("Cast", [narrowed], [target], to=TensorProto.FLOAT, name=f"{target}_from_{label}"),
+    ]
