@@ -288,27 +288,6 @@ def test_labels_outside_the_model_classes_are_a_user_error(task: dict[str, Any],
         build_qat(_spec(), _context(task, tmp_path, training=training))
 
 
-class _FlattenByView(torch.nn.Module):
-    """The CNN flattened with x.view(x.size(0), -1): torch.export keeps the size symbolic, the TorchScript trace of
-    its graph records it as the example's batch."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.body = _tiny_cnn(batch_norm=False)[:5]
-        self.head = torch.nn.Linear(8 * 3 * 3, CLASSES)
-
-    def forward(self, image: torch.Tensor) -> torch.Tensor:
-        features = self.body(image)
-        return self.head(features.view(features.size(0), -1))
-
-
-def test_an_export_fixed_to_the_example_batch_is_refused(task: dict[str, Any], tmp_path: Path) -> None:
-    """It gave 2 rows for any batch (or failed in a Gemm): scoring then blamed the model's output."""
-    source = replace(task["torch_model"], _template=_FlattenByView().eval())
-    with pytest.raises(QbenchError, match=r"variant 'int8-qat': exporting to ONNX: the ONNX graph does not follow the batch"):
-        build_qat(_spec(epochs=1), _context(task, tmp_path, torch_model=source))
-
-
 class _FeaturesThenScores(torch.nn.Module):
     def __init__(self, model: torch.nn.Module) -> None:
         super().__init__()
