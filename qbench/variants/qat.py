@@ -179,14 +179,18 @@ class TrainingSet:
     loss: str
     task: Task
     output_index: int = 0  # which of forward()'s outputs the loss is computed on
+    probabilities: bool = False  # that output holds probabilities: the loss reads it through task.qat_logits
 
     @property
     def rows(self) -> int:
         return int(self.inputs[0].shape[0])
 
+    def scores(self, output: torch.Tensor) -> torch.Tensor:
+        return self.task.qat_logits(output) if self.probabilities else output
+
     def loss_on(self, module: torch.nn.Module, rows: torch.Tensor) -> torch.Tensor:
         output = flatten_outputs(module(*(tensor[rows] for tensor in self.inputs)))[self.output_index]
-        return self.task.qat_loss(self.loss, output, self.targets[rows])
+        return self.task.qat_loss(self.loss, self.scores(output), self.targets[rows])
 
 
 def build_qat(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
@@ -224,6 +228,7 @@ def build_qat(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         "qat.loss": qat.loss,
         "qat.seed": qat.seed,
         "qat.train_rows": training.rows,
+        "qat.scores": "probabilities (the loss reads them as logits)" if training.probabilities else "as output",
         "qat.train_seconds": round(train_seconds, 3),
         "qat.loss_per_epoch": [round(loss, 6) for loss in losses],
         "calibration_batches": len(ctx.calibration),
@@ -281,11 +286,13 @@ def _training_set(
     task = get_task(data.task)
     teacher = torch_model.build()
     with torch.no_grad():
-        if qat.loss == "distill":
-            outputs = [flatten_outputs(teacher(*(t[i : i + step] for t in inputs)))[index]
-                       for i in range(0, len(inputs[0]), step)]  # fmt: skip
-            return TrainingSet(inputs, task.qat_distill_targets(torch.cat(outputs)), "distill", task, index)
-        output = flatten_outputs(teacher(*(t[:2] for t in inputs)))[index]
+        outputs = torch.cat([flatten_outputs(teacher(*(t[i : i + step] for t in inputs)))[index]
+                             for i in range(0, len(inputs[0]), step)])  # fmt: skip
+    probabilities = task.qat_reads_probabilities(outputs.numpy(), data.probabilities)
+    if qat.loss == "distill":
+        targets = task.qat_distill_targets(task.qat_logits(outputs) if probabilities else outputs)
+        return TrainingSet(inputs, targets, "distill", task, index, probabilities)
+    output = outputs[:2]
     if data.labels is None or len(data.labels) != len(inputs[0]):
         count = 0 if data.labels is None else len(data.labels)
         raise QbenchError(f"variant {name!r}: qat.loss 'label' got {count} labels for {len(inputs[0])} rows")
@@ -293,7 +300,7 @@ def _training_set(
         targets = task.qat_label_targets(data.labels, output)
     except QbenchError as exc:
         raise QbenchError(f"variant {name!r}: {exc}") from None
-    return TrainingSet(inputs, targets, "label", task, index)
+    return TrainingSet(inputs, targets, "label", task, index, probabilities)
 
 
 def _prepare(torch_model: Any, scheme: QatScheme) -> torch.fx.GraphModule:

@@ -313,6 +313,24 @@ def test_the_loss_is_computed_on_the_recipes_output(task: dict[str, Any]) -> Non
         assert float(training.loss_on(source.build(), rows)) == pytest.approx(float(expected), rel=1e-5)
 
 
+def test_the_label_loss_of_a_softmax_model_reads_its_probabilities(task: dict[str, Any], tmp_path: Path) -> None:
+    """forward() ends in a softmax: cross-entropy took the probabilities as logits (a loss of at least 0.74 with 4
+    classes however right the model), so the recorded loss said nothing and the gradients were flattened."""
+    from qbench.variants.qat import _training_set
+
+    softmax = torch.nn.Sequential(task["torch_model"].build(), torch.nn.Softmax(dim=-1)).eval()
+    source = replace(task["torch_model"], _template=softmax)
+    training = _training_set("int8-qat", _spec().qat, source, task["training"], ["image"])
+    rows = torch.arange(64)
+    with torch.no_grad():
+        probabilities = softmax(training.inputs[0][rows]).numpy().astype(np.float64)
+        loss = float(training.loss_on(source.build(), rows))
+    labels = task["training"].labels[:64]
+    assert loss == pytest.approx(-np.mean(np.log(probabilities[np.arange(64), labels])), rel=1e-5)
+    variant = build_qat(_spec(epochs=1), _context(task, tmp_path, torch_model=source))
+    assert variant.params["qat.scores"] == "probabilities (the loss reads them as logits)"
+
+
 @pytest.mark.parametrize(
     ("update", "message"),
     [
