@@ -217,6 +217,11 @@ class Task(ABC):
 
     # -- QAT ---------------------------------------------------------------------------------------
 
+    @property
+    def has_qat_label_loss(self) -> bool:
+        """Whether qat.loss 'label' applies: the task turns labels into QAT targets (it overrides qat_label_targets)."""
+        return type(self).qat_label_targets is not Task.qat_label_targets
+
     def qat_reads_probabilities(self, teacher_output: np.ndarray, stated: bool | None) -> bool:
         """Whether the module's scores are probabilities, read as `rows` reads them (`stated`: the graph's word, else
         FP32's values on the training rows): the QAT loss then takes them through qat_logits first."""
