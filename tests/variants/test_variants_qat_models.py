@@ -1,8 +1,9 @@
-"""QAT of models whose forward() reads the batch size: the exported Q/DQ graph follows the batch, as the module does.
+"""QAT of model shapes beyond the tiny CNN of test_variants_qat: forward() reading the batch size, residual adds.
 
-torch.export keeps such a size symbolic (`aten.sym_size.int`); the TorchScript trace of the converted graph recorded
-it as the example's batch, so a flatten by `x.view(x.size(0), -1)`, an RNN's initial state and a transformer's
-attention reshapes were refused ("does not follow the batch size") where INT8 PTQ of the same models ran.
+torch.export keeps a size forward() reads symbolic (`aten.sym_size.int`); the TorchScript trace of the converted graph
+recorded it as the example's batch, so a flatten by `x.view(x.size(0), -1)`, an RNN's initial state and a transformer's
+attention reshapes were refused ("does not follow the batch size") where INT8 PTQ of the same models ran. And
+X86InductorQuantizer's Conv + add pattern left a residual block's convolutions in float under ONNX Runtime.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 import torch
@@ -17,7 +19,9 @@ import torch
 from qbench.recipe import VariantSpec
 from qbench.sources.torch_model import TorchModel
 from qbench.variants.base import BuildContext, BuiltVariant, TrainingData
+from qbench.variants.integer_kernels import with_integer_kernels
 from qbench.variants.qat import build_qat
+from tests.variants.conftest import ort_integer_kernels
 
 CLASSES = 3
 STEPS, FEATURES = 4, 5
@@ -92,3 +96,36 @@ def test_the_qdq_export_follows_the_batch_and_computes_the_modules_outputs(modul
         assert got.shape == (batch, CLASSES)
         assert np.abs(got - expected).max() <= 0.05, f"batch {batch}: max |ORT - torch form| {np.abs(got - expected).max()}"
         assert np.array_equal(got.argmax(1), expected.argmax(1))
+
+
+class _Residual(torch.nn.Module):
+    """A stem and one residual block (conv, relu, conv, + the block's input, relu), then a linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(1, 4, 3, padding=1)
+        self.conv1 = torch.nn.Conv2d(4, 4, 3, padding=1)
+        self.conv2 = torch.nn.Conv2d(4, 4, 3, padding=1)
+        self.head = torch.nn.Linear(4 * STEPS * FEATURES, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.stem(x))
+        x = torch.relu(x + self.conv2(torch.relu(self.conv1(x))))
+        return self.head(x.flatten(1))
+
+
+def test_every_convolution_of_a_residual_block_runs_as_an_integer_kernel(tmp_path: Path) -> None:
+    """The conv before the add, whose output X86's Conv + add pattern left unquantized, ran as a float Conv on
+    dequantized weights: 2 of 3 fused. The head, whose output is the model's, stays a float Gemm."""
+    built, held_out = _build(_Residual(), (1, STEPS, FEATURES), tmp_path)
+    kernels = with_integer_kernels(built, onnx.load(str(built.onnx_path))).params["quantized_op_types"]
+    assert kernels == {"Conv": 3}
+    assert ort_integer_kernels(built.onnx_path, tmp_path) == 3
+    graph = onnx.load(str(built.onnx_path)).graph
+    producers = {output: node.op_type for node in graph.node for output in node.output}
+    # a grid on a conv's output before its torch.relu would also span the negative half: quantized after the ReLU
+    assert [producers[node.input[0]] for node in graph.node if node.op_type == "Relu"] == ["Conv", "Conv", "Add"]
+    session = ort.InferenceSession(str(built.onnx_path), providers=["CPUExecutionProvider"])
+    with torch.no_grad():
+        expected = built.torch_module()(torch.from_numpy(held_out)).numpy()
+    assert np.array_equal(session.run(None, {"x": held_out})[0].argmax(1), expected.argmax(1))
