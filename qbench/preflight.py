@@ -490,11 +490,9 @@ def _training(
         if recipe.data.nonfinite_inputs == "keep":
             qat_refuses_nonfinite(recipe.source, spec.name, index, (rows, nonfinite), calibration)
         check_finite(table, rows, nonfinite, slices, what=f"{spec.name} training", recipe_file=recipe.source)
-        labels = (
-            _labels(recipe, task, table, rows, outputs)
-            if spec.qat.loss == "label" and recipe.data.label is not None
-            else None
-        )
+        use_labels = spec.qat.loss == "label" and recipe.data.label is not None
+        labels = _labels(recipe, task, table, rows, outputs) if use_labels else None
         feeds = build_feeds(table, rows, inputs, model.inputs, recipe_file=recipe.source)
-        training[spec.name] = TrainingData(feeds=feeds, labels=labels, task=recipe.task, output_index=outputs[0].index)
+        training[spec.name] = TrainingData(feeds=feeds, labels=labels, task=recipe.task, output_index=outputs[0].index,
+                                           probabilities=outputs[0].meta.probabilities)
     return training

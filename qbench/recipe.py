@@ -268,6 +268,8 @@ class Recipe(_Strict):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Recipe:
+        from qbench.errors import QbenchError
+        from qbench.tasks import get_task
 
         names = [v.name for v in self.variants]
         duplicates = sorted({n for n in names if names.count(n) > 1})
@@ -286,6 +288,8 @@ class Recipe(_Strict):
                 )
             if v.compile and not any(b.startswith("torch-") for b in self.backends):
                 raise ValueError(f"variants[{index}].compile: applies only to torch-cpu / torch-cuda backends")
+            if v.qat is not None and v.qat.loss == "label" and not get_task(self.task).has_qat_label_loss:
+                raise ValueError(f"variants[{index}].qat.loss: task {self.task!r} has no label loss; use 'distill'")
             if v.qat is not None and v.qat.loss == "label" and self.data.label is None:
                 raise ValueError(f"variants[{index}].qat.loss: 'label' needs data.label; use 'distill' without labels")
         if isinstance(self.data.label, list) and self.task != "multilabel":
@@ -294,9 +298,6 @@ class Recipe(_Strict):
         for index, backend in enumerate(self.backends):
             if backend.startswith("torch-") and self.model.torch is None:
                 raise ValueError(f"backends[{index}]: {backend} needs a PyTorch model source (model.torch)")
-        from qbench.errors import QbenchError
-        from qbench.tasks import get_task
-
         try:
             get_task(self.task).configured(self.task_options)
         except QbenchError as exc:

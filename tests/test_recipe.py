@@ -161,6 +161,12 @@ def test_fingerprint_ignores_the_gate_but_not_the_model(tmp_path):
             {"variants": [{"name": "q", "precision": "int8", "calibrator": "minmax", "qat": {}, "exclude_nodes": ["n"]}]},
             "recipe.yaml: variants[0].exclude_nodes: does not apply to QAT variants",
         ),
+        (  # it said "'label' needs data.label", which task embedding refuses: the user was sent from one error to another
+            {"task": "embedding", "model": {"torch": "pkg.models:build", "example_inputs": {"x": [1, 4]}},
+             "gate": {"metric": "cosine"},
+             "variants": [{"name": "q", "precision": "int8", "calibrator": "minmax", "qat": {"loss": "label"}}]},
+            "recipe.yaml: variants[0].qat.loss: task 'embedding' has no label loss; use 'distill'",
+        ),
         (
             {"backends": ["onnxruntime-cpu", "torch-cpu"]},
             "recipe.yaml: backends[1]: torch-cpu needs a PyTorch model source (model.torch)",

@@ -217,6 +217,20 @@ class Task(ABC):
 
     # -- QAT ---------------------------------------------------------------------------------------
 
+    @property
+    def has_qat_label_loss(self) -> bool:
+        """Whether qat.loss 'label' applies: the task turns labels into QAT targets (it overrides qat_label_targets)."""
+        return type(self).qat_label_targets is not Task.qat_label_targets
+
+    def qat_reads_probabilities(self, teacher_output: np.ndarray, stated: bool | None) -> bool:
+        """Whether the module's scores are probabilities, read as `rows` reads them (`stated`: the graph's word, else
+        FP32's values on the training rows): the QAT loss then takes them through qat_logits first."""
+        return False
+
+    def qat_logits(self, probabilities: torch.Tensor) -> torch.Tensor:
+        """Probabilities as the logits the QAT losses expect (a softmax or sigmoid of them gives them back)."""
+        return probabilities
+
     def qat_label_targets(self, labels: np.ndarray, output: torch.Tensor) -> torch.Tensor:
         """Labels as the targets of `qat_loss('label', ...)`, checked against a sample of the module's output."""
         raise QbenchError(f"task {self.name!r} has no label loss for QAT; use qat.loss 'distill'")

@@ -129,6 +129,15 @@ class Multilabel(Task):
         target = reference_predicted if labels is None else labels
         return MultilabelRows(outputs, reference, predicted, reference_predicted, target)
 
+    def qat_reads_probabilities(self, teacher_output: np.ndarray, stated: bool | None) -> bool:
+        return bool(metrics.looks_like_sigmoid(teacher_output)) if stated is None else stated
+
+    def qat_logits(self, probabilities: torch.Tensor) -> torch.Tensor:
+        """logit(p), as binary_cross_entropy_with_logits expects (on p itself, a sure 'yes' of 1.0 read as 0.73)."""
+        import torch
+
+        return torch.logit(probabilities, eps=1e-7)
+
     def qat_label_targets(self, labels: np.ndarray, output: torch.Tensor) -> torch.Tensor:
         import torch
 

@@ -29,6 +29,7 @@ class TrainingData:
     labels: np.ndarray | None = None
     task: str = "classification"  # the recipe's task: it decides the QAT loss
     output_index: int = 0  # the model output the loss is computed on: the recipe's (first) evaluated output
+    probabilities: bool | None = None  # the graph makes that output as probabilities / as logits; None: unstated
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ checks what it wrote: that the graph holds the module's quantization, and that i
 from __future__ import annotations
 
 import warnings
+from copy import deepcopy
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +56,7 @@ def export_onnx(module: torch.fx.GraphModule, torch_model: Any, path: Path) -> P
         # the tracer warns about torch.export's batch-size guard and about sizes it records as constants; the
         # batch check below finds the constants that matter
         warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
-        torch_model.export(InferenceModule(module), path)
+        torch_model.export(InferenceModule(traceable_sizes(module)), path)
     lost = lost_quantization(path, module)
     if lost is not None:
         raise RuntimeError(lost)  # build_step names the variant and the step
@@ -63,10 +64,44 @@ def export_onnx(module: torch.fx.GraphModule, torch_model: Any, path: Path) -> P
     if wrong is not None:
         raise RuntimeError(  # build_step names the variant and the step
             f"the ONNX graph does not follow the batch size ({wrong}): the TorchScript exporter recorded "
-            "a size of the QAT graph as a constant (a reshape to the batch, an RNN's initial state); INT8 PTQ "
-            "variants of this model do not have this limit"
+            "a size of the QAT graph as a constant (an op reading the batch that torch has no Python binding "
+            "for); INT8 PTQ variants of this model do not have this limit"
         )
     return path
+
+
+def traceable_sizes(module: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy of `module` whose tensor sizes the TorchScript tracer records as values of the graph, not constants.
+
+    torch.export writes a dynamic size as `aten.sym_size.int(x, d)`, which the tracer records as the int it returns
+    (the example's batch), and an op taking sizes (`aten.view.default(x, [b, -1])`, an RNN's initial state
+    `aten.zeros.default([1, b, h])`) as an aten overload, whose sizes the tracer records as constants too: only
+    the Python bindings (`Tensor.view`, `torch.zeros`) record a traced size inside a list. The copy reads each size
+    with `Tensor.size` and calls every op that takes one, directly or through arithmetic on sizes, by its binding;
+    an op without one keeps its overload (and the batch check after the export names what stayed fixed).
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch's pytree internals, while copying the graph
+        copy = deepcopy(module)
+    sizes: set[torch.fx.Node] = set()
+    for node in copy.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if node.target is torch.ops.aten.sym_size.int:
+            node.target = _size
+            sizes.add(node)
+        elif any(arg in sizes for arg in node.all_input_nodes):
+            if not isinstance(node.target, torch._ops.OpOverload):
+                sizes.add(node)  # arithmetic on sizes (operator.mul): a size itself
+                continue
+            name = node.target.overloadpacket.__name__
+            node.target = getattr(torch, name, None) or getattr(torch.Tensor, name, node.target)
+    copy.recompile()
+    return copy
+
+
+def _size(tensor: torch.Tensor, dim: int) -> Any:
+    return tensor.size(dim)
 
 
 def lost_quantization(path: Path, module: torch.fx.GraphModule) -> str | None:

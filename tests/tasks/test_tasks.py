@@ -105,3 +105,28 @@ def test_every_metric_the_catalogue_says_counts_fp32_s_nan_rows_stays_defined_wh
                                        {f"o{i}": reference for i in range(together)} if together else reference,
                                        None, {}).overall.metrics  # fmt: skip
             assert all(np.isfinite(values[metric]) for metric in counting), (name, values)
+
+
+def test_qat_losses_read_probabilities_as_the_metrics_do() -> None:
+    """Scores that are probabilities go through the task's qat_logits: cross-entropy and BCE then score the
+    probabilities the model gave (on p itself, a right answer of 0.9 scored as if 0.9 were a logit)."""
+    torch = pytest.importorskip("torch")
+    probabilities = np.array([[0.9, 0.1], [0.2, 0.8]], dtype=np.float32)
+    expected = -(np.log(0.9) + np.log(0.8)) / 2  # 0.16425
+    classification = get_task("classification")
+    assert classification.qat_reads_probabilities(probabilities, None)  # rows are distributions
+    assert not classification.qat_reads_probabilities(probabilities, False)  # the graph says logits
+    assert not classification.qat_reads_probabilities(np.array([[2.0, -1.0], [0.5, 3.0]]), None)
+    scores = classification.qat_logits(torch.from_numpy(probabilities))
+    targets = classification.qat_label_targets(np.array([0, 1]), scores)
+    assert float(classification.qat_loss("label", scores, targets)) == pytest.approx(expected, rel=1e-5)
+    teacher = classification.qat_distill_targets(scores)
+    assert torch.allclose(teacher.exp(), torch.from_numpy(probabilities))
+
+    multilabel = get_task("multilabel")
+    sigmoids = np.array([[0.9, 0.2]], dtype=np.float32)
+    assert multilabel.qat_reads_probabilities(sigmoids, None) and not multilabel.qat_reads_probabilities(sigmoids - 1, None)
+    scores = multilabel.qat_logits(torch.from_numpy(sigmoids))
+    targets = multilabel.qat_label_targets(np.array([[1, 0]]), scores)
+    assert float(multilabel.qat_loss("label", scores, targets)) == pytest.approx(expected, rel=1e-5)
+    assert not get_task("regression").qat_reads_probabilities(sigmoids, None)

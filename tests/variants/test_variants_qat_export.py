@@ -56,3 +56,25 @@ class _DroppingExporter:
 def test_export_refuses_a_graph_that_lost_the_quantization(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="would compute in float"):
         export_onnx(_fake_quant_module(), _DroppingExporter(), tmp_path / "qat.onnx")
+
+
+class _FixedBatchExporter:
+    """A model source whose exporter keeps the module's Q/DQ but reshapes to the example's batch of 2."""
+
+    input_names = ("x",)
+
+    def example_inputs(self, batch: int = 2) -> tuple[torch.Tensor, ...]:
+        return (torch.rand(batch, 4),)
+
+    def export(self, module: torch.nn.Module, path: Path) -> None:
+        qparams = [helper.make_tensor("s", TensorProto.FLOAT, [], [0.1]), helper.make_tensor("z", TensorProto.INT8, [], [0]),
+                   helper.make_tensor("shape", TensorProto.INT64, [2], [2, 4])]  # fmt: skip
+        _save(path, [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+                     helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),
+                     helper.make_node("Reshape", ["d", "shape"], ["y"])], qparams)  # fmt: skip
+
+
+def test_export_refuses_a_graph_fixed_to_the_example_batch(tmp_path: Path) -> None:
+    """What traceable_sizes cannot make dynamic (an op without a Python binding) is still caught, not measured."""
+    with pytest.raises(RuntimeError, match=r"the ONNX graph does not follow the batch size \(at batch 3"):
+        export_onnx(_fake_quant_module(), _FixedBatchExporter(), tmp_path / "qat.onnx")
