@@ -19,7 +19,8 @@
       price_per_hour, usd_per_million {"b<batch>": ..., "max_rate": ...}
       bound BoundEstimate     compute-, memory- or overhead-bound, an estimate with its basis
     LoadStats: rate_rps, requests, p50_ms, p95_ms, p99_ms, mean_ms, mean_wait_ms, mean_batch_size, achieved_rps,
-              overloaded
+              overloaded, over_budget_upper (a real run's upper confidence bound of its share of requests over the
+              budget: qbench.validate.tail; null where none was bounded)
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ class LoadStats:
     # the rate is at or above what one instance sustains (full batches at the mean service time): under sustained
     # traffic its queue grows without bound, however short the finite simulation's tail looks
     overloaded: bool = False
+    # a real run's one-sided 95 % upper confidence bound of the share of its requests over the budget, over its
+    # regenerative cycles (qbench.validate.tail); None: not bounded (a simulation's figures, or no budget given)
+    over_budget_upper: float | None = None
 
 
 @dataclass(frozen=True)
