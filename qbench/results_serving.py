@@ -11,16 +11,15 @@
       simulated_max_rate_rps, simulations, simulated_requests, simulated_undecided
                               the highest Poisson rate whose simulated p99 was shown within the budget (an upper
                               confidence bound; null: none was), the simulations tried, the requests of those that
-                              showed it, and whether the rate 5 % higher was still neither shown within nor over it
-                              at the most requests drawn (the rate is then claimed lower than the data could place it)
+                              showed it, and whether the search did not settle within the most requests it may draw
+                              (the rate is then claimed lower than more requests could place it)
       max_rate_rps, at_max_rate LoadStats, served_runs
                               the highest rate, from the simulated one down, at which a real in-process server met
                               the budget (null: none tried did), its real figures, the real runs tried
       price_per_hour, usd_per_million {"b<batch>": ..., "max_rate": ...}
       bound BoundEstimate     compute-, memory- or overhead-bound, an estimate with its basis
     LoadStats: rate_rps, requests, p50_ms, p95_ms, p99_ms, mean_ms, mean_wait_ms, mean_batch_size, achieved_rps,
-              overloaded, over_budget_upper (a real run's upper confidence bound of its share of requests over the
-              budget: qbench.validate.tail; null where none was bounded)
+              overloaded
 """
 
 from __future__ import annotations
@@ -48,9 +47,6 @@ class LoadStats:
     # the rate is at or above what one instance sustains (full batches at the mean service time): under sustained
     # traffic its queue grows without bound, however short the finite simulation's tail looks
     overloaded: bool = False
-    # a real run's one-sided 95 % upper confidence bound of the share of its requests over the budget, over its
-    # regenerative cycles (qbench.validate.tail); None: not bounded (a simulation's figures, or no budget given)
-    over_budget_upper: float | None = None
 
 
 @dataclass(frozen=True)

@@ -317,14 +317,13 @@ def test_cost_figures_of_a_sweep_by_hand(tmp_path):
     )))  # fmt: skip
     samples = {1: np.full(200, 1.0), 4: np.full(200, 2.0)}
     points = [LatencyPoint(1, 0, 200, 1.0, 1.0, 1.0, 1.0, 1000.0), LatencyPoint(4, 0, 200, 2.0, 2.0, 2.0, 2.0, 2000.0)]
-    # a real server exactly as fast as the timed runs, replaying the draws that showed the simulated rate, with their
-    # bound: the rate served is the simulated one
+    # a real server exactly as fast as the timed runs, replaying the draws that showed the simulated rate: the rate
+    # served is the simulated one
     replay = LoadReplay(FixedServiceTime(2 / 3, 1 / 3, 4), Batcher(4, 1.0), Draws.make(2000, 0))
     shown = replay.with_requests(search_max_rate(replay, 10.0).requests)
 
     def server(rate, overhead_ms, budget_ms):
-        stats, tail = shown.within(rate, budget_ms, overhead_ms=overhead_ms)
-        return replace(stats, over_budget_upper=tail.upper)
+        return shown.at(rate, overhead_ms=overhead_ms)
 
     serving = serving_figures(recipe, "onnxruntime-cpu", samples, points, model_bytes=4000, runtime={},
                               preprocess_ms_per_row=0.0, server=server)  # fmt: skip

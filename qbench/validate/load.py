@@ -200,11 +200,11 @@ class LoadReplay:
     def within(self, rate_rps: float, budget_ms: float, *, overhead_ms: float = 0.0) -> tuple[LoadStats, TailBound]:
         """The figures at `rate_rps` (as `at`) and how surely their p99 is within `budget_ms`: the share of requests
         over it with its upper confidence bound over the regenerative cycles (qbench.validate.tail)."""
-        stats, arrivals_ms, done_ms, first = self._replay(rate_rps, overhead_ms)
-        return stats, tail_share_bound(arrivals_ms, done_ms, first, budget_ms - overhead_ms)
+        stats, latencies, first = self._replay(rate_rps, overhead_ms)
+        return stats, tail_share_bound(latencies, first, budget_ms)
 
-    def _replay(self, rate_rps: float, overhead_ms: float) -> tuple[LoadStats, np.ndarray, np.ndarray, np.ndarray]:
-        """The figures, each request's arrival and completion, and where the run regenerates (their indices)."""
+    def _replay(self, rate_rps: float, overhead_ms: float) -> tuple[LoadStats, np.ndarray, np.ndarray]:
+        """The figures, each request's latency, and where the run regenerates (request indices)."""
         if not (rate_rps > 0 and math.isfinite(rate_rps)):
             raise QbenchError(f"rate_rps must be a positive number, got {rate_rps}")
         arrivals_ms = np.cumsum(self.draws.unit_gaps) * (1000.0 / rate_rps)
@@ -228,7 +228,7 @@ class LoadReplay:
             overloaded=rate_rps >= self.capacity_rps,
         )
         first = np.cumsum(sizes) - sizes
-        return stats, arrivals_ms, done_ms, regenerations(first, sizes, starts, ends, arrivals_ms)
+        return stats, latencies, regenerations(first, sizes, starts, arrivals_ms)
 
     def _batches(self, arrivals: list[float]) -> tuple[list[float], list[int], list[float]]:
         """Each batch's start, size and end. The batcher waits for the model to be free, then until the batch is full
@@ -268,8 +268,9 @@ def simulate(
 @dataclass(frozen=True)
 class RateSearch:
     """The highest rate whose p99 was shown within the budget (None: not even a near-idle load's was), with its
-    figures; `requests`: the simulated requests that showed it; `undecided`: the next rate up was neither shown within
-    nor over the budget at the most requests allowed (the rate is claimed low, by up to `rel_tol`)."""
+    figures; `requests`: the simulated requests that showed it; `undecided`: the rate RESOLUTION above it was neither
+    shown within nor over the budget, or (from `search_max_rate`) the searches did not settle within the requests
+    allowed: the rate is claimed low, possibly by more than RESOLUTION."""
 
     budget_ms: float
     max_rate_rps: float | None
@@ -306,27 +307,39 @@ def search_max_rate(
     max_simulations: int = 60,
     max_requests: int = MAX_REQUESTS,
 ) -> RateSearch:
-    """The highest Poisson rate whose p99 is within `budget_ms` with confidence: at most 1 % of the simulated
-    requests over the budget, up to the upper confidence bound over the regenerative cycles (qbench.validate.tail).
-    The simulated p99 itself near capacity is often well below the truth (5,000 requests hold few independent
-    queues), so a rate is claimed only where the bound passes. Where the rate RESOLUTION above the one found is
-    undecided (its share over the budget within 1 %, its bound not), the search is run again on GROWTH times the requests (fresh draws, same
-    seed), up to `max_requests`; past that the rate is claimed with the bound as it stands (low, never high) and the
-    result says so (`undecided`). Each search: `_search_once`."""
+    """The highest Poisson rate whose p99 is shown within `budget_ms`: at most 1 % of the simulated requests over the
+    budget, up to the upper confidence bound over the regenerative cycles (qbench.validate.tail). The simulated p99
+    itself near capacity is often well below the truth (5,000 requests hold few independent queues), so a rate is
+    claimed only where the bound passes. The search (`_search_once`) is run again on GROWTH times the requests
+    (fresh draws, same seed) until two searches agree within RESOLUTION and the rate RESOLUTION above the one found
+    is shown over the budget (not undecided: its share within 1 %, its bound not); the lower of the two is claimed (a
+    sample quiet by chance claims high, and stopping on the first that looks decided keeps its luck). At
+    `max_requests` the rate is claimed as it stands, low, and the result says so (`undecided`)."""
     if not budget_ms > 0:
         raise QbenchError(f"budget_ms must be positive, got {budget_ms}")
-    runs = 0
+    runs, previous = 0, None
     while True:
         search = _search_once(replay, budget_ms, overhead_ms=overhead_ms, rel_tol=rel_tol, max_simulations=max_simulations)
         runs += search.simulations
         requests = replay.draws.requests
-        if not search.undecided or requests >= max_requests or replay.draws.seed is None:
+        settled = previous is not None and _close(previous.max_rate_rps, search.max_rate_rps)
+        if (settled and not search.undecided) or requests >= max_requests or replay.draws.seed is None:
             break
-        replay = replay.with_requests(min(requests * GROWTH, max_requests))
-    if search.undecided:
-        logger.info("the rate above %s req/s is neither within nor over the %s ms budget at %d simulated requests: "
-                    "claimed low", search.max_rate_rps, budget_ms, requests)  # fmt: skip
-    return replace(search, simulations=runs)
+        previous, replay = search, replay.with_requests(min(requests * GROWTH, max_requests))
+    if settled and previous.max_rate_rps is not None and previous.max_rate_rps < search.max_rate_rps:
+        search = previous  # two samples agreed: the lower of them (a sample that was quiet by chance claims high)
+    if search.undecided or not settled:
+        logger.info("the highest rate within the %s ms budget, %s req/s, is not settled at %d simulated requests "
+                    "(%s req/s at a quarter of them): claimed as it stands", budget_ms, search.max_rate_rps, requests,
+                    previous.max_rate_rps if previous else None)  # fmt: skip
+    return replace(search, simulations=runs, undecided=search.undecided or not settled)
+
+
+def _close(before: float | None, after: float | None) -> bool:
+    """Two searches' rates agree within RESOLUTION (neither found one: agreed)."""
+    if before is None or after is None:
+        return before is after
+    return abs(after - before) <= RESOLUTION * after
 
 
 def _search_once(

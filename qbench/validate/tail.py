@@ -3,16 +3,18 @@
 A p99 within a budget is the same as at most 1 % of requests over it. The share over the budget in a finite run is
 an estimate, and near capacity a poor one: requests over the budget come in clusters (one long queue holds many),
 so 5,000 requests hold few independent clusters and the share (and the p99) is often well below the truth. The
-samples that are independent are the regenerative cycles: a cycle starts with a request that arrives on an empty
-system (the model free, no request queued); Poisson arrivals are memoryless and each batch draws its service time
-independently, so what happens from there on does not depend on what came before, and the cycles (each one's
-requests, and how many of them are over the budget) are independent and identically distributed.
+samples that are independent are the regenerative cycles: a cycle starts with a batch that leaves no request
+waiting (`regenerations`); Poisson arrivals are memoryless and each batch draws its service time independently, so
+what happens from there on does not depend on what came before.
 
 The share over the budget is then a ratio of two cycle means, sum(over) / sum(requests), whose variance the
 regenerative central limit theorem gives from the cycles' spread: s^2 = sum((over_i - share * requests_i)^2) / (C -
 1), standard error s / (mean requests per cycle * sqrt(C)) (Crane and Iglehart; Asmussen, Applied Probability and
-Queues, ch. VI). The upper confidence bound is the share plus the one-sided normal quantile of `confidence` times it.
-With fewer than MIN_CYCLES cycles the theorem says nothing useful and the bound is 1 (nothing is shown).
+Queues, ch. VI). The upper confidence bound is the share plus the one-sided normal quantile of CONFIDENCE times it.
+The theorem is asymptotic, and near capacity a sample can be quiet by chance (few long queues, or none): so the
+cycle with the most requests over the budget is counted again, as often as it takes for MIN_CLUSTERS cycles to hold
+some (at least once: the worst cluster seen could come twice); with fewer than MIN_CYCLES cycles the bound is 1
+(nothing is shown).
 """
 
 from __future__ import annotations
@@ -28,8 +30,11 @@ from numpy.typing import ArrayLike
 from qbench.errors import QbenchError
 
 TAIL_SHARE = 0.01  # a p99: at most this share of requests over the budget
-CONFIDENCE = 0.95  # one-sided: a rate is claimed only when the share over the budget is that surely within TAIL_SHARE
+CONFIDENCE = 0.99  # one-sided, per rate tried: a search decides about 8 rates near its edge (CRN: strongly alike)
 MIN_CYCLES = 30  # fewer independent cycles show nothing (the normal approximation of their mean fails)
+# the normal approximation of a count wants about ten events, and near capacity the requests over the budget come in
+# a few long queues: with fewer cycles holding any, the worst of them is counted again until ten do (at least once)
+MIN_CLUSTERS = 10
 
 
 class Verdict(str, Enum):
@@ -50,66 +55,49 @@ class TailBound:
         return Verdict.PASS if self.upper <= tail_share else Verdict.UNDECIDED
 
 
-def regenerations(first: ArrayLike, counts: ArrayLike, starts_ms: ArrayLike, ends_ms: ArrayLike, arrivals_ms: ArrayLike) -> np.ndarray:
+def regenerations(first: ArrayLike, counts: ArrayLike, starts_ms: ArrayLike, arrivals_ms: ArrayLike) -> np.ndarray:
     """Where a dynamic batcher's run regenerates: the batches (their first request's index, `first`) that start with
-    no request left waiting, of the one kind (size, and whether the model was idle) most of those are. From such a
-    start on, what happens depends on the future arrivals (Poisson: memoryless) and fresh service draws (for that
-    size and start) only, so the cycles between them are independent and identically distributed. Batch size 1
-    without a queue delay: every request arriving on an idle model. The requests before the first one are left out
-    (a cycle of another kind). Indices into the requests, ascending."""
+    no request left waiting. From such a start on, what happens depends on the future arrivals (Poisson: memoryless)
+    and fresh service draws only, given the starting batch's size and whether it started on an idle model; so the
+    cycles between them are independent given those, and identically distributed where they agree (exactly so at
+    batch size 1 without a queue delay: every request arriving on an idle model). Cycles of every kind are counted
+    together: the kinds near capacity (full batches) and well below it (batches of one from idle) each dominate, and
+    keeping one kind alone leaves few, long cycles near capacity. Indices into the requests, ascending."""
     first, counts = np.asarray(first, dtype=np.int64), np.asarray(counts, dtype=np.int64)
-    starts, ends, arrivals = (np.asarray(a, dtype=np.float64) for a in (starts_ms, ends_ms, arrivals_ms))
-    idle = np.concatenate(([True], starts[1:] > ends[:-1]))
+    starts, arrivals = np.asarray(starts_ms, dtype=np.float64), np.asarray(arrivals_ms, dtype=np.float64)
     following = first + counts
     alone = np.ones(first.size, dtype=bool)
     inside = following < arrivals.size
     alone[inside] = arrivals[following[inside]] > starts[inside]
-    kinds = counts * 2 + idle  # one number per (size, idle)
-    values, seen = np.unique(kinds[alone], return_counts=True)
-    return first[alone & (kinds == values[np.argmax(seen)])]
-
-
-def cycle_starts(arrivals_ms: ArrayLike, done_ms: ArrayLike) -> np.ndarray:
-    """The requests that arrive on an empty system: the first, and each one arriving no earlier than every request
-    before it was done (FIFO service: the one before it was done last). Their indices, ascending."""
-    arrivals, done = np.asarray(arrivals_ms, dtype=np.float64), np.asarray(done_ms, dtype=np.float64)
-    if arrivals.shape != done.shape or arrivals.ndim != 1 or arrivals.size == 0:
-        raise QbenchError(f"arrivals and completions must be two equal, non-empty lists, got {arrivals.shape} and {done.shape}")
-    empty = arrivals[1:] >= np.maximum.accumulate(done)[:-1]
-    return np.concatenate(([0], np.flatnonzero(empty) + 1))
+    return first[alone]
 
 
 def tail_share_bound(
-    arrivals_ms: ArrayLike, done_ms: ArrayLike, first: ArrayLike, threshold_ms: float, confidence: float = CONFIDENCE
+    latencies_ms: ArrayLike, first: ArrayLike, threshold_ms: float, confidence: float = CONFIDENCE
 ) -> TailBound:
-    """The share of requests whose latency (done - arrival) is over `threshold_ms`, and its upper confidence bound
-    over the regenerative cycles that begin at the request indices `first` (`regenerations`, `cycle_starts`; see the
-    module doc); requests before the first cycle are left out.
-
-    The bound counts one cycle more than the run held: the one that could have put the most requests over the
-    threshold, each of its requests counted over if it arrived more than `threshold_ms` before the cycle's last
-    completion (its latency could not be longer). The rule of three's pseudo-count, in cycles: a run that holds
-    none or few requests over the threshold (a quiet stretch near capacity) shows no certainty from that alone, while
-    a threshold no cycle lasted long enough to reach adds nothing."""
+    """The share of `latencies_ms` over `threshold_ms`, and its upper confidence bound over the regenerative cycles
+    that begin at the request indices `first` (`regenerations`; see the module doc); requests before the first cycle
+    are left out."""
     first = np.asarray(first, dtype=np.int64)
-    arrivals = np.asarray(arrivals_ms, dtype=np.float64)
-    done = np.asarray(done_ms, dtype=np.float64)
-    if first.size == 0 or arrivals.shape != done.shape or np.any(np.diff(first) <= 0) or first[-1] >= arrivals.size:
-        raise QbenchError("cycles must start at rising indices within as many arrivals as completions")
+    latencies = np.asarray(latencies_ms, dtype=np.float64)
+    if latencies.ndim != 1 or latencies.size == 0 or np.any(np.diff(first) <= 0) or np.any(first >= latencies.size):
+        raise QbenchError("cycles must start at rising indices within the latencies")
     if not 0.5 <= confidence < 1:
         raise QbenchError(f"confidence must be in [0.5, 1), got {confidence}")
-    arrivals, done, first = arrivals[first[0] :], done[first[0] :], first - first[0]
-    sizes = np.diff(np.append(first, arrivals.size))
-    over = np.add.reduceat((done - arrivals > threshold_ms).astype(np.float64), first)
+    if first.size == 0:  # no regeneration at all: nothing is shown
+        return TailBound(float(np.mean(latencies > threshold_ms)), 1.0, 0)
+    latencies, first = latencies[first[0] :], first - first[0]
+    sizes = np.diff(np.append(first, latencies.size))
+    over = np.add.reduceat((latencies > threshold_ms).astype(np.float64), first)
     share = float(over.sum() / sizes.sum())
     cycles = first.size
     if cycles < MIN_CYCLES:
         return TailBound(share, 1.0, cycles)
-    ends = np.repeat(np.maximum.reduceat(done, first), sizes)
-    could = np.add.reduceat((ends - arrivals > threshold_ms).astype(np.float64), first)
-    worst = int(np.argmax(could))
-    over, counted = np.append(over, could[worst]), np.append(sizes, sizes[worst]).astype(np.float64)
-    bounded = float(over.sum() / counted.sum())
-    spread = float(np.sum((over - bounded * counted) ** 2)) / cycles
-    error = math.sqrt(spread / (cycles + 1)) / float(counted.mean())
+    worst = int(np.argmax(over))
+    copies = max(MIN_CLUSTERS - int(np.count_nonzero(over)), 1)
+    over = np.append(over, np.full(copies, over[worst]))
+    sizes = np.append(sizes, np.full(copies, sizes[worst])).astype(np.float64)
+    bounded = float(over.sum() / sizes.sum())
+    spread = float(np.sum((over - bounded * sizes) ** 2)) / (over.size - 1)
+    error = math.sqrt(spread / over.size) / float(sizes.mean())
     return TailBound(share, min(bounded + NormalDist().inv_cdf(confidence) * error, 1.0), cycles)

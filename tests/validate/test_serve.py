@@ -53,8 +53,7 @@ def test_the_served_rate_steps_down_from_the_simulated_one_until_a_real_run_meet
     down, then bisected), and never above the simulated rate it started from; none is claimed when no run within MAX_RUNS passes."""
 
     def server(rate, overhead_ms, budget_ms):
-        return LoadStats(rate, 500, 1.0, 2.0, 5.0 if rate <= 1000 else 50.0, 1.0, 0.1, 1.0, rate, overloaded=False,
-                         over_budget_upper=0.0 if rate <= 1000 else 0.5)
+        return LoadStats(rate, 500, 1.0, 2.0, 5.0 if rate <= 1000 else 50.0, 1.0, 0.1, 1.0, rate, overloaded=False)
 
     found = served_max_rate(server, 5000.0, budget_ms=10.0)
     assert 0.9 * 1000 <= found.max_rate_rps <= 1000
@@ -71,34 +70,10 @@ def test_a_rate_is_claimed_only_when_a_second_run_at_it_meets_the_budget_too():
     def server(rate, overhead_ms, budget_ms):
         calls.append(rate)
         stalled = rate >= 1000 and len(calls) % 2 == 0
-        return LoadStats(rate, 500, 1.0, 2.0, 50.0 if stalled or rate > 1000 else 5.0, 1.0, 0.1, 1.0, rate,
-                         over_budget_upper=0.0)
+        return LoadStats(rate, 500, 1.0, 2.0, 50.0 if stalled or rate > 1000 else 5.0, 1.0, 0.1, 1.0, rate)
 
     found = served_max_rate(server, 1000.0, budget_ms=10.0)
     assert found.max_rate_rps < 1000.0 and found.at_max.p99_ms <= 10.0
-
-
-def test_a_real_run_within_budget_is_no_pass_unless_its_share_over_the_budget_is_bounded_within_1_percent():
-    """Above 800 req/s every run's p99 is within the budget but its share over the budget is not shown within 1 % (an
-    upper bound of 3 %: a short run near capacity): 800 req/s at most is claimed; a run with no bound is no pass."""
-
-    def server(rate, overhead_ms, budget_ms):
-        return LoadStats(rate, 500, 1.0, 2.0, 5.0, 1.0, 0.1, 1.0, rate, over_budget_upper=0.0 if rate <= 800 else 0.03)
-
-    found = served_max_rate(server, 1000.0, budget_ms=10.0)
-    assert 0.9 * 800 <= found.max_rate_rps <= 800
-    unbounded = served_max_rate(lambda rate, overhead_ms, budget_ms: LoadStats(rate, 500, 1.0, 2.0, 5.0, 1.0, 0.1, 1.0, rate),
-                                1000.0, budget_ms=10.0)  # fmt: skip
-    assert unbounded.max_rate_rps is None
-
-
-def test_a_real_runs_share_over_the_budget_is_bounded_over_its_idle_starts():
-    """300 requests 10 ms apart onto a 2 ms call: every request arrives on an idle server (300 cycles), none over a
-    10 ms budget nor able to be: bound 0; with no budget there is none."""
-    served = serve(SleepingRunner(), ROWS, np.arange(300) * 10.0, Batcher(1, 0.0))
-    assert served_stats(served, 100.0, budget_ms=10.0).over_budget_upper == 0.0
-    assert served_stats(served, 100.0).over_budget_upper is None
-    assert served_stats(served, 100.0, budget_ms=1.0).over_budget_upper == 1.0  # every request over 1 ms
 
 
 def test_an_overloaded_run_jumps_below_the_rate_the_server_managed():
@@ -108,7 +83,7 @@ def test_an_overloaded_run_jumps_below_the_rate_the_server_managed():
     def server(rate, overhead_ms, budget_ms):
         tried.append(rate)
         served = min(rate, 1000.0)
-        return LoadStats(rate, 500, 1.0, 2.0, 5.0, 1.0, 0.1, 1.0, served, overloaded=rate > 1000.0, over_budget_upper=0.0)
+        return LoadStats(rate, 500, 1.0, 2.0, 5.0, 1.0, 0.1, 1.0, served, overloaded=rate > 1000.0)
 
     found = served_max_rate(server, 100_000.0, budget_ms=10.0)
     assert tried[:3] == [100_000.0, pytest.approx(STEP * 1000.0), pytest.approx(STEP * 1000.0)]  # and confirmed
@@ -137,6 +112,7 @@ def test_a_backend_with_a_large_per_call_cost_gets_no_rate_above_what_it_serves(
                               preprocess_ms_per_row=0.0, server=server)  # fmt: skip
     capacity = 8 * 1000 / SLEEP_MS
     assert serving.simulated_max_rate_rps > 10 * capacity  # what the simulation alone claims
+    assert serving.simulated_requests >= 2000 and serving.simulations > 0  # the requests that showed it
     assert serving.max_rate_rps is not None and serving.max_rate_rps <= capacity
     assert serving.at_max_rate.p99_ms <= 20.0 and not serving.at_max_rate.overloaded
     assert serving.served_runs >= 2 and runner.calls > 0
