@@ -8,8 +8,11 @@
       at_rate LoadStats       the load scenario at the SLO's rate_rps (rate budgets only)
       served_at_rate LoadStats
                               a real in-process server's figures at the SLO's rate_rps (rate budgets only)
-      simulated_max_rate_rps, simulations
-                              the highest Poisson rate whose simulated p99 met the budget (null: none did)
+      simulated_max_rate_rps, simulations, simulated_requests, simulated_undecided
+                              the highest Poisson rate whose simulated p99 was shown within the budget (an upper
+                              confidence bound; null: none was), the simulations tried, the requests of those that
+                              showed it, and whether the search did not settle within the most requests it may draw
+                              (the rate is then claimed lower than more requests could place it)
       max_rate_rps, at_max_rate LoadStats, served_runs
                               the highest rate, from the simulated one down, at which a real in-process server met
                               the budget (null: none tried did), its real figures, the real runs tried
@@ -73,6 +76,8 @@ class ServingResult:
     at_max_rate: LoadStats | None = None
     simulations: int = 0
     simulated_max_rate_rps: float | None = None
+    simulated_requests: int = 0
+    simulated_undecided: bool = False
     served_runs: int = 0
     price_per_hour: float | None = None
     usd_per_million: dict[str, float] = field(default_factory=dict)
@@ -112,6 +117,8 @@ def serving_from_dict(raw: dict[str, Any] | None, where: str = "serving") -> Ser
         at_max_rate=_load(raw.get("at_max_rate"), f"{where}.at_max_rate"),
         simulations=int(raw.get("simulations", 0)),
         simulated_max_rate_rps=_float(raw.get("simulated_max_rate_rps")),
+        simulated_requests=int(raw.get("simulated_requests", 0)),
+        simulated_undecided=bool(raw.get("simulated_undecided", False)),
         served_runs=int(raw.get("served_runs", 0)),
         price_per_hour=_float(raw.get("price_per_hour")),
         usd_per_million={k: (math.nan if v is None else float(v)) for k, v in raw.get("usd_per_million", {}).items()},

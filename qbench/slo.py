@@ -157,6 +157,7 @@ def _with_load(
         serving, budget_ms=budget.p99_ms, batch_size=budget.batch_size, at_rate=at_rate, served_at_rate=served_at_rate,
         max_rate_rps=served.max_rate_rps if served else None, at_max_rate=served.at_max if served else None,
         simulated_max_rate_rps=search.max_rate_rps, simulations=search.simulations,
+        simulated_requests=search.requests, simulated_undecided=search.undecided,
         served_runs=served.runs if served else 0, **settings,
     )  # fmt: skip
 

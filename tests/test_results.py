@@ -96,7 +96,8 @@ def _full_sweep():
 
     load = LoadStats(100.0, 5000, 1.0, 2.0, 3.0, 1.5, 0.1, 1.2, 100.0)
     serving = ServingResult(preprocess_ms_per_row=0.01, budget_ms=10.0, rate_rps=100.0, requests=5000, seed=0,
-                            at_rate=load, max_rate_rps=400.0, at_max_rate=load, usd_per_million={"max_rate": 0.5})  # fmt: skip
+                            at_rate=load, max_rate_rps=400.0, at_max_rate=load, usd_per_million={"max_rate": 0.5},
+                            simulated_requests=20_000, simulated_undecided=True)  # fmt: skip
     results = make_sweep()
     variants = (dataclasses.replace(results.variants[0], serving=serving), *results.variants[1:])
     ranges = RangeAnalysis(rows=10, seconds=0.5, nodes={"t": "n"}, abs_max={"overall": {"t": 3.0}},
@@ -148,3 +149,8 @@ def test_every_figure_is_a_number_of_its_type_whether_or_not_the_verdict_rests_o
     with pytest.raises(QbenchError) as caught:
         read_results(file)
     assert str(caught.value).startswith(f"{file}: {path}: got {value!r}, expected {expected}")
+
+
+def test_the_simulated_searchs_requests_and_whether_it_settled_round_trip() -> None:
+    serving = from_dict(json.loads(to_json(_full_sweep()))).variants[0].serving
+    assert serving.simulated_requests == 20_000 and serving.simulated_undecided is True

@@ -309,7 +309,7 @@ def test_cost_figures_of_a_sweep_by_hand(tmp_path):
     from qbench.recipe import load_recipe
     from qbench.results import LatencyPoint
     from qbench.slo import serving_figures
-    from qbench.validate.load import Batcher, Draws, FixedServiceTime, LoadReplay
+    from qbench.validate.load import Batcher, Draws, FixedServiceTime, LoadReplay, search_max_rate
 
     recipe = load_recipe(write_recipe(tmp_path, with_changes(
         latency={"batch_sizes": [1, 4]}, cost={"price_per_hour": {"onnxruntime-cpu": 3.6}},
@@ -317,11 +317,16 @@ def test_cost_figures_of_a_sweep_by_hand(tmp_path):
     )))  # fmt: skip
     samples = {1: np.full(200, 1.0), 4: np.full(200, 2.0)}
     points = [LatencyPoint(1, 0, 200, 1.0, 1.0, 1.0, 1.0, 1000.0), LatencyPoint(4, 0, 200, 2.0, 2.0, 2.0, 2.0, 2000.0)]
-    # a real server exactly as fast as the timed runs: the rate served is the simulated one
+    # a real server exactly as fast as the timed runs, replaying the draws that showed the simulated rate: the rate
+    # served is the simulated one
     replay = LoadReplay(FixedServiceTime(2 / 3, 1 / 3, 4), Batcher(4, 1.0), Draws.make(2000, 0))
+    shown = replay.with_requests(search_max_rate(replay, 10.0).requests)
+
+    def server(rate, overhead_ms, budget_ms):
+        return shown.at(rate, overhead_ms=overhead_ms)
+
     serving = serving_figures(recipe, "onnxruntime-cpu", samples, points, model_bytes=4000, runtime={},
-                              preprocess_ms_per_row=0.0,
-                              server=lambda rate, overhead_ms, budget_ms: replay.at(rate, overhead_ms=overhead_ms))  # fmt: skip
+                              preprocess_ms_per_row=0.0, server=server)  # fmt: skip
     assert serving.max_rate_rps == serving.simulated_max_rate_rps
     assert serving.price_per_hour == 3.6
     assert serving.usd_per_million["b1"] == pytest.approx(1.0)

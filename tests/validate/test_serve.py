@@ -112,6 +112,7 @@ def test_a_backend_with_a_large_per_call_cost_gets_no_rate_above_what_it_serves(
                               preprocess_ms_per_row=0.0, server=server)  # fmt: skip
     capacity = 8 * 1000 / SLEEP_MS
     assert serving.simulated_max_rate_rps > 10 * capacity  # what the simulation alone claims
+    assert serving.simulated_requests >= 2000 and serving.simulations > 0  # the requests that showed it
     assert serving.max_rate_rps is not None and serving.max_rate_rps <= capacity
     assert serving.at_max_rate.p99_ms <= 20.0 and not serving.at_max_rate.overloaded
     assert serving.served_runs >= 2 and runner.calls > 0

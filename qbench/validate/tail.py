@@ -1,0 +1,103 @@
+"""Whether a p99 is within a budget with confidence: the share of requests over the budget, bounded from above.
+
+A p99 within a budget is the same as at most 1 % of requests over it. The share over the budget in a finite run is
+an estimate, and near capacity a poor one: requests over the budget come in clusters (one long queue holds many),
+so 5,000 requests hold few independent clusters and the share (and the p99) is often well below the truth. The
+samples that are independent are the regenerative cycles: a cycle starts with a batch that leaves no request
+waiting (`regenerations`); Poisson arrivals are memoryless and each batch draws its service time independently, so
+what happens from there on does not depend on what came before.
+
+The share over the budget is then a ratio of two cycle means, sum(over) / sum(requests), whose variance the
+regenerative central limit theorem gives from the cycles' spread: s^2 = sum((over_i - share * requests_i)^2) / (C -
+1), standard error s / (mean requests per cycle * sqrt(C)) (Crane and Iglehart; Asmussen, Applied Probability and
+Queues, ch. VI). The upper confidence bound is the share plus the one-sided normal quantile of CONFIDENCE times it.
+The theorem is asymptotic, and near capacity a sample can be quiet by chance (few long queues, or none): so the
+cycle with the most requests over the budget is counted again, as often as it takes for MIN_CLUSTERS cycles to hold
+some (at least once: the worst cluster seen could come twice); with fewer than MIN_CYCLES cycles the bound is 1
+(nothing is shown).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+from statistics import NormalDist
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from qbench.errors import QbenchError
+
+TAIL_SHARE = 0.01  # a p99: at most this share of requests over the budget
+CONFIDENCE = 0.99  # one-sided, per rate tried: a search decides about 8 rates near its edge (CRN: strongly alike)
+MIN_CYCLES = 30  # fewer independent cycles show nothing (the normal approximation of their mean fails)
+# the normal approximation of a count wants about ten events, and near capacity the requests over the budget come in
+# a few long queues: with fewer cycles holding any, the worst of them is counted again until ten do (at least once)
+MIN_CLUSTERS = 10
+
+
+class Verdict(str, Enum):
+    PASS = "pass"  # the upper bound of the share over the budget is within TAIL_SHARE
+    FAIL = "fail"  # the share itself is over TAIL_SHARE
+    UNDECIDED = "undecided"  # the share is within, its upper bound is not: more requests could tell
+
+
+@dataclass(frozen=True)
+class TailBound:
+    share: float  # requests over the threshold / requests
+    upper: float  # one-sided upper confidence bound of the share (1.0: too few cycles to bound it)
+    cycles: int
+
+    def verdict(self, tail_share: float = TAIL_SHARE) -> Verdict:
+        if self.share > tail_share:
+            return Verdict.FAIL
+        return Verdict.PASS if self.upper <= tail_share else Verdict.UNDECIDED
+
+
+def regenerations(first: ArrayLike, counts: ArrayLike, starts_ms: ArrayLike, arrivals_ms: ArrayLike) -> np.ndarray:
+    """Where a dynamic batcher's run regenerates: the batches (their first request's index, `first`) that start with
+    no request left waiting. From such a start on, what happens depends on the future arrivals (Poisson: memoryless)
+    and fresh service draws only, given the starting batch's size and whether it started on an idle model; so the
+    cycles between them are independent given those, and identically distributed where they agree (exactly so at
+    batch size 1 without a queue delay: every request arriving on an idle model). Cycles of every kind are counted
+    together: the kinds near capacity (full batches) and well below it (batches of one from idle) each dominate, and
+    keeping one kind alone leaves few, long cycles near capacity. Indices into the requests, ascending."""
+    first, counts = np.asarray(first, dtype=np.int64), np.asarray(counts, dtype=np.int64)
+    starts, arrivals = np.asarray(starts_ms, dtype=np.float64), np.asarray(arrivals_ms, dtype=np.float64)
+    following = first + counts
+    alone = np.ones(first.size, dtype=bool)
+    inside = following < arrivals.size
+    alone[inside] = arrivals[following[inside]] > starts[inside]
+    return first[alone]
+
+
+def tail_share_bound(
+    latencies_ms: ArrayLike, first: ArrayLike, threshold_ms: float, confidence: float = CONFIDENCE
+) -> TailBound:
+    """The share of `latencies_ms` over `threshold_ms`, and its upper confidence bound over the regenerative cycles
+    that begin at the request indices `first` (`regenerations`; see the module doc); requests before the first cycle
+    are left out."""
+    first = np.asarray(first, dtype=np.int64)
+    latencies = np.asarray(latencies_ms, dtype=np.float64)
+    if latencies.ndim != 1 or latencies.size == 0 or np.any(np.diff(first) <= 0) or np.any(first >= latencies.size):
+        raise QbenchError("cycles must start at rising indices within the latencies")
+    if not 0.5 <= confidence < 1:
+        raise QbenchError(f"confidence must be in [0.5, 1), got {confidence}")
+    if first.size == 0:  # no regeneration at all: nothing is shown
+        return TailBound(float(np.mean(latencies > threshold_ms)), 1.0, 0)
+    latencies, first = latencies[first[0] :], first - first[0]
+    sizes = np.diff(np.append(first, latencies.size))
+    over = np.add.reduceat((latencies > threshold_ms).astype(np.float64), first)
+    share = float(over.sum() / sizes.sum())
+    cycles = first.size
+    if cycles < MIN_CYCLES:
+        return TailBound(share, 1.0, cycles)
+    worst = int(np.argmax(over))
+    copies = max(MIN_CLUSTERS - int(np.count_nonzero(over)), 1)
+    over = np.append(over, np.full(copies, over[worst]))
+    sizes = np.append(sizes, np.full(copies, sizes[worst])).astype(np.float64)
+    bounded = float(over.sum() / sizes.sum())
+    spread = float(np.sum((over - bounded * sizes) ** 2)) / (over.size - 1)
+    error = math.sqrt(spread / over.size) / float(sizes.mean())
+    return TailBound(share, min(bounded + NormalDist().inv_cdf(confidence) * error, 1.0), cycles)
