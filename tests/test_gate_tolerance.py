@@ -48,6 +48,17 @@ def test_a_tiny_target_whose_mae_doubles_breaches_under_the_default_tolerance():
                                "max_slice_drop 2 % of FP32's mae on each slice")  # fmt: skip
 
 
+def test_a_target_in_1e_12_units_whose_mae_doubles_breaches():
+    """Targets of 1e-12..8e-12 (a capacitance in farads): FP32 misses each by 1e-13, the variant by 2e-13. The
+    relative default allows 1e-15 overall; the gate's rounding slack was floored at 1e-12 and passed the doubling."""
+    fp32, int8 = _pair(TINY * 1e-8, 1e-13, 2e-13)
+    report = judge(fp32, int8, GateSpec(metric="mae"))
+    assert report.exit_code == EXIT_BREACH
+    overall = next(c for c in report.checks if c.scope == "overall")
+    assert (overall.drop, overall.tolerance) == (pytest.approx(1e-13), pytest.approx(1e-15))
+    assert all(c.status == "breach" for c in report.checks) and len(report.checks) == 3
+
+
 def test_a_large_target_with_a_small_mae_drop_passes_under_the_default_tolerance():
     """FP32 misses every target of ~40 by 4 (MAE 4), the variant by 4.02: a drop of 0.02, which breached an absolute
     0.01 and is within 1 % of 4 (0.04; slices 0.08)."""

@@ -6,12 +6,13 @@ default): rmse and r2 are the mean of each target's, mae the mean over all value
 r2_min the worst target's R²; a large-scale target cannot hide a small one. max_error is the largest
 error of any value, in the targets' units. A row agrees with FP32 when every one of its values is
 within AGREEMENT_TOLERANCE x the standard deviation of that target's FP32 outputs (a scale-free
-tolerance: the model's units are unknown). One target per row is the plain single-target case.
+tolerance: the model's units are unknown; x the value itself where FP32 outputs one constant). One target per row is the plain single-target case.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -64,10 +65,18 @@ def agreeing_rows(outputs: np.ndarray, reference: np.ndarray, tolerance: float |
         return (np.isfinite(difference) & (difference <= tolerance)).all(axis=1).astype(np.float64)
 
 
-def _finite_std(values: np.ndarray) -> float:
-    """Standard deviation of the finite values; 0 when there are none."""
-    finite = values[np.isfinite(values)]
-    return float(np.std(finite)) if finite.size else 0.0
+def agreement_tolerances(reference: np.ndarray) -> np.ndarray:
+    """Each value's (column of (rows, values) FP32 outputs) agreement tolerance: AGREEMENT_TOLERANCE x the population
+    std of FP32's finite values of it; where FP32 gives it one value on every finite row (a constant channel, a bias
+    passed through: std 0), x that value's magnitude instead. A std of 0 gave a tolerance of 0, so FP16's rounding of
+    a constant 0.1 (to 0.0999756) disagreed on every row, whatever the other values did. 0 where no value is finite
+    (or the constant is 0)."""
+    finite = np.where(np.isfinite(reference), reference, np.nan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a value FP32 gives NaN/inf on every row: no scale
+        spread = np.nan_to_num(np.nanstd(finite, axis=0), nan=0.0)
+        magnitude = np.nan_to_num(np.nanmax(np.abs(finite), axis=0), nan=0.0)
+    return AGREEMENT_TOLERANCE * np.where(spread > 0, spread, magnitude)
 
 
 @dataclass(frozen=True)
@@ -149,8 +158,7 @@ class Regression(Task):
         target = ref if labels is None else np.asarray(labels, dtype=np.float64).reshape(rows, -1)
         if target.shape[1] != out.shape[1]:
             raise LabelError(f"{target.shape[1]} target(s) per row, but the output has {out.shape[1]} values per row")
-        tolerance = AGREEMENT_TOLERANCE * np.array([_finite_std(column) for column in ref.T])
-        return RegressionRows(out, ref, target, agreeing_rows(out, ref, tolerance))
+        return RegressionRows(out, ref, target, agreeing_rows(out, ref, agreement_tolerances(ref)))
 
     def qat_label_targets(self, labels: np.ndarray, output: torch.Tensor) -> torch.Tensor:
         import torch

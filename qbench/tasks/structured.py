@@ -4,13 +4,13 @@ No built-in task can say what a `[N, C, H, W]` score map or `[N, K, 4]` boxes ar
 (rows, classes) and refuses them, regression wants one label per output value, embedding takes no labels. This
 task reads any tensor output with its rows on axis 0, passes each row's label cell to the custom metrics as it is
 (per-pixel classes, boxes...), and reports only what needs no interpretation: agreement with FP32 (rows whose every
-value is within 1 % of that value's FP32 spread, as regression's) and `max_abs_error`. The
-gate's metric is one of `metrics:` (the first by default), so the verdict is the user's metric, never a guess.
+value is within 1 % of that value's FP32 spread, or of itself where FP32 gives it one value, as regression's)
+and `max_abs_error`. The gate's metric is one of `metrics:` (the first by default), so the verdict is the user's
+metric, never a guess.
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +20,7 @@ import numpy as np
 from qbench.modelinfo import TensorMeta
 from qbench.results import SliceMetrics
 from qbench.tasks.base import LabelError, RowSummary, Task, example_rows, mean_or_nan, no_label, wilson
-from qbench.tasks.regression import AGREEMENT_TOLERANCE, agreeing_rows
+from qbench.tasks.regression import agreeing_rows, agreement_tolerances
 from qbench.validate import metrics
 from qbench.validate.catalogue import MetricInfo, share_of_rows
 
@@ -87,12 +87,8 @@ class Structured(Task):
     ) -> RowSummary:
         rows = np.shape(outputs)[0]
         reference_values = np.asarray(reference, dtype=np.float64).reshape(rows, -1)
-        finite = np.where(np.isfinite(reference_values), reference_values, np.nan)
-        with np.errstate(invalid="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # a value FP32 gives NaN/inf on every row: no spread
-            spread = np.nan_to_num(np.nanstd(finite, axis=0), nan=0.0)
         agrees = agreeing_rows(np.asarray(outputs, dtype=np.float64).reshape(rows, -1), reference_values,
-                               AGREEMENT_TOLERANCE * spread)  # fmt: skip
+                               agreement_tolerances(reference_values))  # fmt: skip
         return StructuredRows(np.asarray(outputs), np.asarray(reference), agrees)
 
 

@@ -165,7 +165,9 @@ def within(excess_over: float, limit: float, *figures: float) -> bool:
     """Whether `excess_over` (a drop, a latency) is at most `limit`, a figure equal to its limit up to float rounding
     included: the tolerance is the largest allowed drop. The slack scales with the figures the value was computed
     from (its limit included): a drop of 0.1 between MAEs of 100000.0 and 100000.1 is 0.10000000000582077 in
-    float64, 5.8e-12 over, which an absolute slack of 1e-12 would call a breach."""
-    scale = max([1.0, abs(limit), *(abs(f) for f in figures if math.isfinite(f))])
+    float64, 5.8e-12 over, which an absolute slack of 1e-12 would call a breach. It has no floor: rounding is relative
+    at every scale, so figures of 1e-13 (an MAE on targets in farads) get a slack of 1e-25, where a floor of 1.0 let
+    a variant whose MAE doubled from 1e-13 pass a tolerance of 1e-15."""
+    scale = max([abs(limit), *(abs(f) for f in figures if math.isfinite(f))])
     return excess_over <= limit + ROUNDING * scale
 

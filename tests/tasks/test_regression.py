@@ -9,7 +9,7 @@ import pytest
 
 from qbench.modelinfo import TensorMeta
 from qbench.tasks import LabelError, get_task
-from qbench.tasks.regression import agreeing_rows
+from qbench.tasks.regression import agreeing_rows, agreement_tolerances
 
 TASK = get_task("regression")
 
@@ -84,3 +84,22 @@ def test_without_labels_errors_are_against_fp32() -> None:
 def test_agreement_counts_nonfinite_rows_as_disagreeing() -> None:
     outputs = np.array([[1.0, np.nan], [2.0, 2.0]])
     assert agreeing_rows(outputs, np.array([[1.0, 1.0], [2.0, 2.05]]), 0.1).tolist() == [0.0, 1.0]
+
+
+def test_a_value_fp32_holds_constant_is_judged_against_its_own_magnitude() -> None:
+    """FP32's second value is 0.1 on every row (std 0). Its tolerance was 0, so FP16's rounding of it (0.0999756)
+    disagreed on all 4 rows though the varying value agreed on all: agreement 0.0 for regression and structured.
+    Now 1 % of 0.1 = 0.001: FP16 agrees on every row; a shift to 0.102 (2 %) on none; a constant 0 stays exact."""
+    reference = np.array([[1.0, 0.1], [2.0, 0.1], [3.0, 0.1], [4.0, 0.1]], dtype=np.float32)
+    assert agreement_tolerances(reference.astype(np.float64)) == pytest.approx([0.01 * np.std([1, 2, 3, 4]), 0.001])
+    fp16 = reference.astype(np.float16).astype(np.float32)
+    assert float(fp16[0, 1]) == pytest.approx(0.0999756, abs=1e-7)
+    shifted = reference.copy()
+    shifted[:, 1] = 0.102
+    everything = np.ones(4, dtype=bool)
+    for task in (TASK, get_task("structured")):
+        assert task.rows(fp16, reference, None).summarise("overall", everything).metrics["agreement"] == 1.0
+        assert task.rows(shifted, reference, None).summarise("overall", everything).metrics["agreement"] == 0.0
+    zero = np.array([[1.0, 0.0], [2.0, 0.0]])
+    assert agreement_tolerances(zero)[1] == 0.0
+    assert agreement_tolerances(np.array([[np.nan], [np.inf]]))[0] == 0.0  # no finite value: no scale

@@ -345,6 +345,15 @@ def test_within_allows_float_rounding_at_every_scale() -> None:
     assert not catalogue.within(math.inf, 0.1, 0.5)
 
 
+def test_within_has_no_absolute_floor_on_tiny_figures() -> None:
+    """MAEs of 1e-13 and 2e-13 (targets in 1e-12 units): a drop of 1e-13 against a tolerance of 1e-15 is a breach.
+    A slack floored at 1e-12 (ROUNDING x 1.0) passed it, and any drop under 1e-12 whatever the tolerance."""
+    assert not catalogue.within(2e-13 - 1e-13, 1e-15, 1e-13, 2e-13)
+    assert not catalogue.within(1e-13, 0.0)  # a zero tolerance between no figures: not even 1e-13 passes
+    assert catalogue.within((3e-13 + 1e-13) - 3e-13, 1e-13, 3e-13, 3e-13 + 1e-13)  # rounding at that scale still does
+    assert catalogue.within(0.0, 0.0, 0.0, 0.0)
+
+
 def test_multilabel_thresholds() -> None:
     # a row holding NaN has no decision (as top1 gives it no class), not a run of negatives
     assert metrics_targets.multilabel_predictions(np.array([[0.2, 0.7], [NAN, 0.5]]), True).tolist() == [[0, 1], [-1, -1]]
