@@ -26,7 +26,7 @@ from qbench.cli_gate import (
     GateOutput,
     describe,
     report_gate,
-    reported_when_unusable,
+    reported_ending,
     tag_tracked_runs,
 )
 from qbench.console import console as err_console
@@ -112,30 +112,28 @@ def sweep(
         raise QbenchError("--verbose, --junit, --json, --register, --alias and --no-register apply with --gate")
     with stdout_kept_for_a_document(output.on_stdout()):  # `--json -`: the report alone there
         output.refuse_overwriting(recipe)
-        # --gate: no verdict (a bad recipe, a failed or interrupted sweep) still leaves report files saying why
-        with reported_when_unusable(output) if gate and not plan else contextlib.nullcontext():
+        # --gate: the report files say how the command ended, whichever way (qbench.cli_gate.reported_ending)
+        with reported_ending(output) if gate and not plan else contextlib.nullcontext() as ending:
             loaded = with_executor(with_prices(load_recipe(recipe), price or []), kind=executor, address=address)
             if plan:
                 _print_plan(loaded, rerun_failed=rerun_failed)
                 return 0
             registry = output.registry(loaded.registry) if gate else None  # before the sweep: a bad option costs none
             outcome = run_sweep(loaded, track=track, resume=resume, rerun_failed=rerun_failed)
-        print_summary(outcome.results, outcome.gate, gate_notes=not gate)  # --gate's verdict prints the notes
-        err_console.print(f"results: {outcome.results_path}\nreport:  {outcome.report_path}", markup=False)
-        if outcome.mlflow_run_id:
-            err_console.print(f"MLflow run: {outcome.mlflow_run_id}  (open the UI with `qbench ui {recipe}`)")
-        untracked = None if track else "the sweep was not tracked (--no-track)"
-        if outcome.tracking_failure:
-            untracked = "MLflow tracking failed during the sweep"
-        code = (_measured_everything(outcome.results) if not gate else
-                report_gate(loaded, outcome.results, outcome.gate, outcome.results_path, output, registry,
-                             untracked=untracked))  # fmt: skip
-        if outcome.tracking_failure:  # the results are complete on disk, MLflow lacks them: not a clean run
-            err_console.print(f"error: {outcome.tracking_failure}; the results are complete in {outcome.run_dir}, "
-                              f"not in MLflow (log them there with `qbench track {recipe} {outcome.run_dir}`)",
-                              markup=False)  # fmt: skip
-            return EXIT_ERROR
-        return code
+            print_summary(outcome.results, outcome.gate, gate_notes=not gate)  # --gate's verdict prints the notes
+            err_console.print(f"results: {outcome.results_path}\nreport:  {outcome.report_path}", markup=False)
+            if outcome.mlflow_run_id:
+                err_console.print(f"MLflow run: {outcome.mlflow_run_id}  (open the UI with `qbench ui {recipe}`)")
+            untracked = None if track else "the sweep was not tracked (--no-track)"
+            if outcome.tracking_failure:
+                untracked = "MLflow tracking failed during the sweep"
+            code = (_measured_everything(outcome.results) if ending is None else
+                    report_gate(loaded, outcome.results, outcome.gate, outcome.results_path, ending, registry,
+                                untracked=untracked))  # fmt: skip
+            if outcome.tracking_failure:  # the results are complete on disk, MLflow lacks them: not a clean run
+                raise QbenchError(f"{outcome.tracking_failure}; the results are complete in {outcome.run_dir}, not "
+                                  f"in MLflow (log them there with `qbench track {recipe} {outcome.run_dir}`)")
+            return code
 
 
 def _measured_everything(results: SweepResults) -> int:
@@ -229,23 +227,22 @@ def gate(
     output = GateOutput(verbose, junit, json_path, register, alias, no_register)
     output.refuse_overwriting(recipe, results)
     with stdout_kept_for_a_document(output.on_stdout()):  # `--json -`: the report alone there
-        with reported_when_unusable(output):
+        with reported_ending(output) as ending:  # the report files say how the command ended, whichever way
             loaded = load_recipe(recipe) if recipe else None
             if loaded is None and results is None:
                 raise QbenchError("qbench gate needs a recipe or --results FILE")
             path = results if results is not None else latest_results(loaded)  # type: ignore[arg-type]
-        output.refuse_overwriting(path)
-        with reported_when_unusable(output):
+            output.refuse_overwriting(path)  # refused: nothing is written (ReportPathRefused)
             report, judged = run_gate(loaded, path, check_staleness=not no_staleness_check)
             asked = loaded
             if asked is None:  # the recipe the results embed (when it cannot be read, the report says so and exits 2)
                 with contextlib.suppress(QbenchError):
                     asked = recorded_recipe(judged.recipe, path)
             registry = output.registry(asked.registry if asked is not None else None)  # option errors before any output
-        try:
-            return report_gate(asked, judged, report, path, output, registry)
-        finally:
-            tag_tracked_runs(asked, path, report)
+            try:
+                return report_gate(asked, judged, report, path, ending, registry)
+            finally:
+                tag_tracked_runs(asked, path, report)
 
 
 @app.command()

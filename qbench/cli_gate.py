@@ -1,11 +1,11 @@
 """How the CLI reports a gate verdict (`qbench gate`, `qbench sweep --gate`): the console lines, the report files,
-GITHUB_STEP_SUMMARY and the registry; and, when there is no verdict, report files that say why."""
+GITHUB_STEP_SUMMARY and the registry; the report files say how the command ended, whichever way (`reported_ending`)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -66,11 +66,14 @@ class GateOutput:
             if path is not None and names_stdout(path):
                 continue
             if path is not None and path.resolve() in protected:
-                raise QbenchError(
+                raise ReportPathRefused(
                     f"{option} {path}: that is a file the gate reads; expected another path for the report"
                 )
             if path is not None:
-                check_report_path(path)
+                try:
+                    check_report_path(path)
+                except QbenchError as exc:
+                    raise ReportPathRefused(str(exc)) from None
 
 
 def describe(exc: BaseException) -> str:
@@ -78,38 +81,92 @@ def describe(exc: BaseException) -> str:
     return one_line(exc) if isinstance(exc, QbenchError) else f"{type(exc).__name__}: {one_line(exc)}"
 
 
-@contextlib.contextmanager
-def reported_when_unusable(output: GateOutput) -> Iterator[None]:
-    """No verdict comes out of the block (no results, unreadable or stale ones, a bug while judging or printing, and
-    with `sweep --gate` a sweep that failed or was interrupted: run_sweep raises that as a QbenchError): the report
-    files and the step summary still say why, since CI uploads them whatever happened. The error itself goes on to
-    `main` (exit 2). A signal anywhere else is no Exception and writes nothing more: the stop asked for comes first
-    (a report path may be a pipe nobody reads)."""
-    from qbench.gate import GateReport
+class ReportPathRefused(QbenchError):
+    """A report path that names a file the gate reads or a file no report may replace: nothing is written there."""
 
+
+class ReportsUnwritten(QbenchError):
+    """Report files that could not be written (a full disk, a path under a file); the others say so."""
+
+
+def _signalled(exc: BaseException) -> bool:
+    """Whether the command was stopped by SIGINT or SIGTERM (Ctrl+C, a CI timeout, a cancelled job)."""
+    from click.exceptions import Abort
+
+    from qbench.interrupt import Interrupted
+
+    return isinstance(exc, (Interrupted, KeyboardInterrupt, Abort))
+
+
+def ending_reason(exc: BaseException) -> str:
+    """Why a gate command ended without its verdict standing, in the words the report files carry."""
+    from qbench.interrupt import Interrupted
+
+    if _signalled(exc):
+        signal_name = exc.signal_name if isinstance(exc, Interrupted) else "SIGINT"
+        return (f"qbench was interrupted by {signal_name} before the gate command finished (a CI timeout or a "
+                "cancelled job sends it), so there is no verdict")  # fmt: skip
+    return describe(exc)
+
+
+class GateEnding:
+    """What the report files of one `qbench gate` or `qbench sweep --gate` say: the verdict once `report_gate` has
+    it, written when the command ends, however it ends (see `reported_ending`)."""
+
+    def __init__(self, output: GateOutput) -> None:
+        self.output = output
+        self.verdict: GateReport | None = None
+
+
+@contextlib.contextmanager
+def reported_ending(output: GateOutput) -> Iterator[GateEnding]:
+    """The one place the report files and the step summary are written, on every way the command ends, since CI
+    uploads them whatever happened: the verdict when the block ends normally; otherwise (no results, unreadable or
+    stale ones, a bad recipe, a failed or interrupted sweep, a bug, a registry or tracking failure after the verdict,
+    SIGTERM or SIGINT anywhere inside) the verdict so far, if any, with the reason as one more problem, so the files
+    carry exit code 2 and why. The exception itself goes on to `main` (exit 2). A second signal while the files are
+    written stops the writing (each file is replaced whole or left as it was): the stop asked for comes first."""
+    ending = GateEnding(output)
     try:
-        yield
-    except Exception as exc:
-        try:
-            write_reports(GateReport(metric="unknown", problems=(describe(exc),)), output)
-        except Exception as unwritten:  # noqa: BLE001 - the first error is the one to end with
-            err_console.print(f"error: {describe(unwritten)}", soft_wrap=True, markup=False)
+        yield ending
+        if ending.verdict is not None:  # a signal while these are written is an ending like any other
+            unwritten = _write_ending(ending.verdict, output)
+            if unwritten:
+                raise ReportsUnwritten("; ".join(one_line(exc) for exc in unwritten))
+    except (ReportPathRefused, ReportsUnwritten):
+        raise  # refused: writing there would destroy what the gate reads; unwritten: the others say so already
+    except BaseException as exc:
+        reported = _with_problem(ending.verdict, ending_reason(exc))
+        # after a signal, no stream: one may wait for a reader for ever (a pipe nobody reads); the stop comes first
+        for unwritten_file in _write_ending(reported, output, write_streams=not _signalled(exc)):
+            err_console.print(f"error: {one_line(unwritten_file)}", soft_wrap=True, markup=False)
         raise
 
 
+def _with_problem(verdict: GateReport | None, problem: str) -> GateReport:
+    """The verdict so far (or an empty report) with one more problem: exit code 2, the reason listed."""
+    import dataclasses
+
+    from qbench.gate import GateReport
+
+    if verdict is None:
+        return GateReport(metric="unknown", problems=(problem,))
+    return dataclasses.replace(verdict, problems=(*verdict.problems, problem))
+
+
 def report_gate(asked: Recipe | None, judged: SweepResults, report: GateReport, results_path: Path,
-                output: GateOutput, registry: RegistrySpec | None, *, untracked: str | None = None) -> int:  # fmt: skip
+                ending: GateEnding, registry: RegistrySpec | None, *, untracked: str | None = None) -> int:  # fmt: skip
     """The one way a verdict is reported (`gate` and `sweep --gate`): the header, the SLO lines, the breaches
-    and summary (every check with --verbose), the report files, GITHUB_STEP_SUMMARY, then the registry."""
+    and summary (every check with --verbose), then the registry; the report files and GITHUB_STEP_SUMMARY say the
+    verdict when the command's `reported_ending` block ends (the verdict and why, should it end otherwise)."""
     from qbench.report_serving import slo_lines
 
-    with reported_when_unusable(output):
-        out.print(f"gate on {judged.recipe.get('name', '?')} ({judged.created_at}), metric {report.metric}",
-                  markup=False)  # fmt: skip
-        for line in slo_lines(judged, report):
-            out.print(line, markup=False)
-        _print_verdict(report, verbose=output.verbose)
-    write_reports(report, output)
+    ending.verdict = report  # from here on, an ending other than this verdict is reported beside its checks
+    out.print(f"gate on {judged.recipe.get('name', '?')} ({judged.created_at}), metric {report.metric}",
+              markup=False)  # fmt: skip
+    for line in slo_lines(judged, report):
+        out.print(line, markup=False)
+    _print_verdict(report, verbose=ending.output.verbose)
     if registry is not None:
         _register(asked, judged, report, results_path, registry, untracked=untracked)
     return BREACH if report.exit_code == EXIT_BREACH else report.exit_code
@@ -172,32 +229,59 @@ def _print_verdict(report: GateReport, *, verbose: bool) -> None:
               markup=False, highlight=False)  # fmt: skip
 
 
-def write_reports(report: GateReport, output: GateOutput) -> None:
-    """The requested report files, then the GitHub step summary; each is tried whatever became of the others.
+def _write_ending(report: GateReport, output: GateOutput, *, write_streams: bool = True) -> list[QbenchError]:
+    """The requested report files, then the GitHub step summary; each is tried whatever became of the others;
+    without `write_streams`, none that is stdout, a pipe or a device (regular files only).
+    Returns why the report files that could not be written were not (CI uploads them: a missing one is exit 2);
+    the others are then written again with that reason as a problem, so that they carry exit code 2 and why. One
+    that cannot take that either is removed, not left saying a verdict the exit code contradicts (each file is
+    replaced whole or not at all: nothing half-written).
 
-    A report file that cannot be written is a QbenchError (raised once all were tried; CI uploads them, so a
-    missing one is no clean run). The step summary is a courtesy display in a file the job's other steps share,
-    which the gate was not asked for: one that cannot take the section is a warning, and the verdict's exit code
-    stands (a breach stays 1, a pass 0); the console and the report files still carry the verdict."""
+    The step summary is a courtesy display in a file the job's other steps share, which the gate was not asked
+    for: one that cannot take the section is a warning, and the exit code stands (a breach stays 1, a pass 0)."""
     from qbench import gate_report
 
-    unwritten: list[QbenchError] = []
-    for path, render in ((output.junit, gate_report.junit_xml), (output.json_path, gate_report.report_json)):
-        if path is not None and names_stdout(path):
-            write_document(render(report))
-        elif path is not None:
-            try:
-                err_console.print(f"gate report: {gate_report.write_report(path, render(report))}", markup=False)
-            except QbenchError as exc:
-                unwritten.append(exc)
+    files = [(path, render) for path, render in ((output.junit, gate_report.junit_xml),
+                                                  (output.json_path, gate_report.report_json)) if path is not None]  # fmt: skip
+    streams = [file for file in files if _is_stream(file[0])]  # written once, last: a reader gets one document
+    unwritten = list(_write_files(report, [file for file in files if file not in streams]).items())
+    if unwritten:
+        report = _with_problem(report, "; ".join(one_line(exc) for _, exc in unwritten))
+        written = [file for file in files if file not in streams and file[0] not in dict(unwritten)]
+        for path, exc in _write_files(report, written).items():
+            path.unlink(missing_ok=True)
+            unwritten.append((path, QbenchError(f"{one_line(exc)} (removed: it held the verdict alone)")))
+    unwritten += _write_files(report, streams if write_streams else []).items()
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:
         try:
             gate_report.append_step_summary(Path(step_summary), report)
         except QbenchError as exc:
-            err_console.print(f"warning: GITHUB_STEP_SUMMARY {one_line(exc)}; the verdict stands", soft_wrap=True,
+            stands = "the verdict stands" if report.exit_code != EXIT_ERROR else "the exit code stays 2"
+            err_console.print(f"warning: GITHUB_STEP_SUMMARY {one_line(exc)}; {stands}", soft_wrap=True,
                               markup=False)  # fmt: skip
-    for exc in unwritten[1:]:
-        err_console.print(f"error: {one_line(exc)}", soft_wrap=True, markup=False)
-    if unwritten:
-        raise unwritten[0]
+    return [exc for _, exc in unwritten]
+
+
+def _is_stream(path: Path) -> bool:
+    """stdout (`-`, `/dev/stdout`), a pipe or a device: what is written there cannot be taken back."""
+    try:
+        return names_stdout(path) or (path.exists() and not path.resolve().is_file())
+    except OSError:
+        return False
+
+
+def _write_files(report: GateReport, files: list[tuple[Path, Callable[[GateReport], str]]]) -> dict[Path, QbenchError]:
+    """Write each report file (stdout for `-`); those that cannot be written, with why."""
+    from qbench import gate_report
+
+    unwritten: dict[Path, QbenchError] = {}
+    for path, render in files:
+        if names_stdout(path):
+            write_document(render(report))
+            continue
+        try:
+            err_console.print(f"gate report: {gate_report.write_report(path, render(report))}", markup=False)
+        except QbenchError as exc:
+            unwritten[path] = exc
+    return unwritten

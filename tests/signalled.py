@@ -1,4 +1,5 @@
-"""`qbench ARGS` in a child process that gets a signal right after a chosen function returns, mid-command."""
+"""`qbench ARGS` in a child process that gets a signal (or an unexpected exception) right after a chosen function
+returns, mid-command."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 HOOK = textwrap.dedent("""\
     import importlib, os, sys, threading
-    module_name, attribute, signum = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    module_name, attribute, action = sys.argv[1], sys.argv[2], sys.argv[3]
     owner = importlib.import_module(module_name)
     *path, attribute = attribute.split(".")  # a function, or a class's method: Class.method
     for name in path:
@@ -18,6 +19,9 @@ HOOK = textwrap.dedent("""\
     original = getattr(owner, attribute)
     def signalled(*args, **kwargs):
         result = original(*args, **kwargs)
+        if action == "raise":  # a bug: an exception no code of qbench's expects
+            raise RuntimeError(f"an unexpected error right after {attribute}")
+        signum = int(action)
         assert threading.current_thread() is threading.main_thread(), "the signal must land on the main thread"
         os.kill(os.getpid(), signum)  # CPython runs the handler before os.kill returns: it raised, or held it back
         return result
@@ -33,4 +37,11 @@ def run_signalled(hook: str, signum: int, *args: str, env: Mapping[str, str],
     command."""
     module, attribute = hook.split(":")
     return subprocess.run([sys.executable, "-c", HOOK, module, attribute, str(int(signum)), *args],
+                          capture_output=True, text=True, env=dict(env), cwd=cwd, timeout=120, check=False)  # fmt: skip
+
+
+def run_raising(hook: str, *args: str, env: Mapping[str, str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """`qbench ARGS` in which `hook` (module:function or module:Class.method) raises a RuntimeError once it returned."""
+    module, attribute = hook.split(":")
+    return subprocess.run([sys.executable, "-c", HOOK, module, attribute, "raise", *args],
                           capture_output=True, text=True, env=dict(env), cwd=cwd, timeout=120, check=False)  # fmt: skip

@@ -106,9 +106,11 @@ def test_the_report_files_say_why_when_the_gate_fails_unexpectedly(project, tmp_
     assert capsys.readouterr().err.strip().splitlines()[-1] == "qbench: error: RuntimeError: a bug in the gate"
     loaded = json.loads(report.read_text())
     assert (loaded["verdict"], loaded["exit_code"]) == ("unusable", 2)
-    assert loaded["problems"][0]["message"] == "RuntimeError: a bug in the gate"
+    assert [p["message"] for p in loaded["problems"]] == ["RuntimeError: a bug in the gate"]
     root = ET.parse(junit).getroot()
-    assert [root.get(k) for k in ("tests", "failures", "errors")] == ["1", "0", "1"]
+    checks = len(loaded["checks"])
+    assert (checks > 0) == (where == "qbench.gate_report.console_lines")  # printing failed: the verdict's checks stay
+    assert [root.get(k) for k in ("tests", "failures", "errors")] == [str(checks + 1), "0", "1"]
     assert "RuntimeError: a bug in the gate" in summary.read_text()
 
 

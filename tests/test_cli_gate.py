@@ -227,15 +227,20 @@ def test_a_step_summary_that_cannot_be_appended_is_a_warning_and_the_verdict_sta
     assert json.loads(report.read_text())["exit_code"] == code
 
 
-def test_a_report_file_that_cannot_be_written_leaves_the_others_written(project, tmp_path, monkeypatch, capsys):
+def test_a_report_file_that_cannot_be_written_leaves_the_others_saying_so(project, tmp_path, monkeypatch, capsys):
+    """The others held the breach (exit_code 1) while qbench exited 2: they now carry exit code 2 and why, beside
+    the verdict's checks."""
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     summary, report = tmp_path / "summary.md", tmp_path / "gate.json"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     assert main(["gate", str(project.recipe(STRICT)), "--junit", str(blocker / "gate.xml"), "--json", str(report)]) == 2
-    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(f"error: {blocker / 'gate.xml'}: cannot write")
-    assert json.loads(report.read_text())["exit_code"] == 1
-    assert summary.read_text().startswith("### qbench gate: FAIL\n")
+    [line] = [line for line in capsys.readouterr().err.strip().splitlines() if "error" in line]
+    assert line.startswith(f"error: {blocker / 'gate.xml'}: cannot write the gate report: ")
+    loaded = json.loads(report.read_text())
+    assert (loaded["exit_code"], loaded["counts"]["breaches"]) == (2, 4)
+    assert [p["message"] for p in loaded["problems"]] == [line.removeprefix("error: ")]
+    assert summary.read_text().startswith("### qbench gate: FAIL (results unusable)\n")
 
 
 @pytest.mark.parametrize("command", ["gate", "sweep"])
