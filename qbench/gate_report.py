@@ -31,6 +31,11 @@ from qbench.slo import SLO_SCOPE
 from qbench.validate.catalogue import OUTPUT_SEPARATOR
 from qbench.validate.kept import KEPT, KEPT_RULES
 
+try:  # POSIX; elsewhere two gates appending to one step summary at once are not serialised
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None  # type: ignore[assignment]
+
 JSON_SCHEMA_VERSION = 1
 RESULTS_SUITE = "results"  # JUnit suite for problems that belong to no single variant
 _VERDICTS = {EXIT_PASS: "pass", EXIT_BREACH: "breach"}
@@ -384,11 +389,13 @@ aborted, supports content up to a size of 1024k'), which would lose what the oth
 def append_step_summary(path: Path, report: GateReport, limit: int = STEP_SUMMARY_LIMIT) -> Path:
     """Append the verdict's Markdown section to a step summary file, which the other steps and tools of the job
     append to as well and the runner reads after the step: opened for appending only (what is there is never
-    truncated or replaced), on a line of its own, written in one write (two gates appending at once do not
-    interleave their lines) and cut down to the rows that keep the file within `limit` (breaches first)."""
+    truncated or replaced), on a line of its own, written in one write under an exclusive lock (two gates appending
+    at once neither interleave their lines nor read each other's half-written size) and cut down to the rows that keep the file within `limit` (breaches first)."""
     try:
         descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
         try:
+            if fcntl is not None:  # another gate's append in progress shows a size (and a last byte) mid-write
+                fcntl.flock(descriptor, fcntl.LOCK_EX)
             size = os.fstat(descriptor).st_size if stat.S_ISREG(os.fstat(descriptor).st_mode) else 0
             separator = b"" if size == 0 or _last_byte(path, size) == b"\n" else b"\n"
             section = _fitting_summary(report, limit - size - len(separator))
