@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import qbench
 from qbench.errors import QbenchError
+from qbench.supervisor import cause
 from qbench.validate.background import settled_before_timing
 
 if TYPE_CHECKING:
@@ -151,11 +152,8 @@ class TrackingProcess:
 
 
 def _ended(status: int) -> str:
-    if status < 0:
-        import signal
-
-        return f"was killed by {signal.Signals(-status).name}"
-    return f"ended with status {status}"
+    """How the process ended, from its exit status (negative: the signal that killed it)."""
+    return f"died: {cause(-status)}" if status < 0 else f"ended with status {status}"
 
 
 def _startup_environment() -> dict[str, str]:

@@ -84,8 +84,13 @@ print(json.dumps([outcome.mlflow_run_id, outcome.tracking_failure, "mlflow" in s
                                     "tumour-mlp").iterdir()} | {"fp32 · ort-cpu": "FINISHED", "fp16 · ort-cpu": "FINISHED"}  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("signum", "how"),
+    [(signal.SIGKILL, "killed (SIGKILL), often the out-of-memory killer"),
+     (signal.SIGRTMIN + 1, f"killed by signal {signal.SIGRTMIN + 1}")],  # a signal Python's Signals does not name
+)
 def test_the_tracking_process_dying_costs_mlflow_not_the_measurements(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], signum: int, how: str
 ) -> None:
     recipe = make_fp16_project(tmp_path)
     monkeypatch.chdir(tmp_path)
@@ -98,7 +103,7 @@ def test_the_tracking_process_dying_costs_mlflow_not_the_measurements(
             assert self.tracker is not None
             self.tracker.settle()
             [process] = tracking_processes(tmp_path)
-            process.kill()
+            process.send_signal(signum)
             killed.append(process.pid)
 
     monkeypatch.setattr(_Progress, "finished", then_killed)
@@ -107,7 +112,7 @@ def test_the_tracking_process_dying_costs_mlflow_not_the_measurements(
     [run_dir] = (tmp_path / "reports" / "tumour-mlp").iterdir()
     assert code == 2
     [line] = [line for line in err.splitlines() if line.startswith("error:")]
-    assert line == (f"error: MLflow tracking failed: its logging process was killed by SIGKILL; the results are "
+    assert line == (f"error: MLflow tracking failed: its logging process died: {how}; the results are "
                     f"complete in {run_dir}, not in MLflow (log them there with `qbench track {recipe} {run_dir}`)")
     results = read_results(run_dir / "results.json")
     assert results.complete and [(v.variant, v.status) for v in results.variants] == [("fp32", "ok"), ("fp16", "ok")]
