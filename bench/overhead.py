@@ -10,8 +10,9 @@
    Runtime's run; torch's forward on torch.from_numpy, .numpy() of its output, inference_mode entered once), and
    the cold start (`served cold`: load + first served call, one per round) against a bare load + first call.
 2. Sweep overhead: the share of a whole demo sweep spent outside variant building (calibration
-   included) and inference — data preparation, scoring, load simulation, reporting, plotting, MLflow
-   logging — in a sweep whose tracking store already exists (its one-time creation is not counted).
+   included) and inference (the runs of the model: scoring, timing, real serving runs) — data preparation, the load
+   simulation, reporting, plotting, MLflow logging — in a sweep whose tracking store already exists (its one-time
+   creation is not counted).
    Each demo is swept from the library without MLflow and with the recipe's sqlite store (interleaved
    rounds; MLflow's cost is also given as the median paired difference of wall times), and as a
    `qbench sweep` process (whose wall time also holds the interpreter's start and the imports; qbench's modules are
@@ -362,7 +363,7 @@ def main() -> int:
                       f"{row['qbench_p50_ms']:.4f}", f"{row['ratio']:.3f}")  # fmt: skip
     console.print(table)
     phases = Table(title="demo sweeps: wall time by phase, s (tracking store already created)")
-    columns = ("prepare", "build", "inference", "ranges", "report", "track")
+    columns = ("prepare", "build", "inference", "simulation", "ranges", "report", "track")
     for column in ("demo", "how", *columns, "wall", "outside build + inference"):
         phases.add_column(column, justify="left" if column in ("demo", "how") else "right")
     for row in overheads:

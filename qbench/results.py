@@ -6,7 +6,7 @@ Schema (version 1), documented in reports/README.md:
       schema_version, qbench_version, created_at, recipe {name, path, sha256, task},
       environment {...}, calibration CalibrationRecord, evaluation_rows,
       gate_metric, reference, variants [VariantResult], frontier [FrontierPoint],
-      timings {phase: seconds} (calibration, build, evaluate, latency, ranges, report, track, total),
+      timings {phase: seconds} (prepare, build, store, track, inference, simulation, jobs, ranges, report, total),
       dropped_nonfinite {evaluation|calibration: {input column: rows left out for NaN/inf}},
       kept_nonfinite {evaluation|calibration|selection|slice:<name>: {input column: rows fed with NaN/inf}},
       ranges RangeAnalysis | null, inputs {input: {path, sha256}}, complete, finished_at,

@@ -24,6 +24,7 @@ from qbench.results import LatencyPoint, SweepResults, VariantResult
 from qbench.results_serving import ServingResult
 from qbench.validate.bound import estimate_bound, last_level_cache_bytes, memory_bandwidth_bytes_per_s
 from qbench.validate.catalogue import within
+from qbench.validate.clock import PhaseClock
 from qbench.validate.contention import contended, oversubscribed
 from qbench.validate.cost import usd_per_million
 from qbench.validate.latency import BatcherSamples, timed_batches
@@ -48,12 +49,13 @@ def serving_figures(
     preprocess_ms_per_row: float,
     batcher: BatcherSamples | None = None,
     server: RealServer | None,
+    clock: PhaseClock | None = None,
 ) -> ServingResult:
     """Pre-processing split, load scenario (with `slo:`), cost (with a price) and bound of one variant on `backend`;
     `batcher` (`measure_batcher_samples` at `idle_ms`): what serving through a dynamic batcher adds to the timed
     runs (without it the load is simulated from the timed runs alone); `server` (required with `slo:`): real runs of
     the variant behind a batcher with the recipe's load settings (qbench.validate.serve.real_server), which the
-    simulated highest rate is checked against."""
+    simulated highest rate is checked against. The simulation's time goes to `clock`'s "simulation" phase."""
     by_batch = {p.batch_size: p for p in points}
     b1 = by_batch.get(1)
     largest = max(by_batch.values(), key=lambda p: p.batch_size, default=None)
@@ -67,7 +69,8 @@ def serving_figures(
     if recipe.slo is not None:
         if server is None:
             raise QbenchError("serving figures with `slo:` need a real server to check the highest rate against")
-        serving = _with_load(serving, recipe.slo, backend, samples_ms, batcher, recipe.latency.batch_sizes, server)
+        serving = _with_load(serving, recipe.slo, backend, samples_ms, batcher, recipe.latency.batch_sizes, server,
+                             clock or PhaseClock())  # fmt: skip
     price = recipe.cost.price_per_hour.get(backend) if recipe.cost is not None else None
     if price is not None:
         costs = {f"b{p.batch_size}": usd_per_million(price, p.items_per_s) for p in points}
@@ -135,7 +138,7 @@ def idle_ms(slo: SloSpec, backend: str) -> float:
 
 def _with_load(
     serving: ServingResult, slo: SloSpec, backend: str, samples_ms: Mapping[int, np.ndarray],
-    batcher_samples: BatcherSamples | None, batch_sizes: Sequence[int], server: RealServer,
+    batcher_samples: BatcherSamples | None, batch_sizes: Sequence[int], server: RealServer, clock: PhaseClock,
 ) -> ServingResult:  # fmt: skip
     """The simulation at the budget's rate, and the highest rate within budget: the simulation's, then served for
     real and stepped down until a real run meets the budget (the simulation models no server's own work). The
@@ -147,8 +150,9 @@ def _with_load(
     batcher = Batcher(settings["max_batch_size"], settings["max_queue_delay_ms"])
     replay = LoadReplay(served_times(samples_ms, batcher_samples), batcher, Draws.make(settings["requests"], settings["seed"]))
     overhead = serving.preprocess_ms_per_row if math.isfinite(serving.preprocess_ms_per_row) else 0.0
-    at_rate = replay.at(budget.rate_rps, overhead_ms=overhead) if budget.rate_rps else None
-    search = search_max_rate(replay, budget.p99_ms, overhead_ms=overhead)
+    with clock.within("simulation"):
+        at_rate = replay.at(budget.rate_rps, overhead_ms=overhead) if budget.rate_rps else None
+        search = search_max_rate(replay, budget.p99_ms, overhead_ms=overhead)
     served = served_max_rate(server, search.max_rate_rps, budget.p99_ms, overhead) if search.max_rate_rps is not None else None
     served_at_rate = None
     if budget.rate_rps and not served_above(served.max_rate_rps if served else None, budget.rate_rps):

@@ -44,8 +44,8 @@ from qbench.runs import RESULTS_FILE, mark_complete, mark_incomplete, new_run_di
 from qbench.supervisor import announce_run
 from qbench.track_process import RemoteTracker
 from qbench.validate.catalogue import custom_metrics
+from qbench.validate.clock import PhaseClock
 from qbench.validate.contention import contention_notes
-from qbench.validate.measure import PhaseClock
 from qbench.variants import BuiltVariant
 
 logger = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ from sweep_factory import make_variant
 
 import qbench.validate.ranges as ranges_module
 from qbench.sweep import _range_analysis
-from qbench.validate.measure import PhaseClock
+from qbench.validate.clock import PhaseClock
 
 
 def test_a_torch_result_of_an_fp16_variant_does_not_erase_what_its_onnx_build_keeps_in_fp32(tmp_path, monkeypatch):

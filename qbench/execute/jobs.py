@@ -32,7 +32,8 @@ from qbench.preflight import Prepared
 from qbench.provenance import model_bytes, model_sha256
 from qbench.recipe import VariantSpec
 from qbench.results import AccuracyResult, VariantResult
-from qbench.validate.measure import Measured, PhaseClock, Reference, Rows, describe_error, measure
+from qbench.validate.clock import PhaseClock
+from qbench.validate.measure import Measured, Reference, Rows, describe_error, measure
 from qbench.variants import BuildContext, BuiltVariant, build_variant
 from qbench.variants.base import ONNX, TORCH
 

@@ -55,7 +55,8 @@ from qbench.provenance import model_sha256
 from qbench.results import AccuracyResult, VariantResult
 from qbench.results_search import SearchReport, search_from_dict
 from qbench.runs import describe_run, run_folder_writes
-from qbench.validate.measure import PhaseClock, failed_result
+from qbench.validate.clock import PhaseClock
+from qbench.validate.measure import failed_result
 from qbench.variants.base import BuiltVariant
 
 logger = logging.getLogger(__name__)

@@ -56,7 +56,8 @@ from qbench.search.candidates import Candidate, catalogue
 from qbench.search.retime import RETIME_ROUNDS, retime_rounds
 from qbench.search.screen import gate_excess, screen_excess, screening_indices, worst_slice
 from qbench.selection_rows import chosen_on
-from qbench.validate.measure import Measured, PhaseClock, Rows, describe_error, measure
+from qbench.validate.clock import PhaseClock
+from qbench.validate.measure import Measured, Rows, describe_error, measure
 from qbench.variants import BuildContext, BuiltVariant, build_variant
 from qbench.variants.base import unranged_reason
 from qbench.variants.onnx_utils import graph_digest

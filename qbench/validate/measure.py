@@ -16,7 +16,7 @@ import math
 import time
 import traceback
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ from qbench.slo import idle_ms, server_for, serving_figures
 from qbench.validate import metrics
 from qbench.validate.accuracy import evaluate_accuracy, run_outputs, scale_doubts, scale_notes, with_drops
 from qbench.validate.background import settle_before_timing
+from qbench.validate.clock import PhaseClock
 from qbench.validate.contention import oversubscription_note
 from qbench.validate.fidelity import plan_measurement
 from qbench.validate.latency import (
@@ -50,21 +51,6 @@ from qbench.variants.base import ONNX
 logger = logging.getLogger(__name__)
 
 Feeds = dict[str, np.ndarray]
-
-
-@dataclass
-class PhaseClock:
-    """Seconds spent per phase (build, inference, report...), so a sweep's own overhead can be reported."""
-
-    seconds: dict[str, float] = field(default_factory=dict)
-
-    def add(self, phase: str, started: float) -> None:
-        self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - started
-
-    def merge(self, seconds: Mapping[str, float]) -> None:
-        """Add the phases another clock measured (a job run in a worker)."""
-        for phase, value in seconds.items():
-            self.seconds[phase] = self.seconds.get(phase, 0.0) + value
 
 
 @dataclass(frozen=True)
@@ -179,7 +165,7 @@ def measure(
     settle_before_timing()  # the sweep's MLflow logging, in its own process, idle from here on
     if clock is not None:
         clock.add("track", t)  # waiting for it is MLflow's cost, not inference
-    t = time.perf_counter()
+    t, carved = time.perf_counter(), clock.carved if clock is not None else 0.0
     try:
         plan = plan_measurement(backend, built)
         outputs = None
@@ -211,14 +197,14 @@ def measure(
                 serving_result = serving_figures(prepared.recipe, backend.name, samples,
                                                  latency_points(samples, timing.warmup), model_bytes=ran["model_bytes"],
                                                  runtime=runtime, preprocess_ms_per_row=prepared.preprocess_ms_per_row,
-                                                 batcher=batcher, server=server)  # fmt: skip
+                                                 batcher=batcher, server=server, clock=clock)  # fmt: skip
         finally:
             runner.close()
     except Exception as exc:  # noqa: BLE001 - one variant's failure is recorded, the caller goes on
         return replace(_failed(built, backend, describe_error(exc), quiet=quiet), environment=environment_cause(exc))
     finally:
         if clock is not None:
-            clock.add("inference", t)
+            clock.add("inference", t, less=clock.carved - carved)
     accuracy, nsr, scale_read = None, math.nan, []
     if outputs is not None:
         base = reference.outputs if reference is not None else outputs

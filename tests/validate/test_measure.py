@@ -213,6 +213,37 @@ def test_a_sweep_measurement_times_idle_starts_and_simulates_load_with_them(prep
     assert 42.0 <= served.at_rate.p50_ms < 43.0
 
 
+def test_the_load_simulation_is_clocked_as_its_own_phase_not_as_inference(prepared, monkeypatch):
+    """The simulation computes over timings already taken: its time is the "simulation" phase's, and the measurement's
+    "inference" leaves it out (a simulation made 0.3 s slower moves 0.3 s there and none into inference)."""
+    import dataclasses
+    import time
+
+    import qbench.slo as slo_module
+    from qbench.recipe_slo import LoadSpec, SloSpec
+    from qbench.validate.clock import PhaseClock
+
+    simulate = slo_module.search_max_rate
+
+    def slow_simulation(*args, **kwargs):
+        time.sleep(0.3)
+        return simulate(*args, **kwargs)
+
+    monkeypatch.setattr(slo_module, "search_max_rate", slow_simulation)
+    slo = SloSpec(p99_ms=100.0, rate_rps=10.0, load=LoadSpec(max_queue_delay_ms=2.0, requests=200))
+    with_slo = dataclasses.replace(prepared, recipe=prepared.recipe.model_copy(update={"slo": slo}))
+    timing = LatencySpec(batch_sizes=[1, 8], warmup=1, iterations=3, stability=None)
+    clock = PhaseClock()
+    started = time.perf_counter()
+    measured = measure(get_backend("onnxruntime-cpu"), _fp32(with_slo), with_slo, timing=timing, serving=True,
+                       clock=clock)
+    elapsed = time.perf_counter() - started
+    assert measured.result.status == "ok"
+    assert clock.seconds["simulation"] >= 0.3
+    assert clock.seconds["inference"] + clock.seconds["simulation"] <= elapsed
+    assert clock.seconds["inference"] > 0
+
+
 def test_threads_beyond_the_usable_cpus_put_a_note_on_the_result_and_unset_threads_follow_them(prepared, monkeypatch):
     """On one usable CPU (as under `taskset -c 0`) 2 timed threads take turns: the result records the threads timed
     and the allowance, and carries the note; unset threads are timed as 1 (the usable CPUs), with no note."""
