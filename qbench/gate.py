@@ -299,6 +299,9 @@ def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec,
             problems.append(f"slice {ref_slice.name!r} missing from the results")
             continue
         scopes.append((ref_slice, own, tolerances and tolerances.on_slice(ref_slice.name)))
+    # every result is measured on the same rows, so their slices are the same: one FP32 lacks would go unjudged
+    problems += [f"slice {own.name!r} missing from FP32's results (the variant's has it: same rows, same slices)"
+                 for own in candidate.accuracy.slices if reference.accuracy.slice(own.name) is None]  # fmt: skip
     for ref_scope, own_scope, tolerance in scopes:
         # NaN/inf on rows where FP32 is finite: a breach of its own, whatever FP32 does on other rows
         extra_nonfinite = max(own_scope.nonfinite_outputs - ref_scope.nonfinite_outputs, own_scope.new_nonfinite_outputs)

@@ -354,6 +354,12 @@ def _accuracy_problems(
     problems.extend(f"slice {name!r} missing (the recipe defines it)" for name in required if name not in have)
     if wanted is not None:
         problems.extend(f"slice {name!r} is not one the recipe defines" for name in have if name not in wanted)
+    elif ref_scopes is not None:  # the data gone: every result is measured on the same rows, so has the same slices
+        same_rows = "every result is measured on the same rows"
+        problems.extend(f"slice {name!r} missing (FP32's first result has it: {same_rows})"
+                        for name in ref_scopes if name not in (*have, "overall", *required))  # fmt: skip
+        problems.extend(f"slice {name!r} is not one FP32's first result has ({same_rows})"
+                        for name in have if name not in ref_scopes)  # fmt: skip
     for scope in (accuracy.overall, *accuracy.slices):
         fp32 = on_backend.get(scope.name)
         problems.extend(_scope_problems(scope, rows, recipe.gate.metric, recipe.gate.min_slice_size,

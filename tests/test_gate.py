@@ -264,6 +264,9 @@ def test_min_slice_size_applies_before_the_nan_check():
         (sweep(REFERENCE, variant("int8-a", 0.95, {}, status="failed")), "variant failed: boom"),
         (sweep(REFERENCE, variant("int8-a", math.nan, {"noisy": 0.9, "clean": 0.99})), "missing or NaN on overall"),
         (sweep(REFERENCE, variant("int8-a", 0.95, {"clean": 0.99})), "slice 'noisy' missing"),
+        # FP32 lacks a slice the variant has: judging only FP32's slices left the variant's 'noisy' unjudged (exit 0)
+        (sweep(variant("fp32", 0.95, {"clean": 0.99}), variant("int8-a", 0.95, {"noisy": 0.5, "clean": 0.99})),
+         "slice 'noisy' missing from FP32's results"),
         (sweep(variant("int8-a", 0.95, {})), "no usable FP32 reference"),
         (sweep(REFERENCE, variant("fp16", 0.95, {})), "the gate applies to no variant"),
     ],

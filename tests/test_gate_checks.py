@@ -132,3 +132,31 @@ def test_a_record_of_one_batch_size_is_judged_against_the_model(tmp_path):
         "recipe.latency.batch_sizes: the results record [1, 4], but a sweep of the recipe times batch sizes 1, 32 "
         "(or, for a model with a fixed batch, that batch alone)"
     )
+
+
+# -- slices: every result is measured on the same rows ----------------------------------------------
+
+
+def test_a_slice_one_backend_s_results_lack_is_a_problem_without_the_data(tmp_path):
+    """With the data file gone the slices cannot be re-derived, and only the recipe's named slices were required: a
+    `by` slice left out of FP32 and the variant on one backend alike went unjudged there (the gate compares each
+    variant with FP32 on its own backend). Every result is measured on the same rows, so each holds the slices of
+    the first FP32 result, and none it lacks."""
+    recipe = small_recipe(tmp_path).model_copy(update={"backends": ["onnxruntime-cpu", "onnxruntime-cuda"]})
+    dark = "noisy lighting=dark"
+
+    def without_dark(result):
+        return replace(result, accuracy=replace(result.accuracy, slices=result.accuracy.slices[:1]))
+
+    cpu = [make_variant(name, precision) for name, precision in (("fp32", "fp32"), ("int8", "int8"))]
+    cuda = [without_dark(make_variant(name, precision, backend="onnxruntime-cuda"))
+            for name, precision in (("fp32", "fp32"), ("int8", "int8"))]  # fmt: skip
+    results = replace(make_sweep([*cpu, *cuda]), recipe={"latency": {"batch_sizes": [1, 32]}})
+    assert result_problems(results, recipe, None, [1, 32]) == [
+        f"{name}@onnxruntime-cuda: slice {dark!r} missing (FP32's first result has it: every result is measured on "
+        "the same rows)" for name in ("fp32", "int8")]  # fmt: skip
+    # the other way round: a slice FP32's first result lacks, where another result has it
+    results = replace(make_sweep([*cuda, *cpu]), recipe={"latency": {"batch_sizes": [1, 32]}})
+    assert result_problems(results, recipe, None, [1, 32]) == [
+        f"{name}@onnxruntime-cpu: slice {dark!r} is not one FP32's first result has (every result is measured on "
+        "the same rows)" for name in ("fp32", "int8")]  # fmt: skip

@@ -148,6 +148,24 @@ def test_results_without_a_slice_the_data_makes_are_unusable(tmp_path: Path, cap
     assert "fp16@onnxruntime-cpu: slice 'kind=b' missing (the recipe defines it)" in shown(capsys)
 
 
+def test_a_slice_only_fp32_lacks_is_unusable_without_the_data(tmp_path: Path, capsys):
+    """Without the data file (--no-staleness-check) the gate requires the recipe's named slices alone; results whose
+    FP32 lacks a `by` slice its variant has judged the variant on FP32's slices only and passed (exit 0), the
+    variant's slice unjudged. Every variant is measured on the same rows, so a slice either side lacks is unusable."""
+    recipe = classifier_project(tmp_path)
+    results = swept(recipe)
+
+    def fp32_without_kind_b(raw: dict[str, Any]) -> None:
+        [fp32] = [v for v in raw["variants"] if v["variant"] == "fp32"]
+        fp32["accuracy"]["slices"] = [s for s in fp32["accuracy"]["slices"] if s["name"] != "kind=b"]
+
+    forged_results = forged(results, fp32_without_kind_b)
+    (tmp_path / "rows.parquet").unlink()
+    capsys.readouterr()
+    assert main(["gate", "--results", str(forged_results), "--no-staleness-check"]) == 2
+    assert "fp16@onnxruntime-cpu: slice 'kind=b' missing from FP32's results" in shown(capsys)
+
+
 def test_the_rows_left_out_for_nan_inputs_are_the_datas(tmp_path: Path, capsys):
     recipe = classifier_project(tmp_path, edit=one_nan_evaluation_row, data={"nonfinite_inputs": "drop"})
     results = swept(recipe)
