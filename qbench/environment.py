@@ -109,8 +109,10 @@ class CpuAllowance:
 
     @property
     def usable(self) -> int:
-        """min(affinity CPUs, the quota rounded up): 1.5 CPUs of quota keep 2 threads busy part of each period."""
-        return self.affinity if self.quota is None else max(1, min(self.affinity, math.ceil(self.quota)))
+        """min(affinity CPUs, the quota rounded down), at least 1: under 1.5 CPUs of quota 2 busy threads use up each
+        period's quota in 75 ms of its 100 and wait out the rest (CFS throttling), so 1 thread is what runs
+        unthrottled; below 1 CPU of quota even one is throttled (`qbench.validate.contention.oversubscribed`)."""
+        return self.affinity if self.quota is None else max(1, min(self.affinity, math.floor(self.quota)))
 
     def as_record(self) -> dict[str, Any]:
         """What results record of it (`usable_cpus`, `affinity_cpus`, `cpu_quota`: None without a quota)."""
@@ -227,7 +229,7 @@ def package_versions(packages: Iterable[str]) -> dict[str, str]:
 def measurement_facts(packages: Iterable[str], threads: int | None, gpu: bool = False) -> dict[str, str]:
     """What a measurement's figures depend on beyond its model and the recipe, here: the installed versions of the
     `packages` that computed them, and the machine facts latency depends on (CPU model, usable CPUs, the cgroup's CPU
-    quota, which usable CPUs round up: 1.5 and 2 CPUs of quota are both 2 usable, architecture, the threads timed:
+    quota, which usable CPUs round down: 1 and 1.5 CPUs of quota are both 1 usable, architecture, the threads timed:
     `timed_threads`, the usable CPUs' default when none are asked for; with `gpu`, a backend computing on a GPU, the
     GPU's model, "none" without one). A resumed sweep reuses a measurement only where
     they are today's (qbench.execute.resume), so one table never mixes runtimes or machines. A CPU backend's facts
@@ -267,9 +269,15 @@ def gpu_model() -> str | None:
 
 
 def machine_kind(machine: dict[str, Any]) -> str:
-    """'<CPU model> x<usable CPUs> <arch>[ + <device>]': timings compare only between machines of one kind (the
-    host name does not matter); '' when not recorded (results written before qbench recorded it)."""
+    """'<CPU model> x<usable CPUs>[ quota <CPUs>] <arch>[ + <device>]': timings compare only between machines of one
+    kind (the host name does not matter); '' when not recorded (results written before qbench recorded it). The cgroup
+    CPU quota is part of it where it binds (below the affinity CPUs): a quota caps the CPU time of everything in the
+    cgroup, each period, where an affinity mask only says where it runs, and 1 and 1.5 CPUs of quota both leave 1
+    usable CPU; a quota above the CPUs the process may run on caps nothing."""
     if not machine.get("cpu"):
         return ""
-    kind = f"{machine['cpu']} x{machine.get('cpus')} {machine.get('arch', '')}".rstrip()
+    quota = machine.get("cpu_quota")
+    binds = isinstance(quota, (int, float)) and not isinstance(quota, bool) and quota < machine.get("affinity_cpus", math.inf)
+    limit = f" quota {quota:g}" if binds else ""
+    kind = f"{machine['cpu']} x{machine.get('cpus')}{limit} {machine.get('arch', '')}".rstrip()
     return f"{kind} + {machine['device']}" if machine.get("device") else kind

@@ -16,7 +16,7 @@ from mlflow.utils.validation import (
     MAX_TAG_VAL_LENGTH,
 )
 
-from qbench.frontier import gate_tolerances, speedup
+from qbench.frontier import gate_tolerances, speedup, timed_on
 from qbench.gate import GateReport, problem_owner
 from qbench.gate_report import check_line, problem_line, summary_line
 from qbench.recipe import GateSpec, Recipe, StabilitySpec
@@ -222,6 +222,8 @@ def variant_tags(variant: VariantResult) -> dict[str, str]:
         tags["qbench.session_options"] = ", ".join(f"{k}={v}" for k, v in needed.items()) + " (not ORT's defaults)"
     if variant.notes:
         tags["qbench.notes"] = tag_value(" | ".join(variant.notes))
+    if timed_on(variant):  # the kind of machine its latency was timed on: runs compare only within one kind
+        tags["qbench.timed_on"] = tag_value(timed_on(variant))
     return tags
 
 

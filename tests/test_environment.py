@@ -79,15 +79,17 @@ POD = "sys/fs/cgroup/kubepods/pod1"
 
 
 def test_the_cgroup_v2_quota_is_the_smallest_of_the_process_s_cgroup_and_those_above(tmp_path):
-    """cpu.max "150000 100000" is 1.5 CPUs (2 usable: a third thread only waits), "max 100000" none; a parent's
-    lower quota limits the child's (a Kubernetes pod's limit over its container's)."""
+    """cpu.max "150000 100000" is 1.5 CPUs (1 usable: 2 busy threads use it up 75 ms into each 100 ms period and
+    wait out the rest), "max 100000" none; a parent's lower quota limits the child's (a Kubernetes pod's limit over
+    its container's)."""
     from qbench.environment import CpuAllowance, cpu_quota
 
     unlimited = _cgroup_root(tmp_path / "max", "0::/kubepods/pod1\n", {f"{POD}/cpu.max": "max 100000\n"})
     assert cpu_quota(unlimited) is None
     limited = _cgroup_root(tmp_path / "limit", "0::/kubepods/pod1\n", {f"{POD}/cpu.max": "150000 100000\n"})
     assert cpu_quota(limited) == 1.5
-    assert CpuAllowance(8, 1.5).usable == 2 and CpuAllowance(1, 1.5).usable == 1 and CpuAllowance(8, None).usable == 8
+    assert CpuAllowance(8, 1.5).usable == 1 and CpuAllowance(8, 2.0).usable == 2 and CpuAllowance(8, None).usable == 8
+    assert CpuAllowance(8, 2.9).usable == 2 and CpuAllowance(1, 1.5).usable == 1
     assert CpuAllowance(4, 0.25).usable == 1  # a quarter of a CPU still runs one thread
     parent = _cgroup_root(tmp_path / "parent", "0::/kubepods/pod1\n",
                           {f"{POD}/cpu.max": "max 100000\n", "sys/fs/cgroup/kubepods/cpu.max": "50000 100000\n"})
@@ -121,14 +123,34 @@ def test_unset_threads_default_to_the_usable_cpus_and_machine_records_the_allowa
 
     from qbench.environment import CpuAllowance, default_threads, machine_kind, timed_threads, timing_machine
 
-    monkeypatch.setattr(environment, "cpu_allowance", lambda root=None: CpuAllowance(8, 1.5))
+    monkeypatch.setattr(environment, "cpu_allowance", lambda root=None: CpuAllowance(8, 2.5))
     monkeypatch.setattr(psutil, "cpu_count", lambda logical=True: 8 if logical else 4)
     assert default_threads() == 2 and timed_threads(None) == 2 and timed_threads(6) == 6
+    monkeypatch.setattr(environment, "cpu_allowance", lambda root=None: CpuAllowance(8, 1.5))
+    assert default_threads() == 1  # 1.5 CPUs of quota: 2 threads would be throttled each period
     monkeypatch.setattr(environment, "cpu_allowance", lambda root=None: CpuAllowance(8, None))
     assert default_threads() == 4  # no quota: the physical cores, as the runtimes choose
     monkeypatch.setattr(environment, "cpu_allowance", lambda root=None: CpuAllowance(8, 1.5))
     machine = timing_machine()
-    assert (machine["cpus"], machine["affinity_cpus"], machine["cpu_quota"]) == (2, 8, 1.5)
-    assert " x2 " in machine_kind(machine)  # a 1.5-CPU pod times unlike the 8-CPU host
+    assert (machine["cpus"], machine["affinity_cpus"], machine["cpu_quota"]) == (1, 8, 1.5)
+    assert " x1 quota 1.5 " in machine_kind(machine)  # a 1.5-CPU pod times unlike the 8-CPU host
     recorded = describe_environment()  # results' environment
-    assert (recorded["usable_cpus"], recorded["affinity_cpus"], recorded["cpu_quota"]) == (2, 8, 1.5)
+    assert (recorded["usable_cpus"], recorded["affinity_cpus"], recorded["cpu_quota"]) == (1, 8, 1.5)
+
+
+def test_the_cgroup_quota_is_part_of_the_machine_kind():
+    """Two nodes of one CPU model with 2 usable CPUs each, one a 2-CPU pod on a 16-CPU node, one a 2-CPU machine
+    without a quota, and a 1- and a 1.5-CPU pod (1 usable CPU each), are four kinds; results written before the quota
+    was recorded keep their kind."""
+    from qbench.environment import machine_kind
+
+    node = {"host": "a", "cpu": "Intel Xeon", "cpus": 2, "arch": "x86_64", "affinity_cpus": 2, "cpu_quota": None}
+    pod = {**node, "host": "b", "affinity_cpus": 16, "cpu_quota": 2.0}
+    assert machine_kind(node) == "Intel Xeon x2 x86_64"
+    assert machine_kind(pod) == "Intel Xeon x2 quota 2 x86_64"
+    one, one_and_a_half = {**pod, "cpus": 1, "cpu_quota": 1.0}, {**pod, "cpus": 1, "cpu_quota": 1.5}
+    assert machine_kind(one) == "Intel Xeon x1 quota 1 x86_64" != machine_kind(one_and_a_half)
+    assert machine_kind({"cpu": "Intel Xeon", "cpus": 2, "arch": "x86_64"}) == "Intel Xeon x2 x86_64"
+    assert machine_kind({**pod, "device": "NVIDIA H100"}) == "Intel Xeon x2 quota 2 x86_64 + NVIDIA H100"
+    # a quota of 16 CPUs on a pod pinned to 2 caps nothing: the same kind as the machine without one
+    assert machine_kind({**node, "cpu_quota": 16.0}) == machine_kind(node)

@@ -250,3 +250,32 @@ def test_no_variant_is_named_slower_than_fp32_from_a_point_timed_beside_busy_pro
         _others(v, 1.2) if v.variant == "fp32" else v for v in results.variants))  # fmt: skip
     assert slower_than_reference(loaded_reference, fp8) is None
     assert slower_than_reference(results, _others(fp8, 0.4)) == "0.17× at batch 1, 0.15× at batch 32"
+
+
+def test_nodes_of_one_cpu_model_under_different_cgroup_quotas_have_a_frontier_each(tmp_path) -> None:
+    """A Ray cluster's 16-CPU node and a pod limited to a 2-CPU quota on one like it (2 usable CPUs each, as a
+    2-CPU node without a quota has): INT8, timed in the pod, is not compared with FP32 timed on the node, in
+    results.json's frontier, the report's frontier, the speed-ups, and MLflow's tags."""
+    from qbench.results import read_results, write_results
+    from qbench.track_content import sweep_tags, variant_tags
+
+    node = {"host": "n1", "cpu": "Intel Xeon 8375C", "cpus": 2, "arch": "x86_64", "affinity_cpus": 2, "cpu_quota": None}
+    pod = {**node, "host": "n2", "affinity_cpus": 16, "cpu_quota": 2.0}
+    results = make_sweep()
+    fast_pod = dataclasses.replace(results, variants=tuple(
+        dataclasses.replace(v, latency=make_latency({1: 5.0, 32: 50.0})) if v.variant == "int8_minmax" else v
+        for v in results.variants))  # fmt: skip
+    mixed = _timed_on(fast_pod, {"fp32": node, "fp16": node, "fp8_e4m3": node, "int8_minmax": pod})
+    mixed = dataclasses.replace(mixed, frontier=compute_frontier(mixed.variants, "accuracy"))
+    stored = read_results(write_results(mixed, tmp_path / "results.json"))
+    at_1 = {(p.variant, p.machine) for p in stored.frontier if p.batch_size == 1}
+    assert at_1 == {("fp32", "Intel Xeon 8375C x2 x86_64"), ("int8_minmax", "Intel Xeon 8375C x2 quota 2 x86_64")}
+    assert math.isnan(speedup(mixed, mixed.find("int8_minmax", "onnxruntime-cpu"), 1))
+    text = frontier_text(stored)
+    assert "  onnxruntime-cpu, batch 1, timed on Intel Xeon 8375C x2 quota 2 x86_64: int8_minmax (5.00 ms" in text
+    assert "  onnxruntime-cpu, batch 1, timed on Intel Xeon 8375C x2 x86_64: fp32 (1.00 ms" in text
+    assert variant_tags(mixed.find("int8_minmax", "onnxruntime-cpu"))["qbench.timed_on"] == (
+        "Intel Xeon 8375C x2 quota 2 x86_64")
+    assert "timed on Intel Xeon 8375C x2 quota 2 x86_64" in sweep_tags(mixed, None)["mlflow.note.content"]
+    (note,) = mixed_timing_machines(mixed)
+    assert "int8_minmax on Intel Xeon 8375C x2 quota 2 x86_64" in note

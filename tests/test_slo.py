@@ -172,20 +172,33 @@ def _crowded(results, variant: str, threads: int, machine: dict):
 
 
 def test_a_breach_timed_with_more_threads_than_usable_cpus_is_no_verdict_but_a_pass_stands():
-    """4 threads on a 1.5-CPU quota take turns on 2 CPUs: a breach so timed may be the quota's doing (exit 2, one
-    line naming the threads, the CPUs and what to do, the mechanism of a breach timed beside other load); a pass
-    stands (too few CPUs only slow a run), and threads within the usable CPUs leave a breach a breach."""
-    pod = {"cpu": "Intel Xeon", "cpus": 2, "arch": "x86_64", "affinity_cpus": 8, "cpu_quota": 1.5}
-    gate = evaluate_gate(_crowded(_results(), "int8-fast", 4, pod), GATE, slo=SLO)
+    """4 threads on 2 usable CPUs take turns: a breach so timed may be the allowance's doing (exit 2, one line naming
+    the threads, the CPUs and what to do, the mechanism of a breach timed beside other load); a pass stands (too few
+    CPUs only slow a run), and threads within the usable CPUs leave a breach a breach."""
+    node = {"cpu": "Intel Xeon", "cpus": 2, "arch": "x86_64", "affinity_cpus": 2, "cpu_quota": None}
+    gate = evaluate_gate(_crowded(_results(), "int8-fast", 4, node), GATE, slo=SLO)
     assert gate.exit_code == EXIT_UNUSABLE
     assert gate.problems == ("int8-fast@onnxruntime-cpu: SLO: a breach timed with 4 threads on 2 usable CPUs "
-                             "(affinity 8, cgroup quota 1.50 CPUs) is no verdict on the variant: re-run `qbench "
-                             "sweep` with latency.threads at most 2, or where 4 CPUs are allowed and nothing else "
-                             "runs",)  # fmt: skip
+                             "(affinity 2) is no verdict on the variant: re-run `qbench sweep` with latency.threads at "
+                             "most 2, or where 4 CPUs are allowed and nothing else runs",)  # fmt: skip
     assert not any(c.variant == "int8-fast" and c.scope == SLO_SCOPE for c in gate.checks)
-    passing = evaluate_gate(_crowded(_results(), "int8-ok", 4, pod), GATE, slo=SLO)
+    passing = evaluate_gate(_crowded(_results(), "int8-ok", 4, node), GATE, slo=SLO)
     assert passing.status_of("int8-ok", "onnxruntime-cpu") == "pass" and not passing.problems
-    assert evaluate_gate(_crowded(_results(), "int8-fast", 2, pod), GATE, slo=SLO).exit_code == EXIT_BREACH
+    assert evaluate_gate(_crowded(_results(), "int8-fast", 2, node), GATE, slo=SLO).exit_code == EXIT_BREACH
+
+
+def test_a_breach_timed_with_more_threads_than_a_fractional_quota_is_no_verdict():
+    """2 threads under a 1.5-CPU cgroup quota are throttled each period (their tail is the quota's): a breach so
+    timed is no verdict, with the threads that fit (1); 1 thread under that quota leaves a breach a breach."""
+    pod = {"cpu": "Intel Xeon", "cpus": 1, "arch": "x86_64", "affinity_cpus": 8, "cpu_quota": 1.5}
+    gate = evaluate_gate(_crowded(_results(), "int8-fast", 2, pod), GATE, slo=SLO)
+    assert gate.exit_code == EXIT_UNUSABLE
+    assert gate.problems == ("int8-fast@onnxruntime-cpu: SLO: a breach timed with 2 threads under a cgroup quota of "
+                             "1.50 CPUs (affinity 8) is no verdict on the variant: re-run `qbench sweep` with "
+                             "latency.threads at most 1, or where 2 CPUs are allowed and nothing else runs",)  # fmt: skip
+    rounded_up = {**pod, "cpus": 2}  # recorded when a 1.5-CPU quota counted as 2 usable CPUs: still no verdict
+    assert evaluate_gate(_crowded(_results(), "int8-fast", 2, rounded_up), GATE, slo=SLO).exit_code == EXIT_UNUSABLE
+    assert evaluate_gate(_crowded(_results(), "int8-fast", 1, pod), GATE, slo=SLO).exit_code == EXIT_BREACH
 
 
 def test_a_missing_load_figure_or_other_settings_fail_closed():

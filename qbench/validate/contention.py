@@ -13,7 +13,9 @@ ranks no variant by speed: the frontier and every "faster / slower than FP32" cl
 A process can also crowd itself: intra-op threads beyond the CPUs its affinity mask and cgroup quota allow
 (qbench.environment.CpuAllowance) take turns on them. Under `taskset -c 0` a CNN timed with 2 threads had a p99 of
 12.2 ms against 0.10 ms with 1 (p50 0.05 ms either way): such timings describe a smaller machine than the recipe's
-threads say, and `oversubscribed` names them.
+threads say, and `oversubscribed` names them. A cgroup CPU quota is CPU time per period, not CPUs: threads beyond
+it (2 under 1.5 CPUs, 1 under 0.5) use up each period's quota before it ends and wait out the rest (CFS throttling),
+so their tail is the quota's; `oversubscribed` names those too, by the quota.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     import psutil
@@ -40,30 +42,63 @@ def contended(point: LatencyPoint | None) -> bool:
     return point is not None and point.others_cpus >= CONTENDED_CPUS
 
 
+def _quota(machine: dict[str, Any]) -> float | None:
+    """The cgroup CPU quota a timing machine recorded (CPUs per period), None without one."""
+    quota = machine.get("cpu_quota")
+    return float(quota) if isinstance(quota, (int, float)) and not isinstance(quota, bool) else None
+
+
 def oversubscribed(latency: LatencyResult | None) -> str:
-    """How `latency`'s intra-op threads outnumbered the usable CPUs it was timed on, in words ('4 threads on 2 usable
-    CPUs (affinity 8, cgroup quota 1.50 CPUs)'); '' when they did not, or either is not recorded."""
+    """How `latency`'s intra-op threads outnumbered what it was timed on, in words ('' when they did not, or either
+    is not recorded): `_crowding`'s."""
+    return _crowding(latency)[0]
+
+
+def _crowding(latency: LatencyResult | None) -> tuple[str, bool]:
+    """`oversubscribed`'s words, and whether the cgroup CPU quota is what the threads outnumbered ('2 threads under a
+    cgroup quota of 1.50 CPUs (affinity 8)': each period the threads used up the quota and waited for the next, so a
+    fractional quota crowds as many threads as it rounds up to), else the usable CPUs ('4 threads on 2 usable CPUs
+    (affinity 2)')."""
     if latency is None or latency.threads is None:
-        return ""
-    cpus = latency.machine.get("cpus")
-    if not isinstance(cpus, int) or latency.threads <= cpus:
-        return ""
-    quota = latency.machine.get("cpu_quota")
-    limits = [f"affinity {latency.machine['affinity_cpus']}" if "affinity_cpus" in latency.machine else "",
-              f"cgroup quota {quota:.2f} CPUs" if isinstance(quota, float) else ""]  # fmt: skip
-    shown = ", ".join(limit for limit in limits if limit)
-    return f"{latency.threads} threads on {cpus} usable CPU{'s' * (cpus != 1)}" + (f" ({shown})" if shown else "")
+        return "", False
+    threads, machine = latency.threads, latency.machine
+    cpus, quota = machine.get("cpus"), _quota(machine)
+    if not isinstance(cpus, int):
+        return "", False
+    affinity = f"affinity {machine['affinity_cpus']}" if "affinity_cpus" in machine else ""
+    plural = "s" * (threads != 1)
+    if quota is not None and threads > quota:
+        return f"{threads} thread{plural} under a cgroup quota of {quota:.2f} CPUs" + (f" ({affinity})" * bool(affinity)), True
+    if threads <= cpus:
+        return "", False
+    limits = ", ".join(limit for limit in (affinity, f"cgroup quota {quota:.2f} CPUs" if quota else "") if limit)
+    return f"{threads} thread{plural} on {cpus} usable CPU{'s' * (cpus != 1)}" + (f" ({limits})" * bool(limits)), False
+
+
+def threads_that_fit(machine: dict[str, Any]) -> int:
+    """The most intra-op threads `machine` times unhindered: its usable CPUs, at most its quota rounded down (0 under
+    a quota below 1 CPU, where even one thread is throttled)."""
+    cpus, quota = int(machine.get("cpus") or 0), _quota(machine)
+    return cpus if quota is None else min(cpus, math.floor(quota))
 
 
 def oversubscription_note(latency: LatencyResult | None) -> str:
-    """The note a variant timed with more threads than usable CPUs carries ('' for one that was not)."""
-    crowded = oversubscribed(latency)
+    """The note a variant timed with more threads than usable CPUs, or than its cgroup quota, carries ('' for one
+    that was not)."""
+    crowded, by_quota = _crowding(latency)
     if not crowded or latency is None:
         return ""
-    return (f"latency timed with {crowded}: the threads took turns on the CPUs, so its latencies (and the SLO "
-            f"verdict and cost per inference taken from them) describe a smaller machine than {latency.threads} "
-            f"threads; set latency.threads to at most {latency.machine['cpus']}, or time it where "
-            f"{latency.threads} CPUs are allowed")
+    if by_quota:
+        why = ("the threads used up each period's quota before the period ended and waited out the rest (CFS "
+               "throttling), so its latencies, its tail most, are the quota's rather than the model's (and so are the "
+               "SLO verdict and cost per inference taken from them)")  # fmt: skip
+    else:
+        why = (f"the threads took turns on the CPUs, so its latencies (and the SLO verdict and cost per inference taken "
+               f"from them) describe a smaller machine than {latency.threads} threads")  # fmt: skip
+    fit = threads_that_fit(latency.machine)
+    remedy = f"set latency.threads to at most {fit}, or time it" if fit >= 1 else "time it"
+    allowed = f"{latency.threads} CPU{' is' if latency.threads == 1 else 's are'} allowed"
+    return f"latency timed with {crowded}: {why}; {remedy} where {allowed}"
 
 
 @dataclass(frozen=True)

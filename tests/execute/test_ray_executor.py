@@ -25,6 +25,7 @@ from mlflow.tracking import MlflowClient
 from probe_project import VARIANTS, figures, probe_calls, write_probe_recipe
 from ray_processes import child_pids, stopped_without_survivors
 
+from qbench.environment import machine_kind, timing_machine
 from qbench.errors import QbenchError
 from qbench.execute.plan import TIMING_RESOURCE
 from qbench.execute.records import JOBS_FOLDER
@@ -110,6 +111,9 @@ def test_a_ray_sweep_gives_the_local_figures_and_an_mlflow_child_per_job(
     assert {r.info.status for r in children.values()} == {"FINISHED"}
     int8 = outcome.results.find("int8-minmax", "onnxruntime-cpu")
     assert children["int8-minmax · ort-cpu"].data.metrics["probe"] == int8.accuracy.overall.metrics["probe"]
+    kind = machine_kind(timing_machine())  # the workers run here: this machine's kind, its quota in it where it has one
+    assert {r.data.tags["qbench.timed_on"] for r in children.values()} == {kind}
+    assert {p.machine for p in outcome.results.frontier} == {kind}
 
 
 def test_a_worker_killed_mid_job_is_replaced_and_the_job_runs_again(

@@ -144,8 +144,8 @@ def test_what_measures_names_the_backends_runtime_and_this_machine(monkeypatch: 
 
 
 def test_a_result_scored_with_another_numpy_or_timed_under_another_cpu_quota_is_measured_again(monkeypatch) -> None:
-    """What measured a result named its backend's runtime alone, and the usable CPUs, which round a quota up: a resume
-    after a numpy upgrade (numpy computes every metric), or in a container whose quota went from 1.5 to 2 CPUs (2
+    """What measured a result named its backend's runtime alone, and the usable CPUs, which round a quota down: a resume
+    after a numpy upgrade (numpy computes every metric), or in a container whose quota went from 1.5 to 1 CPU (1
     usable either way), reused figures made otherwise beside new ones."""
     import qbench.environment as environment
 
@@ -153,7 +153,7 @@ def test_a_result_scored_with_another_numpy_or_timed_under_another_cpu_quota_is_
     monkeypatch.setattr(environment, "package_version", lambda name: versions.get(name))
     monkeypatch.setattr(environment, "cpu_allowance", lambda root=None: environment.CpuAllowance(4, 1.5))
     recorded = measured_with("onnxruntime-cpu", 2)
-    assert (recorded["numpy"], recorded["cpus"], recorded["cpu_quota"]) == ("1.26.4", "2", "1.5")
+    assert (recorded["numpy"], recorded["cpus"], recorded["cpu_quota"]) == ("1.26.4", "1", "1.5")
     assert measured_with("torch-cpu", 2)["numpy"] == "1.26.4"
 
     def decide() -> Decision:
@@ -164,8 +164,8 @@ def test_a_result_scored_with_another_numpy_or_timed_under_another_cpu_quota_is_
     versions["numpy"] = "2.1.0"
     assert (decide().action, decide().changes) == (RERUN, ("numpy 1.26.4 -> 2.1.0",))
     versions["numpy"] = "1.26.4"
-    monkeypatch.setattr(environment, "cpu_allowance", lambda root=None: environment.CpuAllowance(4, 2.0))
-    assert (decide().action, decide().changes) == (RERUN, ("CPU quota 1.5 -> 2.0",))
+    monkeypatch.setattr(environment, "cpu_allowance", lambda root=None: environment.CpuAllowance(4, 1.0))
+    assert (decide().action, decide().changes) == (RERUN, ("CPU quota 1.5 -> 1.0",))
 
 
 def test_a_gpu_backends_result_measured_on_another_gpu_is_measured_again_and_a_cpu_backends_is_not(monkeypatch):

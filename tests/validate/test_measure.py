@@ -260,3 +260,27 @@ def test_threads_beyond_the_usable_cpus_put_a_note_on_the_result_and_unset_threa
                       timing=LatencySpec(batch_sizes=[1], warmup=1, iterations=3, stability=None)).result
     assert default.latency.threads == 1 and default.params["runtime.intra_op_threads"] == 1
     assert not [n for n in default.notes if n.startswith("latency timed with")]
+
+
+def test_threads_beyond_a_fractional_cgroup_quota_are_named_on_the_result(prepared, monkeypatch, tmp_path):
+    """A container whose cgroup v2 cpu.max is "150000 100000" (1.5 CPUs) on this machine: 1 usable CPU, so unset
+    threads are timed as 1 with no note; 2 timed threads exceed the quota and the result says they were throttled;
+    the quota is part of the kind of machine the timings came from."""
+    from qbench import environment
+    from qbench.environment import machine_kind
+
+    (tmp_path / "proc/self").mkdir(parents=True)
+    (tmp_path / "proc/self/cgroup").write_text("0::/kubepods/pod1\n")
+    (tmp_path / "sys/fs/cgroup/kubepods/pod1").mkdir(parents=True)
+    (tmp_path / "sys/fs/cgroup/kubepods/pod1/cpu.max").write_text("150000 100000\n")
+    real = environment.cpu_allowance
+    monkeypatch.setattr(environment, "cpu_allowance", lambda root=None: real(tmp_path))
+    backend = get_backend("onnxruntime-cpu")
+    crowded = measure(backend, _fp32(prepared), prepared,
+                      timing=LatencySpec(batch_sizes=[1], warmup=1, iterations=3, stability=None, threads=2)).result
+    assert (crowded.latency.machine["cpus"], crowded.latency.machine["cpu_quota"]) == (1, 1.5)
+    assert " x1 quota 1.5 " in machine_kind(crowded.latency.machine)
+    assert [n for n in crowded.notes if n.startswith("latency timed with 2 threads under a cgroup quota of 1.50 CPUs")]
+    default = measure(backend, _fp32(prepared), prepared,
+                      timing=LatencySpec(batch_sizes=[1], warmup=1, iterations=3, stability=None)).result
+    assert default.latency.threads == 1 and not [n for n in default.notes if n.startswith("latency timed with")]
