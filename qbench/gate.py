@@ -324,6 +324,10 @@ def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec,
             continue
         if tolerance is None:
             continue
+        raised = own_scope.raised.get(spec.metric) or ref_scope.raised.get(spec.metric)
+        if raised and judged:  # the custom metric raised here (for FP32 or the variant): unusable, never a pass
+            problems.append(f"metric {spec.metric!r} cannot be judged on {own_scope.name}: {raised}")
+            continue
         check = _check(variant, backend, spec, ref_scope, own_scope, tolerance, explained=extra_nonfinite > 0)
         if check is not None:
             checks.append(check)
