@@ -105,6 +105,9 @@ class GateReport:
     # some of those fall short on the spread of the variant's own figures, not on the rows alone: another variant
     # judged on the same rows may resolve its pass (qbench.gate_resolution.rows_alone)
     unresolved_on_spread: bool = False
+    # the problem saying a signal (SIGTERM, SIGINT: a CI timeout, a cancelled job) ended the command before its verdict
+    # stood, where one did (qbench.cli_gate): the reports call that ending 'interrupted', not 'unusable'; exit code 2
+    interrupted: str = ""
 
     @property
     def breaches(self) -> tuple[GateCheck, ...]:
