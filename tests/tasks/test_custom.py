@@ -3,6 +3,7 @@ validate, sweep and gate; and label checks that stop a recipe before anything ru
 
 from __future__ import annotations
 
+import dataclasses
 import textwrap
 
 import numpy as np
@@ -154,6 +155,7 @@ def test_a_custom_metric_raising_on_one_slice_leaves_every_other_figure_and_fail
     naming it, the scope and what it raised; its figures elsewhere and every other metric on that slice stand. Gated
     on it, the gate cannot judge that slice (exit 2, never a pass); gated on accuracy, it is unaffected."""
     from qbench.gate import evaluate_gate, latest_results
+    from qbench.gate_checks import result_problems
     from qbench.recipe import load_recipe
     from qbench.results import read_results
 
@@ -197,3 +199,15 @@ def test_a_custom_metric_raising_on_one_slice_leaves_every_other_figure_and_fail
     on_accuracy = evaluate_gate(results, loaded.gate.model_copy(update={"metric": "accuracy"}))
     assert not on_accuracy.problems
     assert {c.scope for c in on_accuracy.checks if c.metric == "accuracy"} >= {"overall", "group=few", "group=many"}
+    # a figure beside its record of a raise was not computed by qbench: the gate's checks of the file say so
+    int8 = results.find("int8", "onnxruntime-cpu")
+    few = int8.accuracy.slice("group=few")
+    edited_few = dataclasses.replace(few, metrics={**few.metrics, "counted": 0.5})
+    edited_accuracy = dataclasses.replace(int8.accuracy, slices=tuple(edited_few if s.name == "group=few" else s
+                                                                      for s in int8.accuracy.slices))  # fmt: skip
+    edited = dataclasses.replace(results, variants=tuple(dataclasses.replace(v, accuracy=edited_accuracy)
+                                                         if v is int8 else v for v in results.variants))  # fmt: skip
+    assert not [p for p in result_problems(results, loaded, None) if "raised" in p]
+    assert [p for p in result_problems(edited, loaded, None) if "raised" in p] == [
+        "int8@onnxruntime-cpu: slice 'group=few': metric 'counted' is recorded as raised (custom metric 'counted' "
+        "failed: ValueError: needs 10 rows, got 6 (on group=few, 6 rows)) yet has the figure 0.5"]
