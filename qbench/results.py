@@ -94,9 +94,7 @@ class SliceMetrics:
     # evaluated output -> the component (a class, a target's tail, a dimension) of FP32's behaviour it kept least of
     # on the scope's rows (qbench.validate.kept): the gate's *_kept checks; absent where FP32 gives none to judge
     kept: dict[str, Kept] = field(default_factory=dict)
-    # custom metric -> what it raised on this scope's rows (its figure is NaN here; every other figure stands): the
-    # gate cannot judge it here, which fails closed where it is the gated metric (qbench.validate.accuracy)
-    raised: dict[str, str] = field(default_factory=dict)
+    raised: dict[str, str] = field(default_factory=dict)  # custom metric -> what it raised here (it is NaN here)
 
     def judged_count(self, metric: str) -> int:
         """How many units `metric`'s figure rests on, for count-based rules (min_slice_size): the scope's rows, or
