@@ -90,19 +90,20 @@ class ReportsUnwritten(QbenchError):
 
 
 def _signalled(exc: BaseException) -> bool:
-    """Whether the command was stopped by SIGINT or SIGTERM (Ctrl+C, a CI timeout, a cancelled job)."""
+    """Whether the command was stopped by SIGINT or SIGTERM (Ctrl+C, a CI timeout, a cancelled job), itself or as the
+    error a sweep raises in its place once it cleaned up (EndedBySignal)."""
     from click.exceptions import Abort
 
-    from qbench.interrupt import Interrupted
+    from qbench.interrupt import EndedBySignal, Interrupted
 
-    return isinstance(exc, (Interrupted, KeyboardInterrupt, Abort))
+    return isinstance(exc, (Interrupted, KeyboardInterrupt, Abort, EndedBySignal))
 
 
 def ending_reason(exc: BaseException) -> str:
     """Why a gate command ended without its verdict standing, in the words the report files carry."""
-    from qbench.interrupt import Interrupted
+    from qbench.interrupt import EndedBySignal, Interrupted
 
-    if _signalled(exc):
+    if _signalled(exc) and not isinstance(exc, EndedBySignal):  # that one says where the sweep's results are
         signal_name = exc.signal_name if isinstance(exc, Interrupted) else "SIGINT"
         return (f"qbench was interrupted by {signal_name} before the gate command finished (a CI timeout or a "
                 "cancelled job sends it), so there is no verdict")  # fmt: skip
@@ -136,22 +137,23 @@ def reported_ending(output: GateOutput) -> Iterator[GateEnding]:
     except (ReportPathRefused, ReportsUnwritten):
         raise  # refused: writing there would destroy what the gate reads; unwritten: the others say so already
     except BaseException as exc:
-        reported = _with_problem(ending.verdict, ending_reason(exc))
+        reported = _with_problem(ending.verdict, ending_reason(exc), interrupted=_signalled(exc))
         # after a signal, no stream: one may wait for a reader for ever (a pipe nobody reads); the stop comes first
         for unwritten_file in _write_ending(reported, output, write_streams=not _signalled(exc)):
             err_console.print(f"error: {one_line(unwritten_file)}", soft_wrap=True, markup=False)
         raise
 
 
-def _with_problem(verdict: GateReport | None, problem: str) -> GateReport:
-    """The verdict so far (or an empty report) with one more problem: exit code 2, the reason listed."""
+def _with_problem(verdict: GateReport | None, problem: str, *, interrupted: bool = False) -> GateReport:
+    """The verdict so far (or an empty report) with one more problem: exit code 2, the reason listed; `interrupted`:
+    that reason is a signal's, which the reports call 'interrupted' (GateReport.interrupted)."""
     import dataclasses
 
     from qbench.gate import GateReport
 
-    if verdict is None:
-        return GateReport(metric="unknown", problems=(problem,))
-    return dataclasses.replace(verdict, problems=(*verdict.problems, problem))
+    base = GateReport(metric="unknown") if verdict is None else verdict
+    return dataclasses.replace(base, problems=(*base.problems, problem),
+                               interrupted=problem if interrupted else base.interrupted)  # fmt: skip
 
 
 def report_gate(asked: Recipe | None, judged: SweepResults, report: GateReport, results_path: Path,

@@ -105,6 +105,9 @@ class GateReport:
     # some of those fall short on the spread of the variant's own figures, not on the rows alone: another variant
     # judged on the same rows may resolve its pass (qbench.gate_resolution.rows_alone)
     unresolved_on_spread: bool = False
+    # the problem saying a signal (SIGTERM, SIGINT: a CI timeout, a cancelled job) ended the command before its verdict
+    # stood, where one did (qbench.cli_gate): the reports call that ending 'interrupted', not 'unusable'; exit code 2
+    interrupted: str = ""
 
     @property
     def breaches(self) -> tuple[GateCheck, ...]:
@@ -326,6 +329,10 @@ def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec,
                             "the variant against there")  # fmt: skip
             continue
         if tolerance is None:
+            continue
+        raised = own_scope.raised.get(spec.metric) or ref_scope.raised.get(spec.metric)
+        if raised and judged:  # the custom metric raised here (for FP32 or the variant): unusable, never a pass
+            problems.append(f"metric {spec.metric!r} cannot be judged on {own_scope.name}: {raised}")
             continue
         check = _check(variant, backend, spec, ref_scope, own_scope, tolerance, explained=extra_nonfinite > 0)
         if check is not None:

@@ -395,13 +395,19 @@ def _scope_problems(scope: SliceMetrics, rows: int, metric: str, min_slice_size:
         why = impossible_value(info, each, count, unit) if numeric and info is not None and not info.custom else None
         if why is not None:
             problems.append(f"{where}: metric {name!r} is {each!r}, {why}")
+    problems.extend(f"{where}: metric {name!r} is recorded as raised ({why}) yet has the figure {scope.metrics.get(name)!r}"
+                    for name, why in scope.raised.items() if not _nan(scope.metrics.get(name)))  # fmt: skip
     value = scope.metrics.get(metric)
-    explained = scope.nonfinite_outputs > 0 or reference_nonfinite > 0 or undefined
+    explained = scope.nonfinite_outputs > 0 or reference_nonfinite > 0 or undefined or metric in scope.raised
     if value is None:
         problems.append(f"{where}: metric {metric!r} missing")
     elif not math.isfinite(value) and not explained and scope.judged_count(metric) >= min_slice_size:
         problems.append(f"{where}: metric {metric!r} is NaN/inf with no non-finite outputs to explain it")
     return problems
+
+
+def _nan(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isnan(value)
 
 
 def _denominator_problems(scope: SliceMetrics, reference: SliceMetrics | None) -> list[str]:

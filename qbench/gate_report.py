@@ -46,8 +46,14 @@ _HEADLINES = {EXIT_PASS: "PASS", EXIT_BREACH: "FAIL"}
 
 
 def verdict(report: GateReport) -> str:
-    """'pass', 'breach' or 'unusable' (the exit code in a word)."""
-    return _VERDICTS.get(report.exit_code, "unusable")
+    """'pass', 'breach', 'interrupted' (a signal ended the command before its verdict stood) or 'unusable': the exit
+    code in a word (interrupted and unusable are both 2)."""
+    return _VERDICTS.get(report.exit_code, "interrupted" if report.interrupted else "unusable")
+
+
+def headline(report: GateReport) -> str:
+    """'PASS', 'FAIL', 'FAIL (interrupted)' or 'FAIL (results unusable)'."""
+    return _HEADLINES.get(report.exit_code, "FAIL (interrupted)" if report.interrupted else "FAIL (results unusable)")
 
 
 def check_key(check: GateCheck) -> str:
@@ -154,11 +160,10 @@ def summary_line(report: GateReport) -> str:
         verb = "breaches" if len(breaching) == 1 else "breach"
         parts.append(f"{len(breaching)} of {plural(gated, 'variant')} {verb}: {named}")
     tail = plural(len(report.checks), "check") + _skipped_tail(report) if report.checks else "nothing judged"
-    headline = _HEADLINES.get(report.exit_code, "FAIL (results unusable)")
     if not parts:
         scopes = len({c.scope for c in report.checks})
-        return f"gate: {headline} — {plural(gated, 'variant')} × {plural(scopes, 'scope')}, {tail}"
-    return f"gate: {headline} — {'; '.join(parts)}; {tail}"
+        return f"gate: {headline(report)} — {plural(gated, 'variant')} × {plural(scopes, 'scope')}, {tail}"
+    return f"gate: {headline(report)} — {'; '.join(parts)}; {tail}"
 
 
 def _skipped_tail(report: GateReport) -> str:
@@ -273,7 +278,8 @@ def junit_xml(report: GateReport, name: str = "qbench gate") -> str:
     for problem in report.problems:
         owner = problem_owner(report, problem)
         case = _testcase(suite_of(owner or RESULTS_SUITE), owner or RESULTS_SUITE, "results: usable")
-        error = ET.SubElement(case, "error", {"type": "unusable", "message": problem})
+        kind = "interrupted" if problem == report.interrupted else "unusable"
+        error = ET.SubElement(case, "error", {"type": kind, "message": problem})
         error.text = problem_line(problem)
     notes: dict[str, list[str]] = {}
     for note in report.notes:  # what a check cannot say, e.g. a variant that computes in FP32
@@ -306,7 +312,7 @@ def markdown_summary(report: GateReport, title: str = "qbench gate", *, rows: in
     """A Markdown section: the summary line, then a table of every check (breaches first) and the problems; with
     `rows`, the table's first `rows` checks only, and a line saying how many were left out."""
     order = {"breach": 0, "pass": 1}
-    lines = [f"### {title}: {_HEADLINES.get(report.exit_code, 'FAIL (results unusable)')}", "",
+    lines = [f"### {title}: {headline(report)}", "",
              md_cell(summary_line(report)), ""]  # fmt: skip
     checks = sorted(report.checks, key=lambda c: order.get(c.status, 2))
     shown = checks if rows is None else checks[:rows]

@@ -36,6 +36,8 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
+from qbench.errors import QbenchError
+
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _RETRY_S = 0.05
 _LOCKING_CODE = ("<frozen importlib._bootstrap>", f"{os.sep}threading.py", f"{os.sep}queue.py",
@@ -56,6 +58,16 @@ class Interrupted(BaseException):
     def __init__(self, signum: int) -> None:
         self.signal_name = signal.Signals(signum).name
         super().__init__(f"interrupted by {self.signal_name}")
+
+
+class EndedBySignal(QbenchError):
+    """The error a command raises in place of `Interrupted` once it cleaned up after it (a sweep marking its run
+    folder incomplete, saying where its partial results are): one line and exit 2 as any QbenchError, and still a
+    signal's ending (the gate's reports call it 'interrupted', qbench.cli_gate)."""
+
+    def __init__(self, message: str, interrupted: Interrupted) -> None:
+        super().__init__(message)
+        self.signal_name = interrupted.signal_name
 
 
 class SignalGuard:

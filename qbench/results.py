@@ -22,7 +22,8 @@ Schema (version 1), documented in reports/README.md:
     SliceMetrics: name, size, metrics {m: value}, intervals {m: [lo, hi]}, drops {m: drop vs FP32},
       nonfinite_outputs, new_nonfinite_outputs, denominators {m: count its rate is a share of, when not size},
       spread {output: how much it varies across the scope's rows (metrics.spread)},
-      kept {output: Kept {rule, component, reference, own}: what it kept least of (validate/kept.py)}
+      kept {output: Kept {rule, component, reference, own}: what it kept least of (validate/kept.py)},
+      raised {m: what a custom metric raised on this scope; m is NaN there}
     LatencyResult: threads, session_create_ms, first_run_ms, points [LatencyPoint]
     LatencyPoint: batch_size, warmup, iterations, p50_ms, p95_ms, p99_ms, mean_ms, items_per_s,
       window_p50_ms [..], window_p99_ms [..], spread, iqr_ratio, stable true|false|null
@@ -93,6 +94,7 @@ class SliceMetrics:
     # evaluated output -> the component (a class, a target's tail, a dimension) of FP32's behaviour it kept least of
     # on the scope's rows (qbench.validate.kept): the gate's *_kept checks; absent where FP32 gives none to judge
     kept: dict[str, Kept] = field(default_factory=dict)
+    raised: dict[str, str] = field(default_factory=dict)  # custom metric -> what it raised here (it is NaN here)
 
     def judged_count(self, metric: str) -> int:
         """How many units `metric`'s figure rests on, for count-based rules (min_slice_size): the scope's rows, or
@@ -346,6 +348,7 @@ def _slice(raw: dict[str, Any], where: str) -> SliceMetrics:
         denominators=_counts(raw.get("denominators")),
         spread=figures(raw.get("spread"), "spread"),
         kept={output: _kept(value, f"{where}.kept.{output}") for output, value in (raw.get("kept") or {}).items()},
+        raised={str(name): str(why) for name, why in (raw.get("raised") or {}).items()},
     )  # fmt: skip
 
 

@@ -33,7 +33,7 @@ from qbench.frontier_svg import write_frontier_svg
 from qbench.gate import GateReport, evaluate_gate
 from qbench.gate_notes import nonfinite_reference_rows
 from qbench.gate_tolerance import reference_tolerances
-from qbench.interrupt import Interrupted, SignalGuard
+from qbench.interrupt import EndedBySignal, Interrupted, SignalGuard
 from qbench.preflight import Prepared, prepare
 from qbench.provenance import InputDigest, input_digests, recipe_record
 from qbench.recipe import Recipe, load_recipe
@@ -124,7 +124,7 @@ def _sweep(recipe: Recipe, started: float, clock: PhaseClock, *, track: bool, re
             write_plan(run_dir, plan, resumes=resume_from)
             record_tracking(run_dir, track)  # `qbench gate` then knows an untracked run is in no MLflow store
         except Interrupted as exc:
-            raise QbenchError(f"sweep {exc} before anything was measured; nothing was written") from None
+            raise EndedBySignal(f"sweep {exc} before anything was measured; nothing was written", exc) from None
         progress = _Progress(prepared, inputs, run_dir, clock, guard)
         try:
             progress.open_tracker(track, resumes=resume_from)
@@ -254,7 +254,7 @@ class _Progress:
             where = f"partial results ({kept}) in {self.run_dir / RESULTS_FILE}, marked incomplete{self._reusable()}"
         else:  # no variant in results.json yet: there is none to point to
             where = f"no variant run in results.json; {self.run_dir} is marked incomplete{self._reusable()}"
-        return QbenchError(f"sweep {exc}: {where}" if interrupted else f"{exc}; {where}")
+        return EndedBySignal(f"sweep {exc}: {where}", exc) if isinstance(exc, Interrupted) else QbenchError(f"{exc}; {where}")
 
     def _reusable(self) -> str:
         """What the run folder's job records keep for `--resume`: a job (a build, a measurement) is recorded as it

@@ -136,9 +136,11 @@ def test_a_sweep_stopped_by_the_jobs_timeout_leaves_gate_reports_saying_so(recip
     assert (suite.get("tests"), suite.get("errors"), suite.get("failures")) == ("1", "1", "0")
     error = suite.find("testsuite/testcase/error")
     assert error is not None and error.get("message") == last[len("error: "):]
+    assert error.get("type") == "interrupted"  # a signal ended it: not results found unusable
     written = json.loads(report.read_text())
     assert (written["exit_code"], written["problems"]) == (2, [{"variant": None, "message": last[len("error: "):]}])
-    assert summary.read_text().startswith("# an earlier step\n### qbench gate: FAIL (results unusable)\n")
+    assert written["verdict"] == "interrupted"
+    assert summary.read_text().startswith("# an earlier step\n### qbench gate: FAIL (interrupted)\n")
 
 
 def test_long_work_in_a_log_prints_one_line_a_minute_at_most():

@@ -101,16 +101,18 @@ def ended(done: subprocess.CompletedProcess[str], folder: Path) -> Ending:
                   json.loads((folder / "gate.json").read_text()), (folder / "summary.md").read_text())  # fmt: skip
 
 
-def assert_no_verdict(ending: Ending, reason: str, *, checks: int) -> None:
-    """Exit 2 and all three saying why: a JUnit <error> with the reason, the JSON's exit code 2 and the reason among
-    its problems, the step summary's FAIL headline and the reason; the verdict's checks kept where it had one."""
+def assert_no_verdict(ending: Ending, reason: str, *, checks: int, verdict: str = "unusable") -> None:
+    """Exit 2 and all three saying why: a JUnit <error> of type `verdict` with the reason, the JSON's exit code 2,
+    its `verdict` and the reason among its problems, the step summary's FAIL headline naming the verdict and the
+    reason; the verdict's checks kept where it had one. A signal's ending is 'interrupted', any other 'unusable'."""
     assert ending.code == 2, ending.stderr
-    errors = [e.get("message") for e in ending.junit.iter("error")]
-    assert ending.junit.get("errors") == "1" and errors[0].startswith(reason), errors
-    assert (ending.report["exit_code"], ending.report["verdict"]) == (2, "unusable")
+    errors = [(e.get("type"), e.get("message")) for e in ending.junit.iter("error")]
+    assert ending.junit.get("errors") == "1" and errors[0][0] == verdict and errors[0][1].startswith(reason), errors
+    assert (ending.report["exit_code"], ending.report["verdict"]) == (2, verdict)
     assert ending.report["problems"][-1]["message"].startswith(reason)
     assert ending.report["counts"]["checks"] == checks
-    assert ending.summary.startswith("### qbench gate: FAIL (results unusable)\n")
+    headline = "interrupted" if verdict == "interrupted" else "results unusable"
+    assert ending.summary.startswith(f"### qbench gate: FAIL ({headline})\n")
     assert f"- **cannot judge (fail closed):** {reason}" in ending.summary
 
 
@@ -149,7 +151,7 @@ def test_gate_ending_without_its_verdict_says_why(project, tmp_path, hook, actio
         assert_no_verdict(ending, "RuntimeError: an unexpected error right after tag_tracked_runs", checks=checks)
         assert ending.stderr.strip().splitlines()[-1].startswith("qbench: error: RuntimeError: ")
     else:
-        assert_no_verdict(ending, INTERRUPTED.format(action), checks=checks)
+        assert_no_verdict(ending, INTERRUPTED.format(action), checks=checks, verdict="interrupted")
         assert ending.stderr.strip().splitlines()[-1] == "qbench: error: interrupted"
 
 
@@ -160,7 +162,7 @@ def test_sweep_gate_signalled_outside_the_sweep_says_why(project, tmp_path, hook
     breach (exit 1 in the files) for one after the verdict, while qbench exited 2."""
     ending = ended(*run_ending(project, tmp_path, "sweep", str(project.strict), "--no-track", "--gate",
                                hook=hook, action="SIGTERM"))  # fmt: skip
-    assert_no_verdict(ending, INTERRUPTED.format("SIGTERM"), checks=checks)
+    assert_no_verdict(ending, INTERRUPTED.format("SIGTERM"), checks=checks, verdict="interrupted")
     assert ending.report["counts"]["breaches"] == checks  # the verdict's breaches are still shown, with the reason
 
 

@@ -65,11 +65,13 @@ class _OutputRows:
     def summarise(self, name: str, mask: np.ndarray, custom: Sequence[CustomMetric]) -> SliceMetrics:
         own = SliceMetrics(name=name, size=int(np.count_nonzero(mask)), metrics={}) if self.summary is None else \
             _undefined_where_fp32_failed(self.summary.summarise(name, mask), bool((mask & self.reference_nonfinite).any()))
-        values = dict(own.metrics)
+        values, raised = dict(own.metrics), {}
         for metric in custom:
-            values[metric.name] = _custom_value(metric, name, mask, {"": self}, self.labels)
+            values[metric.name], why = _custom_value(metric, name, mask, {"": self}, self.labels)
+            raised.update({f"{self.prefix}{metric.name}": why} if why else {})
         return dataclasses.replace(
             own,
+            raised=raised,
             metrics={f"{self.prefix}{k}": v for k, v in values.items()},
             intervals={f"{self.prefix}{k}": v for k, v in own.intervals.items()},
             denominators={f"{self.prefix}{k}": v for k, v in own.denominators.items()},
@@ -79,25 +81,35 @@ class _OutputRows:
 
 def _custom_value(
     metric: CustomMetric, scope: str, mask: np.ndarray, parts: Mapping[str, _OutputRows], labels: np.ndarray | None
-) -> float:
+) -> tuple[float, str | None]:
     """`metric` on the rows of `mask` FP32 scored on every one of `parts` (a single output: its key is ''; several:
-    the metric gets dicts name -> array). A custom metric cannot say what a row FP32 failed on is worth: it reads
-    only rows FP32 scored, for every result alike (FP32's own figure too), so a variant is never credited for rows
-    where FP32 gave NaN/inf; where FP32 failed on every row of the scope there is nothing to compare (NaN)."""
+    the metric gets dicts name -> array), and what it raised there (None: nothing). A custom metric cannot say what
+    a row FP32 failed on is worth: it reads only rows FP32 scored, for every result alike (FP32's own figure too), so
+    a variant is never credited for rows where FP32 gave NaN/inf; where FP32 failed on every row of the scope there
+    is nothing to compare (NaN). Where it raises, its figure on this scope is NaN and the error says why (one slice
+    too small for it costs no other figure; `_raised_everywhere` fails the scoring where it raised on every scope)."""
     scored = mask.copy()
     for part in parts.values():
         scored &= ~part.reference_any_nonfinite
     if not scored.any() and mask.any():
-        return math.nan
+        return math.nan, None
     if list(parts) == [""]:
         outputs, reference = parts[""].outputs[scored], parts[""].reference[scored]
     else:
         outputs = {name: part.outputs[scored] for name, part in parts.items()}
         reference = {name: part.reference[scored] for name, part in parts.items()}
     try:
-        return metric.value(outputs, None if labels is None else labels[scored], reference)
+        return metric.value(outputs, None if labels is None else labels[scored], reference), None
     except QbenchError as exc:
-        raise QbenchError(f"{exc} (on {scope}, {int(scored.sum())} rows)") from exc
+        return math.nan, f"{exc} (on {scope}, {int(scored.sum())} rows)"
+
+
+def _raised_everywhere(scopes: Sequence[SliceMetrics]) -> None:
+    """A custom metric that raised on every scope (the overall one and each slice) measures nothing of these
+    outputs: the scoring fails, with what it raised on the first."""
+    for name, why in scopes[0].raised.items():
+        if all(name in scope.raised for scope in scopes):
+            raise QbenchError(why)
 
 
 def _undefined_where_fp32_failed(scope: SliceMetrics, holds_fp32_nonfinite: bool) -> SliceMetrics:
@@ -125,6 +137,7 @@ def _merged(name: str, parts: list[SliceMetrics]) -> SliceMetrics:
         intervals={k: v for part in parts for k, v in part.intervals.items()},
         denominators={k: v for part in parts for k, v in part.denominators.items()},
         kept={k: v for part in parts for k, v in part.kept.items()},
+        raised={k: v for part in parts for k, v in part.raised.items()},
     )
 
 
@@ -214,17 +227,17 @@ def evaluate_accuracy(
         merged = _merged(name, [part.summarise(name, mask, per_output) for part in parts.values()]
                          + [part.summarise(name, mask, ()) for part in joint_parts])  # fmt: skip
         together = {m.name: _custom_value(m, name, mask, {o: parts[o] for o in m.outputs}, labels) for m in joint}
-        merged = dataclasses.replace(merged, metrics={**merged.metrics, **together})
+        merged = dataclasses.replace(merged, metrics={**merged.metrics, **{k: v for k, (v, _) in together.items()}},
+                                     raised={**merged.raised, **{k: why for k, (_, why) in together.items() if why}})
         return dataclasses.replace(merged, nonfinite_outputs=int(np.count_nonzero(nonfinite & mask)),
                                    new_nonfinite_outputs=int(np.count_nonzero(new_nonfinite & mask)),
                                    spread={output: metrics.spread(values, mask) for output, values in named.items()})  # fmt: skip
 
-    return AccuracyResult(
-        rows=rows,
-        nonfinite_outputs=int(np.count_nonzero(nonfinite)),
-        overall=summarise(OVERALL, np.ones(rows, dtype=bool)),
-        slices=tuple(summarise(name, mask) for name, mask in masks.items()),
-    )
+    overall = summarise(OVERALL, np.ones(rows, dtype=bool))
+    scored_slices = tuple(summarise(name, mask) for name, mask in masks.items())
+    _raised_everywhere([overall, *scored_slices])
+    return AccuracyResult(rows=rows, nonfinite_outputs=int(np.count_nonzero(nonfinite)), overall=overall,
+                          slices=scored_slices)
 
 
 def scale_doubts(task: str, reference_outputs: Mapping[str, np.ndarray], probabilities: Mapping[str, bool | None]) -> list[str]:

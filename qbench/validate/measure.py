@@ -219,7 +219,7 @@ def measure(
                                          lowest_wins={c.name for c in prepared.outputs if c.meta.lowest_wins},
                                          cuts={c.name: metrics.BinaryCut(*c.meta.decision_cut) for c in prepared.outputs
                                                if c.meta.decision_cut is not None})  # fmt: skip
-        except QbenchError as exc:  # its outputs cannot be scored (a custom metric raised on them): this variant failed
+        except QbenchError as exc:  # its outputs cannot be scored (a custom metric raised on every scope): it failed
             return replace(_failed(built, backend, f"scoring failed: {exc}", quiet=quiet),
                            environment=environment_cause(exc))
         accuracy = with_drops(accuracy, reference.accuracy if reference is not None and reference.accuracy else accuracy)
@@ -235,12 +235,19 @@ def measure(
         variant=built.name, backend=backend.name, precision=built.precision, status="ok",
         params={**built.params, **{f"runtime.{k}": v for k, v in runtime.items()}}, model_path=ran["model_path"],
         model_bytes=size, model_sha256=ran["model_sha256"], build_seconds=built.build_seconds,
-        notes=(*built.notes, *_batch_dependence(built, rows, timing), *ran["notes"], *scale_read,
+        notes=(*built.notes, *_batch_dependence(built, rows, timing), *ran["notes"], *scale_read, *_raised_notes(accuracy),
                *([crowded] if crowded else [])), accuracy=accuracy,
         latency=latency, fidelity=ran.get("fidelity", plan.fidelity),
         evaluated_model_path=str(plan.scored.onnx_path) if plan.separate else None, serving=serving_result,
     )  # fmt: skip
     return Measured(result, outputs, nsr)
+
+
+def _raised_notes(accuracy: AccuracyResult | None) -> list[str]:
+    """One line per custom metric and scope it raised on (SliceMetrics.raised): its figure there is NaN."""
+    scopes = () if accuracy is None else (accuracy.overall, *accuracy.slices)
+    return [f"{why}: {name} is NaN on {scope.name}, every other figure stands" for scope in scopes
+            for name, why in scope.raised.items()]  # fmt: skip
 
 
 def ran_fields(runner: Runner, built: BuiltVariant, description: Mapping[str, Any]) -> dict[str, Any]:

@@ -3,6 +3,7 @@ validate, sweep and gate; and label checks that stop a recipe before anything ru
 
 from __future__ import annotations
 
+import dataclasses
 import textwrap
 
 import numpy as np
@@ -145,3 +146,68 @@ def test_two_recipes_with_one_metric_name_and_opposite_directions_judge_each_by_
     assert int8.metrics["shift"] > 0 and int8.drops["shift"] == pytest.approx(int8.metrics["shift"])  # worse: positive
     assert outcome.gate.exit_code == 1 and outcome.gate.breaches
     assert evaluate_gate(outcome.results, a.gate).exit_code == 1  # judged after the sweep, B still loaded last
+
+
+def test_a_custom_metric_raising_on_one_slice_leaves_every_other_figure_and_fails_the_gate_only_there(
+    tmp_path, monkeypatch, capsys
+):
+    """The metric raises on a scope of fewer than 10 rows (the 6-row slice group=few): it is NaN there, with a note
+    naming it, the scope and what it raised; its figures elsewhere and every other metric on that slice stand. Gated
+    on it, the gate cannot judge that slice (exit 2, never a pass); gated on accuracy, it is unaffected."""
+    from qbench.gate import evaluate_gate, latest_results
+    from qbench.gate_checks import result_problems
+    from qbench.recipe import load_recipe
+    from qbench.results import read_results
+
+    features, labels = iris()
+    group = np.where(np.arange(len(labels)) % 25 == 0, "few", "many")  # rows 0, 25, ..., 125: 6 rows
+    (tmp_path / "counted_metric.py").write_text(
+        "import numpy as np\n\n\ndef counted(outputs, labels):\n"
+        "    if len(labels) < 10:\n"
+        "        raise ValueError(f'needs 10 rows, got {len(labels)}')\n"
+        "    return float(np.mean(np.argmax(outputs, axis=1) == labels))\n"
+    )  # fmt: skip
+    recipe = project(tmp_path, argmax_first_model(), table(features, labels, group=group),
+                     model={"path": "model.onnx", "output": "logits"},
+                     data={"slices": [{"by": "half"}, {"by": "group"}]},
+                     metrics=[{"name": "counted", "function": "counted_metric:counted", "higher_is_better": True}],
+                     gate={"metric": "counted", "max_drop": 0.05, "unresolved": "note"})  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    assert main(["sweep", str(recipe), "--no-track", "--gate"]) == 2
+    shown = capsys.readouterr()
+    assert said("metric 'counted' cannot be judged on group=few: custom metric 'counted' failed: ValueError: "
+                "needs 10 rows, got 6 (on group=few, 6 rows)", shown.out + shown.err)  # fmt: skip
+    loaded = load_recipe(recipe)
+    results = read_results(latest_results(loaded))
+    logits = plain_ort(tmp_path / "model.onnx", {"x": features})["logits"]
+    hits = np.argmax(logits, axis=1) == labels
+    for name in ("fp32", "int8"):
+        found = results.find(name, "onnxruntime-cpu")
+        assert found.status == "ok"
+        few, many = found.accuracy.slice("group=few"), found.accuracy.slice("group=many")
+        assert np.isnan(few.metrics["counted"]) and np.isfinite(few.metrics["accuracy"])
+        assert few.raised == {"counted": "custom metric 'counted' failed: ValueError: needs 10 rows, got 6 "
+                                         "(on group=few, 6 rows)"}  # fmt: skip
+        assert np.isfinite(found.accuracy.overall.metrics["counted"]) and not many.raised
+        assert sum("'counted'" in note and "group=few" in note for note in found.notes) == 1
+    fp32 = results.find("fp32", "onnxruntime-cpu").accuracy
+    assert fp32.overall.metrics["counted"] == pytest.approx(float(hits.mean()), abs=1e-12)
+    assert fp32.slice("group=many").metrics["counted"] == pytest.approx(float(hits[group == "many"].mean()), abs=1e-12)
+    assert fp32.slice("group=few").metrics["accuracy"] == pytest.approx(float(hits[group == "few"].mean()), abs=1e-12)
+    on_counted = evaluate_gate(results, loaded.gate)
+    assert on_counted.problems and not any(c.scope == "group=few" and c.status == "pass" for c in on_counted.checks)
+    on_accuracy = evaluate_gate(results, loaded.gate.model_copy(update={"metric": "accuracy"}))
+    assert not on_accuracy.problems
+    assert {c.scope for c in on_accuracy.checks if c.metric == "accuracy"} >= {"overall", "group=few", "group=many"}
+    # a figure beside its record of a raise was not computed by qbench: the gate's checks of the file say so
+    int8 = results.find("int8", "onnxruntime-cpu")
+    few = int8.accuracy.slice("group=few")
+    edited_few = dataclasses.replace(few, metrics={**few.metrics, "counted": 0.5})
+    edited_accuracy = dataclasses.replace(int8.accuracy, slices=tuple(edited_few if s.name == "group=few" else s
+                                                                      for s in int8.accuracy.slices))  # fmt: skip
+    edited = dataclasses.replace(results, variants=tuple(dataclasses.replace(v, accuracy=edited_accuracy)
+                                                         if v is int8 else v for v in results.variants))  # fmt: skip
+    assert not [p for p in result_problems(results, loaded, None) if "raised" in p]
+    assert [p for p in result_problems(edited, loaded, None) if "raised" in p] == [
+        "int8@onnxruntime-cpu: slice 'group=few': metric 'counted' is recorded as raised (custom metric 'counted' "
+        "failed: ValueError: needs 10 rows, got 6 (on group=few, 6 rows)) yet has the figure 0.5"]

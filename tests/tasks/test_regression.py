@@ -91,7 +91,7 @@ def test_a_value_fp32_holds_constant_is_judged_against_its_own_magnitude() -> No
     disagreed on all 4 rows though the varying value agreed on all: agreement 0.0 for regression and structured.
     Now 1 % of 0.1 = 0.001: FP16 agrees on every row; a shift to 0.102 (2 %) on none; a constant 0 stays exact."""
     reference = np.array([[1.0, 0.1], [2.0, 0.1], [3.0, 0.1], [4.0, 0.1]], dtype=np.float32)
-    assert agreement_tolerances(reference.astype(np.float64)) == pytest.approx([0.01 * np.std([1, 2, 3, 4]), 0.001])
+    assert agreement_tolerances(reference.astype(np.float64)) == pytest.approx(np.array([[0.01 * np.std([1, 2, 3, 4]), 0.001]] * 4))
     fp16 = reference.astype(np.float16).astype(np.float32)
     assert float(fp16[0, 1]) == pytest.approx(0.0999756, abs=1e-7)
     shifted = reference.copy()
@@ -101,5 +101,25 @@ def test_a_value_fp32_holds_constant_is_judged_against_its_own_magnitude() -> No
         assert task.rows(fp16, reference, None).summarise("overall", everything).metrics["agreement"] == 1.0
         assert task.rows(shifted, reference, None).summarise("overall", everything).metrics["agreement"] == 0.0
     zero = np.array([[1.0, 0.0], [2.0, 0.0]])
-    assert agreement_tolerances(zero)[1] == 0.0
-    assert agreement_tolerances(np.array([[np.nan], [np.inf]]))[0] == 0.0  # no finite value: no scale
+    assert agreement_tolerances(zero)[:, 1].tolist() == [0.0, 0.0]
+    assert agreement_tolerances(np.array([[np.nan], [np.inf]])).tolist() == [[0.0], [0.0]]  # no finite value: no scale
+
+
+def test_a_nearly_constant_output_agrees_within_fp16_rounding_at_its_magnitude() -> None:
+    """A saturated sigmoid: FP32 gives 1 - 1e-9 x (1, 2, 3, 4), a spread of 1.1e-9. Its tolerance was 1 % of that
+    std (1.1e-11), so a variant rounding it by 1e-4 disagreed on every row (agreement 0.0). The floor is 2 FP16 ULPs
+    at each value's magnitude, 2 x 2**-10 x |value| (0.00195 at 1.0): rounding by 1e-4 agrees on every row, a shift
+    by 0.01 (5 such floors) on none. Values near 100 whose 1 % of std (0.004) is under FP16's ULP there (0.0625) get
+    the floor, about 0.195."""
+    reference = (1.0 - 1e-9 * np.arange(1, 5)).reshape(4, 1)
+    tolerances = agreement_tolerances(reference)
+    assert 0.01 * np.std(reference) == pytest.approx(1.118e-11, rel=1e-3)
+    assert tolerances[:, 0].tolist() == pytest.approx([2 * 2**-10 * value for value in reference[:, 0]], rel=1e-12)
+    assert tolerances[0, 0] == pytest.approx(0.001953125, rel=1e-8)
+    everything = np.ones(4, dtype=bool)
+    for task in (TASK, get_task("structured")):
+        assert task.rows(reference - 1e-4, reference, None).summarise("overall", everything).metrics["agreement"] == 1.0
+        assert task.rows(reference - 1e-2, reference, None).summarise("overall", everything).metrics["agreement"] == 0.0
+    hundred = np.array([[99.5], [100.0], [100.5]])  # std 0.408: 1 % is 0.00408, under FP16's ULP at 100 (0.0625)
+    assert agreement_tolerances(hundred)[:, 0].tolist() == pytest.approx([2 * 2**-10 * v for v in (99.5, 100.0, 100.5)])
+    assert np.float16(100.0 + 0.03) == np.float16(100.0)  # FP16 cannot tell them apart: 0.03 is within the floor
