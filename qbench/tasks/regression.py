@@ -6,8 +6,8 @@ default): rmse and r2 are the mean of each target's, mae the mean over all value
 r2_min the worst target's R²; a large-scale target cannot hide a small one. max_error is the largest
 error of any value, in the targets' units. A row agrees with FP32 when every one of its values is
 within AGREEMENT_TOLERANCE x the standard deviation of that target's FP32 outputs (a scale-free
-tolerance: the model's units are unknown; x the value itself where FP32 outputs one constant), and never below
-ROUNDING_ULPS FP16 ULPs at the value's magnitude. One target per row is the plain single-target case.
+tolerance: the model's units are unknown; x the value itself where FP32 outputs one constant), and on a numerically
+constant target never below ROUNDING_ULPS FP16 ULPs at the value's magnitude. One target per row is the plain single-target case.
 """
 
 from __future__ import annotations
@@ -40,9 +40,12 @@ if TYPE_CHECKING:  # pragma: no cover
 
 AGREEMENT_TOLERANCE = 0.01
 ROUNDING_ULPS = 2
-"""The agreement tolerance's floor, in FP16 ULPs at each FP32 value's magnitude (ROUNDING_ULPS x FP16's epsilon
-2**-10 x |value|, at least that many ULPs of it): FP16 is the finest of the reduced precisions a variant rounds to
-(BF16, FP8 and INT8 are coarser), so a difference below it is rounding that any of them makes, not disagreement."""
+"""The agreement tolerance's floor on a numerically constant target (its FP32 spread below one FP16 ULP at its
+magnitude, a saturated sigmoid), in FP16 ULPs at each FP32 value's magnitude (ROUNDING_ULPS x FP16's epsilon
+2**-10 x |value|): FP16 is the finest of the reduced precisions a variant rounds to (BF16, FP8 and INT8 are
+coarser), so on such a target a difference below it is rounding that any of them makes, not disagreement. A target
+that varies by more keeps 1 % of its spread even under FP16's resolution: that FP16 cannot tell its values apart is
+a disagreement to show, not to tolerate."""
 FP16_EPSILON = float(np.finfo(np.float16).eps)
 
 
@@ -76,15 +79,16 @@ def agreement_tolerances(reference: np.ndarray) -> np.ndarray:
     population std of FP32's finite values of its column; where FP32 gives the column one value on every finite row
     (a constant channel, a bias passed through: std 0), x that value's magnitude instead. A std of 0 gave a tolerance
     of 0, so FP16's rounding of a constant 0.1 (to 0.0999756) disagreed on every row, whatever the other values did.
-    Never below ROUNDING_ULPS FP16 ULPs at the element's own magnitude: a saturated sigmoid (0.99999999 +- 1e-9) got
-    1 % of a std of 1e-9, so a variant's rounding of 1e-4 disagreed on every row. 0 where no value is finite (or the
-    value is 0)."""
+    On a numerically constant column (spread under FP16's epsilon x its magnitude) never below ROUNDING_ULPS FP16
+    ULPs at the element's own magnitude: a saturated sigmoid (0.99999999 +- 1e-9) got 1 % of a std of 1e-9, so a
+    variant's rounding of 1e-4 disagreed on every row. 0 where no value is finite (or the value is 0)."""
     finite = np.where(np.isfinite(reference), reference, np.nan)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # a value FP32 gives NaN/inf on every row: no scale
         spread = np.nan_to_num(np.nanstd(finite, axis=0), nan=0.0)
         magnitude = np.nan_to_num(np.nanmax(np.abs(finite), axis=0), nan=0.0)
-    floor = ROUNDING_ULPS * FP16_EPSILON * np.abs(np.nan_to_num(finite, nan=0.0))
+    numerically_constant = spread < FP16_EPSILON * magnitude
+    floor = np.where(numerically_constant, ROUNDING_ULPS * FP16_EPSILON * np.abs(np.nan_to_num(finite, nan=0.0)), 0.0)
     return np.maximum(AGREEMENT_TOLERANCE * np.where(spread > 0, spread, magnitude), floor)
 
 
