@@ -36,8 +36,8 @@ from qbench.export.triton_config import (
     TritonTarget,
     batcher_sizes,
     fixed_batch_of,
+    served_shapes,
     simulated_batcher,
-    stated_shapes,
     triton_config,
 )
 from qbench.files import file_in_the_way, new_folder
@@ -358,7 +358,7 @@ def export_triton(
     if verdict.status != "pass" and not force:
         raise QbenchError(_refusal(measured.key, verdict))
     source = _measured_model(measured)
-    info = stated_shapes(read_model_info(source), source)
+    info = served_shapes(read_model_info(source), source)
     target = TARGETS[backend]
     delay = max_queue_delay_us if max_queue_delay_us is not None else queue_delay_us(measured)
     config = to_pbtxt(triton_config(name, measured, info, target, max_queue_delay_us=delay))

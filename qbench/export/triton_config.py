@@ -1,7 +1,7 @@
 """config.pbtxt for Triton's ONNX Runtime backend, from an ONNX model and what the sweep measured on it.
 
-The model's inputs and outputs give names, data types and dims (an output whose shape the file does not state
-is read from ONNX shape inference: `stated_shapes`); the measured variant gives the batch sizes, the dynamic
+The model's inputs and outputs give names, data types and dims (an output's as ONNX Runtime reports it, the file's
+refined by shape inference: `served_shapes`); the measured variant gives the batch sizes, the dynamic
 batcher (the one its load scenario simulated, with `slo:`), the thread count and the graph optimisation level.
 """
 
@@ -60,32 +60,36 @@ def fixed_batch_of(info: ModelInfo) -> int | None:
     return firsts.pop() if len(firsts) == 1 and None not in firsts else None
 
 
-def stated_shapes(info: ModelInfo, path: Path) -> ModelInfo:
-    """`info` with the shape of every tensor output whose file states none (not even its rank; a converter may
-    leave it out) taken from ONNX shape inference, which config.pbtxt's dims need. Where inference finds none
-    either, `_tensor` names the output."""
-    unstated = [name for name, meta in info.outputs.items() if meta.kind == "tensor" and not meta.shape]
-    if not unstated:
+def served_shapes(info: ModelInfo, path: Path) -> ModelInfo:
+    """`info` with every tensor output's shape as ONNX Runtime reports it, the shape Triton's onnxruntime backend
+    compares config.pbtxt's output dims with, exactly (a -1 where the session reports a number fails the load): the
+    file's stated shape refined by ONNX shape inference, as ONNX Runtime refines it when it loads the graph. A
+    dimension the file leaves unnamed or names (tf2onnx's `unk__7`, a dynamic axis that is not) and inference fixes
+    is that number; a shape the file leaves out (not even its rank; a converter may) is inferred. Where inference
+    finds none either, the output is named."""
+    tensors = {name for name, meta in info.outputs.items() if meta.kind == "tensor"}
+    if not tensors:
         return info
     import onnx
 
-    from qbench.onnx_read import infer_shapes
+    from qbench.onnx_read import infer_types
 
-    model = onnx.load(str(path), load_external_data=False)
-    if all(o.type.tensor_type.HasField("shape") for o in model.graph.output if o.name in unstated):
-        return info  # stated as scalars
-    inferred = infer_shapes(model, strict_mode=False)
+    inferred = infer_types(onnx.load(str(path), load_external_data=False), strict_mode=False)
     outputs = dict(info.outputs)
     for value in inferred.graph.output:
-        shape = value.type.tensor_type.shape
-        if value.name in unstated and value.type.tensor_type.HasField("shape"):
-            dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in shape.dim)
-            outputs[value.name] = dataclasses.replace(outputs[value.name], shape=dims, dim_names=(None,) * len(dims))
-    unknown = [o.name for o in inferred.graph.output if o.name in unstated and not o.type.tensor_type.HasField("shape")]
-    if unknown:
-        raise QbenchError(f"output {unknown[0]!r}: the model states no shape for it (not even its rank) and ONNX shape "
-                          "inference finds none; Triton's config.pbtxt needs its dims: export the model with output "
-                          "shapes (e.g. torch.onnx.export's dynamic_shapes, or onnx.shape_inference)")  # fmt: skip
+        if value.name not in tensors:
+            continue
+        if not value.type.tensor_type.HasField("shape"):
+            if not info.outputs[value.name].shape and not info.outputs[value.name].scalar:
+                raise QbenchError(f"output {value.name!r}: the model states no shape for it (not even its rank) and "
+                                  "ONNX shape inference finds none; Triton's config.pbtxt needs its dims: export the "
+                                  "model with output shapes (e.g. torch.onnx.export's dynamic_shapes, or "
+                                  "onnx.shape_inference)")  # fmt: skip
+            continue
+        dims = value.type.tensor_type.shape.dim
+        shape = tuple(d.dim_value if d.HasField("dim_value") else None for d in dims)
+        names = tuple(d.dim_param or None for d in dims)
+        outputs[value.name] = dataclasses.replace(outputs[value.name], shape=shape, dim_names=names)
     return dataclasses.replace(info, outputs=outputs)
 
 

@@ -478,7 +478,7 @@ def test_an_output_whose_shape_the_file_leaves_out_gets_its_inferred_dims(tmp_pa
     inference gives ([batch, 3] -> dims [3]); the output was refused as 'a scalar' before. An output whose shape
     inference cannot find (a custom op's) is named in one line."""
     from qbench.export.triton import TARGETS, triton_config
-    from qbench.export.triton_config import stated_shapes
+    from qbench.export.triton_config import served_shapes
     from qbench.modelinfo import read_model_info
 
     def model(name: str, node: onnx.NodeProto, opsets: list) -> Path:
@@ -489,7 +489,7 @@ def test_an_output_whose_shape_the_file_leaves_out_gets_its_inferred_dims(tmp_pa
         return path
 
     path = model("relu", helper.make_node("Relu", ["x"], ["y"]), [helper.make_opsetid("", 17)])
-    info = stated_shapes(read_model_info(path), path)
+    info = served_shapes(read_model_info(path), path)
     fields = triton_config("m", make_variant("v", "int8"), info, TARGETS[CPU], max_queue_delay_us=0)
     [y] = text_format.Parse(to_pbtxt(fields), model_config_pb2.ModelConfig()).output
     assert (y.name, list(y.dims)) == ("y", [3])
@@ -497,4 +497,4 @@ def test_an_output_whose_shape_the_file_leaves_out_gets_its_inferred_dims(tmp_pa
     custom = model("custom", helper.make_node("Foo", ["x"], ["y"], domain="com.example"),
                    [helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])  # fmt: skip
     with pytest.raises(QbenchError, match=r"output 'y': the model states no shape for it \(not even its rank\)"):
-        stated_shapes(read_model_info(custom), custom)
+        served_shapes(read_model_info(custom), custom)

@@ -1,0 +1,69 @@
+"""config.pbtxt against what Triton's onnxruntime backend checks when it loads the model, without Triton's schema
+(tritonclient): the backend reads each tensor's shape from an ONNX Runtime session and requires every output's
+config dims, after the batch dimension, to equal it exactly (a -1 where the session reports a number fails the
+load: `CompareDimsSupported(..., compare_exact=true)` in onnxruntime_backend's onnxruntime_utils.cc)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+from sweep_factory import make_variant
+
+from qbench.export.triton_config import TARGETS, served_shapes, triton_config
+from qbench.modelinfo import read_model_info
+
+
+def _relu(path: Path, output_shape: list | None) -> Path:
+    """x [batch, 3] -> Relu -> y, y declared with `output_shape` (None: no shape at all)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, output_shape)
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu", [x], [y])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    return path
+
+
+def _session_dims(path: Path, output: str) -> list[int]:
+    """The output's shape as the backend gets it from ONNX Runtime: -1 for a dimension that is not a number."""
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (meta,) = [o for o in session.get_outputs() if o.name == output]
+    return [d if isinstance(d, int) else -1 for d in meta.shape]
+
+
+def _config(path: Path) -> dict:
+    info = served_shapes(read_model_info(path), path)
+    return triton_config("m", make_variant("v", "int8"), info, TARGETS["onnxruntime-cpu"], max_queue_delay_us=100)
+
+
+@pytest.mark.parametrize(
+    "declared",
+    [["batch", "unk__7"], [None, None], None, ["batch", 3]],
+    ids=["named-dim-inference-fixes", "unnamed-dims", "no-shape", "stated"],
+)
+def test_output_dims_are_the_shape_onnxruntime_reports(tmp_path: Path, declared) -> None:
+    """y declared [batch, unk__7] (tf2onnx names dims it could not fix) or [?, ?]: ONNX Runtime infers [batch, 3] and
+    reports it, so the config must say dims [3]; it said [-1], which Triton's backend refuses to load ("the model
+    expects 2 dimensions (shape [-1,3]) but the model configuration specifies ... [-1,-1]")."""
+    path = _relu(tmp_path / "relu.onnx", declared)
+    (y,) = _config(path)["output"]
+    assert _session_dims(path, "y") == [-1, 3]
+    assert [-1, *y["dims"]] == _session_dims(path, "y") and y["dims"] == [3]
+
+
+def test_a_dynamic_non_batch_output_dim_stays_dynamic(tmp_path: Path) -> None:
+    """ids [batch, seq] int64 -> Gather from a [50, 4] table -> hidden [batch, seq, 4]: seq is not known until a
+    request comes, so it is -1 in the config, as ONNX Runtime reports it; int64 ids are TYPE_INT64."""
+    ids = helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "seq"])
+    hidden = helper.make_tensor_value_info("hidden", TensorProto.FLOAT, ["batch", "seq", None])
+    table = helper.make_tensor("table", TensorProto.FLOAT, [50, 4], [0.5] * 200)
+    graph = helper.make_graph([helper.make_node("Gather", ["table", "ids"], ["hidden"])], "g", [ids], [hidden], [table])
+    path = tmp_path / "tokens.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    config = _config(path)
+    (out,) = config["output"]
+    assert [-1, *out["dims"]] == _session_dims(path, "hidden") == [-1, -1, 4]
+    (inp,) = config["input"]
+    assert (inp["data_type"], inp["dims"]) == ("TYPE_INT64", [-1])
