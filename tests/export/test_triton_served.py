@@ -67,3 +67,91 @@ def test_a_dynamic_non_batch_output_dim_stays_dynamic(tmp_path: Path) -> None:
     assert [-1, *out["dims"]] == _session_dims(path, "hidden") == [-1, -1, 4]
     (inp,) = config["input"]
     assert (inp["data_type"], inp["dims"]) == ("TYPE_INT64", [-1])
+
+
+PINNED = """\
+name: "tokens-fp16"
+platform: "onnxruntime_onnx"
+backend: "onnxruntime"
+max_batch_size: 8
+input {
+  name: "input_ids"
+  data_type: TYPE_INT64
+  dims: [ -1 ]
+}
+input {
+  name: "attention_mask"
+  data_type: TYPE_INT64
+  dims: [ -1 ]
+}
+output {
+  name: "label"
+  data_type: TYPE_INT64
+  dims: [ 1 ]
+  reshape {
+  }
+}
+instance_group {
+  count: 1
+  kind: KIND_GPU
+}
+dynamic_batching {
+  preferred_batch_size: [ 1, 8 ]
+  max_queue_delay_microseconds: 1000
+}
+parameters {
+  key: "intra_op_thread_count"
+  value {
+    string_value: "2"
+  }
+}
+parameters {
+  key: "inter_op_thread_count"
+  value {
+    string_value: "1"
+  }
+}
+optimization {
+  graph {
+    level: -1
+  }
+  execution_accelerators {
+    gpu_execution_accelerator {
+      name: "tensorrt"
+      parameters {
+        key: "precision_mode"
+        value: "FP16"
+      }
+      parameters {
+        key: "trt_engine_cache_enable"
+        value: "1"
+      }
+    }
+  }
+}
+"""
+
+
+def test_the_config_text_is_the_one_checked_against_tritons_schema(tmp_path: Path) -> None:
+    """Two int64 inputs [batch, seq] and a label [batch], FP16 at ONNX Runtime's basic level on TensorRT, timed at
+    batch 1 and 8 on 2 threads, 1 ms queue delay: the whole config.pbtxt, pinned as parsed into Triton's ModelConfig
+    (tritonclient 2.73) and read against Triton's documented rules: dims without the batch dimension, -1 for seq,
+    [1] reshaped to [] for the batch-only label, the delay in microseconds, the onnxruntime backend's parameter
+    names (intra_op_thread_count, inter_op_thread_count; precision_mode, trt_engine_cache_enable) and graph level
+    -1 for basic. Runs without tritonclient; test_triton.py parses such configs with the schema where it is."""
+    from qbench.export.pbtxt import to_pbtxt
+
+    ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"])
+    mask = helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"])
+    label = helper.make_tensor_value_info("label", TensorProto.INT64, ["batch"])
+    nodes = [helper.make_node("Add", ["input_ids", "attention_mask"], ["summed"]),
+             helper.make_node("ReduceSum", ["summed", "axis"], ["label"], keepdims=0)]  # fmt: skip
+    axis = helper.make_tensor("axis", TensorProto.INT64, [1], [1])
+    path = tmp_path / "tokens.onnx"
+    graph = helper.make_graph(nodes, "tokens", [ids, mask], [label], [axis])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    measured = make_variant("v", "fp16", p50_by_batch={1: 1.0, 8: 2.0}, params={"runtime.graph_optimization_level": "basic"})
+    assert measured.latency is not None and measured.latency.threads == 2
+    info = served_shapes(read_model_info(path), path)
+    fields = triton_config("tokens-fp16", measured, info, TARGETS["onnxruntime-tensorrt"], max_queue_delay_us=1000)
+    assert to_pbtxt(fields) == PINNED
