@@ -8,7 +8,8 @@ Hardmax before opset 13 (which flattens its input to 2-D at `axis`) is given tha
 the converter does for Softmax and LogSoftmax but not for Hardmax (it kept the node, which then took the maximum along
 one axis alone: every output of a [2, 3, 4] input's axis-1 Hardmax differed). A BatchNormalization before opset 9
 with `spatial: 0` (statistics per element, not per channel), which the converter refuses with an assertion, is
-written as the arithmetic it computes.
+written as the arithmetic it computes. ONNX Runtime's own operators in the ONNX domain (`_set_aside`), which the
+converter has no schema for, are left as they are.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ def ensure_opset(model: onnx.ModelProto, minimum: int) -> onnx.ModelProto:
     """
     if default_opset(model) >= minimum:
         return model
+    model = _set_aside(model)
     if default_opset(model) < 9 <= minimum:
         model = _per_element_batchnorms(model)
     if default_opset(model) < 13 <= minimum:
@@ -51,7 +53,50 @@ def ensure_opset(model: onnx.ModelProto, minimum: int) -> onnx.ModelProto:
     needed = helper.find_min_ir_version_for(list(converted.opset_import), ignore_unknown=True)  # com.microsoft etc.
     converted.ir_version = max(converted.ir_version, needed)
     check_model_against(converted, model)
-    return converted
+    return _put_back(converted)
+
+
+# ONNX Runtime registers some of its own operators in the ONNX domain: SimplifiedLayerNormalization (the RMSNorm its
+# transformer optimizer fuses in T5 and Llama graphs) at every opset, LayerNormalization before opset 17 (which its
+# optimizers fuse whatever the opset). onnx's version converter has no schema for them at the model's opset and fails
+# on an assertion ("Op has no registered schema", "No Adapter"), so an FP8 or BF16 build of such a graph failed. They
+# wait in a domain of their own while it runs (it leaves other domains' nodes as they are) and go back after:
+# ONNX Runtime runs them at any opset (LayerNormalization from 17 as ONNX's, which computes the same).
+_SET_ASIDE = "qbench.unconverted"
+
+
+def _set_aside(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model`, or a copy of it whose ONNX-domain nodes ONNX has no schema for at its opset are in `_SET_ASIDE`."""
+    opset = default_opset(model)
+
+    def unknown(node: onnx.NodeProto) -> bool:
+        if node.domain not in ("", "ai.onnx"):
+            return False
+        try:
+            onnx.defs.get_schema(node.op_type, opset, "")
+        except onnx.defs.SchemaError:
+            return True
+        return False
+
+    if not any(unknown(node) for node in all_nodes(model.graph)):
+        return model
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for node in filter(unknown, all_nodes(copy.graph)):
+        node.domain = _SET_ASIDE
+    copy.opset_import.append(helper.make_opsetid(_SET_ASIDE, 1))
+    return copy
+
+
+def _put_back(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` (in place) with the nodes `_set_aside` moved back to the ONNX domain."""
+    for node in all_nodes(model.graph):
+        if node.domain == _SET_ASIDE:
+            node.domain = ""
+    imports = [opset for opset in model.opset_import if opset.domain != _SET_ASIDE]
+    del model.opset_import[:]
+    model.opset_import.extend(imports)
+    return model
 
 
 def _check_interface_kept(model: onnx.ModelProto, converted: onnx.ModelProto, opset: int) -> None:

@@ -22,10 +22,15 @@ from qbench.variants.onnx_utils import drop_unused_initializers, names_read
 
 def bypass_qdq(
     quantized: onnx.ModelProto, reference: onnx.ModelProto, names: Collection[str],
-    quantized_op_types: Collection[str] | None = None,
+    quantized_op_types: Collection[str] | None = None, *, weights_of: Collection[str] = (),
 ) -> onnx.ModelProto:  # fmt: skip
     """A copy of `quantized` whose nodes in `names` read float inputs: activations from before their
     QuantizeLinear (re-applying a Relu/Clip the quantizer folded into it), weights from `reference`.
+
+    Nodes in `weights_of` read their weights from `reference` only: a node no quantizer was handed that shares a
+    constant with a quantized node (ONNX Runtime's quantizers rewire every reader of a quantized initializer to its
+    DequantizeLinear); the activations it reads stay as built, so the Q/DQ pair that completes its producer's integer
+    kernel (a QLinearMatMul's output) stays in place.
 
     With `quantized_op_types` (what the quantizer quantized), their outputs are left unrounded too where no
     quantized node reads them (a graph output, an Identity): the quantizer rounds a node's output for its own
@@ -53,12 +58,14 @@ def bypass_qdq(
         if node.op_type == "DequantizeLinear" and node.output[0] in unrounded:  # the kept node's output unrounded
             node = helper.make_node("Identity", [float_source(unrounded[node.output[0]])], [node.output[0]],
                                     name=f"{node.name or node.output[0]}/float")  # fmt: skip
-        original = originals.get(node.name) if node.name in names else None
+        bypassed = node.name in names
+        original = originals.get(node.name) if bypassed or node.name in weights_of else None
         as_written = original is not None and original.op_type == node.op_type  # the reference's own node
-        for index, name in enumerate(node.input if node.name in names else ()):
+        for index, name in enumerate(node.input if bypassed or original is not None else ()):
             dequantized, source = dequantized_from(name, producers)
             if source is not None:  # an activation: read it before its QuantizeLinear
-                node.input[index] = float_source(source)
+                if bypassed:
+                    node.input[index] = float_source(source)
             elif original is not None and (dequantized or as_written):  # a weight: the reference's float initializer
                 weight = original.input[index] if index < len(original.input) else ""
                 if weight in weights and (dequantized or weight != name):

@@ -221,3 +221,39 @@ def test_an_opset_upgrade_changing_the_graph_inputs_is_the_variants_one_line_err
                                           r"'s0' from float32\[2, 8\] to float32\[8\]; export the model at opset"):  # fmt: skip
         build_variant(VariantSpec(name="v", **variant),
                       BuildContext(reference_path=path, workdir=tmp_path / "w", calibration=[feeds]))  # fmt: skip
+
+
+def _normalized_model(op_type: str, opset: int) -> onnx.ModelProto:
+    """x [batch, 8] -> MatMul -> `op_type` in the ONNX domain (ONNX Runtime's own operator there: the RMSNorm its
+    transformer optimizer fuses, or its LayerNormalization before opset 17) -> MatMul -> y [batch, 4]."""
+    rng = np.random.default_rng(3)
+    weights = {"w1": rng.normal(size=(8, 8)), "w2": rng.normal(size=(8, 4)), "gamma": 1 + 0.1 * rng.normal(size=8)}
+    inputs = ["h", "gamma"] + (["beta"] if op_type == "LayerNormalization" else [])
+    weights |= {"beta": 0.1 * rng.normal(size=8)} if op_type == "LayerNormalization" else {}
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="dense"),
+             helper.make_node(op_type, inputs, ["n"], name="norm", axis=-1, epsilon=1e-5),
+             helper.make_node("MatMul", ["n", "w2"], ["y"], name="head")]  # fmt: skip
+    graph = helper.make_graph(nodes, "normalized", [_value("x", ["batch", 8])], [_value("y", ["batch", 4])],
+                              [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=7)
+
+
+@pytest.mark.parametrize(("op_type", "opset"), [("SimplifiedLayerNormalization", 17), ("LayerNormalization", 14)])
+def test_onnx_runtimes_own_operators_in_the_onnx_domain_survive_an_opset_upgrade(tmp_path, op_type, opset):
+    """ONNX Runtime registers SimplifiedLayerNormalization (at any opset) and LayerNormalization (before 17) in the
+    ONNX domain, and its optimizers write them there. onnx's version converter has no schema for them and failed on
+    an assertion ('Op has no registered schema', 'No Adapter'), so every FP8 build of such a graph failed (BF16
+    or per-channel INT8 of a SimplifiedLayerNormalization before opset 13 too). The node now keeps its place and
+    computes what it computed."""
+    model = _normalized_model(op_type, opset)
+    x = np.random.default_rng(4).normal(size=(16, 8)).astype(np.float32)
+    upgraded = ensure_opset(model, 21)
+    assert [(node.domain, node.op_type) for node in upgraded.graph.node][1] == ("", op_type)
+    assert [(o.domain, o.version) for o in upgraded.opset_import] == [("", 21)]
+    np.testing.assert_array_equal(_run(upgraded, x), _run(model, x))
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    calibration = [{"x": np.random.default_rng(5).normal(size=(16, 8)).astype(np.float32)}]
+    built = build_variant(VariantSpec(name="fp8", precision="fp8", calibrator="minmax"),
+                          BuildContext(reference_path=tmp_path / "m.onnx", workdir=tmp_path / "w", calibration=calibration))  # fmt: skip
+    assert built.params["quantized_op_types"] == {"MatMul": 2}
+    assert np.isfinite(_run(onnx.load(str(built.onnx_path)), x)).all()
