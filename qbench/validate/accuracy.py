@@ -19,7 +19,7 @@ from qbench.backends.base import Runner
 from qbench.errors import QbenchError
 from qbench.results import AccuracyResult, SliceMetrics
 from qbench.tasks import CustomMetric, get_task
-from qbench.tasks.base import RowSummary
+from qbench.tasks.base import MetricError, RowSummary
 from qbench.validate import catalogue, metrics
 from qbench.validate.catalogue import OUTPUT_SEPARATOR
 from qbench.validate.outputs import VARIABLE_SHAPE, row_count, run_outputs
@@ -96,8 +96,8 @@ def _custom_value(
         reference = {name: part.reference[scored] for name, part in parts.items()}
     try:
         return metric.value(outputs, None if labels is None else labels[scored], reference)
-    except QbenchError as exc:
-        raise QbenchError(f"{exc} (on {scope}, {int(scored.sum())} rows)") from exc
+    except MetricError as exc:
+        raise MetricError(f"{exc} (on {scope}, {int(scored.sum())} rows)", exc.metric) from exc
 
 
 def _undefined_where_fp32_failed(scope: SliceMetrics, holds_fp32_nonfinite: bool) -> SliceMetrics:
