@@ -38,7 +38,7 @@ from qbench.data.feeds import text_feed_notes
 from qbench.data.labels import label_cells
 from qbench.data.leakage import shared_rows, warn_shared
 from qbench.data.nonfinite import kept_nonfinite, qat_refuses_nonfinite
-from qbench.data.text_tables import number_format_hint
+from qbench.data.text_tables import text_cells_hint
 from qbench.errors import QbenchError, RecipeError
 from qbench.modelinfo import ModelInfo, external_data_files, read_model_info
 from qbench.preflight_checks import (
@@ -377,8 +377,8 @@ def _labels(
         for choice in outputs:
             check_output_labels(recipe, task, labels, choice.meta, positions, len(outputs))
     except LabelError as exc:
-        single = isinstance(recipe.data.label, str)  # its '0,5' cells are text unless the file declares decimal commas
-        raise _label_error(recipe, exc, number_format_hint(table[recipe.data.label]) if single else "") from None
+        single = isinstance(recipe.data.label, str)  # its text cells: '0,5' in a CSV not declaring decimal commas, ...
+        raise _label_error(recipe, exc, text_cells_hint(table[recipe.data.label]) if single else "") from None
     return labels
 
 

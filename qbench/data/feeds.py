@@ -31,7 +31,7 @@ from qbench.data.text import (
     tokenizer_field,
     tokenizer_input_names,
 )
-from qbench.data.text_tables import number_format_hint, printed_array_hint, shown_text
+from qbench.data.text_tables import shown_text, text_cells_hint
 from qbench.errors import QbenchError, RecipeError, did_you_mean
 from qbench.modelinfo import TensorMeta
 from qbench.recipe_data import TextInputSpec
@@ -96,7 +96,7 @@ def _feeds(
             shaped = _fit_shape(stacked, column, meta, recipe_file=recipe_file)
             feeds[target] = _cast(shaped, column, meta, recipe_file=recipe_file, rows=cells.index)
         except RecipeError as exc:  # text: '0,5' cells in a CSV not declaring decimal commas, NumPy-printed arrays
-            hint = number_format_hint(cells) or printed_array_hint(cells)
+            hint = text_cells_hint(cells)
             if not hint:
                 raise
             raise RecipeError(exc.file, exc.field, exc.detail + hint) from None

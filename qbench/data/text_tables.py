@@ -286,6 +286,12 @@ def printed_array_hint(values: pd.Series) -> str:
             "list column")
 
 
+def text_cells_hint(values: pd.Series) -> str:
+    """For an error about a text column where numbers are expected, what its text cells are when that is known
+    (number_format_hint, printed_array_hint); else ''."""
+    return number_format_hint(values) or printed_array_hint(values)
+
+
 def number_format_hint(values: pd.Series) -> str:
     """For an error about a text column where numbers are expected: '; cells such as '1.234,5' group thousands with
     '.' ...' or '; cells such as '0,5' write numbers with a decimal comma ...' when some do in a CSV file not declared
