@@ -228,7 +228,8 @@ def test_a_head_of_another_task_beside_the_evaluated_ones_says_how_to_judge_it(t
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
                               [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["n", 3]),
                                helper.make_tensor_value_info("score", TensorProto.FLOAT, ["n"])], weights)  # fmt: skip
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(tmp_path / "m.onnx"))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.save(model, str(tmp_path / "m.onnx"))
     features = rng.normal(size=(30, 4)).astype(np.float32)
     pd.DataFrame({"x": list(features), "y": [row % 3 for row in range(30)]}).to_parquet(tmp_path / "d.parquet")
     body = {"name": "heads", "model": {"path": "m.onnx", "outputs": ["logits", "score"]},
@@ -237,7 +238,8 @@ def test_a_head_of_another_task_beside_the_evaluated_ones_says_how_to_judge_it(t
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(body))
     assert main(["validate", str(tmp_path / "r.yaml")]) == 2
     err = capsys.readouterr().err
-    assert "data.label: column 'y': 10 rows, e.g. row 2: 2 hold class ids outside 0..1 (output 'score' has 2 classes)" in err
+    assert ("data.label: column 'y': 10 rows, e.g. row 2: 2 hold class ids outside 0..1 (output 'score' has 2 "
+            "classes)") in err
     assert ("every output in model.outputs is judged as task 'classification' against data.label: for an output of "
             "another task, evaluate it in a recipe of its own (model.output: score, with its own task and data.label), "
             "or use task: structured with your own metrics: over several outputs") in err  # fmt: skip

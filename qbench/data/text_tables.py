@@ -281,9 +281,9 @@ def printed_array_hint(values: pd.Series) -> str:
     found = text[text.str.fullmatch(_PRINTED_ARRAY) & text.str.contains(_SPACED_NUMBERS)]
     if found.empty:
         return ""
-    return (f"; cells such as {shown_text(found.iloc[0])!r} are arrays as NumPy prints them (pandas' to_csv writes array cells so): "
-            "expected a JSON list per cell ('[42, 32, 26]', as json.dumps(cell.tolist()) writes it) or a Parquet "
-            "list column")
+    return (f"; cells such as {shown_text(found.iloc[0])!r} are arrays as NumPy prints them (pandas' to_csv writes "
+            "array cells so): expected a JSON list per cell ('[42, 32, 26]', as json.dumps(cell.tolist()) writes it) "
+            "or a Parquet list column")
 
 
 def text_cells_hint(values: pd.Series) -> str:

@@ -341,7 +341,8 @@ def dry_run(prepared: Prepared, backend: Backend, rows: int = DRY_RUN_ROWS) -> N
     picks = np.arange(max(size, count)) % count if count else np.arange(0)
     built = BuiltVariant("fp32", "fp32", prepared.source.onnx_path)
     try:
-        measured = measure(backend, built, prepared, rows=replace(everything.subset(picks), batch_size=size), quiet=True)
+        measured = measure(backend, built, prepared, rows=replace(everything.subset(picks), batch_size=size),
+                           quiet=True)  # fmt: skip
     except RecipeError:
         raise
     except QbenchError as exc:
@@ -353,7 +354,7 @@ def dry_run(prepared: Prepared, backend: Backend, rows: int = DRY_RUN_ROWS) -> N
         raise RecipeError(prepared.recipe.source, "metrics" if index is None else f"metrics[{index}].function",
                           f"{measured.metric_error} on FP32's outputs ({count} evaluation rows"
                           f"{f' repeated to one batch of {size}' if size > count else ''}); expected a function that "
-                          "returns a number for the outputs and labels it is given (README: Custom metrics)")  # fmt: skip
+                          "returns a number for the outputs and labels it is given (README: Custom metrics)")
     if result.status == "failed":
         raise QbenchError(f"{prepared.source.onnx_path}: the FP32 reference does not run on {backend.name}: "
                           f"{' '.join(str(result.error).split())} (the check fed it one row, then {count} evaluation "

@@ -269,7 +269,8 @@ def test_a_bracketed_text_that_is_no_printed_array_gets_no_array_hint() -> None:
     with pytest.raises(RecipeError) as info:
         _feed(table, "x", _meta("x", (None,)))
     assert str(info.value) == (
-        "recipe.yaml: data.inputs: column 'x' holds non-numeric values such as '[en]', but model input 'x' expects float32"
+        "recipe.yaml: data.inputs: column 'x' holds non-numeric values such as '[en]', but model input 'x' expects "
+        "float32"
     )
 
 

@@ -137,7 +137,7 @@ def test_text_label_cells_are_refused_as_no_numbers(tmp_path, capsys):
     assert main(["validate", str(recipe)]) == 2
     err = capsys.readouterr().err
     assert f"data.label: column 'y': {ROWS} rows, e.g. row 0: " in err
-    assert "are arrays as NumPy prints them (pandas' to_csv writes array cells so): expected a JSON list per cell" in err
+    assert "are arrays as NumPy prints them (pandas' to_csv writes array cells so): expected a JSON list" in err
     assert len([line for line in err.splitlines() if line.startswith("error:")]) == 1
 
 
