@@ -38,7 +38,7 @@ from qbench.data.feeds import text_feed_notes
 from qbench.data.labels import label_cells
 from qbench.data.leakage import shared_rows, warn_shared
 from qbench.data.nonfinite import kept_nonfinite, qat_refuses_nonfinite
-from qbench.data.text_tables import number_format_hint
+from qbench.data.text_tables import text_cells_hint
 from qbench.errors import QbenchError, RecipeError
 from qbench.modelinfo import ModelInfo, external_data_files, read_model_info
 from qbench.preflight_checks import (
@@ -52,7 +52,7 @@ from qbench.preflight_checks import (
     fixed_batch,
     with_fixed_batch,
 )
-from qbench.preflight_labels import named_classes
+from qbench.preflight_labels import check_output_labels, named_classes
 from qbench.preflight_load import check_reference_loads
 from qbench.preflight_lookups import Lookup, check_lookup_indices, constant_lookups
 from qbench.preflight_precision import reduced_precision
@@ -375,10 +375,10 @@ def _labels(
             values = task.decode_label_names(values, [c.meta for c in outputs], positions)
         labels = task.labels_from_values(values, positions)
         for choice in outputs:
-            task.check_labels(labels, choice.meta, positions)
+            check_output_labels(recipe, task, labels, choice.meta, positions, len(outputs))
     except LabelError as exc:
-        single = isinstance(recipe.data.label, str)  # its '0,5' cells are text unless the file declares decimal commas
-        raise _label_error(recipe, exc, number_format_hint(table[recipe.data.label]) if single else "") from None
+        single = isinstance(recipe.data.label, str)  # its text cells: '0,5' in a CSV not declaring decimal commas, ...
+        raise _label_error(recipe, exc, text_cells_hint(table[recipe.data.label]) if single else "") from None
     return labels
 
 
@@ -404,7 +404,8 @@ def check_labels_fit_outputs(prepared: Prepared, outputs: Mapping[str, np.ndarra
         try:
             if None in meta.shape[1:] or len(meta.shape) != np.ndim(values):
                 shown = replace(meta, shape=tuple(np.shape(values)))
-                task.check_labels(prepared.labels, shown, prepared.evaluation_rows)
+                check_output_labels(prepared.recipe, task, prepared.labels, shown, prepared.evaluation_rows,
+                                     len(prepared.outputs))  # fmt: skip
             task.check_labels_against_reference(prepared.labels, meta, values)
         except LabelError as exc:
             raise _label_error(prepared.recipe, exc) from None

@@ -1,4 +1,5 @@
-"""Labels given as class names (`data.classes`): each names a score column of the outputs, by its position in the list.
+"""Labels given as class names (`data.classes`): each names a score column of the outputs, by its position in the list;
+and the labels checked against each evaluated output (`check_output_labels`).
 
 Checked against what the graph says of its outputs before any label is read: a map output names its own classes, a
 graph may name its columns (a ZipMap's keys, a class table), and the count must match the score columns.
@@ -9,8 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from qbench.errors import RecipeError
+from qbench.modelinfo import TensorMeta
 from qbench.recipe import Recipe
-from qbench.tasks import Task
+from qbench.tasks import LabelError, Task
 from qbench.tasks.class_labels import label_columns
 from qbench.tasks.classification import ONE_COLUMN_CLASSES, class_count, column_classes, one_score_column
 from qbench.tasks.selection import OutputChoice
@@ -45,3 +47,21 @@ def named_classes(
             raise RecipeError(recipe.source, "data.classes", f"names {len(classes)} classes, output {choice.name!r} "
                               f"has {count}{layout}; expected one name per class, in column order")  # fmt: skip
     return label_columns(values, classes, positions, unknown=f"are none of data.classes ({', '.join(map(str, classes))})")
+
+
+def check_output_labels(
+    recipe: Recipe, task: Task, labels: np.ndarray, output: TensorMeta, positions: np.ndarray, evaluated: int
+) -> None:
+    """The task's check of the labels against one evaluated output. Where several are evaluated, every one is judged
+    as the recipe's task against the one data.label: an output the labels do not fit may be a head of another task
+    (a regression head beside a classifier's logits), so the error says how such a head is judged."""
+    try:
+        task.check_labels(labels, output, positions)
+    except LabelError as exc:
+        if evaluated < 2:
+            raise
+        raise LabelError(
+            f"{exc}; every output in model.outputs is judged as task {recipe.task!r} against data.label: for an "
+            f"output of another task, evaluate it in a recipe of its own (model.output: {output.name}, with its own "
+            "task and data.label), or use task: structured with your own metrics: over several outputs"
+        ) from None

@@ -109,7 +109,10 @@ _TEXT_KINDS = {"string_type", "path_type"}
 
 def _quote_hint(value: Any, kinds: list[str]) -> str:
     """YAML reads 2024-01-01 as a date, no/yes/off/on as false/true and 13 or 12:30 as numbers: a class named no
-    or an output named 13 (as PyTorch's exporter numbers them) arrives as another type; say how to keep it text."""
+    or an output named 13 (as PyTorch's exporter numbers them) arrives as another type; say how to keep it text.
+    A key with nothing after it is null: say so, rather than Python's None alone."""
+    if value is None:  # `gate:` with every entry under it commented out, or with nothing after it
+        return " (YAML's null: a key with nothing after it, or whose entries are all commented out)"
     if isinstance(value, (datetime.date, datetime.datetime)):
         return " (quote it to keep it text)"
     if not _TEXT_KINDS & set(kinds):

@@ -211,3 +211,41 @@ def test_multilabel_rows_wider_or_narrower_than_a_symbolic_output_are_refused(tm
     recipe = _symbolic_width_project(tmp_path, "multilabel", "micro_f1", [[0, 1]] * 40)
     assert main(["validate", str(recipe)]) == 2
     assert "data.label: column 'y': rows have 2 labels but output 'scores' scores 3" in capsys.readouterr().err
+
+
+def test_a_head_of_another_task_beside_the_evaluated_ones_says_how_to_judge_it(tmp_path: Path, capsys):
+    """A model with class logits [n, 3] and a regression head [n] (one score column: read as two classes): with
+    model.outputs naming both, the class labels 0..2 do not fit 'score'. The error said only that 'score' has 2
+    classes; it now also says that every listed output is judged as the recipe's task against data.label, and how a
+    head of another task is judged (a recipe of its own, or task: structured with metrics over several outputs)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.normal(size=(4, 3)).astype(np.float32), "w"),
+               numpy_helper.from_array(rng.normal(size=(4,)).astype(np.float32), "v")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["logits"]), helper.make_node("MatMul", ["x", "v"], ["score"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["n", 3]),
+                               helper.make_tensor_value_info("score", TensorProto.FLOAT, ["n"])], weights)  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    features = rng.normal(size=(30, 4)).astype(np.float32)
+    pd.DataFrame({"x": list(features), "y": [row % 3 for row in range(30)]}).to_parquet(tmp_path / "d.parquet")
+    body = {"name": "heads", "model": {"path": "m.onnx", "outputs": ["logits", "score"]},
+            "data": {"path": "d.parquet", "inputs": {"x": "x"}, "label": "y"},
+            "variants": [{"name": "h", "precision": "fp16"}], "gate": {"metric": "logits/accuracy"}}  # fmt: skip
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(body))
+    assert main(["validate", str(tmp_path / "r.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert ("data.label: column 'y': 10 rows, e.g. row 2: 2 hold class ids outside 0..1 (output 'score' has 2 "
+            "classes)") in err
+    assert ("every output in model.outputs is judged as task 'classification' against data.label: for an output of "
+            "another task, evaluate it in a recipe of its own (model.output: score, with its own task and data.label), "
+            "or use task: structured with your own metrics: over several outputs") in err  # fmt: skip
+    assert len([line for line in err.splitlines() if line.startswith("error:")]) == 1
+    # evaluated alone, the logits take these labels: the hint is about the listed outputs, not the labels
+    body["model"] = {"path": "m.onnx", "output": "logits"}
+    body["gate"] = {"metric": "accuracy"}
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(body))
+    assert main(["validate", str(tmp_path / "r.yaml")]) == 0

@@ -351,6 +351,16 @@ def test_class_names_yaml_reads_as_booleans_say_to_quote_them_and_count_each_fie
     )
 
 
+def test_a_section_whose_entries_are_all_commented_out_is_named_as_yaml_null(tmp_path):
+    """`gate:` above only commented-out entries is YAML's null: the error said 'got None', Python's word, not what
+    the file holds or why."""
+    body = UNQUOTED_NAMES.replace("output: 13", "output: p") + "gate:\n  # max_drop: 0.01\n"
+    assert error_of(tmp_path, body) == (
+        "recipe.yaml: gate: expected a mapping (key: value, ...), got None (YAML's null: a key with nothing after it, "
+        "or whose entries are all commented out)"
+    )
+
+
 @pytest.mark.parametrize("seed", [-1, 2**64])
 def test_a_seed_numpy_or_torch_would_refuse_is_a_one_line_error(tmp_path, seed):
     """np.random.default_rng(-1) raises only when the sweep draws calibration rows, after the variants' set-up."""

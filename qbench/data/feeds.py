@@ -31,7 +31,7 @@ from qbench.data.text import (
     tokenizer_field,
     tokenizer_input_names,
 )
-from qbench.data.text_tables import number_format_hint
+from qbench.data.text_tables import shown_text, text_cells_hint
 from qbench.errors import QbenchError, RecipeError, did_you_mean
 from qbench.modelinfo import TensorMeta
 from qbench.recipe_data import TextInputSpec
@@ -95,8 +95,8 @@ def _feeds(
             stacked = _stack_cells(cells, column, recipe_file=recipe_file)
             shaped = _fit_shape(stacked, column, meta, recipe_file=recipe_file)
             feeds[target] = _cast(shaped, column, meta, recipe_file=recipe_file, rows=cells.index)
-        except RecipeError as exc:  # a CSV column of '0,5' cells is text unless the file declares decimal commas
-            hint = number_format_hint(cells)
+        except RecipeError as exc:  # text: '0,5' cells in a CSV not declaring decimal commas, NumPy-printed arrays
+            hint = text_cells_hint(cells)
             if not hint:
                 raise
             raise RecipeError(exc.file, exc.field, exc.detail + hint) from None
@@ -484,7 +484,7 @@ def _non_numeric(values: np.ndarray) -> str:
             try:
                 float(value)
             except ValueError:
-                return f"non-numeric values such as {str(value) if isinstance(value, str) else bytes(value)!r}"
+                return f"non-numeric values such as {shown_text(value) if isinstance(value, str) else bytes(value)!r}"
         elif not isinstance(value, (bool, int, float, np.bool_, np.integer, np.floating)):
             return f"non-numeric values such as {value!r}"
     first = values.flat[0]

@@ -262,6 +262,36 @@ def _matches(text: pd.Series, pattern: str) -> pd.Series:
     return text.str.fullmatch(pattern).fillna(False).astype(bool)
 
 
+_PRINTED_ARRAY = r"\[[\[\]\s0-9eE+\-.naif]*\]"  # numbers between brackets, as NumPy prints an array
+_SPACED_NUMBERS = r"[0-9.]\s+[-+0-9.]"  # two of them side by side with no comma between
+
+
+def shown_text(text: str, limit: int = 40) -> str:
+    """`text` as an error quotes a cell: its first `limit` characters, '...' marking a cut (a whole image's cell
+    would otherwise fill the line)."""
+    text = str(text)  # a NumPy string as the plain text it holds
+    return text if len(text) <= limit else f"{text[:limit]}..."
+
+
+def printed_array_hint(values: pd.Series) -> str:
+    """For an error about a text column where numbers are expected: '; cells such as '[42 32 26 ...' are arrays as
+    NumPy prints them ...' when some cell is one (numbers between brackets, spaces and no comma between them: what
+    pandas' to_csv writes for an array cell, which no JSON parser reads back), else ''."""
+    text = _text_cells(values).str.strip()
+    found = text[text.str.fullmatch(_PRINTED_ARRAY) & text.str.contains(_SPACED_NUMBERS)]
+    if found.empty:
+        return ""
+    return (f"; cells such as {shown_text(found.iloc[0])!r} are arrays as NumPy prints them (pandas' to_csv writes "
+            "array cells so): expected a JSON list per cell ('[42, 32, 26]', as json.dumps(cell.tolist()) writes it) "
+            "or a Parquet list column")
+
+
+def text_cells_hint(values: pd.Series) -> str:
+    """For an error about a text column where numbers are expected, what its text cells are when that is known
+    (number_format_hint, printed_array_hint); else ''."""
+    return number_format_hint(values) or printed_array_hint(values)
+
+
 def number_format_hint(values: pd.Series) -> str:
     """For an error about a text column where numbers are expected: '; cells such as '1.234,5' group thousands with
     '.' ...' or '; cells such as '0,5' write numbers with a decimal comma ...' when some do in a CSV file not declared

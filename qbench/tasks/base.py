@@ -40,6 +40,14 @@ class RowSummary(Protocol):
     def summarise(self, name: str, mask: np.ndarray) -> SliceMetrics: ...
 
 
+class MetricError(QbenchError):
+    """A recipe's own metric raised: the recipe's code failed, not the model it scores (`metric`: its name)."""
+
+    def __init__(self, message: str, metric: str) -> None:
+        super().__init__(message)
+        self.metric = metric
+
+
 @dataclass(frozen=True)
 class CustomMetric:
     """A recipe's own per-slice metric: `function(outputs, labels[, reference_outputs]) -> float`.
@@ -58,7 +66,7 @@ class CustomMetric:
         try:
             return float(self.function(*args))
         except Exception as exc:
-            raise QbenchError(f"custom metric {self.name!r} failed: {type(exc).__name__}: {exc}") from exc
+            raise MetricError(f"custom metric {self.name!r} failed: {type(exc).__name__}: {exc}", self.name) from exc
 
 
 def wilson(rate: float, n: int) -> tuple[float, float]:

@@ -29,11 +29,14 @@ def _cell(value: Any) -> np.ndarray | None:
     """A label cell as an array (a Parquet list column's cell, nested lists too); None when it holds no label, or
     no rectangular array of numbers (a null inside, lists of different lengths)."""
     if not isinstance(value, (list, tuple, np.ndarray)):
-        return None if no_label(value) else np.asarray(value)
-    try:
-        array = np.array(value.tolist() if isinstance(value, np.ndarray) else value)
-    except ValueError:  # ragged nested lists
-        return None
+        if no_label(value):
+            return None
+        array = np.asarray(value)  # a text cell (an array pandas' to_csv printed) is no number: refused as a list is
+    else:
+        try:
+            array = np.array(value.tolist() if isinstance(value, np.ndarray) else value)
+        except ValueError:  # ragged nested lists
+            return None
     return None if array.dtype.kind not in "fiub" else array
 
 

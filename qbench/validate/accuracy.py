@@ -19,7 +19,7 @@ from qbench.backends.base import Runner
 from qbench.errors import QbenchError
 from qbench.results import AccuracyResult, SliceMetrics
 from qbench.tasks import CustomMetric, get_task
-from qbench.tasks.base import RowSummary
+from qbench.tasks.base import MetricError, RowSummary
 from qbench.validate import catalogue, metrics
 from qbench.validate.catalogue import OUTPUT_SEPARATOR
 from qbench.validate.outputs import VARIABLE_SHAPE, row_count, run_outputs
@@ -100,16 +100,16 @@ def _custom_value(
         reference = {name: part.reference[scored] for name, part in parts.items()}
     try:
         return metric.value(outputs, None if labels is None else labels[scored], reference), None
-    except QbenchError as exc:
+    except MetricError as exc:
         return math.nan, f"{exc} (on {scope}, {int(scored.sum())} rows)"
 
 
 def _raised_everywhere(scopes: Sequence[SliceMetrics]) -> None:
     """A custom metric that raised on every scope (the overall one and each slice) measures nothing of these
-    outputs: the scoring fails, with what it raised on the first."""
+    outputs: the scoring fails, with what it raised on the first (a MetricError naming the recipe's metric)."""
     for name, why in scopes[0].raised.items():
         if all(name in scope.raised for scope in scopes):
-            raise QbenchError(why)
+            raise MetricError(why, name.rpartition(OUTPUT_SEPARATOR)[2])
 
 
 def _undefined_where_fp32_failed(scope: SliceMetrics, holds_fp32_nonfinite: bool) -> SliceMetrics:

@@ -33,6 +33,7 @@ from qbench.provenance import model_bytes, model_sha256
 from qbench.recipe import LatencySpec
 from qbench.results import AccuracyResult, LatencyResult, VariantResult
 from qbench.slo import idle_ms, server_for, serving_figures
+from qbench.tasks.base import MetricError
 from qbench.validate import metrics
 from qbench.validate.accuracy import evaluate_accuracy, run_outputs, scale_doubts, scale_notes, with_drops
 from qbench.validate.background import settle_before_timing
@@ -120,6 +121,7 @@ class Measured:
     outputs: dict[str, np.ndarray] | None
     nsr: float = math.nan
     environment: str | None = None  # failed for a reason outside the variant (qbench.errors.environment_cause)
+    metric_error: MetricError | None = None  # failed because a recipe's own metric raised on its outputs
 
     @property
     def reference(self) -> Reference | None:
@@ -221,7 +223,8 @@ def measure(
                                                if c.meta.decision_cut is not None})  # fmt: skip
         except QbenchError as exc:  # its outputs cannot be scored (a custom metric raised on every scope): it failed
             return replace(_failed(built, backend, f"scoring failed: {exc}", quiet=quiet),
-                           environment=environment_cause(exc))
+                           environment=environment_cause(exc),
+                           metric_error=exc if isinstance(exc, MetricError) else None)  # fmt: skip
         accuracy = with_drops(accuracy, reference.accuracy if reference is not None and reference.accuracy else accuracy)
         nsr = output_nsr([base[k] for k in outputs], list(outputs.values()))
     latency, size = None, ran["model_bytes"]
@@ -331,12 +334,20 @@ def dry_run(prepared: Prepared, backend: Backend, rows: int = DRY_RUN_ROWS) -> N
     picks = np.arange(max(size, count)) % count if count else np.arange(0)
     built = BuiltVariant("fp32", "fp32", prepared.source.onnx_path)
     try:
-        result = measure(backend, built, prepared, rows=replace(everything.subset(picks), batch_size=size),
-                         quiet=True).result  # fmt: skip
+        measured = measure(backend, built, prepared, rows=replace(everything.subset(picks), batch_size=size),
+                           quiet=True)  # fmt: skip
     except RecipeError:
         raise
     except QbenchError as exc:
         raise QbenchError(f"{prepared.source.onnx_path}: the FP32 reference cannot be scored: {exc}") from None
+    result = measured.result
+    if measured.metric_error is not None:  # the recipe's code failed, not the model: name the metric, not the model
+        specs = prepared.recipe.metrics
+        index = next((i for i, spec in enumerate(specs) if spec.name == measured.metric_error.metric), None)
+        raise RecipeError(prepared.recipe.source, "metrics" if index is None else f"metrics[{index}].function",
+                          f"{measured.metric_error} on FP32's outputs ({count} evaluation rows"
+                          f"{f' repeated to one batch of {size}' if size > count else ''}); expected a function that "
+                          "returns a number for the outputs and labels it is given (README: Custom metrics)")
     if result.status == "failed":
         raise QbenchError(f"{prepared.source.onnx_path}: the FP32 reference does not run on {backend.name}: "
                           f"{' '.join(str(result.error).split())} (the check fed it one row, then {count} evaluation "

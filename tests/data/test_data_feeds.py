@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -231,6 +232,46 @@ def test_text_cannot_feed_a_float_input() -> None:
         match=r"column 'caption' holds non-numeric values such as 'a cat', but model input 'x' expects float32",
     ):
         _feed(table, "caption", _meta("x", (None, 1)))
+
+
+@pytest.mark.parametrize(("shape", "first"), [((None, 2, 3), "column 'x' holds cells of 1 value (shape ()), but model "
+                                                "input 'x' expects shape (batch, 2, 3)"),
+                                               ((None,), "column 'x' holds non-numeric values such as '[0. "
+                                                         "0.14285714 0.28571429 0.4285...', but model input 'x' "
+                                                         "expects float32")])
+def test_arrays_pandas_wrote_to_csv_as_numpy_prints_them_are_named_so(tmp_path: Path, shape, first) -> None:
+    """pandas' to_csv writes an array cell as NumPy prints it ('[ 0.5 -1.25  3. ]', wrapped over lines when long): no
+    JSON list, so the column stays text, and the error named only the shape (or the whole text, hundreds of
+    characters for a long array) without saying why."""
+    cells = [np.array([0.5, -1.25, 3.0, 4e-05, 1.0, 2.0]) * (row + 1) for row in range(3)]
+    if shape == (None,):
+        cells = [np.arange(40, dtype=np.float64) / 7] * 3  # printed over several lines
+    pd.DataFrame({"x": cells}).to_csv(tmp_path / "rows.csv", index=False)
+    table = load_table(tmp_path / "rows.csv", recipe_file=RECIPE)
+    with pytest.raises(RecipeError) as info:
+        _feed(table, "x", _meta("x", shape))
+    message = str(info.value)
+    assert message.startswith(f"recipe.yaml: data.inputs: {first}")
+    assert "\n" not in message
+    assert message.endswith(
+        "are arrays as NumPy prints them (pandas' to_csv writes array cells so): expected a JSON list per cell "
+        "('[42, 32, 26]', as json.dumps(cell.tolist()) writes it) or a Parquet list column"
+    )
+    assert "; cells such as '[" in message
+    # the same cells written as JSON lists feed the input
+    pd.DataFrame({"x": [json.dumps(c.tolist()) for c in cells]}).to_csv(tmp_path / "rows.csv", index=False)
+    fed = _feed(load_table(tmp_path / "rows.csv", recipe_file=RECIPE), "x", _meta("x", (None, *[len(cells[0])])))
+    np.testing.assert_array_equal(fed, np.stack(cells).astype(np.float32))
+
+
+def test_a_bracketed_text_that_is_no_printed_array_gets_no_array_hint() -> None:
+    table = pd.DataFrame({"x": ["[en]", "[de]"]})
+    with pytest.raises(RecipeError) as info:
+        _feed(table, "x", _meta("x", (None,)))
+    assert str(info.value) == (
+        "recipe.yaml: data.inputs: column 'x' holds non-numeric values such as '[en]', but model input 'x' expects "
+        "float32"
+    )
 
 
 def test_durations_and_dates_cannot_feed_a_float_input_and_are_named_so(tmp_path: Path) -> None:

@@ -122,6 +122,22 @@ def test_a_custom_metric_raising_on_one_variant_fails_that_variant_not_the_sweep
     assert int8.error.startswith("scoring failed: custom metric 'boom' failed: RuntimeError: boom (on overall, ")
 
 
+def test_a_custom_metric_raising_on_fp32_names_the_metric_not_the_model(tmp_path, capsys):
+    """A metric that raises on FP32's own outputs (a typo, labels it cannot index) failed the dry run of validate and
+    sweep as 'm.onnx: the FP32 reference does not run on onnxruntime-cpu: ...; expected a model that runs every batch
+    size the recipe asks for', blaming the model. It is one line naming the recipe's metrics[i].function."""
+    metrics = [*CUSTOM, {"name": "typo", "function": "typo_metric:typo", "higher_is_better": True}]
+    recipe, _, _ = _custom_project(tmp_path, metrics=metrics)
+    (tmp_path / "typo_metric.py").write_text("def typo(outputs, labels):\n    return {'score': 1.0}['scroe']\n")
+    for command in (["validate", str(recipe)], ["sweep", str(recipe), "--no-track"]):
+        assert main(command) == 2
+        err = capsys.readouterr().err
+        assert "metrics[2].function: custom metric 'typo' failed: KeyError: 'scroe' (on overall, " in err
+        assert "on FP32's outputs (" in err and "expected a function that returns a number" in err
+        assert "does not run" not in err and "expected a model" not in err
+        assert not list((tmp_path / "reports").glob("*/*/models/*.onnx"))  # stopped before anything was built
+
+
 def test_two_recipes_with_one_metric_name_and_opposite_directions_judge_each_by_its_own(tmp_path):
     """A notebook loading recipe A, then B (a metric of the same name, the other direction), then sweeping A: A's
     drops, gate and report keep A's direction (the catalogue of loaded metrics holds B's)."""

@@ -122,6 +122,25 @@ def test_label_cells_are_stacked_when_rectangular_and_kept_per_row_when_not():
             task.labels_from_values(bad, positions)
 
 
+def test_text_label_cells_are_refused_as_no_numbers(tmp_path, capsys):
+    """'expected a number or a list of numbers per row', but a text cell was handed to the metrics as text: a label
+    list pandas' to_csv wrote ('[0. 1.87]', as NumPy prints an array) reached the user's metric as one string per
+    row, which failed on it. It is now a data.label error naming the row and what such cells are."""
+    task = get_task("structured")
+    with pytest.raises(LabelError, match=r"2 rows, e\.g\. row 0: '\[0\. 1\.5\]' hold no label or no rectangular"):
+        task.labels_from_values(["[0. 1.5]", [1.0, 2.0], "[2. 0.5]"], np.arange(3))
+    assert task.labels_from_values([3, 1.5, True], np.arange(3)).tolist() == [3.0, 1.5, 1.0]  # numbers stay labels
+    recipe, _, truth = _segmentation_project(tmp_path)
+    table = pd.read_parquet(tmp_path / "data.parquet")
+    table["y"] = [str(np.array(row, dtype=np.float64)) for row in truth]  # what to_csv writes, as text
+    table.to_parquet(tmp_path / "data.parquet")
+    assert main(["validate", str(recipe)]) == 2
+    err = capsys.readouterr().err
+    assert f"data.label: column 'y': {ROWS} rows, e.g. row 0: " in err
+    assert "are arrays as NumPy prints them (pandas' to_csv writes array cells so): expected a JSON list" in err
+    assert len([line for line in err.splitlines() if line.startswith("error:")]) == 1
+
+
 def test_asking_for_segmentation_by_name_points_to_the_structured_task():
     with pytest.raises(QbenchError, match="task 'segmentation' is not supported as such: use task 'structured'"):
         get_task("segmentation")
