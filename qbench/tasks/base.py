@@ -197,6 +197,12 @@ class Task(ABC):
             return np.zeros(outputs.shape[0], dtype=bool)
         return metrics.nonfinite_rows(outputs)
 
+    def values_read(self, outputs: np.ndarray, labels: np.ndarray | None) -> np.ndarray | None:
+        """(rows, n) bool: which entries along axis 1 of `outputs` (a token's scores) this task's metrics read, where
+        they read only some (token classification: the scored tokens); None where every value is read. The gate's
+        output_spread varies over these alone: a padding token no metric reads is no sign of a collapse."""
+        return None
+
     def rows_together(
         self, outputs: Sequence[np.ndarray], reference: Sequence[np.ndarray], labels: np.ndarray | None,
         feeds: Mapping[str, np.ndarray],

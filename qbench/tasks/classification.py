@@ -371,6 +371,12 @@ class Classification(Task):
             reference = metrics.token_scores(reference, scored)
         return read_scale(reference, stated)
 
+    def values_read(self, outputs: np.ndarray, labels: np.ndarray | None) -> np.ndarray | None:
+        """Per token with labels: the scored tokens (a token labelled IGNORE_LABEL is read by no metric)."""
+        if labels is not None and is_token_scores(outputs, labels) and np.shape(labels) == np.shape(outputs)[:2]:
+            return metrics.scored_tokens(labels)
+        return None
+
     def nonfinite_rows(self, outputs: np.ndarray, labels: np.ndarray | None) -> np.ndarray:
         """Per token: only the scored tokens' scores count (a NaN on a padding token is read by no metric)."""
         outputs = np.asarray(outputs)

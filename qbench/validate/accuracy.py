@@ -187,6 +187,7 @@ def evaluate_accuracy(
                               f"(evaluated: {', '.join(map(repr, named))})")  # fmt: skip
     prefixed = len(named) > 1
     parts: dict[str, _OutputRows] = {}
+    read: dict[str, np.ndarray | None] = {}  # which values of each output the task reads (Task.values_read)
     rows = -1
     nonfinite = new_nonfinite = nonfinite_reference = np.zeros(0, dtype=bool)
     for name, values in named.items():
@@ -213,6 +214,7 @@ def evaluate_accuracy(
         scale = scale if scale is not None else (probabilities or {}).get(name)
         summary = None if judge.together else judge.rows(-values if flip else values, -reference if flip else reference,
                                                          own_labels, probabilities=scale)  # fmt: skip
+        read[name] = judge.values_read(values, own_labels)
         parts[name] = _OutputRows(prefix, name, summary, values, reference, own_labels, reference_bad,
                                   _nonfinite_rows(reference))  # fmt: skip
     labels = _checked_labels(labels, rows)
@@ -231,7 +233,7 @@ def evaluate_accuracy(
                                      raised={**merged.raised, **{k: why for k, (_, why) in together.items() if why}})
         return dataclasses.replace(merged, nonfinite_outputs=int(np.count_nonzero(nonfinite & mask)),
                                    new_nonfinite_outputs=int(np.count_nonzero(new_nonfinite & mask)),
-                                   spread={output: metrics.spread(values, mask) for output, values in named.items()})  # fmt: skip
+                                   spread={o: metrics.spread(p.outputs, mask, read[o]) for o, p in parts.items()})  # fmt: skip
 
     overall = summarise(OVERALL, np.ones(rows, dtype=bool))
     scored_slices = tuple(summarise(name, mask) for name, mask in masks.items())
