@@ -203,7 +203,8 @@ def evaluate_accuracy(
         if not parts:
             masks = _checked_masks(slices, rows)
             judge = judge.for_slices(masks)
-        row_bad, reference_bad = judge.nonfinite_rows(values, own_labels), judge.nonfinite_rows(reference, own_labels)
+        row_bad = judge.nonfinite_rows(values, own_labels, feeds)
+        reference_bad = judge.nonfinite_rows(reference, own_labels, feeds)
         row_new = row_bad & ~reference_bad
         nonfinite_reference = reference_bad if not parts else nonfinite_reference | reference_bad
         nonfinite = row_bad if nonfinite.size == 0 else nonfinite | row_bad
@@ -214,7 +215,7 @@ def evaluate_accuracy(
         scale = scale if scale is not None else (probabilities or {}).get(name)
         summary = None if judge.together else judge.rows(-values if flip else values, -reference if flip else reference,
                                                          own_labels, probabilities=scale)  # fmt: skip
-        read[name] = judge.values_read(values, own_labels)
+        read[name] = judge.values_read(values, own_labels, feeds or {})
         parts[name] = _OutputRows(prefix, name, summary, values, reference, own_labels, reference_bad,
                                   _nonfinite_rows(reference))  # fmt: skip
     labels = _checked_labels(labels, rows)

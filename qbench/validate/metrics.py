@@ -65,14 +65,19 @@ def _mean(values: np.ndarray) -> float:
     return float(np.mean(values)) if np.size(values) else math.nan
 
 
-def nonfinite_rows(outputs: np.ndarray) -> np.ndarray:
-    """Boolean mask of the rows holding any NaN or inf."""
+def nonfinite_rows(outputs: np.ndarray, read: np.ndarray | None = None) -> np.ndarray:
+    """Boolean mask of the rows holding any NaN or inf; `read`: (rows, n), the entries along axis 1 looked at (a
+    token's scores: Task.values_read), None for every value."""
     outputs = np.asarray(outputs)
     if outputs.ndim == 0:
         _float_rows(outputs)  # the error a scalar gets
     bad = np.zeros(outputs.shape[0], dtype=bool)
     for block in row_blocks(outputs.shape[0], _features(outputs)):
-        bad[block] = ~np.isfinite(_float_rows(outputs[block])).all(axis=1)
+        finite = np.isfinite(_float_rows(outputs[block]))
+        if read is not None:  # per entry: all its values finite, or not read
+            read_here = np.asarray(read[block], dtype=bool)
+            finite = finite.reshape(read_here.shape + (-1,)).all(axis=2) | ~read_here
+        bad[block] = ~finite.all(axis=1)
     return bad
 
 
