@@ -330,3 +330,35 @@ def test_sweep_gate_fails_an_int8_build_that_saturates_on_one_input_regime_alone
         assert code == EXIT_BREACH
     else:
         assert (breaches, code) == ([], EXIT_PASS)
+
+
+def _tagged(rows: int = 400, tokens: int = 12, classes: int = 4) -> tuple[np.ndarray, np.ndarray]:
+    """(scores, token labels): 3 to 7 scored tokens a row, the rest labelled -100 (padding), whose FP32 scores are
+    large and vary from row to row (an export leaves them as the model computes them)."""
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, classes, (rows, tokens))
+    labels[np.arange(tokens)[None, :] >= rng.integers(3, 8, rows)[:, None]] = -100
+    scores = rng.normal(size=(rows, tokens, classes))
+    scores[labels == -100] = rng.normal(scale=30, size=(int(np.count_nonzero(labels == -100)), classes))
+    return scores.astype(np.float32), labels
+
+
+def test_token_scores_spread_over_the_scored_tokens_alone():
+    """A variant equal to FP32 on every scored token that zeroes the padding: its spread over every value fell from
+    159.3 to 4.44 (under a tenth), and the gate breached an output_spread no metric reads (exit 1); over the scored
+    tokens both spread 5.32 and it passes. The reverse, every scored token one constant vector and the padding kept,
+    kept 99.96 % of FP32's spread over every value; over the scored tokens it spreads 0: a breach."""
+    scores, labels = _tagged()
+    spec = GateSpec(metric="accuracy", max_drop=0.01, applies_to=["int8-*"], unresolved="note")
+    padding = labels == -100
+    zeroed = np.where(padding[..., None], np.float32(0), scores)
+    report = evaluate_gate(_results("classification", scores, zeroed, labels), spec)
+    assert report.exit_code == EXIT_PASS and not report.breaches
+    constant = np.where(padding[..., None], scores, scores[~padding].mean(axis=0))
+    report = evaluate_gate(_results("classification", scores, constant, labels), spec)
+    spread = [c for c in report.breaches if c.metric == "output_spread"]
+    assert [(c.scope, c.observed) for c in spread] == [("overall", 0.0)]
+    # by hand: each token position's scores vary over the rows that score it
+    by_hand = np.sqrt(sum(np.var(scores[~padding[:, t], t].astype(np.float64), axis=0).sum() for t in range(12)
+                      if (~padding[:, t]).any()))  # tokens 7 and on are never scored
+    assert spread[0].reference == pytest.approx(by_hand, rel=1e-9)

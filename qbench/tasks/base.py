@@ -196,14 +196,23 @@ class Task(ABC):
         `probabilities`: the graph makes these scores as probabilities (True) or logits (False); None when it does
         not say (TensorMeta.probabilities). Tasks that threshold scores read it; others ignore it."""
 
-    def nonfinite_rows(self, outputs: np.ndarray, labels: np.ndarray | None) -> np.ndarray:
-        """Rows whose output holds NaN/inf in a value this task's metrics read (none for integer, boolean or string
-        outputs): what a scope's NaN/inf counts, the gate's NaN/inf checks and the metrics left undefined where FP32
-        fails rest on. By default every value of the row is read."""
+    def nonfinite_rows(self, outputs: np.ndarray, labels: np.ndarray | None,
+                       feeds: Mapping[str, np.ndarray] | None = None) -> np.ndarray:  # fmt: skip
+        """Rows whose output holds NaN/inf in a value this task's metrics read (values_read; none for integer,
+        boolean or string outputs): what a scope's NaN/inf counts, the gate's NaN/inf checks and the metrics left
+        undefined where FP32 fails rest on."""
         outputs = np.asarray(outputs)
         if outputs.dtype.kind not in "fc":
             return np.zeros(outputs.shape[0], dtype=bool)
-        return metrics.nonfinite_rows(outputs)
+        return metrics.nonfinite_rows(outputs, self.values_read(outputs, labels, feeds or {}))
+
+    def values_read(self, outputs: np.ndarray, labels: np.ndarray | None,
+                    feeds: Mapping[str, np.ndarray]) -> np.ndarray | None:  # fmt: skip
+        """(rows, n) bool: which entries along axis 1 of `outputs` (a token's scores) this task's metrics read, where
+        they read only some (token classification: the scored tokens; span: the context's); None where every value
+        is read. `feeds`: the inputs the rows were run with. A NaN/inf elsewhere is no failure (nonfinite_rows), and
+        the gate's output_spread varies over these alone: a padding token no metric reads is no sign of a collapse."""
+        return None
 
     def rows_together(
         self, outputs: Sequence[np.ndarray], reference: Sequence[np.ndarray], labels: np.ndarray | None,

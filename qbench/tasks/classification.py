@@ -12,7 +12,7 @@ are a list of one class id per token, and its metrics are per scored token.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +41,6 @@ from qbench.tasks.tokens import (
     is_token_scores,
     labels_from_lists,
     token_axis,
-    tokens_nonfinite_rows,
 )
 from qbench.validate import kept as kept_rules
 from qbench.validate import metrics
@@ -371,12 +370,14 @@ class Classification(Task):
             reference = metrics.token_scores(reference, scored)
         return read_scale(reference, stated)
 
-    def nonfinite_rows(self, outputs: np.ndarray, labels: np.ndarray | None) -> np.ndarray:
-        """Per token: only the scored tokens' scores count (a NaN on a padding token is read by no metric)."""
-        outputs = np.asarray(outputs)
-        if outputs.dtype.kind == "f" and is_token_scores(outputs, labels):
-            return tokens_nonfinite_rows(outputs, labels)
-        return super().nonfinite_rows(outputs, labels)
+    def values_read(self, outputs: np.ndarray, labels: np.ndarray | None,
+                    feeds: Mapping[str, np.ndarray]) -> np.ndarray | None:  # fmt: skip
+        """Per token with labels that fit: the scored tokens. A NaN/inf on a token labelled IGNORE_LABEL is read by
+        no metric, so it neither makes the row FP32's failure (leaving kl_mean and max_abs_error undefined) nor
+        counts as the variant's; without labels, or when they do not fit (TokenRows.of says why), every token."""
+        if labels is not None and is_token_scores(outputs, labels) and np.shape(labels) == np.shape(outputs)[:2]:
+            return metrics.scored_tokens(labels)
+        return None
 
     def thresholds_by_scale(self, reference: np.ndarray) -> bool:
         reference = np.asarray(reference)

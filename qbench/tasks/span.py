@@ -61,7 +61,7 @@ def context_tokens(feeds: Mapping[str, np.ndarray], shape: tuple[int, int]) -> n
 def best_spans(start: np.ndarray, end: np.ndarray, allowed: np.ndarray, max_answer_tokens: int) -> np.ndarray:
     """(rows, 2) int64: each row's (start, end) of highest start + end score with start <= end, end - start <
     max_answer_tokens, both `allowed`; ties go to the shortest span, then the earliest. NO_SPAN for a row with no
-    allowed token or NaN/inf scores (its decision cannot be read). Cost: rows x tokens x max_answer_tokens."""
+    allowed token or NaN/inf scores on an allowed token (its decision cannot be read). Cost: rows x tokens x max_answer_tokens."""
     start, end = np.asarray(start, dtype=np.float64), np.asarray(end, dtype=np.float64)
     rows, tokens = start.shape
     best = np.full(rows, -np.inf)
@@ -74,7 +74,7 @@ def best_spans(start: np.ndarray, end: np.ndarray, allowed: np.ndarray, max_answ
         better = value > best
         best = np.where(better, value, best)
         spans[better] = np.stack([first, first + length], axis=1)[better]
-    bad = metrics.nonfinite_rows(start) | metrics.nonfinite_rows(end)
+    bad = metrics.nonfinite_rows(start, allowed) | metrics.nonfinite_rows(end, allowed)  # scores no span reads: none
     spans[bad] = NO_SPAN
     return spans
 
@@ -110,6 +110,9 @@ class SpanRows:
     # any result, and "both decode none" would be a match whatever the scores: a variant returning noise scored 1.0
     # on single texts fed without their pair, so such rows are no part of any span figure
     answerable: np.ndarray | None = None
+    # (rows, tokens): where an answer may lie (context_tokens), the only scores a span is decided by; max_abs_error
+    # compares those alone (a model may mask the others with -inf, as FP32 and every variant then share)
+    allowed: np.ndarray | None = None
 
     def summarise(self, name: str, mask: np.ndarray) -> SliceMetrics:
         size = int(np.count_nonzero(mask))
@@ -118,12 +121,23 @@ class SpanRows:
         exact, agreement = mean_or_nan(self.exact[scored]), mean_or_nan(self.agrees[scored])
         values = {"exact_match": exact, "f1": mean_or_nan(self.f1[scored]), "span_agreement": agreement,
                   "span_f1": mean_or_nan(self.agreement_f1[scored]),
-                  "max_abs_error": metrics.max_abs_error(self.outputs[mask], self.reference[mask])}  # fmt: skip
+                  "max_abs_error": self._max_abs_error(mask)}  # fmt: skip
         intervals = {"exact_match": wilson(exact, count), "f1": metrics.mean_interval(self.f1[scored]),
                      "span_agreement": wilson(agreement, count),
                      "span_f1": metrics.mean_interval(self.agreement_f1[scored])}  # fmt: skip
         counted = {} if self.answerable is None else dict.fromkeys(SPAN_FIGURES, count)
         return SliceMetrics(name=name, size=size, metrics=values, intervals=intervals, denominators=counted)
+
+    def _max_abs_error(self, mask: np.ndarray) -> float:
+        """The largest difference among the start and end scores of the scope's allowed tokens (every token without
+        `allowed`); NaN where the scope holds none."""
+        if self.allowed is None:
+            return metrics.max_abs_error(self.outputs[mask], self.reference[mask])
+        allowed = self.allowed[mask]
+        if not allowed.any():
+            return float("nan")
+        own, reference = (np.swapaxes(o[mask], 1, 2)[allowed] for o in (self.outputs, self.reference))
+        return metrics.max_abs_error(own, reference)
 
 
 class Span(Task):
@@ -180,6 +194,13 @@ class Span(Task):
         ends = [o.name for o in outputs if "end" in o.name.lower()]
         return [starts[0], ends[0]] if len(starts) == len(ends) == 1 and starts != ends else None
 
+    def values_read(self, outputs: np.ndarray, labels: np.ndarray | None,
+                    feeds: Mapping[str, np.ndarray]) -> np.ndarray | None:  # fmt: skip
+        """The tokens an answer may lie in (context_tokens): no span is decided by a score elsewhere, so a NaN/inf
+        there (a model masking the question and padding with -inf) is no failure of FP32's nor the variant's."""
+        outputs = np.asarray(outputs)
+        return context_tokens(feeds, outputs.shape) if outputs.ndim == 2 else None
+
     def rows(self, outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None, *,
              probabilities: bool | None = None) -> SpanRows:  # fmt: skip
         raise QbenchError("task 'span' judges its start and end scores together")
@@ -211,7 +232,7 @@ class Span(Task):
         exact, agrees = exact_matches(spans, target) & ~failed, exact_matches(spans, fp32) & ~failed
         f1, agreement_f1 = (np.where(failed, 0.0, token_f1(spans, t)) for t in (target, fp32))
         return SpanRows(np.stack([start, end], axis=1), np.stack(list(reference), axis=1), exact, f1, agrees,
-                        agreement_f1, None if answerable.all() else answerable)
+                        agreement_f1, None if answerable.all() else answerable, allowed)
 
 
 SPAN = Span()

@@ -60,20 +60,6 @@ def is_token_scores(outputs: np.ndarray, labels: np.ndarray | None) -> bool:
     return np.ndim(outputs) == 3 and (np.shape(outputs)[1] != 1 or (labels is not None and np.ndim(labels) == 2))
 
 
-def tokens_nonfinite_rows(outputs: np.ndarray, labels: np.ndarray | None) -> np.ndarray:
-    """Rows with NaN/inf in a scored token's scores (every token without labels, or when the labels do not fit:
-    TokenRows.of then says why). A NaN on a token labelled IGNORE_LABEL is read by no metric, so it neither makes
-    the row FP32's failure (leaving kl_mean and max_abs_error undefined) nor counts as the variant's."""
-    outputs = np.asarray(outputs)
-    if labels is None or np.shape(labels) != outputs.shape[:2]:
-        return metrics.nonfinite_rows(outputs)
-    scored = metrics.scored_tokens(labels)
-    bad = np.zeros(outputs.shape[0], dtype=bool)
-    for block in metrics.row_blocks(outputs.shape[0], int(np.prod(outputs.shape[1:], dtype=np.int64))):
-        bad[block] = (~np.isfinite(outputs[block]).all(axis=2) & scored[block]).any(axis=1)
-    return bad
-
-
 def labels_from_lists(values: Sequence[Any], positions: np.ndarray, integral: Any) -> np.ndarray:
     """(rows, tokens) int64 labels from one list per row; LabelError naming the first bad row.
 

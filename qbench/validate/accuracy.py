@@ -187,6 +187,7 @@ def evaluate_accuracy(
                               f"(evaluated: {', '.join(map(repr, named))})")  # fmt: skip
     prefixed = len(named) > 1
     parts: dict[str, _OutputRows] = {}
+    read: dict[str, np.ndarray | None] = {}  # which values of each output the task reads (Task.values_read)
     rows = -1
     nonfinite = new_nonfinite = nonfinite_reference = np.zeros(0, dtype=bool)
     for name, values in named.items():
@@ -202,7 +203,8 @@ def evaluate_accuracy(
         if not parts:
             masks = _checked_masks(slices, rows)
             judge = judge.for_slices(masks)
-        row_bad, reference_bad = judge.nonfinite_rows(values, own_labels), judge.nonfinite_rows(reference, own_labels)
+        row_bad = judge.nonfinite_rows(values, own_labels, feeds)
+        reference_bad = judge.nonfinite_rows(reference, own_labels, feeds)
         row_new = row_bad & ~reference_bad
         nonfinite_reference = reference_bad if not parts else nonfinite_reference | reference_bad
         nonfinite = row_bad if nonfinite.size == 0 else nonfinite | row_bad
@@ -213,6 +215,7 @@ def evaluate_accuracy(
         scale = scale if scale is not None else (probabilities or {}).get(name)
         summary = None if judge.together else judge.rows(-values if flip else values, -reference if flip else reference,
                                                          own_labels, probabilities=scale)  # fmt: skip
+        read[name] = judge.values_read(values, own_labels, feeds or {})
         parts[name] = _OutputRows(prefix, name, summary, values, reference, own_labels, reference_bad,
                                   _nonfinite_rows(reference))  # fmt: skip
     labels = _checked_labels(labels, rows)
@@ -231,7 +234,7 @@ def evaluate_accuracy(
                                      raised={**merged.raised, **{k: why for k, (_, why) in together.items() if why}})
         return dataclasses.replace(merged, nonfinite_outputs=int(np.count_nonzero(nonfinite & mask)),
                                    new_nonfinite_outputs=int(np.count_nonzero(new_nonfinite & mask)),
-                                   spread={output: metrics.spread(values, mask) for output, values in named.items()})  # fmt: skip
+                                   spread={o: metrics.spread(p.outputs, mask, read[o]) for o, p in parts.items()})  # fmt: skip
 
     overall = summarise(OVERALL, np.ones(rows, dtype=bool))
     scored_slices = tuple(summarise(name, mask) for name, mask in masks.items())

@@ -65,14 +65,19 @@ def _mean(values: np.ndarray) -> float:
     return float(np.mean(values)) if np.size(values) else math.nan
 
 
-def nonfinite_rows(outputs: np.ndarray) -> np.ndarray:
-    """Boolean mask of the rows holding any NaN or inf."""
+def nonfinite_rows(outputs: np.ndarray, read: np.ndarray | None = None) -> np.ndarray:
+    """Boolean mask of the rows holding any NaN or inf; `read`: (rows, n), the entries along axis 1 looked at (a
+    token's scores: Task.values_read), None for every value."""
     outputs = np.asarray(outputs)
     if outputs.ndim == 0:
         _float_rows(outputs)  # the error a scalar gets
     bad = np.zeros(outputs.shape[0], dtype=bool)
     for block in row_blocks(outputs.shape[0], _features(outputs)):
-        bad[block] = ~np.isfinite(_float_rows(outputs[block])).all(axis=1)
+        finite = np.isfinite(_float_rows(outputs[block]))
+        if read is not None:  # per entry: all its values finite, or not read
+            read_here = np.asarray(read[block], dtype=bool)
+            finite = finite.reshape(read_here.shape + (-1,)).all(axis=2) | ~read_here
+        bad[block] = ~finite.all(axis=1)
     return bad
 
 
@@ -360,11 +365,15 @@ def max_abs_error(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(largest))
 
 
-def spread(values: np.ndarray, rows: np.ndarray | None = None) -> float:
+def spread(values: np.ndarray, rows: np.ndarray | None = None, read: np.ndarray | None = None) -> float:
     """How much an output varies across its rows: the root of the summed variance of each value over the rows (the
     rows' RMS distance from their mean row), over the rows `rows` selects (a slice's mask; every row when None) whose
     values are all finite; NaN for none, or for values that are not numbers. A constant output (every row the same)
-    spreads 0, whatever its values. Only the selected rows are widened, block by block: a slice costs its own rows."""
+    spreads 0, whatever its values. Only the selected rows are widened, block by block: a slice costs its own rows.
+
+    `read`: (rows, n) marks which entries along axis 1 (a token's scores) the task reads (token classification's
+    scored tokens); each value then varies over the rows it is read on, a row counts when its read values are finite,
+    and values no metric reads (padding an export fills as it likes) move nothing. None: every value is read."""
     values = np.asarray(values)
     if values.ndim == 0:
         _float_rows(values)  # the error a scalar gets
@@ -372,20 +381,28 @@ def spread(values: np.ndarray, rows: np.ndarray | None = None) -> float:
         return math.nan
     chosen = np.ones(values.shape[0], dtype=bool) if rows is None else np.asarray(rows, dtype=bool)
     blocks = row_blocks(values.shape[0], _features(values))
+    if read is None:
+        weights = np.ones(values.shape[:1] + (1,), dtype=bool)
+    else:  # one flag per value: each entry's flag repeated over the values it holds
+        weights = np.repeat(np.asarray(read, dtype=bool), _features(values) // max(np.shape(read)[1], 1), axis=1)
 
     def finite_blocks():
         for block in blocks:
-            part = _float_rows(values[block][chosen[block]])
-            yield part[np.isfinite(part).all(axis=1)]
+            part, weight = _float_rows(values[block][chosen[block]]), weights[block][chosen[block]]
+            finite = (np.isfinite(part) | ~weight).all(axis=1)
+            yield np.where(weight[finite], part[finite], 0.0), np.broadcast_to(weight[finite], part[finite].shape)
 
-    total, count = np.zeros(_features(values)), 0  # two passes (the mean row, then squared distances): no cancellation
-    for part in finite_blocks():
-        total, count = total + part.sum(axis=0), count + part.shape[0]
-    if count == 0:
+    # two passes (the mean row, then squared distances): no cancellation
+    total, count = np.zeros(_features(values)), np.zeros(_features(values))
+    for part, weight in finite_blocks():
+        total, count = total + part.sum(axis=0), count + weight.sum(axis=0)
+    if not count.any():
         return math.nan
-    mean = total / count
-    squares = sum(float(np.sum((part - mean) ** 2)) for part in finite_blocks())
-    return math.sqrt(squares / count)
+    mean = np.divide(total, count, out=np.zeros_like(total), where=count > 0)
+    squares = np.zeros(_features(values))
+    for part, weight in finite_blocks():
+        squares += np.sum(np.where(weight, part - mean, 0.0) ** 2, axis=0)
+    return math.sqrt(float(np.sum(np.divide(squares, count, out=np.zeros_like(squares), where=count > 0))))
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:

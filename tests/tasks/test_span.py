@@ -230,3 +230,48 @@ def test_span_recipe_problems_name_the_field(tmp_path, capsys, changes, message)
     recipe, _, _ = _qa_project(tmp_path, **changes)
     assert main(["validate", str(recipe)]) == 2
     assert said(message, capsys.readouterr().err)
+
+
+def _span_gate(reference: dict, variant: dict, feeds: dict):
+    """The gate's report on FP32 and one variant 'int8-a' (gate.metric f1, FP32's spans as the target)."""
+    import json
+
+    from qbench.gate import evaluate_gate
+    from qbench.recipe import GateSpec
+    from qbench.results import SweepResults, VariantResult, from_dict, to_json
+
+    accuracy = [evaluate_accuracy("span", outputs, reference, None, {}, feeds=feeds) for outputs in (reference, variant)]
+    variants = tuple(VariantResult(variant=name, backend="onnxruntime-cpu", precision=name[:4], status="ok", accuracy=a)
+                     for name, a in zip(("fp32", "int8-a"), accuracy))  # fmt: skip
+    results = SweepResults(qbench_version="0", created_at="", recipe={"name": "qa"}, environment={}, calibration=None,
+                           evaluation_rows=accuracy[0].rows, gate_metric="f1", reference="fp32", variants=variants)  # fmt: skip
+    return evaluate_gate(from_dict(json.loads(to_json(results))), GateSpec(metric="f1", unresolved="note")), accuracy[1]
+
+
+def test_scores_outside_the_context_are_read_by_no_figure_so_minus_inf_there_is_no_failure() -> None:
+    """A QA head masking the question and padding with -inf (`masked_fill(token_type_ids == 0, -inf)`): FP32 'failed'
+    on every row, so the gate exited 2 on an identical variant; a variant with NaN on a padding token only breached
+    (f1 0 on every row) though its spans are FP32's. Only the context's scores decide a span, so only they count:
+    both pass with f1 1.0 and max_abs_error 0.0, and a NaN on a context token is still the variant's breach."""
+    rows = 40
+    rng = np.random.default_rng(0)
+    types = np.zeros((rows, 10), np.int64)
+    types[:, 3:8] = 1
+    mask = np.ones((rows, 10), np.int64)
+    mask[:, 8:] = 0
+    feeds = {"token_type_ids": types, "attention_mask": mask}
+    start, end = (rng.normal(size=(rows, 10)).astype(np.float32) for _ in range(2))
+    start[types == 0] = end[types == 0] = -np.inf
+    reference = {"start": start, "end": end}
+    report, own = _span_gate(reference, {"start": start.copy(), "end": end.copy()}, feeds)
+    assert report.exit_code == 0 and not report.problems
+    assert own.overall.metrics["f1"] == 1.0 and own.overall.metrics["max_abs_error"] == 0.0
+    padded = start.copy()
+    padded[:, 9] = np.nan
+    report, own = _span_gate(reference, {"start": padded, "end": end.copy()}, feeds)
+    assert report.exit_code == 0 and own.overall.nonfinite_outputs == 0 and own.overall.metrics["f1"] == 1.0
+    broken = start.copy()
+    broken[5, 4] = np.nan  # a context token of row 5
+    report, own = _span_gate(reference, {"start": broken, "end": end.copy()}, feeds)
+    assert report.exit_code == 1 and own.overall.nonfinite_outputs == 1
+    assert [(c.scope, c.metric) for c in report.breaches] == [("overall", "nonfinite_outputs"), ("overall", "f1")]

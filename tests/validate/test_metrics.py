@@ -408,3 +408,16 @@ def test_spread_of_a_slice_is_that_of_its_rows_alone(monkeypatch) -> None:
     monkeypatch.setattr(metrics, "ROW_BLOCK_ELEMENTS", 7)  # blocks of 2 rows: the same figure
     assert metrics.spread(values, odd) == pytest.approx(expected, rel=1e-12)
     assert math.isnan(metrics.spread(values, np.arange(50) == 1))  # the slice's only row holds NaN
+
+
+def test_spread_over_the_values_read_varies_each_value_over_the_rows_it_is_read_on() -> None:
+    """(rows, tokens, classes) with a (rows, tokens) mask. By hand: token 0 is read on rows 0-2 (0, 2, 4: variance
+    8/3), token 1 on rows 0, 1, 3 (1, 3, 5: variance 8/3); row 2's unread token 1 (1000) moves nothing, and row 3's
+    NaN on its unread token 0 keeps the row (its read token is finite)."""
+    values = np.array([[[0.0], [1.0]], [[2.0], [3.0]], [[4.0], [1000.0]], [[NAN], [5.0]]])
+    read = np.array([[True, True], [True, True], [True, False], [False, True]])
+    assert metrics.spread(values, read=read) == pytest.approx(math.sqrt(16 / 3))
+    assert metrics.spread(values, np.array([True, True, False, False]), read) == pytest.approx(math.sqrt(2.0))
+    # every value read: the spread without a mask
+    assert metrics.spread(values[:3], read=np.ones((3, 2), dtype=bool)) == pytest.approx(metrics.spread(values[:3]))
+    assert math.isnan(metrics.spread(values, read=np.zeros((4, 2), dtype=bool)))
