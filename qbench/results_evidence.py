@@ -26,6 +26,8 @@ class Evidence:
 
 EVIDENCE: dict[str, Evidence] = {e.name: e for e in (
     Evidence("output_spread", "each scope's spread", "output_spread (collapsed outputs)"),
+    Evidence("spread_of_values_read", "each scope's spread over the values its task reads (scored tokens, a span's "
+             "context)", "output_spread of per-token scores and answer spans"),
     Evidence("kept", "each scope's kept", "decisions_kept, tail_kept, spread_kept (lost classes, tails, dimensions)"),
     Evidence("stored_weights", "the reference's params.stored_weights", "the note on a reference stored rounded"),
     Evidence("random_ops", "a reference with random nodes refused by the sweep", "results of a deterministic reference"),

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from qbench.backends.base import Runner
-from qbench.errors import QbenchError
+from qbench.errors import QbenchError, environment_cause
 from qbench.results import AccuracyResult, SliceMetrics
 from qbench.tasks import CustomMetric, get_task
 from qbench.tasks.base import MetricError, RowSummary
@@ -101,6 +101,8 @@ def _custom_value(
     try:
         return metric.value(outputs, None if labels is None else labels[scored], reference), None
     except MetricError as exc:
+        if environment_cause(exc):  # the machine's failure (out of memory, a full disk): the job's, to run again
+            raise
         return math.nan, f"{exc} (on {scope}, {int(scored.sum())} rows)"
 
 

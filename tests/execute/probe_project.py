@@ -9,7 +9,8 @@ it on every call, and obeys two control files there:
     hang_once      the first call that sees it writes `worker.pid` and sleeps, so the test can kill that process
     hold_after     holds N: every call after the N-th waits while the file exists (a job held mid-measurement)
     fail_at        holds N and an errno name (ENOSPC), MemoryError, ValueError or OnnxRuntimeMemory (ONNX Runtime's
-                   own error for an allocation it could not make, raised by ONNX Runtime): the N-th call raises it, once
+                   own error for an allocation it could not make, raised by ONNX Runtime): the N-th call raises it, once;
+                   with a count K after it, the K calls from the N-th (a metric raising on every scope of one job)
 
 It is a fixture builder, not a test module.
 """
@@ -69,8 +70,9 @@ def agreement_probe(outputs, labels):
         os.kill(os.getpid(), signal.SIGSEGV)
     fail = HERE / "fail_at"
     if fail.is_file() and count >= int(fail.read_text().split()[0]):
-        what = fail.read_text().split()[1]
-        fail.unlink()
+        first, what, *times = fail.read_text().split()
+        if count + 1 >= int(first) + int(times[0] if times else 1):
+            fail.unlink()
         if what == "MemoryError":
             raise MemoryError()
         if what == "OnnxRuntimeMemory":

@@ -214,8 +214,9 @@ def test_plan_says_per_job_what_resume_then_does_failed_jobs_included(
     and the resume does exactly that."""
     _, per_job = local_figures
     recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
-    (tmp_path / "fail_at").write_text(f"{2 * per_job + 1} {failure}")
-    (tmp_path / "interrupt_at").write_text(str(2 * per_job + 2))  # int8-minmax's first call, after fp16's failed one
+    (tmp_path / "fail_at").write_text(f"{2 * per_job + 1} {failure}" + (f" {per_job}" if failure == "ValueError" else ""))
+    # int8-minmax's first call, after fp16's failed job (the variant's own failure: the metric raised on every scope)
+    (tmp_path / "interrupt_at").write_text(str(3 * per_job + 1 if failure == "ValueError" else 2 * per_job + 2))
     with pytest.raises(QbenchError, match="interrupted"):
         run_sweep(recipe, track=False)
     before = len(probe_calls(tmp_path))
@@ -344,7 +345,7 @@ def test_a_finished_run_with_a_job_failed_for_an_environment_reason_resumes_only
     """A finished run counted as complete, so --resume measured every job again (only builds were reused)."""
     expected, per_job = local_figures
     recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
-    (tmp_path / "fail_at").write_text(f"{2 * per_job + 1} {failure}")  # fp16's measurement meets a full disk, once
+    (tmp_path / "fail_at").write_text(f"{2 * per_job + 1} {failure}" + (f" {per_job}" if failure == "ValueError" else ""))  # fp16's measurement meets a full disk, once
     failed = run_sweep(recipe, track=False)
     fp16 = failed.results.find("fp16", "onnxruntime-cpu")
     assert fp16.status == "failed" and failed.results.complete
@@ -371,7 +372,7 @@ def test_resume_refuses_a_finished_run_with_nothing_it_would_change(
     _, per_job = local_figures
     recipe = write_probe_recipe(user_project, tmp_path, variants=["fp16"])
     if own:
-        (tmp_path / "fail_at").write_text(f"{2 * per_job + 1} ValueError")
+        (tmp_path / "fail_at").write_text(f"{2 * per_job + 1} ValueError {per_job}")
     finished = run_sweep(recipe, track=False)
     assert (finished.results.find("fp16", "onnxruntime-cpu").status == "failed") is own
     before = len(probe_calls(tmp_path))
@@ -417,8 +418,8 @@ def test_resume_keeps_a_variants_own_failure_rather_than_measuring_it_again(
 ) -> None:
     _, per_job = local_figures
     recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
-    (tmp_path / "fail_at").write_text(f"{2 * per_job + 1} ValueError")  # fp16 cannot be scored: its own failure
-    (tmp_path / "interrupt_at").write_text(str(2 * per_job + 2))  # then int8-minmax's measurement is interrupted
+    (tmp_path / "fail_at").write_text(f"{2 * per_job + 1} ValueError {per_job}")  # fp16 cannot be scored: its own failure
+    (tmp_path / "interrupt_at").write_text(str(3 * per_job + 1))  # then int8-minmax's measurement is interrupted
     with pytest.raises(QbenchError, match="interrupted by SIGINT"):
         run_sweep(recipe, track=False)
     before = len(probe_calls(tmp_path))
@@ -437,7 +438,7 @@ def test_rerun_failed_runs_again_only_the_jobs_that_failed_for_their_variants_ow
     `--resume --rerun-failed` runs that job alone, reusing the others, and `--plan --rerun-failed` says so first."""
     expected, per_job = local_figures
     recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
-    (tmp_path / "fail_at").write_text(f"{2 * per_job + 1} ValueError")
+    (tmp_path / "fail_at").write_text(f"{2 * per_job + 1} ValueError {per_job}")
     failed = run_sweep(recipe, track=False)
     assert failed.results.find("fp16", "onnxruntime-cpu").status == "failed"
     capsys.readouterr()
