@@ -39,7 +39,7 @@ from qbench.errors import MissingExtraError, QbenchError, RecipeError, did_you_m
 from qbench.recipe import Recipe
 from qbench.sources.torch_lengths import dynamic_lengths
 from qbench.sources.torch_outputs import flatten_outputs, own_names
-from qbench.sources.torch_weights import load_weights
+from qbench.sources.torch_weights import load_weights, refuse_meta_tensors
 from qbench.user_code import edited_since_seen, first_on_sys_path, module_source, not_found, project_modules
 
 logger = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ class TorchModel:
         """
         torch = _import_torch()
         path.parent.mkdir(parents=True, exist_ok=True)
-        with single_torch_thread(), warnings.catch_warnings():
+        with single_torch_thread(), warnings.catch_warnings(), _inputs_by_position(module):
             warnings.filterwarnings("ignore", message=".*TorchScript-based ONNX export", category=DeprecationWarning)
             torch.onnx.export(
                 module,
@@ -118,6 +118,30 @@ class TorchModel:
             )
         _declare_unused_inputs(path, dict(zip(self.input_names, self.example_inputs(), strict=True)), self.dynamic_axes())
         return path
+
+
+@contextlib.contextmanager
+def _inputs_by_position(module: torch.nn.Module) -> Iterator[None]:
+    """Show the exporter a forward() that takes the inputs alone, as qbench calls it everywhere else.
+
+    The TorchScript exporter appends the default of every forward() parameter past the inputs it is given as one
+    more positional argument, keyword-only ones included: `forward(x, *, mask=None)` was called `forward(x, None)`
+    and the export failed (TypeError: takes 2 positional arguments but 3 were given). An instance attribute, so the
+    module's own names (and so the ONNX graph's node and initializer names) stay as they are."""
+    own = module.__dict__.get("forward")
+    forward = module.forward
+
+    def by_position(*inputs: Any) -> Any:
+        return forward(*inputs)
+
+    module.forward = by_position
+    try:
+        yield
+    finally:
+        if own is None:
+            del module.forward
+        else:
+            module.forward = own
 
 
 # -- the factory's source file (nothing imported) -------------------------------------------------
@@ -225,6 +249,8 @@ def _build_template(recipe: Recipe, source: Path, weights: Path | None) -> torch
     module = module.float()
     if weights is not None:
         load_weights(recipe, module, weights)
+        module = module.float()  # a meta module takes the file's tensors as they are stored (float16 ones too)
+    refuse_meta_tensors(recipe, module, weights)
     return module.eval()
 
 

@@ -161,6 +161,24 @@ def build_classifier():
     return Classifier()
 
 
+class KeywordOnlyDefault(Classifier):
+    """A keyword-only argument with a default, as training code adds options: called with `features` alone."""
+
+    def forward(self, features, *, scale=None):
+        scores = super().forward(features)
+        return scores if scale is None else scores * scale
+
+
+def build_keyword_only_default():
+    return KeywordOnlyDefault()
+
+
+def build_on_meta():
+    """Built without values, as large models are (torch.device('meta')): the weights file supplies them."""
+    with torch.device("meta"):
+        return Classifier()
+
+
 def build_keyword_only():
     return KeywordOnly()
 
@@ -549,6 +567,35 @@ def test_an_input_named_after_a_forward_argument_it_would_not_reach_is_refused(
     )  # fmt: skip
     error = _load_error(recipe)
     assert error.field == "model.example_inputs" and expected in error.detail
+
+
+def test_a_keyword_only_argument_with_a_default_exports_what_forward_computes(project: Path) -> None:
+    """The TorchScript exporter passed the keyword-only default as one more positional argument: forward(x, None)
+    failed (takes 2 positional arguments but 3 were given) and the sweep exited 2 telling the user to write a
+    wrapper, for a module that runs as qbench calls it."""
+    recipe = load_recipe(_write_recipe(project.parent, {"torch": "mypkg.models:build_keyword_only_default"}))
+    torch_model = load_torch_model(recipe)
+    session = ort.InferenceSession(str(export_reference(torch_model)), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(3).normal(size=(5, FEATURES)).astype(np.float32)
+    with torch.no_grad():
+        expected = _trained_classifier()(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(session.run(["scores"], {"features": x})[0], expected, rtol=1e-5, atol=1e-6)
+    assert [i.name for i in session.get_inputs()] == ["features"]
+
+
+def test_a_module_built_on_the_meta_device_takes_the_weights_file_s_values(project: Path) -> None:
+    """load_state_dict copied nothing into meta tensors: the module stayed on meta and forward() failed with a
+    device mismatch blamed on model.example_inputs, though the weights file held every tensor."""
+    torch_model = load_torch_model(load_recipe(_write_recipe(project.parent, {"torch": "mypkg.models:build_on_meta"})))
+    x = torch.from_numpy(np.random.default_rng(4).normal(size=(5, FEATURES)).astype(np.float32))
+    with torch.no_grad():
+        np.testing.assert_array_equal(torch_model.build()(x).numpy(), _trained_classifier()(x).numpy())
+
+
+def test_a_meta_module_without_weights_is_one_line_naming_model_weights(project: Path) -> None:
+    error = _load_error(_write_recipe(project.parent, {"torch": "mypkg.models:build_on_meta", "weights": None}))
+    assert error.field == "model.weights" and "\n" not in str(error)
+    assert "build_on_meta() built the module on the meta device (shapes, no values): hidden.weight" in error.detail
 
 
 def test_a_missing_argument_without_default_is_refused(project: Path) -> None:
