@@ -48,7 +48,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 EXAMPLE_BATCH = 2  # a batch of 1 can be special-cased by exporters
-_EXPORT_FORMAT = 1  # bump when the export settings change, so older cached exports are not reused
+_EXPORT_FORMAT = 2  # bump when the export settings change, so older cached exports are not reused
 _EXAMPLE_SEED = 0
 
 

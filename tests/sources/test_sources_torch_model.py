@@ -126,6 +126,18 @@ class Branching(Classifier):
         return self.head(torch.relu(self.hidden(features)))
 
 
+class ReadsAMaximum(Classifier):
+    """Reads a batch's largest value as a Python number (.item()): the trace keeps the example's branch."""
+
+    def forward(self, features):
+        scores = super().forward(features)
+        return -scores if features.max().item() > 5 else scores
+
+
+def build_reads_a_maximum():
+    return ReadsAMaximum()
+
+
 class IgnoresMask(Classifier):
     def forward(self, features, mask):
         return self.head(torch.relu(self.hidden(features)))
@@ -758,8 +770,28 @@ def test_an_export_that_took_another_branch_than_the_rows_take_is_refused(
                            variants=[{"name": "fp16", "precision": "fp16"}])
     assert main(["validate", str(recipe)]) == 2
     error = capsys.readouterr().err
-    assert "model.torch: on 32 evaluation rows the ONNX export's output 'scores' differs from forward()'s" in error
-    assert "data-dependent control flow" in error
+    assert "model.torch: on 64 evaluation rows the ONNX export's output 'scores' differs from forward()'s" in error
+    assert "forward() reads a tensor as a Python value at " in error and "models.py:" in error
+
+
+def test_an_export_holding_a_python_value_is_checked_on_every_evaluation_batch(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """forward() negates its scores on a batch whose largest value passes 5 (read with .item()); the export holds
+    the example's branch. One evaluation row passes 5, outside the 32 rows the export was checked on: the check
+    passed, and every batch holding that row was scored against a reference that was not the module (torch-backend
+    variants, which run forward(), breached against it)."""
+    frame = pd.read_parquet(project.parent / "data.parquet")
+    eval_rows = np.flatnonzero(frame["split"].to_numpy() == "eval")
+    frame["x"] = [np.clip(x, -4, 4).astype(np.float32) for x in frame["x"]]
+    frame.at[eval_rows[1], "x"] = np.full(FEATURES, 9.0, dtype=np.float32)  # not among the 32 spread rows checked
+    frame.to_parquet(project.parent / "data.parquet")
+    recipe = _write_recipe(project.parent, {"torch": "mypkg.models:build_reads_a_maximum"},
+                           variants=[{"name": "fp16", "precision": "fp16"}])  # fmt: skip
+    assert main(["validate", str(recipe)]) == 2
+    error = capsys.readouterr().err
+    assert "model.torch: on 64 evaluation rows the ONNX export's output 'scores' differs from forward()'s" in error
+    assert "forward() reads a tensor as a Python value at " in error and "models.py:" in error
 
 
 def test_a_number_among_forwards_outputs_is_named_by_its_place(project: Path) -> None:
