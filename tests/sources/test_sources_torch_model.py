@@ -126,6 +126,17 @@ class Branching(Classifier):
         return self.head(torch.relu(self.hidden(features)))
 
 
+class Scaled(Classifier):
+    """A constructor that needs an argument, as training code's model classes do."""
+
+    def __init__(self, scale, *, shift=0.0):
+        super().__init__()
+        self.scale, self.shift = scale, shift
+
+    def forward(self, features):
+        return super().forward(features) * self.scale + self.shift
+
+
 class ReadsAMaximum(Classifier):
     """Reads a batch's largest value as a Python number (.item()): the trace keeps the example's branch."""
 
@@ -608,6 +619,38 @@ def test_a_meta_module_without_weights_is_one_line_naming_model_weights(project:
     error = _load_error(_write_recipe(project.parent, {"torch": "mypkg.models:build_on_meta", "weights": None}))
     assert error.field == "model.weights" and "\n" not in str(error)
     assert "build_on_meta() built the module on the meta device (shapes, no values): hidden.weight" in error.detail
+
+
+def test_factory_arguments_reach_the_constructor_and_the_cache_key(project: Path) -> None:
+    """The factory was called with no arguments: a model class whose constructor needs one (`torch:
+    mypkg.models:Scaled`) could not be given at all; `model.factory_arguments` are its keyword arguments."""
+    built = {}
+    for scale in (2.0, 3.0):
+        recipe = _write_recipe(project.parent, {"torch": "mypkg.models:Scaled",
+                                                "factory_arguments": {"scale": scale, "shift": 0.5}})  # fmt: skip
+        built[scale] = load_torch_model(load_recipe(recipe))
+    x = torch.from_numpy(np.random.default_rng(5).normal(size=(5, FEATURES)).astype(np.float32))
+    with torch.no_grad():
+        expected = _trained_classifier()(x).numpy() * 3.0 + 0.5
+        np.testing.assert_allclose(built[3.0].build()(x).numpy(), expected, rtol=1e-6, atol=1e-6)
+    assert built[2.0].cache_key != built[3.0].cache_key
+
+
+@pytest.mark.parametrize(
+    ("arguments", "field", "expected"),
+    [
+        ({}, "model.factory_arguments", "mypkg.models:Scaled() needs argument 'scale', which is not given; "
+                                          "expected it in model.factory_arguments"),
+        ({"scal": 2.0}, "model.factory_arguments.scal", "mypkg.models:Scaled() takes no argument 'scal' "
+                                                         "(did you mean 'scale'?); it takes scale, shift"),
+    ],
+)  # fmt: skip
+def test_a_factory_argument_missing_or_unknown_is_one_line_naming_the_field(
+    project: Path, arguments: dict[str, Any], field: str, expected: str
+) -> None:
+    error = _load_error(_write_recipe(project.parent, {"torch": "mypkg.models:Scaled", "factory_arguments": arguments}))
+    assert error.field == field and "\n" not in str(error)
+    assert expected in error.detail
 
 
 def test_a_missing_argument_without_default_is_refused(project: Path) -> None:
