@@ -81,7 +81,6 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger(__name__)
 
 Feeds = dict[str, np.ndarray]
-EXPORT_CHECK_ROWS = 32  # evaluation rows a PyTorch source's export is checked on against forward()
 
 
 @dataclass(frozen=True)
@@ -281,26 +280,21 @@ def _check_export_on_rows(recipe: Recipe, source: ModelSource, feeds: Feeds, *, 
     export's random example: a branch on the data (`if (x < 0).any()`) is recorded as the example took it, and
     every figure would then describe another model. True when the export differed and a new export replaced it
     (a cached export of code since edited): what was read from the old file must be read again."""
-    from qbench.sources.torch_export import export_difference, refresh_export
+    from qbench.sources.torch_export import refresh_export, rows_difference, rows_refusal
 
     torch_model = source.torch
     if torch_model is None or any(name not in feeds for name in torch_model.input_names):
         return False
-    count = len(feeds[torch_model.input_names[0]])
-    rows = np.unique(np.linspace(0, count - 1, min(count, EXPORT_CHECK_ROWS)).astype(int))
-    inputs = [feeds[n][rows] for n in torch_model.input_names]
+    inputs = [feeds[n] for n in torch_model.input_names]
     try:
-        difference = export_difference(torch_model, source.onnx_path, inputs)
+        found = rows_difference(torch_model, source.onnx_path, inputs, recipe.data.evaluation.batch_size)
     except Exception as exc:  # noqa: BLE001 - the user's forward() on real rows: any error is theirs to see
         raise RecipeError(recipe.source, "model.torch", f"forward() failed on evaluation rows: {exc}") from exc
-    if difference is None:
+    if found is None:
         return False
-    if refresh and refresh_export(torch_model, source.onnx_path, inputs):
+    if refresh and refresh_export(torch_model, source.onnx_path, found[1]):
         return True
-    message = (f"on {len(rows)} evaluation rows the ONNX export's {difference}: forward() takes a path the "
-               "export did not record (data-dependent control flow, e.g. `if x.sum() > 0`); write it with "
-               "tensor operations (torch.where) or export the model yourself and set model.path")  # fmt: skip
-    raise RecipeError(recipe.source, "model.torch", message)
+    raise RecipeError(recipe.source, "model.torch", found[0] + rows_refusal(source.onnx_path))
 
 
 def _read_model(recipe: Recipe, path: Path) -> ModelInfo:

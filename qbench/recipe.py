@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     Field,
+    JsonValue,
     PrivateAttr,
     ValidationError,
     field_validator,
@@ -77,6 +78,7 @@ class ModelSpec(_Strict):
     path: Path | None = path_field("ONNX model, relative to the recipe file")
     torch: str | None = Field(None, description="'package.module:factory' returning an nn.Module (imported as Python code)")
     weights: Path | None = path_field("state_dict file, loaded with torch.load(weights_only=True)")
+    factory_arguments: dict[str, JsonValue] = Field({}, description="keyword arguments the `torch` factory is called with")
     example_inputs: dict[str, list[Annotated[int, Field(gt=0)]]] | None = Field(
         None, description="input name -> example shape (first dim is the batch, exported as dynamic)"
     )
@@ -105,7 +107,8 @@ class ModelSpec(_Strict):
             if unknown:
                 raise ValueError(f"input_dtypes: {unknown[0]!r} is not in example_inputs")
         else:
-            given = [f for f in ("weights", "example_inputs", "input_dtypes", "output_names") if f in self.model_fields_set]
+            given = [f for f in ("weights", "factory_arguments", "example_inputs", "input_dtypes", "output_names")
+                     if f in self.model_fields_set]
             if given:
                 raise ValueError(f"{given[0]}: applies only to a PyTorch model (`torch:`), not to an ONNX file")
         return self

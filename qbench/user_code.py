@@ -63,17 +63,22 @@ def project_modules(roots: Sequence[Path]) -> list[tuple[str, ModuleType, Path]]
     `dist-packages` folder, a virtual environment inside the project included) and the standard library are left
     out, which keeps hashing them cheap. A module of the project imported for another reason is listed too."""
     folders = [Path(os.path.realpath(root)) for root in roots]
-    system = [Path(os.path.realpath(p)) for key, p in sysconfig.get_paths().items() if key.endswith(("stdlib", "lib"))]
     found = []
     for name, module in list(sys.modules.items()):
         file = getattr(module, "__file__", None)
         if not isinstance(module, ModuleType) or not isinstance(file, str):
             continue  # built-in, frozen, a namespace package, or an object a library put in sys.modules
         path = Path(os.path.realpath(file))
-        if (any(path.is_relative_to(folder) for folder in folders) and not _INSTALLED & set(path.parts)
-                and not any(path.is_relative_to(folder) for folder in system) and path.is_file()):
+        if any(path.is_relative_to(folder) for folder in folders) and not installed(path) and path.is_file():
             found.append((name, module, path))
     return sorted(found, key=lambda entry: entry[0])
+
+
+def installed(path: Path) -> bool:
+    """Whether `path` (resolved) is a file of an installed package (under a `site-packages` or `dist-packages`
+    folder) or of the standard library, rather than the user's own code."""
+    system = [Path(os.path.realpath(p)) for key, p in sysconfig.get_paths().items() if key.endswith(("stdlib", "lib"))]
+    return bool(_INSTALLED & set(path.parts)) or any(path.is_relative_to(folder) for folder in system)
 
 
 def edited_since_seen(module: ModuleType, sha256: str) -> bool:

@@ -176,6 +176,10 @@ def test_fingerprint_ignores_the_gate_but_not_the_model(tmp_path):
             "recipe.yaml: model.weights: applies only to a PyTorch model (`torch:`), not to an ONNX file",
         ),
         (
+            {"model": {"path": "model.onnx", "factory_arguments": {"hidden": 16}}},
+            "recipe.yaml: model.factory_arguments: applies only to a PyTorch model (`torch:`), not to an ONNX file",
+        ),
+        (
             {"model": {"torch": "pkg.models:build"}},
             "recipe.yaml: model.example_inputs: a PyTorch model needs the shape of each input, "
             "e.g. {input: [1, 3, 224, 224]}",

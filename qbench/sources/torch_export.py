@@ -9,10 +9,13 @@ would mislead every figure.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
 import tempfile
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,11 +29,14 @@ from qbench.preflight_random import random_refusal, random_sources
 from qbench.sources.torch_lengths import other_lengths
 from qbench.sources.torch_model import EXAMPLE_BATCH, TorchModel, single_torch_thread
 from qbench.sources.torch_outputs import flatten_outputs
+from qbench.user_code import installed
 
 logger = logging.getLogger(__name__)
 
 EXPORT_TOLERANCE = 1e-4  # largest |torch - onnxruntime| difference accepted (absolute, plus as much relative)
 OTHER_BATCH = 3  # not the example's batch (2), nor a multiple of it: a traced `view(2, -1)` cannot fit by chance
+ROWS_CHECKED = 32  # evaluation rows, spread over them, an export is checked on when forward() read no Python value
+_PYTHON_VALUE = "Converting a tensor to a Python"  # the tracer's warning: a tensor read as a number or a bool
 _ANY_BATCH = (f"write x.flatten(1) or x.view(x.size(0), -1) rather than x.view({EXAMPLE_BATCH}, -1), and no Python loop "
               "over the rows (for i in range(x.shape[0]))")
 
@@ -101,7 +107,8 @@ def _export_into(torch_model: TorchModel, target: Path, inputs: Sequence[Any] | 
     os.close(handle)
     try:
         try:
-            torch_model.export(torch_model.build(), Path(temporary))
+            with _python_values_read() as read:
+                torch_model.export(torch_model.build(), Path(temporary))
         except Exception as exc:  # noqa: BLE001 - the tracer running the user's forward(): what failed is the finding
             if (fault := write_fault(exc)) is not None:  # the cache's disk, not forward(): no advice on tracing
                 raise QbenchError(f"{target.parent}: cannot write the ONNX export: {fault.strerror}") from exc
@@ -113,6 +120,7 @@ def _export_into(torch_model: TorchModel, target: Path, inputs: Sequence[Any] | 
             difference = export_difference(torch_model, Path(temporary), inputs)
             problem = None if difference is None else Problem(difference)
         if problem is None:
+            _record_values(target, read)
             os.replace(temporary, target)
         return problem
     finally:
@@ -235,3 +243,80 @@ def export_difference(torch_model: TorchModel, path: Path, inputs: Sequence[Any]
 
 def _described(names: Sequence[str], inputs: Sequence[Any]) -> str:
     return ", ".join(f"{name} {list(t.shape)} {str(t.dtype).removeprefix('torch.')}" for name, t in zip(names, inputs, strict=True))
+
+
+# -- values forward() read as Python numbers: the export holds the example's -------------------------------------
+
+
+def _values_file(path: Path) -> Path:
+    return path.with_name(f"{path.stem}.python_values.json")
+
+
+def python_values(path: Path) -> list[str]:
+    """Where (`file:line`) forward() turned a tensor into a Python value while the export at `path` was traced
+    (`.item()`, `bool(t)`, `if t.sum() > 0`): the export holds the value the example gave, as a constant. The user's
+    own code only: an installed package's (transformers compares lengths so, on every BERT) is left to the checks at
+    other batch sizes and lengths, and checking every evaluation row for it doubled the MiniLM recipe's validate."""
+    try:
+        return [str(place) for place in json.loads(_values_file(path).read_text())]
+    except (OSError, ValueError, TypeError):  # no record (an export of an older qbench): nothing known
+        return []
+
+
+def _record_values(target: Path, read: list[str]) -> None:
+    """Keep `python_values` beside the export at `target`: a file only where forward() read any."""
+    if read:
+        _values_file(target).write_text(json.dumps(read))
+    else:
+        _values_file(target).unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _python_values_read() -> Iterator[list[str]]:
+    """Collect the places the tracer warned of a tensor read as a Python value; other warnings are shown as usual."""
+    import torch  # a TorchModel exists: torch is installed and loaded
+
+    read: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", torch.jit.TracerWarning)  # not once per place: every export is told
+        yield read
+    for warning in caught:
+        if issubclass(warning.category, torch.jit.TracerWarning) and str(warning.message).startswith(_PYTHON_VALUE):
+            place = f"{warning.filename}:{warning.lineno}"
+            read.extend([] if place in read or installed(Path(os.path.realpath(warning.filename))) else [place])
+        else:
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+
+
+def rows_difference(torch_model: TorchModel, path: Path, feeds: Sequence[Any], batch_size: int) -> tuple[str, list[Any]] | None:
+    """How the export at `path` differs from forward() on the recipe's evaluation rows (`feeds`, one array per
+    input), and the inputs it differs on; None when it agrees.
+
+    Checked on ROWS_CHECKED rows spread over them in one batch; when forward() read a tensor as a Python value while
+    traced (`python_values`), on every row in the evaluation's batches of `batch_size` instead: such a value (a batch
+    sum's sign, a row's maximum) can differ from one batch to the next, and a check on one batch passed an export
+    that computed another branch than forward() on half the batches scored (every torch-backend variant was then
+    judged against a reference that was not the module, and breached)."""
+    count = len(feeds[0])
+    if python_values(path):
+        batches: list[Any] = [slice(start, start + batch_size) for start in range(0, count, batch_size)]
+    else:
+        batches = [np.unique(np.linspace(0, count - 1, min(count, ROWS_CHECKED)).astype(int))]
+    session = _session(path)
+    for rows in batches:
+        inputs = [feed[rows] for feed in feeds]
+        difference = export_difference(torch_model, path, inputs, session=session)
+        if difference is not None:
+            return f"on {len(inputs[0])} evaluation rows the ONNX export's {difference}", inputs
+    return None
+
+
+def rows_refusal(path: Path) -> str:
+    """Why an export differs from forward() on the recipe's rows, and what to do."""
+    read = python_values(path)
+    if read:
+        return (f": forward() reads a tensor as a Python value at {read[0]} (.item(), int(), bool(), an `if` on a "
+                "tensor), and the export holds the value qbench's example gave; compute it with tensor operations "
+                "(torch.where, no .item()) or export the model yourself and set model.path")
+    return (": forward() takes a path the export did not record (data-dependent control flow, e.g. `if x.sum() > 0`); "
+            "write it with tensor operations (torch.where) or export the model yourself and set model.path")

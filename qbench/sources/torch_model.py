@@ -22,9 +22,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
-import importlib
-import importlib.machinery
-import importlib.util
 import inspect
 import json
 import logging
@@ -35,12 +32,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qbench.digests import file_sha256
-from qbench.errors import MissingExtraError, QbenchError, RecipeError, did_you_mean
+from qbench.errors import MissingExtraError, QbenchError, RecipeError
 from qbench.recipe import Recipe
+from qbench.sources.torch_factory import call_factory, changed_after_import, describe
 from qbench.sources.torch_lengths import dynamic_lengths
 from qbench.sources.torch_outputs import flatten_outputs, own_names
-from qbench.sources.torch_weights import load_weights
-from qbench.user_code import edited_since_seen, first_on_sys_path, module_source, not_found, project_modules
+from qbench.sources.torch_weights import load_weights, refuse_meta_tensors
+from qbench.user_code import edited_since_seen, module_source, not_found, project_modules
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +46,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 EXAMPLE_BATCH = 2  # a batch of 1 can be special-cased by exporters
-_EXPORT_FORMAT = 1  # bump when the export settings change, so older cached exports are not reused
+_EXPORT_FORMAT = 2  # bump when the export settings change, so older cached exports are not reused
 _EXAMPLE_SEED = 0
 
 
@@ -103,7 +101,7 @@ class TorchModel:
         """
         torch = _import_torch()
         path.parent.mkdir(parents=True, exist_ok=True)
-        with single_torch_thread(), warnings.catch_warnings():
+        with single_torch_thread(), warnings.catch_warnings(), _inputs_by_position(module):
             warnings.filterwarnings("ignore", message=".*TorchScript-based ONNX export", category=DeprecationWarning)
             torch.onnx.export(
                 module,
@@ -118,6 +116,30 @@ class TorchModel:
             )
         _declare_unused_inputs(path, dict(zip(self.input_names, self.example_inputs(), strict=True)), self.dynamic_axes())
         return path
+
+
+@contextlib.contextmanager
+def _inputs_by_position(module: torch.nn.Module) -> Iterator[None]:
+    """Show the exporter a forward() that takes the inputs alone, as qbench calls it everywhere else.
+
+    The TorchScript exporter appends the default of every forward() parameter past the inputs it is given as one
+    more positional argument, keyword-only ones included: `forward(x, *, mask=None)` was called `forward(x, None)`
+    and the export failed (TypeError: takes 2 positional arguments but 3 were given). An instance attribute, so the
+    module's own names (and so the ONNX graph's node and initializer names) stay as they are."""
+    own = module.__dict__.get("forward")
+    forward = module.forward
+
+    def by_position(*inputs: Any) -> Any:
+        return forward(*inputs)
+
+    module.forward = by_position
+    try:
+        yield
+    finally:
+        if own is None:
+            del module.forward
+        else:
+            module.forward = own
 
 
 # -- the factory's source file (nothing imported) -------------------------------------------------
@@ -166,6 +188,7 @@ def load_torch_model(recipe: Recipe, *, weights: Path | None = None) -> TorchMod
         "state": _state_sha256(module), "classes": _class_sources_sha256(module),
         "project": _project_sources_sha256(recipe, source), "example_inputs": shapes, "input_dtypes": dtypes,
         "output_names": output_names, "opset": spec.opset, "torch": torch.__version__,
+        "factory_arguments": spec.factory_arguments,
         "lengths": {name: {str(axis): dim for axis, dim in axes.items()} for name, axes in lengths.items()},
     }  # fmt: skip
     return TorchModel(
@@ -212,45 +235,16 @@ def _build_template(recipe: Recipe, source: Path, weights: Path | None) -> torch
     """Call the factory, make the module FP32, load the weights, switch to eval."""
     torch = _import_torch()
     factory_name = recipe.model.torch or ""
-    with first_on_sys_path(recipe.base_dir):
-        factory = _import_factory(recipe, factory_name, source)
-        try:
-            module = factory()
-        except Exception as exc:  # noqa: BLE001 - a failure in user code is reported, not a qbench bug
-            message = f"calling {factory_name}() failed: {_describe(exc)}"
-            raise RecipeError(recipe.source, "model.torch", message) from exc
+    module = call_factory(recipe, source)
     if not isinstance(module, torch.nn.Module):
         returned = f"{factory_name}() returned {type(module).__name__}, expected a torch.nn.Module"
         raise RecipeError(recipe.source, "model.torch", returned)
     module = module.float()
     if weights is not None:
         load_weights(recipe, module, weights)
+        module = module.float()  # a meta module takes the file's tensors as they are stored (float16 ones too)
+    refuse_meta_tensors(recipe, module, weights)
     return module.eval()
-
-
-def _import_factory(recipe: Recipe, factory_name: str, source: Path) -> Any:
-    """Import the factory's module; refuse a module this process loaded from another file, or before an edit
-    (the export and its cache key must come from the code on disk)."""
-    module_name, _, attribute = factory_name.partition(":")
-    importlib.invalidate_caches()  # the module may have been written a moment ago
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # noqa: BLE001 - a broken user module is a recipe problem
-        raise RecipeError(recipe.source, "model.torch", f"importing {module_name!r} failed: {_describe(exc)}") from exc
-    loaded_from = Path(module.__file__).resolve() if getattr(module, "__file__", None) else None
-    if loaded_from != source:
-        message = f"{module_name!r} is already imported from {loaded_from}, not {source}; run qbench in a new process"
-        raise RecipeError(recipe.source, "model.torch", message)
-    sha = file_sha256(source)
-    if edited_since_seen(module, sha):
-        raise RecipeError(recipe.source, "model.torch", _changed_after_import(source))
-    factory = getattr(module, attribute, None)
-    if factory is None:
-        hint = did_you_mean(attribute, [name for name in dir(module) if not name.startswith("_")])
-        raise RecipeError(recipe.source, "model.torch", f"module {module_name!r} has no attribute {attribute!r}{hint}")
-    if not callable(factory):
-        raise RecipeError(recipe.source, "model.torch", f"{factory_name} is {type(factory).__name__}, not a callable")
-    return factory
 
 
 def _bind_forward_arguments(recipe: Recipe, module: torch.nn.Module, names: list[str]) -> list[str]:
@@ -358,7 +352,7 @@ def _output_names(recipe: Recipe, module: torch.nn.Module, inputs: tuple[Any, ..
         _refuse_a_mapping_forward(recipe, module, {name: tuple(shape) for name, shape in examples.items()})
         shapes = {name: [EXAMPLE_BATCH, *shape[1:]] for name, shape in examples.items()}
         message = (f"forward() failed on example inputs {shapes} ({EXAMPLE_VALUES}): "
-                   f"{_describe(exc)}{_half_hint(exc)}{_values_hint(exc)}")
+                   f"{describe(exc)}{_half_hint(exc)}{_values_hint(exc)}")
         raise RecipeError(recipe.source, "model.example_inputs", message) from exc
     try:
         count = len(flatten_outputs(outputs))
@@ -417,13 +411,9 @@ def _project_sources_sha256(recipe: Recipe, source: Path) -> dict[str, str]:
     for name, module, path in project_modules((recipe.base_dir, source.parent)):
         sha = file_sha256(path)
         if edited_since_seen(module, sha):  # the key would name code this process does not run
-            raise RecipeError(recipe.source, "model.torch", _changed_after_import(path))
+            raise RecipeError(recipe.source, "model.torch", changed_after_import(path))
         files[name] = sha
     return files
-
-
-def _changed_after_import(path: Path) -> str:
-    return f"{path} changed after this process imported it; run qbench in a new process to use the new code"
 
 
 # -- the cached FP32 export (qbench.sources.torch_export) ----------------------------------------
@@ -468,7 +458,3 @@ def single_torch_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(previous)
-
-
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"

@@ -1,6 +1,6 @@
 """Reading a PyTorch source's weights: a plain state_dict, loaded with `torch.load(weights_only=True)` (a file holding
 pickled Python objects could run code: it is refused, never loaded), and fitted to the module strictly, with a hint
-when the keys differ only by a wrapper's prefix."""
+when the keys differ only by a wrapper's prefix; a module built on the meta device takes the file's tensors."""
 
 from __future__ import annotations
 
@@ -18,6 +18,24 @@ if TYPE_CHECKING:  # pragma: no cover
 def load_weights(recipe: Recipe, module: torch.nn.Module, path: Path) -> None:
     """Load the state_dict at `path` into `module`, strictly; every problem is a RecipeError at model.weights."""
     _load_weights(recipe, module, _read_state_dict(recipe, path))
+
+
+def refuse_meta_tensors(recipe: Recipe, module: torch.nn.Module, weights: Path | None) -> None:
+    """Refuse a module whose tensors are still on the meta device (shapes without values, as a factory building
+    under `torch.device("meta")` leaves them): forward() on it failed as a device mismatch blamed on
+    model.example_inputs, and weights loaded into it were silently not copied."""
+    named = (*module.named_parameters(), *module.named_buffers())
+    meta = [name for name, tensor in named if tensor.is_meta]
+    if not meta:
+        return
+    shown = ", ".join(meta[:3]) + (f" (and {len(meta) - 3} more)" if len(meta) > 3 else "")
+    if weights is None:
+        message = (f"{recipe.model.torch}() built the module on the meta device (shapes, no values): {shown}; "
+                   "expected model.weights, a state_dict holding its tensors, or a factory that builds it on the CPU")
+    else:
+        message = (f"{shown} stay on the meta device (no values) after loading {weights}: the file does not hold "
+                   "them (a non-persistent buffer is never saved); expected a factory that builds those on the CPU")
+    raise RecipeError(recipe.source, "model.weights", message)
 
 
 def _read_state_dict(recipe: Recipe, path: Path) -> Mapping[str, torch.Tensor]:
@@ -64,8 +82,9 @@ def _load_weights(recipe: Recipe, module: torch.nn.Module, state: Mapping[str, t
     older state_dict lacks (BatchNorm's `num_batches_tracked`, added in torch 0.4.1, when the file records
     no version or an older one), and a stricter check would refuse checkpoints torch loads."""
     expected = set(module.state_dict())
-    try:
-        result = module.load_state_dict(state, strict=False)  # the module is dropped on any error below
+    on_meta = any(tensor.is_meta for tensor in (*module.parameters(), *module.buffers()))
+    try:  # a module built on the meta device holds no values to copy into: the file's tensors take their place
+        result = module.load_state_dict(state, strict=False, assign=on_meta)  # the module is dropped on any error below
     except RuntimeError as exc:  # shape mismatches
         raise RecipeError(recipe.source, "model.weights", f"the state_dict does not fit the module: {exc}") from None
     missing, unexpected = sorted(result.missing_keys), sorted(result.unexpected_keys)
