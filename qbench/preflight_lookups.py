@@ -52,7 +52,7 @@ class Lookup:
     node: str
     size: int
     negative: bool = True  # whether ids from -size to -1 index the table too (Gather's do: from its end)
-    partial: bool = False  # reached through a selection of the ids (a Slice, a Gather of them): some ids may not reach it
+    partial: bool = False  # reached through a selection of the ids (a Slice, a Gather of them): some may not reach it
 
     @property
     def lowest(self) -> int:

@@ -267,7 +267,7 @@ def test_an_id_past_an_embedding_bag_table_is_named_with_its_column_and_row(
     code = main(["validate", str(_project(tmp_path, ids, _embedding_bag_classifier(tmp_path)))])
     assert code == 2
     error = capsys.readouterr().err.strip()
-    assert "recipe.yaml: data.inputs: column 'tokens' (model input 'ids'): 1 evaluation row holds ids outside the " in error
+    assert "data.inputs: column 'tokens' (model input 'ids'): 1 evaluation row holds ids outside the " in error
     assert "(10 entries), e.g. row 31: 12; expected ids from 0 to 9" in error
 
 
@@ -288,8 +288,9 @@ def _two_tables_of_one_input() -> onnx.ModelProto:
         helper.make_node("Mul", ["u", "i"], ["ui"]),
         helper.make_node("MatMul", ["ui", "w"], ["logits"]),
     ]
-    graph = helper.make_graph(nodes, "two_tables", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", 2])],
-                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 2])], constants)  # fmt: skip
+    ids = helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", 2])
+    logits = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 2])
+    graph = helper.make_graph(nodes, "two_tables", [ids], [logits], constants)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model
