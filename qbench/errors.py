@@ -42,6 +42,11 @@ class RecipeError(QbenchError):
         super().__init__(one_line(text))
 
 
+class MachineSetupError(QbenchError):
+    """A runtime cannot run a model on this machine for something the machine lacks (a locale a text node asks for),
+    not for what the model asks of the runtime: re-exporting the model at other versions would not help."""
+
+
 class MissingExtraError(QbenchError):
     """An optional SDK is not installed; the message names the extra that brings it."""
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qbench.backends import get_backend
-from qbench.errors import QbenchError, RecipeError, one_line
+from qbench.errors import MachineSetupError, QbenchError, RecipeError, one_line
 from qbench.recipe import Recipe
 
 if TYPE_CHECKING:
@@ -30,8 +30,10 @@ def check_reference_loads(recipe: Recipe, path: Path, field: str) -> None:
             check(path)
         except QbenchError as exc:
             where = f"{name} (backends[{index}])" if len(recipe.backends) > 1 else name
-            raise RecipeError(recipe.source, field, f"{path}: the FP32 reference does not load on {where}: {exc}; "
-                              f"{_stamps(path, backend)}") from None  # fmt: skip
+            # what this machine lacks (a locale) is no matter of the model's versions: its stamps would mislead
+            stamps = "" if isinstance(exc, MachineSetupError) else f"; {_stamps(path, backend)}"
+            raise RecipeError(recipe.source, field, f"{path}: the FP32 reference does not load on {where}: {exc}"
+                              f"{stamps}") from None  # fmt: skip
 
 
 def _stamps(path: Path, backend: object) -> str:

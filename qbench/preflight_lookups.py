@@ -7,6 +7,9 @@ each input feeds into a `Gather` on a constant table (directly, or through casts
 that looks rows up the same way (`_TABLE_READERS`: ONNX Runtime's fused `EmbedLayerNormalization`, which its
 transformer optimizer writes in place of a BERT's embedding Gathers), are checked against the table's size on every
 evaluation and calibration row before anything runs, inside If/Loop/Scan bodies too (a Scan looking up one token a step).
+Ids that reach a table only through a selection of them (a Slice or a Gather of the ids, as torch exports
+`nn.EmbeddingBag`: each bag's ids sliced inside a Loop) are followed too; such a table may see only some of them, so
+an input that reaches every table it indexes only so is checked against the largest of them.
 """
 
 from __future__ import annotations
@@ -27,7 +30,11 @@ if TYPE_CHECKING:
 
 _SHOWN_ROWS = 3
 # ops whose output holds the same integer values as their first input, rearranged or re-typed
-_VALUE_PRESERVING = {"Cast", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose", "Expand"}
+_VALUE_PRESERVING = {"Cast", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose", "Expand", "Tile"}
+# ops whose output holds every value of any of their inputs, beside others
+_VALUE_JOINING = {"Concat"}
+# ops whose output holds some of the values of their first input (a selection of them)
+_VALUE_SELECTING = {"Slice", "Gather", "GatherElements", "GatherND", "Split", "Compress"}
 # (domain, op type) -> (index input, table input) pairs of ops that read rows of a constant table (along axis 0 unless
 # an `axis` attribute says otherwise) at an integer input's values, and whether a negative id counts from the end.
 # EmbedLayerNormalization (inputs: input_ids, segment_ids, word, position and segment embeddings, ..., position_ids)
@@ -45,6 +52,7 @@ class Lookup:
     node: str
     size: int
     negative: bool = True  # whether ids from -size to -1 index the table too (Gather's do: from its end)
+    partial: bool = False  # reached through a selection of the ids (a Slice, a Gather of them): some may not reach it
 
     @property
     def lowest(self) -> int:
@@ -71,26 +79,35 @@ def constant_lookups(model_path: Path) -> dict[str, Lookup]:
     for value in graph.input:
         if value.name in tables or value.type.tensor_type.elem_type not in _INTEGER_TYPES:
             continue
-        for lookup in _lookups_of(value.name, consumers, tables):
-            # the smallest table, the one refusing negative ids first when two are as small
-            if value.name not in found or (lookup.size, lookup.negative) < (found[value.name].size, found[value.name].negative):
-                found[value.name] = lookup
+        lookups = _lookups_of(value.name, consumers, tables)
+        every = [lookup for lookup in lookups if not lookup.partial]
+        if every:  # every id reaches each of these: the smallest table, the one refusing negative ids first when tied
+            found[value.name] = min(every, key=lambda lookup: (lookup.size, lookup.negative))
+        elif lookups:  # each table sees some of the ids: an id past the largest is past every table it could reach
+            found[value.name] = max(lookups, key=lambda lookup: (lookup.size, not lookup.negative))
     return found
 
 
 def _lookups_of(name: str, consumers: Mapping[str, list], tables: Mapping[str, list[int]]) -> list[Lookup]:
     """The nodes reading a constant table at `name`'s values (`_TABLE_READERS`), following value-preserving ops."""
     lookups = []
+    whole = {name}  # values holding every id (the others hold a selection of them)
     for current, pending in each_once(name):
         for node in consumers.get(current, []):
-            if node.op_type in _VALUE_PRESERVING and node.input[0] == current:
+            kept = node.op_type in _VALUE_PRESERVING | _VALUE_SELECTING and node.input[0] == current
+            if kept or node.op_type in _VALUE_JOINING:
+                if current in whole and node.op_type not in _VALUE_SELECTING:
+                    whole.update(node.output)
                 pending += list(node.output)
                 continue
             if node.op_type in ("Loop", "Scan") and node.domain in ("", "ai.onnx"):
                 # the body's input in the same place holds the values: a Loop's carried value, a Scan's slices
                 body = next(a.g for a in node.attribute if a.name == "body")
-                pending += [body.input[i].name for i, name in enumerate(node.input)
-                            if name == current and i < len(body.input) and (node.op_type == "Scan" or i >= 2)]  # fmt: skip
+                inner = [body.input[i].name for i, name in enumerate(node.input)
+                         if name == current and i < len(body.input) and (node.op_type == "Scan" or i >= 2)]  # fmt: skip
+                if current in whole:
+                    whole.update(inner)
+                pending += inner
                 continue
             domain = "" if node.domain == "ai.onnx" else node.domain
             pairs, negative = _TABLE_READERS.get((domain, node.op_type), ((), True))
@@ -100,7 +117,7 @@ def _lookups_of(name: str, consumers: Mapping[str, list], tables: Mapping[str, l
                 dims = tables.get(node.input[table])
                 axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
                 if dims and -len(dims) <= axis < len(dims) and dims[axis] > 0:
-                    lookups.append(Lookup(node.name or node.output[0], int(dims[axis]), negative))
+                    lookups.append(Lookup(node.name or node.output[0], int(dims[axis]), negative, current not in whole))
     return lookups
 
 

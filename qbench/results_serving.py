@@ -53,7 +53,7 @@ class LoadStats:
 class BoundEstimate:
     verdict: str  # "memory-bound" | "compute-bound" | "overhead-bound" | "unknown"
     basis: str  # the arithmetic behind the verdict, in words
-    weight_bytes_per_s: float | None = None  # model bytes x runs per second at batch 1
+    weight_bytes_per_s: float | None = None  # bytes a run reads (lookup tables left out) x runs/s at batch 1
     bandwidth_bytes_per_s: float | None = None  # the machine's copy bandwidth (numpy, measured once)
     bandwidth_fraction: float | None = None
     gpu_util_pct: float | None = None

@@ -45,6 +45,7 @@ def serving_figures(
     points: Sequence[LatencyPoint],
     *,
     model_bytes: int | None,
+    lookup_bytes: int = 0,
     runtime: Mapping[str, Any],
     preprocess_ms_per_row: float,
     batcher: BatcherSamples | None = None,
@@ -55,7 +56,8 @@ def serving_figures(
     `batcher` (`measure_batcher_samples` at `idle_ms`): what serving through a dynamic batcher adds to the timed
     runs (without it the load is simulated from the timed runs alone); `server` (required with `slo:`): real runs of
     the variant behind a batcher with the recipe's load settings (qbench.validate.serve.real_server), which the
-    simulated highest rate is checked against. The simulation's time goes to `clock`'s "simulation" phase."""
+    simulated highest rate is checked against. The simulation's time goes to `clock`'s "simulation" phase.
+    `lookup_bytes`: of `model_bytes`, the tables a run reads only rows of (qbench.validate.bound.lookup_table_bytes)."""
     by_batch = {p.batch_size: p for p in points}
     b1 = by_batch.get(1)
     largest = max(by_batch.values(), key=lambda p: p.batch_size, default=None)
@@ -64,6 +66,7 @@ def serving_figures(
         model_bytes, b1.p50_ms if b1 else None, bandwidth_bytes_per_s=memory_bandwidth_bytes_per_s(),
         batched=(largest.batch_size, largest.p50_ms) if largest else None,
         gpu_util_pct=float(gpu_util) if gpu_util is not None else None, cache_bytes=last_level_cache_bytes(),
+        lookup_bytes=lookup_bytes,
     )  # fmt: skip
     serving = ServingResult(preprocess_ms_per_row=preprocess_ms_per_row, transfer_ms_b1=_transfer_ms(b1, runtime), bound=bound)
     if recipe.slo is not None:

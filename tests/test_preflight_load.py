@@ -210,3 +210,45 @@ def test_a_long_refusal_is_printed_whole_on_one_line_by_the_qbench_command(tmp_p
     assert len(line) > 1000  # far past where a line was cut before
     assert line.startswith(f"error: {recipe}: model.path: {deep / 'model.onnx'}: the FP32 reference does not load")
     assert line.endswith("or install a runtime that supports it") and "…" not in line, line
+
+
+def _text_model(locale: str) -> onnx.ModelProto:
+    """text string [batch, 1] -> lowercased through a StringNormalizer in `locale`, as skl2onnx's TfidfVectorizer
+    writes it -> a score per row from a LabelEncoder."""
+    shapes = [numpy_helper.from_array(np.array(s, np.int64), n) for n, s in (("flat", [-1]), ("column", [-1, 1]))]
+    nodes = [helper.make_node("Reshape", ["text", "flat"], ["words"]),
+             helper.make_node("StringNormalizer", ["words"], ["lower"], case_change_action="LOWER", locale=locale),
+             helper.make_node("LabelEncoder", ["lower"], ["found"], domain="ai.onnx.ml", keys_strings=["a", "b"],
+                              values_floats=[0.2, 0.8], default_float=0.5),
+             helper.make_node("Reshape", ["found", "column"], ["score"])]  # fmt: skip
+    text = helper.make_tensor_value_info("text", TensorProto.STRING, ["batch", 1])
+    score = helper.make_tensor_value_info("score", TensorProto.FLOAT, ["batch", 1])
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)]
+    return helper.make_model(helper.make_graph(nodes, "g", [text], [score], shapes), ir_version=8, opset_imports=opsets)
+
+
+@pytest.mark.parametrize("command", ["sweep", "validate"])
+def test_a_locale_the_machine_lacks_is_named_as_the_cause_not_a_version_problem(tmp_path, capfd, command):
+    """skl2onnx's text pipelines lowercase in locale en_US.UTF-8, which slim containers lack. The preflight's refusal
+    quoted ONNX Runtime's 'Failed to construct locale ... ::<lambda()>' and ended with 'export it at an IR version and
+    opsets it supports', which re-exporting cannot fix, after ONNX Runtime's own two-line log of it on stderr. One
+    line now names the locale and the two ways out."""
+    onnx.save(_text_model("xx_NOWHERE.UTF-8"), tmp_path / "model.onnx")
+    pd.DataFrame({"text": ["A", "b", "c", "B"] * 8, "label": [0, 1, 0, 1] * 8}).to_parquet(tmp_path / "rows.parquet")
+    recipe = {"name": "text", "task": "classification", "model": {"path": "model.onnx"},
+              "data": {"path": "rows.parquet", "inputs": {"text": "text"}, "label": "label",
+                       "calibration": {"samples": 16}},
+              "variants": [{"name": "dyn", "precision": "int8", "calibrator": "dynamic"}],
+              "executor": {"store": "store"}}  # fmt: skip
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    argv = ["sweep", "--no-track"] if command == "sweep" else ["validate"]
+    assert main([*argv, str(tmp_path / "recipe.yaml")]) == 2
+    err = capfd.readouterr().err
+    assert err.strip().splitlines() == [_error_line(err)]
+    assert _error_line(err) == (
+        f"error: {tmp_path / 'recipe.yaml'}: model.path: {tmp_path / 'model.onnx'}: the FP32 reference does not load "
+        f"on onnxruntime-cpu: onnxruntime {onnxruntime.__version__} cannot load it on this machine: a StringNormalizer "
+        "node asks for the locale 'xx_NOWHERE.UTF-8', which this machine does not have; install it (e.g. `locale-gen "
+        "xx_NOWHERE.UTF-8`) or set the node's locale attribute to one that `locale -a` lists (C.UTF-8)"
+    )
+    _nothing_built(tmp_path)

@@ -225,3 +225,88 @@ def test_an_id_outside_a_fused_embedding_table_is_named_before_onnx_runtime_refu
         "recipe.yaml: data.inputs: column 'tokens' (model input 'ids'): 1 evaluation row holds ids outside the table "
         f"node 'fused_embedding' looks them up in (10 entries), e.g. row 31: {shown}; expected ids from 0 to 9"
     )
+
+
+def _embedding_bag_classifier(tmp_path: Path) -> onnx.ModelProto:
+    """ids int64 [N, 3] -> torch's nn.EmbeddingBag over a [10, 4] table (mean of each row's bag) -> logits [N, 2], as
+    torch's TorchScript exporter writes it: each bag's ids are a Slice of the ids inside a Loop, then a Gather."""
+    import torch
+
+    class Bag(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bag = torch.nn.EmbeddingBag(VOCABULARY, 4, mode="mean")
+            self.head = torch.nn.Linear(4, 2)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.head(self.bag(ids))
+
+    torch.manual_seed(0)
+    path = tmp_path / "bag.onnx"
+    torch.onnx.export(Bag().eval(), (torch.zeros(2, 3, dtype=torch.int64),), str(path), input_names=["ids"],
+                      output_names=["logits"], dynamic_axes={"ids": {0: "batch"}, "logits": {0: "batch"}},
+                      opset_version=17, dynamo=False)  # fmt: skip
+    return onnx.load(str(path))
+
+
+def test_a_table_an_embedding_bag_looks_up_through_a_slice_of_the_ids_is_found(tmp_path: Path) -> None:
+    """The walk followed casts and reshapes only: torch's EmbeddingBag slices the ids before its Gather, so an item id
+    past the table passed `qbench validate` and failed the FP32 run with ONNX Runtime's 'indices element out of data
+    bounds' on a Loop node, or a torch model's export check with 'Index 0 of input takes value 12'."""
+    path = tmp_path / "m.onnx"
+    onnx.save(_embedding_bag_classifier(tmp_path), str(path))
+    (lookup,) = constant_lookups(path).values()
+    assert (lookup.size, lookup.partial) == (VOCABULARY, True)
+
+
+def test_an_id_past_an_embedding_bag_table_is_named_with_its_column_and_row(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ids = _ids()
+    ids[31, 2] = VOCABULARY + 2
+    code = main(["validate", str(_project(tmp_path, ids, _embedding_bag_classifier(tmp_path)))])
+    assert code == 2
+    error = capsys.readouterr().err.strip()
+    assert "data.inputs: column 'tokens' (model input 'ids'): 1 evaluation row holds ids outside the " in error
+    assert "(10 entries), e.g. row 31: 12; expected ids from 0 to 9" in error
+
+
+def _two_tables_of_one_input() -> onnx.ModelProto:
+    """ids int64 [N, 2] holding (user, item): column 0 looked up in a [30, 4] table, column 1 in a [10, 4] one, each
+    through a Gather of the ids (`ids[:, 0]`), as a recommender taking both ids in one tensor is exported."""
+    rng = np.random.default_rng(0)
+    constants = [numpy_helper.from_array(rng.normal(size=(30, 4)).astype(np.float32), "users"),
+                 numpy_helper.from_array(rng.normal(size=(VOCABULARY, 4)).astype(np.float32), "items"),
+                 numpy_helper.from_array(np.array(0, np.int64), "zero"),
+                 numpy_helper.from_array(np.array(1, np.int64), "one"),
+                 numpy_helper.from_array(rng.normal(size=(4, 2)).astype(np.float32), "w")]  # fmt: skip
+    nodes = [
+        helper.make_node("Gather", ["ids", "zero"], ["user"], axis=1),
+        helper.make_node("Gather", ["ids", "one"], ["item"], axis=1),
+        helper.make_node("Gather", ["users", "user"], ["u"], name="user_table"),
+        helper.make_node("Gather", ["items", "item"], ["i"], name="item_table"),
+        helper.make_node("Mul", ["u", "i"], ["ui"]),
+        helper.make_node("MatMul", ["ui", "w"], ["logits"]),
+    ]
+    ids = helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", 2])
+    logits = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 2])
+    graph = helper.make_graph(nodes, "two_tables", [ids], [logits], constants)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_ids_that_reach_tables_through_selections_of_them_are_checked_against_the_largest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each table sees only its column of the ids: a user id of 25 is within the users' table though past the items',
+    so it passes; an id past both tables is refused."""
+    path = tmp_path / "m.onnx"
+    onnx.save(_two_tables_of_one_input(), str(path))
+    assert constant_lookups(path) == {"ids": Lookup("user_table", 30, partial=True)}
+    ids = np.random.default_rng(1).integers(0, VOCABULARY, size=(40, 2))
+    ids[:, 0] = 25
+    assert main(["validate", str(_project(tmp_path, ids, _two_tables_of_one_input()))]) == 0, capsys.readouterr().err
+    ids[31, 0] = 31
+    assert main(["validate", str(_project(tmp_path, ids, _two_tables_of_one_input()))]) == 2
+    assert "(30 entries), e.g. row 31: 31; expected ids from 0 to 29" in capsys.readouterr().err

@@ -18,7 +18,7 @@ import numpy as np
 
 from qbench.backends.base import RunOptions
 from qbench.environment import timed_threads
-from qbench.errors import MissingExtraError, QbenchError, expected_one_of
+from qbench.errors import MachineSetupError, MissingExtraError, QbenchError, expected_one_of
 from qbench.variants.base import BuiltVariant
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -52,14 +52,19 @@ def load_failure(variant: BuiltVariant, exc: Exception) -> QbenchError:
     """ONNX Runtime's refusal of `variant`'s model as one error. A StringNormalizer (skl2onnx's text vectorizers) whose
     locale this machine lacks (a container without en_US.UTF-8) is named with the fix: ONNX Runtime's own words end
     in a compiler's lambda name and a wish to 'install necessary language-pack-XX'."""
+    missing = missing_locale(exc)
+    return QbenchError(f"variant {variant.name}: onnxruntime cannot load {variant.onnx_path}: {missing or exc}")
+
+
+def missing_locale(exc: BaseException) -> str | None:
+    """What to do where ONNX Runtime refused a model because a StringNormalizer asks for a locale this machine lacks;
+    None for any other refusal."""
     missing = _MISSING_LOCALE.search(str(exc))
     if missing is None:
-        return QbenchError(f"variant {variant.name}: onnxruntime cannot load {variant.onnx_path}: {exc}")
-    return QbenchError(
-        f"variant {variant.name}: onnxruntime cannot load {variant.onnx_path}: a StringNormalizer node asks for the "
-        f"locale {missing.group(1)!r}, which this machine does not have; install it (e.g. `locale-gen "
-        f"{missing.group(1)}`) or set the node's locale attribute to one that `locale -a` lists (C.UTF-8)"
-    )
+        return None
+    return (f"a StringNormalizer node asks for the locale {missing.group(1)!r}, which this machine does not have; "
+            f"install it (e.g. `locale-gen {missing.group(1)}`) or set the node's locale attribute to one that "
+            "`locale -a` lists (C.UTF-8)")  # fmt: skip
 
 
 _ORT_PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : (Load model from .*? failed:)?")
@@ -221,10 +226,15 @@ class OnnxRuntimeBackend:
         options = ort.SessionOptions()
         options.intra_op_num_threads = 1
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-        options.log_severity_level = 3
+        options.log_severity_level = 4  # fatal only: the refusal is raised, in one line, rather than logged over two
         try:
             ort.InferenceSession(str(path), sess_options=options, providers=list(self.providers))
         except _load_errors() as exc:
+            missing = missing_locale(exc)
+            if missing is not None:  # the machine's lack, not the model's versions: the preflight adds no stamps
+                raise MachineSetupError(
+                    f"onnxruntime {ort.__version__} cannot load it on this machine: {missing}"
+                ) from None
             raise QbenchError(f"onnxruntime {ort.__version__} cannot load it: {runtime_reason(exc)}") from None
 
     def _with_basic_optimisations(

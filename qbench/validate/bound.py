@@ -12,8 +12,13 @@ The arithmetic, at batch size 1 where every run reads the model's weights once:
 - else compute-bound. On GPU backends a mean GPU utilisation (NVML) under 50 % means the device
   waited on the host: overhead-bound.
 
-What it leaves out: activation traffic and data shared between rows of a batch. It is labelled an
-estimate wherever it is shown.
+A constant table the graph only looks rows up in (an embedding: a Gather at computed ids) is not read whole by a run,
+only the rows it looks up: its bytes are left out of the traffic (`lookup_table_bytes`), or a recommender's item table
+would count as read on every call (traffic past the copy bandwidth, or a memory-bound verdict for a model whose per-call
+reads fit in the cache).
+
+What it leaves out: activation traffic, the table rows looked up and data shared between rows of a batch. It is
+labelled an estimate wherever it is shown.
 """
 
 from __future__ import annotations
@@ -63,6 +68,42 @@ def last_level_cache_bytes(folder: Path = _CACHE_FOLDER) -> int | None:
     return max(sizes, default=None)
 
 
+def lookup_table_bytes(model_path: Path) -> int:
+    """Bytes of the constant tables `model_path`'s graph (subgraphs included) only looks rows up in: initializers whose
+    every reader is a Gather taking them as its data at indices that are not constant (an embedding table)."""
+    import onnx
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    graphs, tables, readers, constants = [model.graph], {}, {}, set()
+    while graphs:
+        graph = graphs.pop()
+        tables.update((t.name, t) for t in graph.initializer)
+        for node in graph.node:
+            for name in node.input:
+                readers.setdefault(name, []).append(node)
+            if node.op_type == "Constant":
+                constants.update(node.output)
+            graphs += [a.g for a in node.attribute if a.HasField("g")] + [g for a in node.attribute for g in a.graphs]
+    constants |= set(tables)
+    total = 0
+    for name, table in tables.items():
+        reads = readers.get(name, [])
+        looked_up = all(n.op_type == "Gather" and n.input[0] == name and n.input[1] not in constants for n in reads)
+        if reads and looked_up:
+            total += math.prod(table.dims) * _itemsize(table.data_type)
+    return total
+
+
+def _itemsize(data_type: int) -> int:
+    """Bytes per value of an ONNX tensor type (0 for one onnx does not know: such a table is not left out)."""
+    import onnx
+
+    try:
+        return onnx.helper.tensor_dtype_to_np_dtype(data_type).itemsize
+    except KeyError:
+        return 0
+
+
 def estimate_bound(
     model_bytes: int | None,
     b1_ms: float | None,
@@ -71,17 +112,23 @@ def estimate_bound(
     batched: tuple[int, float] | None = None,
     gpu_util_pct: float | None = None,
     cache_bytes: int | None = None,
+    lookup_bytes: int = 0,
 ) -> BoundEstimate:
     """The verdict from model bytes, the batch-1 p50 (ms), the largest batch (size, p50 ms), GPU utilisation
-    and the last-level cache size."""
+    and the last-level cache size; `lookup_bytes` of the model are tables a run reads only rows of
+    (`lookup_table_bytes`), left out of the traffic."""
     if not model_bytes or b1_ms is None or not (b1_ms > 0 and math.isfinite(b1_ms)):
         return BoundEstimate("unknown", "needs the model size and a batch-1 latency", gpu_util_pct=gpu_util_pct)
-    traffic = model_bytes * 1000.0 / b1_ms
+    read = max(model_bytes - lookup_bytes, 0)
+    traffic = read * 1000.0 / b1_ms
     fraction = traffic / bandwidth_bytes_per_s
     figures = dict(weight_bytes_per_s=traffic, bandwidth_bytes_per_s=bandwidth_bytes_per_s,
                    bandwidth_fraction=fraction, gpu_util_pct=gpu_util_pct)  # fmt: skip
     moved = f"weights {traffic / 1e9:.3g} GB/s = {fraction:.1%} of {bandwidth_bytes_per_s / 1e9:.3g} GB/s copy bandwidth"
-    cached = cache_bytes is not None and model_bytes <= cache_bytes
+    if lookup_bytes:
+        left = min(lookup_bytes, model_bytes) / 1e6
+        moved += f" ({left:.3g} MB of lookup tables left out: a run reads only their rows)"
+    cached = cache_bytes is not None and read <= cache_bytes
     if cached:
         moved += f" (the model fits in the {cache_bytes / 2**20:.3g} MiB cache)"
     if gpu_util_pct is not None and gpu_util_pct < GPU_BUSY_PCT:

@@ -37,6 +37,7 @@ from qbench.tasks.base import MetricError
 from qbench.validate import metrics
 from qbench.validate.accuracy import evaluate_accuracy, run_outputs, scale_doubts, scale_notes, with_drops
 from qbench.validate.background import settle_before_timing
+from qbench.validate.bound import lookup_table_bytes
 from qbench.validate.clock import PhaseClock
 from qbench.validate.contention import oversubscription_note
 from qbench.validate.fidelity import plan_measurement
@@ -198,6 +199,8 @@ def measure(
                                     fixed) if slo else None  # fmt: skip
                 serving_result = serving_figures(prepared.recipe, backend.name, samples,
                                                  latency_points(samples, timing.warmup), model_bytes=ran["model_bytes"],
+                                                 lookup_bytes=lookup_table_bytes(Path(ran["model_path"]))
+                                                 if ran["model_path"] else 0,
                                                  runtime=runtime, preprocess_ms_per_row=prepared.preprocess_ms_per_row,
                                                  batcher=batcher, server=server, clock=clock)  # fmt: skip
         finally:
