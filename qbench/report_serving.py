@@ -13,8 +13,10 @@ from qbench.frontier import timing_kinds
 from qbench.gate import EXIT_UNUSABLE, GateCheck, GateReport, problem_owner
 from qbench.report_grid import Grid, rate_within
 from qbench.results import EMULATED, SweepResults, VariantResult
+from qbench.results_serving import ServingResult
 from qbench.slo import SLO_SCOPE, p99_basis
 from qbench.validate.catalogue import within
+from qbench.validate.load import MAX_REQUESTS
 
 _NONE = "—"
 _OVERLOADED = "overloaded"
@@ -179,6 +181,13 @@ def _ms(values: set[float]) -> str:
     return ", ".join(f"{v:g} ms" for v in sorted(values))
 
 
+def simulated_requests(serving: ServingResult | None) -> str:
+    """The requests the simulated highest rate within the budget rests on, and whether the search settled there."""
+    if serving is None or serving.budget_ms is None or not serving.simulated_requests:
+        return _NONE
+    return f"{serving.simulated_requests:,}" + (" (not settled)" if serving.simulated_undecided else "")
+
+
 def _row(results: SweepResults, gate: GateReport | None, variant: VariantResult, sizes: list[int]) -> list[str]:
     serving = variant.serving
     b1 = variant.latency.at(1) if variant.latency else None
@@ -190,6 +199,7 @@ def _row(results: SweepResults, gate: GateReport | None, variant: VariantResult,
     cells += [(_OVERLOADED if load.overloaded else _fmt(load.p99_ms)) if load else _NONE,
               _fmt(load.mean_batch_size) if load else _NONE]
     cells.append(rate_within(serving.max_rate_rps) if serving and serving.budget_ms is not None else _NONE)
+    cells.append(simulated_requests(serving))
     costs = serving.usd_per_million if serving else {}
     cells += [_fmt(costs.get(f"b{bs}")) for bs in sizes] + [_fmt(costs.get("max_rate"))]
     bound = serving.bound.verdict if serving and serving.bound else _NONE
@@ -205,13 +215,15 @@ def serving_table(results: SweepResults, gate: GateReport | None) -> Grid | None
     rate = next((v.serving.rate_rps for v in measured if v.serving and v.serving.rate_rps), None)
     headers = ["variant", "backend", "pre-proc ms/row", "model p50 ms b1", "copies ms b1",
                f"p99 ms at {rate:g} req/s" if rate else "p99 ms under load", "mean batch",
-               "max req/s in budget"]  # fmt: skip
+               "max req/s in budget", "simulated requests"]  # fmt: skip
     headers += [f"$/M b{bs}" for bs in sizes] + ["$/M at max req/s", "bound (estimate)", "accuracy", "SLO"]
     rows = [_row(results, gate, v, sizes) for v in measured]
     footer = [
         "pre-proc: qbench's feed building (tokenisation included) per row; copies: host minus device time (GPU backends)",
         "under load: Poisson arrivals, dynamic batcher, one model instance, simulated from the measured service times; "
         "overloaded: above what the instance sustains, its queue grows without bound (no p99)",
+        f"simulated requests: those of the search for the highest rate within the budget (up to {MAX_REQUESTS:,}); "
+        "not settled: that many did not place it, so the rate is claimed low",
         "$/M: USD per million inferences = price per hour / 3600 / throughput x 1e6",
         "bound: model bytes x runs/s at batch 1 vs measured copy bandwidth; an estimate",
     ]

@@ -325,6 +325,8 @@ def serving_metrics(variant: VariantResult) -> dict[str, float]:
                     "load.p99_ms": serving.at_rate.p99_ms, "load.mean_batch_size": serving.at_rate.mean_batch_size}  # fmt: skip
     if serving.budget_ms is not None:
         metrics["load.max_rate_rps"] = serving.max_rate_rps if serving.max_rate_rps is not None else 0.0
+        metrics["load.simulated_requests"] = float(serving.simulated_requests)
+        metrics["load.simulated_undecided"] = float(serving.simulated_undecided)  # 1: the search did not settle
     if serving.bound is not None and serving.bound.bandwidth_fraction is not None:
         metrics["bound.bandwidth_fraction"] = serving.bound.bandwidth_fraction
     return metrics

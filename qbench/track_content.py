@@ -224,6 +224,11 @@ def variant_tags(variant: VariantResult) -> dict[str, str]:
         tags["qbench.notes"] = tag_value(" | ".join(variant.notes))
     if timed_on(variant):  # the kind of machine its latency was timed on: runs compare only within one kind
         tags["qbench.timed_on"] = tag_value(timed_on(variant))
+    serving = variant.serving
+    if serving is not None and serving.budget_ms is not None and serving.simulated_requests:
+        settled = "not settled" if serving.simulated_undecided else "settled"
+        tags["qbench.load_search"] = (f"{settled} at {serving.simulated_requests:,} simulated requests"
+                                      + (": the highest rate within the budget is claimed low" * serving.simulated_undecided))  # fmt: skip
     return tags
 
 

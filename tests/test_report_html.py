@@ -203,7 +203,7 @@ def test_the_range_analysis_is_in_the_html_report_as_in_report_md() -> None:
 
 
 def test_the_serving_table_and_slo_lines_are_in_the_html_report() -> None:
-    from test_slo import GATE, SLO, _results
+    from test_slo import GATE, SLO, _results, _searched
 
     results = _results()  # int8-fast breaches the 10 ms budget at 100 req/s
     page = render_html(results, evaluate_gate(results, GATE, slo=SLO))
@@ -214,6 +214,12 @@ def test_the_serving_table_and_slo_lines_are_in_the_html_report() -> None:
     cells = {tr.children[0].text: [td.text for td in tr.children] for tr in tree.find("tr")
              if tr.children and tr.children[0].tag == "td"}  # fmt: skip
     assert cells["int8-fast"][headers.index("p99 ms at 100 req/s") - len(headers)] == "14.5"
+    searched = _searched(results, {"int8-fast": (80_000, False), "int8-ok": (80_000, True)})
+    tree = Tree(render_html(searched, evaluate_gate(searched, GATE, slo=SLO)))
+    rows = {tr.children[0].text: [td.text for td in tr.children] for tr in tree.find("tr")
+            if tr.children and tr.children[0].tag == "td"}  # fmt: skip
+    column = headers.index("simulated requests") - len(headers)
+    assert (rows["int8-fast"][column], rows["int8-ok"][column]) == ("80,000", "80,000 (not settled)")
     footer = [li.text for li in tree.find("li") if li.text.startswith(("SLO ", "cheapest"))]
     assert footer == ["SLO BREACH int8-fast@onnxruntime-cpu: p99 14.5 ms at 100 req/s > budget 10 ms (+4.5 ms, +45.0%; "
                       "from 200 timed runs per batch size)",

@@ -534,3 +534,39 @@ def test_a_budget_met_up_to_float_rounding_makes_a_variant_the_cheapest_as_it_pa
     gate = evaluate_gate(results, GATE, slo=budget)
     assert gate.exit_code == EXIT_PASS
     assert cheapest(results, gate).variant.variant == "int8-fast"
+
+
+def _searched(results, requests: dict[str, tuple[int, bool]]):
+    """`results` with each named variant's search having rested on (simulated requests, not settled)."""
+    return replace(results, variants=tuple(
+        replace(v, serving=replace(v.serving, simulated_requests=requests[v.variant][0],
+                                   simulated_undecided=requests[v.variant][1])) if v.variant in requests else v
+        for v in results.variants))  # fmt: skip
+
+
+def test_the_serving_table_shows_the_simulated_requests_and_whether_the_search_settled():
+    from qbench.report_serving import serving_table
+
+    results = _searched(_results(int8_p99=9.0), {"int8-fast": (320_000, True), "int8-ok": (20_000, False)})
+    table = serving_table(results, evaluate_gate(results, GATE, slo=SLO))
+    column = table.headers.index("simulated requests")
+    assert column == table.headers.index("max req/s in budget") + 1
+    by_name = {row[0]: row[column] for row in table.rows}
+    assert by_name == {"fp32": "—", "int8-fast": "320,000 (not settled)", "int8-ok": "20,000"}
+    assert any(line.startswith("simulated requests: ") and "up to 320,000" in line for line in table.footer)
+
+
+def test_mlflow_shows_the_simulated_requests_and_whether_the_search_settled():
+    from qbench.track_content import variant_tags
+
+    results = _searched(_results(), {"int8-fast": (320_000, True), "int8-ok": (20_000, False)})
+    fast, ok = results.find("int8-fast", "onnxruntime-cpu"), results.find("int8-ok", "onnxruntime-cpu")
+    assert serving_metrics(fast)["load.simulated_requests"] == 320_000.0
+    assert serving_metrics(fast)["load.simulated_undecided"] == 1.0
+    assert (serving_metrics(ok)["load.simulated_requests"], serving_metrics(ok)["load.simulated_undecided"]) == (20_000, 0)
+    assert variant_tags(fast)["qbench.load_search"] == ("not settled at 320,000 simulated requests: the highest rate "
+                                                        "within the budget is claimed low")  # fmt: skip
+    assert variant_tags(ok)["qbench.load_search"] == "settled at 20,000 simulated requests"
+    unbudgeted = replace(ok, serving=replace(ok.serving, budget_ms=None))
+    assert "qbench.load_search" not in variant_tags(unbudgeted)
+    assert "load.simulated_requests" not in serving_metrics(unbudgeted)

@@ -42,7 +42,7 @@ from numpy.typing import ArrayLike
 
 from qbench.errors import QbenchError
 from qbench.results_serving import LoadStats
-from qbench.validate.tail import TailBound, Verdict, regenerations, tail_share_bound
+from qbench.validate.tail import ShareOver, TailBound, Verdict, regenerations, tail_share_bound
 
 logger = logging.getLogger(__name__)
 
@@ -161,6 +161,12 @@ class Draws:
         return self.unit_gaps.size
 
 
+_SHIFT = 12
+_BLOCK = 1 << _SHIFT  # service times looked up together
+CHECK_EVERY = 4096  # batches between two looks at whether a run's share over the budget is decided
+RUN_AFTER = 4  # full batches back to back in a row before a stretch of them is replayed whole, on this many at first
+
+
 class LoadReplay:
     """One model instance behind `batcher`, replaying `draws` at any rate.
 
@@ -177,40 +183,76 @@ class LoadReplay:
             )
         self.service, self.batcher, self.draws = service, batcher, draws
         self.capacity_rps = capacity_rps(service, batcher.max_batch_size)
-        self._columns: dict[tuple[int, bool], list[float]] = {}
+        blocks = -(-draws.requests // _BLOCK)
+        # [idle][batch size][k // _BLOCK]: the k-th batch's service time, looked up a block at a time when first read
+        # (a batch size may occur a few times only, so a whole column would mostly go unread)
+        self._columns = [[[None] * blocks for _ in range(batcher.max_batch_size + 1)] for _ in (False, True)]
+        self._full: np.ndarray | None = None  # the back-to-back column of full batches
+        self._unit_arrivals = np.cumsum(draws.unit_gaps)  # at rate r, times 1000 / r ms
 
-    def _column(self, batch_size: int, idle: bool) -> list[float]:
-        column = self._columns.get((batch_size, idle))
-        if column is None:
-            column = self.service.service_ms(batch_size, self.draws.quantiles, idle=idle).tolist()
-            self._columns[batch_size, idle] = column
-        return column
+    def _block(self, batch_size: int, idle: bool, block: int) -> list[float]:
+        within = slice(block * _BLOCK, (block + 1) * _BLOCK)
+        if batch_size == self.batcher.max_batch_size and not idle:  # full batches back to back: looked up whole
+            values = self._full_column()[within]
+        else:
+            values = self.service.service_ms(batch_size, self.draws.quantiles[within], idle=idle)
+        self._columns[idle][batch_size][block] = values.tolist()
+        return self._columns[idle][batch_size][block]
+
+    def _full_column(self) -> np.ndarray:
+        """The service times of full batches back to back (`_full_run` reads them whole)."""
+        if self._full is None:
+            self._full = self.service.service_ms(self.batcher.max_batch_size, self.draws.quantiles)
+        return self._full
 
     def with_requests(self, requests: int) -> LoadReplay:
         """The same server replaying `requests` fresh draws of the same seed (draws given by hand cannot grow)."""
         if self.draws.seed is None:
             raise QbenchError("draws given by hand cannot be extended: make them with Draws.make")
-        return LoadReplay(self.service, self.batcher, Draws.make(requests, self.draws.seed))
+        return type(self)(self.service, self.batcher, Draws.make(requests, self.draws.seed))
 
     def at(self, rate_rps: float, *, overhead_ms: float = 0.0) -> LoadStats:
         """Poisson arrivals at `rate_rps`, every request served; `overhead_ms` (per-request time outside the model
         and the queue: pre-processing) is added to each latency."""
-        return self._replay(rate_rps, overhead_ms)[0]
+        return self._whole(rate_rps, overhead_ms)[0]
 
     def within(self, rate_rps: float, budget_ms: float, *, overhead_ms: float = 0.0) -> tuple[LoadStats, TailBound]:
         """The figures at `rate_rps` (as `at`) and how surely their p99 is within `budget_ms`: the share of requests
         over it with its upper confidence bound over the regenerative cycles (qbench.validate.tail)."""
-        stats, latencies, first = self._replay(rate_rps, overhead_ms)
+        stats, latencies, first = self._whole(rate_rps, overhead_ms)
         return stats, tail_share_bound(latencies, first, budget_ms)
 
-    def _replay(self, rate_rps: float, overhead_ms: float) -> tuple[LoadStats, np.ndarray, np.ndarray]:
-        """The figures, each request's latency, and where the run regenerates (request indices)."""
+    def verdict(self, rate_rps: float, budget_ms: float, *, overhead_ms: float = 0.0) -> tuple[Verdict, LoadStats | None]:
+        """Whether the p99 at `rate_rps` is shown within `budget_ms` (a rate at or above capacity, or whose simulated
+        p99 is over the budget, fails), with the figures (as `within`). A run stops as soon as more than TAIL_SHARE of
+        its requests are over the budget (`ShareOver`): it fails whatever follows, and has no figures (None)."""
+        replayed = self._replay(rate_rps, overhead_ms, budget_ms)
+        if replayed is None:
+            return Verdict.FAIL, None
+        stats, latencies, first = replayed
+        if stats.overloaded or stats.p99_ms > budget_ms:
+            return Verdict.FAIL, stats
+        return tail_share_bound(latencies, first, budget_ms).verdict(), stats
+
+    def _whole(self, rate_rps: float, overhead_ms: float) -> tuple[LoadStats, np.ndarray, np.ndarray]:
+        replayed = self._replay(rate_rps, overhead_ms)
+        assert replayed is not None  # no budget: never stopped
+        return replayed
+
+    def _replay(
+        self, rate_rps: float, overhead_ms: float, budget_ms: float | None = None
+    ) -> tuple[LoadStats, np.ndarray, np.ndarray] | None:
+        """The figures, each request's latency, and where the run regenerates (request indices); with `budget_ms`,
+        None as soon as the share of requests over it is decided over TAIL_SHARE (`ShareOver`)."""
         if not (rate_rps > 0 and math.isfinite(rate_rps)):
             raise QbenchError(f"rate_rps must be a positive number, got {rate_rps}")
-        arrivals_ms = np.cumsum(self.draws.unit_gaps) * (1000.0 / rate_rps)
-        starts, counts, ends = self._batches(arrivals_ms.tolist())
+        arrivals_ms = self._unit_arrivals * (1000.0 / rate_rps)
+        over = None if budget_ms is None else ShareOver(arrivals_ms, budget_ms, overhead_ms)
+        batches = self._batches(arrivals_ms, over)
+        if batches is None:
+            return None
+        starts, sizes, ends = batches
         n = arrivals_ms.size
-        sizes = np.asarray(counts)
         done_ms = np.repeat(ends, sizes)
         latencies = done_ms - arrivals_ms + overhead_ms
         p50, p95, p99 = np.percentile(latencies, [50, 95, 99])
@@ -223,39 +265,86 @@ class LoadReplay:
             p99_ms=float(p99),
             mean_ms=float(latencies.mean()),
             mean_wait_ms=float((np.repeat(starts, sizes) - arrivals_ms).mean()),
-            mean_batch_size=n / len(counts),
+            mean_batch_size=n / len(sizes),
             achieved_rps=n * 1000.0 / span_ms if span_ms > 0 else math.inf,
             overloaded=rate_rps >= self.capacity_rps,
         )
         first = np.cumsum(sizes) - sizes
         return stats, latencies, regenerations(first, sizes, starts, arrivals_ms)
 
-    def _batches(self, arrivals: list[float]) -> tuple[list[float], list[int], list[float]]:
+    def _batches(
+        self, arrivals: np.ndarray, over: ShareOver | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """Each batch's start, size and end. The batcher waits for the model to be free, then until the batch is full
         or the oldest queued request has waited the queue delay (a busy model past the delay starts with what is
-        queued). A batch starting after the model fell free starts on an idle model. Plain floats and a bounded
-        bisection: this loop runs once per batch, for every rate tried."""
-        n, size, delay = len(arrivals), self.batcher.max_batch_size, self.batcher.max_queue_delay_ms
+        queued). A batch starting after the model fell free starts on an idle model.
+
+        Plain floats, one batch at a time, except stretches of full batches back to back (a busy model with
+        max_batch_size requests queued, as near capacity), which `_full_run` replays whole once RUN_AFTER come in a
+        row: the same float operations in the same order, so the same figures to the bit (tests/validate/
+        test_load_fast.py keeps the plain loop and compares the two). `over`: asked every CHECK_EVERY batches
+        whether the share over the budget is decided over TAIL_SHARE; if so, None."""
+        times = arrivals.tolist()
+        n, size, delay = len(times), self.batcher.max_batch_size, self.batcher.max_queue_delay_ms
+        columns = self._columns
         starts: list[float] = []
         counts: list[int] = []
         ends: list[float] = []
-        free, i = 0.0, 0
+        free, i, k, check = 0.0, 0, 0, CHECK_EVERY if over is not None else -1
+        full, window = 0, RUN_AFTER  # full batches back to back in a row; the stretch to try next
         while i < n:
-            first = arrivals[i]
-            earliest = free if free > first else first
-            deadline = max(earliest, first + delay)
-            last = i + size - 1
-            if last < n and arrivals[last] <= deadline:
-                start = arrivals[last] if arrivals[last] > earliest else earliest
+            if k >= check >= 0:
+                if over.decided(starts, counts, ends):
+                    return None
+                check = k + CHECK_EVERY
+            if full >= RUN_AFTER:
+                taken = self._full_run(arrivals, i, free, k, window, starts, counts, ends)
+                i, k, free = i + taken * size, k + taken, ends[-1]
+                window, full = (window * 2, full) if taken == window else (RUN_AFTER, 0)
+                continue
+            first = times[i]
+            due = first + delay
+            if free <= first and size > 1 and (i + 1 == n or times[i + 1] > due):  # alone on an idle model
+                start, count = due, 1  # what the lines below give, without their search
             else:
-                start = deadline
-            count = bisect_right(arrivals, start, i, min(i + size, n)) - i
-            free = start + self._column(count, start > free)[len(counts)]
+                earliest = free if free > first else first
+                deadline = max(earliest, due)
+                last = i + size - 1
+                if last < n and times[last] <= deadline:
+                    start = times[last] if times[last] > earliest else earliest
+                else:
+                    start = deadline
+                count = bisect_right(times, start, i, min(i + size, n)) - i
+            idle = start > free
+            full = full + 1 if count == size and start == free else 0
+            block = columns[idle][count][k >> _SHIFT]
+            if block is None:
+                block = self._block(count, idle, k >> _SHIFT)
+            free = start + block[k & (_BLOCK - 1)]
             starts.append(start)
             counts.append(count)
             ends.append(free)
             i += count
-        return starts, counts, ends
+            k += 1
+        return np.asarray(starts), np.asarray(counts, dtype=np.int64), np.asarray(ends)
+
+    def _full_run(self, arrivals: np.ndarray, i: int, free: float, k: int, window: int, starts: list[float],
+                  counts: list[int], ends: list[float]) -> int:  # fmt: skip
+        """Full batches back to back from request i (the k-th batch) on a model busy until `free`, as many as hold
+        within `window` batches: each starts as the previous one ends, while its last request arrived by then.
+        Appends them; their number (0: none held)."""
+        size = self.batcher.max_batch_size
+        batches = min(window, (arrivals.size - i) // size)
+        if batches == 0:
+            return 0
+        # ends in the loop's order: ((free + s_k) + s_k+1) + ..., which accumulate adds one after the other
+        chained = np.add.accumulate(np.concatenate(([free], self._full_column()[k : k + batches])))
+        held = arrivals[i + size - 1 : i + batches * size : size] <= chained[:-1]
+        taken = batches if held.all() else int(np.argmin(held))
+        starts.extend(chained[:taken].tolist())
+        counts.extend([size] * taken)
+        ends.extend(chained[1 : taken + 1].tolist())
+        return taken
 
 
 def simulate(
@@ -355,13 +444,10 @@ def _search_once(
     nor over the budget: the bound is too loose to place the edge within RESOLUTION."""
     runs = 0
 
-    def verdict(rate: float) -> tuple[Verdict, LoadStats]:
+    def verdict(rate: float) -> tuple[Verdict, LoadStats | None]:
         nonlocal runs
         runs += 1
-        stats, tail = replay.within(rate, budget_ms, overhead_ms=overhead_ms)
-        if stats.overloaded or stats.p99_ms > budget_ms:
-            return Verdict.FAIL, stats
-        return tail.verdict(), stats
+        return replay.verdict(rate, budget_ms, overhead_ms=overhead_ms)
 
     low, best, lowest = 0.0, None, Verdict.FAIL
     for step in range(1, _GRID_STEPS + 1):  # from the top: the first rate passing is the grid's highest

@@ -101,3 +101,31 @@ def tail_share_bound(
     spread = float(np.sum((over - bounded * sizes) ** 2)) / (over.size - 1)
     error = math.sqrt(spread / over.size) / float(sizes.mean())
     return TailBound(share, min(bounded + NormalDist().inv_cdf(confidence) * error, 1.0), cycles)
+
+
+class ShareOver:
+    """The requests over `threshold_ms` from a run's first regeneration on, counted as its batches are formed: the
+    share `tail_share_bound` measures is decided over `tail_share` once they are more than that share of all the
+    run's requests from there (it only grows: the verdict is FAIL whatever the rest of the run does). The same float
+    operations as the whole run's latencies (end - arrival + overhead), so the count is theirs to the bit."""
+
+    def __init__(self, arrivals_ms: np.ndarray, threshold_ms: float, overhead_ms: float = 0.0,
+                 tail_share: float = TAIL_SHARE) -> None:  # fmt: skip
+        self._arrivals, self._threshold, self._overhead, self._share = arrivals_ms, threshold_ms, overhead_ms, tail_share
+        self._batches = self._requests = self._over = 0
+        self._first: int | None = None  # the first regeneration's request
+
+    def decided(self, starts: list[float], counts: list[int], ends: list[float]) -> bool:
+        """Take the batches formed since the last call (each one's start, size and end); whether the share is
+        decided over `tail_share`."""
+        sizes = np.asarray(counts[self._batches :], dtype=np.int64)
+        begun = self._requests + np.cumsum(sizes) - sizes
+        if self._first is None:
+            cycles = regenerations(begun, sizes, starts[self._batches :], self._arrivals)
+            self._first = int(cycles[0]) if cycles.size else None
+        done = self._requests + int(sizes.sum())
+        if self._first is not None:
+            latencies = np.repeat(ends[self._batches :], sizes) - self._arrivals[self._requests : done] + self._overhead
+            self._over += int(np.count_nonzero(latencies[max(self._first - self._requests, 0) :] > self._threshold))
+        self._batches, self._requests = len(counts), done
+        return self._first is not None and self._over / (self._arrivals.size - self._first) > self._share

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from qbench.errors import QbenchError
-from qbench.validate.tail import MIN_CYCLES, Verdict, regenerations, tail_share_bound
+from qbench.validate.tail import MIN_CYCLES, ShareOver, Verdict, regenerations, tail_share_bound
 
 Z99 = 2.3263479  # the one-sided 99 % normal quantile (CONFIDENCE)
 
@@ -71,3 +71,29 @@ def test_bad_cycles_are_errors():
         tail_share_bound(np.ones(40), np.array([0, 40]), 1.0)
     with pytest.raises(QbenchError, match="confidence"):
         tail_share_bound(np.ones(40), np.array([0]), 1.0, confidence=1.0)
+
+
+def test_the_share_over_is_decided_by_hand_as_batches_come():
+    """Requests at 0, 1, 2, 3, 4 ms, each alone, ending at 0.5, 1.5, 5, 5.5, 6 ms: latencies 0.5, 0.5, 3, 2.5, 2 ms;
+    the run regenerates at request 0. Over 1 ms: after three batches one of the five requests (0.2), after five,
+    three (0.6): decided over a 0.5 share only then, over a 0.01 share already after three."""
+    arrivals = np.array([0.0, 1.0, 2.0, 3.0, 4.0])
+    starts, counts, ends = [0.0, 1.0, 2.0, 3.0, 4.0], [1] * 5, [0.5, 1.5, 5.0, 5.5, 6.0]
+    half = ShareOver(arrivals, 1.0, tail_share=0.5)
+    assert not half.decided(starts[:3], counts[:3], ends[:3])
+    assert half.decided(starts, counts, ends)
+    assert ShareOver(arrivals, 1.0, tail_share=0.01).decided(starts[:3], counts[:3], ends[:3])
+    assert not ShareOver(arrivals, 1.0, overhead_ms=-4.0, tail_share=0.01).decided(starts, counts, ends)  # none over
+
+
+def test_the_share_over_counts_from_the_first_regeneration():
+    """One request at a time, requests at 0, 0 and 3 ms served 2, 2 and 1 ms: the first batch leaves the second
+    request waiting, the second (2 -> 4 ms) leaves none: the run regenerates at request 1. Latencies 2, 4 and 2 ms;
+    over 3 ms: one of the two requests from request 1 on (0.5, as tail_share_bound counts it), not one of three."""
+    arrivals = np.array([0.0, 0.0, 3.0])
+    starts, counts, ends = [0.0, 2.0, 4.0], [1, 1, 1], [2.0, 4.0, 5.0]
+    assert tail_share_bound([2.0, 4.0, 2.0], regenerations([0, 1, 2], counts, starts, arrivals), 3.0).share == 0.5
+    over = ShareOver(arrivals, 3.0, tail_share=0.4)
+    assert not over.decided(starts[:1], counts[:1], ends[:1])  # no regeneration yet: nothing is counted
+    assert over.decided(starts, counts, ends)
+    assert not ShareOver(arrivals, 3.0, tail_share=0.5).decided(starts, counts, ends)
