@@ -357,7 +357,8 @@ def simulate(
 @dataclass(frozen=True)
 class RateSearch:
     """The highest rate whose p99 was shown within the budget (None: not even a near-idle load's was), with its
-    figures; `requests`: the simulated requests that showed it; `undecided`: the rate RESOLUTION above it was neither
+    figures; `requests`: the simulated requests that showed it (from `search_max_rate`: the most of its searches
+    ran, the last; the rate may be the lower of the last two, which agreed); `undecided`: the rate RESOLUTION above it was neither
     shown within nor over the budget, or (from `search_max_rate`) the searches did not settle within the requests
     allowed: the rate is claimed low, possibly by more than RESOLUTION."""
 
@@ -415,13 +416,16 @@ def search_max_rate(
         if (settled and not search.undecided) or requests >= max_requests or replay.draws.seed is None:
             break
         previous, replay = search, replay.with_requests(min(requests * GROWTH, max_requests))
+    # settled: the last search decided its edge and agrees with the one before; its figures say so whichever of the
+    # two is claimed, as do its requests, the most the search simulated
+    last, undecided = search, search.undecided or not settled
     if settled and previous.max_rate_rps is not None and previous.max_rate_rps < search.max_rate_rps:
         search = previous  # two samples agreed: the lower of them (a sample that was quiet by chance claims high)
-    if search.undecided or not settled:
+    if undecided:
         logger.info("the highest rate within the %s ms budget, %s req/s, is not settled at %d simulated requests "
                     "(%s req/s at a quarter of them): claimed as it stands", budget_ms, search.max_rate_rps, requests,
                     previous.max_rate_rps if previous else None)  # fmt: skip
-    return replace(search, simulations=runs, undecided=search.undecided or not settled)
+    return replace(search, simulations=runs, requests=last.requests, undecided=undecided)
 
 
 def _close(before: float | None, after: float | None) -> bool:

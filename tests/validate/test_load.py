@@ -359,3 +359,19 @@ def test_the_search_extends_its_requests_until_the_bound_places_the_edge():
     extended = search_max_rate(replay, budget)
     assert extended.requests > 5000 and extended.simulations > short.simulations
     assert extended.at_max == replay.with_requests(extended.requests).at(extended.max_rate_rps)
+
+
+def test_a_settled_search_claiming_the_lower_of_two_agreeing_rates_says_it_settled(monkeypatch):
+    """The first search (5,000 requests) left the rate above its edge undecided, so a search on 4x the requests ran:
+    it decided its edge, 2 % above the first (within RESOLUTION). The lower rate is claimed, and the search settled:
+    the result says so, with the requests of the last search (claiming the first search's own undecided flag and
+    requests made the report show `5,000 (not settled)` for a settled search)."""
+    import qbench.validate.load as load_module
+    from qbench.validate.load import RateSearch
+
+    scripted = iter([RateSearch(10.0, 100.0, None, 20, 5_000, undecided=True),
+                     RateSearch(10.0, 102.0, None, 20, 20_000, undecided=False)])  # fmt: skip
+    monkeypatch.setattr(load_module, "_search_once", lambda replay, budget_ms, **options: next(scripted))
+    replay = LoadReplay(FixedServiceTime(D_MS), Batcher(1, 0.0), Draws.make(5_000, seed=0))
+    search = search_max_rate(replay, 10.0)
+    assert (search.max_rate_rps, search.undecided, search.requests, search.simulations) == (100.0, False, 20_000, 40)
