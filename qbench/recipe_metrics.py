@@ -22,8 +22,9 @@ if TYPE_CHECKING:
 
 
 class MetricSpec(StrictConfig):
-    """A recipe's own metric: `function(outputs, labels[, reference_outputs]) -> float`, per slice: once per
-    evaluated output, or, with `outputs`, once over those outputs together (each argument a dict name -> array)."""
+    """A recipe's own metric: `function(outputs, labels[, reference_outputs][, inputs]) -> float`, per slice: once
+    per evaluated output, or, with `outputs`, once over those outputs together (each argument a dict name -> array);
+    `inputs`, when the function declares it, is a dict model input name -> array of the same rows."""
 
     name: Name
     function: str = Field(description="'package.module:function', imported as Python code (recipe folder first)")

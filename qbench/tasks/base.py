@@ -48,23 +48,31 @@ class MetricError(QbenchError):
         self.metric = metric
 
 
+INPUTS_PARAMETER = "inputs"  # the custom metric's parameter that is given the scored rows' model inputs
+
+
 @dataclass(frozen=True)
 class CustomMetric:
-    """A recipe's own per-slice metric: `function(outputs, labels[, reference_outputs]) -> float`.
+    """A recipe's own per-slice metric: `function(outputs, labels[, reference_outputs][, inputs]) -> float`.
 
     Without `outputs` it is called once per evaluated output with arrays; with them, once over those outputs of the
-    same rows, `outputs` and `reference_outputs` then dicts output name -> array (a detector's boxes with its scores)."""
+    same rows, `outputs` and `reference_outputs` then dicts output name -> array (a detector's boxes with its scores).
+    `wants_inputs`: it declares a parameter `inputs`, given by keyword a dict model input name -> array of the same
+    rows, as the model was fed (an autoencoder's reconstruction error needs what it reconstructs)."""
 
     name: str
     function: Callable[..., float]
     higher_is_better: bool
     wants_reference: bool
     outputs: tuple[str, ...] = ()
+    wants_inputs: bool = False
 
-    def value(self, outputs: Outputs, labels: np.ndarray | None, reference: Outputs) -> float:
+    def value(self, outputs: Outputs, labels: np.ndarray | None, reference: Outputs,
+              inputs: Mapping[str, np.ndarray] | None = None) -> float:  # fmt: skip
         args: tuple[Any, ...] = (outputs, labels, reference) if self.wants_reference else (outputs, labels)
+        keywords = {INPUTS_PARAMETER: inputs} if self.wants_inputs else {}
         try:
-            return float(self.function(*args))
+            return float(self.function(*args, **keywords))
         except Exception as exc:
             raise MetricError(f"custom metric {self.name!r} failed: {type(exc).__name__}: {exc}", self.name) from exc
 

@@ -62,12 +62,13 @@ class _OutputRows:
     reference_nonfinite: np.ndarray  # rows where FP32's output has NaN/inf in a value the task reads
     reference_any_nonfinite: np.ndarray  # rows where it has NaN/inf in any value (what a custom metric may read)
 
-    def summarise(self, name: str, mask: np.ndarray, custom: Sequence[CustomMetric]) -> SliceMetrics:
+    def summarise(self, name: str, mask: np.ndarray, custom: Sequence[CustomMetric],
+                  feeds: Mapping[str, np.ndarray]) -> SliceMetrics:  # fmt: skip
         own = SliceMetrics(name=name, size=int(np.count_nonzero(mask)), metrics={}) if self.summary is None else \
             _undefined_where_fp32_failed(self.summary.summarise(name, mask), bool((mask & self.reference_nonfinite).any()))
         values, raised = dict(own.metrics), {}
         for metric in custom:
-            values[metric.name], why = _custom_value(metric, name, mask, {"": self}, self.labels)
+            values[metric.name], why = _custom_value(metric, name, mask, {"": self}, self.labels, feeds)
             raised.update({f"{self.prefix}{metric.name}": why} if why else {})
         return dataclasses.replace(
             own,
@@ -80,11 +81,13 @@ class _OutputRows:
 
 
 def _custom_value(
-    metric: CustomMetric, scope: str, mask: np.ndarray, parts: Mapping[str, _OutputRows], labels: np.ndarray | None
+    metric: CustomMetric, scope: str, mask: np.ndarray, parts: Mapping[str, _OutputRows], labels: np.ndarray | None,
+    feeds: Mapping[str, np.ndarray],
 ) -> tuple[float, str | None]:
     """`metric` on the rows of `mask` FP32 scored on every one of `parts` (a single output: its key is ''; several:
-    the metric gets dicts name -> array), and what it raised there (None: nothing). A custom metric cannot say what
-    a row FP32 failed on is worth: it reads only rows FP32 scored, for every result alike (FP32's own figure too), so
+    the metric gets dicts name -> array), and what it raised there (None: nothing); a metric taking `inputs` gets
+    `feeds` of those rows alone, in the same order (the outputs' rows are the feeds' rows). A custom metric cannot
+    say what a row FP32 failed on is worth: it reads only rows FP32 scored, for every result alike (FP32's own figure too), so
     a variant is never credited for rows where FP32 gave NaN/inf; where FP32 failed on every row of the scope there
     is nothing to compare (NaN). Where it raises, its figure on this scope is NaN and the error says why (one slice
     too small for it costs no other figure; `_raised_everywhere` fails the scoring where it raised on every scope)."""
@@ -98,12 +101,32 @@ def _custom_value(
     else:
         outputs = {name: part.outputs[scored] for name, part in parts.items()}
         reference = {name: part.reference[scored] for name, part in parts.items()}
+    inputs = {name: values[scored] for name, values in feeds.items()} if metric.wants_inputs else None
     try:
-        return metric.value(outputs, None if labels is None else labels[scored], reference), None
+        return metric.value(outputs, None if labels is None else labels[scored], reference, inputs), None
     except MetricError as exc:
         if environment_cause(exc):  # the machine's failure (out of memory, a full disk): the job's, to run again
             raise
         return math.nan, f"{exc} (on {scope}, {int(scored.sum())} rows)"
+
+
+def _inputs_for(
+    custom: Sequence[CustomMetric], feeds: Mapping[str, np.ndarray] | None, rows: int
+) -> dict[str, np.ndarray]:
+    """The model inputs a custom metric taking `inputs` is given (their scored rows), checked to be the outputs'
+    rows; empty when no metric takes them."""
+    if not any(metric.wants_inputs for metric in custom):
+        return {}
+    wanting = next(metric.name for metric in custom if metric.wants_inputs)
+    if not feeds:
+        raise QbenchError(f"custom metric {wanting!r} takes the model's inputs, and none were given")
+    arrays = {name: np.asarray(values) for name, values in feeds.items()}
+    uneven = {name: a.shape[0] if a.ndim else 0 for name, a in arrays.items() if a.ndim == 0 or a.shape[0] != rows}
+    if uneven:
+        name, count = next(iter(uneven.items()))
+        raise QbenchError(f"custom metric {wanting!r} takes the model's inputs: input {name!r} has {count} rows, "
+                          f"the outputs {rows}")  # fmt: skip
+    return arrays
 
 
 def _raised_everywhere(scopes: Sequence[SliceMetrics]) -> None:
@@ -171,6 +194,7 @@ def evaluate_accuracy(
     naming `outputs` is computed once over those (named) outputs, unprefixed.
     `slices` maps a slice name to a boolean mask over the rows. A task judging its outputs together (Task.together:
     span) gets them in the order given and `feeds`, the inputs the rows were run with; its metrics are unprefixed.
+    A custom metric taking `inputs` (CustomMetric.wants_inputs) gets `feeds` too, the rows of each scope it scores.
     """
     judge = get_task(task).configured(task_options or {})
     named = dict(outputs) if isinstance(outputs, Mapping) else {"": outputs}
@@ -221,6 +245,7 @@ def evaluate_accuracy(
         parts[name] = _OutputRows(prefix, name, summary, values, reference, own_labels, reference_bad,
                                   _nonfinite_rows(reference))  # fmt: skip
     labels = _checked_labels(labels, rows)
+    inputs = _inputs_for(custom_metrics, feeds, rows)
     joint_parts: list[_OutputRows] = []
     if judge.together:
         joint_summary = judge.rows_together([p.outputs for p in parts.values()], [p.reference for p in parts.values()],
@@ -229,9 +254,10 @@ def evaluate_accuracy(
                                        nonfinite_reference))  # fmt: skip
 
     def summarise(name: str, mask: np.ndarray) -> SliceMetrics:
-        merged = _merged(name, [part.summarise(name, mask, per_output) for part in parts.values()]
-                         + [part.summarise(name, mask, ()) for part in joint_parts])  # fmt: skip
-        together = {m.name: _custom_value(m, name, mask, {o: parts[o] for o in m.outputs}, labels) for m in joint}
+        merged = _merged(name, [part.summarise(name, mask, per_output, inputs) for part in parts.values()]
+                         + [part.summarise(name, mask, (), inputs) for part in joint_parts])  # fmt: skip
+        together = {m.name: _custom_value(m, name, mask, {o: parts[o] for o in m.outputs}, labels, inputs)
+                    for m in joint}  # fmt: skip
         merged = dataclasses.replace(merged, metrics={**merged.metrics, **{k: v for k, (v, _) in together.items()}},
                                      raised={**merged.raised, **{k: why for k, (_, why) in together.items() if why}})
         return dataclasses.replace(merged, nonfinite_outputs=int(np.count_nonzero(nonfinite & mask)),
