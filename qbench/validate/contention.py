@@ -67,7 +67,8 @@ def _crowding(latency: LatencyResult | None) -> tuple[str, bool]:
         return "", False
     affinity = f"affinity {machine['affinity_cpus']}" if "affinity_cpus" in machine else ""
     plural = "s" * (threads != 1)
-    if quota is not None and threads > quota:
+    # the quota crowds them where it binds: below the CPUs the affinity mask allows (above them it caps nothing)
+    if quota is not None and threads > quota and quota < machine.get("affinity_cpus", math.inf):
         return f"{threads} thread{plural} under a cgroup quota of {quota:.2f} CPUs" + (f" ({affinity})" * bool(affinity)), True
     if threads <= cpus:
         return "", False
