@@ -289,15 +289,18 @@ def _python_values_read() -> Iterator[list[str]]:
     import torch  # a TorchModel exists: torch is installed and loaded
 
     read: list[str] = []
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", torch.jit.TracerWarning)  # not once per place: every export is told
-        yield read
-    for warning in caught:
-        if issubclass(warning.category, torch.jit.TracerWarning) and str(warning.message).startswith(_PYTHON_VALUE):
-            place = f"{warning.filename}:{warning.lineno}"
-            read.extend([] if place in read or installed(Path(os.path.realpath(warning.filename))) else [place])
-        else:
-            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", torch.jit.TracerWarning)  # not once per place: every export is told
+            yield read
+    finally:  # a failed export's warnings too: the tracer's may say why it failed
+        for warning in caught:
+            if issubclass(warning.category, torch.jit.TracerWarning) and str(warning.message).startswith(_PYTHON_VALUE):
+                place = f"{warning.filename}:{warning.lineno}"
+                read.extend([] if place in read or installed(Path(os.path.realpath(warning.filename))) else [place])
+            else:
+                warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
 
 
 def rows_difference(torch_model: TorchModel, path: Path, feeds: Sequence[Any], batch_size: int) -> tuple[str, list[Any]] | None:

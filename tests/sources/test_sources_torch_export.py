@@ -351,3 +351,16 @@ def test_a_forward_that_draws_random_numbers_is_named_so_not_as_an_export_differ
     assert detail.startswith(f"the ONNX export of mypkg.models:{factory} samples: output 'output' is computed through "
                              f"nodes that draw random numbers on every run: {drawn} ")  # fmt: skip
     assert remedy in detail and "differs from forward()" not in detail
+
+
+def test_the_warnings_of_a_failed_export_are_still_shown() -> None:
+    """The tracer's warnings were collected to find forward()'s reads of Python values and shown again after the
+    export; when the export raised, they were dropped, the ones that may say why with them."""
+    import warnings
+
+    from qbench.sources.torch_export import _python_values_read
+
+    with pytest.warns(UserWarning, match="a hint at the failure"), pytest.raises(ValueError, match="tracing failed"):
+        with _python_values_read():
+            warnings.warn("a hint at the failure", UserWarning, stacklevel=1)
+            raise ValueError("tracing failed")
