@@ -98,8 +98,12 @@ def oversubscription_note(latency: LatencyResult | None) -> str:
                f"from them) describe a smaller machine than {latency.threads} threads")  # fmt: skip
     fit = threads_that_fit(latency.machine)
     remedy = f"set latency.threads to at most {fit}, or time it" if fit >= 1 else "time it"
-    allowed = f"{latency.threads} CPU{' is' if latency.threads == 1 else 's are'} allowed"
-    return f"latency timed with {crowded}: {why}; {remedy} where {allowed}"
+    return f"latency timed with {crowded}: {why}; {remedy} where {cpus_allowed(latency.threads)}"
+
+
+def cpus_allowed(threads: int) -> str:
+    """'1 CPU is allowed', '4 CPUs are allowed': where a timing of `threads` threads crowds nothing."""
+    return f"{threads} CPU{' is' if threads == 1 else 's are'} allowed"
 
 
 @dataclass(frozen=True)
