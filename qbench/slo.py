@@ -25,7 +25,7 @@ from qbench.results_serving import ServingResult
 from qbench.validate.bound import estimate_bound, last_level_cache_bytes, memory_bandwidth_bytes_per_s
 from qbench.validate.catalogue import within
 from qbench.validate.clock import PhaseClock
-from qbench.validate.contention import contended, oversubscribed, threads_that_fit
+from qbench.validate.contention import contended, cpus_allowed, oversubscribed, threads_that_fit
 from qbench.validate.cost import usd_per_million
 from qbench.validate.latency import BatcherSamples, timed_batches
 from qbench.validate.load import Batcher, Draws, LoadReplay, MeasuredServiceTimes, search_max_rate
@@ -286,8 +286,7 @@ def _remedy(result: VariantResult) -> str:
     if latency is None or not oversubscribed(latency):
         return "on a machine nothing else runs on"
     fit = threads_that_fit(latency.machine)
-    return (f"with latency.threads at most {fit}, or " * (fit >= 1) + f"where {latency.threads} CPUs are allowed "
-            "and nothing else runs")
+    return f"with latency.threads at most {fit}, or " * (fit >= 1) + f"where {cpus_allowed(latency.threads)} and nothing else runs"
 
 
 def p99_basis(samples: int, serving: ServingResult | None) -> str:

@@ -199,6 +199,10 @@ def test_a_breach_timed_with_more_threads_than_a_fractional_quota_is_no_verdict(
     rounded_up = {**pod, "cpus": 2}  # recorded when a 1.5-CPU quota counted as 2 usable CPUs: still no verdict
     assert evaluate_gate(_crowded(_results(), "int8-fast", 2, rounded_up), GATE, slo=SLO).exit_code == EXIT_UNUSABLE
     assert evaluate_gate(_crowded(_results(), "int8-fast", 1, pod), GATE, slo=SLO).exit_code == EXIT_BREACH
+    half = {**pod, "cpu_quota": 0.5}  # even 1 thread is throttled, and no thread count fits: where to time it alone
+    assert evaluate_gate(_crowded(_results(), "int8-fast", 1, half), GATE, slo=SLO).problems == (
+        "int8-fast@onnxruntime-cpu: SLO: a breach timed with 1 thread under a cgroup quota of 0.50 CPUs (affinity 8) "
+        "is no verdict on the variant: re-run `qbench sweep` where 1 CPU is allowed and nothing else runs",)
 
 
 def test_a_missing_load_figure_or_other_settings_fail_closed():

@@ -217,14 +217,17 @@ def _session(path: Path) -> Any:
 
 def export_difference(torch_model: TorchModel, path: Path, inputs: Sequence[Any], *, session: Any = None) -> str | None:
     """How the exported graph's outputs on `inputs` (one per input, in order) differ from forward()'s beyond
-    EXPORT_TOLERANCE (relative to each output's largest magnitude), or None when they agree."""
+    EXPORT_TOLERANCE (relative to each output's largest finite magnitude), or None when they agree. Where forward()
+    gives NaN/inf (a head masking what no answer reads with -inf) the export must give the same value there; an
+    output with no finite value at all leaves nothing to compare, and is named so."""
     import torch  # a TorchModel exists: torch is installed and loaded
 
     inputs = [torch.as_tensor(value) for value in inputs]
     with single_torch_thread(), torch.no_grad():
         expected = [t.float().numpy() for t in flatten_outputs(torch_model.build()(*inputs))]
-    if not all(np.isfinite(want).all() for want in expected):
-        name = next(n for n, want in zip(torch_model.output_names, expected, strict=True) if not np.isfinite(want).all())
+    if not all(np.isfinite(want).any() for want in expected if want.size):
+        name = next(n for n, want in zip(torch_model.output_names, expected, strict=True)
+                    if want.size and not np.isfinite(want).any())  # fmt: skip
         return (f"cannot be compared: forward() itself returns NaN or inf in output {name!r} on these inputs "
                 f"({_described(torch_model.input_names, inputs)})")  # fmt: skip
     session = session or _session(path)
@@ -233,12 +236,21 @@ def export_difference(torch_model: TorchModel, path: Path, inputs: Sequence[Any]
         return f"{len(actual)} outputs are not forward()'s {len(expected)}"
     for name, got, want in zip(torch_model.output_names, actual, expected, strict=True):
         got = np.asarray(got, dtype=np.float32)
-        scale = max(1.0, float(np.max(np.abs(want)))) if want.size else 1.0
-        if got.shape != want.shape or not np.allclose(got, want, rtol=EXPORT_TOLERANCE, atol=EXPORT_TOLERANCE * scale):
-            difference = np.max(np.abs(got - want)) if got.shape == want.shape else np.inf
+        finite = want[np.isfinite(want)]
+        scale = max(1.0, float(np.max(np.abs(finite)))) if finite.size else 1.0
+        if got.shape != want.shape or not np.allclose(got, want, rtol=EXPORT_TOLERANCE, atol=EXPORT_TOLERANCE * scale,
+                                                      equal_nan=True):  # the same NaN/inf where forward() gives one
+            difference = _largest_difference(got, want) if got.shape == want.shape else np.inf
             return (f"output {name!r} differs from forward()'s by {difference:.2e} (shapes {list(got.shape)} vs "
                     f"{list(want.shape)}, tolerance {EXPORT_TOLERANCE} x {scale:.3g})")  # fmt: skip
     return None
+
+
+def _largest_difference(got: np.ndarray, want: np.ndarray) -> float:
+    """The largest |got - want| where they are not the same value (the same NaN or inf counts as the same)."""
+    same = (got == want) | (np.isnan(got) & np.isnan(want))
+    with np.errstate(invalid="ignore"):  # inf - inf where they are the same: left out by `same`
+        return float(np.max(np.where(same, 0.0, np.abs(got - want)), initial=0.0))
 
 
 def _described(names: Sequence[str], inputs: Sequence[Any]) -> str:
@@ -277,15 +289,18 @@ def _python_values_read() -> Iterator[list[str]]:
     import torch  # a TorchModel exists: torch is installed and loaded
 
     read: list[str] = []
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", torch.jit.TracerWarning)  # not once per place: every export is told
-        yield read
-    for warning in caught:
-        if issubclass(warning.category, torch.jit.TracerWarning) and str(warning.message).startswith(_PYTHON_VALUE):
-            place = f"{warning.filename}:{warning.lineno}"
-            read.extend([] if place in read or installed(Path(os.path.realpath(warning.filename))) else [place])
-        else:
-            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", torch.jit.TracerWarning)  # not once per place: every export is told
+            yield read
+    finally:  # a failed export's warnings too: the tracer's may say why it failed
+        for warning in caught:
+            if issubclass(warning.category, torch.jit.TracerWarning) and str(warning.message).startswith(_PYTHON_VALUE):
+                place = f"{warning.filename}:{warning.lineno}"
+                read.extend([] if place in read or installed(Path(os.path.realpath(warning.filename))) else [place])
+            else:
+                warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
 
 
 def rows_difference(torch_model: TorchModel, path: Path, feeds: Sequence[Any], batch_size: int) -> tuple[str, list[Any]] | None:

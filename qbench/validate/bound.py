@@ -130,7 +130,8 @@ def estimate_bound(
         moved += f" ({left:.3g} MB of lookup tables left out: a run reads only their rows)"
     cached = cache_bytes is not None and read <= cache_bytes
     if cached:
-        moved += f" (the model fits in the {cache_bytes / 2**20:.3g} MiB cache)"
+        fits = "what a run reads fits" if lookup_bytes else "the model fits"  # not the tables it reads rows of
+        moved += f" ({fits} in the {cache_bytes / 2**20:.3g} MiB cache)"
     if gpu_util_pct is not None and gpu_util_pct < GPU_BUSY_PCT:
         return BoundEstimate("overhead-bound", f"GPU busy {gpu_util_pct:.0f} % of the time; {moved}", **figures)
     if fraction >= MEMORY_BOUND_FRACTION and not cached:

@@ -67,7 +67,8 @@ def _crowding(latency: LatencyResult | None) -> tuple[str, bool]:
         return "", False
     affinity = f"affinity {machine['affinity_cpus']}" if "affinity_cpus" in machine else ""
     plural = "s" * (threads != 1)
-    if quota is not None and threads > quota:
+    # the quota crowds them where it binds: below the CPUs the affinity mask allows (above them it caps nothing)
+    if quota is not None and threads > quota and quota < machine.get("affinity_cpus", math.inf):
         return f"{threads} thread{plural} under a cgroup quota of {quota:.2f} CPUs" + (f" ({affinity})" * bool(affinity)), True
     if threads <= cpus:
         return "", False
@@ -97,8 +98,12 @@ def oversubscription_note(latency: LatencyResult | None) -> str:
                f"from them) describe a smaller machine than {latency.threads} threads")  # fmt: skip
     fit = threads_that_fit(latency.machine)
     remedy = f"set latency.threads to at most {fit}, or time it" if fit >= 1 else "time it"
-    allowed = f"{latency.threads} CPU{' is' if latency.threads == 1 else 's are'} allowed"
-    return f"latency timed with {crowded}: {why}; {remedy} where {allowed}"
+    return f"latency timed with {crowded}: {why}; {remedy} where {cpus_allowed(latency.threads)}"
+
+
+def cpus_allowed(threads: int) -> str:
+    """'1 CPU is allowed', '4 CPUs are allowed': where a timing of `threads` threads crowds nothing."""
+    return f"{threads} CPU{' is' if threads == 1 else 's are'} allowed"
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,13 @@ class Overflows(Net):
         return super().forward(features) * 1e39
 
 
+class Masked(Net):
+    """A head masking what no decision reads with -inf, as a QA head masks the question and the padding."""
+
+    def forward(self, features):
+        return super().forward(features).masked_fill(torch.arange(3) == 2, float("-inf"))
+
+
 class Sampled(Net):
     """A VAE-style sampler: the mean plus noise drawn in forward(), eval mode or not."""
 
@@ -93,7 +100,7 @@ class NumberedBatch(Net):
 MODELS_SOURCE = '''
 import torch
 
-from mypkg.layers import Dropped, KeyPadded, Net, NumberedBatch, Overflows, PerRowLoop, Sampled
+from mypkg.layers import Dropped, KeyPadded, Masked, Net, NumberedBatch, Overflows, PerRowLoop, Sampled
 
 
 def build():
@@ -116,6 +123,11 @@ def build_key_padded():
 
 def build_overflows():
     return Overflows()
+
+
+def build_masked():
+    torch.manual_seed(0)
+    return Masked()
 
 
 def build_sampled():
@@ -289,6 +301,38 @@ def test_a_forward_that_returns_inf_on_the_example_is_named_so_not_as_an_export_
            "these inputs (features [2, 4] float32)" in caught.value.detail
 
 
+def test_a_forward_masking_with_minus_inf_exports_and_the_export_is_compared_where_it_is_finite(tmp_path: Path) -> None:
+    """A span head masking the question and padding with -inf passes the gate (qbench.tasks.span), but its torch
+    source was refused at export: 'cannot be compared: forward() itself returns NaN or inf'. The export is compared
+    where forward() is finite, and must give the same NaN/inf where it is not."""
+    recipe = _project(tmp_path, "build_masked")
+    path = export_reference(load_torch_model(load_recipe(recipe)))
+    x = np.random.default_rng(3).normal(size=(5, FEATURES)).astype(np.float32)
+    (got,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"features": x})
+    assert np.isneginf(got[:, 2]).all() and np.isfinite(got[:, :2]).all()
+    with torch.no_grad():
+        want = load_torch_model(load_recipe(recipe)).build()(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+@pytest.mark.parametrize(("exported", "said"), [
+    ([[0.5, -np.inf], [1.0, 2.0]], None),  # forward()'s own values, its -inf included
+    ([[0.5, 0.0], [1.0, 2.0]], "differs from forward()'s by inf"),  # a finite value where forward() gives -inf
+    ([[0.5, -np.inf], [1.0, 2.5]], "differs from forward()'s by 5.00e-01"),  # a finite value off by 0.5
+    ([[0.5, np.nan], [1.0, 2.0]], "differs from forward()'s by nan"),  # NaN is not -inf
+])  # fmt: skip
+def test_an_export_must_give_the_same_nonfinite_values_as_forward(exported: list, said: str | None) -> None:
+    from types import SimpleNamespace
+
+    from qbench.sources.torch_export import export_difference
+
+    forward = torch.tensor([[0.5, -np.inf], [1.0, 2.0]])
+    model = SimpleNamespace(build=lambda: (lambda x: forward), input_names=["x"], output_names=["scores"])
+    session = SimpleNamespace(run=lambda names, feeds: [np.array(exported, np.float32)])
+    difference = export_difference(model, Path("unused.onnx"), [np.zeros((2, 1), np.float32)], session=session)
+    assert difference is None if said is None else said in difference
+
+
 @pytest.mark.parametrize(("factory", "drawn", "remedy"), [
     ("build_sampled", "RandomNormalLike", "a sampler draws in inference mode too: have the model return its "
                                           "deterministic part"),
@@ -307,3 +351,16 @@ def test_a_forward_that_draws_random_numbers_is_named_so_not_as_an_export_differ
     assert detail.startswith(f"the ONNX export of mypkg.models:{factory} samples: output 'output' is computed through "
                              f"nodes that draw random numbers on every run: {drawn} ")  # fmt: skip
     assert remedy in detail and "differs from forward()" not in detail
+
+
+def test_the_warnings_of_a_failed_export_are_still_shown() -> None:
+    """The tracer's warnings were collected to find forward()'s reads of Python values and shown again after the
+    export; when the export raised, they were dropped, the ones that may say why with them."""
+    import warnings
+
+    from qbench.sources.torch_export import _python_values_read
+
+    with pytest.warns(UserWarning, match="a hint at the failure"), pytest.raises(ValueError, match="tracing failed"):
+        with _python_values_read():
+            warnings.warn("a hint at the failure", UserWarning, stacklevel=1)
+            raise ValueError("tracing failed")

@@ -61,6 +61,8 @@ def test_lookup_tables_a_run_reads_rows_of_are_left_out_of_the_weight_traffic():
     assert rows.bandwidth_fraction == pytest.approx(0.1 / 12)
     assert rows.verdict == "compute-bound"  # fixed share (32 * 10 - 200) / 31 / 10 = 39 %
     assert "99 MB of lookup tables left out: a run reads only their rows" in rows.basis
+    # the 100 MB model does not fit in the 32 MiB cache: the 1 MB a run reads does
+    assert "(what a run reads fits in the 32 MiB cache)" in rows.basis and "the model fits" not in rows.basis
 
 
 def test_the_tables_a_graph_only_looks_rows_up_in_are_counted(tmp_path):

@@ -63,3 +63,13 @@ def test_the_report_marks_the_threads_of_a_crowded_timing_and_states_the_allowan
     assert "- [1] latency timed with 4 threads under a cgroup quota of 1.50 CPUs (affinity 8)" in latency
     others_rows = [line for line in latency.splitlines() if line.startswith("| int8") and line.endswith("| 2 |")]
     assert others_rows  # threads within the CPUs: no mark
+
+
+def test_a_quota_above_the_affinity_cpus_is_not_what_the_threads_outnumbered():
+    """A quota of 4 CPUs over 2 affinity CPUs caps nothing (machine_kind leaves it out): 5 threads take turns on the 2
+    CPUs, not 'under a cgroup quota of 4.00 CPUs' waiting out CFS throttling."""
+    wide = {**POD, "cpus": 2, "affinity_cpus": 2, "cpu_quota": 4.0}
+    latency = replace(make_latency({1: 1.0}, threads=5), machine=wide)
+    assert oversubscribed(latency) == "5 threads on 2 usable CPUs (affinity 2, cgroup quota 4.00 CPUs)"
+    assert "the threads took turns on the CPUs" in oversubscription_note(latency)
+    assert oversubscription_note(latency).endswith("set latency.threads to at most 2, or time it where 5 CPUs are allowed")
