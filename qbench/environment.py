@@ -268,6 +268,12 @@ def gpu_model() -> str | None:
     return names[0] if names else None
 
 
+def recorded_quota(machine: dict[str, Any]) -> float | None:
+    """The cgroup CPU quota a timing machine recorded (CPUs per period), None without one."""
+    quota = machine.get("cpu_quota")
+    return float(quota) if isinstance(quota, (int, float)) and not isinstance(quota, bool) else None
+
+
 def machine_kind(machine: dict[str, Any]) -> str:
     """'<CPU model> x<usable CPUs>[ quota <CPUs>] <arch>[ + <device>]': timings compare only between machines of one
     kind (the host name does not matter); '' when not recorded (results written before qbench recorded it). The cgroup
@@ -276,8 +282,7 @@ def machine_kind(machine: dict[str, Any]) -> str:
     usable CPU; a quota above the CPUs the process may run on caps nothing."""
     if not machine.get("cpu"):
         return ""
-    quota = machine.get("cpu_quota")
-    binds = isinstance(quota, (int, float)) and not isinstance(quota, bool) and quota < machine.get("affinity_cpus", math.inf)
-    limit = f" quota {quota:g}" if binds else ""
+    quota = recorded_quota(machine)
+    limit = f" quota {quota:g}" if quota is not None and quota < machine.get("affinity_cpus", math.inf) else ""
     kind = f"{machine['cpu']} x{machine.get('cpus')}{limit} {machine.get('arch', '')}".rstrip()
     return f"{kind} + {machine['device']}" if machine.get("device") else kind

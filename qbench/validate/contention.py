@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from qbench.environment import recorded_quota
+
 if TYPE_CHECKING:  # pragma: no cover
     import psutil
 
@@ -40,12 +42,6 @@ CONTENDED_CPUS = 0.5
 def contended(point: LatencyPoint | None) -> bool:
     """Whether `point` was timed while other processes kept CONTENDED_CPUS or more busy (False when not recorded)."""
     return point is not None and point.others_cpus >= CONTENDED_CPUS
-
-
-def _quota(machine: dict[str, Any]) -> float | None:
-    """The cgroup CPU quota a timing machine recorded (CPUs per period), None without one."""
-    quota = machine.get("cpu_quota")
-    return float(quota) if isinstance(quota, (int, float)) and not isinstance(quota, bool) else None
 
 
 def oversubscribed(latency: LatencyResult | None) -> str:
@@ -62,7 +58,7 @@ def _crowding(latency: LatencyResult | None) -> tuple[str, bool]:
     if latency is None or latency.threads is None:
         return "", False
     threads, machine = latency.threads, latency.machine
-    cpus, quota = machine.get("cpus"), _quota(machine)
+    cpus, quota = machine.get("cpus"), recorded_quota(machine)
     if not isinstance(cpus, int):
         return "", False
     affinity = f"affinity {machine['affinity_cpus']}" if "affinity_cpus" in machine else ""
@@ -79,7 +75,7 @@ def _crowding(latency: LatencyResult | None) -> tuple[str, bool]:
 def threads_that_fit(machine: dict[str, Any]) -> int:
     """The most intra-op threads `machine` times unhindered: its usable CPUs, at most its quota rounded down (0 under
     a quota below 1 CPU, where even one thread is throttled)."""
-    cpus, quota = int(machine.get("cpus") or 0), _quota(machine)
+    cpus, quota = int(machine.get("cpus") or 0), recorded_quota(machine)
     return cpus if quota is None else min(cpus, math.floor(quota))
 
 
