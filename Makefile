@@ -19,7 +19,7 @@ demo: install
 	$(PY) -m qbench.demo.digits --out .
 	$(PY) -m qbench.demo.qat_case --out .
 	$(VENV)/bin/qbench sweep recipes/digits.yaml
-	$(VENV)/bin/qbench gate recipes/digits.yaml || echo "(gate exit code $$?: the table above says which variant breached)"
+	$(VENV)/bin/qbench gate recipes/digits.yaml || echo "(gate exit code $$?: 1 = a variant breached, 2 = results it could not judge; the lines above name which)"
 
 test: install
 	$(PY) -m pytest -q -p no:cacheprovider

@@ -422,10 +422,15 @@ def search_max_rate(
     if settled and previous.max_rate_rps is not None and previous.max_rate_rps < search.max_rate_rps:
         search = previous  # two samples agreed: the lower of them (a sample that was quiet by chance claims high)
     if undecided:
-        logger.info("the highest rate within the %s ms budget, %s req/s, is not settled at %d simulated requests "
-                    "(%s req/s at a quarter of them): claimed as it stands", budget_ms, search.max_rate_rps, requests,
-                    previous.max_rate_rps if previous else None)  # fmt: skip
+        earlier = f" ({_rate_text(previous.max_rate_rps)} at {previous.requests:,})" if previous else ""
+        logger.info("the highest rate within the %g ms budget, %s, is not settled at %s simulated requests%s: claimed "
+                    "as it stands", budget_ms, _rate_text(search.max_rate_rps), f"{requests:,}", earlier)  # fmt: skip
     return replace(search, simulations=runs, requests=last.requests, undecided=undecided)
+
+
+def _rate_text(rate_rps: float | None) -> str:
+    """A searched rate as the report's serving table writes it (82,365 req/s), or that none met the budget."""
+    return "no rate" if rate_rps is None else f"{rate_rps:,.0f} req/s"
 
 
 def _close(before: float | None, after: float | None) -> bool:

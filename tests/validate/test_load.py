@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from decimal import Decimal, localcontext
 
@@ -359,6 +360,25 @@ def test_the_search_extends_its_requests_until_the_bound_places_the_edge():
     extended = search_max_rate(replay, budget)
     assert extended.requests > 5000 and extended.simulations > short.simulations
     assert extended.at_max == replay.with_requests(extended.requests).at(extended.max_rate_rps)
+
+
+def test_an_unsettled_search_logs_its_rates_and_requests_as_the_report_writes_them(monkeypatch, caplog):
+    """Two searches (5,000 then 20,000 requests, the most allowed) disagree: the sweep's log line says so with the
+    rates rounded and grouped as the serving table writes them (`make demo` printed `82365.15585088849 req/s ...
+    (123026.43532158028 req/s at a quarter of them)`), and the earlier search's own requests."""
+    import qbench.validate.load as load_module
+    from qbench.validate.load import RateSearch
+
+    scripted = iter([RateSearch(10.0, 123026.43532158028, None, 20, 5_000, undecided=True),
+                     RateSearch(10.0, 82365.15585088849, None, 20, 20_000, undecided=True)])  # fmt: skip
+    monkeypatch.setattr(load_module, "_search_once", lambda replay, budget_ms, **options: next(scripted))
+    replay = LoadReplay(FixedServiceTime(D_MS), Batcher(1, 0.0), Draws.make(5_000, seed=0))
+    with caplog.at_level(logging.INFO, logger="qbench"):
+        search = search_max_rate(replay, 10.0, max_requests=20_000)
+    assert (search.max_rate_rps, search.undecided, search.requests) == (82365.15585088849, True, 20_000)
+    assert [r.getMessage() for r in caplog.records if r.name == "qbench.validate.load"] == [
+        "the highest rate within the 10 ms budget, 82,365 req/s, is not settled at 20,000 simulated requests "
+        "(123,026 req/s at 5,000): claimed as it stands"]
 
 
 def test_a_settled_search_claiming_the_lower_of_two_agreeing_rates_says_it_settled(monkeypatch):
