@@ -19,6 +19,7 @@ from mlflow.utils.validation import (
 from qbench.frontier import gate_tolerances, speedup, timed_on
 from qbench.gate import GateReport, problem_owner
 from qbench.gate_report import check_line, problem_line, summary_line
+from qbench.gate_report import verdict as gate_verdict
 from qbench.recipe import GateSpec, Recipe, StabilitySpec
 from qbench.results import (
     SliceMetrics,
@@ -29,10 +30,9 @@ from qbench.results import (
 from qbench.slo import serving_metrics
 
 _DISALLOWED = re.compile(r"[^\w\-. :/]")  # MLflow keys: alphanumerics, _ - . space : /
-GATE_TAG = "qbench.gate"  # pass | breach | unusable on the sweep; pass | fail | not gated on a variant
+GATE_TAG = "qbench.gate"  # pass | breach | interrupted | unusable on the sweep; pass | fail | not gated on a variant
 GATE_NOTES_TAG = "qbench.gate.notes"  # the gate's notes that concern the run ('none' when none)
 GATE_REASONS_TAG = "qbench.gate.reasons"  # why the verdict is no pass: breaches and problems ('none' on a pass)
-_GATE_VERDICTS = {0: "pass", 1: "breach", 2: "unusable"}
 _NOTE_SEPARATOR = " | "
 _DESCRIPTION_TAG = "mlflow.note.content"  # shown as the run's description in the MLflow UI
 _V = TypeVar("_V")
@@ -297,7 +297,7 @@ def gate_tags(gate: GateReport | None, key: str | None = None) -> dict[str, str]
         return {GATE_TAG: "not evaluated"}
     if key is None:
         notes, reasons = list(gate.notes), [] if gate.exit_code == 0 else [summary_line(gate)]
-        verdict = _GATE_VERDICTS.get(gate.exit_code, "unusable")
+        verdict = gate_verdict(gate)  # pass, breach, interrupted (a signal ended the command) or unusable
     else:
         variant, _, backend = key.rpartition("@")
         verdict = gate.status_of(variant, backend)

@@ -46,3 +46,14 @@ def test_names_holding_dots_or_cleaning_alike_keep_a_metric_each() -> None:
     assert metrics["range/a/b.c/clipped_share"] == 0.125 and metrics["range/a.b/c/clipped_share"] == 0.25
     dropped = sorted(v for k, v in metrics.items() if k.startswith("dropped_nonfinite/evaluation/"))
     assert dropped == [1.0, 2.0] and metrics["dropped_nonfinite/evaluation/a_b"] == 2.0
+
+
+def test_the_sweeps_gate_tag_says_interrupted_where_a_signal_ended_the_command_before_its_verdict():
+    """The report files call such an ending 'interrupted' (exit 2); the sweep's MLflow run said 'unusable'."""
+    from qbench.gate import GateReport
+    from qbench.track_content import GATE_TAG, gate_tags
+
+    stopped = "qbench was interrupted by SIGTERM before the gate command finished"
+    assert gate_tags(GateReport(metric="accuracy", problems=(stopped,), interrupted=stopped))[GATE_TAG] == "interrupted"
+    assert gate_tags(GateReport(metric="accuracy", problems=("results incomplete",)))[GATE_TAG] == "unusable"
+    assert gate_tags(GateReport(metric="accuracy"))[GATE_TAG] == "pass"
