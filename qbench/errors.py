@@ -87,11 +87,13 @@ def plain_name(name: str) -> str:
     return name if name and name == name.strip() and name.isprintable() else repr(name)
 
 
-def expected_one_of(got: object, choices: Iterable[str]) -> str:
-    """Message for a value outside a closed set: "got 'x', expected one of a, b (did you mean 'a'?)"."""
+def expected_one_of(got: object, choices: Iterable[str], *, hint: str | None = None) -> str:
+    """Message for a value outside a closed set: "got 'x', expected one of a, b (did you mean 'a'?)". `hint`, where
+    the caller knows what `got` means (another tool's name for one of `choices`), replaces the guess by spelling."""
     options = sorted(str(c) for c in choices)
     listed = ", ".join(repr(o) if "," in o else plain_name(o) for o in options)
-    return f"got {short_repr(got)}, expected one of {listed}{did_you_mean(str(got), options)}"
+    guess = did_you_mean(str(got), options) if hint is None else f" ({hint})"
+    return f"got {short_repr(got)}, expected one of {listed}{guess}"
 
 
 _ENVIRONMENT_ERRNOS = {

@@ -16,6 +16,17 @@ from typing import Any
 from qbench.errors import expected_one_of, short_repr
 
 FILTER_OPS = ("eq", "ne", "in", "not_in", "lt", "le", "gt", "ge")
+_MEANINGS = {"eq": "equal to", "ne": "not equal to", "in": "one of a list", "not_in": "none of a list",
+             "lt": "less than", "le": "less than or equal to", "gt": "greater than", "ge": "greater than or equal to"}
+_OTHER_SPELLINGS = {
+    "ge": ("gte", "geq", ">="), "le": ("lte", "leq", "<="), "gt": (">",), "lt": ("<",),
+    "eq": ("=", "==", "equals", "is"), "ne": ("neq", "!=", "<>", "not", "is_not", "not_eq"),
+    "in": ("isin", "in_", "one_of"), "not_in": ("nin", "notin", "not in", "not_isin", "none_of"),
+}
+"""The operators of other query languages (MongoDB's $gte and $nin, Django's __lte, SQL's <>, pandas' isin) by the
+op they mean here. Their spelling misleads a guess by closeness: 'gte' is closest to 'gt', which leaves out the bound,
+and 'nin' to 'in', its opposite; the error names the op they mean instead."""
+_SAME_AS = {spelling: op for op, spellings in _OTHER_SPELLINGS.items() for spelling in (op, *spellings)}
 
 
 def check_filter(value: Any) -> dict[str, Any]:
@@ -54,7 +65,7 @@ def _as_written(operand: Any) -> Any:
 def _check_operand(column: str, op: Any, operand: Any) -> None:
     where = f"column {short_repr(column)}"
     if op not in FILTER_OPS:
-        raise ValueError(f"{where}: operator {expected_one_of(op, FILTER_OPS)}")
+        raise ValueError(f"{where}: operator {expected_one_of(op, FILTER_OPS, hint=_same_op_hint(op))}")
     if op in ("in", "not_in"):
         if not isinstance(operand, list) or not operand:
             raise ValueError(f"{where}: {op!r} expects a non-empty list of values, got {short_repr(operand)}")
@@ -67,6 +78,15 @@ def _check_operand(column: str, op: Any, operand: Any) -> None:
                              f"('2024-01-31'), got {short_repr(operand)}")  # fmt: skip
     else:
         _check_scalar(where, op, operand)
+
+
+def _same_op_hint(op: Any) -> str | None:
+    """'$gte' / 'GTE' / '__gte' -> "'$gte' is written 'ge' here: greater than or equal to" ('$in', 'GT' too); None for
+    an op that is no other language's (a typo, left to the guess by spelling)."""
+    if not isinstance(op, str):
+        return None
+    same = _SAME_AS.get(op.strip().lstrip("$_").lower())
+    return None if same is None else f"{op!r} is written {same!r} here: {_MEANINGS[same]}"
 
 
 def _check_scalar(where: str, op: str, operand: Any) -> None:

@@ -236,6 +236,21 @@ def test_filter_operators_are_checked_at_load_time(tmp_path):
     assert "expected one of eq, ge, gt, in, le, lt, ne, not_in" in message
 
 
+@pytest.mark.parametrize(("written", "meant"), [
+    ("gte", "'ge' here: greater than or equal to"),  # by closeness 'gt', which leaves out the bound
+    ("$lte", "'le' here: less than or equal to"),  # MongoDB's
+    ("nin", "'not_in' here: none of a list"),  # by closeness 'in', its opposite
+    ("__gte", "'ge' here: greater than or equal to"),  # Django's lookup suffix
+    (">=", "'ge' here: greater than or equal to"),
+])
+def test_other_query_languages_operators_are_named_by_meaning(tmp_path, written, meant):
+    data = dict(BASE["data"], evaluation={"filter": {"ts": {written: "2024-01-01"}}})
+    message = error_of(tmp_path, with_changes(data=data))
+    assert message.startswith(f"recipe.yaml: data.evaluation.filter: column 'ts': operator got {written!r}")
+    assert message.endswith(f"({written!r} is written {meant})")
+    assert "did you mean" not in message
+
+
 def test_slice_needs_by_or_name_and_filter(tmp_path):
     data = dict(BASE["data"], slices=[{"name": "faint"}])
     assert error_of(tmp_path, with_changes(data=data)) == (

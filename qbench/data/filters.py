@@ -74,11 +74,19 @@ def scalar_column(df: pd.DataFrame, column: str, *, field: str, recipe_file: Pat
     if column not in df.columns:
         raise RecipeError(recipe_file, field, expected_one_of(column, [str(c) for c in df.columns]))
     values = df[column]
-    if pd.api.types.is_object_dtype(values) and values.map(_is_array_like).any():
-        raise RecipeError(
-            recipe_file, field, f"column {column!r} holds lists or arrays; expected a column of single values"
-        )
-    return values
+    nested = values[values.map(_is_array_like)] if pd.api.types.is_object_dtype(values) else values.iloc[:0]
+    if nested.empty:
+        return values
+    fields = next((list(cell) for cell in nested if isinstance(cell, dict)), None)
+    if fields is None:
+        raise RecipeError(recipe_file, field, f"column {column!r} holds lists or arrays; expected a column of single "
+                          "values")  # fmt: skip
+    shown = ", ".join(repr(str(name)) for name in fields[:4]) + (", ..." if len(fields) > 4 else "")
+    flattened = f"{column}.{fields[0] if fields else '<field>'}"
+    raise RecipeError(recipe_file, field, (
+        f"column {column!r} holds structs (nested fields {shown}), as Spark and pyarrow write nested columns; expected "
+        f"a column of single values: write the field as a column of its own (pyarrow's Table.flatten() names it "
+        f"{flattened!r})"))  # fmt: skip
 
 
 def check_one_kind(values: pd.Series, column: str, *, field: str, recipe_file: Path) -> None:

@@ -110,6 +110,23 @@ def test_filter_on_a_list_column_is_an_error() -> None:
     )
 
 
+def test_filter_on_a_struct_column_names_its_fields(tmp_path: Path) -> None:
+    """A nested column (Spark's struct) is no list: the error says what it holds and how to reach a field."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    meta = pa.array([{"site": "eu", "batch": 1}, {"site": "us", "batch": 2}])
+    pq.write_table(pa.table({"x": [0.5, 1.5], "meta": meta}), tmp_path / "rows.parquet")
+    table = load_table(tmp_path / "rows.parquet", recipe_file=RECIPE)
+    with pytest.raises(RecipeError) as info:
+        filter_mask(table, {"meta": "eu"}, field=FIELD, recipe_file=RECIPE)
+    assert str(info.value) == (
+        "recipe.yaml: data.evaluation.filter.meta: column 'meta' holds structs (nested fields 'site', 'batch'), as "
+        "Spark and pyarrow write nested columns; expected a column of single values: write the field as a column of "
+        "its own (pyarrow's Table.flatten() names it 'meta.site')"
+    )
+
+
 def test_select_rows_returns_sorted_int_positions() -> None:
     positions = select_rows(_table(), {"split": "test"}, field=FIELD, recipe_file=RECIPE)
     assert positions.dtype == np.int64
