@@ -362,3 +362,37 @@ def test_token_scores_spread_over_the_scored_tokens_alone():
     by_hand = np.sqrt(sum(np.var(scores[~padding[:, t], t].astype(np.float64), axis=0).sum() for t in range(12)
                       if (~padding[:, t]).any()))  # tokens 7 and on are never scored
     assert spread[0].reference == pytest.approx(by_hand, rel=1e-9)
+
+
+def test_a_slice_whose_fp32_variation_lies_below_an_8_bit_step_is_not_judged_collapsed_by_int8_rounding():
+    """A detector's scores on images without an object: FP32's probabilities there all lie within 5e-4 of 0 (spread
+    about 1e-4, under 1/256 of the 0.5 the scores vary by over every row), and an INT8 output grid of 1/255 rounds
+    every one of them to 0. That is rounding, not a collapse: the variant decides every row as FP32 does. Before,
+    the gate breached it on that slice ('its outputs vary ... by 0 ... a constant answer'), exit 1."""
+    rng = np.random.default_rng(3)
+    positive = np.where(SLICE_B["half=a"], rng.uniform(0.0, 1.0, ROWS), rng.uniform(1e-5, 5e-4, ROWS))
+    probabilities = np.stack([1 - positive, positive], axis=1).astype(np.float32)
+    labels = (positive > 0.5).astype(np.int64)
+    rounded = (np.round(probabilities * 255) / 255).astype(np.float32)  # a static INT8 output's grid over [0, 1]
+    results = _results("classification", probabilities, rounded, labels, SLICE_B)
+    b = results.find("fp32", BACKEND).accuracy.slice("half=b").spread["out"]
+    assert 0 < b < results.find("fp32", BACKEND).accuracy.overall.spread["out"] / 256
+    assert results.find("int8-a", BACKEND).accuracy.slice("half=b").spread["out"] == 0.0
+    report = evaluate_gate(results, ACCURACY)
+    assert [c.metric for c in report.breaches] == [] and report.exit_code == EXIT_PASS
+    spreads = {c.scope for c in report.checks if c.metric == "output_spread"}
+    assert spreads == set()  # judged overall and on half=a (kept, no check row), not on half=b
+
+
+def test_a_slice_varying_by_more_than_an_8_bit_step_is_still_judged_on_its_spread():
+    """The same rows, with half b's scores spread over [0.01, 0.05] (above one step of 1/255 over the output's
+    values): a variant giving one vector there breaches on that slice."""
+    rng = np.random.default_rng(3)
+    positive = np.where(SLICE_B["half=a"], rng.uniform(0.0, 1.0, ROWS), rng.uniform(0.01, 0.05, ROWS))
+    probabilities = np.stack([1 - positive, positive], axis=1).astype(np.float32)
+    labels = (positive > 0.5).astype(np.int64)
+    dead = probabilities.copy()
+    dead[SLICE_B["half=b"]] = [0.97, 0.03]
+    report = evaluate_gate(_results("classification", probabilities, dead, labels, SLICE_B), ACCURACY)
+    assert [(c.scope, c.metric) for c in report.breaches] == [("half=b", "output_spread")]
+    assert report.exit_code == EXIT_BREACH
