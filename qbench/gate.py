@@ -315,7 +315,8 @@ def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec,
             )  # fmt: skip
         judged = not _too_small(own_scope, spec)
         if judged:  # collapsed outputs, on every scope judged: one slice alone is a breach
-            collapsed, spread_problems = collapsed_outputs(ref_scope, own_scope, reference.accuracy.overall)
+            grid = reference.accuracy.overall if candidate.precision == "int8" else None  # an integer output grid
+            collapsed, spread_problems = collapsed_outputs(ref_scope, own_scope, grid)
             checks += [GateCheck(variant, backend, own_scope.name, name, ref_spread, own_spread,
                                  ref_spread - own_spread, (1 - COLLAPSED) * ref_spread, own_scope.size, "breach")
                        for name, ref_spread, own_spread in collapsed]  # fmt: skip

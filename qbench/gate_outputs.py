@@ -42,15 +42,17 @@ variant (collapsed scales, values clamped to one bound, a layer giving one value
 
 RESOLVED_SPREAD = 1 / 256
 """A slice on which FP32's output varies by under this share of its variation over every evaluation row (its overall
-spread) varies by less than one step of an 8-bit grid spanning the output's values: a static INT8 or FP8 output
-rounds all of it to one value by construction (a detector's scores on images without an object, all within 1e-3 of
-0, become 0), so losing it is rounding, not a collapse, and that slice's spread is not judged (as one where FP32's is 0)."""
+spread) varies by less than one step of an 8-bit integer grid spanning the output's values: an INT8 variant whose
+output is quantized rounds all of it to one value by construction (a detector's scores on images without an object,
+all within 1e-3 of 0, become 0), so losing it is rounding, not a collapse, and that slice's spread is not judged for an
+INT8 variant (as one where FP32's is 0). A float format (FP16, BF16, FP8) keeps its relative precision near 0: such a
+variant losing that variation is still judged."""
 
 SPREAD_METRIC = "output_spread"
 
 
 def collapsed_outputs(reference: SliceMetrics, own: SliceMetrics,
-                      overall: SliceMetrics | None = None) -> tuple[list[tuple[str, float, float]], list[str]]:  # fmt: skip
+                      grid_overall: SliceMetrics | None = None) -> tuple[list[tuple[str, float, float]], list[str]]:  # fmt: skip
     """On one scope (overall, or a slice: the gate passes those it judges), (check name, FP32's spread, the
     variant's) for each evaluated output whose spread collapsed (COLLAPSED), and why it cannot be told: FP32's spread
     is recorded and the variant's is not (results edited, or written by another qbench); where neither is recorded
@@ -58,14 +60,15 @@ def collapsed_outputs(reference: SliceMetrics, own: SliceMetrics,
     (spread 0, or no finite row) has nothing to collapse; a variant with NaN/inf on every row of it (no spread)
     breaches on its NaN/inf outputs. Rounding keeps an output's variation unless all of it lies below the precision's
     step for every value of the output (small probabilities keep their relative precision), so an honest variant
-    keeps nearly all of FP32's spread. On a slice (`overall`: FP32's overall scope), an output FP32 varies by under
-    RESOLVED_SPREAD of its overall spread is not judged: no 8-bit grid over the output's values resolves that variation."""
+    keeps nearly all of FP32's spread. For an INT8 variant (`grid_overall`: FP32's overall scope), an output FP32 varies
+    by under RESOLVED_SPREAD of its overall spread on a slice is not judged there: no 8-bit grid over the output's values
+    resolves that variation."""
     collapsed, problems = [], []
     where = "" if reference.name == "overall" else f" on slice {reference.name}"
     for output, ref_spread in reference.spread.items():
         if not (math.isfinite(ref_spread) and ref_spread > 0):
             continue
-        whole = overall.spread.get(output, math.nan) if overall is not None else math.nan
+        whole = grid_overall.spread.get(output, math.nan) if grid_overall is not None else math.nan
         if ref_spread < RESOLVED_SPREAD * whole:  # below one 8-bit step of the output's variation: rounding, no collapse
             continue
         name = f"{output}{OUTPUT_SEPARATOR}{SPREAD_METRIC}" if output and len(reference.spread) > 1 else SPREAD_METRIC

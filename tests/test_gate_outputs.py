@@ -384,6 +384,24 @@ def test_a_slice_whose_fp32_variation_lies_below_an_8_bit_step_is_not_judged_col
     assert spreads == set()  # judged overall and on half=a (kept, no check row), not on half=b
 
 
+def test_a_float_variant_losing_a_slices_variation_below_an_8_bit_step_is_still_judged():
+    """FP16 keeps its relative precision near 0: scores of 1e-5 to 5e-4 stay apart in it, so an FP16 variant giving
+    one value on that slice broke it, however little FP32's scores vary there next to their overall spread."""
+    import dataclasses
+
+    rng = np.random.default_rng(3)
+    positive = np.where(SLICE_B["half=a"], rng.uniform(0.0, 1.0, ROWS), rng.uniform(1e-5, 5e-4, ROWS))
+    probabilities = np.stack([1 - positive, positive], axis=1).astype(np.float32)
+    labels = (positive > 0.5).astype(np.int64)
+    flat = probabilities.copy()
+    flat[SLICE_B["half=b"]] = [1 - 2.5e-4, 2.5e-4]
+    results = _results("classification", probabilities, flat, labels, SLICE_B)
+    as_fp16 = dataclasses.replace(results, variants=tuple(
+        dataclasses.replace(v, precision="fp16") if v.variant == "int8-a" else v for v in results.variants))
+    assert [(c.scope, c.metric) for c in evaluate_gate(as_fp16, ACCURACY).breaches] == [("half=b", "output_spread")]
+    assert evaluate_gate(results, ACCURACY).breaches == ()  # the same outputs from an INT8 variant: its grid's rounding
+
+
 def test_a_slice_varying_by_more_than_an_8_bit_step_is_still_judged_on_its_spread():
     """The same rows, with half b's scores spread over [0.01, 0.05] (above one step of 1/255 over the output's
     values): a variant giving one vector there breaches on that slice."""
