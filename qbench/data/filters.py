@@ -19,6 +19,7 @@ non-missing cell.
 
 from __future__ import annotations
 
+import logging
 import operator
 import re
 import unicodedata
@@ -32,6 +33,8 @@ import pandas as pd
 from qbench.data.load import table_name
 from qbench.data.text_tables import number_format_hint, text_as_numbers, text_decimal
 from qbench.errors import RecipeError, expected_one_of, short_repr
+
+logger = logging.getLogger(__name__)
 
 _COMPARISONS: dict[str, Callable[[pd.Series, Any], pd.Series]] = {
     "lt": operator.lt,
@@ -160,7 +163,13 @@ def _condition_mask(values: pd.Series, op: str, operand: Any, *, field: str, rec
         return matched
     if any(v is None for v in operands):
         return ~matched
-    return ~matched & values.notna().to_numpy()
+    missing = ~matched & values.isna().to_numpy()
+    if missing.any():  # SQL's rule, which a user reading `ne: x` as "all but x" does not expect: say what it left out
+        count = int(missing.sum())
+        logger.warning("%s: %s: %s leaves out the %d row%s with no %r (a missing cell is never unequal, as in SQL); to "
+                       "keep them, list the values to keep with null among them: {in: [..., null]}", recipe_file, field,
+                       op, count, "s" * (count != 1), values.name)  # fmt: skip
+    return ~matched & ~missing
 
 
 def _matches_any(values: pd.Series, operands: Sequence[Any], *, field: str, recipe_file: Path) -> np.ndarray:

@@ -61,6 +61,22 @@ def test_missing_values_match_only_conditions_that_name_null() -> None:
     assert _rows({"ink": {"ge": -10}}) == [0, 1, 2, 4]
 
 
+def test_ne_and_not_in_say_how_many_rows_they_leave_out_for_a_missing_cell(caplog: pytest.LogCaptureFixture) -> None:
+    """`ne: north` keeps rows 1 and 2, not row 3 (its region is missing): SQL's rule, which a reader of "all but north"
+    does not expect, so the one row left out that way is counted in a warning with the way to keep it; a filter
+    naming null, or a column with no missing cell, says nothing."""
+    with caplog.at_level("WARNING", logger="qbench.data.filters"):
+        assert _rows({"region": {"ne": "north"}}) == [1, 2]
+    [record] = caplog.records
+    assert "ne leaves out the 1 row with no 'region'" in record.getMessage()
+    assert "{in: [..., null]}" in record.getMessage()
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="qbench.data.filters"):
+        assert _rows({"region": {"not_in": ["north", None]}}) == [1, 2]
+        assert _rows({"region": {"eq": "east"}}) == [2]
+    assert caplog.records == []
+
+
 def test_a_number_absent_from_a_text_column_simply_matches_nothing() -> None:
     assert _rows({"split": 3}) == []
 
