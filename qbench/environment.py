@@ -274,6 +274,12 @@ def recorded_quota(machine: dict[str, Any]) -> float | None:
     return float(quota) if isinstance(quota, (int, float)) and not isinstance(quota, bool) else None
 
 
+def binding_quota(machine: dict[str, Any]) -> float | None:
+    """The recorded quota where it binds: below the CPUs the affinity mask allows (a quota above them caps nothing)."""
+    quota = recorded_quota(machine)
+    return quota if quota is not None and quota < machine.get("affinity_cpus", math.inf) else None
+
+
 def machine_kind(machine: dict[str, Any]) -> str:
     """'<CPU model> x<usable CPUs>[ quota <CPUs>] <arch>[ + <device>]': timings compare only between machines of one
     kind (the host name does not matter); '' when not recorded (results written before qbench recorded it). The cgroup
@@ -282,7 +288,7 @@ def machine_kind(machine: dict[str, Any]) -> str:
     usable CPU; a quota above the CPUs the process may run on caps nothing."""
     if not machine.get("cpu"):
         return ""
-    quota = recorded_quota(machine)
-    limit = f" quota {quota:g}" if quota is not None and quota < machine.get("affinity_cpus", math.inf) else ""
+    quota = binding_quota(machine)
+    limit = f" quota {quota:g}" if quota is not None else ""
     kind = f"{machine['cpu']} x{machine.get('cpus')}{limit} {machine.get('arch', '')}".rstrip()
     return f"{kind} + {machine['device']}" if machine.get("device") else kind

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from qbench.environment import recorded_quota
+from qbench.environment import binding_quota, recorded_quota
 
 if TYPE_CHECKING:  # pragma: no cover
     import psutil
@@ -63,9 +63,9 @@ def _crowding(latency: LatencyResult | None) -> tuple[str, bool]:
         return "", False
     affinity = f"affinity {machine['affinity_cpus']}" if "affinity_cpus" in machine else ""
     plural = "s" * (threads != 1)
-    # the quota crowds them where it binds: below the CPUs the affinity mask allows (above them it caps nothing)
-    if quota is not None and threads > quota and quota < machine.get("affinity_cpus", math.inf):
-        return f"{threads} thread{plural} under a cgroup quota of {quota:.2f} CPUs" + (f" ({affinity})" * bool(affinity)), True
+    binding = binding_quota(machine)  # the quota crowds them only where it binds
+    if binding is not None and threads > binding:
+        return f"{threads} thread{plural} under a cgroup quota of {binding:.2f} CPUs" + (f" ({affinity})" * bool(affinity)), True
     if threads <= cpus:
         return "", False
     limits = ", ".join(limit for limit in (affinity, f"cgroup quota {quota:.2f} CPUs" if quota else "") if limit)
