@@ -200,11 +200,12 @@ class _Progress:
         if track:
             with self.guard.shielded():
                 name = f"{self.prepared.recipe.name} sweep {self.run_dir.name}"
-                self.tracker = RemoteTracker.open(self.prepared.recipe, name, run_dir=self.run_dir,
-                                                 data=_sweep_data(self.prepared), resumes=resumes)  # fmt: skip
+                recipe = self.prepared.recipe  # jobs run here: the runs open while the builds go on
+                self.tracker = RemoteTracker.open(recipe, name, run_dir=self.run_dir, data=_sweep_data(self.prepared),
+                                                 resumes=resumes, wait=recipe.executor.kind != "local")  # fmt: skip
 
     def started(self, variant: str, backend: str) -> None:
-        """Work on `variant` on `backend` has started (its MLflow run opens)."""
+        """`variant` is being measured on `backend` (or searched: a build that times candidates); its MLflow run opens."""
         if self.tracker is not None:
             with self.guard.shielded():
                 self.tracker.variant_started(variant, backend)

@@ -3,12 +3,14 @@
 Importing MLflow takes about a second, and each variant's logging (metrics, datasets, the model) a tenth of one:
 in the sweep's own process both add to its wall time, a fifth of a small model's sweep. In the tracking process
 they overlap what the sweep does meanwhile: its own imports and preparation (`qbench sweep` starts the process
-first: `prestart`), then each variant's build. Calls that only log are handed over without waiting; the ones with
-an answer (opening the runs, ending them) wait for it. Before anything is timed, `measure` waits until the process
-has done all it was handed (qbench.validate.background), so no MLflow work runs beside a timed run.
+first: `prestart`), then the variants' builds. Calls that only log are handed over without waiting, and so is
+the opening of the runs where the sweep's jobs run in its own process (`open(wait=False)`); ending the runs waits
+for its answer. Before anything is timed, `measure` waits until the process has done all it was handed
+(qbench.validate.background), so no MLflow work runs beside a timed run; while it is busy, ready builds go first.
 
-What the sweep sees is what SweepTracker gives it: opening fails with a QbenchError naming the store; a store
-failing later is `failure`, and the sweep goes on. Two more failures count as the store's: an unexpected error in
+What the sweep sees is what SweepTracker gives it: opening fails with a QbenchError naming the store (from `open`,
+or, when it did not wait, from the first call that waits: before anything is timed); a store failing later is
+`failure`, and the sweep goes on. Two more failures count as the store's: an unexpected error in
 the logging (it ends the runs FAILED, as a store's failure does), and the tracking process dying. If the sweep's
 own process dies (SIGKILL, a native crash), the tracking process ends its runs KILLED.
 """
@@ -67,6 +69,7 @@ class TrackingProcess:
         self._calls = Connection(calls_write, readable=False)
         self._answers: queue.Queue[tuple[Any, ...] | None] = queue.Queue()
         self._sent = 0
+        self._answered = 0  # the last call answered (set by the reading thread; answers come in order)
         self.started_with = _startup_environment()
         self.failure: str | None = None  # the store's first failure, as of the last answer
         self.gone: str | None = None  # why the process no longer answers
@@ -87,6 +90,7 @@ class TrackingProcess:
                 record = logging.makeLogRecord(message[1])
                 logging.getLogger(record.name).handle(record)
             else:
+                self._answered = message[1]
                 self._answers.put(message)
 
     def send(self, call: str, *args: object, **kwargs: object) -> int:
@@ -113,6 +117,11 @@ class TrackingProcess:
         self.gone = reason
         self.failure = self.failure or reason
         logger.warning("%s; the sweep goes on without MLflow", reason)
+
+    @property
+    def busy(self) -> bool:
+        """Whether a call handed over is not answered yet."""
+        return self.gone is None and self._answered < self._sent
 
     def wait(self, number: int) -> Any:
         """The answer to call `number`, once every call before it is done; a QbenchError where it raised one."""
@@ -167,7 +176,7 @@ def _worker_command(calls: int, answers: int, level: int) -> list[str]:
     is not put on it (`-P`): a module there named like one of MLflow's would be imported instead."""
     root = str(Path(qbench.__file__).resolve().parents[1])
     start = (f"import sys\nif {root!r} not in sys.path: sys.path.insert(0, {root!r})\n"
-             f"from {WORKER_MODULE} import main\nsys.exit(main({calls}, {answers}, {level}))")  # fmt: skip
+             f"from {WORKER_MODULE} import serve\nserve({calls}, {answers}, {level})")  # fmt: skip
     return [sys.executable, "-P", "-c", start]
 
 
@@ -210,54 +219,81 @@ class RemoteTracker:
     """The sweep's MLflow runs through the tracking process: SweepTracker's calls a sweep makes (see the module
     docstring)."""
 
-    def __init__(self, process: TrackingProcess) -> None:
+    def __init__(self, process: TrackingProcess, opening: int = 0) -> None:
         self._process = process
+        self._opening = opening  # the open call handed over, its answer not read yet
+        self._refused: str | None = None  # why the store refused to open the runs (read from a later call's wait)
         self._settled = ExitStack()
-        self._settled.enter_context(settled_before_timing(self.settle))
+        self._settled.enter_context(settled_before_timing(self))
 
     @classmethod
-    def open(cls, recipe: Recipe, run_name: str, *, run_dir: Path, data: SweepData,
-             resumes: Path | None = None) -> RemoteTracker:  # fmt: skip
+    def open(cls, recipe: Recipe, run_name: str, *, run_dir: Path, data: SweepData, resumes: Path | None = None,
+             wait: bool = True) -> RemoteTracker:  # fmt: skip
         """SweepTracker.open in the tracking process (an idle one, if any), in this process's current folder and
-        environment (MLFLOW_TRACKING_URI, a cloud store's credentials): waits for the runs to open."""
+        environment (MLFLOW_TRACKING_URI, a cloud store's credentials). With `wait`, returns once the runs are open;
+        without, at once, and the first call that waits (`settle` before anything is timed, `close`) raises the
+        store's refusal, if any."""
         process = _idle.pop() if _idle else TrackingProcess()
         if process.started_with != _startup_environment():  # PYTHONPATH changed since: another interpreter's start
             process.close()
             process = TrackingProcess()
         try:
-            process.wait(process.send("open", recipe, run_name, os.getcwd(), dict(os.environ), run_dir=run_dir,
-                                      data=data, resumes=resumes))  # fmt: skip
+            opening = process.send("open", recipe, run_name, os.getcwd(), dict(os.environ), run_dir=run_dir,
+                                   data=data, resumes=resumes)  # fmt: skip
+            if wait:
+                process.wait(opening)
             if process.gone is not None:
                 raise QbenchError(process.gone)
         except BaseException:
             _release(process)
             raise
-        return cls(process)
+        return cls(process, 0 if wait else opening)
 
     @property
     def failure(self) -> str | None:
         return self._process.failure
 
+    def busy(self) -> bool:
+        return self._process.busy
+
+    def _wait(self, number: int) -> Any:
+        """The answer to call `number`, once the opening of the runs has answered: its refusal is raised (once)."""
+        opening, self._opening = self._opening, 0
+        if opening:
+            try:
+                self._process.wait(opening)
+            except QbenchError as exc:
+                self._refused = str(exc)
+                raise
+        return None if self._refused is not None else self._process.wait(number)
+
     def settle(self) -> None:
         """Return once the tracking process has done every call handed to it."""
-        self._process.wait(self._process.send("settle"))
+        if self._refused is None:
+            self._wait(self._process.send("settle"))
 
     def variant_started(self, variant: str, backend: str) -> None:
-        self._process.send("variant_started", variant, backend)
+        if self._refused is None:
+            self._process.send("variant_started", variant, backend)
 
     def variant_finished(self, results: SweepResults, variant: VariantResult, *, reused: bool = False) -> None:
-        self._process.send("variant_finished", results, variant, reused=reused)
+        if self._refused is None:
+            self._process.send("variant_finished", results, variant, reused=reused)
 
     def close(self, results: SweepResults, recipe: Recipe, gate: GateReport | None,
               artifacts: Sequence[Path]) -> str | None:  # fmt: skip
         """SweepTracker.close: the parent run's id, None when the store failed (`failure` says how). An interruption
         before the sweep lets go of the tracker (`end`) still ends the runs KILLED (`abort`), as in-process."""
-        return self._process.wait(self._process.send("close", results, recipe, gate, artifacts))
+        return None if self._refused is not None else self._wait(self._process.send("close", results, recipe, gate,
+                                                                                      artifacts))  # fmt: skip
 
     def abort(self, status: str, reason: str) -> None:
-        """SweepTracker.abort: end the runs `status`; nothing is raised. The tracking process ends too."""
+        """SweepTracker.abort: end the runs `status`; nothing is raised (runs the store refused to open are none to
+        end). The tracking process ends too."""
         try:
-            self._process.wait(self._process.send("abort", status, reason))
+            if self._refused is None:
+                with contextlib.suppress(QbenchError):  # the opening's refusal: the sweep reports its own error
+                    self._wait(self._process.send("abort", status, reason))
         finally:
             self.end()
 

@@ -98,16 +98,17 @@ def test_a_signal_right_after_a_measurement_returns_leaves_it_for_resume(project
     `--resume` measured it again. The resumed sweep's results are those of a sweep never interrupted."""
     monkeypatch.setenv("QBENCH_CACHE_DIR", str(tmp_path / "store"))
     code, line, run_dir = signalled_sweep(project, "qbench.execute.executors:run_measure")
-    assert code == 2
-    assert line.endswith(f"incomplete; 2 finished jobs recorded in {run_dir / 'jobs'}, which `qbench sweep {project} "
-                         "--resume` reuses")  # fmt: skip
     records = read_records(run_dir)
-    assert sorted(records) == ["build:fp32", "measure:fp32@onnxruntime-cpu"]
+    # FP16's build goes before FP32's measurement where the MLflow runs were still opening then
+    assert set(records) - {"build:fp16"} == {"build:fp32", "measure:fp32@onnxruntime-cpu"}
+    assert code == 2
+    assert line.endswith(f"incomplete; {len(records)} finished jobs recorded in {run_dir / 'jobs'}, which `qbench "
+                         f"sweep {project} --resume` reuses")  # fmt: skip
     measured = records["measure:fp32@onnxruntime-cpu"]
     assert measured.result is not None and measured.result.status == "ok" and measured.outputs is not None
     with caplog.at_level(logging.INFO, logger="qbench"):
         assert main(["sweep", str(project), "--resume"]) == 0
-    assert f"resuming: 2 of 4 jobs reused from the build store and {run_dir}" in caplog.text
+    assert f"resuming: {len(records)} of 4 jobs reused from the build store and {run_dir}" in caplog.text
     resumed = next(folder for folder in run_dir.parent.iterdir() if folder != run_dir)
     assert main(["sweep", str(project)]) == 0
     [whole] = set(run_dir.parent.iterdir()) - {run_dir, resumed}

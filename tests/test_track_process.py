@@ -187,3 +187,29 @@ def test_a_processs_sweeps_share_one_tracking_process_each_in_the_environment_it
         client = MlflowClient(store)
         run = client.get_run(outcome.mlflow_run_id)
         assert run.info.status == "FINISHED" and len(client.search_runs([run.info.experiment_id])) == 3
+
+
+def test_the_tracking_process_runs_its_exit_handlers_as_it_ends(tmp_path: Path) -> None:
+    """It ends without the interpreter's teardown (which the sweep's process would wait for), but runs the exit
+    handlers first, as an exit does: MLflow's (its telemetry, its temporary folders) and any other; here one the
+    hook registers after MLflow's import, which writes the tracker's state as it runs."""
+    recipe = make_fp16_project(tmp_path)
+    marker = tmp_path / "exit_handler.json"
+    hook = tracking_process_hook(tmp_path / "hook", f"""
+        import atexit, json
+        import qbench.track
+        import qbench.track_worker as worker
+        opened = worker._Session._open
+        def remember(self, *args, **kwargs):
+            opened(self, *args, **kwargs)
+            atexit.register(lambda: open({str(marker)!r}, "w").write(json.dumps([self.ended,
+                                                                                 self.tracker.parent_id])))
+        worker._Session._open = remember
+    """)
+    env = {"PYTHONPATH": f"{hook}:{REPO}", "PATH": "/usr/bin:/bin", "COLUMNS": "400"}
+    done = subprocess.run([sys.executable, "-m", "qbench.cli", "sweep", str(recipe)], capture_output=True, text=True,
+                          cwd=tmp_path, env=env, timeout=300, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    wait_until_gone(tmp_path)
+    ended, parent = json.loads(marker.read_text())
+    assert ended is True and f"MLflow run: {parent}" in done.stdout + done.stderr

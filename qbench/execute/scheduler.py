@@ -55,6 +55,7 @@ from qbench.provenance import model_sha256
 from qbench.results import AccuracyResult, VariantResult
 from qbench.results_search import SearchReport, search_from_dict
 from qbench.runs import describe_run, run_folder_writes
+from qbench.validate.background import busy_beside_timing, settle_before_timing
 from qbench.validate.clock import PhaseClock
 from qbench.validate.measure import failed_result
 from qbench.variants.base import BuiltVariant
@@ -157,20 +158,30 @@ class Scheduler:
                                self.run_dir, job.id, exc)  # fmt: skip
 
     def _start_ready(self, pending: list[Job]) -> list[Job]:
-        """Start (or settle without running) every job whose dependencies are done, in plan order."""
-        left = []
-        for job in pending:
+        """Start (or settle without running) every job whose dependencies are done, in plan order; in this process,
+        while work beside the measurements is busy (the MLflow logging: qbench.validate.background), jobs that time
+        nothing (builds) first. A job that times waits here for that work to settle, so that a store refusing the
+        sweep's runs stops the sweep here, not inside a job."""
+        here = self.executor.in_process
+        order = sorted(pending, key=lambda job: job.needs.timing) if here and busy_beside_timing() else pending
+        started: set[str] = set()
+        for job in order:
             if len(self.state.running) >= self.executor.capacity or not self._ready(job):
-                left.append(job)
                 continue
+            started.add(job.id)
             settled = self._settle(job) if job.kind == "measure" else None
             if settled is not None:
                 self._measured(job, settled, None)
                 continue
             work = self._work(job)
-            self._open(job.variant, job.backend or self.plan.backends[0])
+            if job.needs.timing:  # a build that times nothing opens no run: its variant's measurement does
+                if here:
+                    t = time.perf_counter()
+                    settle_before_timing()
+                    self.clock.add("track", t)  # waiting for it is MLflow's cost (as in measure)
+                self._open(job.variant, job.backend or self.plan.backends[0])
             self._submit(job, work)
-        return left
+        return [job for job in pending if job.id not in started]
 
     def _submit(self, job: Job, work: Work) -> None:
         self.state.running[job.id] = work
