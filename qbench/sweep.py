@@ -255,7 +255,7 @@ class _Progress:
             where = f"partial results ({kept}) in {self.run_dir / RESULTS_FILE}, marked incomplete{self._reusable()}"
         else:  # no variant in results.json yet: there is none to point to
             where = f"no variant run in results.json; {self.run_dir} is marked incomplete{self._reusable()}"
-        return EndedBySignal(f"sweep {exc}: {where}", exc) if isinstance(exc, Interrupted) else QbenchError(f"{exc}; {where}")
+        return EndedBySignal(f"sweep {exc}: {where}", exc) if interrupted else QbenchError(f"{exc}; {where}")
 
     def _reusable(self) -> str:
         """What the run folder's job records keep for `--resume`: a job (a build, a measurement) is recorded as it
