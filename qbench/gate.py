@@ -32,6 +32,7 @@ from qbench.gate_notes import (
     chosen_on_judged_rows,
     fitted_on_judged_rows,
     nonfinite_reference,
+    one_class_reference,
     rounded_reference,
     tolerance_notes,
     ungated,
@@ -249,7 +250,7 @@ def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[st
                *other_output_kept_notes(results, spec, gated),
                *unlowered(results, gated), *ungated(results, spec, gated), *chosen_on_judged_rows(results, gated),
                *fitted_on_judged_rows(results, gated), *nonfinite_reference(results, gated),
-               *rounded_reference(results, gated),
+               *rounded_reference(results, gated), *one_class_reference(results, spec, gated),
                *mixed_timing_machines(results),
                *slower_than_reference_notes(results, {f"{v}@{b}" for v, b in gated})),
     ))

@@ -12,7 +12,7 @@ from qbench.errors import QbenchError
 from qbench.gate_tolerance import DEFAULT_MAX_DROP, DEFAULT_MAX_SLICE_DROP, reference_tolerances
 from qbench.recipe import GateSpec
 from qbench.results import AccuracyResult, SweepResults
-from qbench.validate.catalogue import METRICS
+from qbench.validate.catalogue import DECISION_METRICS, METRICS, ONE_CLASS_OUTPUTS, OUTPUT_SEPARATOR
 from qbench.variants.base import lowered_nothing
 
 
@@ -124,3 +124,21 @@ def ungated(results: SweepResults, spec: GateSpec, gated: Sequence[tuple[str, st
     if not left:
         return []
     return [f"not judged by this gate (gate.applies_to: {', '.join(spec.applies_to)}): {', '.join(left)}"]
+
+
+def one_class_reference(results: SweepResults, spec: GateSpec, pairs: Sequence[tuple[str, str]]) -> list[str]:
+    """A note per backend where the gate metric is a decision figure (accuracy, agreement, flip_rate) of an output FP32
+    puts in one class on every evaluation row at a split its graph does not state (qbench.validate.accuracy.
+    one_class_readings): a variant passes unless it carries a score across that split, so its pass says little."""
+    output, _, figure = spec.metric.rpartition(OUTPUT_SEPARATOR)
+    if figure not in DECISION_METRICS:
+        return []
+    notes = []
+    for backend in dict.fromkeys(b for _, b in pairs):
+        reference = results.find(results.reference, backend)
+        found = [] if reference is None else reference.params.get(ONE_CLASS_OUTPUTS, [])
+        if (output or (found[0] if len(found) == 1 else None)) in found:
+            notes.append(f"{reference.key} decides every evaluation row one class on output {output or found[0]!r} "
+                         f"(its notes say why): {spec.metric} moves only where a variant carries a score across the "
+                         "split, so a pass on it says little about the variant")  # fmt: skip
+    return notes

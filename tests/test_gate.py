@@ -71,6 +71,21 @@ def test_a_variant_that_computes_as_the_reference_passes_with_a_note_saying_so()
                                  "int8): its pass says nothing about int8" for name in ("tree", "c", "e"))  # fmt: skip
 
 
+def test_a_reference_deciding_every_row_one_class_is_a_note_when_the_gate_reads_its_decisions():
+    """FP32 puts every row in one class at a split its graph does not state (its param one_class_outputs): a pass on
+    accuracy, agreement or flip_rate says little; on another metric (a recipe's own, kl_mean) nothing is noted."""
+    reference = replace(REFERENCE, params={"one_class_outputs": ["score"]})
+    variants = (reference, variant("int8-a", 0.95, {"noisy": 0.90, "clean": 0.99}))
+    report = evaluate_gate(sweep(*variants), SPEC)
+    assert report.exit_code == EXIT_PASS
+    assert report.notes == ("fp32@onnxruntime-cpu decides every evaluation row one class on output 'score' (its notes "
+                            "say why): accuracy moves only where a variant carries a score across the split, so a pass "
+                            "on it says little about the variant",)  # fmt: skip
+    assert evaluate_gate(sweep(REFERENCE, variants[1]), SPEC).notes == ()
+    other = SPEC.model_copy(update={"metric": "kl_mean"})
+    assert not [n for n in evaluate_gate(sweep(*variants), other).notes if "one class" in n]
+
+
 def test_variants_the_applies_to_globs_leave_out_are_named_in_a_note():
     """An INT8 build named outside gate.applies_to ('quant-a' beside 'int8-*') breaches nothing because nothing judges
     it: the verdict stands on what was judged, and a note names every variant left out with its precision."""

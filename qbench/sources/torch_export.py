@@ -140,16 +140,40 @@ def _export_problem(torch_model: TorchModel, path: Path) -> Problem | None:
     for name, nodes in random_sources(path, torch_model.output_names).items():
         return Problem(f"samples: {random_refusal(name, nodes, torch=True)}")
     session = _session(path)
-    difference = export_difference(torch_model, path, torch_model.example_inputs(), session=session)
+    ids_as_masks = _ids_as_masks(torch_model)
+    difference = export_difference(torch_model, path, torch_model.example_inputs(ids_as_masks=ids_as_masks),
+                                   session=session)  # fmt: skip
     if difference is not None:
         return Problem(f"on its example inputs: {difference}")
-    problem = _batch_problem(torch_model, path, session)
+    problem = _batch_problem(torch_model, path, session, ids_as_masks)
     if problem is not None:
         return Problem(problem)
-    return _length_problem(torch_model, path, session)
+    return _length_problem(torch_model, path, session, ids_as_masks)
 
 
-def _length_problem(torch_model: TorchModel, path: Path, session: Any) -> Problem | None:
+def _ids_as_masks(torch_model: TorchModel) -> bool:
+    """Whether the checks feed the integer inputs as the example feeds masks (ids 1 but a 0 at the last position)
+    rather than as zeros: where forward() gives an output no finite value on the zeros and a finite value in every
+    output on those. Token id 0 is the padding of most vocabularies, so a model that masks its padding from its own
+    ids (an nn.TransformerEncoder's src_key_padding_mask from ids == 0) masks every token of the zeros and returns
+    NaN: nothing to compare, and a model that exports fine was refused. The export traced on the zeros is compared
+    on the other values: a branch forward() took on the zeros alone shows as a difference there."""
+    import torch  # a TorchModel exists: torch is installed and loaded
+
+    if not torch_model.takes_ids:
+        return False
+    found = []
+    for ids_as_masks in (False, True):
+        try:
+            with single_torch_thread(), torch.no_grad():
+                outputs = flatten_outputs(torch_model.build()(*torch_model.example_inputs(ids_as_masks=ids_as_masks)))
+        except Exception:  # noqa: BLE001 - forward() refusing ids of 1 (a table of one row): the zeros' finding stands
+            return False
+        found.append(all(bool(torch.isfinite(t).any()) for t in outputs if t.numel() and t.is_floating_point()))
+    return not found[0] and found[1]
+
+
+def _length_problem(torch_model: TorchModel, path: Path, session: Any, ids_as_masks: bool) -> Problem | None:
     """How the export differs from forward() at lengths other than the example's on its dynamic `lengths` axes
     (qbench.sources.torch_lengths), said with the field that makes the rows' lengths vary and the fixed length that
     would do instead."""
@@ -160,7 +184,7 @@ def _length_problem(torch_model: TorchModel, path: Path, session: Any) -> Proble
     name, axes = next(iter(torch_model.lengths.items()))
     example = torch_model.input_shapes[name][next(iter(axes))]
     for length in other_lengths(example):
-        inputs = torch_model.example_inputs(length=length)
+        inputs = torch_model.example_inputs(length=length, ids_as_masks=ids_as_masks)
         try:
             with single_torch_thread(), torch.no_grad():
                 torch_model.build()(*inputs)
@@ -182,11 +206,11 @@ def _length_problem(torch_model: TorchModel, path: Path, session: Any) -> Proble
     return None
 
 
-def _batch_problem(torch_model: TorchModel, path: Path, session: Any) -> str | None:
+def _batch_problem(torch_model: TorchModel, path: Path, session: Any, ids_as_masks: bool) -> str | None:
     """How the export at a batch of OTHER_BATCH rows differs from forward(), said with its likely cause."""
     import torch  # a TorchModel exists: torch is installed and loaded
 
-    inputs = torch_model.example_inputs(OTHER_BATCH)
+    inputs = torch_model.example_inputs(OTHER_BATCH, ids_as_masks=ids_as_masks)
     try:
         with single_torch_thread(), torch.no_grad():
             shapes = [list(t.shape) for t in flatten_outputs(torch_model.build()(*inputs))]

@@ -78,14 +78,20 @@ class TorchModel:
         """A fresh FP32 copy of the model with its weights, in eval mode."""
         return copy.deepcopy(self._template).eval()
 
-    def example_inputs(self, batch: int = EXAMPLE_BATCH, length: int | None = None) -> tuple[torch.Tensor, ...]:
+    def example_inputs(self, batch: int = EXAMPLE_BATCH, length: int | None = None, *,
+                       ids_as_masks: bool = False) -> tuple[torch.Tensor, ...]:  # fmt: skip
         """One tensor per input: the declared shape with `batch` as first dim (and `length` on the dynamic `lengths`
-        axes, when given), the declared dtype."""
+        axes, when given), the declared dtype; `ids_as_masks`: integer inputs hold what masks hold (_example_inputs)."""
         shapes = self.input_shapes
         if length is not None:
             shapes = {name: tuple(length if axis in self.lengths.get(name, {}) else size for axis, size in enumerate(shape))
                       for name, shape in shapes.items()}  # fmt: skip
-        return _example_inputs(shapes, self.input_dtypes, batch)
+        return _example_inputs(shapes, self.input_dtypes, batch, ids_as_masks=ids_as_masks)
+
+    @property
+    def takes_ids(self) -> bool:
+        """Whether an input is integer and no mask: one the example fills with zeros (_example_inputs)."""
+        return any(_holds_ids(name, dtype) for name, dtype in self.input_dtypes.items())
 
     def dynamic_axes(self) -> dict[str, dict[int, str]]:
         """Every input's and output's dynamic axes for the exporter: the batch, and the inputs' `lengths`."""
@@ -208,12 +214,19 @@ def load_torch_model(recipe: Recipe, *, weights: Path | None = None) -> TorchMod
 EXAMPLE_VALUES = "floats uniform in [0, 1), integers 0, masks and bools 1 but at the last position"  # _example_inputs
 
 
-def _example_inputs(shapes: Mapping[str, tuple[int, ...]], dtypes: Mapping[str, str], batch: int) -> tuple[Any, ...]:
+def _holds_ids(name: str, dtype: str) -> bool:
+    return dtype in ("int64", "int32") and "mask" not in name.lower()
+
+
+def _example_inputs(shapes: Mapping[str, tuple[int, ...]], dtypes: Mapping[str, str], batch: int, *,
+                    ids_as_masks: bool = False) -> tuple[Any, ...]:  # fmt: skip
     """The same tensors on every call. Floating inputs are uniform in [0, 1) from a fixed seed; integer
     inputs are zeros (a valid index for any embedding) except masks (by name) and bools, which are ones but
     for the last position of each row: a mask of one value is degenerate under one of the two conventions
     (an all-zero attention mask keeps nothing; an all-True key_padding_mask, True = padding, masks every key
-    and nn.MultiheadAttention returns NaN), while one holding both keeps some positions under either."""
+    and nn.MultiheadAttention returns NaN), while one holding both keeps some positions under either.
+    `ids_as_masks`: the integer inputs hold the masks' values too (token ids 1 but a padding 0 at the last
+    position), for a model that masks its own padding from ids == 0 (qbench.sources.torch_export)."""
     torch = _import_torch()
     generator = torch.Generator().manual_seed(_EXAMPLE_SEED)
     tensors = []
@@ -221,7 +234,7 @@ def _example_inputs(shapes: Mapping[str, tuple[int, ...]], dtypes: Mapping[str, 
         size, dtype = (batch, *shape[1:]), getattr(torch, dtypes[name])
         if dtype.is_floating_point:
             tensors.append(torch.rand(size, generator=generator).to(dtype))
-        elif dtype == torch.bool or "mask" in name.lower():
+        elif dtype == torch.bool or "mask" in name.lower() or ids_as_masks:
             mask = torch.ones(size, dtype=dtype)
             if len(size) > 1 and size[-1] > 1:
                 mask[..., -1] = 0

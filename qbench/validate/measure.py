@@ -35,9 +35,17 @@ from qbench.results import AccuracyResult, LatencyResult, VariantResult
 from qbench.slo import idle_ms, server_for, serving_figures
 from qbench.tasks.base import MetricError
 from qbench.validate import metrics
-from qbench.validate.accuracy import evaluate_accuracy, run_outputs, scale_doubts, scale_notes, with_drops
+from qbench.validate.accuracy import (
+    evaluate_accuracy,
+    one_class_readings,
+    run_outputs,
+    scale_doubts,
+    scale_notes,
+    with_drops,
+)
 from qbench.validate.background import settle_before_timing
 from qbench.validate.bound import lookup_table_bytes
+from qbench.validate.catalogue import ONE_CLASS_OUTPUTS
 from qbench.validate.clock import PhaseClock
 from qbench.validate.contention import oversubscription_note
 from qbench.validate.fidelity import plan_measurement
@@ -210,14 +218,19 @@ def measure(
     finally:
         if clock is not None:
             clock.add("inference", t, less=clock.carved - carved)
-    accuracy, nsr, scale_read = None, math.nan, []
+    accuracy, nsr, scale_read, one_class = None, math.nan, [], {}
     if outputs is not None:
         base = reference.outputs if reference is not None else outputs
         recipe = prepared.recipe
         scales = {c.name: c.meta.probabilities for c in prepared.outputs}
         if reference is None:  # FP32 itself: what its outputs show about the labels and the graph's reading
             _check_reference_outputs(prepared, label, outputs, rows, scales, quiet=quiet)
-            scale_read = scale_notes(recipe.task, outputs, scales, rows.labels)
+            one_class = one_class_readings(recipe.task, outputs, scales, {c.name for c in prepared.outputs
+                                                                           if c.meta.decision_cut is not None},
+                                           rows.labels)  # fmt: skip
+            for reading in () if quiet else one_class.values():
+                logger.warning("%s: %s", label, reading)
+            scale_read = [*scale_notes(recipe.task, outputs, scales, rows.labels), *one_class.values()]
         try:
             accuracy = evaluate_accuracy(recipe.task, outputs, base, rows.labels, rows.slices, prepared.custom_metrics,
                                          probabilities=scales, feeds=rows.feeds, task_options=recipe.task_options,
@@ -239,7 +252,8 @@ def measure(
     crowded = oversubscription_note(latency)  # more threads than usable CPUs: every latency figure says so
     result = VariantResult(
         variant=built.name, backend=backend.name, precision=built.precision, status="ok",
-        params={**built.params, **{f"runtime.{k}": v for k, v in runtime.items()}}, model_path=ran["model_path"],
+        params={**built.params, **{f"runtime.{k}": v for k, v in runtime.items()},
+                **({ONE_CLASS_OUTPUTS: sorted(one_class)} if one_class else {})}, model_path=ran["model_path"],
         model_bytes=size, model_sha256=ran["model_sha256"], build_seconds=built.build_seconds,
         notes=(*built.notes, *_batch_dependence(built, rows, timing), *ran["notes"], *scale_read, *_raised_notes(accuracy),
                *([crowded] if crowded else [])), accuracy=accuracy,

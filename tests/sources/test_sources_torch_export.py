@@ -63,6 +63,23 @@ class KeyPadded(nn.Module):
         return self.head(y.mean(1))
 
 
+class IdsPadded(nn.Module):
+    """Token ids whose padding (id 0) the module masks itself, as nn.TransformerEncoder's src_key_padding_mask."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(10, 8, padding_idx=0)
+        layer = nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, ids):
+        real = (ids != 0).to(torch.int64)
+        hidden = self.encoder(self.embed(ids), src_key_padding_mask=real == 0)
+        weights = real.unsqueeze(-1).to(hidden.dtype)
+        return self.head((hidden * weights).sum(1) / weights.sum(1).clamp(min=1.0))
+
+
 class Overflows(Net):
     def forward(self, features):
         return super().forward(features) * 1e39
@@ -100,7 +117,7 @@ class NumberedBatch(Net):
 MODELS_SOURCE = '''
 import torch
 
-from mypkg.layers import Dropped, KeyPadded, Masked, Net, NumberedBatch, Overflows, PerRowLoop, Sampled
+from mypkg.layers import Dropped, IdsPadded, KeyPadded, Masked, Net, NumberedBatch, Overflows, PerRowLoop, Sampled
 
 
 def build():
@@ -119,6 +136,11 @@ def build_numbered():
 def build_key_padded():
     torch.manual_seed(0)
     return KeyPadded()
+
+
+def build_ids_padded():
+    torch.manual_seed(0)
+    return IdsPadded()
 
 
 def build_overflows():
@@ -290,6 +312,21 @@ def test_a_bool_key_padding_mask_exports_and_runs_like_forward_on_padded_rows(tm
     with torch.no_grad():
         want = load_torch_model(load_recipe(recipe)).build()(torch.from_numpy(ids), torch.from_numpy(pad_mask)).numpy()
     assert np.isfinite(want).all()
+    np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_a_module_masking_its_own_padding_ids_exports_and_runs_like_forward_on_padded_rows(tmp_path: Path) -> None:
+    """The example's token ids are all 0, the padding id: a module masking padding from its own ids (ids == 0) masks
+    every key, and nn.TransformerEncoder returns NaN, so the export was refused ('cannot be compared: forward() itself
+    returns NaN or inf') for a module that exports fine. The checks now feed such ids as masks (1 but a 0 last)."""
+    recipe = _project(tmp_path, "build_ids_padded", example_inputs={"ids": [1, 6]}, input_dtypes={"ids": "int64"})
+    path = export_reference(load_torch_model(load_recipe(recipe)))
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1, 10, (5, 6)).astype(np.int64) * (np.arange(6)[None, :] < rng.integers(1, 7, (5, 1)))
+    (got,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"ids": ids})
+    with torch.no_grad():
+        want = load_torch_model(load_recipe(recipe)).build()(torch.from_numpy(ids)).numpy()
+    assert (ids == 0).any() and np.isfinite(want).all()
     np.testing.assert_allclose(got, want, atol=1e-5)
 
 

@@ -11,7 +11,14 @@ import pytest
 from qbench.errors import QbenchError
 from qbench.tasks import CustomMetric
 from qbench.validate import metrics
-from qbench.validate.accuracy import evaluate_accuracy, row_count, run_batched, scale_doubts, with_drops
+from qbench.validate.accuracy import (
+    evaluate_accuracy,
+    one_class_readings,
+    row_count,
+    run_batched,
+    scale_doubts,
+    with_drops,
+)
 
 NAN = float("nan")
 
@@ -318,3 +325,27 @@ def test_outputs_of_another_length_than_fp32s_say_why_they_cannot_be_judged() ->
     with pytest.raises(QbenchError, match=r"variant outputs have shape \(4, 6\), FP32 outputs \(4, 5\): they must "
                                           r"match; qbench compares outputs row by row and value by value"):  # fmt: skip
         evaluate_accuracy("regression", variant, reference, None, {})
+
+
+def test_a_single_score_split_by_its_values_into_one_class_while_labels_hold_two_is_named():
+    """An autoencoder's reconstruction error (rows x 1, within [0, 1]) is read as a probability and split at 0.5: every
+    row is class 0, the labels hold anomalies (class 1), and every variant passed on accuracy unless it carried a
+    score past 0.5. The reading is named; a split the graph states, a scale it states, decisions of both classes, or
+    labels of one class are not."""
+    scores = np.array([[0.01], [0.02], [0.3], [0.12]], dtype=np.float32)
+    labels = np.array([0, 0, 1, 1])
+    [(name, line)] = one_class_readings("classification", {"score": scores}, {"score": None}, set(), labels).items()
+    assert name == "score"
+    assert line.startswith("output 'score': a single score column whose graph states no threshold, read as a "
+                           "probability (every FP32 value lies within [0, 1]) and split at 0.5, puts every one of 4 "
+                           "evaluation rows in class 0 while the labels hold classes 0, 1 (FP32's scores lie within "
+                           "[0.01, 0.3])")  # fmt: skip
+    [line] = one_class_readings("classification", {"s": scores * 10 + 1}, {"s": None}, set(), labels).values()
+    assert "read as a logit and split at 0, puts every one of 4 evaluation rows in class 1" in line
+    assert one_class_readings("classification", {"score": scores}, {"score": None}, {"score"}, labels) == {}  # graph's cut
+    assert one_class_readings("classification", {"score": scores}, {"score": True}, set(), labels) == {}  # a Sigmoid's
+    assert one_class_readings("classification", {"score": scores}, {"score": None}, set(), np.zeros(4, int)) == {}
+    assert one_class_readings("classification", {"score": scores * 3}, {"score": None}, set(), labels) == {}  # 0.9 > 0.5
+    assert one_class_readings("classification", {"score": scores}, {"score": None}, set(), None) == {}
+    assert one_class_readings("regression", {"score": scores}, {"score": None}, set(), labels) == {}
+    assert one_class_readings("classification", {"p": np.hstack([scores, 1 - scores])}, {"p": None}, set(), labels) == {}
