@@ -30,8 +30,6 @@ EVIDENCE: dict[str, Evidence] = {e.name: e for e in (
              "context)", "output_spread of per-token scores and answer spans"),
     Evidence("kept", "each scope's kept", "decisions_kept, tail_kept, spread_kept (lost classes, tails, dimensions)"),
     Evidence("stored_weights", "the reference's params.stored_weights", "the note on a reference stored rounded"),
-    Evidence("one_class_outputs", "the reference's params.one_class_outputs",
-             "the note on a reference deciding every row one class"),
     Evidence("random_ops", "a reference with random nodes refused by the sweep", "results of a deterministic reference"),
     Evidence("model_sha256", "each variant's model_sha256", "the measured model file is the one measured"),
     Evidence("others_cpus", "each latency point's others_cpus", "the SLO's contended timings", slo=True),
