@@ -257,7 +257,8 @@ class RemoteTracker:
         return self._process.busy
 
     def _wait(self, number: int) -> Any:
-        """The answer to call `number`, once the opening of the runs has answered: its refusal is raised (once)."""
+        """The answer to call `number`, once the opening of the runs has answered: its refusal is raised (once; later
+        calls, which the tracking process refuses for want of runs, answer None)."""
         opening, self._opening = self._opening, 0
         if opening:
             try:
@@ -269,31 +270,26 @@ class RemoteTracker:
 
     def settle(self) -> None:
         """Return once the tracking process has done every call handed to it."""
-        if self._refused is None:
-            self._wait(self._process.send("settle"))
+        self._wait(self._process.send("settle"))
 
     def variant_started(self, variant: str, backend: str) -> None:
-        if self._refused is None:
-            self._process.send("variant_started", variant, backend)
+        self._process.send("variant_started", variant, backend)
 
     def variant_finished(self, results: SweepResults, variant: VariantResult, *, reused: bool = False) -> None:
-        if self._refused is None:
-            self._process.send("variant_finished", results, variant, reused=reused)
+        self._process.send("variant_finished", results, variant, reused=reused)
 
     def close(self, results: SweepResults, recipe: Recipe, gate: GateReport | None,
               artifacts: Sequence[Path]) -> str | None:  # fmt: skip
         """SweepTracker.close: the parent run's id, None when the store failed (`failure` says how). An interruption
         before the sweep lets go of the tracker (`end`) still ends the runs KILLED (`abort`), as in-process."""
-        return None if self._refused is not None else self._wait(self._process.send("close", results, recipe, gate,
-                                                                                      artifacts))  # fmt: skip
+        return self._wait(self._process.send("close", results, recipe, gate, artifacts))
 
     def abort(self, status: str, reason: str) -> None:
         """SweepTracker.abort: end the runs `status`; nothing is raised (runs the store refused to open are none to
         end). The tracking process ends too."""
         try:
-            if self._refused is None:
-                with contextlib.suppress(QbenchError):  # the opening's refusal: the sweep reports its own error
-                    self._wait(self._process.send("abort", status, reason))
+            with contextlib.suppress(QbenchError):  # the opening's refusal: the sweep reports its own error
+                self._wait(self._process.send("abort", status, reason))
         finally:
             self.end()
 
