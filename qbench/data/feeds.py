@@ -372,7 +372,6 @@ def _fit_shape(stacked: np.ndarray, column: str, meta: TensorMeta, *, recipe_fil
         free = cell_size // static_size
         return stacked.reshape((rows, *(free if d is None else d for d in dims)))
     expected = ", ".join(["batch", *("?" if d is None else str(d) for d in dims)])
-    # a table with one column per feature beside a converter's one [N, F] input (skl2onnx's `X`): say how to feed it
     columns = stacked.dtype.kind in "biuf" and cell_size == 1 and static_size > 1
     raise RecipeError(
         recipe_file,
