@@ -1,6 +1,8 @@
 """A reference that loads and runs one row but not the largest batch the sweep times (a shape written for batch 1,
 as a dynamo export's RotaryEmbedding fails past batch 1): `qbench sweep` runs `qbench validate`'s dry run before any
-variant is built, and stops in one line naming the batch and the runtime's reason, exit 2, nothing built or written."""
+variant is built, and stops in one line naming the batch and the runtime's reason, exit 2, nothing built or written.
+Where it runs one row but not two (a Reshape to a constant [1, -1] behind an input declaring a dynamic batch, as older
+zoo exports write), the line says which batch fields to set to 1: the recipe that follows it runs."""
 
 from __future__ import annotations
 
@@ -79,7 +81,10 @@ def test_a_reference_that_fails_at_the_largest_timed_batch_stops_before_any_buil
     assert "Input shape:{16,4}, requested shape:{1,4}" in lines[0]
     assert lines[0].endswith("(the check fed it one row, then 8 evaluation rows repeated to one batch of 16, the largest "
                              "the sweep runs: latency.batch_sizes [1, 16]); expected a model that runs every batch size "
-                             "the recipe asks for")  # fmt: skip
+                             "the recipe asks for; it runs one row but not two, so its graph fixes a batch of 1 its "
+                             "inputs do not declare (a Reshape to a constant [1, -1]): set latency.batch_sizes: [1], "
+                             "data.evaluation.batch_size: 1 and data.calibration.batch_size: 1, or export it with a "
+                             "dynamic batch")  # fmt: skip
     assert builds == []
     assert not (tmp_path / "p" / "reports").exists()  # no run folder: nothing was measured or written
 
@@ -101,3 +106,13 @@ def prepared_like(batch_sizes: list[int], evaluation_batch: int, rows: int, fixe
 )
 def test_the_largest_batch_the_sweep_feeds_the_reference(prepared: Any, expected: tuple[int, str]):
     assert largest_batch(prepared) == expected
+
+
+def test_the_recipe_the_hint_writes_runs(tmp_path, monkeypatch):
+    """Every batch field at 1, as the line above says, the same model sweeps and its gate judges it (exit 0)."""
+    monkeypatch.chdir(tmp_path)
+    recipe = project(tmp_path / "p")
+    spec = yaml.safe_load(recipe.read_text())
+    spec["latency"]["batch_sizes"] = [1]
+    recipe.write_text(yaml.safe_dump(spec, sort_keys=False))
+    assert main(["sweep", str(recipe), "--no-track", "--gate"]) == 0

@@ -372,11 +372,14 @@ def _fit_shape(stacked: np.ndarray, column: str, meta: TensorMeta, *, recipe_fil
         free = cell_size // static_size
         return stacked.reshape((rows, *(free if d is None else d for d in dims)))
     expected = ", ".join(["batch", *("?" if d is None else str(d) for d in dims)])
+    columns = stacked.dtype.kind in "biuf" and cell_size == 1 and static_size > 1
     raise RecipeError(
         recipe_file,
         INPUTS_FIELD,
         f"column {column!r} holds cells of {cell_size} value{'s' if cell_size != 1 else ''} (shape {cell_shape}), "
-        f"but model input {meta.name!r} expects shape ({expected})",
+        f"but model input {meta.name!r} expects shape ({expected})"
+        + ("; one column feeds one input: put each row's values, in the model's feature order, in one list column (a "
+           "Parquet list column, or a JSON list per CSV cell as json.dumps(row) writes it)" if columns else ""),
     )
 
 

@@ -369,7 +369,29 @@ def dry_run(prepared: Prepared, backend: Backend, rows: int = DRY_RUN_ROWS) -> N
         raise QbenchError(f"{prepared.source.onnx_path}: the FP32 reference does not run on {backend.name}: "
                           f"{' '.join(str(result.error).split())} (the check fed it one row, then {count} evaluation "
                           f"rows {'repeated to one batch' if size > count else 'in batches'} of {size}, the largest the "
-                          f"sweep runs: {field}); expected a model that runs every batch size the recipe asks for")  # fmt: skip
+                          f"sweep runs: {field}); expected a model that runs every batch size the recipe asks for"
+                          f"{_batch_of_one(prepared, backend, built, everything) if size > 1 else ''}")  # fmt: skip
+
+
+def _batch_of_one(prepared: Prepared, backend: Backend, built: BuiltVariant, rows: Rows) -> str:
+    """What to do with a reference whose inputs declare a dynamic batch but whose graph runs batches of 1 only (a
+    Reshape to a constant [1, -1], as older zoo exports write): said where it scores one row but not two, else
+    nothing."""
+    if prepared.batch is not None or not rows.count:
+        return ""
+
+    def runs(size: int) -> bool:
+        fed = replace(rows.subset(np.arange(size) % rows.count), batch_size=size)
+        try:
+            return measure(backend, built, prepared, rows=fed, quiet=True).result.status != "failed"
+        except QbenchError:  # a RecipeError included: the hint is not worth another error
+            return False
+
+    if not runs(1) or runs(2):
+        return ""
+    return ("; it runs one row but not two, so its graph fixes a batch of 1 its inputs do not declare (a Reshape to a "
+            "constant [1, -1]): set latency.batch_sizes: [1], data.evaluation.batch_size: 1 and "
+            "data.calibration.batch_size: 1, or export it with a dynamic batch")
 
 
 def largest_batch(prepared: Prepared) -> tuple[int, str]:

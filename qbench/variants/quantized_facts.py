@@ -6,7 +6,7 @@ weights (DynamicQuantizeLSTM) as int8 whatever `weight_type` says, and its ConvI
 `per_channel` says. So after every INT8 build (`with_quantized_facts`, where a build is finalised, whichever technique
 built it) each node with a quantized weight is read, and its weights and activations are described as stored:
 - weights: element type; bits used (7 when every value lies in a 7-bit range, as `reduce_range` writes them: within
-  64 of a symmetric zero point, or a span of at most 127 steps); per tensor or per channel (a scale or zero point with
+  64 of a symmetric zero point, or a span of at most 127 steps, zero points included); per tensor or per channel (a scale or zero point with
   more than one value per weight matrix) and the axis; `centred` when every zero point is the type's midpoint (0 when
   signed), as a symmetric range puts it, otherwise `asymmetric`;
 - activations: a static scale (QuantizeLinear with its zero point's type, centred or not), quantized per batch at
@@ -251,8 +251,8 @@ def _facts(values: np.ndarray, zeros: np.ndarray | None, axis: int | None, group
         bits = None
     elif symmetric:
         bits = 7 if int(np.abs(centred).max()) <= 64 else 8
-    else:
-        bits = 7 if int(values.max()) - int(values.min()) <= 127 else 8
+    else:  # a quantizer's range holds 0, so the steps it spans reach the zero point: a lone 0 at zero point 255 is 8-bit
+        bits = 7 if max(int(values.max()), int(zeros.max())) - min(int(values.min()), int(zeros.min())) <= 127 else 8
     channels = values.shape[channel_axis] if values.ndim > channel_axis else 1
     return WeightFacts(values.dtype.name, bits, axis is not None, axis, _symmetric(zeros, bits or 8), channels)
 

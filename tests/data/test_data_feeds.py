@@ -137,6 +137,25 @@ def test_cell_size_that_does_not_fit_the_input_shape() -> None:
     )
 
 
+def test_one_feature_column_for_an_input_of_several_features_says_how_to_feed_them(tmp_path: Path) -> None:
+    """A CSV export with one column per feature beside skl2onnx's one input X [N, 13]: the error named the shapes and
+    not the way out (one list column per input); now it says so, and the list column it names feeds X. A text column
+    (NumPy-printed arrays) gets its own hint, not this one."""
+    values = np.arange(26.0).reshape(2, 13) / 4
+    table = pd.DataFrame(values, columns=[f"f{i}" for i in range(13)])
+    table["features"] = [json.dumps(row) for row in values.tolist()]
+    table.to_csv(tmp_path / "rows.csv", index=False)
+    table = load_table(tmp_path / "rows.csv", recipe_file=RECIPE)
+    with pytest.raises(RecipeError) as info:
+        _feed(table, "f0", _meta("X", (None, 13)))
+    assert str(info.value) == (
+        "recipe.yaml: data.inputs: column 'f0' holds cells of 1 value (shape ()), but model input 'X' expects shape "
+        "(batch, 13); one column feeds one input: put each row's values, in the model's feature order, in one list "
+        "column (a Parquet list column, or a JSON list per CSV cell as json.dumps(row) writes it)"
+    )
+    np.testing.assert_array_equal(_feed(table, "features", _meta("X", (None, 13))), values.astype(np.float32))
+
+
 def test_unknown_column_suggests_the_closest() -> None:
     with pytest.raises(RecipeError) as info:
         build_feeds(_digits(), np.arange(2), {"pixel": "image"}, _meta("image", (None, 64)), recipe_file=RECIPE)

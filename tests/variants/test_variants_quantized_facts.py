@@ -26,13 +26,13 @@ def _initializers(path: Path) -> dict[str, np.ndarray]:
 def _expected(values: np.ndarray, zeros: np.ndarray, axis: int) -> str:
     """The description of a stored weight, from its values and zero points (per channel along `axis` when there is
     more than one zero point; ONNX Runtime writes one zero point per scale). 7 bits: a centred range (zero point 0,
-    or 64 / 128 for uint8) within 64 steps of its zero point, an asymmetric one within 127 steps."""
+    or 64 / 128 for uint8) within 64 steps of its zero point, an asymmetric one within 127 steps, its zero points included."""
     middles = {0} if values.dtype.kind == "i" else {64, 128}
     centred = len(set(zeros.ravel().tolist())) == 1 and int(zeros.ravel()[0]) in middles
     if centred:
         seven = np.abs(values.astype(int) - int(zeros.ravel()[0])).max() <= 64
     else:
-        seven = int(values.max()) - int(values.min()) <= 127
+        seven = max(int(values.max()), int(zeros.max())) - min(int(values.min()), int(zeros.min())) <= 127
     granularity = f"per-channel (axis {axis})" if zeros.size > 1 else "per-tensor"
     return f"{values.dtype.name}, {7 if seven else 8}-bit, {granularity}, {'centred' if centred else 'asymmetric'}"
 
@@ -219,3 +219,25 @@ def test_fp8_activations_quantized_without_a_zero_point_are_recorded_as_float8(m
     quantize = [node for node in model.graph.node if node.op_type == "QuantizeLinear"]
     assert quantize and all(len(node.input) < 3 for node in quantize)  # what this test is about: no zero point
     assert built.params["activations_as_built"] == {"MatMul": {"static float8_e4m3fn, centred": 2}}
+
+
+def test_a_lone_constant_at_the_far_end_of_its_range_is_not_called_7_bit(tmp_path):
+    """Static INT8 of a regression head (MatMul -> Add of a one-value bias of -0.5): ONNX Runtime quantizes the bias as
+    an activation, uint8 over [-0.5, 0], storing 0 at zero point 255, a full 8-bit range. Its one stored value spans no
+    step, so it was described as 7-bit and noted against `reduce_range: false` (an sklearn MLPRegressor's INT8 build
+    said `Add: 1 of 3 node(s) hold 7-bit weights`); the span now reaches the zero point, which every range holds."""
+    rng = np.random.default_rng(0)
+    constants = [numpy_helper.from_array(rng.normal(size=(3, 1)).astype(np.float32), "w"),
+                 numpy_helper.from_array(np.array([-0.5], np.float32), "b")]  # fmt: skip
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"), helper.make_node("Add", ["m", "b"], ["y"], name="add")]
+    graph = helper.make_graph(nodes, "head", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 1])], constants)  # fmt: skip
+    path = tmp_path / "head.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=ORT_IR_VERSION), str(path))
+    spec = VariantSpec(name="q", precision="int8", calibrator="minmax", reduce_range=False)
+    calibration = [{"x": rng.normal(size=(8, 3)).astype(np.float32)}]
+    built = build_variant(spec, BuildContext(reference_path=path, workdir=tmp_path / "w", calibration=calibration))
+    values, zeros = _stored_weight(built.onnx_path, "Add")
+    assert (values.tolist(), int(zeros)) == ([0], 255)  # what ONNX Runtime 1.32 stores
+    assert built.params["weights_as_built"]["Add"] == {"uint8, 8-bit, per-tensor, asymmetric": 1}
+    assert [note for note in built.notes if "bit weights" in note] == []
