@@ -91,7 +91,7 @@ class SliceMetrics:
     # says (the gate's output_spread check, overall and per slice: an input regime past the calibrated range can
     # clamp one slice's rows to one answer while the others still vary)
     spread: dict[str, float] = field(default_factory=dict)
-    # evaluated output -> the component (a class, a target's tail, a dimension) of FP32's behaviour it kept least of
+    # evaluated output -> the component (a class, a target's tail, a dimension, a row) of FP32's behaviour it kept least of
     # on the scope's rows (qbench.validate.kept): the gate's *_kept checks; absent where FP32 gives none to judge
     kept: dict[str, Kept] = field(default_factory=dict)
     raised: dict[str, str] = field(default_factory=dict)  # custom metric -> what it raised here (it is NaN here)

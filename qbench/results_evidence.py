@@ -22,6 +22,7 @@ class Evidence:
     recorded: str  # where the sweep records it
     checks: str  # what the gate judges with it (named in its refusal)
     slo: bool = False  # needed only where the gate judges a latency budget (the recipe's slo:)
+    task: str | None = None  # needed only for results of this task (None: every task's)
 
 
 EVIDENCE: dict[str, Evidence] = {e.name: e for e in (
@@ -29,6 +30,8 @@ EVIDENCE: dict[str, Evidence] = {e.name: e for e in (
     Evidence("spread_of_values_read", "each scope's spread over the values its task reads (scored tokens, a span's "
              "context)", "output_spread of per-token scores and answer spans"),
     Evidence("kept", "each scope's kept", "decisions_kept, tail_kept, spread_kept (lost classes, tails, dimensions)"),
+    Evidence("rows_kept", "each embedding scope's kept, judged on rows too", "rows_kept (embedding rows moved off "
+             "FP32's)", task="embedding"),
     Evidence("stored_weights", "the reference's params.stored_weights", "the note on a reference stored rounded"),
     Evidence("random_ops", "a reference with random nodes refused by the sweep", "results of a deterministic reference"),
     Evidence("model_sha256", "each variant's model_sha256", "the measured model file is the one measured"),
@@ -40,9 +43,11 @@ RECORDED: tuple[str, ...] = tuple(EVIDENCE)
 """What a sweep of this qbench records: every kind."""
 
 
-def unrecorded(recorded: tuple[str, ...], *, slo: bool) -> list[Evidence]:
-    """The kinds the gate needs (those of an SLO only where it judges one) that `recorded` lacks."""
-    return [e for e in EVIDENCE.values() if e.name not in recorded and (slo or not e.slo)]
+def unrecorded(recorded: tuple[str, ...], *, slo: bool, task: str | None = None) -> list[Evidence]:
+    """The kinds the gate needs (those of an SLO only where it judges one, those of one task only for its results;
+    every task's where `task` is None) that `recorded` lacks."""
+    return [e for e in EVIDENCE.values()
+            if e.name not in recorded and (slo or not e.slo) and (task is None or e.task in (None, task))]
 
 
 def evidence_from_dict(raw: object) -> tuple[str, ...]:

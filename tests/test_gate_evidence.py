@@ -35,9 +35,9 @@ def _raw(reference: np.ndarray, outputs: np.ndarray, labels: np.ndarray, halves=
     own = with_drops(evaluate_accuracy("classification", outputs, reference, labels, halves), fp32)
     variants = tuple(VariantResult(variant=name, backend=BACKEND, precision=name[:4], status="ok", accuracy=accuracy)
                      for name, accuracy in (("fp32", fp32), ("int8-a", own)))  # fmt: skip
-    results = SweepResults(qbench_version="0.1.0", created_at="", recipe={"name": "toy"}, environment={},
-                           calibration=None, evaluation_rows=len(labels), gate_metric=SPEC.metric, reference="fp32",
-                           variants=variants)  # fmt: skip
+    results = SweepResults(qbench_version="0.1.0", created_at="", recipe={"name": "toy", "task": "classification"},
+                           environment={}, calibration=None, evaluation_rows=len(labels), gate_metric=SPEC.metric,
+                           reference="fp32", variants=variants)  # fmt: skip
     return json.loads(to_json(results))
 
 
@@ -110,3 +110,39 @@ def test_evidence_this_qbench_does_not_know_is_refused(evidence, message):
     with pytest.raises(QbenchError) as caught:
         from_dict(raw)
     assert str(caught.value) == message
+
+
+def _embedding_raw() -> dict:
+    """results.json (parsed) of an embedding's FP32 and an 'int8-a' that flipped 3 of 1000 rows: rows_kept breaches."""
+    rng = np.random.default_rng(0)
+    reference = (rng.normal(size=(1000, 16)) + 3.0).astype(np.float32)
+    outputs = reference.copy()
+    outputs[:3] *= -1
+    fp32 = evaluate_accuracy("embedding", reference, reference, None, HALVES)
+    own = with_drops(evaluate_accuracy("embedding", outputs, reference, None, HALVES), fp32)
+    variants = tuple(VariantResult(variant=name, backend=BACKEND, precision=name[:4], status="ok", accuracy=accuracy)
+                     for name, accuracy in (("fp32", fp32), ("int8-a", own)))  # fmt: skip
+    results = SweepResults(qbench_version="0.1.0", created_at="", recipe={"name": "toy", "task": "embedding"},
+                           environment={}, calibration=None, evaluation_rows=1000, gate_metric="cosine",
+                           reference="fp32", variants=variants)  # fmt: skip
+    return json.loads(to_json(results))
+
+
+def test_embedding_results_written_before_rows_kept_are_unusable_and_other_tasks_results_are_judged():
+    """rows_kept is recorded in the one kept slot an embedding scope had (spread_kept's): results written before it
+    hold the dimension kept least of, which cannot tell that no row was judged, so they cannot be judged (exit 2).
+    The kind is the embedding's alone: a classifier's results written before it are judged as they were."""
+    spec = GateSpec(metric="cosine", max_drop=0.01, unresolved="note")
+    raw = _embedding_raw()
+    assert evaluate_gate(from_dict(raw), spec).exit_code == EXIT_BREACH
+    raw["evidence"] = [name for name in raw["evidence"] if name != "rows_kept"]
+    report = evaluate_gate(from_dict(raw), spec)
+    assert report.exit_code == EXIT_UNUSABLE
+    assert report.problems == ("results written by qbench '0.1.0' record no rows_kept (this qbench's sweep records "
+                               "them), so these checks cannot be applied: rows_kept (embedding rows moved off "
+                               "FP32's); re-run `qbench sweep`",)  # fmt: skip
+    logits, labels = _rare_class()
+    classifier = _raw(logits, logits.copy(), labels)
+    classifier["evidence"] = [name for name in classifier["evidence"] if name != "rows_kept"]
+    judged = evaluate_gate(from_dict(classifier), SPEC)
+    assert (judged.exit_code, judged.problems) == (EXIT_PASS, ())

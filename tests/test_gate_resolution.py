@@ -120,8 +120,15 @@ def test_a_mean_compared_with_fp32_needs_its_interval_within_the_tolerance():
     rng = np.random.default_rng(0)
     reference = rng.normal(size=(200, 8))
     steady = reference + 0.02 * rng.normal(size=reference.shape)
+    # 4 rows of 200 at cosine 0.6 with FP32's, the rest unchanged: a mean drop of 0.008 whose interval reaches 0.0158;
+    # each row keeps 0.6 of what tells it from the others (rows_kept: FP32's rows share a cosine of 0.003)
+    away = rng.normal(size=(4, 8))
+    away -= np.sum(away * reference[:4], axis=1, keepdims=True) / np.sum(reference[:4] ** 2, axis=1, keepdims=True) * reference[:4]
     rare = reference.copy()
-    rare[0] = 0.0  # one row of 200 with nothing of FP32's direction (cosine 0): a mean drop of 0.005, the rest none
+    rare[:4] = (0.6 * reference[:4] / np.linalg.norm(reference[:4], axis=1, keepdims=True)
+                + 0.8 * away / np.linalg.norm(away, axis=1, keepdims=True))  # fmt: skip
+    lost = reference.copy()
+    lost[0] = 0.0  # one row with nothing of FP32's direction (cosine 0): a mean drop of 0.005, yet a row lost
 
     def judged(outputs: np.ndarray) -> tuple[int, tuple[str, ...]]:
         fp32 = evaluate_accuracy("embedding", reference, reference, None, {})
@@ -134,6 +141,7 @@ def test_a_mean_compared_with_fp32_needs_its_interval_within_the_tolerance():
     assert judged(steady) == (EXIT_PASS, ())
     code, problems = judged(rare)
     assert code == EXIT_UNUSABLE and "the 95% interval of the drop reaches" in problems[0]
+    assert judged(lost)[0] == EXIT_BREACH
     one = evaluate_gate(sweep(result("fp32", scope("overall", 1, 1.0, "cosine", (1.0, 1.0))),
                               result("int8", scope("overall", 1, 1.0, "cosine", (1.0, 1.0)))), spec)  # fmt: skip
     assert one.exit_code == EXIT_UNUSABLE and "a mean over 1 row has no spread" in one.problems[0]

@@ -41,6 +41,8 @@ class EmbeddingRows:
     cosine: np.ndarray
     neighbour_matches: np.ndarray
     queried: np.ndarray | None = None
+    shared: float = float("nan")  # the cosine FP32's rows share (kept_rules.shared_cosine), over every row
+    directionless: np.ndarray | None = None  # rows FP32 gives all 0 on: no direction for rows_kept to judge
 
     def summarise(self, name: str, mask: np.ndarray) -> SliceMetrics:
         cosine = self.cosine[mask]
@@ -54,7 +56,10 @@ class EmbeddingRows:
         }
         intervals = {"cosine": metrics.mean_interval(cosine), "nn_agreement": wilson(nn_agreement, int(matches.size))}
         counted = {} if self.queried is None else {"nn_agreement": int(matches.size)}
-        kept = kept_rules.spread_kept(self.outputs[mask], self.reference[mask])
+        judged = cosine if self.directionless is None else np.where(self.directionless[mask], np.nan, cosine)
+        found = [k for k in (kept_rules.spread_kept(self.outputs[mask], self.reference[mask]),
+                             kept_rules.rows_kept(judged, self.shared, np.flatnonzero(mask))) if k is not None]
+        kept = min(found, key=lambda k: k.share, default=None)  # the lower share; FP32 keeps both whole
         return SliceMetrics(name=name, size=int(cosine.size), metrics=values, intervals=intervals, denominators=counted,
                             kept={"": kept} if kept else {})
 
@@ -121,7 +126,10 @@ class Embedding(Task):
         if queries is not None:
             queried = np.zeros(count, dtype=bool)
             queried[queries] = True
-        return EmbeddingRows(np.asarray(outputs), np.asarray(reference), cosine, matches, queried)
+        reference = np.asarray(reference)
+        directionless = ~np.any(reference.reshape(count, -1) != 0, axis=1)
+        return EmbeddingRows(np.asarray(outputs), reference, cosine, matches, queried,
+                             kept_rules.shared_cosine(reference), directionless)
 
     def qat_loss(self, kind: str, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         import torch.nn.functional as F

@@ -21,6 +21,11 @@ breaches a share under KEPT.
   while a clamp at the calibration sample's range flattens the tail against its band.
 - spread_kept (embedding): of how much a dimension varies across the rows for FP32, the share it varies for the
   variant; judged for dimensions varying at least MIN_REACH of the output's mean per dimension.
+- rows_kept (embedding): of how far FP32's cosine with itself (1) rises above the cosine its rows share (shared_cosine,
+  over every evaluation row), the share the variant's cosine with FP32 keeps on its worst row. A mean cosine hides a
+  few rows (a row flipped, rows merged onto one point) where every vector shares a dominant direction: a ruined
+  row's cosine stays high because the part of it that tells rows apart is small. An embedding scope records the
+  lower of its two rules' shares.
 
 No rule for task 'span': its decoder answers on every row with a context token, so no answer is lost outright, and
 a rule on where answers lie (a part of the context) flagged honest INT8 builds whose starts moved by one token across
@@ -37,7 +42,7 @@ import numpy as np
 
 from qbench.gate_resolution import rows_to_resolve
 from qbench.results import Kept
-from qbench.validate.metrics import INVALID_CLASS
+from qbench.validate.metrics import INVALID_CLASS, row_blocks
 
 KEPT = 0.5
 """A component a variant keeps under half of (half of FP32's decisions of a class, half the reach of its extreme rows,
@@ -57,6 +62,8 @@ KEPT_RULES = {
     "token_decisions_kept": "FP32 decides it on {reference:g} tokens, the variant on {own:g} of them",
     "tail_kept": "FP32's extreme rows reach {reference:.4g} past the rows before them, the variant's {own:.4g}",
     "spread_kept": "it varies across the rows by {reference:.4g} for FP32, by {own:.4g} for the variant",
+    "rows_kept": "of the {reference:.4g} between the cosine FP32's rows share and 1, its cosine with FP32's vector "
+                 "keeps {own:.4g}",
 }
 """Each rule the gate judges, and how its report line states the two figures of a record."""
 
@@ -129,6 +136,47 @@ def spread_kept(outputs: np.ndarray, reference: np.ndarray) -> Kept | None:
         return None
     j = int(judged[np.argmin(own[judged] / ref[judged])])
     return Kept("spread_kept", f"dimension {j}", float(ref[j]), float(own[j]))
+
+
+RECORDED_TOGETHER = (frozenset({"spread_kept", "rows_kept"}),)
+"""Rules one task judges on the same output, of which a scope records the one kept least of: FP32's record (every
+component kept whole) may name one and a variant's the other."""
+
+
+def comparable(reference_rule: str, own_rule: str) -> bool:
+    """Whether a variant's record of `own_rule` answers FP32's of `reference_rule` (the same rule, or one recorded
+    together with it)."""
+    return reference_rule == own_rule or any({reference_rule, own_rule} <= rules for rules in RECORDED_TOGETHER)
+
+
+def shared_cosine(reference: np.ndarray) -> float:
+    """The cosine FP32's rows share: the mean cosine over every pair of its rows (each with itself too), |mean unit
+    vector|^2, over the rows with a direction (finite, not all 0); near 0 for directions spread evenly, near 1 where
+    every row shares one dominant direction. NaN without such a row. Summed a block of rows at a time."""
+    total, count = None, 0
+    for block in row_blocks(reference.shape[0], int(np.prod(reference.shape[1:], dtype=np.int64))):
+        rows = _columns(reference[block])
+        norms = np.linalg.norm(rows, axis=1)
+        directed = np.isfinite(rows).all(axis=1) & (norms > 0)
+        units = np.sum(rows[directed] / norms[directed, None], axis=0)
+        total, count = units if total is None else total + units, count + int(np.count_nonzero(directed))
+    if count == 0 or total is None:
+        return math.nan
+    return float(np.sum((total / count) ** 2))
+
+
+def rows_kept(cosine: np.ndarray, shared: float, rows: np.ndarray) -> Kept | None:
+    """The row (`rows`: each cosine's evaluation row) whose cosine with FP32's vector rises least above `shared`
+    (shared_cosine, what any two FP32 rows share), against the room 1 - shared above it: its cosine rescaled so that
+    FP32's own vector is 1 and a typical other row 0 (kept down to 0: a flipped row keeps nothing, as a merged one).
+    Under half kept, the row's vector lies farther from FP32's than FP32's rows lie from their mean direction. A NaN
+    cosine (FP32 gives no direction there) is not judged; None under MIN_ROWS judged rows, or where FP32's rows share
+    one direction (nothing tells them apart: output_spread's case)."""
+    judged = np.isfinite(cosine)
+    if np.count_nonzero(judged) < MIN_ROWS or not shared < 1:
+        return None
+    worst = int(np.flatnonzero(judged)[np.argmin(cosine[judged])])
+    return Kept("rows_kept", f"row {int(rows[worst])}", 1.0 - shared, max(0.0, float(cosine[worst]) - shared))
 
 
 def _columns(values: np.ndarray) -> np.ndarray:

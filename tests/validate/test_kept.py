@@ -9,7 +9,10 @@ from qbench.results import Kept
 from qbench.validate.kept import (
     KEPT,
     MIN_ROWS,
+    comparable,
     decisions_kept,
+    rows_kept,
+    shared_cosine,
     spread_kept,
     tail_kept,
     token_decisions_kept,
@@ -81,3 +84,28 @@ def test_a_scope_without_rows_has_nothing_to_judge():
     empty = np.zeros((0, 384), dtype=np.float32)
     assert spread_kept(empty, empty) is None and tail_kept(empty, empty) is None
     assert decisions_kept(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)) is None
+
+
+def test_shared_cosine_is_the_mean_cosine_over_every_pair_of_rows():
+    # unit rows (1, 0), (0, 1), and (3, 4) -> (0.6, 0.8); a zero row and a NaN row have no direction
+    reference = np.array([[2.0, 0.0], [0.0, 5.0], [3.0, 4.0], [0.0, 0.0], [np.nan, 1.0]])
+    # mean unit vector (1.6, 1.8) / 3, |.|^2 = (2.56 + 3.24) / 9; the 9 pairs' cosines: 1+0+0.6, 0+1+0.8, 0.6+0.8+1
+    assert shared_cosine(reference) == pytest.approx(5.8 / 9)
+    assert shared_cosine(np.zeros((3, 2))) != shared_cosine(np.zeros((3, 2)))  # NaN: no row with a direction
+
+
+def test_rows_kept_names_the_row_whose_cosine_rises_least_above_what_fp32_s_rows_share():
+    cosine = np.array([1.0, 0.99, 0.95, np.nan, 0.999, 0.998])
+    rows = np.array([10, 11, 12, 13, 14, 15])
+    # shared 0.9: room 0.1 above it; row 12 keeps 0.95 - 0.9 = 0.05 of it, half; the NaN row (no direction) is skipped
+    assert rows_kept(cosine, 0.9, rows) == Kept("rows_kept", "row 12", pytest.approx(0.1), pytest.approx(0.05))
+    flipped = cosine.copy()
+    flipped[1] = -1.0  # a flipped row keeps nothing, not less than nothing
+    assert rows_kept(flipped, 0.9, rows) == Kept("rows_kept", "row 11", pytest.approx(0.1), 0.0)
+    assert rows_kept(cosine[:4], 0.9, rows[:4]) is None  # 3 judged rows < MIN_ROWS
+    assert rows_kept(cosine, 1.0, rows) is None  # every FP32 row one direction: nothing tells them apart
+
+
+def test_a_variant_may_record_the_other_rule_of_fp32_s_slot():
+    assert comparable("spread_kept", "rows_kept") and comparable("rows_kept", "spread_kept")
+    assert comparable("tail_kept", "tail_kept") and not comparable("decisions_kept", "rows_kept")
