@@ -1,11 +1,12 @@
 """Which nodes can compute in a narrower float type, decided from the operators' own schemas.
 
 A node stays in float32 (with casts at its boundary) when it lies outside the default
-ONNX domain (ai.onnx.ml's tree ensembles, scalers, ZipMap, label encoders... and any
-custom domain), when its schema cannot be found, when it reads or writes a sequence, map
+ONNX domain and ONNX Runtime's contrib domain (ai.onnx.ml's tree ensembles, scalers, ZipMap, label encoders... and
+any custom domain), when its schema cannot be found, when it reads or writes a sequence, map
 or optional value (the converters type tensors only), or when the schema does not accept the
 target type (float16, bfloat16) for one of its float inputs or outputs. The rule reads
-`onnx.defs.get_schema`, so it covers operators nobody listed here.
+`onnx.defs.get_schema`, and for ONNX Runtime's contrib operators (com.microsoft Attention, SkipLayerNormalization...)
+the schemas the installed ONNX Runtime registers (runtime_schemas), so it covers operators nobody listed here.
 
 ONNX shape inference does not type the outputs of ai.onnx.ml operators; `tensor_types`
 completes it from the schemas (a fixed output type, or a type variable bound by an
@@ -21,6 +22,7 @@ from onnx import TensorProto, helper
 
 from qbench.onnx_read import infer_types, typing_skeleton
 from qbench.variants.onnx_utils import all_nodes, names_read, outer_scope_reads, rename_reads, subgraphs_of
+from qbench.variants.runtime_schemas import NARROWED_DOMAINS, runtime_schema
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
 SHAPE_ONLY_OPS = ("Shape", "Size")  # read a tensor's shape, never its values
@@ -63,6 +65,8 @@ def _opset_versions(model: onnx.ModelProto) -> dict[str, int]:
 
 def _schema(node: onnx.NodeProto, versions: dict[str, int]) -> onnx.defs.OpSchema | None:
     domain = "" if node.domain == "ai.onnx" else node.domain
+    if domain in NARROWED_DOMAINS:
+        return runtime_schema(node.op_type, domain, versions.get(domain, 1))
     try:
         return onnx.defs.get_schema(node.op_type, versions.get(domain, onnx.defs.onnx_opset_version()), domain)
     except onnx.defs.SchemaError:
@@ -125,8 +129,8 @@ def tensor_types(model: onnx.ModelProto) -> dict[str, int]:
 
 def _runtime_types(model: onnx.ModelProto, names: list[str]) -> dict[str, int]:
     """Element types ONNX Runtime gives `names` when it loads the model, for tensors neither ONNX shape inference
-    nor the ONNX schemas can type: outputs of its contrib operators (com.microsoft Attention, SkipLayerNormalization,
-    FastGelu... in graphs its transformer optimiser wrote) and what they feed. Empty if the model does not load.
+    nor the schemas can type: what follows its contrib operators (com.microsoft Attention, SkipLayerNormalization,
+    FastGelu... in graphs its transformer optimiser wrote), where ONNX's inference stops. Empty if the model does not load.
     ORT is given the model's typing skeleton (qbench.onnx_read): a model over protobuf's 2 GiB is typed too."""
     import onnxruntime as ort
 
@@ -212,7 +216,7 @@ def kept_in_float32(
     non_tensor = non_tensor_values(model) if non_tensor is None else non_tensor
     reasons: dict[str, str] = {}
     for node in model.graph.node:
-        if node.domain not in DEFAULT_DOMAINS:
+        if node.domain not in (*DEFAULT_DOMAINS, *NARROWED_DOMAINS):
             reasons[node.name] = f"operator domain {node.domain}"
             continue
         if has_subgraph(node):  # the converters cannot narrow a body faithfully, nor emulate it: it stays whole
@@ -223,7 +227,7 @@ def kept_in_float32(
             continue
         schema = _schema(node, versions)
         if schema is None:
-            reasons[node.name] = "no ONNX schema for this operator"
+            reasons[node.name] = "no schema for this operator in ONNX or the installed ONNX Runtime"
             continue
         for kind, names, params in (("input", node.input, schema.inputs), ("output", node.output, schema.outputs)):
             for index, name in enumerate(names):

@@ -13,6 +13,8 @@ Arithmetic inside an op stays FP32, as on hardware that accumulates BF16 product
 in FP32. Its accuracy is faithful to BF16 (range up to 3.39e38, then inf; 8 bits
 of precision); its latency is that of the emulation, never a BF16 figure.
 
+ONNX Runtime's contrib operators (com.microsoft Attention, SkipLayerNormalization...) are converted as its float16
+converter converts them, by the schemas ONNX Runtime registers for them (float_support, runtime_schemas).
 Which nodes stay FP32 under FP16: those whose schema or ONNX Runtime lacks float16 (float_support), those
 that produce or read a tensor FP16 cannot hold on the calibration sample or in the weights (fp16_range), and
 the data movement between such nodes (float_support.with_data_movement_between_kept). BF16 keeps ai.onnx.ml
@@ -113,6 +115,7 @@ def build_fp16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         built = unchanged_variant(spec.name, "fp16", ctx, why, params, clock.seconds())
         return dataclasses.replace(built, notes=(*built.notes, *range_note))
     kept_text = kept.described(model)
+    fused_note = _fused_rounding_note(model, set(kept.names), "FP16")
     kept = _float32_copies_for_kept(model, kept, types)
     clamped = _values_outside_fp16(model, set(kept.names))
     io_types = {info.name: onnx.TypeProto.FromString(info.type.SerializeToString())  # the converter rewrites them
@@ -137,7 +140,7 @@ def build_fp16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         notes.append(f"{clamped} weight value(s) outside FP16's range were clamped to it")
     if kept.reasons:
         notes.append(f"kept in FP32: {kept_text}")
-    notes += lowered_note + range_note
+    notes += lowered_note + fused_note + range_note
     return BuiltVariant(
         name=spec.name,
         precision="fp16",
@@ -372,7 +375,7 @@ def build_bf16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         check_model_against(model, ctx.reference_path.resolve())
         save_model(model, target)
     kept_note = [f"kept in FP32: {kept_text}", *lowered_note] if kept.reasons else []
-    kept_note += _fused_rounding_note(model, set(kept.names))
+    kept_note += _fused_rounding_note(model, set(kept.names), "BF16")
     if saturated:
         kept_note.append(f"{saturated} constant value(s) beyond BF16's range (float32's extremes, as a mask fill) "
                          f"saturated to ±{BF16_MAX_FINITE:.4g}, not rounded to inf")
@@ -388,20 +391,25 @@ def build_bf16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     )
 
 
-def _fused_rounding_note(model: onnx.ModelProto, kept: set[str]) -> list[str]:
-    """A note naming the rounded operators outside the standard ONNX domains: ONNX Runtime's fused contrib operators
+def _fused_rounding_note(model: onnx.ModelProto, kept: set[str], precision: str) -> list[str]:
+    """A note naming the lowered operators outside the standard ONNX domains: ONNX Runtime's fused contrib operators
     (com.microsoft Attention, SkipLayerNormalization, BiasGelu... that its transformer optimizer writes) stand for
-    several ops whose intermediate tensors (Attention's Q, K, V and scores, the residual sum before a layer norm)
-    the simulation cannot reach, so it rounds only what such an operator reads and writes: it rounds less than a
-    BF16 engine running the unfused graph, and its figures are optimistic by that much."""
+    several ops whose intermediate tensors (Attention's Q, K, V and scores, the residual sum before a layer norm) a
+    rounding graph cannot reach, so it rounds only what such an operator reads and writes: it rounds less than an
+    engine running the unfused graph in `precision`, and its figures are optimistic by that much. BF16 is always
+    such a graph; FP16 converts them (as ONNX Runtime's float16 converter does) and is such a graph where scored by
+    its emulation (a backend without FP16 kernels: ONNX Runtime's CPU)."""
     fused = Counter(f"{node.op_type} ({node.domain})" for node in model.graph.node
                     if node.name not in kept and node.domain not in ("", "ai.onnx", "ai.onnx.ml"))  # fmt: skip
     if not fused:
         return []
     listed = ", ".join(f"{count} {op}" for op, count in sorted(fused.items()))
-    return [f"{listed}: rounded where they read and write only; what they compute inside (a fused Attention's Q, K, V "
-            "and scores, a SkipLayerNormalization's residual sum) stays float32, which BF16 running the unfused ops "
-            "would round: the figures may be closer to FP32 than BF16's"]
+    where = "rounded" if precision == "BF16" else (
+        "converted to FP16 (their float inputs, weights and outputs, as ONNX Runtime's float16 converter converts "
+        "them); emulated on a backend without FP16 kernels (ONNX Runtime's CPU), they are rounded")
+    return [f"{listed}: {where} where they read and write only; what they compute inside (a fused Attention's Q, K, "
+            f"V and scores, a SkipLayerNormalization's residual sum) stays float32, which {precision} running the "
+            f"unfused ops would round: the figures may be closer to FP32 than {precision}'s"]
 
 
 def round_to_bf16(values: np.ndarray) -> np.ndarray:
