@@ -29,11 +29,12 @@ def runtime_schema(op_type: str, domain: str, version: int) -> onnx.defs.OpSchem
 
 @functools.cache
 def _registered() -> dict[tuple[str, str], dict[int, onnx.defs.OpSchema]]:
-    """(domain, op type) -> since version -> schema, for the operators of NARROWED_DOMAINS ONNX Runtime registers."""
+    """(domain, op type) -> since version -> schema, for the operators of NARROWED_DOMAINS ONNX Runtime registers;
+    none from a build of ONNX Runtime that does not list its schemas (their operators then stay float32)."""
     from onnxruntime.capi import onnxruntime_pybind11_state as runtime
 
     found: dict[tuple[str, str], dict[int, onnx.defs.OpSchema]] = {}
-    for schema in runtime.get_all_operator_schema():
+    for schema in getattr(runtime, "get_all_operator_schema", list)():
         if schema.domain in NARROWED_DOMAINS:
             found.setdefault((schema.domain, schema.name), {})[schema.since_version] = _as_onnx(schema)
     return found
