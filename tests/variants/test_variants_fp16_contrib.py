@@ -151,3 +151,29 @@ def test_a_contrib_operator_whose_schema_takes_no_float16_stays_fp32(tmp_path):
     assert "CDist (its schema does not accept tensor(float16) for input 'A')" in " ".join(built.notes)
     expected, ran = _run(tmp_path / "cdist.onnx", {"x": x}), _run(built.onnx_path, {"x": x})
     assert 0 < np.abs(ran - expected).max() < 0.01 * np.abs(expected).max()
+
+
+def test_an_onnx_runtime_that_lists_no_schemas_leaves_its_contrib_operators_fp32(tmp_path, monkeypatch):
+    """A build of ONNX Runtime without `get_all_operator_schema`: its contrib operators have no schema to read, so
+    they stay FP32 (as before the rule read them), and the build does not fail."""
+    from onnx import helper, numpy_helper
+    from onnxruntime.capi import onnxruntime_pybind11_state as runtime
+
+    from qbench.variants import runtime_schemas
+
+    monkeypatch.delattr(runtime, "get_all_operator_schema")
+    runtime_schemas._registered.cache_clear()
+    monkeypatch.setattr(runtime_schemas, "_registered", runtime_schemas._registered.__wrapped__)
+    x = np.random.default_rng(2).normal(size=(16, 8)).astype(np.float32)
+    weight = np.random.default_rng(3).normal(size=(8, 6)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="matmul"),
+             helper.make_node("Gelu", ["h"], ["y"], name="gelu", domain="com.microsoft")]  # fmt: skip
+    graph = helper.make_graph(nodes, "gelu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 6])],
+                              [numpy_helper.from_array(weight, "w")])  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    onnx.save(model, str(tmp_path / "gelu.onnx"))
+    context = BuildContext(reference_path=tmp_path / "gelu.onnx", workdir=tmp_path / "w", calibration=[{"x": x}])
+    built = build_fp16(VariantSpec(name="fp16", precision="fp16"), context)
+    assert built.params["blocked_op_types"] == ["Gelu"] and built.params["lowered_op_types"] == {"MatMul": 1}
+    assert "no schema for this operator in ONNX or the installed ONNX Runtime" in " ".join(built.notes)
