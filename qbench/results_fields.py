@@ -50,6 +50,7 @@ READ_PARAMS: dict[str, Any] = {
     "contractions": int, "lowered_contractions": int, "fp32_predictors": int,  # variants.fp16.partly_lowered
     "integer_kernels_of": str, "identical_to": str, "search.chosen_on": str,  # the gate's "computes in FP32" and
     "runtime.kernels": str, "runtime.graph_optimization_level": str,  # selection notes; the report's kernels, options
+    "one_class_outputs": list[str],  # the gate's note on FP32 deciding one class (gate_notes.one_class_reference)
 }  # fmt: skip
 
 
@@ -62,6 +63,8 @@ def checked_params(raw: Any, where: str) -> dict[str, Any]:
             continue
         if hint is str and not isinstance(raw[key], str):
             raise QbenchError(f"{where}.{key}: got {short_repr(raw[key])}, expected a string")
+        if hint == list[str] and not (isinstance(raw[key], list) and all(isinstance(v, str) for v in raw[key])):
+            raise QbenchError(f"{where}.{key}: got {short_repr(raw[key])}, expected a list of strings")
         _check(raw[key], hint, f"{where}.{key}")
     return raw
 

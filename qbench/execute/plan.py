@@ -168,7 +168,8 @@ def backend_needs(recipe: Recipe, backend: str, *, timing: bool) -> JobNeeds:
 
 
 def make_plan(recipe: Recipe, inputs: Mapping[str, InputDigest]) -> SweepPlan:
-    """Every job of the recipe's sweep, in the order the local executor runs them."""
+    """Every job of the recipe's sweep, in the order the local executor runs them (but for the builds it starts first
+    while the MLflow logging process is busy: qbench.execute.scheduler.Scheduler._start_ready)."""
     fingerprint = plan_fingerprint(recipe, inputs)
     specs = recipe.planned_variants()
     backends = tuple(recipe.backends)

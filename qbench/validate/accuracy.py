@@ -309,6 +309,8 @@ def one_class_readings(task: str, reference_outputs: Mapping[str, np.ndarray], p
         values = np.asarray(values)
         if name in cut or probabilities.get(name) is not None or labels is None or not judge.thresholds_by_scale(values):
             continue
+        if values.ndim == 0 or int(np.prod(values.shape[1:])) != 1:  # multilabel thresholds several columns too
+            continue
         scores = values.reshape(values.shape[0]).astype(np.float64)
         finite = np.isfinite(scores)
         as_probability = metrics.looks_like_sigmoid(scores)

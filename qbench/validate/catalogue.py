@@ -56,9 +56,9 @@ def impossible_value(info: MetricInfo, value: float, count: int, unit: str = "ro
 
 
 OUTPUT_SEPARATOR = "/"
+"""Metric names are prefixed with their output ('probabilities/accuracy') when several outputs are evaluated."""
 ONE_CLASS_OUTPUTS = "one_class_outputs"  # FP32's param: outputs it puts in one class on every row (accuracy.one_class_readings)
 DECISION_METRICS = ("accuracy", "agreement", "flip_rate")  # the classification figures such a reading leaves blind
-"""Metric names are prefixed with their output ('probabilities/accuracy') when several outputs are evaluated."""
 
 
 class MetricCatalogue(Mapping[str, MetricInfo]):

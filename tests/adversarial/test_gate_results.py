@@ -422,6 +422,8 @@ CASES = [
     pytest.param(edited(params_of(INT8, quantized_nodes="0")), 2, "params.quantized_nodes: got '0', expected a whole number >= 0", id="params-count-as-text"),
     pytest.param(edited(params_of(INT8, integer_kernels_of=[BACKEND])), 2, "params.integer_kernels_of: got ['onnxruntime-cpu'], expected a string", id="params-name-as-list"),
     pytest.param(edited(on_variant(INT8, params=[])), 2, "params: got [], expected a JSON object", id="params-not-an-object"),
+    pytest.param(edited(params_of("fp32", one_class_outputs="probabilities")), 2,
+                 "params.one_class_outputs: got 'probabilities', expected a list of strings", id="params-names-as-text"),  # fmt: skip
     pytest.param(edited(params_of(INT8, quantized_nodes=0)), 0, f"{INT8}@{BACKEND} computes in fp32", id="params-count-zero"),
     # values no scope could hold: the metric's range, a share that is no whole number of the scope's rows
     pytest.param(edited(metric(INT8, "overall", 1.5)), 2, "overall: metric 'agreement' is 1.5, outside its range 0..1", id="rate-above-1"),

@@ -349,3 +349,14 @@ def test_a_single_score_split_by_its_values_into_one_class_while_labels_hold_two
     assert one_class_readings("classification", {"score": scores}, {"score": None}, set(), None) == {}
     assert one_class_readings("regression", {"score": scores}, {"score": None}, set(), labels) == {}
     assert one_class_readings("classification", {"p": np.hstack([scores, 1 - scores])}, {"p": None}, set(), labels) == {}
+
+
+def test_a_score_of_several_columns_is_no_single_score_split_into_one_class():
+    """multilabel thresholds every float output by its scale, several columns too: a [rows, 3] output whose graph
+    states no scale (a Relu over a linear layer) stopped `qbench validate` and every sweep of such a model with
+    "ValueError: cannot reshape array of size 12 into shape (4,)". It is no single score column: nothing to name."""
+    scores = np.array([[0.1, 0.2, 0.0], [0.3, 0.0, 0.1], [0.2, 0.1, 0.4], [0.0, 0.3, 0.2]], dtype=np.float32)
+    labels = np.array([[0, 1, 0], [1, 0, 0], [0, 0, 1], [1, 1, 0]])
+    assert one_class_readings("multilabel", {"scores": scores}, {"scores": None}, set(), labels) == {}
+    [line] = one_class_readings("multilabel", {"s": scores[:, :1]}, {"s": None}, set(), labels[:, :1]).values()
+    assert "puts every one of 4 evaluation rows in class 0 while the labels hold classes 0, 1" in line
