@@ -120,7 +120,11 @@ def serve(calls_fd: int, answers_fd: int, level: int) -> NoReturn:
 
 
 def main(calls_fd: int, answers_fd: int, level: int) -> int:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupted sweep ends its runs itself (abort)
+    # an interrupted sweep ends its runs itself (abort): Ctrl+C, and a SIGTERM to the process group (a CI job's
+    # timeout), reach this process too, and ended here first they would leave the runs RUNNING; should the sweep's
+    # process die instead, the pipe closes and its runs are ended KILLED here
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
     calls = Connection(calls_fd, writable=False)
     answers = Connection(answers_fd, readable=False)
     lock = threading.Lock()  # MLflow's system-metrics thread may log too

@@ -119,6 +119,34 @@ def test_the_tracking_process_dying_costs_mlflow_not_the_measurements(
     assert main(["track", str(recipe), str(run_dir)]) == 0
 
 
+def test_a_sigterm_reaching_the_tracking_process_leaves_the_runs_to_the_sweep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM to the sweep's process group (a CI job's timeout) reaches the tracking process too: it ended there and
+    then, the sweep's own handling could not end the runs (left RUNNING). It ignores SIGTERM, as it does SIGINT: the
+    sweep decides, and here, signalled alone, the sweep goes on and every run ends FINISHED."""
+    recipe = make_fp16_project(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    finished = _Progress.finished
+    signalled: list[int] = []
+
+    def then_terminated(self: _Progress, *args: object, **kwargs: bool) -> None:
+        finished(self, *args, **kwargs)
+        if not signalled:
+            assert self.tracker is not None
+            self.tracker.settle()
+            [process] = tracking_processes(tmp_path)
+            process.send_signal(signal.SIGTERM)
+            signalled.append(process.pid)
+
+    monkeypatch.setattr(_Progress, "finished", then_terminated)
+    assert main(["sweep", str(recipe)]) == 0
+    [run_dir] = (tmp_path / "reports" / "tumour-mlp").iterdir()
+    assert signalled and [p.pid for p in tracking_processes(tmp_path)] == signalled  # alive, idle for the next sweep
+    assert runs_by_name(recipe) == {f"tumour-mlp sweep {run_dir.name}": "FINISHED", "fp32 · ort-cpu": "FINISHED",
+                                    "fp16 · ort-cpu": "FINISHED"}  # fmt: skip
+
+
 def test_an_unexpected_error_in_the_logging_ends_the_runs_failed_and_the_sweep_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
