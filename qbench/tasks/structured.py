@@ -4,8 +4,8 @@ No built-in task can say what a `[N, C, H, W]` score map or `[N, K, 4]` boxes ar
 (rows, classes) and refuses them, regression wants one label per output value, embedding takes no labels. This
 task reads any tensor output with its rows on axis 0, passes each row's label cell to the custom metrics as it is
 (per-pixel classes, boxes...), and reports only what needs no interpretation: agreement with FP32 (rows whose every
-value is within 1 % of that value's FP32 spread, or of itself where FP32 gives it one value, as regression's)
-and `max_abs_error`. The gate's metric is one of `metrics:` (the first by default), so the verdict is the user's
+value is within 1 % of that value's FP32 spread, or of itself where FP32 gives it one value, as regression's; an
+integer output's rows where every value equals FP32's) and `max_abs_error`. The gate's metric is one of `metrics:` (the first by default), so the verdict is the user's
 metric, never a guess.
 """
 
@@ -53,6 +53,15 @@ class StructuredRows:
         return SliceMetrics(name=name, size=size, metrics=values, intervals={"agreement": wilson(agreement, size)})
 
 
+def exact_rows(outputs: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """1.0 for rows whose every value equals FP32's, else 0.0: an integer output (item ids, class ids, counts) is
+    computed, never rounded, so a value that differs is another answer, whatever its distance. Compared as the
+    integers they are: through float64, ids past 2**53 merged, and a spread-relative tolerance (with its floor of
+    FP16 ULPs at the values' magnitude, 2e9 at ids near 1e12) let ids 7919 apart agree."""
+    rows = np.shape(outputs)[0]
+    return (np.asarray(outputs).reshape(rows, -1) == np.asarray(reference).reshape(rows, -1)).all(axis=1).astype(np.float64)
+
+
 class Structured(Task):
     name = "structured"
     metric_infos = (
@@ -88,6 +97,8 @@ class Structured(Task):
     def rows(
         self, outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None, *, probabilities: bool | None = None
     ) -> RowSummary:
+        if np.asarray(outputs).dtype.kind in "iub" and np.asarray(reference).dtype.kind in "iub":
+            return StructuredRows(np.asarray(outputs), np.asarray(reference), exact_rows(outputs, reference))
         rows = np.shape(outputs)[0]
         reference_values = np.asarray(reference, dtype=np.float64).reshape(rows, -1)
         agrees = agreeing_rows(np.asarray(outputs, dtype=np.float64).reshape(rows, -1), reference_values,

@@ -10,7 +10,8 @@ import onnxruntime as ort
 import pandas as pd
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from task_projects import INT8, graph_model, plain_ort, project, run_all, said
+from task_projects import INT8, graph_model, plain_ort, project, run_all, said, table
+from task_projects import ROWS as TABLE_ROWS
 
 from qbench.cli_app import main
 from qbench.errors import QbenchError
@@ -253,3 +254,69 @@ def test_a_metric_naming_outputs_the_recipe_does_not_evaluate_is_refused(tmp_pat
     recipe, _, _ = _detection_project(tmp_path, **changes)
     assert main(["validate", str(recipe)]) == 2
     assert said(message, capsys.readouterr().err)
+
+
+# -- a retrieval head: item ids (int64) of the top-k scores, through TopK and GatherElements ---------------------------
+
+ITEMS, TOP = 40, 3
+ID_BASE, ID_STEP = 10**12, 7919  # ids spread 3e5 apart at a magnitude of 1e12: under one FP16 ULP there (1e9)
+
+IDS_METRIC = textwrap.dedent(
+    """
+    import numpy as np
+
+    def recall(outputs, labels, reference_outputs):  # of FP32's top-k ids, the share the variant returns
+        pairs = zip(outputs["ids"].tolist(), reference_outputs["ids"].tolist())
+        return float(np.mean([len(set(a) & set(b)) / len(b) for a, b in pairs]))
+    """
+)
+
+
+def _retrieval_model():
+    """x [N, 8] -> MatMul with a stored item table [8, ITEMS] -> TopK (k=TOP) -> the items' int64 ids through
+    GatherElements of the id table expanded to the batch: outputs top-k scores [N, TOP] and ids [N, TOP]."""
+    rng = np.random.default_rng(5)
+    weights = [numpy_helper.from_array(rng.normal(size=(8, ITEMS)).astype(np.float32), "table"),
+               numpy_helper.from_array(ID_BASE + ID_STEP * np.arange(ITEMS, dtype=np.int64)[None, :], "item_ids"),
+               numpy_helper.from_array(np.array([TOP], np.int64), "k"),
+               numpy_helper.from_array(np.array([ITEMS], np.int64), "width")]  # fmt: skip
+    nodes = [
+        helper.make_node("MatMul", ["x", "table"], ["all"]),
+        helper.make_node("TopK", ["all", "k"], ["scores", "top"], axis=1),
+        helper.make_node("Shape", ["x"], ["xs"], end=1), helper.make_node("Concat", ["xs", "width"], ["wide"], axis=0),
+        helper.make_node("Expand", ["item_ids", "wide"], ["ids_all"]),
+        helper.make_node("GatherElements", ["ids_all", "top"], ["ids"], axis=1),
+    ]  # fmt: skip
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 8])
+    outputs = [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [None, TOP]),
+               helper.make_tensor_value_info("ids", TensorProto.INT64, [None, TOP])]  # fmt: skip
+    return graph_model(nodes, [x], outputs, weights)
+
+
+@pytest.mark.slow
+def test_integer_ids_agree_with_fp32_only_where_every_id_is_fp32s(tmp_path, monkeypatch, capsys):
+    """Every id of a row of a spread far under FP16's resolution at its magnitude: the spread-relative tolerance's
+    floor (2 FP16 ULPs at 1e12: 2e9) let every id agree, so ids/agreement was 1.0 where INT8 changed rows' ids."""
+    model = _retrieval_model()
+    features = np.random.default_rng(6).normal(size=(TABLE_ROWS, 8)).astype(np.float32)
+    (tmp_path / "ids_metrics.py").write_text(IDS_METRIC)
+    metric = {"name": "recall", "function": "ids_metrics:recall", "outputs": ["ids"], "higher_is_better": True}
+    recipe = project(tmp_path, model, table(features), task="structured", metrics=[metric],
+                     model={"path": "model.onnx", "outputs": ["scores", "ids"]}, gate={"metric": "recall"})
+    monkeypatch.chdir(tmp_path)
+    results, _ = run_all(recipe, capsys)
+    fp32_ids = plain_ort(tmp_path / "model.onnx", {"x": features})["ids"]
+    found = results.find("int8", "onnxruntime-cpu")
+    int8_ids = plain_ort(found.model_path, {"x": features})["ids"]
+    by_hand = float(np.mean((int8_ids == fp32_ids).all(axis=1)))
+    assert 0.0 < by_hand < 1.0  # INT8 changed some rows' ids, not all
+    assert found.accuracy.overall.metrics["ids/agreement"] == pytest.approx(by_hand, abs=1e-12)
+    assert results.find("fp32", "onnxruntime-cpu").accuracy.overall.metrics["ids/agreement"] == 1.0
+
+
+def test_integer_outputs_are_compared_as_integers_past_float64s_precision():
+    """Ids past 2**53 one apart are one value in float64: compared as integers, they are two answers."""
+    reference = np.array([[2**62, 2**62 + 2], [5, 6], [7, 8]], dtype=np.int64)
+    outputs = np.array([[2**62 + 1, 2**62 + 2], [5, 6], [7, 9]], dtype=np.int64)
+    rows = get_task("structured").rows(outputs, reference, None)
+    assert rows.summarise("overall", np.ones(3, bool)).metrics["agreement"] == pytest.approx(1 / 3)
