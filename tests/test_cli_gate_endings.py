@@ -167,10 +167,18 @@ def test_sweep_gate_signalled_outside_the_sweep_says_why(project, tmp_path, hook
 
 
 def test_a_disk_that_cannot_take_the_reports_is_one_line_and_no_file(project, tmp_path):
-    """Files limited to 1500 bytes: gate.xml (about 1.4 kB) was written with the breach and gate.json (larger) was
-    not, so the one report CI found said exit 1 while qbench exited 2. Now neither is there, nothing half-written
-    (no temporary left), one error line naming both, and the step summary says it."""
-    done, folder = run_ending(project, tmp_path, "gate", str(project.strict), limit_bytes=1500)
+    """Files limited to a little more than gate.xml takes (about 1.4 kB) with the breach: it was written and gate.json
+    (larger) was not, so the one report CI found said exit 1 while qbench exited 2. Now neither is there, nothing
+    half-written (no temporary left), one error line naming both, and the step summary says it. The limit is read
+    from the files a first gate writes in the same folder (their paths are in them: a fixed limit failed where the
+    test folder's path was longer)."""
+    free, folder = run_ending(project, tmp_path, "gate", str(project.strict))
+    assert free.returncode == 1, free.stderr
+    sizes = {name: (folder / name).stat().st_size for name in ("gate.xml", "gate.json", "summary.md")}
+    assert sizes["gate.json"] > sizes["gate.xml"] + 64
+    for name in sizes:
+        (folder / name).unlink()
+    done, folder = run_ending(project, tmp_path, "gate", str(project.strict), limit_bytes=sizes["gate.xml"] + 64)
     assert done.returncode == 2
     [line] = [line for line in done.stderr.splitlines() if "error" in line]
     assert line.startswith(f"error: {folder / 'gate.json'}: cannot write the gate report: File too large; "
