@@ -132,11 +132,22 @@ def served_times(samples_ms: Mapping[int, np.ndarray], batcher: BatcherSamples |
     return MeasuredServiceTimes(busy, idle)
 
 
+# the longest idle an idle start is timed after: the mean gap at 20 req/s, the lowest rate the real server serves
+# (qbench.validate.serve.MAX_SECONDS); at most IDLE_BUDGET_S / this many idle starts fit a batch size's timing
+IDLE_MAX_MS = 50.0
+
+
 def idle_ms(slo: SloSpec, backend: str) -> float:
-    """How long the model idles before each idle-start batch is timed: the queue delay, within [1, 5] ms. A
-    batcher without a delay still idles between arrivals; on a 2-core CPU, 1 ms and 5 ms of idling cost a
-    batch the same (the runtime's threads have parked by then), so a longer wait would only lengthen the sweep."""
-    return min(max(slo.queue_delay_ms(backend), 1.0), 5.0)
+    """How long the model idles before each idle-start batch is timed: what an idle batch waits on average at the
+    budget's rate, the mean gap between Poisson arrivals (1000 / rate_rps: memoryless, so also the mean wait from the
+    model falling free to the next arrival) plus the queue delay it then waits for company, within [1, IDLE_MAX_MS]
+    ms (a fixed-batch budget: the queue delay). A batcher without a delay still idles between arrivals. On a 2-core
+    CPU 1 ms and 5 ms of idling cost an ONNX Runtime batch the same (its threads have parked by then), but a model
+    whose caches or allocator go cold after a longer idle is slow on most requests at a low rate: at 20 req/s one
+    slow (15 ms, 3 ms otherwise) after 5 ms of idle was timed after 1 ms and simulated at a p99 of 6.1 ms where
+    every request took 15 ms."""
+    gap_ms = 1000.0 / rate if (rate := slo.budget(backend).rate_rps) else 0.0
+    return min(max(slo.queue_delay_ms(backend) + gap_ms, 1.0), IDLE_MAX_MS)
 
 
 def _with_load(

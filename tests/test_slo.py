@@ -574,3 +574,47 @@ def test_mlflow_shows_the_simulated_requests_and_whether_the_search_settled():
     unbudgeted = replace(ok, serving=replace(ok.serving, budget_ms=None))
     assert "qbench.load_search" not in variant_tags(unbudgeted)
     assert "load.simulated_requests" not in serving_metrics(unbudgeted)
+
+
+class _ColdAfterIdle:
+    """A runner whose run takes `slow_s` when more than `idle_s` passed since its last run ended (a cache or an
+    allocator gone cold), nothing otherwise."""
+
+    def __init__(self, idle_s: float, slow_s: float) -> None:
+        self.idle_s, self.slow_s, self.last = idle_s, slow_s, None
+
+    def run(self, feeds):
+        import time
+
+        if self.last is not None and time.perf_counter() - self.last > self.idle_s:
+            time.sleep(self.slow_s)
+        self.last = time.perf_counter()
+        return [feeds["x"]]
+
+
+def test_idle_starts_are_timed_after_the_idle_the_budgets_rate_gives():
+    """An idle batch waits, on average, the mean gap between arrivals at the budget's rate (1000 / rate_rps) plus the
+    queue delay: that is how long the model idles before each idle start is timed, within [1, 50] ms (it was the queue
+    delay within [1, 5] ms). A model slow (15 ms) after 10 ms of idle, 0.1 ms otherwise, at 40 req/s: every request
+    finds it idle for 25 ms on average, and the simulated p99 there is at least the 15 ms the idle starts took (it
+    was 0.14 ms, a pass of a 10 ms budget that every cold request breaks)."""
+    import numpy as np
+
+    from qbench.slo import IDLE_MAX_MS, idle_ms, served_times
+    from qbench.validate.latency import measure_batcher_samples
+    from qbench.validate.load import Batcher, Draws, LoadReplay
+
+    def slo(**budget) -> SloSpec:
+        return SloSpec.model_validate({"p99_ms": 10.0, **budget, "load": {"max_queue_delay_ms": 0.5}})
+
+    assert idle_ms(slo(rate_rps=40.0), "onnxruntime-cpu") == pytest.approx(25.5)
+    assert idle_ms(slo(rate_rps=5000.0), "onnxruntime-cpu") == 1.0  # 0.7 ms: at least 1 ms, as before
+    assert idle_ms(slo(rate_rps=1.0), "onnxruntime-cpu") == IDLE_MAX_MS == 50.0
+    assert idle_ms(slo(batch_size=1), "onnxruntime-cpu") == 1.0  # a fixed-batch budget: the queue delay
+
+    feeds = {"x": np.zeros((4, 2), dtype=np.float32)}
+    runner = _ColdAfterIdle(idle_s=0.010, slow_s=0.015)
+    batcher = measure_batcher_samples(runner, feeds, [1], iterations=5, idle_ms=idle_ms(slo(rate_rps=40.0), "cpu"))
+    assert batcher.idle_ms[1] >= 15.0  # a sleep never ends early
+    replay = LoadReplay(served_times({1: np.full(200, 0.1)}, batcher), Batcher(1, 0.5), Draws.make(2000, 0))
+    assert replay.at(40.0).p99_ms >= 15.0
