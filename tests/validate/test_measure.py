@@ -189,8 +189,8 @@ def test_fp32_warns_when_its_values_contradict_the_graphs_word_on_the_scale(tmp_
 
 
 def test_a_sweep_measurement_times_idle_starts_and_simulates_load_with_them(prepared, monkeypatch):
-    """With `slo:` the sweep's measurement also times batches served from idle (at the queue delay, within [1, 5] ms)
-    and the load simulation charges them: at 10 req/s with a 2 ms queue delay nearly every request waits the delay
+    """With `slo:` the sweep's measurement also times batches served from idle (after the budget rate's mean arrival
+    gap plus the queue delay, within [1, 50] ms: 100 + 2 ms at 10 req/s, so 50 ms) and the load simulation charges them: at 10 req/s with a 2 ms queue delay nearly every request waits the delay
     alone, then 40 ms from idle, so its latency is about 42 ms (back to back the model takes a fraction of a ms)."""
     import dataclasses
 
@@ -209,7 +209,7 @@ def test_a_sweep_measurement_times_idle_starts_and_simulates_load_with_them(prep
     with_slo = dataclasses.replace(prepared, recipe=prepared.recipe.model_copy(update={"slo": slo}))
     timing = LatencySpec(batch_sizes=[1, 8], warmup=1, iterations=3, stability=None)
     served = measure(get_backend("onnxruntime-cpu"), _fp32(with_slo), with_slo, timing=timing, serving=True).result.serving
-    assert calls == [((1, 8), 3, 2.0)]
+    assert calls == [((1, 8), 3, 50.0)]
     assert 42.0 <= served.at_rate.p50_ms < 43.0
 
 
