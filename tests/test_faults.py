@@ -88,6 +88,15 @@ class OutputReader:
         return "".join(self.lines)
 
 
+def wait_for_run(store: Path, name: str, timeout_s: float = WAIT_S) -> None:
+    """Wait until the store holds a run named `name` (a sweep's variant run opens as its measurement starts)."""
+    deadline = time.monotonic() + timeout_s
+    while name not in {run.info.run_name for run in runs_of(store)}:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no run {name!r} in {store} within {timeout_s:.0f} s")
+        time.sleep(0.1)
+
+
 def runs_of(store: Path, experiment: str = "tumour-mlp") -> list[Any]:
     client = MlflowClient(f"sqlite:///{store}")
     found = client.get_experiment_by_name(experiment)
@@ -105,7 +114,8 @@ def test_a_signal_mid_sweep_ends_runs_killed_and_keeps_what_finished(
     process = qbench_process("sweep", str(recipe), cwd=tmp_path)
     output = OutputReader(process)
     output.wait_for("done: fp32@onnxruntime-cpu")
-    output.wait_for("building: fp16")  # fp16's run is open in MLflow now
+    output.wait_for("build:fp16: built")
+    wait_for_run(tmp_path / "mlflow.db", "fp16 · ort-cpu")  # opened as fp16's measurement starts
     sent = time.monotonic()
     process.send_signal(signum)
     code = process.wait(timeout=30)
