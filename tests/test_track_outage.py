@@ -76,7 +76,9 @@ def test_a_tracking_server_dying_mid_sweep_costs_mlflow_not_the_measurements(
     try:
         raw["tracking"] = {"uri": url}
         recipe.write_text(yaml.safe_dump(raw, sort_keys=False))
+        capsys.readouterr()
         assert main(["track", str(recipe), str(run_dir)]) == 0
+        assert capsys.readouterr().out == ""  # MLflow's "View run <url>" per run ended goes to stderr, as the sweep's
         client = MlflowClient(url)
         experiment_id = client.get_experiment_by_name("fragile").experiment_id
         [parent] = client.search_runs([experiment_id], f"tags.`qbench.run_dir` = '{run_dir}' and "
