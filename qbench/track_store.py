@@ -40,8 +40,10 @@ TRAINING_KIND = "custom_model_development"
 RUN_DIR_TAG = "qbench.run_dir"  # the sweep's run folder: `qbench gate --register` finds the runs by it
 # What the store's libraries log on each failure, held back while qbench talks to the store (bounded_retries), up to
 # this level: urllib3 logs each HTTP retry as a warning, MLflow's sqlite store each database error (a full disk) with
-# its traceback.
-_HELD_BACK = {"urllib3.connectionpool": logging.WARNING, "mlflow.store.db.utils": logging.ERROR}
+# its traceback, its model registry a line per version it waits on ("Waiting up to 300 seconds for model version to
+# finish creation": qbench's line says what it registered).
+_HELD_BACK = {"urllib3.connectionpool": logging.WARNING, "mlflow.store.db.utils": logging.ERROR,
+              "mlflow.store.model_registry.abstract_store": logging.INFO}
 FAILURE_CHARS = 400  # MLflow's own words in a failure's line: its connection errors run to several lines
 
 
