@@ -31,13 +31,13 @@ from qbench.runs import RESULTS_FILE, describe_run, record_tracking
 from qbench.track import SweepTracker, artifact_paths, children_of, log_gate
 from qbench.track_content import GATE_TAG, gate_tags, tag_value
 from qbench.track_store import (
-    RUN_DIR_TAG,
     bounded_retries,
     existing_experiment,
     finished_sweep_run,
     open_experiment,
     search_literal,
     store_failure,
+    unfinished_sweep_runs,
 )
 
 logger = logging.getLogger(__name__)
@@ -133,7 +133,7 @@ def _end_failed_attempts(recipe: Recipe, run_dir: Path, logged_as: str) -> None:
     with bounded_retries():
         client, uri, experiment_id = open_experiment(recipe)
         try:
-            for parent in _unfinished_sweep_runs(client, experiment_id, run_dir, keep=logged_as):
+            for parent in unfinished_sweep_runs(client, experiment_id, run_dir, keep=logged_as):
                 children = client.search_runs(
                     [experiment_id], f"tags.`{MLFLOW_PARENT_RUN_ID}` = {search_literal(parent.info.run_id)}")
                 for run in (*children, parent):
@@ -157,9 +157,3 @@ def _fail_models(client: MlflowClient, run: Run, verdict: str) -> None:
         if model.status != LoggedModelStatus.FAILED:
             client.finalize_logged_model(model.model_id, LoggedModelStatus.FAILED)
 
-
-def _unfinished_sweep_runs(client: MlflowClient, experiment_id: str, run_dir: Path, *, keep: str) -> list[Run]:
-    """The parent runs tagged with `run_dir` that did not finish, other than `keep`."""
-    tag = f"tags.`{RUN_DIR_TAG}` = {search_literal(tag_value(str(run_dir.resolve())))}"
-    return [run for run in client.search_runs([experiment_id], tag)
-            if run.info.run_id != keep and run.info.status != "FINISHED" and MLFLOW_PARENT_RUN_ID not in run.data.tags]

@@ -21,6 +21,7 @@ from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
 from mlflow.tracking import MlflowClient
+from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from qbench.errors import QbenchError, one_line
@@ -63,12 +64,22 @@ def search_literal(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+def _run_dir_filter(run_dir: Path) -> str:
+    return f"tags.`{RUN_DIR_TAG}` = {search_literal(str(run_dir.resolve()))}"
+
+
 def finished_sweep_run(client: MlflowClient, experiment_id: str, run_dir: Path) -> Run | None:
     """The newest FINISHED sweep run tagged with the run folder `run_dir`, if any (a sweep's runs are found by it)."""
-    tag = f"tags.`{RUN_DIR_TAG}` = {search_literal(str(run_dir.resolve()))}"
-    found = client.search_runs([experiment_id], f"{tag} and attributes.status = 'FINISHED'",
+    found = client.search_runs([experiment_id], f"{_run_dir_filter(run_dir)} and attributes.status = 'FINISHED'",
                                order_by=["attributes.start_time DESC"], max_results=1)  # fmt: skip
     return found[0] if found else None
+
+
+def unfinished_sweep_runs(client: MlflowClient, experiment_id: str, run_dir: Path, *, keep: str = "") -> list[Run]:
+    """The sweep (parent) runs tagged with `run_dir` that did not finish, other than `keep`: a sweep whose store went
+    away while it logged leaves its run RUNNING (or FAILED, where the store still answered)."""
+    return [run for run in client.search_runs([experiment_id], _run_dir_filter(run_dir))
+            if run.info.run_id != keep and run.info.status != "FINISHED" and MLFLOW_PARENT_RUN_ID not in run.data.tags]
 
 
 def experiment_name(recipe: Recipe) -> str:

@@ -125,6 +125,21 @@ def test_registering_a_run_folder_mlflow_never_saw_is_refused(swept: Swept, tmp_
         swept.client.get_registered_model("never-registered")
 
 
+def test_registering_a_run_folder_whose_mlflow_logging_failed_says_so(swept: Swept, tmp_path: Path) -> None:
+    """A sweep whose store went away while it logged leaves its run RUNNING: registering its folder named the sweep
+    untracked (--no-track) or logged elsewhere; it names the run left unfinished and how to log the folder."""
+    recipe = load_recipe(swept.recipe)
+    experiment = swept.client.get_experiment_by_name("registry-test")
+    left = swept.client.create_run(experiment.experiment_id, tags={"qbench.run_dir": str(tmp_path.resolve())})
+    with pytest.raises(QbenchError) as refused:
+        register_best(recipe, swept.results, evaluate_gate(swept.results, recipe.gate), tmp_path,
+                      RegistrySpec(model="never-registered"))  # fmt: skip
+    assert f"logging of {tmp_path}'s sweep did not finish" in str(refused.value)
+    assert f"sweep run {left.info.run_id} is RUNNING" in str(refused.value) and "qbench track" in str(refused.value)
+    with pytest.raises(MlflowException):
+        swept.client.get_registered_model("never-registered")
+
+
 def test_best_passing_skips_breaching_and_reference_variants_per_backend() -> None:
     # int8_minmax is fastest but loses 0.04 on the dark slice (tolerance 0.02); fp16 (1.1 ms) beats fp8 (6 ms)
     gpu = [make_variant("fp32", "fp32", backend="onnxruntime-cuda", p50_by_batch={1: 0.5}),
