@@ -304,7 +304,8 @@ def track(
     from qbench.recipe import load_recipe
     from qbench.track_saved import track_run_folder
 
-    run_id = track_run_folder(load_recipe(recipe), run_dir)
+    with contextlib.redirect_stdout(sys.stderr):  # MLflow's "View run ..." lines: on stderr, as a sweep's are
+        run_id = track_run_folder(load_recipe(recipe), run_dir)
     err_console.print(f"MLflow run: {run_id}  (open the UI with `qbench ui {recipe}`)", markup=False)
     return 0
 

@@ -33,7 +33,14 @@ from qbench.recipe import Recipe
 from qbench.recipe_registry import RegistrySpec
 from qbench.results import LatencyPoint, SweepResults, VariantResult
 from qbench.track_content import short_backend
-from qbench.track_store import FAILURE_CHARS, bounded_retries, finished_sweep_run, open_experiment, search_literal
+from qbench.track_store import (
+    FAILURE_CHARS,
+    bounded_retries,
+    finished_sweep_run,
+    open_experiment,
+    search_literal,
+    unfinished_sweep_runs,
+)
 from qbench.validate.catalogue import METRICS
 from qbench.validate.contention import contended
 
@@ -94,6 +101,11 @@ def best_passing(results: SweepResults, gate: GateReport, batch_size: int,
 def _sweep_children(client: MlflowClient, experiment_id: str, run_dir: Path, uri: str) -> dict[str, Run]:
     """variant@backend -> child run of the newest finished MLflow sweep run tagged with `run_dir`."""
     parent = finished_sweep_run(client, experiment_id, run_dir)
+    if parent is None and (left := unfinished_sweep_runs(client, experiment_id, run_dir)):
+        raise QbenchError(
+            f"the MLflow logging of {run_dir}'s sweep did not finish (its store failed while it ran: sweep run "
+            f"{left[0].info.run_id} is {left[0].info.status}) in {uri}; log the folder with `qbench track <recipe> "
+            "<run folder>`; nothing registered")  # fmt: skip
     if parent is None:
         raise QbenchError(
             f"no finished MLflow sweep run for {run_dir} in {uri}: the sweep was not tracked (--no-track) "

@@ -6,8 +6,9 @@ tagged on a FINISHED parent run, so such results could never be registered. Logg
 parent run (tagged with the folder), one child run per variant x backend with its logged model, and the
 reports as artifacts, as a tracked sweep would have (no system metrics: the sweep's samples were not saved, and
 samples taken now would describe the logging); a folder already logged is not logged twice. The runs the sweep left
-when its store failed (a parent still RUNNING, children with a pending verdict) are ended then, pointing at the new
-parent run, so the UI shows no sweep in progress that ended long ago.
+when its store failed (a parent still RUNNING, children with a pending verdict, RUNNING or FINISHED) and their models
+are ended FAILED then, pointing at the new parent run, so the UI shows no sweep in progress that ended long ago and no
+variant twice.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from mlflow.entities import Metric, Run, RunTag
+from mlflow.entities import LoggedModelStatus, Metric, Run, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
@@ -30,13 +31,13 @@ from qbench.runs import RESULTS_FILE, describe_run, record_tracking
 from qbench.track import SweepTracker, artifact_paths, children_of, log_gate
 from qbench.track_content import GATE_TAG, gate_tags, tag_value
 from qbench.track_store import (
-    RUN_DIR_TAG,
     bounded_retries,
     existing_experiment,
     finished_sweep_run,
     open_experiment,
     search_literal,
     store_failure,
+    unfinished_sweep_runs,
 )
 
 logger = logging.getLogger(__name__)
@@ -123,28 +124,36 @@ def track_run_folder(recipe: Recipe, run_dir: Path) -> str:
 
 
 def _end_failed_attempts(recipe: Recipe, run_dir: Path, logged_as: str) -> None:
-    """End FAILED the runs of `run_dir`'s sweep left RUNNING when its store went away mid-sweep (nothing could end
-    them), and tag each of that attempt's runs with where the results are now, instead of a pending verdict.
+    """End FAILED every run of `run_dir`'s sweep attempt whose store went away mid-sweep, and the models they logged,
+    tagging each with where the results are now instead of a pending verdict. Those left RUNNING (nothing could end
+    them) and those the attempt finished before the store went away alike: a FINISHED child of that attempt, and its
+    READY model, would stand in the UI beside the same variant's logged runs and models as a second result.
     Best effort: the results are logged already, so a store failing here is a warning."""
     verdict = tag_value(f"not evaluated (the sweep's MLflow logging failed; its results are in run {logged_as})")
     with bounded_retries():
         client, uri, experiment_id = open_experiment(recipe)
         try:
-            for parent in _unfinished_sweep_runs(client, experiment_id, run_dir, keep=logged_as):
+            for parent in unfinished_sweep_runs(client, experiment_id, run_dir, keep=logged_as):
                 children = client.search_runs(
                     [experiment_id], f"tags.`{MLFLOW_PARENT_RUN_ID}` = {search_literal(parent.info.run_id)}")
                 for run in (*children, parent):
                     client.set_tag(run.info.run_id, GATE_TAG, verdict)
-                    if run.info.status == "RUNNING":
+                    if run.info.status not in ("FAILED", "KILLED"):
                         client.set_terminated(run.info.run_id, status="FAILED")
+                    _fail_models(client, run, verdict)
                 logger.info("MLflow: ended the sweep run %s left by the failed logging of %s", parent.info.run_id,
                             run_dir)  # fmt: skip
         except (MlflowException, OSError) as exc:
             logger.warning("%s; the runs its sweep left in MLflow are not ended", store_failure(uri, exc))
 
 
-def _unfinished_sweep_runs(client: MlflowClient, experiment_id: str, run_dir: Path, *, keep: str) -> list[Run]:
-    """The parent runs tagged with `run_dir` that did not finish, other than `keep`."""
-    tag = f"tags.`{RUN_DIR_TAG}` = {search_literal(tag_value(str(run_dir.resolve())))}"
-    return [run for run in client.search_runs([experiment_id], tag)
-            if run.info.run_id != keep and run.info.status != "FINISHED" and MLFLOW_PARENT_RUN_ID not in run.data.tags]
+def _fail_models(client: MlflowClient, run: Run, verdict: str) -> None:
+    """Mark FAILED the models `run` created (READY, or PENDING where the store went away during the upload), tagged
+    with `verdict`; a model it only links to, created by another run, is left alone."""
+    created = client.search_logged_models([run.info.experiment_id],
+                                          filter_string=f"source_run_id = {search_literal(run.info.run_id)}")
+    for model in created:
+        client.set_logged_model_tags(model.model_id, {GATE_TAG: verdict})
+        if model.status != LoggedModelStatus.FAILED:
+            client.finalize_logged_model(model.model_id, LoggedModelStatus.FAILED)
+

@@ -21,6 +21,7 @@ from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
 from mlflow.tracking import MlflowClient
+from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from qbench.errors import QbenchError, one_line
@@ -40,8 +41,10 @@ TRAINING_KIND = "custom_model_development"
 RUN_DIR_TAG = "qbench.run_dir"  # the sweep's run folder: `qbench gate --register` finds the runs by it
 # What the store's libraries log on each failure, held back while qbench talks to the store (bounded_retries), up to
 # this level: urllib3 logs each HTTP retry as a warning, MLflow's sqlite store each database error (a full disk) with
-# its traceback.
-_HELD_BACK = {"urllib3.connectionpool": logging.WARNING, "mlflow.store.db.utils": logging.ERROR}
+# its traceback, its model registry a line per version it waits on ("Waiting up to 300 seconds for model version to
+# finish creation": qbench's line says what it registered).
+_HELD_BACK = {"urllib3.connectionpool": logging.WARNING, "mlflow.store.db.utils": logging.ERROR,
+              "mlflow.store.model_registry.abstract_store": logging.INFO}
 FAILURE_CHARS = 400  # MLflow's own words in a failure's line: its connection errors run to several lines
 
 
@@ -61,12 +64,22 @@ def search_literal(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+def _run_dir_filter(run_dir: Path) -> str:
+    return f"tags.`{RUN_DIR_TAG}` = {search_literal(str(run_dir.resolve()))}"
+
+
 def finished_sweep_run(client: MlflowClient, experiment_id: str, run_dir: Path) -> Run | None:
     """The newest FINISHED sweep run tagged with the run folder `run_dir`, if any (a sweep's runs are found by it)."""
-    tag = f"tags.`{RUN_DIR_TAG}` = {search_literal(str(run_dir.resolve()))}"
-    found = client.search_runs([experiment_id], f"{tag} and attributes.status = 'FINISHED'",
+    found = client.search_runs([experiment_id], f"{_run_dir_filter(run_dir)} and attributes.status = 'FINISHED'",
                                order_by=["attributes.start_time DESC"], max_results=1)  # fmt: skip
     return found[0] if found else None
+
+
+def unfinished_sweep_runs(client: MlflowClient, experiment_id: str, run_dir: Path, *, keep: str = "") -> list[Run]:
+    """The sweep (parent) runs tagged with `run_dir` that did not finish, other than `keep`: a sweep whose store went
+    away while it logged leaves its run RUNNING (or FAILED, where the store still answered)."""
+    return [run for run in client.search_runs([experiment_id], _run_dir_filter(run_dir))
+            if run.info.run_id != keep and run.info.status != "FINISHED" and MLFLOW_PARENT_RUN_ID not in run.data.tags]
 
 
 def experiment_name(recipe: Recipe) -> str:

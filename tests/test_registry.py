@@ -72,7 +72,9 @@ def test_gate_registers_the_fastest_passing_variant_and_only_a_pass_moves_the_al
     candidates = [v for v in swept.results.variants if v.variant != "fp32"]
     winner = min(candidates, key=lambda v: v.latency.at(1).p50_ms)
     assert main(["gate", str(swept.recipe), "--register", MODEL]) == 0
-    assert f"{winner.variant}@onnxruntime-cpu registered as {MODEL} version 1" in capsys.readouterr().out
+    registered = capsys.readouterr()
+    assert f"{winner.variant}@onnxruntime-cpu registered as {MODEL} version 1" in registered.out
+    assert "Waiting up to" not in registered.err  # MLflow's line per version it waits on: qbench's line says it
 
     version = client.get_model_version_by_alias(MODEL, "candidate")
     winner_run = _child_run(swept, winner.variant)
@@ -119,6 +121,21 @@ def test_registering_a_run_folder_mlflow_never_saw_is_refused(swept: Swept, tmp_
     gate = evaluate_gate(swept.results, recipe.gate)
     with pytest.raises(QbenchError, match="no finished MLflow sweep run"):
         register_best(recipe, swept.results, gate, tmp_path, RegistrySpec(model="never-registered"))
+    with pytest.raises(MlflowException):
+        swept.client.get_registered_model("never-registered")
+
+
+def test_registering_a_run_folder_whose_mlflow_logging_failed_says_so(swept: Swept, tmp_path: Path) -> None:
+    """A sweep whose store went away while it logged leaves its run RUNNING: registering its folder named the sweep
+    untracked (--no-track) or logged elsewhere; it names the run left unfinished and how to log the folder."""
+    recipe = load_recipe(swept.recipe)
+    experiment = swept.client.get_experiment_by_name("registry-test")
+    left = swept.client.create_run(experiment.experiment_id, tags={"qbench.run_dir": str(tmp_path.resolve())})
+    with pytest.raises(QbenchError) as refused:
+        register_best(recipe, swept.results, evaluate_gate(swept.results, recipe.gate), tmp_path,
+                      RegistrySpec(model="never-registered"))  # fmt: skip
+    assert f"logging of {tmp_path}'s sweep did not finish" in str(refused.value)
+    assert f"sweep run {left.info.run_id} is RUNNING" in str(refused.value) and "qbench track" in str(refused.value)
     with pytest.raises(MlflowException):
         swept.client.get_registered_model("never-registered")
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from mlflow.entities import LoggedModelStatus
 from mlflow.tracking import MlflowClient
 from server_processes import start_mlflow_server, stop_process_group
 from test_explain import INT8, write_fragile_project
@@ -75,7 +76,9 @@ def test_a_tracking_server_dying_mid_sweep_costs_mlflow_not_the_measurements(
     try:
         raw["tracking"] = {"uri": url}
         recipe.write_text(yaml.safe_dump(raw, sort_keys=False))
+        capsys.readouterr()
         assert main(["track", str(recipe), str(run_dir)]) == 0
+        assert capsys.readouterr().out == ""  # MLflow's "View run <url>" per run ended goes to stderr, as the sweep's
         client = MlflowClient(url)
         experiment_id = client.get_experiment_by_name("fragile").experiment_id
         [parent] = client.search_runs([experiment_id], f"tags.`qbench.run_dir` = '{run_dir}' and "
@@ -90,14 +93,22 @@ def test_a_tracking_server_dying_mid_sweep_costs_mlflow_not_the_measurements(
         assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {"recipe.yaml", "results.json", "report.md"}
         assert parent.info.run_name == f"fragile sweep {run_dir.name}"  # as the sweep named its run
         assert not [key for key in parent.data.metrics if key.startswith("system/")]  # `qbench track`'s, not the sweep's
-        # the runs the sweep opened before the server died are ended, each pointing at the run holding the results
+        # the runs the sweep opened before the server died are ended FAILED, each pointing at the run holding the
+        # results: the one it had logged completely (FINISHED, its model READY) too, else the UI shows it twice
         [left] = [r for r in client.search_runs([experiment_id], f"tags.`qbench.run_dir` = '{run_dir}'")
                   if r.info.run_id != parent.info.run_id]  # fmt: skip
         left_children = client.search_runs([experiment_id], f"tags.mlflow.parentRunId = '{left.info.run_id}'")
-        assert left.info.status == "FAILED" and left_children
+        left_models = [m for run in left_children for m in client.search_logged_models(
+            [experiment_id], filter_string=f"source_run_id = '{run.info.run_id}'")]  # fmt: skip
+        assert left_children and left_models  # the first variant was logged, its model with it
         for run in (left, *left_children):
-            assert run.info.status != "RUNNING", run.info.run_name
+            assert run.info.status == "FAILED", (run.info.run_name, run.info.status)
             assert parent.info.run_id in run.data.tags["qbench.gate"], run.data.tags["qbench.gate"]
+        for model in left_models:
+            assert model.status == LoggedModelStatus.FAILED, (model.name, model.status)
+            assert parent.info.run_id in model.tags["qbench.gate"], model.tags
+        assert {m.status for m in client.search_logged_models([experiment_id])
+                if m.source_run_id in {c.info.run_id for c in children}} == {LoggedModelStatus.READY}  # fmt: skip
         assert main(["track", str(recipe), str(run_dir)]) == 2  # logged once
         assert main(["gate", str(recipe), "--register", "fragile-model"]) == 0
         assert client.get_model_version_by_alias("fragile-model", "candidate").run_id in {
