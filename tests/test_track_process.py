@@ -84,6 +84,26 @@ print(json.dumps([outcome.mlflow_run_id, outcome.tracking_failure, "mlflow" in s
                                     "tumour-mlp").iterdir()} | {"fp32 · ort-cpu": "FINISHED", "fp16 · ort-cpu": "FINISHED"}  # fmt: skip
 
 
+def signal_after_the_first_variant(cwd: Path, monkeypatch: pytest.MonkeyPatch, signum: int) -> list[int]:
+    """From `cwd`, a sweep's tracking process gets `signum` once it has logged the first finished variant; returns
+    the list that then holds its pid."""
+    monkeypatch.chdir(cwd)
+    finished = _Progress.finished
+    signalled: list[int] = []
+
+    def then_signalled(self: _Progress, *args: object, **kwargs: bool) -> None:
+        finished(self, *args, **kwargs)
+        if not signalled:
+            assert self.tracker is not None
+            self.tracker.settle()
+            [process] = tracking_processes(cwd)
+            process.send_signal(signum)
+            signalled.append(process.pid)
+
+    monkeypatch.setattr(_Progress, "finished", then_signalled)
+    return signalled
+
+
 @pytest.mark.parametrize(
     ("signum", "how"),
     [(signal.SIGKILL, "killed (SIGKILL), often the out-of-memory killer"),
@@ -93,20 +113,7 @@ def test_the_tracking_process_dying_costs_mlflow_not_the_measurements(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], signum: int, how: str
 ) -> None:
     recipe = make_fp16_project(tmp_path)
-    monkeypatch.chdir(tmp_path)
-    finished = _Progress.finished
-    killed: list[int] = []
-
-    def then_killed(self: _Progress, *args: object, **kwargs: bool) -> None:
-        finished(self, *args, **kwargs)
-        if not killed:
-            assert self.tracker is not None
-            self.tracker.settle()
-            [process] = tracking_processes(tmp_path)
-            process.send_signal(signum)
-            killed.append(process.pid)
-
-    monkeypatch.setattr(_Progress, "finished", then_killed)
+    signal_after_the_first_variant(tmp_path, monkeypatch, signum)
     code = main(["sweep", str(recipe)])
     err = capsys.readouterr().err
     [run_dir] = (tmp_path / "reports" / "tumour-mlp").iterdir()
@@ -126,20 +133,7 @@ def test_a_sigterm_reaching_the_tracking_process_leaves_the_runs_to_the_sweep(
     then, the sweep's own handling could not end the runs (left RUNNING). It ignores SIGTERM, as it does SIGINT: the
     sweep decides, and here, signalled alone, the sweep goes on and every run ends FINISHED."""
     recipe = make_fp16_project(tmp_path)
-    monkeypatch.chdir(tmp_path)
-    finished = _Progress.finished
-    signalled: list[int] = []
-
-    def then_terminated(self: _Progress, *args: object, **kwargs: bool) -> None:
-        finished(self, *args, **kwargs)
-        if not signalled:
-            assert self.tracker is not None
-            self.tracker.settle()
-            [process] = tracking_processes(tmp_path)
-            process.send_signal(signal.SIGTERM)
-            signalled.append(process.pid)
-
-    monkeypatch.setattr(_Progress, "finished", then_terminated)
+    signalled = signal_after_the_first_variant(tmp_path, monkeypatch, signal.SIGTERM)
     assert main(["sweep", str(recipe)]) == 0
     [run_dir] = (tmp_path / "reports" / "tumour-mlp").iterdir()
     assert signalled and [p.pid for p in tracking_processes(tmp_path)] == signalled  # alive, idle for the next sweep
