@@ -160,17 +160,15 @@ def _ids_as_masks(torch_model: TorchModel) -> bool:
     on the other values: a branch forward() took on the zeros alone shows as a difference there."""
     import torch  # a TorchModel exists: torch is installed and loaded
 
-    if not torch_model.takes_ids:
+    def finite(ids_as_masks: bool) -> bool:
+        with single_torch_thread(), torch.no_grad():
+            outputs = flatten_outputs(torch_model.build()(*torch_model.example_inputs(ids_as_masks=ids_as_masks)))
+        return all(bool(torch.isfinite(t).any()) for t in outputs if t.numel() and t.is_floating_point())
+
+    try:  # the masks' values are tried only where the zeros leave an output no finite value
+        return torch_model.takes_ids and not finite(False) and finite(True)
+    except Exception:  # noqa: BLE001 - forward() refusing ids of 1 (a table of one row): the zeros' finding stands
         return False
-    found = []
-    for ids_as_masks in (False, True):
-        try:
-            with single_torch_thread(), torch.no_grad():
-                outputs = flatten_outputs(torch_model.build()(*torch_model.example_inputs(ids_as_masks=ids_as_masks)))
-        except Exception:  # noqa: BLE001 - forward() refusing ids of 1 (a table of one row): the zeros' finding stands
-            return False
-        found.append(all(bool(torch.isfinite(t).any()) for t in outputs if t.numel() and t.is_floating_point()))
-    return not found[0] and found[1]
 
 
 def _length_problem(torch_model: TorchModel, path: Path, session: Any, ids_as_masks: bool) -> Problem | None:
