@@ -1,7 +1,7 @@
 """`qbench` command line: a thin layer over the library (each command is a few calls into qbench.*).
 
 `main` runs a command in this process (tests call it); the `qbench` script runs it in a supervised child
-(qbench.cli, qbench.supervisor), started as `python -m qbench.cli_app ARGS`.
+(qbench.cli, qbench.supervisor), started as `python -m qbench.cli_child ARGS`.
 Exit codes: 0 success / gate passed, 1 gate breached, 2 anything else (see `main`).
 """
 
@@ -451,10 +451,3 @@ def _run(args: list[str], *, debug: bool) -> int:
         return result
     err_console.print(f"qbench: error: the command ended with status {result!r}, not a verdict", markup=False)
     return EXIT_ERROR
-
-
-if __name__ == "__main__":  # pragma: no cover - the supervised child (qbench.supervisor)
-    from qbench.supervisor import end_child, start_child
-
-    start_child()
-    end_child(main())
