@@ -146,14 +146,17 @@ def reported_ending(output: GateOutput) -> Iterator[GateEnding]:
 
 def _with_problem(verdict: GateReport | None, problem: str, *, interrupted: bool = False) -> GateReport:
     """The verdict so far (or an empty report) with one more problem: exit code 2, the reason listed; `interrupted`:
-    that reason is a signal's, which the reports call 'interrupted' (GateReport.interrupted)."""
+    that reason is a signal's, which the reports call 'interrupted' (GateReport.interrupted); otherwise, where a verdict
+    of 0 or 1 stood, it came after it: 'error' (GateReport.failed_after_verdict), since the results were judged."""
     import dataclasses
 
     from qbench.gate import GateReport
 
     base = GateReport(metric="unknown") if verdict is None else verdict
+    after = not interrupted and verdict is not None and verdict.exit_code in (EXIT_OK, EXIT_BREACH)
     return dataclasses.replace(base, problems=(*base.problems, problem),
-                               interrupted=problem if interrupted else base.interrupted)  # fmt: skip
+                               interrupted=problem if interrupted else base.interrupted,
+                               failed_after_verdict=problem if after else base.failed_after_verdict)  # fmt: skip
 
 
 def report_gate(asked: Recipe | None, judged: SweepResults, report: GateReport, results_path: Path,

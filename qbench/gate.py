@@ -109,6 +109,10 @@ class GateReport:
     # the problem saying a signal (SIGTERM, SIGINT: a CI timeout, a cancelled job) ended the command before its verdict
     # stood, where one did (qbench.cli_gate): the reports call that ending 'interrupted', not 'unusable'; exit code 2
     interrupted: str = ""
+    # the problem that ended the command after its verdict stood, other than a signal (a registry or MLflow failure,
+    # report files unwritten, an unexpected error): the reports call that ending 'error', not 'unusable' (the results
+    # were judged); exit code 2
+    failed_after_verdict: str = ""
 
     @property
     def breaches(self) -> tuple[GateCheck, ...]:

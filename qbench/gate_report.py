@@ -46,14 +46,32 @@ _HEADLINES = {EXIT_PASS: "PASS", EXIT_BREACH: "FAIL"}
 
 
 def verdict(report: GateReport) -> str:
-    """'pass', 'breach', 'interrupted' (a signal ended the command before its verdict stood) or 'unusable': the exit
-    code in a word (interrupted and unusable are both 2)."""
-    return _VERDICTS.get(report.exit_code, "interrupted" if report.interrupted else "unusable")
+    """'pass', 'breach', 'interrupted' (a signal ended the command before its verdict stood), 'error' (the verdict
+    stood, then the command failed: GateReport.failed_after_verdict) or 'unusable': the exit code in a word (the last
+    three are all 2)."""
+    return _VERDICTS.get(report.exit_code, _ending(report)[0])
 
 
 def headline(report: GateReport) -> str:
-    """'PASS', 'FAIL', 'FAIL (interrupted)' or 'FAIL (results unusable)'."""
-    return _HEADLINES.get(report.exit_code, "FAIL (interrupted)" if report.interrupted else "FAIL (results unusable)")
+    """'PASS', 'FAIL', 'FAIL (interrupted)', 'FAIL (error after the verdict)' or 'FAIL (results unusable)'."""
+    return _HEADLINES.get(report.exit_code, f"FAIL ({_ending(report)[1]})")
+
+
+def _ending(report: GateReport) -> tuple[str, str]:
+    """How a command without a verdict of 0 or 1 ended: its word and its headline's words."""
+    if report.interrupted:
+        return "interrupted", "interrupted"
+    if report.failed_after_verdict:
+        return "error", "error after the verdict"
+    return "unusable", "results unusable"
+
+
+def _problem_kind(report: GateReport, problem: str) -> str:
+    """A problem's kind in the reports: the signal that ended the command, the error after its verdict, or results
+    that cannot be judged."""
+    if problem == report.interrupted:
+        return "interrupted"
+    return "error" if problem == report.failed_after_verdict else "unusable"
 
 
 def check_key(check: GateCheck) -> str:
@@ -278,7 +296,7 @@ def junit_xml(report: GateReport, name: str = "qbench gate") -> str:
     for problem in report.problems:
         owner = problem_owner(report, problem)
         case = _testcase(suite_of(owner or RESULTS_SUITE), owner or RESULTS_SUITE, "results: usable")
-        kind = "interrupted" if problem == report.interrupted else "unusable"
+        kind = _problem_kind(report, problem)
         error = ET.SubElement(case, "error", {"type": kind, "message": problem})
         error.text = problem_line(problem)
     notes: dict[str, list[str]] = {}
@@ -328,7 +346,8 @@ def markdown_summary(report: GateReport, title: str = "qbench gate", *, rows: in
     if len(shown) < len(checks):
         lines += [f"- {len(checks) - len(shown)} more checks left out (the step summary's size is limited); the "
                   "--json and --junit reports hold every check", ""]  # fmt: skip
-    lines += [f"- **cannot judge (fail closed):** {md_cell(p)}" for p in report.problems]
+    lines += [f"- **{'failed after the verdict' if p == report.failed_after_verdict else 'cannot judge (fail closed)'}:** "
+              f"{md_cell(p)}" for p in report.problems]  # fmt: skip
     lines += [f"- note: {md_cell(n)}" for n in report.notes]
     return "\n".join(lines).rstrip("\n") + "\n\n"
 

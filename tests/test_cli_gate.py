@@ -238,9 +238,9 @@ def test_a_report_file_that_cannot_be_written_leaves_the_others_saying_so(projec
     [line] = [line for line in capsys.readouterr().err.strip().splitlines() if "error" in line]
     assert line.startswith(f"error: {blocker / 'gate.xml'}: cannot write the gate report: ")
     loaded = json.loads(report.read_text())
-    assert (loaded["exit_code"], loaded["counts"]["breaches"]) == (2, 4)
+    assert (loaded["exit_code"], loaded["verdict"], loaded["counts"]["breaches"]) == (2, "error", 4)
     assert [p["message"] for p in loaded["problems"]] == [line.removeprefix("error: ")]
-    assert summary.read_text().startswith("### qbench gate: FAIL (results unusable)\n")
+    assert summary.read_text().startswith("### qbench gate: FAIL (error after the verdict)\n")
 
 
 @pytest.mark.parametrize("command", ["gate", "sweep"])

@@ -104,16 +104,18 @@ def ended(done: subprocess.CompletedProcess[str], folder: Path) -> Ending:
 def assert_no_verdict(ending: Ending, reason: str, *, checks: int, verdict: str = "unusable") -> None:
     """Exit 2 and all three saying why: a JUnit <error> of type `verdict` with the reason, the JSON's exit code 2,
     its `verdict` and the reason among its problems, the step summary's FAIL headline naming the verdict and the
-    reason; the verdict's checks kept where it had one. A signal's ending is 'interrupted', any other 'unusable'."""
+    reason; the verdict's checks kept where it had one. A signal's ending is 'interrupted', an error after the verdict
+    'error' (the results were judged), any other 'unusable'."""
     assert ending.code == 2, ending.stderr
     errors = [(e.get("type"), e.get("message")) for e in ending.junit.iter("error")]
     assert ending.junit.get("errors") == "1" and errors[0][0] == verdict and errors[0][1].startswith(reason), errors
     assert (ending.report["exit_code"], ending.report["verdict"]) == (2, verdict)
     assert ending.report["problems"][-1]["message"].startswith(reason)
     assert ending.report["counts"]["checks"] == checks
-    headline = "interrupted" if verdict == "interrupted" else "results unusable"
+    headline = {"interrupted": "interrupted", "error": "error after the verdict"}.get(verdict, "results unusable")
     assert ending.summary.startswith(f"### qbench gate: FAIL ({headline})\n")
-    assert f"- **cannot judge (fail closed):** {reason}" in ending.summary
+    said = "failed after the verdict" if verdict == "error" else "cannot judge (fail closed)"
+    assert f"- **{said}:** {reason}" in ending.summary
 
 
 def test_a_pass_and_a_breach_say_their_verdict(project, tmp_path):
@@ -147,8 +149,9 @@ def test_gate_ending_without_its_verdict_says_why(project, tmp_path, hook, actio
     """A signal during `qbench gate` wrote no report at all (CI uploaded nothing: 'no test results'); one after the
     verdict, or an exception then, left files saying pass while qbench exited 2."""
     ending = ended(*run_ending(project, tmp_path, "gate", str(project.lenient), hook=hook, action=action))
-    if action == "raise":
-        assert_no_verdict(ending, "RuntimeError: an unexpected error right after tag_tracked_runs", checks=checks)
+    if action == "raise":  # the results were judged: the reports called the error 'unusable' results
+        assert_no_verdict(ending, "RuntimeError: an unexpected error right after tag_tracked_runs", checks=checks,
+                          verdict="error")  # fmt: skip
         assert ending.stderr.strip().splitlines()[-1].startswith("qbench: error: RuntimeError: ")
     else:
         assert_no_verdict(ending, INTERRUPTED.format(action), checks=checks, verdict="interrupted")
@@ -185,5 +188,5 @@ def test_a_disk_that_cannot_take_the_reports_is_one_line_and_no_file(project, tm
                            f"{folder / 'gate.xml'}: cannot write the gate report: File too large")  # fmt: skip
     assert sorted(p.name for p in folder.iterdir()) == ["summary.md"]
     summary = (folder / "summary.md").read_text()
-    assert summary.startswith("### qbench gate: FAIL (results unusable)\n")
-    assert f"- **cannot judge (fail closed):** {folder / 'gate.json'}: cannot write the gate report" in summary
+    assert summary.startswith("### qbench gate: FAIL (error after the verdict)\n")  # the results were judged
+    assert f"- **failed after the verdict:** {folder / 'gate.json'}: cannot write the gate report" in summary
