@@ -3,7 +3,11 @@
 Notes on outputs it does not judge: gate.metric names one output ('logits/accuracy'), so a variant that broke another
 ('aux') would pass unremarked. Each such output is held, as a note and never a verdict, to the tolerances the gate
 would use for it, on the scopes the gate judges its own metric on: overall and every slice of at least
-gate.min_slice_size. A break on one slice alone is as much a finding as one overall.
+gate.min_slice_size. A break on one slice alone is as much a finding as one overall. A recipe's own metric over some
+outputs ('cls_acc' with `outputs: [logits]`, one head of a multi-task model) gates those outputs alone: the recipe's
+other metrics over outputs it does not read ('price_mae' over the regression head) are held the same way, and so is
+an evaluated output no such figure covers, by its agreement with FP32 (before, with such a gate.metric, an INT8
+variant whose regression head's MAE went from 0.0101 to 1.30 passed with no word said).
 
 Collapsed outputs, a breach whatever the metric: a variant whose output is (nearly) the same on every row no longer
 depends on its inputs, yet scores well on a metric a constant answer scores well on: accuracy on imbalanced classes
@@ -131,24 +135,67 @@ def other_output_kept_notes(results: SweepResults, spec: GateSpec, pairs: Sequen
     return notes
 
 
-def other_output_notes(results: SweepResults, spec: GateSpec, pairs: Sequence[tuple[str, str]]) -> list[str]:
-    """A note per gated variant@backend and other evaluated output whose figure of the gated metric's kind
-    ('aux/accuracy' beside 'logits/accuracy') dropped past its tolerance on some scope, naming the worst scope (the
-    largest drop) and how many scopes dropped past theirs."""
-    gated_output, separator, kind = spec.metric.rpartition(OUTPUT_SEPARATOR)
-    if not separator:
+FALLBACK_KIND = "agreement"
+"""The figure an evaluated output is held to where the gated metric's kind is not recorded for it and no metric of the
+recipe's own reads it: rows (or values) agreeing with FP32's, recorded per output by every task that reads outputs
+separately (classification, regression, structured, multilabel)."""
+
+
+def gated_outputs(results: SweepResults, metric: str) -> tuple[frozenset[str], str]:
+    """(the outputs `metric` judges, its kind on other outputs or ''): 'logits/accuracy' judges logits, and 'accuracy'
+    is its kind; a recipe's own metric with `outputs` judges those, with no kind of its own elsewhere. Empty where the
+    metric names no output (one output evaluated: there is no other)."""
+    output, separator, kind = metric.rpartition(OUTPUT_SEPARATOR)
+    if separator:
+        return frozenset({output}), kind
+    return frozenset(_joint_metrics(results).get(metric, ())), ""
+
+
+def _joint_metrics(results: SweepResults) -> dict[str, tuple[str, ...]]:
+    """The recipe's own metrics computed over several outputs together (`outputs`), name -> those outputs, as the
+    results record the recipe; malformed entries are skipped (the gate's checks of the recorded recipe name them)."""
+    resolved = results.recipe.get("resolved")
+    entries = resolved.get("metrics") if isinstance(resolved, dict) else None
+    return {entry["name"]: tuple(entry["outputs"]) for entry in (entries if isinstance(entries, list) else [])
+            if isinstance(entry, dict) and isinstance(entry.get("name"), str)
+            and isinstance(entry.get("outputs"), list) and all(isinstance(o, str) for o in entry["outputs"])}  # fmt: skip
+
+
+def _held(results: SweepResults, reference: VariantResult, metric: str) -> list[tuple[str, str]]:
+    """(metric, what it is of: "output aux's accuracy" or "price_mae (over price)") for each figure of FP32's that
+    holds an output the gated `metric` does not read: the gated kind on each other output, the recipe's own metrics
+    over other outputs only, and FALLBACK_KIND on an other output neither covers."""
+    gated, kind = gated_outputs(results, metric)
+    assert reference.accuracy is not None
+    recorded = reference.accuracy.overall.metrics
+    if not gated:
         return []
+    joint = {name: outputs for name, outputs in _joint_metrics(results).items()
+             if name != metric and name in recorded and not gated & set(outputs)}  # fmt: skip
+    covered = {output for outputs in joint.values() for output in outputs}
+    held = []
+    evaluated = dict.fromkeys(name.rpartition(OUTPUT_SEPARATOR)[0] for name in recorded if OUTPUT_SEPARATOR in name)
+    for output in (o for o in evaluated if o not in gated):
+        kinds = [kind] + ([FALLBACK_KIND] if output not in covered else [])
+        own_kind = next((k for k in kinds if k and f"{output}{OUTPUT_SEPARATOR}{k}" in recorded), None)
+        if own_kind is not None:
+            held.append((f"{output}{OUTPUT_SEPARATOR}{own_kind}", f"output {output}'s {own_kind}"))
+    held += [(name, f"{name} (over {', '.join(outputs)})") for name, outputs in joint.items()]
+    return held
+
+
+def other_output_notes(results: SweepResults, spec: GateSpec, pairs: Sequence[tuple[str, str]]) -> list[str]:
+    """A note per gated variant@backend and figure holding an output gate.metric does not read (_held: 'aux/accuracy'
+    beside 'logits/accuracy'; 'price_mae' over price beside 'cls_acc' over logits) that dropped past its tolerance on
+    some scope, naming the worst scope (the largest drop) and how many scopes dropped past theirs."""
     notes = []
     for variant, backend in pairs:
         reference, found = results.find(results.reference, backend), results.find(variant, backend)
         if reference is None or reference.accuracy is None or found is None or found.accuracy is None:
             continue  # no figures: the gate's problems say why
-        for metric in reference.accuracy.overall.metrics:
-            output, _, own_kind = metric.rpartition(OUTPUT_SEPARATOR)
-            if own_kind == kind and output not in ("", gated_output):
-                note = _output_note(reference, found, spec.model_copy(update={"metric": metric}))
-                notes += [f"{found.key}: output {output}'s {kind} dropped {note}; not gated: gate.metric is "
-                          f"{spec.metric})"] if note else []  # fmt: skip
+        for metric, what in _held(results, reference, spec.metric):
+            note = _output_note(reference, found, spec.model_copy(update={"metric": metric}))
+            notes += [f"{found.key}: {what} dropped {note}; not gated: gate.metric is {spec.metric})"] if note else []
     return notes
 
 
