@@ -6,10 +6,11 @@ precision)."""
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Sequence
 
 from qbench.errors import QbenchError
-from qbench.gate_tolerance import DEFAULT_MAX_DROP, DEFAULT_MAX_SLICE_DROP, reference_tolerances
+from qbench.gate_tolerance import DEFAULT_MAX_DROP, DEFAULT_MAX_SLICE_DROP, is_relative, reference_tolerances
 from qbench.recipe import GateSpec
 from qbench.results import AccuracyResult, SweepResults
 from qbench.validate.catalogue import DECISION_METRICS, METRICS, ONE_CLASS_OUTPUTS, OUTPUT_SEPARATOR
@@ -25,11 +26,27 @@ def tolerance_notes(results: SweepResults, spec: GateSpec, pairs: Sequence[tuple
         f"tolerances: the defaults, max_drop {DEFAULT_MAX_DROP:g} and max_slice_drop {DEFAULT_MAX_SLICE_DROP:g}, as "
         f"drops in {spec.metric}'s own units (a recipe's own metric: set data_units: true in metrics: for shares of "
         "FP32's figure, or state gate.max_drop and gate.max_slice_drop)"]  # fmt: skip
+    notes += vacuous_tolerances(spec)
     for backend in dict.fromkeys(b for _, b in pairs):
         with contextlib.suppress(QbenchError):  # unformed: each variant's problem says why
             basis = reference_tolerances(results.find(results.reference, backend), spec).basis
             notes += [f"tolerances on {backend}: {basis}"] if basis else []
     return notes
+
+
+def vacuous_tolerances(spec: GateSpec) -> list[str]:
+    """A note per stated absolute tolerance at least the gate metric's whole range (accuracy's 0..1): no variant can
+    breach it, however wrong (`max_drop: 1` meant as 1 % passed a variant whose accuracy fell from 1.0 to 0.776 with no
+    word said). A note, not an error: a recipe may leave the verdict to the SLO on purpose."""
+    info = METRICS.get(spec.metric)
+    span = info.high - info.low if info is not None else math.inf
+    if is_relative(spec) or not math.isfinite(span):
+        return []
+    stated = [(field, value) for field, value in (("max_drop", spec.max_drop), ("max_slice_drop", spec.max_slice_drop))
+              if value is not None and value >= span]  # fmt: skip
+    return [f"tolerances: gate.{field} {value:g} is {spec.metric}'s whole range ({info.low:g}..{info.high:g}) or more, "
+            f"so no variant can breach it {'overall' if field == 'max_drop' else 'on a slice'} (a tolerance in "
+            f"percent? {value:g} % is {value / 100:g})" for field, value in stated]  # fmt: skip
 
 
 def nonfinite_reference(results: SweepResults, pairs: Sequence[tuple[str, str]]) -> list[str]:

@@ -16,6 +16,14 @@ The gate therefore counts a pass only where the scope could have shown a drop of
 - any other metric (an error in the data's units, R², a custom metric) is not bounded per row, so no row count
   follows from the tolerance: it needs two rows at least.
 
+A share of rows scored against labels (accuracy, exact_match) is a difference of two noisy figures on the same rows:
+a change right -> wrong offsets one wrong -> right, so a variant changing 22 % of 1,000 rows' answers, as many each
+way, shows a drop of 0 while the drop's 95 % interval reaches 0.03. Where the variant's decisions changed on more
+units than its drop counts (the catalogue's `decisions` companion, agreement with FP32, says how many changed), the
+far end of the drop's paired interval must also be within the tolerance: each unit's drop is -1, 0 or 1, 0 where the
+decision is FP32's, so its variance is at most changed / n - drop² (all changed units counted as moving a right
+answer; a change between two wrong classes moves none, so the bound errs towards asking for more rows).
+
 A breach is judged as before: a drop past the tolerance is evidence against the variant, however few the rows.
 """
 
@@ -23,9 +31,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from statistics import NormalDist
 from typing import TYPE_CHECKING
 
-from qbench.validate.catalogue import METRICS, drop, within
+from qbench.validate.catalogue import METRICS, OUTPUT_SEPARATOR, drop, within
 
 if TYPE_CHECKING:  # qbench.results imports the search's records, which mix in JudgedPass; qbench.gate imports this
     from qbench.gate import GateReport
@@ -125,6 +134,13 @@ def unresolved(metric: str, tolerance: float, reference: SliceMetrics, own: Slic
     rows = own.judged_count(metric)
     span = info.high - info.low
     where = f"{own.name} {metric} on {rows} rows"
+    compensated = _compensated_bound(metric, reference, own)
+    if compensated is not None:
+        changed, bound = compensated
+        if not within(bound, tolerance, reference.metrics.get(metric, math.nan)):
+            return (f"{where}: its decisions changed on {changed} of them, more than its drop counts (changes right -> "
+                    f"wrong offset by changes wrong -> right), and the {CONFIDENCE:.0%} interval of the drop reaches "
+                    f"{bound:.4g} > tolerance {tolerance:g}{_rows_at_this_spread(metric, tolerance, reference, own, bound)}")
     paired = _drop_bound(metric, reference, own)
     if paired is not None and not info.share_of_rows:
         if rows < MIN_ROWS:
@@ -151,6 +167,7 @@ def rows_alone(metric: str, reference: SliceMetrics, own: SliceMetrics) -> bool:
     """Whether the rule asks `own`'s scope for rows alone (a count from the tolerance, or MIN_ROWS), not for a narrow
     interval of its drop: then every variant judged on the same rows is as unresolved there as `own`."""
     paired = _drop_bound(metric, reference, own) is not None and not METRICS[metric].share_of_rows
+    paired |= _compensated_bound(metric, reference, own) is not None
     return not paired or own.judged_count(metric) < MIN_ROWS
 
 
@@ -164,6 +181,27 @@ def _rows_at_this_spread(metric: str, tolerance: float, reference: SliceMetrics,
     if not (math.isfinite(point) and margin > 0 and bound > point):
         return ""
     return f"; about {math.ceil(rows * ((bound - point) / margin) ** 2)} rows would resolve it at this spread"
+
+
+def _compensated_bound(metric: str, reference: SliceMetrics, own: SliceMetrics) -> tuple[int, float] | None:
+    """(units whose decision changed, the far end of the drop's paired interval) for a share of rows scored against
+    labels whose variant changed more decisions than its drop counts; None where no change was offset by another
+    (the rows rule covers it), or the companion figure is not recorded on the same units."""
+    info = METRICS[metric]
+    if not info.decisions:
+        return None
+    companion = metric.rpartition(OUTPUT_SEPARATOR)[0] + OUTPUT_SEPARATOR + info.decisions if OUTPUT_SEPARATOR in metric \
+        else info.decisions
+    agreement = own.metrics.get(companion, math.nan)
+    units = own.judged_count(metric)
+    if not math.isfinite(agreement) or units < MIN_ROWS or own.judged_count(companion) != units:
+        return None
+    point = drop(metric, reference.metrics.get(metric, math.nan), own.metrics.get(metric, math.nan))
+    changed = round((1 - agreement) * units)
+    if not math.isfinite(point) or changed <= abs(point) * units + 0.5:
+        return None
+    variance = max(changed / units - point**2, 0.0) * units / (units - 1)  # ddof 1, as the reported intervals
+    return changed, point + NormalDist().inv_cdf(0.5 + CONFIDENCE / 2) * math.sqrt(variance / units)
 
 
 def _drop_bound(metric: str, reference: SliceMetrics, own: SliceMetrics) -> float | None:

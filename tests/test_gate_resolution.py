@@ -163,3 +163,53 @@ def test_a_variant_that_is_fp32s_own_graph_needs_no_rows():
     assert report.exit_code == EXIT_PASS and not [n for n in report.notes if "too few rows" in n]
     other = dataclasses.replace(twin, params={"identical_to": "int8-other"})
     assert evaluate_gate(sweep(fp32, other), SPEC).exit_code == EXIT_UNUSABLE
+
+
+def _binary_scores(decisions: np.ndarray) -> np.ndarray:
+    """Two-column logits deciding each row's class as `decisions` says."""
+    return np.stack([1.0 - decisions, decisions.astype(float)], axis=1).astype(np.float32)
+
+
+def _judged_decisions(fp32: np.ndarray, variant: np.ndarray, labels: np.ndarray, spec: GateSpec = SPEC):
+    reference = _binary_scores(fp32)
+    results = [evaluate_accuracy("classification", _binary_scores(d), reference, labels, {}) for d in (fp32, variant)]
+    variants = [VariantResult(variant=name, backend="cpu", precision=name, status="ok", accuracy=acc)
+                for name, acc in zip(("fp32", "int8"), results, strict=True)]  # fmt: skip
+    return evaluate_gate(sweep(*variants), spec)
+
+
+def test_compensating_changes_need_the_drops_paired_interval_within_the_tolerance():
+    """The probe: a variant changing 224 of 1,000 rows' answers, 112 right -> wrong and 112 wrong -> right, has
+    FP32's accuracy (a drop of 0) and passed a max_drop of 0.01 (exit 0). Each row's drop is -1, 0 or 1, so the
+    drop's 95 % interval reaches 1.96 * sqrt(0.224 * 1000 / 999 / 1000) = 0.02935: the pass resolves nothing (exit
+    2). Changes that all lose a right answer are judged by the rows rule as before, and a few compensating changes
+    within the tolerance still pass."""
+    rows = 1000
+    fp32 = np.zeros(rows, dtype=np.int64)
+    fp32[::2] = 1
+    labels = fp32.copy()
+    labels[:112] = 1 - labels[:112]  # FP32 wrong on 112 rows...
+    variant = fp32.copy()
+    variant[:224] = 1 - variant[:224]  # ...which the variant gets right, and wrong on the next 112
+    report = _judged_decisions(fp32, variant, labels)
+    assert report.exit_code == EXIT_UNUSABLE
+    bound = 1.959964 * math.sqrt(0.224 * 1000 / 999 / 1000)
+    assert report.problems == (
+        f"int8@cpu: too few rows to resolve the tolerance: overall accuracy on 1000 rows: its decisions changed on "
+        f"224 of them, more than its drop counts (changes right -> wrong offset by changes wrong -> right), and the "
+        f"95% interval of the drop reaches {bound:.4g} > tolerance 0.01; about {math.ceil(1000 * (bound / 0.01) ** 2)} "
+        f"rows would resolve it at this spread",)
+    noted = _judged_decisions(fp32, variant, labels, SPEC.model_copy(update={"unresolved": "note"}))
+    assert noted.exit_code == EXIT_PASS and noted.checks[0].drop == 0.0
+
+    losing = fp32.copy()
+    losing[:10:2] = 0  # 5 rows of class 1 moved to class 0
+    losing_labels = fp32.copy()  # FP32 right everywhere: each change loses a right answer, none compensates
+    assert _judged_decisions(fp32, losing, losing_labels).exit_code == EXIT_PASS
+
+    few = fp32.copy()
+    few[:4] = 1 - few[:4]  # 2 changes each way on rows FP32 got wrong on 2 of: drop 0, interval reaches 0.0039
+    few_labels = fp32.copy()
+    few_labels[:2] = 1 - few_labels[:2]
+    few_report = _judged_decisions(fp32, few, few_labels)
+    assert few_report.checks[0].drop == 0.0 and few_report.exit_code == EXIT_PASS

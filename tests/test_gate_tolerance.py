@@ -227,3 +227,33 @@ def test_a_recipes_own_metric_declares_its_units_and_the_gate_says_which_toleran
         assert tolerances == {"overall": 0.01, "small": 0.02} and report.exit_code == EXIT_BREACH
         assert report.notes[0].startswith("tolerances: the defaults, max_drop 0.01 and max_slice_drop 0.02, as drops "
                                           "in err's own units (a recipe's own metric: set data_units: true")  # fmt: skip
+
+
+def _classified(name: str, decisions: np.ndarray, reference: np.ndarray, labels: np.ndarray) -> VariantResult:
+    scores = np.stack([1.0 - decisions, decisions], axis=1).astype(np.float32)
+    ref_scores = np.stack([1.0 - reference, reference], axis=1).astype(np.float32)
+    accuracy = evaluate_accuracy("classification", scores, ref_scores, labels.astype(np.int64), {})
+    return VariantResult(variant=name, backend="onnxruntime-cpu", precision="fp32" if name == "fp32" else "fp16",
+                         status="ok", accuracy=accuracy)  # fmt: skip
+
+
+def test_a_tolerance_of_the_metrics_whole_range_is_said_to_let_nothing_breach():
+    """The probe: `max_drop: 1` written as 1 % passed an FP16 variant whose accuracy fell from 1.0 to 0.776 with no word
+    said. A drop of accuracy is at most 1, so such a tolerance can breach nothing: a note says so and suggests the
+    fraction (a note, not an error: a recipe may leave the verdict to its SLO on purpose). 0.5 and the relative
+    defaults of a metric in the data's units get no such note."""
+    labels = np.tile([0, 1], 500)
+    variant = labels.copy()
+    variant[:224] = 1 - variant[:224]
+    fp32, fp16 = _classified("fp32", labels, labels, labels), _classified("fp16", variant, labels, labels)
+    report = judge(fp32, fp16, GateSpec(metric="accuracy", max_drop=1, max_slice_drop=2))
+    assert report.exit_code == EXIT_PASS and report.checks[0].drop == pytest.approx(0.224)
+    assert [n for n in report.notes if "whole range" in n] == [
+        "tolerances: gate.max_drop 1 is accuracy's whole range (0..1) or more, so no variant can breach it overall (a "
+        "tolerance in percent? 1 % is 0.01)",
+        "tolerances: gate.max_slice_drop 2 is accuracy's whole range (0..1) or more, so no variant can breach it on a "
+        "slice (a tolerance in percent? 2 % is 0.02)"]  # fmt: skip
+    assert not [n for n in judge(fp32, fp16, GateSpec(metric="accuracy", max_drop=0.5)).notes if "whole range" in n]
+    assert judge(fp32, fp16, GateSpec(metric="accuracy", max_drop=0.5)).exit_code == EXIT_PASS
+    relative = GateSpec(metric="accuracy", max_drop=1, tolerance="relative")
+    assert not [n for n in judge(fp32, fp16, relative).notes if "whole range" in n]

@@ -181,7 +181,8 @@ def _class_codes(
 class Classification(Task):
     name = "classification"
     metric_infos = (
-        share_of_rows("accuracy", True, "top-1 accuracy vs labels (vs FP32 top-1 without labels), per row or scored token"),
+        share_of_rows("accuracy", True, "top-1 accuracy vs labels (vs FP32 top-1 without labels), per row or scored token",
+                      decisions="agreement"),
         share_of_rows("agreement", True, "fraction of rows (scored tokens) whose top-1 matches FP32"),
         share_of_rows("flip_rate", False, "fraction of rows (scored tokens) whose top-1 differs from FP32"),
         MetricInfo("kl_mean", False, "mean KL(FP32 || variant) of the softmax outputs (score outputs only)", low=0.0),

@@ -144,7 +144,8 @@ class Span(Task):
     name = "span"
     together = ("start scores", "end scores")
     metric_infos = (
-        share_of_rows("exact_match", True, "fraction of rows whose answer span is the labelled one (without labels: FP32's)"),
+        share_of_rows("exact_match", True, "fraction of rows whose answer span is the labelled one (without labels: FP32's)",
+                      decisions="span_agreement"),
         MetricInfo("f1", True, "mean token-overlap F1 of the answer span with the labelled one (without labels: FP32's)",
                    low=0.0, high=1.0),
         share_of_rows("span_agreement", True, "fraction of rows whose answer span is FP32's"),

@@ -35,12 +35,17 @@ class MetricInfo:
     # in the label's or output's units (an MAE, an output's largest error): an absolute default tolerance means
     # nothing there, so the gate's defaults are shares of FP32's figure (qbench.gate_tolerance)
     data_units: bool = False
+    # a share of rows scored against labels: the metric of the same output and units that counts the units whose
+    # decision is FP32's. A change right -> wrong can offset one wrong -> right, so a drop of 0 may hide many
+    # changes; the gate bounds the drop's noise by how many units changed (qbench.gate_resolution)
+    decisions: str = ""
 
 
-def share_of_rows(name: str, higher_is_better: bool, description: str) -> MetricInfo:
-    """A metric that counts rows of its scope: in [0, 1], a whole number of rows (FP32's NaN/inf ones among them)."""
+def share_of_rows(name: str, higher_is_better: bool, description: str, decisions: str = "") -> MetricInfo:
+    """A metric that counts rows of its scope: in [0, 1], a whole number of rows (FP32's NaN/inf ones among them);
+    `decisions` names its companion counting agreement with FP32 where it is scored against labels."""
     return MetricInfo(name, higher_is_better, description, low=0.0, high=1.0, share_of_rows=True,
-                      counts_nonfinite_rows=True)
+                      counts_nonfinite_rows=True, decisions=decisions)
 
 
 def impossible_value(info: MetricInfo, value: float, count: int, unit: str = "rows") -> str | None:
