@@ -346,7 +346,7 @@ def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec,
             checks.append(check)
             why = unresolved(spec.metric, tolerance, ref_scope, own_scope) if check.status == "pass" else None
             small += [why] if why else []
-            on_spread |= bool(why) and not rows_alone(spec.metric, ref_scope, own_scope)
+            on_spread |= bool(why) and not rows_alone(spec.metric, tolerance, ref_scope, own_scope)
         elif _undefined_for_fp32(spec.metric, ref_scope, own_scope):  # only overall: a slice is skipped instead
             problems.append(f"metric {spec.metric!r} is undefined on {own_scope.name} for FP32 too (NaN without NaN/inf "
                             "outputs, e.g. R² of a constant target): nothing can be judged; gate on a metric defined "

@@ -20,9 +20,13 @@ A share of rows scored against labels (accuracy, exact_match) is a difference of
 a change right -> wrong offsets one wrong -> right, so a variant changing 22 % of 1,000 rows' answers, as many each
 way, shows a drop of 0 while the drop's 95 % interval reaches 0.03. Where the variant's decisions changed on more
 units than its drop counts (the catalogue's `decisions` companion, agreement with FP32, says how many changed), the
-far end of the drop's paired interval must also be within the tolerance: each unit's drop is -1, 0 or 1, 0 where the
-decision is FP32's, so its variance is at most changed / n - drop² (all changed units counted as moving a right
-answer; a change between two wrong classes moves none, so the bound errs towards asking for more rows).
+far end of the drop's paired interval must also be within the tolerance, where those changes are more than a
+tolerance's worth of the units (were every change a loss, the drop would pass the tolerance: the pass rests on gains
+offsetting losses, which the rows must show to be more than luck). Fewer changes cannot hide a breach, so the rule
+leaves them alone: a variant with fewer changes, or changes all one way, is never judged more harshly than one with
+more. Each unit's drop is -1, 0 or 1, 0 where the decision is FP32's, so its variance is at most changed / n - drop²
+(all changed units counted as moving a right answer; a change between two wrong classes moves none, so the bound errs
+towards asking for more rows).
 
 A breach is judged as before: a drop past the tolerance is evidence against the variant, however few the rows.
 """
@@ -134,7 +138,7 @@ def unresolved(metric: str, tolerance: float, reference: SliceMetrics, own: Slic
     rows = own.judged_count(metric)
     span = info.high - info.low
     where = f"{own.name} {metric} on {rows} rows"
-    compensated = _compensated_bound(metric, reference, own)
+    compensated = _compensated_bound(metric, tolerance, reference, own)
     if compensated is not None:
         changed, bound = compensated
         if not within(bound, tolerance, reference.metrics.get(metric, math.nan)):
@@ -163,11 +167,11 @@ def unresolved(metric: str, tolerance: float, reference: SliceMetrics, own: Slic
     return None
 
 
-def rows_alone(metric: str, reference: SliceMetrics, own: SliceMetrics) -> bool:
+def rows_alone(metric: str, tolerance: float, reference: SliceMetrics, own: SliceMetrics) -> bool:
     """Whether the rule asks `own`'s scope for rows alone (a count from the tolerance, or MIN_ROWS), not for a narrow
     interval of its drop: then every variant judged on the same rows is as unresolved there as `own`."""
     paired = _drop_bound(metric, reference, own) is not None and not METRICS[metric].share_of_rows
-    paired |= _compensated_bound(metric, reference, own) is not None
+    paired |= _compensated_bound(metric, tolerance, reference, own) is not None
     return not paired or own.judged_count(metric) < MIN_ROWS
 
 
@@ -183,10 +187,12 @@ def _rows_at_this_spread(metric: str, tolerance: float, reference: SliceMetrics,
     return f"; about {math.ceil(rows * ((bound - point) / margin) ** 2)} rows would resolve it at this spread"
 
 
-def _compensated_bound(metric: str, reference: SliceMetrics, own: SliceMetrics) -> tuple[int, float] | None:
+def _compensated_bound(metric: str, tolerance: float, reference: SliceMetrics,
+                       own: SliceMetrics) -> tuple[int, float] | None:  # fmt: skip
     """(units whose decision changed, the far end of the drop's paired interval) for a share of rows scored against
-    labels whose variant changed more decisions than its drop counts; None where no change was offset by another
-    (the rows rule covers it), or the companion figure is not recorded on the same units."""
+    labels whose variant changed more decisions than its drop counts, and more than a `tolerance`'s worth of them;
+    None where no change was offset by another or all of them together are within the tolerance (the rows rule
+    covers it), or the companion figure is not recorded on the same units."""
     info = METRICS[metric]
     if not info.decisions:
         return None
@@ -198,7 +204,7 @@ def _compensated_bound(metric: str, reference: SliceMetrics, own: SliceMetrics) 
         return None
     point = drop(metric, reference.metrics.get(metric, math.nan), own.metrics.get(metric, math.nan))
     changed = round((1 - agreement) * units)
-    if not math.isfinite(point) or changed <= abs(point) * units + 0.5:
+    if not math.isfinite(point) or changed <= abs(point) * units + 0.5 or changed <= tolerance / (info.high - info.low) * units:
         return None
     variance = max(changed / units - point**2, 0.0) * units / (units - 1)  # ddof 1, as the reported intervals
     return changed, point + NormalDist().inv_cdf(0.5 + CONFIDENCE / 2) * math.sqrt(variance / units)

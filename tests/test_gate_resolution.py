@@ -213,3 +213,26 @@ def test_compensating_changes_need_the_drops_paired_interval_within_the_toleranc
     few_labels[:2] = 1 - few_labels[:2]
     few_report = _judged_decisions(fp32, few, few_labels)
     assert few_report.checks[0].drop == 0.0 and few_report.exit_code == EXIT_PASS
+
+
+def test_changes_within_the_tolerance_are_never_judged_more_harshly_than_losses_alone():
+    """10 changes on 1,000 rows (a tolerance's worth at 0.01): 10 losses, a drop of 0.01, pass; 8 losses and 2 gains,
+    a drop of 0.006, was unresolved by the compensation rule (its interval reaches 0.0122) though every change a
+    loss would still pass. Only changes beyond the tolerance's worth rest on gains offsetting losses."""
+    rows = 1000
+    fp32 = np.zeros(rows, dtype=np.int64)
+    fp32[::2] = 1
+    labels = fp32.copy()
+    labels[10:12] = 1 - labels[10:12]  # FP32 wrong on 2 rows, which the mixed variant gets right
+    losses = fp32.copy()
+    losses[:10] = 1 - losses[:10]
+    mixed = fp32.copy()
+    mixed[:8] = 1 - mixed[:8]
+    mixed[10:12] = 1 - mixed[10:12]
+    one_way = _judged_decisions(fp32, losses, fp32.copy())
+    offset = _judged_decisions(fp32, mixed, labels)
+    assert (one_way.checks[0].drop, one_way.exit_code) == (pytest.approx(0.01), EXIT_PASS)
+    assert (offset.checks[0].drop, offset.exit_code) == (pytest.approx(0.006), EXIT_PASS)
+    mixed[12:16] = 1 - mixed[12:16]  # 4 more changes on rows FP32 got right: 14 > 10, 12 losses and 2 gains
+    beyond = _judged_decisions(fp32, mixed, labels)
+    assert beyond.exit_code == EXIT_UNUSABLE and "its decisions changed on 14 of them" in beyond.problems[0]
