@@ -118,8 +118,8 @@ def test_a_reference_that_fails_on_one_row_is_not_told_to_change_batch_sizes(tmp
     assert "E:onnxruntime" not in err and "ExecuteKernel" not in err, err
     assert "the FP32 reference does not run on onnxruntime-cpu: a batch of 1 row failed: " in lines[0]
     assert lines[0].endswith("latency.batch_sizes [1, 16]); expected a model onnxruntime-cpu runs: it fails on a single "
-                             "row too, so no batch-size setting would help; the runtime's reason above names the node "
-                             "it stops at")  # fmt: skip
+                             "row too, so no batch-size setting would help; the runtime's reason names the node it "
+                             "stops at")  # fmt: skip
     assert "every batch size" not in lines[0] and "batch_size: 1" not in lines[0]
 
 

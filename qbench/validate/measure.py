@@ -390,7 +390,7 @@ def _expected(prepared: Prepared, backend: Backend, built: BuiltVariant, rows: R
 
     if not runs(1):
         return (f"expected a model {backend.name} runs: it fails on a single row too, so no batch-size setting would "
-                "help; the runtime's reason above names the node it stops at")
+                "help; the runtime's reason names the node it stops at")
     if size > 1 and not runs(2):
         return (f"{general}; it runs one row but not two, so its graph fixes a batch of 1 its inputs do not declare (a "
                 "Reshape to a constant [1, -1]): set latency.batch_sizes: [1], data.evaluation.batch_size: 1 and "
