@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from qbench.backends.onnxruntime import quiet_run_options
 from qbench.data.feeds import take_batch
 from qbench.errors import QbenchError, RecipeError
 from qbench.modelinfo import ModelInfo, TensorMeta
@@ -196,7 +197,9 @@ def _session(path: Path):  # noqa: ANN202 - onnxruntime is imported lazily
 
 def _run(session, feeds: Mapping[str, np.ndarray], outputs: Mapping[str, int]) -> dict[str, np.ndarray]:  # noqa: ANN001
     """The evaluated outputs that are arrays (a sequence of maps as its score matrix; others are judged elsewhere)."""
-    results = session.run(None, dict(feeds))
+    import onnxruntime as ort
+
+    results = session.run(None, dict(feeds), quiet_run_options(ort))  # a failure is logged once, by the caller
     arrays = {}
     for name, index in outputs.items():
         try:

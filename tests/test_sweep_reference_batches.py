@@ -2,7 +2,9 @@
 as a dynamo export's RotaryEmbedding fails past batch 1): `qbench sweep` runs `qbench validate`'s dry run before any
 variant is built, and stops in one line naming the batch and the runtime's reason, exit 2, nothing built or written.
 Where it runs one row but not two (a Reshape to a constant [1, -1] behind an input declaring a dynamic batch, as older
-zoo exports write), the line says which batch fields to set to 1: the recipe that follows it runs."""
+zoo exports write), the line says which batch fields to set to 1: the recipe that follows it runs. Where it fails on a
+single row too (an op the runtime refuses whatever the batch, as ONNX Runtime 1.32 refuses a dynamo export's opset-23
+Attention whose mask broadcasts over the query axis), the line says no batch-size setting would help."""
 
 from __future__ import annotations
 
@@ -35,10 +37,20 @@ def batch_one_model() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def project(root: Path) -> Path:
+def no_batch_model() -> onnx.ModelProto:
+    """x [batch, 4] -> Gather of columns 9-11 (constant indices past the 4 columns) -> logits [batch, 3]: valid to the
+    checker and to shape inference, refused by the runtime at any batch, one row included."""
+    index = numpy_helper.from_array(np.array([9, 10, 11], np.int64), "index")
+    nodes = [helper.make_node("Gather", ["x", "index"], ["logits"], axis=1)]
+    graph = helper.make_graph(nodes, "no_batch", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 3])], [index])  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def project(root: Path, model: onnx.ModelProto | None = None) -> Path:
     """Evaluated one row at a time (which runs), timed at batch sizes 1 and 16 (16 does not)."""
     root.mkdir()
-    onnx.save(batch_one_model(), str(root / "model.onnx"))
+    onnx.save(model or batch_one_model(), str(root / "model.onnx"))
     rng = np.random.default_rng(1)
     pd.DataFrame({"x": list(rng.normal(size=(ROWS, 4)).astype(np.float32)),
                   "y": rng.integers(0, 3, ROWS)}).to_parquet(root / "rows.parquet")  # fmt: skip
@@ -87,6 +99,28 @@ def test_a_reference_that_fails_at_the_largest_timed_batch_stops_before_any_buil
                              "dynamic batch")  # fmt: skip
     assert builds == []
     assert not (tmp_path / "p" / "reports").exists()  # no run folder: nothing was measured or written
+
+
+def test_a_reference_that_fails_on_one_row_is_not_told_to_change_batch_sizes(tmp_path, monkeypatch, capfd):
+    """The runtime refuses the graph at a single row: the line says so, and names no batch field to change (it said
+    "expected a model that runs every batch size the recipe asks for", pointing at batch sizes that cannot help). The
+    runtime's own log of the failing kernel does not precede it (it did three times: the row check's run and two of
+    the dry run's)."""
+    onnx.checker.check_model(no_batch_model(), full_check=True)
+    monkeypatch.chdir(tmp_path)
+    recipe = project(tmp_path / "p", no_batch_model())
+    capfd.readouterr()
+    code = main(["validate", str(recipe)])
+    err = capfd.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2, err
+    assert len(lines) == 1, err
+    assert "E:onnxruntime" not in err and "ExecuteKernel" not in err, err
+    assert "the FP32 reference does not run on onnxruntime-cpu: a batch of 1 row failed: " in lines[0]
+    assert lines[0].endswith("latency.batch_sizes [1, 16]); expected a model onnxruntime-cpu runs: it fails on a single "
+                             "row too, so no batch-size setting would help; the runtime's reason names the node it "
+                             "stops at")  # fmt: skip
+    assert "every batch size" not in lines[0] and "batch_size: 1" not in lines[0]
 
 
 def prepared_like(batch_sizes: list[int], evaluation_batch: int, rows: int, fixed: int | None = None) -> Any:

@@ -109,13 +109,25 @@ def _load_errors() -> tuple[type[Exception], ...]:
     return tuple(v for v in vars(state).values() if isinstance(v, type) and issubclass(v, Exception))
 
 
+def quiet_run_options(ort: ModuleType) -> onnxruntime.RunOptions:
+    """Options for a run whose failure ONNX Runtime raises and qbench reports in one line: the runtime's own log of the
+    failing kernel (a coloured `[E:onnxruntime ...] ExecuteKernel` block over two lines on stderr, the same reason the
+    exception carries) is left out, where it preceded that line once for every run that failed (three times in a dry
+    run). Only the run's logger is quietened: what a session logs as it loads (a provider's fallback) is not."""
+    options = ort.RunOptions()
+    options.log_severity_level = 4  # fatal only: every error of a run is raised
+    return options
+
+
 class OnnxRuntimeRunner:
     """One InferenceSession. describe() reads back what the session really uses, not what was asked."""
 
-    def __init__(self, session: onnxruntime.InferenceSession, version: str, load_note: str | None = None) -> None:
+    def __init__(self, session: onnxruntime.InferenceSession, version: str, load_note: str | None = None,
+                 run_options: onnxruntime.RunOptions | None = None) -> None:  # fmt: skip
         self._session: onnxruntime.InferenceSession | None = session
         self._version = version
         self._load_note = load_note  # how the session came to differ from what was asked (OnnxRuntimeBackend.load)
+        self._run_options = run_options
 
     def _live(self) -> onnxruntime.InferenceSession:
         if self._session is None:
@@ -123,7 +135,7 @@ class OnnxRuntimeRunner:
         return self._session
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        return self._live().run(None, dict(feeds))
+        return self._live().run(None, dict(feeds), self._run_options)
 
     def describe(self) -> dict[str, Any]:
         session = self._live()
@@ -203,7 +215,7 @@ class OnnxRuntimeBackend:
             )
         except _load_errors() as exc:
             session, note = self._with_basic_optimisations(ort, variant, session_options, exc)
-        runner = OnnxRuntimeRunner(session, ort.__version__, note)
+        runner = OnnxRuntimeRunner(session, ort.__version__, note, quiet_run_options(ort))
         in_use = session.get_providers()
         if not in_use or in_use[0] != self.required_provider:
             runner.close()

@@ -369,29 +369,33 @@ def dry_run(prepared: Prepared, backend: Backend, rows: int = DRY_RUN_ROWS) -> N
         raise QbenchError(f"{prepared.source.onnx_path}: the FP32 reference does not run on {backend.name}: "
                           f"{' '.join(str(result.error).split())} (the check fed it one row, then {count} evaluation "
                           f"rows {'repeated to one batch' if size > count else 'in batches'} of {size}, the largest the "
-                          f"sweep runs: {field}); expected a model that runs every batch size the recipe asks for"
-                          f"{_batch_of_one(prepared, backend, built, everything) if size > 1 else ''}")  # fmt: skip
+                          f"sweep runs: {field}); {_expected(prepared, backend, built, everything, size)}")  # fmt: skip
 
 
-def _batch_of_one(prepared: Prepared, backend: Backend, built: BuiltVariant, rows: Rows) -> str:
-    """What to do with a reference whose inputs declare a dynamic batch but whose graph runs batches of 1 only (a
-    Reshape to a constant [1, -1], as older zoo exports write): said where it scores one row but not two, else
-    nothing."""
+def _expected(prepared: Prepared, backend: Backend, built: BuiltVariant, rows: Rows, size: int) -> str:
+    """What the dry run's refusal of a reference with a dynamic batch expects, by which batches it runs: none, a single
+    row failing too (an op the runtime refuses whatever the batch, such as ONNX Runtime 1.32's opset-23 `Attention`
+    with a mask broadcast over the query axis: no batch-size setting helps, so none is suggested); one row but not two
+    (a Reshape to a constant [1, -1], as older zoo exports write: the fields to set to 1); else every batch size."""
+    general = "expected a model that runs every batch size the recipe asks for"
     if prepared.batch is not None or not rows.count:
-        return ""
+        return general
 
-    def runs(size: int) -> bool:
-        fed = replace(rows.subset(np.arange(size) % rows.count), batch_size=size)
+    def runs(rows_fed: int) -> bool:
+        fed = replace(rows.subset(np.arange(rows_fed) % rows.count), batch_size=rows_fed)
         try:
             return measure(backend, built, prepared, rows=fed, quiet=True).result.status != "failed"
         except QbenchError:  # a RecipeError included: the hint is not worth another error
             return False
 
-    if not runs(1) or runs(2):
-        return ""
-    return ("; it runs one row but not two, so its graph fixes a batch of 1 its inputs do not declare (a Reshape to a "
-            "constant [1, -1]): set latency.batch_sizes: [1], data.evaluation.batch_size: 1 and "
-            "data.calibration.batch_size: 1, or export it with a dynamic batch")
+    if not runs(1):
+        return (f"expected a model {backend.name} runs: it fails on a single row too, so no batch-size setting would "
+                "help; the runtime's reason names the node it stops at")
+    if size > 1 and not runs(2):
+        return (f"{general}; it runs one row but not two, so its graph fixes a batch of 1 its inputs do not declare (a "
+                "Reshape to a constant [1, -1]): set latency.batch_sizes: [1], data.evaluation.batch_size: 1 and "
+                "data.calibration.batch_size: 1, or export it with a dynamic batch")
+    return general
 
 
 def largest_batch(prepared: Prepared) -> tuple[int, str]:

@@ -249,3 +249,24 @@ def test_a_string_normalizer_whose_locale_is_missing_is_named_with_the_fix(tmp_p
         "which this machine does not have; install it (e.g. `locale-gen xx_NOWHERE.UTF-8`) or set the node's locale "
         "attribute to one that `locale -a` lists (C.UTF-8)"
     )
+
+
+def test_a_failing_run_is_raised_without_the_runtime_logging_it_too(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
+    """A kernel failing at run time (a Gather past its table, as ONNX Runtime 1.32's opset-23 Attention fails on a
+    dynamo export's broadcast mask) is raised for qbench to report in one line; the runtime logged it to stderr too, a
+    coloured `[E:onnxruntime ...] ExecuteKernel` block before that line, once for every run that failed."""
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["x", "index"], ["y"], axis=1)], "gather_past_the_table",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 1])],
+        [helper.make_tensor("index", TensorProto.INT64, [1], [7])],
+    )  # fmt: skip
+    path = tmp_path / "gather.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    runner = get_backend("onnxruntime-cpu").load(_variant(path), RunOptions(threads=1))
+    capfd.readouterr()
+    with pytest.raises(Exception, match="out of data bounds"):
+        runner.run({"x": np.ones((2, 3), np.float32)})
+    err = capfd.readouterr().err
+    assert "E:onnxruntime" not in err and "ExecuteKernel" not in err, err
+    runner.close()
