@@ -159,6 +159,29 @@ def check_batch_memory(recipe: Recipe, feeds: Mapping[str, np.ndarray], *, avail
             )
 
 
+def check_output_memory(recipe: Recipe, outputs: Mapping[str, np.ndarray], evaluation_rows: int, *,
+                        available: int | None = None) -> None:
+    """The evaluated outputs of every evaluation row fit in the memory available: a measurement holds FP32's and the
+    variant's at once, each as the model gives it (README "What qbench itself costs"), so it needs at least twice
+    their bytes (per row from the dry run's `outputs`: a language model's logits are tokens x vocabulary floats)."""
+    rows = min((len(array) for array in outputs.values()), default=0)
+    available = available_memory() if available is None else available
+    if rows == 0 or available is None:
+        return
+    per_row = sum(array.nbytes for array in outputs.values()) / rows
+    needed = 2 * per_row * evaluation_rows
+    if needed > available:
+        shapes = ", ".join(f"'{name}' {list(array.shape[1:])} {array.dtype}" for name, array in outputs.items())
+        raise RecipeError(
+            recipe.source,
+            "data.evaluation.limit",
+            f"{evaluation_rows} evaluation rows need at least {needed / _GIB:.1f} GiB for their outputs "
+            f"({per_row / 2**20:.2f} MiB per row: {shapes}; FP32's and a variant's are held at once), but "
+            f"{available / _GIB:.1f} GiB of memory is available; expected at most {int(available // (2 * per_row))} "
+            "rows (data.evaluation.limit), or a smaller output (model.output)",
+        )
+
+
 def fixed_batch(recipe: Recipe, model: ModelInfo) -> int | None:
     """The batch size the model's inputs are fixed to (a static first dimension), None when it is dynamic.
     A session refuses any other size, after the sweep has started: a batch-size field the recipe sets must be

@@ -155,4 +155,32 @@ def test_tokens_the_labels_leave_unscored_are_no_part_of_token_decisions_kept(tm
     assert unlabelled.overall.kept["logits"] == Kept("token_decisions_kept", "class 0", 11398.0, 6351.0)
 
 
+def test_a_class_fp32_decides_in_few_rows_is_not_judged_however_many_of_their_tokens_it_holds(tmp_path):
+    """A language model's repeated pattern: rows 0-2 repeat one word (no context), and FP32 decides tag 4 on their
+    scored tokens alone (6 to 16 a row, bias +100 there). A variant that tags rows 1 and 2 otherwise lost tag 4 on
+    tokens of 2 of 3 rows: no evidence that it lost the tag (a row's tokens, read in one context, flip together, and 3
+    rows cannot show half lost), yet on its tokens (over 5) it breached at 1/3 kept. Now the tag is not judged, the
+    other tags are (every token kept), and token accuracy (within max_drop) decides."""
+    reference = _tagger(tmp_path / "tagger.onnx", rare_bias=-100.0)  # tag 4 never decided by the model itself
+    feeds, padding = _sentences()
+    feeds["input_ids"][:3] = np.where(padding[:3], 0, 5)
+    feeds["context"][:3] = 0.0
+    fp32 = _run(reference, feeds)
+    pattern = np.zeros((ROWS, TOKENS), dtype=bool)
+    pattern[:3] = ~padding[:3]
+    fp32["logits"][pattern, RARE] += 200.0
+    labels = fp32["logits"].argmax(axis=2)
+    labels[padding] = IGNORE_LABEL
+    variant = {"logits": fp32["logits"].copy()}
+    variant["logits"][1:3][pattern[1:3], RARE] -= 200.0
+    tokens = [int(n) for n in pattern[:3].sum(axis=1)]
+    assert int((labels == RARE).sum()) == sum(tokens) and min(tokens) >= 5
+    spec = GateSpec(metric="accuracy", max_drop=0.05, max_slice_drop=0.05, unresolved="note")
+    report, accuracy = _verdict("classification", fp32, variant, labels, spec)
+    assert report.exit_code == EXIT_PASS, [check_line(c) for c in report.breaches]
+    assert all(kept.component != f"class {RARE}" for scope in (accuracy.overall, *accuracy.slices)
+               for kept in scope.kept.values())  # fmt: skip
+    assert accuracy.overall.kept["logits"].component != "" and _worst_kept(accuracy) == 1.0  # the others: judged, kept
+
+
 # -- extractive QA ---------------------------------------------------------------------------------------------------

@@ -164,6 +164,6 @@ class TokenRows:
         values["max_abs_error"] = metrics.max_abs_error(
             metrics.token_scores(self.outputs, tokens), metrics.token_scores(self.reference, tokens)
         )
-        kept = kept_rules.token_decisions_kept(predicted, reference_predicted)
+        kept = kept_rules.token_decisions_kept(predicted, reference_predicted, np.nonzero(tokens)[0])
         return SliceMetrics(name=name, size=int(np.count_nonzero(mask)), metrics=values, intervals=intervals,
                             denominators=dict.fromkeys(values, count), kept={"": kept} if kept else {})  # fmt: skip

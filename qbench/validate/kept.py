@@ -12,7 +12,8 @@ breaches a share under KEPT.
   the variant decides it on too; judged where FP32 decides it on MIN_ROWS rows at least.
 - token_decisions_kept (token classification): decisions_kept over the scope's scored tokens (those the task's
   metrics score: labelled other than IGNORE_LABEL, or every token without labels), a token the unit; judged where
-  FP32 decides a class on MIN_ROWS tokens at least.
+  FP32 decides a class on tokens of MIN_ROWS rows at least (the tokens of one row share its context and flip
+  together: a language model's repeated pattern puts 7 of a class's 9 tokens in one row).
 - tail_kept (regression): of how far FP32's most extreme rows (its TAIL share at each end of each target) reach past
   the band of as many rows before them, the share the variant's outputs on those rows reach past its outputs on that
   band; judged where FP32's reach is at least MIN_REACH of the target's spread (outputs that plateau at the end have no
@@ -68,10 +69,12 @@ KEPT_RULES = {
 """Each rule the gate judges, and how its report line states the two figures of a record."""
 
 
-def decisions_kept(predicted: np.ndarray, reference: np.ndarray) -> Kept | None:
+def decisions_kept(predicted: np.ndarray, reference: np.ndarray, rows: np.ndarray | None = None) -> Kept | None:
     """The class (1-D: one class id per row) or label value (2-D: one 0/1 decision per label) FP32 decides on at
     least MIN_ROWS rows of which the variant decides the same on the smallest share; None where FP32 decides none on
-    that many. A row the variant has no decision for (NaN/inf: INVALID_CLASS) keeps nothing."""
+    that many. A row the variant has no decision for (NaN/inf: INVALID_CLASS) keeps nothing. `rows` (1-D only): the
+    row each decision belongs to where several share one (a row's tokens); a class FP32 decides in fewer than MIN_ROWS
+    of them is not judged, however many decisions they hold."""
     predicted, reference = np.asarray(predicted), np.asarray(reference)
     if reference.ndim == 1:
         columns = [(predicted, reference, "class {}")]
@@ -83,16 +86,19 @@ def decisions_kept(predicted: np.ndarray, reference: np.ndarray) -> Kept | None:
         for value, count in zip(values.tolist(), counts.tolist()):
             if count < MIN_ROWS or value == INVALID_CLASS:  # FP32 gives NaN/inf there: nothing decided
                 continue
+            if rows is not None and np.unique(rows[ref == value]).size < MIN_ROWS:
+                continue
             label = ("on" if value == 1 else "off" if value == 0 else value) if reference.ndim > 1 else value
             kept = Kept("decisions_kept", name.format(label), float(count), float(np.count_nonzero(own[ref == value] == value)))
             worst = kept if worst is None or kept.share < worst.share else worst
     return worst
 
 
-def token_decisions_kept(predicted: np.ndarray, reference: np.ndarray) -> Kept | None:
+def token_decisions_kept(predicted: np.ndarray, reference: np.ndarray, rows: np.ndarray) -> Kept | None:
     """decisions_kept with a token the unit: `predicted` and `reference` hold one class id per scored token of the
-    scope (1-D), so a class FP32 decides on MIN_ROWS tokens is judged however few rows hold them."""
-    found = decisions_kept(np.ravel(predicted), np.ravel(reference))
+    scope (1-D), `rows` the row of each; a class is judged where FP32 decides it on tokens of MIN_ROWS rows at least
+    (the resolution rule's draws are independent; a row's tokens, read in one context, are not)."""
+    found = decisions_kept(np.ravel(predicted), np.ravel(reference), np.ravel(rows))
     return None if found is None else dataclasses.replace(found, rule="token_decisions_kept")
 
 

@@ -29,6 +29,7 @@ from qbench.data.text import token_padding
 from qbench.environment import timed_threads, timing_machine
 from qbench.errors import QbenchError, RecipeError, environment_cause
 from qbench.preflight import Prepared, check_labels_fit_outputs
+from qbench.preflight_checks import check_output_memory
 from qbench.provenance import model_bytes, model_sha256
 from qbench.recipe import LatencySpec
 from qbench.results import AccuracyResult, LatencyResult, VariantResult
@@ -370,6 +371,8 @@ def dry_run(prepared: Prepared, backend: Backend, rows: int = DRY_RUN_ROWS) -> N
                           f"{' '.join(str(result.error).split())} (the check fed it one row, then {count} evaluation "
                           f"rows {'repeated to one batch' if size > count else 'in batches'} of {size}, the largest the "
                           f"sweep runs: {field}); {_expected(prepared, backend, built, everything, size)}")  # fmt: skip
+    if measured.outputs:
+        check_output_memory(prepared.recipe, measured.outputs, everything.count)
 
 
 def _expected(prepared: Prepared, backend: Backend, built: BuiltVariant, rows: Rows, size: int) -> str:

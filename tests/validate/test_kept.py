@@ -41,12 +41,26 @@ def test_decisions_kept_judges_each_label_on_and_off_and_nothing_fp32_decides_on
 
 
 def test_token_decisions_kept_counts_tokens_and_names_its_own_rule():
-    # one row's 12 scored tokens: FP32 decides class 3 on 5 of them, the variant on 2; class 0 on 7, all kept
+    # 12 scored tokens of 6 rows (2 each): FP32 decides class 3 on 5 of them (rows 0, 1, 2, 3, 4), the variant on 2;
+    # class 0 on 7, all kept
     reference = np.array([3, 0, 3, 0, 3, 0, 3, 0, 3, 0, 0, 0])
     predicted = np.array([3, 0, 0, 0, 3, 0, 1, 0, 0, 0, 0, 0])
-    assert token_decisions_kept(predicted, reference) == Kept("token_decisions_kept", "class 3", 5.0, 2.0)
-    assert token_decisions_kept(reference[:9], reference[:9]) == Kept("token_decisions_kept", "class 3", 5.0, 5.0)
-    assert token_decisions_kept(reference[:8], reference[:8]) is None  # 4 tokens of each: too few to judge
+    rows = np.repeat(np.arange(6), 2)
+    assert token_decisions_kept(predicted, reference, rows) == Kept("token_decisions_kept", "class 3", 5.0, 2.0)
+    assert token_decisions_kept(reference[:9], reference[:9], rows[:9]) == Kept("token_decisions_kept", "class 3", 5.0,
+                                                                                5.0)  # fmt: skip
+    assert token_decisions_kept(reference[:8], reference[:8], rows[:8]) is None  # 4 tokens of each: too few to judge
+
+
+def test_token_decisions_kept_judges_a_class_on_tokens_of_five_rows_at_least():
+    # a language model's repeated pattern: FP32 decides class 7 on 9 tokens, 7 of them in row 2 (3 rows in all), and
+    # the variant on 3 of them. Those tokens share one context and flip together: 3 rows cannot show half of the class
+    # lost (it was judged on its 9 tokens, 33 % kept: a breach). Class 0's 6 tokens lie in 6 rows: judged.
+    reference = np.array([7, 0, 7, 7, 7, 7, 7, 7, 7, 0, 7, 0, 0, 0, 0])
+    rows = np.array([0, 0, 1, 2, 2, 2, 2, 2, 2, 3, 2, 4, 5, 6, 7])
+    predicted = np.array([7, 0, 1, 7, 7, 1, 1, 1, 1, 0, 1, 0, 0, 0, 0])
+    assert token_decisions_kept(predicted, reference, rows) == Kept("token_decisions_kept", "class 0", 6.0, 6.0)
+    assert decisions_kept(predicted, reference) == Kept("decisions_kept", "class 7", 9.0, 3.0)  # the rows unknown
 
 
 def test_tail_kept_compares_the_reach_of_the_extreme_rows_past_the_rows_before_them():
