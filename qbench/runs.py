@@ -24,6 +24,7 @@ from pathlib import Path
 
 from qbench.errors import QbenchError
 from qbench.files import folder_writes, write_atomically
+from qbench.supervisor import supervised
 
 INCOMPLETE_MARKER = "INCOMPLETE"
 RESULTS_FILE = "results.json"
@@ -51,7 +52,7 @@ def new_run_dir(root: Path) -> Path:
         root.mkdir(parents=True, exist_ok=True)
         folder.mkdir(exist_ok=False)  # a name collision is an error, never a shared folder
         _write_marker(folder, {"started_at": utc_now(), "state": "running", "pid": os.getpid(),
-                               "host": socket.gethostname()})  # fmt: skip
+                               "host": socket.gethostname(), "supervised": supervised()})  # fmt: skip
     except OSError as exc:
         raise QbenchError(f"cannot create the run folder {folder}: {exc.strerror or exc}; expected output_dir and "
                           f"{root.name}/ in it writable") from exc  # fmt: skip
@@ -91,6 +92,13 @@ def may_be_tracked(folder: Path) -> bool:
     except (OSError, ValueError):
         return True
     return not (isinstance(content, dict) and content.get("mlflow") is False)
+
+
+def ran_supervised(folder: Path) -> bool:
+    """Whether the sweep of the incomplete run `folder` ran in the child of a supervising `qbench` process, which
+    records how that child ended unless it was killed itself (qbench.supervisor); False for a marker that does not
+    say (an older qbench's) and for a finished run."""
+    return _read_marker(folder).get("supervised") is True
 
 
 def _write_marker(folder: Path, content: dict[str, object]) -> None:
