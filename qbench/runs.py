@@ -78,20 +78,32 @@ def mark_complete(folder: Path) -> None:
     (folder / INCOMPLETE_MARKER).unlink(missing_ok=True)
 
 
-def record_tracking(folder: Path, logged: bool) -> None:
+def record_tracking(folder: Path, logged: bool, uri: str | None = None) -> None:
     """Whether `folder` may be in an MLflow store: its sweep logs it there (a store that fails meanwhile leaves it
-    true), or `qbench track` is about to log it after the fact."""
-    write_atomically(folder / TRACKING_FILE, json.dumps({"mlflow": logged}) + "\n", what="the run's tracking record")
+    true), or `qbench track` is about to log it after the fact; `uri`: that store, resolved as it logs there (a
+    default one depends on the working directory and the environment of that command, not of a later one)."""
+    content = {"mlflow": logged} | ({"uri": uri} if logged and uri else {})
+    write_atomically(folder / TRACKING_FILE, json.dumps(content) + "\n", what="the run's tracking record")
 
 
 def may_be_tracked(folder: Path) -> bool:
     """False only where `folder` records that it was never logged to MLflow; one that records nothing (an older
     qbench's run folder, results copied elsewhere) may have been."""
+    return _tracking(folder).get("mlflow") is not False
+
+
+def tracked_store(folder: Path) -> str | None:
+    """The MLflow store `folder`'s sweep was logged to, as recorded then (None: not recorded, an older qbench's)."""
+    uri = _tracking(folder).get("uri")
+    return uri if isinstance(uri, str) and uri else None
+
+
+def _tracking(folder: Path) -> dict[str, object]:
     try:
         content = json.loads((folder / TRACKING_FILE).read_text())
     except (OSError, ValueError):
-        return True
-    return not (isinstance(content, dict) and content.get("mlflow") is False)
+        return {}
+    return content if isinstance(content, dict) else {}
 
 
 def ran_supervised(folder: Path) -> bool:
