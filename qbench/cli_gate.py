@@ -201,9 +201,9 @@ def tag_tracked_runs(asked: Recipe | None, results_path: Path, report: GateRepor
     warning and the exit code stands; results no store holds (an untracked sweep) are left alone. MLflow (seconds
     to import) is loaded only where the run folder may be in a store and the recipe's store exists."""
     from qbench.runs import may_be_tracked
-    from qbench.track_uri import resolve_tracking_uri, store_absent
+    from qbench.track_uri import run_store_uri, store_absent
 
-    if asked is None or not may_be_tracked(results_path.parent) or store_absent(resolve_tracking_uri(asked)):
+    if asked is None or not may_be_tracked(results_path.parent) or store_absent(run_store_uri(asked, results_path.parent)):
         return
     from qbench.track_saved import tag_gate_verdict
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import qbench
-from qbench.errors import QbenchError, short_repr
+from qbench.errors import QbenchError, RecipeError, short_repr
 from qbench.frontier import mixed_timing_machines, slower_than_reference_notes
 from qbench.gate_checks import (
     changed_models,
@@ -425,6 +425,10 @@ def latest_results(recipe: Recipe) -> Path:
     root = recipe.output_path / recipe.name
     run = newest_run(root)
     if run is None:
+        blocking = next((path for path in (root, *root.parents) if path.exists()), root)
+        if not blocking.is_dir():  # no sweep could write there: running one first would not help
+            raise RecipeError(recipe.source, "output_dir", f"{blocking} (in the path of {root}) is a file; expected the "
+                                                           "folder the sweep writes its run folders in")  # fmt: skip
         raise QbenchError(f"no results for recipe {recipe.name!r} under {root}: run `qbench sweep {recipe.source}` first")
     if not run.complete:
         what = ("wait for it to finish" if run.state == "running" else

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from qbench.errors import QbenchError
 from qbench.files import folder_writes, write_atomically
+from qbench.supervisor import supervised
 
 INCOMPLETE_MARKER = "INCOMPLETE"
 RESULTS_FILE = "results.json"
@@ -51,7 +52,7 @@ def new_run_dir(root: Path) -> Path:
         root.mkdir(parents=True, exist_ok=True)
         folder.mkdir(exist_ok=False)  # a name collision is an error, never a shared folder
         _write_marker(folder, {"started_at": utc_now(), "state": "running", "pid": os.getpid(),
-                               "host": socket.gethostname()})  # fmt: skip
+                               "host": socket.gethostname(), "supervised": supervised()})  # fmt: skip
     except OSError as exc:
         raise QbenchError(f"cannot create the run folder {folder}: {exc.strerror or exc}; expected output_dir and "
                           f"{root.name}/ in it writable") from exc  # fmt: skip
@@ -77,20 +78,39 @@ def mark_complete(folder: Path) -> None:
     (folder / INCOMPLETE_MARKER).unlink(missing_ok=True)
 
 
-def record_tracking(folder: Path, logged: bool) -> None:
+def record_tracking(folder: Path, logged: bool, uri: str | None = None) -> None:
     """Whether `folder` may be in an MLflow store: its sweep logs it there (a store that fails meanwhile leaves it
-    true), or `qbench track` is about to log it after the fact."""
-    write_atomically(folder / TRACKING_FILE, json.dumps({"mlflow": logged}) + "\n", what="the run's tracking record")
+    true), or `qbench track` is about to log it after the fact; `uri`: that store, resolved as it logs there (a
+    default one depends on the working directory and the environment of that command, not of a later one)."""
+    content = {"mlflow": logged} | ({"uri": uri} if logged and uri else {})
+    write_atomically(folder / TRACKING_FILE, json.dumps(content) + "\n", what="the run's tracking record")
 
 
 def may_be_tracked(folder: Path) -> bool:
     """False only where `folder` records that it was never logged to MLflow; one that records nothing (an older
     qbench's run folder, results copied elsewhere) may have been."""
+    return _tracking(folder).get("mlflow") is not False
+
+
+def tracked_store(folder: Path) -> str | None:
+    """The MLflow store `folder`'s sweep was logged to, as recorded then (None: not recorded, an older qbench's)."""
+    uri = _tracking(folder).get("uri")
+    return uri if isinstance(uri, str) and uri else None
+
+
+def _tracking(folder: Path) -> dict[str, object]:
     try:
         content = json.loads((folder / TRACKING_FILE).read_text())
     except (OSError, ValueError):
-        return True
-    return not (isinstance(content, dict) and content.get("mlflow") is False)
+        return {}
+    return content if isinstance(content, dict) else {}
+
+
+def ran_supervised(folder: Path) -> bool:
+    """Whether the sweep of the incomplete run `folder` ran in the child of a supervising `qbench` process, which
+    records how that child ended unless it was killed itself (qbench.supervisor); False for a marker that does not
+    say (an older qbench's) and for a finished run."""
+    return _read_marker(folder).get("supervised") is True
 
 
 def _write_marker(folder: Path, content: dict[str, object]) -> None:

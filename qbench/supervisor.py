@@ -11,8 +11,11 @@ the signal, the command and what to do, and exit 2.
 The child tells the parent, through a pipe whose descriptor it takes out of the environment as it starts, the exit
 code it finished the command with (`announce_exit`: a status 0 or 1 without it is no verdict, but a library's exit()
 or os._exit() in the recipe's code) and, for a sweep, its run folder (`announce_run`): after a crash the parent
-names it and writes `DIED_FILE` there, so that `qbench sweep --resume` records the job that was running with the
-signal that ended it (qbench.execute.records).
+names it and writes `DIED_FILE` there (as it does whenever the child ends without finishing the command: a status
+no verdict), so that `qbench sweep --resume` records the job that was running with the signal that ended it
+(qbench.execute.records). A sweep's marker says it ran supervised (`supervised`): a job left running with no
+`DIED_FILE` died with the supervising process itself (the whole process tree killed: a CI job cancelled, a runner
+gone), which is no fault of that job.
 """
 
 from __future__ import annotations
@@ -90,6 +93,9 @@ def supervise(args: Sequence[str]) -> int:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     run, finished = _announced(read_end)
+    if run is not None and finished is None:  # it ended inside the sweep of `run`: say how, for a resume
+        _record_death(run, cause(-code) if code < 0 else f"exit status {code} before qbench finished the "
+                                                         "command (exit() inside a library or the recipe's code)")  # fmt: skip
     if code in CODES and (finished == code or code == EXIT_ERROR):
         return code
     if code in CODES:  # a library's exit() or os._exit() in user code: no verdict, whatever the status says
@@ -148,10 +154,22 @@ def _crashed(args: Sequence[str], signum: int, run: Path | None) -> int:
     what = f"qbench: error: the `{command}` process died: {cause(signum)} (the Python stack at that moment is above)"
     if run is None:
         return _say(f"{what}; run the command again once the cause is fixed")
-    with contextlib.suppress(OSError):
-        (run / DIED_FILE).write_text(json.dumps({"signal": signum, "cause": cause(signum)}) + "\n")
     return _say(f"{what}; the results so far stay in {run}: `qbench sweep --resume` goes on, recording the job it was "
                 "running as failed (`--resume --rerun-failed` runs it again)")  # fmt: skip
+
+
+def _record_death(run: Path, how: str) -> None:
+    """Write `DIED_FILE` in the sweep's run folder: the job its process was running ended it, as `how` says. A child
+    that ended by itself without finishing the command always leaves one, so a resume can tell such a job from one
+    whose process was killed with this one (`supervised`)."""
+    with contextlib.suppress(OSError):
+        (run / DIED_FILE).write_text(json.dumps({"cause": how}) + "\n")
+
+
+def supervised() -> bool:
+    """Whether this process is the child of a supervising `qbench` process (which records how it ends, `DIED_FILE`),
+    not qbench used as a library."""
+    return _channel is not None
 
 
 def _say(line: str) -> int:

@@ -93,10 +93,12 @@ def run_sweep(
 
 def _sweep(recipe: Recipe, started: float, clock: PhaseClock, *, track: bool, resume: bool, rerun_failed: bool
            ) -> SweepOutcome:  # fmt: skip
+    mlflow_uri = None  # the MLflow store the sweep logs to
     if track:
         from qbench.track_uri import check_reachable, resolve_tracking_uri
 
-        check_reachable(resolve_tracking_uri(recipe))
+        mlflow_uri = resolve_tracking_uri(recipe)
+        check_reachable(mlflow_uri)
     with SignalGuard() as guard, ExitStack() as held:
         try:
             t = time.perf_counter()
@@ -122,7 +124,8 @@ def _sweep(recipe: Recipe, started: float, clock: PhaseClock, *, track: bool, re
             run_dir = new_run_dir(recipe.output_path / recipe.name)  # absolute: builders may change the cwd
             announce_run(run_dir)  # a crash of this process is then reported with its run folder (qbench.supervisor)
             write_plan(run_dir, plan, resumes=resume_from)
-            record_tracking(run_dir, track)  # `qbench gate` then knows an untracked run is in no MLflow store
+            # `qbench gate` then knows an untracked run is in no MLflow store, and a tracked one's store wherever it runs
+            record_tracking(run_dir, track, mlflow_uri)
         except Interrupted as exc:
             raise EndedBySignal(f"sweep {exc} before anything was measured; nothing was written", exc) from None
         progress = _Progress(prepared, inputs, run_dir, clock, guard)

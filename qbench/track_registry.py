@@ -41,6 +41,7 @@ from qbench.track_store import (
     search_literal,
     unfinished_sweep_runs,
 )
+from qbench.track_uri import run_store_uri
 from qbench.validate.catalogue import METRICS
 from qbench.validate.contention import contended
 
@@ -172,7 +173,7 @@ def register_best(
     if not winners:
         raise QbenchError(f"no variant passed the gate with a latency at batch size {batch_size} on "
                           f"{', '.join(wanted)}: nothing registered")  # fmt: skip
-    client, uri, experiment_id = open_experiment(recipe)
+    client, uri, experiment_id = open_experiment(recipe, run_store_uri(recipe, run_dir))
     created, registered = False, list[Registration]()
     with bounded_retries():  # a failing registry costs seconds, not MLflow's minutes of back-off per call
         try:

@@ -39,6 +39,7 @@ from qbench.track_store import (
     store_failure,
     unfinished_sweep_runs,
 )
+from qbench.track_uri import resolve_tracking_uri, run_store_uri
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ def tag_gate_verdict(recipe: Recipe, run_dir: Path, gate: GateReport) -> str | N
     latest verdict on those results, as the CI job that ran `qbench gate` saw it. Returns the sweep run's id; None
     where the recipe's store holds no such run (the sweep was not tracked, or tracked elsewhere). A store that
     fails is a QbenchError naming it."""
-    found = existing_experiment(recipe)
+    found = existing_experiment(recipe, run_store_uri(recipe, run_dir))
     if found is None:
         return None
     client, uri, experiment_id = found
@@ -117,7 +118,7 @@ def track_run_folder(recipe: Recipe, run_dir: Path) -> str:
     if existing is not None:
         raise QbenchError(f"{run_dir} is in MLflow already (sweep run {existing}); nothing logged")
     artifacts = [run_dir / name for name in REPORT_FILES if (run_dir / name).is_file()]
-    record_tracking(run_dir, True)  # first: a folder logged but not marked would be left untagged by `qbench gate`
+    record_tracking(run_dir, True, resolve_tracking_uri(recipe))  # first: a folder logged but not marked would be left untagged by `qbench gate`
     run_id = log_sweep(results, recipe, gate=gate, artifacts=artifacts)
     _end_failed_attempts(recipe, run_dir, run_id)
     return run_id

@@ -158,9 +158,9 @@ def bounded_retries() -> Iterator[None]:
             os.environ.pop(name, None)
 
 
-def open_experiment(recipe: Recipe) -> tuple[MlflowClient, str, str]:
-    """A client of the recipe's store, the store's URI and the recipe's experiment id (created when new)."""
-    uri = resolve_tracking_uri(recipe)
+def open_experiment(recipe: Recipe, uri: str | None = None) -> tuple[MlflowClient, str, str]:
+    """A client of the recipe's store (or `uri`), the store's URI and the recipe's experiment id (created when new)."""
+    uri = uri or resolve_tracking_uri(recipe)
     try:
         with _store_lock(uri), bounded_retries():
             client = MlflowClient(tracking_uri=uri)
@@ -169,11 +169,11 @@ def open_experiment(recipe: Recipe) -> tuple[MlflowClient, str, str]:
         raise QbenchError(store_failure(uri, exc)) from exc
 
 
-def existing_experiment(recipe: Recipe) -> tuple[MlflowClient, str, str] | None:
+def existing_experiment(recipe: Recipe, uri: str | None = None) -> tuple[MlflowClient, str, str] | None:
     """As `open_experiment`, but creating nothing: None where the recipe's sqlite store is no file yet or holds no
     live experiment of the recipe (what reads a sweep's runs, e.g. a later `qbench gate`, must not make a store in
-    whatever folder CI runs it). A server that does not answer is a QbenchError in seconds."""
-    uri = resolve_tracking_uri(recipe)
+    whatever folder CI runs it). A server that does not answer is a QbenchError in seconds. `uri`: another store."""
+    uri = uri or resolve_tracking_uri(recipe)
     if store_absent(uri):
         return None
     check_reachable(uri)

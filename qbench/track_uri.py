@@ -11,6 +11,7 @@ from pathlib import Path
 
 from qbench.errors import QbenchError
 from qbench.recipe import Recipe
+from qbench.runs import tracked_store
 
 
 def resolve_tracking_uri(recipe: Recipe) -> str:
@@ -21,6 +22,14 @@ def resolve_tracking_uri(recipe: Recipe) -> str:
     if os.environ.get("MLFLOW_TRACKING_URI"):
         return os.environ["MLFLOW_TRACKING_URI"]
     return "sqlite:///" + (Path.cwd() / "mlflow.db").as_posix()
+
+
+def run_store_uri(recipe: Recipe, run_dir: Path) -> str:
+    """The store holding the MLflow runs of the sweep saved in `run_dir`: the recipe's `tracking.uri` where it names
+    one, else the store the sweep recorded logging to, else the default (`resolve_tracking_uri`). A later command
+    reading them back (`qbench gate` tagging its verdict, registering the winner) may run in another working
+    directory or environment, where the default store ($MLFLOW_TRACKING_URI, ./mlflow.db) is another."""
+    return recipe.tracking_uri or tracked_store(run_dir) or resolve_tracking_uri(recipe)
 
 
 def sqlite_file(uri: str) -> Path | None:

@@ -494,3 +494,17 @@ def test_a_full_disk_once_the_results_are_complete_says_where_they_are(
                                   f"are complete in {run}")  # fmt: skip
     assert json.loads((run / "results.json").read_text())["complete"] is True
     assert main(["gate", str(recipe)]) == 0
+
+
+@pytest.mark.parametrize("blocked", ["reports", "reports/linear"])
+def test_a_gate_whose_output_dir_is_a_file_names_the_field_not_a_sweep_to_run(tmp_path, capsys, blocked):
+    """The gate said 'no results ... under <root>: run `qbench sweep` first', a sweep that output_dir's file stops."""
+    from tiny_linear import make_linear_project
+
+    recipe = make_linear_project(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (tmp_path / blocked).parent.mkdir(exist_ok=True)
+    (tmp_path / blocked).write_text("not a folder")
+    assert main(["gate", str(recipe)]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line == (f"error: {recipe}: output_dir: {tmp_path / blocked} (in the path of {tmp_path / 'reports/linear'})"
+                    " is a file; expected the folder the sweep writes its run folders in")

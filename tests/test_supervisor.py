@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from qbench.supervisor import cause
+from qbench.supervisor import DIED_FILE, cause
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -82,6 +83,33 @@ def test_a_status_of_0_or_1_the_child_did_not_announce_is_no_verdict(tmp_path):
         assert stderr.strip().splitlines()[-1] == (
             f"qbench: error: the command's process ended with status {status} before qbench finished the command "
             "(exit() called inside a library or the recipe's own code), so it is no verdict")
+
+
+@pytest.mark.parametrize("ending", ["os._exit(3)", "os._exit(2)", "os.kill(os.getpid(), signal.SIGABRT)"])
+def test_a_sweep_that_ends_before_finishing_leaves_how_in_its_run_folder(tmp_path, ending):
+    """However the sweep's process ends without finishing the command (a signal, an exit inside a library: 2 too),
+    the run folder says how: `--resume` then records the job it was running failed. Without a record, that job died
+    with the supervising process (the whole tree killed from outside) and runs again (qbench.execute.records); an
+    exit status used to leave none, and such a job would have run again to exit again."""
+    run = tmp_path / "run"
+    run.mkdir()
+    parent = _supervised(tmp_path, "import os, signal\nfrom qbench.supervisor import announce_run, start_child\n"
+                                   f"start_child()\nannounce_run({str(run)!r})\n{ending}\n")  # fmt: skip
+    parent.communicate(timeout=60)
+    assert parent.returncode == 2
+    how = json.loads((run / DIED_FILE).read_text())["cause"]
+    expected = "aborted (SIGABRT) by a native library" if "SIGABRT" in ending else \
+        f"exit status {ending[-2]} before qbench finished the command (exit() inside a library or the recipe's code)"
+    assert how == expected
+
+
+def test_a_finished_sweep_leaves_no_record_of_a_death(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    parent = _supervised(tmp_path, "import sys\nfrom qbench.supervisor import announce_exit, announce_run, start_child\n"
+                                   f"start_child()\nannounce_run({str(run)!r})\nannounce_exit(2)\nsys.exit(2)\n")  # fmt: skip
+    parent.communicate(timeout=60)
+    assert parent.returncode == 2 and not (run / DIED_FILE).exists()
 
 
 def test_the_status_a_finished_command_announces_is_returned(tmp_path):

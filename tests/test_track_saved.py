@@ -82,3 +82,26 @@ def test_a_model_file_replaced_after_the_sweep_is_neither_passed_nor_logged_as_t
     assert children and all(not child.outputs.model_outputs for child in children)
     assert main(["gate", str(recipe), "--register", "linear-model"]) == 2
     assert not client.search_registered_models()
+
+
+def test_gate_and_registry_find_a_default_store_from_another_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`tracking.uri` unset: a sweep logs to the mlflow.db of its working directory. `qbench gate` run from another
+    one (a later CI step) looked there, tagged nothing without a word, and `--register` exited 2 ('the sweep was not
+    tracked') after creating an empty mlflow.db where it ran. The run folder records its sweep's store."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    work.mkdir()
+    elsewhere.mkdir()
+    recipe = make_linear_project(tmp_path, None)  # type: ignore[arg-type]
+    monkeypatch.chdir(work)
+    assert main(["sweep", str(recipe)]) == 0
+    monkeypatch.chdir(elsewhere)
+    capsys.readouterr()
+    assert main(["gate", str(recipe), "--register", "linear-model"]) == 0
+    client = MlflowClient(f"sqlite:///{(work / 'mlflow.db').as_posix()}")
+    [parent] = client.search_runs([client.get_experiment_by_name("linear").experiment_id], "tags.`qbench.run_dir` LIKE '%'")
+    assert f"MLflow: gate verdict tagged on sweep run {parent.info.run_id}" in capsys.readouterr().err
+    assert client.get_model_version_by_alias("linear-model", "candidate").run_id != parent.info.run_id
+    assert not list(elsewhere.iterdir())  # no store made where the gate ran

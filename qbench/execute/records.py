@@ -15,7 +15,9 @@ qbench.results_evidence): a resume reuses it only where both are today's (qbench
 A job that failed for a reason outside the variant (qbench.errors.environment_cause: out of memory, a full disk,
 a worker lost after its retries) says why in `environment`. A job the sweep's process died running (a native crash,
 the out-of-memory killer: no Python code could record it) is read back as `died`, with the signal when the supervising
-`qbench` process recorded it (qbench.supervisor.DIED_FILE): resumed, it is failed, not run again to crash again.
+`qbench` process recorded it (qbench.supervisor.DIED_FILE): resumed, it is failed, not run again to crash again. A
+sweep that ran supervised with nothing recorded died with its supervising process (the whole process tree killed from
+outside: a cancelled CI job); the job it was running is no cause and runs again.
 
 `qbench sweep --resume` picks the newest run of the recipe whose plan has the same fingerprint
 (qbench.execute.plan.plan_fingerprint) that is incomplete and recorded a finished job, or finished with such an
@@ -48,7 +50,7 @@ from qbench.execute.plan import SweepPlan
 from qbench.files import replace_atomically, write_atomically
 from qbench.results import VariantResult, canonical_sha256, to_jsonable, variant_from_dict
 from qbench.results_evidence import RECORDED, evidence_from_dict
-from qbench.runs import RunFolder, describe_run, running_here
+from qbench.runs import RunFolder, describe_run, ran_supervised, running_here
 from qbench.supervisor import DIED_FILE
 
 logger = logging.getLogger(__name__)
@@ -212,10 +214,16 @@ def _own_records(run_dir: Path) -> dict[str, JobRecord]:
                            type(exc).__name__, exc)  # fmt: skip
             continue
         records[record.job] = record
-    for job, attempts in _started(run_dir).items():
-        if job not in records:
-            records[job] = JobRecord(job, attempts, died=f"the sweep's process died while running it: {_death(run_dir)}",
-                                     run=run_dir.name)  # fmt: skip
+    running = {job: attempts for job, attempts in _started(run_dir).items() if job not in records}
+    death = _death(run_dir) if running else None
+    for job, attempts in running.items():
+        if death is None:
+            logger.warning("%s was running in %s when the sweep's process was killed together with its supervising "
+                           "`qbench` process (the whole process tree: a cancelled CI job, a runner gone), no fault of "
+                           "the job: it runs again", job, run_dir)  # fmt: skip
+            continue
+        records[job] = JobRecord(job, attempts, died=f"the sweep's process died while running it: {death}",
+                                 run=run_dir.name)  # fmt: skip
     return records
 
 
@@ -231,11 +239,15 @@ def _started(run_dir: Path) -> dict[str, int]:
     return started
 
 
-def _death(run_dir: Path) -> str:
-    """The signal the sweep's process died of, as the supervising process recorded it (qbench.supervisor)."""
+def _death(run_dir: Path) -> str | None:
+    """How the sweep's process died running a job, as the supervising process recorded it (qbench.supervisor); None
+    when that process ran supervised and nothing was recorded: the supervising process was killed with it, from
+    outside (the job is no cause, it runs again)."""
     try:
         return str(json.loads((run_dir / DIED_FILE).read_text())["cause"])
     except (OSError, ValueError, KeyError, TypeError):
+        if ran_supervised(run_dir):
+            return None
         return "how is not known (no supervising `qbench` process recorded a signal)"
 
 

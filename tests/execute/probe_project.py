@@ -6,6 +6,9 @@ it on every call, and obeys two control files there:
 
     interrupt_at   holds N: on the N-th call, SIGINT to its own process (the sweep's, with the local executor)
     segv_at        holds N: the N-th call kills its own process with SIGSEGV, once (a native library's crash)
+    kill_tree_at   holds N: the N-th call stops its parent (the supervising `qbench` process: SIGSTOP, it records
+                   nothing then), writes `tree_stopped`, and kills its own process (SIGKILL), once; the test then
+                   kills the parent (the whole process tree killed from outside: a cancelled CI job)
     hang_once      the first call that sees it writes `worker.pid` and sleeps, so the test can kill that process
     hold_after     holds N: every call after the N-th waits while the file exists (a job held mid-measurement)
     fail_at        holds N and an errno name (ENOSPC), MemoryError, ValueError or OnnxRuntimeMemory (ONNX Runtime's
@@ -68,6 +71,12 @@ def agreement_probe(outputs, labels):
     if segv.is_file() and count >= int(segv.read_text()):
         segv.unlink()
         os.kill(os.getpid(), signal.SIGSEGV)
+    tree = HERE / "kill_tree_at"
+    if tree.is_file() and count >= int(tree.read_text()):
+        tree.unlink()
+        os.kill(os.getppid(), signal.SIGSTOP)
+        (HERE / "tree_stopped").write_text("stopped")
+        os.kill(os.getpid(), signal.SIGKILL)
     fail = HERE / "fail_at"
     if fail.is_file() and count >= int(fail.read_text().split()[0]):
         first, what, *times = fail.read_text().split()
