@@ -105,7 +105,8 @@ def test_the_report_files_say_why_when_the_gate_fails_unexpectedly(project, tmp_
     assert main(["gate", str(project / "qbench.yaml"), "--junit", str(junit), "--json", str(report)]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == "qbench: error: RuntimeError: a bug in the gate"
     loaded = json.loads(report.read_text())
-    assert (loaded["verdict"], loaded["exit_code"]) == ("unusable", 2)
+    after_verdict = where == "qbench.gate_report.console_lines"  # judged, then failed: the results were usable
+    assert (loaded["verdict"], loaded["exit_code"]) == ("error" if after_verdict else "unusable", 2)
     assert [p["message"] for p in loaded["problems"]] == ["RuntimeError: a bug in the gate"]
     root = ET.parse(junit).getroot()
     checks = len(loaded["checks"])
