@@ -149,13 +149,25 @@ def running_here(folder: Path) -> int | None:
 
 
 def _alive(pid: int) -> bool:
+    """Whether process `pid` still runs. A zombie does not: it ended, and waits for a parent to reap it, which a killed
+    parent never does, nor a container's first process that reaps nothing (a CI job's container without an init), so a
+    killed sweep's pid answers signals for as long as the container lives."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # another user's process
-        return True
-    return True
+        pass
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    """Whether `pid` has ended and awaits its reaping (Linux's /proc; False where that cannot be read)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[:1] == ["Z"]
 
 
 def _parse_time(value: object) -> datetime | None:

@@ -33,6 +33,23 @@ def test_a_running_marker_of_this_process_is_running_and_one_whose_process_is_go
     assert describe_run(folder).state == "running"
 
 
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads Linux's /proc")
+def test_a_sweep_whose_process_ended_unreaped_says_killed(tmp_path: Path) -> None:
+    """A killed sweep's process stays a zombie where nothing reaps it (its parent killed too, in a container whose
+    first process reaps nothing): its pid still answered signals, so the gate said 'running: wait for it to finish'
+    for a run that never would."""
+    folder = new_run_dir(tmp_path)
+    marker = json.loads((folder / INCOMPLETE_MARKER).read_text())
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        while Path(f"/proc/{ended.pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
+            pass  # ended, not reaped: a zombie
+        (folder / INCOMPLETE_MARKER).write_text(json.dumps({**marker, "pid": ended.pid}))
+        assert describe_run(folder).state == f"killed: its sweep (pid {ended.pid}) ended without finishing"
+    finally:
+        ended.wait()
+
+
 def test_a_run_folder_that_cannot_be_made_is_one_clear_error(tmp_path: Path) -> None:
     from qbench.errors import QbenchError
 
