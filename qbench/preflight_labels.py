@@ -1,5 +1,6 @@
 """Labels given as class names (`data.classes`): each names a score column of the outputs, by its position in the list;
-and the labels checked against each evaluated output (`check_output_labels`).
+the labels checked against each evaluated output (`check_output_labels`), and against FP32's answers
+(`check_labels_beat_chance`).
 
 Checked against what the graph says of its outputs before any label is read: a map output names its own classes, a
 graph may name its columns (a ZipMap's keys, a class table), and the count must match the score columns.
@@ -7,16 +8,29 @@ graph may name its columns (a ZipMap's keys, a class table), and the count must 
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 import numpy as np
 
 from qbench.errors import RecipeError
 from qbench.modelinfo import TensorMeta
 from qbench.recipe import Recipe
+from qbench.results import SliceMetrics
 from qbench.tasks import LabelError, Task
+from qbench.tasks.base import wilson
 from qbench.tasks.class_labels import label_columns
-from qbench.tasks.classification import ONE_COLUMN_CLASSES, class_count, column_classes, one_score_column
+from qbench.tasks.classification import (
+    ONE_COLUMN_CLASSES,
+    below_chance,
+    chance_accuracy,
+    class_count,
+    column_classes,
+    one_score_column,
+)
 from qbench.tasks.selection import OutputChoice
 from qbench.tasks.tokens import IGNORE_LABEL, any_token_list
+from qbench.validate.catalogue import OUTPUT_SEPARATOR
 
 
 def named_classes(
@@ -65,3 +79,42 @@ def check_output_labels(
             f"output of another task, evaluate it in a recipe of its own (model.output: {output.name}, with its own "
             "task and data.label), or use task: structured with your own metrics: over several outputs"
         ) from None
+
+
+def below_chance_readings(recipe: Recipe, outputs: Sequence[OutputChoice], overall: SliceMetrics,
+                          labels: np.ndarray) -> list[tuple[str, bool]]:  # fmt: skip
+    """For each evaluated output on which FP32's accuracy over every evaluation row (`overall`, its figures against
+    `labels`) is below what a uniform guess among its classes scores: why that is suspect (classification.below_chance)
+    and whether it is beyond chance's reach, the 95 % interval (the report's) ending below it. Labels in another
+    coding than the output's columns (ids shifted by one, data.classes in another order, binary labels inverted)
+    make FP32 wrong on nearly every row, and a variant is then judged by its changes between wrong answers. None
+    where FP32 gives NaN/inf (those rows are misses whatever the labels say) or the task is not classification."""
+    if recipe.task != "classification" or overall.nonfinite_outputs:
+        return []
+    found = []
+    for choice in outputs:
+        name = f"{choice.name}{OUTPUT_SEPARATOR}accuracy" if len(outputs) > 1 else "accuracy"
+        rate, rows = overall.metrics.get(name, math.nan), overall.judged_count(name)
+        why = below_chance(rate, choice.meta, labels, recipe.data.classes) if rows and math.isfinite(rate) else None
+        if why is None:
+            continue
+        high = wilson(rate, rows)[1]
+        sure = high < (chance_accuracy(choice.meta, labels) or 0.0)
+        found.append((f"{why}; {rate:.4g} of {rows} evaluated, 95% interval up to {high:.4g}", sure))
+    return found
+
+
+def check_labels_beat_chance(recipe: Recipe, outputs: Sequence[OutputChoice], overall: SliceMetrics,
+                             labels: np.ndarray) -> None:  # fmt: skip
+    """A RecipeError on data.label where FP32's accuracy is below chance beyond its interval (below_chance_readings):
+    FP16 rounding that changed 6 % of 600 rows' answers gained 0.023 accuracy against labels shifted by one and
+    passed a max_drop of 0.05 it breaches against labels in the output's order. One within the interval is a warning
+    of the sweep's."""
+    sure = next((why for why, certain in below_chance_readings(recipe, outputs, overall, labels) if certain), None)
+    if sure is None:
+        return
+    column = f"column {recipe.data.label!r}" if isinstance(recipe.data.label, str) else "the label columns"
+    raise RecipeError(recipe.source, "data.label", (
+        f"{column}: {sure}, below the guess: FP32 is wrong on nearly every row, most likely labels in another coding "
+        "than the output's columns (ids shifted by one, another class order, binary labels inverted), and every drop "
+        "against them would count changes between wrong answers; expected labels in the output's class order"))  # fmt: skip

@@ -282,18 +282,12 @@ def _check_reference_accuracy(prepared: Prepared, reference: VariantResult) -> N
             reference_tolerances(reference, prepared.recipe.gate)
         except QbenchError as exc:
             logger.warning("%s: the gate cannot judge this sweep: %s", reference.key, exc)
-    if prepared.recipe.task != "classification" or prepared.labels is None or reference.accuracy is None:
+    if prepared.labels is None or reference.accuracy is None:
         return
-    from qbench.tasks.classification import below_chance
-    from qbench.validate.catalogue import OUTPUT_SEPARATOR
+    from qbench.preflight_labels import below_chance_readings
 
-    for choice in prepared.outputs:
-        key = "accuracy" if len(prepared.outputs) == 1 else f"{choice.name}{OUTPUT_SEPARATOR}accuracy"
-        value = reference.accuracy.overall.metrics.get(key)
-        named = prepared.recipe.data.classes
-        why = below_chance(value, choice.meta, prepared.labels, named) if value is not None else None
-        if why is not None:
-            logger.warning("%s: %s", reference.key, why)
+    for why, _ in below_chance_readings(prepared.recipe, prepared.outputs, reference.accuracy.overall, prepared.labels):
+        logger.warning("%s: %s", reference.key, why)  # beyond chance's reach, the measurement raised already
 
 
 def _sweep_data(prepared: Prepared) -> SweepData:

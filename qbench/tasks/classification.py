@@ -87,15 +87,23 @@ def one_score_column(output: TensorMeta) -> bool:
 ONE_COLUMN_CLASSES = "a single score column stands for two classes, listed as [negative, positive], e.g. ['no', 'yes']"
 
 
+def chance_accuracy(output: TensorMeta, labels: np.ndarray) -> float | None:
+    """The accuracy a uniform guess over `output`'s classes scores (1 / classes; the labels' distinct values where the
+    graph does not say how many), None with fewer than two."""
+    classes = class_count(output) or len(np.unique(labels))
+    return 1.0 / classes if classes >= 2 else None
+
+
 def below_chance(
     accuracy: float, output: TensorMeta, labels: np.ndarray, named: Sequence[Any] | None = None
 ) -> str | None:
     """Why an FP32 accuracy below a uniform guess (1 / classes) is suspect, else None: a model that bad is more often
     a label column read against the wrong score columns than a model anyone would ship. `named`: data.classes, whose
     order is then the likelier culprit."""
-    classes = class_count(output) or len(np.unique(labels))
-    if classes < 2 or not accuracy < 1.0 / classes:
+    chance = chance_accuracy(output, labels)
+    if chance is None or not accuracy < chance:
         return None
+    classes = round(1.0 / chance)
     if named:
         hint = f"check the order of data.classes ({_listed(named)}): it names each score column's class in column order"
         if one_score_column(output):

@@ -30,6 +30,7 @@ from qbench.environment import timed_threads, timing_machine
 from qbench.errors import QbenchError, RecipeError, environment_cause
 from qbench.preflight import Prepared, check_labels_fit_outputs
 from qbench.preflight_checks import check_output_memory
+from qbench.preflight_labels import check_labels_beat_chance
 from qbench.provenance import model_bytes, model_sha256
 from qbench.recipe import LatencySpec
 from qbench.results import AccuracyResult, LatencyResult, VariantResult
@@ -242,6 +243,8 @@ def measure(
             return replace(_failed(built, backend, f"scoring failed: {exc}", quiet=quiet),
                            environment=environment_cause(exc),
                            metric_error=exc if isinstance(exc, MetricError) else None)  # fmt: skip
+        if reference is None and rows.labels is not None and not quiet:  # FP32 on every evaluation row
+            check_labels_beat_chance(recipe, prepared.outputs, accuracy.overall, rows.labels)
         accuracy = with_drops(accuracy, reference.accuracy if reference is not None and reference.accuracy else accuracy)
         nsr = output_nsr([base[k] for k in outputs], list(outputs.values()))
     latency, size = None, ran["model_bytes"]
