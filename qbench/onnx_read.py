@@ -54,6 +54,23 @@ def over_protobuf_limit(model: onnx.ModelProto) -> bool:
     return sum(held_bytes(t) for t in model.graph.initializer) > PROTOBUF_SAFE_BYTES
 
 
+def file_over_protobuf_limit(path: Path | str) -> bool:
+    """Whether the model saved at `path` holds more weight bytes, in its file and its external data together, than
+    one protobuf can: whatever writes a model derived from it (ONNX Runtime's calibrator, its augmented copy) must
+    write external data. Read without the external data."""
+    header = onnx.load(str(path), load_external_data=False)
+    return sum(stored_bytes(t) for t in header.graph.initializer) > PROTOBUF_SAFE_BYTES
+
+
+def stored_bytes(tensor: onnx.TensorProto) -> int:
+    """The bytes of `tensor`'s values wherever they are stored (its raw_data or an external file), from its shape and
+    element type; 0 for a type with no numpy form."""
+    try:
+        return math.prod(tensor.dims) * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    except (KeyError, ValueError):
+        return 0
+
+
 def held_bytes(tensor: onnx.TensorProto) -> int:
     """The length of `tensor`'s raw_data, told from its shape and element type: reading the field would copy its
     bytes (protobuf hands a bytes field out as a new object), the whole model's weights once per question. A 4-bit
@@ -74,7 +91,7 @@ def infer_shapes(model: onnx.ModelProto, **options: bool) -> onnx.ModelProto:
     inferred too, and a model of any size is held once more rather than four times (onnx serialises the model,
     parses it in C++, serialises the result and parses that). `model` is left as it was."""
     inferred = infer_types(model, **options)
-    standins = _standins(model)
+    standins = standin_names(model)
     inputs = [value for value in inferred.graph.input if value.name not in standins]
     inferred.graph.ClearField("input")
     inferred.graph.input.extend(inputs)
@@ -91,7 +108,7 @@ def infer_types(model: onnx.ModelProto, **options: bool) -> onnx.ModelProto:
     return onnx.shape_inference.infer_shapes(typing_skeleton(model), **options)
 
 
-def _standins(model: onnx.ModelProto) -> set[str]:
+def standin_names(model: onnx.ModelProto) -> set[str]:
     """The initializers `typing_skeleton` declares as graph inputs."""
     declared = {value.name for value in model.graph.input}
     return {t.name for t in model.graph.initializer if held_bytes(t) > _WEIGHTLESS_BYTES and t.name not in declared}
@@ -110,7 +127,7 @@ def typing_skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     for field, value in graph.ListFields():
         if field.name != "initializer":
             copy_field(skeleton.graph, field, value)
-    standins = _standins(model)
+    standins = standin_names(model)
     for tensor in graph.initializer:
         if held_bytes(tensor) <= _WEIGHTLESS_BYTES:
             skeleton.graph.initializer.add().CopyFrom(tensor)

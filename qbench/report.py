@@ -236,6 +236,7 @@ def slice_table(results: SweepResults, metric: str) -> Table:
 
 _CHECK_ORDER = {"breach": 0, "pass": 1, "skipped": 2}
 SHOWN_SMALL_SLICES = 20  # checks of slices under min_slice_size the console's gate table lists
+SHOWN_PASSING_SLICES = 40  # passing slice checks `qbench sweep`'s gate table lists (the closest to their tolerance)
 _CHECK_CELLS: dict[str, Cell] = {
     "breach": ("BREACH", "bold red"),
     "pass": ("PASS", "green"),
@@ -256,13 +257,19 @@ def _verdict(gate: GateReport) -> str:
     return {0: "PASS", 1: "BREACH"}.get(gate.exit_code, "UNUSABLE (fail closed)")
 
 
-def _gate_grid(gate: GateReport, *, small_rows: int | None = None, notes: bool = True) -> Grid:
+def _gate_grid(gate: GateReport, *, small_rows: int | None = None, passing_rows: int | None = None,
+               notes: bool = True) -> Grid:
     """Every check; with `small_rows`, only that many of the slices too small to judge (the rest counted); with
-    `notes`, the gate's notes under it (what its checks do not say: an ungated output a variant broke)."""
+    `passing_rows`, only that many passing slice checks of the gate metric, those nearest their tolerance (the rest
+    counted); with `notes`, the gate's notes under it (what its checks do not say: an ungated output a variant
+    broke)."""
     checks = sorted(gate.checks, key=lambda c: _CHECK_ORDER.get(c.status, 3))
     small = [id(c) for c in checks if c.status == "skipped" and c.reason in ("", UNDER_MIN_SIZE)]
     unlisted = set(small[small_rows:]) if small_rows is not None else set()
-    checks = [c for c in checks if id(c) not in unlisted]
+    passing = [c for c in checks if c.status == "pass" and c.scope != "overall" and c.metric == gate.metric]
+    passing.sort(key=lambda c: -c.drop / c.tolerance if c.tolerance > 0 and math.isfinite(c.drop) else -math.inf)
+    unlisted_passes = {id(c) for c in passing[passing_rows:]} if passing_rows is not None else set()
+    checks = [c for c in checks if id(c) not in unlisted | unlisted_passes]
     # checks beside the gate metric (non-finite output counts, the SLO) name their metric in a column
     with_metric = any(c.metric != gate.metric for c in checks)
     headers = ["variant", "backend", "scope", *(["metric"] if with_metric else []), "rows", "FP32", "observed", "drop",
@@ -273,6 +280,8 @@ def _gate_grid(gate: GateReport, *, small_rows: int | None = None, notes: bool =
                if c.status == "skipped" and c.reason not in ("", UNDER_MIN_SIZE)]  # fmt: skip
     footer += [f"{len(unlisted)} more skipped checks of slices {UNDER_MIN_SIZE} not listed (report.md lists them)"
                ] if unlisted else []  # fmt: skip
+    footer += [f"{len(unlisted_passes)} more passing slice checks, each further from its tolerance, not listed "
+               "(report.md and `qbench gate --verbose` list them)"] if unlisted_passes else []  # fmt: skip
     footer += [f"note: {note}" for note in gate.notes] if notes else []
     if not gate.checks and not gate.problems:
         footer = ["no variant was gated"]
@@ -281,11 +290,13 @@ def _gate_grid(gate: GateReport, *, small_rows: int | None = None, notes: bool =
     return Grid(f"Gate on {gate.metric}: {_verdict(gate)}", headers, rows, numeric, footer, footer_style=style)
 
 
-def gate_table(gate: GateReport, *, notes: bool = True) -> Table:
+def gate_table(gate: GateReport, *, notes: bool = True, every_pass: bool = True) -> Table:
     """Every gate check, breaches first and in red; fail-closed problems, and with `notes` the gate's notes, listed
     under the table. Slices too small to judge are listed up to SHOWN_SMALL_SLICES and counted past it: a slice
-    column of many values made a CI log of a line per slice, every one 'skipped'."""
-    return to_rich(_gate_grid(gate, small_rows=SHOWN_SMALL_SLICES, notes=notes))
+    column of many values made a CI log of a line per slice, every one 'skipped'. Without `every_pass`, passing
+    slice checks too, up to SHOWN_PASSING_SLICES (300 slices printed 915 lines of PASS after `qbench sweep`)."""
+    passing = None if every_pass else SHOWN_PASSING_SLICES
+    return to_rich(_gate_grid(gate, small_rows=SHOWN_SMALL_SLICES, passing_rows=passing, notes=notes))
 
 
 # -- latency --------------------------------------------------------------------------------------
@@ -465,7 +476,7 @@ def print_summary(results: SweepResults, gate: GateReport | None, target: Consol
     with custom_metrics(recorded_custom_metrics(results.recipe.get("resolved", {}))):
         serving = serving_table(results, gate)
         tables = [summary_table(results, gate), *([to_rich(serving)] if serving else []), Text(frontier_text(results))]
-        tables += [gate_table(gate, notes=gate_notes)] if gate is not None else []
+        tables += [gate_table(gate, notes=gate_notes, every_pass=False)] if gate is not None else []
     for renderable in tables:
         print_wide(renderable, target)
 

@@ -18,6 +18,7 @@ import qbench.console
 from qbench.frontier import compute_frontier
 from qbench.gate import GateCheck, GateReport
 from qbench.report import (
+    SHOWN_PASSING_SLICES,
     SHOWN_SMALL_SLICES,
     frontier_text,
     gate_table,
@@ -123,6 +124,23 @@ def test_gate_table_counts_the_small_slices_past_a_few_instead_of_listing_each(g
     assert "missing:x" in scopes  # a check skipped for another reason is never left out
     assert len(scopes) == 3 + SHOWN_SMALL_SLICES  # 'tiny' and the first small slices; the rest counted below
     assert "8 more skipped checks of slices under min_slice_size not listed (report.md lists them)" in str(table.caption)
+
+
+def test_sweep_gate_table_lists_the_passing_slices_nearest_their_tolerance_and_counts_the_rest(gate: GateReport):
+    """300 slices printed 915 lines of PASS after `qbench sweep` (the breach above them, the frontier far above).
+    The sweep's table keeps every breach, problem and overall check, and the passing slice checks nearest their
+    tolerance; `qbench gate --verbose` (every_pass) still lists them all."""
+    extra = SHOWN_PASSING_SLICES + 5
+    passes = [GateCheck("int8_minmax", CPU, f"shop={i:03d}", "accuracy", 0.9, 0.9 - i / 10000, i / 10000, 0.02, 80,
+                        "pass") for i in range(extra)]  # fmt: skip
+    widened = dataclasses.replace(gate, checks=(*gate.checks, *passes))
+    scopes = [str(c) for c in column(gate_table(widened, every_pass=False), "scope")]
+    listed = [s for s in scopes if s.startswith("shop=")]
+    assert sorted(listed) == [f"shop={i:03d}" for i in range(5, extra)]  # the largest drops
+    assert {"noisy lighting=dark", "overall", "tiny"} <= set(scopes)  # the breach, the overall pass, the small slice
+    caption = str(gate_table(widened, every_pass=False).caption)
+    assert "5 more passing slice checks, each further from its tolerance, not listed" in caption
+    assert len([s for s in column(gate_table(widened), "scope") if str(s).startswith("shop=")]) == extra
 
 
 def test_the_gate_s_notes_are_in_report_md_and_the_sweep_s_gate_table(gate: GateReport, tmp_path: Path) -> None:

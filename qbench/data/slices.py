@@ -100,7 +100,7 @@ def _masks_by_column(
             field,
             f"column {column!r} has {len(distinct)} distinct values "
             f"(at most {MAX_SLICES_PER_COLUMN} slices per column): "
-            f"bucket it with named filters, e.g. {{name: {column}-low, filter: {{{column}: {{lt: ...}}}}}}",
+            f"bucket it with named filters, e.g. {_bucket_example(column, distinct)}",
         )
     masks: dict[str, np.ndarray] = {}
     for value in distinct:
@@ -119,6 +119,15 @@ def _masks_by_column(
             raise RecipeError(recipe_file, field, message)
         masks[name] = missing
     return masks
+
+
+def _bucket_example(column: str, distinct: list[object]) -> str:
+    """A named slice grouping some of `column`'s values, as a recipe writes it: a range of numbers (`lt`), or a list
+    of the first values (`in`) for text and other values a comparison does not apply to ("Filters")."""
+    if all(isinstance(value, (int, float, np.number)) and not isinstance(value, bool) for value in distinct):
+        return f"{{name: {column}-low, filter: {{{column}: {{lt: ...}}}}}}"
+    first = ", ".join(format_value(value) for value in distinct[:3])
+    return f"{{name: {column}-group-1, filter: {{{column}: {{in: [{first}, ...]}}}}}}"
 
 
 def _check_categorical(

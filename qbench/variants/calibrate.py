@@ -34,7 +34,7 @@ from onnxruntime.quantization.calibrate import TensorsData, create_calibrator
 from onnxruntime.quantization.quant_utils import add_pre_process_metadata
 
 from qbench.errors import QbenchError
-from qbench.onnx_read import infer_shapes, over_protobuf_limit
+from qbench.onnx_read import file_over_protobuf_limit, infer_shapes, over_protobuf_limit
 from qbench.progress import track
 from qbench.techniques.calibrators import (
     CALIBRATORS,
@@ -189,6 +189,9 @@ def _compute_ranges(
                 list(op_types) if op_types is not None else None,
                 augmented_model_path=str(Path(tmp) / "augmented.onnx"),
                 calibrate_method=METHODS[method],
+                # the augmented copy of a model over protobuf's 2 GiB is written with its weights beside it: ORT
+                # writes one file by default, which it then could not parse back ("Protobuf parsing failed")
+                use_external_data_format=file_over_protobuf_limit(staged),
                 extra_options=options,
             )
             if not calibrator.select_tensors_to_calibrate(calibrator.model)[0]:

@@ -36,6 +36,7 @@ from onnxruntime.quantization.registry import (
 )
 
 from qbench.environment import cpu_has_vnni, needs_reduce_range
+from qbench.onnx_read import file_over_protobuf_limit
 from qbench.recipe import VariantSpec
 from qbench.techniques.onnxruntime import OrtDynamic, OrtInt8, OrtStatic
 from qbench.variants.base import BuildContext, BuiltVariant, technique_of
@@ -318,6 +319,7 @@ def _quantize_static(
             op_types_to_quantize=list(op_types),
             nodes_to_exclude=exclude,
             extra_options={"ActivationSymmetric": config.symmetric_activations, "WeightSymmetric": True},
+            use_external_data_format=file_over_protobuf_limit(prepared),  # ORT writes one file by default
         )
     return {
         **settings.params(),
@@ -374,6 +376,7 @@ def _quantize_dynamic(
             nodes_to_exclude=exclude,
             # Fused graphs (Attention, SkipLayerNorm) lack some tensor types; float is right for them (pitfall 8).
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+            use_external_data_format=file_over_protobuf_limit(prepared),  # ORT writes one file by default
         )
     return {
         "calibrator": "dynamic",

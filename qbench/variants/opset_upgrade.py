@@ -22,6 +22,7 @@ import onnx.version_converter
 from onnx import helper
 
 from qbench.errors import QbenchError
+from qbench.onnx_read import standin_names, typing_skeleton
 from qbench.variants.onnx_utils import all_nodes, check_model_against, default_opset, subgraphs_of
 
 
@@ -40,7 +41,7 @@ def ensure_opset(model: onnx.ModelProto, minimum: int) -> onnx.ModelProto:
     if default_opset(model) < 13 <= minimum:
         model = _hardmax_on_two_dims(model)
     resizes = _pre_11_resizes(model) if default_opset(model) < 11 <= minimum else []
-    converted = onnx.version_converter.convert_version(model, minimum)
+    converted = _convert_version(model, minimum)
     if resizes:  # the converter renames an Upsample's output and drops its name, but keeps the nodes in order
         converted_resizes = [node for node in all_nodes(converted.graph) if _is_resize(node)]
         if len(converted_resizes) != len(resizes):
@@ -54,6 +55,32 @@ def ensure_opset(model: onnx.ModelProto, minimum: int) -> onnx.ModelProto:
     converted.ir_version = max(converted.ir_version, needed)
     check_model_against(converted, model)
     return _put_back(converted)
+
+
+def _convert_version(model: onnx.ModelProto, minimum: int) -> onnx.ModelProto:
+    """onnx's version converter run on `model`'s typing skeleton (qbench.onnx_read: its large weights are typed graph
+    inputs there), with those weights put back, in their places, into the converted model. The converter serialises
+    what it is given and parses its result: given the weights, it held them three times more and failed on a model
+    over protobuf's 2 GiB ("Unable to parse proto from the given bytes"), so an FP8 build of such a model failed.
+    No adapter reads a weight's values (those it reads, a Reshape's shape or a Resize's scales, are small and stay
+    in the skeleton); one that dropped or retyped a stand-in is a one-line error. `model` is left as it was."""
+    standins = {t.name: t for t in model.graph.initializer if t.name in standin_names(model)}
+    converted = onnx.version_converter.convert_version(typing_skeleton(model), minimum)
+    inputs = {value.name: value for value in converted.graph.input}
+    for name, tensor in standins.items():
+        kind = inputs[name].type.tensor_type if name in inputs else None
+        if kind is None or kind.elem_type != tensor.data_type or [d.dim_value for d in kind.shape.dim] != list(tensor.dims):
+            raise QbenchError(f"raising opset {default_opset(model)} to {minimum} (onnx's version converter) changed "
+                              f"weight {name!r}; export the model at opset {minimum} or later")  # fmt: skip
+    kept = [value for value in converted.graph.input if value.name not in standins]
+    converted.graph.ClearField("input")
+    converted.graph.input.extend(kept)
+    small = {tensor.name: tensor for tensor in converted.graph.initializer}
+    ordered = [standins.get(tensor.name) or small.pop(tensor.name, None) for tensor in model.graph.initializer]
+    converted.graph.ClearField("initializer")
+    for tensor in [*filter(None, ordered), *small.values()]:
+        converted.graph.initializer.add().CopyFrom(tensor)
+    return converted
 
 
 # ONNX Runtime registers some of its own operators in the ONNX domain: SimplifiedLayerNormalization (the RMSNorm its

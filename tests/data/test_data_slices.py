@@ -136,6 +136,18 @@ def test_column_with_too_many_values_suggests_buckets() -> None:
     )
 
 
+def test_text_column_with_too_many_values_suggests_a_list_not_a_comparison() -> None:
+    """A column of 300 shop ids was told to bucket itself with `{shop: {lt: ...}}`: comparisons apply to numbers and
+    dates ("Filters"), so the example for text groups values with `in`."""
+    table = pd.DataFrame({"shop": np.tile([f"shop{i:03d}" for i in range(300)], 2)})
+    with pytest.raises(RecipeError) as info:
+        slice_masks(table, [SliceSpec(by="shop")], recipe_file=RECIPE)
+    assert str(info.value) == (
+        "recipe.yaml: data.slices[0].by: column 'shop' has 300 distinct values (at most 50 slices per column): "
+        "bucket it with named filters, e.g. {name: shop-group-1, filter: {shop: {in: [shop000, shop001, shop002, ...]}}}"
+    )
+
+
 def test_named_filter_that_matches_no_row_is_an_error() -> None:
     specs = [SliceSpec(name="west", filter={"region": "west"})]
     with pytest.raises(RecipeError) as info:

@@ -175,3 +175,21 @@ def test_saved_model_is_serialisations_bytes_written_piece_by_piece(tmp_path, mo
     monkeypatch.undo()
     assert path.read_bytes() == expected
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+
+
+def test_raising_the_opset_of_a_model_over_protobufs_limit_is_the_raise_below_it(monkeypatch: pytest.MonkeyPatch):
+    """onnx's version converter serialises the model it is given: the FP8 build (opset 21) of a 2.4 GB MLP saved
+    with external data failed with "upgrading opset 17 to 21: Unable to parse proto from the given bytes". It now
+    converts the typing skeleton and puts the weights back, in their order."""
+    from qbench.variants.opset_upgrade import ensure_opset
+
+    model = _mlp(TensorProto.FLOAT)
+    expected = ensure_opset(_mlp(TensorProto.FLOAT), 21)
+    simulate_protobuf_limit(monkeypatch, LIMIT, WEIGHTLESS, serialisation=True)
+    raised = ensure_opset(model, 21)
+    monkeypatch.undo()
+    assert [(o.domain, o.version) for o in raised.opset_import] == [("", 21)]
+    assert raised.graph == expected.graph  # nodes, inputs (no weight as an input), initializers in their order
+    assert [t.name for t in raised.graph.initializer] == ["w1", "w2"]
+    assert [i.name for i in raised.graph.input] == ["x"]
+    assert model.opset_import[0].version == 17  # the source is left as it was

@@ -313,3 +313,33 @@ def test_a_model_already_in_normal_form_is_calibrated_from_its_own_file(tmp_path
     assert len(saved) == saves
     assert tensor_amax(ranges, "x") == pytest.approx(float(np.abs(batches[0]["x"]).max()))
     assert sorted(p.name for p in path.parent.iterdir()) == ["m.onnx", "m.onnx.data"]  # ORT's scratch files gone
+
+
+@pytest.mark.parametrize("method", ["minmax", "entropy"])
+def test_calibrating_a_model_over_protobufs_limit_writes_the_augmented_copy_with_external_data(tmp_path, monkeypatch,
+                                                                                               method):
+    """ORT's calibrator saved its augmented copy of a model over 2 GiB as one protobuf, which it could not parse back:
+    the static INT8 build of a 2.4 GB MLP failed with "INVALID_PROTOBUF : Load model from .../augmented.onnx failed".
+    The limit is simulated at 8 KB; the ranges are those of the model below it."""
+    import onnx
+    from protobuf_limit import simulate_protobuf_limit
+
+    from qbench.variants import calibrate
+    from tests.variants.conftest import save_graph
+
+    rng = np.random.default_rng(0)
+    weights = {"w1": rng.normal(size=(32, 64)).astype(np.float32), "w2": rng.normal(size=(64, 4)).astype(np.float32)}
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"), helper.make_node("Relu", ["h"], ["r"], name="relu"),
+             helper.make_node("MatMul", ["r", "w2"], ["y"], name="mm2")]  # fmt: skip
+    source = save_graph(tmp_path / "mlp.onnx", nodes, weights, {"x": 32}, {"y": 4})
+    onnx.save_model(onnx.load(str(source)), str(source), save_as_external_data=True, location="mlp.onnx.data")
+    batches = [{"x": rng.normal(size=(8, 32)).astype(np.float32)} for _ in range(3)]
+    expected = calibrate.compute_ranges(source, batches, method, workdir=tmp_path / "below")
+    calibrate.RANGES.clear()
+    simulate_protobuf_limit(monkeypatch, limit=8192, weightless=512, serialisation=True)
+    got = calibrate.compute_ranges(source, batches, method, workdir=tmp_path / "over")
+    calibrate.RANGES.clear()
+    assert sorted(got.ranges.keys()) == sorted(expected.ranges.keys()) and len(expected.ranges.keys()) >= 3
+    for name in expected.ranges.keys():
+        for a, b in zip(got.ranges[name].range_value, expected.ranges[name].range_value, strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
