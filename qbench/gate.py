@@ -33,6 +33,7 @@ from qbench.gate_notes import (
     fitted_on_judged_rows,
     nonfinite_reference,
     one_class_reference,
+    reference_worse_than_the_mean,
     rounded_reference,
     tolerance_notes,
     ungated,
@@ -255,6 +256,7 @@ def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[st
                *unlowered(results, gated), *ungated(results, spec, gated), *chosen_on_judged_rows(results, gated),
                *fitted_on_judged_rows(results, gated), *nonfinite_reference(results, gated),
                *rounded_reference(results, gated), *one_class_reference(results, spec, gated),
+               *reference_worse_than_the_mean(results, spec, gated),
                *mixed_timing_machines(results),
                *slower_than_reference_notes(results, {f"{v}@{b}" for v, b in gated})),
     ))

@@ -159,3 +159,29 @@ def one_class_reference(results: SweepResults, spec: GateSpec, pairs: Sequence[t
                          f"(its notes say why): {spec.metric} moves only where a variant carries a score across the "
                          "split, so a pass on it says little about the variant")  # fmt: skip
     return notes
+
+
+LABEL_ERRORS = ("mae", "rmse", "r2", "r2_min", "max_error")
+"""Regression figures against the labels: blind to a variant's changes smaller than FP32's own errors there."""
+
+
+def reference_worse_than_the_mean(results: SweepResults, spec: GateSpec, pairs: Sequence[tuple[str, str]]) -> list[str]:
+    """A note per backend where the gate metric is a regression error against the labels and FP32 predicts them worse
+    than their own mean would (R² below 0 over every evaluation row): labels in other units, another target or a shift
+    are likelier than a model anyone ships, and a drop against them cannot see a variant's changes smaller than FP32's
+    own errors (targets scaled by 100 and shifted by 1000 passed an INT8 variant on MAE and on relative R², FP32's R²
+    -55). A note, not an error: an evaluation set drifted from the training data is read so legitimately."""
+    output, separator, figure = spec.metric.rpartition(OUTPUT_SEPARATOR)
+    if figure not in LABEL_ERRORS:
+        return []
+    key = f"{output}{separator}r2"
+    notes = []
+    for backend in dict.fromkeys(b for _, b in pairs):
+        reference = results.find(results.reference, backend)
+        r2 = math.nan if reference is None or reference.accuracy is None else reference.accuracy.overall.metrics.get(key)
+        if r2 is not None and r2 < 0:
+            notes.append(f"{reference.key} predicts the labels worse than their mean does (R² {r2:.4g} over every "
+                         f"evaluation row): labels in other units, of another target or shifted? A drop in "
+                         f"{spec.metric} against them cannot see a variant's changes smaller than FP32's own errors; "
+                         "check data.label, or gate on agreement (FP32's outputs as the truth)")  # fmt: skip
+    return notes

@@ -73,7 +73,8 @@ def test_a_large_target_with_a_small_mae_drop_passes_under_the_default_tolerance
 def test_a_stated_tolerance_stays_absolute_and_relative_can_be_asked_for():
     fp32, int8 = _pair(LARGE, 4.0, 4.02)
     stated = judge(fp32, int8, GateSpec(metric="mae", max_drop=0.01, max_slice_drop=0.02))
-    assert stated.exit_code == EXIT_BREACH and not stated.notes  # 0.02 > 0.01 in the metric's own units
+    # 0.02 > 0.01 in the metric's own units; the one note: FP32, 4 off targets spread over 7, is worse than their mean
+    assert stated.exit_code == EXIT_BREACH and [n for n in stated.notes if "worse than their mean" not in n] == []
     assert {c.tolerance for c in stated.checks} == {0.01, 0.02}
     relative = judge(fp32, int8, GateSpec(metric="mae", max_drop=0.004, max_slice_drop=0.004, tolerance="relative"))
     assert relative.exit_code == EXIT_BREACH  # 0.4 % of 4 = 0.016 < 0.02
@@ -257,3 +258,28 @@ def test_a_tolerance_of_the_metrics_whole_range_is_said_to_let_nothing_breach():
     assert judge(fp32, fp16, GateSpec(metric="accuracy", max_drop=0.5)).exit_code == EXIT_PASS
     relative = GateSpec(metric="accuracy", max_drop=1, tolerance="relative")
     assert not [n for n in judge(fp32, fp16, relative).notes if "whole range" in n]
+
+
+def test_labels_fp32_predicts_worse_than_their_mean_are_noted_on_a_label_based_gate():
+    """The probe: regression labels in other units (x100 + 1000) left FP32's R² at -55 and a variant's changes, far
+    smaller than FP32's own errors, invisible to MAE or R² against them: the gate passed with no word said. A note now
+    says so and points at data.label or agreement; the same outputs against labels in their own units get none."""
+    rng = np.random.default_rng(0)
+    truth = rng.normal(40.0, 3.0, size=200)
+    fp32_out = (truth + rng.normal(0, 0.5, size=200)).reshape(-1, 1)
+    int8_out = fp32_out + rng.normal(0, 0.2, size=(200, 1))
+
+    def pair(labels: np.ndarray) -> tuple[VariantResult, VariantResult]:
+        return tuple(VariantResult(variant=name, backend="onnxruntime-cpu", precision=precision, status="ok",
+                                   accuracy=evaluate_accuracy("regression", out, fp32_out, labels, {}))
+                     for name, precision, out in (("fp32", "fp32", fp32_out), ("int8", "int8", int8_out)))  # fmt: skip
+
+    shifted = pair(truth * 100 + 1000)
+    assert shifted[0].accuracy.overall.metrics["r2"] < 0
+    report = judge(*shifted, GateSpec(metric="mae"))
+    [note] = [n for n in report.notes if "worse than their mean" in n]
+    assert note.startswith(f"fp32@onnxruntime-cpu predicts the labels worse than their mean does (R² "
+                           f"{shifted[0].accuracy.overall.metrics['r2']:.4g} over every evaluation row)")
+    assert "check data.label, or gate on agreement" in note
+    assert not [n for n in judge(*pair(truth), GateSpec(metric="mae")).notes if "worse than their mean" in n]
+    assert not [n for n in judge(*shifted, GateSpec(metric="agreement")).notes if "worse than their mean" in n]
