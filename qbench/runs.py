@@ -104,7 +104,7 @@ def portable_store_uri(uri: str) -> str:
     parsed = urllib.parse.urlsplit(uri)
     if parsed.scheme == "file" and not parsed.netloc:
         return Path(urllib.request.url2pathname(parsed.path)).resolve().as_uri()
-    if parsed.scheme == "":
+    if parsed.scheme == "" and uri != "databricks":  # MLflow's word for the Databricks workspace, no folder
         return Path(uri).resolve().as_posix()
     if parsed.password is not None:
         return urllib.parse.urlunsplit(parsed._replace(netloc=parsed.netloc.rpartition("@")[2]))

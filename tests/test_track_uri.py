@@ -39,3 +39,15 @@ def test_a_password_in_the_store_is_not_written_in_the_run_folder(tmp_path: Path
     assert json.loads((run / TRACKING_FILE).read_text())["uri"] == uri.replace("ci:s3cret@", "").replace(":s3cret@", "")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     assert run_store_uri(recipe, run) == uri
+
+
+def test_a_databricks_store_is_recorded_as_named(tmp_path: Path, monkeypatch) -> None:
+    """'databricks' is MLflow's name for a workspace, not a folder of the working directory."""
+    recipe = load_recipe(make_linear_project(tmp_path, None))  # type: ignore[arg-type]
+    run = tmp_path / "run"
+    run.mkdir()
+    monkeypatch.chdir(tmp_path)
+    record_tracking(run, True, "databricks")
+    assert json.loads((run / TRACKING_FILE).read_text())["uri"] == "databricks"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "databricks")
+    assert run_store_uri(recipe, run) == "databricks"
