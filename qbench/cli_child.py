@@ -8,9 +8,12 @@ its first timed run (qbench.track_process.prestart), and the sweep command itsel
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import sys
 from collections.abc import Sequence
 
+from qbench.errors import QbenchError
 from qbench.supervisor import end_child, start_child
 
 _NOT_TRACKED = {"--plan", "--help"}  # options of `sweep` under which it logs nothing
@@ -32,7 +35,10 @@ if __name__ == "__main__":  # pragma: no cover - run by qbench.supervisor
     if tracks_a_sweep(sys.argv[1:]):
         from qbench.track_process import prestart
 
-        prestart()
+        # at the level the command's console will show (qbench.cli_app), not yet set up here; a process that cannot
+        # start is the sweep's own one-line error when it starts one itself (exit 2), not a traceback here
+        with contextlib.suppress(QbenchError):
+            prestart(logging.DEBUG if "--debug" in sys.argv[1:] else logging.INFO)
     from qbench.cli_app import main
 
     end_child(main())

@@ -7,7 +7,9 @@ gate.min_slice_size. A break on one slice alone is as much a finding as one over
 outputs ('cls_acc' with `outputs: [logits]`, one head of a multi-task model) gates those outputs alone: the recipe's
 other metrics over outputs it does not read ('price_mae' over the regression head) are held the same way, and so is
 an evaluated output no such figure covers, by its agreement with FP32 (before, with such a gate.metric, an INT8
-variant whose regression head's MAE went from 0.0101 to 1.30 passed with no word said).
+variant whose regression head's MAE went from 0.0101 to 1.30 passed with no word said). A figure of another kind
+than gate.metric's is held to its own default tolerances where the recipe's are drops in gate.metric's units
+(_held_spec).
 
 Collapsed outputs, a breach whatever the metric: a variant whose output is (nearly) the same on every row no longer
 depends on its inputs, yet scores well on a metric a constant answer scores well on: accuracy on imbalanced classes
@@ -194,9 +196,21 @@ def other_output_notes(results: SweepResults, spec: GateSpec, pairs: Sequence[tu
         if reference is None or reference.accuracy is None or found is None or found.accuracy is None:
             continue  # no figures: the gate's problems say why
         for metric, what in _held(results, reference, spec.metric):
-            note = _output_note(reference, found, spec.model_copy(update={"metric": metric}))
+            note = _output_note(reference, found, _held_spec(spec, metric))
             notes += [f"{found.key}: {what} dropped {note}; not gated: gate.metric is {spec.metric})"] if note else []
     return notes
+
+
+def _held_spec(spec: GateSpec, metric: str) -> GateSpec:
+    """The gate spec an ungated `metric` is held to: the recipe's tolerances where `metric` is gate.metric's kind on
+    another output ('aux/accuracy' beside 'logits/accuracy': the same units) or they are shares of FP32's figure
+    (`gate.tolerance: relative`: shares of any metric); else that metric's own defaults (qbench.gate_tolerance), as the
+    recipe's stated drops are in gate.metric's units: `max_drop: 0.05` meant for an accuracy held an MAE of 0.001 to
+    a drop of 0.05 (a fiftyfold rise unremarked) and an MAE of 100 to one of 0.05 (0.1 % remarked)."""
+    if metric.rpartition(OUTPUT_SEPARATOR)[2] == spec.metric.rpartition(OUTPUT_SEPARATOR)[2] \
+            or spec.tolerance == "relative":
+        return spec.model_copy(update={"metric": metric})
+    return spec.model_copy(update={"metric": metric, "max_drop": None, "max_slice_drop": None, "tolerance": "auto"})
 
 
 def _output_note(reference: VariantResult, found: VariantResult, spec: GateSpec) -> str:

@@ -17,6 +17,8 @@ import json
 import os
 import secrets
 import socket
+import urllib.parse
+import urllib.request
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -82,7 +84,7 @@ def record_tracking(folder: Path, logged: bool, uri: str | None = None) -> None:
     """Whether `folder` may be in an MLflow store: its sweep logs it there (a store that fails meanwhile leaves it
     true), or `qbench track` is about to log it after the fact; `uri`: that store, resolved as it logs there (a
     default one depends on the working directory and the environment of that command, not of a later one)."""
-    content = {"mlflow": logged} | ({"uri": uri} if logged and uri else {})
+    content = {"mlflow": logged} | ({"uri": portable_store_uri(uri)} if logged and uri else {})
     write_atomically(folder / TRACKING_FILE, json.dumps(content) + "\n", what="the run's tracking record")
 
 
@@ -90,6 +92,23 @@ def may_be_tracked(folder: Path) -> bool:
     """False only where `folder` records that it was never logged to MLflow; one that records nothing (an older
     qbench's run folder, results copied elsewhere) may have been."""
     return _tracking(folder).get("mlflow") is not False
+
+
+def portable_store_uri(uri: str) -> str:
+    """`uri` as a run folder records it: a local store's relative path made absolute (MLflow resolves it against the
+    working directory of the sweep, which a later command need not share), and a password in it left out (a run
+    folder is a CI artifact; qbench.track_uri.run_store_uri takes the password back from the store the later command names)."""
+    if uri.startswith("sqlite:///"):
+        path, separator, query = uri.removeprefix("sqlite:///").partition("?")
+        return "sqlite:///" + Path(path).resolve().as_posix() + separator + query if path else uri
+    parsed = urllib.parse.urlsplit(uri)
+    if parsed.scheme == "file" and not parsed.netloc:
+        return Path(urllib.request.url2pathname(parsed.path)).resolve().as_uri()
+    if parsed.scheme == "" and uri != "databricks":  # MLflow's word for the Databricks workspace, no folder
+        return Path(uri).resolve().as_posix()
+    if parsed.password is not None:
+        return urllib.parse.urlunsplit(parsed._replace(netloc=parsed.netloc.rpartition("@")[2]))
+    return uri
 
 
 def tracked_store(folder: Path) -> str | None:

@@ -14,8 +14,9 @@ or os._exit() in the recipe's code) and, for a sweep, its run folder (`announce_
 names it and writes `DIED_FILE` there (as it does whenever the child ends without finishing the command: a status
 no verdict), so that `qbench sweep --resume` records the job that was running with the signal that ended it
 (qbench.execute.records). A sweep's marker says it ran supervised (`supervised`): a job left running with no
-`DIED_FILE` died with the supervising process itself (the whole process tree killed: a CI job cancelled, a runner
-gone), which is no fault of that job.
+`DIED_FILE` was ended from outside, which is no fault of that job: killed with the supervising process itself (the
+whole process tree: a CI job cancelled, a runner gone), or by a signal this process passed on (SIGHUP: the terminal
+closed), which it therefore does not record.
 """
 
 from __future__ import annotations
@@ -93,7 +94,8 @@ def supervise(args: Sequence[str]) -> int:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     run, finished = _announced(read_end)
-    if run is not None and finished is None:  # it ended inside the sweep of `run`: say how, for a resume
+    passed_on = code < 0 and -code in received  # a signal sent to this process ended it: no fault of its job
+    if run is not None and finished is None and not passed_on:  # it ended inside the sweep of `run`: say how
         _record_death(run, cause(-code) if code < 0 else f"exit status {code} before qbench finished the "
                                                          "command (exit() inside a library or the recipe's code)")  # fmt: skip
     if code in CODES and (finished == code or code == EXIT_ERROR):
@@ -101,7 +103,7 @@ def supervise(args: Sequence[str]) -> int:
     if code in CODES:  # a library's exit() or os._exit() in user code: no verdict, whatever the status says
         return _say(f"qbench: error: the command's process ended with status {code} before qbench finished the "
                     "command (exit() called inside a library or the recipe's own code), so it is no verdict")  # fmt: skip
-    if code < 0 and -code in received:  # the signal passed on ended it before its own handling was in place
+    if passed_on:  # the signal passed on ended it before its own handling was in place (SIGHUP: none)
         return _say("qbench: error: interrupted")
     if code >= 0:
         return _say(f"qbench: error: the command's process ended with status {code}, not a verdict")

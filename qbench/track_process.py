@@ -51,10 +51,11 @@ ENDED_AFTER_S = 60.0  # the process, its pipe closed, ends at once (after its la
 class TrackingProcess:
     """The tracking process, the pipe of calls to it and a thread taking its answers and log records."""
 
-    def __init__(self) -> None:
+    def __init__(self, level: int | None = None) -> None:
+        """`level`: the least level of the log records it passes on (default: the `qbench` logger's, as of now)."""
         calls_read, calls_write = os.pipe()
         answers_read, answers_write = os.pipe()
-        level = logging.getLogger("qbench").getEffectiveLevel()
+        level = logging.getLogger("qbench").getEffectiveLevel() if level is None else level
         try:
             self._process = subprocess.Popen(_worker_command(calls_read, answers_write, level),
                                              pass_fds=(calls_read, answers_write), stdin=subprocess.DEVNULL,
@@ -193,11 +194,12 @@ def _stderr_fd() -> int | None:
 _idle: list[TrackingProcess] = []
 
 
-def prestart() -> None:
+def prestart(level: int | None = None) -> None:
     """Start the tracking process now, so that its import of MLflow overlaps what comes before the sweep opens its
-    runs (`qbench sweep` calls this first); the sweep takes it over. Unused, it ends with this process."""
+    runs (`qbench sweep` calls this first); the sweep takes it over. Unused, it ends with this process. `level`: the
+    one the command will log at, where its logging is not set up yet (TrackingProcess)."""
     if not _idle:
-        _idle.append(TrackingProcess())
+        _idle.append(TrackingProcess(level))
 
 
 def _release(process: TrackingProcess) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from qbench.errors import QbenchError
 from qbench.recipe import Recipe
-from qbench.runs import tracked_store
+from qbench.runs import portable_store_uri, tracked_store
 
 
 def resolve_tracking_uri(recipe: Recipe) -> str:
@@ -28,8 +28,12 @@ def run_store_uri(recipe: Recipe, run_dir: Path) -> str:
     """The store holding the MLflow runs of the sweep saved in `run_dir`: the recipe's `tracking.uri` where it names
     one, else the store the sweep recorded logging to, else the default (`resolve_tracking_uri`). A later command
     reading them back (`qbench gate` tagging its verdict, registering the winner) may run in another working
-    directory or environment, where the default store ($MLFLOW_TRACKING_URI, ./mlflow.db) is another."""
-    return recipe.tracking_uri or tracked_store(run_dir) or resolve_tracking_uri(recipe)
+    directory or environment, where the default store ($MLFLOW_TRACKING_URI, ./mlflow.db) is another. The record
+    holds no password (runs.portable_store_uri): where it names the store this command's default names, that one
+    (with its password) is used."""
+    current = resolve_tracking_uri(recipe)
+    recorded = None if recipe.tracking_uri else tracked_store(run_dir)
+    return current if recorded is None or recorded == portable_store_uri(current) else recorded
 
 
 def sqlite_file(uri: str) -> Path | None:

@@ -39,7 +39,7 @@ def test_the_logging_process_is_started_before_the_command_line_is_imported(tmp_
     probe = (
         "import runpy, sys\n"
         "import qbench.track_process as tp\n"
-        "tp.prestart = lambda: print('prestart; cli_app imported:', 'qbench.cli_app' in sys.modules, flush=True)\n"
+        "tp.prestart = lambda level=None: print('prestart; cli_app imported:', 'qbench.cli_app' in sys.modules, flush=True)\n"
         "sys.argv = ['qbench', 'sweep', 'missing.yaml']\n"
         "runpy.run_module('qbench.cli_child', run_name='__main__')\n"
     )
@@ -49,3 +49,40 @@ def test_the_logging_process_is_started_before_the_command_line_is_imported(tmp_
     assert done.stdout.splitlines()[0] == "prestart; cli_app imported: False"
     assert done.returncode == 2
     assert "missing.yaml" in done.stderr
+
+
+def _run_child(tmp_path: Path, worker_command: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`python -m qbench.cli_child sweep missing.yaml ARGS`, the logging process's command replaced by
+    `worker_command` (a lambda of calls, answers, level)."""
+    probe = (
+        "import runpy, sys\n"
+        "import qbench.track_process as tp\n"
+        f"tp._worker_command = {worker_command}\n"
+        f"sys.argv = ['qbench', 'sweep', 'missing.yaml', *{list(args)!r}]\n"
+        "runpy.run_module('qbench.cli_child', run_name='__main__')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "level"), [((), 20), (("--debug",), 10)])
+def test_the_logging_process_passes_on_what_the_command_logs(tmp_path, args, level):
+    """The logging process passes on records at the level it is started with: started here before the command line
+    set the `qbench` logger's (INFO, DEBUG with --debug), it took Python's default, WARNING, and dropped the MLflow
+    lines a tracked sweep logs at INFO ('MLflow: resuming the interrupted sweep's run ...')."""
+    shown = "lambda calls, answers, level: (print('level', level, flush=True), [sys.executable, '-c', 'pass'])[1]"
+    done = _run_child(tmp_path, shown, *args)
+    assert done.stdout.splitlines()[0] == f"level {level}", done.stderr
+    assert done.returncode == 2
+
+
+def test_a_logging_process_that_cannot_start_is_the_sweeps_one_line(tmp_path):
+    """It raised before the command line was running: a traceback and exit status 1, which the `qbench` process
+    reads as an exit() inside a library. The sweep starts one itself and says why it cannot, in one line (exit 2)."""
+    refused = "lambda *_: (_ for _ in ()).throw(OSError(24, 'Too many open files'))"
+    done = _run_child(tmp_path, refused)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "error: cannot start the MLflow logging process: [Errno 24] Too many open files")

@@ -103,6 +103,25 @@ def test_a_sweep_that_ends_before_finishing_leaves_how_in_its_run_folder(tmp_pat
     assert how == expected
 
 
+def test_a_signal_passed_on_to_the_sweep_leaves_no_record_of_a_death(tmp_path):
+    """SIGHUP (the terminal closed) reaches the parent, which passes it on; the sweep's process has no handler for it
+    and ends. That is no fault of the job it was running, which a resume runs again (qbench.execute.records), but the
+    parent recorded 'killed by SIGHUP' in the run folder, so `--resume` recorded that job failed."""
+    run, ready = tmp_path / "run", tmp_path / "ready"
+    run.mkdir()
+    parent = _supervised(tmp_path, "import time\nfrom qbench.supervisor import announce_run, start_child\n"
+                                   f"start_child()\nannounce_run({str(run)!r})\nopen({str(ready)!r}, 'w').close()\n"
+                                   "time.sleep(120)\n")  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    parent.send_signal(signal.SIGHUP)
+    _, stderr = parent.communicate(timeout=60)
+    assert parent.returncode == 2
+    assert stderr.strip().splitlines()[-1] == "qbench: error: interrupted"
+    assert not (run / DIED_FILE).exists()
+
+
 def test_a_finished_sweep_leaves_no_record_of_a_death(tmp_path):
     run = tmp_path / "run"
     run.mkdir()

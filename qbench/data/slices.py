@@ -11,6 +11,7 @@ caller restricts them to the rows it evaluates.
 
 from __future__ import annotations
 
+import datetime
 import itertools
 import json
 import unicodedata
@@ -122,9 +123,10 @@ def _masks_by_column(
 
 
 def _bucket_example(column: str, distinct: list[object]) -> str:
-    """A named slice grouping some of `column`'s values, as a recipe writes it: a range of numbers (`lt`), or a list
-    of the first values (`in`) for text and other values a comparison does not apply to ("Filters")."""
-    if all(isinstance(value, (int, float, np.number)) and not isinstance(value, bool) for value in distinct):
+    """A named slice grouping some of `column`'s values, as a recipe writes it: a range of numbers or dates (`lt`),
+    or a list of the first values (`in`) for text and other values a comparison does not apply to ("Filters")."""
+    ordered = (int, float, np.number, datetime.date, np.datetime64)  # a Timestamp is a datetime.date
+    if all(isinstance(value, ordered) and not isinstance(value, bool) for value in distinct):
         return f"{{name: {column}-low, filter: {{{column}: {{lt: ...}}}}}}"
     first = ", ".join(format_value(value) for value in distinct[:3])
     return f"{{name: {column}-group-1, filter: {{{column}: {{in: [{first}, ...]}}}}}}"

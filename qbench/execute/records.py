@@ -16,8 +16,9 @@ A job that failed for a reason outside the variant (qbench.errors.environment_ca
 a worker lost after its retries) says why in `environment`. A job the sweep's process died running (a native crash,
 the out-of-memory killer: no Python code could record it) is read back as `died`, with the signal when the supervising
 `qbench` process recorded it (qbench.supervisor.DIED_FILE): resumed, it is failed, not run again to crash again. A
-sweep that ran supervised with nothing recorded died with its supervising process (the whole process tree killed from
-outside: a cancelled CI job); the job it was running is no cause and runs again.
+sweep that ran supervised with nothing recorded was ended from outside (the whole process tree killed: a cancelled CI
+job; or a signal its supervising process passed on: the terminal closed); the job it was running is no cause and runs
+again.
 
 `qbench sweep --resume` picks the newest run of the recipe whose plan has the same fingerprint
 (qbench.execute.plan.plan_fingerprint) that is incomplete and recorded a finished job, or finished with such an
@@ -218,9 +219,10 @@ def _own_records(run_dir: Path) -> dict[str, JobRecord]:
     death = _death(run_dir) if running else None
     for job, attempts in running.items():
         if death is None:
-            logger.warning("%s was running in %s when the sweep's process was killed together with its supervising "
-                           "`qbench` process (the whole process tree: a cancelled CI job, a runner gone), no fault of "
-                           "the job: it runs again", job, run_dir)  # fmt: skip
+            logger.warning("%s was running in %s when the sweep's process was ended from outside (killed together "
+                           "with its supervising `qbench` process: a cancelled CI job, a runner gone; or a signal "
+                           "passed on to it: the terminal closed), no fault of the job: it runs again", job,
+                           run_dir)  # fmt: skip
             continue
         records[job] = JobRecord(job, attempts, died=f"the sweep's process died while running it: {death}",
                                  run=run_dir.name)  # fmt: skip
@@ -241,8 +243,8 @@ def _started(run_dir: Path) -> dict[str, int]:
 
 def _death(run_dir: Path) -> str | None:
     """How the sweep's process died running a job, as the supervising process recorded it (qbench.supervisor); None
-    when that process ran supervised and nothing was recorded: the supervising process was killed with it, from
-    outside (the job is no cause, it runs again)."""
+    when that process ran supervised and nothing was recorded: it was ended from outside, killed with the supervising
+    process or by a signal that process passed on (the job is no cause, it runs again)."""
     try:
         return str(json.loads((run_dir / DIED_FILE).read_text())["cause"])
     except (OSError, ValueError, KeyError, TypeError):

@@ -148,6 +148,20 @@ def test_text_column_with_too_many_values_suggests_a_list_not_a_comparison() -> 
     )
 
 
+@pytest.mark.parametrize("kind", ["timestamps", "calendar dates"])
+def test_date_column_with_too_many_values_suggests_a_range(kind: str) -> None:
+    """Comparisons apply to dates ("Filters"): 300 days were told to list three of them with `in`, where a range of
+    days groups them; dates get the `lt` example numbers get."""
+    days = pd.date_range("2026-01-01", periods=300, freq="D")
+    table = pd.DataFrame({"day": np.tile(days if kind == "timestamps" else [d.date() for d in days], 2)})
+    with pytest.raises(RecipeError) as info:
+        slice_masks(table, [SliceSpec(by="day")], recipe_file=RECIPE)
+    assert str(info.value) == (
+        "recipe.yaml: data.slices[0].by: column 'day' has 300 distinct values (at most 50 slices per column): "
+        "bucket it with named filters, e.g. {name: day-low, filter: {day: {lt: ...}}}"
+    )
+
+
 def test_named_filter_that_matches_no_row_is_an_error() -> None:
     specs = [SliceSpec(name="west", filter={"region": "west"})]
     with pytest.raises(RecipeError) as info:
