@@ -45,7 +45,7 @@ def vacuous_tolerances(spec: GateSpec) -> list[str]:
     stated = [(field, value) for field, value in (("max_drop", spec.max_drop), ("max_slice_drop", spec.max_slice_drop))
               if value is not None and value >= span]  # fmt: skip
     return [f"tolerances: gate.{field} {value:g} is {spec.metric}'s whole range ({info.low:g}..{info.high:g}) or more, "
-            f"so no variant can breach it {'overall' if field == 'max_drop' else 'on a slice'} (a tolerance in "
+            f"so no drop of it can breach {'overall' if field == 'max_drop' else 'on a slice'} (a tolerance in "
             f"percent? {value:g} % is {value / 100:g})" for field, value in stated]  # fmt: skip
 
 

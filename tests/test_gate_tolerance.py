@@ -250,9 +250,9 @@ def test_a_tolerance_of_the_metrics_whole_range_is_said_to_let_nothing_breach():
     report = judge(fp32, fp16, GateSpec(metric="accuracy", max_drop=1, max_slice_drop=2))
     assert report.exit_code == EXIT_PASS and report.checks[0].drop == pytest.approx(0.224)
     assert [n for n in report.notes if "whole range" in n] == [
-        "tolerances: gate.max_drop 1 is accuracy's whole range (0..1) or more, so no variant can breach it overall (a "
+        "tolerances: gate.max_drop 1 is accuracy's whole range (0..1) or more, so no drop of it can breach overall (a "
         "tolerance in percent? 1 % is 0.01)",
-        "tolerances: gate.max_slice_drop 2 is accuracy's whole range (0..1) or more, so no variant can breach it on a "
+        "tolerances: gate.max_slice_drop 2 is accuracy's whole range (0..1) or more, so no drop of it can breach on a "
         "slice (a tolerance in percent? 2 % is 0.02)"]  # fmt: skip
     assert not [n for n in judge(fp32, fp16, GateSpec(metric="accuracy", max_drop=0.5)).notes if "whole range" in n]
     assert judge(fp32, fp16, GateSpec(metric="accuracy", max_drop=0.5)).exit_code == EXIT_PASS
