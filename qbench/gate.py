@@ -66,7 +66,7 @@ from qbench.validate.catalogue import (
     recorded_custom_metrics,
     within,
 )
-from qbench.validate.kept import KEPT
+from qbench.validate.kept import KEPT, chance_text
 
 if TYPE_CHECKING:
     from qbench.data.evaluation import EvaluationRows
@@ -92,6 +92,7 @@ class GateCheck:
     # why a skipped check was not judged (UNDER_MIN_SIZE, or the metric is undefined there); a *_kept check's
     # component ("class 3", "column 0 top": qbench.validate.kept)
     reason: str = ""
+    detail: str = ""  # a *_kept check's chance of its losses (qbench.validate.kept.chance_text)
 
 
 @dataclass(frozen=True)
@@ -331,7 +332,8 @@ def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec,
             problems += spread_problems
             lost, kept_problems = lost_components(ref_scope, own_scope, spec.metric.rpartition(OUTPUT_SEPARATOR)[0])
             checks += [GateCheck(variant, backend, own_scope.name, name, kept.reference, kept.own, 1 - kept.share,
-                                 1 - KEPT, own_scope.size, "breach", kept.component) for name, kept in lost]  # fmt: skip
+                                 1 - KEPT, own_scope.size, "breach", kept.component, chance_text(kept))
+                       for name, kept in lost]  # fmt: skip
             problems += kept_problems
         if judged and 0 < ref_scope.size <= ref_scope.nonfinite_outputs:
             problems.append(f"FP32 gives NaN/inf on all {ref_scope.size} rows of {own_scope.name}: nothing to judge "

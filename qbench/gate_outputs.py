@@ -37,7 +37,7 @@ from qbench.gate_tolerance import Tolerances, reference_tolerances
 from qbench.recipe import GateSpec
 from qbench.results import Kept, SliceMetrics, SweepResults, VariantResult
 from qbench.validate.catalogue import OUTPUT_SEPARATOR, drop, within
-from qbench.validate.kept import KEPT, comparable
+from qbench.validate.kept import comparable, lost
 
 _UNFORMED = Tolerances(0.0, 0.0)  # a relative share of FP32's 0 cannot be formed: any drop is remarked
 
@@ -89,12 +89,12 @@ def collapsed_outputs(reference: SliceMetrics, own: SliceMetrics,
 def lost_components(reference: SliceMetrics, own: SliceMetrics,
                     gated: str) -> tuple[list[tuple[str, Kept]], list[str]]:  # fmt: skip
     """On one scope, (check name, the variant's Kept record) for each output judged (`gated`, the output gate.metric
-    names, or every one where that is '') whose component it kept least of (qbench.validate.kept) it kept under KEPT of, and
+    names, or every one where that is '') whose record of what it kept (qbench.validate.kept) says it lost one, and
     why it cannot be told: FP32 records a component to judge and the variant's results record none, or one of a rule
     not judged with FP32's (edited, or written by another qbench; qbench.validate.kept.comparable). Where FP32 records
     none (no class decided on enough rows, no tail reaching past its plateau) nothing is judged; results from before
     qbench recorded any are refused as a whole (qbench.results_evidence)."""
-    lost, problems = [], []
+    found, problems = [], []
     where = "" if reference.name == "overall" else f" on slice {reference.name}"
     for output, ref_kept in reference.kept.items():
         if gated and output != gated:
@@ -105,9 +105,9 @@ def lost_components(reference: SliceMetrics, own: SliceMetrics,
             name = f"{output}{OUTPUT_SEPARATOR}{ref_kept.rule}" if named else ref_kept.rule
             problems.append(f"the results record no {name}{where} for this variant (FP32's records "
                             f"{ref_kept.component}): written by another qbench, or edited")  # fmt: skip
-        elif not record.share >= KEPT:  # NaN (no figure) is no keep: fail closed
-            lost.append((f"{output}{OUTPUT_SEPARATOR}{record.rule}" if named else record.rule, record))
-    return lost, problems
+        elif lost(record):  # a NaN share (no figure) is no keep: fail closed
+            found.append((f"{output}{OUTPUT_SEPARATOR}{record.rule}" if named else record.rule, record))
+    return found, problems
 
 
 def other_output_kept_notes(results: SweepResults, spec: GateSpec, pairs: Sequence[tuple[str, str]]) -> list[str]:

@@ -105,7 +105,7 @@ def check_line(check: GateCheck) -> str:
     if rule in KEPT_RULES:
         return (f"{result} {check_key(check)} {_scope(check)} {check.metric}: {check.reason}: "
                 f"{KEPT_RULES[rule].format(reference=check.reference, own=check.observed)}: "
-                f"{1 - check.drop:.1%} kept, under {KEPT:.0%}")  # fmt: skip
+                f"{1 - check.drop:.1%} kept, under {KEPT:.0%}{'; ' if check.detail else ''}{check.detail}")  # fmt: skip
     drop, tolerance = compared(check.drop, check.tolerance)
     line = (
         f"{result} {check_key(check)} {_scope(check)} {check.metric}: "

@@ -22,7 +22,8 @@ Schema (version 1), documented in reports/README.md:
     SliceMetrics: name, size, metrics {m: value}, intervals {m: [lo, hi]}, drops {m: drop vs FP32},
       nonfinite_outputs, new_nonfinite_outputs, denominators {m: count its rate is a share of, when not size},
       spread {output: how much it varies across the scope's rows (metrics.spread)},
-      kept {output: Kept {rule, component, reference, own}: what it kept least of (validate/kept.py)},
+      kept {output: Kept {rule, component, reference, own, chance, elsewhere}: what it kept least of, or lost
+        (validate/kept.py)},
       raised {m: what a custom metric raised on this scope; m is NaN there}
     LatencyResult: threads, session_create_ms, first_run_ms, points [LatencyPoint]
     LatencyPoint: batch_size, warmup, iterations, p50_ms, p95_ms, p99_ms, mean_ms, items_per_s,
@@ -65,6 +66,11 @@ class Kept:
     component: str  # "class 3", "label 2 on", "column 0 top", "dimension 7"
     reference: float  # FP32's figure: rows it decides the class on, its tail's reach, the dimension's spread
     own: float  # the variant's
+    # decisions_kept, for a class kept under KEPT: how likely losing so many of its rows is by chance at the variant's
+    # change rate on the classes it keeps (`elsewhere`), Bonferroni-corrected over the classes judged; None: judged on
+    # the share alone (another rule, or results from before qbench recorded it)
+    chance: float | None = None
+    elsewhere: float | None = None
 
     @property
     def share(self) -> float:
@@ -355,7 +361,11 @@ def _slice(raw: dict[str, Any], where: str) -> SliceMetrics:
 def _kept(raw: dict[str, Any], where: str) -> Kept:
     raw = known_fields(raw, Kept, where)
     return Kept(rule=raw["rule"], component=raw["component"], reference=_figure(raw["reference"]),
-                own=_figure(raw["own"]))
+                own=_figure(raw["own"]), chance=_optional(raw.get("chance")), elsewhere=_optional(raw.get("elsewhere")))
+
+
+def _optional(value: float | None) -> float | None:
+    return None if value is None else float(value)
 
 
 def _figure(value: float | None) -> float:

@@ -64,7 +64,8 @@ def test_a_rare_class_the_variant_never_decides_breaches_though_accuracy_is_with
     assert report.exit_code == EXIT_BREACH
     assert [check_line(c) for c in report.breaches] == [
         f"BREACH int8-a@{BACKEND} {where} decisions_kept: class 2: FP32 decides it on {rows} rows, the variant on 0 of "
-        "them: 0.0% kept, under 50%" for where, rows in (("overall", 20), ("slice half=a", 10), ("slice half=b", 10))]
+        "them: 0.0% kept, under 50%; by chance at its change rate on the classes it keeps (0.00%): probability 0"
+        for where, rows in (("overall", 20), ("slice half=a", 10), ("slice half=b", 10))]
     honest = logits + np.random.default_rng(1).normal(scale=0.05, size=logits.shape).astype(np.float32)
     assert _verdict("classification", logits, honest, labels, spec).exit_code == EXIT_PASS
 

@@ -127,7 +127,8 @@ def test_a_token_class_the_variant_never_tags_breaches_though_token_accuracy_is_
     assert report.exit_code == EXIT_BREACH
     [overall, *_] = report.breaches
     assert check_line(overall) == (f"BREACH int8-a@{BACKEND} overall token_decisions_kept: class 4: FP32 decides it on "
-                                   f"{rare} tokens, the variant on 0 of them: 0.0% kept, under 50%")  # fmt: skip
+                                   f"{rare} tokens, the variant on 0 of them: 0.0% kept, under 50%; by chance at its "
+                                   "change rate on the classes it keeps (0.00%): probability 0")  # fmt: skip
     assert [c.scope for c in report.breaches] == ["overall", "half=a", "half=b"]
     for name, outputs in _honest(reference, tmp_path, feeds).items():
         verdict, accuracy = _verdict("classification", fp32, outputs, labels, spec)

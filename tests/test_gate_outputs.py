@@ -326,7 +326,8 @@ def test_sweep_gate_fails_an_int8_build_that_saturates_on_one_input_regime_alone
                             f"by 0, FP32's by {np.sqrt(np.var(regime_b[:, 0] - regime_b[:, 1])):.4g}: under 0.1 of "
                             "FP32's, they no longer depend on the inputs (a constant answer)",
                             f"BREACH int8@{BACKEND} slice regime=b decisions_kept: class 1: FP32 decides it on 9 rows, "
-                            "the variant on 0 of them: 0.0% kept, under 50%"]  # fmt: skip
+                            "the variant on 0 of them: 0.0% kept, under 50%; by chance at its change rate on the "
+                            "classes it keeps (0.00%): probability 0"]  # fmt: skip
         assert code == EXIT_BREACH
     else:
         assert (breaches, code) == ([], EXIT_PASS)

@@ -6,10 +6,14 @@ outputs clamped at the calibration sample's maximum, a few embedding dimensions 
 per-slice figures move less than a tolerance, yet it lost something FP32 does on every row of a kind. Each rule
 below finds, on one scope's rows, the component (a class, a target's tail, a dimension) whose share kept is lowest
 among those FP32's own outputs give enough to judge, as a Kept record: FP32's figure and the variant's. The gate
-breaches a share under KEPT.
+breaches a share under KEPT (decisions_kept: one unlikely by chance, `lost`).
 
 - decisions_kept (classification, multilabel): of the rows FP32 decides a class on (a label on, or off), the share
-  the variant decides it on too; judged where FP32 decides it on MIN_ROWS rows at least.
+  the variant decides it on too; judged where FP32 decides it on MIN_ROWS rows at least. A class kept under KEPT is
+  lost only where so many losses are unlikely by chance (`lost`, CHANCE): with a thousand classes of 5 to 15 rows,
+  an honest INT8 variant changing 6 % of its answers loses 3 of some class's 5 rows by luck alone (many comparisons,
+  each a binomial draw), while a collapsed class loses its rows at many times the variant's rate on the classes it
+  keeps.
 - token_decisions_kept (token classification): decisions_kept over the scope's scored tokens (those the task's
   metrics score: labelled other than IGNORE_LABEL, or every token without labels), a token the unit; judged where
   FP32 decides a class on tokens of MIN_ROWS rows at least (the tokens of one row share its context and flip
@@ -41,7 +45,7 @@ import math
 
 import numpy as np
 
-from qbench.gate_resolution import rows_to_resolve
+from qbench.gate_resolution import CONFIDENCE, rows_to_resolve
 from qbench.results import Kept
 from qbench.validate.metrics import INVALID_CLASS, row_blocks
 
@@ -53,6 +57,13 @@ of a dimension's spread (see the tests' honest INT8/FP16 builds), never half."""
 MIN_ROWS = rows_to_resolve(1 - KEPT)
 """The gate's resolution rule for the check's own threshold: a variant losing a share 1 - KEPT of a component's rows
 keeps all of MIN_ROWS (5) with probability under 5 %; fewer rows say nothing either way."""
+
+CHANCE = 1 - CONFIDENCE
+"""decisions_kept: a class the variant keeps under KEPT of is lost where losing as many of its rows, at the variant's
+change rate on the decisions of the classes it keeps, has probability under CHANCE (5 %) once corrected for the number
+of classes judged (Bonferroni: the probability that any of them loses as many by chance). Holm's correction gives
+the same verdict: the gate asks whether any class is lost, and Holm's first step is Bonferroni's test of the least
+likely."""
 
 TAIL = 0.05  # the share of rows at each end of a regression target whose reach tail_kept compares
 MIN_REACH = 0.05  # a tail's reach, or a dimension's spread, under this share of the target's (the mean) is not judged
@@ -68,30 +79,78 @@ KEPT_RULES = {
 }
 """Each rule the gate judges, and how its report line states the two figures of a record."""
 
+BY_CHANCE = "by chance at its change rate on the classes it keeps ({elsewhere:.2%}): probability {chance:.2g}"
+"""How a report line states a record's chance (decisions_kept's, for a class kept under KEPT)."""
+
+
+def chance_text(kept: Kept) -> str:
+    """BY_CHANCE for `kept`, '' where it records no chance."""
+    if kept.chance is None or kept.elsewhere is None:
+        return ""
+    return BY_CHANCE.format(elsewhere=kept.elsewhere, chance=kept.chance)
+
 
 def decisions_kept(predicted: np.ndarray, reference: np.ndarray, rows: np.ndarray | None = None) -> Kept | None:
     """The class (1-D: one class id per row) or label value (2-D: one 0/1 decision per label) FP32 decides on at
-    least MIN_ROWS rows of which the variant decides the same on the smallest share; None where FP32 decides none on
-    that many. A row the variant has no decision for (NaN/inf: INVALID_CLASS) keeps nothing. `rows` (1-D only): the
-    row each decision belongs to where several share one (a row's tokens); a class FP32 decides in fewer than MIN_ROWS
-    of them is not judged, however many decisions they hold."""
+    least MIN_ROWS rows that the variant lost (`lost`: kept under KEPT, and unlikely by chance) least likely by
+    chance; without one, the class whose rows the variant decides the same on the smallest share. None where FP32
+    decides none on that many. A row the variant has no decision for (NaN/inf: INVALID_CLASS) keeps nothing. `rows`
+    (1-D only): the row each decision belongs to where several share one (a row's tokens); a class FP32 decides in
+    fewer than MIN_ROWS of them is not judged, however many decisions they hold, and its chance counts each of those
+    rows as one draw (a row's decisions flip together)."""
     predicted, reference = np.asarray(predicted), np.asarray(reference)
     if reference.ndim == 1:
         columns = [(predicted, reference, "class {}")]
     else:
         columns = [(predicted[:, j], reference[:, j], f"label {j} {{}}") for j in range(reference.shape[1])]
-    worst: Kept | None = None
+    judged: list[tuple[Kept, int]] = []  # each judged class's record, and how many independent draws its rows are
+    kept_changes = kept_decisions = 0  # over every class FP32 decides (judged or not) the variant keeps KEPT of
     for own, ref, name in columns:
         values, counts = np.unique(ref, return_counts=True)
         for value, count in zip(values.tolist(), counts.tolist()):
-            if count < MIN_ROWS or value == INVALID_CLASS:  # FP32 gives NaN/inf there: nothing decided
+            if value == INVALID_CLASS:  # FP32 gives NaN/inf there: nothing decided
                 continue
-            if rows is not None and np.unique(rows[ref == value]).size < MIN_ROWS:
+            same = int(np.count_nonzero(own[ref == value] == value))
+            if same >= KEPT * count:
+                kept_changes, kept_decisions = kept_changes + count - same, kept_decisions + count
+            draws = count if rows is None else int(np.unique(rows[ref == value]).size)
+            if count < MIN_ROWS or draws < MIN_ROWS:
                 continue
             label = ("on" if value == 1 else "off" if value == 0 else value) if reference.ndim > 1 else value
-            kept = Kept("decisions_kept", name.format(label), float(count), float(np.count_nonzero(own[ref == value] == value)))
-            worst = kept if worst is None or kept.share < worst.share else worst
-    return worst
+            judged.append((Kept("decisions_kept", name.format(label), float(count), float(same)), draws))
+    if not judged:
+        return None
+    rate = kept_changes / kept_decisions if kept_decisions else None  # None: the variant keeps no class to compare
+    records = [_with_chance(kept, draws, rate, len(judged)) for kept, draws in judged]
+    return min(records, key=lambda k: (0, k.chance or 0.0, k.share) if lost(k) else (1, 0.0, k.share))
+
+
+def _with_chance(kept: Kept, draws: int, rate: float | None, judged: int) -> Kept:
+    """`kept` with its chance where it is kept under KEPT: the probability, Bonferroni-corrected over `judged`
+    classes, that `draws` independent rows changing at `rate` lose as large a share as it lost (binomial_tail)."""
+    if kept.share >= KEPT or rate is None:
+        return kept
+    losses = int(math.ceil((1 - kept.share) * draws - 1e-9))  # its share of losses, over its independent draws
+    return dataclasses.replace(kept, chance=min(1.0, judged * binomial_tail(losses, draws, rate)), elsewhere=rate)
+
+
+def binomial_tail(losses: int, draws: int, rate: float) -> float:
+    """P(X >= losses) for X ~ Binomial(draws, rate), summed exactly in log space."""
+    if losses <= 0 or rate >= 1:
+        return 1.0
+    if rate <= 0:
+        return 0.0
+    terms = [math.lgamma(draws + 1) - math.lgamma(k + 1) - math.lgamma(draws - k + 1) + k * math.log(rate)
+             + (draws - k) * math.log1p(-rate) for k in range(losses, draws + 1)]  # fmt: skip
+    top = max(terms)
+    return min(1.0, math.exp(top) * sum(math.exp(t - top) for t in terms))
+
+
+def lost(kept: Kept) -> bool:
+    """Whether the gate counts `kept` lost: kept under KEPT of (a NaN share keeps nothing), unless its record says so
+    many losses are likely by chance (chance, decisions_kept's records) at CHANCE or above. A record without a
+    chance (another rule's; a results file from before qbench recorded one) is judged on its share alone."""
+    return not kept.share >= KEPT and not (kept.chance is not None and kept.chance >= CHANCE)
 
 
 def token_decisions_kept(predicted: np.ndarray, reference: np.ndarray, rows: np.ndarray) -> Kept | None:

@@ -7,10 +7,13 @@ import pytest
 
 from qbench.results import Kept
 from qbench.validate.kept import (
+    CHANCE,
     KEPT,
     MIN_ROWS,
+    binomial_tail,
     comparable,
     decisions_kept,
+    lost,
     rows_kept,
     shared_cosine,
     spread_kept,
@@ -36,8 +39,71 @@ def test_decisions_kept_judges_each_label_on_and_off_and_nothing_fp32_decides_on
     reference[:5, 0] = 1  # label 0 on 5 rows, off on 7; label 1 never on (off on 12)
     predicted = reference.copy()
     predicted[:, 0] = 0  # label 0 never switched on
-    assert decisions_kept(predicted, reference) == Kept("decisions_kept", "label 0 on", 5.0, 0.0)
+    # the variant changes none of the decisions of the labels it keeps: losing any by chance has probability 0
+    assert decisions_kept(predicted, reference) == Kept("decisions_kept", "label 0 on", 5.0, 0.0, chance=0.0,
+                                                        elsewhere=0.0)  # fmt: skip
     assert decisions_kept(np.array([1, 1, 1, 1]), np.array([0, 0, 0, 0])) is None  # 4 rows < MIN_ROWS
+
+
+def test_binomial_tail_against_hand_computed_values():
+    # P(X >= 3), X ~ Binomial(5, 0.1): 10 * 0.1^3 * 0.9^2 + 5 * 0.1^4 * 0.9 + 0.1^5 = 0.0081 + 0.00045 + 0.00001
+    assert binomial_tail(3, 5, 0.1) == pytest.approx(0.00856)
+    assert (binomial_tail(0, 5, 0.1), binomial_tail(1, 5, 0.0), binomial_tail(5, 5, 1.0)) == (1.0, 0.0, 1.0)
+    assert binomial_tail(5, 5, 0.5) == pytest.approx(1 / 32)
+
+
+def _many_classes(lost_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """(predicted, reference): FP32 decides each of 100 classes on 5 rows; the variant changes one row of each of
+    classes 1..27 (27 of the 495 rows of the classes it keeps: 5.45 %) and `lost_rows` of class 0's 5."""
+    reference = np.repeat(np.arange(100), 5)
+    predicted = reference.copy()
+    predicted[5 * np.arange(1, 28)] += 1
+    predicted[:lost_rows] = 99
+    return predicted, reference
+
+
+def test_a_class_losing_three_of_five_rows_among_a_hundred_is_no_loss_at_the_variant_s_own_change_rate():
+    # an honest variant changing 5.45 % of its answers loses 3 of some class's 5 rows by chance: per class
+    # 10 p^3 (1 - p)^2 + 5 p^4 (1 - p) + p^5 = 0.001493, over 100 classes judged 0.149 (before: a breach at 40 % kept)
+    kept = decisions_kept(*_many_classes(3))
+    assert (kept.component, kept.reference, kept.own, kept.elsewhere) == ("class 0", 5.0, 2.0, pytest.approx(27 / 495))
+    assert kept.share < KEPT and kept.chance == pytest.approx(0.1493, abs=1e-4) and not lost(kept)
+
+
+def test_a_class_losing_all_five_rows_among_a_hundred_is_lost():
+    kept = decisions_kept(*_many_classes(5))  # 100 * (27 / 495)^5 = 4.8e-5
+    assert (kept.component, kept.own, kept.chance) == ("class 0", 0.0, pytest.approx(100 * (27 / 495) ** 5))
+    assert kept.chance < CHANCE and lost(kept)
+
+
+def test_the_record_names_the_class_lost_beyond_chance_before_one_kept_less_by_chance():
+    # class 0 keeps 2 of 5 (40 %: likely by chance, as above); class 1 keeps 9 of 20 (45 %) at the same change rate
+    # elsewhere: 11 of 20 lost is far beyond it. The record names class 1, though class 0 kept the smaller share.
+    predicted, reference = _many_classes(3)
+    reference, predicted = np.r_[reference, [100] * 20], np.r_[predicted, [100] * 9 + [0] * 11]
+    kept = decisions_kept(predicted, reference)
+    assert (kept.component, kept.reference, kept.own) == ("class 100", 20.0, 9.0) and lost(kept)
+
+
+def test_a_record_without_a_chance_is_judged_on_its_share_alone():
+    assert lost(Kept("decisions_kept", "class 0", 5.0, 2.0))  # results written before qbench recorded a chance
+    assert lost(Kept("decisions_kept", "class 0", 5.0, 2.0, chance=float("nan"), elsewhere=0.05))  # fail closed
+    assert not lost(Kept("decisions_kept", "class 0", 5.0, 2.0, chance=CHANCE, elsewhere=0.05))
+    assert lost(Kept("decisions_kept", "class 0", 5.0, 2.0, chance=0.049, elsewhere=0.05))
+    assert not lost(Kept("decisions_kept", "class 0", 5.0, 3.0))
+
+
+def test_a_class_of_tokens_counts_its_rows_as_its_draws():
+    # class 3: 10 tokens in 5 rows (2 a row), 6 of them lost (3 rows' pairs); class 0: 40 tokens of 20 rows, 4 changed
+    # (10 %). As 10 tokens: P(X >= 6 | 10, 0.1) = 1.5e-4; as 5 rows losing 60 % of them, 3: P(X >= 3 | 5, 0.1) = 0.00856
+    reference = np.r_[[3] * 10, [0] * 40]
+    rows = np.r_[np.repeat(np.arange(5), 2), np.repeat(np.arange(5, 25), 2)]
+    predicted = reference.copy()
+    predicted[:6] = 1
+    predicted[10:14] = 1
+    kept = token_decisions_kept(predicted, reference, rows)
+    assert (kept.component, kept.own, kept.elsewhere) == ("class 3", 4.0, pytest.approx(0.1))
+    assert kept.chance == pytest.approx(2 * 0.00856)  # 2 classes judged
 
 
 def test_token_decisions_kept_counts_tokens_and_names_its_own_rule():
@@ -46,7 +112,8 @@ def test_token_decisions_kept_counts_tokens_and_names_its_own_rule():
     reference = np.array([3, 0, 3, 0, 3, 0, 3, 0, 3, 0, 0, 0])
     predicted = np.array([3, 0, 0, 0, 3, 0, 1, 0, 0, 0, 0, 0])
     rows = np.repeat(np.arange(6), 2)
-    assert token_decisions_kept(predicted, reference, rows) == Kept("token_decisions_kept", "class 3", 5.0, 2.0)
+    assert token_decisions_kept(predicted, reference, rows) == Kept("token_decisions_kept", "class 3", 5.0, 2.0,
+                                                                    chance=0.0, elsewhere=0.0)  # fmt: skip
     assert token_decisions_kept(reference[:9], reference[:9], rows[:9]) == Kept("token_decisions_kept", "class 3", 5.0,
                                                                                 5.0)  # fmt: skip
     assert token_decisions_kept(reference[:8], reference[:8], rows[:8]) is None  # 4 tokens of each: too few to judge
@@ -60,7 +127,8 @@ def test_token_decisions_kept_judges_a_class_on_tokens_of_five_rows_at_least():
     rows = np.array([0, 0, 1, 2, 2, 2, 2, 2, 2, 3, 2, 4, 5, 6, 7])
     predicted = np.array([7, 0, 1, 7, 7, 1, 1, 1, 1, 0, 1, 0, 0, 0, 0])
     assert token_decisions_kept(predicted, reference, rows) == Kept("token_decisions_kept", "class 0", 6.0, 6.0)
-    assert decisions_kept(predicted, reference) == Kept("decisions_kept", "class 7", 9.0, 3.0)  # the rows unknown
+    assert decisions_kept(predicted, reference) == Kept("decisions_kept", "class 7", 9.0, 3.0, chance=0.0,
+                                                        elsewhere=0.0)  # the rows unknown  # fmt: skip
 
 
 def test_tail_kept_compares_the_reach_of_the_extreme_rows_past_the_rows_before_them():

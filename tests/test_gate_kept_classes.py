@@ -1,0 +1,73 @@
+"""The gate's decisions_kept on a model with a thousand classes of 5 to 15 rows each (an ImageNet-style evaluation
+set): an honest variant changing 6 % of its answers loses 3 of some class's 5 rows by chance alone, which breached
+(exit 1); a class is now lost only where losing as many is unlikely at the variant's change rate on the classes it
+keeps, corrected for the thousand classes judged (qbench.validate.kept.lost). A collapsed class still breaches."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from qbench.gate import EXIT_BREACH, EXIT_PASS, evaluate_gate
+from qbench.gate_report import check_line
+from qbench.recipe import GateSpec
+from qbench.results import SweepResults, VariantResult, from_dict, to_json
+from qbench.validate.accuracy import evaluate_accuracy, with_drops
+from qbench.validate.kept import CHANCE, KEPT
+
+BACKEND = "onnxruntime-cpu"
+CLASSES = 1000
+SPEC = GateSpec(metric="accuracy", max_drop=0.01, unresolved="note")
+
+
+def _classifier() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(FP32's logits, labels, an honest variant's logits): 5 to 15 rows of each of 1000 classes (10,153 rows),
+    FP32 right on 77 % of them; the variant adds rounding noise (sd 0.1 on logits of sd 1) that changes 6 % of its
+    decisions, as INT8 does on a large classifier."""
+    rng = np.random.default_rng(1)
+    labels = np.repeat(np.arange(CLASSES), rng.integers(5, 16, CLASSES))
+    logits = rng.normal(size=(labels.size, CLASSES)).astype(np.float32)
+    logits[np.arange(labels.size), labels] += 4.0
+    return logits, labels, logits + rng.normal(scale=0.1, size=logits.shape).astype(np.float32)
+
+
+def _verdict(reference: np.ndarray, outputs: np.ndarray, labels: np.ndarray):
+    fp32 = evaluate_accuracy("classification", reference, reference, labels, {})
+    own = with_drops(evaluate_accuracy("classification", outputs, reference, labels, {}), fp32)
+    variants = tuple(VariantResult(variant=name, backend=BACKEND, precision=name[:4], status="ok", accuracy=accuracy)
+                     for name, accuracy in (("fp32", fp32), ("int8-a", own)))  # fmt: skip
+    results = SweepResults(qbench_version="0", created_at="", recipe={"name": "toy"}, environment={}, calibration=None,
+                           evaluation_rows=labels.size, gate_metric=SPEC.metric, reference="fp32",
+                           variants=variants)  # fmt: skip
+    read = from_dict(json.loads(to_json(results)))
+    return evaluate_gate(read, SPEC), read.find("int8-a", BACKEND).accuracy.overall
+
+
+def test_an_honest_variant_of_a_thousand_class_model_passes_though_a_class_kept_under_half_its_rows():
+    logits, labels, honest = _classifier()
+    report, overall = _verdict(logits, honest, labels)
+    kept = overall.kept[""]
+    # 2 of class 183's 5 rows kept: a breach before. At the variant's 5.95 % change rate on the classes it keeps,
+    # losing 3 of 5 has probability 10 p^3 (1 - p)^2 + ... = 0.0019 per class, over 1000 classes judged: 1
+    assert (kept.component, kept.reference, kept.own) == ("class 183", 5.0, 2.0) and kept.share < KEPT
+    assert kept.elsewhere == pytest.approx(0.0595, abs=5e-4) and kept.chance == 1.0
+    assert [c.status for c in report.checks if c.metric == "accuracy"] == ["pass"]
+    assert report.exit_code == EXIT_PASS, [check_line(c) for c in report.breaches]
+
+
+def test_a_class_collapsed_among_a_thousand_still_breaches():
+    logits, labels, honest = _classifier()
+    collapsed = honest.copy()
+    collapsed[:, 50] -= 10.0  # class 50's logit collapsed: the 5 rows FP32 decides it on go to other classes
+    report, _ = _verdict(logits, collapsed, labels)
+    assert [c.status for c in report.checks if c.metric == "accuracy"] == ["pass"]
+    assert report.exit_code == EXIT_BREACH
+    [breach] = report.breaches
+    assert check_line(breach).startswith(
+        f"BREACH int8-a@{BACKEND} overall decisions_kept: class 50: FP32 decides it on 5 rows, the variant on 0 of "
+        "them: 0.0% kept, under 50%; by chance at its change rate on the classes it keeps (5.9")
+    # losing all 5 at 5.9 %: p^5 = 7.3e-7 per class, over 1000 classes judged 7.3e-4
+    chance = float(check_line(breach).rpartition("probability ")[2])
+    assert chance == pytest.approx(7.3e-4, rel=0.05) and chance < CHANCE
