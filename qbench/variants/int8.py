@@ -303,7 +303,8 @@ def _quantize_static(
     unranged = _nodes_touching(prepared, {name for name in calibrated.skipped if name not in ranges})
     if unranged:
         exclude = [*exclude, *unranged]
-        notes.append(f"{len(unranged)} node(s) left in FP32 around tensors without a range: {', '.join(unranged[:5])}")
+        more = f" (+{len(unranged) - 5} more)" if len(unranged) > 5 else ""
+        notes.append(f"{len(unranged)} node(s) left in FP32 around tensors without a range: {', '.join(unranged[:5])}{more}")
     with build_step(name, "static quantization"), quiet_stdout():
         quantize_static(
             prepared,
