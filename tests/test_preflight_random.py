@@ -137,8 +137,8 @@ class _Drifting:
     def __init__(self, session, step: float) -> None:  # noqa: ANN001
         self.session, self.step, self.runs = session, step, 0
 
-    def run(self, names, feeds):  # noqa: ANN001, ANN201
-        outputs = self.session.run(names, feeds)
+    def run(self, names, feeds, options=None):  # noqa: ANN001, ANN201
+        outputs = self.session.run(names, feeds, options)
         self.runs += 1
         if self.runs == 1:
             return outputs
