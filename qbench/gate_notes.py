@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from qbench.errors import QbenchError
 from qbench.gate_tolerance import DEFAULT_MAX_DROP, DEFAULT_MAX_SLICE_DROP, is_relative, reference_tolerances
 from qbench.recipe import GateSpec
-from qbench.results import AccuracyResult, SweepResults
+from qbench.results import AccuracyResult, SweepResults, VariantResult
 from qbench.validate.catalogue import DECISION_METRICS, METRICS, ONE_CLASS_OUTPUTS, OUTPUT_SEPARATOR
 from qbench.variants.base import lowered_nothing
 
@@ -127,9 +127,22 @@ def unlowered(results: SweepResults, pairs: Sequence[tuple[str, str]]) -> list[s
             why = (f"nothing in the graph was lowered to {found.precision}" if same
                    else f"none of its {contractions} contractions (MatMul, Conv...) was lowered" if contractions
                    else f"no contraction in the graph, and its {predictors} ONNX-ML predictor(s) stay FP32")  # fmt: skip
+            readers = [] if same else found.params.get("fp32_nodes_reading_lowered", [])
             notes.append(f"{variant}@{backend} computes in {reference.precision} ({why}): its pass says nothing about "
-                         f"{found.precision}")  # fmt: skip
+                         f"{found.precision}" if not readers else rounded_inputs_note(found, reference, why, readers))
     return notes
+
+
+def rounded_inputs_note(found: VariantResult, reference: VariantResult, why: str, readers: Sequence[str]) -> str:
+    """The note of a variant computing as the reference does whose FP32 nodes read values it lowered (a MinMaxScaler
+    lowered in front of FP32 trees: `fp32_nodes_reading_lowered`). Its figures measure that rounding (a feature moved
+    across a tree's threshold): a BF16 pipeline's probabilities moved by up to 0.33 where the note said its pass
+    said nothing about BF16, as if the variant were the FP32 model."""
+    lowered = ", ".join(f"{count} {op}" for op, count in found.params.get("lowered_op_types", {}).items())
+    shown = ", ".join(readers[:3]) + (f" and {len(readers) - 3} more" if len(readers) > 3 else "")
+    return (f"{found.key} computes in {reference.precision} ({why}), but its {reference.precision.upper()} node(s) "
+            f"{shown} read values it rounds to {found.precision} ({lowered} lowered): its pass measures that rounding "
+            f"of their inputs (a value moved across a threshold), not {found.precision} arithmetic")
 
 
 def ungated(results: SweepResults, spec: GateSpec, gated: Sequence[tuple[str, str]]) -> list[str]:

@@ -189,6 +189,28 @@ def test_a_half_precision_variant_of_an_onnx_ml_predictor_gets_the_computes_in_f
         "FP32): its pass says nothing about fp16"]  # fmt: skip
 
 
+def test_a_half_precision_variant_rounding_what_its_fp32_predictor_reads_says_its_pass_measures_that_rounding():
+    """A MinMaxScaler (Cast, Mul, Add) lowered to BF16 in front of FP32 trees (`fp32_nodes_reading_lowered`): the trees
+    compare BF16-rounded features with their thresholds, and a scikit-learn pipeline's probabilities moved by up to
+    0.33. The note said the variant computed in fp32 and its pass said nothing about bf16, as for a variant that
+    lowers only a Mul of the trees' scores (no FP32 node reads it: that note stays)."""
+    scaled = replace(variant("int8-s", 0.95, {"noisy": 0.90, "clean": 0.99}), precision="bf16",
+                     params={"contractions": 0, "lowered_contractions": 0, "fp32_predictors": 1,
+                             "lowered_op_types": {"Add": 1, "Cast": 1, "Mul": 1},
+                             "fp32_nodes_reading_lowered": ["TreeEnsembleClassifier"]})  # fmt: skip
+    scores = replace(scaled, variant="int8-m", params={**scaled.params, "lowered_op_types": {"Mul": 1},
+                                                        "fp32_nodes_reading_lowered": []})  # fmt: skip
+    report = evaluate_gate(sweep(REFERENCE, scaled, scores), SPEC)
+    assert report.exit_code == EXIT_PASS
+    assert [n for n in report.notes if "computes in fp32" in n] == [
+        "int8-s@onnxruntime-cpu computes in fp32 (no contraction in the graph, and its 1 ONNX-ML predictor(s) stay "
+        "FP32), but its FP32 node(s) TreeEnsembleClassifier read values it rounds to bf16 (1 Add, 1 Cast, 1 Mul "
+        "lowered): its pass measures that rounding of their inputs (a value moved across a threshold), not bf16 "
+        "arithmetic",
+        "int8-m@onnxruntime-cpu computes in fp32 (no contraction in the graph, and its 1 ONNX-ML predictor(s) stay "
+        "FP32): its pass says nothing about bf16"]  # fmt: skip
+
+
 def test_a_failed_variant_gets_no_computes_in_fp32_note():
     """It ran nothing: the note claimed it computed in fp32 beside its failure."""
     failed = replace(variant("int8-f", 0.95, {"noisy": 0.90, "clean": 0.99}), params={"quantized_nodes": 0},
