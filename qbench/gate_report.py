@@ -165,9 +165,12 @@ def summary_line(report: GateReport) -> str:
     """
     gated = len(report.gated)
     parts: list[str] = []
-    if report.problems:
-        unjudged = list(dict.fromkeys(o for p in report.problems if (o := problem_owner(report, p)) is not None))
-        general = sum(problem_owner(report, p) is None for p in report.problems)
+    # a signal or an error after the verdict ended the command: the headline says so, and it is no problem with the
+    # results (the JUnit error, the JSON's problems and the step summary carry its reason)
+    problems = [p for p in report.problems if _problem_kind(report, p) == "unusable"]
+    if problems:
+        unjudged = list(dict.fromkeys(o for p in problems if (o := problem_owner(report, p)) is not None))
+        general = sum(problem_owner(report, p) is None for p in problems)
         if unjudged:
             parts.append(f"{len(unjudged)} of {plural(gated, 'variant')} cannot be judged: {', '.join(unjudged)}")
         if general:
@@ -178,6 +181,8 @@ def summary_line(report: GateReport) -> str:
         verb = "breaches" if len(breaching) == 1 else "breach"
         parts.append(f"{len(breaching)} of {plural(gated, 'variant')} {verb}: {named}")
     tail = plural(len(report.checks), "check") + _skipped_tail(report) if report.checks else "nothing judged"
+    if not parts and not report.checks:
+        return f"gate: {headline(report)} — {tail}"
     if not parts:
         scopes = len({c.scope for c in report.checks})
         return f"gate: {headline(report)} — {plural(gated, 'variant')} × {plural(scopes, 'scope')}, {tail}"

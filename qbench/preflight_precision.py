@@ -244,12 +244,15 @@ def _slice_levels(values: np.ndarray) -> int | None:
     span = np.abs(distinct).max()
     for step, origin in ((np.diff(distinct).min(), low), (span / 127, 0.0), (span / 7, 0.0), ((high - low) / 255, low),
                          ((high - low) / 15, low)):  # fmt: skip
-        levels = (distinct - origin) / step
-        on_grid = np.allclose(levels, np.round(levels), rtol=0, atol=1e-2)
+        # a step so small (a subnormal weight beside 0) that the levels overflow is no grid: inf is on none, quietly
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+            levels = (distinct - origin) / step
+            width = (high - low) / step
+        on_grid = bool(np.isfinite(levels).all()) and np.allclose(levels, np.round(levels), rtol=0, atol=1e-2)
         # a quantized tensor holds one value per level: distinct values sharing a level are float values that a coarse
         # grid (one outlier's magnitude over 7) merely comes near, not a grid they were rounded to
-        if on_grid and (high - low) / step <= 255 and len(np.unique(np.round(levels))) == len(distinct):
-            return int(round((high - low) / step)) + 1
+        if on_grid and width <= 255 and len(np.unique(np.round(levels))) == len(distinct):
+            return int(round(width)) + 1
     return None
 
 

@@ -417,3 +417,20 @@ def test_the_step_summary_shows_each_slice_name_as_written(scope):
     rows = [re.findall(r"<td[^>]*>(.*?)</td>", row, re.S) for row in re.findall(r"<tr>(.*?)</tr>", rendered, re.S)]
     assert rows[1][:3] == [f"int8@{BACKEND}", html.escape(scope, quote=False), "accuracy"]
     assert len(rows[1]) == 8
+
+
+def test_an_ending_of_the_command_is_no_problem_with_the_results():
+    """A report file that could not be written after a pass read `gate: FAIL (error after the verdict) — 1 problem
+    with the results; 15 checks`, though the results were judged and it is not they that failed; a signal before any
+    result was read, `gate: FAIL (interrupted) — 1 problem with the results; nothing judged`."""
+    after = "gate.xml: cannot write the gate report: /tmp/x is a file, not a folder"
+    errored = GateReport("accuracy", PASSING.checks, (after,), gated=PASSING.gated, failed_after_verdict=after)
+    assert summary_line(errored) == "gate: FAIL (error after the verdict) — 5 variants × 3 scopes, 15 checks"
+    breached = GateReport("accuracy", BREACHING.checks, (after,), gated=BREACHING.gated, failed_after_verdict=after)
+    assert summary_line(breached) == summary_line(BREACHING).replace("FAIL", "FAIL (error after the verdict)", 1)
+    signal = "interrupted: SIGTERM"
+    interrupted = GateReport("accuracy", (), (signal,), gated=PASSING.gated, interrupted=signal)
+    assert summary_line(interrupted) == "gate: FAIL (interrupted) — nothing judged"
+    # a problem with the results beside the ending is still counted as one
+    both = GateReport("accuracy", (), ("results were modified after the sweep (digest)", signal), interrupted=signal)
+    assert summary_line(both) == "gate: FAIL (interrupted) — 1 problem with the results; nothing judged"

@@ -222,3 +222,14 @@ def test_float_weights_with_one_enormous_value_are_not_taken_for_quantized_ones(
     model = _model([helper.make_node("MatMul", ["x", "w"], ["y"])], [numpy_helper.from_array(w, "w")])
     _run(model, {"x": ROWS})
     assert reduced_precision(model) is None
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_a_weight_with_a_subnormal_value_is_judged_without_numpy_warnings() -> None:
+    """A trained weight holding a subnormal float (1e-45 beside 0) leaves a grid step so small that the levels overflow
+    float32: the check printed numpy's `RuntimeWarning: overflow encountered in divide` into a sweep's output (a
+    scikit-learn MLP regressor's weights did). Such a step is no grid, and says so silently."""
+    w = np.resize(np.concatenate([[0.0, 1e-45], WEIGHT.ravel()[:30]]).astype(np.float32), (K, N))  # 32 values
+    assert w[0, 1] > 0  # the subnormal survives float32
+    model = _model([helper.make_node("MatMul", ["x", "w"], ["y"])], [numpy_helper.from_array(w, "w")])
+    assert reduced_precision(model) is None

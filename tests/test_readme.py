@@ -158,6 +158,17 @@ def test_every_key_of_a_readme_recipe_example_is_a_field(line: int, fragment: An
     assert not unknown, f"README.md line {line}: {unknown} are not recipe fields"
 
 
+def test_the_readme_reference_recipe_passes_the_schema_as_written():
+    """The recipe reference's whole recipe (the block with name, model and data) is one a user pastes: every check the
+    schema makes passes on it as written (the files it names are checked when a recipe file is loaded). It once set
+    `data.csv` beside its Parquet `data.path`, which the schema refuses (`csv: describes .csv/.tsv files`)."""
+    whole = [(line, f) for line, f in readme_yaml_fragments() if {"name", "model", "data"} <= set(f)]
+    assert whole, "README.md has no whole recipe in its recipe reference"
+    for line, fragment in whole:
+        recipe = Recipe.model_validate(fragment)
+        assert recipe.name == fragment["name"], f"README.md line {line}"
+
+
 @pytest.mark.parametrize("code,parent,fragment", readme_inline()[1], ids=lambda v: v if isinstance(v, str) else "")
 def test_every_key_of_an_inline_readme_example_is_a_field(code: str, parent: str, fragment: Any):
     unknown: list[str] = []
