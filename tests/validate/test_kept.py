@@ -95,18 +95,39 @@ def test_a_record_without_a_chance_is_judged_on_its_share_alone():
 
 def test_a_class_of_tokens_counts_its_rows_as_its_draws():
     # class 3: 10 tokens in 5 rows (2 a row), 6 of them lost (3 rows' pairs); class 0: 40 tokens of 20 rows, 4 changed
-    # (10 %). As 10 tokens: P(X >= 6 | 10, 0.1) = 1.5e-4; as 5 rows losing 60 % of them, 3: P(X >= 3 | 5, 0.1) = 0.00856
+    # (10 %). As 10 tokens: P(X >= 6 | 10, 0.1) = 1.5e-4; as 5 rows of which 3 lost: P(X >= 3 | 5, 0.1) = 0.00856
     reference = np.r_[[3] * 10, [0] * 40]
     rows = np.r_[np.repeat(np.arange(5), 2), np.repeat(np.arange(5, 25), 2)]
     predicted = reference.copy()
     predicted[:6] = 1
     predicted[10:14] = 1
     kept = token_decisions_kept(predicted, reference, rows)
-    assert (kept.component, kept.own, kept.elsewhere) == ("class 3", 4.0, pytest.approx(0.1))
+    assert (kept.component, kept.reference, kept.own, kept.elsewhere) == ("class 3", 5.0, 2.0, pytest.approx(0.1))
     assert kept.chance == pytest.approx(2 * 0.00856)  # 2 classes judged
 
 
-def test_token_decisions_kept_counts_tokens_and_names_its_own_rule():
+def test_a_token_class_is_kept_row_by_row_so_one_long_row_cannot_outweigh_the_rest():
+    """Class 1 in 5 rows: row 20 holds 20 of its 24 tokens, rows 21-24 one each; class 0: 5 tokens in each of rows
+    0-19, one token changed in rows 0-4 (5 of 100). On a share of tokens, losing the class on row 20 alone (4 of 5
+    rows kept) breached (4 of 24 tokens kept, counted as 5 rows lost: chance 2 x 0.05^5 = 6.3e-7), while losing it on rows 21-24 (1
+    of 5 rows kept) passed (20 of 24 tokens kept): the variant that lost more rows fared better. A row is the unit:
+    the first keeps 4 of 5 rows; the second keeps 1, and losing 4 of 5 rows at the 5 % its other class changes is
+    2 x (5 x 0.05^4 x 0.95 + 0.05^5) = 6.0e-5 (2 classes judged)."""
+    reference = np.r_[[0] * 100, [1] * 20, [1] * 4]
+    rows = np.r_[np.repeat(np.arange(20), 5), [20] * 20, np.arange(21, 25)]
+    noisy = reference.copy()
+    noisy[[0, 5, 10, 15, 20]] = 2  # one token of class 0 changed in each of rows 0-4
+    long_row, short_rows = noisy.copy(), noisy.copy()
+    long_row[rows == 20] = 0
+    short_rows[rows >= 21] = 0
+    kept = token_decisions_kept(long_row, reference, rows)
+    assert kept == Kept("token_decisions_kept", "class 1", 5.0, 4.0) and not lost(kept)
+    kept = token_decisions_kept(short_rows, reference, rows)
+    assert (kept.component, kept.reference, kept.own, kept.elsewhere) == ("class 1", 5.0, 1.0, 0.05)
+    assert kept.chance == pytest.approx(2 * (5 * 0.05**4 * 0.95 + 0.05**5)) and lost(kept)
+
+
+def test_token_decisions_kept_counts_rows_and_names_its_own_rule():
     # 12 scored tokens of 6 rows (2 each): FP32 decides class 3 on 5 of them (rows 0, 1, 2, 3, 4), the variant on 2;
     # class 0 on 7, all kept
     reference = np.array([3, 0, 3, 0, 3, 0, 3, 0, 3, 0, 0, 0])
