@@ -138,6 +138,10 @@ def unresolved(metric: str, tolerance: float, reference: SliceMetrics, own: Slic
     rows = own.judged_count(metric)
     span = info.high - info.low
     where = f"{own.name} {metric} on {rows} rows"
+    uncounted = _changes_uncounted(metric, reference, own)
+    if uncounted:
+        return (f"{where}: {uncounted}, so how many of its decisions changed (changes right -> wrong its drop may "
+                "offset by changes wrong -> right) is unknown: results written by another qbench, or edited")
     compensated = _compensated_bound(metric, tolerance, reference, own)
     if compensated is not None:
         changed, bound = compensated
@@ -172,6 +176,7 @@ def rows_alone(metric: str, tolerance: float, reference: SliceMetrics, own: Slic
     interval of its drop: then every variant judged on the same rows is as unresolved there as `own`."""
     paired = _drop_bound(metric, reference, own) is not None and not METRICS[metric].share_of_rows
     paired |= _compensated_bound(metric, tolerance, reference, own) is not None
+    paired |= bool(_changes_uncounted(metric, reference, own))
     return not paired or own.judged_count(metric) < MIN_ROWS
 
 
@@ -194,13 +199,10 @@ def _compensated_bound(metric: str, tolerance: float, reference: SliceMetrics,
     None where no change was offset by another or all of them together are within the tolerance (the rows rule
     covers it), or the companion figure is not recorded on the same units."""
     info = METRICS[metric]
-    if not info.decisions:
-        return None
-    companion = metric.rpartition(OUTPUT_SEPARATOR)[0] + OUTPUT_SEPARATOR + info.decisions if OUTPUT_SEPARATOR in metric \
-        else info.decisions
-    agreement = own.metrics.get(companion, math.nan)
+    companion = _companion(metric)
     units = own.judged_count(metric)
-    if not math.isfinite(agreement) or units < MIN_ROWS or own.judged_count(companion) != units:
+    agreement = own.metrics.get(companion, math.nan)
+    if not companion or not math.isfinite(agreement) or units < MIN_ROWS or own.judged_count(companion) != units:
         return None
     point = drop(metric, reference.metrics.get(metric, math.nan), own.metrics.get(metric, math.nan))
     changed = round((1 - agreement) * units)
@@ -208,6 +210,30 @@ def _compensated_bound(metric: str, tolerance: float, reference: SliceMetrics,
         return None
     variance = max(changed / units - point**2, 0.0) * units / (units - 1)  # ddof 1, as the reported intervals
     return changed, point + NormalDist().inv_cdf(0.5 + CONFIDENCE / 2) * math.sqrt(variance / units)
+
+
+def _companion(metric: str) -> str:
+    """The figure of `metric`'s output counting its units whose decision is FP32's (the catalogue's `decisions`),
+    '' where it has none."""
+    head, separator, _ = metric.rpartition(OUTPUT_SEPARATOR)
+    decisions = METRICS[metric].decisions
+    return head + separator + decisions if decisions else ""
+
+
+def _changes_uncounted(metric: str, reference: SliceMetrics, own: SliceMetrics) -> str:
+    """Why `own`'s scope cannot say how many of `metric`'s units changed their decision, where `metric` has a
+    companion counting them (_companion) that FP32's `reference` scope records, and a figure on MIN_ROWS units at
+    least: the companion not recorded, not finite, or counted over other units. qbench records it beside every such
+    metric, on the same units; without it a drop of 0 may rest on any number of offsetting changes, so no pass there
+    is evidence. '' where it can (results recording the companion for no result are judged by the rows rule)."""
+    companion = _companion(metric)
+    if not companion or companion not in reference.metrics or own.judged_count(metric) < MIN_ROWS \
+            or not math.isfinite(own.metrics.get(metric, math.nan)):  # fmt: skip
+        return ""
+    if not math.isfinite(own.metrics.get(companion, math.nan)):
+        return f"its {companion} is {own.metrics[companion]}" if companion in own.metrics else f"no {companion} recorded"
+    units, counted = (own.denominators.get(name, own.size) for name in (metric, companion))
+    return "" if units == counted else f"its {companion} is counted over {counted} units, its {metric} over {units}"
 
 
 def _drop_bound(metric: str, reference: SliceMetrics, own: SliceMetrics) -> float | None:

@@ -215,6 +215,38 @@ def test_compensating_changes_need_the_drops_paired_interval_within_the_toleranc
     assert few_report.checks[0].drop == 0.0 and few_report.exit_code == EXIT_PASS
 
 
+def test_a_variant_whose_results_lack_the_count_of_its_changed_decisions_is_no_pass():
+    """The probe's variant (224 of 1,000 answers changed, as many each way: a drop of 0) with `agreement` taken out of
+    its results (FP32's keep it), or counted over other units, passed a max_drop of 0.01 (exit 0): the compensation
+    rule had nothing to count changes with and fell back to the rows rule. qbench records agreement beside accuracy on
+    the same units, so results without it are another qbench's or edited: the pass resolves nothing (exit 2)."""
+    fp32 = np.zeros(1000, dtype=np.int64)
+    fp32[::2] = 1
+    labels, variant = fp32.copy(), fp32.copy()
+    labels[:112] = 1 - labels[:112]
+    variant[:224] = 1 - variant[:224]
+    reference = _binary_scores(fp32)
+    fp32_accuracy, own = (evaluate_accuracy("classification", _binary_scores(d), reference, labels, {})
+                          for d in (fp32, variant))  # fmt: skip
+
+    def judged(overall: SliceMetrics):
+        variants = [VariantResult(variant=name, backend="cpu", precision=name, status="ok", accuracy=accuracy)
+                    for name, accuracy in (("fp32", fp32_accuracy), ("int8", AccuracyResult(1000, 0, overall)))]
+        return evaluate_gate(sweep(*variants), SPEC)
+
+    without = {k: v for k, v in own.overall.metrics.items() if k != "agreement"}
+    report = judged(dataclasses.replace(own.overall, metrics=without))
+    assert report.exit_code == EXIT_UNUSABLE
+    assert report.problems == ("int8@cpu: too few rows to resolve the tolerance: overall accuracy on 1000 rows: no "
+                               "agreement recorded, so how many of its decisions changed (changes right -> wrong its "
+                               "drop may offset by changes wrong -> right) is unknown: results written by another "
+                               "qbench, or edited",)  # fmt: skip
+    elsewhere = judged(dataclasses.replace(own.overall, denominators={"agreement": 500}))
+    assert elsewhere.exit_code == EXIT_UNUSABLE
+    assert "its agreement is counted over 500 units, its accuracy over 1000" in elsewhere.problems[0]
+    assert judged(own.overall).exit_code == EXIT_UNUSABLE and "changed on 224 of them" in judged(own.overall).problems[0]
+
+
 def test_changes_within_the_tolerance_are_never_judged_more_harshly_than_losses_alone():
     """10 changes on 1,000 rows (a tolerance's worth at 0.01): 10 losses, a drop of 0.01, pass; 8 losses and 2 gains,
     a drop of 0.006, was unresolved by the compensation rule (its interval reaches 0.0122) though every change a
