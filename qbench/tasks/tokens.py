@@ -164,6 +164,9 @@ class TokenRows:
         values["max_abs_error"] = metrics.max_abs_error(
             metrics.token_scores(self.outputs, tokens), metrics.token_scores(self.reference, tokens)
         )
-        kept = kept_rules.token_decisions_kept(predicted, reference_predicted, np.nonzero(tokens)[0])
+        rows = np.nonzero(tokens)[0]
+        kept = kept_rules.token_decisions_kept(predicted, reference_predicted, rows)
         return SliceMetrics(name=name, size=int(np.count_nonzero(mask)), metrics=values, intervals=intervals,
-                            denominators=dict.fromkeys(values, count), kept={"": kept} if kept else {})  # fmt: skip
+                            denominators=dict.fromkeys(values, count), kept={"": kept} if kept else {},
+                            changed_together={"agreement": metrics.changed_together(predicted, reference_predicted,
+                                                                                     rows)})  # fmt: skip
