@@ -170,6 +170,16 @@ def lost(kept: Kept) -> bool:
     return not kept.share >= KEPT and not (kept.chance is not None and kept.chance >= CHANCE)
 
 
+def across(kept: Kept, scopes: int) -> Kept:
+    """`kept` with its chance (a record's over the classes of its scope) corrected over the `scopes` the gate judges
+    (the overall rows and each slice: Bonferroni again, as a class lost by chance on any of them would breach): with
+    10 slices of 200 classes of 50 rows, a variant changing 6 % of its answers at random breached on some slice's
+    class 17 % of the time (2 % corrected), never on the overall rows alone."""
+    if kept.chance is None or scopes <= 1:
+        return kept
+    return dataclasses.replace(kept, chance=min(1.0, kept.chance * scopes))
+
+
 def token_decisions_kept(predicted: np.ndarray, reference: np.ndarray, rows: np.ndarray) -> Kept | None:
     """decisions_kept over tokens, a row the unit: `predicted` and `reference` hold one class id per scored token of
     the scope (1-D), `rows` the row of each; a class is judged where FP32 decides it in MIN_ROWS rows at least (the

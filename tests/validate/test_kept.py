@@ -10,6 +10,7 @@ from qbench.validate.kept import (
     CHANCE,
     KEPT,
     MIN_ROWS,
+    across,
     binomial_tail,
     comparable,
     decisions_kept,
@@ -212,3 +213,10 @@ def test_rows_kept_names_the_row_whose_cosine_rises_least_above_what_fp32_s_rows
 def test_a_variant_may_record_the_other_rule_of_fp32_s_slot():
     assert comparable("spread_kept", "rows_kept") and comparable("rows_kept", "spread_kept")
     assert comparable("tail_kept", "tail_kept") and not comparable("decisions_kept", "rows_kept")
+
+
+def test_across_corrects_a_records_chance_over_the_scopes_the_gate_judges():
+    record = Kept("decisions_kept", "class 10", 5.0, 1.0, chance=0.014, elsewhere=0.0848)
+    assert lost(record) and across(record, 11).chance == pytest.approx(0.154) and not lost(across(record, 11))
+    assert across(record, 1) == record and across(record, 100).chance == 1.0
+    assert across(Kept("tail_kept", "column 0 top", 5.0, 1.0), 11) == Kept("tail_kept", "column 0 top", 5.0, 1.0)
