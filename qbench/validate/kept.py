@@ -13,7 +13,8 @@ breaches a share under KEPT (decisions_kept: one unlikely by chance, `lost`).
   lost only where so many losses are unlikely by chance (`lost`, CHANCE): with a thousand classes of 5 to 15 rows,
   an honest INT8 variant changing 6 % of its answers loses 3 of some class's 5 rows by luck alone (many comparisons,
   each a binomial draw), while a collapsed class loses its rows at many times the variant's rate on the classes it
-  keeps.
+  keeps (a multilabel label's on decisions against the on decisions of the labels it keeps, off against off: positives
+  near the cut change far more often than the many off decisions).
 - token_decisions_kept (token classification): decisions_kept over the scope's scored tokens (those the task's
   metrics score: labelled other than IGNORE_LABEL, or every token without labels), a row the unit: of the rows FP32
   decides a class on some scored token of, those the variant decides it on half of them at least; judged where
@@ -106,23 +107,29 @@ def decisions_kept(predicted: np.ndarray, reference: np.ndarray, rows: np.ndarra
         columns = [(predicted, reference, "class {}")]
     else:
         columns = [(predicted[:, j], reference[:, j], f"label {j} {{}}") for j in range(reference.shape[1])]
-    judged: list[Kept] = []
-    kept_changes = kept_decisions = 0  # over every class FP32 decides (judged or not) the variant keeps KEPT of
+    judged: list[tuple[Kept, object]] = []  # each judged class's record, and its kind (a label's value; one kind 1-D)
+    # changes and decisions over every class FP32 decides (judged or not) the variant keeps KEPT of, by kind
+    pools: dict[object, tuple[int, int]] = {}
     for own, ref, name in columns:
         for value in np.unique(ref).tolist():
             if value == INVALID_CLASS:  # FP32 gives NaN/inf there: nothing decided
                 continue
             count, same, decided, hits = _units_kept(own, ref, value, rows)
+            kind = value if reference.ndim > 1 else None
             if same >= KEPT * count:  # the rate counts decisions (a row's tokens each), as the task's rates do
-                kept_changes, kept_decisions = kept_changes + decided - hits, kept_decisions + decided
+                changes, decisions = pools.get(kind, (0, 0))
+                pools[kind] = (changes + decided - hits, decisions + decided)
             if count < MIN_ROWS:
                 continue
             label = ("on" if value == 1 else "off" if value == 0 else value) if reference.ndim > 1 else value
-            judged.append(Kept("decisions_kept", name.format(label), float(count), float(same)))
+            judged.append((Kept("decisions_kept", name.format(label), float(count), float(same)), kind))
     if not judged:
         return None
-    rate = kept_changes / kept_decisions if kept_decisions else None  # None: the variant keeps no class to compare
-    records = [_with_chance(kept, rate, len(judged)) for kept in judged]
+    every = tuple(map(sum, zip(*pools.values()))) or (0, 0)
+    rates = {kind: changes / decisions for kind, (changes, decisions) in {None: every, **pools}.items() if decisions}
+    # a label's "on" decisions change at their own rate (positives near the cut), its "off" ones at another: each
+    # kind is compared with its own; one the variant keeps none of with every kind's (None: no class kept at all)
+    records = [_with_chance(kept, rates.get(kind, rates.get(None)), len(judged)) for kept, kind in judged]
     return min(records, key=lambda k: (0, k.chance or 0.0, k.share) if lost(k) else (1, 0.0, k.share))
 
 

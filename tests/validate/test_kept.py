@@ -46,6 +46,28 @@ def test_decisions_kept_judges_each_label_on_and_off_and_nothing_fp32_decides_on
     assert decisions_kept(np.array([1, 1, 1, 1]), np.array([0, 0, 0, 0])) is None  # 4 rows < MIN_ROWS
 
 
+def test_a_labels_on_decisions_are_compared_with_the_on_decisions_of_the_labels_kept():
+    """Multilabel, 100 rows: label 0 on in 5 rows, labels 1-3 on in 20 each; the variant switches off 3 of label 0's
+    5 and 4 of each other label's 20 (20 % of the positives), and no "off" decision. Pooled with the 335 "off"
+    decisions the rate was 12 / 395 = 3.0 %: 8 classes x P(X >= 3 | 5, 0.0304) = 0.0021, a breach for a label losing
+    its positives as often as every label does. Against the "on" decisions' 20 %: 8 x P(X >= 3 | 5, 0.2) =
+    8 x 0.05792 = 0.463, by chance; losing all 5 is 8 x 0.2^5 = 0.00256, still lost."""
+    reference = np.zeros((100, 4), dtype=np.int64)
+    reference[:5, 0] = 1
+    for j in (1, 2, 3):
+        reference[20 * j : 20 * j + 20, j] = 1
+    predicted = reference.copy()
+    predicted[:3, 0] = 0
+    for j in (1, 2, 3):
+        predicted[20 * j : 20 * j + 4, j] = 0
+    kept = decisions_kept(predicted, reference)
+    assert (kept.component, kept.reference, kept.own, kept.elsewhere) == ("label 0 on", 5.0, 2.0, pytest.approx(0.2))
+    assert kept.chance == pytest.approx(8 * 0.05792) and not lost(kept)
+    predicted[:5, 0] = 0
+    kept = decisions_kept(predicted, reference)
+    assert (kept.component, kept.own, kept.chance) == ("label 0 on", 0.0, pytest.approx(8 * 0.2**5)) and lost(kept)
+
+
 def test_binomial_tail_against_hand_computed_values():
     # P(X >= 3), X ~ Binomial(5, 0.1): 10 * 0.1^3 * 0.9^2 + 5 * 0.1^4 * 0.9 + 0.1^5 = 0.0081 + 0.00045 + 0.00001
     assert binomial_tail(3, 5, 0.1) == pytest.approx(0.00856)
