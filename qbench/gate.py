@@ -314,6 +314,7 @@ def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec,
     # every result is measured on the same rows, so their slices are the same: one FP32 lacks would go unjudged
     problems += [f"slice {own.name!r} missing from FP32's results (the variant's has it: same rows, same slices)"
                  for own in candidate.accuracy.slices if reference.accuracy.slice(own.name) is None]  # fmt: skip
+    judged_scopes = sum(not _too_small(own_scope, spec) for _, own_scope, _ in scopes)
     for ref_scope, own_scope, tolerance in scopes:
         # NaN/inf on rows where FP32 is finite: a breach of its own, whatever FP32 does on other rows
         extra_nonfinite = max(own_scope.nonfinite_outputs - ref_scope.nonfinite_outputs, own_scope.new_nonfinite_outputs)
@@ -330,7 +331,8 @@ def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec,
                                  ref_spread - own_spread, (1 - COLLAPSED) * ref_spread, own_scope.size, "breach")
                        for name, ref_spread, own_spread in collapsed]  # fmt: skip
             problems += spread_problems
-            lost, kept_problems = lost_components(ref_scope, own_scope, spec.metric.rpartition(OUTPUT_SEPARATOR)[0])
+            lost, kept_problems = lost_components(ref_scope, own_scope, spec.metric.rpartition(OUTPUT_SEPARATOR)[0],
+                                                  judged_scopes)
             checks += [GateCheck(variant, backend, own_scope.name, name, kept.reference, kept.own, 1 - kept.share,
                                  1 - KEPT, own_scope.size, "breach", kept.component, chance_text(kept))
                        for name, kept in lost]  # fmt: skip

@@ -37,7 +37,7 @@ from qbench.gate_tolerance import Tolerances, reference_tolerances
 from qbench.recipe import GateSpec
 from qbench.results import Kept, SliceMetrics, SweepResults, VariantResult
 from qbench.validate.catalogue import OUTPUT_SEPARATOR, drop, within
-from qbench.validate.kept import comparable, lost
+from qbench.validate.kept import across, comparable, lost
 
 _UNFORMED = Tolerances(0.0, 0.0)  # a relative share of FP32's 0 cannot be formed: any drop is remarked
 
@@ -86,10 +86,11 @@ def collapsed_outputs(reference: SliceMetrics, own: SliceMetrics,
     return collapsed, problems
 
 
-def lost_components(reference: SliceMetrics, own: SliceMetrics,
-                    gated: str) -> tuple[list[tuple[str, Kept]], list[str]]:  # fmt: skip
-    """On one scope, (check name, the variant's Kept record) for each output judged (`gated`, the output gate.metric
-    names, or every one where that is '') whose record of what it kept (qbench.validate.kept) says it lost one, and
+def lost_components(reference: SliceMetrics, own: SliceMetrics, gated: str,
+                    scopes: int) -> tuple[list[tuple[str, Kept]], list[str]]:  # fmt: skip
+    """On one scope of the `scopes` the gate judges, (check name, the variant's Kept record, its chance corrected over
+    them: qbench.validate.kept.across) for each output judged (`gated`, the output gate.metric names, or every one
+    where that is '') whose record of what it kept (qbench.validate.kept) says it lost one, and
     why it cannot be told: FP32 records a component to judge and the variant's results record none, or one of a rule
     not judged with FP32's (edited, or written by another qbench; qbench.validate.kept.comparable). Where FP32 records
     none (no class decided on enough rows, no tail reaching past its plateau) nothing is judged; results from before
@@ -105,7 +106,7 @@ def lost_components(reference: SliceMetrics, own: SliceMetrics,
             name = f"{output}{OUTPUT_SEPARATOR}{ref_kept.rule}" if named else ref_kept.rule
             problems.append(f"the results record no {name}{where} for this variant (FP32's records "
                             f"{ref_kept.component}): written by another qbench, or edited")  # fmt: skip
-        elif lost(record):  # a NaN share (no figure) is no keep: fail closed
+        elif lost(record := across(record, scopes)):  # a NaN share (no figure) is no keep: fail closed
             found.append((f"{output}{OUTPUT_SEPARATOR}{record.rule}" if named else record.rule, record))
     return found, problems
 
@@ -126,7 +127,7 @@ def other_output_kept_notes(results: SweepResults, spec: GateSpec, pairs: Sequen
             if output == gated:
                 continue
             for ref_scope, own_scope in scopes:
-                lost = lost_components(ref_scope, own_scope, output)[0] if own_scope else []
+                lost = lost_components(ref_scope, own_scope, output, len(scopes))[0] if own_scope else []
                 if lost:
                     kept = lost[0][1]
                     where = "overall" if ref_scope.name == "overall" else f"on slice {ref_scope.name}"

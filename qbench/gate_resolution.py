@@ -138,11 +138,18 @@ def unresolved(metric: str, tolerance: float, reference: SliceMetrics, own: Slic
     rows = own.judged_count(metric)
     span = info.high - info.low
     where = f"{own.name} {metric} on {rows} rows"
+    uncounted = _changes_uncounted(metric, reference, own)
+    if uncounted:
+        return (f"{where}: {uncounted}, so how many of its decisions changed (changes right -> wrong its drop may "
+                "offset by changes wrong -> right) is unknown: results written by another qbench, or edited")
     compensated = _compensated_bound(metric, tolerance, reference, own)
     if compensated is not None:
-        changed, bound = compensated
+        changed, units, bound = compensated
+        together = own.changed_together.get(_companion(metric))
+        of = "of them" if units == rows else f"of its {units} scored units"
+        of += f" ({together:.3g} changed together a row, weighted by changes)" if together is not None and together > 1 else ""
         if not within(bound, tolerance, reference.metrics.get(metric, math.nan)):
-            return (f"{where}: its decisions changed on {changed} of them, more than its drop counts (changes right -> "
+            return (f"{where}: its decisions changed on {changed} {of}, more than its drop counts (changes right -> "
                     f"wrong offset by changes wrong -> right), and the {CONFIDENCE:.0%} interval of the drop reaches "
                     f"{bound:.4g} > tolerance {tolerance:g}{_rows_at_this_spread(metric, tolerance, reference, own, bound)}")
     paired = _drop_bound(metric, reference, own)
@@ -172,6 +179,7 @@ def rows_alone(metric: str, tolerance: float, reference: SliceMetrics, own: Slic
     interval of its drop: then every variant judged on the same rows is as unresolved there as `own`."""
     paired = _drop_bound(metric, reference, own) is not None and not METRICS[metric].share_of_rows
     paired |= _compensated_bound(metric, tolerance, reference, own) is not None
+    paired |= bool(_changes_uncounted(metric, reference, own))
     return not paired or own.judged_count(metric) < MIN_ROWS
 
 
@@ -188,26 +196,58 @@ def _rows_at_this_spread(metric: str, tolerance: float, reference: SliceMetrics,
 
 
 def _compensated_bound(metric: str, tolerance: float, reference: SliceMetrics,
-                       own: SliceMetrics) -> tuple[int, float] | None:  # fmt: skip
-    """(units whose decision changed, the far end of the drop's paired interval) for a share of rows scored against
+                       own: SliceMetrics) -> tuple[int, int, float] | None:  # fmt: skip
+    """(units whose decision changed, the units counted, the far end of the drop's paired interval) for a share of rows scored against
     labels whose variant changed more decisions than its drop counts, and more than a `tolerance`'s worth of them;
     None where no change was offset by another or all of them together are within the tolerance (the rows rule
-    covers it), or the companion figure is not recorded on the same units."""
+    covers it), or the companion figure is not recorded on the same units. Units grouped in rows (a token
+    classification's tokens: `changed_together` recorded) are counted as such, and the interval is widened by how
+    many changed units a changed one shares its row with: a row's tokens flip together."""
     info = METRICS[metric]
-    if not info.decisions:
-        return None
-    companion = metric.rpartition(OUTPUT_SEPARATOR)[0] + OUTPUT_SEPARATOR + info.decisions if OUTPUT_SEPARATOR in metric \
-        else info.decisions
-    agreement = own.metrics.get(companion, math.nan)
-    units = own.judged_count(metric)
-    if not math.isfinite(agreement) or units < MIN_ROWS or own.judged_count(companion) != units:
+    companion = _companion(metric)
+    agreement, together = own.metrics.get(companion, math.nan), own.changed_together.get(companion)
+    units = own.judged_count(metric) if together is None else own.denominators.get(metric, own.size)
+    if not companion or not math.isfinite(agreement) or own.judged_count(metric) < MIN_ROWS \
+            or own.denominators.get(companion, own.size) != own.denominators.get(metric, own.size):  # fmt: skip
         return None
     point = drop(metric, reference.metrics.get(metric, math.nan), own.metrics.get(metric, math.nan))
     changed = round((1 - agreement) * units)
     if not math.isfinite(point) or changed <= abs(point) * units + 0.5 or changed <= tolerance / (info.high - info.low) * units:
         return None
-    variance = max(changed / units - point**2, 0.0) * units / (units - 1)  # ddof 1, as the reported intervals
-    return changed, point + NormalDist().inv_cdf(0.5 + CONFIDENCE / 2) * math.sqrt(variance / units)
+    if together is not None and together > 1:  # over rows: the sum of each row's drop squared is at most together * changed
+        spread = together * changed / units**2 * own.size / max(own.size - 1, 1)
+    else:  # each unit's drop -1, 0 or 1; ddof 1, as the reported intervals
+        spread = max(changed / units - point**2, 0.0) / (units - 1)
+    return changed, units, point + NormalDist().inv_cdf(0.5 + CONFIDENCE / 2) * math.sqrt(spread)
+
+
+def _companion(metric: str) -> str:
+    """The figure of `metric`'s output counting its units whose decision is FP32's (the catalogue's `decisions`),
+    '' where it has none."""
+    head, separator, _ = metric.rpartition(OUTPUT_SEPARATOR)
+    decisions = METRICS[metric].decisions
+    return head + separator + decisions if decisions else ""
+
+
+def _changes_uncounted(metric: str, reference: SliceMetrics, own: SliceMetrics) -> str:
+    """Why `own`'s scope cannot say how many of `metric`'s units changed their decision, where `metric` has a
+    companion counting them (_companion) that FP32's `reference` scope records, and a figure on MIN_ROWS units at
+    least: the companion not recorded, not finite, or counted over other units. qbench records it beside every such
+    metric, on the same units; without it a drop of 0 may rest on any number of offsetting changes, so no pass there
+    is evidence. '' where it can (results recording the companion for no result are judged by the rows rule)."""
+    companion = _companion(metric)
+    if not companion or companion not in reference.metrics or own.judged_count(metric) < MIN_ROWS \
+            or not math.isfinite(own.metrics.get(metric, math.nan)):  # fmt: skip
+        return ""
+    if not math.isfinite(own.metrics.get(companion, math.nan)):
+        return f"its {companion} is {own.metrics[companion]}" if companion in own.metrics else f"no {companion} recorded"
+    units, counted = (own.denominators.get(name, own.size) for name in (metric, companion))
+    if units != counted:
+        return f"its {companion} is counted over {counted} units, its {metric} over {units}"
+    together = own.changed_together.get(companion, math.nan if companion in reference.changed_together else 1.0)
+    if not together >= 1:
+        return f"how many changes of its {companion} share a row is {together} (1 or more expected)"
+    return ""
 
 
 def _drop_bound(metric: str, reference: SliceMetrics, own: SliceMetrics) -> float | None:

@@ -21,6 +21,7 @@ Schema (version 1), documented in reports/README.md:
     AccuracyResult: rows, nonfinite_outputs, overall SliceMetrics, slices [SliceMetrics]
     SliceMetrics: name, size, metrics {m: value}, intervals {m: [lo, hi]}, drops {m: drop vs FP32},
       nonfinite_outputs, new_nonfinite_outputs, denominators {m: count its rate is a share of, when not size},
+      changed_together {m: changed units a changed unit shares its row with, weighted by changes (tokens)},
       spread {output: how much it varies across the scope's rows (metrics.spread)},
       kept {output: Kept {rule, component, reference, own, chance, elsewhere}: what it kept least of, or lost
         (validate/kept.py)},
@@ -92,6 +93,11 @@ class SliceMetrics:
     # output's accuracy is a share of the scope's scored tokens, its kl_mean a mean over them; an embedding's
     # nn_agreement of its sampled query rows): the gate checks a rate against that count, min_slice_size counts it
     denominators: dict[str, int] = field(default_factory=dict)
+    # metric counting units whose decision is FP32's, where a row holds several (a token classification's agreement)
+    # -> how many changed units a changed unit shares its row with, weighted by changes (sum over rows of c^2 / sum of
+    # c, c a row's changed units; 1: one a row at most): a row's tokens flip together, so the gate widens the drop's
+    # interval by it (qbench.gate_resolution); absent: each changed unit a row of its own
+    changed_together: dict[str, float] = field(default_factory=dict)
     # evaluated output -> how much it varies across the scope's rows (metrics.spread): a variant whose outputs barely
     # vary where FP32's do no longer depends on its inputs there, whatever a metric a constant answer scores well on
     # says (the gate's output_spread check, overall and per slice: an input regime past the calibrated range can
@@ -352,6 +358,7 @@ def _slice(raw: dict[str, Any], where: str) -> SliceMetrics:
         nonfinite_outputs=int(raw["nonfinite_outputs"]),
         new_nonfinite_outputs=int(raw.get("new_nonfinite_outputs", 0)),
         denominators=_counts(raw.get("denominators")),
+        changed_together=figures(raw.get("changed_together"), "changed_together"),
         spread=figures(raw.get("spread"), "spread"),
         kept={output: _kept(value, f"{where}.kept.{output}") for output, value in (raw.get("kept") or {}).items()},
         raised={str(name): str(why) for name, why in (raw.get("raised") or {}).items()},

@@ -71,3 +71,42 @@ def test_a_class_collapsed_among_a_thousand_still_breaches():
     # losing all 5 at 5.9 %: p^5 = 7.3e-7 per class, over 1000 classes judged 7.3e-4
     chance = float(check_line(breach).rpartition("probability ")[2])
     assert chance == pytest.approx(7.3e-4, rel=0.05) and chance < CHANCE
+
+
+def test_a_class_lost_by_chance_on_one_of_many_slices_is_corrected_for_the_slices_judged():
+    """100 classes of 50 labelled rows in 10 slices (5 of each class a slice); a variant whose rounding noise changes
+    8 % of its answers lost 4 of the 5 rows FP32 decides class 10 on in slice part=9 (chance 0.014 over that slice's
+    classes) and breached (exit 1), though each scope is as likely to show such a loss by chance: the gate judges 11
+    scopes, and one class lost by chance on any of them breached. Corrected over them (0.014 x 11 = 0.15), it passes;
+    a class collapsed on every row still breaches overall and on each slice FP32 decides it on 5 rows at least
+    (all lost: 0.0065 at most, on 5 rows at a change rate of 9.9 %)."""
+    rng = np.random.default_rng(9)
+    labels = np.repeat(np.arange(100), 50)
+    logits = rng.normal(size=(labels.size, 100)).astype(np.float32)
+    logits[np.arange(labels.size), labels] += 3.0
+    honest = logits + rng.normal(scale=0.12, size=logits.shape).astype(np.float32)
+    slices = {f"part={s}": np.arange(labels.size) % 10 == s for s in range(10)}
+    spec = GateSpec(metric="accuracy", max_drop=0.02, max_slice_drop=0.05, unresolved="note")
+
+    def verdict(outputs: np.ndarray):
+        fp32 = evaluate_accuracy("classification", logits, logits, labels, slices)
+        own = with_drops(evaluate_accuracy("classification", outputs, logits, labels, slices), fp32)
+        variants = tuple(VariantResult(variant=name, backend=BACKEND, precision=name[:4], status="ok", accuracy=acc)
+                         for name, acc in (("fp32", fp32), ("int8-a", own)))  # fmt: skip
+        results = SweepResults(qbench_version="0", created_at="", recipe={"name": "toy"}, environment={},
+                               calibration=None, evaluation_rows=labels.size, gate_metric=spec.metric,
+                               reference="fp32", variants=variants)  # fmt: skip
+        return evaluate_gate(from_dict(json.loads(to_json(results))), spec), own
+
+    report, own = verdict(honest)
+    kept = own.slice("part=9").kept[""]
+    assert (kept.component, kept.reference, kept.own) == ("class 10", 5.0, 1.0)
+    assert kept.chance == pytest.approx(0.014, abs=5e-4) and kept.chance < CHANCE  # a breach on that scope alone
+    assert report.exit_code == EXIT_PASS, [check_line(c) for c in report.breaches]
+    collapsed = honest.copy()
+    collapsed[:, 10] -= 10.0
+    report, _ = verdict(collapsed)
+    lost = [c for c in report.breaches if c.metric == "decisions_kept"]
+    judged = {name for name, rows in slices.items() if np.count_nonzero(logits[rows].argmax(axis=1) == 10) >= 5}
+    assert report.exit_code == EXIT_BREACH and {c.scope for c in lost} == {"overall", *judged} and len(judged) == 5
+    assert max(float(check_line(c).rpartition("probability ")[2]) for c in lost) == pytest.approx(0.0065, abs=5e-5)

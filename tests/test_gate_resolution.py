@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import xml.etree.ElementTree as ET
 
@@ -13,8 +14,9 @@ from qbench.gate import EXIT_BREACH, EXIT_PASS, EXIT_UNUSABLE, evaluate_gate, ju
 from qbench.gate_report import junit_xml, report_dict
 from qbench.gate_resolution import CONFIDENCE, rows_to_resolve
 from qbench.recipe import GateSpec
-from qbench.results import AccuracyResult, SliceMetrics, SweepResults, VariantResult
+from qbench.results import AccuracyResult, SliceMetrics, SweepResults, VariantResult, from_dict, to_json
 from qbench.validate.accuracy import evaluate_accuracy
+from qbench.validate.metrics import IGNORE_LABEL
 
 SPEC = GateSpec(metric="accuracy", max_drop=0.01, max_slice_drop=0.02, applies_to=["int8"])
 
@@ -213,6 +215,85 @@ def test_compensating_changes_need_the_drops_paired_interval_within_the_toleranc
     few_labels[:2] = 1 - few_labels[:2]
     few_report = _judged_decisions(fp32, few, few_labels)
     assert few_report.checks[0].drop == 0.0 and few_report.exit_code == EXIT_PASS
+
+
+def test_a_variant_whose_results_lack_the_count_of_its_changed_decisions_is_no_pass():
+    """The probe's variant (224 of 1,000 answers changed, as many each way: a drop of 0) with `agreement` taken out of
+    its results (FP32's keep it), or counted over other units, passed a max_drop of 0.01 (exit 0): the compensation
+    rule had nothing to count changes with and fell back to the rows rule. qbench records agreement beside accuracy on
+    the same units, so results without it are another qbench's or edited: the pass resolves nothing (exit 2)."""
+    fp32 = np.zeros(1000, dtype=np.int64)
+    fp32[::2] = 1
+    labels, variant = fp32.copy(), fp32.copy()
+    labels[:112] = 1 - labels[:112]
+    variant[:224] = 1 - variant[:224]
+    reference = _binary_scores(fp32)
+    fp32_accuracy, own = (evaluate_accuracy("classification", _binary_scores(d), reference, labels, {})
+                          for d in (fp32, variant))  # fmt: skip
+
+    def judged(overall: SliceMetrics):
+        variants = [VariantResult(variant=name, backend="cpu", precision=name, status="ok", accuracy=accuracy)
+                    for name, accuracy in (("fp32", fp32_accuracy), ("int8", AccuracyResult(1000, 0, overall)))]
+        return evaluate_gate(sweep(*variants), SPEC)
+
+    without = {k: v for k, v in own.overall.metrics.items() if k != "agreement"}
+    report = judged(dataclasses.replace(own.overall, metrics=without))
+    assert report.exit_code == EXIT_UNUSABLE
+    assert report.problems == ("int8@cpu: too few rows to resolve the tolerance: overall accuracy on 1000 rows: no "
+                               "agreement recorded, so how many of its decisions changed (changes right -> wrong its "
+                               "drop may offset by changes wrong -> right) is unknown: results written by another "
+                               "qbench, or edited",)  # fmt: skip
+    elsewhere = judged(dataclasses.replace(own.overall, denominators={"agreement": 500}))
+    assert elsewhere.exit_code == EXIT_UNUSABLE
+    assert "its agreement is counted over 500 units, its accuracy over 1000" in elsewhere.problems[0]
+    assert judged(own.overall).exit_code == EXIT_UNUSABLE and "changed on 224 of them" in judged(own.overall).problems[0]
+
+
+def test_token_changes_of_one_row_widen_the_drops_interval_as_the_rows_they_move_in():
+    """Token accuracy over 1,990 scored tokens: rows 0-9 hold 100 each, rows 10-999 one each. A variant rewriting
+    rows 0-1 (200 tokens right -> wrong) and rows 2-3 (200 tokens FP32 got wrong -> right) has FP32's accuracy, a drop
+    of 0, and passed a max_drop of 0.05 (exit 0): the compensation rule took the token shares over the scope's 1,000
+    rows as if each changed independently, an interval reaching 0.0278. A row's tokens flip together: the drop is
+    four rows' worth of +-100 tokens, its 95 % interval (over rows: sqrt(1000 / 999 * 4 * 100^2) / 1990 = 0.1006)
+    reaching 0.197 (exit 2). The same 400 changes one to a row of their own stay a pass (0.0197)."""
+    rows, tokens = 1000, 100
+    fp32 = np.arange(rows * tokens).reshape(rows, tokens) % 3
+    scored = np.zeros((rows, tokens), dtype=bool)
+    scored[:10], scored[10:, 0] = True, True
+    labels = fp32.copy()
+    labels[2:4] = (fp32[2:4] + 1) % 3  # FP32 wrong on every token of rows 2 and 3
+    whole_rows = fp32.copy()
+    whole_rows[:2] = (fp32[:2] + 1) % 3
+    whole_rows[2:4] = labels[2:4]
+    scattered = fp32.copy()
+    labels[210:410, 0] = (fp32[210:410, 0] + 1) % 3  # ...and on 200 one-token rows, which `scattered` gets right
+    scattered[210:410, 0] = labels[210:410, 0]
+    scattered[10:210, 0] = (fp32[10:210, 0] + 1) % 3  # while it gets 200 other one-token rows wrong
+    labels[~scored] = IGNORE_LABEL
+    whole_rows[2:4] = np.where(scored[2:4], labels[2:4], whole_rows[2:4])
+    spec = GateSpec(metric="accuracy", max_drop=0.05, max_slice_drop=0.05, applies_to=["int8"])
+
+    def judged(variant: np.ndarray, edit=lambda scope: scope):
+        one_hot = np.eye(3, dtype=np.float32)
+        fp32_accuracy, own = (evaluate_accuracy("classification", one_hot[d], one_hot[fp32], labels, {})
+                              for d in (fp32, variant))  # fmt: skip
+        variants = result("fp32", fp32_accuracy.overall), result("int8", edit(own.overall))
+        return evaluate_gate(from_dict(json.loads(to_json(sweep(*variants)))), spec), own.overall, fp32_accuracy.overall
+
+    report, overall, reference = judged(whole_rows)
+    assert (overall.denominators["accuracy"], overall.metrics["agreement"]) == (1990, pytest.approx(1 - 400 / 1990))
+    assert overall.changed_together == {"agreement": 100.0}
+    assert overall.metrics["accuracy"] == reference.metrics["accuracy"] == 1590 / 1990
+    bound = 1.959964 * math.sqrt(1000 / 999 * 4 * 100**2) / 1990
+    assert report.exit_code == EXIT_UNUSABLE
+    assert ("overall accuracy on 1000 rows: its decisions changed on 400 of its 1990 scored units (100 changed "
+            "together a row, weighted by changes), more than its drop counts") in report.problems[0]
+    assert f"the 95% interval of the drop reaches {bound:.4g} > tolerance 0.05" in report.problems[0]
+    report, overall, _ = judged(scattered)
+    assert overall.changed_together == {"agreement": 1.0} and overall.metrics["agreement"] == pytest.approx(1 - 400 / 1990)
+    assert (report.checks[0].drop, report.exit_code) == (0.0, EXIT_PASS)
+    edited, _, _ = judged(scattered, lambda scope: dataclasses.replace(scope, changed_together={}))  # FP32's has it
+    assert edited.exit_code == EXIT_UNUSABLE and "how many changes of its agreement share a row is nan" in edited.problems[0]
 
 
 def test_changes_within_the_tolerance_are_never_judged_more_harshly_than_losses_alone():

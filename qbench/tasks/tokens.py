@@ -5,8 +5,8 @@ IGNORE_LABEL (-100, Hugging Face's convention for padding, special tokens and la
 Every metric is computed over the scored tokens of a scope's rows, so the rates (accuracy, agreement, flip_rate)
 are shares of tokens, not rows, and kl_mean a mean over tokens: each scope records how many tokens every metric rests
 on (SliceMetrics.denominators), which is what the gate checks the rates against and counts for min_slice_size (a
-slice of 40 rows with 3 scored tokens is judged as 3, not 40). A class FP32 decides on enough scored tokens that the
-variant no longer decides on them breaches (token_decisions_kept, qbench.validate.kept).
+slice of 40 rows with 3 scored tokens is judged as 3, not 40). A class FP32 decides in enough rows that the variant
+no longer decides on half their tokens of it breaches (token_decisions_kept, qbench.validate.kept).
 """
 
 from __future__ import annotations
@@ -164,6 +164,9 @@ class TokenRows:
         values["max_abs_error"] = metrics.max_abs_error(
             metrics.token_scores(self.outputs, tokens), metrics.token_scores(self.reference, tokens)
         )
-        kept = kept_rules.token_decisions_kept(predicted, reference_predicted, np.nonzero(tokens)[0])
+        rows = np.nonzero(tokens)[0]
+        kept = kept_rules.token_decisions_kept(predicted, reference_predicted, rows)
         return SliceMetrics(name=name, size=int(np.count_nonzero(mask)), metrics=values, intervals=intervals,
-                            denominators=dict.fromkeys(values, count), kept={"": kept} if kept else {})  # fmt: skip
+                            denominators=dict.fromkeys(values, count), kept={"": kept} if kept else {},
+                            changed_together={"agreement": metrics.changed_together(predicted, reference_predicted,
+                                                                                     rows)})  # fmt: skip

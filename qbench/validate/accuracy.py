@@ -76,6 +76,7 @@ class _OutputRows:
             metrics={f"{self.prefix}{k}": v for k, v in values.items()},
             intervals={f"{self.prefix}{k}": v for k, v in own.intervals.items()},
             denominators={f"{self.prefix}{k}": v for k, v in own.denominators.items()},
+            changed_together={f"{self.prefix}{k}": v for k, v in own.changed_together.items()},
             kept={self.output: v for v in own.kept.values()},
         )
 
@@ -161,6 +162,7 @@ def _merged(name: str, parts: list[SliceMetrics]) -> SliceMetrics:
         metrics={k: v for part in parts for k, v in part.metrics.items()},
         intervals={k: v for part in parts for k, v in part.intervals.items()},
         denominators={k: v for part in parts for k, v in part.denominators.items()},
+        changed_together={k: v for part in parts for k, v in part.changed_together.items()},
         kept={k: v for part in parts for k, v in part.kept.items()},
         raised={k: v for part in parts for k, v in part.raised.items()},
     )

@@ -180,6 +180,16 @@ def flip_rate(pred_a: np.ndarray, pred_b: np.ndarray) -> float:
     return _mean(~_matches(pred_a, pred_b))
 
 
+def changed_together(pred_a: np.ndarray, pred_b: np.ndarray, rows: np.ndarray) -> float:
+    """How many changed decisions (those `flip_rate` counts) a changed decision shares its row (`rows`: each
+    decision's) with, weighted by changes: sum over rows of c^2 / sum of c, c a row's changed decisions; 1 where no
+    row holds two (or none changed). The variance of a share's drop over decisions grouped in rows is at most this
+    times the one of independent decisions."""
+    counts = np.bincount(np.asarray(rows)[~_matches(pred_a, pred_b)]).astype(np.float64)
+    total = float(counts.sum())
+    return float(np.sum(counts**2)) / total if total else 1.0
+
+
 IGNORE_LABEL = -100
 """The label of a token not to score (padding, special tokens, a word's later sub-tokens): Hugging Face's convention."""
 

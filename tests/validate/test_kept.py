@@ -10,6 +10,7 @@ from qbench.validate.kept import (
     CHANCE,
     KEPT,
     MIN_ROWS,
+    across,
     binomial_tail,
     comparable,
     decisions_kept,
@@ -43,6 +44,28 @@ def test_decisions_kept_judges_each_label_on_and_off_and_nothing_fp32_decides_on
     assert decisions_kept(predicted, reference) == Kept("decisions_kept", "label 0 on", 5.0, 0.0, chance=0.0,
                                                         elsewhere=0.0)  # fmt: skip
     assert decisions_kept(np.array([1, 1, 1, 1]), np.array([0, 0, 0, 0])) is None  # 4 rows < MIN_ROWS
+
+
+def test_a_labels_on_decisions_are_compared_with_the_on_decisions_of_the_labels_kept():
+    """Multilabel, 100 rows: label 0 on in 5 rows, labels 1-3 on in 20 each; the variant switches off 3 of label 0's
+    5 and 4 of each other label's 20 (20 % of the positives), and no "off" decision. Pooled with the 335 "off"
+    decisions the rate was 12 / 395 = 3.0 %: 8 classes x P(X >= 3 | 5, 0.0304) = 0.0021, a breach for a label losing
+    its positives as often as every label does. Against the "on" decisions' 20 %: 8 x P(X >= 3 | 5, 0.2) =
+    8 x 0.05792 = 0.463, by chance; losing all 5 is 8 x 0.2^5 = 0.00256, still lost."""
+    reference = np.zeros((100, 4), dtype=np.int64)
+    reference[:5, 0] = 1
+    for j in (1, 2, 3):
+        reference[20 * j : 20 * j + 20, j] = 1
+    predicted = reference.copy()
+    predicted[:3, 0] = 0
+    for j in (1, 2, 3):
+        predicted[20 * j : 20 * j + 4, j] = 0
+    kept = decisions_kept(predicted, reference)
+    assert (kept.component, kept.reference, kept.own, kept.elsewhere) == ("label 0 on", 5.0, 2.0, pytest.approx(0.2))
+    assert kept.chance == pytest.approx(8 * 0.05792) and not lost(kept)
+    predicted[:5, 0] = 0
+    kept = decisions_kept(predicted, reference)
+    assert (kept.component, kept.own, kept.chance) == ("label 0 on", 0.0, pytest.approx(8 * 0.2**5)) and lost(kept)
 
 
 def test_binomial_tail_against_hand_computed_values():
@@ -95,18 +118,39 @@ def test_a_record_without_a_chance_is_judged_on_its_share_alone():
 
 def test_a_class_of_tokens_counts_its_rows_as_its_draws():
     # class 3: 10 tokens in 5 rows (2 a row), 6 of them lost (3 rows' pairs); class 0: 40 tokens of 20 rows, 4 changed
-    # (10 %). As 10 tokens: P(X >= 6 | 10, 0.1) = 1.5e-4; as 5 rows losing 60 % of them, 3: P(X >= 3 | 5, 0.1) = 0.00856
+    # (10 %). As 10 tokens: P(X >= 6 | 10, 0.1) = 1.5e-4; as 5 rows of which 3 lost: P(X >= 3 | 5, 0.1) = 0.00856
     reference = np.r_[[3] * 10, [0] * 40]
     rows = np.r_[np.repeat(np.arange(5), 2), np.repeat(np.arange(5, 25), 2)]
     predicted = reference.copy()
     predicted[:6] = 1
     predicted[10:14] = 1
     kept = token_decisions_kept(predicted, reference, rows)
-    assert (kept.component, kept.own, kept.elsewhere) == ("class 3", 4.0, pytest.approx(0.1))
+    assert (kept.component, kept.reference, kept.own, kept.elsewhere) == ("class 3", 5.0, 2.0, pytest.approx(0.1))
     assert kept.chance == pytest.approx(2 * 0.00856)  # 2 classes judged
 
 
-def test_token_decisions_kept_counts_tokens_and_names_its_own_rule():
+def test_a_token_class_is_kept_row_by_row_so_one_long_row_cannot_outweigh_the_rest():
+    """Class 1 in 5 rows: row 20 holds 20 of its 24 tokens, rows 21-24 one each; class 0: 5 tokens in each of rows
+    0-19, one token changed in rows 0-4 (5 of 100). On a share of tokens, losing the class on row 20 alone (4 of 5
+    rows kept) breached (4 of 24 tokens kept, counted as 5 rows lost: chance 2 x 0.05^5 = 6.3e-7), while losing it on rows 21-24 (1
+    of 5 rows kept) passed (20 of 24 tokens kept): the variant that lost more rows fared better. A row is the unit:
+    the first keeps 4 of 5 rows; the second keeps 1, and losing 4 of 5 rows at the 5 % its other class changes is
+    2 x (5 x 0.05^4 x 0.95 + 0.05^5) = 6.0e-5 (2 classes judged)."""
+    reference = np.r_[[0] * 100, [1] * 20, [1] * 4]
+    rows = np.r_[np.repeat(np.arange(20), 5), [20] * 20, np.arange(21, 25)]
+    noisy = reference.copy()
+    noisy[[0, 5, 10, 15, 20]] = 2  # one token of class 0 changed in each of rows 0-4
+    long_row, short_rows = noisy.copy(), noisy.copy()
+    long_row[rows == 20] = 0
+    short_rows[rows >= 21] = 0
+    kept = token_decisions_kept(long_row, reference, rows)
+    assert kept == Kept("token_decisions_kept", "class 1", 5.0, 4.0) and not lost(kept)
+    kept = token_decisions_kept(short_rows, reference, rows)
+    assert (kept.component, kept.reference, kept.own, kept.elsewhere) == ("class 1", 5.0, 1.0, 0.05)
+    assert kept.chance == pytest.approx(2 * (5 * 0.05**4 * 0.95 + 0.05**5)) and lost(kept)
+
+
+def test_token_decisions_kept_counts_rows_and_names_its_own_rule():
     # 12 scored tokens of 6 rows (2 each): FP32 decides class 3 on 5 of them (rows 0, 1, 2, 3, 4), the variant on 2;
     # class 0 on 7, all kept
     reference = np.array([3, 0, 3, 0, 3, 0, 3, 0, 3, 0, 0, 0])
@@ -191,3 +235,10 @@ def test_rows_kept_names_the_row_whose_cosine_rises_least_above_what_fp32_s_rows
 def test_a_variant_may_record_the_other_rule_of_fp32_s_slot():
     assert comparable("spread_kept", "rows_kept") and comparable("rows_kept", "spread_kept")
     assert comparable("tail_kept", "tail_kept") and not comparable("decisions_kept", "rows_kept")
+
+
+def test_across_corrects_a_records_chance_over_the_scopes_the_gate_judges():
+    record = Kept("decisions_kept", "class 10", 5.0, 1.0, chance=0.014, elsewhere=0.0848)
+    assert lost(record) and across(record, 11).chance == pytest.approx(0.154) and not lost(across(record, 11))
+    assert across(record, 1) == record and across(record, 100).chance == 1.0
+    assert across(Kept("tail_kept", "column 0 top", 5.0, 1.0), 11) == Kept("tail_kept", "column 0 top", 5.0, 1.0)

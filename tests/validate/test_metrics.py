@@ -421,3 +421,14 @@ def test_spread_over_the_values_read_varies_each_value_over_the_rows_it_is_read_
     # every value read: the spread without a mask
     assert metrics.spread(values[:3], read=np.ones((3, 2), dtype=bool)) == pytest.approx(metrics.spread(values[:3]))
     assert math.isnan(metrics.spread(values, read=np.zeros((4, 2), dtype=bool)))
+
+
+def test_changed_together_weighs_each_rows_changed_decisions_by_themselves():
+    # rows 0, 0, 0, 1, 1, 2: decisions 0, 1 (row 0) and 3 (row 1) changed, INVALID_CLASS never agreeing:
+    # (2^2 + 1^2) / 3 = 5 / 3
+    reference = np.array([1, 2, 3, 4, 5, 6])
+    predicted = np.array([0, metrics.INVALID_CLASS, 3, 0, 5, 6])
+    rows = np.array([0, 0, 0, 1, 1, 2])
+    assert metrics.changed_together(predicted, reference, rows) == pytest.approx(5 / 3)
+    assert metrics.changed_together(reference, reference, rows) == 1.0  # nothing changed
+    assert metrics.changed_together(np.zeros(6, dtype=np.int64), reference, np.arange(6)) == 1.0  # one a row
