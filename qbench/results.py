@@ -47,6 +47,8 @@ from qbench.errors import QbenchError, short_repr
 from qbench.files import write_atomically
 from qbench.results_evidence import RECORDED, evidence_from_dict
 from qbench.results_fields import checked_params, known_fields
+from qbench.results_kept import Kept as Kept
+from qbench.results_kept import kept_from_dict
 from qbench.results_ranges import ClipRecord as ClipRecord
 from qbench.results_ranges import CoverageWarning as CoverageWarning
 from qbench.results_ranges import LimitCheck as LimitCheck
@@ -57,26 +59,6 @@ from qbench.results_serving import ServingResult, serving_from_dict
 
 SCHEMA_VERSION = 1
 DIGEST_FIELD = "digest"
-
-
-@dataclass(frozen=True)
-class Kept:
-    """What a variant kept of one component of FP32's behaviour (qbench.validate.kept)."""
-
-    rule: str  # a rule of qbench.validate.kept.KEPT_RULES: "decisions_kept", "tail_kept"...
-    component: str  # "class 3", "label 2 on", "column 0 top", "dimension 7"
-    reference: float  # FP32's figure: rows it decides the class on, its tail's reach, the dimension's spread
-    own: float  # the variant's
-    # decisions_kept, for a class kept under KEPT: how likely losing so many of its rows is by chance at the variant's
-    # change rate on the classes it keeps (`elsewhere`), Bonferroni-corrected over the classes judged; None: judged on
-    # the share alone (another rule, or results from before qbench recorded it)
-    chance: float | None = None
-    elsewhere: float | None = None
-
-    @property
-    def share(self) -> float:
-        """own / reference; NaN where FP32's figure is none to share (0, NaN: results edited), which keeps nothing."""
-        return self.own / self.reference if self.reference > 0 else math.nan
 
 
 @dataclass(frozen=True)
@@ -360,23 +342,9 @@ def _slice(raw: dict[str, Any], where: str) -> SliceMetrics:
         denominators=_counts(raw.get("denominators")),
         changed_together=figures(raw.get("changed_together"), "changed_together"),
         spread=figures(raw.get("spread"), "spread"),
-        kept={output: _kept(value, f"{where}.kept.{output}") for output, value in (raw.get("kept") or {}).items()},
+        kept={output: kept_from_dict(value, f"{where}.kept.{output}") for output, value in (raw.get("kept") or {}).items()},
         raised={str(name): str(why) for name, why in (raw.get("raised") or {}).items()},
     )  # fmt: skip
-
-
-def _kept(raw: dict[str, Any], where: str) -> Kept:
-    raw = known_fields(raw, Kept, where)
-    return Kept(rule=raw["rule"], component=raw["component"], reference=_figure(raw["reference"]),
-                own=_figure(raw["own"]), chance=_optional(raw.get("chance")), elsewhere=_optional(raw.get("elsewhere")))
-
-
-def _optional(value: float | None) -> float | None:
-    return None if value is None else float(value)
-
-
-def _figure(value: float | None) -> float:
-    return math.nan if value is None else float(value)
 
 
 def _accuracy(raw: dict[str, Any] | None, where: str) -> AccuracyResult | None:
