@@ -49,14 +49,20 @@ def vacuous_tolerances(spec: GateSpec) -> list[str]:
             f"percent? {value:g} % is {value / 100:g})" for field, value in stated]  # fmt: skip
 
 
+def _references(results: SweepResults, pairs: Sequence[tuple[str, str]]) -> list[VariantResult]:
+    """FP32's result on each backend the gated pairs run on, once each, in their order; none where it is missing (the
+    gate's problems say so)."""
+    found = (results.find(results.reference, backend) for backend in dict.fromkeys(b for _, b in pairs))
+    return [reference for reference in found if reference is not None]
+
+
 def nonfinite_reference(results: SweepResults, pairs: Sequence[tuple[str, str]]) -> list[str]:
     """A note per backend whose FP32 reference gives NaN/inf on some evaluation rows: there a variant is held only
     to adding no NaN/inf of its own, and every variant's metrics (FP32's own agreement too) count those rows as
     misses, so the drops are measured on the other rows."""
     notes = []
-    for backend in dict.fromkeys(b for _, b in pairs):
-        reference = results.find(results.reference, backend)
-        if reference is not None and reference.accuracy is not None and reference.accuracy.nonfinite_outputs:
+    for reference in _references(results, pairs):
+        if reference.accuracy is not None and reference.accuracy.nonfinite_outputs:
             notes.append(f"{nonfinite_reference_rows(reference.key, reference.accuracy)}: on those rows variants are only checked not to add "
                          "NaN/inf, and every variant's metrics count them as misses")  # fmt: skip
     return notes
@@ -101,8 +107,8 @@ def fitted_on_judged_rows(results: SweepResults, pairs: Sequence[tuple[str, str]
 def rounded_reference(results: SweepResults, pairs: Sequence[tuple[str, str]]) -> list[str]:
     """Once, where the reference stores its weights in a smaller type (qbench.preflight_precision.stored_weights):
     every check here measures from that rounding."""
-    found = [results.find(results.reference, backend) for backend in dict.fromkeys(b for _, b in pairs)]
-    stored = next((r.params["stored_weights"] for r in found if r is not None and "stored_weights" in r.params), None)
+    stored = next((r.params["stored_weights"] for r in _references(results, pairs) if "stored_weights" in r.params),
+                  None)
     return [f"the reference {results.reference} {stored}"] if stored else []
 
 
@@ -164,9 +170,8 @@ def one_class_reference(results: SweepResults, spec: GateSpec, pairs: Sequence[t
     if figure not in DECISION_METRICS:
         return []
     notes = []
-    for backend in dict.fromkeys(b for _, b in pairs):
-        reference = results.find(results.reference, backend)
-        found = [] if reference is None else reference.params.get(ONE_CLASS_OUTPUTS, [])
+    for reference in _references(results, pairs):
+        found = reference.params.get(ONE_CLASS_OUTPUTS, [])
         if (output or (found[0] if len(found) == 1 else None)) in found:
             notes.append(f"{reference.key} decides every evaluation row one class on output {output or found[0]!r} "
                          f"(its notes say why): {spec.metric} moves only where a variant carries a score across the "
@@ -189,9 +194,8 @@ def reference_worse_than_the_mean(results: SweepResults, spec: GateSpec, pairs: 
         return []
     key = f"{output}{separator}r2"
     notes = []
-    for backend in dict.fromkeys(b for _, b in pairs):
-        reference = results.find(results.reference, backend)
-        r2 = math.nan if reference is None or reference.accuracy is None else reference.accuracy.overall.metrics.get(key)
+    for reference in _references(results, pairs):
+        r2 = None if reference.accuracy is None else reference.accuracy.overall.metrics.get(key)
         if r2 is not None and r2 < 0:
             notes.append(f"{reference.key} predicts the labels worse than their mean does (R² {r2:.4g} over every "
                          f"evaluation row): labels in other units, of another target or shifted? A drop in "
