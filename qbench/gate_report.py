@@ -49,21 +49,22 @@ def verdict(report: GateReport) -> str:
     """'pass', 'breach', 'interrupted' (a signal ended the command before its verdict stood), 'error' (the verdict
     stood, then the command failed: GateReport.failed_after_verdict) or 'unusable': the exit code in a word (the last
     three are all 2)."""
-    return _VERDICTS.get(report.exit_code, _ending(report)[0])
+    return _VERDICTS.get(report.exit_code, _ending(report))
 
 
 def headline(report: GateReport) -> str:
     """'PASS', 'FAIL', 'FAIL (interrupted)', 'FAIL (error after the verdict)' or 'FAIL (results unusable)'."""
-    return _HEADLINES.get(report.exit_code, f"FAIL ({_ending(report)[1]})")
+    return _HEADLINES.get(report.exit_code, f"FAIL ({_ENDING_HEADLINES[_ending(report)]})")
 
 
-def _ending(report: GateReport) -> tuple[str, str]:
-    """How a command without a verdict of 0 or 1 ended: its word and its headline's words."""
+_ENDING_HEADLINES = {"interrupted": "interrupted", "error": "error after the verdict", "unusable": "results unusable"}
+
+
+def _ending(report: GateReport) -> str:
+    """How a command without a verdict of 0 or 1 ended: 'interrupted', 'error' or 'unusable'."""
     if report.interrupted:
-        return "interrupted", "interrupted"
-    if report.failed_after_verdict:
-        return "error", "error after the verdict"
-    return "unusable", "results unusable"
+        return "interrupted"
+    return "error" if report.failed_after_verdict else "unusable"
 
 
 def _problem_kind(report: GateReport, problem: str) -> str:
