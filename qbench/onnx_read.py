@@ -65,10 +65,7 @@ def file_over_protobuf_limit(path: Path | str) -> bool:
 def stored_bytes(tensor: onnx.TensorProto) -> int:
     """The bytes of `tensor`'s values wherever they are stored (its raw_data or an external file), from its shape and
     element type; 0 for a type with no numpy form."""
-    try:
-        return math.prod(tensor.dims) * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
-    except (KeyError, ValueError):
-        return 0
+    return _shaped_bytes(tensor) or 0
 
 
 def held_bytes(tensor: onnx.TensorProto) -> int:
@@ -77,11 +74,16 @@ def held_bytes(tensor: onnx.TensorProto) -> int:
     type, packed two values a byte, is counted a byte a value: a bound, for the size thresholds this serves."""
     if not tensor.HasField("raw_data"):
         return 0
+    shaped = _shaped_bytes(tensor)
+    return len(tensor.raw_data) if shaped is None else shaped  # a type with no numpy form: ask the field itself
+
+
+def _shaped_bytes(tensor: onnx.TensorProto) -> int | None:
+    """Its element count times its element type's size; None for a type with no numpy form."""
     try:
-        itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
-    except (KeyError, ValueError):  # a type with no numpy form: ask the field itself
-        return len(tensor.raw_data)
-    return math.prod(tensor.dims) * itemsize
+        return math.prod(tensor.dims) * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    except (KeyError, ValueError):
+        return None
 
 
 def infer_shapes(model: onnx.ModelProto, **options: bool) -> onnx.ModelProto:
