@@ -93,10 +93,7 @@ def infer_shapes(model: onnx.ModelProto, **options: bool) -> onnx.ModelProto:
     inferred too, and a model of any size is held once more rather than four times (onnx serialises the model,
     parses it in C++, serialises the result and parses that). `model` is left as it was."""
     inferred = infer_types(model, **options)
-    standins = standin_names(model)
-    inputs = [value for value in inferred.graph.input if value.name not in standins]
-    inferred.graph.ClearField("input")
-    inferred.graph.input.extend(inputs)
+    drop_standin_inputs(inferred.graph, standin_names(model))
     inferred.graph.ClearField("initializer")
     for tensor in model.graph.initializer:
         inferred.graph.initializer.add().CopyFrom(tensor)
@@ -114,6 +111,14 @@ def standin_names(model: onnx.ModelProto) -> set[str]:
     """The initializers `typing_skeleton` declares as graph inputs."""
     declared = {value.name for value in model.graph.input}
     return {t.name for t in model.graph.initializer if held_bytes(t) > _WEIGHTLESS_BYTES and t.name not in declared}
+
+
+def drop_standin_inputs(graph: onnx.GraphProto, standins: set[str]) -> None:
+    """Take out of `graph`, computed on a typing skeleton, the inputs standing in for the weights `standins` names,
+    before those weights are put back as its initializers."""
+    kept = [value for value in graph.input if value.name not in standins]
+    graph.ClearField("input")
+    graph.input.extend(kept)
 
 
 def typing_skeleton(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -22,7 +22,7 @@ import onnx.version_converter
 from onnx import helper
 
 from qbench.errors import QbenchError
-from qbench.onnx_read import standin_names, typing_skeleton
+from qbench.onnx_read import drop_standin_inputs, standin_names, typing_skeleton
 from qbench.variants.onnx_utils import all_nodes, check_model_against, default_opset, subgraphs_of
 
 
@@ -72,9 +72,7 @@ def _convert_version(model: onnx.ModelProto, minimum: int) -> onnx.ModelProto:
         if kind is None or kind.elem_type != tensor.data_type or [d.dim_value for d in kind.shape.dim] != list(tensor.dims):
             raise QbenchError(f"raising opset {default_opset(model)} to {minimum} (onnx's version converter) changed "
                               f"weight {name!r}; export the model at opset {minimum} or later")  # fmt: skip
-    kept = [value for value in converted.graph.input if value.name not in standins]
-    converted.graph.ClearField("input")
-    converted.graph.input.extend(kept)
+    drop_standin_inputs(converted.graph, set(standins))
     small = {tensor.name: tensor for tensor in converted.graph.initializer}
     ordered = [standins.get(tensor.name) or small.pop(tensor.name, None) for tensor in model.graph.initializer]
     converted.graph.ClearField("initializer")
