@@ -9,7 +9,7 @@ graph may name its columns (a ZipMap's keys, a class table), and the count must 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -81,38 +81,48 @@ def check_output_labels(
         ) from None
 
 
-def below_chance_readings(recipe: Recipe, outputs: Sequence[OutputChoice], overall: SliceMetrics,
-                          labels: np.ndarray) -> list[tuple[str, bool]]:  # fmt: skip
+def below_chance_readings(recipe: Recipe, outputs: Sequence[OutputChoice], overall: SliceMetrics, labels: np.ndarray,
+                          unpaired: Callable[[], SliceMetrics]) -> list[tuple[str, bool]]:  # fmt: skip
     """For each evaluated output on which FP32's accuracy over every evaluation row (`overall`, its figures against
-    `labels`) is below what a uniform guess among its classes scores: why that is suspect (classification.below_chance)
-    and whether it is beyond chance's reach, the 95 % interval (the report's) ending below it. Labels in another
-    coding than the output's columns (ids shifted by one, data.classes in another order, binary labels inverted)
-    make FP32 wrong on nearly every row, and a variant is then judged by its changes between wrong answers. None
-    where FP32 gives NaN/inf (those rows are misses whatever the labels say) or the task is not classification."""
+    `labels`) is below what a uniform guess among its classes scores and below what a guess answering each class as
+    often as FP32 does, whatever the input, scores (`unpaired`: FP32's figures against the labels shuffled across
+    rows, asked only then): why that is suspect (classification.below_chance) and whether it is beyond chance's reach,
+    the 95 % interval (the report's) ending below both. Labels in another coding than the output's columns (ids
+    shifted by one, data.classes in another order, binary labels inverted) make FP32 wrong on nearly every row, and a
+    variant is then judged by its changes between wrong answers. An evaluation set whose labels lean to classes FP32
+    answers less often (one class's rows only: FP32's accuracy there is its recall of that class, below a uniform
+    guess for a model that answers it rarely) scores no better unpaired: no reading. None where FP32 gives NaN/inf
+    (those rows are misses whatever the labels say) or the task is not classification."""
     if recipe.task != "classification" or overall.nonfinite_outputs:
         return []
-    found = []
+    found, shuffled = [], None
     for choice in outputs:
         name = f"{choice.name}{OUTPUT_SEPARATOR}accuracy" if len(outputs) > 1 else "accuracy"
         rate, rows = overall.metrics.get(name, math.nan), overall.judged_count(name)
         why = below_chance(rate, choice.meta, labels, recipe.data.classes) if rows and math.isfinite(rate) else None
         if why is None:
             continue
+        shuffled = shuffled or unpaired()
+        guess = shuffled.metrics.get(name, math.nan)
+        why = below_chance(rate, choice.meta, labels, recipe.data.classes, unpaired=guess)
+        if why is None:
+            continue
         high = wilson(rate, rows)[1]
-        sure = high < (chance_accuracy(choice.meta, labels) or 0.0)
+        sure = high < min(chance_accuracy(choice.meta, labels) or 0.0, guess)
         found.append((f"{why}; {rate:.4g} of {rows} evaluated, 95% interval up to {high:.4g}", sure))
     return found
 
 
 def check_labels_beat_chance(recipe: Recipe, outputs: Sequence[OutputChoice], overall: SliceMetrics,
-                             labels: np.ndarray) -> None:  # fmt: skip
+                             labels: np.ndarray, unpaired: Callable[[], SliceMetrics]) -> list[str]:  # fmt: skip
     """A RecipeError on data.label where FP32's accuracy is below chance beyond its interval (below_chance_readings):
     FP16 rounding that changed 6 % of 600 rows' answers gained 0.023 accuracy against labels shifted by one and
-    passed a max_drop of 0.05 it breaches against labels in the output's order. One within the interval is a warning
-    of the sweep's."""
-    sure = next((why for why, certain in below_chance_readings(recipe, outputs, overall, labels) if certain), None)
+    passed a max_drop of 0.05 it breaches against labels in the output's order. Otherwise the readings within the
+    interval, for a warning."""
+    readings = below_chance_readings(recipe, outputs, overall, labels, unpaired)
+    sure = next((why for why, certain in readings if certain), None)
     if sure is None:
-        return
+        return [why for why, _ in readings]
     column = f"column {recipe.data.label!r}" if isinstance(recipe.data.label, str) else "the label columns"
     raise RecipeError(recipe.source, "data.label", (
         f"{column}: {sure}, below the guess: FP32 is wrong on nearly every row, most likely labels in another coding "

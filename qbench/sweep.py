@@ -273,8 +273,8 @@ class _Progress:
 
 def _check_reference_accuracy(prepared: Prepared, reference: VariantResult) -> None:
     """Warn when FP32 itself gives NaN/inf on some rows, when the gate's tolerances cannot be formed from FP32's figure
-    (relative ones of a figure that is 0: the gate will exit 2, so say it now, not after every variant is measured),
-    or when FP32 scores below chance against the labels (labels misread, most likely)."""
+    (relative ones of a figure that is 0: the gate will exit 2, so say it now, not after every variant is measured).
+    FP32 scoring below chance against the labels (labels misread, most likely) is said as it is measured."""
     if reference.accuracy is not None and reference.accuracy.nonfinite_outputs:
         logger.warning("%s: variants are only checked not to add NaN/inf there", nonfinite_reference_rows(reference.key, reference.accuracy))
     if reference.status == "ok":
@@ -282,12 +282,6 @@ def _check_reference_accuracy(prepared: Prepared, reference: VariantResult) -> N
             reference_tolerances(reference, prepared.recipe.gate)
         except QbenchError as exc:
             logger.warning("%s: the gate cannot judge this sweep: %s", reference.key, exc)
-    if prepared.labels is None or reference.accuracy is None:
-        return
-    from qbench.preflight_labels import below_chance_readings
-
-    for why, _ in below_chance_readings(prepared.recipe, prepared.outputs, reference.accuracy.overall, prepared.labels):
-        logger.warning("%s: %s", reference.key, why)  # beyond chance's reach, the measurement raised already
 
 
 def _sweep_data(prepared: Prepared) -> SweepData:

@@ -95,13 +95,15 @@ def chance_accuracy(output: TensorMeta, labels: np.ndarray) -> float | None:
 
 
 def below_chance(
-    accuracy: float, output: TensorMeta, labels: np.ndarray, named: Sequence[Any] | None = None
+    accuracy: float, output: TensorMeta, labels: np.ndarray, named: Sequence[Any] | None = None,
+    unpaired: float | None = None,
 ) -> str | None:
     """Why an FP32 accuracy below a uniform guess (1 / classes) is suspect, else None: a model that bad is more often
     a label column read against the wrong score columns than a model anyone would ship. `named`: data.classes, whose
-    order is then the likelier culprit."""
+    order is then the likelier culprit. `unpaired`: what a guess answering each class as often as FP32 does,
+    whatever the input, scores against these labels; an accuracy not below it is no reading either."""
     chance = chance_accuracy(output, labels)
-    if chance is None or not accuracy < chance:
+    if chance is None or not accuracy < chance or (unpaired is not None and not accuracy < unpaired):
         return None
     classes = round(1.0 / chance)
     if named:
@@ -110,8 +112,9 @@ def below_chance(
             hint += f"; {ONE_COLUMN_CLASSES}"
     else:
         hint = "if the labels are not the score columns' numbers, name each column's class with data.classes"
+    guess = "" if unpaired is None else f" and a guess answering each class as often as FP32 does ({unpaired:.4f})"
     return (f"FP32 accuracy {accuracy:.4f} on output {output.name!r} is below a uniform guess over {classes} classes "
-            f"({1.0 / classes:.4f}): {hint}")  # fmt: skip
+            f"({1.0 / classes:.4f}){guess}: {hint}")  # fmt: skip
 
 
 def column_classes(output: TensorMeta) -> tuple[int | str, ...] | None:

@@ -33,7 +33,7 @@ from qbench.preflight_checks import check_output_memory
 from qbench.preflight_labels import check_labels_beat_chance
 from qbench.provenance import model_bytes, model_sha256
 from qbench.recipe import LatencySpec
-from qbench.results import AccuracyResult, LatencyResult, VariantResult
+from qbench.results import AccuracyResult, LatencyResult, SliceMetrics, VariantResult
 from qbench.slo import idle_ms, server_for, serving_figures
 from qbench.tasks.base import MetricError
 from qbench.validate import metrics
@@ -233,18 +233,25 @@ def measure(
             for reading in () if quiet else one_class.values():
                 logger.warning("%s: %s", label, reading)
             scale_read = [*scale_notes(recipe.task, outputs, scales, rows.labels), *one_class.values()]
+        options = {"probabilities": scales, "task_options": recipe.task_options,
+                   "lowest_wins": {c.name for c in prepared.outputs if c.meta.lowest_wins},
+                   "cuts": {c.name: metrics.BinaryCut(*c.meta.decision_cut) for c in prepared.outputs
+                            if c.meta.decision_cut is not None}}  # fmt: skip
         try:
             accuracy = evaluate_accuracy(recipe.task, outputs, base, rows.labels, rows.slices, prepared.custom_metrics,
-                                         probabilities=scales, feeds=rows.feeds, task_options=recipe.task_options,
-                                         lowest_wins={c.name for c in prepared.outputs if c.meta.lowest_wins},
-                                         cuts={c.name: metrics.BinaryCut(*c.meta.decision_cut) for c in prepared.outputs
-                                               if c.meta.decision_cut is not None})  # fmt: skip
+                                         feeds=rows.feeds, **options)  # fmt: skip
         except QbenchError as exc:  # its outputs cannot be scored (a custom metric raised on every scope): it failed
             return replace(_failed(built, backend, f"scoring failed: {exc}", quiet=quiet),
                            environment=environment_cause(exc),
                            metric_error=exc if isinstance(exc, MetricError) else None)  # fmt: skip
         if reference is None and rows.labels is not None and not quiet:  # FP32 on every evaluation row
-            check_labels_beat_chance(recipe, prepared.outputs, accuracy.overall, rows.labels)
+            shuffled = rows.labels[np.random.default_rng(0).permutation(len(rows.labels))]
+
+            def unpaired() -> SliceMetrics:  # FP32 against labels shuffled across rows: a guess blind to the input
+                return evaluate_accuracy(recipe.task, outputs, base, shuffled, {}, **options).overall
+
+            for why in check_labels_beat_chance(recipe, prepared.outputs, accuracy.overall, rows.labels, unpaired):
+                logger.warning("%s: %s", label, why)
         accuracy = with_drops(accuracy, reference.accuracy if reference is not None and reference.accuracy else accuracy)
         nsr = output_nsr([base[k] for k in outputs], list(outputs.values()))
     latency, size = None, ran["model_bytes"]

@@ -56,3 +56,28 @@ def test_labels_at_chance_are_judged(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     recipe = project(tmp_path, iris_logits_model(), table(features, shuffled), variants=FP16)
     assert main(["sweep", str(recipe), "--no-track", "--gate"]) == 0, capsys.readouterr()
+
+
+def test_one_class_evaluation_set_a_model_answers_rarely_is_judged(tmp_path, monkeypatch, capsys):
+    """A binary classifier evaluated on its positive class's rows only (a recall check): FP32 answers 'positive' on
+    118 of 300 (0.3933, 95 % interval up to 0.4496), below a uniform guess between 2 classes (0.5), but a guess
+    answering 'positive' as often as FP32 does, whatever the input, scores the same 0.3933 on these labels: the
+    labels are in the output's coding, FP32 is a model of low recall here. Before, the sweep stopped on data.label
+    (exit 2); now it is judged (FP16 keeps every answer: exit 0) and nothing is said of chance."""
+    from onnx import TensorProto, helper, numpy_helper
+    from task_projects import graph_model
+
+    features = np.random.default_rng(3).normal(size=(300, 2)).astype(np.float32)
+    weight = np.array([[0.0, 0.0], [0.0, 1.0]], np.float32)  # positive's score minus negative's: x1 - 0.524
+    bias = np.array([0.0, -0.524], np.float32)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 2])
+    logits = helper.make_tensor_value_info("logits", TensorProto.FLOAT, [None, 2])
+    model = graph_model([helper.make_node("MatMul", ["x", "w"], ["mm"]), helper.make_node("Add", ["mm", "b"], ["logits"])],
+                        [x], [logits], [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(bias, "b")])  # fmt: skip
+    answers = np.argmax(features @ weight + bias, axis=1)
+    assert int(answers.sum()) == 118  # hand-computed with numpy above
+    monkeypatch.chdir(tmp_path)
+    recipe = project(tmp_path, model, table(features, np.ones(300, dtype=np.int64)), variants=FP16)
+    assert main(["sweep", str(recipe), "--no-track", "--gate"]) == 0
+    captured = capsys.readouterr()
+    assert "uniform guess" not in captured.err + captured.out
