@@ -15,7 +15,8 @@ frontier in 14 of 30 frontiers, as if computing the same thing had made it faste
 
 A point timed while other processes kept the CPUs busy (qbench.validate.contention) has a speed that compares
 loads, not variants (a probe on a loaded 2-core machine showed an FP16 LSTM 158x faster than FP32 that a quiet
-loop did not): its speed is compared with no other point's, so it is on the frontier, or off it, by its metric alone.
+loop did not): its speed is compared with no other point's, so it is on the frontier, or off it, by its metric alone,
+and it pushes no quiet point off (it is not shown to be as fast as one).
 
 Latencies timed on different kinds of machine (a cluster's nodes) compare the machines, not the
 variants: each kind of machine a backend was timed on has a frontier of its own.
@@ -121,7 +122,10 @@ def _dominates(a: _Candidate, b: _Candidate) -> bool:
     """`a` is at least as good as `b` on both axes and better on one, speed judged beyond the timing noise.
 
     Acyclic, so every group keeps a frontier: a cycle would need equal scores all round, and then each step
-    would need a strictly lower p50."""
+    would need a strictly lower p50. A point timed beside other processes' load is not shown to be as fast as a quiet
+    one, so it dominates none: a contended FP32 timed 0.01 more accurate pushed a quiet variant 160x faster off."""
+    if a.contended and not b.contended:
+        return False
     margin = timing_margin(a.spread, b.spread, contended=a.contended or b.contended)
     faster = faster_beyond_noise(a.point.p50_ms, b.point.p50_ms, margin)
     slower = faster_beyond_noise(b.point.p50_ms, a.point.p50_ms, margin)
