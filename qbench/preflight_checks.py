@@ -7,6 +7,8 @@
   made) writable folders, and the tracking store can be written (a sqlite file or a file: folder;
   servers are asked by `track`; an fsspec build store by the build that publishes to it);
 - memory: the input of the largest batch fits in the memory available now;
+- masks: FP32's outputs are not -inf at the same positions on every row the dry run scores (a mask written with
+  -inf, which would leave every row FP32's failure and nothing to judge);
 - a fixed batch: a model whose inputs only take batches of one size (an export without a dynamic
   batch axis): the recipe's batch sizes are that one (those it leaves out are set to it); rows that do
   not fill a last batch are padded where they are fed (`qbench.data.iter_batches`).
@@ -180,6 +182,37 @@ def check_output_memory(recipe: Recipe, outputs: Mapping[str, np.ndarray], evalu
             f"{available / _GIB:.1f} GiB of memory is available; expected at most {int(available // (2 * per_row))} "
             "rows (data.evaluation.limit), or a smaller output (model.output)",
         )
+
+
+def check_masked_outputs(recipe: Recipe, outputs: Mapping[str, np.ndarray], failed_rows: int) -> None:
+    """RecipeError (model.path / model.torch) when FP32 failed on every row the dry run scored (`failed_rows`: those
+    whose judged values hold NaN/inf, as the task reads them) because an evaluated output is -inf at the same
+    positions on every row and NaN/+inf nowhere: a mask written with -inf (masked_fill(~allowed, -inf)). The task
+    reads any NaN/inf as that row's failure and a row FP32 fails on is compared with nothing, so the sweep would
+    build every variant and judge none (exit 2); a finite fill computes the same decisions and is judged."""
+    rows = min((len(array) for array in outputs.values()), default=0)
+    if rows == 0 or failed_rows < rows:
+        return
+    for name, values in outputs.items():
+        flat = np.asarray(values)
+        if flat.dtype.kind != "f" or flat.ndim < 2:
+            continue
+        flat = flat.reshape(rows, -1)
+        masked = np.isneginf(flat)
+        if np.isnan(flat).any() or np.isposinf(flat).any() or not masked[0].any() or not (masked == masked[0]).all():
+            continue
+        positions = np.flatnonzero(masked[0])
+        shown = ", ".join(map(str, positions[:8])) + (", ..." if len(positions) > 8 else "")
+        field = "model.path" if recipe.model.path is not None else "model.torch"
+        raise RecipeError(
+            recipe.source, field,
+            f"output {name!r} of the FP32 model is -inf at the same {len(positions)} of its {flat.shape[1]} values "
+            f"per row (flat positions {shown}) on every evaluation row the dry run scored: a mask written with -inf; "
+            "qbench reads a NaN/inf among the values it judges as that row's failure, and a row FP32 fails on has "
+            "nothing to compare a variant with, so no variant could be judged; expected finite outputs: fill the "
+            "mask with a finite value (float32's minimum, -3.4e38), or evaluate the output before the mask "
+            "(model.output)",
+        )  # fmt: skip
 
 
 def fixed_batch(recipe: Recipe, model: ModelInfo) -> int | None:

@@ -29,7 +29,7 @@ from qbench.data.text import token_padding
 from qbench.environment import timed_threads, timing_machine
 from qbench.errors import QbenchError, RecipeError, environment_cause
 from qbench.preflight import Prepared, check_labels_fit_outputs
-from qbench.preflight_checks import check_output_memory
+from qbench.preflight_checks import check_masked_outputs, check_output_memory
 from qbench.preflight_labels import check_labels_beat_chance
 from qbench.provenance import model_bytes, model_sha256
 from qbench.recipe import LatencySpec
@@ -382,6 +382,8 @@ def dry_run(prepared: Prepared, backend: Backend, rows: int = DRY_RUN_ROWS) -> N
                           f"rows {'repeated to one batch' if size > count else 'in batches'} of {size}, the largest the "
                           f"sweep runs: {field}); {_expected(prepared, backend, built, everything, size)}")  # fmt: skip
     if measured.outputs:
+        check_masked_outputs(prepared.recipe, measured.outputs,
+                             result.accuracy.nonfinite_outputs if result.accuracy is not None else 0)
         check_output_memory(prepared.recipe, measured.outputs, everything.count)
 
 
