@@ -100,7 +100,8 @@ def test_a_speed_up_and_a_frontier_entry_timed_beside_busy_processes_are_marked_
     assert _marked_speedups(_loaded(quiet, "fp32", 32, 1.62)) == ["fp32", "fp16", "int8_minmax", "fp8_e4m3"]
     assert "batch 32: int8_minmax" not in frontier_text(loaded)  # less accurate than fp32, its speed not compared
     text = frontier_text(_loaded(quiet, "fp16", 32, 1.62))  # as accurate as fp32: on it, marked
-    assert "batch 32: fp32 (20.0 ms, 0.9500) = fp16~ (21.0 ms" in text
+    # and the quiet, faster int8 stays: the loaded fp16 is not shown as fast as it (it had pushed it off)
+    assert "batch 32: int8_minmax (12.0 ms, 0.9400) → fp32 (20.0 ms, 0.9500) = fp16~ (21.0 ms" in text
     assert "~ timed while other processes kept CPUs busy" in text
 
 
