@@ -249,6 +249,7 @@ def test_a_locale_the_machine_lacks_is_named_as_the_cause_not_a_version_problem(
         f"error: {tmp_path / 'recipe.yaml'}: model.path: {tmp_path / 'model.onnx'}: the FP32 reference does not load "
         f"on onnxruntime-cpu: onnxruntime {onnxruntime.__version__} cannot load it on this machine: a StringNormalizer "
         "node asks for the locale 'xx_NOWHERE.UTF-8', which this machine does not have; install it (e.g. `locale-gen "
-        "xx_NOWHERE.UTF-8`) or set the node's locale attribute to one that `locale -a` lists (C.UTF-8)"
+        "xx_NOWHERE.UTF-8`) or give the node a locale attribute naming one that `locale -a` lists (C.UTF-8; a node "
+        "without one, as skl2onnx writes it, asks for en_US.UTF-8)"
     )
     _nothing_built(tmp_path)

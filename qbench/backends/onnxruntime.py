@@ -63,8 +63,8 @@ def missing_locale(exc: BaseException) -> str | None:
     if missing is None:
         return None
     return (f"a StringNormalizer node asks for the locale {missing.group(1)!r}, which this machine does not have; "
-            f"install it (e.g. `locale-gen {missing.group(1)}`) or set the node's locale attribute to one that "
-            "`locale -a` lists (C.UTF-8)")  # fmt: skip
+            f"install it (e.g. `locale-gen {missing.group(1)}`) or give the node a locale attribute naming one that "
+            "`locale -a` lists (C.UTF-8; a node without one, as skl2onnx writes it, asks for en_US.UTF-8)")  # fmt: skip
 
 
 _ORT_PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : (Load model from .*? failed:)?")

@@ -131,6 +131,12 @@ def column_classes(output: TensorMeta) -> tuple[int | str, ...] | None:
     return None if tuple(keys) == tuple(range(len(keys))) else tuple(keys)
 
 
+def _negative(value: Any) -> bool:
+    """Whether a label cell writes a negative number (a CSV's text "-1" too)."""
+    number = as_number(value)
+    return isinstance(number, (int, float, np.integer, np.floating)) and not isinstance(number, bool) and number < 0
+
+
 def _listed(classes: Sequence[Any]) -> str:
     return ", ".join(str(c) for c in classes[:12]) + (", ..." if len(classes) > 12 else "")
 
@@ -317,8 +323,15 @@ class Classification(Task):
         return 2 if output.off_label else 0  # scores say more than ids, unless their arg-max is not the label
 
     def labels_fit(self, output: TensorMeta, values: Sequence[Any]) -> bool:
-        """Token labels (a list per row) score a per-token output only, one label per row only an output per row."""
-        return any_token_list(values) == token_axis(output)
+        """Token labels (a list per row) score a per-token output only, one label per row only an output per row; and
+        negative labels (an IsolationForest's or OneClassSVM's -1 outlier, 1 inlier) only an output giving class values
+        (an integer label with no class table) or stating its classes: an output giving class ids by position (the
+        anomaly score beside that label, split into 0 and 1) cannot hold -1, and was picked and refused."""
+        if any_token_list(values) != token_axis(output):
+            return False
+        if token_axis(output) or not any(_negative(v) for v in values):
+            return True
+        return (is_integer(output) and class_count(output) is None) or column_classes(output) is not None
 
     def output_problem(self, output: TensorMeta) -> str | None:
         if output.passthrough_of is not None:

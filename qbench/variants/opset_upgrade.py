@@ -146,10 +146,23 @@ def _check_interface_kept(model: onnx.ModelProto, converted: onnx.ModelProto, op
                           f"graph's inputs or outputs; export the model at opset {opset} or later")
 
 
+_HOLDERS = {"sequence_type": "seq", "optional_type": "optional"}  # the types holding one other type, as ONNX writes them
+
+
 def _same_interface(before: onnx.TypeProto, after: onnx.TypeProto) -> bool:
     """Whether a graph input or output typed `after` takes what one typed `before` took: the same element type and
-    rank, fixed sizes kept (the converter's shape inference may fix a symbolic size, or state a rank left open)."""
-    if before.WhichOneof("value") != "tensor_type" or after.WhichOneof("value") != "tensor_type":
+    rank, fixed sizes kept (the converter's shape inference may fix a symbolic size, or state a rank left open); in
+    a sequence, map or optional, the same of what it holds (a ZipMap's `seq(map(int64, float))` becomes
+    `seq(map(int64, float[]))` at opset 21, a scalar stated where no shape was: the same values)."""
+    kind = before.WhichOneof("value")
+    if kind != after.WhichOneof("value"):
+        return False
+    if kind in _HOLDERS:
+        return _same_interface(getattr(before, kind).elem_type, getattr(after, kind).elem_type)
+    if kind == "map_type":
+        return (before.map_type.key_type == after.map_type.key_type
+                and _same_interface(before.map_type.value_type, after.map_type.value_type))  # fmt: skip
+    if kind != "tensor_type":
         return before == after
     old, new = before.tensor_type, after.tensor_type
     if old.elem_type != new.elem_type:
@@ -163,8 +176,14 @@ def _same_interface(before: onnx.TypeProto, after: onnx.TypeProto) -> bool:
 
 
 def _described(kind: onnx.TypeProto) -> str:
-    """'float[2, 5, 6]' (or the type's own text for a non-tensor)."""
-    if kind.WhichOneof("value") != "tensor_type":
+    """'float32[2, 5, 6]', 'seq(map(int64, float32[any rank]))' (or the type's own text for another kind)."""
+    which = kind.WhichOneof("value")
+    if which in _HOLDERS:
+        return f"{_HOLDERS[which]}({_described(getattr(kind, which).elem_type)})"
+    if which == "map_type":
+        key = helper.tensor_dtype_to_np_dtype(kind.map_type.key_type)
+        return f"map({'string' if key.kind == 'O' else key.name}, {_described(kind.map_type.value_type)})"
+    if which != "tensor_type":
         return str(kind).replace("\n", " ").strip()
     tensor = kind.tensor_type
     dims = [d.dim_param or (str(d.dim_value) if d.HasField("dim_value") else "?") for d in tensor.shape.dim]

@@ -226,9 +226,10 @@ def test_scored_outputs_do_not_depend_on_the_thread_count(tmp_path: Path) -> Non
 
 
 def test_a_string_normalizer_whose_locale_is_missing_is_named_with_the_fix(tmp_path: Path) -> None:
-    """skl2onnx's text vectorizers lowercase through a StringNormalizer in locale en_US.UTF-8, which containers often
-    lack: ONNX Runtime's refusal ended in a compiler's lambda name and 'install necessary language-pack-XX'. The error
-    names the locale and the two ways out."""
+    """skl2onnx's text vectorizers lowercase through a StringNormalizer without a locale attribute, which ONNX Runtime
+    reads as en_US.UTF-8, a locale containers often lack: its refusal ended in a compiler's lambda name and 'install
+    necessary language-pack-XX'. The error names the locale and the two ways out; the second says the attribute may
+    have to be added (setting one skl2onnx wrote is not possible: it writes none)."""
     text = helper.make_tensor_value_info("text", TensorProto.STRING, [None, 1])
     score = helper.make_tensor_value_info("score", TensorProto.FLOAT, [None, 1])
     shapes = [onnx.numpy_helper.from_array(np.array(s, np.int64), n) for n, s in (("flat", [-1]), ("column", [-1, 1]))]
@@ -246,8 +247,9 @@ def test_a_string_normalizer_whose_locale_is_missing_is_named_with_the_fix(tmp_p
         OnnxRuntimeCPU().load(_variant(path), RunOptions())
     assert str(caught.value) == (
         f"variant fp32: onnxruntime cannot load {path}: a StringNormalizer node asks for the locale 'xx_NOWHERE.UTF-8', "
-        "which this machine does not have; install it (e.g. `locale-gen xx_NOWHERE.UTF-8`) or set the node's locale "
-        "attribute to one that `locale -a` lists (C.UTF-8)"
+        "which this machine does not have; install it (e.g. `locale-gen xx_NOWHERE.UTF-8`) or give the node a locale "
+        "attribute naming one that `locale -a` lists (C.UTF-8; a node without one, as skl2onnx writes it, asks for "
+        "en_US.UTF-8)"
     )
 
 

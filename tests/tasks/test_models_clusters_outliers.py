@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from task_projects import INT8, ROWS, graph_model, iris, overall, plain_ort, project, run_all, table
+from task_projects import INT8, ROWS, graph_model, iris, overall, plain_ort, project, run_all, said, table
 
 pytestmark = pytest.mark.slow
 
@@ -60,6 +60,25 @@ def test_an_outlier_label_of_minus_one_is_a_class_value(tmp_path, monkeypatch, c
     results, _ = run_all(recipe, capsys)
     assert overall(results)["accuracy"] == pytest.approx(float(np.mean(forest.predict(features) == truth)), abs=1e-12)
     assert overall(results)["agreement"] == overall(results, "fp32-again")["agreement"] == 1.0
+
+
+def test_minus_one_labels_pick_the_outlier_label_over_its_score(tmp_path, monkeypatch, capsys):
+    """A OneClassSVM's outputs are its label (-1 outlier, 1 inlier) and its score [N, 1]. Without model.output the
+    score ranked first and labels of -1 and 1 were refused ('are negative; expected class ids >= 0 (output 'scores'
+    gives class ids, not class values)', exit 2), though the label beside it holds those values: labels that only an
+    output giving class values can hold now pick it, and FP32 scores scikit-learn's accuracy."""
+    from sklearn.svm import OneClassSVM
+
+    features, _ = iris()
+    detector = OneClassSVM(nu=0.2, gamma=0.5).fit(features)
+    truth = np.where(np.arange(len(features)) % 5 == 0, -1, 1)
+    monkeypatch.chdir(tmp_path)
+    recipe = project(tmp_path, _converted(detector, features), table(features, truth),
+                     variants=[{"name": "fp32", "precision": "fp32"}, {"name": "fp16", "precision": "fp16"}])  # fmt: skip
+    results, output = run_all(recipe, capsys)
+    assert said("output 'scores' passed over", output)
+    assert overall(results)["accuracy"] == pytest.approx(float(np.mean(detector.predict(features) == truth)), abs=1e-12)
+    assert 0.5 < overall(results)["accuracy"] < 1.0  # both kinds of row, right and wrong
 
 
 

@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 from qbench.errors import QbenchError
 from qbench.recipe import VariantSpec
 from qbench.variants import BuildContext, build_variant
-from qbench.variants.opset_upgrade import ensure_opset
+from qbench.variants.opset_upgrade import _check_interface_kept, ensure_opset
 
 RNG = np.random.default_rng(0)
 X = RNG.normal(size=(64, 3, 8, 8)).astype(np.float32)
@@ -257,3 +257,43 @@ def test_onnx_runtimes_own_operators_in_the_onnx_domain_survive_an_opset_upgrade
                           BuildContext(reference_path=tmp_path / "m.onnx", workdir=tmp_path / "w", calibration=calibration))  # fmt: skip
     assert built.params["quantized_op_types"] == {"MatMul": 2}
     assert np.isfinite(_run(onnx.load(str(built.onnx_path)), x)).all()
+
+
+def test_an_fp8_build_of_a_zipmap_classifier_keeps_its_probability_map(tmp_path):
+    """FP8 raises the opset to 21, where onnx's version converter states the scalar shape of a ZipMap's values
+    (`seq(map(int64, float32[any rank]))` becomes `seq(map(int64, float32[]))`): the same values, yet every FP8 build
+    of a scikit-learn PCA -> LogisticRegression pipeline converted at opset 17 was refused as a changed graph output.
+    It now builds, and its probability map is FP32's within FP8's rounding."""
+    from skl2onnx import to_onnx
+    from sklearn.datasets import load_iris
+    from sklearn.decomposition import PCA
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+
+    x, y = load_iris(return_X_y=True)
+    x = x.astype(np.float32)
+    model = to_onnx(make_pipeline(PCA(3), LogisticRegression(max_iter=500)).fit(x, y), x[:1], target_opset=17)
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    built = build_variant(VariantSpec(name="fp8", precision="fp8", calibrator="minmax"),
+                          BuildContext(reference_path=tmp_path / "m.onnx", workdir=tmp_path / "w",
+                                       calibration=[{"X": x[:64]}]))  # fmt: skip
+    assert built.params["quantized_op_types"] == {"MatMul": 1}
+    run = {p: ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for p in (tmp_path / "m.onnx", built.onnx_path)}
+    fp32, fp8 = ([[row[c] for c in range(3)] for row in s.run(["output_probability"], {"X": x})[0]] for s in run.values())
+    np.testing.assert_allclose(fp8, fp32, atol=0.1)
+
+
+def test_an_opset_upgrade_changing_what_a_sequence_holds_is_refused_naming_both_types():
+    """A sequence output whose element type changes is not the same interface, and the error writes both types
+    as types (before: the protobuf's text on one line)."""
+    seq = helper.make_sequence_type_proto
+    floats, ints = (helper.make_tensor_type_proto(t, None) for t in (TensorProto.FLOAT, TensorProto.INT64))
+    with pytest.raises(QbenchError, match=r"changed graph output 'y' from seq\(float32\[any rank\]\) to "
+                                          r"seq\(int64\[any rank\]\)"):  # fmt: skip
+        _check_interface_kept(_interface_model(seq(floats)), _interface_model(seq(ints)), 21)
+
+
+def _interface_model(output: onnx.TypeProto) -> onnx.ModelProto:
+    graph = helper.make_graph([helper.make_node("SequenceConstruct", ["x"], ["y"])], "g", [_value("x", [2])],
+                              [helper.make_value_info("y", output)])  # fmt: skip
+    return _model(graph, 17)
