@@ -245,16 +245,15 @@ def _judge_one(
     if budget.rate_rps is not None:
         if serving is None or serving.at_rate is None:
             return None, "no load figure at the budget rate: re-run `qbench sweep` with this slo section"
-        served = serving.served_at_rate
-        if served is None and not served_above(serving.max_rate_rps, budget.rate_rps):
+        judged = p99_under_load(serving, budget.rate_rps)
+        if judged is None:
             return None, ("no real run at or above the budget rate met or missed it (served_at_rate, max_rate_rps): "
                           "re-run `qbench sweep` with this slo section")  # fmt: skip
         recorded = {k: getattr(serving, k) for k in ("rate_rps", "max_batch_size", "max_queue_delay_ms", "requests", "seed")}
         if recorded != load_settings(slo, backend, batch_sizes):
             return None, f"results were simulated with other load settings ({recorded}): re-run `qbench sweep`"
-        # the worse of the simulation and a real run at the rate, where there is one (else real runs at a higher
-        # rate met the budget): the simulation models no server's own work per request
-        observed = float(np.max([serving.at_rate.p99_ms, served.p99_ms if served else -math.inf]))  # NaN: NaN
+        observed, overloaded = judged
+        served = serving.served_at_rate
         samples = min(_load_samples(result, serving), served.requests if served else math.inf)
     else:
         point = result.latency.at(budget.batch_size) if result.latency else None
@@ -262,15 +261,13 @@ def _judge_one(
             return None, f"no latency measured at batch size {budget.batch_size}"
         preprocess = serving.preprocess_ms_per_row if serving is not None else math.nan
         observed = point.p99_ms + preprocess * budget.batch_size
-        samples = point.iterations
+        samples, overloaded = point.iterations, False
     if not math.isfinite(observed):
         return None, "the p99 latency is missing or NaN"
     if samples < MIN_P99_SAMPLES:
         basis = p99_basis(samples, serving if budget.rate_rps is not None else None)
         return None, (f"the p99 rests on {basis}, expected at least {MIN_P99_SAMPLES} (fewer hold no sample "
                       "beyond their 99th percentile): raise latency.iterations (or slo.load.requests)")  # fmt: skip
-    overloaded = budget.rate_rps is not None and (serving.at_rate.overloaded
-                                                  or (serving.served_at_rate is not None and serving.served_at_rate.overloaded))
     status = "pass" if within(observed, budget.p99_ms) and not overloaded else "breach"
     crowded = _crowded_timing(result, None if budget.rate_rps is not None else budget.batch_size)
     if status == "breach" and crowded:
@@ -298,6 +295,19 @@ def _remedy(result: VariantResult) -> str:
         return "on a machine nothing else runs on"
     fit = threads_that_fit(latency.machine)
     return f"with latency.threads at most {fit}, or " * (fit >= 1) + f"where {cpus_allowed(latency.threads)} and nothing else runs"
+
+
+def p99_under_load(serving: ServingResult, rate_rps: float) -> tuple[float, bool] | None:
+    """The p99 judged at `rate_rps` (the budget's, with `serving.at_rate` simulated there) and whether the instance
+    fell behind there: the worse of the simulation and the real server's run at the rate (the simulation models no
+    server's own work per request), or the simulation alone where real runs at a rate at least as high met the budget;
+    None when neither real figure is recorded (nothing real to judge by). The gate judges every budgeted variant by
+    it, and the report the reference, which is never gated (qbench.report_serving.cheapest)."""
+    served = serving.served_at_rate
+    if serving.at_rate is None or (served is None and not served_above(serving.max_rate_rps, rate_rps)):
+        return None
+    observed = float(np.max([serving.at_rate.p99_ms, served.p99_ms if served else -math.inf]))  # NaN: NaN
+    return observed, serving.at_rate.overloaded or (served is not None and served.overloaded)
 
 
 def p99_basis(samples: int, serving: ServingResult | None) -> str:

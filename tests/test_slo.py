@@ -618,3 +618,19 @@ def test_idle_starts_are_timed_after_the_idle_the_budgets_rate_gives():
     assert batcher.idle_ms[1] >= 15.0  # a sleep never ends early
     replay = LoadReplay(served_times({1: np.full(200, 0.1)}, batcher), Batcher(1, 0.5), Draws.make(2000, 0))
     assert replay.at(40.0).p99_ms >= 15.0
+
+
+def test_the_reference_is_not_the_cheapest_where_its_real_server_missed_the_budget():
+    """FP32 is never gated, so cheapest() judges it itself, and by the gate's own figure: its simulated p99 at the
+    budget's rate (5 ms) is within the 10 ms budget, but the real server there took 30 ms (or fell behind), and no
+    real run at a rate as high met the budget (max 50 req/s < 100): it is not named the cheapest, however cheap."""
+    results = _results(int8_p99=9.0)
+    fp32 = results.find("fp32", "onnxruntime-cpu")
+    gate = evaluate_gate(results, GATE, slo=SLO)
+    for served in (_load(30.0), replace(_load(5.0), overloaded=True), None):
+        missed = replace(fp32.serving, at_rate=_load(5.0), served_at_rate=served, usd_per_million={"max_rate": 0.01})
+        judged = replace(results, variants=tuple(replace(v, serving=missed) if v is fp32 else v for v in results.variants))
+        assert cheapest(judged, gate).variant.variant == "int8-fast"
+    met = replace(fp32.serving, at_rate=_load(5.0), served_at_rate=_load(6.0), usd_per_million={"max_rate": 0.01})
+    judged = replace(results, variants=tuple(replace(v, serving=met) if v is fp32 else v for v in results.variants))
+    assert cheapest(judged, gate).variant.variant == "fp32"  # where the real server met it too: the cheapest
