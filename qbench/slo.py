@@ -213,6 +213,7 @@ class SloJudgement:
     observed_ms: float
     samples: int  # requests simulated, or timed runs
     status: str  # "pass" | "breach"
+    reason: str = ""  # why a breach with a p99 within the budget: the instance fell behind at the rate
 
     @property
     def over_ms(self) -> float:
@@ -252,7 +253,7 @@ def _judge_one(
         recorded = {k: getattr(serving, k) for k in ("rate_rps", "max_batch_size", "max_queue_delay_ms", "requests", "seed")}
         if recorded != load_settings(slo, backend, batch_sizes):
             return None, f"results were simulated with other load settings ({recorded}): re-run `qbench sweep`"
-        observed, overloaded = judged
+        observed, behind = judged
         served = serving.served_at_rate
         samples = min(_load_samples(result, serving), served.requests if served else math.inf)
     else:
@@ -261,18 +262,19 @@ def _judge_one(
             return None, f"no latency measured at batch size {budget.batch_size}"
         preprocess = serving.preprocess_ms_per_row if serving is not None else math.nan
         observed = point.p99_ms + preprocess * budget.batch_size
-        samples, overloaded = point.iterations, False
+        samples, behind = point.iterations, ""
     if not math.isfinite(observed):
         return None, "the p99 latency is missing or NaN"
     if samples < MIN_P99_SAMPLES:
         basis = p99_basis(samples, serving if budget.rate_rps is not None else None)
         return None, (f"the p99 rests on {basis}, expected at least {MIN_P99_SAMPLES} (fewer hold no sample "
                       "beyond their 99th percentile): raise latency.iterations (or slo.load.requests)")  # fmt: skip
-    status = "pass" if within(observed, budget.p99_ms) and not overloaded else "breach"
+    status = "pass" if within(observed, budget.p99_ms) and not behind else "breach"
+    reason = behind if within(observed, budget.p99_ms) else ""  # a p99 over the budget says why itself
     crowded = _crowded_timing(result, None if budget.rate_rps is not None else budget.batch_size)
     if status == "breach" and crowded:
         return None, f"a breach timed {crowded} is no verdict on the variant: re-run `qbench sweep` {_remedy(result)}"
-    return SloJudgement(result.variant, result.backend, budget.p99_ms, observed, samples, status), None
+    return SloJudgement(result.variant, result.backend, budget.p99_ms, observed, samples, status, reason), None
 
 
 def _crowded_timing(result: VariantResult, batch_size: int | None) -> str:
@@ -297,9 +299,9 @@ def _remedy(result: VariantResult) -> str:
     return f"with latency.threads at most {fit}, or " * (fit >= 1) + f"where {cpus_allowed(latency.threads)} and nothing else runs"
 
 
-def p99_under_load(serving: ServingResult, rate_rps: float) -> tuple[float, bool] | None:
-    """The p99 judged at `rate_rps` (the budget's, with `serving.at_rate` simulated there) and whether the instance
-    fell behind there: the worse of the simulation and the real server's run at the rate (the simulation models no
+def p99_under_load(serving: ServingResult, rate_rps: float) -> tuple[float, str] | None:
+    """The p99 judged at `rate_rps` (the budget's, with `serving.at_rate` simulated there) and, when the instance
+    fell behind there (a breach whatever that p99: its queue grows), why ('' when it kept up): the worse of the simulation and the real server's run at the rate (the simulation models no
     server's own work per request), or the simulation alone where real runs at a rate at least as high met the budget;
     None when neither real figure is recorded (nothing real to judge by). The gate judges every budgeted variant by
     it, and the report the reference, which is never gated (qbench.report_serving.cheapest)."""
@@ -307,7 +309,11 @@ def p99_under_load(serving: ServingResult, rate_rps: float) -> tuple[float, bool
     if serving.at_rate is None or (served is None and not served_above(serving.max_rate_rps, rate_rps)):
         return None
     observed = float(np.max([serving.at_rate.p99_ms, served.p99_ms if served else -math.inf]))  # NaN: NaN
-    return observed, serving.at_rate.overloaded or (served is not None and served.overloaded)
+    if serving.at_rate.overloaded:
+        return observed, "overloaded: the rate is above what one instance sustains, so its queue grows without bound"
+    if served is not None and served.overloaded:
+        return observed, f"the real server fell behind at the rate (it completed {served.achieved_rps:.4g} req/s)"
+    return observed, ""
 
 
 def p99_basis(samples: int, serving: ServingResult | None) -> str:
