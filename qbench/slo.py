@@ -108,11 +108,15 @@ def server_for(
     slo: SloSpec, backend: str, batch_sizes: Sequence[int], runner: Runner, feeds: Mapping[str, np.ndarray],
     padding: Padding | None = None, fixed_batch: int | None = None,
 ) -> RealServer:
-    """A real server on the open `runner` with the load settings' batcher and seed; its requests are the rows of the
-    first timed batch of the largest size (one padded length, so any of them concatenate); `fixed_batch`: the model
-    takes batches of that size only (qbench.preflight_checks.fixed_batch), each batch is filled up to it."""
+    """A real server on the open `runner` with the load settings' batcher and seed; its requests are the rows the
+    timed batches of the largest size hold, as the simulation's service times are theirs (a model whose cost depends
+    on the row, a slice of slow rows, is served them too: one batch of 32 rows held none of 2 % slow ones about half
+    the time); with `padding`, the rows of the first of them only (one padded length, so any of them concatenate);
+    `fixed_batch`: the model takes batches of that size only (qbench.preflight_checks.fixed_batch), each batch is
+    filled up to it."""
     settings = load_settings(slo, backend, batch_sizes)
-    rows = timed_batches(feeds, settings["max_batch_size"], padding)[0]
+    batches = timed_batches(feeds, settings["max_batch_size"], padding)
+    rows = batches[0] if padding is not None else {name: np.concatenate([b[name] for b in batches]) for name in batches[0]}
     batcher = Batcher(settings["max_batch_size"], settings["max_queue_delay_ms"])
     return real_server(runner, rows, batcher, settings["seed"], fixed_batch)
 
