@@ -419,7 +419,8 @@ def _check(
 
 def _slo_check(judgement: SloJudgement) -> GateCheck:
     return GateCheck(judgement.variant, judgement.backend, SLO_SCOPE, SLO_METRIC, judgement.budget_ms,
-                     judgement.observed_ms, judgement.over_ms, 0.0, judgement.samples, judgement.status)  # fmt: skip
+                     judgement.observed_ms, judgement.over_ms, 0.0, judgement.samples, judgement.status,
+                     judgement.reason)  # fmt: skip
 
 
 def latest_results(recipe: Recipe) -> Path:

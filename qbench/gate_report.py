@@ -102,6 +102,9 @@ def check_line(check: GateCheck) -> str:
         return (f"{result} {check_key(check)} {_scope(check)} {check.metric}: its outputs vary across the {check.size} "
                 f"rows by {check.observed:.4g}, FP32's by {check.reference:.4g}: under {COLLAPSED:g} of FP32's, "
                 "they no longer depend on the inputs (a constant answer)")  # fmt: skip
+    if check.scope == SLO_SCOPE and check.reason:  # a breach whatever the p99: the instance fell behind
+        return (f"{result} {check_key(check)} {_scope(check)} {check.metric}: {check.reason}; p99 "
+                f"{figure(check.observed)} ms over a finite run only, budget {figure(check.reference)} ms")  # fmt: skip
     rule = check.metric.rpartition(OUTPUT_SEPARATOR)[2]
     if rule in KEPT_RULES:
         return (f"{result} {check_key(check)} {_scope(check)} {check.metric}: {check.reason}: "
@@ -131,6 +134,8 @@ def failure_reasons(report: GateReport) -> list[str]:
 def _short_breach(check: GateCheck, metric: str) -> str:
     """A breach in a few words: the gate metric's drop against its tolerance, or what another check found lost
     ('topic=law spread_kept: dimension 12 45% kept < 50%'), never another check's figure read as the metric's drop."""
+    if check.scope == SLO_SCOPE and check.reason:  # a breach whatever the p99: the instance fell behind
+        return f"{check.scope} {check.metric}: {check.reason}"
     rule = check.metric.rpartition(OUTPUT_SEPARATOR)[2]
     if rule in KEPT_RULES:
         return f"{check.scope} {check.metric}: {check.reason} {1 - check.drop:.0%} kept < {KEPT:.0%}"

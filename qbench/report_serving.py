@@ -14,7 +14,7 @@ from qbench.gate import EXIT_UNUSABLE, GateCheck, GateReport, problem_owner
 from qbench.report_grid import Grid, rate_within
 from qbench.results import EMULATED, SweepResults, VariantResult
 from qbench.results_serving import ServingResult
-from qbench.slo import SLO_SCOPE, p99_basis
+from qbench.slo import SLO_SCOPE, p99_basis, p99_under_load
 from qbench.validate.catalogue import within
 from qbench.validate.load import MAX_REQUESTS
 
@@ -70,8 +70,9 @@ def _within_budget(variant: VariantResult) -> bool:
     serving = variant.serving
     if serving is None or serving.budget_ms is None:
         return False
-    if serving.at_rate is not None:
-        return within(serving.at_rate.p99_ms, serving.budget_ms) and not serving.at_rate.overloaded
+    if serving.at_rate is not None:  # as the gate judges it: the worse of the simulation and the real server
+        judged = p99_under_load(serving, serving.rate_rps) if serving.rate_rps is not None else None
+        return judged is not None and within(judged[0], serving.budget_ms) and not judged[1]
     point = variant.latency.at(serving.batch_size) if variant.latency and serving.batch_size else None
     return point is not None and within(point.p99_ms + serving.preprocess_ms_per_row * point.batch_size, serving.budget_ms)
 
@@ -146,6 +147,12 @@ def slo_lines(results: SweepResults, gate: GateReport | None) -> list[str]:
                          f"sustains ({within_budget} within budget), so its queue grows "
                          f"without bound (p99 {check.observed:.4g} ms over the {serving.at_rate.requests} simulated "
                          "requests only)")  # fmt: skip
+            continue
+        served = serving.served_at_rate if serving is not None else None
+        if check.reason and served is not None and served.overloaded:  # a p99 within budget, yet a breach
+            lines.append(f"SLO BREACH {check.variant}@{check.backend}: the real server fell behind {where}: it "
+                         f"completed {served.achieved_rps:.4g} req/s (p99 {served.p99_ms:.4g} ms over its "
+                         f"{served.requests} requests only, budget {check.reference:g} ms)")  # fmt: skip
             continue
         sign, verdict = (">", "BREACH") if check.status == "breach" else ("<=", "pass")
         basis = p99_basis(check.size, serving if serving is not None and serving.rate_rps else None)

@@ -14,6 +14,7 @@ from user_model import make_user_project
 
 from qbench.cli_app import main
 from qbench.gate import EXIT_BREACH, EXIT_PASS, EXIT_UNUSABLE, GateSpec, evaluate_gate
+from qbench.gate_report import check_line, failure_reasons
 from qbench.recipe_slo import SloSpec
 from qbench.report_serving import cheapest, slo_lines
 from qbench.results_serving import LoadStats, ServingResult
@@ -618,3 +619,40 @@ def test_idle_starts_are_timed_after_the_idle_the_budgets_rate_gives():
     assert batcher.idle_ms[1] >= 15.0  # a sleep never ends early
     replay = LoadReplay(served_times({1: np.full(200, 0.1)}, batcher), Batcher(1, 0.5), Draws.make(2000, 0))
     assert replay.at(40.0).p99_ms >= 15.0
+
+
+def test_the_reference_is_not_the_cheapest_where_its_real_server_missed_the_budget():
+    """FP32 is never gated, so cheapest() judges it itself, and by the gate's own figure: its simulated p99 at the
+    budget's rate (5 ms) is within the 10 ms budget, but the real server there took 30 ms (or fell behind), and no
+    real run at a rate as high met the budget (max 50 req/s < 100): it is not named the cheapest, however cheap."""
+    results = _results(int8_p99=9.0)
+    fp32 = results.find("fp32", "onnxruntime-cpu")
+    gate = evaluate_gate(results, GATE, slo=SLO)
+    for served in (_load(30.0), replace(_load(5.0), overloaded=True), None):
+        missed = replace(fp32.serving, at_rate=_load(5.0), served_at_rate=served, usd_per_million={"max_rate": 0.01})
+        judged = replace(results, variants=tuple(replace(v, serving=missed) if v is fp32 else v for v in results.variants))
+        assert cheapest(judged, gate).variant.variant == "int8-fast"
+    met = replace(fp32.serving, at_rate=_load(5.0), served_at_rate=_load(6.0), usd_per_million={"max_rate": 0.01})
+    judged = replace(results, variants=tuple(replace(v, serving=met) if v is fp32 else v for v in results.variants))
+    assert cheapest(judged, gate).variant.variant == "fp32"  # where the real server met it too: the cheapest
+
+
+def test_a_breach_by_a_real_server_that_fell_behind_says_so_not_that_its_p99_was_over():
+    """The real server at the budget's rate fell behind with a p99 of 5 ms over its requests, within the 10 ms
+    budget: a breach (its queue grows), and the line says why rather than 'p99 5 ms > budget 10 ms'."""
+    results = _results(int8_p99=9.0)
+    ok = results.find("int8-ok", "onnxruntime-cpu")
+    behind = replace(_load(5.0), overloaded=True, achieved_rps=81.5)
+    ok_behind = replace(ok.serving, at_rate=_load(5.0), served_at_rate=behind)
+    results = replace(results, variants=tuple(replace(v, serving=ok_behind) if v is ok else v for v in results.variants))
+    gate = evaluate_gate(results, GATE, slo=SLO)
+    assert gate.status_of("int8-ok", "onnxruntime-cpu") == "fail"
+    line = next(line for line in slo_lines(results, gate) if "int8-ok" in line)
+    assert line == ("SLO BREACH int8-ok@onnxruntime-cpu: the real server fell behind at 100 req/s: it completed "
+                    "81.5 req/s (p99 5 ms over its 5000 requests only, budget 10 ms)")
+    breach = next(c for c in gate.breaches if c.variant == "int8-ok")  # the gate's own line (CLI, JUnit, MLflow)
+    assert check_line(breach) == ("BREACH int8-ok@onnxruntime-cpu slo latency.p99_ms: the real server fell behind at "
+                                  "the rate (it completed 81.5 req/s); p99 5.0000 ms over a finite run only, budget "
+                                  "10.0000 ms")  # fmt: skip
+    assert failure_reasons(gate) == ["slo latency.p99_ms: the real server fell behind at the rate (it completed 81.5 "
+                                     "req/s)"]  # fmt: skip

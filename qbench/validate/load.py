@@ -371,6 +371,9 @@ class RateSearch:
 
 
 _GRID_STEPS = 12  # the search's lowest rate: capacity / 2^12, where queueing is rare
+# where capacity / 2 fails, the rates between it and capacity tried first (a long queue delay can fail every rate up to
+# capacity / 2, waiting for company, and pass higher ones): a passing window narrower than 1/16 of capacity is missed
+_UPPER_GRID = tuple((16 - j) / 16 for j in range(1, 8))  # 15/16 .. 9/16 of capacity
 _QUANTILE_GRID = (np.arange(4096) + 0.5) / 4096  # evenly spread: the mean of its draws is the distribution's mean
 
 
@@ -444,7 +447,8 @@ def _search_once(
     replay: LoadReplay, budget_ms: float, *, overhead_ms: float, rel_tol: float, max_simulations: int
 ) -> RateSearch:
     """On the replay's draws: try the rates of a geometric grid from capacity / 2 down to capacity / 2^12 until one
-    passes, then bisect to `rel_tol` between it and the next one up (which failed, or is capacity). A rate at or above
+    passes (where capacity / 2 fails, first 15/16 down to 9/16 of capacity), then bisect to `rel_tol` between it and
+    the next one up (which failed, or is capacity). A rate at or above
     capacity fails whatever its simulated p99 (a fast model drains a finite simulation within the budget at any
     rate). From the top, not doubling from the lowest rate until one fails: with batching, p99 falls as the rate
     rises (batches fill before the queue delay runs out), so a long queue delay fails every low rate and passes
@@ -458,17 +462,26 @@ def _search_once(
         runs += 1
         return replay.verdict(rate, budget_ms, overhead_ms=overhead_ms)
 
-    low, best, lowest = 0.0, None, Verdict.FAIL
-    for step in range(1, _GRID_STEPS + 1):  # from the top: the first rate passing is the grid's highest
-        rate = replay.capacity_rps / 2**step
+    low, high, best, lowest = 0.0, replay.capacity_rps, None, Verdict.FAIL
+    grid = [replay.capacity_rps / 2**step for step in range(1, _GRID_STEPS + 1)]
+    for rate in grid:  # from the top: the first rate passing is the grid's highest
         lowest, stats = verdict(rate)
         if lowest is Verdict.PASS:
             low, best = rate, stats
             break
+        if rate == grid[0]:  # capacity / 2 did not pass: the rates above it first
+            for upper in (fraction * replay.capacity_rps for fraction in _UPPER_GRID):
+                judged, stats = verdict(upper)
+                if judged is Verdict.PASS:
+                    low, best = upper, stats
+                    break
+                high = upper
+            if best is not None:
+                break
+        high = rate
     requests = replay.draws.requests
     if best is None:
         return RateSearch(budget_ms, None, None, runs, requests, lowest is Verdict.UNDECIDED)
-    high = low * 2
     while runs < max_simulations and (high - low) > rel_tol * low:
         middle = (low + high) / 2
         judged, stats = verdict(middle)

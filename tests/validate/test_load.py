@@ -20,6 +20,7 @@ from qbench.validate.load import (
     search_max_rate,
     simulate,
 )
+from qbench.validate.tail import Verdict
 
 D_MS = 2.0  # fixed service time
 
@@ -395,3 +396,17 @@ def test_a_settled_search_claiming_the_lower_of_two_agreeing_rates_says_it_settl
     replay = LoadReplay(FixedServiceTime(D_MS), Batcher(1, 0.0), Draws.make(5_000, seed=0))
     search = search_max_rate(replay, 10.0)
     assert (search.max_rate_rps, search.undecided, search.requests, search.simulations) == (100.0, False, 20_000, 40)
+
+
+def test_the_highest_rate_is_found_when_capacity_over_two_fails_and_higher_rates_pass():
+    """1 ms per batch of up to 8, a 10 ms queue delay, a 4 ms budget; capacity 8,000 req/s. Up to 4,000 req/s
+    (capacity / 2) the 8th arrival takes too long to come (p99 over 4 ms: the batch waits for company), from about
+    4,400 req/s batches fill fast enough (6,000 req/s: p99 about 3.1 ms), and near capacity queueing fails it again.
+    The grid halving from capacity / 2 met no passing rate and claimed none: rates above capacity / 2 are tried."""
+    service, batcher = FixedServiceTime(1.0, max_batch_size=8), Batcher(8, 10.0)
+    replay = LoadReplay(service, batcher, Draws.make(5000, seed=0))
+    assert replay.capacity_rps == pytest.approx(8_000)
+    assert replay.verdict(4_000, 4.0)[0] is Verdict.FAIL and replay.verdict(6_000, 4.0)[0] is Verdict.PASS
+    found = search_max_rate(replay, 4.0)
+    assert found.max_rate_rps is not None and 6_000 <= found.max_rate_rps < 8_000
+    assert found.at_max.p99_ms <= 4.0 and not found.at_max.overloaded

@@ -158,3 +158,32 @@ def test_a_model_with_a_fixed_batch_is_served_whole_batches_filled_with_repeated
     single = next(batch for batch in seen if len(set(batch)) == 1)  # a batch of one request: its row four times
     assert single.tolist() == [single[0]] * 4
     assert sum(len(set(batch)) for batch in seen) == 200  # each request's own row once (rows repeat every 64 requests)
+
+
+class RecordingRunner(SleepingRunner):
+    """A SleepingRunner that keeps the rows it was given (the values of `x`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[float] = set()
+
+    def run(self, feeds):
+        self.seen.update(feeds["x"][:, 0].tolist())
+        return [feeds["x"]]
+
+
+def test_the_real_server_serves_the_rows_the_timed_batches_hold_not_one_batch_of_them(tmp_path):
+    """64 rows, batches of up to 8: the simulation draws from timed batches over every row, so the real server's
+    requests are those rows too (it served the 8 of the first batch only: a slice of slow rows outside them was never
+    served for real, and the server's own work was never seen together with theirs)."""
+    from test_recipe import with_changes, write_recipe
+
+    from qbench.recipe import load_recipe
+    from qbench.slo import server_for
+
+    recipe = load_recipe(write_recipe(tmp_path, with_changes(
+        latency={"batch_sizes": [1, 8]}, slo={"p99_ms": 1000.0, "rate_rps": 100.0, "load": {"max_queue_delay_ms": 1.0}},
+    )))  # fmt: skip
+    runner = RecordingRunner()
+    server_for(recipe.slo, "onnxruntime-cpu", [1, 8], runner, ROWS)(2_000.0, 0.0, 1000.0)  # 500 requests
+    assert runner.seen == set(ROWS["x"][:, 0].tolist())
