@@ -350,7 +350,8 @@ def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec,
         check = _check(variant, backend, spec, ref_scope, own_scope, tolerance, explained=extra_nonfinite > 0)
         if check is not None:
             checks.append(check)
-            why = unresolved(spec.metric, tolerance, ref_scope, own_scope) if check.status == "pass" else None
+            distinct = results.distinct_inputs.get(own_scope.name)  # copies of an input are no more evidence
+            why = unresolved(spec.metric, tolerance, ref_scope, own_scope, distinct) if check.status == "pass" else None
             small += [why] if why else []
             on_spread |= bool(why) and not rows_alone(spec.metric, tolerance, ref_scope, own_scope)
         elif _undefined_for_fp32(spec.metric, ref_scope, own_scope):  # only overall: a slice is skipped instead

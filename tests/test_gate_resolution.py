@@ -317,3 +317,24 @@ def test_changes_within_the_tolerance_are_never_judged_more_harshly_than_losses_
     mixed[12:16] = 1 - mixed[12:16]  # 4 more changes on rows FP32 got right: 14 > 10, 12 losses and 2 gains
     beyond = _judged_decisions(fp32, mixed, labels)
     assert beyond.exit_code == EXIT_UNUSABLE and "its decisions changed on 14 of them" in beyond.problems[0]
+
+
+def test_copies_of_an_input_count_once():
+    """600 rows of 200 inputs fed 3 times each: a variant breaking 1 % of the inputs leaves all 600 rows unchanged with
+    probability 0.99^200 = 13.4 %, not 0.99^600 = 0.24 %. Counted as 600 rows (>= 299), the pass resolved max_drop
+    0.01 (exit 0); the results' distinct_inputs make it unresolved (exit 2), and a slice whose rows repeat none is
+    judged on its rows as before."""
+    ref = result("fp32", scope("overall", 600, 0.95), scope("a", 300, 0.95))
+    own = result("int8", scope("overall", 600, 0.95), scope("a", 300, 0.95))
+    assert evaluate_gate(sweep(ref, own), SPEC).exit_code == EXIT_PASS
+    repeated = dataclasses.replace(sweep(ref, own), distinct_inputs={"overall": 200})
+    report = evaluate_gate(repeated, SPEC)
+    assert report.exit_code == EXIT_UNUSABLE
+    assert report.problems == ("int8@cpu: too few rows to resolve the tolerance: overall accuracy on 600 rows (200 "
+                               "distinct inputs: the others repeat them) < 299 needed for a drop of 0.01 (a variant "
+                               "changing 0.01 of the inputs leaves all 200 unchanged with probability 13.4% > 5%)",)
+    assert round(0.99**200, 3) == 0.134
+    # 299 distinct inputs resolve it, however many copies
+    assert evaluate_gate(dataclasses.replace(repeated, distinct_inputs={"overall": 299}), SPEC).exit_code == EXIT_PASS
+    # and the count survives results.json
+    assert from_dict(json.loads(to_json(repeated))).distinct_inputs == {"overall": 200}
