@@ -46,7 +46,7 @@ from qbench.gate_outputs import (
     other_output_kept_notes,
     other_output_notes,
 )
-from qbench.gate_resolution import rows_alone, unresolved
+from qbench.gate_resolution import interval_problems, rows_alone, unresolved
 from qbench.gate_tolerance import (
     Tolerances,
     reference_tolerances,
@@ -336,7 +336,7 @@ def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec,
             checks += [GateCheck(variant, backend, own_scope.name, name, kept.reference, kept.own, 1 - kept.share,
                                  1 - KEPT, own_scope.size, "breach", kept.component, chance_text(kept))
                        for name, kept in lost]  # fmt: skip
-            problems += kept_problems
+            problems += kept_problems + interval_problems(ref_scope, own_scope)
         if judged and 0 < ref_scope.size <= ref_scope.nonfinite_outputs:
             problems.append(f"FP32 gives NaN/inf on all {ref_scope.size} rows of {own_scope.name}: nothing to judge "
                             "the variant against there")  # fmt: skip

@@ -182,6 +182,29 @@ def unresolved(metric: str, tolerance: float, reference: SliceMetrics, own: Slic
     return None
 
 
+def interval_problems(reference: SliceMetrics, own: SliceMetrics) -> list[str]:
+    """Intervals a sweep cannot have written on one scope, FP32's (`reference`) against a variant's (`own`): every
+    result records the intervals of the same metrics (same task, same rows), each holding its finite figure on
+    MIN_ROWS rows or more. The paired rule reads them: a variant's kl_mean interval removed, made NaN or a point away
+    from its figure, turned a pass the rows did not resolve into a resolved one (exit 0)."""
+    where = "overall" if own.name == "overall" else f"slice {own.name!r}"
+    problems = []
+    for metric in sorted(set(reference.intervals) | set(own.intervals)):
+        recorded = [who for who, scope in (("FP32", reference), ("the variant", own)) if metric in scope.intervals]
+        if len(recorded) == 1:
+            problems.append(f"{where}: only {recorded[0]}'s results record an interval of {metric!r}")
+            continue
+        for who, scope in (("FP32", reference), ("the variant", own)):
+            value, (low, high) = scope.metrics.get(metric, math.nan), scope.intervals[metric]
+            if not math.isfinite(value) or scope.judged_count(metric) < MIN_ROWS:
+                continue
+            slack = 1e-9 * max(1.0, abs(value))
+            if not low - slack <= value <= high + slack:  # NaN bounds included
+                problems.append(f"{where}: {who}'s {metric} {value:.6g} lies outside its interval [{low:.6g}, "
+                                f"{high:.6g}]")  # fmt: skip
+    return [f"{problem}: written by another qbench, or edited" for problem in problems]
+
+
 def rows_alone(metric: str, tolerance: float, reference: SliceMetrics, own: SliceMetrics) -> bool:
     """Whether the rule asks `own`'s scope for rows alone (a count from the tolerance, or MIN_ROWS), not for a narrow
     interval of its drop: then every variant judged on the same rows is as unresolved there as `own`."""
