@@ -46,7 +46,7 @@ from qbench.gate_outputs import (
     other_output_kept_notes,
     other_output_notes,
 )
-from qbench.gate_resolution import rows_alone, unresolved
+from qbench.gate_resolution import interval_problems, rows_alone, unresolved
 from qbench.gate_tolerance import (
     Tolerances,
     reference_tolerances,
@@ -336,7 +336,7 @@ def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec,
             checks += [GateCheck(variant, backend, own_scope.name, name, kept.reference, kept.own, 1 - kept.share,
                                  1 - KEPT, own_scope.size, "breach", kept.component, chance_text(kept))
                        for name, kept in lost]  # fmt: skip
-            problems += kept_problems
+            problems += kept_problems + interval_problems(ref_scope, own_scope)
         if judged and 0 < ref_scope.size <= ref_scope.nonfinite_outputs:
             problems.append(f"FP32 gives NaN/inf on all {ref_scope.size} rows of {own_scope.name}: nothing to judge "
                             "the variant against there")  # fmt: skip
@@ -350,7 +350,8 @@ def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec,
         check = _check(variant, backend, spec, ref_scope, own_scope, tolerance, explained=extra_nonfinite > 0)
         if check is not None:
             checks.append(check)
-            why = unresolved(spec.metric, tolerance, ref_scope, own_scope) if check.status == "pass" else None
+            distinct = results.distinct_inputs.get(own_scope.name)  # copies of an input are no more evidence
+            why = unresolved(spec.metric, tolerance, ref_scope, own_scope, distinct) if check.status == "pass" else None
             small += [why] if why else []
             on_spread |= bool(why) and not rows_alone(spec.metric, tolerance, ref_scope, own_scope)
         elif _undefined_for_fp32(spec.metric, ref_scope, own_scope):  # only overall: a slice is skipped instead

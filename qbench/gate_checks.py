@@ -492,6 +492,9 @@ def _evaluated_problems(results: SweepResults, evaluated: EvaluationRows, *, kee
     if recorded != evaluated.dropped:
         problems.append(f"dropped_nonfinite.evaluation: got {recorded!r}, the data gives {evaluated.dropped!r} "
                         "(rows left out for NaN/inf inputs)")  # fmt: skip
+    if results.distinct_inputs != evaluated.distinct_inputs:
+        problems.append(f"distinct_inputs: got {results.distinct_inputs!r}, the data gives {evaluated.distinct_inputs!r} "
+                        "(distinct inputs of the scopes whose rows repeat some)")  # fmt: skip
     fed = drop_nonfinite(evaluated.rows, evaluated.nonfinite)[1] if keeps else {}
     recorded = results.kept_nonfinite.get("evaluation", {}) if isinstance(results.kept_nonfinite, Mapping) else None
     if recorded != fed:

@@ -72,18 +72,37 @@ def collapsed_outputs(reference: SliceMetrics, own: SliceMetrics,
     collapsed, problems = [], []
     where = "" if reference.name == "overall" else f" on slice {reference.name}"
     for output, ref_spread in reference.spread.items():
+        name = f"{output}{OUTPUT_SEPARATOR}{SPREAD_METRIC}" if output and len(reference.spread) > 1 else SPREAD_METRIC
+        impossible = [f"{who}'s {name}{where} is {spread:g}, {why}" for who, scope, spread in
+                      (("FP32", reference, ref_spread), ("the variant", own, own.spread.get(output, 0.0)))
+                      if (why := _impossible_spread(spread, scope, own.spread.get(output, 0.0) if scope is reference
+                                                    else ref_spread))]  # fmt: skip
+        if impossible:  # an edited figure: neither may hide the other's collapse (NaN or negative skipped the check)
+            problems += [f"{text}: written by another qbench, or edited" for text in impossible]
+            continue
         if not (math.isfinite(ref_spread) and ref_spread > 0):
             continue
         whole = grid_overall.spread.get(output, math.nan) if grid_overall is not None else math.nan
         if ref_spread < RESOLVED_SPREAD * whole:  # below one 8-bit step of the output's variation: rounding, no collapse
             continue
-        name = f"{output}{OUTPUT_SEPARATOR}{SPREAD_METRIC}" if output and len(reference.spread) > 1 else SPREAD_METRIC
         if output not in own.spread:
             problems.append(f"the results record no {name}{where} for this variant (FP32's is {ref_spread:.4g}): "
                             "written by another qbench, or edited")  # fmt: skip
         elif own.spread[output] < COLLAPSED * ref_spread:  # NaN (no finite row) is no collapse
             collapsed.append((name, ref_spread, own.spread[output]))
     return collapsed, problems
+
+
+def _impossible_spread(spread: float, scope: SliceMetrics, other: float) -> str:
+    """Why a recorded spread is one metrics.spread cannot give, '' where it can: never negative nor infinite, and NaN
+    only where no row of the scope is finite or the output is no numbers, in which case the other result's spread of
+    the same output (`other`, measured on the same rows) is not a number either."""
+    if spread < 0 or math.isinf(spread):
+        return "a spread is a root of a sum of squares (0 or more, finite)"
+    if math.isnan(spread) and scope.nonfinite_outputs < scope.size and math.isfinite(other):
+        return (f"NaN on a scope with {scope.size - scope.nonfinite_outputs} rows of finite outputs, where the other "
+                f"result's is {other:g} (a spread is NaN only where no row is finite, or the output holds no numbers)")
+    return ""
 
 
 def lost_components(reference: SliceMetrics, own: SliceMetrics, gated: str,

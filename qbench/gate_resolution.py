@@ -131,13 +131,20 @@ def rows_to_resolve(tolerance: float, span: float = 1.0) -> float:
     return max(MIN_ROWS, math.ceil(math.log(1 - CONFIDENCE) / math.log1p(-share) - 1e-9))
 
 
-def unresolved(metric: str, tolerance: float, reference: SliceMetrics, own: SliceMetrics) -> str | None:
+def unresolved(metric: str, tolerance: float, reference: SliceMetrics, own: SliceMetrics,
+               distinct: int | None = None) -> str | None:
     """Why a pass of `own` against FP32's `reference` on one scope is no evidence that the drop is within
-    `tolerance` (the rule and its numbers, one phrase), or None when the scope resolves it."""
+    `tolerance` (the rule and its numbers, one phrase), or None when the scope resolves it. `distinct`: how many
+    distinct inputs the scope's rows feed the model, where copies repeat some: a variant gets every copy of an input
+    wrong alike, so the rows rule counts inputs (300 rows of 100 inputs each fed 3 times show no drop of a variant
+    breaking 1 % of the inputs with probability 0.99^100 = 37 %, not 0.99^300 = 5 %)."""
     info = METRICS[metric]
-    rows = own.judged_count(metric)
+    counted = own.judged_count(metric)
+    # a figure over the scope's rows (not its tokens, nor sampled queries) rests on as many inputs as they hold
+    rows = min(counted, distinct) if distinct is not None and counted == own.size else counted
     span = info.high - info.low
-    where = f"{own.name} {metric} on {rows} rows"
+    where = f"{own.name} {metric} on {counted} rows"
+    where += f" ({rows} distinct inputs: the others repeat them)" if rows < counted else ""
     uncounted = _changes_uncounted(metric, reference, own)
     if uncounted:
         return (f"{where}: {uncounted}, so how many of its decisions changed (changes right -> wrong its drop may "
@@ -146,7 +153,7 @@ def unresolved(metric: str, tolerance: float, reference: SliceMetrics, own: Slic
     if compensated is not None:
         changed, units, bound = compensated
         together = own.changed_together.get(_companion(metric))
-        of = "of them" if units == rows else f"of its {units} scored units"
+        of = "of them" if units == counted else f"of its {units} scored units"
         of += f" ({together:.3g} changed together a row, weighted by changes)" if together is not None and together > 1 else ""
         if not within(bound, tolerance, reference.metrics.get(metric, math.nan)):
             return (f"{where}: its decisions changed on {changed} {of}, more than its drop counts (changes right -> "
@@ -167,11 +174,35 @@ def unresolved(metric: str, tolerance: float, reference: SliceMetrics, own: Slic
         share = tolerance / span
         if math.isinf(needed):
             return f"{where}: no number of rows resolves a tolerance of 0"
-        return (f"{where} < {needed} needed for a drop of {tolerance:g} (a variant changing {share:.3g} of the rows "
+        unit = "rows" if rows == counted else "inputs"
+        return (f"{where} < {needed} needed for a drop of {tolerance:g} (a variant changing {share:.3g} of the {unit} "
                 f"leaves all {rows} unchanged with probability {(1 - share) ** rows:.1%} > {1 - CONFIDENCE:.0%})")
     if rows < MIN_ROWS:
         return f"{where}: {MIN_ROWS} rows at least"
     return None
+
+
+def interval_problems(reference: SliceMetrics, own: SliceMetrics) -> list[str]:
+    """Intervals a sweep cannot have written on one scope, FP32's (`reference`) against a variant's (`own`): every
+    result records the intervals of the same metrics (same task, same rows), each holding its finite figure on
+    MIN_ROWS rows or more. The paired rule reads them: a variant's kl_mean interval removed, made NaN or a point away
+    from its figure, turned a pass the rows did not resolve into a resolved one (exit 0)."""
+    where = "overall" if own.name == "overall" else f"slice {own.name!r}"
+    problems = []
+    for metric in sorted(set(reference.intervals) | set(own.intervals)):
+        recorded = [who for who, scope in (("FP32", reference), ("the variant", own)) if metric in scope.intervals]
+        if len(recorded) == 1:
+            problems.append(f"{where}: only {recorded[0]}'s results record an interval of {metric!r}")
+            continue
+        for who, scope in (("FP32", reference), ("the variant", own)):
+            value, (low, high) = scope.metrics.get(metric, math.nan), scope.intervals[metric]
+            if not math.isfinite(value) or scope.judged_count(metric) < MIN_ROWS:
+                continue
+            slack = 1e-9 * max(1.0, abs(value))
+            if not low - slack <= value <= high + slack:  # NaN bounds included
+                problems.append(f"{where}: {who}'s {metric} {value:.6g} lies outside its interval [{low:.6g}, "
+                                f"{high:.6g}]")  # fmt: skip
+    return [f"{problem}: written by another qbench, or edited" for problem in problems]
 
 
 def rows_alone(metric: str, tolerance: float, reference: SliceMetrics, own: SliceMetrics) -> bool:

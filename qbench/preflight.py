@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -113,6 +113,7 @@ class Prepared:
     batch: int | None = None
     snapshot: Snapshot | None = None  # the sweep's copies of its input files, which everything here was read from
     selection: SelectionRows | None = None  # where searches choose among candidates (qbench.selection_rows)
+    distinct_inputs: dict[str, int] = field(default_factory=dict)  # EvaluationRows.distinct_inputs
 
     @property
     def output_name(self) -> str:
@@ -267,6 +268,7 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
         batch=batch,
         snapshot=snapshot,
         selection=selection,
+        distinct_inputs=evaluation.distinct_inputs,
     )
 
 

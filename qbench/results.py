@@ -9,6 +9,7 @@ Schema (version 1), documented in reports/README.md:
       timings {phase: seconds} (prepare, build, store, track, inference, simulation, jobs, ranges, report, total),
       dropped_nonfinite {evaluation|calibration: {input column: rows left out for NaN/inf}},
       kept_nonfinite {evaluation|calibration|selection|slice:<name>: {input column: rows fed with NaN/inf}},
+      distinct_inputs {overall|<slice>: distinct inputs its rows feed the model, for scopes whose rows repeat some},
       ranges RangeAnalysis | null, inputs {input: {path, sha256}}, complete, finished_at,
       evidence [name]: the kinds of evidence the sweep recorded (results_evidence.py; absent: none),
       digest (sha256 of the canonical JSON of everything else; checked on reading)
@@ -253,6 +254,9 @@ class SweepResults:
     dropped_nonfinite: dict[str, dict[str, int]] = field(default_factory=dict)
     # rows fed with NaN/inf inputs (data.nonfinite_inputs: keep): {"evaluation"|"calibration"|"selection"|"slice:<name>": {column: rows}}
     kept_nonfinite: dict[str, dict[str, int]] = field(default_factory=dict)
+    # scope ("overall" or a slice) -> the distinct inputs its rows feed the model, only where copies repeat some: the
+    # gate's resolution rule counts those (a variant gets every copy of an input alike)
+    distinct_inputs: dict[str, int] = field(default_factory=dict)
     ranges: RangeAnalysis | None = None
     # input name -> {path, sha256} of every file the results were made from (see qbench.provenance)
     inputs: dict[str, dict[str, str]] = field(default_factory=dict)
@@ -383,6 +387,14 @@ def _latency_point(raw: dict[str, Any], where: str) -> LatencyPoint:
     return LatencyPoint(**{**raw, **times, **windows})
 
 
+def _distinct_inputs(raw: object) -> dict[str, int]:
+    """results.json's `distinct_inputs`: scope -> a whole number of inputs >= 1."""
+    if not isinstance(raw, dict) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1
+                                            for n in raw.values()):  # fmt: skip
+        raise QbenchError(f"distinct_inputs: got {short_repr(raw)}, expected scope -> a whole number of inputs >= 1")
+    return raw
+
+
 def from_dict(raw: dict[str, Any]) -> SweepResults:
     """Rebuild results from parsed JSON. Raises QbenchError if the schema version is not this one."""
     version = raw.get("schema_version")
@@ -407,6 +419,7 @@ def from_dict(raw: dict[str, Any]) -> SweepResults:
         timings=raw.get("timings", {}),
         dropped_nonfinite=raw.get("dropped_nonfinite", {}),
         kept_nonfinite=raw.get("kept_nonfinite", {}),
+        distinct_inputs=_distinct_inputs(raw.get("distinct_inputs", {})),
         ranges=ranges_from_dict(raw.get("ranges"), "ranges"),
         inputs=raw.get("inputs", {}),
         complete=raw.get("complete") is True,

@@ -376,6 +376,7 @@ def _assemble(
         timings=dict(clock.seconds),
         dropped_nonfinite=prepared.dropped_nonfinite,
         kept_nonfinite=prepared.kept_nonfinite,
+        distinct_inputs=prepared.distinct_inputs,
         inputs={name: {"path": entry.path, "sha256": entry.sha256} for name, entry in inputs.items()},
         complete=True,
         finished_at=utc_now(),

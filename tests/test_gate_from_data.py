@@ -212,3 +212,34 @@ def test_r2_undefined_on_a_constant_target_slice_is_not_judged_there(tmp_path: P
     assert checks["sensor=offline"]["status"] == "skipped"
     assert checks["sensor=offline"]["reason"] == "not judged: r2 is undefined on this scope for FP32 too"
     assert checks["sensor=online"]["status"] == checks["overall"]["status"] == "pass"
+
+
+# -- copies of an input ------------------------------------------------------------------------------
+
+
+def every_evaluation_input_three_times(rows: pd.DataFrame) -> None:
+    """Evaluation rows 60..159 are 34 inputs, each fed 3 times (the last twice): kind a 17 of them, kind b 17."""
+    source = [CALIBRATION + (i - CALIBRATION) // 3 * 3 for i in range(ROWS)]
+    for i in range(CALIBRATION, ROWS):
+        rows.at[i, "x"], rows.at[i, "y"], rows.at[i, "kind"] = rows.at[source[i], "x"], rows.at[source[i], "y"], \
+            rows.at[source[i], "kind"]
+
+
+def test_copies_of_an_input_do_not_resolve_a_tolerance_they_cannot(tmp_path: Path, capsys):
+    """100 evaluation rows of 34 distinct inputs: with max_drop 0.05 (59 rows needed) FP16's pass counted the 100
+    rows and resolved it (exit 0); a variant breaking 5 % of the inputs leaves all 34 unchanged with probability
+    0.95^34 = 17.5 %. The sweep records each scope's distinct inputs and the gate counts those (exit 2); results
+    whose count is not the data's are unusable."""
+    recipe = classifier_project(tmp_path, edit=every_evaluation_input_three_times)
+    raw = yaml.safe_load(recipe.read_text())
+    raw["gate"] = {"metric": "accuracy", "max_drop": 0.05, "max_slice_drop": 0.5}
+    recipe.write_text(yaml.safe_dump(raw, sort_keys=False))
+    assert main(["sweep", str(recipe), "--no-track", "--gate"]) == 2
+    [results] = sorted((tmp_path / "reports").glob("*/*/results.json"))
+    assert json.loads(results.read_text())["distinct_inputs"] == {"overall": 34, "kind=a": 17, "kind=b": 17}
+    capsys.readouterr()
+    assert main(["gate", str(recipe)]) == 2
+    assert ("overall accuracy on 100 rows (34 distinct inputs: the others repeat them) < 59 needed for a drop of 0.05 "
+            "(a variant changing 0.05 of the inputs leaves all 34 unchanged with probability 17.5% > 5%)") in shown(capsys)
+    assert main(["gate", str(recipe), "--results", str(forged(results, lambda r: r.pop("distinct_inputs")))]) == 2
+    assert "distinct_inputs: got {}, the data gives {'overall': 34, 'kind=a': 17, 'kind=b': 17}" in shown(capsys)

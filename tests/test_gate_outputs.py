@@ -4,6 +4,7 @@ row) breaches, whatever the gate metric a constant answer can score well on says
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -138,6 +139,41 @@ def test_results_recording_fp32_s_spread_and_not_the_variant_s_are_unusable():
     assert report.problems == ("int8-a@onnxruntime-cpu: the results record no output_spread for this variant "
                                f"(FP32's is {logits.std(axis=0, ddof=0).dot([0, 1]):.4g}): written by another "
                                "qbench, or edited",)  # fmt: skip
+
+
+@pytest.mark.parametrize(("who", "spread"), [("int8-a", math.nan), ("int8-a", -1.0), ("int8-a", math.inf),
+                                           ("fp32", math.nan), ("fp32", -1.0)])  # fmt: skip
+def test_a_spread_metrics_spread_cannot_give_is_unusable_never_a_pass_or_a_breach(who, spread):
+    """A collapsed variant (every row the same scores) whose recorded spread is NaN, or whose FP32 spread is NaN or
+    negative, skipped the output_spread check and its collapse passed (exit 0 where the accuracy gate passes); a
+    negative variant spread breached (exit 1) on figures a sweep cannot write. A spread is 0 or more, finite, and NaN
+    only where no row of the scope is finite: the results are unusable (exit 2)."""
+    # FP32 decides class 1 on 3 rows (too few to judge as a class kept), class 0 on the others; the variant answers
+    # class 0 everywhere: accuracy 0.997 against 1.0, within max_drop 0.01
+    score = np.random.default_rng(5).uniform(-4.0, -1.0, size=ROWS)
+    score[:3] = 2.0
+    logits = np.stack([np.zeros(ROWS), score], axis=1).astype(np.float32)
+    labels = (score > 0).astype(np.int64)
+    results = _results("classification", logits, np.tile([1.0, 0.0], (ROWS, 1)).astype(np.float32), labels)
+    assert evaluate_gate(results, ACCURACY).exit_code == EXIT_BREACH  # as recorded: output_spread alone breaches
+    assert [c.metric for c in evaluate_gate(results, ACCURACY).breaches] == ["output_spread"]
+    edited = results.find(who, BACKEND)
+    overall = replace(edited.accuracy.overall, spread={"out": spread})
+    results = replace(results, variants=tuple(replace(v, accuracy=replace(v.accuracy, overall=overall))
+                                              if v.variant == who else v for v in results.variants))  # fmt: skip
+    report = evaluate_gate(results, ACCURACY)
+    assert report.exit_code == EXIT_UNUSABLE
+    owner = "FP32" if who == "fp32" else "the variant"
+    [problem] = [p for p in report.problems if "output_spread" in p]
+    assert problem.startswith(f"int8-a@onnxruntime-cpu: {owner}'s output_spread is {spread:g}, ")
+    assert problem.endswith(": written by another qbench, or edited")
+
+
+def test_a_variant_with_nan_on_every_row_has_no_spread_and_breaches_on_its_outputs():
+    logits, labels = _imbalanced()
+    report, _ = _verdict("classification", logits, np.full_like(logits, np.nan), labels, ACCURACY)
+    assert report.exit_code == EXIT_BREACH and not report.problems
+    assert "nonfinite_outputs" in [c.metric for c in report.breaches]
 
 
 def _linear_classifier(path: Path, weights: np.ndarray, bias: np.ndarray) -> None:

@@ -317,3 +317,55 @@ def test_changes_within_the_tolerance_are_never_judged_more_harshly_than_losses_
     mixed[12:16] = 1 - mixed[12:16]  # 4 more changes on rows FP32 got right: 14 > 10, 12 losses and 2 gains
     beyond = _judged_decisions(fp32, mixed, labels)
     assert beyond.exit_code == EXIT_UNUSABLE and "its decisions changed on 14 of them" in beyond.problems[0]
+
+
+def test_copies_of_an_input_count_once():
+    """600 rows of 200 inputs fed 3 times each: a variant breaking 1 % of the inputs leaves all 600 rows unchanged with
+    probability 0.99^200 = 13.4 %, not 0.99^600 = 0.24 %. Counted as 600 rows (>= 299), the pass resolved max_drop
+    0.01 (exit 0); the results' distinct_inputs make it unresolved (exit 2), and a slice whose rows repeat none is
+    judged on its rows as before."""
+    ref = result("fp32", scope("overall", 600, 0.95), scope("a", 300, 0.95))
+    own = result("int8", scope("overall", 600, 0.95), scope("a", 300, 0.95))
+    assert evaluate_gate(sweep(ref, own), SPEC).exit_code == EXIT_PASS
+    repeated = dataclasses.replace(sweep(ref, own), distinct_inputs={"overall": 200})
+    report = evaluate_gate(repeated, SPEC)
+    assert report.exit_code == EXIT_UNUSABLE
+    assert report.problems == ("int8@cpu: too few rows to resolve the tolerance: overall accuracy on 600 rows (200 "
+                               "distinct inputs: the others repeat them) < 299 needed for a drop of 0.01 (a variant "
+                               "changing 0.01 of the inputs leaves all 200 unchanged with probability 13.4% > 5%)",)
+    assert round(0.99**200, 3) == 0.134
+    # 299 distinct inputs resolve it, however many copies
+    assert evaluate_gate(dataclasses.replace(repeated, distinct_inputs={"overall": 299}), SPEC).exit_code == EXIT_PASS
+    # and the count survives results.json
+    assert from_dict(json.loads(to_json(repeated))).distinct_inputs == {"overall": 200}
+
+
+@pytest.mark.parametrize(("interval", "problem"), [
+    (None, "overall: only FP32's results record an interval of 'kl_mean'"),
+    ((math.nan, math.nan), "overall: the variant's kl_mean 0.00992057 lies outside its interval [nan, nan]"),
+    ((0.0, 0.0), "overall: the variant's kl_mean 0.00992057 lies outside its interval [0, 0]"),
+], ids=["removed", "nan", "a-point-at-0"])  # fmt: skip
+def test_an_interval_the_sweep_cannot_have_written_is_unusable(interval, problem):
+    """kl_mean on 200 rows, one row's scores reversed: a mean of 0.0099 within max_drop 0.01 whose interval reaches
+    0.0294, unresolved (exit 2). With the variant's interval removed, made NaN or a point at 0 the paired rule had no
+    interval to read and the pass resolved (exit 0); such an interval is now unusable results (exit 2)."""
+    spec = GateSpec(metric="kl_mean", max_drop=0.01, max_slice_drop=0.02, applies_to=["int8"])
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 3, 200)
+    logits = (rng.normal(size=(200, 3)) * 0.5).astype(np.float32)
+    logits[np.arange(200), labels] += 3.0
+    reversed_row = logits.copy()
+    reversed_row[0] = logits[0][::-1] * 0.5
+    fp32 = evaluate_accuracy("classification", logits, logits, labels, {})
+    int8 = evaluate_accuracy("classification", reversed_row, logits, labels, {})
+    variants = [VariantResult(variant=name, backend="cpu", precision=name, status="ok", accuracy=acc)
+                for name, acc in (("fp32", fp32), ("int8", int8))]  # fmt: skip
+    measured = evaluate_gate(sweep(*variants), spec)
+    assert measured.exit_code == EXIT_UNUSABLE and "interval of the drop reaches 0.02936" in measured.problems[0]
+    overall = int8.overall
+    intervals = {k: v for k, v in overall.intervals.items() if k != "kl_mean"}
+    edited = dataclasses.replace(overall, intervals=intervals if interval is None else {**intervals, "kl_mean": interval})
+    variants[1] = dataclasses.replace(variants[1], accuracy=dataclasses.replace(int8, overall=edited))
+    report = evaluate_gate(sweep(*variants), spec)
+    assert report.exit_code == EXIT_UNUSABLE
+    assert report.problems == (f"int8@cpu: {problem}: written by another qbench, or edited",)

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from qbench.data.filters import select_rows
+from qbench.data.leakage import distinct_inputs
 from qbench.data.load import load_table, table_name
 from qbench.data.nonfinite import NonfiniteMasks, check_finite, drop_nonfinite, missing_slices, nonfinite_masks
 from qbench.data.sampling import draw_calibration_sample, warn_thin_sample
@@ -37,7 +38,9 @@ class EvaluationRows:
     dropped: input column -> evaluation rows left out for NaN/inf (only with `data.nonfinite_inputs: drop`);
     left_out: how many rows that is (a row with NaN/inf in two columns counts once). held_out: rows of the
     evaluation filter not evaluated because they are calibration rows (`data.calibration.overlap: hold_out`).
-    beyond_limit: rows the evaluation would take but for `data.evaluation.limit` (searches may choose on them)."""
+    beyond_limit: rows the evaluation would take but for `data.evaluation.limit` (searches may choose on them).
+    distinct_inputs: scope ("overall" or a slice) -> the distinct inputs its rows feed the model, where fewer than its
+    rows (qbench.data.leakage.distinct_inputs): results record it, and the gate's resolution rule counts inputs."""
 
     rows: np.ndarray
     masks: dict[str, np.ndarray]
@@ -46,6 +49,7 @@ class EvaluationRows:
     left_out: int
     held_out: int = 0
     beyond_limit: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    distinct_inputs: dict[str, int] = field(default_factory=dict)
 
     @property
     def slices(self) -> dict[str, np.ndarray]:
@@ -150,8 +154,11 @@ def evaluation_rows(table: pd.DataFrame, data: DataSpec, *, recipe_file: Path, c
     if data.nonfinite_inputs == "keep":
         masks = _with_missing_slices(table, masks, missing_slices(rows, nonfinite), recipe_file=recipe_file)
     check_finite(table, rows, nonfinite, masks, what="evaluation", recipe_file=recipe_file, policy=data.nonfinite_inputs)
+    fed = data.fed_columns  # a column missing is named where the feeds are built
+    distinct = (distinct_inputs(table, rows, fed, {name: mask[rows] for name, mask in masks.items()})
+                if all(column in table.columns for column in fed) else {})  # fmt: skip
     return EvaluationRows(rows=rows, masks=masks, nonfinite=nonfinite, dropped=dropped, left_out=left_out,
-                          held_out=held_out, beyond_limit=beyond_limit)  # fmt: skip
+                          held_out=held_out, beyond_limit=beyond_limit, distinct_inputs=distinct)  # fmt: skip
 
 
 def _with_missing_slices(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -33,6 +33,17 @@ def shared_rows(fitted: pd.DataFrame, fit_rows: np.ndarray, judged: pd.DataFrame
     columns = list(columns)
     judged_digests = row_digests(judged, judged_rows, columns)
     return sum(digest in judged_digests for digest in _digests(fitted, fit_rows, columns))
+
+
+def distinct_inputs(table: pd.DataFrame, rows: np.ndarray, columns: Iterable[str],
+                    slices: Mapping[str, np.ndarray]) -> dict[str, int]:
+    """How many distinct inputs (digests of the cells in `columns`) `rows` feed the model, overall ("overall") and on
+    each of `slices` (name -> mask over `rows`), for the scopes where that is fewer than their rows: copies of a row
+    are one input, and a variant that gets an input wrong gets every copy of it wrong."""
+    digests = np.array(_digests(table, rows, list(columns)))
+    scopes = {"overall": np.ones(len(digests), dtype=bool), **slices}
+    counts = {name: len(np.unique(digests[mask])) for name, mask in scopes.items()}
+    return {name: count for name, count in counts.items() if count < int(scopes[name].sum())}
 
 
 def warn_shared(shared: int, total: int, what: str, cause: str) -> None:

@@ -25,6 +25,7 @@ from user_model import make_user_project
 
 from qbench.cli_app import main
 from qbench.results import content_digest
+from qbench.tasks.base import wilson
 
 pytestmark = pytest.mark.slow
 
@@ -198,12 +199,14 @@ def metric(name: str, slice_name: str, value: float | None, key: str = "agreemen
 
 
 def lowered(name: str, slice_name: str, value: float) -> Edit:
-    """Agreement lowered to `value`, with the drop from FP32's figure a sweep records beside it."""
+    """Agreement lowered to `value`, with the drop from FP32's figure and the interval a sweep records beside it."""
 
     def edit(raw: dict[str, Any]) -> None:
         reference = scope(raw, "fp32", slice_name)["metrics"]["agreement"]
-        scope(raw, name, slice_name)["metrics"]["agreement"] = value
-        scope(raw, name, slice_name)["drops"]["agreement"] = reference - value
+        edited = scope(raw, name, slice_name)
+        edited["metrics"]["agreement"] = value
+        edited["drops"]["agreement"] = reference - value
+        edited["intervals"]["agreement"] = list(wilson(value, edited["size"]))
 
     return edit
 
