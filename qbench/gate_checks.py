@@ -492,7 +492,11 @@ def _evaluated_problems(results: SweepResults, evaluated: EvaluationRows, *, kee
     if recorded != evaluated.dropped:
         problems.append(f"dropped_nonfinite.evaluation: got {recorded!r}, the data gives {evaluated.dropped!r} "
                         "(rows left out for NaN/inf inputs)")  # fmt: skip
-    if results.distinct_inputs != evaluated.distinct_inputs:
+    if not results.distinct_inputs and evaluated.distinct_inputs:  # a file from before the count, or edited
+        problems.append(f"distinct_inputs: the results record none, the data gives {evaluated.distinct_inputs!r} "
+                        "(scopes whose rows repeat inputs): results from a qbench that counted copies of an input as "
+                        "evidence, or edited; re-run `qbench sweep`")  # fmt: skip
+    elif results.distinct_inputs != evaluated.distinct_inputs:
         problems.append(f"distinct_inputs: got {results.distinct_inputs!r}, the data gives {evaluated.distinct_inputs!r} "
                         "(distinct inputs of the scopes whose rows repeat some)")  # fmt: skip
     fed = drop_nonfinite(evaluated.rows, evaluated.nonfinite)[1] if keeps else {}
