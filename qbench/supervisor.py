@@ -63,6 +63,7 @@ def cause(signum: int) -> str:
 
 def supervise(args: Sequence[str]) -> int:
     """Run `qbench ARGS` in a child process and return its exit code (see the module docstring)."""
+    _open_standard_descriptors()
     read_end, write_end = os.pipe()
     received: list[int] = []
     forwarded: list[int] = []
@@ -108,6 +109,23 @@ def supervise(args: Sequence[str]) -> int:
     if code >= 0:
         return _say(f"qbench: error: the command's process ended with status {code}, not a verdict")
     return _crashed(args, -code, run)
+
+
+def _open_standard_descriptors() -> None:
+    """Give a standard descriptor that is closed (`qbench gate ... >&-`, `0<&-`, `2>&-` in a CI step) the null device,
+    as daemons do. Else the next file or pipe opened takes its number: the pipe to the child became the child's
+    stdout or stderr, and a gate that passed ended with exit 2 (`AttributeError: 'NoneType' object has no attribute
+    'write'`, or a status 1 that is no verdict). What a closed stream would have shown is dropped, as for a reader
+    that went away (qbench.console.ForgivingStream)."""
+    for descriptor, flags in ((0, os.O_RDONLY), (1, os.O_WRONLY), (2, os.O_WRONLY)):
+        try:
+            os.fstat(descriptor)
+        except OSError:
+            opened = os.open(os.devnull, flags)
+            if opened != descriptor:  # not the lowest number free: cannot happen, each lower one is checked first
+                os.dup2(opened, descriptor)
+                os.close(opened)
+            os.set_inheritable(descriptor, True)  # os.open's descriptors are not: the child would find it closed
 
 
 def _ending_with(parent: int) -> Callable[[], None]:

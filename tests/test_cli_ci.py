@@ -155,3 +155,22 @@ def test_long_work_in_a_log_prints_one_line_a_minute_at_most():
             advance(1)
     assert stream.getvalue().splitlines() == ["fp32@onnxruntime-cpu evaluate: 2/5 after 1m01s",
                                               "fp32@onnxruntime-cpu evaluate: 4/5 after 2m01s"]  # fmt: skip
+
+
+@pytest.mark.parametrize("closed", [0, 1, 2], ids=["stdin", "stdout", "stderr"])
+def test_a_closed_standard_stream_drops_its_output_and_keeps_the_verdict(recipe, tmp_path, closed):
+    """A step running `qbench gate ... >&-` (or `2>&-`, `0<&-`) started qbench with that descriptor closed: the pipe to
+    the supervised child took its number and became the child's stdout or stderr, and a gate that passed ended
+    with exit 2 (`AttributeError: 'NoneType' object has no attribute 'write'`; with stderr closed, a status 1 that
+    is no verdict) and no report. Now the closed stream's output is dropped; the exit code and report are the
+    verdict's."""
+    report = tmp_path / "gate.json"
+    done = subprocess.run([sys.executable, "-m", "qbench.cli", "gate", str(recipe), "--json", str(report)],
+                          capture_output=True, text=True, env=ci_env(), timeout=300, check=False,
+                          preexec_fn=lambda: os.close(closed))  # fmt: skip
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    if closed == 1:
+        assert done.stderr == f"gate report: {report}\n"  # the verdict and notes went to the closed stdout
+    else:
+        assert done.stdout.splitlines()[-1] == "gate: PASS — 2 variants × 3 scopes, 6 checks"
+    assert json.loads(report.read_text())["verdict"] == "pass"
