@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 from qbench.console import console as err_console
 from qbench.console import names_stdout, print_wide, write_document
 from qbench.console import stdout_console as out
-from qbench.errors import QbenchError, one_line
+from qbench.errors import OUT_OF_MEMORY, QbenchError, environment_cause, one_line
+from qbench.supervisor import address_space_note
 
 if TYPE_CHECKING:
     from qbench.gate import GateReport
@@ -77,8 +78,17 @@ class GateOutput:
 
 
 def describe(exc: BaseException) -> str:
-    """A QbenchError's message; any other exception (a bug) with its type, as `main` prints it."""
-    return one_line(exc) if isinstance(exc, QbenchError) else f"{type(exc).__name__}: {one_line(exc)}"
+    """A QbenchError's message; any other exception (a bug) with its type, as `main` prints it, and what the machine
+    ran into where that was its cause (qbench.errors.environment_cause): a MemoryError carries no message, and
+    `MemoryError: ` alone said nothing of an address-space limit (ulimit -v) that caused it."""
+    if isinstance(exc, QbenchError):
+        return one_line(exc)
+    message = one_line(exc)
+    text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    cause = environment_cause(exc)
+    if cause is None:
+        return text
+    return f"{text} ({cause}{address_space_note() if cause == OUT_OF_MEMORY else ''})"
 
 
 class ReportPathRefused(QbenchError):

@@ -26,6 +26,7 @@ import contextlib
 import faulthandler
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -107,8 +108,20 @@ def supervise(args: Sequence[str]) -> int:
     if passed_on:  # the signal passed on ended it before its own handling was in place (SIGHUP: none)
         return _say("qbench: error: interrupted")
     if code >= 0:
-        return _say(f"qbench: error: the command's process ended with status {code}, not a verdict")
+        return _say(f"qbench: error: the command's process ended with status {code}, not a verdict{address_space_note()}")
     return _crashed(args, -code, run)
+
+
+def address_space_note() -> str:
+    """'; ulimit -v lets this process map at most 390 MiB' when an address-space limit is set (RLIMIT_AS), else
+    '': a limit in a CI step's shell is a cause of a MemoryError, or of a native library that could not allocate
+    and ended the process (`cannot allocate memory for thread-local data: ABORT`, status 127), which the error
+    itself does not name. `resource` is imported with this module: out of memory, loading it failed too."""
+    with contextlib.suppress(OSError, ValueError):
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if limit != resource.RLIM_INFINITY:
+            return f"; ulimit -v lets this process map at most {limit / 2**20:.0f} MiB"
+    return ""
 
 
 def _open_standard_descriptors() -> None:
@@ -171,7 +184,8 @@ def _announced(read_end: int) -> tuple[Path | None, int | None]:
 
 def _crashed(args: Sequence[str], signum: int, run: Path | None) -> int:
     command = " ".join(["qbench", *[a for a in args if not a.startswith("-")][:1]])
-    what = f"qbench: error: the `{command}` process died: {cause(signum)} (the Python stack at that moment is above)"
+    what = (f"qbench: error: the `{command}` process died: {cause(signum)} (the Python stack at that moment is above"
+            f"{address_space_note()})")
     if run is None:
         return _say(f"{what}; run the command again once the cause is fixed")
     return _say(f"{what}; the results so far stay in {run}: `qbench sweep --resume` goes on, recording the job it was "

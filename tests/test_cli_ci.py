@@ -174,3 +174,21 @@ def test_a_closed_standard_stream_drops_its_output_and_keeps_the_verdict(recipe,
     else:
         assert done.stdout.splitlines()[-1] == "gate: PASS — 2 variants × 3 scopes, 6 checks"
     assert json.loads(report.read_text())["verdict"] == "pass"
+
+
+@pytest.mark.parametrize("debug", [False, True], ids=["plain", "debug"])
+def test_an_address_space_limit_too_small_is_named_in_one_line(recipe, debug):
+    """Under `ulimit -v` too small for the command, the gate printed `qbench: error: MemoryError: ` (no message),
+    and with --debug nothing at all (drawing the traceback ran out of memory too), exit 2 either way. Whether the
+    interpreter, a native library or qbench's own code meets the limit first, the last line now names it."""
+    import resource
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (200 * 2**20, resource.getrlimit(resource.RLIMIT_AS)[1]))
+
+    args = [sys.executable, "-m", "qbench.cli", "gate", str(recipe), *(["--debug"] if debug else [])]
+    done = subprocess.run(args, capture_output=True, text=True, env=ci_env(), timeout=300, check=False,
+                          preexec_fn=limited)  # fmt: skip
+    assert done.returncode == 2
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("qbench: error: ") and last.endswith("ulimit -v lets this process map at most 200 MiB)")
