@@ -192,3 +192,18 @@ def test_an_address_space_limit_too_small_is_named_in_one_line(recipe, debug):
     assert done.returncode == 2
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("qbench: error: ") and last.endswith("ulimit -v lets this process map at most 200 MiB)")
+
+
+def test_a_default_tracking_store_that_cannot_be_written_stops_the_sweep_before_it_builds(recipe, tmp_path):
+    """A CI job without `--no-track` whose recipe names no tracking.uri logs to $MLFLOW_TRACKING_URI, else mlflow.db
+    in a working directory that may be read-only: the sweep built and measured until MLflow failed on that store.
+    Now it stops at the start with one line naming the store, and makes no run folder."""
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    runs = sorted((recipe.parent / "reports" / "iris-ci").iterdir())
+    done = run_qbench("sweep", str(recipe), MLFLOW_TRACKING_URI=f"sqlite:///{blocker}/mlflow.db")
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [f"error: {recipe}: tracking.uri: {blocker} is a file; expected a writable "
+                                        f"folder (tracking.uri is not set, so runs go to sqlite:///{blocker}/mlflow.db: "
+                                        "set tracking.uri or $MLFLOW_TRACKING_URI, or run with --no-track)"]  # fmt: skip
+    assert sorted((recipe.parent / "reports" / "iris-ci").iterdir()) == runs
