@@ -157,10 +157,16 @@ def _ending_with(parent: int) -> Callable[[], None]:
 
 
 def _child_command(args: Sequence[str]) -> list[str]:
-    """This interpreter on the child module, with the same first entry on sys.path as here: the current folder
-    only when this process had it (`python -m qbench.cli`), never for the installed script (`-P`)."""
-    safe = sys.flags.safe_path or (sys.path[0] not in ("", os.getcwd()))
-    return [sys.executable, *(["-P"] if safe else []), "-m", CHILD_MODULE, *args]
+    """This interpreter on the child module, with this one's options and the same first entry on sys.path as here:
+    the current folder only when this process had it (`python -m qbench.cli`), never for the installed script
+    (`-P`). The options are the ones multiprocessing passes on to its children (`-X dev`, `-W`, `-O`, `-I`...): a CI
+    job running `python -X dev -W error::DeprecationWarning -m qbench.cli` asks for them on the command's work, all
+    of it in the child; before, they applied to this process alone, which runs none of it."""
+    options = subprocess._args_from_interpreter_flags()  # noqa: SLF001 - what multiprocessing.util uses, since 3.x
+    safe = sys.flags.safe_path or sys.flags.isolated or (sys.path[0] not in ("", os.getcwd()))
+    if safe and "-P" not in options and "-I" not in options:
+        options.append("-P")
+    return [sys.executable, *options, "-m", CHILD_MODULE, *args]
 
 
 def _announced(read_end: int) -> tuple[Path | None, int | None]:
