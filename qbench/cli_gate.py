@@ -263,7 +263,7 @@ def _write_ending(report: GateReport, output: GateOutput, *, write_streams: bool
     if unwritten:
         report = _with_problem(report, "; ".join(one_line(exc) for _, exc in unwritten))
         written = [file for file in files if file not in streams and file[0] not in dict(unwritten)]
-        for path, exc in _write_files(report, written).items():
+        for path, exc in _write_files(report, written, again=True).items():
             path.unlink(missing_ok=True)
             unwritten.append((path, QbenchError(f"{one_line(exc)} (removed: it held the verdict alone)")))
     unwritten += _write_files(report, streams if write_streams else []).items()
@@ -286,17 +286,21 @@ def _is_stream(path: Path) -> bool:
         return False
 
 
-def _write_files(report: GateReport, files: list[tuple[Path, Callable[[GateReport], str]]]) -> dict[Path, QbenchError]:
-    """Write each report file (stdout for `-`); those that cannot be written, with why."""
+def _write_files(report: GateReport, files: list[tuple[Path, Callable[[GateReport], str]]], *,
+                 again: bool = False) -> dict[Path, QbenchError]:  # fmt: skip
+    """Write each report file (stdout for `-`); those that cannot be written, with why. `again`: each was written
+    before, and now takes the reason another could not be: its line says so (the same line twice read as a
+    repeat in a CI log)."""
     from qbench import gate_report
 
     unwritten: dict[Path, QbenchError] = {}
+    said = " (written again: exit code 2, as another report could not be written)" if again else ""
     for path, render in files:
         if names_stdout(path):
             write_document(render(report))
             continue
         try:
-            err_console.print(f"gate report: {gate_report.write_report(path, render(report))}", markup=False)
+            err_console.print(f"gate report: {gate_report.write_report(path, render(report))}{said}", markup=False)
         except QbenchError as exc:
             unwritten[path] = exc
     return unwritten
