@@ -101,6 +101,7 @@ _ENVIRONMENT_ERRNOS = {
     errno.ENOSPC: "no space left on device",
     errno.EDQUOT: "disk quota exceeded",
     errno.EROFS: "a read-only file system",
+    errno.EFBIG: "a file size limit",  # `ulimit -f` in a CI step's shell (or the file system's largest file)
     errno.ENOMEM: OUT_OF_MEMORY,
     errno.EIO: "an I/O error",
     errno.ETIMEDOUT: "a timeout",

@@ -48,6 +48,7 @@ def _raised_from(cause: BaseException, *, hide: bool = False) -> QbenchError:
     (OSError(errno.ENOSPC, "No space left on device"), "no space left on device"),
     (OSError(errno.EDQUOT, "Disk quota exceeded"), "disk quota exceeded"),
     (OSError(errno.EROFS, "Read-only file system"), "a read-only file system"),  # was the variant's: not resumed
+    (OSError(errno.EFBIG, "File too large"), "a file size limit"),  # `ulimit -f`: was the variant's, not resumed
     (MemoryError(), "out of memory"),
     (TimeoutError("timed out"), "a timeout"),
     (ConnectionResetError("reset"), "a lost connection"),
