@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
@@ -416,8 +417,21 @@ def main(argv: list[str] | None = None) -> int:
     with forgiving_standard_streams():
         try:
             return _run(args, debug=debug)
-        except BaseException:  # noqa: BLE001 - saying what went wrong failed too: Python's own exit would be 1, a breach
+        except BaseException as exc:  # noqa: BLE001 - saying what went wrong failed too: Python's own exit would be 1, a breach
+            _last_words(exc)
             return EXIT_ERROR
+
+
+def _last_words(exc: BaseException) -> None:
+    """The one error line, written straight to descriptor 2, when printing the error through the console failed too
+    (out of memory under `ulimit -v`: rich could not draw the traceback, then not the line): exit 2 with nothing
+    said left a CI log with no reason at all."""
+    with contextlib.suppress(BaseException):
+        try:
+            line = f"qbench: error: {describe(exc)}\n"
+        except BaseException:  # noqa: BLE001 - describing it needs memory too: its type alone then
+            line = f"qbench: error: {type(exc).__name__}\n"
+        os.write(2, line.encode(errors="replace"))
 
 
 def _run(args: list[str], *, debug: bool) -> int:
@@ -440,8 +454,9 @@ def _run(args: list[str], *, debug: bool) -> int:
         exc.show()
         return EXIT_ERROR
     except BaseException as exc:  # noqa: BLE001 - a bug in qbench or a library, an exit from inside: still exit 2
-        if debug:
-            err_console.print_exception()
+        if debug:  # drawing the traceback takes memory a MemoryError lacked: its failure leaves the line below
+            with contextlib.suppress(Exception):
+                err_console.print_exception()
         err_console.print(f"qbench: error: {describe(exc)}", soft_wrap=True, markup=False)
         return EXIT_ERROR
     if result is BREACH:

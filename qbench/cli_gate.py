@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 from qbench.console import console as err_console
 from qbench.console import names_stdout, print_wide, write_document
 from qbench.console import stdout_console as out
-from qbench.errors import QbenchError, one_line
+from qbench.errors import OUT_OF_MEMORY, QbenchError, environment_cause, one_line
+from qbench.supervisor import address_space_note
 
 if TYPE_CHECKING:
     from qbench.gate import GateReport
@@ -77,8 +78,17 @@ class GateOutput:
 
 
 def describe(exc: BaseException) -> str:
-    """A QbenchError's message; any other exception (a bug) with its type, as `main` prints it."""
-    return one_line(exc) if isinstance(exc, QbenchError) else f"{type(exc).__name__}: {one_line(exc)}"
+    """A QbenchError's message; any other exception (a bug) with its type, as `main` prints it, and what the machine
+    ran into where that was its cause (qbench.errors.environment_cause): a MemoryError carries no message, and
+    `MemoryError: ` alone said nothing of an address-space limit (ulimit -v) that caused it."""
+    if isinstance(exc, QbenchError):
+        return one_line(exc)
+    message = one_line(exc)
+    text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    cause = environment_cause(exc)
+    if cause is None:
+        return text
+    return f"{text} ({cause}{address_space_note() if cause == OUT_OF_MEMORY else ''})"
 
 
 class ReportPathRefused(QbenchError):
@@ -253,7 +263,7 @@ def _write_ending(report: GateReport, output: GateOutput, *, write_streams: bool
     if unwritten:
         report = _with_problem(report, "; ".join(one_line(exc) for _, exc in unwritten))
         written = [file for file in files if file not in streams and file[0] not in dict(unwritten)]
-        for path, exc in _write_files(report, written).items():
+        for path, exc in _write_files(report, written, again=True).items():
             path.unlink(missing_ok=True)
             unwritten.append((path, QbenchError(f"{one_line(exc)} (removed: it held the verdict alone)")))
     unwritten += _write_files(report, streams if write_streams else []).items()
@@ -276,17 +286,21 @@ def _is_stream(path: Path) -> bool:
         return False
 
 
-def _write_files(report: GateReport, files: list[tuple[Path, Callable[[GateReport], str]]]) -> dict[Path, QbenchError]:
-    """Write each report file (stdout for `-`); those that cannot be written, with why."""
+def _write_files(report: GateReport, files: list[tuple[Path, Callable[[GateReport], str]]], *,
+                 again: bool = False) -> dict[Path, QbenchError]:  # fmt: skip
+    """Write each report file (stdout for `-`); those that cannot be written, with why. `again`: each was written
+    before, and now takes the reason another could not be: its line says so (the same line twice read as a
+    repeat in a CI log)."""
     from qbench import gate_report
 
     unwritten: dict[Path, QbenchError] = {}
+    said = " (written again: exit code 2, as another report could not be written)" if again else ""
     for path, render in files:
         if names_stdout(path):
             write_document(render(report))
             continue
         try:
-            err_console.print(f"gate report: {gate_report.write_report(path, render(report))}", markup=False)
+            err_console.print(f"gate report: {gate_report.write_report(path, render(report))}{said}", markup=False)
         except QbenchError as exc:
             unwritten[path] = exc
     return unwritten

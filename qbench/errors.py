@@ -96,11 +96,13 @@ def expected_one_of(got: object, choices: Iterable[str], *, hint: str | None = N
     return f"got {short_repr(got)}, expected one of {listed}{guess}"
 
 
+OUT_OF_MEMORY = "out of memory"  # environment_cause's word for a failed allocation
 _ENVIRONMENT_ERRNOS = {
     errno.ENOSPC: "no space left on device",
     errno.EDQUOT: "disk quota exceeded",
     errno.EROFS: "a read-only file system",
-    errno.ENOMEM: "out of memory",
+    errno.EFBIG: "a file size limit",  # `ulimit -f` in a CI step's shell (or the file system's largest file)
+    errno.ENOMEM: OUT_OF_MEMORY,
     errno.EIO: "an I/O error",
     errno.ETIMEDOUT: "a timeout",
 }
@@ -129,7 +131,7 @@ def environment_cause(exc: BaseException) -> str | None:
     is what `qbench sweep --resume` runs again in a finished run (qbench.execute.records)."""
     for current in causes(exc):
         if isinstance(current, MemoryError) or _OUT_OF_MEMORY.search(str(current)):
-            return "out of memory"
+            return OUT_OF_MEMORY
         if isinstance(current, TimeoutError):
             return "a timeout"
         if isinstance(current, ConnectionError):

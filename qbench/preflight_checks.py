@@ -35,6 +35,7 @@ from qbench.preflight_rows import batch_axis_hint
 from qbench.recipe import Recipe
 from qbench.recipe_registry import check_registry
 from qbench.recipe_slo import check_serving
+from qbench.track_uri import resolve_tracking_uri
 
 logger = logging.getLogger(__name__)
 
@@ -124,20 +125,23 @@ def check_destinations(recipe: Recipe, *, track: bool) -> None:
         _check_writable_folder(recipe, "executor.store", store, expected=f"a writable folder for built variants{default}")
     if not track:
         return
-    uri = recipe.tracking_uri
-    if uri is None:
-        return  # the default store ($MLFLOW_TRACKING_URI or ./mlflow.db) is checked by MLflow when logging
+    uri = resolve_tracking_uri(recipe)
     database = _local_store(uri)
     if database is None:
         return
     path, is_folder = database
+    # the default store ($MLFLOW_TRACKING_URI, else mlflow.db in the working directory: read-only in some CI jobs)
+    # is checked as one the recipe names; before, the sweep failed on it after its first build
+    default = "" if recipe.tracking_uri else (f" (tracking.uri is not set, so runs go to {uri}: set tracking.uri or "
+                                              "$MLFLOW_TRACKING_URI, or run with --no-track)")  # fmt: skip
     if is_folder:
-        _check_writable_folder(recipe, "tracking.uri", path)
-    elif path.exists() and (path.is_dir() or not os.access(path, os.W_OK)):
+        _check_writable_folder(recipe, "tracking.uri", path, expected=f"a writable folder{default}")
+        return
+    if path.exists() and (path.is_dir() or not os.access(path, os.W_OK)):
         problem = "is a folder" if path.is_dir() else "is not writable"
-        raise RecipeError(recipe.source, "tracking.uri", f"the sqlite database {path} {problem}; expected a writable file")
-    else:
-        _check_writable_folder(recipe, "tracking.uri", path.parent, create=False)
+        raise RecipeError(recipe.source, "tracking.uri", f"the sqlite database {path} {problem}; expected a writable file{default}")
+    # its folder takes the database's lock file (qbench.track_store) even where the database exists
+    _check_writable_folder(recipe, "tracking.uri", path.parent, create=False, expected=f"a writable folder{default}")
 
 
 def check_batch_memory(recipe: Recipe, feeds: Mapping[str, np.ndarray], *, available: int | None = None) -> None:

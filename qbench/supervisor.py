@@ -26,6 +26,7 @@ import contextlib
 import faulthandler
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -63,6 +64,7 @@ def cause(signum: int) -> str:
 
 def supervise(args: Sequence[str]) -> int:
     """Run `qbench ARGS` in a child process and return its exit code (see the module docstring)."""
+    _open_standard_descriptors()
     read_end, write_end = os.pipe()
     received: list[int] = []
     forwarded: list[int] = []
@@ -106,8 +108,37 @@ def supervise(args: Sequence[str]) -> int:
     if passed_on:  # the signal passed on ended it before its own handling was in place (SIGHUP: none)
         return _say("qbench: error: interrupted")
     if code >= 0:
-        return _say(f"qbench: error: the command's process ended with status {code}, not a verdict")
+        return _say(f"qbench: error: the command's process ended with status {code}, not a verdict{address_space_note()}")
     return _crashed(args, -code, run)
+
+
+def address_space_note() -> str:
+    """'; ulimit -v lets this process map at most 390 MiB' when an address-space limit is set (RLIMIT_AS), else
+    '': a limit in a CI step's shell is a cause of a MemoryError, or of a native library that could not allocate
+    and ended the process (`cannot allocate memory for thread-local data: ABORT`, status 127), which the error
+    itself does not name. `resource` is imported with this module: out of memory, loading it failed too."""
+    with contextlib.suppress(OSError, ValueError):
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if limit != resource.RLIM_INFINITY:
+            return f"; ulimit -v lets this process map at most {limit / 2**20:.0f} MiB"
+    return ""
+
+
+def _open_standard_descriptors() -> None:
+    """Give a standard descriptor that is closed (`qbench gate ... >&-`, `0<&-`, `2>&-` in a CI step) the null device,
+    as daemons do. Else the next file or pipe opened takes its number: the pipe to the child became the child's
+    stdout or stderr, and a gate that passed ended with exit 2 (`AttributeError: 'NoneType' object has no attribute
+    'write'`, or a status 1 that is no verdict). What a closed stream would have shown is dropped, as for a reader
+    that went away (qbench.console.ForgivingStream)."""
+    for descriptor, flags in ((0, os.O_RDONLY), (1, os.O_WRONLY), (2, os.O_WRONLY)):
+        try:
+            os.fstat(descriptor)
+        except OSError:
+            opened = os.open(os.devnull, flags)
+            if opened != descriptor:  # not the lowest number free: cannot happen, each lower one is checked first
+                os.dup2(opened, descriptor)
+                os.close(opened)
+            os.set_inheritable(descriptor, True)  # os.open's descriptors are not: the child would find it closed
 
 
 def _ending_with(parent: int) -> Callable[[], None]:
@@ -126,10 +157,16 @@ def _ending_with(parent: int) -> Callable[[], None]:
 
 
 def _child_command(args: Sequence[str]) -> list[str]:
-    """This interpreter on the child module, with the same first entry on sys.path as here: the current folder
-    only when this process had it (`python -m qbench.cli`), never for the installed script (`-P`)."""
-    safe = sys.flags.safe_path or (sys.path[0] not in ("", os.getcwd()))
-    return [sys.executable, *(["-P"] if safe else []), "-m", CHILD_MODULE, *args]
+    """This interpreter on the child module, with this one's options and the same first entry on sys.path as here:
+    the current folder only when this process had it (`python -m qbench.cli`), never for the installed script
+    (`-P`). The options are the ones multiprocessing passes on to its children (`-X dev`, `-W`, `-O`, `-I`...): a CI
+    job running `python -X dev -W error::DeprecationWarning -m qbench.cli` asks for them on the command's work, all
+    of it in the child; before, they applied to this process alone, which runs none of it."""
+    options = subprocess._args_from_interpreter_flags()  # noqa: SLF001 - what multiprocessing.util uses, since 3.x
+    safe = sys.flags.safe_path or sys.flags.isolated or (sys.path[0] not in ("", os.getcwd()))
+    if safe and "-P" not in options and "-I" not in options:
+        options.append("-P")
+    return [sys.executable, *options, "-m", CHILD_MODULE, *args]
 
 
 def _announced(read_end: int) -> tuple[Path | None, int | None]:
@@ -153,7 +190,8 @@ def _announced(read_end: int) -> tuple[Path | None, int | None]:
 
 def _crashed(args: Sequence[str], signum: int, run: Path | None) -> int:
     command = " ".join(["qbench", *[a for a in args if not a.startswith("-")][:1]])
-    what = f"qbench: error: the `{command}` process died: {cause(signum)} (the Python stack at that moment is above)"
+    what = (f"qbench: error: the `{command}` process died: {cause(signum)} (the Python stack at that moment is above"
+            f"{address_space_note()})")
     if run is None:
         return _say(f"{what}; run the command again once the cause is fixed")
     return _say(f"{what}; the results so far stay in {run}: `qbench sweep --resume` goes on, recording the job it was "

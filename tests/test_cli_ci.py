@@ -155,3 +155,55 @@ def test_long_work_in_a_log_prints_one_line_a_minute_at_most():
             advance(1)
     assert stream.getvalue().splitlines() == ["fp32@onnxruntime-cpu evaluate: 2/5 after 1m01s",
                                               "fp32@onnxruntime-cpu evaluate: 4/5 after 2m01s"]  # fmt: skip
+
+
+@pytest.mark.parametrize("closed", [0, 1, 2], ids=["stdin", "stdout", "stderr"])
+def test_a_closed_standard_stream_drops_its_output_and_keeps_the_verdict(recipe, tmp_path, closed):
+    """A step running `qbench gate ... >&-` (or `2>&-`, `0<&-`) started qbench with that descriptor closed: the pipe to
+    the supervised child took its number and became the child's stdout or stderr, and a gate that passed ended
+    with exit 2 (`AttributeError: 'NoneType' object has no attribute 'write'`; with stderr closed, a status 1 that
+    is no verdict) and no report. Now the closed stream's output is dropped; the exit code and report are the
+    verdict's."""
+    report = tmp_path / "gate.json"
+    done = subprocess.run([sys.executable, "-m", "qbench.cli", "gate", str(recipe), "--json", str(report)],
+                          capture_output=True, text=True, env=ci_env(), timeout=300, check=False,
+                          preexec_fn=lambda: os.close(closed))  # fmt: skip
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    if closed == 1:
+        assert done.stderr == f"gate report: {report}\n"  # the verdict and notes went to the closed stdout
+    else:
+        assert done.stdout.splitlines()[-1] == "gate: PASS — 2 variants × 3 scopes, 6 checks"
+    assert json.loads(report.read_text())["verdict"] == "pass"
+
+
+@pytest.mark.parametrize("debug", [False, True], ids=["plain", "debug"])
+def test_an_address_space_limit_too_small_is_named_in_one_line(recipe, debug):
+    """Under `ulimit -v` too small for the command, the gate printed `qbench: error: MemoryError: ` (no message),
+    and with --debug nothing at all (drawing the traceback ran out of memory too), exit 2 either way. Whether the
+    interpreter, a native library or qbench's own code meets the limit first, the last line now names it."""
+    import resource
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (200 * 2**20, resource.getrlimit(resource.RLIMIT_AS)[1]))
+
+    args = [sys.executable, "-m", "qbench.cli", "gate", str(recipe), *(["--debug"] if debug else [])]
+    done = subprocess.run(args, capture_output=True, text=True, env=ci_env(), timeout=300, check=False,
+                          preexec_fn=limited)  # fmt: skip
+    assert done.returncode == 2
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("qbench: error: ") and last.endswith("ulimit -v lets this process map at most 200 MiB)")
+
+
+def test_a_default_tracking_store_that_cannot_be_written_stops_the_sweep_before_it_builds(recipe, tmp_path):
+    """A CI job without `--no-track` whose recipe names no tracking.uri logs to $MLFLOW_TRACKING_URI, else mlflow.db
+    in a working directory that may be read-only: the sweep built and measured until MLflow failed on that store.
+    Now it stops at the start with one line naming the store, and makes no run folder."""
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    runs = sorted((recipe.parent / "reports" / "iris-ci").iterdir())
+    done = run_qbench("sweep", str(recipe), MLFLOW_TRACKING_URI=f"sqlite:///{blocker}/mlflow.db")
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [f"error: {recipe}: tracking.uri: {blocker} is a file; expected a writable "
+                                        f"folder (tracking.uri is not set, so runs go to sqlite:///{blocker}/mlflow.db: "
+                                        "set tracking.uri or $MLFLOW_TRACKING_URI, or run with --no-track)"]  # fmt: skip
+    assert sorted((recipe.parent / "reports" / "iris-ci").iterdir()) == runs

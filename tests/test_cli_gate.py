@@ -235,8 +235,12 @@ def test_a_report_file_that_cannot_be_written_leaves_the_others_saying_so(projec
     summary, report = tmp_path / "summary.md", tmp_path / "gate.json"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     assert main(["gate", str(project.recipe(STRICT)), "--junit", str(blocker / "gate.xml"), "--json", str(report)]) == 2
-    [line] = [line for line in capsys.readouterr().err.strip().splitlines() if "error" in line]
+    err = capsys.readouterr().err.strip().splitlines()
+    [line] = [line for line in err if "error" in line]
     assert line.startswith(f"error: {blocker / 'gate.xml'}: cannot write the gate report: ")
+    assert [line for line in err if line.startswith("gate report: ")] == [  # not the same line twice
+        f"gate report: {report}", f"gate report: {report} (written again: exit code 2, as another report could not be "
+                                  "written)"]  # fmt: skip
     loaded = json.loads(report.read_text())
     assert (loaded["exit_code"], loaded["verdict"], loaded["counts"]["breaches"]) == (2, "error", 4)
     assert [p["message"] for p in loaded["problems"]] == [line.removeprefix("error: ")]

@@ -48,6 +48,7 @@ def _raised_from(cause: BaseException, *, hide: bool = False) -> QbenchError:
     (OSError(errno.ENOSPC, "No space left on device"), "no space left on device"),
     (OSError(errno.EDQUOT, "Disk quota exceeded"), "disk quota exceeded"),
     (OSError(errno.EROFS, "Read-only file system"), "a read-only file system"),  # was the variant's: not resumed
+    (OSError(errno.EFBIG, "File too large"), "a file size limit"),  # `ulimit -f`: was the variant's, not resumed
     (MemoryError(), "out of memory"),
     (TimeoutError("timed out"), "a timeout"),
     (ConnectionResetError("reset"), "a lost connection"),
@@ -135,3 +136,15 @@ def test_onnxruntime_cuda_providers_allocation_failures_are_out_of_memory(messag
 
     kind = RuntimeException if "RUNTIME_EXCEPTION" in message else Fail
     assert environment_cause(kind(message)) == "out of memory"
+
+
+def test_an_unexpected_error_is_described_with_what_the_machine_ran_into(monkeypatch):
+    """A MemoryError carries no message: the CLI printed `qbench: error: MemoryError: ` and nothing more."""
+    import qbench.cli_gate as cli_gate
+
+    monkeypatch.setattr(cli_gate, "address_space_note", lambda: "; ulimit -v lets this process map at most 195 MiB")
+    assert cli_gate.describe(MemoryError()) == "MemoryError (out of memory; ulimit -v lets this process map at most 195 MiB)"
+    assert cli_gate.describe(OSError(errno.ENOSPC, "No space left on device")) == (
+        "OSError: [Errno 28] No space left on device (no space left on device)")
+    assert cli_gate.describe(ValueError("bad value")) == "ValueError: bad value"  # a bug: as before
+    assert cli_gate.describe(KeyError()) == "KeyError"

@@ -67,6 +67,28 @@ def test_an_unwritable_store_is_ignored_without_tracking(tmp_path: Path) -> None
         check_destinations(recipe, track=True)
 
 
+def test_the_default_tracking_store_is_checked_as_one_the_recipe_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A recipe without tracking.uri logs to $MLFLOW_TRACKING_URI, else ./mlflow.db: a CI job whose working directory
+    is read-only ran its sweep until MLflow failed on that store after the first build. Now it is refused at the
+    start, the line naming the store and how to choose another."""
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    recipe = _recipe(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{blocker}/mlflow.db")
+    check_destinations(recipe, track=False)
+    with pytest.raises(RecipeError) as refused:
+        check_destinations(recipe, track=True)
+    assert str(refused.value) == (
+        f"{tmp_path / 'recipe.yaml'}: tracking.uri: {blocker} is a file; expected a writable folder (tracking.uri is "
+        f"not set, so runs go to sqlite:///{blocker}/mlflow.db: set tracking.uri or $MLFLOW_TRACKING_URI, or run "
+        "with --no-track)")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    monkeypatch.chdir(blocker.parent)
+    check_destinations(recipe, track=True)  # ./mlflow.db in a writable working directory
+
+
 def test_one_glob_matching_no_variant_is_a_recipe_error_naming_it(tmp_path: Path) -> None:
     """A typo in one glob would leave the variant it meant unjudged while the gate passes."""
     variants = [{"name": "half", "precision": "fp16"}, {"name": "int8-minmax", "precision": "int8", "calibrator": "minmax"}]

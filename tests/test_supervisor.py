@@ -172,3 +172,19 @@ def test_the_ending_child_flushes_what_it_printed(tmp_path):
     done = subprocess.run([sys.executable, str(tmp_path / "child.py")], env=env, capture_output=True, text=True,
                           timeout=60)  # fmt: skip
     assert (done.returncode, done.stdout) == (1, "unflushed")
+
+
+def test_the_child_runs_with_the_interpreter_options_the_command_was_given(tmp_path):
+    """`python -X dev -W error::DeprecationWarning -m qbench.cli ...` (a CI job's strict run) applied both to the
+    supervising process alone: the command's work, all of it in the child, ran without them."""
+    (tmp_path / "qbench_test_child.py").write_text(
+        "import os, sys\nprint('child', sys.flags.dev_mode, sys.flags.optimize, sys.warnoptions, file=sys.stderr)\n"
+        "sys.stderr.flush()\nos._exit(3)\n")  # fmt: skip
+    parent = "import sys, qbench.supervisor as s\ns.CHILD_MODULE = 'qbench_test_child'\nsys.exit(s.supervise([]))\n"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(tmp_path)])}
+    env.pop("PYTHONWARNINGS", None)
+    env.pop("PYTHONDEVMODE", None)
+    done = subprocess.run([sys.executable, "-X", "dev", "-W", "error::DeprecationWarning", "-O", "-c", parent],
+                          env=env, capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 2
+    assert "child True 1 ['default', 'error::DeprecationWarning']" in done.stderr.splitlines()  # as in the parent
