@@ -107,6 +107,32 @@ class Dropped(Net):
         return torch.nn.functional.dropout(super().forward(features), 0.5, training=True)
 
 
+class RunningMean(Net):
+    """A running mean of the inputs updated on every call, training or not, and subtracted from them."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("seen", torch.zeros(()))
+        self.register_buffer("calls", torch.zeros((), dtype=torch.int64))
+
+    def forward(self, features):
+        self.seen.mul_(0.9).add_(0.1 * features.mean())
+        self.calls += 1
+        return super().forward(features - self.seen)
+
+
+class Counting(Net):
+    """Counts its calls in a buffer its outputs never read."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("calls", torch.zeros((), dtype=torch.int64))
+
+    def forward(self, features):
+        self.calls += 1
+        return super().forward(features)
+
+
 class NumberedBatch(Net):
     """int() turns the traced batch size into a number: the export keeps the example's 2."""
 
@@ -117,7 +143,8 @@ class NumberedBatch(Net):
 MODELS_SOURCE = '''
 import torch
 
-from mypkg.layers import Dropped, IdsPadded, KeyPadded, Masked, Net, NumberedBatch, Overflows, PerRowLoop, Sampled
+from mypkg.layers import (Counting, Dropped, IdsPadded, KeyPadded, Masked, Net, NumberedBatch, Overflows, PerRowLoop,
+                          RunningMean, Sampled)
 
 
 def build():
@@ -158,6 +185,16 @@ def build_sampled():
 
 def build_dropped():
     return Dropped()
+
+
+def build_running_mean():
+    torch.manual_seed(0)
+    return RunningMean()
+
+
+def build_counting():
+    torch.manual_seed(0)
+    return Counting()
 '''
 
 
@@ -388,6 +425,25 @@ def test_a_forward_that_draws_random_numbers_is_named_so_not_as_an_export_differ
     assert detail.startswith(f"the ONNX export of mypkg.models:{factory} samples: output 'output' is computed through "
                              f"nodes that draw random numbers on every run: {drawn} ")  # fmt: skip
     assert remedy in detail and "differs from forward()" not in detail
+
+
+def test_a_forward_that_updates_its_buffers_in_eval_mode_is_refused_naming_them(tmp_path: Path) -> None:
+    """A running mean updated on every call, eval mode or not: the export holds one state and the module another
+    after each batch. It was refused as `output 'output' differs from forward()'s by ...`, naming no cause."""
+    with pytest.raises(RecipeError) as caught:
+        resolve_model(load_recipe(_project(tmp_path, "build_running_mean")))
+    assert caught.value.field == "model.torch"
+    detail = caught.value.detail
+    assert detail.startswith("the ONNX export of mypkg.models:build_running_mean changes its own state: forward() "
+                             "updates 'seen', 'calls' on every call in eval mode, so the same rows give other outputs "
+                             "on a second call (by ")  # fmt: skip
+    assert "only in training (under `if self.training:`" in detail and "differs from forward()" not in detail
+
+
+def test_a_buffer_forward_updates_but_never_reads_does_not_refuse_the_export(tmp_path: Path) -> None:
+    """A call counter changes the module's state but not its outputs: the export computes what forward() does."""
+    model = resolve_model(load_recipe(_project(tmp_path, "build_counting")))
+    assert _onnx_vs_torch(model.onnx_path, tmp_path / "recipe.yaml") < 1e-5
 
 
 def test_the_warnings_of_a_failed_export_are_still_shown() -> None:
