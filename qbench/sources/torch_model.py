@@ -284,7 +284,10 @@ def _bind_forward_arguments(recipe: Recipe, module: torch.nn.Module, names: list
         keyword_only = [p.name for p in parameters if p.kind is p.KEYWORD_ONLY]
         message = f"got {len(names)} inputs {names}, but forward() takes {len(positional)}: {positional}"
         if keyword_only:
-            message += f" ({', '.join(keyword_only)} keyword-only: the exporter passes inputs by position)"
+            calls = ", ".join(f"{name}={name}" if name in keyword_only else name for name in names)
+            message += (f" ({', '.join(keyword_only)} keyword-only: the exporter passes inputs by position); expected "
+                        f"a forward() taking them by position: make the factory return a wrapper module whose "
+                        f"forward({', '.join(names)}) calls the model as model({calls})")  # fmt: skip
         raise RecipeError(recipe.source, "model.example_inputs", message)
     else:
         covered = set(positional[: len(names)])  # by position

@@ -536,7 +536,9 @@ def test_a_bad_factory_is_a_recipe_error_naming_the_cause(project: Path, factory
         ({"torch": "mypkg.models:build_pair", "output_names": ["hidden", "scores"]}, "model.output_names",
          "'hidden' is forward()'s output #2 (scores, hidden, in that order), named at position 1 here"),
         ({"torch": "mypkg.models:build_keyword_only", "example_inputs": {"features": [1, FEATURES]}},
-         "model.example_inputs", "forward() takes 0: [] (features keyword-only: the exporter passes inputs by position)"),
+         "model.example_inputs", "forward() takes 0: [] (features keyword-only: the exporter passes inputs by position); "
+         "expected a forward() taking them by position: make the factory return a wrapper module whose "
+         "forward(features) calls the model as model(features=features)"),
     ],
 )  # fmt: skip
 def test_example_inputs_and_output_names_must_fit_forward(
