@@ -3,12 +3,14 @@ keyed by the source files of the module's classes and of the user's project."""
 
 from __future__ import annotations
 
+import copy
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 import yaml
 
@@ -121,6 +123,20 @@ class RunningMean(Net):
         return super().forward(features - self.seen)
 
 
+class Normed(Net):
+    """BatchNorm (running statistics away from any batch's) and Dropout, returned by its factory in train mode."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.BatchNorm1d(16)
+        self.norm.running_mean.fill_(0.5)
+        self.norm.running_var.fill_(4.0)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, features):
+        return self.head(self.drop(self.norm(ops.act(self.hidden(features)))))
+
+
 class Counting(Net):
     """Counts its calls in a buffer its outputs never read."""
 
@@ -143,8 +159,8 @@ class NumberedBatch(Net):
 MODELS_SOURCE = '''
 import torch
 
-from mypkg.layers import (Counting, Dropped, IdsPadded, KeyPadded, Masked, Net, NumberedBatch, Overflows, PerRowLoop,
-                          RunningMean, Sampled)
+from mypkg.layers import (Counting, Dropped, IdsPadded, KeyPadded, Masked, Net, Normed, NumberedBatch, Overflows,
+                          PerRowLoop, RunningMean, Sampled)
 
 
 def build():
@@ -190,6 +206,11 @@ def build_dropped():
 def build_running_mean():
     torch.manual_seed(0)
     return RunningMean()
+
+
+def build_in_train_mode():
+    torch.manual_seed(0)
+    return Normed().train()
 
 
 def build_counting():
@@ -444,6 +465,27 @@ def test_a_buffer_forward_updates_but_never_reads_does_not_refuse_the_export(tmp
     """A call counter changes the module's state but not its outputs: the export computes what forward() does."""
     model = resolve_model(load_recipe(_project(tmp_path, "build_counting")))
     assert _onnx_vs_torch(model.onnx_path, tmp_path / "recipe.yaml") < 1e-5
+
+
+def test_a_module_returned_in_train_mode_is_exported_in_eval_mode(tmp_path: Path) -> None:
+    """The README's word: Dropout passes its input through and BatchNorm reads its running statistics."""
+    recipe = _project(tmp_path, "build_in_train_mode")
+    path = resolve_model(load_recipe(recipe)).onnx_path
+    assert "Dropout" not in {node.op_type for node in onnx.load(str(path)).graph.node}
+    x = torch.from_numpy(np.random.default_rng(3).normal(size=(5, FEATURES)).astype(np.float32))
+    (got,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"features": x.numpy()})
+    _forget_mypkg()
+    sys.path.insert(0, str(tmp_path))
+    try:
+        from mypkg.models import build_in_train_mode
+
+        module = build_in_train_mode()
+    finally:
+        sys.path.remove(str(tmp_path))
+    with torch.no_grad():
+        served = copy.deepcopy(module).eval()(x).numpy()
+        trained = module(x).numpy()  # train mode: batch statistics and dropout
+    assert np.abs(got - served).max() < 1e-5 and np.abs(got - trained).max() > 0.1
 
 
 def test_the_warnings_of_a_failed_export_are_still_shown() -> None:
