@@ -29,11 +29,17 @@ _NOT_COMPUTE = frozenset({
 # aten ops that multiply matrices: what a quantized layer runs with integer (or float8) kernels. A recurrent layer
 # (nn.LSTM, nn.GRU, nn.RNN) runs its products inside one fused kernel where the backend has one (oneDNN's
 # mkldnn_rnn_layer for an LSTM on CPU, cuDNN's on CUDA), otherwise as addmm/mm; torchao leaves it float either way.
+# Attention does likewise: nn.MultiheadAttention in inference runs its projections and both attention products in
+# one fused op (_native_multi_head_attention; an nn.TransformerEncoderLayer whose weights torchao left alone, the
+# whole layer in _transformer_encoder_layer_fwd), and scaled_dot_product_attention in a flash/efficient kernel.
 _PRODUCTS = frozenset({
     "mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "mv", "addmv", "dot", "einsum", "_int_mm",
     "_weight_int8pack_mm", "_scaled_mm", "convolution", "_convolution", "conv1d", "conv2d", "conv3d",
     "lstm", "gru", "rnn_tanh", "rnn_relu", "mkldnn_rnn_layer", "mkldnn_rnn", "_cudnn_rnn", "miopen_rnn",
     "_thnn_fused_lstm_cell", "_thnn_fused_gru_cell",
+    "_native_multi_head_attention", "_transformer_encoder_layer_fwd", "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention", "_efficient_attention_forward", "_flash_attention_forward",
 })  # fmt: skip
 
 

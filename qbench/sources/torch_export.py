@@ -139,8 +139,11 @@ def _export_problem(torch_model: TorchModel, path: Path) -> Problem | None:
     differ from forward()'s, and from its own, on every run."""
     for name, nodes in random_sources(path, torch_model.output_names).items():
         return Problem(f"samples: {random_refusal(name, nodes, torch=True)}")
-    session = _session(path)
     ids_as_masks = _ids_as_masks(torch_model)
+    stateful = _state_problem(torch_model, ids_as_masks)
+    if stateful is not None:
+        return Problem(stateful)
+    session = _session(path)
     difference = export_difference(torch_model, path, torch_model.example_inputs(ids_as_masks=ids_as_masks),
                                    session=session)  # fmt: skip
     if difference is not None:
@@ -149,6 +152,45 @@ def _export_problem(torch_model: TorchModel, path: Path) -> Problem | None:
     if problem is not None:
         return Problem(problem)
     return _length_problem(torch_model, path, session, ids_as_masks)
+
+
+def _state_problem(torch_model: TorchModel, ids_as_masks: bool) -> str | None:
+    """forward() changing the module's own tensors in eval mode (a running mean it updates on every call) so that
+    the same rows give other outputs on a second call, or None. The export holds one state (the exporter drops the
+    update), the module another after every batch: such a model was refused as an export that differs from
+    forward() (`output 'logits' differs from forward()'s by 9.28e-01`), naming neither the tensor nor the fix."""
+    import torch  # a TorchModel exists: torch is installed and loaded
+
+    module = torch_model.build()
+    inputs = torch_model.example_inputs(ids_as_masks=ids_as_masks)
+    before = {name: t.detach().clone() for name, t in module.state_dict().items() if isinstance(t, torch.Tensor)}
+    with single_torch_thread(), torch.no_grad():
+        first, second = ([t.float().numpy() for t in flatten_outputs(module(*inputs))] for _ in range(2))
+    moved = [_largest_difference(b, a) for a, b in zip(first, second, strict=True) if a.shape == b.shape]
+    if len(moved) == len(first) and max(moved, default=0.0) == 0.0:
+        return None
+    after = module.state_dict()
+    changed = [name for name, old in before.items() if not _same_tensor(old, after[name])]
+    if not changed:
+        return None  # other outputs with the same state: a draw, named by the export's random nodes
+    largest = max(moved, default=float("inf"))
+    return (f"changes its own state: forward() updates {', '.join(map(repr, changed[:5]))}"
+            f"{f' and {len(changed) - 5} more' if len(changed) > 5 else ''} on every call in eval mode, so the same "
+            f"rows give other outputs on a second call (by {largest:.2e}) and every figure would depend on the rows "
+            "run before; expected a forward() that updates running statistics only in training (under `if "
+            "self.training:`, as nn.BatchNorm does)")  # fmt: skip
+
+
+def _same_tensor(old: Any, new: Any) -> bool:
+    """Whether a state tensor still holds what it held (NaN where it held NaN)."""
+    import torch
+
+    if old.shape != new.shape or old.dtype != new.dtype:
+        return False
+    if old.is_floating_point() or old.is_complex():
+        return bool(torch.equal(torch.nan_to_num(old), torch.nan_to_num(new))
+                    and torch.equal(torch.isnan(old), torch.isnan(new)))  # fmt: skip
+    return bool(torch.equal(old, new))
 
 
 def _ids_as_masks(torch_model: TorchModel) -> bool:

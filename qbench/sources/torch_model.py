@@ -282,9 +282,13 @@ def _bind_forward_arguments(recipe: Recipe, module: torch.nn.Module, names: list
     elif len(names) > len(positional):
         _refuse_a_mapping_forward(recipe, module, {name: tuple(recipe.model.example_inputs[name]) for name in names})
         keyword_only = [p.name for p in parameters if p.kind is p.KEYWORD_ONLY]
+        keyword_only += [f"**{p.name}" for p in parameters if p.kind is p.VAR_KEYWORD]
         message = f"got {len(names)} inputs {names}, but forward() takes {len(positional)}: {positional}"
         if keyword_only:
-            message += f" ({', '.join(keyword_only)} keyword-only: the exporter passes inputs by position)"
+            calls = ", ".join(name if i < len(positional) else f"{name}={name}" for i, name in enumerate(names))
+            message += (f" ({', '.join(keyword_only)} keyword-only: the exporter passes inputs by position); expected "
+                        f"a forward() taking them by position: make the factory return a wrapper module whose "
+                        f"forward({', '.join(names)}) calls the model as model({calls})")  # fmt: skip
         raise RecipeError(recipe.source, "model.example_inputs", message)
     else:
         covered = set(positional[: len(names)])  # by position
@@ -312,27 +316,30 @@ def _refuse_names_at_other_positions(recipe: Recipe, names: list[str], positiona
 
 
 def _refuse_a_mapping_forward(recipe: Recipe, module: torch.nn.Module, shapes: Mapping[str, tuple[int, ...]]) -> None:
-    """Refuse, in one line, a forward() that takes one dict of tensors (`batch["features"]`), which fails on the
+    """Refuse, in one line, a forward() that takes one dict (`batch["features"]`) or tuple of tensors, which fails on the
     positional tensors the exporter passes with an error from inside the user's code (an IndexError).
 
-    Found by calling forward() once with the example inputs as one dict: only called once forward() has failed."""
+    Found by calling forward() once with the example inputs as one dict, then as one tuple: only called once forward() has failed."""
     torch = _import_torch()
     dtypes = {name: recipe.model.input_dtypes.get(name, "float32") for name in shapes}
-    batch = dict(zip(shapes, _example_inputs(shapes, dtypes, EXAMPLE_BATCH), strict=True))
-    try:
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            module(batch)
-    except Exception:  # noqa: BLE001 - not a dict-taking forward(): the caller reports the original failure
-        return
+    tensors = _example_inputs(shapes, dtypes, EXAMPLE_BATCH)
     arguments = ", ".join(shapes)
-    message = (
-        f"forward() takes one dict of tensors (it runs on {{{', '.join(f'{n!r}: <tensor>' for n in shapes)}}}), "
-        "but qbench "
-        f"passes the inputs by position as tensors, forward({arguments}); make the factory return a wrapper "
-        f"module whose forward({arguments}) calls the model with {{{', '.join(f'{n!r}: {n}' for n in shapes)}}}"
-    )
-    raise RecipeError(recipe.source, "model.torch", message)
+    forms = (  # (what forward() takes, what it runs on, the wrapper's call)
+        ("dict", dict(zip(shapes, tensors, strict=True)), f"{{{', '.join(f'{n!r}: <tensor>' for n in shapes)}}}",
+         f"{{{', '.join(f'{n!r}: {n}' for n in shapes)}}}"),
+        ("tuple", tuple(tensors), f"({', '.join('<tensor>' for _ in shapes)},)", f"({arguments},)"),
+    )  # fmt: skip
+    for kind, batch, runs_on, call in forms:
+        try:
+            with torch.no_grad(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                module(batch)
+        except Exception:  # noqa: BLE001 - not this form: the caller reports the original failure
+            continue
+        message = (f"forward() takes one {kind} of tensors (it runs on {runs_on}), but qbench passes the inputs by "
+                   f"position as tensors, forward({arguments}); make the factory return a wrapper module whose "
+                   f"forward({arguments}) calls the model with {call}")  # fmt: skip
+        raise RecipeError(recipe.source, "model.torch", message)
 
 
 def _values_hint(exc: Exception) -> str:

@@ -144,6 +144,44 @@ def test_a_recurrent_layer_torchao_left_float_is_said_in_the_int8_label(onnx_pat
     assert " in int8, " in description["kernels"] and " left in float32 (" in description["kernels"]
 
 
+class AttentionThenLinear(nn.Module):
+    """Self-attention over 2 steps of x (nn.MultiheadAttention, or a whole nn.TransformerEncoderLayer; 2 heads, as
+    PyTorch's fused inference path wants an even number), then a head."""
+
+    def __init__(self, encoder: bool) -> None:
+        super().__init__()
+        width = FEATURES // 2
+        self.encoder = encoder
+        self.attention = (nn.TransformerEncoderLayer(width, 2, dim_feedforward=8, dropout=0.0, batch_first=True)
+                          if encoder else nn.MultiheadAttention(width, 2, batch_first=True))  # fmt: skip
+        self.head = nn.Linear(width, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        steps = x.view(x.size(0), 2, FEATURES // 2)
+        states = self.attention(steps) if self.encoder else self.attention(steps, steps, steps, need_weights=False)[0]
+        return self.head(states.mean(1))
+
+
+@pytest.mark.parametrize("encoder", [False, True])
+def test_attention_torchao_left_float_is_said_in_the_int8_label(onnx_path: Path, encoder: bool) -> None:
+    """In inference nn.MultiheadAttention runs its in-projection, both attention products and (where torchao left
+    its out_proj alone, as it does) the out-projection in one fused op, _native_multi_head_attention, which was not
+    counted as a matrix product: a transformer's int8 form read 'int8 (torchao dynamic, 3 of 4 linear layers)' with
+    nothing left in float, while the attention ran in float32."""
+    torch.manual_seed(0)
+    spec = VariantSpec(name="int8", precision="int8", calibrator="dynamic")
+    module = AttentionThenLinear(encoder).eval()
+    variant = attach_torch_form(BuiltVariant("int8", "int8", onnx_path), spec, ModuleSource(module))
+    runner = TorchCPU().load(variant, RunOptions(threads=1))
+    try:
+        runner.run({"x": np.random.default_rng(0).standard_normal((16, FEATURES)).astype(np.float32)})
+        kernels = runner.describe()["kernels"]
+    finally:
+        runner.close()
+    assert "; matrix products: " in kernels and " in int8, " in kernels
+    assert " left in float32 (" in kernels and "_native_multi_head_attention" in kernels
+
+
 def test_unsigned_8_bit_products_count_as_the_int8_form_computing_in_int8() -> None:
     """torchao's dynamic INT8 feeds torch._int_mm unsigned activations on some x86 CPUs: those products ran in 8-bit
     integers, so the form lowered them (it is no float32 model, and the label names only what stayed float)."""

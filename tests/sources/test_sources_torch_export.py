@@ -3,12 +3,14 @@ keyed by the source files of the module's classes and of the user's project."""
 
 from __future__ import annotations
 
+import copy
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 import yaml
 
@@ -107,6 +109,46 @@ class Dropped(Net):
         return torch.nn.functional.dropout(super().forward(features), 0.5, training=True)
 
 
+class RunningMean(Net):
+    """A running mean of the inputs updated on every call, training or not, and subtracted from them."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("seen", torch.zeros(()))
+        self.register_buffer("calls", torch.zeros((), dtype=torch.int64))
+
+    def forward(self, features):
+        self.seen.mul_(0.9).add_(0.1 * features.mean())
+        self.calls += 1
+        return super().forward(features - self.seen)
+
+
+class Normed(Net):
+    """BatchNorm (running statistics away from any batch's) and Dropout, returned by its factory in train mode."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.BatchNorm1d(16)
+        self.norm.running_mean.fill_(0.5)
+        self.norm.running_var.fill_(4.0)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, features):
+        return self.head(self.drop(self.norm(ops.act(self.hidden(features)))))
+
+
+class Counting(Net):
+    """Counts its calls in a buffer its outputs never read."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("calls", torch.zeros((), dtype=torch.int64))
+
+    def forward(self, features):
+        self.calls += 1
+        return super().forward(features)
+
+
 class NumberedBatch(Net):
     """int() turns the traced batch size into a number: the export keeps the example's 2."""
 
@@ -117,7 +159,8 @@ class NumberedBatch(Net):
 MODELS_SOURCE = '''
 import torch
 
-from mypkg.layers import Dropped, IdsPadded, KeyPadded, Masked, Net, NumberedBatch, Overflows, PerRowLoop, Sampled
+from mypkg.layers import (Counting, Dropped, IdsPadded, KeyPadded, Masked, Net, Normed, NumberedBatch, Overflows,
+                          PerRowLoop, RunningMean, Sampled)
 
 
 def build():
@@ -158,6 +201,21 @@ def build_sampled():
 
 def build_dropped():
     return Dropped()
+
+
+def build_running_mean():
+    torch.manual_seed(0)
+    return RunningMean()
+
+
+def build_in_train_mode():
+    torch.manual_seed(0)
+    return Normed().train()
+
+
+def build_counting():
+    torch.manual_seed(0)
+    return Counting()
 '''
 
 
@@ -388,6 +446,46 @@ def test_a_forward_that_draws_random_numbers_is_named_so_not_as_an_export_differ
     assert detail.startswith(f"the ONNX export of mypkg.models:{factory} samples: output 'output' is computed through "
                              f"nodes that draw random numbers on every run: {drawn} ")  # fmt: skip
     assert remedy in detail and "differs from forward()" not in detail
+
+
+def test_a_forward_that_updates_its_buffers_in_eval_mode_is_refused_naming_them(tmp_path: Path) -> None:
+    """A running mean updated on every call, eval mode or not: the export holds one state and the module another
+    after each batch. It was refused as `output 'output' differs from forward()'s by ...`, naming no cause."""
+    with pytest.raises(RecipeError) as caught:
+        resolve_model(load_recipe(_project(tmp_path, "build_running_mean")))
+    assert caught.value.field == "model.torch"
+    detail = caught.value.detail
+    assert detail.startswith("the ONNX export of mypkg.models:build_running_mean changes its own state: forward() "
+                             "updates 'seen', 'calls' on every call in eval mode, so the same rows give other outputs "
+                             "on a second call (by ")  # fmt: skip
+    assert "only in training (under `if self.training:`" in detail and "differs from forward()" not in detail
+
+
+def test_a_buffer_forward_updates_but_never_reads_does_not_refuse_the_export(tmp_path: Path) -> None:
+    """A call counter changes the module's state but not its outputs: the export computes what forward() does."""
+    model = resolve_model(load_recipe(_project(tmp_path, "build_counting")))
+    assert _onnx_vs_torch(model.onnx_path, tmp_path / "recipe.yaml") < 1e-5
+
+
+def test_a_module_returned_in_train_mode_is_exported_in_eval_mode(tmp_path: Path) -> None:
+    """The README's word: Dropout passes its input through and BatchNorm reads its running statistics."""
+    recipe = _project(tmp_path, "build_in_train_mode")
+    path = resolve_model(load_recipe(recipe)).onnx_path
+    assert "Dropout" not in {node.op_type for node in onnx.load(str(path)).graph.node}
+    x = torch.from_numpy(np.random.default_rng(3).normal(size=(5, FEATURES)).astype(np.float32))
+    (got,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"features": x.numpy()})
+    _forget_mypkg()
+    sys.path.insert(0, str(tmp_path))
+    try:
+        from mypkg.models import build_in_train_mode
+
+        module = build_in_train_mode()
+    finally:
+        sys.path.remove(str(tmp_path))
+    with torch.no_grad():
+        served = copy.deepcopy(module).eval()(x).numpy()
+        trained = module(x).numpy()  # train mode: batch statistics and dropout
+    assert np.abs(got - served).max() < 1e-5 and np.abs(got - trained).max() > 0.1
 
 
 def test_the_warnings_of_a_failed_export_are_still_shown() -> None:

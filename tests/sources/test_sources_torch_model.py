@@ -285,6 +285,27 @@ def build_takes_a_dict():
     return TakesADict()
 
 
+class TakesATuple(Classifier):
+    """forward() unpacks its tensors from one tuple, as a (features, mask) pair."""
+
+    def forward(self, pair):
+        features, mask = pair
+        return self.head(torch.relu(self.hidden(features * mask)))
+
+
+def build_takes_a_tuple():
+    return TakesATuple()
+
+
+class TakesKeywords(Classifier):
+    def forward(self, **batch):
+        return self.head(torch.relu(self.hidden(batch["features"])))
+
+
+def build_takes_keywords():
+    return TakesKeywords()
+
+
 class Normalised(Classifier):
     def __init__(self):
         super().__init__()
@@ -535,8 +556,14 @@ def test_a_bad_factory_is_a_recipe_error_naming_the_cause(project: Path, factory
         # names go by position: a namedtuple's (or dict's) own names in another order named the wrong tensors
         ({"torch": "mypkg.models:build_pair", "output_names": ["hidden", "scores"]}, "model.output_names",
          "'hidden' is forward()'s output #2 (scores, hidden, in that order), named at position 1 here"),
+        ({"torch": "mypkg.models:build_takes_keywords", "example_inputs": {"features": [1, FEATURES]}},
+         "model.example_inputs", "forward() takes 0: [] (**batch keyword-only: the exporter passes inputs by "
+         "position); expected a forward() taking them by position: make the factory return a wrapper module whose "
+         "forward(features) calls the model as model(features=features)"),
         ({"torch": "mypkg.models:build_keyword_only", "example_inputs": {"features": [1, FEATURES]}},
-         "model.example_inputs", "forward() takes 0: [] (features keyword-only: the exporter passes inputs by position)"),
+         "model.example_inputs", "forward() takes 0: [] (features keyword-only: the exporter passes inputs by position); "
+         "expected a forward() taking them by position: make the factory return a wrapper module whose "
+         "forward(features) calls the model as model(features=features)"),
     ],
 )  # fmt: skip
 def test_example_inputs_and_output_names_must_fit_forward(
@@ -557,6 +584,18 @@ def test_a_forward_that_takes_a_dict_is_refused_in_one_line_naming_the_remedy(
     assert error.field == "model.torch"
     assert "forward() takes one dict of tensors" in error.detail
     assert f"passes the inputs by position as tensors, forward({names}); make the factory return a wrapper" in error.detail
+
+
+def test_a_forward_that_takes_a_tuple_is_refused_in_one_line_naming_the_remedy(project: Path) -> None:
+    """It was refused as `got 2 inputs ['features', 'mask'], but forward() takes 1: ['pair']`, with no remedy."""
+    example_inputs = {"features": [1, FEATURES], "mask": [1, FEATURES]}
+    error = _load_error(_write_recipe(project.parent, {"torch": "mypkg.models:build_takes_a_tuple",
+                                                       "example_inputs": example_inputs}))  # fmt: skip
+    assert error.field == "model.torch"
+    assert error.detail == ("forward() takes one tuple of tensors (it runs on (<tensor>, <tensor>,)), but qbench "
+                            "passes the inputs by position as tensors, forward(features, mask); make the factory "
+                            "return a wrapper module whose forward(features, mask) calls the model with "
+                            "(features, mask,)")  # fmt: skip
 
 
 def test_inputs_named_like_forwards_arguments_bind_by_name_in_any_order(project: Path) -> None:
