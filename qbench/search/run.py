@@ -53,7 +53,7 @@ from qbench.results import VariantResult
 from qbench.results_search import CandidateRecord, SearchReport
 from qbench.search import select
 from qbench.search.candidates import Candidate, catalogue
-from qbench.search.retime import RETIME_ROUNDS, retime_rounds
+from qbench.search.retime import retime_rounds
 from qbench.search.screen import gate_excess, screen_excess, screening_indices, worst_slice
 from qbench.selection_rows import chosen_on
 from qbench.validate.clock import PhaseClock
@@ -110,7 +110,7 @@ class _Search:
         self.budget_exhausted = False
         self.keep_float_exhausted = False
         self.tried = 0  # candidates started
-        self.retime_count = RETIME_ROUNDS  # interleaved rounds the finalists were last re-timed in
+        self.retime_count = 0  # interleaved rounds the finalists were last re-timed in (0: never re-timed)
         self.fp32_built = BuiltVariant("fp32", "fp32", prepared.source.onnx_path, borrowed=True)
         if selection is not None:  # FP32 on the selection rows: what candidates are compared with there
             self.fp32 = measure(backend, self.fp32_built, prepared, rows=selection, quiet=True, clock=clock)
@@ -433,8 +433,14 @@ class _Search:
         """Why the pick's pass is weak evidence: it rests on too few selection rows, and how many would resolve it."""
         return unresolved_pick(record.label, record.unresolved, self.gate.unresolved)
 
+    def _slower(self, record: CandidateRecord) -> str | None:
+        slower = select.slower_than_reference(record, self.tie())
+        if slower is not None and not self.retime_count:
+            slower = f"{slower} (by its screening estimate: the time budget was spent before any re-timing)"
+        return slower
+
     def _slower_note(self, chosen: int | None) -> tuple[str, ...]:
-        slower = select.slower_than_reference(self.records[chosen], self.tie()) if chosen is not None else None
+        slower = self._slower(self.records[chosen]) if chosen is not None else None
         if slower is None:
             return ()
         logger.warning(f"INT8 search: {slower}")
@@ -446,8 +452,15 @@ class _Search:
         return (f"screening on {self.screen.count} of {self.rows.count} {rows} rows; speed-ups "
                 f"from {self.spec.timing_runs} timed runs per batch size, each candidate against FP32 timed right after it "
                 f"(FP32's own timings put the noise of an estimate at {noise:.0%}, so candidates screened within "
-                f"{self.tie():.0%} of a faster passing one were still evaluated; finalists: medians of {self.retime_count} "
-                "interleaved rounds)")  # fmt: skip
+                f"{self.tie():.0%} of a faster passing one were still evaluated; {self._retimed()})")  # fmt: skip
+
+    def _retimed(self) -> str:
+        """How the passing candidates' speed-ups were measured ("medians of 3 rounds" was said where none ran)."""
+        if self.retime_count:
+            return f"finalists: medians of {self.retime_count} interleaved rounds"
+        if not select.passing(self.records):
+            return "no finalist re-timed: none passed"
+        return "no finalist re-timed: the time budget was spent first, so their speed-ups are single screening estimates"
 
     def _keep(self, index: int, passed: bool) -> BuiltVariant:
         """Move the picked candidate's files to <workdir>/<name>.* and name it after the search (only files of the
@@ -466,7 +479,7 @@ class _Search:
         none = "no candidate's pass was resolved on the selection rows" if record.passed else "no candidate passed"
         note = f"found by the INT8 search: {record.label}" if passed else f"INT8 search: {none}; closest: {record.label}"
         note = f"{note} ({self.chosen_on})"
-        slower = select.slower_than_reference(record, self.tie()) if passed else None
+        slower = self._slower(record) if passed else None
         note = f"{note}; {slower}" if slower else note
         return dataclasses.replace(built, name=self.spec.name, onnx_path=target, params=params,
                                    notes=(*built.notes, note), build_seconds=self.now() - self.started)  # fmt: skip
