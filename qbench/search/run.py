@@ -23,7 +23,8 @@ A candidate in which no node computes in INT8 (BuiltVariant.lowered_nothing: not
 quantized node kept float) is "not applicable": it is never measured, so it can neither pass nor be kept.
 Only files of the search's own folder are moved or removed.
 
-No new step starts once `time_budget_s` is spent (the first candidate always runs). Every candidate's figures and
+No new step starts once `time_budget_s` is spent (the first candidate always runs, and the passing candidates'
+first re-timing rounds: a pick's speed-up is never its one screening estimate). Every candidate's figures and
 verdict are in the returned `SearchReport` (results.json `search`, the report and MLflow).
 """
 
@@ -53,7 +54,7 @@ from qbench.results import VariantResult
 from qbench.results_search import CandidateRecord, SearchReport
 from qbench.search import select
 from qbench.search.candidates import Candidate, catalogue
-from qbench.search.retime import retime_rounds
+from qbench.search.retime import RETIME_ROUNDS, retime_rounds
 from qbench.search.screen import gate_excess, screen_excess, screening_indices, worst_slice
 from qbench.selection_rows import chosen_on
 from qbench.validate.clock import PhaseClock
@@ -110,7 +111,8 @@ class _Search:
         self.budget_exhausted = False
         self.keep_float_exhausted = False
         self.tried = 0  # candidates started
-        self.retime_count = 0  # interleaved rounds the finalists were last re-timed in (0: never re-timed)
+        self.retime_count = 0  # interleaved rounds the finalists were last re-timed in (0: none passed)
+        self.retimed_late = False  # re-timed though the time budget was spent
         self.fp32_built = BuiltVariant("fp32", "fp32", prepared.source.onnx_path, borrowed=True)
         if selection is not None:  # FP32 on the selection rows: what candidates are compared with there
             self.fp32 = measure(backend, self.fp32_built, prepared, rows=selection, quiet=True, clock=clock)
@@ -364,8 +366,13 @@ class _Search:
         estimate that put it first."""
         passing = sorted(select.passing(self.records), key=lambda i: -(self.records[i].speedup or 0))
         finalists = passing[: self.spec.finalists]
-        if not finalists or not self.within_budget("re-timing the finalists"):
+        if not finalists:
             return
+        if self.now() - self.started >= self.spec.time_budget_s:  # no room for more than RETIME_ROUNDS (retime_rounds)
+            self.budget_exhausted = self.retimed_late = True
+            logger.warning(f"  time budget of {self.spec.time_budget_s:g} s spent: the passing candidates are re-timed "
+                           f"anyway, {RETIME_ROUNDS} rounds beside FP32, so that the pick does not rest on one screening "
+                           "estimate")  # fmt: skip
 
         def time_one(index: int | None) -> dict[int, float]:
             built = self.fp32_built if index is None else self.built[index]
@@ -433,14 +440,8 @@ class _Search:
         """Why the pick's pass is weak evidence: it rests on too few selection rows, and how many would resolve it."""
         return unresolved_pick(record.label, record.unresolved, self.gate.unresolved)
 
-    def _slower(self, record: CandidateRecord) -> str | None:
-        slower = select.slower_than_reference(record, self.tie())
-        if slower is not None and not self.retime_count:
-            slower = f"{slower} (by its screening estimate: the time budget was spent before any re-timing)"
-        return slower
-
     def _slower_note(self, chosen: int | None) -> tuple[str, ...]:
-        slower = self._slower(self.records[chosen]) if chosen is not None else None
+        slower = select.slower_than_reference(self.records[chosen], self.tie()) if chosen is not None else None
         if slower is None:
             return ()
         logger.warning(f"INT8 search: {slower}")
@@ -456,11 +457,10 @@ class _Search:
 
     def _retimed(self) -> str:
         """How the passing candidates' speed-ups were measured ("medians of 3 rounds" was said where none ran)."""
-        if self.retime_count:
-            return f"finalists: medians of {self.retime_count} interleaved rounds"
-        if not select.passing(self.records):
+        if not self.retime_count:
             return "no finalist re-timed: none passed"
-        return "no finalist re-timed: the time budget was spent first, so their speed-ups are single screening estimates"
+        late = ", run past the time budget" if self.retimed_late else ""
+        return f"finalists: medians of {self.retime_count} interleaved rounds{late}"
 
     def _keep(self, index: int, passed: bool) -> BuiltVariant:
         """Move the picked candidate's files to <workdir>/<name>.* and name it after the search (only files of the
@@ -479,7 +479,7 @@ class _Search:
         none = "no candidate's pass was resolved on the selection rows" if record.passed else "no candidate passed"
         note = f"found by the INT8 search: {record.label}" if passed else f"INT8 search: {none}; closest: {record.label}"
         note = f"{note} ({self.chosen_on})"
-        slower = self._slower(record) if passed else None
+        slower = select.slower_than_reference(record, self.tie()) if passed else None
         note = f"{note}; {slower}" if slower else note
         return dataclasses.replace(built, name=self.spec.name, onnx_path=target, params=params,
                                    notes=(*built.notes, note), build_seconds=self.now() - self.started)  # fmt: skip

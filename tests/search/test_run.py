@@ -330,7 +330,6 @@ def test_slower_than_fp32_is_flagged_only_beyond_the_timing_noise_the_search_mea
     search = object.__new__(run._Search)
     search.records = [CandidateRecord("dynamic", "ort-dynamic", speedup=0.85, stage="evaluated", passed=True, excess=0.4)]
     search.fp32_timings = fp32_timings
-    search.retime_count = 3
     assert bool(search._slower_note(0)) is flagged
 
 
