@@ -24,7 +24,7 @@ import numpy as np
 from qbench.backends import get_backend
 from qbench.backends.base import form_run_by
 from qbench.errors import QbenchError, environment_cause
-from qbench.execute.plan import build_facts
+from qbench.execute.plan import build_facts, searches
 from qbench.execute.resume import measured_with
 from qbench.execute.store import BuildStore, StoreUnwritable, manifest_of
 from qbench.interrupt import held
@@ -107,6 +107,9 @@ def _build_and_publish(
     key: str,
     search: tuple[str, Reference | None] | None,
 ) -> BuildOutput:
+    stored = _stored_search(spec, prepared, store, key)
+    if stored is not None:
+        return BuildOutput(spec.name, stored, where="the build store")
     clock = PhaseClock()
     folder = Path(tempfile.mkdtemp(prefix=f"qbench-build-{spec.name}-"))
     try:
@@ -147,6 +150,23 @@ def _build_and_publish(
         )
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _stored_search(spec: VariantSpec, prepared: Prepared, store: BuildStore, key: str) -> dict[str, Any] | None:
+    """The stored build of a variant that searches while building (the INT8 search, `fallback`, `calibrator: auto`)
+    when the store already holds one this sweep may reuse (same key: recipe, input files, qbench and machine facts).
+
+    Publishing a new search's build keeps the entry already there (BuildStore.publish), so searching again only cost
+    the search's time and printed a search whose pick the results then did not report: a sweep repeated on a 2-core
+    machine spent 30-70 s on an INT8 search that screened ORT static first, and reported the stored search, which
+    had kept SmoothQuant. Its choice depends on timing, so the reuse is said."""
+    if not searches(prepared.recipe, spec):
+        return None
+    stored = store.reusable(key, build_facts(prepared.recipe, spec), model_sha256(prepared.source.onnx_path))
+    if stored is not None:
+        logger.warning("  %s: the build store already holds this build and its search (%s): reused, not searched "
+                       "again; remove that entry to search again", spec.name, store.entry(key))  # fmt: skip
+    return stored
 
 
 class _BuildFailed(Exception):

@@ -23,7 +23,8 @@ A candidate in which no node computes in INT8 (BuiltVariant.lowered_nothing: not
 quantized node kept float) is "not applicable": it is never measured, so it can neither pass nor be kept.
 Only files of the search's own folder are moved or removed.
 
-No new step starts once `time_budget_s` is spent (the first candidate always runs). Every candidate's figures and
+No new step starts once `time_budget_s` is spent (the first candidate always runs, and the passing candidates'
+first re-timing rounds: a pick's speed-up is never its one screening estimate). Every candidate's figures and
 verdict are in the returned `SearchReport` (results.json `search`, the report and MLflow).
 """
 
@@ -110,7 +111,8 @@ class _Search:
         self.budget_exhausted = False
         self.keep_float_exhausted = False
         self.tried = 0  # candidates started
-        self.retime_count = RETIME_ROUNDS  # interleaved rounds the finalists were last re-timed in
+        self.retime_count = 0  # interleaved rounds the finalists were last re-timed in (0: none passed)
+        self.retimed_late = False  # re-timed though the time budget was spent
         self.fp32_built = BuiltVariant("fp32", "fp32", prepared.source.onnx_path, borrowed=True)
         if selection is not None:  # FP32 on the selection rows: what candidates are compared with there
             self.fp32 = measure(backend, self.fp32_built, prepared, rows=selection, quiet=True, clock=clock)
@@ -364,8 +366,13 @@ class _Search:
         estimate that put it first."""
         passing = sorted(select.passing(self.records), key=lambda i: -(self.records[i].speedup or 0))
         finalists = passing[: self.spec.finalists]
-        if not finalists or not self.within_budget("re-timing the finalists"):
+        if not finalists:
             return
+        if self.now() - self.started >= self.spec.time_budget_s:  # no room for more than RETIME_ROUNDS (retime_rounds)
+            self.budget_exhausted = self.retimed_late = True
+            logger.warning(f"  time budget of {self.spec.time_budget_s:g} s spent: the passing candidates are re-timed "
+                           f"anyway, {RETIME_ROUNDS} rounds beside FP32, so that the pick does not rest on one screening "
+                           "estimate")  # fmt: skip
 
         def time_one(index: int | None) -> dict[int, float]:
             built = self.fp32_built if index is None else self.built[index]
@@ -446,8 +453,14 @@ class _Search:
         return (f"screening on {self.screen.count} of {self.rows.count} {rows} rows; speed-ups "
                 f"from {self.spec.timing_runs} timed runs per batch size, each candidate against FP32 timed right after it "
                 f"(FP32's own timings put the noise of an estimate at {noise:.0%}, so candidates screened within "
-                f"{self.tie():.0%} of a faster passing one were still evaluated; finalists: medians of {self.retime_count} "
-                "interleaved rounds)")  # fmt: skip
+                f"{self.tie():.0%} of a faster passing one were still evaluated; {self._retimed()})")  # fmt: skip
+
+    def _retimed(self) -> str:
+        """How the passing candidates' speed-ups were measured ("medians of 3 rounds" was said where none ran)."""
+        if not self.retime_count:
+            return "no finalist re-timed: none passed"
+        late = ", run past the time budget" if self.retimed_late else ""
+        return f"finalists: medians of {self.retime_count} interleaved rounds{late}"
 
     def _keep(self, index: int, passed: bool) -> BuiltVariant:
         """Move the picked candidate's files to <workdir>/<name>.* and name it after the search (only files of the
