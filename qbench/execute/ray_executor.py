@@ -14,7 +14,9 @@ Workers prepare the recipe's data themselves (once per worker process), from fil
 on a cluster, the model, data and build store belong on storage every node mounts (or an fsspec URI
 for the store). They read the sweep's snapshot of the inputs (qbench.execute.snapshot), never the
 user's files as they are by then. Tasks are not retried by Ray (max_retries=0): a lost worker is reported to the
-scheduler, which runs the job again within `executor.retries` and records the attempts.
+scheduler, which runs the job again within `executor.retries` and records the attempts. With `executor.timeout_s`, a
+job still running that long on its worker fails there (JobTimedOut, a reason outside the variant) and its worker
+process ends, so what hung in it (a native call, a stalled mount) holds no CPU or timing slot after.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from qbench.errors import QbenchError
 from qbench.execute.executors import BuildWork, JobDone, MeasureWork, Work, import_ray
@@ -52,6 +54,7 @@ Inputs = Mapping[str, InputDigest]  # the input digests the driver recorded (qbe
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Ray's colour codes, in its tracebacks and messages
 _PREPARED: dict[str, Prepared] = {}  # per worker process: recipe digest -> its prepared data
 
@@ -77,13 +80,53 @@ def _worker_prepared(recipe: Recipe, inputs: Inputs, store: BuildStore) -> Prepa
     return _PREPARED[key]
 
 
+class JobTimedOut(QbenchError, TimeoutError):
+    """A job still running on its worker after `executor.timeout_s` (a timeout: a reason outside the variant)."""
+
+
+EXIT_AFTER_TIMEOUT_S = 2.0  # a timed-out job's worker ends this long after its failure is sent to the driver
+
+
+def _within_timeout(timeout_s: float | None, run: Callable[[], T]) -> T:
+    """`run()` on this worker, failed with JobTimedOut once it has run `timeout_s` seconds.
+
+    The job runs in a thread of its own; past the timeout the task returns the failure and its worker, which runs
+    one job only (RayExecutor: max_calls), exits; os._exit shortly after if it has not (what hangs in it cannot be
+    stopped otherwise), so the hung call holds no CPU, memory or timing slot once the driver has its answer."""
+    if timeout_s is None:
+        return run()
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = run()
+        except BaseException as exc:  # handed to the task's thread, raised there as the job's own
+            outcome["error"] = exc
+
+    job = threading.Thread(target=target, name="qbench-job", daemon=True)
+    job.start()
+    job.join(timeout_s)
+    if job.is_alive():
+        ending = threading.Timer(EXIT_AFTER_TIMEOUT_S, os._exit, (1,))
+        ending.daemon = True
+        ending.start()
+        raise JobTimedOut(f"timed out: still running after executor.timeout_s = {timeout_s:g} s on node "
+                          f"{socket.gethostname()} (its worker ended); `qbench sweep --resume` runs it again")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
 def _build_task(
     recipe: Recipe, inputs: Inputs, spec: VariantSpec, store: BuildStore, key: str, search_backend: str | None,
     reference_outputs: Outputs | None, reference_accuracy: AccuracyResult | None,
 ) -> BuildOutput:  # fmt: skip
-    prepared = _worker_prepared(recipe, inputs, store)
-    search = (search_backend, fp32_reference(reference_outputs, reference_accuracy)) if search_backend else None
-    return run_build(spec, prepared, store, key, search)
+    def build() -> BuildOutput:
+        prepared = _worker_prepared(recipe, inputs, store)
+        search = (search_backend, fp32_reference(reference_outputs, reference_accuracy)) if search_backend else None
+        return run_build(spec, prepared, store, key, search)
+
+    return _within_timeout(recipe.executor.timeout_s, build)
 
 
 def _measure_task(
@@ -92,6 +135,13 @@ def _measure_task(
     work_bytes: bytes,
     store: BuildStore,
     reference_outputs: Outputs | None,
+) -> tuple[MeasureOutput, Outputs | None]:
+    return _within_timeout(recipe.executor.timeout_s,
+                           lambda: _measure(recipe, inputs, work_bytes, store, reference_outputs))  # fmt: skip
+
+
+def _measure(
+    recipe: Recipe, inputs: Inputs, work_bytes: bytes, store: BuildStore, reference_outputs: Outputs | None
 ) -> tuple[MeasureOutput, Outputs | None]:
     import cloudpickle
 
@@ -232,8 +282,11 @@ class RayExecutor:
         try:
             self._recipe_ref = self._ray.put(recipe)
             self._inputs_ref = self._ray.put(dict(inputs))
-            self._build = self._ray.remote(_build_task)
-            self._measure = self._ray.remote(_measure_task)
+            # with a timeout, each job gets a fresh worker (Ray's max_calls): one ending after a timed-out job was
+            # otherwise handed the next job in the meantime, lost with it
+            remote = self._ray.remote(max_calls=1) if recipe.executor.timeout_s is not None else self._ray.remote
+            self._build = remote(_build_task)
+            self._measure = remote(_measure_task)
             cpus = int(self._ray.cluster_resources().get("CPU", 1))
         except BaseException:
             self.close()
@@ -323,6 +376,9 @@ class RayExecutor:
             if isinstance(output, MeasureOutput) and job_id in self._keep:
                 output = replace(output, outputs=ray.get(self._outputs[job_id]))
         except ray.exceptions.RayTaskError as exc:  # the job itself raised past its own error handling
+            if isinstance(getattr(exc, "cause", None), JobTimedOut):  # failed, not the sweep: the next jobs run
+                self._outputs.pop(job_id, None)
+                return JobDone(job_id, None, lost=str(exc.cause), retry=False)
             raise job_failed(job_id, exc) from None
         except ray.exceptions.RayError as exc:  # the worker or node died, the object was lost
             self._outputs.pop(job_id, None)
