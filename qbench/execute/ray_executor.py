@@ -17,6 +17,8 @@ user's files as they are by then. Tasks are not retried by Ray (max_retries=0): 
 scheduler, which runs the job again within `executor.retries` and records the attempts. With `executor.timeout_s`, a
 job still running that long on its worker fails there (JobTimedOut, a reason outside the variant) and its worker
 process ends, so what hung in it (a native call, a stalled mount) holds no CPU or timing slot after.
+While it waits for jobs, the driver checks that the cluster's head still accepts connections, and stops the sweep in
+one line when it has not for a while (RayExecutor._check_head), before Ray's core would end the process unworded.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import re
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
@@ -243,6 +246,21 @@ def unhandled_errors_ignored() -> Iterator[None]:
 
 
 CONNECT_SECONDS = 10.0  # how long a cluster's address may take to accept a connection before the sweep gives up
+HEAD_CHECK_SECONDS = 5.0  # while no job ends, how often the driver checks that the cluster's head still answers
+# how long the head may refuse connections before the sweep stops: short of Ray's own limit (its core ends the driver
+# process after gcs_rpc_server_reconnect_timeout_s, 60 s by default, with no word of the sweep), long enough for a
+# head with GCS fault tolerance to come back
+HEAD_GONE_SECONDS = max(5.0, float(os.environ.get("RAY_gcs_rpc_server_reconnect_timeout_s", "60")) - 25.0)
+
+
+def _accepts(address: str, timeout: float) -> bool:
+    """Whether something accepts a TCP connection at `host:port` within `timeout` seconds."""
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError:
+        return False
+    return True
 
 
 def _check_reachable(address: str) -> None:
@@ -278,6 +296,9 @@ class RayExecutor:
         self._keep: set[str] = set()
         self._messages = ExitStack()  # Ray's unhandled-error tracebacks off while this executor's connection lasts
         self._recipe = recipe
+        self._head: str | None = None  # the cluster's GCS address, checked while the driver waits (_check_head)
+        self._head_checked = 0.0
+        self._head_gone_since: float | None = None
         self._connect(recipe.executor.address)
         try:
             self._recipe_ref = self._ray.put(recipe)
@@ -316,6 +337,10 @@ class RayExecutor:
             raise interrupted from None
         self._owned = address is None
         self._connected = True
+        try:
+            self._head = ray.get_runtime_context().gcs_address
+        except Exception:  # noqa: BLE001 - a connection that reports no GCS address: Ray's own limit holds
+            self._head = None
         self._messages.enter_context(unhandled_errors_ignored())
 
     def _disconnect(self) -> None:
@@ -396,6 +421,26 @@ class RayExecutor:
                 raise interrupted from None
             if ready:
                 return ready[0]
+            self._check_head()
+
+    def _check_head(self) -> None:
+        """Stop the sweep in one line when the cluster's head (its GCS) has refused connections for HEAD_GONE_SECONDS:
+        the jobs out are lost with it, and Ray's core would otherwise end this process a little later with its
+        own log lines and exit status 1, which the sweep cannot word (`ray stop` on the head, its node or pod
+        gone). What the run recorded stays, for `--resume` once the cluster is back."""
+        now = time.monotonic()
+        if self._head is None or now - self._head_checked < HEAD_CHECK_SECONDS:
+            return
+        self._head_checked = now
+        if _accepts(self._head, timeout=2.0):
+            self._head_gone_since = None
+            return
+        if self._head_gone_since is None:
+            self._head_gone_since = now
+        elif now - self._head_gone_since >= HEAD_GONE_SECONDS:
+            raise QbenchError(f"the Ray cluster's head at {self._head} stopped: it accepted no connection for "
+                              f"{now - self._head_gone_since:.0f} s while {len(self._results)} job(s) were out; "
+                              "restart the cluster and run `qbench sweep --resume` to take up what was recorded")
 
     def where(self) -> str:
         nodes = [n for n in self._ray.nodes() if n.get("Alive")]
