@@ -253,6 +253,13 @@ HEAD_CHECK_SECONDS = 5.0  # while no job ends, how often the driver checks that 
 HEAD_GONE_SECONDS = max(5.0, float(os.environ.get("RAY_gcs_rpc_server_reconnect_timeout_s", "60")) - 25.0)
 
 
+# Ray's token authentication: `ray start` turns it on where a token exists (~/.ray/auth_token), and a driver joining by an
+# explicit address sends none unless told to, so the head refuses it ('Unauthenticated' in Ray's log lines, a bare
+# 'Failed to connect' in its error)
+_AUTH_HINT = ("; if the cluster uses Ray's token authentication, set RAY_AUTH_MODE=token (with its token in "
+              "RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token) for the sweep")
+
+
 def _accepts(address: str, timeout: float) -> bool:
     """Whether something accepts a TCP connection at `host:port` within `timeout` seconds."""
     host, _, port = address.rpartition(":")
@@ -331,7 +338,8 @@ class RayExecutor:
         except BaseException as exc:
             self._disconnect()  # no half-started Ray left for the interpreter's exit to stop (seen crashing there)
             if address is not None and isinstance(exc, (ConnectionError, RuntimeError, ValueError)):
-                raise QbenchError(f"executor.address: cannot join the Ray cluster at {address!r}: {exc}") from None
+                raise QbenchError(f"executor.address: cannot join the Ray cluster at {address!r}: {exc}"
+                                  f"{_AUTH_HINT if 'RAY_AUTH_MODE' not in os.environ else ''}") from None
             if (interrupted := _wrapped_interruption(exc)) is None:
                 raise
             raise interrupted from None

@@ -1,7 +1,8 @@
 """A Ray cluster whose head stops while a sweep runs on it (its GCS killed: `ray stop` on the head, the head's pod or
 node gone): the sweep stops in one line, exit 2, its run folder kept for `--resume`, instead of Ray's core ending
 the driver process a minute later with its own log and exit status 1. The cluster is Ray's own test cluster (one
-node bound to 127.0.0.1, started and stopped by the test)."""
+node bound to 127.0.0.1, started and stopped by the test). And a head that refuses the driver (Ray's token
+authentication) named as such."""
 
 from __future__ import annotations
 
@@ -78,3 +79,36 @@ def test_a_head_that_stops_mid_sweep_stops_the_sweep_in_one_line_and_keeps_the_r
     (run,) = (tmp_path / "reports" / "tumour-mlp").glob("2*")
     assert (run / INCOMPLETE_MARKER).is_file()
     assert {p.name for p in (run / JOBS_FOLDER).glob("build_*.json")} == {"build_fp32.json", "build_fp16.json"}
+
+
+
+def test_joining_a_cluster_that_refuses_the_driver_names_rays_token_authentication(
+    user_project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A head started with token authentication (`ray start` turns it on where ~/.ray/auth_token exists) accepts the
+    connection and refuses a driver joining by address without RAY_AUTH_MODE=token: Ray retries for 20 s, then says
+    only 'Failed to connect'. (Ray caches its authentication mode per process, so the refusal is Ray's error here.)"""
+    import socket
+
+    from qbench.recipe import load_recipe
+
+    listening = socket.create_server(("127.0.0.1", 0))
+    address = f"127.0.0.1:{listening.getsockname()[1]}"
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+
+    def refused(**options: object) -> None:
+        raise ConnectionError(f"Failed to connect to Ray cluster at {options['address']}")
+
+    monkeypatch.setattr(ray, "init", refused)
+    recipe = load_recipe(write_probe_recipe(user_project, tmp_path, variants=["fp16"],
+                                            executor={"kind": "ray", "address": address}))  # fmt: skip
+    with listening:
+        with pytest.raises(QbenchError) as caught:
+            ray_executor.RayExecutor(recipe, store=None, inputs={})  # type: ignore[arg-type]
+        assert str(caught.value) == (
+            f"executor.address: cannot join the Ray cluster at {address!r}: Failed to connect to Ray cluster at "
+            f"{address}; if the cluster uses Ray's token authentication, set RAY_AUTH_MODE=token (with its token in "
+            "RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token) for the sweep")
+        monkeypatch.setenv("RAY_AUTH_MODE", "token")  # set: the refusal is something else, said as Ray says it
+        with pytest.raises(QbenchError, match=r"Failed to connect to Ray cluster at [\d.:]+$"):
+            ray_executor.RayExecutor(recipe, store=None, inputs={})  # type: ignore[arg-type]
