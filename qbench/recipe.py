@@ -65,7 +65,7 @@ JUDGED_SECTIONS = ("gate", "slo", "cost", "registry")
 RUN_FIELDS: dict[str, tuple[str, ...]] = {
     "tracking": ("uri", "experiment"),
     "output_dir": (),  # the whole field
-    "executor": ("kind", "address", "store", "retries"),
+    "executor": ("kind", "address", "store", "retries", "timeout_s"),
 }
 
 

@@ -7,6 +7,7 @@
       store: s3://bucket/qbench  # where built variants are kept by content, for every node (default: a folder
                                  # next to the recipe's runs); a path or an fsspec URI
       retries: 2                 # a job whose worker died is run again at most this many times
+      timeout_s: 3600            # ray: a job still running this long on its worker fails (default null: none)
     backends:
       - onnxruntime-cpu
       - {name: torch-cuda, accelerator: H100}   # GPU jobs of this backend run only on H100s
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 EXECUTOR_KINDS = ("local", "ray")
 
@@ -48,6 +49,18 @@ class ExecutorSpec(_Strict):
         le=10,
         description="runs of a job again after its worker died (not after its own error)",
     )
+    timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="ray: seconds a job may run on its worker before it fails (its worker ended); null: no limit",
+    )
+
+    @model_validator(mode="after")
+    def _timeout_on_ray(self) -> ExecutorSpec:
+        if self.timeout_s is not None and self.kind != "ray":
+            raise ValueError("timeout_s applies to `kind: ray` only (a job in the sweep's own process cannot be "
+                             "ended without the sweep: bound a local sweep by its CI job's timeout)")
+        return self
 
 
 class BackendResources(_Strict):

@@ -505,3 +505,15 @@ def test_results_are_stale_once_a_section_their_figures_depend_on_changed(tmp_pa
         f"stale results: recipe section {section!r} changed since the sweep: re-run `qbench sweep`"]
     assert stale_sections(recorded.model_copy(update={"gate": recorded.gate.model_copy(update={"max_drop": 0.5})}),
                           recorded) == []  # fmt: skip
+
+
+def test_executor_timeout_loads_for_ray_and_is_refused_in_one_line_elsewhere(tmp_path: Path) -> None:
+    """`executor.timeout_s` bounds a Ray job on its worker; a local sweep's job runs in the sweep's own process,
+    which cannot end it without ending the sweep, so a timeout there is refused rather than silently ignored."""
+    recipe = load_recipe(write_recipe(tmp_path, with_changes(executor={"kind": "ray", "timeout_s": 90})))
+    assert recipe.executor.timeout_s == 90
+    assert load_recipe(write_recipe(tmp_path, BASE)).executor.timeout_s is None
+    assert error_of(tmp_path, with_changes(executor={"timeout_s": 90})) == (
+        "recipe.yaml: executor: timeout_s applies to `kind: ray` only (a job in the sweep's own process cannot be "
+        "ended without the sweep: bound a local sweep by its CI job's timeout)")
+    assert "executor.timeout_s" in error_of(tmp_path, with_changes(executor={"kind": "ray", "timeout_s": 0}))

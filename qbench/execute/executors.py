@@ -63,6 +63,7 @@ class JobDone:
     job: str
     output: BuildOutput | MeasureOutput | None
     lost: str | None = None
+    retry: bool = True  # False: the job is failed for good, `lost` saying why (it ran past `executor.timeout_s`)
 
 
 class Executor(Protocol):

@@ -14,7 +14,11 @@ Workers prepare the recipe's data themselves (once per worker process), from fil
 on a cluster, the model, data and build store belong on storage every node mounts (or an fsspec URI
 for the store). They read the sweep's snapshot of the inputs (qbench.execute.snapshot), never the
 user's files as they are by then. Tasks are not retried by Ray (max_retries=0): a lost worker is reported to the
-scheduler, which runs the job again within `executor.retries` and records the attempts.
+scheduler, which runs the job again within `executor.retries` and records the attempts. With `executor.timeout_s`, a
+job still running that long on its worker fails there (JobTimedOut, a reason outside the variant) and its worker
+process ends, so what hung in it (a native call, a stalled mount) holds no CPU or timing slot after.
+While it waits for jobs, the driver checks that the cluster's head still accepts connections, and stops the sweep in
+one line when it has not for a while (RayExecutor._check_head), before Ray's core would end the process unworded.
 """
 
 from __future__ import annotations
@@ -25,10 +29,11 @@ import re
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from qbench.errors import QbenchError
 from qbench.execute.executors import BuildWork, JobDone, MeasureWork, Work, import_ray
@@ -52,6 +57,7 @@ Inputs = Mapping[str, InputDigest]  # the input digests the driver recorded (qbe
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Ray's colour codes, in its tracebacks and messages
 _PREPARED: dict[str, Prepared] = {}  # per worker process: recipe digest -> its prepared data
 
@@ -77,13 +83,53 @@ def _worker_prepared(recipe: Recipe, inputs: Inputs, store: BuildStore) -> Prepa
     return _PREPARED[key]
 
 
+class JobTimedOut(QbenchError, TimeoutError):
+    """A job still running on its worker after `executor.timeout_s` (a timeout: a reason outside the variant)."""
+
+
+EXIT_AFTER_TIMEOUT_S = 2.0  # a timed-out job's worker ends this long after its failure is sent to the driver
+
+
+def _within_timeout(timeout_s: float | None, run: Callable[[], T]) -> T:
+    """`run()` on this worker, failed with JobTimedOut once it has run `timeout_s` seconds.
+
+    The job runs in a thread of its own; past the timeout the task returns the failure and its worker, which runs
+    one job only (RayExecutor: max_calls), exits; os._exit shortly after if it has not (what hangs in it cannot be
+    stopped otherwise), so the hung call holds no CPU, memory or timing slot once the driver has its answer."""
+    if timeout_s is None:
+        return run()
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = run()
+        except BaseException as exc:  # handed to the task's thread, raised there as the job's own
+            outcome["error"] = exc
+
+    job = threading.Thread(target=target, name="qbench-job", daemon=True)
+    job.start()
+    job.join(timeout_s)
+    if job.is_alive():
+        ending = threading.Timer(EXIT_AFTER_TIMEOUT_S, os._exit, (1,))
+        ending.daemon = True
+        ending.start()
+        raise JobTimedOut(f"timed out: still running after executor.timeout_s = {timeout_s:g} s on node "
+                          f"{socket.gethostname()} (its worker ended); `qbench sweep --resume` runs it again")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
 def _build_task(
     recipe: Recipe, inputs: Inputs, spec: VariantSpec, store: BuildStore, key: str, search_backend: str | None,
     reference_outputs: Outputs | None, reference_accuracy: AccuracyResult | None,
 ) -> BuildOutput:  # fmt: skip
-    prepared = _worker_prepared(recipe, inputs, store)
-    search = (search_backend, fp32_reference(reference_outputs, reference_accuracy)) if search_backend else None
-    return run_build(spec, prepared, store, key, search)
+    def build() -> BuildOutput:
+        prepared = _worker_prepared(recipe, inputs, store)
+        search = (search_backend, fp32_reference(reference_outputs, reference_accuracy)) if search_backend else None
+        return run_build(spec, prepared, store, key, search)
+
+    return _within_timeout(recipe.executor.timeout_s, build)
 
 
 def _measure_task(
@@ -92,6 +138,13 @@ def _measure_task(
     work_bytes: bytes,
     store: BuildStore,
     reference_outputs: Outputs | None,
+) -> tuple[MeasureOutput, Outputs | None]:
+    return _within_timeout(recipe.executor.timeout_s,
+                           lambda: _measure(recipe, inputs, work_bytes, store, reference_outputs))  # fmt: skip
+
+
+def _measure(
+    recipe: Recipe, inputs: Inputs, work_bytes: bytes, store: BuildStore, reference_outputs: Outputs | None
 ) -> tuple[MeasureOutput, Outputs | None]:
     import cloudpickle
 
@@ -193,6 +246,28 @@ def unhandled_errors_ignored() -> Iterator[None]:
 
 
 CONNECT_SECONDS = 10.0  # how long a cluster's address may take to accept a connection before the sweep gives up
+HEAD_CHECK_SECONDS = 5.0  # while no job ends, how often the driver checks that the cluster's head still answers
+# how long the head may refuse connections before the sweep stops: short of Ray's own limit (its core ends the driver
+# process after gcs_rpc_server_reconnect_timeout_s, 60 s by default, with no word of the sweep), long enough for a
+# head with GCS fault tolerance to come back
+HEAD_GONE_SECONDS = max(5.0, float(os.environ.get("RAY_gcs_rpc_server_reconnect_timeout_s", "60")) - 25.0)
+
+
+# Ray's token authentication: `ray start` turns it on where a token exists (~/.ray/auth_token), and a driver joining by an
+# explicit address sends none unless told to, so the head refuses it ('Unauthenticated' in Ray's log lines, a bare
+# 'Failed to connect' in its error)
+_AUTH_HINT = ("; if the cluster uses Ray's token authentication, set RAY_AUTH_MODE=token (with its token in "
+              "RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token) for the sweep")
+
+
+def _accepts(address: str, timeout: float) -> bool:
+    """Whether something accepts a TCP connection at `host:port` within `timeout` seconds."""
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError:
+        return False
+    return True
 
 
 def _check_reachable(address: str) -> None:
@@ -228,12 +303,18 @@ class RayExecutor:
         self._keep: set[str] = set()
         self._messages = ExitStack()  # Ray's unhandled-error tracebacks off while this executor's connection lasts
         self._recipe = recipe
+        self._head: str | None = None  # the cluster's GCS address, checked while the driver waits (_check_head)
+        self._head_checked = 0.0
+        self._head_gone_since: float | None = None
         self._connect(recipe.executor.address)
         try:
             self._recipe_ref = self._ray.put(recipe)
             self._inputs_ref = self._ray.put(dict(inputs))
-            self._build = self._ray.remote(_build_task)
-            self._measure = self._ray.remote(_measure_task)
+            # with a timeout, each job gets a fresh worker (Ray's max_calls): one ending after a timed-out job was
+            # otherwise handed the next job in the meantime, lost with it
+            remote = self._ray.remote(max_calls=1) if recipe.executor.timeout_s is not None else self._ray.remote
+            self._build = remote(_build_task)
+            self._measure = remote(_measure_task)
             cpus = int(self._ray.cluster_resources().get("CPU", 1))
         except BaseException:
             self.close()
@@ -257,12 +338,17 @@ class RayExecutor:
         except BaseException as exc:
             self._disconnect()  # no half-started Ray left for the interpreter's exit to stop (seen crashing there)
             if address is not None and isinstance(exc, (ConnectionError, RuntimeError, ValueError)):
-                raise QbenchError(f"executor.address: cannot join the Ray cluster at {address!r}: {exc}") from None
+                raise QbenchError(f"executor.address: cannot join the Ray cluster at {address!r}: {exc}"
+                                  f"{_AUTH_HINT if 'RAY_AUTH_MODE' not in os.environ else ''}") from None
             if (interrupted := _wrapped_interruption(exc)) is None:
                 raise
             raise interrupted from None
         self._owned = address is None
         self._connected = True
+        try:
+            self._head = ray.get_runtime_context().gcs_address
+        except Exception:  # noqa: BLE001 - a connection that reports no GCS address: Ray's own limit holds
+            self._head = None
         self._messages.enter_context(unhandled_errors_ignored())
 
     def _disconnect(self) -> None:
@@ -323,6 +409,9 @@ class RayExecutor:
             if isinstance(output, MeasureOutput) and job_id in self._keep:
                 output = replace(output, outputs=ray.get(self._outputs[job_id]))
         except ray.exceptions.RayTaskError as exc:  # the job itself raised past its own error handling
+            if isinstance(getattr(exc, "cause", None), JobTimedOut):  # failed, not the sweep: the next jobs run
+                self._outputs.pop(job_id, None)
+                return JobDone(job_id, None, lost=str(exc.cause), retry=False)
             raise job_failed(job_id, exc) from None
         except ray.exceptions.RayError as exc:  # the worker or node died, the object was lost
             self._outputs.pop(job_id, None)
@@ -340,6 +429,26 @@ class RayExecutor:
                 raise interrupted from None
             if ready:
                 return ready[0]
+            self._check_head()
+
+    def _check_head(self) -> None:
+        """Stop the sweep in one line when the cluster's head (its GCS) has refused connections for HEAD_GONE_SECONDS:
+        the jobs out are lost with it, and Ray's core would otherwise end this process a little later with its
+        own log lines and exit status 1, which the sweep cannot word (`ray stop` on the head, its node or pod
+        gone). What the run recorded stays, for `--resume` once the cluster is back."""
+        now = time.monotonic()
+        if self._head is None or now - self._head_checked < HEAD_CHECK_SECONDS:
+            return
+        self._head_checked = now
+        if _accepts(self._head, timeout=2.0):
+            self._head_gone_since = None
+            return
+        if self._head_gone_since is None:
+            self._head_gone_since = now
+        elif now - self._head_gone_since >= HEAD_GONE_SECONDS:
+            raise QbenchError(f"the Ray cluster's head at {self._head} stopped: it accepted no connection for "
+                              f"{now - self._head_gone_since:.0f} s while {len(self._results)} job(s) were out; "
+                              "restart the cluster and run `qbench sweep --resume` to take up what was recorded")
 
     def where(self) -> str:
         nodes = [n for n in self._ray.nodes() if n.get("Alive")]

@@ -258,12 +258,12 @@ class Scheduler:
         work = self.state.running.pop(job.id)
         attempts = self.state.attempts[job.id]
         if done.output is None:
-            if attempts <= self.retries:
+            if attempts <= self.retries and done.retry:
                 logger.warning("  worker lost running %s (%s): running it again (attempt %d of %d)", job.id, done.lost,
                                attempts + 1, self.retries + 1)  # fmt: skip
                 self._submit(job, work)
                 return
-            error = f"worker lost {attempts} times, last: {done.lost}"
+            error = f"worker lost {attempts} times, last: {done.lost}" if done.retry else str(done.lost)
             if job.kind == "build":
                 self._built(job, BuildOutput(job.variant, None, error, environment=error))
             else:

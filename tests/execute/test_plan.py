@@ -128,7 +128,8 @@ def test_the_plan_fingerprint_leaves_out_only_the_run_fields_and_keeps_any_field
                                                sort_keys=True).encode()).hexdigest()  # fmt: skip  # runs stay resumable
     moved = recipe.model_copy(update={
         "tracking": TrackingSpec(uri="sqlite:///elsewhere.db", experiment="other"), "output_dir": tmp_path / "else",
-        "executor": ExecutorSpec(kind="ray", address="auto", store=str(tmp_path / "s2"), retries=0)})  # fmt: skip
+        "executor": ExecutorSpec(kind="ray", address="auto", store=str(tmp_path / "s2"), retries=0,
+                                 timeout_s=60)})  # fmt: skip
     assert plan.plan_fingerprint(moved, {}) == before
     for edit in ({"task_options": {"max_answer_tokens": 8}}, {"analysis": AnalysisSpec(ranges=True)},
                  {"latency": recipe.latency.model_copy(update={"iterations": 6})},

@@ -147,6 +147,34 @@ def test_a_job_whose_worker_keeps_dying_is_recorded_failed_and_the_gate_fails_cl
     assert outcome.gate.exit_code != 0
 
 
+def test_a_job_past_executor_timeout_fails_its_worker_ends_and_resume_runs_it_again(
+    ray_cluster: list[int], user_project: Path, tmp_path: Path, local_figures: tuple[dict, int]
+) -> None:
+    """A job that hangs on its worker (FP32's measurement sleeps 120 s: a stuck native call, a stalled mount) fails
+    at `executor.timeout_s` rather than holding the sweep, its hung worker ends, the gate fails closed, and
+    `--resume` measures it again (a timeout is a reason outside the variant)."""
+    expected, _ = local_figures
+    recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS, executor={**RAY, "timeout_s": 15})
+    (tmp_path / "hang_once").write_text("")
+    started = time.monotonic()
+    outcome = run_sweep(recipe, track=False)
+    assert time.monotonic() - started < 100  # the hang alone is 120 s
+    fp32 = outcome.results.find("fp32", "onnxruntime-cpu")
+    assert fp32.status == "failed"
+    assert fp32.error.startswith("timed out: still running after executor.timeout_s = 15 s on node")
+    record = _record(outcome.run_dir, "measure:fp32@onnxruntime-cpu")
+    assert record["attempts"] == 1 and record["environment"] == fp32.error  # not retried; outside the variant
+    assert outcome.gate.exit_code == 2
+    hung = int((tmp_path / "worker.pid").read_text())
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(hung) and psutil.Process(hung).status() != "zombie" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not psutil.pid_exists(hung) or psutil.Process(hung).status() == "zombie"
+
+    resumed = run_sweep(recipe, track=False, resume=True)
+    assert figures(resumed.results) == expected
+
+
 def _settled_probe_count(folder: Path, quiet_s: float = 2.0, limit_s: float = 60.0) -> int:
     """The probe-call count once no call has come for `quiet_s` (Ray ends the workers of an interrupted sweep asynchronously)."""
     deadline = time.monotonic() + limit_s
