@@ -14,7 +14,7 @@ __all__ = ["__version__", "load_recipe", "run_sweep", "run_gate", "QbenchError"]
 
 if TYPE_CHECKING:  # pragma: no cover
     from qbench.errors import QbenchError
-    from qbench.gate import run_gate
+    from qbench.gate_run import run_gate
     from qbench.recipe import load_recipe
     from qbench.sweep import run_sweep
 

@@ -221,7 +221,7 @@ def gate(
     --register NAME), a passing gate registers its winners in the MLflow Model Registry; a failing
     one registers nothing and moves no alias.
     """
-    from qbench.gate import latest_results, run_gate
+    from qbench.gate_run import latest_results, run_gate
     from qbench.provenance import recorded_recipe
     from qbench.recipe import load_recipe
 
@@ -364,7 +364,7 @@ def report(
     The summary is what this command is for, so it goes to stdout (`qbench report DIR | less`), as `list` and
     `plan` print theirs; `sweep` and `gate` print it on stderr beside their progress, their stdout kept for `--json -`.
     """
-    from qbench.gate import run_gate
+    from qbench.gate_run import run_gate
     from qbench.report import print_partial_run, print_summary
     from qbench.report_html import write_html_report
 

@@ -3,7 +3,7 @@
 `evaluate_gate` is pure (results + gate spec in, every check out). It fails
 closed: a missing reference, a failed variant, a missing or NaN metric, or a
 variant the recipe names but the results lack is a *problem* (exit 2), never a pass.
-`run_gate` first checks that the results are what the recipe asked for, intact and
+`qbench.gate_run.run_gate` first checks that the results are what the recipe asked for, intact and
 fresh (qbench.gate_checks, qbench.provenance), whatever the file claims.
 """
 
@@ -12,20 +12,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 import qbench
-from qbench.errors import QbenchError, RecipeError, short_repr
+from qbench.errors import QbenchError, short_repr
 from qbench.frontier import mixed_timing_machines, slower_than_reference_notes
 from qbench.gate_checks import (
-    changed_models,
-    evaluation_from_data,
-    expected_pairs,
-    result_problems,
-    stale_inputs,
-    stale_sections,
-    timed_batch_sizes,
     unmatched_globs,
 )
 from qbench.gate_notes import (
@@ -51,12 +42,10 @@ from qbench.gate_tolerance import (
     Tolerances,
     reference_tolerances,
 )
-from qbench.provenance import recorded_recipe
-from qbench.recipe import GateSpec, Recipe
+from qbench.recipe import GateSpec
 from qbench.recipe_slo import SloSpec
-from qbench.results import SliceMetrics, SweepResults, VariantResult, read_results
+from qbench.results import SliceMetrics, SweepResults, VariantResult
 from qbench.results_evidence import unrecorded
-from qbench.runs import RESULTS_FILE, newest_run
 from qbench.slo import SLO_METRIC, SLO_SCOPE, SloJudgement, judge_slo
 from qbench.validate.catalogue import (
     METRICS,
@@ -67,9 +56,6 @@ from qbench.validate.catalogue import (
     within,
 )
 from qbench.validate.kept import KEPT, chance_text
-
-if TYPE_CHECKING:
-    from qbench.data.evaluation import EvaluationRows
 
 EXIT_PASS = 0
 EXIT_BREACH = 1
@@ -422,88 +408,3 @@ def _slo_check(judgement: SloJudgement) -> GateCheck:
     return GateCheck(judgement.variant, judgement.backend, SLO_SCOPE, SLO_METRIC, judgement.budget_ms,
                      judgement.observed_ms, judgement.over_ms, 0.0, judgement.samples, judgement.status,
                      judgement.reason)  # fmt: skip
-
-
-def latest_results(recipe: Recipe) -> Path:
-    """The results.json of the recipe's newest run under <output_dir>/<name>/, by the times recorded in the runs.
-
-    Fails closed: when the newest run is incomplete (interrupted, crashed or still running), that is an
-    error naming it, never a silent fall back to an older complete run.
-    """
-    root = recipe.output_path / recipe.name
-    run = newest_run(root)
-    if run is None:
-        blocking = next((path for path in (root, *root.parents) if path.exists()), root)
-        if not blocking.is_dir():  # no sweep could write there: running one first would not help
-            raise RecipeError(recipe.source, "output_dir", f"{blocking} (in the path of {root}) is a file; expected the "
-                                                           "folder the sweep writes its run folders in")  # fmt: skip
-        raise QbenchError(f"no results for recipe {recipe.name!r} under {root}: run `qbench sweep {recipe.source}` first")
-    if not run.complete:
-        what = ("wait for it to finish" if run.state == "running" else
-                f"finish it with `qbench sweep {recipe.source} --resume` (or re-run without --resume)")  # fmt: skip
-        raise QbenchError(
-            f"the newest run of recipe {recipe.name!r}, {run.path}, is incomplete ({run.state}): "
-            f"{what}, or judge an older run with --results FILE"
-        )
-    return run.path / RESULTS_FILE
-
-
-def run_gate(
-    recipe: Recipe | None = None, results_path: Path | None = None, *, check_staleness: bool = True
-) -> tuple[GateReport, SweepResults]:
-    """Library entry point of `qbench gate`: read results (latest of the recipe, or a file) and judge them.
-
-    What was asked for (variants, backends, reference, slices) and the gate settings come from
-    `recipe`, or without one from the recipe embedded in the results (checked against its digest).
-    The results must be intact (their digest), complete, consistent with qbench's own rules and
-    fresh: every input (model, weights, factory source, data, tokenizer) hashed as at sweep time.
-    check_staleness=False judges results whose inputs can no longer be read; the report notes it. Either way the
-    evaluation rows and slices are re-derived from the recipe's data whenever it can be read (a note says when
-    it cannot), so results can never drop a slice the data makes.
-    """
-    if recipe is None and results_path is None:
-        raise QbenchError("qbench gate needs a recipe or --results FILE")
-    path = results_path if results_path is not None else latest_results(recipe)
-    results = read_results(path)
-    try:
-        recorded = recorded_recipe(results.recipe, path)
-    except QbenchError as exc:  # intact but unjudgeable results: `qbench report` still shows them
-        return GateReport(metric=results.gate_metric, problems=(str(exc),)), results
-    asked = recipe if recipe is not None else recorded
-    problems = stale_sections(recipe, recorded) if recipe is not None else []
-    if recipe is not None and recipe.name != recorded.name:  # another recipe's results: comparing inputs says nothing
-        return GateReport(metric=results.gate_metric, problems=tuple(problems)), results
-    notes: list[str] = []
-    if check_staleness:
-        stale, missing = stale_inputs(results, asked)
-        problems += stale
-        problems += [f"cannot check the results for staleness: {m} is gone; pass --no-staleness-check "
-                     "to judge them anyway" for m in missing]  # fmt: skip
-    else:
-        notes.append("inputs not checked for staleness (--no-staleness-check)")
-    fresh = check_staleness and not problems  # the recipe's inputs are the sweep's: what it did can be re-derived
-    evaluated = None
-    if not problems:  # stale results are unusable already: what changed data gives says nothing more
-        evaluated, cannot = _evaluation_from_data(asked)
-        problems += cannot
-        if evaluated is None and not cannot:
-            notes.append(f"slices not re-derived: the data file {asked.data_path} is gone (only the recipe's named "
-                         "slices are required, at the sizes the results record)")  # fmt: skip
-    timed = timed_batch_sizes(asked) if fresh else None  # a model with a fixed batch is timed at it alone
-    problems += result_problems(results, asked, evaluated, timed)
-    problems += changed_models(results)
-    report = evaluate_gate(results, asked.gate, expected=expected_pairs(asked), slo=asked.slo)
-    report = withheld(replace(report, problems=(*problems, *report.problems)))
-    return replace(report, notes=(*notes, *report.notes)), results
-
-
-def _evaluation_from_data(recipe: Recipe) -> tuple[EvaluationRows | None, list[str]]:
-    """The evaluation rows and slices the sweep derived, re-derived from the recipe's data (the same derivation,
-    so the gate requires exactly the slices a sweep writes), with the problem that stops it if any. None without
-    a problem: the data file is gone (only with --no-staleness-check does the gate get this far without it)."""
-    if not recipe.data_path.exists():
-        return None, []
-    try:
-        return evaluation_from_data(recipe), []
-    except QbenchError as exc:
-        return None, [f"the slices cannot be re-derived from the data: {exc}"]

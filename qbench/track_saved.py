@@ -103,7 +103,7 @@ def track_run_folder(recipe: Recipe, run_dir: Path) -> str:
 
     Refused (QbenchError) for an incomplete run, another recipe's run, or a folder the store holds already.
     """
-    from qbench.gate import run_gate
+    from qbench.gate_run import run_gate
 
     run = describe_run(run_dir)
     if run is None:

@@ -92,7 +92,7 @@ def test_an_error_naming_a_non_ascii_path_is_one_line_on_an_ascii_stream(project
 # -- 2. an unexpected exception in the gate ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("where", ["qbench.gate.run_gate", "qbench.gate_report.console_lines"],
+@pytest.mark.parametrize("where", ["qbench.gate_run.run_gate", "qbench.gate_report.console_lines"],
                          ids=["judging", "printing"])  # fmt: skip
 def test_the_report_files_say_why_when_the_gate_fails_unexpectedly(project, tmp_path, monkeypatch, capsys, where):
     def broken(*args: Any, **kwargs: Any) -> Any:

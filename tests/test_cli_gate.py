@@ -20,7 +20,7 @@ from sweep_factory import make_sweep
 from user_model import make_user_project
 
 from qbench.cli_app import main
-from qbench.gate import latest_results
+from qbench.gate_run import latest_results
 from qbench.recipe import load_recipe
 from qbench.results import content_digest, read_results, to_json
 

@@ -21,7 +21,7 @@ from signalled import run_raising, run_signalled
 from user_model import make_user_project
 
 from qbench.cli_app import main
-from qbench.gate import latest_results
+from qbench.gate_run import latest_results
 from qbench.recipe import load_recipe
 from qbench.results import content_digest
 

@@ -11,7 +11,8 @@ import pytest
 from sweep_factory import make_sweep
 
 from qbench.errors import QbenchError
-from qbench.gate import EXIT_BREACH, EXIT_PASS, EXIT_UNUSABLE, evaluate_gate, judge, run_gate
+from qbench.gate import EXIT_BREACH, EXIT_PASS, EXIT_UNUSABLE, evaluate_gate, judge
+from qbench.gate_run import run_gate
 from qbench.recipe import GateSpec
 from qbench.results import AccuracyResult, SliceMetrics, SweepResults, VariantResult, to_json
 from qbench.validate.accuracy import evaluate_accuracy

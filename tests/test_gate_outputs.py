@@ -204,7 +204,7 @@ def test_sweep_gate_fails_an_int8_build_whose_quantized_weights_collapsed(tmp_pa
     from onnx import numpy_helper
 
     import qbench.variants.int8 as int8
-    from qbench.gate import latest_results
+    from qbench.gate_run import latest_results
     from qbench.recipe import load_recipe
     from qbench.results import read_results
 

@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from qbench.gate import EXIT_PASS, evaluate_gate, run_gate
+from qbench.gate import EXIT_PASS, evaluate_gate
+from qbench.gate_run import run_gate
 from qbench.recipe import GateSpec, load_recipe
 from qbench.results import AccuracyResult, SliceMetrics, SweepResults, VariantResult
 

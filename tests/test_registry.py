@@ -23,7 +23,8 @@ from tiny_linear import make_linear_project, strict_copy
 
 from qbench.cli_app import main
 from qbench.errors import QbenchError
-from qbench.gate import evaluate_gate, latest_results
+from qbench.gate import evaluate_gate
+from qbench.gate_run import latest_results
 from qbench.recipe import GateSpec, load_recipe
 from qbench.recipe_registry import RegistrySpec
 from qbench.results import SweepResults, read_results

@@ -286,7 +286,7 @@ def test_sweep_and_gate_exit_1_on_a_tight_budget_and_0_when_loosened(tmp_path, m
     shown = "".join(capsys.readouterr())  # the sweep's tables on stderr, the gate's on stdout
     assert "SLO pass int8-pct@onnxruntime-cpu" in shown and "SLO BREACH" not in shown
     assert "cheapest meeting accuracy and SLO: " in shown and "per million" in shown
-    from qbench.gate import latest_results
+    from qbench.gate_run import latest_results
     from qbench.recipe import load_recipe
     from qbench.results import read_results
 

@@ -17,7 +17,7 @@ from mlflow.tracking import MlflowClient
 from user_model import make_user_project
 
 from qbench.cli_app import main
-from qbench.gate import latest_results
+from qbench.gate_run import latest_results
 from qbench.recipe import load_recipe
 from qbench.results import read_results
 

@@ -22,7 +22,7 @@ import yaml
 from onnx import TensorProto, helper, numpy_helper
 
 from qbench.cli_app import main
-from qbench.gate import latest_results
+from qbench.gate_run import latest_results
 from qbench.recipe import load_recipe
 from qbench.results import SweepResults, content_digest, read_results
 

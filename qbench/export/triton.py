@@ -41,7 +41,8 @@ from qbench.export.triton_config import (
     triton_config,
 )
 from qbench.files import file_in_the_way, new_folder
-from qbench.gate import GateReport, run_gate
+from qbench.gate import GateReport
+from qbench.gate_run import run_gate
 from qbench.modelinfo import ModelInfo, external_data_files, read_model_info
 from qbench.provenance import model_bytes, model_sha256
 from qbench.recipe import Recipe

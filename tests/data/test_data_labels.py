@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 from qbench.cli_app import main
 from qbench.data.labels import label_cells
 from qbench.errors import RecipeError
-from qbench.gate import latest_results
+from qbench.gate_run import latest_results
 from qbench.recipe import load_recipe
 from qbench.recipe_data import DataSpec
 from qbench.results import read_results

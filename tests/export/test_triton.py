@@ -21,7 +21,7 @@ from qbench.cli_app import main
 from qbench.errors import QbenchError
 from qbench.export.pbtxt import EnumValue, to_pbtxt
 from qbench.export.triton import export_triton, external_data_files
-from qbench.gate import latest_results
+from qbench.gate_run import latest_results
 from qbench.recipe import load_recipe
 from qbench.results import read_results, write_results
 from qbench.results_serving import LoadStats, ServingResult

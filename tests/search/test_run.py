@@ -14,7 +14,8 @@ import yaml
 from onnx import TensorProto, helper, numpy_helper
 from test_explain import fragile_model, one_gemm_model, write_fragile_project
 
-from qbench.gate import EXIT_BREACH, EXIT_PASS, EXIT_UNUSABLE, run_gate
+from qbench.gate import EXIT_BREACH, EXIT_PASS, EXIT_UNUSABLE
+from qbench.gate_run import run_gate
 from qbench.recipe import load_recipe
 from qbench.results import read_results
 from qbench.search import select

@@ -15,7 +15,8 @@ import yaml
 from onnx import TensorProto, helper, numpy_helper
 
 from qbench.cli_app import main
-from qbench.gate import EXIT_BREACH, EXIT_PASS, evaluate_gate, latest_results
+from qbench.gate import EXIT_BREACH, EXIT_PASS, evaluate_gate
+from qbench.gate_run import latest_results
 from qbench.recipe import load_recipe
 from qbench.results import SweepResults, read_results
 

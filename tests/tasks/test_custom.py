@@ -103,7 +103,7 @@ def test_labels_are_checked_before_anything_runs(tmp_path, capsys, task, labels,
 def test_a_custom_metric_raising_on_one_variant_fails_that_variant_not_the_sweep(tmp_path, monkeypatch, capsys):
     """The metric raises only on outputs that differ from FP32's (the INT8 variant's): FP32 is measured, the INT8
     variant is recorded failed with the metric, the scope and its rows, the results are complete, the gate exits 2."""
-    from qbench.gate import latest_results
+    from qbench.gate_run import latest_results
     from qbench.recipe import load_recipe
     from qbench.results import read_results
 
@@ -170,8 +170,9 @@ def test_a_custom_metric_raising_on_one_slice_leaves_every_other_figure_and_fail
     """The metric raises on a scope of fewer than 10 rows (the 6-row slice group=few): it is NaN there, with a note
     naming it, the scope and what it raised; its figures elsewhere and every other metric on that slice stand. Gated
     on it, the gate cannot judge that slice (exit 2, never a pass); gated on accuracy, it is unaffected."""
-    from qbench.gate import evaluate_gate, latest_results
+    from qbench.gate import evaluate_gate
     from qbench.gate_checks import result_problems
+    from qbench.gate_run import latest_results
     from qbench.recipe import load_recipe
     from qbench.results import read_results
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from qbench.cli_app import main
-from qbench.gate import latest_results
+from qbench.gate_run import latest_results
 from qbench.recipe import load_recipe
 from qbench.results import read_results
 from qbench.track_content import sweep_metrics
