@@ -31,7 +31,7 @@ def swept_calibrator(recipe: Recipe, name: str) -> tuple[str | None, str]:
     """The calibrator the recipe's newest sweep kept for `calibrator: auto` variant `name`, and where that was read;
     (None, why not) without complete, fresh results that say. The sweep keeps the fastest candidate passing the gate,
     which explain (it does not time) cannot redo: explaining another calibrator explains a variant nobody ships."""
-    from qbench.gate_checks import stale_inputs, stale_sections
+    from qbench.gate_fresh import stale_inputs, stale_sections
     from qbench.gate_run import latest_results
     from qbench.provenance import recorded_recipe
     from qbench.results import read_results

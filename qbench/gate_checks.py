@@ -13,13 +13,11 @@ import fnmatch
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qbench.data.nonfinite import drop_nonfinite
 from qbench.errors import did_you_mean, expected_one_of, short_repr
-from qbench.provenance import changed_inputs, input_files, model_sha256
-from qbench.recipe import RESULT_SECTIONS, Recipe, VariantSpec
+from qbench.recipe import Recipe, VariantSpec
 from qbench.results import AccuracyResult, LatencyResult, SliceMetrics, SweepResults, VariantResult
 from qbench.validate.catalogue import METRICS, drop, impossible_value, within
 
@@ -57,58 +55,6 @@ def unmatched_globs(field: str, patterns: Sequence[str], reference: str, candida
 
 
 # -- staleness -------------------------------------------------------------------------------------
-
-
-def stale_sections(current: Recipe, recorded: Recipe) -> list[str]:
-    """Sections of the recipe that decide the results and differ from the recipe the sweep ran."""
-    if current.name != recorded.name:
-        return [f"the results are from recipe {recorded.name!r}, not {current.name!r}"]
-    now = current.model_dump(mode="json", include=set(RESULT_SECTIONS))
-    then = recorded.model_dump(mode="json", include=set(RESULT_SECTIONS))
-    return [
-        f"stale results: recipe section {section!r} changed since the sweep: re-run `qbench sweep`"
-        for section in RESULT_SECTIONS
-        if now.get(section) != then.get(section)
-    ]
-
-
-def stale_inputs(results: SweepResults, recipe: Recipe) -> tuple[list[str], list[str]]:
-    """(problems, inputs that can no longer be read): inputs whose content changed since the sweep.
-
-    `recipe` (the one given, else the one the results embed) says which inputs decide the results: each must
-    have a recorded digest matching its file now. The results' own record never decides which inputs are
-    checked: one whose entry was dropped would leave its file unchecked.
-    """
-    if not results.inputs:
-        return ["inputs: the results record no input digests, so they cannot be checked for staleness"], []
-    check = changed_inputs(results.inputs, input_files(recipe))
-    problems = [
-        f"stale results: {name} ({results.inputs[name]['path']}) changed since the sweep: re-run `qbench sweep`"
-        if name in results.inputs else
-        f"stale results: the recipe reads {name}, but the results record no digest of it: re-run `qbench sweep`"
-        for name in check.changed
-    ]  # fmt: skip
-    return problems, list(check.missing)
-
-
-def changed_models(results: SweepResults) -> list[str]:
-    """Measured model files that no longer hold the model measured (their recorded `model_sha256`).
-
-    The figures describe the model the sweep measured; a file replaced or edited since (the run folder's copy that
-    `qbench export`, `qbench track` and a deployment take) is not what they describe. A file that is gone is no
-    problem: the results stay intact without it (they are often judged away from their run folder).
-    """
-    problems: list[str] = []
-    checked: set[str] = set()
-    for result in results.variants:
-        path = result.model_path
-        if result.status != "ok" or not path or not result.model_sha256 or path in checked:
-            continue
-        checked.add(path)
-        if Path(path).is_file() and model_sha256(Path(path)) != result.model_sha256:
-            problems.append(f"{result.key}: the model file {path} is not the model measured (its sha256 differs "
-                            "from the recorded model_sha256: replaced or edited after the sweep); re-run `qbench sweep`")
-    return problems
 
 
 # -- what qbench's own rules allow -----------------------------------------------------------------

@@ -14,14 +14,12 @@ from typing import TYPE_CHECKING
 from qbench.errors import QbenchError, RecipeError
 from qbench.gate import GateReport, evaluate_gate, withheld
 from qbench.gate_checks import (
-    changed_models,
     evaluation_from_data,
     expected_pairs,
     result_problems,
-    stale_inputs,
-    stale_sections,
     timed_batch_sizes,
 )
+from qbench.gate_fresh import changed_models, stale_inputs, stale_sections
 from qbench.provenance import recorded_recipe
 from qbench.recipe import Recipe
 from qbench.results import SweepResults, read_results

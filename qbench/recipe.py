@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 __all__ = ["FallbackSpec", "QatSpec", "Recipe", "SmoothQuantSpec", "TrainSpec", "VariantSpec", "load_recipe"]
 
 # Every top-level recipe field is in one of these three (tests/test_recipe.py checks it, so a field added later is
-# placed on purpose). The sections the figures depend on: a change makes results stale (qbench.gate_checks
+# placed on purpose). The sections the figures depend on: a change makes results stale (qbench.gate_fresh
 # .stale_sections) and the plan another (qbench.execute.plan.plan_fingerprint); latency included, as the SLO gate and
 # the serving figures are judged on what was timed, and task_options, backend_resources (which GPU kind times) and
 # analysis (whether the range analysis was recorded).

@@ -493,7 +493,7 @@ def test_every_recipe_field_is_placed_by_what_depends_on_it() -> None:
 def test_results_are_stale_once_a_section_their_figures_depend_on_changed(tmp_path: Path, section: str) -> None:
     """These sections were not compared: `qbench gate` judged results made with other task options (or without the
     range analysis, or timed on another GPU kind) as current for today's recipe."""
-    from qbench.gate_checks import stale_sections
+    from qbench.gate_fresh import stale_sections
     from qbench.recipe import AnalysisSpec
     from qbench.recipe_executor import BackendResources
 
