@@ -35,7 +35,7 @@ from qbench.data import (
 )
 from qbench.data.evaluation import EvaluationRows, calibration_sample, holds_out
 from qbench.data.feeds import text_feed_notes
-from qbench.data.labels import label_cells
+from qbench.data.labels import label_cells, unlabelled_hint
 from qbench.data.leakage import shared_rows, warn_shared
 from qbench.data.nonfinite import kept_nonfinite, qat_refuses_nonfinite
 from qbench.data.text_tables import text_cells_hint
@@ -374,7 +374,9 @@ def _labels(
             check_output_labels(recipe, task, labels, choice.meta, positions, len(outputs))
     except LabelError as exc:
         single = isinstance(recipe.data.label, str)  # its text cells: '0,5' in a CSV not declaring decimal commas, ...
-        raise _label_error(recipe, exc, text_cells_hint(table[recipe.data.label]) if single else "") from None
+        column = recipe.data.label if single else ""
+        hint = text_cells_hint(table[column]) + unlabelled_hint(table, column, positions) if single else ""
+        raise _label_error(recipe, exc, hint) from None
     return labels
 
 

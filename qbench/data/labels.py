@@ -26,6 +26,17 @@ ZERO_ONE_TEXT = {"0": 0, "1": 1, "0.0": 0, "1.0": 1, "false": 0, "true": 1}  # a
 EXPECTED = "expected 0/1 or true/false in every row (one column per label)"
 
 
+def unlabelled_hint(table: pd.DataFrame, column: str, rows: np.ndarray) -> str:
+    """For an error about the labels of `rows`: how to judge only the labelled ones, where some have no label (an empty
+    cell, a null: a warehouse's nullable Int64 column); else ''. Never guessed away: which rows a verdict rests on is
+    the recipe's choice."""
+    missing = int(table[column].iloc[np.asarray(rows)].isna().sum())
+    if not missing:
+        return ""
+    return (f"; to judge only the labelled rows, add {{{column}: {{ne: null}}}} to data.evaluation.filter ({missing} "
+            f"evaluation rows of {table_name(table)} have no label)")
+
+
 def label_cells(table: pd.DataFrame, data: DataSpec, rows: np.ndarray, *, recipe_file: Path) -> list[Any] | None:
     """The label of each of `rows` (positions in `table`): the label column's cells, or with one column per label
     a list of 0/1 per row; None without `data.label`."""

@@ -65,21 +65,28 @@ def _digests(table: pd.DataFrame, rows: np.ndarray, columns: list[str]) -> list[
     for start in range(0, len(positions), _BLOCK_ROWS):
         block = positions[start : start + _BLOCK_ROWS]
         encoded = [_column_cells(column[block]) for column in values]
-        digests += [hashlib.sha256(b"\0".join(cells) + b"\0").hexdigest() for cells in zip(*encoded)]
+        if all(isinstance(cells, np.ndarray) for cells in encoded):  # one byte row per table row: no Python per cell
+            digests += [hashlib.sha256(row).hexdigest() for row in np.concatenate(encoded, axis=1)]
+            continue
+        cells = [[row.tobytes() for row in cells] if isinstance(cells, np.ndarray) else cells for cells in encoded]
+        digests += [hashlib.sha256(b"".join(row)).hexdigest() for row in zip(*cells)]
     return digests
 
 
-def _column_cells(values: np.ndarray) -> list[bytes]:
-    """Each cell's encoding (_cell) of one column's selected `values`."""
+def _column_cells(values: np.ndarray) -> np.ndarray | list[bytes]:
+    """Each cell's encoding (_cell) of one column's selected `values`, followed by the separator b"\\0": a uint8
+    matrix of one row per cell for a column of numbers or of arrays of one shape (every cell the same length), a
+    list of bytes otherwise."""
     numbers = _numbers(values)
     if numbers is None and values.dtype == object and len(values) and all(isinstance(v, np.ndarray) for v in values):
         shapes = {value.shape for value in values}
         numbers = _numbers(np.stack(list(values))) if len(shapes) == 1 else None
     if numbers is None:
-        return [_cell(value) for value in values]
+        return [_cell(value) + b"\0" for value in values]
     tag, array = numbers
-    head = tag + repr(array.shape[1:]).encode()
-    return [head + row.tobytes() for row in array.reshape(len(array), -1)]
+    head = np.frombuffer(tag + repr(array.shape[1:]).encode(), dtype=np.uint8)
+    body = np.ascontiguousarray(array.reshape(len(array), -1)).view(np.uint8)
+    return np.hstack([np.broadcast_to(head, (len(array), head.size)), body, np.zeros((len(array), 1), np.uint8)])
 
 
 def _numbers(array: np.ndarray) -> tuple[bytes, np.ndarray] | None:

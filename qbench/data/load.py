@@ -77,6 +77,9 @@ def load_table(
                        columns=value_columns)  # fmt: skip
     try:
         df = read(path)
+        if df.columns.has_duplicates:  # Feather, Arrow and any later reader: pandas keeps both, and a column lookup
+            # then returns a frame where every step expects a column (an AttributeError deep in the sweep)
+            check_unique_columns([str(name) for name in df.columns], "the table")
     except UnicodeDecodeError as exc:
         where = undecodable_at(path, exc.encoding) or "somewhere"
         raise RecipeError(recipe_file, field, f"cannot read {path.name}: {where} is not {exc.encoding} text; set "

@@ -158,3 +158,33 @@ def test_label_columns_not_matching_the_output_width_are_one_line(tmp_path: Path
     err = " ".join(capsys.readouterr().err.split())
     assert "data.label: columns toxic, obscene, insult: rows have 3 labels but output 'p' scores 4; expected one " \
            "label per output column" in err
+
+
+def test_null_labels_are_refused_with_the_filter_that_judges_only_the_labelled_rows(tmp_path: Path) -> None:
+    """A warehouse's nullable Int64 label holding nulls is refused, never read as class 0; the line said only that
+    rows "have no label", so the one recipe change that judges the labelled rows had to be found elsewhere."""
+    from qbench.preflight import prepare
+
+    weight = numpy_helper.from_array(np.eye(4, 2, dtype=np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 2])], [weight])  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+              str(tmp_path / "m.onnx"))  # fmt: skip
+    x = np.random.default_rng(0).normal(size=(12, 4)).astype(np.float32)
+    labels = pd.array([0, 1, None, 1, 0, None, 1, 0, 1, 0, 1, 0], dtype="Int64")
+    pd.DataFrame({"x": list(x), "class id": labels}).to_parquet(tmp_path / "rows.parquet")
+    data = {"path": "rows.parquet", "inputs": {"x": "x"}, "label": "class id"}
+    recipe = {"name": "nulls", "task": "classification", "model": {"path": "m.onnx"}, "data": data,
+              "variants": [{"name": "fp16", "precision": "fp16"}]}  # fmt: skip
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    with pytest.raises(RecipeError) as info:
+        prepare(load_recipe(tmp_path / "recipe.yaml"), track=False, destinations=False, backends=False)
+    assert str(info.value).endswith("2 rows, e.g. row 2: <NA> have no label; expected integer class ids; to judge only "
+                                    "the labelled rows, add {class id: {ne: null}} to data.evaluation.filter (2 "
+                                    "evaluation rows of rows.parquet have no label)")  # fmt: skip
+    data["evaluation"] = {"filter": {"class id": {"ne": None}}}  # the hint as written
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    prepared = prepare(load_recipe(tmp_path / "recipe.yaml"), track=False, destinations=False, backends=False)
+    assert prepared.evaluation_rows.tolist() == [0, 1, 3, 4, 6, 7, 8, 9, 10, 11]
+    assert prepared.labels.tolist() == [0, 1, 1, 0, 1, 0, 1, 0, 1, 0]

@@ -310,6 +310,21 @@ def test_a_parquet_file_naming_a_column_twice_is_refused_in_one_line(tmp_path: P
         load_table(path, recipe_file=tmp_path / "recipe.yaml")
 
 
+@pytest.mark.parametrize("suffix", [".feather", ".arrow"])
+def test_a_feather_file_naming_a_column_twice_is_refused_in_one_line(tmp_path: Path, suffix: str) -> None:
+    """Arrow IPC files may repeat a name, and pandas keeps both columns: the sweep then stopped on
+    "AttributeError: 'DataFrame' object has no attribute 'str'" (exit 2 with no line naming the file)."""
+    import pyarrow as pa
+    import pyarrow.feather as feather
+
+    path = tmp_path / f"rows{suffix}"
+    feather.write_feather(pa.table([[1.0, 2.0], [0, 1], [5.0, 6.0]], names=["x", "label", "x"]), path)
+    with pytest.raises(RecipeError) as info:
+        load_table(path, recipe_file=tmp_path / "recipe.yaml")
+    assert str(info.value).endswith(f"recipe.yaml: data.path: cannot read rows{suffix}: the table names column 'x' 2 "
+                                    "times; expected each column once")
+
+
 def test_csv_text_cells_such_as_na_or_none_are_values_and_missing_numbers_are_nan(tmp_path: Path) -> None:
     """pandas' defaults read the country code "NA" (Namibia) and the categories "None" and "null" as missing: three
     slices merged into one '<missing>'. Only an empty cell is missing in a text column; in a column of numbers, R's
