@@ -365,7 +365,7 @@ def _restore_subgraphs(original: onnx.ModelProto, path: Path) -> str:
 
     if not any(subgraphs_of(node) for node in original.graph.node):
         return ""
-    processed = onnx.load(str(path))
+    processed = onnx.load(str(path), load_external_data=False)  # weights beside it stay there, named as they are
     restored = _restore_changed(processed.graph, original.graph)
     if not restored:
         return ""
