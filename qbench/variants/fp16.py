@@ -117,7 +117,8 @@ def build_fp16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     kept_text = kept.described(model)
     fused_note = _fused_rounding_note(model, set(kept.names), "FP16")
     kept = _float32_copies_for_kept(model, kept, types)
-    clamped = _values_outside_fp16(model, set(kept.names))
+    too_large, too_small = _values_outside_fp16(model, set(kept.names))
+    clamped = too_large + too_small
     io_types = {info.name: onnx.TypeProto.FromString(info.type.SerializeToString())  # the converter rewrites them
                 for info in [*model.graph.input, *model.graph.output] if info.name in non_tensor}  # fmt: skip
     with build_step(spec.name, "FP16 conversion"):
@@ -136,8 +137,12 @@ def build_fp16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         drop_float_round_trips(converted, TensorProto.FLOAT16)
         save_model(converted, target)
     notes = []
-    if clamped:
-        notes.append(f"{clamped} weight value(s) outside FP16's range were clamped to it")
+    if too_large:
+        notes.append(f"{too_large} weight value(s) beyond FP16's largest finite value ({FP16_MAX_FINITE:g}) were clamped "
+                     "to it")
+    if too_small:
+        notes.append(f"{too_small} nonzero weight value(s) nearer 0 than FP16's smallest positive value "
+                     f"({FP16_MIN_POSITIVE:g}) were raised to it, sign kept (a change of under {FP16_MIN_POSITIVE:g} each)")
     if kept.reasons:
         notes.append(f"kept in FP32: {kept_text}")
     notes += lowered_note + fused_note + range_note
@@ -236,16 +241,17 @@ def _float_constants(model: onnx.ModelProto, kept: Collection[str]) -> list[tupl
     return [(name, tensor) for name, tensor in tensors if tensor.data_type == TensorProto.FLOAT]
 
 
-def _values_outside_fp16(model: onnx.ModelProto, kept: Collection[str]) -> int:
-    """Float constants the converter clamps: beyond FP16's largest finite value or below its smallest positive
-    (`_float_constants`). A whole constant out of range keeps its readers FP32 (fp16_range): what is left here are
-    single values, tiny weights among normal ones."""
-    count = 0
+def _values_outside_fp16(model: onnx.ModelProto, kept: Collection[str]) -> tuple[int, int]:
+    """Float constant values the converter clamps (`_float_constants`): how many lie beyond FP16's largest finite
+    value, and how many are nonzero and nearer 0 than its smallest positive one (raised to it). A whole constant out
+    of range keeps its readers FP32 (fp16_range): what is left here are single values, tiny weights among normal
+    ones."""
+    too_large = too_small = 0
     for _, tensor in _float_constants(model, kept):
         magnitude = np.abs(numpy_helper.to_array(tensor))
-        too_small = (magnitude > 0) & (magnitude < FP16_MIN_POSITIVE)
-        count += int(np.count_nonzero((magnitude > FP16_MAX_FINITE) | too_small))
-    return count
+        too_large += int(np.count_nonzero(magnitude > FP16_MAX_FINITE))
+        too_small += int(np.count_nonzero((magnitude > 0) & (magnitude < FP16_MIN_POSITIVE)))
+    return too_large, too_small
 
 
 def _saturate_to_bf16(model: onnx.ModelProto, kept: Collection[str]) -> tuple[int, dict[str, float]]:

@@ -221,6 +221,7 @@ def test_an_attention_mask_filled_from_float32s_minimum_is_left_to_fp16_clamped(
     assert checked["kept_nodes"] == [] and checked["tensors"] == {} and built.params["kept_fp32_nodes"] == 0
     assert checked["harmless"]["fill"] == {"max_abs": 3.403e38, "output_change_fp16_spacings": 0.0}
     assert built.params["weights_clamped"] == 1
+    assert "1 weight value(s) beyond FP16's largest finite value (65504) were clamped to it" in built.notes
     model = onnx.load(str(built.onnx_path))
     softmax = next(node for node in model.graph.node if node.op_type == "Softmax")
     assert softmax.attribute[0].name == "axis" and not any(n.op_type == "Cast" and n.output[0] == softmax.input[0]
