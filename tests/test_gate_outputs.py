@@ -310,7 +310,8 @@ def test_results_without_spreads_are_judged_on_the_gate_metric_alone():
     for variant in raw["variants"]:
         for scope in [variant["accuracy"]["overall"], *variant["accuracy"]["slices"]]:
             del scope["spread"], scope["kept"]  # nor what each kept (qbench.validate.kept), recorded later still
-    report = evaluate_gate(from_dict(raw), ACCURACY)
+    # its accuracy drop is within the tolerance but not resolved on these rows (qbench.gate_resolution): counted here
+    report = evaluate_gate(from_dict(raw), ACCURACY.model_copy(update={"unresolved": "note"}))
     assert report.exit_code == EXIT_PASS and not [c for c in report.checks if c.metric == "output_spread"]
 
 
