@@ -199,13 +199,30 @@ def upper_share(lost: int, rows: int) -> float:
     return high
 
 
-def _at_most(lost: int, rows: int, share: float) -> float:
-    """P(X <= lost) for X ~ Binomial(rows, share), summed in log space (rows in the millions stay finite)."""
-    if share <= 0:
+def binomial_tail(at_least: int, draws: int, rate: float) -> float:
+    """P(X >= at_least) for X ~ Binomial(draws, rate) (a class's rows lost by chance: qbench.validate.kept)."""
+    if at_least <= 0 or rate >= 1:
         return 1.0
-    log_p, log_q = math.log(share), math.log1p(-share)
-    terms = [math.lgamma(rows + 1) - math.lgamma(k + 1) - math.lgamma(rows - k + 1) + k * log_p + (rows - k) * log_q
-             for k in range(lost + 1)]  # fmt: skip
+    return _binomial_sum(range(at_least, draws + 1), draws, rate)
+
+
+def _at_most(lost: int, rows: int, share: float) -> float:
+    """P(X <= lost) for X ~ Binomial(rows, share), summed over the few terms up to `lost` (rows may be millions)."""
+    return _binomial_sum(range(lost + 1), rows, share)
+
+
+def _binomial_sum(counts: range, draws: int, rate: float) -> float:
+    """The Binomial(draws, rate) probabilities of `counts` summed exactly in log space (0 where rate <= 0 gives none;
+    rows in the millions stay finite)."""
+    if rate <= 0:
+        return 1.0 if counts.start == 0 else 0.0
+    if rate >= 1:
+        return 1.0 if draws in counts else 0.0
+    log_p, log_q = math.log(rate), math.log1p(-rate)
+    terms = [math.lgamma(draws + 1) - math.lgamma(k + 1) - math.lgamma(draws - k + 1) + k * log_p + (draws - k) * log_q
+             for k in counts]  # fmt: skip
+    if not terms:
+        return 0.0
     top = max(terms)
     return min(1.0, math.exp(top) * math.fsum(math.exp(t - top) for t in terms))
 

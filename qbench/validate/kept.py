@@ -48,7 +48,7 @@ import math
 
 import numpy as np
 
-from qbench.gate_resolution import CONFIDENCE, rows_to_resolve
+from qbench.gate_resolution import CONFIDENCE, binomial_tail, rows_to_resolve
 from qbench.results import Kept
 from qbench.validate.metrics import INVALID_CLASS, row_blocks
 
@@ -156,18 +156,6 @@ def _with_chance(kept: Kept, rate: float | None, judged: int) -> Kept:
     draws = int(kept.reference)
     chance = judged * binomial_tail(draws - int(kept.own), draws, rate)
     return dataclasses.replace(kept, chance=min(1.0, chance), elsewhere=rate)
-
-
-def binomial_tail(losses: int, draws: int, rate: float) -> float:
-    """P(X >= losses) for X ~ Binomial(draws, rate), summed exactly in log space."""
-    if losses <= 0 or rate >= 1:
-        return 1.0
-    if rate <= 0:
-        return 0.0
-    terms = [math.lgamma(draws + 1) - math.lgamma(k + 1) - math.lgamma(draws - k + 1) + k * math.log(rate)
-             + (draws - k) * math.log1p(-rate) for k in range(losses, draws + 1)]  # fmt: skip
-    top = max(terms)
-    return min(1.0, math.exp(top) * sum(math.exp(t - top) for t in terms))
 
 
 def lost(kept: Kept) -> bool:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from qbench.gate_resolution import binomial_tail
 from qbench.results import Kept
 from qbench.validate.kept import (
     CHANCE,
     KEPT,
     MIN_ROWS,
     across,
-    binomial_tail,
     comparable,
     decisions_kept,
     lost,
