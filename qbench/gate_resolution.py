@@ -151,6 +151,7 @@ def unresolved(metric: str, tolerance: float, reference: SliceMetrics, own: Slic
     where = f"{own.name} {metric} on {counted} rows"
     where += f" ({rows} distinct inputs: the others repeat them)" if rows < counted else ""
     widen = math.sqrt((counted - 1) / (rows - 1)) if MIN_ROWS <= rows < counted else 1.0
+    point = drop(metric, reference.metrics.get(metric, math.nan), own.metrics.get(metric, math.nan))
     uncounted = _changes_uncounted(metric, reference, own)
     if uncounted:
         return (f"{where}: {uncounted}, so how many of its decisions changed (changes right -> wrong its drop may "
@@ -158,8 +159,7 @@ def unresolved(metric: str, tolerance: float, reference: SliceMetrics, own: Slic
     compensated = _compensated_bound(metric, tolerance, reference, own)
     if compensated is not None:
         changed, units, bound = compensated
-        bound = _over_inputs(bound, drop(metric, reference.metrics.get(metric, math.nan), own.metrics.get(metric, math.nan)),
-                             widen)  # fmt: skip
+        bound = _over_inputs(bound, point, widen)
         together = own.changed_together.get(_companion(metric))
         of = "of them" if units == counted else f"of its {units} scored units"
         of += f" ({together:.3g} changed together a row, weighted by changes)" if together is not None and together > 1 else ""
@@ -171,8 +171,7 @@ def unresolved(metric: str, tolerance: float, reference: SliceMetrics, own: Slic
     if paired is not None and not info.share_of_rows:
         if rows < MIN_ROWS:
             return f"{where}: a mean over {rows} row has no spread; {MIN_ROWS} rows at least"
-        paired = _over_inputs(paired, drop(metric, reference.metrics.get(metric, math.nan),
-                                           own.metrics.get(metric, math.nan)), widen)  # fmt: skip
+        paired = _over_inputs(paired, point, widen)
         if not within(paired, tolerance, reference.metrics.get(metric, math.nan)):
             return (f"{where}: the {CONFIDENCE:.0%} interval of the drop reaches {paired:.4g} > tolerance "
                     f"{tolerance:g}{_rows_at_this_spread(metric, tolerance, reference, own, paired)}")

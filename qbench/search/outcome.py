@@ -22,7 +22,8 @@ def method_note(*, screened: int, rows: int, on_selection: bool, timing_runs: in
     if not retime_count:  # "medians of 3 rounds" was said where none ran
         retimed = "no finalist re-timed: none passed"
     else:
-        retimed = f"finalists: medians of {retime_count} interleaved rounds{', run past the time budget' * retimed_late}"
+        late = ", run past the time budget" if retimed_late else ""
+        retimed = f"finalists: medians of {retime_count} interleaved rounds{late}"
     return (f"screening on {screened} of {rows} {kind} rows; speed-ups "
             f"from {timing_runs} timed runs per batch size, each candidate against FP32 timed right after it "
             f"(FP32's own timings put the noise of an estimate at {noise:.0%}, so candidates screened within "
