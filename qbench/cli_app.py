@@ -177,7 +177,11 @@ def _print_plan(recipe: Recipe, *, rerun_failed: bool) -> None:
 
 
 @app.command()
-def validate(recipe: RecipeArg) -> int:
+def validate(
+    recipe: RecipeArg,
+    track: Annotated[bool, typer.Option("--track/--no-track",
+                                        help="check the tracking store too (--no-track: for a sweep run with it)")] = True,
+) -> int:
     """Check a recipe against its model, data and backends without building or running anything."""
     from qbench.backends import get_backend
     from qbench.gate_report import plural
@@ -186,7 +190,7 @@ def validate(recipe: RecipeArg) -> int:
     from qbench.validate.measure import dry_run
 
     loaded = load_recipe(recipe)
-    prepared = prepare(loaded)
+    prepared = prepare(loaded, track=track)
     for name in loaded.backends:
         dry_run(prepared, get_backend(name))
     out.print(

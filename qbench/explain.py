@@ -260,13 +260,13 @@ class _Evaluator:
 
 def explain_variant(
     recipe: Recipe, variant_name: str, *, method: str = "leave_one_out", group_by: str = "node",
-    max_nodes: int | None = None, workdir: Path | None = None,
+    max_nodes: int | None = None, workdir: Path | None = None, track: bool = True,
 ) -> ExplainResult:  # fmt: skip
     """Rank the quantized nodes (or groups) of an ONNX Runtime INT8 variant by what they cost the gate metric.
 
     Evaluates on the recipe's evaluation rows (data.evaluation.limit applies) on its first ONNX Runtime
     backend. max_nodes: measure only this many groups, the noisiest by SQNR. The built variant is kept
-    under `workdir` (a temporary folder when None).
+    under `workdir` (a temporary folder when None). `track`: check the tracking store (not for `--no-track`).
     """
     started = time.perf_counter()
     for value, allowed, what in ((method, METHODS, "method"), (group_by, GROUPINGS, "group")):
@@ -281,7 +281,7 @@ def explain_variant(
 
     # builds and measures read one copy of the model: an edit during the ranking cannot mix two models
     inputs, sources = input_digests(recipe), build_store(recipe).sources_root
-    prepared = prepare(recipe, snapshot=lambda: take_snapshot(inputs, sources))
+    prepared = prepare(recipe, track=track, snapshot=lambda: take_snapshot(inputs, sources))
     backend_name = next((b for b in recipe.backends if b.startswith("onnxruntime-")), "onnxruntime-cpu")
     backend, options = get_backend(backend_name), RunOptions(threads=recipe.latency.threads)
     with tempfile.TemporaryDirectory(prefix="qbench-explain-") as tmp:
@@ -483,7 +483,8 @@ def run_explain(
 
         check_reachable(resolve_tracking_uri(recipe))
     directory = _new_explain_dir(recipe.output_path / recipe.name, variant_name)
-    result = explain_variant(recipe, variant_name, method=method, group_by=group_by, max_nodes=max_nodes, workdir=directory)
+    result = explain_variant(recipe, variant_name, method=method, group_by=group_by, max_nodes=max_nodes,
+                             workdir=directory, track=track)  # fmt: skip
     write_atomically(directory / "explain.json", json.dumps(result.to_dict(), indent=2, allow_nan=False), what="explain.json")
     plot_costs(result, directory / "explain.png", top)
     table = Console(file=io.StringIO(), width=200)

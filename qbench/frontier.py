@@ -123,7 +123,8 @@ def _dominates(a: _Candidate, b: _Candidate) -> bool:
 
     Acyclic, so every group keeps a frontier: a cycle would need equal scores all round, and then each step
     would need a strictly lower p50. A point timed beside other processes' load is not shown to be as fast as a quiet
-    one, so it dominates none: a contended FP32 timed 0.01 more accurate pushed a quiet variant 160x faster off."""
+    one, so it dominates no quiet one (a contended FP32 timed 0.01 more accurate pushed a quiet variant 160x faster
+    off); another contended one it dominates by its metric alone, neither speed counting."""
     if a.contended and not b.contended:
         return False
     margin = timing_margin(a.spread, b.spread, contended=a.contended or b.contended)

@@ -4,7 +4,7 @@
 closed: a missing reference, a failed variant, a missing or NaN metric, or a
 variant the recipe names but the results lack is a *problem* (exit 2), never a pass.
 `qbench.gate_run.run_gate` first checks that the results are what the recipe asked for, intact and
-fresh (qbench.gate_checks, qbench.provenance), whatever the file claims.
+fresh (qbench.gate_checks, qbench.gate_fresh, qbench.provenance), whatever the file claims.
 """
 
 from __future__ import annotations
@@ -187,7 +187,7 @@ def evaluate_gate(
         "slo" and metric "latency.p99_ms" (reference = budget, observed = p99, drop = ms over budget).
     A variant a backend cannot run at all (status "skipped", e.g. an ONNX Runtime INT8 model on
     a torch backend) is not judged there; the report lists it with the reason. Whether results are
-    what the recipe asked for, and fresh, is checked by `run_gate` (qbench.gate_checks).
+    what the recipe asked for, and fresh, is checked by `run_gate` (qbench.gate_run).
     """
     with custom_metrics(recorded_custom_metrics(results.recipe.get("resolved", {}))):  # the results' own directions
         return _evaluate(results, spec, expected, slo, tolerances, resolve)

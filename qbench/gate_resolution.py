@@ -33,6 +33,10 @@ with k of n rows lost (net), the one-sided 95 % Clopper-Pearson bound on the sha
 (`upper_share`; for k = 0 it is the rows rule above). The rows rule asks only whether a change could show at all: a
 variant losing 1.5 times a max_drop of 0.01 showed a drop within it on 300 rows 34 % of the time and passed.
 
+Rows that repeat an input (the same cells in every column feeding the model) are one sample of the inputs, not
+several: the rows rule counts distinct inputs, and the interval rules widen the drop's interval by
+sqrt((rows - 1) / (inputs - 1)), the factor by which an interval over such rows is too narrow.
+
 A breach is judged as before: a drop past the tolerance is evidence against the variant, however few the rows.
 """
 
@@ -142,7 +146,8 @@ def unresolved(metric: str, tolerance: float, reference: SliceMetrics, own: Slic
     `tolerance` (the rule and its numbers, one phrase), or None when the scope resolves it. `distinct`: how many
     distinct inputs the scope's rows feed the model, where copies repeat some: a variant gets every copy of an input
     wrong alike, so the rows rule counts inputs (300 rows of 100 inputs each fed 3 times show no drop of a variant
-    breaking 1 % of the inputs with probability 0.99^100 = 37 %, not 0.99^300 = 5 %)."""
+    breaking 1 % of the inputs with probability 0.99^100 = 37 %, not 0.99^300 = 5 %), and the drop's intervals, which
+    treat the rows as independent, are widened by sqrt((rows - 1) / (inputs - 1)) (_over_inputs)."""
     info = METRICS[metric]
     counted = own.judged_count(metric)
     # a figure over the scope's rows (not its tokens, nor sampled queries) rests on as many inputs as they hold
@@ -150,6 +155,8 @@ def unresolved(metric: str, tolerance: float, reference: SliceMetrics, own: Slic
     span = info.high - info.low
     where = f"{own.name} {metric} on {counted} rows"
     where += f" ({rows} distinct inputs: the others repeat them)" if rows < counted else ""
+    widen = math.sqrt((counted - 1) / (rows - 1)) if MIN_ROWS <= rows < counted else 1.0
+    point = drop(metric, reference.metrics.get(metric, math.nan), own.metrics.get(metric, math.nan))
     uncounted = _changes_uncounted(metric, reference, own)
     if uncounted:
         return (f"{where}: {uncounted}, so how many of its decisions changed (changes right -> wrong its drop may "
@@ -157,6 +164,7 @@ def unresolved(metric: str, tolerance: float, reference: SliceMetrics, own: Slic
     compensated = _compensated_bound(metric, tolerance, reference, own)
     if compensated is not None:
         changed, units, bound = compensated
+        bound = _over_inputs(bound, point, widen)
         together = own.changed_together.get(_companion(metric))
         of = "of them" if units == counted else f"of its {units} scored units"
         of += f" ({together:.3g} changed together a row, weighted by changes)" if together is not None and together > 1 else ""
@@ -168,6 +176,7 @@ def unresolved(metric: str, tolerance: float, reference: SliceMetrics, own: Slic
     if paired is not None and not info.share_of_rows:
         if rows < MIN_ROWS:
             return f"{where}: a mean over {rows} row has no spread; {MIN_ROWS} rows at least"
+        paired = _over_inputs(paired, point, widen)
         if not within(paired, tolerance, reference.metrics.get(metric, math.nan)):
             return (f"{where}: the {CONFIDENCE:.0%} interval of the drop reaches {paired:.4g} > tolerance "
                     f"{tolerance:g}{_rows_at_this_spread(metric, tolerance, reference, own, paired)}")
@@ -259,6 +268,15 @@ def _rows_at_this_drop(rate: float, share: float) -> int | None:
         mid = (low + rows) // 2
         low, rows = (low, mid) if upper_share(round(rate * mid), mid) <= share else (mid, rows)
     return rows
+
+
+def _over_inputs(bound: float, point: float, widen: float) -> float:
+    """The far end `bound` of the interval of a drop measured as `point`, its half-width multiplied by `widen`: the
+    factor sqrt((rows - 1) / (inputs - 1)) by which an interval over rows that repeat inputs is too narrow (exact
+    where every input is fed as often, an approximation where copies are uneven). 600 rows of 200 inputs: 1.73."""
+    if widen == 1.0 or not math.isfinite(point):
+        return bound
+    return point + (bound - point) * widen
 
 
 def interval_problems(reference: SliceMetrics, own: SliceMetrics) -> list[str]:

@@ -289,6 +289,26 @@ def test_explains_started_in_the_same_second_write_their_own_folders(project, mo
     assert (first.directory / "explain.json").is_file() and (second.directory / "explain.json").is_file()
 
 
+def test_validate_and_explain_with_no_track_leave_an_unwritable_tracking_store_alone(tmp_path, monkeypatch, capsys):
+    """Since the default tracking store ($MLFLOW_TRACKING_URI, else ./mlflow.db) is checked at the start, a CI job
+    whose store cannot be written ran `qbench explain --no-track` into `tracking.uri: ... or run with --no-track`
+    (exit 2): explain checked the store whatever --no-track said. `qbench validate` had no --no-track at all, so a
+    job validating for a `sweep --no-track` in such a directory failed; it checks the store unless told so."""
+    path = write_fragile_project(tmp_path / "p", [INT8])
+    raw = yaml.safe_load(path.read_text())
+    del raw["tracking"]  # the default store
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{blocker}/mlflow.db")
+    monkeypatch.chdir(tmp_path)
+    assert main(["validate", str(path)]) == 2  # a sweep that tracks could not: said before it runs
+    assert f"tracking.uri: {blocker} is a file" in capsys.readouterr().err
+    assert main(["validate", str(path), "--no-track"]) == 0
+    assert main(["explain", str(path), "--variant", "int8", "--method", "sqnr", "--no-track"]) == 0, capsys.readouterr()
+    assert main(["explain", str(path), "--variant", "int8", "--method", "sqnr"]) == 2
+
+
 def test_cli_explain_refuses_a_variant_it_cannot_explain(project, capsys):
     assert main(["explain", str(project), "--variant", "int9", "--no-track"]) == 2
     assert "did you mean 'int8'" in capsys.readouterr().err

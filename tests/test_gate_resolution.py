@@ -343,6 +343,35 @@ def test_copies_of_an_input_count_once():
     assert from_dict(json.loads(to_json(repeated))).distinct_inputs == {"overall": 200}
 
 
+def test_copies_of_an_input_widen_the_drops_interval():
+    """The interval rules read intervals computed as if every row were a sample of its own: 600 rows of 200 inputs fed
+    3 times each give a kl_mean interval sqrt(599 / 199) = 1.73 times too narrow (its half-width over the rows 0.003,
+    over the inputs 0.0052: checked with mean_interval on repeated draws), so a drop of 0.006 whose interval reached
+    0.009 < max_drop 0.01 resolved (exit 0) on 2 distinct inputs as on 600. Widened it reaches 0.0112 > 0.01; the
+    same for the paired interval of an accuracy whose decisions changed both ways (1,000 rows of 500 inputs: 0.0232
+    over the rows, 0.0328 over the inputs, against 0.03)."""
+    kl = GateSpec(metric="kl_mean", max_drop=0.01, max_slice_drop=0.02, applies_to=["int8"])
+    ref = result("fp32", scope("overall", 600, 0.0, "kl_mean", (0.0, 0.0)))
+    own = result("int8", scope("overall", 600, 0.006, "kl_mean", (0.003, 0.009)))
+    assert evaluate_gate(sweep(ref, own), kl).exit_code == EXIT_PASS  # 600 distinct rows: resolved
+    report = evaluate_gate(dataclasses.replace(sweep(ref, own), distinct_inputs={"overall": 200}), kl)
+    assert report.exit_code == EXIT_UNUSABLE
+    assert report.problems == ("int8@cpu: too few rows to resolve the tolerance: overall kl_mean on 600 rows (200 "
+                               "distinct inputs: the others repeat them): the 95% interval of the drop reaches 0.0112 > "
+                               "tolerance 0.01; about 1016 rows would resolve it at this spread",)  # fmt: skip
+    assert 0.006 + 0.003 * math.sqrt(599 / 199) == pytest.approx(0.0112, abs=5e-5)
+
+    accuracy = GateSpec(metric="accuracy", max_drop=0.03, max_slice_drop=0.05, applies_to=["int8"])
+    ref = result("fp32", SliceMetrics("overall", 1000, {"accuracy": 0.9, "agreement": 1.0}))
+    own = result("int8", SliceMetrics("overall", 1000, {"accuracy": 0.9, "agreement": 0.86}))  # 140 rows changed
+    assert evaluate_gate(sweep(ref, own), accuracy).exit_code == EXIT_PASS  # 1.96 * sqrt(0.14 / 999) = 0.0232
+    report = evaluate_gate(dataclasses.replace(sweep(ref, own), distinct_inputs={"overall": 500}), accuracy)
+    assert report.exit_code == EXIT_UNUSABLE
+    assert "its decisions changed on 140 of them" in report.problems[0]
+    assert "the 95% interval of the drop reaches 0.03283 > tolerance 0.03" in report.problems[0]
+    assert 1.959964 * math.sqrt(0.14 / 999) * math.sqrt(999 / 499) == pytest.approx(0.03283, abs=5e-6)
+
+
 @pytest.mark.parametrize(("interval", "problem"), [
     (None, "overall: only FP32's results record an interval of 'kl_mean'"),
     ((math.nan, math.nan), "overall: the variant's kl_mean 0.00992057 lies outside its interval [nan, nan]"),

@@ -45,7 +45,7 @@ from qbench.errors import QbenchError, one_line
 from qbench.files import write_fault
 from qbench.gate import GateReport, judge
 from qbench.gate_report import failure_reasons
-from qbench.gate_resolution import PASS_UNRESOLVED, unresolved_pick, unresolved_reasons
+from qbench.gate_resolution import unresolved_pick, unresolved_reasons
 from qbench.gate_tolerance import reference_tolerances
 from qbench.preflight import Prepared
 from qbench.recipe import LatencySpec
@@ -54,6 +54,7 @@ from qbench.results import VariantResult
 from qbench.results_search import CandidateRecord, SearchReport
 from qbench.search import select
 from qbench.search.candidates import Candidate, catalogue
+from qbench.search.outcome import kept_pick, method_note
 from qbench.search.retime import RETIME_ROUNDS, retime_rounds
 from qbench.search.screen import gate_excess, screen_excess, screening_indices, worst_slice
 from qbench.selection_rows import chosen_on
@@ -448,41 +449,15 @@ class _Search:
         return (slower,)
 
     def _method_note(self) -> str:
-        noise = select.timing_noise(self.fp32_timings)
-        rows = "selection" if self.prepared.selection is not None else "evaluation"
-        return (f"screening on {self.screen.count} of {self.rows.count} {rows} rows; speed-ups "
-                f"from {self.spec.timing_runs} timed runs per batch size, each candidate against FP32 timed right after it "
-                f"(FP32's own timings put the noise of an estimate at {noise:.0%}, so candidates screened within "
-                f"{self.tie():.0%} of a faster passing one were still evaluated; {self._retimed()})")  # fmt: skip
-
-    def _retimed(self) -> str:
-        """How the passing candidates' speed-ups were measured ("medians of 3 rounds" was said where none ran)."""
-        if not self.retime_count:
-            return "no finalist re-timed: none passed"
-        late = ", run past the time budget" if self.retimed_late else ""
-        return f"finalists: medians of {self.retime_count} interleaved rounds{late}"
+        return method_note(screened=self.screen.count, rows=self.rows.count,
+                           on_selection=self.prepared.selection is not None, timing_runs=self.spec.timing_runs,
+                           noise=select.timing_noise(self.fp32_timings), tie=self.tie(),
+                           retime_count=self.retime_count, retimed_late=self.retimed_late)  # fmt: skip
 
     def _keep(self, index: int, passed: bool) -> BuiltVariant:
-        """Move the picked candidate's files to <workdir>/<name>.* and name it after the search (only files of the
-        search's own folder move: a candidate never measured is never picked, but a file of the user's stays put)."""
-        built = self.built[index]
-        target = built.onnx_path
-        if built.owned_by(self.root):
-            target = self.root.parent / f"{self.spec.name}.onnx"
-            for path in built.onnx_path.parent.iterdir():
-                path.replace(target.parent / path.name.replace(built.onnx_path.stem, self.spec.name, 1))
-        record = self.records[index]
-        params = {**built.params, "search.technique": record.technique, "search.candidate": record.label,
-                  "search.outcome": "passed" if passed else PASS_UNRESOLVED if record.passed else
-                                    "tolerance unreachable",
-                  "search.chosen_on": "selection" if self.prepared.selection is not None else "evaluation"}  # fmt: skip
-        none = "no candidate's pass was resolved on the selection rows" if record.passed else "no candidate passed"
-        note = f"found by the INT8 search: {record.label}" if passed else f"INT8 search: {none}; closest: {record.label}"
-        note = f"{note} ({self.chosen_on})"
-        slower = select.slower_than_reference(record, self.tie()) if passed else None
-        note = f"{note}; {slower}" if slower else note
-        return dataclasses.replace(built, name=self.spec.name, onnx_path=target, params=params,
-                                   notes=(*built.notes, note), build_seconds=self.now() - self.started)  # fmt: skip
+        return kept_pick(self.built[index], self.records[index], name=self.spec.name, root=self.root, passed=passed,
+                         on_selection=self.prepared.selection is not None, chosen_on=self.chosen_on, tie=self.tie(),
+                         seconds=self.now() - self.started)  # fmt: skip
 
 
 def run_search(

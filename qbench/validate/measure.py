@@ -220,7 +220,7 @@ def measure(
     finally:
         if clock is not None:
             clock.add("inference", t, less=clock.carved - carved)
-    accuracy, nsr, scale_read, one_class = None, math.nan, [], {}
+    accuracy, nsr, scale_read, one_class, chance = None, math.nan, [], {}, []
     if outputs is not None:
         base = reference.outputs if reference is not None else outputs
         recipe = prepared.recipe
@@ -250,7 +250,9 @@ def measure(
             def unpaired() -> SliceMetrics:  # FP32 against labels shuffled across rows: a guess blind to the input
                 return evaluate_accuracy(recipe.task, outputs, base, shuffled, {}, **options).overall
 
-            for why in check_labels_beat_chance(recipe, prepared.outputs, accuracy.overall, rows.labels, unpaired):
+            # logged here and kept in FP32's notes: a Ray worker's log never reaches the sweep (log_to_driver off)
+            chance = check_labels_beat_chance(recipe, prepared.outputs, accuracy.overall, rows.labels, unpaired)
+            for why in chance:
                 logger.warning("%s: %s", label, why)
         accuracy = with_drops(accuracy, reference.accuracy if reference is not None and reference.accuracy else accuracy)
         nsr = output_nsr([base[k] for k in outputs], list(outputs.values()))
@@ -266,7 +268,8 @@ def measure(
         params={**built.params, **{f"runtime.{k}": v for k, v in runtime.items()},
                 **({ONE_CLASS_OUTPUTS: sorted(one_class)} if one_class else {})}, model_path=ran["model_path"],
         model_bytes=size, model_sha256=ran["model_sha256"], build_seconds=built.build_seconds,
-        notes=(*built.notes, *_batch_dependence(built, rows, timing), *ran["notes"], *scale_read, *_raised_notes(accuracy),
+        notes=(*built.notes, *_batch_dependence(built, rows, timing), *ran["notes"], *scale_read, *chance,
+               *_raised_notes(accuracy),
                *([crowded] if crowded else [])), accuracy=accuracy,
         latency=latency, fidelity=ran.get("fidelity", plan.fidelity),
         evaluated_model_path=str(plan.scored.onnx_path) if plan.separate else None, serving=serving_result,

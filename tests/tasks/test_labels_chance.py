@@ -49,13 +49,27 @@ def test_labels_fp32_gets_wrong_on_nearly_every_row_are_refused(tmp_path, monkey
 
 def test_labels_at_chance_are_judged(tmp_path, monkeypatch, capsys):
     """Labels FP32 matches less often than a guess, but within the noise of one (shuffled: 43 of 150, 0.2867, 95 %
-    interval up to 0.3637 > 1/3), are a weak model's, not another coding: judged as before."""
+    interval up to 0.3637 > 1/3), are a weak model's, not another coding: judged as before. The reading is kept in
+    FP32's notes as well as logged: logged alone, where FP32 is measured, it never reached a Ray sweep's driver
+    (its workers' logs are not forwarded) nor a resumed sweep that reuses FP32's measurement."""
+    from qbench.gate_run import latest_results
+    from qbench.recipe import load_recipe
+    from qbench.results import read_results
+
     features, ids = iris()
     shuffled = np.random.default_rng(0).permutation(ids)
-    assert np.mean(_fp32_answers() == shuffled) == pytest.approx(43 / 150)
+    answers = _fp32_answers()
+    assert np.mean(answers == shuffled) == pytest.approx(43 / 150)
+    # the unpaired guess: FP32's answers against the labels shuffled again across rows (qbench.validate.measure)
+    assert np.mean(answers == shuffled[np.random.default_rng(0).permutation(150)]) == pytest.approx(53 / 150)
     monkeypatch.chdir(tmp_path)
     recipe = project(tmp_path, iris_logits_model(), table(features, shuffled), variants=FP16)
     assert main(["sweep", str(recipe), "--no-track", "--gate"]) == 0, capsys.readouterr()
+    fp32 = read_results(latest_results(load_recipe(recipe))).find("fp32", "onnxruntime-cpu")
+    assert [note for note in fp32.notes if "uniform guess" in note] == [
+        "FP32 accuracy 0.2867 on output 'logits' is below a uniform guess over 3 classes (0.3333) and a guess answering "
+        "each class as often as FP32 does (0.3533): if the labels are not the score columns' numbers, name each "
+        "column's class with data.classes; 0.2867 of 150 evaluated, 95% interval up to 0.3637"]
 
 
 def test_one_class_evaluation_set_a_model_answers_rarely_is_judged(tmp_path, monkeypatch, capsys):
