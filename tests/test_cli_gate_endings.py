@@ -141,7 +141,7 @@ def test_results_missing_edited_or_partial_say_why(project, tmp_path):
 
 @pytest.mark.parametrize(("hook", "action", "checks"), [
     ("qbench.recipe:load_recipe", "SIGINT", 0),  # before any result is read
-    ("qbench.gate:run_gate", "SIGTERM", 0),  # judged, not yet reported
+    ("qbench.gate_run:run_gate", "SIGTERM", 0),  # judged, not yet reported
     ("qbench.cli_gate:tag_tracked_runs", "SIGTERM", 4),  # after the verdict was printed: the files said pass, exit 2
     ("qbench.cli_gate:tag_tracked_runs", "raise", 4),
 ], ids=["sigint-loading", "sigterm-judged", "sigterm-after-verdict", "exception-after-verdict"])  # fmt: skip
