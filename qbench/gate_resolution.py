@@ -304,7 +304,7 @@ def _drop_interval_problems(reference: SliceMetrics, own: SliceMetrics) -> list[
             continue
         figures = reference.metrics.get(metric, math.nan), own.metrics.get(metric, math.nan)
         value, (low, high) = drop(metric, *figures), paired_drop_interval(metric, reference, own, finite=False)
-        slack = 1e-9 * max(1.0, *(abs(figure) for figure in figures if math.isfinite(figure)))
+        slack = 1e-9 * max([1.0, *(abs(figure) for figure in figures if math.isfinite(figure))])
         if math.isfinite(value) and own.judged_count(metric) >= MIN_ROWS and not low - slack <= value <= high + slack:
             problems.append(f"{where}: the variant's drop of {metric} {value:.6g} lies outside the interval its drop "
                             f"intervals and FP32's make, [{low:.6g}, {high:.6g}]")  # fmt: skip
