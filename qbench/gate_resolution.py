@@ -291,7 +291,7 @@ def interval_problems(reference: SliceMetrics, own: SliceMetrics) -> list[str]:
 
 def _drop_interval_problems(reference: SliceMetrics, own: SliceMetrics) -> list[str]:
     """Drop intervals a sweep cannot have written (interval_problems): recorded for the same catalogue metrics by FP32
-    and the variant, the drop interval they make (paired_drop_interval) holding the drop between the two figures on
+    and the variant, the drop interval they make (_paired_drop_interval) holding the drop between the two figures on
     MIN_ROWS rows or more. The resolution rule reads its far end: a variant's mae drop interval moved below its drop,
     or removed from its scope alone, turned a pass the rows did not resolve into a resolved one."""
     where = "overall" if own.name == "overall" else f"slice {own.name!r}"
@@ -303,7 +303,7 @@ def _drop_interval_problems(reference: SliceMetrics, own: SliceMetrics) -> list[
                             if len(recorded) == 1 else f"{where}: a drop interval of {metric!r}, no metric qbench knows")
             continue
         figures = reference.metrics.get(metric, math.nan), own.metrics.get(metric, math.nan)
-        value, (low, high) = drop(metric, *figures), paired_drop_interval(metric, reference, own, finite=False)
+        value, (low, high) = drop(metric, *figures), _paired_drop_interval(metric, reference, own, finite=False)
         slack = 1e-9 * max([1.0, *(abs(figure) for figure in figures if math.isfinite(figure))])
         if math.isfinite(value) and own.judged_count(metric) >= MIN_ROWS and not low - slack <= value <= high + slack:
             problems.append(f"{where}: the variant's drop of {metric} {value:.6g} lies outside the interval its drop "
@@ -311,7 +311,7 @@ def _drop_interval_problems(reference: SliceMetrics, own: SliceMetrics) -> list[
     return problems
 
 
-def paired_drop_interval(metric: str, reference: SliceMetrics, own: SliceMetrics,
+def _paired_drop_interval(metric: str, reference: SliceMetrics, own: SliceMetrics,
                          finite: bool = True) -> tuple[float, float] | None:  # fmt: skip
     """The 95 % interval of `own`'s drop from FP32's `reference` scope, from the drop intervals both record, each
     paired row by row with the outputs the sweep compares with (FP32 on its first backend): the variant's less FP32's
@@ -402,10 +402,10 @@ def _changes_uncounted(metric: str, reference: SliceMetrics, own: SliceMetrics) 
 
 
 def _drop_bound(metric: str, reference: SliceMetrics, own: SliceMetrics) -> float | None:
-    """The far end of the drop's interval: the paired one the scopes record (paired_drop_interval: an error in the
+    """The far end of the drop's interval: the paired one the scopes record (_paired_drop_interval: an error in the
     data's units, R²), or, when FP32's figure is the same on every row (its interval a point: the metric compares each row
     with FP32's own output), the variant's interval; else None."""
-    paired = paired_drop_interval(metric, reference, own)
+    paired = _paired_drop_interval(metric, reference, own)
     if paired is not None:
         return paired[1]
     ref_interval, own_interval = reference.intervals.get(metric), own.intervals.get(metric)
