@@ -13,8 +13,12 @@ The gate therefore counts a pass only where the scope could have shown a drop of
 - a mean over rows of a comparison with FP32's own outputs (cosine, kl_mean: FP32's figure is the same on every row,
   so its interval is a point) has the variant's 95 % interval as the interval of the drop: its far end must stay
   within the tolerance, and it needs two rows at least (one row has no spread to measure);
-- any other metric (an error in the data's units, R², a custom metric) is not bounded per row, so no row count
-  follows from the tolerance: it needs two rows at least.
+- an error in the data's units or R² whose results record the paired interval of its drop (regression's mae, rmse
+  and r2: each row's change of error from FP32's, `drop_intervals`) is judged as cosine is: the far end of that
+  interval must stay within the tolerance (a regression variant 1.5x past the default mae tolerance passed on 300
+  rows 32 % of the time when two rows sufficed);
+- any other metric (max_error, r2_min, a custom metric) is not bounded per row, so no row count follows from the
+  tolerance: it needs two rows at least.
 
 A share of rows scored against labels (accuracy, exact_match) is a difference of two noisy figures on the same rows:
 a change right -> wrong offsets one wrong -> right, so a variant changing 22 % of 1,000 rows' answers, as many each
@@ -299,7 +303,44 @@ def interval_problems(reference: SliceMetrics, own: SliceMetrics) -> list[str]:
             if not low - slack <= value <= high + slack:  # NaN bounds included
                 problems.append(f"{where}: {who}'s {metric} {value:.6g} lies outside its interval [{low:.6g}, "
                                 f"{high:.6g}]")  # fmt: skip
+    problems += _drop_interval_problems(reference, own)
     return [f"{problem}: written by another qbench, or edited" for problem in problems]
+
+
+def _drop_interval_problems(reference: SliceMetrics, own: SliceMetrics) -> list[str]:
+    """Drop intervals a sweep cannot have written (interval_problems): recorded for the same catalogue metrics by FP32
+    and the variant, the drop interval they make (_paired_drop_interval) holding the drop between the two figures on
+    MIN_ROWS rows or more. The resolution rule reads its far end: a variant's mae drop interval moved below its drop,
+    or removed from its scope alone, turned a pass the rows did not resolve into a resolved one."""
+    where = "overall" if own.name == "overall" else f"slice {own.name!r}"
+    problems = []
+    for metric in sorted(set(reference.drop_intervals) | set(own.drop_intervals)):
+        recorded = [who for who, scope in (("FP32", reference), ("the variant", own)) if metric in scope.drop_intervals]
+        if len(recorded) == 1 or metric not in METRICS:
+            problems.append(f"{where}: only {recorded[0]}'s results record a drop interval of {metric!r}"
+                            if len(recorded) == 1 else f"{where}: a drop interval of {metric!r}, no metric qbench knows")
+            continue
+        figures = reference.metrics.get(metric, math.nan), own.metrics.get(metric, math.nan)
+        value, (low, high) = drop(metric, *figures), _paired_drop_interval(metric, reference, own, finite=False)
+        slack = 1e-9 * max([1.0, *(abs(figure) for figure in figures if math.isfinite(figure))])
+        if math.isfinite(value) and own.judged_count(metric) >= MIN_ROWS and not low - slack <= value <= high + slack:
+            problems.append(f"{where}: the variant's drop of {metric} {value:.6g} lies outside the interval its drop "
+                            f"intervals and FP32's make, [{low:.6g}, {high:.6g}]")  # fmt: skip
+    return problems
+
+
+def _paired_drop_interval(metric: str, reference: SliceMetrics, own: SliceMetrics,
+                         finite: bool = True) -> tuple[float, float] | None:  # fmt: skip
+    """The 95 % interval of `own`'s drop from FP32's `reference` scope, from the drop intervals both record, each
+    paired row by row with the outputs the sweep compares with (FP32 on its first backend): the variant's less FP32's
+    own, bound against bound (FP32 there is that reference, its interval [0, 0]: the variant's; on another backend FP32
+    differs from it by its rounding, and the difference of two intervals holds the difference of their drops where
+    both hold theirs). None where either is not recorded, or (`finite`) a bound is NaN."""
+    own_interval, ref_interval = own.drop_intervals.get(metric), reference.drop_intervals.get(metric)
+    if own_interval is None or ref_interval is None:
+        return None
+    bounds = (own_interval[0] - ref_interval[1], own_interval[1] - ref_interval[0])
+    return None if finite and not all(map(math.isfinite, bounds)) else bounds
 
 
 def rows_alone(metric: str, tolerance: float, reference: SliceMetrics, own: SliceMetrics) -> bool:
@@ -379,8 +420,12 @@ def _changes_uncounted(metric: str, reference: SliceMetrics, own: SliceMetrics) 
 
 
 def _drop_bound(metric: str, reference: SliceMetrics, own: SliceMetrics) -> float | None:
-    """The far end of the drop's interval when FP32's figure is the same on every row (its interval a point: the
-    metric compares each row with FP32's own output), so the variant's interval is the drop's; else None."""
+    """The far end of the drop's interval: the paired one the scopes record (_paired_drop_interval: an error in the
+    data's units, R²), or, when FP32's figure is the same on every row (its interval a point: the metric compares each row
+    with FP32's own output), the variant's interval; else None."""
+    paired = _paired_drop_interval(metric, reference, own)
+    if paired is not None:
+        return paired[1]
     ref_interval, own_interval = reference.intervals.get(metric), own.intervals.get(metric)
     if ref_interval is None or own_interval is None or not all(map(math.isfinite, (*ref_interval, *own_interval))):
         return None

@@ -21,6 +21,7 @@ Schema (version 1), documented in reports/README.md:
     Fidelity: accuracy native|emulated|unknown, latency native|emulated|unknown, method (how it was emulated)
     AccuracyResult: rows, nonfinite_outputs, overall SliceMetrics, slices [SliceMetrics]
     SliceMetrics: name, size, metrics {m: value}, intervals {m: [lo, hi]}, drops {m: drop vs FP32},
+      drop_intervals {m: [lo, hi] of the drop, paired row by row with FP32 (regression's mae, rmse, r2)},
       nonfinite_outputs, new_nonfinite_outputs, denominators {m: count its rate is a share of, when not size},
       changed_together {m: changed units a changed unit shares its row with, weighted by changes (tokens)},
       spread {output: how much it varies across the scope's rows (metrics.spread)},
@@ -53,7 +54,7 @@ from qbench.results_kept import kept_from_dict
 from qbench.results_ranges import ClipRecord as ClipRecord
 from qbench.results_ranges import CoverageWarning as CoverageWarning
 from qbench.results_ranges import LimitCheck as LimitCheck
-from qbench.results_ranges import RangeAnalysis, figures, ranges_from_dict
+from qbench.results_ranges import RangeAnalysis, bounds, counts, figures, ranges_from_dict
 from qbench.results_ranges import TensorPeak as TensorPeak
 from qbench.results_search import SearchReport, search_from_dict
 from qbench.results_serving import ServingResult, serving_from_dict
@@ -69,6 +70,9 @@ class SliceMetrics:
     metrics: dict[str, float]
     intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
     drops: dict[str, float] = field(default_factory=dict)
+    # metric -> 95 % interval of its drop from FP32's outputs on the same rows, each row's change paired with FP32's
+    # (metrics_targets.drop_intervals): what the gate's resolution rule reads for figures in the data's units
+    drop_intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
     nonfinite_outputs: int = 0  # rows of this scope whose output holds NaN or inf
     # of those, rows where FP32's output is finite: NaN/inf the variant brought in (fewer elsewhere cannot offset them)
     new_nonfinite_outputs: int = 0
@@ -324,26 +328,18 @@ def write_results(results: SweepResults, path: Path, *, what: str = "the results
     return write_atomically(path, to_json(results), what=what)
 
 
-def _counts(raw: dict[str, Any] | None) -> dict[str, int]:
-    """Counts as qbench writes them: whole numbers (1.5 tokens, or a string, is no count)."""
-    for name, value in (raw or {}).items():
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"count of {name!r}: got {value!r}, expected a whole number")
-    return dict(raw or {})
-
-
 def _slice(raw: dict[str, Any], where: str) -> SliceMetrics:
     raw = known_fields(raw, SliceMetrics, where)
     return SliceMetrics(
         name=raw["name"],
         size=int(raw["size"]),
         metrics=figures(raw["metrics"]),
-        intervals={k: (math.nan if v[0] is None else v[0], math.nan if v[1] is None else v[1])
-                   for k, v in (raw.get("intervals") or {}).items()},
+        intervals=bounds(raw.get("intervals")),
         drops=figures(raw.get("drops")),
+        drop_intervals=bounds(raw.get("drop_intervals")),
         nonfinite_outputs=int(raw["nonfinite_outputs"]),
         new_nonfinite_outputs=int(raw.get("new_nonfinite_outputs", 0)),
-        denominators=_counts(raw.get("denominators")),
+        denominators=counts(raw.get("denominators")),
         changed_together=figures(raw.get("changed_together"), "changed_together"),
         spread=figures(raw.get("spread"), "spread"),
         kept={output: kept_from_dict(value, f"{where}.kept.{output}") for output, value in (raw.get("kept") or {}).items()},

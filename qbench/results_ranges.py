@@ -106,6 +106,21 @@ def figures(raw: dict[str, Any] | None, what: str = "metric") -> dict[str, float
     return {k: (math.nan if v is None else float(v)) for k, v in (raw or {}).items()}
 
 
+def bounds(raw: dict[str, Any] | None) -> dict[str, tuple[float, float]]:
+    """Intervals as qbench writes them, name -> [low, high] (known_fields checked their shape and types), null as
+    NaN."""
+    return {name: (math.nan if low is None else low, math.nan if high is None else high)
+            for name, (low, high) in (raw or {}).items()}
+
+
+def counts(raw: dict[str, Any] | None) -> dict[str, int]:
+    """Counts as qbench writes them: whole numbers (1.5 tokens, or a string, is no count)."""
+    for name, value in (raw or {}).items():
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"count of {name!r}: got {value!r}, expected a whole number")
+    return dict(raw or {})
+
+
 def _peak(raw: dict[str, Any], where: str) -> TensorPeak:
     """A non-finite abs max (an infinite activation) was written as null: it is over every limit."""
     raw = known_fields(raw, TensorPeak, where)

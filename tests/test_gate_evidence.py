@@ -146,3 +146,35 @@ def test_embedding_results_written_before_rows_kept_are_unusable_and_other_tasks
     classifier["evidence"] = [name for name in classifier["evidence"] if name != "rows_kept"]
     judged = evaluate_gate(from_dict(classifier), SPEC)
     assert (judged.exit_code, judged.problems) == (EXIT_PASS, ())
+
+
+def test_regression_results_written_before_drop_intervals_are_unusable_and_other_tasks_results_are_judged():
+    """A regression pass rests on the paired interval of its drop (drop_intervals): without it, results from an older
+    qbench read as a resolved pass on 2 rows. Regression results lacking the kind cannot be judged (exit 2); a
+    classifier's, which never record it, are judged as they were."""
+    rng = np.random.default_rng(0)
+    labels = rng.normal(scale=5.0, size=400)
+    reference = labels + rng.normal(size=400)
+    fp32 = evaluate_accuracy("regression", reference, reference, labels, {})
+    own = with_drops(evaluate_accuracy("regression", reference + rng.normal(scale=1e-3, size=400), reference, labels,
+                                       {}), fp32)  # fmt: skip
+    variants = tuple(VariantResult(variant=name, backend=BACKEND, precision=name[:4], status="ok", accuracy=accuracy)
+                     for name, accuracy in (("fp32", fp32), ("int8-a", own)))  # fmt: skip
+    raw = json.loads(to_json(SweepResults(qbench_version="0.1.0", created_at="", recipe={"task": "regression"},
+                                          environment={}, calibration=None, evaluation_rows=400, gate_metric="mae",
+                                          reference="fp32", variants=variants)))  # fmt: skip
+    spec = GateSpec(metric="mae")
+    assert evaluate_gate(from_dict(raw), spec).exit_code == EXIT_PASS
+    raw["evidence"] = [name for name in raw["evidence"] if name != "drop_intervals"]
+    for variant in raw["variants"]:
+        del variant["accuracy"]["overall"]["drop_intervals"]
+    report = evaluate_gate(from_dict(raw), spec)
+    assert report.exit_code == EXIT_UNUSABLE
+    assert report.problems == ("results written by qbench '0.1.0' record no drop_intervals (this qbench's sweep "
+                               "records them), so these checks cannot be applied: the resolution of a pass on mae, "
+                               "rmse or r2 (the paired interval of its drop); re-run `qbench sweep`",)  # fmt: skip
+    logits, labels = _rare_class()
+    classifier = _raw(logits, logits.copy(), labels)
+    classifier["evidence"] = [name for name in classifier["evidence"] if name != "drop_intervals"]
+    judged = evaluate_gate(from_dict(classifier), SPEC)
+    assert (judged.exit_code, judged.problems) == (EXIT_PASS, ())

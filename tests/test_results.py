@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 
+import numpy as np
 import pytest
 from sweep_factory import make_sweep
 
@@ -154,3 +155,44 @@ def test_every_figure_is_a_number_of_its_type_whether_or_not_the_verdict_rests_o
 def test_the_simulated_searchs_requests_and_whether_it_settled_round_trip() -> None:
     serving = from_dict(json.loads(to_json(_full_sweep()))).variants[0].serving
     assert serving.simulated_requests == 20_000 and serving.simulated_undecided is True
+
+
+def _regression_sweep():
+    """A sweep whose first two results are a regression FP32 and a variant scored by the sweep's evaluation, on two
+    slices; and the variant's accuracy."""
+    from qbench.results import AccuracyResult
+    from qbench.validate.accuracy import evaluate_accuracy, with_drops
+
+    labels = np.array([0.0, 1.0, 2.0, 3.0, 4.0, 5.0])
+    reference = labels + np.array([1.0, -1.0, 2.0, 0.0, 0.5, -0.5])
+    outputs = reference + np.array([0.5, 0.0, -1.0, 0.5, 0.25, 0.0])
+    halves = {"part=a": np.arange(6) < 3, "part=b": np.arange(6) >= 3}
+    fp32 = evaluate_accuracy("regression", reference, reference, labels, halves)
+    own: AccuracyResult = with_drops(evaluate_accuracy("regression", outputs, reference, labels, halves), fp32)
+    results = make_sweep()
+    variants = tuple(dataclasses.replace(v, accuracy=a) for v, a in zip(results.variants[:2], (fp32, own), strict=True))
+    return dataclasses.replace(results, variants=variants), own
+
+
+def test_drop_intervals_round_trip_per_scope_and_nan_reads_back_as_nan(tmp_path) -> None:
+    results, own = _regression_sweep()
+    assert set(own.overall.drop_intervals) == {"mae", "rmse", "r2"}
+    read = from_dict(json.loads(to_json(results))).variants[1].accuracy
+    assert read.overall.drop_intervals == own.overall.drop_intervals
+    assert [s.drop_intervals for s in read.slices] == [s.drop_intervals for s in own.slices]
+    assert read.slices[0].drop_intervals != read.overall.drop_intervals  # each scope its own rows
+    nan = dataclasses.replace(own.overall, drop_intervals={"mae": (math.nan, 0.5)})
+    edited = dataclasses.replace(results, variants=(results.variants[0], dataclasses.replace(
+        results.variants[1], accuracy=dataclasses.replace(own, overall=nan))))  # fmt: skip
+    raw = json.loads(to_json(edited))
+    assert raw["variants"][1]["accuracy"]["overall"]["drop_intervals"] == {"mae": [None, 0.5]}
+    low, high = from_dict(raw).variants[1].accuracy.overall.drop_intervals["mae"]
+    assert math.isnan(low) and high == 0.5
+    raw["variants"][1]["accuracy"]["overall"]["drop_intervals"]["mae"] = ["0.1", 0.5]
+    raw[DIGEST_FIELD] = content_digest(raw)
+    file = tmp_path / "results.json"
+    file.write_text(json.dumps(raw))
+    with pytest.raises(QbenchError) as caught:
+        read_results(file)
+    assert str(caught.value).startswith(f"{file}: variants[1].accuracy.overall.drop_intervals.mae[0]: got '0.1', "
+                                        "expected a number or null")  # fmt: skip

@@ -101,7 +101,7 @@ class RegressionRows:
 
     def summarise(self, name: str, mask: np.ndarray) -> SliceMetrics:
         size = int(np.count_nonzero(mask))
-        outputs, target = self.outputs[mask], self.target[mask]
+        outputs, target, reference = self.outputs[mask], self.target[mask], self.reference[mask]
         agreement = mean_or_nan(self.agrees[mask])
         errors = np.abs(outputs - target)
         values = {
@@ -111,11 +111,12 @@ class RegressionRows:
             "r2_min": metrics_targets.r2_min(outputs, target),
             "max_error": float(np.max(errors)) if errors.size else math.nan,
             "agreement": agreement,
-            "max_abs_error": metrics.max_abs_error(outputs, self.reference[mask]),
+            "max_abs_error": metrics.max_abs_error(outputs, reference),
         }
         intervals = {"mae": metrics.mean_interval(errors.mean(axis=1)), "agreement": wilson(agreement, size)}
-        kept = kept_rules.tail_kept(outputs, self.reference[mask])
-        return SliceMetrics(name=name, size=size, metrics=values, intervals=intervals, kept={"": kept} if kept else {})
+        kept = kept_rules.tail_kept(outputs, reference)
+        return SliceMetrics(name=name, size=size, metrics=values, intervals=intervals, kept={"": kept} if kept else {},
+                            drop_intervals=metrics_targets.drop_intervals(outputs, reference, target))
 
 
 class Regression(Task):

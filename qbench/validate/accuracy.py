@@ -75,6 +75,7 @@ class _OutputRows:
             raised=raised,
             metrics={f"{self.prefix}{k}": v for k, v in values.items()},
             intervals={f"{self.prefix}{k}": v for k, v in own.intervals.items()},
+            drop_intervals={f"{self.prefix}{k}": v for k, v in own.drop_intervals.items()},
             denominators={f"{self.prefix}{k}": v for k, v in own.denominators.items()},
             changed_together={f"{self.prefix}{k}": v for k, v in own.changed_together.items()},
             kept={self.output: v for v in own.kept.values()},
@@ -152,6 +153,8 @@ def _undefined_where_fp32_failed(scope: SliceMetrics, holds_fp32_nonfinite: bool
         scope,
         metrics={name: math.nan if name in undefined else value for name, value in scope.metrics.items()},
         intervals={name: (math.nan, math.nan) if name in undefined else value for name, value in scope.intervals.items()},
+        drop_intervals={name: (math.nan, math.nan) if name in undefined else value
+                        for name, value in scope.drop_intervals.items()},
     )
 
 
@@ -161,6 +164,7 @@ def _merged(name: str, parts: list[SliceMetrics]) -> SliceMetrics:
         size=parts[0].size,
         metrics={k: v for part in parts for k, v in part.metrics.items()},
         intervals={k: v for part in parts for k, v in part.intervals.items()},
+        drop_intervals={k: v for part in parts for k, v in part.drop_intervals.items()},
         denominators={k: v for part in parts for k, v in part.denominators.items()},
         changed_together={k: v for part in parts for k, v in part.changed_together.items()},
         kept={k: v for part in parts for k, v in part.kept.items()},

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from qbench.validate.metrics import INVALID_CLASS, _float_rows, _mean, _same_shape, nonfinite_rows
+from qbench.validate.metrics import INVALID_CLASS, _float_rows, _mean, _same_shape, mean_interval, nonfinite_rows
 
 # -- regression ---------------------------------------------------------------------------------
 
@@ -72,6 +72,31 @@ def r2_min(predicted: np.ndarray, target: np.ndarray) -> float:
     destroys shows here even when the others keep the average up. NaN as for `r2_score`."""
     defined = _defined_r2(predicted, target)
     return float(np.min(defined)) if defined.size else math.nan
+
+
+def drop_intervals(predicted: np.ndarray, reference: np.ndarray, target: np.ndarray) -> dict[str, tuple[float, float]]:
+    """The paired 95 % interval of the drop (worse minus FP32's, positive = worse) of mae, rmse and r2 from FP32's
+    outputs `reference` to `predicted`, both against `target` on the same rows: each row's own change of error,
+    so the noise both share (a hard row is hard for both) cancels. mae: mean_interval of each row's mean over targets
+    of |predicted - target| - |reference - target|. rmse (one target only: a mean of several targets' square roots has
+    no interval from one mean): the interval of the MSE difference mapped through sqrt against FP32's MSE (monotone).
+    r2: the SSE difference over each varying target's SST, averaged over them (linear: a mean over rows); none where
+    no target varies. A NaN in either error gives NaN bounds, as the figures themselves are NaN."""
+    predicted_rows, target_rows = _target_columns(predicted, target)
+    reference_rows = _target_columns(reference, target)[0]
+    ours, theirs = predicted_rows - target_rows, reference_rows - target_rows
+    rows, targets = ours.shape
+    intervals = {"mae": mean_interval((np.abs(ours) - np.abs(theirs)).mean(axis=1))}
+    squared = ours**2 - theirs**2
+    if targets == 1 and rows:
+        reference_mse = float(np.mean(theirs**2))
+        ends = np.sqrt(np.maximum(reference_mse + np.array(mean_interval(squared[:, 0])), 0.0)) - math.sqrt(reference_mse)
+        intervals["rmse"] = (float(ends[0]), float(ends[1]))
+    varies = ~(np.ptp(target_rows, axis=0) == 0) if rows else np.zeros(targets, dtype=bool)
+    if varies.any():
+        total = np.sum((target_rows - target_rows.mean(axis=0)) ** 2, axis=0)[varies]
+        intervals["r2"] = mean_interval(rows * (squared[:, varies] / total).mean(axis=1))
+    return intervals
 
 
 # -- multilabel -------------------------------------------------------------------------------

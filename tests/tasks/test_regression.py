@@ -122,3 +122,31 @@ def test_a_nearly_constant_output_agrees_within_fp16_rounding_at_its_magnitude()
         assert task.rows(reference - 1e-2, reference, None).summarise("overall", everything).metrics["agreement"] == 0.0
     hundred = np.array([[99.5], [100.0], [100.5]])  # std 0.408: 1 % is 0.00408, under FP16's ULP at 100 (0.0625)
     assert agreement_tolerances(hundred)[:, 0].tolist() == pytest.approx([0.01 * np.std(hundred)] * 3)
+
+
+def test_each_scope_records_the_paired_drop_interval_of_its_own_rows() -> None:
+    """The rows of test_metrics_per_slice_by_hand: each row's change of absolute error from FP32's is [0, 0.5, 0, 2]
+    (mean 0.625 = the MAE drop 0.875 - 0.25; sample sd 0.94648, half-width 1.96 x 0.94648 / 2 = 0.92755); on the
+    first two rows [0, 0.5] (mean 0.25, sd 0.35355, half-width 1.96 x 0.35355 / sqrt(2) = 0.49)."""
+    reference = np.array([[1.0], [2.0], [3.0], [4.0]])
+    rows = TASK.rows(np.array([[1.0], [2.5], [3.0], [2.0]]), reference, np.array([1.0, 2.0, 4.0, 4.0]))
+    overall = rows.summarise("overall", np.ones(4, dtype=bool)).drop_intervals
+    assert overall["mae"] == pytest.approx((0.625 - 0.92755, 0.625 + 0.92755), abs=1e-5)
+    assert rows.summarise("first", np.array([True, True, False, False])).drop_intervals["mae"] == pytest.approx(
+        (0.25 - 0.49, 0.25 + 0.49), abs=1e-5)  # fmt: skip
+    assert TASK.rows(reference, reference, None).summarise("overall", np.ones(4, dtype=bool)).drop_intervals == {
+        "mae": (0.0, 0.0), "rmse": (0.0, 0.0), "r2": (0.0, 0.0)}  # fmt: skip
+
+
+def test_drop_intervals_are_named_per_output_and_undefined_where_fp32_failed() -> None:
+    from qbench.validate.accuracy import evaluate_accuracy
+
+    rng = np.random.default_rng(0)
+    labels = rng.normal(size=20)
+    reference = {"a": labels + rng.normal(size=20), "b": labels + rng.normal(size=20)}
+    reference["b"][3] = math.nan
+    outputs = {name: values + 0.1 for name, values in reference.items()}
+    scope = evaluate_accuracy("regression", outputs, reference, labels, {}).overall
+    assert set(scope.drop_intervals) == {"a/mae", "a/rmse", "a/r2", "b/mae", "b/rmse", "b/r2"}
+    assert all(math.isfinite(bound) for name in ("a/mae", "a/rmse", "a/r2") for bound in scope.drop_intervals[name])
+    assert all(math.isnan(bound) for name in ("b/mae", "b/rmse", "b/r2") for bound in scope.drop_intervals[name])
