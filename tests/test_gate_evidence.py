@@ -15,7 +15,7 @@ from qbench.errors import QbenchError
 from qbench.gate import EXIT_BREACH, EXIT_PASS, EXIT_UNUSABLE, evaluate_gate
 from qbench.recipe import GateSpec
 from qbench.recipe_slo import SloSpec
-from qbench.results import SweepResults, VariantResult, from_dict, to_json
+from qbench.results import AccuracyResult, SweepResults, VariantResult, from_dict, to_json
 from qbench.results_evidence import EVIDENCE
 from qbench.validate.accuracy import evaluate_accuracy, with_drops
 
@@ -120,12 +120,26 @@ def _embedding_raw() -> dict:
     outputs[:3] *= -1
     fp32 = evaluate_accuracy("embedding", reference, reference, None, HALVES)
     own = with_drops(evaluate_accuracy("embedding", outputs, reference, None, HALVES), fp32)
+    return _two_variants("embedding", "cosine", fp32, own, 1000)
+
+
+def _two_variants(task: str, metric: str, fp32: AccuracyResult, own: AccuracyResult, rows: int) -> dict:
+    """results.json (as read) of FP32 and one variant, int8-a, from qbench '0.1.0'."""
     variants = tuple(VariantResult(variant=name, backend=BACKEND, precision=name[:4], status="ok", accuracy=accuracy)
                      for name, accuracy in (("fp32", fp32), ("int8-a", own)))  # fmt: skip
-    results = SweepResults(qbench_version="0.1.0", created_at="", recipe={"name": "toy", "task": "embedding"},
-                           environment={}, calibration=None, evaluation_rows=1000, gate_metric="cosine",
+    results = SweepResults(qbench_version="0.1.0", created_at="", recipe={"name": "toy", "task": task},
+                           environment={}, calibration=None, evaluation_rows=rows, gate_metric=metric,
                            reference="fp32", variants=variants)  # fmt: skip
     return json.loads(to_json(results))
+
+
+def _a_classifier_lacking_is_judged(kind: str) -> None:
+    """A classifier's results whose evidence lacks `kind` (another task's) are judged as they were: a pass."""
+    logits, labels = _rare_class()
+    classifier = _raw(logits, logits.copy(), labels)
+    classifier["evidence"] = [name for name in classifier["evidence"] if name != kind]
+    judged = evaluate_gate(from_dict(classifier), SPEC)
+    assert (judged.exit_code, judged.problems) == (EXIT_PASS, ())
 
 
 def test_embedding_results_written_before_rows_kept_are_unusable_and_other_tasks_results_are_judged():
@@ -141,11 +155,7 @@ def test_embedding_results_written_before_rows_kept_are_unusable_and_other_tasks
     assert report.problems == ("results written by qbench '0.1.0' record no rows_kept (this qbench's sweep records "
                                "them), so these checks cannot be applied: rows_kept (embedding rows moved off "
                                "FP32's); re-run `qbench sweep`",)  # fmt: skip
-    logits, labels = _rare_class()
-    classifier = _raw(logits, logits.copy(), labels)
-    classifier["evidence"] = [name for name in classifier["evidence"] if name != "rows_kept"]
-    judged = evaluate_gate(from_dict(classifier), SPEC)
-    assert (judged.exit_code, judged.problems) == (EXIT_PASS, ())
+    _a_classifier_lacking_is_judged("rows_kept")
 
 
 def test_regression_results_written_before_drop_intervals_are_unusable_and_other_tasks_results_are_judged():
@@ -158,11 +168,7 @@ def test_regression_results_written_before_drop_intervals_are_unusable_and_other
     fp32 = evaluate_accuracy("regression", reference, reference, labels, {})
     own = with_drops(evaluate_accuracy("regression", reference + rng.normal(scale=1e-3, size=400), reference, labels,
                                        {}), fp32)  # fmt: skip
-    variants = tuple(VariantResult(variant=name, backend=BACKEND, precision=name[:4], status="ok", accuracy=accuracy)
-                     for name, accuracy in (("fp32", fp32), ("int8-a", own)))  # fmt: skip
-    raw = json.loads(to_json(SweepResults(qbench_version="0.1.0", created_at="", recipe={"task": "regression"},
-                                          environment={}, calibration=None, evaluation_rows=400, gate_metric="mae",
-                                          reference="fp32", variants=variants)))  # fmt: skip
+    raw = _two_variants("regression", "mae", fp32, own, 400)
     spec = GateSpec(metric="mae")
     assert evaluate_gate(from_dict(raw), spec).exit_code == EXIT_PASS
     raw["evidence"] = [name for name in raw["evidence"] if name != "drop_intervals"]
@@ -173,8 +179,4 @@ def test_regression_results_written_before_drop_intervals_are_unusable_and_other
     assert report.problems == ("results written by qbench '0.1.0' record no drop_intervals (this qbench's sweep "
                                "records them), so these checks cannot be applied: the resolution of a pass on mae, "
                                "rmse or r2 (the paired interval of its drop); re-run `qbench sweep`",)  # fmt: skip
-    logits, labels = _rare_class()
-    classifier = _raw(logits, logits.copy(), labels)
-    classifier["evidence"] = [name for name in classifier["evidence"] if name != "drop_intervals"]
-    judged = evaluate_gate(from_dict(classifier), SPEC)
-    assert (judged.exit_code, judged.problems) == (EXIT_PASS, ())
+    _a_classifier_lacking_is_judged("drop_intervals")
