@@ -133,6 +133,14 @@ def _two_variants(task: str, metric: str, fp32: AccuracyResult, own: AccuracyRes
     return json.loads(to_json(results))
 
 
+def _unusable_without(raw: dict, kind: str, spec: GateSpec) -> tuple[str, ...]:
+    """The problems of `raw`'s results with `kind` taken off their evidence, which make them unusable (asserted)."""
+    raw["evidence"] = [name for name in raw["evidence"] if name != kind]
+    report = evaluate_gate(from_dict(raw), spec)
+    assert report.exit_code == EXIT_UNUSABLE
+    return report.problems
+
+
 def _a_classifier_lacking_is_judged(kind: str) -> None:
     """A classifier's results whose evidence lacks `kind` (another task's) are judged as they were: a pass."""
     logits, labels = _rare_class()
@@ -149,10 +157,7 @@ def test_embedding_results_written_before_rows_kept_are_unusable_and_other_tasks
     spec = GateSpec(metric="cosine", max_drop=0.01, unresolved="note")
     raw = _embedding_raw()
     assert evaluate_gate(from_dict(raw), spec).exit_code == EXIT_BREACH
-    raw["evidence"] = [name for name in raw["evidence"] if name != "rows_kept"]
-    report = evaluate_gate(from_dict(raw), spec)
-    assert report.exit_code == EXIT_UNUSABLE
-    assert report.problems == ("results written by qbench '0.1.0' record no rows_kept (this qbench's sweep records "
+    assert _unusable_without(raw, "rows_kept", spec) == ("results written by qbench '0.1.0' record no rows_kept (this qbench's sweep records "
                                "them), so these checks cannot be applied: rows_kept (embedding rows moved off "
                                "FP32's); re-run `qbench sweep`",)  # fmt: skip
     _a_classifier_lacking_is_judged("rows_kept")
@@ -171,12 +176,9 @@ def test_regression_results_written_before_drop_intervals_are_unusable_and_other
     raw = _two_variants("regression", "mae", fp32, own, 400)
     spec = GateSpec(metric="mae")
     assert evaluate_gate(from_dict(raw), spec).exit_code == EXIT_PASS
-    raw["evidence"] = [name for name in raw["evidence"] if name != "drop_intervals"]
     for variant in raw["variants"]:
         del variant["accuracy"]["overall"]["drop_intervals"]
-    report = evaluate_gate(from_dict(raw), spec)
-    assert report.exit_code == EXIT_UNUSABLE
-    assert report.problems == ("results written by qbench '0.1.0' record no drop_intervals (this qbench's sweep "
+    assert _unusable_without(raw, "drop_intervals", spec) == ("results written by qbench '0.1.0' record no drop_intervals (this qbench's sweep "
                                "records them), so these checks cannot be applied: the resolution of a pass on mae, "
                                "rmse or r2 (the paired interval of its drop); re-run `qbench sweep`",)  # fmt: skip
     _a_classifier_lacking_is_judged("drop_intervals")
