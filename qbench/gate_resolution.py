@@ -51,6 +51,8 @@ from collections.abc import Sequence
 from statistics import NormalDist
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from qbench.validate.catalogue import METRICS, OUTPUT_SEPARATOR, drop, within
 
 if TYPE_CHECKING:  # qbench.results imports the search's records, which mix in JudgedPass; qbench.gate imports this
@@ -62,6 +64,7 @@ CONFIDENCE = 0.95
 # pass: not "tolerance unreachable" (a drop within tolerance was measured; more rows may resolve it)
 PASS_UNRESOLVED = "pass unresolved"
 MIN_ROWS = 2  # a mean over one row has no spread, and one row is no sample of the inputs
+RESOLVE_SEARCH_LIMIT = 100  # an unresolved drop names the rows that would resolve it up to this many times the scope's
 
 
 class JudgedPass:
@@ -225,19 +228,24 @@ def _at_most(lost: int, rows: int, share: float) -> float:
 
 
 def _binomial_sum(counts: range, draws: int, rate: float) -> float:
-    """The Binomial(draws, rate) probabilities of `counts` summed exactly in log space (0 where rate <= 0 gives none;
-    rows in the millions stay finite)."""
+    """The Binomial(draws, rate) probabilities of `counts` summed in log space: the first term's logarithm from
+    lgamma, each next one from the last by the ratio (draws - k) / (k + 1) x rate / (1 - rate), in numpy, so that a
+    sum over a million counts takes milliseconds (a scope of a million rows losing 5,000: 0.45 s a bound with lgamma
+    per term, and an upper bound takes 60 sums)."""
     if rate <= 0:
         return 1.0 if counts.start == 0 else 0.0
     if rate >= 1:
         return 1.0 if draws in counts else 0.0
-    log_p, log_q = math.log(rate), math.log1p(-rate)
-    terms = [math.lgamma(draws + 1) - math.lgamma(k + 1) - math.lgamma(draws - k + 1) + k * log_p + (draws - k) * log_q
-             for k in counts]  # fmt: skip
-    if not terms:
+    if not len(counts):
         return 0.0
-    top = max(terms)
-    return min(1.0, math.exp(top) * math.fsum(math.exp(t - top) for t in terms))
+    first = counts.start
+    head = (math.lgamma(draws + 1) - math.lgamma(first + 1) - math.lgamma(draws - first + 1) + first * math.log(rate)
+            + (draws - first) * math.log1p(-rate))  # fmt: skip
+    k = np.arange(first, counts.stop - 1, dtype=np.float64)
+    steps = np.log((draws - k) / (k + 1)) + (math.log(rate) - math.log1p(-rate))
+    logs = np.concatenate(([head], head + np.cumsum(steps)))
+    top = float(logs.max())
+    return min(1.0, math.exp(top) * float(np.sum(np.exp(logs - top))))
 
 
 def _lost_unresolved(metric: str, share: float, reference: SliceMetrics, own: SliceMetrics, rows: int, where: str,
@@ -253,19 +261,23 @@ def _lost_unresolved(metric: str, share: float, reference: SliceMetrics, own: Sl
     bound = upper_share(lost, rows)
     if bound <= share + 1e-12:
         return None
-    needed = _rows_at_this_drop(lost / rows, share)
+    needed = _rows_at_this_drop(lost / rows, share, RESOLVE_SEARCH_LIMIT * rows)
     more = f"; about {needed} {unit} would resolve it at this drop" if needed else ""
     return (f"{where}: its drop of {lost} of the {rows} {unit} ({point:.4g}) is within the tolerance, but a variant "
             f"losing {share:.3g} of them shows as small a drop with probability over {1 - CONFIDENCE:.0%}: the "
             f"{CONFIDENCE:.0%} upper bound of the drop reaches {bound:.4g} > {share:g}{more}")
 
 
-def _rows_at_this_drop(rate: float, share: float) -> int | None:
-    """About how many rows resolve a tolerance of `share` at a drop of `rate` of them (None: the drop is past it)."""
+def _rows_at_this_drop(rate: float, share: float, limit: int) -> int | None:
+    """About how many rows resolve a tolerance of `share` at a drop of `rate` of them; None where the drop is past it
+    or more than `limit` rows would be needed (a drop a hair under the tolerance needs rows without end: 999 of
+    100,001 against 0.01 asked for trillions, and the search for them ran for ever)."""
     if rate >= share:
         return None
     rows = 2
     while upper_share(round(rate * rows), rows) > share:
+        if rows > limit:
+            return None
         rows *= 2
     low = rows // 2
     while rows - low > max(1, low // 100):  # to 1 %

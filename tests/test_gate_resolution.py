@@ -434,3 +434,20 @@ def test_a_drop_within_the_tolerance_needs_its_upper_bound_within_it_too():
         variant[lost] = 1 - variant[lost]
         passes += _judged_decisions(fp32, variant, fp32.copy()).exit_code == EXIT_PASS
     assert passes <= 10  # 5 % of 200; P(X = 0 | 300, 0.015) = 1.1 %
+
+
+def test_a_drop_a_hair_under_the_tolerance_on_many_rows_is_unresolved_without_a_row_count():
+    """999 of 100,001 rows lost (0.00999) against a max_drop of 0.01: rows that would resolve such a drop number in
+    the trillions, and the search for how many doubled them until the gate hung. Beyond 100 times the scope's rows
+    the message names none."""
+    rows = 100_001
+    fp32 = np.zeros(rows, dtype=np.int64)
+    fp32[::2] = 1
+    variant = fp32.copy()
+    variant[:999] = 1 - variant[:999]
+    report = _judged_decisions(fp32, variant, fp32.copy())
+    assert report.exit_code == EXIT_UNUSABLE
+    assert report.problems == (
+        "int8@cpu: too few rows to resolve the tolerance: overall accuracy on 100001 rows: its drop of 999 of the 100001 "
+        "rows (0.00999) is within the tolerance, but a variant losing 0.01 of them shows as small a drop with "
+        "probability over 5%: the 95% upper bound of the drop reaches 0.01052 > 0.01",)  # normal approximation: 0.01051
