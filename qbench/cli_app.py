@@ -183,7 +183,7 @@ def validate(
     track: Annotated[bool, typer.Option("--track/--no-track",
                                         help="check the tracking store too (--no-track: for a sweep run with it)")] = True,
 ) -> int:
-    """Check a recipe against its model, data and backends without building or running anything."""
+    """Check a recipe against its model, data and backends: FP32 runs a few rows on each backend; no variant is built."""
     from qbench.backends import get_backend
     from qbench.gate_report import plural
     from qbench.preflight import prepare
