@@ -34,6 +34,7 @@ from qbench.console import console as err_console
 from qbench.console import forgiving_standard_streams, library_output_on_console, print_wide, stdout_kept_for_a_document
 from qbench.console import stdout_console as out
 from qbench.errors import QbenchError, one_line
+from qbench.supervisor import address_space_note
 
 if TYPE_CHECKING:
     from qbench.recipe import Recipe
@@ -182,7 +183,7 @@ def validate(
     track: Annotated[bool, typer.Option("--track/--no-track",
                                         help="check the tracking store too (--no-track: for a sweep run with it)")] = True,
 ) -> int:
-    """Check a recipe against its model, data and backends without building or running anything."""
+    """Check a recipe against its model, data and backends: FP32 runs a few rows on each backend; no variant is built."""
     from qbench.backends import get_backend
     from qbench.gate_report import plural
     from qbench.preflight import prepare
@@ -426,6 +427,12 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_ERROR
 
 
+# What the last words add where memory ran short while they were being put together, worked out at import, while
+# there is memory: describing the error needs some, and under `ulimit -v 200 MiB` a validate said `MemoryError` or
+# `SystemError` alone in two runs of three, where the third named the limit.
+_OUT_OF_MEMORY = f" (out of memory{address_space_note()})"
+
+
 def _last_words(exc: BaseException) -> None:
     """The one error line, written straight to descriptor 2, when printing the error through the console failed too
     (out of memory under `ulimit -v`: rich could not draw the traceback, then not the line): exit 2 with nothing
@@ -433,8 +440,9 @@ def _last_words(exc: BaseException) -> None:
     with contextlib.suppress(BaseException):
         try:
             line = f"qbench: error: {describe(exc)}\n"
-        except BaseException:  # noqa: BLE001 - describing it needs memory too: its type alone then
-            line = f"qbench: error: {type(exc).__name__}\n"
+        except BaseException as failure:  # noqa: BLE001 - describing it needs memory too: its type alone then,
+            short = isinstance(exc, MemoryError) or isinstance(failure, MemoryError)  # and memory where it ran short
+            line = f"qbench: error: {type(exc).__name__}{_OUT_OF_MEMORY if short else ''}\n"
         os.write(2, line.encode(errors="replace"))
 
 

@@ -11,6 +11,7 @@ import difflib
 import errno
 import re
 import reprlib
+import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -48,9 +49,18 @@ class MachineSetupError(QbenchError):
 
 
 class MissingExtraError(QbenchError):
-    """An optional SDK is not installed; the message names the extra that brings it."""
+    """An optional SDK is not installed; the message names the extra that brings it. Raised while an ImportError that
+    found the package but could not load it is handled (a shared library that could not be mapped under `ulimit -v`,
+    a symbol a wrong build lacks), it says so and why: `onnxruntime is not installed` under a 400 MiB limit sent
+    users to reinstall a package that was there."""
 
     def __init__(self, what: str, extra: str, hint: str = "") -> None:
+        failed = sys.exc_info()[1]
+        if isinstance(failed, ImportError) and not isinstance(failed, ModuleNotFoundError):
+            super().__init__(f"{what} is installed but could not be loaded ({one_line(failed)}); if it is a broken "
+                             f"install, reinstall it with `pip install --force-reinstall 'qbench[{extra}]'`")  # fmt: skip
+            self.extra = extra
+            return
         message = f"{what} is not installed: install it with `pip install 'qbench[{extra}]'`"
         super().__init__(f"{message}. {hint}".rstrip(". ") if hint else message)
         self.extra = extra

@@ -167,6 +167,13 @@ def _double_zipmap_project(tmp_path):
     return recipe
 
 
+def test_validate_help_says_it_runs_the_reference(capsys):
+    """`qbench validate --help` said it ran nothing, where it loads FP32 on every backend and scores a few rows."""
+    assert main(["validate", "--help"]) == 0
+    said = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    assert "FP32 runs a few rows on each backend; no variant is built" in said
+
+
 def test_validate_runs_the_reference_so_a_model_the_runtime_refuses_fails_before_the_sweep(tmp_path, capsys):
     recipe = _double_zipmap_project(tmp_path)
     assert main(["validate", str(recipe)]) == 2

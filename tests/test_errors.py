@@ -6,7 +6,7 @@ import errno
 
 import pytest
 
-from qbench.errors import QbenchError, environment_cause, expected_one_of
+from qbench.errors import MissingExtraError, QbenchError, environment_cause, expected_one_of
 
 
 def test_expected_one_of_lists_choices_sorted_and_suggests_the_nearest() -> None:
@@ -148,3 +148,45 @@ def test_an_unexpected_error_is_described_with_what_the_machine_ran_into(monkeyp
         "OSError: [Errno 28] No space left on device (no space left on device)")
     assert cli_gate.describe(ValueError("bad value")) == "ValueError: bad value"  # a bug: as before
     assert cli_gate.describe(KeyError()) == "KeyError"
+
+
+@pytest.mark.parametrize(("error", "describing", "said"), [
+    (MemoryError(), MemoryError(), "MemoryError (out of memory; ulimit -v lets this process map at most 200 MiB)"),
+    (SystemError(), MemoryError(), "SystemError (out of memory; ulimit -v lets this process map at most 200 MiB)"),
+    (MemoryError(), RuntimeError("str failed"), "MemoryError (out of memory; ulimit -v lets this process map at most 200 MiB)"),
+    (ValueError("x"), RuntimeError("str failed"), "ValueError"),  # nothing says memory ran short: the type alone
+])  # fmt: skip
+def test_the_last_words_name_the_memory_limit_when_describing_the_error_ran_out_of_memory(
+    monkeypatch, capfd, error, describing, said
+):
+    """Under `ulimit -v 200 MiB` a validate ended `qbench: error: MemoryError` (or `SystemError`) alone in two runs of
+    three: describing the error needed memory too, and its fallback dropped the limit that README's line names."""
+    import qbench.cli_app as cli_app
+
+    def fails(exc):
+        raise describing
+
+    monkeypatch.setattr(cli_app, "describe", fails)
+    monkeypatch.setattr(cli_app, "_OUT_OF_MEMORY", " (out of memory; ulimit -v lets this process map at most 200 MiB)")
+    cli_app._last_words(error)
+    assert capfd.readouterr().err == f"qbench: error: {said}\n"
+
+
+def test_a_package_that_is_installed_but_cannot_load_is_not_called_missing() -> None:
+    """Under `ulimit -v 400 MiB`, importing onnxruntime failed to map a shared library and qbench said `onnxruntime is
+    not installed: install it with pip install 'qbench[cpu]'`, a fix for a package that was installed."""
+    lib = ".venv/lib/python3.11/site-packages/onnxruntime/capi/onnxruntime_pybind11_state.so"
+    try:
+        raise ImportError(f"{lib}: failed to map segment from shared object")
+    except ImportError:
+        error = MissingExtraError("onnxruntime", "cpu")
+    assert str(error) == (f"onnxruntime is installed but could not be loaded ({lib}: failed to map segment from shared "
+                          "object); if it is a broken install, reinstall it with `pip install --force-reinstall "
+                          "'qbench[cpu]'`")  # fmt: skip
+    try:
+        raise ModuleNotFoundError("No module named 'onnxruntime'", name="onnxruntime")
+    except ImportError:
+        error = MissingExtraError("onnxruntime", "cpu")
+    assert str(error) == "onnxruntime is not installed: install it with `pip install 'qbench[cpu]'`"
+    assert str(MissingExtraError("tensorrt", "tensorrt", hint="see NVIDIA's index")) == (
+        "tensorrt is not installed: install it with `pip install 'qbench[tensorrt]'`. see NVIDIA's index")
