@@ -157,8 +157,9 @@ def unresolved(metric: str, tolerance: float, reference: SliceMetrics, own: Slic
     treat the rows as independent, are widened by sqrt((rows - 1) / (inputs - 1)) (_over_inputs)."""
     info = METRICS[metric]
     counted = own.judged_count(metric)
-    # a figure over the scope's rows (not its tokens, nor sampled queries) rests on as many inputs as they hold
-    rows = min(counted, distinct) if distinct is not None and counted == own.size else counted
+    # the units counted (its rows, or those of them scored: answerable questions, sampled queries) hold at most the
+    # scope's distinct inputs: one unscored row among 600 copies of 200 inputs left them counted as 599 samples
+    rows = min(counted, distinct) if distinct is not None else counted
     span = info.high - info.low
     where = f"{own.name} {metric} on {counted} rows"
     where += f" ({rows} distinct inputs: the others repeat them)" if rows < counted else ""

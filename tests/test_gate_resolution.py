@@ -451,3 +451,22 @@ def test_a_drop_a_hair_under_the_tolerance_on_many_rows_is_unresolved_without_a_
         "int8@cpu: too few rows to resolve the tolerance: overall accuracy on 100001 rows: its drop of 999 of the 100001 "
         "rows (0.00999) is within the tolerance, but a variant losing 0.01 of them shows as small a drop with "
         "probability over 5%: the 95% upper bound of the drop reaches 0.01052 > 0.01",)  # normal approximation: 0.01051
+
+
+def test_copies_of_an_input_count_once_where_some_rows_are_not_scored():
+    """The probe: 600 rows of 200 inputs fed 3 times each, one question unanswerable (exact_match scored on 599 of
+    them). The copies were counted only where every row is scored, so the 599 counted as 599 samples (>= 299) and the
+    pass resolved max_drop 0.01 (exit 0). The scored rows hold at most the scope's 200 distinct inputs: unresolved."""
+    spec = GateSpec(metric="exact_match", max_drop=0.01, max_slice_drop=0.02, applies_to=["int8"])
+
+    def answered() -> SliceMetrics:
+        return SliceMetrics("overall", 600, {"exact_match": 500 / 599}, denominators={"exact_match": 599})
+
+    repeated = dataclasses.replace(sweep(result("fp32", answered()), result("int8", answered())),
+                                   gate_metric="exact_match", distinct_inputs={"overall": 200})  # fmt: skip
+    report = evaluate_gate(repeated, spec)
+    assert report.exit_code == EXIT_UNUSABLE
+    assert report.problems == ("int8@cpu: too few rows to resolve the tolerance: overall exact_match on 599 rows (200 "
+                               "distinct inputs: the others repeat them) < 299 needed for a drop of 0.01 (a variant "
+                               "changing 0.01 of the inputs leaves all 200 unchanged with probability 13.4% > 5%)",)
+    assert evaluate_gate(dataclasses.replace(repeated, distinct_inputs={"overall": 599}), spec).exit_code == EXIT_PASS
