@@ -403,6 +403,21 @@ def test_an_interval_the_sweep_cannot_have_written_is_unusable(interval, problem
     assert report.problems == (f"int8@cpu: {problem}: written by another qbench, or edited",)
 
 
+def _alternating(rows: int) -> np.ndarray:
+    """FP32's binary answers, 1 on every other row (the labels too: FP32 right on every row)."""
+    fp32 = np.zeros(rows, dtype=np.int64)
+    fp32[::2] = 1
+    return fp32
+
+
+def _with_first_lost(rows: int, lost: int):
+    """The gate's report on a variant that flips FP32's answer, right on every row, on the first `lost` rows."""
+    fp32 = _alternating(rows)
+    variant = fp32.copy()
+    variant[:lost] = 1 - variant[:lost]
+    return _judged_decisions(fp32, variant, fp32.copy())
+
+
 def test_a_drop_within_the_tolerance_needs_its_upper_bound_within_it_too():
     """The probe (bench/gate_calibration.py): a variant losing 1.5 % of the population's right answers, 1.5 x a
     max_drop of 0.01, shows a drop of at most 0.01 on 300 rows with probability P(X <= 3 | 300, 0.015) = 34 %, and
@@ -410,13 +425,9 @@ def test_a_drop_within_the_tolerance_needs_its_upper_bound_within_it_too():
     of k lost rows of n resolves only where the 95 % upper bound of the share lost (Clopper-Pearson) is within the
     tolerance: 0 lost is the rows rule as before, 2 of 300 reaches 0.0208."""
     rows = 300
-    fp32 = np.zeros(rows, dtype=np.int64)
-    fp32[::2] = 1
-    none_lost = _judged_decisions(fp32, fp32.copy(), fp32.copy())
-    assert none_lost.exit_code == EXIT_PASS
-    two = fp32.copy()
-    two[:2] = 1 - two[:2]
-    report = _judged_decisions(fp32, two, fp32.copy())
+    fp32 = _alternating(rows)
+    assert _with_first_lost(rows, 0).exit_code == EXIT_PASS
+    report = _with_first_lost(rows, 2)
     assert report.exit_code == EXIT_UNUSABLE
     assert report.problems == (
         "int8@cpu: too few rows to resolve the tolerance: overall accuracy on 300 rows: its drop of 2 of the 300 rows "
@@ -440,12 +451,7 @@ def test_a_drop_a_hair_under_the_tolerance_on_many_rows_is_unresolved_without_a_
     """999 of 100,001 rows lost (0.00999) against a max_drop of 0.01: rows that would resolve such a drop number in
     the trillions, and the search for how many doubled them until the gate hung. Beyond 100 times the scope's rows
     the message names none."""
-    rows = 100_001
-    fp32 = np.zeros(rows, dtype=np.int64)
-    fp32[::2] = 1
-    variant = fp32.copy()
-    variant[:999] = 1 - variant[:999]
-    report = _judged_decisions(fp32, variant, fp32.copy())
+    report = _with_first_lost(100_001, 999)
     assert report.exit_code == EXIT_UNUSABLE
     assert report.problems == (
         "int8@cpu: too few rows to resolve the tolerance: overall accuracy on 100001 rows: its drop of 999 of the 100001 "
