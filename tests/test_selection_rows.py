@@ -90,7 +90,9 @@ def test_without_rows_apart_from_the_evaluation_the_choice_and_the_gate_say_so(t
     path = write_fragile_project(tmp_path, [], fragile=())
     raw = yaml.safe_load(path.read_text())
     raw["data"]["calibration"] = {"filter": {"split": "eval"}, "samples": 64, "overlap": "allow"}
-    outcome = _sweep(path, data=raw["data"], search={"time_budget_s": 60, "techniques": ["ort-dynamic"]})
+    # the pick loses 2 of the 200 rows, a pass its upper bound does not resolve: noted, so that the verdict has notes
+    gate = {**raw["gate"], "unresolved": "note"}
+    outcome = _sweep(path, data=raw["data"], search={"time_budget_s": 60, "techniques": ["ort-dynamic"]}, gate=gate)
     report = outcome.results.search
     assert report.selection_rows is None and "also judge it" in report.notes[0]
     variant = outcome.results.find("int8-search", "onnxruntime-cpu")

@@ -35,6 +35,8 @@ def test_a_tracking_server_dying_mid_sweep_costs_mlflow_not_the_measurements(
         recipe = write_fragile_project(tmp_path / "project", [INT8, {"name": "fp16", "precision": "fp16"}], fragile=())
         raw = yaml.safe_load(recipe.read_text())
         raw["tracking"] = {"uri": url}
+        # INT8 loses a few of the 200 rows, a pass their upper bound does not resolve: noted, so that it registers
+        raw["gate"] = {**raw["gate"], "unresolved": "note"}
         recipe.write_text(yaml.safe_dump(raw, sort_keys=False))
         monkeypatch.chdir(tmp_path / "project")
         for name in BOUNDED_RETRIES:
