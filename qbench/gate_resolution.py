@@ -193,7 +193,7 @@ def unresolved(metric: str, tolerance: float, reference: SliceMetrics, own: Slic
         needed, share = rows_to_resolve(tolerance, span), tolerance / span
         unit = "rows" if rows == counted else "inputs"
         if rows >= needed:
-            return _lost_unresolved(metric, share, reference, own, rows, where, unit) if info.share_of_rows else None
+            return _lost_unresolved(point, share, rows, where, unit) if info.share_of_rows else None
         if math.isinf(needed):
             return f"{where}: no number of rows resolves a tolerance of 0"
         return (f"{where} < {needed} needed for a drop of {tolerance:g} (a variant changing {share:.3g} of the {unit} "
@@ -249,13 +249,11 @@ def _binomial_sum(counts: range, draws: int, rate: float) -> float:
     return min(1.0, math.exp(top) * float(np.sum(np.exp(logs - top))))
 
 
-def _lost_unresolved(metric: str, share: float, reference: SliceMetrics, own: SliceMetrics, rows: int, where: str,
-                     unit: str) -> str | None:  # fmt: skip
-    """Why a share of rows that drops by `lost` of its `rows` (net: losses less gains) does not resolve a tolerance of
-    `share`, or None: the sample's drop is within the tolerance, yet a variant losing more than `share` of the
+def _lost_unresolved(point: float, share: float, rows: int, where: str, unit: str) -> str | None:
+    """Why a share of rows whose drop is `point`, `lost` of its `rows` (net: losses less gains), does not resolve a
+    tolerance of `share`, or None: the sample's drop is within the tolerance, yet a variant losing more than `share` of the
     population's rows shows a drop as small with probability over 5 % (1.5 x a max_drop of 0.01 on 300 rows: 34 %;
     on 1,000 rows: 12 %), so the upper bound of the drop must be within it, as the rows rule asks where none is lost."""
-    point = drop(metric, reference.metrics.get(metric, math.nan), own.metrics.get(metric, math.nan))
     lost = round(point * rows) if math.isfinite(point) else 0
     if lost <= 0:
         return None
@@ -275,15 +273,18 @@ def _rows_at_this_drop(rate: float, share: float, limit: int) -> int | None:
     100,001 against 0.01 asked for trillions, and the search for them ran for ever)."""
     if rate >= share:
         return None
+    def resolves(count: int) -> bool:  # upper_share(lost, count) <= share, read off one sum instead of its bisection
+        return _at_most(round(rate * count), count, share) <= 1 - CONFIDENCE
+
     rows = 2
-    while upper_share(round(rate * rows), rows) > share:
+    while not resolves(rows):
         if rows > limit:
             return None
         rows *= 2
     low = rows // 2
     while rows - low > max(1, low // 100):  # to 1 %
         mid = (low + rows) // 2
-        low, rows = (low, mid) if upper_share(round(rate * mid), mid) <= share else (mid, rows)
+        low, rows = (low, mid) if resolves(mid) else (mid, rows)
     return rows
 
 

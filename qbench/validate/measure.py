@@ -245,9 +245,8 @@ def measure(
                            environment=environment_cause(exc),
                            metric_error=exc if isinstance(exc, MetricError) else None)  # fmt: skip
         if reference is None and rows.labels is not None and not quiet:  # FP32 on every evaluation row
-            shuffled = rows.labels[np.random.default_rng(0).permutation(len(rows.labels))]
-
             def unpaired() -> SliceMetrics:  # FP32 against labels shuffled across rows: a guess blind to the input
+                shuffled = rows.labels[np.random.default_rng(0).permutation(len(rows.labels))]
                 return evaluate_accuracy(recipe.task, outputs, base, shuffled, {}, **options).overall
 
             # logged here and kept in FP32's notes: a Ray worker's log never reaches the sweep (log_to_driver off)
