@@ -231,3 +231,30 @@ def _domains_used(graph: onnx.GraphProto) -> set[str]:
             for body in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
                 used |= _domains_used(body)
     return used
+
+
+SHAPE_INPUTS = {"Reshape": 1, "Expand": 1, "ConstantOfShape": 0, "Tile": 1}
+"""Ops whose input at that position is a shape (Tile: repeats per axis): where it is a constant, its first value is
+the batch a graph fixes when it reshapes or broadcasts its rows to a constant size."""
+
+
+def constant_leading_sizes(model: onnx.ModelProto) -> set[int]:
+    """The first values above 1 of the constant shapes the main graph's Reshape, Expand, ConstantOfShape and Tile
+    nodes read (an initializer, or a Constant node's value): the batches a graph may fix that its inputs do not
+    declare (a TorchScript export of `x.reshape(4, 16)` behind an input `['batch', 16]` reshapes to [4, 16])."""
+    from onnx import numpy_helper
+
+    constants = {tensor.name: tensor for tensor in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            constants[node.output[0]] = node.attribute[0].t
+    sizes = set()
+    for node in model.graph.node:
+        position = SHAPE_INPUTS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        tensor = constants.get(node.input[position]) if position is not None and len(node.input) > position else None
+        if tensor is None or tensor.data_type not in (onnx.TensorProto.INT64, onnx.TensorProto.INT32):
+            continue
+        values = numpy_helper.to_array(tensor).reshape(-1)
+        if values.size and int(values[0]) > 1:
+            sizes.add(int(values[0]))
+    return sizes

@@ -17,14 +17,18 @@ from pathlib import Path
 
 import numpy as np
 
+from qbench.backends import Backend
+from qbench.backends.base import RunOptions
 from qbench.backends.onnxruntime import quiet_run_options
 from qbench.data.feeds import take_batch
 from qbench.errors import QbenchError, RecipeError
 from qbench.modelinfo import ModelInfo, TensorMeta
 from qbench.modelinfo_classes import each_once
+from qbench.onnx_read import constant_leading_sizes, read_onnx
 from qbench.preflight_random import EVAL_EXPORT, random_refusal, random_sources
 from qbench.recipe import Recipe
 from qbench.validate.outputs import VARIABLE_SHAPE, as_array
+from qbench.variants.base import BuiltVariant
 
 logger = logging.getLogger(__name__)
 
@@ -280,3 +284,26 @@ def _likely_batch_axis(meta: TensorMeta) -> int | None:
     if names[0] and "batch" not in names[0].lower():
         return next((axis for axis in range(1, len(shape)) if names[axis] and "batch" in names[axis].lower()), None)
     return None
+
+
+def runs_batch(backend: Backend, built: BuiltVariant, feeds: Mapping[str, np.ndarray], count: int, batch: int) -> bool:
+    """Whether `backend` runs `built` on `batch` of the `count` rows of `feeds` (repeated where fewer), that run alone:
+    a measurement first runs one row (its cold start), which a graph fixing a larger batch fails."""
+    fed = {name: np.asarray(values)[np.arange(batch) % count] for name, values in feeds.items()}
+    try:
+        runner = backend.load(built, RunOptions(batch_sizes=(batch,)))
+        try:
+            runner.run(fed)
+        finally:
+            runner.close()
+    except Exception:  # noqa: BLE001 - any refusal answers "no": a hint is not worth another error
+        return False
+    return True
+
+
+def batches_a_graph_may_fix(recipe: Recipe, path: Path, size: int) -> list[int]:
+    """The batches above 1 that a graph failing on one row may fix, smallest first: the first values of its constant
+    shapes (onnx_read.constant_leading_sizes) and the recipe's batch sizes, up to max(`size`, 256) rows."""
+    sizes = constant_leading_sizes(read_onnx(path)) | set(recipe.latency.batch_sizes)
+    sizes |= {recipe.data.evaluation.batch_size, recipe.data.calibration.batch_size}
+    return sorted(batch for batch in sizes if 1 < batch <= max(size, 256))

@@ -4,7 +4,9 @@ variant is built, and stops in one line naming the batch and the runtime's reaso
 Where it runs one row but not two (a Reshape to a constant [1, -1] behind an input declaring a dynamic batch, as older
 zoo exports write), the line says which batch fields to set to 1: the recipe that follows it runs. Where it fails on a
 single row too (an op the runtime refuses whatever the batch, as ONNX Runtime 1.32 refuses a dynamo export's opset-23
-Attention whose mask broadcasts over the query axis), the line says no batch-size setting would help."""
+Attention whose mask broadcasts over the query axis), the line says no batch-size setting would help; where it fails on
+a single row but runs a larger batch (a Reshape to a constant [4, -1] behind an input declaring a dynamic batch, as a
+TorchScript export of `x.reshape(4, 16)` writes), the line names that batch and the export qbench runs."""
 
 from __future__ import annotations
 
@@ -34,6 +36,17 @@ def batch_one_model() -> onnx.ModelProto:
     nodes = [helper.make_node("Reshape", ["x", "shape"], ["r"]), helper.make_node("MatMul", ["r", "w"], ["logits"])]
     graph = helper.make_graph(nodes, "batch_one", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
                               [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 3])], [weights, shape])  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def batch_four_model(batch: str | int = "batch") -> onnx.ModelProto:
+    """x [batch, 4] -> Reshape to a constant [4, 4] -> MatMul -> logits [batch, 3]: runs a batch of 4 only, though its
+    input declares a dynamic batch (with `batch` 4, declared fixed)."""
+    weights = numpy_helper.from_array(np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32), "w")
+    nodes = [helper.make_node("Constant", [], ["shape"], value=numpy_helper.from_array(np.array([4, 4], np.int64))),
+             helper.make_node("Reshape", ["x", "shape"], ["r"]), helper.make_node("MatMul", ["r", "w"], ["logits"])]
+    graph = helper.make_graph(nodes, "batch_four", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 4])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, 3])], [weights])  # fmt: skip
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -148,5 +161,38 @@ def test_the_recipe_the_hint_writes_runs(tmp_path, monkeypatch):
     recipe = project(tmp_path / "p")
     spec = yaml.safe_load(recipe.read_text())
     spec["latency"]["batch_sizes"] = [1]
+    recipe.write_text(yaml.safe_dump(spec, sort_keys=False))
+    assert main(["sweep", str(recipe), "--no-track", "--gate"]) == 0
+
+
+def test_a_reference_that_fails_on_one_row_but_runs_a_larger_batch_names_that_batch(tmp_path, monkeypatch, capsys):
+    """The graph fixes a batch of 4 its input does not declare: a single row fails, and so does every batch the
+    recipe could set (the dry run's first run is one row). The line said "it fails on a single row too, so no
+    batch-size setting would help"; it now names the batch the graph runs and the export that qbench runs."""
+    monkeypatch.chdir(tmp_path)
+    recipe = project(tmp_path / "p", batch_four_model())
+    code = main(["validate", str(recipe)])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2, err
+    assert len(lines) == 1, err
+    assert "a batch of 1 row failed: " in lines[0]
+    assert lines[0].endswith("expected a model that runs every batch size the recipe asks for; it fails on a single "
+                             "row but runs a batch of 4, so its graph fixes a batch of 4 its inputs do not declare (a "
+                             "Reshape to a constant [4, ...]): export it with a dynamic batch, or with its inputs' batch "
+                             "dimension fixed to 4, which qbench runs as a fixed batch (README: A model with a fixed "
+                             "batch)")  # fmt: skip
+    assert "no batch-size setting would help" not in lines[0]
+
+
+def test_the_export_that_hint_names_runs(tmp_path, monkeypatch):
+    """The same graph with its input's batch declared fixed to 4, as the line above says: it sweeps at that batch (a
+    last, shorter batch filled with repeats) and its gate judges it (exit 0)."""
+    monkeypatch.chdir(tmp_path)
+    recipe = project(tmp_path / "p", batch_four_model(batch=4))
+    spec = yaml.safe_load(recipe.read_text())
+    spec["latency"].pop("batch_sizes")
+    spec["data"]["evaluation"].pop("batch_size")
+    spec["data"]["calibration"].pop("batch_size")
     recipe.write_text(yaml.safe_dump(spec, sort_keys=False))
     assert main(["sweep", str(recipe), "--no-track", "--gate"]) == 0

@@ -31,6 +31,7 @@ from qbench.errors import QbenchError, RecipeError, environment_cause
 from qbench.preflight import Prepared, check_labels_fit_outputs
 from qbench.preflight_checks import check_masked_outputs, check_output_memory
 from qbench.preflight_labels import check_labels_beat_chance
+from qbench.preflight_rows import batches_a_graph_may_fix, runs_batch
 from qbench.provenance import model_bytes, model_sha256
 from qbench.recipe import LatencySpec
 from qbench.results import AccuracyResult, LatencyResult, SliceMetrics, VariantResult
@@ -406,6 +407,13 @@ def _expected(prepared: Prepared, backend: Backend, built: BuiltVariant, rows: R
             return False
 
     if not runs(1):
+        tried = batches_a_graph_may_fix(prepared.recipe, prepared.source.onnx_path, size)
+        fixed = next((batch for batch in tried if runs_batch(backend, built, rows.feeds, rows.count, batch)), None)
+        if fixed is not None:
+            return (f"{general}; it fails on a single row but runs a batch of {fixed}, so its graph fixes a batch of "
+                    f"{fixed} its inputs do not declare (a Reshape to a constant [{fixed}, ...]): export it with a "
+                    f"dynamic batch, or with its inputs' batch dimension fixed to {fixed}, which qbench runs as a fixed "
+                    "batch (README: A model with a fixed batch)")
         return (f"expected a model {backend.name} runs: it fails on a single row too, so no batch-size setting would "
                 "help; the runtime's reason names the node it stops at")
     if size > 1 and not runs(2):
