@@ -114,7 +114,9 @@ class RegressionRows:
             "max_abs_error": metrics.max_abs_error(outputs, reference),
         }
         intervals = {"mae": metrics.mean_interval(errors.mean(axis=1)), "agreement": wilson(agreement, size)}
-        kept = kept_rules.tail_kept(outputs, reference)
+        found = [k for k in (kept_rules.tail_kept(outputs, reference), kept_rules.fit_kept(outputs, reference, target))
+                 if k is not None]  # fmt: skip
+        kept = min(found, key=lambda k: k.share, default=None)  # the lower share; FP32 keeps both whole
         return SliceMetrics(name=name, size=size, metrics=values, intervals=intervals, kept={"": kept} if kept else {},
                             drop_intervals=metrics_targets.drop_intervals(outputs, reference, target))
 
