@@ -197,7 +197,7 @@ def test_regression_results_written_before_fit_kept_are_unusable_and_other_tasks
     raw = _two_variants("regression", "mae", fp32, own, 400)
     spec = GateSpec(metric="mae", unresolved="note")
     assert evaluate_gate(from_dict(raw), spec).exit_code == EXIT_BREACH
-    assert _unusable_without(raw, "fit_kept", spec) == ("results written by qbench '0.1.0' record no fit_kept (this qbench's sweep records "
-                               "them), so these checks cannot be applied: fit_kept (a target predicted no better than "
-                               "its mean); re-run `qbench sweep`",)  # fmt: skip
+    assert _unusable_without(raw, "fit_kept", spec) == (
+        "results written by qbench '0.1.0' record no fit_kept (this qbench's sweep records them), so these checks "
+        "cannot be applied: fit_kept (a target predicted no better than its mean); re-run `qbench sweep`",)
     _a_classifier_lacking_is_judged("fit_kept")

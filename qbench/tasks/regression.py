@@ -3,7 +3,8 @@
 Without labels, mae / rmse / r2 / r2_min / max_error are measured against the FP32 outputs instead.
 Several targets per row are judged one target at a time, then averaged uniformly (scikit-learn's
 default): rmse and r2 are the mean of each target's, mae the mean over all values (the same thing),
-r2_min the worst target's R²; a large-scale target cannot hide a small one. max_error is the largest
+r2_min the worst target's R². mae and rmse, in the targets' units, are decided by the largest-scale target; a
+small one it would hide shows in r2, r2_min and the gate's fit_kept (qbench.validate.kept). max_error is the largest
 error of any value, in the targets' units. A row agrees with FP32 when every one of its values is
 within AGREEMENT_TOLERANCE x the standard deviation of that target's FP32 outputs (a scale-free
 tolerance: the model's units are unknown; x the value itself where FP32 outputs one constant), and on a numerically

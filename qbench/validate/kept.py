@@ -234,7 +234,8 @@ def fit_kept(outputs: np.ndarray, reference: np.ndarray, target: np.ndarray) -> 
         skill = 1.0 - float(np.mean(np.abs(reference[finite, j] - wanted))) / deviation
         if not skill >= MIN_SKILL:
             continue
-        kept = Kept("fit_kept", f"column {j}", skill, 1.0 - float(np.mean(np.abs(outputs[finite, j] - wanted))) / deviation)
+        own = 1.0 - float(np.mean(np.abs(outputs[finite, j] - wanted))) / deviation
+        kept = Kept("fit_kept", f"column {j}", skill, own)
         worst = kept if worst is None or kept.share < worst.share else worst
     return worst
 
