@@ -32,6 +32,8 @@ EVIDENCE: dict[str, Evidence] = {e.name: e for e in (
     Evidence("kept", "each scope's kept", "decisions_kept, tail_kept, spread_kept (lost classes, tails, dimensions)"),
     Evidence("rows_kept", "each embedding scope's kept, judged on rows too", "rows_kept (embedding rows moved off "
              "FP32's)", task="embedding"),
+    Evidence("fit_kept", "each regression scope's kept, judged on each target's fit too", "fit_kept (a target "
+             "predicted no better than its mean)", task="regression"),
     Evidence("drop_intervals", "each regression scope's drop_intervals", "the resolution of a pass on mae, rmse or "
              "r2 (the paired interval of its drop)", task="regression"),
     Evidence("stored_weights", "the reference's params.stored_weights", "the note on a reference stored rounded"),

@@ -182,3 +182,22 @@ def test_regression_results_written_before_drop_intervals_are_unusable_and_other
                                "records them), so these checks cannot be applied: the resolution of a pass on mae, "
                                "rmse or r2 (the paired interval of its drop); re-run `qbench sweep`",)  # fmt: skip
     _a_classifier_lacking_is_judged("drop_intervals")
+
+
+def test_regression_results_written_before_fit_kept_are_unusable_and_other_tasks_results_are_judged():
+    """fit_kept is recorded in the one kept slot a regression scope had (tail_kept's): results written before it hold
+    a tail, which cannot tell that no target's fit was judged (exit 2). A classifier's results are judged as they were."""
+    rng = np.random.default_rng(0)
+    labels = rng.normal(size=(400, 2)) * [100.0, 0.01]
+    reference = labels + rng.normal(size=(400, 2)) * [5.0, 0.0005]
+    outputs = reference.copy()
+    outputs[:, 1] = labels[:, 1].mean()  # target 1 at its mean: no skill; the pooled mae moves by 0.1 %
+    fp32 = evaluate_accuracy("regression", reference, reference, labels, {})
+    own = with_drops(evaluate_accuracy("regression", outputs, reference, labels, {}), fp32)
+    raw = _two_variants("regression", "mae", fp32, own, 400)
+    spec = GateSpec(metric="mae", unresolved="note")
+    assert evaluate_gate(from_dict(raw), spec).exit_code == EXIT_BREACH
+    assert _unusable_without(raw, "fit_kept", spec) == (
+        "results written by qbench '0.1.0' record no fit_kept (this qbench's sweep records them), so these checks "
+        "cannot be applied: fit_kept (a target predicted no better than its mean); re-run `qbench sweep`",)
+    _a_classifier_lacking_is_judged("fit_kept")

@@ -109,6 +109,37 @@ def test_a_multilabel_label_never_switched_on_breaches_though_label_agreement_is
     assert _verdict("multilabel", fp32, honest, labels, spec).exit_code == EXIT_PASS
 
 
+def _three_scales() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(FP32 outputs, labels, a feature): 3 targets of spreads about 260, 3 and 0.02; FP32 errs by 3-5 % of each."""
+    rng = np.random.default_rng(1)
+    features = rng.normal(size=(ROWS, 6))
+    fp32 = features @ (rng.normal(size=(6, 3)) * [100.0, 1.0, 0.01])
+    labels = fp32 + rng.normal(size=fp32.shape) * [10.0, 0.1, 0.001]
+    return fp32, labels, features[:, 1]
+
+
+def test_a_small_scale_target_a_variant_ruins_breaches_though_the_pooled_mae_is_within_tolerance():
+    """Target 2's outputs wiggled by 0.015 (its spread 0.019): its MAE against the labels grows twelvefold, the
+    MAE pooled over the three targets by 0.1 %, within the default 1 % of FP32's: the gate passed it (exit 0)."""
+    fp32, labels, feature = _three_scales()
+    spec = GateSpec(metric="mae", unresolved="note")
+    broken = fp32.copy()
+    broken[:, 2] += 0.015 * np.sin(37 * feature)
+    report = _verdict("regression", fp32, broken, labels, spec)
+    assert [c.status for c in report.checks if c.metric == "mae"] == ["pass"] * 3
+    deviation = np.abs(labels[:, 2] - labels[:, 2].mean()).mean()
+    skill = {name: 1 - np.abs(values[:, 2] - labels[:, 2]).mean() / deviation for name, values in
+             (("fp32", fp32), ("broken", broken))}  # fmt: skip
+    assert skill["fp32"] > 0.9 and skill["broken"] < 0.5 * skill["fp32"]
+    [overall] = [c for c in report.breaches if c.scope == "overall"]
+    assert (overall.metric, overall.reason) == ("fit_kept", "column 2")
+    assert (overall.reference, overall.observed) == (pytest.approx(skill["fp32"]), pytest.approx(skill["broken"]))
+    assert {c.scope for c in report.breaches} == {"overall", "half=a", "half=b"}
+    rng = np.random.default_rng(2)
+    honest = fp32 + rng.normal(size=fp32.shape) * [0.2, 0.002, 0.00002]  # 2 % of FP32's error on each target
+    assert _verdict("regression", fp32, honest, labels, spec).exit_code == EXIT_PASS
+
+
 def test_embedding_dimensions_stuck_at_a_constant_breach_though_cosine_stays_high():
     rng = np.random.default_rng(3)
     fp32 = (rng.normal(size=(ROWS, 32)) + 3.0).astype(np.float32)  # a shared direction: cosine is forgiving

@@ -106,7 +106,8 @@ def test_a_metric_fp32_scores_zero_on_itself_needs_an_explicit_tolerance():
     int8 = VariantResult("int8", "b", "int8", "ok", accuracy=evaluate_accuracy("regression", worse, targets, None, {}))
     report = judge(fp32, int8, GateSpec(metric="mae"))
     assert report.exit_code == EXIT_UNUSABLE
-    assert [c.metric for c in report.checks] == ["nonfinite_outputs"]
+    # outputs 3x FP32's keep none of its fit (fit_kept needs no tolerance): a breach beside the unusable figure
+    assert [(c.metric, c.status) for c in report.checks] == [("nonfinite_outputs", "breach"), ("fit_kept", "breach")]
     assert report.problems == ("int8@b: gate.max_drop and gate.max_slice_drop are not set and mae is in the data's "
                                "units, so their defaults are shares of FP32's figure, but FP32's overall mae is 0: no "
                                "relative tolerance can be formed; expected gate.max_drop and gate.max_slice_drop set "

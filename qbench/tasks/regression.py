@@ -3,7 +3,8 @@
 Without labels, mae / rmse / r2 / r2_min / max_error are measured against the FP32 outputs instead.
 Several targets per row are judged one target at a time, then averaged uniformly (scikit-learn's
 default): rmse and r2 are the mean of each target's, mae the mean over all values (the same thing),
-r2_min the worst target's R²; a large-scale target cannot hide a small one. max_error is the largest
+r2_min the worst target's R². mae and rmse, in the targets' units, are decided by the largest-scale target; a
+small one it would hide shows in r2, r2_min and the gate's fit_kept (qbench.validate.kept). max_error is the largest
 error of any value, in the targets' units. A row agrees with FP32 when every one of its values is
 within AGREEMENT_TOLERANCE x the standard deviation of that target's FP32 outputs (a scale-free
 tolerance: the model's units are unknown; x the value itself where FP32 outputs one constant), and on a numerically
@@ -114,7 +115,9 @@ class RegressionRows:
             "max_abs_error": metrics.max_abs_error(outputs, reference),
         }
         intervals = {"mae": metrics.mean_interval(errors.mean(axis=1)), "agreement": wilson(agreement, size)}
-        kept = kept_rules.tail_kept(outputs, reference)
+        found = [k for k in (kept_rules.tail_kept(outputs, reference), kept_rules.fit_kept(outputs, reference, target))
+                 if k is not None]  # fmt: skip
+        kept = min(found, key=lambda k: k.share, default=None)  # the lower share; FP32 keeps both whole
         return SliceMetrics(name=name, size=size, metrics=values, intervals=intervals, kept={"": kept} if kept else {},
                             drop_intervals=metrics_targets.drop_intervals(outputs, reference, target))
 

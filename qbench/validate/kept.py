@@ -27,6 +27,11 @@ breaches a share under KEPT (decisions_kept: one unlikely by chance, `lost`).
   tail) over MIN_ROWS rows at least. Band against band, both on each side's own outputs: an offset every output of
   an honest variant shares (INT8's rounding moves a regressor's outputs by a few percent of their spread) cancels,
   while a clamp at the calibration sample's range flattens the tail against its band.
+- fit_kept (regression): of how much better than its mean FP32 predicts each target (its skill: 1 - its MAE / the
+  target's mean absolute deviation, against the labels, or FP32's own outputs without labels), the share the variant
+  keeps; judged for targets FP32's skill reaches MIN_SKILL on, over MIN_ROWS rows at least. The gate metric pools
+  every value of every target (mae, rmse), so the largest-scale target decides it: a target of spread 0.018 beside
+  one of 216 whose MAE grew twelvefold moved a pooled MAE by 0.1 %, under a 1 % tolerance.
 - spread_kept (embedding): of how much a dimension varies across the rows for FP32, the share it varies for the
   variant; judged for dimensions varying at least MIN_REACH of the output's mean per dimension.
 - rows_kept (embedding): of how far FP32's cosine with itself (1) rises above the cosine its rows share (shared_cosine,
@@ -69,6 +74,8 @@ the same verdict: the gate asks whether any class is lost, and Holm's first step
 likely."""
 
 TAIL = 0.05  # the share of rows at each end of a regression target whose reach tail_kept compares
+MIN_SKILL = 0.5  # fit_kept: a target FP32 predicts with less skill is not judged (an honest variant's few percent
+# of MAE would be a large share of a small skill)
 MIN_REACH = 0.05  # a tail's reach, or a dimension's spread, under this share of the target's (the mean) is not judged
 
 
@@ -77,6 +84,8 @@ KEPT_RULES = {
     "token_decisions_kept": "FP32 decides it in {reference:g} rows, the variant in {own:g} of them (on half of "
                             "their tokens FP32 decides it on at least)",
     "tail_kept": "FP32's extreme rows reach {reference:.4g} past the rows before them, the variant's {own:.4g}",
+    "fit_kept": "FP32 predicts it {reference:.4g} better than its mean (1 - MAE / mean absolute deviation), the "
+                "variant {own:.4g}",
     "spread_kept": "it varies across the rows by {reference:.4g} for FP32, by {own:.4g} for the variant",
     "rows_kept": "of the {reference:.4g} between the cosine FP32's rows share and 1, its cosine with FP32's vector "
                  "keeps {own:.4g}",
@@ -208,6 +217,29 @@ def tail_kept(outputs: np.ndarray, reference: np.ndarray) -> Kept | None:
     return worst
 
 
+def fit_kept(outputs: np.ndarray, reference: np.ndarray, target: np.ndarray) -> Kept | None:
+    """The target (column) whose skill (1 - MAE / the target's mean absolute deviation from its mean, on the rows
+    FP32, the variant and the target are all finite on) the variant keeps least of, among those FP32's skill reaches
+    MIN_SKILL on over MIN_ROWS rows at least; None where none does."""
+    outputs, reference, target = _columns(outputs), _columns(reference), _columns(target)
+    worst: Kept | None = None
+    for j in range(reference.shape[1]):
+        finite = np.isfinite(reference[:, j]) & np.isfinite(outputs[:, j]) & np.isfinite(target[:, j])
+        if np.count_nonzero(finite) < MIN_ROWS:
+            continue
+        wanted = target[finite, j]
+        deviation = float(np.mean(np.abs(wanted - np.mean(wanted))))
+        if not deviation > 0:
+            continue
+        skill = 1.0 - float(np.mean(np.abs(reference[finite, j] - wanted))) / deviation
+        if not skill >= MIN_SKILL:
+            continue
+        own = 1.0 - float(np.mean(np.abs(outputs[finite, j] - wanted))) / deviation
+        kept = Kept("fit_kept", f"column {j}", skill, own)
+        worst = kept if worst is None or kept.share < worst.share else worst
+    return worst
+
+
 def spread_kept(outputs: np.ndarray, reference: np.ndarray) -> Kept | None:
     """The dimension (column) whose variation across the rows both give finite outputs on the variant keeps least of,
     among those FP32 varies by at least MIN_REACH of its mean per dimension (root mean square of their standard
@@ -225,7 +257,7 @@ def spread_kept(outputs: np.ndarray, reference: np.ndarray) -> Kept | None:
     return Kept("spread_kept", f"dimension {j}", float(ref[j]), float(own[j]))
 
 
-RECORDED_TOGETHER = (frozenset({"spread_kept", "rows_kept"}),)
+RECORDED_TOGETHER = (frozenset({"spread_kept", "rows_kept"}), frozenset({"tail_kept", "fit_kept"}))
 """Rules one task judges on the same output, of which a scope records the one kept least of: FP32's record (every
 component kept whole) may name one and a variant's the other."""
 
