@@ -35,6 +35,7 @@ from qbench.data import (
 )
 from qbench.data.evaluation import EvaluationRows, calibration_sample, holds_out
 from qbench.data.feeds import text_feed_notes
+from qbench.data.images import content_table
 from qbench.data.labels import label_cells, unlabelled_hint
 from qbench.data.leakage import shared_rows, warn_shared
 from qbench.data.nonfinite import kept_nonfinite, qat_refuses_nonfinite
@@ -59,7 +60,7 @@ from qbench.preflight_precision import reduced_precision
 from qbench.preflight_rows import check_row_independence
 from qbench.provenance import metric_source_input
 from qbench.recipe import Recipe
-from qbench.recipe_data import TextInputSpec
+from qbench.recipe_data import InputTarget
 from qbench.results import CalibrationRecord
 from qbench.selection_rows import (
     CalibrationSplit,
@@ -230,7 +231,8 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
                                recipe_file=recipe.source) if chooses_among_candidates(recipe) else None  # fmt: skip
     kept = kept_nonfinite(data, (eval_rows, nonfinite, masks), (calibration_rows, calibration_nonfinite),
                           split.selection if selection is not None else split.selection[:0])  # fmt: skip
-    overlap = shared_rows(calibration_table, calibration_rows, table, eval_rows, data.fed_columns)
+    overlap = shared_rows(content_table(calibration_table, data, recipe_file=recipe.source), calibration_rows,
+                          content_table(table, data, recipe_file=recipe.source), eval_rows, data.fed_columns)
     if recipe.fits_on_calibration_rows:
         allowed = calibration_table is table and data.calibration.overlap == "allow"
         warn_shared(overlap, len(calibration_rows), "calibration",
@@ -437,7 +439,7 @@ def _calibration(
     lookups: Mapping[str, Lookup],
     *,
     whole: bool,
-    inputs: Mapping[str, str | TextInputSpec],
+    inputs: Mapping[str, InputTarget],
     evaluation: EvaluationRows | None,
 ) -> tuple[CalibrationSplit, list[Feeds]]:
     """The calibration sample split into the rows fitted on and the rows searches choose on (calibration_split;
@@ -469,7 +471,7 @@ def _training(
     slices: dict[str, np.ndarray],
     eval_rows: np.ndarray,
     *,
-    inputs: Mapping[str, str | TextInputSpec],
+    inputs: Mapping[str, InputTarget],
     calibration: tuple[np.ndarray, NonfiniteMasks],
 ) -> dict[str, TrainingData]:
     """Feeds (fed as `inputs`, as _calibration's) and labels for every QAT variant, from its `qat.train` filter
@@ -484,7 +486,8 @@ def _training(
         rows = training_rows(table, spec.qat.train.filter, eval_rows, field=field, recipe_file=recipe.source)
         rows = _finite_rows(recipe, rows, nonfinite, {}, f"{spec.name} training")
         rows = rows[: spec.qat.train.limit] if spec.qat.train.limit is not None else rows
-        warn_shared(shared_rows(table, rows, table, eval_rows, recipe.data.fed_columns), len(rows), f"{spec.name} training",
+        by_content = content_table(table, recipe.data, recipe_file=recipe.source)
+        warn_shared(shared_rows(by_content, rows, by_content, eval_rows, recipe.data.fed_columns), len(rows), f"{spec.name} training",
                     "the same rows twice in the table")  # fmt: skip
         if recipe.data.nonfinite_inputs == "keep":
             qat_refuses_nonfinite(recipe.source, spec.name, index, (rows, nonfinite), calibration)

@@ -1,8 +1,9 @@
 """What a sweep's results were made from: a content digest of every input, so the gate can say what changed.
 
 The inputs of a recipe are the ONNX model and each of its external-data files, or the PyTorch
-factory's source file and its weights; the data file, a separate calibration file, and each text
-column's tokenizer folder. `input_digests` hashes each of them (the recipe's fingerprint is made
+factory's source file and its weights; the data file, a separate calibration file, each text
+column's tokenizer folder, and each image column's root folder (every file's name and bytes: an image
+rewritten changes it). `input_digests` hashes each of them (the recipe's fingerprint is made
 from these digests); results.json records them as {input: {path, sha256}}; `changed_inputs`
 recomputes them from the recorded paths at gate time.
 """
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qbench.errors import QbenchError, RecipeError
+from qbench.recipe_data import ImageInputSpec
 from qbench.user_code import module_source, not_found
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -23,6 +25,11 @@ if TYPE_CHECKING:  # pragma: no cover
 
 EXTERNAL_DATA_INPUT = "model external data "  # + the file's location relative to the model's folder
 TOKENIZER_INPUT_SUFFIX = ".tokenizer.path folder"  # data.inputs.<column> + this: a text column's tokenizer folder
+
+
+def image_root_input(column: str) -> str:
+    """The input name of image column `column`'s root folder."""
+    return f"data.inputs.{column}.image.root folder"
 
 
 def tokenizer_input(column: str) -> str:
@@ -74,6 +81,11 @@ def input_files(recipe: Recipe) -> dict[str, Path]:
         files[metric_source_input(index)] = source
     for column, spec in recipe.data.inputs.items():
         if isinstance(spec, str):
+            continue
+        if isinstance(spec, ImageInputSpec):
+            from qbench.data.images import image_root
+
+            files[image_root_input(column)] = image_root(spec.image, recipe_file=recipe.source, column=column)
             continue
         from qbench.data.text import resolve_tokenizer_folder, tokenizer_field
 

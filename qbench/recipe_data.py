@@ -18,7 +18,7 @@ import unicodedata
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator
 
 from qbench.recipe_filters import check_filter
 from qbench.techniques.options import Filter, Seed
@@ -129,6 +129,63 @@ class TextInputSpec(_Strict):
     tokenizer: TokenizerSpec
 
 
+class ImageSpec(_Strict):
+    """How an image column's cells (file paths) are decoded into a model input (qbench.data.images). Left out,
+    `size`, `mode` and `layout` are read from the model input's shape where it states them."""
+
+    root: Path = path_field("the folder relative paths in the column are read from; relative to the recipe", ...)
+    size: Annotated[list[Annotated[int, Field(gt=0)]], Field(min_length=2, max_length=2)] | None = Field(
+        None, description="[height, width] fed to the model; default the model input's static height and width"
+    )
+    resize: Literal["center_crop", "stretch"] = Field(
+        "center_crop", description="center_crop: scale to cover size / crop_pct keeping the aspect ratio, then crop "
+        "the centre (torchvision Resize + CenterCrop); stretch: scale to size, aspect ratio not kept",
+    )
+    crop_pct: float = Field(1.0, gt=0, le=1, description="center_crop: the share of the scaled image kept (timm's "
+                            "crop_pct; 0.875 is Resize(256) + CenterCrop(224))")  # fmt: skip
+    interpolation: Literal["bilinear", "bicubic", "nearest"] = "bilinear"
+    mode: Literal["RGB", "L"] | None = Field(None, description="RGB or L (grayscale); default from the model "
+                                             "input's channels (3: RGB, 1: L)")  # fmt: skip
+    layout: Literal["NCHW", "NHWC"] | None = Field(None, description="default from the model input's shape, else NCHW")
+    scale: float = Field(1 / 255, gt=0, description="multiplies the 0..255 pixel values before mean and std")
+    mean: list[float] | None = Field(None, min_length=1, max_length=3, description="per channel, subtracted after scale")
+    std: list[Annotated[float, Field(gt=0)]] | None = Field(
+        None, min_length=1, max_length=3, description="per channel, divides after mean"
+    )
+
+    @model_validator(mode="after")
+    def _crop_pct_with_center_crop(self) -> ImageSpec:
+        if self.crop_pct != 1.0 and self.resize != "center_crop":
+            raise ValueError("crop_pct: applies to resize: center_crop only; remove it")
+        return self
+
+
+class ImageInputSpec(_Strict):
+    """A column of image file paths decoded with Pillow into one model input."""
+
+    image: ImageSpec
+    input: str | None = Field(None, description="the model input fed; default the one input no other column feeds")
+
+
+InputTarget = str | TextInputSpec | ImageInputSpec
+"""What a `data.inputs` column feeds: a model input's name, a tokenizer's outputs, or a decoded image."""
+
+
+def _input_kind(value: Any) -> str:
+    """Which kind of `data.inputs` entry `value` is, told by its key (`image:` or `tokenizer:`), so that a mistake
+    in one is reported as that kind's, not as every kind's (tags are the types' names: error lines leave them out)."""
+    if isinstance(value, dict):
+        return ImageInputSpec.__name__ if "image" in value else TextInputSpec.__name__
+    return type(value).__name__ if isinstance(value, (TextInputSpec, ImageInputSpec)) else "str"
+
+
+_InputEntry = Annotated[
+    Annotated[str, Tag("str")] | Annotated[TextInputSpec, Tag(TextInputSpec.__name__)]
+    | Annotated[ImageInputSpec, Tag(ImageInputSpec.__name__)],
+    Discriminator(_input_kind),
+]
+
+
 class CsvSpec(_Strict):
     """How the CSV/TSV files of `data` write their cells. The decimal mark is declared, never guessed: '1,234' is
     1234 in one locale and 1.234 in another."""
@@ -155,8 +212,9 @@ class CsvSpec(_Strict):
 
 class DataSpec(_Strict):
     path: Path = path_field(".parquet, .csv, .tsv, .jsonl, .npz, or a `datasets` save_to_disk folder; relative to the recipe", ...)
-    inputs: dict[str, str | TextInputSpec] = Field(
-        description="data column -> model input name, or a text column -> {tokenizer: {...}}"
+    inputs: dict[str, _InputEntry] = Field(
+        description="data column -> model input name, a text column -> {tokenizer: {...}}, or a column of image "
+        "paths -> {image: {...}}"
     )
     label: str | list[str] | None = Field(
         None, description="label column (multilabel: or one 0/1 column per label, in the model's output column order); "
@@ -242,9 +300,14 @@ class DataSpec(_Strict):
         """Every column whose cells feed the model: the inputs' columns and the second texts of pairs."""
         return (*self.inputs, *self.pair_columns)
 
+    @property
+    def image_columns(self) -> dict[str, ImageSpec]:
+        """Column -> how it is decoded, for the columns of image paths."""
+        return {column: spec.image for column, spec in self.inputs.items() if isinstance(spec, ImageInputSpec)}
+
     @field_validator("inputs")
     @classmethod
-    def _inputs_nonempty(cls, v: dict[str, str | TextInputSpec]) -> dict[str, str | TextInputSpec]:
+    def _inputs_nonempty(cls, v: dict[str, InputTarget]) -> dict[str, InputTarget]:
         if not v:
             raise ValueError("expected at least one `column: input_name` pair")
         for column, spec in v.items():

@@ -74,12 +74,13 @@ def _walk(model: type[BaseModel], value: Any, path: str, seen: set[str], unknown
             continue
         if isinstance(item, list):
             entries = item
-        elif isinstance(item, dict) and _is_mapping(field.annotation) and not set(item) <= set(subs[0].model_fields):
+        elif isinstance(item, dict) and _is_mapping(field.annotation) and not any(set(item) <= set(sub.model_fields) for sub in subs):
             entries = list(item.values())  # keyed by user names: each value is an entry
         else:
             entries = [item]
-        for entry in entries:
-            _walk(subs[0], entry, f"{path}{key}.", seen, unknown)
+        for entry in entries:  # a union of models (a text or an image input): the one whose fields the entry has
+            fits = [sub for sub in subs if isinstance(entry, dict) and set(entry) <= set(sub.model_fields)]
+            _walk((fits or subs)[0], entry, f"{path}{key}.", seen, unknown)
 
 
 def readme_yaml_fragments() -> list[tuple[int, Any]]:

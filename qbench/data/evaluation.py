@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from qbench.data.filters import select_rows
+from qbench.data.images import content_table
 from qbench.data.leakage import distinct_inputs
 from qbench.data.load import load_table, table_name
 from qbench.data.nonfinite import NonfiniteMasks, check_finite, drop_nonfinite, missing_slices, nonfinite_masks
@@ -66,13 +67,14 @@ def text_columns(
     data: DataSpec, *, label_names: bool, model_inputs: Mapping[str, TensorMeta] | None = None
 ) -> tuple[str, ...]:  # fmt: skip
     """The columns whose cells name things, read as the text a CSV file holds (qbench.data.text_tables): slice `by` columns
-    and the calibration's stratify_by column ("007" and "7" are two codes, each named as written), text inputs, the
-    columns feeding a string input of the model (`model_inputs`: a zip code "007" read as the number 7 would be
+    and the calibration's stratify_by column ("007" and "7" are two codes, each named as written), text inputs, image
+    paths (a file named 0001 is no number), the columns feeding a string input of the model (`model_inputs`: a zip code "007" read as the number 7 would be
     refused, or fed as "7"), the second texts of pairs (`tokenizer.pair`), and the label when it names classes
     (`label_names`: "01" and "1" are two classes of a model's string labels)."""
     columns = [spec.by for spec in data.slices if spec.by is not None]
     columns += [column for column, spec in data.inputs.items() if isinstance(spec, TextInputSpec)]
     columns += data.pair_columns
+    columns += data.image_columns
     columns += string_input_columns(data, model_inputs or {})
     if data.calibration.stratify_by is not None:
         columns.append(data.calibration.stratify_by)
@@ -155,7 +157,8 @@ def evaluation_rows(table: pd.DataFrame, data: DataSpec, *, recipe_file: Path, c
         masks = _with_missing_slices(table, masks, missing_slices(rows, nonfinite), recipe_file=recipe_file)
     check_finite(table, rows, nonfinite, masks, what="evaluation", recipe_file=recipe_file, policy=data.nonfinite_inputs)
     fed = data.fed_columns  # a column missing is named where the feeds are built
-    distinct = (distinct_inputs(table, rows, fed, {name: mask[rows] for name, mask in masks.items()})
+    distinct = (distinct_inputs(content_table(table, data, recipe_file=recipe_file), rows, fed,
+                                {name: mask[rows] for name, mask in masks.items()})
                 if all(column in table.columns for column in fed) else {})  # fmt: skip
     return EvaluationRows(rows=rows, masks=masks, nonfinite=nonfinite, dropped=dropped, left_out=left_out,
                           held_out=held_out, beyond_limit=beyond_limit, distinct_inputs=distinct)  # fmt: skip
@@ -200,7 +203,7 @@ def calibration_sample(
             spec = spec.model_copy(update={"samples": max(1, len(candidates) // 2)})
     rows = draw_calibration_sample(table, candidates, spec, recipe_file=recipe_file)
     if warn:
-        warn_thin_sample(table, len(candidates), rows, data)
+        warn_thin_sample(content_table(table, data, recipe_file=recipe_file), len(candidates), rows, data)
     return rows, dropped, left_out
 
 

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from qbench.data.filters import scalar_column
+from qbench.data.images import image_feed, image_input_name
 from qbench.data.load import table_name
 from qbench.data.nonfinite import cell_array, stacked_numeric_cells
 from qbench.data.text import (
@@ -34,11 +35,9 @@ from qbench.data.text import (
 from qbench.data.text_tables import shown_text, text_cells_hint
 from qbench.errors import QbenchError, RecipeError, did_you_mean
 from qbench.modelinfo import TensorMeta
-from qbench.recipe_data import TextInputSpec
+from qbench.recipe_data import ImageInputSpec, InputTarget, TextInputSpec
 
 logger = logging.getLogger(__name__)
-
-InputTarget = str | TextInputSpec
 
 INPUTS_FIELD = "data.inputs"
 LABEL_FIELD = "data.label"
@@ -86,6 +85,10 @@ def _feeds(
             pair = target.tokenizer.pair
             pairs = None if pair is None else df[pair].iloc[positions]
             feeds.update(_text_feeds(cells, column, target, metas, pairs=pairs, recipe_file=recipe_file))
+            continue
+        if isinstance(target, ImageInputSpec):
+            name = fed[column][0]
+            feeds[name] = image_feed(cells, column, target.image, model_inputs[name], recipe_file=recipe_file)
             continue
         meta = model_inputs[target]
         if meta.dtype == np.dtype(object):  # an ONNX string input (skl2onnx's categorical columns)
@@ -175,6 +178,8 @@ def _check_mapping(
         if isinstance(target, TextInputSpec):
             check_pair_column(df, column, target.tokenizer, recipe_file=recipe_file)
             fed[column] = _tokenized_inputs(column, target, model_inputs, recipe_file=recipe_file)
+        elif isinstance(target, ImageInputSpec):
+            fed[column] = [image_input_name(column, target, inputs, model_inputs, recipe_file=recipe_file)]
         elif target not in model_inputs:
             message = f"{target!r} is not an input of the model; {_expected(target, model_inputs)}"
             raise RecipeError(recipe_file, field, message)

@@ -26,7 +26,7 @@ import pandas as pd
 
 from qbench.data.load import table_name
 from qbench.errors import RecipeError
-from qbench.recipe_data import DataSpec, TextInputSpec
+from qbench.recipe_data import DataSpec, InputTarget
 
 logger = logging.getLogger(__name__)
 
@@ -38,11 +38,11 @@ NonfiniteMasks = Mapping[str, np.ndarray]
 """Input column -> boolean mask over all rows of a table whose cell holds NaN or ±inf."""
 
 
-def nonfinite_masks(df: pd.DataFrame, inputs: Mapping[str, str | TextInputSpec]) -> dict[str, np.ndarray]:
+def nonfinite_masks(df: pd.DataFrame, inputs: Mapping[str, InputTarget]) -> dict[str, np.ndarray]:
     """Input column -> boolean mask over all rows whose cell holds NaN or ±inf (only columns that have some)."""
     masks: dict[str, np.ndarray] = {}
     for column, target in inputs.items():
-        if isinstance(target, TextInputSpec) or column not in df.columns:
+        if not isinstance(target, str) or column not in df.columns:  # text and images: no numbers to check
             continue
         mask = _nonfinite_cells(df[column])
         if mask.any():

@@ -33,7 +33,7 @@ from qbench.data.filters import (
 from qbench.data.load import table_name
 from qbench.data.text import check_pair_column, text_cells, token_counts
 from qbench.errors import RecipeError
-from qbench.recipe_data import SliceSpec, TextInputSpec
+from qbench.recipe_data import InputTarget, SliceSpec, TextInputSpec
 
 MAX_SLICES_PER_COLUMN = 50
 CONTINUOUS_MIN_VALUES = 10  # a `by` column of numbers with more distinct values than this ...
@@ -47,7 +47,7 @@ def slice_masks(
     *,
     recipe_file: Path,
     field: str = "data.slices",
-    inputs: Mapping[str, str | TextInputSpec] | None = None,
+    inputs: Mapping[str, InputTarget] | None = None,
     evaluation_rows: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """Slice name -> boolean mask over all rows, in recipe order (values of a `by` column sorted).
@@ -229,7 +229,7 @@ def _named_filter_mask(df: pd.DataFrame, spec: SliceSpec, *, field: str, recipe_
 def _masks_by_length(
     df: pd.DataFrame,
     spec: SliceSpec,
-    inputs: Mapping[str, str | TextInputSpec],
+    inputs: Mapping[str, InputTarget],
     *,
     field: str,
     recipe_file: Path,
@@ -259,7 +259,7 @@ def _masks_by_length(
     return masks
 
 
-def _not_a_text_input(column: str, inputs: Mapping[str, str | TextInputSpec]) -> str:
+def _not_a_text_input(column: str, inputs: Mapping[str, InputTarget]) -> str:
     """Why `by_length: column` counts nothing: the column is no text input (or only the second text of a pair)."""
     text_inputs = {name: value for name, value in inputs.items() if isinstance(value, TextInputSpec)}
     text_columns = list(text_inputs)

@@ -1,0 +1,250 @@
+"""Image columns: each cell a path to an image file, decoded with Pillow into one model input.
+
+    data:
+      inputs:
+        path: {image: {root: images, size: [224, 224], mean: [0.485, 0.456, 0.406], std: [0.229, 0.224, 0.225]}}
+
+A relative path is read under `image.root` (relative to the recipe file) and may not leave it (`../x.png`); an
+absolute path is read where it points. Each image is converted to `mode` (RGB or L), resized (`center_crop`: scaled
+to cover size / crop_pct keeping its aspect ratio, then its centre cropped, as torchvision's Resize + CenterCrop;
+`stretch`: scaled to size), multiplied by `scale`, less `mean`, over `std`, and laid out NCHW or NHWC. `size`, `mode`
+and `layout` default to what the model input's shape states. Files are decoded one at a time straight into the
+feed (no file's bytes outlive its decoding), each distinct file once per set of rows.
+
+Which rows feed the model the same input is told by the files' bytes (`content_table`), not by their paths: two
+paths to one file, or two copies of one image, are one input. Every problem is a RecipeError naming
+`data.inputs.<column>.image...` and, for a file, its row and path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from qbench.digests import file_key
+from qbench.errors import MissingExtraError, RecipeError
+from qbench.modelinfo import TensorMeta
+from qbench.recipe_data import DataSpec, ImageInputSpec, ImageSpec, InputTarget
+
+_CHANNELS = {"RGB": 3, "L": 1}
+_MODES = {channels: mode for mode, channels in _CHANNELS.items()}
+
+
+def image_field(column: str, option: str | None = None) -> str:
+    """The recipe field of an image input's option (or of the image input itself), for error messages."""
+    return f"data.inputs.{column}.image" + (f".{option}" if option else "")
+
+
+def image_root(spec: ImageSpec, *, recipe_file: Path, column: str) -> Path:
+    """The folder `image.root` names (relative to the recipe file); a RecipeError when it is no folder."""
+    root = spec.root.expanduser()
+    root = (root if root.is_absolute() else recipe_file.parent / root).resolve()
+    if not root.is_dir():
+        raise RecipeError(recipe_file, image_field(column, "root"), f"{root} is not a folder; expected the folder "
+                          "the column's relative image paths are read from")  # fmt: skip
+    return root
+
+
+def image_input_name(
+    column: str, spec: ImageInputSpec, inputs: Mapping[str, InputTarget], model_inputs: Mapping[str, TensorMeta], *,
+    recipe_file: Path,
+) -> str:  # fmt: skip
+    """The model input an image column feeds: `input`, else the one model input no plain column names."""
+    if spec.input is not None:
+        if spec.input not in model_inputs:
+            raise RecipeError(recipe_file, f"data.inputs.{column}.input", f"{spec.input!r} is not an input of the "
+                              f"model; expected one of {', '.join(sorted(model_inputs))}")  # fmt: skip
+        return spec.input
+    named = {target for target in inputs.values() if isinstance(target, str)}
+    free = [name for name in model_inputs if name not in named]
+    if len(free) != 1:
+        raise RecipeError(recipe_file, f"data.inputs.{column}.input", f"the model inputs {', '.join(free) or 'none'} "
+                          "are fed by no named column; expected `input: <the model input the images feed>`")  # fmt: skip
+    return free[0]
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """What one decoded image is: its height and width, Pillow mode, and the layout of the feed."""
+
+    size: tuple[int, int]
+    mode: str
+    layout: str
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """One row's shape in the feed."""
+        channels, (height, width) = _CHANNELS[self.mode], self.size
+        return (channels, height, width) if self.layout == "NCHW" else (height, width, channels)
+
+
+def image_geometry(spec: ImageSpec, meta: TensorMeta, *, recipe_file: Path, column: str) -> Geometry:
+    """`spec`'s size, mode and layout, each taken from the model input's shape where the recipe leaves it out; a
+    RecipeError where they disagree with the shape (a mode giving 3 channels for an input taking 1)."""
+    shape = tuple(meta.shape)
+    if shape and len(shape) != 4:
+        raise RecipeError(recipe_file, image_field(column), f"model input {meta.name!r} has shape {_shown(shape)}; "
+                          "expected an image input of rank 4 (batch, channels, height, width or NHWC)")  # fmt: skip
+    layout = spec.layout or _layout_of(shape)
+    channels, height, width = (shape[1], shape[2], shape[3]) if layout == "NCHW" else (shape[3], shape[1], shape[2]) \
+        if shape else (None, None, None)  # fmt: skip
+    mode = spec.mode or _MODES.get(channels or 3)
+    if mode is None or (channels is not None and _CHANNELS[mode] != channels):
+        expected = f"mode: {_MODES[channels]}" if channels in _MODES else "a model input of 1 or 3 channels"
+        got = f"mode {mode} gives {_CHANNELS[mode]} channels" if mode else "no mode gives that"
+        raise RecipeError(recipe_file, image_field(column, "mode"), f"model input {meta.name!r} has shape "
+                          f"{_shown(shape)}, {channels} channel{'s' if channels != 1 else ''} in layout {layout}, but {got}; "
+                          f"expected {expected}")  # fmt: skip
+    size = tuple(spec.size) if spec.size is not None else (height, width)
+    if None in size:
+        raise RecipeError(recipe_file, image_field(column, "size"), f"model input {meta.name!r} has shape "
+                          f"{_shown(shape)}, which states no height and width; expected size: [height, width]")  # fmt: skip
+    if (height, width) != (None, None) and any(d is not None and d != s for d, s in zip((height, width), size)):
+        raise RecipeError(recipe_file, image_field(column, "size"), f"got {list(size)}, but model input {meta.name!r} "
+                          f"has shape {_shown(shape)} (layout {layout}); expected [{height}, {width}]")  # fmt: skip
+    for option in ("mean", "std"):
+        values = getattr(spec, option)
+        if values is not None and len(values) not in (1, _CHANNELS[mode]):
+            raise RecipeError(recipe_file, image_field(column, option), f"got {len(values)} values, but mode {mode} "
+                              f"has {_CHANNELS[mode]} channels; expected one value per channel, or one for all")  # fmt: skip
+    return Geometry((int(size[0]), int(size[1])), mode, layout)
+
+
+def _layout_of(shape: tuple[int | None, ...]) -> str:
+    """NHWC where only the last axis can be channels (1 or 3), else NCHW (torchvision's and ONNX's convention)."""
+    if shape and shape[3] in (1, 3) and shape[1] not in (1, 3):
+        return "NHWC"
+    return "NCHW"
+
+
+def _shown(shape: tuple[int | None, ...]) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]" if shape else "(not stated)"
+
+
+def image_paths(cells: pd.Series, column: str, root: Path, *, recipe_file: Path) -> list[Path]:
+    """Each cell's file: a relative path under `root` (never outside it), an absolute one as it is; a RecipeError
+    naming the row for a cell that is no path, one leaving the root, or a file that is not there."""
+    paths = []
+    for row, cell in cells.items():
+        if not isinstance(cell, str) or not cell.strip():
+            raise RecipeError(recipe_file, f"data.inputs.{column}", f"row {row} holds {cell!r}; expected the path of "
+                              "an image file")  # fmt: skip
+        given = Path(cell).expanduser()
+        # `..` is resolved by name: a link under the root to files elsewhere is the user's layout, not an escape
+        path = given if given.is_absolute() else Path(os.path.normpath(root / given))
+        if not given.is_absolute() and not path.is_relative_to(root):
+            raise RecipeError(recipe_file, image_field(column, "root"), f"row {row}: {cell!r} leads to {path}, "
+                              f"outside {root}; expected a path inside the root, or an absolute path")  # fmt: skip
+        if not path.is_file():
+            raise RecipeError(recipe_file, f"data.inputs.{column}", f"row {row}: image file {path} not found "
+                              f"(cell {cell!r}); expected an existing file")  # fmt: skip
+        paths.append(path)
+    return paths
+
+
+def image_feed(cells: pd.Series, column: str, spec: ImageSpec, meta: TensorMeta, *, recipe_file: Path) -> np.ndarray:
+    """The model input `meta` fed by the images `cells` name: (rows, *Geometry.shape) in the input's dtype. Each
+    distinct file is decoded once, one at a time, straight into its row."""
+    geometry = image_geometry(spec, meta, recipe_file=recipe_file, column=column)
+    dtype = np.dtype(meta.dtype)
+    if dtype.kind not in "f" and (spec.scale != 1 or spec.mean is not None or spec.std is not None):
+        raise RecipeError(recipe_file, image_field(column, "scale"), f"model input {meta.name!r} takes {dtype}, whole "
+                          "pixel values; expected scale: 1 and no mean or std")  # fmt: skip
+    root = image_root(spec, recipe_file=recipe_file, column=column)
+    paths = image_paths(cells, column, root, recipe_file=recipe_file)
+    feed = np.empty((len(paths), *geometry.shape), dtype=dtype)
+    mean = np.asarray(spec.mean if spec.mean is not None else [0.0], dtype=np.float32)
+    std = np.asarray(spec.std if spec.std is not None else [1.0], dtype=np.float32)
+    first: dict[Path, int] = {}
+    for index, (row, path) in enumerate(zip(cells.index, paths, strict=True)):
+        if path in first:
+            feed[index] = feed[first[path]]
+            continue
+        first[path] = index
+        pixels = decode(path, spec, geometry, recipe_file=recipe_file, column=column, row=row)
+        if dtype.kind == "f":
+            pixels = (pixels.astype(np.float32) * np.float32(spec.scale) - mean) / std
+        feed[index] = pixels.transpose(2, 0, 1) if geometry.layout == "NCHW" else pixels
+    return feed
+
+
+def decode(path: Path, spec: ImageSpec, geometry: Geometry, *, recipe_file: Path, column: str, row: Any) -> np.ndarray:
+    """One image file as a (height, width, channels) uint8 array, converted and resized as `spec` says."""
+    try:
+        from PIL import Image
+    except ImportError:
+        raise MissingExtraError("the `pillow` package (image inputs)", "images") from None
+    try:
+        with Image.open(path) as opened:
+            image = opened.convert(geometry.mode)
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise RecipeError(recipe_file, f"data.inputs.{column}", f"row {row}: {path} cannot be read as an image "
+                          f"({reason}); expected an image file Pillow reads (PNG, JPEG, ...)") from None  # fmt: skip
+    height, width = geometry.size
+    resample = getattr(Image.Resampling, spec.interpolation.upper())
+    if spec.resize == "stretch":
+        image = image.resize((width, height), resample)
+    else:
+        # as torchvision's Resize(int): the binding side to size / crop_pct, the other in proportion, truncated
+        if height / image.height >= width / image.width:
+            new_height = int(height / spec.crop_pct)
+            scaled = (max(width, int(new_height * image.width / image.height)), new_height)
+        else:
+            new_width = int(width / spec.crop_pct)
+            scaled = (new_width, max(height, int(new_width * image.height / image.width)))
+        if scaled != image.size:
+            image = image.resize(scaled, resample)
+        left, top = int(round((scaled[0] - width) / 2.0)), int(round((scaled[1] - height) / 2.0))
+        image = image.crop((left, top, left + width, top + height))
+    pixels = np.asarray(image, dtype=np.uint8)
+    return pixels[:, :, None] if pixels.ndim == 2 else pixels
+
+
+def content_table(table: pd.DataFrame, data: DataSpec, *, recipe_file: Path) -> pd.DataFrame:
+    """`table` with each image column's paths replaced by the sha256 of the bytes of the file each names, so that
+    digests of input cells (qbench.data.leakage) count one image named twice, or stored twice, as one input. A cell
+    naming no readable file keeps its path: building the feeds reports it."""
+    images = data.image_columns
+    if not images or not any(column in table.columns for column in images):
+        return table
+    replaced = {}
+    for column, spec in images.items():
+        if column not in table.columns:
+            continue
+        root = spec.root.expanduser()
+        root = (root if root.is_absolute() else recipe_file.parent / root).resolve()
+        cells = table[column]
+        digests = {cell: _content_digest(root, cell) for cell in pd.unique(cells.dropna())}
+        replaced[column] = cells.map(lambda cell: digests.get(cell, cell) if isinstance(cell, str) else cell)
+    return table.assign(**replaced)
+
+
+def _content_digest(root: Path, cell: object) -> object:
+    if not isinstance(cell, str):
+        return cell
+    path = Path(cell).expanduser()
+    path = path if path.is_absolute() else root / path
+    try:
+        key, settled = file_key(path)
+        digest = _CONTENT.get(key)
+        if digest is None:
+            digest = "image sha256 " + hashlib.sha256(path.read_bytes()).hexdigest()
+            if settled:
+                if len(_CONTENT) >= _CONTENT_ENTRIES:
+                    _CONTENT.clear()
+                _CONTENT[key] = digest
+    except OSError:
+        return cell
+    return digest
+
+
+_CONTENT: dict[tuple[str, int, int, int, int], str] = {}
+_CONTENT_ENTRIES = 1 << 20  # a million files' digests (about 200 MB): a sweep hashes each image of its table once

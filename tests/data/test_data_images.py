@@ -1,0 +1,241 @@
+"""Image inputs: a column of image file paths decoded with Pillow into a model input (qbench.data.images)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from qbench.data.evaluation import evaluation_rows
+from qbench.data.feeds import build_feeds
+from qbench.errors import RecipeError
+from qbench.modelinfo import TensorMeta
+from qbench.recipe_data import DataSpec, ImageInputSpec, ImageSpec
+
+Image = pytest.importorskip("PIL.Image")
+
+MEAN, STD = [0.5, 0.4, 0.3], [0.2, 0.25, 0.3]
+SIDE = 8
+
+
+def _png(path: Path, pixels: np.ndarray) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(pixels.astype(np.uint8)).save(path)
+    return path
+
+
+def _meta(shape: tuple[int | None, ...] = (None, 3, SIDE, SIDE), dtype: type = np.float32) -> dict[str, TensorMeta]:
+    return {"pixels": TensorMeta("pixels", np.dtype(dtype), shape)}
+
+
+def _feed(tmp_path: Path, cells: list[str], shape=(None, 3, SIDE, SIDE), **options) -> np.ndarray:
+    spec = ImageInputSpec(image=ImageSpec(root=Path("images"), **options))
+    table = pd.DataFrame({"file": cells})
+    feeds = build_feeds(table, np.arange(len(cells)), {"file": spec}, _meta(shape), recipe_file=tmp_path / "r.yaml")
+    return feeds["pixels"]
+
+
+def _refusal(tmp_path: Path, cells: list[str], shape=(None, 3, SIDE, SIDE), **options) -> str:
+    with pytest.raises(RecipeError) as caught:
+        _feed(tmp_path, cells, shape, **options)
+    assert "\n" not in str(caught.value)
+    return str(caught.value)
+
+
+def test_center_crop_scales_the_shorter_side_then_crops_the_centre(tmp_path):
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, (20, 32, 3))  # height 20, width 32
+    _png(tmp_path / "images" / "wide.png", pixels)
+    fed = _feed(tmp_path, ["wide.png"], shape=(None, 3, None, None), size=[16, 16], mean=MEAN, std=STD)
+    # by hand: the shorter side (20) to 16, the longer to int(16 * 32 / 20) = 25, then columns 4..20 (round(9 / 2))
+    scaled = np.asarray(Image.fromarray(pixels.astype(np.uint8)).resize((25, 16), Image.Resampling.BILINEAR))
+    expected = ((scaled[:, 4:20].astype(np.float32) / 255 - MEAN) / STD).transpose(2, 0, 1)
+    assert fed.shape == (1, 3, 16, 16) and fed.dtype == np.float32
+    np.testing.assert_allclose(fed[0], expected, rtol=1e-6, atol=1e-6)
+
+
+def test_stretch_layout_and_mode_follow_the_model_input(tmp_path):
+    pixels = np.arange(4 * 6 * 3).reshape(4, 6, 3) * 3
+    _png(tmp_path / "images" / "a.png", pixels)
+    # an NHWC input of one channel: grayscale, channels last, read from the shape
+    fed = _feed(tmp_path, ["a.png"], shape=(None, 4, 6, 1), scale=1.0)
+    gray = np.asarray(Image.fromarray(pixels.astype(np.uint8)).convert("L"), dtype=np.float32)
+    np.testing.assert_array_equal(fed[0, :, :, 0], gray)
+    stretched = _feed(tmp_path, ["a.png"], shape=(None, 3, 2, 3), resize="stretch", interpolation="nearest", scale=1.0)
+    by_hand = np.asarray(Image.fromarray(pixels.astype(np.uint8)).resize((3, 2), Image.Resampling.NEAREST))
+    np.testing.assert_array_equal(stretched[0], by_hand.transpose(2, 0, 1))
+
+
+def test_crop_pct_layout_and_input_as_the_recipe_writes_them(tmp_path):
+    rng = np.random.default_rng(3)
+    pixels = rng.integers(0, 256, (12, 12, 3))
+    _png(tmp_path / "images" / "a.png", pixels)
+    entry = yaml.safe_load("{image: {root: images, size: [3, 3], crop_pct: 0.5, layout: NHWC, interpolation: nearest, "
+                           "scale: 1}, input: second}")  # fmt: skip
+    data = DataSpec.model_validate({"path": "t.parquet", "inputs": {"file": entry, "other": "first"}})
+    table = pd.DataFrame({"file": ["a.png"], "other": [[1.0]]})
+    model = {"first": TensorMeta("first", np.dtype(np.float32), (None, 1)),
+             "second": TensorMeta("second", np.dtype(np.float32), (None, None, None, 3))}  # fmt: skip
+    fed = build_feeds(table, np.arange(1), data.inputs, model, recipe_file=tmp_path / "r.yaml")["second"]
+    # by hand: crop_pct 0.5 scales the 12 x 12 image to int(3 / 0.5) = 6, then keeps rows and columns 2..4
+    scaled = np.asarray(Image.fromarray(pixels.astype(np.uint8)).resize((6, 6), Image.Resampling.NEAREST))
+    np.testing.assert_array_equal(fed[0], scaled[2:5, 2:5])
+    del data.inputs["other"]
+    with pytest.raises(RecipeError, match=r"data\.inputs\.file\.input: 'second' is not an input of the model"):
+        build_feeds(table, np.arange(1), data.inputs, {"first": model["first"]}, recipe_file=tmp_path / "r.yaml")
+    entry.pop("input")
+    data = DataSpec.model_validate({"path": "t.parquet", "inputs": {"file": entry}})
+    with pytest.raises(RecipeError, match=r"data\.inputs\.file\.input: the model inputs first, second are fed by no "):
+        build_feeds(table, np.arange(1), data.inputs, model, recipe_file=tmp_path / "r.yaml")
+
+
+def test_a_csv_column_of_paths_that_look_like_numbers_is_read_as_paths(tmp_path):
+    from qbench.data.evaluation import load_data_table
+
+    for name in ("0001", "0002"):
+        _png(tmp_path / "images" / f"{name}.png", np.full((SIDE, SIDE, 3), int(name)))
+        (tmp_path / "images" / name).write_bytes((tmp_path / "images" / f"{name}.png").read_bytes())
+    (tmp_path / "rows.csv").write_text("file,y\n0001,0\n0002,1\n")
+    data = DataSpec(path=Path("rows.csv"), inputs={"file": {"image": {"root": "images", "scale": 1.0}}}, label="y")
+    table = load_data_table(tmp_path / "rows.csv", data, label_names=False, recipe_file=tmp_path / "r.yaml")
+    assert table["file"].tolist() == ["0001", "0002"]  # read as numbers, they were 1 and 2: no such files
+    fed = build_feeds(table, np.arange(2), data.inputs, _meta(), recipe_file=tmp_path / "r.yaml")["pixels"]
+    assert fed[:, 0, 0, 0].tolist() == [1.0, 2.0]
+
+
+def test_a_missing_file_is_one_line_naming_the_row_and_the_path(tmp_path):
+    _png(tmp_path / "images" / "a.png", np.zeros((SIDE, SIDE, 3)))
+    line = _refusal(tmp_path, ["a.png", "gone.png"])
+    assert line.startswith(f"{tmp_path / 'r.yaml'}: data.inputs.file: row 1: image file ")
+    assert str(tmp_path / "images" / "gone.png") in line and "not found" in line
+
+
+def test_a_corrupt_image_is_one_line_naming_the_row_and_the_file(tmp_path):
+    (tmp_path / "images").mkdir()
+    (tmp_path / "images" / "bad.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
+    line = _refusal(tmp_path, ["bad.png"])
+    assert f"data.inputs.file: row 0: {tmp_path / 'images' / 'bad.png'} cannot be read as an image" in line
+
+
+def test_a_mode_giving_other_channels_than_the_model_takes_is_refused(tmp_path):
+    _png(tmp_path / "images" / "a.png", np.zeros((SIDE, SIDE, 3)))
+    line = _refusal(tmp_path, ["a.png"], shape=(None, 1, SIDE, SIDE), mode="RGB")
+    assert "data.inputs.file.image.mode: model input 'pixels' has shape [?, 1, 8, 8], 1 channel in layout NCHW, " \
+           "but mode RGB gives 3 channels; expected mode: L" in line
+    assert "image.size: got [4, 4]" in _refusal(tmp_path, ["a.png"], size=[4, 4])
+    assert "image.mean: got 2 values" in _refusal(tmp_path, ["a.png"], mean=[0.1, 0.2])
+
+
+def test_a_relative_path_may_not_leave_the_root_but_an_absolute_one_may(tmp_path):
+    outside = _png(tmp_path / "elsewhere" / "a.png", np.full((SIDE, SIDE, 3), 255))
+    (tmp_path / "images").mkdir()
+    line = _refusal(tmp_path, ["../elsewhere/a.png"])
+    assert "data.inputs.file.image.root: row 0: '../elsewhere/a.png' leads to" in line and "outside" in line
+    fed = _feed(tmp_path, [str(outside)])
+    np.testing.assert_allclose(fed, 1.0)
+
+
+def test_two_rows_naming_one_image_or_its_copy_are_one_input(tmp_path):
+    rng = np.random.default_rng(1)
+    first = _png(tmp_path / "images" / "a.png", rng.integers(0, 256, (SIDE, SIDE, 3)))
+    (tmp_path / "images" / "copy.png").write_bytes(first.read_bytes())
+    _png(tmp_path / "images" / "b.png", rng.integers(0, 256, (SIDE, SIDE, 3)))
+    table = pd.DataFrame({"file": ["a.png", "./a.png", "copy.png", "b.png"], "y": [0, 0, 0, 1]})
+    data = DataSpec(path=Path("t.parquet"), inputs={"file": {"image": {"root": "images"}}}, label="y")
+    rows = evaluation_rows(table, data, recipe_file=tmp_path / "r.yaml", calibrated=False)
+    assert rows.distinct_inputs == {"overall": 2}
+
+
+# --- a sweep over a tiny CNN fed PNG files -----------------------------------------------------------------------
+
+
+def _cnn(path: Path) -> None:
+    """Conv 3->4 (3x3) -> Relu -> GlobalAveragePool -> Flatten -> Gemm 4->3: pixels [batch, 3, 8, 8] -> scores."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.normal(0, 0.5, (4, 3, 3, 3)).astype(np.float32), "w"),
+               numpy_helper.from_array(rng.normal(0, 0.1, 4).astype(np.float32), "b"),
+               numpy_helper.from_array(rng.normal(0, 1.0, (4, 3)).astype(np.float32), "fc"),
+               numpy_helper.from_array(np.zeros(3, np.float32), "fcb")]  # fmt: skip
+    nodes = [helper.make_node("Conv", ["pixels", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]), helper.make_node("GlobalAveragePool", ["r"], ["g"]),
+             helper.make_node("Flatten", ["g"], ["f"]), helper.make_node("Gemm", ["f", "fc", "fcb"], ["scores"])]  # fmt: skip
+    graph = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("pixels", TensorProto.FLOAT, ["batch", 3, SIDE, SIDE])],
+                              [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batch", 3])], weights)  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+
+
+def test_a_sweep_of_fp16_and_int8_reads_the_images_as_decoded_by_hand(tmp_path):
+    import onnxruntime as ort
+
+    from qbench.sweep import run_sweep
+
+    _cnn(tmp_path / "cnn.onnx")
+    rng = np.random.default_rng(2)
+    count = 48
+    images = rng.integers(0, 256, (count, SIDE, SIDE, 3))
+    for index, pixels in enumerate(images):
+        _png(tmp_path / "images" / f"{index}.png", pixels)
+    hand = ((np.stack([np.asarray(Image.open(tmp_path / "images" / f"{i}.png")) for i in range(count)]).astype(np.float32)
+             / 255 - MEAN) / STD).transpose(0, 3, 1, 2).astype(np.float32)  # fmt: skip
+    session = ort.InferenceSession(str(tmp_path / "cnn.onnx"), providers=["CPUExecutionProvider"])
+    predicted = session.run(None, {"pixels": hand})[0].argmax(axis=1)
+    labels = predicted.copy()
+    labels[::5] = (labels[::5] + 1) % 3  # a fifth of the labels disagree with the model
+    split = np.array(["calib"] * 16 + ["eval"] * 32)
+    tint = np.where(np.arange(count) % 2 == 0, "warm", "cool")
+    pd.DataFrame({"file": [f"{i}.png" for i in range(count)], "label": labels, "split": split, "tint": tint}).to_parquet(tmp_path / "rows.parquet")
+    recipe = {
+        "name": "cnn", "task": "classification", "model": {"path": "cnn.onnx"},
+        "data": {"path": "rows.parquet", "label": "label",
+                 "inputs": {"file": {"image": {"root": "images", "mean": MEAN, "std": STD}}},
+                 "calibration": {"filter": {"split": "calib"}, "samples": 16},
+                 "evaluation": {"filter": {"split": "eval"}}, "slices": [{"by": "tint"}]},
+        "variants": [{"name": "fp16", "precision": "fp16"}, {"name": "int8", "precision": "int8", "calibrator": "minmax"}],
+        "latency": {"batch_sizes": [1], "warmup": 1, "iterations": 3},
+        "gate": {"metric": "agreement", "max_drop": 1.0}, "output_dir": str(tmp_path / "reports"),
+    }  # fmt: skip
+    (tmp_path / "cnn.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+    outcome = run_sweep(tmp_path / "cnn.yaml", track=False)
+    evaluated = split == "eval"
+    fp32 = outcome.results.find("fp32", "onnxruntime-cpu").accuracy
+    assert fp32.overall.metrics["accuracy"] == pytest.approx(np.mean(predicted[evaluated] == labels[evaluated]))
+    warm = {s.name: s for s in fp32.slices}["tint=warm"]
+    in_warm = evaluated & (tint == "warm")
+    assert warm.metrics["accuracy"] == pytest.approx(np.mean(predicted[in_warm] == labels[in_warm]))
+    for name in ("fp16", "int8"):
+        variant = outcome.results.find(name, "onnxruntime-cpu")
+        assert variant.status == "ok" and variant.accuracy.rows == 32
+    recorded = outcome.results.inputs["data.inputs.file.image.root folder"]
+    assert recorded["path"] == str(tmp_path / "images")
+    from qbench.provenance import changed_inputs
+
+    assert changed_inputs(outcome.results.inputs).changed == ()
+    _png(tmp_path / "images" / "3.png", 255 - images[3])  # one image rewritten after the sweep: its results are stale
+    assert changed_inputs(outcome.results.inputs).changed == ("data.inputs.file.image.root folder",)
+
+
+def test_the_input_digest_changes_with_an_image_files_bytes_not_its_path(tmp_path):
+    from qbench.provenance import input_digests
+    from qbench.recipe import load_recipe
+
+    _png(tmp_path / "images" / "a.png", np.zeros((SIDE, SIDE, 3)))
+    pd.DataFrame({"file": ["a.png"], "y": [0]}).to_parquet(tmp_path / "rows.parquet")
+    recipe = {"name": "r", "task": "classification", "model": {"path": "m.onnx"},
+              "data": {"path": "rows.parquet", "label": "y", "inputs": {"file": {"image": {"root": "images"}}}},
+              "variants": [{"name": "fp16", "precision": "fp16"}]}  # fmt: skip
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe))
+    (tmp_path / "m.onnx").write_bytes(b"not read here")
+    name = "data.inputs.file.image.root folder"
+    before = input_digests(load_recipe(tmp_path / "r.yaml"))[name].sha256
+    _png(tmp_path / "images" / "a.png", np.ones((SIDE, SIDE, 3)))  # same name, one pixel value more
+    after = input_digests(load_recipe(tmp_path / "r.yaml"))
+    assert after[name].sha256 != before and after[name].path == str(tmp_path / "images")
+    assert load_recipe(tmp_path / "r.yaml").data.image_columns["file"].mean is None
