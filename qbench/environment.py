@@ -292,3 +292,18 @@ def machine_kind(machine: dict[str, Any]) -> str:
     limit = f" quota {quota:g}" if quota is not None else ""
     kind = f"{machine['cpu']} x{machine.get('cpus')}{limit} {machine.get('arch', '')}".rstrip()
     return f"{kind} + {machine['device']}" if machine.get("device") else kind
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to a new allocation now (Linux MemAvailable, else free pages); None if unknown."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None

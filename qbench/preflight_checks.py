@@ -28,6 +28,7 @@ import pandas as pd
 from pydantic import BaseModel
 
 from qbench.backends import get_backend
+from qbench.environment import available_memory
 from qbench.errors import QbenchError, RecipeError, short_repr
 from qbench.gate_checks import unmatched_globs
 from qbench.modelinfo import ModelInfo
@@ -263,21 +264,6 @@ def with_fixed_batch(recipe: Recipe, size: int) -> Recipe:
         field, _, detail = str(exc).partition(": ")
         raise RecipeError(recipe.source, field, f"{detail}: the model's fixed batch, the only one timed") from None
     return recipe.model_copy(update={"data": data, "latency": latency})
-
-
-def available_memory() -> int | None:
-    """Bytes of memory available to a new allocation now (Linux MemAvailable, else free pages); None if unknown."""
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def _batch_sizes(recipe: Recipe) -> list[tuple[str, int]]:

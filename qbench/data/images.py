@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from qbench.digests import file_key
+from qbench.environment import available_memory
 from qbench.errors import MissingExtraError, RecipeError
 from qbench.modelinfo import TensorMeta
 from qbench.recipe_data import DataSpec, ImageInputSpec, ImageSpec, InputTarget
@@ -159,6 +160,7 @@ def image_feed(cells: pd.Series, column: str, spec: ImageSpec, meta: TensorMeta,
                           "pixel values; expected scale: 1 and no mean or std")  # fmt: skip
     root = image_root(spec, recipe_file=recipe_file, column=column)
     paths = image_paths(cells, column, root, recipe_file=recipe_file)
+    _check_feed_memory(len(paths), geometry.shape, dtype, column, recipe_file=recipe_file)
     feed = np.empty((len(paths), *geometry.shape), dtype=dtype)
     mean = np.asarray(spec.mean if spec.mean is not None else [0.0], dtype=np.float32)
     std = np.asarray(spec.std if spec.std is not None else [1.0], dtype=np.float32)
@@ -173,6 +175,19 @@ def image_feed(cells: pd.Series, column: str, spec: ImageSpec, meta: TensorMeta,
             pixels = (pixels.astype(np.float32) * np.float32(spec.scale) - mean) / std
         feed[index] = pixels.transpose(2, 0, 1) if geometry.layout == "NCHW" else pixels
     return feed
+
+
+def _check_feed_memory(rows: int, shape: tuple[int, ...], dtype: np.dtype, column: str, *, recipe_file: Path) -> None:
+    """RecipeError before anything is decoded when the decoded images alone would not fit in the memory available
+    (the sweep holds every row's input at once, and more beside it: a lower bound)."""
+    per_image = int(np.prod(shape)) * dtype.itemsize
+    available = available_memory()
+    if available is None or rows * per_image <= available:
+        return
+    raise RecipeError(recipe_file, f"data.inputs.{column}", f"{rows} images decode to {rows * per_image / 2**30:.1f} "
+                      f"GiB ({per_image / 2**20:.2f} MiB each as {list(shape)} {dtype}), but {available / 2**30:.1f} "
+                      f"GiB of memory is available; expected at most {available // per_image} rows "
+                      "(data.evaluation.limit, data.calibration.samples) or a smaller image.size")  # fmt: skip
 
 
 def decode(path: Path, spec: ImageSpec, geometry: Geometry, *, recipe_file: Path, column: str, row: Any) -> np.ndarray:

@@ -113,6 +113,19 @@ def test_a_missing_file_is_one_line_naming_the_row_and_the_path(tmp_path):
     assert str(tmp_path / "images" / "gone.png") in line and "not found" in line
 
 
+def test_images_that_would_not_fit_in_memory_are_refused_before_any_is_decoded(tmp_path, monkeypatch):
+    """Three rows of 8x8 RGB images as float32 take 768 bytes each: with 2,000 bytes available the feed is refused,
+    before any is decoded, in one line naming the column and how many rows fit; with 2,304 it is built."""
+    _png(tmp_path / "images" / "a.png", np.zeros((SIDE, SIDE, 3)))
+    _png(tmp_path / "images" / "b.png", np.zeros((SIDE, SIDE, 3)))
+    monkeypatch.setattr("qbench.data.images.available_memory", lambda: 2000)
+    line = _refusal(tmp_path, ["a.png", "b.png", "a.png"])
+    assert "data.inputs.file: 3 images decode to 0.0 GiB (0.00 MiB each as [3, 8, 8] float32)" in line
+    assert "expected at most 2 rows (data.evaluation.limit, data.calibration.samples)" in line
+    monkeypatch.setattr("qbench.data.images.available_memory", lambda: 3 * 768)
+    assert _feed(tmp_path, ["a.png", "b.png", "a.png"]).shape == (3, 3, SIDE, SIDE)
+
+
 def test_a_corrupt_image_is_one_line_naming_the_row_and_the_file(tmp_path):
     (tmp_path / "images").mkdir()
     (tmp_path / "images" / "bad.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
