@@ -87,6 +87,25 @@ def test_an_id_past_the_table_is_named_with_its_column_and_row(
     )
 
 
+@pytest.mark.parametrize("bag", [False, True])
+def test_a_negative_id_is_refused_though_gather_would_read_it_from_the_tables_end(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], bag: bool
+) -> None:
+    """ONNX's Gather reads -1 as the table's last row, so a sentinel -1 for an unknown user passed validate and every
+    variant was judged on it as the last user's row; torch's nn.Embedding and nn.EmbeddingBag refuse it."""
+    ids = _ids()
+    ids[31, 1] = -1
+    model = _embedding_bag_classifier(tmp_path) if bag else None
+    assert main(["validate", str(_project(tmp_path, ids, model))]) == 2
+    error = capsys.readouterr().err.strip()
+    assert "data.inputs: column 'tokens' (model input 'ids'): 1 evaluation row holds ids outside the table " in error
+    assert error.endswith(
+        "(10 entries), e.g. row 31: -1; expected ids from 0 to 9 (ONNX's Gather would read a negative id from the "
+        "table's end, -1 as row 9, where torch's nn.Embedding refuses it: give unknown ids a row of their own, or "
+        "write the row meant)"
+    )
+
+
 def test_ids_within_the_table_pass(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", str(_project(tmp_path, _ids()))]) == 0, capsys.readouterr().err
 
