@@ -228,6 +228,8 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
     selection = selection_rows(data, calibration_table, split, calibration_nonfinite, judged=eval_slices,
                                model_inputs=model.inputs, labels=lambda t, rows: _labels(recipe, task, t, rows, outputs),
                                recipe_file=recipe.source) if chooses_among_candidates(recipe) else None  # fmt: skip
+    if selection is not None:  # fed to FP32 and every candidate: an id past a table there failed the search alone
+        check_lookup_indices(recipe, lookups, selection.feeds, split.selection, "selection")
     kept = kept_nonfinite(data, (eval_rows, nonfinite, masks), (calibration_rows, calibration_nonfinite),
                           split.selection if selection is not None else split.selection[:0])  # fmt: skip
     overlap = shared_rows(calibration_table, calibration_rows, table, eval_rows, data.fed_columns)

@@ -106,6 +106,27 @@ def test_a_negative_id_is_refused_though_gather_would_read_it_from_the_tables_en
     )
 
 
+def test_an_id_past_the_table_in_a_row_the_search_chooses_on_is_named_before_anything_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Selection rows (here an evaluation row left out by data.evaluation.limit) are fed to FP32 and every candidate
+    of a search: only the evaluation and the fitted calibration rows were checked, so validate passed and the sweep
+    built and measured every other variant before the search failed on ONNX Runtime's 'indices element out of data
+    bounds' (exit 2, the search's variant unusable)."""
+    ids = _ids()
+    ids[39, 0] = VOCABULARY + 3  # the last evaluation row: past the limit of 10, so a selection row
+    recipe = _project(tmp_path, ids)
+    spec = yaml.safe_load(recipe.read_text())
+    spec["data"]["evaluation"]["limit"] = 10
+    spec["variants"] = [{"name": "int8", "precision": "int8", "calibrator": "auto"}]
+    recipe.write_text(yaml.safe_dump(spec, sort_keys=False))
+    assert main(["validate", str(recipe)]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "recipe.yaml: data.inputs: column 'tokens' (model input 'ids'): 1 selection row holds ids outside the table "
+        "node 'embedding' looks them up in (10 entries), e.g. row 39: 13; expected ids from 0 to 9"
+    )
+
+
 def test_ids_within_the_table_pass(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", str(_project(tmp_path, _ids()))]) == 0, capsys.readouterr().err
 
