@@ -6,8 +6,8 @@ would fail every variant of the sweep, with a message naming a node rather than 
 each input feeds into a `Gather` on a constant table (directly, or through casts and reshapes), or into an operator
 that looks rows up the same way (`_TABLE_READERS`: ONNX Runtime's fused `EmbedLayerNormalization`, which its
 transformer optimizer writes in place of a BERT's embedding Gathers), are checked against the table's size on every
-evaluation and calibration row, and every selection row a search chooses on, before anything runs, inside If/Loop/Scan
-bodies too (a Scan looking up one token a step).
+evaluation and calibration row, every QAT training row and every selection row a search chooses on, before anything
+runs, inside If/Loop/Scan bodies too (a Scan looking up one token a step).
 Ids that reach a table only through a selection of them (a Slice or a Gather of the ids, as torch exports
 `nn.EmbeddingBag`: each bag's ids sliced inside a Loop) are followed too; such a table may see only some of them, so
 an input that reaches every table it indexes only so is checked against the largest of them.
