@@ -16,13 +16,29 @@ def stale_sections(current: Recipe, recorded: Recipe) -> list[str]:
     """Sections of the recipe that decide the results and differ from the recipe the sweep ran."""
     if current.name != recorded.name:
         return [f"the results are from recipe {recorded.name!r}, not {current.name!r}"]
+    changed = _changed_sections(current, recorded)
+    if another_recipe_file(current, recorded):
+        return [f"stale results: the newest run of recipe {current.name!r} was swept from {recorded.source}, not "
+                f"{current.source}, and its section(s) {', '.join(map(repr, changed))} differ: recipe files sharing a "
+                f"name and output_dir write their runs to one folder; give each its own name, or re-run `qbench sweep "
+                f"{current.source}`"]  # fmt: skip
+    return [f"stale results: recipe section {section!r} changed since the sweep: re-run `qbench sweep`" for section in changed]
+
+
+def another_recipe_file(current: Recipe, recorded: Recipe) -> bool:
+    """Whether results of `current`'s name were swept from another recipe file whose sections deciding them differ:
+    two files of one name and output_dir write their runs to one folder, and the newest is judged, so its inputs
+    (another data file) say nothing of `current`'s. Files are told apart by their names: a project moved or checked
+    out elsewhere (CI) keeps its recipe's file name, not its path."""
+    if Path(current.source).name == Path(recorded.source).name:
+        return False
+    return bool(_changed_sections(current, recorded))
+
+
+def _changed_sections(current: Recipe, recorded: Recipe) -> list[str]:
     now = current.model_dump(mode="json", include=set(RESULT_SECTIONS))
     then = recorded.model_dump(mode="json", include=set(RESULT_SECTIONS))
-    return [
-        f"stale results: recipe section {section!r} changed since the sweep: re-run `qbench sweep`"
-        for section in RESULT_SECTIONS
-        if now.get(section) != then.get(section)
-    ]
+    return [section for section in RESULT_SECTIONS if now.get(section) != then.get(section)]
 
 
 def stale_inputs(results: SweepResults, recipe: Recipe) -> tuple[list[str], list[str]]:

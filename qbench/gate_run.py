@@ -19,7 +19,7 @@ from qbench.gate_checks import (
     result_problems,
     timed_batch_sizes,
 )
-from qbench.gate_fresh import changed_models, stale_inputs, stale_sections
+from qbench.gate_fresh import another_recipe_file, changed_models, stale_inputs, stale_sections
 from qbench.provenance import recorded_recipe
 from qbench.recipe import Recipe
 from qbench.results import SweepResults, read_results
@@ -76,7 +76,8 @@ def run_gate(
         return GateReport(metric=results.gate_metric, problems=(str(exc),)), results
     asked = recipe if recipe is not None else recorded
     problems = stale_sections(recipe, recorded) if recipe is not None else []
-    if recipe is not None and recipe.name != recorded.name:  # another recipe's results: comparing inputs says nothing
+    if recipe is not None and (recipe.name != recorded.name or another_recipe_file(recipe, recorded)):
+        # another recipe's results: comparing its inputs with this recipe's says nothing
         return GateReport(metric=results.gate_metric, problems=tuple(problems)), results
     notes: list[str] = []
     if check_staleness:

@@ -229,6 +229,8 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
     selection = selection_rows(data, calibration_table, split, calibration_nonfinite, judged=eval_slices,
                                model_inputs=model.inputs, labels=lambda t, rows: _labels(recipe, task, t, rows, outputs),
                                recipe_file=recipe.source) if chooses_among_candidates(recipe) else None  # fmt: skip
+    if selection is not None:  # fed to FP32 and every candidate (an id past a table there failed the search alone)
+        check_lookup_indices(recipe, lookups, selection.feeds, split.selection, "selection")
     kept = kept_nonfinite(data, (eval_rows, nonfinite, masks), (calibration_rows, calibration_nonfinite),
                           split.selection if selection is not None else split.selection[:0])  # fmt: skip
     overlap = shared_rows(content_table(calibration_table, data, recipe_file=recipe.source), calibration_rows,
@@ -262,7 +264,7 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
         ),
         calibration_overlap=overlap,
         training=_training(recipe, task, table, model, outputs, nonfinite, masks, eval_rows, inputs=data.inputs,
-                           calibration=(calibration_rows, calibration_nonfinite)),
+                           calibration=(calibration_rows, calibration_nonfinite), lookups=lookups),
         custom_metrics=custom_metrics,
         dropped_nonfinite=dropped,
         kept_nonfinite=kept,
@@ -473,9 +475,10 @@ def _training(
     *,
     inputs: Mapping[str, InputTarget],
     calibration: tuple[np.ndarray, NonfiniteMasks],
+    lookups: Mapping[str, Lookup],
 ) -> dict[str, TrainingData]:
-    """Feeds (fed as `inputs`, as _calibration's) and labels for every QAT variant, from its `qat.train` filter
-    (never an evaluation row: see training_rows). Fake quantization turns NaN into a number in training and in the
+    """Feeds (fed as `inputs`, as _calibration's, their ids within `lookups`' tables) and labels for every QAT
+    variant, from its `qat.train` filter (never an evaluation row: see training_rows). Fake quantization turns NaN into a number in training and in the
     observers that calibrate on the `calibration` rows alike, so QAT never takes NaN/inf rows, whatever
     data.nonfinite_inputs says (qat_refuses_nonfinite)."""
     training = {}
@@ -495,6 +498,7 @@ def _training(
         use_labels = spec.qat.loss == "label" and recipe.data.label is not None
         labels = _labels(recipe, task, table, rows, outputs) if use_labels else None
         feeds = build_feeds(table, rows, inputs, model.inputs, recipe_file=recipe.source)
+        check_lookup_indices(recipe, lookups, feeds, rows, f"{spec.name} training")
         training[spec.name] = TrainingData(feeds=feeds, labels=labels, task=recipe.task, output_index=outputs[0].index,
                                            probabilities=outputs[0].meta.probabilities)
     return training

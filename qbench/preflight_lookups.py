@@ -6,10 +6,15 @@ would fail every variant of the sweep, with a message naming a node rather than 
 each input feeds into a `Gather` on a constant table (directly, or through casts and reshapes), or into an operator
 that looks rows up the same way (`_TABLE_READERS`: ONNX Runtime's fused `EmbedLayerNormalization`, which its
 transformer optimizer writes in place of a BERT's embedding Gathers), are checked against the table's size on every
-evaluation and calibration row before anything runs, inside If/Loop/Scan bodies too (a Scan looking up one token a step).
+evaluation and calibration row, every QAT training row and every selection row a search chooses on, before anything
+runs, inside If/Loop/Scan bodies too (a Scan looking up one token a step).
 Ids that reach a table only through a selection of them (a Slice or a Gather of the ids, as torch exports
 `nn.EmbeddingBag`: each bag's ids sliced inside a Loop) are followed too; such a table may see only some of them, so
 an input that reaches every table it indexes only so is checked against the largest of them.
+
+A negative id is refused too, though ONNX's Gather reads it from the table's end (-1 as the last row): torch's
+`nn.Embedding` and `nn.EmbeddingBag` refuse it (`index out of range`), so an exported embedding never meant it, and a
+sentinel such as -1 for an unknown id would silently read another id's row in FP32 and every variant alike.
 """
 
 from __future__ import annotations
@@ -38,7 +43,8 @@ _VALUE_SELECTING = {"Slice", "Gather", "GatherElements", "GatherND", "Split", "C
 # (domain, op type) -> (index input, table input) pairs of ops that read rows of a constant table (along axis 0 unless
 # an `axis` attribute says otherwise) at an integer input's values, and whether a negative id counts from the end.
 # EmbedLayerNormalization (inputs: input_ids, segment_ids, word, position and segment embeddings, ..., position_ids)
-# refuses any id outside [0, size) ("input index out of range").
+# refuses any id outside [0, size) ("input index out of range"); Gather reads -size..-1 from the table's end, and
+# such ids are refused all the same (the module's docstring says why).
 _TABLE_READERS: dict[tuple[str, str], tuple[tuple[tuple[int, int], ...], bool]] = {
     ("", "Gather"): (((1, 0),), True),
     ("com.microsoft", "EmbedLayerNormalization"): (((0, 2), (1, 4), (8, 3)), False),
@@ -51,12 +57,9 @@ class Lookup:
 
     node: str
     size: int
-    negative: bool = True  # whether ids from -size to -1 index the table too (Gather's do: from its end)
+    negative: bool = True  # whether the node reads ids from -size to -1 from the table's end (Gather does): said when
+    # such an id is refused, as the reason a run would not have failed on it
     partial: bool = False  # reached through a selection of the ids (a Slice, a Gather of them): some may not reach it
-
-    @property
-    def lowest(self) -> int:
-        return -self.size if self.negative else 0
 
 
 def constant_lookups(model_path: Path) -> dict[str, Lookup]:
@@ -81,10 +84,10 @@ def constant_lookups(model_path: Path) -> dict[str, Lookup]:
             continue
         lookups = _lookups_of(value.name, consumers, tables)
         every = [lookup for lookup in lookups if not lookup.partial]
-        if every:  # every id reaches each of these: the smallest table, the one refusing negative ids first when tied
-            found[value.name] = min(every, key=lambda lookup: (lookup.size, lookup.negative))
+        if every:  # every id reaches each of these: the smallest table
+            found[value.name] = min(every, key=lambda lookup: lookup.size)
         elif lookups:  # each table sees some of the ids: an id past the largest is past every table it could reach
-            found[value.name] = max(lookups, key=lambda lookup: (lookup.size, not lookup.negative))
+            found[value.name] = max(lookups, key=lambda lookup: lookup.size)
     return found
 
 
@@ -132,7 +135,7 @@ def check_lookup_indices(
         if values is None or values.dtype.kind not in "iu" or not values.size:
             continue
         flat = values.reshape(len(values), -1)
-        outside = np.flatnonzero(((flat < lookup.lowest) | (flat >= lookup.size)).any(axis=1))
+        outside = np.flatnonzero(((flat < 0) | (flat >= lookup.size)).any(axis=1))
         if not outside.size:
             continue
         examples = ", ".join(f"row {rows[i]}: {_first_outside(flat[i], lookup)}" for i in outside[:_SHOWN_ROWS])
@@ -140,6 +143,10 @@ def check_lookup_indices(
         count = f"{outside.size} {what} row{'s hold' if outside.size > 1 else ' holds'}"
         message = (f"{source}: {count} ids outside the table node {lookup.node!r} looks them up in "
                    f"({lookup.size} entries), e.g. {examples}; expected ids from 0 to {lookup.size - 1}")  # fmt: skip
+        if lookup.negative and (flat[outside] < 0).any():
+            message += (f" (ONNX's Gather would read a negative id from the table's end, -1 as row {lookup.size - 1}, "
+                        "where torch's nn.Embedding refuses it: give unknown ids a row of their own, or write the row "
+                        "meant)")  # fmt: skip
         raise RecipeError(recipe.source, "data.inputs", message)
 
 
@@ -153,7 +160,7 @@ def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
 
 
 def _first_outside(values: np.ndarray, lookup: Lookup) -> int:
-    return int(values[(values < lookup.lowest) | (values >= lookup.size)][0])
+    return int(values[(values < 0) | (values >= lookup.size)][0])
 
 
 _INTEGER_TYPES = {2, 3, 4, 5, 6, 7, 12, 13}  # onnx.TensorProto: UINT8 INT8 UINT16 INT16 INT32 INT64 UINT32 UINT64

@@ -87,6 +87,46 @@ def test_an_id_past_the_table_is_named_with_its_column_and_row(
     )
 
 
+@pytest.mark.parametrize("bag", [False, True])
+def test_a_negative_id_is_refused_though_gather_would_read_it_from_the_tables_end(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], bag: bool
+) -> None:
+    """ONNX's Gather reads -1 as the table's last row, so a sentinel -1 for an unknown user passed validate and every
+    variant was judged on it as the last user's row; torch's nn.Embedding and nn.EmbeddingBag refuse it."""
+    ids = _ids()
+    ids[31, 1] = -1
+    model = _embedding_bag_classifier(tmp_path) if bag else None
+    assert main(["validate", str(_project(tmp_path, ids, model))]) == 2
+    error = capsys.readouterr().err.strip()
+    assert "data.inputs: column 'tokens' (model input 'ids'): 1 evaluation row holds ids outside the table " in error
+    assert error.endswith(
+        "(10 entries), e.g. row 31: -1; expected ids from 0 to 9 (ONNX's Gather would read a negative id from the "
+        "table's end, -1 as row 9, where torch's nn.Embedding refuses it: give unknown ids a row of their own, or "
+        "write the row meant)"
+    )
+
+
+def test_an_id_past_the_table_in_a_row_the_search_chooses_on_is_named_before_anything_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Selection rows (here an evaluation row left out by data.evaluation.limit) are fed to FP32 and every candidate
+    of a search: only the evaluation and the fitted calibration rows were checked, so validate passed and the sweep
+    built and measured every other variant before the search failed on ONNX Runtime's 'indices element out of data
+    bounds' (exit 2, the search's variant unusable)."""
+    ids = _ids()
+    ids[39, 0] = VOCABULARY + 3  # the last evaluation row: past the limit of 10, so a selection row
+    recipe = _project(tmp_path, ids)
+    spec = yaml.safe_load(recipe.read_text())
+    spec["data"]["evaluation"]["limit"] = 10
+    spec["variants"] = [{"name": "int8", "precision": "int8", "calibrator": "auto"}]
+    recipe.write_text(yaml.safe_dump(spec, sort_keys=False))
+    assert main(["validate", str(recipe)]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "recipe.yaml: data.inputs: column 'tokens' (model input 'ids'): 1 selection row holds ids outside the table "
+        "node 'embedding' looks them up in (10 entries), e.g. row 39: 13; expected ids from 0 to 9"
+    )
+
+
 def test_ids_within_the_table_pass(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", str(_project(tmp_path, _ids()))]) == 0, capsys.readouterr().err
 
@@ -310,3 +350,49 @@ def test_ids_that_reach_tables_through_selections_of_them_are_checked_against_th
     ids[31, 0] = 31
     assert main(["validate", str(_project(tmp_path, ids, _two_tables_of_one_input()))]) == 2
     assert "(30 entries), e.g. row 31: 31; expected ids from 0 to 29" in capsys.readouterr().err
+
+
+EMBEDDING_FACTORY = """
+from torch import nn
+
+class Bag(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.table = nn.Embedding(10, 4)
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, ids):
+        return self.head(self.table(ids).mean(dim=1))
+
+def build():
+    return Bag()
+"""
+
+
+def test_an_id_past_the_table_in_a_qat_training_row_is_named_before_anything_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """QAT fine-tunes on its `qat.train` rows, which the check did not read: an id past the embedding there passed
+    validate and failed that variant's training in torch ('index out of range in self') after FP32 was measured."""
+    pytest.importorskip("torch")
+    (tmp_path / "bag_factory.py").write_text(EMBEDDING_FACTORY)
+    ids = np.random.default_rng(1).integers(0, VOCABULARY, size=(60, 3))
+    ids[7, 1] = VOCABULARY  # a training row
+    split = ["train"] * 20 + ["calib"] * 20 + ["eval"] * 20
+    pd.DataFrame({"tokens": list(ids), "y": np.arange(60) % 2, "split": split}).to_parquet(tmp_path / "rows.parquet")
+    recipe = {
+        "name": "qat-lookups",
+        "model": {"torch": "bag_factory:build", "example_inputs": {"ids": [1, 3]}, "input_dtypes": {"ids": "int64"},
+                  "output_names": ["logits"]},
+        "data": {"path": "rows.parquet", "inputs": {"tokens": "ids"}, "label": "y",
+                 "calibration": {"filter": {"split": "calib"}}, "evaluation": {"filter": {"split": "eval"}}},
+        "variants": [{"name": "int8-qat", "precision": "int8", "calibrator": "minmax",
+                      "qat": {"train": {"filter": {"split": "train"}}}}],
+        "output_dir": "reports",
+    }  # fmt: skip
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+    assert main(["validate", str(tmp_path / "recipe.yaml")]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "recipe.yaml: data.inputs: column 'tokens' (model input 'ids'): 1 int8-qat training row holds ids outside the "
+        "table node '/table/Gather' looks them up in (10 entries), e.g. row 7: 10; expected ids from 0 to 9"
+    )

@@ -508,3 +508,24 @@ def test_another_recipes_results_are_said_to_be_so_and_nothing_else(swept: Swept
     captured = capsys.readouterr()
     shown = " ".join((captured.out + captured.err).split())
     assert "the results are from recipe 'tumour-mlp', not 'other'" in shown and "stale" not in shown
+
+
+def test_a_run_of_another_recipe_file_of_the_same_name_is_said_to_be_so(swept: Swept, tmp_path: Path, capsys):
+    """A copy of the recipe under another file name, same `name` and output_dir, reading another data file: its
+    gate took the newest run in the shared folder (the original's) and said the unedited copy's 'data' section
+    'changed since the sweep' and the original's data file 'changed since the sweep' too (neither had changed)."""
+    root = tmp_path / "project"
+    shutil.copytree(swept.root, root)
+    raw = yaml.safe_load(swept.recipe.read_text())
+    data = root / raw["data"]["path"]
+    shutil.copy(data, data.with_name("copy.parquet"))
+    raw["data"]["path"] = str(Path(raw["data"]["path"]).with_name("copy.parquet"))
+    copy_recipe = root / "copy.yaml"
+    copy_recipe.write_text(yaml.safe_dump(raw, sort_keys=False))
+    assert main(["gate", str(copy_recipe)]) == 2
+    captured = capsys.readouterr()
+    shown = " ".join((captured.out + captured.err).split())
+    assert (f"the newest run of recipe 'tumour-mlp' was swept from {swept.recipe}, not {copy_recipe}, and "
+            "its section(s) 'data' differ: recipe files sharing a name and output_dir write their runs to one folder; "
+            f"give each its own name, or re-run `qbench sweep {copy_recipe}`") in shown, shown[-2000:]  # fmt: skip
+    assert "changed since the sweep" not in shown
