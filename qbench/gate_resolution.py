@@ -13,12 +13,14 @@ The gate therefore counts a pass only where the scope could have shown a drop of
 - a mean over rows of a comparison with FP32's own outputs (cosine, kl_mean: FP32's figure is the same on every row,
   so its interval is a point) has the variant's 95 % interval as the interval of the drop: its far end must stay
   within the tolerance, and it needs two rows at least (one row has no spread to measure);
-- an error in the data's units or R² whose results record the paired interval of its drop (regression's mae, rmse
-  and r2: each row's change of error from FP32's, `drop_intervals`) is judged as cosine is: the far end of that
-  interval must stay within the tolerance (a regression variant 1.5x past the default mae tolerance passed on 300
-  rows 32 % of the time when two rows sufficed);
-- any other metric (max_error, r2_min, a custom metric) is not bounded per row, so no row count follows from the
-  tolerance: it needs two rows at least.
+- an error in the data's units or R² whose results record the paired interval of its drop (regression's mae, rmse,
+  r2 and r2_min, over any number of targets: each row's change of error from FP32's, `drop_intervals`) is judged as
+  cosine is: the far end of that interval must stay within the tolerance (a regression variant 1.5x past the
+  default mae tolerance passed on 300 rows 32 % of the time when two rows sufficed);
+- any other metric (max_error, a custom metric) is not bounded per row, so no row count follows from the tolerance:
+  it needs two rows at least. max_error is the worst case of the rows measured, not an estimate of a population
+  figure: its pass says no row of the scope moved past it, and of the population only that the share of inputs
+  that would is below 1 - 0.05^(1/n) with 95 % confidence (the rows rule read the other way).
 
 A share of rows scored against labels (accuracy, exact_match) is a difference of two noisy figures on the same rows:
 a change right -> wrong offsets one wrong -> right, so a variant changing 22 % of 1,000 rows' answers, as many each
