@@ -36,7 +36,7 @@ from qbench.data import (
 from qbench.data.evaluation import EvaluationRows, calibration_sample, holds_out
 from qbench.data.feeds import text_feed_notes
 from qbench.data.labels import label_cells, unlabelled_hint
-from qbench.data.leakage import shared_rows, warn_shared
+from qbench.data.leakage import row_digests, shared_rows, warn_shared
 from qbench.data.nonfinite import kept_nonfinite, qat_refuses_nonfinite
 from qbench.data.text_tables import text_cells_hint
 from qbench.errors import QbenchError, RecipeError
@@ -114,6 +114,7 @@ class Prepared:
     snapshot: Snapshot | None = None  # the sweep's copies of its input files, which everything here was read from
     selection: SelectionRows | None = None  # where searches choose among candidates (qbench.selection_rows)
     distinct_inputs: dict[str, int] = field(default_factory=dict)  # EvaluationRows.distinct_inputs
+    evaluation_digests: np.ndarray | None = None  # EvaluationRows.digests: what each evaluation row feeds the model
 
     @property
     def output_name(self) -> str:
@@ -230,7 +231,8 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
                                recipe_file=recipe.source) if chooses_among_candidates(recipe) else None  # fmt: skip
     kept = kept_nonfinite(data, (eval_rows, nonfinite, masks), (calibration_rows, calibration_nonfinite),
                           split.selection if selection is not None else split.selection[:0])  # fmt: skip
-    overlap = shared_rows(calibration_table, calibration_rows, table, eval_rows, data.fed_columns)
+    evaluated = evaluation.digests if evaluation.digests is not None else row_digests(table, eval_rows, data.fed_columns)
+    overlap = shared_rows(calibration_table, calibration_rows, evaluated, data.fed_columns)
     if recipe.fits_on_calibration_rows:
         allowed = calibration_table is table and data.calibration.overlap == "allow"
         warn_shared(overlap, len(calibration_rows), "calibration",
@@ -269,6 +271,7 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
         snapshot=snapshot,
         selection=selection,
         distinct_inputs=evaluation.distinct_inputs,
+        evaluation_digests=evaluation.digests,
     )
 
 
