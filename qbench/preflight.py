@@ -261,7 +261,7 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
             selection_from_sample=(selection.from_sample if selection else 0) if chooses_among_candidates(recipe) else None,
         ),
         calibration_overlap=overlap,
-        training=_training(recipe, task, table, model, outputs, nonfinite, masks, eval_rows, inputs=data.inputs,
+        training=_training(recipe, task, table, model, outputs, nonfinite, masks, eval_rows, evaluated, inputs=data.inputs,
                            calibration=(calibration_rows, calibration_nonfinite)),
         custom_metrics=custom_metrics,
         dropped_nonfinite=dropped,
@@ -470,7 +470,7 @@ def _training(
     outputs: list[OutputChoice],
     nonfinite: NonfiniteMasks,
     slices: dict[str, np.ndarray],
-    eval_rows: np.ndarray,
+    eval_rows: np.ndarray, evaluated: np.ndarray,  # the evaluation rows and their row_digests
     *,
     inputs: Mapping[str, str | TextInputSpec],
     calibration: tuple[np.ndarray, NonfiniteMasks],
@@ -487,7 +487,7 @@ def _training(
         rows = training_rows(table, spec.qat.train.filter, eval_rows, field=field, recipe_file=recipe.source)
         rows = _finite_rows(recipe, rows, nonfinite, {}, f"{spec.name} training")
         rows = rows[: spec.qat.train.limit] if spec.qat.train.limit is not None else rows
-        warn_shared(shared_rows(table, rows, table, eval_rows, recipe.data.fed_columns), len(rows), f"{spec.name} training",
+        warn_shared(shared_rows(table, rows, evaluated, recipe.data.fed_columns), len(rows), f"{spec.name} training",
                     "the same rows twice in the table")  # fmt: skip
         if recipe.data.nonfinite_inputs == "keep":
             qat_refuses_nonfinite(recipe.source, spec.name, index, (rows, nonfinite), calibration)
