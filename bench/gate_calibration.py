@@ -92,17 +92,18 @@ def classification(n: int, classes: int, loss: float, gain: float, *, sliced: bo
     return draw
 
 
-def regression(n: int, worse: float, *, sliced: bool = False) -> Callable[[np.random.Generator], Trial]:
-    """FP32's errors N(0, 1); the variant adds N(0, s) so its population MAE is (1 + worse) times FP32's (on the
-    rows of slice 'b' when `sliced`)."""
+def regression(n: int, worse: float, *, sliced: bool = False, targets: int = 1) -> Callable[[np.random.Generator], Trial]:
+    """FP32's errors N(0, 1) on labels N(0, 5²); the variant adds N(0, s) so its population MAE and RMSE are
+    (1 + worse) times FP32's (on the rows of slice 'b' when `sliced`), on each of `targets` targets: its R² drops by
+    ((1 + worse)² - 1) / 25."""
     extra = np.sqrt((1 + worse) ** 2 - 1)
 
     def draw(rng: np.random.Generator) -> Trial:
-        labels = rng.normal(scale=5.0, size=n)
-        reference = (labels + rng.normal(size=n)).astype(np.float32)
+        labels = rng.normal(scale=5.0, size=(n, targets))
+        reference = (labels + rng.normal(size=(n, targets))).astype(np.float32)
         slices, where = _slices(rng, n, sliced)
-        variant = reference + np.where(where, rng.normal(scale=extra, size=n), 0).astype(np.float32)
-        return Trial("regression", reference[:, None], variant[:, None], labels[:, None], slices)
+        variant = reference + np.where(where[:, None], rng.normal(scale=extra, size=(n, targets)), 0).astype(np.float32)
+        return Trial("regression", reference, variant, labels, slices)
     return draw
 
 
@@ -127,6 +128,9 @@ def embedding(n: int, hurt: float, share: float, *, sliced: bool = False,
 
 ACCURACY = GateSpec(metric="accuracy", max_drop=0.01, max_slice_drop=0.02)
 MAE = GateSpec(metric="mae")  # defaults: 1 % of FP32's MAE overall, 2 % on a slice
+RMSE = GateSpec(metric="rmse")  # as MAE's: 1 % / 2 % of FP32's
+R2_MIN = GateSpec(metric="r2_min", max_drop=0.01, max_slice_drop=0.02)
+R2_PAST = 25 * 0.01  # an R² drop of k x 0.01 on labels of variance 25 and errors of variance 1: (1 + w)² = 1 + k x this
 COSINE = GateSpec(metric="cosine", max_drop=0.01, max_slice_drop=0.02)
 
 
@@ -143,6 +147,8 @@ def false_pass_cases() -> Iterator[tuple[str, int, GateSpec, Callable]]:
                                                                          positives=0.05)  # fmt: skip
             yield f"regression mae {k}x", n, MAE, regression(n, k * 0.01)
             yield f"regression mae slice-b {k}x", n, MAE, regression(n, k * 0.02, sliced=True)
+            yield f"regression rmse 2-target {k}x", n, RMSE, regression(n, k * 0.01, targets=2)
+            yield f"regression r2_min 2-target {k}x", n, R2_MIN, regression(n, np.sqrt(1 + k * R2_PAST) - 1, targets=2)
             yield f"embedding diffuse {k}x", n, COSINE, embedding(n, k * 0.01, 1.0)
             yield f"embedding 10%-rows {k}x", n, COSINE, embedding(n, k * 0.01 / 0.1, 0.1)
             yield f"embedding slice-b {k}x", n, COSINE, embedding(n, k * 0.02 / 0.2, 0.2 * SLICE_SHARE, sliced=True)
@@ -165,6 +171,8 @@ def honest_cases() -> Iterator[tuple[str, int, GateSpec, Callable]]:
         # a quarter of the tolerance (MAE 0.25 % worse than FP32's, noise sd 0.07 against FP32's errors' 1): within
         # it, so a breach is false, and what the paired interval costs a variant a little worse than FP32
         yield "regression mae 0.25x", n, MAE, regression(n, 0.0025)
+        yield "regression rmse 2-target 0.25x", n, RMSE, regression(n, 0.0025, targets=2)
+        yield "regression r2_min 2-target 0.25x", n, R2_MIN, regression(n, np.sqrt(1 + 0.25 * R2_PAST) - 1, targets=2)
         yield "embedding rounding", n, COSINE, embedding(n, 0.0, 0.0, sliced=True)
 
 
@@ -193,15 +201,16 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=200)
     parser.add_argument("--budget", type=float, default=20.0, help="CPU seconds at most per case")
     parser.add_argument("--only", choices=("false-pass", "false-breach"), default=None)
+    parser.add_argument("--match", default="", help="only the cases whose name holds this")
     parser.add_argument("--json", type=Path, default=Path("bench/out/gate_calibration.json"))
     args = parser.parse_args()
     out = {}
     if args.only != "false-breach":
         print("FALSE PASS: population drop past the tolerance; exit 0 should be rare (<= ~5 %)")
-        out["false_pass"] = study(false_pass_cases(), args.seeds, args.budget)
+        out["false_pass"] = study((c for c in false_pass_cases() if args.match in c[0]), args.seeds, args.budget)
     if args.only != "false-pass":
         print("FALSE BREACH: honest variants; exit 1 should be rare (<= ~5 %), per check")
-        out["false_breach"] = study(honest_cases(), args.seeds, args.budget)
+        out["false_breach"] = study((c for c in honest_cases() if args.match in c[0]), args.seeds, args.budget)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(out, indent=1))
     print(f"wrote {args.json}")

@@ -49,8 +49,8 @@ import onnx
 from qbench.backends import get_backend
 from qbench.backends.base import RunOptions
 from qbench.errors import QbenchError
-from qbench.explain import Score, group_nodes, rank_groups
 from qbench.explain_graph import QuantizedNode, float_keeper, quantized_nodes, sqnr_costs
+from qbench.explain_rank import Score, group_nodes, rank_groups
 from qbench.files import write_fault
 from qbench.gate import GateReport, judge
 from qbench.gate_report import failure_reasons

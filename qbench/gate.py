@@ -10,7 +10,7 @@ fresh (qbench.gate_checks, qbench.gate_fresh, qbench.provenance), whatever the f
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import qbench
@@ -151,17 +151,18 @@ def withheld(report: GateReport) -> GateReport:
     return replace(report, checks=checks, notes=notes)
 
 
-def judge(reference: VariantResult, candidate: VariantResult, gate: GateSpec,
-          tolerances: Tolerances | None = None) -> GateReport:  # fmt: skip
+def judge(reference: VariantResult, candidate: VariantResult, gate: GateSpec, tolerances: Tolerances | None = None,
+          distinct_inputs: Mapping[str, int] | None = None) -> GateReport:  # fmt: skip
     """The gate's verdict on one candidate against FP32, as `qbench gate` would give it (for searches), but for the
     resolution rule: a pass on too few rows is still a pass here, its reasons in the report's `unresolved` (a screen
     is a sample by design; the INT8 search ranks a resolved pass over an unresolved one), and `qbench gate` then holds
     the chosen one's results to the rule. `tolerances`: resolved once for many candidates (on the rows
-    chosen on), rather than against `reference`'s figures."""
+    chosen on), rather than against `reference`'s figures. `distinct_inputs`: of the rows judged on, as results record
+    them (validate.measure.Rows.distinct_inputs): copies of an input among them count as one, as the gate counts them."""
     results = SweepResults(
         qbench_version=qbench.__version__, created_at="", recipe={}, environment={}, calibration=None,
         evaluation_rows=candidate.accuracy.rows if candidate.accuracy else 0, gate_metric=gate.metric,
-        reference=reference.variant, variants=(reference, candidate),
+        reference=reference.variant, variants=(reference, candidate), distinct_inputs=dict(distinct_inputs or {}),
     )  # fmt: skip
     return evaluate_gate(results, gate.model_copy(update={"applies_to": [candidate.variant]}), tolerances=tolerances,
                          resolve=False)

@@ -13,12 +13,14 @@ The gate therefore counts a pass only where the scope could have shown a drop of
 - a mean over rows of a comparison with FP32's own outputs (cosine, kl_mean: FP32's figure is the same on every row,
   so its interval is a point) has the variant's 95 % interval as the interval of the drop: its far end must stay
   within the tolerance, and it needs two rows at least (one row has no spread to measure);
-- an error in the data's units or R² whose results record the paired interval of its drop (regression's mae, rmse
-  and r2: each row's change of error from FP32's, `drop_intervals`) is judged as cosine is: the far end of that
-  interval must stay within the tolerance (a regression variant 1.5x past the default mae tolerance passed on 300
-  rows 32 % of the time when two rows sufficed);
-- any other metric (max_error, r2_min, a custom metric) is not bounded per row, so no row count follows from the
-  tolerance: it needs two rows at least.
+- an error in the data's units or R² whose results record the paired interval of its drop (regression's mae, rmse,
+  r2 and r2_min, over any number of targets: each row's change of error from FP32's, `drop_intervals`) is judged as
+  cosine is: the far end of that interval must stay within the tolerance (a regression variant 1.5x past the
+  default mae tolerance passed on 300 rows 32 % of the time when two rows sufficed);
+- any other metric (max_error, a custom metric) is not bounded per row, so no row count follows from the tolerance:
+  it needs two rows at least. max_error is the worst case of the rows measured, not an estimate of a population
+  figure: its pass says no row of the scope moved past it, and of the population only that the share of inputs
+  that would is below 1 - 0.05^(1/n) with 95 % confidence (the rows rule read the other way).
 
 A share of rows scored against labels (accuracy, exact_match) is a difference of two noisy figures on the same rows:
 a change right -> wrong offsets one wrong -> right, so a variant changing 22 % of 1,000 rows' answers, as many each
@@ -47,7 +49,7 @@ A breach is judged as before: a drop past the tolerance is evidence against the 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from statistics import NormalDist
 from typing import TYPE_CHECKING
 
@@ -300,47 +302,51 @@ def _over_inputs(bound: float, point: float, widen: float) -> float:
 def interval_problems(reference: SliceMetrics, own: SliceMetrics) -> list[str]:
     """Intervals a sweep cannot have written on one scope, FP32's (`reference`) against a variant's (`own`): every
     result records the intervals of the same metrics (same task, same rows), each holding its finite figure on
-    MIN_ROWS rows or more. The paired rule reads them: a variant's kl_mean interval removed, made NaN or a point away
-    from its figure, turned a pass the rows did not resolve into a resolved one (exit 0)."""
+    MIN_ROWS rows or more; so do its drop intervals, recorded for the same catalogue metrics by both, the drop
+    interval they make (_paired_drop_interval) holding the drop between the two figures. The rules read them: a
+    variant's kl_mean interval removed, made NaN or a point away from its figure, or its mae drop interval moved below
+    its drop or removed from its scope alone, turned a pass the rows did not resolve into a resolved one (exit 0)."""
     where = "overall" if own.name == "overall" else f"slice {own.name!r}"
-    problems = []
-    for metric in sorted(set(reference.intervals) | set(own.intervals)):
-        recorded = [who for who, scope in (("FP32", reference), ("the variant", own)) if metric in scope.intervals]
-        if len(recorded) == 1:
-            problems.append(f"{where}: only {recorded[0]}'s results record an interval of {metric!r}")
-            continue
-        for who, scope in (("FP32", reference), ("the variant", own)):
-            value, (low, high) = scope.metrics.get(metric, math.nan), scope.intervals[metric]
-            if not math.isfinite(value) or scope.judged_count(metric) < MIN_ROWS:
-                continue
-            slack = 1e-9 * max(1.0, abs(value))
-            if not low - slack <= value <= high + slack:  # NaN bounds included
-                problems.append(f"{where}: {who}'s {metric} {value:.6g} lies outside its interval [{low:.6g}, "
-                                f"{high:.6g}]")  # fmt: skip
-    problems += _drop_interval_problems(reference, own)
-    return [f"{problem}: written by another qbench, or edited" for problem in problems]
+
+    def figures(metric: str) -> list[str]:
+        return [problem for who, scope in (("FP32", reference), ("the variant", own))
+                for problem in _outside(f"{who}'s {metric}", scope.metrics.get(metric, math.nan), "its interval",
+                                        scope.intervals[metric], scope.judged_count(metric))]  # fmt: skip
+
+    def dropped(metric: str) -> list[str]:
+        if metric not in METRICS:
+            return [f"a drop interval of {metric!r}, no metric qbench knows"]
+        values = reference.metrics.get(metric, math.nan), own.metrics.get(metric, math.nan)
+        return _outside(f"the variant's drop of {metric}", drop(metric, *values), "the interval its drop intervals and "
+                        "FP32's make,", _paired_drop_interval(metric, reference, own, finite=False) or (math.nan, math.nan),
+                        own.judged_count(metric), *values)  # fmt: skip
+
+    problems = _recorded(reference.intervals, own.intervals, "an interval", figures)
+    problems += _recorded(reference.drop_intervals, own.drop_intervals, "a drop interval", dropped)
+    return [f"{where}: {problem}: written by another qbench, or edited" for problem in problems]
 
 
-def _drop_interval_problems(reference: SliceMetrics, own: SliceMetrics) -> list[str]:
-    """Drop intervals a sweep cannot have written (interval_problems): recorded for the same catalogue metrics by FP32
-    and the variant, the drop interval they make (_paired_drop_interval) holding the drop between the two figures on
-    MIN_ROWS rows or more. The resolution rule reads its far end: a variant's mae drop interval moved below its drop,
-    or removed from its scope alone, turned a pass the rows did not resolve into a resolved one."""
-    where = "overall" if own.name == "overall" else f"slice {own.name!r}"
+def _recorded(theirs: dict, ours: dict, kind: str, judge: Callable[[str], list[str]]) -> list[str]:
+    """interval_problems of one kind of interval: FP32's (`theirs`) and the variant's (`ours`) record it for the same
+    metrics, and `judge` names what is wrong with those both record."""
     problems = []
-    for metric in sorted(set(reference.drop_intervals) | set(own.drop_intervals)):
-        recorded = [who for who, scope in (("FP32", reference), ("the variant", own)) if metric in scope.drop_intervals]
-        if len(recorded) == 1 or metric not in METRICS:
-            problems.append(f"{where}: only {recorded[0]}'s results record a drop interval of {metric!r}"
-                            if len(recorded) == 1 else f"{where}: a drop interval of {metric!r}, no metric qbench knows")
-            continue
-        figures = reference.metrics.get(metric, math.nan), own.metrics.get(metric, math.nan)
-        value, (low, high) = drop(metric, *figures), _paired_drop_interval(metric, reference, own, finite=False)
-        slack = 1e-9 * max([1.0, *(abs(figure) for figure in figures if math.isfinite(figure))])
-        if math.isfinite(value) and own.judged_count(metric) >= MIN_ROWS and not low - slack <= value <= high + slack:
-            problems.append(f"{where}: the variant's drop of {metric} {value:.6g} lies outside the interval its drop "
-                            f"intervals and FP32's make, [{low:.6g}, {high:.6g}]")  # fmt: skip
+    for metric in sorted(set(theirs) | set(ours)):
+        recorded = [who for who, intervals in (("FP32", theirs), ("the variant", ours)) if metric in intervals]
+        problems += [f"only {recorded[0]}'s results record {kind} of {metric!r}"] if len(recorded) == 1 else judge(metric)
     return problems
+
+
+def _outside(subject: str, value: float, what: str, interval: tuple[float, float], counted: int,
+             *scale: float) -> list[str]:  # fmt: skip
+    """[why] a finite `value` on MIN_ROWS rows or more lies outside `interval` (NaN bounds included), to a slack of
+    1e-9 of the largest of 1, |value| and the finite `scale` figures; [] where it lies within or is not judged."""
+    low, high = interval
+    if not math.isfinite(value) or counted < MIN_ROWS:
+        return []
+    slack = 1e-9 * max([1.0, *(abs(figure) for figure in (*scale, value) if math.isfinite(figure))])
+    if low - slack <= value <= high + slack:
+        return []
+    return [f"{subject} {value:.6g} lies outside {what} [{low:.6g}, {high:.6g}]"]
 
 
 def _paired_drop_interval(metric: str, reference: SliceMetrics, own: SliceMetrics,

@@ -37,7 +37,7 @@ from qbench.data.evaluation import EvaluationRows, calibration_sample, holds_out
 from qbench.data.feeds import text_feed_notes
 from qbench.data.images import content_table
 from qbench.data.labels import label_cells, unlabelled_hint
-from qbench.data.leakage import shared_rows, warn_shared
+from qbench.data.leakage import row_digests, shared_rows, warn_shared
 from qbench.data.nonfinite import kept_nonfinite, qat_refuses_nonfinite
 from qbench.data.text_tables import text_cells_hint
 from qbench.errors import QbenchError, RecipeError
@@ -115,6 +115,7 @@ class Prepared:
     snapshot: Snapshot | None = None  # the sweep's copies of its input files, which everything here was read from
     selection: SelectionRows | None = None  # where searches choose among candidates (qbench.selection_rows)
     distinct_inputs: dict[str, int] = field(default_factory=dict)  # EvaluationRows.distinct_inputs
+    evaluation_digests: np.ndarray | None = None  # EvaluationRows.digests: what each evaluation row feeds the model
 
     @property
     def output_name(self) -> str:
@@ -233,8 +234,10 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
         check_lookup_indices(recipe, lookups, selection.feeds, split.selection, "selection")
     kept = kept_nonfinite(data, (eval_rows, nonfinite, masks), (calibration_rows, calibration_nonfinite),
                           split.selection if selection is not None else split.selection[:0])  # fmt: skip
-    overlap = shared_rows(content_table(calibration_table, data, recipe_file=recipe.source), calibration_rows,
-                          content_table(table, data, recipe_file=recipe.source), eval_rows, data.fed_columns)
+    evaluated = (evaluation.digests if evaluation.digests is not None else
+                 row_digests(content_table(table, data, recipe_file=recipe.source), eval_rows, data.fed_columns))
+    overlap = shared_rows(content_table(calibration_table, data, recipe_file=recipe.source), calibration_rows, evaluated,
+                          data.fed_columns)
     if recipe.fits_on_calibration_rows:
         allowed = calibration_table is table and data.calibration.overlap == "allow"
         warn_shared(overlap, len(calibration_rows), "calibration",
@@ -263,7 +266,7 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
             selection_from_sample=(selection.from_sample if selection else 0) if chooses_among_candidates(recipe) else None,
         ),
         calibration_overlap=overlap,
-        training=_training(recipe, task, table, model, outputs, nonfinite, masks, eval_rows, inputs=data.inputs,
+        training=_training(recipe, task, table, model, outputs, nonfinite, masks, eval_rows, evaluated, inputs=data.inputs,
                            calibration=(calibration_rows, calibration_nonfinite), lookups=lookups),
         custom_metrics=custom_metrics,
         dropped_nonfinite=dropped,
@@ -273,6 +276,7 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
         snapshot=snapshot,
         selection=selection,
         distinct_inputs=evaluation.distinct_inputs,
+        evaluation_digests=evaluation.digests,
     )
 
 
@@ -471,7 +475,7 @@ def _training(
     outputs: list[OutputChoice],
     nonfinite: NonfiniteMasks,
     slices: dict[str, np.ndarray],
-    eval_rows: np.ndarray,
+    eval_rows: np.ndarray, evaluated: np.ndarray,  # the evaluation rows and their row_digests
     *,
     inputs: Mapping[str, InputTarget],
     calibration: tuple[np.ndarray, NonfiniteMasks],
@@ -490,7 +494,7 @@ def _training(
         rows = _finite_rows(recipe, rows, nonfinite, {}, f"{spec.name} training")
         rows = rows[: spec.qat.train.limit] if spec.qat.train.limit is not None else rows
         by_content = content_table(table, recipe.data, recipe_file=recipe.source)
-        warn_shared(shared_rows(by_content, rows, by_content, eval_rows, recipe.data.fed_columns), len(rows), f"{spec.name} training",
+        warn_shared(shared_rows(by_content, rows, evaluated, recipe.data.fed_columns), len(rows), f"{spec.name} training",
                     "the same rows twice in the table")  # fmt: skip
         if recipe.data.nonfinite_inputs == "keep":
             qat_refuses_nonfinite(recipe.source, spec.name, index, (rows, nonfinite), calibration)

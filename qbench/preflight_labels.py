@@ -8,6 +8,7 @@ graph may name its columns (a ZipMap's keys, a class table), and the count must 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 
@@ -95,20 +96,17 @@ def below_chance_readings(recipe: Recipe, outputs: Sequence[OutputChoice], overa
     (those rows are misses whatever the labels say) or the task is not classification."""
     if recipe.task != "classification" or overall.nonfinite_outputs:
         return []
-    found, shuffled = [], None
+    found: list[tuple[str, bool]] = []
+    shuffled = functools.cache(unpaired)
     for choice in outputs:
         name = f"{choice.name}{OUTPUT_SEPARATOR}accuracy" if len(outputs) > 1 else "accuracy"
         rate, rows = overall.metrics.get(name, math.nan), overall.judged_count(name)
-        why = below_chance(rate, choice.meta, labels, recipe.data.classes) if rows and math.isfinite(rate) else None
-        if why is None:
-            continue
-        shuffled = shuffled or unpaired()
-        guess = shuffled.metrics.get(name, math.nan)
-        why = below_chance(rate, choice.meta, labels, recipe.data.classes, unpaired=guess)
+        guess = functools.cache(lambda name=name: shuffled().metrics.get(name, math.nan))
+        why = below_chance(rate, choice.meta, labels, recipe.data.classes, guess) if rows and math.isfinite(rate) else None
         if why is None:
             continue
         high = wilson(rate, rows)[1]
-        sure = high < min(chance_accuracy(choice.meta, labels) or 0.0, guess)
+        sure = high < min(chance_accuracy(choice.meta, labels) or 0.0, guess())
         found.append((f"{why}; {rate:.4g} of {rows} evaluated, 95% interval up to {high:.4g}", sure))
     return found
 

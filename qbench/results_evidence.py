@@ -36,6 +36,9 @@ EVIDENCE: dict[str, Evidence] = {e.name: e for e in (
              "predicted no better than its mean)", task="regression"),
     Evidence("drop_intervals", "each regression scope's drop_intervals", "the resolution of a pass on mae, rmse or "
              "r2 (the paired interval of its drop)", task="regression"),
+    Evidence("target_drop_intervals", "each regression scope's drop_intervals of r2_min, and of rmse over several targets",
+             "the resolution of a pass on r2_min, or on rmse over several targets (the paired interval of its drop)",
+             task="regression"),
     Evidence("stored_weights", "the reference's params.stored_weights", "the note on a reference stored rounded"),
     Evidence("random_ops", "a reference with random nodes refused by the sweep", "results of a deterministic reference"),
     Evidence("model_sha256", "each variant's model_sha256", "the measured model file is the one measured"),

@@ -26,6 +26,8 @@ import pandas as pd
 
 from qbench.data import build_feeds
 from qbench.data.evaluation import EvaluationRows, calibration_candidates
+from qbench.data.images import content_table
+from qbench.data.leakage import row_digests
 from qbench.data.nonfinite import NonfiniteMasks, drop_nonfinite, missing_slices
 from qbench.data.sampling import draw_from_strata, slice_strata
 from qbench.data.slices import slice_masks
@@ -45,7 +47,9 @@ SELECTION_STREAM = 1  # the split's generator is seeded with (data.calibration.s
 @dataclass(frozen=True)
 class SelectionRows:
     """Feeds, labels (None: the metric compares with FP32) and slice masks of the rows candidates are chosen on;
-    `from_sample`: how many of them were drawn for calibration and kept apart from fitting (split_calibration)."""
+    `from_sample`: how many of them were drawn for calibration and kept apart from fitting (split_calibration);
+    `digests`: each row's digest of what it feeds the model (qbench.data.leakage.row_digests), so that copies of an
+    input among them count as one input when a candidate's pass is judged there, as the gate counts them."""
 
     feeds: dict[str, np.ndarray]
     labels: np.ndarray | None
@@ -53,6 +57,7 @@ class SelectionRows:
     count: int
     why_unsliced: str | None = None  # the slices could not be drawn on these rows: only overall is judged there
     from_sample: int = 0
+    digests: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -144,7 +149,9 @@ def selection_rows(
         logger.warning("only %d rows to choose among candidates on (none fitted on, none evaluated): the choice rests "
                        "on noisy figures; draw more calibration rows or leave more rows unevaluated", len(rows))  # fmt: skip
     feeds = build_feeds(table, rows, data.inputs, model_inputs, recipe_file=recipe_file)
-    return SelectionRows(feeds, labelled, slices, len(rows), why_unsliced, split.from_sample)
+    # building the feeds found every fed column; an image column is digested by its files' bytes, as the gate's are
+    digests = row_digests(content_table(table, data, recipe_file=recipe_file), rows, data.fed_columns)
+    return SelectionRows(feeds, labelled, slices, len(rows), why_unsliced, split.from_sample, digests)
 
 
 def chosen_on(selection: SelectionRows | None, evaluation_rows: int) -> str:

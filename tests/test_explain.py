@@ -22,8 +22,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qbench.cli_app import main
 from qbench.errors import QbenchError
-from qbench.explain import explain_variant, group_key, run_explain
+from qbench.explain import explain_variant, run_explain
 from qbench.explain_graph import QuantizedNode
+from qbench.explain_rank import group_key
 from qbench.recipe import VariantSpec, load_recipe
 from qbench.variants import BuildContext, build_variant
 from qbench.variants.qdq_bypass import bypass_qdq
@@ -470,7 +471,8 @@ def test_explain_table_prints_small_costs_with_their_digits_and_unmeasurable_noi
     is not measurable)."""
     from rich.console import Console
 
-    from qbench.explain import ExplainResult, NodeCost, explain_table
+    from qbench.explain import ExplainResult, explain_table
+    from qbench.explain_rank import NodeCost
 
     def result(method: str) -> ExplainResult:
         costs = (NodeCost("fc", ("fc",), ("MatMul",), 3.2e-5, 4.1e-5, 0.97, 2e-4),
@@ -550,7 +552,7 @@ def test_calibrator_auto_explains_the_calibrator_the_sweep_kept_not_the_most_acc
 def test_explain_leaves_out_the_slices_the_gate_leaves_out_by_the_units_a_figure_rests_on():
     """A slice of 40 rows whose kl_mean rests on 3 scored tokens is under min_slice_size 10 for the gate: explain's
     ranking must not count its drop either (it counted 40 rows)."""
-    from qbench.explain import score_accuracy
+    from qbench.explain_rank import score_accuracy
     from qbench.recipe import GateSpec
     from qbench.results import AccuracyResult, SliceMetrics
 

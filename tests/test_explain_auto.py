@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from qbench import explain
-from qbench.explain import Score
+from qbench.explain_rank import Score
 from qbench.gate import judge
 from qbench.gate_tolerance import reference_tolerances
 from qbench.recipe import GateSpec, VariantSpec

@@ -16,7 +16,8 @@ import yaml
 from onnx import TensorProto, helper, numpy_helper
 
 from qbench.backends import get_backend
-from qbench.explain import Score, _Evaluator, explain_table, explain_variant
+from qbench.explain import _Evaluator, explain_table, explain_variant
+from qbench.explain_rank import Score
 from qbench.gate_tolerance import Tolerances
 from qbench.preflight import prepare
 from qbench.recipe import load_recipe

@@ -201,3 +201,23 @@ def test_regression_results_written_before_fit_kept_are_unusable_and_other_tasks
         "results written by qbench '0.1.0' record no fit_kept (this qbench's sweep records them), so these checks "
         "cannot be applied: fit_kept (a target predicted no better than its mean); re-run `qbench sweep`",)
     _a_classifier_lacking_is_judged("fit_kept")
+
+
+def test_regression_results_written_before_r2_min_and_multi_target_rmse_had_drop_intervals_are_unusable():
+    """Results that record drop_intervals of mae, rmse (one target) and r2 only, from a qbench before r2_min's and
+    several targets' rmse had one, would judge a pass on those on two rows: without target_drop_intervals they cannot
+    be judged (exit 2); a classifier's are judged as they were."""
+    rng = np.random.default_rng(0)
+    labels = rng.normal(scale=5.0, size=(400, 2))
+    reference = labels + rng.normal(size=(400, 2))
+    fp32 = evaluate_accuracy("regression", reference, reference, labels, {})
+    own = with_drops(evaluate_accuracy("regression", reference + rng.normal(scale=1e-3, size=(400, 2)), reference,
+                                       labels, {}), fp32)  # fmt: skip
+    raw = _two_variants("regression", "r2_min", fp32, own, 400)
+    spec = GateSpec(metric="r2_min")
+    assert evaluate_gate(from_dict(raw), spec).exit_code == EXIT_PASS
+    assert _unusable_without(raw, "target_drop_intervals", spec) == (
+        "results written by qbench '0.1.0' record no target_drop_intervals (this qbench's sweep records them), so "
+        "these checks cannot be applied: the resolution of a pass on r2_min, or on rmse over several targets (the "
+        "paired interval of its drop); re-run `qbench sweep`",)  # fmt: skip
+    _a_classifier_lacking_is_judged("target_drop_intervals")

@@ -176,7 +176,7 @@ def _regression_sweep():
 
 def test_drop_intervals_round_trip_per_scope_and_nan_reads_back_as_nan(tmp_path) -> None:
     results, own = _regression_sweep()
-    assert set(own.overall.drop_intervals) == {"mae", "rmse", "r2"}
+    assert set(own.overall.drop_intervals) == {"mae", "rmse", "r2", "r2_min"}
     read = from_dict(json.loads(to_json(results))).variants[1].accuracy
     assert read.overall.drop_intervals == own.overall.drop_intervals
     assert [s.drop_intervals for s in read.slices] == [s.drop_intervals for s in own.slices]

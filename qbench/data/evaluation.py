@@ -21,7 +21,7 @@ import pandas as pd
 
 from qbench.data.filters import select_rows
 from qbench.data.images import content_table
-from qbench.data.leakage import distinct_inputs
+from qbench.data.leakage import distinct_inputs, row_digests
 from qbench.data.load import load_table, table_name
 from qbench.data.nonfinite import NonfiniteMasks, check_finite, drop_nonfinite, missing_slices, nonfinite_masks
 from qbench.data.sampling import draw_calibration_sample, warn_thin_sample
@@ -41,7 +41,9 @@ class EvaluationRows:
     evaluation filter not evaluated because they are calibration rows (`data.calibration.overlap: hold_out`).
     beyond_limit: rows the evaluation would take but for `data.evaluation.limit` (searches may choose on them).
     distinct_inputs: scope ("overall" or a slice) -> the distinct inputs its rows feed the model, where fewer than its
-    rows (qbench.data.leakage.distinct_inputs): results record it, and the gate's resolution rule counts inputs."""
+    rows (qbench.data.leakage.distinct_inputs): results record it, and the gate's resolution rule counts inputs.
+    digests: each row's digest of the cells it feeds the model (qbench.data.leakage.row_digests; None where a fed
+    column is missing), computed once: the calibration-overlap check reads them too."""
 
     rows: np.ndarray
     masks: dict[str, np.ndarray]
@@ -51,6 +53,7 @@ class EvaluationRows:
     held_out: int = 0
     beyond_limit: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     distinct_inputs: dict[str, int] = field(default_factory=dict)
+    digests: np.ndarray | None = None
 
     @property
     def slices(self) -> dict[str, np.ndarray]:
@@ -157,11 +160,12 @@ def evaluation_rows(table: pd.DataFrame, data: DataSpec, *, recipe_file: Path, c
         masks = _with_missing_slices(table, masks, missing_slices(rows, nonfinite), recipe_file=recipe_file)
     check_finite(table, rows, nonfinite, masks, what="evaluation", recipe_file=recipe_file, policy=data.nonfinite_inputs)
     fed = data.fed_columns  # a column missing is named where the feeds are built
-    distinct = (distinct_inputs(content_table(table, data, recipe_file=recipe_file), rows, fed,
-                                {name: mask[rows] for name, mask in masks.items()})
-                if all(column in table.columns for column in fed) else {})  # fmt: skip
+    digests = (row_digests(content_table(table, data, recipe_file=recipe_file), rows, fed)
+               if all(column in table.columns for column in fed) else None)
+    distinct = distinct_inputs(digests, {name: mask[rows] for name, mask in masks.items()}) if digests is not None else {}
     return EvaluationRows(rows=rows, masks=masks, nonfinite=nonfinite, dropped=dropped, left_out=left_out,
-                          held_out=held_out, beyond_limit=beyond_limit, distinct_inputs=distinct)  # fmt: skip
+                          held_out=held_out, beyond_limit=beyond_limit, distinct_inputs=distinct,
+                          digests=digests)  # fmt: skip
 
 
 def _with_missing_slices(

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from qbench.data.feed_cast import INPUTS_FIELD, cast_to_input, non_numeric
 from qbench.data.filters import scalar_column
 from qbench.data.images import image_feed, image_input_name
 from qbench.data.load import table_name
@@ -32,14 +33,13 @@ from qbench.data.text import (
     tokenizer_field,
     tokenizer_input_names,
 )
-from qbench.data.text_tables import shown_text, text_cells_hint
+from qbench.data.text_tables import text_cells_hint
 from qbench.errors import QbenchError, RecipeError, did_you_mean
 from qbench.modelinfo import TensorMeta
 from qbench.recipe_data import ImageInputSpec, InputTarget, TextInputSpec
 
 logger = logging.getLogger(__name__)
 
-INPUTS_FIELD = "data.inputs"
 LABEL_FIELD = "data.label"
 _SHOWN_SHAPES = 5
 _CLASS_INDICES = "expected integer class indices"
@@ -97,7 +97,7 @@ def _feeds(
         try:
             stacked = _stack_cells(cells, column, recipe_file=recipe_file)
             shaped = _fit_shape(stacked, column, meta, recipe_file=recipe_file)
-            feeds[target] = _cast(shaped, column, meta, recipe_file=recipe_file, rows=cells.index)
+            feeds[target] = cast_to_input(shaped, column, meta, recipe_file=recipe_file, rows=cells.index)
         except RecipeError as exc:  # text: '0,5' cells in a CSV not declaring decimal commas, NumPy-printed arrays
             hint = text_cells_hint(cells)
             if not hint:
@@ -273,7 +273,7 @@ def _text_feeds(
     for meta in metas:
         array = encoded[meta.name]
         _check_token_shape(array, column, spec, meta, recipe_file=recipe_file)
-        feeds[meta.name] = _cast(array, column, meta, recipe_file=recipe_file)
+        feeds[meta.name] = cast_to_input(array, column, meta, recipe_file=recipe_file)
     return feeds
 
 
@@ -323,7 +323,7 @@ def _stack_cells(cells: pd.Series, column: str, *, recipe_file: Path) -> np.ndar
         message = (
             f"column {column!r}: {len(text)} {'rows' if len(text) > 1 else 'row'} among numeric ones "
             f"{'hold' if len(text) > 1 else 'holds'} "
-            f"{_non_numeric(arrays[first])} (first at row {cells.index[first]})"
+            f"{non_numeric(arrays[first])} (first at row {cells.index[first]})"
         )
         raise RecipeError(recipe_file, INPUTS_FIELD, message)
     return np.stack(arrays)
@@ -386,117 +386,6 @@ def _fit_shape(stacked: np.ndarray, column: str, meta: TensorMeta, *, recipe_fil
         + ("; one column feeds one input: put each row's values, in the model's feature order, in one list column (a "
            "Parquet list column, or a JSON list per CSV cell as json.dumps(row) writes it)" if columns else ""),
     )
-
-
-def _cast(values: np.ndarray, column: str, meta: TensorMeta, *, recipe_file: Path, rows: pd.Index | None = None) -> np.ndarray:
-    """`values` as the input's dtype; a RecipeError where that would change them. `rows`: the table's row of each
-    value along axis 0, to name where a problem is."""
-    target = np.dtype(meta.dtype)
-    problem = _cast_problem(values, target, rows)
-    if problem:
-        message = f"column {column!r} holds {problem}, but model input {meta.name!r} expects {target}"
-        raise RecipeError(recipe_file, INPUTS_FIELD, message)
-    rounded = _inexact_integers(values, target) if target.kind == "f" else None
-    if rounded:
-        logger.warning("column %r: %s, so model input %r gets them rounded: distinct ids or codes may merge into one "
-                       "(the figures describe the rounded values, as a service casting them to %s would)", column,
-                       rounded, meta.name, target)  # fmt: skip
-    return np.ascontiguousarray(values.astype(target, copy=False))
-
-
-def _cast_problem(values: np.ndarray, target: np.dtype, rows: pd.Index | None = None) -> str | None:
-    """Why casting `values` to `target` would change them (text, fractions or overflow into integers), or None."""
-    if values.size == 0:
-        return None
-    if values.dtype.kind not in "biuf":
-        return _non_numeric(values)
-    if target.kind == "f":
-        return _float_overflow(values, target)
-    if target.kind not in "iu":
-        return None
-    if values.dtype.kind == "f" and not np.all(np.isfinite(values) & (values == np.round(values))):
-        return _non_integers(values, rows)
-    limits = np.iinfo(target)
-    if values.min() < limits.min or values.max() > limits.max:
-        return f"values outside the range of {target}"
-    return None
-
-
-def _non_integers(values: np.ndarray, rows: pd.Index | None) -> str:
-    """Which values an integer input cannot take, by row: missing ones (NaN/inf, as a Parquet or CSV integer column
-    with an empty cell reads: `nonfinite_inputs: keep` feeds them to float inputs only) apart from fractions."""
-    per_row = values.reshape(len(values), -1) if values.ndim else values.reshape(1, 1)
-    missing = ~np.isfinite(per_row).all(axis=1)
-    fraction = ~missing & (per_row != np.round(per_row)).any(axis=1)
-    found = []
-    for kind, bad in (("NaN/inf (missing values)", missing), ("a fraction", fraction)):
-        count = int(bad.sum())
-        if count:
-            first = int(np.flatnonzero(bad)[0])
-            where = rows[first] if rows is not None and len(rows) == len(per_row) else first
-            found.append(f"{count} row{'s' if count != 1 else ''} with {kind}, e.g. row {where}")
-    return "non-integer values: " + "; ".join(found)
-
-
-def _float_overflow(values: np.ndarray, target: np.dtype) -> str | None:
-    """Finite values too large for `target` (1e39 for float32, 70000 for float16): the cast would feed inf, past the
-    NaN/inf check."""
-    if values.dtype.kind in "iu":
-        finite = np.abs(values.astype(np.float64))
-    elif values.dtype.kind != "f" or np.finfo(values.dtype).max <= np.finfo(target).max:
-        return None
-    else:
-        finite = np.abs(values[np.isfinite(values)])
-    if finite.size == 0 or finite.max() <= np.finfo(target).max:
-        return None
-    count = int((finite > np.finfo(target).max).sum())
-    return f"{count} value{'s' if count != 1 else ''} beyond {target}'s range (e.g. {finite.max():.3g}), which would become inf"
-
-
-def _inexact_integers(values: np.ndarray, target: np.dtype) -> str | None:
-    """Integers the float `target` cannot hold (float32 holds every integer up to 2**24 only), which reach the model
-    as their neighbours (16777217 as 16777216): a warning, not an error, since a service feeding the model casts
-    them alike (large counts and timestamps lose nothing that matters), but two ids become one."""
-    if values.dtype.kind not in "iu":
-        return None
-    exact = 2 ** (np.finfo(target).nmant + 1)
-    large = values[(values > exact) | (values < -exact)].ravel()
-    changed = large[_changed_by_cast(large, target)]
-    if not changed.size:
-        return None
-    first = int(changed[0])
-    rounded = target.type(first)
-    example = f"{first} becomes {int(rounded) if np.isfinite(rounded) else rounded}"
-    return f"{changed.size} of {values.size} values are integers beyond {target}'s exact range (e.g. {example})"
-
-
-def _changed_by_cast(integers: np.ndarray, target: np.dtype) -> np.ndarray:
-    """Which `integers` the float `target` does not hold exactly, in one vectorized pass (a table of a million ids
-    has a million large integers). A float that an integer rounds to is itself an integer, so casting it back is exact
-    unless it left the integer type's range: rounded up to 2**63 (2**64 unsigned) or, for float16, to inf."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        rounded = integers.astype(target)
-        beyond = ~np.isfinite(rounded) | (rounded >= float(np.iinfo(integers.dtype).max) + 1.0)
-    back = np.where(beyond, 0, rounded).astype(integers.dtype)
-    return beyond | (back != integers)
-
-
-def _non_numeric(values: np.ndarray) -> str:
-    """The first value that is not a number, as the user wrote it (one text cell turns a whole list into text).
-    Dates and durations are named as such: NumPy counts a timedelta64 among its integers."""
-    if values.dtype.kind in "mM":
-        kind = "dates or times" if values.dtype.kind == "M" else "durations"
-        return f"{kind}, not numbers (e.g. {values.flat[0]})"
-    for value in values.flat:
-        if isinstance(value, (str, bytes)):
-            try:
-                float(value)
-            except ValueError:
-                return f"non-numeric values such as {shown_text(value) if isinstance(value, str) else bytes(value)!r}"
-        elif not isinstance(value, (bool, int, float, np.bool_, np.integer, np.floating)):
-            return f"non-numeric values such as {value!r}"
-    first = values.flat[0]
-    return f"numbers written as text such as {str(first) if isinstance(first, str) else first!r}"
 
 
 def _is_integral(value: object) -> bool:

@@ -21,26 +21,24 @@ _BLOCK_ROWS = 8192
 (more than the table) at the start of every sweep; a block's cells encode as they would in any other block."""
 
 
-def row_digests(table: pd.DataFrame, rows: np.ndarray, columns: Iterable[str]) -> set[str]:
-    """sha256 of each row's cells in `columns` (arrays by their values, so a list cell and the same numbers read
-    as an array are one row; a float32 cell and its float64 widening are too)."""
-    return set(_digests(table, rows, list(columns)))
+def row_digests(table: pd.DataFrame, rows: np.ndarray, columns: Iterable[str]) -> np.ndarray:
+    """sha256 of each of `rows`' cells in `columns`, in order, as 32-byte strings (arrays by their values, so a list
+    cell and the same numbers read as an array are one row; a float32 cell and its float64 widening are too). A table's
+    rows are hashed once and the digests shared: the evaluation rows' count their distinct inputs
+    (distinct_inputs) and find calibration rows they repeat (shared_rows)."""
+    return np.array(_digests(table, rows, list(columns)), dtype="S32").reshape(-1)
 
 
-def shared_rows(fitted: pd.DataFrame, fit_rows: np.ndarray, judged: pd.DataFrame, judged_rows: np.ndarray,
-                columns: Iterable[str]) -> int:  # fmt: skip
-    """How many of `fit_rows` of `fitted` feed the model exactly what one of `judged_rows` of `judged` feeds it."""
-    columns = list(columns)
-    judged_digests = row_digests(judged, judged_rows, columns)
-    return sum(digest in judged_digests for digest in _digests(fitted, fit_rows, columns))
+def shared_rows(fitted: pd.DataFrame, fit_rows: np.ndarray, judged: np.ndarray, columns: Iterable[str]) -> int:
+    """How many of `fit_rows` of `fitted` feed the model exactly what one of the rows whose row_digests are `judged`
+    feeds it."""
+    return int(np.isin(row_digests(fitted, fit_rows, columns), judged).sum())
 
 
-def distinct_inputs(table: pd.DataFrame, rows: np.ndarray, columns: Iterable[str],
-                    slices: Mapping[str, np.ndarray]) -> dict[str, int]:
-    """How many distinct inputs (digests of the cells in `columns`) `rows` feed the model, overall ("overall") and on
-    each of `slices` (name -> mask over `rows`), for the scopes where that is fewer than their rows: copies of a row
+def distinct_inputs(digests: np.ndarray, slices: Mapping[str, np.ndarray]) -> dict[str, int]:
+    """How many distinct inputs rows whose row_digests are `digests` feed the model, overall ("overall") and on each
+    of `slices` (name -> mask over those rows), for the scopes where that is fewer than their rows: copies of a row
     are one input, and a variant that gets an input wrong gets every copy of it wrong."""
-    digests = np.array(_digests(table, rows, list(columns)))
     scopes = {"overall": np.ones(len(digests), dtype=bool), **slices}
     counts = {name: len(np.unique(digests[mask])) for name, mask in scopes.items()}
     return {name: count for name, count in counts.items() if count < int(scopes[name].sum())}
@@ -53,23 +51,23 @@ def warn_shared(shared: int, total: int, what: str, cause: str) -> None:
                        "them may look better than on unseen rows", shared, total, what, cause)  # fmt: skip
 
 
-def _digests(table: pd.DataFrame, rows: np.ndarray, columns: list[str]) -> list[str]:
+def _digests(table: pd.DataFrame, rows: np.ndarray, columns: list[str]) -> list[bytes]:
     """The digest of each of `rows`, in order: sha256 over its cells' encodings (_cell), column by column. A column
     of numbers, or of arrays of one shape, is encoded whole with numpy (a million rows in seconds, where a cell at a
     time took minutes); any other column cell by cell, the same encoding either way."""
     positions = np.asarray(rows, dtype=np.int64)
     if not columns:
-        return [hashlib.sha256(b"").hexdigest()] * len(positions)
+        return [hashlib.sha256(b"").digest()] * len(positions)
     values = [table[column].to_numpy() for column in columns]
-    digests: list[str] = []
+    digests: list[bytes] = []
     for start in range(0, len(positions), _BLOCK_ROWS):
         block = positions[start : start + _BLOCK_ROWS]
         encoded = [_column_cells(column[block]) for column in values]
         if all(isinstance(cells, np.ndarray) for cells in encoded):  # one byte row per table row: no Python per cell
-            digests += [hashlib.sha256(row).hexdigest() for row in np.concatenate(encoded, axis=1)]
+            digests += [hashlib.sha256(row).digest() for row in np.concatenate(encoded, axis=1)]
             continue
         cells = [[row.tobytes() for row in cells] if isinstance(cells, np.ndarray) else cells for cells in encoded]
-        digests += [hashlib.sha256(b"".join(row)).hexdigest() for row in zip(*cells)]
+        digests += [hashlib.sha256(b"".join(row)).digest() for row in zip(*cells)]
     return digests
 
 

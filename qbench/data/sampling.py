@@ -47,7 +47,7 @@ def warn_thin_sample(table: pd.DataFrame, pool: int, rows: np.ndarray, data: Dat
                        "calibrated on those", asked, where, pool, "" if pool == 1 else "s")  # fmt: skip
     if any(column not in table.columns for column in data.fed_columns):
         return  # building the feeds names the missing column
-    distinct = len(row_digests(table, rows, data.fed_columns))
+    distinct = len(np.unique(row_digests(table, rows, data.fed_columns)))
     if distinct < len(rows):
         logger.warning("data.calibration: the %d calibration rows drawn hold %d distinct input%s (the others repeat "
                        "them): the calibrated ranges are those of %d row%s", len(rows), distinct,

@@ -184,7 +184,7 @@ class _Search:
             self.records[index] = record
             self._failed_to_run(index, measured.result.error)
             return index
-        verdict = judge(self.fp32_screen.result, measured.result, self.gate, self.tolerances)
+        verdict = judge(self.fp32_screen.result, measured.result, self.gate, self.tolerances, self.screen.distinct_inputs)
         promise = screen_excess(verdict, measured.result, self.fp32.result.accuracy)
         p50, fp32_p50 = _p50s(measured.result), self._fp32_p50_now()
         self.records[index] = record.with_(
@@ -226,7 +226,7 @@ class _Search:
         if measured.result.status != "ok":
             self._failed_to_run(index, measured.result.error)
             return
-        verdict = judge(self.fp32.result, measured.result, self.gate, self.tolerances)
+        verdict = judge(self.fp32.result, measured.result, self.gate, self.tolerances, self.rows.distinct_inputs)
         slice_name, slice_drop = worst_slice(verdict)
         passed = verdict.exit_code == 0
         unresolved = unresolved_reasons(passed, verdict)

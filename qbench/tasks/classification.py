@@ -12,7 +12,7 @@ are a list of one class id per token, and its metrics are per scored token.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -96,14 +96,18 @@ def chance_accuracy(output: TensorMeta, labels: np.ndarray) -> float | None:
 
 def below_chance(
     accuracy: float, output: TensorMeta, labels: np.ndarray, named: Sequence[Any] | None = None,
-    unpaired: float | None = None,
+    unpaired: Callable[[], float] | None = None,
 ) -> str | None:
     """Why an FP32 accuracy below a uniform guess (1 / classes) is suspect, else None: a model that bad is more often
     a label column read against the wrong score columns than a model anyone would ship. `named`: data.classes, whose
     order is then the likelier culprit. `unpaired`: what a guess answering each class as often as FP32 does,
-    whatever the input, scores against these labels; an accuracy not below it is no reading either."""
+    whatever the input, scores against these labels (asked only for an accuracy below the uniform guess: it shuffles
+    the labels and scores FP32 again); an accuracy not below it is no reading either."""
     chance = chance_accuracy(output, labels)
-    if chance is None or not accuracy < chance or (unpaired is not None and not accuracy < unpaired):
+    if chance is None or not accuracy < chance:
+        return None
+    unpaired_rate = unpaired() if unpaired is not None else None
+    if unpaired_rate is not None and not accuracy < unpaired_rate:
         return None
     classes = round(1.0 / chance)
     if named:
@@ -112,7 +116,7 @@ def below_chance(
             hint += f"; {ONE_COLUMN_CLASSES}"
     else:
         hint = "if the labels are not the score columns' numbers, name each column's class with data.classes"
-    guess = "" if unpaired is None else f" and a guess answering each class as often as FP32 does ({unpaired:.4f})"
+    guess = "" if unpaired_rate is None else f" and a guess answering each class as often as FP32 does ({unpaired_rate:.4f})"
     return (f"FP32 accuracy {accuracy:.4f} on output {output.name!r} is below a uniform guess over {classes} classes "
             f"({1.0 / classes:.4f}){guess}: {hint}")  # fmt: skip
 

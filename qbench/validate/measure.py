@@ -17,6 +17,7 @@ import time
 import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ import numpy as np
 
 from qbench.backends import Backend, Runner
 from qbench.backends.base import RunOptions, form_run_by, timed_load
+from qbench.data.leakage import distinct_inputs
 from qbench.data.nonfinite import MISSING_SLICE
 from qbench.data.text import token_padding
 from qbench.environment import timed_threads, timing_machine
@@ -68,16 +70,20 @@ Feeds = dict[str, np.ndarray]
 
 @dataclass(frozen=True)
 class Rows:
-    """The rows a measurement runs: feeds, labels and slice masks over them, and the batch size to run them in."""
+    """The rows a measurement runs: feeds, labels and slice masks over them, and the batch size to run them in;
+    `digests`: each row's digest of what it feeds the model (None: unknown), from which a verdict on these rows
+    counts their distinct inputs (`distinct_inputs`), as the gate does on the evaluation rows."""
 
     feeds: Feeds
     labels: np.ndarray | None
     slices: dict[str, np.ndarray]
     batch_size: int
+    digests: np.ndarray | None = None
 
     @classmethod
     def evaluation(cls, prepared: Prepared) -> Rows:
-        return cls(prepared.evaluation_feeds, prepared.labels, prepared.slices, prepared.recipe.data.evaluation.batch_size)
+        return cls(prepared.evaluation_feeds, prepared.labels, prepared.slices, prepared.recipe.data.evaluation.batch_size,
+                   prepared.evaluation_digests)  # fmt: skip
 
     @classmethod
     def selection(cls, prepared: Prepared) -> Rows | None:
@@ -85,7 +91,7 @@ class Rows:
         chosen = prepared.selection
         if chosen is None:
             return None
-        return cls(chosen.feeds, chosen.labels, chosen.slices, prepared.recipe.data.evaluation.batch_size)
+        return cls(chosen.feeds, chosen.labels, chosen.slices, prepared.recipe.data.evaluation.batch_size, chosen.digests)
 
     @classmethod
     def from_batches(cls, batches: Sequence[Mapping[str, np.ndarray]], rows: int) -> Rows:
@@ -107,10 +113,16 @@ class Rows:
     def count(self) -> int:
         return len(next(iter(self.feeds.values())))
 
+    @cached_property
+    def distinct_inputs(self) -> dict[str, int]:
+        """Scope -> distinct inputs, for the scopes whose rows repeat some (qbench.data.leakage.distinct_inputs)."""
+        return {} if self.digests is None else distinct_inputs(self.digests, self.slices)
+
     def subset(self, indices: np.ndarray) -> Rows:
         labels = None if self.labels is None else self.labels[indices]
+        digests = None if self.digests is None else self.digests[indices]
         return Rows({k: v[indices] for k, v in self.feeds.items()}, labels,
-                    {k: m[indices] for k, m in self.slices.items()}, self.batch_size)  # fmt: skip
+                    {k: m[indices] for k, m in self.slices.items()}, self.batch_size, digests)  # fmt: skip
 
 
 @dataclass(frozen=True)

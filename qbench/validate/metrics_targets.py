@@ -7,6 +7,7 @@ Conventions as there: axis 0 is the row axis, float64 arithmetic, empty input gi
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 
 import numpy as np
 
@@ -75,13 +76,19 @@ def r2_min(predicted: np.ndarray, target: np.ndarray) -> float:
 
 
 def drop_intervals(predicted: np.ndarray, reference: np.ndarray, target: np.ndarray) -> dict[str, tuple[float, float]]:
-    """The paired 95 % interval of the drop (worse minus FP32's, positive = worse) of mae, rmse and r2 from FP32's
-    outputs `reference` to `predicted`, both against `target` on the same rows: each row's own change of error,
+    """The paired 95 % interval of the drop (worse minus FP32's, positive = worse) of mae, rmse, r2 and r2_min from
+    FP32's outputs `reference` to `predicted`, both against `target` on the same rows: each row's own change of error,
     so the noise both share (a hard row is hard for both) cancels. mae: mean_interval of each row's mean over targets
-    of |predicted - target| - |reference - target|. rmse (one target only: a mean of several targets' square roots has
-    no interval from one mean): the interval of the MSE difference mapped through sqrt against FP32's MSE (monotone).
-    r2: the SSE difference over each varying target's SST, averaged over them (linear: a mean over rows); none where
-    no target varies. A NaN in either error gives NaN bounds, as the figures themselves are NaN."""
+    of |predicted - target| - |reference - target|. rmse, one target: the interval of the MSE difference mapped through
+    sqrt against FP32's MSE (monotone); several: each target's drop is its MSE difference over the sum of the two
+    RMSEs (sqrt(a) - sqrt(b) = (a - b) / (sqrt(a) + sqrt(b)), exactly), so the drop of their mean is the mean over rows
+    of each row's squared-error changes, each over its target's sum, averaged over the targets: the interval of that
+    mean (the sums taken as measured, a delta-method interval). A pooled sum of squared changes would let a
+    large-scale target hide a small one, as the mean of RMSEs does not. r2: the SSE difference over each varying
+    target's SST, averaged over them (linear: a mean over rows); none where no target varies. r2_min: the worst
+    target's R² drops by at most the largest of the targets' drops and at least the smallest (_worst_target_interval),
+    so it spans each target's r2 interval at 1 - 5 % / targets (Bonferroni: all hold together with 95 %). A NaN in
+    either error gives NaN bounds, as the figures themselves are NaN."""
     predicted_rows, target_rows = _target_columns(predicted, target)
     reference_rows = _target_columns(reference, target)[0]
     ours, theirs = predicted_rows - target_rows, reference_rows - target_rows
@@ -92,11 +99,29 @@ def drop_intervals(predicted: np.ndarray, reference: np.ndarray, target: np.ndar
         reference_mse = float(np.mean(theirs**2))
         ends = np.sqrt(np.maximum(reference_mse + np.array(mean_interval(squared[:, 0])), 0.0)) - math.sqrt(reference_mse)
         intervals["rmse"] = (float(ends[0]), float(ends[1]))
+    elif rows:
+        both = np.sqrt(np.mean(ours**2, axis=0)) + np.sqrt(np.mean(theirs**2, axis=0))
+        with np.errstate(invalid="ignore", divide="ignore"):  # a target both fit exactly: no change, 0
+            per_target = np.where(both > 0, squared / np.where(both > 0, both, 1.0), squared)
+        intervals["rmse"] = mean_interval(per_target.mean(axis=1))
     varies = ~(np.ptp(target_rows, axis=0) == 0) if rows else np.zeros(targets, dtype=bool)
     if varies.any():
-        total = np.sum((target_rows - target_rows.mean(axis=0)) ** 2, axis=0)[varies]
-        intervals["r2"] = mean_interval(rows * (squared[:, varies] / total).mean(axis=1))
+        changes = rows * squared[:, varies] / np.sum((target_rows - target_rows.mean(axis=0)) ** 2, axis=0)[varies]
+        intervals["r2"] = mean_interval(changes.mean(axis=1))
+        intervals["r2_min"] = _worst_target_interval(changes)
     return intervals
+
+
+def _worst_target_interval(changes: np.ndarray) -> tuple[float, float]:
+    """The interval of the drop of the worst target's R² from each varying target's per-row changes of its R²
+    (rows, targets): with d_j each target's drop, min_j(R_j - d_j) >= min_j R_j - max_j d_j, and at the target FP32 is
+    worst on it is at most min_j R_j - d_k, so the drop lies in [min_j d_j, max_j d_j]; each d_j's interval at
+    1 - 5 % / targets, so that all hold together with 95 % (one target: r2's own interval)."""
+    if changes.shape[1] == 1:
+        return mean_interval(changes[:, 0])
+    z = NormalDist().inv_cdf(1 - 0.05 / (2 * changes.shape[1]))
+    bounds = np.array([mean_interval(changes[:, j], z) for j in range(changes.shape[1])])
+    return float(np.min(bounds[:, 0])), float(np.max(bounds[:, 1]))
 
 
 # -- multilabel -------------------------------------------------------------------------------

@@ -458,7 +458,7 @@ def test_a_missing_or_numeric_cell_for_a_string_input_is_named_with_its_row() ->
 def test_integers_changed_by_a_float_cast_match_a_value_by_value_check(dtype: str, target: str) -> None:
     """The vectorized check agrees with casting each integer alone, at the edges too: the type's extremes (int64's
     largest rounds up to 2**63, outside int64) and odd values just past the float's exact range."""
-    from qbench.data.feeds import _changed_by_cast
+    from qbench.data.feed_cast import _changed_by_cast
 
     info, dtype_, target_ = np.iinfo(dtype), np.dtype(dtype), np.dtype(target)
     exact = 2 ** (np.finfo(target_).nmant + 1)

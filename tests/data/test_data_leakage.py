@@ -13,7 +13,7 @@ import yaml
 
 from qbench.data import evaluation_rows
 from qbench.data.evaluation import calibration_sample
-from qbench.data.leakage import shared_rows
+from qbench.data.leakage import row_digests, shared_rows
 from qbench.errors import RecipeError
 from qbench.preflight import prepare
 from qbench.recipe import load_recipe
@@ -81,8 +81,8 @@ def test_a_calibration_sample_taking_every_evaluation_row_is_refused():
 def test_shared_rows_finds_the_same_inputs_across_tables_whatever_the_cell_type():
     table = _table(20)
     copy = pd.DataFrame({"x": [cell.astype(np.float64).tolist() for cell in table["x"]][5:12]})
-    assert shared_rows(copy, np.arange(len(copy)), table, np.arange(8, 20), ["x"]) == 4  # rows 8..11
-    assert shared_rows(table, np.arange(8), table, np.arange(8, 20), ["x"]) == 0
+    assert shared_rows(copy, np.arange(len(copy)), row_digests(table, np.arange(8, 20), ["x"]), ["x"]) == 4  # rows 8..11
+    assert shared_rows(table, np.arange(8), row_digests(table, np.arange(8, 20), ["x"]), ["x"]) == 0
 
 
 def test_whole_columns_and_cell_by_cell_encode_alike(monkeypatch):
@@ -95,18 +95,18 @@ def test_whole_columns_and_cell_by_cell_encode_alike(monkeypatch):
     whole = pd.DataFrame({"x": [np.array([1.0, 2.5], np.float32), np.array([np.nan, -0.0], np.float32),
                                 np.array([3.0, 4.0], np.float32)],
                           "n": np.array([7, 8, 9], np.int32), "s": ["a", "b", "c"]})  # fmt: skip
-    assert len(leakage.row_digests(whole, np.arange(3), ["x", "n"])) == 3 and cells == []  # no cell at a time
+    assert len(set(leakage.row_digests(whole, np.arange(3), ["x", "n"]))) == 3 and cells == []  # no cell at a time
     # the same inputs as Python lists and numbers, a ragged column beside them: encoded a cell at a time
     mixed = pd.DataFrame({"x": [[1, 2.5], [float("nan"), -0.0], [3, 4, 5], [0.0, 0.0]],
                           "n": pd.Series([7, 8, 9, 9], dtype=object), "s": ["a", "b", "c", "d"]})  # fmt: skip
-    assert shared_rows(mixed, np.arange(4), whole, np.arange(3), ["x", "n", "s"]) == 2  # rows 0 and 1
+    assert shared_rows(mixed, np.arange(4), row_digests(whole, np.arange(3), ["x", "n", "s"]), ["x", "n", "s"]) == 2  # rows 0 and 1
     assert len(cells) > 0
     # kind and sign still tell cells apart: 0.0 is not -0.0, an integer 7 not 7.0
     floats = pd.DataFrame({"x": [np.array([np.nan, 0.0])], "n": [7.0]})
-    assert shared_rows(floats, np.arange(1), whole, np.arange(3), ["x"]) == 0
-    assert shared_rows(floats, np.arange(1), whole, np.arange(3), ["n"]) == 0
+    assert shared_rows(floats, np.arange(1), row_digests(whole, np.arange(3), ["x"]), ["x"]) == 0
+    assert shared_rows(floats, np.arange(1), row_digests(whole, np.arange(3), ["n"]), ["n"]) == 0
     words = pd.DataFrame({"t": [np.array(["a", "b"]), ("a", "b"), ["a", "c"]]})
-    assert len(leakage.row_digests(words, np.arange(3), ["t"])) == 2  # an array, a tuple and a list of strings alike
+    assert len(set(leakage.row_digests(words, np.arange(3), ["t"]))) == 2  # an array, a tuple and a list of strings alike
 
 
 def _project(root: Path, calibration: dict) -> Path:
@@ -162,7 +162,7 @@ def test_row_digests_hold_memory_of_a_block_of_rows_not_of_the_table(monkeypatch
         tracemalloc.stop()
     assert peak < 1.5 * features.nbytes  # the digests themselves and one block; the widened column alone is 2x
     monkeypatch.setattr(leakage, "_BLOCK_ROWS", rows)  # one block: the encodings do not depend on the blocks
-    assert leakage.row_digests(table, np.arange(rows), ["x", "y"]) == digests
+    assert np.array_equal(leakage.row_digests(table, np.arange(rows), ["x", "y"]), digests)
 
 
 def test_a_table_of_many_scalar_feature_columns_is_digested_a_byte_row_per_table_row_as_before() -> None:
@@ -179,11 +179,11 @@ def test_a_table_of_many_scalar_feature_columns_is_digested_a_byte_row_per_table
     wide["n"] = np.arange(len(wide)) % 7
     # the encoding is unchanged: each cell's kind, shape and bytes, each followed by a zero byte
     cells = b"".join(b"f()" + struct + b"\0" for struct in (np.float64(v).tobytes() for v in features[3]))
-    expected = hashlib.sha256(cells + b"i()" + np.int64(3).tobytes() + b"\0").hexdigest()
+    expected = hashlib.sha256(cells + b"i()" + np.int64(3).tobytes() + b"\0").digest()
     assert leakage._digests(wide, np.array([3]), list(wide.columns)) == [expected]
     mixed = wide.assign(s=["a"] * len(wide))  # a text column beside them: the cells joined one row at a time
     assert leakage._digests(mixed, np.array([3]), [*wide.columns, "s"]) == [
-        hashlib.sha256(cells + b"i()" + np.int64(3).tobytes() + b"\0" + b"r'a'\0").hexdigest()]
+        hashlib.sha256(cells + b"i()" + np.int64(3).tobytes() + b"\0" + b"r'a'\0").digest()]
 
 
 @pytest.mark.parametrize("column,cells,expected", [

@@ -12,7 +12,7 @@ import pytest
 
 from qbench.data.evaluation import text_columns
 from qbench.data.feeds import build_feeds, text_feed_notes
-from qbench.data.leakage import shared_rows
+from qbench.data.leakage import row_digests, shared_rows
 from qbench.data.slices import slice_masks
 from qbench.data.text import installed_package_folder, load_tokenizer, token_counts, tokenize
 from qbench.errors import RecipeError
@@ -223,5 +223,6 @@ def test_rows_sharing_a_query_but_not_a_passage_are_not_the_same_fed_row() -> No
     table = pd.DataFrame({"query": ["q", "q", "q"], "passage": ["a", "b", "a"]})
     data = DataSpec(path=Path("d.parquet"), inputs={"query": TextInputSpec(tokenizer=_spec())})
     assert data.fed_columns == ("query", "passage")
-    assert shared_rows(table, np.array([0]), table, np.array([1]), data.fed_columns) == 0
-    assert shared_rows(table, np.array([0]), table, np.array([1, 2]), data.fed_columns) == 1
+    assert shared_rows(table, np.array([0]), row_digests(table, np.array([1]), data.fed_columns), data.fed_columns) == 0
+    assert shared_rows(table, np.array([0]), row_digests(table, np.array([1, 2]), data.fed_columns),
+                       data.fed_columns) == 1  # fmt: skip

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from qbench.gate_tolerance import reference_tolerances
@@ -14,6 +15,7 @@ from qbench.report_search import search_rows, search_summary
 from qbench.results import AccuracyResult, SliceMetrics, VariantResult
 from qbench.results_search import CandidateRecord
 from qbench.search import run, select
+from qbench.validate.measure import Rows
 from qbench.variants import BuiltVariant
 
 ROWS = 72  # selection rows, as in the probe that found a thin pass breaching on the evaluation rows
@@ -31,9 +33,10 @@ FIGURES = {"fp32": (1.0, (1.0, 1.0)), "thin": (0.9956, (0.989, 0.9990)), "clear"
            "thin-twin": (0.9957, (0.990, 0.9990))}  # fmt: skip
 
 
-def _search(monkeypatch, labels: list[str], speeds: list[float], unresolved: str = "fail") -> run._Search:
+def _search(monkeypatch, labels: list[str], speeds: list[float], unresolved: str = "fail",
+            digests: np.ndarray | None = None) -> run._Search:  # fmt: skip
     """A search of screened candidates `labels` timed at `speeds`, whose full evaluation is judged by the real gate
-    on the selection-row figures of FIGURES."""
+    on the selection-row figures of FIGURES (`digests`: what each selection row feeds the model; None: unknown)."""
     gate = GateSpec(metric="cosine", max_drop=0.005, max_slice_drop=0.01, unresolved=unresolved)
     fp32 = _result("fp32", *FIGURES["fp32"])
     monkeypatch.setattr(run, "measure", lambda backend, built, prepared, **kw: SimpleNamespace(
@@ -45,7 +48,8 @@ def _search(monkeypatch, labels: list[str], speeds: list[float], unresolved: str
     search.gate, search.fp32 = gate, SimpleNamespace(result=fp32, reference="fp32 outputs")
     search.tolerances = reference_tolerances(fp32, gate)
     search.fp32_timings, search.within_budget = [], lambda what: True
-    search.backend = search.prepared = search.rows = search.clock = None
+    search.backend = search.prepared = search.clock = None
+    search.rows = Rows({}, None, {}, 1, digests)
     return search
 
 
@@ -60,6 +64,22 @@ def test_a_thin_pass_on_few_rows_does_not_stop_a_slower_resolved_candidate_from_
     assert "interval of the drop reaches" in thin.unresolved and "rows would resolve it" in thin.unresolved
     assert thin.verdict.startswith("pass, unresolved: ") and clear.verdict == "pass (resolved)"
     assert select.fastest_passing(search.records) == 1
+
+
+def test_copies_of_an_input_among_the_selection_rows_count_as_one_input_as_the_gate_counts_them(monkeypatch):
+    """The 72 selection rows feed 8 inputs, 9 copies each: "clear"'s drop interval (0.002, reaching 0.003), computed
+    as if each row were its own sample, is widened by sqrt(71 / 7) = 3.185 to reach 0.005185 > 0.005, as the gate widens
+    it on evaluation rows (0.002 + 0.001 x 3.185). The search counted the copies as evidence: a resolved pass."""
+    copies = np.repeat(np.array([bytes([i]) * 32 for i in range(8)], dtype="S32"), 9)
+    search = _search(monkeypatch, ["clear"], [1.5], digests=copies)
+    search.evaluate_promising()
+    (clear,) = search.records
+    assert clear.passed and not clear.resolved_pass
+    assert "overall cosine on 72 rows (8 distinct inputs: the others repeat them)" in clear.unresolved
+    assert "the 95% interval of the drop reaches 0.005185 > tolerance 0.005" in clear.unresolved
+    distinct = _search(monkeypatch, ["clear"], [1.5], digests=np.array([bytes([i]) * 32 for i in range(72)], dtype="S32"))
+    distinct.evaluate_promising()
+    assert distinct.records[0].resolved_pass
 
 
 def test_the_rows_that_would_resolve_a_thin_pass_follow_its_spread():

@@ -135,7 +135,7 @@ def test_each_scope_records_the_paired_drop_interval_of_its_own_rows() -> None:
     assert rows.summarise("first", np.array([True, True, False, False])).drop_intervals["mae"] == pytest.approx(
         (0.25 - 0.49, 0.25 + 0.49), abs=1e-5)  # fmt: skip
     assert TASK.rows(reference, reference, None).summarise("overall", np.ones(4, dtype=bool)).drop_intervals == {
-        "mae": (0.0, 0.0), "rmse": (0.0, 0.0), "r2": (0.0, 0.0)}  # fmt: skip
+        "mae": (0.0, 0.0), "rmse": (0.0, 0.0), "r2": (0.0, 0.0), "r2_min": (0.0, 0.0)}  # fmt: skip
 
 
 def test_drop_intervals_are_named_per_output_and_undefined_where_fp32_failed() -> None:
@@ -147,6 +147,7 @@ def test_drop_intervals_are_named_per_output_and_undefined_where_fp32_failed() -
     reference["b"][3] = math.nan
     outputs = {name: values + 0.1 for name, values in reference.items()}
     scope = evaluate_accuracy("regression", outputs, reference, labels, {}).overall
-    assert set(scope.drop_intervals) == {"a/mae", "a/rmse", "a/r2", "b/mae", "b/rmse", "b/r2"}
-    assert all(math.isfinite(bound) for name in ("a/mae", "a/rmse", "a/r2") for bound in scope.drop_intervals[name])
-    assert all(math.isnan(bound) for name in ("b/mae", "b/rmse", "b/r2") for bound in scope.drop_intervals[name])
+    names = ("mae", "rmse", "r2", "r2_min")
+    assert set(scope.drop_intervals) == {f"{output}/{name}" for output in "ab" for name in names}
+    assert all(math.isfinite(bound) for name in names for bound in scope.drop_intervals[f"a/{name}"])
+    assert all(math.isnan(bound) for name in names for bound in scope.drop_intervals[f"b/{name}"])

@@ -26,7 +26,7 @@ def test_the_drop_intervals_are_the_paired_row_changes_by_hand():
     drops = metrics_targets.drop_intervals(OUTPUTS, REFERENCE, TARGET)
     assert drops["mae"] == pytest.approx((-0.69296, 0.69296), abs=1e-5)
     assert drops["rmse"] == pytest.approx((-1.22474, 0.48400), abs=1e-5)
-    assert drops["r2"] == pytest.approx((-0.3 - 1.43585, -0.3 + 1.43585), abs=1e-5)
+    assert drops["r2"] == drops["r2_min"] == pytest.approx((-0.3 - 1.43585, -0.3 + 1.43585), abs=1e-5)
     # each holds the drop of the figures themselves (mae: its midpoint)
     mae = metrics_targets.mean_absolute_error(OUTPUTS, TARGET) - metrics_targets.mean_absolute_error(REFERENCE, TARGET)
     rmse = metrics_targets.root_mean_squared_error(OUTPUTS, TARGET) - metrics_targets.root_mean_squared_error(REFERENCE, TARGET)
@@ -39,21 +39,53 @@ def test_the_drop_intervals_are_the_paired_row_changes_by_hand():
 
 def test_fp32_against_itself_is_a_point_at_zero():
     assert metrics_targets.drop_intervals(REFERENCE, REFERENCE, TARGET) == {"mae": (0.0, 0.0), "rmse": (0.0, 0.0),
-                                                                             "r2": (0.0, 0.0)}  # fmt: skip
+                                                                             "r2": (0.0, 0.0), "r2_min": (0.0, 0.0)}  # fmt: skip
 
 
-def test_several_targets_average_per_row_and_have_no_rmse_interval():
-    """Two targets, the second constant (no R²): mae averages each row's two changes; r2 is the first target's alone;
-    rmse, a mean of two square roots, has none."""
+def test_several_targets_average_mae_per_row_and_r2_over_the_varying_ones():
+    """Two targets, the second constant (no R²): mae averages each row's two changes; r2 and r2_min are the first
+    target's alone (one varying target: no Bonferroni widening)."""
     target = np.stack([TARGET, np.full(4, 7.0)], axis=1)
     reference = np.stack([REFERENCE, np.full(4, 7.0)], axis=1)
     outputs = np.stack([OUTPUTS, np.array([7.0, 7.0, 7.0, 9.0])], axis=1)
     drops = metrics_targets.drop_intervals(outputs, reference, target)
-    assert set(drops) == {"mae", "r2"}
     # each row's change: ([0.5, 0, -1, 0.5] + [0, 0, 0, 2]) / 2 = [0.25, 0, -0.5, 1.25], mean 0.25
     changes = np.array([0.25, 0.0, -0.5, 1.25])
     half = 1.96 * math.sqrt(np.sum((changes - 0.25) ** 2) / 3) / 2
     assert drops["mae"] == pytest.approx((0.25 - half, 0.25 + half))
+    assert drops["r2"] == drops["r2_min"] == pytest.approx((-0.3 - 1.43585, -0.3 + 1.43585), abs=1e-5)
+
+
+def test_several_targets_rmse_is_each_rows_squared_changes_over_each_targets_rmse_sum():
+    """Two targets: FP32's errors [1, -1, 2, 0] and [0, 0, 0, 0.1], the variant's [1.5, -1, 1, 0.5] and
+    [0.1, 0, 0, 1]. Target 1: MSEs 1.5 and 1.125 (RMSEs 1.224745 and 1.060660, sum 2.285405), squared changes
+    [1.25, 0, -3, 0.25]; target 2: MSEs 0.0025 and 0.2525 (RMSEs 0.05, 0.502494, sum 0.552494), changes
+    [0.01, 0, 0, 0.99]. Each row: (c1 / 2.285405 + c2 / 0.552494) / 2 = [0.282524, 0, -0.656339, 0.950633], mean
+    0.144205 = the drop of the mean RMSE ((1.060660 - 1.224745) + (0.502494 - 0.05)) / 2; sample sd 0.666114,
+    half-width 1.96 x 0.666114 / 2 = 0.652792. Before, several targets recorded no rmse interval, so a pass rested on
+    two rows."""
+    target = np.stack([TARGET, np.zeros(4)], axis=1)
+    reference = target + np.array([[1.0, 0.0], [-1.0, 0.0], [2.0, 0.0], [0.0, 0.1]])
+    outputs = target + np.array([[1.5, 0.1], [-1.0, 0.0], [1.0, 0.0], [0.5, 1.0]])
+    low, high = metrics_targets.drop_intervals(outputs, reference, target)["rmse"]
+    rmse = metrics_targets.root_mean_squared_error(outputs, target) - metrics_targets.root_mean_squared_error(
+        reference, target)  # fmt: skip
+    assert rmse == pytest.approx(0.144205, abs=1e-6)
+    assert (low + high) / 2 == pytest.approx(rmse, abs=1e-12)
+    assert (low, high) == pytest.approx((0.144205 - 0.652792, 0.144205 + 0.652792), abs=1e-5)
+
+
+def test_r2_min_spans_each_targets_r2_interval_at_bonferroni_confidence():
+    """Two varying targets: r2_min's interval runs from the lower end of the smaller target drop's interval to the
+    upper end of the larger's, each at z = 2.2414 (1 - 0.05 / 4 two-sided), not 1.96. Target 1's per-row changes
+    4 x [1.25, 0, -3, 0.25] / 5 (mean -0.3, sd 1.46515); target 2 here the same errors doubled around [0, 2, 4, 6]
+    (SST 20): 4 x [5, 0, -12, 1] / 20, the same changes, so both intervals are -0.3 +- 2.2414 x 1.46515 / 2."""
+    target = np.stack([TARGET, 2 * TARGET], axis=1)
+    reference = target + np.stack([REFERENCE - TARGET, 2 * (REFERENCE - TARGET)], axis=1)
+    outputs = target + np.stack([OUTPUTS - TARGET, 2 * (OUTPUTS - TARGET)], axis=1)
+    drops = metrics_targets.drop_intervals(outputs, reference, target)
+    half = 2.2414 * 1.46515 / 2
+    assert drops["r2_min"] == pytest.approx((-0.3 - half, -0.3 + half), abs=1e-4)
     assert drops["r2"] == pytest.approx((-0.3 - 1.43585, -0.3 + 1.43585), abs=1e-5)
 
 
