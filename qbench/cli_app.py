@@ -355,6 +355,9 @@ def export_triton(
                   max_queue_delay_us=max_queue_delay_us, overwrite=overwrite)  # fmt: skip
     if done.gate_status != "pass":
         err_console.print(f"[yellow]warning:[/] exported with --force; gate status {escape(done.gate_status)}")
+    if done.left_out:
+        err_console.print(f"note: config.pbtxt leaves out output(s) {escape(', '.join(done.left_out))}: no batch "
+                          "dimension for Triton's batcher to split (see its README)")
     out.print(f"Triton model: {escape(str(done.model_dir))}\nperf_analyzer commands: {escape(str(done.readme_path))}")
     return 0
 

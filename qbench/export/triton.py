@@ -39,6 +39,7 @@ from qbench.export.triton_config import (
     served_shapes,
     simulated_batcher,
     triton_config,
+    unbatched_outputs,
 )
 from qbench.files import file_in_the_way, new_folder
 from qbench.gate import GateReport
@@ -68,6 +69,7 @@ class TritonExport:
     model_sha256: str
     gate_status: str
     forced: bool
+    left_out: tuple[str, ...] = ()  # outputs config.pbtxt does not serve (`unbatched_outputs`)
 
 
 @dataclass(frozen=True)
@@ -211,6 +213,16 @@ def _batcher_text(measured: VariantResult) -> str:
     return text
 
 
+def _left_out_lines(info: ModelInfo) -> list[str]:
+    left_out = unbatched_outputs(info)
+    if not left_out:
+        return []
+    names = ", ".join(f"`{n}`" for n in left_out)
+    return ["", f"config.pbtxt leaves out the model's output(s) {names}: without a batch (first) dimension (a scalar "
+            "or a fixed length), they hold no rows for Triton's batcher to hand each request, and Triton's ONNX "
+            "Runtime backend serves only the outputs its config lists."]  # fmt: skip
+
+
 def _readme(name: str, recipe: Recipe, results: SweepResults, measured: VariantResult, info: ModelInfo,
             verdict: GateVerdict, forced: bool, sha256: str, target: TritonTarget) -> str:  # fmt: skip
     latency = measured.latency
@@ -231,6 +243,7 @@ def _readme(name: str, recipe: Recipe, results: SweepResults, measured: VariantR
         + (", with TensorRT as its execution accelerator (ONNX Runtime builds the engine on the serving GPU on "
            "first load; a prebuilt plan would only load on the TensorRT version and GPU that built it)"
            if target.tensorrt else "") + ".",  # fmt: skip
+        *_left_out_lines(info),
         "",
         "## Serve",
         "",
@@ -372,4 +385,4 @@ def export_triton(
         write_input_data(staging / INPUT_DATA_FILE, recipe, info, fixed_batch=fixed_batch_of(info))
     model_dir = Path(to) / name
     return TritonExport(model_dir, model_dir / CONFIG_FILE, model_dir / VERSION / MODEL_FILE, model_dir / README_FILE,
-                        sha256, verdict.status, force)  # fmt: skip
+                        sha256, verdict.status, force, tuple(unbatched_outputs(info)))  # fmt: skip

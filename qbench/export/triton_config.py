@@ -60,6 +60,17 @@ def fixed_batch_of(info: ModelInfo) -> int | None:
     return firsts.pop() if len(firsts) == 1 and None not in firsts else None
 
 
+def unbatched_outputs(info: ModelInfo) -> list[str]:
+    """The tensor outputs of a batched model (no `fixed_batch_of`) without a dynamic first (batch) dimension: a
+    scalar (a batch mean), a table of fixed length (class names). Triton's batcher hands each request its rows of
+    every output config.pbtxt lists, which these have none of, so the config leaves them out: Triton's onnxruntime
+    backend checks and returns only the outputs the config lists. The evaluated output always has a batch dimension
+    (qbench reads one output row per data row)."""
+    if fixed_batch_of(info) is not None:
+        return []
+    return [t.name for t in info.outputs.values() if t.kind == "tensor" and (not t.shape or t.shape[0] is not None)]
+
+
 def served_shapes(info: ModelInfo, path: Path) -> ModelInfo:
     """`info` with every tensor output's shape as ONNX Runtime reports it, the shape Triton's onnxruntime backend
     compares config.pbtxt's output dims with, exactly (a -1 where the session reports a number fails the load): the
@@ -95,7 +106,8 @@ def served_shapes(info: ModelInfo, path: Path) -> ModelInfo:
 
 def _tensor(tensor: TensorMeta, *, batching: bool = True) -> dict[str, Any]:
     """Name, type and dims without the batch dimension (-1 for a dynamic dimension); without `batching` (a model
-    with a fixed batch), every dimension.
+    with a fixed batch), every dimension (a scalar: `dims: [ 1 ]`; Triton refuses empty dims, and an empty reshape
+    without batching).
 
     A tensor of the batch dimension alone (class ids, one score per row) is `dims: [ 1 ]` with
     `reshape: { shape: [ ] }`, Triton's form for it (its dims may not be empty when batching).
@@ -105,8 +117,9 @@ def _tensor(tensor: TensorMeta, *, batching: bool = True) -> dict[str, Any]:
             f"tensor {tensor.name!r} is a {tensor.type_name}, not a tensor: Triton's ONNX Runtime backend serves "
             "tensors only (a converter's ZipMap: convert without it, e.g. skl2onnx options={'zipmap': False})"
         )
-    if not batching:
-        return {"name": tensor.name, "data_type": _triton_type(tensor), "dims": [-1 if d is None else d for d in tensor.shape]}
+    if not batching:  # a scalar is dims [1]: Triton requires dims, and its onnxruntime backend takes 1s for a scalar
+        dims = [-1 if d is None else d for d in tensor.shape] or [1]
+        return {"name": tensor.name, "data_type": _triton_type(tensor), "dims": dims}
     if not tensor.shape or tensor.shape[0] is not None:
         first = tensor.shape[0] if tensor.shape else "none (a scalar)"
         raise QbenchError(
@@ -171,19 +184,21 @@ def triton_config(
     preferred one. One instance (qbench times one session at a time) with the sweep's intra-op thread count
     (0 = ONNX Runtime's default); inter-op threads 1, since sessions run in sequential execution mode.
     A model with a fixed batch (`fixed_batch_of`) is not batched by Triton: max_batch_size 0, full dims, no
-    dynamic batcher; each request is one whole batch, as qbench timed it.
+    dynamic batcher; each request is one whole batch, as qbench timed it. A batched model's outputs without a batch
+    dimension are left out (`unbatched_outputs`).
     """
     if measured.latency is None or not measured.latency.points:
         raise QbenchError(f"{measured.key}: no latency was measured, so there are no batch sizes to configure")
     largest, preferred = batcher_sizes(measured)
     batching = fixed_batch_of(info) is None
+    left_out = unbatched_outputs(info)
     config: dict[str, Any] = {
         "name": name,
         "platform": "onnxruntime_onnx",
         "backend": "onnxruntime",
         "max_batch_size": largest if batching else 0,
         "input": [_tensor(t, batching=batching) for t in info.inputs.values()],
-        "output": [_tensor(t, batching=batching) for t in info.outputs.values()],
+        "output": [_tensor(t, batching=batching) for t in info.outputs.values() if t.name not in left_out],
         "instance_group": [{"count": 1, "kind": EnumValue(target.instance_kind)}],
     }
     if batching:

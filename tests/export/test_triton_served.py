@@ -155,3 +155,47 @@ def test_the_config_text_is_the_one_checked_against_tritons_schema(tmp_path: Pat
     info = served_shapes(read_model_info(path), path)
     fields = triton_config("tokens-fp16", measured, info, TARGETS["onnxruntime-tensorrt"], max_queue_delay_us=1000)
     assert to_pbtxt(fields) == PINNED
+
+
+def _with_batch_statistics(path: Path, batch: str | int) -> Path:
+    """x [batch, 3] -> y = Relu(x) [batch, 3], with a batch's mean (a scalar) and a constant class table [3]."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3])
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 3]),
+               helper.make_tensor_value_info("mean", TensorProto.FLOAT, []),
+               helper.make_tensor_value_info("classes", TensorProto.INT64, [3])]  # fmt: skip
+    nodes = [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("ReduceMean", ["y"], ["mean"], keepdims=0),
+             helper.make_node("Constant", [], ["classes"], value=helper.make_tensor("c", TensorProto.INT64, [3], [4, 5, 6]))]  # fmt: skip
+    graph = helper.make_graph(nodes, "stats", [x], outputs)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    return path
+
+
+def test_a_batched_models_outputs_without_a_batch_dimension_are_left_out(tmp_path: Path) -> None:
+    """y [batch, 3] beside a scalar batch mean and a constant class table [3]: Triton's batcher cannot split those
+    into each request's rows, and its onnxruntime backend checks and returns only the outputs config.pbtxt lists, so
+    the config serves y alone (dims [3]) and names the others; the export was refused ('Triton's batching needs a
+    dynamic first (batch) dimension, the model has none (a scalar)') though y was the output the gate judged."""
+    path = _with_batch_statistics(tmp_path / "stats.onnx", "batch")
+    config = _config(path)
+    assert [(o["name"], o["dims"]) for o in config["output"]] == [("y", [3])]
+    assert config["max_batch_size"] > 0 and "dynamic_batching" in config
+    from qbench.export.triton import _left_out_lines
+    from qbench.export.triton_config import unbatched_outputs
+
+    info = served_shapes(read_model_info(path), path)
+    assert unbatched_outputs(info) == ["mean", "classes"]
+    (note,) = [line for line in _left_out_lines(info) if line]  # the exported README says so
+    assert note.startswith("config.pbtxt leaves out the model's output(s) `mean`, `classes`: without a batch")
+    assert _session_dims(path, "mean") == [] and _session_dims(path, "classes") == [3]
+
+
+def test_a_scalar_output_of_a_fixed_batch_model_is_dims_1(tmp_path: Path) -> None:
+    """The same model with a fixed batch of 2 (x [2, 3]) is served unbatched, every output listed: the scalar mean as
+    `dims: [ 1 ]`. It was written with no dims at all, which Triton's model configuration check refuses ('must
+    specify dims'); its onnxruntime backend takes a scalar's dims as all 1s (and refuses an empty reshape when the
+    model does not batch)."""
+    path = _with_batch_statistics(tmp_path / "fixed.onnx", 2)
+    config = _config(path)
+    assert config["max_batch_size"] == 0
+    assert [(o["name"], o["dims"], "reshape" in o) for o in config["output"]] == [
+        ("y", [2, 3], False), ("mean", [1], False), ("classes", [3], False)]  # fmt: skip
