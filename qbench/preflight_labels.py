@@ -47,7 +47,7 @@ def named_classes(
                           "per row, and data.classes names one class per row; expected token labels as integer class "
                           f"ids (the score columns' numbers, {IGNORE_LABEL} for a token not to score) and no "
                           "data.classes")  # fmt: skip
-    mapped = [o.name for o in outputs if o.meta.kind == "map"]
+    mapped = [o.name for o in outputs if o.meta.kind == "map" and not _ids_in_order(o.meta.class_keys)]
     if mapped:
         raise RecipeError(recipe.source, "data.classes", f"output {mapped[0]!r} names its own classes (a map); expected "
                           "no data.classes with it")  # fmt: skip
@@ -62,6 +62,12 @@ def named_classes(
             raise RecipeError(recipe.source, "data.classes", f"names {len(classes)} classes, output {choice.name!r} "
                               f"has {count}{layout}; expected one name per class, in column order")  # fmt: skip
     return label_columns(values, classes, positions, unknown=f"are none of data.classes ({', '.join(map(str, classes))})")
+
+
+def _ids_in_order(keys: Sequence[int | str] | None) -> bool:
+    """Whether a map's keys are the class ids 0, 1, ... (skl2onnx's `nocl` option, a model trained on ids): they name no
+    class, so `data.classes` names them, in key order, as it names a score tensor's columns."""
+    return keys is not None and tuple(keys) == tuple(range(len(keys)))
 
 
 def check_output_labels(

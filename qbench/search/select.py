@@ -187,7 +187,8 @@ def why_none(records: Sequence[CandidateRecord], float_layers: Mapping[str, int]
                     f"weights are in {layers}, which none of the techniques tried ({techniques}) lowers to INT8; there "
                     "is no INT8 variant of this model")  # fmt: skip
         return ("the INT8 search found nothing to quantize: every candidate left the graph as FP32's (no MatMul, "
-                "Gemm or Conv with constant weights, e.g. a tree ensemble); there is no INT8 variant of this model")  # fmt: skip
+                "Gemm or Conv with constant weights, e.g. a tree ensemble); the search has no INT8 variant of this "
+                "model (a static INT8 variant may still quantize its elementwise ops: its params say which)")  # fmt: skip
     reasons = "; ".join(f"{r.label}: {r.verdict}" for r in tried if r.stage != "not applicable")
     return f"the INT8 search could not build and run any candidate ({reasons or 'none was tried'})"
 

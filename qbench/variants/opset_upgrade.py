@@ -9,7 +9,8 @@ the converter does for Softmax and LogSoftmax but not for Hardmax (it kept the n
 one axis alone: every output of a [2, 3, 4] input's axis-1 Hardmax differed). A BatchNormalization before opset 9
 with `spatial: 0` (statistics per element, not per channel), which the converter refuses with an assertion, is
 written as the arithmetic it computes. ONNX Runtime's own operators in the ONNX domain (`_set_aside`), which the
-converter has no schema for, are left as they are.
+converter has no schema for, are left as they are. A model importing no ONNX-domain opset (CatBoost's export:
+`ai.onnx.ml` alone), which the converter read as opset 0 and refused, gets that import at the new opset.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ def ensure_opset(model: onnx.ModelProto, minimum: int) -> onnx.ModelProto:
     """
     if default_opset(model) >= minimum:
         return model
+    if not any(o.domain in ("", "ai.onnx") for o in model.opset_import):
+        return _importing_onnx(model, minimum)
     model = _set_aside(model)
     if default_opset(model) < 9 <= minimum:
         model = _per_element_batchnorms(model)
@@ -55,6 +58,21 @@ def ensure_opset(model: onnx.ModelProto, minimum: int) -> onnx.ModelProto:
     converted.ir_version = max(converted.ir_version, needed)
     check_model_against(converted, model)
     return _put_back(converted)
+
+
+def _importing_onnx(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+    """A copy of `model`, which imports no ONNX-domain opset, importing it at `opset`. Such a model (CatBoost's
+    export: a TreeEnsembleClassifier and a ZipMap under `ai.onnx.ml` alone) holds no ONNX-domain node to convert
+    (the checker refuses a node of a domain the model does not import); the import is for the nodes a build adds.
+    onnx's version converter read the missing import as opset 0 and stopped on an assertion ('invalid version (must
+    be between 1 and 28)'), so every per-channel INT8, SmoothQuant and `linear` build of such a model failed, and
+    the INT8 search reported that failure instead of there being nothing to quantize."""
+    converted = onnx.ModelProto()
+    converted.CopyFrom(model)
+    converted.opset_import.append(helper.make_opsetid("", opset))
+    needed = helper.find_min_ir_version_for(list(converted.opset_import), ignore_unknown=True)
+    converted.ir_version = max(converted.ir_version, needed)
+    return converted
 
 
 def _convert_version(model: onnx.ModelProto, minimum: int) -> onnx.ModelProto:

@@ -146,3 +146,30 @@ def test_integer_labels_naming_string_classes_are_those_classes_not_columns(tmp_
     expected = float(np.mean(classifier.predict(features) == names))
     assert expected > 0.9
     assert overall(results)["accuracy"] == pytest.approx(expected, abs=1e-12)
+
+
+def test_data_classes_name_the_class_ids_of_a_nocl_zipmap(tmp_path, monkeypatch, capsys):
+    """skl2onnx's `nocl` option writes class ids 0, 1, 2 as the ZipMap's keys instead of the string classes. String
+    labels then need data.classes (the label error says so), which was refused for any map ('names its own classes
+    (a map)'): no recipe could judge such a model on its labels. Keys 0, 1, ... name no class, so data.classes names
+    them in order; a map of string keys still refuses it."""
+    from sklearn.linear_model import LogisticRegression
+
+    features, ids = iris()
+    labels = np.array(["alpha", "mid", "zeta"])[ids]
+    classifier = LogisticRegression(max_iter=500).fit(features[::2], labels[::2])
+    nocl = skl2onnx.to_onnx(classifier, features[:1], options={id(classifier): {"nocl": True}},
+                            target_opset={"": 17, "ai.onnx.ml": 3})  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    named = project(tmp_path / "named", nocl, table(features, labels), data={"classes": ["alpha", "mid", "zeta"]},
+                    variants=FP32_TWICE)  # fmt: skip
+    results, _ = run_all(named, capsys)
+    assert results.recipe["model_output"] == "output_probability"
+    expected = float(np.mean(classifier.predict(features) == labels))
+    assert expected > 0.8
+    assert overall(results)["accuracy"] == pytest.approx(expected, abs=1e-12)
+    strings = project(tmp_path / "strings", _convert(classifier, features, zipmap=True), table(features, labels),
+                      data={"classes": ["alpha", "mid", "zeta"]})  # fmt: skip
+    assert main(["validate", str(strings)]) == 2
+    assert said("strings/recipe.yaml: data.classes: output 'output_probability' names its own classes (a map); "
+                "expected no data.classes with it", capsys.readouterr().err)

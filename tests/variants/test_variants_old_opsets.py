@@ -297,3 +297,54 @@ def _interface_model(output: onnx.TypeProto) -> onnx.ModelProto:
     graph = helper.make_graph([helper.make_node("SequenceConstruct", ["x"], ["y"])], "g", [_value("x", [2])],
                               [helper.make_value_info("y", output)])  # fmt: skip
     return _model(graph, 17)
+
+
+def ml_only_model(path: Path) -> Path:
+    """x [N, 4] -> ai.onnx.ml LinearClassifier -> ZipMap: a model importing `ai.onnx.ml` alone and no ONNX-domain
+    opset, as CatBoost's `save_model(..., format="onnx")` writes its TreeEnsembleClassifier and ZipMap."""
+    coefficients = np.random.default_rng(6).normal(size=12).tolist()
+    nodes = [helper.make_node("LinearClassifier", ["x"], ["label", "scores"], domain="ai.onnx.ml", name="linear",
+                              classlabels_ints=[0, 1, 2], coefficients=coefficients, intercepts=[0.1, -0.2, 0.0],
+                              post_transform="SOFTMAX"),
+             helper.make_node("ZipMap", ["scores"], ["probabilities"], domain="ai.onnx.ml", name="zipmap",
+                              classlabels_int64s=[0, 1, 2])]  # fmt: skip
+    probabilities = helper.make_sequence_type_proto(
+        helper.make_map_type_proto(TensorProto.INT64, helper.make_tensor_type_proto(TensorProto.FLOAT, [])))
+    graph = helper.make_graph(nodes, "ml_only", [_value("x", ["N", 4])],
+                              [helper.make_tensor_value_info("label", TensorProto.INT64, ["N"]),
+                               helper.make_value_info("probabilities", probabilities)])  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("ai.onnx.ml", 2)], ir_version=3)
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+def test_an_opset_upgrade_of_a_model_importing_no_onnx_opset_adds_the_import(tmp_path):
+    """onnx's version converter read the missing ONNX-domain import as opset 0 and stopped on an assertion."""
+    model = onnx.load(str(ml_only_model(tmp_path / "m.onnx")))
+    upgraded = ensure_opset(model, 13)
+    assert sorted((o.domain, o.version) for o in upgraded.opset_import) == [("", 13), ("ai.onnx.ml", 2)]
+    assert [(o.domain, o.version) for o in model.opset_import] == [("ai.onnx.ml", 2)]  # the model itself is unchanged
+    x = RNG.normal(size=(16, 4)).astype(np.float32)
+    session = ort.InferenceSession(upgraded.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(session.run(["label"], {"x": x})[0], _run_label(model, x))
+
+
+def _run_label(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(["label"], {"x": x})[0]
+
+
+@pytest.mark.parametrize("variant", [{"calibrator": "minmax", "per_channel": True},
+                                     {"calibrator": "minmax", "smoothquant": {"alpha": 0.5}},
+                                     {"calibrator": "dynamic", "technique": "linear"}])  # fmt: skip
+def test_int8_builds_of_a_model_importing_no_onnx_opset_find_nothing_to_quantize(tmp_path, variant):
+    """CatBoost's ONNX export imports `ai.onnx.ml` alone: every per-channel INT8, SmoothQuant and `linear` build of it
+    failed ('upgrading opset 0 to 13: ... invalid version (must be between 1 and 28)'), and the INT8 search said it
+    could not build any candidate. Each now builds the FP32 model, quantizing nothing."""
+    path = ml_only_model(tmp_path / "m.onnx")
+    built = build_variant(VariantSpec(name="int8", precision="int8", **variant),
+                          BuildContext(reference_path=path, workdir=tmp_path / "w",
+                                       calibration=[{"x": RNG.normal(size=(16, 4)).astype(np.float32)}]))  # fmt: skip
+    assert built.params["quantized_nodes"] == 0
+    x = RNG.normal(size=(16, 4)).astype(np.float32)
+    np.testing.assert_array_equal(_run_label(onnx.load(str(built.onnx_path)), x), _run_label(onnx.load(str(path)), x))
