@@ -56,6 +56,8 @@ logger = logging.getLogger(__name__)
 _SCALE_LIMITS = (1e-5, 1e5)  # keeps s finite and nonzero for dead or extreme channels
 
 
+# the build params `SmoothingReport.params` writes (what the INT8 search records for each SmoothQuant candidate)
+REPORT_KEYS = ("smoothed_groups", "folded_into", "inserted_muls", "unsmoothed_groups", "alphas_chosen")
 AUTO_SAMPLE_ROWS = 512  # calibration rows `alpha: "auto"` judges its candidates on
 
 
