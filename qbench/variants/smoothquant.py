@@ -52,6 +52,8 @@ _NORMS: dict[str, tuple[int, int | None]] = {
     "SkipLayerNormalization": (2, 3),
     "SkipSimplifiedLayerNormalization": (2, None),
 }
+# the producers a smoothing can fold into through their constant inputs (a Linear's weight and bias are folded anyway)
+FOLD_PRODUCERS = (*_NORMS, "Mul", "Add")
 logger = logging.getLogger(__name__)
 _SCALE_LIMITS = (1e-5, 1e5)  # keeps s finite and nonzero for dead or extreme channels
 
