@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from html import escape
+from typing import Any
 
 from qbench.errors import one_line
 from qbench.frontier import speedup
@@ -23,7 +24,19 @@ def _num(value: float | None, fmt: str) -> str:
 
 
 def _options(record: CandidateRecord) -> str:
-    return ", ".join(f"{k}={v}" for k, v in record.options.items()) or _NONE
+    return ", ".join([*(f"{k}={v}" for k, v in record.options.items()), *_smoothing(record.smoothing)]) or _NONE
+
+
+def _smoothing(done: dict[str, Any]) -> list[str]:
+    """What a SmoothQuant candidate's smoothing did on this graph: of its Linear inputs, how many were folded into
+    which producers, how many got an inserted Mul, how many were left unsmoothed (alpha auto, or unfoldable: skip)."""
+    if not done:
+        return []
+    folded, unsmoothed = done.get("folded_into", {}), done.get("unsmoothed_groups", 0)
+    into = " (" + ", ".join(f"{op} {count}" for op, count in folded.items()) + ")" if folded else ""
+    total = done.get("smoothed_groups", 0) + unsmoothed
+    return [f"smoothing of {total} Linear inputs: {sum(folded.values())} folded{into}, "
+            f"{done.get('inserted_muls', 0)} by an inserted Mul, {unsmoothed} unsmoothed"]
 
 
 def _kept(record: CandidateRecord) -> str:

@@ -30,6 +30,9 @@
                                                   (qbench.gate_resolution): why, with the rows that would; None otherwise
       unresolved_on_spread                        that pass falls short on the spread of its own figures, not on the
                                                   rows alone (which no candidate on the same rows could resolve either)
+      smoothing                                   a SmoothQuant candidate: what its smoothing did on this graph
+                                                  (smoothed_groups, folded_into {producer op: groups}, inserted_muls,
+                                                  unsmoothed_groups, alphas_chosen); {} for other techniques
 
 excess = the largest drop / tolerance over the overall and judged slice checks: at most 1 passes.
 """
@@ -67,6 +70,7 @@ class CandidateRecord(JudgedPass):
     passed: bool | None = None
     unresolved: str | None = None
     unresolved_on_spread: bool = False
+    smoothing: dict[str, Any] = field(default_factory=dict)
 
     @property
     def evaluated(self) -> bool:

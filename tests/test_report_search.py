@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 from sweep_factory import make_sweep, make_variant
 
 from qbench.report_search import search_markdown
-from qbench.results_search import CandidateRecord, SearchReport
+from qbench.results_search import CandidateRecord, SearchReport, search_from_dict
 from qbench.search import select
 
 
@@ -51,3 +52,21 @@ def test_the_sweeps_own_timing_of_the_searched_variant_is_shown_beside_the_searc
     assert "Chosen: #0 smoothquant-static (1.90× FP32" in markdown
     assert ("The sweep's own timing of int8-search@onnxruntime-cpu afterwards: b1 1.25×, b32 1.60× FP32 (the speed-ups "
             "above are the search's quick estimates).") in markdown
+
+
+def test_a_smoothquant_candidate_says_where_its_smoothing_went():
+    """On a graph it cannot fold into (a post-LN encoder's residual reads the LayerNorm), SmoothQuant inserts Muls:
+    each candidate's row says how many Linear inputs were folded, into what, and how many were not, and the record
+    round-trips through results.json."""
+    smoothing = {"smoothed_groups": 8, "folded_into": {"LayerNormalization": 4, "Mul": 1}, "inserted_muls": 3,
+                 "unsmoothed_groups": 1, "alphas_chosen": {"0.5": 8, "none": 1}}  # fmt: skip
+    sq = CandidateRecord("smoothquant-static a=auto", "smoothquant-static", {"alpha": "auto"}, stage="screened",
+                         smoothing=smoothing)  # fmt: skip
+    plain = CandidateRecord("ort-dynamic", "ort-dynamic", {"reduce_range": False}, stage="screened")
+    markdown = search_markdown(_searched(_report("passed", (sq, plain), chosen=1)))
+    rows = [line for line in markdown.splitlines() if line.startswith(("| 0 ", "| 1 "))]
+    assert ("| alpha=auto, smoothing of 9 Linear inputs: 5 folded (LayerNormalization 4, Mul 1), 3 by an inserted Mul, "
+            "1 unsmoothed |") in rows[0]  # fmt: skip
+    assert "| reduce_range=False |" in rows[1] and "smoothing" not in rows[1]
+    again = search_from_dict(json.loads(json.dumps(dataclasses.asdict(_report("passed", (sq, plain))))))
+    assert again is not None and again.candidates[0].smoothing == smoothing and again.candidates[1].smoothing == {}

@@ -63,6 +63,7 @@ from qbench.validate.measure import Measured, Rows, describe_error, measure
 from qbench.variants import BuildContext, BuiltVariant, build_variant
 from qbench.variants.base import unranged_reason
 from qbench.variants.onnx_utils import graph_digest
+from qbench.variants.smoothquant import REPORT_KEYS as SMOOTHING_KEYS
 
 CLOSEST_EVALUATIONS = 3  # unevaluated closest candidates evaluated in full when none passed
 VERDICT_CHARS = 300  # a verdict is a table cell: an ORT error's newlines collapsed, cut there
@@ -163,7 +164,8 @@ class _Search:
         finally:
             if self.clock is not None:
                 self.clock.add("build", t)
-        record = record.with_(build_seconds=round(built.build_seconds, 3))
+        smoothing = {key: built.params[key] for key in SMOOTHING_KEYS if key in built.params}
+        record = record.with_(build_seconds=round(built.build_seconds, 3), smoothing=smoothing)
         digest = graph_digest(built.onnx_path)
         if built.lowered_nothing or digest == self.reference_digest:
             what = ("every quantized node kept float" if candidate.keep_float

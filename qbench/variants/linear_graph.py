@@ -28,6 +28,7 @@ from qbench.onnx_read import infer_shapes
 from qbench.variants.onnx_utils import drop_unused_initializers, names_read
 
 LINEAR_OP_TYPES = ("MatMul", "Gemm")
+SHAPE_READERS = ("Shape", "Size")  # read a tensor's shape, never its values
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,7 @@ class GraphView:
         self._changed: set[str] = set()
         self._inserted: dict[int, list[onnx.NodeProto]] = defaultdict(list)
         self._removed: set[int] = set()
-        self._ranks: dict[str, int] | None = None
+        self._dims: dict[str, list[int | None]] | None = None
         self._from_inputs: set[str] | None = None
 
     # -- reading -------------------------------------------------------------------------------
@@ -87,11 +88,16 @@ class GraphView:
     def is_constant(self, name: str) -> bool:
         return name in self.constants
 
-    def read_only_by(self, tensor: str, readers: Iterable[int]) -> bool:
-        """True when `tensor` is read by exactly the nodes `readers` (and is no graph output)."""
+    def read_only_by(self, tensor: str, readers: Iterable[int], *, shape_readers: bool = False) -> bool:
+        """True when `tensor` is read by exactly the nodes `readers` (and is no graph output); `shape_readers`: Shape
+        and Size nodes may read it too (they read only its shape, which a rescaling of its values keeps: exporters
+        read a pre-LN block's normalised input's shape to split heads, `x.view(*x.shape[:-1], heads, -1)`)."""
         if tensor in self.graph_outputs or tensor in self._read_by_subgraphs:
             return False
-        return set(self.consumers.get(tensor, ())) == set(readers)
+        found = set(self.consumers.get(tensor, ()))
+        if shape_readers:
+            found = {index for index in found if self.nodes[index].op_type not in SHAPE_READERS}
+        return found == set(readers)
 
     def linears(self, exclude_nodes: Sequence[str] = ()) -> list[Linear]:
         """Every Linear by rule (see the module docstring), minus the nodes named in `exclude_nodes`."""
@@ -131,14 +137,26 @@ class GraphView:
 
     def rank(self, tensor: str) -> int | None:
         """The rank of `tensor` from ONNX shape inference on the graph as loaded, or None when unknown."""
-        if self._ranks is None:
+        dims = self._inferred_dims().get(tensor)
+        return None if dims is None else len(dims)
+
+    def last_dim(self, tensor: str) -> int | None:
+        """The size of `tensor`'s last axis from ONNX shape inference on the graph as loaded, or None when unknown."""
+        dims = self._inferred_dims().get(tensor)
+        return dims[-1] if dims else None
+
+    def _inferred_dims(self) -> dict[str, list[int | None]]:
+        if self._dims is None:
             try:
                 inferred = infer_shapes(self.model).graph
-            except Exception:  # noqa: BLE001 (inference fails on odd models: ranks stay unknown)
+            except Exception:  # noqa: BLE001 (inference fails on odd models: shapes stay unknown)
                 inferred = onnx.GraphProto()
             values = [*inferred.value_info, *inferred.input, *inferred.output]
-            self._ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in values if v.type.tensor_type.HasField("shape")}
-        return self._ranks.get(tensor)
+            self._dims = {
+                v.name: [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
+                for v in values if v.type.tensor_type.HasField("shape")
+            }  # fmt: skip
+        return self._dims
 
     # -- editing -------------------------------------------------------------------------------
 

@@ -33,7 +33,7 @@ from qbench.variants.onnx_utils import Stopwatch, build_step, output_path, save_
 from qbench.variants.opset_upgrade import ensure_opset
 from qbench.variants.quantizable import nested_nodes_note
 from qbench.variants.reference import load_reference
-from qbench.variants.smoothquant import SmoothQuantSettings, collect_channel_ranges, smooth_model
+from qbench.variants.smoothquant import FOLD_PRODUCERS, SmoothQuantSettings, collect_channel_ranges, smooth_model
 
 _NO_LINEAR = "no Linear (MatMul/Gemm with a constant weight) found"
 
@@ -110,6 +110,10 @@ def build_linear_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         exclude_nodes = resolve_node_names(model, config.exclude_nodes, spec.name)
         with build_step(spec.name, "folding weights computed from constants"):
             reads = [(node, index) for node in model.graph.node if node.op_type in LINEAR_OP_TYPES for index in (1, 2)]
+            if isinstance(config, SmoothQuant):  # a norm scale the TorchScript exporter reads through an Identity
+                # (it shares equal initializers: a fresh LayerNorm's ones and zeros) is one smoothing can fold into
+                reads += [(node, index) for node in model.graph.node if node.op_type in FOLD_PRODUCERS
+                          for index in range(len(node.input))]  # fmt: skip
             params["folded_weights"] = fold_constant_inputs(model, reads)
         kept_float = kept_float_nodes(model, config.keep_float)
         exclude = (*exclude_nodes, *kept_float.names)

@@ -11,7 +11,8 @@ On the graph: the Linears (MatMul/Gemm with a constant weight, see
 max over their weights). The division by s is FOLDED into the tensor's producer
 when every reader of the tensor is in the group and the producer is a
 LayerNorm-like op (scale and bias), a Mul by a constant, an Add of a constant
-whose other input folds, or a Linear (its weight's output columns and bias);
+whose other input folds, or a Linear (its weight's output columns and bias), also through a Relu or a
+Reshape/Flatten that keeps the last axis (GPT-2's Conv1D); Shape/Size readers of a tensor do not block a fold;
 otherwise one Mul by 1/s is inserted before the group (or, with
 `unfoldable: skip`, the group is left unsmoothed; with `fold: false` a Mul is always inserted). Per-channel activation ranges
 come from one ORT pass over the calibration batches; the per-tensor ranges after
@@ -51,10 +52,14 @@ _NORMS: dict[str, tuple[int, int | None]] = {
     "SkipLayerNormalization": (2, 3),
     "SkipSimplifiedLayerNormalization": (2, None),
 }
+# the producers a smoothing can fold into through their constant inputs (a Linear's weight and bias are folded anyway)
+FOLD_PRODUCERS = (*_NORMS, "Mul", "Add")
 logger = logging.getLogger(__name__)
 _SCALE_LIMITS = (1e-5, 1e5)  # keeps s finite and nonzero for dead or extreme channels
 
 
+# the build params `SmoothingReport.params` writes (what the INT8 search records for each SmoothQuant candidate)
+REPORT_KEYS = ("smoothed_groups", "folded_into", "inserted_muls", "unsmoothed_groups", "alphas_chosen")
 AUTO_SAMPLE_ROWS = 512  # calibration rows `alpha: "auto"` judges its candidates on
 
 
@@ -209,7 +214,7 @@ def smooth(
         report.alphas["none" if alpha is None else f"{alpha:g}"] += 1
         scales = smoothing_scales(channel.absmax, weight_absmax, alpha) if alpha is not None else None
         readers = [linear.index for linear in group]
-        foldable = settings.fold and view.read_only_by(tensor, readers)
+        foldable = settings.fold and view.read_only_by(tensor, readers, shape_readers=True)
         plan = _fold_plan(view, tensor, weight_absmax.size) if foldable else None
         if scales is None or (plan is None and settings.fold and settings.unfoldable == "skip"):
             report.skipped_groups += 1
@@ -287,11 +292,12 @@ def _fold_plan(view: GraphView, tensor: str, width: int) -> list[tuple[str, int]
         if node.op_type == "Mul":
             return [("mul", index)]
         other = node.input[1 - constant[0]]
-        inner = _fold_plan(view, other, width) if view.read_only_by(other, [index]) else None
+        inner = _fold_plan(view, other, width) if view.read_only_by(other, [index], shape_readers=True) else None
         return None if inner is None else [("add", index), *inner]
-    if node.op_type == "Relu":  # relu(x) / s == relu(x / s) for s > 0: pass through to its input
-        inner = _fold_plan(view, node.input[0], width) if view.read_only_by(node.input[0], [index]) else None
-        return None if inner is None else [("relu", index), *inner]
+    if node.op_type == "Relu" or _keeps_last_axis(view, node, width):  # relu(x) / s == relu(x / s) for s > 0
+        alone = view.read_only_by(node.input[0], [index], shape_readers=True)
+        inner = _fold_plan(view, node.input[0], width) if alone else None
+        return None if inner is None else [("pass", index), *inner]
     if view.is_linear(node):
         linear = Linear(index, node)
         if view.constants[node.input[1]].shape[linear.weight_output_axis] != width:
@@ -302,9 +308,21 @@ def _fold_plan(view: GraphView, tensor: str, width: int) -> list[tuple[str, int]
     return None
 
 
+def _keeps_last_axis(view: GraphView, node: onnx.NodeProto, width: int) -> bool:
+    """A Reshape/Flatten whose input's and output's last axes both hold `width` channels (GPT-2's Conv1D,
+    `x.view(-1, x.size(-1))` before its Gemm): in row-major order channel j stays channel j, so dividing its input's
+    last axis by s divides its output's. The input's width comes from shape inference; the output's from it too, or
+    from the Linears reading it (their weight has `width` input rows)."""
+    if node.op_type not in ("Reshape", "Flatten") or view.last_dim(node.input[0]) != width:
+        return False
+    readers = view.consumers.get(node.output[0], [])
+    linears = bool(readers) and all(view.is_linear(view.nodes[i]) for i in readers)
+    return view.last_dim(node.output[0]) == width or linears
+
+
 def _fold_step(view: GraphView, step: str, index: int, inverse: np.ndarray) -> None:
     node = view.nodes[index]
-    if step == "relu":
+    if step == "pass":
         return
     if step == "norm":
         scale_at, bias_at = _NORMS[node.op_type]

@@ -11,8 +11,10 @@ import pytest
 from onnx import helper, numpy_helper
 from test_variants_smoothquant import (
     STATIC,
+    WIDTH,
     _batches,
     _copy,
+    _model,
     _op_counts,
     _reference,
     _simulated,
@@ -216,3 +218,27 @@ def test_a_matmul_left_float_with_a_constant_weight_is_named(tmp_path: Path) -> 
     assert built.params["quantized_linears"] == 1 and built.params["float_matmuls"] == 1
     assert built.params["float_constant_weight_matmuls"] == ["batched_matmul", "left_weight"]
     assert any("batched_matmul, left_weight" in note and "no activation" in note for note in built.notes)
+
+
+def test_smoothing_folds_into_a_norm_whose_scale_the_exporter_shares_through_identity(tmp_path: Path) -> None:
+    """The TorchScript exporter stores equal initializers once and reads the copies through Identity nodes (a fresh
+    LayerNorm's ones and zeros, tied parameters): two LayerNorms read one gamma and beta so. Their scale and bias are
+    constants all the same, and the smoothing folds into both instead of inserting two Muls."""
+    rng = np.random.default_rng(0)
+    weights = {"gamma": np.ones(WIDTH), "beta": np.zeros(WIDTH), "w1": rng.normal(0, WIDTH**-0.5, (WIDTH, WIDTH)),
+               "w2": rng.normal(0, WIDTH**-0.5, (WIDTH, WIDTH))}  # fmt: skip
+    nodes = [helper.make_node("Identity", [name], [f"{name}_{i}"]) for i in (1, 2) for name in ("gamma", "beta")]
+    nodes += [helper.make_node("LayerNormalization", ["x", "gamma_1", "beta_1"], ["h1"], axis=-1),
+              helper.make_node("MatMul", ["h1", "w1"], ["a"]),
+              helper.make_node("LayerNormalization", ["a", "gamma_2", "beta_2"], ["h2"], axis=-1),
+              helper.make_node("MatMul", ["h2", "w2"], ["y"])]  # fmt: skip
+    model = _model(nodes, weights)
+    path = tmp_path / "shared.onnx"
+    onnx.save(model, str(path))
+    calibration = _batches(rng, 3)
+    spec = VariantSpec(name="sq", precision="int8", calibrator="minmax", smoothquant={"alpha": 0.5})
+    built = build_variant(spec, BuildContext(reference_path=path, workdir=tmp_path / "sq", calibration=calibration))
+    assert built.params["folded_into"] == {"LayerNormalization": 2} and built.params["inserted_muls"] == 0
+    assert built.params["quantized_linears"] == 2
+    held_out = _batches(rng, 1)[0]
+    assert sqnr_db(_reference(model, held_out), _simulated(onnx.load(str(built.onnx_path)), held_out)) > 25.0

@@ -89,6 +89,37 @@ def rms_norm(rng: np.random.Generator) -> onnx.ModelProto:
     return _model(nodes, weights, ["q", "k"], opset=13)
 
 
+def pre_ln_heads(rng: np.random.Generator) -> onnx.ModelProto:
+    """A pre-LN block as the TorchScript exporter writes it: the normalised input also feeds Shape nodes (the head
+    split reads its shape), which read no values and must not stop the fold into the LayerNorm."""
+    weights = {"gamma": rng.normal(1, 0.2, WIDTH), "beta": rng.normal(0, 0.1, WIDTH),
+               "wq": rng.normal(0, 0.3, (WIDTH, 8)), "wk": rng.normal(0, 0.3, (WIDTH, 8))}  # fmt: skip
+    nodes = [
+        helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["h"], axis=-1),
+        helper.make_node("Shape", ["h"], ["shape"]), helper.make_node("Size", ["h"], ["size"]),
+        helper.make_node("Cast", ["shape"], ["shape_f"], to=TensorProto.FLOAT),
+        helper.make_node("Cast", ["size"], ["size_f"], to=TensorProto.FLOAT),
+        helper.make_node("MatMul", ["h", "wq"], ["q"]), helper.make_node("MatMul", ["h", "wk"], ["k"]),
+    ]  # fmt: skip
+    return _model(nodes, weights, ["q", "k", "shape_f", "size_f"])
+
+
+def conv1d_reshape(rng: np.random.Generator) -> onnx.ModelProto:
+    """GPT-2's Conv1D: `x.view(-1, x.size(-1))` (a shape computed from the input's) before an addmm Gemm; the
+    Reshape keeps the last axis, so the smoothing folds through it into the LayerNorm."""
+    weights = {"gamma": rng.normal(1, 0.2, WIDTH), "beta": rng.normal(0, 0.1, WIDTH),
+               "w": rng.normal(0, 0.3, (WIDTH, 8)), "b": rng.normal(0, 0.1, 8)}  # fmt: skip
+    minus_one = numpy_helper.from_array(np.array([-1], np.int64))
+    nodes = [
+        helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["h"], axis=-1),
+        helper.make_node("Shape", ["h"], ["last"], start=-1),
+        helper.make_node("Constant", [], ["minus_one"], value=minus_one),
+        helper.make_node("Concat", ["minus_one", "last"], ["flat_shape"], axis=0),
+        helper.make_node("Reshape", ["h", "flat_shape"], ["flat"]), helper.make_node("Gemm", ["flat", "w", "b"], ["y"]),
+    ]  # fmt: skip
+    return _model(nodes, weights, ["y"])
+
+
 def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -103,7 +134,8 @@ def _feeds(rng: np.random.Generator) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize(
     ("build", "folded_into"),
     [(shared_weight, {"LayerNormalization": 2}), (shared_norm_scale, {"LayerNormalization": 2}),
-     (decomposed_layer_norm, {"Mul": 1}), (rms_norm, {"Mul": 1})],  # fmt: skip
+     (decomposed_layer_norm, {"Mul": 1}), (rms_norm, {"Mul": 1}), (pre_ln_heads, {"LayerNormalization": 1}),
+     (conv1d_reshape, {"LayerNormalization": 1})],  # fmt: skip
 )
 def test_smoothing_folds_into_exporter_patterns_and_keeps_the_function(
     build: Callable[[np.random.Generator], onnx.ModelProto], folded_into: dict[str, int], tmp_path: Path
@@ -120,3 +152,23 @@ def test_smoothing_folds_into_exporter_patterns_and_keeps_the_function(
     before = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     after = {t.name: numpy_helper.to_array(t) for t in smoothed.model.graph.initializer}
     assert any(name not in after or not np.array_equal(after[name], value) for name, value in before.items())
+
+
+def test_a_reshape_that_regroups_the_last_axis_is_not_folded_through(tmp_path: Path) -> None:
+    """`h.view(-1, 8)` of a 16-wide LayerNorm output puts channels 8..15 on 0..7: dividing the LayerNorm's channel j
+    would not divide the Linear's input channel j, so one Mul is inserted instead, and the function is kept."""
+    rng = np.random.default_rng(0)
+    weights = {"gamma": rng.normal(1, 0.2, WIDTH), "beta": rng.normal(0, 0.1, WIDTH), "w": rng.normal(0, 0.3, (8, 4)),
+               "halves": np.array([-1, 8])}  # fmt: skip
+    model = _model([helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["h"], axis=-1),
+                    helper.make_node("Cast", ["halves"], ["halves_i"], to=TensorProto.INT64),
+                    helper.make_node("Reshape", ["h", "halves_i"], ["flat"]),
+                    helper.make_node("MatMul", ["flat", "w"], ["y"])],
+                   weights, ["y"])  # fmt: skip
+    calibration, held_out = [_feeds(rng) for _ in range(2)], _feeds(rng)
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    smoothed = smooth_model(copy, calibration, SmoothQuantSettings(alpha=0.5), tmp_path)
+    assert dict(smoothed.report.folded_into) == {} and smoothed.report.inserted_muls == 1
+    expected, got = _run(model, held_out)[0], _run(smoothed.model, held_out)[0]
+    assert np.abs(got - expected).max() <= 1e-5 * np.abs(expected).max()
