@@ -26,14 +26,12 @@ from qbench.data import (
     check_finite,
     evaluation_rows,
     finite_rows,
-    iter_batches,
     load_data_table,
     nonfinite_masks,
     per_slice_counts,
     row_ids_sha256,
     training_rows,
 )
-from qbench.data.evaluation import EvaluationRows, calibration_sample, holds_out
 from qbench.data.feeds import text_feed_notes
 from qbench.data.images import content_table
 from qbench.data.labels import label_cells, unlabelled_hint
@@ -58,14 +56,13 @@ from qbench.preflight_load import check_reference_loads
 from qbench.preflight_lookups import Lookup, check_lookup_indices, constant_lookups
 from qbench.preflight_precision import reduced_precision
 from qbench.preflight_rows import check_row_independence
+from qbench.preflight_samples import Feeds, calibration_feeds, record_dropped
 from qbench.provenance import metric_source_input
 from qbench.recipe import Recipe
 from qbench.recipe_data import InputTarget
 from qbench.results import CalibrationRecord
 from qbench.selection_rows import (
-    CalibrationSplit,
     SelectionRows,
-    calibration_split,
     chooses_among_candidates,
     selection_rows,
 )
@@ -81,7 +78,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger(__name__)
 
-Feeds = dict[str, np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -187,7 +183,7 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
     evaluation = evaluation_rows(table, data, recipe_file=recipe.source, calibrated=recipe.fits_on_calibration_rows)
     eval_rows, masks, nonfinite = evaluation.rows, evaluation.masks, evaluation.nonfinite
     dropped: dict[str, dict[str, int]] = {}
-    _record_dropped(dropped, "evaluation", evaluation.dropped, evaluation.left_out)
+    record_dropped(dropped, "evaluation", evaluation.dropped, evaluation.left_out)
     if evaluation.held_out:
         logger.warning("%d evaluation rows are calibration rows and are held out (data.calibration.overlap: "
                        "hold_out; at most half of the calibration candidates are drawn where they are evaluation "
@@ -222,7 +218,7 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
         else table
     )
     calibration_nonfinite = nonfinite if calibration_table is table else nonfinite_masks(calibration_table, data.inputs)
-    split, calibration_batches = _calibration(
+    split, calibration_batches = calibration_feeds(
         recipe, calibration_table, model, calibration_nonfinite, dropped, masks if calibration_table is table else {},
         lookups, whole=batch is not None, inputs=data.inputs, evaluation=evaluation if calibration_table is table else None,
     )
@@ -422,49 +418,8 @@ def _finite_rows(
 ) -> np.ndarray:
     """With `data.nonfinite_inputs: drop`, `rows` less those holding NaN/inf (counted in `dropped[what]`)."""
     kept, counts = finite_rows(rows, nonfinite, recipe.data, what=what, recipe_file=recipe.source)
-    _record_dropped(dropped, what, counts, len(rows) - len(kept))
+    record_dropped(dropped, what, counts, len(rows) - len(kept))
     return kept
-
-
-def _record_dropped(dropped: dict[str, dict[str, int]], what: str, counts: dict[str, int], left_out: int) -> None:
-    """Count the `what` rows left out for NaN/inf inputs in `dropped[what]` and say so in the log."""
-    if not counts:
-        return
-    dropped[what] = counts
-    shown = ", ".join(f"{column}: {n}" for column, n in counts.items())
-    logger.warning("%d %s rows dropped for NaN/inf inputs (%s)", left_out, what, shown)
-
-
-def _calibration(
-    recipe: Recipe,
-    table: pd.DataFrame,
-    model: ModelInfo,
-    nonfinite: NonfiniteMasks,
-    dropped: dict[str, dict[str, int]],
-    slices: dict[str, np.ndarray],
-    lookups: Mapping[str, Lookup],
-    *,
-    whole: bool,
-    inputs: Mapping[str, InputTarget],
-    evaluation: EvaluationRows | None,
-) -> tuple[CalibrationSplit, list[Feeds]]:
-    """The calibration sample split into the rows fitted on and the rows searches choose on (calibration_split;
-    `evaluation`: the evaluation rows where they come from `table`) and the batches of the rows fitted on (the last
-    one filled up to the batch size when `whole`: a model with a fixed batch), fed as `inputs` (data.inputs,
-    tokenizers read from the sweep's copies)."""
-    spec = recipe.data.calibration
-    rows, counts, left_out = calibration_sample(table, recipe.data, nonfinite, recipe_file=recipe.source, warn=True,
-                                                hold_out=holds_out(recipe.data, recipe.fits_on_calibration_rows))
-    _record_dropped(dropped, "calibration", counts, left_out)
-    field_name = "data.inputs" if recipe.calibration_data_path is None else "data.calibration.path"
-    check_finite(table, rows, nonfinite, slices, what="calibration", recipe_file=recipe.source, field=field_name,
-                 policy=recipe.data.nonfinite_inputs)  # every row drawn: those kept apart to choose on are fed too
-    split = calibration_split(recipe, table, rows, nonfinite, evaluation)
-    rows = split.fitted
-    feeds = build_feeds(table, rows, inputs, model.inputs, recipe_file=recipe.source,
-                        table_field=None if recipe.calibration_data_path is None else field_name)  # fmt: skip
-    check_lookup_indices(recipe, lookups, feeds, rows, "calibration")
-    return split, list(iter_batches(feeds, spec.batch_size, whole=whole))
 
 
 def _training(
@@ -481,7 +436,7 @@ def _training(
     calibration: tuple[np.ndarray, NonfiniteMasks],
     lookups: Mapping[str, Lookup],
 ) -> dict[str, TrainingData]:
-    """Feeds (fed as `inputs`, as _calibration's, their ids within `lookups`' tables) and labels for every QAT
+    """Feeds (fed as `inputs`, as calibration_feeds', their ids within `lookups`' tables) and labels for every QAT
     variant, from its `qat.train` filter (never an evaluation row: see training_rows). Fake quantization turns NaN into a number in training and in the
     observers that calibrate on the `calibration` rows alike, so QAT never takes NaN/inf rows, whatever
     data.nonfinite_inputs says (qat_refuses_nonfinite)."""
