@@ -226,13 +226,15 @@ def test_a_sweep_of_fp16_and_int8_reads_the_images_as_decoded_by_hand(tmp_path):
     for name in ("fp16", "int8"):
         variant = outcome.results.find(name, "onnxruntime-cpu")
         assert variant.status == "ok" and variant.accuracy.rows == 32
-    recorded = outcome.results.inputs["data.inputs.file.image.root folder"]
+    recorded = outcome.results.inputs["data.inputs.file.image files"]
     assert recorded["path"] == str(tmp_path / "images")
-    from qbench.provenance import changed_inputs
+    from qbench.gate_fresh import stale_inputs
+    from qbench.recipe import load_recipe
 
-    assert changed_inputs(outcome.results.inputs).changed == ()
+    assert stale_inputs(outcome.results, load_recipe(tmp_path / "cnn.yaml")) == ([], [])
     _png(tmp_path / "images" / "3.png", 255 - images[3])  # one image rewritten after the sweep: its results are stale
-    assert changed_inputs(outcome.results.inputs).changed == ("data.inputs.file.image.root folder",)
+    problems, _ = stale_inputs(outcome.results, load_recipe(tmp_path / "cnn.yaml"))
+    assert len(problems) == 1 and "data.inputs.file.image files" in problems[0]
 
 
 def test_the_input_digest_changes_with_an_image_files_bytes_not_its_path(tmp_path):
@@ -246,7 +248,7 @@ def test_the_input_digest_changes_with_an_image_files_bytes_not_its_path(tmp_pat
               "variants": [{"name": "fp16", "precision": "fp16"}]}  # fmt: skip
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe))
     (tmp_path / "m.onnx").write_bytes(b"not read here")
-    name = "data.inputs.file.image.root folder"
+    name = "data.inputs.file.image files"
     before = input_digests(load_recipe(tmp_path / "r.yaml"))[name].sha256
     _png(tmp_path / "images" / "a.png", np.ones((SIDE, SIDE, 3)))  # same name, one pixel value more
     after = input_digests(load_recipe(tmp_path / "r.yaml"))
