@@ -44,12 +44,17 @@ def image_field(column: str, option: str | None = None) -> str:
 
 def image_root(spec: ImageSpec, *, recipe_file: Path, column: str) -> Path:
     """The folder `image.root` names (relative to the recipe file); a RecipeError when it is no folder."""
-    root = spec.root.expanduser()
-    root = (root if root.is_absolute() else recipe_file.parent / root).resolve()
+    root = root_path(spec, recipe_file=recipe_file)
     if not root.is_dir():
         raise RecipeError(recipe_file, image_field(column, "root"), f"{root} is not a folder; expected the folder "
                           "the column's relative image paths are read from")  # fmt: skip
     return root
+
+
+def root_path(spec: ImageSpec, *, recipe_file: Path) -> Path:
+    """The folder `image.root` names, resolved against the recipe file's folder."""
+    root = spec.root.expanduser()
+    return (root if root.is_absolute() else recipe_file.parent / root).resolve()
 
 
 def image_input_name(
@@ -171,7 +176,9 @@ def image_feed(cells: pd.Series, column: str, spec: ImageSpec, meta: TensorMeta,
     if dtype.kind not in "f" and (spec.scale != 1 or spec.mean is not None or spec.std is not None):
         raise RecipeError(recipe_file, image_field(column, "scale"), f"model input {meta.name!r} takes {dtype}, whole "
                           "pixel values; expected scale: 1 and no mean or std")  # fmt: skip
-    root = image_root(spec, recipe_file=recipe_file, column=column)
+    # read from a snapshot, the user's root only names the files (it may be gone: the copies are what is read)
+    root = root_path(spec, recipe_file=recipe_file) if spec.copies is not None else \
+        image_root(spec, recipe_file=recipe_file, column=column)  # fmt: skip
     paths = image_paths(cells, column, root, recipe_file=recipe_file, copies=spec.copies)
     _check_feed_memory(len(paths), geometry.shape, dtype, column, recipe_file=recipe_file)
     feed = np.empty((len(paths), *geometry.shape), dtype=dtype)
@@ -252,8 +259,7 @@ def content_table(table: pd.DataFrame, data: DataSpec, *, recipe_file: Path) -> 
     for column, spec in images.items():
         if column not in table.columns:
             continue
-        root = spec.root.expanduser()
-        root = (root if root.is_absolute() else recipe_file.parent / root).resolve()
+        root = root_path(spec, recipe_file=recipe_file)
         cells = table[column]
         digests = {cell: _content_digest(root, cell, spec.copies) for cell in pd.unique(cells.dropna())}
         replaced[column] = cells.map(lambda cell: digests.get(cell, cell) if isinstance(cell, str) else cell)
