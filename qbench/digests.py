@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from pathlib import Path
 
@@ -57,8 +58,8 @@ def file_key(path: Path) -> tuple[FileKey, bool]:
     """A file's identity, size and modification time (a key to remember what was read from it), and whether it is
     settled: last modified well before now, so that a rewrite cannot keep the same key (see `file_sha256`)."""
     read_at = time.time_ns()
-    stat = path.stat()
-    return (str(path.resolve()), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns), stat.st_mtime_ns < read_at - _SETTLED_NS
+    stat = os.stat(path)  # the device and inode name the file (a link or `..` reach the same one): no realpath per file
+    return (os.path.abspath(path), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns), stat.st_mtime_ns < read_at - _SETTLED_NS
 
 
 def _tree_sha256(path: Path, files: list[Path]) -> str:

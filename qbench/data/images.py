@@ -137,12 +137,13 @@ def image_file(cell: str, root: Path) -> tuple[Path, str | None]:
     """The file a cell names (a relative path under `root`, an absolute one as it is) and the name a sweep knows it
     by: its path relative to the root (`a.png` and `./a.png` are one name) or its absolute path; no name for a
     relative path leaving the root."""
-    given = Path(cell).expanduser()
-    if given.is_absolute():
-        return given, str(given)
+    given = os.path.expanduser(cell)  # string operations: a sweep names each of tens of thousands of files
+    if os.path.isabs(given):
+        return Path(given), str(Path(given))
     # `..` is resolved by name: a link under the root to files elsewhere is the user's layout, not an escape
-    path = Path(os.path.normpath(root / given))
-    return path, path.relative_to(root).as_posix() if path.is_relative_to(root) else None
+    name = os.path.normpath(given)
+    inside = name != ".." and not name.startswith(".." + os.sep)
+    return Path(os.path.normpath(os.path.join(root, given))), Path(name).as_posix() if inside else None
 
 
 def image_paths(
