@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from pathlib import Path
 
@@ -27,8 +28,29 @@ def file_sha256(path: Path) -> str:
     return digest
 
 
+def bytes_sha256(path: Path) -> str:
+    """sha256 of a file's bytes alone (its name not included: two copies of one image are one input), remembered
+    as `file_sha256`'s are (while the file's identity, size and time stay the same, for a settled file), for as
+    many files as an image folder holds: a second digest of an unchanged folder reads no file's bytes."""
+    key, settled = file_key(path)
+    digest = _BYTES.get(key)
+    if digest is None:
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        digest = digest.hexdigest()
+        if settled:
+            if len(_BYTES) >= _BYTES_ENTRIES:
+                _BYTES.clear()
+            _BYTES[key] = digest
+    return digest
+
+
 FileKey = tuple[str, int, int, int, int]
 _DIGESTS: dict[FileKey, str] = {}
+_BYTES: dict[FileKey, str] = {}
+_BYTES_ENTRIES = 1 << 20  # a million files' digests (about 200 MB)
 _SETTLED_NS = 2_000_000_000  # coarser than any file system's time stamps (FAT: 2 s)
 
 
@@ -36,8 +58,8 @@ def file_key(path: Path) -> tuple[FileKey, bool]:
     """A file's identity, size and modification time (a key to remember what was read from it), and whether it is
     settled: last modified well before now, so that a rewrite cannot keep the same key (see `file_sha256`)."""
     read_at = time.time_ns()
-    stat = path.stat()
-    return (str(path.resolve()), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns), stat.st_mtime_ns < read_at - _SETTLED_NS
+    stat = os.stat(path)  # the device and inode name the file (a link or `..` reach the same one): no realpath per file
+    return (os.path.abspath(path), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns), stat.st_mtime_ns < read_at - _SETTLED_NS
 
 
 def _tree_sha256(path: Path, files: list[Path]) -> str:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from qbench.provenance import changed_inputs, input_files, model_sha256
+from qbench.errors import QbenchError
+from qbench.provenance import changed_inputs, image_files_input, image_inputs, input_files, model_sha256
 from qbench.recipe import RESULT_SECTIONS, Recipe
 from qbench.results import SweepResults
 
@@ -50,7 +51,12 @@ def stale_inputs(results: SweepResults, recipe: Recipe) -> tuple[list[str], list
     """
     if not results.inputs:
         return ["inputs: the results record no input digests, so they cannot be checked for staleness"], []
-    check = changed_inputs(results.inputs, input_files(recipe))
+    files = input_files(recipe)
+    try:
+        images = {name: entry.sha256 for name, entry in image_inputs(recipe).items()}
+    except QbenchError as exc:  # the table naming the images is unreadable now: they cannot be what was measured
+        images = {image_files_input(column): f"unreadable: {exc}" for column in recipe.data.image_columns}
+    check = changed_inputs(results.inputs, files, images)
     problems = [
         f"stale results: {name} ({results.inputs[name]['path']}) changed since the sweep: re-run `qbench sweep`"
         if name in results.inputs else

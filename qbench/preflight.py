@@ -59,7 +59,7 @@ from qbench.preflight_rows import check_row_independence
 from qbench.preflight_samples import Feeds, calibration_feeds, record_dropped
 from qbench.provenance import metric_source_input
 from qbench.recipe import Recipe
-from qbench.recipe_data import InputTarget
+from qbench.recipe_data import DataSpec
 from qbench.results import CalibrationRecord
 from qbench.selection_rows import (
     SelectionRows,
@@ -220,7 +220,7 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
     calibration_nonfinite = nonfinite if calibration_table is table else nonfinite_masks(calibration_table, data.inputs)
     split, calibration_batches = calibration_feeds(
         recipe, calibration_table, model, calibration_nonfinite, dropped, masks if calibration_table is table else {},
-        lookups, whole=batch is not None, inputs=data.inputs, evaluation=evaluation if calibration_table is table else None,
+        lookups, whole=batch is not None, data=data, evaluation=evaluation if calibration_table is table else None,
     )
     calibration_rows = split.fitted
     selection = selection_rows(data, calibration_table, split, calibration_nonfinite, judged=eval_slices,
@@ -262,7 +262,7 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
             selection_from_sample=(selection.from_sample if selection else 0) if chooses_among_candidates(recipe) else None,
         ),
         calibration_overlap=overlap,
-        training=_training(recipe, task, table, model, outputs, nonfinite, masks, eval_rows, evaluated, inputs=data.inputs,
+        training=_training(recipe, task, table, model, outputs, nonfinite, masks, eval_rows, evaluated, data=data,
                            calibration=(calibration_rows, calibration_nonfinite), lookups=lookups),
         custom_metrics=custom_metrics,
         dropped_nonfinite=dropped,
@@ -432,11 +432,11 @@ def _training(
     slices: dict[str, np.ndarray],
     eval_rows: np.ndarray, evaluated: np.ndarray,  # the evaluation rows and their row_digests
     *,
-    inputs: Mapping[str, InputTarget],
+    data: DataSpec,
     calibration: tuple[np.ndarray, NonfiniteMasks],
     lookups: Mapping[str, Lookup],
 ) -> dict[str, TrainingData]:
-    """Feeds (fed as `inputs`, as calibration_feeds', their ids within `lookups`' tables) and labels for every QAT
+    """Feeds (fed as `data.inputs`, as calibration_feeds', their ids within `lookups`' tables) and labels for every QAT
     variant, from its `qat.train` filter (never an evaluation row: see training_rows). Fake quantization turns NaN into a number in training and in the
     observers that calibrate on the `calibration` rows alike, so QAT never takes NaN/inf rows, whatever
     data.nonfinite_inputs says (qat_refuses_nonfinite)."""
@@ -448,7 +448,7 @@ def _training(
         rows = training_rows(table, spec.qat.train.filter, eval_rows, field=field, recipe_file=recipe.source)
         rows = _finite_rows(recipe, rows, nonfinite, {}, f"{spec.name} training")
         rows = rows[: spec.qat.train.limit] if spec.qat.train.limit is not None else rows
-        by_content = content_table(table, recipe.data, recipe_file=recipe.source)
+        by_content = content_table(table, data, recipe_file=recipe.source)
         warn_shared(shared_rows(by_content, rows, evaluated, recipe.data.fed_columns), len(rows), f"{spec.name} training",
                     "the same rows twice in the table")  # fmt: skip
         if recipe.data.nonfinite_inputs == "keep":
@@ -456,7 +456,7 @@ def _training(
         check_finite(table, rows, nonfinite, slices, what=f"{spec.name} training", recipe_file=recipe.source)
         use_labels = spec.qat.loss == "label" and recipe.data.label is not None
         labels = _labels(recipe, task, table, rows, outputs) if use_labels else None
-        feeds = build_feeds(table, rows, inputs, model.inputs, recipe_file=recipe.source)
+        feeds = build_feeds(table, rows, data.inputs, model.inputs, recipe_file=recipe.source)
         check_lookup_indices(recipe, lookups, feeds, rows, f"{spec.name} training")
         training[spec.name] = TrainingData(feeds=feeds, labels=labels, task=recipe.task, output_index=outputs[0].index,
                                            probabilities=outputs[0].meta.probabilities)

@@ -14,7 +14,7 @@ from qbench.data.evaluation import EvaluationRows, calibration_sample, holds_out
 from qbench.modelinfo import ModelInfo
 from qbench.preflight_lookups import Lookup, check_lookup_indices
 from qbench.recipe import Recipe
-from qbench.recipe_data import InputTarget
+from qbench.recipe_data import DataSpec
 from qbench.selection_rows import CalibrationSplit, calibration_split
 
 logger = logging.getLogger(__name__)
@@ -41,15 +41,15 @@ def calibration_feeds(
     lookups: Mapping[str, Lookup],
     *,
     whole: bool,
-    inputs: Mapping[str, InputTarget],
+    data: DataSpec,
     evaluation: EvaluationRows | None,
 ) -> tuple[CalibrationSplit, list[Feeds]]:
     """The calibration sample split into the rows fitted on and the rows searches choose on (calibration_split;
     `evaluation`: the evaluation rows where they come from `table`) and the batches of the rows fitted on (the last
-    one filled up to the batch size when `whole`: a model with a fixed batch), fed as `inputs` (data.inputs,
-    tokenizers read from the sweep's copies)."""
+    one filled up to the batch size when `whole`: a model with a fixed batch), fed as `data.inputs`
+    (tokenizers and images read from the sweep's copies)."""
     spec = recipe.data.calibration
-    rows, counts, left_out = calibration_sample(table, recipe.data, nonfinite, recipe_file=recipe.source, warn=True,
+    rows, counts, left_out = calibration_sample(table, data, nonfinite, recipe_file=recipe.source, warn=True,
                                                 hold_out=holds_out(recipe.data, recipe.fits_on_calibration_rows))
     record_dropped(dropped, "calibration", counts, left_out)
     field_name = "data.inputs" if recipe.calibration_data_path is None else "data.calibration.path"
@@ -57,7 +57,7 @@ def calibration_feeds(
                  policy=recipe.data.nonfinite_inputs)  # every row drawn: those kept apart to choose on are fed too
     split = calibration_split(recipe, table, rows, nonfinite, evaluation)
     rows = split.fitted
-    feeds = build_feeds(table, rows, inputs, model.inputs, recipe_file=recipe.source,
+    feeds = build_feeds(table, rows, data.inputs, model.inputs, recipe_file=recipe.source,
                         table_field=None if recipe.calibration_data_path is None else field_name)  # fmt: skip
     check_lookup_indices(recipe, lookups, feeds, rows, "calibration")
     return split, list(iter_batches(feeds, spec.batch_size, whole=whole))

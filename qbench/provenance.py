@@ -2,16 +2,16 @@
 
 The inputs of a recipe are the ONNX model and each of its external-data files, or the PyTorch
 factory's source file and its weights; the data file, a separate calibration file, each text
-column's tokenizer folder, and each image column's root folder (every file's name and bytes: an image
-rewritten changes it). `input_digests` hashes each of them (the recipe's fingerprint is made
-from these digests); results.json records them as {input: {path, sha256}}; `changed_inputs`
-recomputes them from the recorded paths at gate time.
+column's tokenizer folder, and each image column's files (those its rows name, under its root or by
+absolute path: qbench.data.image_files). `input_digests` hashes each of them (the recipe's fingerprint
+is made from these digests); results.json records them as {input: {path, sha256}}; `changed_inputs`
+recomputes them at gate time.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,9 +27,9 @@ EXTERNAL_DATA_INPUT = "model external data "  # + the file's location relative t
 TOKENIZER_INPUT_SUFFIX = ".tokenizer.path folder"  # data.inputs.<column> + this: a text column's tokenizer folder
 
 
-def image_root_input(column: str) -> str:
-    """The input name of image column `column`'s root folder."""
-    return f"data.inputs.{column}.image.root folder"
+def image_files_input(column: str) -> str:
+    """The input name of the files image column `column` names (recorded with its root folder as its path)."""
+    return f"data.inputs.{column}.image files"
 
 
 def tokenizer_input(column: str) -> str:
@@ -46,6 +46,9 @@ def metric_source_input(index: int) -> str:
 class InputDigest:
     path: str
     sha256: str
+    # an image column's files: name -> sha256 of its bytes (qbench.data.image_files), what a snapshot copies; the
+    # results record only path and sha256
+    files: Mapping[str, str] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -85,12 +88,11 @@ def input_files(recipe: Recipe) -> dict[str, Path]:
         if isinstance(spec, ImageInputSpec):
             from qbench.data.images import image_root
 
-            files[image_root_input(column)] = image_root(spec.image, recipe_file=recipe.source, column=column)
+            files[image_files_input(column)] = image_root(spec.image, recipe_file=recipe.source, column=column)
             continue
         from qbench.data.text import resolve_tokenizer_folder, tokenizer_field
 
-        field = tokenizer_field(column)
-        folder = resolve_tokenizer_folder(spec.tokenizer.path, recipe_file=recipe.source, field=field)
+        folder = resolve_tokenizer_folder(spec.tokenizer.path, recipe_file=recipe.source, field=tokenizer_field(column))
         files[tokenizer_input(column)] = folder
     return files
 
@@ -107,12 +109,24 @@ def input_digests(recipe: Recipe) -> dict[str, InputDigest]:
                                   f"{name.removeprefix(EXTERNAL_DATA_INPUT)!r}, not found in {recipe.model_path.parent}")  # fmt: skip
         elif not path.exists():
             raise QbenchError(f"{recipe.source}: {name}: {path} not found")
-    return {name: InputDigest(str(path), file_sha256(path)) for name, path in files.items()}
+    images = image_inputs(recipe)
+    return {name: images.get(name) or InputDigest(str(path), file_sha256(path)) for name, path in files.items()}
 
 
-def changed_inputs(recorded: Mapping[str, Any], current: Mapping[str, Path] | None = None) -> InputCheck:
+def image_inputs(recipe: Recipe) -> dict[str, InputDigest]:
+    """Image files input name -> its root, the digest of the files its rows name, and those files' digests."""
+    from qbench.data.image_files import referenced_images
+
+    return {image_files_input(column): InputDigest(str(found.root), found.sha256, found.files)
+            for column, found in referenced_images(recipe).items()}  # fmt: skip
+
+
+def changed_inputs(
+    recorded: Mapping[str, Any], current: Mapping[str, Path] | None = None, digests: Mapping[str, str] | None = None
+) -> InputCheck:  # fmt: skip
     """Compare recorded digests with the `current` input files (a recipe's `input_files`), or with the
-    recorded paths hashed again now.
+    recorded paths hashed again now; `digests` holds the current digest of an input that is not one file or
+    folder's (an image column's files: `image_inputs`).
 
     An input whose file is gone is missing (not an error: the gate reports it by name); one recorded
     but absent from `current`, or in `current` but not recorded (the recipe gained an input since the
@@ -120,6 +134,7 @@ def changed_inputs(recorded: Mapping[str, Any], current: Mapping[str, Path] | No
     """
     from qbench.digests import file_sha256
 
+    digests = digests or {}
     paths = current if current is not None else {name: Path(entry["path"]) for name, entry in recorded.items()}
     changed: list[str] = []
     missing: list[str] = []
@@ -129,7 +144,7 @@ def changed_inputs(recorded: Mapping[str, Any], current: Mapping[str, Path] | No
             changed.append(name)
         elif not path.exists():
             missing.append(f"{name} ({path})")
-        elif file_sha256(path) != entry["sha256"]:
+        elif (digests[name] if name in digests else file_sha256(path)) != entry["sha256"]:
             changed.append(name)
     changed.extend(name for name in paths if name not in recorded)
     return InputCheck(tuple(changed), tuple(missing))

@@ -43,6 +43,9 @@ from qbench.techniques.options import (
 from qbench.techniques.options import StrictConfig as _Strict
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from qbench.provenance import InputDigest
     from qbench.validate.catalogue import MetricInfo
 
 # the variant and technique option models, importable from here as before
@@ -376,17 +379,18 @@ class Recipe(_Strict):
         """A separate calibration file, when the recipe names one (else rows come from data.path)."""
         return self.resolve(self.data.calibration.path) if self.data.calibration.path is not None else None
 
-    def fingerprint(self) -> str:
+    def fingerprint(self, inputs: Mapping[str, InputDigest] | None = None) -> str:
         """Hash of what decides the accuracy results: task, model and data (file contents),
         variants, backends and custom metrics. Gate and tracking settings are left out, so tightening the
-        gate does not make earlier results stale, while a new model or data set does."""
+        gate does not make earlier results stale, while a new model or data set does. `inputs`: the input
+        digests a sweep recorded when it started (its files are not hashed again), else the files hashed now."""
         from qbench.provenance import (
             input_digests,  # per-input digests: the gate says which input changed
         )
 
         payload = self.model_dump(mode="json", include=set(RESULT_SECTIONS))
         digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode())
-        for name, entry in sorted(input_digests(self).items()):
+        for name, entry in sorted((inputs if inputs is not None else input_digests(self)).items()):
             digest.update(f"{name}={entry.sha256}".encode())
         return digest.hexdigest()
 

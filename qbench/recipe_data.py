@@ -18,7 +18,7 @@ import unicodedata
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator
+from pydantic import Discriminator, Field, PrivateAttr, Tag, ValidationInfo, field_validator, model_validator
 
 from qbench.recipe_filters import check_filter
 from qbench.techniques.options import Filter, Seed
@@ -152,6 +152,20 @@ class ImageSpec(_Strict):
     std: list[Annotated[float, Field(gt=0)]] | None = Field(
         None, min_length=1, max_length=3, description="per channel, divides after mean"
     )
+
+    # where a sweep reads each file: file name (qbench.data.image_files.image_name) -> its copy in the sweep's
+    # snapshot and the sha256 of its bytes (qbench.execute.snapshot); None: the user's files, hashed as read
+    _copies: dict[str, tuple[Path, str]] | None = PrivateAttr(default=None)
+
+    @property
+    def copies(self) -> dict[str, tuple[Path, str]] | None:
+        return self._copies
+
+    def read_from(self, copies: dict[str, tuple[Path, str]]) -> ImageSpec:
+        """This spec, its files read from `copies` (a sweep's snapshot of them)."""
+        spec = self.model_copy()
+        spec._copies = copies
+        return spec
 
     @model_validator(mode="after")
     def _crop_pct_with_center_crop(self) -> ImageSpec:

@@ -353,7 +353,7 @@ def _assemble(
             "name": recipe.name,
             "path": str(recipe.source),
             "sha256": recipe.sha256,
-            "fingerprint": recipe.fingerprint(),
+            "fingerprint": recipe.fingerprint(inputs),  # the digests it recorded: no file read again
             "task": recipe.task,
             "model_path": str(prepared.source.onnx_path),
             "model_source": recipe.model.torch or "onnx",

@@ -18,7 +18,6 @@ paths to one file, or two copies of one image, are one input. Every problem is a
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from qbench.digests import file_key
+from qbench.digests import bytes_sha256
 from qbench.environment import available_memory
 from qbench.errors import MissingExtraError, RecipeError
 from qbench.modelinfo import TensorMeta
@@ -45,12 +44,17 @@ def image_field(column: str, option: str | None = None) -> str:
 
 def image_root(spec: ImageSpec, *, recipe_file: Path, column: str) -> Path:
     """The folder `image.root` names (relative to the recipe file); a RecipeError when it is no folder."""
-    root = spec.root.expanduser()
-    root = (root if root.is_absolute() else recipe_file.parent / root).resolve()
+    root = root_path(spec, recipe_file=recipe_file)
     if not root.is_dir():
         raise RecipeError(recipe_file, image_field(column, "root"), f"{root} is not a folder; expected the folder "
                           "the column's relative image paths are read from")  # fmt: skip
     return root
+
+
+def root_path(spec: ImageSpec, *, recipe_file: Path) -> Path:
+    """The folder `image.root` names, resolved against the recipe file's folder."""
+    root = spec.root.expanduser()
+    return (root if root.is_absolute() else recipe_file.parent / root).resolve()
 
 
 def image_input_name(
@@ -129,24 +133,39 @@ def _shown(shape: tuple[int | None, ...]) -> str:
     return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]" if shape else "(not stated)"
 
 
-def image_paths(cells: pd.Series, column: str, root: Path, *, recipe_file: Path) -> list[Path]:
-    """Each cell's file: a relative path under `root` (never outside it), an absolute one as it is; a RecipeError
-    naming the row for a cell that is no path, one leaving the root, or a file that is not there."""
+def image_file(cell: str, root: Path) -> tuple[Path, str | None]:
+    """The file a cell names (a relative path under `root`, an absolute one as it is) and the name a sweep knows it
+    by: its path relative to the root (`a.png` and `./a.png` are one name) or its absolute path; no name for a
+    relative path leaving the root."""
+    given = os.path.expanduser(cell)  # string operations: a sweep names each of tens of thousands of files
+    if os.path.isabs(given):
+        return Path(given), str(Path(given))
+    # `..` is resolved by name: a link under the root to files elsewhere is the user's layout, not an escape
+    name = os.path.normpath(given)
+    inside = name != ".." and not name.startswith(".." + os.sep)
+    return Path(os.path.normpath(os.path.join(root, given))), Path(name).as_posix() if inside else None
+
+
+def image_paths(
+    cells: pd.Series, column: str, root: Path, *, recipe_file: Path, copies: Mapping[str, tuple[Path, str]] | None = None
+) -> list[tuple[Path, Path]]:  # fmt: skip
+    """Each cell's file and where it is read from (its copy among `copies`, a sweep's snapshot, else the file); a
+    RecipeError naming the row for a cell that is no path, one leaving the root, or a file that is not there (not
+    among the copies: it was not there when the sweep hashed its inputs)."""
     paths = []
     for row, cell in cells.items():
         if not isinstance(cell, str) or not cell.strip():
             raise RecipeError(recipe_file, f"data.inputs.{column}", f"row {row} holds {cell!r}; expected the path of "
                               "an image file")  # fmt: skip
-        given = Path(cell).expanduser()
-        # `..` is resolved by name: a link under the root to files elsewhere is the user's layout, not an escape
-        path = given if given.is_absolute() else Path(os.path.normpath(root / given))
-        if not given.is_absolute() and not path.is_relative_to(root):
+        path, name = image_file(cell, root)
+        if name is None:
             raise RecipeError(recipe_file, image_field(column, "root"), f"row {row}: {cell!r} leads to {path}, "
                               f"outside {root}; expected a path inside the root, or an absolute path")  # fmt: skip
-        if not path.is_file():
+        read = path if copies is None else copies[name][0] if name in copies else None
+        if read is None or not read.is_file():
             raise RecipeError(recipe_file, f"data.inputs.{column}", f"row {row}: image file {path} not found "
                               f"(cell {cell!r}); expected an existing file")  # fmt: skip
-        paths.append(path)
+        paths.append((path, read))
     return paths
 
 
@@ -158,19 +177,21 @@ def image_feed(cells: pd.Series, column: str, spec: ImageSpec, meta: TensorMeta,
     if dtype.kind not in "f" and (spec.scale != 1 or spec.mean is not None or spec.std is not None):
         raise RecipeError(recipe_file, image_field(column, "scale"), f"model input {meta.name!r} takes {dtype}, whole "
                           "pixel values; expected scale: 1 and no mean or std")  # fmt: skip
-    root = image_root(spec, recipe_file=recipe_file, column=column)
-    paths = image_paths(cells, column, root, recipe_file=recipe_file)
+    # read from a snapshot, the user's root only names the files (it may be gone: the copies are what is read)
+    root = root_path(spec, recipe_file=recipe_file) if spec.copies is not None else \
+        image_root(spec, recipe_file=recipe_file, column=column)  # fmt: skip
+    paths = image_paths(cells, column, root, recipe_file=recipe_file, copies=spec.copies)
     _check_feed_memory(len(paths), geometry.shape, dtype, column, recipe_file=recipe_file)
     feed = np.empty((len(paths), *geometry.shape), dtype=dtype)
     mean = np.asarray(spec.mean if spec.mean is not None else [0.0], dtype=np.float32)
     std = np.asarray(spec.std if spec.std is not None else [1.0], dtype=np.float32)
     first: dict[Path, int] = {}
-    for index, (row, path) in enumerate(zip(cells.index, paths, strict=True)):
+    for index, (row, (path, read)) in enumerate(zip(cells.index, paths, strict=True)):
         if path in first:
             feed[index] = feed[first[path]]
             continue
         first[path] = index
-        pixels = decode(path, spec, geometry, recipe_file=recipe_file, column=column, row=row)
+        pixels = decode(path, spec, geometry, recipe_file=recipe_file, column=column, row=row, read=read)
         if dtype.kind == "f":
             pixels = (pixels.astype(np.float32) * np.float32(spec.scale) - mean) / std
         feed[index] = pixels.transpose(2, 0, 1) if geometry.layout == "NCHW" else pixels
@@ -190,14 +211,17 @@ def _check_feed_memory(rows: int, shape: tuple[int, ...], dtype: np.dtype, colum
                       "(data.evaluation.limit, data.calibration.samples) or a smaller image.size")  # fmt: skip
 
 
-def decode(path: Path, spec: ImageSpec, geometry: Geometry, *, recipe_file: Path, column: str, row: Any) -> np.ndarray:
-    """One image file as a (height, width, channels) uint8 array, converted and resized as `spec` says."""
+def decode(
+    path: Path, spec: ImageSpec, geometry: Geometry, *, recipe_file: Path, column: str, row: Any, read: Path | None = None
+) -> np.ndarray:  # fmt: skip
+    """One image file as a (height, width, channels) uint8 array, converted and resized as `spec` says; read from
+    `read` (its copy in a sweep's snapshot) where given, named `path` in messages."""
     try:
         from PIL import Image
     except ImportError:
         raise MissingExtraError("the `pillow` package (image inputs)", "images") from None
     try:
-        with Image.open(path) as opened:
+        with Image.open(read or path) as opened:
             image = opened.convert(geometry.mode)
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
         reason = " ".join(str(exc).split()) or type(exc).__name__
@@ -225,8 +249,10 @@ def decode(path: Path, spec: ImageSpec, geometry: Geometry, *, recipe_file: Path
 
 def content_table(table: pd.DataFrame, data: DataSpec, *, recipe_file: Path) -> pd.DataFrame:
     """`table` with each image column's paths replaced by the sha256 of the bytes of the file each names, so that
-    digests of input cells (qbench.data.leakage) count one image named twice, or stored twice, as one input. A cell
-    naming no readable file keeps its path: building the feeds reports it."""
+    digests of input cells (qbench.data.leakage) count one image named twice, or stored twice, as one input. In a
+    sweep the digests are its snapshot's (hashed once, when it started); else each file's is remembered while its
+    stat stays the same (qbench.digests.bytes_sha256). A cell naming no readable file keeps its path: building the
+    feeds reports it."""
     images = data.image_columns
     if not images or not any(column in table.columns for column in images):
         return table
@@ -234,32 +260,20 @@ def content_table(table: pd.DataFrame, data: DataSpec, *, recipe_file: Path) -> 
     for column, spec in images.items():
         if column not in table.columns:
             continue
-        root = spec.root.expanduser()
-        root = (root if root.is_absolute() else recipe_file.parent / root).resolve()
+        root = root_path(spec, recipe_file=recipe_file)
         cells = table[column]
-        digests = {cell: _content_digest(root, cell) for cell in pd.unique(cells.dropna())}
+        digests = {cell: _content_digest(root, cell, spec.copies) for cell in pd.unique(cells.dropna())}
         replaced[column] = cells.map(lambda cell: digests.get(cell, cell) if isinstance(cell, str) else cell)
     return table.assign(**replaced)
 
 
-def _content_digest(root: Path, cell: object) -> object:
-    if not isinstance(cell, str):
+def _content_digest(root: Path, cell: object, copies: Mapping[str, tuple[Path, str]] | None) -> object:
+    if not isinstance(cell, str) or not cell.strip():
         return cell
-    path = Path(cell).expanduser()
-    path = path if path.is_absolute() else root / path
+    path, name = image_file(cell, root)
+    if copies is not None:
+        return "image sha256 " + copies[name][1] if name in copies else cell
     try:
-        key, settled = file_key(path)
-        digest = _CONTENT.get(key)
-        if digest is None:
-            digest = "image sha256 " + hashlib.sha256(path.read_bytes()).hexdigest()
-            if settled:
-                if len(_CONTENT) >= _CONTENT_ENTRIES:
-                    _CONTENT.clear()
-                _CONTENT[key] = digest
+        return "image sha256 " + bytes_sha256(path)
     except OSError:
         return cell
-    return digest
-
-
-_CONTENT: dict[tuple[str, int, int, int, int], str] = {}
-_CONTENT_ENTRIES = 1 << 20  # a million files' digests (about 200 MB): a sweep hashes each image of its table once

@@ -5,9 +5,11 @@ resume all stand on those digests. Reading the user's files again by path afterw
 measurement, the range pass, a Ray worker preparing its data) would read whatever they hold by then: a
 model overwritten during the sweep would be measured, and its builds stored, under the digest of the
 one it replaced. So the sweep first copies each file it reads (the ONNX model with its external data at
-their relative locations, the PyTorch weights, the data, the calibration data, and each text input's
-tokenizer folder) to `<root>/<key>/`, key a digest of the files' names and recorded sha256s, checks that
-the copies have those digests, and from then on reads only the copies. A copy that does not (the file
+their relative locations, the PyTorch weights, the data, the calibration data, each text input's
+tokenizer folder, and each image column's files: those its rows name, qbench.data.image_files, under
+`<key>/<root's name>/` and an absolute path's under `<key>/<root's name>.absolute/`) to `<root>/<key>/`,
+key a digest of the files' names and recorded sha256s, checks that the copies have those digests, and
+from then on reads only the copies (an image column's decoding and its content digests too). A copy that does not (the file
 changed between being hashed and being copied) stops the sweep: "<file> changed while the sweep read it;
 run again".
 
@@ -34,14 +36,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from qbench.errors import QbenchError
-from qbench.provenance import EXTERNAL_DATA_INPUT, TOKENIZER_INPUT_SUFFIX, InputDigest, tokenizer_input
-from qbench.recipe_data import DataSpec, TextInputSpec
+from qbench.provenance import (
+    EXTERNAL_DATA_INPUT,
+    TOKENIZER_INPUT_SUFFIX,
+    InputDigest,
+    image_files_input,
+    tokenizer_input,
+)
+from qbench.recipe_data import DataSpec, ImageInputSpec, TextInputSpec
 
 SNAPSHOT_INPUTS = ("model", "model.weights", "data", "data.calibration")  # the inputs read by path, and tokenizers
 
 
-def _copied(name: str) -> bool:
-    return name in SNAPSHOT_INPUTS or name.endswith(TOKENIZER_INPUT_SUFFIX)
+def _copied(name: str, entry: InputDigest) -> bool:
+    return name in SNAPSHOT_INPUTS or name.endswith(TOKENIZER_INPUT_SUFFIX) or entry.files is not None
 
 
 def changed_while_read(path: Path | str) -> QbenchError:
@@ -62,12 +70,18 @@ class Snapshot:
         return self.copies.get(name, default)
 
     def data(self, data: DataSpec) -> DataSpec:
-        """`data` with each text input's tokenizer read from its copy."""
+        """`data` with each text input's tokenizer read from its copy, and each image column's files."""
         inputs = {}
         for column, spec in data.inputs.items():
             copy = self.copies.get(tokenizer_input(column)) if isinstance(spec, TextInputSpec) else None
             if copy is not None:
                 spec = spec.model_copy(update={"tokenizer": spec.tokenizer.model_copy(update={"path": str(copy)})})
+            images = self.copies.get(image_files_input(column)) if isinstance(spec, ImageInputSpec) else None
+            if images is not None:
+                files = self.inputs[image_files_input(column)].files or {}
+                copies = {name: (images.parent / _image_target(images.name, name), sha256)
+                          for name, sha256 in files.items()}  # fmt: skip
+                spec = spec.model_copy(update={"image": spec.image.read_from(copies)})
             inputs[column] = spec
         return data.model_copy(update={"inputs": inputs})
 
@@ -91,15 +105,26 @@ class Snapshot:
 @dataclass(frozen=True)
 class _Group:
     """One input's files: the user's folder, the input's own name in it, and every file to copy (names
-    relative to that folder -> recorded sha256; the model's external data beside the model)."""
+    relative to that folder -> recorded sha256; the model's external data beside the model). An image column's
+    files are named as their copies are (`_image_target`), read from `sources`, and hashed by their bytes."""
 
     folder: Path
     main: str
     files: dict[str, str]
+    sources: dict[str, Path] = field(default_factory=dict)
+    images: bool = False
 
     @property
     def key(self) -> str:
         return hashlib.sha256(json.dumps(sorted(self.files.items())).encode()).hexdigest()
+
+    def source(self, name: str) -> Path:
+        return self.sources.get(name, self.folder / name)
+
+    def sha256(self, copy: Path) -> str:
+        from qbench.digests import bytes_sha256, file_sha256
+
+        return bytes_sha256(copy) if self.images else file_sha256(copy)
 
 
 def take_snapshot(inputs: Mapping[str, InputDigest], root: Path) -> Snapshot:
@@ -123,9 +148,29 @@ def snapshot_keys(inputs: Mapping[str, InputDigest]) -> set[str]:
     return {group.key for group in _groups(inputs).values()}
 
 
+def _image_target(main: str, name: str) -> str:
+    """Where image file `name` (qbench.data.images.image_file) is copied in its entry: under the root's name, an
+    absolute path under `<root's name>.absolute/`."""
+    path = Path(name)
+    return f"{main}.absolute/{path.relative_to(path.anchor).as_posix()}" if path.is_absolute() else f"{main}/{name}"
+
+
+def _image_group(entry: InputDigest) -> _Group:
+    from qbench.data.image_files import source_path
+
+    root = Path(entry.path)
+    main = root.name or "root"
+    files = {_image_target(main, name): sha256 for name, sha256 in (entry.files or {}).items()}
+    sources = {_image_target(main, name): source_path(root, name) for name in entry.files or {}}
+    return _Group(root.parent, main, files, sources, images=True)
+
+
 def _groups(inputs: Mapping[str, InputDigest]) -> dict[str, _Group]:
     groups = {}
-    for name in filter(_copied, inputs):
+    for name in (name for name, entry in inputs.items() if _copied(name, entry)):
+        if inputs[name].files is not None:
+            groups[name] = _image_group(inputs[name])
+            continue
         path = Path(inputs[name].path)
         files = {path.name: inputs[name].sha256}
         if name == "model":
@@ -138,11 +183,9 @@ def _groups(inputs: Mapping[str, InputDigest]) -> dict[str, _Group]:
 
 def _mismatch(entry: Path, group: _Group) -> str | None:
     """The first file of `group` that `entry` lacks or holds with another digest; None when it is intact."""
-    from qbench.digests import file_sha256
-
     for name, sha256 in group.files.items():
         try:
-            if file_sha256(entry / name) != sha256:
+            if group.sha256(entry / name) != sha256:
                 return name
         except OSError:
             return name
@@ -161,19 +204,21 @@ def _publish(entry: Path, group: _Group) -> None:
     try:
         with store_writes(entry.parent):
             for name in group.files:
-                source, target = group.folder / name, staging / name
+                source, target = group.source(name), staging / name
                 target.parent.mkdir(parents=True, exist_ok=True)
                 if source.is_dir():  # a data folder (Parquet parts, `datasets` save_to_disk)
                     shutil.copytree(source, target)
                 else:
                     shutil.copy2(source, target)  # its time kept: a settled copy's digest is remembered
+            if group.images:  # a root no row reads from is still a folder
+                (staging / group.main).mkdir(exist_ok=True)
             _move_in(staging, entry, group)
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # gone already when it was moved in
     changed = _mismatch(entry, group)  # checked where it is read from: the digests remembered are the copy's
     if changed is not None:
         _discard(entry)
-        raise changed_while_read(group.folder / changed)
+        raise changed_while_read(group.source(changed))
 
 
 def _move_in(staging: Path, entry: Path, group: _Group) -> None:

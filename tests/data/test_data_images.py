@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from image_project import MEAN, SIDE, STD, cnn, png
 
 from qbench.data.evaluation import evaluation_rows
 from qbench.data.feeds import build_feeds
@@ -17,14 +18,6 @@ from qbench.recipe_data import DataSpec, ImageInputSpec, ImageSpec
 
 Image = pytest.importorskip("PIL.Image")
 
-MEAN, STD = [0.5, 0.4, 0.3], [0.2, 0.25, 0.3]
-SIDE = 8
-
-
-def _png(path: Path, pixels: np.ndarray) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(pixels.astype(np.uint8)).save(path)
-    return path
 
 
 def _meta(shape: tuple[int | None, ...] = (None, 3, SIDE, SIDE), dtype: type = np.float32) -> dict[str, TensorMeta]:
@@ -48,7 +41,7 @@ def _refusal(tmp_path: Path, cells: list[str], shape=(None, 3, SIDE, SIDE), **op
 def test_center_crop_scales_the_shorter_side_then_crops_the_centre(tmp_path):
     rng = np.random.default_rng(0)
     pixels = rng.integers(0, 256, (20, 32, 3))  # height 20, width 32
-    _png(tmp_path / "images" / "wide.png", pixels)
+    png(tmp_path / "images" / "wide.png", pixels)
     fed = _feed(tmp_path, ["wide.png"], shape=(None, 3, None, None), size=[16, 16], mean=MEAN, std=STD)
     # by hand: the shorter side (20) to 16, the longer to int(16 * 32 / 20) = 25, then columns 4..20 (round(9 / 2))
     scaled = np.asarray(Image.fromarray(pixels.astype(np.uint8)).resize((25, 16), Image.Resampling.BILINEAR))
@@ -59,7 +52,7 @@ def test_center_crop_scales_the_shorter_side_then_crops_the_centre(tmp_path):
 
 def test_stretch_layout_and_mode_follow_the_model_input(tmp_path):
     pixels = np.arange(4 * 6 * 3).reshape(4, 6, 3) * 3
-    _png(tmp_path / "images" / "a.png", pixels)
+    png(tmp_path / "images" / "a.png", pixels)
     # an NHWC input of one channel: grayscale, channels last, read from the shape
     fed = _feed(tmp_path, ["a.png"], shape=(None, 4, 6, 1), scale=1.0)
     gray = np.asarray(Image.fromarray(pixels.astype(np.uint8)).convert("L"), dtype=np.float32)
@@ -72,7 +65,7 @@ def test_stretch_layout_and_mode_follow_the_model_input(tmp_path):
 def test_crop_pct_layout_and_input_as_the_recipe_writes_them(tmp_path):
     rng = np.random.default_rng(3)
     pixels = rng.integers(0, 256, (12, 12, 3))
-    _png(tmp_path / "images" / "a.png", pixels)
+    png(tmp_path / "images" / "a.png", pixels)
     entry = yaml.safe_load("{image: {root: images, size: [3, 3], crop_pct: 0.5, layout: NHWC, interpolation: nearest, "
                            "scale: 1}, input: second}")  # fmt: skip
     data = DataSpec.model_validate({"path": "t.parquet", "inputs": {"file": entry, "other": "first"}})
@@ -96,7 +89,7 @@ def test_a_csv_column_of_paths_that_look_like_numbers_is_read_as_paths(tmp_path)
     from qbench.data.evaluation import load_data_table
 
     for name in ("0001", "0002"):
-        _png(tmp_path / "images" / f"{name}.png", np.full((SIDE, SIDE, 3), int(name)))
+        png(tmp_path / "images" / f"{name}.png", np.full((SIDE, SIDE, 3), int(name)))
         (tmp_path / "images" / name).write_bytes((tmp_path / "images" / f"{name}.png").read_bytes())
     (tmp_path / "rows.csv").write_text("file,y\n0001,0\n0002,1\n")
     data = DataSpec(path=Path("rows.csv"), inputs={"file": {"image": {"root": "images", "scale": 1.0}}}, label="y")
@@ -107,7 +100,7 @@ def test_a_csv_column_of_paths_that_look_like_numbers_is_read_as_paths(tmp_path)
 
 
 def test_a_missing_file_is_one_line_naming_the_row_and_the_path(tmp_path):
-    _png(tmp_path / "images" / "a.png", np.zeros((SIDE, SIDE, 3)))
+    png(tmp_path / "images" / "a.png", np.zeros((SIDE, SIDE, 3)))
     line = _refusal(tmp_path, ["a.png", "gone.png"])
     assert line.startswith(f"{tmp_path / 'r.yaml'}: data.inputs.file: row 1: image file ")
     assert str(tmp_path / "images" / "gone.png") in line and "not found" in line
@@ -116,8 +109,8 @@ def test_a_missing_file_is_one_line_naming_the_row_and_the_path(tmp_path):
 def test_images_that_would_not_fit_in_memory_are_refused_before_any_is_decoded(tmp_path, monkeypatch):
     """Three rows of 8x8 RGB images as float32 take 768 bytes each: with 2,000 bytes available the feed is refused,
     before any is decoded, in one line naming the column and how many rows fit; with 2,304 it is built."""
-    _png(tmp_path / "images" / "a.png", np.zeros((SIDE, SIDE, 3)))
-    _png(tmp_path / "images" / "b.png", np.zeros((SIDE, SIDE, 3)))
+    png(tmp_path / "images" / "a.png", np.zeros((SIDE, SIDE, 3)))
+    png(tmp_path / "images" / "b.png", np.zeros((SIDE, SIDE, 3)))
     monkeypatch.setattr("qbench.data.images.available_memory", lambda: 2000)
     line = _refusal(tmp_path, ["a.png", "b.png", "a.png"])
     assert "data.inputs.file: 3 images decode to 0.0 GiB (0.00 MiB each as [3, 8, 8] float32)" in line
@@ -134,7 +127,7 @@ def test_a_corrupt_image_is_one_line_naming_the_row_and_the_file(tmp_path):
 
 
 def test_a_mode_giving_other_channels_than_the_model_takes_is_refused(tmp_path):
-    _png(tmp_path / "images" / "a.png", np.zeros((SIDE, SIDE, 3)))
+    png(tmp_path / "images" / "a.png", np.zeros((SIDE, SIDE, 3)))
     line = _refusal(tmp_path, ["a.png"], shape=(None, 1, SIDE, SIDE), mode="RGB")
     assert "data.inputs.file.image.mode: model input 'pixels' has shape [?, 1, 8, 8], 1 channel in layout NCHW, " \
            "but mode RGB gives 3 channels; expected mode: L" in line
@@ -143,7 +136,7 @@ def test_a_mode_giving_other_channels_than_the_model_takes_is_refused(tmp_path):
 
 
 def test_a_relative_path_may_not_leave_the_root_but_an_absolute_one_may(tmp_path):
-    outside = _png(tmp_path / "elsewhere" / "a.png", np.full((SIDE, SIDE, 3), 255))
+    outside = png(tmp_path / "elsewhere" / "a.png", np.full((SIDE, SIDE, 3), 255))
     (tmp_path / "images").mkdir()
     line = _refusal(tmp_path, ["../elsewhere/a.png"])
     assert "data.inputs.file.image.root: row 0: '../elsewhere/a.png' leads to" in line and "outside" in line
@@ -153,9 +146,9 @@ def test_a_relative_path_may_not_leave_the_root_but_an_absolute_one_may(tmp_path
 
 def test_two_rows_naming_one_image_or_its_copy_are_one_input(tmp_path):
     rng = np.random.default_rng(1)
-    first = _png(tmp_path / "images" / "a.png", rng.integers(0, 256, (SIDE, SIDE, 3)))
+    first = png(tmp_path / "images" / "a.png", rng.integers(0, 256, (SIDE, SIDE, 3)))
     (tmp_path / "images" / "copy.png").write_bytes(first.read_bytes())
-    _png(tmp_path / "images" / "b.png", rng.integers(0, 256, (SIDE, SIDE, 3)))
+    png(tmp_path / "images" / "b.png", rng.integers(0, 256, (SIDE, SIDE, 3)))
     table = pd.DataFrame({"file": ["a.png", "./a.png", "copy.png", "b.png"], "y": [0, 0, 0, 1]})
     data = DataSpec(path=Path("t.parquet"), inputs={"file": {"image": {"root": "images"}}}, label="y")
     rows = evaluation_rows(table, data, recipe_file=tmp_path / "r.yaml", calibrated=False)
@@ -165,37 +158,17 @@ def test_two_rows_naming_one_image_or_its_copy_are_one_input(tmp_path):
 # --- a sweep over a tiny CNN fed PNG files -----------------------------------------------------------------------
 
 
-def _cnn(path: Path) -> None:
-    """Conv 3->4 (3x3) -> Relu -> GlobalAveragePool -> Flatten -> Gemm 4->3: pixels [batch, 3, 8, 8] -> scores."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(0)
-    weights = [numpy_helper.from_array(rng.normal(0, 0.5, (4, 3, 3, 3)).astype(np.float32), "w"),
-               numpy_helper.from_array(rng.normal(0, 0.1, 4).astype(np.float32), "b"),
-               numpy_helper.from_array(rng.normal(0, 1.0, (4, 3)).astype(np.float32), "fc"),
-               numpy_helper.from_array(np.zeros(3, np.float32), "fcb")]  # fmt: skip
-    nodes = [helper.make_node("Conv", ["pixels", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c"], ["r"]), helper.make_node("GlobalAveragePool", ["r"], ["g"]),
-             helper.make_node("Flatten", ["g"], ["f"]), helper.make_node("Gemm", ["f", "fc", "fcb"], ["scores"])]  # fmt: skip
-    graph = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("pixels", TensorProto.FLOAT, ["batch", 3, SIDE, SIDE])],
-                              [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batch", 3])], weights)  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, str(path))
-
-
 def test_a_sweep_of_fp16_and_int8_reads_the_images_as_decoded_by_hand(tmp_path):
     import onnxruntime as ort
 
     from qbench.sweep import run_sweep
 
-    _cnn(tmp_path / "cnn.onnx")
+    cnn(tmp_path / "cnn.onnx")
     rng = np.random.default_rng(2)
     count = 48
     images = rng.integers(0, 256, (count, SIDE, SIDE, 3))
     for index, pixels in enumerate(images):
-        _png(tmp_path / "images" / f"{index}.png", pixels)
+        png(tmp_path / "images" / f"{index}.png", pixels)
     hand = ((np.stack([np.asarray(Image.open(tmp_path / "images" / f"{i}.png")) for i in range(count)]).astype(np.float32)
              / 255 - MEAN) / STD).transpose(0, 3, 1, 2).astype(np.float32)  # fmt: skip
     session = ort.InferenceSession(str(tmp_path / "cnn.onnx"), providers=["CPUExecutionProvider"])
@@ -226,29 +199,31 @@ def test_a_sweep_of_fp16_and_int8_reads_the_images_as_decoded_by_hand(tmp_path):
     for name in ("fp16", "int8"):
         variant = outcome.results.find(name, "onnxruntime-cpu")
         assert variant.status == "ok" and variant.accuracy.rows == 32
-    recorded = outcome.results.inputs["data.inputs.file.image.root folder"]
+    recorded = outcome.results.inputs["data.inputs.file.image files"]
     assert recorded["path"] == str(tmp_path / "images")
-    from qbench.provenance import changed_inputs
+    from qbench.gate_fresh import stale_inputs
+    from qbench.recipe import load_recipe
 
-    assert changed_inputs(outcome.results.inputs).changed == ()
-    _png(tmp_path / "images" / "3.png", 255 - images[3])  # one image rewritten after the sweep: its results are stale
-    assert changed_inputs(outcome.results.inputs).changed == ("data.inputs.file.image.root folder",)
+    assert stale_inputs(outcome.results, load_recipe(tmp_path / "cnn.yaml")) == ([], [])
+    png(tmp_path / "images" / "3.png", 255 - images[3])  # one image rewritten after the sweep: its results are stale
+    problems, _ = stale_inputs(outcome.results, load_recipe(tmp_path / "cnn.yaml"))
+    assert len(problems) == 1 and "data.inputs.file.image files" in problems[0]
 
 
 def test_the_input_digest_changes_with_an_image_files_bytes_not_its_path(tmp_path):
     from qbench.provenance import input_digests
     from qbench.recipe import load_recipe
 
-    _png(tmp_path / "images" / "a.png", np.zeros((SIDE, SIDE, 3)))
+    png(tmp_path / "images" / "a.png", np.zeros((SIDE, SIDE, 3)))
     pd.DataFrame({"file": ["a.png"], "y": [0]}).to_parquet(tmp_path / "rows.parquet")
     recipe = {"name": "r", "task": "classification", "model": {"path": "m.onnx"},
               "data": {"path": "rows.parquet", "label": "y", "inputs": {"file": {"image": {"root": "images"}}}},
               "variants": [{"name": "fp16", "precision": "fp16"}]}  # fmt: skip
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe))
     (tmp_path / "m.onnx").write_bytes(b"not read here")
-    name = "data.inputs.file.image.root folder"
+    name = "data.inputs.file.image files"
     before = input_digests(load_recipe(tmp_path / "r.yaml"))[name].sha256
-    _png(tmp_path / "images" / "a.png", np.ones((SIDE, SIDE, 3)))  # same name, one pixel value more
+    png(tmp_path / "images" / "a.png", np.ones((SIDE, SIDE, 3)))  # same name, one pixel value more
     after = input_digests(load_recipe(tmp_path / "r.yaml"))
     assert after[name].sha256 != before and after[name].path == str(tmp_path / "images")
     assert load_recipe(tmp_path / "r.yaml").data.image_columns["file"].mean is None
