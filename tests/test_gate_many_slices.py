@@ -9,7 +9,7 @@ import numpy as np
 from qbench.gate import EXIT_BREACH, EXIT_UNUSABLE, NAMED_SCOPES, evaluate_gate
 from qbench.gate_report import BREACH_LINES, console_lines, report_json, summary_line
 from qbench.recipe import GateSpec
-from qbench.results import AccuracyResult, SliceMetrics, SweepResults, VariantResult
+from qbench.results import SweepResults, VariantResult
 from qbench.validate.accuracy import evaluate_accuracy
 
 SPEC = GateSpec(metric="accuracy", max_drop=0.01, max_slice_drop=0.02, applies_to=["int8"])
