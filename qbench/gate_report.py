@@ -23,7 +23,7 @@ from typing import Any
 
 from qbench.errors import QbenchError
 from qbench.files import file_in_the_way, write_atomically
-from qbench.gate import EXIT_BREACH, EXIT_PASS, UNDER_MIN_SIZE, GateCheck, GateReport
+from qbench.gate import EXIT_BREACH, EXIT_PASS, UNDER_MIN_SIZE, GateCheck, GateReport, named_some
 from qbench.gate import problem_owner as owner_of
 from qbench.gate_outputs import COLLAPSED, SPREAD_METRIC
 from qbench.report_grid import compared, figure, md_cell
@@ -183,7 +183,7 @@ def summary_line(report: GateReport) -> str:
             parts.append(f"{plural(general, 'problem')} with the results")
     breaching = _breaching_scopes(report)
     if breaching:
-        named = ", ".join(f"{key} ({', '.join(scopes)})" for key, scopes in breaching.items())
+        named = ", ".join(f"{key} ({named_some(scopes)})" for key, scopes in breaching.items())
         verb = "breaches" if len(breaching) == 1 else "breach"
         parts.append(f"{len(breaching)} of {plural(gated, 'variant')} {verb}: {named}")
     tail = plural(len(report.checks), "check") + _skipped_tail(report) if report.checks else "nothing judged"
@@ -205,25 +205,30 @@ def _skipped_tail(report: GateReport) -> str:
     if not count:
         return ""
     if list(scopes) == [UNDER_MIN_SIZE]:
-        return f" ({count} skipped: slices {UNDER_MIN_SIZE}: {_some(scopes[UNDER_MIN_SIZE])})"
-    parts = [f"{UNDER_MIN_SIZE}: {_some(names)}" if reason == UNDER_MIN_SIZE else f"{_some(names)} {reason}"
+        return f" ({count} skipped: slices {UNDER_MIN_SIZE}: {named_some(scopes[UNDER_MIN_SIZE])})"
+    parts = [f"{UNDER_MIN_SIZE}: {named_some(names)}" if reason == UNDER_MIN_SIZE else f"{named_some(names)} {reason}"
              for reason, names in scopes.items()]  # fmt: skip
     return f" ({count} skipped: {'; '.join(parts)})"
 
 
-NAMED_SKIPPED_SCOPES = 5  # scopes the summary line names per skip reason (report.md lists every check)
-
-
-def _some(names: list[str]) -> str:
-    """'a, b, c, d, e and 3 more': the summary stays one line however many slices a recipe cuts."""
-    shown = ", ".join(names[:NAMED_SKIPPED_SCOPES])
-    rest = len(names) - NAMED_SKIPPED_SCOPES
-    return f"{shown} and {rest} more" if rest > 0 else shown
+BREACH_LINES = 10
+"""Breaches `qbench gate` prints per variant by default: a variant breaching 2,000 slices printed 2,000 lines
+(--verbose prints every check, --json writes each)."""
 
 
 def console_lines(report: GateReport) -> list[str]:
-    """What `qbench gate` prints by default above the summary: each breach, then each problem."""
-    return [check_line(c) for c in report.breaches] + [problem_line(p) for p in report.problems]
+    """What `qbench gate` prints by default above the summary: each variant's breaches (BREACH_LINES of them at most,
+    the rest counted), then each problem."""
+    lines: list[str] = []
+    by_variant: dict[str, list[GateCheck]] = {}
+    for check in report.breaches:
+        by_variant.setdefault(check_key(check), []).append(check)
+    for key, breaches in by_variant.items():
+        lines += [check_line(c) for c in breaches[:BREACH_LINES]]
+        if len(breaches) > BREACH_LINES:
+            lines.append(f"BREACH {key}: {len(breaches) - BREACH_LINES} more breaches (--verbose prints every check, "
+                         "--json writes each)")  # fmt: skip
+    return lines + [problem_line(p) for p in report.problems]
 
 
 # -- JSON -----------------------------------------------------------------------------------------
@@ -253,6 +258,7 @@ def report_dict(report: GateReport) -> dict[str, Any]:
         "checks": checks,
         "problems": [{"variant": problem_owner(report, p), "message": p} for p in report.problems],
         "notes": list(report.notes),
+        "unresolved": list(report.unresolved),  # every pass too few rows resolve (the notes name NAMED_SCOPES)
     }
 
 

@@ -77,14 +77,15 @@ def test_several_targets_rmse_is_each_rows_squared_changes_over_each_targets_rms
 
 def test_r2_min_spans_each_targets_r2_interval_at_bonferroni_confidence():
     """Two varying targets: r2_min's interval runs from the lower end of the smaller target drop's interval to the
-    upper end of the larger's, each at z = 2.2414 (1 - 0.05 / 4 two-sided), not 1.96. Target 1's per-row changes
+    upper end of the larger's, each at z = 2.3940 (1 - 0.05 / 6 two-sided: the two drops and FP32's worst target's
+    R² less the other's for the variant), not 1.96. Target 1's per-row changes
     4 x [1.25, 0, -3, 0.25] / 5 (mean -0.3, sd 1.46515); target 2 here the same errors doubled around [0, 2, 4, 6]
-    (SST 20): 4 x [5, 0, -12, 1] / 20, the same changes, so both intervals are -0.3 +- 2.2414 x 1.46515 / 2."""
+    (SST 20): 4 x [5, 0, -12, 1] / 20, the same changes, so both intervals are -0.3 +- 2.3940 x 1.46515 / 2."""
     target = np.stack([TARGET, 2 * TARGET], axis=1)
     reference = target + np.stack([REFERENCE - TARGET, 2 * (REFERENCE - TARGET)], axis=1)
     outputs = target + np.stack([OUTPUTS - TARGET, 2 * (OUTPUTS - TARGET)], axis=1)
     drops = metrics_targets.drop_intervals(outputs, reference, target)
-    half = 2.2414 * 1.46515 / 2
+    half = 2.3940 * 1.46515 / 2
     assert drops["r2_min"] == pytest.approx((-0.3 - half, -0.3 + half), abs=1e-4)
     assert drops["r2"] == pytest.approx((-0.3 - 1.43585, -0.3 + 1.43585), abs=1e-5)
 
@@ -94,3 +95,34 @@ def test_a_nan_output_gives_nan_bounds():
     outputs[2] = math.nan
     drops = metrics_targets.drop_intervals(outputs, REFERENCE, TARGET)
     assert all(math.isnan(bound) for interval in drops.values() for bound in interval)
+
+
+def test_r2_min_counts_a_target_fp32_fits_better_than_its_worst_only_past_that_gap():
+    """Two targets by hand. A: labels [0, 1, 2, 3] (SST 5), FP32 and the variant both off by [1, -1, 1, -1]: R² 0.2
+    each, FP32's worst target, unchanged (every row's change 0). B: labels [0, 10, 20, 30] (SST 500), FP32 off by
+    [1, -1, 1, -1] (R² 0.992), the variant by [3, -3, 3, -3] (R² 0.928): every row's change 4 x 8 / 500 = 0.064, a
+    point. r2_min is 0.2 for both (drop 0). Before, its interval ran to B's drop, (0, 0.064): a tolerance of 0.01
+    left the pass unresolved (exit 2) though the worst target did not move. B lies 0.792 above the worst, so its
+    0.064 cannot reach r2_min: the interval is (0, 0)."""
+    signs = np.array([1.0, -1.0, 1.0, -1.0])
+    target = np.stack([TARGET, 10 * TARGET], axis=1)
+    reference = target + np.stack([signs, signs], axis=1)
+    outputs = target + np.stack([signs, 3 * signs], axis=1)
+    assert metrics_targets.r2_per_target(reference, target) == pytest.approx([0.2, 0.992])
+    assert metrics_targets.r2_per_target(outputs, target) == pytest.approx([0.2, 0.928])
+    drops = metrics_targets.drop_intervals(outputs, reference, target)
+    assert drops["r2_min"] == pytest.approx((0.0, 0.0), abs=1e-12)
+    assert drops["r2"] == pytest.approx((0.032, 0.032))  # the mean R² does move: (0 + 0.064) / 2
+    # B's drop past its gap (the variant off by 21 on B: R² 1 - 4 x 441 / 500 = -2.528) moves r2_min by the excess,
+    # 0.2 + 2.528 = 2.728: the upper end, under B's own drop 4 x 440 / 500 = 3.52; the lower end A's drop, 0
+    worse = target + np.stack([signs, 21 * signs], axis=1)
+    r2_min = metrics_targets.r2_min(reference, target) - metrics_targets.r2_min(worse, target)
+    assert r2_min == pytest.approx(2.728)
+    assert metrics_targets.drop_intervals(worse, reference, target)["r2_min"] == pytest.approx((0.0, 2.728))
+
+
+def test_r2_min_of_several_targets_gives_nan_bounds_for_a_nan_output_on_any_target():
+    target = np.stack([TARGET, 10 * TARGET, 3 * TARGET], axis=1)
+    outputs = target + 1.0
+    outputs[1, 2] = math.nan  # the last target's: a max over the targets must not step past it
+    assert all(math.isnan(b) for b in metrics_targets.drop_intervals(outputs, target + 0.5, target)["r2_min"])
