@@ -2,14 +2,15 @@
 
 A verdict is kept only for a check that passed, in `exports/<key>/checks/<kind>-<digest>.json`, where the digest
 covers what the check's outcome depends on: the export file's bytes, the check's settings and inputs (the rows or
-feeds it compared, the tolerance, CHECK_VERSION) and the versions of ONNX Runtime and numpy; torch's is in the export
-key. The check exists because the key leaves out code forward() runs from installed packages, so the verdict also
-lists every Python file that ran while the check did (forward() and what it calls, wherever installed; qbench's own
-checks too; for code made at run time, as a dataclass's __init__, the file of the module it was made in), with its
-sha256, and is reused only while each still has it; where code made outside any module's file ran (torch.fx's), no
-verdict is kept. A verdict that is missing, unreadable, partial, of another version or of another file is not
-reused: the check runs again, and a failed check is never kept. Compiled code is covered by the versions alone
-(torch's, ONNX Runtime's and Python's).
+feeds it compared, the tolerance, CHECK_VERSION) and the versions of ONNX Runtime, numpy and Python; torch's is in
+the export key. The check exists because the key leaves out code forward() runs from installed packages, so the
+verdict also lists every Python file that ran while the check did (forward() and what it calls, wherever installed;
+qbench's own checks too; for code made at run time, as a dataclass's __init__, the file of the module it was made
+in) with the module it ran as and its sha256, and is reused only while each file still has that digest and is the
+file this process imported that module from; where code made outside any module's file ran (torch.fx's), no verdict
+is kept. A verdict that is missing, unreadable, partial, of another version or of another file is not reused: the
+check runs again, and a failed check is never kept. Compiled code is covered by the versions alone (torch's, ONNX
+Runtime's and Python's).
 """
 
 from __future__ import annotations
@@ -107,22 +108,31 @@ def _stored(path: Path) -> Agreement | None:
         passed, largest, rows, code = record["passed"], record["largest_difference"], record["rows"], record["code"]
         valid = (record["version"] == CHECK_VERSION and passed is True and isinstance(largest, float)
                  and math.isfinite(largest) and isinstance(rows, int) and isinstance(code, dict) and code
-                 and all(isinstance(k, str) and isinstance(v, str) for k, v in code.items()))  # fmt: skip
+                 and all(isinstance(file, str) and isinstance(ran, dict) and isinstance(ran["module"], str)
+                         and isinstance(ran["sha256"], str) for file, ran in code.items()))  # fmt: skip
     except (KeyError, TypeError):
         valid = False
     if not valid:
         logger.info("the stored check %s is incomplete or of another qbench: checking again", path)
         return None
-    changed = next((file for file, sha in code.items() if _sha256(Path(file)) != sha), None)
+    changed = next((file for file, ran in code.items() if not _same_code(file, ran["module"], ran["sha256"])), None)
     if changed is not None:
-        logger.info("%s changed since the export's check against forward() passed: checking again", changed)
+        logger.info("%s is not the code the export's check against forward() ran (edited, or the module is now "
+                    "imported from another file): checking again", changed)  # fmt: skip
         return None
     return Agreement(largest, rows)
 
 
-def _keep(path: Path, agreement: Agreement, files: set[str]) -> None:
-    code = {file: _sha256(Path(file)) for file in sorted(files)}
-    if not code or None in code.values():
+def _same_code(file: str, module: str, sha256: str) -> bool:
+    """Whether `file` still has digest `sha256` and is the file this process imported `module` from: the same module
+    name imported from another environment's file (another virtual environment, PYTHONPATH) is other code."""
+    loaded = getattr(sys.modules.get(module), "__file__", None)
+    return isinstance(loaded, str) and os.path.realpath(loaded) == file and _sha256(Path(file)) == sha256
+
+
+def _keep(path: Path, agreement: Agreement, files: dict[str, str]) -> None:
+    code = {file: {"module": module, "sha256": _sha256(Path(file))} for file, module in sorted(files.items())}
+    if not code or any(ran["sha256"] is None for ran in code.values()):
         return  # a file that ran and cannot be read: nothing to tell its next edit by
     record = {"version": CHECK_VERSION, "passed": True, "largest_difference": float(agreement.largest),
               "rows": agreement.rows, "code": code}  # fmt: skip
@@ -140,15 +150,15 @@ def _sha256(path: Path) -> str | None:
 
 
 @contextlib.contextmanager
-def _code_run() -> Iterator[set[str] | None]:
-    """The files of the Python code called in this thread while inside (a set filled as it runs, emptied at the end
-    when code without a source file ran); None where another profiler (cProfile) holds the hook: then nothing is
-    known, and nothing is kept."""
+def _code_run() -> Iterator[dict[str, str] | None]:
+    """The files of the Python code called in this thread while inside, each with the name of the module it ran in
+    (filled as it runs, emptied at the end when code without a source file ran); None where another profiler
+    (cProfile) holds the hook: then nothing is known, and nothing is kept."""
     if sys.getprofile() is not None:
         logger.debug("a profiler is running: the export's check is not kept")
         yield None
         return
-    files: set[str] = set()
+    files: dict[str, str] = {}
     seen: set[str] = set()
     made: set[str] = set()  # names of code made by exec ('<string>'), whose file is its module's
     generated: list[str] = []
@@ -158,12 +168,12 @@ def _code_run() -> Iterator[set[str] | None]:
             return
         if name not in made and os.path.isfile(name):
             seen.add(name)
-            files.add(os.path.realpath(name))
+            files[os.path.realpath(name)] = str(frame.f_globals.get("__name__"))
         elif name.startswith("<frozen "):  # the interpreter's own (its version is in the digest)
             seen.add(name)
         elif isinstance(module := frame.f_globals.get("__file__"), str) and os.path.isfile(module):
             made.add(name)
-            files.add(os.path.realpath(module))  # made by exec in a module's namespace: a dataclass's __init__
+            files[os.path.realpath(module)] = str(frame.f_globals.get("__name__"))  # a dataclass's __init__
         else:  # nothing is kept: one name says why
             seen.add(name)
             generated.append(name)

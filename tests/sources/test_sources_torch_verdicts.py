@@ -158,7 +158,7 @@ def test_the_kept_largest_difference_is_onnx_runtime_against_torch_on_the_rows_c
         want = prepared.source.torch.build()(torch.from_numpy(rows)).numpy()
     assert record["passed"] is True and record["rows"] == 32
     assert record["largest_difference"] == pytest.approx(float(np.max(np.abs(got - want))), rel=1e-6, abs=1e-12)
-    assert any(path.endswith("verdict_ops.py") for path in record["code"])  # the installed helper forward() ran
+    assert record["code"][str((installed / "verdict_ops.py").resolve())]["module"] == "verdict_ops"  # forward() ran it
 
 
 def test_other_rows_run_the_row_check_again(tmp_path: Path, installed: Path, checks: list[int]) -> None:
@@ -204,6 +204,24 @@ def test_an_edit_to_installed_code_forward_runs_runs_the_checks_again(
     checks.clear()
     _prepare(recipe)
     assert checks == [2, 3, 32]
+
+
+def test_the_helper_imported_from_another_environment_runs_the_checks_again(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, installed: Path, checks: list[int],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Another virtual environment (or PYTHONPATH) holding its own verdict_ops.py: the first one's file is unchanged,
+    but it is not the code forward() runs now."""
+    recipe = _project(tmp_path)
+    _prepare(recipe)
+    other = tmp_path_factory.mktemp("other_environment")
+    (other / "verdict_ops.py").write_text(OPS.replace("torch.relu(x)", "torch.relu(x) + 0.0"))
+    monkeypatch.syspath_prepend(str(other))
+    del sys.modules["verdict_ops"]
+    checks.clear()
+    _prepare(recipe)
+    assert checks == [2, 3, 32]
+    assert sys.modules["verdict_ops"].__file__ == str(other / "verdict_ops.py")
 
 
 @pytest.mark.parametrize("damage", ["truncated", "not json", "failed", "no code", "other version", "nan"])
