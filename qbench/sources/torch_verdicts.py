@@ -125,9 +125,19 @@ def _stored(path: Path) -> Agreement | None:
 
 def _same_code(file: str, module: str, sha256: str) -> bool:
     """Whether `file` still has digest `sha256` and is the file this process imported `module` from: the same module
-    name imported from another environment's file (another virtual environment, PYTHONPATH) is other code."""
-    loaded = getattr(sys.modules.get(module), "__file__", None)
-    return isinstance(loaded, str) and os.path.realpath(loaded) == file and _sha256(Path(file)) == sha256
+    name imported from another environment's file (another virtual environment, PYTHONPATH) is other code. A module
+    that names no file of its own (torch._VF puts an object in its place in sys.modules), or is not imported yet,
+    must lie in the folder of the nearest package above it that names one."""
+    name = module
+    while name:
+        entry = sys.modules.get(name)
+        loaded = getattr(entry, "__file__", None) or getattr(getattr(entry, "__spec__", None), "origin", None)
+        if isinstance(loaded, str) and os.path.isfile(loaded):
+            real = os.path.realpath(loaded)
+            place = real == file if name == module else file.startswith(os.path.join(os.path.dirname(real), ""))
+            return place and _sha256(Path(file)) == sha256
+        name = name.rpartition(".")[0]
+    return False
 
 
 def _keep(path: Path, agreement: Agreement, files: dict[str, str]) -> None:

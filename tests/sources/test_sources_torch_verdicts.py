@@ -66,7 +66,7 @@ OPS = "import torch\n\n\ndef act(x):\n    return torch.relu(x)\n"
 def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv("QBENCH_CACHE_DIR", str(tmp_path / "cache"))
     yield
-    for name in [m for m in sys.modules if m in ("mypkg", "verdict_ops") or m.startswith("mypkg.")]:
+    for name in [m for m in sys.modules if m.partition(".")[0] in ("mypkg", "verdict_ops", "verdict_pkg")]:
         del sys.modules[name]
 
 
@@ -222,6 +222,26 @@ def test_the_helper_imported_from_another_environment_runs_the_checks_again(
     _prepare(recipe)
     assert checks == [2, 3, 32]
     assert sys.modules["verdict_ops"].__file__ == str(other / "verdict_ops.py")
+
+
+def test_a_helper_that_puts_an_object_in_its_place_in_sys_modules_is_reused(
+    tmp_path: Path, installed: Path, checks: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As torch._VF does (every torch model's forward() may run it): its sys.modules entry names no file, so the
+    module is placed by its package's folder. Checking for its own file re-ran the checks on every sweep."""
+    (installed / "verdict_pkg").mkdir()
+    (installed / "verdict_pkg" / "__init__.py").write_text("")
+    shadowed = OPS + "\n\nimport sys, types\n\nsys.modules[__name__] = types.SimpleNamespace(act=act)\n"
+    (installed / "verdict_pkg" / "shadowed.py").write_text(shadowed)
+    monkeypatch.setattr(sys.modules[__name__], "MODELS",
+                        MODELS.replace("import verdict_ops as ops", "from verdict_pkg import shadowed as ops"))
+    recipe = _project(tmp_path)
+    first = _prepare(recipe)
+    record = json.loads(_verdicts(first)["rows"].read_text())
+    assert record["code"][str((installed / "verdict_pkg" / "shadowed.py").resolve())]["module"] == "verdict_pkg.shadowed"
+    checks.clear()
+    _prepare(recipe)
+    assert checks == []
 
 
 @pytest.mark.parametrize("damage", ["truncated", "not json", "failed", "no code", "other version", "nan"])
