@@ -62,16 +62,28 @@ def project_modules(roots: Sequence[Path]) -> list[tuple[str, ModuleType, Path]]
     project: the recipe's folder, the factory's), by name; installed packages (a `site-packages` or
     `dist-packages` folder, a virtual environment inside the project included) and the standard library are left
     out, which keeps hashing them cheap. A module of the project imported for another reason is listed too."""
-    folders = [Path(os.path.realpath(root)) for root in roots]
+    under = tuple(os.path.join(os.path.realpath(root), "") for root in roots)  # with a trailing separator
     found = []
+    resolved: dict[str, str] = {}  # folder -> its real path: thousands of modules share a few hundred folders
     for name, module in list(sys.modules.items()):
         file = getattr(module, "__file__", None)
         if not isinstance(module, ModuleType) or not isinstance(file, str):
             continue  # built-in, frozen, a namespace package, or an object a library put in sys.modules
-        path = Path(os.path.realpath(file))
-        if any(path.is_relative_to(folder) for folder in folders) and not installed(path) and path.is_file():
+        real = _real_path(file, resolved)
+        if real.startswith(under) and not installed(path := Path(real)) and path.is_file():
             found.append((name, module, path))
     return sorted(found, key=lambda entry: entry[0])
+
+
+def _real_path(file: str, folders: dict[str, str]) -> str:
+    """os.path.realpath(file), each folder resolved once (in `folders`): a file that is no link is its folder's real
+    path joined with its name. realpath on each of a sweep's ~5,000 module files took 0.2-0.6 s of its preparation."""
+    if os.path.islink(file):
+        return os.path.realpath(file)
+    folder, name = os.path.split(os.path.abspath(file))
+    if folder not in folders:
+        folders[folder] = os.path.realpath(folder)
+    return os.path.join(folders[folder], name)
 
 
 def installed(path: Path) -> bool:

@@ -4,7 +4,9 @@ A new export is checked against torch on the example batch and on a batch of ano
 (the exporter traces: a size it read as a Python number is recorded as a constant). A cached
 export is checked the same way before it is reused: its key covers the weights and the files of
 the user's project, not code installed elsewhere that forward() calls, and a stale reference
-would mislead every figure.
+would mislead every figure. A passed check is kept beside the export with the digests of the code it ran
+(qbench.sources.torch_verdicts), and a repeated sweep reuses it while that code, the inputs and the settings are
+the same.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import tempfile
 import warnings
 from collections.abc import Iterator, Sequence
@@ -29,6 +32,7 @@ from qbench.preflight_random import random_refusal, random_sources
 from qbench.sources.torch_lengths import other_lengths
 from qbench.sources.torch_model import EXAMPLE_BATCH, TorchModel, single_torch_thread
 from qbench.sources.torch_outputs import flatten_outputs
+from qbench.sources.torch_verdicts import Agreement, checked, feeds_digest
 from qbench.user_code import installed
 
 logger = logging.getLogger(__name__)
@@ -49,7 +53,7 @@ def export_reference(torch_model: TorchModel, cache_dir: Path | None = None) -> 
     target = folder / "model.onnx"
     if target.is_file():
         try:
-            stale = _export_problem(torch_model, target)
+            stale = _checked_export(torch_model, target, folder)
         except Exception as exc:  # noqa: BLE001 - an unreadable cached file is replaced like a stale one
             stale = f"cannot be run: {exc}"
         if stale is None:
@@ -102,32 +106,42 @@ def refresh_export(torch_model: TorchModel, path: Path, inputs: Sequence[Any]) -
 def _export_into(torch_model: TorchModel, target: Path, inputs: Sequence[Any] | None = None) -> Problem | None:
     """Export forward() to a temporary file beside `target`; when it computes what forward() computes (on the
     example, another batch size and `inputs`), rename it into place, else return why not and leave `target` as is:
-    the cache never holds a partial or wrong file, and a concurrent sweep never reads half of one."""
-    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=".model.", suffix=".onnx.tmp")
-    os.close(handle)
+    the cache never holds a partial or wrong file, and a concurrent sweep never reads half of one. The temporary file
+    has `target`'s name (in a folder of its own), so the digest its kept check is under is the renamed file's."""
+    folder = Path(tempfile.mkdtemp(dir=target.parent, prefix=".export."))
+    temporary = folder / target.name
     try:
         try:
             with _python_values_read() as read:
-                torch_model.export(torch_model.build(), Path(temporary))
+                torch_model.export(torch_model.build(), temporary)
         except Exception as exc:  # noqa: BLE001 - the tracer running the user's forward(): what failed is the finding
             if (fault := write_fault(exc)) is not None:  # the cache's disk, not forward(): no advice on tracing
                 raise QbenchError(f"{target.parent}: cannot write the ONNX export: {fault.strerror}") from exc
             return Problem(f"failed while tracing forward() on the example inputs: {type(exc).__name__}: {exc}; "
                            "expected a forward() the TorchScript exporter can trace: make the factory return a wrapper "
                            "module whose forward() takes the example inputs and calls the model with keyword arguments")
-        problem = _export_problem(torch_model, Path(temporary))
+        problem = _checked_export(torch_model, temporary, target.parent)
         if problem is None and inputs is not None:
-            difference = export_difference(torch_model, Path(temporary), inputs)
+            difference = export_difference(torch_model, temporary, inputs)
             problem = None if difference is None else Problem(difference)
         if problem is None:
             _record_values(target, read)
             os.replace(temporary, target)
         return problem
     finally:
-        Path(temporary).unlink(missing_ok=True)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
-def _export_problem(torch_model: TorchModel, path: Path) -> Problem | None:
+def _checked_export(torch_model: TorchModel, path: Path, folder: Path) -> Problem | None:
+    """`_export_problem`, or None at once where the same check passed on the same file, settings and code before
+    (its verdict kept in `folder`, the export's). Its reuse is logged at DEBUG: the sweep's one line on reused checks
+    is the rows' (`rows_difference`), which come after."""
+    settings = {"key": torch_model.cache_key, "tolerance": EXPORT_TOLERANCE, "other_batch": OTHER_BATCH}
+    return checked(folder, path, "example", settings, "on its example inputs",
+                   lambda agreement: _export_problem(torch_model, path, agreement), level=logging.DEBUG)  # fmt: skip
+
+
+def _export_problem(torch_model: TorchModel, path: Path, agreement: Agreement | None = None) -> Problem | None:
     """Why the export at `path` is not the module (ONNX Runtime's outputs differ from torch's by more than
     EXPORT_TOLERANCE on the example batch, on a batch of another size, or at other lengths of its dynamic
     `lengths` axes), or None.
@@ -145,13 +159,13 @@ def _export_problem(torch_model: TorchModel, path: Path) -> Problem | None:
         return Problem(stateful)
     session = _session(path)
     difference = export_difference(torch_model, path, torch_model.example_inputs(ids_as_masks=ids_as_masks),
-                                   session=session)  # fmt: skip
+                                   session=session, agreement=agreement)  # fmt: skip
     if difference is not None:
         return Problem(f"on its example inputs: {difference}")
-    problem = _batch_problem(torch_model, path, session, ids_as_masks)
+    problem = _batch_problem(torch_model, path, session, ids_as_masks, agreement)
     if problem is not None:
         return Problem(problem)
-    return _length_problem(torch_model, path, session, ids_as_masks)
+    return _length_problem(torch_model, path, session, ids_as_masks, agreement)
 
 
 def _state_problem(torch_model: TorchModel, ids_as_masks: bool) -> str | None:
@@ -213,7 +227,8 @@ def _ids_as_masks(torch_model: TorchModel) -> bool:
         return False
 
 
-def _length_problem(torch_model: TorchModel, path: Path, session: Any, ids_as_masks: bool) -> Problem | None:
+def _length_problem(torch_model: TorchModel, path: Path, session: Any, ids_as_masks: bool,
+                    agreement: Agreement | None) -> Problem | None:  # fmt: skip
     """How the export differs from forward() at lengths other than the example's on its dynamic `lengths` axes
     (qbench.sources.torch_lengths), said with the field that makes the rows' lengths vary and the fixed length that
     would do instead."""
@@ -232,7 +247,7 @@ def _length_problem(torch_model: TorchModel, path: Path, session: Any, ids_as_ma
             finding = f"forward() itself fails ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
         else:
             try:
-                difference = export_difference(torch_model, path, inputs, session=session)
+                difference = export_difference(torch_model, path, inputs, session=session, agreement=agreement)
                 finding = None if difference is None else f"its {difference}"
             except Exception as exc:  # noqa: BLE001 - ONNX Runtime refusing the length is the finding
                 finding = f"it fails in ONNX Runtime ({str(exc).splitlines()[0][:300]})"
@@ -246,7 +261,8 @@ def _length_problem(torch_model: TorchModel, path: Path, session: Any, ids_as_ma
     return None
 
 
-def _batch_problem(torch_model: TorchModel, path: Path, session: Any, ids_as_masks: bool) -> str | None:
+def _batch_problem(torch_model: TorchModel, path: Path, session: Any, ids_as_masks: bool,
+                   agreement: Agreement | None) -> str | None:  # fmt: skip
     """How the export at a batch of OTHER_BATCH rows differs from forward(), said with its likely cause."""
     import torch  # a TorchModel exists: torch is installed and loaded
 
@@ -258,7 +274,7 @@ def _batch_problem(torch_model: TorchModel, path: Path, session: Any, ids_as_mas
         return (f"cannot be checked at a batch of {OTHER_BATCH}: forward() itself fails on it ({type(exc).__name__}: "
                 f"{exc}); qbench feeds rows in batches of any size along axis 0: {_ANY_BATCH}")  # fmt: skip
     try:
-        difference = export_difference(torch_model, path, inputs, session=session)
+        difference = export_difference(torch_model, path, inputs, session=session, agreement=agreement)
         finding = None if difference is None else f"its {difference}"
     except Exception as exc:  # noqa: BLE001 - ONNX Runtime refusing the other batch is the finding
         finding = f"it fails in ONNX Runtime ({str(exc).splitlines()[0][:300]})"
@@ -279,11 +295,13 @@ def _session(path: Path) -> Any:
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def export_difference(torch_model: TorchModel, path: Path, inputs: Sequence[Any], *, session: Any = None) -> str | None:
+def export_difference(torch_model: TorchModel, path: Path, inputs: Sequence[Any], *, session: Any = None,
+                      agreement: Agreement | None = None) -> str | None:  # fmt: skip
     """How the exported graph's outputs on `inputs` (one per input, in order) differ from forward()'s beyond
-    EXPORT_TOLERANCE (relative to each output's largest finite magnitude), or None when they agree. Where forward()
-    gives NaN/inf (a head masking what no answer reads with -inf) the export must give the same value there; an
-    output with no finite value at all leaves nothing to compare, and is named so."""
+    EXPORT_TOLERANCE (relative to each output's largest finite magnitude), or None when they agree (their largest
+    difference then added to `agreement`). Where forward() gives NaN/inf (a head masking what no answer reads with
+    -inf) the export must give the same value there; an output with no finite value at all leaves nothing to compare,
+    and is named so."""
     import torch  # a TorchModel exists: torch is installed and loaded
 
     inputs = [torch.as_tensor(value) for value in inputs]
@@ -298,6 +316,7 @@ def export_difference(torch_model: TorchModel, path: Path, inputs: Sequence[Any]
     actual = session.run(None, {name: t.numpy() for name, t in zip(torch_model.input_names, inputs, strict=True)})
     if len(actual) != len(expected):
         return f"{len(actual)} outputs are not forward()'s {len(expected)}"
+    largest = 0.0
     for name, got, want in zip(torch_model.output_names, actual, expected, strict=True):
         got = np.asarray(got, dtype=np.float32)
         finite = want[np.isfinite(want)]
@@ -307,6 +326,9 @@ def export_difference(torch_model: TorchModel, path: Path, inputs: Sequence[Any]
             difference = _largest_difference(got, want) if got.shape == want.shape else np.inf
             return (f"output {name!r} differs from forward()'s by {difference:.2e} (shapes {list(got.shape)} vs "
                     f"{list(want.shape)}, tolerance {EXPORT_TOLERANCE} x {scale:.3g})")  # fmt: skip
+        largest = max(largest, _largest_difference(got, want))
+    if agreement is not None:
+        agreement.add(largest, len(inputs[0]) if inputs else 0)
     return None
 
 
@@ -376,18 +398,32 @@ def rows_difference(torch_model: TorchModel, path: Path, feeds: Sequence[Any], b
     sum's sign, a row's maximum) can differ from one batch to the next, and a check on one batch passed an export
     that computed another branch than forward() on half the batches scored (every torch-backend variant was then
     judged against a reference that was not the module, and breached)."""
+    read = python_values(path)
     count = len(feeds[0])
-    if python_values(path):
+    if read:
         batches: list[Any] = [slice(start, start + batch_size) for start in range(0, count, batch_size)]
     else:
         batches = [np.unique(np.linspace(0, count - 1, min(count, ROWS_CHECKED)).astype(int))]
-    session = _session(path)
-    for rows in batches:
-        inputs = [feed[rows] for feed in feeds]
-        difference = export_difference(torch_model, path, inputs, session=session)
-        if difference is not None:
-            return f"on {len(inputs[0])} evaluation rows the ONNX export's {difference}", inputs
-    return None
+    found: list[tuple[str, list[Any]]] = []
+
+    def check(agreement: Agreement) -> str | None:
+        session = _session(path)
+        for rows in batches:
+            inputs = [feed[rows] for feed in feeds]
+            difference = export_difference(torch_model, path, inputs, session=session, agreement=agreement)
+            if difference is not None:
+                found.append((f"on {len(inputs[0])} evaluation rows the ONNX export's {difference}", inputs))
+                return difference
+        return None
+
+    rows = feeds_digest(feeds)
+    if rows is None:  # nothing to key a verdict by: checked every time
+        check(Agreement())
+    else:
+        settings = {"key": torch_model.cache_key, "tolerance": EXPORT_TOLERANCE, "rows": rows, "python_values": read,
+                    "batches": ROWS_CHECKED if not read else batch_size}  # fmt: skip
+        checked(path.parent, path, "rows", settings, f"on the recipe's {count} evaluation rows", check)
+    return found[0] if found else None
 
 
 def rows_refusal(path: Path) -> str:

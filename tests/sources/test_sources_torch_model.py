@@ -778,7 +778,7 @@ def test_second_export_is_served_from_the_cache(project: Path, monkeypatch: pyte
     monkeypatch.setattr(TorchModel, "export", no_export)
     again = resolve_model(load_recipe(project))  # a fresh load: same factory, weights, shapes, opset
     assert again.onnx_path == first and first.stat().st_mtime_ns == written
-    assert sorted(p.name for p in first.parent.iterdir()) == ["model.onnx"]  # no temp files left
+    assert sorted(p.name for p in first.parent.iterdir()) == ["checks", "model.onnx"]  # no temp files left
 
 
 def test_new_weights_or_opset_make_a_new_export(project: Path) -> None:
