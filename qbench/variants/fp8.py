@@ -11,6 +11,10 @@ QuantizeLinear/DequantizeLinear pairs with float8e4m3fn zero points:
 - their weights: stored as FLOAT8E4M3FN initializers + DequantizeLinear, per
   tensor or per output channel; biases stay float; excluded nodes are untouched.
 
+A MatMul/Gemm whose two inputs are computed (attention's Q x K^T and probabilities x V) gets E4M3 on both
+sides, as an FP8 attention kernel reads them; an FP8 recipe for Linear layers only keeps them in 16/32-bit, so the
+params name them (`quantized_attention_matmuls`) and a note says how to keep them float.
+
 Overflow is E4M3FN's saturating conversion (`saturate=1`, written explicitly):
 a value beyond 448 x scale, or +-inf, becomes +-448 x scale, as FP8 hardware and
 TensorRT convert with saturation; E4M3FN has no inf, and NaN stays NaN.
