@@ -11,6 +11,10 @@ QuantizeLinear/DequantizeLinear pairs with float8e4m3fn zero points:
 - their weights: stored as FLOAT8E4M3FN initializers + DequantizeLinear, per
   tensor or per output channel; biases stay float; excluded nodes are untouched.
 
+A MatMul/Gemm whose two inputs are computed (attention's Q x K^T and probabilities x V) gets E4M3 on both
+sides, as an FP8 attention kernel reads them; an FP8 recipe for Linear layers only keeps them in 16/32-bit, so the
+params name them (`quantized_attention_matmuls`) and a note says how to keep them float.
+
 Overflow is E4M3FN's saturating conversion (`saturate=1`, written explicitly):
 a value beyond 448 x scale, or +-inf, becomes +-448 x scale, as FP8 hardware and
 TensorRT convert with saturation; E4M3FN has no inf, and NaN stays NaN.
@@ -77,7 +81,10 @@ FP8_MAX = 448.0  # largest finite float8e4m3fn value
 FP8_OPSET = 21  # QuantizeLinear's output_dtype (19 took float8, but only through a zero point; see above)
 # Inputs quantized per op type: the data input and the weight; biases (Conv 2, Gemm C) stay float.
 _QUANTIZED_INPUTS = {"Conv": (0, 1), "ConvTranspose": (0, 1), "Gemm": (0, 1), "MatMul": (0, 1)}
-NOTE = "FP8 E4M3 emulated with Q/DQ (saturating at 448 x scale): accuracy is faithful, CPU latency is not FP8's"
+NOTE = (
+    "FP8 E4M3 emulated with Q/DQ: the quantized layers read E4M3 inputs and weights (round to nearest even, saturating "
+    "at 448 x scale) and multiply them in float32; all else stays float32. Accuracy is the graph's, CPU latency is not FP8's"
+)
 
 
 @dataclass
@@ -154,6 +161,7 @@ def build_fp8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         "unquantized_inputs": inserted.skipped,
         "folded_weights": inserted.folded,
         "subgraph_read_kept_float": read_kept_float,
+        "quantized_attention_matmuls": e4m3_operand_matmuls(model),
     }
     return BuiltVariant(
         name=spec.name,
@@ -178,7 +186,30 @@ def _notes(inserted: Fp8Insertion, counts: dict[str, int], params: dict[str, Any
         notes.append(f"{len(inserted.skipped)} input(s) left in FP32 for lack of a usable range: {skipped}")
     if not counts:
         notes.append(nothing_quantized_note(params))
+    attention = params["quantized_attention_matmuls"]
+    if attention:
+        notes.append(
+            f"{len(attention)} MatMul/Gemm with two computed inputs (attention's Q x K^T and probabilities x V) read E4M3 "
+            "on both sides, as an FP8 attention kernel would; FP8 recipes that quantize Linear layers only (qbench's "
+            "torch form: torchao float8 on nn.Linear) keep them in 16/32-bit: keep_float: [masks, attention_matmuls] "
+            "builds that"
+        )
     return notes
+
+
+def e4m3_operand_matmuls(model: onnx.ModelProto) -> list[str]:
+    """Names of the MatMul/Gemm nodes whose two operands are both quantized activations (Q -> DQ, no weight): the
+    attention products a hardware FP8 Linear recipe leaves in higher precision."""
+    producer = {output: node for node in model.graph.node for output in node.output}
+
+    def quantized_activation(name: str) -> bool:
+        dq = producer.get(name)
+        return dq is not None and dq.op_type == "DequantizeLinear" and getattr(producer.get(dq.input[0]), "op_type", "") == "QuantizeLinear"
+
+    return [
+        node.name for node in model.graph.node
+        if node.op_type in ("MatMul", "Gemm") and len(node.input) >= 2 and all(map(quantized_activation, node.input[:2]))
+    ]  # fmt: skip
 
 
 # -- graph rewrite ----------------------------------------------------------------------------------

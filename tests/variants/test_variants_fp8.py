@@ -170,3 +170,96 @@ def test_fp8_scales_never_underflow_to_zero():
     assert np.all(np.isfinite(scale)) and np.all(scale > 0)
     np.testing.assert_array_equal(restored[:, 0], 0.0)
     np.testing.assert_array_equal(restored[:, 1], _fp8(weight[:, 1], np.float32(2.0 / FP8_MAX)))
+
+
+def _attention_graph(graph, path):
+    """x[n, 8] -> q, k, v (MatMul by weights) -> scores = q @ k^T -> Softmax -> context = p @ v -> y = context @ wo."""
+    rng = np.random.default_rng(5)
+    helper = onnx.helper
+    nodes = [
+        helper.make_node("MatMul", ["x", "wq"], ["q"], name="q_proj"),
+        helper.make_node("MatMul", ["x", "wk"], ["k"], name="k_proj"),
+        helper.make_node("MatMul", ["x", "wv"], ["v"], name="v_proj"),
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[1, 0], name="k_t"),
+        helper.make_node("MatMul", ["q", "kt"], ["s"], name="scores"),
+        helper.make_node("Softmax", ["s"], ["p"], axis=-1, name="softmax"),
+        helper.make_node("MatMul", ["p", "v"], ["c"], name="context"),
+        helper.make_node("MatMul", ["c", "wo"], ["y"], name="out_proj"),
+    ]
+    weights = {name: rng.normal(scale=0.3, size=(8, 8)).astype(np.float32) for name in ("wq", "wk", "wv")}
+    weights["wo"] = rng.normal(scale=0.3, size=(8, 4)).astype(np.float32)
+    return graph(path, nodes, weights, {"x": 8}, {"y": 4}), [{"x": rng.normal(size=(6, 8)).astype(np.float32)}] * 2
+
+
+@pytest.mark.parametrize("keep_float", [None, ["attention_matmuls"]])
+def test_fp8_says_when_attention_products_read_e4m3_on_both_sides(graph, tmp_path, keep_float):
+    """The FP8 build quantized Q x K^T and probabilities x V (both inputs computed) with no word of it, where an FP8
+    Linear recipe (qbench's own torch form, torchao float8 on nn.Linear) keeps them in higher precision: the params
+    name them and a note says so; with keep_float: [attention_matmuls] they are float and nothing is said."""
+    path, calibration = _attention_graph(graph, tmp_path / "attention.onnx")
+    options = {} if keep_float is None else {"keep_float": keep_float}
+    spec = VariantSpec(name="fp8", precision="fp8", calibrator="minmax", **options)
+    built = build_fp8(spec, BuildContext(reference_path=path, workdir=tmp_path, calibration=calibration))
+    model = onnx.load(str(built.onnx_path))
+    dequantized = {n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
+    reads = {n.name: [name in dequantized for name in n.input] for n in model.graph.node if n.op_type == "MatMul"}
+    notes = [note for note in built.notes if "Q x K^T" in note]
+    if keep_float is None:
+        assert reads["scores"] == reads["context"] == [True, True]
+        assert built.params["quantized_attention_matmuls"] == ["scores", "context"]
+        assert len(notes) == 1 and notes[0].startswith("2 MatMul/Gemm") and "keep_float: [masks, attention_matmuls]" in notes[0]
+    else:
+        assert reads["scores"] == reads["context"] == [False, False]
+        assert built.params["quantized_attention_matmuls"] == [] and notes == []
+    assert reads["q_proj"] == reads["out_proj"] == [True, True]  # the Linear layers are quantized either way
+
+
+def test_fp8_graph_computes_what_fp8_hardware_computes(graph, tmp_path):
+    """An ml_dtypes reference of an FP8 GEMM (E4M3 inputs and weights, round to nearest even, saturating at 448,
+    E4M3 subnormals kept, products summed in float32) against the built graph on ONNX Runtime at its default level.
+    Scales are powers of two and the first layer's sums exact in float32 (checked), so its quantized output must match
+    code for code whatever order ONNX Runtime sums in: rows on every rounding midpoint (ties go to the even code), rows
+    in E4M3's subnormal range (ties there too), rows past the calibrated range and +-inf (saturation)."""
+    grid = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    grid = np.unique(grid[np.isfinite(grid)])
+    choices = grid[((np.abs(grid) >= 0.25) & (np.abs(grid) <= 2)) | (grid == 0)]
+    w1 = np.random.default_rng(7).choice(choices, size=(8, 16)).astype(np.float32) / 32
+    w1[0, 0] = 14.0  # weight amax 448 / 32: weight scale 1 / 32
+    w2 = np.random.default_rng(8).normal(size=(16, 4)).astype(np.float32)
+    nodes = [
+        onnx.helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
+        onnx.helper.make_node("Relu", ["h"], ["r"], name="relu"),
+        onnx.helper.make_node("MatMul", ["r", "w2"], ["y"], name="mm2"),
+    ]
+    path = graph(tmp_path / "m.onnx", nodes, {"w1": w1, "w2": w2}, {"x": 8}, {"y": 4})
+    x_scale = np.float32(1 / 16)  # calibration amax 28 = 448 / 16
+    calibration = np.random.default_rng(9).uniform(-27, 27, size=(32, 8)).astype(np.float32)
+    calibration[0, 0] = 28.0
+    built = build_fp8(VariantSpec(name="fp8", precision="fp8", calibrator="minmax"),
+                      BuildContext(reference_path=path, workdir=tmp_path, calibration=[{"x": calibration}]))  # fmt: skip
+    stored = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(built.onnx_path)).graph.initializer}
+    assert (stored["x_fp8_scale"], stored["w1_fp8_scale"]) == (x_scale, np.float32(1 / 32))
+    midpoints = ((grid[:-1] + grid[1:]) / 2)[(grid[:-1] >= 2**-6) & (grid[1:] <= FP8_MAX)]  # normal codes, ascending
+    subnormal = np.concatenate([np.linspace(-2e-2, 2e-2, 28), (grid[:-1] + grid[1:])[(grid[:-1] >= 0) & (grid[1:] <= 2**-6)] / 2])
+    rows = [
+        np.resize(midpoints, (len(midpoints) // 8, 8)) * x_scale,  # each row 8 neighbouring ties
+        np.resize(subnormal, (5, 8)).astype(np.float32) * x_scale,  # E4M3 subnormals (below 2^-6) and their ties
+        np.random.default_rng(10).uniform(-4000, 4000, size=(8, 8)).astype(np.float32),  # past 448 x scale
+        np.array([[np.inf, -np.inf, 1e30, -1e30, 0.0, -0.0, 500.0, -1000.0]], np.float32) * x_scale,
+    ]
+    x = np.concatenate(rows).astype(np.float32)
+
+    def e4m3(values, scale):  # hardware's conversion, then the value the tensor core multiplies
+        return np.clip(values / scale, -FP8_MAX, FP8_MAX).astype(ml_dtypes.float8_e4m3fn).astype(np.float32) * scale
+
+    w2_scale = stored["w2_fp8_scale"]
+    h64 = np.maximum(e4m3(x, x_scale).astype(np.float64) @ e4m3(w1, np.float32(1 / 32)), 0)
+    h = h64.astype(np.float32)
+    np.testing.assert_array_equal(h, h64)  # the premise: float32 holds every sum exactly, in any order
+    r = e4m3(h, stored["r_fp8_scale"])
+    expected = r @ e4m3(w2, w2_scale)
+    m = onnx.load(str(built.onnx_path))
+    m.graph.output.append(onnx.helper.make_tensor_value_info("r_fp8_dequantized", TensorProto.FLOAT, None))
+    got_y, got_r = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    np.testing.assert_array_equal(got_r, r)  # every E4M3 code of the second layer's input, bit for bit
+    np.testing.assert_allclose(got_y, expected, rtol=1e-6, atol=1e-6 * float(np.abs(expected).max()))
