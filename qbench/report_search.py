@@ -35,7 +35,7 @@ def _smoothing(done: dict[str, Any]) -> list[str]:
     folded, unsmoothed = done.get("folded_into", {}), done.get("unsmoothed_groups", 0)
     into = " (" + ", ".join(f"{op} {count}" for op, count in folded.items()) + ")" if folded else ""
     total = done.get("smoothed_groups", 0) + unsmoothed
-    return [f"smoothing of {total} Linear inputs: {sum(folded.values())} folded{into}, "
+    return [f"smoothing of {total} Linear input{'s' if total != 1 else ''}: {sum(folded.values())} folded{into}, "
             f"{done.get('inserted_muls', 0)} by an inserted Mul, {unsmoothed} unsmoothed"]
 
 

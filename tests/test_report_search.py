@@ -68,5 +68,9 @@ def test_a_smoothquant_candidate_says_where_its_smoothing_went():
     assert ("| alpha=auto, smoothing of 9 Linear inputs: 5 folded (LayerNormalization 4, Mul 1), 3 by an inserted Mul, "
             "1 unsmoothed |") in rows[0]  # fmt: skip
     assert "| reduce_range=False |" in rows[1] and "smoothing" not in rows[1]
+    one = CandidateRecord("smoothquant-dynamic a=0.5 +3 float", "smoothquant-dynamic", {"alpha": 0.5}, stage="screened",
+                          smoothing={"smoothed_groups": 1, "folded_into": {"Mul": 1}})  # fmt: skip
+    assert ("| alpha=0.5, smoothing of 1 Linear input: 1 folded (Mul 1), 0 by an inserted Mul, 0 unsmoothed |"
+            in search_markdown(_searched(_report("passed", (one,), chosen=0))))  # fmt: skip
     again = search_from_dict(json.loads(json.dumps(dataclasses.asdict(_report("passed", (sq, plain))))))
     assert again is not None and again.candidates[0].smoothing == smoothing and again.candidates[1].smoothing == {}

@@ -118,7 +118,8 @@ def image_geometry(spec: ImageSpec, meta: TensorMeta, *, recipe_file: Path, colu
         values = getattr(spec, option)
         if values is not None and len(values) not in (1, _CHANNELS[mode]):
             raise RecipeError(recipe_file, image_field(column, option), f"got {len(values)} values, but mode {mode} "
-                              f"has {_CHANNELS[mode]} channels; expected one value per channel, or one for all")  # fmt: skip
+                              f"has {_CHANNELS[mode]} channel{'s' if _CHANNELS[mode] != 1 else ''}; expected one value "
+                              "per channel, or one for all")  # fmt: skip
     return Geometry((int(size[0]), int(size[1])), mode, layout)
 
 

@@ -132,7 +132,9 @@ def test_a_mode_giving_other_channels_than_the_model_takes_is_refused(tmp_path):
     assert "data.inputs.file.image.mode: model input 'pixels' has shape [?, 1, 8, 8], 1 channel in layout NCHW, " \
            "but mode RGB gives 3 channels; expected mode: L" in line
     assert "image.size: got [4, 4]" in _refusal(tmp_path, ["a.png"], size=[4, 4])
-    assert "image.mean: got 2 values" in _refusal(tmp_path, ["a.png"], mean=[0.1, 0.2])
+    assert "image.mean: got 2 values, but mode RGB has 3 channels" in _refusal(tmp_path, ["a.png"], mean=[0.1, 0.2])
+    assert "image.std: got 3 values, but mode L has 1 channel; expected one value per channel, or one for all" in \
+        _refusal(tmp_path, ["a.png"], shape=(None, 1, SIDE, SIDE), std=[0.2, 0.2, 0.2])
 
 
 def test_a_relative_path_may_not_leave_the_root_but_an_absolute_one_may(tmp_path):
