@@ -153,7 +153,7 @@ class ImageSpec(_Strict):
         None, min_length=1, max_length=3, description="per channel, divides after mean"
     )
 
-    # where a sweep reads each file: file name (qbench.data.image_files.image_name) -> its copy in the sweep's
+    # where a sweep reads each file: file name (qbench.data.images.image_file) -> its copy in the sweep's
     # snapshot and the sha256 of its bytes (qbench.execute.snapshot); None: the user's files, hashed as read
     _copies: dict[str, tuple[Path, str]] | None = PrivateAttr(default=None)
 
