@@ -88,9 +88,9 @@ class GateReport:
     problems: tuple[str, ...] = ()  # why the results cannot be judged (fail closed)
     gated: tuple[str, ...] = field(default=())  # variant@backend keys the gate applied to
     notes: tuple[str, ...] = ()  # what the gate did not check, at the user's request
-    # why each pass on a scope too small to resolve its tolerance is no evidence (qbench.gate_resolution), whether or
-    # not the gate held it against the variant (`resolve`): what the INT8 search ranks its candidates' passes by
-    unresolved: tuple[str, ...] = ()
+    # (variant@backend, why) for each pass on a scope too small to resolve its tolerance (qbench.gate_resolution),
+    # whether or not the gate held it against the variant (`resolve`): `unresolved` is the whys
+    unresolved_passes: tuple[tuple[str, str], ...] = ()
     # some of those fall short on the spread of the variant's own figures, not on the rows alone: another variant
     # judged on the same rows may resolve its pass (qbench.gate_resolution.rows_alone)
     unresolved_on_spread: bool = False
@@ -101,6 +101,11 @@ class GateReport:
     # report files unwritten, an unexpected error): the reports call that ending 'error', not 'unusable' (the results
     # were judged); exit code 2
     failed_after_verdict: str = ""
+
+    @property
+    def unresolved(self) -> tuple[str, ...]:
+        """Why each pass too few rows resolve is no evidence: what the INT8 search ranks its candidates' passes by."""
+        return tuple(why for _, why in self.unresolved_passes)
 
     @property
     def breaches(self) -> tuple[GateCheck, ...]:
@@ -211,7 +216,7 @@ def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[st
               slo: SloSpec | None, tolerances: Tolerances | None, resolve: bool) -> GateReport:  # fmt: skip
     problems: list[str] = missing_evidence(results, slo)
     unresolved_notes: list[str] = []
-    small_passes: list[str] = []
+    small_passes: list[tuple[str, str]] = []
     on_spread = False
     pairs = list(expected) if expected is not None else [(v.variant, v.backend) for v in results.variants]
     skipped = {(v.variant, v.backend) for v in results.variants if v.status == "skipped"}
@@ -230,7 +235,7 @@ def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[st
         problems.extend(f"{variant}@{backend}: {p}" for p in own_problems)
         if not unresolved_scopes or _same_graph(results, variant, backend):
             continue
-        small_passes += unresolved_scopes
+        small_passes += [(f"{variant}@{backend}", why) for why in unresolved_scopes]
         on_spread |= spread
         if resolve:
             why = f"{variant}@{backend}: too few rows to resolve the tolerance: {named_some(unresolved_scopes, '; ')}"
@@ -251,7 +256,7 @@ def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[st
         checks=tuple(checks),
         problems=tuple(problems),
         gated=tuple(f"{v}@{b}" for v, b in gated),
-        unresolved=tuple(small_passes), unresolved_on_spread=on_spread,
+        unresolved_passes=tuple(small_passes), unresolved_on_spread=on_spread,
         notes=(*unresolved_notes, *tolerance_notes(results, spec, gated), *other_output_notes(results, spec, gated),
                *other_output_kept_notes(results, spec, gated),
                *unlowered(results, gated), *ungated(results, spec, gated), *chosen_on_judged_rows(results, gated),

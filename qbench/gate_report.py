@@ -258,7 +258,8 @@ def report_dict(report: GateReport) -> dict[str, Any]:
         "checks": checks,
         "problems": [{"variant": problem_owner(report, p), "message": p} for p in report.problems],
         "notes": list(report.notes),
-        "unresolved": list(report.unresolved),  # every pass too few rows resolve (the notes name NAMED_SCOPES)
+        # every pass too few rows resolve, with its variant (the problems and notes name NAMED_SCOPES of a variant's)
+        "unresolved": [{"variant": owner, "message": why} for owner, why in report.unresolved_passes],
     }
 
 

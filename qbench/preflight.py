@@ -35,7 +35,7 @@ from qbench.data import (
 from qbench.data.feeds import text_feed_notes
 from qbench.data.images import content_table
 from qbench.data.labels import label_cells, unlabelled_hint
-from qbench.data.leakage import row_digests, shared_rows, warn_shared
+from qbench.data.leakage import shared_rows, warn_shared
 from qbench.data.nonfinite import kept_nonfinite, qat_refuses_nonfinite
 from qbench.data.text_tables import text_cells_hint
 from qbench.errors import QbenchError, RecipeError
@@ -230,8 +230,7 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
         check_lookup_indices(recipe, lookups, selection.feeds, split.selection, "selection")
     kept = kept_nonfinite(data, (eval_rows, nonfinite, masks), (calibration_rows, calibration_nonfinite),
                           split.selection if selection is not None else split.selection[:0])  # fmt: skip
-    evaluated = (evaluation.digests if evaluation.digests is not None else
-                 row_digests(content_table(table, data, recipe_file=recipe.source), eval_rows, data.fed_columns))
+    evaluated = evaluation.digests  # never None here: building the evaluation feeds refused a missing fed column
     overlap = shared_rows(content_table(calibration_table, data, recipe_file=recipe.source), calibration_rows, evaluated,
                           data.fed_columns)
     if recipe.fits_on_calibration_rows:

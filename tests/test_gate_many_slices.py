@@ -16,11 +16,13 @@ SPEC = GateSpec(metric="accuracy", max_drop=0.01, max_slice_drop=0.02, applies_t
 STORES, ROWS = 300, 20  # 300 slices of 20 rows: each far under the 149 rows a drop of 0.02 needs
 
 
-def _judged(variant_decisions: np.ndarray, fp32: np.ndarray, labels: np.ndarray, spec: GateSpec = SPEC):
-    """The gate's report on binary decisions, each store of ROWS consecutive rows a named slice."""
+def _judged(variant_decisions: np.ndarray, fp32: np.ndarray, labels: np.ndarray, spec: GateSpec = SPEC,
+            names: tuple[str, ...] = ("int8",)):  # fmt: skip
+    """The gate's report on binary decisions, each store of ROWS consecutive rows a named slice (`names`: the
+    variants deciding so)."""
     store = np.repeat(np.arange(STORES), ROWS)
     variants = []
-    for name, decisions in (("fp32", fp32), ("int8", variant_decisions)):
+    for name, decisions in (("fp32", fp32), *((name, variant_decisions) for name in names)):
         scores = np.stack([1.0 - decisions, decisions.astype(float)], axis=1).astype(np.float32)
         reference = np.stack([1.0 - fp32, fp32.astype(float)], axis=1).astype(np.float32)
         slices = {f"s{i:04d}": store == i for i in range(STORES)}
@@ -51,6 +53,19 @@ def test_an_unresolved_variant_on_hundreds_of_slices_is_named_in_one_short_line(
     assert problem.count("accuracy on 20 rows") == NAMED_SCOPES
     assert len(problem) < 1000
     assert len(json.loads(report_json(report))["unresolved"]) == STORES
+
+
+def test_the_jsons_unresolved_passes_name_their_variant():
+    """Two variants each unresolved on every slice: the JSON's `unresolved` listed 2 x 300 reasons ('s0000 accuracy on
+    20 rows < 149 ...') with nothing saying whose, while its problems name only NAMED_SCOPES of each; each entry now
+    names its variant, as a problem's does."""
+    fp32, labels = _rows()
+    spec = SPEC.model_copy(update={"applies_to": ["int8*"]})
+    report = _judged(fp32.copy(), fp32, labels, spec, names=("int8", "int8-b"))
+    unresolved = json.loads(report_json(report))["unresolved"]
+    assert [entry["variant"] for entry in unresolved] == ["int8@cpu"] * STORES + ["int8-b@cpu"] * STORES
+    assert unresolved[STORES]["message"].startswith("s0000 accuracy on 20 rows < 149")
+    assert report.unresolved == tuple(entry["message"] for entry in unresolved)
 
 
 def test_a_variant_breaching_hundreds_of_slices_prints_a_few_lines_and_a_count():

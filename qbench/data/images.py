@@ -98,8 +98,9 @@ def image_geometry(spec: ImageSpec, meta: TensorMeta, *, recipe_file: Path, colu
         raise RecipeError(recipe_file, image_field(column), f"model input {meta.name!r} has shape {_shown(shape)}; "
                           "expected an image input of rank 4 (batch, channels, height, width or NHWC)")  # fmt: skip
     layout = spec.layout or _layout_of(shape)
-    channels, height, width = (shape[1], shape[2], shape[3]) if layout == "NCHW" else (shape[3], shape[1], shape[2]) \
-        if shape else (None, None, None)  # fmt: skip
+    # an input whose shape is not stated (unknown rank) states none of them: size is the recipe's, mode and layout default
+    channels, height, width = (None, None, None) if not shape else (shape[1], shape[2], shape[3]) \
+        if layout == "NCHW" else (shape[3], shape[1], shape[2])  # fmt: skip
     mode = spec.mode or _MODES.get(channels or 3)
     if mode is None or (channels is not None and _CHANNELS[mode] != channels):
         expected = f"mode: {_MODES[channels]}" if channels in _MODES else "a model input of 1 or 3 channels"

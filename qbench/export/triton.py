@@ -373,6 +373,8 @@ def export_triton(
         raise QbenchError(_refusal(measured.key, verdict))
     source = _measured_model(measured)
     info = served_shapes(read_model_info(source), source)
+    named = recipe.model.outputs or ([recipe.model.output] if recipe.model.output is not None else [])
+    unbatched_outputs(info, named)  # refused where it would leave out an output the recipe evaluates
     target = TARGETS[backend]
     delay = max_queue_delay_us if max_queue_delay_us is not None else queue_delay_us(measured)
     config = to_pbtxt(triton_config(name, measured, info, target, max_queue_delay_us=delay))

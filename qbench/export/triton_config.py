@@ -8,6 +8,7 @@ batcher (the one its load scenario simulated, with `slo:`), the thread count and
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,15 +61,26 @@ def fixed_batch_of(info: ModelInfo) -> int | None:
     return firsts.pop() if len(firsts) == 1 and None not in firsts else None
 
 
-def unbatched_outputs(info: ModelInfo) -> list[str]:
+def unbatched_outputs(info: ModelInfo, evaluated: Collection[str] = ()) -> list[str]:
     """The tensor outputs of a batched model (no `fixed_batch_of`) without a dynamic first (batch) dimension: a
     scalar (a batch mean), a table of fixed length (class names). Triton's batcher hands each request its rows of
     every output config.pbtxt lists, which these have none of, so the config leaves them out: Triton's onnxruntime
-    backend checks and returns only the outputs the config lists. The evaluated output always has a batch dimension
-    (qbench reads one output row per data row)."""
+    backend checks and returns only the outputs the config lists. An output the sweep scored has a row per data row,
+    but its declared shape may still fix its first dimension (a converter's [1, 3] for rows ONNX Runtime runs in any
+    number): a QbenchError when that leaves no output to serve, or leaves out one of `evaluated` (the recipe's
+    model.output or model.outputs), rather than a config serving none of what was measured."""
     if fixed_batch_of(info) is not None:
         return []
-    return [t.name for t in info.outputs.values() if t.kind == "tensor" and (not t.shape or t.shape[0] is not None)]
+    tensors = [t for t in info.outputs.values() if t.kind == "tensor"]
+    left_out = [t.name for t in tensors if not t.shape or t.shape[0] is not None]
+    scored = [name for name in evaluated if name in left_out]
+    if scored or (tensors and len(left_out) == len(tensors)):
+        tensor = info.outputs[(scored or left_out)[0]]
+        first = tensor.shape[0] if tensor.shape else "none (a scalar)"
+        raise QbenchError(f"output {tensor.name!r}: Triton's batching needs a dynamic first (batch) dimension, the "
+                          f"model declares {first}{' and no other output has one' if not scored else ''}; expected "
+                          "the model exported with a dynamic batch dimension on its evaluated output")  # fmt: skip
+    return left_out
 
 
 def served_shapes(info: ModelInfo, path: Path) -> ModelInfo:

@@ -229,3 +229,17 @@ def test_the_input_digest_changes_with_an_image_files_bytes_not_its_path(tmp_pat
     after = input_digests(load_recipe(tmp_path / "r.yaml"))
     assert after[name].sha256 != before and after[name].path == str(tmp_path / "images")
     assert load_recipe(tmp_path / "r.yaml").data.image_columns["file"].mean is None
+
+
+def test_a_model_input_whose_shape_is_not_stated_takes_the_recipes_size(tmp_path):
+    """An ONNX input with no shape at all (unknown rank): size from the recipe, RGB and NCHW by default, or the
+    one-line refusal asking for size. Reading channels, height and width off the empty shape raised IndexError
+    ('tuple index out of range', exit 2 as a crash) unless the recipe said layout: NHWC."""
+    pixels = np.arange(SIDE * SIDE * 3).reshape(SIDE, SIDE, 3)
+    png(tmp_path / "images" / "a.png", pixels)
+    fed = _feed(tmp_path, ["a.png"], shape=(), size=[SIDE, SIDE], scale=1.0)
+    assert fed.shape == (1, 3, SIDE, SIDE)
+    np.testing.assert_array_equal(fed[0], pixels.transpose(2, 0, 1))
+    assert _refusal(tmp_path, ["a.png"], shape=()).endswith(
+        "data.inputs.file.image.size: model input 'pixels' has shape (not stated), which states no height and width; "
+        "expected size: [height, width]")

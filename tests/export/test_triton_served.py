@@ -13,6 +13,7 @@ import pytest
 from onnx import TensorProto, helper
 from sweep_factory import make_variant
 
+from qbench.errors import QbenchError
 from qbench.export.triton_config import TARGETS, served_shapes, triton_config
 from qbench.modelinfo import read_model_info
 
@@ -199,3 +200,23 @@ def test_a_scalar_output_of_a_fixed_batch_model_is_dims_1(tmp_path: Path) -> Non
     assert config["max_batch_size"] == 0
     assert [(o["name"], o["dims"], "reshape" in o) for o in config["output"]] == [
         ("y", [2, 3], False), ("mean", [1], False), ("classes", [3], False)]  # fmt: skip
+
+
+def test_an_evaluated_output_declared_with_a_fixed_first_dimension_is_refused(tmp_path: Path) -> None:
+    """x [batch, 3] -> y declared [1, 3] (ONNX Runtime runs any batch, warning that the shape differs): y is the
+    only output, so leaving it out as unbatched wrote a config with no output at all (`output: []`), where the export
+    was refused before; it is refused again, naming y. An output the recipe names (model.output) is refused the same
+    way beside others that are served."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "declared", [x], [y])
+    path = tmp_path / "declared.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    with pytest.raises(QbenchError, match="output 'y': Triton's batching needs a dynamic first .* declares 1 and no"):
+        _config(path)
+    from qbench.export.triton_config import unbatched_outputs
+
+    info = served_shapes(read_model_info(_with_batch_statistics(tmp_path / "stats.onnx", "batch")), tmp_path / "stats.onnx")
+    assert unbatched_outputs(info, ["y"]) == ["mean", "classes"]
+    with pytest.raises(QbenchError, match="output 'mean': Triton's batching needs .* declares none \\(a scalar\\); "):
+        unbatched_outputs(info, ["mean"])
