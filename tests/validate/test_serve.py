@@ -230,3 +230,32 @@ def test_a_padded_text_model_is_served_every_timed_row_each_batch_at_its_own_lon
     assert runner.seen == set(range(64))
     assert all(width == longest for width, longest in runner.widths)
     assert {width for width, _ in runner.widths} != {16}  # not every batch at the set's length
+
+
+def test_two_real_runs_at_a_rate_are_two_samples_fresh_arrivals_and_the_rows_after_the_last_run(monkeypatch):
+    """The search passes a rate only when two runs both meet the budget: each replayed the same seeded arrivals onto
+    the same first rows (at 100 req/s, 200 requests: rows 0-199 of 1,000 every time), so the second saw only the
+    machine's noise again and the rows past the first 200 were never served. Now run n draws from (seed, n) and
+    starts at the row after the last one served."""
+    import qbench.validate.serve as serve_module
+
+    arrivals: list[np.ndarray] = []
+    real_serve = serve_module.serve
+
+    def recording_serve(runner, rows, arrivals_ms, *args, **kwargs):
+        arrivals.append(arrivals_ms)
+        return real_serve(runner, rows, arrivals_ms, *args, **kwargs)
+
+    monkeypatch.setattr(serve_module, "serve", recording_serve)
+    monkeypatch.setattr(serve_module, "RUN_SECONDS", 0.01)  # 200 requests (MIN_REQUESTS) at 2,000 req/s: 0.1 s a run
+    rows = {"x": np.arange(1000, dtype=np.float32).reshape(1000, 1)}
+    firsts, seconds = RecordingRunner(), RecordingRunner()
+    real_server(firsts, rows, Batcher(8, 1.0), seed=0)(2_000.0, 0.0, 1000.0)
+    server = real_server(seconds, rows, Batcher(8, 1.0), seed=0)
+    server(2_000.0, 0.0, 1000.0)
+    seconds.seen.clear()
+    server(2_000.0, 0.0, 1000.0)
+    assert firsts.seen == set(range(200))
+    assert seconds.seen == set(range(200, 400))
+    assert not np.array_equal(arrivals[1], arrivals[2])  # the same server's two runs
+    assert np.array_equal(arrivals[0], arrivals[1])  # reproducible from the seed
