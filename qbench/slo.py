@@ -26,7 +26,7 @@ from qbench.validate.bound import estimate_bound, last_level_cache_bytes, memory
 from qbench.validate.catalogue import within
 from qbench.validate.clock import PhaseClock
 from qbench.validate.contention import contended, cpus_allowed, oversubscribed, threads_that_fit
-from qbench.validate.cost import usd_per_million
+from qbench.validate.cost import usd_per_million, usd_per_million_at_rate
 from qbench.validate.latency import BatcherSamples, timed_batches
 from qbench.validate.load import Batcher, Draws, LoadReplay, MeasuredServiceTimes, search_max_rate
 from qbench.validate.serve import RealServer, real_server, served_max_rate
@@ -79,6 +79,8 @@ def serving_figures(
         costs = {f"b{p.batch_size}": usd_per_million(price, p.items_per_s) for p in points}
         if serving.max_rate_rps is not None:
             costs["max_rate"] = usd_per_million(price, serving.max_rate_rps)
+            if recipe.slo is not None and (rate := recipe.slo.budget(backend).rate_rps):
+                costs["at_rate"] = usd_per_million_at_rate(price, rate, serving.max_rate_rps)
         serving = replace(serving, price_per_hour=price, usd_per_million=costs)
     return serving
 
