@@ -27,6 +27,8 @@ class Choice:
     variant: VariantResult
     usd_per_million: float | None  # at the highest rate within the budget (None: no price)
     max_rate_rps: float
+    # at the budget's rate on the whole instances it takes (None: no price, or a budget without a rate)
+    usd_per_million_at_rate: float | None = None
 
 
 def _fmt(value: float | None, unit: str = "") -> str:
@@ -104,8 +106,9 @@ def _candidates(results: SweepResults, gate: GateReport | None) -> list[Choice]:
         serving = variant.serving
         if serving is None or serving.max_rate_rps is None:
             continue
-        cost = serving.usd_per_million.get("max_rate")
-        candidates.append(Choice(variant, cost if cost is not None and math.isfinite(cost) else None, serving.max_rate_rps))
+        cost, at_rate = (serving.usd_per_million.get(key) for key in ("max_rate", "at_rate"))
+        candidates.append(Choice(variant, cost if cost is not None and math.isfinite(cost) else None, serving.max_rate_rps,
+                                 at_rate if at_rate is not None and math.isfinite(at_rate) else None))  # fmt: skip
     return candidates
 
 
@@ -120,15 +123,22 @@ def unpriced_backends(results: SweepResults, gate: GateReport | None) -> list[st
 
 def cheapest(results: SweepResults, gate: GateReport | None) -> Choice | None:
     """Among variants accurate enough and within the latency budget (`_candidates`), the one with the lowest cost
-    per million at its highest rate within budget (by that rate when no price is given). None also when the costs
-    cannot be ranked (`mixed_machine_costs`, `unpriced_backends`)."""
+    per million serving the budget's rate on the whole instances it takes, where every candidate's budget has a rate,
+    else at its highest rate within budget (by that rate when no price is given); ties go to the higher rate. None
+    also when the costs cannot be ranked (`mixed_machine_costs`, `unpriced_backends`). At the highest rate alone, a
+    dearer machine with more headroom ranked cheaper even where the budget's traffic fits one instance of either."""
     if mixed_machine_costs(results) is not None or unpriced_backends(results, gate):
         return None
     candidates = _candidates(results, gate)
     if not candidates:
         return None
-    return min(candidates, key=lambda c: (c.usd_per_million if c.usd_per_million is not None else 0.0,
-                                          -c.max_rate_rps, c.variant.key))  # fmt: skip
+    at_rate = all(c.usd_per_million_at_rate is not None for c in candidates)
+
+    def cost(choice: Choice) -> float:
+        value = choice.usd_per_million_at_rate if at_rate else choice.usd_per_million
+        return value if value is not None else 0.0
+
+    return min(candidates, key=lambda c: (cost(c), -c.max_rate_rps, c.variant.key))
 
 
 def slo_lines(results: SweepResults, gate: GateReport | None) -> list[str]:
@@ -179,6 +189,11 @@ def slo_lines(results: SweepResults, gate: GateReport | None) -> list[str]:
             lines.append("cheapest meeting accuracy and SLO: none")
         else:
             cost = f"${choice.usd_per_million:.4g} per million" if choice.usd_per_million is not None else "no price given"
+            rate = choice.variant.serving.rate_rps if choice.variant.serving is not None else None
+            if choice.usd_per_million_at_rate is not None and rate:
+                instances = math.ceil(rate / choice.max_rate_rps)
+                cost += (f" there; ${choice.usd_per_million_at_rate:.4g} per million at the budget's {rate:g} req/s on "
+                         f"{instances} instance{'s' * (instances > 1)}")  # fmt: skip
             lines.append(f"cheapest meeting accuracy and SLO: {choice.variant.key} "
                          f"(up to {rate_within(choice.max_rate_rps)} req/s within budget, {cost})")  # fmt: skip
     return lines

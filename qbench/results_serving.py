@@ -16,7 +16,8 @@
       max_rate_rps, at_max_rate LoadStats, served_runs
                               the highest rate, from the simulated one down, at which a real in-process server met
                               the budget (null: none tried did), its real figures, the real runs tried
-      price_per_hour, usd_per_million {"b<batch>": ..., "max_rate": ...}
+      price_per_hour, usd_per_million {"b<batch>": ..., "max_rate": ..., "at_rate": ...} (at_rate: the budget's rate
+                              on the ceil(rate / max_rate) instances it takes; with a rate budget only)
       bound BoundEstimate     compute-, memory- or overhead-bound, an estimate with its basis
     LoadStats: rate_rps, requests, p50_ms, p95_ms, p99_ms, mean_ms, mean_wait_ms, mean_batch_size, achieved_rps,
               overloaded

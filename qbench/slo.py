@@ -26,7 +26,7 @@ from qbench.validate.bound import estimate_bound, last_level_cache_bytes, memory
 from qbench.validate.catalogue import within
 from qbench.validate.clock import PhaseClock
 from qbench.validate.contention import contended, cpus_allowed, oversubscribed, threads_that_fit
-from qbench.validate.cost import usd_per_million
+from qbench.validate.cost import usd_per_million, usd_per_million_at_rate
 from qbench.validate.latency import BatcherSamples, timed_batches
 from qbench.validate.load import Batcher, Draws, LoadReplay, MeasuredServiceTimes, search_max_rate
 from qbench.validate.serve import RealServer, real_server, served_max_rate
@@ -79,6 +79,8 @@ def serving_figures(
         costs = {f"b{p.batch_size}": usd_per_million(price, p.items_per_s) for p in points}
         if serving.max_rate_rps is not None:
             costs["max_rate"] = usd_per_million(price, serving.max_rate_rps)
+            if recipe.slo is not None and (rate := recipe.slo.budget(backend).rate_rps):
+                costs["at_rate"] = usd_per_million_at_rate(price, rate, serving.max_rate_rps)
         serving = replace(serving, price_per_hour=price, usd_per_million=costs)
     return serving
 
@@ -111,14 +113,16 @@ def server_for(
     """A real server on the open `runner` with the load settings' batcher and seed; its requests are the rows the
     timed batches of the largest size hold, as the simulation's service times are theirs (a model whose cost depends
     on the row, a slice of slow rows, is served them too: one batch of 32 rows held none of 2 % slow ones about half
-    the time); with `padding`, the rows of the first of them only (one padded length, so any of them concatenate);
-    `fixed_batch`: the model takes batches of that size only (qbench.preflight_checks.fixed_batch), each batch is
-    filled up to it."""
+    the time); with `padding`, at the set's padded length, each batch the batcher forms cut back to its own longest
+    row, as a server padding each batch runs it and as the timed batches were (it served the first timed batch's rows
+    only, all at that batch's one length: the short queries at a long document's length, or a mix whose first batch
+    held no document served for real without one); `fixed_batch`: the model takes batches of that size only
+    (qbench.preflight_checks.fixed_batch), each batch is filled up to it."""
     settings = load_settings(slo, backend, batch_sizes)
-    batches = timed_batches(feeds, settings["max_batch_size"], padding)
-    rows = batches[0] if padding is not None else {name: np.concatenate([b[name] for b in batches]) for name in batches[0]}
+    batches = timed_batches(feeds, settings["max_batch_size"])
+    rows = {name: np.concatenate([b[name] for b in batches]) for name in batches[0]}
     batcher = Batcher(settings["max_batch_size"], settings["max_queue_delay_ms"])
-    return real_server(runner, rows, batcher, settings["seed"], fixed_batch)
+    return real_server(runner, rows, batcher, settings["seed"], fixed_batch, padding)
 
 
 def served_times(samples_ms: Mapping[int, np.ndarray], batcher: BatcherSamples | None) -> MeasuredServiceTimes:

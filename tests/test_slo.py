@@ -124,6 +124,33 @@ def test_within_budget_passes_and_is_the_cheapest():
     assert cheapest(results, gate).variant.variant == "int8-fast"  # $0.25 beats $0.50; FP32 is over budget
 
 
+def test_the_cheapest_is_ranked_by_what_the_budgets_rate_costs_on_the_instances_it_takes():
+    """At the budget's 100 req/s one instance of either backend meets the budget: int8-ok on a $0.10/h machine (up to
+    200 req/s) costs $0.278 per million, int8-fast on a $0.16/h one (up to 400 req/s) $0.444. At their highest rates
+    alone ($0.139 and $0.111) int8-fast was named the cheapest: the headroom it is paid for serves no request."""
+    from qbench.validate.cost import usd_per_million, usd_per_million_at_rate
+
+    def priced(variant, price, max_rate):
+        costs = {"max_rate": usd_per_million(price, max_rate), "at_rate": usd_per_million_at_rate(price, 100.0, max_rate)}
+        return replace(variant, serving=replace(_serving(6.0, max_rate, 0.0), price_per_hour=price, usd_per_million=costs))
+
+    fp32 = replace(_timed(make_variant("fp32", "fp32")), serving=_serving(30.0, 50.0, 2.0))
+    ok = priced(_timed(make_variant("int8-ok", "int8")), 0.10, 200.0)
+    fast = priced(_timed(make_variant("int8-fast", "int8", backend="torch-cpu")), 0.16, 400.0)
+    fp32_torch = replace(_timed(make_variant("fp32", "fp32", backend="torch-cpu")), serving=_serving(30.0, 50.0, 2.0))
+    results = make_sweep([fp32, ok, fp32_torch, fast])
+    results = replace(results, recipe={**results.recipe, **BUDGET_SIZES})
+    gate = evaluate_gate(results, GATE, slo=SLO)
+    assert gate.exit_code == EXIT_PASS
+    assert cheapest(results, gate).variant.key == "int8-ok@onnxruntime-cpu"
+    assert slo_lines(results, gate)[-1] == (
+        "cheapest meeting accuracy and SLO: int8-ok@onnxruntime-cpu (up to 200 req/s within budget, $0.1389 per million "
+        "there; $0.2778 per million at the budget's 100 req/s on 1 instance)")  # fmt: skip
+    no_rate = [replace(v, serving=replace(v.serving, usd_per_million={"max_rate": v.serving.usd_per_million["max_rate"]}))
+               if v.variant != "fp32" else v for v in results.variants]  # fmt: skip
+    assert cheapest(replace(results, variants=tuple(no_rate)), gate).variant.key == "int8-fast@torch-cpu"
+
+
 def test_an_overloaded_budget_rate_breaches_whatever_its_simulated_p99():
     """A p99 within budget over a finite simulation, at a rate the instance cannot sustain: a breach, said so."""
     results = _results(int8_p99=9.0)

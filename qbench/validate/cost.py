@@ -3,7 +3,9 @@
     usd_per_million = price_per_hour / 3600 / items_per_second * 1e6
 
 At the measured throughput (back-to-back batches) this is the floor a saturated machine reaches;
-at the highest rate meeting the latency budget it is what serving within the SLO costs.
+at the highest rate meeting the latency budget it is what serving within the SLO costs on instances each loaded to
+that rate; at the budget's own rate (`usd_per_million_at_rate`) it is what that traffic costs on the whole instances
+it needs, each paid for by the hour whether busy or not.
 """
 
 from __future__ import annotations
@@ -22,3 +24,12 @@ def usd_per_million(price_per_hour: float, items_per_s: float) -> float:
     if not (items_per_s > 0 and math.isfinite(items_per_s)):
         return math.nan
     return price_per_hour / SECONDS_PER_HOUR / items_per_s * 1e6
+
+
+def usd_per_million_at_rate(price_per_hour: float, rate_rps: float, max_rate_rps: float) -> float:
+    """USD per million inferences serving `rate_rps` on instances that each meet the budget up to `max_rate_rps`: the
+    ceil(rate / max_rate) instances it takes, each paid for the hour, over the requests they serve (a Poisson stream
+    split at random over them is Poisson at rate / instances on each); NaN when `max_rate_rps` is unknown or zero."""
+    if not (max_rate_rps > 0 and math.isfinite(max_rate_rps)):
+        return math.nan
+    return math.ceil(rate_rps / max_rate_rps) * usd_per_million(price_per_hour, rate_rps)

@@ -11,7 +11,7 @@ The server: a client thread sends one-row requests at Poisson arrival times (ope
 against the server), a batcher thread takes the oldest request once the model is free, waits until the batch is
 full or that request has waited the queue delay, concatenates the rows (a model with a fixed batch gets them filled up
 to its batch by repeating them, as a server in front of it must, and as the simulation charges such a batch the fixed
-batch's timings), runs them on the runner as a server does
+batch's timings; padded text is cut back to the batch's own longest row, as the timed batches were), runs them on the runner as a server does
 (`served_call`: numpy in, numpy out, modes entered once for the batcher thread) and stamps each request's completion. Latency = completion - scheduled arrival, plus the per-request overhead (pre-processing)
 the simulation adds too. It is the least a server does (no transport, no serialisation), so a real deployment
 with a network in front sustains no more.
@@ -31,8 +31,9 @@ import numpy as np
 
 from qbench.backends.base import Runner, served_call
 from qbench.data.feeds import take_batch
+from qbench.data.text import Padding
 from qbench.results_serving import LoadStats
-from qbench.validate.load import Batcher, Draws
+from qbench.validate.load import Batcher
 
 # the client and the batcher are Python threads: with CPython's default 5 ms switch interval a client busy sending
 # requests holds the batcher off for up to 5 ms, a cost of this server's language, not of serving
@@ -73,17 +74,19 @@ class Served:
 
 def serve(
     runner: Runner, rows: Mapping[str, np.ndarray], arrivals_ms: np.ndarray, batcher: Batcher, late_ms: float = math.inf,
-    fixed_batch: int | None = None,
+    fixed_batch: int | None = None, padding: Padding | None = None, first_row: int = 0,
 ) -> Served:
-    """Serve one request per arrival (row k % len(rows)) through a real dynamic batcher; see the module doc.
-    `rows` must be concatenable one by one (a padded text batch's rows share its length). `fixed_batch`: the model
+    """Serve one request per arrival (row (first_row + k) % len(rows)) through a real dynamic batcher; see the module doc.
+    `rows` must be concatenable one by one (text at its set's padded length); with `padding`, each batch is cut back
+    to its own longest row once concatenated, as a server padding each batch runs it. `fixed_batch`: the model
     takes batches of that many rows only; a smaller batch of requests is filled up to it (its rows repeated). Once more than 1 % of the
     requests took longer than `late_ms` the run is given up (its p99 is past `late_ms` whatever follows): a server
     that falls behind would otherwise take its whole backlog's time to drain."""
     n = arrivals_ms.size
     count = len(next(iter(rows.values())))
+    row_of = (first_row + np.arange(n)) % count
     # one single-row copy per distinct row, shared by every request it serves (a run holds up to MAX_REQUESTS)
-    singles = [{name: np.ascontiguousarray(a[r : r + 1]) for name, a in rows.items()} for r in range(min(count, n))]
+    singles = {int(r): {name: np.ascontiguousarray(a[r : r + 1]) for name, a in rows.items()} for r in np.unique(row_of)}
     queue: deque[int] = deque()
     ready = threading.Condition()
     enqueued, done = np.zeros(n), np.full(n, math.inf)
@@ -125,9 +128,11 @@ def serve(
                             ready.wait(left)
                         batch = [queue.popleft() for _ in range(min(len(queue), batcher.max_batch_size))]
                     started = time.perf_counter()
-                    feeds = {name: np.concatenate([singles[k % count][name] for k in batch]) for name in rows}
+                    feeds = {name: np.concatenate([singles[row_of[k]][name] for k in batch]) for name in rows}
                     if fixed_batch is not None and len(batch) < fixed_batch:
                         feeds = take_batch(feeds, fixed_batch)
+                    if padding is not None:
+                        feeds = padding.trim(feeds)
                     assembled = time.perf_counter()
                     call(feeds)
                     finished = time.perf_counter()
@@ -181,15 +186,25 @@ RealServer = Callable[[float, float, float], LoadStats]
 
 
 def real_server(
-    runner: Runner, rows: Mapping[str, np.ndarray], batcher: Batcher, seed: int, fixed_batch: int | None = None
+    runner: Runner, rows: Mapping[str, np.ndarray], batcher: Batcher, seed: int, fixed_batch: int | None = None,
+    padding: Padding | None = None,
 ) -> RealServer:
-    """Real runs on `runner` at any rate: RUN_SECONDS of Poisson arrivals (MIN_REQUESTS to MAX_REQUESTS), seeded;
-    `fixed_batch`: the model's fixed batch, which every batch is filled up to (`serve`)."""
+    """Real runs on `runner` at any rate: RUN_SECONDS of Poisson arrivals (MIN_REQUESTS to MAX_REQUESTS); the n-th run
+    draws its arrivals from (`seed`, n) and serves the rows from where the run before it stopped, so two runs at a
+    rate are two samples of its traffic (each replayed the same arrivals onto the same first rows: a run
+    confirming another saw only the machine's noise again, and at a low rate the rows past the first
+    MIN_REQUESTS were never served); `fixed_batch`: the model's fixed batch, which every batch is filled up to;
+    `padding`: each batch is cut back to its own longest row (`serve`)."""
+    count = len(next(iter(rows.values())))
+    done = {"runs": 0, "requests": 0}  # over the runs so far
 
     def at(rate_rps: float, overhead_ms: float, budget_ms: float = math.inf) -> LoadStats:
-        draws = Draws.make(requests_at(rate_rps), seed)
-        arrivals_ms = np.cumsum(draws.unit_gaps) * (1000.0 / rate_rps)
-        served = serve(runner, rows, arrivals_ms, batcher, budget_ms - overhead_ms, fixed_batch)
+        requests = requests_at(rate_rps)
+        gaps = np.random.default_rng([seed, done["runs"]]).exponential(1.0, requests)
+        served = serve(runner, rows, np.cumsum(gaps) * (1000.0 / rate_rps), batcher, budget_ms - overhead_ms,
+                       fixed_batch, padding, first_row=done["requests"] % count)  # fmt: skip
+        done["runs"] += 1
+        done["requests"] += requests
         return served_stats(served, rate_rps, overhead_ms)
 
     return at

@@ -187,3 +187,75 @@ def test_the_real_server_serves_the_rows_the_timed_batches_hold_not_one_batch_of
     runner = RecordingRunner()
     server_for(recipe.slo, "onnxruntime-cpu", [1, 8], runner, ROWS)(2_000.0, 0.0, 1000.0)  # 500 requests
     assert runner.seen == set(ROWS["x"][:, 0].tolist())
+
+
+class PaddedRecordingRunner:
+    """Records each row it is served (its id, the first token) and the batch's width against its longest row."""
+
+    def __init__(self, lengths) -> None:
+        self.lengths = lengths
+        self.seen: set[int] = set()
+        self.widths: list[tuple[int, int]] = []  # (the width run, the longest row's length in the batch)
+
+    def run(self, feeds):
+        ids = feeds["input_ids"][:, 0].tolist()
+        self.seen.update(ids)
+        self.widths.append((feeds["input_ids"].shape[1], max(self.lengths[i] for i in ids)))
+        return [feeds["input_ids"]]
+
+
+def test_a_padded_text_model_is_served_every_timed_row_each_batch_at_its_own_longest_row(tmp_path):
+    """64 texts of 1-16 tokens padded `longest` (to 16), batches of up to 8: the real server's requests are every row the
+    timed batches hold, and each batch runs at its own longest row, as a server padding each batch runs it and as the
+    batches were timed (it served the 8 rows of the first timed batch only, at that batch's one length: a mix of short
+    queries and long documents was served as one length, never as its traffic)."""
+    from test_recipe import with_changes, write_recipe
+
+    from qbench.data.text import Padding
+    from qbench.recipe import load_recipe
+    from qbench.slo import server_for
+
+    lengths = [1 + (i * 7) % 16 for i in range(64)]
+    ids = np.zeros((64, 16), dtype=np.int64)
+    for i, length in enumerate(lengths):
+        ids[i, :length] = 5
+        ids[i, 0] = i  # the row's id, read back by the runner
+    feeds = {"input_ids": ids, "attention_mask": (np.arange(16) < np.array(lengths)[:, None]).astype(np.int64)}
+    recipe = load_recipe(write_recipe(tmp_path, with_changes(
+        latency={"batch_sizes": [1, 8]}, slo={"p99_ms": 1000.0, "rate_rps": 100.0, "load": {"max_queue_delay_ms": 1.0}},
+    )))  # fmt: skip
+    runner = PaddedRecordingRunner(lengths)
+    padding = Padding("attention_mask", ("input_ids", "attention_mask"))
+    server_for(recipe.slo, "onnxruntime-cpu", [1, 8], runner, feeds, padding)(2_000.0, 0.0, 1000.0)  # 500 requests
+    assert runner.seen == set(range(64))
+    assert all(width == longest for width, longest in runner.widths)
+    assert {width for width, _ in runner.widths} != {16}  # not every batch at the set's length
+
+
+def test_two_real_runs_at_a_rate_are_two_samples_fresh_arrivals_and_the_rows_after_the_last_run(monkeypatch):
+    """The search passes a rate only when two runs both meet the budget: each replayed the same seeded arrivals onto
+    the same first rows (at 100 req/s, 200 requests: rows 0-199 of 1,000 every time), so the second saw only the
+    machine's noise again and the rows past the first 200 were never served. Now run n draws from (seed, n) and
+    starts at the row after the last one served."""
+    import qbench.validate.serve as serve_module
+
+    arrivals: list[np.ndarray] = []
+    real_serve = serve_module.serve
+
+    def recording_serve(runner, rows, arrivals_ms, *args, **kwargs):
+        arrivals.append(arrivals_ms)
+        return real_serve(runner, rows, arrivals_ms, *args, **kwargs)
+
+    monkeypatch.setattr(serve_module, "serve", recording_serve)
+    monkeypatch.setattr(serve_module, "RUN_SECONDS", 0.01)  # 200 requests (MIN_REQUESTS) at 2,000 req/s: 0.1 s a run
+    rows = {"x": np.arange(1000, dtype=np.float32).reshape(1000, 1)}
+    firsts, seconds = RecordingRunner(), RecordingRunner()
+    real_server(firsts, rows, Batcher(8, 1.0), seed=0)(2_000.0, 0.0, 1000.0)
+    server = real_server(seconds, rows, Batcher(8, 1.0), seed=0)
+    server(2_000.0, 0.0, 1000.0)
+    seconds.seen.clear()
+    server(2_000.0, 0.0, 1000.0)
+    assert firsts.seen == set(range(200))
+    assert seconds.seen == set(range(200, 400))
+    assert not np.array_equal(arrivals[1], arrivals[2])  # the same server's two runs
+    assert np.array_equal(arrivals[0], arrivals[1])  # reproducible from the seed
