@@ -77,9 +77,18 @@ class BuildStore:
     def __init__(self, root: str) -> None:
         self.root = root.rstrip("/")
         self._fs: Any = None
+        self._reported: set[str] = set()  # the paths of damaged entries already warned about
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"root": self.root, "_fs": None}
+        return {"root": self.root, "_fs": None, "_reported": set()}
+
+    def _damaged(self, path: str, problem: str) -> None:
+        """Warn once per process that the entry file `path` `problem` (a sweep that reuses a search checks an entry
+        before it builds, and again as it publishes: one line says it)."""
+        if path not in self._reported:
+            self._reported.add(path)
+            logger.warning("build store: %s %s (changed since it was published): that build is not reused", path,
+                           problem)  # fmt: skip
 
     @property
     def local(self) -> Path | None:
@@ -130,8 +139,7 @@ class BuildStore:
             return None
         recorded = content.pop(MANIFEST_SHA256, None)
         if recorded != _manifest_digest(content):
-            logger.warning("build store: %s no longer has the sha256 it records of itself (changed since it was "
-                           "published): that build is not reused", self._path(key, MANIFEST))  # fmt: skip
+            self._damaged(self._path(key, MANIFEST), "no longer has the sha256 it records of itself")
             return None
         return content if isinstance(content.get("files"), dict) else None
 
@@ -169,8 +177,7 @@ class BuildStore:
                 actual = None
             if actual != expected:
                 problem = "is missing" if actual is None else "no longer has the sha256 its manifest records"
-                logger.warning("build store: %s %s (changed since it was published): that build is not reused",
-                               self._path(key, name), problem)  # fmt: skip
+                self._damaged(self._path(key, name), problem)
                 return False
         return True
 
