@@ -304,15 +304,16 @@ def mark_used(entry: Path) -> None:
         os.utime(entry)
 
 
-def remove_abandoned(local: Path) -> None:
-    """Remove the staging and discarded folders of publishers killed mid-publish (see ABANDONED_AFTER_S)."""
+def remove_abandoned(local: Path, what: str = "build store") -> None:
+    """Remove the staging and discarded folders of publishers killed mid-publish (see ABANDONED_AFTER_S); `what`
+    names the folder `local` in the line said for each."""
     cutoff = time.time() - ABANDONED_AFTER_S
     for entry in local.glob(".*"):
         if not entry.name.endswith((".publishing", ".discarded")):
             continue
         try:
             if entry.stat().st_mtime < cutoff:
-                logger.info("build store: removing %s, left by a publish that did not finish", entry)
+                logger.info("%s: removing %s, left by a publish that did not finish", what, entry)
                 shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
         except OSError:  # another publisher removed it first
             continue
