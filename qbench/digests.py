@@ -11,9 +11,11 @@ from pathlib import Path
 def file_sha256(path: Path) -> str:
     """sha256 of a file's bytes, or of every file under a folder (names and bytes, in sorted order).
 
-    A file's digest is remembered while its identity, size and modification time stay the same (a sweep digests
-    the same model at each measurement), but only for a file last modified well before it was read: file
-    times are coarse, so a rewrite moments after a read could keep the old time (git's "racily clean" case).
+    A file's digest is remembered while its identity, size, modification time and change time stay the same (a sweep
+    digests the same model at each measurement), but only for a file last modified well before it was read: file
+    times are coarse, so a rewrite moments after a read could keep the old time (git's "racily clean" case). The
+    change time (ctime) is what no program sets: a rewrite of the same size whose modification time was put back
+    (`touch -r`, `cp -p`, `rsync -t`) keeps the other three.
     """
     if path.is_dir():
         return _tree_sha256(path, sorted(p for p in path.rglob("*") if p.is_file()))
@@ -47,7 +49,7 @@ def bytes_sha256(path: Path) -> str:
     return digest
 
 
-FileKey = tuple[str, int, int, int, int]
+FileKey = tuple[str, int, int, int, int, int]
 _DIGESTS: dict[FileKey, str] = {}
 _BYTES: dict[FileKey, str] = {}
 _BYTES_ENTRIES = 1 << 20  # a million files' digests (about 200 MB)
@@ -55,11 +57,13 @@ _SETTLED_NS = 2_000_000_000  # coarser than any file system's time stamps (FAT: 
 
 
 def file_key(path: Path) -> tuple[FileKey, bool]:
-    """A file's identity, size and modification time (a key to remember what was read from it), and whether it is
-    settled: last modified well before now, so that a rewrite cannot keep the same key (see `file_sha256`)."""
+    """A file's identity, size, modification and change times (a key to remember what was read from it), and whether
+    it is settled: last modified well before now, so that a rewrite cannot keep the same key (see `file_sha256`). The
+    change time is in the key but not in being settled: setting a copy's modification time (`shutil.copy2`) moves it."""
     read_at = time.time_ns()
     stat = os.stat(path)  # the device and inode name the file (a link or `..` reach the same one): no realpath per file
-    return (os.path.abspath(path), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns), stat.st_mtime_ns < read_at - _SETTLED_NS
+    key = (os.path.abspath(path), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+    return key, stat.st_mtime_ns < read_at - _SETTLED_NS
 
 
 def _tree_sha256(path: Path, files: list[Path]) -> str:

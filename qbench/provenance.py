@@ -20,6 +20,7 @@ from qbench.recipe_data import ImageInputSpec
 from qbench.user_code import module_source, not_found
 
 if TYPE_CHECKING:  # pragma: no cover
+    from qbench.digests import FileKey
     from qbench.recipe import Recipe
 
 
@@ -152,7 +153,7 @@ def changed_inputs(
 
 def external_data_locations(model_path: Path) -> list[str]:
     """The model's external-data files; a file ONNX cannot parse has none (its own digest still counts,
-    and preflight rejects it by name). Remembered while the file's identity, size and mtime stay the same:
+    and preflight rejects it by name). Remembered while the file's identity, size and times stay the same:
     finding them parses the whole graph (90 MB for a small transformer), and measuring asks at every run."""
     from qbench.digests import file_key
     from qbench.modelinfo import external_data_files
@@ -173,7 +174,7 @@ def external_data_locations(model_path: Path) -> list[str]:
     return found
 
 
-_EXTERNAL_DATA: dict[tuple[str, int, int, int, int], tuple[str, ...]] = {}
+_EXTERNAL_DATA: dict[FileKey, tuple[str, ...]] = {}
 
 
 def model_sha256(path: Path) -> str:

@@ -124,6 +124,30 @@ def test_a_settled_file_is_digested_once_and_a_fresh_one_every_time(tmp_path: Pa
     assert file_sha256(fresh) != digest and reads.count(fresh) == 2
 
 
+
+def test_a_same_size_rewrite_whose_time_was_put_back_is_digested_again(tmp_path: Path) -> None:
+    """A settled file rewritten in place with other bytes of the same size, its modification time then put back
+    (`touch -r`, `cp -p`, `rsync -t`), kept its remembered digest: a second sweep in the same process (a notebook's
+    run_sweep, a Ray worker) took a damaged input copy or store file for the one it had checked. The change time,
+    which nothing sets back, is part of what the digest is remembered by."""
+    import hashlib
+    import os
+
+    from qbench.digests import bytes_sha256
+
+    path = tmp_path / "model.onnx"
+    path.write_bytes(b"a" * 64)
+    old = path.stat().st_mtime_ns - 60_000_000_000
+    os.utime(path, ns=(old, old))  # settled: its digest is remembered
+    first, first_bytes = file_sha256(path), bytes_sha256(path)
+    with path.open("r+b") as handle:  # in place: the same inode and size
+        handle.write(b"b")
+    os.utime(path, ns=(old, old))  # the modification time put back
+    assert path.stat().st_size == 64 and path.stat().st_mtime_ns == old
+    assert file_sha256(path) != first
+    assert bytes_sha256(path) != first_bytes
+    assert bytes_sha256(path) == hashlib.sha256(b"b" + b"a" * 63).hexdigest()
+
 def test_a_models_size_counts_its_external_data_files(tmp_path: Path) -> None:
     """The FP32 MiniLM-sized case in small: model.onnx holds a few hundred bytes, weights.bin the 1 KB of weights."""
     import os

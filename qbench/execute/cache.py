@@ -24,7 +24,9 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
+from qbench.errors import QbenchError
 from qbench.execute.store import ABANDONED_AFTER_S, SOURCES, store_writes
+from qbench.files import folder_writes
 
 logger = logging.getLogger(__name__)
 
@@ -155,13 +157,18 @@ def prune(store: Path, *, older_than_days: float | None = None, max_bytes: int |
 
 
 def _remove(entry: Entry, store: Path) -> bool:
-    """Move `entry` aside in one step, then delete it; False when a sweep registered it meanwhile (or it is gone)."""
+    """Move `entry` aside in one step, then delete it; False when a sweep registered it meanwhile (or it is gone).
+    A store that refuses the move (read-only, not this user's) is a QbenchError naming it: such a prune removed
+    nothing and said `removed 0 entries`, exit 0, so a clean-up job never learnt that the store still grew."""
     if entry.key in keys_in_use(store):
         return False
     aside = entry.path.with_name(f".{entry.key}.{secrets.token_hex(4)}.pruned")
     try:
-        entry.path.rename(aside)
-    except OSError:
+        with folder_writes(store, lambda exc: QbenchError(
+                f"qbench cache prune: cannot remove {entry.path} from the build store {store}: {exc.strerror or exc}; "
+                "expected a store this user can write (run it where the store is mounted read-write)")):  # fmt: skip
+            entry.path.rename(aside)
+    except OSError:  # gone meanwhile (another prune)
         return False
     logger.debug("removing %s (%s, %d bytes)", entry.path, entry.kind, entry.size)
     with suppress(OSError):

@@ -28,6 +28,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -44,6 +45,8 @@ from qbench.provenance import (
     tokenizer_input,
 )
 from qbench.recipe_data import DataSpec, ImageInputSpec, TextInputSpec
+
+logger = logging.getLogger(__name__)
 
 SNAPSHOT_INPUTS = ("model", "model.weights", "data", "data.calibration")  # the inputs read by path, and tokenizers
 
@@ -135,10 +138,15 @@ def take_snapshot(inputs: Mapping[str, InputDigest], root: Path) -> Snapshot:
     copies = {}
     for name, group in _groups(inputs).items():
         entry = root / group.key
-        if _mismatch(entry, group) is None:
+        damaged = _mismatch(entry, group)
+        if damaged is None:
             mark_used(entry)
-        else:
-            _publish(entry, group)
+            copies[name] = entry / group.main
+            continue
+        if entry.exists():  # not a first copy: an entry changed, truncated or emptied since it was copied
+            logger.info("input copy %s is missing or changed since it was copied: copying %s again", entry / damaged,
+                        group.source(damaged))  # fmt: skip
+        _publish(entry, group)
         copies[name] = entry / group.main
     return Snapshot(copies, dict(inputs))
 

@@ -39,7 +39,8 @@ logger = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 SOURCES = "sources"  # the folder of input copies (never a build key: those are hex digits)
-_MANIFEST_FORMAT = 2  # 2: `files` maps each file to its sha256
+_MANIFEST_FORMAT = 3  # 2: `files` maps each file to its sha256; 3: the manifest records its own (MANIFEST_SHA256)
+MANIFEST_SHA256 = "manifest_sha256"  # the sha256 of the rest of the manifest (`_manifest_digest`)
 _CHUNK = 1 << 20  # bytes read at a time while hashing
 # A staging or discarded folder untouched this long was left by a publisher that was killed (a publish takes
 # seconds to minutes): the next publish removes it.
@@ -76,9 +77,18 @@ class BuildStore:
     def __init__(self, root: str) -> None:
         self.root = root.rstrip("/")
         self._fs: Any = None
+        self._reported: set[str] = set()  # the paths of damaged entries already warned about
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"root": self.root, "_fs": None}
+        return {"root": self.root, "_fs": None, "_reported": set()}
+
+    def _damaged(self, path: str, problem: str) -> None:
+        """Warn once per process that the entry file `path` `problem` (a sweep that reuses a search checks an entry
+        before it builds, and again as it publishes: one line says it)."""
+        if path not in self._reported:
+            self._reported.add(path)
+            logger.warning("build store: %s %s (changed since it was published): that build is not reused", path,
+                           problem)  # fmt: skip
 
     @property
     def local(self) -> Path | None:
@@ -117,13 +127,19 @@ class BuildStore:
         return self._filesystem().open(self._path(key, name), "rb")
 
     def manifest(self, key: str) -> dict[str, Any] | None:
-        """The manifest of a complete build under `key`; None when there is none (or it is unreadable)."""
+        """The manifest of a complete build under `key`; None when there is none, it is unreadable, or it no longer
+        has the sha256 it records of itself: a manifest changed since it was published (a flipped byte that leaves
+        valid JSON: another parameter, note or search report) is logged as a warning and its build is not reused."""
         try:
             with self._open(key, MANIFEST) as stream:
                 content = json.loads(stream.read())
         except (OSError, ValueError):
             return None
         if not isinstance(content, dict) or content.get("format") != _MANIFEST_FORMAT:
+            return None
+        recorded = content.pop(MANIFEST_SHA256, None)
+        if recorded != _manifest_digest(content):
+            self._damaged(self._path(key, MANIFEST), "no longer has the sha256 it records of itself")
             return None
         return content if isinstance(content.get("files"), dict) else None
 
@@ -161,8 +177,7 @@ class BuildStore:
                 actual = None
             if actual != expected:
                 problem = "is missing" if actual is None else "no longer has the sha256 its manifest records"
-                logger.warning("build store: %s %s (changed since it was published): that build is not reused",
-                               self._path(key, name), problem)  # fmt: skip
+                self._damaged(self._path(key, name), problem)
                 return False
         return True
 
@@ -289,15 +304,16 @@ def mark_used(entry: Path) -> None:
         os.utime(entry)
 
 
-def remove_abandoned(local: Path) -> None:
-    """Remove the staging and discarded folders of publishers killed mid-publish (see ABANDONED_AFTER_S)."""
+def remove_abandoned(local: Path, what: str = "build store") -> None:
+    """Remove the staging and discarded folders of publishers killed mid-publish (see ABANDONED_AFTER_S); `what`
+    names the folder `local` in the line said for each."""
     cutoff = time.time() - ABANDONED_AFTER_S
     for entry in local.glob(".*"):
         if not entry.name.endswith((".publishing", ".discarded")):
             continue
         try:
             if entry.stat().st_mtime < cutoff:
-                logger.info("build store: removing %s, left by a publish that did not finish", entry)
+                logger.info("%s: removing %s, left by a publish that did not finish", what, entry)
                 shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
         except OSError:  # another publisher removed it first
             continue
@@ -325,7 +341,16 @@ def _file_sha256(path: Path) -> str:
 
 
 def _manifest_text(manifest: dict[str, Any]) -> str:
-    return json.dumps(manifest, indent=2, sort_keys=True)
+    """The manifest file's text: `manifest` with its own sha256 (MANIFEST_SHA256), which `BuildStore.manifest`
+    checks: each stored file has its digest in `files`, and the manifest, read back to rebuild the BuiltVariant,
+    has its own."""
+    return json.dumps({**manifest, MANIFEST_SHA256: _manifest_digest(manifest)}, indent=2, sort_keys=True)
+
+
+def _manifest_digest(manifest: dict[str, Any]) -> str:
+    """sha256 of `manifest` (without MANIFEST_SHA256) as JSON text, the same for the dict a build made and for the
+    one read back from its file (a tuple is written as the list it is read back as)."""
+    return hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
 
 
 def manifest_of(built: BuiltVariant, folder: Path, environment: dict[str, str], *, reusable: bool,

@@ -16,7 +16,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -27,7 +26,8 @@ import numpy as np
 
 from qbench.errors import QbenchError
 from qbench.execute.store import cache_dir as qbench_cache_dir
-from qbench.files import write_fault
+from qbench.execute.store import remove_abandoned
+from qbench.files import new_folder, write_fault
 from qbench.preflight_random import random_refusal, random_sources
 from qbench.sources.torch_lengths import other_lengths
 from qbench.sources.torch_model import EXAMPLE_BATCH, TorchModel, single_torch_thread
@@ -51,6 +51,8 @@ def export_reference(torch_model: TorchModel, cache_dir: Path | None = None) -> 
     """
     folder = (cache_dir or qbench_cache_dir()) / "exports" / torch_model.cache_key
     target = folder / "model.onnx"
+    if folder.is_dir():  # an export's temporary folder left by a sweep killed while exporting (OOM, SIGKILL)
+        remove_abandoned(folder, "export cache")
     if target.is_file():
         try:
             stale = _checked_export(torch_model, target, folder)
@@ -108,7 +110,7 @@ def _export_into(torch_model: TorchModel, target: Path, inputs: Sequence[Any] | 
     example, another batch size and `inputs`), rename it into place, else return why not and leave `target` as is:
     the cache never holds a partial or wrong file, and a concurrent sweep never reads half of one. The temporary file
     has `target`'s name (in a folder of its own), so the digest its kept check is under is the renamed file's."""
-    folder = Path(tempfile.mkdtemp(dir=target.parent, prefix=".export."))
+    folder = new_folder(target.parent, "export", "publishing")  # removed by remove_abandoned when its writer died
     temporary = folder / target.name
     try:
         try:

@@ -148,6 +148,24 @@ def test_cache_prune_prints_what_it_removed_and_the_space_freed(
     assert f"{store}: removed 2 entries, freed 5.9 KiB; kept 3 (2.9 KiB)" in shown  # 30-day-old build, input copy
 
 
+def test_cache_prune_on_a_store_it_cannot_write_is_one_line_and_exit_2(
+    store: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read-only store (a mount, another user's folder) said `removed 0 entries, freed 0 B` and exit 0: the CI
+    clean-up step passed and the store kept growing."""
+    import errno
+
+    def refused(path: Path, target: Path) -> None:
+        raise OSError(errno.EROFS, "Read-only file system", str(path), None, str(target))
+
+    monkeypatch.setattr(Path, "rename", refused)
+    assert main(["cache", "prune", "--store", str(store), "--older-than", "5"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: qbench cache prune: cannot remove {store / _key(0)} from the build store {store}: Read-only file "
+        "system; expected a store this user can write (run it where the store is mounted read-write)"
+    )
+    assert len(list(store.iterdir())) == 5  # nothing removed
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

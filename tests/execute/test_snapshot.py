@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -91,15 +92,22 @@ def test_a_file_changed_between_hashing_and_copying_stops_with_one_line_and_leav
     assert list((tmp_path / "sources").iterdir()) == []  # no entry, no staging folder
 
 
-def test_an_intact_copy_is_shared_and_a_damaged_one_is_copied_again(tmp_path) -> None:
+def test_an_intact_copy_is_shared_and_a_damaged_one_is_copied_again(tmp_path, caplog) -> None:
+    """A damaged copy is copied again, and said in one line naming it (it was replaced silently)."""
     recipe = load_recipe(_project(tmp_path / "p"))
     inputs = input_digests(recipe)
-    first = take_snapshot(inputs, tmp_path / "sources").copies["model"]
+    with caplog.at_level(logging.INFO, logger="qbench"):
+        first = take_snapshot(inputs, tmp_path / "sources").copies["model"]
+    assert caplog.records == []  # a first copy is no damage
     inode = first.stat().st_ino
     assert take_snapshot(inputs, tmp_path / "sources").copies["model"].stat().st_ino == inode  # reused as it is
     first.write_bytes(b"edited in the store")
-    again = take_snapshot(inputs, tmp_path / "sources").copies["model"]
+    with caplog.at_level(logging.INFO, logger="qbench"):
+        again = take_snapshot(inputs, tmp_path / "sources").copies["model"]
     assert again == first and again.read_bytes() == recipe.model_path.read_bytes()
+    assert [r.getMessage() for r in caplog.records] == [
+        f"input copy {first} is missing or changed since it was copied: copying {recipe.model_path} again"
+    ]
 
 
 def test_prepare_reads_the_copies_of_the_model_its_external_data_and_the_data(tmp_path) -> None:

@@ -75,6 +75,46 @@ def test_a_stored_file_changed_since_publishing_is_never_reused(
     assert f"build store: {path} " in caplog.text and "that build is not reused" in caplog.text
 
 
+
+@pytest.mark.parametrize(("field", "was", "flipped"), [("name", '"int8"', '"int9"'), ("params", "{}", '{"a": 1}')])
+def test_a_manifest_changed_since_publishing_is_never_reused(
+    published: tuple[BuildStore, dict[str, Any]], tmp_path: Path, field: str, was: str, flipped: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """A manifest whose text changed and is still valid JSON (one bit: '8' -> '9'; an edit) was reused as it read:
+    the BuiltVariant rebuilt from it carried another name or parameters than its build. Its own sha256 is checked."""
+    store, built = published
+    path = tmp_path / "store" / KEY / "manifest.json"
+    text = path.read_text()
+    assert f'"{field}": {was}' in text
+    path.write_text(text.replace(f'"{field}": {was}', f'"{field}": {flipped}', 1))
+    with caplog.at_level(logging.WARNING, logger="qbench"):
+        assert store.reusable(KEY, FACTS) is None
+    assert f"build store: {path} no longer has the sha256 it records of itself" in caplog.text
+    assert store.publish(KEY, tmp_path / "build", built) == built  # a publish replaces it
+    assert store.reusable(KEY, FACTS) == built
+
+
+@pytest.mark.parametrize("name", ["model.onnx.data", "manifest.json"])
+def test_a_damaged_entry_is_reported_in_one_line_by_a_sweep_that_checks_it_and_replaces_it(
+    published: tuple[BuildStore, dict[str, Any]], tmp_path: Path, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A build that searches checks the stored entry before it searches and again as it publishes (BuildStore._kept):
+    each check warned, so one damaged file was two identical lines. One line, and the entry is replaced."""
+    store, built = published
+    path = tmp_path / "store" / KEY / name
+    damaged = path.read_bytes().replace(b'"name": "int8"', b'"name": "int9"') if name == "manifest.json" else b"x"
+    path.write_bytes(damaged)
+    with caplog.at_level(logging.WARNING, logger="qbench"):
+        assert store.reusable(KEY, FACTS) is None
+        assert store.publish(KEY, tmp_path / "build", built) == built
+    assert [r.getMessage() for r in caplog.records] == [
+        f"build store: {path} "
+        f"{'no longer has the sha256 it records of itself' if name == 'manifest.json' else 'no longer has the sha256 its manifest records'} "
+        "(changed since it was published): that build is not reused"
+    ]
+    assert store.reusable(KEY, FACTS) == built
+
 def test_a_materialised_build_is_a_copy_independent_of_the_store(
     published: tuple[BuildStore, dict[str, Any]], tmp_path: Path
 ) -> None:

@@ -319,6 +319,28 @@ def test_a_cached_export_that_forward_no_longer_computes_is_exported_again(
     assert sorted(p.name for p in tanh.parent.iterdir()) == ["checks", "model.onnx"]  # no temp files left
 
 
+
+def test_what_an_export_killed_midway_left_in_the_cache_goes_once_abandoned(tmp_path: Path) -> None:
+    """A sweep killed while exporting (OOM, SIGKILL: no `finally` runs) left its temporary folder, a whole model's
+    size, in the export cache for good; the next use of that export removes it once abandoned (6 hours), and leaves
+    one an export under way is writing."""
+    import os
+    import time
+
+    from qbench.execute.store import ABANDONED_AFTER_S
+
+    recipe = _project(tmp_path)
+    torch_model = load_torch_model(load_recipe(recipe))
+    export = export_reference(torch_model)
+    killed, running = export.parent / ".export.0a1b2c3d.publishing", export.parent / ".export.4e5f6a7b.publishing"
+    for folder in (killed, running):
+        folder.mkdir()
+        (folder / "model.onnx").write_bytes(export.read_bytes())
+    old = time.time() - ABANDONED_AFTER_S - 60
+    os.utime(killed, (old, old))
+    assert export_reference(torch_model) == export
+    assert not killed.exists() and (running / "model.onnx").is_file()
+
 def test_editing_a_helper_forward_calls_from_another_file_makes_a_new_export(tmp_path: Path) -> None:
     """ops.act is neither the factory's file nor a class's: the key left it out, so the edited code was served the
     relu export's folder (replaced there only when the checks of a cached export saw the edit)."""
