@@ -248,7 +248,7 @@ def gate(
             try:
                 return report_gate(asked, judged, report, path, ending, registry)
             finally:
-                tag_tracked_runs(asked, path, report)
+                tag_tracked_runs(asked, judged, path, report)
 
 
 @app.command()

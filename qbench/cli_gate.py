@@ -205,7 +205,7 @@ def _register(asked: Recipe | None, judged: SweepResults, report: GateReport, re
                   f"(run {entry.run_id}); aliases: {', '.join(entry.aliases) or 'none'}", markup=False)  # fmt: skip
 
 
-def tag_tracked_runs(asked: Recipe | None, results_path: Path, report: GateReport) -> None:
+def tag_tracked_runs(asked: Recipe | None, judged: SweepResults, results_path: Path, report: GateReport) -> None:
     """`qbench gate` on results a tracked sweep logged: its MLflow runs' gate tags become this verdict's (the UI
     shows what CI concluded last). A courtesy beside the verdict, as the step summary is: a store that fails is a
     warning and the exit code stands; results no store holds (an untracked sweep) are left alone. MLflow (seconds
@@ -218,7 +218,7 @@ def tag_tracked_runs(asked: Recipe | None, results_path: Path, report: GateRepor
     from qbench.track_saved import tag_gate_verdict
 
     try:
-        run_id = tag_gate_verdict(asked, results_path.parent, report)
+        run_id = tag_gate_verdict(asked, results_path.parent, report, judged)
     except QbenchError as exc:
         err_console.print(f"warning: {one_line(exc)}; the MLflow runs keep their earlier gate tags; the verdict stands",
                           soft_wrap=True, markup=False)  # fmt: skip

@@ -33,6 +33,8 @@ _DISALLOWED = re.compile(r"[^\w\-. :/]")  # MLflow keys: alphanumerics, _ - . sp
 GATE_TAG = "qbench.gate"  # pass | breach | interrupted | unusable on the sweep; pass | fail | not gated on a variant
 GATE_NOTES_TAG = "qbench.gate.notes"  # the gate's notes that concern the run ('none' when none)
 GATE_REASONS_TAG = "qbench.gate.reasons"  # why the verdict is no pass: breaches and problems ('none' on a pass)
+CHEAPEST_TAG = "qbench.cheapest"  # the cheapest variant meeting accuracy and the SLO, as the report names it
+_CHEAPEST_LINE = "cheapest meeting accuracy and SLO: "
 _NOTE_SEPARATOR = " | "
 _DESCRIPTION_TAG = "mlflow.note.content"  # shown as the run's description in the MLflow UI
 _V = TypeVar("_V")
@@ -313,12 +315,21 @@ def gate_tags(gate: GateReport | None, key: str | None = None) -> dict[str, str]
             GATE_REASONS_TAG: tag_value(_NOTE_SEPARATOR.join(reasons) or "none")}
 
 
+def sweep_gate_tags(results: SweepResults, gate: GateReport | None) -> dict[str, str]:
+    """The sweep run's gate tags (gate_tags) and, for results with a latency budget, the cheapest variant meeting
+    accuracy and the SLO as report.md names it (it follows from the verdict: a later `qbench gate` rewrites both)."""
+    from qbench.report_serving import slo_lines
+
+    lines = [line for line in slo_lines(results, gate) if line.startswith(_CHEAPEST_LINE)] if gate is not None else []
+    return gate_tags(gate) | {CHEAPEST_TAG: tag_value(line.removeprefix(_CHEAPEST_LINE)) for line in lines}
+
+
 def sweep_tags(results: SweepResults, gate: GateReport | None) -> dict[str, str]:
     from qbench.report_frontier import frontier_text
 
     return {
         "qbench.version": results.qbench_version,
-        **gate_tags(gate),
+        **sweep_gate_tags(results, gate),
         "qbench.recipe": str(results.recipe.get("name", "")),
         "qbench.created_at": results.created_at,
         _DESCRIPTION_TAG: tag_value(frontier_text(results)),
@@ -335,6 +346,8 @@ def sweep_metrics(results: SweepResults, gate: GateReport | None) -> dict[str, f
         for what, counts in figures.items():
             columns = unique_names(counts, _slice_segment)  # columns "a,b" and "a_b" keep a figure each
             metrics |= {f"{kind}/{_slice_segment(what)}/{columns[column]}": float(n) for column, n in counts.items()}
+    scopes = unique_names(results.distinct_inputs, _slice_segment)  # scopes whose rows repeat an input
+    metrics |= {f"distinct_inputs/{scopes[scope]}": float(n) for scope, n in results.distinct_inputs.items()}
     return metrics | _range_metrics(results) | _search_metrics(results)
 
 

@@ -29,7 +29,7 @@ from qbench.recipe import Recipe
 from qbench.results import SweepResults
 from qbench.runs import RESULTS_FILE, describe_run, record_tracking
 from qbench.track import SweepTracker, artifact_paths, children_of, log_gate
-from qbench.track_content import GATE_TAG, gate_tags, tag_value
+from qbench.track_content import GATE_TAG, sweep_gate_tags, tag_value
 from qbench.track_store import (
     bounded_retries,
     existing_experiment,
@@ -74,12 +74,12 @@ def logged_sweep_run(recipe: Recipe, run_dir: Path) -> str | None:
     return found.info.run_id if found else None
 
 
-def tag_gate_verdict(recipe: Recipe, run_dir: Path, gate: GateReport) -> str | None:
+def tag_gate_verdict(recipe: Recipe, run_dir: Path, gate: GateReport, results: SweepResults) -> str | None:
     """Tag the MLflow runs of the sweep saved in `run_dir` (the newest finished sweep run tagged with it, and its
-    variants' runs) with `gate`'s verdict and notes as a sweep tags them, replacing the ones there: the UI shows the
-    latest verdict on those results, as the CI job that ran `qbench gate` saw it. Returns the sweep run's id; None
-    where the recipe's store holds no such run (the sweep was not tracked, or tracked elsewhere). A store that
-    fails is a QbenchError naming it."""
+    variants' runs) with `gate`'s verdict on `results`, its notes and the cheapest variant as a sweep tags them,
+    replacing the ones there: the UI shows the latest verdict on those results, as the CI job that ran `qbench gate`
+    saw it. Returns the sweep run's id; None where the recipe's store holds no such run (the sweep was not tracked,
+    or tracked elsewhere). A store that fails is a QbenchError naming it."""
     found = existing_experiment(recipe, run_store_uri(recipe, run_dir))
     if found is None:
         return None
@@ -92,7 +92,8 @@ def tag_gate_verdict(recipe: Recipe, run_dir: Path, gate: GateReport) -> str | N
             children = children_of(client, experiment_id, parent.info.run_id)
             log_gate(client, {key: run.info.run_id for key, run in children.items()}, gate)
             breaches = Metric("gate_breaches", float(len(gate.breaches)), int(time.time() * 1000), 0)  # as sweep_metrics
-            client.log_batch(parent.info.run_id, [breaches], tags=[RunTag(k, v) for k, v in gate_tags(gate).items()])
+            tags = [RunTag(k, v) for k, v in sweep_gate_tags(results, gate).items()]  # the cheapest follows the verdict
+            client.log_batch(parent.info.run_id, [breaches], tags=tags)
         except (MlflowException, OSError) as exc:
             raise QbenchError(store_failure(uri, exc)) from exc
     return parent.info.run_id
