@@ -272,6 +272,22 @@ def batch_axis_hint(model: ModelInfo) -> str:
     return ""
 
 
+def one_row_only(model: ModelInfo) -> tuple[str, str]:
+    """Why a model with a dynamic batch runs one row but not two, and what to export instead: a rank-1 input of a
+    static 1 beside an input whose axis 0 is dynamic is one value per call (an optimum merged decoder's
+    `use_cache_branch`, a flag choosing the If's branch), which qbench feeds one per row; else a graph fixing a batch
+    of 1 its inputs do not declare (a Reshape to a constant [1, -1], as older zoo exports write)."""
+    dynamic = any(meta.shape and meta.shape[0] is None for meta in model.inputs.values())
+    flags = [meta for meta in model.inputs.values() if tuple(meta.shape) == (1,)]
+    if flags and dynamic:
+        named = ", ".join(f"{meta.name!r} {meta.shape_text()}" for meta in flags)
+        return (f"so model input {named} holds one value per call beside inputs with a dynamic batch (a flag, as an "
+                "optimum merged decoder's use_cache_branch is), where qbench feeds one value per row",
+                "or export a model without it (optimum's unmerged decoder_model.onnx and decoder_with_past_model.onnx)")
+    return ("so its graph fixes a batch of 1 its inputs do not declare (a Reshape to a constant [1, -1])",
+            "or export it with a dynamic batch")
+
+
 def _likely_batch_axis(meta: TensorMeta) -> int | None:
     """A later axis that looks more like the batch than axis 0: a dynamic one when axis 0 is static, or one
     named like a batch when axis 0 is named otherwise."""

@@ -196,3 +196,47 @@ def test_the_export_that_hint_names_runs(tmp_path, monkeypatch):
     spec["data"]["calibration"].pop("batch_size")
     recipe.write_text(yaml.safe_dump(spec, sort_keys=False))
     assert main(["sweep", str(recipe), "--no-track", "--gate"]) == 0
+
+
+def flag_model() -> onnx.ModelProto:
+    """x [batch, 4] and a flag [1] choosing one of two MatMuls through an If, as an optimum merged decoder's
+    `use_cache_branch` chooses its with-past or without-past graph: one value per call, so a batch of 2 rows fails."""
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.normal(size=(4, 3)).astype(np.float32), name) for name in ("w1", "w2")]
+    out = helper.make_tensor_value_info
+
+    def branch(weight: str) -> onnx.GraphProto:
+        node = helper.make_node("MatMul", ["x", weight], [f"y_{weight}"])
+        return helper.make_graph([node], weight, [], [out(f"y_{weight}", TensorProto.FLOAT, ["batch", 3])])
+
+    node = helper.make_node("If", ["flag"], ["logits"], then_branch=branch("w1"), else_branch=branch("w2"))
+    graph = helper.make_graph([node], "merged", [out("x", TensorProto.FLOAT, ["batch", 4]), out("flag", TensorProto.BOOL, [1])],
+                              [out("logits", TensorProto.FLOAT, ["batch", 3])], weights)  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_flag_input_of_one_value_per_call_is_named_not_taken_for_a_hidden_reshape(tmp_path, monkeypatch, capsys):
+    """A merged decoder's `use_cache_branch` [1] beside inputs with a dynamic batch runs one row but not two: the line
+    said "its graph fixes a batch of 1 its inputs do not declare (a Reshape to a constant [1, -1])", of a graph with no
+    Reshape whose input declares that 1; it now names the input. The batch fields it says to set make the recipe run."""
+    monkeypatch.chdir(tmp_path)
+    recipe = project(tmp_path / "p", flag_model())
+    spec = yaml.safe_load(recipe.read_text())
+    spec["data"]["inputs"]["flag"] = "flag"
+    frame = pd.read_parquet(recipe.parent / "rows.parquet").assign(flag=np.arange(ROWS) % 2 == 0)
+    frame.to_parquet(recipe.parent / "rows.parquet")
+    recipe.write_text(yaml.safe_dump(spec, sort_keys=False))
+    code = main(["validate", str(recipe)])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2, err
+    assert len(lines) == 1, err
+    assert lines[0].endswith("it runs one row but not two, so model input 'flag' [1] holds one value per call beside "
+                             "inputs with a dynamic batch (a flag, as an optimum merged decoder's use_cache_branch is), "
+                             "where qbench feeds one value per row: set latency.batch_sizes: [1], "
+                             "data.evaluation.batch_size: 1 and data.calibration.batch_size: 1, or export a model without "
+                             "it (optimum's unmerged decoder_model.onnx and decoder_with_past_model.onnx)"), lines[0]  # fmt: skip
+    assert "Reshape" not in lines[0]
+    spec["latency"]["batch_sizes"] = [1]
+    recipe.write_text(yaml.safe_dump(spec, sort_keys=False))
+    assert main(["sweep", str(recipe), "--no-track", "--gate"]) == 0

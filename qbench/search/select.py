@@ -172,7 +172,7 @@ def why_none(records: Sequence[CandidateRecord], float_layers: Mapping[str, int]
     """Why no candidate could be kept: nothing to quantize in the graph, or what each candidate ran into.
 
     `float_layers`: the graph's layers holding weights that quantizers may leave float whole (recurrent layers,
-    other-domain operators; integer_kernels.float_weighted_layers). Where the graph has them, its weights are there,
+    other-domain operators, Linear layers inside If/Loop/Scan bodies; integer_kernels.float_weighted_layers). Where the graph has them, its weights are there,
     and "no layer with constant weights" would be false: a GRU classifier without a Linear head was told it had no
     MatMul, Gemm or Conv with constant weights, "e.g. a tree ensemble"."""
     tried = [r for r in records if r.stage != "skipped"]
@@ -183,9 +183,12 @@ def why_none(records: Sequence[CandidateRecord], float_layers: Mapping[str, int]
         if float_layers:
             layers = ", ".join(f"{count} {op}" for op, count in float_layers.items())
             techniques = ", ".join(dict.fromkeys(r.technique for r in tried))
+            nested = any("inside If/Loop/Scan" in op for op in float_layers)
+            hint = (" (quantization rewrites the main graph only: export each branch as a model of its own, as "
+                    "optimum's unmerged decoder_model.onnx and decoder_with_past_model.onnx are)") if nested else ""
             return (f"the INT8 search found nothing to quantize: every candidate left the graph as FP32's; its "
                     f"weights are in {layers}, which none of the techniques tried ({techniques}) lowers to INT8; there "
-                    "is no INT8 variant of this model")  # fmt: skip
+                    f"is no INT8 variant of this model{hint}")  # fmt: skip
         return ("the INT8 search found nothing to quantize: every candidate left the graph as FP32's (no MatMul, "
                 "Gemm or Conv with constant weights, e.g. a tree ensemble); the search has no INT8 variant of this "
                 "model (a static INT8 variant may still quantize its elementwise ops: its params say which)")  # fmt: skip

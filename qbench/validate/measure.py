@@ -33,7 +33,7 @@ from qbench.errors import QbenchError, RecipeError, environment_cause
 from qbench.preflight import Prepared, check_labels_fit_outputs
 from qbench.preflight_checks import check_masked_outputs, check_output_memory
 from qbench.preflight_labels import check_labels_beat_chance
-from qbench.preflight_rows import batches_a_graph_may_fix, runs_batch
+from qbench.preflight_rows import batches_a_graph_may_fix, one_row_only, runs_batch
 from qbench.provenance import model_bytes, model_sha256
 from qbench.recipe import LatencySpec
 from qbench.results import AccuracyResult, LatencyResult, SliceMetrics, VariantResult
@@ -406,7 +406,7 @@ def _expected(prepared: Prepared, backend: Backend, built: BuiltVariant, rows: R
     """What the dry run's refusal of a reference with a dynamic batch expects, by which batches it runs: none, a single
     row failing too (an op the runtime refuses whatever the batch, such as ONNX Runtime 1.32's opset-23 `Attention`
     with a mask broadcast over the query axis: no batch-size setting helps, so none is suggested); one row but not two
-    (a Reshape to a constant [1, -1], as older zoo exports write: the fields to set to 1); else every batch size."""
+    (preflight_rows.one_row_only says why: the fields to set to 1); else every batch size."""
     general = "expected a model that runs every batch size the recipe asks for"
     if prepared.batch is not None or not rows.count:
         return general
@@ -429,9 +429,9 @@ def _expected(prepared: Prepared, backend: Backend, built: BuiltVariant, rows: R
         return (f"expected a model {backend.name} runs: it fails on a single row too, so no batch-size setting would "
                 "help; the runtime's reason names the node it stops at")
     if size > 1 and not runs(2):
-        return (f"{general}; it runs one row but not two, so its graph fixes a batch of 1 its inputs do not declare (a "
-                "Reshape to a constant [1, -1]): set latency.batch_sizes: [1], data.evaluation.batch_size: 1 and "
-                "data.calibration.batch_size: 1, or export it with a dynamic batch")
+        why, instead = one_row_only(prepared.model)
+        return (f"{general}; it runs one row but not two, {why}: set latency.batch_sizes: [1], "
+                f"data.evaluation.batch_size: 1 and data.calibration.batch_size: 1, {instead}")
     return general
 
 

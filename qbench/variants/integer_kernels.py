@@ -355,11 +355,22 @@ def _float_weighted(model: onnx.ModelProto) -> tuple[Counter[str], Counter[str]]
     return recurrent, contrib
 
 
+_LINEAR_OP_TYPES = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
+
+
 def float_weighted_layers(model: onnx.ModelProto) -> dict[str, int]:
     """Layers of `model` holding weights that a quantizer may leave float whole (recurrent layers, other-domain
-    operators), by op type: where an FP32 graph's weights are when no INT8 build lowered anything."""
+    operators, and Linear/Conv layers inside If/Loop/Scan bodies, which the quantizers never enter: the weights of an
+    optimum merged decoder, whose If picks the with-past or the without-past graph), by op type: where an FP32
+    graph's weights are when no INT8 build lowered anything."""
     recurrent, contrib = _float_weighted(model)
-    return dict(sorted((recurrent + contrib).items()))
+    bodies = [body for node in all_nodes(model.graph) for body in subgraphs_of(node)]
+    matrices = {tensor.name for tensor in [*model.graph.initializer, *(t for body in bodies for t in body.initializer)]
+                if tensor.data_type == onnx.TensorProto.FLOAT and len(tensor.dims) >= 2}  # fmt: skip
+    nested = Counter(f"{inner.op_type} (inside If/Loop/Scan)" for body in bodies for inner in body.node
+                     if inner.domain in ("", "ai.onnx") and inner.op_type in _LINEAR_OP_TYPES
+                     and matrices.intersection(inner.input))  # fmt: skip
+    return dict(sorted((recurrent + contrib + nested).items()))
 
 
 def with_float_weighted(built: BuiltVariant, model: onnx.ModelProto) -> BuiltVariant:

@@ -5,10 +5,14 @@ from __future__ import annotations
 import math
 import statistics
 
+import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 from qbench.results_search import CandidateRecord
 from qbench.search import select
+from qbench.variants.integer_kernels import float_weighted_layers
 
 
 def _record(label: str, *, speedup: float | None = None, screen: float | None = None, excess: float | None = None,
@@ -213,3 +217,30 @@ def test_why_none_names_the_layers_holding_the_weights_when_the_graph_has_them()
     said = select.why_none(na, {"GRU": 2})
     assert "its weights are in 2 GRU" in said and "(ort-dynamic, ort-static)" in said
     assert "e.g. a tree ensemble" in select.why_none(na, {})
+
+
+def test_linear_layers_inside_an_if_are_where_the_weights_are_left_float():
+    """An optimum merged decoder: an If on a `use_cache_branch` input picks the with-past or the without-past graph,
+    whose Linears read the main graph's float weights by name. The quantizers never enter the branches, so the INT8
+    search's 'nothing to quantize' must name those layers: it said 'no MatMul, Gemm or Conv with constant weights,
+    e.g. a tree ensemble' of a GPT-2 with 16 Gemm and 2 MatMul in its branches."""
+    rng = np.random.default_rng(0)
+    weights = {"w": rng.normal(size=(4, 4)).astype(np.float32), "b": rng.normal(size=4).astype(np.float32)}
+    out = helper.make_tensor_value_info
+
+    def branch(name: str, linear: onnx.NodeProto) -> onnx.GraphProto:
+        return helper.make_graph([linear], name, [], [out(linear.output[0], TensorProto.FLOAT, ["n", 4])])
+
+    then = branch("with_past", helper.make_node("Gemm", ["x", "w", "b"], ["yt"], name="gemm"))
+    other = branch("no_past", helper.make_node("MatMul", ["x", "w"], ["ye"], name="matmul"))
+    graph = helper.make_graph(
+        [helper.make_node("If", ["use_cache_branch"], ["y"], then_branch=then, else_branch=other, name="if")], "merged",
+        [out("x", TensorProto.FLOAT, ["n", 4]), out("use_cache_branch", TensorProto.BOOL, [1])],
+        [out("y", TensorProto.FLOAT, ["n", 4])], initializer=[numpy_helper.from_array(v, k) for k, v in weights.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model)
+    layers = float_weighted_layers(model)
+    assert layers == {"Gemm (inside If/Loop/Scan)": 1, "MatMul (inside If/Loop/Scan)": 1}
+    said = select.why_none([CandidateRecord(t, t, stage="not applicable") for t in ("ort-dynamic", "ort-static")], layers)
+    assert "its weights are in 1 Gemm (inside If/Loop/Scan), 1 MatMul (inside If/Loop/Scan)" in said
+    assert "tree ensemble" not in said and "decoder_with_past_model.onnx" in said
