@@ -160,10 +160,15 @@ def test_gate_command_agrees_with_the_sweep(demo_sweep, monkeypatch, capsys):
 def test_gate_fails_closed_when_the_recipe_asks_for_more_than_was_swept(demo_sweep, monkeypatch, capsys):
     workdir, _ = demo_sweep
     monkeypatch.chdir(workdir)
-    recipe = yaml.safe_load((workdir / "digits.yaml").read_text())
+    original = (workdir / "digits.yaml").read_text()
+    recipe = yaml.safe_load(original)
     recipe["variants"].append({"name": "int8-pc", "precision": "int8", "calibrator": "minmax", "per_channel": True})
-    (workdir / "more.yaml").write_text(yaml.safe_dump(recipe))
-    assert main(["gate", "more.yaml"]) == 2
+    # the swept recipe file itself edited (another file of the same name is another recipe's runs: test_gate_results)
+    (workdir / "digits.yaml").write_text(yaml.safe_dump(recipe))
+    try:
+        assert main(["gate", "digits.yaml"]) == 2
+    finally:
+        (workdir / "digits.yaml").write_text(original)
     assert "int8-pc@onnxruntime-cpu" in " ".join(capsys.readouterr().out.split())
 
 
