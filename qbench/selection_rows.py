@@ -17,7 +17,7 @@ calibration file lacks) the choice is made on the evaluation rows and every reco
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -164,17 +164,19 @@ def selection_rows(
     return SelectionRows(feeds, labelled, slices, len(rows), why_unsliced, split.from_sample, digests, unjudged)
 
 
-def chosen_on(selection: SelectionRows | None, evaluation_rows: int) -> str:
-    """Which rows chose a searched variant and which judge it, in words (results, report, notes)."""
+def chosen_on(selection: SelectionRows | None, evaluation_rows: int, too_small: Sequence[str] = ()) -> str:
+    """Which rows chose a searched variant and which judge it, in words (results, report, notes); `too_small`: slices
+    the selection rows hold too few of to judge (gate.min_slice_size), named as the `unjudged` ones are."""
     if selection is None:
         return (f"chosen on the {evaluation_rows} evaluation rows that also judge it: no row apart from the evaluation "
                 "and the calibration fit is left to choose on, or those rows carry no labels to choose by, so its "
                 "figures are the best of several tries on those rows and flatter it (hold calibration rows out: "
                 "data.calibration.overlap: hold_out, or calibration.path; give them the data.label column)")  # fmt: skip
     unsliced = f" (overall only there: {selection.why_unsliced})" if selection.why_unsliced else ""
-    if selection.unjudged:
-        unsliced = (f", none of them in {named_some(selection.unjudged)} (the choice could not weigh a candidate there: "
-                    "only the gate judges it)")  # fmt: skip
+    unseen = [f"none of them in {named_some(selection.unjudged)}"] if selection.unjudged else []
+    unseen += [f"fewer than gate.min_slice_size of them in {named_some(too_small)}"] if too_small else []
+    if unseen:
+        unsliced = f", {' and '.join(unseen)} (the choice could not weigh a candidate there)"
     few = f", few enough to make the choice noisy (under {FEW_SELECTION_ROWS})" if selection.count < FEW_SELECTION_ROWS else ""
     return (f"chosen on {selection.count} rows no candidate was calibrated on and none evaluated ({selection.from_sample} "
             f"of them drawn for calibration and kept apart from fitting){few}{unsliced}; judged on the "

@@ -305,5 +305,6 @@ def test_a_judged_slice_none_of_the_selection_rows_fall_in_is_named_where_the_ch
                          recipe_file=Path("r.yaml"))  # fmt: skip
     assert got is not None and list(got.slices) == ["kind=b"] and got.unjudged == ("kind=a",)
     said = chosen_on(got, 100)
-    assert "none of them in kind=a (the choice could not weigh a candidate there: only the gate judges it)" in said
-    assert "kind=b" not in said
+    assert "none of them in kind=a (the choice could not weigh a candidate there)" in said and "kind=b" not in said
+    small = chosen_on(got, 100, ["kind=b"])
+    assert "none of them in kind=a and fewer than gate.min_slice_size of them in kind=b (the choice could" in small

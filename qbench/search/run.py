@@ -43,7 +43,7 @@ from qbench.backends import Backend
 from qbench.backends.base import RunOptions
 from qbench.errors import QbenchError, one_line
 from qbench.files import write_fault
-from qbench.gate import GateReport, judge
+from qbench.gate import GateReport, judge, too_small
 from qbench.gate_report import failure_reasons
 from qbench.gate_resolution import unresolved_pick, unresolved_reasons
 from qbench.gate_tolerance import reference_tolerances
@@ -100,7 +100,6 @@ class _Search:
                                 fixed_batch=prepared.batch)
         selection = Rows.selection(prepared)
         self.rows = selection or Rows.evaluation(prepared)  # what candidates are judged and chosen on
-        self.chosen_on = chosen_on(prepared.selection, len(prepared.evaluation_rows))
         self.screen = self.rows.subset(screening_indices(self.rows.slices, self.rows.count, spec.screen_rows))
         latency = prepared.recipe.latency
         self.timing = LatencySpec(batch_sizes=latency.batch_sizes, warmup=1, iterations=spec.timing_runs,
@@ -119,6 +118,9 @@ class _Search:
             self.fp32 = measure(backend, self.fp32_built, prepared, rows=selection, quiet=True, clock=clock)
             if self.fp32.reference is None or self.fp32.result.accuracy is None:
                 raise QbenchError(f"FP32 did not run on the selection rows: {self.fp32.result.error}")
+        # slices the selection rows hold too few of for the gate's rule: judged on the evaluation rows only, and said
+        small = [s.name for s in self.fp32.result.accuracy.slices if too_small(s, prepared.recipe.gate)] if selection else []
+        self.chosen_on = chosen_on(prepared.selection, len(prepared.evaluation_rows), small)
         self.tolerances = reference_tolerances(self.fp32.result, prepared.recipe.gate)  # on the rows chosen on
         self.gate = prepared.recipe.gate
         self.fp32_screen = measure(backend, self.fp32_built, prepared, rows=self.screen, timing=self.timing, quiet=True,

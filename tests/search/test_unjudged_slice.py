@@ -39,31 +39,49 @@ def _rows(count, noisy_share, rng):
     return pd.DataFrame({"x": list(x), "condition": np.where(noisy, "noisy", "clean")})
 
 
-def test_a_slice_no_selection_row_falls_in_is_named_by_the_search(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
+def _searched(tmp_path, *, calibration_noisy, gate=None):
     _mlp(tmp_path / "model.onnx")
     rng = np.random.default_rng(1)
     _rows(400, 0.3, rng).to_parquet(tmp_path / "eval.parquet")
-    _rows(300, 0.0, rng).to_parquet(tmp_path / "calib.parquet")  # the condition column, but no noisy row
+    _rows(300, calibration_noisy, rng).to_parquet(tmp_path / "calib.parquet")
     recipe = {
         "name": "unjudged", "task": "classification", "model": {"path": "model.onnx"},
         "data": {"path": "eval.parquet", "inputs": {"x": "x"}, "calibration": {"path": "calib.parquet", "samples": 128},
                  "evaluation": {"batch_size": 50}, "slices": [{"by": "condition"}]},
         "variants": [], "latency": {"batch_sizes": [1], "warmup": 1, "iterations": 5, "threads": 1},
-        "gate": {"metric": "agreement", "max_drop": 0.05, "max_slice_drop": 0.05, "unresolved": "note"},
+        "gate": {"metric": "agreement", "max_drop": 0.05, "max_slice_drop": 0.05, "unresolved": "note", **(gate or {})},
         "search": {"time_budget_s": 30, "techniques": ["ort-static"], "max_keep_float": 0},
         "tracking": {"uri": f"sqlite:///{(tmp_path / 'mlflow.db').as_posix()}"}, "output_dir": "reports",
     }  # fmt: skip
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
-    outcome = run_sweep(load_recipe(tmp_path / "recipe.yaml"), track=False)
+    return run_sweep(load_recipe(tmp_path / "recipe.yaml"), track=False)
+
+
+def test_a_slice_no_selection_row_falls_in_is_named_by_the_search(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    outcome = _searched(tmp_path, calibration_noisy=0.0)  # the condition column, but no noisy row
     report = outcome.results.search
     assert outcome.results.calibration.selection_rows == 172  # the 300 rows of the file less the 128 drawn
     chosen = report.candidates[report.chosen]
     assert chosen.passed and chosen.worst_slice == "condition=clean"  # the only slice the selection rows hold
-    said = "none of them in condition=noisy (the choice could not weigh a candidate there: only the gate judges it)"
+    said = "none of them in condition=noisy (the choice could not weigh a candidate there)"
     assert said in report.notes[0]
     variant = outcome.results.find("int8-search", "onnxruntime-cpu")
     assert any(said in note for note in variant.notes)
     assert said in outcome.report_path.read_text()
     noisy = next(c for c in outcome.gate.checks if c.scope == "condition=noisy" and c.metric == "agreement")
     assert noisy.status == "breach" and outcome.gate.exit_code == EXIT_BREACH  # what the search could not see
+
+
+def test_a_slice_the_selection_rows_hold_too_few_of_for_min_slice_size_is_named_too(tmp_path, monkeypatch):
+    """A few noisy calibration rows: the selection rows hold some, fewer than gate.min_slice_size, so the search
+    judges the slice nowhere, as if it were absent."""
+    monkeypatch.chdir(tmp_path)
+    outcome = _searched(tmp_path, calibration_noisy=0.03, gate={"min_slice_size": 20})
+    report = outcome.results.search
+    chosen = report.candidates[report.chosen]
+    assert chosen.passed and chosen.worst_slice == "condition=clean"
+    assert "fewer than gate.min_slice_size of them in condition=noisy (the choice could not" in report.notes[0]
+    assert "none of them in" not in report.notes[0]
+    noisy = next(c for c in outcome.gate.checks if c.scope == "condition=noisy" and c.metric == "agreement")
+    assert noisy.status == "breach" and outcome.gate.exit_code == EXIT_BREACH
