@@ -319,7 +319,7 @@ def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec,
     # every result is measured on the same rows, so their slices are the same: one FP32 lacks would go unjudged
     problems += [f"slice {own.name!r} missing from FP32's results (the variant's has it: same rows, same slices)"
                  for own in candidate.accuracy.slices if reference.accuracy.slice(own.name) is None]  # fmt: skip
-    judged_scopes = sum(not _too_small(own_scope, spec) for _, own_scope, _ in scopes)
+    judged_scopes = sum(not too_small(own_scope, spec) for _, own_scope, _ in scopes)
     for ref_scope, own_scope, tolerance in scopes:
         # NaN/inf on rows where FP32 is finite: a breach of its own, whatever FP32 does on other rows
         extra_nonfinite = max(own_scope.nonfinite_outputs - ref_scope.nonfinite_outputs, own_scope.new_nonfinite_outputs)
@@ -328,7 +328,7 @@ def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec,
                 GateCheck(variant, backend, own_scope.name, "nonfinite_outputs", float(ref_scope.nonfinite_outputs),
                           float(own_scope.nonfinite_outputs), float(extra_nonfinite), 0.0, own_scope.size, "breach")
             )  # fmt: skip
-        judged = not _too_small(own_scope, spec)
+        judged = not too_small(own_scope, spec)
         if judged:  # collapsed outputs, on every scope judged: one slice alone is a breach
             grid = reference.accuracy.overall if candidate.precision == "int8" else None  # an integer output grid
             collapsed, spread_problems = collapsed_outputs(ref_scope, own_scope, grid)
@@ -390,7 +390,7 @@ def _undefined_for_fp32(metric: str, ref: SliceMetrics, own: SliceMetrics) -> bo
             and metric in own.metrics and not math.isfinite(own.metrics[metric]))  # fmt: skip
 
 
-def _too_small(scope: SliceMetrics, spec: GateSpec) -> bool:
+def too_small(scope: SliceMetrics, spec: GateSpec) -> bool:
     """A slice whose gated figure rests on fewer rows (or scored units) than min_slice_size is reported, not judged
     (the overall scope always is)."""
     return scope.name != "overall" and scope.judged_count(spec.metric) < spec.min_slice_size
@@ -409,7 +409,7 @@ def _check(
     finite = math.isfinite(ref_value) and math.isfinite(value)
     observed_drop = drop(spec.metric, ref_value, value) if finite else math.inf
     # min_slice_size comes first: a slice too small to judge may have no metric value at all
-    if _too_small(own, spec):
+    if too_small(own, spec):
         reason = UNDER_MIN_SIZE
     elif own.name != "overall" and _undefined_for_fp32(spec.metric, ref, own):
         reason = f"not judged: {spec.metric} is undefined on this scope for FP32 too"

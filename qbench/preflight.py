@@ -223,7 +223,8 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
         lookups, whole=batch is not None, data=data, evaluation=evaluation if calibration_table is table else None,
     )
     calibration_rows = split.fitted
-    selection = selection_rows(data, calibration_table, split, calibration_nonfinite, judged=eval_slices,
+    judged = [name for name, mask in eval_slices.items() if mask.any()]  # an empty slice is judged nowhere
+    selection = selection_rows(data, calibration_table, split, calibration_nonfinite, judged=judged,
                                model_inputs=model.inputs, labels=lambda t, rows: _labels(recipe, task, t, rows, outputs),
                                recipe_file=recipe.source) if chooses_among_candidates(recipe) else None  # fmt: skip
     if selection is not None:  # fed to FP32 and every candidate (an id past a table there failed the search alone)

@@ -17,7 +17,7 @@ calibration file lacks) the choice is made on the evaluation rows and every reco
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +32,7 @@ from qbench.data.nonfinite import NonfiniteMasks, drop_nonfinite, missing_slices
 from qbench.data.sampling import draw_from_strata, slice_strata
 from qbench.data.slices import slice_masks
 from qbench.errors import QbenchError
+from qbench.gate import named_some
 from qbench.modelinfo import TensorMeta
 from qbench.recipe import Recipe
 from qbench.recipe_data import DataSpec
@@ -58,6 +59,8 @@ class SelectionRows:
     why_unsliced: str | None = None  # the slices could not be drawn on these rows: only overall is judged there
     from_sample: int = 0
     digests: np.ndarray | None = None
+    # slices the gate judges that none of these rows fall in: the choice could not weigh a candidate there
+    unjudged: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -126,8 +129,10 @@ def selection_rows(
     table by the caller) with their feeds, labels and slices; None when there
     are none or their labels cannot be read (`labels` raises). Slices are those of `judged` (the evaluation's: what
     the gate judges) that hold some of these rows, the `missing:<column>` slices of `data.nonfinite_inputs: keep`
-    too, so a candidate that loses the missing-value rows is chosen against there as the gate would judge it.
-    Fewer than FEW_SELECTION_ROWS are warned about."""
+    too, so a candidate that loses the missing-value rows is chosen against there as the gate would judge it. A judged
+    slice holding none of these rows (a calibration file without its value, a slice rarer than one row in the draw)
+    is `unjudged`, warned about and said wherever the choice is (`chosen_on`): a candidate that breaks there passed
+    the choice unseen, and only the gate can block it. Fewer than FEW_SELECTION_ROWS are warned about."""
     rows = split.selection
     if len(rows) == 0:
         return None
@@ -145,23 +150,33 @@ def selection_rows(
         slices = {name: mask[rows] for name, mask in masks.items() if name in judged and mask[rows].any()}
     except QbenchError as exc:  # a calibration file without the slice columns
         slices, why_unsliced = {}, str(exc)
+    unjudged = () if why_unsliced else tuple(name for name in judged if name not in slices)
+    if unjudged:
+        logger.warning("slices the gate judges hold none of the %d rows candidates are chosen on, so the choice cannot "
+                       "weigh them: %s; a candidate that breaks there is blocked only by the gate", len(rows),
+                       named_some(unjudged))  # fmt: skip
     if len(rows) < FEW_SELECTION_ROWS:
         logger.warning("only %d rows to choose among candidates on (none fitted on, none evaluated): the choice rests "
                        "on noisy figures; draw more calibration rows or leave more rows unevaluated", len(rows))  # fmt: skip
     feeds = build_feeds(table, rows, data.inputs, model_inputs, recipe_file=recipe_file)
     # building the feeds found every fed column; an image column is digested by its files' bytes, as the gate's are
     digests = row_digests(content_table(table, data, recipe_file=recipe_file), rows, data.fed_columns)
-    return SelectionRows(feeds, labelled, slices, len(rows), why_unsliced, split.from_sample, digests)
+    return SelectionRows(feeds, labelled, slices, len(rows), why_unsliced, split.from_sample, digests, unjudged)
 
 
-def chosen_on(selection: SelectionRows | None, evaluation_rows: int) -> str:
-    """Which rows chose a searched variant and which judge it, in words (results, report, notes)."""
+def chosen_on(selection: SelectionRows | None, evaluation_rows: int, too_small: Sequence[str] = ()) -> str:
+    """Which rows chose a searched variant and which judge it, in words (results, report, notes); `too_small`: slices
+    the selection rows hold too few of to judge (gate.min_slice_size), named as the `unjudged` ones are."""
     if selection is None:
         return (f"chosen on the {evaluation_rows} evaluation rows that also judge it: no row apart from the evaluation "
                 "and the calibration fit is left to choose on, or those rows carry no labels to choose by, so its "
                 "figures are the best of several tries on those rows and flatter it (hold calibration rows out: "
                 "data.calibration.overlap: hold_out, or calibration.path; give them the data.label column)")  # fmt: skip
     unsliced = f" (overall only there: {selection.why_unsliced})" if selection.why_unsliced else ""
+    unseen = [f"none of them in {named_some(selection.unjudged)}"] if selection.unjudged else []
+    unseen += [f"fewer than gate.min_slice_size of them in {named_some(too_small)}"] if too_small else []
+    if unseen:
+        unsliced = f", {' and '.join(unseen)} (the choice could not weigh a candidate there)"
     few = f", few enough to make the choice noisy (under {FEW_SELECTION_ROWS})" if selection.count < FEW_SELECTION_ROWS else ""
     return (f"chosen on {selection.count} rows no candidate was calibrated on and none evaluated ({selection.from_sample} "
             f"of them drawn for calibration and kept apart from fitting){few}{unsliced}; judged on the "

@@ -285,3 +285,26 @@ def test_calibration_rows_without_labels_are_not_recorded_as_the_rows_chosen_on(
     result = outcome.results.find("int8-auto", "onnxruntime-cpu")
     assert result.params["search.chosen_on"] == "evaluation"
     assert any("was chosen among candidates on the evaluation rows" in note for note in outcome.gate.notes)
+
+
+def test_a_judged_slice_none_of_the_selection_rows_fall_in_is_named_where_the_choice_is():
+    """The gate judges kind=a and kind=b; the selection rows hold kind=b only: kind=a is `unjudged`, and the words
+    every record of the choice carries (`chosen_on`) say so. A slice they do hold is not named."""
+    import pandas as pd
+
+    from qbench.modelinfo import TensorMeta
+    from qbench.recipe_data import DataSpec
+    from qbench.selection_rows import CalibrationSplit, chosen_on, selection_rows
+
+    table = pd.DataFrame({"x": list(np.arange(12, dtype=np.float32).reshape(6, 2)), "label": [0, 1, 0, 1, 0, 1],
+                          "kind": ["a", "a", "b", "b", "a", "b"]})  # fmt: skip
+    data = DataSpec.model_validate({"path": "t.parquet", "inputs": {"x": "x"}, "label": "label", "slices": [{"by": "kind"}]})
+    meta = {"x": TensorMeta(name="x", dtype=np.dtype("float32"), shape=(None, 2))}
+    got = selection_rows(data, table, CalibrationSplit(np.array([0]), np.array([2, 3, 5]), 0), {},
+                         judged=["kind=a", "kind=b"], model_inputs=meta, labels=lambda t, rows: t["label"].to_numpy()[rows],
+                         recipe_file=Path("r.yaml"))  # fmt: skip
+    assert got is not None and list(got.slices) == ["kind=b"] and got.unjudged == ("kind=a",)
+    said = chosen_on(got, 100)
+    assert "none of them in kind=a (the choice could not weigh a candidate there)" in said and "kind=b" not in said
+    small = chosen_on(got, 100, ["kind=b"])
+    assert "none of them in kind=a and fewer than gate.min_slice_size of them in kind=b (the choice could" in small

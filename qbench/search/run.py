@@ -23,7 +23,7 @@ A candidate in which no node computes in INT8 (BuiltVariant.lowered_nothing: not
 quantized node kept float) is "not applicable": it is never measured, so it can neither pass nor be kept.
 Only files of the search's own folder are moved or removed.
 
-No new step starts once `time_budget_s` is spent (the first candidate always runs, and the passing candidates'
+No new step starts once `time_budget_s` is spent (but candidates run until one is measured, and the passing candidates'
 first re-timing rounds: a pick's speed-up is never its one screening estimate). Every candidate's figures and
 verdict are in the returned `SearchReport` (results.json `search`, the report and MLflow).
 """
@@ -43,7 +43,7 @@ from qbench.backends import Backend
 from qbench.backends.base import RunOptions
 from qbench.errors import QbenchError, one_line
 from qbench.files import write_fault
-from qbench.gate import GateReport, judge
+from qbench.gate import GateReport, judge, too_small
 from qbench.gate_report import failure_reasons
 from qbench.gate_resolution import unresolved_pick, unresolved_reasons
 from qbench.gate_tolerance import reference_tolerances
@@ -100,7 +100,6 @@ class _Search:
                                 fixed_batch=prepared.batch)
         selection = Rows.selection(prepared)
         self.rows = selection or Rows.evaluation(prepared)  # what candidates are judged and chosen on
-        self.chosen_on = chosen_on(prepared.selection, len(prepared.evaluation_rows))
         self.screen = self.rows.subset(screening_indices(self.rows.slices, self.rows.count, spec.screen_rows))
         latency = prepared.recipe.latency
         self.timing = LatencySpec(batch_sizes=latency.batch_sizes, warmup=1, iterations=spec.timing_runs,
@@ -112,7 +111,6 @@ class _Search:
         self.digests: dict[str, int] = {}  # built graph → the first candidate that built it
         self.budget_exhausted = False
         self.keep_float_exhausted = False
-        self.tried = 0  # candidates started
         self.retime_count = 0  # interleaved rounds the finalists were last re-timed in (0: none passed)
         self.retimed_late = False  # re-timed though the time budget was spent
         self.fp32_built = BuiltVariant("fp32", "fp32", prepared.source.onnx_path, borrowed=True)
@@ -120,6 +118,9 @@ class _Search:
             self.fp32 = measure(backend, self.fp32_built, prepared, rows=selection, quiet=True, clock=clock)
             if self.fp32.reference is None or self.fp32.result.accuracy is None:
                 raise QbenchError(f"FP32 did not run on the selection rows: {self.fp32.result.error}")
+        # slices the selection rows hold too few of for the gate's rule: judged on the evaluation rows only, and said
+        small = [s.name for s in self.fp32.result.accuracy.slices if too_small(s, prepared.recipe.gate)] if selection else []
+        self.chosen_on = chosen_on(prepared.selection, len(prepared.evaluation_rows), small)
         self.tolerances = reference_tolerances(self.fp32.result, prepared.recipe.gate)  # on the rows chosen on
         self.gate = prepared.recipe.gate
         self.fp32_screen = measure(backend, self.fp32_built, prepared, rows=self.screen, timing=self.timing, quiet=True,
@@ -130,9 +131,10 @@ class _Search:
     # -- budget -----------------------------------------------------------------------------------
 
     def within_budget(self, what: str) -> bool:
-        """Whether a new step may start: the budget is not spent, or nothing was measured yet (the first
-        candidate always runs, so even a tiny budget yields a variant)."""
-        if self.now() - self.started < self.spec.time_budget_s or not self.tried:
+        """Whether a new step may start: the budget is not spent, or no candidate that could be kept was measured yet
+        (candidates run until one is, so even a tiny budget yields a variant: with only the first allowed, a first
+        candidate that failed to build left every other 'not tried' and the search without a variant)."""
+        if self.now() - self.started < self.spec.time_budget_s or select.closest(self.records) is None:
             return True
         if not self.budget_exhausted:
             logger.warning(f"  time budget of {self.spec.time_budget_s:g} s spent: {what} and later steps skipped")
@@ -150,7 +152,6 @@ class _Search:
         if not self.within_budget(f"{candidate.label}"):
             self.records[index] = record.with_(stage="skipped", verdict="not tried: time budget spent")
             return index
-        self.tried += 1
         t = time.perf_counter()
         try:
             ctx = dataclasses.replace(self.ctx, workdir=self.root / str(index))

@@ -528,3 +528,26 @@ def test_a_full_disk_while_building_a_candidate_fails_the_search_rather_than_pic
     [record] = [r for r in records if r.job.startswith("build") and "int8-search" in r.job]
     assert record.environment == "no space left on device"
     assert outcome.gate.exit_code == EXIT_UNUSABLE
+
+
+def test_a_spent_budget_still_tries_candidates_until_one_is_measured(tmp_path, monkeypatch):
+    """The first candidate fails to build and the budget is already spent: the next one is tried, so even a tiny budget
+    yields a variant. Before, the first *started* candidate was the one allowed: every other was 'not tried: time
+    budget spent', no variant was kept, and the message named only the failed build, as if no candidate could be
+    built."""
+    from qbench.search import run as search_run
+
+    real_build = search_run.build_variant
+
+    def broken_first(spec, ctx):
+        if spec.name.endswith("-0"):
+            raise RuntimeError("quantizer crashed")
+        return real_build(spec, ctx)
+
+    monkeypatch.setattr(search_run, "build_variant", broken_first)
+    _, outcome = _searched(tmp_path, {"time_budget_s": 0.001, "techniques": ["ort-dynamic", "ort-static"]}, fragile=())
+    report = outcome.results.search
+    stages = [c.stage for c in report.candidates]
+    assert stages[:2] == ["failed", "evaluated"] and set(stages[2:]) == {"skipped"}
+    assert report.chosen == 1 and report.budget_exhausted and outcome.gate.exit_code == EXIT_PASS
+
