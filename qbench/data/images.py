@@ -18,7 +18,10 @@ paths to one file, or two copies of one image, are one input. Every problem is a
 
 from __future__ import annotations
 
+import logging
 import os
+import re
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,8 +36,13 @@ from qbench.errors import MissingExtraError, RecipeError
 from qbench.modelinfo import TensorMeta
 from qbench.recipe_data import DataSpec, ImageInputSpec, ImageSpec, InputTarget
 
+logger = logging.getLogger(__name__)
+
 _CHANNELS = {"RGB": 3, "L": 1}
 _MODES = {channels: mode for mode, channels in _CHANNELS.items()}
+# unsigned 16-bit pixels (PNG, TIFF): read by their high byte, where Pillow's convert clips every value over 255 to 255
+_SIXTEEN_BIT = frozenset({"I;16", "I;16L", "I;16B", "I;16N"})
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def image_field(column: str, option: str | None = None) -> str:
@@ -159,16 +167,30 @@ def image_paths(
         if not isinstance(cell, str) or not cell.strip():
             raise RecipeError(recipe_file, f"data.inputs.{column}", f"row {row} holds {cell!r}; expected the path of "
                               "an image file")  # fmt: skip
+        if _URL.match(cell):
+            raise RecipeError(recipe_file, f"data.inputs.{column}", f"row {row}: {cell!r} is a URL; expected the path "
+                              f"of a local image file (relative to {root}, or absolute): copy or mount the files "
+                              "first")  # fmt: skip
         path, name = image_file(cell, root)
         if name is None:
             raise RecipeError(recipe_file, image_field(column, "root"), f"row {row}: {cell!r} leads to {path}, "
                               f"outside {root}; expected a path inside the root, or an absolute path")  # fmt: skip
         read = path if copies is None else copies[name][0] if name in copies else None
         if read is None or not read.is_file():
-            raise RecipeError(recipe_file, f"data.inputs.{column}", f"row {row}: image file {path} not found "
-                              f"(cell {cell!r}); expected an existing file")  # fmt: skip
+            raise RecipeError(recipe_file, f"data.inputs.{column}", f"row {row}: image file {str(path)!r} not found "
+                              f"(cell {cell!r}{_spaces_hint(cell, root)}); expected an existing file")  # fmt: skip
         paths.append((path, read))
     return paths
+
+
+def _spaces_hint(cell: str, root: Path) -> str:
+    """For a cell with spaces at either end (a CSV written `a.png, 0`): that it has them, and whether the file its
+    path without them names is there."""
+    stripped = cell.strip()
+    if stripped == cell:
+        return ""
+    there = "is" if image_file(stripped, root)[0].is_file() else "is not"
+    return f", which has spaces at its start or end; {stripped!r} {there} there"
 
 
 def image_feed(cells: pd.Series, column: str, spec: ImageSpec, meta: TensorMeta, *, recipe_file: Path) -> np.ndarray:
@@ -222,13 +244,19 @@ def decode(
         from PIL import Image
     except ImportError:
         raise MissingExtraError("the `pillow` package (image inputs)", "images") from None
+    where = f"row {row}: {path}"
     try:
-        with Image.open(read or path) as opened:
-            image = opened.convert(geometry.mode)
+        # Pillow's warning for an image over MAX_IMAGE_PIXELS is two lines on stderr: one logged line instead
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            opened = Image.open(read or path)
+        with opened:
+            _warn_large(opened, where, column)
+            image = _eight_bit(opened, where, column, recipe_file=recipe_file).convert(geometry.mode)
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
         reason = " ".join(str(exc).split()) or type(exc).__name__
-        raise RecipeError(recipe_file, f"data.inputs.{column}", f"row {row}: {path} cannot be read as an image "
-                          f"({reason}); expected an image file Pillow reads (PNG, JPEG, ...)") from None  # fmt: skip
+        raise RecipeError(recipe_file, f"data.inputs.{column}", f"{where} cannot be read as an image ({reason}); "
+                          "expected an image file Pillow reads (PNG, JPEG, ...)") from None  # fmt: skip
     height, width = geometry.size
     resample = getattr(Image.Resampling, spec.interpolation.upper())
     if spec.resize == "stretch":
@@ -247,6 +275,33 @@ def decode(
         image = image.crop((left, top, left + width, top + height))
     pixels = np.asarray(image, dtype=np.uint8)
     return pixels[:, :, None] if pixels.ndim == 2 else pixels
+
+
+def _eight_bit(image: Any, where: str, column: str, *, recipe_file: Path) -> Any:
+    """`image` with 8-bit pixels for Pillow's convert: unsigned 16-bit ones by their high byte (value >> 8, 65535 to
+    255; convert alone clips every value over 255 to 255); a RecipeError for 32-bit integer or float pixels (modes I,
+    F) and signed 16-bit ones, whose range the file does not state."""
+    from PIL import Image
+
+    if image.mode in _SIXTEEN_BIT:
+        return Image.fromarray((np.asarray(image).astype(np.uint16) >> 8).astype(np.uint8))
+    if image.mode in ("I", "F") or image.mode.startswith("I;"):
+        raise RecipeError(recipe_file, f"data.inputs.{column}", f"{where} holds pixels of mode {image.mode} (32-bit "
+                          "integer, float or signed), whose range the file does not state; expected an image of 8-bit "
+                          "or unsigned 16-bit pixels")  # fmt: skip
+    return image
+
+
+def _warn_large(image: Any, where: str, column: str) -> None:
+    """One logged line for an image over Pillow's decompression-bomb warning limit (decoded; over twice the limit
+    Pillow refuses it, and so the image)."""
+    from PIL import Image
+
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit and image.width * image.height > limit:
+        logger.warning("data.inputs.%s: %s is %d x %d pixels (%s), over Pillow's decompression-bomb limit of %s "
+                       "(PIL.Image.MAX_IMAGE_PIXELS); decoded, but an image over twice the limit is refused", column,
+                       where, image.width, image.height, f"{image.width * image.height:,}", f"{limit:,}")  # fmt: skip
 
 
 def content_table(table: pd.DataFrame, data: DataSpec, *, recipe_file: Path) -> pd.DataFrame:

@@ -157,6 +157,55 @@ def test_two_rows_naming_one_image_or_its_copy_are_one_input(tmp_path):
     assert rows.distinct_inputs == {"overall": 2}
 
 
+# --- images as cameras and pipelines write them ------------------------------------------------------------------
+
+
+def test_a_16_bit_png_is_read_by_its_high_byte_not_clipped(tmp_path):
+    """Pillow's convert clips 16-bit values over 255 to 255 (a 16-bit photo fed all white): each is read as value >> 8,
+    the same in both modes; float pixels (mode F), whose range the file does not state, are refused in one line."""
+    values = np.array([0, 255, 256, 1000, 32768, 40000, 65280, 65535] * SIDE, dtype=np.uint16).reshape(SIDE, SIDE)
+    (tmp_path / "images").mkdir()
+    Image.fromarray(values).save(tmp_path / "images" / "deep.png")
+    assert Image.open(tmp_path / "images" / "deep.png").mode == "I;16"
+    by_hand = np.array([0, 0, 1, 3, 128, 156, 255, 255] * SIDE, dtype=np.float32).reshape(SIDE, SIDE)
+    gray = _feed(tmp_path, ["deep.png"], shape=(None, 1, SIDE, SIDE), scale=1.0)
+    np.testing.assert_array_equal(gray[0, 0], by_hand)
+    rgb = _feed(tmp_path, ["deep.png"], scale=1.0)
+    np.testing.assert_array_equal(rgb[0], np.stack([by_hand] * 3))
+    Image.fromarray(values.astype(np.float32) / 65535).save(tmp_path / "images" / "float.tif")
+    line = _refusal(tmp_path, ["deep.png", "float.tif"])
+    assert f"data.inputs.file: row 1: {tmp_path / 'images' / 'float.tif'} holds pixels of mode F" in line
+    assert "expected an image of 8-bit or unsigned 16-bit pixels" in line
+
+
+def test_a_url_or_a_path_with_spaces_at_its_ends_is_refused_saying_so(tmp_path):
+    png(tmp_path / "images" / "a.png", np.zeros((SIDE, SIDE, 3)))
+    for url in ("s3://bucket/a.png", f"file://{tmp_path / 'images' / 'a.png'}"):
+        line = _refusal(tmp_path, ["a.png", url])
+        assert f"data.inputs.file: row 1: {url!r} is a URL; expected the path of a local image file" in line
+    line = _refusal(tmp_path, ["a.png", " a.png"])  # a CSV written `file, label` / `a.png, 0`
+    assert "row 1: image file '" + str(tmp_path / "images" / " a.png") + "' not found (cell ' a.png', which has " \
+        "spaces at its start or end; 'a.png' is there)" in line
+    assert "'b.png' is not there" in _refusal(tmp_path, ["b.png "])
+
+
+def test_an_image_over_pillows_bomb_limit_is_one_logged_line_and_over_twice_it_refused(tmp_path, monkeypatch, caplog):
+    import warnings
+
+    png(tmp_path / "images" / "big.png", np.zeros((10, 10, 3)))  # 100 pixels
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 60)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # Pillow's own two-line warning would raise here
+        assert _feed(tmp_path, ["big.png"]).shape == (1, 3, SIDE, SIDE)
+    logged = [record.getMessage() for record in caplog.records if record.name == "qbench.data.images"]
+    assert logged == [f"data.inputs.file: row 0: {tmp_path / 'images' / 'big.png'} is 10 x 10 pixels (100), over "
+                      "Pillow's decompression-bomb limit of 60 (PIL.Image.MAX_IMAGE_PIXELS); decoded, but an image "
+                      "over twice the limit is refused"]  # fmt: skip
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 40)
+    assert "cannot be read as an image (Image size (100 pixels) exceeds limit of 80 pixels" in \
+        _refusal(tmp_path, ["big.png"])
+
+
 # --- a sweep over a tiny CNN fed PNG files -----------------------------------------------------------------------
 
 
