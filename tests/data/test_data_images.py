@@ -160,6 +160,27 @@ def test_two_rows_naming_one_image_or_its_copy_are_one_input(tmp_path):
 # --- images as cameras and pipelines write them ------------------------------------------------------------------
 
 
+def test_exif_orientation_alpha_and_frames_are_read_as_torchvisions_loader_reads_them(tmp_path):
+    """README's rule: the stored pixels of `Image.open(f).convert(mode)`: a JPEG tagged "rotate 90°" fed sideways, an
+    RGBA PNG's colours without its alpha, an animated GIF's first frame."""
+    rng = np.random.default_rng(4)
+    (tmp_path / "images").mkdir()
+    exif = Image.Exif()
+    exif[0x0112] = 6  # orientation: rotate 90° clockwise to display
+    Image.fromarray(rng.integers(0, 256, (SIDE, 2 * SIDE, 3)).astype(np.uint8)).save(tmp_path / "images" / "tag.jpg",
+                                                                                      exif=exif)  # fmt: skip
+    rgba = rng.integers(0, 256, (SIDE, SIDE, 4)).astype(np.uint8)
+    Image.fromarray(rgba, "RGBA").save(tmp_path / "images" / "alpha.png")
+    frames = [Image.fromarray(np.full((SIDE, SIDE, 3), value, np.uint8)) for value in (10, 200)]
+    frames[0].save(tmp_path / "images" / "anim.gif", save_all=True, append_images=frames[1:], duration=50)
+    fed = _feed(tmp_path, ["tag.jpg", "alpha.png", "anim.gif"], shape=(None, 3, SIDE, 2 * SIDE), resize="stretch",
+                interpolation="nearest", scale=1.0)  # fmt: skip
+    stored = np.asarray(Image.open(tmp_path / "images" / "tag.jpg").convert("RGB"))  # 8 high, 16 wide: as stored
+    np.testing.assert_array_equal(fed[0], stored.transpose(2, 0, 1))
+    np.testing.assert_array_equal(fed[1, :, :, ::2], rgba[:, :, :3].transpose(2, 0, 1))  # each column twice
+    np.testing.assert_array_equal(fed[2], 10)
+
+
 def test_a_16_bit_png_is_read_by_its_high_byte_not_clipped(tmp_path):
     """Pillow's convert clips 16-bit values over 255 to 255 (a 16-bit photo fed all white): each is read as value >> 8,
     the same in both modes; float pixels (mode F), whose range the file does not state, are refused in one line."""
