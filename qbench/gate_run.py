@@ -24,6 +24,7 @@ from qbench.provenance import recorded_recipe
 from qbench.recipe import Recipe
 from qbench.results import SweepResults, read_results
 from qbench.runs import RESULTS_FILE, newest_run
+from qbench.slo import repriced
 
 if TYPE_CHECKING:
     from qbench.data.evaluation import EvaluationRows
@@ -75,6 +76,7 @@ def run_gate(
     except QbenchError as exc:  # intact but unjudgeable results: `qbench report` still shows them
         return GateReport(metric=results.gate_metric, problems=(str(exc),)), results
     asked = recipe if recipe is not None else recorded
+    results = repriced(results, asked.cost)  # costs from the prices now asked, never from figures read back
     problems = stale_sections(recipe, recorded) if recipe is not None else []
     if recipe is not None and (recipe.name != recorded.name or another_recipe_file(recipe, recorded)):
         # another recipe's results: comparing its inputs with this recipe's says nothing

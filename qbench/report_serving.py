@@ -94,15 +94,25 @@ def mixed_machine_costs(results: SweepResults) -> str | None:
     return None
 
 
+def _meeting(results: SweepResults, gate: GateReport | None) -> list[VariantResult]:
+    """The variants accurate enough (the reference, or passing the accuracy gate) and within the latency budget."""
+    return [v for v in results.variants if v.status == "ok" and v.serving is not None
+            and accuracy_verdict(results, gate, v) in ("reference", "pass")
+            and slo_verdict(gate, v) not in ("breach", "unjudged") and _within_budget(v)]  # fmt: skip
+
+
+def unrated(results: SweepResults, gate: GateReport | None) -> list[str]:
+    """The variants meeting accuracy and the SLO without a highest rate within budget (none the search or the real
+    server showed, while the budget's own rate met it): no cost to rank them by, so no variant can be named the
+    cheapest, nor 'none' said while they meet both."""
+    return [v.key for v in _meeting(results, gate) if v.serving is None or v.serving.max_rate_rps is None]
+
+
 def _candidates(results: SweepResults, gate: GateReport | None) -> list[Choice]:
-    """The variants accurate enough (the reference, or passing the accuracy gate) and within the latency budget,
-    with their cost per million at their highest rate within budget."""
+    """The variants meeting accuracy and the SLO (`_meeting`) with a highest rate within budget, with their cost per
+    million at that rate."""
     candidates = []
-    for variant in results.variants:
-        if variant.status != "ok" or accuracy_verdict(results, gate, variant) not in ("reference", "pass"):
-            continue
-        if slo_verdict(gate, variant) in ("breach", "unjudged") or not _within_budget(variant):
-            continue
+    for variant in _meeting(results, gate):
         serving = variant.serving
         if serving is None or serving.max_rate_rps is None:
             continue
@@ -125,9 +135,10 @@ def cheapest(results: SweepResults, gate: GateReport | None) -> Choice | None:
     """Among variants accurate enough and within the latency budget (`_candidates`), the one with the lowest cost
     per million serving the budget's rate on the whole instances it takes, where every candidate's budget has a rate,
     else at its highest rate within budget (by that rate when no price is given); ties go to the higher rate. None
-    also when the costs cannot be ranked (`mixed_machine_costs`, `unpriced_backends`). At the highest rate alone, a
-    dearer machine with more headroom ranked cheaper even where the budget's traffic fits one instance of either."""
-    if mixed_machine_costs(results) is not None or unpriced_backends(results, gate):
+    also when the costs cannot be ranked (`mixed_machine_costs`, `unpriced_backends`, `unrated`). At the highest
+    rate alone, a dearer machine with more headroom ranked cheaper even where the budget's traffic fits one instance
+    of either."""
+    if mixed_machine_costs(results) is not None or unpriced_backends(results, gate) or unrated(results, gate):
         return None
     candidates = _candidates(results, gate)
     if not candidates:
@@ -185,6 +196,9 @@ def slo_lines(results: SweepResults, gate: GateReport | None) -> list[str]:
         elif unpriced := unpriced_backends(results, gate):
             lines.append(f"cheapest meeting accuracy and SLO: cannot tell: no price for {', '.join(unpriced)} while "
                          "other backends have one (give every backend cost.price_per_hour, or --price)")  # fmt: skip
+        elif unmeasured := unrated(results, gate):
+            lines.append(f"cheapest meeting accuracy and SLO: cannot tell: no rate within the budget was shown for "
+                         f"{', '.join(unmeasured)}, which meet both (no cost per million to rank by)")  # fmt: skip
         elif choice is None:
             lines.append("cheapest meeting accuracy and SLO: none")
         else:

@@ -29,6 +29,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from qbench.errors import QbenchError
 from qbench.results_fields import known_fields
 
 
@@ -89,6 +90,15 @@ def _float(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
+def _price(value: Any, where: str) -> float | None:
+    """A recorded price per hour: null (none given) or a positive number, as a recipe's `cost:` takes; the costs are
+    computed from it when judged (qbench.slo.repriced), where 0 or a negative price would name a variant the cheapest."""
+    price = _float(value)
+    if price is not None and not (price > 0 and math.isfinite(price)):
+        raise QbenchError(f"{where}: got {value!r}, expected a positive number (USD per hour) or null")
+    return price
+
+
 def _load(raw: dict[str, Any] | None, where: str) -> LoadStats | None:
     if raw is None:
         return None
@@ -121,7 +131,7 @@ def serving_from_dict(raw: dict[str, Any] | None, where: str = "serving") -> Ser
         simulated_requests=int(raw.get("simulated_requests", 0)),
         simulated_undecided=bool(raw.get("simulated_undecided", False)),
         served_runs=int(raw.get("served_runs", 0)),
-        price_per_hour=_float(raw.get("price_per_hour")),
+        price_per_hour=_price(raw.get("price_per_hour"), f"{where}.price_per_hour"),
         usd_per_million={k: (math.nan if v is None else float(v)) for k, v in raw.get("usd_per_million", {}).items()},
         bound=BoundEstimate(**known_fields(bound, BoundEstimate, f"{where}.bound")) if bound is not None else None,
     )

@@ -75,14 +75,35 @@ def serving_figures(
         serving = _with_load(serving, recipe.slo, backend, samples_ms, batcher, recipe.latency.batch_sizes, server,
                              clock or PhaseClock())  # fmt: skip
     price = recipe.cost.price_per_hour.get(backend) if recipe.cost is not None else None
-    if price is not None:
-        costs = {f"b{p.batch_size}": usd_per_million(price, p.items_per_s) for p in points}
-        if serving.max_rate_rps is not None:
-            costs["max_rate"] = usd_per_million(price, serving.max_rate_rps)
-            if recipe.slo is not None and (rate := recipe.slo.budget(backend).rate_rps):
-                costs["at_rate"] = usd_per_million_at_rate(price, rate, serving.max_rate_rps)
-        serving = replace(serving, price_per_hour=price, usd_per_million=costs)
-    return serving
+    return priced(serving, price, points)
+
+
+def priced(serving: ServingResult, price: float | None, points: Sequence[LatencyPoint]) -> ServingResult:
+    """`serving` with its costs per million computed from `price` (USD per hour; None: no price, no costs) and its
+    own rates: each timed batch size's throughput (`points`), its highest rate within budget and the budget's rate."""
+    if price is None:
+        return replace(serving, price_per_hour=None, usd_per_million={})
+    costs = {f"b{p.batch_size}": usd_per_million(price, p.items_per_s) for p in points}
+    if serving.max_rate_rps is not None:
+        costs["max_rate"] = usd_per_million(price, serving.max_rate_rps)
+        if serving.rate_rps:
+            costs["at_rate"] = usd_per_million_at_rate(price, serving.rate_rps, serving.max_rate_rps)
+    return replace(serving, price_per_hour=price, usd_per_million=costs)
+
+
+def repriced(results: SweepResults, cost: CostSpec | None) -> SweepResults:
+    """`results` with every variant's costs computed again, when judged, from the recipe's price for its backend (the
+    one recorded at sweep time, `--price` included, where the recipe names none) and the recorded rates: a price
+    changed since the sweep is the one the cheapest variant is ranked by, and a cost figure edited into the results
+    (or left from another price) ranks nothing."""
+    prices = cost.price_per_hour if cost is not None else {}
+    variants = tuple(
+        replace(v, serving=priced(v.serving, prices.get(v.backend, v.serving.price_per_hour),
+                                  v.latency.points if v.latency is not None else ()))
+        if v.serving is not None else v
+        for v in results.variants
+    )  # fmt: skip
+    return replace(results, variants=variants)
 
 
 def _transfer_ms(b1: LatencyPoint | None, runtime: Mapping[str, Any]) -> float | None:
