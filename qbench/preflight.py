@@ -441,6 +441,7 @@ def _training(
     observers that calibrate on the `calibration` rows alike, so QAT never takes NaN/inf rows, whatever
     data.nonfinite_inputs says (qat_refuses_nonfinite)."""
     training = {}
+    by_content = content_table(table, data, recipe_file=recipe.source) if any(v.qat for v in recipe.variants) else table
     for index, spec in enumerate(recipe.variants):
         if spec.qat is None:
             continue
@@ -448,7 +449,6 @@ def _training(
         rows = training_rows(table, spec.qat.train.filter, eval_rows, field=field, recipe_file=recipe.source)
         rows = _finite_rows(recipe, rows, nonfinite, {}, f"{spec.name} training")
         rows = rows[: spec.qat.train.limit] if spec.qat.train.limit is not None else rows
-        by_content = content_table(table, data, recipe_file=recipe.source)
         warn_shared(shared_rows(by_content, rows, evaluated, recipe.data.fed_columns), len(rows), f"{spec.name} training",
                     "the same rows twice in the table")  # fmt: skip
         if recipe.data.nonfinite_inputs == "keep":
