@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 
@@ -74,3 +76,9 @@ def _tree_sha256(path: Path, files: list[Path]) -> str:
             for block in iter(lambda: f.read(1 << 20), b""):
                 digest.update(block)
     return digest.hexdigest()
+
+
+def files_sha256(files: Mapping[str, str]) -> str:
+    """sha256 over file names and the digests of their bytes, in name order: a set of files as one digest (a snapshot
+    entry's key, an image column's files)."""
+    return hashlib.sha256(json.dumps(sorted(files.items())).encode()).hexdigest()

@@ -11,9 +11,6 @@ leaving the root) is left out: building the feeds reports it, naming its row.
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,7 +18,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from qbench.data.images import image_file, image_root
-from qbench.digests import bytes_sha256
+from qbench.digests import bytes_sha256, files_sha256
 
 if TYPE_CHECKING:  # pragma: no cover
     from qbench.recipe import Recipe
@@ -38,11 +35,6 @@ class ImageFiles:
     def sha256(self) -> str:
         """The digest of exactly these files: their names and their bytes' digests."""
         return files_sha256(self.files)
-
-
-def files_sha256(files: Mapping[str, str]) -> str:
-    """sha256 over file names and the digests of their bytes, in name order."""
-    return hashlib.sha256(json.dumps(sorted(files.items())).encode()).hexdigest()
 
 
 def source_path(root: Path, name: str) -> Path:

@@ -26,8 +26,6 @@ gate still compares the user's files with the recorded digests (qbench.provenanc
 from __future__ import annotations
 
 import errno
-import hashlib
-import json
 import logging
 import os
 import secrets
@@ -36,6 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from qbench.digests import bytes_sha256, file_sha256, files_sha256
 from qbench.errors import QbenchError
 from qbench.provenance import (
     EXTERNAL_DATA_INPUT,
@@ -92,8 +91,6 @@ class Snapshot:
         """Input `name`, read in place rather than from a copy (code imported from the user's file), must still be
         what the sweep hashed now that it is read: its digest then (`sha256`, else its file hashed now) against
         the recorded one; else the sweep stops (changed_while_read). An input not recorded is not checked."""
-        from qbench.digests import file_sha256
-
         recorded = self.inputs.get(name)
         if recorded is not None and (sha256 or file_sha256(Path(recorded.path))) != recorded.sha256:
             raise changed_while_read(recorded.path)
@@ -119,14 +116,12 @@ class _Group:
 
     @property
     def key(self) -> str:
-        return hashlib.sha256(json.dumps(sorted(self.files.items())).encode()).hexdigest()
+        return files_sha256(self.files)
 
     def source(self, name: str) -> Path:
         return self.sources.get(name, self.folder / name)
 
     def sha256(self, copy: Path) -> str:
-        from qbench.digests import bytes_sha256, file_sha256
-
         return bytes_sha256(copy) if self.images else file_sha256(copy)
 
 
