@@ -6,8 +6,9 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 
 def file_sha256(path: Path) -> str:
@@ -21,38 +22,38 @@ def file_sha256(path: Path) -> str:
     """
     if path.is_dir():
         return _tree_sha256(path, sorted(p for p in path.rglob("*") if p.is_file()))
-    key, settled = file_key(path)
-    digest = _DIGESTS.get(key)
-    if digest is None:
-        digest = _tree_sha256(path, [path])
-        if settled:
-            if len(_DIGESTS) >= 256:
-                _DIGESTS.clear()
-            _DIGESTS[key] = digest
-    return digest
+    return _remembered(path, _DIGESTS, _DIGESTS_ENTRIES, lambda file: _tree_sha256(file, [file]))
 
 
 def bytes_sha256(path: Path) -> str:
     """sha256 of a file's bytes alone (its name not included: two copies of one image are one input), remembered
     as `file_sha256`'s are (while the file's identity, size and time stay the same, for a settled file), for as
     many files as an image folder holds: a second digest of an unchanged folder reads no file's bytes."""
-    key, settled = file_key(path)
-    digest = _BYTES.get(key)
-    if digest is None:
+
+    def of_bytes(file: Path) -> str:
         digest = hashlib.sha256()
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-        digest = digest.hexdigest()
+        _read_into(digest, file)
+        return digest.hexdigest()
+
+    return _remembered(path, _BYTES, _BYTES_ENTRIES, of_bytes)
+
+
+def _remembered(path: Path, cache: dict[FileKey, str], entries: int, compute: Callable[[Path], str]) -> str:
+    """`compute(path)`, remembered in `cache` (at most `entries`) under the file's key while it is settled."""
+    key, settled = file_key(path)
+    digest = cache.get(key)
+    if digest is None:
+        digest = compute(path)
         if settled:
-            if len(_BYTES) >= _BYTES_ENTRIES:
-                _BYTES.clear()
-            _BYTES[key] = digest
+            if len(cache) >= entries:
+                cache.clear()
+            cache[key] = digest
     return digest
 
 
 FileKey = tuple[str, int, int, int, int, int]
 _DIGESTS: dict[FileKey, str] = {}
+_DIGESTS_ENTRIES = 256
 _BYTES: dict[FileKey, str] = {}
 _BYTES_ENTRIES = 1 << 20  # a million files' digests (about 200 MB)
 _SETTLED_NS = 2_000_000_000  # coarser than any file system's time stamps (FAT: 2 s)
@@ -72,10 +73,15 @@ def _tree_sha256(path: Path, files: list[Path]) -> str:
     digest = hashlib.sha256()
     for file in files:
         digest.update(str(file.relative_to(path) if path.is_dir() else file.name).encode())
-        with open(file, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
+        _read_into(digest, file)
     return digest.hexdigest()
+
+
+def _read_into(digest: Any, file: Path) -> None:
+    """Feed `file`'s bytes to `digest`, a block at a time."""
+    with open(file, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
 
 
 def files_sha256(files: Mapping[str, str]) -> str:
