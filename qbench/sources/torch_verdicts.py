@@ -33,6 +33,7 @@ import numpy as np
 from qbench.digests import file_sha256
 from qbench.errors import QbenchError
 from qbench.files import write_atomically
+from qbench.variants.pass_memo import batches_digest
 
 logger = logging.getLogger(__name__)
 
@@ -55,16 +56,12 @@ class Agreement:
 
 
 def feeds_digest(feeds: Sequence[Any]) -> str | None:
-    """sha256 of numeric arrays (dtype, shape and bytes of each, in order); None when one is not numeric (an object
-    array's bytes are addresses, not values: nothing to key a verdict by)."""
-    digest = hashlib.sha256()
-    for feed in feeds:
-        array = np.asarray(feed)
-        if array.dtype.kind not in "biufc":
-            return None
-        digest.update(f"{array.dtype.str}{array.shape}".encode())
-        digest.update(np.ascontiguousarray(array).tobytes())
-    return digest.hexdigest()
+    """sha256 of numeric arrays (dtype, shape and bytes of each, in order: pass_memo.batches_digest of them as one
+    batch); None when one is not numeric (an object array holds no numbers to key a verdict by)."""
+    arrays = [np.asarray(feed) for feed in feeds]
+    if any(array.dtype.kind not in "biufc" for array in arrays):
+        return None
+    return batches_digest([{f"{index:08d}": array for index, array in enumerate(arrays)}])
 
 
 def checked(folder: Path, export: Path, kind: str, settings: Mapping[str, Any], what: str,
