@@ -76,6 +76,7 @@ class ModelInfo:
     inputs: dict[str, TensorMeta]
     outputs: dict[str, TensorMeta]
     opset: int
+    inner: dict[str, str] = dataclasses.field(default_factory=dict)  # main graph tensor no output is -> its node's op
 
     @property
     def batch_dims(self) -> dict[str, int]:
@@ -114,7 +115,8 @@ def read_model_info(path: Path) -> ModelInfo:
         source = _copied_input(value.name, producers, set(inputs))
         outputs[value.name] = dataclasses.replace(meta, passthrough_of=source, constant=value.name not in fed)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-    return ModelInfo(inputs=inputs, outputs=outputs, opset=opset)
+    inner = {name: node.op_type for name, node in producers.items() if name and name not in outputs}
+    return ModelInfo(inputs=inputs, outputs=outputs, opset=opset, inner=inner)
 
 
 def _read_as_positions(meta: TensorMeta, table: tuple[int | str, ...] | None) -> bool:

@@ -27,8 +27,8 @@ WEIGHT = numpy_helper.from_array(RNG.normal(size=(FEATURES, 5)).astype(np.float3
 ROWS_FED = RNG.normal(size=(ROWS, BOXES, FEATURES)).astype(np.float32)
 REMEDY = ("qbench compares outputs row by row and value by value, so an output whose length depends on the data "
           "(detections kept by NonMaxSuppression, NonZero, Compress, a TopK whose K is computed) cannot be judged: "
-          "evaluate the outputs before that step (the raw boxes and scores, model.output), or export a fixed number "
-          "per row (the top K, padded, with a count output)")  # fmt: skip
+          "evaluate the tensors before that step (the raw boxes and scores: save the model with them among its outputs "
+          "and name them in model.outputs), or export a fixed number per row (the top K, padded, with a count output)")  # fmt: skip
 
 
 def _constants(**values: list) -> list:

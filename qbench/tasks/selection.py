@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from qbench.errors import QbenchError, expected_one_of
+from qbench.errors import QbenchError, expected_one_of, plain_name
 from qbench.modelinfo import ModelInfo, TensorMeta
 from qbench.tasks.base import Task
 
@@ -99,6 +99,8 @@ def _warn_off_label(task: Task, meta: TensorMeta) -> None:
 
 def _named(task: Task, model: ModelInfo, name: str, names: list[str]) -> OutputChoice:
     if name not in model.outputs:
+        if (op := model.inner.get(name)) is not None:
+            raise QbenchError(_inner_tensor(name, op, names))
         raise QbenchError(f"model output {expected_one_of(name, names)}")
     meta = model.outputs[name]
     problem = _problem(task, model, meta)
@@ -108,6 +110,16 @@ def _named(task: Task, model: ModelInfo, name: str, names: list[str]) -> OutputC
         raise QbenchError(f"{problem}{hint}")
     _warn_off_label(task, meta)
     return OutputChoice(names.index(name), meta)
+
+
+def _inner_tensor(name: str, op: str, names: list[str]) -> str:
+    """A named tensor the graph computes but does not return (a detector's raw boxes before its NonMaxSuppression):
+    qbench runs the graph's outputs only, so it says so and how to return that tensor, not merely 'no such output'."""
+    return (f"model output {name!r} is a tensor inside the graph (made by a {op} node), not one of its outputs "
+            f"({', '.join(map(plain_name, names))}): qbench evaluates the graph's outputs only; expected one of them, "
+            f"or the model saved with {name!r} among its outputs (onnx: append "
+            f"onnx.helper.make_tensor_value_info({name!r}, elem_type, None) to model.graph.output and save it), "
+            "named here")
 
 
 def _rows_elsewhere(model: ModelInfo, meta: TensorMeta) -> str | None:

@@ -153,3 +153,29 @@ def test_an_output_computed_from_no_input_is_never_a_candidate(tmp_path, task: s
         with pytest.raises(QbenchError, match=rf"^output '{name}' is computed from no model input \(an initializer or "
                                               r"a Constant\): .*outputs it can read: scores"):  # fmt: skip
             choose_outputs(get_task(task), model, [name])
+
+
+def test_a_tensor_inside_the_graph_is_named_as_such_with_how_to_return_it(tmp_path) -> None:
+    """A detector's raw boxes before its NonMaxSuppression are a tensor of the graph, not an output: naming them in
+    model.outputs said only `got 'raw', expected one of dets`, as if misspelt; it now says what the tensor is and how
+    to return it."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from qbench.modelinfo import read_model_info
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["raw"]), helper.make_node("NonZero", ["raw"], ["dets"])], "det",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("dets", TensorProto.INT64, [2, "n"])])  # fmt: skip
+    path = tmp_path / "det.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    model = read_model_info(path)
+    assert model.inner == {"raw": "Relu"}
+    with pytest.raises(QbenchError) as raised:
+        choose_outputs(get_task("structured"), model, ["raw"])
+    assert str(raised.value).startswith("model output 'raw' is a tensor inside the graph (made by a Relu node), not one "
+                                        "of its outputs (dets): qbench evaluates the graph's outputs only;")
+    assert "make_tensor_value_info('raw', elem_type, None) to model.graph.output" in str(raised.value)
+    with pytest.raises(QbenchError, match=r"got 'dest', expected one of dets \(did you mean 'dets'\?\)"):
+        choose_outputs(get_task("structured"), model, ["dest"])  # a misspelt output is still one
