@@ -72,7 +72,7 @@ RUN_FIELDS: dict[str, tuple[str, ...]] = {
 }
 
 
-TorchDtype = Literal["float32", "float16", "bfloat16", "int64", "int32", "bool"]
+TorchDtype = Literal["float32", "float16", "bfloat16", "int64", "int32", "uint8", "bool"]
 
 
 class ModelSpec(_Strict):

@@ -221,7 +221,9 @@ def _holds_ids(name: str, dtype: str) -> bool:
 def _example_inputs(shapes: Mapping[str, tuple[int, ...]], dtypes: Mapping[str, str], batch: int, *,
                     ids_as_masks: bool = False) -> tuple[Any, ...]:  # fmt: skip
     """The same tensors on every call. Floating inputs are uniform in [0, 1) from a fixed seed; integer
-    inputs are zeros (a valid index for any embedding) except masks (by name) and bools, which are ones but
+    inputs are zeros (a valid index for any embedding) except uint8 ones, pixels of an image a model normalises
+    itself (uniform in 0..255, as a trace check on an all-black image shows no scale or offset wrong), and masks
+    (by name) and bools, which are ones but
     for the last position of each row: a mask of one value is degenerate under one of the two conventions
     (an all-zero attention mask keeps nothing; an all-True key_padding_mask, True = padding, masks every key
     and nn.MultiheadAttention returns NaN), while one holding both keeps some positions under either.
@@ -234,6 +236,8 @@ def _example_inputs(shapes: Mapping[str, tuple[int, ...]], dtypes: Mapping[str, 
         size, dtype = (batch, *shape[1:]), getattr(torch, dtypes[name])
         if dtype.is_floating_point:
             tensors.append(torch.rand(size, generator=generator).to(dtype))
+        elif dtype == torch.uint8 and "mask" not in name.lower():
+            tensors.append(torch.randint(0, 256, size, generator=generator, dtype=dtype))
         elif dtype == torch.bool or "mask" in name.lower() or ids_as_masks:
             mask = torch.ones(size, dtype=dtype)
             if len(size) > 1 and size[-1] > 1:
