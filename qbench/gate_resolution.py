@@ -400,7 +400,9 @@ def _compensated_bound(metric: str, tolerance: float, reference: SliceMetrics,
             or own.denominators.get(companion, own.size) != own.denominators.get(metric, own.size):  # fmt: skip
         return None
     point = drop(metric, reference.metrics.get(metric, math.nan), own.metrics.get(metric, math.nan))
-    changed = round((1 - agreement) * units)
+    # FP32's own figure is below 1 where it gives NaN/inf: those rows are every result's misses, no changed decision
+    answered = reference.metrics.get(companion, math.nan)
+    changed = round(((answered if math.isfinite(answered) else 1.0) - agreement) * units)
     if not math.isfinite(point) or changed <= abs(point) * units + 0.5 or changed <= tolerance / (info.high - info.low) * units:
         return None
     if together is not None and together > 1:  # over rows: the sum of each row's drop squared is at most together * changed

@@ -49,6 +49,7 @@ from qbench.preflight_checks import (
     check_quantizer_options,
     example_inputs_mismatch,
     fixed_batch,
+    warn_unread_inputs,
     with_fixed_batch,
 )
 from qbench.preflight_labels import check_output_labels, named_classes
@@ -191,6 +192,7 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
     eval_slices = evaluation.slices
     outputs = _pick_outputs(recipe, task, model, label_cells(table, recipe.data, eval_rows, recipe_file=recipe.source))
     _check_gate_metric(recipe, task, outputs)
+    warn_unread_inputs(recipe, source.onnx_path, [c.name for c in outputs])
     labels = _labels(recipe, task, table, eval_rows, outputs)
     started = time.perf_counter()
     try:

@@ -9,6 +9,8 @@
 - memory: the input of the largest batch fits in the memory available now;
 - masks: FP32's outputs are not -inf at the same positions on every row the dry run scores (a mask written with
   -inf, which would leave every row FP32's failure and nothing to judge);
+- unread inputs: a model input no evaluated output is computed from (read by no node, or only on the way to an output
+  not evaluated) is warned about with the column feeding it: its cells change no figure (a slice column fed by mistake);
 - a fixed batch: a model whose inputs only take batches of one size (an export without a dynamic
   batch axis): the recipe's batch sizes are that one (those it leaves out are set to it); rows that do
   not fill a last batch are padded where they are fed (`qbench.data.iter_batches`).
@@ -19,7 +21,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import TypeVar
 
@@ -87,6 +89,41 @@ def check_node_names(recipe: Recipe, path: Path) -> None:
                 main_graph_nodes(model, name)
             except QbenchError as exc:
                 raise RecipeError(recipe.source, f"variants[{i}].exclude_nodes[{j}]", str(exc)) from None
+
+
+def unread_inputs(path: Path, outputs: Collection[str]) -> list[str]:
+    """The model's fed inputs (not initializers) that none of `outputs` is computed from, in the graph's order: read by
+    no node, or only by nodes no evaluated output depends on (what an If/Loop/Scan body reads from outside counts as
+    read by that node). Local functions are inlined first; a graph that cannot be read gives none."""
+    from qbench.modelinfo_classes import each_once
+    from qbench.onnx_read import read_onnx
+    from qbench.variants.onnx_utils import outer_scope_reads
+
+    try:
+        graph = read_onnx(path).graph
+    except Exception:  # noqa: BLE001 - an unreadable model is refused by the checks that load it
+        return []
+    producers = {out: node for node in graph.node for out in node.output if out}
+    reached: set[str] = set()
+    for output in outputs:
+        for tensor, waiting in each_once(output):
+            reached.add(tensor)
+            node = producers.get(tensor)
+            if node is not None:
+                waiting.extend(name for name in (*node.input, *outer_scope_reads(node)) if name)
+    constants = {tensor.name for tensor in graph.initializer}
+    return [tensor.name for tensor in graph.input if tensor.name not in constants and tensor.name not in reached]
+
+
+def warn_unread_inputs(recipe: Recipe, path: Path, outputs: Collection[str]) -> None:
+    """Log each model input that no evaluated output is computed from, with the data column feeding it: its cells are
+    read and fed, yet change no figure (a slice or id column fed as an input by mistake, a mask the graph ignores)."""
+    columns = {spec: column for column, spec in recipe.data.inputs.items() if isinstance(spec, str)}
+    for name in unread_inputs(path, outputs):
+        fed = f" (fed from data column {columns[name]!r})" if name in columns else ""
+        logger.warning(f"model input {name!r}{fed} is read by no node that the evaluated output(s) "
+                       f"{', '.join(map(repr, outputs))} are computed from: its values change no figure; if the model "
+                       f"was meant to read it, check the export")  # fmt: skip
 
 
 def check_backends(recipe: Recipe) -> None:

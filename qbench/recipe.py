@@ -301,6 +301,12 @@ class Recipe(_Strict):
         if isinstance(self.data.label, list) and self.task != "multilabel":
             raise ValueError(f"data.label: a list of columns (one 0/1 column per label) is read by task multilabel "
                              f"only; expected one label column for task {self.task!r}")  # fmt: skip
+        fed_labels = [column for column in self.data.label_columns if column in self.data.fed_columns]
+        if fed_labels and not get_task(self.task).labels_may_be_fed:
+            raise ValueError(f"data.inputs: column {fed_labels[0]!r} is data.label too: the model would be fed the "
+                             f"answer it is scored against, so its accuracy and every variant's drop would measure "
+                             f"that leak (a variant's errors on the other inputs hide behind it); expected the "
+                             f"label column kept out of data.inputs (task {self.task!r})")  # fmt: skip
         for index, backend in enumerate(self.backends):
             if backend.startswith("torch-") and self.model.torch is None:
                 raise ValueError(f"backends[{index}]: {backend} needs a PyTorch model source (model.torch)")

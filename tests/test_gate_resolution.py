@@ -476,3 +476,27 @@ def test_copies_of_an_input_count_once_where_some_rows_are_not_scored():
                                "distinct inputs: the others repeat them) < 299 needed for a drop of 0.01 (a variant "
                                "changing 0.01 of the inputs leaves all 200 unchanged with probability 13.4% > 5%)",)
     assert evaluate_gate(dataclasses.replace(repeated, distinct_inputs={"overall": 599}), spec).exit_code == EXIT_PASS
+
+
+def test_rows_fp32_gives_nan_on_are_no_changed_decisions_of_a_variant():
+    """FP32 gives NaN/inf scores on 200 of 1,000 rows (a Log of a Sigmoid that underflows), as does the variant built
+    from it: every result misses them, FP32's own agreement included (0.8). The variant changes 3 other rows' right
+    answers (a drop of 0.003). Counted as 1 - agreement, its changed decisions were 203, more than its drop counts,
+    and the compensation bound 0.003 + 1.96 * sqrt((0.203 - 0.003^2) / 999) = 0.0309 > 0.01 made the gate say that
+    the rows could not resolve it (exit 2; an INT8 build of such a model on 944 rows: 'changed on 190 of them', 183
+    of them FP32's NaN rows). Its changes are FP32's agreement minus its own: 3, all losses, judged by the rows rule
+    (exit 0), as without the NaN rows."""
+    rows = 1000
+    fp32 = np.zeros(rows, dtype=np.int64)
+    fp32[::2] = 1
+    variant = fp32.copy()
+    variant[200:206:2] = 1 - variant[200:206:2]  # 3 rows of class 1 moved to class 0, each a right answer lost
+    reference, scores = _binary_scores(fp32), _binary_scores(variant)
+    reference[:200] = scores[:200] = np.nan
+    results = [evaluate_accuracy("classification", s, reference, fp32, {}) for s in (reference, scores)]
+    assert [r.overall.metrics["agreement"] for r in results] == [0.8, 0.797]
+    variants = [VariantResult(variant=name, backend="cpu", precision=name, status="ok", accuracy=acc)
+                for name, acc in zip(("fp32", "int8"), results, strict=True)]  # fmt: skip
+    report = evaluate_gate(sweep(*variants), SPEC)
+    assert report.exit_code == EXIT_PASS, report.problems
+    assert round(report.checks[0].drop, 6) == 0.003

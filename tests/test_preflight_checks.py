@@ -17,6 +17,7 @@ from qbench.preflight_checks import (
     check_node_names,
     check_plan,
     fixed_batch,
+    warn_unread_inputs,
     with_fixed_batch,
 )
 from qbench.recipe import load_recipe
@@ -225,3 +226,38 @@ def test_exclude_nodes_are_checked_against_the_model_naming_the_entry(tmp_path: 
         assert str(caught.value).startswith(f"{recipe.source}: variants[1].exclude_nodes[1]: {problem}")
     recipe = recipe_excluding(["mm", "if"])
     check_node_names(recipe, recipe.model_path)
+
+
+def test_an_input_no_evaluated_output_reads_is_warned_about_with_its_column(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A slice column fed as a model input the graph never reads (`gid`), and one read only on the way to an output
+    that is not evaluated (`aux_in`), were fed without a word: their cells change no figure. An input read inside an
+    If's branch by name (`bias`, an outer-scope read) is read; so is one the evaluated output reads (`x`)."""
+    from onnx import TensorProto, helper, save
+
+    def value(name: str, shape: list) -> object:
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+    branch = helper.make_graph([helper.make_node("Add", ["h", "bias"], ["t"])], "then", [], [value("t", None)])
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]),
+             helper.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=branch),
+             helper.make_node("Neg", ["aux_in"], ["aux"])]  # fmt: skip
+    inputs = [value("x", ["n", 2]), value("gid", ["n"]), value("bias", ["n", 2]), value("aux_in", ["n"])]
+    outputs = [value("y", ["n", 2]), value("aux", ["n"])]
+    constants = [helper.make_tensor("w", TensorProto.FLOAT, [2, 2], [1.0, 2.0, 3.0, 4.0]),
+                 helper.make_tensor("c", TensorProto.BOOL, [], [True])]  # fmt: skip
+    recipe = _recipe(tmp_path, data={"path": "rows.parquet", "inputs": {
+        "x": "x", "group_id": "gid", "b": "bias", "a": "aux_in"}})  # fmt: skip
+    save(helper.make_model(helper.make_graph(nodes, "g", inputs, outputs, constants)), str(recipe.model_path))
+    with caplog.at_level("WARNING", logger="qbench"):
+        warn_unread_inputs(recipe, recipe.model_path, ["y"])
+    end = "is read by no node that the evaluated output(s) 'y' are computed from: its values change no figure"
+    assert [r.getMessage().split(";")[0] for r in caplog.records] == [
+        f"model input 'gid' (fed from data column 'group_id') {end}",
+        f"model input 'aux_in' (fed from data column 'a') {end}",
+    ]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="qbench"):
+        warn_unread_inputs(recipe, recipe.model_path, ["y", "aux"])
+    assert [r.getMessage().split(" (")[0] for r in caplog.records] == ["model input 'gid'"]

@@ -517,3 +517,22 @@ def test_executor_timeout_loads_for_ray_and_is_refused_in_one_line_elsewhere(tmp
         "recipe.yaml: executor: timeout_s applies to `kind: ray` only (a job in the sweep's own process cannot be "
         "ended without the sweep: bound a local sweep by its CI job's timeout)")
     assert "executor.timeout_s" in error_of(tmp_path, with_changes(executor={"kind": "ray", "timeout_s": 0}))
+
+
+def test_a_label_column_fed_as_a_model_input_is_refused_where_labels_are_answers(tmp_path):
+    """A classifier fed its own label column (a one-hot of it added to its scores) scored accuracy 1.0 in FP32 and
+    every variant, and the gate passed an INT8 build whose errors on the other inputs hid behind the leak (exit 0).
+    A reconstruction (task regression or structured: an autoencoder judged against its own input) may feed it."""
+    leaked = {**BASE["data"], "inputs": {"x": "input", "y": "label_input"}}
+    assert error_of(tmp_path, with_changes(data=leaked)) == (
+        "recipe.yaml: data.inputs: column 'y' is data.label too: the model would be fed the answer it is scored "
+        "against, so its accuracy and every variant's drop would measure that leak (a variant's errors on the other "
+        "inputs hide behind it); expected the label column kept out of data.inputs (task 'classification')")
+    paired = {**BASE["data"], "inputs": {"q": {"tokenizer": {"path": "tok", "pair": "y"}}}}
+    assert "column 'y' is data.label too" in error_of(tmp_path, with_changes(data=paired))
+    (tmp_path / "tok").mkdir()
+    multilabel = {**BASE["data"], "label": ["toxic", "insult"], "inputs": {"x": "input", "insult": "flag"}}
+    assert "column 'insult' is data.label too" in error_of(
+        tmp_path, with_changes(task="multilabel", gate={"metric": "micro_f1"}, data=multilabel))
+    reconstruction = {**BASE["data"], "inputs": {"y": "input"}}
+    assert load_recipe(write_recipe(tmp_path, with_changes(task="regression", data=reconstruction))).data.inputs

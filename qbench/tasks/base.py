@@ -109,6 +109,9 @@ class Task(ABC):
     default_gate_metric: ClassVar[str | None]  # None: the recipe's first custom metric
     labels_name_classes: ClassVar[bool] = False  # label cells are names ("01" and "1" two classes), not numbers
     decides_by_argmax: ClassVar[bool] = False  # rows decides among score columns by their arg-max
+    labels_may_be_fed: ClassVar[bool] = False
+    """Whether a label column may also feed a model input: a reconstruction (an autoencoder) is judged against the
+    input it was fed. Where labels are classes, token tags or spans, a fed label is the answer itself (a leak)."""
     together: ClassVar[tuple[str, ...]] = ()
     """What each output is, for a task that judges several outputs of a row at once (span: its start and end scores),
     in the order `model.outputs` names them; its metrics are then unprefixed and come from `rows_together`. Empty:

@@ -124,6 +124,7 @@ class RegressionRows:
 
 class Regression(Task):
     name = "regression"
+    labels_may_be_fed = True  # an autoencoder's target is its input
     metric_infos = (
         MetricInfo("mae", False, "mean absolute error vs labels (vs FP32 without labels)", low=0.0, data_units=True),
         MetricInfo("rmse", False, "root mean squared error vs labels (vs FP32 without labels), averaged over targets",

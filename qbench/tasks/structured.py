@@ -64,6 +64,7 @@ def exact_rows(outputs: np.ndarray, reference: np.ndarray) -> np.ndarray:
 
 class Structured(Task):
     name = "structured"
+    labels_may_be_fed = True  # an autoencoder's target is its input
     metric_infos = (
         share_of_rows("agreement", True, "fraction of rows whose every value is within 1% of its FP32 spread of FP32"),
         MetricInfo("max_abs_error", False, "largest absolute difference from the FP32 output", low=0.0, data_units=True),

@@ -225,7 +225,8 @@ def evaluate_accuracy(
     for name, values in named.items():
         values, reference = np.asarray(values), np.asarray(references[name])
         if values.ndim == 0 or values.shape != reference.shape:
-            varies = values.ndim > 1 and values.shape[0] == reference.shape[0]  # its rows' length moved with the values
+            # its rows' length moved with the values (a rank change is another layout, not a length the data set)
+            varies = values.ndim == reference.ndim > 1 and values.shape[0] == reference.shape[0]
             raise QbenchError(f"variant outputs{f' {name!r}' if name else ''} have shape {values.shape}, FP32 outputs "
                               f"{reference.shape}: they must match{f'; {VARIABLE_SHAPE}' if varies else ''}")  # fmt: skip
         if rows not in (-1, values.shape[0]):

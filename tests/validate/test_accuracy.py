@@ -325,6 +325,9 @@ def test_outputs_of_another_length_than_fp32s_say_why_they_cannot_be_judged() ->
     with pytest.raises(QbenchError, match=r"variant outputs have shape \(4, 6\), FP32 outputs \(4, 5\): they must "
                                           r"match; qbench compares outputs row by row and value by value"):  # fmt: skip
         evaluate_accuracy("regression", variant, reference, None, {})
+    with pytest.raises(QbenchError) as caught:  # another rank: a layout change, which no data-dependent length explains
+        evaluate_accuracy("regression", reference[:, None, :], reference, None, {})
+    assert str(caught.value) == "variant outputs have shape (4, 1, 5), FP32 outputs (4, 5): they must match"
 
 
 def test_a_single_score_split_by_its_values_into_one_class_while_labels_hold_two_is_named():
