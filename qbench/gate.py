@@ -101,6 +101,11 @@ class GateReport:
     # report files unwritten, an unexpected error): the reports call that ending 'error', not 'unusable' (the results
     # were judged); exit code 2
     failed_after_verdict: str = ""
+    # the FP32 reference's name and the backend whose FP32 every other backend's FP32 is judged against (the first):
+    # FP32 on a later backend is gated as a variant is (its key in `gated`), and where it breaches, or cannot be
+    # judged, no variant of its backend passes
+    reference: str = ""
+    reference_backend: str = ""
 
     @property
     def unresolved(self) -> tuple[str, ...]:
@@ -123,9 +128,26 @@ class GateReport:
         key = f"{variant}@{backend}"
         if key not in self.gated:
             return "not gated"
-        own = [c for c in self.checks if c.variant == variant and c.backend == backend]
-        unjudged = any(problem_owner(self.gated, p) in (key, None) for p in self.problems)
+        # a variant is judged against its backend's FP32, which must itself agree with the first backend's
+        fp32 = f"{self.reference}@{backend}"
+        owners = (key, fp32, None) if fp32 in self.gated else (key, None)
+        own = [c for c in self.checks if f"{c.variant}@{c.backend}" in owners]
+        unjudged = any(problem_owner(self.gated, p) in owners for p in self.problems)
         return "fail" if unjudged or any(c.status == "breach" for c in own) else "pass"
+
+    def fp32_differs(self) -> dict[str, str]:
+        """Backend -> the line saying its FP32 breaches against the first backend's FP32 (`reference_backend`), for
+        each later backend whose FP32 does: every variant of that backend fails with it, and none of its rows may be
+        named the cheapest (qbench.report_serving)."""
+        lines: dict[str, list[str]] = {}
+        for check in sorted(self.breaches, key=lambda c: c.metric != self.metric):  # the gate metric's first
+            if check.variant == self.reference and check.backend != self.reference_backend and check.scope != SLO_SCOPE:
+                lines.setdefault(check.backend, []).append(
+                    f"{check.scope} {check.metric} {check.reference:.4g} → {check.observed:.4g}"
+                    if math.isfinite(check.reference) else f"{check.scope} {check.metric}")
+        return {backend: f"backend {backend}'s FP32 differs from backend {self.reference_backend}'s FP32: "
+                         f"{named_some(found, '; ')}; its variants cannot pass and its rows cannot be the cheapest"
+                for backend, found in lines.items()}  # fmt: skip
 
 
 NAMED_SCOPES = 5
@@ -228,9 +250,15 @@ def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[st
                  for field, why in unmatched_globs(name, patterns, results.reference, names)]  # fmt: skip
     if not gated:
         problems.append(f"the gate applies to no variant (applies_to: {', '.join(spec.applies_to)})")
+    backends = list(dict.fromkeys(b for v, b in pairs if v == results.reference))
+    first = backends[0] if backends else ""
+    # FP32 on each later backend, judged against the first backend's FP32 as a variant is against its backend's
+    later_fp32 = [(results.reference, b) for b in backends[1:] if (results.reference, b) not in skipped]
     checks: list[GateCheck] = []
-    for variant, backend in gated:
-        own_checks, own_problems, unresolved_scopes, spread = _judge(results, variant, backend, spec, tolerances)
+    for variant, backend in [*later_fp32, *gated]:
+        against = first if variant == results.reference else backend
+        own_checks, own_problems, unresolved_scopes, spread = _judge(results, variant, backend, spec, tolerances,
+                                                                     against)  # fmt: skip
         checks.extend(own_checks)
         problems.extend(f"{variant}@{backend}: {p}" for p in own_problems)
         if not unresolved_scopes or _same_graph(results, variant, backend):
@@ -255,7 +283,8 @@ def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[st
         metric=spec.metric,
         checks=tuple(checks),
         problems=tuple(problems),
-        gated=tuple(f"{v}@{b}" for v, b in gated),
+        gated=tuple(f"{v}@{b}" for v, b in [*later_fp32, *gated]),
+        reference=results.reference, reference_backend=first,
         unresolved_passes=tuple(small_passes), unresolved_on_spread=on_spread,
         notes=(*unresolved_notes, *tolerance_notes(results, spec, gated), *other_output_notes(results, spec, gated),
                *other_output_kept_notes(results, spec, gated),
@@ -272,7 +301,9 @@ def missing_evidence(results: SweepResults, slo: SloSpec | None) -> list[str]:
     """The one problem of results that lack a kind of evidence a check of this gate needs (qbench.results_evidence):
     written before qbench recorded it, they would pass that check unjudged. None where every kind is recorded."""
     task = results.recipe.get("task")  # a file without one (edited) needs every task's kinds
-    lacking = unrecorded(results.evidence, slo=slo is not None, task=task if isinstance(task, str) else None)
+    several = len({v.backend for v in results.variants}) > 1
+    lacking = unrecorded(results.evidence, slo=slo is not None, task=task if isinstance(task, str) else None,
+                         several_backends=several)  # fmt: skip
     if not lacking:
         return []
     return [f"results written by qbench {short_repr(results.qbench_version)} record no "
@@ -287,16 +318,18 @@ def _same_graph(results: SweepResults, variant: str, backend: str) -> bool:
     return found is not None and found.params.get("identical_to") == results.reference
 
 
-def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec,
-           resolved: Tolerances | None = None) -> tuple[list[GateCheck], list[str], list[str], bool]:  # fmt: skip
+def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec, resolved: Tolerances | None = None,
+           against: str | None = None) -> tuple[list[GateCheck], list[str], list[str], bool]:  # fmt: skip
     """Checks for one variant on one backend, the reasons it cannot be judged (if any) and why each of its passes
     on a scope too small to resolve the tolerance is no evidence (and whether one of those falls short on its spread,
     not on its rows alone); `resolved`: the tolerances to judge with, rather
-    than those resolved against the reference's figures."""
-    reference = results.find(results.reference, backend)
+    than those resolved against the reference's figures; `against`: the backend whose FP32 it is judged against
+    (default: its own; the first backend's for FP32 on a later one)."""
+    against = against or backend
+    reference = results.find(results.reference, against)
     candidate = results.find(variant, backend)
     if reference is None or reference.status != "ok" or reference.accuracy is None:
-        return [], [f"no usable FP32 reference on {backend}"], [], False
+        return [], [f"no usable FP32 reference on {against}"], [], False
     if candidate is None:
         return [], ["no results for this variant (partial or interrupted sweep?)"], [], False
     if candidate.status != "ok" or candidate.accuracy is None:

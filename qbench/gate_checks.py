@@ -123,12 +123,16 @@ def result_problems(
     undefined = _undefined_scopes(results, reference, recipe.gate.metric)
     named = [s.name for s in recipe.data.slices if s.name is not None]
     wanted = evaluated.slice_sizes if evaluated is not None else None
+    first = recipe.backends[0]
     for result in results.variants:
         if (result.variant, result.backend) in expected and result.status == "ok" and result.accuracy is not None:
+            # FP32 on a later backend records its drops against the first backend's FP32 (evidence 'fp32_drops')
+            later_fp32 = result.variant == reference and result.backend != first and "fp32_drops" in results.evidence
             problems.extend(
                 f"{result.key}: {p}"
                 for p in _accuracy_problems(result.accuracy, results, recipe, wanted, named, ref_scopes,
-                                            on_backend.get(result.backend, {}), undefined.get(result.backend, set()))  # fmt: skip
+                                            on_backend.get(result.backend, {}), undefined.get(result.backend, set()),
+                                            on_backend.get(first, {}) if later_fp32 else None)  # fmt: skip
             )
     return problems
 
@@ -283,7 +287,10 @@ def _accuracy_problems(
     ref_scopes: dict[str, SliceMetrics] | None,
     on_backend: Mapping[str, SliceMetrics],
     undefined: set[str],
+    drops_from: Mapping[str, SliceMetrics] | None = None,
 ) -> list[str]:
+    """What is wrong with one result's accuracy; `on_backend`: FP32's scopes on its backend, `drops_from` those its
+    drops are taken against where they are another FP32's (default: `on_backend`)."""
     problems: list[str] = []
     rows = accuracy.rows
     if rows != results.evaluation_rows or accuracy.overall.size != rows:
@@ -311,7 +318,7 @@ def _accuracy_problems(
         problems.extend(_scope_problems(scope, rows, recipe.gate.metric, recipe.gate.min_slice_size,
                                         0 if fp32 is None else fp32.nonfinite_outputs, scope.name in undefined))  # fmt: skip
         problems.extend(_denominator_problems(scope, None if ref_scopes is None else ref_scopes.get(scope.name)))
-        problems.extend(_drop_problems(scope, fp32))
+        problems.extend(_drop_problems(scope, fp32 if drops_from is None else drops_from.get(scope.name)))
         if scope is accuracy.overall:
             continue
         if wanted is not None and scope.name in wanted and scope.size != wanted[scope.name]:

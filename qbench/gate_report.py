@@ -218,7 +218,7 @@ BREACH_LINES = 10
 
 def console_lines(report: GateReport) -> list[str]:
     """What `qbench gate` prints by default above the summary: each variant's breaches (BREACH_LINES of them at most,
-    the rest counted), then each problem."""
+    the rest counted), a line per backend whose FP32 breaches against the first backend's, then each problem."""
     lines: list[str] = []
     by_variant: dict[str, list[GateCheck]] = {}
     for check in report.breaches:
@@ -228,6 +228,7 @@ def console_lines(report: GateReport) -> list[str]:
         if len(breaches) > BREACH_LINES:
             lines.append(f"BREACH {key}: {len(breaches) - BREACH_LINES} more breaches (--verbose prints every check, "
                          "--json writes each)")  # fmt: skip
+    lines += [f"BREACH {line}" for line in report.fp32_differs().values()]
     return lines + [problem_line(p) for p in report.problems]
 
 

@@ -414,8 +414,8 @@ def _overlap_facts(record: CalibrationRecord) -> str:
     return facts
 
 
-def _frontier_section(results: SweepResults, plot_path: Path | None, report_path: Path) -> str:
-    lines = ["## Frontier", "", "```", frontier_text(results), "```", ""]
+def _frontier_section(results: SweepResults, gate: GateReport | None, plot_path: Path | None, report_path: Path) -> str:
+    lines = ["## Frontier", "", "```", frontier_text(results, gate.fp32_differs() if gate else None), "```", ""]
     if plot_path is not None:
         relative = Path(os.path.relpath(plot_path.resolve(), report_path.resolve().parent)).as_posix()
         lines += [f"![latency vs {results.gate_metric}]({relative})", ""]
@@ -456,7 +456,7 @@ def render_markdown(results: SweepResults, gate: GateReport | None, plot_path: P
         to_markdown(_slice_grid(results, results.gate_metric)),
         to_markdown(_latency_grid(results)),
         *([to_markdown(serving)] if (serving := serving_table(results, gate)) is not None else []),
-        _frontier_section(results, plot_path, report_path),
+        _frontier_section(results, gate, plot_path, report_path),
         gate_part,
         search_markdown(results),
         ranges_section(results),
@@ -475,7 +475,7 @@ def print_summary(results: SweepResults, gate: GateReport | None, target: Consol
     """The summary table, the frontier and the gate table (with its notes unless `gate_notes`), on `target` (stderr)."""
     with custom_metrics(recorded_custom_metrics(results.recipe.get("resolved", {}))):
         serving = serving_table(results, gate)
-        tables = [summary_table(results, gate), *([to_rich(serving)] if serving else []), Text(frontier_text(results))]
+        tables = [summary_table(results, gate), *([to_rich(serving)] if serving else []), Text(frontier_text(results, gate.fp32_differs() if gate else None))]
         tables += [gate_table(gate, notes=gate_notes, every_pass=False)] if gate is not None else []
     for renderable in tables:
         print_wide(renderable, target)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from qbench.frontier import frontier_of
 from qbench.report_grid import num, short
 from qbench.results import EMULATED, SweepResults
@@ -10,10 +12,12 @@ from qbench.validate.catalogue import METRICS
 from qbench.validate.contention import contended
 
 
-def frontier_text(results: SweepResults) -> str:
+def frontier_text(results: SweepResults, fp32_differs: Mapping[str, str] | None = None) -> str:
     """Per backend and batch size, the frontier variants from fastest to most accurate. Neighbours with the same
     metric are joined by '=': on a frontier they are as fast within the timing noise (either would otherwise leave
-    the other off it), so listing one first says nothing about its speed."""
+    the other off it), so listing one first says nothing about its speed. `fp32_differs`: backend -> the gate's line
+    saying its FP32 breaches against the first backend's (GateReport.fp32_differs), printed under its frontier: its
+    figures are measured against a reference that is itself wrong."""
     metric = results.gate_metric
     direction = "higher" if METRICS[metric].higher_is_better else "lower"
     lines = [f"Frontier (p50 latency vs {metric}, {direction} is better):"]
@@ -43,6 +47,7 @@ def frontier_text(results: SweepResults) -> str:
     lines += [f"  {backend}, batch {bs}{where}: {entries}" for (backend, bs, where), entries in groups.items()]
     if not groups:
         lines.append(f"  no variant has both a latency and a finite {metric}")
+    lines += [f"  ! {line}" for line in (fp32_differs or {}).values()]
     if tied:
         lines.append("  =: the same metric, as fast within the timing noise")
     if emulated:

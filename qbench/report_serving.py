@@ -45,15 +45,20 @@ def _slo_checks(gate: GateReport | None, variant: VariantResult) -> list[GateChe
 
 
 def accuracy_verdict(results: SweepResults, gate: GateReport | None, variant: VariantResult) -> str:
-    """'reference', 'pass', 'fail', 'not gated' on accuracy alone (the SLO checks left out)."""
-    if variant.variant == results.reference:
+    """'reference', 'pass', 'fail', 'not gated' on accuracy alone (the SLO checks left out). FP32 on a later backend
+    is judged against the first backend's (qbench.gate): where that breaches, it and every variant of its backend
+    fail."""
+    if variant.variant == results.reference and (gate is None or variant.key not in gate.gated):
         return "reference" if variant.status == "ok" else "fail"
     if gate is None or f"{variant.key}" not in gate.gated:
         return "not gated"
-    own = [c for c in gate.checks if c.scope != SLO_SCOPE and (c.variant, c.backend) == (variant.variant, variant.backend)]
-    unjudged = any(problem_owner(gate.gated, p) in (variant.key, None) and not p.startswith(f"{variant.key}: SLO:")
+    fp32 = f"{results.reference}@{variant.backend}"
+    owners = (variant.key, fp32) if fp32 in gate.gated else (variant.key,)
+    judged = [c for c in gate.checks if c.scope != SLO_SCOPE and f"{c.variant}@{c.backend}" in owners]
+    unjudged = any((owner := problem_owner(gate.gated, p)) in (*owners, None) and not p.startswith(f"{owner}: SLO:")
                    for p in gate.problems)  # fmt: skip
-    if unjudged or any(c.status == "breach" for c in own) or not own:
+    own = [c for c in judged if f"{c.variant}@{c.backend}" == variant.key]
+    if unjudged or any(c.status == "breach" for c in judged) or not own:
         return "fail"
     return "pass"
 

@@ -23,6 +23,7 @@ class Evidence:
     checks: str  # what the gate judges with it (named in its refusal)
     slo: bool = False  # needed only where the gate judges a latency budget (the recipe's slo:)
     task: str | None = None  # needed only for results of this task (None: every task's)
+    several_backends: bool = False  # needed only for results of more than one backend
 
 
 EVIDENCE: dict[str, Evidence] = {e.name: e for e in (
@@ -42,6 +43,9 @@ EVIDENCE: dict[str, Evidence] = {e.name: e for e in (
     Evidence("stored_weights", "the reference's params.stored_weights", "the note on a reference stored rounded"),
     Evidence("random_ops", "a reference with random nodes refused by the sweep", "results of a deterministic reference"),
     Evidence("model_sha256", "each variant's model_sha256", "the measured model file is the one measured"),
+    Evidence("fp32_drops", "each later backend's FP32 drops, taken against the first backend's FP32", "each later "
+             "backend's FP32 against the first backend's (its drops, as the report and MLflow show them)",
+             several_backends=True),
     Evidence("others_cpus", "each latency point's others_cpus", "the SLO's contended timings", slo=True),
     Evidence("usable_cpus", "each latency's machine.cpus", "the SLO's timings with more threads than CPUs", slo=True),
 )}  # fmt: skip
@@ -50,11 +54,14 @@ RECORDED: tuple[str, ...] = tuple(EVIDENCE)
 """What a sweep of this qbench records: every kind."""
 
 
-def unrecorded(recorded: tuple[str, ...], *, slo: bool, task: str | None = None) -> list[Evidence]:
+def unrecorded(recorded: tuple[str, ...], *, slo: bool, task: str | None = None,
+               several_backends: bool = True) -> list[Evidence]:  # fmt: skip
     """The kinds the gate needs (those of an SLO only where it judges one, those of one task only for its results;
-    every task's where `task` is None) that `recorded` lacks."""
+    every task's where `task` is None; those of several backends only for results of several) that `recorded`
+    lacks."""
     return [e for e in EVIDENCE.values()
-            if e.name not in recorded and (slo or not e.slo) and (task is None or e.task in (None, task))]
+            if e.name not in recorded and (slo or not e.slo) and (task is None or e.task in (None, task))
+            and (several_backends or not e.several_backends)]
 
 
 def evidence_from_dict(raw: object) -> tuple[str, ...]:

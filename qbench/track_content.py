@@ -311,6 +311,7 @@ def gate_tags(gate: GateReport | None, key: str | None = None) -> dict[str, str]
         notes = [n for n in gate.notes if about(n)]
         reasons = [check_line(c) for c in gate.breaches if f"{c.variant}@{c.backend}" == key]
         reasons += [problem_line(p) for p in gate.problems if about(p)]
+        reasons += [line for on, line in gate.fp32_differs().items() if on == backend]  # its reference is wrong
     return {GATE_TAG: verdict, GATE_NOTES_TAG: tag_value(_NOTE_SEPARATOR.join(notes) or "none"),
             GATE_REASONS_TAG: tag_value(_NOTE_SEPARATOR.join(reasons) or "none")}
 
@@ -332,7 +333,7 @@ def sweep_tags(results: SweepResults, gate: GateReport | None) -> dict[str, str]
         **sweep_gate_tags(results, gate),
         "qbench.recipe": str(results.recipe.get("name", "")),
         "qbench.created_at": results.created_at,
-        _DESCRIPTION_TAG: tag_value(frontier_text(results)),
+        _DESCRIPTION_TAG: tag_value(frontier_text(results, gate.fp32_differs() if gate else None)),
     }
 
 

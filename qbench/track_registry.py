@@ -72,7 +72,8 @@ def best_passing(results: SweepResults, gate: GateReport, batch_size: int,
     kinds: dict[str, dict[str, list[str]]] = {}  # backend -> machine kind -> its passing variants
     for variant in results.variants:
         point = variant.latency.at(batch_size) if variant.latency is not None else None
-        if point is None or variant.backend not in backends or gate.status_of(variant.variant, variant.backend) != "pass":
+        if (point is None or variant.backend not in backends or variant.variant == results.reference
+                or gate.status_of(variant.variant, variant.backend) != "pass"):  # FP32 is the baseline, never a winner
             continue
         passing.setdefault(variant.backend, []).append((variant, point))
         kinds.setdefault(variant.backend, {}).setdefault(timed_on(variant), []).append(variant.variant)

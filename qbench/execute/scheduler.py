@@ -239,10 +239,14 @@ class Scheduler:
             )
         assert job.backend is not None
         is_reference = job.id == self.reference_job
+        # a variant's drops are taken against FP32 on its backend; FP32's own on a later backend against the first's
+        # (results_evidence 'fp32_drops'): the gate judges it against that one as it judges a variant
+        against = first if job.variant == self.plan.reference else job.backend
         return MeasureWork(
             backend=job.backend, built=self.state.built[job.variant], key=job.build_key,
             reference_job=None if is_reference else reference,
-            reference_accuracy=self.state.reference_accuracy.get(job.backend), keep_outputs=is_reference,
+            reference_accuracy=None if is_reference else self.state.reference_accuracy.get(against),
+            keep_outputs=is_reference,
         )  # fmt: skip
 
     def _open(self, variant: str, backend: str) -> None:

@@ -98,7 +98,7 @@ def gate_verdict(report: GateReport, variant: str, backend: str, *, reference: s
         worst = max(breaches, key=lambda c: c.drop - c.tolerance)
         worst_text = f"worst {worst.scope}: drop {worst.drop:.4f} > {worst.tolerance:.4f}"
         return GateVerdict(status, f"{len(breaches)} breach(es), {worst_text}")
-    return GateVerdict(status, "")
+    return GateVerdict(status, report.fp32_differs().get(backend, "") if status == "fail" else "")
 
 
 def _refusal(key: str, verdict: GateVerdict) -> str:
