@@ -27,6 +27,7 @@ from qbench.modelinfo import ModelInfo, TensorMeta
 from qbench.modelinfo_classes import each_once
 from qbench.onnx_read import constant_leading_sizes, read_onnx
 from qbench.preflight_random import EVAL_EXPORT, random_refusal, random_sources
+from qbench.provenance import model_sha256
 from qbench.recipe import Recipe
 from qbench.sources.torch_verdicts import Agreement, checked, feeds_digest
 from qbench.validate.outputs import VARIABLE_SHAPE, as_array
@@ -61,10 +62,11 @@ def check_row_independence(
     batch, if any. A fixed batch of 1 cannot be reordered, but its outputs must still hold one row: a detector's
     [N, 6] detections of one image are not N rows.
 
-    A pass is kept in qbench's cache (qbench.sources.torch_verdicts) under a digest of the model file's bytes, the
-    rows checked (dtype, shape and bytes of each input), the outputs, the batch and the tolerances, and reused while
-    the code that ran it is unchanged: a warm sweep of the same model on the same rows does not run it again (MiniLM:
-    1.1-2.6 s of each sweep's preparation). Rows that hold no numbers (strings) key no verdict: checked every time."""
+    A pass is kept in qbench's cache (qbench.sources.torch_verdicts) under a digest of the model's bytes (its
+    external-data files too: provenance.model_sha256), the rows checked (dtype, shape and bytes of each input), the
+    outputs, the batch and the tolerances, and reused while the code that ran it is unchanged: a warm sweep of the same
+    model on the same rows does not run it again (MiniLM: 1.5-2.5 s of each sweep's preparation). Rows that hold no
+    numbers (strings) key no verdict: they are checked every time."""
     count = min((len(array) for array in feeds.values()), default=0)
     size = batch if batch is not None else min(CHECKED_ROWS, count)
     if count == 0:
@@ -79,8 +81,9 @@ def check_row_independence(
     if digest is None:
         check(Agreement())
         return
-    settings = {"rows": digest, "inputs": names, "outputs": dict(outputs), "batch": batch, "field": _field(recipe),
-                "checked_rows": CHECKED_ROWS, "tolerance": [RELATIVE_TOLERANCE, ABSOLUTE_TOLERANCE]}  # fmt: skip
+    settings = {"model": model_sha256(path), "rows": digest, "inputs": names, "outputs": dict(outputs), "batch": batch,
+                "field": _field(recipe), "checked_rows": CHECKED_ROWS,
+                "tolerance": [RELATIVE_TOLERANCE, ABSOLUTE_TOLERANCE]}  # fmt: skip
     checked(cache_dir(), path, "row-independence", settings, f"the row-independence check on {size} evaluation rows",
             check, level=logging.DEBUG)  # fmt: skip
 

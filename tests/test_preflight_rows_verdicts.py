@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -82,3 +83,18 @@ def test_a_failed_check_is_never_kept(tmp_path: Path, sessions: list[Path]) -> N
             _check(tmp_path, model, {"x": ROWS})
     assert sessions == [model, model]
     assert _verdicts(tmp_path) == []
+
+
+def test_other_weights_in_an_external_data_file_run_the_check_again(tmp_path: Path, sessions: list[Path]) -> None:
+    """A big model keeps its weights beside the .onnx, whose own bytes (the tensors' offsets and lengths) stay the
+    same when only the weights change."""
+    model = tmp_path / "m.onnx"
+    saved = []
+    for scale in (1.0, 2.0):
+        graph = onnx.load(str(_linear(tmp_path / "inline.onnx", scale)))
+        (tmp_path / "m.data").unlink(missing_ok=True)  # onnx appends to an existing one
+        onnx.save_model(graph, str(model), save_as_external_data=True, location="m.data", size_threshold=0)
+        saved.append(model.read_bytes())
+        _check(tmp_path, model, {"x": ROWS})
+    assert saved[0] == saved[1]  # only m.data tells the two apart
+    assert sessions == [model, model]
