@@ -53,7 +53,7 @@ def prune_command(
     """Remove build store entries (builds and input copies), least recently used first; never one a running
     sweep uses. Prints what was removed and the space freed."""
     from qbench.execute.cache import prune
-    from qbench.execute.store import cache_dir
+    from qbench.files import cache_dir
 
     if older_than is None and max_size is None:
         raise QbenchError("qbench cache prune: expected --older-than DAYS, --max-size SIZE or both")

@@ -26,6 +26,16 @@ from qbench.errors import QbenchError, causes
 FULL_OR_READ_ONLY = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
 
 
+def cache_dir() -> Path:
+    """$QBENCH_CACHE_DIR, else $XDG_CACHE_HOME/qbench, else ~/.cache/qbench, made absolute here: a relative
+    `QBENCH_CACHE_DIR=.cache` would otherwise name another folder inside a build's scratch working directory
+    (`scratch_dir`), and a SmoothQuant build there failed to find the FP32 model the store had copied."""
+    explicit = os.environ.get("QBENCH_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser().absolute()
+    return (Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "qbench").absolute()
+
+
 def write_fault(exc: BaseException) -> OSError | None:
     """The fault of a file system (FULL_OR_READ_ONLY) that `exc` is, or was raised from (a QbenchError of
     writing_file's included), or None.

@@ -22,11 +22,14 @@ from qbench.backends.base import RunOptions
 from qbench.backends.onnxruntime import quiet_run_options
 from qbench.data.feeds import take_batch
 from qbench.errors import QbenchError, RecipeError
+from qbench.files import cache_dir
 from qbench.modelinfo import ModelInfo, TensorMeta
 from qbench.modelinfo_classes import each_once
 from qbench.onnx_read import constant_leading_sizes, read_onnx
 from qbench.preflight_random import EVAL_EXPORT, random_refusal, random_sources
+from qbench.provenance import model_sha256
 from qbench.recipe import Recipe
+from qbench.sources.torch_verdicts import Agreement, checked, feeds_digest
 from qbench.validate.outputs import VARIABLE_SHAPE, as_array
 from qbench.variants.base import BuiltVariant
 
@@ -57,22 +60,52 @@ def check_row_independence(
     `path` do not follow the rows of `feeds`: fed in reverse order they must come back reversed, and each row fed
     alone (a fixed batch: a batch of copies of that row) must give that row's outputs. `batch`: the model's fixed
     batch, if any. A fixed batch of 1 cannot be reordered, but its outputs must still hold one row: a detector's
-    [N, 6] detections of one image are not N rows."""
+    [N, 6] detections of one image are not N rows.
+
+    A pass is kept in qbench's cache (qbench.sources.torch_verdicts) under a digest of the model's bytes (its
+    external-data files too: provenance.model_sha256), the rows checked (dtype, shape and bytes of each input), the
+    outputs, the batch and the tolerances, and reused while the code that ran it is unchanged: a warm sweep of the same
+    model on the same rows does not run it again (MiniLM: 1.5-2.5 s of each sweep's preparation). Rows that hold no
+    numbers (strings) key no verdict: they are checked every time."""
     count = min((len(array) for array in feeds.values()), default=0)
     size = batch if batch is not None else min(CHECKED_ROWS, count)
     if count == 0:
         return
+    rows = take_batch({name: array[:size] for name, array in feeds.items()}, size)
+
+    def check(agreement: Agreement) -> str | None:
+        return _check_rows(recipe, path, model, rows, outputs, batch, agreement)
+
+    names = sorted(rows)
+    digest = feeds_digest([rows[name] for name in names])
+    if digest is None:
+        check(Agreement())
+        return
+    settings = {"model": model_sha256(path), "rows": digest, "inputs": names, "outputs": dict(outputs), "batch": batch,
+                "field": _field(recipe), "checked_rows": CHECKED_ROWS,
+                "tolerance": [RELATIVE_TOLERANCE, ABSOLUTE_TOLERANCE]}  # fmt: skip
+    checked(cache_dir(), path, "row-independence", settings, f"the row-independence check on {size} evaluation rows",
+            check, level=logging.DEBUG)  # fmt: skip
+
+
+def _check_rows(
+    recipe: Recipe, path: Path, model: ModelInfo, rows: Mapping[str, np.ndarray], outputs: Mapping[str, int],
+    batch: int | None, agreement: Agreement,
+) -> str | None:  # fmt: skip
+    """check_row_independence on `rows` (the rows it feeds): None when it passed (the largest difference it saw in
+    `agreement`), why it was not run where it was skipped (not kept), a RecipeError where it failed."""
+    size = len(next(iter(rows.values())))
     for name, nodes in random_sources(path, outputs).items():
         raise RecipeError(recipe.source, _field(recipe), f"{_inputs(model, batch)}: {random_refusal(name, nodes)}")
-    rows = take_batch({name: array[:size] for name, array in feeds.items()}, size)
     session = _session(path)
     if session is None:
-        return
+        return "ONNX Runtime's CPU provider cannot load the model"
     try:
         reference = _run(session, rows, outputs)
     except Exception as exc:  # noqa: BLE001 - the dry run and the sweep report a model that does not run
         logger.info("row-independence check skipped: the FP32 reference did not run on the CPU: %s", exc)
-        return
+        return "the FP32 reference did not run on the CPU"
+    agreement.rows = size
     for name, values in reference.items():
         if values.ndim == 0 or len(values) != size:  # a batch on another axis: square batches would be read transposed
             remedy = _variable_length(path, name) or (f"so make the model return it batch-first"
@@ -81,8 +114,8 @@ def check_row_independence(
                               f"{list(values.shape)} for {size} rows fed; expected {size} on its axis 0, one output "
                               f"row per input row: qbench reads axis 0 of every output as the batch, {remedy}")  # fmt: skip
     if size < 2:
-        return  # one row cannot be reordered
-    _check_repeatable(recipe, path, model, batch, session, rows, outputs, reference)
+        return None  # one row cannot be reordered
+    _check_repeatable(recipe, path, model, batch, session, rows, outputs, reference, agreement)
     trials = [(np.arange(size)[::-1], f"the same {size} rows were fed in another order", _expected(recipe))]
     # Each row without the others, as a served row comes: a value computed over the batch (a scripted
     # `if x.sum() > 0:`) may agree between 8 rows and 4 of them, and still differ for one row.
@@ -100,17 +133,18 @@ def check_row_independence(
             raise RecipeError(recipe.source, _field(recipe), f"{_inputs(model, batch)}: the model ran on {size} rows but "
                               f"failed when {how}: {' '.join(str(exc).split())}; {_expected(recipe)}") from None  # fmt: skip
         for name, values in reference.items():
-            seen = _moved(name, values, got.get(name), picks)
+            seen = _moved(name, values, got.get(name), picks, agreement)
             if seen is not None:
                 variable = _variable_length(path, name)
                 hint = f"; {variable}" if variable else batch_axis_hint(model) + _batch_statistics(path)
                 raise RecipeError(recipe.source, _field(recipe),
                                   f"{_inputs(model, batch)}: {seen} when {how}; {expected}{hint}")  # fmt: skip
+    return None
 
 
 def _check_repeatable(
     recipe: Recipe, path: Path, model: ModelInfo, batch: int | None, session, rows: Mapping[str, np.ndarray],  # noqa: ANN001
-    outputs: Mapping[str, int], reference: Mapping[str, np.ndarray],
+    outputs: Mapping[str, int], reference: Mapping[str, np.ndarray], agreement: Agreement,
 ) -> None:  # fmt: skip
     """RecipeError when the same rows fed again to the same session give other outputs, beyond the kernels' own
     run-to-run differences: a draw the graph scan did not see (a custom op's), whose noise every figure would
@@ -119,7 +153,7 @@ def _check_repeatable(
     tolerance is the one left for other batch sizes' kernels; class ids must repeat exactly."""
     again = _run(session, rows, outputs)
     for name, values in reference.items():
-        seen = _moved(name, values, again.get(name), np.arange(len(values)))
+        seen = _moved(name, values, again.get(name), np.arange(len(values)), agreement)
         if seen is not None:
             raise RecipeError(recipe.source, _field(recipe), f"{_inputs(model, batch)}: {seen} when the same rows were "
                               f"fed again; expected a deterministic model{_batch_statistics(path)}")  # fmt: skip
@@ -214,8 +248,10 @@ def _run(session, feeds: Mapping[str, np.ndarray], outputs: Mapping[str, int]) -
     return arrays
 
 
-def _moved(name: str, reference: np.ndarray, got: np.ndarray | None, picks: np.ndarray) -> str | None:
-    """What was seen when `got` (the outputs of rows `picks`) is not `reference[picks]`; None when it is."""
+def _moved(name: str, reference: np.ndarray, got: np.ndarray | None, picks: np.ndarray,
+           agreement: Agreement) -> str | None:  # fmt: skip
+    """What was seen when `got` (the outputs of rows `picks`) is not `reference[picks]`; None when it is (the largest
+    difference within tolerance goes to `agreement`)."""
     expected = reference[picks]
     if got is None or got.shape != expected.shape:
         shape = "no array" if got is None else f"shape {list(got.shape)}"
@@ -237,6 +273,7 @@ def _moved(name: str, reference: np.ndarray, got: np.ndarray | None, picks: np.n
     per_row = difference.reshape(len(picks), -1).max(axis=1, initial=0.0)
     row = int(np.argmax(per_row))
     if per_row[row] <= tolerance:
+        agreement.add(float(per_row[row]), 0)
         return None
     return (f"row {int(picks[row])}'s output {name!r} changed by {per_row[row]:.3g} (its values reach {scale:.3g}, "
             f"tolerance {tolerance:.2g})")  # fmt: skip

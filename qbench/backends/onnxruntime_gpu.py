@@ -40,7 +40,7 @@ from qbench.backends.onnxruntime import (
     load_failure,
 )
 from qbench.errors import QbenchError
-from qbench.execute.store import cache_dir
+from qbench.files import cache_dir
 from qbench.variants.base import BuiltVariant
 
 if TYPE_CHECKING:  # pragma: no cover

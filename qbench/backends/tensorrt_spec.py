@@ -28,7 +28,7 @@ import numpy as np
 
 from qbench.backends.base import RunOptions
 from qbench.errors import QbenchError, expected_one_of
-from qbench.execute.store import cache_dir
+from qbench.files import cache_dir
 from qbench.variants.base import BuiltVariant
 
 DEFAULT_MAX_BATCH = 64

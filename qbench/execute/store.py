@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from qbench.errors import QbenchError
-from qbench.files import folder_writes, new_folder
+from qbench.files import cache_dir, folder_writes, new_folder
 from qbench.variants.base import BuiltVariant
 
 if TYPE_CHECKING:
@@ -54,16 +54,6 @@ class StoreUnwritable(QbenchError):
     def __init__(self, root: str | Path, exc: OSError) -> None:
         super().__init__(f"cannot write to the build store {root}: {exc.strerror or exc}; free space there or set "
                          "executor.store (or $QBENCH_CACHE_DIR) to a writable folder")  # fmt: skip
-
-
-def cache_dir() -> Path:
-    """$QBENCH_CACHE_DIR, else $XDG_CACHE_HOME/qbench, else ~/.cache/qbench, made absolute here: a relative
-    `QBENCH_CACHE_DIR=.cache` would otherwise name another folder inside a build's scratch working directory
-    (`scratch_dir`), and a SmoothQuant build there failed to find the FP32 model the store had copied."""
-    explicit = os.environ.get("QBENCH_CACHE_DIR")
-    if explicit:
-        return Path(explicit).expanduser().absolute()
-    return (Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "qbench").absolute()
 
 
 def store_writes(root: str | Path) -> AbstractContextManager[None]:

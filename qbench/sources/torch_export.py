@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from qbench.errors import QbenchError
-from qbench.execute.store import cache_dir as qbench_cache_dir
 from qbench.execute.store import remove_abandoned
+from qbench.files import cache_dir as qbench_cache_dir
 from qbench.files import new_folder, write_fault
 from qbench.preflight_random import random_refusal, random_sources
 from qbench.sources.torch_lengths import other_lengths
@@ -46,7 +46,7 @@ _ANY_BATCH = (f"write x.flatten(1) or x.view(x.size(0), -1) rather than x.view({
 
 
 def export_reference(torch_model: TorchModel, cache_dir: Path | None = None) -> Path:
-    """The FP32 ONNX export of `torch_model` (in `cache_dir`, default qbench.execute.store.cache_dir()), reused when
+    """The FP32 ONNX export of `torch_model` (in `cache_dir`, default qbench.files.cache_dir()), reused when
     cached and still computing what forward() computes (checked against torch in ONNX Runtime before it is cached).
     """
     folder = (cache_dir or qbench_cache_dir()) / "exports" / torch_model.cache_key
@@ -139,7 +139,7 @@ def _checked_export(torch_model: TorchModel, path: Path, folder: Path) -> Proble
     (its verdict kept in `folder`, the export's). Its reuse is logged at DEBUG: the sweep's one line on reused checks
     is the rows' (`rows_difference`), which come after."""
     settings = {"key": torch_model.cache_key, "tolerance": EXPORT_TOLERANCE, "other_batch": OTHER_BATCH}
-    return checked(folder, path, "example", settings, "on its example inputs",
+    return checked(folder, path, "example", settings, "the ONNX export's check against forward() on its example inputs",
                    lambda agreement: _export_problem(torch_model, path, agreement), level=logging.DEBUG)  # fmt: skip
 
 
@@ -424,7 +424,8 @@ def rows_difference(torch_model: TorchModel, path: Path, feeds: Sequence[Any], b
     else:
         settings = {"key": torch_model.cache_key, "tolerance": EXPORT_TOLERANCE, "rows": rows, "python_values": read,
                     "batches": ROWS_CHECKED if not read else batch_size}  # fmt: skip
-        checked(path.parent, path, "rows", settings, f"on the recipe's {count} evaluation rows", check)
+        checked(path.parent, path, "rows", settings,
+                f"the ONNX export's check against forward() on the recipe's {count} evaluation rows", check)
     return found[0] if found else None
 
 

@@ -1,4 +1,5 @@
-"""Passed checks of a cached export against forward(), kept in the export cache so a repeated sweep need not run them.
+"""Passed checks of a cached export against forward(), kept in the export cache so a repeated sweep need not run them;
+also the row-independence check's passes of any ONNX model (qbench.preflight_rows, in `$QBENCH_CACHE_DIR/checks/`).
 
 A verdict is kept only for a check that passed, in `exports/<key>/checks/<kind>-<digest>.json`, where the digest
 covers what the check's outcome depends on: the export file's bytes, the check's settings and inputs (the rows or
@@ -66,15 +67,14 @@ def feeds_digest(feeds: Sequence[Any]) -> str | None:
 
 def checked(folder: Path, export: Path, kind: str, settings: Mapping[str, Any], what: str,
             check: Callable[[Agreement], Outcome | None], *, level: int = logging.INFO) -> Outcome | None:  # fmt: skip
-    """`check(agreement)`'s outcome on the export at `export` (None: it passed), or None at once when a verdict in
+    """`check(agreement)`'s outcome on the ONNX model at `export` (None: it passed), or None at once when a verdict in
     `folder/checks` says it passed on the same file, `settings` and code; `what` names the check in the line logged
     at `level` that says so. A pass is kept when every Python file that ran during it could be read."""
     path = folder / _FOLDER / f"{kind}-{_digest(export, kind, settings)}.json"
     stored = _stored(path)
     if stored is not None:
-        logger.log(level, "the ONNX export's check against forward() %s is reused: it passed on the same export, "
-                   "inputs, settings and code (largest difference %.2e on %d rows; %s)", what, stored.largest,
-                   stored.rows, path)  # fmt: skip
+        logger.log(level, "%s is reused: it passed on the same model file, inputs, settings and code (largest "
+                   "difference %.2e on %d rows; %s)", what, stored.largest, stored.rows, path)  # fmt: skip
         return None
     agreement = Agreement()
     with _code_run() as files:

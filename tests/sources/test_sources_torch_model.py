@@ -1087,7 +1087,7 @@ def test_an_export_cache_on_a_full_disk_is_one_line_naming_it_not_advice_on_forw
     cache folder and the disk's reason."""
     import errno
 
-    from qbench.execute.store import cache_dir
+    from qbench.files import cache_dir
 
     def full_disk(self: TorchModel, module: Any, path: Path, *, opset: int | None = None) -> Path:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
