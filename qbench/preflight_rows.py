@@ -29,9 +29,9 @@ from qbench.onnx_read import constant_leading_sizes, read_onnx
 from qbench.preflight_random import EVAL_EXPORT, random_refusal, random_sources
 from qbench.provenance import model_sha256
 from qbench.recipe import Recipe
-from qbench.sources.torch_verdicts import Agreement, checked, feeds_digest
 from qbench.validate.outputs import VARIABLE_SHAPE, as_array
 from qbench.variants.base import BuiltVariant
+from qbench.verdicts import Agreement, checked, feeds_digest
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ def check_row_independence(
     batch, if any. A fixed batch of 1 cannot be reordered, but its outputs must still hold one row: a detector's
     [N, 6] detections of one image are not N rows.
 
-    A pass is kept in qbench's cache (qbench.sources.torch_verdicts) under a digest of the model's bytes (its
+    A pass is kept in qbench's cache (qbench.verdicts) under a digest of the model's bytes (its
     external-data files too: provenance.model_sha256), the rows checked (dtype, shape and bytes of each input), the
     outputs, the batch and the tolerances, and reused while the code that ran it is unchanged: a warm sweep of the same
     model on the same rows does not run it again (MiniLM: 1.5-2.5 s of each sweep's preparation). Rows that hold no

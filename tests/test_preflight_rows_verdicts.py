@@ -1,4 +1,4 @@
-"""The row-independence check's passes are kept (qbench.sources.torch_verdicts): a warm sweep of the same model on
+"""The row-independence check's passes are kept (qbench.verdicts): a warm sweep of the same model on
 the same rows does not run it again; another model file, other rows checked or a failed check run it every time."""
 
 from __future__ import annotations

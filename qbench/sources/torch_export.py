@@ -5,7 +5,7 @@ A new export is checked against torch on the example batch and on a batch of ano
 export is checked the same way before it is reused: its key covers the weights and the files of
 the user's project, not code installed elsewhere that forward() calls, and a stale reference
 would mislead every figure. A passed check is kept beside the export with the digests of the code it ran
-(qbench.sources.torch_verdicts), and a repeated sweep reuses it while that code, the inputs and the settings are
+(qbench.verdicts), and a repeated sweep reuses it while that code, the inputs and the settings are
 the same.
 """
 
@@ -32,8 +32,8 @@ from qbench.preflight_random import random_refusal, random_sources
 from qbench.sources.torch_lengths import other_lengths
 from qbench.sources.torch_model import EXAMPLE_BATCH, TorchModel, single_torch_thread
 from qbench.sources.torch_outputs import flatten_outputs
-from qbench.sources.torch_verdicts import Agreement, checked, feeds_digest
 from qbench.user_code import installed
+from qbench.verdicts import Agreement, checked, feeds_digest
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from qbench.errors import RecipeError  # noqa: E402
 from qbench.preflight import Prepared, prepare  # noqa: E402
 from qbench.recipe import load_recipe  # noqa: E402
 from qbench.sources import torch_export  # noqa: E402
-from qbench.sources.torch_verdicts import feeds_digest  # noqa: E402
+from qbench.verdicts import feeds_digest  # noqa: E402
 
 MODELS = '''
 import torch
@@ -134,7 +134,7 @@ def test_a_repeated_prepare_reuses_both_passed_checks_and_says_so(
     assert checks == [2, 3, 32]  # the new export's example and other batch, then 32 of the 40 rows
     assert set(_verdicts(first)) == {"example", "rows"}
     checks.clear()
-    with caplog.at_level(logging.DEBUG, logger="qbench.sources.torch_verdicts"):
+    with caplog.at_level(logging.DEBUG, logger="qbench.verdicts"):
         again = _prepare(recipe)
     assert checks == []
     assert again.source.onnx_path == first.source.onnx_path
