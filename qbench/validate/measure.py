@@ -94,6 +94,12 @@ class Rows:
         return cls(chosen.feeds, chosen.labels, chosen.slices, prepared.recipe.data.evaluation.batch_size, chosen.digests)
 
     @classmethod
+    def judged_on(cls, prepared: Prepared) -> Rows:
+        """The rows a search (the INT8 search, `fallback:`, `calibrator: auto`) judges its candidates on: the selection
+        rows, else the evaluation rows. Their `distinct_inputs` is what the gate's rows rule counts there."""
+        return cls.selection(prepared) or cls.evaluation(prepared)
+
+    @classmethod
     def from_batches(cls, batches: Sequence[Mapping[str, np.ndarray]], rows: int) -> Rows:
         """Up to the first `rows` rows of `batches` (calibration batches), unlabelled and unsliced; batches
         whose shapes differ beyond the rows (text padded per batch) are not joined: the first one is used."""
