@@ -18,8 +18,11 @@ import torch
 import yaml
 
 from qbench.cli_app import main
+from qbench.gate import judge
+from qbench.recipe import GateSpec
+from qbench.results import LatencyPoint, LatencyResult, VariantResult
 from qbench.validate import metrics
-from qbench.validate.accuracy import evaluate_accuracy
+from qbench.validate.accuracy import evaluate_accuracy, with_drops
 
 NEG = -np.inf
 
@@ -80,6 +83,27 @@ def test_a_variant_ruling_out_other_classes_is_counted_as_its_failure():
                        0.6 * math.log(0.6 / 0.7) + 0.4 * math.log(0.4 / 0.3)])
     assert finite.nonfinite_outputs == 0 and finite.overall.metrics["kl_mean"] == pytest.approx(by_hand, abs=1e-9)
     assert finite.overall.metrics["max_abs_error"] == pytest.approx(math.log(0.4 / 0.3), abs=1e-9)  # row 0 class 1
+
+
+def test_the_gate_breaches_a_variant_ruling_out_a_class_fp32_scores():
+    """400 rows, FP32's -inf positions varying by row; the variant is FP32's but for one row where it rules out a class
+    FP32 scores (its arg-max unchanged): accuracy drops 0.0025, well within max_drop 0.5, and the gate breaches on
+    that row (nonfinite_outputs, exit 1)."""
+    with np.errstate(divide="ignore"):
+        reference = np.log(np.array([[0.7, 0.3, 0.0], [0.0, 0.4, 0.6], [0.6, 0.0, 0.4], [0.9, 0.1, 0.0]] * 100))
+    variant = reference.copy()
+    variant[3] = [math.log(0.9), NEG, NEG]
+    labels = reference.argmax(axis=1)
+    fp32 = evaluate_accuracy("classification", reference, reference, labels, {})
+    point = LatencyPoint(32, 1, 5, 1.0, 1.0, 1.0, 1.0, 32.0)
+    latency = LatencyResult(threads=1, session_create_ms=1.0, first_run_ms=1.0, points=(point,))
+    accuracy = with_drops(evaluate_accuracy("classification", variant, reference, labels, {}), fp32)
+    assert accuracy.overall.drops["accuracy"] == pytest.approx(0.0025, abs=1e-12)
+    verdict = judge(VariantResult("fp32", "cpu", "fp32", "ok", accuracy=fp32, latency=latency),
+                    VariantResult("int8", "cpu", "int8", "ok", accuracy=accuracy, latency=latency),
+                    GateSpec(metric="accuracy", max_drop=0.5, max_slice_drop=0.5))  # fmt: skip
+    assert verdict.exit_code == 1
+    assert [(c.metric, c.status) for c in verdict.checks if c.status != "pass"] == [("nonfinite_outputs", "breach")]
 
 
 # -- a model as shipped: log_softmax after a per-row mask from an input, swept with FP16 and INT8 --------------------
