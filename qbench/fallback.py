@@ -164,6 +164,8 @@ class _Search:
         self.spec, self.ctx, self.evaluate, self.reference = spec, ctx, evaluate, reference
         self.tolerances = reference_tolerances(reference, prepared.recipe.gate)
         self.prepared, self.gate = prepared, prepared.recipe.gate
+        # copies of an input among the rows tries are judged on are one input, as the gate and the INT8 search count
+        self.distinct_inputs = Rows.judged_on(prepared).distinct_inputs
         self.root = ctx.workdir.resolve() / f"{spec.name}.search"
         self.trials: list[Trial] = []
         self.rankings: dict[str, list[str]] = {}
@@ -182,13 +184,18 @@ class _Search:
                 raise
             error = f"{type(exc).__name__}: {exc}"
             built, result = None, VariantResult(spec.name, self.reference.backend, "int8", "failed", error=error)
-        trial = Trial(calibrator, excluded, built, result, judge(self.reference, result, self.gate, self.tolerances))
+        trial = Trial(calibrator, excluded, built, result, self.judged(result))
         self.trials.append(trial)
         verdict = "pass" if trial.passed else f"fail {'; '.join(trial.breaches())[:200]}"
         logger.info("  try %s: %s %s, p50 %.2f ms, %s", trial.label(len(self.spec.exclude_nodes)), self.gate.metric,
                     figure(trial.metric), trial.p50_ms, verdict)  # fmt: skip
         self._discard_losers()
         return trial
+
+    def judged(self, result: VariantResult) -> GateReport:
+        """The gate's verdict on one try's `result` (qbench.gate.judge), its rows rule counting the distinct inputs of
+        the rows it was measured on (Rows.judged_on), as `qbench gate` and the INT8 search count them."""
+        return judge(self.reference, result, self.gate, self.tolerances, self.distinct_inputs)
 
     def _discard_losers(self) -> None:
         """Remove the models of fallback steps that can no longer be chosen (tries without extra exclusions

@@ -24,12 +24,12 @@ from qbench.data.feeds import take_batch
 from qbench.errors import QbenchError, RecipeError
 from qbench.files import cache_dir
 from qbench.modelinfo import ModelInfo, TensorMeta
-from qbench.modelinfo_classes import each_once
 from qbench.onnx_read import constant_leading_sizes, read_onnx
+from qbench.preflight_lengths import unfixed_length, variable_length
 from qbench.preflight_random import EVAL_EXPORT, random_refusal, random_sources
 from qbench.provenance import model_sha256
 from qbench.recipe import Recipe
-from qbench.validate.outputs import VARIABLE_SHAPE, as_array
+from qbench.validate.outputs import as_array
 from qbench.variants.base import BuiltVariant
 from qbench.verdicts import Agreement, checked, feeds_digest
 
@@ -47,9 +47,6 @@ _REMEDY = {  # by model source
 }  # fmt: skip
 # An exported model whose rows follow a reordering but not a batch of their own computes something over the batch.
 _ACROSS_ROWS = "so let no value be computed over the batch (a batch's sum choosing an If branch or a Loop count)"
-# Ops whose output length depends on the values fed (TopK and Loop only where their count is not a constant).
-_VARIABLE_OPS = frozenset({"Compress", "NonMaxSuppression", "NonZero", "Unique"})
-_COUNTED_OPS = {"TopK": 1, "Loop": 0}  # op -> the input holding its count
 
 
 def check_row_independence(
@@ -108,11 +105,14 @@ def _check_rows(
     agreement.rows = size
     for name, values in reference.items():
         if values.ndim == 0 or len(values) != size:  # a batch on another axis: square batches would be read transposed
-            remedy = _variable_length(path, name) or (f"so make the model return it batch-first"
+            remedy = variable_length(_graph(path), name) or (f"so make the model return it batch-first"
                                                       f"{_output_axis_hint(name, values, size)}")  # fmt: skip
             raise RecipeError(recipe.source, _field(recipe), f"{_inputs(model, batch)}: output {name!r} had shape "
                               f"{list(values.shape)} for {size} rows fed; expected {size} on its axis 0, one output "
                               f"row per input row: qbench reads axis 0 of every output as the batch, {remedy}")  # fmt: skip
+    unfixed = unfixed_length(path, list(reference))
+    if unfixed is not None:
+        raise RecipeError(recipe.source, _field(recipe), f"{_inputs(model, batch)}: {unfixed}")
     if size < 2:
         return None  # one row cannot be reordered
     _check_repeatable(recipe, path, model, batch, session, rows, outputs, reference, agreement)
@@ -135,7 +135,7 @@ def _check_rows(
         for name, values in reference.items():
             seen = _moved(name, values, got.get(name), picks, agreement)
             if seen is not None:
-                variable = _variable_length(path, name)
+                variable = variable_length(_graph(path), name)
                 hint = f"; {variable}" if variable else batch_axis_hint(model) + _batch_statistics(path)
                 raise RecipeError(recipe.source, _field(recipe),
                                   f"{_inputs(model, batch)}: {seen} when {how}; {expected}{hint}")  # fmt: skip
@@ -185,31 +185,6 @@ def _graph(path: Path):  # noqa: ANN202 - onnx is imported lazily
         return read_onnx(path).graph
     except Exception:  # noqa: BLE001 - a hint only
         return None
-
-
-def _variable_length(path: Path, output: str) -> str:
-    """'output 'dets' is computed through NonMaxSuppression: <what to do>' when the graph computes `output`
-    through an op whose output length depends on the values fed, else ''."""
-    graph = _graph(path)
-    if graph is None:
-        return ""
-    producers = {out: node for node in graph.node for out in node.output}
-    constants = {node.output[0] for node in graph.node if node.op_type == "Constant" and node.output}
-    constants |= {tensor.name for tensor in graph.initializer}
-    found = []
-    for tensor, waiting in each_once(output):
-        node = producers.get(tensor)
-        if node is None:
-            continue
-        counted = _COUNTED_OPS.get(node.op_type)
-        if node.op_type in _VARIABLE_OPS or (counted is not None and (len(node.input) <= counted or node.input[counted]
-                                                                        not in constants)):  # fmt: skip
-            found.append(node.op_type)
-        waiting.extend(name for name in node.input if name)
-    if not found:
-        return ""
-    ops = ", ".join(sorted(set(found)))
-    return f"output {output!r} is computed through {ops}: {VARIABLE_SHAPE}"
 
 
 def _field(recipe: Recipe) -> str:

@@ -5,15 +5,17 @@ figures are fake; their verdicts are the real gate's."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from qbench import fallback
-from qbench.gate import judge
 from qbench.gate_tolerance import reference_tolerances
 from qbench.recipe import FallbackSpec, GateSpec
 from qbench.results import AccuracyResult, LatencyPoint, LatencyResult, SliceMetrics, VariantResult
+from qbench.validate.measure import Rows
 
 ROWS = 72  # selection rows
 # cosine against FP32's own outputs (FP32's interval a point). "thin" drops 0.0044 (tolerance 0.005) but its rows
@@ -41,6 +43,7 @@ def _search(unresolved: str = "fail", calibrator: str = "auto") -> fallback._Sea
     search.spec = SimpleNamespace(name="int8", calibrator=calibrator, exclude_nodes=[], fallback=None)
     search.prepared = SimpleNamespace(selection=None, evaluation_rows=range(ROWS))
     search.trials, search.skipped, search.rankings, search.together = [], [], {}, {}
+    search.distinct_inputs = {}
     return search
 
 
@@ -48,8 +51,7 @@ def _trial(search: fallback._Search, calibrator: str, figures: str, p50_ms: floa
     """A try judged by the real gate on its selection-row figures."""
     result = _result(figures, p50_ms)
     built = SimpleNamespace(lowered_nothing=False)
-    trial = fallback.Trial(calibrator, tuple(excluded), built, result, judge(search.reference, result, search.gate,
-                                                                             search.tolerances))  # fmt: skip
+    trial = fallback.Trial(calibrator, tuple(excluded), built, result, search.judged(result))
     search.trials.append(trial)
     return trial
 
@@ -106,3 +108,34 @@ def test_an_unresolved_pass_is_no_bar_to_a_slower_fallback_step(monkeypatch):
     search.fall_back(base, FallbackSpec(max_excluded=2, step=1))
     assert [t.excluded for t in search.trials[2:]] == [("a",), ("a", "b")]
     assert search.best() is search.trials[-1] and search.best().resolved_pass
+
+
+def test_a_pass_on_72_rows_of_8_inputs_is_unresolved_as_the_gate_counts_them():
+    """72 selection rows that are 9 copies of each of 8 inputs: the gate and the INT8 search count 8 samples, not 72
+    (Rows.judged_on's distinct_inputs). The tries' verdicts ignored the copies, so "clear" (drop 0.002, interval
+    within 0.003 on 72 rows) was a resolved pass; over 8 inputs its interval widens by sqrt(71 / 7) = 3.18 and
+    reaches past the tolerance of 0.005."""
+    digests = np.repeat(np.arange(8), ROWS // 8).astype(np.int64)
+    rows = Rows({"x": np.zeros((ROWS, 1), np.float32)}, None, {}, 8, digests)
+    search = _search()
+    assert search.judged(_result("clear")).unresolved == ()  # every row an input of its own: resolved
+    search.distinct_inputs = rows.distinct_inputs
+    assert search.distinct_inputs == {"overall": 8}
+    verdict = search.judged(_result("clear"))
+    assert verdict.exit_code == 0 and len(verdict.unresolved) == 1
+    assert "cosine on 72 rows (8 distinct inputs: the others repeat them)" in verdict.unresolved[0]
+    trial = fallback.Trial("minmax", (), SimpleNamespace(lowered_nothing=False), _result("clear"), verdict)
+    assert trial.passed and not trial.resolved_pass
+
+
+def test_the_fallback_counts_the_inputs_of_the_rows_its_tries_are_judged_on(monkeypatch):
+    """_Search takes distinct_inputs from Rows.judged_on (the selection rows, else the evaluation rows): the rows the
+    sweep's search evaluator measures each try on."""
+    rows = Rows({"x": np.zeros((ROWS, 1), np.float32)}, None, {}, 8, np.repeat(np.arange(8), ROWS // 8))
+    monkeypatch.setattr(fallback.Rows, "judged_on", classmethod(lambda cls, prepared: rows))
+    reference = _result("fp32")
+    gate = GateSpec(metric="cosine", max_drop=0.005, max_slice_drop=0.01)
+    prepared = SimpleNamespace(recipe=SimpleNamespace(gate=gate))
+    search = fallback._Search(SimpleNamespace(name="int8"), SimpleNamespace(workdir=Path(".")), None, prepared, reference)
+    assert search.distinct_inputs == {"overall": 8}
+    assert search.judged(_result("clear")).unresolved

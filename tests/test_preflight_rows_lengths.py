@@ -18,6 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 from qbench.cli_app import main
 from qbench.errors import RecipeError
 from qbench.modelinfo import read_model_info
+from qbench.preflight_lengths import unfixed_length
 from qbench.preflight_rows import check_row_independence
 from qbench.recipe import load_recipe
 
@@ -108,12 +109,99 @@ def _project(root: Path, model: onnx.ModelProto) -> Path:
 
 def test_a_per_row_length_computed_from_the_scores_is_refused_not_zero_filled(tmp_path: Path, capsys) -> None:
     """A fixed batch of 1 whose TopK keeps the boxes scoring above 0.5: each row's width is its own count. Its rows
-    were zero-filled to the widest, so index 0 padded a missing box and validate said OK; a constant K passes."""
+    were zero-filled to the widest, so index 0 padded a missing box and validate said OK; then refused as the rows were
+    joined; now from the graph, naming the TopK, before any row is scored. A constant K passes."""
     session = ort.InferenceSession(_top("computed").SerializeToString(), providers=["CPUExecutionProvider"])
     widths = {session.run(None, {"x": row[None]})[0].shape[1] for row in ROWS_FED[:8]}
     assert len(widths) > 1  # the widths do differ between the rows validate runs
     recipe = _project(tmp_path / "computed", _top("computed"))
     assert main(["validate", str(recipe)]) == 2
     error = capsys.readouterr().err
-    assert "output 'indices' gave rows of shape [" in error and "its rows must have one shape; " + REMEDY in error
+    assert ("output 'indices' is computed through TopK node making 'values' (its count, 'computed', is computed), whose output "
+            "length is neither a constant nor a length of the inputs") in error and error.rstrip().endswith(REMEDY)
     assert main(["validate", str(_project(tmp_path / "constant", _top("constant")))]) == 0
+
+
+def _top_of_batch() -> onnx.ModelProto:
+    """x [batch, 20] -> the top K values of each row [batch, K], K = min(10, the positive values of the whole batch):
+    a K the data sets, which a batch whose rows hold 10 positives each keeps at 10."""
+    nodes = [helper.make_node("Greater", ["x", "zero"], ["positive"]),
+             helper.make_node("Cast", ["positive"], ["ones"], to=TensorProto.INT64),
+             helper.make_node("ReduceSum", ["ones"], ["count"], keepdims=0),
+             helper.make_node("Reshape", ["count", "one"], ["counted"]),
+             helper.make_node("Min", ["ten", "counted"], ["k"]),
+             helper.make_node("TopK", ["x", "k"], ["top", "where"], axis=1, name="keep_top")]  # fmt: skip
+    graph = helper.make_graph(nodes, "top_of_batch", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 20])],
+                              [helper.make_tensor_value_info("top", TensorProto.FLOAT, ["batch", "K"])],
+                              [numpy_helper.from_array(np.array(0.0, np.float32), "zero"), *_constants(one=[1], ten=[10])])  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_a_top_k_whose_k_the_dry_run_rows_do_not_expose_is_refused_from_the_graph(tmp_path: Path) -> None:
+    """The 8 rows checked hold 10 positives each, so K is 10 for them in any order and alone, and the check passed;
+    rows without positives later in the data give K 0, and the sweep stopped once every variant was built. The graph
+    says K is computed and the output's length unknown: refused in one line naming the TopK node."""
+    rows = np.abs(RNG.normal(size=(16, 20))).astype(np.float32) + 0.1
+    rows[8:] *= -1  # no positive value
+    session = ort.InferenceSession(_top_of_batch().SerializeToString(), providers=["CPUExecutionProvider"])
+    widths = [session.run(None, {"x": rows[start:start + 8]})[0].shape[1] for start in (0, 8)]
+    assert widths == [10, 0] and {session.run(None, {"x": row[None]})[0].shape[1] for row in rows[:8]} == {10}
+    onnx.save(_top_of_batch(), str(tmp_path / "m.onnx"))
+    (tmp_path / "rows.parquet").write_bytes(b"")
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump({"name": "rows", "model": {"path": "m.onnx"}, "variants": [
+        {"name": "fp16", "precision": "fp16"}], "data": {"path": "rows.parquet", "inputs": {"x": "x"}}}))  # fmt: skip
+    with pytest.raises(RecipeError) as caught:
+        check_row_independence(load_recipe(tmp_path / "recipe.yaml"), tmp_path / "m.onnx",
+                               read_model_info(tmp_path / "m.onnx"), {"x": rows[:8]}, {"top": 0}, None)  # fmt: skip
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.endswith("model.path: model input x ['batch', 20]: output 'top' is computed through TopK 'keep_top' "
+                            "(its count, 'k', is computed), whose output length is neither a constant nor a length of the "
+                            "inputs (the batch, a padded sequence), so it may change from row to row or batch to batch "
+                            f"however the dry run's rows came out: {REMEDY}")  # fmt: skip
+
+
+def test_a_top_k_of_a_constant_k_and_a_count_reduced_away_pass(tmp_path: Path) -> None:
+    """What the graph rule leaves alone: a constant K, and a computed K whose values are summed per row, [batch]."""
+    constant = _top_of_batch()
+    constant.graph.node[-1].input[1] = "ten"
+    summed = _top_of_batch()
+    summed.graph.node.append(helper.make_node("ReduceSum", ["top", "one"], ["total"], keepdims=0))
+    summed.graph.output.pop()
+    summed.graph.output.append(helper.make_tensor_value_info("total", TensorProto.FLOAT, ["batch"]))
+    for name, model, output in (("constant", constant, "top"), ("summed", summed, "total")):
+        (tmp_path / name).mkdir()
+        onnx.save(model, str(tmp_path / name / "m.onnx"))
+        assert unfixed_length(tmp_path / name / "m.onnx", [output]) is None
+    assert unfixed_length(tmp_path / "summed" / "m.onnx", ["top"]) is not None  # the TopK's own output does vary
+
+
+def _top_of_shape(axis: int) -> onnx.ModelProto:
+    """x [batch, 20] -> TopK of K = min(10, x's length on `axis`), through Shape, Slice and Min as exporters write
+    K = min(k, x.size(axis)): 10 for the 20 columns (onnx's own inference does not fold the Min), the batch's rows
+    for axis 0."""
+    model = _top_of_batch()
+    del model.graph.node[:]
+    model.graph.initializer.extend(_constants(start=[axis], stop=[axis + 1]))
+    model.graph.node.extend([helper.make_node("Shape", ["x"], ["shape"]),
+                             helper.make_node("Slice", ["shape", "start", "stop"], ["length"]),
+                             helper.make_node("Min", ["ten", "length"], ["k"]),
+                             helper.make_node("TopK", ["x", "k"], ["top", "where"], axis=1, name="keep_top")])  # fmt: skip
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_a_top_k_of_min_k_and_the_batch_is_refused_and_of_a_static_width_passes(tmp_path: Path) -> None:
+    """K = min(10, rows): 8 on the dry run's 8 rows, 10 on a batch of 32, fewer on a last short batch; refused. K =
+    min(10, the 20 columns) is 10 whatever the rows: computed from the shapes with every input length set to 7, then
+    11, it is one value."""
+    session = ort.InferenceSession(_top_of_shape(0).SerializeToString(), providers=["CPUExecutionProvider"])
+    assert [session.run(None, {"x": np.zeros((n, 20), np.float32)})[0].shape[1] for n in (8, 32, 3)] == [8, 10, 3]
+    for axis in (0, 1):
+        onnx.save(_top_of_shape(axis), str(tmp_path / f"{axis}.onnx"))
+    assert unfixed_length(tmp_path / "0.onnx", ["top"]).startswith(
+        "output 'top' is computed through TopK 'keep_top' (its count, 'k', is computed), whose output length is neither")
+    assert unfixed_length(tmp_path / "1.onnx", ["top"]) is None

@@ -99,7 +99,7 @@ class _Search:
         self.ctx = BuildContext(prepared.source.onnx_path, self.root, prepared.calibration_batches,
                                 fixed_batch=prepared.batch)
         selection = Rows.selection(prepared)
-        self.rows = selection or Rows.evaluation(prepared)  # what candidates are judged and chosen on
+        self.rows = Rows.judged_on(prepared)  # what candidates are judged and chosen on
         self.screen = self.rows.subset(screening_indices(self.rows.slices, self.rows.count, spec.screen_rows))
         latency = prepared.recipe.latency
         self.timing = LatencySpec(batch_sizes=latency.batch_sizes, warmup=1, iterations=spec.timing_runs,

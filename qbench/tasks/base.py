@@ -208,14 +208,27 @@ class Task(ABC):
         not say (TensorMeta.probabilities). Tasks that threshold scores read it; others ignore it."""
 
     def nonfinite_rows(self, outputs: np.ndarray, labels: np.ndarray | None,
-                       feeds: Mapping[str, np.ndarray] | None = None) -> np.ndarray:  # fmt: skip
+                       feeds: Mapping[str, np.ndarray] | None = None,
+                       reference: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
         """Rows whose output holds NaN/inf in a value this task's metrics read (values_read; none for integer,
         boolean or string outputs): what a scope's NaN/inf counts, the gate's NaN/inf checks and the metrics left
-        undefined where FP32 fails rest on."""
+        undefined where FP32 fails rest on. Where the task reads -inf as a value ruled out (masks_with_neginf), a
+        row is counted only where no value is left or, given FP32's `reference`, where its -inf positions are not
+        FP32's (metrics.mask_changed_rows): a class the variant rules out or lets back in is its failure there."""
         outputs = np.asarray(outputs)
         if outputs.dtype.kind not in "fc":
             return np.zeros(outputs.shape[0], dtype=bool)
-        return metrics.nonfinite_rows(outputs, self.values_read(outputs, labels, feeds or {}))
+        read, masked = self.values_read(outputs, labels, feeds or {}), self.masks_with_neginf(outputs)
+        bad = metrics.nonfinite_rows(outputs, read, masked=masked)
+        if masked and reference is not None:
+            bad |= metrics.mask_changed_rows(outputs, reference, read)
+        return bad
+
+    def masks_with_neginf(self, outputs: np.ndarray) -> bool:
+        """Whether this task reads -inf among these float outputs as a value ruled out rather than a failure: log
+        probabilities after a -inf mask (log_softmax of masked logits, a constrained decoder's vocabulary, classes a
+        row's category does not allow). By default every NaN/inf is a failure."""
+        return False
 
     def values_read(self, outputs: np.ndarray, labels: np.ndarray | None,
                     feeds: Mapping[str, np.ndarray]) -> np.ndarray | None:  # fmt: skip

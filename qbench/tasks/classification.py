@@ -162,6 +162,7 @@ class ClassificationRows:
     predicted: np.ndarray
     reference_predicted: np.ndarray
     kl: np.ndarray | None  # None for class-id outputs
+    masked: bool = False  # -inf scores are classes ruled out (Classification.masks_with_neginf)
 
     def summarise(self, name: str, mask: np.ndarray) -> SliceMetrics:
         size = int(np.count_nonzero(mask))
@@ -174,7 +175,7 @@ class ClassificationRows:
         if self.kl is not None:
             kl = self.kl[mask]
             values["kl_mean"] = mean_or_nan(kl)
-            values["max_abs_error"] = metrics.max_abs_error(self.outputs[mask], self.reference[mask])
+            values["max_abs_error"] = metrics.max_abs_error(self.outputs[mask], self.reference[mask], self.masked)
             intervals["kl_mean"] = metrics.mean_interval(kl)
         kept = kept_rules.decisions_kept(predicted, reference_predicted)
         return SliceMetrics(name=name, size=size, metrics=values, intervals=intervals, kept={"": kept} if kept else {})
@@ -372,20 +373,25 @@ class Classification(Task):
             return ClassificationRows(outputs, reference, labels, predicted, reference_predicted, kl=None)
         cut = probabilities if isinstance(probabilities, metrics.BinaryCut) else None
         scale = probabilities if cut is None else None
+        masked = self.masks_with_neginf(reference)
         if is_token_scores(outputs, labels):
-            return TokenRows.of(outputs, reference, labels, self.scale_reading(reference, labels, scale))
+            return TokenRows.of(outputs, reference, labels, self.scale_reading(reference, labels, scale), masked)
         columns = 1 if outputs.ndim == 1 else int(outputs.shape[-1])
         if labels is not None and labels.size and columns > 1 and int(labels.max()) >= columns:
             raise LabelError(f"labels go up to class {int(labels.max())} but the output has {columns} classes")
         binary_probabilities = metrics.looks_like_sigmoid(reference) if scale is None else scale
         # one column: the graph's cut, else its word, else FP32's values decide, and the variant is read as FP32 is
         decision = cut if cut is not None and columns == 1 else binary_probabilities
-        reference_predicted = metrics.top1(reference, decision)
-        predicted = metrics.unscored_where_reference_is(metrics.top1(outputs, decision), reference_predicted)
+        reference_predicted = metrics.top1(reference, decision, masked)
+        predicted = metrics.top1(outputs, decision, masked)
+        if masked:  # classes ruled out where FP32 scores them (or the reverse): the variant's failure on that row
+            predicted[metrics.mask_changed_rows(outputs, reference)] = metrics.INVALID_CLASS
+        predicted = metrics.unscored_where_reference_is(predicted, reference_predicted)
         return ClassificationRows(
             outputs, reference, labels, predicted, reference_predicted,
             kl=metrics.kl_rows(reference, outputs, binary_probabilities if columns == 1
-                               else self.scale_reading(reference, labels, scale).probabilities),
+                               else self.scale_reading(reference, labels, scale).probabilities, masked),
+            masked=masked,
         )  # fmt: skip
 
     def scale_reading(self, reference: np.ndarray, labels: np.ndarray | None, stated: bool | None) -> ScaleReading | None:
@@ -407,6 +413,12 @@ class Classification(Task):
         if labels is not None and is_token_scores(outputs, labels) and np.shape(labels) == np.shape(outputs)[:2]:
             return metrics.scored_tokens(labels)
         return None
+
+    def masks_with_neginf(self, outputs: np.ndarray) -> bool:
+        """Several float score columns (per row or per token) are decided by their arg-max, which -inf leaves well
+        defined: a class scored -inf is one the model rules out on that row (a -inf mask before log_softmax)."""
+        outputs = np.asarray(outputs)
+        return outputs.dtype.kind == "f" and outputs.ndim >= 2 and outputs.shape[-1] > 1
 
     def thresholds_by_scale(self, reference: np.ndarray) -> bool:
         reference = np.asarray(reference)

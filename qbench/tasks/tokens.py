@@ -130,23 +130,29 @@ class TokenRows:
     predicted: np.ndarray  # (rows, tokens)
     reference_predicted: np.ndarray
     kl: np.ndarray  # (rows, tokens), KL(FP32 || variant) of each token
+    masked: bool = False  # -inf scores are classes ruled out (Classification.masks_with_neginf)
 
     @classmethod
-    def of(cls, outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None, scale: ScaleReading) -> TokenRows:
+    def of(cls, outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None, scale: ScaleReading,
+           masked: bool = False) -> TokenRows:  # fmt: skip
         """`scale`: how the scores are read, probabilities or logits (Classification.scale_reading: on the scored
-        tokens alone, as every figure is; a padding token an export zeroes says nothing of their scale)."""
+        tokens alone, as every figure is; a padding token an export zeroes says nothing of their scale). `masked`:
+        -inf scores are classes ruled out; a token whose -inf positions are not FP32's is the variant's miss."""
         if labels is not None and labels.shape != outputs.shape[:2]:
             raise LabelError(f"got {labels.shape[1]} token labels per row for an output of {outputs.shape[1]} tokens")
         everything = np.ones(outputs.shape[:2], dtype=bool)
         scored = everything if labels is None else metrics.scored_tokens(labels)
         shape = outputs.shape[:2]
-        reference_predicted = metrics.top1(metrics.token_scores(reference, everything)).reshape(shape)
-        predicted = metrics.top1(metrics.token_scores(outputs, everything)).reshape(shape)
+        reference_scores, scores = metrics.token_scores(reference, everything), metrics.token_scores(outputs, everything)
+        reference_predicted = metrics.top1(reference_scores, masked=masked).reshape(shape)
+        predicted = metrics.top1(scores, masked=masked)
+        if masked:
+            predicted[metrics.mask_changed_rows(scores, reference_scores)] = metrics.INVALID_CLASS
+        predicted = predicted.reshape(shape)
         return cls(
             outputs, reference, labels, scored,
             metrics.unscored_where_reference_is(predicted, reference_predicted), reference_predicted,
-            metrics.kl_rows(metrics.token_scores(reference, everything), metrics.token_scores(outputs, everything),
-                            scale.probabilities).reshape(shape),
+            metrics.kl_rows(reference_scores, scores, scale.probabilities, masked).reshape(shape), masked,
         )  # fmt: skip
 
     def summarise(self, name: str, mask: np.ndarray) -> SliceMetrics:
@@ -162,7 +168,7 @@ class TokenRows:
         values["kl_mean"] = mean_or_nan(kl)
         intervals["kl_mean"] = metrics.mean_interval(kl)
         values["max_abs_error"] = metrics.max_abs_error(
-            metrics.token_scores(self.outputs, tokens), metrics.token_scores(self.reference, tokens)
+            metrics.token_scores(self.outputs, tokens), metrics.token_scores(self.reference, tokens), self.masked
         )
         rows = np.nonzero(tokens)[0]
         kept = kept_rules.token_decisions_kept(predicted, reference_predicted, rows)

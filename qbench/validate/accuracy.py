@@ -60,7 +60,8 @@ class _OutputRows:
     reference: np.ndarray
     labels: np.ndarray | None
     reference_nonfinite: np.ndarray  # rows where FP32's output has NaN/inf in a value the task reads
-    reference_any_nonfinite: np.ndarray  # rows where it has NaN/inf in any value (what a custom metric may read)
+    reference_any_nonfinite: np.ndarray  # rows where it has NaN/inf in any value (what a custom metric may read; -inf
+    # where the task reads it as a value ruled out is none)
 
     def summarise(self, name: str, mask: np.ndarray, custom: Sequence[CustomMetric],
                   feeds: Mapping[str, np.ndarray]) -> SliceMetrics:  # fmt: skip
@@ -220,6 +221,7 @@ def evaluate_accuracy(
     prefixed = len(named) > 1
     parts: dict[str, _OutputRows] = {}
     read: dict[str, np.ndarray | None] = {}  # which values of each output the task reads (Task.values_read)
+    masked: dict[str, bool] = {}  # whether it reads -inf as a value ruled out (Task.masks_with_neginf)
     rows = -1
     nonfinite = new_nonfinite = nonfinite_reference = np.zeros(0, dtype=bool)
     for name, values in named.items():
@@ -236,7 +238,7 @@ def evaluate_accuracy(
         if not parts:
             masks = _checked_masks(slices, rows)
             judge = judge.for_slices(masks)
-        row_bad = judge.nonfinite_rows(values, own_labels, feeds)
+        row_bad = judge.nonfinite_rows(values, own_labels, feeds, reference)
         reference_bad = judge.nonfinite_rows(reference, own_labels, feeds)
         row_new = row_bad & ~reference_bad
         nonfinite_reference = reference_bad if not parts else nonfinite_reference | reference_bad
@@ -249,8 +251,9 @@ def evaluate_accuracy(
         summary = None if judge.together else judge.rows(-values if flip else values, -reference if flip else reference,
                                                          own_labels, probabilities=scale)  # fmt: skip
         read[name] = judge.values_read(values, own_labels, feeds or {})
+        masked[name] = judge.masks_with_neginf(reference)
         parts[name] = _OutputRows(prefix, name, summary, values, reference, own_labels, reference_bad,
-                                  _nonfinite_rows(reference))  # fmt: skip
+                                  _nonfinite_rows(reference, masked[name]))  # fmt: skip
     labels = _checked_labels(labels, rows)
     inputs = _inputs_for(custom_metrics, feeds, rows)
     joint_parts: list[_OutputRows] = []
@@ -269,7 +272,8 @@ def evaluate_accuracy(
                                      raised={**merged.raised, **{k: why for k, (_, why) in together.items() if why}})
         return dataclasses.replace(merged, nonfinite_outputs=int(np.count_nonzero(nonfinite & mask)),
                                    new_nonfinite_outputs=int(np.count_nonzero(new_nonfinite & mask)),
-                                   spread={o: metrics.spread(p.outputs, mask, read[o]) for o, p in parts.items()})  # fmt: skip
+                                   spread={o: metrics.spread(p.outputs, mask, read[o], masked[o])
+                                           for o, p in parts.items()})  # fmt: skip
 
     overall = summarise(OVERALL, np.ones(rows, dtype=bool))
     scored_slices = tuple(summarise(name, mask) for name, mask in masks.items())
@@ -352,9 +356,12 @@ def scale_notes(task: str, reference_outputs: Mapping[str, np.ndarray], probabil
     return notes
 
 
-def _nonfinite_rows(values: np.ndarray) -> np.ndarray:
-    """Rows holding NaN or inf (none for integer, boolean or string outputs)."""
-    return metrics.nonfinite_rows(values) if values.dtype.kind in "fc" else np.zeros(values.shape[0], dtype=bool)
+def _nonfinite_rows(values: np.ndarray, masked: bool) -> np.ndarray:
+    """Rows holding NaN or inf (none for integer, boolean or string outputs); `masked`: -inf read as a value ruled
+    out (Task.masks_with_neginf), so a custom metric reads the rows the task scores, -inf and all."""
+    if values.dtype.kind not in "fc":
+        return np.zeros(values.shape[0], dtype=bool)
+    return metrics.nonfinite_rows(values, masked=masked)
 
 
 def _slice_with_drops(current: SliceMetrics, reference: SliceMetrics | None) -> SliceMetrics:

@@ -38,6 +38,7 @@ from qbench.provenance import model_bytes, model_sha256
 from qbench.recipe import LatencySpec
 from qbench.results import AccuracyResult, LatencyResult, SliceMetrics, VariantResult
 from qbench.slo import idle_ms, server_for, serving_figures
+from qbench.tasks import get_task
 from qbench.tasks.base import MetricError
 from qbench.validate import metrics
 from qbench.validate.accuracy import (
@@ -92,6 +93,12 @@ class Rows:
         if chosen is None:
             return None
         return cls(chosen.feeds, chosen.labels, chosen.slices, prepared.recipe.data.evaluation.batch_size, chosen.digests)
+
+    @classmethod
+    def judged_on(cls, prepared: Prepared) -> Rows:
+        """The rows a search (the INT8 search, `fallback:`, `calibrator: auto`) judges its candidates on: the selection
+        rows, else the evaluation rows. Their `distinct_inputs` is what the gate's rows rule counts there."""
+        return cls.selection(prepared) or cls.evaluation(prepared)
 
     @classmethod
     def from_batches(cls, batches: Sequence[Mapping[str, np.ndarray]], rows: int) -> Rows:
@@ -397,8 +404,10 @@ def dry_run(prepared: Prepared, backend: Backend, rows: int = DRY_RUN_ROWS) -> N
                           f"rows {'repeated to one batch' if size > count else 'in batches'} of {size}, the largest the "
                           f"sweep runs: {field}); {_expected(prepared, backend, built, everything, size)}")  # fmt: skip
     if measured.outputs:
+        judge = get_task(prepared.recipe.task)
         check_masked_outputs(prepared.recipe, measured.outputs,
-                             result.accuracy.nonfinite_outputs if result.accuracy is not None else 0)
+                             result.accuracy.nonfinite_outputs if result.accuracy is not None else 0,
+                             [name for name, values in measured.outputs.items() if judge.masks_with_neginf(values)])
         check_output_memory(prepared.recipe, measured.outputs, everything.count)
 
 

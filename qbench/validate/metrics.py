@@ -65,20 +65,42 @@ def _mean(values: np.ndarray) -> float:
     return float(np.mean(values)) if np.size(values) else math.nan
 
 
-def nonfinite_rows(outputs: np.ndarray, read: np.ndarray | None = None) -> np.ndarray:
+def nonfinite_rows(outputs: np.ndarray, read: np.ndarray | None = None, masked: bool = False) -> np.ndarray:
     """Boolean mask of the rows holding any NaN or inf; `read`: (rows, n), the entries along axis 1 looked at (a
-    token's scores: Task.values_read), None for every value."""
+    token's scores: Task.values_read), None for every value (one entry: the row). `masked`: -inf is a value ruled out
+    (a class a mask makes impossible, Task.masks_with_neginf), no failure, unless every value of an entry is -inf
+    (nothing left to decide among)."""
     outputs = np.asarray(outputs)
     if outputs.ndim == 0:
         _float_rows(outputs)  # the error a scalar gets
     bad = np.zeros(outputs.shape[0], dtype=bool)
     for block in row_blocks(outputs.shape[0], _features(outputs)):
-        finite = np.isfinite(_float_rows(outputs[block]))
-        if read is not None:  # per entry: all its values finite, or not read
-            read_here = np.asarray(read[block], dtype=bool)
-            finite = finite.reshape(read_here.shape + (-1,)).all(axis=2) | ~read_here
-        bad[block] = ~finite.all(axis=1)
+        part = _float_rows(outputs[block])
+        read_here = np.ones((part.shape[0], 1), dtype=bool) if read is None else np.asarray(read[block], dtype=bool)
+        values = part.reshape(read_here.shape + (-1,))
+        finite = np.isfinite(values)
+        if masked:  # per entry: -inf allowed, some value finite
+            finite = (finite | np.isneginf(values)).all(axis=2) & finite.any(axis=2)
+        else:
+            finite = finite.all(axis=2)
+        bad[block] = ~(finite | ~read_here).all(axis=1)
     return bad
+
+
+def mask_changed_rows(outputs: np.ndarray, reference: np.ndarray, read: np.ndarray | None = None) -> np.ndarray:
+    """Boolean mask of the rows where `outputs` are -inf at other positions than `reference` (among the entries
+    `read` marks, as nonfinite_rows reads them): a class the variant rules out that FP32 scores, or the reverse."""
+    outputs, reference = np.asarray(outputs), np.asarray(reference)
+    if outputs.shape != reference.shape:
+        raise QbenchError(f"outputs have different shapes: {outputs.shape} vs {reference.shape}")
+    changed = np.zeros(outputs.shape[0] if outputs.ndim else 0, dtype=bool)
+    for block in row_blocks(changed.size, _features(outputs)):
+        differs = np.isneginf(_float_rows(outputs[block])) != np.isneginf(_float_rows(reference[block]))
+        if read is not None:
+            read_here = np.asarray(read[block], dtype=bool)
+            differs = differs.reshape(read_here.shape + (-1,)).any(axis=2) & read_here
+        changed[block] = differs.any(axis=1)
+    return changed
 
 
 def _class_scores(outputs: np.ndarray) -> np.ndarray:
@@ -110,8 +132,9 @@ class BinaryCut:
     inclusive: bool
 
 
-def top1(outputs: np.ndarray, binary_probabilities: bool | BinaryCut | None = None) -> np.ndarray:
-    """The predicted class of every row (int64); INVALID_CLASS for rows with NaN/inf.
+def top1(outputs: np.ndarray, binary_probabilities: bool | BinaryCut | None = None, masked: bool = False) -> np.ndarray:
+    """The predicted class of every row (int64); INVALID_CLASS for rows with NaN/inf (`masked`: as nonfinite_rows
+    reads -inf; several columns are then decided among those not -inf).
 
     A single output column is a binary score: class 1 when score > 0.5 if every finite
     score lies in [0, 1] (a probability), else when score > 0 (a logit).
@@ -133,7 +156,7 @@ def top1(outputs: np.ndarray, binary_probabilities: bool | BinaryCut | None = No
     classes = np.empty(scores.shape[0], dtype=np.int64)
     for block in row_blocks(*scores.shape):
         part = scores[block].astype(np.float64)
-        bad = nonfinite_rows(part)
+        bad = nonfinite_rows(part, masked=masked)
         classes[block] = np.argmax(np.where(bad[:, None], 0.0, part), axis=1)
         classes[block][bad] = INVALID_CLASS
     return classes
@@ -315,12 +338,13 @@ def _kl_block(reference: np.ndarray, outputs: np.ndarray, as_probabilities: bool
         return np.sum(p * np.log(p / q), axis=1)
     log_p = _log_probabilities(_class_scores(reference))
     log_q = _log_probabilities(_class_scores(outputs))
-    with np.errstate(invalid="ignore"):
-        return np.sum(np.exp(log_p) * (log_p - log_q), axis=1)
+    p = np.exp(log_p)
+    with np.errstate(invalid="ignore"):  # a class both rule out (-inf - -inf) weighs p = 0: nothing, as 0 log 0 = 0
+        return np.sum(np.where(p > 0, p * (log_p - log_q), 0.0), axis=1)
 
 
 def kl_rows(
-    reference_outputs: np.ndarray, outputs: np.ndarray, as_probabilities: bool | None = None
+    reference_outputs: np.ndarray, outputs: np.ndarray, as_probabilities: bool | None = None, masked: bool = False
 ) -> np.ndarray:
     """KL(P_ref || Q) of every row, in nats: of the softmax (sigmoid) of logits computed exactly in log space; of
     probabilities clipped to [1e-12, 1] so a zero in Q stays finite.
@@ -330,7 +354,8 @@ def kl_rows(
     A row holding NaN/inf on either side is NaN: a softmax of -inf logits or a sigmoid of a +inf score is a finite
     distribution, but FP32's such row is no value to compare with (for FP32 itself too, a KL of 0 there would
     dilute every result's mean, hiding what a variant lost on the rows FP32 scores), and a variant's is its failure.
-    """
+    `masked`: -inf logits are classes ruled out (nonfinite_rows), whose probability 0 the softmax gives; a row whose
+    -inf positions differ between the two is NaN, the variant's failure (mask_changed_rows)."""
     reference_outputs, outputs = np.asarray(reference_outputs), np.asarray(outputs)
     if reference_outputs.shape != outputs.shape:
         raise QbenchError(f"outputs have different shapes: {reference_outputs.shape} vs {outputs.shape}")
@@ -341,7 +366,8 @@ def kl_rows(
         reference_block, block_outputs = _same_shape(reference_outputs[block], outputs[block])
         # rounding (or the clip) can leave -1e-17; NaN passes
         kl[block] = np.maximum(_kl_block(reference_block, block_outputs, as_probabilities), 0.0)
-    kl[nonfinite_rows(reference_outputs) | nonfinite_rows(outputs)] = math.nan
+    bad = nonfinite_rows(reference_outputs, masked=masked) | nonfinite_rows(outputs, masked=masked)
+    kl[bad | (mask_changed_rows(outputs, reference_outputs) if masked else False)] = math.nan
     return kl
 
 
@@ -358,8 +384,9 @@ def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return cosine
 
 
-def max_abs_error(a: np.ndarray, b: np.ndarray) -> float:
-    """The largest |a - b| over all elements; NaN for no elements; NaN/inf propagate."""
+def max_abs_error(a: np.ndarray, b: np.ndarray, masked: bool = False) -> float:
+    """The largest |a - b| over all elements; NaN for no elements; NaN/inf propagate. `masked`: a value -inf in both
+    (a class both rule out) differs by 0; -inf in one only, by inf."""
     a, b = np.asarray(a), np.asarray(b)
     if a.shape != b.shape:
         raise QbenchError(f"outputs have different shapes: {a.shape} vs {b.shape}")
@@ -371,11 +398,15 @@ def max_abs_error(a: np.ndarray, b: np.ndarray) -> float:
     with np.errstate(invalid="ignore"):
         for block in row_blocks(a.shape[0], _features(a)):
             a64, b64 = _same_shape(a[block], b[block])
-            largest.append(np.max(np.abs(a64 - b64)))
+            difference = np.abs(a64 - b64)
+            if masked:
+                difference[np.isneginf(a64) & np.isneginf(b64)] = 0.0
+            largest.append(np.max(difference))
     return float(np.max(largest))
 
 
-def spread(values: np.ndarray, rows: np.ndarray | None = None, read: np.ndarray | None = None) -> float:
+def spread(values: np.ndarray, rows: np.ndarray | None = None, read: np.ndarray | None = None,
+           masked: bool = False) -> float:
     """How much an output varies across its rows: the root of the summed variance of each value over the rows (the
     rows' RMS distance from their mean row), over the rows `rows` selects (a slice's mask; every row when None) whose
     values are all finite; NaN for none, or for values that are not numbers. A constant output (every row the same)
@@ -383,7 +414,9 @@ def spread(values: np.ndarray, rows: np.ndarray | None = None, read: np.ndarray 
 
     `read`: (rows, n) marks which entries along axis 1 (a token's scores) the task reads (token classification's
     scored tokens); each value then varies over the rows it is read on, a row counts when its read values are finite,
-    and values no metric reads (padding an export fills as it likes) move nothing. None: every value is read."""
+    and values no metric reads (padding an export fills as it likes) move nothing. None: every value is read.
+    `masked`: a -inf value is a class ruled out on that row (nonfinite_rows), read as not there: each value varies
+    over the rows it is not -inf on."""
     values = np.asarray(values)
     if values.ndim == 0:
         _float_rows(values)  # the error a scalar gets
@@ -399,6 +432,8 @@ def spread(values: np.ndarray, rows: np.ndarray | None = None, read: np.ndarray 
     def finite_blocks():
         for block in blocks:
             part, weight = _float_rows(values[block][chosen[block]]), weights[block][chosen[block]]
+            if masked:
+                weight = weight & ~np.isneginf(part)
             finite = (np.isfinite(part) | ~weight).all(axis=1)
             yield np.where(weight[finite], part[finite], 0.0), np.broadcast_to(weight[finite], part[finite].shape)
 

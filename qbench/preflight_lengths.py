@@ -1,0 +1,150 @@
+"""Outputs whose length depends on the data, told from the graph: what the dry run's rows cannot be relied on to show.
+
+qbench reads one output row per input row and compares values one to one, so an output whose length the data sets
+(NonMaxSuppression's detections, NonZero, Compress, Unique, a TopK whose K is computed) cannot be judged. The rows
+check (qbench.preflight_rows) sees such an output where its 8 rows give other lengths; `unfixed_length` refuses it
+from the graph where they happen not to: a TopK of K = min(10, the batch's positive values) keeps 10 on rows holding
+10 positives each, alone or together, and fewer on later rows, which stopped the sweep once every variant was built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from qbench.modelinfo_classes import each_once
+from qbench.onnx_read import infer_shapes, read_onnx
+from qbench.validate.outputs import VARIABLE_SHAPE
+
+# Ops whose output length depends on the values fed (TopK and Loop only where their count is not a constant).
+_VARIABLE_OPS = frozenset({"Compress", "NonMaxSuppression", "NonZero", "Unique"})
+_COUNTED_OPS = {"TopK": 1, "Loop": 0}  # op -> the input holding its count
+_SHAPE_OPS = frozenset({"Shape", "Size"})
+_TRIED_LENGTHS = (7, 11)  # what each input length a count is computed from is set to, in turn
+# Ops a count computed from shapes goes through (a Shape's length picked, bounded, combined).
+_SHAPE_ARITHMETIC = frozenset({"Constant", "Identity", "Cast", "Gather", "Slice", "Concat", "Squeeze", "Unsqueeze",
+                               "Reshape", "Add", "Sub", "Mul", "Div", "Mod", "Min", "Max", "Neg", "Abs", "Floor",
+                               "Ceil", "Clip", "ReduceMin", "ReduceMax", "ReduceProd", "ReduceSum"})
+
+
+def length_varying_nodes(graph: Any, output: str) -> list[Any]:
+    """The nodes `output` is computed through (nearest first) whose output length may depend on the values fed:
+    Compress, NonMaxSuppression, NonZero, Unique, and a TopK or Loop whose count is not a constant."""
+    producers = {out: node for node in graph.node for out in node.output}
+    constants = {node.output[0] for node in graph.node if node.op_type == "Constant" and node.output}
+    constants |= {tensor.name for tensor in graph.initializer}
+    found = []
+    for tensor, waiting in each_once(output):
+        node = producers.get(tensor)
+        if node is None:
+            continue
+        counted = _COUNTED_OPS.get(node.op_type)
+        if node.op_type in _VARIABLE_OPS or (counted is not None and (len(node.input) <= counted or node.input[counted]
+                                                                        not in constants)):  # fmt: skip
+            found.append(node)
+        waiting.extend(name for name in node.input if name)
+    return found
+
+
+def variable_length(graph: Any, output: str) -> str:
+    """'output 'dets' is computed through NonMaxSuppression: <what to do>' when `graph` (None: unread) computes
+    `output` through an op whose output length depends on the values fed, else '': the rows check's hint."""
+    found = [] if graph is None else length_varying_nodes(graph, output)
+    if not found:
+        return ""
+    ops = ", ".join(sorted({node.op_type for node in found}))
+    return f"output {output!r} is computed through {ops}: {VARIABLE_SHAPE}"
+
+
+def unfixed_length(path: Path, outputs: Sequence[str]) -> str | None:
+    """Why one of `outputs` of the model at `path` has a length the data sets, one phrase naming the node, or None.
+
+    Such an output is computed through a node of `length_varying_nodes` whose own output length, as onnx's shape
+    inference (with data propagation) gives it, is neither a constant nor a length of the inputs (the batch, a padded
+    sequence), and its own shape has such a length too (a count summed away per row leaves it fixed). A count computed
+    from input shapes alone (a Shape and arithmetic, which onnx does not fold past Min or Div) is computed here with
+    every input length set to 7 and then 11: one value both times is a constant; K = min(10, the batch) is not."""
+    try:
+        model = infer_shapes(read_onnx(path), data_prop=True)
+    except Exception:  # noqa: BLE001 - a graph onnx cannot infer: the rows check still compares the rows' lengths
+        return None
+    graph = model.graph
+    initializers = {tensor.name for tensor in graph.initializer}
+    named = {dim.dim_param for value in graph.input if value.name not in initializers
+             for dim in value.type.tensor_type.shape.dim if dim.dim_param}  # fmt: skip
+    shapes = {value.name: value.type.tensor_type for value in (*graph.value_info, *graph.output, *graph.input)}
+
+    def fixed(name: str) -> bool:
+        typed = shapes.get(name)
+        return typed is not None and typed.HasField("shape") and all(
+            dim.HasField("dim_value") or dim.dim_param in named for dim in typed.shape.dim)
+
+    def varies(node: Any) -> bool:
+        counted = _COUNTED_OPS.get(node.op_type)
+        if counted is not None and len(node.input) > counted and _constant_count(model, node.input[counted], shapes):
+            return False
+        return not fixed(node.output[0])
+
+    found = ((output, node) for output in outputs if not fixed(output)
+             for node in length_varying_nodes(graph, output) if varies(node))  # fmt: skip
+    output, node = next(found, (None, None))
+    if node is None:
+        return None
+    counted = _COUNTED_OPS.get(node.op_type)
+    how = "" if counted is None else f" (its count, {node.input[counted] if len(node.input) > counted else 'unset'!r}, " \
+        "is computed)"
+    which = repr(node.name) if node.name else f"node making {node.output[0]!r}"
+    return (f"output {output!r} is computed through {node.op_type} {which}{how}, whose output length is neither a "
+            "constant nor a length of the inputs (the batch, a padded sequence), so it may change from row to row or "
+            f"batch to batch however the dry run's rows came out: {VARIABLE_SHAPE}")
+
+
+def _constant_count(model: Any, count: str, shapes: dict[str, Any]) -> bool:
+    """Whether the tensor `count` is computed from constants and the shapes of tensors alone, and comes out the same
+    with every length not in the graph (a named or unknown dimension) set to each of _TRIED_LENGTHS: then it is a
+    constant the graph writes as arithmetic on shapes. False where it reads values, or cannot be computed here."""
+    import onnx
+    from onnx.reference import ReferenceEvaluator
+
+    graph = model.graph
+    producers = {out: node for node in graph.node for out in node.output}
+    initializers = {tensor.name: tensor for tensor in graph.initializer}
+    used, read, shaped = set(), [], {}
+    for tensor, waiting in each_once(count):
+        node = producers.get(tensor)
+        if tensor in initializers or node is None:
+            if tensor not in initializers:  # a graph input's values
+                return False
+            read.append(initializers[tensor])
+            continue
+        if node.op_type in _SHAPE_OPS:
+            typed = shapes.get(node.input[0])
+            if typed is None or not typed.HasField("shape"):
+                return False
+            dims = [d.dim_value if d.HasField("dim_value") else None for d in typed.shape.dim]
+            bounds = {a.name: a.i for a in node.attribute}  # Shape's start and end (opset 15)
+            shaped[tensor] = (node.op_type, dims[bounds.get("start", 0):bounds.get("end", len(dims))])
+            continue
+        if node.op_type not in _SHAPE_ARITHMETIC or node.domain not in ("", "ai.onnx"):
+            return False
+        used.add(id(node))
+        waiting.extend(name for name in node.input if name)
+    nodes = [node for node in graph.node if id(node) in used]  # in the graph's (topological) order
+    values = []
+    for length in _TRIED_LENGTHS:
+        feeds = {}
+        for name, (op, dims) in shaped.items():
+            filled = np.array([length if d is None else d for d in dims], dtype=np.int64)
+            feeds[name] = filled if op == "Shape" else np.array(np.prod(filled), dtype=np.int64)
+        inputs = [onnx.helper.make_tensor_value_info(name, onnx.TensorProto.INT64, None) for name in feeds]
+        outputs = [onnx.helper.make_tensor_value_info(count, onnx.TensorProto.UNDEFINED, None)]
+        sub = onnx.helper.make_model(onnx.helper.make_graph(nodes, "count", inputs, outputs, read),
+                                     opset_imports=list(model.opset_import))  # fmt: skip
+        try:
+            values.append(np.asarray(ReferenceEvaluator(sub).run(None, feeds)[0]))
+        except Exception:  # noqa: BLE001 - what the reference cannot compute (external data): not shown constant
+            return False
+    return all(np.array_equal(values[0], value) for value in values[1:])
