@@ -188,7 +188,7 @@ def validate(
     from qbench.gate_report import plural
     from qbench.preflight import prepare
     from qbench.recipe import load_recipe
-    from qbench.validate.measure import dry_run
+    from qbench.validate.dry_run import dry_run
 
     loaded = load_recipe(recipe)
     prepared = prepare(loaded, track=track)

@@ -147,7 +147,7 @@ def _check_reference_runs(prepared: Prepared) -> None:
     seconds, not after every build (minutes for a large model). A message about the sweep's copy of the model names
     the user's file."""
     from qbench.backends import get_backend
-    from qbench.validate.measure import dry_run
+    from qbench.validate.dry_run import dry_run
 
     for name in prepared.recipe.backends:
         try:

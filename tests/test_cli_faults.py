@@ -175,7 +175,7 @@ def test_a_signal_during_an_export_leaves_no_half_written_model_folder(project, 
 
 
 def test_a_signal_during_validate_exits_2_interrupted(project):
-    done = run_signalled("qbench.validate.measure:dry_run", signal.SIGTERM, "validate", str(project / "qbench.yaml"))
+    done = run_signalled("qbench.validate.dry_run:dry_run", signal.SIGTERM, "validate", str(project / "qbench.yaml"))
     assert (done.returncode, done.stderr.splitlines()[-1]) == (2, "qbench: error: interrupted")
     assert "Traceback" not in done.stderr
 

@@ -24,7 +24,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import qbench.execute.jobs
 from qbench.cli_app import main
-from qbench.validate.measure import largest_batch
+from qbench.validate.dry_run import largest_batch
 
 ROWS = 24
 

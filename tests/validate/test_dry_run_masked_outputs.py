@@ -18,7 +18,7 @@ from qbench.backends import get_backend
 from qbench.errors import RecipeError
 from qbench.preflight import prepare
 from qbench.recipe import load_recipe
-from qbench.validate.measure import dry_run
+from qbench.validate.dry_run import dry_run
 
 ROWS, FEATURES, CLASSES = 40, 6, 4
 

@@ -17,7 +17,7 @@ from qbench.backends import get_backend
 from qbench.errors import RecipeError
 from qbench.preflight import prepare
 from qbench.recipe import load_recipe
-from qbench.validate.measure import dry_run
+from qbench.validate.dry_run import dry_run
 
 ROWS, TOKENS, VOCABULARY = 40, 8, 500
 PER_ROW = TOKENS * VOCABULARY * 4  # float32 logits: 16,000 bytes a row
