@@ -1,4 +1,4 @@
-"""An attention context traced back to the V tensor it is linear in, for SmoothQuant's fold (qbench.variants.smoothquant).
+"""An attention context traced back to the V tensor it is linear in, for SmoothQuant's fold (variants.smoothquant).
 
 Multi-head attention computes context = merge(A @ split(V)): split reshapes V's last axis into (heads, head_dim)
 and moves heads before the tokens, A (softmax(Q K^T)) mixes tokens, never channels, and merge moves heads back
@@ -26,8 +26,8 @@ from qbench.variants.linear_graph import GraphView, node_attribute
 
 def head_merge_source(view: GraphView, context: str, width: int) -> tuple[list[int], str] | None:
     """The nodes from `context`'s producer back to the split Reshape (merge, Transpose, MatMul, Transpose, split, and
-    any Reshape between them that keeps its input's shape), and the tensor v whose channel c is `context`'s channel c (its own producer is for the caller to fold into);
-    None when the graph does not prove it (see the module docstring)."""
+    any Reshape between them that keeps its input's shape), and the tensor v whose channel c is `context`'s channel
+    c (its own producer is for the caller to fold into); None when the graph does not prove it (module docstring)."""
     chain: list[int] = []
     steps: list[int] = []  # the chain's merge, Transpose, MatMul, Transpose and split, without identity Reshapes
     tensor, reader = context, None

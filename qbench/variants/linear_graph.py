@@ -159,10 +159,8 @@ class GraphView:
                 graph = SymbolicShapeInference.infer_shapes(typing_skeleton(self.model)).graph
             except Exception:  # noqa: BLE001 (it refuses graphs it cannot follow: shapes stay unknown)
                 graph = onnx.GraphProto()
-            self._symbolic = {
-                v.name: [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in v.type.tensor_type.shape.dim]
-                for v in (*graph.value_info, *graph.output) if v.type.tensor_type.HasField("shape")
-            }  # fmt: skip
+            shaped = [v for v in (*graph.value_info, *graph.output) if v.type.tensor_type.HasField("shape")]
+            self._symbolic = {v.name: [_dim(d) for d in v.type.tensor_type.shape.dim] for v in shaped}
         return self._symbolic.get(tensor)
 
     def _inferred_dims(self) -> dict[str, list[int | None]]:
@@ -247,6 +245,11 @@ class GraphView:
         drop_unused_initializers(graph)
         self._changed.clear()
         return self.model
+
+
+def _dim(dim: onnx.TensorShapeProto.Dimension) -> int | str | None:
+    """A dim's number, else its symbol, else None."""
+    return dim.dim_value if dim.HasField("dim_value") else (dim.dim_param or None)
 
 
 def float_tensor(name: str) -> onnx.ValueInfoProto:

@@ -1,4 +1,4 @@
-"""SmoothQuant's fold of an attention-output projection's smoothing into V's projection (qbench.variants.attention_heads).
+"""SmoothQuant's fold of an attention-output projection's smoothing into V's projection (variants.attention_heads).
 
 Smoothing alone must leave the FP32 function unchanged; the fold must happen only where the head split and merge
 provably give context channel c from V channel c.
@@ -49,8 +49,8 @@ def bert(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    config = transformers.BertConfig(vocab_size=50, hidden_size=WIDTH, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-                                     intermediate_size=2 * WIDTH, max_position_embeddings=16)  # fmt: skip
+    config = transformers.BertConfig(vocab_size=50, hidden_size=WIDTH, num_hidden_layers=LAYERS,
+                                     num_attention_heads=HEADS, intermediate_size=2 * WIDTH, max_position_embeddings=16)
     config._attn_implementation = request.param
     encoder = transformers.BertModel(config).eval()
     with torch.no_grad():  # trained-like values: no zero biases the exporter would share through Identity nodes
@@ -121,7 +121,8 @@ def _attention(layout: str) -> onnx.ModelProto:
     split = [0, 0, HEAD_DIM, HEADS] if layout == "dims-major" else [0, 0, HEADS, HEAD_DIM]
     split_perm = [0, 3, 1, 2] if layout == "dims-major" else [0, 2, 1, 3]
     merge_perm = [0, 2, 3, 1] if layout == "merge-swapped" else [0, 2, 1, 3]
-    heads = [helper.make_node("Reshape", ["k", "qk_split"], ["k_split"]), helper.make_node("Reshape", ["q", "qk_split"], ["q_split"]),
+    heads = [helper.make_node("Reshape", ["k", "qk_split"], ["k_split"]),
+             helper.make_node("Reshape", ["q", "qk_split"], ["q_split"]),
              helper.make_node("Transpose", ["k_split"], ["kh"], perm=[0, 2, 3, 1]),
              helper.make_node("Transpose", ["q_split"], ["qh"], perm=[0, 2, 1, 3])]  # fmt: skip
     nodes = [
