@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from qbench.onnx_read import infer_shapes
+from qbench.onnx_read import infer_shapes, typing_skeleton
 from qbench.variants.onnx_utils import drop_unused_initializers, names_read
 
 LINEAR_OP_TYPES = ("MatMul", "Gemm")
@@ -81,6 +81,7 @@ class GraphView:
         self._inserted: dict[int, list[onnx.NodeProto]] = defaultdict(list)
         self._removed: set[int] = set()
         self._dims: dict[str, list[int | None]] | None = None
+        self._symbolic: dict[str, list[int | str | None]] | None = None
         self._from_inputs: set[str] | None = None
 
     # -- reading -------------------------------------------------------------------------------
@@ -144,6 +145,23 @@ class GraphView:
         """The size of `tensor`'s last axis from ONNX shape inference on the graph as loaded, or None when unknown."""
         dims = self._inferred_dims().get(tensor)
         return dims[-1] if dims else None
+
+    def symbolic_dims(self, tensor: str) -> list[int | str | None] | None:
+        """`tensor`'s dims from ONNX Runtime's symbolic shape inference on the graph as loaded: an int, a symbol (one
+        name for dims it proved equal) or None, per axis; None when unknown. Unlike onnx's inference it follows shapes
+        computed at run time into a Reshape (Shape, Gather, Concat, a -1 resolved), as exporters write head splits.
+        Inferred once, when first asked: ask before editing node inputs (an inserted node is in the model only after
+        commit, and a graph reading a tensor nothing produces is not inferred: every dim is unknown then)."""
+        if self._symbolic is None:
+            from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference  # imports sympy: only when asked
+
+            try:
+                graph = SymbolicShapeInference.infer_shapes(typing_skeleton(self.model)).graph
+            except Exception:  # noqa: BLE001 (it refuses graphs it cannot follow: shapes stay unknown)
+                graph = onnx.GraphProto()
+            shaped = [v for v in (*graph.value_info, *graph.output) if v.type.tensor_type.HasField("shape")]
+            self._symbolic = {v.name: [_dim(d) for d in v.type.tensor_type.shape.dim] for v in shaped}
+        return self._symbolic.get(tensor)
 
     def _inferred_dims(self) -> dict[str, list[int | None]]:
         if self._dims is None:
@@ -227,6 +245,11 @@ class GraphView:
         drop_unused_initializers(graph)
         self._changed.clear()
         return self.model
+
+
+def _dim(dim: onnx.TensorShapeProto.Dimension) -> int | str | None:
+    """A dim's number, else its symbol, else None."""
+    return dim.dim_value if dim.HasField("dim_value") else (dim.dim_param or None)
 
 
 def float_tensor(name: str) -> onnx.ValueInfoProto:

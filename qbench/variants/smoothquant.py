@@ -12,7 +12,9 @@ max over their weights). The division by s is FOLDED into the tensor's producer
 when every reader of the tensor is in the group and the producer is a
 LayerNorm-like op (scale and bias), a Mul by a constant, an Add of a constant
 whose other input folds, or a Linear (its weight's output columns and bias), also through a Relu or a
-Reshape/Flatten that keeps the last axis (GPT-2's Conv1D); Shape/Size readers of a tensor do not block a fold;
+Reshape/Flatten that keeps the last axis (GPT-2's Conv1D), or, for an attention context, into V's producer through the
+head merge, attention MatMul and head split (`attention_heads`, where the graph proves each channel stays itself);
+Shape/Size readers of a tensor do not block a fold;
 otherwise one Mul by 1/s is inserted before the group (or, with
 `unfoldable: skip`, the group is left unsmoothed; with `fold: false` a Mul is always inserted). Per-channel activation ranges
 come from one ORT pass over the calibration batches; the per-tensor ranges after
@@ -34,6 +36,7 @@ import onnx
 import onnxruntime as ort
 
 from qbench.techniques.options import AUTO_ALPHAS
+from qbench.variants.attention_heads import head_merge_source
 from qbench.variants.base import Feeds
 from qbench.variants.linear_graph import GraphView, Linear, float_tensor, node_attribute
 from qbench.variants.linear_qdq import (
@@ -205,6 +208,9 @@ def smooth(
     """Smooth every group in place; returns each Linear input's per-tensor range after smoothing, and a report."""
     report = SmoothingReport()
     tensor_ranges: dict[str, tuple[float, float]] = {}
+    # every fold is planned on the graph as loaded, before any edit: an inserted Mul's output has no producer in
+    # the model until commit, and the shape inference a plan may ask for (attention_heads) reads the model
+    plans = {tensor: _group_plan(view, tensor, group, settings.fold) for tensor, group in groups.items()}
     for tensor, group in groups.items():
         channel = ranges[tensor]
         weights = [_oriented_weight(view, linear) for linear in group]
@@ -213,9 +219,7 @@ def smooth(
         report.judged_on_fit += settings.alpha == "auto" and channel.judged_on_fit
         report.alphas["none" if alpha is None else f"{alpha:g}"] += 1
         scales = smoothing_scales(channel.absmax, weight_absmax, alpha) if alpha is not None else None
-        readers = [linear.index for linear in group]
-        foldable = settings.fold and view.read_only_by(tensor, readers, shape_readers=True)
-        plan = _fold_plan(view, tensor, weight_absmax.size) if foldable else None
+        plan = plans[tensor]
         if scales is None or (plan is None and settings.fold and settings.unfoldable == "skip"):
             report.skipped_groups += 1
             tensor_ranges[tensor] = (float(channel.low.min()), float(channel.high.max()))
@@ -270,6 +274,14 @@ def _best_alpha(
     return min(candidates, key=lambda alpha: candidates[alpha])
 
 
+def _group_plan(view: GraphView, tensor: str, group: list[Linear], fold: bool) -> list[tuple[str, int]] | None:
+    """The fold plan of one group's input (`_fold_plan`), or None when it must not fold: `fold` off, or the tensor
+    read by more than the group's Linears (Shape/Size aside)."""
+    if not fold or not view.read_only_by(tensor, [linear.index for linear in group], shape_readers=True):
+        return None
+    return _fold_plan(view, tensor, _oriented_weight(view, group[0]).shape[0])
+
+
 def _fold_plan(view: GraphView, tensor: str, width: int) -> list[tuple[str, int]] | None:
     """The producer edits that divide `tensor` by s along its last axis, or None when the graph does not allow it.
 
@@ -289,8 +301,8 @@ def _fold_plan(view: GraphView, tensor: str, width: int) -> list[tuple[str, int]
         constant = [i for i, name in enumerate(node.input) if view.is_constant(name)]
         if len(constant) != 1 or not _broadcasts_on_last_axis(view.constants[node.input[constant[0]]], width):
             return None
-        if node.op_type == "Mul":
-            return [("mul", index)]
+        if node.op_type == "Mul":  # also a decomposed GELU's last step (x * (1 + erf(x / sqrt 2))) * 0.5: GELU
+            return [("mul", index)]  # itself is not linear in its input, so nothing folds THROUGH it (nor a Gelu op)
         other = node.input[1 - constant[0]]
         inner = _fold_plan(view, other, width) if view.read_only_by(other, [index], shape_readers=True) else None
         return None if inner is None else [("add", index), *inner]
@@ -305,7 +317,10 @@ def _fold_plan(view: GraphView, tensor: str, width: int) -> list[tuple[str, int]
         if len(node.input) > 2 and node.input[2] and not _broadcasts_on_last_axis(view.constants[node.input[2]], width):
             return None
         return [("linear", index)]
-    return None
+    # an attention context (an attention-output projection's input) is linear in V's channels: fold into V's producer
+    merged = head_merge_source(view, tensor, width) if node.op_type == "Reshape" else None
+    inner = _fold_plan(view, merged[1], width) if merged is not None else None
+    return None if merged is None or inner is None else [*(("pass", passed) for passed in merged[0]), *inner]
 
 
 def _keeps_last_axis(view: GraphView, node: onnx.NodeProto, width: int) -> bool:
