@@ -430,7 +430,13 @@ def test_a_metric_the_data_leaves_undefined_for_fp32_too_is_not_judged_on_that_s
                                   variant("int8-a", math.nan, {"noisy": 0.9, "clean": 0.99})), SPEC)  # fmt: skip
     assert overall.exit_code == EXIT_UNUSABLE
     assert overall.problems[0].startswith("int8-a@onnxruntime-cpu: metric 'accuracy' is undefined on overall for FP32 "
-                                          "too (NaN without NaN/inf outputs")  # fmt: skip
+                                          "too (NaN or inf without NaN/inf outputs")  # fmt: skip
+    # a custom MAPE over zero labels is inf for FP32 (and NaN for a variant with an exact 0 there): said, not "NaN"
+    mape = evaluate_gate(sweep(variant("fp32", math.inf, {"noisy": 0.9, "clean": 0.99}),
+                               variant("int8-a", math.nan, {"noisy": 0.9, "clean": 0.99})), SPEC)  # fmt: skip
+    assert mape.exit_code == EXIT_UNUSABLE
+    assert "(NaN or inf without NaN/inf outputs: R² of a constant target, a custom metric dividing by zero, such as a " \
+           "MAPE over zero labels)" in mape.problems[0]
     fp32_only = evaluate_gate(sweep(variant("fp32", 0.95, {"noisy": math.nan, "clean": 0.99}),
                                     variant("int8-a", 0.95, {"noisy": 0.9, "clean": 0.99})), SPEC)  # fmt: skip
     assert fp32_only.exit_code == EXIT_UNUSABLE and "missing or NaN on noisy" in fp32_only.problems[0]
