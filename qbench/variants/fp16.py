@@ -350,7 +350,7 @@ def computed_after(model: onnx.ModelProto, sources: Collection[onnx.NodeProto], 
     reached = {name for node in sources for name in node.output if name}
     found = []
     for node in model.graph.node:  # topologically sorted: every variant is built from the sorted normal form
-        if node in sources or not reached.intersection(node.input):
+        if not reached.intersection(node.input):  # the predictors, kept FP32, are never among the lowered
             continue
         reached.update(name for name in node.output if name)
         if node.name in lowered and node.op_type not in DATA_MOVEMENT_OPS and node.op_type not in SHAPE_ONLY_OPS \
