@@ -393,9 +393,9 @@ def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec, re
             small += [why] if why else []
             on_spread |= bool(why) and not rows_alone(spec.metric, tolerance, ref_scope, own_scope)
         elif _undefined_for_fp32(spec.metric, ref_scope, own_scope):  # only overall: a slice is skipped instead
-            problems.append(f"metric {spec.metric!r} is undefined on {own_scope.name} for FP32 too (NaN without NaN/inf "
-                            "outputs, e.g. R² of a constant target): nothing can be judged; gate on a metric defined "
-                            "there")  # fmt: skip
+            problems.append(f"metric {spec.metric!r} is undefined on {own_scope.name} for FP32 too (NaN or inf without "
+                            "NaN/inf outputs: R² of a constant target, a custom metric dividing by zero, such as a MAPE "
+                            "over zero labels): nothing can be judged; gate on a metric defined there")  # fmt: skip
         else:
             why = _nonfinite_reference_hint(spec.metric, ref_scope) if ref_scope.nonfinite_outputs else ""
             problems.append(f"metric {spec.metric!r} is missing or NaN on {own_scope.name}{why}")

@@ -134,9 +134,27 @@ def unlowered(results: SweepResults, pairs: Sequence[tuple[str, str]]) -> list[s
                    else f"none of its {contractions} contractions (MatMul, Conv...) was lowered" if contractions
                    else f"no contraction in the graph, and its {predictors} ONNX-ML predictor(s) stay FP32")  # fmt: skip
             readers = [] if same else found.params.get("fp32_nodes_reading_lowered", [])
-            notes.append(f"{variant}@{backend} computes in {reference.precision} ({why}): its pass says nothing about "
-                         f"{found.precision}" if not readers else rounded_inputs_note(found, reference, why, readers))
+            after = {} if same or contractions else found.params.get("lowered_after_predictors", {})
+            notes.append(computed_after_note(found, reference, predictors, after, readers) if after
+                         else f"{variant}@{backend} computes in {reference.precision} ({why}): its pass says nothing "
+                         f"about {found.precision}" if not readers else rounded_inputs_note(found, reference, why, readers))
     return notes
+
+
+def computed_after_note(
+    found: VariantResult, reference: VariantResult, predictors: int, after: dict[str, int], readers: Sequence[str]
+) -> str:
+    """The note of a variant whose ONNX-ML predictors stay in the reference's precision but whose lowered nodes compute
+    on what they give (`lowered_after_predictors`: an IsolationForest's score from its trees' path lengths). Its pass
+    measures that arithmetic in its precision: an IsolationForest's BF16 scores moved by 0.0026 and its precision at
+    FP32's threshold by 0.0122, where the note said it computed in FP32 and its pass said nothing about BF16."""
+    computed = ", ".join(f"{count} {op}" for op, count in after.items())
+    shown = ", ".join(readers[:3]) + (f" and {len(readers) - 3} more" if len(readers) > 3 else "")
+    also = (f"; its {reference.precision.upper()} node(s) {shown} also read values it rounds to {found.precision}"
+            if readers else "")
+    return (f"{found.key} keeps its {predictors} ONNX-ML predictor(s) in {reference.precision} (no contraction in the "
+            f"graph), but computes on what they give in {found.precision} ({computed}): its pass measures "
+            f"{found.precision} in that arithmetic after the predictors, not in them{also}")
 
 
 def rounded_inputs_note(found: VariantResult, reference: VariantResult, why: str, readers: Sequence[str]) -> str:

@@ -215,6 +215,28 @@ def test_a_half_precision_variant_rounding_what_its_fp32_predictor_reads_says_it
         "FP32): its pass says nothing about bf16"]  # fmt: skip
 
 
+def test_a_half_precision_variant_computing_on_its_fp32_predictors_outputs_says_its_pass_measures_that_arithmetic():
+    """An IsolationForest's score is arithmetic on its trees' path lengths (Sum, Div, Pow, Log...), lowered to BF16
+    after the FP32 trees (`lowered_after_predictors`): its scores moved by 0.0026 and precision at FP32's threshold by
+    0.0122, but the note said the variant computed in fp32 and its pass said nothing about bf16. A variant that only
+    multiplies the trees' scores by 1 (lowered_after_predictors empty) keeps that note."""
+    after = {"Add": 3, "Div": 1, "Log": 1, "Pow": 1}
+    scored = replace(variant("int8-i", 0.95, {"noisy": 0.90, "clean": 0.99}), precision="bf16",
+                     params={"contractions": 0, "lowered_contractions": 0, "fp32_predictors": 2,
+                             "lowered_op_types": {**after, "Cast": 2}, "fp32_nodes_reading_lowered": [],
+                             "lowered_after_predictors": after})  # fmt: skip
+    scaled = replace(scored, variant="int8-m", params={**scored.params, "lowered_op_types": {"Mul": 1},
+                                                       "lowered_after_predictors": {}})  # fmt: skip
+    report = evaluate_gate(sweep(REFERENCE, scored, scaled), SPEC)
+    assert report.exit_code == EXIT_PASS
+    assert [n for n in report.notes if "ONNX-ML predictor" in n] == [
+        "int8-i@onnxruntime-cpu keeps its 2 ONNX-ML predictor(s) in fp32 (no contraction in the graph), but computes "
+        "on what they give in bf16 (3 Add, 1 Div, 1 Log, 1 Pow): its pass measures bf16 in that arithmetic after the "
+        "predictors, not in them",
+        "int8-m@onnxruntime-cpu computes in fp32 (no contraction in the graph, and its 2 ONNX-ML predictor(s) stay "
+        "FP32): its pass says nothing about bf16"]  # fmt: skip
+
+
 def test_a_failed_variant_gets_no_computes_in_fp32_note():
     """It ran nothing: the note claimed it computed in fp32 beside its failure."""
     failed = replace(variant("int8-f", 0.95, {"noisy": 0.90, "clean": 0.99}), params={"quantized_nodes": 0},
@@ -408,7 +430,13 @@ def test_a_metric_the_data_leaves_undefined_for_fp32_too_is_not_judged_on_that_s
                                   variant("int8-a", math.nan, {"noisy": 0.9, "clean": 0.99})), SPEC)  # fmt: skip
     assert overall.exit_code == EXIT_UNUSABLE
     assert overall.problems[0].startswith("int8-a@onnxruntime-cpu: metric 'accuracy' is undefined on overall for FP32 "
-                                          "too (NaN without NaN/inf outputs")  # fmt: skip
+                                          "too (NaN or inf without NaN/inf outputs")  # fmt: skip
+    # a custom MAPE over zero labels is inf for FP32 (and NaN for a variant with an exact 0 there): said, not "NaN"
+    mape = evaluate_gate(sweep(variant("fp32", math.inf, {"noisy": 0.9, "clean": 0.99}),
+                               variant("int8-a", math.nan, {"noisy": 0.9, "clean": 0.99})), SPEC)  # fmt: skip
+    assert mape.exit_code == EXIT_UNUSABLE
+    assert "(NaN or inf without NaN/inf outputs: R² of a constant target, a custom metric dividing by zero, such as a " \
+           "MAPE over zero labels)" in mape.problems[0]
     fp32_only = evaluate_gate(sweep(variant("fp32", 0.95, {"noisy": math.nan, "clean": 0.99}),
                                     variant("int8-a", 0.95, {"noisy": 0.9, "clean": 0.99})), SPEC)  # fmt: skip
     assert fp32_only.exit_code == EXIT_UNUSABLE and "missing or NaN on noisy" in fp32_only.problems[0]

@@ -47,7 +47,9 @@ from qbench.variants.emulate_fold import fold_conv_batch_norms
 from qbench.variants.emulate_recurrent import step_recurrent
 from qbench.variants.float_support import (
     CONTRACTION_OP_TYPES,
+    DATA_MOVEMENT_OPS,
     DEFAULT_DOMAINS,
+    SHAPE_ONLY_OPS,
     KeptNodes,
     add_missing_float_value_info,
     cast_subgraph_reads_to_float32,
@@ -301,10 +303,13 @@ def partly_lowered(
     readers = [node for node in model.graph.node if node.name in kept.reasons and written & set(node.input)]
     total = sum(contractions_held(node) for node in model.graph.node)
     held = sum(contractions_held(node) for node in nodes)
-    predictors = [node.op_type for node in model.graph.node
-                  if node.domain == "ai.onnx.ml" and node.op_type in ML_PREDICTOR_OP_TYPES]  # fmt: skip
+    predictor_nodes = [node for node in model.graph.node
+                       if node.domain == "ai.onnx.ml" and node.op_type in ML_PREDICTOR_OP_TYPES]  # fmt: skip
+    predictors = [node.op_type for node in predictor_nodes]
+    after = computed_after(model, predictor_nodes, lowered)
     params = {"lowered_op_types": counts, "fp32_nodes_reading_lowered": [node.name for node in readers],
-              "contractions": total, "lowered_contractions": held, "fp32_predictors": len(predictors)}  # fmt: skip
+              "contractions": total, "lowered_contractions": held, "fp32_predictors": len(predictors),
+              "lowered_after_predictors": dict(sorted(Counter(node.op_type for node in after).items()))}  # fmt: skip
     if not nodes or not kept.reasons:
         return params, []
     listed = ", ".join(f"{count} {op}" for op, count in counts.items())
@@ -319,10 +324,47 @@ def partly_lowered(
         reader_types = ", ".join(sorted({node.op_type for node in readers}))
         note += (f"; the FP32 {reader_types} read values rounded to {precision}: thresholds and comparisons there "
                  f"see the rounded values, so outputs can change though nothing there runs in {precision}")
-    if predictors and not total:
+    if predictors and not total and after:
+        note += (f"; the graph's ONNX-ML {', '.join(sorted(set(predictors)))} stay FP32, and {len(after)} lowered "
+                 f"node(s) compute on what they give in {precision}")
+    elif predictors and not total:
         note += (f"; the graph computes in its ONNX-ML {', '.join(sorted(set(predictors)))}, which stay FP32: the variant computes "
                  f"in FP32, {precision} rounds only the nodes above")
     return params, [note]
+
+
+_IDENTITY_OPERAND = {"Mul": (1.0, (0, 1)), "Div": (1.0, (1,)), "Add": (0.0, (0, 1)), "Sub": (0.0, (1,))}
+
+
+def computed_after(model: onnx.ModelProto, sources: Collection[onnx.NodeProto], lowered: Collection[str]) -> list[onnx.NodeProto]:
+    """The lowered nodes of the main graph that compute on what the `sources` (FP32 ONNX-ML predictors) give, directly or
+    through other nodes: arithmetic on their values, not data movement (Cast, Reshape...) nor an identity by a constant
+    (onnxmltools' Mul of a LightGBM model's scores by 1, which only rounds them).
+
+    An IsolationForest's score is computed after its trees (the path lengths summed, divided, raised as a power of 2),
+    and its BF16 variant computes that arithmetic in BF16, its scores 0.0026 off FP32's; the gate said it computed
+    in FP32 and its pass said nothing about BF16, as for the LightGBM model that only rounds its scores."""
+    constants = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    constants.update({node.output[0]: numpy_helper.to_array(attribute.t) for node in model.graph.node
+                      if node.op_type == "Constant" for attribute in node.attribute if attribute.name == "value"})  # fmt: skip
+    reached = {name for node in sources for name in node.output if name}
+    found = []
+    for node in model.graph.node:  # topologically sorted: every variant is built from the sorted normal form
+        if not reached.intersection(node.input):  # the predictors, kept FP32, are never among the lowered
+            continue
+        reached.update(name for name in node.output if name)
+        if node.name in lowered and node.op_type not in DATA_MOVEMENT_OPS and node.op_type not in SHAPE_ONLY_OPS \
+                and not _identity_by_constant(node, constants):
+            found.append(node)
+    return found
+
+
+def _identity_by_constant(node: onnx.NodeProto, constants: dict[str, np.ndarray]) -> bool:
+    """Whether `node` returns its other operand unchanged: a Mul or Div by constant ones, an Add or Sub of zeros."""
+    identity, positions = _IDENTITY_OPERAND.get(node.op_type, (None, ()))
+    return len(node.input) == 2 and any(
+        node.input[i] in constants and constants[node.input[i]].size > 0 and bool(np.all(constants[node.input[i]] == identity))
+        for i in positions)  # fmt: skip
 
 
 def _free_converter_names(graph: onnx.GraphProto, taken: set[str]) -> None:

@@ -323,6 +323,7 @@ def test_a_step_on_a_tree_ensembles_output_does_not_make_it_a_narrower_model(tmp
                                "ONNX-ML predictor): the variant is the FP32 model",)  # fmt: skip
         return
     assert built.params["lowered_op_types"] == {"Mul": 1}
+    assert built.params["lowered_after_predictors"] == {}  # a Mul by 1 only rounds the scores: no arithmetic on them
     assert (built.params["contractions"], built.params["lowered_contractions"], built.params["fp32_predictors"]) == (
         0, 0, 1)  # fmt: skip
     assert (f"the graph computes in its ONNX-ML TreeEnsembleRegressor, which stay FP32: the variant computes in FP32, "
@@ -345,3 +346,25 @@ def test_a_scaler_lowered_in_front_of_a_tree_is_named_with_the_tree_reading_its_
            f"read values rounded to {upper}" in " ".join(built.notes)
     narrow = {"fp16": np.float16, "bf16": ml_dtypes.bfloat16}[precision]
     assert float(np.float32(x[0, 0]).astype(narrow)) <= 1.00005 < x[0, 0]  # the rounding the note warns of
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_an_isolation_forests_score_arithmetic_after_its_trees_is_named_as_lowered(tmp_path, precision):
+    """skl2onnx's IsolationForest computes its score from the FP32 trees' path lengths (Sum, Div, Pow, Log, Add): FP16
+    and BF16 lower that arithmetic and move the scores, yet the notes (and the gate) said the variant computed in
+    FP32, as for a model whose only lowered step multiplies the trees' output by 1."""
+    from sklearn.ensemble import IsolationForest
+
+    x = np.random.default_rng(0).normal(size=(128, 4)).astype(np.float32)
+    forest = IsolationForest(n_estimators=5, random_state=0).fit(x)
+    path = tmp_path / "iso.onnx"
+    onnx.save(skl2onnx.to_onnx(forest, x[:1], target_opset={"": 17, "ai.onnx.ml": 3}), str(path))
+    built = _build(path, x, tmp_path / "w", {"name": "v", "precision": precision})
+    after = built.params["lowered_after_predictors"]
+    assert {"Div", "Log", "Pow"} <= set(after) and "Cast" not in after and "Reshape" not in after
+    assert built.params["fp32_predictors"] == 5 and built.params["contractions"] == 0
+    joined = " ".join(built.notes)
+    assert f"compute on what they give in {precision.upper()}" in joined
+    assert "the variant computes in FP32" not in joined
+    scores = [outputs[1] for outputs in (_run(built.onnx_path, x), _run(path, x))]
+    assert np.abs(scores[0] - scores[1]).max() > 0  # the arithmetic the note names moves the scores
