@@ -29,6 +29,7 @@ from qbench.preflight_lengths import unfixed_length, variable_length
 from qbench.preflight_random import EVAL_EXPORT, random_refusal, random_sources
 from qbench.provenance import model_sha256
 from qbench.recipe import Recipe
+from qbench.tasks.selection import ACROSS_ROWS
 from qbench.validate.outputs import as_array
 from qbench.variants.base import BuiltVariant
 from qbench.verdicts import Agreement, checked, feeds_digest
@@ -134,6 +135,9 @@ def _check_rows(
                               f"failed when {how}: {' '.join(str(exc).split())}; {_expected(recipe)}") from None  # fmt: skip
         for name, values in reference.items():
             seen = _moved(name, values, got.get(name), picks, agreement)
+            if seen is not None and (axis := _rows_on_later_axis(values, got.get(name), picks)) is not None:
+                raise RecipeError(recipe.source, _field(recipe), f"{_inputs(model, batch)}: {seen} when {how}, and "
+                                  f"came back as those rows' outputs reordered on its axis {axis} too: {ACROSS_ROWS}")
             if seen is not None:
                 variable = variable_length(_graph(path), name)
                 hint = f"; {variable}" if variable else batch_axis_hint(model) + _batch_statistics(path)
@@ -252,6 +256,21 @@ def _moved(name: str, reference: np.ndarray, got: np.ndarray | None, picks: np.n
         return None
     return (f"row {int(picks[row])}'s output {name!r} changed by {per_row[row]:.3g} (its values reach {scale:.3g}, "
             f"tolerance {tolerance:.2g})")  # fmt: skip
+
+
+def _rows_on_later_axis(reference: np.ndarray, got: np.ndarray | None, picks: np.ndarray) -> int | None:
+    """The later axis of an output that follows the rows as axis 0 does (`got`, the output of rows `picks`, is
+    `reference` with both axes taken at `picks`: a [batch, batch] similarity matrix), or None."""
+    if got is None or reference.dtype.kind not in "fc" or len(np.unique(picks)) != len(picks):
+        return None  # rows fed alone or as copies: nothing to take on a later axis
+    for axis in range(1, reference.ndim):
+        if reference.shape[axis] != len(picks):
+            continue
+        expected = np.take(reference[picks], picks, axis=axis)
+        if expected.shape == got.shape and np.allclose(got, expected, rtol=RELATIVE_TOLERANCE, atol=ABSOLUTE_TOLERANCE,
+                                                        equal_nan=True):
+            return axis
+    return None
 
 
 def _short(value: object) -> str:

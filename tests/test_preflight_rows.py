@@ -259,3 +259,45 @@ def test_an_output_that_runs_as_a_scalar_is_refused_before_anything_is_built(tmp
     with pytest.raises(RecipeError, match=r"model.path: model input x \['batch', 3\]: output 'y' had shape \[\] for 8 "
                                           r"rows fed; expected 8 on its axis 0"):  # fmt: skip
         _check(tmp_path, model, {"x": RNG.normal(size=(12, FEATURES)).astype(np.float32)})
+
+
+def _similarity(path: Path, batch: int | str, other: int | str) -> Path:
+    """x [batch, feat] -> y = (x @ w) @ (x @ w)^T [batch, other]: every row scored against every row of its batch, as a
+    dual encoder's logits are (CLIP's image-text similarity matrix)."""
+    return _save(path, [helper.make_node("MatMul", ["x", "w"], ["e"]), helper.make_node("Transpose", ["e"], ["et"]),
+                        helper.make_node("MatMul", ["e", "et"], ["y"])],
+                 [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, FEATURES])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, other])])  # fmt: skip
+
+
+@pytest.mark.parametrize(("batch", "other"), [(8, 8), ("batch", "others")])
+def test_a_batch_by_batch_output_is_refused_as_pairing_rows_not_as_sequence_first(
+    tmp_path: Path, batch: int | str, other: int | str
+) -> None:
+    """A [batch, batch] similarity matrix follows a reordering on both axes: the error says so and what to evaluate
+    instead; it said 'export the model batch-first', which the model already is."""
+    feeds = {"x": RNG.normal(size=(8, FEATURES)).astype(np.float32)}
+    with pytest.raises(RecipeError) as caught:
+        _check(tmp_path, _similarity(tmp_path / "m.onnx", batch, other), feeds, batch=batch if batch == 8 else None)
+    message = str(caught.value)
+    assert "when the same 8 rows were fed in another order, and came back as those rows' outputs reordered on its " \
+           "axis 1 too: its values pair each row with every row of the batch" in message
+    assert "batch-first" not in message
+
+
+def test_validate_refuses_an_output_whose_later_axis_is_the_batch_symbol_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """['batch', 'batch'] in the graph: refused when the output is chosen, in one line naming it, before anything runs."""
+    _similarity(tmp_path / "model.onnx", "batch", "batch")
+    rows = RNG.normal(size=(40, FEATURES)).astype(np.float32)
+    pd.DataFrame({"x": list(rows)}).to_parquet(tmp_path / "rows.parquet")
+    recipe = {"name": "pairs", "task": "embedding", "model": {"path": "model.onnx"},
+              "data": {"path": "rows.parquet", "inputs": {"x": "x"}, "calibration": {"samples": 16}},
+              "variants": [{"name": "fp16", "precision": "fp16"}]}  # fmt: skip
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    assert main(["validate", str(tmp_path / "recipe.yaml"), "--no-track"]) == 2
+    [line] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert line.startswith(f"error: {tmp_path / 'recipe.yaml'}: model.output: no output task 'embedding' can "
+                           "evaluate: output 'y' of shape ['batch', 'batch'] has the rows on axis 1 too ('batch'): its values pair each row with every row of the "
+                           "batch")  # fmt: skip

@@ -140,11 +140,31 @@ def _rows_elsewhere(model: ModelInfo, meta: TensorMeta) -> str | None:
             "layout)")  # fmt: skip
 
 
+def _rows_across(model: ModelInfo, meta: TensorMeta) -> str | None:
+    """Why `meta` is no output per row though its axis 0 is the rows: a later axis is the rows too (the inputs' axis 0
+    symbol again, [batch, batch]: a similarity of every row with every other row of the batch, as a dual encoder's
+    logits), so each row's values depend on what is batched with it."""
+    rows = {names[0] for m in model.inputs.values() if (names := m.dim_names) and names[0]}
+    if meta.kind != "tensor" or not meta.dim_names or meta.dim_names[0] not in rows:
+        return None
+    axis = next((i for i, n in enumerate(meta.dim_names[1:], 1) if n == meta.dim_names[0]), None)
+    if axis is None:
+        return None
+    return (f"output {meta.name!r} of shape {meta.shape_text()} has the rows on axis {axis} too "
+            f"({meta.dim_names[0]!r}): {ACROSS_ROWS}")
+
+
+ACROSS_ROWS = ("its values pair each row with every row of the batch (a similarity matrix, as a dual encoder's "
+               "logits), so they depend on what is batched with it, where qbench reads one output row per input row: "
+               "evaluate the per-row outputs it is computed from (a dual encoder's two embeddings) and compute the "
+               "matrix in a metric of your own (README: Custom metrics)")
+
+
 def _problem(task: Task, model: ModelInfo, meta: TensorMeta) -> str | None:
     """Why `task` cannot evaluate `meta`: an output with a static 0 beside the batch axis holds nothing to judge,
     a scalar or a constant no row per input row, and one whose rows the graph puts on a later axis none on axis 0,
     whatever the task; otherwise the task's own reason."""
-    if (elsewhere := _rows_elsewhere(model, meta)) is not None:
+    if (elsewhere := _rows_elsewhere(model, meta) or _rows_across(model, meta)) is not None:
         return elsewhere
     if meta.kind == "tensor" and 0 in meta.shape[1:]:
         return f"output {meta.name!r} of shape {list(meta.shape)} holds no values (a dimension of 0)"
