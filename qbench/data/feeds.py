@@ -190,11 +190,23 @@ def _check_mapping(
                 message = f"model input {input_name!r} is already fed by column {fed_by[input_name]!r}"
                 raise RecipeError(recipe_file, field, message)
             fed_by[input_name] = column
+    for name, meta in model_inputs.items():
+        if meta.kind == "tensor" and meta.scalar:
+            field = f"{INPUTS_FIELD}.{fed_by[name]}" if name in fed_by else INPUTS_FIELD
+            raise RecipeError(recipe_file, field, _scalar_input(name))
     unfed = [name for name in model_inputs if name not in fed_by]
     if unfed:
         message = f"model input {unfed[0]!r} is fed by no column; add `<column>: {unfed[0]}`"
         raise RecipeError(recipe_file, INPUTS_FIELD, message)
     return fed
+
+
+def _scalar_input(name: str) -> str:
+    """Why a rank-0 model input (a temperature, a threshold) cannot be fed from a column, and how to feed it."""
+    return (f"model input {name!r} is a scalar (shape []): one value per call, where qbench feeds a column one value "
+            "per row along axis 0; expected an input with a row axis, or give "
+            f"{name!r} a default in the graph (an initializer named {name!r} at the value to judge: qbench then feeds "
+            "it never and holds it constant in every variant; README: Graphs as tools write them)")
 
 
 def text_feed_notes(

@@ -495,3 +495,16 @@ def test_a_parquet_list_column_stacks_in_one_call_as_cell_by_cell(tmp_path: Path
     lists[:] = [[1.0], [2.0]]
     for cells in (ragged, text, lists, np.empty(0, dtype=object)):
         assert stacked_numeric_cells(cells) is None
+
+
+def test_a_scalar_model_input_is_refused_fed_or_not_naming_how_to_hold_it_constant() -> None:
+    """A rank-0 input (a temperature) is one value per call: fed from a column it was given one value per row and
+    failed at the first batch of 2 as 'its graph fixes a batch of 1'; unfed it was told to add a column."""
+    model_inputs = {**_meta("x", (None, 64)), "t": TensorMeta("t", np.dtype("float32"), (), scalar=True)}
+    expected = ("model input 't' is a scalar (shape []): one value per call, where qbench feeds a column one value per "
+                "row along axis 0; expected an input with a row axis, or give 't' a default in the graph (an "
+                "initializer named 't' at the value to judge")  # fmt: skip
+    for inputs, field in (({"pixels": "x", "ink": "t"}, "data.inputs.ink"), ({"pixels": "x"}, "data.inputs")):
+        with pytest.raises(RecipeError) as caught:
+            build_feeds(_digits(), np.arange(2), inputs, model_inputs, recipe_file=RECIPE)
+        assert str(caught.value).startswith(f"recipe.yaml: {field}: {expected}")
